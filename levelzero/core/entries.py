@@ -1,0 +1,90 @@
+"""Partition log entries: one frozen msgspec Struct per kind, one tagged union, one codec.
+
+A log record is `(log_offset, term, base_offset, entry)`. `base_offset` is the partition's high
+watermark just before the record applies: for a placeholder it is the data offset of its first
+record, so stores can index placeholders by data offset without replaying the state machine.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Placeholder(msgspec.Struct, frozen=True, tag="placeholder"):
+    """Points at one partition's extent inside a shared L0 object; assigns offsets on apply."""
+
+    epoch: int
+    object_key: str
+    byte_offset: int
+    byte_length: int
+    record_count: int
+    checksum: int
+
+
+class AdvanceEpoch(msgspec.Struct, frozen=True, tag="advance_epoch"):
+    """Advances the applied epoch without data (housekeeper; first epoch of a new partition)."""
+
+    epoch: int
+
+
+class AdvanceReconciledOffset(msgspec.Struct, frozen=True, tag="advance_reconciled_offset"):
+    """Reconciler catch-up: data up to `lro` (log up to `lrlo`) now lives in L1."""
+
+    lro: int
+    lrlo: int
+
+
+class SetStartOffset(msgspec.Struct, frozen=True, tag="set_start_offset"):
+    """Retention: data below `offset` is no longer readable."""
+
+    offset: int
+
+
+class TermStart(msgspec.Struct, frozen=True, tag="term_start"):
+    """Leadership marker: the first entry a new leader writes."""
+
+    term: int
+
+
+Entry = Placeholder | AdvanceEpoch | AdvanceReconciledOffset | SetStartOffset | TermStart
+
+ENTRY_KINDS: dict[type, str] = {
+    Placeholder: "placeholder",
+    AdvanceEpoch: "advance_epoch",
+    AdvanceReconciledOffset: "advance_reconciled_offset",
+    SetStartOffset: "set_start_offset",
+    TermStart: "term_start",
+}
+
+
+class LogRecord(msgspec.Struct, frozen=True):
+    """One durable entry of a partition log."""
+
+    log_offset: int
+    term: int
+    base_offset: int
+    entry: Entry
+
+    @property
+    def kind(self) -> str:
+        return ENTRY_KINDS[type(self.entry)]
+
+    @property
+    def epoch(self) -> int | None:
+        match self.entry:
+            case Placeholder(epoch=e) | AdvanceEpoch(epoch=e):
+                return e
+        return None
+
+
+_entry_encoder = msgspec.msgpack.Encoder()
+_entry_decoder = msgspec.msgpack.Decoder(Entry)
+
+
+def encode_entry(entry: Entry) -> bytes:
+    return _entry_encoder.encode(entry)
+
+
+def decode_entry(data: bytes) -> Entry:
+    """Decode an entry; raises `msgspec.DecodeError`/`ValidationError` on corrupt bytes."""
+    return _entry_decoder.decode(data)

@@ -1,0 +1,123 @@
+"""Errors of levelzero.
+
+Two families, kept apart on purpose (STYLE.md): a `LevelZeroError` is an *operating* error —
+bad input from outside or a retriable condition — and is answered with a clear message.
+A violated invariant is a bug: it is an `AssertionError` (or `InvariantViolation`) and crashes
+loudly. Nothing here imports I/O.
+"""
+
+from __future__ import annotations
+
+
+class LevelZeroError(Exception):
+    """Base of every operating error. `code` is the stable machine-readable name."""
+
+    code = "error"
+    retriable = False
+
+
+class InvariantViolation(AssertionError):
+    """A core invariant broke. Always a bug; never caught to keep going."""
+
+
+class StaleClusterEpoch(LevelZeroError):
+    """The epoch is below the partition's window: refresh the epoch cache and retry."""
+
+    code = "stale_cluster_epoch"
+    retriable = True
+
+    def __init__(self, epoch: int, window_min: int, window_max: int) -> None:
+        super().__init__(
+            f"epoch {epoch} is below the partition's window [{window_min}, {window_max}]"
+        )
+        self.epoch = epoch
+        self.window_min = window_min
+        self.window_max = window_max
+
+
+class NotLeader(LevelZeroError):
+    """An append carried a term that is no longer the partition's current term."""
+
+    code = "not_leader"
+    retriable = True
+
+    def __init__(self, partition: str, expected_term: int, current_term: int | None) -> None:
+        super().__init__(
+            f"partition {partition}: append expected term {expected_term}, "
+            f"current term is {current_term}"
+        )
+        self.partition = partition
+        self.expected_term = expected_term
+        self.current_term = current_term
+
+
+class MalformedKey(LevelZeroError, ValueError):
+    """An object key does not follow the levelzero key layout."""
+
+    code = "malformed_key"
+
+
+class InvalidInput(LevelZeroError, ValueError):
+    """A request or configuration value is out of its allowed range or shape."""
+
+    code = "invalid_input"
+
+
+class UnknownTopic(LevelZeroError, KeyError):
+    code = "unknown_topic"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"unknown topic {topic!r}")
+        self.topic = topic
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return self.args[0]
+
+
+class UnknownPartition(LevelZeroError, KeyError):
+    code = "unknown_partition"
+
+    def __init__(self, topic: str, partition: int) -> None:
+        super().__init__(f"unknown partition {topic}/{partition}")
+        self.topic = topic
+        self.partition = partition
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class TopicExists(LevelZeroError):
+    code = "topic_exists"
+
+
+class OffsetOutOfRange(LevelZeroError):
+    """A fetch offset is below the start offset or above the high watermark."""
+
+    code = "offset_out_of_range"
+
+    def __init__(self, offset: int, start_offset: int, high_watermark: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside the readable range "
+            f"[{start_offset}, {high_watermark}) of the partition"
+        )
+        self.offset = offset
+        self.start_offset = start_offset
+        self.high_watermark = high_watermark
+
+
+class CorruptData(LevelZeroError):
+    """Stored bytes failed a checksum or could not be decoded."""
+
+    code = "corrupt_data"
+
+
+class StorageError(LevelZeroError):
+    """An object store or log store failed in a way the caller may retry."""
+
+    code = "storage_error"
+    retriable = True
+
+
+class ShuttingDown(LevelZeroError):
+    code = "shutting_down"
+    retriable = True

@@ -1,0 +1,109 @@
+"""Object key layout. Keys are the only index the GC has, so parsing is strict.
+
+L0: `level_zero/data/{prefix:03}/{epoch:018}/{uuid}` — a random 3-digit prefix spreads load;
+inside a prefix keys sort by epoch, which lets the GC stop a prefix at the first epoch above M.
+L1: `level_one/{topic}/{partition}/{base:020}-{last:020}/{term}-{uuid}`.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuid_mod
+from dataclasses import dataclass
+
+from .errors import MalformedKey
+
+L0_ROOT = "level_zero/data/"
+L1_ROOT = "level_one/"
+PREFIX_COUNT = 1000
+EPOCH_DIGITS = 18
+EPOCH_MAX = 10**EPOCH_DIGITS - 1
+
+_L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})$")
+_L1_RE = re.compile(
+    r"^level_one/([A-Za-z0-9._-]{1,200})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})$"
+)
+TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+@dataclass(frozen=True, slots=True)
+class L0Key:
+    prefix: int
+    epoch: int
+    uuid: str
+
+    def __str__(self) -> str:
+        return f"{L0_ROOT}{self.prefix:03d}/{self.epoch:018d}/{self.uuid}"
+
+
+@dataclass(frozen=True, slots=True)
+class L1Key:
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    term: int
+    uuid: str
+
+    def __str__(self) -> str:
+        return (
+            f"{L1_ROOT}{self.topic}/{self.partition}/"
+            f"{self.base_offset:020d}-{self.last_offset:020d}/{self.term}-{self.uuid}"
+        )
+
+
+def new_uuid(rand_bits: int | None = None) -> str:
+    """A 32-hex-digit id; pass `rand_bits` (a 128-bit int) for deterministic simulation."""
+    if rand_bits is None:
+        return uuid_mod.uuid4().hex
+    return f"{rand_bits & ((1 << 128) - 1):032x}"
+
+
+def l0_prefix_root(prefix: int) -> str:
+    assert 0 <= prefix < PREFIX_COUNT, prefix
+    return f"{L0_ROOT}{prefix:03d}/"
+
+
+def format_l0_key(prefix: int, epoch: int, uuid: str) -> str:
+    if not 0 <= prefix < PREFIX_COUNT:
+        raise MalformedKey(f"L0 prefix {prefix} is outside 000-999")
+    if not 1 <= epoch <= EPOCH_MAX:
+        raise MalformedKey(f"L0 epoch {epoch} is outside 1..{EPOCH_MAX}")
+    key = str(L0Key(prefix, epoch, uuid))
+    if not _L0_RE.match(key):
+        raise MalformedKey(f"L0 uuid {uuid!r} must be 32 lowercase hex digits")
+    return key
+
+
+def parse_l0_key(key: str) -> L0Key:
+    m = _L0_RE.match(key)
+    if m is None:
+        raise MalformedKey(
+            f"not an L0 key: {key!r} (expected level_zero/data/PPP/EEEEEEEEEEEEEEEEEE/UUID32)"
+        )
+    epoch = int(m.group(2))
+    if epoch < 1:
+        raise MalformedKey(f"L0 key {key!r} has epoch 0; epochs start at 1")
+    return L0Key(int(m.group(1)), epoch, m.group(3))
+
+
+def format_l1_key(
+    topic: str, partition: int, base_offset: int, last_offset: int, term: int, uuid: str
+) -> str:
+    if not TOPIC_NAME_RE.match(topic):
+        raise MalformedKey(f"topic name {topic!r} is not allowed in a key")
+    if not 0 <= base_offset <= last_offset:
+        raise MalformedKey(f"L1 range {base_offset}-{last_offset} is empty or negative")
+    key = str(L1Key(topic, partition, base_offset, last_offset, term, uuid))
+    if not _L1_RE.match(key):
+        raise MalformedKey(f"bad L1 key {key!r}")
+    return key
+
+
+def parse_l1_key(key: str) -> L1Key:
+    m = _L1_RE.match(key)
+    if m is None:
+        raise MalformedKey(f"not an L1 key: {key!r}")
+    return L1Key(
+        m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6)
+    )

@@ -1,0 +1,235 @@
+"""What actors need from storage, as protocols. Actors import these, never a concrete adapter;
+only `levelzero.daemon` wires SQLite / S3 / local / memory implementations in.
+
+Two stores:
+- `ObjectStore`: S3-shaped blob store (S3 via aiobotocore, local directory, memory).
+- `LogStore`: durable partition logs, snapshots, the cluster epoch, the L1 metastore and the
+  event tables the export reads (SQLite via aiosqlite).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+from levelzero.core.entries import LogRecord
+
+DELETE_BATCH_KEYS_MAX = 1000
+LIST_PAGE_KEYS_MAX = 1000
+
+
+# --------------------------------------------------------------------------- object store
+
+
+class ObjectInfo(msgspec.Struct, frozen=True):
+    key: str
+    size: int
+    last_modified: float  # unix seconds
+
+
+class ListPage(msgspec.Struct, frozen=True):
+    objects: list[ObjectInfo]
+    # Pass as `start_after` to get the next page; None when the listing is complete.
+    next_start_after: str | None
+
+
+class DeleteResult(msgspec.Struct, frozen=True):
+    deleted: list[str]
+    errors: dict[str, str]  # key -> error code/message; these keys were NOT deleted
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """S3-shaped contract. Keys are non-empty, relative, without `..` segments."""
+
+    async def put(self, key: str, data: bytes) -> None: ...
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Whole object, or `length` bytes from `offset`. Raises ObjectNotFound."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo | None: ...
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = LIST_PAGE_KEYS_MAX
+    ) -> ListPage:
+        """Keys starting with `prefix`, strictly after `start_after`, in lexicographic order."""
+        ...
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        """Delete <= DELETE_BATCH_KEYS_MAX keys; a missing key counts as deleted."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+async def iter_objects(
+    store: ObjectStore, prefix: str, start_after: str | None = None
+) -> AsyncIterator[ObjectInfo]:
+    """Every object under `prefix`, page by page, in key order."""
+    while True:
+        page = await store.list_page(prefix, start_after)
+        for obj in page.objects:
+            yield obj
+        if page.next_start_after is None:
+            return
+        start_after = page.next_start_after
+
+
+# --------------------------------------------------------------------------- log store
+
+
+class PartitionRow(msgspec.Struct, frozen=True):
+    pid: int  # store-wide partition id
+    topic: str
+    partition: int
+    creation_epoch: int
+    term: int  # current term (0 before the first leader)
+    created_at: float
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    pid: int
+    log_offset: int  # last log offset the snapshot includes
+    data: bytes
+
+
+class L1State:
+    COPY_STARTED = "COPY_STARTED"
+    COPY_FINISHED = "COPY_FINISHED"
+    DELETE_STARTED = "DELETE_STARTED"
+    DELETE_FINISHED = "DELETE_FINISHED"
+    ALL = (COPY_STARTED, COPY_FINISHED, DELETE_STARTED, DELETE_FINISHED)
+
+
+class L1Row(msgspec.Struct, frozen=True):
+    key: str
+    pid: int
+    base_offset: int
+    last_offset: int
+    last_log_offset: int  # LRLO this object reconciles up to
+    term: int
+    size: int
+    state: str
+    created_at: float
+    updated_at: float
+
+
+class L0ObjectRow(msgspec.Struct, frozen=True):
+    key: str
+    epoch: int
+    size: int
+    created_at: float
+    extents: int
+    deleted_at: float | None = None
+    deleted_at_m: int | None = None  # the GC watermark M when it was deleted
+
+
+class GcRoundRow(msgspec.Struct, frozen=True):
+    round_id: int
+    started_at: float
+    finished_at: float
+    cluster_epoch: int
+    m: int | None
+    dry_run: bool
+    listed: int
+    deleted: int
+    deleted_bytes: int
+    too_young: int
+    above_m: int
+    errors: int
+    blocked_by: str | None  # why no deletes (e.g. partition without M(p)); None when not blocked
+
+
+class FenceEventRow(msgspec.Struct, frozen=True):
+    at: float
+    pid: int
+    term: int
+    epoch: int
+    outcome: str  # admitted | admitted_new_epoch | rejected
+    window_min: int | None
+    window_max: int | None
+
+
+class StateSampleRow(msgspec.Struct, frozen=True):
+    at: float
+    pid: int
+    term: int
+    previous_applied_epoch: int | None
+    max_applied_epoch: int | None
+    min_epoch_lower_bound: int | None
+    mp: int | None
+    lro: int
+    high_watermark: int
+    start_offset: int
+
+
+@runtime_checkable
+class LogStore(Protocol):
+    # -- partitions
+    async def create_topic(
+        self, topic: str, partitions: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        """Raises TopicExists if the topic exists."""
+        ...
+
+    async def list_partitions(self) -> list[PartitionRow]: ...
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+        """Atomically term += 1 and append `TermStart(term)` at `log_offset`. Durable on return."""
+        ...
+
+    # -- log
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        """Group-committed, durable on return. Raises NotLeader if the term moved on.
+        Records must continue the log contiguously and carry `expected_term`."""
+        ...
+
+    async def read_log(
+        self, pid: int, from_log_offset: int, limit: int | None = None
+    ) -> list[LogRecord]: ...
+
+    async def read_placeholders(
+        self, pid: int, from_data_offset: int, limit: int
+    ) -> list[LogRecord]:
+        """Placeholder records whose data range ends above `from_data_offset`, in offset order."""
+        ...
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None: ...
+
+    async def load_snapshot(self, pid: int) -> Snapshot | None: ...
+
+    async def truncate_below(self, pid: int, log_offset: int) -> int:
+        """Delete entries below `log_offset` (must be <= latest snapshot's offset + 1)."""
+        ...
+
+    # -- cluster epoch
+    async def get_cluster_epoch(self) -> int: ...
+
+    async def set_cluster_epoch(self, epoch: int) -> None:
+        """Raises InvariantViolation if `epoch` is below the stored one."""
+        ...
+
+    # -- L1 metastore
+    async def l1_insert(self, row: L1Row) -> None: ...
+
+    async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
+        """Compare-and-set the lifecycle state; False if the row was not in `from_state`."""
+        ...
+
+    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]: ...
+
+    # -- events for export and analysis
+    async def record_l0_object(self, row: L0ObjectRow) -> None: ...
+
+    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None: ...
+
+    async def record_gc_round(self, row: GcRoundRow) -> None: ...
+
+    async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None: ...
+
+    async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None: ...
+
+    async def aclose(self) -> None: ...
