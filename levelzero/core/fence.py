@@ -1,0 +1,190 @@
+"""The windowed epoch fence, as synchronous bookkeeping (sans-IO).
+
+The partition actor owns one `Fence` and does the waiting; this object only decides. A write
+with epoch `e` calls `try_fence`:
+
+- `e` inside the effective window → `Admitted`: it holds one read unit until its placeholder is
+  durable and applied, then `release()`.
+- `e` above the window → `BecomeUpdater`: the caller waits until `drained` (every read unit of
+  the old window released), then `complete_slide()` slides the seen window and keeps one unit.
+- while an updater is active → `Wait`: re-evaluate after the slide (newer epochs coalesce: only
+  one slide runs at a time, later callers see the slid window).
+- `e` below the window → `Rejected(StaleClusterEpoch)`: refresh the epoch cache and retry.
+
+The seen window is in-memory and belongs to one term. For any other term the effective window
+is the applied window of the state machine, so a new leader starts from what the log proves.
+Draining before a slide is what keeps the log invariant true: every write admitted under the
+old window is applied before any write of the new window can be admitted.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from .errors import StaleClusterEpoch
+
+Window = tuple[int, int]
+
+
+class FenceMode(enum.StrEnum):
+    WINDOWED = "windowed"
+    STRICT = "strict"  # single epoch; the baseline the benchmarks compare against
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    epoch: int
+    term: int
+    window: Window
+    new_epoch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    error: StaleClusterEpoch
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """An updater is sliding the window; wait for `slide_done` and try again."""
+
+    updater_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeUpdater:
+    """The caller must wait until `Fence.drained`, then call `complete_slide()`."""
+
+    epoch: int
+
+
+Decision = Admitted | Rejected | Wait | BecomeUpdater
+
+
+@dataclass(frozen=True, slots=True)
+class FenceStatistics:
+    """The windowed-fencing probe: an immutable snapshot."""
+
+    read_units: int
+    updater_epoch: int | None
+    window: Window | None
+    window_slides: int
+    window_size: int
+    stale_rejections: int
+    last_rejected_gap: int
+    new_epoch_fences: int
+    same_epoch_fences: int
+
+
+class Fence:
+    def __init__(self, creation_epoch: int, mode: FenceMode = FenceMode.WINDOWED) -> None:
+        assert creation_epoch >= 1
+        self.mode = FenceMode(mode)
+        self.creation_epoch = creation_epoch
+        self.seen_term: int | None = None
+        self.previous_seen: int | None = None
+        self.max_seen: int | None = None
+        self.read_units = 0
+        self.updater_epoch: int | None = None
+        self.window_slides = 0
+        self.stale_rejections = 0
+        self.last_rejected_gap = 0
+        self.new_epoch_fences = 0
+        self.same_epoch_fences = 0
+        # Simulation-only mutation (levelzero.sim --mutate): admit epochs below the window.
+        self.mutate_admit_below_window = False
+
+    # ------------------------------------------------------------------ windows
+
+    def effective_window(self, term: int, applied_window: Window | None) -> Window | None:
+        if self.seen_term == term and self.max_seen is not None:
+            assert self.previous_seen is not None
+            window = (self.previous_seen, self.max_seen)
+        else:
+            window = applied_window
+        if window is None:
+            return None
+        if self.mode is FenceMode.STRICT:
+            return (window[1], window[1])
+        return window
+
+    # ------------------------------------------------------------------ decisions
+
+    def try_fence(self, epoch: int, term: int, applied_window: Window | None) -> Decision:
+        """Decide for one write. Must be called only once the state is synced for `term`."""
+        assert epoch >= 1, epoch
+        if self.updater_epoch is not None:
+            return Wait(self.updater_epoch)
+        window = self.effective_window(term, applied_window)
+        if window is None:
+            if epoch < self.creation_epoch:
+                return self._reject(epoch, (self.creation_epoch, self.creation_epoch))
+            return self._become_updater(epoch)
+        low, high = window
+        if epoch > high:
+            return self._become_updater(epoch)
+        if epoch >= low or self.mutate_admit_below_window:
+            self.read_units += 1
+            self.same_epoch_fences += 1
+            return Admitted(epoch, term, window, new_epoch=False)
+        return self._reject(epoch, window)
+
+    def _become_updater(self, epoch: int) -> BecomeUpdater:
+        self.updater_epoch = epoch
+        return BecomeUpdater(epoch)
+
+    def _reject(self, epoch: int, window: Window) -> Rejected:
+        self.stale_rejections += 1
+        self.last_rejected_gap = window[0] - epoch
+        return Rejected(StaleClusterEpoch(epoch, window[0], window[1]))
+
+    @property
+    def drained(self) -> bool:
+        return self.read_units == 0
+
+    def complete_slide(self, term: int, applied_window: Window | None) -> Admitted:
+        """Slide the seen window to end at the updater's epoch and keep one read unit."""
+        epoch = self.updater_epoch
+        assert epoch is not None, "complete_slide without an updater"
+        assert self.read_units == 0, f"slide with {self.read_units} read units outstanding"
+        window = self.effective_window(term, applied_window)
+        assert window is None or epoch > window[1], (epoch, window)
+        if window is None or self.mode is FenceMode.STRICT:
+            low = epoch
+        else:
+            low = window[1]
+        self.seen_term = term
+        self.previous_seen = low
+        self.max_seen = epoch
+        self.updater_epoch = None
+        self.read_units = 1
+        self.window_slides += 1
+        self.new_epoch_fences += 1
+        return Admitted(epoch, term, (low, epoch), new_epoch=True)
+
+    def abandon_update(self) -> None:
+        """The updater gave up (cancelled, shutting down) before sliding."""
+        assert self.updater_epoch is not None
+        self.updater_epoch = None
+
+    def release(self) -> None:
+        """A write's placeholder is durable and applied (or its append failed)."""
+        assert self.read_units > 0, "release without a read unit"
+        self.read_units -= 1
+
+    # ------------------------------------------------------------------ observability
+
+    def statistics(self, term: int, applied_window: Window | None) -> FenceStatistics:
+        window = self.effective_window(term, applied_window)
+        return FenceStatistics(
+            read_units=self.read_units,
+            updater_epoch=self.updater_epoch,
+            window=window,
+            window_slides=self.window_slides,
+            window_size=0 if window is None else window[1] - window[0] + 1,
+            stale_rejections=self.stale_rejections,
+            last_rejected_gap=self.last_rejected_gap,
+            new_epoch_fences=self.new_epoch_fences,
+            same_epoch_fences=self.same_epoch_fences,
+        )

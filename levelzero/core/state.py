@@ -1,0 +1,282 @@
+"""The partition state machine: everything that changes a partition's replicated state lives here.
+
+It is fed log records in log order and knows nothing about sockets, files or tasks (sans-IO, like
+h11's `_state.py`). Replaying the same log from any snapshot gives the same state; applying a
+record at or below `last_applied_log_offset` is a no-op, so replay is idempotent per log offset.
+
+The GC safety argument rests on one inequality, asserted here and attacked by the tests:
+every admitted epoch `e` satisfies `e >= previous_applied >= min_epoch_lower_bound > M(p)`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .entries import (
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+    TermStart,
+)
+from .errors import InvariantViolation
+
+
+class PartitionSnapshot(msgspec.Struct, frozen=True):
+    """Everything the state machine persists. The fence's seen window is deliberately absent:
+    after recovery the window collapses to the applied one (windowed-fencing seed)."""
+
+    creation_epoch: int
+    last_applied_log_offset: int = -1
+    term: int = 0
+    max_applied_epoch: int | None = None
+    previous_applied_epoch: int | None = None
+    min_epoch_lower_bound: int | None = None
+    epoch_window_offset: int | None = None
+    lro: int = -1
+    lrlo: int = -1
+    start_offset: int = 0
+    high_watermark: int = 0
+    size_bytes: int = 0
+
+
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(PartitionSnapshot)
+
+
+class PartitionState:
+    """Deterministic state of one partition, built only by `apply`."""
+
+    __slots__ = (
+        "creation_epoch",
+        "last_applied_log_offset",
+        "term",
+        "max_applied_epoch",
+        "previous_applied_epoch",
+        "min_epoch_lower_bound",
+        "epoch_window_offset",
+        "lro",
+        "lrlo",
+        "start_offset",
+        "high_watermark",
+        "size_bytes",
+        "_mutate_lower_bound_follows_max",
+    )
+
+    def __init__(self, creation_epoch: int) -> None:
+        assert creation_epoch >= 1, creation_epoch
+        self._restore(PartitionSnapshot(creation_epoch=creation_epoch))
+        # Simulation-only mutation (levelzero.sim --mutate): the classic bug of moving the lower
+        # bound to max_applied instead of previous_applied. Never set outside the simulation.
+        self._mutate_lower_bound_follows_max = False
+
+    # ------------------------------------------------------------------ derived values
+
+    @property
+    def next_log_offset(self) -> int:
+        return self.last_applied_log_offset + 1
+
+    @property
+    def mp(self) -> int | None:
+        """`M(p)`: the partition's safe-to-GC epoch, None until the partition has an epoch."""
+        if self.min_epoch_lower_bound is None:
+            return None
+        return self.min_epoch_lower_bound - 1
+
+    @property
+    def applied_window(self) -> tuple[int, int] | None:
+        if self.max_applied_epoch is None:
+            return None
+        assert self.previous_applied_epoch is not None
+        return (self.previous_applied_epoch, self.max_applied_epoch)
+
+    @property
+    def has_unreconciled_data(self) -> bool:
+        return self.lro + 1 < self.high_watermark
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, record: LogRecord) -> bool:
+        """Apply one record. Returns False if it was already applied (idempotent replay)."""
+        if record.log_offset <= self.last_applied_log_offset:
+            return False
+        if record.log_offset != self.last_applied_log_offset + 1:
+            raise InvariantViolation(
+                f"log gap: record at {record.log_offset}, "
+                f"last applied {self.last_applied_log_offset}"
+            )
+        if record.base_offset != self.high_watermark:
+            raise InvariantViolation(
+                f"record at log offset {record.log_offset} claims base offset "
+                f"{record.base_offset}, high watermark is {self.high_watermark}"
+            )
+        if record.term < self.term:
+            raise InvariantViolation(
+                f"record at log offset {record.log_offset} has term {record.term} "
+                f"below the current term {self.term}"
+            )
+        offset = record.log_offset
+        match record.entry:
+            case Placeholder() as p:
+                assert p.record_count >= 1, p
+                assert p.byte_length >= 0 and p.byte_offset >= 0, p
+                self._advance_applied_epoch(p.epoch, offset)
+                self.high_watermark += p.record_count
+                self.size_bytes += p.byte_length
+            case AdvanceEpoch(epoch=epoch):
+                self._advance_applied_epoch(epoch, offset)
+            case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
+                self._advance_reconciled(lro, lrlo, offset)
+            case SetStartOffset(offset=start):
+                assert start <= self.high_watermark, (start, self.high_watermark)
+                self.start_offset = max(self.start_offset, start)
+            case TermStart(term=term):
+                if term <= self.term:
+                    raise InvariantViolation(f"TermStart({term}) does not raise term {self.term}")
+                assert term == record.term, (term, record.term)
+            case _:
+                raise InvariantViolation(f"unknown entry {record.entry!r}")
+        self.term = max(self.term, record.term)
+        self.last_applied_log_offset = offset
+        return True
+
+    def _advance_applied_epoch(self, epoch: int, log_offset: int) -> None:
+        if epoch < self.creation_epoch:
+            raise InvariantViolation(
+                f"epoch {epoch} at log offset {log_offset} is below the creation epoch "
+                f"{self.creation_epoch}"
+            )
+        if self.max_applied_epoch is None:
+            self.max_applied_epoch = epoch
+            self.previous_applied_epoch = epoch
+            self.min_epoch_lower_bound = epoch
+            self.epoch_window_offset = log_offset
+            return
+        assert self.previous_applied_epoch is not None
+        if epoch > self.max_applied_epoch:
+            self.previous_applied_epoch = self.max_applied_epoch
+            self.max_applied_epoch = epoch
+            self.epoch_window_offset = log_offset
+        elif epoch < self.previous_applied_epoch:
+            # The log invariant: the fence never admits an epoch below the window.
+            raise InvariantViolation(
+                f"epoch {epoch} applied at log offset {log_offset} is below the window "
+                f"[{self.previous_applied_epoch}, {self.max_applied_epoch}]"
+            )
+        assert self.min_epoch_lower_bound is not None
+        assert self.min_epoch_lower_bound <= self.previous_applied_epoch <= self.max_applied_epoch
+
+    def _advance_reconciled(self, lro: int, lrlo: int, log_offset: int) -> None:
+        if lro >= self.high_watermark:
+            raise InvariantViolation(
+                f"catch-up at log offset {log_offset} claims lro {lro} "
+                f"beyond the high watermark {self.high_watermark}"
+            )
+        if lrlo >= log_offset:
+            raise InvariantViolation(
+                f"catch-up at log offset {log_offset} claims lrlo {lrlo} at or beyond itself"
+            )
+        self.lro = max(self.lro, lro)
+        self.lrlo = max(self.lrlo, lrlo)
+        if self.epoch_window_offset is None or self.lrlo < self.epoch_window_offset:
+            return
+        assert self.previous_applied_epoch is not None and self.min_epoch_lower_bound is not None
+        # Reconciled through the entry that opened the window: everything older is in L1, and
+        # any write still in flight has an epoch >= previous_applied (the window's lower edge).
+        target = self.previous_applied_epoch
+        if self._mutate_lower_bound_follows_max:
+            assert self.max_applied_epoch is not None
+            target = self.max_applied_epoch
+        before = self.min_epoch_lower_bound
+        self.min_epoch_lower_bound = max(before, target)
+        assert self.min_epoch_lower_bound >= before
+
+    # ------------------------------------------------------------------ snapshots
+
+    def to_snapshot(self) -> PartitionSnapshot:
+        return PartitionSnapshot(
+            creation_epoch=self.creation_epoch,
+            last_applied_log_offset=self.last_applied_log_offset,
+            term=self.term,
+            max_applied_epoch=self.max_applied_epoch,
+            previous_applied_epoch=self.previous_applied_epoch,
+            min_epoch_lower_bound=self.min_epoch_lower_bound,
+            epoch_window_offset=self.epoch_window_offset,
+            lro=self.lro,
+            lrlo=self.lrlo,
+            start_offset=self.start_offset,
+            high_watermark=self.high_watermark,
+            size_bytes=self.size_bytes,
+        )
+
+    @classmethod
+    def from_snapshot(cls, snapshot: PartitionSnapshot) -> PartitionState:
+        state = cls(snapshot.creation_epoch)
+        state._restore(snapshot)
+        return state
+
+    def _restore(self, s: PartitionSnapshot) -> None:
+        for name in PartitionSnapshot.__struct_fields__:
+            setattr(self, name, getattr(s, name))
+
+    def encode_snapshot(self) -> bytes:
+        return _snapshot_encoder.encode(self.to_snapshot())
+
+    @classmethod
+    def decode_snapshot(cls, data: bytes) -> PartitionState:
+        return cls.from_snapshot(_snapshot_decoder.decode(data))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartitionState):
+            return NotImplemented
+        return self.to_snapshot() == other.to_snapshot()
+
+    def __repr__(self) -> str:
+        return f"PartitionState({self.to_snapshot()!r})"
+
+
+class ReaderPins:
+    """Active L0 readers of one partition. Each reader pins `M(p)` at the value it captured, so
+    the *published* watermark is `min(M(p), pins)`. It never decreases: a new pin captures the
+    state's `M(p)`, which is >= the published value at that moment."""
+
+    __slots__ = ("_pins", "_next_id", "_published")
+
+    def __init__(self) -> None:
+        self._pins: dict[int, int] = {}
+        self._next_id = 0
+        self._published: int | None = None
+
+    def register(self, state_mp: int | None) -> tuple[int, int | None]:
+        """Pin the current `M(p)`. Returns (reader id, pinned value); None pins nothing."""
+        reader_id = self._next_id
+        self._next_id += 1
+        if state_mp is not None:
+            self._pins[reader_id] = state_mp
+        return reader_id, state_mp
+
+    def release(self, reader_id: int) -> None:
+        self._pins.pop(reader_id, None)
+
+    @property
+    def active(self) -> int:
+        return len(self._pins)
+
+    def pinned_below(self, state_mp: int | None) -> int | None:
+        """The lowest pin, if it holds the published value below the state's `M(p)`."""
+        if not self._pins or state_mp is None:
+            return None
+        low = min(self._pins.values())
+        return low if low < state_mp else None
+
+    def published(self, state_mp: int | None) -> int | None:
+        """`M(p)` as the GC may see it. Asserts monotonicity across calls."""
+        if state_mp is None:
+            assert self._published is None, "M(p) cannot go back to unknown"
+            return None
+        value = min([state_mp, *self._pins.values()])
+        if self._published is not None and value < self._published:
+            raise InvariantViolation(f"published M(p) fell from {self._published} to {value}")
+        self._published = value
+        return value
