@@ -1,0 +1,279 @@
+"""The write path: gather records of many partitions into one shared L0 object, upload it stamped
+with an epoch, then fence and append one placeholder per extent.
+
+An object's epoch is `max(cached cluster epoch, creation epochs of the partitions inside)`, so
+an object never holds a partition's data under an epoch older than the partition itself (the
+GC's cap relies on it). A rejected extent (`StaleClusterEpoch`) invalidates the epoch cache and
+goes again in a new object; the first object becomes an orphan that the GC collects by epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
+from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
+from levelzero.core.l0format import Record, build_object, encode_extent
+from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
+
+from .epochs import EpochCache
+from .mailbox import Reply, mailbox
+from .partition import PartitionActor
+
+log = logging.getLogger("levelzero.batcher")
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherConfig:
+    linger_ms: float = 250.0
+    batch_bytes_max: int = 4 * 1024 * 1024
+    inflight_bytes_max: int = 64 * 1024 * 1024
+    uploads_max: int = 8  # objects being uploaded/fenced at once
+    stale_retries_max: int = 3
+    mailbox_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.linger_ms < 0:
+            raise InvalidInput("linger_ms must be >= 0")
+        if not 1024 <= self.batch_bytes_max <= self.inflight_bytes_max:
+            raise InvalidInput("need 1024 <= batch_bytes_max <= inflight_bytes_max")
+        if not 1 <= self.uploads_max <= 1024 or not 0 <= self.stale_retries_max <= 100:
+            raise InvalidInput("uploads_max must be in 1..1024, stale_retries_max in 0..100")
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    base_offset: int
+    last_offset: int
+    attempts: int
+    object_key: str
+
+
+@dataclass(slots=True)
+class _Request:
+    actor: PartitionActor
+    records: list[Record]
+    size: int
+    reply: Reply
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class BatcherStatistics:
+    objects_uploaded: int = 0
+    bytes_uploaded: int = 0
+    extents_appended: int = 0
+    records_appended: int = 0
+    stale_rejections: int = 0
+    stale_retries: int = 0
+    stale_failures: int = 0
+    orphan_objects: int = 0
+    inflight_bytes: int = 0
+    object_sizes: list[int] = field(default_factory=list)  # drained by the metrics exporter
+
+
+class _ByteBudget:
+    """Bounded in-flight bytes: producers wait here, so memory stays bounded."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._changed = anyio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        n = min(n, self.limit)
+        async with self._changed:
+            while self.used + n > self.limit:
+                await self._changed.wait()
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        n = min(n, self.limit)
+        async with self._changed:
+            self.used -= n
+            assert self.used >= 0
+            self._changed.notify_all()
+
+
+class Batcher:
+    def __init__(
+        self,
+        object_store: ObjectStore,
+        log_store: LogStore,
+        epoch_cache: EpochCache,
+        config: BatcherConfig = BatcherConfig(),
+        *,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self._objects = object_store
+        self._log = log_store
+        self._cache = epoch_cache
+        self.config = config
+        self._rng = rng or random.Random()
+        self._wall = wall_clock or time.time
+        self._budget = _ByteBudget(config.inflight_bytes_max)
+        self._tx, self._rx = mailbox(config.mailbox_size)
+        self._uploads = anyio.Semaphore(config.uploads_max)
+        self.stats = BatcherStatistics()
+        self._closed = False
+        self.finished = anyio.Event()
+
+    # ------------------------------------------------------------------ producers
+
+    async def produce(self, actor: PartitionActor, records: Sequence[Record]) -> ProduceResult:
+        if not records:
+            raise InvalidInput("a produce request needs at least one record")
+        size = sum(len(r.value) + len(r.key or b"") + 8 for r in records)
+        if size > self.config.batch_bytes_max:
+            raise InvalidInput(
+                f"request of {size} bytes exceeds batch_bytes_max {self.config.batch_bytes_max}"
+            )
+        if self._closed:
+            raise ShuttingDown("the batcher is shutting down")
+        await self._budget.acquire(size)
+        self.stats.inflight_bytes = self._budget.used
+        try:
+            reply: Reply[ProduceResult] = Reply()
+            try:
+                await self._tx.send(_Request(actor, list(records), size, reply))
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise ShuttingDown("the batcher is shutting down") from None
+            return await reply.wait()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._budget.release(size)
+            self.stats.inflight_bytes = self._budget.used
+
+    async def close(self) -> None:
+        """Stop accepting; the run loop flushes what it holds and waits for its uploads."""
+        self._closed = True
+        await self._tx.aclose()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        linger_s = self.config.linger_ms / 1000
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            batch: list[_Request] = []
+            batch_bytes = 0
+            deadline = float("inf")
+            async with self._rx:
+                while True:
+                    timeout = deadline - anyio.current_time() if batch else None
+                    request = None
+                    closed = False
+                    with anyio.move_on_after(timeout):
+                        try:
+                            request = await self._rx.receive()
+                        except anyio.EndOfStream:
+                            closed = True
+                    if request is not None:
+                        if not batch:
+                            deadline = anyio.current_time() + linger_s
+                        batch.append(request)
+                        batch_bytes += request.size
+                    if batch and (
+                        closed
+                        or batch_bytes >= self.config.batch_bytes_max
+                        or anyio.current_time() >= deadline
+                    ):
+                        await self._uploads.acquire()
+                        tg.start_soon(self._upload_and_fence, batch)
+                        batch, batch_bytes = [], 0
+                    if closed:
+                        break
+        self.finished.set()
+
+    async def _upload_and_fence(self, batch: list[_Request]) -> None:
+        try:
+            retry = await self._attempt(batch)
+            while retry:
+                self.stats.stale_retries += len(retry)
+                retry = await self._attempt(retry)
+        finally:
+            self._uploads.release()
+
+    async def _attempt(self, batch: list[_Request]) -> list[_Request]:
+        """Upload one object for `batch` and fence its extents; returns requests to retry."""
+        by_partition: dict[int, list[_Request]] = {}
+        for request in batch:
+            request.attempts += 1
+            by_partition.setdefault(request.actor.row.pid, []).append(request)
+        try:
+            cached = await self._cache.get()
+            epoch = max(cached, *(reqs[0].actor.row.creation_epoch for reqs in by_partition.values()))
+            extents = [
+                (pid, encode_extent([r for req in reqs for r in req.records]), sum(len(req.records) for req in reqs))
+                for pid, reqs in by_partition.items()
+            ]
+            data, headers = build_object(epoch, extents)
+            key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
+            await self._objects.put(key, data)
+            await self._log.record_l0_object(
+                L0ObjectRow(key=key, epoch=epoch, size=len(data), created_at=self._wall(), extents=len(headers))
+            )
+        except LevelZeroError as exc:
+            for request in batch:
+                request.reply.fail(exc)
+            return []
+        self.stats.objects_uploaded += 1
+        self.stats.bytes_uploaded += len(data)
+        if len(self.stats.object_sizes) < 10_000:
+            self.stats.object_sizes.append(len(data))
+
+        retry: list[_Request] = []
+        rejected_everything = True
+
+        async def fence_one(header, requests: list[_Request]) -> None:
+            nonlocal rejected_everything
+            placeholder = Placeholder(
+                epoch=epoch,
+                object_key=key,
+                byte_offset=header.byte_offset,
+                byte_length=header.byte_length,
+                record_count=header.record_count,
+                checksum=header.checksum,
+            )
+            try:
+                record = await requests[0].actor.write(placeholder)
+            except StaleClusterEpoch as exc:
+                self.stats.stale_rejections += 1
+                self._cache.invalidate_below(exc.window_max)
+                for request in requests:
+                    if request.attempts <= self.config.stale_retries_max:
+                        retry.append(request)
+                    else:
+                        self.stats.stale_failures += 1
+                        request.reply.fail(exc)
+                return
+            except LevelZeroError as exc:
+                for request in requests:
+                    request.reply.fail(exc)
+                return
+            rejected_everything = False
+            self.stats.extents_appended += 1
+            self.stats.records_appended += header.record_count
+            offset = record.base_offset
+            for request in requests:
+                count = len(request.records)
+                request.reply.set(ProduceResult(offset, offset + count - 1, request.attempts, key))
+                offset += count
+            assert offset == record.base_offset + header.record_count
+
+        async with anyio.create_task_group() as tg:
+            for header in headers:
+                tg.start_soon(fence_one, header, by_partition[header.pid])
+        if rejected_everything:
+            self.stats.orphan_objects += 1
+            log.info("object %s rejected by every partition: an orphan for the GC", key)
+        return retry

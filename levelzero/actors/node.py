@@ -1,0 +1,171 @@
+"""A node: the actors of one levelzero process, wired to storage through protocols.
+
+`Node.run` is the one task group of the actors: epoch service, one actor per partition, the
+batcher (and, in later layers, reconciler, housekeeper and GC). The daemon opens concrete stores
+and hands them in; tests hand in memory or SQLite stores directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+
+from levelzero.core.errors import InvalidInput, ShuttingDown, UnknownPartition, UnknownTopic
+from levelzero.core.fence import FenceMode
+from levelzero.core.keys import TOPIC_NAME_RE
+from levelzero.core.l0format import Record
+from levelzero.storage.protocols import LogStore, ObjectStore, PartitionRow
+
+from .batcher import Batcher, BatcherConfig, ProduceResult
+from .epochs import EpochCache, EpochService
+from .partition import PartitionActor, PartitionView, WatermarkBoard
+from .reader import FetchResult, Reader
+
+log = logging.getLogger("levelzero.node")
+
+PARTITIONS_PER_TOPIC_MAX = 4096
+PARTITIONS_MAX = 65_536
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    fencing_mode: FenceMode = FenceMode.WINDOWED
+    epoch_cache_ttl_s: float = 5.0
+    epoch_bump_interval_s: float | None = 60.0
+    snapshot_every_records: int = 1_000
+    log_keep_records: int = 10_000
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+
+
+class Node:
+    def __init__(
+        self,
+        config: NodeConfig,
+        log_store: LogStore,
+        object_store: ObjectStore,
+        *,
+        rng: random.Random | None = None,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.config = config
+        self.log_store = log_store
+        self.object_store = object_store
+        self._wall = wall_clock or time.time
+        self.epochs = EpochService(log_store, config.epoch_bump_interval_s)
+        self.epoch_cache = EpochCache(self.epochs.get, config.epoch_cache_ttl_s)
+        self.board = WatermarkBoard()
+        self.batcher = Batcher(
+            object_store, log_store, self.epoch_cache, config.batcher, rng=rng, wall_clock=self._wall
+        )
+        self.reader = Reader(object_store, log_store)
+        self._partitions: dict[tuple[str, int], PartitionActor] = {}
+        self._topics: dict[str, int] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._create_lock = anyio.Lock()
+        self.accepting = False
+        self.drain_timeout_s = 30.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.epochs.load()
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            rows = await self.log_store.list_partitions()
+            for row in rows:
+                await self._start_partition(row)
+            await tg.start(self.batcher.run)
+            await tg.start(self.epochs.run)
+            self.accepting = True
+            log.info(
+                "node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current
+            )
+            task_status.started()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, drain in-flight produces, stop partitions, end `run`."""
+        self.accepting = False
+        await self.batcher.close()
+        # The batcher's run ends once its uploads (and their fences) are done.
+        with anyio.move_on_after(self.drain_timeout_s):
+            await self.batcher.finished.wait()
+        for actor in list(self._partitions.values()):
+            with anyio.move_on_after(10):
+                await actor.stop()
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+
+    # ------------------------------------------------------------------ topics
+
+    async def _start_partition(self, row: PartitionRow) -> PartitionActor:
+        assert self._tg is not None
+        actor = PartitionActor(
+            row,
+            self.log_store,
+            self.board,
+            fencing_mode=self.config.fencing_mode,
+            snapshot_every_records=self.config.snapshot_every_records,
+            log_keep_records=self.config.log_keep_records,
+            wall_clock=self._wall,
+        )
+        await self._tg.start(actor.run)
+        self._partitions[(row.topic, row.partition)] = actor
+        self._topics[row.topic] = max(self._topics.get(row.topic, 0), row.partition + 1)
+        return actor
+
+    async def create_topic(self, name: str, partitions: int) -> list[PartitionRow]:
+        if not isinstance(name, str) or not TOPIC_NAME_RE.match(name):
+            raise InvalidInput(
+                "topic name must be 1-200 characters of letters, digits, '.', '_' or '-'"
+            )
+        if not isinstance(partitions, int) or not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
+            raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")
+        if len(self._partitions) + partitions > PARTITIONS_MAX:
+            raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
+        self._check_accepting()
+        async with self._create_lock:
+            rows = await self.log_store.create_topic(
+                name, partitions, self.epochs.current, self._wall()
+            )
+            for row in rows:
+                await self._start_partition(row)
+        log.info("created topic %s with %d partitions", name, partitions)
+        return rows
+
+    def topics(self) -> dict[str, int]:
+        return dict(self._topics)
+
+    def partition(self, topic: str, partition: int) -> PartitionActor:
+        actor = self._partitions.get((topic, partition))
+        if actor is None:
+            if topic not in self._topics:
+                raise UnknownTopic(topic)
+            raise UnknownPartition(topic, partition)
+        return actor
+
+    def partitions(self) -> list[PartitionActor]:
+        return list(self._partitions.values())
+
+    # ------------------------------------------------------------------ data
+
+    def _check_accepting(self) -> None:
+        if not self.accepting:
+            raise ShuttingDown("the node is not accepting requests")
+
+    async def produce(
+        self, topic: str, partition: int, records: Sequence[Record]
+    ) -> ProduceResult:
+        self._check_accepting()
+        return await self.batcher.produce(self.partition(topic, partition), records)
+
+    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        return await self.reader.fetch(self.partition(topic, partition), offset, max_bytes)
+
+    def views(self) -> list[PartitionView]:
+        return [actor.view() for actor in self._partitions.values()]

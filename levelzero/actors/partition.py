@@ -1,0 +1,510 @@
+"""One actor per partition: owns its state machine, its fence and its log appender.
+
+The actor task handles messages one at a time and never awaits inside a handler, so every
+decision of the fence and every state transition is atomic. Durable appends run in a second
+task (the appender) that writes queued records in log order, batched per partition, into the
+log store's cross-partition group commit, and reports back `_Durable(upto)`. Records are applied
+strictly in log order once durable; a write's read unit is released only after its placeholder
+is applied, which is what lets an updater's drain mean "the old window is in the log".
+
+Sync (DESIGN.md fence step 1): the actor replays its whole log and applies its own `TermStart`
+before it takes the first message, so the state has applied everything of previous terms.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from levelzero.core.entries import (
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    Entry,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+)
+from levelzero.core.errors import InvalidInput, NotLeader, ShuttingDown
+from levelzero.core.fence import (
+    Admitted,
+    BecomeUpdater,
+    Fence,
+    FenceMode,
+    FenceStatistics,
+    Rejected,
+    Wait,
+)
+from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
+from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
+
+from .mailbox import Reply, mailbox
+
+log = logging.getLogger("levelzero.partition")
+
+MAILBOX_SIZE = 256
+PENDING_RECORDS_MAX = 65_536
+REPLAY_BATCH_RECORDS = 4_096
+FENCE_EVENTS_BUFFER_MAX = 10_000
+
+
+class WatermarkBoard:
+    """Published `M(p)` of every partition. A value only ever rises; a stale read is safe."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, int | None] = {}
+
+    def register(self, name: str) -> None:
+        self._values.setdefault(name, None)
+
+    def publish(self, name: str, value: int | None) -> bool:
+        old = self._values.get(name)
+        if value is None or (old is not None and value <= old):
+            return False
+        self._values[name] = value
+        return True
+
+    def get(self, name: str) -> int | None:
+        return self._values.get(name)
+
+    def snapshot(self) -> dict[str, int | None]:
+        return dict(self._values)
+
+
+# ---------------------------------------------------------------- messages
+
+
+@dataclass(slots=True)
+class _Write:
+    """Fence `entry`'s epoch, then append it. `entry=None` is a fence probe (benchmarks)."""
+
+    epoch: int
+    entry: Placeholder | AdvanceEpoch | None
+    reply: Reply
+
+
+@dataclass(slots=True)
+class _Control:
+    """An entry that needs no fence (catch-up, start offset), appended under `term`."""
+
+    entry: Entry
+    term: int | None
+    reply: Reply
+
+
+@dataclass(slots=True)
+class _Durable:
+    upto: int
+
+
+@dataclass(slots=True)
+class _AppendFailed:
+    error: Exception
+
+
+@dataclass(slots=True)
+class _Stop:
+    reply: Reply
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: LogRecord
+    reply: Reply
+    holds_read_unit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """An immutable picture of one partition for status, reads and the GC's explain."""
+
+    name: str
+    pid: int
+    topic: str
+    partition: int
+    term: int
+    state: PartitionSnapshot
+    mp: int | None
+    published_mp: int | None
+    fence: FenceStatistics
+    readers: int
+    pinned_mp: int | None
+    mp_changed_at: float
+    pending_records: int
+
+
+class PartitionActor:
+    def __init__(
+        self,
+        row: PartitionRow,
+        log_store: LogStore,
+        board: WatermarkBoard,
+        *,
+        fencing_mode: FenceMode = FenceMode.WINDOWED,
+        snapshot_every_records: int = 1_000,
+        log_keep_records: int = 10_000,
+        record_fence_events: bool = True,
+        clock: Callable[[], float] = anyio.current_time,
+        wall_clock: Callable[[], float] | None = None,
+    ) -> None:
+        import time
+
+        self.row = row
+        self.name = f"{row.topic}/{row.partition}"
+        self._store = log_store
+        self._board = board
+        self._mode = FenceMode(fencing_mode)
+        self._snapshot_every = snapshot_every_records
+        self._log_keep = log_keep_records
+        self._record_fence_events = record_fence_events
+        self._clock = clock
+        self._wall = wall_clock or time.time
+        self._tx, self._rx = mailbox(MAILBOX_SIZE)
+        self.state = PartitionState(row.creation_epoch)
+        self.fence = Fence(row.creation_epoch, self._mode)
+        self.pins = ReaderPins()
+        self.term = 0
+        self._next_log_offset = 0
+        self._projected_hwm = 0
+        self._pending: deque[_Pending] = deque()
+        self._to_append: list[LogRecord] = []
+        self._snapshot_due: Snapshot | None = None
+        self._truncate_below: int | None = None
+        self._append_wakeup = anyio.Event()
+        self._waiting: deque[_Write] = deque()
+        self._updater: _Write | None = None
+        self._deposed: NotLeader | None = None
+        self._stopping: _Stop | None = None
+        self._last_snapshot_offset = -1
+        self._mp_changed_at = -math.inf
+        self._published_mp: int | None = None
+        self._fence_events: list[FenceEventRow] = []
+        self.ready = anyio.Event()
+        board.register(self.name)
+
+    # ------------------------------------------------------------------ public API (any task)
+
+    async def write(self, entry: Placeholder | AdvanceEpoch) -> LogRecord:
+        """Fence the entry's epoch and append it. Raises StaleClusterEpoch / NotLeader."""
+        reply: Reply[LogRecord] = Reply()
+        await self._send(_Write(entry.epoch, entry, reply))
+        return await reply.wait()
+
+    async def fence_probe(self, epoch: int) -> None:
+        """Fence an epoch and release at once: the fence's cost alone (benchmarks)."""
+        reply: Reply[None] = Reply()
+        await self._send(_Write(epoch, None, reply))
+        await reply.wait()
+
+    async def catch_up(self, lro: int, lrlo: int, term: int | None = None) -> LogRecord:
+        """Append `AdvanceReconciledOffset`; `term` is the term the caller expects (None: any)."""
+        reply: Reply[LogRecord] = Reply()
+        await self._send(_Control(AdvanceReconciledOffset(lro, lrlo), term, reply))
+        return await reply.wait()
+
+    async def set_start_offset(self, offset: int, term: int | None = None) -> LogRecord:
+        reply: Reply[LogRecord] = Reply()
+        await self._send(_Control(SetStartOffset(offset), term, reply))
+        return await reply.wait()
+
+    async def stop(self) -> None:
+        """Stop taking writes, let durable appends finish, then end the actor."""
+        reply: Reply[None] = Reply()
+        try:
+            await self._tx.send(_Stop(reply))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return
+        await reply.wait()
+
+    def register_reader(self) -> tuple[int, int | None]:
+        """Pin `M(p)` for an L0 reader (event-loop thread only; atomic, no await)."""
+        return self.pins.register(self.state.mp)
+
+    def release_reader(self, reader_id: int) -> None:
+        self.pins.release(reader_id)
+        self._publish()
+
+    def view(self) -> PartitionView:
+        state_mp = self.state.mp
+        return PartitionView(
+            name=self.name,
+            pid=self.row.pid,
+            topic=self.row.topic,
+            partition=self.row.partition,
+            term=self.term,
+            state=self.state.to_snapshot(),
+            mp=state_mp,
+            published_mp=self._board.get(self.name),
+            fence=self.fence.statistics(self.term, self.state.applied_window),
+            readers=self.pins.active,
+            pinned_mp=self.pins.pinned_below(state_mp),
+            mp_changed_at=self._mp_changed_at,
+            pending_records=len(self._pending),
+        )
+
+    def take_fence_events(self) -> list[FenceEventRow]:
+        events, self._fence_events = self._fence_events, []
+        return events
+
+    async def _send(self, msg: object) -> None:
+        try:
+            await self._tx.send(msg)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise ShuttingDown(f"partition {self.name} is stopped") from None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def recover(self) -> None:
+        """Latest snapshot + replay, then a new term. Separate from `run` for tests."""
+        snap = await self._store.load_snapshot(self.row.pid)
+        if snap is not None:
+            self.state = PartitionState.decode_snapshot(snap.data)
+            self._last_snapshot_offset = snap.log_offset
+            assert self.state.last_applied_log_offset == snap.log_offset
+        while True:
+            records = await self._store.read_log(
+                self.row.pid, self.state.next_log_offset, REPLAY_BATCH_RECORDS
+            )
+            for record in records:
+                self.state.apply(record)
+            if len(records) < REPLAY_BATCH_RECORDS:
+                break
+        record = await self._store.begin_term(
+            self.row.pid, self.state.next_log_offset, self.state.high_watermark
+        )
+        self.state.apply(record)
+        self.term = record.term
+        self._next_log_offset = self.state.next_log_offset
+        self._projected_hwm = self.state.high_watermark
+        self.fence = Fence(self.row.creation_epoch, self._mode)
+        self._publish()
+        log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.recover()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._appender)
+            self.ready.set()
+            task_status.started()
+            async with self._rx:
+                async for msg in self._rx:
+                    self._handle(msg)
+                    if self._stopping is not None and not self._pending:
+                        break
+            tg.cancel_scope.cancel()
+        self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
+        if self._stopping is not None:
+            self._stopping.reply.set(None)
+
+    # ------------------------------------------------------------------ message handling
+
+    def _handle(self, msg: object) -> None:
+        match msg:
+            case _Write():
+                self._on_write(msg)
+            case _Control():
+                self._on_control(msg)
+            case _Durable(upto=upto):
+                self._on_durable(upto)
+            case _AppendFailed(error=error):
+                self._on_append_failed(error)
+            case _Stop():
+                self._stopping = msg
+                self._fail_waiting(ShuttingDown(f"partition {self.name} is stopping"))
+            case _:
+                raise AssertionError(f"unknown message {msg!r}")
+
+    def _refusal(self) -> Exception | None:
+        if self._deposed is not None:
+            return self._deposed
+        if self._stopping is not None:
+            return ShuttingDown(f"partition {self.name} is stopping")
+        return None
+
+    def _on_write(self, msg: _Write) -> None:
+        refusal = self._refusal()
+        if refusal is not None:
+            msg.reply.fail(refusal)
+            return
+        decision = self.fence.try_fence(msg.epoch, self.term, self.state.applied_window)
+        match decision:
+            case Admitted():
+                self._admit(msg, decision)
+            case Rejected(error=error):
+                self._note_fence(msg.epoch, "rejected", (error.window_min, error.window_max))
+                msg.reply.fail(error)
+            case Wait():
+                self._waiting.append(msg)
+            case BecomeUpdater():
+                assert self._updater is None
+                self._updater = msg
+                self._maybe_slide()
+
+    def _maybe_slide(self) -> None:
+        if self._updater is None or not self.fence.drained:
+            return
+        updater, self._updater = self._updater, None
+        admitted = self.fence.complete_slide(self.term, self.state.applied_window)
+        log.debug("partition %s window slid to %s", self.name, admitted.window)
+        self._admit(updater, admitted)
+        # Coalesce: everybody who waited re-evaluates against the new window.
+        waiting, self._waiting = self._waiting, deque()
+        for msg in waiting:
+            self._on_write(msg)
+
+    def _admit(self, msg: _Write, admitted: Admitted) -> None:
+        self._note_fence(
+            msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted", admitted.window
+        )
+        if msg.entry is None:  # fence probe
+            self.fence.release()
+            msg.reply.set(None)
+            self._maybe_slide()
+            return
+        self._reserve(msg.entry, msg.reply, holds_read_unit=True)
+
+    def _on_control(self, msg: _Control) -> None:
+        refusal = self._refusal()
+        if refusal is not None:
+            msg.reply.fail(refusal)
+            return
+        if msg.term is not None and msg.term != self.term:
+            msg.reply.fail(NotLeader(self.name, msg.term, self.term))
+            return
+        error = self._validate_control(msg.entry)
+        if error is not None:
+            msg.reply.fail(error)
+            return
+        self._reserve(msg.entry, msg.reply, holds_read_unit=False)
+
+    def _validate_control(self, entry: Entry) -> Exception | None:
+        match entry:
+            case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
+                if not -1 <= lro < self._projected_hwm:
+                    return InvalidInput(
+                        f"{self.name}: lro {lro} outside [-1, {self._projected_hwm - 1}]"
+                    )
+                if not -1 <= lrlo < self._next_log_offset:
+                    return InvalidInput(
+                        f"{self.name}: lrlo {lrlo} outside [-1, {self._next_log_offset - 1}]"
+                    )
+            case SetStartOffset(offset=offset):
+                if not 0 <= offset <= self._projected_hwm:
+                    return InvalidInput(
+                        f"{self.name}: start offset {offset} outside [0, {self._projected_hwm}]"
+                    )
+            case _:
+                raise AssertionError(f"not a control entry: {entry!r}")
+        return None
+
+    def _reserve(self, entry: Entry, reply: Reply, holds_read_unit: bool) -> None:
+        assert len(self._pending) < PENDING_RECORDS_MAX, "pending appends exceed their bound"
+        record = LogRecord(self._next_log_offset, self.term, self._projected_hwm, entry)
+        self._next_log_offset += 1
+        if isinstance(entry, Placeholder):
+            self._projected_hwm += entry.record_count
+        self._pending.append(_Pending(record, reply, holds_read_unit))
+        self._to_append.append(record)
+        self._append_wakeup.set()
+
+    def _on_durable(self, upto: int) -> None:
+        while self._pending and self._pending[0].record.log_offset <= upto:
+            pending = self._pending.popleft()
+            applied = self.state.apply(pending.record)
+            assert applied, pending.record
+            if pending.holds_read_unit:
+                self.fence.release()
+            pending.reply.set(pending.record)
+        self._publish()
+        self._maybe_snapshot()
+        self._maybe_slide()
+
+    def _on_append_failed(self, error: Exception) -> None:
+        if isinstance(error, NotLeader):
+            log.warning("partition %s deposed: %s", self.name, error)
+            self._deposed = error
+            self._fail_all(error)
+            return
+        raise error  # a failing log store is not survivable: crash loudly, restart replays
+
+    def _fail_waiting(self, error: Exception) -> None:
+        waiting = list(self._waiting)
+        if self._updater is not None:
+            waiting.append(self._updater)
+            self._updater = None
+            self.fence.abandon_update()
+        self._waiting.clear()
+        for msg in waiting:
+            msg.reply.fail(error)
+
+    def _fail_all(self, error: Exception) -> None:
+        self._fail_waiting(error)
+        for pending in self._pending:
+            if not pending.reply.done:
+                pending.reply.fail(error)
+        self._pending.clear()
+        self._to_append.clear()
+
+    # ------------------------------------------------------------------ effects
+
+    def _publish(self) -> None:
+        state_mp = self.state.mp
+        published = self.pins.published(state_mp)
+        if published != self._published_mp:
+            self._published_mp = published
+            self._mp_changed_at = self._clock()
+        self._board.publish(self.name, published)
+
+    def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
+        if not self._record_fence_events or len(self._fence_events) >= FENCE_EVENTS_BUFFER_MAX:
+            return
+        self._fence_events.append(
+            FenceEventRow(
+                at=self._wall(),
+                pid=self.row.pid,
+                term=self.term,
+                epoch=epoch,
+                outcome=outcome,
+                window_min=None if window is None else window[0],
+                window_max=None if window is None else window[1],
+            )
+        )
+
+    def _maybe_snapshot(self) -> None:
+        offset = self.state.last_applied_log_offset
+        if offset - self._last_snapshot_offset < self._snapshot_every:
+            return
+        self._last_snapshot_offset = offset
+        self._snapshot_due = Snapshot(self.row.pid, offset, self.state.encode_snapshot())
+        # Keep the log a reader may still need: placeholders above LRLO, plus a margin.
+        keep_from = min(offset + 1, self.state.lrlo + 1 - self._log_keep)
+        if keep_from > 0:
+            self._truncate_below = keep_from
+        self._append_wakeup.set()
+
+    async def _appender(self) -> None:
+        """Writes queued records in log order; one batch in flight per partition."""
+        while True:
+            await self._append_wakeup.wait()
+            self._append_wakeup = anyio.Event()
+            batch, self._to_append = self._to_append, []
+            snapshot, self._snapshot_due = self._snapshot_due, None
+            truncate, self._truncate_below = self._truncate_below, None
+            if batch:
+                try:
+                    await self._store.append(self.row.pid, self.term, batch)
+                except NotLeader as exc:
+                    await self._tx.send(_AppendFailed(exc))
+                    return
+                await self._tx.send(_Durable(batch[-1].log_offset))
+            if snapshot is not None:
+                await self._store.save_snapshot(snapshot)
+                if truncate is not None:
+                    await self._store.truncate_below(self.row.pid, truncate)
+            events = self.take_fence_events()
+            if events:
+                await self._store.record_fence_events(events)

@@ -1,0 +1,201 @@
+"""An in-memory `LogStore` with the same rules as the SQLite one (conditional, contiguous
+appends; compare-and-set L1 transitions; a cluster epoch that never falls). For fast actor
+tests and the simulation; nothing here survives the process.
+
+`fail_appends` injects a failure into the next appends, as a disk error would.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+
+import anyio
+import msgspec
+
+from levelzero.core.entries import LogRecord, Placeholder, TermStart
+from levelzero.core.errors import InvariantViolation, NotLeader, StorageError, TopicExists
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    PartitionRow,
+    Snapshot,
+    StateSampleRow,
+)
+
+
+class MemoryLogStore:
+    def __init__(self) -> None:
+        self.partitions: dict[int, PartitionRow] = {}
+        self.logs: dict[int, list[LogRecord]] = {}
+        self.first_offset: dict[int, int] = {}
+        self.snapshots: dict[int, Snapshot] = {}
+        self.cluster_epoch = 1
+        self.l1: dict[str, L1Row] = {}
+        self.l0_objects: dict[str, L0ObjectRow] = {}
+        self.gc_rounds: list[GcRoundRow] = []
+        self.fence_events: list[FenceEventRow] = []
+        self.state_samples: list[StateSampleRow] = []
+        self.fail_appends = 0
+        self.appends = 0
+
+    # -- partitions
+    async def create_topic(
+        self, topic: str, partitions: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        if any(row.topic == topic for row in self.partitions.values()):
+            raise TopicExists(f"topic {topic!r} exists")
+        rows = []
+        for p in range(partitions):
+            pid = len(self.partitions) + 1
+            row = PartitionRow(pid, topic, p, creation_epoch, 0, now)
+            self.partitions[pid] = row
+            self.logs[pid] = []
+            self.first_offset[pid] = 0
+            rows.append(row)
+        await anyio.lowlevel.checkpoint()
+        return rows
+
+    async def list_partitions(self) -> list[PartitionRow]:
+        return [self.partitions[pid] for pid in sorted(self.partitions)]
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+        row = self.partitions[pid]
+        term = row.term + 1
+        record = LogRecord(log_offset, term, base_offset, TermStart(term))
+        self._check_contiguous(pid, [record])
+        self.partitions[pid] = PartitionRow(
+            pid, row.topic, row.partition, row.creation_epoch, term, row.created_at
+        )
+        self.logs[pid].append(record)
+        await anyio.lowlevel.checkpoint()
+        return record
+
+    # -- log
+    def _next_offset(self, pid: int) -> int:
+        log = self.logs[pid]
+        return log[-1].log_offset + 1 if log else self.first_offset[pid]
+
+    def _check_contiguous(self, pid: int, records: Sequence[LogRecord]) -> None:
+        expected = self._next_offset(pid)
+        for record in records:
+            if record.log_offset != expected:
+                raise InvariantViolation(
+                    f"pid {pid}: append at log offset {record.log_offset}, expected {expected}"
+                )
+            expected += 1
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        await anyio.lowlevel.checkpoint()
+        if self.fail_appends > 0:
+            self.fail_appends -= 1
+            raise StorageError("injected append failure")
+        row = self.partitions[pid]
+        if row.term != expected_term:
+            raise NotLeader(f"{row.topic}/{row.partition}", expected_term, row.term)
+        assert all(r.term == expected_term for r in records)
+        self._check_contiguous(pid, records)
+        self.logs[pid].extend(records)
+        self.appends += 1
+
+    async def read_log(
+        self, pid: int, from_log_offset: int, limit: int | None = None
+    ) -> list[LogRecord]:
+        await anyio.lowlevel.checkpoint()
+        log = self.logs[pid]
+        start = max(0, from_log_offset - self.first_offset[pid])
+        end = None if limit is None else start + limit
+        return log[start:end]
+
+    async def read_placeholders(
+        self, pid: int, from_data_offset: int, limit: int
+    ) -> list[LogRecord]:
+        await anyio.lowlevel.checkpoint()
+        found = []
+        holders = [r for r in self.logs[pid] if isinstance(r.entry, Placeholder)]
+        i = bisect_right([r.base_offset for r in holders], from_data_offset) - 1
+        for record in holders[max(i, 0) :]:
+            if record.base_offset + record.entry.record_count > from_data_offset:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        await anyio.lowlevel.checkpoint()
+        self.snapshots[snapshot.pid] = snapshot
+
+    async def load_snapshot(self, pid: int) -> Snapshot | None:
+        await anyio.lowlevel.checkpoint()
+        return self.snapshots.get(pid)
+
+    async def truncate_below(self, pid: int, log_offset: int) -> int:
+        snap = self.snapshots.get(pid)
+        if snap is None or log_offset > snap.log_offset + 1:
+            raise InvariantViolation(f"pid {pid}: truncate below {log_offset} past the snapshot")
+        log = self.logs[pid]
+        keep = [r for r in log if r.log_offset >= log_offset]
+        removed = len(log) - len(keep)
+        self.logs[pid] = keep
+        self.first_offset[pid] = max(self.first_offset[pid], log_offset)
+        await anyio.lowlevel.checkpoint()
+        return removed
+
+    # -- cluster epoch
+    async def get_cluster_epoch(self) -> int:
+        return self.cluster_epoch
+
+    async def set_cluster_epoch(self, epoch: int) -> None:
+        if epoch < self.cluster_epoch:
+            raise InvariantViolation(f"cluster epoch {epoch} below {self.cluster_epoch}")
+        self.cluster_epoch = epoch
+        await anyio.lowlevel.checkpoint()
+
+    # -- L1 metastore
+    async def l1_insert(self, row: L1Row) -> None:
+        assert row.key not in self.l1, row.key
+        self.l1[row.key] = row
+        await anyio.lowlevel.checkpoint()
+
+    async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
+        await anyio.lowlevel.checkpoint()
+        row = self.l1.get(key)
+        if row is None or row.state != from_state:
+            return False
+        self.l1[key] = msgspec.structs.replace(row, state=to_state, updated_at=now)
+        return True
+
+    async def l1_list(
+        self, pid: int | None = None, states: Sequence[str] | None = None
+    ) -> list[L1Row]:
+        await anyio.lowlevel.checkpoint()
+        rows = [
+            r
+            for r in self.l1.values()
+            if (pid is None or r.pid == pid) and (states is None or r.state in states)
+        ]
+        return sorted(rows, key=lambda r: (r.pid, r.base_offset, r.key))
+
+    # -- events
+    async def record_l0_object(self, row: L0ObjectRow) -> None:
+        self.l0_objects[row.key] = row
+
+    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
+        for key in keys:
+            row = self.l0_objects.get(key)
+            if row is not None and row.deleted_at is None:
+                self.l0_objects[key] = msgspec.structs.replace(row, deleted_at=at, deleted_at_m=m)
+
+    async def record_gc_round(self, row: GcRoundRow) -> None:
+        self.gc_rounds.append(row)
+
+    async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
+        self.fence_events.extend(rows)
+
+    async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
+        self.state_samples.extend(rows)
+
+    async def aclose(self) -> None:
+        pass
