@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from levelzero.core.errors import InvalidInput, ShuttingDown, UnknownPartition, UnknownTopic
+from levelzero.core.errors import (
+    InvalidInput,
+    ShuttingDown,
+    TopicExists,
+    UnknownPartition,
+    UnknownTopic,
+)
 from levelzero.core.fence import FenceMode
 from levelzero.core.keys import TOPIC_NAME_RE
 from levelzero.core.l0format import Record
@@ -22,8 +28,11 @@ from levelzero.storage.protocols import LogStore, ObjectStore, PartitionRow
 
 from .batcher import Batcher, BatcherConfig, ProduceResult
 from .epochs import EpochCache, EpochService
+from .housekeeper import Housekeeper, HousekeeperConfig
+from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView, WatermarkBoard
 from .reader import FetchResult, Reader
+from .reconciler import Reconciler, ReconcilerConfig
 
 log = logging.getLogger("levelzero.node")
 
@@ -39,6 +48,8 @@ class NodeConfig:
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
+    housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
 
 
 class Node:
@@ -64,6 +75,14 @@ class Node:
             object_store, log_store, self.epoch_cache, config.batcher, rng=rng, wall_clock=self._wall
         )
         self.reader = Reader(object_store, log_store)
+        self.l1 = L1Catalog(object_store, log_store, self._wall)
+        self.reader.l1 = self.l1
+        self.reconciler = Reconciler(
+            config.reconciler, object_store, log_store, self.l1, self.partitions, wall_clock=self._wall
+        )
+        self.housekeeper = Housekeeper(
+            config.housekeeper, self.epochs, self.l1, self.partitions, wall_clock=self._wall
+        )
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._topics: dict[str, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -82,6 +101,10 @@ class Node:
                 await self._start_partition(row)
             await tg.start(self.batcher.run)
             await tg.start(self.epochs.run)
+            if self.config.reconciler.enabled:
+                await tg.start(self.reconciler.run)
+            if self.config.housekeeper.enabled:
+                await tg.start(self.housekeeper.run)
             self.accepting = True
             log.info(
                 "node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current
@@ -130,6 +153,14 @@ class Node:
             raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
         self._check_accepting()
         async with self._create_lock:
+            if name in self._topics:
+                raise TopicExists(f"topic {name!r} exists")
+            # Register on the watermark board *before* choosing the creation epoch: a GC round
+            # that snapshots the partition set from now on sees the new partitions (without an
+            # M(p) they block it), and one that snapshotted earlier has E <= creation epoch, so
+            # its cap E - 1 keeps every object of the new partitions.
+            for p in range(partitions):
+                self.board.register(f"{name}/{p}")
             rows = await self.log_store.create_topic(
                 name, partitions, self.epochs.current, self._wall()
             )

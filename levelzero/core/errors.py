@@ -121,3 +121,13 @@ class StorageError(LevelZeroError):
 class ShuttingDown(LevelZeroError):
     code = "shutting_down"
     retriable = True
+
+
+class ObjectNotFound(LevelZeroError):
+    """An object store has no object under the key."""
+
+    code = "object_not_found"
+
+    def __init__(self, key: str, where: str = "") -> None:
+        super().__init__(f"object {key!r} not found" + (f" in {where}" if where else ""))
+        self.key = key

@@ -10,6 +10,8 @@ with epoch `e` calls `try_fence`:
 - while an updater is active → `Wait`: re-evaluate after the slide (newer epochs coalesce: only
   one slide runs at a time, later callers see the slid window).
 - `e` below the window → `Rejected(StaleClusterEpoch)`: refresh the epoch cache and retry.
+  So is an `e` strictly between the edges of the window while `e` is above the applied
+  maximum (see `try_fence`): only the two edges can each open an applied window per slide.
 
 The seen window is in-memory and belongs to one term. For any other term the effective window
 is the applied window of the state machine, so a new leader starts from what the log proves.
@@ -124,6 +126,13 @@ class Fence:
         low, high = window
         if epoch > high:
             return self._become_updater(epoch)
+        if low < epoch < high and (applied_window is None or epoch > applied_window[1]):
+            # Strictly inside a non-contiguous window whose upper edge is not applied yet: the
+            # placeholders of this phase may apply in any order, and applying `epoch` and then
+            # `high` would slide the applied window to [epoch, high], above every in-flight write
+            # at `low` (apply asserts; catch-up would set M(p) >= low). Admitted once applying it
+            # cannot move the applied window (applied max >= epoch); until then, retry fresh.
+            return self._reject(epoch, window)
         if epoch >= low or self.mutate_admit_below_window:
             self.read_units += 1
             self.same_epoch_fences += 1

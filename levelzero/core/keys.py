@@ -19,11 +19,13 @@ PREFIX_COUNT = 1000
 EPOCH_DIGITS = 18
 EPOCH_MAX = 10**EPOCH_DIGITS - 1
 
-_L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})$")
+# `\Z`, not `$` (which also matches before a trailing newline); ASCII, so `\d` is only 0-9.
+_L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})\Z", re.ASCII)
 _L1_RE = re.compile(
-    r"^level_one/([A-Za-z0-9._-]{1,200})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})$"
+    r"^level_one/([A-Za-z0-9._-]{1,200})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z",
+    re.ASCII,
 )
-TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\Z")
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,9 +85,12 @@ def build_object(epoch: int, extents: Sequence[tuple[int, bytes, int]]) -> tuple
             headers.append(ExtentHeader(pid, offset, len(data), count, checksum(data)))
             offset += len(data)
         new_header = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
-        if len(new_header) == len(header_bytes):
-            break
+        settled = len(new_header) == len(header_bytes)
         header_bytes = new_header
+        if settled:
+            break
+    else:
+        raise AssertionError("object header size did not settle")
     assert _PREAMBLE.size + len(header_bytes) == headers[0].byte_offset
     body = b"".join(data for _, data, _ in extents)
     return _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes + body, headers

@@ -39,6 +39,9 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     start_offset: int = 0
     high_watermark: int = 0
     size_bytes: int = 0
+    # Term lineage of reconciliation (leader-epoch seed): the highest LRO each term recorded.
+    # An L1 object of term t counts only if its last offset is <= reconciled_by_term[t].
+    reconciled_by_term: dict[int, int] = msgspec.field(default_factory=dict)
 
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
@@ -61,6 +64,7 @@ class PartitionState:
         "start_offset",
         "high_watermark",
         "size_bytes",
+        "reconciled_by_term",
         "_mutate_lower_bound_follows_max",
     )
 
@@ -90,6 +94,18 @@ class PartitionState:
             return None
         assert self.previous_applied_epoch is not None
         return (self.previous_applied_epoch, self.max_applied_epoch)
+
+    def l1_range_valid(self, term: int, base_offset: int, last_offset: int) -> bool:
+        """Is an L1 object of `term` covering [base, last] part of the term lineage?
+
+        It must lie within what its term recorded, and above what every earlier term recorded
+        (a zombie's late object claiming more than its term's recorded end is rejected,
+        whatever the arrival order)."""
+        end = self.reconciled_by_term.get(term)
+        if end is None or last_offset > end:
+            return False
+        earlier = [e for t, e in self.reconciled_by_term.items() if t < term]
+        return base_offset > max(earlier, default=-1)
 
     @property
     def has_unreconciled_data(self) -> bool:
@@ -128,9 +144,19 @@ class PartitionState:
                 self._advance_applied_epoch(epoch, offset)
             case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
                 self._advance_reconciled(lro, lrlo, offset)
+                if lro > self.reconciled_by_term.get(record.term, -1):
+                    self.reconciled_by_term = {**self.reconciled_by_term, record.term: lro}
             case SetStartOffset(offset=start):
                 assert start <= self.high_watermark, (start, self.high_watermark)
                 self.start_offset = max(self.start_offset, start)
+                # Lineage below the start offset can no longer validate anything readable,
+                # but the newest entry stays: it bounds the next term's range from below.
+                newest = max(self.reconciled_by_term, default=None)
+                self.reconciled_by_term = {
+                    t: end
+                    for t, end in self.reconciled_by_term.items()
+                    if end >= self.start_offset or t == newest
+                }
             case TermStart(term=term):
                 if term <= self.term:
                     raise InvariantViolation(f"TermStart({term}) does not raise term {self.term}")
@@ -208,6 +234,7 @@ class PartitionState:
             start_offset=self.start_offset,
             high_watermark=self.high_watermark,
             size_bytes=self.size_bytes,
+            reconciled_by_term=dict(self.reconciled_by_term),
         )
 
     @classmethod
@@ -219,6 +246,7 @@ class PartitionState:
     def _restore(self, s: PartitionSnapshot) -> None:
         for name in PartitionSnapshot.__struct_fields__:
             setattr(self, name, getattr(s, name))
+        self.reconciled_by_term = dict(s.reconciled_by_term)
 
     def encode_snapshot(self) -> bytes:
         return _snapshot_encoder.encode(self.to_snapshot())

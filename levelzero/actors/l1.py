@@ -1,0 +1,146 @@
+"""L1 objects: the metastore lifecycle, the term lineage check, two-phase deletion and reads.
+
+Lifecycle (like Kafka tiered storage): COPY_STARTED → COPY_FINISHED → DELETE_STARTED →
+DELETE_FINISHED. An object counts only if COPY_FINISHED and within the partition's term lineage
+(`PartitionState.l1_range_valid`). A delete is recorded DELETE_STARTED before the object store
+delete and DELETE_FINISHED after, so a crash mid-delete resumes; and a delete is validated
+against the *current* lineage first, so a zombie cannot delete data the current leader uses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Callable
+
+from levelzero.core.errors import LevelZeroError, ObjectNotFound
+from levelzero.core.l0format import decode_extent, read_header
+from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
+
+from .partition import PartitionActor
+from .reader import FetchedRecord
+
+log = logging.getLogger("levelzero.l1")
+
+
+class L1Catalog:
+    def __init__(
+        self, object_store: ObjectStore, log_store: LogStore, wall_clock: Callable[[], float]
+    ) -> None:
+        self._objects = object_store
+        self._log = log_store
+        self._wall = wall_clock
+        # pid -> valid objects sorted by base offset (a cache; the metastore is the truth)
+        self._valid: dict[int, list[L1Row]] = {}
+        self.deleted = 0
+        self.delete_refusals = 0
+
+    # ------------------------------------------------------------------ validity
+
+    @staticmethod
+    def is_valid(actor: PartitionActor, row: L1Row) -> bool:
+        return row.state == L1State.COPY_FINISHED and actor.state.l1_range_valid(
+            row.term, row.base_offset, row.last_offset
+        )
+
+    async def refresh(self, actor: PartitionActor) -> list[L1Row]:
+        rows = await self._log.l1_list(actor.row.pid, [L1State.COPY_FINISHED])
+        valid = sorted((r for r in rows if self.is_valid(actor, r)), key=lambda r: r.base_offset)
+        self._valid[actor.row.pid] = valid
+        return valid
+
+    def lineage(self, actor: PartitionActor) -> list[dict]:
+        return [
+            {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
+            for r in self._valid.get(actor.row.pid, [])
+        ]
+
+    # ------------------------------------------------------------------ deletion
+
+    async def delete(self, actor: PartitionActor, row: L1Row, *, reason: str) -> bool:
+        """Two-phase delete. Refuses an object the current lineage still serves."""
+        state = actor.state
+        serving = self.is_valid(actor, row) and row.last_offset >= state.start_offset
+        if serving:
+            self.delete_refusals += 1
+            log.warning("refusing to delete %s (%s): the current lineage serves it", row.key, reason)
+            return False
+        now = self._wall()
+        if row.state != L1State.DELETE_STARTED:
+            if not await self._log.l1_transition(row.key, row.state, L1State.DELETE_STARTED, now):
+                return False  # somebody else moved it first
+        await self._finish_delete(row.key)
+        self._drop_cached(actor.row.pid, row.key)
+        log.info("deleted L1 object %s (%s)", row.key, reason)
+        return True
+
+    async def _finish_delete(self, key: str) -> None:
+        result = await self._objects.delete_many([key])
+        if key in result.errors:
+            raise LevelZeroError(f"deleting {key} failed: {result.errors[key]}")
+        await self._log.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, self._wall())
+        self.deleted += 1
+
+    def _drop_cached(self, pid: int, key: str) -> None:
+        rows = self._valid.get(pid)
+        if rows:
+            self._valid[pid] = [r for r in rows if r.key != key]
+
+    async def collect(self, actor: PartitionActor, copy_deadline_s: float) -> int:
+        """Resume unfinished deletes, collect stale COPY_STARTED and out-of-lineage objects,
+        and objects entirely below the start offset (retention)."""
+        now = self._wall()
+        deleted = 0
+        state = actor.state
+        for row in await self._log.l1_list(actor.row.pid):
+            reason = None
+            if row.state == L1State.DELETE_STARTED:
+                reason = "resuming an unfinished delete"
+            elif row.state == L1State.COPY_STARTED and now - row.updated_at > copy_deadline_s:
+                reason = "stale COPY_STARTED"
+            elif row.state == L1State.COPY_FINISHED:
+                if row.last_offset < state.start_offset:
+                    reason = "below the start offset (retention)"
+                elif not self.is_valid(actor, row) and (
+                    row.term < actor.term or now - row.updated_at > copy_deadline_s
+                ):
+                    reason = f"outside the term lineage (term {row.term})"
+            if reason is None:
+                continue
+            try:
+                if await self.delete(actor, row, reason=reason):
+                    deleted += 1
+            except LevelZeroError as exc:
+                log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
+        await self.refresh(actor)
+        return deleted
+
+    # ------------------------------------------------------------------ reads
+
+    async def fetch(
+        self, actor: PartitionActor, offset: int, max_bytes: int, upto: int
+    ) -> list[FetchedRecord]:
+        rows = self._valid.get(actor.row.pid)
+        if rows is None or not rows or rows[-1].last_offset < min(offset, upto):
+            rows = await self.refresh(actor)
+        i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
+        if i < 0 or rows[i].last_offset < offset:
+            raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
+        row = rows[i]
+        data = await self._objects.get(row.key)
+        where = f"L1 object {row.key}"
+        header = read_header(data, where)
+        (extent,) = header.extents
+        raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
+        records = decode_extent(raw, extent.checksum, extent.record_count, where)
+        out: list[FetchedRecord] = []
+        size = 0
+        for i, r in enumerate(records):
+            at = row.base_offset + i
+            if at < offset or at > upto:
+                continue
+            if out and size + len(r.value) > max_bytes:
+                break
+            out.append(FetchedRecord(at, r.key, r.value))
+            size += len(r.value) + len(r.key or b"")
+        return out

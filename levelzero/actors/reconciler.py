@@ -1,0 +1,204 @@
+"""The reconciler: copies each partition's L0 extents into per-partition L1 objects and tells the
+partition how far it has caught up. This is what makes L0 data collectable at all: a partition's
+`min_epoch_lower_bound` only moves once its LRLO reaches the entry that opened its window.
+
+Per partition batch: read placeholders `(LRO, HWM)` up to a byte budget → fetch and verify their
+extents (pinning `M(p)` while reading) → record the L1 object COPY_STARTED → upload → record
+COPY_FINISHED → append `AdvanceReconciledOffset` with the term the placeholders were read under.
+A catch-up whose term is no longer current is rejected by the conditional append; the object it
+would have covered is then outside the lineage and is deleted through the two-phase states.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
+from levelzero.core.keys import format_l1_key, new_uuid
+from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent
+from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
+
+from .l1 import L1Catalog
+from .partition import PartitionActor
+
+log = logging.getLogger("levelzero.reconciler")
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerConfig:
+    interval_s: float = 1.0
+    object_bytes_max: int = 8 * 1024 * 1024
+    placeholders_per_object_max: int = 4096
+    partitions_in_flight_max: int = 4
+    copy_deadline_s: float = 600.0  # COPY_STARTED older than this is collected
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.copy_deadline_s <= 0:
+            raise InvalidInput("reconciler interval_s and copy_deadline_s must be > 0")
+        if not 1024 <= self.object_bytes_max <= 256 * 1024 * 1024:
+            raise InvalidInput("reconciler object_bytes_max must be in 1 KiB..256 MiB")
+        if not 1 <= self.partitions_in_flight_max <= 256:
+            raise InvalidInput("reconciler partitions_in_flight_max must be in 1..256")
+        if not 1 <= self.placeholders_per_object_max <= 100_000:
+            raise InvalidInput("reconciler placeholders_per_object_max must be in 1..100000")
+
+
+@dataclass(slots=True)
+class ReconcilerStatistics:
+    rounds: int = 0
+    objects_written: int = 0
+    bytes_written: int = 0
+    records_reconciled: int = 0
+    catch_ups_rejected: int = 0
+    errors: int = 0
+    lag_offsets: dict[str, int] = field(default_factory=dict)
+    lag_bytes: dict[str, int] = field(default_factory=dict)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        config: ReconcilerConfig,
+        object_store: ObjectStore,
+        log_store: LogStore,
+        catalog: L1Catalog,
+        partitions: Callable[[], list[PartitionActor]],
+        *,
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self._objects = object_store
+        self._log = log_store
+        self.catalog = catalog
+        self._partitions = partitions
+        self._wall = wall_clock
+        self.stats = ReconcilerStatistics()
+        self._wake = anyio.Event()
+        self._recovered: set[int] = set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            with anyio.move_on_after(self.config.interval_s):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            await self.run_round()
+
+    async def run_round(self) -> int:
+        """One pass over every partition; returns the number of L1 objects written."""
+        self.stats.rounds += 1
+        written = 0
+        limiter = anyio.CapacityLimiter(self.config.partitions_in_flight_max)
+
+        async def one(actor: PartitionActor) -> None:
+            nonlocal written
+            async with limiter:
+                try:
+                    if actor.row.pid not in self._recovered:
+                        # Start-up: resume unfinished deletes, collect stale copies.
+                        await self.catalog.collect(actor, self.config.copy_deadline_s)
+                        self._recovered.add(actor.row.pid)
+                    while actor.state.has_unreconciled_data:
+                        if not await self.reconcile_partition(actor):
+                            break
+                        written += 1
+                except (NotLeader, anyio.ClosedResourceError):
+                    pass  # the partition moved on; its new leader reconciles
+                except LevelZeroError as exc:
+                    self.stats.errors += 1
+                    log.warning("reconciling %s failed, retried next round: %s", actor.name, exc)
+                self._note_lag(actor)
+
+        async with anyio.create_task_group() as tg:
+            for actor in self._partitions():
+                if actor.ready.is_set():
+                    tg.start_soon(one, actor)
+        return written
+
+    def _note_lag(self, actor: PartitionActor) -> None:
+        state = actor.state
+        self.stats.lag_offsets[actor.name] = max(0, state.high_watermark - 1 - state.lro)
+
+    async def reconcile_partition(self, actor: PartitionActor, term: int | None = None) -> bool:
+        """Reconcile one batch of `actor`'s unreconciled placeholders into one L1 object.
+
+        `term` defaults to the actor's current term; a test passes an old one to play a zombie.
+        Returns False when there was nothing to do or the catch-up was rejected."""
+        term = actor.term if term is None else term
+        state = actor.state
+        lro, hwm = state.lro, state.high_watermark
+        if lro + 1 >= hwm:
+            return False
+        reader_id, _ = actor.register_reader()
+        try:
+            batch, records = await self._read_batch(actor, lro + 1, hwm)
+        finally:
+            actor.release_reader(reader_id)
+        if not batch:
+            return False
+        base = batch[0].base_offset
+        last = batch[-1].base_offset + batch[-1].entry.record_count - 1
+        lrlo = batch[-1].log_offset
+        assert base == lro + 1, (actor.name, base, lro)
+        key = format_l1_key(actor.row.topic, actor.row.partition, base, last, term, new_uuid())
+        data, _ = build_object(term, [(actor.row.pid, encode_extent(records), len(records))])
+        now = self._wall()
+        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)
+        await self._log.l1_insert(row)
+        await self._objects.put(key, data)
+        await self._log.l1_transition(key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall())
+        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_FINISHED, now, self._wall())
+        try:
+            await actor.catch_up(last, lrlo, term)
+        except NotLeader:
+            self.stats.catch_ups_rejected += 1
+            log.info("catch-up of %s for term %d rejected; %s is outside the lineage", actor.name, term, key)
+            await self._collect_quietly(actor, row)
+            return False
+        except InvalidInput as exc:
+            self.stats.catch_ups_rejected += 1
+            log.warning("catch-up of %s rejected: %s", actor.name, exc)
+            await self._collect_quietly(actor, row)
+            return False
+        self.stats.objects_written += 1
+        self.stats.bytes_written += len(data)
+        self.stats.records_reconciled += len(records)
+        await self.catalog.refresh(actor)
+        return True
+
+    async def _collect_quietly(self, actor: PartitionActor, row: L1Row) -> None:
+        try:
+            await self.catalog.delete(actor, row, reason="catch-up rejected")
+        except LevelZeroError as exc:
+            log.warning("deleting rejected L1 object %s failed, collected later: %s", row.key, exc)
+
+    async def _read_batch(self, actor: PartitionActor, start: int, hwm: int):
+        """Placeholders from data offset `start` (below `hwm`) up to the byte budget."""
+        placeholders = await self._log.read_placeholders(
+            actor.row.pid, start, self.config.placeholders_per_object_max
+        )
+        batch = []
+        records: list[Record] = []
+        size = 0
+        for record in placeholders:
+            p = record.entry
+            assert isinstance(p, Placeholder)
+            if record.base_offset >= hwm:
+                break
+            if batch and size + p.byte_length > self.config.object_bytes_max:
+                break
+            data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+            where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
+            records.extend(decode_extent(data, p.checksum, p.record_count, where))
+            batch.append(record)
+            size += p.byte_length
+        return batch, records
