@@ -60,6 +60,12 @@ class L1Catalog:
     async def delete(self, actor: PartitionActor, row: L1Row, *, reason: str) -> bool:
         """Two-phase delete. Refuses an object the current lineage still serves."""
         state = actor.state
+        if row.term > actor.term:
+            # Written under a newer term than the deleter knows: the deleter is a zombie.
+            self.delete_refusals += 1
+            log.warning("refusing to delete %s: term %d is newer than %s's term %d",
+                        row.key, row.term, actor.name, actor.term)
+            return False
         serving = self.is_valid(actor, row) and row.last_offset >= state.start_offset
         if serving:
             self.delete_refusals += 1

@@ -1,0 +1,280 @@
+"""Reconciler, L1 lineage (zombie fencing), two-phase deletes, housekeeper and retention."""
+
+from __future__ import annotations
+
+import random
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import OffsetOutOfRange
+from levelzero.core.gc import compute_cluster_watermark
+from levelzero.core.keys import L1_ROOT
+from levelzero.core.l0format import Record
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import L1Row, L1State
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_config(**housekeeper) -> NodeConfig:
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=0.0,  # always fresh: these tests are about reconciliation
+        batcher=BatcherConfig(linger_ms=1),
+        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0),
+        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0, **housekeeper),
+    )
+
+
+@asynccontextmanager
+async def running_node(log_store, object_store, wall=None, config=None):
+    node = Node(config or make_config(), log_store, object_store, rng=random.Random(7), wall_clock=wall)
+    async with anyio.create_task_group() as tg:
+        await tg.start(node.run)
+        try:
+            yield node
+        finally:
+            await node.shutdown()
+
+
+async def produce_values(node, topic, partition, values):
+    offsets = []
+    for v in values:
+        r = await node.produce(topic, partition, [Record(None, v)])
+        offsets.append(r.base_offset)
+    return offsets
+
+
+async def read_all(node, topic, partition, start=0):
+    out, tiers = [], set()
+    offset = start
+    actor = node.partition(topic, partition)
+    while offset < actor.state.high_watermark:
+        result = await node.fetch(topic, partition, offset, 1 << 20)
+        tiers.add(result.tier)
+        out.extend(r.value for r in result.records)
+        offset = result.next_offset
+    return out, tiers
+
+
+def l1_keys(store: MemoryObjectStore) -> set[str]:
+    return {k for k in store._objects if k.startswith(L1_ROOT)}
+
+
+async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_bytes():
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        await node.create_topic("t", 1)
+        first = [f"a{i}".encode() * (i + 1) for i in range(12)]
+        await produce_values(node, "t", 0, first)
+        assert await node.reconciler.run_round() == 1
+        actor = node.partition("t", 0)
+        assert actor.state.lro == 11
+        second = [f"b{i}".encode() for i in range(5)]
+        await produce_values(node, "t", 0, second)
+
+        below = await node.fetch("t", 0, 3, 1 << 20)
+        assert below.tier == "l1"
+        assert [r.value for r in below.records] == first[3:]
+        assert [r.offset for r in below.records] == list(range(3, 12))
+        above = await node.fetch("t", 0, 12, 1 << 20)
+        assert above.tier == "l0"
+        assert [r.value for r in above.records] == second
+        assert len(l1_keys(objects)) == 1
+
+
+async def test_mp_rises_after_catch_up_but_never_reaches_an_unreconciled_epoch():
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        await node.create_topic("t", 1)
+        actor = node.partition("t", 0)
+        history = []
+        for round_ in range(6):
+            await produce_values(node, "t", 0, [f"r{round_}-{i}".encode() for i in range(3)])
+            await node.epochs.advance()
+            await node.reconciler.run_round()
+            await produce_values(node, "t", 0, [f"tail{round_}".encode()])  # left unreconciled
+            mp = actor.state.mp
+            history.append(mp)
+            unreconciled = [
+                r.entry.epoch
+                for r in await log_store.read_placeholders(actor.row.pid, actor.state.lro + 1, 1000)
+            ]
+            assert unreconciled and all(e > mp for e in unreconciled)
+        assert history == sorted(history)
+        assert history[-1] > history[0]
+
+
+@pytest.mark.parametrize("zombie_reports_first", [False, True])
+async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombie_reports_first):
+    """Seed 004: the old leader uploads and reports late; its claim never enters the lineage
+    and its object is deleted, whatever the order."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    gate = anyio.Event()
+    uploaded = anyio.Event()
+
+    class GatedStore(MemoryObjectStore):
+        async def put(self, key, data):
+            await super().put(key, data)
+            if key.startswith(L1_ROOT) and not gate.is_set():
+                uploaded.set()
+                await gate.wait()
+
+    gated = GatedStore()
+    gated._objects = objects._objects  # one bucket, two clients
+
+    async with running_node(log_store, gated) as old:
+        await old.create_topic("t", 1)
+        await produce_values(old, "t", 0, [b"x0", b"x1", b"x2"])
+        gate.set()
+        assert await old.reconciler.run_round() == 1  # term 1 reconciled 0..2
+        gate = anyio.Event()
+        uploaded = anyio.Event()
+        await produce_values(old, "t", 0, [b"y3", b"y4"])
+        old_actor = old.partition("t", 0)
+        zombie_result = {}
+
+        async def zombie():
+            zombie_result["ok"] = await old.reconciler.reconcile_partition(old_actor)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(zombie)
+            await uploaded.wait()  # the old leader's L1 object for 3..4 is uploaded, not reported
+            async with running_node(log_store, objects) as new:  # new leader: term 2
+                new_actor = new.partition("t", 0)
+                assert new_actor.term > old_actor.term
+                if zombie_reports_first:
+                    gate.set()
+                    await tg_wait(zombie_result)
+                await produce_values(new, "t", 0, [b"z5"])
+                assert await new.reconciler.run_round() == 1  # term 2 reconciles 3..5
+                if not zombie_reports_first:
+                    gate.set()
+                    await tg_wait(zombie_result)
+                assert zombie_result["ok"] is False
+                assert old.reconciler.stats.catch_ups_rejected == 1
+                # The lineage holds term 1 -> 2 and term 2 -> 5; the zombie's object is gone.
+                assert new_actor.state.reconciled_by_term == {1: 2, 2: 5}
+                await new.housekeeper.run_round()
+                await new.l1.collect(new_actor, copy_deadline_s=60.0)
+                rows = await log_store.l1_list(new_actor.row.pid)
+                by_state = {}
+                for row in rows:
+                    by_state.setdefault(row.state, []).append((row.term, row.base_offset, row.last_offset))
+                assert sorted(by_state[L1State.COPY_FINISHED]) == [(1, 0, 2), (2, 3, 5)]
+                assert by_state[L1State.DELETE_FINISHED] == [(1, 3, 4)]
+                assert len(l1_keys(objects)) == 2
+                values, tiers = await read_all(new, "t", 0)
+                assert values == [b"x0", b"x1", b"x2", b"y3", b"y4", b"z5"]
+                assert tiers == {"l1"}
+
+
+async def tg_wait(result: dict) -> None:
+    with anyio.fail_after(5):
+        while "ok" not in result:
+            await anyio.sleep(0)
+
+
+async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as old:
+        await old.create_topic("t", 1)
+        old_actor = old.partition("t", 0)
+        async with running_node(log_store, objects) as new:
+            await produce_values(new, "t", 0, [b"a", b"b"])
+            await new.reconciler.run_round()
+            (row,) = await log_store.l1_list(new.partition("t", 0).row.pid)
+            assert await old.l1.delete(old_actor, row, reason="zombie") is False
+            assert old.l1.delete_refusals == 1
+            assert row.key in objects._objects
+
+
+async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects, wall) as node:
+        await node.create_topic("t", 1)
+        pid = node.partition("t", 0).row.pid
+        # Crash between DELETE_STARTED and the object-store delete:
+        doomed = "level_one/t/0/00000000000000000100-00000000000000000101/1-" + "a" * 32
+        await objects.put(doomed, b"old")
+        await log_store.l1_insert(L1Row(doomed, pid, 100, 101, 5, 1, 3, L1State.DELETE_STARTED, wall.now, wall.now))
+        # Crash between the upload and COPY_FINISHED:
+        stale = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "b" * 32
+        await objects.put(stale, b"half")
+        await log_store.l1_insert(L1Row(stale, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now))
+    wall.now += 3600  # past copy_deadline_s
+    async with running_node(log_store, objects, wall) as node:
+        await node.reconciler.run_round()  # its first pass per partition is recovery
+        states = {r.key: r.state for r in await log_store.l1_list(pid)}
+        assert states == {doomed: L1State.DELETE_FINISHED, stale: L1State.DELETE_FINISHED}
+        assert doomed not in objects._objects and stale not in objects._objects
+
+
+async def test_an_idle_partition_does_not_hold_m_back():
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        await node.create_topic("busy", 1)
+        await node.create_topic("idle", 1)
+        ms = []
+        for i in range(5):
+            await produce_values(node, "busy", 0, [f"v{i}".encode()])
+            await node.epochs.advance()
+            await node.reconciler.run_round()
+            await node.housekeeper.run_round()
+            decision = compute_cluster_watermark(node.epochs.current, node.board.snapshot())
+            ms.append(decision.m)
+        assert None not in ms
+        assert ms == sorted(ms) and ms[-1] >= ms[0] + 3
+        idle = node.partition("idle", 0)
+        assert idle.state.high_watermark == 0 and idle.state.mp == ms[-1]
+
+
+async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused():
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = make_config(retention_s=100.0)
+    async with running_node(log_store, objects, wall, config) as node:
+        await node.create_topic("t", 1)
+        await produce_values(node, "t", 0, [b"old0", b"old1"])
+        await node.reconciler.run_round()
+        wall.now += 500
+        await produce_values(node, "t", 0, [b"new2", b"new3"])
+        await node.reconciler.run_round()
+        assert len(l1_keys(objects)) == 2
+        await node.housekeeper.run_round()
+        actor = node.partition("t", 0)
+        assert actor.state.start_offset == 2
+        assert len(l1_keys(objects)) == 1
+        with pytest.raises(OffsetOutOfRange) as err:
+            await node.fetch("t", 0, 0, 1 << 20)
+        assert "outside the readable range [2, 4)" in str(err.value)
+        values, _ = await read_all(node, "t", 0, start=2)
+        assert values == [b"new2", b"new3"]
+
+
+async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        for _ in range(3):
+            await node.epochs.advance()
+        await node.create_topic("late", 1)
+        actor = node.partition("late", 0)
+        assert actor.row.creation_epoch == 4
+        await produce_values(node, "late", 0, [b"v"])
+        (record,) = await log_store.read_placeholders(actor.row.pid, 0, 10)
+        assert isinstance(record.entry, Placeholder) and record.entry.epoch >= 4
