@@ -20,6 +20,7 @@ import anyio
 
 from levelzero.core.entries import AdvanceEpoch
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
+from levelzero.storage.protocols import LogStore, StateSampleRow
 
 from .epochs import EpochService
 from .l1 import L1Catalog
@@ -63,6 +64,7 @@ class Housekeeper:
         epochs: EpochService,
         catalog: L1Catalog,
         partitions: Callable[[], list[PartitionActor]],
+        log_store: LogStore,
         *,
         clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float],
@@ -73,6 +75,8 @@ class Housekeeper:
         self._partitions = partitions
         self._clock = clock
         self._wall = wall_clock
+        self._log = log_store
+        self._last_sampled: dict[int, tuple] = {}
         self.stats = HousekeeperStatistics()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
@@ -94,6 +98,35 @@ class Housekeeper:
             except LevelZeroError as exc:
                 self.stats.errors += 1
                 log.warning("housekeeping %s failed, retried next round: %s", actor.name, exc)
+        await self.sample_states()
+
+    async def sample_states(self) -> int:
+        """Record each partition's watermarks when they changed (for export and analysis)."""
+        now = self._wall()
+        rows = []
+        for actor in self._partitions():
+            view = actor.view()
+            s = view.state
+            row = StateSampleRow(
+                at=now,
+                pid=view.pid,
+                term=view.term,
+                previous_applied_epoch=s.previous_applied_epoch,
+                max_applied_epoch=s.max_applied_epoch,
+                min_epoch_lower_bound=s.min_epoch_lower_bound,
+                mp=view.published_mp,
+                lro=s.lro,
+                high_watermark=s.high_watermark,
+                start_offset=s.start_offset,
+            )
+            key = (row.term, row.max_applied_epoch, row.min_epoch_lower_bound, row.mp, row.lro,
+                   row.high_watermark, row.start_offset)
+            if self._last_sampled.get(view.pid) != key:
+                self._last_sampled[view.pid] = key
+                rows.append(row)
+        if rows:
+            await self._log.record_state_samples(rows)
+        return len(rows)
 
     async def tend(self, actor: PartitionActor, *, force: bool = False) -> None:
         view = actor.view()

@@ -81,7 +81,12 @@ class Node:
             config.reconciler, object_store, log_store, self.l1, self.partitions, wall_clock=self._wall
         )
         self.housekeeper = Housekeeper(
-            config.housekeeper, self.epochs, self.l1, self.partitions, wall_clock=self._wall
+            config.housekeeper,
+            self.epochs,
+            self.l1,
+            self.partitions,
+            log_store,
+            wall_clock=self._wall,
         )
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._topics: dict[str, int] = {}

@@ -296,6 +296,10 @@ class PartitionActor:
                     if self._stopping is not None and not self._pending:
                         break
             tg.cancel_scope.cancel()
+        if self._stopping is not None:
+            events = self.take_fence_events()  # noted since the appender's last round
+            if events:
+                await self._store.record_fence_events(events)
         self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
         if self._stopping is not None:
             self._stopping.reply.set(None)
@@ -473,6 +477,10 @@ class PartitionActor:
                 window_max=None if window is None else window[1],
             )
         )
+        self._append_wakeup.set()  # the appender flushes events even when nothing is appended
+        # Rejections and probes append nothing: without this wakeup their events would wait
+        # for an unrelated append (or be lost at stop). Wakeups coalesce in the appender.
+        self._append_wakeup.set()
 
     def _maybe_snapshot(self) -> None:
         offset = self.state.last_applied_log_offset
