@@ -1,0 +1,91 @@
+"""The one check every object store applies to a key before touching it.
+
+S3 itself accepts almost any key, but the local store maps keys onto relative file paths, and
+all three stores must behave alike (the daemon can switch adapters; the simulation stands in for
+S3). So the stricter, path-safe rule holds everywhere: a key that is fine here is fine for every
+adapter. Range arguments of `get` are checked here too, for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from levelzero.core.errors import InvalidInput
+
+# The local store writes `<dir>/<TEMP_SEGMENT_PREFIX>...` temp files next to their target and
+# skips them in listings; a key segment with this prefix could collide with one.
+TEMP_SEGMENT_PREFIX = ".lz-tmp-"
+# S3's own limit on the UTF-8 length of a key.
+KEY_BYTES_MAX = 1024
+
+
+def check_object_key(key: str) -> str:
+    """Return `key` if it is a safe relative object key, else raise InvalidInput naming it."""
+    if not isinstance(key, str):
+        raise InvalidInput(f"object key must be a string, got {type(key).__name__}: {key!r}")
+    if not key:
+        raise InvalidInput("object key '' is empty")
+    try:
+        key_bytes = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidInput(f"object key {key!r} is not valid UTF-8 text") from None
+    if key_bytes > KEY_BYTES_MAX:
+        raise InvalidInput(f"object key {key[:64]!r}... is {key_bytes} bytes; max {KEY_BYTES_MAX}")
+    if key.startswith("/"):
+        raise InvalidInput(f"object key {key!r} is absolute; keys are relative")
+    if key.endswith("/"):
+        raise InvalidInput(f"object key {key!r} ends with '/'; that names a directory")
+    if "\\" in key:
+        raise InvalidInput(f"object key {key!r} contains a backslash")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in key):
+        raise InvalidInput(f"object key {key!r} contains NUL or another control character")
+    for segment in key.split("/"):
+        if segment in ("", ".", ".."):
+            raise InvalidInput(
+                f"object key {key!r} has an empty, '.' or '..' path segment"
+            )
+        if segment.startswith(TEMP_SEGMENT_PREFIX):
+            raise InvalidInput(
+                f"object key {key!r} has a segment starting with the reserved temp-file "
+                f"prefix {TEMP_SEGMENT_PREFIX!r}"
+            )
+    return key
+
+
+def check_range(key: str, offset: int, length: int | None) -> None:
+    """A byte range must start at >= 0 and have a length >= 0 (None: to the end)."""
+    if offset < 0:
+        raise InvalidInput(f"get {key!r}: offset {offset} is negative")
+    if length is not None and length < 0:
+        raise InvalidInput(f"get {key!r}: length {length} is negative")
+
+
+def check_range_within(key: str, offset: int, size: int) -> None:
+    """A range may start anywhere up to the end of the object (then it reads b'')."""
+    if offset > size:
+        raise InvalidInput(
+            f"get {key!r}: offset {offset} is beyond the end of the object (size {size})"
+        )
+
+
+def slice_range(data: bytes, offset: int, length: int | None) -> bytes:
+    """`length` bytes from `offset`, cut short at the end of `data` (like an HTTP Range)."""
+    end = len(data) if length is None else min(len(data), offset + length)
+    return data[offset:end]
+
+
+def check_list_limit(limit: int, limit_max: int) -> None:
+    if not 1 <= limit <= limit_max:
+        raise InvalidInput(f"list limit {limit} is outside 1..{limit_max}")
+
+
+def check_delete_batch(keys: Sequence[str], keys_max: int) -> list[str]:
+    """Validate a delete batch; return its keys without duplicates, in first-seen order."""
+    if isinstance(keys, str):
+        raise InvalidInput(f"delete_many takes a sequence of keys, not the string {keys!r}")
+    if len(keys) > keys_max:
+        raise InvalidInput(f"delete_many got {len(keys)} keys; max {keys_max} per request")
+    unique = list(dict.fromkeys(keys))
+    for key in unique:
+        check_object_key(key)
+    return unique

@@ -1,0 +1,394 @@
+"""ObjectStore over S3 or an S3-compatible server (MinIO, moto), via aiobotocore.
+
+Retries of throttling (SlowDown, 503), 5xx and connection errors are botocore's own (standard or
+adaptive mode, bounded by `max_attempts`, exponential backoff with jitter); what is left after
+them surfaces as StorageError. Per-key failures of DeleteObjects are not retried here: they come
+back in `DeleteResult.errors` and the GC retries them next round.
+
+Opening checks the bucket, so a wrong endpoint, bucket or credential fails at startup with a
+message that says which (`map_s3_error`). Credentials are taken from the config or, when not
+given, from botocore's chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, profiles, instance
+roles); they never appear in a message or a repr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field, fields
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+)
+
+from levelzero.core.errors import InvalidInput, LevelZeroError, ObjectNotFound, StorageError
+from levelzero.storage.keys_check import (
+    check_delete_batch,
+    check_list_limit,
+    check_object_key,
+    check_range,
+    check_range_within,
+)
+from levelzero.storage.protocols import (
+    DELETE_BATCH_KEYS_MAX,
+    LIST_PAGE_KEYS_MAX,
+    DeleteResult,
+    ListPage,
+    ObjectInfo,
+)
+
+MAX_ATTEMPTS_MAX = 20
+CONCURRENCY_MAX = 1024
+
+# Error codes that mean "these credentials are not accepted" (as opposed to "not allowed").
+CREDENTIAL_ERROR_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "InvalidToken",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+        "AuthorizationHeaderMalformed",
+    }
+)
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config:
+    """Where and how to reach the bucket. Secrets (keys, a user:password in the endpoint URL)
+    are kept out of `repr` and of every message."""
+
+    bucket: str
+    endpoint_url: str | None = None  # None: AWS S3
+    region: str = "us-east-1"
+    path_style: bool = False  # True for MinIO / moto; AWS picks virtual-hosted style
+    access_key: str | None = field(default=None, repr=False)  # None: botocore's chain
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    concurrency: int = 64  # sizes the HTTP connection pool
+    max_attempts: int = 5  # attempts per request, the first one included (1: no retries)
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    create_bucket: bool = False  # tests and demos: create the bucket if it is missing
+
+    def __post_init__(self) -> None:
+        if not self.bucket:
+            raise InvalidInput("S3 bucket name is empty")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise InvalidInput("S3 access key and secret key must be given together (or neither)")
+        if not 1 <= self.concurrency <= CONCURRENCY_MAX:
+            raise InvalidInput(f"S3 concurrency {self.concurrency} is outside 1..{CONCURRENCY_MAX}")
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS_MAX:
+            raise InvalidInput(
+                f"S3 max_attempts {self.max_attempts} is outside 1..{MAX_ATTEMPTS_MAX}"
+            )
+        if self.retry_mode not in ("standard", "adaptive"):
+            raise InvalidInput(f"S3 retry_mode {self.retry_mode!r} is not standard or adaptive")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise InvalidInput("S3 timeouts must be positive")
+
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        if self.endpoint_url is not None:
+            shown["endpoint_url"] = self.where
+        return f"S3Config({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
+
+    @property
+    def where(self) -> str:
+        """The endpoint as shown in messages: without any user:password part."""
+        if self.endpoint_url is None:
+            return f"AWS S3 ({self.region})"
+        parts = urlsplit(self.endpoint_url)
+        netloc = parts.netloc.rpartition("@")[2]
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def map_s3_error(
+    exc: BaseException, *, op: str, bucket: str, where: str, key: str | None = None
+) -> LevelZeroError:
+    """Turn a botocore failure into the operating error the caller and operator can act on."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        # A HEAD response has no body, so its "code" is just the HTTP status.
+        label = code if code and not code.isdigit() else f"HTTP {status}"
+        if code == "NoSuchBucket" or (op == "head_bucket" and status == 404):
+            return _permanent(StorageError(f"bucket {bucket} does not exist at {where}"))
+        if key is not None and (code in _NOT_FOUND_CODES or status == 404):
+            return ObjectNotFound(key, f"bucket {bucket} at {where}")
+        if code in CREDENTIAL_ERROR_CODES or (op == "head_bucket" and status == 403):
+            return _permanent(
+                StorageError(
+                    f"credentials rejected by {where} ({label} on bucket "
+                    f"{bucket}): check the access key and secret, and that they may use the bucket"
+                )
+            )
+        if code == "AccessDenied" or status == 403:
+            return _permanent(
+                StorageError(
+                    f"access denied by {where}: {op} on bucket {bucket} "
+                    f"({label}); the credentials lack a permission"
+                )
+            )
+        target = f"{key!r} in bucket {bucket}" if key is not None else f"bucket {bucket}"
+        message = error.get("Message") or ""
+        detail = f"{code} (HTTP {status})" if label == code else label
+        return StorageError(f"S3 {op} of {target} at {where} failed: {detail} {message}".rstrip())
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return _permanent(
+            StorageError(
+                f"no S3 credentials for {where}: give an access key and secret, or set "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
+            )
+        )
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+        return StorageError(f"S3 endpoint {where} is unreachable ({op}): {exc}")
+    if isinstance(exc, (ReadTimeoutError, asyncio.TimeoutError)):
+        return StorageError(f"S3 {op} timed out at {where}")
+    return StorageError(f"S3 {op} at {where} failed: {type(exc).__name__}: {exc}")
+
+
+def _permanent(error: StorageError) -> StorageError:
+    """Configuration problems do not heal by retrying."""
+    error.retriable = False
+    return error
+
+
+# What a request can fail with once botocore has given up: its own errors, and aiohttp's while
+# a response body streams.
+_REQUEST_ERRORS = (BotoCoreError, ClientError, aiohttp.ClientError, asyncio.TimeoutError)
+
+
+class S3ObjectStore:
+    """`async with S3ObjectStore(config) as store:` or `store = await S3ObjectStore.open(config)`
+    followed by `await store.aclose()`."""
+
+    def __init__(self, config: S3Config) -> None:
+        self.config = config
+        self._stack: AsyncExitStack | None = None
+        self._client: Any = None
+
+    @classmethod
+    async def open(cls, config: S3Config) -> S3ObjectStore:
+        store = cls(config)
+        await store._open()
+        return store
+
+    async def __aenter__(self) -> S3ObjectStore:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"S3ObjectStore(bucket={self.config.bucket!r}, at={self.config.where!r})"
+
+    async def _open(self) -> None:
+        assert self._client is None, "S3ObjectStore opened twice"
+        cfg = self.config
+        credentials: dict[str, str | None] = {}
+        if cfg.access_key is not None:
+            credentials = {
+                "aws_access_key_id": cfg.access_key,
+                "aws_secret_access_key": cfg.secret_key,
+                "aws_session_token": cfg.session_token,
+            }
+        client_config = AioConfig(
+            region_name=cfg.region,
+            # botocore's own "max_attempts" counts retries only; "total_max_attempts" counts all.
+            retries={"total_max_attempts": cfg.max_attempts, "mode": cfg.retry_mode},
+            max_pool_connections=cfg.concurrency,
+            connect_timeout=cfg.connect_timeout_s,
+            read_timeout=cfg.read_timeout_s,
+            s3={"addressing_style": "path" if cfg.path_style else "auto"},
+        )
+        stack = AsyncExitStack()
+        try:
+            try:
+                client = await stack.enter_async_context(
+                    get_session().create_client(
+                        "s3", endpoint_url=cfg.endpoint_url, config=client_config, **credentials
+                    )
+                )
+            except ValueError as exc:  # botocore: "Invalid endpoint: ..."
+                raise InvalidInput(f"S3 endpoint {cfg.where!r} is not usable: {exc}") from exc
+            await self._check_bucket(client)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self._client = stack, client
+
+    async def _check_bucket(self, client: Any) -> None:
+        cfg = self.config
+        try:
+            await client.head_bucket(Bucket=cfg.bucket)
+            return
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if not (status == 404 and cfg.create_bucket):
+                raise self._error(exc, "head_bucket") from exc
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "head_bucket") from exc
+        create: dict[str, Any] = {"Bucket": cfg.bucket}
+        if cfg.region != "us-east-1":
+            create["CreateBucketConfiguration"] = {"LocationConstraint": cfg.region}
+        try:
+            await client.create_bucket(**create)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+                raise self._error(exc, "create_bucket") from exc
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "create_bucket") from exc
+
+    async def aclose(self) -> None:
+        stack, self._stack, self._client = self._stack, None, None
+        if stack is not None:
+            await stack.aclose()
+
+    # -- ObjectStore
+
+    async def put(self, key: str, data: bytes) -> None:
+        check_object_key(key)
+        client = self._require_client()
+        try:
+            await client.put_object(Bucket=self.config.bucket, Key=key, Body=bytes(data))
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "put_object", key) from exc
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        check_object_key(key)
+        check_range(key, offset, length)
+        client = self._require_client()
+        request: dict[str, Any] = {"Bucket": self.config.bucket, "Key": key}
+        ranged = offset > 0 or length is not None
+        if length == 0:  # HTTP cannot express an empty range
+            return await self._empty_range(key, offset)
+        if ranged:
+            last = "" if length is None else str(offset + length - 1)
+            request["Range"] = f"bytes={offset}-{last}"
+        try:
+            response = await client.get_object(**request)
+            async with response["Body"] as body:
+                data: bytes = await body.read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "InvalidRange":
+                # The range starts at or after the end; at the end it is just empty.
+                return await self._empty_range(key, offset)
+            raise self._error(exc, "get_object", key) from exc
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "get_object", key) from exc
+        if ranged and "ContentRange" not in response:
+            # A server that ignores Range sends the whole object.
+            end = len(data) if length is None else offset + length
+            return data[offset:end]
+        return data
+
+    async def _empty_range(self, key: str, offset: int) -> bytes:
+        info = await self.head(key)
+        if info is None:
+            raise ObjectNotFound(key, f"bucket {self.config.bucket} at {self.config.where}")
+        check_range_within(key, offset, info.size)
+        return b""
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        check_object_key(key)
+        client = self._require_client()
+        try:
+            response = await client.head_object(Bucket=self.config.bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+                return None
+            raise self._error(exc, "head_object", key) from exc
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "head_object", key) from exc
+        return ObjectInfo(
+            key=key,
+            size=int(response["ContentLength"]),
+            last_modified=response["LastModified"].timestamp(),
+        )
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = LIST_PAGE_KEYS_MAX
+    ) -> ListPage:
+        check_list_limit(limit, LIST_PAGE_KEYS_MAX)
+        client = self._require_client()
+        request: dict[str, Any] = {"Bucket": self.config.bucket, "Prefix": prefix, "MaxKeys": limit}
+        if start_after is not None:
+            request["StartAfter"] = start_after
+        try:
+            response = await client.list_objects_v2(**request)
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "list_objects_v2") from exc
+        objects = [
+            ObjectInfo(
+                key=item["Key"],
+                size=int(item["Size"]),
+                last_modified=item["LastModified"].timestamp(),
+            )
+            for item in response.get("Contents", [])
+        ]
+        if not response.get("IsTruncated"):
+            return ListPage(objects=objects, next_start_after=None)
+        if not objects:
+            raise StorageError(
+                f"S3 list of {prefix!r} in bucket {self.config.bucket} at {self.config.where} "
+                "returned an empty page marked truncated"
+            )
+        return ListPage(objects=objects, next_start_after=objects[-1].key)
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        unique = check_delete_batch(keys, DELETE_BATCH_KEYS_MAX)
+        if not unique:
+            return DeleteResult(deleted=[], errors={})
+        client = self._require_client()
+        try:
+            response = await client.delete_objects(
+                Bucket=self.config.bucket,
+                Delete={"Objects": [{"Key": key} for key in unique], "Quiet": False},
+            )
+        except _REQUEST_ERRORS as exc:
+            raise self._error(exc, "delete_objects") from exc
+        confirmed = {item["Key"] for item in response.get("Deleted", [])}
+        errors = {
+            item["Key"]: f"{item.get('Code', 'Error')}: {item.get('Message', '')}".rstrip(": ")
+            for item in response.get("Errors", [])
+        }
+        deleted = [key for key in unique if key in confirmed and key not in errors]
+        for key in unique:
+            if key not in confirmed and key not in errors:
+                errors[key] = "NoResult: the DeleteObjects response did not mention this key"
+        return DeleteResult(deleted=deleted, errors=errors)
+
+    # -- internals
+
+    def _require_client(self) -> Any:
+        assert self._client is not None, "S3ObjectStore used before open() or after aclose()"
+        return self._client
+
+    def _error(self, exc: BaseException, op: str, key: str | None = None) -> LevelZeroError:
+        return map_s3_error(
+            exc, op=op, bucket=self.config.bucket, where=self.config.where, key=key
+        )

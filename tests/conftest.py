@@ -1,0 +1,188 @@
+"""Fixtures shared by the whole test suite.
+
+S3: one endpoint per test session — moto's standalone server, started as a subprocess on a free
+local port, or a real server named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
+LEVELZERO_TEST_S3_SECRET_KEY, optional LEVELZERO_TEST_S3_REGION). Nothing S3 starts unless a test
+asks for it, so `pytest -m "not s3"` needs no server. Each test that uses S3 gets its own bucket.
+
+Object stores: `object_store` runs a test against the memory, local and S3 adapters.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import botocore.config
+import pytest
+
+from levelzero.storage.local_store import LocalObjectStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import ObjectStore
+from levelzero.storage.s3_store import S3Config, S3ObjectStore
+
+# ------------------------------------------------------------------------------------- S3
+
+MOTO_START_TIMEOUT_S = 30.0
+MOTO_STOP_TIMEOUT_S = 10.0
+_POLL_INTERVAL_S = 0.05
+
+
+@dataclass(frozen=True)
+class S3TestEndpoint:
+    endpoint_url: str
+    region: str
+    access_key: str = field(repr=False)
+    secret_key: str = field(repr=False)
+    is_moto: bool  # moto accepts any credentials unless told otherwise (see /moto-api/reset-auth)
+
+    def config(self, bucket: str, **overrides: object) -> S3Config:
+        settings: dict[str, object] = {
+            "bucket": bucket,
+            "endpoint_url": self.endpoint_url,
+            "region": self.region,
+            "path_style": True,
+            "access_key": self.access_key,
+            "secret_key": self.secret_key,
+            "max_attempts": 3,
+            "connect_timeout_s": 5.0,
+            "read_timeout_s": 30.0,
+        }
+        settings.update(overrides)
+        return S3Config(**settings)  # type: ignore[arg-type]
+
+    def boto3_client(self):  # noqa: ANN201 - boto3 client types are generated
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            config=botocore.config.Config(s3={"addressing_style": "path"}),
+        )
+
+
+def _free_local_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_moto_answers(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    """Poll the server until it answers; fail early if the process exits. Bounded."""
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(int(MOTO_START_TIMEOUT_S / _POLL_INTERVAL_S)):
+        try:
+            with no_proxy.open(f"{url}/moto-api/", timeout=1.0):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        try:
+            proc.wait(timeout=_POLL_INTERVAL_S)  # doubles as the pause between polls
+        except subprocess.TimeoutExpired:
+            continue
+        pytest.fail(f"moto server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+    pytest.fail(f"moto server did not answer within {MOTO_START_TIMEOUT_S} s at {url}")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestEndpoint]:
+    endpoint_url = os.environ.get("LEVELZERO_TEST_S3_ENDPOINT")
+    if endpoint_url:
+        yield S3TestEndpoint(
+            endpoint_url=endpoint_url,
+            region=os.environ.get("LEVELZERO_TEST_S3_REGION", "us-east-1"),
+            access_key=os.environ["LEVELZERO_TEST_S3_ACCESS_KEY"],
+            secret_key=os.environ["LEVELZERO_TEST_S3_SECRET_KEY"],
+            is_moto=False,
+        )
+        return
+    port = _free_local_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_until_moto_answers(proc, url, log_path)
+        yield S3TestEndpoint(
+            endpoint_url=url,
+            region="us-east-1",
+            access_key="levelzero-test",
+            secret_key="levelzero-test-secret",
+            is_moto=True,
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=MOTO_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: S3TestEndpoint) -> Iterator[str]:
+    """A fresh, empty bucket; emptied and removed afterwards."""
+    bucket = f"lz-test-{uuid.uuid4().hex[:20]}"
+    client = s3_endpoint.boto3_client()
+    create: dict[str, object] = {"Bucket": bucket}
+    if s3_endpoint.region != "us-east-1":
+        create["CreateBucketConfiguration"] = {"LocationConstraint": s3_endpoint.region}
+    client.create_bucket(**create)
+    try:
+        yield bucket
+    finally:
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+                if keys:
+                    client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+            client.delete_bucket(Bucket=bucket)
+        except client.exceptions.NoSuchBucket:
+            pass
+        finally:
+            client.close()
+
+
+@pytest.fixture
+def s3_config(s3_endpoint: S3TestEndpoint, s3_bucket: str) -> S3Config:
+    return s3_endpoint.config(s3_bucket)
+
+
+# ---------------------------------------------------------------------------- object stores
+
+OBJECT_STORE_KINDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3)]
+
+
+@pytest.fixture(params=OBJECT_STORE_KINDS)
+async def object_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[ObjectStore]:
+    """An opened, empty store of each kind; closed afterwards."""
+    store: ObjectStore
+    match request.param:
+        case "memory":
+            store = MemoryObjectStore()
+        case "local":
+            store = LocalObjectStore(tmp_path / "objects")
+        case "s3":
+            store = await S3ObjectStore.open(request.getfixturevalue("s3_config"))
+        case other:
+            raise AssertionError(f"unknown object store kind {other!r}")
+    try:
+        yield store
+    finally:
+        await store.aclose()
