@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test]'
+	$(VENV)/bin/pip install --quiet -e '.[test,analysis]'
 	touch $(STAMP)
 
 demo: $(STAMP)
