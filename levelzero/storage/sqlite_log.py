@@ -1,0 +1,1066 @@
+"""The durable `LogStore`: partition logs, snapshots, cluster epoch, L1 metastore and event tables
+in one SQLite database (aiosqlite), written through one group-committing writer task.
+
+Why one writer: SQLite admits one writer at a time anyway. Funnelling every write through one
+task lets it take *all* pending appends, check their terms against an in-memory cursor per
+partition, and make them durable with one `executemany` and one commit — the fsync is paid once
+per batch, not once per append. The in-memory cursors are only right because nothing else writes
+the database: a lock file (`flock` on `<db>.lock`) keeps a second store, in this process or
+another, out.
+
+Reads use a second, query-only connection: in WAL mode it sees every committed batch without
+queueing behind the writer's fsync.
+
+A batch is one transaction, so an append is durable when it returns and an unacknowledged one is
+either wholly there or wholly absent after a crash. If SQLite itself fails mid-batch (disk full,
+I/O error) the store stops accepting writes: the in-memory cursors can no longer be trusted, and
+reopening rebuilds them from the file.
+
+Shape (structured concurrency): the writer runs in an anyio task group —
+- `await SqliteLogStore.open_in(task_group, path)`: in the caller's task group (the daemon's);
+- `await SqliteLogStore.open(path)`: in a task group the store owns, entered by `open()` and
+  exited by `aclose()`. anyio requires both calls in the same task, with every cancel scope or
+  task group opened in between already closed; `async with await SqliteLogStore.open(path) as
+  store:` guarantees that. (A pytest-asyncio fixture does not: its setup and teardown run in
+  different tasks. Use `open_in` there, or open the store inside the test.)
+Either way `aclose()` lets the writer finish every queued write, then closes the connections and
+releases the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Literal, NamedTuple
+
+import aiosqlite
+import anyio
+import anyio.abc
+import msgspec
+
+from levelzero.core.entries import (
+    ENTRY_KINDS,
+    LogRecord,
+    Placeholder,
+    TermStart,
+    decode_entry,
+    encode_entry,
+)
+from levelzero.core.errors import (
+    CorruptData,
+    InvalidInput,
+    InvariantViolation,
+    LevelZeroError,
+    NotLeader,
+    ShuttingDown,
+    StorageError,
+    TopicExists,
+)
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    L1State,
+    PartitionRow,
+    Snapshot,
+    StateSampleRow,
+)
+
+SCHEMA_VERSION = 1
+
+GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
+QUEUE_MAX = 1024  # write jobs waiting for the writer before callers block
+BUSY_TIMEOUT_MS = 5000
+TOPIC_PARTITIONS_MAX = 10_000
+
+Synchronous = Literal["FULL", "NORMAL"]
+
+_SCHEMA = """
+CREATE TABLE partitions (
+    pid INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (topic, partition)
+);
+CREATE TABLE log (
+    pid INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    epoch INTEGER,
+    record_count INTEGER NOT NULL,
+    byte_length INTEGER NOT NULL,
+    object_key TEXT,
+    entry BLOB NOT NULL,
+    appended_at REAL NOT NULL,
+    PRIMARY KEY (pid, log_offset)
+) WITHOUT ROWID;
+CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
+CREATE TABLE snapshots (
+    pid INTEGER PRIMARY KEY,
+    log_offset INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    saved_at REAL NOT NULL
+);
+CREATE TABLE cluster_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL CHECK (epoch >= 1)
+);
+CREATE TABLE l1_objects (
+    key TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    last_log_offset INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
+CREATE TABLE l0_objects (
+    key TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    extents INTEGER NOT NULL,
+    deleted_at REAL,
+    deleted_at_m INTEGER
+);
+CREATE TABLE gc_rounds (
+    round_id INTEGER PRIMARY KEY,
+    started_at REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    cluster_epoch INTEGER NOT NULL,
+    m INTEGER,
+    dry_run INTEGER NOT NULL,
+    listed INTEGER NOT NULL,
+    deleted INTEGER NOT NULL,
+    deleted_bytes INTEGER NOT NULL,
+    too_young INTEGER NOT NULL,
+    above_m INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    blocked_by TEXT
+);
+CREATE TABLE fence_events (
+    at REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    window_min INTEGER,
+    window_max INTEGER
+);
+CREATE TABLE state_samples (
+    at REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    previous_applied_epoch INTEGER,
+    max_applied_epoch INTEGER,
+    min_epoch_lower_bound INTEGER,
+    mp INTEGER,
+    lro INTEGER NOT NULL,
+    high_watermark INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL
+);
+"""
+SCHEMA_TABLES = frozenset(
+    {
+        "partitions",
+        "log",
+        "snapshots",
+        "cluster_epoch",
+        "l1_objects",
+        "l0_objects",
+        "gc_rounds",
+        "fence_events",
+        "state_samples",
+    }
+)
+
+
+def _insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT") -> str:
+    """The INSERT for a row struct; column names are the struct's fields (one source of truth)."""
+    columns = row_type.__struct_fields__
+    return (
+        f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    )
+
+
+_INSERT_LOG = (
+    "INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,"
+    " byte_length, object_key, entry, appended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+_UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
+_INSERT_L1 = _insert_sql("l1_objects", L1Row)
+_INSERT_L0 = _insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
+_INSERT_GC_ROUND = _insert_sql("gc_rounds", GcRoundRow, "INSERT OR REPLACE")
+_INSERT_FENCE_EVENT = _insert_sql("fence_events", FenceEventRow)
+_INSERT_STATE_SAMPLE = _insert_sql("state_samples", StateSampleRow)
+_SELECT_L1 = f"SELECT {', '.join(L1Row.__struct_fields__)} FROM l1_objects"
+_SELECT_LOG = "SELECT log_offset, term, base_offset, kind, entry FROM log"
+# Placeholder ranges [base_offset, base_offset + record_count) are sorted and disjoint (the state
+# machine assigns base_offset = high watermark), so only the last placeholder starting at or
+# below the offset, and those starting above it, can end above it: both are index range scans.
+_SELECT_PLACEHOLDERS = f"""{_SELECT_LOG}
+WHERE pid = ?1 AND kind = 'placeholder'
+  AND base_offset >= COALESCE(
+      (SELECT MAX(base_offset) FROM log
+       WHERE pid = ?1 AND kind = 'placeholder' AND base_offset <= ?2), ?2)
+  AND base_offset + record_count > ?2
+ORDER BY base_offset, log_offset
+LIMIT ?3"""
+
+
+class LogStoreStatistics(msgspec.Struct, frozen=True):
+    """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""
+
+    batches: int  # batches the writer executed
+    commits: int  # batches that committed
+    jobs: int  # write calls resolved by a committed batch (accepted or rejected)
+    appends: int  # append calls committed
+    records: int  # log records committed (appends and TermStarts)
+    rejected_appends: int  # appends refused with NotLeader / InvariantViolation
+    largest_batch_records: int
+    queued: int  # write jobs waiting for the writer right now
+    queue_max: int
+    failed: bool  # SQLite failed mid-batch; the store refuses writes until reopened
+
+
+class _Cursor(NamedTuple):
+    """What the writer knows of a partition without asking SQLite."""
+
+    name: str  # "topic/partition", for error messages
+    term: int
+    next_log_offset: int
+
+
+class _Batch:
+    """The writer's view while executing one batch: committed cursors plus this batch's changes,
+    and the rows staged for the batch's shared `executemany` calls."""
+
+    __slots__ = ("committed", "cursors", "pending", "log_records")
+
+    def __init__(self, committed: dict[int, _Cursor]) -> None:
+        self.committed = committed
+        self.cursors: dict[int, _Cursor] = {}
+        self.pending: dict[str, list[tuple[Any, ...]]] = {}
+        self.log_records = 0  # log rows flushed so far
+
+    def cursor(self, pid: int) -> _Cursor:
+        cursor = self.cursors.get(pid) or self.committed.get(pid)
+        if cursor is None:
+            raise InvariantViolation(f"unknown partition id {pid}")
+        return cursor
+
+    def stage(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
+        """Queue rows for one shared executemany. Only for statements whose relative order
+        does not matter (distinct tables, or one statement whose rows keep their order)."""
+        self.pending.setdefault(sql, []).extend(rows)
+
+
+class _Job:
+    """One write waiting for the writer. Exactly one of `stage` (checked in memory, its rows
+    coalesced with the batch's) or `run` (own statements, inside a savepoint, in batch order)
+    is set. Either one updates `_Batch.cursors` only as its last step, after nothing can fail."""
+
+    __slots__ = ("weight", "is_append", "stage", "run", "done", "result", "error")
+
+    def __init__(
+        self,
+        *,
+        weight: int = 1,
+        is_append: bool = False,
+        stage: Callable[[_Batch], Any] | None = None,
+        run: Callable[[aiosqlite.Connection, _Batch], Awaitable[Any]] | None = None,
+    ) -> None:
+        assert (stage is None) != (run is None)
+        self.weight = max(1, weight)
+        self.is_append = is_append
+        self.stage = stage
+        self.run = run
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
+    """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
+    entry = record.entry
+    kind = ENTRY_KINDS.get(type(entry))
+    if kind is None:
+        raise InvariantViolation(f"not a log entry: {entry!r}")
+    if isinstance(entry, Placeholder):
+        record_count, byte_length = entry.record_count, entry.byte_length
+        object_key: str | None = entry.object_key
+    else:
+        record_count, byte_length, object_key = 0, 0, None
+    return (
+        pid,
+        record.log_offset,
+        record.term,
+        record.base_offset,
+        kind,
+        record.epoch,
+        record_count,
+        byte_length,
+        object_key,
+        encode_entry(entry),
+        now,
+    )
+
+
+class SqliteLogStore:
+    """`LogStore` on SQLite. Create with `open` or `open_in`, never directly."""
+
+    def __init__(
+        self,
+        path: str,
+        lock_fd: int,
+        writer: aiosqlite.Connection,
+        reader: aiosqlite.Connection,
+        cursors: dict[int, _Cursor],
+        *,
+        group_commit_max_records: int,
+        queue_max: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._path = path
+        self._lock_fd: int | None = lock_fd
+        self._writer = writer
+        self._reader = reader
+        self._cursors = cursors  # owned by the writer task; committed state only
+        self._group_commit_max_records = group_commit_max_records
+        self._queue_max = queue_max
+        self._clock = clock
+        self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
+        self._writer_done = anyio.Event()
+        self._writer_started = False
+        self._owned_task_group: anyio.abc.TaskGroup | None = None
+        self._closed = False
+        self._failure: StorageError | None = None
+        self._batches = 0
+        self._commits = 0
+        self._jobs = 0
+        self._appends = 0
+        self._records = 0
+        self._rejected_appends = 0
+        self._largest_batch_records = 0
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
+        queue_max: int = QUEUE_MAX,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> SqliteLogStore:
+        """Open (creating if needed) with the writer in a task group the store owns; call
+        `aclose()` from this same task (or use `async with await SqliteLogStore.open(...)`)."""
+        store = await cls._open_files(
+            path, synchronous, group_commit_max_records, queue_max, busy_timeout_ms, clock
+        )
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(store._run_writer)
+        except BaseException as error:
+            await store._stop_writer()
+            await task_group.__aexit__(type(error), error, error.__traceback__)
+            await store._close_files()
+            raise
+        store._owned_task_group = task_group
+        return store
+
+    @classmethod
+    async def open_in(
+        cls,
+        task_group: anyio.abc.TaskGroup,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Synchronous = "FULL",
+        group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
+        queue_max: int = QUEUE_MAX,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> SqliteLogStore:
+        """Open (creating if needed) with the writer running in `task_group`; call `aclose()`
+        before the task group ends or the group waits for the writer forever."""
+        store = await cls._open_files(
+            path, synchronous, group_commit_max_records, queue_max, busy_timeout_ms, clock
+        )
+        try:
+            await task_group.start(store._run_writer)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await store._close_files()
+            raise
+        return store
+
+    async def __aenter__(self) -> SqliteLogStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Finish every queued write, stop the writer, close the database, release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stop_writer()
+            if self._owned_task_group is not None:
+                task_group, self._owned_task_group = self._owned_task_group, None
+                await task_group.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._close_files()
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def statistics(self) -> LogStoreStatistics:
+        return LogStoreStatistics(
+            batches=self._batches,
+            commits=self._commits,
+            jobs=self._jobs,
+            appends=self._appends,
+            records=self._records,
+            rejected_appends=self._rejected_appends,
+            largest_batch_records=self._largest_batch_records,
+            queued=self._job_send.statistics().current_buffer_used,
+            queue_max=self._queue_max,
+            failed=self._failure is not None,
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "failed" if self._failure else "open"
+        return f"<SqliteLogStore {self._path} {state}>"
+
+    @classmethod
+    async def _open_files(
+        cls,
+        path: str | os.PathLike[str],
+        synchronous: str,
+        group_commit_max_records: int,
+        queue_max: int,
+        busy_timeout_ms: int,
+        clock: Callable[[], float],
+    ) -> SqliteLogStore:
+        """Lock, connect, check or create the schema and load the writer's cursors."""
+        if synchronous not in ("FULL", "NORMAL"):
+            raise InvalidInput(f"synchronous must be FULL or NORMAL, not {synchronous!r}")
+        for name, value, high in (
+            ("group_commit_max_records", group_commit_max_records, 1_000_000),
+            ("queue_max", queue_max, 1_000_000),
+            ("busy_timeout_ms", busy_timeout_ms, 3_600_000),
+        ):
+            if not (isinstance(value, int) and 1 <= value <= high):
+                raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
+        db_path = os.path.abspath(os.fspath(path))
+        lock_fd = _lock_exclusively(db_path)
+        writer = reader = None
+        try:
+            # "IMMEDIATE": sqlite3 begins the batch's transaction in the same thread hop as its
+            # first write statement (saves one hop per batch); reads and PRAGMAs never begin one.
+            writer = await aiosqlite.connect(db_path, isolation_level="IMMEDIATE")
+            await writer.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
+            await _check_or_create_schema(writer, db_path)
+            await writer.execute(f"PRAGMA synchronous = {synchronous}")
+            cursors = await _load_cursors(writer)
+            reader = await aiosqlite.connect(db_path, isolation_level=None)
+            await reader.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
+            await reader.execute("PRAGMA query_only = ON")
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                for connection in (reader, writer):
+                    if connection is not None:
+                        await connection.close()
+            os.close(lock_fd)
+            if isinstance(error, sqlite3.DatabaseError):
+                raise StorageError(
+                    f"{db_path}: cannot open as a levelzero log store: {error}"
+                ) from error
+            raise
+        return cls(
+            db_path,
+            lock_fd,
+            writer,
+            reader,
+            cursors,
+            group_commit_max_records=group_commit_max_records,
+            queue_max=queue_max,
+            clock=clock,
+        )
+
+    async def _stop_writer(self) -> None:
+        """Close the queue; the writer drains what is buffered, then ends."""
+        await self._job_send.aclose()
+        if self._writer_started:
+            await self._writer_done.wait()
+
+    async def _close_files(self) -> None:
+        try:
+            await self._reader.close()
+            await self._writer.close()
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the flock
+                self._lock_fd = None
+
+    # ------------------------------------------------------------------ the writer task
+
+    async def _run_writer(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Take every pending write (up to `group_commit_max_records`), execute them as one
+        transaction, commit once, answer every caller; repeat until the queue is closed."""
+        self._writer_started = True
+        carried: _Job | None = None
+        try:
+            task_status.started()
+            while self._failure is None:
+                if carried is None:
+                    try:
+                        carried = await self._job_receive.receive()
+                    except anyio.EndOfStream:
+                        return
+                batch, weight, carried = [carried], carried.weight, None
+                while True:
+                    try:
+                        job = self._job_receive.receive_nowait()
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                    if weight + job.weight > self._group_commit_max_records:
+                        carried = job
+                        break
+                    batch.append(job)
+                    weight += job.weight
+                # A started batch always finishes: its callers are owed an answer and the
+                # transaction must not be abandoned halfway through a thread hop.
+                with anyio.CancelScope(shield=True):
+                    await self._execute_batch(batch)
+        finally:
+            # Only after a failure or cancellation can jobs be left; answer them, then close
+            # the stream so later senders fail fast instead of waiting for nobody.
+            leftovers = [carried] if carried is not None else []
+            while True:
+                try:
+                    leftovers.append(self._job_receive.receive_nowait())
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+            self._job_receive.close()
+            for job in leftovers:
+                job.error = self._write_refused()
+                job.done.set()
+            self._writer_done.set()
+
+    async def _execute_batch(self, jobs: list[_Job]) -> None:
+        batch = _Batch(self._cursors)
+        connection = self._writer
+        self._batches += 1
+        try:
+            for job in jobs:
+                if job.stage is not None:
+                    try:
+                        job.result = job.stage(batch)
+                    except (LevelZeroError, AssertionError) as error:
+                        job.error = error
+                    continue
+                assert job.run is not None
+                await self._flush(batch)
+                if not connection.in_transaction:  # SAVEPOINT would begin (and RELEASE end) one
+                    await connection.execute("BEGIN IMMEDIATE")
+                await connection.execute("SAVEPOINT job")
+                try:
+                    job.result = await job.run(connection, batch)
+                except (LevelZeroError, AssertionError) as error:
+                    job.error = error
+                    await connection.execute("ROLLBACK TO job")
+                await connection.execute("RELEASE job")
+            await self._flush(batch)
+            await connection.commit()  # no-op (no fsync) when every job was rejected
+        except Exception as error:
+            try:
+                await connection.rollback()
+            except sqlite3.Error:
+                pass
+            self._fail_batch(jobs, error)
+            if not isinstance(error, sqlite3.Error):
+                raise  # a bug in the writer: crash loudly (the callers got StorageError)
+            return
+        self._cursors.update(batch.cursors)
+        self._commits += 1
+        self._records += batch.log_records
+        self._largest_batch_records = max(self._largest_batch_records, batch.log_records)
+        for job in jobs:
+            self._jobs += 1
+            if job.is_append:
+                if job.error is None:
+                    self._appends += 1
+                else:
+                    self._rejected_appends += 1
+            job.done.set()
+
+    async def _flush(self, batch: _Batch) -> None:
+        """Run the staged rows: one executemany per statement."""
+        for sql, rows in batch.pending.items():
+            await self._writer.executemany(sql, rows)
+            if sql == _INSERT_LOG:
+                batch.log_records += len(rows)
+        batch.pending.clear()
+
+    def _fail_batch(self, jobs: list[_Job], error: Exception) -> None:
+        """SQLite failed mid-batch: nothing of it committed, and the in-memory cursors can no
+        longer be trusted to match the file, so refuse every write until the store is reopened."""
+        self._failure = StorageError(
+            f"{self._path}: a write batch failed and was rolled back ({error!r}); "
+            "the log store refuses writes until it is reopened"
+        )
+        self._failure.__cause__ = error
+        for job in jobs:
+            job.error = self._write_refused()
+            job.done.set()
+
+    def _write_refused(self) -> LevelZeroError:
+        """The error for a write the store will not execute (a fresh instance per caller)."""
+        if self._failure is not None:
+            refused = StorageError(str(self._failure))
+            refused.__cause__ = self._failure.__cause__
+            return refused
+        return ShuttingDown(f"{self._path}: log store is closing")
+
+    async def _submit(self, job: _Job) -> Any:
+        """Hand a job to the writer and wait until its batch committed (or failed)."""
+        if job.weight > self._group_commit_max_records:
+            raise InvalidInput(
+                f"{job.weight} records in one call exceed group_commit_max_records "
+                f"({self._group_commit_max_records})"
+            )
+        if self._failure is not None or self._closed:
+            raise self._write_refused()
+        try:
+            await self._job_send.send(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._write_refused() from None
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _check_readable(self) -> None:
+        if self._closed:
+            raise ShuttingDown(f"{self._path}: log store is closed")
+
+    # ------------------------------------------------------------------ partitions
+
+    async def create_topic(
+        self, topic: str, partitions: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        if not isinstance(topic, str) or not topic:
+            raise InvalidInput(f"topic must be a non-empty string, not {topic!r}")
+        if not (isinstance(partitions, int) and 1 <= partitions <= TOPIC_PARTITIONS_MAX):
+            raise InvalidInput(
+                f"partitions must be in [1, {TOPIC_PARTITIONS_MAX}], not {partitions!r}"
+            )
+        if not (isinstance(creation_epoch, int) and creation_epoch >= 1):
+            raise InvalidInput(f"creation_epoch must be >= 1, not {creation_epoch!r}")
+
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> list[PartitionRow]:
+            async with connection.execute(
+                "SELECT 1 FROM partitions WHERE topic = ? LIMIT 1", (topic,)
+            ) as cursor:
+                if await cursor.fetchone() is not None:
+                    raise TopicExists(f"topic {topic!r} exists")
+            await connection.executemany(
+                "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
+                " VALUES (?, ?, ?, 0, ?)",
+                [(topic, index, creation_epoch, now) for index in range(partitions)],
+            )
+            rows = await connection.execute_fetchall(
+                "SELECT pid, topic, partition, creation_epoch, term, created_at"
+                " FROM partitions WHERE topic = ? ORDER BY partition",
+                (topic,),
+            )
+            created = [PartitionRow(*row) for row in rows]
+            assert [row.partition for row in created] == list(range(partitions))
+            for row in created:
+                batch.cursors[row.pid] = _Cursor(f"{topic}/{row.partition}", 0, 0)
+            return created
+
+        return await self._submit(_Job(run=run))
+
+    async def list_partitions(self) -> list[PartitionRow]:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(
+            "SELECT pid, topic, partition, creation_epoch, term, created_at"
+            " FROM partitions ORDER BY pid"
+        )
+        return [PartitionRow(*row) for row in rows]
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+        now = self._clock()
+
+        def stage(batch: _Batch) -> LogRecord:
+            cursor = batch.cursor(pid)
+            if log_offset != cursor.next_log_offset:
+                raise InvariantViolation(
+                    f"partition {cursor.name}: TermStart at log offset {log_offset}, "
+                    f"the log continues at {cursor.next_log_offset}"
+                )
+            term = cursor.term + 1
+            record = LogRecord(log_offset, term, base_offset, TermStart(term))
+            batch.stage(_INSERT_LOG, [_log_row(pid, record, now)])
+            batch.stage(_UPDATE_TERM, [(term, pid)])
+            batch.cursors[pid] = _Cursor(cursor.name, term, log_offset + 1)
+            return record
+
+        return await self._submit(_Job(stage=stage))
+
+    # ------------------------------------------------------------------ log
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        now = self._clock()
+        records = list(records)
+        first_offset = records[0].log_offset if records else None
+        for index, record in enumerate(records):
+            if record.term != expected_term:
+                raise InvariantViolation(
+                    f"partition id {pid}: record at log offset {record.log_offset} "
+                    f"carries term {record.term}, the append expects {expected_term}"
+                )
+            if record.log_offset != records[0].log_offset + index:
+                raise InvariantViolation(
+                    f"partition id {pid}: records of one append must have consecutive log "
+                    f"offsets; {record.log_offset} follows {records[index - 1].log_offset}"
+                )
+        rows = [_log_row(pid, record, now) for record in records]
+
+        def stage(batch: _Batch) -> None:
+            cursor = batch.cursor(pid)
+            if expected_term != cursor.term:
+                raise NotLeader(cursor.name, expected_term, cursor.term)
+            if first_offset is None:
+                return
+            if first_offset != cursor.next_log_offset:
+                raise InvariantViolation(
+                    f"partition {cursor.name}: append at log offset {first_offset}, "
+                    f"the log continues at {cursor.next_log_offset}"
+                )
+            batch.stage(_INSERT_LOG, rows)
+            batch.cursors[pid] = cursor._replace(
+                next_log_offset=cursor.next_log_offset + len(rows)
+            )
+
+        await self._submit(_Job(weight=len(records), is_append=True, stage=stage))
+
+    async def read_log(
+        self, pid: int, from_log_offset: int, limit: int | None = None
+    ) -> list[LogRecord]:
+        """Records at `from_log_offset` and after, in log order; `limit=None` reads to the end."""
+        self._check_readable()
+        if limit is not None and limit < 0:
+            raise InvalidInput(f"limit must be >= 0, not {limit}")
+        rows = await self._reader.execute_fetchall(
+            f"{_SELECT_LOG} WHERE pid = ? AND log_offset >= ? ORDER BY log_offset LIMIT ?",
+            (pid, from_log_offset, -1 if limit is None else limit),
+        )
+        return [self._decode(pid, row) for row in rows]
+
+    async def read_placeholders(
+        self, pid: int, from_data_offset: int, limit: int
+    ) -> list[LogRecord]:
+        self._check_readable()
+        if limit < 0:
+            raise InvalidInput(f"limit must be >= 0, not {limit}")
+        rows = await self._reader.execute_fetchall(
+            _SELECT_PLACEHOLDERS, (pid, from_data_offset, limit)
+        )
+        return [self._decode(pid, row) for row in rows]
+
+    def _decode(self, pid: int, row: tuple[Any, ...]) -> LogRecord:
+        log_offset, term, base_offset, kind, blob = row
+        try:
+            entry = decode_entry(blob)
+        except (msgspec.DecodeError, TypeError) as error:
+            raise self._corrupt(pid, log_offset, f"entry blob does not decode ({error})") from None
+        if ENTRY_KINDS[type(entry)] != kind:
+            raise self._corrupt(
+                pid, log_offset, f"entry blob holds {ENTRY_KINDS[type(entry)]}, row says {kind}"
+            )
+        return LogRecord(log_offset, term, base_offset, entry)
+
+    def _corrupt(self, pid: int, log_offset: int, why: str) -> CorruptData:
+        cursor = self._cursors.get(pid)
+        name = cursor.name if cursor is not None else "unknown topic/partition"
+        return CorruptData(
+            f"{self._path}: partition pid={pid} ({name}) log offset {log_offset}: {why}"
+        )
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Replace the partition's snapshot; it must cover no more than the log holds and never
+        go back (truncation may already have removed what an older snapshot would need)."""
+        now = self._clock()
+
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+            cursor = batch.cursor(snapshot.pid)
+            if not (-1 <= snapshot.log_offset < cursor.next_log_offset):
+                raise InvariantViolation(
+                    f"partition {cursor.name}: snapshot at log offset {snapshot.log_offset}, "
+                    f"the log ends before {cursor.next_log_offset}"
+                )
+            previous = await _snapshot_offset(connection, snapshot.pid)
+            if previous is not None and snapshot.log_offset < previous:
+                raise InvariantViolation(
+                    f"partition {cursor.name}: snapshot at log offset {snapshot.log_offset} "
+                    f"is older than the saved one at {previous}"
+                )
+            await connection.execute(
+                "INSERT OR REPLACE INTO snapshots (pid, log_offset, data, saved_at)"
+                " VALUES (?, ?, ?, ?)",
+                (snapshot.pid, snapshot.log_offset, snapshot.data, now),
+            )
+
+        await self._submit(_Job(run=run))
+
+    async def load_snapshot(self, pid: int) -> Snapshot | None:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(
+            "SELECT log_offset, data FROM snapshots WHERE pid = ?", (pid,)
+        )
+        if not rows:
+            return None
+        (log_offset, data), = rows
+        return Snapshot(pid=pid, log_offset=log_offset, data=bytes(data))
+
+    async def truncate_below(self, pid: int, log_offset: int) -> int:
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> int:
+            cursor = batch.cursor(pid)
+            snapshot_offset = await _snapshot_offset(connection, pid)
+            allowed = -1 if snapshot_offset is None else snapshot_offset
+            if log_offset > allowed + 1:
+                raise InvariantViolation(
+                    f"partition {cursor.name}: truncating below log offset {log_offset} would "
+                    f"drop entries no snapshot covers (snapshot at {snapshot_offset})"
+                )
+            async with connection.execute(
+                "DELETE FROM log WHERE pid = ? AND log_offset < ?", (pid, log_offset)
+            ) as deleted:
+                return deleted.rowcount
+
+        return await self._submit(_Job(run=run))
+
+    # ------------------------------------------------------------------ cluster epoch
+
+    async def get_cluster_epoch(self) -> int:
+        """The stored cluster epoch; 1 before the first `set_cluster_epoch`."""
+        self._check_readable()
+        rows = await self._reader.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+        return rows[0][0] if rows else 1
+
+    async def set_cluster_epoch(self, epoch: int) -> None:
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+            rows = await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+            stored = rows[0][0] if rows else 1
+            if epoch < stored:
+                raise InvariantViolation(f"cluster epoch would go back from {stored} to {epoch}")
+            await connection.execute(
+                "INSERT INTO cluster_epoch (id, epoch) VALUES (1, ?)"
+                " ON CONFLICT (id) DO UPDATE SET epoch = excluded.epoch",
+                (epoch,),
+            )
+
+        if not isinstance(epoch, int) or epoch < 1:
+            raise InvariantViolation(f"cluster epoch must be an integer >= 1, not {epoch!r}")
+        await self._submit(_Job(run=run))
+
+    # ------------------------------------------------------------------ L1 metastore
+
+    async def l1_insert(self, row: L1Row) -> None:
+        _check_l1_state(row.state)
+
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+            try:
+                await connection.execute(_INSERT_L1, msgspec.structs.astuple(row))
+            except sqlite3.IntegrityError:
+                raise InvariantViolation(f"L1 object {row.key!r} is already recorded") from None
+
+        await self._submit(_Job(run=run))
+
+    async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
+        _check_l1_state(from_state)
+        _check_l1_state(to_state)
+
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> bool:
+            async with connection.execute(
+                "UPDATE l1_objects SET state = ?, updated_at = ? WHERE key = ? AND state = ?",
+                (to_state, now, key, from_state),
+            ) as updated:
+                return updated.rowcount == 1
+
+        return await self._submit(_Job(run=run))
+
+    async def l1_list(
+        self, pid: int | None = None, states: Sequence[str] | None = None
+    ) -> list[L1Row]:
+        self._check_readable()
+        where, params = [], []
+        if pid is not None:
+            where.append("pid = ?")
+            params.append(pid)
+        if states is not None:
+            for state in states:
+                _check_l1_state(state)
+            where.append(f"state IN ({', '.join('?' * len(states))})")
+            params.extend(states)
+        sql = _SELECT_L1
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = await self._reader.execute_fetchall(sql + " ORDER BY pid, base_offset, key", params)
+        return [L1Row(*row) for row in rows]
+
+    # ------------------------------------------------------------------ events
+
+    async def record_l0_object(self, row: L0ObjectRow) -> None:
+        """Idempotent: recording a key twice keeps the first row."""
+        await self._stage_rows(_INSERT_L0, [msgspec.structs.astuple(row)])
+
+    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
+        """Stamp recorded, not yet deleted keys; unknown keys are ignored."""
+        params = [(at, m, key) for key in keys]
+        if not params:
+            return
+
+        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+            # Runs in batch order (not staged), so it sees record_l0_object calls queued before it.
+            await connection.executemany(
+                "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ?"
+                " WHERE key = ? AND deleted_at IS NULL",
+                params,
+            )
+
+        await self._submit(_Job(weight=len(params), run=run))
+
+    async def record_gc_round(self, row: GcRoundRow) -> None:
+        await self._stage_rows(_INSERT_GC_ROUND, [msgspec.structs.astuple(row)])
+
+    async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
+        await self._stage_rows(_INSERT_FENCE_EVENT, [msgspec.structs.astuple(r) for r in rows])
+
+    async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
+        await self._stage_rows(_INSERT_STATE_SAMPLE, [msgspec.structs.astuple(r) for r in rows])
+
+    async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """Event rows ride along with the batch's other staged rows."""
+        if rows:
+            await self._submit(_Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
+
+
+# ---------------------------------------------------------------------- start-up helpers
+
+
+def _lock_exclusively(db_path: str) -> int:
+    """Hold `flock` on `<db>.lock` for the store's lifetime: the writer's in-memory cursors are
+    only right if nobody else writes the file. Returns the descriptor that holds the lock."""
+    lock_path = db_path + ".lock"
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        raise StorageError(f"{db_path}: cannot create lock file {lock_path}: {error}") from error
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StorageError(
+            f"{db_path} is already open by another log store (lock {lock_path} held by "
+            f"process {holder})"
+        ) from None
+    except OSError as error:
+        os.close(fd)
+        raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str) -> None:
+    """Create the schema in an empty file; refuse files of a newer or unknown schema."""
+    rows = await connection.execute_fetchall("PRAGMA journal_mode = WAL")
+    if rows[0][0].lower() != "wal":
+        raise StorageError(f"{db_path}: cannot switch to WAL mode (journal_mode={rows[0][0]})")
+    (version,), = await connection.execute_fetchall("PRAGMA user_version")
+    tables = {
+        name
+        for (name,) in await connection.execute_fetchall(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+        )
+    }
+    if version == 0 and not tables:
+        await connection.executescript(
+            f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
+        return
+    if version > SCHEMA_VERSION:
+        raise StorageError(
+            f"{db_path}: schema version {version} is newer than this levelzero supports "
+            f"({SCHEMA_VERSION}); upgrade levelzero"
+        )
+    if version != SCHEMA_VERSION:
+        raise StorageError(
+            f"{db_path}: unknown schema version {version} (tables: {', '.join(sorted(tables))}); "
+            "not a levelzero log store"
+        )
+    missing = SCHEMA_TABLES - tables
+    if missing:
+        raise StorageError(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
+
+
+async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, _Cursor]:
+    """Each partition's term and next log offset. The log may be truncated to nothing after a
+    snapshot, so the snapshot's offset bounds the next offset from below too."""
+    rows = await connection.execute_fetchall(
+        """SELECT p.pid, p.topic, p.partition, p.term,
+                  MAX(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
+                      COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1)) + 1
+           FROM partitions p"""
+    )
+    return {
+        pid: _Cursor(f"{topic}/{partition}", term, next_log_offset)
+        for pid, topic, partition, term, next_log_offset in rows
+    }
+
+
+async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:
+    rows = await connection.execute_fetchall(
+        "SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)
+    )
+    return rows[0][0] if rows else None
+
+
+def _check_l1_state(state: str) -> None:
+    if state not in L1State.ALL:
+        raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")

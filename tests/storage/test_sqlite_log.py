@@ -1,0 +1,734 @@
+"""SqliteLogStore: group commit, durability across SIGKILL, terms, snapshots, bad files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import tempfile
+
+import anyio
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from levelzero.core.entries import (
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+    TermStart,
+)
+from levelzero.core.errors import (
+    CorruptData,
+    InvalidInput,
+    InvariantViolation,
+    NotLeader,
+    ShuttingDown,
+    StorageError,
+    TopicExists,
+)
+from levelzero.core.state import PartitionState
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    L1State,
+    LogStore,
+    Snapshot,
+    StateSampleRow,
+)
+from levelzero.storage.sqlite_log import SCHEMA_VERSION, SqliteLogStore
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from sqlite_log_crash_writer import RECORDS_PER_APPEND, expected_record  # noqa: E402
+
+
+
+def placeholder(
+    log_offset: int, term: int, base_offset: int, epoch: int = 1, count: int = 1
+) -> LogRecord:
+    entry = Placeholder(
+        epoch=epoch,
+        object_key=f"level_zero/data/000/{epoch:018}/obj-{log_offset}",
+        byte_offset=0,
+        byte_length=10 * count,
+        record_count=count,
+        checksum=log_offset,
+    )
+    return LogRecord(log_offset=log_offset, term=term, base_offset=base_offset, entry=entry)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "log.db"
+
+
+async def test_store_satisfies_the_log_store_protocol(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        assert isinstance(store, LogStore)
+
+
+# ---------------------------------------------------------------------- group commit
+
+
+async def test_concurrent_appends_are_durable_ordered_and_group_committed(db: Path) -> None:
+    partitions, appends_per_partition, records_per_append = 50, 20, 2
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", partitions, creation_epoch=1, now=0.0)
+        before = store.statistics()
+
+        async def appender(pid: int) -> None:
+            for index in range(appends_per_partition):
+                first = index * records_per_append
+                records = [placeholder(first + i, 0, first + i) for i in range(records_per_append)]
+                await store.append(pid, 0, records)
+
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(appender, row.pid)
+        stats = store.statistics()
+
+    appends = partitions * appends_per_partition
+    assert stats.appends - before.appends == appends
+    assert stats.records - before.records == appends * records_per_append
+    assert stats.rejected_appends == 0
+    # Group commit: ~one commit per round of the 50 appenders, not one per append.
+    assert stats.commits - before.commits <= appends // 10, stats
+    assert stats.largest_batch_records > records_per_append
+
+    async with await SqliteLogStore.open(db) as store:
+        for row in rows:
+            records = await store.read_log(row.pid, 0)
+            expected = [
+                placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)
+            ]
+            assert records == expected
+
+
+async def test_statistics_is_an_immutable_snapshot(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        stats = store.statistics()
+        with pytest.raises(AttributeError):
+            stats.commits = 5  # type: ignore[misc]
+        (row,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+        assert stats.commits == 0 and stats.appends == 0
+        assert store.statistics().commits == 2 and store.statistics().appends == 1
+
+
+async def test_batch_never_exceeds_group_commit_max_records(db: Path) -> None:
+    async with await SqliteLogStore.open(db, group_commit_max_records=8) as store:
+        rows = await store.create_topic("t", 10, 1, 0.0)
+
+        async def appender(pid: int) -> None:
+            for index in range(5):
+                await store.append(pid, 0, [placeholder(2 * index + i, 0, 0) for i in range(2)])
+
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(appender, row.pid)
+        stats = store.statistics()
+        assert stats.records == 100
+        assert stats.largest_batch_records == 8
+        with pytest.raises(InvalidInput, match="group_commit_max_records"):
+            await store.append(rows[0].pid, 0, [placeholder(10 + i, 0, 0) for i in range(9)])
+
+
+# ---------------------------------------------------------------------- crash
+
+
+def test_sigkill_keeps_every_acknowledged_append_whole(db: Path) -> None:
+    """A child appends and reports acks; SIGKILL it mid-stream; every ack must be on disk and
+    every record on disk must decode, and appends are all-or-nothing."""
+    partitions, acks_wanted = 8, 300
+    child = subprocess.Popen(
+        [sys.executable, str(HERE / "sqlite_log_crash_writer.py"), str(db), str(partitions)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    acked: dict[int, int] = {}  # pid -> log offset after its last acknowledged append
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n", child.stderr.read() if child.stderr else ""
+
+        # The child holds the lock: nobody else may open the file meanwhile.
+        async def second_open() -> None:
+            with pytest.raises(StorageError, match="already open") as caught:
+                await SqliteLogStore.open(db)
+            assert str(db) in str(caught.value)
+
+        anyio.run(second_open)
+        for _ in range(acks_wanted):
+            line = child.stdout.readline()
+            assert line.startswith("ack "), (line, child.stderr.read() if child.stderr else "")
+            _, pid, first, count = line.split()
+            acked[int(pid)] = max(acked.get(int(pid), 0), int(first) + int(count))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()  # type: ignore[union-attr]
+        child.stderr.close()  # type: ignore[union-attr]
+    assert child.returncode == -signal.SIGKILL
+
+    async def verify() -> None:
+        async with await SqliteLogStore.open(db) as store:
+            for row in await store.list_partitions():
+                records = await store.read_log(row.pid, 0)  # raises CorruptData if not whole
+                assert len(records) >= acked.get(row.pid, 0)
+                assert len(records) % RECORDS_PER_APPEND == 0  # no half-written append
+                assert records == [expected_record(row.pid, o) for o in range(len(records))]
+                # The log continues where the crash left it.
+                n = len(records)
+                await store.append(row.pid, 0, [expected_record(row.pid, n)])
+
+    anyio.run(verify)
+    assert sum(acked.values()) >= acks_wanted * RECORDS_PER_APPEND
+
+
+# ---------------------------------------------------------------------- terms
+
+
+async def test_stale_term_append_is_rejected_while_batch_mates_commit(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (a, b) = await store.create_topic("t", 2, 1, 0.0)
+        start_a = await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        assert start_a == LogRecord(0, 1, 0, TermStart(1))
+        await store.begin_term(b.pid, 1, 0)  # b moves on to term 2
+
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def attempt(name: str, pid: int, term: int, record: LogRecord) -> None:
+            try:
+                await store.append(pid, term, [record])
+                outcomes[name] = None
+            except NotLeader as error:
+                outcomes[name] = error
+
+        batches_before = store.statistics().batches
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt, "a", a.pid, 1, placeholder(1, 1, 0))
+            tg.start_soon(attempt, "b-stale", b.pid, 1, placeholder(2, 1, 0))
+            tg.start_soon(attempt, "b-current", b.pid, 2, placeholder(2, 2, 0))
+        assert store.statistics().batches == batches_before + 1  # all three in one batch
+
+        assert outcomes["a"] is None and outcomes["b-current"] is None
+        stale = outcomes["b-stale"]
+        assert isinstance(stale, NotLeader)
+        assert (stale.expected_term, stale.current_term, stale.partition) == (1, 2, "t/1")
+        assert store.statistics().rejected_appends == 1
+        assert await store.read_log(a.pid, 0) == [start_a, placeholder(1, 1, 0)]
+        assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
+        assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
+
+
+async def test_begin_term_increments_term_and_survives_reopen(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        assert p.term == 0
+        first = await store.begin_term(p.pid, 0, 0)
+        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=5)])
+        second = await store.begin_term(p.pid, 2, 5)
+        assert (first.term, second.term) == (1, 2)
+        assert second == LogRecord(2, 2, 5, TermStart(2))
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.list_partitions()
+        assert p.term == 2
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
+        await store.append(p.pid, 2, [placeholder(3, 2, 5)])
+        third = await store.begin_term(p.pid, 4, 6)
+        assert third.term == 3
+
+
+async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        with pytest.raises(InvariantViolation, match="continues at 0"):
+            await store.append(p.pid, 0, [placeholder(1, 0, 0)])  # gap
+        with pytest.raises(InvariantViolation, match="carries term 3"):
+            await store.append(p.pid, 0, [placeholder(0, 3, 0)])  # wrong term in record
+        with pytest.raises(InvariantViolation, match="consecutive log offsets; 3 follows 1"):
+            await store.append(p.pid, 0, [placeholder(o, 0, o) for o in (0, 1, 3)])
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 4, [])  # an empty append still checks the term
+        with pytest.raises(InvariantViolation, match="unknown partition id 999"):
+            await store.append(999, 0, [placeholder(0, 0, 0)])
+        with pytest.raises(InvariantViolation, match="continues at 0"):
+            await store.begin_term(p.pid, 5, 0)
+        # Nothing of the rejected appends landed; the store keeps working.
+        assert await store.read_log(p.pid, 0) == []
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+        assert not store.statistics().failed
+
+
+# A step is ops on distinct partitions, run concurrently (so they share batches):
+# ("append", records, stale) | ("begin_term",) | ("snapshot_truncate",); or ("reopen",).
+_op = st.one_of(
+    st.tuples(st.just("append"), st.integers(0, 4), st.booleans()),
+    st.tuples(st.just("begin_term")),
+    st.tuples(st.just("snapshot_truncate")),
+)
+_step = st.one_of(
+    st.dictionaries(st.integers(0, 3), _op, min_size=1),
+    st.just({"reopen": ("reopen",)}),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(_step, max_size=12))
+def test_random_concurrent_operations_match_a_simple_model(steps) -> None:  # noqa: ANN001
+    """Whatever mix of appends (current or stale term), term changes, snapshots, truncations
+    and reopens, the log reads back exactly as a list-per-partition model says."""
+
+    class Model:
+        def __init__(self) -> None:
+            self.records: list[LogRecord] = []
+            self.term = 0
+            self.truncated_below = 0
+
+    async def run_op(store: SqliteLogStore, pid: int, model: Model, op: tuple) -> None:
+        match op:
+            case ("append", count, stale):
+                term = model.term + 1 if stale else model.term
+                first = len(model.records)
+                records = [placeholder(first + i, term, 0) for i in range(count)]
+                if stale:
+                    with pytest.raises(NotLeader):
+                        await store.append(pid, term, records)
+                else:
+                    await store.append(pid, term, records)
+                    model.records += records
+            case ("begin_term",):
+                record = await store.begin_term(pid, len(model.records), 0)
+                model.term += 1
+                assert record == LogRecord(len(model.records), model.term, 0, TermStart(model.term))
+                model.records.append(record)
+            case ("snapshot_truncate",):
+                last = len(model.records) - 1
+                await store.save_snapshot(Snapshot(pid, last, b"s"))
+                await store.truncate_below(pid, last + 1)
+                model.truncated_below = max(0, last + 1)
+
+    async def open_store(path: str) -> SqliteLogStore:
+        return await SqliteLogStore.open(path, synchronous="NORMAL", group_commit_max_records=6)
+
+    async def scenario(path: str) -> None:
+        store = await open_store(path)
+        try:
+            rows = await store.create_topic("t", 4, 1, 0.0)
+            models = {row.pid: Model() for row in rows}
+            pids = [row.pid for row in rows]
+            for step in steps:
+                if "reopen" in step:
+                    await store.aclose()
+                    store = await open_store(path)
+                    continue
+                async with anyio.create_task_group() as tg:
+                    for index, op in step.items():
+                        tg.start_soon(run_op, store, pids[index], models[pids[index]], op)
+            for pid, model in models.items():
+                assert await store.read_log(pid, 0) == model.records[model.truncated_below :]
+            assert {p.pid: p.term for p in await store.list_partitions()} == {
+                pid: model.term for pid, model in models.items()
+            }
+        finally:
+            await store.aclose()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        anyio.run(scenario, f"{tmp}/log.db")
+
+
+# ---------------------------------------------------------------------- snapshots and reads
+
+
+async def test_snapshot_truncation_and_reading_continue(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(10)])
+        with pytest.raises(InvariantViolation, match="no snapshot covers"):
+            await store.truncate_below(p.pid, 1)
+        assert await store.truncate_below(p.pid, 0) == 0
+
+        await store.save_snapshot(Snapshot(p.pid, 5, b"state@5"))
+        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 5, b"state@5")
+        with pytest.raises(InvariantViolation, match="no snapshot covers"):
+            await store.truncate_below(p.pid, 7)
+        assert await store.truncate_below(p.pid, 6) == 6
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [6, 7, 8, 9]
+        assert [r.log_offset for r in await store.read_log(p.pid, 7, limit=2)] == [7, 8]
+        with pytest.raises(InvariantViolation, match="older than the saved one"):
+            await store.save_snapshot(Snapshot(p.pid, 4, b"old"))
+        with pytest.raises(InvariantViolation, match="the log ends before 10"):
+            await store.save_snapshot(Snapshot(p.pid, 10, b"future"))
+
+        await store.append(p.pid, 0, [placeholder(10, 0, 10)])
+        await store.save_snapshot(Snapshot(p.pid, 10, b"state@10"))
+        assert await store.truncate_below(p.pid, 11) == 5  # the whole log
+        assert await store.read_log(p.pid, 0) == []
+
+    # With the log truncated to nothing, the snapshot tells where the log continues.
+    async with await SqliteLogStore.open(db) as store:
+        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 10, b"state@10")
+        with pytest.raises(InvariantViolation, match="continues at 11"):
+            await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder(11, 0, 11)])
+        assert await store.read_log(p.pid, 0) == [placeholder(11, 0, 11)]
+        assert await store.load_snapshot(12345) is None
+
+
+async def test_recovery_from_snapshot_and_replay_equals_live_state(db: Path) -> None:
+    live = PartitionState(creation_epoch=1)
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        live.apply(await store.begin_term(p.pid, 0, 0))
+
+        async def append(entry) -> None:  # noqa: ANN001
+            record = LogRecord(live.next_log_offset, live.term, live.high_watermark, entry)
+            await store.append(p.pid, live.term, [record])
+            live.apply(record)
+
+        def data(epoch: int, count: int) -> Placeholder:
+            return Placeholder(epoch, f"k-{live.next_log_offset}", 0, 10 * count, count, 0)
+
+        for epoch in (1, 1, 2, 3, 3):
+            await append(data(epoch, 4))
+        await append(AdvanceReconciledOffset(lro=7, lrlo=2))
+        snapshot = Snapshot(p.pid, live.last_applied_log_offset, live.encode_snapshot())
+        await store.save_snapshot(snapshot)
+        await store.truncate_below(p.pid, live.last_applied_log_offset + 1)
+        await append(AdvanceEpoch(4))
+        await append(data(4, 2))
+        await append(SetStartOffset(3))
+        await append(AdvanceReconciledOffset(lro=20, lrlo=live.last_applied_log_offset))
+        live.apply(await store.begin_term(p.pid, live.next_log_offset, live.high_watermark))
+        await append(data(4, 1))
+
+    async with await SqliteLogStore.open(db) as store:
+        snapshot = await store.load_snapshot(p.pid)
+        assert snapshot is not None
+        recovered = PartitionState.decode_snapshot(snapshot.data)
+        for record in await store.read_log(p.pid, snapshot.log_offset + 1):
+            assert recovered.apply(record)
+    assert recovered == live
+    assert recovered.mp == 2 and recovered.term == 2
+
+
+async def test_read_placeholders_returns_ranges_ending_above_the_offset(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        # Data ranges: [0,10) [10,15) (epoch marker) [15,30) [30,31)
+        records = [
+            placeholder(0, 0, 0, count=10),
+            placeholder(1, 0, 10, count=5),
+            LogRecord(2, 0, 15, AdvanceEpoch(2)),
+            placeholder(3, 0, 15, epoch=2, count=15),
+            placeholder(4, 0, 30, epoch=2, count=1),
+        ]
+        await store.append(p.pid, 0, records)
+
+        async def bases(offset: int, limit: int = 100) -> list[int]:
+            return [r.base_offset for r in await store.read_placeholders(p.pid, offset, limit)]
+
+        assert await bases(0) == [0, 10, 15, 30]
+        assert await bases(9) == [0, 10, 15, 30]
+        assert await bases(10) == [10, 15, 30]
+        assert await bases(14) == [10, 15, 30]
+        assert await bases(29) == [15, 30]
+        assert await bases(30) == [30]
+        assert await bases(31) == []
+        assert await bases(0, limit=2) == [0, 10]
+        assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+async def test_file_that_is_not_sqlite_is_refused_naming_it(db: Path) -> None:
+    db.write_bytes(os.urandom(8192))
+    with pytest.raises(StorageError, match="cannot open as a levelzero log store") as caught:
+        await SqliteLogStore.open(db)
+    assert str(db) in str(caught.value)
+    db.write_bytes(b"\0" * 100)  # the lock was released: a retry reaches the same check
+    with pytest.raises(StorageError, match=str(db)):
+        await SqliteLogStore.open(db)
+
+
+async def test_newer_schema_version_is_refused(db: Path) -> None:
+    async with await SqliteLogStore.open(db):
+        pass
+    with sqlite3.connect(db) as connection:
+        connection.execute("PRAGMA user_version = 99")
+    with pytest.raises(StorageError, match="schema version 99 is newer") as caught:
+        await SqliteLogStore.open(db)
+    assert str(db) in str(caught.value)
+
+
+async def test_unknown_sqlite_database_is_refused(db: Path) -> None:
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TABLE something_else (x)")
+    with pytest.raises(StorageError, match="unknown schema version 0"):
+        await SqliteLogStore.open(db)
+
+
+async def test_corrupt_entry_blob_raises_corrupt_data_naming_partition_and_offset(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (_, p) = await store.create_topic("t", 2, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(3)])
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE log SET entry = ? WHERE pid = ? AND log_offset = 1", (b"\xc1garbage", p.pid)
+        )
+    async with await SqliteLogStore.open(db) as store:
+        assert await store.read_log(p.pid, 2) == [placeholder(2, 0, 2)]
+        with pytest.raises(CorruptData) as caught:
+            await store.read_log(p.pid, 0)
+        message = str(caught.value)
+        assert str(db) in message and f"pid={p.pid}" in message
+        assert "t/1" in message and "log offset 1" in message
+        with pytest.raises(CorruptData, match="log offset 1"):
+            await store.read_placeholders(p.pid, 0, 10)
+
+
+async def test_entry_blob_of_another_kind_is_corrupt(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+    with sqlite3.connect(db) as connection:
+        blob = msgspec.msgpack.encode(TermStart(7))
+        connection.execute("UPDATE log SET entry = ?", (blob,))
+    async with await SqliteLogStore.open(db) as store:
+        with pytest.raises(CorruptData, match="holds term_start, row says placeholder"):
+            await store.read_log(p.pid, 0)
+
+
+async def test_second_open_of_a_locked_file_is_refused(db: Path) -> None:
+    async with await SqliteLogStore.open(db):
+        with pytest.raises(StorageError, match="already open") as caught:
+            await SqliteLogStore.open(db)
+        assert str(db) in str(caught.value) and f"process {os.getpid()}" in str(caught.value)
+    async with await SqliteLogStore.open(db):  # released on close
+        pass
+
+
+async def test_bad_options_are_refused(db: Path) -> None:
+    with pytest.raises(InvalidInput, match="synchronous"):
+        await SqliteLogStore.open(db, synchronous="OFF")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="queue_max"):
+        await SqliteLogStore.open(db, queue_max=0)
+    with pytest.raises(StorageError, match="lock file"):
+        await SqliteLogStore.open(db.parent / "missing-dir" / "x.db")
+
+
+async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
+    async with await SqliteLogStore.open(db, synchronous="NORMAL") as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        assert (await store._writer.execute_fetchall("PRAGMA synchronous"))[0][0] == 1
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    async with await SqliteLogStore.open(db) as store:
+        assert (await store._writer.execute_fetchall("PRAGMA synchronous"))[0][0] == 2
+
+
+# ---------------------------------------------------------------------- cluster epoch, topics
+
+
+async def test_cluster_epoch_persists_and_never_decreases(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        assert await store.get_cluster_epoch() == 1
+        await store.set_cluster_epoch(5)
+        await store.set_cluster_epoch(5)
+        with pytest.raises(InvariantViolation, match="from 5 to 4"):
+            await store.set_cluster_epoch(4)
+        with pytest.raises(InvariantViolation):
+            await store.set_cluster_epoch(0)
+    async with await SqliteLogStore.open(db) as store:
+        assert await store.get_cluster_epoch() == 5
+        with pytest.raises(InvariantViolation):
+            await store.set_cluster_epoch(3)
+        await store.set_cluster_epoch(9)
+        assert await store.get_cluster_epoch() == 9
+
+
+async def test_create_topic_assigns_pids_and_refuses_duplicates(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("a", 3, 2, 100.0)
+        assert [(r.topic, r.partition, r.creation_epoch, r.term, r.created_at) for r in rows] == [
+            ("a", i, 2, 0, 100.0) for i in range(3)
+        ]
+        with pytest.raises(TopicExists):
+            await store.create_topic("a", 1, 2, 100.0)
+        await store.create_topic("b", 1, 3, 101.0)
+        with pytest.raises(InvalidInput):
+            await store.create_topic("c", 0, 3, 101.0)
+        assert len({r.pid for r in await store.list_partitions()}) == 4
+    async with await SqliteLogStore.open(db) as store:
+        assert [(r.topic, r.partition) for r in await store.list_partitions()] == [
+            ("a", 0), ("a", 1), ("a", 2), ("b", 0)
+        ]
+
+
+# ---------------------------------------------------------------------- L1 and events
+
+
+def l1_row(key: str, pid: int, base: int, state: str = L1State.COPY_STARTED) -> L1Row:
+    return L1Row(key, pid, base, base + 9, base + 2, 1, 1000, state, 1.0, 1.0)
+
+
+async def test_l1_transition_is_compare_and_set(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        await store.l1_insert(l1_row("k1", 1, 0))
+        await store.l1_insert(l1_row("k2", 1, 10))
+        await store.l1_insert(l1_row("k3", 2, 0))
+        with pytest.raises(InvariantViolation, match="already recorded"):
+            await store.l1_insert(l1_row("k1", 1, 0))
+        with pytest.raises(InvalidInput, match="unknown L1 state"):
+            await store.l1_insert(l1_row("k9", 1, 0, state="BOGUS"))
+        assert await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
+        assert not await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0)
+        assert not await store.l1_transition(
+            "missing", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0
+        )
+        assert [r.key for r in await store.l1_list(pid=1)] == ["k1", "k2"]
+        finished = await store.l1_list(states=[L1State.COPY_FINISHED])
+        assert finished == [L1Row("k1", 1, 0, 9, 2, 1, 1000, L1State.COPY_FINISHED, 1.0, 2.0)]
+        assert [r.key for r in await store.l1_list(pid=2, states=[L1State.COPY_STARTED])] == ["k3"]
+        assert len(await store.l1_list()) == 3
+
+
+async def test_event_rows_are_readable_with_plain_sql(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0, epoch=3, count=7)])
+        await store.record_l0_object(L0ObjectRow("obj-a", 3, 500, 1.0, 2))
+        await store.record_l0_object(L0ObjectRow("obj-b", 4, 600, 1.5, 1))
+        await store.record_l0_object(L0ObjectRow("obj-a", 9, 9, 9.0, 9))  # replay: first wins
+        await store.mark_l0_deleted(["obj-a", "unknown"], at=5.0, m=3)
+        await store.mark_l0_deleted(["obj-a"], at=6.0, m=4)  # already deleted: unchanged
+        gc_round = GcRoundRow(1, 5.0, 5.5, 6, 3, False, 2, 1, 500, 0, 1, 0, None)
+        await store.record_gc_round(gc_round)
+        fence = FenceEventRow(1.0, p.pid, 1, 3, "admitted", 2, 3)
+        sample = StateSampleRow(2.0, p.pid, 1, 2, 3, 2, 1, 4, 7, 0)
+        async with anyio.create_task_group() as tg:  # concurrent: staged in one batch
+            tg.start_soon(store.record_fence_events, [fence, fence])
+            tg.start_soon(store.record_state_samples, [sample])
+            tg.start_soon(store.record_fence_events, [])
+
+    with sqlite3.connect(db) as connection:
+        assert connection.execute(
+            "SELECT kind, epoch, record_count, byte_length, object_key FROM log"
+        ).fetchall() == [("placeholder", 3, 7, 70, f"level_zero/data/000/{3:018}/obj-0")]
+        assert connection.execute("SELECT * FROM l0_objects ORDER BY key").fetchall() == [
+            ("obj-a", 3, 500, 1.0, 2, 5.0, 3),
+            ("obj-b", 4, 600, 1.5, 1, None, None),
+        ]
+        assert connection.execute("SELECT * FROM gc_rounds").fetchall() == [
+            tuple(int(v) if isinstance(v, bool) else v for v in msgspec.structs.astuple(gc_round))
+        ]
+        assert connection.execute("SELECT * FROM fence_events").fetchall() == [
+            msgspec.structs.astuple(fence)
+        ] * 2
+        assert connection.execute("SELECT * FROM state_samples").fetchall() == [
+            msgspec.structs.astuple(sample)
+        ]
+        # The export reads these tables by name: their columns are the row structs' fields.
+        for table, row_type in [
+            ("l1_objects", L1Row),
+            ("l0_objects", L0ObjectRow),
+            ("gc_rounds", GcRoundRow),
+            ("fence_events", FenceEventRow),
+            ("state_samples", StateSampleRow),
+        ]:
+            columns = [c[1] for c in connection.execute(f"PRAGMA table_info({table})")]
+            assert tuple(columns) == row_type.__struct_fields__, table
+
+
+# ---------------------------------------------------------------------- lifecycle
+
+
+async def test_open_in_runs_the_writer_in_the_callers_task_group(db: Path) -> None:
+    async with anyio.create_task_group() as tg:
+        store = await SqliteLogStore.open_in(tg, db)
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.aclose()
+    async with anyio.create_task_group() as tg:
+        async with await SqliteLogStore.open_in(tg, db) as store:
+            assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+
+
+async def test_open_then_aclose_without_context_manager(db: Path) -> None:
+    store = await SqliteLogStore.open(db)
+    try:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+    finally:
+        await store.aclose()
+    await store.aclose()  # idempotent
+    with pytest.raises(ShuttingDown):
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+    with pytest.raises(ShuttingDown):
+        await store.read_log(p.pid, 0)
+
+
+async def test_aclose_finishes_queued_writes(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", 10, 1, 0.0)
+    done: list[int] = []
+    async with anyio.create_task_group() as outer:
+        store = await SqliteLogStore.open_in(outer, db)
+        async with anyio.create_task_group() as tg:
+
+            async def append(pid: int) -> None:
+                await store.append(pid, 0, [placeholder(0, 0, 0)])
+                done.append(pid)
+
+            for row in rows:
+                tg.start_soon(append, row.pid)
+            await anyio.wait_all_tasks_blocked()  # every append is queued or in the batch
+            await store.aclose()
+    assert sorted(done) == [r.pid for r in rows]
+    async with await SqliteLogStore.open(db) as store:
+        for row in rows:
+            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+
+
+async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
+            connection.execute("DROP TABLE fence_events")
+        fence = FenceEventRow(1.0, p.pid, 0, 1, "admitted", 1, 1)
+        errors: list[BaseException] = []
+
+        async def attempt(call) -> None:  # noqa: ANN001
+            try:
+                await call()
+            except StorageError as error:
+                errors.append(error)
+
+        async with anyio.create_task_group() as tg:  # one batch: the append shares its fate
+            tg.start_soon(attempt, lambda: store.append(p.pid, 0, [placeholder(1, 0, 1)]))
+            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+        assert len(errors) == 2 and all("refuses writes" in str(e) for e in errors)
+        assert store.statistics().failed
+        with pytest.raises(StorageError, match="until it is reopened"):
+            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]  # reads still work
+    with pytest.raises(StorageError, match="lacks tables fence_events"):
+        await SqliteLogStore.open(db)
