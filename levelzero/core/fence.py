@@ -10,8 +10,8 @@ with epoch `e` calls `try_fence`:
 - while an updater is active → `Wait`: re-evaluate after the slide (newer epochs coalesce: only
   one slide runs at a time, later callers see the slid window).
 - `e` below the window → `Rejected(StaleClusterEpoch)`: refresh the epoch cache and retry.
-  So is an `e` strictly between the edges of the window while `e` is above the applied
-  maximum (see `try_fence`): only the two edges can each open an applied window per slide.
+  So is an `e` inside the window that could land below the applied window, depending on the
+  order in which the window's writes land (see `lands_in_any_order`).
 
 The seen window is in-memory and belongs to one term. For any other term the effective window
 is the applied window of the state machine, so a new leader starts from what the log proves.
@@ -79,6 +79,30 @@ class FenceStatistics:
     same_epoch_fences: int
 
 
+def lands_in_any_order(epoch: int, window: Window, applied_window: Window | None) -> bool:
+    """Can a write at `epoch` (inside the effective `window`) be admitted now, whatever the
+    order in which the writes admitted under this window land in the log?
+
+    Applying `e > max_applied` makes `previous_applied = max_applied`. If the writes of one
+    window could raise `max_applied` twice, `previous_applied` could pass an epoch still in
+    flight, which then lands below the applied window (apply asserts; a catch-up first would
+    set `M(p)` >= its epoch). Examples: window [5, 9] admitting 7 — landing 7, 9, 5 gives
+    [7, 9], then 5; or a fresh partition whose first applied epoch is 9 ([9, 9]) while 5 is in
+    flight. So admit, besides the upper edge, only epochs that raise nothing (inside the applied
+    window) and the lower edge while it is above everything applied. Then, as each slide
+    drains the previous window first, `max_applied` moves only to `low` and `high`, and
+    `previous_applied` never passes an admitted epoch. Everything else gets a retriable
+    rejection; the retry comes with a fresh epoch, at `high` or above.
+    """
+    low, high = window
+    if epoch == high:
+        return True
+    if applied_window is None:
+        return False
+    applied_low, applied_high = applied_window
+    return applied_low <= epoch <= applied_high or epoch == low > applied_high
+
+
 class Fence:
     def __init__(self, creation_epoch: int, mode: FenceMode = FenceMode.WINDOWED) -> None:
         assert creation_epoch >= 1
@@ -126,18 +150,13 @@ class Fence:
         low, high = window
         if epoch > high:
             return self._become_updater(epoch)
-        if low < epoch < high and (applied_window is None or epoch > applied_window[1]):
-            # Strictly inside a non-contiguous window whose upper edge is not applied yet: the
-            # placeholders of this phase may apply in any order, and applying `epoch` and then
-            # `high` would slide the applied window to [epoch, high], above every in-flight write
-            # at `low` (apply asserts; catch-up would set M(p) >= low). Admitted once applying it
-            # cannot move the applied window (applied max >= epoch); until then, retry fresh.
+        if epoch < low and not self.mutate_admit_below_window:
             return self._reject(epoch, window)
-        if epoch >= low or self.mutate_admit_below_window:
-            self.read_units += 1
-            self.same_epoch_fences += 1
-            return Admitted(epoch, term, window, new_epoch=False)
-        return self._reject(epoch, window)
+        if epoch >= low and not lands_in_any_order(epoch, window, applied_window):
+            return self._reject(epoch, window)
+        self.read_units += 1
+        self.same_epoch_fences += 1
+        return Admitted(epoch, term, window, new_epoch=False)
 
     def _become_updater(self, epoch: int) -> BecomeUpdater:
         self.updater_epoch = epoch

@@ -1,0 +1,285 @@
+"""Object key layout (strict: keys are the GC's only index) and the log entry codec."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+import pytest
+
+from levelzero.core.entries import (
+    ENTRY_KINDS,
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    Entry,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+    TermStart,
+    decode_entry,
+    encode_entry,
+)
+from levelzero.core.errors import LevelZeroError, MalformedKey
+from levelzero.core.keys import (
+    EPOCH_MAX,
+    L0Key,
+    L1Key,
+    format_l0_key,
+    format_l1_key,
+    l0_prefix_root,
+    new_uuid,
+    parse_l0_key,
+    parse_l1_key,
+)
+
+UUID = "0123456789abcdef0123456789abcdef"
+GOOD_L0 = f"level_zero/data/042/{7:018d}/{UUID}"
+GOOD_L1 = f"level_one/orders/3/{5:020d}-{9:020d}/2-{UUID}"
+
+
+# ---------------------------------------------------------------- L0 keys
+
+
+@pytest.mark.parametrize(
+    ("prefix", "epoch", "uuid"),
+    [(0, 1, UUID), (999, EPOCH_MAX, "f" * 32), (42, 7, UUID), (5, 123456789, new_uuid(1))],
+)
+def test_l0_key_round_trip(prefix: int, epoch: int, uuid: str) -> None:
+    key = format_l0_key(prefix, epoch, uuid)
+    assert key == f"level_zero/data/{prefix:03d}/{epoch:018d}/{uuid}"
+    assert key.startswith(l0_prefix_root(prefix))
+    parsed = parse_l0_key(key)
+    assert parsed == L0Key(prefix, epoch, uuid)
+    assert str(parsed) == key
+
+
+def test_l0_key_example() -> None:
+    assert format_l0_key(42, 7, UUID) == GOOD_L0
+    assert l0_prefix_root(7) == "level_zero/data/007/"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "level_zero/data/",
+        f"level_zero/data/42/{7:018d}/{UUID}",  # 2-digit prefix
+        f"level_zero/data/0042/{7:018d}/{UUID}",  # 4-digit prefix
+        f"level_zero/data/042/{7:017d}/{UUID}",  # 17-digit epoch
+        f"level_zero/data/042/{7:019d}/{UUID}",  # 19-digit epoch
+        f"level_zero/data/04x/{7:018d}/{UUID}",
+        f"level_zero/data/042/{7:018d}",  # no uuid
+        f"level_zero/data/042/{UUID}",  # no epoch
+        f"level_zero/data/042/{0:018d}/{UUID}",  # epoch 0
+        f"level_zero/data/042/{7:018d}/{UUID.upper()}",  # uppercase uuid
+        f"level_zero/data/042/{7:018d}/{UUID[:-1]}",  # 31 hex digits
+        f"level_zero/data/042/{7:018d}/{UUID}/extra",  # extra segment
+        f"level_zero/data/042/extra/{7:018d}/{UUID}",
+        f"/level_zero/data/042/{7:018d}/{UUID}",
+        f"level_zero/data/042/{7:018d}/{UUID}\n",  # `$` would have accepted this
+        f"level_zero/data/\u0664\u0662\u0660/{7:018d}/{UUID}",  # non-ASCII digits
+        "level_zero/data/042/" + "\u0660" * 17 + "\u0667/" + UUID,  # Arabic-Indic epoch
+        f"level_zero/other/042/{7:018d}/{UUID}",
+        GOOD_L1,
+    ],
+)
+def test_malformed_l0_key_raises_naming_the_key(key: str) -> None:
+    with pytest.raises(MalformedKey) as excinfo:
+        parse_l0_key(key)
+    assert repr(key) in str(excinfo.value)
+    assert excinfo.value.code == "malformed_key"
+    assert isinstance(excinfo.value, ValueError)
+    assert isinstance(excinfo.value, LevelZeroError)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "epoch", "uuid", "message"),
+    [
+        (-1, 7, UUID, "prefix -1"),
+        (1000, 7, UUID, "prefix 1000"),
+        (42, 0, UUID, "epoch 0"),
+        (42, EPOCH_MAX + 1, UUID, f"epoch {EPOCH_MAX + 1}"),
+        (42, 7, UUID.upper(), "uuid"),
+        (42, 7, UUID[:-1], "uuid"),
+        (42, 7, UUID + "\n", "uuid"),
+        (42, 7, UUID + "/x", "uuid"),
+    ],
+)
+def test_format_l0_key_refuses_out_of_range_parts(
+    prefix: int, epoch: int, uuid: str, message: str
+) -> None:
+    with pytest.raises(MalformedKey, match=message):
+        format_l0_key(prefix, epoch, uuid)
+
+
+def test_l0_keys_sort_by_epoch_inside_a_prefix() -> None:
+    rng = random.Random(7)
+    parts = [(rng.randrange(1, 10**12), new_uuid(rng.getrandbits(128))) for _ in range(300)]
+    parts += [(10, new_uuid(1)), (9, new_uuid(2)), (100, new_uuid(3)), (EPOCH_MAX, new_uuid(4))]
+    keys = [format_l0_key(17, epoch, uuid) for epoch, uuid in parts]
+    in_key_order = [parse_l0_key(k).epoch for k in sorted(keys)]
+    assert in_key_order == sorted(epoch for epoch, _ in parts)
+
+
+def test_new_uuid_is_32_lowercase_hex_and_deterministic_with_bits() -> None:
+    assert new_uuid(255) == "0" * 30 + "ff"
+    assert new_uuid((1 << 128) + 5) == new_uuid(5)  # masked to 128 bits
+    first, second = new_uuid(), new_uuid()
+    assert first != second
+    for uuid in (first, second, new_uuid(2**128 - 1)):
+        assert len(uuid) == 32
+        assert set(uuid) <= set("0123456789abcdef")
+        assert parse_l0_key(format_l0_key(1, 1, uuid)).uuid == uuid
+
+
+# ---------------------------------------------------------------- L1 keys
+
+
+@pytest.mark.parametrize(
+    ("topic", "partition", "base", "last", "term"),
+    [("orders", 3, 5, 9, 2), ("a.b-c_D9", 0, 0, 0, 1), ("t" * 200, 12345, 10**19, 10**19, 99)],
+)
+def test_l1_key_round_trip(topic: str, partition: int, base: int, last: int, term: int) -> None:
+    key = format_l1_key(topic, partition, base, last, term, UUID)
+    assert key == f"level_one/{topic}/{partition}/{base:020d}-{last:020d}/{term}-{UUID}"
+    parsed = parse_l1_key(key)
+    assert parsed == L1Key(topic, partition, base, last, term, UUID)
+    assert str(parsed) == key
+
+
+def test_l1_key_example() -> None:
+    assert format_l1_key("orders", 3, 5, 9, 2, UUID) == GOOD_L1
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "",
+        "level_one/",
+        f"level_one/orders/3/{5:020d}-{9:020d}/{UUID}",  # no term
+        f"level_one/orders/3/{5:020d}-{9:020d}/2-",  # no uuid
+        f"level_one/orders/3/{5:020d}/2-{UUID}",  # no last offset
+        f"level_one/orders/{5:020d}-{9:020d}/2-{UUID}",  # no partition
+        f"level_one/orders/3/{5:019d}-{9:020d}/2-{UUID}",  # 19 digits
+        f"level_one/orders/3/{5:020d}-{9:020d}/2-{UUID.upper()}",
+        f"level_one/orders/3/{5:020d}-{9:020d}/2-{UUID}/extra",
+        f"level_one/ord/ers/3/{5:020d}-{9:020d}/2-{UUID}",
+        f"level_one/orders/3/{5:020d}-{9:020d}/2-{UUID}\n",
+        f"level_one/orders/\u0663/{5:020d}-{9:020d}/2-{UUID}",
+        GOOD_L0,
+    ],
+)
+def test_malformed_l1_key_raises_naming_the_key(key: str) -> None:
+    with pytest.raises(MalformedKey) as excinfo:
+        parse_l1_key(key)
+    assert repr(key) in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    ("topic", "base", "last", "uuid"),
+    [
+        ("a/b", 0, 1, UUID),
+        ("", 0, 1, UUID),
+        ("t" * 201, 0, 1, UUID),
+        ("orders\n", 0, 1, UUID),
+        ("orders", 5, 4, UUID),
+        ("orders", -1, 4, UUID),
+        ("orders", 0, 4, UUID.upper()),
+    ],
+)
+def test_format_l1_key_refuses_bad_parts(topic: str, base: int, last: int, uuid: str) -> None:
+    with pytest.raises(MalformedKey):
+        format_l1_key(topic, 0, base, last, 1, uuid)
+
+
+def test_l1_keys_sort_by_base_offset_inside_a_partition() -> None:
+    bases = [0, 7, 100, 99, 10**15, 3]
+    keys = [format_l1_key("t", 1, b, b + 5, 1, UUID) for b in bases]
+    assert [parse_l1_key(k).base_offset for k in sorted(keys)] == sorted(bases)
+
+
+# ---------------------------------------------------------------- entries
+
+ALL_ENTRIES: list[Entry] = [
+    Placeholder(
+        epoch=7,
+        object_key=GOOD_L0,
+        byte_offset=128,
+        byte_length=4096,
+        record_count=12,
+        checksum=0xDEADBEEF,
+    ),
+    AdvanceEpoch(epoch=9),
+    AdvanceReconciledOffset(lro=41, lrlo=17),
+    SetStartOffset(offset=30),
+    TermStart(term=4),
+]
+
+
+@pytest.mark.parametrize("entry", ALL_ENTRIES, ids=lambda e: type(e).__name__)
+def test_entry_round_trip(entry: Entry) -> None:
+    data = encode_entry(entry)
+    assert isinstance(data, bytes)
+    decoded = decode_entry(data)
+    assert decoded == entry
+    assert type(decoded) is type(entry)
+    # the tag on the wire is the stable kind name
+    assert msgspec.msgpack.decode(data)["type"] == ENTRY_KINDS[type(entry)]
+
+
+def test_every_entry_kind_has_a_distinct_name() -> None:
+    assert set(ENTRY_KINDS) == {type(e) for e in ALL_ENTRIES}
+    assert sorted(ENTRY_KINDS.values()) == [
+        "advance_epoch",
+        "advance_reconciled_offset",
+        "placeholder",
+        "set_start_offset",
+        "term_start",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"", msgspec.DecodeError),
+        (b"\xc1", msgspec.DecodeError),
+        (b"\x92\x01", msgspec.DecodeError),  # truncated array
+        (b"garbage bytes", msgspec.DecodeError),
+        (msgspec.msgpack.encode({"type": "nope", "epoch": 1}), msgspec.ValidationError),
+        (msgspec.msgpack.encode({"epoch": 1}), msgspec.ValidationError),  # no tag
+        (msgspec.msgpack.encode({"type": "advance_epoch", "epoch": "1"}), msgspec.ValidationError),
+        (msgspec.msgpack.encode({"type": "placeholder", "epoch": 1}), msgspec.ValidationError),
+        (msgspec.msgpack.encode([1, 2, 3]), msgspec.ValidationError),
+    ],
+)
+def test_garbage_bytes_raise_msgspec_errors(data: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        decode_entry(data)
+
+
+def test_entries_are_frozen() -> None:
+    entry = AdvanceEpoch(3)
+    with pytest.raises(AttributeError):
+        entry.epoch = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("entry", "kind", "epoch"),
+    [
+        (ALL_ENTRIES[0], "placeholder", 7),
+        (ALL_ENTRIES[1], "advance_epoch", 9),
+        (ALL_ENTRIES[2], "advance_reconciled_offset", None),
+        (ALL_ENTRIES[3], "set_start_offset", None),
+        (ALL_ENTRIES[4], "term_start", None),
+    ],
+)
+def test_log_record_kind_and_epoch(entry: Entry, kind: str, epoch: int | None) -> None:
+    record = LogRecord(log_offset=5, term=4, base_offset=30, entry=entry)
+    assert record.kind == kind
+    assert record.epoch == epoch
+
+
+def test_log_record_round_trips_through_msgpack() -> None:
+    records = [LogRecord(i, 1, 0, e) for i, e in enumerate(ALL_ENTRIES)]
+    data = msgspec.msgpack.encode(records)
+    assert msgspec.msgpack.decode(data, type=list[LogRecord]) == records
