@@ -28,6 +28,7 @@ from levelzero.storage.protocols import LogStore, ObjectStore, PartitionRow
 
 from .batcher import Batcher, BatcherConfig, ProduceResult
 from .epochs import EpochCache, EpochService
+from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView, WatermarkBoard
@@ -50,6 +51,7 @@ class NodeConfig:
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
+    gc: GcConfig = field(default_factory=GcConfig)
 
 
 class Node:
@@ -88,6 +90,16 @@ class Node:
             log_store,
             wall_clock=self._wall,
         )
+        self.gc = GcActor(
+            config.gc,
+            object_store,
+            log_store,
+            cluster_epoch=lambda: self.epochs.current,
+            board=self.board,
+            views=self.views,
+            clock=self._wall,
+            rng=rng,
+        )
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._topics: dict[str, int] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -110,6 +122,7 @@ class Node:
                 await tg.start(self.reconciler.run)
             if self.config.housekeeper.enabled:
                 await tg.start(self.housekeeper.run)
+            await tg.start(self.gc.run)  # GcConfig.enabled=False starts it paused
             self.accepting = True
             log.info(
                 "node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current

@@ -1,0 +1,733 @@
+"""The GC actor: lists L0 objects, deletes those at or below the cluster watermark `M`.
+
+A thin shell over `levelzero.core.gc`, which decides everything: `M` (`compute_cluster_watermark`,
+asserted monotone), which listed objects may go (`RangeScan`), when the next round runs
+(`GcPacer`), what is throttling, and explain. This module lists, deletes, sleeps and records.
+
+A round keeps no durable state: deletes are idempotent and `M` only grows, so a crash mid-round
+loses nothing (the next round lists again), and several GC instances over one store, or a
+zombie with an old `M`, delete nothing live. Per-key delete failures are simply listed again
+next round.
+
+Pipeline of one round: `list_concurrency_max` scanners, one per contiguous range of this
+worker's prefixes, cut eligible keys into batches of <= `delete_batch_keys_max` and hand them
+over a zero-capacity stream to `deletes_in_flight_max` deleters; memory stays bounded by
+`(scanners + deleters) * batch` keys whatever the backlog.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio
+import anyio.abc
+import msgspec
+
+from levelzero.core.errors import InvalidInput, LevelZeroError, StorageError
+from levelzero.core.gc import (
+    DELETE_BATCH_KEYS_MAX,
+    Eligible,
+    Explanation,
+    GcPacer,
+    MonotoneWatermark,
+    PartitionFacts,
+    RangeScan,
+    WatermarkDecision,
+    compute_cluster_watermark,
+    explain,
+    is_throttling,
+    split_prefixes,
+    worker_prefixes,
+)
+from levelzero.core.keys import PREFIX_COUNT, parse_l0_key
+from levelzero.storage.protocols import DeleteResult, GcRoundRow, LogStore, ObjectStore
+
+from .partition import PartitionView, WatermarkBoard
+
+log = logging.getLogger("levelzero.gc")
+
+THROTTLE_RETRIES_MAX = 3  # per request; then the keys wait for the next round
+DELETES_IN_FLIGHT_LIMIT = 64
+LIST_CONCURRENCY_LIMIT = 64
+DRY_RUN_KEYS_LIMIT = 1_000_000
+BLOCKED_BY_SHOWN_MAX = 20
+ERROR_SAMPLES_MAX = 10
+
+T = TypeVar("T")
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class GcConfig:
+    interval_s: float = 5.0
+    idle_backoff_max_s: float = 60.0
+    grace_s: float = 30.0
+    delete_batch_keys_max: int = DELETE_BATCH_KEYS_MAX
+    deletes_in_flight_max: int = 4
+    list_concurrency_max: int = 8
+    worker_index: int = 0
+    worker_count: int = 1
+    jitter_fraction: float = 0.1
+    throttle_backoff_s: float = 1.0
+    dry_run_keys_max: int = 10_000
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise InvalidInput(f"gc {message}")
+
+        for name in ("interval_s", "idle_backoff_max_s", "grace_s", "jitter_fraction",
+                     "throttle_backoff_s"):
+            need(_finite(getattr(self, name)), f"{name} must be a finite number")
+        for name in ("delete_batch_keys_max", "deletes_in_flight_max", "list_concurrency_max",
+                     "worker_index", "worker_count", "dry_run_keys_max"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer")
+        need(self.interval_s > 0, f"interval_s must be > 0 (got {self.interval_s})")
+        need(
+            self.idle_backoff_max_s >= self.interval_s,
+            f"idle_backoff_max_s ({self.idle_backoff_max_s}) must be >= interval_s "
+            f"({self.interval_s})",
+        )
+        need(self.grace_s >= 0, f"grace_s must be >= 0 (got {self.grace_s})")
+        need(
+            1 <= self.delete_batch_keys_max <= DELETE_BATCH_KEYS_MAX,
+            f"delete_batch_keys_max must be in 1..{DELETE_BATCH_KEYS_MAX} "
+            f"(got {self.delete_batch_keys_max})",
+        )
+        need(
+            1 <= self.deletes_in_flight_max <= DELETES_IN_FLIGHT_LIMIT,
+            f"deletes_in_flight_max must be in 1..{DELETES_IN_FLIGHT_LIMIT} "
+            f"(got {self.deletes_in_flight_max})",
+        )
+        need(
+            1 <= self.list_concurrency_max <= LIST_CONCURRENCY_LIMIT,
+            f"list_concurrency_max must be in 1..{LIST_CONCURRENCY_LIMIT} "
+            f"(got {self.list_concurrency_max})",
+        )
+        need(
+            1 <= self.worker_count <= PREFIX_COUNT,
+            f"worker_count must be in 1..{PREFIX_COUNT} (got {self.worker_count})",
+        )
+        need(
+            0 <= self.worker_index < self.worker_count,
+            f"worker_index must be in 0..{self.worker_count - 1} (got {self.worker_index})",
+        )
+        need(
+            0 <= self.jitter_fraction < 1,
+            f"jitter_fraction must be in [0, 1) (got {self.jitter_fraction})",
+        )
+        need(self.throttle_backoff_s >= 0, f"throttle_backoff_s must be >= 0 (got {self.throttle_backoff_s})")
+        need(
+            0 <= self.dry_run_keys_max <= DRY_RUN_KEYS_LIMIT,
+            f"dry_run_keys_max must be in 0..{DRY_RUN_KEYS_LIMIT} (got {self.dry_run_keys_max})",
+        )
+        need(isinstance(self.enabled, bool), "enabled must be true or false")
+
+    @property
+    def prefixes(self) -> range:
+        return worker_prefixes(self.worker_index, self.worker_count, PREFIX_COUNT)
+
+
+class RoundReport(msgspec.Struct, frozen=True):
+    """What one round saw and did (JSON-friendly: the HTTP API returns it as is)."""
+
+    round_id: int
+    dry_run: bool
+    started_at: float
+    finished_at: float
+    cluster_epoch: int
+    m: int | None
+    blocked_by: list[str]  # partitions without an M(p): no deletes this round
+    holders: list[str]  # partitions whose M(p) is M ("cap" when E - 1 binds)
+    listed: int
+    eligible: int  # epoch <= M and old enough
+    eligible_bytes: int
+    deleted: int
+    deleted_bytes: int
+    too_young: int
+    above_m: int  # prefixes that stopped at an epoch above M
+    malformed: int
+    delete_requests: int
+    delete_errors: int  # keys the store reported failed, or whose batch failed
+    list_requests: int
+    list_errors: int  # list requests that failed (their prefix range ends for this round)
+    throttled: int  # requests answered with "slow down", backed off and retried
+    max_deleted_epoch: int | None
+    backlog: int  # eligible but not deleted at the end of the round
+    oldest_young_at: float | None
+    would_delete: list[str] = []  # dry run: eligible keys, up to dry_run_keys_max
+    would_delete_truncated: bool = False
+    error_samples: list[str] = []
+
+    @property
+    def blocked(self) -> bool:
+        return self.m is None
+
+    @property
+    def errors(self) -> int:
+        return self.delete_errors + self.list_errors
+
+
+@dataclass(frozen=True, slots=True)
+class GcStatistics:
+    """An immutable snapshot for metrics. Counters are totals since start; gauges are from the
+    last round (dry runs change counters of what they listed, never deletion counters)."""
+
+    rounds: int
+    dry_runs: int
+    failed_rounds: int
+    safety_blocked_rounds: int
+    objects_listed: int
+    objects_deleted: int
+    bytes_deleted: int
+    objects_skipped_too_young: int
+    prefixes_stopped_above_m: int
+    objects_malformed: int
+    delete_requests: int
+    delete_errors: int
+    list_requests: int
+    list_errors: int
+    throttled: int
+    m: int | None
+    cluster_epoch: int | None
+    epoch_lag: int | None  # E - M
+    max_deleted_epoch: int | None
+    backlog: int
+    blocked_by: tuple[str, ...]
+    paused: bool
+    last_round_at: float | None
+    next_round_in_s: float | None
+    pace_reason: str | None
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Counters of one round, filled by scanners and deleters."""
+
+    listed: int = 0
+    eligible: int = 0
+    eligible_bytes: int = 0
+    deleted: int = 0
+    deleted_bytes: int = 0
+    too_young: int = 0
+    above_m: int = 0
+    malformed: int = 0
+    delete_requests: int = 0
+    delete_errors: int = 0
+    list_requests: int = 0
+    list_errors: int = 0
+    throttled: int = 0
+    max_deleted_epoch: int | None = None
+    oldest_young_at: float | None = None
+    would_delete: list[str] = field(default_factory=list)
+    would_delete_truncated: bool = False
+    error_samples: list[str] = field(default_factory=list)
+
+    def note_error(self, text: str) -> None:
+        if len(self.error_samples) < ERROR_SAMPLES_MAX:
+            self.error_samples.append(text)
+
+    def absorb_scan(self, scan: RangeScan) -> None:
+        self.listed += scan.listed
+        self.too_young += scan.too_young
+        self.above_m += scan.above_m
+        self.malformed += scan.malformed
+        if scan.oldest_young_at is not None and (
+            self.oldest_young_at is None or scan.oldest_young_at < self.oldest_young_at
+        ):
+            self.oldest_young_at = scan.oldest_young_at
+
+
+@dataclass(slots=True)
+class _Totals:
+    rounds: int = 0
+    dry_runs: int = 0
+    failed_rounds: int = 0
+    safety_blocked_rounds: int = 0
+    objects_listed: int = 0
+    objects_deleted: int = 0
+    bytes_deleted: int = 0
+    objects_skipped_too_young: int = 0
+    prefixes_stopped_above_m: int = 0
+    objects_malformed: int = 0
+    delete_requests: int = 0
+    delete_errors: int = 0
+    list_requests: int = 0
+    list_errors: int = 0
+    throttled: int = 0
+    max_deleted_epoch: int | None = None
+
+
+class GcActor:
+    def __init__(
+        self,
+        config: GcConfig,
+        object_store: ObjectStore,
+        log_store: LogStore,
+        *,
+        cluster_epoch: Callable[[], int],
+        board: WatermarkBoard,
+        views: Callable[[], list[PartitionView]],
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+    ) -> None:
+        """`clock` is the wall clock object ages are measured with (object stores stamp
+        `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
+        with (tests inject one that records and returns, or never returns)."""
+        self.config = config
+        self._objects = object_store
+        self._log = log_store
+        self._cluster_epoch = cluster_epoch
+        self._board = board
+        self._views = views
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self._sleep = sleep
+        self._prefixes = config.prefixes
+        self._ranges = split_prefixes(self._prefixes, config.list_concurrency_max)
+        self._watermark = MonotoneWatermark()
+        self._pacer = GcPacer(
+            config.interval_s, config.idle_backoff_max_s, config.grace_s, config.jitter_fraction
+        )
+        self._round_lock = anyio.Lock()
+        self._next_round_id = 1
+        self._totals = _Totals()
+        self._last: RoundReport | None = None
+        self._last_decision: WatermarkDecision | None = None
+        self._paused = not config.enabled
+        self._wake = anyio.Event()
+        self._round_done = anyio.Event()
+        self._rounds_finished = 0  # successful or not: what wait_round_finished counts
+        self._next_round_in_s: float | None = None
+        self._pace_reason: str | None = None
+
+    # ------------------------------------------------------------------ controls
+
+    def pause(self) -> None:
+        """No new rounds until `resume()` (a round in progress finishes)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Rounds run again, the first one now."""
+        self._paused = False
+        self._wake.set()
+
+    def run_now(self) -> None:
+        """Wake the loop for a round now (ignored while paused)."""
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def wait_round_finished(self, after: int) -> None:
+        """Wait until more than `after` rounds (dry runs included) have finished."""
+        while self._rounds_finished <= after:
+            await self._round_done.wait()
+
+    @property
+    def rounds_finished(self) -> int:
+        return self._rounds_finished
+
+    def statistics(self) -> GcStatistics:
+        t, last, decision = self._totals, self._last, self._last_decision
+        m = self._watermark.value
+        epoch = None if decision is None else decision.cluster_epoch
+        return GcStatistics(
+            rounds=t.rounds,
+            dry_runs=t.dry_runs,
+            failed_rounds=t.failed_rounds,
+            safety_blocked_rounds=t.safety_blocked_rounds,
+            objects_listed=t.objects_listed,
+            objects_deleted=t.objects_deleted,
+            bytes_deleted=t.bytes_deleted,
+            objects_skipped_too_young=t.objects_skipped_too_young,
+            prefixes_stopped_above_m=t.prefixes_stopped_above_m,
+            objects_malformed=t.objects_malformed,
+            delete_requests=t.delete_requests,
+            delete_errors=t.delete_errors,
+            list_requests=t.list_requests,
+            list_errors=t.list_errors,
+            throttled=t.throttled,
+            m=m,
+            cluster_epoch=epoch,
+            epoch_lag=None if epoch is None or m is None else epoch - m,
+            max_deleted_epoch=t.max_deleted_epoch,
+            backlog=0 if last is None or last.dry_run else last.backlog,
+            blocked_by=() if decision is None else decision.blocked_by,
+            paused=self._paused,
+            last_round_at=None if last is None else last.finished_at,
+            next_round_in_s=self._next_round_in_s,
+            pace_reason=self._pace_reason,
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run rounds forever, paced by `GcPacer`; cancel to stop. A failing store fails the
+        round, not the actor; a violated invariant crashes it."""
+        task_status.started()
+        pace = self._pacer.first(self._jitter_unit())
+        while True:
+            self._next_round_in_s, self._pace_reason = pace.delay_s, str(pace.reason)
+            await self._wait_turn(pace.delay_s)
+            self._next_round_in_s = None
+            try:
+                report = await self.run_round()
+            except LevelZeroError as exc:
+                log.warning("gc round failed: %s", exc)
+                pace = self._pacer.after_round(
+                    deleted=0, backlog=0, failed=True, oldest_young_at=None,
+                    now=self._clock(), jitter_unit=self._jitter_unit(),
+                )
+                continue
+            pace = self._pacer.after_round(
+                deleted=report.deleted,
+                backlog=report.backlog,
+                failed=False,
+                oldest_young_at=report.oldest_young_at,
+                now=self._clock(),
+                jitter_unit=self._jitter_unit(),
+            )
+
+    def _jitter_unit(self) -> float:
+        return self._rng.uniform(-1.0, 1.0)
+
+    async def _wait_turn(self, delay_s: float) -> None:
+        await self._sleep_or_wake(delay_s)
+        while self._paused:
+            await self._sleep_or_wake(math.inf)
+
+    async def _sleep_or_wake(self, delay_s: float) -> None:
+        if not self._wake.is_set():
+            async with anyio.create_task_group() as tg:
+
+                async def sleeper() -> None:
+                    if delay_s == math.inf:
+                        await anyio.sleep_forever()
+                    await self._sleep(delay_s)
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(sleeper)
+                await self._wake.wait()
+                tg.cancel_scope.cancel()
+        self._wake = anyio.Event()
+
+    # ------------------------------------------------------------------ one round
+
+    async def run_round(self, dry_run: bool = False) -> RoundReport:
+        """One round now (serialized with the loop's). A dry run lists what it would delete."""
+        async with self._round_lock:
+            round_id = self._next_round_id
+            self._next_round_id += 1
+            try:
+                report = await self._round(round_id, dry_run)
+            except Exception:
+                self._totals.failed_rounds += 1
+                raise
+            else:
+                self._totals.rounds += 1
+                return report
+            finally:
+                self._rounds_finished += 1
+                self._round_done.set()
+                self._round_done = anyio.Event()
+
+    async def _round(self, round_id: int, dry_run: bool) -> RoundReport:
+        started_at = self._clock()
+        # Partition set and E together, with no await between: a partition registered on the
+        # board after this line has creation epoch >= E, which the cap E - 1 protects.
+        mps = self._board.snapshot()
+        decision = compute_cluster_watermark(self._cluster_epoch(), mps)
+        self._watermark.observe(decision.m)
+        self._last_decision = decision
+        tally = _Tally()
+        try:
+            if decision.m is not None:
+                await self._list_and_delete(decision.m, started_at, dry_run, tally)
+        finally:
+            self._absorb(tally, decision, dry_run)
+        finished_at = self._clock()
+        report = RoundReport(
+            round_id=round_id,
+            dry_run=dry_run,
+            started_at=started_at,
+            finished_at=finished_at,
+            cluster_epoch=decision.cluster_epoch,
+            m=decision.m,
+            blocked_by=list(decision.blocked_by),
+            holders=list(decision.holders),
+            listed=tally.listed,
+            eligible=tally.eligible,
+            eligible_bytes=tally.eligible_bytes,
+            deleted=tally.deleted,
+            deleted_bytes=tally.deleted_bytes,
+            too_young=tally.too_young,
+            above_m=tally.above_m,
+            malformed=tally.malformed,
+            delete_requests=tally.delete_requests,
+            delete_errors=tally.delete_errors,
+            list_requests=tally.list_requests,
+            list_errors=tally.list_errors,
+            throttled=tally.throttled,
+            max_deleted_epoch=tally.max_deleted_epoch,
+            backlog=0 if dry_run else tally.eligible - tally.deleted,
+            oldest_young_at=tally.oldest_young_at,
+            would_delete=tally.would_delete,
+            would_delete_truncated=tally.would_delete_truncated,
+            error_samples=tally.error_samples,
+        )
+        assert report.backlog >= 0, report
+        self._last = report
+        await self._log.record_gc_round(self._round_row(report))
+        log.info(
+            "gc round %d%s: E=%d M=%s listed=%d eligible=%d deleted=%d (%d bytes) too_young=%d "
+            "above_m=%d errors=%d throttled=%d backlog=%d%s in %.3f s",
+            round_id, " (dry run)" if dry_run else "", report.cluster_epoch, report.m,
+            report.listed, report.eligible, report.deleted, report.deleted_bytes,
+            report.too_young, report.above_m, report.errors, report.throttled, report.backlog,
+            f" blocked by {_shown(report.blocked_by)}" if report.blocked else "",
+            finished_at - started_at,
+        )
+        return report
+
+    def _round_row(self, report: RoundReport) -> GcRoundRow:
+        blocked = None
+        if report.blocked:
+            blocked = f"partitions without M(p): {_shown(report.blocked_by)}"
+        return GcRoundRow(
+            round_id=report.round_id,
+            started_at=report.started_at,
+            finished_at=report.finished_at,
+            cluster_epoch=report.cluster_epoch,
+            m=report.m,
+            dry_run=report.dry_run,
+            listed=report.listed,
+            deleted=report.deleted,
+            deleted_bytes=report.deleted_bytes,
+            too_young=report.too_young,
+            above_m=report.above_m,
+            errors=report.errors,
+            blocked_by=blocked,
+        )
+
+    def _absorb(self, tally: _Tally, decision: WatermarkDecision, dry_run: bool) -> None:
+        t = self._totals
+        t.dry_runs += dry_run
+        t.safety_blocked_rounds += decision.blocked
+        t.objects_listed += tally.listed
+        t.objects_deleted += tally.deleted
+        t.bytes_deleted += tally.deleted_bytes
+        t.objects_skipped_too_young += tally.too_young
+        t.prefixes_stopped_above_m += tally.above_m
+        t.objects_malformed += tally.malformed
+        t.delete_requests += tally.delete_requests
+        t.delete_errors += tally.delete_errors
+        t.list_requests += tally.list_requests
+        t.list_errors += tally.list_errors
+        t.throttled += tally.throttled
+        if tally.max_deleted_epoch is not None:
+            t.max_deleted_epoch = max(t.max_deleted_epoch or 0, tally.max_deleted_epoch)
+
+    async def _list_and_delete(self, m: int, now: float, dry_run: bool, tally: _Tally) -> None:
+        batch_max = self.config.delete_batch_keys_max
+        pending: list[Eligible] = []
+        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
+
+        async def scan_range(prefixes: range, out: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
+            async with out:
+                scan = RangeScan(prefixes, m, now, self.config.grace_s)
+                try:
+                    while not scan.done:
+                        prefix, start_after = scan.request()
+                        page = await self._retrying(
+                            "list", lambda: self._objects.list_page(prefix, start_after), tally
+                        )
+                        if page is None:
+                            return  # this range waits for the next round
+                        eligible = scan.feed(page.objects, page.next_start_after is None)
+                        tally.eligible += len(eligible)
+                        tally.eligible_bytes += sum(e.size for e in eligible)
+                        if dry_run:
+                            self._note_would_delete(eligible, tally)
+                            continue
+                        pending.extend(eligible)
+                        while len(pending) >= batch_max:  # cut before any await: no batch twice
+                            batch = pending[:batch_max]
+                            del pending[:batch_max]
+                            try:
+                                await out.send(batch)
+                            except anyio.BrokenResourceError:
+                                return  # the deleters died; their error fails the round
+                finally:
+                    tally.absorb_scan(scan)
+
+        async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
+            async with batches:
+                async for batch in batches:
+                    await self._delete_batch(batch, m, tally)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                async with receive:
+                    for _ in range(self.config.deletes_in_flight_max):
+                        tg.start_soon(delete_batches, receive.clone())
+                async with send:
+                    async with anyio.create_task_group() as scanners:
+                        for prefixes in self._ranges:
+                            scanners.start_soon(scan_range, prefixes, send.clone())
+                    while pending:
+                        batch = pending[:batch_max]
+                        del pending[:batch_max]
+                        await send.send(batch)
+        except BaseExceptionGroup as group:
+            raise _root_cause(group) from None
+
+    def _note_would_delete(self, eligible: list[Eligible], tally: _Tally) -> None:
+        room = self.config.dry_run_keys_max - len(tally.would_delete)
+        tally.would_delete.extend(e.key for e in eligible[: max(room, 0)])
+        if len(eligible) > room:
+            tally.would_delete_truncated = True
+
+    async def _delete_batch(self, batch: list[Eligible], m: int, tally: _Tally) -> None:
+        keys = [e.key for e in batch]
+        result: DeleteResult | None = await self._retrying(
+            "delete", lambda: self._objects.delete_many(keys), tally
+        )
+        if result is None:
+            tally.delete_errors += len(keys)  # listed again next round
+            return
+        by_key = {e.key: e for e in batch}
+        deleted = [key for key in result.deleted if key in by_key]
+        assert len(deleted) + len(result.errors) == len(keys), (len(deleted), result.errors)
+        for key in deleted:
+            entry = by_key[key]
+            tally.deleted += 1
+            tally.deleted_bytes += entry.size
+            if tally.max_deleted_epoch is None or entry.epoch > tally.max_deleted_epoch:
+                tally.max_deleted_epoch = entry.epoch
+            assert entry.epoch <= m, (key, m)
+        if result.errors:
+            tally.delete_errors += len(result.errors)
+            key, error = next(iter(result.errors.items()))
+            tally.note_error(f"delete {key}: {error}")
+            log.warning(
+                "gc: %d of %d keys not deleted (retried next round), e.g. %s: %s",
+                len(result.errors), len(keys), key, error,
+            )
+        if deleted:
+            await self._log.mark_l0_deleted(deleted, self._clock(), m)
+        if any(is_throttling(error) for error in result.errors.values()):
+            tally.throttled += 1
+            await self._sleep(self.config.throttle_backoff_s)
+
+    async def _retrying(
+        self, op: str, call: Callable[[], Awaitable[T]], tally: _Tally
+    ) -> T | None:
+        """One store request; "slow down" answers back off (doubling) and retry, bounded.
+        Returns None when the request failed for this round (counted and sampled)."""
+        backoff_s = self.config.throttle_backoff_s
+        for attempt in range(THROTTLE_RETRIES_MAX + 1):
+            if op == "list":
+                tally.list_requests += 1
+            else:
+                tally.delete_requests += 1
+            try:
+                return await call()
+            except StorageError as exc:
+                if is_throttling(str(exc)) and attempt < THROTTLE_RETRIES_MAX:
+                    tally.throttled += 1
+                    log.info("gc %s throttled, backing off %.2f s: %s", op, backoff_s, exc)
+                    await self._sleep(backoff_s)
+                    backoff_s *= 2
+                    continue
+                if op == "list":
+                    tally.list_errors += 1
+                tally.note_error(f"{op}: {exc}")
+                log.warning("gc %s failed (retried next round): %s", op, exc)
+                return None
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ explain
+
+    async def explain(self, key: str | None = None, epoch: int | None = None) -> Explanation:
+        """Why `key` (or any object of `epoch`) is or is not deleted, with `M` computed now and
+        the partitions that hold it back. Neither given: what holds `M` where it is."""
+        if key is not None and epoch is not None:
+            raise InvalidInput("explain takes a key or an epoch, not both")
+        if key is not None and not isinstance(key, str):
+            raise InvalidInput("explain key must be a string")
+        if epoch is not None and (
+            not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1
+        ):
+            raise InvalidInput(f"explain epoch must be an integer >= 1 (got {epoch!r})")
+        obj = None
+        if key is not None and _parses(key):
+            obj = await self._objects.head(key)
+        mps = self._board.snapshot()
+        decision = compute_cluster_watermark(self._cluster_epoch(), mps)
+        facts = {view.name: _facts(view) for view in self._views()}
+        return explain(
+            decision,
+            mps,
+            facts,
+            key=key,
+            epoch=epoch,
+            obj=obj,
+            now=self._clock(),
+            grace_s=self.config.grace_s,
+            prefixes=self._prefixes,
+        )
+
+
+def _root_cause(group: BaseExceptionGroup) -> BaseException:
+    """The one error that failed a round's task group (callers catch `StorageError`, not a
+    group); the group itself when several tasks failed on their own."""
+    leaves: list[BaseException] = []
+
+    def collect(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                collect(inner)
+        elif not isinstance(exc, anyio.BrokenResourceError):
+            leaves.append(exc)
+
+    collect(group)
+    return leaves[0] if len(leaves) == 1 else group
+
+
+def _parses(key: str) -> bool:
+    try:
+        parse_l0_key(key)
+    except ValueError:
+        return False
+    return True
+
+
+def _facts(view: PartitionView) -> PartitionFacts:
+    return PartitionFacts(
+        name=view.name,
+        state_mp=view.mp,
+        pinned_mp=view.pinned_mp,
+        lro=view.state.lro,
+        high_watermark=view.state.high_watermark,
+        max_applied_epoch=view.state.max_applied_epoch,
+    )
+
+
+def _shown(names: list[str] | tuple[str, ...]) -> str:
+    shown = ", ".join(names[:BLOCKED_BY_SHOWN_MAX])
+    more = len(names) - BLOCKED_BY_SHOWN_MAX
+    return shown + (f" and {more} more" if more > 0 else "")
