@@ -278,3 +278,53 @@ async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
         await produce_values(node, "late", 0, [b"v"])
         (record,) = await log_store.read_placeholders(actor.row.pid, 0, 10)
         assert isinstance(record.entry, Placeholder) and record.entry.epoch >= 4
+
+
+async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_stays_readable():
+    """Liveness end to end: orphans from stale-epoch rejections and reconciled objects alike are
+    deleted once the reconciler, housekeeper and GC catch up; every acknowledged record stays
+    readable (now from L1)."""
+    from levelzero.actors.gc import GcConfig
+    from levelzero.core.keys import L0_ROOT
+
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=3600.0,  # a stale cache on purpose: rejections make orphans
+        batcher=BatcherConfig(linger_ms=1),
+        reconciler=ReconcilerConfig(enabled=False),
+        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
+        gc=GcConfig(enabled=False, grace_s=0.0),
+    )
+    async with running_node(log_store, objects, config=config) as node:
+        await node.create_topic("t", 3)
+        expected = {p: [] for p in range(3)}
+        for step in range(12):
+            for p in range(3):
+                value = f"p{p}-s{step}".encode()
+                result = await node.produce("t", p, [Record(None, value)])
+                assert result.base_offset == len(expected[p])
+                expected[p].append(value)
+            if step % 4 == 3:
+                await node.epochs.advance()  # the cache stays behind until a rejection
+                await node.reconciler.run_round()
+                await node.housekeeper.run_round(force=True)
+        assert node.batcher.stats.stale_rejections > 0  # orphans exist
+        l0_before = [k for k in objects._objects if k.startswith(L0_ROOT)]
+        assert len(l0_before) > node.batcher.stats.stale_rejections
+        rounds = 0
+        while any(k.startswith(L0_ROOT) for k in objects._objects):
+            rounds += 1
+            assert rounds <= 10, "L0 objects leaked"
+            await node.epochs.advance()
+            await node.reconciler.run_round()
+            await node.housekeeper.run_round(force=True)
+            report = await node.gc.run_round()
+            assert report.delete_errors == 0 and report.list_errors == 0
+        for p in range(3):
+            values, tiers = await read_all(node, "t", p)
+            assert values == expected[p]
+            assert tiers == {"l1"}
+        deleted = [r for r in log_store.l0_objects.values() if r.deleted_at is not None]
+        assert len(deleted) == len(log_store.l0_objects) == len(l0_before)
+        assert rounds >= 1
