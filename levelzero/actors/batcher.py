@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ import anyio
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
-from levelzero.core.l0format import Record, build_object, encode_extent
+from levelzero.core.l0format import ExtentHeader, Record, build_object, encode_extent
 from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
 
 from .epochs import EpochCache
@@ -28,13 +29,17 @@ from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.batcher")
 
+# Uploaded objects whose extents are being fenced and appended at once. Fencing does not hold an
+# upload slot (`uploads_max`): the next object uploads while this one's placeholders commit.
+OBJECTS_FENCING_MAX = 64
+
 
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     linger_ms: float = 250.0
     batch_bytes_max: int = 4 * 1024 * 1024
     inflight_bytes_max: int = 64 * 1024 * 1024
-    uploads_max: int = 8  # objects being uploaded/fenced at once
+    uploads_max: int = 8  # objects being uploaded at once
     stale_retries_max: int = 3
     mailbox_size: int = 1024
 
@@ -64,6 +69,13 @@ class _Request:
     attempts: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Uploaded:
+    row: L0ObjectRow
+    headers: list[ExtentHeader]
+    by_partition: dict[int, list[_Request]]
+
+
 @dataclass(slots=True)
 class BatcherStatistics:
     objects_uploaded: int = 0
@@ -84,21 +96,45 @@ class _ByteBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._changed = anyio.Condition()
+        # First come, first served; a release grants bytes to waiters directly. (A Condition
+        # woke every waiter on every release, and each then queued for the lock: a convoy that
+        # held the budget far longer than the writes it bounds.)
+        self._waiters: deque[_BudgetWaiter] = deque()
 
     async def acquire(self, n: int) -> None:
         n = min(n, self.limit)
-        async with self._changed:
-            while self.used + n > self.limit:
-                await self._changed.wait()
+        if not self._waiters and self.used + n <= self.limit:
             self.used += n
+            return
+        waiter = _BudgetWaiter(n)
+        self._waiters.append(waiter)
+        try:
+            await waiter.granted.wait()
+        except BaseException:
+            if waiter.granted.is_set():  # granted, then cancelled before it could run
+                self.release(n)
+            else:
+                self._waiters.remove(waiter)
+                self._grant()  # the head may have been holding smaller requests back
+            raise
 
-    async def release(self, n: int) -> None:
+    def release(self, n: int) -> None:
         n = min(n, self.limit)
-        async with self._changed:
-            self.used -= n
-            assert self.used >= 0
-            self._changed.notify_all()
+        self.used -= n
+        assert self.used >= 0
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters and self.used + self._waiters[0].n <= self.limit:
+            waiter = self._waiters.popleft()
+            self.used += waiter.n
+            waiter.granted.set()
+
+
+@dataclass(eq=False, slots=True)
+class _BudgetWaiter:
+    n: int
+    granted: anyio.Event = field(default_factory=anyio.Event)
 
 
 class Batcher:
@@ -123,6 +159,7 @@ class Batcher:
         self._budget = _ByteBudget(config.inflight_bytes_max)
         self._tx, self._rx = mailbox(config.mailbox_size)
         self._uploads = anyio.Semaphore(config.uploads_max)
+        self._fencing = anyio.Semaphore(OBJECTS_FENCING_MAX)
         self.stats = BatcherStatistics()
         self._closed = False
         self.finished = anyio.Event()
@@ -149,8 +186,7 @@ class Batcher:
                 raise ShuttingDown("the batcher is shutting down") from None
             return await reply.wait()
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._budget.release(size)
+            self._budget.release(size)
             self.stats.inflight_bytes = self._budget.used
 
     async def close(self) -> None:
@@ -182,6 +218,18 @@ class Batcher:
                             deadline = anyio.current_time() + linger_s
                         batch.append(request)
                         batch_bytes += request.size
+                        # Take what is already queued without yielding: a `receive()` per
+                        # request would take one request per event-loop round.
+                        while batch_bytes < self.config.batch_bytes_max:
+                            try:
+                                request = self._rx.receive_nowait()
+                            except anyio.WouldBlock:
+                                break
+                            except anyio.EndOfStream:
+                                closed = True
+                                break
+                            batch.append(request)
+                            batch_bytes += request.size
                     if batch and (
                         closed
                         or batch_bytes >= self.config.batch_bytes_max
@@ -195,16 +243,25 @@ class Batcher:
         self.finished.set()
 
     async def _upload_and_fence(self, batch: list[_Request]) -> None:
-        try:
-            retry = await self._attempt(batch)
-            while retry:
-                self.stats.stale_retries += len(retry)
-                retry = await self._attempt(retry)
-        finally:
-            self._uploads.release()
+        """The run loop took an upload slot for `batch`. The slot covers the upload only; a
+        retry (stale epoch) takes a slot again for its new object."""
+        while True:
+            try:
+                uploaded = await self._upload(batch)
+            finally:
+                self._uploads.release()
+            if uploaded is None:
+                return
+            async with self._fencing:
+                retry = await self._fence(uploaded)
+            if not retry:
+                return
+            self.stats.stale_retries += len(retry)
+            batch = retry
+            await self._uploads.acquire()
 
-    async def _attempt(self, batch: list[_Request]) -> list[_Request]:
-        """Upload one object for `batch` and fence its extents; returns requests to retry."""
+    async def _upload(self, batch: list[_Request]) -> _Uploaded | None:
+        """Upload one object for `batch`; None if it failed (every request was answered)."""
         by_partition: dict[int, list[_Request]] = {}
         for request in batch:
             request.attempts += 1
@@ -219,18 +276,31 @@ class Batcher:
             data, headers = build_object(epoch, extents)
             key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
             await self._objects.put(key, data)
-            await self._log.record_l0_object(
-                L0ObjectRow(key=key, epoch=epoch, size=len(data), created_at=self._wall(), extents=len(headers))
-            )
         except LevelZeroError as exc:
             for request in batch:
                 request.reply.fail(exc)
-            return []
+            return None
         self.stats.objects_uploaded += 1
         self.stats.bytes_uploaded += len(data)
         if len(self.stats.object_sizes) < 10_000:
             self.stats.object_sizes.append(len(data))
+        row = L0ObjectRow(
+            key=key, epoch=epoch, size=len(data), created_at=self._wall(), extents=len(headers)
+        )
+        return _Uploaded(row, headers, by_partition)
 
+    async def _record_object(self, row: L0ObjectRow) -> None:
+        """The object's row is for export and analysis only (the GC lists the bucket, and its
+        grace period covers the moment until the row lands), so it is written beside the
+        placeholders, in the same group commit, and a failure to write it fails no producer."""
+        try:
+            await self._log.record_l0_object(row)
+        except LevelZeroError as exc:
+            log.warning("could not record L0 object %s: %s", row.key, exc)
+
+    async def _fence(self, uploaded: _Uploaded) -> list[_Request]:
+        """Fence and append one placeholder per extent; returns the requests to retry."""
+        key, epoch, headers = uploaded.row.key, uploaded.row.epoch, uploaded.headers
         retry: list[_Request] = []
         rejected_everything = True
 
@@ -271,8 +341,9 @@ class Batcher:
             assert offset == record.base_offset + header.record_count
 
         async with anyio.create_task_group() as tg:
+            tg.start_soon(self._record_object, uploaded.row)
             for header in headers:
-                tg.start_soon(fence_one, header, by_partition[header.pid])
+                tg.start_soon(fence_one, header, uploaded.by_partition[header.pid])
         if rejected_everything:
             self.stats.orphan_objects += 1
             log.info("object %s rejected by every partition: an orphan for the GC", key)

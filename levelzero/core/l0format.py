@@ -74,15 +74,15 @@ def decode_extent(data: bytes, expected_checksum: int, expected_count: int, wher
 def build_object(epoch: int, extents: Sequence[tuple[int, bytes, int]]) -> tuple[bytes, list[ExtentHeader]]:
     """Lay out one object from `(pid, extent bytes, record count)`; returns bytes and headers."""
     assert extents
-    # The header size depends on the offsets it records; fix the point with a second pass.
+    sums = [checksum(data) for _, data, _ in extents]  # once: the body is megabytes
+    # The header size depends on the offsets it records; iterate to the fixed point.
     headers: list[ExtentHeader] = []
     header_bytes = b""
     for _ in range(8):
-        base = _PREAMBLE.size + len(header_bytes)
+        offset = _PREAMBLE.size + len(header_bytes)
         headers = []
-        offset = base
-        for pid, data, count in extents:
-            headers.append(ExtentHeader(pid, offset, len(data), count, checksum(data)))
+        for (pid, data, count), crc in zip(extents, sums):
+            headers.append(ExtentHeader(pid, offset, len(data), count, crc))
             offset += len(data)
         new_header = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
         settled = len(new_header) == len(header_bytes)
@@ -92,8 +92,8 @@ def build_object(epoch: int, extents: Sequence[tuple[int, bytes, int]]) -> tuple
     else:
         raise AssertionError("object header size did not settle")
     assert _PREAMBLE.size + len(header_bytes) == headers[0].byte_offset
-    body = b"".join(data for _, data, _ in extents)
-    return _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes + body, headers
+    preamble = _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes))
+    return b"".join([preamble, header_bytes, *(data for _, data, _ in extents)]), headers
 
 
 def read_header(data: bytes, where: str) -> ObjectHeader:

@@ -1,0 +1,483 @@
+"""PartitionActor: the windowed fence under real interleavings, leadership, M(p), snapshots.
+
+The integration scenarios of the windowed-fencing seed (000) are driven through `actor.write`.
+A write is held "in flight" between its fence and its durability by `GatedLogStore`, whose
+appends wait at a gate the test opens. Orchestration is by events and by stepping the event loop
+until a named condition holds (`wait_until`), never by sleeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+import pytest
+
+from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.core.entries import AdvanceEpoch, LogRecord, Placeholder
+from levelzero.core.errors import LevelZeroError, NotLeader, ShuttingDown, StaleClusterEpoch
+from levelzero.core.fence import FenceMode
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import PartitionRow
+
+N = 5  # the "current" cluster epoch of the scenarios
+STEPS_MAX = 10_000  # event-loop steps a condition may take before the test fails
+
+
+class GatedLogStore(MemoryLogStore):
+    """A MemoryLogStore whose appends wait at a gate while it is closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gate: anyio.Event | None = None
+        self.held = anyio.Event()  # set once an append waits at the closed gate
+
+    def close_gate(self) -> None:
+        assert self._gate is None
+        self._gate = anyio.Event()
+        self.held = anyio.Event()
+
+    def open_gate(self) -> None:
+        assert self._gate is not None
+        gate, self._gate = self._gate, None
+        gate.set()
+
+    async def append(self, pid: int, expected_term: int, records) -> None:  # noqa: ANN001
+        gate = self._gate
+        if gate is not None:
+            self.held.set()
+            await gate.wait()
+        await super().append(pid, expected_term, records)
+
+
+class RecordingBoard(WatermarkBoard):
+    """Keeps every value the board accepted, per partition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: dict[str, list[int]] = {}
+
+    def publish(self, name: str, value: int | None) -> bool:
+        accepted = super().publish(name, value)
+        if accepted:
+            assert value is not None
+            self.history.setdefault(name, []).append(value)
+        return accepted
+
+
+@dataclass
+class Outcome:
+    """The result of a write running in its own task."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    record: LogRecord | None = None
+    error: LevelZeroError | None = None
+
+
+def spawn_write(tg: anyio.abc.TaskGroup, actor: PartitionActor, entry) -> Outcome:  # noqa: ANN001
+    outcome = Outcome()
+
+    async def run() -> None:
+        try:
+            outcome.record = await actor.write(entry)
+        except LevelZeroError as exc:
+            outcome.error = exc
+        finally:
+            outcome.done.set()
+
+    tg.start_soon(run)
+    return outcome
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Step the event loop until `condition` holds (every store here is in memory)."""
+    for _ in range(STEPS_MAX):
+        if condition():
+            return
+        await anyio.lowlevel.checkpoint()
+    raise AssertionError(f"never happened: {what}")
+
+
+def placeholder(epoch: int, records: int = 1) -> Placeholder:
+    return Placeholder(
+        epoch=epoch,
+        object_key=f"level_zero/data/000/{epoch:018}/{epoch:032x}",
+        byte_offset=0,
+        byte_length=10 * records,
+        record_count=records,
+        checksum=0,
+    )
+
+
+async def new_partition(store: MemoryLogStore, creation_epoch: int = 1) -> PartitionRow:
+    (row,) = await store.create_topic("t", 1, creation_epoch, 0.0)
+    return row
+
+
+@asynccontextmanager
+async def running(
+    store: MemoryLogStore, row: PartitionRow, board: WatermarkBoard | None = None, **kwargs
+) -> AsyncIterator[tuple[PartitionActor, anyio.abc.TaskGroup]]:
+    """An actor running in its own task group; stopped when the block ends normally."""
+    actor = PartitionActor(row, store, board or WatermarkBoard(), **kwargs)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(actor.run)
+            yield actor, tg
+            await actor.stop()
+
+
+def window(actor: PartitionActor) -> tuple[int, int] | None:
+    return actor.view().fence.window
+
+
+# ----------------------------------------------------------------- seed scenario (a): slow writer
+
+
+async def test_newer_epoch_waits_for_in_flight_write_then_both_succeed() -> None:
+    store = GatedLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (actor, tg):
+        await actor.write(placeholder(N))
+        assert window(actor) == (N, N)
+
+        store.close_gate()
+        a = spawn_write(tg, actor, placeholder(N))
+        await store.held.wait()  # A is admitted; its placeholder is not durable yet
+        b = spawn_write(tg, actor, placeholder(N + 1))
+        await wait_until(lambda: actor.fence.updater_epoch == N + 1, "B becomes the updater")
+
+        assert not b.done.is_set(), "B must wait until A's placeholder is durable and applied"
+        assert actor.fence.read_units == 1  # A's read unit
+        assert window(actor) == (N, N)
+        assert actor.state.max_applied_epoch == N
+
+        store.open_gate()
+        await a.done.wait()
+        await b.done.wait()
+
+    assert a.error is None and b.error is None
+    assert a.record is not None and b.record is not None
+    assert a.record.log_offset < b.record.log_offset  # the old window drained first
+    assert (a.record.epoch, b.record.epoch) == (N, N + 1)
+    assert window(actor) == (N, N + 1)
+    assert actor.state.applied_window == (N, N + 1)
+    assert actor.fence.read_units == 0
+    assert actor.view().fence.window_slides == 2
+
+
+@pytest.mark.parametrize(
+    "mode, late_write_admitted",
+    [(FenceMode.WINDOWED, True), (FenceMode.STRICT, False)],
+)
+async def test_previous_epoch_arriving_after_newer_one_completed(
+    mode: FenceMode, late_write_admitted: bool
+) -> None:
+    """The seed's failure scenario: B (N+1) completes first, then A (N) fences. Windowed keeps
+    A; the strict baseline rejects it although A was valid when it started."""
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row, fencing_mode=mode) as (actor, _):
+        await actor.write(placeholder(N))
+        b_record = await actor.write(placeholder(N + 1))
+        assert b_record.epoch == N + 1
+        if late_write_admitted:
+            a_record = await actor.write(placeholder(N))
+            assert a_record.log_offset == b_record.log_offset + 1
+            assert window(actor) == (N, N + 1)
+        else:
+            with pytest.raises(StaleClusterEpoch) as rejected:
+                await actor.write(placeholder(N))
+            assert (rejected.value.window_min, rejected.value.window_max) == (N + 1, N + 1)
+            assert window(actor) == (N + 1, N + 1)
+    assert actor.state.applied_window == (N, N + 1)
+
+
+async def test_strict_mode_rejects_previous_epoch_once_slow_write_let_the_window_slide() -> None:
+    """Scenario (a) in strict mode: the slow writer A and its successor B both succeed, but a
+    second write of A's epoch fencing after B slid the window is rejected."""
+    store = GatedLogStore()
+    row = await new_partition(store)
+    async with running(store, row, fencing_mode=FenceMode.STRICT) as (actor, tg):
+        await actor.write(placeholder(N))
+        store.close_gate()
+        a = spawn_write(tg, actor, placeholder(N))
+        await store.held.wait()
+        b = spawn_write(tg, actor, placeholder(N + 1))
+        await wait_until(lambda: actor.fence.updater_epoch == N + 1, "B becomes the updater")
+        assert not b.done.is_set()
+        store.open_gate()
+        await b.done.wait()
+        late = spawn_write(tg, actor, placeholder(N))
+        await late.done.wait()
+    assert a.error is None and b.error is None
+    assert isinstance(late.error, StaleClusterEpoch)
+    assert (late.error.window_min, late.error.window_max) == (N + 1, N + 1)
+
+
+# ----------------------------------------------------------------- seed scenario (b): rapid epochs
+
+
+async def test_rapid_epochs_leave_a_window_of_the_last_two() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (actor, _):
+        for epoch in range(N, N + 4):
+            await actor.write(placeholder(epoch))
+        assert window(actor) == (N + 2, N + 3)
+
+        assert (await actor.write(placeholder(N + 2))).epoch == N + 2
+        assert (await actor.write(placeholder(N + 3))).epoch == N + 3
+        for stale in (N + 1, N, N - 1):
+            with pytest.raises(StaleClusterEpoch) as rejected:
+                await actor.write(placeholder(stale))
+            error = rejected.value
+            assert (error.epoch, error.window_min, error.window_max) == (stale, N + 2, N + 3)
+        stats = actor.view().fence
+    assert stats.window_slides == 4
+    assert stats.stale_rejections == 3
+    assert stats.last_rejected_gap == (N + 2) - (N - 1)
+    assert actor.state.applied_window == (N + 2, N + 3)
+    assert actor.state.high_watermark == 6
+    rejected_events = [e for e in store.fence_events if e.outcome == "rejected"]
+    assert [e.epoch for e in rejected_events] == [N + 1, N, N - 1]
+
+
+async def test_epoch_below_creation_epoch_is_rejected_on_a_new_partition() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store, creation_epoch=N)
+    async with running(store, row) as (actor, _):
+        with pytest.raises(StaleClusterEpoch) as rejected:
+            await actor.write(placeholder(N - 1))
+        assert (rejected.value.window_min, rejected.value.window_max) == (N, N)
+        assert (await actor.write(placeholder(N))).epoch == N
+
+
+# ----------------------------------------------------------------- seed scenario (c): restart
+
+
+async def test_actor_stopped_during_epoch_transition_recovers_applied_window() -> None:
+    store = GatedLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (first, tg):
+        await first.write(placeholder(N))
+        store.close_gate()
+        a = spawn_write(tg, first, placeholder(N + 1))  # slides to [N, N+1], not durable yet
+        await store.held.wait()
+        b = spawn_write(tg, first, placeholder(N + 2))
+        await wait_until(lambda: first.fence.updater_epoch == N + 2, "B becomes the updater")
+        stopped = anyio.Event()
+
+        async def stop() -> None:
+            await first.stop()
+            stopped.set()
+
+        tg.start_soon(stop)
+        await b.done.wait()  # the waiting updater is refused at once
+        assert isinstance(b.error, ShuttingDown)
+        assert not stopped.is_set(), "stop waits for the write in flight"
+        store.open_gate()
+        await stopped.wait()
+    assert a.error is None and a.record is not None
+    assert first.term == 1
+
+    async with running(store, row) as (second, _):
+        assert second.term == 2
+        assert second.state.applied_window == (N, N + 1)
+        assert window(second) == second.state.applied_window
+        assert (await second.write(placeholder(N))).epoch == N  # the lower edge still counts
+        with pytest.raises(StaleClusterEpoch) as rejected:
+            await second.write(placeholder(N - 1))
+        assert (rejected.value.window_min, rejected.value.window_max) == (N, N + 1)
+        assert (await second.write(placeholder(N + 2))).epoch == N + 2
+        assert window(second) == (N + 1, N + 2)
+
+
+async def test_actor_crashed_after_unlogged_slide_recovers_window_from_the_log() -> None:
+    """The dead leader slid its in-memory window to [N+1, N+2] but the write that opened it
+    never reached the log; the new leader judges by the log's window [N, N+1]."""
+    store = GatedLogStore()
+    row = await new_partition(store)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as doomed:
+            first = PartitionActor(row, store, WatermarkBoard())
+            await doomed.start(first.run)
+            await first.write(placeholder(N))
+            await first.write(placeholder(N + 1))
+            store.close_gate()
+            spawn_write(doomed, first, placeholder(N + 2))
+            await store.held.wait()
+            assert window(first) == (N + 1, N + 2)
+            with pytest.raises(StaleClusterEpoch):
+                await first.write(placeholder(N))  # the dead leader's seen window
+            doomed.cancel_scope.cancel()  # crash: the held append never lands
+        store.open_gate()
+    assert [r.epoch for r in store.logs[row.pid] if r.epoch is not None] == [N, N + 1]
+
+    async with running(store, row) as (second, _):
+        assert second.term == first.term + 1
+        assert window(second) == second.state.applied_window == (N, N + 1)
+        assert (await second.write(placeholder(N))).epoch == N
+
+
+# ----------------------------------------------------------------- coalescing, leadership
+
+
+async def test_ten_concurrent_writes_with_the_same_newer_epoch_slide_once() -> None:
+    store = GatedLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (actor, tg):
+        await actor.write(placeholder(N))
+        slides_before = actor.view().fence.window_slides
+        store.close_gate()
+        holder = spawn_write(tg, actor, placeholder(N))
+        await store.held.wait()
+        writes = [spawn_write(tg, actor, placeholder(N + 1)) for _ in range(10)]
+        await wait_until(
+            lambda: actor.fence.updater_epoch == N + 1 and len(actor._waiting) == 9,
+            "one updater and nine waiters",
+        )
+        assert not any(w.done.is_set() for w in writes)
+        store.open_gate()
+        for outcome in [holder, *writes]:
+            await outcome.done.wait()
+        stats = actor.view().fence
+    assert all(w.error is None for w in writes)
+    assert stats.window_slides - slides_before == 1
+    assert stats.new_epoch_fences == slides_before + 1
+    assert stats.window == (N, N + 1)
+    offsets = sorted(w.record.log_offset for w in writes if w.record is not None)
+    assert offsets == list(range(offsets[0], offsets[0] + 10))
+
+
+async def test_new_leader_deposes_the_old_one() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (old, _):
+        await old.write(placeholder(N))
+        async with running(store, row) as (new, _):
+            assert (old.term, new.term) == (1, 2)
+            with pytest.raises(NotLeader) as deposed:
+                await old.write(placeholder(N))
+            assert (deposed.value.expected_term, deposed.value.current_term) == (1, 2)
+            with pytest.raises(NotLeader):  # and it stays deposed
+                await old.catch_up(-1, -1)
+
+            with pytest.raises(NotLeader) as wrong_term:
+                await new.catch_up(0, 1, term=old.term)
+            assert wrong_term.value.expected_term == 1
+            record = await new.write(placeholder(N))
+            caught_up = await new.catch_up(record.base_offset, record.log_offset, term=new.term)
+            assert caught_up.term == 2
+    terms = [r.term for r in store.logs[row.pid]]
+    assert terms == sorted(terms)
+
+
+# ----------------------------------------------------------------- M(p), reader pins
+
+
+async def test_published_mp_rises_with_catch_up_and_is_held_by_a_reader_pin() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    board = RecordingBoard()
+    async with running(store, row, board) as (actor, _):
+        assert board.get(actor.name) is None  # no epoch yet
+        await actor.write(placeholder(N))
+        assert board.get(actor.name) == N - 1
+        await actor.write(placeholder(N + 1))
+        last = await actor.write(placeholder(N + 2))
+        assert actor.state.applied_window == (N + 1, N + 2)
+
+        reader_id, pinned = actor.register_reader()
+        assert pinned == N - 1
+        await actor.catch_up(actor.state.high_watermark - 1, last.log_offset, term=actor.term)
+        assert actor.state.mp == N  # min_epoch_lower_bound moved to previous_applied = N+1
+        assert board.get(actor.name) == N - 1, "the reader pin holds the published value"
+        assert actor.view().pinned_mp == N - 1
+
+        assert not board.publish(actor.name, N - 2), "the board never goes back"
+        actor.release_reader(reader_id)
+        assert board.get(actor.name) == N
+        assert actor.view().readers == 0
+
+        last = await actor.write(placeholder(N + 3))
+        await actor.catch_up(actor.state.high_watermark - 1, last.log_offset, term=actor.term)
+        assert board.get(actor.name) == N + 1
+    history = board.history[actor.name]
+    assert history == [N - 1, N, N + 1]
+    assert history == sorted(history)
+
+
+async def test_published_mp_never_decreases_across_leaders() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    board = RecordingBoard()
+    async with running(store, row, board) as (actor, _):
+        for epoch in (N, N + 1, N + 2):
+            last = await actor.write(placeholder(epoch))
+        await actor.catch_up(actor.state.high_watermark - 1, last.log_offset)
+    async with running(store, row, board) as (again, _):
+        assert again.state.mp == N
+        assert board.get(again.name) == N
+        await again.write(placeholder(N + 3))
+    assert board.history[actor.name] == [N - 1, N]
+
+
+# ----------------------------------------------------------------- snapshots and replay
+
+
+async def test_new_actor_recovers_identical_state_from_snapshot_and_log() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row, snapshot_every_records=4, log_keep_records=3) as (first, _):
+        epoch = N
+        for i in range(60):
+            if i % 9 == 0:
+                epoch += 1
+            if i % 13 == 12:
+                await first.write(AdvanceEpoch(epoch))
+            last = await first.write(placeholder(epoch, records=1 + i % 3))
+            if i % 7 == 6:
+                await first.catch_up(first.state.high_watermark - 1, last.log_offset, first.term)
+            if i == 40:
+                await first.set_start_offset(10, first.term)
+        await first.write(placeholder(epoch))  # one more append: the latest snapshot is saved
+    before = first.state.to_snapshot()
+    snapshot = store.snapshots[row.pid]
+    assert snapshot.log_offset > 0
+    assert store.first_offset[row.pid] > 0, "the log was truncated: replay needs the snapshot"
+
+    async with running(store, row) as (second, _):
+        after = second.state.to_snapshot()
+    assert after == msgspec.structs.replace(
+        before, term=before.term + 1, last_applied_log_offset=before.last_applied_log_offset + 1
+    )
+    assert after.lro >= 0 and after.start_offset == 10 and after.min_epoch_lower_bound > N
+
+
+# ----------------------------------------------------------------- fence probes (benchmarks)
+
+
+async def test_fence_probe_takes_and_releases_a_read_unit_without_appending() -> None:
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (actor, _):
+        log_before = len(store.logs[row.pid])
+        await actor.fence_probe(N)
+        await actor.fence_probe(N)
+        await actor.fence_probe(N + 1)
+        with pytest.raises(StaleClusterEpoch):
+            await actor.fence_probe(N - 1)
+        assert actor.fence.read_units == 0
+        assert window(actor) == (N, N + 1)
+        assert len(store.logs[row.pid]) == log_before, "a probe appends nothing"
+    outcomes = [(e.epoch, e.outcome) for e in store.fence_events]
+    assert outcomes == [
+        (N, "admitted_new_epoch"),
+        (N, "admitted"),
+        (N + 1, "admitted_new_epoch"),
+        (N - 1, "rejected"),
+    ]
