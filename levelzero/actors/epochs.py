@@ -80,6 +80,7 @@ class EpochCache:
         self._value: int | None = None
         self._fetched_at = -math.inf
         self._refreshing: anyio.Event | None = None
+        self._refresh_error: Exception | None = None
         self.refreshes = 0
         self.invalidations = 0
 
@@ -99,17 +100,26 @@ class EpochCache:
         return self._value
 
     async def refresh(self) -> int:
+        """Fetch the epoch; concurrent callers share one fetch and its outcome."""
         if self._refreshing is not None:
-            await self._refreshing.wait()
+            done = self._refreshing
+            await done.wait()
+            if self._refresh_error is not None and self._value is None:
+                raise self._refresh_error
             assert self._value is not None
             return self._value
         self._refreshing = done = anyio.Event()
+        self._refresh_error = None
         try:
             value = await self._fetch()
             # The service never goes back, but a slow fetch may race a newer one: keep the max.
             self._value = value if self._value is None else max(self._value, value)
             self._fetched_at = self._clock()
             self.refreshes += 1
+        except Exception as exc:
+            # Waiters fall back to the cached value (stale by design) or see the error.
+            self._refresh_error = exc
+            raise
         finally:
             self._refreshing = None
             done.set()

@@ -203,3 +203,34 @@ async def test_cache_over_the_service_sees_advances_after_ttl() -> None:
     assert await cache.get() == 1
     clock.now += TTL_S
     assert await cache.get() == 2
+
+
+async def test_a_failed_shared_refresh_reaches_every_waiter_without_a_cached_value():
+    from levelzero.actors.epochs import EpochCache
+    from levelzero.core.errors import StorageError
+
+    gate = anyio.Event()
+    calls = 0
+
+    async def failing_fetch() -> int:
+        nonlocal calls
+        calls += 1
+        await gate.wait()
+        raise StorageError("epoch store unreachable")
+
+    cache = EpochCache(failing_fetch, ttl_s=10.0, clock=lambda: 0.0)
+    errors = []
+
+    async def get() -> None:
+        try:
+            await cache.get()
+        except StorageError as exc:
+            errors.append(str(exc))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(get)
+        tg.start_soon(get)
+        await anyio.wait_all_tasks_blocked()
+        gate.set()
+    assert calls == 1
+    assert errors == ["epoch store unreachable"] * 2
