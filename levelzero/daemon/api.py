@@ -1,0 +1,406 @@
+"""The HTTP API (Starlette): a thin translation between JSON over HTTP and the `Node`.
+
+Every request body is read under a byte bound and decoded by a typed msgspec decoder; malformed
+input is a 400 with a JSON body naming the field, never a traceback. Operating errors
+(`LevelZeroError`) map to statuses by their `code`; anything else is a 500 with a log line, and
+an `AssertionError` (a violated invariant: a bug) is logged at CRITICAL. No request can take
+the daemon down.
+
+    POST /v1/topics                                   create a topic
+    GET  /v1/topics                                   list topics
+    POST /v1/topics/{topic}/partitions/{p}/records    produce (records: key/value base64)
+    GET  /v1/topics/{topic}/partitions/{p}/records    fetch (?offset=&max_bytes=)
+    GET  /v1/status                                   epoch, M, per-partition fence and state
+    POST /v1/epoch/advance                            bump the cluster epoch now
+    GET  /healthz  /readyz  /metrics                  liveness, readiness, Prometheus
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from levelzero.actors.node import Node
+from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record
+
+from .metrics import DaemonMetrics, cluster_watermark
+from .schema import (
+    BatcherStatus,
+    CreateTopicRequest,
+    EpochResponse,
+    ErrorBody,
+    FetchResponse,
+    HealthResponse,
+    PartitionStatus,
+    ProduceRequest,
+    ProduceResponse,
+    RecordOut,
+    StatusResponse,
+    TopicInfo,
+    TopicList,
+)
+
+log = logging.getLogger("levelzero.api")
+
+MiB = 1024 * 1024
+# An oversized body is read and thrown away up to this many bytes before the 413 goes out, so
+# the client gets the reply instead of a connection reset in the middle of its upload.
+DISCARD_BYTES_MAX = 64 * MiB
+BLOCKED_BY_SHOWN_MAX = 20
+# Produce bytes as the batcher counts them (value + key + 8 per record); see Batcher.produce.
+RECORD_OVERHEAD_BYTES = 8
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_input": 400,
+    "malformed_key": 400,
+    "unknown_topic": 404,
+    "unknown_partition": 404,
+    "offset_out_of_range": 404,
+    "stale_cluster_epoch": 409,
+    "topic_exists": 409,
+    "not_leader": 503,
+    "shutting_down": 503,
+    "storage_error": 503,
+    "corrupt_data": 500,
+    "object_not_found": 500,
+}
+_UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    token: str = ""  # empty: no authentication
+    body_bytes_max: int = 8 * MiB
+    records_per_request_max: int = 10_000
+    fetch_bytes_default: int = 1 * MiB
+
+
+class Lifecycle:
+    """What the daemon tells the API about itself: ready once listening, stopping at SIGTERM."""
+
+    def __init__(self) -> None:
+        self.ready = False
+        self.stopping = False
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+_encoder = msgspec.json.Encoder()
+_decoders = {
+    CreateTopicRequest: msgspec.json.Decoder(CreateTopicRequest),
+    ProduceRequest: msgspec.json.Decoder(ProduceRequest),
+}
+
+
+def _json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_encoder.encode(body), status, headers, media_type="application/json")
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(ErrorBody(code, message), status, headers)
+
+
+def _decode(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls
+    if not body:
+        raise ApiError(400, "malformed_request", "the request needs a JSON body")
+    try:
+        return _decoders[cls].decode(body)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, "malformed_request", f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "malformed_request", f"request body is not valid JSON: {exc}") from None
+
+
+def _unsigned(name: str, text: str) -> int:
+    if not _UNSIGNED.match(text):
+        raise ApiError(400, "malformed_request", f"{name} must be a non-negative integer, not {text!r}")
+    return int(text)
+
+
+class Api:
+    def __init__(
+        self, node: Node, settings: ApiSettings, metrics: DaemonMetrics, lifecycle: Lifecycle
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self._token = settings.token.encode()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def route(
+        self,
+        path: str,
+        handlers: dict[str, Callable[[Request], Awaitable[Response]]],
+        *,
+        public: bool = False,
+    ) -> Route:
+        async def endpoint(request: Request) -> Response:
+            # Starlette answers HEAD on GET routes; HEAD runs the GET handler.
+            handler = handlers.get(request.method) or handlers["GET"]
+            try:
+                if not public:
+                    self._authenticate(request)
+                response = await handler(request)
+            except ApiError as exc:
+                headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(exc.status)
+                response = error_response(exc.status, exc.code, exc.message, headers)
+            except LevelZeroError as exc:
+                response = self._operating_error(request, exc)
+            except AssertionError:
+                log.critical(
+                    "BUG: invariant violated while serving %s %s",
+                    request.method, request.url.path, exc_info=True,
+                )
+                response = error_response(500, "internal_error", "internal error (a bug; logged)")
+            except Exception:
+                log.exception("unexpected error serving %s %s", request.method, request.url.path)
+                response = error_response(500, "internal_error", "internal error (logged)")
+            self.metrics.requests.labels(path, str(response.status_code)).inc()
+            return response
+
+        return Route(path, endpoint, methods=list(handlers))
+
+    def _authenticate(self, request: Request) -> None:
+        if not self._token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, credentials = header.partition(" ")
+        if scheme.lower() != "bearer" or not credentials:
+            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer ...)")
+        if not hmac.compare_digest(credentials.strip().encode(), self._token):
+            raise ApiError(401, "unauthorized", "invalid bearer token")
+
+    def _operating_error(self, request: Request, exc: LevelZeroError) -> Response:
+        status = STATUS_BY_CODE.get(exc.code, 500)
+        if status >= 500:
+            level = logging.WARNING if exc.retriable else logging.ERROR
+            log.log(level, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return error_response(status, exc.code, str(exc), headers)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.body_bytes_max
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > DISCARD_BYTES_MAX:
+            raise self._too_large(int(declared))
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > DISCARD_BYTES_MAX:
+                break
+        if size > limit:
+            raise self._too_large(size)
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> ApiError:
+        return ApiError(
+            413, "too_large",
+            f"request body of {size} bytes exceeds body_bytes_max {self.settings.body_bytes_max}",
+        )
+
+    def _partition_path(self, request: Request) -> tuple[str, int]:
+        topic = request.path_params["topic"]
+        partition = _unsigned("partition", request.path_params["partition"])
+        self.node.partition(topic, partition)  # UnknownTopic / UnknownPartition -> 404
+        return topic, partition
+
+    def _check_serving(self) -> None:
+        if self.lifecycle.stopping or not self.node.accepting:
+            raise ApiError(503, "shutting_down", "the daemon is shutting down or not ready")
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topic(self, request: Request) -> Response:
+        body: CreateTopicRequest = _decode(CreateTopicRequest, await self._read_body(request))
+        self._check_serving()
+        rows = await self.node.create_topic(body.name, body.partitions)
+        return _json(TopicInfo(body.name, len(rows)), 201)
+
+    async def list_topics(self, request: Request) -> Response:
+        topics = sorted(self.node.topics().items())
+        return _json(TopicList([TopicInfo(name, count) for name, count in topics]))
+
+    # ------------------------------------------------------------------ records
+
+    async def produce(self, request: Request) -> Response:
+        topic, partition = self._partition_path(request)
+        body: ProduceRequest = _decode(ProduceRequest, await self._read_body(request))
+        count = len(body.records)
+        if count == 0:
+            raise ApiError(400, "malformed_request", "records must hold at least one record")
+        if count > self.settings.records_per_request_max:
+            raise ApiError(
+                413, "too_large",
+                f"{count} records exceed records_per_request_max "
+                f"{self.settings.records_per_request_max}",
+            )
+        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in body.records)
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        if size > batch_bytes_max:
+            raise ApiError(
+                413, "too_large",
+                f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}; split the request",
+            )
+        self._check_serving()
+        started = time.perf_counter()
+        result = await self.node.produce(
+            topic, partition, [Record(r.key, r.value) for r in body.records]
+        )
+        self.metrics.produce_latency.observe(time.perf_counter() - started)
+        return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
+
+    async def fetch(self, request: Request) -> Response:
+        topic, partition = self._partition_path(request)
+        params = request.query_params
+        unknown = sorted(set(params) - {"offset", "max_bytes"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        if "offset" in params:
+            offset = _unsigned("offset", params["offset"])
+        else:
+            offset = self.node.partition(topic, partition).state.start_offset
+        max_bytes = self.settings.fetch_bytes_default
+        if "max_bytes" in params:
+            max_bytes = _unsigned("max_bytes", params["max_bytes"])
+            if not 1 <= max_bytes <= FETCH_BYTES_MAX:
+                raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
+        result = await self.node.fetch(topic, partition, offset, max_bytes)
+        return _json(
+            FetchResponse(
+                records=[RecordOut(r.offset, r.key, r.value) for r in result.records],
+                next_offset=result.next_offset,
+                high_watermark=result.high_watermark,
+                start_offset=result.start_offset,
+                tier=result.tier,
+            )
+        )
+
+    # ------------------------------------------------------------------ operations
+
+    async def status(self, request: Request) -> Response:
+        topic = request.query_params.get("topic")
+        if topic is not None and topic not in self.node.topics():
+            self.node.partition(topic, 0)  # raises UnknownTopic
+        views = sorted(self.node.views(), key=lambda v: (v.topic, v.partition))
+        decision = cluster_watermark(self.node)
+        stats = self.node.batcher.stats
+        partitions = [
+            PartitionStatus(
+                topic=v.topic,
+                partition=v.partition,
+                term=v.term,
+                window=v.fence.window,
+                previous_applied_epoch=v.state.previous_applied_epoch,
+                max_applied_epoch=v.state.max_applied_epoch,
+                min_epoch_lower_bound=v.state.min_epoch_lower_bound,
+                mp=v.published_mp,
+                lro=v.state.lro,
+                lrlo=v.state.lrlo,
+                high_watermark=v.state.high_watermark,
+                start_offset=v.state.start_offset,
+                size_bytes=v.state.size_bytes,
+                readers=v.readers,
+                pending_records=v.pending_records,
+                read_units=v.fence.read_units,
+                window_slides=v.fence.window_slides,
+                stale_rejections=v.fence.stale_rejections,
+                last_rejected_gap=v.fence.last_rejected_gap,
+                new_epoch_fences=v.fence.new_epoch_fences,
+                same_epoch_fences=v.fence.same_epoch_fences,
+            )
+            for v in views
+            if topic is None or v.topic == topic
+        ]
+        return _json(
+            StatusResponse(
+                cluster_epoch=self.node.epochs.current,
+                cached_epoch=self.node.epoch_cache.cached,
+                m=decision.m,
+                m_holders=list(decision.holders),
+                m_blocked_by=list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX]),
+                m_blocked_count=len(decision.blocked_by),
+                accepting=self.node.accepting and not self.lifecycle.stopping,
+                partitions=partitions,
+                batcher=BatcherStatus(
+                    objects_uploaded=stats.objects_uploaded,
+                    bytes_uploaded=stats.bytes_uploaded,
+                    records_appended=stats.records_appended,
+                    stale_rejections=stats.stale_rejections,
+                    stale_retries=stats.stale_retries,
+                    stale_failures=stats.stale_failures,
+                    orphan_objects=stats.orphan_objects,
+                    inflight_bytes=stats.inflight_bytes,
+                ),
+            )
+        )
+
+    async def advance_epoch(self, request: Request) -> Response:
+        self._check_serving()
+        return _json(EpochResponse(await self.node.epochs.advance()))
+
+    async def healthz(self, request: Request) -> Response:
+        return _json(HealthResponse("ok"))
+
+    async def readyz(self, request: Request) -> Response:
+        if not self.lifecycle.ready:
+            raise ApiError(503, "not_ready", "the daemon is starting")
+        self._check_serving()
+        return _json(HealthResponse("ready"))
+
+    async def metrics_text(self, request: Request) -> Response:
+        # Runs on the event loop: the collectors read the node, which only that loop mutates.
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(exc.status_code, code, message, dict(exc.headers or {}))
+
+
+def build_app(
+    node: Node,
+    metrics: DaemonMetrics,
+    settings: ApiSettings | None = None,
+    lifecycle: Lifecycle | None = None,
+) -> Starlette:
+    api = Api(node, settings or ApiSettings(), metrics, lifecycle or Lifecycle())
+    records = "/v1/topics/{topic}/partitions/{partition}/records"
+    routes = [
+        api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
+        api.route(records, {"POST": api.produce, "GET": api.fetch}),
+        api.route("/v1/status", {"GET": api.status}),
+        api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
+        api.route("/metrics", {"GET": api.metrics_text}),
+        api.route("/healthz", {"GET": api.healthz}, public=True),
+        api.route("/readyz", {"GET": api.readyz}, public=True),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app.state.api = api
+    return app

@@ -1,0 +1,505 @@
+"""The `levelzero` command: the daemon (`run`), the demo, and client commands for the HTTP API.
+
+    levelzero run [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
+    levelzero demo [--duration S]
+    levelzero topics create NAME [--partitions N] | topics list
+    levelzero produce TOPIC [-p P] [VALUE ...]       (no VALUE: one record per stdin line)
+    levelzero consume TOPIC [-p P] [--offset O] [--follow]
+    levelzero status | epoch advance | config show
+
+Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
+one line on stderr and a non-zero exit: 1 for a failed operation, 2 for bad usage or
+configuration (systemd does not restart on 2), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from levelzero.core.errors import LevelZeroError
+
+from .client import ApiError, Client, default_url
+from .config import ConfigError, describe, load_config
+from .logs import configure_logging
+
+log = logging.getLogger("levelzero.cli")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+PRODUCE_BATCH_RECORDS = 1_000
+PRODUCE_BATCH_BYTES = 1024 * 1024
+PROGRESS_AFTER_RECORDS = 10_000
+PROGRESS_INTERVAL_S = 1.0
+FOLLOW_POLL_MIN_S = 0.1
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandFailed(Exception):
+    """A command's own one-line failure (printed without a traceback)."""
+
+
+def _fail(message: str) -> None:
+    print(f"levelzero: {message}", file=sys.stderr)
+
+
+def refuse_optimized_python() -> int | None:
+    """Assertions guard the invariants; running without them (python -O) is refused."""
+    if not __debug__:
+        _fail(
+            "refusing to run with assertions disabled (python -O or PYTHONOPTIMIZE): "
+            "levelzero's invariant checks must stay on"
+        )
+        return EXIT_USAGE
+    return None
+
+
+# ------------------------------------------------------------------------------- daemon
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file (or $LEVELZERO_CONFIG)")
+    parser.add_argument("--data-dir", metavar="DIR", help="overrides storage.data_dir")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
+    overrides: dict[tuple[str, str], Any] = {}
+    if args.data_dir is not None:
+        overrides[("storage", "data_dir")] = args.data_dir
+    if args.listen is not None:
+        overrides[("server", "listen")] = args.listen
+    path = args.config or os.environ.get("LEVELZERO_CONFIG") or None
+    return load_config(path, environ=os.environ, overrides=overrides)
+
+
+def leaf_errors(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaf_errors(inner)]
+    return [error]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .service import run_until_signalled
+
+    refused = refuse_optimized_python()
+    if refused is not None:
+        return refused
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    try:
+        configure_logging(config.logging.level, config.logging.format, config.logging.file)
+    except OSError as exc:
+        _fail(f"cannot open the log file logging.file = {config.logging.file!r}: {exc.strerror}")
+        return EXIT_USAGE
+    try:
+        clean = anyio.run(run_until_signalled, config)
+    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+        leaves = leaf_errors(error)
+        if all(isinstance(leaf, LevelZeroError) for leaf in leaves):
+            for leaf in leaves:
+                log.error("levelzero stopped: %s", leaf, extra={"error": leaf.code})  # type: ignore[attr-defined]
+                _fail(str(leaf))
+            return EXIT_FAILED
+        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return EXIT_INTERRUPTED
+        log.critical("levelzero crashed", exc_info=error)
+        return EXIT_FAILED
+    return EXIT_OK if clean else EXIT_FAILED
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    refused = refuse_optimized_python()
+    if refused is not None:
+        return refused
+    if args.duration <= 0:
+        _fail("--duration must be positive")
+        return EXIT_USAGE
+    configure_logging("warning")
+    summary = anyio.run(
+        lambda: run_demo(
+            duration_s=args.duration,
+            data_dir=args.data_dir,
+            keep=args.keep,
+            producers=args.producers,
+            out=sys.stdout,
+        )
+    )
+    return EXIT_OK if summary.ok else EXIT_FAILED
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    print(json.dumps(describe(config), indent=2))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------------------- client
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, token=args.token, timeout_s=args.timeout)
+
+
+def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handler:
+    """Run an async client command; ApiError -> one line and exit 1; Ctrl-C -> 130."""
+
+    def handler(args: argparse.Namespace) -> int:
+        async def main() -> int:
+            async with _client(args) as client:
+                return await body(args, client) or EXIT_OK
+
+        try:
+            return anyio.run(main)
+        except (ApiError, CommandFailed) as exc:
+            _fail(str(exc))
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return handler
+
+
+async def _topics_create(args: argparse.Namespace, client: Client) -> None:
+    info = await client.create_topic(args.name, args.partitions)
+    print(f"created topic {info.name} with {info.partitions} partitions")
+
+
+async def _topics_list(args: argparse.Namespace, client: Client) -> None:
+    topics = await client.list_topics()
+    if not topics:
+        print("no topics")
+    for topic in topics:
+        print(f"{topic.name}\t{topic.partitions}")
+
+
+def _records_from(args: argparse.Namespace) -> Iterable[tuple[bytes | None, bytes]]:
+    key = None if args.key is None else args.key.encode()
+    separator = None if args.key_separator is None else args.key_separator.encode()
+    lines: Iterable[bytes]
+    if args.values:
+        lines = (value.encode() for value in args.values)
+    else:
+        lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
+    for line in lines:
+        if separator is not None:
+            if separator not in line:
+                raise CommandFailed(f"input line without key separator {args.key_separator!r}: {line[:80]!r}")
+            line_key, _, value = line.partition(separator)
+            yield line_key, value
+        else:
+            yield key, line
+
+
+def _batches(
+    records: Iterable[tuple[bytes | None, bytes]], max_records: int, max_bytes: int
+) -> Iterable[list[tuple[bytes | None, bytes]]]:
+    batch: list[tuple[bytes | None, bytes]] = []
+    size = 0
+    for record in records:
+        record_size = len(record[1]) + len(record[0] or b"")
+        if batch and (len(batch) >= max_records or size + record_size > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(record)
+        size += record_size
+    if batch:
+        yield batch
+
+
+class _Progress:
+    """A progress line on stderr for large inputs: '\\r' on a terminal, new lines otherwise."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._last = float("-inf")  # the first update past the threshold shows at once
+        self.shown = False
+
+    def update(self, records: int, size: int) -> None:
+        now = time.monotonic()
+        if records < PROGRESS_AFTER_RECORDS or now - self._last < PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        self.shown = True
+        line = f"produced {records} records ({size / 1048576:.1f} MiB)"
+        print(f"\r{line}" if self._tty else line, end="" if self._tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown and self._tty:
+            print(file=sys.stderr)
+
+
+async def _produce(args: argparse.Namespace, client: Client) -> None:
+    produced = size = 0
+    first = last = None
+    progress = _Progress()
+    try:
+        for batch in _batches(_records_from(args), args.batch_records, PRODUCE_BATCH_BYTES):
+            ack = await client.produce(args.topic, args.partition, batch)
+            first = ack.base_offset if first is None else first
+            last = ack.last_offset
+            produced += len(batch)
+            size += sum(len(v) + len(k or b"") for k, v in batch)
+            progress.update(produced, size)
+    finally:
+        progress.done()
+    if produced == 0:
+        raise CommandFailed("nothing to produce (no values and empty stdin)")
+    print(f"produced {produced} records to {args.topic}/{args.partition} at offsets {first}..{last}")
+
+
+def _print_record(fmt: str, offset: int, key: bytes | None, value: bytes) -> None:
+    if fmt == "json":
+        print(msgspec.json.encode({"offset": offset, "key": key, "value": value}).decode())
+    elif fmt == "offsets":
+        print(f"{offset}\t{value.decode('utf-8', 'backslashreplace')}")
+    else:
+        print(value.decode("utf-8", "backslashreplace"))
+
+
+async def _consume_stream(
+    args: argparse.Namespace, client: Client
+) -> AsyncIterator[tuple[int, bytes | None, bytes]]:
+    offset = args.offset
+    delay_s = FOLLOW_POLL_MIN_S
+    while True:
+        result = await client.fetch(args.topic, args.partition, offset, args.max_bytes)
+        for record in result.records:
+            yield record.offset, record.key, record.value
+        if result.records:
+            offset = result.next_offset
+            delay_s = FOLLOW_POLL_MIN_S
+            continue
+        if offset is None:
+            offset = result.next_offset
+        if not args.follow:
+            return
+        await anyio.sleep(delay_s)  # bounded polling: back off up to --poll-max-s
+        delay_s = min(delay_s * 2, args.poll_max_s)
+
+
+async def _consume(args: argparse.Namespace, client: Client) -> None:
+    count = 0
+    async for offset, key, value in _consume_stream(args, client):
+        _print_record(args.format, offset, key, value)
+        count += 1
+        if args.max_records is not None and count >= args.max_records:
+            break
+    sys.stdout.flush()
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, tuple):
+        return f"[{value[0]},{value[1]}]"
+    return str(value)
+
+
+def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
+    m = "blocked" if status.m is None else str(status.m)
+    if status.m is None and status.m_blocked_count:
+        m += f" ({status.m_blocked_count} partitions without M(p), e.g. {', '.join(status.m_blocked_by[:3])})"
+    elif status.m_holders:
+        m += f" (held by {', '.join(status.m_holders[:3])})"
+    b = status.batcher
+    lines = [
+        f"cluster epoch {status.cluster_epoch} (cached {_cell(status.cached_epoch)})   "
+        f"M {m}   accepting {'yes' if status.accepting else 'no'}",
+        f"L0 objects {b.objects_uploaded} ({b.bytes_uploaded} bytes), orphans {b.orphan_objects}, "
+        f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
+        "",
+    ]
+    header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "START", "SLIDES", "STALE")
+    rows = [header] + [
+        (
+            f"{p.topic}/{p.partition}",
+            _cell(p.term),
+            _cell(p.window),
+            _cell(None if p.max_applied_epoch is None else (p.previous_applied_epoch, p.max_applied_epoch)),
+            _cell(p.min_epoch_lower_bound),
+            _cell(p.mp),
+            _cell(p.lro),
+            _cell(p.high_watermark),
+            _cell(p.start_offset),
+            _cell(p.window_slides),
+            _cell(p.stale_rejections),
+        )
+        for p in status.partitions
+    ]
+    if len(rows) == 1:
+        lines.append("no partitions")
+    else:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+async def _status(args: argparse.Namespace, client: Client) -> None:
+    status = await client.status()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(status)).decode())
+    else:
+        print(format_status(status))
+
+
+async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
+    print(f"cluster epoch is now {await client.advance_epoch()}")
+
+
+# ------------------------------------------------------------------------------- parser
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=None, help=f"daemon URL (default $LEVELZERO_URL or {default_url()})")
+    parser.add_argument("--token", default=os.environ.get("LEVELZERO_TOKEN") or None,
+                        help="bearer token (default $LEVELZERO_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="request timeout")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the daemon (foreground; systemd Type=notify)")
+    _add_config_options(p)
+    p.set_defaults(handler=cmd_run)
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run an in-process daemon, drive producers, verify, summarise")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)")
+    p.add_argument("--producers", type=int, default=6, help="concurrent producers (default 6)")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="where to keep the data (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the temp data directory")
+    p.set_defaults(handler=cmd_demo)
+
+
+def add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="configuration")
+    config_sub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    show = config_sub.add_parser("show", help="validate and print the effective configuration (secrets masked)")
+    _add_config_options(show)
+    show.set_defaults(handler=cmd_config_show)
+
+
+def add_topics(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topics", help="create and list topics")
+    topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = topics_sub.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    _add_client_options(create)
+    create.set_defaults(handler=_client_command(_topics_create))
+    listing = topics_sub.add_parser("list", help="list topics and their partition counts")
+    _add_client_options(listing)
+    listing.set_defaults(handler=_client_command(_topics_list))
+
+
+def add_produce(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("produce", help="produce records: the VALUE arguments, or one per stdin line")
+    p.add_argument("topic")
+    p.add_argument("values", nargs="*", metavar="VALUE")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("--key", default=None, help="key of every record")
+    p.add_argument("--key-separator", default=None, metavar="SEP", help="split each line into KEY SEP VALUE")
+    p.add_argument("--batch-records", type=int, default=PRODUCE_BATCH_RECORDS, help="records per request")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_produce))
+
+
+def add_consume(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("consume", help="print records from an offset (--follow: keep polling)")
+    p.add_argument("topic")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("--offset", type=_non_negative, default=None, help="first offset (default: the start)")
+    p.add_argument("--max-records", type=_non_negative, default=None)
+    p.add_argument("--max-bytes", type=int, default=None, help="bytes per fetch")
+    p.add_argument("--follow", action="store_true", help="wait for new records (Ctrl-C ends)")
+    p.add_argument("--poll-max-s", type=float, default=1.0, help="longest pause between polls")
+    p.add_argument("--format", choices=("text", "offsets", "json"), default="text")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_consume))
+
+
+def add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="cluster epoch, M, per-partition fence and state")
+    p.add_argument("--json", action="store_true")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_status))
+
+
+def add_epoch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("epoch", help="cluster epoch")
+    epoch_sub = p.add_subparsers(dest="epoch_command", required=True, metavar="COMMAND")
+    advance = epoch_sub.add_parser("advance", help="advance the cluster epoch now")
+    _add_client_options(advance)
+    advance.set_defaults(handler=_client_command(_epoch_advance))
+
+
+# The commands, in help order. Later issues add theirs here (`gc`, `export`, `analyze`, `sim`,
+# `bench`): a function `add_<name>(subparsers)` that adds a parser and sets `handler`
+# (a `(args) -> exit code` function), appended to this tuple.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_run,
+    add_demo,
+    add_topics,
+    add_produce,
+    add_consume,
+    add_status,
+    add_epoch,
+    add_config,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="levelzero",
+        description="Partitioned record logs on object storage with windowed epoch fencing.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse gives a `nargs="*"` positional its (empty) share as soon as it meets it, so in
+    # `produce TOPIC -p 1 a b` the values come back unrecognised; they are values all the same.
+    if extra and getattr(args, "values", None) == [] and not any(e.startswith("-") for e in extra):
+        args.values = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

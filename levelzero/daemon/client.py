@@ -1,0 +1,156 @@
+"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo and the tests.
+
+Every failure surfaces as `ApiError`, carrying the server's error code and message (or
+`unreachable` / `bad_response` when there is no usable answer), so callers print one line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from .schema import (
+    CreateTopicRequest,
+    EpochResponse,
+    ErrorBody,
+    FetchResponse,
+    ProduceRequest,
+    ProduceResponse,
+    RecordIn,
+    StatusResponse,
+    TopicInfo,
+    TopicList,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8420"
+DEFAULT_TIMEOUT_S = 60.0
+
+_encoder = msgspec.json.Encoder()
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code}{f', HTTP {status}' if status else ''})")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def default_url() -> str:
+    return os.environ.get("LEVELZERO_URL") or DEFAULT_URL
+
+
+class Client:
+    """`async with Client(url, token=...) as client: await client.produce(...)`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = (url or default_url()).rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # trust_env=False: a levelzero daemon is reached directly, never through $HTTP_PROXY.
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport,
+            trust_env=False,
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def request(
+        self, method: str, path: str, *, body: msgspec.Struct | None = None,
+        params: dict[str, int] | None = None,
+    ) -> httpx.Response:
+        content = None if body is None else _encoder.encode(body)
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        try:
+            response = await self._http.request(method, path, content=content, params=params, headers=headers)
+        except httpx.TimeoutException:
+            raise ApiError(0, "timeout", f"levelzero at {self.url} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach levelzero at {self.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    def _error(self, response: httpx.Response) -> ApiError:
+        try:
+            body = msgspec.json.decode(response.content, type=ErrorBody)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            text = response.text.strip()[:200] or response.reason_phrase
+            return ApiError(response.status_code, "http_error", text)
+        return ApiError(response.status_code, body.error, body.message)
+
+    async def _call(self, method: str, path: str, result: type, **kwargs):  # noqa: ANN202
+        response = await self.request(method, path, **kwargs)
+        try:
+            return msgspec.json.decode(response.content, type=result)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ApiError(response.status_code, "bad_response", f"unexpected response: {exc}") from None
+
+    # ------------------------------------------------------------------ API
+
+    async def create_topic(self, name: str, partitions: int = 1) -> TopicInfo:
+        return await self._call("POST", "/v1/topics", TopicInfo, body=CreateTopicRequest(name, partitions))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        return (await self._call("GET", "/v1/topics", TopicList)).topics
+
+    async def produce(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes] | bytes]
+    ) -> ProduceResponse:
+        """`records`: values, or (key, value) pairs."""
+        body = ProduceRequest(
+            [RecordIn(r) if isinstance(r, bytes) else RecordIn(r[1], r[0]) for r in records]
+        )
+        return await self._call("POST", _records_path(topic, partition), ProduceResponse, body=body)
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int | None = None, max_bytes: int | None = None
+    ) -> FetchResponse:
+        params = {}
+        if offset is not None:
+            params["offset"] = offset
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        return await self._call("GET", _records_path(topic, partition), FetchResponse, params=params)
+
+    async def status(self) -> StatusResponse:
+        return await self._call("GET", "/v1/status", StatusResponse)
+
+    async def advance_epoch(self) -> int:
+        return (await self._call("POST", "/v1/epoch/advance", EpochResponse)).cluster_epoch
+
+    async def metrics(self) -> str:
+        return (await self.request("GET", "/metrics")).text
+
+    async def ready(self) -> bool:
+        try:
+            await self.request("GET", "/readyz")
+        except ApiError:
+            return False
+        return True
+
+
+def _records_path(topic: str, partition: int) -> str:
+    return f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records"

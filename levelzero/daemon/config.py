@@ -1,0 +1,376 @@
+"""Daemon configuration: embedded defaults < TOML file < LEVELZERO_* environment < command line.
+
+Every source is merged into one plain dict first and validated once, by msgspec, against the
+`Config` Struct tree below (`forbid_unknown_fields=True`), so a misspelt key, a wrong type or an
+out-of-range value stops the start-up with a message naming the key (`server.listen: ...`) or
+the environment variable it came from.
+
+Environment variables: `LEVELZERO_<SECTION>_<KEY>` for every key (`LEVELZERO_S3_BUCKET`,
+`LEVELZERO_BATCHER_LINGER_MS`), plus the short aliases in `ENV_ALIASES` (`LEVELZERO_LISTEN`,
+`LEVELZERO_DATA_DIR`, `LEVELZERO_TOKEN`). Secrets (the token, S3 credentials) belong in the
+environment, e.g. a systemd `EnvironmentFile`; `describe()` masks them so they are never logged.
+
+Adding a section (say `[gc]`): write a `GcSection` Struct like the ones below and add a
+`gc: GcSection = msgspec.field(default_factory=GcSection)` field to `Config`. The environment
+mapping, error messages, `describe()` and `levelzero config show` follow from the Struct;
+document the keys in `systemd/levelzero.toml` and the README.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.node import NodeConfig
+from levelzero.core.errors import InvalidInput, LevelZeroError
+from levelzero.core.fence import FenceMode
+
+MiB = 1024 * 1024
+DEFAULT_PORT = 8420
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_DATA_DIR = "./levelzero-data"
+TOKEN_LENGTH_MIN = 16
+BODY_BYTES_MAX_LIMIT = 256 * MiB
+RECORDS_PER_REQUEST_LIMIT = 1_000_000
+
+ENV_PREFIX = "LEVELZERO_"
+# Short names for the settings people set most; the long form works for these too.
+ENV_ALIASES: dict[str, tuple[str, str]] = {
+    "LEVELZERO_LISTEN": ("server", "listen"),
+    "LEVELZERO_TOKEN": ("server", "token"),
+    "LEVELZERO_DATA_DIR": ("storage", "data_dir"),
+}
+# LEVELZERO_* variables that are not daemon settings (the client's, the tests').
+ENV_NOT_SETTINGS = ("LEVELZERO_URL", "LEVELZERO_CONFIG")
+ENV_NOT_SETTINGS_PREFIXES = ("LEVELZERO_TEST_",)
+SECRET_KEYS = frozenset(
+    {("server", "token"), ("s3", "access_key"), ("s3", "secret_key"), ("s3", "session_token")}
+)
+
+
+class ConfigError(LevelZeroError):
+    """The configuration is unusable; the message names the key and the source."""
+
+    code = "invalid_config"
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    pass
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPv6]:PORT` -> (host, port). Raises ValueError naming the problem."""
+    host, sep, port_text = listen.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"listen must be HOST:PORT (e.g. {DEFAULT_LISTEN}), not {listen!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"listen: write an IPv6 address in brackets, e.g. [::1]:{DEFAULT_PORT}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"listen port {port} is outside 0..65535")
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+class ServerSection(_Section):
+    listen: str = DEFAULT_LISTEN
+    token: str = ""  # bearer token; required unless listen is a loopback address
+    body_bytes_max: int = 8 * MiB
+    records_per_request_max: int = 10_000
+    fetch_bytes_default: int = 1 * MiB
+    connections_max: int = 1024
+    keepalive_timeout_s: int = 5
+    shutdown_timeout_s: float = 30.0
+    access_log: bool = False
+
+    def __post_init__(self) -> None:
+        host, _ = parse_listen(self.listen)
+        if self.token and len(self.token) < TOKEN_LENGTH_MIN:
+            raise ValueError(f"token must be at least {TOKEN_LENGTH_MIN} characters")
+        if not self.token and not is_loopback(host):
+            raise ValueError(
+                f"token is required when listen ({self.listen}) is not a loopback address: "
+                "set server.token, or LEVELZERO_TOKEN in the environment file"
+            )
+        if not 1024 <= self.body_bytes_max <= BODY_BYTES_MAX_LIMIT:
+            raise ValueError(f"body_bytes_max must be in 1024..{BODY_BYTES_MAX_LIMIT}")
+        if not 1 <= self.records_per_request_max <= RECORDS_PER_REQUEST_LIMIT:
+            raise ValueError(f"records_per_request_max must be in 1..{RECORDS_PER_REQUEST_LIMIT}")
+        if not 1 <= self.fetch_bytes_default <= 16 * MiB:
+            raise ValueError("fetch_bytes_default must be in 1..16777216")
+        if not 1 <= self.connections_max <= 100_000:
+            raise ValueError("connections_max must be in 1..100000")
+        if not 1 <= self.keepalive_timeout_s <= 3600:
+            raise ValueError("keepalive_timeout_s must be in 1..3600")
+        if not 1 <= self.shutdown_timeout_s <= 3600:
+            raise ValueError("shutdown_timeout_s must be in 1..3600")
+
+    @property
+    def host(self) -> str:
+        return parse_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return parse_listen(self.listen)[1]
+
+
+class StorageSection(_Section):
+    kind: Literal["local", "s3"] = "local"
+    data_dir: str = DEFAULT_DATA_DIR  # SQLite database; local objects under data_dir/objects
+    sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
+    local_fsync: bool = True  # false: faster, and a crash may lose acknowledged records
+
+    def __post_init__(self) -> None:
+        if not self.data_dir:
+            raise ValueError("data_dir must not be empty")
+
+    @property
+    def db_path(self) -> str:
+        return os.path.join(self.data_dir, "levelzero.db")
+
+    @property
+    def objects_dir(self) -> str:
+        return os.path.join(self.data_dir, "objects")
+
+
+class S3Section(_Section):
+    endpoint: str = ""  # empty: AWS S3; e.g. http://127.0.0.1:9000 for MinIO
+    bucket: str = ""
+    region: str = "us-east-1"
+    path_style: bool = False  # true for MinIO
+    access_key: str = ""  # empty: botocore's chain (AWS_ACCESS_KEY_ID, profiles, roles)
+    secret_key: str = ""
+    session_token: str = ""
+    create_bucket: bool = False
+    concurrency: int = 64
+    max_attempts: int = 5
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.endpoint and not re.match(r"^https?://[^/\s]+", self.endpoint):
+            raise ValueError(f"endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
+        if bool(self.access_key) != bool(self.secret_key):
+            raise ValueError("access_key and secret_key must be given together (or neither)")
+        if not 1 <= self.concurrency <= 1024:
+            raise ValueError("concurrency must be in 1..1024")
+        if not 1 <= self.max_attempts <= 20:
+            raise ValueError("max_attempts must be in 1..20")
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+            raise ValueError("connect_timeout_s and read_timeout_s must be positive")
+
+
+class NodeSection(_Section):
+    fencing_mode: Literal["windowed", "strict"] = "windowed"
+    epoch_cache_ttl_s: float = 5.0
+    epoch_bump_interval_s: float = 60.0  # 0: only on demand (POST /v1/epoch/advance)
+    snapshot_every_records: int = 1_000
+    log_keep_records: int = 10_000
+    drain_timeout_s: float = 20.0  # in-flight produces get this long at shutdown
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.epoch_cache_ttl_s <= 3600:
+            raise ValueError("epoch_cache_ttl_s must be in 0..3600")
+        if not 0 <= self.epoch_bump_interval_s <= 86_400:
+            raise ValueError("epoch_bump_interval_s must be in 0..86400 (0 turns the timer off)")
+        if not 1 <= self.snapshot_every_records <= 10_000_000:
+            raise ValueError("snapshot_every_records must be in 1..10000000")
+        if not 0 <= self.log_keep_records <= 100_000_000:
+            raise ValueError("log_keep_records must be in 0..100000000")
+        if not 0 < self.drain_timeout_s <= 3600:
+            raise ValueError("drain_timeout_s must be in (0, 3600]")
+
+
+class BatcherSection(_Section):
+    linger_ms: float = 250.0
+    batch_bytes_max: int = 4 * MiB
+    inflight_bytes_max: int = 64 * MiB
+    uploads_max: int = 8
+    stale_retries_max: int = 3
+    mailbox_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.mailbox_size <= 100_000:
+            raise ValueError("mailbox_size must be in 1..100000")
+        self.to_batcher_config()  # the batcher's own checks, with its messages
+
+    def to_batcher_config(self) -> BatcherConfig:
+        return BatcherConfig(**msgspec.structs.asdict(self))
+
+
+class LoggingSection(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["kv", "json"] = "kv"  # key=value lines or JSON lines
+    file: str = ""  # empty: stderr (journald); a file is re-opened on SIGHUP
+
+
+class MetricsSection(_Section):
+    # Above this many partitions, per-partition series are left out (only totals are exported).
+    per_partition_max: int = 256
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.per_partition_max <= 100_000:
+            raise ValueError("per_partition_max must be in 0..100000")
+
+
+class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    server: ServerSection = msgspec.field(default_factory=ServerSection)
+    storage: StorageSection = msgspec.field(default_factory=StorageSection)
+    s3: S3Section = msgspec.field(default_factory=S3Section)
+    node: NodeSection = msgspec.field(default_factory=NodeSection)
+    batcher: BatcherSection = msgspec.field(default_factory=BatcherSection)
+    logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
+    metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
+
+    def __post_init__(self) -> None:
+        if self.storage.kind == "s3" and not self.s3.bucket:
+            raise ValueError(
+                "s3.bucket is required when storage.kind = 's3' (or set LEVELZERO_S3_BUCKET)"
+            )
+        if self.node.drain_timeout_s >= self.server.shutdown_timeout_s:
+            raise ValueError(
+                "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
+                "can drain and still finish in time"
+            )
+
+    def node_config(self) -> NodeConfig:
+        return NodeConfig(
+            fencing_mode=FenceMode(self.node.fencing_mode),
+            epoch_cache_ttl_s=self.node.epoch_cache_ttl_s,
+            epoch_bump_interval_s=self.node.epoch_bump_interval_s or None,
+            snapshot_every_records=self.node.snapshot_every_records,
+            log_keep_records=self.node.log_keep_records,
+            batcher=self.batcher.to_batcher_config(),
+        )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def sections() -> dict[str, type[msgspec.Struct]]:
+    """Section name -> its Struct type, read off `Config` itself."""
+    return {f.name: f.type for f in msgspec.structs.fields(Config)}
+
+
+def _env_names() -> dict[str, tuple[str, str]]:
+    names = dict(ENV_ALIASES)
+    for section, struct in sections().items():
+        for f in msgspec.structs.fields(struct):
+            names[f"{ENV_PREFIX}{section}_{f.name}".upper()] = (section, f.name)
+    return names
+
+
+def _field_type(section: str, key: str) -> Any:
+    for f in msgspec.structs.fields(sections()[section]):
+        if f.name == key:
+            return f.type
+    raise AssertionError(f"no field {section}.{key}")
+
+
+def _describe_validation_error(message: str) -> str:
+    """msgspec's 'Expected `int`, got `str` - at `$.server.port`' -> 'server.port: ...'."""
+    match = re.fullmatch(r"(.*?)(?: - at `\$\.?(.*)`)?", message, re.DOTALL)
+    assert match is not None
+    what, path = match.group(1), match.group(2) or ""
+    unknown = re.fullmatch(r"Object contains unknown field `(.*)`", what)
+    if unknown:
+        key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
+        return f"{key}: unknown key"
+    what = what.replace("`", "")
+    return f"{path}: {what}" if path else what
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, Any]]:
+    """(section, key) -> (variable name, typed value) for every LEVELZERO_* setting."""
+    names = _env_names()
+    out: dict[tuple[str, str], tuple[str, Any]] = {}
+    # Long names last, so LEVELZERO_SERVER_LISTEN wins over the alias LEVELZERO_LISTEN.
+    for name in sorted(environ, key=lambda n: n not in ENV_ALIASES):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        if name in ENV_NOT_SETTINGS or name.startswith(ENV_NOT_SETTINGS_PREFIXES):
+            continue
+        target = names.get(name)
+        if target is None:
+            raise ConfigError(f"environment variable {name} is not a levelzero setting")
+        raw = environ[name]
+        try:
+            value = msgspec.convert(raw, _field_type(*target), strict=False)
+        except msgspec.ValidationError as exc:
+            shown = "***" if target in SECRET_KEYS else repr(raw)
+            raise ConfigError(
+                f"environment variable {name} ({'.'.join(target)}) = {shown}: "
+                f"{_describe_validation_error(str(exc))}"
+            ) from None
+        out[target] = (name, value)
+    return out
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[tuple[str, str], Any] | None = None,
+) -> Config:
+    """Merge defaults, the TOML file at `path`, `environ` and `overrides`; validate once."""
+    raw: dict[str, Any] = read_toml(path) if path else {}
+    source = f"invalid configuration ({path})" if path else "invalid configuration"
+    for section, value in raw.items():
+        if section in sections() and not isinstance(value, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+    env = env_overrides(os.environ if environ is None else environ)
+    for (section, key), (_, value) in env.items():
+        raw.setdefault(section, {})[key] = value
+    for (section, key), value in (overrides or {}).items():
+        assert section in sections(), section
+        raw.setdefault(section, {})[key] = value
+    try:
+        return msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        described = _describe_validation_error(str(exc))
+        from_env = [
+            name for (section, key), (name, _) in env.items()
+            if described.startswith(f"{section}.{key}:")
+        ]
+        where = f" (from {', '.join(from_env)})" if from_env else ""
+        raise ConfigError(f"{source}: {described}{where}") from None
+    except InvalidInput as exc:  # pragma: no cover - msgspec wraps __post_init__ errors
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def describe(config: Config) -> dict[str, dict[str, Any]]:
+    """The effective configuration as plain data, secrets masked (safe to log or print)."""
+    out: dict[str, dict[str, Any]] = msgspec.to_builtins(config)
+    for section, key in SECRET_KEYS:
+        if out[section][key]:
+            out[section][key] = "***"
+    return out

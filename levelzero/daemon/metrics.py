@@ -1,0 +1,229 @@
+"""Prometheus metrics of one daemon, in a registry of its own (several daemons per test process).
+
+Most values already live in the node (fence statistics, batcher counters, the epoch), so they are
+read at scrape time by `NodeCollector` rather than mirrored into metric objects on every change.
+Only what the node does not count is observed directly: HTTP requests and produce latency (in
+the API), and L0 object sizes (drained from `node.batcher.stats.object_sizes` at each scrape).
+
+Adding metrics of another component (reconciler, housekeeper, GC): write a function
+`(node) -> Iterable[Metric]` and pass it in `sources` (or append to `DEFAULT_SOURCES`); it runs at
+scrape time on the event loop, like the functions below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from levelzero.actors.node import Node
+from levelzero.actors.partition import PartitionView
+from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+
+Source = Callable[[Node], Iterable[Metric]]
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+OBJECT_SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 27, 2))  # 1 KiB .. 64 MiB
+OBJECT_SIZES_DRAIN_MAX = 100_000
+
+
+def cluster_watermark(node: Node) -> WatermarkDecision:
+    """`M` as the GC would compute it now (status and metrics share this)."""
+    mps = {view.name: view.published_mp for view in node.views()}
+    return compute_cluster_watermark(node.epochs.current, mps)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def epoch_metrics(node: Node) -> Iterable[Metric]:
+    yield _gauge("levelzero_cluster_epoch", "The cluster epoch.", node.epochs.current)
+    cached = node.epoch_cache.cached
+    if cached is not None:
+        yield _gauge("levelzero_epoch_cache_epoch", "This node's cached cluster epoch.", cached)
+    yield _counter(
+        "levelzero_epoch_advances", "Cluster epoch advances by this node.", node.epochs.advances
+    )
+    yield _counter(
+        "levelzero_epoch_cache_refreshes", "Epoch cache refreshes.", node.epoch_cache.refreshes
+    )
+    yield _counter(
+        "levelzero_epoch_cache_invalidations",
+        "Epoch cache invalidations (a fence showed the cache was stale).",
+        node.epoch_cache.invalidations,
+    )
+    decision = cluster_watermark(node)
+    yield _gauge(
+        "levelzero_gc_watermark_blocked",
+        "1 when some partition has no M(p) yet, so M is undefined and the GC deletes nothing.",
+        1 if decision.m is None else 0,
+    )
+    if decision.m is not None:
+        yield _gauge(
+            "levelzero_gc_watermark",
+            "M: min over partitions of M(p), capped at cluster epoch - 1.",
+            decision.m,
+        )
+
+
+def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Iterable[Metric]:
+    """The windowed-fencing probe: totals always, per-partition series when asked."""
+    totals = {
+        "window_slides": "Fence window slides (a newer epoch became the window's maximum).",
+        "stale_rejections": "Writes rejected by the fence with StaleClusterEpoch.",
+        "new_epoch_fences": "Writes admitted as a window's new maximum epoch.",
+        "same_epoch_fences": "Writes admitted inside the current window.",
+    }
+    for field, doc in totals.items():
+        yield _counter(f"levelzero_fence_{field}", doc, sum(getattr(v.fence, field) for v in views))
+    yield _gauge(
+        "levelzero_fence_read_units", "Writes holding a fence read unit.",
+        sum(v.fence.read_units for v in views),
+    )
+    yield _gauge(
+        "levelzero_fence_window_size_max", "Largest fence window (epochs) over partitions.",
+        max((v.fence.window_size for v in views), default=0),
+    )
+    yield _gauge(
+        "levelzero_fence_last_rejected_gap_max",
+        "Largest gap (window minimum - epoch) of a partition's last rejection.",
+        max((v.fence.last_rejected_gap for v in views), default=0),
+    )
+    yield _gauge("levelzero_partitions", "Partitions on this node.", len(views))
+    if not per_partition:
+        return
+    labels = ["topic", "partition"]
+    families = {
+        "window_size": GaugeMetricFamily(
+            "levelzero_partition_fence_window_size", "Fence window size in epochs.", labels=labels
+        ),
+        "window_slides": CounterMetricFamily(
+            "levelzero_partition_fence_window_slides", "Fence window slides.", labels=labels
+        ),
+        "stale_rejections": CounterMetricFamily(
+            "levelzero_partition_fence_stale_rejections", "Stale-epoch rejections.", labels=labels
+        ),
+        "last_rejected_gap": GaugeMetricFamily(
+            "levelzero_partition_fence_last_rejected_gap",
+            "Window minimum - epoch of the last rejection.",
+            labels=labels,
+        ),
+    }
+    state_families = {
+        "high_watermark": GaugeMetricFamily(
+            "levelzero_partition_high_watermark", "Next data offset.", labels=labels
+        ),
+        "lro": GaugeMetricFamily(
+            "levelzero_partition_lro", "Last reconciled offset.", labels=labels
+        ),
+        "mp": GaugeMetricFamily(
+            "levelzero_partition_mp", "Published M(p) (absent until defined).", labels=labels
+        ),
+        "max_applied_epoch": GaugeMetricFamily(
+            "levelzero_partition_max_applied_epoch", "Newest applied epoch.", labels=labels
+        ),
+    }
+    for v in views:
+        label_values = [v.topic, str(v.partition)]
+        for field, family in families.items():
+            family.add_metric(label_values, getattr(v.fence, field))
+        state_values = {
+            "high_watermark": v.state.high_watermark,
+            "lro": v.state.lro,
+            "mp": v.published_mp,
+            "max_applied_epoch": v.state.max_applied_epoch,
+        }
+        for field, family in state_families.items():
+            value = state_values[field]
+            if value is not None:
+                family.add_metric(label_values, value)
+    yield from families.values()
+    yield from state_families.values()
+
+
+def batcher_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.batcher.stats
+    counters = {
+        "objects_uploaded": "L0 objects uploaded.",
+        "bytes_uploaded": "Bytes of L0 objects uploaded.",
+        "extents_appended": "Extents whose placeholder was appended.",
+        "records_appended": "Records acknowledged through placeholders.",
+        "stale_rejections": "Extents rejected by a partition fence (stale epoch).",
+        "stale_retries": "Produce requests retried with a fresh epoch after a rejection.",
+        "stale_failures": "Produce requests that failed after exhausting stale retries.",
+        "orphan_objects": "L0 objects rejected by every partition (left to the GC).",
+    }
+    for field, doc in counters.items():
+        yield _counter(f"levelzero_batcher_{field}", doc, getattr(stats, field))
+    yield _gauge("levelzero_batcher_inflight_bytes", "Produce bytes in flight.", stats.inflight_bytes)
+    yield _counter("levelzero_reader_l0_reads", "Fetches served from L0.", node.reader.l0_reads)
+    yield _counter("levelzero_reader_l1_reads", "Fetches served from L1.", node.reader.l1_reads)
+
+
+DEFAULT_SOURCES: tuple[Source, ...] = (epoch_metrics, batcher_metrics)
+
+
+class NodeCollector(Collector):
+    def __init__(
+        self, node: Node, sources: Sequence[Source], per_partition_max: int, sizes: Histogram
+    ) -> None:
+        self._node = node
+        self._sources = list(sources)
+        self._per_partition_max = per_partition_max
+        self._sizes = sizes
+
+    def add_source(self, source: Source) -> None:
+        self._sources.append(source)
+
+    def collect(self) -> Iterable[Metric]:
+        node = self._node
+        stats = node.batcher.stats
+        # Drain what the batcher noted since the last scrape (it stops noting at its bound).
+        sizes, stats.object_sizes = stats.object_sizes, []
+        for size in sizes[:OBJECT_SIZES_DRAIN_MAX]:
+            self._sizes.observe(size)
+        yield from self._sizes.collect()
+        for source in self._sources:
+            yield from source(node)
+        views = node.views()
+        yield from fence_metrics_of(views, len(views) <= self._per_partition_max)
+
+
+class DaemonMetrics:
+    """The registry and the metrics the API observes directly."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        per_partition_max: int = 256,
+        sources: Sequence[Source] = DEFAULT_SOURCES,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.produce_latency = Histogram(
+            "levelzero_produce_latency_seconds",
+            "Produce request latency, from decoded body to acknowledgement.",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.requests = Counter(
+            "levelzero_http_requests",
+            "HTTP requests by route and status code.",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        object_sizes = Histogram(
+            "levelzero_batcher_object_size_bytes",
+            "Sizes of uploaded L0 objects.",
+            buckets=OBJECT_SIZE_BUCKETS,
+            registry=None,  # exported through NodeCollector, which feeds it at scrape time
+        )
+        self.collector = NodeCollector(node, sources, per_partition_max, object_sizes)
+        self.registry.register(self.collector)

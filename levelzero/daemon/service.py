@@ -1,0 +1,332 @@
+"""One levelzero process: concrete storage wired into a `Node`, served over HTTP, told to systemd.
+
+Everything runs in one anyio task group. Start-up order (DESIGN.md): open storage (SQLite log
+store, object store) -> `Node.run` (replays every partition) -> listen (uvicorn on a socket we
+bound ourselves) -> `READY=1`. Stopping: readiness goes 503 and new produces get 503, the node
+drains in-flight produces (`Node.shutdown`), the HTTP server finishes its responses, the stores
+flush and close, all within `server.shutdown_timeout_s`.
+
+uvicorn runs as a task of our group (`uvicorn.Server.serve`) with its own signal handling
+switched off: signals belong to `run_until_signalled`, which owns SIGTERM/SIGINT (stop) and
+SIGHUP (re-open logs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+
+import anyio
+import anyio.abc
+import uvicorn
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from levelzero.actors.node import Node
+from levelzero.core.errors import LevelZeroError
+from levelzero.storage.local_store import LocalObjectStore
+from levelzero.storage.protocols import ObjectStore
+from levelzero.storage.sqlite_log import SqliteLogStore
+
+from .api import ApiSettings, Lifecycle, build_app
+from .config import Config, describe
+from .logs import configure_logging
+from .metrics import DaemonMetrics
+from .systemd import Notifier
+
+log = logging.getLogger("levelzero.daemon")
+
+LISTEN_BACKLOG = 2048
+
+
+class StartupError(LevelZeroError):
+    """The daemon cannot start (cannot listen, cannot create its data directory)."""
+
+    code = "startup_failed"
+
+
+class _UvicornServer(uvicorn.Server):
+    """uvicorn without signal handlers, with events for 'listening' and 'finished'."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = anyio.Event()
+        self.finished = anyio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the daemon owns signals (run_until_signalled)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.listening.set()
+
+    async def serve_until_exit(self, sock: socket.socket) -> None:
+        try:
+            await self.serve(sockets=[sock])
+        finally:
+            self.listening.set()  # never leave a waiter hanging if start-up failed
+            self.finished.set()
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
+async def open_object_store(config: Config) -> ObjectStore:
+    if config.storage.kind == "local":
+        return LocalObjectStore(config.storage.objects_dir, fsync=config.storage.local_fsync)
+    from levelzero.storage.s3_store import S3Config, S3ObjectStore  # aiobotocore: only for S3
+
+    s3 = config.s3
+    return await S3ObjectStore.open(
+        S3Config(
+            bucket=s3.bucket,
+            endpoint_url=s3.endpoint or None,
+            region=s3.region,
+            path_style=s3.path_style,
+            access_key=s3.access_key or None,
+            secret_key=s3.secret_key or None,
+            session_token=s3.session_token or None,
+            concurrency=s3.concurrency,
+            max_attempts=s3.max_attempts,
+            connect_timeout_s=s3.connect_timeout_s,
+            read_timeout_s=s3.read_timeout_s,
+            create_bucket=s3.create_bucket,
+        )
+    )
+
+
+def _log_store_metrics(store: SqliteLogStore) -> Callable[[Node], Iterable[Metric]]:
+    def source(node: Node) -> Iterable[Metric]:
+        stats = store.statistics()
+        for field in ("commits", "batches", "appends", "records", "rejected_appends"):
+            yield CounterMetricFamily(
+                f"levelzero_log_store_{field}", f"SQLite log store {field}.", value=getattr(stats, field)
+            )
+        yield GaugeMetricFamily(
+            "levelzero_log_store_queued", "Write jobs queued for the SQLite writer.", value=stats.queued
+        )
+
+    return source
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+class Daemon:
+    """Create, then `await tg.start(daemon.run)`; `request_stop()` ends it gracefully."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        notifier: Notifier | None = None,
+        wrap_object_store: Callable[[ObjectStore], ObjectStore] | None = None,
+    ) -> None:
+        self.config = config
+        self.notifier = notifier or Notifier(environ={})
+        self._wrap_object_store = wrap_object_store
+        self.lifecycle = Lifecycle()
+        self._stop_requested = anyio.Event()
+        self.stop_reason = ""
+        self.node: Node | None = None
+        self.metrics: DaemonMetrics | None = None
+        self.port: int | None = None
+        self.url: str | None = None
+        self.stopped_cleanly = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def request_stop(self, reason: str) -> None:
+        if not self._stop_requested.is_set():
+            self.stop_reason = reason
+            self._stop_requested.set()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED) -> None:
+        config = self.config
+        log.info("starting levelzero", extra={"config": describe(config)})
+        self.notifier.status("opening storage")
+        try:
+            os.makedirs(config.storage.data_dir, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
+        async with anyio.create_task_group() as tg:
+            log_store = await SqliteLogStore.open_in(
+                tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
+            )
+            try:
+                object_store = await open_object_store(config)
+                try:
+                    if self._wrap_object_store is not None:
+                        object_store = self._wrap_object_store(object_store)
+                    await self._serve(tg, log_store, object_store, task_status)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await object_store.aclose()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await log_store.aclose()
+            tg.cancel_scope.cancel()  # the watchdog; everything else has ended
+        log.info("levelzero stopped", extra={"clean": self.stopped_cleanly})
+
+    async def _serve(
+        self,
+        tg: anyio.abc.TaskGroup,
+        log_store: SqliteLogStore,
+        object_store: ObjectStore,
+        task_status: anyio.abc.TaskStatus[Daemon],
+    ) -> None:
+        config = self.config
+        node = Node(config.node_config(), log_store, object_store)
+        node.drain_timeout_s = config.node.drain_timeout_s
+        self.node = node
+        self.metrics = metrics = DaemonMetrics(node, per_partition_max=config.metrics.per_partition_max)
+        metrics.collector.add_source(_log_store_metrics(log_store))
+        settings = ApiSettings(
+            token=config.server.token,
+            body_bytes_max=config.server.body_bytes_max,
+            records_per_request_max=config.server.records_per_request_max,
+            fetch_bytes_default=config.server.fetch_bytes_default,
+        )
+        app = build_app(node, metrics, settings, self.lifecycle)
+
+        self.notifier.status("replaying partitions")
+        await tg.start(node.run)
+
+        sock = bind_listener(config.server.host, config.server.port)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{_url_host(config.server.host)}:{self.port}"
+        server = _UvicornServer(
+            uvicorn.Config(
+                app,
+                lifespan="off",
+                log_config=None,
+                access_log=config.server.access_log,
+                http="h11",
+                ws="none",
+                limit_concurrency=config.server.connections_max,
+                timeout_keep_alive=config.server.keepalive_timeout_s,
+                timeout_graceful_shutdown=max(1, int(config.server.shutdown_timeout_s / 3)),
+                server_header=False,
+                proxy_headers=False,
+            )
+        )
+        tg.start_soon(server.serve_until_exit, sock)
+        await server.listening.wait()
+        if not server.started:
+            raise StartupError(f"the HTTP server on {config.server.listen} did not start")
+
+        self.lifecycle.ready = True
+        partitions = len(node.partitions())
+        status = f"serving on {self.url}: {partitions} partitions, epoch {node.epochs.current}"
+        self.notifier.ready(status)
+        await tg.start(self.notifier.run_watchdog)
+        log.info("levelzero ready", extra={"url": self.url, "partitions": partitions,
+                                           "cluster_epoch": node.epochs.current})
+        task_status.started(self)
+
+        await self._stop_requested.wait()
+        await self._stop(node, server)
+
+    async def _stop(self, node: Node, server: _UvicornServer) -> None:
+        timeout_s = self.config.server.shutdown_timeout_s
+        log.info("stopping: draining in-flight produces", extra={"reason": self.stop_reason})
+        self.lifecycle.stopping = True
+        self.notifier.stopping("draining in-flight produces")
+        with anyio.move_on_after(timeout_s) as scope:
+            await node.shutdown()
+            server.should_exit = True
+            await server.finished.wait()
+        if scope.cancelled_caught:
+            log.error("shutdown did not finish within %.0f s; forcing", timeout_s)
+            server.force_exit = True
+            server.should_exit = True
+        else:
+            self.stopped_cleanly = True
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(
+    config: Config,
+    *,
+    wrap_object_store: Callable[[ObjectStore], ObjectStore] | None = None,
+) -> AsyncIterator[Daemon]:
+    """A started daemon for in-process use (demo, tests); stopped gracefully on exit."""
+    daemon = Daemon(config, wrap_object_store=wrap_object_store)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        try:
+            yield daemon
+        finally:
+            daemon.request_stop("leaving running_daemon")
+
+
+async def run_until_signalled(config: Config, notifier: Notifier | None = None) -> bool:
+    """The `levelzero run` process body. Returns whether the stop was clean.
+
+    First SIGTERM/SIGINT: graceful stop (or, during start-up, abandon the start-up). A second
+    one while stopping: give up waiting and exit at once. SIGHUP: re-open log handlers.
+    """
+    daemon = Daemon(config, notifier=notifier or Notifier())
+    forced = False
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
+            run_scope = anyio.CancelScope()
+
+            async def watch_signals() -> None:
+                nonlocal forced
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if signum == signal.SIGHUP:
+                        settings = config.logging
+                        try:
+                            configure_logging(settings.level, settings.format, settings.file)
+                        except OSError as exc:  # keep the old handler; never die of a reload
+                            log.error("SIGHUP: cannot re-open the log file %s: %s", settings.file, exc)
+                        else:
+                            log.info("SIGHUP: log handlers re-opened")
+                    elif not daemon.lifecycle.ready:
+                        log.info("%s during start-up: abandoning the start-up", name)
+                        daemon.request_stop(name)
+                        run_scope.cancel()
+                    elif daemon.stop_requested:
+                        log.warning("%s again while stopping: exiting at once", name)
+                        forced = True
+                        run_scope.cancel()
+                    else:
+                        daemon.request_stop(name)
+
+            tg.start_soon(watch_signals)
+            with run_scope:
+                await daemon.run()
+            daemon.notifier.close()
+            tg.cancel_scope.cancel()
+    if forced:
+        return False
+    return daemon.stopped_cleanly or not daemon.lifecycle.ready

@@ -1,0 +1,258 @@
+"""Configuration: defaults, TOML, environment and flags, each validated with a message naming
+the key; and the logging formatters."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from levelzero.core.fence import FenceMode
+from levelzero.daemon.cli import main
+from levelzero.daemon.config import ConfigError, Config, describe, load_config, parse_listen
+from levelzero.daemon.logs import JsonFormatter, KeyValueFormatter, configure_logging
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "systemd" / "levelzero.toml"
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "levelzero.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_no_configuration_runs_on_embedded_defaults() -> None:
+    config = load_config(None, environ={})
+    assert config.storage.kind == "local"
+    assert config.storage.data_dir == "./levelzero-data"
+    assert config.storage.db_path == "./levelzero-data/levelzero.db"
+    assert config.storage.objects_dir == "./levelzero-data/objects"
+    assert config.server.listen == "127.0.0.1:8420"
+    assert config.node_config().fencing_mode is FenceMode.WINDOWED
+
+
+def test_documented_example_is_valid_and_equals_the_defaults() -> None:
+    assert load_config(str(EXAMPLE), environ={}) == Config()
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\nlisten_adress = 'x'\n")
+    with pytest.raises(ConfigError, match=r"server\.listen_adress: unknown key"):
+        load_config(path, environ={})
+
+
+def test_unknown_section_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"serverr: unknown key"):
+        load_config(write(tmp_path, "[serverr]\nlisten = 'x'\n"), environ={})
+
+
+def test_wrong_type_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[batcher]\nlinger_ms = 'soon'\n")
+    with pytest.raises(ConfigError, match=r"batcher\.linger_ms: Expected float, got str"):
+        load_config(path, environ={})
+
+
+def test_bad_enum_value_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[node]\nfencing_mode = 'loose'\n")
+    with pytest.raises(ConfigError, match=r"node\.fencing_mode: Invalid enum value 'loose'"):
+        load_config(path, environ={})
+
+
+def test_out_of_range_value_names_section_and_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"server: records_per_request_max must be in"):
+        load_config(write(tmp_path, "[server]\nrecords_per_request_max = 0\n"), environ={})
+    with pytest.raises(ConfigError, match=r"batcher: need 1024 <= batch_bytes_max"):
+        load_config(write(tmp_path, "[batcher]\nbatch_bytes_max = 10\n"), environ={})
+
+
+def test_invalid_toml_and_missing_file_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_config(write(tmp_path, "[server\n"), environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "nope.toml"), environ={})
+
+
+def test_environment_overrides_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[storage]\ndata_dir = '/from/file'\n[batcher]\nlinger_ms = 10.0\n")
+    config = load_config(
+        path,
+        environ={"LEVELZERO_DATA_DIR": "/from/env", "LEVELZERO_BATCHER_LINGER_MS": "20",
+                 "LEVELZERO_S3_PATH_STYLE": "true", "PATH": "/usr/bin"},
+    )
+    assert config.storage.data_dir == "/from/env"
+    assert config.batcher.linger_ms == 20.0
+    assert config.s3.path_style is True
+
+
+def test_long_environment_name_wins_over_alias() -> None:
+    config = load_config(
+        None, environ={"LEVELZERO_LISTEN": "127.0.0.1:1", "LEVELZERO_SERVER_LISTEN": "127.0.0.1:2"}
+    )
+    assert config.server.listen == "127.0.0.1:2"
+
+
+def test_flags_override_environment_and_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\n[storage]\ndata_dir = '/file'\n")
+    config = load_config(
+        path,
+        environ={"LEVELZERO_LISTEN": "127.0.0.1:2", "LEVELZERO_DATA_DIR": "/env"},
+        overrides={("server", "listen"): "127.0.0.1:3", ("storage", "data_dir"): "/flag"},
+    )
+    assert config.server.listen == "127.0.0.1:3"
+    assert config.storage.data_dir == "/flag"
+
+
+def test_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"LEVELZERO_SERVER_BODY_BYTES_MAX \(server\.body_bytes_max\) = 'lots'"):
+        load_config(None, environ={"LEVELZERO_SERVER_BODY_BYTES_MAX": "lots"})
+
+
+def test_unknown_environment_setting_is_refused_but_client_variables_are_not() -> None:
+    with pytest.raises(ConfigError, match="LEVELZERO_S3_BUKET is not a levelzero setting"):
+        load_config(None, environ={"LEVELZERO_S3_BUKET": "b"})
+    load_config(None, environ={"LEVELZERO_URL": "http://x", "LEVELZERO_TEST_S3_ENDPOINT": "y"})
+
+
+def test_non_loopback_listen_requires_a_token() -> None:
+    with pytest.raises(ConfigError, match=r"token is required when listen \(0\.0\.0\.0:8420\)"):
+        load_config(None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420"})
+    with pytest.raises(ConfigError, match="token must be at least 16 characters"):
+        load_config(None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "short"})
+    config = load_config(
+        None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "x" * 16}
+    )
+    assert config.server.token == "x" * 16
+    for loopback in ("127.0.0.1:1", "[::1]:1", "localhost:1"):
+        assert load_config(None, environ={"LEVELZERO_LISTEN": loopback}).server.token == ""
+
+
+def test_listen_parsing() -> None:
+    assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)
+    assert parse_listen("[::1]:8420") == ("::1", 8420)
+    for bad in ("8420", "host:", ":80", "::1:80", "h:99999", "h:-1"):
+        with pytest.raises(ValueError):
+            parse_listen(bad)
+
+
+def test_s3_requires_a_bucket_and_paired_credentials() -> None:
+    with pytest.raises(ConfigError, match="s3.bucket is required"):
+        load_config(None, environ={"LEVELZERO_STORAGE_KIND": "s3"})
+    with pytest.raises(ConfigError, match="access_key and secret_key must be given together"):
+        load_config(None, environ={"LEVELZERO_S3_ACCESS_KEY": "a"})
+    config = load_config(
+        None,
+        environ={
+            "LEVELZERO_STORAGE_KIND": "s3", "LEVELZERO_S3_BUCKET": "b",
+            "LEVELZERO_S3_ENDPOINT": "http://127.0.0.1:9000", "LEVELZERO_S3_PATH_STYLE": "1",
+            "LEVELZERO_S3_ACCESS_KEY": "minioadmin", "LEVELZERO_S3_SECRET_KEY": "secret-value",
+        },
+    )
+    assert (config.s3.bucket, config.s3.endpoint, config.s3.path_style) == ("b", "http://127.0.0.1:9000", True)
+
+
+def test_secrets_are_masked_when_described() -> None:
+    config = load_config(
+        None,
+        environ={"LEVELZERO_TOKEN": "t" * 20, "LEVELZERO_S3_ACCESS_KEY": "AKIAEXAMPLE",
+                 "LEVELZERO_S3_SECRET_KEY": "very-secret"},
+    )
+    described = json.dumps(describe(config))
+    assert "t" * 20 not in described and "AKIAEXAMPLE" not in described and "very-secret" not in described
+    assert describe(config)["server"]["token"] == "***"
+    assert describe(config)["s3"]["session_token"] == ""
+
+
+def test_secret_in_a_bad_environment_value_is_not_echoed() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, environ={"LEVELZERO_SERVER_TOKEN": "x" * 8, "LEVELZERO_LISTEN": "0.0.0.0:1"})
+    assert "x" * 8 not in str(caught.value)
+
+
+def test_config_show_prints_effective_configuration(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("LEVELZERO_CONFIG", raising=False)
+    monkeypatch.setenv("LEVELZERO_TOKEN", "secret-token-123456")
+    assert main(["config", "show", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:9"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["storage"]["data_dir"] == str(tmp_path)
+    assert shown["server"]["listen"] == "127.0.0.1:9"
+    assert shown["server"]["token"] == "***"
+
+
+def test_run_with_bad_configuration_exits_2_naming_the_key(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    path = write(tmp_path, "[server]\nbogus = 1\n")
+    assert main(["run", "--config", path]) == 2
+    assert "server.bogus: unknown key" in capsys.readouterr().err
+
+
+def test_run_refuses_a_non_loopback_listen_without_token(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("LEVELZERO_TOKEN", raising=False)
+    monkeypatch.delenv("LEVELZERO_SERVER_TOKEN", raising=False)
+    assert main(["run", "--data-dir", str(tmp_path), "--listen", "0.0.0.0:0"]) == 2
+    assert "token is required" in capsys.readouterr().err
+
+
+def test_daemon_refuses_to_run_without_assertions(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-O", "-m", "levelzero.daemon.cli", "run", "--data-dir", str(tmp_path)],
+        capture_output=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert b"refusing to run with assertions disabled" in result.stderr
+    assert not (tmp_path / "levelzero.db").exists()
+
+
+# ---------------------------------------------------------------------------------- logs
+
+
+def _record(msg: str, **extra: object) -> logging.LogRecord:
+    record = logging.LogRecord("levelzero.test", logging.WARNING, __file__, 1, msg, None, None)
+    record.__dict__.update(extra)
+    return record
+
+
+def test_key_value_lines_carry_extras_and_stay_one_line() -> None:
+    line = KeyValueFormatter().format(_record("two\nlines", epoch=7, where="a b"))
+    assert "\n" not in line
+    assert " level=warning logger=levelzero.test " in line
+    assert 'msg="two\\nlines"' in line
+    assert "epoch=7" in line and 'where="a b"' in line
+
+
+def test_exceptions_stay_on_the_event_line() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", None, sys.exc_info())
+    line = KeyValueFormatter().format(record)
+    assert "\n" not in line and "ValueError: boom" in line
+    parsed = json.loads(JsonFormatter().format(record))
+    assert parsed["msg"] == "failed" and "ValueError: boom" in parsed["exc"]
+
+
+def test_json_lines_parse() -> None:
+    parsed = json.loads(JsonFormatter().format(_record("hello", partitions=3)))
+    assert parsed["msg"] == "hello" and parsed["partitions"] == 3 and parsed["level"] == "warning"
+
+
+def test_configure_logging_replaces_handlers() -> None:
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    try:
+        first, second = io.StringIO(), io.StringIO()
+        configure_logging("info", "kv", stream=first)
+        configure_logging("info", "json", stream=second)
+        logging.getLogger("levelzero.test").info("after", extra={"n": 1})
+        assert first.getvalue() == ""
+        assert json.loads(second.getvalue())["n"] == 1
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved_handlers:
+            root.addHandler(handler)
+        root.setLevel(saved_level)

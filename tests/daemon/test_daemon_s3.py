@@ -1,0 +1,59 @@
+"""The daemon on S3 (moto, or the server in LEVELZERO_TEST_S3_ENDPOINT) configured the way the
+README configures MinIO: endpoint, bucket, region, path style, credentials from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from levelzero.core.errors import StorageError
+from levelzero.daemon.cli import leaf_errors
+from levelzero.daemon.client import Client
+from levelzero.daemon.config import load_config
+from levelzero.daemon.service import running_daemon
+
+pytestmark = pytest.mark.s3
+
+
+def s3_environ(endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
+    return {
+        "LEVELZERO_STORAGE_KIND": "s3",
+        "LEVELZERO_S3_ENDPOINT": endpoint.endpoint_url,
+        "LEVELZERO_S3_BUCKET": bucket,
+        "LEVELZERO_S3_REGION": endpoint.region,
+        "LEVELZERO_S3_PATH_STYLE": "true",
+        "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
+        "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
+        "LEVELZERO_S3_MAX_ATTEMPTS": "2",
+    }
+
+
+async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_bucket: str) -> None:  # noqa: ANN001
+    config = load_config(
+        None,
+        environ=s3_environ(s3_endpoint, s3_bucket),
+        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0",
+                   ("batcher", "linger_ms"): 5.0},
+    )
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 2)
+        ack = await client.produce("t", 1, [(b"k", b"stored in s3"), (None, b"\x00" * 1000)])
+        assert (ack.base_offset, ack.last_offset) == (0, 1)
+        fetched = await client.fetch("t", 1, 0)
+        assert [(r.key, r.value) for r in fetched.records] == [(b"k", b"stored in s3"), (None, b"\x00" * 1000)]
+        keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
+        assert any(key.startswith("level_zero/data/") for key in keys)
+
+
+async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path, s3_endpoint) -> None:  # noqa: ANN001
+    config = load_config(
+        None,
+        environ=s3_environ(s3_endpoint, "levelzero-no-such-bucket"),
+        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0"},
+    )
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may arrive in an exception group
+        async with running_daemon(config):
+            pass
+    errors = leaf_errors(caught.value)
+    assert any(isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors)
