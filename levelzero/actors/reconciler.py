@@ -154,7 +154,11 @@ class Reconciler:
         now = self._wall()
         row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)
         await self._log.l1_insert(row)
-        await self._objects.put(key, data)
+        try:
+            await self._objects.put(key, data)
+        except LevelZeroError:
+            await self._collect_quietly(actor, row)  # it may exist: a lost response
+            raise
         await self._log.l1_transition(key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall())
         row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_FINISHED, now, self._wall())
         try:

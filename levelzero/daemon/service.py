@@ -91,7 +91,21 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+FAULTS_ENV = "LEVELZERO_TEST_FAULTS"
+
+
 async def open_object_store(config: Config) -> ObjectStore:
+    store = await _open_object_store(config)
+    spec = os.environ.get(FAULTS_ENV)
+    if spec:
+        from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
+
+        log.warning("%s is set: injecting object-store faults (%s); test use only", FAULTS_ENV, spec)
+        return FaultyObjectStore(store, FaultSpec.parse(spec))
+    return store
+
+
+async def _open_object_store(config: Config) -> ObjectStore:
     if config.storage.kind == "local":
         return LocalObjectStore(config.storage.objects_dir, fsync=config.storage.local_fsync)
     from levelzero.storage.s3_store import S3Config, S3ObjectStore  # aiobotocore: only for S3
