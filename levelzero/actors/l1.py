@@ -107,9 +107,9 @@ class L1Catalog:
             elif row.state == L1State.COPY_FINISHED:
                 if row.last_offset < state.start_offset:
                     reason = "below the start offset (retention)"
-                elif not self.is_valid(actor, row) and (
-                    row.term < actor.term or now - row.updated_at > copy_deadline_s
-                ):
+                elif not self.is_valid(actor, row) and row.term < actor.term:
+                    # Never by age in the current term: its catch-up may still be on the way,
+                    # and deleting first would let LRO advance over a deleted object.
                     reason = f"outside the term lineage (term {row.term})"
             if reason is None:
                 continue

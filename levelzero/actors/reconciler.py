@@ -159,7 +159,15 @@ class Reconciler:
         except LevelZeroError:
             await self._collect_quietly(actor, row)  # it may exist: a lost response
             raise
-        await self._log.l1_transition(key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall())
+        if not await self._log.l1_transition(
+            key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall()
+        ):
+            # Collected as a stale copy while the upload was slow: abandon it, and remove the
+            # object the late upload may have left behind (deletes are idempotent).
+            self.stats.errors += 1
+            log.warning("copy %s was collected before it finished; abandoned", key)
+            await self._objects.delete_many([key])
+            return False
         row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_FINISHED, now, self._wall())
         try:
             await actor.catch_up(last, lrlo, term)

@@ -328,3 +328,43 @@ async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_st
         deleted = [r for r in log_store.l0_objects.values() if r.deleted_at is not None]
         assert len(deleted) == len(log_store.l0_objects) == len(l0_before)
         assert rounds >= 1
+
+
+async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_reported():
+    """The stale-copy deadline fired while the upload hung: the late upload must neither advance
+    LRO over a deleted object nor leave the object behind."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    gate, uploading = anyio.Event(), anyio.Event()
+
+    class SlowL1Store(MemoryObjectStore):
+        async def put(self, key, data):
+            if key.startswith(L1_ROOT) and not gate.is_set():
+                uploading.set()
+                await gate.wait()
+            await super().put(key, data)
+
+    slow = SlowL1Store()
+    slow._objects = objects._objects
+    async with running_node(log_store, slow, wall) as node:
+        await node.create_topic("t", 1)
+        actor = node.partition("t", 0)
+        await produce_values(node, "t", 0, [b"a", b"b"])
+        outcome = {}
+
+        async def reconcile():
+            outcome["ok"] = await node.reconciler.reconcile_partition(actor)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reconcile)
+            await uploading.wait()
+            wall.now += 3600
+            await node.l1.collect(actor, copy_deadline_s=60.0)
+            gate.set()
+        assert outcome["ok"] is False
+        assert actor.state.lro == -1
+        assert l1_keys(objects) == set()
+        (row,) = await log_store.l1_list(actor.row.pid)
+        assert row.state == L1State.DELETE_FINISHED
+        assert await node.reconciler.run_round() == 1  # the next attempt reconciles for real
+        assert actor.state.lro == 1 and len(l1_keys(objects)) == 1
