@@ -1,0 +1,152 @@
+"""The analysis's inputs: export directories, checked before any Spark work.
+
+Every check here is cheap (directory listings, manifests, Parquet footers), so a wrong path or a
+foreign file fails in a second with a message naming it, instead of minutes into a Spark job.
+Only files of committed exports (sequence number <= the manifest's `last_seq`) are inputs: a
+crashed export's leftovers are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import manifest as manifest_file
+from .errors import AnalysisError, ExportError, JavaNotFound
+from .manifest import MANIFEST_NAME, Manifest
+from .schemas import TABLES, schema_mismatch
+
+JAVA_MAJOR_MIN = 17
+JAVA_VERSION_TIMEOUT_S = 30.0
+JAVA_HINT = (
+    "Java 17 (a JRE) is required for the analysis: apt-get install openjdk-17-jre-headless "
+    "(or set JAVA_HOME to a Java 17+ installation)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportInput:
+    path: str
+    manifest: Manifest
+    files: dict[str, list[str]]  # table -> committed Parquet files, every one schema-checked
+
+    @property
+    def file_count(self) -> int:
+        return sum(len(files) for files in self.files.values())
+
+
+def load_inputs(in_dirs: list[str]) -> list[ExportInput]:
+    """Each directory, checked: it exists, is an export, and every data file has its table's
+    schema. Raises AnalysisError naming the first problem."""
+    if not in_dirs:
+        raise AnalysisError("no input directory given: pass one or more export directories")
+    inputs = []
+    seen = set()
+    for in_dir in in_dirs:
+        path = os.path.abspath(os.fspath(in_dir))
+        if path in seen:
+            continue
+        seen.add(path)
+        inputs.append(_load_one(path))
+    if not any(found.file_count for found in inputs):
+        raise AnalysisError(
+            f"the export directories hold no rows yet ({', '.join(i.path for i in inputs)}): "
+            "nothing to analyse"
+        )
+    return inputs
+
+
+def _load_one(path: str) -> ExportInput:
+    if not os.path.exists(path):
+        raise AnalysisError(f"input directory {path} does not exist")
+    if not os.path.isdir(path):
+        raise AnalysisError(f"input {path} is not a directory (pass an export directory)")
+    if not os.listdir(path):
+        raise AnalysisError(
+            f"input directory {path} is empty: run `levelzero export --out {path}` first"
+        )
+    try:
+        manifest = manifest_file.load(path)
+    except ExportError as error:
+        raise AnalysisError(str(error)) from None
+    if manifest is None:
+        raise AnalysisError(
+            f"{path} is not a levelzero export directory (no {MANIFEST_NAME}); pass the "
+            "directory `levelzero export --out` wrote"
+        )
+    files = {table: _table_files(path, table, manifest.last_seq) for table in TABLES}
+    return ExportInput(path, manifest, files)
+
+
+def _table_files(path: str, table: str, last_seq: int) -> list[str]:
+    table_dir = os.path.join(path, table)
+    if not os.path.isdir(table_dir):
+        return []
+    found = []
+    for partition in sorted(os.listdir(table_dir)):
+        partition_dir = os.path.join(table_dir, partition)
+        if not (partition.startswith("date=") and os.path.isdir(partition_dir)):
+            continue
+        for name in sorted(os.listdir(partition_dir)):
+            seq = manifest_file.file_seq(name)
+            if seq is None or seq > last_seq:
+                continue  # not ours, or an export that never committed
+            file_path = os.path.join(partition_dir, name)
+            _check_schema(file_path, table)
+            found.append(file_path)
+    return found
+
+
+def _check_schema(file_path: str, table: str) -> None:
+    try:
+        schema = pq.read_schema(file_path)
+    except (pa.ArrowException, OSError) as error:
+        raise AnalysisError(f"{file_path} is not a readable Parquet file: {error}") from None
+    why = schema_mismatch(table, schema)
+    if why is not None:
+        raise AnalysisError(
+            f"{file_path} does not have the {table} schema: {why} (see "
+            "levelzero/export/SCHEMAS.md)"
+        )
+
+
+def check_java() -> str:
+    """The java executable Spark will use (JAVA_HOME first, then PATH), if it is Java 17+."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home:
+        java = os.path.join(java_home, "bin", "java")
+        if not (os.path.isfile(java) and os.access(java, os.X_OK)):
+            raise JavaNotFound(f"JAVA_HOME={java_home} has no bin/java. {JAVA_HINT}")
+    else:
+        found = shutil.which("java")
+        if found is None:
+            raise JavaNotFound(f"no java on PATH and JAVA_HOME is not set. {JAVA_HINT}")
+        java = found
+    major = _java_major_version(java)
+    if major is not None and major < JAVA_MAJOR_MIN:
+        raise JavaNotFound(f"{java} is Java {major}; Spark 4 needs 17 or newer. {JAVA_HINT}")
+    return java
+
+
+def _java_major_version(java: str) -> int | None:
+    """The major version `java -version` reports; None when it cannot be told."""
+    try:
+        done = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=JAVA_VERSION_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise JavaNotFound(f"{java} does not run ({error}). {JAVA_HINT}") from None
+    for line in (done.stderr + done.stdout).splitlines():
+        if "version" in line and '"' in line:
+            parts = line.split('"')[1].split(".")  # "17.0.15", "11", "1.8.0_292"
+            legacy = parts[0] == "1" and len(parts) > 1
+            try:
+                return int(parts[1] if legacy else parts[0].split("-")[0])
+            except ValueError:
+                return None
+    return None

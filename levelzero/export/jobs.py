@@ -1,0 +1,571 @@
+"""The Spark side of the analysis: input tables as DataFrames in, collected results out.
+
+Imported only once Java has been found (it imports PySpark). Every input stays a DataFrame
+from reading to aggregating; `_keep` collects a result only when it is small by construction —
+at most one row per time bucket, histogram bin, window or partition. The one result that grows
+with partitions × buckets is written by Spark and never collected.
+
+Definitions are in `analyze.py`'s docstring (and in the report).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F  # noqa: N812
+from pyspark.sql import types as T  # noqa: N812
+
+import pyarrow as pa
+
+from .errors import AnalysisError
+from .inputs import ExportInput
+from .results import Results, ResultTable
+from .schemas import TABLES
+
+BUCKETS_MAX = 240  # time buckets of the over-time results, when the analysis chooses the bucket
+BUCKETS_REQUESTED_MAX = 20_000  # ... and when the caller chose it
+NICE_BUCKETS_S = (
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+    172800, 604800,
+)
+HISTOGRAM_BINS = 20
+LAG_PERCENTILES = (0.5, 0.9, 0.99)
+PERCENTILE_ACCURACY = 10_000  # percentile_approx: rank error <= rows / accuracy
+L1_LIVE_UNTIL_STATES = ("DELETE_STARTED", "DELETE_FINISHED")
+
+
+def nice_bucket_s(span_s: float) -> float:
+    """The smallest round bucket that cuts `span_s` into at most BUCKETS_MAX buckets."""
+    for candidate in NICE_BUCKETS_S:
+        if span_s / candidate < BUCKETS_MAX:
+            return float(candidate)
+    return float(math.ceil(span_s / (BUCKETS_MAX - 1)))
+
+
+def spark_schema(table: str) -> T.StructType:
+    def spark_type(arrow_type: pa.DataType) -> T.DataType:
+        if pa.types.is_int64(arrow_type):
+            return T.LongType()
+        if pa.types.is_float64(arrow_type):
+            return T.DoubleType()
+        if pa.types.is_string(arrow_type):
+            return T.StringType()
+        if pa.types.is_boolean(arrow_type):
+            return T.BooleanType()
+        raise AssertionError(f"no Spark type for {arrow_type}")
+
+    return T.StructType(
+        [T.StructField(f.name, spark_type(f.type), True) for f in TABLES[table].schema]
+    )
+
+
+def _count(condition: Column | None = None) -> Column:
+    return F.count(F.lit(1)) if condition is None else F.count(F.when(condition, 1))
+
+
+class SparkAnalysis:
+    def __init__(
+        self,
+        spark: SparkSession,
+        inputs: list[ExportInput],
+        out_dir: str,
+        bucket_s: float | None,
+    ) -> None:
+        self.spark = spark
+        self.inputs = inputs
+        self.out_dir = out_dir
+        self.requested_bucket_s = bucket_s
+        self._cached: list[DataFrame] = []
+
+    def run(self) -> Results:
+        try:
+            frames = {table: self._table(table) for table in TABLES}
+            rows = {table: frame.count() for table, frame in frames.items()}
+            self.results = self._time_grid(frames, rows)
+            self.grid = self.spark.range(self.results.buckets).withColumnRenamed("id", "b")
+            objects, deletions = frames["l0_objects"], frames["l0_deletions"]
+            self._gc_lag(objects, deletions, frames["gc_rounds"])
+            self._gc_rounds_over_time(frames["gc_rounds"])
+            self._storage(objects, deletions, frames["l1_objects"])
+            self._partition_states(frames["state_samples"])
+            self._fence(frames["fence_events"])
+            self._throughput(frames["log_entries"])
+            return self.results
+        finally:
+            for frame in self._cached:
+                frame.unpersist()
+
+    # ------------------------------------------------------------------ inputs and time grid
+
+    def _table(self, table: str) -> DataFrame:
+        files = [path for found in self.inputs for path in found.files[table]]
+        schema = spark_schema(table)
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        frame = self.spark.read.schema(schema).parquet(*files).select(*schema.fieldNames())
+        if len(self.inputs) > 1:
+            # One directory never holds a row twice; several may overlap. Deduplicating is a
+            # shuffle: do it once, not in every result that reads the table.
+            frame = self._cache(frame.dropDuplicates(list(TABLES[table].key)))
+        return frame
+
+    def _cache(self, frame: DataFrame) -> DataFrame:
+        frame = frame.cache()
+        self._cached.append(frame)
+        return frame
+
+    def _time_grid(self, frames: dict[str, DataFrame], rows: dict[str, int]) -> Results:
+        times = None
+        for table, frame in frames.items():
+            part = frame.select(F.col(TABLES[table].time_column).alias("t"))
+            times = part if times is None else times.unionByName(part)
+        assert times is not None
+        bounds = times.agg(F.min("t").alias("lo"), F.max("t").alias("hi")).collect()[0]
+        if bounds["lo"] is None:
+            raise AnalysisError("the export directories hold no rows: nothing to analyse")
+        t_min, t_max = float(bounds["lo"]), float(bounds["hi"])
+        span = t_max - t_min
+        bucket_s = float(self.requested_bucket_s or nice_bucket_s(span))
+        t0 = math.floor(t_min / bucket_s) * bucket_s
+        buckets = int(math.floor((t_max - t0) / bucket_s)) + 1
+        if buckets > BUCKETS_REQUESTED_MAX:
+            raise AnalysisError(
+                f"a bucket of {bucket_s:g} s cuts the data's {span:,.0f} s into {buckets:,} "
+                f"buckets; choose at least {span / BUCKETS_REQUESTED_MAX:,.0f} s (or let the "
+                "analysis choose)"
+            )
+        results = Results(
+            inputs=[found.path for found in self.inputs],
+            rows=rows,
+            bucket_s=bucket_s,
+            t0=t0,
+            buckets=buckets,
+        )
+        results.figures.update(
+            time_start=t_min, time_end=t_max, buckets=buckets, bucket_s=bucket_s
+        )
+        return results
+
+    def _bucket(self, column: str) -> Column:
+        """The time bucket (0-based index on the grid) of a time column."""
+        t0, bucket_s = self.results.t0, self.results.bucket_s
+        return F.floor((F.col(column) - F.lit(t0)) / F.lit(bucket_s)).cast("long")
+
+    def _bucket_start(self) -> Column:
+        t0, bucket_s = self.results.t0, self.results.bucket_s
+        return (F.lit(t0) + F.col("b") * F.lit(bucket_s)).alias("bucket_start")
+
+    def _keep(self, name: str, frame: DataFrame, order: Sequence[str | Column] = ()) -> ResultTable:
+        """Collect a small result, ordered, for the report and the result files."""
+        if order:
+            frame = frame.orderBy(*order)
+        table = ResultTable(list(frame.columns), [row.asDict() for row in frame.collect()])
+        self.results.tables[name] = table
+        return table
+
+    # ------------------------------------------------------------------ GC lag
+
+    def _eligible_since(self, objects: DataFrame, rounds: DataFrame) -> DataFrame:
+        """(epoch, reached_at): the first round start at which M >= epoch, per object epoch.
+
+        The first time M took each value, then a suffix minimum over M descending (the first
+        time M was *at least* it: M is monotone per GC, rounds of several GCs or restarts need
+        not be). Each M value covers the epochs above the next lower value, a range join of
+        two small tables (distinct epochs × distinct M values)."""
+        firsts = (
+            rounds.where(F.col("m").isNotNull())
+            .groupBy("m")
+            .agg(F.min("started_at").alias("first_at"))
+        )
+        from_above = Window.orderBy(F.col("m").desc()).rowsBetween(Window.unboundedPreceding, 0)
+        steps = firsts.withColumn("reached_at", F.min("first_at").over(from_above)).withColumn(
+            "m_below", F.lag("m").over(Window.orderBy("m"))
+        )
+        covers = (F.col("epoch") <= F.col("m")) & (
+            F.col("m_below").isNull() | (F.col("epoch") > F.col("m_below"))
+        )
+        epochs = objects.select("epoch").distinct()
+        return epochs.join(F.broadcast(steps), covers, "left").select("epoch", "reached_at")
+
+    def _gc_lag(self, objects: DataFrame, deletions: DataFrame, rounds: DataFrame) -> None:
+        lags = (
+            objects.join(deletions, "key", "left")
+            .join(F.broadcast(self._eligible_since(objects, rounds)), "epoch", "left")
+            .withColumn(
+                "eligible_at",
+                F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at")),
+            )
+            .withColumn("lag_s", F.col("deleted_at") - F.col("eligible_at"))
+            .withColumn("explained", F.col("lag_s").isNotNull() & (F.col("lag_s") >= 0))
+        )
+        lags = self._cache(lags)
+        deleted = F.col("deleted_at").isNotNull()
+        lag = F.when(F.col("explained"), F.col("lag_s"))
+        summary = lags.agg(
+            _count().alias("objects"),
+            F.coalesce(F.sum("size"), F.lit(0)).alias("bytes"),
+            _count(deleted).alias("deleted"),
+            F.coalesce(F.sum(F.when(deleted, F.col("size"))), F.lit(0)).alias("deleted_bytes"),
+            _count(~deleted & F.col("eligible_at").isNotNull()).alias("eligible_live"),
+            _count(deleted & ~F.col("explained")).alias("unexplained"),
+            _count(F.col("explained")).alias("lags"),
+            F.percentile_approx(lag, list(LAG_PERCENTILES), PERCENTILE_ACCURACY).alias("p"),
+            F.max(lag).alias("lag_max"),
+            F.avg(lag).alias("lag_mean"),
+        ).collect()[0]
+        p50, p90, p99 = summary["p"] or [None] * len(LAG_PERCENTILES)
+        figures = self.results.figures
+        figures.update(
+            l0_objects=summary["objects"],
+            l0_bytes=summary["bytes"],
+            l0_deleted=summary["deleted"],
+            l0_deleted_bytes=summary["deleted_bytes"],
+            l0_live_objects_end=summary["objects"] - summary["deleted"],
+            l0_live_bytes_end=summary["bytes"] - summary["deleted_bytes"],
+            l0_eligible_not_deleted=summary["eligible_live"],
+            l0_deleted_unexplained=summary["unexplained"],
+            gc_lag_count=summary["lags"],
+            gc_lag_p50_s=p50,
+            gc_lag_p90_s=p90,
+            gc_lag_p99_s=p99,
+            gc_lag_max_s=summary["lag_max"],
+            gc_lag_mean_s=summary["lag_mean"],
+        )
+        summary_rows = [
+            {"figure": name, "value": None if figures[name] is None else float(figures[name])}
+            for name in (
+                "gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
+                "gc_lag_mean_s", "l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes",
+                "l0_eligible_not_deleted", "l0_deleted_unexplained",
+            )
+        ]
+        self.results.tables["gc_lag_summary"] = ResultTable(["figure", "value"], summary_rows)
+        self._lag_histogram(lags, summary["lag_max"])
+
+    def _lag_histogram(self, lags: DataFrame, lag_max: float | None) -> None:
+        columns = ["bin_lo_s", "bin_hi_s", "objects"]
+        if lag_max is None:
+            self.results.tables["gc_lag_histogram"] = ResultTable(columns, [])
+            return
+        bins = HISTOGRAM_BINS if lag_max > 0 else 1
+        width = lag_max / bins if lag_max > 0 else 1.0
+        last_bin = F.lit(bins - 1)
+        counts = (
+            lags.where(F.col("explained"))
+            .select(F.least(F.floor(F.col("lag_s") / width), last_bin).cast("long").alias("bin"))
+            .groupBy("bin")
+            .agg(_count().alias("objects"))
+        )
+        histogram = (
+            self.spark.range(bins)
+            .withColumnRenamed("id", "bin")
+            .join(counts, "bin", "left")
+            .select(
+                (F.col("bin") * width).alias("bin_lo_s"),
+                ((F.col("bin") + 1) * width).alias("bin_hi_s"),
+                F.coalesce("objects", F.lit(0)).alias("objects"),
+            )
+        )
+        self._keep("gc_lag_histogram", histogram, order=["bin_lo_s"])
+
+    def _gc_rounds_over_time(self, rounds: DataFrame) -> None:
+        totals = rounds.agg(
+            _count().alias("rounds"),
+            _count(F.col("dry_run")).alias("dry_runs"),
+            _count(F.col("m").isNull()).alias("blocked"),
+            F.max("m").alias("m_max"),
+            F.max("cluster_epoch").alias("epoch_max"),
+        ).collect()[0]
+        self.results.figures.update(
+            gc_rounds=totals["rounds"],
+            gc_dry_runs=totals["dry_runs"],
+            gc_blocked_rounds=totals["blocked"],
+            gc_m_max=totals["m_max"],
+            cluster_epoch_max=totals["epoch_max"],
+        )
+        real = ~F.col("dry_run")
+        per_bucket = (
+            rounds.withColumn("b", self._bucket("started_at"))
+            .groupBy("b")
+            .agg(
+                _count().alias("rounds"),
+                F.max("cluster_epoch").alias("cluster_epoch"),
+                F.max("m").alias("m"),
+                F.sum(F.when(real, F.col("deleted")).otherwise(0)).alias("deleted"),
+                F.sum(F.when(real, F.col("deleted_bytes")).otherwise(0)).alias("deleted_bytes"),
+            )
+            .select(
+                self._bucket_start(), "rounds", "cluster_epoch", "m", "deleted", "deleted_bytes"
+            )
+        )
+        self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
+
+    # ------------------------------------------------------------------ storage
+
+    def _storage(self, objects: DataFrame, deletions: DataFrame, l1: DataFrame) -> None:
+        """Live bytes per bucket as running sums of +size (created / copied) and -size
+        (deleted / deleting) events."""
+        zero = F.lit(0).cast("long")
+
+        def deltas(frame: DataFrame, at: str, sign: int, l0: bool) -> DataFrame:
+            size = F.col("size") * sign
+            return frame.select(
+                self._bucket(at).alias("b"),
+                (size if l0 else zero).alias("l0_bytes"),
+                F.lit(sign if l0 else 0).cast("long").alias("l0_objects"),
+                (zero if l0 else size).alias("l1_bytes"),
+            )
+
+        lifetimes = (
+            l1.groupBy("key")
+            .agg(
+                F.max("size").alias("size"),
+                F.min(F.when(F.col("state") == "COPY_FINISHED", F.col("updated_at"))).alias(
+                    "live_from"
+                ),
+                F.min(
+                    F.when(F.col("state").isin(*L1_LIVE_UNTIL_STATES), F.col("updated_at"))
+                ).alias("live_until"),
+            )
+            .where(F.col("live_from").isNotNull())
+        )
+        events = (
+            deltas(objects, "created_at", 1, l0=True)
+            .unionByName(deltas(objects.join(deletions, "key"), "deleted_at", -1, l0=True))
+            .unionByName(deltas(lifetimes, "live_from", 1, l0=False))
+            .unionByName(
+                deltas(lifetimes.where(F.col("live_until").isNotNull()), "live_until", -1, l0=False)
+            )
+            .groupBy("b")
+            .agg(*[F.sum(c).alias(c) for c in ("l0_bytes", "l0_objects", "l1_bytes")])
+        )
+        running = Window.orderBy("b").rowsBetween(Window.unboundedPreceding, 0)
+        live = lambda c: F.sum(F.coalesce(c, F.lit(0))).over(running)  # noqa: E731
+        over_time = (
+            self.grid.join(events, "b", "left")
+            .select(
+                self._bucket_start(),
+                live("l0_objects").alias("l0_live_objects"),
+                live("l0_bytes").alias("l0_live_bytes"),
+                live("l1_bytes").alias("l1_live_bytes"),
+            )
+            .withColumn(
+                "amplification",
+                F.when(
+                    F.col("l1_live_bytes") > 0,
+                    (F.col("l0_live_bytes") + F.col("l1_live_bytes")) / F.col("l1_live_bytes"),
+                ),
+            )
+        )
+        table = self._keep("storage_over_time", over_time, order=["bucket_start"])
+        rows = table.rows
+        amplifications = [r["amplification"] for r in rows if r["amplification"] is not None]
+        self.results.figures.update(
+            l0_live_bytes_peak=max((r["l0_live_bytes"] for r in rows), default=None),
+            l1_live_bytes_end=rows[-1]["l1_live_bytes"] if rows else None,
+            amplification_peak=max(amplifications, default=None),
+            amplification_end=rows[-1]["amplification"] if rows else None,
+        )
+
+    # ------------------------------------------------------------------ partition states
+
+    def _partition_states(self, samples: DataFrame) -> None:
+        """Each partition's latest sample as of each bucket's end (forward-filled over the
+        grid from its first sample on), then per bucket and per partition."""
+        state = ["mp", "max_applied_epoch", "lro", "high_watermark"]
+        last_in_bucket = (
+            samples.withColumn("b", self._bucket("at"))
+            .groupBy("topic", "partition", "b")
+            .agg(F.max_by(F.struct(*state), F.struct("at", "seq")).alias("s"))
+        )
+        as_of = (
+            Window.partitionBy("topic", "partition")
+            .orderBy("b")
+            .rowsBetween(Window.unboundedPreceding, 0)
+        )
+        filled = (
+            samples.select("topic", "partition")
+            .distinct()
+            .crossJoin(self.grid)
+            .join(last_in_bucket, ["topic", "partition", "b"], "left")
+            .withColumn("s", F.last("s", ignorenulls=True).over(as_of))
+            .where(F.col("s").isNotNull())
+            .select("topic", "partition", "b", *[F.col(f"s.{c}").alias(c) for c in state])
+            .withColumn("lag_epochs", F.col("max_applied_epoch") - F.col("mp"))
+            .withColumn("unreconciled", F.col("high_watermark") - 1 - F.col("lro"))
+        )
+        filled = self._cache(filled)
+        per_bucket = (
+            filled.groupBy("b")
+            .agg(
+                _count().alias("partitions"),
+                _count(F.col("mp").isNull()).alias("without_mp"),
+                F.min("mp").alias("mp_min"),
+                F.max("max_applied_epoch").alias("max_applied_epoch"),
+                F.max("lag_epochs").alias("partition_lag_max"),
+                F.avg("lag_epochs").alias("partition_lag_mean"),
+                F.sum("unreconciled").alias("unreconciled_total"),
+                F.max("unreconciled").alias("unreconciled_max"),
+            )
+            .withColumn("m", F.when(F.col("without_mp") == 0, F.col("mp_min")))
+            .withColumn("cluster_lag_epochs", F.col("max_applied_epoch") - F.col("m"))
+        )
+        per_bucket = self._cache(per_bucket)
+        watermarks = self._keep(
+            "watermark_over_time",
+            per_bucket.select(
+                self._bucket_start(), "partitions", "without_mp", "m", "max_applied_epoch",
+                "cluster_lag_epochs", "partition_lag_max", "partition_lag_mean",
+            ),
+            order=["bucket_start"],
+        )
+        reconciler = self._keep(
+            "reconciler_lag_over_time",
+            per_bucket.select(
+                self._bucket_start(), "partitions", "unreconciled_total", "unreconciled_max"
+            ),
+            order=["bucket_start"],
+        )
+        holds_m = F.when(F.col("without_mp") > 0, F.col("mp").isNull()).otherwise(
+            F.col("mp") == F.col("mp_min")
+        )
+        held = (
+            filled.join(per_bucket.select("b", "without_mp", "mp_min"), "b")
+            .where(holds_m)
+            .groupBy("topic", "partition")
+            .agg(_count().alias("buckets_holding_m"))
+        )
+        bucket_s = self.results.bucket_s
+        sampled_buckets = max(1, len(watermarks.rows))
+        per_partition = (
+            filled.groupBy("topic", "partition")
+            .agg(
+                F.max("lag_epochs").alias("lag_epochs_max"),
+                F.avg("lag_epochs").alias("lag_epochs_mean"),
+                F.max("unreconciled").alias("unreconciled_max"),
+                F.max_by("mp", "b").alias("mp_end"),
+                F.max_by("max_applied_epoch", "b").alias("max_applied_epoch_end"),
+            )
+            .join(held, ["topic", "partition"], "left")
+            .withColumn("buckets_holding_m", F.coalesce("buckets_holding_m", F.lit(0)))
+            .withColumn("seconds_holding_m", F.col("buckets_holding_m") * F.lit(bucket_s))
+            .withColumn("share_holding_m", F.col("buckets_holding_m") / F.lit(sampled_buckets))
+        )
+        holders = self._keep(
+            "partition_watermarks",
+            per_partition,
+            order=[F.col("seconds_holding_m").desc(), "topic", "partition"],
+        )
+        lags = [
+            r["cluster_lag_epochs"] for r in watermarks.rows if r["cluster_lag_epochs"] is not None
+        ]
+        totals = [r["unreconciled_total"] for r in reconciler.rows]
+        top = holders.rows[0] if holders.rows and holders.rows[0]["buckets_holding_m"] else None
+        self.results.figures.update(
+            sampled_partitions=len(holders.rows),
+            watermark_lag_max_epochs=max(lags, default=None),
+            watermark_lag_end_epochs=lags[-1] if lags else None,
+            top_m_holder=None if top is None else f"{top['topic']}/{top['partition']}",
+            top_m_holder_seconds=None if top is None else top["seconds_holding_m"],
+            reconciler_lag_max_records=max(totals, default=None),
+            reconciler_lag_end_records=totals[-1] if totals else None,
+        )
+
+    # ------------------------------------------------------------------ fence
+
+    def _fence(self, events: DataFrame) -> None:
+        rejected = F.col("outcome") == "rejected"
+        by_window = (
+            events.where(F.col("window_max").isNotNull())
+            .groupBy("window_max")
+            .agg(
+                _count().alias("events"),
+                _count(rejected).alias("rejected"),
+                _count(F.col("outcome") == "admitted_new_epoch").alias("slides"),
+                F.countDistinct("topic", "partition").alias("partitions"),
+            )
+            .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
+        )
+        self._keep("fence_by_window", by_window, order=["window_max"])
+        window_size = F.col("window_max") - F.col("window_min") + 1
+        sizes = (
+            events.where(F.col("window_min").isNotNull() & F.col("window_max").isNotNull())
+            .groupBy(window_size.alias("window_size"))
+            .agg(_count().alias("events"), _count(rejected).alias("rejected"))
+        )
+        sizes = self._keep("fence_window_sizes", sizes, order=["window_size"])
+        outcomes = self._keep(
+            "fence_outcomes",
+            events.groupBy("outcome").agg(_count().alias("events")),
+            order=["outcome"],
+        )
+        total = sum(r["events"] for r in outcomes.rows)
+        rejections = sum(r["events"] for r in outcomes.rows if r["outcome"] == "rejected")
+        self.results.figures.update(
+            fence_events=total,
+            fence_rejected=rejections,
+            fence_rejection_rate=rejections / total if total else None,
+            window_size_max=max((r["window_size"] for r in sizes.rows), default=None),
+        )
+
+    # ------------------------------------------------------------------ throughput
+
+    def _throughput(self, log_entries: DataFrame) -> None:
+        bucket_s = self.results.bucket_s
+        per_bucket = (
+            log_entries.where(F.col("kind") == "placeholder")
+            .withColumn("b", self._bucket("appended_at"))
+            .groupBy("topic", "partition", "b")
+            .agg(
+                F.sum("record_count").alias("records"),
+                F.sum("byte_length").alias("bytes"),
+                _count().alias("placeholders"),
+            )
+        )
+        per_bucket = self._cache(per_bucket)
+        path = os.path.join(self.out_dir, "tables", "throughput_partition_buckets")
+        per_bucket.select(
+            "topic", "partition", self._bucket_start(), "records", "bytes", "placeholders",
+            (F.col("records") / bucket_s).alias("records_per_s"),
+            (F.col("bytes") / bucket_s).alias("bytes_per_s"),
+        ).write.mode("overwrite").parquet(path)
+        self.results.spark_tables["throughput_partition_buckets"] = path
+        totals = per_bucket.groupBy("b").agg(
+            F.sum("records").alias("records"),
+            F.sum("bytes").alias("bytes"),
+            _count().alias("active_partitions"),
+        )
+        over_time = (
+            self.grid.join(totals, "b", "left")
+            .select(
+                self._bucket_start(),
+                F.coalesce("records", F.lit(0)).alias("records"),
+                F.coalesce("bytes", F.lit(0)).alias("bytes"),
+                F.coalesce("active_partitions", F.lit(0)).alias("active_partitions"),
+            )
+            .withColumn("records_per_s", F.col("records") / bucket_s)
+            .withColumn("bytes_per_s", F.col("bytes") / bucket_s)
+        )
+        series = self._keep("throughput_over_time", over_time, order=["bucket_start"])
+        by_partition = per_bucket.groupBy("topic", "partition").agg(
+            F.sum("records").alias("records"),
+            F.sum("bytes").alias("bytes"),
+            F.sum("placeholders").alias("placeholders"),
+            (F.max("records") / bucket_s).alias("peak_records_per_s"),
+            (F.max("bytes") / bucket_s).alias("peak_bytes_per_s"),
+        )
+        partitions = self._keep(
+            "throughput_by_partition",
+            by_partition,
+            order=[F.col("bytes").desc(), "topic", "partition"],
+        )
+        self.results.figures.update(
+            records_total=sum(r["records"] for r in partitions.rows),
+            bytes_total=sum(r["bytes"] for r in partitions.rows),
+            partitions=len(partitions.rows),
+            records_per_s_peak=max((r["records_per_s"] for r in series.rows), default=None),
+            bytes_per_s_peak=max((r["bytes_per_s"] for r in series.rows), default=None),
+        )

@@ -1,0 +1,395 @@
+"""The analysis's outputs from its collected results: result files, PNG plots, report.html.
+
+No Spark here: everything arrives as small `Results` tables. Result tables are written as
+Parquet and CSV under `tables/`, plots as PNG under `plots/` (matplotlib, Agg backend — no
+display needed), and `report.html` embeds the plots (base64, so the file stands alone) with a
+short explanation of each figure and its key numbers.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from .results import Results, ResultTable
+
+TOP_ROWS_SHOWN = 20  # rows of a per-partition table shown in the report
+TOP_PARTITIONS_PLOTTED = 5
+PLOT_DPI = 110
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenReport:
+    report_path: str
+    tables: dict[str, str]
+    plots: dict[str, str]
+
+
+def write_report(results: Results, out_dir: str) -> WrittenReport:
+    tables = _write_tables(results, os.path.join(out_dir, "tables"))
+    plots = _write_plots(results, os.path.join(out_dir, "plots"))
+    report_path = os.path.join(out_dir, "report.html")
+    temp = report_path + ".tmp"
+    with open(temp, "w", encoding="utf-8") as file:
+        file.write(_render_html(results, plots, tables, out_dir))
+    os.replace(temp, report_path)
+    return WrittenReport(report_path, tables, plots)
+
+
+# ------------------------------------------------------------------------ result files
+
+
+def _arrow(table: ResultTable) -> pa.Table:
+    return pa.table({name: [row[name] for row in table.rows] for name in table.columns})
+
+
+def _write_tables(results: Results, tables_dir: str) -> dict[str, str]:
+    os.makedirs(tables_dir, exist_ok=True)
+    written = {}
+    for name, table in results.tables.items():
+        arrow = _arrow(table)
+        parquet_path = os.path.join(tables_dir, f"{name}.parquet")
+        pq.write_table(arrow, parquet_path)
+        pa_csv.write_csv(arrow, os.path.join(tables_dir, f"{name}.csv"))
+        written[name] = parquet_path
+    written.update(results.spark_tables)
+    return written
+
+
+# ------------------------------------------------------------------------ plots
+
+
+def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
+    """Bucket ends: a value at a bucket is the value at its end."""
+    return [datetime.fromtimestamp(r["bucket_start"] + bucket_s, UTC) for r in rows]
+
+
+def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates  # noqa: PLC0415
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    os.makedirs(plots_dir, exist_ok=True)
+    for name in os.listdir(plots_dir):  # a previous report's plots this one may not redraw
+        if name.endswith(".png"):
+            os.unlink(os.path.join(plots_dir, name))
+    tables = results.tables
+    bucket_s = results.bucket_s
+    written: dict[str, str] = {}
+
+    def save(name: str, figure) -> None:  # noqa: ANN001
+        figure.tight_layout()
+        path = os.path.join(plots_dir, f"{name}.png")
+        figure.savefig(path, dpi=PLOT_DPI)
+        plt.close(figure)
+        written[name] = path
+
+    def time_figure(title: str):  # noqa: ANN202
+        figure, axis = plt.subplots(figsize=(9, 3.6))
+        locator = mdates.AutoDateLocator()
+        axis.xaxis.set_major_locator(locator)
+        axis.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
+        axis.set_title(title)
+        axis.set_xlabel("time (UTC)")
+        axis.grid(alpha=0.3)
+        return figure, axis
+
+    histogram = tables["gc_lag_histogram"].rows
+    if histogram:
+        figure, axis = plt.subplots(figsize=(9, 3.6))
+        widths = [r["bin_hi_s"] - r["bin_lo_s"] for r in histogram]
+        axis.bar([r["bin_lo_s"] for r in histogram], [r["objects"] for r in histogram],
+                 width=widths, align="edge", edgecolor="black", linewidth=0.4)
+        for name, style in (("gc_lag_p50_s", "--"), ("gc_lag_p90_s", "-."), ("gc_lag_p99_s", ":")):
+            value = results.figures.get(name)
+            if value is not None:
+                axis.axvline(value, linestyle=style, color="crimson", label=name.split("_")[2])
+        axis.set_title("GC lag: eligible (M >= epoch) → deleted")
+        axis.set_xlabel("lag (s)")
+        axis.set_ylabel("L0 objects")
+        axis.legend()
+        axis.grid(alpha=0.3)
+        save("gc_lag_histogram", figure)
+
+    storage = tables["storage_over_time"].rows
+    if storage:
+        figure, axis = time_figure("Live bytes: L0 vs L1, and storage amplification")
+        times = _times(storage, bucket_s)
+        axis.plot(times, [r["l0_live_bytes"] for r in storage], label="L0 live bytes")
+        axis.plot(times, [r["l1_live_bytes"] for r in storage], label="L1 live bytes")
+        axis.set_ylabel("bytes")
+        twin = axis.twinx()
+        twin.plot(times, [r["amplification"] for r in storage], color="gray", linestyle="--",
+                  label="(L0 + L1) / L1")
+        twin.set_ylabel("amplification")
+        lines = axis.get_lines() + twin.get_lines()
+        axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
+        save("storage_over_time", figure)
+
+    watermark = tables["watermark_over_time"].rows
+    gc_rounds = tables["gc_rounds_over_time"].rows
+    if watermark or gc_rounds:
+        figure, axis = time_figure("Safe-to-GC watermark and its lag (epochs)")
+        if watermark:
+            times = _times(watermark, bucket_s)
+            for column, label, style in (
+                ("max_applied_epoch", "max applied epoch", "-"),
+                ("m", "M = min M(p)", "-"),
+                ("partition_lag_max", "max partition lag", "--"),
+            ):
+                values = [r[column] for r in watermark]
+                axis.step(times, values, where="post", linestyle=style, label=label)
+        if gc_rounds:
+            axis.plot(_times(gc_rounds, bucket_s), [r["m"] for r in gc_rounds], "o", markersize=3,
+                      label="M seen by GC rounds")
+        axis.set_ylabel("epoch")
+        axis.legend(loc="upper left")
+        save("watermark_over_time", figure)
+
+    holders = [r for r in tables["partition_watermarks"].rows if r["buckets_holding_m"]]
+    holders = holders[:TOP_ROWS_SHOWN]
+    if holders:
+        figure, axis = plt.subplots(figsize=(9, 0.6 + 0.3 * len(holders)))
+        names = [f"{r['topic']}/{r['partition']}" for r in holders][::-1]
+        axis.barh(names, [r["seconds_holding_m"] for r in holders][::-1])
+        axis.set_xlabel("seconds as the minimum M(p) (holding M back)")
+        axis.set_title("Partitions that held the GC watermark back")
+        axis.grid(alpha=0.3, axis="x")
+        save("watermark_holders", figure)
+
+    by_window = tables["fence_by_window"].rows
+    sizes = tables["fence_window_sizes"].rows
+    if by_window or sizes:
+        figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+        windows = [str(r["window_max"]) for r in by_window]
+        left.bar(windows, [r["rejection_rate"] for r in by_window])
+        left.set_title("Stale rejections / fence events, per window")
+        left.set_xlabel("window upper edge (epoch)")
+        left.set_ylabel("rejection rate")
+        right.bar([str(r["window_size"]) for r in sizes], [r["events"] for r in sizes])
+        right.set_title("Window size at fence time")
+        right.set_xlabel("window_max - window_min + 1")
+        right.set_ylabel("fence events")
+        for axis in (left, right):
+            axis.grid(alpha=0.3, axis="y")
+        save("fence", figure)
+
+    reconciler = tables["reconciler_lag_over_time"].rows
+    if reconciler:
+        figure, axis = time_figure("Reconciler lag: records not yet in L1")
+        times = _times(reconciler, bucket_s)
+        for column, label in (("unreconciled_total", "all partitions"),
+                              ("unreconciled_max", "worst partition")):
+            axis.step(times, [r[column] for r in reconciler], where="post", label=label)
+        axis.set_ylabel("records")
+        axis.legend(loc="upper left")
+        save("reconciler_lag", figure)
+
+    throughput = tables["throughput_over_time"].rows
+    if throughput and results.figures.get("records_total"):
+        figure, axis = time_figure("Throughput (placeholders appended)")
+        times = _times(throughput, bucket_s)
+        axis.plot(times, [r["records_per_s"] for r in throughput], label="records/s")
+        axis.set_ylabel("records/s")
+        twin = axis.twinx()
+        twin.plot(times, [r["bytes_per_s"] for r in throughput], color="gray", linestyle="--",
+                  label="bytes/s")
+        twin.set_ylabel("bytes/s")
+        lines = axis.get_lines() + twin.get_lines()
+        axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
+        save("throughput", figure)
+
+    return written
+
+
+# ------------------------------------------------------------------------ HTML
+
+_SECTIONS = [
+    (
+        "GC lag",
+        "gc_lag_histogram",
+        "How long an L0 object lived after it became collectable. An object is <em>eligible</em> "
+        "at the first GC round whose watermark M reached its epoch (not before it was created); "
+        "the lag ends when the GC recorded its delete. The lag includes the grace period and "
+        "the GC's pacing between rounds.",
+        ["gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
+         "gc_lag_mean_s", "l0_eligible_not_deleted", "l0_deleted_unexplained"],
+        ["gc_lag_histogram"],
+    ),
+    (
+        "Storage amplification",
+        "storage_over_time",
+        "Bytes held in live L0 objects next to live (COPY_FINISHED, not being deleted) L1 "
+        "objects. L0 objects hold data that is often already reconciled into L1: until the GC "
+        "deletes them the data is stored twice. Amplification = (L0 + L1) / L1.",
+        ["l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes", "l0_live_objects_end",
+         "l0_live_bytes_end", "l0_live_bytes_peak", "l1_live_bytes_end", "amplification_peak",
+         "amplification_end"],
+        [],
+    ),
+    (
+        "Safe-to-GC watermark",
+        "watermark_over_time",
+        "Each partition's published M(p) (from the housekeeper's state samples; a partition's "
+        "value at a time is its latest sample). M = min M(p); the partitions at that minimum "
+        "(or still without an M(p)) are what holds the GC back. Partition lag = max applied "
+        "epoch − M(p).",
+        ["watermark_lag_max_epochs", "watermark_lag_end_epochs", "top_m_holder",
+         "top_m_holder_seconds", "gc_rounds", "gc_dry_runs", "gc_blocked_rounds", "gc_m_max",
+         "cluster_epoch_max"],
+        [],
+    ),
+    (
+        "Partitions holding M back",
+        "watermark_holders",
+        "Time each partition spent as the minimum M(p), most first.",
+        ["sampled_partitions"],
+        ["partition_watermarks"],
+    ),
+    (
+        "Epoch fence",
+        "fence",
+        "Fence outcomes grouped by the window's upper edge (the epoch a partition's window had "
+        "moved to). A rejection is a write whose epoch was below the window: its writer "
+        "refreshes its epoch cache and retries. Window size = window_max − window_min + 1.",
+        ["fence_events", "fence_rejected", "fence_rejection_rate", "window_size_max"],
+        ["fence_by_window", "fence_window_sizes", "fence_outcomes"],
+    ),
+    (
+        "Reconciler lag",
+        "reconciler_lag",
+        "Records appended but not yet reconciled into L1 (high watermark − 1 − LRO), summed "
+        "over partitions and for the worst partition.",
+        ["reconciler_lag_max_records", "reconciler_lag_end_records"],
+        [],
+    ),
+    (
+        "Throughput",
+        "throughput",
+        "Records and bytes appended as placeholders per second, per time bucket; per partition "
+        "in the table (the full partition × bucket table is in "
+        "tables/throughput_partition_buckets).",
+        ["records_total", "bytes_total", "partitions", "records_per_s_peak", "bytes_per_s_peak"],
+        ["throughput_by_partition"],
+    ),
+]
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e15:
+            return f"{int(value):,}"
+        return f"{value:,.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return html.escape(str(value))
+
+
+def _html_table(table: ResultTable, limit: int = TOP_ROWS_SHOWN) -> str:
+    if not table.rows:
+        return "<p class='empty'>no rows</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = []
+    for row in table.rows[:limit]:
+        cells = []
+        for column in table.columns:
+            value = row[column]
+            if column == "bucket_start" and value is not None:
+                value = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            cells.append(f"<td>{_format(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = len(table.rows) - limit
+    tail = f"<p class='more'>… and {more} more rows in the result files</p>" if more > 0 else ""
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{tail}"
+
+
+def _figures_table(results: Results, names: list[str]) -> str:
+    rows = "".join(
+        f"<tr><th>{html.escape(name)}</th><td>{_format(results.figures.get(name))}</td></tr>"
+        for name in names
+    )
+    return f"<table class='figures'>{rows}</table>"
+
+
+def _image(path: str) -> str:
+    with open(path, "rb") as file:
+        data = base64.b64encode(file.read()).decode("ascii")
+    alt = html.escape(os.path.basename(path))
+    return f"<img alt='{alt}' src='data:image/png;base64,{data}'>"
+
+
+def _render_html(
+    results: Results, plots: dict[str, str], tables: dict[str, str], out_dir: str
+) -> str:
+    figures = results.figures
+    span = (
+        f"{datetime.fromtimestamp(figures['time_start'], UTC):%Y-%m-%d %H:%M:%S} – "
+        f"{datetime.fromtimestamp(figures['time_end'], UTC):%Y-%m-%d %H:%M:%S} UTC"
+    )
+    out = io.StringIO()
+    out.write(
+        "<!doctype html><html><head><meta charset='utf-8'><title>levelzero analysis</title>"
+        "<style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
+        "table{border-collapse:collapse;margin:0.5em 0 1em}td,th{border:1px solid #ccc;"
+        "padding:2px 8px;text-align:right;font-size:0.9em}th{background:#f4f4f4}"
+        "table.figures th{text-align:left}img{max-width:100%}.empty,.more{color:#777}"
+        "code{background:#f4f4f4}</style></head><body>"
+    )
+    out.write("<h1>levelzero analysis</h1>")
+    out.write(
+        f"<p>Data from {span}; time buckets of {results.bucket_s:g} s "
+        f"({results.buckets} buckets). Generated {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC.</p>"
+    )
+    out.write("<h2>Inputs</h2><ul>")
+    for path in results.inputs:
+        out.write(f"<li><code>{html.escape(path)}</code></li>")
+    out.write("</ul>")
+    rows_table = ResultTable(
+        ["table", "rows"], [{"table": k, "rows": v} for k, v in results.rows.items()]
+    )
+    out.write(_html_table(rows_table))
+    out.write("<h2>Key figures</h2>")
+    out.write(
+        _figures_table(
+            results,
+            ["l0_objects", "l0_bytes", "l0_deleted", "gc_lag_p50_s", "gc_lag_p99_s", "gc_lag_max_s",
+             "amplification_peak", "watermark_lag_max_epochs", "top_m_holder",
+             "fence_rejection_rate", "reconciler_lag_max_records", "records_total", "bytes_total"],
+        )
+    )
+    for title, plot, text, figure_names, table_names in _SECTIONS:
+        out.write(f"<h2>{html.escape(title)}</h2><p>{text}</p>")
+        if plot in plots:
+            out.write(_image(plots[plot]))
+        else:
+            out.write("<p class='empty'>no data for this plot</p>")
+        out.write(_figures_table(results, figure_names))
+        for name in table_names:
+            out.write(f"<h3>{html.escape(name)}</h3>")
+            out.write(_html_table(results.tables[name]))
+    out.write("<h2>Result files</h2><ul>")
+    for name, path in sorted(tables.items()):
+        relative = html.escape(os.path.relpath(path, out_dir))
+        csv = os.path.splitext(path)[0] + ".csv"
+        csv_link = (
+            f", <a href='{html.escape(os.path.relpath(csv, out_dir))}'>csv</a>"
+            if os.path.exists(csv) else ""
+        )
+        out.write(f"<li>{html.escape(name)}: <a href='{relative}'>{relative}</a>{csv_link}</li>")
+    out.write("</ul></body></html>")
+    return out.getvalue()
