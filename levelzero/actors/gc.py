@@ -302,7 +302,9 @@ class GcActor:
             config.interval_s, config.idle_backoff_max_s, config.grace_s, config.jitter_fraction
         )
         self._round_lock = anyio.Lock()
-        self._next_round_id = 1
+        # Round ids stay unique across restarts (the events table is keyed by them): start
+        # from the wall clock in milliseconds, then count.
+        self._next_round_id = max(1, int(clock() * 1000))
         self._totals = _Totals()
         self._last: RoundReport | None = None
         self._last_decision: WatermarkDecision | None = None
@@ -340,6 +342,11 @@ class GcActor:
     @property
     def rounds_finished(self) -> int:
         return self._rounds_finished
+
+    @property
+    def last_round(self) -> RoundReport | None:
+        """The report of the last round that finished (a dry run included)."""
+        return self._last
 
     def statistics(self) -> GcStatistics:
         t, last, decision = self._totals, self._last, self._last_decision
