@@ -78,6 +78,7 @@ class Housekeeper:
         self._log = log_store
         self._last_sampled: dict[int, tuple] = {}
         self.stats = HousekeeperStatistics()
+        self._round_lock = anyio.Lock()  # the loop's rounds and on-demand ones never overlap
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -87,18 +88,19 @@ class Housekeeper:
 
     async def run_round(self, *, force: bool = False) -> None:
         """One pass over every partition. `force` treats every partition as idle."""
-        self.stats.rounds += 1
-        for actor in self._partitions():
-            if not actor.ready.is_set():
-                continue
-            try:
-                await self.tend(actor, force=force)
-            except (NotLeader, anyio.ClosedResourceError):
-                pass
-            except LevelZeroError as exc:
-                self.stats.errors += 1
-                log.warning("housekeeping %s failed, retried next round: %s", actor.name, exc)
-        await self.sample_states()
+        async with self._round_lock:
+            self.stats.rounds += 1
+            for actor in self._partitions():
+                if not actor.ready.is_set():
+                    continue
+                try:
+                    await self.tend(actor, force=force)
+                except (NotLeader, anyio.ClosedResourceError):
+                    pass
+                except LevelZeroError as exc:
+                    self.stats.errors += 1
+                    log.warning("housekeeping %s failed, retried next round: %s", actor.name, exc)
+            await self.sample_states()
 
     async def sample_states(self) -> int:
         """Record each partition's watermarks when they changed (for export and analysis)."""

@@ -10,8 +10,13 @@ the daemon down.
     GET  /v1/topics                                   list topics
     POST /v1/topics/{topic}/partitions/{p}/records    produce (records: key/value base64)
     GET  /v1/topics/{topic}/partitions/{p}/records    fetch (?offset=&max_bytes=)
-    GET  /v1/status                                   epoch, M, per-partition fence and state
+    GET  /v1/status                                   epoch, M, per-partition fence and state,
+                                                      reconciler, housekeeper and GC
     POST /v1/epoch/advance                            bump the cluster epoch now
+    POST /v1/gc/run                                   one GC round now ({"dry_run": bool})
+    POST /v1/gc/pause  /v1/gc/resume                  stop / restart the GC's own rounds
+    GET  /v1/gc/explain                               ?key= or ?epoch=: why (not) deleted
+    POST /v1/housekeeper/run                          one housekeeper pass now ({"force": bool})
     GET  /healthz  /readyz  /metrics                  liveness, readiness, Prometheus
 """
 
@@ -35,20 +40,28 @@ from starlette.routing import Route
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
+from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record
 
-from .metrics import DaemonMetrics, cluster_watermark
+from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from .schema import (
     BatcherStatus,
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
     FetchResponse,
+    GcRoundSummary,
+    GcRunRequest,
+    GcStatus,
     HealthResponse,
+    HousekeeperRunRequest,
+    HousekeeperStatus,
+    L1ObjectStatus,
     PartitionStatus,
     ProduceRequest,
     ProduceResponse,
     RecordOut,
+    ReconcilerStatus,
     StatusResponse,
     TopicInfo,
     TopicList,
@@ -61,6 +74,7 @@ MiB = 1024 * 1024
 # the client gets the reply instead of a connection reset in the middle of its upload.
 DISCARD_BYTES_MAX = 64 * MiB
 BLOCKED_BY_SHOWN_MAX = 20
+L1_LINEAGE_SHOWN_MAX = 20  # per partition in /v1/status: the newest valid L1 objects
 # Produce bytes as the batcher counts them (value + key + 8 per record); see Batcher.produce.
 RECORD_OVERHEAD_BYTES = 8
 
@@ -109,6 +123,8 @@ _encoder = msgspec.json.Encoder()
 _decoders = {
     CreateTopicRequest: msgspec.json.Decoder(CreateTopicRequest),
     ProduceRequest: msgspec.json.Decoder(ProduceRequest),
+    GcRunRequest: msgspec.json.Decoder(GcRunRequest),
+    HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
 }
 
 
@@ -129,6 +145,18 @@ def _decode(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cl
         raise ApiError(400, "malformed_request", f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "malformed_request", f"request body is not valid JSON: {exc}") from None
+
+
+def _decode_optional(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls
+    """A body whose every field has a default: no body (or only whitespace) means defaults."""
+    return cls() if not body.strip() else _decode(cls, body)
+
+
+def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryParams
+    values = params.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, "malformed_request", f"query parameter {name!r} given more than once")
+    return values[0] if values else None
 
 
 def _unsigned(name: str, text: str) -> int:
@@ -309,6 +337,7 @@ class Api:
         views = sorted(self.node.views(), key=lambda v: (v.topic, v.partition))
         decision = cluster_watermark(self.node)
         stats = self.node.batcher.stats
+        lineages = {a.row.pid: self.node.l1.lineage(a) for a in self.node.partitions()}
         partitions = [
             PartitionStatus(
                 topic=v.topic,
@@ -332,6 +361,12 @@ class Api:
                 last_rejected_gap=v.fence.last_rejected_gap,
                 new_epoch_fences=v.fence.new_epoch_fences,
                 same_epoch_fences=v.fence.same_epoch_fences,
+                reconciler_lag=partition_reconciler_lag(v),
+                l1_objects=len(lineages.get(v.pid, ())),
+                l1_lineage=[
+                    L1ObjectStatus(**row)
+                    for row in lineages.get(v.pid, [])[-L1_LINEAGE_SHOWN_MAX:]
+                ],
             )
             for v in views
             if topic is None or v.topic == topic
@@ -356,12 +391,61 @@ class Api:
                     orphan_objects=stats.orphan_objects,
                     inflight_bytes=stats.inflight_bytes,
                 ),
+                reconciler=reconciler_status(self.node),
+                housekeeper=housekeeper_status(self.node),
+                gc=gc_status(self.node),
             )
         )
 
     async def advance_epoch(self, request: Request) -> Response:
         self._check_serving()
         return _json(EpochResponse(await self.node.epochs.advance()))
+
+    # ------------------------------------------------------------------ GC and housekeeping
+
+    async def gc_run(self, request: Request) -> Response:
+        """One round now, also while paused (pause stops only the GC's own rounds)."""
+        body: GcRunRequest = _decode_optional(GcRunRequest, await self._read_body(request))
+        self._check_serving()
+        return _json(await self.node.gc.run_round(dry_run=body.dry_run))
+
+    async def gc_pause(self, request: Request) -> Response:
+        self.node.gc.pause()
+        log.info("gc paused over the API")
+        return _json(gc_status(self.node))
+
+    async def gc_resume(self, request: Request) -> Response:
+        self.node.gc.resume()
+        log.info("gc resumed over the API")
+        return _json(gc_status(self.node))
+
+    async def gc_explain(self, request: Request) -> Response:
+        params = request.query_params
+        unknown = sorted(set(params) - {"key", "epoch"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        key, epoch_text = _single(params, "key"), _single(params, "epoch")
+        if (key is None) == (epoch_text is None):
+            raise ApiError(
+                400, "malformed_request", "give exactly one of key=L0_KEY or epoch=N"
+            )
+        epoch = None
+        if key is not None:
+            parse_l0_key(key)  # MalformedKey (400) names the key
+        else:
+            assert epoch_text is not None
+            epoch = _unsigned("epoch", epoch_text)
+            if epoch < 1:
+                raise ApiError(400, "malformed_request", "epoch must be >= 1 (epochs start at 1)")
+        return _json(await self.node.gc.explain(key=key, epoch=epoch))
+
+    async def housekeeper_run(self, request: Request) -> Response:
+        body: HousekeeperRunRequest = _decode_optional(
+            HousekeeperRunRequest, await self._read_body(request)
+        )
+        self._check_serving()
+        await self.node.housekeeper.run_round(force=body.force)
+        return _json(housekeeper_status(self.node))
 
     async def healthz(self, request: Request) -> Response:
         return _json(HealthResponse("ok"))
@@ -375,6 +459,70 @@ class Api:
     async def metrics_text(self, request: Request) -> Response:
         # Runs on the event loop: the collectors read the node, which only that loop mutates.
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def reconciler_status(node: Node) -> ReconcilerStatus:
+    stats = node.reconciler.stats
+    return ReconcilerStatus(
+        rounds=stats.rounds,
+        objects_written=stats.objects_written,
+        bytes_written=stats.bytes_written,
+        records_reconciled=stats.records_reconciled,
+        catch_ups_rejected=stats.catch_ups_rejected,
+        errors=stats.errors,
+        lag_offsets=sum(partition_reconciler_lag(v) for v in node.views()),
+    )
+
+
+def housekeeper_status(node: Node) -> HousekeeperStatus:
+    stats = node.housekeeper.stats
+    return HousekeeperStatus(
+        rounds=stats.rounds,
+        epochs_advanced=stats.epochs_advanced,
+        catch_ups=stats.catch_ups,
+        start_offsets_set=stats.start_offsets_set,
+        l1_deleted=stats.l1_deleted,
+        errors=stats.errors,
+    )
+
+
+def gc_status(node: Node) -> GcStatus:
+    stats = node.gc.statistics()
+    last = node.gc.last_round
+    summary = None
+    if last is not None:
+        summary = GcRoundSummary(
+            round_id=last.round_id,
+            dry_run=last.dry_run,
+            finished_at=last.finished_at,
+            duration_s=max(0.0, last.finished_at - last.started_at),
+            cluster_epoch=last.cluster_epoch,
+            m=last.m,
+            blocked_by=last.blocked_by[:BLOCKED_BY_SHOWN_MAX],
+            listed=last.listed,
+            eligible=last.eligible,
+            deleted=last.deleted,
+            deleted_bytes=last.deleted_bytes,
+            too_young=last.too_young,
+            errors=last.errors,
+            backlog=last.backlog,
+        )
+    return GcStatus(
+        paused=stats.paused,
+        m=stats.m,
+        epoch_lag=None if stats.m is None else node.epochs.current - stats.m,
+        rounds=stats.rounds,
+        dry_runs=stats.dry_runs,
+        failed_rounds=stats.failed_rounds,
+        safety_blocked_rounds=stats.safety_blocked_rounds,
+        objects_deleted=stats.objects_deleted,
+        bytes_deleted=stats.bytes_deleted,
+        max_deleted_epoch=stats.max_deleted_epoch,
+        backlog=stats.backlog,
+        next_round_in_s=stats.next_round_in_s,
+        pace_reason=stats.pace_reason,
+        last_round=summary,
+    )
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -397,6 +545,11 @@ def build_app(
         api.route(records, {"POST": api.produce, "GET": api.fetch}),
         api.route("/v1/status", {"GET": api.status}),
         api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
+        api.route("/v1/gc/run", {"POST": api.gc_run}),
+        api.route("/v1/gc/pause", {"POST": api.gc_pause}),
+        api.route("/v1/gc/resume", {"POST": api.gc_resume}),
+        api.route("/v1/gc/explain", {"GET": api.gc_explain}),
+        api.route("/v1/housekeeper/run", {"POST": api.housekeeper_run}),
         api.route("/metrics", {"GET": api.metrics_text}),
         api.route("/healthz", {"GET": api.healthz}, public=True),
         api.route("/readyz", {"GET": api.readyz}, public=True),

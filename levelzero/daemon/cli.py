@@ -6,6 +6,8 @@
     levelzero produce TOPIC [-p P] [VALUE ...]       (no VALUE: one record per stdin line)
     levelzero consume TOPIC [-p P] [--offset O] [--follow]
     levelzero status | epoch advance | config show
+    levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
+    levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 
 Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
 one line on stderr and a non-zero exit: 1 for a failed operation, 2 for bad usage or
@@ -15,6 +17,8 @@ configuration (systemd does not restart on 2), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -44,6 +48,8 @@ PRODUCE_BATCH_BYTES = 1024 * 1024
 PROGRESS_AFTER_RECORDS = 10_000
 PROGRESS_INTERVAL_S = 1.0
 FOLLOW_POLL_MIN_S = 0.1
+DRY_RUN_KEYS_SHOWN_DEFAULT = 20
+MiB = 1024 * 1024
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -318,6 +324,49 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def _mib(size: int) -> str:
+    return f"{size / MiB:.1f} MiB"
+
+
+def _ago(at: float) -> str:
+    return f"{max(0.0, time.time() - at):.1f} s ago"
+
+
+def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
+    lines = []
+    r = status.reconciler
+    if r is not None:
+        lines.append(
+            f"reconciler: {r.objects_written} L1 objects ({_mib(r.bytes_written)}), "
+            f"{r.records_reconciled} records, lag {r.lag_offsets} offsets, "
+            f"rejected catch-ups {r.catch_ups_rejected}, errors {r.errors}"
+        )
+    h = status.housekeeper
+    if h is not None:
+        lines.append(
+            f"housekeeper: epochs advanced {h.epochs_advanced}, catch-ups {h.catch_ups}, "
+            f"start offsets set {h.start_offsets_set}, L1 deleted {h.l1_deleted}, errors {h.errors}"
+        )
+    g = status.gc
+    if g is not None:
+        m = "none yet" if g.m is None else f"{g.m} (epoch lag {g.epoch_lag})"
+        line = (
+            f"GC: {'PAUSED' if g.paused else 'running'}, M {m}, {g.rounds} rounds, "
+            f"deleted {g.objects_deleted} objects ({_mib(g.bytes_deleted)}), backlog {g.backlog}"
+        )
+        last = g.last_round
+        if last is not None:
+            kind = "dry run" if last.dry_run else "round"
+            outcome = (
+                f"blocked by {', '.join(last.blocked_by[:3])}" if last.m is None
+                else f"M {last.m}, deleted {last.deleted}, too young {last.too_young}, "
+                f"errors {last.errors}"
+            )
+            line += f"; last {kind} #{last.round_id} {_ago(last.finished_at)}: {outcome}"
+        lines.append(line)
+    return lines
+
+
 def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
     m = "blocked" if status.m is None else str(status.m)
     if status.m is None and status.m_blocked_count:
@@ -330,9 +379,11 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         f"M {m}   accepting {'yes' if status.accepting else 'no'}",
         f"L0 objects {b.objects_uploaded} ({b.bytes_uploaded} bytes), orphans {b.orphan_objects}, "
         f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
+        *_component_lines(status),
         "",
     ]
-    header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "START", "SLIDES", "STALE")
+    header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "LAG", "L1",
+              "START", "SLIDES", "STALE")
     rows = [header] + [
         (
             f"{p.topic}/{p.partition}",
@@ -343,6 +394,8 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
             _cell(p.mp),
             _cell(p.lro),
             _cell(p.high_watermark),
+            _cell(p.reconciler_lag),
+            _cell(p.l1_objects),
             _cell(p.start_offset),
             _cell(p.window_slides),
             _cell(p.stale_rejections),
@@ -369,6 +422,159 @@ async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
     print(f"cluster epoch is now {await client.advance_epoch()}")
 
 
+# ------------------------------------------------------------------------------- gc
+
+
+def _json_out(value: msgspec.Struct) -> None:
+    print(msgspec.json.format(msgspec.json.encode(value)).decode())
+
+
+def format_round(report) -> str:  # noqa: ANN001 - RoundReport
+    kind = "gc dry run" if report.dry_run else "gc round"
+    head = f"{kind} #{report.round_id}: cluster epoch {report.cluster_epoch}"
+    took = f"{report.finished_at - report.started_at:.3f} s"
+    if report.m is None:
+        blocked = ", ".join(report.blocked_by[:10])
+        more = len(report.blocked_by) - 10
+        blocked += f" and {more} more" if more > 0 else ""
+        return f"{head}, M undefined: no deletes, partitions without an M(p) yet: {blocked} ({took})"
+    lines = [f"{head}, M {report.m} (held by {', '.join(report.holders[:5]) or '-'})"]
+    if report.dry_run:
+        lines.append(
+            f"  would delete {report.eligible} objects ({_mib(report.eligible_bytes)}) of "
+            f"{report.listed} listed"
+        )
+    else:
+        lines.append(
+            f"  deleted {report.deleted} objects ({_mib(report.deleted_bytes)}) of {report.listed} "
+            f"listed; backlog {report.backlog}"
+            + ("" if report.max_deleted_epoch is None else f"; highest epoch deleted {report.max_deleted_epoch}")
+        )
+    lines.append(
+        f"  kept: {report.too_young} too young (grace period), {report.above_m} prefixes stopped "
+        f"above M, {report.malformed} malformed keys"
+    )
+    lines.append(
+        f"  requests: {report.list_requests} list ({report.list_errors} failed), "
+        f"{report.delete_requests} delete ({report.delete_errors} keys failed), "
+        f"{report.throttled} throttled; {took}"
+    )
+    lines += [f"  error: {sample}" for sample in report.error_samples]
+    return "\n".join(lines)
+
+
+def format_explanation(explanation) -> str:  # noqa: ANN001 - Explanation
+    e = explanation
+    lines = []
+    if e.key is not None:
+        age = "" if e.age_s is None else f", {e.age_s:.1f} s old"
+        owned = " (not this GC worker's prefix)" if e.owned is False else ""
+        lines.append(f"key {e.key}")
+        lines.append(f"  epoch {_cell(e.epoch)}{age}{owned}")
+    elif e.epoch is not None:
+        lines.append(f"L0 objects of epoch {e.epoch}")
+    lines.append(f"verdict: {e.verdict or '-'}: {e.detail}")
+    lines.append(f"cluster epoch {e.cluster_epoch}, M {'undefined' if e.m is None else e.m}")
+    if e.blocked_by:
+        lines.append(f"partitions without an M(p) (no deletes until they have one): {', '.join(e.blocked_by[:20])}")
+    if not e.holders:
+        return "\n".join(lines)
+    if e.epoch is not None:
+        title = f"held back by {e.holders_total} (M(p) below epoch {e.epoch}; BEHIND: how far it must rise):"
+    else:
+        title = f"M is held by {e.holders_total}:"
+    lines.append(title)
+    header = ("PARTITION", "M(p)", "M(p)-M", "BEHIND", "WHY")
+    rows = [header] + [
+        (h.partition, _cell(h.mp), _cell(h.mp_minus_m), _cell(h.behind), h.reason) for h in e.holders
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    if e.holders_total > len(e.holders):
+        lines.append(f"  ... and {e.holders_total - len(e.holders)} more")
+    return "\n".join(lines)
+
+
+async def _gc_run(args: argparse.Namespace, client: Client) -> None:
+    report = await client.gc_run(dry_run=args.dry_run)
+    if args.json:
+        _json_out(report)
+        return
+    print(format_round(report))
+    if args.dry_run and report.would_delete:
+        shown = report.would_delete if args.show is None else report.would_delete[: args.show]
+        for key in shown:
+            print(f"  {key}")
+        left = len(report.would_delete) - len(shown)
+        if left > 0:
+            print(f"  ... and {left} more (--all prints them)")
+        if report.would_delete_truncated:
+            print(f"  ... the server listed only the first {len(report.would_delete)} (gc.dry_run_keys_max)")
+
+
+async def _gc_pause(args: argparse.Namespace, client: Client) -> None:
+    status = await client.gc_pause()
+    if args.json:
+        _json_out(status)
+    else:
+        print("gc paused: no rounds of its own until `levelzero gc resume` (gc run still works)")
+
+
+async def _gc_resume(args: argparse.Namespace, client: Client) -> None:
+    status = await client.gc_resume()
+    if args.json:
+        _json_out(status)
+    else:
+        print("gc resumed: a round runs now")
+
+
+async def _gc_explain(args: argparse.Namespace, client: Client) -> None:
+    explanation = await client.gc_explain(key=args.key, epoch=args.epoch)
+    if args.json:
+        _json_out(explanation)
+    else:
+        print(format_explanation(explanation))
+
+
+# ------------------------------------------------------------------------------- tools
+# Commands implemented elsewhere, each with its own flags: `levelzero sim ARGS` calls the hook
+# with ARGS untouched. Imported only when used (they pull in heavier dependencies), so a tool
+# that is missing or broken in this installation is a one-line error, not a CLI that won't start.
+
+
+def _tool(command: str, module: str, function: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        try:
+            hook = getattr(importlib.import_module(module), function)
+        except ImportError as exc:
+            _fail(f"{command}: not available in this installation ({module}: {exc})")
+            return EXIT_FAILED
+        return hook(argv)
+
+    return run
+
+
+def _bench(argv: list[str]) -> int:
+    if importlib.util.find_spec("levelzero.bench") is None:
+        _fail(
+            "bench: the benchmark suite (levelzero.bench) is not part of this installation; "
+            "run the scripts in bench/ directly, e.g. .venv/bin/python bench/bench_gc.py"
+        )
+        return EXIT_FAILED
+    return _tool("bench", "levelzero.bench", "main")(argv)
+
+
+TOOLS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "sim": (_tool("sim", "levelzero.sim.cli", "main"),
+            "seeded simulation with fault injection (levelzero sim --help)"),
+    "export": (_tool("export", "levelzero.export.cli", "export_main"),
+               "export the store to Parquet (levelzero export --help)"),
+    "analyze": (_tool("analyze", "levelzero.export.cli", "analyze_main"),
+                "analyse exports with PySpark (levelzero analyze --help)"),
+    "bench": (_bench, "run the benchmark suite"),
+}
+
+
 # ------------------------------------------------------------------------------- parser
 
 
@@ -377,6 +583,16 @@ def _add_client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("LEVELZERO_TOKEN") or None,
                         help="bearer token (default $LEVELZERO_TOKEN)")
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="request timeout")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -463,9 +679,53 @@ def add_epoch(sub: argparse._SubParsersAction) -> None:
     advance.set_defaults(handler=_client_command(_epoch_advance))
 
 
-# The commands, in help order. Later issues add theirs here (`gc`, `export`, `analyze`, `sim`,
-# `bench`): a function `add_<name>(subparsers)` that adds a parser and sets `handler`
-# (a `(args) -> exit code` function), appended to this tuple.
+def add_gc(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gc", help="L0 garbage collector: run, dry-run, pause, resume, explain")
+    gc_sub = p.add_subparsers(dest="gc_command", required=True, metavar="COMMAND")
+    for name, dry_run, text in (
+        ("run", False, "run one GC round now (also while paused)"),
+        ("dry-run", True, "list what a round would delete; delete nothing"),
+    ):
+        run = gc_sub.add_parser(name, help=text)
+        run.set_defaults(dry_run=dry_run, handler=_client_command(_gc_run))
+        if dry_run:
+            run.add_argument("--show", type=_non_negative, default=DRY_RUN_KEYS_SHOWN_DEFAULT,
+                             metavar="N", help=f"keys to print (default {DRY_RUN_KEYS_SHOWN_DEFAULT})")
+            run.add_argument("--all", dest="show", action="store_const", const=None,
+                             help="print every key the server returned")
+        else:
+            run.set_defaults(show=0)
+        run.add_argument("--json", action="store_true", help="print the round report as JSON")
+        _add_client_options(run)
+    for name, body, text in (
+        ("pause", _gc_pause, "stop the GC's own rounds (one in progress finishes)"),
+        ("resume", _gc_resume, "restart the GC's rounds, the first one now"),
+    ):
+        q = gc_sub.add_parser(name, help=text)
+        q.add_argument("--json", action="store_true", help="print the GC status as JSON")
+        _add_client_options(q)
+        q.set_defaults(handler=_client_command(body))
+    explain = gc_sub.add_parser(
+        "explain", help="why an L0 object (or an epoch) is or is not deleted; what holds M back"
+    )
+    which = explain.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="an L0 object key (level_zero/data/PPP/EPOCH/UUID)")
+    which.add_argument("--epoch", type=_positive, help="an epoch: what keeps its objects")
+    explain.add_argument("--json", action="store_true")
+    _add_client_options(explain)
+    explain.set_defaults(handler=_client_command(_gc_explain))
+
+
+def add_tools(sub: argparse._SubParsersAction) -> None:
+    """Listed in the help; `main` hands their arguments over before argparse sees them."""
+    for name, (hook, text) in TOOLS.items():
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("tool_args", nargs=argparse.REMAINDER)
+        p.set_defaults(handler=lambda args, hook=hook: hook(args.tool_args))
+
+
+# The commands, in help order: a function `add_<name>(subparsers)` adds a parser and sets
+# `handler` (a `(args) -> exit code` function). A tool with flags of its own goes in `TOOLS`.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_run,
     add_demo,
@@ -474,7 +734,9 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_consume,
     add_status,
     add_epoch,
+    add_gc,
     add_config,
+    add_tools,
 )
 
 
@@ -490,6 +752,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        return TOOLS[argv[0]][0](argv[1:])  # the tool owns every argument after its name
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse gives a `nargs="*"` positional its (empty) share as soon as it meets it, so in

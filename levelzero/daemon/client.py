@@ -14,11 +14,18 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from levelzero.actors.gc import RoundReport
+from levelzero.core.gc import Explanation
+
 from .schema import (
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
     FetchResponse,
+    GcRunRequest,
+    GcStatus,
+    HousekeeperRunRequest,
+    HousekeeperStatus,
     ProduceRequest,
     ProduceResponse,
     RecordIn,
@@ -79,7 +86,7 @@ class Client:
 
     async def request(
         self, method: str, path: str, *, body: msgspec.Struct | None = None,
-        params: dict[str, int] | None = None,
+        params: dict[str, int | str] | None = None,
     ) -> httpx.Response:
         content = None if body is None else _encoder.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else None
@@ -128,7 +135,7 @@ class Client:
     async def fetch(
         self, topic: str, partition: int, offset: int | None = None, max_bytes: int | None = None
     ) -> FetchResponse:
-        params = {}
+        params: dict[str, int | str] = {}
         if offset is not None:
             params["offset"] = offset
         if max_bytes is not None:
@@ -140,6 +147,30 @@ class Client:
 
     async def advance_epoch(self) -> int:
         return (await self._call("POST", "/v1/epoch/advance", EpochResponse)).cluster_epoch
+
+    async def gc_run(self, *, dry_run: bool = False) -> RoundReport:
+        """One GC round now (also while paused); a dry run deletes nothing."""
+        return await self._call("POST", "/v1/gc/run", RoundReport, body=GcRunRequest(dry_run))
+
+    async def gc_pause(self) -> GcStatus:
+        return await self._call("POST", "/v1/gc/pause", GcStatus)
+
+    async def gc_resume(self) -> GcStatus:
+        return await self._call("POST", "/v1/gc/resume", GcStatus)
+
+    async def gc_explain(self, *, key: str | None = None, epoch: int | None = None) -> Explanation:
+        """Why the L0 object `key` (or any object of `epoch`) is or is not deleted."""
+        params: dict[str, int | str] = {}
+        if key is not None:
+            params["key"] = key
+        if epoch is not None:
+            params["epoch"] = epoch
+        return await self._call("GET", "/v1/gc/explain", Explanation, params=params)
+
+    async def run_housekeeper(self, *, force: bool = False) -> HousekeeperStatus:
+        return await self._call(
+            "POST", "/v1/housekeeper/run", HousekeeperStatus, body=HousekeeperRunRequest(force)
+        )
 
     async def metrics(self) -> str:
         return (await self.request("GET", "/metrics")).text

@@ -11,7 +11,9 @@ Environment variables: `LEVELZERO_<SECTION>_<KEY>` for every key (`LEVELZERO_S3_
 environment, e.g. a systemd `EnvironmentFile`; `describe()` masks them so they are never logged.
 
 Adding a section (say `[gc]`): write a `GcSection` Struct like the ones below and add a
-`gc: GcSection = msgspec.field(default_factory=GcSection)` field to `Config`. The environment
+`gc: GcSection = msgspec.field(default_factory=GcSection)` field to `Config`. A section that
+mirrors an actor's config (`[batcher]`, `[reconciler]`, `[housekeeper]`, `[gc]`) uses the same
+key names and lets the actor's config check the values (`to_<actor>_config()`). The environment
 mapping, error messages, `describe()` and `levelzero config show` follow from the Struct;
 document the keys in `systemd/levelzero.toml` and the README.
 """
@@ -28,7 +30,10 @@ from typing import Any, Literal
 import msgspec
 
 from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.gc import GcConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.fence import FenceMode
 
@@ -215,6 +220,84 @@ class BatcherSection(_Section):
         return BatcherConfig(**msgspec.structs.asdict(self))
 
 
+def _actor_check(section: str, build: Any) -> Any:
+    """Build an actor's config with the actor's own checks; their messages start with the
+    section name ("gc grace_s must be ..."), which the error path names already."""
+    try:
+        return build()
+    except InvalidInput as exc:
+        message = str(exc)
+        raise ValueError(message.removeprefix(f"{section} ")) from None
+
+
+class ReconcilerSection(_Section):
+    """`ReconcilerConfig`: copies L0 extents into per-partition L1 objects."""
+
+    interval_s: float = 1.0  # a pass over every partition this often
+    object_bytes_max: int = 8 * MiB  # an L1 object holds at most this many extent bytes
+    placeholders_per_object_max: int = 4096
+    partitions_in_flight_max: int = 4
+    copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        self.to_reconciler_config()
+
+    def to_reconciler_config(self) -> ReconcilerConfig:
+        return _actor_check(
+            "reconciler", lambda: ReconcilerConfig(**msgspec.structs.asdict(self))
+        )
+
+
+class HousekeeperSection(_Section):
+    """`HousekeeperConfig`; TOML has no null, so 0 turns a retention limit off (None)."""
+
+    interval_s: float = 1.0
+    idle_after_s: float = 5.0  # advance a partition whose M(p) has not moved for this long
+    retention_s: float = 0.0  # 0: keep reconciled data forever
+    retention_bytes: int = 0  # 0: no size limit
+    copy_deadline_s: float = 600.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.retention_s < 0:
+            raise ValueError(f"retention_s must be >= 0 (0 turns it off), not {self.retention_s}")
+        if self.retention_bytes < 0:
+            raise ValueError(
+                f"retention_bytes must be >= 0 (0 turns it off), not {self.retention_bytes}"
+            )
+        self.to_housekeeper_config()
+
+    def to_housekeeper_config(self) -> HousekeeperConfig:
+        fields = msgspec.structs.asdict(self)
+        fields["retention_s"] = self.retention_s or None
+        fields["retention_bytes"] = self.retention_bytes or None
+        return _actor_check("housekeeper", lambda: HousekeeperConfig(**fields))
+
+
+class GcSection(_Section):
+    """`GcConfig`: the L0 garbage collector."""
+
+    interval_s: float = 5.0  # between rounds that made progress
+    idle_backoff_max_s: float = 60.0  # idle rounds back off up to this
+    grace_s: float = 30.0  # an object younger than this is never deleted
+    delete_batch_keys_max: int = 1000
+    deletes_in_flight_max: int = 4
+    list_concurrency_max: int = 8
+    worker_index: int = 0  # this GC's share of the 1000 prefixes
+    worker_count: int = 1
+    jitter_fraction: float = 0.1
+    throttle_backoff_s: float = 1.0
+    dry_run_keys_max: int = 10_000
+    enabled: bool = True  # false: the GC starts paused (POST /v1/gc/resume starts it)
+
+    def __post_init__(self) -> None:
+        self.to_gc_config()
+
+    def to_gc_config(self) -> GcConfig:
+        return _actor_check("gc", lambda: GcConfig(**msgspec.structs.asdict(self)))
+
+
 class LoggingSection(_Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["kv", "json"] = "kv"  # key=value lines or JSON lines
@@ -236,6 +319,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     s3: S3Section = msgspec.field(default_factory=S3Section)
     node: NodeSection = msgspec.field(default_factory=NodeSection)
     batcher: BatcherSection = msgspec.field(default_factory=BatcherSection)
+    reconciler: ReconcilerSection = msgspec.field(default_factory=ReconcilerSection)
+    housekeeper: HousekeeperSection = msgspec.field(default_factory=HousekeeperSection)
+    gc: GcSection = msgspec.field(default_factory=GcSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
 
@@ -258,6 +344,9 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
             snapshot_every_records=self.node.snapshot_every_records,
             log_keep_records=self.node.log_keep_records,
             batcher=self.batcher.to_batcher_config(),
+            reconciler=self.reconciler.to_reconciler_config(),
+            housekeeper=self.housekeeper.to_housekeeper_config(),
+            gc=self.gc.to_gc_config(),
         )
 
 

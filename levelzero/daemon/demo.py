@@ -12,10 +12,16 @@ on a free loopback port) and talks to it only through the HTTP API, like any cli
    b. a write held until the partition's window has moved on to [N+1, N+2] is rejected
       (StaleClusterEpoch), retried with a fresh epoch in a new object, and acknowledged; its
       first object is an orphan the GC will collect by epoch;
-3. every partition is read back and each acknowledged record compared byte for byte.
+3. every partition is read back and each acknowledged record compared byte for byte;
+4. quiescence: with the load stopped, a bounded loop advances the epoch, waits for the
+   reconciler, forces the housekeeper and runs a GC round (all over HTTP) until the object
+   store holds no L0 object at all, orphans included; then everything is read back again,
+   now from L1, and compared once more.
 
-The in-process hooks are only the upload gate and telling the node's epoch cache to refresh
-(in production that happens when its TTL runs out).
+Meanwhile the reconciler, housekeeper and GC run on their own (a short GC grace period), and
+`M` and the GC's deletions are sampled every second. The in-process hooks are only the upload
+gate, telling the node's epoch cache to refresh (in production that happens when its TTL runs
+out), and counting the L0 objects left in the object store.
 """
 
 from __future__ import annotations
@@ -48,6 +54,16 @@ VALUE_BYTES_MAX = 1024
 BUMP_INTERVAL_S = 2.0
 PROGRESS_INTERVAL_S = 5.0
 VERIFY_FETCH_BYTES = 4 * 1024 * 1024
+SAMPLE_INTERVAL_S = 1.0  # M and GC deletions over time
+SERIES_LINE_CHARS = 72
+# The demo's GC: short grace and pacing, so objects go while the demo watches.
+GC_GRACE_S = 0.5
+GC_INTERVAL_S = 1.0
+GC_IDLE_BACKOFF_MAX_S = 2.0
+IDLE_AFTER_S = 2.0  # the housekeeper advances an idle partition after this
+QUIESCE_ROUNDS_MAX = 20
+RECONCILE_WAIT_S = 5.0  # per quiescence round: for the reconciler to catch up
+RECONCILE_POLL_S = 0.1
 
 Key = tuple[str, int]
 Expected = dict[Key, dict[int, tuple[bytes | None, bytes]]]
@@ -117,6 +133,24 @@ class ScenarioResult:
 
 
 @dataclass
+class Verification:
+    """Reading every partition back and comparing with what was acknowledged."""
+
+    verified: int = 0
+    mismatched: int = 0
+    missing: int = 0
+    unacknowledged_in_log: int = 0
+    tiers: dict[str, int] = field(default_factory=dict)  # records by the tier that served them
+
+
+@dataclass
+class Sample:
+    at_s: float
+    m: int | None
+    deleted: int
+
+
+@dataclass
 class DemoSummary:
     duration_s: float
     producers: int
@@ -139,6 +173,20 @@ class DemoSummary:
     orphan_objects: int = 0
     m: int | None = None
     scenarios: list[ScenarioResult] = field(default_factory=list)
+    reconciled_offsets: int = 0  # sum over partitions of LRO + 1
+    written_offsets: int = 0  # sum over partitions of the high watermark
+    l1_objects: int = 0
+    l1_bytes: int = 0
+    mp_low: int | None = None  # min and max M(p) over partitions at the end
+    mp_high: int | None = None
+    gc_rounds: int = 0
+    gc_deleted: int = 0
+    gc_deleted_bytes: int = 0
+    gc_max_deleted_epoch: int | None = None
+    samples: list[Sample] = field(default_factory=list)
+    quiesce_rounds: int = 0
+    l0_left: int | None = None  # L0 objects in the object store after quiescence
+    after_gc: Verification = field(default_factory=Verification)
 
     @property
     def ok(self) -> bool:
@@ -148,7 +196,29 @@ class DemoSummary:
             and self.mismatched == 0
             and self.missing == 0
             and all(s.passed for s in self.scenarios)
+            and self.l0_left == 0
+            and self.gc_deleted > 0
+            and self.after_gc.verified == self.produced
+            and self.after_gc.mismatched == 0
+            and self.after_gc.missing == 0
         )
+
+    def series(self) -> list[str]:
+        """`M` and deletions whenever either changed: 't s: M/deleted', wrapped."""
+        points: list[str] = []
+        last: tuple[int | None, int] | None = None
+        for sample in self.samples:
+            if (sample.m, sample.deleted) == last:
+                continue
+            last = (sample.m, sample.deleted)
+            points.append(f"{sample.at_s:.0f}s:{'-' if sample.m is None else sample.m}/{sample.deleted}")
+        lines: list[str] = []
+        for point in points:
+            if lines and len(lines[-1]) + 2 + len(point) <= SERIES_LINE_CHARS:
+                lines[-1] += "  " + point
+            else:
+                lines.append(point)
+        return lines
 
     def render(self) -> str:
         mib = 1024 * 1024
@@ -167,11 +237,31 @@ class DemoSummary:
             f"  stale rejections/retries  {self.stale_rejections} / {self.stale_retries}",
             f"  L0 objects written        {self.objects} ({self.object_bytes / mib:.1f} MiB), "
             f"orphans {self.orphan_objects}",
-            f"  M (safe-to-GC epoch)      {'undefined' if self.m is None else self.m}",
+            f"  M (safe-to-GC epoch)      {'undefined' if self.m is None else self.m}"
+            + ("" if self.mp_low is None else f"; M(p) over partitions {self.mp_low}..{self.mp_high}"),
+            f"  reconciled offsets        {self.reconciled_offsets} of {self.written_offsets} "
+            f"into {self.l1_objects} L1 objects ({self.l1_bytes / mib:.1f} MiB)",
+            f"  L0 objects deleted        {self.gc_deleted} ({self.gc_deleted_bytes / mib:.1f} MiB) "
+            f"in {self.gc_rounds} GC rounds, highest epoch deleted "
+            f"{'-' if self.gc_max_deleted_epoch is None else self.gc_max_deleted_epoch}",
         ]
+        series = self.series()
+        for i, line in enumerate(series):
+            label = "M/deleted over time" if i == 0 else ""
+            lines.append(f"  {label:<25} {line}")
         for scenario in self.scenarios:
             mark = "ok" if scenario.passed else "FAILED"
             lines.append(f"  {scenario.name:<25} {mark}: {scenario.detail}")
+        after = self.after_gc
+        served = ", ".join(f"{n} from {tier.upper()}" for tier, n in sorted(after.tiers.items()))
+        lines += [
+            f"  quiescence                {self.quiesce_rounds} rounds of epoch advance, "
+            "reconcile, housekeeping, GC",
+            f"  L0 objects left           {'unknown' if self.l0_left is None else self.l0_left}",
+            f"  verified after GC         {after.verified} byte for byte ({served or 'nothing read'})"
+            + (f", {after.mismatched} MISMATCHED" if after.mismatched else "")
+            + (f", {after.missing} MISSING" if after.missing else ""),
+        ]
         lines.append(f"  data                      {self.data_dir}")
         lines.append(f"  result                    {'OK' if self.ok else 'FAILED'}")
         return "\n".join(lines)
@@ -298,25 +388,85 @@ async def _scenarios(client: Client, node: Node, gate: UploadGate, workload: _Wo
     return results
 
 
-async def _verify(client: Client, expected: Expected, summary: DemoSummary) -> None:
+async def _verify(client: Client, expected: Expected) -> Verification:
+    result = Verification()
     for (topic, partition), records in sorted(expected.items()):
         seen: set[int] = set()
         offset = 0
         while True:
-            result = await client.fetch(topic, partition, offset, VERIFY_FETCH_BYTES)
-            for record in result.records:
+            fetched = await client.fetch(topic, partition, offset, VERIFY_FETCH_BYTES)
+            for record in fetched.records:
                 want = records.get(record.offset)
                 if want is None:
-                    summary.unacknowledged_in_log += 1
+                    result.unacknowledged_in_log += 1
                 elif want == (record.key, record.value):
-                    summary.verified += 1
+                    result.verified += 1
+                    result.tiers[fetched.tier] = result.tiers.get(fetched.tier, 0) + 1
                     seen.add(record.offset)
                 else:
-                    summary.mismatched += 1
-            if not result.records or result.next_offset >= result.high_watermark:
+                    result.mismatched += 1
+            if not fetched.records or fetched.next_offset >= fetched.high_watermark:
                 break
-            offset = result.next_offset
-        summary.missing += len(records.keys() - seen)
+            offset = fetched.next_offset
+        result.missing += len(records.keys() - seen)
+    return result
+
+
+async def _sample(client: Client, started: float, samples: list[Sample]) -> None:
+    while True:
+        status = await client.status()
+        deleted = 0 if status.gc is None else status.gc.objects_deleted
+        samples.append(Sample(anyio.current_time() - started, status.m, deleted))
+        await anyio.sleep(SAMPLE_INTERVAL_S)
+
+
+async def count_l0_objects(store: ObjectStore) -> int:
+    """L0 objects in the store, orphans included (listing level_zero/data/)."""
+    count = 0
+    start_after: str | None = None
+    while True:
+        page = await store.list_page(L0_ROOT, start_after)
+        count += len(page.objects)
+        if page.next_start_after is None:
+            return count
+        start_after = page.next_start_after
+
+
+async def _wait_reconciled(client: Client) -> None:
+    """Until the reconciler has copied every written offset into L1 (bounded)."""
+    with anyio.move_on_after(RECONCILE_WAIT_S):
+        while True:
+            status = await client.status()
+            if status.reconciler is not None and status.reconciler.lag_offsets == 0:
+                return
+            await anyio.sleep(RECONCILE_POLL_S)
+
+
+async def _quiesce(client: Client, store: ObjectStore, out: TextIO) -> tuple[int, int]:
+    """Advance, reconcile, housekeep, collect until no L0 object is left (bounded).
+
+    Two rounds suffice in principle: after the first, every partition's window holds only
+    epochs above the load's; after the second its lower bound, and so M, is past every L0
+    object's epoch. A third one collects what the grace period kept (objects written just
+    before). Returns (rounds, L0 objects left)."""
+    left = await count_l0_objects(store)
+    rounds = 0
+    while left > 0 and rounds < QUIESCE_ROUNDS_MAX:
+        rounds += 1
+        epoch = await client.advance_epoch()
+        await _wait_reconciled(client)
+        await client.run_housekeeper(force=True)
+        report = await client.gc_run()
+        left = await count_l0_objects(store)
+        print(
+            f"  quiescence round {rounds}: epoch {epoch}, M {report.m}, deleted {report.deleted}"
+            + (f", {report.too_young} too young" if report.too_young else "")
+            + f", {left} L0 objects left",
+            file=out, flush=True,
+        )
+        if left and report.too_young:
+            await anyio.sleep(GC_GRACE_S)  # let the young ones age past the grace period
+    return rounds, left
 
 
 async def run_demo(
@@ -340,6 +490,10 @@ async def run_demo(
             ("node", "epoch_bump_interval_s"): 0.0,  # the demo advances the epoch over HTTP
             ("node", "epoch_cache_ttl_s"): 1.0,  # a cache that lags the service, by design
             ("batcher", "linger_ms"): 50.0,
+            ("gc", "grace_s"): GC_GRACE_S,
+            ("gc", "interval_s"): GC_INTERVAL_S,
+            ("gc", "idle_backoff_max_s"): GC_IDLE_BACKOFF_MAX_S,
+            ("housekeeper", "idle_after_s"): IDLE_AFTER_S,
         },
     )
     rng = random.Random(seed)
@@ -370,18 +524,39 @@ async def run_demo(
                     file=out, flush=True,
                 )
                 started = anyio.current_time()
-                async with anyio.create_task_group() as background:
-                    background.start_soon(_bump_epochs, client, bump_lock, bump_interval_s)
-                    background.start_soon(_progress, client, workload, started, out)
-                    async with anyio.create_task_group() as load:
-                        for producer in range(producers):
-                            load.start_soon(workload.producer, producer, targets, started + duration_s)
-                    background.cancel_scope.cancel()
-                print("in-flight old-epoch scenarios ...", file=out, flush=True)
-                summary.scenarios = await _scenarios(client, daemon.node, gates[0], workload)
-                print("reading everything back ...", file=out, flush=True)
-                await _verify(client, workload.expected, summary)
+                async with anyio.create_task_group() as sampler:
+                    sampler.start_soon(_sample, client, started, summary.samples)
+                    async with anyio.create_task_group() as background:
+                        background.start_soon(_bump_epochs, client, bump_lock, bump_interval_s)
+                        background.start_soon(_progress, client, workload, started, out)
+                        async with anyio.create_task_group() as load:
+                            for producer in range(producers):
+                                load.start_soon(
+                                    workload.producer, producer, targets, started + duration_s
+                                )
+                        background.cancel_scope.cancel()
+                    print("in-flight old-epoch scenarios ...", file=out, flush=True)
+                    summary.scenarios = await _scenarios(client, daemon.node, gates[0], workload)
+                    print("reading everything back ...", file=out, flush=True)
+                    first = await _verify(client, workload.expected)
+                    print(
+                        "quiescence: advance the epoch, reconcile, housekeep, GC until no L0 "
+                        "object is left ...",
+                        file=out, flush=True,
+                    )
+                    summary.quiesce_rounds, summary.l0_left = await _quiesce(client, gates[0], out)
+                    print(f"L0 objects left: {summary.l0_left}", file=out, flush=True)
+                    print("reading everything back again, after GC ...", file=out, flush=True)
+                    summary.after_gc = await _verify(client, workload.expected)
+                    sampler.cancel_scope.cancel()
                 status = await client.status()
+                summary.samples.append(
+                    Sample(
+                        anyio.current_time() - started,
+                        status.m,
+                        0 if status.gc is None else status.gc.objects_deleted,
+                    )
+                )
         summary.produced = workload.produced
         summary.produced_bytes = workload.produced_bytes
         summary.failed_requests = workload.failed_requests
@@ -393,6 +568,22 @@ async def run_demo(
         summary.object_bytes = status.batcher.bytes_uploaded
         summary.orphan_objects = status.batcher.orphan_objects
         summary.m = status.m
+        summary.verified = first.verified
+        summary.mismatched = first.mismatched
+        summary.missing = first.missing
+        summary.unacknowledged_in_log = first.unacknowledged_in_log
+        summary.reconciled_offsets = sum(p.lro + 1 for p in status.partitions)
+        summary.written_offsets = sum(p.high_watermark for p in status.partitions)
+        mps = [p.mp for p in status.partitions if p.mp is not None]
+        summary.mp_low, summary.mp_high = (min(mps), max(mps)) if mps else (None, None)
+        if status.reconciler is not None:
+            summary.l1_objects = status.reconciler.objects_written
+            summary.l1_bytes = status.reconciler.bytes_written
+        if status.gc is not None:
+            summary.gc_rounds = status.gc.rounds
+            summary.gc_deleted = status.gc.objects_deleted
+            summary.gc_deleted_bytes = status.gc.bytes_deleted
+            summary.gc_max_deleted_epoch = status.gc.max_deleted_epoch
     finally:
         if owned_dir and not keep:
             shutil.rmtree(directory, ignore_errors=True)

@@ -5,9 +5,9 @@ read at scrape time by `NodeCollector` rather than mirrored into metric objects 
 Only what the node does not count is observed directly: HTTP requests and produce latency (in
 the API), and L0 object sizes (drained from `node.batcher.stats.object_sizes` at each scrape).
 
-Adding metrics of another component (reconciler, housekeeper, GC): write a function
-`(node) -> Iterable[Metric]` and pass it in `sources` (or append to `DEFAULT_SOURCES`); it runs at
-scrape time on the event loop, like the functions below.
+Each component has a source, a function `(node) -> Iterable[Metric]` in `DEFAULT_SOURCES`
+(epochs, batcher, reconciler, housekeeper, GC); another one is passed in `sources` or added with
+`collector.add_source`. Sources run at scrape time on the event loop.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ def cluster_watermark(node: Node) -> WatermarkDecision:
     """`M` as the GC would compute it now (status and metrics share this)."""
     mps = {view.name: view.published_mp for view in node.views()}
     return compute_cluster_watermark(node.epochs.current, mps)
+
+
+def partition_reconciler_lag(view: PartitionView) -> int:
+    """Offsets of a partition written but not yet reconciled into L1."""
+    return max(0, view.state.high_watermark - 1 - view.state.lro)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -129,6 +134,11 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
         "max_applied_epoch": GaugeMetricFamily(
             "levelzero_partition_max_applied_epoch", "Newest applied epoch.", labels=labels
         ),
+        "reconciler_lag": GaugeMetricFamily(
+            "levelzero_partition_reconciler_lag_offsets",
+            "Offsets written but not yet reconciled.",
+            labels=labels,
+        ),
     }
     for v in views:
         label_values = [v.topic, str(v.partition)]
@@ -139,6 +149,7 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
             "lro": v.state.lro,
             "mp": v.published_mp,
             "max_applied_epoch": v.state.max_applied_epoch,
+            "reconciler_lag": partition_reconciler_lag(v),
         }
         for field, family in state_families.items():
             value = state_values[field]
@@ -167,7 +178,108 @@ def batcher_metrics(node: Node) -> Iterable[Metric]:
     yield _counter("levelzero_reader_l1_reads", "Fetches served from L1.", node.reader.l1_reads)
 
 
-DEFAULT_SOURCES: tuple[Source, ...] = (epoch_metrics, batcher_metrics)
+def reconciler_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.reconciler.stats
+    counters = {
+        "rounds": "Reconciler passes over every partition.",
+        "objects_written": "L1 objects written.",
+        "bytes_written": "Bytes of L1 objects written.",
+        "records_reconciled": "Records copied from L0 into L1.",
+        "catch_ups_rejected": "Catch-ups rejected (a newer term): their L1 object is collected.",
+        "errors": "Failed partition reconciliations (retried next pass).",
+    }
+    for field, doc in counters.items():
+        yield _counter(f"levelzero_reconciler_{field}", doc, getattr(stats, field))
+    yield _gauge(
+        "levelzero_reconciler_lag_offsets",
+        "Offsets written but not yet reconciled, over every partition.",
+        sum(partition_reconciler_lag(v) for v in node.views()),
+    )
+    yield _counter("levelzero_l1_objects_deleted", "L1 objects deleted (two-phase).", node.l1.deleted)
+    yield _counter(
+        "levelzero_l1_delete_refusals",
+        "L1 deletes refused because the current lineage serves the object (or a zombie asked).",
+        node.l1.delete_refusals,
+    )
+
+
+def housekeeper_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.housekeeper.stats
+    counters = {
+        "rounds": "Housekeeper passes over every partition.",
+        "epochs_advanced": "AdvanceEpoch entries appended for idle or new partitions.",
+        "catch_ups": "Catch-ups appended for idle, fully reconciled partitions.",
+        "start_offsets_set": "Start offsets moved by retention.",
+        "l1_deleted": "L1 objects deleted by retention and clean-up.",
+        "errors": "Failed partition housekeeping (retried next pass).",
+    }
+    for field, doc in counters.items():
+        yield _counter(f"levelzero_housekeeper_{field}", doc, getattr(stats, field))
+
+
+def gc_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.gc.statistics()
+    counters = {
+        "rounds": "GC rounds finished (dry runs included).",
+        "dry_runs": "GC dry runs.",
+        "failed_rounds": "GC rounds that failed (retried by the next round).",
+        "safety_blocked_rounds": "GC rounds that deleted nothing: a partition had no M(p).",
+        "objects_listed": "L0 objects listed.",
+        "objects_deleted": "L0 objects deleted.",
+        "bytes_deleted": "Bytes of L0 objects deleted.",
+        "delete_requests": "Delete requests sent (batches of keys).",
+        "delete_errors": "Keys a delete failed for (listed again next round).",
+        "list_requests": "List requests sent.",
+        "list_errors": "List requests that failed.",
+        "throttled": "Store answers of 'slow down' (backed off and retried).",
+    }
+    for field, doc in counters.items():
+        yield _counter(f"levelzero_gc_{field}", doc, getattr(stats, field))
+    skipped = CounterMetricFamily(
+        "levelzero_gc_objects_skipped",
+        "Listed L0 objects the GC kept: too_young (inside grace_s), malformed (not an L0 key).",
+        labels=["reason"],
+    )
+    skipped.add_metric(["too_young"], stats.objects_skipped_too_young)
+    skipped.add_metric(["malformed"], stats.objects_malformed)
+    yield skipped
+    yield _counter(
+        "levelzero_gc_prefixes_stopped_above_m",
+        "Prefix listings that stopped at an object above M (not yet eligible).",
+        stats.prefixes_stopped_above_m,
+    )
+    yield _gauge("levelzero_gc_paused", "1 while the GC's own rounds are paused.", int(stats.paused))
+    yield _gauge(
+        "levelzero_gc_backlog_objects",
+        "Eligible L0 objects not deleted at the end of the last round.",
+        stats.backlog,
+    )
+    if stats.m is not None:
+        yield _gauge("levelzero_gc_round_watermark", "The highest M the GC has acted on.", stats.m)
+        yield _gauge(
+            "levelzero_gc_epoch_lag",
+            "Cluster epoch now minus the highest M the GC has acted on (E - M).",
+            node.epochs.current - stats.m,
+        )
+    if stats.max_deleted_epoch is not None:
+        yield _gauge(
+            "levelzero_gc_max_deleted_epoch", "Highest epoch of a deleted L0 object.",
+            stats.max_deleted_epoch,
+        )
+    if stats.last_round_at is not None:
+        yield _gauge(
+            "levelzero_gc_last_round_timestamp_seconds", "When the last GC round finished.",
+            stats.last_round_at,
+        )
+
+
+DEFAULT_SOURCES: tuple[Source, ...] = (
+    epoch_metrics,
+    batcher_metrics,
+    reconciler_metrics,
+    housekeeper_metrics,
+    gc_metrics,
+)
 
 
 class NodeCollector(Collector):

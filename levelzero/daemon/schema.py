@@ -35,6 +35,14 @@ class ProduceRequest(_Request):
     records: list[RecordIn]
 
 
+class GcRunRequest(_Request):
+    dry_run: bool = False  # list what would be deleted, delete nothing
+
+
+class HousekeeperRunRequest(_Request):
+    force: bool = False  # treat every partition as idle (advance its epoch now)
+
+
 # ----------------------------------------------------------------------------- responses
 
 
@@ -72,6 +80,15 @@ class FetchResponse(_Response):
     tier: str  # "l0" | "l1" | "none" (nothing at this offset yet)
 
 
+class L1ObjectStatus(_Response):
+    """One L1 object of a partition's valid lineage."""
+
+    base_offset: int
+    last_offset: int
+    term: int
+    key: str
+
+
 class PartitionStatus(_Response):
     topic: str
     partition: int
@@ -94,6 +111,9 @@ class PartitionStatus(_Response):
     last_rejected_gap: int
     new_epoch_fences: int
     same_epoch_fences: int
+    reconciler_lag: int = 0  # offsets not yet reconciled: high watermark - 1 - LRO
+    l1_objects: int = 0  # valid L1 objects (COPY_FINISHED, within the term lineage)
+    l1_lineage: list[L1ObjectStatus] = []  # the newest of them (at most L1_LINEAGE_SHOWN_MAX)
 
 
 class BatcherStatus(_Response):
@@ -107,6 +127,61 @@ class BatcherStatus(_Response):
     inflight_bytes: int
 
 
+class ReconcilerStatus(_Response):
+    rounds: int
+    objects_written: int  # L1 objects
+    bytes_written: int
+    records_reconciled: int
+    catch_ups_rejected: int  # a newer term took over: the object is outside the lineage
+    errors: int
+    lag_offsets: int  # over every partition, now
+
+
+class HousekeeperStatus(_Response):
+    rounds: int
+    epochs_advanced: int
+    catch_ups: int
+    start_offsets_set: int  # retention
+    l1_deleted: int
+    errors: int
+
+
+class GcRoundSummary(_Response):
+    """The last GC round (or dry run), without its key lists."""
+
+    round_id: int
+    dry_run: bool
+    finished_at: float  # unix seconds
+    duration_s: float
+    cluster_epoch: int
+    m: int | None  # None: blocked (some partition had no M(p))
+    blocked_by: list[str]
+    listed: int
+    eligible: int
+    deleted: int
+    deleted_bytes: int
+    too_young: int
+    errors: int
+    backlog: int
+
+
+class GcStatus(_Response):
+    paused: bool
+    m: int | None  # the highest M the GC has acted on (None: no round with an M yet)
+    epoch_lag: int | None  # cluster epoch now - that M
+    rounds: int
+    dry_runs: int
+    failed_rounds: int
+    safety_blocked_rounds: int  # rounds that deleted nothing: a partition had no M(p)
+    objects_deleted: int
+    bytes_deleted: int
+    max_deleted_epoch: int | None
+    backlog: int  # eligible but not deleted at the end of the last round
+    next_round_in_s: float | None
+    pace_reason: str | None
+    last_round: GcRoundSummary | None
+
+
 class StatusResponse(_Response):
     cluster_epoch: int
     cached_epoch: int | None  # this node's epoch cache (may lag by design)
@@ -117,6 +192,9 @@ class StatusResponse(_Response):
     accepting: bool
     partitions: list[PartitionStatus]
     batcher: BatcherStatus
+    reconciler: ReconcilerStatus | None = None
+    housekeeper: HousekeeperStatus | None = None
+    gc: GcStatus | None = None
 
 
 class EpochResponse(_Response):

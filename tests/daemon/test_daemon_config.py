@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from levelzero.actors.gc import GcConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.fence import FenceMode
 from levelzero.daemon.cli import main
 from levelzero.daemon.config import ConfigError, Config, describe, load_config, parse_listen
@@ -39,6 +42,56 @@ def test_no_configuration_runs_on_embedded_defaults() -> None:
 
 def test_documented_example_is_valid_and_equals_the_defaults() -> None:
     assert load_config(str(EXAMPLE), environ={}) == Config()
+
+
+def test_actor_sections_default_to_the_actors_defaults() -> None:
+    node = Config().node_config()
+    assert node.reconciler == ReconcilerConfig()
+    assert node.housekeeper == HousekeeperConfig()  # retention 0 in TOML is None: off
+    assert node.gc == GcConfig()
+
+
+def test_actor_sections_reach_the_node_config(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[reconciler]\ninterval_s = 0.5\npartitions_in_flight_max = 2\n"
+        "[housekeeper]\nidle_after_s = 1.0\nretention_s = 3600.0\nretention_bytes = 1048576\n"
+        "[gc]\ngrace_s = 0.0\nworker_index = 1\nworker_count = 4\nenabled = false\n",
+    )
+    node = load_config(path, environ={"LEVELZERO_GC_INTERVAL_S": "2"}).node_config()
+    assert (node.reconciler.interval_s, node.reconciler.partitions_in_flight_max) == (0.5, 2)
+    assert (node.housekeeper.idle_after_s, node.housekeeper.retention_s) == (1.0, 3600.0)
+    assert node.housekeeper.retention_bytes == 1048576
+    assert (node.gc.grace_s, node.gc.interval_s, node.gc.enabled) == (0.0, 2.0, False)
+    assert node.gc.prefixes == range(250, 500)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[gc]\ngrace_s = -1.0\n", r"gc: grace_s must be >= 0 \(got -1\.0\)"),
+        ("[gc]\ninterval_s = 10.0\nidle_backoff_max_s = 5.0\n", r"gc: idle_backoff_max_s \(5\.0\) must be >= interval_s"),
+        ("[gc]\nworker_index = 2\nworker_count = 2\n", r"gc: worker_index must be in 0\.\.1 \(got 2\)"),
+        ("[gc]\ndelete_batch_keys_max = 5000\n", r"gc: delete_batch_keys_max must be in 1\.\.1000"),
+        ("[gc]\ngrace = 1.0\n", r"gc\.grace: unknown key"),
+        ("[gc]\nenabled = 'yes'\n", r"gc\.enabled: Expected bool, got str"),
+        ("[reconciler]\ninterval_s = 0.0\n", r"reconciler: interval_s and copy_deadline_s must be > 0"),
+        ("[reconciler]\nobject_bytes_max = 10\n", r"reconciler: object_bytes_max must be in 1 KiB\.\.256 MiB"),
+        ("[housekeeper]\nretention_s = -5.0\n", r"housekeeper: retention_s must be >= 0 \(0 turns it off\)"),
+        ("[housekeeper]\nretention_bytes = -1\n", r"housekeeper: retention_bytes must be >= 0"),
+        ("[housekeeper]\nidle_after_s = -1.0\n", r"housekeeper: interval_s must be > 0 and idle_after_s >= 0"),
+    ],
+)
+def test_actor_sections_are_checked_by_the_actors_rules(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), environ={})
+
+
+def test_actor_section_errors_from_the_environment_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"LEVELZERO_GC_GRACE_S \(gc\.grace_s\) = 'soon'"):
+        load_config(None, environ={"LEVELZERO_GC_GRACE_S": "soon"})
+    with pytest.raises(ConfigError, match=r"gc: worker_count must be in 1\.\.1000 \(got 0\)"):
+        load_config(None, environ={"LEVELZERO_GC_WORKER_COUNT": "0"})
 
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:
