@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from conftest import TOKEN, daemon_and_client
+from daemon_support import TOKEN, daemon_and_client
 
 from levelzero.daemon.client import ApiError
 from levelzero.daemon.demo import UploadGate

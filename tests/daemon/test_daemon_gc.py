@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from conftest import TOKEN, DaemonProcess, daemon_and_client
+from daemon_support import TOKEN, DaemonProcess, daemon_and_client
 
 from levelzero.core.keys import L0_ROOT
 from levelzero.daemon import cli

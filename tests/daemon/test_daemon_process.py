@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import DaemonProcess
+from daemon_support import DaemonProcess
 
 PRODUCER_THREADS = 4
 ACKED_BEFORE_SIGNAL = 300

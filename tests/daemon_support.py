@@ -1,0 +1,161 @@
+"""Helpers to run the daemon in tests: in-process (real HTTP on a free loopback port) and as a
+subprocess (`python -m levelzero.daemon.cli run`), polled with bounded loops. Importable from any
+test directory as `daemon_support` (tests/ is on sys.path through tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from levelzero.daemon.client import Client
+from levelzero.daemon.config import Config, load_config
+from levelzero.daemon.service import Daemon, running_daemon
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 40.0
+POLL_S = 0.05
+TOKEN = "test-token-0123456789abcdef"
+
+
+def daemon_config(data_dir: Path, **overrides: Any) -> Config:
+    """Embedded defaults on `data_dir`, a free port, and `section__key=value` overrides."""
+    settings: dict[tuple[str, str], Any] = {
+        ("storage", "data_dir"): str(data_dir),
+        ("server", "listen"): "127.0.0.1:0",
+        ("batcher", "linger_ms"): 5.0,
+        ("node", "epoch_bump_interval_s"): 0.0,
+    }
+    for name, value in overrides.items():
+        section, key = name.split("__")
+        settings[(section, key)] = value
+    return load_config(None, environ={}, overrides=settings)
+
+
+@asynccontextmanager
+async def daemon_and_client(
+    data_dir: Path, *, token: str | None = None, wrap_object_store=None, **overrides: Any  # noqa: ANN001
+) -> AsyncIterator[tuple[Daemon, Client]]:
+    config = daemon_config(data_dir, **overrides)
+    async with running_daemon(config, wrap_object_store=wrap_object_store) as daemon:
+        assert daemon.url is not None
+        async with Client(daemon.url, token=token) as client:
+            yield daemon, client
+
+
+# ------------------------------------------------------------------------------ subprocess
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_environ(**extra: str) -> dict[str, str]:
+    """This environment without LEVELZERO_* settings or systemd variables, plus `extra`."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LEVELZERO_") and k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+    }
+    env.update(extra)
+    return env
+
+
+class DaemonProcess:
+    """`levelzero run` as a child process on a fixed data dir and port (restartable)."""
+
+    def __init__(self, data_dir: Path, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = clean_environ(**{"LEVELZERO_BATCHER_LINGER_MS": "5", **(env or {})})
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"daemon-{self.starts}.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "levelzero.daemon.cli", "run",
+            "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+        ]
+
+    def start(self, wait: bool = True) -> DaemonProcess:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.starts += 1
+        with self.log_path.open("wb") as log_file:
+            self.proc = subprocess.Popen(
+                self.command(), stdout=log_file, stderr=subprocess.STDOUT, env=self.env
+            )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        with httpx.Client(trust_env=False, timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                try:
+                    if http.get(f"{self.url}/readyz").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                try:
+                    self.proc.wait(timeout=POLL_S)  # doubles as the pause between polls
+                except subprocess.TimeoutExpired:
+                    continue
+                pytest.fail(f"daemon exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+        pytest.fail(f"daemon not ready within {START_TIMEOUT_S} s:\n{self.log()[-4000:]}")
+
+    def signal(self, signum: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait_exit(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"daemon did not exit within {timeout_s} s:\n{self.log()[-4000:]}")
+
+    def stop(self) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait_exit()
+
+    def cleanup(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def http(self, token: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, trust_env=False, timeout=30.0, headers=headers)
+
+    def cli(self, *args: str, input: bytes | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
+        """A `levelzero` client command against this daemon."""
+        return subprocess.run(
+            [sys.executable, "-m", "levelzero.daemon.cli", *args],
+            input=input, capture_output=True, timeout=timeout_s,
+            env=clean_environ(LEVELZERO_URL=self.url),
+        )
