@@ -36,6 +36,7 @@ from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.fence import FenceMode
+from levelzero.storage.prefixed_store import check_key_prefix
 
 MiB = 1024 * 1024
 DEFAULT_PORT = 8420
@@ -158,6 +159,7 @@ class StorageSection(_Section):
 class S3Section(_Section):
     endpoint: str = ""  # empty: AWS S3; e.g. http://127.0.0.1:9000 for MinIO
     bucket: str = ""
+    key_prefix: str = ""  # e.g. "clusters/east/": lets several clusters share one bucket
     region: str = "us-east-1"
     path_style: bool = False  # true for MinIO
     access_key: str = ""  # empty: botocore's chain (AWS_ACCESS_KEY_ID, profiles, roles)
@@ -172,6 +174,7 @@ class S3Section(_Section):
     def __post_init__(self) -> None:
         if self.endpoint and not re.match(r"^https?://[^/\s]+", self.endpoint):
             raise ValueError(f"endpoint must be an http:// or https:// URL, not {self.endpoint!r}")
+        check_key_prefix(self.key_prefix)  # InvalidInput (a ValueError) names the problem
         if bool(self.access_key) != bool(self.secret_key):
             raise ValueError("access_key and secret_key must be given together (or neither)")
         if not 1 <= self.concurrency <= 1024:

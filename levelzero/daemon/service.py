@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from levelzero.actors.node import Node
 from levelzero.core.errors import LevelZeroError
 from levelzero.storage.local_store import LocalObjectStore
+from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.sqlite_log import SqliteLogStore
 
@@ -35,6 +36,7 @@ from .api import ApiSettings, Lifecycle, build_app
 from .config import Config, describe
 from .logs import configure_logging
 from .metrics import DaemonMetrics
+from .ownership import claim_store, local_cluster_id
 from .systemd import Notifier
 
 log = logging.getLogger("levelzero.daemon")
@@ -96,6 +98,8 @@ FAULTS_ENV = "LEVELZERO_TEST_FAULTS"
 
 async def open_object_store(config: Config) -> ObjectStore:
     store = await _open_object_store(config)
+    if config.storage.kind == "s3" and config.s3.key_prefix:
+        store = PrefixedObjectStore(store, config.s3.key_prefix)
     spec = os.environ.get(FAULTS_ENV)
     if spec:
         from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
@@ -103,6 +107,13 @@ async def open_object_store(config: Config) -> ObjectStore:
         log.warning("%s is set: injecting object-store faults (%s); test use only", FAULTS_ENV, spec)
         return FaultyObjectStore(store, FaultSpec.parse(spec))
     return store
+
+
+def _store_where(config: Config) -> str:
+    if config.storage.kind == "local":
+        return config.storage.objects_dir
+    endpoint = config.s3.endpoint or "AWS S3"
+    return f"s3://{config.s3.bucket}/{config.s3.key_prefix} at {endpoint}"
 
 
 async def _open_object_store(config: Config) -> ObjectStore:
@@ -199,6 +210,9 @@ class Daemon:
                 try:
                     if self._wrap_object_store is not None:
                         object_store = self._wrap_object_store(object_store)
+                    await claim_store(
+                        object_store, local_cluster_id(config.storage.data_dir), _store_where(config)
+                    )
                     await self._serve(tg, log_store, object_store, task_status)
                 finally:
                     with anyio.CancelScope(shield=True):

@@ -1,0 +1,106 @@
+"""One bucket (+ key prefix) belongs to one cluster: a second cluster's GC would delete the
+first one's objects, so a daemon refuses a store claimed by another data directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon_support import daemon_config
+from levelzero.core.errors import InvalidInput
+from levelzero.daemon.cli import leaf_errors
+from levelzero.daemon.client import Client
+from levelzero.daemon.config import ConfigError, load_config
+from levelzero.daemon.ownership import (
+    MARKER_KEY,
+    StoreOwnedByAnotherCluster,
+    claim_store,
+    local_cluster_id,
+)
+from levelzero.daemon.service import running_daemon
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.prefixed_store import PrefixedObjectStore, check_key_prefix
+from levelzero.storage.protocols import iter_objects
+
+
+async def test_a_store_claimed_by_another_data_directory_is_refused(tmp_path: Path) -> None:
+    store = MemoryObjectStore()
+    (tmp_path / "a").mkdir()
+    first = local_cluster_id(str(tmp_path / "a"))
+    assert local_cluster_id(str(tmp_path / "a")) == first  # stable across restarts
+    (tmp_path / "b").mkdir()
+    second = local_cluster_id(str(tmp_path / "b"))
+    assert first != second
+    await claim_store(store, first, "mem://bucket")
+    await claim_store(store, first, "mem://bucket")  # the owner again: fine
+    with pytest.raises(StoreOwnedByAnotherCluster) as err:
+        await claim_store(store, second, "mem://bucket")
+    assert first in str(err.value) and second in str(err.value) and "s3.key_prefix" in str(err.value)
+    assert (await store.get(MARKER_KEY)).decode().strip() == first
+
+
+async def test_prefixed_stores_share_a_bucket_without_seeing_each_other() -> None:
+    bucket = MemoryObjectStore()
+    east, west = PrefixedObjectStore(bucket, "east/"), PrefixedObjectStore(bucket, "west/")
+    await east.put("level_zero/data/001/000000000000000001/" + "a" * 32, b"e")
+    await west.put("level_zero/data/001/000000000000000001/" + "b" * 32, b"w")
+    listed = [o.key async for o in iter_objects(east, "level_zero/data/")]
+    assert listed == ["level_zero/data/001/000000000000000001/" + "a" * 32]
+    result = await west.delete_many(listed + ["level_zero/data/001/000000000000000001/" + "b" * 32])
+    assert sorted(bucket.keys()) == ["east/level_zero/data/001/000000000000000001/" + "a" * 32]
+    assert (await east.head(listed[0])).key == listed[0]
+    assert "level_zero/data/001/000000000000000001/" + "b" * 32 in result.deleted
+    for bad in ("/abs/", "no-slash", "a/../b/", "sp ace/"):
+        with pytest.raises(InvalidInput):
+            check_key_prefix(bad)
+
+
+def test_a_bad_key_prefix_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, environ={"LEVELZERO_S3_KEY_PREFIX": "../x"},
+                    overrides={("storage", "data_dir"): str(tmp_path)})
+    assert "s3" in str(err.value) and "key prefix" in str(err.value)
+
+
+async def test_two_daemons_on_one_local_store_directory_cannot_both_own_it(tmp_path: Path) -> None:
+    async with running_daemon(daemon_config(tmp_path / "one")) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+    config = daemon_config(tmp_path / "two")
+    objects_dir = Path(daemon_config(tmp_path / "one").storage.objects_dir)
+    # A second data directory pointed at the first one's objects (as two daemons sharing a
+    # bucket would be): refused before anything is served or deleted.
+    twin = (tmp_path / "two")
+    twin.mkdir()
+    (twin / "objects").symlink_to(objects_dir, target_is_directory=True)
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
+        async with running_daemon(config):
+            pass
+    assert any(isinstance(e, StoreOwnedByAnotherCluster) for e in leaf_errors(caught.value))
+
+
+@pytest.mark.s3
+async def test_two_clusters_share_a_bucket_only_under_distinct_key_prefixes(
+    tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
+) -> None:
+    def s3(data_dir: Path, prefix: str):  # noqa: ANN202
+        return load_config(None, environ={
+            "LEVELZERO_STORAGE_KIND": "s3", "LEVELZERO_S3_ENDPOINT": s3_endpoint.endpoint_url,
+            "LEVELZERO_S3_BUCKET": s3_bucket, "LEVELZERO_S3_REGION": s3_endpoint.region,
+            "LEVELZERO_S3_PATH_STYLE": "true", "LEVELZERO_S3_ACCESS_KEY": s3_endpoint.access_key,
+            "LEVELZERO_S3_SECRET_KEY": s3_endpoint.secret_key, "LEVELZERO_S3_KEY_PREFIX": prefix,
+        }, overrides={("storage", "data_dir"): str(data_dir), ("server", "listen"): "127.0.0.1:0",
+                      ("node", "epoch_bump_interval_s"): 0.0})
+
+    async with running_daemon(s3(tmp_path / "a", "east/")) as a, running_daemon(s3(tmp_path / "b", "west/")) as b:
+        async with Client(a.url) as ca, Client(b.url) as cb:
+            await ca.create_topic("t", 1)
+            await cb.create_topic("t", 1)
+            await ca.produce("t", 0, [(None, b"east")])
+            await cb.produce("t", 0, [(None, b"west")])
+    with pytest.raises(BaseException) as caught:  # noqa: PT011
+        async with running_daemon(s3(tmp_path / "c", "east/")):
+            pass
+    assert any(isinstance(e, StoreOwnedByAnotherCluster) for e in leaf_errors(caught.value))
+    keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert {k.split("/")[0] for k in keys} == {"east", "west"}
