@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.l0format import ExtentHeader, Record, build_object, encode_extent
@@ -299,52 +299,63 @@ class Batcher:
             log.warning("could not record L0 object %s: %s", row.key, exc)
 
     async def _fence(self, uploaded: _Uploaded) -> list[_Request]:
-        """Fence and append one placeholder per extent; returns the requests to retry."""
-        key, epoch, headers = uploaded.row.key, uploaded.row.epoch, uploaded.headers
+        """Fence and append one placeholder per extent; returns the requests to retry.
+
+        Every extent's write is handed to its partition first, then the replies are awaited:
+        one task per object, not one per extent (an object may carry a thousand extents)."""
+        key, epoch = uploaded.row.key, uploaded.row.epoch
         retry: list[_Request] = []
         rejected_everything = True
-
-        async def fence_one(header, requests: list[_Request]) -> None:
-            nonlocal rejected_everything
-            placeholder = Placeholder(
-                epoch=epoch,
-                object_key=key,
-                byte_offset=header.byte_offset,
-                byte_length=header.byte_length,
-                record_count=header.record_count,
-                checksum=header.checksum,
-            )
-            try:
-                record = await requests[0].actor.write(placeholder)
-            except StaleClusterEpoch as exc:
-                self.stats.stale_rejections += 1
-                self._cache.invalidate_below(exc.window_max)
-                for request in requests:
-                    if request.attempts <= self.config.stale_retries_max:
-                        retry.append(request)
-                    else:
-                        self.stats.stale_failures += 1
-                        request.reply.fail(exc)
-                return
-            except LevelZeroError as exc:
-                for request in requests:
-                    request.reply.fail(exc)
-                return
-            rejected_everything = False
-            self.stats.extents_appended += 1
-            self.stats.records_appended += header.record_count
-            offset = record.base_offset
-            for request in requests:
-                count = len(request.records)
-                request.reply.set(ProduceResult(offset, offset + count - 1, request.attempts, key))
-                offset += count
-            assert offset == record.base_offset + header.record_count
-
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._record_object, uploaded.row)
-            for header in headers:
-                tg.start_soon(fence_one, header, uploaded.by_partition[header.pid])
+            submitted: list[tuple[ExtentHeader, list[_Request], Reply[LogRecord]]] = []
+            for header in uploaded.headers:
+                requests = uploaded.by_partition[header.pid]
+                placeholder = Placeholder(
+                    epoch=epoch,
+                    object_key=key,
+                    byte_offset=header.byte_offset,
+                    byte_length=header.byte_length,
+                    record_count=header.record_count,
+                    checksum=header.checksum,
+                )
+                try:
+                    reply = await requests[0].actor.submit(placeholder)
+                except LevelZeroError as exc:
+                    _fail(requests, exc)
+                    continue
+                submitted.append((header, requests, reply))
+            for header, requests, reply in submitted:
+                try:
+                    record = await reply.wait()
+                except StaleClusterEpoch as exc:
+                    self.stats.stale_rejections += 1
+                    self._cache.invalidate_below(exc.window_max)
+                    for request in requests:
+                        if request.attempts <= self.config.stale_retries_max:
+                            retry.append(request)
+                        else:
+                            self.stats.stale_failures += 1
+                            request.reply.fail(exc)
+                    continue
+                except LevelZeroError as exc:
+                    _fail(requests, exc)
+                    continue
+                rejected_everything = False
+                self.stats.extents_appended += 1
+                self.stats.records_appended += header.record_count
+                offset = record.base_offset
+                for request in requests:
+                    last = offset + len(request.records) - 1
+                    request.reply.set(ProduceResult(offset, last, request.attempts, key))
+                    offset = last + 1
+                assert offset == record.base_offset + header.record_count
         if rejected_everything:
             self.stats.orphan_objects += 1
             log.info("object %s rejected by every partition: an orphan for the GC", key)
         return retry
+
+
+def _fail(requests: list[_Request], error: LevelZeroError) -> None:
+    for request in requests:
+        request.reply.fail(error)

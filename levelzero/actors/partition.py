@@ -42,7 +42,7 @@ from levelzero.core.fence import (
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
-from .mailbox import Reply, mailbox
+from .mailbox import Inbox, Reply, mailbox, send_soon
 
 log = logging.getLogger("levelzero.partition")
 
@@ -50,7 +50,8 @@ MAILBOX_SIZE = 256
 PENDING_RECORDS_MAX = 65_536
 REPLAY_BATCH_RECORDS = 4_096
 FENCE_EVENTS_BUFFER_MAX = 10_000
-FENCE_EVENTS_FLUSH_AT = 1_000  # probes (no append) wake the appender once this many gathered
+FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered fence events are flushed at once
+FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # otherwise at most this long after the previous flush
 
 
 class WatermarkBoard:
@@ -184,6 +185,7 @@ class PartitionActor:
         self._mp_changed_at = -math.inf
         self._published_mp: int | None = None
         self._fence_events: list[FenceEventRow] = []
+        self._flush_fence_events_now = False
         self.ready = anyio.Event()
         board.register(self.name)
 
@@ -191,9 +193,14 @@ class PartitionActor:
 
     async def write(self, entry: Placeholder | AdvanceEpoch) -> LogRecord:
         """Fence the entry's epoch and append it. Raises StaleClusterEpoch / NotLeader."""
+        return await (await self.submit(entry)).wait()
+
+    async def submit(self, entry: Placeholder | AdvanceEpoch) -> Reply[LogRecord]:
+        """Hand over a write and return its reply without waiting for it (`write` = submit,
+        then wait): one task can have writes to many partitions in flight at once."""
         reply: Reply[LogRecord] = Reply()
         await self._send(_Write(entry.epoch, entry, reply))
-        return await reply.wait()
+        return reply
 
     async def fence_probe(self, epoch: int) -> None:
         """Fence an epoch and release at once: the fence's cost alone (benchmarks)."""
@@ -253,7 +260,7 @@ class PartitionActor:
 
     async def _send(self, msg: object) -> None:
         try:
-            await self._tx.send(msg)
+            await send_soon(self._tx, msg)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise ShuttingDown(f"partition {self.name} is stopped") from None
 
@@ -291,8 +298,13 @@ class PartitionActor:
             tg.start_soon(self._appender)
             self.ready.set()
             task_status.started()
+            inbox = Inbox(self._rx, MAILBOX_SIZE)
             async with self._rx:
-                async for msg in self._rx:
+                while True:
+                    try:
+                        msg = await inbox.receive()
+                    except anyio.EndOfStream:
+                        break
                     self._handle(msg)
                     if self._stopping is not None and not self._pending:
                         break
@@ -478,11 +490,13 @@ class PartitionActor:
                 window_max=None if window is None else window[1],
             )
         )
-        # The appender flushes events even when nothing is appended. An admitted write wakes it
-        # anyway with its record; a rejection appends nothing, so it wakes it here; fence probes
-        # (benchmarks) wake it only once enough events gathered: a wakeup per probe would
-        # double the cost the probe is meant to measure.
-        if outcome == "rejected" or len(self._fence_events) >= FENCE_EVENTS_FLUSH_AT:
+        # Events are for export and analysis: the appender flushes them beside a batch at most
+        # every FENCE_EVENTS_FLUSH_INTERVAL_S (a flush per batch was a second store job per
+        # append), or at once when FENCE_EVENTS_FLUSH_AT gathered (fence probes append nothing)
+        # or a write was rejected (rare, and what an operator looks for).
+        if outcome == "rejected":
+            self._flush_fence_events_now = True
+        if self._flush_fence_events_now or len(self._fence_events) >= FENCE_EVENTS_FLUSH_AT:
             self._append_wakeup.set()
 
     def _maybe_snapshot(self) -> None:
@@ -499,25 +513,50 @@ class PartitionActor:
 
     async def _appender(self) -> None:
         """Writes queued records in log order; one batch in flight per partition."""
+        flushed_at = anyio.current_time()
         while True:
-            await self._append_wakeup.wait()
+            if self._fence_events and not self._append_wakeup.is_set():
+                # Buffered events wait for a batch to ride along with, not past the interval.
+                wait_s = flushed_at + FENCE_EVENTS_FLUSH_INTERVAL_S - anyio.current_time()
+                with anyio.move_on_after(max(0.0, wait_s)):
+                    await self._append_wakeup.wait()
+            else:
+                await self._append_wakeup.wait()
             self._append_wakeup = anyio.Event()
             batch, self._to_append = self._to_append, []
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
-            events = self.take_fence_events()
-            async with anyio.create_task_group() as tg:
-                if events:
+            events: list[FenceEventRow] = []
+            now = anyio.current_time()
+            if (
+                self._flush_fence_events_now
+                or len(self._fence_events) >= FENCE_EVENTS_FLUSH_AT
+                or now - flushed_at >= FENCE_EVENTS_FLUSH_INTERVAL_S
+            ):
+                events, flushed_at = self.take_fence_events(), now
+                self._flush_fence_events_now = False
+            if events and batch:
+                async with anyio.create_task_group() as tg:
                     # Beside the batch (the same group commit), not in front of the next batch.
                     tg.start_soon(self._store.record_fence_events, events)
-                if batch:
-                    try:
-                        await self._store.append(self.row.pid, self.term, batch)
-                    except NotLeader as exc:
-                        await self._tx.send(_AppendFailed(exc))
+                    if not await self._append(batch):
                         return
-                    await self._tx.send(_Durable(batch[-1].log_offset))
+            elif events:
+                await self._store.record_fence_events(events)
+            elif batch and not await self._append(batch):
+                return
             if snapshot is not None:
                 await self._store.save_snapshot(snapshot)
                 if truncate is not None:
                     await self._store.truncate_below(self.row.pid, truncate)
+
+    async def _append(self, batch: list[LogRecord]) -> bool:
+        """Append `batch` and tell the actor; False once the partition is deposed."""
+        try:
+            await self._store.append(self.row.pid, self.term, batch)
+        except NotLeader as exc:
+            await send_soon(self._tx, _AppendFailed(exc))
+            return False
+        await send_soon(self._tx, _Durable(batch[-1].log_offset))
+        return True
+

@@ -26,7 +26,7 @@ import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from levelzero.actors.node import Node
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
@@ -107,6 +107,23 @@ async def open_object_store(config: Config) -> ObjectStore:
         log.warning("%s is set: injecting object-store faults (%s); test use only", FAULTS_ENV, spec)
         return FaultyObjectStore(store, FaultSpec.parse(spec))
     return store
+
+
+CLAIM_ATTEMPTS_MAX = 5
+
+
+async def _claim_store_with_retries(store: ObjectStore, config: Config) -> None:
+    """Claim the store for this data directory; transient store errors are retried (bounded)."""
+    cluster_id = local_cluster_id(config.storage.data_dir)
+    for attempt in range(1, CLAIM_ATTEMPTS_MAX + 1):
+        try:
+            await claim_store(store, cluster_id, _store_where(config))
+            return
+        except StorageError as exc:
+            if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:
+                raise
+            log.warning("claiming the object store failed (attempt %d): %s", attempt, exc)
+            await anyio.sleep(0.1 * attempt)
 
 
 def _store_where(config: Config) -> str:
@@ -210,9 +227,7 @@ class Daemon:
                 try:
                     if self._wrap_object_store is not None:
                         object_store = self._wrap_object_store(object_store)
-                    await claim_store(
-                        object_store, local_cluster_id(config.storage.data_dir), _store_where(config)
-                    )
+                    await _claim_store_with_retries(object_store, config)
                     await self._serve(tg, log_store, object_store, task_status)
                 finally:
                     with anyio.CancelScope(shield=True):

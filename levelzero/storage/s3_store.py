@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import datetime
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, fields
 from types import TracebackType
@@ -33,6 +34,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
     ReadTimeoutError,
 )
+from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
 from levelzero.core.errors import InvalidInput, LevelZeroError, ObjectNotFound, StorageError
 from levelzero.storage.keys_check import (
@@ -171,6 +173,20 @@ def _permanent(error: StorageError) -> StorageError:
     return error
 
 
+def parse_timestamp(value: object) -> datetime:
+    """botocore's timestamp parser for responses, fast for what S3 lists: ISO 8601 in UTC
+    (`2026-11-22T04:10:55.000Z`) goes through `datetime.fromisoformat`; anything else (HTTP
+    dates in headers, epoch numbers) through botocore's own parser. botocore's default runs
+    every `LastModified` of a listing through dateutil, which was three quarters of the CPU time
+    of listing 1000 keys."""
+    if isinstance(value, str) and value.endswith("Z") and "T" in value:
+        try:
+            return datetime.fromisoformat(value)
+        except ValueError:
+            pass
+    return botocore_parse_timestamp(value)
+
+
 # What a request can fail with once botocore has given up: its own errors, and aiohttp's while
 # a response body streams.
 _REQUEST_ERRORS = (BotoCoreError, ClientError, aiohttp.ClientError, asyncio.TimeoutError)
@@ -225,11 +241,15 @@ class S3ObjectStore:
             read_timeout=cfg.read_timeout_s,
             s3={"addressing_style": "path" if cfg.path_style else "auto"},
         )
+        session = get_session()
+        session.get_component("response_parser_factory").set_parser_defaults(
+            timestamp_parser=parse_timestamp
+        )
         stack = AsyncExitStack()
         try:
             try:
                 client = await stack.enter_async_context(
-                    get_session().create_client(
+                    session.create_client(
                         "s3", endpoint_url=cfg.endpoint_url, config=client_config, **credentials
                     )
                 )

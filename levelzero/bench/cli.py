@@ -1,0 +1,291 @@
+"""`levelzero bench`: every benchmark item, one table, `bench/results.json`.
+
+    levelzero bench                        # every item, full length (about 7 minutes)
+    levelzero bench --quick                # a few seconds per item: a smoke test
+    levelzero bench --only fence --only gc # some items (repeat --only, or give a comma list)
+    levelzero bench --markdown BENCHMARKS.md   # also rewrite the figures section of that file
+
+Every figure is a ratio of two measurements taken in the same run — the system under test and
+its floor, in interleaved rounds (ABBA), medians — so the noise of a shared machine cancels.
+Each item runs in its own event loop; the memory item runs in a child process (clean RSS).
+Exit status: 0 when every item ran (a missed target is a finding, not a failure), 1 when an
+item crashed, 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shlex
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from .common import Figure, Settings, machine
+from .loop import LOOP_CHOICES, resolve_loop, run_async
+
+DEFAULT_RESULTS = os.path.join("bench", "results.json")
+MARK_BEGIN = "<!-- levelzero bench: generated figures begin -->"
+MARK_END = "<!-- levelzero bench: generated figures end -->"
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    name: str
+    module: str  # levelzero.bench.<module>, with `async def run(settings) -> list[Figure]`
+    title: str
+
+
+# In table order (cheap and local first, moto last but one, the long memory run last).
+ITEMS: tuple[Item, ...] = (
+    Item("churn", "churn", "1. spurious rejections under epoch churn, windowed vs strict"),
+    Item("stall", "stall", "2. write stall after a leadership move to a stale cache (simulation)"),
+    Item("fence", "fence", "3. fence throughput vs a bare actor round trip"),
+    Item("durable", "durable", "4. durable produce vs raw aiosqlite group commit"),
+    Item("upload", "upload", "5. L0 upload vs raw aiobotocore PUTs (moto)"),
+    Item("gc", "gc", "6. GC deletes vs raw DeleteObjects (moto); GC lag"),
+    Item("memory", "memory", "7. daemon RSS over a long produce/consume/GC run"),
+    Item("scale", "scale", "8. fence and produce cost at 1, 64, 1024 partitions"),
+)
+ITEM_NAMES = tuple(item.name for item in ITEMS)
+
+
+def _items(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ITEM_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown item {', '.join(unknown)} (choose from {', '.join(ITEM_NAMES)})"
+        )
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a few seconds per item (smoke test)")
+    parser.add_argument(
+        "--only",
+        type=_items,
+        action="append",
+        metavar="ITEM",
+        help=f"run only these items (repeatable, or comma-separated): {', '.join(ITEM_NAMES)}",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per figure")
+    parser.add_argument("--seconds", type=float, default=None, help="per timed measurement")
+    parser.add_argument(
+        "--results", default=DEFAULT_RESULTS, help=f"JSON results file (default {DEFAULT_RESULTS})"
+    )
+    parser.add_argument(
+        "--markdown", default=None, metavar="PATH",
+        help="rewrite the generated figures section of this Markdown file (e.g. BENCHMARKS.md)",
+    )
+    parser.add_argument(
+        "--loop", choices=LOOP_CHOICES, default="auto",
+        help="event loop (auto: uvloop when installed, else asyncio)",
+    )
+    parser.add_argument("--dir", default=None, help="directory for stores (default: a temp dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="levelzero bench",
+        description="Benchmarks of levelzero, each a ratio to its floor measured in the same run.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    if (args.rounds is not None and args.rounds < 1) or (
+        args.seconds is not None and args.seconds <= 0
+    ):
+        print("--rounds must be >= 1 and --seconds > 0", file=sys.stderr)
+        return 2
+    selected = [n for group in args.only for n in group] if args.only else list(ITEM_NAMES)
+    settings = Settings(quick=args.quick, work_dir=args.dir)
+    if args.rounds is not None:
+        settings = replace(settings, rounds=args.rounds)
+    if args.seconds is not None:
+        settings = replace(settings, seconds=args.seconds)
+    loop = resolve_loop(args.loop)
+    described = machine()
+    command = " ".join(["levelzero bench", *(shlex.quote(a) for a in _argv_of(args))])
+    print(
+        f"levelzero bench{' --quick' if settings.quick else ''}: {len(selected)} items, "
+        f"loop {loop}; {described['nproc']} CPUs ({described['cpu_model']}), "
+        f"{described['memory_gib']} GiB, Python {described['python']}",
+        file=out,
+        flush=True,
+    )
+    started = time.time()
+    figures: list[Figure] = []
+    items: dict[str, dict[str, Any]] = {}
+    failed = False
+    for item in ITEMS:
+        if item.name not in selected:
+            continue
+        print(f"\n== {item.title}", file=out, flush=True)
+        item_started = time.perf_counter()
+        try:
+            module = importlib.import_module(f"levelzero.bench.{item.module}")
+            runner: Callable[[Settings], Any] = module.run
+            produced: list[Figure] = run_async(runner, settings, loop=loop)
+        except Exception:  # one item's crash must not hide the others' figures
+            failed = True
+            text = traceback.format_exc()
+            print(text, file=out, flush=True)
+            items[item.name] = {"title": item.title, "error": text.strip().splitlines()[-1]}
+            continue
+        elapsed = time.perf_counter() - item_started
+        for f in produced:
+            print(format_row(f), file=out, flush=True)
+        figures.extend(produced)
+        items[item.name] = {
+            "title": item.title,
+            "seconds": round(elapsed, 2),
+            "figures": [f.to_json() for f in produced],
+        }
+    results = {
+        "command": command,
+        "quick": settings.quick,
+        "loop": loop,
+        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(time.time() - started, 1),
+        "machine": described,
+        "items": items,
+    }
+    print("\n" + format_table(figures), file=out)
+    write_results(Path(args.results), results)
+    print(f"\nwrote {args.results}", file=out)
+    if args.markdown:
+        update_markdown(Path(args.markdown), results)
+        print(f"updated {args.markdown}", file=out)
+    return 1 if failed else 0
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The options that shaped this run, for the record (re-run it with the same command)."""
+    argv: list[str] = []
+    if args.quick:
+        argv.append("--quick")
+    for group in args.only or []:
+        argv += ["--only", ",".join(group)]
+    for name in ("rounds", "seconds"):
+        value = getattr(args, name)
+        if value is not None:
+            argv += [f"--{name}", str(value)]
+    if args.loop != "auto":
+        argv += ["--loop", args.loop]
+    return argv
+
+
+# ------------------------------------------------------------------------------------ output
+
+
+def _number(value: float) -> str:
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 0.1:
+        return f"{value:.3f}"
+    return f"{value:.4f}" if value else "0"
+
+
+def _ratio(f: Figure) -> str:
+    return "n/a" if f.ratio is None else f"{f.ratio:.1%}"
+
+
+COLUMNS = ("item", "figure", "unit", "sut", "floor", "ratio", "target", "verdict")
+
+
+def _cells(f: Figure) -> tuple[str, ...]:
+    return (
+        f.item,
+        f.name,
+        f.unit,
+        f"{f.sut_label} {_number(f.sut)}",
+        f"{f.floor_label} {_number(f.floor)}",
+        _ratio(f),
+        "-" if f.target is None else str(f.target),
+        f.verdict,
+    )
+
+
+def format_row(f: Figure) -> str:
+    item, name, unit, sut, floor, ratio, target, verdict = _cells(f)
+    return f"  {name} [{unit}]: {sut} | {floor} | ratio {ratio} | target {target} | {verdict}"
+
+
+def format_table(figures: Sequence[Figure]) -> str:
+    rows = [COLUMNS, *(_cells(f) for f in figures)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = []
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        f"Measured {results['started_at']} with `{results['command']}` "
+        f"({results['duration_s']:.0f} s, event loop {results['loop']}).",
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB memory, "
+        f"{m['implementation']} {m['python']}, {m['platform']}.",
+        "",
+        "| item | figure | unit | system under test | floor | ratio | target | verdict |",
+        "|---|---|---|---:|---:|---:|---|---|",
+    ]
+    for name, item in results["items"].items():
+        if "error" in item:
+            lines.append(f"| {name} | **crashed**: {item['error']} | | | | | | |")
+            continue
+        for f in item["figures"]:
+            target = f["target"]
+            shown = "-"
+            if target is not None:
+                shown = f"{'≥' if target['higher_is_better'] else '≤'} {target['bound']:.0%}"
+            ratio = "n/a" if f["ratio"] is None else f"{f['ratio']:.1%}"
+            lines.append(
+                f"| {name} | {f['name']} | {f['unit']} | {f['sut_label']} {_number(f['sut'])} | "
+                f"{f['floor_label']} {_number(f['floor'])} | {ratio} | {shown} | {f['verdict']} |"
+            )
+    lines += ["", MARK_END]
+    return "\n".join(lines)
+
+
+def update_markdown(path: Path, results: dict[str, Any]) -> None:
+    """Replace the generated section (between the markers) and keep everything else."""
+    block = render_markdown(results)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    begin, end = text.find(MARK_BEGIN), text.find(MARK_END)
+    if begin >= 0 and end > begin:
+        text = text[:begin] + block + text[end + len(MARK_END) :]
+    else:
+        text = (text.rstrip() + "\n\n" if text.strip() else "") + block + "\n"
+    path.write_text(text, encoding="utf-8")

@@ -1,0 +1,332 @@
+"""What every benchmark item shares: a figure (the system under test beside its floor, measured in
+the same run, in interleaved rounds), medians, the machine's description, and a moto server.
+
+Why ratios: this machine is shared. Absolute rates move by tens of percent with whatever else
+runs; a ratio of two measurements taken back to back, alternating which goes first, does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+MOTO_START_TIMEOUT_S = 30.0
+MOTO_STOP_TIMEOUT_S = 10.0
+MOTO_ACCESS_KEY = "levelzero-bench"
+MOTO_SECRET_KEY = "levelzero-bench-secret"
+
+
+# ------------------------------------------------------------------------------------ settings
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How much each item measures: `quick` is a smoke test of a few seconds per item."""
+
+    quick: bool = False
+    rounds: int = 5  # interleaved SUT/floor pairs per figure
+    seconds: float = 1.0  # per timed measurement, where the item runs for a time
+    work_dir: str | None = None  # stores and databases (default: a temporary directory)
+
+    def pick(self, full: T, quick: T) -> T:
+        return quick if self.quick else full
+
+
+# ------------------------------------------------------------------------------------ figures
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The ratio a figure must reach: at least `bound` (higher is better) or at most `bound`."""
+
+    bound: float
+    higher_is_better: bool = True
+
+    def met(self, ratio: float) -> bool:
+        return ratio >= self.bound if self.higher_is_better else ratio <= self.bound
+
+    def __str__(self) -> str:
+        return f"{'>=' if self.higher_is_better else '<='} {self.bound:.0%}"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One row of the table: `sut` and `floor` are medians over the rounds, `ratio` the median of
+    the rounds' own ratios (None when the floor is zero in every round)."""
+
+    item: str
+    name: str
+    unit: str
+    sut: float
+    floor: float
+    ratio: float | None
+    target: Target | None = None
+    sut_label: str = "sut"
+    floor_label: str = "floor"
+    rounds: tuple[tuple[float, float], ...] = ()
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None:
+            return "info"
+        if self.ratio is None:
+            return "n/a"
+        return "pass" if self.target.met(self.ratio) else "miss"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "item": self.item,
+            "name": self.name,
+            "unit": self.unit,
+            "sut_label": self.sut_label,
+            "floor_label": self.floor_label,
+            "sut": self.sut,
+            "floor": self.floor,
+            "ratio": self.ratio,
+            "target": None
+            if self.target is None
+            else {"bound": self.target.bound, "higher_is_better": self.target.higher_is_better},
+            "verdict": self.verdict,
+            "rounds": [list(r) for r in self.rounds],
+            "notes": self.notes,
+        }
+
+
+def safe_ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def figure(
+    item: str,
+    name: str,
+    unit: str,
+    pairs: Sequence[tuple[float, float]],
+    *,
+    target: Target | None = None,
+    sut_label: str = "sut",
+    floor_label: str = "floor",
+    notes: dict[str, Any] | None = None,
+) -> Figure:
+    """A figure from per-round (sut, floor) pairs: medians, and the median per-round ratio."""
+    assert pairs, "a figure needs at least one round"
+    ratios = [r for r in (safe_ratio(s, f) for s, f in pairs) if r is not None]
+    return Figure(
+        item=item,
+        name=name,
+        unit=unit,
+        sut=statistics.median(s for s, _ in pairs),
+        floor=statistics.median(f for _, f in pairs),
+        ratio=statistics.median(ratios) if ratios else None,
+        target=target,
+        sut_label=sut_label,
+        floor_label=floor_label,
+        rounds=tuple((float(s), float(f)) for s, f in pairs),
+        notes=notes or {},
+    )
+
+
+async def interleave(
+    rounds: int,
+    sut: Callable[[int], Awaitable[T]],
+    floor: Callable[[int], Awaitable[U]],
+) -> list[tuple[T, U]]:
+    """`rounds` pairs, alternating which side runs first (ABBA), so drift hits both alike."""
+    assert rounds >= 1
+    out: list[tuple[T, U]] = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            a = await sut(i)
+            b = await floor(i)
+        else:
+            b = await floor(i)
+            a = await sut(i)
+        out.append((a, b))
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The `q` quantile by nearest rank (no interpolation: it is a value that happened)."""
+    assert values
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered))))]
+
+
+async def closed_loop(
+    callers: int, seconds: float, call: Callable[[int], Awaitable[object]]
+) -> float:
+    """Calls per CPU second of `callers` tasks each calling `call(i)` back to back for `seconds`
+    of wall time. CPU time, not wall time: everything runs on this one thread, and the figure
+    must not depend on what else the machine is running."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(i: int) -> None:
+        nonlocal done
+        n = 0
+        while time.perf_counter() < deadline:
+            await call(i)
+            n += 1
+        done += n
+
+    start = time.process_time()
+    async with anyio.create_task_group() as tg:
+        for i in range(callers):
+            tg.start_soon(caller, i)
+    return done / max(time.process_time() - start, 1e-9)
+
+
+# ------------------------------------------------------------------------------------ machine
+
+
+def _first_line_value(path: str, key: str) -> str | None:
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() == key:
+                    return value.strip()
+    return None
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (Linux /proc where it exists)."""
+    mem_kib = _first_line_value("/proc/meminfo", "MemTotal")
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    return {
+        "nproc": usable,
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _first_line_value("/proc/cpuinfo", "model name") or platform.processor(),
+        "memory_gib": round(int(mem_kib.split()[0]) / 2**20, 1) if mem_kib else None,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+    }
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (VmRSS of /proc/self/status)."""
+    value = _first_line_value("/proc/self/status", "VmRSS")
+    assert value is not None, "VmRSS needs Linux /proc"
+    return int(value.split()[0]) * 1024
+
+
+def loop_backend() -> str:
+    """The event loop running this task ("asyncio", "uvloop" or "trio")."""
+    import asyncio
+
+    try:
+        module = type(asyncio.get_running_loop()).__module__
+    except RuntimeError:
+        return "trio"
+    return "uvloop" if module.startswith("uvloop") else "asyncio"
+
+
+@contextlib.contextmanager
+def work_dir(settings: Settings, name: str) -> Any:
+    """A fresh directory for one item, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix=f"lz-bench-{name}-", dir=settings.work_dir) as tmp:
+        yield Path(tmp)
+
+
+# ------------------------------------------------------------------------------------ moto
+
+
+def free_local_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def moto_server(log_dir: Path) -> AsyncIterator[str]:
+    """moto's standalone S3 server as a subprocess (as tests/conftest.py starts it); its URL."""
+    port = free_local_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = log_dir / "moto.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+        def answers() -> bool:
+            try:
+                with no_proxy.open(f"{url}/moto-api/", timeout=1.0):
+                    return True
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return False
+
+        deadline = time.monotonic() + MOTO_START_TIMEOUT_S
+        while not await anyio.to_thread.run_sync(answers):
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto exited: {log_path.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"moto did not answer at {url} in {MOTO_START_TIMEOUT_S} s")
+            await anyio.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=MOTO_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def s3_config(url: str, bucket: str, **overrides: Any):  # noqa: ANN201 - S3Config (lazy import)
+    from levelzero.storage.s3_store import S3Config
+
+    settings: dict[str, Any] = {
+        "bucket": bucket,
+        "endpoint_url": url,
+        "path_style": True,
+        "access_key": MOTO_ACCESS_KEY,
+        "secret_key": MOTO_SECRET_KEY,
+        "create_bucket": True,
+    }
+    settings.update(overrides)
+    return S3Config(**settings)
+
+
+@contextlib.asynccontextmanager
+async def raw_s3_client(url: str, pool: int = 64) -> AsyncIterator[Any]:
+    """A bare aiobotocore client: the floor the S3 adapter is measured against."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    config = AioConfig(
+        region_name="us-east-1", s3={"addressing_style": "path"}, max_pool_connections=pool
+    )
+    async with get_session().create_client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id=MOTO_ACCESS_KEY,
+        aws_secret_access_key=MOTO_SECRET_KEY,
+        config=config,
+    ) as client:
+        yield client

@@ -1,0 +1,190 @@
+"""Item 4: durable produce — placeholders/s through partition actors and `SqliteLogStore` —
+beside raw aiosqlite group commit at the same batch size.
+
+- sut:   `PARTITIONS` PartitionActors on one SqliteLogStore (synchronous FULL, WAL: the daemon's
+         defaults); `CALLERS` tasks write `Placeholder`s in a closed loop (fence, reserve, append
+         through the partition's appender into the store's cross-partition group commit, apply,
+         answer). Records per commit come out of the group commit itself;
+- floor: one task doing `executemany(<that many rows>)` + `commit` back to back into the same
+         `log` table (rows encoded up front): SQLite and aiosqlite's thread hops, nothing else.
+Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw rows/s.
+
+`bench/bench_log_store.py` uses `raw_rows_per_s` and `store_appends` for its batch-size sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import aiosqlite
+import anyio
+
+from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.storage.sqlite_log import _INSERT_LOG, _SCHEMA, SqliteLogStore, _log_row
+
+from .common import Figure, Settings, Target, figure, interleave, work_dir
+
+ITEM = "durable"
+PARTITIONS = 64
+CALLERS = 256
+EPOCH = 1
+ROW_POOL = 1000  # distinct pre-encoded rows the raw baseline cycles through
+TARGET = Target(0.50)
+
+
+def make_placeholder(n: int) -> Placeholder:
+    return Placeholder(
+        epoch=EPOCH,
+        object_key=f"level_zero/data/123/{EPOCH:018}/0f8e6c1e-5d1b-4d0e-9a53-{n:012}",
+        byte_offset=n * 4096,
+        byte_length=4096,
+        record_count=10,
+        checksum=n * 2654435761 % 2**32,
+    )
+
+
+def make_record(log_offset: int) -> LogRecord:
+    entry = make_placeholder(log_offset)
+    return LogRecord(log_offset=log_offset, term=1, base_offset=log_offset * 10, entry=entry)
+
+
+async def raw_rows_per_s(
+    path: Path, batch: int, seconds: float, synchronous: str = "FULL"
+) -> float:
+    """Rows/s for executemany(batch rows) + commit in a loop, rows encoded up front."""
+    setup = await aiosqlite.connect(path, isolation_level=None)
+    await setup.execute("PRAGMA journal_mode = WAL")
+    await setup.executescript(_SCHEMA)
+    await setup.close()
+    connection = await aiosqlite.connect(path)  # sqlite3 opens the transaction implicitly
+    try:
+        await connection.execute(f"PRAGMA synchronous = {synchronous}")
+        pool = [_log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
+        next_offset = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            rows = [
+                (1, offset, *pool[offset % ROW_POOL][2:])
+                for offset in range(next_offset, next_offset + batch)
+            ]
+            await connection.executemany(_INSERT_LOG, rows)
+            await connection.commit()
+            next_offset += batch
+        return next_offset / (time.perf_counter() - start)
+    finally:
+        await connection.close()
+
+
+async def store_appends(
+    path: Path, batch: int, seconds: float, synchronous: str, appenders: int
+) -> tuple[float, float]:
+    """Records/s through `SqliteLogStore.append` from `appenders` tasks (one partition each),
+    `batch` records per call; also records per commit."""
+    store = await SqliteLogStore.open(path, synchronous=synchronous)  # type: ignore[arg-type]
+    async with store:
+        rows = await store.create_topic("bench", appenders, creation_epoch=1, now=0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+        before = store.statistics()
+        done = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def appender(pid: int) -> None:
+            nonlocal done
+            next_offset = 1
+            while time.perf_counter() < deadline:
+                records = [make_record(next_offset + i) for i in range(batch)]
+                await store.append(pid, 1, records)
+                next_offset += batch
+                done += batch
+
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(appender, row.pid)
+        elapsed = time.perf_counter() - start
+        after = store.statistics()
+    commits = after.commits - before.commits
+    return done / elapsed, done / max(1, commits)
+
+
+async def actor_placeholders(
+    path: Path, partitions: int, callers: int, seconds: float
+) -> tuple[float, float]:
+    """Placeholders/s written through PartitionActors on a SqliteLogStore; and log records per
+    commit (the group commit's batch size, which the floor then uses)."""
+    async with await SqliteLogStore.open(path) as store:
+        rows = await store.create_topic("bench", partitions, creation_epoch=EPOCH, now=0.0)
+        board = WatermarkBoard()
+        actors = [PartitionActor(row, store, board) for row in rows]
+        async with anyio.create_task_group() as tg:
+            for actor in actors:
+                await tg.start(actor.run)
+            before = store.statistics()
+            done = 0
+            start = time.perf_counter()
+            deadline = start + seconds
+
+            async def caller(i: int) -> None:
+                nonlocal done
+                actor = actors[i % partitions]
+                n = 0
+                while time.perf_counter() < deadline:
+                    await actor.write(make_placeholder(i * 1_000_000 + n))
+                    n += 1
+                done += n
+
+            async with anyio.create_task_group() as callers_tg:
+                for i in range(callers):
+                    callers_tg.start_soon(caller, i)
+            elapsed = time.perf_counter() - start
+            after = store.statistics()
+            for actor in actors:
+                await actor.stop()
+    commits = max(1, after.commits - before.commits)
+    return done / elapsed, (after.records - before.records) / commits
+
+
+async def run(settings: Settings) -> list[Figure]:
+    seconds = settings.pick(max(2.0, settings.seconds), 0.5)
+    rounds = settings.pick(settings.rounds, 1)
+    per_commit: list[float] = []
+    with work_dir(settings, ITEM) as root:
+
+        async def sut(i: int) -> float:
+            rate, records_per_commit = await actor_placeholders(
+                root / f"actors-{i}.db", PARTITIONS, CALLERS, seconds
+            )
+            per_commit.append(records_per_commit)
+            return rate
+
+        async def floor(i: int) -> float:
+            # The batch size the group commit reached in the latest SUT run (round 0 runs the
+            # SUT first, so there always is one; with ABBA it is at most one run old).
+            assert per_commit
+            batch = max(1, round(per_commit[-1]))
+            return await raw_rows_per_s(root / f"raw-{i}.db", batch, seconds)
+
+        pairs = await interleave(rounds, sut, floor)
+    return [
+        figure(
+            ITEM,
+            f"durable placeholders/s (actors + SqliteLogStore) vs raw aiosqlite group commit, "
+            f"{PARTITIONS} partitions",
+            "rows/s",
+            pairs,
+            target=TARGET,
+            sut_label="placeholders",
+            floor_label="raw rows",
+            notes={
+                "partitions": PARTITIONS,
+                "callers": CALLERS,
+                "seconds": seconds,
+                "records_per_commit": [round(x, 1) for x in per_commit],
+                "synchronous": "FULL",
+            },
+        )
+    ]

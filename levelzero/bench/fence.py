@@ -1,0 +1,121 @@
+"""Item 3: fence throughput beside a bare anyio actor round trip (the floor).
+
+- floor: N tasks, each reading a bounded memory object stream (the partition mailbox's size,
+  with the partition's own `Inbox` / `send_soon` discipline) and answering every message
+  through `levelzero.actors.mailbox.Reply`, doing no work;
+- sut:   N PartitionActors answering `fence_probe(epoch)`: the fence decision, a read unit taken
+  and released, a fence event noted and flushed to a log store that drops it.
+`callers` tasks spread over the N actors call in a closed loop. Both are counted per CPU second
+of this (single-threaded) process, so other load on the machine does not move the figures.
+Target: fences/s >= 50% of bare round trips/s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+
+from levelzero.actors.mailbox import Inbox, Reply, mailbox, send_soon
+from levelzero.actors.partition import MAILBOX_SIZE, PartitionActor, WatermarkBoard
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import FenceEventRow
+
+from .common import Figure, Settings, Target, closed_loop, figure, interleave
+
+ITEM = "fence"
+FENCE_EPOCH = 3
+PARTITIONS = 64
+CALLERS = 256
+TARGET = Target(0.50)
+
+
+class DroppingLogStore(MemoryLogStore):
+    """Counts fence events instead of keeping them (a long run would hold millions)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fence_events_seen = 0
+
+    async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
+        self.fence_events_seen += len(rows)
+
+
+async def bare_round_trips(partitions: int, callers: int, seconds: float) -> float:
+    """Round trips per CPU second through `partitions` do-nothing actors."""
+
+    async def bare_actor(rx) -> None:  # noqa: ANN001
+        inbox = Inbox(rx, MAILBOX_SIZE)  # the partition actor's own mailbox discipline
+        async with rx:
+            while True:
+                try:
+                    reply = await inbox.receive()
+                except anyio.EndOfStream:
+                    return
+                reply.set(None)
+
+    streams = [mailbox(MAILBOX_SIZE) for _ in range(partitions)]
+
+    async def round_trip(i: int) -> None:
+        reply: Reply[None] = Reply()
+        await send_soon(streams[i % partitions][0], reply)
+        await reply.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _, rx in streams:
+            tg.start_soon(bare_actor, rx)
+        rate = await closed_loop(callers, seconds, round_trip)
+        for tx, _ in streams:
+            await tx.aclose()
+    return rate
+
+
+async def fence_probes(
+    partitions: int, callers: int, seconds: float, record_fence_events: bool = True
+) -> float:
+    """Fence probes per CPU second through `partitions` PartitionActors."""
+    store = DroppingLogStore()
+    rows = await store.create_topic("bench", partitions, 1, 0.0)
+    board = WatermarkBoard()
+    actors = [
+        PartitionActor(row, store, board, record_fence_events=record_fence_events) for row in rows
+    ]
+    async with anyio.create_task_group() as tg:
+        for actor in actors:
+            await tg.start(actor.run)
+        for actor in actors:
+            await actor.fence_probe(FENCE_EPOCH)  # the one slide: the window is [3, 3] after
+
+        async def probe(i: int) -> None:
+            await actors[i % partitions].fence_probe(FENCE_EPOCH)
+
+        rate = await closed_loop(callers, seconds, probe)
+        for actor in actors:
+            assert actor.view().fence.window_slides == 1
+            await actor.stop()
+    return rate
+
+
+async def fence_figure(
+    item: str, partitions: int, callers: int, settings: Settings, *, target: Target | None
+) -> Figure:
+    seconds = settings.pick(settings.seconds, 0.2)
+    pairs = await interleave(
+        settings.pick(settings.rounds, 1),
+        lambda _: fence_probes(partitions, callers, seconds),
+        lambda _: bare_round_trips(partitions, callers, seconds),
+    )
+    return figure(
+        item,
+        f"fences/s vs bare actor round trips/s, {partitions} partitions, {callers} callers",
+        "ops/CPU-s",
+        pairs,
+        target=target,
+        sut_label="fences",
+        floor_label="bare round trips",
+        notes={"partitions": partitions, "callers": callers, "seconds": seconds},
+    )
+
+
+async def run(settings: Settings) -> list[Figure]:
+    return [await fence_figure(ITEM, PARTITIONS, CALLERS, settings, target=TARGET)]

@@ -1,0 +1,358 @@
+"""Item 6: GC delete throughput beside raw DeleteObjects, and GC lag, against moto's S3 server.
+
+Per round, the same `objects` eligible keys (spread over the 1000 prefixes like the batcher
+spreads them, tiny bodies) are created three times and removed three ways, the order rotating:
+- gc:            one `GcActor.run_round()`: list per prefix + delete, pipelined;
+- raw delete:    aiobotocore DeleteObjects of the keys, known up front, 1000 a request, as many
+                 in flight as the GC's `deletes_in_flight_max` — the floor no GC can beat;
+- raw list+del:  the least a lister can do: list the root page by page, delete each page as one
+                 request, as many in flight — the GC must list to find its keys.
+Target: gc >= 80% of raw delete.
+
+Lag: the GC loop runs with `interval_s` (idle backoff capped at the same value); at a random
+moment `M(p)` is raised so that `LAG_OBJECTS_PER_STEP` objects become eligible; the time until
+each is deleted is recorded. Its figure is the median lag beside `interval_s`.
+
+Object creation uses unsigned HTTP PUTs (moto accepts them), ~2x faster than signing them with
+botocore; it is not part of any figure.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import anyio
+
+from levelzero.actors.gc import GcActor, GcConfig
+from levelzero.actors.partition import WatermarkBoard
+from levelzero.core.keys import L0_ROOT, PREFIX_COUNT, format_l0_key, new_uuid
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import DeleteResult, ObjectStore
+from levelzero.storage.s3_store import S3ObjectStore
+
+from .common import (
+    Figure,
+    Settings,
+    Target,
+    figure,
+    moto_server,
+    raw_s3_client,
+    s3_config,
+    work_dir,
+)
+
+ITEM = "gc"
+BUCKET = "levelzero-bench-gc"
+PUT_CONCURRENCY = 16
+PUT_ATTEMPTS = 3  # moto has answered a rare unsigned PUT with 403; it passes when repeated
+DELETES_IN_FLIGHT = GcConfig().deletes_in_flight_max
+LAG_OBJECTS_PER_STEP = 20
+TARGET = Target(0.80)
+
+
+def make_keys(count: int, rng: random.Random, epochs: Sequence[int] = (1, 2, 3)) -> list[str]:
+    return [
+        format_l0_key(
+            rng.randrange(PREFIX_COUNT), rng.choice(epochs), new_uuid(rng.getrandbits(128))
+        )
+        for _ in range(count)
+    ]
+
+
+async def create_objects(url: str, bucket: str, keys: Sequence[str]) -> float:
+    """Unsigned PUTs (moto accepts them), bounded concurrency. Returns seconds taken."""
+    pending = iter(keys)
+    started = time.perf_counter()
+    async with aiohttp.ClientSession() as session:
+
+        async def worker() -> None:
+            for key in pending:
+                for attempt in range(PUT_ATTEMPTS):
+                    async with session.put(f"{url}/{bucket}/{key}", data=b"x") as response:
+                        if response.status == 200:
+                            break
+                        if attempt == PUT_ATTEMPTS - 1:
+                            raise RuntimeError(f"PUT {key}: HTTP {response.status}")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(PUT_CONCURRENCY):
+                tg.start_soon(worker)
+    return time.perf_counter() - started
+
+
+def make_gc(store: ObjectStore, board: WatermarkBoard, **config: Any) -> GcActor:
+    settings: dict[str, Any] = {"grace_s": 0.0}
+    settings.update(config)
+    return GcActor(
+        GcConfig(**settings),
+        store,
+        MemoryLogStore(),
+        cluster_epoch=lambda: 10**9,
+        board=board,
+        views=list,
+        clock=time.time,
+        rng=random.Random(1),
+    )
+
+
+def board_at(mp: int) -> WatermarkBoard:
+    board = WatermarkBoard()
+    board.register("bench/0")
+    board.publish("bench/0", mp)
+    return board
+
+
+async def gc_round_s(store: ObjectStore, count: int, *, dry_run: bool = False) -> tuple[float, Any]:
+    """Seconds for one GC round over `count` eligible objects; and its report."""
+    gc = make_gc(store, board_at(3))
+    started = time.perf_counter()
+    report = await gc.run_round(dry_run=dry_run)
+    elapsed = time.perf_counter() - started
+    if dry_run:
+        assert report.eligible == count, report
+    else:
+        assert report.deleted == count and report.errors == 0, report
+    return elapsed, report
+
+
+async def raw_delete_s(client: Any, bucket: str, keys: Sequence[str]) -> float:
+    batches = [keys[i : i + 1000] for i in range(0, len(keys), 1000)]
+    limit = anyio.Semaphore(DELETES_IN_FLIGHT)
+
+    async def one(batch: Sequence[str]) -> None:
+        async with limit:
+            response = await client.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
+            assert not response.get("Errors"), response["Errors"][:3]
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for batch in batches:
+            tg.start_soon(one, batch)
+    return time.perf_counter() - started
+
+
+async def raw_list_and_delete_s(client: Any, bucket: str) -> tuple[float, int]:
+    limit = anyio.Semaphore(DELETES_IN_FLIGHT)
+    deleted = 0
+
+    async def one(batch: list[str]) -> None:
+        nonlocal deleted
+        try:
+            response = await client.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
+            assert not response.get("Errors"), response["Errors"][:3]
+            deleted += len(batch)
+        finally:
+            limit.release()
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        request = {"Bucket": bucket, "Prefix": L0_ROOT, "MaxKeys": 1000}
+        while True:
+            page = await client.list_objects_v2(**request)
+            keys = [item["Key"] for item in page.get("Contents", [])]
+            if keys:
+                await limit.acquire()
+                tg.start_soon(one, keys)
+            if not page.get("IsTruncated"):
+                break
+            request["StartAfter"] = keys[-1]
+    return time.perf_counter() - started, deleted
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputRound:
+    gc_per_s: float
+    raw_delete_per_s: float
+    raw_list_delete_per_s: float
+    gc_list_requests: int
+    gc_delete_requests: int
+
+
+async def throughput_round(
+    url: str, store: S3ObjectStore, client: Any, keys: list[str], rotation: int
+) -> ThroughputRound:
+    count = len(keys)
+    report: Any = None
+
+    async def gc() -> float:
+        nonlocal report
+        seconds, report = await gc_round_s(store, count)
+        return count / seconds
+
+    async def raw() -> float:
+        return count / await raw_delete_s(client, BUCKET, keys)
+
+    async def raw_listing() -> float:
+        seconds, deleted = await raw_list_and_delete_s(client, BUCKET)
+        assert deleted == count, deleted
+        return count / seconds
+
+    ways = [("gc", gc), ("raw", raw), ("list", raw_listing)]
+    ways = ways[rotation % 3 :] + ways[: rotation % 3]
+    rates: dict[str, float] = {}
+    for name, way in ways:
+        await create_objects(url, BUCKET, keys)
+        rates[name] = await way()
+    return ThroughputRound(
+        rates["gc"], rates["raw"], rates["list"], report.list_requests, report.delete_requests
+    )
+
+
+# ------------------------------------------------------------------------------ lag
+
+
+class TimedStore:
+    """Delegates to an object store and stamps when each key's delete returned."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.deleted_at: dict[str, float] = {}
+        self.waiting: set[str] = set()
+        self.all_deleted = anyio.Event()
+
+    async def put(self, key: str, data: bytes) -> None:
+        await self.inner.put(key, data)
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return await self.inner.get(key, offset, length)
+
+    async def head(self, key: str):  # noqa: ANN201
+        return await self.inner.head(key)
+
+    async def list_page(  # noqa: ANN201
+        self, prefix: str, start_after: str | None = None, limit: int = 1000
+    ):
+        return await self.inner.list_page(prefix, start_after, limit)
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        result = await self.inner.delete_many(keys)
+        now = time.perf_counter()
+        for key in result.deleted:
+            self.deleted_at[key] = now
+            self.waiting.discard(key)
+        if not self.waiting:
+            self.all_deleted.set()
+        return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def gc_lags(
+    url: str, interval_s: float, backoff_factor: int, steps: int
+) -> list[float]:
+    """Seconds from "eligible" to "deleted" for every object of `steps` steps."""
+    rng = random.Random(int(interval_s * 100) + backoff_factor)
+    lags: list[float] = []
+    async with S3ObjectStore(s3_config(url, BUCKET)) as inner:
+        store = TimedStore(inner)
+        board = board_at(0)
+        gc = make_gc(
+            store, board, interval_s=interval_s, idle_backoff_max_s=interval_s * backoff_factor
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(gc.run)
+            for step in range(1, steps + 1):
+                keys = make_keys(LAG_OBJECTS_PER_STEP, rng, epochs=(step,))
+                await create_objects(url, BUCKET, keys)  # epoch `step` > M = step - 1: kept
+                store.waiting = set(keys)
+                store.all_deleted = anyio.Event()
+                # A random phase against the loop (longer gaps let an idle GC back off).
+                await anyio.sleep(rng.uniform(0, interval_s * backoff_factor))
+                eligible_at = time.perf_counter()
+                board.publish("bench/0", step)  # now they are eligible
+                with anyio.fail_after(60 + interval_s * backoff_factor * 4):
+                    await store.all_deleted.wait()
+                lags.extend(store.deleted_at[key] - eligible_at for key in keys)
+            tg.cancel_scope.cancel()
+    return lags
+
+
+# ------------------------------------------------------------------------------ the item
+
+
+async def run(settings: Settings) -> list[Figure]:
+    count = settings.pick(4_000, 1_000)
+    rounds = settings.pick(min(settings.rounds, 3), 1)
+    lag_steps = settings.pick(6, 2)
+    intervals = settings.pick((0.5, 1.0), (0.5,))
+    rng = random.Random(7)
+    with work_dir(settings, ITEM) as root:
+        async with moto_server(root) as url:
+            async with (
+                S3ObjectStore(s3_config(url, BUCKET)) as store,
+                raw_s3_client(url) as client,
+            ):
+                results = []
+                for i in range(rounds):
+                    keys = make_keys(count, rng)
+                    results.append(await throughput_round(url, store, client, keys, i))
+            lag_pairs: dict[float, list[float]] = {}
+            for interval_s in intervals:
+                lag_pairs[interval_s] = await gc_lags(url, interval_s, 1, lag_steps)
+    notes = {
+        "objects": count,
+        "deletes_in_flight": DELETES_IN_FLIGHT,
+        "gc_list_requests": results[0].gc_list_requests,
+        "gc_delete_requests": results[0].gc_delete_requests,
+    }
+    figures = [
+        figure(
+            ITEM,
+            "GC deletes/s vs raw DeleteObjects of the same keys (moto)",
+            "objects/s",
+            [(r.gc_per_s, r.raw_delete_per_s) for r in results],
+            target=TARGET,
+            sut_label="gc",
+            floor_label="raw delete",
+            notes=notes,
+        ),
+        figure(
+            ITEM,
+            "GC deletes/s vs raw list + DeleteObjects (moto)",
+            "objects/s",
+            [(r.gc_per_s, r.raw_list_delete_per_s) for r in results],
+            sut_label="gc",
+            floor_label="raw list+delete",
+        ),
+    ]
+    for interval_s, lags in lag_pairs.items():
+        figures.append(
+            figure(
+                ITEM,
+                f"GC lag (eligible -> deleted), median, vs interval_s {interval_s}",
+                "s",
+                [(statistics.median(lags), interval_s)],
+                sut_label="lag",
+                floor_label="interval_s",
+                notes={
+                    "objects": len(lags),
+                    "p90_s": round(sorted(lags)[int(0.9 * (len(lags) - 1))], 3),
+                    "max_s": round(max(lags), 3),
+                },
+            )
+        )
+    return figures
+
+
+async def memory_store_round_rate(count: int) -> float:
+    """Objects/s of one GC round over `count` eligible objects in the memory store: the actor's
+    own cost (scan, batching, bookkeeping) without a network."""
+    from levelzero.storage.memory_store import MemoryObjectStore
+
+    store = MemoryObjectStore()
+    for key in make_keys(count, random.Random(3)):
+        await store.put(key, b"x")
+    seconds, _ = await gc_round_s(store, count)
+    assert not store.keys()
+    return count / seconds

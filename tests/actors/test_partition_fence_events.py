@@ -1,0 +1,103 @@
+"""When a partition's fence events reach the log store.
+
+Fence events are for export and analysis. A flush per append was a second store job beside
+every append (half the group commit's room), so the appender flushes them beside a batch at most
+every `FENCE_EVENTS_FLUSH_INTERVAL_S`, at once when `FENCE_EVENTS_FLUSH_AT` gathered or a write
+was rejected, and always when the partition stops; an idle partition's last events follow
+within the interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from levelzero.actors import partition
+from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import StaleClusterEpoch
+from levelzero.storage.memory_log import MemoryLogStore
+
+N = 5
+STEPS_MAX = 10_000
+
+
+def placeholder(epoch: int) -> Placeholder:
+    return Placeholder(
+        epoch=epoch,
+        object_key=f"level_zero/data/000/{epoch:018}/{epoch:032x}",
+        byte_offset=0,
+        byte_length=10,
+        record_count=1,
+        checksum=0,
+    )
+
+
+@asynccontextmanager
+async def running(store: MemoryLogStore) -> AsyncIterator[PartitionActor]:
+    (row,) = await store.create_topic("t", 1, 1, 0.0)
+    actor = PartitionActor(row, store, WatermarkBoard())
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(actor.run)
+            yield actor
+            await actor.stop()
+
+
+async def wait_until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(STEPS_MAX):
+        if condition():
+            return
+        await anyio.lowlevel.checkpoint()
+    raise AssertionError(f"never happened: {what}")
+
+
+def outcomes(store: MemoryLogStore) -> list[tuple[int, str]]:
+    return [(e.epoch, e.outcome) for e in store.fence_events]
+
+
+async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    store = MemoryLogStore()
+    async with running(store) as actor:
+        for _ in range(3):
+            await actor.write(placeholder(N))
+        assert len(store.logs[actor.row.pid]) == 4  # TermStart + the three placeholders
+        assert store.fence_events == [], "no flush per append"
+    assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted"), (N, "admitted")]
+
+
+async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    store = MemoryLogStore()
+    async with running(store) as actor:
+        await actor.write(placeholder(N))
+        await actor.write(placeholder(N + 1))
+        with pytest.raises(StaleClusterEpoch):
+            await actor.write(placeholder(N - 1))
+        await wait_until(lambda: len(store.fence_events) == 3, "the rejection's flush")
+        assert outcomes(store) == [
+            (N, "admitted_new_epoch"),
+            (N + 1, "admitted_new_epoch"),
+            (N - 1, "rejected"),
+        ]
+
+
+async def test_an_idle_partitions_fence_events_follow_within_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 0.05)
+    store = MemoryLogStore()
+    async with running(store) as actor:
+        await actor.write(placeholder(N))
+        await actor.write(placeholder(N))
+        with anyio.fail_after(5):  # the flush is due 0.05 s after the previous one
+            while len(store.fence_events) < 2:
+                await anyio.sleep(0.01)
+        assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted")]
+        assert actor.view().pending_records == 0

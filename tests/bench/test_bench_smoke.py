@@ -1,0 +1,101 @@
+"""Smoke test of `levelzero bench`: the cheap items run end to end in quick mode and write a
+results file of the promised shape. No timing is asserted: figures depend on the machine."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from levelzero.bench import ITEM_NAMES, main
+from levelzero.bench.cli import MARK_BEGIN, MARK_END
+
+FIGURE_KEYS = {
+    "item", "name", "unit", "sut_label", "floor_label", "sut", "floor", "ratio", "target",
+    "verdict", "rounds", "notes",
+}
+
+
+def test_quick_fence_and_stall_write_results_with_positive_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results_path = tmp_path / "out" / "results.json"
+    markdown = tmp_path / "BENCHMARKS.md"
+    markdown.write_text("# Benchmarks\n\nHand-written notes stay.\n", encoding="utf-8")
+
+    code = main(
+        ["--quick", "--only", "fence,stall", "--results", str(results_path),
+         "--markdown", str(markdown), "--loop", "asyncio"]
+    )
+
+    assert code == 0
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    assert {"command", "quick", "loop", "started_at", "duration_s", "machine", "items"} <= set(results)
+    assert results["quick"] is True and results["loop"] == "asyncio"
+    assert results["command"] == "levelzero bench --quick --only fence,stall --loop asyncio"
+    machine = results["machine"]
+    assert machine["nproc"] >= 1 and machine["python"].count(".") == 2 and machine["cpu_model"]
+    assert set(results["items"]) == {"fence", "stall"}
+
+    fence = results["items"]["fence"]["figures"]
+    assert len(fence) == 1
+    (figure,) = fence
+    assert set(figure) == FIGURE_KEYS
+    assert figure["sut"] > 0 and figure["floor"] > 0
+    assert math.isclose(figure["ratio"], figure["sut"] / figure["floor"], rel_tol=1e-9)
+    assert figure["target"] == {"bound": 0.5, "higher_is_better": True}
+    assert figure["verdict"] in ("pass", "miss")
+    assert len(figure["rounds"]) == 1 and all(v > 0 for v in figure["rounds"][0])
+
+    stall = results["items"]["stall"]["figures"]
+    assert stall and all(set(f) == FIGURE_KEYS for f in stall)
+    assert all(f["sut"] >= 0 and f["floor"] >= 0 for f in stall)
+    notes = stall[0]["notes"]
+    assert notes["windowed"]["seeds"] == notes["strict"]["seeds"] > 0
+    assert notes["strict"]["leadership_changes"] > 0
+
+    text = markdown.read_text(encoding="utf-8")
+    assert text.startswith("# Benchmarks\n\nHand-written notes stay.\n")
+    assert text.count(MARK_BEGIN) == text.count(MARK_END) == 1
+    assert "| fence |" in text and "| stall |" in text
+
+    printed = capsys.readouterr().out
+    assert "fences/s vs bare actor round trips/s" in printed
+    assert f"wrote {results_path}" in printed
+
+
+def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--only", "nonsense"])
+    assert exited.value.code == 2
+    assert "unknown item nonsense" in capsys.readouterr().err
+    assert "fence" in ITEM_NAMES and len(ITEM_NAMES) == 8
+
+
+def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
+    from levelzero.bench.cli import update_markdown
+
+    path = tmp_path / "BENCHMARKS.md"
+    path.write_text("# Benchmarks\n\nbefore\n\n" + MARK_BEGIN + "\nold\n" + MARK_END + "\n\nafter\n")
+    results = {
+        "command": "levelzero bench --only fence",
+        "quick": False,
+        "loop": "asyncio",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "duration_s": 12.0,
+        "machine": {"nproc": 2, "cpu_model": "CPU", "memory_gib": 4.0, "implementation": "CPython",
+                    "python": "3.11.7", "platform": "Linux"},
+        "items": {"fence": {"title": "3.", "seconds": 1.0, "figures": [{
+            "name": "fences", "unit": "ops/CPU-s", "sut_label": "fences", "floor_label": "bare",
+            "sut": 5.0, "floor": 10.0, "ratio": 0.5,
+            "target": {"bound": 0.5, "higher_is_better": True}, "verdict": "pass",
+        }]}},
+    }
+    update_markdown(path, results)
+    update_markdown(path, results)
+    text = path.read_text()
+    assert text.startswith("# Benchmarks\n\nbefore\n\n") and text.endswith("\n\nafter\n")
+    assert "old" not in text and text.count(MARK_BEGIN) == 1
+    assert "| fence | fences | ops/CPU-s | fences 5.000 | bare 10.0 | 50.0% | ≥ 50% | pass |" in text
