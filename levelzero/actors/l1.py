@@ -18,7 +18,7 @@ from levelzero.core.l0format import decode_extent, read_header
 from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
 from .partition import PartitionActor
-from .reader import FetchedRecord
+from .reader import FetchedRecord, FetchWindow
 
 log = logging.getLogger("levelzero.l1")
 
@@ -138,15 +138,6 @@ class L1Catalog:
         header = read_header(data, where)
         (extent,) = header.extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        records = decode_extent(raw, extent.checksum, extent.record_count, where)
-        out: list[FetchedRecord] = []
-        size = 0
-        for i, r in enumerate(records):
-            at = row.base_offset + i
-            if at < offset or at > upto:
-                continue
-            if out and size + len(r.value) > max_bytes:
-                break
-            out.append(FetchedRecord(at, r.key, r.value))
-            size += len(r.value) + len(r.key or b"")
-        return out
+        window = FetchWindow(offset, upto, max_bytes)
+        window.add_extent(row.base_offset, decode_extent(raw, extent.checksum, extent.record_count, where))
+        return window.records

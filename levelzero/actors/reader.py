@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange
-from levelzero.core.l0format import decode_extent
+from levelzero.core.l0format import Record, decode_extent
 from levelzero.storage.protocols import LogStore, ObjectStore
 
 from .partition import PartitionActor
@@ -34,6 +34,39 @@ class FetchResult:
     high_watermark: int
     start_offset: int
     tier: str  # "l0" | "l1" | "none"
+
+
+class FetchWindow:
+    """Collects the records of one fetch, extent by extent: from `offset` to `upto`, until
+    `max_bytes` or FETCH_RECORDS_MAX (always at least one record). One rule for L0 and L1."""
+
+    __slots__ = ("offset", "upto", "max_bytes", "records", "size", "full")
+
+    def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
+        self.offset = offset
+        self.upto = upto
+        self.max_bytes = max_bytes
+        self.records: list[FetchedRecord] = []
+        self.size = 0
+        self.full = False
+
+    def add_extent(self, base_offset: int, records: list[Record]) -> bool:
+        """Take what fits from an extent whose first record is at `base_offset`; False once full."""
+        for i, r in enumerate(records):
+            at = base_offset + i
+            if at < self.offset:
+                continue
+            if at > self.upto:
+                self.full = True
+                break
+            if self.records and (
+                self.size + len(r.value) > self.max_bytes or len(self.records) >= FETCH_RECORDS_MAX
+            ):
+                self.full = True
+                break
+            self.records.append(FetchedRecord(at, r.key, r.value))
+            self.size += len(r.value) + len(r.key or b"")
+        return not self.full
 
 
 class L1Source(Protocol):
@@ -78,8 +111,7 @@ class Reader:
             placeholders = await self._log.read_placeholders(
                 actor.row.pid, offset, PLACEHOLDERS_PER_READ
             )
-            out: list[FetchedRecord] = []
-            size = 0
+            window = FetchWindow(offset, hwm - 1, max_bytes)
             for record in placeholders:
                 if record.base_offset >= hwm:
                     break  # durable but not applied yet: not readable
@@ -87,14 +119,8 @@ class Reader:
                 data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
                 where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
                 decoded = decode_extent(data, p.checksum, p.record_count, where)
-                for i, r in enumerate(decoded):
-                    at = record.base_offset + i
-                    if at < offset:
-                        continue
-                    if out and (size + len(r.value) > max_bytes or len(out) >= FETCH_RECORDS_MAX):
-                        return out
-                    out.append(FetchedRecord(at, r.key, r.value))
-                    size += len(r.value) + len(r.key or b"")
-            return out
+                if not window.add_extent(record.base_offset, decoded):
+                    break
+            return window.records
         finally:
             actor.release_reader(reader_id)

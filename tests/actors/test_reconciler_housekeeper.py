@@ -368,3 +368,21 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
         assert row.state == L1State.DELETE_FINISHED
         assert await node.reconciler.run_round() == 1  # the next attempt reconciles for real
         assert actor.state.lro == 1 and len(l1_keys(objects)) == 1
+
+
+async def test_l1_and_l0_fetches_share_one_record_bound():
+    from levelzero.actors.reader import FETCH_RECORDS_MAX
+
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        await node.create_topic("t", 1)
+        count = FETCH_RECORDS_MAX + 5
+        await node.produce("t", 0, [Record(None, b"x")] * count)
+        from_l0 = await node.fetch("t", 0, 0, 1 << 24)
+        await node.reconciler.run_round()
+        from_l1 = await node.fetch("t", 0, 0, 1 << 24)
+        assert (from_l0.tier, from_l1.tier) == ("l0", "l1")
+        assert len(from_l0.records) == len(from_l1.records) == FETCH_RECORDS_MAX
+        assert from_l1.next_offset == FETCH_RECORDS_MAX
+        rest = await node.fetch("t", 0, from_l1.next_offset, 1 << 24)
+        assert [r.offset for r in rest.records] == list(range(FETCH_RECORDS_MAX, count))
