@@ -10,6 +10,7 @@ goes again in a new object; the first object becomes an orphan that the GC colle
 from __future__ import annotations
 
 import logging
+import time
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -148,8 +149,6 @@ class Batcher:
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self._objects = object_store
         self._log = log_store
         self._cache = epoch_cache

@@ -8,6 +8,7 @@ and hands them in; tests hand in memory or SQLite stores directly.
 from __future__ import annotations
 
 import logging
+import time
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,8 +65,6 @@ class Node:
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self.config = config
         self.log_store = log_store
         self.object_store = object_store

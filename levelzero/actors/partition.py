@@ -14,6 +14,7 @@ before it takes the first message, so the state has applied everything of previo
 from __future__ import annotations
 
 import logging
+import time
 import math
 from collections import deque
 from collections.abc import Callable
@@ -153,8 +154,6 @@ class PartitionActor:
         clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
-        import time
-
         self.row = row
         self.name = f"{row.topic}/{row.partition}"
         self._store = log_store

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
@@ -168,7 +169,7 @@ class Reconciler:
             log.warning("copy %s was collected before it finished; abandoned", key)
             await self._objects.delete_many([key])
             return False
-        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_FINISHED, now, self._wall())
+        row = msgspec.structs.replace(row, state=L1State.COPY_FINISHED, updated_at=self._wall())
         try:
             await actor.catch_up(last, lrlo, term)
         except NotLeader:
