@@ -1,8 +1,18 @@
-"""The GC actor: lists L0 objects, deletes those at or below the cluster watermark `M`.
+"""The GC actor: deletes the L0 objects at or below the cluster watermark `M`.
 
 A thin shell over `levelzero.core.gc`, which decides everything: `M` (`compute_cluster_watermark`,
 asserted monotone), which listed objects may go (`RangeScan`), when the next round runs
 (`GcPacer`), what is throttling, and explain. This module lists, deletes, sleeps and records.
+
+Where the keys come from. The batcher records every L0 object this node uploads in the log
+store's catalog (`l0_objects`, written in the same group commit as the placeholders); each round
+deletes the catalog's objects with epoch <= `M` straight away, without listing: on S3 a LIST
+costs as much as a PUT and is slower than a DELETE of 1,000 keys. The catalog misses strays —
+an object whose upload finished but whose row never landed (a crash in between), objects of
+another node — so every `sweep_interval_s` (and the first round, and every dry run) a round
+lists this worker's prefixes instead: the listing is the authority that nothing is leaked
+forever; the catalog makes the common case cheap. Either way the rule is the same: a key's
+epoch, parsed from the key itself, <= `M`, and old enough.
 
 A round keeps no durable state: deletes are idempotent and `M` only grows, so a crash mid-round
 loses nothing (the next round lists again), and several GC instances over one store, or a
@@ -46,7 +56,13 @@ from levelzero.core.gc import (
     worker_prefixes,
 )
 from levelzero.core.keys import PREFIX_COUNT, parse_l0_key
-from levelzero.storage.protocols import DeleteResult, GcRoundRow, LogStore, ObjectStore
+from levelzero.storage.protocols import (
+    DeleteResult,
+    GcRoundRow,
+    L0ObjectRow,
+    LogStore,
+    ObjectStore,
+)
 
 from .partition import PartitionView, WatermarkBoard
 
@@ -79,6 +95,7 @@ class GcConfig:
     jitter_fraction: float = 0.1
     throttle_backoff_s: float = 1.0
     dry_run_keys_max: int = 10_000
+    sweep_interval_s: float = 60.0  # list the prefixes at least this often (0: every round)
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -87,7 +104,7 @@ class GcConfig:
                 raise InvalidInput(f"gc {message}")
 
         for name in ("interval_s", "idle_backoff_max_s", "grace_s", "jitter_fraction",
-                     "throttle_backoff_s"):
+                     "throttle_backoff_s", "sweep_interval_s"):
             need(_finite(getattr(self, name)), f"{name} must be a finite number")
         for name in ("delete_batch_keys_max", "deletes_in_flight_max", "list_concurrency_max",
                      "worker_index", "worker_count", "dry_run_keys_max"):
@@ -132,6 +149,10 @@ class GcConfig:
             0 <= self.dry_run_keys_max <= DRY_RUN_KEYS_LIMIT,
             f"dry_run_keys_max must be in 0..{DRY_RUN_KEYS_LIMIT} (got {self.dry_run_keys_max})",
         )
+        need(
+            self.sweep_interval_s >= 0,
+            f"sweep_interval_s must be >= 0 (got {self.sweep_interval_s})",
+        )
         need(isinstance(self.enabled, bool), "enabled must be true or false")
 
     @property
@@ -169,6 +190,8 @@ class RoundReport(msgspec.Struct, frozen=True):
     would_delete: list[str] = []  # dry run: eligible keys, up to dry_run_keys_max
     would_delete_truncated: bool = False
     error_samples: list[str] = []
+    swept: bool = False  # this round listed the prefixes (else: it read the catalog)
+    catalog_read: int = 0  # catalog rows (epoch <= M, not yet deleted) this round read
 
     @property
     def blocked(self) -> bool:
@@ -199,6 +222,8 @@ class GcStatistics:
     list_requests: int
     list_errors: int
     throttled: int
+    sweeps: int  # rounds that listed the prefixes
+    objects_from_catalog: int  # catalog rows found eligible (the rest came from listings)
     m: int | None
     cluster_epoch: int | None
     epoch_lag: int | None  # E - M
@@ -233,6 +258,9 @@ class _Tally:
     would_delete: list[str] = field(default_factory=list)
     would_delete_truncated: bool = False
     error_samples: list[str] = field(default_factory=list)
+    swept: bool = False
+    catalog_read: int = 0
+    catalog_eligible: int = 0
 
     def note_error(self, text: str) -> None:
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
@@ -266,6 +294,8 @@ class _Totals:
     list_requests: int = 0
     list_errors: int = 0
     throttled: int = 0
+    sweeps: int = 0
+    objects_from_catalog: int = 0
     max_deleted_epoch: int | None = None
 
 
@@ -314,6 +344,7 @@ class GcActor:
         self._rounds_finished = 0  # successful or not: what wait_round_finished counts
         self._next_round_in_s: float | None = None
         self._pace_reason: str | None = None
+        self._last_sweep_at: float | None = None  # None: the next round lists
 
     # ------------------------------------------------------------------ controls
 
@@ -368,6 +399,8 @@ class GcActor:
             list_requests=t.list_requests,
             list_errors=t.list_errors,
             throttled=t.throttled,
+            sweeps=t.sweeps,
+            objects_from_catalog=t.objects_from_catalog,
             m=m,
             cluster_epoch=epoch,
             epoch_lag=None if epoch is None or m is None else epoch - m,
@@ -463,7 +496,13 @@ class GcActor:
         tally = _Tally()
         try:
             if decision.m is not None:
-                await self._list_and_delete(decision.m, started_at, dry_run, tally)
+                if dry_run or self._sweep_due(started_at):
+                    tally.swept = True
+                    await self._list_and_delete(decision.m, started_at, dry_run, tally)
+                    if not dry_run and tally.list_errors == 0:
+                        self._last_sweep_at = started_at
+                else:
+                    await self._delete_from_catalog(decision.m, started_at, tally)
         finally:
             self._absorb(tally, decision, dry_run)
         finished_at = self._clock()
@@ -495,15 +534,17 @@ class GcActor:
             would_delete=tally.would_delete,
             would_delete_truncated=tally.would_delete_truncated,
             error_samples=tally.error_samples,
+            swept=tally.swept,
+            catalog_read=tally.catalog_read,
         )
         assert report.backlog >= 0, report
         self._last = report
         await self._log.record_gc_round(self._round_row(report))
         log.info(
-            "gc round %d%s: E=%d M=%s listed=%d eligible=%d deleted=%d (%d bytes) too_young=%d "
+            "gc round %d%s: E=%d M=%s %s listed=%d eligible=%d deleted=%d (%d bytes) too_young=%d "
             "above_m=%d errors=%d throttled=%d backlog=%d%s in %.3f s",
             round_id, " (dry run)" if dry_run else "", report.cluster_epoch, report.m,
-            report.listed, report.eligible, report.deleted, report.deleted_bytes,
+            f"catalog={report.catalog_read}" + (" swept" if report.swept else ""), report.listed, report.eligible, report.deleted, report.deleted_bytes,
             report.too_young, report.above_m, report.errors, report.throttled, report.backlog,
             f" blocked by {_shown(report.blocked_by)}" if report.blocked else "",
             finished_at - started_at,
@@ -545,8 +586,76 @@ class GcActor:
         t.list_requests += tally.list_requests
         t.list_errors += tally.list_errors
         t.throttled += tally.throttled
+        t.sweeps += tally.swept
+        t.objects_from_catalog += tally.catalog_eligible
         if tally.max_deleted_epoch is not None:
             t.max_deleted_epoch = max(t.max_deleted_epoch or 0, tally.max_deleted_epoch)
+
+    def _sweep_due(self, now: float) -> bool:
+        last = self._last_sweep_at
+        # A wall clock that stepped back counts as due: better one listing too many.
+        return last is None or not 0 <= now - last < self.config.sweep_interval_s
+
+    async def _delete_from_catalog(self, m: int, now: float, tally: _Tally) -> None:
+        """Delete the catalog's objects with epoch <= `m` that are old enough: pages of
+        `delete_batch_keys_max` rows in (epoch, key) order, up to `deletes_in_flight_max`
+        delete requests at once. Rows whose delete failed stay in the catalog (next round).
+        The catalog holds this node's uploads in every prefix; deleting outside this worker's
+        share is as safe as inside it (the rule is `M`, not the prefix)."""
+        batch_max = self.config.delete_batch_keys_max
+        young_before = now - self.config.grace_s
+        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
+
+        async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
+            async with batches:
+                async for batch in batches:
+                    await self._delete_batch(batch, m, tally)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                async with receive:
+                    for _ in range(self.config.deletes_in_flight_max):
+                        tg.start_soon(delete_batches, receive.clone())
+                async with send:
+                    after: tuple[int, str] | None = None
+                    while True:
+                        rows = await self._log.l0_live_objects(m, after, batch_max)
+                        if not rows:
+                            break
+                        after = (rows[-1].epoch, rows[-1].key)
+                        tally.catalog_read += len(rows)
+                        batch = self._catalog_eligible(rows, m, young_before, tally)
+                        if batch:
+                            await send.send(batch)
+                        if len(rows) < batch_max:
+                            break
+        except BaseExceptionGroup as group:
+            raise _root_cause(group) from None
+
+    def _catalog_eligible(
+        self, rows: list[L0ObjectRow], m: int, young_before: float, tally: _Tally
+    ) -> list[Eligible]:
+        eligible: list[Eligible] = []
+        for row in rows:
+            try:
+                epoch = parse_l0_key(row.key).epoch  # the key decides, not the row beside it
+            except ValueError:
+                tally.malformed += 1
+                continue
+            if epoch != row.epoch or epoch > m:
+                tally.malformed += 1
+                tally.note_error(f"catalog row {row.key} says epoch {row.epoch}")
+                continue
+            if row.created_at > young_before:
+                tally.too_young += 1
+                if tally.oldest_young_at is None or row.created_at < tally.oldest_young_at:
+                    tally.oldest_young_at = row.created_at
+                continue
+            eligible.append(Eligible(row.key, row.size, epoch))
+        tally.eligible += len(eligible)
+        tally.catalog_eligible += len(eligible)
+        tally.eligible_bytes += sum(e.size for e in eligible)
+        return eligible
 
     async def _list_and_delete(self, m: int, now: float, dry_run: bool, tally: _Tally) -> None:
         batch_max = self.config.delete_batch_keys_max

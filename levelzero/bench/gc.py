@@ -1,17 +1,23 @@
 """Item 6: GC delete throughput beside raw DeleteObjects, and GC lag, against moto's S3 server.
 
 Per round, the same `objects` eligible keys (spread over the 1000 prefixes like the batcher
-spreads them, tiny bodies) are created three times and removed three ways, the order rotating:
-- gc:            one `GcActor.run_round()`: list per prefix + delete, pipelined;
+spreads them, tiny bodies; each recorded in a SQLite catalog as the batcher records its uploads)
+are created four times and removed four ways, the order rotating:
+- gc:            one catalog round of `GcActor.run_round()` — the GC's steady state: it reads
+                 the keys from the catalog of this node's uploads and deletes them, pipelined,
+                 marking them deleted in the catalog;
+- gc sweep:      one sweep round (what the GC does every `sweep_interval_s`, to find strays):
+                 list per prefix + delete, pipelined;
 - raw delete:    aiobotocore DeleteObjects of the keys, known up front, 1000 a request, as many
                  in flight as the GC's `deletes_in_flight_max` — the floor no GC can beat;
 - raw list+del:  the least a lister can do: list the root page by page, delete each page as one
-                 request, as many in flight — the GC must list to find its keys.
+                 request, as many in flight — the floor of a sweep.
 Target: gc >= 80% of raw delete.
 
-Lag: the GC loop runs with `interval_s` (idle backoff capped at the same value); at a random
-moment `M(p)` is raised so that `LAG_OBJECTS_PER_STEP` objects become eligible; the time until
-each is deleted is recorded. Its figure is the median lag beside `interval_s`.
+Lag: the GC loop runs with `interval_s` (idle backoff capped at the same value); objects are
+created and recorded in the catalog; at a random moment `M(p)` is raised so that
+`LAG_OBJECTS_PER_STEP` objects become eligible; the time until each is deleted is recorded. Its
+figure is the median lag beside `interval_s`.
 
 Object creation uses unsigned HTTP PUTs (moto accepts them), ~2x faster than signing them with
 botocore; it is not part of any figure.
@@ -22,8 +28,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,9 +40,10 @@ import anyio
 from levelzero.actors.gc import GcActor, GcConfig
 from levelzero.actors.partition import WatermarkBoard
 from levelzero.core.keys import L0_ROOT, PREFIX_COUNT, format_l0_key, new_uuid
-from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import DeleteResult, ObjectStore
+from levelzero.core.keys import parse_l0_key
+from levelzero.storage.protocols import DeleteResult, L0ObjectRow, LogStore, ObjectStore
 from levelzero.storage.s3_store import S3ObjectStore
+from levelzero.storage.sqlite_log import SqliteLogStore
 
 from .common import (
     Figure,
@@ -86,13 +95,22 @@ async def create_objects(url: str, bucket: str, keys: Sequence[str]) -> float:
     return time.perf_counter() - started
 
 
-def make_gc(store: ObjectStore, board: WatermarkBoard, **config: Any) -> GcActor:
+async def record_objects(log_store: LogStore, keys: Sequence[str]) -> None:
+    """What the batcher does after each upload: a catalog row per object."""
+    now = time.time() - 1.0
+    for key in keys:
+        await log_store.record_l0_object(L0ObjectRow(key, parse_l0_key(key).epoch, 1, now, 1))
+
+
+def make_gc(
+    store: ObjectStore, log_store: LogStore, board: WatermarkBoard, **config: Any
+) -> GcActor:
     settings: dict[str, Any] = {"grace_s": 0.0}
     settings.update(config)
     return GcActor(
         GcConfig(**settings),
         store,
-        MemoryLogStore(),
+        log_store,
         cluster_epoch=lambda: 10**9,
         board=board,
         views=list,
@@ -108,9 +126,18 @@ def board_at(mp: int) -> WatermarkBoard:
     return board
 
 
-async def gc_round_s(store: ObjectStore, count: int, *, dry_run: bool = False) -> tuple[float, Any]:
+async def ready_gc(store: ObjectStore, log_store: LogStore, *, sweep: bool) -> GcActor:
+    """A GC whose next round sweeps (lists), or reads the catalog. Its first round always
+    sweeps: for a catalog GC that round runs here, before the objects exist."""
+    gc = make_gc(store, log_store, board_at(3), sweep_interval_s=0.0 if sweep else 3600.0)
+    if not sweep:
+        first = await gc.run_round()
+        assert first.swept and first.deleted == 0, first
+    return gc
+
+
+async def gc_round_s(gc: GcActor, count: int, *, dry_run: bool = False) -> tuple[float, Any]:
     """Seconds for one GC round over `count` eligible objects; and its report."""
-    gc = make_gc(store, board_at(3))
     started = time.perf_counter()
     report = await gc.run_round(dry_run=dry_run)
     elapsed = time.perf_counter() - started
@@ -172,21 +199,34 @@ async def raw_list_and_delete_s(client: Any, bucket: str) -> tuple[float, int]:
 @dataclass(frozen=True, slots=True)
 class ThroughputRound:
     gc_per_s: float
+    sweep_per_s: float
     raw_delete_per_s: float
     raw_list_delete_per_s: float
-    gc_list_requests: int
     gc_delete_requests: int
+    sweep_list_requests: int
+    sweep_delete_requests: int
 
 
 async def throughput_round(
-    url: str, store: S3ObjectStore, client: Any, keys: list[str], rotation: int
+    url: str, store: S3ObjectStore, client: Any, keys: list[str], rotation: int, root: Path
 ) -> ThroughputRound:
+    """One measurement of each way. Every GC way gets a fresh SQLite catalog (the keys are the
+    same each time, and a catalog row marked deleted stays so)."""
     count = len(keys)
-    report: Any = None
+    reports: dict[str, Any] = {}
+    gc: GcActor | None = None
+    catalog: SqliteLogStore | None = None
 
-    async def gc() -> float:
-        nonlocal report
-        seconds, report = await gc_round_s(store, count)
+    async def prepare_gc(sweep: bool) -> None:
+        nonlocal gc, catalog
+        catalog = await stack.enter_async_context(
+            await SqliteLogStore.open(root / f"catalog-{rotation}-{sweep}.db")
+        )
+        gc = await ready_gc(store, catalog, sweep=sweep)
+
+    async def run_gc(name: str) -> float:
+        assert gc is not None
+        seconds, reports[name] = await gc_round_s(gc, count)
         return count / seconds
 
     async def raw() -> float:
@@ -197,14 +237,34 @@ async def throughput_round(
         assert deleted == count, deleted
         return count / seconds
 
-    ways = [("gc", gc), ("raw", raw), ("list", raw_listing)]
-    ways = ways[rotation % 3 :] + ways[: rotation % 3]
+    async def nothing() -> None:
+        pass
+
+    ways: list[tuple[str, Callable[[], Awaitable[None]], Callable[[], Awaitable[float]]]] = [
+        ("gc", lambda: prepare_gc(False), lambda: run_gc("gc")),
+        ("sweep", lambda: prepare_gc(True), lambda: run_gc("sweep")),
+        ("raw", nothing, raw),
+        ("list", nothing, raw_listing),
+    ]
+    turn = rotation % len(ways)
+    ways = ways[turn:] + ways[:turn]
     rates: dict[str, float] = {}
-    for name, way in ways:
-        await create_objects(url, BUCKET, keys)
-        rates[name] = await way()
+    async with AsyncExitStack() as stack:
+        for name, prepare, way in ways:
+            catalog = None
+            await prepare()
+            await create_objects(url, BUCKET, keys)
+            if catalog is not None:
+                await record_objects(catalog, keys)  # what the batcher records on upload
+            rates[name] = await way()
     return ThroughputRound(
-        rates["gc"], rates["raw"], rates["list"], report.list_requests, report.delete_requests
+        rates["gc"],
+        rates["sweep"],
+        rates["raw"],
+        rates["list"],
+        reports["gc"].delete_requests,
+        reports["sweep"].list_requests,
+        reports["sweep"].delete_requests,
     )
 
 
@@ -249,22 +309,31 @@ class TimedStore:
 
 
 async def gc_lags(
-    url: str, interval_s: float, backoff_factor: int, steps: int
+    url: str, interval_s: float, backoff_factor: int, steps: int, root: Path
 ) -> list[float]:
-    """Seconds from "eligible" to "deleted" for every object of `steps` steps."""
+    """Seconds from "eligible" to "deleted" for every object of `steps` steps (catalog rounds:
+    the objects are recorded as the batcher records its uploads)."""
     rng = random.Random(int(interval_s * 100) + backoff_factor)
     lags: list[float] = []
-    async with S3ObjectStore(s3_config(url, BUCKET)) as inner:
+    async with (
+        S3ObjectStore(s3_config(url, BUCKET)) as inner,
+        await SqliteLogStore.open(root / f"lag-{interval_s}-{backoff_factor}.db") as catalog,
+    ):
         store = TimedStore(inner)
         board = board_at(0)
         gc = make_gc(
-            store, board, interval_s=interval_s, idle_backoff_max_s=interval_s * backoff_factor
+            store,
+            catalog,
+            board,
+            interval_s=interval_s,
+            idle_backoff_max_s=interval_s * backoff_factor,
         )
         async with anyio.create_task_group() as tg:
             await tg.start(gc.run)
             for step in range(1, steps + 1):
                 keys = make_keys(LAG_OBJECTS_PER_STEP, rng, epochs=(step,))
                 await create_objects(url, BUCKET, keys)  # epoch `step` > M = step - 1: kept
+                await record_objects(catalog, keys)
                 store.waiting = set(keys)
                 store.all_deleted = anyio.Event()
                 # A random phase against the loop (longer gaps let an idle GC back off).
@@ -296,20 +365,27 @@ async def run(settings: Settings) -> list[Figure]:
                 results = []
                 for i in range(rounds):
                     keys = make_keys(count, rng)
-                    results.append(await throughput_round(url, store, client, keys, i))
+                    results.append(
+                        await throughput_round(url, store, client, keys, i, root)
+                    )
             lag_pairs: dict[float, list[float]] = {}
             for interval_s in intervals:
-                lag_pairs[interval_s] = await gc_lags(url, interval_s, 1, lag_steps)
+                lag_pairs[interval_s] = await gc_lags(url, interval_s, 1, lag_steps, root)
     notes = {
         "objects": count,
         "deletes_in_flight": DELETES_IN_FLIGHT,
-        "gc_list_requests": results[0].gc_list_requests,
         "gc_delete_requests": results[0].gc_delete_requests,
+        "gc_list_requests": 0,
+    }
+    sweep_notes = {
+        "objects": count,
+        "sweep_list_requests": results[0].sweep_list_requests,
+        "sweep_delete_requests": results[0].sweep_delete_requests,
     }
     figures = [
         figure(
             ITEM,
-            "GC deletes/s vs raw DeleteObjects of the same keys (moto)",
+            "GC deletes/s (catalog round) vs raw DeleteObjects of the same keys (moto)",
             "objects/s",
             [(r.gc_per_s, r.raw_delete_per_s) for r in results],
             target=TARGET,
@@ -319,11 +395,20 @@ async def run(settings: Settings) -> list[Figure]:
         ),
         figure(
             ITEM,
-            "GC deletes/s vs raw list + DeleteObjects (moto)",
+            "GC deletes/s (sweep round: lists) vs raw list + DeleteObjects (moto)",
             "objects/s",
-            [(r.gc_per_s, r.raw_list_delete_per_s) for r in results],
-            sut_label="gc",
+            [(r.sweep_per_s, r.raw_list_delete_per_s) for r in results],
+            sut_label="sweep",
             floor_label="raw list+delete",
+            notes=sweep_notes,
+        ),
+        figure(
+            ITEM,
+            "GC deletes/s (sweep round: lists) vs raw DeleteObjects of the same keys (moto)",
+            "objects/s",
+            [(r.sweep_per_s, r.raw_delete_per_s) for r in results],
+            sut_label="sweep",
+            floor_label="raw delete",
         ),
     ]
     for interval_s, lags in lag_pairs.items():
@@ -348,11 +433,12 @@ async def run(settings: Settings) -> list[Figure]:
 async def memory_store_round_rate(count: int) -> float:
     """Objects/s of one GC round over `count` eligible objects in the memory store: the actor's
     own cost (scan, batching, bookkeeping) without a network."""
+    from levelzero.storage.memory_log import MemoryLogStore
     from levelzero.storage.memory_store import MemoryObjectStore
 
     store = MemoryObjectStore()
     for key in make_keys(count, random.Random(3)):
         await store.put(key, b"x")
-    seconds, _ = await gc_round_s(store, count)
+    seconds, _ = await gc_round_s(await ready_gc(store, MemoryLogStore(), sweep=True), count)
     assert not store.keys()
     return count / seconds

@@ -292,6 +292,7 @@ class GcSection(_Section):
     jitter_fraction: float = 0.1
     throttle_backoff_s: float = 1.0
     dry_run_keys_max: int = 10_000
+    sweep_interval_s: float = 60.0  # list the prefixes at least this often (0: every round)
     enabled: bool = True  # false: the GC starts paused (POST /v1/gc/resume starts it)
 
     def __post_init__(self) -> None:

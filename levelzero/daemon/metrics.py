@@ -232,6 +232,8 @@ def gc_metrics(node: Node) -> Iterable[Metric]:
         "list_requests": "List requests sent.",
         "list_errors": "List requests that failed.",
         "throttled": "Store answers of 'slow down' (backed off and retried).",
+        "sweeps": "GC rounds that listed the prefixes (the others deleted from the catalog only).",
+        "objects_from_catalog": "Eligible L0 objects found in the catalog of this node's uploads.",
     }
     for field, doc in counters.items():
         yield _counter(f"levelzero_gc_{field}", doc, getattr(stats, field))

@@ -188,6 +188,19 @@ class MemoryLogStore:
             if row is not None and row.deleted_at is None:
                 self.l0_objects[key] = msgspec.structs.replace(row, deleted_at=at, deleted_at_m=m)
 
+    async def l0_live_objects(
+        self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
+    ) -> list[L0ObjectRow]:
+        assert limit >= 1, limit
+        await anyio.lowlevel.checkpoint()
+        rows = sorted(
+            (r for r in self.l0_objects.values() if r.deleted_at is None and r.epoch <= max_epoch),
+            key=lambda r: (r.epoch, r.key),
+        )
+        if after is not None:
+            rows = [r for r in rows if (r.epoch, r.key) > after]
+        return rows[:limit]
+
     async def record_gc_round(self, row: GcRoundRow) -> None:
         self.gc_rounds.append(row)
 

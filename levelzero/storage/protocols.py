@@ -226,6 +226,13 @@ class LogStore(Protocol):
 
     async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None: ...
 
+    async def l0_live_objects(
+        self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
+    ) -> list[L0ObjectRow]:
+        """Recorded L0 objects not yet marked deleted with epoch <= `max_epoch`, in
+        (epoch, key) order, strictly after `after`; at most `limit`. The GC's catalog."""
+        ...
+
     async def record_gc_round(self, row: GcRoundRow) -> None: ...
 
     async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None: ...

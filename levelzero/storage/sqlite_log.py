@@ -80,6 +80,10 @@ TOPIC_PARTITIONS_MAX = 10_000
 
 Synchronous = Literal["FULL", "NORMAL"]
 
+_L0_LIVE_INDEX = (
+    "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
+)
+
 _SCHEMA = """
 CREATE TABLE partitions (
     pid INTEGER PRIMARY KEY,
@@ -137,6 +141,7 @@ CREATE TABLE l0_objects (
     deleted_at REAL,
     deleted_at_m INTEGER
 );
+CREATE INDEX l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL;
 CREATE TABLE gc_rounds (
     round_id INTEGER PRIMARY KEY,
     started_at REAL NOT NULL,
@@ -964,6 +969,21 @@ class SqliteLogStore:
 
         await self._submit(_Job(weight=len(params), run=run))
 
+    async def l0_live_objects(
+        self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
+    ) -> list[L0ObjectRow]:
+        assert limit >= 1, limit
+        self._check_readable()
+        after_epoch, after_key = after if after is not None else (-1, "")
+        # The partial index l0_objects_live holds exactly the rows this reads, in this order.
+        rows = await self._reader.execute_fetchall(
+            "SELECT key, epoch, size, created_at, extents FROM l0_objects"
+            " WHERE deleted_at IS NULL AND epoch <= ? AND (epoch, key) > (?, ?)"
+            " ORDER BY epoch, key LIMIT ?",
+            (max_epoch, after_epoch, after_key, limit),
+        )
+        return [L0ObjectRow(*row) for row in rows]
+
     async def record_gc_round(self, row: GcRoundRow) -> None:
         await self._stage_rows(_INSERT_GC_ROUND, [msgspec.structs.astuple(row)])
 
@@ -1037,6 +1057,10 @@ async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str
     missing = SCHEMA_TABLES - tables
     if missing:
         raise StorageError(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
+    # Added within schema 1 (an index only, no change to any row): files made before it get it
+    # here, once.
+    await connection.execute(_L0_LIVE_INDEX)
+    await connection.commit()
 
 
 async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, _Cursor]:

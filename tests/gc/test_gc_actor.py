@@ -92,7 +92,9 @@ def make_gc(
     views: Callable[[], list] = list,
     **config: object,
 ) -> GcActor:
-    settings: dict[str, object] = {"grace_s": 0.0}
+    # Every round lists unless a test says otherwise: most tests here are about the listing;
+    # the catalog's rounds have their own tests (sweep_interval_s > 0).
+    settings: dict[str, object] = {"grace_s": 0.0, "sweep_interval_s": 0.0}
     settings.update(config)
     return GcActor(
         GcConfig(**settings),  # type: ignore[arg-type]
@@ -172,7 +174,9 @@ async def running_node(log_store, store, wall, config=None):
 
 
 def node_gc(node: Node, wall: WallClock, **config: object) -> GcActor:
-    settings: dict[str, object] = {"grace_s": 0.0}
+    # Every round lists unless a test says otherwise: most tests here are about the listing;
+    # the catalog's rounds have their own tests (sweep_interval_s > 0).
+    settings: dict[str, object] = {"grace_s": 0.0, "sweep_interval_s": 0.0}
     settings.update(config)
     return GcActor(
         GcConfig(**settings),  # type: ignore[arg-type]
