@@ -385,21 +385,22 @@ class S3ObjectStore:
             return DeleteResult(deleted=[], errors={})
         client = self._require_client()
         try:
+            # Quiet: the answer names only the keys that failed. Every other key was deleted
+            # (S3's contract), and the server need not render, nor we parse, 1,000 <Deleted>
+            # entries per request: that was a third of a GC delete's time on the client.
             response = await client.delete_objects(
                 Bucket=self.config.bucket,
-                Delete={"Objects": [{"Key": key} for key in unique], "Quiet": False},
+                Delete={"Objects": [{"Key": key} for key in unique], "Quiet": True},
             )
         except _REQUEST_ERRORS as exc:
             raise self._error(exc, "delete_objects") from exc
-        confirmed = {item["Key"] for item in response.get("Deleted", [])}
+        asked = set(unique)
         errors = {
             item["Key"]: f"{item.get('Code', 'Error')}: {item.get('Message', '')}".rstrip(": ")
             for item in response.get("Errors", [])
+            if item.get("Key") in asked
         }
-        deleted = [key for key in unique if key in confirmed and key not in errors]
-        for key in unique:
-            if key not in confirmed and key not in errors:
-                errors[key] = "NoResult: the DeleteObjects response did not mention this key"
+        deleted = [key for key in unique if key not in errors]
         return DeleteResult(deleted=deleted, errors=errors)
 
     # -- internals
