@@ -21,7 +21,13 @@ import anyio
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
-from levelzero.core.l0format import ExtentHeader, Record, build_object, encode_extent
+from levelzero.core.l0format import (
+    ExtentHeader,
+    Record,
+    build_object,
+    encode_extent,
+    extent_checksums,
+)
 from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
 
 from .epochs import EpochCache
@@ -33,6 +39,10 @@ log = logging.getLogger("levelzero.batcher")
 # Uploaded objects whose extents are being fenced and appended at once. Fencing does not hold an
 # upload slot (`uploads_max`): the next object uploads while this one's placeholders commit.
 OBJECTS_FENCING_MAX = 64
+# Objects encoded ahead, waiting for an upload slot, beyond the `uploads_max` being uploaded:
+# when a PUT finishes the next one starts at once, instead of after its object is encoded
+# (milliseconds of a busy event loop per object: uploads at once averaged 6.6 of 8 without).
+OBJECTS_ENCODED_AHEAD_MAX = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +167,9 @@ class Batcher:
         self._wall = wall_clock or time.time
         self._budget = _ByteBudget(config.inflight_bytes_max)
         self._tx, self._rx = mailbox(config.mailbox_size)
-        self._uploads = anyio.Semaphore(config.uploads_max)
+        self._uploads = anyio.Semaphore(config.uploads_max)  # PUTs at once
+        # Objects between "batch cut" and "PUT done": being encoded, waiting, or uploading.
+        self._staged = anyio.Semaphore(config.uploads_max + OBJECTS_ENCODED_AHEAD_MAX)
         self._fencing = anyio.Semaphore(OBJECTS_FENCING_MAX)
         self.stats = BatcherStatistics()
         self._closed = False
@@ -234,7 +246,7 @@ class Batcher:
                         or batch_bytes >= self.config.batch_bytes_max
                         or anyio.current_time() >= deadline
                     ):
-                        await self._uploads.acquire()
+                        await self._staged.acquire()
                         tg.start_soon(self._upload_and_fence, batch)
                         batch, batch_bytes = [], 0
                     if closed:
@@ -242,13 +254,13 @@ class Batcher:
         self.finished.set()
 
     async def _upload_and_fence(self, batch: list[_Request]) -> None:
-        """The run loop took an upload slot for `batch`. The slot covers the upload only; a
-        retry (stale epoch) takes a slot again for its new object."""
+        """The run loop took a staging slot for `batch`. The slot covers encoding and upload
+        only; a retry (stale epoch) takes a slot again for its new object."""
         while True:
             try:
                 uploaded = await self._upload(batch)
             finally:
-                self._uploads.release()
+                self._staged.release()
             if uploaded is None:
                 return
             async with self._fencing:
@@ -257,7 +269,7 @@ class Batcher:
                 return
             self.stats.stale_retries += len(retry)
             batch = retry
-            await self._uploads.acquire()
+            await self._staged.acquire()
 
     async def _upload(self, batch: list[_Request]) -> _Uploaded | None:
         """Upload one object for `batch`; None if it failed (every request was answered)."""
@@ -265,16 +277,20 @@ class Batcher:
         for request in batch:
             request.attempts += 1
             by_partition.setdefault(request.actor.row.pid, []).append(request)
+        # The heavy part first, before an upload slot: encode and checksum every extent.
+        extents = [
+            (pid, encode_extent([r for req in reqs for r in req.records]), sum(len(req.records) for req in reqs))
+            for pid, reqs in by_partition.items()
+        ]
+        sums = extent_checksums(extents)
         try:
-            cached = await self._cache.get()
-            epoch = max(cached, *(reqs[0].actor.row.creation_epoch for reqs in by_partition.values()))
-            extents = [
-                (pid, encode_extent([r for req in reqs for r in req.records]), sum(len(req.records) for req in reqs))
-                for pid, reqs in by_partition.items()
-            ]
-            data, headers = build_object(epoch, extents)
-            key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
-            await self._objects.put(key, data)
+            async with self._uploads:
+                # The epoch is read when the upload can start, not when the batch was cut.
+                cached = await self._cache.get()
+                epoch = max(cached, *(reqs[0].actor.row.creation_epoch for reqs in by_partition.values()))
+                data, headers = build_object(epoch, extents, sums)
+                key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
+                await self._objects.put(key, data)
         except LevelZeroError as exc:
             for request in batch:
                 request.reply.fail(exc)
@@ -289,9 +305,10 @@ class Batcher:
         return _Uploaded(row, headers, by_partition)
 
     async def _record_object(self, row: L0ObjectRow) -> None:
-        """The object's row is for export and analysis only (the GC lists the bucket, and its
-        grace period covers the moment until the row lands), so it is written beside the
-        placeholders, in the same group commit, and a failure to write it fails no producer."""
+        """The object's row is the GC's catalog (and the export's record of uploads). It is
+        written beside the placeholders, in the same group commit; a failure to write it fails
+        no producer: an object without a row is a stray, which the GC's sweeps list and
+        delete once its epoch is at or below `M`."""
         try:
             await self._log.record_l0_object(row)
         except LevelZeroError as exc:

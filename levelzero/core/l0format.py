@@ -71,10 +71,20 @@ def decode_extent(data: bytes, expected_checksum: int, expected_count: int, wher
     return records
 
 
-def build_object(epoch: int, extents: Sequence[tuple[int, bytes, int]]) -> tuple[bytes, list[ExtentHeader]]:
-    """Lay out one object from `(pid, extent bytes, record count)`; returns bytes and headers."""
+def extent_checksums(extents: Sequence[tuple[int, bytes, int]]) -> list[int]:
+    """The checksum of each `(pid, extent bytes, record count)`, for `build_object`."""
+    return [checksum(data) for _, data, _ in extents]
+
+
+def build_object(
+    epoch: int, extents: Sequence[tuple[int, bytes, int]], sums: Sequence[int] | None = None
+) -> tuple[bytes, list[ExtentHeader]]:
+    """Lay out one object from `(pid, extent bytes, record count)`; returns bytes and headers.
+    `sums`: the extents' checksums if already computed (`extent_checksums`)."""
     assert extents
-    sums = [checksum(data) for _, data, _ in extents]  # once: the body is megabytes
+    if sums is None:
+        sums = extent_checksums(extents)  # once: the body is megabytes
+    assert len(sums) == len(extents), (len(sums), len(extents))
     # The header size depends on the offsets it records; iterate to the fixed point.
     headers: list[ExtentHeader] = []
     header_bytes = b""
