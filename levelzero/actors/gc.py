@@ -598,11 +598,13 @@ class GcActor:
 
     async def _delete_from_catalog(self, m: int, now: float, tally: _Tally) -> None:
         """Delete the catalog's objects with epoch <= `m` that are old enough: pages of
-        `delete_batch_keys_max` rows in (epoch, key) order, up to `deletes_in_flight_max`
-        delete requests at once. Rows whose delete failed stay in the catalog (next round).
+        `delete_batch_keys_max * deletes_in_flight_max` rows in (epoch, key) order (one query
+        feeds every deleter: a query per batch came back late while the event loop was busy
+        serializing the previous delete), cut into batches of `delete_batch_keys_max`. Rows whose delete failed stay in the catalog (next round).
         The catalog holds this node's uploads in every prefix; deleting outside this worker's
         share is as safe as inside it (the rule is `M`, not the prefix)."""
         batch_max = self.config.delete_batch_keys_max
+        page_max = batch_max * self.config.deletes_in_flight_max
         young_before = now - self.config.grace_s
         send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
 
@@ -619,15 +621,15 @@ class GcActor:
                 async with send:
                     after: tuple[int, str] | None = None
                     while True:
-                        rows = await self._log.l0_live_objects(m, after, batch_max)
+                        rows = await self._log.l0_live_objects(m, after, page_max)
                         if not rows:
                             break
                         after = (rows[-1].epoch, rows[-1].key)
                         tally.catalog_read += len(rows)
-                        batch = self._catalog_eligible(rows, m, young_before, tally)
-                        if batch:
-                            await send.send(batch)
-                        if len(rows) < batch_max:
+                        eligible = self._catalog_eligible(rows, m, young_before, tally)
+                        for start in range(0, len(eligible), batch_max):
+                            await send.send(eligible[start : start + batch_max])
+                        if len(rows) < page_max:
                             break
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
