@@ -266,6 +266,10 @@ class _Tally:
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
             self.error_samples.append(text)
 
+    def note_eligible(self, eligible: list[Eligible]) -> None:
+        self.eligible += len(eligible)
+        self.eligible_bytes += sum(e.size for e in eligible)
+
     def absorb_scan(self, scan: RangeScan) -> None:
         self.listed += scan.listed
         self.too_young += scan.too_young
@@ -600,39 +604,29 @@ class GcActor:
         """Delete the catalog's objects with epoch <= `m` that are old enough: pages of
         `delete_batch_keys_max * deletes_in_flight_max` rows in (epoch, key) order (one query
         feeds every deleter: a query per batch came back late while the event loop was busy
-        serializing the previous delete), cut into batches of `delete_batch_keys_max`. Rows whose delete failed stay in the catalog (next round).
-        The catalog holds this node's uploads in every prefix; deleting outside this worker's
-        share is as safe as inside it (the rule is `M`, not the prefix)."""
+        serializing the previous delete), cut into batches of `delete_batch_keys_max`. Rows
+        whose delete failed stay in the catalog (next round). The catalog holds this node's
+        uploads in every prefix; deleting outside this worker's share is as safe as inside it
+        (the rule is `M`, not the prefix)."""
         batch_max = self.config.delete_batch_keys_max
         page_max = batch_max * self.config.deletes_in_flight_max
         young_before = now - self.config.grace_s
-        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
 
-        async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
-            async with batches:
-                async for batch in batches:
-                    await self._delete_batch(batch, m, tally)
+        async def read_catalog(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
+            after: tuple[int, str] | None = None
+            while True:
+                rows = await self._log.l0_live_objects(m, after, page_max)
+                if not rows:
+                    return
+                after = (rows[-1].epoch, rows[-1].key)
+                tally.catalog_read += len(rows)
+                eligible = self._catalog_eligible(rows, m, young_before, tally)
+                for start in range(0, len(eligible), batch_max):
+                    await send.send(eligible[start : start + batch_max])
+                if len(rows) < page_max:
+                    return
 
-        try:
-            async with anyio.create_task_group() as tg:
-                async with receive:
-                    for _ in range(self.config.deletes_in_flight_max):
-                        tg.start_soon(delete_batches, receive.clone())
-                async with send:
-                    after: tuple[int, str] | None = None
-                    while True:
-                        rows = await self._log.l0_live_objects(m, after, page_max)
-                        if not rows:
-                            break
-                        after = (rows[-1].epoch, rows[-1].key)
-                        tally.catalog_read += len(rows)
-                        eligible = self._catalog_eligible(rows, m, young_before, tally)
-                        for start in range(0, len(eligible), batch_max):
-                            await send.send(eligible[start : start + batch_max])
-                        if len(rows) < page_max:
-                            break
-        except BaseExceptionGroup as group:
-            raise _root_cause(group) from None
+        await self._with_deleters(m, tally, read_catalog)
 
     def _catalog_eligible(
         self, rows: list[L0ObjectRow], m: int, young_before: float, tally: _Tally
@@ -654,9 +648,8 @@ class GcActor:
                     tally.oldest_young_at = row.created_at
                 continue
             eligible.append(Eligible(row.key, row.size, epoch))
-        tally.eligible += len(eligible)
+        tally.note_eligible(eligible)
         tally.catalog_eligible += len(eligible)
-        tally.eligible_bytes += sum(e.size for e in eligible)
         return eligible
 
     async def _list_and_delete(self, m: int, now: float, dry_run: bool, tally: _Tally) -> None:
@@ -676,8 +669,7 @@ class GcActor:
                         if page is None:
                             return  # this range waits for the next round
                         eligible = scan.feed(page.objects, page.next_start_after is None)
-                        tally.eligible += len(eligible)
-                        tally.eligible_bytes += sum(e.size for e in eligible)
+                        tally.note_eligible(eligible)
                         if dry_run:
                             self._note_would_delete(eligible, tally)
                             continue
@@ -692,6 +684,28 @@ class GcActor:
                 finally:
                     tally.absorb_scan(scan)
 
+        async def scan_all(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
+            async with anyio.create_task_group() as scanners:
+                for prefixes in self._ranges:
+                    scanners.start_soon(scan_range, prefixes, send.clone())
+            while pending:
+                batch = pending[:batch_max]
+                del pending[:batch_max]
+                await send.send(batch)
+
+        await self._with_deleters(m, tally, scan_all)
+
+    async def _with_deleters(
+        self,
+        m: int,
+        tally: _Tally,
+        feed: Callable[[anyio.abc.ObjectSendStream[list[Eligible]]], Awaitable[None]],
+    ) -> None:
+        """Run `feed`, which sends batches of eligible keys, beside `deletes_in_flight_max`
+        deleters taking them over a zero-capacity stream (a batch waits for a free deleter, so
+        memory stays bounded by the batches being sent and deleted)."""
+        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
+
         async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
             async with batches:
                 async for batch in batches:
@@ -703,13 +717,7 @@ class GcActor:
                     for _ in range(self.config.deletes_in_flight_max):
                         tg.start_soon(delete_batches, receive.clone())
                 async with send:
-                    async with anyio.create_task_group() as scanners:
-                        for prefixes in self._ranges:
-                            scanners.start_soon(scan_range, prefixes, send.clone())
-                    while pending:
-                        batch = pending[:batch_max]
-                        del pending[:batch_max]
-                        await send.send(batch)
+                    await feed(send)
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
 

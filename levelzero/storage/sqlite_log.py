@@ -141,7 +141,6 @@ CREATE TABLE l0_objects (
     deleted_at REAL,
     deleted_at_m INTEGER
 );
-CREATE INDEX l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL;
 CREATE TABLE gc_rounds (
     round_id INTEGER PRIMARY KEY,
     started_at REAL NOT NULL,
@@ -178,7 +177,7 @@ CREATE TABLE state_samples (
     high_watermark INTEGER NOT NULL,
     start_offset INTEGER NOT NULL
 );
-"""
+""" + _L0_LIVE_INDEX + ";\n"  # one definition: _check_or_create_schema adds it to older files
 SCHEMA_TABLES = frozenset(
     {
         "partitions",
