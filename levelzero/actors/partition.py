@@ -50,8 +50,8 @@ log = logging.getLogger("levelzero.partition")
 MAILBOX_SIZE = 256
 PENDING_RECORDS_MAX = 65_536
 REPLAY_BATCH_RECORDS = 4_096
-FENCE_EVENTS_BUFFER_MAX = 10_000
-FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered fence events are flushed at once
+FENCE_EVENTS_BUFFER_MAX = 10_000  # fence event rows (tallies) held between flushes
+FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once
 FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # otherwise at most this long after the previous flush
 
 
@@ -79,6 +79,9 @@ class WatermarkBoard:
 
 
 # ---------------------------------------------------------------- messages
+
+
+_FenceKey = tuple[int, int, str, int | None, int | None]  # term, epoch, outcome, window
 
 
 @dataclass(slots=True)
@@ -183,7 +186,10 @@ class PartitionActor:
         self._last_snapshot_offset = -1
         self._mp_changed_at = -math.inf
         self._published_mp: int | None = None
-        self._fence_events: list[FenceEventRow] = []
+        # Fence decisions since the last flush, one tally per (term, epoch, outcome, window):
+        # [when the first was made, how many]. A row per decision was a second SQLite row per
+        # placeholder; one per tally keeps every decision counted (FenceEventRow.decisions).
+        self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
         self._flush_fence_events_now = False
         self.ready = anyio.Event()
         board.register(self.name)
@@ -254,8 +260,13 @@ class PartitionActor:
         )
 
     def take_fence_events(self) -> list[FenceEventRow]:
-        events, self._fence_events = self._fence_events, []
-        return events
+        """The fence decisions noted since the last call, as rows (in order of first decision)."""
+        tallies, self._fence_tallies = self._fence_tallies, {}
+        pid = self.row.pid
+        return [
+            FenceEventRow(at, pid, term, epoch, outcome, window_min, window_max, int(decisions))
+            for (term, epoch, outcome, window_min, window_max), (at, decisions) in tallies.items()
+        ]
 
     async def _send(self, msg: object) -> None:
         try:
@@ -476,26 +487,23 @@ class PartitionActor:
         self._board.publish(self.name, published)
 
     def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
-        if not self._record_fence_events or len(self._fence_events) >= FENCE_EVENTS_BUFFER_MAX:
+        if not self._record_fence_events:
             return
-        self._fence_events.append(
-            FenceEventRow(
-                at=self._wall(),
-                pid=self.row.pid,
-                term=self.term,
-                epoch=epoch,
-                outcome=outcome,
-                window_min=None if window is None else window[0],
-                window_max=None if window is None else window[1],
-            )
-        )
+        key = (self.term, epoch, outcome, *(window or (None, None)))
+        tally = self._fence_tallies.get(key)
+        if tally is not None:
+            tally[1] += 1
+        elif len(self._fence_tallies) < FENCE_EVENTS_BUFFER_MAX:
+            self._fence_tallies[key] = [self._wall(), 1]
+        else:
+            return
         # Events are for export and analysis: the appender flushes them beside a batch at most
         # every FENCE_EVENTS_FLUSH_INTERVAL_S (a flush per batch was a second store job per
-        # append), or at once when FENCE_EVENTS_FLUSH_AT gathered (fence probes append nothing)
-        # or a write was rejected (rare, and what an operator looks for).
+        # append), or at once when FENCE_EVENTS_FLUSH_AT rows gathered or a write was rejected
+        # (rare, and what an operator looks for).
         if outcome == "rejected":
             self._flush_fence_events_now = True
-        if self._flush_fence_events_now or len(self._fence_events) >= FENCE_EVENTS_FLUSH_AT:
+        if self._flush_fence_events_now or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT:
             self._append_wakeup.set()
 
     def _maybe_snapshot(self) -> None:
@@ -514,7 +522,7 @@ class PartitionActor:
         """Writes queued records in log order; one batch in flight per partition."""
         flushed_at = anyio.current_time()
         while True:
-            if self._fence_events and not self._append_wakeup.is_set():
+            if self._fence_tallies and not self._append_wakeup.is_set():
                 # Buffered events wait for a batch to ride along with, not past the interval.
                 wait_s = flushed_at + FENCE_EVENTS_FLUSH_INTERVAL_S - anyio.current_time()
                 with anyio.move_on_after(max(0.0, wait_s)):
@@ -529,7 +537,7 @@ class PartitionActor:
             now = anyio.current_time()
             if (
                 self._flush_fence_events_now
-                or len(self._fence_events) >= FENCE_EVENTS_FLUSH_AT
+                or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT
                 or now - flushed_at >= FENCE_EVENTS_FLUSH_INTERVAL_S
             ):
                 events, flushed_at = self.take_fence_events(), now

@@ -633,7 +633,7 @@ _SELECT_SAMPLES = (
 )
 _SELECT_FENCE_EVENTS = (
     "SELECT f.rowid, f.at, p.topic, p.partition, f.term, f.epoch, f.outcome, f.window_min,"
-    " f.window_max FROM fence_events f JOIN partitions p ON p.pid = f.pid"
+    " f.window_max, f.decisions FROM fence_events f JOIN partitions p ON p.pid = f.pid"
     " WHERE f.rowid > ? ORDER BY f.rowid"
 )
 _SELECT_L0_OPEN = (
@@ -657,7 +657,7 @@ assert _columns("state_samples") == (
     "min_epoch_lower_bound, mp, lro, high_watermark, start_offset"
 )
 assert _columns("fence_events") == (
-    "seq, at, topic, partition, term, epoch, outcome, window_min, window_max"
+    "seq, at, topic, partition, term, epoch, outcome, window_min, window_max, decisions"
 )
 assert _columns("l1_objects") == (
     "key, topic, partition, base_offset, last_offset, last_log_offset, term, size, state, "

@@ -66,6 +66,12 @@ def _count(condition: Column | None = None) -> Column:
     return F.count(F.lit(1)) if condition is None else F.count(F.when(condition, 1))
 
 
+def _decisions(condition: Column | None = None) -> Column:
+    """Fence decisions (a fence_events row stands for `decisions` of them), where `condition`."""
+    decisions = F.col("decisions").cast("long")
+    return F.sum(decisions if condition is None else F.when(condition, decisions).otherwise(0))
+
+
 class SparkAnalysis:
     def __init__(
         self,
@@ -482,9 +488,9 @@ class SparkAnalysis:
             events.where(F.col("window_max").isNotNull())
             .groupBy("window_max")
             .agg(
-                _count().alias("events"),
-                _count(rejected).alias("rejected"),
-                _count(F.col("outcome") == "admitted_new_epoch").alias("slides"),
+                _decisions().alias("events"),
+                _decisions(rejected).alias("rejected"),
+                _decisions(F.col("outcome") == "admitted_new_epoch").alias("slides"),
                 F.countDistinct("topic", "partition").alias("partitions"),
             )
             .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
@@ -494,12 +500,12 @@ class SparkAnalysis:
         sizes = (
             events.where(F.col("window_min").isNotNull() & F.col("window_max").isNotNull())
             .groupBy(window_size.alias("window_size"))
-            .agg(_count().alias("events"), _count(rejected).alias("rejected"))
+            .agg(_decisions().alias("events"), _decisions(rejected).alias("rejected"))
         )
         sizes = self._keep("fence_window_sizes", sizes, order=["window_size"])
         outcomes = self._keep(
             "fence_outcomes",
-            events.groupBy("outcome").agg(_count().alias("events")),
+            events.groupBy("outcome").agg(_decisions().alias("events")),
             order=["outcome"],
         )
         total = sum(r["events"] for r in outcomes.rows)

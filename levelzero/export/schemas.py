@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1  # of the manifest and of these schemas together
+FORMAT_VERSION = 2  # of the manifest and of these schemas together (2: fence_events.decisions)
 
 
 def _column(name: str, type_: pa.DataType, doc: str, *, nullable: bool = False) -> pa.Field:
@@ -138,7 +138,7 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec(
             name="fence_events",
-            doc="Outcome of every epoch fence a partition leader ran.",
+            doc="Outcomes of the epoch fences a partition leader ran, counted per row.",
             schema=pa.schema(
                 [
                     _column("seq", pa.int64(), "event's sequence number in the store (rowid)"),
@@ -155,6 +155,12 @@ TABLES: dict[str, TableSpec] = {
                         nullable=True,
                     ),
                     _column("window_max", pa.int64(), "window upper edge", nullable=True),
+                    _column(
+                        "decisions",
+                        pa.int64(),
+                        "fence decisions this row stands for (same term, epoch, outcome and "
+                        "window, between two flushes; `at` is the first)",
+                    ),
                 ]
             ),
             time_column="at",

@@ -144,6 +144,9 @@ class GcRoundRow(msgspec.Struct, frozen=True):
 
 
 class FenceEventRow(msgspec.Struct, frozen=True):
+    """`decisions` fence decisions of one partition leader with the same term, epoch, outcome
+    and window, gathered between two flushes; `at` is when the first of them was made."""
+
     at: float
     pid: int
     term: int
@@ -151,6 +154,7 @@ class FenceEventRow(msgspec.Struct, frozen=True):
     outcome: str  # admitted | admitted_new_epoch | rejected
     window_min: int | None
     window_max: int | None
+    decisions: int = 1
 
 
 class StateSampleRow(msgspec.Struct, frozen=True):

@@ -84,6 +84,8 @@ _L0_LIVE_INDEX = (
     "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
 )
 
+_ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
+
 _SCHEMA = """
 CREATE TABLE partitions (
     pid INTEGER PRIMARY KEY,
@@ -163,7 +165,8 @@ CREATE TABLE fence_events (
     epoch INTEGER NOT NULL,
     outcome TEXT NOT NULL,
     window_min INTEGER,
-    window_max INTEGER
+    window_max INTEGER,
+    decisions INTEGER NOT NULL DEFAULT 1
 );
 CREATE TABLE state_samples (
     at REAL NOT NULL,
@@ -1056,9 +1059,14 @@ async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str
     missing = SCHEMA_TABLES - tables
     if missing:
         raise StorageError(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
-    # Added within schema 1 (an index only, no change to any row): files made before it get it
-    # here, once.
+    # Added within schema 1, so files made before them get them here, once: an index (no
+    # change to any row), and fence_events.decisions (an older row stands for one decision).
     await connection.execute(_L0_LIVE_INDEX)
+    fence_columns = {
+        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
+    }
+    if "decisions" not in fence_columns:
+        await connection.execute(_ADD_FENCE_DECISIONS)
     await connection.commit()
 
 

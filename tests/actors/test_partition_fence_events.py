@@ -56,7 +56,8 @@ async def wait_until(condition: Callable[[], bool], what: str) -> None:
 
 
 def outcomes(store: MemoryLogStore) -> list[tuple[int, str]]:
-    return [(e.epoch, e.outcome) for e in store.fence_events]
+    """Every fence decision, in order of each row's first one."""
+    return [(e.epoch, e.outcome) for e in store.fence_events for _ in range(e.decisions)]
 
 
 async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
@@ -80,7 +81,7 @@ async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.Monk
         await actor.write(placeholder(N + 1))
         with pytest.raises(StaleClusterEpoch):
             await actor.write(placeholder(N - 1))
-        await wait_until(lambda: len(store.fence_events) == 3, "the rejection's flush")
+        await wait_until(lambda: len(outcomes(store)) == 3, "the rejection's flush")
         assert outcomes(store) == [
             (N, "admitted_new_epoch"),
             (N + 1, "admitted_new_epoch"),
@@ -97,7 +98,32 @@ async def test_an_idle_partitions_fence_events_follow_within_the_interval(
         await actor.write(placeholder(N))
         await actor.write(placeholder(N))
         with anyio.fail_after(5):  # the flush is due 0.05 s after the previous one
-            while len(store.fence_events) < 2:
+            while len(outcomes(store)) < 2:
                 await anyio.sleep(0.01)
         assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted")]
         assert actor.view().pending_records == 0
+
+
+async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row per decision was a second SQLite row per placeholder: decisions with the same term,
+    epoch, outcome and window between two flushes are one row, `decisions` counting them, `at`
+    the first one's time; a new window or outcome starts a row of its own."""
+    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    store = MemoryLogStore()
+    async with running(store) as actor:
+        for _ in range(50):
+            await actor.write(placeholder(N))
+        await actor.write(placeholder(N + 1))
+        for _ in range(7):
+            await actor.write(placeholder(N + 1))
+        term = actor.term
+    rows = [(e.term, e.epoch, e.outcome, e.window_min, e.window_max, e.decisions)
+            for e in store.fence_events]
+    assert rows == [
+        (term, N, "admitted_new_epoch", N, N, 1),
+        (term, N, "admitted", N, N, 49),
+        (term, N + 1, "admitted_new_epoch", N, N + 1, 1),
+        (term, N + 1, "admitted", N, N + 1, 7),
+    ]
+    assert sum(e.decisions for e in store.fence_events) == 58
+    assert [e.at for e in store.fence_events] == sorted(e.at for e in store.fence_events)

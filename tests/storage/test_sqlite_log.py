@@ -732,3 +732,25 @@ async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: P
         assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]  # reads still work
     with pytest.raises(StorageError, match="lacks tables fence_events"):
         await SqliteLogStore.open(db)
+
+
+async def test_fence_event_decisions_are_added_to_old_files(tmp_path: Path) -> None:
+    """Files made before fence_events.decisions get the column on open; their rows count one
+    decision each, and new rows carry their own count."""
+    path = tmp_path / "log.db"
+    async with await SqliteLogStore.open(path) as log_store:
+        (p,) = await log_store.create_topic("t", 1, 1, 0.0)
+    with sqlite3.connect(path) as connection:
+        connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
+        connection.execute(
+            "INSERT INTO fence_events VALUES (1.0, ?, 1, 3, 'admitted', 3, 3)", (p.pid,)
+        )
+    async with await SqliteLogStore.open(path) as log_store:
+        await log_store.record_fence_events(
+            [FenceEventRow(2.0, p.pid, 1, 3, "admitted", 3, 3, decisions=41)]
+        )
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT at, decisions FROM fence_events ORDER BY at").fetchall()
+        columns = [c[1] for c in connection.execute("PRAGMA table_info(fence_events)")]
+    assert rows == [(1.0, 1), (2.0, 41)]
+    assert tuple(columns) == FenceEventRow.__struct_fields__
