@@ -14,6 +14,7 @@ Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import anyio
 
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.sqlite_log import _INSERT_LOG, _SCHEMA, SqliteLogStore, _log_row
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir
@@ -112,20 +114,27 @@ async def store_appends(
 
 
 async def actor_placeholders(
-    path: Path, partitions: int, callers: int, seconds: float
-) -> tuple[float, float]:
-    """Placeholders/s written through PartitionActors on a SqliteLogStore; and log records per
-    commit (the group commit's batch size, which the floor then uses)."""
-    async with await SqliteLogStore.open(path) as store:
+    path: Path | None, partitions: int, callers: int, seconds: float
+) -> tuple[float, float, float]:
+    """Placeholders/s written through PartitionActors on a SqliteLogStore at `path` (None: on a
+    MemoryLogStore, which costs the loop next to nothing); the log records per commit (the group
+    commit's batch size, which the floor then uses; 0 in memory); and the event-loop thread's
+    CPU microseconds per placeholder."""
+    async with contextlib.AsyncExitStack() as stack:
+        if path is None:
+            store: SqliteLogStore | MemoryLogStore = MemoryLogStore()
+        else:
+            store = await stack.enter_async_context(await SqliteLogStore.open(path))
         rows = await store.create_topic("bench", partitions, creation_epoch=EPOCH, now=0.0)
         board = WatermarkBoard()
         actors = [PartitionActor(row, store, board) for row in rows]
         async with anyio.create_task_group() as tg:
             for actor in actors:
                 await tg.start(actor.run)
-            before = store.statistics()
+            before = _records_and_commits(store)
             done = 0
             start = time.perf_counter()
+            cpu_start = time.thread_time()
             deadline = start + seconds
 
             async def caller(i: int) -> None:
@@ -141,24 +150,41 @@ async def actor_placeholders(
                 for i in range(callers):
                     callers_tg.start_soon(caller, i)
             elapsed = time.perf_counter() - start
-            after = store.statistics()
+            cpu = time.thread_time() - cpu_start
+            after = _records_and_commits(store)
             for actor in actors:
                 await actor.stop()
-    commits = max(1, after.commits - before.commits)
-    return done / elapsed, (after.records - before.records) / commits
+    records, commits = after[0] - before[0], after[1] - before[1]
+    per_commit = records / commits if commits else 0.0
+    return done / elapsed, per_commit, cpu / max(1, done) * 1e6
+
+
+def _records_and_commits(store: SqliteLogStore | MemoryLogStore) -> tuple[int, int]:
+    if isinstance(store, SqliteLogStore):
+        statistics = store.statistics()
+        return statistics.records, statistics.commits
+    return 0, 0
 
 
 async def run(settings: Settings) -> list[Figure]:
     seconds = settings.pick(max(2.0, settings.seconds), 0.5)
     rounds = settings.pick(settings.rounds, 1)
     per_commit: list[float] = []
+    loop_us: list[float] = []
+    in_memory: list[tuple[float, float]] = []  # (placeholders/s, loop CPU µs each)
     with work_dir(settings, ITEM) as root:
 
         async def sut(i: int) -> float:
-            rate, records_per_commit = await actor_placeholders(
+            rate, records_per_commit, cpu_us = await actor_placeholders(
                 root / f"actors-{i}.db", PARTITIONS, CALLERS, seconds
             )
             per_commit.append(records_per_commit)
+            loop_us.append(cpu_us)
+            # The same actors on a log store that costs nothing: the actor path's own ceiling.
+            memory_rate, _, memory_us = await actor_placeholders(
+                None, PARTITIONS, CALLERS, seconds
+            )
+            in_memory.append((memory_rate, memory_us))
             return rate
 
         async def floor(i: int) -> float:
@@ -184,7 +210,18 @@ async def run(settings: Settings) -> list[Figure]:
                 "callers": CALLERS,
                 "seconds": seconds,
                 "records_per_commit": [round(x, 1) for x in per_commit],
+                "loop_cpu_us_per_placeholder": [round(x, 1) for x in loop_us],
                 "synchronous": "FULL",
             },
-        )
+        ),
+        figure(
+            ITEM,
+            "the same actors on an in-memory log store (no SQLite: the actor path's ceiling) "
+            "vs raw aiosqlite group commit",
+            "rows/s",
+            [(memory_rate, raw) for (memory_rate, _), (_, raw) in zip(in_memory, pairs)],
+            sut_label="placeholders",
+            floor_label="raw rows",
+            notes={"loop_cpu_us_per_placeholder": [round(us, 1) for _, us in in_memory]},
+        ),
     ]

@@ -99,3 +99,17 @@ def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
     assert text.startswith("# Benchmarks\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert "old" not in text and text.count(MARK_BEGIN) == 1
     assert "| fence | fences | ops/CPU-s | fences 5.000 | bare 10.0 | 50.0% | ≥ 50% | pass |" in text
+
+
+def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "durable", "--results", str(results_path)]) == 0
+    sqlite_figure, memory_figure = json.loads(results_path.read_text())["items"]["durable"]["figures"]
+    assert sqlite_figure["target"] == {"bound": 0.5, "higher_is_better": True}
+    assert memory_figure["target"] is None and memory_figure["verdict"] == "info"
+    # One round: both figures are measured against the same raw group-commit run.
+    assert sqlite_figure["floor"] == memory_figure["floor"] > 0
+    assert sqlite_figure["sut"] > 0 and memory_figure["sut"] > 0
+    assert sqlite_figure["notes"]["records_per_commit"][0] >= 1
+    assert all(us > 0 for us in sqlite_figure["notes"]["loop_cpu_us_per_placeholder"])
+    assert all(us > 0 for us in memory_figure["notes"]["loop_cpu_us_per_placeholder"])
