@@ -18,31 +18,44 @@ T = TypeVar("T")
 
 
 class Reply(Generic[T]):
-    """A one-shot answer from an actor to the task that asked. The actor never waits on it."""
+    """A one-shot answer from an actor to the task that asked. The actor never waits on it.
 
-    __slots__ = ("_event", "_value", "_error")
+    The event is made only when somebody waits before the answer is there, and `wait()` on an
+    answered reply returns without a trip through the event loop: the batcher hands a write to
+    every partition of an object and then collects the replies, most of them answered by then."""
+
+    __slots__ = ("_event", "_answered", "_value", "_error")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event: anyio.Event | None = None
+        self._answered = False
         self._value: T | None = None
         self._error: BaseException | None = None
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._answered
 
     def set(self, value: T) -> None:
-        assert not self._event.is_set(), "reply answered twice"
+        assert not self._answered, "reply answered twice"
         self._value = value
-        self._event.set()
+        self._answer()
 
     def fail(self, error: BaseException) -> None:
-        assert not self._event.is_set(), "reply answered twice"
+        assert not self._answered, "reply answered twice"
         self._error = error
-        self._event.set()
+        self._answer()
+
+    def _answer(self) -> None:
+        self._answered = True
+        if self._event is not None:
+            self._event.set()
 
     async def wait(self) -> T:
-        await self._event.wait()
+        if not self._answered:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

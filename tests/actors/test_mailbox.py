@@ -78,3 +78,41 @@ async def test_inbox_waits_for_a_message_and_ends_with_the_stream() -> None:
             assert await inbox.receive() is reply
             with pytest.raises(anyio.EndOfStream):
                 await inbox.receive()
+
+
+async def test_an_answered_reply_is_taken_without_a_turn_of_the_event_loop() -> None:
+    ran: list[str] = []
+
+    async def other() -> None:
+        ran.append("other")
+
+    answered: Reply[int] = Reply()
+    answered.set(7)
+    failed: Reply[int] = Reply()
+    failed.fail(ValueError("no"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(other)
+        assert await answered.wait() == 7
+        with pytest.raises(ValueError, match="no"):
+            await failed.wait()
+        assert ran == [], "an answered reply took a turn of the event loop"
+    assert ran == ["other"] and answered.done and failed.done
+
+
+async def test_waiters_before_the_answer_all_get_it_and_a_second_answer_is_a_bug() -> None:
+    reply: Reply[str] = Reply()
+    got: list[str] = []
+
+    async def waiter() -> None:
+        got.append(await reply.wait())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            assert got == [] and not reply.done
+            reply.set("yes")
+    assert got == ["yes", "yes"]
+    with pytest.raises(AssertionError, match="answered twice"):
+        reply.fail(RuntimeError("late"))
