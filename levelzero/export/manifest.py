@@ -89,7 +89,8 @@ def load(out_dir: str) -> Manifest | None:
     if manifest.version != FORMAT_VERSION:
         raise ExportError(
             f"{path} has export format version {manifest.version}; this levelzero reads and "
-            f"writes version {FORMAT_VERSION}: use a new output directory"
+            f"writes version {FORMAT_VERSION}: export again into a new directory "
+            "(levelzero export --out NEW_DIR) and analyse that one"
         )
     return manifest
 

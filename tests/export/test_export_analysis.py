@@ -676,3 +676,26 @@ def test_overlapping_export_directories_are_deduplicated(
     assert summary["gc_lag_mean_s"] == pytest.approx(analysis.figures["gc_lag_mean_s"])
     throughput = pq.read_table(out / "tables" / "throughput_by_partition.parquet")
     assert sum(throughput.column("records").to_pylist()) == 17
+
+
+def test_a_directory_of_an_older_export_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    """Format 2 added fence_events.decisions: a format-1 directory is neither appended to nor
+    analysed (its fence rows would count one decision each, silently)."""
+
+    async def empty_store() -> None:
+        async with await SqliteLogStore.open(tmp_path / "levelzero.db"):
+            pass
+
+    anyio.run(empty_store)
+    out = tmp_path / "out"
+    export(tmp_path / "levelzero.db", out)
+    manifest_path = out / "_levelzero_export.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["version"] == 2
+    manifest["version"] = 1
+    manifest_path.write_text(json.dumps(manifest))
+    expected = "export format version 1; this levelzero reads and writes version 2: export again"
+    with pytest.raises(ExportError, match=expected):
+        export(tmp_path / "levelzero.db", out)
+    with pytest.raises(AnalysisError, match=expected):
+        load_inputs([str(out)])
