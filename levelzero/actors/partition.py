@@ -188,7 +188,8 @@ class PartitionActor:
         self._published_mp: int | None = None
         # Fence decisions since the last flush, one tally per (term, epoch, outcome, window):
         # [when the first was made, how many]. A row per decision was a second SQLite row per
-        # placeholder; one per tally keeps every decision counted (FenceEventRow.decisions).
+        # placeholder; a row per tally counts them (FenceEventRow.decisions). Past
+        # FENCE_EVENTS_BUFFER_MAX tallies, decisions of a new kind go unrecorded until the flush.
         self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
         self._flush_fence_events_now = False
         self.ready = anyio.Event()

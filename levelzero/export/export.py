@@ -447,7 +447,7 @@ class _ExportRun:
             )
         with self._sinks("fence_events") as (events,):
             new.fence_events_rowid = self._by_rowid(
-                events, _SELECT_FENCE_EVENTS, self._old.fence_events_rowid
+                events, _select_fence_events(self._db), self._old.fence_events_rowid
             )
         with self._sinks("l0_objects", "l0_deletions") as (created, deleted):
             new.l0_rowid, new.l0_open = self._l0_objects(created, deleted)
@@ -633,9 +633,18 @@ _SELECT_SAMPLES = (
 )
 _SELECT_FENCE_EVENTS = (
     "SELECT f.rowid, f.at, p.topic, p.partition, f.term, f.epoch, f.outcome, f.window_min,"
-    " f.window_max, f.decisions FROM fence_events f JOIN partitions p ON p.pid = f.pid"
+    " f.window_max, {decisions} FROM fence_events f JOIN partitions p ON p.pid = f.pid"
     " WHERE f.rowid > ? ORDER BY f.rowid"
 )
+
+
+def _select_fence_events(connection: sqlite3.Connection) -> str:
+    """A store that no levelzero with `fence_events.decisions` has opened yet (the log store adds
+    the column on open; the export only reads) has a row per decision: it counts one each."""
+    columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
+    return _SELECT_FENCE_EVENTS.format(
+        decisions="f.decisions" if "decisions" in columns else "1 AS decisions"
+    )
 _SELECT_L0_OPEN = (
     "SELECT rowid, key, deleted_at, deleted_at_m FROM l0_objects"
     " WHERE rowid BETWEEN ? AND ? ORDER BY rowid"

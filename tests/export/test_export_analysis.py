@@ -57,7 +57,14 @@ from levelzero.export.inputs import check_java, load_inputs
 from levelzero.export.manifest import MANIFEST_NAME
 from levelzero.export.schemas import render_markdown
 from levelzero.storage.local_store import LocalObjectStore
-from levelzero.storage.protocols import GcRoundRow, L0ObjectRow, L1Row, L1State, iter_objects
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    L1State,
+    iter_objects,
+)
 from levelzero.storage.sqlite_log import SqliteLogStore
 
 DAY_S = 86_400
@@ -699,3 +706,22 @@ def test_a_directory_of_an_older_export_format_is_refused_with_what_to_do(tmp_pa
         export(tmp_path / "levelzero.db", out)
     with pytest.raises(AnalysisError, match=expected):
         load_inputs([str(out)])
+
+
+def test_a_store_made_before_fence_decisions_exports_one_decision_per_row(tmp_path: Path) -> None:
+    """The log store adds fence_events.decisions when it opens a file; the export only reads,
+    so a file no new levelzero has opened yet still exports, each row one decision."""
+
+    async def store_with_a_fence_row() -> None:
+        async with await SqliteLogStore.open(tmp_path / "levelzero.db") as store:
+            (p,) = await store.create_topic("t", 1, creation_epoch=1, now=1.0)
+            await store.record_fence_events([FenceEventRow(2.0, p.pid, 1, 1, "admitted", 1, 1, 9)])
+
+    anyio.run(store_with_a_fence_row)
+    with sqlite3.connect(tmp_path / "levelzero.db") as db:
+        db.execute("ALTER TABLE fence_events DROP COLUMN decisions")
+    db.close()
+    out = tmp_path / "out"
+    export(tmp_path / "levelzero.db", out)
+    rows = pq.read_table(str(out / "fence_events")).to_pylist()
+    assert [(r["outcome"], r["decisions"]) for r in rows] == [("admitted", 1)]
