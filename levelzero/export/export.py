@@ -645,6 +645,8 @@ def _select_fence_events(connection: sqlite3.Connection) -> str:
     return _SELECT_FENCE_EVENTS.format(
         decisions="f.decisions" if "decisions" in columns else "1 AS decisions"
     )
+
+
 _SELECT_L0_OPEN = (
     "SELECT rowid, key, deleted_at, deleted_at_m FROM l0_objects"
     " WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
