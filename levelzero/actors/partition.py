@@ -523,7 +523,9 @@ class PartitionActor:
         """Writes queued records in log order; one batch in flight per partition."""
         flushed_at = anyio.current_time()
         while True:
-            if self._fence_tallies and not self._append_wakeup.is_set():
+            if self._append_wakeup.is_set():
+                pass  # work arrived while the last batch was written: no turn of the loop
+            elif self._fence_tallies:
                 # Buffered events wait for a batch to ride along with, not past the interval.
                 wait_s = flushed_at + FENCE_EVENTS_FLUSH_INTERVAL_S - anyio.current_time()
                 with anyio.move_on_after(max(0.0, wait_s)):

@@ -8,12 +8,21 @@ per batch, not once per append. The in-memory cursors are only right because not
 the database: a lock file (`flock` on `<db>.lock`) keeps a second store, in this process or
 another, out.
 
-Reads use a second, query-only connection: in WAL mode it sees every committed batch without
+Where a batch is executed: a batch of staged rows only (appends, event rows: nearly every
+batch) goes to the writer process (`sqlite_writer.py`), which runs it on its own connection
+beside the event loop instead of taking turns with it for the GIL. Up to
+`SENT_BATCHES_MAX` such batches are on their way at once, each staged on the cursors the
+previous one leaves, so one commit's fsync overlaps the loop's work on the next batch. A batch
+with `run` jobs (own statements, results read back) waits until the process has answered every
+batch sent, then runs here on the store's own connection. Both connections write the same file,
+strictly one after the other.
+
+Reads use a third, query-only connection: in WAL mode it sees every committed batch without
 queueing behind the writer's fsync.
 
 A batch is one transaction, so an append is durable when it returns and an unacknowledged one is
 either wholly there or wholly absent after a crash. If SQLite itself fails mid-batch (disk full,
-I/O error) the store stops accepting writes: the in-memory cursors can no longer be trusted, and
+I/O error), or the writer process ends, the store stops accepting writes: the in-memory cursors can no longer be trusted, and
 reopening rebuilds them from the file.
 
 Shape (structured concurrency): the writer runs in an anyio task group —
@@ -31,8 +40,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
@@ -41,6 +54,7 @@ import aiosqlite
 import anyio
 import anyio.abc
 import msgspec
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from levelzero.core.entries import (
     ENTRY_KINDS,
@@ -60,6 +74,7 @@ from levelzero.core.errors import (
     StorageError,
     TopicExists,
 )
+from levelzero.storage import sqlite_writer
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -76,6 +91,10 @@ SCHEMA_VERSION = 1
 GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
 QUEUE_MAX = 1024  # write jobs waiting for the writer before callers block
 BUSY_TIMEOUT_MS = 5000
+SENT_BATCHES_MAX = 2  # batches sent to the writer process and not yet answered
+SPLIT_JOBS_MIN = 32  # this many waiting jobs, with none sent, go out as two batches
+WRITER_START_TIMEOUT_S = 30.0  # the writer process opens the file and says so
+WRITER_EXIT_TIMEOUT_S = 30.0  # after its socket closed, then it is killed
 TOPIC_PARTITIONS_MAX = 10_000
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -301,6 +320,95 @@ class _Job:
         self.error: BaseException | None = None
 
 
+class _Sent(NamedTuple):
+    """A batch sent to the writer process, waiting for its commit."""
+
+    jobs: list[_Job]
+    log_records: int
+
+
+class _WriterProcess:
+    """The child that commits staged batches (`sqlite_writer.py`), and the socket to it."""
+
+    def __init__(
+        self, process: anyio.abc.Process, stream: anyio.abc.SocketStream, path: str
+    ) -> None:
+        self._process = process
+        self._stream = stream
+        self._receive = BufferedByteReceiveStream(stream)
+        self._path = path
+
+    @classmethod
+    async def start(
+        cls, db_path: str, lock_fd: int, synchronous: str, busy_timeout_ms: int
+    ) -> _WriterProcess:
+        ours, theirs = socket.socketpair()
+        try:
+            process = await anyio.open_process(
+                [
+                    sys.executable,
+                    sqlite_writer.__file__,  # by path: it needs nothing of levelzero
+                    f"--socket-fd={theirs.fileno()}",
+                    f"--lock-fd={lock_fd}",
+                    f"--synchronous={synchronous}",
+                    f"--busy-timeout-ms={busy_timeout_ms}",
+                    db_path,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=None,  # its complaints go where ours go (the journal)
+                pass_fds=(theirs.fileno(), lock_fd),
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        writer = cls(process, await anyio.abc.SocketStream.from_socket(ours), db_path)
+        try:
+            with anyio.fail_after(WRITER_START_TIMEOUT_S):
+                ready = await writer.receive()
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                await writer.stop()
+            if isinstance(error, Exception):
+                raise StorageError(
+                    f"{db_path}: the log store's writer process did not start ({error!r})"
+                ) from error
+            raise
+        if ready is not None:
+            with anyio.CancelScope(shield=True):
+                await writer.stop()
+            raise StorageError(str(ready))
+        return writer
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    async def send(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
+        await self._stream.send(sqlite_writer.frame(statements))
+
+    async def receive(self) -> str | None:
+        """The next answer: None (committed) or the writer's error text."""
+        header = await self._receive.receive_exactly(sqlite_writer.FRAME_HEADER.size)
+        (size,) = sqlite_writer.FRAME_HEADER.unpack(header)
+        answer = msgspec.msgpack.decode(await self._receive.receive_exactly(size))
+        if answer is not None and not isinstance(answer, str):
+            raise msgspec.DecodeError(f"unexpected answer {answer!r}")
+        return answer
+
+    async def stop(self) -> None:
+        """Close the socket (the process ends after the transaction at hand) and wait for it."""
+        await self._stream.aclose()
+        with anyio.move_on_after(WRITER_EXIT_TIMEOUT_S):
+            await self._process.wait()
+        if self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+        await self._process.aclose()
+
+
 def _log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
     """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
     entry = record.entry
@@ -337,6 +445,7 @@ class SqliteLogStore:
         writer: aiosqlite.Connection,
         reader: aiosqlite.Connection,
         cursors: dict[int, _Cursor],
+        process: _WriterProcess,
         *,
         group_commit_max_records: int,
         queue_max: int,
@@ -346,7 +455,12 @@ class SqliteLogStore:
         self._lock_fd: int | None = lock_fd
         self._writer = writer
         self._reader = reader
-        self._cursors = cursors  # owned by the writer task; committed state only
+        # Owned by the writer task: committed state plus the batches sent to the writer
+        # process (if one of those fails, the store refuses every write until reopened).
+        self._cursors = cursors
+        self._process = process
+        self._sent: deque[_Sent] = deque()  # in the order the process answers them
+        self._sent_changed = anyio.Event()
         self._group_commit_max_records = group_commit_max_records
         self._queue_max = queue_max
         self._clock = clock
@@ -449,6 +563,11 @@ class SqliteLogStore:
     def path(self) -> str:
         return self._path
 
+    @property
+    def writer_pid(self) -> int:
+        """The process id of the writer process (it shows in `ps` as `sqlite_writer.py`)."""
+        return self._process.pid
+
     def statistics(self) -> LogStoreStatistics:
         return LogStoreStatistics(
             batches=self._batches,
@@ -488,7 +607,7 @@ class SqliteLogStore:
             if not (isinstance(value, int) and 1 <= value <= high):
                 raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
         db_path = os.path.abspath(os.fspath(path))
-        lock_fd = _lock_exclusively(db_path)
+        lock_fd = await _lock_exclusively(db_path)
         writer = reader = None
         try:
             # "IMMEDIATE": sqlite3 begins the batch's transaction in the same thread hop as its
@@ -501,6 +620,7 @@ class SqliteLogStore:
             reader = await aiosqlite.connect(db_path, isolation_level=None)
             await reader.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             await reader.execute("PRAGMA query_only = ON")
+            process = await _WriterProcess.start(db_path, lock_fd, synchronous, busy_timeout_ms)
         except BaseException as error:
             with anyio.CancelScope(shield=True):
                 for connection in (reader, writer):
@@ -518,6 +638,7 @@ class SqliteLogStore:
             writer,
             reader,
             cursors,
+            process,
             group_commit_max_records=group_commit_max_records,
             queue_max=queue_max,
             clock=clock,
@@ -531,6 +652,7 @@ class SqliteLogStore:
 
     async def _close_files(self) -> None:
         try:
+            await self._process.stop()  # before the lock: it shares the lock until it is gone
             await self._reader.close()
             await self._writer.close()
         finally:
@@ -543,33 +665,45 @@ class SqliteLogStore:
     async def _run_writer(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Take every pending write (up to `group_commit_max_records`), execute them as one
-        transaction, commit once, answer every caller; repeat until the queue is closed."""
+        """Take pending writes (up to `group_commit_max_records`), execute them as one
+        transaction, answer every caller once it committed; repeat until the queue is closed."""
         self._writer_started = True
         carried: _Job | None = None
         try:
-            task_status.started()
-            while self._failure is None:
-                if carried is None:
-                    try:
-                        carried = await self._job_receive.receive()
-                    except anyio.EndOfStream:
-                        return
-                batch, weight, carried = [carried], carried.weight, None
-                while True:
-                    try:
-                        job = self._job_receive.receive_nowait()
-                    except (anyio.WouldBlock, anyio.EndOfStream):
-                        break
-                    if weight + job.weight > self._group_commit_max_records:
-                        carried = job
-                        break
-                    batch.append(job)
-                    weight += job.weight
-                # A started batch always finishes: its callers are owed an answer and the
-                # transaction must not be abandoned halfway through a thread hop.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._receive_answers)
+                task_status.started()
+                while self._failure is None:
+                    if carried is None:
+                        try:
+                            carried = await self._job_receive.receive()
+                        except anyio.EndOfStream:
+                            break
+                    batch, weight, carried = [carried], carried.weight, None
+                    # With nothing on its way, send half of what waits and the rest right
+                    # behind it: callers that wait for their commit before they write again
+                    # would otherwise keep meeting in one batch, and the event loop would idle
+                    # through every fsync. A few jobs are not worth a second fsync.
+                    jobs_max = 1 + self._job_receive.statistics().current_buffer_used
+                    if not self._sent and jobs_max >= SPLIT_JOBS_MIN:
+                        jobs_max = (jobs_max + 1) // 2
+                    while len(batch) < jobs_max:
+                        try:
+                            job = self._job_receive.receive_nowait()
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                        if weight + job.weight > self._group_commit_max_records:
+                            carried = job
+                            break
+                        batch.append(job)
+                        weight += job.weight
+                    # A started batch always finishes: its callers are owed an answer and the
+                    # transaction must not be abandoned halfway through a thread hop.
+                    with anyio.CancelScope(shield=True):
+                        await self._execute_batch(batch)
                 with anyio.CancelScope(shield=True):
-                    await self._execute_batch(batch)
+                    await self._wait_sent_below(1)  # every sent batch answered
+                tg.cancel_scope.cancel()
         finally:
             # Only after a failure or cancellation can jobs be left; answer them, then close
             # the stream so later senders fail fast instead of waiting for nobody.
@@ -580,15 +714,91 @@ class SqliteLogStore:
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
             self._job_receive.close()
+            for sent in self._sent:
+                leftovers.extend(sent.jobs)
+            self._sent.clear()
             for job in leftovers:
                 job.error = self._write_refused()
                 job.done.set()
             self._writer_done.set()
 
     async def _execute_batch(self, jobs: list[_Job]) -> None:
+        self._batches += 1
+        if all(job.stage is not None for job in jobs):
+            await self._send_batch(jobs)
+        else:
+            await self._wait_sent_below(1)  # the two connections write strictly in turn
+            await self._execute_here(jobs)
+
+    async def _send_batch(self, jobs: list[_Job]) -> None:
+        """Stage the jobs on the cursors the batches before left, and send the rows to the
+        writer process; `_receive_answers` answers the callers when it committed."""
+        await self._wait_sent_below(SENT_BATCHES_MAX)
+        if self._failure is not None:
+            self._refuse(jobs)
+            return
+        batch = _Batch(self._cursors)
+        for job in jobs:
+            assert job.stage is not None
+            try:
+                job.result = job.stage(batch)
+            except (LevelZeroError, AssertionError) as error:
+                job.error = error
+        log_records = len(batch.pending.get(_INSERT_LOG, ()))
+        self._cursors.update(batch.cursors)
+        self._sent.append(_Sent(jobs, log_records))
+        try:
+            await self._process.send(list(batch.pending.items()))
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
+            self._fail_sent(f"the writer process cannot be reached ({error!r})")
+
+    async def _receive_answers(self) -> None:
+        """Answer the callers of each sent batch in order, as the writer process commits them."""
+        while True:
+            try:
+                answer = await self._process.receive()
+            except (anyio.EndOfStream, anyio.IncompleteRead, OSError,
+                    anyio.BrokenResourceError, anyio.ClosedResourceError,
+                    msgspec.DecodeError) as error:
+                self._fail_sent(f"the writer process ended ({error!r})")
+                return
+            if not self._sent:
+                self._fail_sent(f"the writer process answered a batch never sent: {answer!r}")
+                return
+            if answer is not None:
+                self._fail_sent(f"the writer process could not commit a batch: {answer}")
+                return
+            sent = self._sent.popleft()
+            self._complete(sent.jobs, sent.log_records)
+            self._signal_sent_changed()
+
+    def _fail_sent(self, why: str) -> None:
+        """Every sent batch failed (a batch after a failed one was staged on its cursors)."""
+        jobs = [job for sent in self._sent for job in sent.jobs]
+        self._sent.clear()
+        self._fail_batch(jobs, StorageError(f"{self._path}: {why}"))
+        self._signal_sent_changed()
+
+    def _signal_sent_changed(self) -> None:
+        self._sent_changed.set()
+        self._sent_changed = anyio.Event()
+
+    async def _wait_sent_below(self, count: int) -> None:
+        while len(self._sent) >= count:
+            await self._sent_changed.wait()
+
+    def _refuse(self, jobs: list[_Job]) -> None:
+        for job in jobs:
+            job.error = self._write_refused()
+            job.done.set()
+
+    async def _execute_here(self, jobs: list[_Job]) -> None:
+        """A batch with `run` jobs, on the store's own connection."""
+        if self._failure is not None:
+            self._refuse(jobs)
+            return
         batch = _Batch(self._cursors)
         connection = self._writer
-        self._batches += 1
         try:
             for job in jobs:
                 if job.stage is not None:
@@ -620,9 +830,13 @@ class SqliteLogStore:
                 raise  # a bug in the writer: crash loudly (the callers got StorageError)
             return
         self._cursors.update(batch.cursors)
+        self._complete(jobs, batch.log_records)
+
+    def _complete(self, jobs: list[_Job], log_records: int) -> None:
+        """The batch committed: count it and answer its callers."""
         self._commits += 1
-        self._records += batch.log_records
-        self._largest_batch_records = max(self._largest_batch_records, batch.log_records)
+        self._records += log_records
+        self._largest_batch_records = max(self._largest_batch_records, log_records)
         for job in jobs:
             self._jobs += 1
             if job.is_append:
@@ -643,11 +857,12 @@ class SqliteLogStore:
     def _fail_batch(self, jobs: list[_Job], error: Exception) -> None:
         """SQLite failed mid-batch: nothing of it committed, and the in-memory cursors can no
         longer be trusted to match the file, so refuse every write until the store is reopened."""
-        self._failure = StorageError(
-            f"{self._path}: a write batch failed and was rolled back ({error!r}); "
-            "the log store refuses writes until it is reopened"
-        )
-        self._failure.__cause__ = error
+        if self._failure is None:
+            self._failure = StorageError(
+                f"{self._path}: a write batch failed and was rolled back ({error!r}); "
+                "the log store refuses writes until it is reopened"
+            )
+            self._failure.__cause__ = error
         for job in jobs:
             job.error = self._write_refused()
             job.done.set()
@@ -670,7 +885,10 @@ class SqliteLogStore:
         if self._failure is not None or self._closed:
             raise self._write_refused()
         try:
-            await self._job_send.send(job)
+            try:  # no checkpoint when there is room: the caller waits for `done` right after
+                self._job_send.send_nowait(job)
+            except anyio.WouldBlock:
+                await self._job_send.send(job)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             raise self._write_refused() from None
         await job.done.wait()
@@ -1004,29 +1222,54 @@ class SqliteLogStore:
 # ---------------------------------------------------------------------- start-up helpers
 
 
-def _lock_exclusively(db_path: str) -> int:
+async def _lock_exclusively(db_path: str) -> int:
     """Hold `flock` on `<db>.lock` for the store's lifetime: the writer's in-memory cursors are
-    only right if nobody else writes the file. Returns the descriptor that holds the lock."""
+    only right if nobody else writes the file. Returns the descriptor that holds the lock.
+
+    The writer process holds the lock too. When the store that opened it died, it may still be
+    finishing the transaction at hand: a lock held for a process that no longer exists is
+    waited for (up to WRITER_EXIT_TIMEOUT_S), a lock held for a live one is refused at once."""
     lock_path = db_path + ".lock"
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as error:
         raise StorageError(f"{db_path}: cannot create lock file {lock_path}: {error}") from error
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise StorageError(
-            f"{db_path} is already open by another log store (lock {lock_path} held by "
-            f"process {holder})"
-        ) from None
-    except OSError as error:
-        os.close(fd)
-        raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
+    deadline = time.monotonic() + WRITER_EXIT_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            if not _process_is_gone(holder) or time.monotonic() >= deadline:
+                os.close(fd)
+                raise StorageError(
+                    f"{db_path} is already open by another log store (lock {lock_path} held "
+                    f"by process {holder})"
+                ) from None
+            await anyio.sleep(0.01)  # its writer process is finishing a transaction
+        except OSError as error:
+            os.close(fd)
+            raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _process_is_gone(pid_text: str) -> bool:
+    try:
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    return False
 
 
 async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str) -> None:

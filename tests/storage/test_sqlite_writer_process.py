@@ -1,0 +1,110 @@
+"""The log store's writer process: staged batches are committed there, in order; its death or
+a failed commit stops the store's writes with a clear error; it outlives a killed store only
+as long as its transaction, and signals meant for the daemon do not cut it short."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from levelzero.core.errors import StorageError
+from levelzero.storage import sqlite_log
+from levelzero.storage.sqlite_log import SqliteLogStore
+
+from test_sqlite_log import placeholder
+
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "log.db"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_writes_go_through_a_separate_process_that_ends_with_the_store(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        pid = store.writer_pid
+        assert pid != os.getpid() and _alive(pid)
+        (p,) = await store.create_topic("t", 1, 1, 0.0)  # a `run` job: on the store's connection
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])  # staged: in the writer process
+        assert store.statistics().commits >= 2
+    assert not _alive(pid)
+    async with await SqliteLogStore.open(db) as store:
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+
+
+async def test_a_waiting_crowd_is_sent_as_two_batches_so_commits_overlap(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", 64, 1, 0.0)
+        before = store.statistics()
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(store.append, row.pid, 0, [placeholder(0, 0, 0)])
+        after = store.statistics()
+        assert after.commits - before.commits == 2
+        assert after.largest_batch_records == 32
+        for row in rows:
+            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+
+
+async def test_few_waiting_jobs_stay_one_batch(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", sqlite_log.SPLIT_JOBS_MIN - 1, 1, 0.0)
+        before = store.statistics().commits
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(store.append, row.pid, 0, [placeholder(0, 0, 0)])
+        assert store.statistics().commits - before == 1
+
+
+async def test_writer_process_death_refuses_writes_with_a_clear_error(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        os.kill(store.writer_pid, signal.SIGKILL)
+        with pytest.raises(StorageError, match="writer process ended"):
+            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+        assert store.statistics().failed
+        with pytest.raises(StorageError, match="until it is reopened"):
+            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]  # reads still work
+    async with await SqliteLogStore.open(db) as store:  # reopening recovers
+        await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+        assert len(await store.read_log(p.pid, 0)) == 2
+
+
+async def test_signals_for_the_daemon_do_not_stop_the_writer_process(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            os.kill(store.writer_pid, signum)
+        await anyio.sleep(0.2)  # a signal that killed it would have by now
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        assert not store.statistics().failed
+
+
+async def test_a_lock_left_by_a_dead_process_is_waited_for_a_live_one_refused(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer process keeps the lock while it finishes; the pid in the lock file tells a
+    store that is gone (wait) from one that runs (refuse)."""
+    monkeypatch.setattr(sqlite_log, "WRITER_EXIT_TIMEOUT_S", 0.3)
+    async with await SqliteLogStore.open(db):
+        with pytest.raises(StorageError, match=f"held by process {os.getpid()}"):
+            await SqliteLogStore.open(db)  # a live holder: refused at once
+        Path(str(db) + ".lock").write_text("999999999\n")  # as if the holder had died
+        started = anyio.current_time()
+        with pytest.raises(StorageError, match="already open"):
+            await SqliteLogStore.open(db)  # waited, and the lock stayed held
+        assert anyio.current_time() - started >= 0.3
