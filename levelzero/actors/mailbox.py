@@ -1,33 +1,45 @@
-"""The primitives every actor uses: a bounded mailbox, a one-shot reply slot, and sending and
-receiving without a trip through the event loop when the mailbox can answer at once.
+"""The primitives every partition actor uses: a bounded mailbox, a one-shot reply slot and a
+wake-up flag, each as cheap as a wait can be, because a placeholder passes through all three.
 
-anyio's `send()` and `receive()` checkpoint first, every call: a message that could be handed
-over at once still costs the task a turn of the event loop. For an actor that answers in
-microseconds that turn was a large share of a round trip; `send_soon` and `Inbox.receive` skip
-it when the buffer has room (or a message), and wait the ordinary way when it has not.
+Why not anyio's own: anyio's `send()` and `receive()` take a turn of the event loop on every
+call, even when a message could be handed over at once, and an `anyio.Event` on asyncio is two
+`asyncio.Event`s and three layers of calls per wait. A durable placeholder needs about four
+waits; together they were the largest share of the event loop's time per placeholder. These
+primitives wait on a bare future of the running loop (levelzero runs on asyncio or uvloop, both
+through anyio), never take a turn they do not need, and keep anyio's behaviour where it matters:
+cancellation through anyio's cancel scopes, `anyio.WouldBlock` / `anyio.BrokenResourceError` /
+`anyio.EndOfStream` for the same situations.
 """
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+import asyncio
+from collections import deque
+from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 T = TypeVar("T")
 
 
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():  # a cancelled waiter is done already
+        waiter.set_result(None)
+
+
 class Reply(Generic[T]):
     """A one-shot answer from an actor to the task that asked. The actor never waits on it.
 
-    The event is made only when somebody waits before the answer is there, and `wait()` on an
-    answered reply returns without a trip through the event loop: the batcher hands a write to
-    every partition of an object and then collects the replies, most of them answered by then."""
+    `wait()` on an answered reply returns without a turn of the event loop: the batcher hands a
+    write to every partition of an object and then collects the replies, most of them answered
+    by then. Each waiter has its own future, so one waiter's cancellation is its own."""
 
-    __slots__ = ("_event", "_answered", "_value", "_error")
+    __slots__ = ("_waiters", "_answered", "_value", "_error")
 
     def __init__(self) -> None:
-        self._event: anyio.Event | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
         self._answered = False
         self._value: T | None = None
         self._error: BaseException | None = None
@@ -48,56 +60,157 @@ class Reply(Generic[T]):
 
     def _answer(self) -> None:
         self._answered = True
-        if self._event is not None:
-            self._event.set()
+        if self._waiters is not None:
+            for waiter in self._waiters:
+                _wake(waiter)
+            self._waiters = None
 
     async def wait(self) -> T:
         if not self._answered:
-            if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+            await waiter
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
 
 
-def mailbox(size: int) -> tuple[MemoryObjectSendStream, MemoryObjectReceiveStream]:
-    """A bounded stream; `size` is the named bound of the owning actor (never infinite)."""
+class Wakeup:
+    """A flag one task waits on and others raise: level-triggered, so a raise while the task
+    was busy is seen at its next `wait()`, which then returns without a turn of the loop."""
+
+    __slots__ = ("_raised", "_waiter")
+
+    def __init__(self) -> None:
+        self._raised = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._raised = True
+        _wake(self._waiter)
+
+    def is_set(self) -> bool:
+        return self._raised
+
+    def clear(self) -> None:
+        self._raised = False
+
+    async def wait(self) -> None:
+        """Until raised (returns at once if it is); one waiter at a time."""
+        if self._raised:
+            return
+        assert self._waiter is None, "a Wakeup has one waiter"
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+
+class Mailbox(Generic[T]):
+    """A bounded FIFO with one receiving actor and any number of senders.
+
+    `send_nowait` raises `anyio.WouldBlock` when the mailbox is full; `send` waits for room
+    (senders are let in first come, first served). `receive` takes a buffered message without a
+    turn of the event loop; after `burst_max` of them in a row it yields once, so a mailbox that
+    never empties cannot keep every other task waiting. `close()` (the receiver is done) makes
+    every later send raise `anyio.BrokenResourceError` and returns what was never received, so
+    the actor can answer it; a receive after that raises `anyio.EndOfStream`."""
+
+    __slots__ = ("_items", "_size", "_burst_max", "_in_a_row", "_receiver", "_senders", "_closed")
+
+    def __init__(self, size: int, burst_max: int | None = None) -> None:
+        assert 1 <= size < 1_000_000, size  # a named bound of the owning actor, never infinite
+        self._items: deque[T] = deque()
+        self._size = size
+        self._burst_max = size if burst_max is None else burst_max
+        assert self._burst_max >= 1, burst_max
+        self._in_a_row = 0
+        self._receiver: asyncio.Future[None] | None = None
+        self._senders: deque[asyncio.Future[None]] = deque()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def send_nowait(self, msg: T) -> None:
+        if self._closed:
+            raise anyio.BrokenResourceError
+        if len(self._items) >= self._size or self._senders:  # nobody jumps the queue
+            raise anyio.WouldBlock
+        self._items.append(msg)
+        _wake(self._receiver)
+
+    async def send(self, msg: T) -> None:
+        """`send_nowait`, waiting for room when the mailbox is full."""
+        let_in = False  # woken for a freed slot: first in line, whoever waits behind
+        while True:
+            if self._closed:
+                raise anyio.BrokenResourceError
+            if len(self._items) < self._size and (let_in or not self._senders):
+                self._items.append(msg)
+                _wake(self._receiver)
+                return
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if let_in:
+                self._senders.appendleft(waiter)  # the slot was taken meanwhile: stay first
+            else:
+                self._senders.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._senders:
+                    self._senders.remove(waiter)
+                elif waiter.done() and not waiter.cancelled():
+                    self._let_next_sender_in()  # let in, then cancelled: pass the slot on
+                raise
+            let_in = True
+
+    async def receive(self) -> T:
+        """The next message; raises `anyio.EndOfStream` once the mailbox is closed."""
+        while True:
+            if self._items:
+                if self._in_a_row >= self._burst_max:
+                    self._in_a_row = 0
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                self._in_a_row += 1
+                msg = self._items.popleft()
+                self._let_next_sender_in()
+                return msg
+            if self._closed:
+                raise anyio.EndOfStream
+            self._in_a_row = 0
+            assert self._receiver is None, "a Mailbox has one receiver"
+            self._receiver = asyncio.get_running_loop().create_future()
+            try:
+                await self._receiver
+            finally:
+                self._receiver = None
+
+    def close(self) -> list[T]:
+        """No more messages: wake everybody waiting; return the messages never received."""
+        self._closed = True
+        left = list(self._items)
+        self._items.clear()
+        _wake(self._receiver)
+        while self._senders:
+            _wake(self._senders.popleft())
+        return left
+
+    def _let_next_sender_in(self) -> None:
+        while self._senders and len(self._items) < self._size:
+            waiter = self._senders.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
+def mailbox(size: int) -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
+    """A bounded anyio stream, for actors that are not on a placeholder's path (the batcher);
+    `size` is the named bound of the owning actor (never infinite)."""
     assert 0 <= size < 1_000_000, size
     return anyio.create_memory_object_stream(size)
-
-
-async def send_soon(tx: MemoryObjectSendStream, msg: object) -> None:
-    """`tx.send(msg)`, without its checkpoint when the mailbox has room. The sender yields at
-    its next await anyway (a caller waits for its reply)."""
-    try:
-        tx.send_nowait(msg)
-    except anyio.WouldBlock:
-        await tx.send(msg)
-
-
-class Inbox:
-    """The receiving end of an actor's mailbox. Buffered messages are taken without a trip
-    through the event loop; after `burst_max` of them in a row the actor yields once, so a
-    mailbox that never empties cannot keep every other task waiting."""
-
-    __slots__ = ("_rx", "_burst_max", "_in_a_row")
-
-    def __init__(self, rx: MemoryObjectReceiveStream, burst_max: int) -> None:
-        assert burst_max >= 1, burst_max
-        self._rx = rx
-        self._burst_max = burst_max
-        self._in_a_row = 0
-
-    async def receive(self) -> object:
-        """The next message; raises `anyio.EndOfStream` once every sender closed."""
-        if self._in_a_row < self._burst_max:
-            try:
-                msg = self._rx.receive_nowait()
-            except anyio.WouldBlock:
-                pass
-            else:
-                self._in_a_row += 1
-                return msg
-        self._in_a_row = 0
-        return await self._rx.receive()

@@ -43,7 +43,7 @@ from levelzero.core.fence import (
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
-from .mailbox import Inbox, Reply, mailbox, send_soon
+from .mailbox import Mailbox, Reply, Wakeup
 
 log = logging.getLogger("levelzero.partition")
 
@@ -167,7 +167,7 @@ class PartitionActor:
         self._record_fence_events = record_fence_events
         self._clock = clock
         self._wall = wall_clock or time.time
-        self._tx, self._rx = mailbox(MAILBOX_SIZE)
+        self._mailbox: Mailbox[object] = Mailbox(MAILBOX_SIZE)
         self.state = PartitionState(row.creation_epoch)
         self.fence = Fence(row.creation_epoch, self._mode)
         self.pins = ReaderPins()
@@ -178,11 +178,12 @@ class PartitionActor:
         self._to_append: list[LogRecord] = []
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
-        self._append_wakeup = anyio.Event()
+        self._append_wakeup = Wakeup()
         self._waiting: deque[_Write] = deque()
         self._updater: _Write | None = None
         self._deposed: NotLeader | None = None
         self._stopping: _Stop | None = None
+        self._later_stops: list[Reply[None]] = []
         self._last_snapshot_offset = -1
         self._mp_changed_at = -math.inf
         self._published_mp: int | None = None
@@ -229,9 +230,9 @@ class PartitionActor:
         """Stop taking writes, let durable appends finish, then end the actor."""
         reply: Reply[None] = Reply()
         try:
-            await self._tx.send(_Stop(reply))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return
+            await self._mailbox.send(_Stop(reply))
+        except anyio.BrokenResourceError:
+            return  # stopped already
         await reply.wait()
 
     def register_reader(self) -> tuple[int, int | None]:
@@ -271,8 +272,8 @@ class PartitionActor:
 
     async def _send(self, msg: object) -> None:
         try:
-            await send_soon(self._tx, msg)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await self._mailbox.send(msg)
+        except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
 
     # ------------------------------------------------------------------ lifecycle
@@ -309,16 +310,15 @@ class PartitionActor:
             tg.start_soon(self._appender)
             self.ready.set()
             task_status.started()
-            inbox = Inbox(self._rx, MAILBOX_SIZE)
-            async with self._rx:
+            try:
                 while True:
-                    try:
-                        msg = await inbox.receive()
-                    except anyio.EndOfStream:
-                        break
+                    msg = await self._mailbox.receive()
                     self._handle(msg)
                     if self._stopping is not None and not self._pending:
                         break
+            finally:
+                # Later sends fail at once; what was sent but never taken is answered here.
+                self._refuse_unreceived(self._mailbox.close())
             tg.cancel_scope.cancel()
         if self._stopping is not None:
             events = self.take_fence_events()  # noted since the appender's last round
@@ -327,6 +327,8 @@ class PartitionActor:
         self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
         if self._stopping is not None:
             self._stopping.reply.set(None)
+        for reply in self._later_stops:
+            reply.set(None)
 
     # ------------------------------------------------------------------ message handling
 
@@ -340,11 +342,20 @@ class PartitionActor:
                 self._on_durable(upto)
             case _AppendFailed(error=error):
                 self._on_append_failed(error)
+            case _Stop() if self._stopping is not None:
+                self._later_stops.append(msg.reply)  # answered with the first
             case _Stop():
                 self._stopping = msg
                 self._fail_waiting(ShuttingDown(f"partition {self.name} is stopping"))
             case _:
                 raise AssertionError(f"unknown message {msg!r}")
+
+    def _refuse_unreceived(self, messages: list[object]) -> None:
+        for msg in messages:
+            if isinstance(msg, _Stop):
+                self._later_stops.append(msg.reply)  # the actor stops anyway
+            elif isinstance(msg, (_Write, _Control)):
+                msg.reply.fail(ShuttingDown(f"partition {self.name} stopped"))
 
     def _refusal(self) -> Exception | None:
         if self._deposed is not None:
@@ -532,7 +543,7 @@ class PartitionActor:
                     await self._append_wakeup.wait()
             else:
                 await self._append_wakeup.wait()
-            self._append_wakeup = anyio.Event()
+            self._append_wakeup.clear()
             batch, self._to_append = self._to_append, []
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
@@ -563,10 +574,13 @@ class PartitionActor:
     async def _append(self, batch: list[LogRecord]) -> bool:
         """Append `batch` and tell the actor; False once the partition is deposed."""
         try:
-            await self._store.append(self.row.pid, self.term, batch)
-        except NotLeader as exc:
-            await send_soon(self._tx, _AppendFailed(exc))
-            return False
-        await send_soon(self._tx, _Durable(batch[-1].log_offset))
+            try:
+                await self._store.append(self.row.pid, self.term, batch)
+            except NotLeader as exc:
+                await self._mailbox.send(_AppendFailed(exc))
+                return False
+            await self._mailbox.send(_Durable(batch[-1].log_offset))
+        except anyio.BrokenResourceError:
+            return False  # the actor has stopped
         return True
 

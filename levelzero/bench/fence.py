@@ -1,7 +1,7 @@
 """Item 3: fence throughput beside a bare anyio actor round trip (the floor).
 
-- floor: N tasks, each reading a bounded memory object stream (the partition mailbox's size,
-  with the partition's own `Inbox` / `send_soon` discipline) and answering every message
+- floor: N tasks, each reading a `Mailbox` of the partition mailbox's size (the partition's own
+  mailbox and discipline) and answering every message
   through `levelzero.actors.mailbox.Reply`, doing no work;
 - sut:   N PartitionActors answering `fence_probe(epoch)`: the fence decision, a read unit taken
   and released, a fence event noted and flushed to a log store that drops it.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from levelzero.actors.mailbox import Inbox, Reply, mailbox, send_soon
+from levelzero.actors.mailbox import Mailbox, Reply
 from levelzero.actors.partition import MAILBOX_SIZE, PartitionActor, WatermarkBoard
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import FenceEventRow
@@ -44,29 +44,27 @@ class DroppingLogStore(MemoryLogStore):
 async def bare_round_trips(partitions: int, callers: int, seconds: float) -> float:
     """Round trips per CPU second through `partitions` do-nothing actors."""
 
-    async def bare_actor(rx) -> None:  # noqa: ANN001
-        inbox = Inbox(rx, MAILBOX_SIZE)  # the partition actor's own mailbox discipline
-        async with rx:
-            while True:
-                try:
-                    reply = await inbox.receive()
-                except anyio.EndOfStream:
-                    return
-                reply.set(None)
+    async def bare_actor(mailbox: Mailbox[Reply[None]]) -> None:
+        while True:  # the partition actor's own mailbox, replies and discipline
+            try:
+                reply = await mailbox.receive()
+            except anyio.EndOfStream:
+                return
+            reply.set(None)
 
-    streams = [mailbox(MAILBOX_SIZE) for _ in range(partitions)]
+    mailboxes: list[Mailbox[Reply[None]]] = [Mailbox(MAILBOX_SIZE) for _ in range(partitions)]
 
     async def round_trip(i: int) -> None:
         reply: Reply[None] = Reply()
-        await send_soon(streams[i % partitions][0], reply)
+        await mailboxes[i % partitions].send(reply)
         await reply.wait()
 
     async with anyio.create_task_group() as tg:
-        for _, rx in streams:
-            tg.start_soon(bare_actor, rx)
+        for mailbox in mailboxes:
+            tg.start_soon(bare_actor, mailbox)
         rate = await closed_loop(callers, seconds, round_trip)
-        for tx, _ in streams:
-            await tx.aclose()
+        for mailbox in mailboxes:
+            mailbox.close()
     return rate
 
 

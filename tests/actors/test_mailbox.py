@@ -1,97 +1,146 @@
-"""The mailbox primitives: `send_soon` and `Inbox` skip the event-loop turn that anyio's
-`send()` / `receive()` take on every call, and fall back to waiting when they must."""
+"""The partition actor's primitives: `Mailbox`, `Reply` and `Wakeup` never take a turn of the
+event loop they do not need, wait when they must, and stay correct under cancellation."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from levelzero.actors.mailbox import Inbox, Reply, mailbox, send_soon
+from levelzero.actors.mailbox import Mailbox, Reply, Wakeup
 
 
-async def test_send_soon_does_not_yield_when_the_mailbox_has_room() -> None:
-    tx, rx = mailbox(2)
+async def _other_ran(ran: list[str]) -> None:
+    ran.append("other")
+
+
+async def test_send_with_room_does_not_yield() -> None:
+    box: Mailbox[int] = Mailbox(2)
     ran: list[str] = []
-
-    async def other() -> None:
-        ran.append("other")
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(other)
-        await send_soon(tx, 1)
-        await send_soon(tx, 2)
+        tg.start_soon(_other_ran, ran)
+        await box.send(1)
+        box.send_nowait(2)
         assert ran == [], "a send with room took a turn of the event loop"
-    assert ran == ["other"]
-    assert [rx.receive_nowait(), rx.receive_nowait()] == [1, 2]
+        with pytest.raises(anyio.WouldBlock):
+            box.send_nowait(3)
+    assert [await box.receive(), await box.receive()] == [1, 2]
 
 
-async def test_send_soon_waits_for_room_when_the_mailbox_is_full() -> None:
-    tx, rx = mailbox(1)
-    await send_soon(tx, "first")
-    sent = anyio.Event()
+async def test_senders_wait_for_room_and_are_let_in_first_come_first_served() -> None:
+    box: Mailbox[str] = Mailbox(1)
+    await box.send("first")
+    order: list[str] = []
 
-    async def sender() -> None:
-        await send_soon(tx, "second")
-        sent.set()
+    async def sender(name: str) -> None:
+        await box.send(name)
+        order.append(name)
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(sender)
+            tg.start_soon(sender, "second")
             await anyio.wait_all_tasks_blocked()
-            assert not sent.is_set()
-            assert await rx.receive() == "first"
-            await sent.wait()
-    assert rx.receive_nowait() == "second"
+            tg.start_soon(sender, "third")
+            await anyio.wait_all_tasks_blocked()
+            assert order == []
+            with pytest.raises(anyio.WouldBlock):  # nobody jumps the queue
+                box.send_nowait("jumper")
+            assert [await box.receive() for _ in range(3)] == ["first", "second", "third"]
+    assert order == ["second", "third"]
 
 
-async def test_inbox_takes_buffered_messages_at_once_and_yields_after_burst_max() -> None:
-    tx, rx = mailbox(8)
-    for i in range(5):
-        tx.send_nowait(i)
-    inbox = Inbox(rx, burst_max=2)
-    ran: list[str] = []
+async def test_a_cancelled_sender_leaves_the_line_and_the_next_gets_the_slot() -> None:
+    box: Mailbox[str] = Mailbox(1)
+    await box.send("first")
+    impatient = anyio.CancelScope()
 
-    async def other() -> None:
-        ran.append("other")
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(other)
-        assert [await inbox.receive(), await inbox.receive()] == [0, 1]
-        assert ran == [], "buffered messages took a turn of the event loop"
-        assert await inbox.receive() == 2  # the burst is over: this one yields first
-        assert ran == ["other"]
-        assert [await inbox.receive(), await inbox.receive()] == [3, 4]
-
-
-async def test_inbox_waits_for_a_message_and_ends_with_the_stream() -> None:
-    tx, rx = mailbox(0)
-    inbox = Inbox(rx, burst_max=4)
-
-    async def reply_later(reply: Reply[int]) -> None:
-        await send_soon(tx, reply)
-        await tx.aclose()
+    async def impatient_sender() -> None:
+        with impatient:
+            await box.send("impatient")
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            reply: Reply[int] = Reply()
-            tg.start_soon(reply_later, reply)
-            assert await inbox.receive() is reply
-            with pytest.raises(anyio.EndOfStream):
-                await inbox.receive()
+            tg.start_soon(impatient_sender)
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(box.send, "patient")
+            await anyio.wait_all_tasks_blocked()
+            impatient.cancel()
+            await anyio.wait_all_tasks_blocked()
+            assert [await box.receive(), await box.receive()] == ["first", "patient"]
+    assert impatient.cancelled_caught
+    assert len(box) == 0
+
+
+async def test_receive_takes_buffered_messages_at_once_and_yields_after_burst_max() -> None:
+    box: Mailbox[int] = Mailbox(8, burst_max=2)
+    for i in range(5):
+        box.send_nowait(i)
+    ran: list[str] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_other_ran, ran)
+        assert [await box.receive(), await box.receive()] == [0, 1]
+        assert ran == [], "buffered messages took a turn of the event loop"
+        assert await box.receive() == 2  # the burst is over: this one yields first
+        assert ran == ["other"]
+        assert [await box.receive(), await box.receive()] == [3, 4]
+
+
+async def test_receive_waits_for_a_message() -> None:
+    box: Mailbox[str] = Mailbox(4)
+
+    async def send_later() -> None:
+        await anyio.sleep(0.01)
+        await box.send("late")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_later)
+            assert await box.receive() == "late"
+
+
+async def test_close_returns_the_unreceived_and_refuses_later_sends() -> None:
+    box: Mailbox[int] = Mailbox(1)
+    box.send_nowait(1)
+    refused: list[BaseException] = []
+
+    async def blocked_sender() -> None:
+        try:
+            await box.send(2)
+        except anyio.BrokenResourceError as error:
+            refused.append(error)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(blocked_sender)
+            await anyio.wait_all_tasks_blocked()
+            assert box.close() == [1]
+    assert len(refused) == 1, "a sender waiting for room was left hanging"
+    with pytest.raises(anyio.BrokenResourceError):
+        box.send_nowait(3)
+    with pytest.raises(anyio.EndOfStream):
+        await box.receive()
+
+
+async def test_a_waiting_receiver_ends_when_the_mailbox_closes() -> None:
+    box: Mailbox[int] = Mailbox(1)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            async def receiver() -> None:
+                with pytest.raises(anyio.EndOfStream):
+                    await box.receive()
+
+            tg.start_soon(receiver)
+            await anyio.wait_all_tasks_blocked()
+            box.close()
 
 
 async def test_an_answered_reply_is_taken_without_a_turn_of_the_event_loop() -> None:
     ran: list[str] = []
-
-    async def other() -> None:
-        ran.append("other")
-
     answered: Reply[int] = Reply()
     answered.set(7)
     failed: Reply[int] = Reply()
     failed.fail(ValueError("no"))
     async with anyio.create_task_group() as tg:
-        tg.start_soon(other)
+        tg.start_soon(_other_ran, ran)
         assert await answered.wait() == 7
         with pytest.raises(ValueError, match="no"):
             await failed.wait()
@@ -116,3 +165,48 @@ async def test_waiters_before_the_answer_all_get_it_and_a_second_answer_is_a_bug
     assert got == ["yes", "yes"]
     with pytest.raises(AssertionError, match="answered twice"):
         reply.fail(RuntimeError("late"))
+
+
+async def test_one_cancelled_waiter_does_not_cancel_the_others() -> None:
+    reply: Reply[str] = Reply()
+    got: list[str] = []
+
+    async def waiter() -> None:
+        got.append(await reply.wait())
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            with anyio.move_on_after(0.01):
+                async with anyio.create_task_group() as doomed:
+                    doomed.start_soon(waiter)
+                    await anyio.sleep(1)
+            tg.start_soon(waiter)
+            await anyio.wait_all_tasks_blocked()
+            reply.set("kept")  # answering after a waiter was cancelled is fine
+    assert got == ["kept"]
+
+
+async def test_wakeup_is_level_triggered() -> None:
+    wakeup = Wakeup()
+    ran: list[str] = []
+    wakeup.set()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_other_ran, ran)
+        await wakeup.wait()  # raised while nobody waited: returns at once
+        assert ran == []
+    wakeup.clear()
+    assert not wakeup.is_set()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            async def raise_later() -> None:
+                await anyio.sleep(0.01)
+                wakeup.set()
+
+            tg.start_soon(raise_later)
+            await wakeup.wait()
+    with anyio.move_on_after(0.01) as scope:  # a wait can be cancelled, and waited on again
+        wakeup.clear()
+        await wakeup.wait()
+    assert scope.cancelled_caught
+    wakeup.set()
+    await wakeup.wait()
