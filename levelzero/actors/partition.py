@@ -81,7 +81,7 @@ class WatermarkBoard:
 # ---------------------------------------------------------------- messages
 
 
-_FenceKey = tuple[int, int, str, int | None, int | None]  # term, epoch, outcome, window
+_FenceKey = tuple[int, int, str, tuple[int, int] | None]  # term, epoch, outcome, window
 
 
 @dataclass(slots=True)
@@ -199,20 +199,29 @@ class PartitionActor:
     # ------------------------------------------------------------------ public API (any task)
 
     async def write(self, entry: Placeholder | AdvanceEpoch) -> LogRecord:
-        """Fence the entry's epoch and append it. Raises StaleClusterEpoch / NotLeader."""
-        return await (await self.submit(entry)).wait()
+        """Fence the entry's epoch and append it. Raises StaleClusterEpoch / NotLeader.
+        (`submit`, then wait, written out: this is every placeholder's path.)"""
+        reply: Reply[LogRecord] = Reply()
+        msg = _Write(entry.epoch, entry, reply)
+        if not self._post(msg):
+            await self._send(msg)
+        return await reply.wait()
 
     async def submit(self, entry: Placeholder | AdvanceEpoch) -> Reply[LogRecord]:
         """Hand over a write and return its reply without waiting for it (`write` = submit,
         then wait): one task can have writes to many partitions in flight at once."""
         reply: Reply[LogRecord] = Reply()
-        await self._send(_Write(entry.epoch, entry, reply))
+        msg = _Write(entry.epoch, entry, reply)
+        if not self._post(msg):
+            await self._send(msg)
         return reply
 
     async def fence_probe(self, epoch: int) -> None:
         """Fence an epoch and release at once: the fence's cost alone (benchmarks)."""
         reply: Reply[None] = Reply()
-        await self._send(_Write(epoch, None, reply))
+        msg = _Write(epoch, None, reply)
+        if not self._post(msg):
+            await self._send(msg)
         await reply.wait()
 
     async def catch_up(self, lro: int, lrlo: int, term: int | None = None) -> LogRecord:
@@ -266,9 +275,20 @@ class PartitionActor:
         tallies, self._fence_tallies = self._fence_tallies, {}
         pid = self.row.pid
         return [
-            FenceEventRow(at, pid, term, epoch, outcome, window_min, window_max, int(decisions))
-            for (term, epoch, outcome, window_min, window_max), (at, decisions) in tallies.items()
+            FenceEventRow(at, pid, term, epoch, outcome, *(window or (None, None)), int(decisions))
+            for (term, epoch, outcome, window), (at, decisions) in tallies.items()
         ]
+
+    def _post(self, msg: object) -> bool:
+        """Hand `msg` over if the mailbox has room (no coroutine, no turn of the loop); False
+        when it is full (then `_send` waits)."""
+        try:
+            self._mailbox.send_nowait(msg)
+        except anyio.WouldBlock:
+            return False
+        except anyio.BrokenResourceError:
+            raise ShuttingDown(f"partition {self.name} is stopped") from None
+        return True
 
     async def _send(self, msg: object) -> None:
         try:
@@ -358,6 +378,8 @@ class PartitionActor:
                 msg.reply.fail(ShuttingDown(f"partition {self.name} stopped"))
 
     def _refusal(self) -> Exception | None:
+        """Why writes are refused now (deposed, stopping), or None (kept in step with the
+        hot path's own test in `_on_write`)."""
         if self._deposed is not None:
             return self._deposed
         if self._stopping is not None:
@@ -365,9 +387,8 @@ class PartitionActor:
         return None
 
     def _on_write(self, msg: _Write) -> None:
-        refusal = self._refusal()
-        if refusal is not None:
-            msg.reply.fail(refusal)
+        if self._deposed is not None or self._stopping is not None:
+            msg.reply.fail(self._refusal())
             return
         decision = self.fence.try_fence(msg.epoch, self.term, self.state.applied_window)
         match decision:
@@ -501,7 +522,7 @@ class PartitionActor:
     def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
         if not self._record_fence_events:
             return
-        key = (self.term, epoch, outcome, *(window or (None, None)))
+        key = (self.term, epoch, outcome, window)
         tally = self._fence_tallies.get(key)
         if tally is not None:
             tally[1] += 1
