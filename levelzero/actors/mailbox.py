@@ -72,7 +72,12 @@ class Reply(Generic[T]):
                 self._waiters = [waiter]
             else:
                 self._waiters.append(waiter)
-            await waiter
+            try:
+                await waiter
+            except BaseException:
+                if self._waiters is not None:  # cancelled before the answer: leave the list
+                    self._waiters.remove(waiter)
+                raise
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]

@@ -326,29 +326,33 @@ class PartitionActor:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         await self.recover()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._appender)
-            self.ready.set()
-            task_status.started()
-            try:
-                while True:
-                    msg = await self._mailbox.receive()
-                    self._handle(msg)
-                    if self._stopping is not None and not self._pending:
-                        break
-            finally:
-                # Later sends fail at once; what was sent but never taken is answered here.
-                self._refuse_unreceived(self._mailbox.close())
-            tg.cancel_scope.cancel()
-        if self._stopping is not None:
-            events = self.take_fence_events()  # noted since the appender's last round
-            if events:
-                await self._store.record_fence_events(events)
-        self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
-        if self._stopping is not None:
-            self._stopping.reply.set(None)
-        for reply in self._later_stops:
-            reply.set(None)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._appender)
+                self.ready.set()
+                task_status.started()
+                try:
+                    while True:
+                        msg = await self._mailbox.receive()
+                        self._handle(msg)
+                        if self._stopping is not None and not self._pending:
+                            break
+                finally:
+                    # Later sends fail at once; what was sent but never taken is answered.
+                    self._refuse_unreceived(self._mailbox.close())
+                tg.cancel_scope.cancel()
+            if self._stopping is not None:
+                events = self.take_fence_events()  # noted since the appender's last round
+                if events:
+                    await self._store.record_fence_events(events)
+        finally:
+            # However the actor ends (stopped, cancelled, or crashing on a failed log store),
+            # nobody is left waiting for an answer.
+            self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
+            if self._stopping is not None:
+                self._stopping.reply.set(None)
+            for reply in self._later_stops:
+                reply.set(None)
 
     # ------------------------------------------------------------------ message handling
 

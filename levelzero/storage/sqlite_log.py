@@ -95,6 +95,7 @@ SENT_BATCHES_MAX = 2  # batches sent to the writer process and not yet answered
 SPLIT_JOBS_MIN = 32  # this many waiting jobs, with none sent, go out as two batches
 WRITER_START_TIMEOUT_S = 30.0  # the writer process opens the file and says so
 WRITER_EXIT_TIMEOUT_S = 30.0  # after its socket closed, then it is killed
+WRITER_ANSWER_TIMEOUT_S = 120.0  # for one batch's commit, then the store refuses writes
 TOPIC_PARTITIONS_MAX = 10_000
 
 Synchronous = Literal["FULL", "NORMAL"]
@@ -358,13 +359,22 @@ class _WriterProcess:
                 stdout=subprocess.DEVNULL,
                 stderr=None,  # its complaints go where ours go (the journal)
                 pass_fds=(theirs.fileno(), lock_fd),
+                start_new_session=True,  # a terminal's signals are for the daemon
             )
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
-        writer = cls(process, await anyio.abc.SocketStream.from_socket(ours), db_path)
+        try:
+            stream = await anyio.abc.SocketStream.from_socket(ours)
+        except BaseException:
+            ours.close()  # the process sees EOF and ends
+            with anyio.CancelScope(shield=True):
+                await process.wait()
+                await process.aclose()
+            raise
+        writer = cls(process, stream, db_path)
         try:
             with anyio.fail_after(WRITER_START_TIMEOUT_S):
                 ready = await writer.receive()
@@ -386,8 +396,9 @@ class _WriterProcess:
     def pid(self) -> int:
         return self._process.pid
 
-    async def send(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
-        await self._stream.send(sqlite_writer.frame(statements))
+    async def send(self, message: bytes) -> None:
+        """One batch, framed by `sqlite_writer.frame`."""
+        await self._stream.send(message)
 
     async def receive(self) -> str | None:
         """The next answer: None (committed) or the writer's error text."""
@@ -652,9 +663,13 @@ class SqliteLogStore:
 
     async def _close_files(self) -> None:
         try:
-            await self._process.stop()  # before the lock: it shares the lock until it is gone
-            await self._reader.close()
-            await self._writer.close()
+            try:
+                await self._process.stop()  # before the lock: it shares it until it is gone
+            finally:
+                try:
+                    await self._reader.close()
+                finally:
+                    await self._writer.close()
         finally:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # releases the flock
@@ -679,6 +694,9 @@ class SqliteLogStore:
                             carried = await self._job_receive.receive()
                         except anyio.EndOfStream:
                             break
+                    # A slot first, then the batch: what waits meanwhile joins it.
+                    with anyio.CancelScope(shield=True):
+                        await self._wait_sent_below(SENT_BATCHES_MAX)
                     batch, weight, carried = [carried], carried.weight, None
                     # With nothing on its way, send half of what waits and the rest right
                     # behind it: callers that wait for their commit before they write again
@@ -706,7 +724,11 @@ class SqliteLogStore:
                 tg.cancel_scope.cancel()
         finally:
             # Only after a failure or cancellation can jobs be left; answer them, then close
-            # the stream so later senders fail fast instead of waiting for nobody.
+            # the stream so later senders fail fast instead of waiting for nobody. (Sent
+            # batches are answered by now: `_receive_answers` finishes them even when
+            # cancelled, or fails them if the writer process ends.)
+            if self._sent:  # only if answering itself failed (a bug): the outcome is unknown
+                self._fail_sent("the writer stopped with batches unanswered")
             leftovers = [carried] if carried is not None else []
             while True:
                 try:
@@ -714,12 +736,7 @@ class SqliteLogStore:
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
             self._job_receive.close()
-            for sent in self._sent:
-                leftovers.extend(sent.jobs)
-            self._sent.clear()
-            for job in leftovers:
-                job.error = self._write_refused()
-                job.done.set()
+            self._refuse(leftovers)
             self._writer_done.set()
 
     async def _execute_batch(self, jobs: list[_Job]) -> None:
@@ -733,38 +750,56 @@ class SqliteLogStore:
     async def _send_batch(self, jobs: list[_Job]) -> None:
         """Stage the jobs on the cursors the batches before left, and send the rows to the
         writer process; `_receive_answers` answers the callers when it committed."""
-        await self._wait_sent_below(SENT_BATCHES_MAX)
+        assert len(self._sent) < SENT_BATCHES_MAX
         if self._failure is not None:
             self._refuse(jobs)
             return
         batch = _Batch(self._cursors)
-        for job in jobs:
-            assert job.stage is not None
-            try:
-                job.result = job.stage(batch)
-            except (LevelZeroError, AssertionError) as error:
-                job.error = error
-        log_records = len(batch.pending.get(_INSERT_LOG, ()))
-        self._cursors.update(batch.cursors)
-        self._sent.append(_Sent(jobs, log_records))
         try:
-            await self._process.send(list(batch.pending.items()))
+            for job in jobs:
+                assert job.stage is not None
+                try:
+                    job.result = job.stage(batch)
+                except (LevelZeroError, AssertionError) as error:
+                    job.error = error
+            message = sqlite_writer.frame(list(batch.pending.items()))
+        except Exception as error:
+            self._fail_batch(jobs, error)
+            raise  # a bug in the writer: crash loudly (the callers got StorageError)
+        self._cursors.update(batch.cursors)
+        self._sent.append(_Sent(jobs, len(batch.pending.get(_INSERT_LOG, ()))))
+        self._signal_sent_changed()
+        try:
+            await self._process.send(message)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
             self._fail_sent(f"the writer process cannot be reached ({error!r})")
 
     async def _receive_answers(self) -> None:
-        """Answer the callers of each sent batch in order, as the writer process commits them."""
+        """Answer the callers of each sent batch in order, as the writer process commits them.
+
+        Cancellation ends it only while nothing is on its way: a sent batch may commit
+        whatever happens here, so its callers get the truth, which takes at most
+        WRITER_ANSWER_TIMEOUT_S (then the store refuses writes)."""
         while True:
-            try:
-                answer = await self._process.receive()
-            except (anyio.EndOfStream, anyio.IncompleteRead, OSError,
-                    anyio.BrokenResourceError, anyio.ClosedResourceError,
-                    msgspec.DecodeError) as error:
-                self._fail_sent(f"the writer process ended ({error!r})")
-                return
+            while not self._sent:
+                await self._sent_changed.wait()  # cancellable: nothing is owed
+            with anyio.CancelScope(shield=True):
+                answer: str | None = None
+                with anyio.move_on_after(WRITER_ANSWER_TIMEOUT_S) as waited:
+                    try:
+                        answer = await self._process.receive()
+                    except (anyio.EndOfStream, anyio.IncompleteRead, OSError,
+                            anyio.BrokenResourceError, anyio.ClosedResourceError,
+                            msgspec.DecodeError) as error:
+                        self._fail_sent(f"the writer process ended ({error!r})")
+                        return
+                if waited.cancelled_caught:
+                    self._fail_sent(
+                        f"the writer process did not answer within {WRITER_ANSWER_TIMEOUT_S} s"
+                    )
+                    return
             if not self._sent:
-                self._fail_sent(f"the writer process answered a batch never sent: {answer!r}")
-                return
+                return  # failed meanwhile (a send to the process failed)
             if answer is not None:
                 self._fail_sent(f"the writer process could not commit a batch: {answer}")
                 return
@@ -773,7 +808,8 @@ class SqliteLogStore:
             self._signal_sent_changed()
 
     def _fail_sent(self, why: str) -> None:
-        """Every sent batch failed (a batch after a failed one was staged on its cursors)."""
+        """Every sent batch failed (a batch after a failed one was staged on its cursors, and
+        the writer process stops at the first failure)."""
         jobs = [job for sent in self._sent for job in sent.jobs]
         self._sent.clear()
         self._fail_batch(jobs, StorageError(f"{self._path}: {why}"))
@@ -1235,24 +1271,26 @@ async def _lock_exclusively(db_path: str) -> int:
     except OSError as error:
         raise StorageError(f"{db_path}: cannot create lock file {lock_path}: {error}") from error
     deadline = time.monotonic() + WRITER_EXIT_TIMEOUT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            if not _process_is_gone(holder) or time.monotonic() >= deadline:
-                os.close(fd)
-                raise StorageError(
-                    f"{db_path} is already open by another log store (lock {lock_path} held "
-                    f"by process {holder})"
-                ) from None
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                if not _process_is_gone(holder) or time.monotonic() >= deadline:
+                    raise StorageError(
+                        f"{db_path} is already open by another log store (lock {lock_path} "
+                        f"held by process {holder})"
+                    ) from None
+            except OSError as error:
+                raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
             await anyio.sleep(0.01)  # its writer process is finishing a transaction
-        except OSError as error:
-            os.close(fd)
-            raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 

@@ -10,14 +10,15 @@ being committed.
 `SqliteLogStore` starts it with one end of a socket pair and the descriptor that holds the
 store's `flock`, so the lock is released only when both processes are gone: a store opened after
 a crash never races a batch this process is still committing. It stops when the socket closes
-(the store closed, or its process died), after the transaction at hand. It ignores SIGINT and
-SIGTERM: the store decides when writing ends, and a signal to the whole process group must not
-cut a batch the store still waits for.
+(the store closed, or its process died), after the transaction at hand, and after the first
+batch that fails: the batches sent behind it were staged on its cursors. It runs in a session
+of its own and ignores SIGINT, SIGTERM and SIGHUP: the store decides when writing ends, and a
+signal meant for the daemon must not cut a batch the store still waits for.
 
 Frames are a 4-byte little-endian length and a msgpack body:
 - writer -> store, once:    null when the connection is open, or the error text;
 - store -> writer:          [[sql, [row, ...]], ...]: one batch, one transaction;
-- writer -> store, each:    null once committed, or the error text (rolled back).
+- writer -> store, each:    null once committed, or the error text (rolled back; the last).
 Imports only the standard library and msgspec, so it starts in tens of milliseconds.
 """
 
@@ -100,8 +101,10 @@ def serve(sock: socket.socket, path: str, synchronous: str, busy_timeout_ms: int
             try:
                 _commit(connection, _decoder.decode(body))
             except (sqlite3.Error, msgspec.DecodeError) as error:
+                # And stop: the batches already sent behind this one were staged on its
+                # cursors, so running them would leave a gap in a partition's log.
                 sock.sendall(frame(f"{type(error).__name__}: {error}"))
-                continue  # the store refuses writes from now on and closes us
+                return
             sock.sendall(frame(None))
 
 
@@ -113,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--busy-timeout-ms", type=int, required=True)
     parser.add_argument("path")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     sock = socket.socket(fileno=args.socket_fd)
     try:
         serve(sock, args.path, args.synchronous, args.busy_timeout_ms)

@@ -8,7 +8,7 @@ until a named condition holds (`wait_until`), never by sleeping.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -18,7 +18,13 @@ import pytest
 
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import AdvanceEpoch, LogRecord, Placeholder
-from levelzero.core.errors import LevelZeroError, NotLeader, ShuttingDown, StaleClusterEpoch
+from levelzero.core.errors import (
+    LevelZeroError,
+    NotLeader,
+    ShuttingDown,
+    StaleClusterEpoch,
+    StorageError,
+)
 from levelzero.core.fence import FenceMode
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import PartitionRow
@@ -45,7 +51,7 @@ class GatedLogStore(MemoryLogStore):
         gate, self._gate = self._gate, None
         gate.set()
 
-    async def append(self, pid: int, expected_term: int, records) -> None:  # noqa: ANN001
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
         gate = self._gate
         if gate is not None:
             self.held.set()
@@ -481,3 +487,43 @@ async def test_fence_probe_takes_and_releases_a_read_unit_without_appending() ->
         (N + 1, "admitted_new_epoch"),
         (N - 1, "rejected"),
     ]
+
+
+class _FailingAppends(MemoryLogStore):
+    """A log store that fails every append after `ok` of them, as a dead disk would."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        if self.ok <= 0:
+            raise StorageError("injected: the log store's disk is gone")
+        self.ok -= 1
+        await super().append(pid, expected_term, records)
+
+
+async def test_an_actor_crashing_on_its_log_store_leaves_nobody_waiting() -> None:
+    """A failing log store crashes the actor (restart replays); every caller still gets an
+    answer: the writes in flight and the ones still in the mailbox."""
+    store = _FailingAppends(ok=0)
+    (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
+    actor = PartitionActor(row, store, WatermarkBoard())
+    answers: list[str] = []
+
+    async def writer(n: int) -> None:
+        try:
+            await actor.write(placeholder(1))
+            answers.append("written")
+        except ShuttingDown:
+            answers.append("refused")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as callers:
+            with pytest.raises(BaseExceptionGroup) as crashed:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(actor.run)
+                    for n in range(20):
+                        callers.start_soon(writer, n)
+            assert crashed.group_contains(StorageError, match="disk is gone")
+    assert answers == ["refused"] * 20

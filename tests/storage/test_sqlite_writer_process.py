@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 from pathlib import Path
 
 import anyio
 import pytest
 
-from levelzero.core.errors import StorageError
+from levelzero.core.errors import ShuttingDown, StorageError
+from levelzero.storage.protocols import FenceEventRow
 from levelzero.storage import sqlite_log
 from levelzero.storage.sqlite_log import SqliteLogStore
 
@@ -101,10 +103,77 @@ async def test_a_lock_left_by_a_dead_process_is_waited_for_a_live_one_refused(
     store that is gone (wait) from one that runs (refuse)."""
     monkeypatch.setattr(sqlite_log, "WRITER_EXIT_TIMEOUT_S", 0.3)
     async with await SqliteLogStore.open(db):
+        started = anyio.current_time()
         with pytest.raises(StorageError, match=f"held by process {os.getpid()}"):
             await SqliteLogStore.open(db)  # a live holder: refused at once
+        assert anyio.current_time() - started < 0.3
         Path(str(db) + ".lock").write_text("999999999\n")  # as if the holder had died
         started = anyio.current_time()
         with pytest.raises(StorageError, match="already open"):
             await SqliteLogStore.open(db)  # waited, and the lock stayed held
         assert anyio.current_time() - started >= 0.3
+
+
+def _log_rows(db: Path) -> list[tuple[int, int]]:
+    with sqlite3.connect(db) as connection:
+        return connection.execute("SELECT pid, log_offset FROM log ORDER BY pid, log_offset").fetchall()
+
+
+async def test_a_failed_commit_stops_the_batch_sent_behind_it(db: Path) -> None:
+    """The batch behind a failed one was staged on its cursors: committing it would leave a gap
+    in a log. Here the first of two batches fails (its fence events' table is gone)."""
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", 63, 1, 0.0)
+        for row in rows:
+            await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
+            connection.execute("DROP TABLE fence_events")
+        errors: list[BaseException] = []
+
+        async def attempt(call) -> None:  # noqa: ANN001
+            try:
+                await call()
+            except StorageError as error:
+                errors.append(error)
+
+        fence = FenceEventRow(1.0, rows[0].pid, 0, 1, "admitted", 1, 1)
+        before = store.statistics()
+        async with anyio.create_task_group() as tg:  # 64 jobs queued: sent as 32 + 32
+            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+            for row in rows:
+                tg.start_soon(attempt, lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]))
+        assert store.statistics().batches - before.batches == 2
+        assert len(errors) == 64 and all("refuses writes" in str(e) for e in errors)
+    assert _log_rows(db) == [(row.pid, 0) for row in rows]  # neither batch is in the file
+
+
+async def test_cancelling_the_store_with_batches_on_their_way_answers_them_truly(
+    db: Path,
+) -> None:
+    """A sent batch may commit whatever happens to the store's task group: its callers are
+    answered with what happened, and the store still closes."""
+    acknowledged: list[int] = []
+    refused: list[int] = []
+
+    async def append(store: SqliteLogStore, pid: int) -> None:
+        try:
+            await store.append(pid, 0, [placeholder(0, 0, 0)])
+            acknowledged.append(pid)
+        except (StorageError, ShuttingDown):
+            refused.append(pid)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as callers:
+            async with anyio.create_task_group() as store_group:
+                store = await SqliteLogStore.open_in(store_group, db)
+                rows = await store.create_topic("t", 200, 1, 0.0)
+                before = store.statistics()
+                for row in rows:
+                    callers.start_soon(append, store, row.pid)
+                while store.statistics().batches == before.batches:
+                    await anyio.sleep(0)  # until the first batch is on its way
+                store_group.cancel_scope.cancel()
+        await store.aclose()
+    assert len(acknowledged) + len(refused) == 200
+    assert acknowledged, "the batch on its way was answered as failed"
+    assert sorted(pid for pid, _ in _log_rows(db)) == sorted(acknowledged)
