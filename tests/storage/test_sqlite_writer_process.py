@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from levelzero.core.errors import ShuttingDown, StorageError
-from levelzero.storage.protocols import FenceEventRow
+from levelzero.storage.protocols import FenceEventRow, Snapshot
 from levelzero.storage import sqlite_log
 from levelzero.storage.sqlite_log import SqliteLogStore
 
@@ -177,3 +177,36 @@ async def test_cancelling_the_store_with_batches_on_their_way_answers_them_truly
     assert len(acknowledged) + len(refused) == 200
     assert acknowledged, "the batch on its way was answered as failed"
     assert sorted(pid for pid, _ in _log_rows(db)) == sorted(acknowledged)
+
+
+async def test_a_batch_with_run_jobs_waits_for_the_batches_sent_before_it(db: Path) -> None:
+    """`run` jobs execute on the store's own connection only after the writer process answered
+    every batch sent: a batch staged on a failed one's cursors must never commit. The first
+    batch fails (its fence events' table is gone); the second holds the next appends of the
+    same partitions and a `run` job."""
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", 31, 1, 0.0)
+        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
+            connection.execute("DROP TABLE fence_events")
+        fence = FenceEventRow(1.0, rows[0].pid, 0, 1, "admitted", 1, 1)
+        errors: list[BaseException] = []
+
+        async def attempt(call) -> None:  # noqa: ANN001
+            try:
+                await call()
+            except StorageError as error:
+                errors.append(error)
+
+        before = store.statistics()
+        async with anyio.create_task_group() as tg:  # 64 jobs: 32 sent, then 32 run here
+            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+            for offset in (0, 1):
+                for row in rows:
+                    tg.start_soon(
+                        attempt,
+                        lambda pid=row.pid, o=offset: store.append(pid, 0, [placeholder(o, 0, o)]),
+                    )
+            tg.start_soon(attempt, lambda: store.set_cluster_epoch(2))
+        assert store.statistics().batches - before.batches == 2
+        assert len(errors) == 64
+    assert _log_rows(db) == []  # no offset 1 without its offset 0
