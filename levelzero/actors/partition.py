@@ -530,10 +530,10 @@ class PartitionActor:
         tally = self._fence_tallies.get(key)
         if tally is not None:
             tally[1] += 1
-        elif len(self._fence_tallies) < FENCE_EVENTS_BUFFER_MAX:
-            self._fence_tallies[key] = [self._wall(), 1]
-        else:
+            return  # its first decision since the last flush did what follows
+        if len(self._fence_tallies) >= FENCE_EVENTS_BUFFER_MAX:
             return
+        self._fence_tallies[key] = [self._wall(), 1]
         # Events are for export and analysis: the appender flushes them beside a batch at most
         # every FENCE_EVENTS_FLUSH_INTERVAL_S (a flush per batch was a second store job per
         # append), or at once when FENCE_EVENTS_FLUSH_AT rows gathered or a write was rejected

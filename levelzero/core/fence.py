@@ -111,6 +111,10 @@ class Fence:
         self.seen_term: int | None = None
         self.previous_seen: int | None = None
         self.max_seen: int | None = None
+        self._seen_window: Window | None = None  # (previous_seen, max_seen), made at a slide
+        # The last same-epoch admission: the next one for the same epoch, term and window is
+        # the same immutable value (a frozen dataclass costs more to build than to compare).
+        self._last_admitted: Admitted | None = None
         self.read_units = 0
         self.updater_epoch: int | None = None
         self.window_slides = 0
@@ -124,9 +128,8 @@ class Fence:
     # ------------------------------------------------------------------ windows
 
     def effective_window(self, term: int, applied_window: Window | None) -> Window | None:
-        if self.seen_term == term and self.max_seen is not None:
-            assert self.previous_seen is not None
-            window = (self.previous_seen, self.max_seen)
+        if self.seen_term == term and self._seen_window is not None:
+            window = self._seen_window  # set with previous_seen and max_seen, only there
         else:
             window = applied_window
         if window is None:
@@ -156,7 +159,15 @@ class Fence:
             return self._reject(epoch, window)
         self.read_units += 1
         self.same_epoch_fences += 1
-        return Admitted(epoch, term, window, new_epoch=False)
+        admitted = self._last_admitted
+        if (
+            admitted is None
+            or admitted.epoch != epoch
+            or admitted.term != term
+            or admitted.window != window
+        ):
+            admitted = self._last_admitted = Admitted(epoch, term, window, new_epoch=False)
+        return admitted
 
     def _become_updater(self, epoch: int) -> BecomeUpdater:
         self.updater_epoch = epoch
@@ -185,6 +196,7 @@ class Fence:
         self.seen_term = term
         self.previous_seen = low
         self.max_seen = epoch
+        self._seen_window = (low, epoch)
         self.updater_epoch = None
         self.read_units = 1
         self.window_slides += 1
