@@ -21,13 +21,7 @@ import anyio
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
-from levelzero.core.l0format import (
-    ExtentHeader,
-    Record,
-    build_object,
-    encode_extent,
-    extent_checksums,
-)
+from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish_object
 from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
 
 from .epochs import EpochCache
@@ -277,18 +271,20 @@ class Batcher:
         for request in batch:
             request.attempts += 1
             by_partition.setdefault(request.actor.row.pid, []).append(request)
-        # The heavy part first, before an upload slot: encode and checksum every extent.
-        extents = [
-            (pid, encode_extent([r for req in reqs for r in req.records]), sum(len(req.records) for req in reqs))
-            for pid, reqs in by_partition.items()
-        ]
-        sums = extent_checksums(extents)
+        # The heavy part first, before an upload slot: encode and checksum every extent, into
+        # the buffer that becomes the object.
+        encoded = EncodedExtents(
+            [
+                (pid, [r for req in reqs for r in req.records])
+                for pid, reqs in by_partition.items()
+            ]
+        )
         try:
             async with self._uploads:
                 # The epoch is read when the upload can start, not when the batch was cut.
                 cached = await self._cache.get()
                 epoch = max(cached, *(reqs[0].actor.row.creation_epoch for reqs in by_partition.values()))
-                data, headers = build_object(epoch, extents, sums)
+                data, headers = finish_object(epoch, encoded)
                 key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
                 await self._objects.put(key, data)
         except LevelZeroError as exc:

@@ -280,7 +280,7 @@ class TimedStore:
         self.waiting: set[str] = set()
         self.all_deleted = anyio.Event()
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         await self.inner.put(key, data)
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:

@@ -85,15 +85,74 @@ def build_object(
     if sums is None:
         sums = extent_checksums(extents)  # once: the body is megabytes
     assert len(sums) == len(extents), (len(sums), len(extents))
+    shapes = [(pid, len(data), count) for pid, data, count in extents]
+    front, headers = _object_front(epoch, shapes, sums)
+    return b"".join([front, *(data for _, data, _ in extents)]), headers
+
+
+class EncodedExtents:
+    """Extents encoded straight into the buffer that becomes the object, behind room kept for
+    the preamble and header (`finish_object` writes them once the epoch is known).
+
+    Why: an object is megabytes. Encoding each extent into its own bytes and joining them
+    into the object made two fresh copies of every byte; this makes one, in a buffer that
+    then *is* the object."""
+
+    __slots__ = ("buffer", "shapes", "sums", "_room")
+
+    def __init__(self, extents: Sequence[tuple[int, Sequence[Record]]]) -> None:
+        assert extents, "an object holds at least one extent"
+        # Preamble plus a header of at most ~70 bytes per extent (five msgpack ints of at most
+        # 9 bytes, an array marker) and the version, epoch and map keys.
+        self._room = _PREAMBLE.size + 64 + 72 * len(extents)
+        self.buffer = bytearray(self._room)
+        self.shapes: list[tuple[int, int, int]] = []  # (pid, byte length, record count)
+        self.sums: list[int] = []
+        view_start = self._room  # where the next extent starts
+        for pid, records in extents:
+            assert records, "an extent holds at least one record"
+            _records_encoder.encode_into(records, self.buffer, view_start)
+            end = len(self.buffer)
+            with memoryview(self.buffer) as view:
+                self.sums.append(zlib.crc32(view[view_start:end]) & 0xFFFFFFFF)
+            self.shapes.append((pid, end - view_start, len(records)))
+            view_start = end
+
+    @property
+    def body_bytes(self) -> int:
+        return len(self.buffer) - self._room
+
+
+def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[ExtentHeader]]:
+    """The object for `epoch`: the preamble and header written in front of the extents, and
+    the room left over dropped (in place: CPython drops a bytearray's front without copying).
+    The bytes are the same as `build_object`'s for the same extents. Call once per
+    `EncodedExtents`: the buffer becomes the object."""
+    assert encoded.buffer, "these extents were made into an object already"
+    front, headers = _object_front(epoch, encoded.shapes, encoded.sums)
+    room = len(encoded.buffer) - encoded.body_bytes
+    assert len(front) <= room, f"object header of {len(front)} bytes exceeds its room {room}"
+    buffer = encoded.buffer
+    buffer[room - len(front) : room] = front
+    del buffer[: room - len(front)]
+    encoded.buffer = bytearray()  # used up
+    return buffer, headers
+
+
+def _object_front(
+    epoch: int, shapes: Sequence[tuple[int, int, int]], sums: Sequence[int]
+) -> tuple[bytes, list[ExtentHeader]]:
+    """Preamble plus header for extents of `(pid, byte length, record count)` and checksums."""
+    assert shapes and len(sums) == len(shapes), (len(shapes), len(sums))
     # The header size depends on the offsets it records; iterate to the fixed point.
     headers: list[ExtentHeader] = []
     header_bytes = b""
     for _ in range(8):
         offset = _PREAMBLE.size + len(header_bytes)
         headers = []
-        for (pid, data, count), crc in zip(extents, sums):
-            headers.append(ExtentHeader(pid, offset, len(data), count, crc))
-            offset += len(data)
+        for (pid, length, count), crc in zip(shapes, sums):
+            headers.append(ExtentHeader(pid, offset, length, count, crc))
+            offset += length
         new_header = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
         settled = len(new_header) == len(header_bytes)
         header_bytes = new_header
@@ -102,8 +161,7 @@ def build_object(
     else:
         raise AssertionError("object header size did not settle")
     assert _PREAMBLE.size + len(header_bytes) == headers[0].byte_offset
-    preamble = _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes))
-    return b"".join([preamble, header_bytes, *(data for _, data, _ in extents)]), headers
+    return _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes, headers
 
 
 def read_header(data: bytes, where: str) -> ObjectHeader:

@@ -99,7 +99,7 @@ class UploadGate:
             return False
         return any(extent.pid == self._pid for extent in header.extents)
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         if self._catches(key, data):
             self._pid = None  # one upload only; the retry of a rejected write goes through
             self.held_key = key

@@ -66,7 +66,7 @@ class FaultyObjectStore:
             self.injected += 1
             raise StorageError(f"injected fault after {op} (the effect happened)")
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         await self._before("put")
         await self.inner.put(key, data)
         self._after("put")

@@ -65,7 +65,7 @@ class LocalObjectStore:
 
     # -- ObjectStore
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         check_object_key(key)
         await self._in_thread("put", key, partial(self._put_sync, key, bytes(data)))
 

@@ -187,7 +187,7 @@ class MemoryObjectStore:
 
     # -- ObjectStore
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         check_object_key(key)
         data = bytes(data)
         self._counts["puts"] += 1

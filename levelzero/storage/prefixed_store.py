@@ -33,7 +33,7 @@ class PrefixedObjectStore:
         assert key.startswith(self.prefix), key
         return key[len(self.prefix) :]
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         await self.inner.put(self.prefix + key, data)
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:

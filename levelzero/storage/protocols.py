@@ -44,7 +44,7 @@ class DeleteResult(msgspec.Struct, frozen=True):
 class ObjectStore(Protocol):
     """S3-shaped contract. Keys are non-empty, relative, without `..` segments."""
 
-    async def put(self, key: str, data: bytes) -> None: ...
+    async def put(self, key: str, data: bytes | bytearray) -> None: ...
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         """Whole object, or `length` bytes from `offset`. Raises ObjectNotFound."""

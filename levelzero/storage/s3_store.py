@@ -290,11 +290,14 @@ class S3ObjectStore:
 
     # -- ObjectStore
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         check_object_key(key)
         client = self._require_client()
         try:
-            await client.put_object(Bucket=self.config.bucket, Key=key, Body=bytes(data))
+            # bytes or bytearray as they are (botocore checksums and sends either; the batcher
+            # hands over the bytearray it built the object in): a copy is megabytes.
+            body = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+            await client.put_object(Bucket=self.config.bucket, Key=key, Body=body)
         except _REQUEST_ERRORS as exc:
             raise self._error(exc, "put_object", key) from exc
 

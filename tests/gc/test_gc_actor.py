@@ -126,7 +126,7 @@ class HookedStore:
         self.on_list = on_list
         self.delete_batches: list[list[str]] = []
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes | bytearray) -> None:
         await self.inner.put(key, data)
 
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:

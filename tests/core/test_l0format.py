@@ -1,0 +1,76 @@
+"""The L0 object format: `EncodedExtents` + `finish_object` (the batcher's path, one copy of the
+bytes) lay out exactly what `build_object` does, and what they lay out reads back."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from levelzero.core.errors import CorruptData
+from levelzero.core.l0format import (
+    EncodedExtents,
+    Record,
+    build_object,
+    decode_extent,
+    encode_extent,
+    finish_object,
+    read_header,
+)
+
+records_strategy = st.lists(
+    st.builds(Record, st.none() | st.binary(max_size=20), st.binary(max_size=200)),
+    min_size=1,
+    max_size=20,
+)
+extents_strategy = st.lists(
+    st.tuples(st.integers(0, 2**62), records_strategy), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
+def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extents) -> None:  # noqa: ANN001
+    expected, expected_headers = build_object(
+        epoch, [(pid, encode_extent(records), len(records)) for pid, records in extents]
+    )
+    data, headers = finish_object(epoch, EncodedExtents(extents))
+    assert isinstance(data, bytearray)
+    assert bytes(data) == expected
+    assert headers == expected_headers
+
+
+@settings(max_examples=50, deadline=None)
+@given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
+def test_a_finished_object_reads_back_extent_by_extent(epoch, extents) -> None:  # noqa: ANN001
+    data, headers = finish_object(epoch, EncodedExtents(extents))
+    header = read_header(bytes(data), "test")
+    assert header.epoch == epoch and header.extents == headers
+    for (pid, records), extent in zip(extents, headers):
+        assert extent.pid == pid
+        raw = bytes(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
+        assert decode_extent(raw, extent.checksum, extent.record_count, "test") == records
+
+
+def test_the_header_room_holds_a_thousand_extents_of_the_largest_numbers() -> None:
+    extents = [(2**63 - 1 - i, [Record(b"k", b"v" * 10)]) for i in range(1024)]
+    data, headers = finish_object(2**63 - 1, EncodedExtents(extents))
+    expected, _ = build_object(
+        2**63 - 1, [(pid, encode_extent(records), len(records)) for pid, records in extents]
+    )
+    assert bytes(data) == expected and len(headers) == 1024
+
+
+def test_encoded_extents_are_used_up_by_finishing() -> None:
+    encoded = EncodedExtents([(1, [Record(None, b"x")])])
+    finish_object(1, encoded)
+    with pytest.raises(AssertionError):
+        finish_object(1, encoded)
+
+
+def test_a_flipped_byte_in_an_extent_is_corrupt_data() -> None:
+    data, (extent,) = finish_object(3, EncodedExtents([(7, [Record(None, b"payload")])]))
+    raw = bytearray(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
+    raw[-1] ^= 0xFF
+    with pytest.raises(CorruptData, match="checksum mismatch"):
+        decode_extent(bytes(raw), extent.checksum, extent.record_count, "obj")
