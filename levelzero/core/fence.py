@@ -109,9 +109,7 @@ class Fence:
         self.mode = FenceMode(mode)
         self.creation_epoch = creation_epoch
         self.seen_term: int | None = None
-        self.previous_seen: int | None = None
-        self.max_seen: int | None = None
-        self._seen_window: Window | None = None  # (previous_seen, max_seen), made at a slide
+        self._seen_window: Window | None = None  # (previous_seen, max_seen), set at a slide
         # The last same-epoch admission: the next one for the same epoch, term and window is
         # the same immutable value (a frozen dataclass costs more to build than to compare).
         self._last_admitted: Admitted | None = None
@@ -127,9 +125,17 @@ class Fence:
 
     # ------------------------------------------------------------------ windows
 
+    @property
+    def previous_seen(self) -> int | None:
+        return None if self._seen_window is None else self._seen_window[0]
+
+    @property
+    def max_seen(self) -> int | None:
+        return None if self._seen_window is None else self._seen_window[1]
+
     def effective_window(self, term: int, applied_window: Window | None) -> Window | None:
         if self.seen_term == term and self._seen_window is not None:
-            window = self._seen_window  # set with previous_seen and max_seen, only there
+            window = self._seen_window
         else:
             window = applied_window
         if window is None:
@@ -194,8 +200,6 @@ class Fence:
         else:
             low = window[1]
         self.seen_term = term
-        self.previous_seen = low
-        self.max_seen = epoch
         self._seen_window = (low, epoch)
         self.updater_epoch = None
         self.read_units = 1

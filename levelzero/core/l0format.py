@@ -125,7 +125,8 @@ class EncodedExtents:
 
 def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[ExtentHeader]]:
     """The object for `epoch`: the preamble and header written in front of the extents, and
-    the room left over dropped (in place: CPython drops a bytearray's front without copying).
+    the room left over dropped (CPython moves a bytearray's start instead of copying, unless
+    the object is small next to its room).
     The bytes are the same as `build_object`'s for the same extents. Call once per
     `EncodedExtents`: the buffer becomes the object."""
     assert encoded.buffer, "these extents were made into an object already"

@@ -54,6 +54,16 @@ async def test_put_then_get_returns_the_whole_object(object_store: ObjectStore) 
     assert await object_store.get("level_zero/data/007/000000000000000003/obj") == data
 
 
+async def test_a_bytearray_is_stored_as_it_was_when_put(object_store: ObjectStore) -> None:
+    """The batcher builds an object in a bytearray and puts that; what is stored is its bytes
+    at the time of the put (a store that kept the buffer would see later changes)."""
+    data = bytearray(bytes(range(256)) * 40)
+    await object_store.put("level_zero/data/007/000000000000000003/built", data)
+    expected = bytes(data)
+    data[:4] = b"gone"
+    assert await object_store.get("level_zero/data/007/000000000000000003/built") == expected
+
+
 async def test_put_overwrites_the_object(object_store: ObjectStore) -> None:
     await object_store.put("k", b"first version")
     await object_store.put("k", b"second")
