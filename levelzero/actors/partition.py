@@ -382,8 +382,6 @@ class PartitionActor:
                 msg.reply.fail(ShuttingDown(f"partition {self.name} stopped"))
 
     def _refusal(self) -> Exception | None:
-        """Why writes are refused now (deposed, stopping), or None (kept in step with the
-        hot path's own test in `_on_write`)."""
         if self._deposed is not None:
             return self._deposed
         if self._stopping is not None:
@@ -391,8 +389,9 @@ class PartitionActor:
         return None
 
     def _on_write(self, msg: _Write) -> None:
-        if self._deposed is not None or self._stopping is not None:
-            msg.reply.fail(self._refusal())
+        refusal = self._refusal()
+        if refusal is not None:
+            msg.reply.fail(refusal)
             return
         decision = self.fence.try_fence(msg.epoch, self.term, self.state.applied_window)
         match decision:

@@ -98,17 +98,17 @@ class EncodedExtents:
     into the object made two fresh copies of every byte; this makes one, in a buffer that
     then *is* the object."""
 
-    __slots__ = ("buffer", "shapes", "sums", "_room")
+    __slots__ = ("buffer", "room", "shapes", "sums")
 
     def __init__(self, extents: Sequence[tuple[int, Sequence[Record]]]) -> None:
         assert extents, "an object holds at least one extent"
         # Preamble plus a header of at most ~70 bytes per extent (five msgpack ints of at most
         # 9 bytes, an array marker) and the version, epoch and map keys.
-        self._room = _PREAMBLE.size + 64 + 72 * len(extents)
-        self.buffer = bytearray(self._room)
+        self.room = _PREAMBLE.size + 64 + 72 * len(extents)  # the bytes before the extents
+        self.buffer = bytearray(self.room)
         self.shapes: list[tuple[int, int, int]] = []  # (pid, byte length, record count)
         self.sums: list[int] = []
-        view_start = self._room  # where the next extent starts
+        view_start = self.room  # where the next extent starts
         for pid, records in extents:
             assert records, "an extent holds at least one record"
             _records_encoder.encode_into(records, self.buffer, view_start)
@@ -117,10 +117,6 @@ class EncodedExtents:
                 self.sums.append(zlib.crc32(view[view_start:end]) & 0xFFFFFFFF)
             self.shapes.append((pid, end - view_start, len(records)))
             view_start = end
-
-    @property
-    def body_bytes(self) -> int:
-        return len(self.buffer) - self._room
 
 
 def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[ExtentHeader]]:
@@ -131,7 +127,7 @@ def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[
     `EncodedExtents`: the buffer becomes the object."""
     assert encoded.buffer, "these extents were made into an object already"
     front, headers = _object_front(epoch, encoded.shapes, encoded.sums)
-    room = len(encoded.buffer) - encoded.body_bytes
+    room = encoded.room
     assert len(front) <= room, f"object header of {len(front)} bytes exceeds its room {room}"
     buffer = encoded.buffer
     buffer[room - len(front) : room] = front

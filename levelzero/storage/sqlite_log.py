@@ -22,8 +22,8 @@ queueing behind the writer's fsync.
 
 A batch is one transaction, so an append is durable when it returns and an unacknowledged one is
 either wholly there or wholly absent after a crash. If SQLite itself fails mid-batch (disk full,
-I/O error), or the writer process ends, the store stops accepting writes: the in-memory cursors can no longer be trusted, and
-reopening rebuilds them from the file.
+I/O error), or the writer process ends, the store stops accepting writes: the in-memory cursors
+can no longer be trusted, and reopening rebuilds them from the file.
 
 Shape (structured concurrency): the writer runs in an anyio task group —
 - `await SqliteLogStore.open_in(task_group, path)`: in the caller's task group (the daemon's);
@@ -331,13 +331,10 @@ class _Sent(NamedTuple):
 class _WriterProcess:
     """The child that commits staged batches (`sqlite_writer.py`), and the socket to it."""
 
-    def __init__(
-        self, process: anyio.abc.Process, stream: anyio.abc.SocketStream, path: str
-    ) -> None:
+    def __init__(self, process: anyio.abc.Process, stream: anyio.abc.SocketStream) -> None:
         self._process = process
         self._stream = stream
         self._receive = BufferedByteReceiveStream(stream)
-        self._path = path
 
     @classmethod
     async def start(
@@ -374,7 +371,7 @@ class _WriterProcess:
                 await process.wait()
                 await process.aclose()
             raise
-        writer = cls(process, stream, db_path)
+        writer = cls(process, stream)
         try:
             with anyio.fail_after(WRITER_START_TIMEOUT_S):
                 ready = await writer.receive()
@@ -418,6 +415,16 @@ class _WriterProcess:
             self._process.kill()
             await self._process.wait()
         await self._process.aclose()
+
+
+def _stage(job: _Job, batch: _Batch) -> None:
+    """Check a staged job against the batch's cursors and queue its rows; a refusal is that
+    caller's alone (its batch mates commit)."""
+    assert job.stage is not None
+    try:
+        job.result = job.stage(batch)
+    except (LevelZeroError, AssertionError) as error:
+        job.error = error
 
 
 def _log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
@@ -757,11 +764,7 @@ class SqliteLogStore:
         batch = _Batch(self._cursors)
         try:
             for job in jobs:
-                assert job.stage is not None
-                try:
-                    job.result = job.stage(batch)
-                except (LevelZeroError, AssertionError) as error:
-                    job.error = error
+                _stage(job, batch)
             message = sqlite_writer.frame(list(batch.pending.items()))
         except Exception as error:
             self._fail_batch(jobs, error)
@@ -838,10 +841,7 @@ class SqliteLogStore:
         try:
             for job in jobs:
                 if job.stage is not None:
-                    try:
-                        job.result = job.stage(batch)
-                    except (LevelZeroError, AssertionError) as error:
-                        job.error = error
+                    _stage(job, batch)
                     continue
                 assert job.run is not None
                 await self._flush(batch)
@@ -899,9 +899,7 @@ class SqliteLogStore:
                 "the log store refuses writes until it is reopened"
             )
             self._failure.__cause__ = error
-        for job in jobs:
-            job.error = self._write_refused()
-            job.done.set()
+        self._refuse(jobs)
 
     def _write_refused(self) -> LevelZeroError:
         """The error for a write the store will not execute (a fresh instance per caller)."""
