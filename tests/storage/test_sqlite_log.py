@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import tempfile
@@ -70,6 +71,22 @@ def placeholder(
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "log.db"
+
+
+def drop_fence_events(db: Path) -> None:
+    """Sabotage behind the store's back: a batch with fence events fails from now on."""
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE fence_events")
+
+
+async def storage_error_into(
+    errors: list[BaseException], call: Callable[[], Awaitable[object]]
+) -> None:
+    """Await `call()`; a StorageError it raises goes into `errors` (for task groups)."""
+    try:
+        await call()
+    except StorageError as error:
+        errors.append(error)
 
 
 async def test_store_satisfies_the_log_store_protocol(db: Path) -> None:
@@ -711,20 +728,13 @@ async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: P
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         await store.append(p.pid, 0, [placeholder(0, 0, 0)])
-        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
-            connection.execute("DROP TABLE fence_events")
+        drop_fence_events(db)
         fence = FenceEventRow(1.0, p.pid, 0, 1, "admitted", 1, 1)
         errors: list[BaseException] = []
 
-        async def attempt(call) -> None:  # noqa: ANN001
-            try:
-                await call()
-            except StorageError as error:
-                errors.append(error)
-
         async with anyio.create_task_group() as tg:  # one batch: the append shares its fate
-            tg.start_soon(attempt, lambda: store.append(p.pid, 0, [placeholder(1, 0, 1)]))
-            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+            tg.start_soon(storage_error_into, errors, lambda: store.append(p.pid, 0, [placeholder(1, 0, 1)]))
+            tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
         assert len(errors) == 2 and all("refuses writes" in str(e) for e in errors)
         assert store.statistics().failed
         with pytest.raises(StorageError, match="until it is reopened"):

@@ -17,7 +17,7 @@ from levelzero.storage.protocols import FenceEventRow, Snapshot
 from levelzero.storage import sqlite_log
 from levelzero.storage.sqlite_log import SqliteLogStore
 
-from test_sqlite_log import placeholder
+from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
 
 
 
@@ -126,22 +126,15 @@ async def test_a_failed_commit_stops_the_batch_sent_behind_it(db: Path) -> None:
         rows = await store.create_topic("t", 63, 1, 0.0)
         for row in rows:
             await store.append(row.pid, 0, [placeholder(0, 0, 0)])
-        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
-            connection.execute("DROP TABLE fence_events")
+        drop_fence_events(db)
         errors: list[BaseException] = []
-
-        async def attempt(call) -> None:  # noqa: ANN001
-            try:
-                await call()
-            except StorageError as error:
-                errors.append(error)
 
         fence = FenceEventRow(1.0, rows[0].pid, 0, 1, "admitted", 1, 1)
         before = store.statistics()
         async with anyio.create_task_group() as tg:  # 64 jobs queued: sent as 32 + 32
-            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+            tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
             for row in rows:
-                tg.start_soon(attempt, lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]))
+                tg.start_soon(storage_error_into, errors, lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]))
         assert store.statistics().batches - before.batches == 2
         assert len(errors) == 64 and all("refuses writes" in str(e) for e in errors)
     assert _log_rows(db) == [(row.pid, 0) for row in rows]  # neither batch is in the file
@@ -186,27 +179,21 @@ async def test_a_batch_with_run_jobs_waits_for_the_batches_sent_before_it(db: Pa
     same partitions and a `run` job."""
     async with await SqliteLogStore.open(db) as store:
         rows = await store.create_topic("t", 31, 1, 0.0)
-        with sqlite3.connect(db) as connection:  # sabotage behind the store's back
-            connection.execute("DROP TABLE fence_events")
+        drop_fence_events(db)
         fence = FenceEventRow(1.0, rows[0].pid, 0, 1, "admitted", 1, 1)
         errors: list[BaseException] = []
 
-        async def attempt(call) -> None:  # noqa: ANN001
-            try:
-                await call()
-            except StorageError as error:
-                errors.append(error)
-
         before = store.statistics()
         async with anyio.create_task_group() as tg:  # 64 jobs: 32 sent, then 32 run here
-            tg.start_soon(attempt, lambda: store.record_fence_events([fence]))
+            tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
             for offset in (0, 1):
                 for row in rows:
                     tg.start_soon(
-                        attempt,
+                        storage_error_into,
+                        errors,
                         lambda pid=row.pid, o=offset: store.append(pid, 0, [placeholder(o, 0, o)]),
                     )
-            tg.start_soon(attempt, lambda: store.set_cluster_epoch(2))
+            tg.start_soon(storage_error_into, errors, lambda: store.set_cluster_epoch(2))
         assert store.statistics().batches - before.batches == 2
         assert len(errors) == 64
     assert _log_rows(db) == []  # no offset 1 without its offset 0
