@@ -55,7 +55,7 @@ from levelzero.core.gc import (
     split_prefixes,
     worker_prefixes,
 )
-from levelzero.core.keys import PREFIX_COUNT, parse_l0_key
+from levelzero.core.keys import PREFIX_COUNT, l0_key_epoch, parse_l0_key
 from levelzero.storage.protocols import (
     DeleteResult,
     GcRoundRow,
@@ -604,7 +604,8 @@ class GcActor:
         """Delete the catalog's objects with epoch <= `m` that are old enough: pages of
         `delete_batch_keys_max * deletes_in_flight_max` rows in (epoch, key) order (one query
         feeds every deleter: a query per batch came back late while the event loop was busy
-        serializing the previous delete), cut into batches of `delete_batch_keys_max`. Rows
+        serializing the previous delete; only the first page is one batch, so that the first
+        delete does not wait for the rest), cut into batches of `delete_batch_keys_max`. Rows
         whose delete failed stay in the catalog (next round). The catalog holds this node's
         uploads in every prefix; deleting outside this worker's share is as safe as inside it
         (the rule is `M`, not the prefix)."""
@@ -614,8 +615,9 @@ class GcActor:
 
         async def read_catalog(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
             after: tuple[int, str] | None = None
+            limit = batch_max  # the first page is one batch: the first delete starts sooner
             while True:
-                rows = await self._log.l0_live_objects(m, after, page_max)
+                rows = await self._log.l0_live_objects(m, after, limit)
                 if not rows:
                     return
                 after = (rows[-1].epoch, rows[-1].key)
@@ -623,8 +625,9 @@ class GcActor:
                 eligible = self._catalog_eligible(rows, m, young_before, tally)
                 for start in range(0, len(eligible), batch_max):
                     await send.send(eligible[start : start + batch_max])
-                if len(rows) < page_max:
+                if len(rows) < limit:
                     return
+                limit = page_max
 
         await self._with_deleters(m, tally, read_catalog)
 
@@ -634,7 +637,7 @@ class GcActor:
         eligible: list[Eligible] = []
         for row in rows:
             try:
-                epoch = parse_l0_key(row.key).epoch  # the key decides, not the row beside it
+                epoch = l0_key_epoch(row.key)  # the key decides, not the row beside it
             except ValueError:
                 tally.malformed += 1
                 continue
@@ -655,7 +658,6 @@ class GcActor:
     async def _list_and_delete(self, m: int, now: float, dry_run: bool, tally: _Tally) -> None:
         batch_max = self.config.delete_batch_keys_max
         pending: list[Eligible] = []
-        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
 
         async def scan_range(prefixes: range, out: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
             async with out:
@@ -703,21 +705,38 @@ class GcActor:
     ) -> None:
         """Run `feed`, which sends batches of eligible keys, beside `deletes_in_flight_max`
         deleters taking them over a zero-capacity stream (a batch waits for a free deleter, so
-        memory stays bounded by the batches being sent and deleted)."""
-        send, receive = anyio.create_memory_object_stream[list[Eligible]](0)
+        memory stays bounded by the batches being sent and deleted). A deleter hands the keys
+        it deleted to a task that marks them in the catalog and takes the next batch at once:
+        a mark is a commit, and deletes no longer wait for it. At most `deletes_in_flight_max`
+        marks are pending; the round ends when every one has committed."""
+        in_flight = self.config.deletes_in_flight_max
+        send, receive = anyio.create_memory_object_stream[list[Eligible]](in_flight)
+        marks_pending = anyio.Semaphore(in_flight)
 
-        async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
+        async def mark(keys: list[str]) -> None:
+            try:
+                await self._log.mark_l0_deleted(keys, self._clock(), m)
+            finally:
+                marks_pending.release()
+
+        async def delete_batches(
+            batches: anyio.abc.ObjectReceiveStream[list[Eligible]], markers: anyio.abc.TaskGroup
+        ) -> None:
             async with batches:
                 async for batch in batches:
-                    await self._delete_batch(batch, m, tally)
+                    deleted = await self._delete_batch(batch, m, tally)
+                    if deleted:
+                        await marks_pending.acquire()
+                        markers.start_soon(mark, deleted)
 
         try:
-            async with anyio.create_task_group() as tg:
-                async with receive:
-                    for _ in range(self.config.deletes_in_flight_max):
-                        tg.start_soon(delete_batches, receive.clone())
-                async with send:
-                    await feed(send)
+            async with anyio.create_task_group() as markers:
+                async with anyio.create_task_group() as tg:
+                    async with receive:
+                        for _ in range(in_flight):
+                            tg.start_soon(delete_batches, receive.clone(), markers)
+                    async with send:
+                        await feed(send)
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
 
@@ -727,14 +746,15 @@ class GcActor:
         if len(eligible) > room:
             tally.would_delete_truncated = True
 
-    async def _delete_batch(self, batch: list[Eligible], m: int, tally: _Tally) -> None:
+    async def _delete_batch(self, batch: list[Eligible], m: int, tally: _Tally) -> list[str]:
+        """Delete one batch; returns the keys deleted (for the catalog to mark)."""
         keys = [e.key for e in batch]
         result: DeleteResult | None = await self._retrying(
             "delete", lambda: self._objects.delete_many(keys), tally
         )
         if result is None:
             tally.delete_errors += len(keys)  # listed again next round
-            return
+            return []
         by_key = {e.key: e for e in batch}
         deleted = [key for key in result.deleted if key in by_key]
         assert len(deleted) + len(result.errors) == len(keys), (len(deleted), result.errors)
@@ -753,11 +773,10 @@ class GcActor:
                 "gc: %d of %d keys not deleted (retried next round), e.g. %s: %s",
                 len(result.errors), len(keys), key, error,
             )
-        if deleted:
-            await self._log.mark_l0_deleted(deleted, self._clock(), m)
         if any(is_throttling(error) for error in result.errors.values()):
             tally.throttled += 1
             await self._sleep(self.config.throttle_backoff_s)
+        return deleted
 
     async def _retrying(
         self, op: str, call: Callable[[], Awaitable[T]], tally: _Tally

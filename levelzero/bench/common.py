@@ -8,6 +8,7 @@ runs; a ratio of two measurements taken back to back, alternating which goes fir
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import platform
 import socket
@@ -182,9 +183,11 @@ async def closed_loop(
     async def caller(i: int) -> None:
         nonlocal done
         n = 0
-        while time.perf_counter() < deadline:
+        while True:  # at least one call each: a stalled machine must not make a zero figure
             await call(i)
             n += 1
+            if time.perf_counter() >= deadline:
+                break
         done += n
 
     start = time.process_time()
@@ -261,13 +264,15 @@ def free_local_port() -> int:
 
 @contextlib.asynccontextmanager
 async def moto_server(log_dir: Path) -> AsyncIterator[str]:
-    """moto's standalone S3 server as a subprocess (as tests/conftest.py starts it); its URL."""
+    """moto's standalone S3 server as a subprocess; its URL. Served by `moto_fill`: moto's own
+    application under werkzeug, as `python -m moto.server` (and tests/conftest.py) runs it, plus
+    a setup endpoint that creates many objects at once."""
     port = free_local_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / "moto.log"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "levelzero.bench.moto_fill", "-H", "127.0.0.1", "-p", str(port)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )
@@ -296,6 +301,20 @@ async def moto_server(log_dir: Path) -> AsyncIterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Any:
+    """What `levelzero run` does once start-up is done (`daemon.service.freeze_heap`): collect,
+    then freeze what is left (the S3 clients' service models above all), so that a full
+    collection in the middle of a measured round walks only what the round allocated. Unfrozen
+    on the way out: the next item starts as before."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def s3_config(url: str, bucket: str, **overrides: Any):  # noqa: ANN201 - S3Config (lazy import)

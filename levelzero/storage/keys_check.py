@@ -93,6 +93,27 @@ def check_delete_batch(keys: Sequence[str], keys_max: int) -> list[str]:
     if len(keys) > keys_max:
         raise InvalidInput(f"delete_many got {len(keys)} keys; max {keys_max} per request")
     unique = list(dict.fromkeys(keys))
+    if _all_plain(unique):
+        return unique
     for key in unique:
         check_object_key(key)
     return unique
+
+
+# A key made of segments that start with a letter, digit, '_' or '-' and go on with those or
+# '.', '=', '+': never empty, '.', '..' or the temp prefix, no control character, backslash or
+# leading or trailing '/'. Every key levelzero writes is one; `check_object_key` passes it.
+_PLAIN_SEGMENT = r"[A-Za-z0-9_\-][A-Za-z0-9_.=+\-]*"
+_PLAIN_KEYS = re.compile(rf"{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*(?:\n{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*)*")
+
+
+def _all_plain(keys: list[str]) -> bool:
+    """Whether every key is plain ASCII of the shape above and short enough: one regex over
+    the joined batch instead of the per-key checks (a GC delete checks 1,000 keys)."""
+    if not keys or not all(isinstance(key, str) for key in keys):
+        return False
+    if max(map(len, keys)) > KEY_BYTES_MAX:
+        return False
+    joined = "\n".join(keys)
+    # A newline inside a key would pass as two plain keys: only the separators may be there.
+    return joined.count("\n") == len(keys) - 1 and _PLAIN_KEYS.fullmatch(joined) is not None

@@ -231,6 +231,9 @@ _INSERT_LOG = (
 _UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
 _INSERT_L1 = _insert_sql("l1_objects", L1Row)
 _INSERT_L0 = _insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
+_MARK_L0_DELETED = (
+    "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ? WHERE key = ? AND deleted_at IS NULL"
+)
 _INSERT_GC_ROUND = _insert_sql("gc_rounds", GcRoundRow, "INSERT OR REPLACE")
 _INSERT_FENCE_EVENT = _insert_sql("fence_events", FenceEventRow)
 _INSERT_STATE_SAMPLE = _insert_sql("state_samples", StateSampleRow)
@@ -291,8 +294,10 @@ class _Batch:
         return cursor
 
     def stage(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Queue rows for one shared executemany. Only for statements whose relative order
-        does not matter (distinct tables, or one statement whose rows keep their order)."""
+        """Queue rows for one shared executemany. Statements run in the order each was first
+        staged in the batch, so only for statements whose relative order does not matter
+        (distinct tables, one statement whose rows keep their order), or whose order is fixed
+        by staging the earlier one first (empty rows are allowed for that)."""
         self.pending.setdefault(sql, []).extend(rows)
 
 
@@ -765,7 +770,7 @@ class SqliteLogStore:
         try:
             for job in jobs:
                 _stage(job, batch)
-            message = sqlite_writer.frame(list(batch.pending.items()))
+            message = sqlite_writer.frame([item for item in batch.pending.items() if item[1]])
         except Exception as error:
             self._fail_batch(jobs, error)
             raise  # a bug in the writer: crash loudly (the callers got StorageError)
@@ -885,6 +890,8 @@ class SqliteLogStore:
     async def _flush(self, batch: _Batch) -> None:
         """Run the staged rows: one executemany per statement."""
         for sql, rows in batch.pending.items():
+            if not rows:
+                continue
             await self._writer.executemany(sql, rows)
             if sql == _INSERT_LOG:
                 batch.log_records += len(rows)
@@ -1208,20 +1215,18 @@ class SqliteLogStore:
         await self._stage_rows(_INSERT_L0, [msgspec.structs.astuple(row)])
 
     async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
-        """Stamp recorded, not yet deleted keys; unknown keys are ignored."""
+        """Stamp recorded, not yet deleted keys; unknown keys are ignored. Staged like the rows
+        it stamps: a batch runs its catalog inserts before its marks, and batches commit in
+        order, so a mark sees every row recorded before it."""
         params = [(at, m, key) for key in keys]
         if not params:
             return
 
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
-            # Runs in batch order (not staged), so it sees record_l0_object calls queued before it.
-            await connection.executemany(
-                "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ?"
-                " WHERE key = ? AND deleted_at IS NULL",
-                params,
-            )
+        def stage(batch: _Batch) -> None:
+            batch.stage(_INSERT_L0, ())  # the inserts' turn comes first in this batch
+            batch.stage(_MARK_L0_DELETED, params)
 
-        await self._submit(_Job(weight=len(params), run=run))
+        await self._submit(_Job(weight=len(params), stage=stage))
 
     async def l0_live_objects(
         self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000

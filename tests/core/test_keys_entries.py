@@ -28,6 +28,7 @@ from levelzero.core.keys import (
     format_l1_key,
     l0_prefix_root,
     new_uuid,
+    l0_key_epoch,
     parse_l0_key,
     parse_l1_key,
 )
@@ -51,6 +52,7 @@ def test_l0_key_round_trip(prefix: int, epoch: int, uuid: str) -> None:
     parsed = parse_l0_key(key)
     assert parsed == L0Key(prefix, epoch, uuid)
     assert str(parsed) == key
+    assert l0_key_epoch(key) == epoch
 
 
 def test_l0_key_example() -> None:
@@ -87,6 +89,9 @@ def test_malformed_l0_key_raises_naming_the_key(key: str) -> None:
     with pytest.raises(MalformedKey) as excinfo:
         parse_l0_key(key)
     assert repr(key) in str(excinfo.value)
+    with pytest.raises(MalformedKey) as epoch_only:  # the GC's cheaper reading: the same rule
+        l0_key_epoch(key)
+    assert str(epoch_only.value) == str(excinfo.value)
     assert excinfo.value.code == "malformed_key"
     assert isinstance(excinfo.value, ValueError)
     assert isinstance(excinfo.value, LevelZeroError)

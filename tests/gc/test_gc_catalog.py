@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
+import anyio
 import pytest
 from test_gc_actor import (
     HookedStore,
@@ -248,3 +249,75 @@ async def test_a_file_made_before_the_catalog_index_gets_it_on_open(tmp_path) ->
             " ORDER BY epoch, key"
         ).fetchall()
     assert any("l0_objects_live" in str(step) for step in plan), plan
+
+
+class SlowMarks(MemoryLogStore):
+    """A catalog whose marks wait until `release` is set; counts the marks waiting."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = anyio.Event()
+        self.waiting = 0
+        self.most_waiting = 0
+
+    async def mark_l0_deleted(self, keys, at, m) -> None:  # noqa: ANN001
+        self.waiting += 1
+        self.most_waiting = max(self.most_waiting, self.waiting)
+        try:
+            await self.release.wait()
+            await super().mark_l0_deleted(keys, at, m)
+        finally:
+            self.waiting -= 1
+
+
+async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_mark() -> None:
+    wall = WallClock()
+    inner, log_store = MemoryObjectStore(clock=wall), SlowMarks()
+    store = HookedStore(inner)
+    gc = make_gc(
+        store, log_store, board_of({"t/0": 3}), clock=wall, sweep_interval_s=SWEEP_S,
+        deletes_in_flight_max=2,
+    )
+    await gc.run_round()
+    keys = [l0_key(i % 1000, 1 + i % 3, i) for i in range(4500)]  # five batches
+    await put_l0(inner, log_store, keys)
+
+    reports = []
+
+    async def round_() -> None:
+        reports.append(await gc.run_round())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(round_)
+        with anyio.fail_after(5):
+            while len(store.delete_batches) < 3:  # more batches than deleters: none waited
+                await anyio.sleep(0.001)
+        assert log_store.waiting == 2  # bounded by deletes_in_flight_max
+        assert not reports  # the round waits for its marks
+        log_store.release.set()
+    (report,) = reports
+    assert (report.deleted, report.delete_requests) == (4500, 5)
+    assert l0_keys(inner) == []
+    assert await log_store.l0_live_objects(3) == []  # every deleted key is marked
+    assert log_store.most_waiting == 2
+
+
+async def test_a_mark_staged_before_a_record_in_one_batch_still_finds_its_row(tmp_path) -> None:
+    """Marks are staged rows like the records they stamp. In one batch, a mark of a key
+    recorded earlier in that batch must run after the insert, whichever statement the batch
+    met first."""
+    old, new = l0_key(1, 1, 1), l0_key(2, 1, 2)
+    async with await SqliteLogStore.open(tmp_path / "log.db") as log_store:
+        await log_store.record_l0_object(L0ObjectRow(old, 1, 1, 100.0, 1))
+        commits = log_store.statistics().commits
+        async with anyio.create_task_group() as tg:  # queued in this order, before any runs
+            tg.start_soon(log_store.mark_l0_deleted, [old], 200.0, 1)
+            tg.start_soon(log_store.record_l0_object, L0ObjectRow(new, 1, 1, 100.0, 1))
+            tg.start_soon(log_store.mark_l0_deleted, [new], 200.0, 1)
+        assert log_store.statistics().commits == commits + 1  # one batch
+        assert await log_store.l0_live_objects(1) == []
+    with sqlite3.connect(tmp_path / "log.db") as connection:
+        marked = connection.execute(
+            "SELECT key, deleted_at, deleted_at_m FROM l0_objects ORDER BY key"
+        ).fetchall()
+    assert marked == [(old, 200.0, 1), (new, 200.0, 1)]

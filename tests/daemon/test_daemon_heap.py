@@ -1,0 +1,31 @@
+"""`levelzero run` freezes the heap start-up built (the collector then skips it); a daemon run
+in-process, sharing its process with a test or the demo, never does."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import anyio
+from daemon_support import daemon_config
+
+from levelzero.daemon.service import Daemon, running_daemon
+
+
+async def test_a_daemon_that_owns_its_process_freezes_its_start_up_heap(tmp_path: Path) -> None:
+    config = daemon_config(tmp_path / "data")
+    assert gc.get_freeze_count() == 0
+    try:
+        daemon = Daemon(config, freeze_heap_when_ready=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            assert daemon.lifecycle.ready
+            assert gc.get_freeze_count() > 10_000  # modules, the node, the HTTP app
+            daemon.request_stop("test over")
+        assert daemon.stopped_cleanly
+    finally:
+        gc.unfreeze()
+
+    async with running_daemon(config) as shared:
+        assert shared.lifecycle.ready
+        assert gc.get_freeze_count() == 0
