@@ -20,9 +20,10 @@ zombie with an old `M`, delete nothing live. Per-key delete failures are simply 
 next round.
 
 Pipeline of one round: `list_concurrency_max` scanners, one per contiguous range of this
-worker's prefixes, cut eligible keys into batches of <= `delete_batch_keys_max` and hand them
-over a zero-capacity stream to `deletes_in_flight_max` deleters; memory stays bounded by
-`(scanners + deleters) * batch` keys whatever the backlog.
+worker's prefixes (or one reader of the catalog), cut eligible keys into batches of <=
+`delete_batch_keys_max` and hand them over a stream of `deletes_in_flight_max` batches to as
+many deleters, which hand the keys they deleted to as many marking tasks; memory stays bounded
+by `(scanners + 3 * deleters) * batch` keys (plus a catalog page) whatever the backlog.
 """
 
 from __future__ import annotations
@@ -704,11 +705,14 @@ class GcActor:
         feed: Callable[[anyio.abc.ObjectSendStream[list[Eligible]]], Awaitable[None]],
     ) -> None:
         """Run `feed`, which sends batches of eligible keys, beside `deletes_in_flight_max`
-        deleters taking them over a zero-capacity stream (a batch waits for a free deleter, so
-        memory stays bounded by the batches being sent and deleted). A deleter hands the keys
-        it deleted to a task that marks them in the catalog and takes the next batch at once:
-        a mark is a commit, and deletes no longer wait for it. At most `deletes_in_flight_max`
-        marks are pending; the round ends when every one has committed."""
+        deleters taking them over a stream that holds as many batches (so that a deleter
+        finds the next batch ready while the feed reads a page; memory stays bounded by the
+        batches waiting, being sent and being deleted). A deleter hands the keys it deleted
+        to a task that marks them in the catalog and takes the next batch at once: a mark is
+        a commit, and deletes no longer wait for it. At most `deletes_in_flight_max` marks
+        are pending; the round ends when every one has committed. A mark lost to a failed or
+        cancelled round costs nothing but a repeated delete: its row stays live, and the next
+        round deletes the (missing) key again, which succeeds, and marks it."""
         in_flight = self.config.deletes_in_flight_max
         send, receive = anyio.create_memory_object_stream[list[Eligible]](in_flight)
         marks_pending = anyio.Semaphore(in_flight)
@@ -724,10 +728,12 @@ class GcActor:
         ) -> None:
             async with batches:
                 async for batch in batches:
-                    deleted = await self._delete_batch(batch, m, tally)
+                    deleted, throttled = await self._delete_batch(batch, m, tally)
                     if deleted:
                         await marks_pending.acquire()
                         markers.start_soon(mark, deleted)
+                    if throttled:  # "slow down" for some keys: the next request waits
+                        await self._sleep(self.config.throttle_backoff_s)
 
         try:
             async with anyio.create_task_group() as markers:
@@ -746,15 +752,18 @@ class GcActor:
         if len(eligible) > room:
             tally.would_delete_truncated = True
 
-    async def _delete_batch(self, batch: list[Eligible], m: int, tally: _Tally) -> list[str]:
-        """Delete one batch; returns the keys deleted (for the catalog to mark)."""
+    async def _delete_batch(
+        self, batch: list[Eligible], m: int, tally: _Tally
+    ) -> tuple[list[str], bool]:
+        """Delete one batch. Returns the keys deleted (for the catalog to mark), and whether
+        the store answered "slow down" for some of the others."""
         keys = [e.key for e in batch]
         result: DeleteResult | None = await self._retrying(
             "delete", lambda: self._objects.delete_many(keys), tally
         )
         if result is None:
             tally.delete_errors += len(keys)  # listed again next round
-            return []
+            return [], False
         by_key = {e.key: e for e in batch}
         deleted = [key for key in result.deleted if key in by_key]
         assert len(deleted) + len(result.errors) == len(keys), (len(deleted), result.errors)
@@ -773,10 +782,9 @@ class GcActor:
                 "gc: %d of %d keys not deleted (retried next round), e.g. %s: %s",
                 len(result.errors), len(keys), key, error,
             )
-        if any(is_throttling(error) for error in result.errors.values()):
-            tally.throttled += 1
-            await self._sleep(self.config.throttle_backoff_s)
-        return deleted
+        throttled = any(is_throttling(error) for error in result.errors.values())
+        tally.throttled += throttled
+        return deleted, throttled
 
     async def _retrying(
         self, op: str, call: Callable[[], Awaitable[T]], tally: _Tally
@@ -838,8 +846,10 @@ class GcActor:
 
 
 def _root_cause(group: BaseExceptionGroup) -> BaseException:
-    """The one error that failed a round's task group (callers catch `StorageError`, not a
-    group); the group itself when several tasks failed on their own."""
+    """The error that failed a round's task group (callers catch `LevelZeroError`, not a
+    group): the one error, or the first when every one is a `LevelZeroError` (a failed log
+    store commit fails every mark waiting in it at once); else the group itself, so that a
+    bug is never hidden behind an operating error."""
     leaves: list[BaseException] = []
 
     def collect(exc: BaseException) -> None:
@@ -850,7 +860,9 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
             leaves.append(exc)
 
     collect(group)
-    return leaves[0] if len(leaves) == 1 else group
+    if len(leaves) == 1 or (leaves and all(isinstance(e, LevelZeroError) for e in leaves)):
+        return leaves[0]
+    return group
 
 
 def _parses(key: str) -> bool:

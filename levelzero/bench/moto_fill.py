@@ -28,12 +28,18 @@ FILL_KEYS_MAX = 200_000  # per request: a bounded body
 
 def fill_objects(bucket: str, keys: list[str]) -> None:
     """Create `keys` in `bucket` in moto's S3 backend (the default account, as the server's
-    requests with the bench's credentials use)."""
+    requests with the bench's credentials use).
+
+    First, moto forgets the model instances it tracks for its dashboard: it keeps every object
+    it ever made (about 3.5 KB each, deleted or not), and full collections of that growing
+    heap slowed whichever way of a round ran later. Objects still in a bucket stay."""
     from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.core.model_instances import reset_model_data
     from moto.s3.models import s3_backends
 
     backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
     backend.get_bucket(bucket)  # raises MissingBucket before anything is stored
+    reset_model_data()
     for key in keys:
         backend.put_object(bucket, key, FILL_BODY)
 

@@ -228,7 +228,11 @@ class LogStore(Protocol):
     # -- events for export and analysis
     async def record_l0_object(self, row: L0ObjectRow) -> None: ...
 
-    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None: ...
+    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
+        """Stamp the recorded, not yet marked rows of `keys` as deleted at `at` under `M` = `m`;
+        keys without a row are ignored. Every row recorded before the call is seen (a store
+        may also stamp a row whose record call committed together with the mark)."""
+        ...
 
     async def l0_live_objects(
         self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000

@@ -16,7 +16,7 @@ async def test_a_daemon_that_owns_its_process_freezes_its_start_up_heap(tmp_path
     config = daemon_config(tmp_path / "data")
     assert gc.get_freeze_count() == 0
     try:
-        daemon = Daemon(config, freeze_heap_when_ready=True)
+        daemon = Daemon(config, freeze_heap_at_start=True)
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             assert daemon.lifecycle.ready

@@ -321,3 +321,29 @@ async def test_a_mark_staged_before_a_record_in_one_batch_still_finds_its_row(tm
             "SELECT key, deleted_at, deleted_at_m FROM l0_objects ORDER BY key"
         ).fetchall()
     assert marked == [(old, 200.0, 1), (new, 200.0, 1)]
+
+
+class FailingMarks(SlowMarks):
+    """Marks wait together, then all fail at once (as every job of a failed commit does)."""
+
+    async def mark_l0_deleted(self, keys, at, m) -> None:  # noqa: ANN001
+        self.waiting += 1
+        if self.waiting == 2:
+            self.release.set()
+        await self.release.wait()
+        raise StorageError("log store: disk I/O error (test)")
+
+
+async def test_marks_failing_together_fail_the_round_with_the_storage_error() -> None:
+    wall = WallClock()
+    inner, log_store = MemoryObjectStore(clock=wall), FailingMarks()
+    gc = make_gc(
+        inner, log_store, board_of({"t/0": 3}), clock=wall, sweep_interval_s=SWEEP_S,
+        deletes_in_flight_max=2,
+    )
+    await gc.run_round()
+    await put_l0(inner, log_store, [l0_key(i % 1000, 1, i) for i in range(2000)])
+
+    with pytest.raises(StorageError, match="disk I/O error"):  # one error, not a group
+        await gc.run_round()
+    assert gc.statistics().failed_rounds == 1

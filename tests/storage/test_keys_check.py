@@ -9,7 +9,12 @@ from hypothesis import strategies as st
 
 from levelzero.core.errors import InvalidInput
 from levelzero.core.keys import format_l0_key
-from levelzero.storage.keys_check import KEY_BYTES_MAX, check_delete_batch, check_object_key
+from levelzero.storage.keys_check import (
+    KEY_BYTES_MAX,
+    _all_plain,
+    check_delete_batch,
+    check_object_key,
+)
 
 
 def accepted_one_by_one(keys: list[str]) -> bool:
@@ -37,6 +42,14 @@ KEY = st.lists(SEGMENT, min_size=1, max_size=4).map("/".join)
 @settings(max_examples=400, deadline=None)
 @given(st.lists(KEY, min_size=1, max_size=5))
 def test_a_batch_is_accepted_exactly_when_every_key_is(keys: list[str]) -> None:
+    assert accepted_as_batch(keys) == accepted_one_by_one(keys)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=4))
+def test_whatever_the_fast_path_accepts_each_key_check_accepts(keys: list[str]) -> None:
+    if _all_plain(keys):
+        assert accepted_one_by_one(keys)
     assert accepted_as_batch(keys) == accepted_one_by_one(keys)
 
 
