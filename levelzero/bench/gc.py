@@ -92,9 +92,11 @@ async def create_objects(url: str, bucket: str, keys: Sequence[str]) -> float:
 
 async def record_objects(log_store: LogStore, keys: Sequence[str]) -> None:
     """What the batcher does after each upload: a catalog row per object (many callers at once,
-    as many partitions' objects are recorded, so they share group commits)."""
+    as many partitions' objects are recorded, so they share group commits). In epoch order, as
+    a node uploads: every object of an epoch is made while that epoch is current, so one
+    epoch's rows sit together in the table, as the GC later marks them."""
     now = time.time() - 1.0
-    pending = iter(keys)
+    pending = iter(sorted(keys, key=lambda key: parse_l0_key(key).epoch))
 
     async def recorder() -> None:
         for key in pending:
