@@ -764,16 +764,20 @@ class GcActor:
         if result is None:
             tally.delete_errors += len(keys)  # listed again next round
             return [], False
-        by_key = {e.key: e for e in batch}
-        deleted = [key for key in result.deleted if key in by_key]
+        if result.errors or len(result.deleted) != len(keys):
+            by_key = {e.key: e for e in batch}
+            deleted = [key for key in result.deleted if key in by_key]
+            done = [by_key[key] for key in deleted]
+        else:  # the common case: every key went
+            deleted, done = keys, batch
         assert len(deleted) + len(result.errors) == len(keys), (len(deleted), result.errors)
-        for key in deleted:
-            entry = by_key[key]
-            tally.deleted += 1
-            tally.deleted_bytes += entry.size
-            if tally.max_deleted_epoch is None or entry.epoch > tally.max_deleted_epoch:
-                tally.max_deleted_epoch = entry.epoch
-            assert entry.epoch <= m, (key, m)
+        if done:
+            top = max(e.epoch for e in done)
+            assert top <= m, (top, m)
+            tally.deleted += len(done)
+            tally.deleted_bytes += sum(e.size for e in done)
+            if tally.max_deleted_epoch is None or top > tally.max_deleted_epoch:
+                tally.max_deleted_epoch = top
         if result.errors:
             tally.delete_errors += len(result.errors)
             key, error = next(iter(result.errors.items()))
