@@ -865,6 +865,9 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
 
     collect(group)
     if len(leaves) == 1 or (leaves and all(isinstance(e, LevelZeroError) for e in leaves)):
+        for other in leaves[1:]:
+            if type(other) is not type(leaves[0]) or str(other) != str(leaves[0]):
+                log.warning("gc round: also failed: %s: %s", type(other).__name__, other)
         return leaves[0]
     return group
 

@@ -290,7 +290,8 @@ async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_ma
     async with anyio.create_task_group() as tg:
         tg.start_soon(round_)
         with anyio.fail_after(5):
-            while len(store.delete_batches) < 3:  # more batches than deleters: none waited
+            # more batches than deleters, while both marks wait: no delete waited for a mark
+            while len(store.delete_batches) < 3 or log_store.waiting < 2:
                 await anyio.sleep(0.001)
         assert log_store.waiting == 2  # bounded by deletes_in_flight_max
         assert not reports  # the round waits for its marks
