@@ -305,12 +305,13 @@ async def moto_server(log_dir: Path) -> AsyncIterator[str]:
 
 @contextlib.contextmanager
 def frozen_heap() -> Any:
-    """What `levelzero run` does once start-up is done (`daemon.service.freeze_heap`): collect,
+    """What `levelzero run` does once its stores are open (`daemon.service.freeze_heap`): collect,
     then freeze what is left (the S3 clients' service models above all), so that a full
     collection in the middle of a measured round walks only what the round allocated. Unfrozen
     on the way out: the next item starts as before."""
-    gc.collect()
-    gc.freeze()
+    from levelzero.daemon.service import freeze_heap
+
+    freeze_heap()
     try:
         yield
     finally:

@@ -96,11 +96,12 @@ async def record_objects(log_store: LogStore, keys: Sequence[str]) -> None:
     a node uploads: every object of an epoch is made while that epoch is current, so one
     epoch's rows sit together in the table, as the GC later marks them."""
     now = time.time() - 1.0
-    pending = iter(sorted(keys, key=lambda key: parse_l0_key(key).epoch))
+    rows = [L0ObjectRow(key, parse_l0_key(key).epoch, 1, now, 1) for key in keys]
+    pending = iter(sorted(rows, key=lambda row: row.epoch))
 
     async def recorder() -> None:
-        for key in pending:
-            await log_store.record_l0_object(L0ObjectRow(key, parse_l0_key(key).epoch, 1, now, 1))
+        for row in pending:
+            await log_store.record_l0_object(row)
 
     async with anyio.create_task_group() as tg:
         for _ in range(RECORDERS):

@@ -300,6 +300,11 @@ class _Batch:
         by staging the earlier one first (empty rows are allowed for that)."""
         self.pending.setdefault(sql, []).extend(rows)
 
+    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        """The staged statements to run, in order: those with rows (an empty one only fixed
+        the order)."""
+        return [(sql, rows) for sql, rows in self.pending.items() if rows]
+
 
 class _Job:
     """One write waiting for the writer. Exactly one of `stage` (checked in memory, its rows
@@ -770,7 +775,7 @@ class SqliteLogStore:
         try:
             for job in jobs:
                 _stage(job, batch)
-            message = sqlite_writer.frame([item for item in batch.pending.items() if item[1]])
+            message = sqlite_writer.frame(batch.statements())
         except Exception as error:
             self._fail_batch(jobs, error)
             raise  # a bug in the writer: crash loudly (the callers got StorageError)
@@ -889,9 +894,7 @@ class SqliteLogStore:
 
     async def _flush(self, batch: _Batch) -> None:
         """Run the staged rows: one executemany per statement."""
-        for sql, rows in batch.pending.items():
-            if not rows:
-                continue
+        for sql, rows in batch.statements():
             await self._writer.executemany(sql, rows)
             if sql == _INSERT_LOG:
                 batch.log_records += len(rows)

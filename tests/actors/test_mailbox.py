@@ -148,17 +148,18 @@ async def test_an_answered_reply_is_taken_without_a_turn_of_the_event_loop() -> 
     assert ran == ["other"] and answered.done and failed.done
 
 
+async def _wait_into(reply: Reply[str], got: list[str]) -> None:
+    got.append(await reply.wait())
+
+
 async def test_waiters_before_the_answer_all_get_it_and_a_second_answer_is_a_bug() -> None:
     reply: Reply[str] = Reply()
     got: list[str] = []
 
-    async def waiter() -> None:
-        got.append(await reply.wait())
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(waiter)
-            tg.start_soon(waiter)
+            tg.start_soon(_wait_into, reply, got)
+            tg.start_soon(_wait_into, reply, got)
             await anyio.wait_all_tasks_blocked()
             assert got == [] and not reply.done
             reply.set("yes")
@@ -171,16 +172,13 @@ async def test_one_cancelled_waiter_does_not_cancel_the_others() -> None:
     reply: Reply[str] = Reply()
     got: list[str] = []
 
-    async def waiter() -> None:
-        got.append(await reply.wait())
-
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             with anyio.move_on_after(0.01):
                 async with anyio.create_task_group() as doomed:
-                    doomed.start_soon(waiter)
+                    doomed.start_soon(_wait_into, reply, got)
                     await anyio.sleep(1)
-            tg.start_soon(waiter)
+            tg.start_soon(_wait_into, reply, got)
             await anyio.wait_all_tasks_blocked()
             reply.set("kept")  # answering after a waiter was cancelled is fine
     assert got == ["kept"]
