@@ -79,7 +79,13 @@ class Node:
         self.l1 = L1Catalog(object_store, log_store, self._wall)
         self.reader.l1 = self.l1
         self.reconciler = Reconciler(
-            config.reconciler, object_store, log_store, self.l1, self.partitions, wall_clock=self._wall
+            config.reconciler,
+            object_store,
+            log_store,
+            self.l1,
+            self.partitions,
+            wall_clock=self._wall,
+            rng=rng,
         )
         self.housekeeper = Housekeeper(
             config.housekeeper,

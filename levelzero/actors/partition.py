@@ -556,14 +556,16 @@ class PartitionActor:
 
     async def _appender(self) -> None:
         """Writes queued records in log order; one batch in flight per partition."""
-        flushed_at = anyio.current_time()
+        # One deadline, both waited for and tested against: a wait computed as `flushed_at +
+        # interval - now` and a test `now - flushed_at >= interval` can disagree by a rounding
+        # step, and under a virtual clock the loop then spins without time moving.
+        flush_deadline = anyio.current_time() + FENCE_EVENTS_FLUSH_INTERVAL_S
         while True:
             if self._append_wakeup.is_set():
                 pass  # work arrived while the last batch was written: no turn of the loop
             elif self._fence_tallies:
                 # Buffered events wait for a batch to ride along with, not past the interval.
-                wait_s = flushed_at + FENCE_EVENTS_FLUSH_INTERVAL_S - anyio.current_time()
-                with anyio.move_on_after(max(0.0, wait_s)):
+                with anyio.move_on_after(max(0.0, flush_deadline - anyio.current_time())):
                     await self._append_wakeup.wait()
             else:
                 await self._append_wakeup.wait()
@@ -576,9 +578,10 @@ class PartitionActor:
             if (
                 self._flush_fence_events_now
                 or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT
-                or now - flushed_at >= FENCE_EVENTS_FLUSH_INTERVAL_S
+                or now >= flush_deadline
             ):
-                events, flushed_at = self.take_fence_events(), now
+                events = self.take_fence_events()
+                flush_deadline = now + FENCE_EVENTS_FLUSH_INTERVAL_S
                 self._flush_fence_events_now = False
             if events and batch:
                 async with anyio.create_task_group() as tg:

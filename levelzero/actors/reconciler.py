@@ -12,6 +12,7 @@ would have covered is then outside the lineage and is deleted through the two-ph
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class Reconciler:
         partitions: Callable[[], list[PartitionActor]],
         *,
         wall_clock: Callable[[], float],
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self._objects = object_store
@@ -79,6 +81,7 @@ class Reconciler:
         self.catalog = catalog
         self._partitions = partitions
         self._wall = wall_clock
+        self._rng = rng or random.Random()  # injected: a simulation's L1 keys replay exactly
         self.stats = ReconcilerStatistics()
         self._wake = anyio.Event()
         self._recovered: set[int] = set()
@@ -150,7 +153,9 @@ class Reconciler:
         last = batch[-1].base_offset + batch[-1].entry.record_count - 1
         lrlo = batch[-1].log_offset
         assert base == lro + 1, (actor.name, base, lro)
-        key = format_l1_key(actor.row.topic, actor.row.partition, base, last, term, new_uuid())
+        key = format_l1_key(
+            actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
+        )
         data, _ = build_object(term, [(actor.row.pid, encode_extent(records), len(records))])
         now = self._wall()
         row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)

@@ -127,3 +127,36 @@ async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.
     ]
     assert sum(e.decisions for e in store.fence_events) == 58
     assert [e.at for e in store.fence_events] == sorted(e.at for e in store.fence_events)
+
+
+class FrozenClock:
+    """`anyio.current_time` as the appender sees it: moves only when the test says."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_flush_wait_and_the_flush_test_agree_on_one_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a virtual clock the appender must not spin: at a time where the wait until the
+    flush is over (`last + interval - now <= 0`) the flush is due too. These two times make a
+    wait computed as `last + 1.0 - now` and a test `now - last >= 1.0` disagree by one rounding
+    step (the wait says 0, the test says not yet), and the old appender looped without time
+    moving."""
+    last, now = 255.29404008730594, 256.2940400873059
+    assert last + 1.0 - now <= 0.0 and now - last < 1.0  # the disagreement this test needs
+    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 1.0)
+    clock = FrozenClock(last)
+    monkeypatch.setattr(anyio, "current_time", clock)
+    store = MemoryLogStore()
+    async with running(store) as actor:
+        await actor.write(placeholder(N))
+        assert store.fence_events == [], "the interval has not passed"
+        clock.now = now
+        await actor.write(placeholder(N))  # a batch for the due events to ride along with
+        await wait_until(lambda: len(outcomes(store)) == 2, "the due fence events flushed")
+        assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted")]
