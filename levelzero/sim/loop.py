@@ -1,0 +1,175 @@
+"""A deterministic asyncio event loop: virtual time and a seeded choice among ready callbacks.
+
+The actors are anyio code on the asyncio backend, so the simulation runs them on an asyncio
+loop whose sources of nondeterminism are replaced:
+
+- **time**: `time()` is a virtual clock that starts at 0 and moves only when nothing is ready,
+  jumping straight to the next timer. Minutes of virtual time run in milliseconds, and
+  `anyio.current_time()`, `anyio.sleep()` and `move_on_after()` all follow it.
+- **order**: each turn runs *one* ready callback, picked by a seeded `random.Random` among all
+  that are ready. One seed is one interleaving; the same seed replays it exactly.
+- **memory addresses**: anyio keeps tasks in sets and cancels them in set order, which follows
+  `id()` and so differs between processes. The ready callbacks are therefore put in a canonical
+  order before the seeded pick: by the creation number of the task they belong to (tasks are
+  made by this loop's factory, numbered as they are created), then by when they became ready.
+
+There is no selector: the simulated world does no I/O (memory stores only). When nothing is
+ready, no timer is left and the loop was not stopped, the world is deadlocked and `Deadlock` is
+raised (a real finding: something waits for an event nobody will ever set).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Cancelled timers are dropped lazily from the heap's top; past this many (and half the heap),
+# the heap is rebuilt without them, as asyncio's own loop does.
+CANCELLED_TIMERS_REBUILD_AT = 100
+# Ready callbacks that belong to no task sort after every task's (creation numbers are below).
+NO_TASK = 1 << 62
+
+
+class Deadlock(RuntimeError):
+    """Nothing is ready, no timer is scheduled, and the loop was not stopped."""
+
+
+class SimTask(asyncio.Task):  # type: ignore[type-arg]
+    """An asyncio task that knows its creation number on its loop (its canonical rank)."""
+
+    sim_rank: int
+
+
+def _owner_rank(callback: Callable[..., Any]) -> int:
+    owner = getattr(callback, "__self__", None)
+    rank = getattr(owner, "sim_rank", None)
+    return NO_TASK if rank is None else rank
+
+
+class DeterministicLoop(asyncio.BaseEventLoop):
+    """An asyncio loop for simulation: virtual `time()`, one seeded ready callback per turn."""
+
+    def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
+        super().__init__()
+        self._rng = rng
+        self._virtual_now = start_s
+        self._ready_seq = itertools.count()
+        self._task_ranks = itertools.count()
+        # (owner task's rank, readiness sequence, handle); `_ready` stays empty.
+        self._runnable: list[tuple[int, int, asyncio.Handle]] = []
+        self.callbacks_run = 0
+        self.set_task_factory(self._new_task)
+
+    def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> SimTask:
+        task = SimTask(coro, loop=loop, **kwargs)
+        task.sim_rank = next(self._task_ranks)
+        return task
+
+    # -- what BaseEventLoop leaves to subclasses (there is no selector and no self-pipe)
+
+    def time(self) -> float:
+        return self._virtual_now
+
+    def _write_to_self(self) -> None:
+        pass  # single-threaded: nobody needs waking
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        assert not event_list
+
+    def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        self._runnable.append((_owner_rank(callback), next(self._ready_seq), handle))
+        return handle
+
+    def close(self) -> None:
+        self._runnable.clear()
+        super().close()
+
+    # -- the turn
+
+    def _run_once(self) -> None:
+        scheduled = self._scheduled
+        if (
+            self._timer_cancelled_count > CANCELLED_TIMERS_REBUILD_AT
+            and self._timer_cancelled_count * 2 > len(scheduled)
+        ):
+            live = []
+            for timer in scheduled:
+                if timer._cancelled:
+                    timer._scheduled = False
+                else:
+                    live.append(timer)
+            heapq.heapify(live)
+            self._scheduled = scheduled = live
+            self._timer_cancelled_count = 0
+        while scheduled and scheduled[0]._cancelled:
+            timer = heapq.heappop(scheduled)
+            timer._scheduled = False
+            self._timer_cancelled_count -= 1
+        runnable = self._runnable
+        if not runnable:
+            if not scheduled:
+                if self._stopping:
+                    return
+                raise Deadlock(
+                    f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s"
+                )
+            when = scheduled[0]._when
+            if when > self._virtual_now:
+                self._virtual_now = when  # the clock jumps to the next timer
+        now = self._virtual_now
+        while scheduled and scheduled[0]._when <= now:
+            timer = heapq.heappop(scheduled)
+            timer._scheduled = False
+            if timer._cancelled:
+                self._timer_cancelled_count -= 1
+                continue
+            runnable.append((_owner_rank(timer._callback), next(self._ready_seq), timer))
+        count = len(runnable)
+        if count == 0:
+            return
+        if count == 1:
+            handle = runnable.pop()[2]
+        else:
+            runnable.sort(key=_rank_and_seq)
+            handle = runnable.pop(self._rng.randrange(count))[2]
+        if not handle._cancelled:
+            self.callbacks_run += 1
+            handle._run()
+
+
+def _rank_and_seq(item: tuple[int, int, asyncio.Handle]) -> tuple[int, int]:
+    return item[0], item[1]
+
+
+def run_deterministic(main: Coroutine[Any, Any, T], rng: random.Random) -> T:
+    """Run `main` to completion on a fresh deterministic loop and close the loop."""
+    loop = DeterministicLoop(rng)
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _cancel_leftovers(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+def _cancel_leftovers(loop: DeterministicLoop) -> None:
+    tasks = sorted(
+        (t for t in asyncio.all_tasks(loop) if not t.done()),
+        key=lambda t: getattr(t, "sim_rank", NO_TASK),
+    )
+    if not tasks:
+        return
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
