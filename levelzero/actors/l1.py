@@ -102,7 +102,7 @@ class L1Catalog:
             reason = None
             if row.state == L1State.DELETE_STARTED:
                 reason = "resuming an unfinished delete"
-            elif row.state == L1State.COPY_STARTED and now - row.updated_at > copy_deadline_s:
+            elif self._is_stale_copy(row, now, copy_deadline_s):
                 reason = "stale COPY_STARTED"
             elif row.state == L1State.COPY_FINISHED:
                 if row.last_offset < state.start_offset:
@@ -119,6 +119,26 @@ class L1Catalog:
             except LevelZeroError as exc:
                 log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
         await self.refresh(actor)
+        return deleted
+
+    @staticmethod
+    def _is_stale_copy(row: L1Row, now: float, copy_deadline_s: float) -> bool:
+        return row.state == L1State.COPY_STARTED and now - row.updated_at > copy_deadline_s
+
+    async def collect_stale_copies(self, actor: PartitionActor, copy_deadline_s: float) -> int:
+        """Collect the partition's COPY_STARTED objects older than the deadline: copies a crash
+        (or a stuck upload) abandoned. `collect` does this too, but it reads every row of the
+        partition; this reads only unfinished copies, cheap enough to run while the daemon runs."""
+        now = self._wall()
+        deleted = 0
+        for row in await self._log.l1_list(actor.row.pid, [L1State.COPY_STARTED]):
+            if not self._is_stale_copy(row, now, copy_deadline_s):
+                continue
+            try:
+                if await self.delete(actor, row, reason="stale COPY_STARTED"):
+                    deleted += 1
+            except LevelZeroError as exc:
+                log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
         return deleted
 
     # ------------------------------------------------------------------ reads

@@ -30,6 +30,10 @@ from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.reconciler")
 
+# While running, each partition's unfinished copies are checked this many times per
+# `copy_deadline_s`, so one abandoned by a crash goes at most a quarter deadline late.
+STALE_COPY_CHECKS_PER_DEADLINE = 4
+
 
 @dataclass(frozen=True, slots=True)
 class ReconcilerConfig:
@@ -85,6 +89,7 @@ class Reconciler:
         self.stats = ReconcilerStatistics()
         self._wake = anyio.Event()
         self._recovered: set[int] = set()
+        self._stale_copies_checked_at: float | None = None
 
     def wake(self) -> None:
         self._wake.set()
@@ -102,6 +107,14 @@ class Reconciler:
         self.stats.rounds += 1
         written = 0
         limiter = anyio.CapacityLimiter(self.config.partitions_in_flight_max)
+        now = self._wall()
+        check_every_s = self.config.copy_deadline_s / STALE_COPY_CHECKS_PER_DEADLINE
+        check_stale_copies = (
+            self._stale_copies_checked_at is None
+            or now - self._stale_copies_checked_at >= check_every_s
+        )
+        if check_stale_copies:
+            self._stale_copies_checked_at = now
 
         async def one(actor: PartitionActor) -> None:
             nonlocal written
@@ -111,6 +124,9 @@ class Reconciler:
                         # Start-up: resume unfinished deletes, collect stale copies.
                         await self.catalog.collect(actor, self.config.copy_deadline_s)
                         self._recovered.add(actor.row.pid)
+                    elif check_stale_copies:
+                        # A copy a crash left COPY_STARTED; a restart is not needed to go.
+                        await self.catalog.collect_stale_copies(actor, self.config.copy_deadline_s)
                     while actor.state.has_unreconciled_data:
                         if not await self.reconcile_partition(actor):
                             break

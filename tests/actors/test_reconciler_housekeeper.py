@@ -404,3 +404,30 @@ async def test_l1_keys_take_their_randomness_from_the_injected_rng():
     first, second = await l1_keys_of_one_run(), await l1_keys_of_one_run()
     assert len(first) == 2
     assert first == second
+
+
+async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_the_deadline():
+    """A copy killed mid-reconcile stays COPY_STARTED; the running reconciler collects it once
+    it is older than `copy_deadline_s` (60 s here) — at most a quarter deadline late — without
+    waiting for a restart."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects, wall) as node:
+        await node.create_topic("t", 1)
+        pid = node.partition("t", 0).row.pid
+        await node.reconciler.run_round()  # the start-up recovery pass is behind us
+        abandoned = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "c" * 32
+        await objects.put(abandoned, b"half")
+        await log_store.l1_insert(
+            L1Row(abandoned, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now)
+        )
+        wall.now += 59.0  # younger than the deadline: its copy may still be under way
+        await node.reconciler.run_round()
+        assert {r.key: r.state for r in await log_store.l1_list(pid)} == {abandoned: L1State.COPY_STARTED}
+        wall.now += 2.0  # past the deadline, but checked 2 s ago: a check is due every 15 s
+        await node.reconciler.run_round()
+        assert {r.key: r.state for r in await log_store.l1_list(pid)} == {abandoned: L1State.COPY_STARTED}
+        wall.now += 13.0
+        await node.reconciler.run_round()
+        assert {r.key: r.state for r in await log_store.l1_list(pid)} == {abandoned: L1State.DELETE_FINISHED}
+        assert abandoned not in objects._objects
