@@ -118,6 +118,15 @@ class StorageError(LevelZeroError):
     retriable = True
 
 
+class StoreRefused(StorageError):
+    """A store this levelzero must not use as it is: a newer or unknown schema, another
+    cluster's objects. Neither a retry nor a restart can fix it, only an operator: the daemon
+    exits with status 2, which its systemd unit does not restart (`RestartPreventExitStatus`)."""
+
+    code = "store_refused"
+    retriable = False
+
+
 class ShuttingDown(LevelZeroError):
     code = "shutting_down"
     retriable = True

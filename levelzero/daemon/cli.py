@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, StoreRefused
 
 from .client import ApiError, Client, default_url
 from .config import ConfigError, describe, load_config
@@ -124,7 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             for leaf in leaves:
                 log.error("levelzero stopped: %s", leaf, extra={"error": leaf.code})  # type: ignore[attr-defined]
                 _fail(str(leaf))
-            return EXIT_FAILED
+            # A store a restart cannot fix (a newer schema, another cluster's objects): 2, which
+            # systemd does not restart (RestartPreventExitStatus=2), like bad configuration.
+            return EXIT_USAGE if any(isinstance(leaf, StoreRefused) for leaf in leaves) else EXIT_FAILED
         if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
             return EXIT_INTERRUPTED
         log.critical("levelzero crashed", exc_info=error)

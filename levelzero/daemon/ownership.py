@@ -12,7 +12,7 @@ import logging
 import os
 import uuid
 
-from levelzero.core.errors import LevelZeroError, ObjectNotFound
+from levelzero.core.errors import ObjectNotFound, StoreRefused
 from levelzero.storage.protocols import ObjectStore
 
 log = logging.getLogger("levelzero.daemon")
@@ -21,7 +21,7 @@ MARKER_KEY = "levelzero/cluster-id"  # outside level_zero/ and level_one/: never
 CLUSTER_ID_FILE = "cluster-id"
 
 
-class StoreOwnedByAnotherCluster(LevelZeroError):
+class StoreOwnedByAnotherCluster(StoreRefused):
     code = "store_owned_by_another_cluster"
 
 

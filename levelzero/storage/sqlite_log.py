@@ -72,6 +72,7 @@ from levelzero.core.errors import (
     NotLeader,
     ShuttingDown,
     StorageError,
+    StoreRefused,
     TopicExists,
 )
 from levelzero.storage import sqlite_writer
@@ -1334,18 +1335,18 @@ async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str
         )
         return
     if version > SCHEMA_VERSION:
-        raise StorageError(
+        raise StoreRefused(
             f"{db_path}: schema version {version} is newer than this levelzero supports "
             f"({SCHEMA_VERSION}); upgrade levelzero"
         )
     if version != SCHEMA_VERSION:
-        raise StorageError(
+        raise StoreRefused(
             f"{db_path}: unknown schema version {version} (tables: {', '.join(sorted(tables))}); "
             "not a levelzero log store"
         )
     missing = SCHEMA_TABLES - tables
     if missing:
-        raise StorageError(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
+        raise StoreRefused(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
     # Added within schema 1, so files made before them get them here, once: an index (no
     # change to any row), and fence_events.decisions (an older row stands for one decision).
     await connection.execute(_L0_LIVE_INDEX)

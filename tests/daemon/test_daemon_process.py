@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import signal
+import sqlite3
 import socket
 import threading
 import time
@@ -266,6 +267,19 @@ def test_bad_configuration_exits_2_without_restart_loop(make_daemon_process) -> 
     process.start(wait=False)
     assert process.wait_exit() == 2
     assert "LEVELZERO_NODE_FENCING_MODE (node.fencing_mode) = 'sloppy'" in process.log()
+
+
+def test_a_store_of_a_newer_schema_exits_2_without_restart_loop(make_daemon_process) -> None:  # noqa: ANN001
+    """A restart cannot fix a newer schema: exit 2, which systemd does not restart."""
+    process = make_daemon_process()
+    process.start()
+    assert process.stop() == 0
+    with sqlite3.connect(process.data_dir / "levelzero.db") as connection:
+        connection.execute("PRAGMA user_version = 99")
+    process.start(wait=False)
+    assert process.wait_exit() == 2
+    assert "schema version 99 is newer than this levelzero supports" in process.log()
+    assert "Traceback" not in process.log()
 
 
 def test_a_busy_port_is_a_clear_start_up_error(daemon_process: DaemonProcess, make_daemon_process) -> None:  # noqa: ANN001
