@@ -4,12 +4,13 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench lock clean
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the version CI tested (regenerate with `make lock`).
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,analysis]'
+	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test,analysis]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,7 +20,12 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
-	$(VENV)/bin/levelzero bench
+	$(VENV)/bin/levelzero bench --out bench/results.json
+
+lock: $(STAMP)
+	{ echo "# Exact versions \`make test\` installs (pip install -c constraints.txt), so CI is reproducible."; \
+	  echo "# Regenerate after changing dependencies: make lock"; \
+	  $(VENV)/bin/pip freeze --all --exclude-editable | grep -v '^pip=='; } > constraints.txt
 
 clean:
 	rm -rf $(VENV) levelzero-data

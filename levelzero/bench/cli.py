@@ -1,9 +1,12 @@
-"""`levelzero bench`: every benchmark item, one table, `bench/results.json`.
+"""`levelzero bench`: every benchmark item, one table; `--out FILE` keeps the results as JSON.
 
     levelzero bench                        # every item, full length (about 7 minutes)
     levelzero bench --quick                # a few seconds per item: a smoke test
     levelzero bench --only fence --only gc # some items (repeat --only, or give a comma list)
     levelzero bench --markdown BENCHMARKS.md   # also rewrite the figures section of that file
+    levelzero bench --out bench/results.json   # write the results (JSON) there
+
+Needs the `bench` extra (`pip install 'levelzero[bench]'`): the S3 items run against moto.
 
 Every figure is a ratio of two measurements taken in the same run — the system under test and
 its floor, in interleaved rounds (ABBA), medians — so the noise of a shared machine cancels.
@@ -79,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per figure")
     parser.add_argument("--seconds", type=float, default=None, help="per timed measurement")
     parser.add_argument(
-        "--results", default=DEFAULT_RESULTS, help=f"JSON results file (default {DEFAULT_RESULTS})"
+        "--out", "--results", dest="results", default=None, metavar="FILE",
+        help=f"write the results as JSON to FILE (e.g. {DEFAULT_RESULTS}); default: not written",
     )
     parser.add_argument(
         "--markdown", default=None, metavar="PATH",
@@ -166,8 +170,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         "items": items,
     }
     print("\n" + format_table(figures), file=out)
-    write_results(Path(args.results), results)
-    print(f"\nwrote {args.results}", file=out)
+    if args.results:
+        write_results(Path(args.results), results)
+        print(f"\nwrote {args.results}", file=out)
     if args.markdown:
         update_markdown(Path(args.markdown), results)
         print(f"updated {args.markdown}", file=out)

@@ -6,6 +6,7 @@
     levelzero produce TOPIC [-p P] [VALUE ...]       (no VALUE: one record per stdin line)
     levelzero consume TOPIC [-p P] [--offset O] [--follow]
     levelzero status | epoch advance | config show
+    levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 
@@ -33,6 +34,7 @@ import msgspec
 from levelzero.core.errors import LevelZeroError, StoreRefused
 
 from .client import ApiError, Client, default_url
+from .buildinfo import version
 from .config import ConfigError, describe, load_config
 from .logs import configure_logging
 
@@ -163,6 +165,19 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         _fail(str(exc))
         return EXIT_USAGE
     print(json.dumps(describe(config), indent=2))
+    return EXIT_OK
+
+
+def cmd_install_files(args: argparse.Namespace) -> int:
+    from .install import InstallError, install_files
+
+    try:
+        written = install_files(args.directory, force=args.force)
+    except InstallError as exc:
+        _fail(str(exc))
+        return EXIT_FAILED
+    for item in written:
+        print(f"wrote {item.path} (mode {item.mode:04o})")
     return EXIT_OK
 
 
@@ -558,6 +573,9 @@ def _tool(command: str, module: str, function: str) -> Callable[[list[str]], int
     return run
 
 
+BENCH_NEEDS = "moto"  # the S3 items run against an in-process moto server
+
+
 def _bench(argv: list[str]) -> int:
     if importlib.util.find_spec("levelzero.bench") is None:
         _fail(
@@ -565,6 +583,9 @@ def _bench(argv: list[str]) -> int:
             "run the scripts in bench/ directly, e.g. .venv/bin/python bench/bench_gc.py"
         )
         return EXIT_FAILED
+    if importlib.util.find_spec(BENCH_NEEDS) is None and not {"-h", "--help"} & set(argv):
+        _fail(f"bench: needs the bench extra ({BENCH_NEEDS}): pip install 'levelzero[bench]'")
+        return EXIT_USAGE
     return _tool("bench", "levelzero.bench", "main")(argv)
 
 
@@ -627,6 +648,16 @@ def add_config(sub: argparse._SubParsersAction) -> None:
     show = config_sub.add_parser("show", help="validate and print the effective configuration (secrets masked)")
     _add_config_options(show)
     show.set_defaults(handler=cmd_config_show)
+
+
+def add_install_files(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "install-files",
+        help="write the systemd unit, the example configuration and the env-file template into DIR",
+    )
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--force", action="store_true", help="overwrite files that exist")
+    p.set_defaults(handler=cmd_install_files)
 
 
 def add_topics(sub: argparse._SubParsersAction) -> None:
@@ -740,6 +771,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_epoch,
     add_gc,
     add_config,
+    add_install_files,
     add_tools,
 )
 
@@ -749,6 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="levelzero",
         description="Partitioned record logs on object storage with windowed epoch fencing.",
     )
+    parser.add_argument("--version", action="version", version=f"levelzero {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

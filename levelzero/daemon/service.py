@@ -268,7 +268,10 @@ class Daemon:
         if self._freeze_heap_at_start:
             freeze_heap()  # before anything runs: nothing short-lived is alive to be frozen
         self.notifier.status("replaying partitions")
-        await tg.start(node.run)
+        async with anyio.create_task_group() as replaying:  # a long replay is not a stuck one
+            await replaying.start(self.notifier.extend_start_timeout)
+            await tg.start(node.run)
+            replaying.cancel_scope.cancel()
 
         sock = bind_listener(config.server.host, config.server.port)
         self.port = sock.getsockname()[1]

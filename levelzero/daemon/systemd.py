@@ -22,6 +22,11 @@ import anyio.abc
 log = logging.getLogger("levelzero.systemd")
 
 WATCHDOG_INTERVAL_MIN_S = 0.01  # a tiny WATCHDOG_USEC must not turn into a busy loop
+# While start-up replays the partition logs, every START_EXTEND_INTERVAL_S the daemon asks
+# systemd for START_EXTEND_BY_S more (EXTEND_TIMEOUT_USEC): a long replay outlives the unit's
+# TimeoutStartSec, a stuck event loop stops asking and is killed within START_EXTEND_BY_S.
+START_EXTEND_INTERVAL_S = 10.0
+START_EXTEND_BY_S = 30.0
 
 
 def _socket_address(raw: str) -> str | bytes:
@@ -87,6 +92,27 @@ class Notifier:
 
     def watchdog(self) -> bool:
         return self.notify("WATCHDOG=1")
+
+    def extend_timeout(self, seconds: float) -> bool:
+        """The current start-up (or stop) may take `seconds` more from now."""
+        assert seconds > 0, seconds
+        return self.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1_000_000)}")
+
+    async def extend_start_timeout(
+        self,
+        interval_s: float = START_EXTEND_INTERVAL_S,
+        extend_by_s: float = START_EXTEND_BY_S,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Extend the start timeout at once and then every `interval_s` until cancelled."""
+        assert 0 < interval_s < extend_by_s, (interval_s, extend_by_s)
+        task_status.started()
+        if not self.enabled:
+            return
+        while True:
+            self.extend_timeout(extend_by_s)
+            await anyio.sleep(interval_s)
 
     async def run_watchdog(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -102,8 +102,8 @@ def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
 
 
 def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_path: Path) -> None:
-    results_path = tmp_path / "results.json"
-    assert main(["--quick", "--only", "durable", "--results", str(results_path)]) == 0
+    results_path = tmp_path / "asked" / "here.json"  # --out: where the user asks, never ./bench
+    assert main(["--quick", "--only", "durable", "--out", str(results_path)]) == 0
     sqlite_figure, memory_figure = json.loads(results_path.read_text())["items"]["durable"]["figures"]
     assert sqlite_figure["target"] == {"bound": 0.5, "higher_is_better": True}
     assert memory_figure["target"] is None and memory_figure["verdict"] == "info"
@@ -113,3 +113,19 @@ def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_pat
     assert sqlite_figure["notes"]["records_per_commit"][0] >= 1
     assert all(us > 0 for us in sqlite_figure["notes"]["loop_cpu_us_per_placeholder"])
     assert all(us > 0 for us in memory_figure["notes"]["loop_cpu_us_per_placeholder"])
+
+
+def test_bench_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from levelzero.daemon import cli
+
+    monkeypatch.setattr(cli, "BENCH_NEEDS", "levelzero_module_that_is_not_installed")
+    assert cli.main(["bench", "--quick"]) == 2
+    assert "needs the bench extra (levelzero_module_that_is_not_installed): pip install 'levelzero[bench]'" in (
+        capsys.readouterr().err
+    )
+
+
+def test_bench_writes_no_file_unless_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["--quick", "--only", "stall"]) == 0
+    assert list(tmp_path.iterdir()) == []

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from levelzero.actors.gc import GcConfig
@@ -21,7 +22,7 @@ from levelzero.daemon.config import ConfigError, Config, describe, load_config, 
 from levelzero.daemon.logs import JsonFormatter, KeyValueFormatter, configure_logging
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "systemd" / "levelzero.toml"
+EXAMPLE = REPO / "levelzero" / "deploy" / "levelzero.toml"
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -40,8 +41,12 @@ def test_no_configuration_runs_on_embedded_defaults() -> None:
     assert config.node_config().fencing_mode is FenceMode.WINDOWED
 
 
-def test_documented_example_is_valid_and_equals_the_defaults() -> None:
-    assert load_config(str(EXAMPLE), environ={}) == Config()
+def test_documented_example_is_valid_and_equals_the_defaults_but_the_data_dir() -> None:
+    example = load_config(str(EXAMPLE), environ={})
+    assert example.storage.data_dir == "/var/lib/levelzero"  # the unit's StateDirectory
+    assert example == msgspec.structs.replace(
+        Config(), storage=msgspec.structs.replace(Config().storage, data_dir="/var/lib/levelzero")
+    )
 
 
 def test_actor_sections_default_to_the_actors_defaults() -> None:

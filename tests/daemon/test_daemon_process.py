@@ -229,6 +229,9 @@ def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon_process) -> 
 
         receive_until("READY=1")
         ready = next(m for m in messages if "READY=1" in m.splitlines())
+        # While replaying, start-up asked for more time (the unit's TimeoutStartSec is short).
+        extend = next(i for i, m in enumerate(messages) if m.startswith("EXTEND_TIMEOUT_USEC="))
+        assert extend < messages.index(ready) and messages[extend] == "EXTEND_TIMEOUT_USEC=30000000"
         assert f"MAINPID={process.proc.pid}" in ready.splitlines()
         assert any(line.startswith("STATUS=serving on") for line in ready.splitlines())
         process.wait_ready()  # READY=1 came when the HTTP listener was already serving

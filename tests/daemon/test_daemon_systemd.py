@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from levelzero.daemon.systemd import Notifier, watchdog_interval_s
 
-UNIT = Path(__file__).resolve().parents[2] / "systemd" / "levelzero.service"
+UNIT = Path(__file__).resolve().parents[2] / "levelzero" / "deploy" / "levelzero.service"
 
 
 def unit_settings() -> dict[str, list[str]]:
@@ -27,13 +28,30 @@ def unit_settings() -> dict[str, list[str]]:
     return settings
 
 
+def unit_as_installed_here(tmp_path: Path) -> Path:
+    """The unit with ExecStart pointing at this environment's `levelzero` (the only one that
+    exists on a test machine; /opt/levelzero is what packaging/install.sh creates)."""
+    program = Path(sys.executable).parent / "levelzero"
+    assert program.exists(), program
+    text = UNIT.read_text().replace("ExecStart=/opt/levelzero/bin/levelzero ", f"ExecStart={program} ")
+    assert str(program) in text
+    path = tmp_path / "levelzero.service"
+    path.write_text(text)
+    return path
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_unit_passes_systemd_analyze_verify() -> None:
-    result = subprocess.run(
-        ["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True, timeout=60
-    )
+def test_unit_passes_systemd_analyze_verify_and_security(tmp_path: Path) -> None:
+    unit = unit_as_installed_here(tmp_path)
+    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
+    security = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", "--threshold=20", str(unit)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert security.returncode == 0, security.stdout + security.stderr
+    assert "Overall exposure level for levelzero.service: 1." in security.stdout
 
 
 def test_unit_declares_notify_watchdog_user_and_hardening() -> None:
@@ -51,7 +69,12 @@ def test_unit_declares_notify_watchdog_user_and_hardening() -> None:
         assert value in s.get(key, []), (key, s.get(key))
     assert "@system-service" in s["SystemCallFilter"]
     [exec_start] = s["ExecStart"]
-    assert exec_start.endswith("run --config /etc/levelzero/levelzero.toml --data-dir /var/lib/levelzero")
+    # The program is the /opt/levelzero venv's (packaging/install.sh); the TOML alone names the
+    # data directory: no flag overrides it behind the operator's back.
+    assert exec_start == "/opt/levelzero/bin/levelzero run --config /etc/levelzero/levelzero.toml"
+    assert s["LogsDirectory"] == ["levelzero"] and s["StateDirectory"] == ["levelzero"]
+    # Replay extends the start timeout itself (EXTEND_TIMEOUT_USEC): the unit's own stays short.
+    assert int(s["TimeoutStartSec"][0]) <= 120
     # The daemon must finish its own bounded shutdown (30 s by default) before systemd kills it.
     assert int(s["TimeoutStopSec"][0]) > 30
 
@@ -108,6 +131,20 @@ def test_a_missing_socket_is_logged_once_and_never_raises(caplog: pytest.LogCapt
     notifier = Notifier(environ={"NOTIFY_SOCKET": f"@levelzero-nobody-{uuid.uuid4().hex}"})
     assert notifier.ready("x") is False and notifier.watchdog() is False
     assert caplog.text.count("cannot notify systemd") == 1
+
+
+async def test_start_timeout_is_extended_until_cancelled() -> None:
+    name = f"levelzero-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(b"\0" + name.encode())
+        notifier = Notifier(environ={"NOTIFY_SOCKET": f"@{name}"})
+        async with anyio.create_task_group() as tg:
+            await tg.start(notifier.extend_start_timeout, 0.01, 5.0)
+            with anyio.fail_after(10):
+                while notifier.sent < 2:
+                    await anyio.sleep(0.005)
+            tg.cancel_scope.cancel()
+        assert receive_all(sock)[:2] == ["EXTEND_TIMEOUT_USEC=5000000"] * 2
 
 
 async def test_watchdog_task_pings_until_cancelled() -> None:

@@ -1,0 +1,66 @@
+"""`levelzero install-files DIR`: write out the files an installation needs besides the program.
+
+They ship inside the package (`levelzero/deploy/`), so a wheel installed anywhere can produce
+the systemd unit, the annotated example configuration and the environment-file template that
+match its own version; `packaging/install.sh` puts them in place. The environment file holds
+secrets: it is written with mode 0600. An existing file is never overwritten unless asked
+(`--force`), so re-running after an upgrade cannot clobber an operator's edits.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+DEPLOY_PACKAGE = "levelzero.deploy"
+
+# file name -> mode. The unit and the example are public; the environment file holds secrets.
+DEPLOY_FILES: dict[str, int] = {
+    "levelzero.service": 0o644,
+    "levelzero.toml": 0o644,
+    "levelzero.env": 0o600,
+}
+
+
+class InstallError(Exception):
+    """One line for the operator: what could not be written and why."""
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    mode: int
+
+
+def deploy_text(name: str) -> str:
+    """The shipped copy of one deployment file."""
+    assert name in DEPLOY_FILES, name
+    return resources.files(DEPLOY_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+
+
+def install_files(directory: str | os.PathLike[str], *, force: bool = False) -> list[Written]:
+    """Write every deployment file into `directory` (created if missing). Nothing is written
+    when any target exists and `force` is false: the operator gets one error naming them."""
+    target = Path(directory)
+    existing = [name for name in DEPLOY_FILES if (target / name).exists()]
+    if existing and not force:
+        raise InstallError(
+            f"{target}: {', '.join(existing)} already exist{'s' if len(existing) == 1 else ''} "
+            "(--force overwrites)"
+        )
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, mode in DEPLOY_FILES.items():
+            path = target / name
+            # Created with its final mode, so a secret file is never readable by others.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(deploy_text(name))
+            os.chmod(path, mode)
+            written.append(Written(path, mode))
+    except OSError as exc:
+        raise InstallError(f"cannot write to {target}: {exc.strerror or exc}") from None
+    return written

@@ -1,0 +1,2 @@
+"""Deployment files shipped as package data: the systemd unit, the example configuration and
+the environment-file template (`levelzero install-files DIR` writes them out). No code."""
