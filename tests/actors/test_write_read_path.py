@@ -244,6 +244,45 @@ async def test_stale_epoch_is_retried_once_and_leaves_one_orphan() -> None:
         assert [(r.offset, r.value) for r in fetched] == [(0, b"first"), (1, b"second")]
 
 
+async def test_an_objects_epoch_is_the_max_of_the_cached_epoch_and_its_partitions_creation_epochs() -> None:
+    """A node whose cache still says epoch 1 writes, in one object, to a partition created at
+    epoch 2 and then to one created at epoch 4: the object is stamped 4 — not the cached 1,
+    not the first partition's 2 — so no extent is rejected as stale and no orphan is left."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    # Two ~600-byte requests fill a 1 KiB object; the linger never cuts it.
+    config = node_config(epoch_cache_ttl_s=LONG_TTL_S, linger_ms=600_000.0, batch_bytes_max=1024)
+    async with running_node(log_store, objects, config) as node:
+        await node.create_topic("warm", 1)
+        await node.produce("warm", 0, [Record(None, b"w" * (1024 - 8))])  # fills the cache: 1
+        assert node.epoch_cache.cached == 1
+        await node.epochs.advance()
+        await node.create_topic("older", 1)
+        for _ in range(2):
+            await node.epochs.advance()
+        await node.create_topic("newer", 1)
+        older, newer = node.partition("older", 0), node.partition("newer", 0)
+        assert (older.row.creation_epoch, newer.row.creation_epoch) == (2, 4)
+        assert node.epoch_cache.cached == 1
+
+        results: dict[str, ProduceResult] = {}
+
+        async def produce(topic: str) -> None:
+            results[topic] = await node.produce(topic, 0, [Record(None, b"v" * 600)])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce, "older")  # the first partition of the object
+            await wait_until(lambda: node.batcher.stats.inflight_bytes > 0, "the first request queued")
+            tg.start_soon(produce, "newer")
+
+        assert results["older"].object_key == results["newer"].object_key, "one object"
+        assert parse_l0_key(results["older"].object_key).epoch == 4
+        assert [p.epoch for p in await placeholders_of(log_store, older.row.pid)] == [4]
+        assert [p.epoch for p in await placeholders_of(log_store, newer.row.pid)] == [4]
+        assert (results["older"].attempts, results["newer"].attempts) == (1, 1)
+        stats = node.batcher.stats
+        assert (stats.stale_rejections, stats.orphan_objects, stats.objects_uploaded) == (0, 0, 2)
+
+
 async def test_exhausted_stale_retries_fail_the_producer() -> None:
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = node_config(epoch_cache_ttl_s=LONG_TTL_S, stale_retries_max=0)
