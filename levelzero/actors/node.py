@@ -23,7 +23,7 @@ from levelzero.core.errors import (
     UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
-from levelzero.core.keys import TOPIC_NAME_RE
+from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import LogStore, ObjectStore, PartitionRow
 
@@ -107,6 +107,9 @@ class Node:
         )
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._topics: dict[str, int] = {}
+        # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
+        # They open read-only (no produce) so the daemon starts and says what to do.
+        self.unstorable_topics: dict[str, str] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._create_lock = anyio.Lock()
         self.accepting = False
@@ -120,6 +123,7 @@ class Node:
             self._tg = tg
             rows = await self.log_store.list_partitions()
             for row in rows:
+                self._check_stored_topic_name(row.topic)
                 await self._start_partition(row)
             await tg.start(self.batcher.run)
             await tg.start(self.epochs.run)
@@ -149,6 +153,13 @@ class Node:
 
     # ------------------------------------------------------------------ topics
 
+    def _check_stored_topic_name(self, topic: str) -> None:
+        problem = topic_name_problem(topic)
+        if problem is None or topic in self.unstorable_topics:
+            return
+        self.unstorable_topics[topic] = problem
+        log.error("%s", unstorable_topic_advice(topic, problem), extra={"topic": topic})
+
     async def _start_partition(self, row: PartitionRow) -> PartitionActor:
         assert self._tg is not None
         actor = PartitionActor(
@@ -166,10 +177,10 @@ class Node:
         return actor
 
     async def create_topic(self, name: str, partitions: int) -> list[PartitionRow]:
-        if not isinstance(name, str) or not TOPIC_NAME_RE.match(name):
-            raise InvalidInput(
-                "topic name must be 1-200 characters of letters, digits, '.', '_' or '-'"
-            )
+        problem = topic_name_problem(name)
+        if problem is not None:
+            shown = repr(name[:64]) + ("..." if len(name) > 64 else "") if isinstance(name, str) else "given"
+            raise InvalidInput(f"topic name {shown} {problem}")
         if not isinstance(partitions, int) or not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")
         if len(self._partitions) + partitions > PARTITIONS_MAX:
@@ -216,7 +227,14 @@ class Node:
         self, topic: str, partition: int, records: Sequence[Record]
     ) -> ProduceResult:
         self._check_accepting()
-        return await self.batcher.produce(self.partition(topic, partition), records)
+        actor = self.partition(topic, partition)
+        problem = self.unstorable_topics.get(topic)
+        if problem is not None:
+            raise InvalidInput(
+                f"topic {topic!r} takes no new records: its name {problem} (levelzero status "
+                "says what to do)"
+            )
+        return await self.batcher.produce(actor, records)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         return await self.reader.fetch(self.partition(topic, partition), offset, max_bytes)

@@ -12,6 +12,7 @@ import uuid as uuid_mod
 from dataclasses import dataclass
 
 from .errors import MalformedKey
+from .names import topic_name_problem
 
 L0_ROOT = "level_zero/data/"
 L1_ROOT = "level_one/"
@@ -25,7 +26,6 @@ _L1_RE = re.compile(
     r"^level_one/([A-Za-z0-9._-]{1,200})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z",
     re.ASCII,
 )
-TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +102,9 @@ def l0_key_epoch(key: str) -> int:
 def format_l1_key(
     topic: str, partition: int, base_offset: int, last_offset: int, term: int, uuid: str
 ) -> str:
-    if not TOPIC_NAME_RE.match(topic):
-        raise MalformedKey(f"topic name {topic!r} is not allowed in a key")
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise MalformedKey(f"topic name {topic!r} cannot be part of a key: it {problem}")
     if not 0 <= base_offset <= last_offset:
         raise MalformedKey(f"L1 range {base_offset}-{last_offset} is empty or negative")
     key = str(L1Key(topic, partition, base_offset, last_offset, term, uuid))
@@ -114,7 +115,7 @@ def format_l1_key(
 
 def parse_l1_key(key: str) -> L1Key:
     m = _L1_RE.match(key)
-    if m is None:
+    if m is None or topic_name_problem(m.group(1)) is not None:
         raise MalformedKey(f"not an L1 key: {key!r}")
     return L1Key(
         m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6)

@@ -32,6 +32,7 @@ import anyio
 import msgspec
 
 from levelzero.core.errors import LevelZeroError, StoreRefused
+from levelzero.core.names import topic_name_problem
 
 from .client import ApiError, Client, default_url
 from .buildinfo import version
@@ -620,6 +621,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _topic_name(text: str) -> str:
+    """The server's own name rule, checked before any request (bad usage: exit 2)."""
+    problem = topic_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"topic name {text[:64]!r} {problem}")
+    return text
+
+
 def _non_negative(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -664,7 +673,7 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("topics", help="create and list topics")
     topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     create = topics_sub.add_parser("create", help="create a topic")
-    create.add_argument("name")
+    create.add_argument("name", type=_topic_name)
     create.add_argument("--partitions", type=int, default=1)
     _add_client_options(create)
     create.set_defaults(handler=_client_command(_topics_create))

@@ -12,10 +12,7 @@ import re
 from collections.abc import Sequence
 
 from levelzero.core.errors import InvalidInput
-
-# The local store writes `<dir>/<TEMP_SEGMENT_PREFIX>...` temp files next to their target and
-# skips them in listings; a key segment with this prefix could collide with one.
-TEMP_SEGMENT_PREFIX = ".lz-tmp-"
+from levelzero.core.names import TEMP_SEGMENT_PREFIX, segment_problem
 # S3's own limit on the UTF-8 length of a key.
 KEY_BYTES_MAX = 1024
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -47,16 +44,19 @@ def check_object_key(key: str) -> str:
     ):
         return key  # the common case, decided by C loops (a GC delete checks 1,000 keys)
     for segment in segments:
-        if segment in ("", ".", ".."):
-            raise InvalidInput(
-                f"object key {key!r} has an empty, '.' or '..' path segment"
-            )
-        if segment.startswith(TEMP_SEGMENT_PREFIX):
-            raise InvalidInput(
-                f"object key {key!r} has a segment starting with the reserved temp-file "
-                f"prefix {TEMP_SEGMENT_PREFIX!r}"
-            )
+        problem = segment_problem(segment)  # the one rule the topic names follow too
+        if problem is not None:
+            raise InvalidInput(f"object key {key!r} has a path segment that {problem}")
     return key
+
+
+def object_key_problem(key: str) -> str | None:
+    """Why no object store can hold `key`, or None: such a key names no object anywhere."""
+    try:
+        check_object_key(key)
+    except InvalidInput as exc:
+        return str(exc)
+    return None
 
 
 def check_range(key: str, offset: int, length: int | None) -> None:

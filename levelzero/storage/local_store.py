@@ -25,8 +25,8 @@ from typing import TypeVar
 import anyio.to_thread
 
 from levelzero.core.errors import InvalidInput, LevelZeroError, ObjectNotFound, StorageError
+from levelzero.core.names import TEMP_SEGMENT_PREFIX
 from levelzero.storage.keys_check import (
-    TEMP_SEGMENT_PREFIX,
     check_delete_batch,
     check_list_limit,
     check_object_key,

@@ -130,7 +130,10 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
         for body, fragment in [
             (b'{"name": 5, "partitions": 1}', "$.name"),
             (b'{"name": "x", "partitions": "many"}', "$.partitions"),
-            (b'{"name": "bad/name", "partitions": 1}', "topic name must be"),
+            (b'{"name": "bad/name", "partitions": 1}', "topic name 'bad/name' must be 1-200 characters"),
+            (b'{"name": ".", "partitions": 1}', "must not be made of dots only"),
+            (b'{"name": "..", "partitions": 1}', "must not be made of dots only"),
+            (b'{"name": ".lz-tmp-x", "partitions": 1}', "reserved temp-file prefix"),
             (b'{"name": "x", "partitions": 0}', "partitions must be an integer"),
         ]:
             response = await raw(client, "POST", "/v1/topics", content=body)

@@ -345,6 +345,14 @@ def test_cli_gc_commands(gc_daemon: DaemonProcess, capsys) -> None:  # noqa: ANN
     assert code == 0 and '"verdict": "deletable"' in out
 
 
+def test_cli_refuses_a_topic_name_no_store_can_hold_before_any_request(capsys) -> None:  # noqa: ANN001
+    for name in (".", "..", ".lz-tmp-x", "a/b"):
+        with pytest.raises(SystemExit) as caught:  # no --url: nothing is asked of a server
+            cli.main(["topics", "create", name])
+        assert caught.value.code == 2, name
+        assert f"topic name {name!r}" in capsys.readouterr().err
+
+
 def test_cli_gc_usage_errors_exit_2(capsys) -> None:  # noqa: ANN001
     for args in (["gc", "explain"], ["gc", "explain", "--key", "k", "--epoch", "1"],
                  ["gc", "explain", "--epoch", "x"], ["gc", "explain", "--epoch", "0"], ["gc"]):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from levelzero.core.errors import InvalidInput, StorageError
-from levelzero.storage.keys_check import TEMP_SEGMENT_PREFIX
+from levelzero.core.names import TEMP_SEGMENT_PREFIX
 from levelzero.storage.local_store import LocalObjectStore
 
 
