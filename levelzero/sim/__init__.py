@@ -1,16 +1,16 @@
-"""Seeded deterministic simulation of the levelzero core with fault injection.
+"""Seeded deterministic simulation of the shipping code with fault injection.
 
-`run_seed(seed)` drives the real core objects (`PartitionState`, `Fence`, `ReaderPins`, the GC
-selection, keys and the L0 format) through a simulated cluster — nodes with stale epoch caches,
-batchers, partition leaders that move and crash, zombie reconcilers, a housekeeper, GC rounds
-that span virtual time — on one thread, with one `random.Random(seed)` and virtual time, and
-checks the invariants of DESIGN.md after every step. A failing seed replays exactly.
+`run_seed(seed)` runs the real `Node` (partition actors, batcher, reconciler, housekeeper, GC)
+on a deterministic asyncio loop (virtual time, a seeded order among ready callbacks) over the
+memory log store and the memory object store with seeded latency and faults, with producers,
+readers, epoch bumps, partition creation and crashes, and checks the invariants of DESIGN.md
+against the real stores. A failing seed replays exactly.
 """
 
 from .config import SimConfig
+from .mutations import MUTATIONS
 from .runner import SimResult, Summary, run_many, run_seed, summarize
 from .violation import INVARIANTS, SimulationViolation, Violation
-from .world import MUTATIONS
 
 __all__ = [
     "INVARIANTS",

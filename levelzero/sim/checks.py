@@ -1,10 +1,11 @@
-"""Ground truth and the invariant checks of DESIGN.md, evaluated against the durable state.
+"""Ground truth and the invariant checks of DESIGN.md, evaluated against the real stores.
 
-The truth is what survives any crash: each partition's durable log (and its `shadow` state, the
-log applied record by record), the object store, the L1 metastore, and the model of what was
-acknowledged to producers. Checks run at the moment something irreversible happens (an object
-deleted, an L1 object marked for deletion, a record acknowledged), after every step (the
-monotone values), periodically (every acknowledged record readable) and at the end (no leaks).
+The truth is what survives any crash: each partition's durable log (applied record by record to
+a `shadow` state as it becomes durable), the object store, the L1 metastore, and what producers
+were told (acknowledged records). Checks run when something irreversible happens (a key about
+to be deleted, an L1 object entering DELETE_STARTED, a record acknowledged, a record durable),
+on a short virtual-time period while the world runs (published `M(p)`, every acknowledged
+record readable), and at the end (no leaks).
 """
 
 from __future__ import annotations
@@ -17,220 +18,236 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.l0format import Record, decode_extent, read_header
 from levelzero.core.state import PartitionState
+from levelzero.storage.protocols import L1Row, L1State
 
-from .stores import L1Row, L1State
 from .violation import SimulationViolation
 
 if TYPE_CHECKING:
-    from .world import Partition, World
+    from .world import World
 
-
-def apply_checked(state: PartitionState, record: LogRecord, where: str) -> bool:
-    """`state.apply`, with the state machine's own assertions reported as invariant 5: its
-    `InvariantViolation` (an epoch below the window) and its plain asserts of the same chain
-    (`min_epoch_lower_bound <= previous_applied <= max_applied`)."""
-    try:
-        return state.apply(record)
-    except InvariantViolation as exc:
-        raise SimulationViolation("5", f"{where}: {exc} (record {record!r})") from exc
-    except AssertionError as exc:
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        raise SimulationViolation(
-            "5",
-            f"{where}: state machine assertion `{frame.line}` failed at "
-            f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} applying {record!r}",
-        ) from exc
+L0_ROOT = "level_zero/"
 
 
 class Truth:
     def __init__(self, world: World) -> None:
         self.world = world
+        self.shadow: dict[int, PartitionState] = {}
         # pid -> data offset -> (key, value) of every acknowledged record
         self.acked: dict[int, dict[int, tuple[bytes | None, bytes]]] = {}
+        # pid -> durable placeholders in data-offset order (bases for bisect)
+        self.placeholders: dict[int, list[LogRecord]] = {}
+        self._bases: dict[int, list[int]] = {}
         # L0 key -> (pid, first data offset, last data offset) of every durable placeholder
         self.refs: dict[str, list[tuple[int, int, int]]] = {}
-        # last seen monotone values (invariant 2)
-        self._max_applied: dict[int, int | None] = {}
-        self._mp: dict[int, int | None] = {}
-        self._published: dict[str, int | None] = {}
+        self.deleted: set[str] = set()
+        self._published: dict[str, int] = {}
 
-    # ------------------------------------------------------------------ feeding
+    def fail(self, invariant: str, message: str) -> None:
+        self.world.fail(invariant, message)
 
-    def on_durable(self, part: Partition, batch: list[LogRecord]) -> None:
-        for record in batch:
-            apply_checked(part.shadow, record, f"durable log of {part.name}")
+    # ------------------------------------------------------------------ durable records
+
+    def on_durable(self, pid: int, records: list[LogRecord]) -> None:
+        state = self.shadow.get(pid)
+        if state is None:
+            row = self.world.log_store.partitions[pid]
+            state = self.shadow[pid] = PartitionState(row.creation_epoch)
+        name = self.world.partition_name(pid)
+        for record in records:
+            before = (state.max_applied_epoch, state.mp)
+            self._apply(state, record, f"durable log of {name}")
+            self._monotone(name, before, state)
             entry = record.entry
+            self.world.note(f"durable {name}@{record.log_offset} t{record.term} {_entry(entry)}")
             if isinstance(entry, Placeholder):
                 last = record.base_offset + entry.record_count - 1
-                self.refs.setdefault(entry.object_key, []).append(
-                    (part.pid, record.base_offset, last)
-                )
+                if entry.object_key in self.deleted:
+                    self.fail(
+                        "1",
+                        f"{name}: placeholder at log offset {record.log_offset} (epoch "
+                        f"{entry.epoch}) became durable into {entry.object_key}, already deleted",
+                    )
+                self.refs.setdefault(entry.object_key, []).append((pid, record.base_offset, last))
+                self.placeholders.setdefault(pid, []).append(record)
+                self._bases.setdefault(pid, []).append(record.base_offset)
 
-    def ack(self, pid: int, offset: int, record: Record, key: str) -> None:
-        acked = self.acked.setdefault(pid, {})
-        assert offset not in acked, (pid, offset)
-        acked[offset] = (record.key, record.value)
-        if not self.world.store.exists(key):
-            raise SimulationViolation(
-                "3", f"record {pid}@{offset} acknowledged while its object {key} is already deleted"
+    def _apply(self, state: PartitionState, record: LogRecord, where: str) -> None:
+        """`state.apply`, with the state machine's own assertions reported as invariant 5: its
+        `InvariantViolation` (an epoch below the window) and its plain asserts of the chain
+        `min_epoch_lower_bound <= previous_applied <= max_applied`."""
+        try:
+            state.apply(record)
+        except InvariantViolation as exc:
+            self.fail("5", f"{where}: {exc} (record {record!r})")
+        except AssertionError as exc:
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            self.fail(
+                "5",
+                f"{where}: state machine assertion `{frame.line}` failed at "
+                f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} applying {record!r}",
             )
 
-    # ------------------------------------------------------------------ invariant 1 (and pins)
+    def _monotone(
+        self, name: str, before: tuple[int | None, int | None], state: PartitionState
+    ) -> None:
+        for old, new, what in (
+            (before[0], state.max_applied_epoch, "max_applied_epoch"),
+            (before[1], state.mp, "M(p)"),
+        ):
+            if old is not None and (new is None or new < old):
+                self.fail("2", f"{name}: {what} fell from {old} to {new} in the durable log")
 
-    def on_l0_delete(self, key: str, by: str) -> None:
-        """Called just before the GC deletes `key`: nothing live may point into it."""
-        world = self.world
-        for pid, base, last in self.refs.get(key, ()):
-            part = world.parts[pid]
-            if last > part.shadow.lro:
-                raise SimulationViolation(
-                    "1",
-                    f"{by} deleted {key}: it holds {part.name} offsets {base}..{last} above "
-                    f"LRO {part.shadow.lro} (M(p) published {world.board.get(part.name)}, "
-                    f"window {part.shadow.applied_window}, min_lb {part.shadow.min_epoch_lower_bound})",
-                )
-        for part in world.parts.values():
-            rt = world.current_leader(part)
-            if rt is None:
+    def check_published(self, board: dict[str, int | None]) -> None:
+        """Published `M(p)` never falls, across incarnations too (a new leader publishes what
+        its replayed log proves, which is at least what any earlier one published)."""
+        for name, value in board.items():
+            if value is None:
                 continue
-            for record, _, _ in rt.pending:
-                entry = record.entry
-                if isinstance(entry, Placeholder) and entry.object_key == key:
-                    raise SimulationViolation(
-                        "1",
-                        f"{by} deleted {key}: {rt} has admitted a placeholder into it "
-                        f"(log offset {record.log_offset}, epoch {entry.epoch}) not yet durable",
-                    )
-            for read in rt.readers.values():
-                if key in read.keys:
-                    raise SimulationViolation(
-                        "1", f"{by} deleted {key} while an L0 reader of {rt} pinned M(p) to read it"
-                    )
-            job = rt.job
-            if job is not None and job.pin is not None and key in job.keys:
-                raise SimulationViolation(
-                    "1", f"{by} deleted {key} while the reconciler of {rt} pinned M(p) to copy it"
-                )
+            old = self._published.get(name)
+            if old is not None and value < old:
+                self.fail("2", f"published M(p) of {name} fell from {old} to {value}")
+            self._published[name] = value if old is None else max(old, value)
 
-    # ------------------------------------------------------------------ L1
+    # ------------------------------------------------------------------ acknowledgements
+
+    def ack(self, pid: int, base_offset: int, records: list[Record], key: str) -> None:
+        acked = self.acked.setdefault(pid, {})
+        for i, record in enumerate(records):
+            offset = base_offset + i
+            if offset in acked:
+                self.fail("3", f"{self.world.partition_name(pid)}@{offset} acknowledged twice")
+            acked[offset] = (record.key, record.value)
+        if key in self.deleted:
+            self.fail(
+                "3",
+                f"{self.world.partition_name(pid)}@{base_offset}.. acknowledged while its "
+                f"object {key} is already deleted",
+            )
+
+    # ------------------------------------------------------------------ deletions
+
+    def on_delete(self, key: str) -> None:
+        """Called by the object store for every key a delete is about to remove."""
+        self.world.note(f"delete {key}")
+        if not key.startswith(L0_ROOT):
+            return
+        for pid, base, last in self.refs.get(key, ()):
+            state = self.shadow[pid]
+            if last > state.lro:
+                self.fail(
+                    "1",
+                    f"deleted {key}: it holds {self.world.partition_name(pid)} offsets "
+                    f"{base}..{last} above LRO {state.lro} (window {state.applied_window}, "
+                    f"min_lb {state.min_epoch_lower_bound}, M(p) {state.mp})",
+                )
+        for actor in self.world.live_actors():
+            for pending in actor._pending:
+                entry = pending.record.entry
+                if isinstance(entry, Placeholder) and entry.object_key == key:
+                    self.fail(
+                        "1",
+                        f"deleted {key}: {actor.name} admitted a placeholder into it (log "
+                        f"offset {pending.record.log_offset}, epoch {entry.epoch}), not durable yet",
+                    )
+        self.deleted.add(key)
 
     def on_l1_delete_started(self, row: L1Row) -> None:
         """A valid L1 object of the durable lineage must never start being deleted."""
-        part = self.world.parts[row.pid]
-        s = part.shadow
+        state = self.shadow[row.pid]
         if (
             row.state == L1State.COPY_FINISHED
-            and s.l1_range_valid(row.term, row.base_offset, row.last_offset)
-            and row.last_offset >= s.start_offset
+            and state.l1_range_valid(row.term, row.base_offset, row.last_offset)
+            and row.last_offset >= state.start_offset
         ):
-            raise SimulationViolation(
+            self.fail(
                 "3",
                 f"deleting L1 object {row.key} [{row.base_offset}, {row.last_offset}] term "
-                f"{row.term}, which the durable lineage {s.reconciled_by_term} still serves",
+                f"{row.term}, which the durable lineage {state.reconciled_by_term} still serves",
             )
 
-    def l1_records(self, row: L1Row) -> list[Record]:
-        data = self.world.store.get(row.key)
+    # ------------------------------------------------------------------ invariant 3
+
+    def expected(self, pid: int, offset: int) -> tuple[bytes | None, bytes] | None:
+        return self.acked.get(pid, {}).get(offset)
+
+    def placeholder_at(self, pid: int, offset: int) -> LogRecord | None:
+        bases = self._bases.get(pid, [])
+        i = bisect.bisect_right(bases, offset) - 1
+        if i < 0:
+            return None
+        record = self.placeholders[pid][i]
+        entry = record.entry
+        assert isinstance(entry, Placeholder)
+        return record if offset < record.base_offset + entry.record_count else None
+
+    def check_readable(self) -> int:
+        """Every acknowledged record, byte for byte: L1 up to LRO, L0 above. Returns the count."""
+        objects = self.world.objects
+        l1_rows = list(self.world.log_store.l1.values())
+        checked = 0
+        for pid, acked in self.acked.items():
+            name = self.world.partition_name(pid)
+            state = self.shadow[pid]
+            rows = sorted(
+                (
+                    r
+                    for r in l1_rows
+                    if r.pid == pid
+                    and r.state == L1State.COPY_FINISHED
+                    and state.l1_range_valid(r.term, r.base_offset, r.last_offset)
+                ),
+                key=lambda r: r.base_offset,
+            )
+            bases = [r.base_offset for r in rows]
+            cache: dict[str, list[Record]] = {}
+            for offset, expected in acked.items():
+                if offset <= state.lro:
+                    i = bisect.bisect_right(bases, offset) - 1
+                    if i < 0 or rows[i].last_offset < offset:
+                        self.fail(
+                            "3",
+                            f"{name}@{offset} (<= LRO {state.lro}) is in no valid L1 object "
+                            f"(lineage {state.reconciled_by_term})",
+                        )
+                    row = rows[i]
+                    records = cache.get(row.key)
+                    if records is None:
+                        records = cache[row.key] = self._l1_records(objects, row, name)
+                    got = records[offset - row.base_offset]
+                else:
+                    record = self.placeholder_at(pid, offset)
+                    if record is None:
+                        self.fail("3", f"{name}@{offset} is acknowledged but has no placeholder")
+                    assert record is not None
+                    p = record.entry
+                    assert isinstance(p, Placeholder)
+                    handle = f"{p.object_key}@{record.log_offset}"
+                    records = cache.get(handle)
+                    if records is None:
+                        data = self._object(objects, p.object_key, f"{name}@{offset} (> LRO {state.lro})")
+                        raw = data[p.byte_offset : p.byte_offset + p.byte_length]
+                        records = cache[handle] = decode_extent(raw, p.checksum, p.record_count, name)
+                    got = records[offset - record.base_offset]
+                if (got.key, got.value) != expected:
+                    self.fail("3", f"{name}@{offset} reads {got!r}, acknowledged {expected!r}")
+                checked += 1
+        return checked
+
+    def _object(self, objects, key: str, what: str) -> bytes:
+        stored = objects._objects.get(key)
+        if stored is None:
+            self.fail("3", f"{what}: its object {key} is gone")
+        return stored[0]
+
+    def _l1_records(self, objects, row: L1Row, name: str) -> list[Record]:
+        data = self._object(objects, row.key, f"{name}: valid L1 object")
         header = read_header(data, row.key)
         (extent,) = header.extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
         return decode_extent(raw, extent.checksum, extent.record_count, row.key)
 
-    # ------------------------------------------------------------------ invariant 3
 
-    def compare(self, part: Partition, offset: int, record: Record, where: str) -> None:
-        expected = self.acked.get(part.pid, {}).get(offset)
-        if expected is not None and expected != (record.key, record.value):
-            raise SimulationViolation(
-                "3", f"{where}: {part.name}@{offset} reads {record!r}, acknowledged {expected!r}"
-            )
-
-    def check_readable(self) -> int:
-        """Every acknowledged record, byte for byte: L1 up to LRO, L0 above. Returns the count."""
-        world = self.world
-        checked = 0
-        for pid, acked in self.acked.items():
-            part = world.parts[pid]
-            s = part.shadow
-            rows = sorted(
-                (
-                    r
-                    for r in world.l1.of_partition(pid)
-                    if r.state == L1State.COPY_FINISHED
-                    and s.l1_range_valid(r.term, r.base_offset, r.last_offset)
-                ),
-                key=lambda r: r.base_offset,
-            )
-            bases = [r.base_offset for r in rows]
-            l1_cache: dict[str, list[Record]] = {}
-            l0_cache: dict[int, list[Record]] = {}
-            for offset, expected in acked.items():
-                if offset <= s.lro:
-                    i = bisect.bisect_right(bases, offset) - 1
-                    if i < 0 or rows[i].last_offset < offset:
-                        raise SimulationViolation(
-                            "3",
-                            f"{part.name}@{offset} (<= LRO {s.lro}) is in no valid L1 object "
-                            f"(lineage {s.reconciled_by_term})",
-                        )
-                    row = rows[i]
-                    if not world.store.exists(row.key):
-                        raise SimulationViolation(
-                            "3", f"{part.name}@{offset}: valid L1 object {row.key} is gone"
-                        )
-                    records = l1_cache.get(row.key)
-                    if records is None:
-                        records = l1_cache[row.key] = self.l1_records(row)
-                    got = records[offset - row.base_offset]
-                else:
-                    record = part.log.placeholder_at(offset)
-                    if record is None:
-                        raise SimulationViolation(
-                            "3", f"{part.name}@{offset} is acknowledged but has no placeholder"
-                        )
-                    p = record.entry
-                    assert isinstance(p, Placeholder)
-                    if not world.store.exists(p.object_key):
-                        raise SimulationViolation(
-                            "3",
-                            f"{part.name}@{offset} (> LRO {s.lro}): its L0 object {p.object_key} is gone",
-                        )
-                    records = l0_cache.get(record.log_offset)
-                    if records is None:
-                        data = world.store.get(p.object_key)[
-                            p.byte_offset : p.byte_offset + p.byte_length
-                        ]
-                        records = decode_extent(data, p.checksum, p.record_count, part.name)
-                        l0_cache[record.log_offset] = records
-                    got = records[offset - record.base_offset]
-                if (got.key, got.value) != expected:
-                    raise SimulationViolation(
-                        "3", f"{part.name}@{offset} reads {got!r}, acknowledged {expected!r}"
-                    )
-                checked += 1
-        return checked
-
-    # ------------------------------------------------------------------ invariant 2
-
-    def check_monotone(self) -> None:
-        world = self.world
-        for pid, part in world.parts.items():
-            s = part.shadow
-            for seen, value, what in (
-                (self._max_applied, s.max_applied_epoch, "max_applied_epoch"),
-                (self._mp, s.mp, "M(p)"),
-            ):
-                old = seen.get(pid)
-                if old is not None and (value is None or value < old):
-                    raise SimulationViolation(
-                        "2", f"{part.name}: {what} fell from {old} to {value}"
-                    )
-                seen[pid] = value
-        for name in world.board.names():
-            value = world.board.get(name)
-            old = self._published.get(name)
-            if old is not None and (value is None or value < old):
-                raise SimulationViolation(
-                    "2", f"published M(p) of {name} fell from {old} to {value}"
-                )
-            self._published[name] = value
+def _entry(entry: object) -> str:
+    if isinstance(entry, Placeholder):
+        return f"Placeholder(e{entry.epoch} {entry.object_key[-12:]} n{entry.record_count})"
+    return repr(entry)

@@ -1,29 +1,34 @@
-"""`levelzero sim`: run seeds of the simulation and print a summary table.
+"""`levelzero sim`: run seeds of the simulation of the shipping code and print a summary.
 
-    levelzero sim --seeds 300                 # seeds 0..299, windowed fencing
-    levelzero sim --seeds 300 --mode strict   # the strict baseline (more rejections and stall)
+    levelzero sim --seeds 500                 # seeds 0..499, windowed fencing
+    levelzero sim --seeds 100000              # unattended: a progress line every 1,000 seeds
+    levelzero sim --seeds 300 --mode strict   # the strict baseline (more rejections)
     levelzero sim --seed 1234                 # replay one seed; prints its trace on a violation
     levelzero sim --mutate                    # each deliberately broken rule must be caught
     levelzero sim --seed 7 --mutation gc_ignores_cap   # replay a mutation's catching seed
 
-Exit status: 0 when no invariant broke (with --mutate: when every mutation was caught), else 1.
-The daemon's CLI hooks this in with `add_arguments` + `run`; `python -m levelzero.sim` uses `main`.
+Exit status: 0 when no invariant broke (with --mutate: when every mutation was caught), 1 when
+one did, 2 on a usage error. The daemon's CLI hooks this in with `add_arguments` + `run`;
+`python -m levelzero.sim` uses `main`.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from collections.abc import Sequence
 from typing import TextIO
 
 from levelzero.core.fence import FenceMode
 
-from .runner import SimResult, run_many, summarize
-from .world import MUTATIONS
+from .mutations import MUTATIONS
+from .runner import SimResult, Summary, Totals, run_seed
 
 DEFAULT_SEEDS = 100
 MUTATE_SEEDS_DEFAULT = 300
+PROGRESS_EVERY_SEEDS = 1000
+FAILING_SEEDS_SHOWN_MAX = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,14 +60,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run with one mutation (to replay a catching seed)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="workload events per seed before the quiet period"
+        "--catches",
+        type=int,
+        default=1,
+        help="with --mutate: catches to collect per mutation (the median seeds-to-catch)",
+    )
+    parser.add_argument(
+        "--workload-s",
+        type=float,
+        default=None,
+        help="virtual seconds of workload per seed before the quiet period",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="levelzero sim",
-        description="Seeded deterministic simulation of the levelzero core with fault injection.",
+        description="Seeded deterministic simulation of the shipping code with fault injection.",
     )
     add_arguments(parser)
     return parser
@@ -72,33 +86,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
+def _usage(message: str) -> int:
+    print(f"levelzero sim: {message}", file=sys.stderr)
+    return 2
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     if args.seeds is not None and args.seeds < 1:
-        print("--seeds must be >= 1", file=sys.stderr)
-        return 2
+        return _usage("--seeds must be >= 1")
+    if args.seed is not None and args.seed < 0:
+        return _usage("--seed must be >= 0")
+    if args.workload_s is not None and not 0 < args.workload_s <= 3600:
+        return _usage("--workload-s must be in (0, 3600]")
+    if args.catches < 1:
+        return _usage("--catches must be >= 1")
     if args.mutate:
         return _mutate(args, out)
     first = args.seed if args.seed is not None else 0
     count = (
         args.seeds if args.seeds is not None else (1 if args.seed is not None else DEFAULT_SEEDS)
     )
-    results = run_many(
-        range(first, first + count),
-        mutation=args.mutation,
-        fencing_mode=args.mode,
-        steps=args.steps,
-    )
-    _print_summary(results, args, out)
-    failed = [r for r in results if r.violation is not None]
+    totals = Totals()
+    failed: list[SimResult] = []
+    for seed in range(first, first + count):
+        result = run_seed(
+            seed, mutation=args.mutation, fencing_mode=args.mode, workload_s=args.workload_s
+        )
+        totals.add(result)
+        if result.violation is not None and len(failed) < FAILING_SEEDS_SHOWN_MAX:
+            failed.append(result)
+        if count > PROGRESS_EVERY_SEEDS and totals.seeds % PROGRESS_EVERY_SEEDS == 0:
+            s = totals.summary()
+            print(
+                f"  {s.seeds} seeds, {s.violations} violations, {s.seeds_per_s:.1f} seeds/s",
+                file=out,
+                flush=True,
+            )
+    _print_summary(totals.summary(), first, count, args, out)
     if failed:
-        first_failed = failed[0]
-        assert first_failed.violation is not None
+        violation = failed[0].violation
+        assert violation is not None
         print("", file=out)
-        print(first_failed.violation.describe(), file=out)
-        print(f"\nreplay: {_replay(first_failed)}", file=out)
+        print(violation.describe(), file=out)
+        print(f"\nreplay: {_replay(failed[0])}", file=out)
         if len(failed) > 1:
-            print(f"other failing seeds: {', '.join(str(r.seed) for r in failed[1:20])}", file=out)
+            print(f"other failing seeds: {', '.join(str(r.seed) for r in failed[1:])}", file=out)
     if args.mutation is not None:
         return 0  # a mutation is supposed to break things; replaying one is not a failure
     return 1 if failed else 0
@@ -115,37 +148,29 @@ def _row(out: TextIO, name: str, value: object) -> None:
     print(f"  {name:<40} {value}", file=out)
 
 
-def _print_summary(results: list[SimResult], args: argparse.Namespace, out: TextIO) -> None:
-    s = summarize(results)
-    seeds = f"{results[0].seed}..{results[-1].seed}" if len(results) > 1 else f"{results[0].seed}"
+def _print_summary(
+    s: Summary, first: int, count: int, args: argparse.Namespace, out: TextIO
+) -> None:
+    seeds = f"{first}..{first + count - 1}" if count > 1 else f"{first}"
     mutation = f", mutation {args.mutation}" if args.mutation else ""
     print(f"levelzero sim: {s.seeds} seeds ({seeds}), mode {args.mode}{mutation}", file=out)
     _row(out, "violations", s.violations)
-    _row(out, "events", s.steps)
+    _row(out, "virtual seconds / loop callbacks", f"{s.virtual_s:.0f} / {s.callbacks}")
     _row(out, "writes acknowledged (records)", f"{s.writes_acked} ({s.records_acked})")
     _row(out, "writes failed (not acknowledged)", s.writes_failed)
+    _row(out, "reads", s.reads)
     _row(out, "stale-epoch rejections", s.stale_rejections)
     _row(
         out,
-        "L0 objects written / deleted / left",
-        f"{s.objects_written} / {s.objects_deleted} / {s.l0_left}",
+        "L0 objects uploaded / deleted / left",
+        f"{s.objects_uploaded} / {s.objects_deleted} / {s.l0_left}",
     )
     _row(out, "orphan objects (rejected everywhere)", s.orphans)
     _row(out, "L1 objects written", s.l1_written)
-    _row(out, "leadership changes / crashes", f"{s.leadership_changes} / {s.crashes}")
-    _row(out, "epoch bumps / GC rounds", f"{s.epoch_bumps} / {s.gc_rounds}")
+    _row(out, "crashes / epoch bumps / GC rounds", f"{s.crashes} / {s.epoch_bumps} / {s.gc_rounds}")
     _row(out, "partitions created during GC rounds", s.partitions_created_during_gc)
-    _row(out, "stall after leadership change: max (s)", f"{s.max_stall_s:.3f}")
-    _row(out, "stall after leadership change: total (s)", f"{s.total_stall_s:.3f}")
-    _row(out, "rejections after leadership change", s.rejections_after_change)
-    _row(out, "writes needing >1 retry after a change", s.writes_over_one_retry_after_change)
-    _row(out, "changes to a stale-cache leader", s.stale_cache_changes)
-    _row(
-        out,
-        "  their stall: max / total (s)",
-        f"{s.stale_cache_max_stall_s:.3f} / {s.stale_cache_total_stall_s:.3f}",
-    )
-    _row(out, "  their rejections", s.stale_cache_rejections)
+    _row(out, "faults injected", s.faults)
+    _row(out, "acknowledged records read back at the end", s.records_checked)
     _row(out, "wall time (s) / seeds per s", f"{s.wall_s:.2f} / {s.seeds_per_s:.1f}")
 
 
@@ -153,33 +178,46 @@ def _mutate(args: argparse.Namespace, out: TextIO) -> int:
     first = args.seed if args.seed is not None else 0
     count = args.seeds if args.seeds is not None else MUTATE_SEEDS_DEFAULT
     print(
-        f"levelzero sim --mutate: up to {count} seeds per mutation from seed {first}, mode {args.mode}",
+        f"levelzero sim --mutate: up to {count} seeds per mutation from seed {first}, mode "
+        f"{args.mode}, {args.catches} catch(es) each",
         file=out,
     )
     print(
-        f"  {'mutation':<26} {'caught':<7} {'seed':>6} {'tried':>6}  invariant: violation", file=out
+        f"  {'mutation':<32} {'caught':<7} {'first':>6} {'median':>7} {'tried':>6}  "
+        "invariant: violation",
+        file=out,
     )
     missed = 0
     for name, what in MUTATIONS.items():
-        results = run_many(
-            range(first, first + count),
-            mutation=name,
-            fencing_mode=args.mode,
-            steps=args.steps,
-            stop_on_violation=True,
-        )
-        last = results[-1]
-        if last.violation is None:
+        catches: list[SimResult] = []
+        tried = 0
+        since = 0  # seeds since the previous catch
+        seeds_to_catch: list[int] = []
+        for seed in range(first, first + count):
+            result = run_seed(
+                seed, mutation=name, fencing_mode=args.mode, workload_s=args.workload_s
+            )
+            tried += 1
+            since += 1
+            if result.violation is not None:
+                catches.append(result)
+                seeds_to_catch.append(since)
+                since = 0
+                if len(catches) >= args.catches:
+                    break
+        if not catches:
             missed += 1
-            print(f"  {name:<26} {'NO':<7} {'-':>6} {len(results):>6}  ({what})", file=out)
+            print(f"  {name:<32} {'NO':<7} {'-':>6} {'-':>7} {tried:>6}  ({what})", file=out)
             continue
-        v = last.violation
+        v = catches[0].violation
+        assert v is not None
         message = v.message.splitlines()[0]
-        if len(message) > 150:
-            message = message[:147] + "..."
+        if len(message) > 120:
+            message = message[:117] + "..."
+        median = statistics.median(seeds_to_catch)
         print(
-            f"  {name:<26} {'yes':<7} {v.seed:>6} {len(results):>6}  {v.invariant}: {message}",
+            f"  {name:<32} {'yes':<7} {v.seed:>6} {median:>7g} {tried:>6}  {v.invariant}: {message}",
             file=out,
         )
-        print(f"  {'':<26} replay: {_replay(last)}", file=out)
+        print(f"  {'':<32} replay: {_replay(catches[0])}", file=out)
     return 1 if missed else 0

@@ -148,9 +148,11 @@ def _rank_and_seq(item: tuple[int, int, asyncio.Handle]) -> tuple[int, int]:
     return item[0], item[1]
 
 
-def run_deterministic(main: Coroutine[Any, Any, T], rng: random.Random) -> T:
-    """Run `main` to completion on a fresh deterministic loop and close the loop."""
-    loop = DeterministicLoop(rng)
+def run_deterministic(
+    main: Coroutine[Any, Any, T], rng: random.Random, *, loop: DeterministicLoop | None = None
+) -> T:
+    """Run `main` to completion on a fresh deterministic loop (or `loop`) and close the loop."""
+    loop = loop if loop is not None else DeterministicLoop(rng)
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(main)

@@ -1,17 +1,22 @@
-"""Run seeds: the workload phase, the quiet period, the checks, and a result per seed."""
+"""Run seeds: one deterministic loop per seed running the world, and a result per seed."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import random
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from levelzero.core.fence import FenceMode
 
 from .config import SimConfig
+from .loop import Deadlock, DeterministicLoop, run_deterministic
+from .mutations import MUTATIONS, applied
 from .violation import SimulationViolation, Violation
-from .world import MUTATIONS, World
+from .world import World
 
 DEFAULT_CONFIG = SimConfig()
 
@@ -21,38 +26,38 @@ class SimResult:
     seed: int
     mode: str
     mutation: str | None
-    steps: int
     virtual_s: float
+    callbacks: int
     writes_submitted: int
     writes_acked: int
     records_acked: int
     writes_failed: int
+    reads: int
+    records_read: int
     stale_rejections: int
     stale_retries: int
-    objects_written: int
+    objects_uploaded: int
     objects_deleted: int
     orphans: int
     l1_written: int
-    l1_deleted: int
-    catch_ups_rejected: int
-    leadership_changes: int
     crashes: int
     epoch_bumps: int
     gc_rounds: int
+    topics_created: int
     partitions_created_during_gc: int
     faults: int
-    # invariant 6: write stall after leadership changes (virtual seconds)
+    l0_left: int
+    records_checked: int
+    # invariant 6: write stall after a new incarnation takes over (virtual seconds)
+    leadership_changes: int
     max_stall_s: float
     total_stall_s: float
-    stalled_changes: int
-    stale_cache_changes: int  # new leader's cache fresh but below the partition's max epoch
+    rejections_after_change: int
+    writes_over_one_retry_after_change: int
+    stale_cache_changes: int  # the new incarnation's cache started behind the cluster epoch
     stale_cache_max_stall_s: float
     stale_cache_total_stall_s: float
     stale_cache_rejections: int
-    rejections_after_change: int
-    writes_over_one_retry_after_change: int
-    l0_left: int
-    records_checked: int
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -67,117 +72,133 @@ def run_seed(
     *,
     mutation: str | None = None,
     fencing_mode: str | FenceMode = FenceMode.WINDOWED,
-    steps: int | None = None,
+    workload_s: float | None = None,
     config: SimConfig = DEFAULT_CONFIG,
 ) -> SimResult:
-    """Simulate one seed. Same seed, same arguments → the same result, trace included.
+    """Simulate one seed. Same seed, same arguments -> the same result, trace included.
 
-    `steps` is the number of events of the workload phase (faults included); the quiet period
-    that follows runs until every L0 object is collected (invariant 4) or its bound runs out.
     A violation does not raise: it is in `result.violation` with the invariant and the trace.
     """
-    if steps is not None:
-        config = replace(config, workload_steps=steps)
+    if mutation is not None and mutation not in MUTATIONS:
+        raise ValueError(f"unknown mutation {mutation!r}; one of {', '.join(MUTATIONS)}")
+    if workload_s is not None:
+        config = replace(config, workload_s=workload_s)
     started = time.perf_counter()
     world = World(seed, config, mode=FenceMode(fencing_mode), mutation=mutation)
+    loop_rng = random.Random(f"loop-{seed}")
+    callbacks = 0
+    virtual_s = 0.0
     violation: Violation | None = None
-    records_checked = 0
+    with applied(mutation), _quiet_logs():
+        loop = DeterministicLoop(loop_rng)
+        try:
+            run_deterministic(world.run(), loop_rng, loop=loop)
+        except BaseException as exc:  # noqa: BLE001 - sorted below; anything else re-raised
+            violation = _violation_of(world, exc, loop.time())
+            if violation is None:
+                exc.add_note(f"levelzero.sim seed {seed}, mode {world.mode}, mutation {mutation}")
+                exc.add_note("\n".join(world.trace))
+                raise
+        finally:
+            callbacks = loop.callbacks_run
+            virtual_s = loop.time()
+    if violation is None and world.violation is not None:
+        violation = _violation(world, world.violation.invariant, world.violation.message, virtual_s)
+    world.finish()
+    return _result(world, violation, callbacks, virtual_s, time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _quiet_logs() -> Iterator[None]:
+    """The actors log what an operator needs (faults, retries); thousands of seeds of injected
+    faults are not that. The simulation reports through its trace instead."""
+    logger = logging.getLogger("levelzero")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     try:
-        records_checked = _run(world)
-    except SimulationViolation as exc:
-        violation = _violation(world, exc.invariant, exc.message)
-        exc.violation = violation
-    except AssertionError as exc:  # the core's or the model's own assertions
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        message = f"{type(exc).__name__}: {exc} at {where.filename}:{where.lineno} ({where.name})"
-        violation = _violation(world, "assert", message)
-    except Exception as exc:
-        exc.add_note(f"levelzero.sim seed {seed}, mode {world.mode}, mutation {mutation}")
-        exc.add_note("\n".join(world.sched.trace))
-        raise
-    return _result(world, violation, records_checked, time.perf_counter() - started)
+        yield
+    finally:
+        logger.setLevel(level)
 
 
-def _run(world: World) -> int:
-    cfg = world.cfg
-    sched = world.sched
-    truth = world.truth
-    world.start()
-    while sched.steps < cfg.workload_steps:
-        assert sched.step(), "the workload ran out of events"
-        truth.check_monotone()
-        if sched.steps % cfg.check_every_steps == 0:
-            truth.check_readable()
-    world.begin_quiet()
-    quiet_from, quiet_steps_from = sched.now, sched.steps
-    while not world.settled:
-        if (
-            sched.now - quiet_from > cfg.quiet_s_max
-            or sched.steps - quiet_steps_from > cfg.quiet_steps_max
-        ):
-            raise SimulationViolation("4", world.explain_leftovers())
-        assert sched.step(), "the quiet period ran out of events"
-        truth.check_monotone()
-        if sched.steps % cfg.check_every_steps == 0:
-            truth.check_readable()
-    return truth.check_readable()
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
 
 
-def _violation(world: World, invariant: str, message: str) -> Violation:
+def _violation_of(world: World, exc: BaseException, now: float) -> Violation | None:
+    if world.violation is not None:  # the first one, wherever it was raised and caught
+        return _violation(world, world.violation.invariant, world.violation.message, now)
+    for leaf in _leaves(exc):
+        if isinstance(leaf, Deadlock):
+            return _violation(world, "deadlock", str(leaf), now)
+    for leaf in _leaves(exc):
+        if isinstance(leaf, AssertionError):  # the core's or the actors' own assertions
+            where = traceback.extract_tb(leaf.__traceback__)[-1]
+            message = (
+                f"{type(leaf).__name__}: {leaf} at {where.filename.rsplit('levelzero/', 1)[-1]}:"
+                f"{where.lineno} ({where.name})"
+            )
+            return _violation(world, "assert", message, now)
+    return None
+
+
+def _violation(world: World, invariant: str, message: str, now: float) -> Violation:
     return Violation(
         invariant=invariant,
         message=message,
         seed=world.seed,
         mode=str(world.mode),
         mutation=world.mutation,
-        time_s=world.sched.now,
-        step=world.sched.steps,
-        trace=tuple(world.sched.trace),
+        time_s=now,
+        trace=tuple(world.trace),
     )
 
 
 def _result(
-    world: World, violation: Violation | None, records_checked: int, wall_s: float
+    world: World, violation: Violation | None, callbacks: int, virtual_s: float, wall_s: float
 ) -> SimResult:
     s = world.stats
     changes = world.changes
+    stale = [c for c in changes if c.stale]
     return SimResult(
         seed=world.seed,
         mode=str(world.mode),
         mutation=world.mutation,
-        steps=world.sched.steps,
-        virtual_s=round(world.sched.now, 6),
+        virtual_s=round(virtual_s, 6),
+        callbacks=callbacks,
         writes_submitted=s.writes_submitted,
         writes_acked=s.writes_acked,
         records_acked=s.records_acked,
         writes_failed=s.writes_failed,
+        reads=s.reads,
+        records_read=s.records_read,
         stale_rejections=s.stale_rejections,
         stale_retries=s.stale_retries,
-        objects_written=s.objects_written,
+        objects_uploaded=s.objects_uploaded,
         objects_deleted=s.objects_deleted,
         orphans=s.orphans,
         l1_written=s.l1_written,
-        l1_deleted=s.l1_deleted,
-        catch_ups_rejected=s.catch_ups_rejected,
-        leadership_changes=s.leadership_changes,
         crashes=s.crashes,
-        epoch_bumps=s.epoch_bumps,
+        epoch_bumps=world.log_store.cluster_epoch - 1,
         gc_rounds=s.gc_rounds,
+        topics_created=s.topics_created,
         partitions_created_during_gc=s.partitions_created_during_gc,
-        faults=s.faults,
+        faults=world.faults.injected,
+        l0_left=sum(1 for k in world.objects.keys() if k.startswith("level_zero/")),
+        records_checked=world.records_checked,
+        leadership_changes=len(changes),
         max_stall_s=max((c.stall_s for c in changes), default=0.0),
         total_stall_s=sum(c.stall_s for c in changes),
-        stalled_changes=sum(1 for c in changes if c.stall_s > 0),
-        stale_cache_changes=sum(1 for c in changes if c.stale),
-        stale_cache_max_stall_s=max((c.stall_s for c in changes if c.stale), default=0.0),
-        stale_cache_total_stall_s=sum(c.stall_s for c in changes if c.stale),
-        stale_cache_rejections=sum(c.rejections for c in changes if c.stale),
         rejections_after_change=sum(c.rejections for c in changes),
         writes_over_one_retry_after_change=sum(c.writes_over_one_retry for c in changes),
-        l0_left=world.store.l0_count,
-        records_checked=records_checked,
+        stale_cache_changes=len(stale),
+        stale_cache_max_stall_s=max((c.stall_s for c in stale), default=0.0),
+        stale_cache_total_stall_s=sum(c.stall_s for c in stale),
+        stale_cache_rejections=sum(c.rejections for c in stale),
         violation=violation,
-        trace_digest=world.sched.digest,
+        trace_digest=world.digest,
         wall_s=wall_s,
     )
 
@@ -187,7 +208,7 @@ def run_many(
     *,
     mutation: str | None = None,
     fencing_mode: str | FenceMode = FenceMode.WINDOWED,
-    steps: int | None = None,
+    workload_s: float | None = None,
     config: SimConfig = DEFAULT_CONFIG,
     stop_on_violation: bool = False,
     progress: Callable[[SimResult], None] | None = None,
@@ -196,7 +217,7 @@ def run_many(
     results = []
     for seed in seeds:
         result = run_seed(
-            seed, mutation=mutation, fencing_mode=fencing_mode, steps=steps, config=config
+            seed, mutation=mutation, fencing_mode=fencing_mode, workload_s=workload_s, config=config
         )
         results.append(result)
         if progress is not None:
@@ -212,69 +233,89 @@ class Summary:
     violations: int
     first_violation: Violation | None
     wall_s: float
-    steps: int
+    virtual_s: float
+    callbacks: int
     writes_acked: int
     records_acked: int
     writes_failed: int
+    reads: int
     stale_rejections: int
-    objects_written: int
+    objects_uploaded: int
     objects_deleted: int
     orphans: int
     l1_written: int
-    leadership_changes: int
     crashes: int
     epoch_bumps: int
     gc_rounds: int
     partitions_created_during_gc: int
-    max_stall_s: float
+    faults: int
+    l0_left: int
+    records_checked: int
+    leadership_changes: int
     total_stall_s: float
     rejections_after_change: int
     writes_over_one_retry_after_change: int
     stale_cache_changes: int
-    stale_cache_max_stall_s: float
     stale_cache_total_stall_s: float
     stale_cache_rejections: int
-    l0_left: int
+    max_stall_s: float
+    stale_cache_max_stall_s: float
 
     @property
     def seeds_per_s(self) -> float:
         return self.seeds / self.wall_s if self.wall_s > 0 else float("inf")
 
 
-def summarize(results: list[SimResult]) -> Summary:
-    def total(name: str) -> int:
-        return sum(getattr(r, name) for r in results)
-
-    failed = [r for r in results if r.violation is not None]
-    return Summary(
-        seeds=len(results),
-        violations=len(failed),
-        first_violation=failed[0].violation if failed else None,
-        wall_s=sum(r.wall_s for r in results),
-        steps=total("steps"),
-        writes_acked=total("writes_acked"),
-        records_acked=total("records_acked"),
-        writes_failed=total("writes_failed"),
-        stale_rejections=total("stale_rejections"),
-        objects_written=total("objects_written"),
-        objects_deleted=total("objects_deleted"),
-        orphans=total("orphans"),
-        l1_written=total("l1_written"),
-        leadership_changes=total("leadership_changes"),
-        crashes=total("crashes"),
-        epoch_bumps=total("epoch_bumps"),
-        gc_rounds=total("gc_rounds"),
-        partitions_created_during_gc=total("partitions_created_during_gc"),
-        max_stall_s=max((r.max_stall_s for r in results), default=0.0),
-        total_stall_s=sum(r.total_stall_s for r in results),
-        rejections_after_change=total("rejections_after_change"),
-        writes_over_one_retry_after_change=total("writes_over_one_retry_after_change"),
-        stale_cache_changes=total("stale_cache_changes"),
-        stale_cache_max_stall_s=max((r.stale_cache_max_stall_s for r in results), default=0.0),
-        stale_cache_total_stall_s=sum(r.stale_cache_total_stall_s for r in results),
-        stale_cache_rejections=total("stale_cache_rejections"),
-        l0_left=total("l0_left"),
-    )
+_SUMMED = (
+    "virtual_s", "callbacks", "writes_acked", "records_acked", "writes_failed", "reads",
+    "stale_rejections", "objects_uploaded", "objects_deleted", "orphans", "l1_written", "crashes",
+    "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults", "l0_left",
+    "records_checked", "leadership_changes", "total_stall_s", "rejections_after_change",
+    "writes_over_one_retry_after_change", "stale_cache_changes", "stale_cache_total_stall_s",
+    "stale_cache_rejections",
+)
+_MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 
 
-__all__ = ["MUTATIONS", "SimResult", "Summary", "run_many", "run_seed", "summarize"]
+class Totals:
+    """Sums of results as they come (a run of 100,000 seeds keeps no list of results)."""
+
+    def __init__(self) -> None:
+        self.seeds = 0
+        self.violations = 0
+        self.first_violation: Violation | None = None
+        self.wall_s = 0.0
+        self._sums: dict[str, float] = dict.fromkeys(_SUMMED, 0)
+        self._maxes: dict[str, float] = dict.fromkeys(_MAXED, 0.0)
+
+    def add(self, result: SimResult) -> None:
+        self.seeds += 1
+        self.wall_s += result.wall_s
+        if result.violation is not None:
+            self.violations += 1
+            if self.first_violation is None:
+                self.first_violation = result.violation
+        for name in _SUMMED:
+            self._sums[name] += getattr(result, name)
+        for name in _MAXED:
+            self._maxes[name] = max(self._maxes[name], getattr(result, name))
+
+    def summary(self) -> Summary:
+        return Summary(
+            seeds=self.seeds,
+            violations=self.violations,
+            first_violation=self.first_violation,
+            wall_s=self.wall_s,
+            **self._sums,
+            **self._maxes,
+        )
+
+
+def summarize(results: Iterable[SimResult]) -> Summary:
+    totals = Totals()
+    for result in results:
+        totals.add(result)
+    return totals.summary()
+
+
+__all__ = ["MUTATIONS", "SimResult", "Summary", "Totals", "run_many", "run_seed", "summarize"]

@@ -13,7 +13,8 @@ INVARIANTS = {
     "4": "after the quiet period every L0 object is deleted (no leaks, orphans included)",
     "5": "no admitted placeholder has an epoch below the window at its log offset",
     "replay": "a leader replayed from snapshot + log equals the state of the durable log",
-    "assert": "an assertion of the core or of the simulation model failed",
+    "assert": "an assertion of the core or of the actors failed",
+    "deadlock": "the world waits for something nothing will ever do",
 }
 
 
@@ -25,7 +26,6 @@ class Violation:
     mode: str
     mutation: str | None
     time_s: float
-    step: int
     trace: tuple[str, ...]
 
     def describe(self) -> str:
@@ -33,7 +33,7 @@ class Violation:
         mutation = f", mutation {self.mutation}" if self.mutation else ""
         head = (
             f"invariant {self.invariant} violated ({what}) — seed {self.seed}, mode {self.mode}"
-            f"{mutation}, step {self.step}, t={self.time_s:.4f}s\n  {self.message}"
+            f"{mutation}, t={self.time_s:.4f}s\n  {self.message}"
         )
         return (
             head

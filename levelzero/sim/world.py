@@ -1,52 +1,105 @@
-"""The simulated cluster: nodes, partition leaders, batchers, reconcilers, housekeepers, GC
-workers, readers, an epoch service and a fault injector, all driven by one scheduler and one
-`random.Random`.
+"""The simulated world: the shipping `Node` over the memory log store and the memory object
+store, with producers, readers, epoch bumps, partition creation, seeded faults and crashes.
 
-Only the *core* is real: `PartitionState` (replayed from snapshot + log, applied in log order),
-`Fence` (try_fence / BecomeUpdater / drained / complete_slide / release), `ReaderPins`, the GC
-selection (`compute_cluster_watermark`, `scan_prefix`, `batches`), keys and the L0 format. What
-the actors do around them (mailboxes, the appender, awaiting replies) is modelled as events,
-mirroring `levelzero/actors/*` step by step; every await of an actor becomes "schedule the rest
-later", which is where delays, reordering, crashes and zombies get in.
-
-Ownership: events that belong to a node carry its incarnation and are dropped once it crashed,
-so a crash loses exactly the node's memory (leaders, batches, in-flight jobs, GC rounds) while
-the durable logs, the object store and the L1 metastore survive.
+A crash drops the live `Node` mid-flight: its connection to the log store is cut at once (the
+process is gone), while its object-store requests already on the wire still land for a while
+(the zombie work: uploads that become orphans, GC deletes decided under an old `M`, L1 copies of
+an old term). Then the zombie is cancelled, and a new `Node` starts over the same stores: it
+replays every partition, begins a new term, and its epoch cache may start stale (as a node
+whose cache lags would). After the workload, a quiet period runs until every L0 object is
+collected (invariant 4). Everything runs on the deterministic loop (`loop.py`); every random
+draw comes from the seed's one `random.Random`.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Callable
-from dataclasses import replace
-from typing import Any
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
 
-from levelzero.core.entries import LogRecord
+import anyio
+import anyio.abc
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.gc import GcConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.partition import PartitionActor
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.errors import LevelZeroError, ObjectNotFound, StaleClusterEpoch
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.keys import parse_l0_key
-from levelzero.core.state import PartitionState
+from levelzero.core.l0format import Record
+from levelzero.storage.memory_store import MemoryObjectStore
 
-from .batcher import BatcherMixin
-from .checks import Truth, apply_checked
-from .config import Range, SimConfig
-from .gc_worker import GcMixin
-from .housekeeper import HousekeeperMixin
-from .leader import Leader
-from .model import MUTATIONS, Change, Node, Partition, Stats
-from .readers import ReadersMixin
-from .reconciler import ReconcilerMixin
-from .scheduler import Scheduler
-from .stores import L1Metastore, PartitionLog, SimObjectStore, WatermarkBoard
+from .checks import L0_ROOT, Truth
+from .config import SimConfig
+from .faults import IncarnationLogStore, SeededFaults, SimLogStore
 from .violation import SimulationViolation
 
-__all__ = ["MUTATIONS", "World"]
+# The wall clock of the simulated world: virtual seconds after a fixed instant.
+WALL_START_S = 1_700_000_000.0
+FETCH_BYTES = 4096
 
 
-class World(BatcherMixin, HousekeeperMixin, ReconcilerMixin, ReadersMixin, GcMixin):
-    """One seed's cluster. `start()` schedules the workload; the runner steps the scheduler."""
+@dataclass(eq=False)
+class Incarnation:
+    """One life of the node: a `Node` and its connection to the log store."""
 
+    number: int
+    node: Node
+    log: IncarnationLogStore
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    tg: anyio.abc.TaskGroup | None = None
+    alive: bool = True  # False from the crash on (a zombie until its scope is cancelled)
+    ended: bool = False
+    change: Change | None = None  # None for the first incarnation
+
+    def __repr__(self) -> str:
+        return f"n{self.number}"
+
+
+@dataclass(eq=False, slots=True)
+class Change:
+    """A new incarnation taking over every partition: the write stall after it (invariant 6)."""
+
+    at: float
+    incarnation: int
+    cache_behind: int  # epochs its cache started behind the cluster epoch (0: fresh)
+    stall_s: float = 0.0  # the longest a write submitted soon after waited, if it was retried
+    writes: int = 0
+    rejections: int = 0  # attempts beyond the first, of writes submitted soon after
+    writes_over_one_retry: int = 0
+
+    @property
+    def stale(self) -> bool:
+        return self.cache_behind > 0
+
+
+@dataclass(slots=True)
+class Stats:
+    writes_submitted: int = 0
+    writes_acked: int = 0
+    records_acked: int = 0
+    writes_failed: int = 0
+    reads: int = 0
+    records_read: int = 0
+    crashes: int = 0
+    epoch_bumps: int = 0
+    topics_created: int = 0
+    partitions_created_during_gc: int = 0
+    stale_rejections: int = 0
+    stale_retries: int = 0
+    orphans: int = 0
+    objects_uploaded: int = 0
+    l1_written: int = 0
+    gc_rounds: int = 0
+    objects_deleted: int = 0
+
+
+class World:
     def __init__(
         self,
         seed: int,
@@ -55,353 +108,414 @@ class World(BatcherMixin, HousekeeperMixin, ReconcilerMixin, ReadersMixin, GcMix
         mode: FenceMode = FenceMode.WINDOWED,
         mutation: str | None = None,
     ) -> None:
-        if mutation is not None and mutation not in MUTATIONS:
-            raise ValueError(f"unknown mutation {mutation!r}; one of {', '.join(MUTATIONS)}")
         self.seed = seed
+        self.cfg = cfg
         self.mode = FenceMode(mode)
         self.mutation = mutation
-        self.rng = random.Random(seed)
-        if cfg.vary_per_seed:
-            cfg = replace(
-                cfg,
-                cache_ttl_s=cfg.cache_ttl_s * self.rng.choice((0.4, 1.0, 2.0)),
-                epoch_bump_interval_s=cfg.epoch_bump_interval_s * self.rng.choice((0.5, 1.0, 2.0)),
-                reconciler_interval_s=cfg.reconciler_interval_s * self.rng.choice((0.5, 1.0, 2.5)),
-                newest_partition_write_p=self.rng.choice((0.0, 0.3, 0.6)),
-            )
-        self.cfg = cfg
-        self.sched = Scheduler()
+        self.rng = rng = random.Random(seed)
+        # Per-seed variation: calm and stormy, fresh and stale, balanced and skewed worlds.
+        self.cache_ttl_s = rng.choice(cfg.cache_ttl_s)
+        self.epoch_bump_interval_s = rng.choice(cfg.epoch_bump_interval_s)
+        self.reconciler_interval_s = rng.choice(cfg.reconciler_interval_s)
+        self.newest_write_p = rng.choice(cfg.newest_partition_write_p)
+        self.fault_scale = rng.choice(cfg.fault_scales)
+        self.trace: deque[str] = deque(maxlen=cfg.trace_lines_max)
+        self.digest = 0
         self.stats = Stats()
-        self.epoch = 1
-        self.nodes = [Node(i) for i in range(cfg.nodes)]
-        self.parts: dict[int, Partition] = {}
-        self.next_pid = 0
-        self.store = SimObjectStore()
-        self.l1 = L1Metastore()
-        self.board = WatermarkBoard()
+        self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
+        self.log_store = SimLogStore(
+            rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started
+        )
+        self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete)
+        self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
+        self.incarnations: list[Incarnation] = []
         self.changes: list[Change] = []
+        self.live: Incarnation | None = None
         self.phase = "workload"
-        self.faulty = True
-        # Per-seed fault intensity: some seeds are calm, some are storms.
-        self.fault_scale = self.rng.choice((0.5, 1.0, 1.0, 2.0))
-        self._next_id = 0
+        self.produces_in_flight = 0
+        self.records_checked = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._values = 0
 
     # ------------------------------------------------------------------ plumbing
 
-    def new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
-
-    def note(self, text: str) -> None:
-        self.sched.note(text)
-
-    def after(self, delay_s: float, label: str, fn: Callable[..., Any], *args: Any) -> None:
-        self.sched.after(delay_s, label, fn, *args)
-
-    def node_after(
-        self, node: Node, delay_s: float, label: str, fn: Callable[..., Any], *args: Any
-    ) -> None:
-        """An event of `node`'s current life: dropped if the node crashed meanwhile."""
-        self.sched.after(
-            delay_s, f"n{node.id} {label}", self._node_event, node, node.incarnation, fn, args
-        )
+    @staticmethod
+    def wall() -> float:
+        return WALL_START_S + anyio.current_time()
 
     @staticmethod
-    def _node_event(node: Node, incarnation: int, fn: Callable[..., Any], args: tuple) -> None:
-        if node.alive and node.incarnation == incarnation:
-            fn(*args)
+    def now() -> float:
+        return anyio.current_time()
 
-    def uniform(self, r: Range) -> float:
-        return self.rng.uniform(r[0], r[1])
+    def note(self, text: str) -> None:
+        line = f"{anyio.current_time():9.4f} {text}"
+        self.trace.append(line)
+        self.digest = zlib.crc32(line.encode(), self.digest)
 
-    def delay(self, normal: Range, slow_p: float = 0.0, slow: Range | None = None) -> float:
-        if slow is not None and self.faulty and self.rng.random() < slow_p:
-            return self.uniform(slow)
-        return self.uniform(normal)
-
-    def chance(self, p: float) -> bool:
-        """A fault: only while faults are on, scaled by the seed's intensity."""
-        if not self.faulty:
-            return False
-        if self.rng.random() < p * self.fault_scale:
-            self.stats.faults += 1
-            return True
-        return False
-
-    def message_delay(self) -> float:
-        return self.delay(self.cfg.message_s, self.cfg.late_message_p, self.cfg.late_message_s)
+    def fail(self, invariant: str, message: str) -> None:
+        """Record the first violation and raise it (whoever catches it, the run reports it)."""
+        exc = SimulationViolation(invariant, message)
+        if self.violation is None:
+            self.violation = exc
+            self.note(f"VIOLATION of invariant {invariant}: {message.splitlines()[0]}")
+        raise exc
 
     def expo(self, mean_s: float) -> float:
         return self.rng.expovariate(1.0 / mean_s)
 
-    def new_state(self, creation_epoch: int) -> PartitionState:
-        state = PartitionState(creation_epoch)
-        self._mutate(state)
-        return state
+    def partition_name(self, pid: int) -> str:
+        row = self.log_store.partitions[pid]
+        return f"{row.topic}/{row.partition}"
 
-    def _mutate(self, state: PartitionState) -> PartitionState:
-        if self.mutation == "lower_bound_follows_max":
-            state._mutate_lower_bound_follows_max = True
-        return state
+    def live_actors(self) -> list[PartitionActor]:
+        return self.live.node.partitions() if self.live is not None else []
 
-    def current_leader(self, part: Partition) -> Leader | None:
-        node = part.leader_node
-        if node is None or not node.alive:
-            return None
-        rt = node.leaders.get(part.pid)
-        return rt if rt is not None and rt.current else None
-
-    # ------------------------------------------------------------------ start
-
-    def start(self) -> None:
-        for _ in range(self.cfg.initial_partitions):
-            pid, name = self._register_partition()
-            self._create_partition(pid, name)
-        for node in self.nodes:
-            self._start_node_timers(node)
-        self.after(self.expo(self.cfg.epoch_bump_interval_s), "epoch bump", self._epoch_tick)
-        self.after(self.expo(self.cfg.produce_interval_s), "produce", self._produce_tick)
-        self.after(self.expo(self.cfg.read_interval_s), "read", self._read_tick)
-        self.after(self.expo(self.cfg.create_interval_s), "create", self._create_tick)
-        self.after(self.expo(self.cfg.crash_interval_s), "crash", self._crash_tick)
-        self.after(self.expo(self.cfg.move_interval_s), "move leader", self._move_tick)
-
-    def _start_node_timers(self, node: Node) -> None:
+    def node_config(self) -> NodeConfig:
         cfg = self.cfg
-        self.node_after(
-            node,
-            self.rng.uniform(0, cfg.housekeeper_interval_s),
-            "housekeeper",
-            self._housekeeper_tick,
-            node,
+        return NodeConfig(
+            fencing_mode=self.mode,
+            epoch_cache_ttl_s=self.cache_ttl_s,
+            epoch_bump_interval_s=self.epoch_bump_interval_s,
+            snapshot_every_records=cfg.snapshot_every_records,
+            log_keep_records=cfg.log_keep_records,
+            batcher=BatcherConfig(
+                linger_ms=cfg.linger_ms,
+                batch_bytes_max=cfg.batch_bytes_max,
+                inflight_bytes_max=64 * cfg.batch_bytes_max,
+                uploads_max=cfg.uploads_max,
+                stale_retries_max=cfg.stale_retries_max,
+            ),
+            reconciler=ReconcilerConfig(
+                interval_s=self.reconciler_interval_s,
+                object_bytes_max=1024,
+                copy_deadline_s=cfg.copy_deadline_s,
+            ),
+            housekeeper=HousekeeperConfig(
+                interval_s=cfg.housekeeper_interval_s,
+                idle_after_s=cfg.idle_after_s,
+                copy_deadline_s=cfg.copy_deadline_s,
+            ),
+            gc=GcConfig(
+                interval_s=cfg.gc_interval_s,
+                idle_backoff_max_s=cfg.gc_idle_backoff_max_s,
+                grace_s=0.0,  # no grace: the epoch rule alone must keep data safe
+                delete_batch_keys_max=cfg.gc_delete_batch_keys_max,
+                deletes_in_flight_max=cfg.gc_deletes_in_flight_max,
+                throttle_backoff_s=0.1,
+                sweep_interval_s=cfg.gc_sweep_interval_s,
+            ),
         )
-        self.node_after(
-            node,
-            self.rng.uniform(0, cfg.reconciler_interval_s),
-            "reconciler",
-            self._reconciler_tick,
-            node,
-        )
-        self.node_after(node, self.rng.uniform(0, cfg.gc_interval_s), "gc", self._gc_tick, node)
 
-    def begin_quiet(self) -> None:
-        """Writes, reads, creations and faults stop; epochs keep bumping, background work runs."""
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> None:
+        cfg = self.cfg
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await self.start_incarnation()
+            assert self.live is not None
+            await self.live.node.create_topic("sim", cfg.initial_partitions)
+            self.note(f"created topic sim with {cfg.initial_partitions} partitions")
+            end = self.now() + cfg.workload_s
+            for loop in (self._producer, self._reader, self._creator, self._crasher,
+                         self._bumper, self._checker):
+                tg.start_soon(loop, end)
+            await anyio.sleep_until(end)
+            await self.quiet()
+            tg.cancel_scope.cancel()
+
+    async def quiet(self) -> None:
+        """Workload and faults stop; epochs keep bumping, background work runs, until every
+        L0 object is collected (invariant 4) or the bound runs out."""
         self.phase = "quiet"
-        self.faulty = False
+        self.faults.enabled = False
+        self.log_store.slow_enabled = False
         self.note("quiet period: workload and faults stop")
+        started = self.now()
+        while not self.settled():
+            if self.now() - started > self.cfg.quiet_s_max:
+                self.fail("4", self.explain_leftovers())
+            await anyio.sleep(self.cfg.check_interval_s)
+            self.check()
+        self.records_checked = self.truth.check_readable()
+        self.note(f"settled: {self.records_checked} acknowledged records readable")
 
-    @property
     def settled(self) -> bool:
-        """Quiet and done: no L0 object left and no write in flight anywhere."""
         return (
-            self.store.l0_count == 0
-            and all(n.alive for n in self.nodes)
-            and all(n.requests_in_flight == 0 and not n.batch for n in self.nodes)
+            self.live is not None
+            and all(inc.ended or inc is self.live for inc in self.incarnations)
+            and self.produces_in_flight == 0
+            and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
         )
 
-    # ------------------------------------------------------------------ epochs
+    def check(self) -> None:
+        if self.live is not None:
+            self.truth.check_published(self.live.node.board.snapshot())
 
-    def _epoch_tick(self) -> None:
-        self._bump("timer")
-        if self.rng.random() < self.cfg.epoch_burst_p:
-            self.after(
-                self.rng.uniform(0.0, 0.2), "epoch bump (on demand)", self._bump, "on demand"
-            )
-        self.after(self.expo(self.cfg.epoch_bump_interval_s), "epoch bump", self._epoch_tick)
+    # ------------------------------------------------------------------ incarnations
 
-    def _bump(self, why: str) -> None:
-        self.epoch += 1
-        self.stats.epoch_bumps += 1
-        self.note(f"cluster epoch -> {self.epoch} ({why})")
-
-    def cache_get(self, node: Node) -> int:
-        """The node's cached epoch; refreshed only when expired (or invalidated)."""
-        if (
-            node.cache_value is None
-            or self.sched.now - node.cache_fetched_at >= self.cfg.cache_ttl_s
-        ):
-            node.cache_value = (
-                self.epoch if node.cache_value is None else max(node.cache_value, self.epoch)
-            )
-            node.cache_fetched_at = self.sched.now
-        return node.cache_value
-
-    def cache_behind(self, node: Node) -> int:
-        fresh = (
-            node.cache_value is not None
-            and self.sched.now - node.cache_fetched_at < self.cfg.cache_ttl_s
-        )
-        return self.epoch - node.cache_value if fresh and node.cache_value is not None else 0
-
-    @staticmethod
-    def cache_invalidate_below(node: Node, epoch: int) -> None:
-        if node.cache_value is None or node.cache_value < epoch:
-            node.cache_fetched_at = -math.inf
-
-    # ------------------------------------------------------------------ partitions and leaders
-
-    def _register_partition(self) -> tuple[int, str]:
-        pid = self.next_pid
-        self.next_pid += 1
-        name = f"{self.cfg.topic}/{pid}"
-        self.board.register(name)  # before the creation epoch is chosen (node.py)
-        return pid, name
-
-    def _create_partition(self, pid: int, name: str) -> None:
-        creation_epoch = self.epoch
-        shadow = self.new_state(creation_epoch)
-        part = Partition(pid, name, creation_epoch, PartitionLog(name), shadow)
-        self.parts[pid] = part
-        self.stats.partitions_created += 1
-        if any(n.gc_round is not None for n in self.nodes):
-            self.stats.partitions_created_during_gc += 1
-        self.note(f"created {name} with creation epoch {creation_epoch}")
-        self._elect(part)
-
-    def _create_tick(self) -> None:
-        if self.phase != "workload":
-            return
-        if self.next_pid < self.cfg.initial_partitions + self.cfg.partitions_created_max:
-            pid, name = self._register_partition()
-            self.after(
-                self.uniform(self.cfg.create_gap_s),
-                f"create {name}",
-                self._create_partition,
-                pid,
-                name,
-            )
-        self.after(self.expo(self.cfg.create_interval_s), "create", self._create_tick)
-
-    def _elect(self, part: Partition) -> None:
-        if part.leader_node is not None:
-            return
-        alive = [n for n in self.nodes if n.alive]
-        if not alive:
-            self.after(0.5, f"elect {part.name}", self._elect, part)
-            return
-        self.become_leader(part, self.rng.choice(alive))
-
-    def become_leader(self, part: Partition, node: Node) -> Leader:
-        """Replay snapshot + log, begin a new term, publish (PartitionActor.recover)."""
-        old = node.leaders.get(part.pid)
-        if old is not None:
-            old.notice_deposed()
-        snapshot = part.log.snapshot
-        if snapshot is not None:
-            state = self._mutate(PartitionState.decode_snapshot(snapshot[1]))
-            assert state.last_applied_log_offset == snapshot[0]
-        else:
-            state = self.new_state(part.creation_epoch)
-        for record in part.log.records[state.next_log_offset :]:
-            apply_checked(state, record, f"replay of {part.name} on n{node.id}")
-        record = part.log.begin_term(state.high_watermark)
-        self.on_durable(part, [record])
-        apply_checked(state, record, f"replay of {part.name} on n{node.id}")
-        if state != part.shadow:
-            raise SimulationViolation(
-                "replay",
-                f"{part.name} replayed on n{node.id}: {state!r} != durable {part.shadow!r}",
-            )
-        rt = Leader(self, part, node, state)
-        behind = self.cache_behind(node)
-        stale = (
-            behind > 0
-            and state.max_applied_epoch is not None
-            and self.epoch - behind < state.max_applied_epoch
-        )
-        if rt.term > 1:  # a change of leadership, not a new partition's first leader
-            rt.change = Change(self.sched.now, part.pid, rt.term, node.id, behind, stale)
-            self.changes.append(rt.change)
-            self.stats.leadership_changes += 1
-        node.leaders[part.pid] = rt
-        part.leader_node = node
-        self.note(
-            f"{rt} leads (cache behind by {behind}{', stale for the partition' if stale else ''})"
-        )
-        rt.publish()
-        return rt
-
-    def _move_tick(self) -> None:
-        if self.phase != "workload":
-            return
-        self.after(self.expo(self.cfg.move_interval_s), "move leader", self._move_tick)
-        led = [p for p in self.parts.values() if p.leader_node is not None and p.leader_node.alive]
-        if not led:
-            return
-        part = self.rng.choice(led)
-        old_node = part.leader_node
-        assert old_node is not None
-        others = [n for n in self.nodes if n.alive and n is not old_node]
-        if not others:
-            return
-        old = old_node.leaders.get(part.pid)
-        self.become_leader(part, self.rng.choice(others))
-        if old is not None:
-            # The old leader is a zombie until it hears about it (or its next append fails).
-            self.node_after(
-                old_node,
-                self.uniform(self.cfg.zombie_notice_s),
-                f"notice {old} deposed",
-                old.notice_deposed,
-            )
-
-    def _crash_tick(self) -> None:
-        if self.phase != "workload":
-            return
-        self.after(self.expo(self.cfg.crash_interval_s), "crash", self._crash_tick)
-        alive = [n for n in self.nodes if n.alive]
-        if alive:
-            self.crash(self.rng.choice(alive))
-
-    def crash(self, node: Node) -> None:
-        self.stats.crashes += 1
-        self.note(
-            f"n{node.id} crashes: {len(node.leaders)} leaders, {node.requests_in_flight} writes lost"
-        )
-        node.alive = False
-        node.incarnation += 1
-        node.leaders = {}
-        node.batch, node.batch_bytes, node.requests_in_flight = [], 0, 0
-        node.gc_round = None
-        node.cache_value, node.cache_fetched_at = None, -math.inf
-        for part in self.parts.values():
-            if part.leader_node is node:
-                part.leader_node = None
-                self.after(
-                    self.uniform(self.cfg.election_s), f"elect {part.name}", self._elect, part
+    async def start_incarnation(self) -> None:
+        assert self._tg is not None
+        number = len(self.incarnations) + 1
+        log = IncarnationLogStore(self.log_store, f"n{number}")
+        node = Node(self.node_config(), log, self.objects, rng=self.rng, wall_clock=self.wall)
+        inc = Incarnation(number, node, log)
+        self.incarnations.append(inc)
+        epoch = self.log_store.cluster_epoch
+        behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
+        if behind and epoch - behind >= 1:
+            # As a node whose cache lags would: a fresh-looking cached epoch, `behind` old.
+            node.epoch_cache._value = epoch - behind
+            node.epoch_cache._fetched_at = self.now()
+        if number > 1:
+            inc.change = Change(self.now(), number, behind)
+            self.changes.append(inc.change)
+        await self._tg.start(self._life, inc)
+        self.live = inc
+        self.note(f"{inc} up: epoch {epoch}, its cache {behind} behind")
+        for actor in node.partitions():
+            shadow = self.truth.shadow.get(actor.row.pid)
+            state = actor.state
+            if shadow is not None and state.last_applied_log_offset == shadow.last_applied_log_offset and state != shadow:
+                self.fail(
+                    "replay",
+                    f"{actor.name} replayed on {inc}: {state!r} != durable {shadow!r}",
                 )
-        self.after(self.uniform(self.cfg.restart_s), f"restart n{node.id}", self._restart, node)
 
-    def _restart(self, node: Node) -> None:
-        node.alive = True
-        self._start_node_timers(node)
+    async def _life(
+        self, inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        with inc.scope:
+            async with anyio.create_task_group() as tg:
+                inc.tg = tg
+                await tg.start(inc.node.run)
+                task_status.started()
+        inc.ended = True
+        self.note(f"{inc} ended")
 
-    # ------------------------------------------------------------------ durable effects
+    async def crash(self) -> None:
+        inc = self.live
+        assert inc is not None
+        self.live = None
+        inc.alive = False
+        inc.log.close()
+        self.stats.crashes += 1
+        self._absorb(inc)
+        zombie_s = self.rng.uniform(*self.cfg.zombie_s)
+        self.note(f"{inc} crashes; its requests on the wire land for {zombie_s:.3f}s")
+        assert self._tg is not None
+        self._tg.start_soon(self._reap, inc, zombie_s)
+        await anyio.sleep(self.rng.uniform(*self.cfg.restart_s))
+        await self.start_incarnation()
 
-    def on_durable(self, part: Partition, batch: list[LogRecord]) -> None:
-        self.truth.on_durable(part, batch)
+    async def _reap(self, inc: Incarnation, after_s: float) -> None:
+        await anyio.sleep(after_s)
+        inc.scope.cancel()
 
-    # ------------------------------------------------------------------ explain (invariant 4)
+    def _absorb(self, inc: Incarnation) -> None:
+        b = inc.node.batcher.stats
+        self.stats.stale_rejections += b.stale_rejections
+        self.stats.stale_retries += b.stale_retries
+        self.stats.orphans += b.orphan_objects
+        self.stats.objects_uploaded += b.objects_uploaded
+        self.stats.l1_written += inc.node.reconciler.stats.objects_written
+        gc = inc.node.gc.statistics()
+        self.stats.gc_rounds += gc.rounds
+        self.stats.objects_deleted += gc.objects_deleted
+
+    def finish(self) -> None:
+        if self.live is not None:
+            self._absorb(self.live)
+            self.live = None
+
+    # ------------------------------------------------------------------ workload
+
+    async def _producer(self, end: float) -> None:
+        cfg = self.cfg
+        while True:
+            await anyio.sleep(self.expo(cfg.produce_interval_s))
+            if self.now() >= end:
+                return
+            inc = self.live
+            if inc is None or inc.tg is None:
+                continue
+            targets = [(t, p) for t, n in sorted(inc.node.topics().items()) for p in range(n)]
+            if not targets:
+                continue
+            if self.rng.random() < self.newest_write_p:
+                topic, partition = targets[-1]
+            else:
+                topic, partition = self.rng.choice(targets)
+            records = [self._record() for _ in range(self.rng.randint(1, cfg.records_per_write_max))]
+            self.produces_in_flight += 1
+            inc.tg.start_soon(self._produce, inc, topic, partition, records)
+
+    def _record(self) -> Record:
+        self._values += 1
+        size = self.rng.randint(*self.cfg.value_bytes)
+        value = f"v{self.seed}.{self._values}.".encode().ljust(size, b"x")
+        return Record(key=None if self._values % 3 else f"k{self._values}".encode(), value=value)
+
+    async def _produce(self, inc: Incarnation, topic: str, partition: int, records: list[Record]) -> None:
+        self.stats.writes_submitted += 1
+        submitted_at = self.now()
+        change = inc.change
+        if change is not None and submitted_at - change.at > self.cfg.stall_window_s:
+            change = None
+        try:
+            actor = inc.node.partition(topic, partition)
+            result = await inc.node.produce(topic, partition, records)
+        except LevelZeroError as exc:
+            self.stats.writes_failed += 1
+            if change is not None and isinstance(exc, StaleClusterEpoch):
+                change.writes += 1
+                change.rejections += self.cfg.stale_retries_max + 1
+                change.writes_over_one_retry += 1
+                change.stall_s = max(change.stall_s, self.now() - submitted_at)
+            self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
+            return
+        finally:
+            self.produces_in_flight -= 1
+        self.stats.writes_acked += 1
+        self.stats.records_acked += len(records)
+        if change is not None:
+            change.writes += 1
+            change.rejections += result.attempts - 1
+            if result.attempts > 2:
+                change.writes_over_one_retry += 1
+            if result.attempts > 1:
+                change.stall_s = max(change.stall_s, self.now() - submitted_at)
+        self.note(
+            f"{inc} acked {topic}/{partition}@{result.base_offset}..{result.last_offset} "
+            f"in {result.object_key[-12:]} after {result.attempts} attempts"
+        )
+        self.truth.ack(actor.row.pid, result.base_offset, records, result.object_key)
+
+    async def _reader(self, end: float) -> None:
+        while True:
+            await anyio.sleep(self.expo(self.cfg.read_interval_s))
+            if self.now() >= end:
+                return
+            inc = self.live
+            if inc is None or inc.tg is None:
+                continue
+            actors = [a for a in inc.node.partitions() if a.ready.is_set()]
+            if not actors:
+                continue
+            actor = self.rng.choice(actors)
+            state = actor.state
+            if state.high_watermark <= state.start_offset:
+                continue
+            offset = self.rng.randrange(state.start_offset, state.high_watermark)
+            inc.tg.start_soon(self._read, inc, actor, offset)
+
+    async def _read(self, inc: Incarnation, actor: PartitionActor, offset: int) -> None:
+        self.stats.reads += 1
+        try:
+            result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
+        except ObjectNotFound as exc:
+            if inc.alive and exc.key.startswith(L0_ROOT):
+                self.fail(
+                    "1",
+                    f"an L0 reader of {actor.name} at offset {offset} on {inc} lost {exc.key}: "
+                    "deleted while the reader held M(p)",
+                )
+            return
+        except LevelZeroError as exc:
+            self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
+            return
+        for fetched in result.records:
+            expected = self.truth.expected(actor.row.pid, fetched.offset)
+            if expected is not None and expected != (fetched.key, fetched.value):
+                self.fail(
+                    "3",
+                    f"{actor.name}@{fetched.offset} read from {result.tier} is "
+                    f"{(fetched.key, fetched.value)!r}, acknowledged {expected!r}",
+                )
+        self.stats.records_read += len(result.records)
+        self.note(f"{inc} read {actor.name}@{offset}: {len(result.records)} from {result.tier}")
+
+    async def _creator(self, end: float) -> None:
+        cfg = self.cfg
+        created = 0
+        while created < cfg.topics_created_max:
+            await anyio.sleep(self.expo(cfg.create_interval_s))
+            if self.now() >= end:
+                return
+            inc = self.live
+            if inc is None or inc.tg is None:
+                continue
+            created += 1
+            partitions = self.rng.randint(*cfg.partitions_per_created_topic)
+            inc.tg.start_soon(self._create, inc, f"t{created}", partitions)
+
+    async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
+        during_gc = inc.node.gc._round_lock.locked()
+        try:
+            await inc.node.create_topic(topic, partitions)
+        except LevelZeroError as exc:
+            self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
+            return
+        self.stats.topics_created += 1
+        if during_gc:
+            self.stats.partitions_created_during_gc += partitions
+        self.note(f"{inc} created {topic} with {partitions} partitions{' during a GC round' if during_gc else ''}")
+
+    async def _crasher(self, end: float) -> None:
+        while True:
+            await anyio.sleep(self.expo(self.cfg.crash_interval_s))
+            if self.now() >= end:
+                return
+            if self.live is not None:
+                await self.crash()
+
+    async def _bumper(self, end: float) -> None:
+        while True:
+            await anyio.sleep(self.expo(self.cfg.bump_interval_s))
+            if self.now() >= end:
+                return
+            bursts = 2 if self.rng.random() < self.cfg.bump_burst_p else 1
+            for _ in range(bursts):
+                inc = self.live
+                if inc is None or inc.tg is None:
+                    break
+                inc.tg.start_soon(self._bump, inc)
+
+    async def _bump(self, inc: Incarnation) -> None:
+        epoch = await inc.node.epochs.advance()
+        self.stats.epoch_bumps += 1
+        self.note(f"{inc} cluster epoch -> {epoch} (on demand)")
+
+    async def _checker(self, end: float) -> None:
+        ticks = 0
+        while True:
+            await anyio.sleep(self.cfg.check_interval_s)
+            self.check()
+            ticks += 1
+            if ticks % 4 == 0:
+                self.records_checked = self.truth.check_readable()
+            if self.now() >= end:
+                return
+
+    # ------------------------------------------------------------------ invariant 4
 
     def explain_leftovers(self) -> str:
-        mps = {name: self.board.get(name) for name in self.board.names()}
-        decision = compute_cluster_watermark(self.epoch, mps)
-        keys = self.store.l0_keys()
+        keys = [k for k in self.objects.keys() if k.startswith(L0_ROOT)]
+        board = self.live.node.board.snapshot() if self.live is not None else {}
+        decision = compute_cluster_watermark(self.log_store.cluster_epoch, board)
         lines = [
-            f"{len(keys)} L0 objects left, epochs "
-            f"{sorted({parse_l0_key(k).epoch for k in keys})[:10]}; cluster epoch {self.epoch}, "
-            f"M={decision.m} holders={decision.holders} blocked={decision.blocked_by}"
+            f"{len(keys)} L0 objects left, epochs {sorted({parse_l0_key(k).epoch for k in keys})[:10]}; "
+            f"cluster epoch {self.log_store.cluster_epoch}, M={decision.m} "
+            f"holders={decision.holders} blocked={decision.blocked_by}; "
+            f"produces in flight {self.produces_in_flight}; "
+            f"incarnations not ended {[i for i in self.incarnations if not i.ended]}"
         ]
-        for part in self.parts.values():
-            s = part.shadow
+        for pid, state in sorted(self.truth.shadow.items()):
+            name = self.partition_name(pid)
             lines.append(
-                f"{part.name}: leader {part.leader_node} window {s.applied_window} "
-                f"min_lb {s.min_epoch_lower_bound} lro {s.lro} hwm {s.high_watermark} lrlo {s.lrlo} window@{s.epoch_window_offset} "
-                f"published {self.board.get(part.name)}"
-            )
-        for node in self.nodes:
-            lines.append(
-                f"n{node.id}: alive {node.alive} in flight {node.requests_in_flight} batch {len(node.batch)}"
+                f"{name}: window {state.applied_window} min_lb {state.min_epoch_lower_bound} "
+                f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
+                f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
         return "\n  ".join(lines)

@@ -216,3 +216,42 @@ def test_checker_flags_concrete_adapters_in_actors(tmp_path: Path) -> None:
     assert all(v.startswith("levelzero/actors/bad.py:") for v in violations)
     flagged_lines = {int(v.split(":")[1].split(" ")[0]) for v in violations}
     assert flagged_lines == {1, 2, 3, 4, 5}
+
+
+# ---------------------------------------------------------------- the simulation
+
+
+SIM_MODEL_MODULES = frozenset(
+    {"leader", "batcher", "reconciler", "housekeeper", "gc_worker", "readers", "stores", "model"}
+)
+
+
+def sim_imports(root: Path) -> set[str]:
+    return {
+        module
+        for path in python_files(root / "sim")
+        for _, module in imported_modules(path, root)
+    }
+
+
+def test_simulation_runs_the_shipping_actors_and_keeps_no_model_of_them() -> None:
+    """The simulation must import the actors (it runs the real `Node`), must not keep copies of
+    them, and wires only the memory adapters (never the daemon)."""
+    imported = sim_imports(PACKAGE_ROOT)
+    assert "levelzero.actors.node.Node" in imported
+    assert "levelzero.storage.memory_store.MemoryObjectStore" in imported
+    assert "levelzero.storage.memory_log.MemoryLogStore" in imported
+    assert not [m for m in imported if m.startswith("levelzero.daemon")]
+    assert SIM_MODEL_MODULES.isdisjoint(p.stem for p in python_files(PACKAGE_ROOT / "sim"))
+
+
+def test_sim_checker_sees_a_missing_actor_import(tmp_path: Path) -> None:
+    root = write_tree(
+        tmp_path,
+        {"sim/__init__.py": "", "sim/world.py": "from levelzero.core.state import PartitionState\n"},
+    )
+    assert "levelzero.actors.node.Node" not in sim_imports(root)
+    root = write_tree(
+        tmp_path, {"sim/world.py": "from levelzero.actors.node import Node\n"}
+    )
+    assert "levelzero.actors.node.Node" in sim_imports(root)

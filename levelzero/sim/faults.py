@@ -1,0 +1,167 @@
+"""The simulated world's storage: the shipping memory stores with seeded latency and faults,
+and a gate per node incarnation that models a crash.
+
+- `SeededFaults` is a `FaultPlan` of the memory object store: every operation waits a seeded
+  latency (sometimes a slow one: a slow upload outlives window slides and GC rounds), fails
+  before its effect or after it (a timeout: the object exists, the caller cannot tell), and a
+  DeleteObjects request reports some of its keys failed (kept). `deleting` is told of every key
+  a delete removes, before it goes: that is where invariant 1 is checked.
+- `SimLogStore` is the memory log store with seeded latency; it tells the truth of every record
+  that becomes durable (the ground truth the checks compare against).
+- `IncarnationLogStore` is one node incarnation's handle on the log store. A crash closes it:
+  the process is gone, so nothing it sends to the database from then on arrives (its calls
+  wait forever, until the world cancels the zombie). Object-store requests already on the wire
+  still land: that is the zombie work of the old incarnation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from levelzero.core.entries import LogRecord
+from levelzero.core.errors import StorageError
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import FaultPlan, ObjectOp
+from levelzero.storage.protocols import L1Row, L1State
+
+from .config import Range, SimConfig
+
+
+class SeededFaults(FaultPlan):
+    """Latency and failures of the object store, drawn from the world's `Random`."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        cfg: SimConfig,
+        scale: float,
+        deleting: Callable[[str], None],
+    ) -> None:
+        super().__init__()
+        self.rng = rng
+        self.cfg = cfg
+        self.scale = scale  # the seed's fault intensity
+        self.enabled = True  # off in the quiet period
+        self.injected = 0
+        self._deleting = deleting
+
+    def _chance(self, p: float) -> bool:
+        if not self.enabled or self.rng.random() >= p * self.scale:
+            return False
+        self.injected += 1
+        return True
+
+    def _uniform(self, r: Range) -> float:
+        return self.rng.uniform(r[0], r[1])
+
+    def delay_s(self, op: ObjectOp, key: str | None) -> float:
+        cfg = self.cfg
+        if op == "put" and self._chance(cfg.slow_put_p):
+            return self._uniform(cfg.slow_put_s)
+        return self._uniform(cfg.object_op_s)
+
+    def before(self, op: ObjectOp, key: str | None) -> None:
+        cfg = self.cfg
+        p = {
+            "put": cfg.put_error_p / 2,
+            "get": cfg.get_error_p,
+            "head": cfg.get_error_p,
+            "list": cfg.list_error_p,
+            "delete_many": cfg.delete_batch_error_p / 2,
+        }[op]
+        if self._chance(p):
+            raise StorageError(f"injected {op} failure")
+
+    def after(self, op: ObjectOp, key: str | None) -> None:
+        cfg = self.cfg
+        p = {"put": cfg.put_error_p / 2, "delete_many": cfg.delete_batch_error_p / 2}.get(op, 0.0)
+        if p and self._chance(p):
+            raise StorageError(f"injected {op} timeout after its effect")
+
+    def delete_error(self, key: str) -> str | None:
+        if self._chance(self.cfg.delete_key_error_p):
+            return "InternalError"
+        self._deleting(key)
+        return None
+
+
+class SimLogStore(MemoryLogStore):
+    """The memory log store with seeded latency. Durable records are reported to `durable`,
+    L1 objects about to enter DELETE_STARTED to `delete_started`."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        cfg: SimConfig,
+        durable: Callable[[int, list[LogRecord]], None],
+        delete_started: Callable[[L1Row], None],
+    ) -> None:
+        super().__init__()
+        self._rng = rng
+        self._cfg = cfg
+        self._durable = durable
+        self._delete_started = delete_started
+        self.slow_enabled = True
+
+    async def latency(self) -> None:
+        cfg = self._cfg
+        if self.slow_enabled and self._rng.random() < cfg.slow_log_p:
+            await anyio.sleep(self._rng.uniform(*cfg.slow_log_s))
+        else:
+            await anyio.sleep(self._rng.uniform(*cfg.log_op_s))
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+        record = await super().begin_term(pid, log_offset, base_offset)
+        self._durable(pid, [record])
+        return record
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        await super().append(pid, expected_term, records)
+        self._durable(pid, list(records))
+
+    async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
+        await anyio.lowlevel.checkpoint()
+        row = self.l1.get(key)
+        if row is None or row.state != from_state:
+            return False
+        if to_state == L1State.DELETE_STARTED:
+            self._delete_started(row)  # checked at the compare-and-set, nothing in between
+        self.l1[key] = msgspec.structs.replace(row, state=to_state, updated_at=now)
+        return True
+
+
+# The log store methods that take no time in a simulation (event tables, reads of the catalog
+# are still delayed: they are awaited by actors and reorder with everything else).
+_UNDELAYED = frozenset({"aclose"})
+
+
+class IncarnationLogStore:
+    """One node incarnation's connection to the shared `SimLogStore`; `close()` is its crash."""
+
+    def __init__(self, inner: SimLogStore, name: str) -> None:
+        self._inner = inner
+        self.name = name
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __getattr__(self, attr: str) -> Any:
+        target = getattr(self._inner, attr)
+        if attr.startswith("_") or not callable(target):
+            return target
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if attr not in _UNDELAYED:
+                await self._inner.latency()
+            if self.closed:
+                await anyio.sleep_forever()  # the process is gone: this never arrives
+            return await target(*args, **kwargs)
+
+        call.__name__ = attr
+        return call
