@@ -314,6 +314,7 @@ class GcActor:
         cluster_epoch: Callable[[], int],
         board: WatermarkBoard,
         views: Callable[[], list[PartitionView]],
+        reconcile_failing: Callable[[str], str | None] = lambda partition: None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -327,6 +328,7 @@ class GcActor:
         self._cluster_epoch = cluster_epoch
         self._board = board
         self._views = views
+        self._reconcile_failing = reconcile_failing
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._sleep = sleep
@@ -835,7 +837,7 @@ class GcActor:
             obj = await self._objects.head(key)
         mps = self._board.snapshot()
         decision = compute_cluster_watermark(self._cluster_epoch(), mps)
-        facts = {view.name: _facts(view) for view in self._views()}
+        facts = {view.name: _facts(view, self._reconcile_failing(view.name)) for view in self._views()}
         return explain(
             decision,
             mps,
@@ -880,7 +882,7 @@ def _parses(key: str) -> bool:
     return True
 
 
-def _facts(view: PartitionView) -> PartitionFacts:
+def _facts(view: PartitionView, reconcile_failing: str | None) -> PartitionFacts:
     return PartitionFacts(
         name=view.name,
         state_mp=view.mp,
@@ -888,6 +890,7 @@ def _facts(view: PartitionView) -> PartitionFacts:
         lro=view.state.lro,
         high_watermark=view.state.high_watermark,
         max_applied_epoch=view.state.max_applied_epoch,
+        reconcile_failing=reconcile_failing,
     )
 
 

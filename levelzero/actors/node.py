@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from levelzero.core.entries import AbandonUnreconciled
 from levelzero.core.errors import (
     InvalidInput,
     ShuttingDown,
@@ -40,6 +41,29 @@ log = logging.getLogger("levelzero.node")
 
 PARTITIONS_PER_TOPIC_MAX = 4096
 PARTITIONS_MAX = 65_536
+
+
+# Bounds of an abandon-unreconciled request's audit fields.
+OPERATOR_CHARS_MAX = 200
+REASON_CHARS_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Abandoned:
+    """What one abandon-unreconciled gave up, and the audit facts recorded with it."""
+
+    partition: str
+    first_offset: int
+    last_offset: int  # first > last: a catch-up landed first, nothing was given up
+    log_offset: int
+    term: int
+    operator: str
+    reason: str
+    at: float
+    failing_since: float
+    last_error: str
+    mp_before: int | None
+    mp_after: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +126,7 @@ class Node:
             cluster_epoch=lambda: self.epochs.current,
             board=self.board,
             views=self.views,
+            reconcile_failing=self._reconcile_failing,
             clock=self._wall,
             rng=rng,
         )
@@ -238,6 +263,72 @@ class Node:
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         return await self.reader.fetch(self.partition(topic, partition), offset, max_bytes)
+
+    # ------------------------------------------------------------------ operator escape hatch
+
+    async def abandon_unreconciled(
+        self, topic: str, partition: int, *, operator: str, reason: str
+    ) -> Abandoned:
+        """Give up a failing partition's unreconciled data offsets for good, so its `M(p)` (and
+        the cluster's `M`) can rise again. Refused unless its reconciliation is failing (a
+        named condition): a healthy partition's unreconciled data is on its way to L1."""
+        self._check_accepting()
+        actor = self.partition(topic, partition)
+        for name, text, limit in (("operator", operator, OPERATOR_CHARS_MAX), ("reason", reason, REASON_CHARS_MAX)):
+            if not isinstance(text, str) or not text.strip() or len(text) > limit:
+                raise InvalidInput(f"{name} must be 1-{limit} characters naming who and why")
+        failing = self.reconciler.health.get(actor.name)
+        if failing is None:
+            raise InvalidInput(
+                f"{actor.name}: its reconciliation is not failing, so its unreconciled data is "
+                "on its way to L1; nothing is abandoned (status shows failing partitions)"
+            )
+        state = actor.state
+        if not state.has_unreconciled_data:
+            raise InvalidInput(f"{actor.name}: nothing is unreconciled; nothing is abandoned")
+        entry = AbandonUnreconciled(
+            upto=state.high_watermark - 1,
+            lrlo=state.last_applied_log_offset,
+            operator=operator,
+            reason=reason,
+            at=self._wall(),
+        )
+        lro_before, mp_before, ranges_before = state.lro, state.mp, len(state.abandoned)
+        record = await actor.abandon_unreconciled(entry, actor.term)
+        if len(actor.state.abandoned) > ranges_before:
+            first, last = actor.state.abandoned[-1]
+        else:  # a catch-up landed between the ask and the append: nothing was given up
+            first, last = lro_before + 1, lro_before
+        self.reconciler.health.forget(actor.name)
+        abandoned = Abandoned(
+            partition=actor.name,
+            first_offset=first,
+            last_offset=last,
+            log_offset=record.log_offset,
+            term=record.term,
+            operator=operator,
+            reason=reason,
+            at=entry.at,
+            failing_since=failing.since,
+            last_error=failing.last_error,
+            mp_before=mp_before,
+            mp_after=actor.state.mp,
+        )
+        # The audit event: one line, every field, at WARNING so it is never filtered away.
+        log.warning(
+            "AUDIT abandon-unreconciled %s: data offsets %d..%d given up by %r (reason: %r) at "
+            "log offset %d, term %d; they are no longer readable; M(p) %s -> %s",
+            actor.name, first, last, operator, reason, record.log_offset, record.term,
+            mp_before, actor.state.mp,
+            extra={"audit": "abandon_unreconciled", "partition": actor.name,
+                   "first_offset": first, "last_offset": last, "operator": operator,
+                   "reason": reason, "log_offset": record.log_offset},
+        )
+        return abandoned
+
+    def _reconcile_failing(self, partition: str) -> str | None:
+        failing = self.reconciler.health.get(partition)
+        return None if failing is None else failing.describe()
 
     def views(self) -> list[PartitionView]:
         return [actor.view() for actor in self._partitions.values()]

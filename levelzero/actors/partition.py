@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import anyio
 
 from levelzero.core.entries import (
+    AbandonUnreconciled,
     AdvanceEpoch,
     AdvanceReconciledOffset,
     Entry,
@@ -228,6 +229,12 @@ class PartitionActor:
         """Append `AdvanceReconciledOffset`; `term` is the term the caller expects (None: any)."""
         reply: Reply[LogRecord] = Reply()
         await self._send(_Control(AdvanceReconciledOffset(lro, lrlo), term, reply))
+        return await reply.wait()
+
+    async def abandon_unreconciled(self, entry: AbandonUnreconciled, term: int) -> LogRecord:
+        """Append an operator's `AbandonUnreconciled` under the term the operator saw."""
+        reply: Reply[LogRecord] = Reply()
+        await self._send(_Control(entry, term, reply))
         return await reply.wait()
 
     async def set_start_offset(self, offset: int, term: int | None = None) -> LogRecord:
@@ -446,7 +453,7 @@ class PartitionActor:
 
     def _validate_control(self, entry: Entry) -> Exception | None:
         match entry:
-            case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
+            case AdvanceReconciledOffset(lro=lro, lrlo=lrlo) | AbandonUnreconciled(upto=lro, lrlo=lrlo):
                 if not -1 <= lro < self._projected_hwm:
                     return InvalidInput(
                         f"{self.name}: lro {lro} outside [-1, {self._projected_hwm - 1}]"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
 from levelzero.storage.protocols import LogStore, ObjectStore
 
@@ -92,6 +92,9 @@ class Reader:
             raise OffsetOutOfRange(offset, start, hwm)
         if offset == hwm:
             return FetchResult([], offset, hwm, start, "none")
+        abandoned = state.abandoned_range(offset)
+        if abandoned is not None:
+            raise OffsetsAbandoned(offset, *abandoned, start, hwm)
         if offset <= lro and self.l1 is not None:
             self.l1_reads += 1
             records = await self.l1.fetch(actor, offset, max_bytes, lro)

@@ -20,8 +20,10 @@ import anyio
 import msgspec
 
 from levelzero.core.entries import Placeholder
-from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
+from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
+from levelzero.core.names import topic_name_problem, unstorable_topic_advice
+from levelzero.core.reconcile_health import ReconcileHealth
 from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent
 from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
@@ -87,6 +89,7 @@ class Reconciler:
         self._wall = wall_clock
         self._rng = rng or random.Random()  # injected: a simulation's L1 keys replay exactly
         self.stats = ReconcilerStatistics()
+        self.health = ReconcileHealth()  # which partitions keep failing (status, explain, metrics)
         self._wake = anyio.Event()
         self._recovered: set[int] = set()
         self._stale_copies_checked_at: float | None = None
@@ -127,6 +130,9 @@ class Reconciler:
                     elif check_stale_copies:
                         # A copy a crash left COPY_STARTED; a restart is not needed to go.
                         await self.catalog.collect_stale_copies(actor, self.config.copy_deadline_s)
+                    if not self.health.retry_due(actor.name, self._wall()):
+                        self._note_lag(actor)
+                        return  # failing: tried again every RECONCILE_FAILING_RETRY_S
                     while actor.state.has_unreconciled_data:
                         if not await self.reconcile_partition(actor):
                             break
@@ -134,8 +140,12 @@ class Reconciler:
                 except (NotLeader, anyio.ClosedResourceError):
                     pass  # the partition moved on; its new leader reconciles
                 except LevelZeroError as exc:
-                    self.stats.errors += 1
-                    log.warning("reconciling %s failed, retried next round: %s", actor.name, exc)
+                    self._note_failure(actor, exc)
+                else:
+                    recovered = self.health.note_success(actor.name)
+                    if recovered is not None:
+                        log.warning("reconciliation of %s works again (it had failed since %.0f)",
+                                    actor.name, recovered.since)
                 self._note_lag(actor)
 
         async with anyio.create_task_group() as tg:
@@ -143,6 +153,21 @@ class Reconciler:
                 if actor.ready.is_set():
                     tg.start_soon(one, actor)
         return written
+
+    def _note_failure(self, actor: PartitionActor, exc: LevelZeroError) -> None:
+        self.stats.errors += 1
+        permanent = topic_name_problem(actor.row.topic) is not None
+        if self.health.note_failure(actor.name, str(exc), self._wall(), permanent=permanent):
+            log.error(
+                "reconciliation of %s keeps failing: %s. Its M(p) stays at %s and holds M (and the "
+                "GC) back for the whole cluster; `levelzero status` names it. If its L0 data is "
+                "gone for good, see README 'A partition that cannot be reconciled'",
+                actor.name, exc, actor.state.mp, extra={"partition": actor.name},
+            )
+        elif self.health.get(actor.name) is not None:
+            log.warning("reconciling %s still fails (%s)", actor.name, self.health.get(actor.name).describe())
+        else:
+            log.warning("reconciling %s failed, retried next round: %s", actor.name, exc)
 
     def _note_lag(self, actor: PartitionActor) -> None:
         state = actor.state
@@ -158,6 +183,9 @@ class Reconciler:
         lro, hwm = state.lro, state.high_watermark
         if lro + 1 >= hwm:
             return False
+        problem = topic_name_problem(actor.row.topic)
+        if problem is not None:  # no L1 key can hold it: do not read its L0 data for nothing
+            raise MalformedKey(unstorable_topic_advice(actor.row.topic, problem))
         reader_id, _ = actor.register_reader()
         try:
             batch, records = await self._read_batch(actor, lro + 1, hwm)

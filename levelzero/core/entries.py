@@ -40,13 +40,32 @@ class SetStartOffset(msgspec.Struct, frozen=True, tag="set_start_offset"):
     offset: int
 
 
+class AbandonUnreconciled(msgspec.Struct, frozen=True, tag="abandon_unreconciled"):
+    """An operator's escape hatch for a partition whose L0 data is gone for good: the data
+    offsets above LRO up to `upto` are given up (unreadable from now on) and LRO/LRLO move as
+    a catch-up would, so `M(p)` can rise again. The entry is the audit record: who, why, when."""
+
+    upto: int  # the last data offset given up (the high watermark - 1 when it was asked)
+    lrlo: int  # the log offset of the last entry applied when it was asked
+    operator: str
+    reason: str
+    at: float  # wall time it was asked
+
+
 class TermStart(msgspec.Struct, frozen=True, tag="term_start"):
     """Leadership marker: the first entry a new leader writes."""
 
     term: int
 
 
-Entry = Placeholder | AdvanceEpoch | AdvanceReconciledOffset | SetStartOffset | TermStart
+Entry = (
+    Placeholder
+    | AdvanceEpoch
+    | AdvanceReconciledOffset
+    | SetStartOffset
+    | TermStart
+    | AbandonUnreconciled
+)
 
 ENTRY_KINDS: dict[type, str] = {
     Placeholder: "placeholder",
@@ -54,6 +73,7 @@ ENTRY_KINDS: dict[type, str] = {
     AdvanceReconciledOffset: "advance_reconciled_offset",
     SetStartOffset: "set_start_offset",
     TermStart: "term_start",
+    AbandonUnreconciled: "abandon_unreconciled",
 }
 
 

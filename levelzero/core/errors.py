@@ -105,6 +105,19 @@ class OffsetOutOfRange(LevelZeroError):
         self.high_watermark = high_watermark
 
 
+class OffsetsAbandoned(OffsetOutOfRange):
+    """A fetch offset lies in a range an operator gave up (`abandon-unreconciled`): its L0 data
+    was lost and it will never be readable. Same code as any unreadable offset."""
+
+    def __init__(self, offset: int, first: int, last: int, start_offset: int, high_watermark: int) -> None:
+        super().__init__(offset, start_offset, high_watermark)
+        self.args = (
+            f"offset {offset} is in the range {first}..{last} that an operator abandoned "
+            f"(its L0 data was lost); the next readable offset is {last + 1}",
+        )
+        self.first, self.last = first, last
+
+
 class CorruptData(LevelZeroError):
     """Stored bytes failed a checksum or could not be decoded."""
 

@@ -409,6 +409,7 @@ class PartitionFacts:
     lro: int
     high_watermark: int
     max_applied_epoch: int | None
+    reconcile_failing: str | None = None  # `ReconcileFailing.describe()` while it is failing
 
 
 def hold_reason(mp: int | None, facts: PartitionFacts | None) -> str:
@@ -420,7 +421,10 @@ def hold_reason(mp: int | None, facts: PartitionFacts | None) -> str:
     if facts.pinned_mp is not None:
         return f"pinned by an L0 reader (at {facts.pinned_mp}; unpinned M(p) is {facts.state_mp})"
     if facts.lro + 1 < facts.high_watermark:
-        return f"unreconciled data (LRO {facts.lro}, high watermark {facts.high_watermark})"
+        unreconciled = f"unreconciled data (LRO {facts.lro}, high watermark {facts.high_watermark})"
+        if facts.reconcile_failing is not None:
+            return f"{unreconciled}; {facts.reconcile_failing}"
+        return unreconciled
     return "idle: waiting for the housekeeper to advance its epoch"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from .entries import (
+    AbandonUnreconciled,
     AdvanceEpoch,
     AdvanceReconciledOffset,
     LogRecord,
@@ -42,6 +43,9 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     # Term lineage of reconciliation (leader-epoch seed): the highest LRO each term recorded.
     # An L1 object of term t counts only if its last offset is <= reconciled_by_term[t].
     reconciled_by_term: dict[int, int] = msgspec.field(default_factory=dict)
+    # Data offset ranges [first, last] an operator gave up (AbandonUnreconciled): never
+    # readable again. Empty in snapshots written before the entry existed.
+    abandoned: tuple[tuple[int, int], ...] = ()
 
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
@@ -65,6 +69,7 @@ class PartitionState:
         "high_watermark",
         "size_bytes",
         "reconciled_by_term",
+        "abandoned",
         "_mutate_lower_bound_follows_max",
     )
 
@@ -106,6 +111,13 @@ class PartitionState:
             return False
         earlier = [e for t, e in self.reconciled_by_term.items() if t < term]
         return base_offset > max(earlier, default=-1)
+
+    def abandoned_range(self, offset: int) -> tuple[int, int] | None:
+        """The range an operator gave up that holds `offset`, if any."""
+        for first, last in self.abandoned:
+            if first <= offset <= last:
+                return (first, last)
+        return None
 
     @property
     def has_unreconciled_data(self) -> bool:
@@ -157,6 +169,16 @@ class PartitionState:
                     for t, end in self.reconciled_by_term.items()
                     if end >= self.start_offset or t == newest
                 }
+            case AbandonUnreconciled(upto=upto, lrlo=lrlo):
+                # What is still unreconciled up to `upto` when it applies (a catch-up may have
+                # landed since it was asked) is given up. LRO/LRLO move exactly as a catch-up's
+                # would, so the lower bound still moves only to `previous_applied` once LRLO
+                # reaches the window's entry: a write in flight at the window's lower edge keeps
+                # its object (the GC inequality is untouched). No term claims these offsets in
+                # the L1 lineage: no L1 object holds them.
+                if upto > self.lro:
+                    self.abandoned = (*self.abandoned, (self.lro + 1, upto))
+                self._advance_reconciled(upto, lrlo, offset)
             case TermStart(term=term):
                 if term <= self.term:
                     raise InvariantViolation(f"TermStart({term}) does not raise term {self.term}")
@@ -235,6 +257,7 @@ class PartitionState:
             high_watermark=self.high_watermark,
             size_bytes=self.size_bytes,
             reconciled_by_term=dict(self.reconciled_by_term),
+            abandoned=self.abandoned,
         )
 
     @classmethod

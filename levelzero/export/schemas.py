@@ -59,7 +59,7 @@ TABLES: dict[str, TableSpec] = {
                         "kind",
                         pa.string(),
                         "placeholder | advance_epoch | advance_reconciled_offset | "
-                        "set_start_offset | term_start",
+                        "set_start_offset | term_start | abandon_unreconciled",
                     ),
                     _column(
                         "epoch",

@@ -9,6 +9,7 @@ import pytest
 
 from levelzero.core.entries import (
     ENTRY_KINDS,
+    AbandonUnreconciled,
     AdvanceEpoch,
     AdvanceReconciledOffset,
     Entry,
@@ -218,6 +219,7 @@ ALL_ENTRIES: list[Entry] = [
     AdvanceReconciledOffset(lro=41, lrlo=17),
     SetStartOffset(offset=30),
     TermStart(term=4),
+    AbandonUnreconciled(upto=41, lrlo=17, operator="ops@example", reason="objects lost", at=1.5),
 ]
 
 
@@ -235,6 +237,7 @@ def test_entry_round_trip(entry: Entry) -> None:
 def test_every_entry_kind_has_a_distinct_name() -> None:
     assert set(ENTRY_KINDS) == {type(e) for e in ALL_ENTRIES}
     assert sorted(ENTRY_KINDS.values()) == [
+        "abandon_unreconciled",
         "advance_epoch",
         "advance_reconciled_offset",
         "placeholder",

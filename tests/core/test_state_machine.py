@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from levelzero.core.entries import (
+    AbandonUnreconciled,
     AdvanceEpoch,
     AdvanceReconciledOffset,
     Entry,
@@ -558,3 +559,83 @@ def test_reader_pins_follow_a_partition_state() -> None:
     assert pins.published(state.mp) == 2
     pins.release(reader)
     assert pins.published(state.mp) == 4
+
+
+# ---------------------------------------------------------------- abandon-unreconciled
+
+
+def abandon(state: PartitionState, upto: int | None = None) -> LogRecord:
+    entry = AbandonUnreconciled(
+        upto=state.high_watermark - 1 if upto is None else upto,
+        lrlo=state.last_applied_log_offset,
+        operator="ops",
+        reason="objects lost",
+        at=1.0,
+    )
+    return apply(state, entry)
+
+
+def test_abandon_gives_up_exactly_the_unreconciled_offsets_and_lets_mp_rise() -> None:
+    state = new_state()
+    apply(state, placeholder(3, records=4))  # offsets 0..3
+    apply(state, AdvanceReconciledOffset(lro=3, lrlo=1))
+    apply(state, placeholder(5, records=3))  # offsets 4..6
+    apply(state, placeholder(7, records=3))  # offsets 7..9, window [5, 7] opened at log offset 4
+    mp_before = state.mp
+    assert mp_before == 2
+    abandon(state)
+    assert state.abandoned == ((4, 9),)
+    assert (state.lro, state.lrlo) == (9, 4)
+    assert not state.has_unreconciled_data
+    assert state.mp == 4  # the lower bound at previous_applied (5), not max_applied (7)
+    assert [state.abandoned_range(o) for o in (3, 4, 9, 10)] == [None, (4, 9), (4, 9), None]
+    assert state.reconciled_by_term == {1: 3}, "no L1 object of any term holds abandoned offsets"
+
+
+def test_abandon_keeps_a_lower_edge_write_in_flight_above_mp() -> None:
+    """The escape hatch moves the lower bound by the catch-up's rule, so the GC inequality
+    holds for a write admitted at the window's lower edge that lands after it."""
+    n = 10
+    state = new_state()
+    fence = Fence(creation_epoch=1)
+    for epoch in (n, n + 1):
+        assert fence.try_fence(epoch, state.term, state.applied_window) == BecomeUpdater(epoch)
+        fence.complete_slide(state.term, state.applied_window)
+        apply(state, placeholder(epoch))
+        fence.release()
+    in_flight = fence.try_fence(n, state.term, state.applied_window)
+    assert isinstance(in_flight, Admitted)
+    abandon(state)
+    assert state.mp == n - 1 and in_flight.epoch > state.mp
+    record = apply(state, placeholder(in_flight.epoch))
+    assert record.epoch > state.mp and record.base_offset > state.lro
+    assert state.abandoned_range(record.base_offset) is None, "a later write is readable"
+
+
+def test_abandon_after_a_catch_up_landed_first_gives_up_only_what_is_left() -> None:
+    state = new_state()
+    apply(state, placeholder(2, records=5))  # offsets 0..4, log offset 1
+    asked = AbandonUnreconciled(upto=4, lrlo=1, operator="ops", reason="lost", at=1.0)
+    apply(state, AdvanceReconciledOffset(lro=2, lrlo=1))  # landed between the ask and the append
+    apply(state, asked)
+    assert state.abandoned == ((3, 4),)
+    apply(state, AdvanceReconciledOffset(lro=4, lrlo=1))
+    apply(state, AbandonUnreconciled(upto=4, lrlo=1, operator="ops", reason="again", at=2.0))
+    assert state.abandoned == ((3, 4),), "nothing left: nothing more given up"
+
+
+def test_abandon_beyond_the_high_watermark_is_a_violation() -> None:
+    state = new_state()
+    apply(state, placeholder(2, records=2))
+    with pytest.raises(InvariantViolation, match="beyond the high watermark"):
+        state.apply(record_for(state, AbandonUnreconciled(upto=2, lrlo=1, operator="o", reason="r", at=0.0)))
+
+
+def test_abandoned_ranges_survive_a_snapshot_and_old_snapshots_have_none() -> None:
+    state = new_state()
+    apply(state, placeholder(2, records=3))
+    abandon(state)
+    restored = PartitionState.decode_snapshot(state.encode_snapshot())
+    assert restored == state and restored.abandoned == ((0, 2),)
+    old = msgspec.msgpack.encode({"creation_epoch": 1, "lro": 4})  # written before the field
+    assert PartitionState.decode_snapshot(old).abandoned == ()

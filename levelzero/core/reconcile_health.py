@@ -1,0 +1,84 @@
+"""Which partitions' reconciliation keeps failing: a named condition, not a stream of warnings.
+
+A partition whose unreconciled data cannot move to L1 (an L0 object lost in a storage incident,
+a topic name no store can hold) keeps its `M(p)` where it is, and `M = min M(p)` with it: one
+poisoned partition stops the GC for the whole cluster. This tracker turns "the reconciler
+failed again" into a condition that status, `gc explain` and the metrics name: which
+partition, since when, how many passes, the last error. It is pure bookkeeping (sans-IO): the
+reconciler feeds it outcomes with the wall clock, readers ask it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Consecutive failed passes before a partition is named as failing (one may be a blip).
+RECONCILE_FAILURES_BEFORE_FAILING = 3
+# A failing partition is retried this often, not on every pass (each try reads L0 objects
+# and logs a line).
+RECONCILE_FAILING_RETRY_S = 30.0
+# The last error as shown in status and metrics, at most this many characters.
+RECONCILE_ERROR_CHARS_MAX = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileFailing:
+    partition: str
+    since: float  # wall time of the first failure of this run of failures
+    failures: int  # consecutive failed passes
+    last_error: str
+    last_failed_at: float
+    failing: bool  # named: `failures` reached the threshold, or the cause is permanent
+
+    def describe(self) -> str:
+        return (
+            f"reconciliation failing since {self.since:.0f} ({self.failures} passes): "
+            f"{self.last_error}"
+        )
+
+
+class ReconcileHealth:
+    """Outcomes of each partition's reconciliation passes, by partition name."""
+
+    __slots__ = ("_runs",)
+
+    def __init__(self) -> None:
+        self._runs: dict[str, ReconcileFailing] = {}
+
+    def note_failure(
+        self, partition: str, error: str, now: float, *, permanent: bool = False
+    ) -> bool:
+        """Record a failed pass. Returns True when this failure makes the partition failing
+        (the moment to say so loudly); a `permanent` cause (one no retry can fix) names it at
+        once."""
+        error = error[:RECONCILE_ERROR_CHARS_MAX]
+        run = self._runs.get(partition)
+        since, failures = (now, 1) if run is None else (run.since, run.failures + 1)
+        was_failing = run is not None and run.failing
+        failing = permanent or was_failing or failures >= RECONCILE_FAILURES_BEFORE_FAILING
+        self._runs[partition] = ReconcileFailing(partition, since, failures, error, now, failing)
+        assert failures >= 1 and (failing or failures < RECONCILE_FAILURES_BEFORE_FAILING)
+        return failing and not was_failing
+
+    def note_success(self, partition: str) -> ReconcileFailing | None:
+        """A pass that did not fail ends the run; returns it if the partition was failing."""
+        run = self._runs.pop(partition, None)
+        return run if run is not None and run.failing else None
+
+    def forget(self, partition: str) -> None:
+        self._runs.pop(partition, None)
+
+    def get(self, partition: str) -> ReconcileFailing | None:
+        """The partition's condition if it is failing (named), else None."""
+        run = self._runs.get(partition)
+        return run if run is not None and run.failing else None
+
+    def failing(self) -> list[ReconcileFailing]:
+        """Every failing partition, the longest failing first."""
+        return sorted((r for r in self._runs.values() if r.failing), key=lambda r: (r.since, r.partition))
+
+    def retry_due(self, partition: str, now: float) -> bool:
+        """Whether to try the partition this pass: always, unless it is failing and was tried
+        less than `RECONCILE_FAILING_RETRY_S` ago."""
+        run = self.get(partition)
+        return run is None or not 0 <= now - run.last_failed_at < RECONCILE_FAILING_RETRY_S
