@@ -434,7 +434,7 @@ class GcActor:
             try:
                 report = await self.run_round()
             except LevelZeroError as exc:
-                log.warning("gc round failed: %s", exc)
+                log.warning("gc round failed", extra={"error": exc.code, "detail": str(exc)})
                 pace = self._pacer.after_round(
                     deleted=0, backlog=0, failed=True, oldest_young_at=None,
                     now=self._clock(), jitter_unit=self._jitter_unit(),
@@ -547,14 +547,19 @@ class GcActor:
         assert report.backlog >= 0, report
         self._last = report
         await self._log.record_gc_round(self._round_row(report))
+        # The round's figures are fields of the event (JSON logs: JSON fields), not message text.
         log.info(
-            "gc round %d%s: E=%d M=%s %s listed=%d eligible=%d deleted=%d (%d bytes) too_young=%d "
-            "above_m=%d errors=%d throttled=%d backlog=%d%s in %.3f s",
-            round_id, " (dry run)" if dry_run else "", report.cluster_epoch, report.m,
-            f"catalog={report.catalog_read}" + (" swept" if report.swept else ""), report.listed, report.eligible, report.deleted, report.deleted_bytes,
-            report.too_young, report.above_m, report.errors, report.throttled, report.backlog,
-            f" blocked by {_shown(report.blocked_by)}" if report.blocked else "",
-            finished_at - started_at,
+            "gc dry run" if dry_run else "gc round",
+            extra={
+                "round": round_id, "dry_run": dry_run, "cluster_epoch": report.cluster_epoch,
+                "m": report.m, "catalog": report.catalog_read, "swept": report.swept,
+                "listed": report.listed, "eligible": report.eligible, "deleted": report.deleted,
+                "deleted_bytes": report.deleted_bytes, "too_young": report.too_young,
+                "above_m": report.above_m, "errors": report.errors, "throttled": report.throttled,
+                "backlog": report.backlog,
+                "blocked_by": _shown(report.blocked_by) if report.blocked else None,
+                "duration_s": round(finished_at - started_at, 3),
+            },
         )
         return report
 
@@ -808,14 +813,15 @@ class GcActor:
             except StorageError as exc:
                 if is_throttling(str(exc)) and attempt < THROTTLE_RETRIES_MAX:
                     tally.throttled += 1
-                    log.info("gc %s throttled, backing off %.2f s: %s", op, backoff_s, exc)
+                    log.info("gc request throttled, backing off",
+                             extra={"op": op, "backoff_s": backoff_s, "detail": str(exc)})
                     await self._sleep(backoff_s)
                     backoff_s *= 2
                     continue
                 if op == "list":
                     tally.list_errors += 1
                 tally.note_error(f"{op}: {exc}")
-                log.warning("gc %s failed (retried next round): %s", op, exc)
+                log.warning("gc request failed, retried next round", extra={"op": op, "detail": str(exc)})
                 return None
         raise AssertionError("unreachable")
 

@@ -99,7 +99,8 @@ class Housekeeper:
                     pass
                 except LevelZeroError as exc:
                     self.stats.errors += 1
-                    log.warning("housekeeping %s failed, retried next round: %s", actor.name, exc)
+                    log.warning("housekeeping failed, retried next round",
+                                extra={"partition": actor.name, "error": exc.code, "detail": str(exc)})
             await self.sample_states()
 
     async def sample_states(self) -> int:

@@ -225,7 +225,7 @@ class Node:
             )
             for row in rows:
                 await self._start_partition(row)
-        log.info("created topic %s with %d partitions", name, partitions)
+        log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
     def topics(self) -> dict[str, int]:

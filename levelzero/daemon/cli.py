@@ -7,6 +7,7 @@
     levelzero consume TOPIC [-p P] [--offset O] [--follow]
     levelzero status | epoch advance | config show
     levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
+    levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 
@@ -124,9 +125,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
         leaves = leaf_errors(error)
         if all(isinstance(leaf, LevelZeroError) for leaf in leaves):
-            for leaf in leaves:
-                log.error("levelzero stopped: %s", leaf, extra={"error": leaf.code})  # type: ignore[attr-defined]
-                _fail(str(leaf))
+            for message, code in dict.fromkeys((str(leaf), leaf.code) for leaf in leaves):  # type: ignore[attr-defined]
+                # Once on stderr (journald); a log file gets it as an event of its own.
+                if config.logging.file:
+                    log.error("levelzero stopped", extra={"error": code, "detail": message})
+                _fail(message)
             # A store a restart cannot fix (a newer schema, another cluster's objects): 2, which
             # systemd does not restart (RestartPreventExitStatus=2), like bad configuration.
             return EXIT_USAGE if any(isinstance(leaf, StoreRefused) for leaf in leaves) else EXIT_FAILED
@@ -166,6 +169,35 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         _fail(str(exc))
         return EXIT_USAGE
     print(json.dumps(describe(config), indent=2))
+    return EXIT_OK
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from .backup import BackupError, backup, restore
+
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    data_dir = config.storage.data_dir
+    try:
+        if args.backup_command == "backup":
+            summary = backup(data_dir, args.destination)
+        else:
+            summary = restore(args.backup, data_dir)
+    except BackupError as exc:
+        _fail(str(exc))
+        return EXIT_FAILED
+    m = summary.manifest
+    facts = (f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "
+             f"schema {m['schema_version']}, taken {m['taken_at']} by levelzero {m['levelzero_version']}")
+    if args.backup_command == "backup":
+        print(f"backed up {data_dir} to {summary.directory}: {facts}")
+        print("objects are not in a backup: they stay in the object store")
+    else:
+        print(f"restored {args.backup} into {data_dir}: {facts}")
+        print("start the daemon; see the README (Backup and restore) for what an older backup means")
     return EXIT_OK
 
 
@@ -659,6 +691,17 @@ def add_config(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(handler=cmd_config_show)
 
 
+def add_backup(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("backup", help="copy the log store consistently (also while the daemon runs)")
+    p.add_argument("destination", metavar="DEST", help="a new (or empty) directory")
+    _add_config_options(p)
+    p.set_defaults(handler=cmd_backup, backup_command="backup")
+    r = sub.add_parser("restore", help="put a backup in place as the log store (daemon stopped)")
+    r.add_argument("backup", metavar="BACKUP", help="a directory written by levelzero backup")
+    _add_config_options(r)
+    r.set_defaults(handler=cmd_backup, backup_command="restore")
+
+
 def add_install_files(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "install-files",
@@ -780,6 +823,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_epoch,
     add_gc,
     add_config,
+    add_backup,
     add_install_files,
     add_tools,
 )

@@ -311,10 +311,14 @@ class LoggingSection(_Section):
 class MetricsSection(_Section):
     # Above this many partitions, per-partition series are left out (only totals are exported).
     per_partition_max: int = 256
+    # HOST:PORT of a second listener serving GET /metrics alone, without the token; empty: off.
+    listen: str = ""
 
     def __post_init__(self) -> None:
         if not 0 <= self.per_partition_max <= 100_000:
             raise ValueError("per_partition_max must be in 0..100000")
+        if self.listen:
+            parse_listen(self.listen)
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

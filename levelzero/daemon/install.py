@@ -1,9 +1,10 @@
 """`levelzero install-files DIR`: write out the files an installation needs besides the program.
 
 They ship inside the package (`levelzero/deploy/`), so a wheel installed anywhere can produce
-the systemd unit, the annotated example configuration and the environment-file template that
-match its own version; `packaging/install.sh` puts them in place. The environment file holds
-secrets: it is written with mode 0600. An existing file is never overwritten unless asked
+the systemd unit, the annotated example configuration, the environment-file template, the
+Grafana dashboard and the Prometheus alert rules that match its own version;
+`packaging/install.sh` puts the first three in place. The environment file holds secrets: it
+is written with mode 0600. An existing file is never overwritten unless asked
 (`--force`), so re-running after an upgrade cannot clobber an operator's edits.
 """
 
@@ -21,6 +22,8 @@ DEPLOY_FILES: dict[str, int] = {
     "levelzero.service": 0o644,
     "levelzero.toml": 0o644,
     "levelzero.env": 0o600,
+    "grafana-dashboard.json": 0o644,
+    "prometheus-alerts.yml": 0o644,
 }
 
 

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+
+from .buildinfo import build_labels
 
 Source = Callable[[Node], Iterable[Metric]]
 
@@ -310,6 +314,39 @@ class NodeCollector(Collector):
         yield from fence_metrics_of(views, len(views) <= self._per_partition_max)
 
 
+class BuildAndDiskCollector(Collector):
+    """`levelzero_build_info` (what runs) and the data directory's free space (read at scrape
+    time: a full disk stops the log store, so it is alerted on before it happens)."""
+
+    def __init__(self, data_dir: str | None) -> None:
+        self._data_dir = data_dir
+        self._labels = build_labels()
+
+    def collect(self) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            "levelzero_build_info", "The running levelzero: version and Python (value 1).",
+            labels=list(self._labels),
+        )
+        info.add_metric(list(self._labels.values()), 1)
+        yield info
+        if self._data_dir is None:
+            return
+        try:
+            disk = os.statvfs(self._data_dir)
+        except OSError:
+            return  # the directory is gone: the log store's errors say so
+        yield _gauge(
+            "levelzero_data_dir_free_bytes",
+            "Bytes available to the daemon on the data directory's file system.",
+            disk.f_bavail * disk.f_frsize,
+        )
+        yield _gauge(
+            "levelzero_data_dir_size_bytes",
+            "Size of the data directory's file system.",
+            disk.f_blocks * disk.f_frsize,
+        )
+
+
 class DaemonMetrics:
     """The registry and the metrics the API observes directly."""
 
@@ -319,8 +356,14 @@ class DaemonMetrics:
         *,
         per_partition_max: int = 256,
         sources: Sequence[Source] = DEFAULT_SOURCES,
+        data_dir: str | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        # process_* (RSS, CPU seconds, open fds, start time) and python_info, as every
+        # Prometheus client exports them by default, in this daemon's own registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.registry.register(BuildAndDiskCollector(data_dir))
         self.produce_latency = Histogram(
             "levelzero_produce_latency_seconds",
             "Produce request latency, from decoded body to acknowledgement.",

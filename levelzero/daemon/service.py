@@ -33,10 +33,13 @@ from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.sqlite_log import SqliteLogStore
 
+from .access_log import AccessLogMiddleware
 from .api import ApiSettings, Lifecycle, build_app
-from .config import Config, describe
+from .config import Config, describe, parse_listen
 from .logs import configure_logging
 from .metrics import DaemonMetrics
+from .metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
+from .observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from .ownership import claim_store, local_cluster_id
 from .systemd import Notifier
 
@@ -172,6 +175,17 @@ def _log_store_metrics(store: SqliteLogStore) -> Callable[[Node], Iterable[Metri
     return source
 
 
+def _readiness_metric(lifecycle: Lifecycle) -> Callable[[Node], Iterable[Metric]]:
+    def source(node: Node) -> Iterable[Metric]:
+        ready = lifecycle.ready and not lifecycle.stopping
+        yield GaugeMetricFamily(
+            "levelzero_ready", "1 while /readyz answers 200 (replayed, serving, not stopping).",
+            value=1 if ready else 0,
+        )
+
+    return source
+
+
 def _url_host(host: str) -> str:
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
@@ -205,6 +219,8 @@ class Daemon:
         self.metrics: DaemonMetrics | None = None
         self.port: int | None = None
         self.url: str | None = None
+        self.metrics_url: str | None = None  # the optional metrics listener (metrics.listen)
+        self._metrics_server: _UvicornServer | None = None
         self.stopped_cleanly = False
 
     @property
@@ -252,11 +268,18 @@ class Daemon:
         task_status: anyio.abc.TaskStatus[Daemon],
     ) -> None:
         config = self.config
-        node = Node(config.node_config(), log_store, object_store)
+        stores = StoreMetrics()
+        node = Node(
+            config.node_config(), ObservedLogStore(log_store, stores), ObservedObjectStore(object_store, stores)
+        )
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
-        self.metrics = metrics = DaemonMetrics(node, per_partition_max=config.metrics.per_partition_max)
+        self.metrics = metrics = DaemonMetrics(
+            node, per_partition_max=config.metrics.per_partition_max, data_dir=config.storage.data_dir
+        )
+        metrics.registry.register(stores)
         metrics.collector.add_source(_log_store_metrics(log_store))
+        metrics.collector.add_source(_readiness_metric(self.lifecycle))
         settings = ApiSettings(
             token=config.server.token,
             body_bytes_max=config.server.body_bytes_max,
@@ -264,6 +287,8 @@ class Daemon:
             fetch_bytes_default=config.server.fetch_bytes_default,
         )
         app = build_app(node, metrics, settings, self.lifecycle)
+        if config.server.access_log:
+            app = AccessLogMiddleware(app)
 
         if self._freeze_heap_at_start:
             freeze_heap()  # before anything runs: nothing short-lived is alive to be frozen
@@ -281,7 +306,7 @@ class Daemon:
                 app,
                 lifespan="off",
                 log_config=None,
-                access_log=config.server.access_log,
+                access_log=False,  # ours is structured (AccessLogMiddleware)
                 http="h11",
                 ws="none",
                 limit_concurrency=config.server.connections_max,
@@ -295,6 +320,8 @@ class Daemon:
         await server.listening.wait()
         if not server.started:
             raise StartupError(f"the HTTP server on {config.server.listen} did not start")
+        if config.metrics.listen:
+            await self._serve_metrics(tg, metrics)
 
         self.lifecycle.ready = True
         partitions = len(node.partitions())
@@ -308,6 +335,24 @@ class Daemon:
         await self._stop_requested.wait()
         await self._stop(node, server)
 
+    async def _serve_metrics(self, tg: anyio.abc.TaskGroup, metrics: DaemonMetrics) -> None:
+        """The optional second listener: GET /metrics, no token (`metrics.listen`)."""
+        host, port = parse_listen(self.config.metrics.listen)
+        sock = bind_listener(host, port)
+        self.metrics_url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+        server = _UvicornServer(
+            uvicorn.Config(
+                metrics_app(metrics.registry), lifespan="off", log_config=None, access_log=False,
+                http="h11", ws="none", limit_concurrency=METRICS_CONNECTIONS_MAX,
+                server_header=False, proxy_headers=False,
+            )
+        )
+        self._metrics_server = server
+        tg.start_soon(server.serve_until_exit, sock)
+        await server.listening.wait()
+        if not server.started:
+            raise StartupError(f"the metrics listener on {self.config.metrics.listen} did not start")
+
     async def _stop(self, node: Node, server: _UvicornServer) -> None:
         timeout_s = self.config.server.shutdown_timeout_s
         log.info("stopping: draining in-flight produces", extra={"reason": self.stop_reason})
@@ -317,10 +362,15 @@ class Daemon:
             await node.shutdown()
             server.should_exit = True
             await server.finished.wait()
+            if self._metrics_server is not None:
+                self._metrics_server.should_exit = True
+                await self._metrics_server.finished.wait()
         if scope.cancelled_caught:
             log.error("shutdown did not finish within %.0f s; forcing", timeout_s)
-            server.force_exit = True
-            server.should_exit = True
+            for stuck in (server, self._metrics_server):
+                if stuck is not None:
+                    stuck.force_exit = True
+                    stuck.should_exit = True
         else:
             self.stopped_cleanly = True
 

@@ -291,6 +291,7 @@ def test_a_busy_port_is_a_clear_start_up_error(daemon_process: DaemonProcess, ma
     second.start(wait=False)
     assert second.wait_exit() == 1
     assert f"cannot listen on 127.0.0.1:{daemon_process.port}" in second.log()
+    assert second.log().count(f"cannot listen on 127.0.0.1:{daemon_process.port}") == 1  # printed once
     assert "Traceback" not in second.log()
     assert daemon_process.stop() == 0
 

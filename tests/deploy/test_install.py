@@ -21,7 +21,7 @@ from levelzero.daemon.cli import main
 from levelzero.daemon.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ("levelzero.service", "levelzero.toml", "levelzero.env")
+SHIPPED = ("levelzero.service", "levelzero.toml", "levelzero.env", "grafana-dashboard.json", "prometheus-alerts.yml")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,159 @@
+"""`levelzero backup DEST` and `levelzero restore BACKUP`: the data directory's log store, copied
+consistently while the daemon runs, and put back while it does not.
+
+A backup is a directory: `levelzero.db` (SQLite's online backup API, one read transaction, so
+a consistent snapshot even while the daemon commits: WAL lets the writer go on), `cluster-id`
+(the object store's ownership marker names it: without it a restored daemon is refused by its
+own bucket) and `backup.json` (what was copied, when, by which version). It does not contain the
+objects: L0 and L1 objects live in the bucket (or `data_dir/objects` for `storage.kind =
+"local"`, which must be copied with the file system's own tools, after the database).
+
+Restoring refuses while a daemon holds the store's lock, keeps the replaced database beside
+it (`levelzero.db.replaced-<time>`), and removes the old write-ahead log so SQLite cannot
+replay it over the restored file. The README's "Backup and restore" says what an older backup
+means for the GC and for records written since.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .buildinfo import version
+from .ownership import CLUSTER_ID_FILE
+
+BACKUP_FORMAT = 1
+DB_FILE = "levelzero.db"
+MANIFEST_FILE = "backup.json"
+# The log store holds `flock` on this file while it is open (storage/sqlite_log.py).
+LOCK_SUFFIX = ".lock"
+SQLITE_SIDE_FILES = ("-wal", "-shm")
+
+
+class BackupError(Exception):
+    """One line for the operator."""
+
+
+@dataclass(frozen=True)
+class BackupSummary:
+    directory: Path
+    manifest: dict[str, object]
+
+
+def _store_facts(connection: sqlite3.Connection) -> dict[str, object]:
+    (schema,), = connection.execute("PRAGMA user_version").fetchall()
+    epoch = connection.execute("SELECT epoch FROM cluster_epoch WHERE id = 1").fetchall()
+    (partitions,), = connection.execute("SELECT count(*) FROM partitions").fetchall()
+    return {"schema_version": schema, "cluster_epoch": epoch[0][0] if epoch else 1, "partitions": partitions}
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def backup(data_dir: str, destination: str) -> BackupSummary:
+    """Copy the log store of `data_dir` (running or not) into the new directory `destination`."""
+    source = Path(data_dir) / DB_FILE
+    if not source.is_file():
+        raise BackupError(f"no log store at {source} (storage.data_dir = {data_dir!r})")
+    target = Path(destination)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise BackupError(f"{target} exists and is not an empty directory")
+    cluster_id_path = Path(data_dir) / CLUSTER_ID_FILE
+    if not cluster_id_path.is_file():
+        raise BackupError(f"{cluster_id_path} is missing: not a data directory a daemon has run on")
+    target.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    try:
+        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+        dst = sqlite3.connect(target / DB_FILE)
+        try:
+            src.backup(dst)  # every page in one step: one read transaction, one snapshot
+            dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
+            (check,), = dst.execute("PRAGMA integrity_check").fetchall()
+            if check != "ok":
+                raise BackupError(f"the copy failed SQLite's integrity check: {check}")
+            facts = _store_facts(dst)
+        finally:
+            dst.close()
+            src.close()
+    except sqlite3.Error as exc:
+        raise BackupError(f"cannot back up {source}: {exc}") from None
+    shutil.copyfile(cluster_id_path, target / CLUSTER_ID_FILE)
+    manifest: dict[str, object] = {
+        "format": BACKUP_FORMAT,
+        "levelzero_version": version(),
+        "taken_at": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "source": str(source.resolve()),
+        "cluster_id": cluster_id_path.read_text(encoding="ascii").strip(),
+        **facts,
+        "contains": [DB_FILE, CLUSTER_ID_FILE],
+        "not_contained": "L0 and L1 objects: they live in the object store",
+    }
+    (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    for name in (DB_FILE, CLUSTER_ID_FILE, MANIFEST_FILE):
+        _fsync_file(target / name)
+    _fsync_file(target)
+    return BackupSummary(target, manifest)
+
+
+def _refuse_if_open(db_path: Path) -> int:
+    """Take the store's lock (as a log store would) or refuse: a daemon is running on it."""
+    fd = os.open(str(db_path) + LOCK_SUFFIX, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise BackupError(
+            f"{db_path} is open by a running daemon: stop it first (systemctl stop levelzero)"
+        ) from None
+    return fd
+
+
+def restore(backup_dir: str, data_dir: str) -> BackupSummary:
+    """Put the backup in `backup_dir` in place as the log store of `data_dir` (daemon stopped)."""
+    source = Path(backup_dir)
+    try:
+        manifest = json.loads((source / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{source} is not a levelzero backup ({MANIFEST_FILE}: {exc})") from None
+    if manifest.get("format") != BACKUP_FORMAT:
+        raise BackupError(f"{source}: backup format {manifest.get('format')!r} is not {BACKUP_FORMAT}")
+    try:
+        with sqlite3.connect(f"file:{source / DB_FILE}?mode=ro", uri=True) as check:
+            (ok,), = check.execute("PRAGMA integrity_check").fetchall()
+    except sqlite3.Error as exc:
+        raise BackupError(f"{source / DB_FILE}: {exc}") from None
+    if ok != "ok":
+        raise BackupError(f"{source / DB_FILE} failed SQLite's integrity check: {ok}")
+    target = Path(data_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    db_path = target / DB_FILE
+    lock_fd = _refuse_if_open(db_path)
+    try:
+        if db_path.exists():
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            db_path.rename(target / f"{DB_FILE}.replaced-{stamp}")
+        for suffix in SQLITE_SIDE_FILES:  # the old WAL must never be replayed over the backup
+            Path(str(db_path) + suffix).unlink(missing_ok=True)
+        staged = target / f"{DB_FILE}.restoring"
+        shutil.copyfile(source / DB_FILE, staged)
+        _fsync_file(staged)
+        staged.rename(db_path)
+        shutil.copyfile(source / CLUSTER_ID_FILE, target / CLUSTER_ID_FILE)
+        _fsync_file(target / CLUSTER_ID_FILE)
+        _fsync_file(target)
+    finally:
+        os.close(lock_fd)
+    return BackupSummary(target, manifest)

@@ -1,0 +1,167 @@
+"""Latency and errors of every storage operation, observed from outside the stores.
+
+`ObservedObjectStore` wraps the daemon's object store: a histogram of each operation's latency
+(`put`, `get`, `head`, `list`, `delete`: PUT, GET, HEAD, LIST and DeleteObjects requests, each
+including the client's own retries) and a counter of the operations that raised, by error code.
+A DeleteObjects request can also fail for single keys while succeeding as a whole: those are
+counted per key. `ObservedLogStore` wraps the log store the same way for its writes: each write
+returns once the group commit that holds it is durable, so its latency is the commit latency a
+producer waits for (`append`) or a component waits for (the others).
+
+The stores know nothing of this; the daemon wraps them (`service.Daemon._serve`). The metric
+objects are unregistered and exported by `StoreMetrics.collect`, one registry per daemon.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from levelzero.core.errors import LevelZeroError, StorageError
+from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore
+
+# 0.5 ms (a local fsync) .. 30 s (an S3 request with its retries).
+STORE_LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)
+OBJECT_STORE_OPERATIONS = ("put", "get", "head", "list", "delete")
+# The log store's writes: each returns when its group commit is durable.
+LOG_STORE_WRITES = (
+    "append", "begin_term", "create_topic", "save_snapshot", "truncate_below", "set_cluster_epoch",
+    "l1_insert", "l1_transition", "record_l0_object", "mark_l0_deleted", "record_gc_round",
+    "record_fence_events", "record_state_samples",
+)
+
+
+def error_code(error: BaseException) -> str:
+    return getattr(error, "code", None) or "internal_error"
+
+
+def is_store_failure(error: Exception) -> bool:
+    """A refusal (NotLeader, a violated invariant) is the store's answer, not its failure."""
+    return isinstance(error, StorageError) or not isinstance(error, (LevelZeroError, AssertionError))
+
+
+class StoreMetrics(Collector):
+    def __init__(self) -> None:
+        self.object_latency = Histogram(
+            "levelzero_object_store_request_duration_seconds",
+            "Object store operation latency (PUT, GET, HEAD, LIST, DeleteObjects), retries included.",
+            ["operation"], buckets=STORE_LATENCY_BUCKETS_S, registry=None,
+        )
+        self.object_errors = Counter(
+            "levelzero_object_store_errors",
+            "Object store operations that failed, by operation and error code.",
+            ["operation", "error"], registry=None,
+        )
+        self.object_delete_key_errors = Counter(
+            "levelzero_object_store_delete_key_errors",
+            "Keys a DeleteObjects request reported as not deleted (the request itself succeeded).",
+            registry=None,
+        )
+        self.log_latency = Histogram(
+            "levelzero_log_store_commit_duration_seconds",
+            "Log store write latency until its group commit is durable, by operation.",
+            ["operation"], buckets=STORE_LATENCY_BUCKETS_S, registry=None,
+        )
+        self.log_errors = Counter(
+            "levelzero_log_store_errors",
+            "Log store writes that failed with a storage error, by operation and error code.",
+            ["operation", "error"], registry=None,
+        )
+        # Series exist from the start (a dashboard shows 0, not "no data"; alerts can rate()).
+        for operation in OBJECT_STORE_OPERATIONS:
+            self.object_latency.labels(operation)
+            self.object_errors.labels(operation, "storage_error")
+        for operation in LOG_STORE_WRITES:
+            self.log_latency.labels(operation)
+            self.log_errors.labels(operation, "storage_error")
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in (self.object_latency, self.object_errors, self.object_delete_key_errors,
+                       self.log_latency, self.log_errors):
+            yield from metric.collect()
+
+
+class ObservedObjectStore:
+    """An `ObjectStore` whose every operation is timed and whose failures are counted."""
+
+    def __init__(self, inner: ObjectStore, metrics: StoreMetrics) -> None:
+        self.inner = inner
+        self._latency = {op: metrics.object_latency.labels(op) for op in OBJECT_STORE_OPERATIONS}
+        self._errors = metrics.object_errors
+        self._delete_key_errors = metrics.object_delete_key_errors
+
+    async def _timed(self, operation: str, call: Awaitable[Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            result = await call
+        except Exception as error:  # a cancelled operation is neither a latency nor an error
+            self._errors.labels(operation, error_code(error)).inc()
+            self._latency[operation].observe(time.perf_counter() - started)
+            raise
+        self._latency[operation].observe(time.perf_counter() - started)
+        return result
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        await self._timed("put", self.inner.put(key, data))
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return await self._timed("get", self.inner.get(key, offset, length))
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._timed("head", self.inner.head(key))
+
+    async def list_page(
+        self, prefix: str, start_after: str | None = None, limit: int = LIST_PAGE_KEYS_MAX
+    ) -> ListPage:
+        return await self._timed("list", self.inner.list_page(prefix, start_after, limit))
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        result: DeleteResult = await self._timed("delete", self.inner.delete_many(keys))
+        if result.errors:
+            self._delete_key_errors.inc(len(result.errors))
+        return result
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class ObservedLogStore:
+    """A `LogStore` whose writes are timed; everything else is the inner store's, untouched
+    (reads, `statistics()`, what a concrete store offers beyond the protocol)."""
+
+    def __init__(self, inner: LogStore, metrics: StoreMetrics) -> None:
+        self.inner = inner
+        for operation in LOG_STORE_WRITES:
+            method = getattr(inner, operation)
+            setattr(self, operation, self._timed(operation, method, metrics))
+
+    @staticmethod
+    def _timed(
+        operation: str, method: Callable[..., Awaitable[Any]], metrics: StoreMetrics
+    ) -> Callable[..., Awaitable[Any]]:
+        latency = metrics.log_latency.labels(operation)
+        errors = metrics.log_errors
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                result = await method(*args, **kwargs)
+            except Exception as error:
+                if is_store_failure(error):
+                    errors.labels(operation, error_code(error)).inc()
+                raise
+            latency.observe(time.perf_counter() - started)
+            return result
+
+        timed.__name__ = operation
+        return timed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

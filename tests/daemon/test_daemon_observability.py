@@ -1,0 +1,160 @@
+"""What an operator scrapes besides the node's own counters: process metrics and the build,
+the data directory's free space, readiness, and the latency and errors of every object-store
+operation and log-store commit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from daemon_support import TOKEN, daemon_and_client
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from levelzero.core.errors import NotLeader, ObjectNotFound, StorageError
+from levelzero.daemon.buildinfo import version
+from levelzero.daemon.logs import JsonFormatter
+from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
+from levelzero.storage.memory_store import MemoryObjectStore
+
+
+def registry_of(metrics: StoreMetrics) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    return registry
+
+
+async def test_object_store_operations_are_timed_and_failures_counted() -> None:
+    metrics = StoreMetrics()
+    registry = registry_of(metrics)
+    store = ObservedObjectStore(MemoryObjectStore(), metrics)
+    await store.put("a/1", b"x")
+    await store.put("a/2", b"y")
+    assert await store.get("a/1") == b"x"
+    with pytest.raises(ObjectNotFound):
+        await store.get("a/missing")
+    assert [o.key for o in (await store.list_page("a/")).objects] == ["a/1", "a/2"]
+    assert (await store.head("a/2")).size == 1
+    assert sorted((await store.delete_many(["a/1", "a/2"])).deleted) == ["a/1", "a/2"]
+
+    def count(operation: str) -> float | None:
+        return registry.get_sample_value(
+            "levelzero_object_store_request_duration_seconds_count", {"operation": operation}
+        )
+
+    assert (count("put"), count("get"), count("list"), count("head"), count("delete")) == (2, 2, 1, 1, 1)
+    assert registry.get_sample_value(
+        "levelzero_object_store_errors_total", {"operation": "get", "error": "object_not_found"}
+    ) == 1
+    assert registry.get_sample_value(
+        "levelzero_object_store_errors_total", {"operation": "put", "error": "storage_error"}
+    ) == 0
+
+
+class _Refusing:
+    """The two ways a log-store write fails: the store broke, or it refused (a stale term)."""
+
+    async def append(self, pid: int, expected_term: int, records: list) -> None:  # noqa: ARG002
+        if pid == 0:
+            raise StorageError("disk I/O error")
+        if pid == 1:
+            raise NotLeader("t/1", expected_term, 3)
+
+    async def begin_term(self, *args: object) -> None: ...
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - the writes nobody calls here
+        async def write(*args: object, **kwargs: object) -> None: ...
+
+        return write
+
+    def statistics(self) -> str:
+        return "inner statistics"
+
+
+async def test_log_store_commits_are_timed_and_only_store_failures_are_errors() -> None:
+    metrics = StoreMetrics()
+    registry = registry_of(metrics)
+    store = ObservedLogStore(_Refusing(), metrics)  # type: ignore[arg-type]
+    await store.append(2, 1, [])
+    with pytest.raises(StorageError):
+        await store.append(0, 1, [])
+    with pytest.raises(NotLeader):
+        await store.append(1, 2, [])
+    assert store.statistics() == "inner statistics"  # the rest is the inner store's
+    assert registry.get_sample_value(
+        "levelzero_log_store_commit_duration_seconds_count", {"operation": "append"}
+    ) == 1
+    assert registry.get_sample_value(
+        "levelzero_log_store_errors_total", {"operation": "append", "error": "storage_error"}
+    ) == 1
+
+
+async def test_a_running_daemon_exports_process_build_disk_readiness_and_store_metrics(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [(None, b"record")])
+        await client.fetch("t", 0, 0, None)
+        text = (await client._http.get("/metrics")).text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("process_resident_memory_bytes") > 10 * 1024 * 1024
+    assert value("process_open_fds") > 3 and value("process_start_time_seconds") > 1.6e9
+    assert value("process_cpu_seconds_total") > 0
+    build = [k for k in samples if k[0] == "levelzero_build_info"]
+    assert len(build) == 1 and ("version", version()) in build[0][1] and samples[build[0]] == 1
+    disk = os.statvfs(tmp_path)
+    assert 0 < value("levelzero_data_dir_free_bytes") <= value("levelzero_data_dir_size_bytes")
+    assert value("levelzero_data_dir_size_bytes") == disk.f_blocks * disk.f_frsize
+    assert value("levelzero_ready") == 1
+    # The upload of the record and the store ownership marker; the record's placeholder commit.
+    assert value("levelzero_object_store_request_duration_seconds_count", operation="put") >= 1
+    assert value("levelzero_log_store_commit_duration_seconds_count", operation="append") >= 1
+    assert value("levelzero_log_store_commit_duration_seconds_count", operation="create_topic") == 1
+
+
+async def test_metrics_listener_serves_metrics_alone_without_the_token(tmp_path: Path) -> None:
+    async with daemon_and_client(
+        tmp_path, token=TOKEN, server__token=TOKEN, metrics__listen="127.0.0.1:0"
+    ) as (daemon, client):
+        assert daemon.metrics_url is not None and daemon.metrics_url != daemon.url
+        async with httpx.AsyncClient(base_url=daemon.metrics_url) as scraper:
+            scraped = await scraper.get("/metrics")
+            assert scraped.status_code == 200
+            assert scraped.headers["content-type"].startswith("text/plain")
+            assert "levelzero_cluster_epoch 1.0" in scraped.text
+            assert (await scraper.get("/v1/status")).status_code == 404  # nothing else here
+            assert (await scraper.post("/metrics")).status_code == 405
+        async with httpx.AsyncClient(base_url=daemon.url) as anonymous:
+            assert (await anonymous.get("/metrics")).status_code == 401  # the API keeps its token
+
+
+async def test_access_log_and_gc_round_are_structured_events(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="levelzero")
+    async with daemon_and_client(tmp_path, server__access_log=True) as (daemon, client):
+        await client.create_topic("t", 1)
+        await client.advance_epoch()
+        await client.gc_run(dry_run=False)
+    [access] = [r for r in caplog.records if r.name == "levelzero.access" and r.path == "/v1/topics"]
+    event = json.loads(JsonFormatter().format(access))
+    assert event["msg"] == "http request"
+    assert (event["method"], event["status"]) == ("POST", 201)
+    assert event["duration_ms"] > 0 and event["bytes"] > 0 and event["client"].startswith("127.0.0.1:")
+    [round_record] = [r for r in caplog.records if r.getMessage() == "gc round"]
+    event = json.loads(JsonFormatter().format(round_record))
+    # The round's figures are JSON fields of the event, not text inside its message.
+    assert event["cluster_epoch"] == 2 and event["deleted"] == 0 and event["dry_run"] is False
+    assert event["m"] is None and event["blocked_by"] == "t/0"  # t/0 has no M(p) yet
+    assert event["duration_s"] >= 0

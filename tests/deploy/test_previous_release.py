@@ -1,0 +1,54 @@
+"""Today's code opens a data directory written by the previous release (levelzero 0.1.0, commit
+a0b1def; `tests/fixtures/previous_release/generate.py` says how it was made) and serves every
+record it held byte for byte, from L1 (reconciled, L0 collected) and from L0, then goes on."""
+
+from __future__ import annotations
+
+import importlib.util
+import sqlite3
+import tarfile
+from pathlib import Path
+
+from daemon_support import daemon_and_client
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous_release"
+_spec = importlib.util.spec_from_file_location("previous_release", FIXTURE / "generate.py")
+assert _spec is not None and _spec.loader is not None
+previous = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(previous)
+WRITTEN = previous.FIRST_BATCH + previous.SECOND_BATCH
+
+
+def unpack(tmp_path: Path) -> Path:
+    with tarfile.open(FIXTURE / "data-0.1.0.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    data = tmp_path / "data"
+    with sqlite3.connect(data / "levelzero.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (1,)  # written with schema 1
+    return data
+
+
+async def test_a_data_directory_of_the_previous_release_opens_and_serves_every_record(tmp_path: Path) -> None:
+    data = unpack(tmp_path)
+    async with daemon_and_client(data) as (daemon, client):
+        topics = {t.name: t.partitions for t in await client.list_topics()}
+        assert topics == previous.TOPICS
+        tiers = set()
+        for topic, partitions in previous.TOPICS.items():
+            for p in range(partitions):
+                got: list[tuple[bytes | None, bytes]] = []
+                offset = 0
+                for _ in range(WRITTEN):  # bounded: at least one record per fetch
+                    fetched = await client.fetch(topic, p, offset, None)
+                    assert fetched.high_watermark == WRITTEN
+                    if not fetched.records:
+                        break
+                    tiers.add(fetched.tier)
+                    got += [(r.key, r.value) for r in fetched.records]
+                    offset = fetched.next_offset
+                assert got == previous.expected_records(topic, p, WRITTEN), (topic, p)
+        assert "l1" in tiers  # the first batch was reconciled and its L0 objects collected
+        ack = await client.produce("orders", 0, [(b"new", b"written by today's code")])
+        assert ack.base_offset == WRITTEN
+        status = await client.status()
+        assert status.cluster_epoch > 1 and len(status.partitions) == 4
