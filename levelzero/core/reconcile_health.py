@@ -17,6 +17,14 @@ RECONCILE_FAILURES_BEFORE_FAILING = 3
 # A failing partition is retried this often, not on every pass (each try reads L0 objects
 # and logs a line).
 RECONCILE_FAILING_RETRY_S = 30.0
+# What abandon-unreconciled gives up, said wherever it is asked for (API, CLI).
+ABANDON_GIVES_UP = (
+    "gives up, for good, every record of the partition above its last reconciled offset (LRO) "
+    "up to its high watermark now: those offsets are never readable again (reads get "
+    "offset_out_of_range naming the next readable offset) and the GC collects their L0 objects; "
+    "the partition log and an AUDIT log line record who, why and when. Read what is still "
+    "readable first"
+)
 # The last error as shown in status and metrics, at most this many characters.
 RECONCILE_ERROR_CHARS_MAX = 500
 

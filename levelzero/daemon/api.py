@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -39,12 +39,15 @@ from starlette.routing import Route
 
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.keys import parse_l0_key
+from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import Record
 
 from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from .schema import (
+    AbandonRequest,
+    AbandonResponse,
     BatcherStatus,
     CreateTopicRequest,
     EpochResponse,
@@ -61,6 +64,7 @@ from .schema import (
     ProduceRequest,
     ProduceResponse,
     RecordOut,
+    ReconcileFailingStatus,
     ReconcilerStatus,
     StatusResponse,
     TopicInfo,
@@ -125,6 +129,7 @@ _decoders = {
     ProduceRequest: msgspec.json.Decoder(ProduceRequest),
     GcRunRequest: msgspec.json.Decoder(GcRunRequest),
     HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
+    AbandonRequest: msgspec.json.Decoder(AbandonRequest),
 }
 
 
@@ -447,6 +452,17 @@ class Api:
         await self.node.housekeeper.run_round(force=body.force)
         return _json(housekeeper_status(self.node))
 
+    async def abandon_unreconciled(self, request: Request) -> Response:
+        """The operator's escape hatch for a partition whose L0 data is gone for good."""
+        body: AbandonRequest = _decode(AbandonRequest, await self._read_body(request))
+        if body.confirm is not True:
+            raise InvalidInput(f"abandon-unreconciled needs confirm=true: it {ABANDON_GIVES_UP}")
+        self._check_serving()
+        done = await self.node.abandon_unreconciled(
+            body.topic, body.partition, operator=body.operator, reason=body.reason
+        )
+        return _json(AbandonResponse(**asdict(done)))
+
     async def healthz(self, request: Request) -> Response:
         return _json(HealthResponse("ok"))
 
@@ -471,6 +487,10 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
         catch_ups_rejected=stats.catch_ups_rejected,
         errors=stats.errors,
         lag_offsets=sum(partition_reconciler_lag(v) for v in node.views()),
+        failing=[
+            ReconcileFailingStatus(f.partition, f.since, f.failures, f.last_error, f.last_failed_at)
+            for f in node.reconciler.health.failing()
+        ],
     )
 
 
@@ -550,6 +570,7 @@ def build_app(
         api.route("/v1/gc/resume", {"POST": api.gc_resume}),
         api.route("/v1/gc/explain", {"GET": api.gc_explain}),
         api.route("/v1/housekeeper/run", {"POST": api.housekeeper_run}),
+        api.route("/v1/partitions/abandon-unreconciled", {"POST": api.abandon_unreconciled}),
         api.route("/metrics", {"GET": api.metrics_text}),
         api.route("/healthz", {"GET": api.healthz}, public=True),
         api.route("/readyz", {"GET": api.readyz}, public=True),

@@ -9,6 +9,7 @@
     levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
     levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
+    levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 
 Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
@@ -19,11 +20,13 @@ configuration (systemd does not restart on 2), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import getpass
 import importlib
 import importlib.util
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -34,6 +37,7 @@ import msgspec
 
 from levelzero.core.errors import LevelZeroError, StoreRefused
 from levelzero.core.names import topic_name_problem
+from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 
 from .client import ApiError, Client, default_url
 from .buildinfo import version
@@ -393,6 +397,11 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
             f"{r.records_reconciled} records, lag {r.lag_offsets} offsets, "
             f"rejected catch-ups {r.catch_ups_rejected}, errors {r.errors}"
         )
+        for f in r.failing:
+            lines.append(
+                f"  RECONCILE FAILING {f.partition} since {_ago(f.since)} ({f.failures} passes), "
+                f"holding M back: {f.last_error}"
+            )
     h = status.housekeeper
     if h is not None:
         lines.append(
@@ -586,6 +595,49 @@ async def _gc_explain(args: argparse.Namespace, client: Client) -> None:
         _json_out(explanation)
     else:
         print(format_explanation(explanation))
+
+
+def _topic_partition(text: str) -> tuple[str, int]:
+    """`TOPIC/P` (the last `/` splits, so any stored topic name can be named)."""
+    topic, slash, number = text.rpartition("/")
+    if not slash or not topic or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOPIC/PARTITION (e.g. orders/3)")
+    return topic, int(number)
+
+
+def _default_operator() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _partition_abandon(args: argparse.Namespace) -> int:
+    if not args.confirm:
+        _fail(f"partition abandon-unreconciled {ABANDON_GIVES_UP}. Add --confirm to do it")
+        return EXIT_USAGE
+    return _client_command(_partition_abandon_call)(args)
+
+
+async def _partition_abandon_call(args: argparse.Namespace, client: Client) -> None:
+    topic, partition = args.partition
+    done = await client.abandon_unreconciled(
+        topic, partition, operator=args.by, reason=args.reason, confirm=True
+    )
+    if args.json:
+        _json_out(done)
+        return
+    given_up = (
+        f"data offsets {done.first_offset}..{done.last_offset} given up"
+        if done.first_offset <= done.last_offset
+        else "nothing given up (a catch-up landed first)"
+    )
+    print(
+        f"{done.partition}: {given_up} (log offset {done.log_offset}, term {done.term}); "
+        f"M(p) {_cell(done.mp_before)} -> {_cell(done.mp_after)}; recorded as by {done.operator!r}: "
+        f"{done.reason!r}"
+    )
 
 
 # ------------------------------------------------------------------------------- tools
@@ -803,6 +855,24 @@ def add_gc(sub: argparse._SubParsersAction) -> None:
     explain.set_defaults(handler=_client_command(_gc_explain))
 
 
+def add_partition(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("partition", help="operator actions on one partition")
+    partition_sub = p.add_subparsers(dest="partition_command", required=True, metavar="COMMAND")
+    abandon = partition_sub.add_parser(
+        "abandon-unreconciled",
+        help="give up a failing partition's unreconciled records (its L0 data is gone for good)",
+        description=f"Only for a partition whose reconciliation keeps failing (see status). It {ABANDON_GIVES_UP}.",
+    )
+    abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P")
+    abandon.add_argument("--confirm", action="store_true", help="yes, give those records up")
+    abandon.add_argument("--reason", required=True, help="why (recorded in the log: the incident)")
+    abandon.add_argument("--by", default=_default_operator(),
+                         help="who asks (recorded in the log; default USER@HOST)")
+    abandon.add_argument("--json", action="store_true")
+    _add_client_options(abandon)
+    abandon.set_defaults(handler=_partition_abandon)
+
+
 def add_tools(sub: argparse._SubParsersAction) -> None:
     """Listed in the help; `main` hands their arguments over before argparse sees them."""
     for name, (hook, text) in TOOLS.items():
@@ -822,6 +892,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_status,
     add_epoch,
     add_gc,
+    add_partition,
     add_config,
     add_backup,
     add_install_files,

@@ -18,6 +18,8 @@ from levelzero.actors.gc import RoundReport
 from levelzero.core.gc import Explanation
 
 from .schema import (
+    AbandonRequest,
+    AbandonResponse,
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
@@ -171,6 +173,13 @@ class Client:
         return await self._call(
             "POST", "/v1/housekeeper/run", HousekeeperStatus, body=HousekeeperRunRequest(force)
         )
+
+    async def abandon_unreconciled(
+        self, topic: str, partition: int, *, operator: str, reason: str, confirm: bool
+    ) -> AbandonResponse:
+        """The escape hatch for a partition whose L0 data is gone for good (see the README)."""
+        body = AbandonRequest(topic, partition, operator, reason, confirm)
+        return await self._call("POST", "/v1/partitions/abandon-unreconciled", AbandonResponse, body=body)
 
     async def metrics(self) -> str:
         return (await self.request("GET", "/metrics")).text

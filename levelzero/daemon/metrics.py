@@ -199,6 +199,21 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
         "Offsets written but not yet reconciled, over every partition.",
         sum(partition_reconciler_lag(v) for v in node.views()),
     )
+    failing = node.reconciler.health.failing()
+    yield _gauge(
+        "levelzero_reconciler_failing_partitions",
+        "Partitions whose reconciliation keeps failing: each holds M (and the GC) back.",
+        len(failing),
+    )
+    since = GaugeMetricFamily(
+        "levelzero_partition_reconcile_failing_since_seconds",
+        "Unix time a failing partition's reconciliation started failing (absent when healthy).",
+        labels=["topic", "partition"],
+    )
+    for f in failing:
+        topic, _, partition = f.partition.rpartition("/")
+        since.add_metric([topic, partition], f.since)
+    yield since
     yield _counter("levelzero_l1_objects_deleted", "L1 objects deleted (two-phase).", node.l1.deleted)
     yield _counter(
         "levelzero_l1_delete_refusals",

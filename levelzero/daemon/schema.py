@@ -43,6 +43,17 @@ class HousekeeperRunRequest(_Request):
     force: bool = False  # treat every partition as idle (advance its epoch now)
 
 
+class AbandonRequest(_Request):
+    """`abandon-unreconciled`: topic and partition in the body, not the path, so a topic an
+    older levelzero accepted (`.`, `..`) can be named too."""
+
+    topic: str
+    partition: int
+    operator: str  # who asks (recorded in the log and the audit line)
+    reason: str  # why (the incident)
+    confirm: bool = False  # must be true: the offsets given up are never readable again
+
+
 # ----------------------------------------------------------------------------- responses
 
 
@@ -135,6 +146,32 @@ class ReconcilerStatus(_Response):
     catch_ups_rejected: int  # a newer term took over: the object is outside the lineage
     errors: int
     lag_offsets: int  # over every partition, now
+    failing: list[ReconcileFailingStatus] = []  # partitions whose reconciliation keeps failing
+
+
+class ReconcileFailingStatus(_Response):
+    """A partition whose reconciliation keeps failing: it holds M (and the GC) back."""
+
+    partition: str
+    since: float  # unix time of the first failure of this run of failures
+    failures: int  # consecutive failed passes
+    last_error: str
+    last_failed_at: float
+
+
+class AbandonResponse(_Response):
+    partition: str
+    first_offset: int  # the data offsets given up: first..last (first > last: none)
+    last_offset: int
+    log_offset: int  # the AbandonUnreconciled entry in the partition log
+    term: int
+    operator: str
+    reason: str
+    at: float
+    failing_since: float
+    last_error: str
+    mp_before: int | None
+    mp_after: int | None
 
 
 class HousekeeperStatus(_Response):

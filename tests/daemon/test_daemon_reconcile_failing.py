@@ -1,0 +1,85 @@
+"""A partition whose reconciliation keeps failing, seen from outside: `status` (JSON and
+text), `gc explain`, the metrics, and the audited escape hatch over HTTP and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import pytest
+from daemon_support import daemon_and_client
+
+from levelzero.daemon import cli
+from levelzero.daemon.client import ApiError
+from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
+
+
+async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with_confirm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with daemon_and_client(
+        tmp_path, reconciler__enabled=False, housekeeper__enabled=False
+    ) as (daemon, client):
+        node = daemon.node
+        assert node is not None
+        await client.create_topic("t", 2)
+        await client.produce("t", 0, [b"kept"])
+        await node.reconciler.run_round()
+        lost = await client.produce("t", 0, [b"lost"])
+        await client.produce("t", 1, [b"fine"])
+        key = (await node.log_store.read_placeholders(node.partition("t", 0).row.pid, 1, 1))[0].entry.object_key
+        os.remove(os.path.join(daemon.config.storage.objects_dir, key))  # gone for good
+        for _ in range(RECONCILE_FAILURES_BEFORE_FAILING):
+            await node.reconciler.run_round()
+
+        status = await client.status()
+        assert status.reconciler is not None
+        (failing,) = status.reconciler.failing
+        assert failing.partition == "t/0" and failing.failures == RECONCILE_FAILURES_BEFORE_FAILING
+        assert key in failing.last_error
+        text = cli.format_status(status)
+        assert "RECONCILE FAILING t/0 since" in text and "holding M back" in text
+        metrics = await client.metrics()
+        assert "levelzero_reconciler_failing_partitions 1.0" in metrics
+        assert 'levelzero_partition_reconcile_failing_since_seconds{partition="0",topic="t"}' in metrics
+        explained = await client.gc_explain(epoch=status.cluster_epoch)
+        (holder,) = [h for h in explained.holders if h.partition == "t/0"]
+        assert "reconciliation failing since" in holder.reason and key in holder.reason
+
+        with pytest.raises(ApiError) as refused:
+            await client.abandon_unreconciled("t", 0, operator="ops", reason="lost", confirm=False)
+        assert refused.value.status == 400 and refused.value.code == "invalid_input"
+        assert "never readable again" in refused.value.message
+        with pytest.raises(ApiError) as healthy:
+            await client.abandon_unreconciled("t", 1, operator="ops", reason="x", confirm=True)
+        assert healthy.value.status == 400 and "not failing" in healthy.value.message
+        with pytest.raises(ApiError) as unknown:
+            await client.abandon_unreconciled("nope", 0, operator="ops", reason="x", confirm=True)
+        assert unknown.value.status == 404
+
+        args = argparse.Namespace(partition=("t", 0), by="ops@host", reason="incident 7", json=False)
+        await cli._partition_abandon_call(args, client)
+        printed = capsys.readouterr().out
+        assert printed.startswith("t/0: data offsets 1..1 given up (log offset ")
+        assert "'ops@host'" in printed and "'incident 7'" in printed
+
+        with pytest.raises(ApiError) as gone:
+            await client.fetch("t", 0, lost.base_offset)
+        assert gone.value.status == 404 and gone.value.code == "offset_out_of_range"
+        assert "abandoned" in gone.value.message and "next readable offset is 2" in gone.value.message
+        assert [r.value for r in (await client.fetch("t", 0, 0)).records] == [b"kept"]
+        assert (await client.status()).reconciler.failing == []
+        assert "levelzero_reconciler_failing_partitions 0.0" in await client.metrics()
+
+
+def test_the_cli_refuses_without_confirm_and_says_what_is_given_up(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["partition", "abandon-unreconciled", "t/0", "--reason", "lost",
+                     "--url", "http://127.0.0.1:9"])  # nothing listens there: nothing is asked
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "never readable again" in err and "Add --confirm" in err
+    with pytest.raises(SystemExit) as caught:
+        cli.main(["partition", "abandon-unreconciled", "t", "--reason", "x", "--confirm"])
+    assert caught.value.code == 2
+    assert "is not TOPIC/PARTITION" in capsys.readouterr().err
