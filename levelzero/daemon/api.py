@@ -33,7 +33,7 @@ import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -97,6 +97,10 @@ STATUS_BY_CODE: dict[str, int] = {
     "object_not_found": 500,
 }
 _UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")
+JSON_MEDIA_TYPE = "application/json"
+# Counted for a request whose client went away before its body arrived (nginx's number): the
+# client's doing, not a server error, so never a "500" in levelzero_http_requests_total.
+CLIENT_CLOSED_CODE = "499"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +161,19 @@ def _decode_optional(cls: type, body: bytes):  # noqa: ANN202 - returns an insta
     return cls() if not body.strip() else _decode(cls, body)
 
 
+def _require_json(request: Request) -> None:
+    """Every POST says `Content-Type: application/json`, body or not. A web page can send a
+    cross-site POST only as a form or text/plain (or without a type) unless a CORS preflight
+    allows more, which this daemon never does, so no page can change a daemon's state."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        shown = repr(media_type) if media_type else "none"
+        raise ApiError(
+            415, "unsupported_media_type",
+            f"POST needs Content-Type: {JSON_MEDIA_TYPE} (got {shown})",
+        )
+
+
 def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryParams
     values = params.getlist(name)
     if len(values) > 1:
@@ -195,7 +212,14 @@ class Api:
             try:
                 if not public:
                     self._authenticate(request)
+                if request.method == "POST":
+                    _require_json(request)
                 response = await handler(request)
+            except ClientDisconnect:
+                log.info("%s %s: the client closed the connection before its request body "
+                         "arrived", request.method, request.url.path)
+                self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
+                return error_response(400, "client_closed", "the client closed the connection")
             except ApiError as exc:
                 headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(exc.status)
                 response = error_response(exc.status, exc.code, exc.message, headers)
@@ -549,6 +573,9 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     message = f"{request.method} {request.url.path}: {exc.detail}"
+    path = request.url.path
+    if exc.status_code == 404 and path.endswith("/") and path != "/":
+        message += f" (no trailing slash: {path.rstrip('/')})"
     return error_response(exc.status_code, code, message, dict(exc.headers or {}))
 
 
@@ -576,5 +603,9 @@ def build_app(
         api.route("/readyz", {"GET": api.readyz}, public=True),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    # No 307 to the slash-less path: Starlette builds its Location from the client's Host
+    # header, so anyone could make the daemon redirect elsewhere. A trailing slash is a 404
+    # whose message names the path without it.
+    app.router.redirect_slashes = False
     app.state.api = api
     return app

@@ -41,7 +41,7 @@ from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 
 from .client import ApiError, Client, default_url
 from .buildinfo import version
-from .config import ConfigError, describe, load_config
+from .config import ConfigError, describe, load_config, token_problem
 from .logs import configure_logging
 
 log = logging.getLogger("levelzero.cli")
@@ -229,6 +229,11 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
     """Run an async client command; ApiError -> one line and exit 1; Ctrl-C -> 130."""
 
     def handler(args: argparse.Namespace) -> int:
+        problem = token_problem(args.token) if args.token else None
+        if problem:
+            _fail(f"--token (or $LEVELZERO_TOKEN): {problem}")
+            return EXIT_USAGE
+
         async def main() -> int:
             async with _client(args) as client:
                 return await body(args, client) or EXIT_OK

@@ -17,6 +17,7 @@ import msgspec
 from levelzero.actors.gc import RoundReport
 from levelzero.core.gc import Explanation
 
+from .config import token_problem
 from .schema import (
     AbandonRequest,
     AbandonResponse,
@@ -65,6 +66,9 @@ class Client:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        problem = token_problem(token) if token else None
+        if problem:
+            raise ValueError(problem)
         self.url = (url or default_url()).rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # trust_env=False: a levelzero daemon is reached directly, never through $HTTP_PROXY.
@@ -91,7 +95,8 @@ class Client:
         params: dict[str, int | str] | None = None,
     ) -> httpx.Response:
         content = None if body is None else _encoder.encode(body)
-        headers = {"Content-Type": "application/json"} if content is not None else None
+        # The daemon refuses a POST that does not say it is JSON (415), body or not.
+        headers = {"Content-Type": "application/json"} if method == "POST" else None
         try:
             response = await self._http.request(method, path, content=content, params=params, headers=headers)
         except httpx.TimeoutException:

@@ -43,6 +43,7 @@ DEFAULT_PORT = 8420
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_DATA_DIR = "./levelzero-data"
 TOKEN_LENGTH_MIN = 16
+TOKEN_RULE = "printable ASCII without spaces ('!' to '~')"
 BODY_BYTES_MAX_LIMIT = 256 * MiB
 RECORDS_PER_REQUEST_LIMIT = 1_000_000
 
@@ -86,6 +87,16 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
+def token_problem(token: str) -> str | None:
+    """The one token rule, shared by the daemon's configuration and the client: printable ASCII
+    without spaces, so it travels unchanged in `Authorization: Bearer ...` (HTTP header values
+    are bytes; a non-ASCII token could never match what a client sends). Never quotes the token."""
+    for index, char in enumerate(token):
+        if not "!" <= char <= "~":
+            return f"token character {index + 1} is not allowed: a token is {TOKEN_RULE}"
+    return None
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -108,6 +119,9 @@ class ServerSection(_Section):
 
     def __post_init__(self) -> None:
         host, _ = parse_listen(self.listen)
+        problem = token_problem(self.token)
+        if problem:
+            raise ValueError(problem)
         if self.token and len(self.token) < TOKEN_LENGTH_MIN:
             raise ValueError(f"token must be at least {TOKEN_LENGTH_MIN} characters")
         if not self.token and not is_loopback(host):

@@ -23,7 +23,13 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
+JSON = {"content-type": "application/json"}
+
+
 async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN001
+    """A request as given; a POST says it is JSON unless the test gives its own headers."""
+    if method == "POST":
+        kwargs.setdefault("headers", JSON)
     return await client._http.request(method, path, **kwargs)
 
 

@@ -190,6 +190,24 @@ def test_non_loopback_listen_requires_a_token() -> None:
         assert load_config(None, environ={"LEVELZERO_LISTEN": loopback}).server.token == ""
 
 
+def test_tokens_are_printable_ascii_everywhere(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    for bad in ("pässwörd-0123456789", "with space 0123456789", "tab\there-0123456789", "\x7f" * 16):
+        with pytest.raises(ConfigError, match="a token is printable ASCII without spaces") as caught:
+            load_config(None, environ={"LEVELZERO_TOKEN": bad})
+        assert bad not in str(caught.value)  # a secret is never echoed
+        assert main(["status", "--url", "http://127.0.0.1:9", "--token", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("levelzero: --token (or $LEVELZERO_TOKEN): token character")
+        assert "Traceback" not in err and bad not in err
+    monkeypatch.setenv("LEVELZERO_TOKEN", "pässwörd-0123456789")
+    assert main(["topics", "list", "--url", "http://127.0.0.1:9"]) == 2
+    assert "printable ASCII" in capsys.readouterr().err
+    assert main(["run", "--data-dir", str(tmp_path)]) == 2
+    assert "server: token character 2 is not allowed" in capsys.readouterr().err
+    token = "".join(chr(c) for c in range(ord("!"), ord("~") + 1))  # every allowed character
+    assert load_config(None, environ={"LEVELZERO_TOKEN": token}).server.token == token
+
+
 def test_listen_parsing() -> None:
     assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)
     assert parse_listen("[::1]:8420") == ("::1", 8420)

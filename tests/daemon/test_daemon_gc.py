@@ -34,6 +34,9 @@ QUIET = {
 }
 
 
+JSON = {"content-type": "application/json"}
+
+
 def assert_error(response: httpx.Response, status: int, code: str, fragment: str = "") -> None:
     assert response.status_code == status, response.text
     body = response.json()
@@ -221,10 +224,11 @@ async def test_gc_and_housekeeper_run_bodies_are_validated(tmp_path: Path) -> No
             ("/v1/gc/run", b"{", "not valid JSON"),
             ("/v1/housekeeper/run", b'{"force": 1}', "$.force"),
         ]:
-            assert_error(await http.post(path, content=body), 400, "malformed_request", fragment)
-        assert (await http.post("/v1/gc/run")).json()["dry_run"] is False  # no body: defaults
+            assert_error(await http.post(path, content=body, headers=JSON), 400, "malformed_request", fragment)
+        no_body = await http.post("/v1/gc/run", headers=JSON)
+        assert no_body.json()["dry_run"] is False  # no body: defaults
         assert (await http.post("/v1/gc/run", json={"dry_run": True})).json()["dry_run"] is True
-        assert (await http.post("/v1/housekeeper/run")).json()["rounds"] == 1
+        assert (await http.post("/v1/housekeeper/run", headers=JSON)).json()["rounds"] == 1
         assert_error(await http.get("/v1/gc/run"), 405, "method_not_allowed")
 
 

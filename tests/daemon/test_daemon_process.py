@@ -117,9 +117,10 @@ def test_create_produce_consume_status_over_http(daemon_process: DaemonProcess) 
         for key in ("term", "window", "previous_applied_epoch", "max_applied_epoch",
                     "min_epoch_lower_bound", "mp", "lro"):
             assert key in partition
-        assert http.post("/v1/epoch/advance").json()["cluster_epoch"] == status["cluster_epoch"] + 1
+        json_type = {"content-type": "application/json"}
+        assert http.post("/v1/epoch/advance", headers=json_type).json()["cluster_epoch"] == status["cluster_epoch"] + 1
         assert "levelzero_cluster_epoch" in http.get("/metrics").text
-        bad = http.post("/v1/topics/orders/partitions/0/records", content=b"{nope")
+        bad = http.post("/v1/topics/orders/partitions/0/records", content=b"{nope", headers=json_type)
         assert bad.status_code == 400 and bad.json()["error"] == "malformed_request"
         assert http.get("/readyz").status_code == 200  # still serving
     assert daemon_process.stop() == 0
