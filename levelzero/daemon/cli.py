@@ -3,8 +3,8 @@
     levelzero run [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
     levelzero demo [--duration S]
     levelzero topics create NAME [--partitions N] | topics list
-    levelzero produce TOPIC [-p P] [VALUE ...]       (no VALUE: one record per stdin line)
-    levelzero consume TOPIC [-p P] [--offset O] [--follow]
+    levelzero produce TOPIC [-p P] [--in-flight N] [VALUE ...]   (no VALUE: one record per stdin line)
+    levelzero consume TOPIC [-p P] [--offset O] [--follow] [--json]
     levelzero status | epoch advance | config show
     levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
     levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
@@ -20,6 +20,7 @@ configuration (systemd does not restart on 2), 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import base64
 import getpass
 import importlib
 import importlib.util
@@ -29,7 +30,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import anyio
@@ -51,8 +52,13 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-PRODUCE_BATCH_RECORDS = 1_000
-PRODUCE_BATCH_BYTES = 1024 * 1024
+# One request waits out the batcher's linger (250 ms by default) whatever its size, so a request
+# carries as much as the server takes by default (server.records_per_request_max = 10000) and
+# stays under batcher.batch_bytes_max (4 MiB, one request's limit) once framed.
+PRODUCE_BATCH_RECORDS = 10_000
+PRODUCE_BATCH_BYTES = 3 * 1024 * 1024
+PRODUCE_IN_FLIGHT_DEFAULT = 1
+PRODUCE_IN_FLIGHT_MAX = 64
 PROGRESS_AFTER_RECORDS = 10_000
 PROGRESS_INTERVAL_S = 1.0
 FOLLOW_POLL_MIN_S = 0.1
@@ -221,6 +227,13 @@ def cmd_install_files(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- client
 
 
+def url_problem(url: str) -> str | None:
+    """A daemon URL must name its scheme: `127.0.0.1:8420` would be taken for a scheme."""
+    if url.startswith(("http://", "https://")):
+        return None
+    return f"daemon URL {url!r} has no http:// or https:// scheme (e.g. http://{url.split('://')[-1]})"
+
+
 def _client(args: argparse.Namespace) -> Client:
     return Client(args.url, token=args.token, timeout_s=args.timeout)
 
@@ -232,6 +245,10 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
         problem = token_problem(args.token) if args.token else None
         if problem:
             _fail(f"--token (or $LEVELZERO_TOKEN): {problem}")
+            return EXIT_USAGE
+        problem = url_problem(args.url or default_url())
+        if problem is not None:
+            _fail(problem)
             return EXIT_USAGE
 
         async def main() -> int:
@@ -249,35 +266,75 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
     return handler
 
 
+def plural(count: int, word: str) -> str:
+    """`1 record`, `2 records`, `0 partitions`."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    every = [tuple(header), *(tuple(row) for row in rows)]
+    widths = [max(len(row[i]) for row in every) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in every)
+
+
 async def _topics_create(args: argparse.Namespace, client: Client) -> None:
     info = await client.create_topic(args.name, args.partitions)
-    print(f"created topic {info.name} with {info.partitions} partitions")
+    if args.json:
+        _json_out(info)
+    else:
+        print(f"created topic {info.name} with {plural(info.partitions, 'partition')}")
 
 
 async def _topics_list(args: argparse.Namespace, client: Client) -> None:
     topics = await client.list_topics()
-    if not topics:
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode({"topics": topics})).decode())
+    elif not topics:
         print("no topics")
-    for topic in topics:
-        print(f"{topic.name}\t{topic.partitions}")
-
-
-def _records_from(args: argparse.Namespace) -> Iterable[tuple[bytes | None, bytes]]:
-    key = None if args.key is None else args.key.encode()
-    separator = None if args.key_separator is None else args.key_separator.encode()
-    lines: Iterable[bytes]
-    if args.values:
-        lines = (value.encode() for value in args.values)
     else:
-        lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
-    for line in lines:
-        if separator is not None:
-            if separator not in line:
-                raise CommandFailed(f"input line without key separator {args.key_separator!r}: {line[:80]!r}")
-            line_key, _, value = line.partition(separator)
+        print(table(("TOPIC", "PARTITIONS"), [(t.name, str(t.partitions)) for t in topics]))
+
+
+class MalformedLine(Exception):
+    """An input line the command cannot turn into a record (it names the line)."""
+
+
+class _Input:
+    """The records to produce, from the VALUE arguments or one per stdin line, with the line
+    number of each: a malformed line (no key separator) stops the input cleanly, after the
+    records before it, or is skipped and reported (`--skip-malformed`)."""
+
+    def __init__(self, args: argparse.Namespace, lines: Iterable[bytes] | None = None) -> None:
+        self._key = None if args.key is None else args.key.encode()
+        self._separator = None if args.key_separator is None else args.key_separator.encode()
+        self._shown_separator = args.key_separator
+        self._skip = args.skip_malformed
+        self.skipped = 0
+        self.malformed: MalformedLine | None = None  # the line that stopped the input
+        if lines is None:
+            if args.values:
+                lines = (value.encode() for value in args.values)
+            else:
+                lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
+        self._lines = lines
+
+    def __iter__(self) -> Iterator[tuple[bytes | None, bytes]]:
+        for number, line in enumerate(self._lines, start=1):
+            if self._separator is None:
+                yield self._key, line
+                continue
+            if self._separator not in line:
+                problem = MalformedLine(
+                    f"input line {number}: no key separator {self._shown_separator!r} in {line[:80]!r}"
+                )
+                if not self._skip:
+                    self.malformed = problem
+                    return
+                self.skipped += 1
+                _fail(f"{problem} (skipped)")
+                continue
+            line_key, _, value = line.partition(self._separator)
             yield line_key, value
-        else:
-            yield key, line
 
 
 def _batches(
@@ -318,28 +375,104 @@ class _Progress:
             print(file=sys.stderr)
 
 
+class _Produced:
+    """What the server acknowledged: counts, the offsets' range, whether requests overtook."""
+
+    def __init__(self) -> None:
+        self.records = self.size = self.requests = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.overtaken = 0  # requests answered with offsets below an earlier-sent request's
+        self._highest_base_by_sequence: list[tuple[int, int]] = []
+
+    def add(self, sequence: int, batch: list[tuple[bytes | None, bytes]], base: int, last: int) -> None:
+        self.records += len(batch)
+        self.size += sum(len(v) + len(k or b"") for k, v in batch)
+        self.requests += 1
+        self.first = base if self.first is None else min(self.first, base)
+        self.last = last if self.last is None else max(self.last, last)
+        # A request sent later whose offsets are lower: the input order was not kept.
+        self.overtaken += any(s < sequence and b > base for s, b in self._highest_base_by_sequence[-PRODUCE_IN_FLIGHT_MAX:])
+        self._highest_base_by_sequence.append((sequence, base))
+
+
 async def _produce(args: argparse.Namespace, client: Client) -> None:
-    produced = size = 0
-    first = last = None
+    """Requests of `--batch-records` records; up to `--in-flight` of them at once. Reading the
+    next batch from stdin happens in a worker thread while requests are on their way."""
+    records = _Input(args)
+    batches = iter(_batches(records, args.batch_records, PRODUCE_BATCH_BYTES))
+    done = _Produced()
     progress = _Progress()
-    try:
-        for batch in _batches(_records_from(args), args.batch_records, PRODUCE_BATCH_BYTES):
+    slots = anyio.Semaphore(args.in_flight)
+
+    async def send(sequence: int, batch: list[tuple[bytes | None, bytes]]) -> None:
+        try:
             ack = await client.produce(args.topic, args.partition, batch)
-            first = ack.base_offset if first is None else first
-            last = ack.last_offset
-            produced += len(batch)
-            size += sum(len(v) + len(k or b"") for k, v in batch)
-            progress.update(produced, size)
+        finally:
+            slots.release()
+        done.add(sequence, batch, ack.base_offset, ack.last_offset)
+        progress.update(done.records, done.size)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for sequence in range(sys.maxsize):
+                await slots.acquire()
+                batch = await anyio.to_thread.run_sync(next, batches, None)
+                if batch is None:
+                    slots.release()
+                    break
+                tg.start_soon(send, sequence, batch)
+    except BaseExceptionGroup as group:
+        failures = [leaf for leaf in leaf_errors(group) if isinstance(leaf, (ApiError, CommandFailed))]
+        if not failures:
+            raise
+        acknowledged = f"; {plural(done.records, 'record')} acknowledged before it" if done.records else ""
+        raise CommandFailed(f"{failures[0]}{acknowledged}") from None
     finally:
         progress.done()
-    if produced == 0:
+    summary = _produce_summary(args, done, records)
+    if args.json:
+        print(msgspec.json.encode(summary).decode())
+    elif done.records:
+        print(
+            f"produced {plural(done.records, 'record')} to {args.topic}/{args.partition} at offsets "
+            f"{done.first}..{done.last}"
+            + (f"; skipped {plural(records.skipped, 'malformed line')}" if records.skipped else "")
+            + (f"; {plural(done.overtaken, 'request')} overtook an earlier one (--in-flight > 1)"
+               if done.overtaken else "")
+        )
+    if records.malformed is not None:
+        raise CommandFailed(f"{records.malformed}; stopped there (--skip-malformed skips such lines)")
+    if done.records == 0 and not records.skipped:
         raise CommandFailed("nothing to produce (no values and empty stdin)")
-    print(f"produced {produced} records to {args.topic}/{args.partition} at offsets {first}..{last}")
+
+
+def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input) -> dict[str, Any]:
+    return {
+        "topic": args.topic, "partition": args.partition, "records": done.records,
+        "requests": done.requests, "first_offset": done.first, "last_offset": done.last,
+        "skipped_lines": records.skipped, "overtaken_requests": done.overtaken,
+    }
+
+
+def record_json(offset: int, key: bytes | None, value: bytes) -> dict[str, Any]:
+    """A record as JSON: keys and values that are UTF-8 text as strings, anything else as
+    base64 under `key_b64` / `value_b64` (so no byte is lost and text stays readable)."""
+    out: dict[str, Any] = {"offset": offset}
+    for name, data in (("key", key), ("value", value)):
+        if data is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            out[f"{name}_b64"] = base64.b64encode(data).decode("ascii")
+    return out
 
 
 def _print_record(fmt: str, offset: int, key: bytes | None, value: bytes) -> None:
     if fmt == "json":
-        print(msgspec.json.encode({"offset": offset, "key": key, "value": value}).decode())
+        print(msgspec.json.encode(record_json(offset, key, value)).decode())
     elif fmt == "offsets":
         print(f"{offset}\t{value.decode('utf-8', 'backslashreplace')}")
     else:
@@ -369,8 +502,9 @@ async def _consume_stream(
 
 async def _consume(args: argparse.Namespace, client: Client) -> None:
     count = 0
+    fmt = "json" if args.json else args.format  # --json: one JSON object per record
     async for offset, key, value in _consume_stream(args, client):
-        _print_record(args.format, offset, key, value)
+        _print_record(fmt, offset, key, value)
         count += 1
         if args.max_records is not None and count >= args.max_records:
             break
@@ -485,7 +619,8 @@ async def _status(args: argparse.Namespace, client: Client) -> None:
 
 
 async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
-    print(f"cluster epoch is now {await client.advance_epoch()}")
+    epoch = await client.advance_epoch()
+    print(msgspec.json.encode({"cluster_epoch": epoch}).decode() if args.json else f"cluster epoch is now {epoch}")
 
 
 # ------------------------------------------------------------------------------- gc
@@ -694,6 +829,8 @@ TOOLS: dict[str, tuple[Callable[[list[str]], int], str]] = {
 
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    if "--json" not in parser._option_string_actions:  # every client command takes --json
+        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     parser.add_argument("--url", default=None, help=f"daemon URL (default $LEVELZERO_URL or {default_url()})")
     parser.add_argument("--token", default=os.environ.get("LEVELZERO_TOKEN") or None,
                         help="bearer token (default $LEVELZERO_TOKEN)")
@@ -716,6 +853,13 @@ def _topic_name(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(f"topic name {text[:64]!r} {problem}")
     return text
+
+
+def _in_flight(text: str) -> int:
+    value = _positive(text)
+    if value > PRODUCE_IN_FLIGHT_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is above {PRODUCE_IN_FLIGHT_MAX}")
+    return value
 
 
 def _non_negative(text: str) -> int:
@@ -789,7 +933,15 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--partition", type=_non_negative, default=0)
     p.add_argument("--key", default=None, help="key of every record")
     p.add_argument("--key-separator", default=None, metavar="SEP", help="split each line into KEY SEP VALUE")
-    p.add_argument("--batch-records", type=int, default=PRODUCE_BATCH_RECORDS, help="records per request")
+    p.add_argument("--batch-records", type=_positive, default=PRODUCE_BATCH_RECORDS,
+                   help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
+                   "server.records_per_request_max)")
+    p.add_argument("--in-flight", type=_in_flight, default=PRODUCE_IN_FLIGHT_DEFAULT, metavar="N",
+                   help=f"requests on their way at once (default {PRODUCE_IN_FLIGHT_DEFAULT}). Above 1 a "
+                   "request may overtake an earlier one (e.g. one retried after a stale epoch), so "
+                   "offsets need not follow the input order between requests; the summary says so")
+    p.add_argument("--skip-malformed", action="store_true",
+                   help="skip (and report) input lines without the key separator instead of stopping")
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_produce))
 

@@ -130,7 +130,7 @@ def test_cli_client_commands(daemon_process: DaemonProcess) -> None:
     result = daemon_process.cli("topics", "create", "logs", "--partitions", "3")
     assert result.returncode == 0, result.stderr
     assert b"created topic logs with 3 partitions" in result.stdout
-    assert daemon_process.cli("topics", "list").stdout == b"logs\t3\n"
+    assert daemon_process.cli("topics", "list").stdout == b"TOPIC  PARTITIONS\nlogs   3\n"
 
     result = daemon_process.cli("produce", "logs", "-p", "2", "alpha", "beta")
     assert result.returncode == 0 and b"at offsets 0..1" in result.stdout

@@ -1,0 +1,84 @@
+"""The client commands an operator scripts against: `produce` from stdin with requests in
+flight at once, malformed lines named by their number, `consume --json` with text as text,
+`topics list` with headers, `--json` everywhere, a URL without a scheme as a usage error, and
+counts in the singular when there is one."""
+
+from __future__ import annotations
+
+import json
+
+from daemon_support import DaemonProcess
+
+
+def lines(values: list[str]) -> bytes:
+    return b"".join(f"{v}\n".encode() for v in values)
+
+
+def consumed_values(daemon_process: DaemonProcess, topic: str, partition: int) -> list[str]:
+    result = daemon_process.cli("consume", topic, "-p", str(partition), "--json")
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line)["value"] for line in result.stdout.splitlines()]
+
+
+def test_produce_pipelines_requests_and_loses_nothing(daemon_process: DaemonProcess) -> None:
+    assert daemon_process.cli("topics", "create", "p", "--partitions", "2").returncode == 0
+    values = [f"v{i:05d}" for i in range(20_000)]
+    result = daemon_process.cli("produce", "p", "-p", "0", "--batch-records", "1000", "--in-flight", "4",
+                                "--json", input=lines(values))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.splitlines()[-1])
+    assert summary["records"] == 20_000 and summary["requests"] == 20
+    assert (summary["first_offset"], summary["last_offset"]) == (0, 19_999)
+    got = consumed_values(daemon_process, "p", 0)
+    assert sorted(got) == values  # every record, once
+    # Each request's records are contiguous and in input order (requests may overtake).
+    chunks = sorted(got[i:i + 1000] for i in range(0, 20_000, 1000))
+    assert chunks == [values[i:i + 1000] for i in range(0, 20_000, 1000)]
+    # One request at a time (the default) keeps the input order across requests too.
+    result = daemon_process.cli("produce", "p", "-p", "1", "--batch-records", "700", input=lines(values[:5000]))
+    assert result.returncode == 0 and b"produced 5000 records to p/1 at offsets 0..4999" in result.stdout
+    assert consumed_values(daemon_process, "p", 1) == values[:5000]
+
+
+def test_a_malformed_line_is_named_and_stops_cleanly_or_is_skipped(daemon_process: DaemonProcess) -> None:
+    assert daemon_process.cli("topics", "create", "k").returncode == 0
+    text = b"a:1\nb:2\nno separator here\nc:3\n"
+    result = daemon_process.cli("produce", "k", "--key-separator", ":", input=text)
+    assert result.returncode == 1
+    assert b"produced 2 records to k/0 at offsets 0..1" in result.stdout  # what came before it
+    assert result.stderr == (b"levelzero: input line 3: no key separator ':' in b'no separator here'; "
+                             b"stopped there (--skip-malformed skips such lines)\n")
+    result = daemon_process.cli("produce", "k", "--key-separator", ":", "--skip-malformed", input=text)
+    assert result.returncode == 0
+    assert b"levelzero: input line 3: no key separator ':' in b'no separator here' (skipped)\n" == result.stderr
+    assert b"produced 3 records to k/0 at offsets 2..4; skipped 1 malformed line" in result.stdout
+    records = [json.loads(line) for line in daemon_process.cli("consume", "k", "--json").stdout.splitlines()]
+    assert [(r["key"], r["value"]) for r in records] == [("a", "1"), ("b", "2"), ("a", "1"), ("b", "2"), ("c", "3")]
+
+
+def test_json_output_decodes_text_and_keeps_binary_as_base64(daemon_process: DaemonProcess) -> None:
+    assert daemon_process.cli("topics", "create", "j").returncode == 0
+    result = daemon_process.cli("produce", "j", "--key", "clé", "grüße")
+    assert result.returncode == 0 and b"produced 1 record to j/0 at offsets 0..0" in result.stdout
+    assert daemon_process.cli("produce", "j", input=b"\xff\xfebinary\n").returncode == 0
+    for flags in (["--json"], ["--format", "json"]):
+        out = daemon_process.cli("consume", "j", *flags).stdout.decode()
+        assert [json.loads(line) for line in out.splitlines()] == [
+            {"offset": 0, "key": "clé", "value": "grüße"},
+            {"offset": 1, "key": None, "value_b64": "//5iaW5hcnk="},
+        ]
+
+
+def test_topics_headers_plurals_json_and_a_url_without_scheme(daemon_process: DaemonProcess) -> None:
+    result = daemon_process.cli("topics", "create", "single")
+    assert result.stdout == b"created topic single with 1 partition\n"
+    assert daemon_process.cli("topics", "create", "many", "--partitions", "12").returncode == 0
+    assert daemon_process.cli("topics", "list").stdout == b"TOPIC   PARTITIONS\nmany    12\nsingle  1\n"
+    listed = json.loads(daemon_process.cli("topics", "list", "--json").stdout)
+    assert listed == {"topics": [{"name": "many", "partitions": 12}, {"name": "single", "partitions": 1}]}
+    assert json.loads(daemon_process.cli("epoch", "advance", "--json").stdout)["cluster_epoch"] == 2
+    host_port = daemon_process.url.removeprefix("http://")
+    result = daemon_process.cli("topics", "list", "--url", host_port)
+    assert result.returncode == 2
+    assert result.stderr == (f"levelzero: daemon URL '{host_port}' has no http:// or https:// scheme "
+                             f"(e.g. http://{host_port})\n").encode()
