@@ -335,6 +335,38 @@ class MetricsSection(_Section):
             parse_listen(self.listen)
 
 
+KAFKA_FRAME_BYTES_LIMIT = 1024 * MiB
+
+
+class KafkaSection(_Section):
+    """The Kafka listener: off unless `listen` is set (e.g. "127.0.0.1:9092")."""
+
+    listen: str = ""
+    # The host and port clients are told to connect to (Metadata); empty: those of `listen`
+    # (127.0.0.1 when listening on every address).
+    advertised_host: str = ""
+    advertised_port: int = 0
+    frame_bytes_max: int = 100 * MiB  # a bigger request closes its connection unread
+    connections_max: int = 1024
+    default_partitions: int = 1  # CreateTopics with num_partitions = -1
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            parse_listen(self.listen)
+        if not 0 <= self.advertised_port <= 65535:
+            raise ValueError("advertised_port must be in 0..65535 (0: the listening port)")
+        if not 1024 <= self.frame_bytes_max <= KAFKA_FRAME_BYTES_LIMIT:
+            raise ValueError(f"frame_bytes_max must be in 1024..{KAFKA_FRAME_BYTES_LIMIT}")
+        if not 1 <= self.connections_max <= 100_000:
+            raise ValueError("connections_max must be in 1..100000")
+        if not 1 <= self.default_partitions <= 4096:
+            raise ValueError("default_partitions must be in 1..4096")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
@@ -346,6 +378,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     gc: GcSection = msgspec.field(default_factory=GcSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
+    kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
 
     def __post_init__(self) -> None:
         if self.storage.kind == "s3" and not self.s3.bucket:
@@ -356,6 +389,11 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
             raise ValueError(
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
                 "can drain and still finish in time"
+            )
+        if self.kafka.enabled and (self.server.token or not is_loopback(parse_listen(self.kafka.listen)[0])):
+            raise ValueError(
+                "kafka.listen: the Kafka listener has no authentication yet (SASL is not "
+                "implemented); it may only listen on a loopback address, with no server.token set"
             )
 
     def node_config(self) -> NodeConfig:

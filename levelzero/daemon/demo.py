@@ -487,6 +487,7 @@ async def run_demo(
         overrides={
             ("storage", "data_dir"): directory,
             ("server", "listen"): "127.0.0.1:0",
+            ("kafka", "listen"): "127.0.0.1:0",  # Kafka clients may watch: kcat -b ... -C -t orders
             ("node", "epoch_bump_interval_s"): 0.0,  # the demo advances the epoch over HTTP
             ("node", "epoch_cache_ttl_s"): 1.0,  # a cache that lags the service, by design
             ("batcher", "linger_ms"): 50.0,
@@ -509,6 +510,7 @@ async def run_demo(
         async with running_daemon(config, wrap_object_store=wrap) as daemon:
             assert daemon.url is not None and daemon.node is not None
             print(f"levelzero demo: daemon at {daemon.url}, data in {directory}", file=out, flush=True)
+            print(f"Kafka clients: bootstrap server 127.0.0.1:{daemon.kafka_port}", file=out, flush=True)
             async with Client(daemon.url) as client:
                 for name, count in TOPICS:
                     await client.create_topic(name, count)

@@ -221,6 +221,8 @@ class Daemon:
         self.url: str | None = None
         self.metrics_url: str | None = None  # the optional metrics listener (metrics.listen)
         self._metrics_server: _UvicornServer | None = None
+        self.kafka_port: int | None = None
+        self.kafka = None
         self.stopped_cleanly = False
 
     @property
@@ -323,6 +325,8 @@ class Daemon:
         if config.metrics.listen:
             await self._serve_metrics(tg, metrics)
 
+        kafka_scope = await self._start_kafka(tg, node)
+
         self.lifecycle.ready = True
         partitions = len(node.partitions())
         status = f"serving on {self.url}: {partitions} partitions, epoch {node.epochs.current}"
@@ -334,6 +338,45 @@ class Daemon:
 
         await self._stop_requested.wait()
         await self._stop(node, server)
+        kafka_scope.cancel()
+
+    async def _start_kafka(self, tg: anyio.abc.TaskGroup, node: Node) -> anyio.CancelScope:
+        """The Kafka listener (if `[kafka] listen` is set) in a scope `run` cancels at the end."""
+        scope = anyio.CancelScope()
+        settings = self.config.kafka
+        if not settings.enabled:
+            return scope
+        from .kafka.handlers import Handlers, KafkaSettings
+        from .kafka.server import KafkaListener, ListenerSettings
+
+        host, port = parse_listen(settings.listen)
+        try:
+            listener = await anyio.create_tcp_listener(
+                local_host=host, local_port=port, reuse_port=False, backlog=LISTEN_BACKLOG
+            )
+        except OSError as exc:
+            raise StartupError(f"cannot listen for Kafka clients on {settings.listen}: {exc}") from None
+        self.kafka_port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        advertised_host = settings.advertised_host or (
+            "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+        )
+        handlers = Handlers(
+            node,
+            KafkaSettings(advertised_host, settings.advertised_port or self.kafka_port,
+                          settings.default_partitions),
+        )
+        self.kafka = KafkaListener(
+            handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max)
+        )
+
+        async def serve() -> None:
+            with scope:
+                async with listener:
+                    await self.kafka.serve(listener)
+
+        tg.start_soon(serve)
+        log.info("kafka listener ready", extra={"listen": f"{host}:{self.kafka_port}"})
+        return scope
 
     async def _serve_metrics(self, tg: anyio.abc.TaskGroup, metrics: DaemonMetrics) -> None:
         """The optional second listener: GET /metrics, no token (`metrics.listen`)."""

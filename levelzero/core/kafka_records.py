@@ -1,0 +1,292 @@
+"""Kafka's RecordBatch v2 (magic 2) format: decode what producers send, encode what consumers read.
+
+Hand-written on purpose: the message-level library we use (kio) reads record batches, but it
+truncates record timestamps to whole seconds, builds a `datetime` per record, and reads no
+compressed batch. This codec is pure (no I/O), checks the CRC-32C of every batch, bounds every
+length it reads by the bytes actually present, and bounds decompressed sizes
+(`DECOMPRESSED_BYTES_MAX`), so a hostile batch costs at most that much memory.
+
+Layout (https://kafka.apache.org/documentation/#recordbatch):
+
+    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8 (=2)
+    | crc uint32 (CRC-32C of everything after it) | attributes int16 | lastOffsetDelta int32
+    | baseTimestamp int64 | maxTimestamp int64 | producerId int64 | producerEpoch int16
+    | baseSequence int32 | recordCount int32 | records (compressed as one block if the codec
+    in attributes bits 0-2 is not none)
+
+    record: length varint | attributes int8 | timestampDelta varlong | offsetDelta varint
+            | keyLength varint | key | valueLength varint | value | headerCount varint
+            | (headerKeyLength varint | headerKey | headerValueLength varint | headerValue)*
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from .errors import LevelZeroError
+
+MAGIC = 2
+BATCH_HEADER_BYTES = 61  # baseOffset .. recordCount
+_BATCH_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, leaderEpoch, magic, crc
+_BATCH_REST = struct.Struct(">hiqqqhii")  # attributes .. recordCount
+CRC_START = 21  # the CRC covers the bytes from attributes on
+RECORDS_PER_BATCH_MAX = 1_000_000
+DECOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
+HEADERS_PER_RECORD_MAX = 10_000
+
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_SNAPPY = 2
+COMPRESSION_LZ4 = 3
+COMPRESSION_ZSTD = 4
+COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+NO_TIMESTAMP = -1
+
+
+class CorruptBatch(LevelZeroError):
+    """A record batch that does not parse or fails its CRC: Kafka's CORRUPT_MESSAGE."""
+
+    code = "corrupt_message"
+
+
+class UnsupportedCompression(LevelZeroError):
+    """A batch compressed with a codec this build cannot read: UNSUPPORTED_COMPRESSION_TYPE."""
+
+    code = "unsupported_compression"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRecord:
+    offset_delta: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatch:
+    base_offset: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp_ms: int
+    max_timestamp_ms: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records: list[KafkaRecord]
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
+# ------------------------------------------------------------------------------ decompression
+
+
+def _gunzip(data: bytes, limit: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib header, auto-detected
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as exc:
+        raise CorruptBatch(f"gzip data does not inflate: {exc}") from None
+    if len(out) > limit:
+        raise CorruptBatch(f"a batch inflates beyond {limit} bytes")
+    return out
+
+
+# codec -> (decompress(data, limit), compress(data)); filled by register_codec for the codecs
+# whose libraries are installed (the daemon registers snappy/lz4/zstd when it can import them).
+Decompress = Callable[[bytes, int], bytes]
+Compress = Callable[[bytes], bytes]
+CODECS: dict[int, tuple[Decompress, Compress]] = {
+    COMPRESSION_GZIP: (_gunzip, lambda data: zlib_gzip(data)),
+}
+
+
+def zlib_gzip(data: bytes) -> bytes:
+    deflater = zlib.compressobj(6, zlib.DEFLATED, 31)
+    return deflater.compress(data) + deflater.flush()
+
+
+def register_codec(codec: int, decompress: Decompress, compress: Compress) -> None:
+    assert codec in COMPRESSION_NAMES and codec != COMPRESSION_NONE, codec
+    CODECS[codec] = (decompress, compress)
+
+
+# ------------------------------------------------------------------------------ varints
+
+
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """A zig-zag varint (up to 64 bits) at `pos`; returns (value, next position)."""
+    shift = 0
+    raw = 0
+    while True:
+        if pos >= end:
+            raise CorruptBatch("a record ends inside a varint")
+        byte = buf[pos]
+        pos += 1
+        raw |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise CorruptBatch("a varint is longer than 10 bytes")
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    raw = (value << 1) ^ (value >> 63)
+    raw &= 0xFFFFFFFFFFFFFFFF
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+
+
+def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
+    length, pos = _varint(buf, pos, end)
+    if length == -1:
+        return None, pos
+    if length < -1 or pos + length > end:
+        raise CorruptBatch(f"a record field of {length} bytes runs past its record")
+    return buf[pos : pos + length], pos + length
+
+
+# ------------------------------------------------------------------------------ decoding
+
+
+def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[KafkaRecord]:
+    records: list[KafkaRecord] = []
+    pos = 0
+    end_all = len(buf)
+    for _ in range(count):
+        length, pos = _varint(buf, pos, end_all)
+        end = pos + length
+        if length < 1 or end > end_all:
+            raise CorruptBatch(f"a record of {length} bytes runs past its batch")
+        pos += 1  # record attributes: unused by magic 2
+        timestamp_delta, pos = _varint(buf, pos, end)
+        offset_delta, pos = _varint(buf, pos, end)
+        key, pos = _bytes(buf, pos, end)
+        value, pos = _bytes(buf, pos, end)
+        header_count, pos = _varint(buf, pos, end)
+        if not 0 <= header_count <= HEADERS_PER_RECORD_MAX:
+            raise CorruptBatch(f"a record claims {header_count} headers")
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(header_count):
+            name, pos = _bytes(buf, pos, end)
+            if name is None:
+                raise CorruptBatch("a record header has a null key")
+            header_value, pos = _bytes(buf, pos, end)
+            try:
+                headers.append((name.decode(), header_value))
+            except UnicodeDecodeError:
+                raise CorruptBatch("a record header key is not UTF-8") from None
+        if pos != end:
+            raise CorruptBatch("a record's fields do not add up to its length")
+        records.append(KafkaRecord(offset_delta, base_timestamp + timestamp_delta, key, value, tuple(headers)))
+    if pos != end_all:
+        raise CorruptBatch("a batch holds bytes after its last record")
+    return records
+
+
+def decode_batches(data: bytes) -> list[KafkaBatch]:
+    """Every batch in a produce request's record set. Raises CorruptBatch/UnsupportedCompression."""
+    batches: list[KafkaBatch] = []
+    pos = 0
+    total = len(data)
+    while pos < total:
+        if total - pos < BATCH_HEADER_BYTES:
+            raise CorruptBatch("the record set ends inside a batch header")
+        base_offset, batch_length, _leader_epoch, magic, crc = _BATCH_HEAD.unpack_from(data, pos)
+        if magic != MAGIC:
+            raise CorruptBatch(f"record batch magic {magic} is not 2 (only RecordBatch v2 is read)")
+        end = pos + 12 + batch_length
+        if batch_length < BATCH_HEADER_BYTES - 12 or end > total:
+            raise CorruptBatch(f"batch length {batch_length} does not fit the record set")
+        if crc32c(data[pos + CRC_START : end]) != crc:
+            raise CorruptBatch("record batch CRC mismatch")
+        (attributes, last_delta, base_ts, max_ts, producer_id, producer_epoch, base_sequence,
+         count) = _BATCH_REST.unpack_from(data, pos + CRC_START)
+        if not 0 <= count <= RECORDS_PER_BATCH_MAX:
+            raise CorruptBatch(f"a batch claims {count} records")
+        body = data[pos + BATCH_HEADER_BYTES : end]
+        codec = attributes & ATTR_COMPRESSION_MASK
+        if codec != COMPRESSION_NONE:
+            entry = CODECS.get(codec)
+            if entry is None:
+                name = COMPRESSION_NAMES.get(codec, str(codec))
+                raise UnsupportedCompression(f"compression {name} is not supported by this build")
+            body = entry[0](body, DECOMPRESSED_BYTES_MAX)
+        records = _decode_records(body, count, base_ts)
+        batches.append(
+            KafkaBatch(base_offset, attributes, last_delta, base_ts, max_ts, producer_id,
+                       producer_epoch, base_sequence, records)
+        )
+        pos = end
+    return batches
+
+
+# ------------------------------------------------------------------------------ encoding
+
+
+def encode_batch(
+    base_offset: int,
+    records: list[KafkaRecord],
+    *,
+    compression: int = COMPRESSION_NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    """One batch holding `records` (offset_delta relative to base_offset, in order)."""
+    assert records, "a batch holds at least one record"
+    base_ts = records[0].timestamp_ms
+    max_ts = max(r.timestamp_ms for r in records)
+    body = bytearray()
+    scratch = bytearray()
+    for r in records:
+        scratch.clear()
+        scratch.append(0)
+        _put_varint(scratch, r.timestamp_ms - base_ts)
+        _put_varint(scratch, r.offset_delta)
+        for field in (r.key, r.value):
+            if field is None:
+                _put_varint(scratch, -1)
+            else:
+                _put_varint(scratch, len(field))
+                scratch += field
+        _put_varint(scratch, len(r.headers))
+        for name, header_value in r.headers:
+            encoded = name.encode()
+            _put_varint(scratch, len(encoded))
+            scratch += encoded
+            if header_value is None:
+                _put_varint(scratch, -1)
+            else:
+                _put_varint(scratch, len(header_value))
+                scratch += header_value
+        _put_varint(body, len(scratch))
+        body += scratch
+    payload: bytes = bytes(body)
+    if compression != COMPRESSION_NONE:
+        payload = CODECS[compression][1](payload)
+    rest = _BATCH_REST.pack(
+        compression, records[-1].offset_delta, base_ts, max_ts, producer_id, producer_epoch,
+        base_sequence, len(records),
+    ) + payload
+    head = _BATCH_HEAD.pack(base_offset, len(rest) + 9, 0, MAGIC, crc32c(rest))
+    return head + rest

@@ -1,0 +1,62 @@
+"""Idempotent producers: per (producer id, partition) the last batches acknowledged, so a batch a
+client retries (same producer id, epoch and base sequence) is answered with the offset it was
+stored at instead of being stored twice. Pure and bounded: at most `producers_max` (producer,
+partition) pairs are remembered, the least recently used are forgotten first; for each, the last
+`BATCHES_REMEMBERED` batches (Kafka's broker keeps five, the most a client has in flight).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+BATCHES_REMEMBERED = 5
+PRODUCERS_MAX_DEFAULT = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBatch:
+    base_sequence: int
+    record_count: int
+    base_offset: int
+
+
+class ProducerSequences:
+    def __init__(self, producers_max: int = PRODUCERS_MAX_DEFAULT) -> None:
+        assert producers_max >= 1
+        self.producers_max = producers_max
+        # (producer id, topic, partition) -> (producer epoch, last batches, oldest first)
+        self._states: OrderedDict[tuple[int, str, int], tuple[int, list[StoredBatch]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def duplicate_of(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int, base_sequence: int
+    ) -> StoredBatch | None:
+        """The stored batch this one repeats, or None if it is new."""
+        if producer_id < 0 or base_sequence < 0:
+            return None
+        state = self._states.get((producer_id, topic, partition))
+        if state is None or state[0] != producer_epoch:
+            return None
+        for batch in state[1]:
+            if batch.base_sequence == base_sequence:
+                return batch
+        return None
+
+    def record(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int,
+        base_sequence: int, record_count: int, base_offset: int,
+    ) -> None:
+        if producer_id < 0 or base_sequence < 0:
+            return
+        assert record_count >= 1 and base_offset >= 0
+        key = (producer_id, topic, partition)
+        state = self._states.pop(key, None)
+        batches = [] if state is None or state[0] != producer_epoch else state[1]
+        batches = [*batches, StoredBatch(base_sequence, record_count, base_offset)][-BATCHES_REMEMBERED:]
+        self._states[key] = (producer_epoch, batches)
+        while len(self._states) > self.producers_max:
+            self._states.popitem(last=False)
+        assert len(self._states) <= self.producers_max

@@ -1,0 +1,394 @@
+"""The Kafka APIs, each a translation between a kio request and the same `Node` operations the
+HTTP API calls (`create_topic`, `produce`, `fetch`, the partition's state for offsets).
+
+Operating errors (`LevelZeroError`) become Kafka error codes per partition or per topic
+(`error_code_for`); a stale cluster epoch never reaches a client (the batcher retries it inside).
+Records keep their keys and values; Kafka timestamps and headers are not stored yet (the L0/L1
+record model carries key and value only), so fetched records carry no timestamp (-1) and no
+headers, and a null value is stored as an empty one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.node import Node
+from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.core import kafka_records as kr
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record
+from levelzero.core.producers import ProducerSequences
+
+from .protocol import Request, api_versions_response, make
+
+log = logging.getLogger("levelzero.kafka")
+
+NODE_ID = 0
+CLUSTER_ID = "levelzero"
+FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
+FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
+RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce)
+LIST_OFFSETS_LATEST = -1
+LIST_OFFSETS_EARLIEST = -2
+
+ERROR_BY_CODE: dict[str, ErrorCode] = {
+    "unknown_topic": ErrorCode.unknown_topic_or_partition,
+    "unknown_partition": ErrorCode.unknown_topic_or_partition,
+    "offset_out_of_range": ErrorCode.offset_out_of_range,
+    "corrupt_message": ErrorCode.corrupt_message,
+    "unsupported_compression": ErrorCode.unsupported_compression_type,
+    "not_leader": ErrorCode.not_leader_or_follower,
+    "stale_cluster_epoch": ErrorCode.not_leader_or_follower,  # retriable; the batcher retried
+    "shutting_down": ErrorCode.not_leader_or_follower,
+    "storage_error": ErrorCode.kafka_storage_error,
+    "store_refused": ErrorCode.kafka_storage_error,
+    "topic_exists": ErrorCode.topic_already_exists,
+    "invalid_input": ErrorCode.invalid_request,
+    "corrupt_data": ErrorCode.kafka_storage_error,
+    "object_not_found": ErrorCode.kafka_storage_error,
+}
+
+
+def error_code_for(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, LevelZeroError):
+        return ERROR_BY_CODE.get(exc.code, ErrorCode.unknown_server_error)
+    return ErrorCode.unknown_server_error
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    advertised_host: str
+    advertised_port: int
+    default_partitions: int = 1
+
+
+class Handlers:
+    def __init__(self, node: Node, settings: KafkaSettings) -> None:
+        self.node = node
+        self.settings = settings
+        # Set (and replaced) whenever a produce through this listener is acknowledged, so long
+        # polls wake at once; produces through the HTTP API are seen within FETCH_POLL_S.
+        self._appended = anyio.Event()
+        # Producer ids: milliseconds since the epoch at start-up, shifted, then counted up, so a
+        # restarted daemon hands out ids above those of its previous runs (unless one run gave
+        # out more than 65,536 ids a millisecond).
+        self._next_producer_id = int(time.time() * 1000) << 16
+        self.sequences = ProducerSequences()
+        # (producer id, epoch, topic, partition, base sequence) -> acknowledged, for a retry that
+        # arrives while the first attempt is still being stored.
+        self._producing: dict[tuple[int, int, str, int, int], anyio.Event] = {}
+
+    async def handle(self, request: Request) -> Any | None:
+        """The response for `request` (None: the client expects none, acks=0)."""
+        match request.api_key:
+            case 18:
+                return api_versions_response(request.api_version)
+            case 3:
+                return self.metadata(request)
+            case 19:
+                return await self.create_topics(request)
+            case 0:
+                return await self.produce(request)
+            case 1:
+                return await self.fetch(request)
+            case 2:
+                return self.list_offsets(request)
+            case 22:
+                return self.init_producer_id(request)
+        raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it
+
+    # ------------------------------------------------------------------ metadata
+
+    def metadata(self, request: Request) -> Any:
+        m = request.response_module
+        topics = self.node.topics()
+        if request.body.topics is None:
+            names = sorted(topics)
+        else:
+            names = [t.name for t in request.body.topics if t.name is not None]
+        out = []
+        for name in names:
+            count = topics.get(name)
+            partitions = tuple(
+                make(
+                    m.MetadataResponsePartition,
+                    error_code=ErrorCode.none, partition_index=p, leader_id=NODE_ID,
+                    leader_epoch=0, replica_nodes=(NODE_ID,), isr_nodes=(NODE_ID,),
+                    offline_replicas=(),
+                )
+                for p in range(count or 0)
+            )
+            error = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
+            out.append(
+                make(
+                    m.MetadataResponseTopic, error_code=error, name=name, topic_id=None,
+                    is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+                )
+            )
+        broker = make(
+            m.MetadataResponseBroker, node_id=NODE_ID, host=self.settings.advertised_host,
+            port=self.settings.advertised_port, rack=None,
+        )
+        return make(
+            m.MetadataResponse, throttle_time=0, brokers=(broker,), cluster_id=CLUSTER_ID,
+            controller_id=NODE_ID, topics=tuple(out), cluster_authorized_operations=-2147483648,
+        )
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topics(self, request: Request) -> Any:
+        m = request.response_module
+        results = []
+        for topic in request.body.topics:
+            partitions = topic.num_partitions
+            if partitions == -1:
+                partitions = self.settings.default_partitions
+            error, message = ErrorCode.none, None
+            if topic.assignments:
+                error, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
+            elif topic.name in self.node.topics():
+                error, message = ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
+            elif not request.body.validate_only:
+                try:
+                    await self.node.create_topic(topic.name, partitions)
+                except LevelZeroError as exc:
+                    error, message = error_code_for(exc), str(exc)
+                    if exc.code == "invalid_input":
+                        error = (ErrorCode.invalid_partitions if "partitions" in message
+                                 else ErrorCode.invalid_topic_exception)
+            results.append(
+                make(
+                    m.CreatableTopicResult, name=topic.name, topic_id=None, error_code=error,
+                    error_message=message, num_partitions=partitions,
+                    replication_factor=1, configs=None,
+                )
+            )
+        return make(m.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce(self, request: Request) -> Any | None:
+        m = request.response_module
+        body = request.body
+        jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        results: dict[tuple[str, int], tuple[ErrorCode, int, str | None]] = {}
+
+        async def produce_one(topic: str, partition: int, data: bytes | None) -> None:
+            results[(topic, partition)] = await self._produce_partition(topic, partition, data)
+
+        async with anyio.create_task_group() as tg:
+            for topic, partition, data in jobs:
+                tg.start_soon(produce_one, topic, partition, data)
+        if any(code == ErrorCode.none for code, _, _ in results.values()):
+            self._wake_fetchers()
+        if body.acks == 0:
+            return None
+        by_topic: dict[str, list[Any]] = {}
+        for topic, partition, _ in jobs:
+            code, base_offset, message = results[(topic, partition)]
+            by_topic.setdefault(topic, []).append(
+                make(
+                    m.PartitionProduceResponse, index=partition, error_code=code,
+                    base_offset=base_offset, log_append_time=None, log_start_offset=-1,
+                    record_errors=(), error_message=message,
+                )
+            )
+        responses = tuple(
+            make(m.TopicProduceResponse, name=name, partition_responses=tuple(parts))
+            for name, parts in by_topic.items()
+        )
+        return make(m.ProduceResponse, responses=responses, throttle_time=0)
+
+    async def _produce_partition(
+        self, topic: str, partition: int, data: bytes | None
+    ) -> tuple[ErrorCode, int, str | None]:
+        try:
+            self.node.partition(topic, partition)
+            batches = kr.decode_batches(data or b"")
+            records = [
+                Record(r.key, r.value if r.value is not None else b"")
+                for batch in batches if not batch.is_control
+                for r in batch.records
+            ]
+            if not records:
+                return ErrorCode.corrupt_message, -1, "the produce request holds no records"
+            size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
+            if size > self.node.batcher.config.batch_bytes_max:
+                return (ErrorCode.message_too_large, -1,
+                        f"{size} record bytes exceed batch_bytes_max "
+                        f"{self.node.batcher.config.batch_bytes_max}")
+            first = batches[0]
+            identity = (first.producer_id, first.producer_epoch, topic, partition, first.base_sequence)
+            if first.producer_id >= 0 and first.base_sequence >= 0:
+                return await self._produce_once(identity, records)
+            result = await self.node.produce(topic, partition, records)
+        except LevelZeroError as exc:
+            return self._produce_failed(topic, partition, exc)
+        return ErrorCode.none, result.base_offset, None
+
+    async def _produce_once(
+        self, identity: tuple[int, int, str, int, int], records: list[Record]
+    ) -> tuple[ErrorCode, int, str | None]:
+        """An idempotent producer's batch: stored once, whatever the retries."""
+        producer_id, epoch, topic, partition, base_sequence = identity
+        while (pending := self._producing.get(identity)) is not None:
+            await pending.wait()  # the same batch is being stored (a retry on another connection)
+        stored = self.sequences.duplicate_of(producer_id, epoch, topic, partition, base_sequence)
+        if stored is not None:
+            return ErrorCode.none, stored.base_offset, None
+        done = self._producing[identity] = anyio.Event()
+        try:
+            result = await self.node.produce(topic, partition, records)
+        except LevelZeroError as exc:
+            return self._produce_failed(topic, partition, exc)
+        finally:
+            del self._producing[identity]
+            done.set()
+        self.sequences.record(producer_id, epoch, topic, partition, base_sequence, len(records),
+                              result.base_offset)
+        return ErrorCode.none, result.base_offset, None
+
+    def _produce_failed(self, topic: str, partition: int, exc: LevelZeroError) -> tuple[ErrorCode, int, str | None]:
+        if exc.retriable or exc.code in ("storage_error", "store_refused"):
+            log.warning("kafka produce to %s/%d failed: %s: %s", topic, partition, exc.code, exc)
+        return error_code_for(exc), -1, str(exc)
+
+    def init_producer_id(self, request: Request) -> Any:
+        m = request.response_module
+        if request.body.transactional_id is not None:
+            return make(m.InitProducerIdResponse, throttle_time=0,
+                        error_code=ErrorCode.transactional_id_authorization_failed,
+                        producer_id=-1, producer_epoch=-1)
+        producer_id = self._next_producer_id
+        self._next_producer_id += 1
+        return make(m.InitProducerIdResponse, throttle_time=0, error_code=ErrorCode.none,
+                    producer_id=producer_id, producer_epoch=0)
+
+    def _wake_fetchers(self) -> None:
+        self._appended.set()
+        self._appended = anyio.Event()
+
+    # ------------------------------------------------------------------ fetch
+
+    async def fetch(self, request: Request) -> Any:
+        body = request.body
+        wanted = [
+            (t.topic, p.partition, p.fetch_offset, min(max(p.partition_max_bytes, 1), FETCH_BYTES_MAX))
+            for t in body.topics for p in t.partitions
+        ]
+        wait_ms = min(max(int(body.max_wait.total_seconds() * 1000), 0), FETCH_WAIT_MAX_MS)
+        deadline = time.monotonic() + wait_ms / 1000
+        min_bytes = max(body.min_bytes, 1)
+        seen_hwms: list[int] | None = None
+        while True:
+            hwms = [self._high_watermark(t, p) for t, p, _, _ in wanted]
+            if hwms != seen_hwms:
+                seen_hwms = hwms
+                results = await self._fetch_all(wanted, body.max_bytes)
+                size = sum(len(data or b"") for _, _, _, data in results)
+                if size >= min_bytes or any(code != ErrorCode.none for code, _, _, _ in results):
+                    break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with anyio.move_on_after(min(remaining, FETCH_POLL_S)):
+                await self._appended.wait()
+        m = request.response_module
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
+            by_topic.setdefault(topic, []).append(
+                make(
+                    m.PartitionData, partition_index=partition, error_code=code,
+                    high_watermark=hwm, last_stable_offset=hwm, log_start_offset=start,
+                    aborted_transactions=None, preferred_read_replica=-1, records=data,
+                )
+            )
+        responses = tuple(
+            make(m.FetchableTopicResponse, topic=topic, partitions=tuple(parts))
+            for topic, parts in by_topic.items()
+        )
+        return make(m.FetchResponse, throttle_time=0, error_code=ErrorCode.none, session_id=0,
+                    responses=responses)
+
+    def _high_watermark(self, topic: str, partition: int) -> int:
+        try:
+            return self.node.partition(topic, partition).state.high_watermark
+        except LevelZeroError:
+            return -1
+
+    async def _fetch_all(
+        self, wanted: list[tuple[str, int, int, int]], max_bytes: int
+    ) -> list[tuple[ErrorCode, int, int, bytes | None]]:
+        results: list[tuple[ErrorCode, int, int, bytes | None]] = []
+        budget = max(max_bytes, 1)
+        for topic, partition, offset, partition_max in wanted:
+            if budget <= 0:
+                results.append(self._empty(topic, partition))
+                continue
+            results.append(await self._fetch_partition(topic, partition, offset, min(partition_max, budget)))
+            budget -= len(results[-1][3] or b"")
+        return results
+
+    def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes | None]:
+        try:
+            state = self.node.partition(topic, partition).state
+        except LevelZeroError as exc:
+            return error_code_for(exc), -1, -1, None
+        return ErrorCode.none, state.high_watermark, state.start_offset, b""
+
+    async def _fetch_partition(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[ErrorCode, int, int, bytes | None]:
+        try:
+            state = self.node.partition(topic, partition).state
+            if offset == state.high_watermark:
+                return ErrorCode.none, state.high_watermark, state.start_offset, b""
+            if not state.start_offset <= offset < state.high_watermark:
+                return ErrorCode.offset_out_of_range, state.high_watermark, state.start_offset, None
+            result = await self.node.fetch(topic, partition, offset, max_bytes)
+        except LevelZeroError as exc:
+            code = error_code_for(exc)
+            if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
+                log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
+            return code, -1, -1, None
+        data = b""
+        if result.records:
+            base = result.records[0].offset
+            data = kr.encode_batch(
+                base,
+                [kr.KafkaRecord(r.offset - base, kr.NO_TIMESTAMP, r.key, r.value) for r in result.records],
+            )
+        return ErrorCode.none, result.high_watermark, result.start_offset, data
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offsets(self, request: Request) -> Any:
+        m = request.response_module
+        topics = []
+        for topic in request.body.topics:
+            parts = []
+            for p in topic.partitions:
+                error, offset = ErrorCode.none, -1
+                try:
+                    state = self.node.partition(topic.name, p.partition_index).state
+                    if p.timestamp == LIST_OFFSETS_EARLIEST:
+                        offset = state.start_offset
+                    elif p.timestamp == LIST_OFFSETS_LATEST:
+                        offset = state.high_watermark
+                    else:
+                        # Record timestamps are not stored yet: no offset can be found by time.
+                        error = ErrorCode.invalid_request
+                except LevelZeroError as exc:
+                    error = error_code_for(exc)
+                parts.append(
+                    make(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
+                         error_code=error, timestamp=-1, offset=offset, leader_epoch=0)
+                )
+            topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
+        return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))

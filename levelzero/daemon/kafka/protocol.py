@@ -1,0 +1,143 @@
+"""Kafka message framing and the kio glue: which API versions the listener speaks, how a frame
+becomes a typed request, and how a response becomes bytes.
+
+Message types and their encodings come from kio (generated from Kafka's own JSON message
+schemas); this module only picks versions and fills response dataclasses. Kafka's response
+classes differ between versions by the fields they carry, so handlers build responses with
+`make(cls, **values)`: it keeps the values the class has and converts plain ints into the
+types kio expects (milliseconds into `timedelta`, codes into `ErrorCode`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import sys
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+# api key -> (name, min version, max version) this listener speaks. Min versions are the first
+# kio has a schema for that carries RecordBatch v2 (Produce >= 3, Fetch >= 4); max versions stop
+# before a version changes semantics we do not implement (Fetch 13 names topics by id).
+API_VERSIONS: dict[int, tuple[str, int, int]] = {
+    0: ("Produce", 3, 9),
+    1: ("Fetch", 4, 12),
+    2: ("ListOffsets", 1, 7),
+    3: ("Metadata", 1, 12),
+    18: ("ApiVersions", 0, 3),
+    19: ("CreateTopics", 2, 7),
+    22: ("InitProducerId", 0, 4),
+}
+API_VERSIONS_KEY = 18
+REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
+SIZE_PREFIX = struct.Struct(">i")
+
+
+class BadRequest(Exception):
+    """A frame that cannot be read as the request it names: the connection is closed."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Request:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # the kio request dataclass
+
+    @property
+    def response_module(self) -> ModuleType:
+        return response_module(self.api_key, self.api_version)
+
+
+def parse_prefix(frame: bytes) -> tuple[int, int, int]:
+    if len(frame) < REQUEST_PREFIX.size:
+        raise BadRequest(f"a request frame of {len(frame)} bytes is shorter than its header")
+    return REQUEST_PREFIX.unpack_from(frame, 0)
+
+
+def is_supported(api_key: int, api_version: int) -> bool:
+    spec = API_VERSIONS.get(api_key)
+    return spec is not None and spec[1] <= api_version <= spec[2]
+
+
+@cache
+def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
+    cls = load_request_schema(api_key, api_version)
+    return entity_reader(cls.__header_schema__), entity_reader(cls)
+
+
+def parse_request(frame: bytes) -> Request:
+    """A whole frame (without its size prefix) as a typed request. Raises BadRequest."""
+    api_key, api_version, correlation_id = parse_prefix(frame)
+    if not is_supported(api_key, api_version):
+        raise BadRequest(f"api key {api_key} version {api_version} is not supported")
+    read_header, read_body = _readers(api_key, api_version)
+    try:
+        header, used = read_header(frame, 0)
+        body, body_used = read_body(frame, used)
+    except Exception as exc:  # noqa: BLE001 - kio raises many kinds on malformed input
+        raise BadRequest(f"api key {api_key} v{api_version}: malformed request: {exc!r}") from None
+    if used + body_used != len(frame):
+        raise BadRequest(
+            f"api key {api_key} v{api_version}: {len(frame) - used - body_used} bytes after the request"
+        )
+    return Request(api_key, api_version, correlation_id, header.client_id, body)
+
+
+@cache
+def response_module(api_key: int, api_version: int) -> ModuleType:
+    return sys.modules[load_response_schema(api_key, api_version).__module__]
+
+
+@cache
+def _response_writers(cls: type) -> tuple[Any, Any]:
+    header_cls = cls.__header_schema__
+    return header_cls, entity_writer(header_cls), entity_writer(cls)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    header_cls, write_header, write_body = _response_writers(type(response))
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    write_header(out, header_cls(correlation_id=correlation_id))
+    write_body(out, response)
+    data = out.getbuffer()
+    SIZE_PREFIX.pack_into(data, 0, len(data) - 4)
+    return bytes(data)
+
+
+@cache
+def _fields(cls: type) -> tuple[tuple[str, str | None], ...]:
+    return tuple((f.name, f.metadata.get("kafka_type")) for f in dataclasses.fields(cls))
+
+
+def make(cls: type, **values: Any) -> Any:
+    """An instance of the kio dataclass `cls` from the `values` it has fields for."""
+    kwargs: dict[str, Any] = {}
+    for name, kafka_type in _fields(cls):
+        if name not in values:
+            continue
+        value = values[name]
+        if kafka_type in ("timedelta_i32", "timedelta_i64") and isinstance(value, int):
+            value = datetime.timedelta(milliseconds=value)
+        elif kafka_type == "error_code" and not isinstance(value, ErrorCode):
+            value = ErrorCode(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def api_versions_response(api_version: int, error: ErrorCode = ErrorCode.none) -> Any:
+    module = response_module(API_VERSIONS_KEY, api_version)
+    keys = tuple(
+        make(module.ApiVersion, api_key=key, min_version=low, max_version=high)
+        for key, (_, low, high) in sorted(API_VERSIONS.items())
+    )
+    return make(module.ApiVersionsResponse, error_code=error, api_keys=keys, throttle_time=0)

@@ -1,0 +1,177 @@
+"""The Kafka listener: TCP connections speaking Kafka's framed request/response protocol.
+
+Each connection is a task group of its own: a reader takes size-prefixed frames (at most
+`frame_bytes_max`; a bigger one closes the connection before its body is read), a task per
+request runs its handler, and a writer sends the responses in request order, as Kafka clients
+require. At most `IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for
+the writer beyond that, so a connection holds at most IN_FLIGHT_MAX frames in memory.
+Produce requests of one connection reach the node one after another (each waits until the one
+before it is acknowledged), so records a client sends in order are stored in order.
+
+A frame that does not parse, an unknown API key or version, or a handler failing with anything
+but an operating error closes the connection (what a Kafka broker does), with a log line; it never
+reaches the rest of the daemon. ApiVersions at a version above ours is answered with
+UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+from kio.schema.errors import ErrorCode
+
+from .handlers import Handlers
+from .protocol import (
+    API_VERSIONS_KEY,
+    SIZE_PREFIX,
+    BadRequest,
+    api_versions_response,
+    encode_response,
+    is_supported,
+    parse_prefix,
+    parse_request,
+)
+
+log = logging.getLogger("levelzero.kafka")
+
+IN_FLIGHT_MAX = 16
+PRODUCE_KEY = 0
+# How long a connection may stay silent before it is closed (Kafka's connections.max.idle.ms).
+IDLE_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    frame_bytes_max: int = 100 * 1024 * 1024
+    connections_max: int = 1024
+
+
+class _Close(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Slot:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    response: bytes | None = None
+    close: bool = False
+
+
+@dataclass(slots=True)
+class ListenerStats:
+    connections: int = 0
+    connections_open: int = 0
+    requests: int = 0
+    closed_bad_frames: int = 0
+    errors: int = 0
+
+
+class KafkaListener:
+    def __init__(self, handlers: Handlers, settings: ListenerSettings) -> None:
+        self.handlers = handlers
+        self.settings = settings
+        self.stats = ListenerStats()
+
+    async def serve(self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await listener.serve(self._connection)
+
+    async def _connection(self, stream: anyio.abc.ByteStream) -> None:
+        self.stats.connections += 1
+        if self.stats.connections_open >= self.settings.connections_max:
+            log.warning("kafka: connections_max %d reached; closing a new connection",
+                        self.settings.connections_max)
+            await stream.aclose()
+            return
+        self.stats.connections_open += 1
+        try:
+            async with stream:
+                await self._run_connection(stream)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+                anyio.IncompleteRead, ConnectionError, _Close):
+            pass
+        finally:
+            self.stats.connections_open -= 1
+
+    async def _run_connection(self, stream: anyio.abc.ByteStream) -> None:
+        reader = BufferedByteReceiveStream(stream)
+        send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
+            last_produce: anyio.Event | None = None
+            async with send:
+                while True:
+                    frame = await self._read_frame(reader)
+                    if frame is None:
+                        break
+                    slot = _Slot()
+                    await send.send(slot)
+                    before = None
+                    if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
+                        before, last_produce = last_produce, slot.done
+                    tg.start_soon(self._serve_request, frame, slot, before)
+
+    async def _read_frame(self, reader: BufferedByteReceiveStream) -> bytes | None:
+        with anyio.move_on_after(IDLE_TIMEOUT_S):
+            try:
+                head = await reader.receive_exactly(SIZE_PREFIX.size)
+            except (anyio.IncompleteRead, anyio.EndOfStream):
+                return None
+            (size,) = SIZE_PREFIX.unpack(head)
+            if not 0 < size <= self.settings.frame_bytes_max:
+                self.stats.closed_bad_frames += 1
+                log.warning("kafka: closing a connection that sent a frame of %d bytes "
+                            "(frame_bytes_max %d)", size, self.settings.frame_bytes_max)
+                return None
+            return await reader.receive_exactly(size)
+        return None
+
+    async def _writer(
+        self,
+        stream: anyio.abc.ByteStream,
+        receive: anyio.abc.ObjectReceiveStream[_Slot],
+        scope: anyio.CancelScope,
+    ) -> None:
+        async with receive:
+            async for slot in receive:
+                await slot.done.wait()
+                if slot.close:
+                    break
+                if slot.response is not None:
+                    await stream.send(slot.response)
+        scope.cancel()  # the reader may be waiting for a frame that is not coming
+
+    async def _serve_request(self, frame: bytes, slot: _Slot, before: anyio.Event | None) -> None:
+        try:
+            if before is not None:
+                await before.wait()
+            slot.response = await self._respond(frame)
+        except BadRequest as exc:
+            self.stats.closed_bad_frames += 1
+            log.warning("kafka: closing a connection: %s", exc)
+            slot.close = True
+        except AssertionError:
+            self.stats.errors += 1
+            log.critical("BUG: invariant violated while serving a kafka request", exc_info=True)
+            slot.close = True
+        except Exception:
+            self.stats.errors += 1
+            log.exception("kafka: unexpected error serving a request; closing the connection")
+            slot.close = True
+        finally:
+            slot.done.set()
+
+    async def _respond(self, frame: bytes) -> bytes | None:
+        self.stats.requests += 1
+        api_key, api_version, correlation_id = parse_prefix(frame)
+        if api_key == API_VERSIONS_KEY and not is_supported(api_key, api_version):
+            return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
+        request = parse_request(frame)
+        response = await self.handlers.handle(request)
+        if response is None:
+            return None
+        return encode_response(request.correlation_id, response)

@@ -1,0 +1,337 @@
+"""The Kafka listener at the wire: requests encoded with kio (Kafka's own schemas, not our
+handlers' code) over a raw loopback socket — error codes, idempotent de-duplication, long polls,
+and bad frames (oversized, truncated, unknown API keys and versions, random bytes), which close
+their connection and never hurt the daemon."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+
+from daemon_support import daemon_and_client
+from levelzero.core import kafka_records as kr
+from levelzero.daemon.config import ConfigError
+from levelzero.daemon.kafka.protocol import API_VERSIONS, make
+
+from test_kafka_records import client_batch
+
+MS = datetime.timedelta(milliseconds=1)
+
+
+class Wire:
+    """One connection: send kio requests, read kio responses (bounded reads)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.buffer = b""
+        self.correlation = 0
+
+    @classmethod
+    async def connect(cls, port: int) -> Wire:
+        return cls(await anyio.connect_tcp("127.0.0.1", port))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send(data)
+
+    async def request(self, api_key: int, version: int, **fields: Any) -> Any:
+        cls = load_request_schema(api_key, version)
+        self.correlation += 1
+        out = io.BytesIO()
+        header_cls = cls.__header_schema__
+        entity_writer(header_cls)(out, make(header_cls, request_api_key=api_key, request_api_version=version,
+                                            correlation_id=self.correlation, client_id="wire-test"))
+        entity_writer(cls)(out, make(cls, **fields))
+        payload = out.getvalue()
+        await self.stream.send(struct.pack(">i", len(payload)) + payload)
+        return await self.response(api_key, version)
+
+    async def response(self, api_key: int, version: int) -> Any:
+        frame = await self.frame()
+        assert frame is not None, "the listener closed the connection"
+        cls = load_response_schema(api_key, version)
+        header, used = entity_reader(cls.__header_schema__)(frame, 0)
+        assert header.correlation_id == self.correlation
+        body, _ = entity_reader(cls)(frame, used)
+        return body
+
+    async def frame(self) -> bytes | None:
+        """The next response frame, or None once the listener has closed the connection."""
+        with anyio.fail_after(30):
+            while True:
+                if len(self.buffer) >= 4:
+                    (size,) = struct.unpack_from(">i", self.buffer)
+                    if len(self.buffer) >= 4 + size:
+                        frame, self.buffer = self.buffer[4 : 4 + size], self.buffer[4 + size :]
+                        return frame
+                try:
+                    self.buffer += await self.stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+                    return None
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def module_of(api_key: int, version: int, kind: str = "request") -> Any:
+    import sys
+
+    load = load_request_schema if kind == "request" else load_response_schema
+    return sys.modules[load(api_key, version).__module__]
+
+
+async def create_topic(wire: Wire, name: str, partitions: int) -> None:
+    m = module_of(19, 7)
+    topic = make(m.CreatableTopic, name=name, num_partitions=partitions, replication_factor=1,
+                 assignments=(), configs=())
+    response = await wire.request(19, 7, topics=(topic,), timeout=1000 * MS, validate_only=False)
+    assert response.topics[0].error_code == ErrorCode.none, response
+
+
+async def produce(wire: Wire, topic: str, partition: int, records: bytes, acks: int = -1) -> Any:
+    m = module_of(0, 9)
+    data = make(m.TopicProduceData, name=topic,
+                partition_data=(make(m.PartitionProduceData, index=partition, records=records),))
+    return await wire.request(0, 9, transactional_id=None, acks=acks, timeout=5000 * MS, topic_data=(data,))
+
+
+async def fetch(wire: Wire, topic: str, partition: int, offset: int, *, max_wait_ms: int = 0,
+                min_bytes: int = 1) -> Any:
+    m = module_of(1, 12)
+    part = make(m.FetchPartition, partition=partition, current_leader_epoch=-1, fetch_offset=offset,
+                last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)
+    return await wire.request(
+        1, 12, replica_id=-1, max_wait=max_wait_ms * MS, min_bytes=min_bytes, max_bytes=1 << 24,
+        isolation_level=0, session_id=0, session_epoch=-1,
+        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),), forgotten_topics_data=(), rack_id="",
+    )
+
+
+async def list_offsets(wire: Wire, topic: str, partition: int, timestamp: int) -> Any:
+    m = module_of(2, 7)
+    part = make(m.ListOffsetsPartition, partition_index=partition, current_leader_epoch=-1,
+                timestamp=timestamp)
+    response = await wire.request(2, 7, replica_id=-1, isolation_level=0,
+                                  topics=(make(m.ListOffsetsTopic, name=topic, partitions=(part,)),))
+    return response.topics[0].partitions[0]
+
+
+def records_of(fetch_response: Any) -> list[tuple[int, bytes | None, bytes | None]]:
+    data = fetch_response.responses[0].partitions[0].records or b""
+    return [(b.base_offset + r.offset_delta, r.key, r.value)
+            for b in kr.decode_batches(bytes(data)) for r in b.records]
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+async def test_errors_map_to_kafka_codes(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(wire, "errs", 2)
+            m = module_of(19, 7)
+            again = await wire.request(19, 7, topics=(make(m.CreatableTopic, name="errs", num_partitions=1,
+                                       replication_factor=1, assignments=(), configs=()),),
+                                       timeout=1000 * MS, validate_only=False)
+            assert again.topics[0].error_code == ErrorCode.topic_already_exists
+            bad_name = await wire.request(19, 7, topics=(make(m.CreatableTopic, name="a/b", num_partitions=1,
+                                          replication_factor=1, assignments=(), configs=()),),
+                                          timeout=1000 * MS, validate_only=False)
+            assert bad_name.topics[0].error_code == ErrorCode.invalid_topic_exception
+
+            batch = client_batch([(0, b"k", b"v", [])])
+            unknown = await produce(wire, "nope", 0, batch)
+            assert unknown.responses[0].partition_responses[0].error_code == ErrorCode.unknown_topic_or_partition
+            unknown_partition = await produce(wire, "errs", 5, batch)
+            assert unknown_partition.responses[0].partition_responses[0].error_code == \
+                ErrorCode.unknown_topic_or_partition
+            corrupt = bytearray(batch)
+            corrupt[-1] ^= 0xFF
+            refused = await produce(wire, "errs", 0, bytes(corrupt))
+            assert refused.responses[0].partition_responses[0].error_code == ErrorCode.corrupt_message
+            assert (await list_offsets(wire, "errs", 0, -1)).offset == 0  # nothing was stored
+
+            stored = await produce(wire, "errs", 0, batch)
+            assert stored.responses[0].partition_responses[0].error_code == ErrorCode.none
+            past = await fetch(wire, "errs", 0, 5)
+            assert past.responses[0].partitions[0].error_code == ErrorCode.offset_out_of_range
+            metadata = await wire.request(3, 12, topics=(make(module_of(3, 12).MetadataRequestTopic,
+                                          topic_id=None, name="nope"),),
+                                          allow_auto_topic_creation=False,
+                                          include_topic_authorized_operations=False)
+            assert metadata.topics[0].error_code == ErrorCode.unknown_topic_or_partition
+            assert (metadata.brokers[0].host, metadata.brokers[0].port) == ("127.0.0.1", daemon.kafka_port)
+        finally:
+            await wire.aclose()
+
+
+async def test_a_retried_idempotent_batch_is_stored_once(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        first = await Wire.connect(daemon.kafka_port)
+        retry = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(first, "idem", 1)
+            init = await first.request(22, 4, transactional_id=None, transaction_timeout=60_000 * MS,
+                                       producer_id=-1, producer_epoch=-1)
+            assert init.error_code == ErrorCode.none and init.producer_id >= 0
+            pid = init.producer_id
+            batch0 = client_batch([(0, b"a", b"1", []), (0, b"b", b"2", [])], producer_id=pid, base_sequence=0)
+            batch1 = client_batch([(0, b"c", b"3", [])], producer_id=pid, base_sequence=2)
+            answers = [await produce(first, "idem", 0, batch0), await produce(retry, "idem", 0, batch0),
+                       await produce(retry, "idem", 0, batch1), await produce(first, "idem", 0, batch1)]
+            offsets = [a.responses[0].partition_responses[0].base_offset for a in answers]
+            assert offsets == [0, 0, 2, 2]
+            assert (await list_offsets(first, "idem", 0, -1)).offset == 3
+            fetched = await client.fetch("idem", 0, offset=0)
+            assert [(r.key, r.value) for r in fetched.records] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
+            # A producer that is not idempotent (-1) is not de-duplicated.
+            plain = client_batch([(0, b"d", b"4", [])])
+            assert [(await produce(first, "idem", 0, plain)).responses[0].partition_responses[0].base_offset
+                    for _ in range(2)] == [3, 4]
+        finally:
+            await first.aclose()
+            await retry.aclose()
+
+
+async def test_a_long_poll_returns_records_produced_while_it_waits(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        consumer = await Wire.connect(daemon.kafka_port)
+        producer = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(producer, "poll", 1)
+            empty = await fetch(consumer, "poll", 0, 0, max_wait_ms=0)
+            assert records_of(empty) == [] and empty.responses[0].partitions[0].high_watermark == 0
+            result: list[Any] = []
+            async with anyio.create_task_group() as tg:
+                async def long_poll() -> None:
+                    result.append(await fetch(consumer, "poll", 0, 0, max_wait_ms=20_000))
+
+                tg.start_soon(long_poll)
+                await produce(producer, "poll", 0, client_batch([(0, b"k", b"woke", [])]))
+            # Waiting 20 s would have failed the Wire's 30 s bound only after the produce; the
+            # fetch answered with the record the produce stored, not with an empty set.
+            assert records_of(result[0]) == [(0, b"k", b"woke")]
+            assert result[0].responses[0].partitions[0].high_watermark == 1
+        finally:
+            await consumer.aclose()
+            await producer.aclose()
+
+
+async def test_api_versions_above_ours_get_unsupported_version_and_our_list(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            # ApiVersions v9 (does not exist): the answer is v0-shaped with error 35.
+            await wire.send_raw(struct.pack(">ihhi", 10, 18, 9, 77) + b"\xff\xff")
+            frame = await wire.frame()
+            assert frame is not None
+            response, _ = entity_reader(load_response_schema(18, 0))(frame, 4)
+            assert struct.unpack_from(">i", frame)[0] == 77
+            assert response.error_code == ErrorCode.unsupported_version
+            assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == {
+                key: (low, high) for key, (_, low, high) in API_VERSIONS.items()
+            }
+        finally:
+            await wire.aclose()
+
+
+BAD_FRAMES = {
+    "oversized": struct.pack(">i", 200 * 1024 * 1024),
+    "negative size": struct.pack(">i", -5),
+    "unknown api key": struct.pack(">ihhi", 8, 999, 0, 1),
+    "unsupported version": struct.pack(">ihhi", 8, 0, 99, 1),
+    "truncated metadata": struct.pack(">ihhih", 10, 3, 12, 1, 5) + b"\0",
+    "garbage after header": struct.pack(">ihhi", 16, 3, 1, 1) + b"\x00\x00" + b"\xff" * 6,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FRAMES))
+async def test_a_bad_frame_closes_its_connection_and_nothing_else(tmp_path: Path, name: str) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
+                                 kafka__frame_bytes_max=1024 * 1024) as (daemon, _):
+        healthy = await Wire.connect(daemon.kafka_port)
+        bad = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(healthy, "still", 1)
+            await bad.send_raw(BAD_FRAMES[name])
+            assert await bad.frame() is None  # closed, with no response
+            assert (await list_offsets(healthy, "still", 0, -2)).error_code == ErrorCode.none
+            assert daemon.kafka.stats.closed_bad_frames == 1
+            assert daemon.kafka.stats.errors == 0
+        finally:
+            await healthy.aclose()
+            await bad.aclose()
+
+
+async def test_fuzzed_frames_never_crash_the_listener(tmp_path: Path) -> None:
+    """Valid requests with random bytes changed or cut, sent on fresh connections: each gets
+    a response or a closed connection; the listener never fails in an unexpected way."""
+    rng = random.Random(21)
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        setup = await Wire.connect(daemon.kafka_port)
+        await create_topic(setup, "fuzz", 2)
+        await setup.aclose()
+        seeds = [_encode_request(0, 9, _produce_fields("fuzz", client_batch([(0, b"k", b"v" * 40, [])]))),
+                 _encode_request(3, 12, dict(topics=None, allow_auto_topic_creation=False,
+                                             include_topic_authorized_operations=False)),
+                 _encode_request(18, 3, dict(client_software_name="x", client_software_version="1"))]
+        for _ in range(150):
+            payload = bytearray(rng.choice(seeds))
+            for _ in range(rng.randint(1, 6)):
+                payload[rng.randrange(len(payload))] = rng.randrange(256)
+            if rng.random() < 0.3:
+                payload = payload[: rng.randrange(1, len(payload))]
+            wire = await Wire.connect(daemon.kafka_port)
+            try:
+                await wire.send_raw(struct.pack(">i", len(payload)) + bytes(payload))
+                await wire.send_raw(struct.pack(">i", 1) + b"\0")  # a frame too short: closes
+                while await wire.frame() is not None:
+                    pass
+            finally:
+                await wire.aclose()
+        assert daemon.kafka.stats.errors == 0
+        check = await Wire.connect(daemon.kafka_port)
+        try:
+            assert (await list_offsets(check, "fuzz", 1, -1)).error_code == ErrorCode.none
+        finally:
+            await check.aclose()
+
+
+def _produce_fields(topic: str, records: bytes) -> dict[str, Any]:
+    m = module_of(0, 9)
+    data = make(m.TopicProduceData, name=topic,
+                partition_data=(make(m.PartitionProduceData, index=0, records=records),))
+    return dict(transactional_id=None, acks=-1, timeout=1000 * MS, topic_data=(data,))
+
+
+def _encode_request(api_key: int, version: int, fields: dict[str, Any]) -> bytes:
+    cls = load_request_schema(api_key, version)
+    out = io.BytesIO()
+    header_cls = cls.__header_schema__
+    entity_writer(header_cls)(out, make(header_cls, request_api_key=api_key, request_api_version=version,
+                                        correlation_id=1, client_id="fuzz"))
+    entity_writer(cls)(out, make(cls, **fields))
+    return out.getvalue()
+
+
+async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, _):
+        assert daemon.kafka_port is None and daemon.kafka is None
+    with pytest.raises(ConfigError, match="kafka.listen"):
+        from daemon_support import daemon_config
+
+        daemon_config(tmp_path, kafka__listen="0.0.0.0:9092")
+    with pytest.raises(ConfigError, match="frame_bytes_max"):
+        from daemon_support import daemon_config
+
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=10)

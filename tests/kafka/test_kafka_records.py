@@ -1,0 +1,143 @@
+"""The RecordBatch v2 codec against a real client's own codec (kafka-python's
+DefaultRecordBatchBuilder / DefaultRecordBatch), both directions, and its refusals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+
+from levelzero.core import kafka_records as kr
+from levelzero.core.producers import BATCHES_REMEMBERED, ProducerSequences
+
+
+def client_batch(records: list[tuple[int, bytes | None, bytes | None, list]], compression: int = 0,
+                 producer_id: int = -1, base_sequence: int = -1) -> bytes:
+    builder = DefaultRecordBatchBuilder(
+        magic=2, compression_type=compression, is_transactional=False, producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1, base_sequence=base_sequence, batch_size=1 << 24,
+    )
+    for offset, (timestamp, key, value, headers) in enumerate(records):
+        builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
+    return bytes(builder.build())
+
+
+def sample(count: int, seed: int) -> list[tuple[int, bytes | None, bytes | None, list]]:
+    rng = random.Random(seed)
+    return [
+        (
+            1_700_000_000_000 + rng.randint(0, 10_000),
+            None if i % 5 == 0 else rng.randbytes(rng.randint(0, 30)),
+            None if i % 11 == 0 else rng.randbytes(rng.randint(0, 300)),
+            [(f"h{j}", rng.randbytes(4)) for j in range(i % 3)],
+        )
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("compression", [kr.COMPRESSION_NONE, kr.COMPRESSION_GZIP])
+def test_decodes_what_a_client_encodes(compression: int) -> None:
+    records = sample(500, seed=compression)
+    data = client_batch(records, compression, producer_id=42, base_sequence=7)
+    data += client_batch(records[:3], compression)  # a record set may hold several batches
+    batches = kr.decode_batches(data)
+    assert len(batches) == 2
+    first = batches[0]
+    assert (first.compression, first.producer_id, first.producer_epoch, first.base_sequence) == (
+        compression, 42, 0, 7)
+    assert first.last_offset_delta == 499
+    decoded = [(r.timestamp_ms, r.key, r.value, list(r.headers)) for r in first.records]
+    assert decoded == [(t, k, v, h) for t, k, v, h in records]
+    assert [r.offset_delta for r in first.records] == list(range(500))
+    assert len(batches[1].records) == 3
+
+
+@pytest.mark.parametrize("compression", [kr.COMPRESSION_NONE, kr.COMPRESSION_GZIP])
+def test_a_client_decodes_what_we_encode(compression: int) -> None:
+    records = sample(300, seed=9)
+    ours = [kr.KafkaRecord(i, t, k, v, tuple(h)) for i, (t, k, v, h) in enumerate(records)]
+    data = kr.encode_batch(1_000, ours, compression=compression)
+    batch = DefaultRecordBatch(data)
+    assert batch.validate_crc()
+    assert batch.base_offset == 1_000 and batch.compression_type == compression
+    got = [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in batch]
+    assert got == [(1_000 + i, t, k, v, h) for i, (t, k, v, h) in enumerate(records)]
+
+
+def test_a_flipped_byte_fails_the_crc() -> None:
+    data = bytearray(client_batch(sample(10, seed=1)))
+    data[-3] ^= 0x01
+    with pytest.raises(kr.CorruptBatch, match="CRC"):
+        kr.decode_batches(bytes(data))
+
+
+def test_truncated_and_foreign_batches_are_refused() -> None:
+    data = client_batch(sample(10, seed=2))
+    for cut in (1, 30, 60, len(data) - 1):
+        with pytest.raises(kr.CorruptBatch):
+            kr.decode_batches(data[:cut])
+    old_magic = bytearray(data)
+    old_magic[16] = 1
+    with pytest.raises(kr.CorruptBatch, match="magic"):
+        kr.decode_batches(bytes(old_magic))
+
+
+def test_an_unknown_codec_is_unsupported_compression() -> None:
+    data = bytearray(client_batch(sample(3, seed=3)))
+    data[22] = (data[22] & ~0x07) | 0x07  # attributes low bits: codec 7 does not exist
+    from crc32c import crc32c
+
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    with pytest.raises(kr.UnsupportedCompression):
+        kr.decode_batches(bytes(data))
+
+
+def test_a_gzip_bomb_is_refused_within_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kr, "DECOMPRESSED_BYTES_MAX", 10_000)
+    data = client_batch([(0, None, b"\0" * 50_000, [])], kr.COMPRESSION_GZIP)
+    assert len(data) < 1_000
+    with pytest.raises(kr.CorruptBatch, match="inflates beyond"):
+        kr.decode_batches(data)
+
+
+def test_random_bytes_never_escape_as_anything_but_corrupt_batch() -> None:
+    rng = random.Random(5)
+    valid = client_batch(sample(20, seed=4))
+    for _ in range(2_000):
+        data = bytearray(valid)
+        for _ in range(rng.randint(1, 8)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.3:
+            data = data[: rng.randrange(len(data))]
+        try:
+            kr.decode_batches(bytes(data))
+        except (kr.CorruptBatch, kr.UnsupportedCompression):
+            pass
+
+
+# ------------------------------------------------------------------------------ idempotence
+
+
+def test_a_repeated_batch_is_recognised_and_a_new_epoch_is_not() -> None:
+    seqs = ProducerSequences()
+    seqs.record(7, 0, "t", 1, base_sequence=0, record_count=10, base_offset=100)
+    seqs.record(7, 0, "t", 1, base_sequence=10, record_count=5, base_offset=110)
+    assert seqs.duplicate_of(7, 0, "t", 1, 0).base_offset == 100
+    assert seqs.duplicate_of(7, 0, "t", 1, 10).base_offset == 110
+    assert seqs.duplicate_of(7, 0, "t", 1, 15) is None  # the next batch
+    assert seqs.duplicate_of(7, 0, "t", 2, 0) is None  # another partition
+    assert seqs.duplicate_of(7, 1, "t", 1, 0) is None  # a new producer epoch
+    assert seqs.duplicate_of(-1, -1, "t", 1, -1) is None  # not an idempotent producer
+
+
+def test_producer_state_is_bounded() -> None:
+    seqs = ProducerSequences(producers_max=3)
+    for pid in range(10):
+        for seq in range(0, 10 * BATCHES_REMEMBERED, 10):
+            seqs.record(pid, 0, "t", 0, seq, 10, seq)
+    assert len(seqs) == 3
+    assert seqs.duplicate_of(0, 0, "t", 0, 0) is None  # forgotten: least recently used
+    assert seqs.duplicate_of(9, 0, "t", 0, 0).base_offset == 0
+    seqs.record(9, 0, "t", 0, 10 * BATCHES_REMEMBERED, 10, 500)
+    assert seqs.duplicate_of(9, 0, "t", 0, 0) is None  # only the last five batches are kept
