@@ -21,6 +21,7 @@ import anyio
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
+from levelzero.core.leader import object_epoch
 from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish_object
 from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
 
@@ -283,7 +284,9 @@ class Batcher:
             async with self._uploads:
                 # The epoch is read when the upload can start, not when the batch was cut.
                 cached = await self._cache.get()
-                epoch = max(cached, *(reqs[0].actor.row.creation_epoch for reqs in by_partition.values()))
+                epoch = object_epoch(
+                    cached, (reqs[0].actor.row.creation_epoch for reqs in by_partition.values())
+                )
                 data, headers = finish_object(epoch, encoded)
                 key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
                 await self._objects.put(key, data)

@@ -120,8 +120,6 @@ class Fence:
         self.last_rejected_gap = 0
         self.new_epoch_fences = 0
         self.same_epoch_fences = 0
-        # Simulation-only mutation (levelzero.sim --mutate): admit epochs below the window.
-        self.mutate_admit_below_window = False
 
     # ------------------------------------------------------------------ windows
 
@@ -159,7 +157,7 @@ class Fence:
         low, high = window
         if epoch > high:
             return self._become_updater(epoch)
-        if epoch < low and not self.mutate_admit_below_window:
+        if epoch < low:
             return self._reject(epoch, window)
         if epoch >= low and not lands_in_any_order(epoch, window, applied_window):
             return self._reject(epoch, window)

@@ -38,23 +38,22 @@ class WatermarkDecision:
 
 
 def compute_cluster_watermark(
-    cluster_epoch: int, mps: Mapping[str, int | None], *, cap: bool = True
+    cluster_epoch: int, mps: Mapping[str, int | None]
 ) -> WatermarkDecision:
-    """`M` for one round. `mps` maps partition names to their published `M(p)`.
-
-    `cap=False` exists only for the simulation's mutation testing (it is the bug it must catch).
-    """
+    """`M` for one round. `mps` maps partition names to their published `M(p)`: any partition
+    without one blocks the round; `M` is their minimum, capped at `E - 1` (a partition created
+    after the snapshot has creation epoch >= E, and so have the objects holding its data)."""
     assert cluster_epoch >= 1, cluster_epoch
     blocked = tuple(sorted(name for name, mp in mps.items() if mp is None))
     if blocked:
         return WatermarkDecision(cluster_epoch, None, blocked_by=blocked)
     capped = cluster_epoch - 1
     if not mps:
-        return WatermarkDecision(cluster_epoch, capped if cap else None, holders=("cap",))
+        return WatermarkDecision(cluster_epoch, capped, holders=("cap",))
     low = min(mp for mp in mps.values() if mp is not None)
-    m = min(low, capped) if cap else low
+    m = min(low, capped)
     holders = [name for name, mp in mps.items() if mp == m]
-    if cap and m == capped:
+    if m == capped:
         holders.append("cap")
     return WatermarkDecision(cluster_epoch, m, holders=tuple(sorted(holders)))
 

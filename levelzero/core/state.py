@@ -52,6 +52,14 @@ _snapshot_encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(PartitionSnapshot)
 
 
+def lower_bound_after_catch_up(previous_applied: int, max_applied: int) -> int:
+    """Where `min_epoch_lower_bound` moves once the reconciled log reaches the entry that opened
+    the applied window: to the window's lower edge, never to its top. A write admitted at the
+    lower edge may still be in flight, and its object must keep an epoch above `M(p)`."""
+    assert previous_applied <= max_applied, (previous_applied, max_applied)
+    return previous_applied
+
+
 class PartitionState:
     """Deterministic state of one partition, built only by `apply`."""
 
@@ -70,15 +78,11 @@ class PartitionState:
         "size_bytes",
         "reconciled_by_term",
         "abandoned",
-        "_mutate_lower_bound_follows_max",
     )
 
     def __init__(self, creation_epoch: int) -> None:
         assert creation_epoch >= 1, creation_epoch
         self._restore(PartitionSnapshot(creation_epoch=creation_epoch))
-        # Simulation-only mutation (levelzero.sim --mutate): the classic bug of moving the lower
-        # bound to max_applied instead of previous_applied. Never set outside the simulation.
-        self._mutate_lower_bound_follows_max = False
 
     # ------------------------------------------------------------------ derived values
 
@@ -232,10 +236,8 @@ class PartitionState:
         assert self.previous_applied_epoch is not None and self.min_epoch_lower_bound is not None
         # Reconciled through the entry that opened the window: everything older is in L1, and
         # any write still in flight has an epoch >= previous_applied (the window's lower edge).
-        target = self.previous_applied_epoch
-        if self._mutate_lower_bound_follows_max:
-            assert self.max_applied_epoch is not None
-            target = self.max_applied_epoch
+        assert self.max_applied_epoch is not None
+        target = lower_bound_after_catch_up(self.previous_applied_epoch, self.max_applied_epoch)
         before = self.min_epoch_lower_bound
         self.min_epoch_lower_bound = max(before, target)
         assert self.min_epoch_lower_bound >= before

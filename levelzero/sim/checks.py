@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvariantViolation
+from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record, decode_extent, read_header
 from levelzero.core.state import PartitionState
 from levelzero.storage.protocols import L1Row, L1State
@@ -123,6 +124,25 @@ class Truth:
                 f"{self.world.partition_name(pid)}@{base_offset}.. acknowledged while its "
                 f"object {key} is already deleted",
             )
+
+    # ------------------------------------------------------------------ uploads
+
+    def on_stored(self, key: str) -> None:
+        """Called by the object store for every object it stored. The write path's rule: an L0
+        object's epoch is at least the creation epoch of every partition inside (the GC's cap
+        protects partitions created after a round's snapshot only through it)."""
+        if not key.startswith(L0_ROOT):
+            return
+        epoch = parse_l0_key(key).epoch
+        header = read_header(self.world.objects._objects[key][0], key)
+        for extent in header.extents:
+            creation = self.world.log_store.partitions[extent.pid].creation_epoch
+            if epoch < creation:
+                self.fail(
+                    "epoch-rule",
+                    f"{key} (epoch {epoch}) holds data of {self.world.partition_name(extent.pid)}, "
+                    f"created at epoch {creation}",
+                )
 
     # ------------------------------------------------------------------ deletions
 

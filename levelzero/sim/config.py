@@ -17,6 +17,7 @@ Range = tuple[float, float]
 class SimConfig:
     # topics and partitions
     initial_partitions: int = 3
+    first_topic_after_s: Range = (0.0, 1.5)  # the GC runs with no partition at all until then
     topics_created_max: int = 3  # created while the workload runs (and GC rounds are open)
     partitions_per_created_topic: tuple[int, int] = (1, 2)
     create_interval_s: float = 1.5
@@ -26,7 +27,8 @@ class SimConfig:
     produce_interval_s: float = 0.04  # mean, exponential
     records_per_write_max: int = 3
     value_bytes: tuple[int, int] = (4, 24)
-    read_interval_s: float = 0.2
+    read_interval_s: float = 0.1
+    tail_read_p: float = 0.7  # reads of the unreconciled tail (from L0, pinning M(p))
     newest_partition_write_p: tuple[float, ...] = (0.0, 0.3, 0.6)  # one drawn per seed
 
     # epochs: the node's timer, and bumps on demand (in bursts) at any time
@@ -38,6 +40,8 @@ class SimConfig:
 
     # crashes: the node is dropped mid-flight; its object-store requests on the wire still land
     crash_interval_s: float = 3.0
+    late_reconciler_p: float = 0.5  # after a takeover, a reconciler of the old term finishes late
+    late_reconciler_s: Range = (0.0, 1.0)
     zombie_s: Range = (0.0, 2.5)  # how long the dropped incarnation's work keeps landing
     restart_s: Range = (0.0, 0.5)
 
@@ -50,7 +54,7 @@ class SimConfig:
     log_keep_records: int = 4
     reconciler_interval_s: tuple[float, ...] = (0.3, 0.6, 1.5)  # one drawn per seed
     copy_deadline_s: float = 30.0
-    housekeeper_interval_s: float = 0.4
+    housekeeper_interval_s: tuple[float, ...] = (0.4, 0.4, 2.5)  # one drawn per seed
     idle_after_s: float = 0.8
     gc_interval_s: float = 0.4
     gc_idle_backoff_max_s: float = 1.5
@@ -63,6 +67,8 @@ class SimConfig:
     object_op_s: Range = (0.001, 0.03)
     slow_put_p: float = 0.12
     slow_put_s: Range = (0.3, 2.5)
+    slow_get_p: float = 0.1  # a slow range read: a reader outlives a catch-up and a GC round
+    slow_get_s: Range = (0.5, 3.0)
     log_op_s: Range = (0.0005, 0.01)
     slow_log_p: float = 0.04
     slow_log_s: Range = (0.05, 0.5)

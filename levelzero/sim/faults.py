@@ -41,6 +41,7 @@ class SeededFaults(FaultPlan):
         cfg: SimConfig,
         scale: float,
         deleting: Callable[[str], None],
+        stored: Callable[[str], None],
     ) -> None:
         super().__init__()
         self.rng = rng
@@ -49,6 +50,7 @@ class SeededFaults(FaultPlan):
         self.enabled = True  # off in the quiet period
         self.injected = 0
         self._deleting = deleting
+        self._stored = stored
 
     def _chance(self, p: float) -> bool:
         if not self.enabled or self.rng.random() >= p * self.scale:
@@ -63,6 +65,8 @@ class SeededFaults(FaultPlan):
         cfg = self.cfg
         if op == "put" and self._chance(cfg.slow_put_p):
             return self._uniform(cfg.slow_put_s)
+        if op == "get" and self._chance(cfg.slow_get_p):
+            return self._uniform(cfg.slow_get_s)
         return self._uniform(cfg.object_op_s)
 
     def before(self, op: ObjectOp, key: str | None) -> None:
@@ -79,6 +83,9 @@ class SeededFaults(FaultPlan):
 
     def after(self, op: ObjectOp, key: str | None) -> None:
         cfg = self.cfg
+        if op == "put":
+            assert key is not None
+            self._stored(key)
         p = {"put": cfg.put_error_p / 2, "delete_many": cfg.delete_batch_error_p / 2}.get(op, 0.0)
         if p and self._chance(p):
             raise StorageError(f"injected {op} timeout after its effect")

@@ -1,16 +1,168 @@
-"""Deliberately broken rules, applied from the simulation side (subclass or patch), never by a
-flag in production code. Each must be caught by the simulation within a bounded number of seeds.
+"""Deliberately broken rules, applied from the simulation side (a patch of the shipping code
+while a seed runs), never by a flag in production code. `levelzero sim --mutate` runs each one
+until a violation catches it; tests/sim/test_mutations.py bounds the seeds each may take.
+
+Every mutant wraps or replaces one rule where the shipping code looks it up (a module global or
+a class attribute), so the code under test is otherwise the code that ships.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
+from typing import Any
 
-# name -> (what is broken, a context manager factory that breaks it while a seed runs)
-_Patch = Callable[[], contextlib.AbstractContextManager[None]]
-MUTATIONS: dict[str, str] = {}
-_PATCHES: dict[str, _Patch] = {}
+import levelzero.actors.batcher as batcher_module
+import levelzero.actors.gc as gc_module
+import levelzero.core.state as state_module
+from levelzero.actors.partition import PartitionActor, _Control
+from levelzero.core.fence import Admitted, Fence
+from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+from levelzero.core.state import PartitionState, ReaderPins
+
+
+@contextlib.contextmanager
+def _patched(owner: object, name: str, value: Any) -> Iterator[None]:
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+# ---------------------------------------------------------------- the state machine
+
+
+def _lower_bound_follows_max() -> contextlib.AbstractContextManager[None]:
+    return _patched(
+        state_module, "lower_bound_after_catch_up", lambda previous, maximum: maximum
+    )
+
+
+def _mp_off_by_one() -> contextlib.AbstractContextManager[None]:
+    def mp(self: PartitionState) -> int | None:
+        return self.min_epoch_lower_bound  # should be min_epoch_lower_bound - 1
+
+    return _patched(PartitionState, "mp", property(mp))
+
+
+# ---------------------------------------------------------------- the fence and the actor
+
+
+def _admit_below_window() -> contextlib.AbstractContextManager[None]:
+    original = Fence.try_fence
+
+    def try_fence(self: Fence, epoch: int, term: int, applied_window: Any) -> Any:
+        window = self.effective_window(term, applied_window)
+        if self.updater_epoch is None and window is not None and epoch < window[0]:
+            self.read_units += 1
+            return Admitted(epoch, term, window, new_epoch=False)
+        return original(self, epoch, term, applied_window)
+
+    return _patched(Fence, "try_fence", try_fence)
+
+
+def _slide_without_drain() -> contextlib.AbstractContextManager[None]:
+    # The actor slides as soon as an updater comes, whatever the old window still has in flight.
+    return _patched(Fence, "drained", property(lambda self: True))
+
+
+def _catch_up_without_term_check() -> contextlib.AbstractContextManager[None]:
+    original = PartitionActor._on_control
+
+    def on_control(self: PartitionActor, msg: _Control) -> None:
+        msg.term = None  # whatever term the sender expected
+        original(self, msg)
+
+    return _patched(PartitionActor, "_on_control", on_control)
+
+
+def _reader_pins_ignored() -> contextlib.AbstractContextManager[None]:
+    def register(self: ReaderPins, state_mp: int | None) -> tuple[int, int | None]:
+        reader_id = self._next_id
+        self._next_id += 1
+        return reader_id, state_mp  # nothing pinned
+
+    return _patched(ReaderPins, "register", register)
+
+
+# ---------------------------------------------------------------- the batcher
+
+
+def _batcher_ignores_creation_epochs() -> contextlib.AbstractContextManager[None]:
+    return _patched(batcher_module, "object_epoch", lambda cached, creation_epochs: cached)
+
+
+# ---------------------------------------------------------------- the GC
+
+UNCAPPED_M = 1 << 62  # no partition and no cap: every object is below M
+
+
+def _gc_decision(
+    change: Callable[[int, Mapping[str, int | None]], WatermarkDecision],
+) -> contextlib.AbstractContextManager[None]:
+    return _patched(gc_module, "compute_cluster_watermark", change)
+
+
+def _gc_ignores_cap() -> contextlib.AbstractContextManager[None]:
+    def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
+        decision = compute_cluster_watermark(cluster_epoch, mps)
+        if decision.m is None:
+            return decision
+        known = [mp for mp in mps.values() if mp is not None]
+        return replace(decision, m=min(known) if known else UNCAPPED_M)
+
+    return _gc_decision(decide)
+
+
+def _gc_deletes_up_to_m_plus_1() -> contextlib.AbstractContextManager[None]:
+    def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
+        decision = compute_cluster_watermark(cluster_epoch, mps)
+        return decision if decision.m is None else replace(decision, m=decision.m + 1)
+
+    return _gc_decision(decide)
+
+
+def _gc_skips_partitions_without_mp() -> contextlib.AbstractContextManager[None]:
+    def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
+        known = {name: mp for name, mp in mps.items() if mp is not None}
+        return compute_cluster_watermark(cluster_epoch, known)
+
+    return _gc_decision(decide)
+
+
+# name -> (what is broken, the patch that breaks it while a seed runs)
+_MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
+    "lower_bound_follows_max": (
+        "min_epoch_lower_bound follows max_applied_epoch on catch-up",
+        _lower_bound_follows_max,
+    ),
+    "admit_below_window": ("the fence admits epochs below the window", _admit_below_window),
+    "gc_ignores_cap": ("the GC ignores the cap (M not capped at E - 1)", _gc_ignores_cap),
+    "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1",
+                      _mp_off_by_one),
+    "gc_deletes_up_to_m_plus_1": ("the GC deletes objects with epoch <= M + 1",
+                                  _gc_deletes_up_to_m_plus_1),
+    "gc_skips_partitions_without_mp": (
+        "the GC skips partitions without an M(p) instead of deleting nothing",
+        _gc_skips_partitions_without_mp,
+    ),
+    "batcher_ignores_creation_epochs": (
+        "the batcher stamps objects with its cached epoch, ignoring creation epochs",
+        _batcher_ignores_creation_epochs,
+    ),
+    "slide_without_drain": (
+        "the window slides without waiting for the old window's writes", _slide_without_drain
+    ),
+    "catch_up_without_term_check": (
+        "a catch-up is accepted whatever term its sender expected", _catch_up_without_term_check
+    ),
+    "reader_pins_ignored": ("L0 readers do not pin M(p)", _reader_pins_ignored),
+}
+
+MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
 
 
 @contextlib.contextmanager
@@ -19,5 +171,5 @@ def applied(name: str | None) -> Iterator[None]:
     if name is None:
         yield
         return
-    with _PATCHES[name]():
+    with _MUTANTS[name][1]():
         yield

@@ -12,6 +12,7 @@ INVARIANTS = {
     "3": "every acknowledged record is readable byte for byte at its offset",
     "4": "after the quiet period every L0 object is deleted (no leaks, orphans included)",
     "5": "no admitted placeholder has an epoch below the window at its log offset",
+    "epoch-rule": "an L0 object's epoch is at least the creation epoch of every partition inside",
     "replay": "a leader replayed from snapshot + log equals the state of the durable log",
     "assert": "an assertion of the core or of the actors failed",
     "deadlock": "the world waits for something nothing will ever do",

@@ -117,6 +117,7 @@ class World:
         self.cache_ttl_s = rng.choice(cfg.cache_ttl_s)
         self.epoch_bump_interval_s = rng.choice(cfg.epoch_bump_interval_s)
         self.reconciler_interval_s = rng.choice(cfg.reconciler_interval_s)
+        self.housekeeper_interval_s = rng.choice(cfg.housekeeper_interval_s)
         self.newest_write_p = rng.choice(cfg.newest_partition_write_p)
         self.fault_scale = rng.choice(cfg.fault_scales)
         self.trace: deque[str] = deque(maxlen=cfg.trace_lines_max)
@@ -127,7 +128,9 @@ class World:
         self.log_store = SimLogStore(
             rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started
         )
-        self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete)
+        self.faults = SeededFaults(
+            rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored
+        )
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.incarnations: list[Incarnation] = []
         self.changes: list[Change] = []
@@ -192,7 +195,7 @@ class World:
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
             housekeeper=HousekeeperConfig(
-                interval_s=cfg.housekeeper_interval_s,
+                interval_s=self.housekeeper_interval_s,
                 idle_after_s=cfg.idle_after_s,
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
@@ -215,8 +218,8 @@ class World:
             self._tg = tg
             await self.start_incarnation()
             assert self.live is not None
-            await self.live.node.create_topic("sim", cfg.initial_partitions)
-            self.note(f"created topic sim with {cfg.initial_partitions} partitions")
+            await anyio.sleep(self.rng.uniform(*cfg.first_topic_after_s))
+            await self._create(self.live, "sim", cfg.initial_partitions)
             end = self.now() + cfg.workload_s
             for loop in (self._producer, self._reader, self._creator, self._crasher,
                          self._bumper, self._checker):
@@ -273,6 +276,9 @@ class World:
             self.changes.append(inc.change)
         await self._tg.start(self._life, inc)
         self.live = inc
+        if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
+            assert inc.tg is not None
+            inc.tg.start_soon(self._late_reconciler, inc, self.rng.uniform(*self.cfg.late_reconciler_s))
         self.note(f"{inc} up: epoch {epoch}, its cache {behind} behind")
         for actor in node.partitions():
             shadow = self.truth.shadow.get(actor.row.pid)
@@ -308,6 +314,24 @@ class World:
         self._tg.start_soon(self._reap, inc, zombie_s)
         await anyio.sleep(self.rng.uniform(*self.cfg.restart_s))
         await self.start_incarnation()
+
+    async def _late_reconciler(self, inc: Incarnation, after_s: float) -> None:
+        """A reconciler that read its placeholders under the previous term finishes late: the
+        real reconciler code, with the old term, against the new leader (whose conditional
+        catch-up must refuse it; the L1 object it wrote is then outside the lineage)."""
+        await anyio.sleep(after_s)
+        actors = [a for a in inc.node.partitions() if a.ready.is_set() and a.term > 1]
+        actors = [a for a in actors if a.state.has_unreconciled_data]
+        if not actors:
+            return
+        actor = self.rng.choice(actors)
+        term = actor.term - 1
+        try:
+            done = await inc.node.reconciler.reconcile_partition(actor, term=term)
+        except LevelZeroError as exc:
+            self.note(f"{inc} late reconciler of {actor.name} term {term}: {type(exc).__name__}")
+            return
+        self.note(f"{inc} late reconciler of {actor.name} term {term}: {'accepted' if done else 'refused'}")
 
     async def _reap(self, inc: Incarnation, after_s: float) -> None:
         await anyio.sleep(after_s)
@@ -407,7 +431,11 @@ class World:
             state = actor.state
             if state.high_watermark <= state.start_offset:
                 continue
-            offset = self.rng.randrange(state.start_offset, state.high_watermark)
+            tail = max(state.start_offset, state.lro + 1)
+            if tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
+                offset = self.rng.randrange(tail, state.high_watermark)  # a consumer at the tail
+            else:
+                offset = self.rng.randrange(state.start_offset, state.high_watermark)
             inc.tg.start_soon(self._read, inc, actor, offset)
 
     async def _read(self, inc: Incarnation, actor: PartitionActor, offset: int) -> None:

@@ -31,6 +31,7 @@ from levelzero.core.entries import (
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.fence import Admitted, BecomeUpdater, Fence, Rejected, Wait
 from levelzero.core.state import PartitionState, ReaderPins
+from levelzero.sim.mutations import applied
 
 CREATION_EPOCH = 3
 KEY = "level_zero/data/000/000000000000000003/" + "0" * 32
@@ -49,14 +50,7 @@ class Write:
 
 
 class Model:
-    def __init__(
-        self,
-        *,
-        mutate_fence: bool = False,
-        mutate_state: bool = False,
-    ) -> None:
-        self.mutate_fence = mutate_fence
-        self.mutate_state = mutate_state
+    def __init__(self) -> None:
         self.state = self._new_state(PartitionState(CREATION_EPOCH))
         self.fence = self._new_fence()
         self.log: list[LogRecord] = []
@@ -74,13 +68,10 @@ class Model:
     # ------------------------------------------------------------------ plumbing
 
     def _new_state(self, state: PartitionState) -> PartitionState:
-        state._mutate_lower_bound_follows_max = self.mutate_state
         return state
 
     def _new_fence(self) -> Fence:
-        fence = Fence(CREATION_EPOCH)
-        fence.mutate_admit_below_window = self.mutate_fence
-        return fence
+        return Fence(CREATION_EPOCH)
 
     def _append(self, entry: Entry) -> LogRecord:
         record = LogRecord(self.state.next_log_offset, self.term, self.state.high_watermark, entry)
@@ -313,17 +304,17 @@ def random_operations(seed: int, length: int = 120) -> list[tuple[str, int]]:
     return [(rng.choice(WEIGHTED_NAMES), rng.randrange(N_MAX + 1)) for _ in range(length)]
 
 
-def run(ops: list[tuple[str, int]], **mutations: object) -> Model:
-    model = Model(**mutations)  # type: ignore[arg-type]
+def run(ops: list[tuple[str, int]]) -> Model:
+    model = Model()
     for name, n in ops:
         model.step(name, n)
     return model
 
 
-def find_violation(seeds: range, **mutations: object) -> tuple[int, str] | None:
+def find_violation(seeds: range) -> tuple[int, str] | None:
     for seed in seeds:
         try:
-            run(random_operations(seed), **mutations)
+            run(random_operations(seed))
         except (InvariantViolation, PropertyViolation) as violation:
             return seed, f"{type(violation).__name__}: {violation}"
         except AssertionError as violation:
@@ -372,12 +363,15 @@ def test_random_walks_exercise_every_path() -> None:
 
 
 def test_mutation_admit_below_window_is_found() -> None:
-    found = find_violation(range(300), mutate_fence=True)
+    # The mutants are the simulation's: applied from outside, no flag in the core.
+    with applied("admit_below_window"):
+        found = find_violation(range(300))
     assert found is not None, "admitting below the window went unnoticed"
 
 
 def test_mutation_lower_bound_follows_max_is_found() -> None:
-    found = find_violation(range(300), mutate_state=True)
+    with applied("lower_bound_follows_max"):
+        found = find_violation(range(300))
     assert found is not None, "moving the lower bound to max_applied went unnoticed"
 
 

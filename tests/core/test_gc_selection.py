@@ -81,12 +81,11 @@ def test_no_partitions_gives_e_minus_1() -> None:
     assert compute_cluster_watermark(1, {}).m == 0  # nothing has epoch <= 0
 
 
-def test_mutation_without_cap_goes_above_e_minus_1() -> None:
+def test_the_cap_keeps_m_below_e_whatever_the_partitions_publish() -> None:
     mps = {"t/0": 9, "t/1": 7}
-    assert compute_cluster_watermark(4, mps).m == 3
-    uncapped = compute_cluster_watermark(4, mps, cap=False)
-    assert uncapped.m == 7
-    assert uncapped.m > 4 - 1  # a partition created at epoch 4 would lose its objects
+    decision = compute_cluster_watermark(4, mps)
+    assert decision.m == 3  # not 7: a partition created at epoch 4 keeps its objects
+    assert decision.holders == ("cap",)
 
 
 def test_monotone_watermark_raises_on_decrease() -> None:

@@ -21,6 +21,7 @@ from levelzero.core.entries import (
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.fence import Admitted, BecomeUpdater, Fence
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
+from levelzero.sim.mutations import applied
 
 KEY = "level_zero/data/007/000000000000000005/" + "ab" * 16
 
@@ -277,7 +278,6 @@ def catch_up_with_lower_edge_write_in_flight(
     """Window [n, n+1] applied; a write at the lower edge n is admitted and holds its read unit;
     then the reconciler catches up through everything applied so far."""
     state = new_state()
-    state._mutate_lower_bound_follows_max = mutate
     fence = Fence(creation_epoch=1)
     for epoch in (n, n + 1):
         decision = fence.try_fence(epoch, state.term, state.applied_window)
@@ -292,7 +292,9 @@ def catch_up_with_lower_edge_write_in_flight(
     caught_up = AdvanceReconciledOffset(
         lro=state.high_watermark - 1, lrlo=state.last_applied_log_offset
     )
-    apply(state, caught_up)
+    # The classic bug is the simulation's mutant, applied from outside the core.
+    with applied("lower_bound_follows_max" if mutate else None):
+        apply(state, caught_up)
     return state, fence, in_flight
 
 
@@ -437,7 +439,6 @@ def test_snapshot_encode_decode_round_trip() -> None:
     assert restored.to_snapshot() == full.to_snapshot()
     assert restored.applied_window == (6, 8)
     assert restored.mp == full.mp == 5
-    assert restored._mutate_lower_bound_follows_max is False
     assert PartitionState.from_snapshot(full.to_snapshot()) == full
 
 

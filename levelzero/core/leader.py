@@ -1,0 +1,198 @@
+"""The partition leader's protocol, sans-IO: what the partition actor (and the batcher and the
+housekeeper around it) decide, as pure functions and plain objects.
+
+The actors wait, move messages and do I/O; every rule they apply is here, where a unit test
+drives it without an event loop and the simulation breaks it from outside
+(levelzero/sim/mutations.py) to show its checks catch each one:
+
+- `object_epoch`: the epoch an L0 object is stamped with (the GC's cap relies on it);
+- `AppendQueue`: reservation of log offsets at admission, then in-order apply once durable
+  (a write's read unit is released only when its placeholder is applied);
+- `control_refusal`: a control entry (catch-up, start offset) names the term it expects;
+- `validate_control`: a catch-up or start offset must lie inside what the log holds;
+- `WatermarkBoard`: published `M(p)` of every partition, only ever rising;
+- `housekeeping`: the housekeeper's advance/catch-up condition for an idle partition.
+
+The fence's own decisions (admit, reject, wait, become the updater, slide once drained) are
+`levelzero.core.fence.Fence`; the state machine is `levelzero.core.state.PartitionState`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from .entries import AdvanceReconciledOffset, Entry, LogRecord, Placeholder, SetStartOffset
+from .errors import InvalidInput, NotLeader
+from .fence import Fence
+from .state import PartitionState
+
+T = TypeVar("T")
+
+PENDING_RECORDS_MAX = 65_536  # reserved records not yet applied, per partition
+
+
+def object_epoch(cached_epoch: int, creation_epochs: Iterable[int]) -> int:
+    """The epoch an L0 object is stamped with: the node's cached cluster epoch, raised to the
+    creation epoch of every partition with data inside. The GC's cap (`M <= E - 1`) protects a
+    partition created after a round's snapshot only because its objects' epochs are >= its
+    creation epoch >= that round's `E`."""
+    assert cached_epoch >= 1, cached_epoch
+    return max([cached_epoch, *creation_epochs])
+
+
+# ---------------------------------------------------------------- reservation, in-order apply
+
+
+@dataclass(slots=True)
+class Reserved(Generic[T]):
+    record: LogRecord
+    token: T  # whatever the caller answers when the record is applied (a reply)
+    holds_read_unit: bool
+
+
+class AppendQueue(Generic[T]):
+    """Log offsets are reserved at admission, in admission order; records are applied to the
+    state strictly in log order once the log store says they are durable.
+
+    Because the order is fixed at admission, every write admitted under a window is before, in
+    the log, every write admitted after the next slide; the drain before a slide is what makes
+    "applied" mean "the old window is in the log" for the updater.
+    """
+
+    __slots__ = ("next_log_offset", "projected_hwm", "_pending")
+
+    def __init__(self, state: PartitionState) -> None:
+        self.next_log_offset = state.next_log_offset
+        self.projected_hwm = state.high_watermark
+        self._pending: deque[Reserved[T]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._pending)
+
+    def reserve(self, term: int, entry: Entry, token: T, *, holds_read_unit: bool) -> LogRecord:
+        """Give `entry` the next log offset (and a placeholder the next data offsets)."""
+        assert len(self._pending) < PENDING_RECORDS_MAX, "pending appends exceed their bound"
+        record = LogRecord(self.next_log_offset, term, self.projected_hwm, entry)
+        self.next_log_offset += 1
+        if isinstance(entry, Placeholder):
+            self.projected_hwm += entry.record_count
+        self._pending.append(Reserved(record, token, holds_read_unit))
+        return record
+
+    def durable(self, upto: int, state: PartitionState, fence: Fence) -> list[Reserved[T]]:
+        """Everything reserved up to log offset `upto` is durable: apply it in log order,
+        release its read units, and return it (to be answered) in that order."""
+        done: list[Reserved[T]] = []
+        pending = self._pending
+        while pending and pending[0].record.log_offset <= upto:
+            reserved = pending.popleft()
+            applied = state.apply(reserved.record)
+            assert applied, reserved.record
+            if reserved.holds_read_unit:
+                fence.release()
+            done.append(reserved)
+        return done
+
+    def drop_all(self) -> list[Reserved[T]]:
+        """The appends will never be durable (deposed, stopped): forget them, oldest first."""
+        dropped = list(self._pending)
+        self._pending.clear()
+        return dropped
+
+
+# ---------------------------------------------------------------- control entries
+
+
+def control_refusal(name: str, expected_term: int | None, term: int) -> NotLeader | None:
+    """A control entry sent for another term than the leader's current one is refused: a
+    catch-up from a reconciler of an earlier term (a zombie) must not move LRO under this
+    term's lineage. `None` means the sender does not care (operator tools)."""
+    if expected_term is not None and expected_term != term:
+        return NotLeader(name, expected_term, term)
+    return None
+
+
+def validate_control(
+    name: str, entry: Entry, projected_hwm: int, next_log_offset: int
+) -> InvalidInput | None:
+    """A catch-up or start offset must lie inside what the log holds (reserved included)."""
+    match entry:
+        case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
+            if not -1 <= lro < projected_hwm:
+                return InvalidInput(f"{name}: lro {lro} outside [-1, {projected_hwm - 1}]")
+            if not -1 <= lrlo < next_log_offset:
+                return InvalidInput(f"{name}: lrlo {lrlo} outside [-1, {next_log_offset - 1}]")
+        case SetStartOffset(offset=offset):
+            if not 0 <= offset <= projected_hwm:
+                return InvalidInput(
+                    f"{name}: start offset {offset} outside [0, {projected_hwm}]"
+                )
+        case _:
+            raise AssertionError(f"not a control entry: {entry!r}")
+    return None
+
+
+# ---------------------------------------------------------------- the watermark board
+
+
+class WatermarkBoard:
+    """Published `M(p)` of every partition. A value only ever rises; a stale read is safe.
+
+    A partition is registered (with no value) before its creation epoch is chosen, so a GC round
+    that snapshots the board from then on sees it and deletes nothing until it has a value."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, int | None] = {}
+
+    def register(self, name: str) -> None:
+        self._values.setdefault(name, None)
+
+    def publish(self, name: str, value: int | None) -> bool:
+        old = self._values.get(name)
+        if value is None or (old is not None and value <= old):
+            return False
+        self._values[name] = value
+        return True
+
+    def get(self, name: str) -> int | None:
+        return self._values.get(name)
+
+    def snapshot(self) -> dict[str, int | None]:
+        return dict(self._values)
+
+
+# ---------------------------------------------------------------- the housekeeper
+
+
+@dataclass(frozen=True, slots=True)
+class Housekeeping:
+    """What the housekeeper appends for an idle partition, in this order."""
+
+    advance_epoch: int | None  # AdvanceEpoch(epoch) through the fence, or nothing
+    catch_up: tuple[int, int] | None  # AdvanceReconciledOffset(lro, lrlo), or nothing
+
+
+def advance_epoch_needed(state: PartitionState, cluster_epoch: int) -> int | None:
+    """An idle partition takes the current cluster epoch when it is above everything applied
+    (a partition without any epoch yet gets its first one)."""
+    if state.max_applied_epoch is None or cluster_epoch > state.max_applied_epoch:
+        return cluster_epoch
+    return None
+
+
+def catch_up_needed(state: PartitionState) -> tuple[int, int] | None:
+    """With nothing left unreconciled, a catch-up to the last log offset moves the lower bound,
+    if the entry that opened the window is not reconciled yet (else nothing would move)."""
+    if state.has_unreconciled_data:
+        return None  # the reconciler's catch-up will move the lower bound
+    last = state.last_applied_log_offset
+    window_offset = state.epoch_window_offset
+    if window_offset is not None and state.lrlo < window_offset <= last:
+        return state.high_watermark - 1, last
+    return None

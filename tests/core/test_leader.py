@@ -1,0 +1,134 @@
+"""The leader protocol's pure rules (levelzero/core/leader.py), driven without an event loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from levelzero.core.entries import (
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+    TermStart,
+)
+from levelzero.core.errors import InvalidInput, NotLeader
+from levelzero.core.fence import Admitted, BecomeUpdater, Fence
+from levelzero.core.leader import (
+    AppendQueue,
+    WatermarkBoard,
+    advance_epoch_needed,
+    catch_up_needed,
+    control_refusal,
+    object_epoch,
+    validate_control,
+)
+from levelzero.core.state import PartitionState
+
+
+def placeholder(epoch: int, count: int = 2) -> Placeholder:
+    return Placeholder(
+        epoch=epoch, object_key="k", byte_offset=0, byte_length=8, record_count=count, checksum=0
+    )
+
+
+def started(creation_epoch: int = 1) -> PartitionState:
+    state = PartitionState(creation_epoch)
+    state.apply(LogRecord(0, 1, 0, TermStart(1)))
+    return state
+
+
+def test_object_epoch_is_the_cache_raised_to_every_creation_epoch() -> None:
+    assert object_epoch(3, [1, 2]) == 3
+    assert object_epoch(3, [1, 5, 4]) == 5  # a partition created at 5: never below it
+    assert object_epoch(7, []) == 7
+
+
+def test_reserved_records_get_consecutive_offsets_and_apply_in_log_order() -> None:
+    state = started()
+    fence = Fence(1)
+    queue: AppendQueue[str] = AppendQueue(state)
+    assert (queue.next_log_offset, queue.projected_hwm) == (1, 0)
+    assert fence.try_fence(2, 1, state.applied_window) == BecomeUpdater(2)
+    fence.complete_slide(1, state.applied_window)
+    first = queue.reserve(1, placeholder(2, count=3), "a", holds_read_unit=True)
+    second = queue.reserve(1, AdvanceEpoch(2), "b", holds_read_unit=False)
+    assert (first.log_offset, first.base_offset) == (1, 0)
+    assert (second.log_offset, second.base_offset) == (2, 3)  # after the placeholder's records
+    assert (queue.next_log_offset, queue.projected_hwm) == (3, 3)
+    assert queue.durable(0, state, fence) == []  # nothing of ours is durable yet
+    done = queue.durable(1, state, fence)
+    assert [r.token for r in done] == ["a"]
+    assert state.high_watermark == 3 and fence.read_units == 0  # applied, then released
+    assert [r.token for r in queue.durable(5, state, fence)] == ["b"]
+    assert len(queue) == 0 and state.last_applied_log_offset == 2
+
+
+def test_dropped_reservations_come_back_oldest_first() -> None:
+    state = started()
+    queue: AppendQueue[int] = AppendQueue(state)
+    for token in range(3):
+        queue.reserve(1, AdvanceEpoch(1), token, holds_read_unit=False)
+    assert [r.token for r in queue.drop_all()] == [0, 1, 2]
+    assert len(queue) == 0
+
+
+def test_a_control_entry_for_another_term_is_refused() -> None:
+    assert control_refusal("t/0", 3, 3) is None
+    assert control_refusal("t/0", None, 3) is None
+    refusal = control_refusal("t/0", 2, 3)
+    assert isinstance(refusal, NotLeader) and "t/0" in str(refusal)
+
+
+def test_control_entries_must_lie_inside_the_log() -> None:
+    ok = validate_control("t/0", AdvanceReconciledOffset(lro=4, lrlo=2), 5, 3)
+    assert ok is None
+    assert isinstance(validate_control("t/0", AdvanceReconciledOffset(5, 2), 5, 3), InvalidInput)
+    assert isinstance(validate_control("t/0", AdvanceReconciledOffset(4, 3), 5, 3), InvalidInput)
+    assert validate_control("t/0", SetStartOffset(5), 5, 3) is None
+    assert isinstance(validate_control("t/0", SetStartOffset(6), 5, 3), InvalidInput)
+    with pytest.raises(AssertionError, match="not a control entry"):
+        validate_control("t/0", AdvanceEpoch(1), 5, 3)
+
+
+def test_the_board_only_rises() -> None:
+    board = WatermarkBoard()
+    board.register("t/0")
+    assert board.snapshot() == {"t/0": None}  # registered: blocks a GC round until it has one
+    assert board.publish("t/0", 3) and board.get("t/0") == 3
+    assert not board.publish("t/0", 2) and board.get("t/0") == 3
+    assert not board.publish("t/0", None) and board.get("t/0") == 3
+    board.register("t/0")
+    assert board.get("t/0") == 3  # registering again keeps the value
+
+
+def test_housekeeping_advances_an_idle_partition_then_catches_it_up() -> None:
+    state = started(creation_epoch=2)
+    assert advance_epoch_needed(state, 2) == 2  # no epoch yet: the first one
+    state.apply(LogRecord(1, 1, 0, AdvanceEpoch(2)))
+    assert advance_epoch_needed(state, 2) is None
+    assert advance_epoch_needed(state, 4) == 4
+    # nothing unreconciled, the window opened at log offset 1, not reconciled: catch up to it
+    assert catch_up_needed(state) == (-1, 1)
+    state.apply(LogRecord(2, 1, 0, AdvanceReconciledOffset(-1, 1)))
+    assert catch_up_needed(state) is None  # nothing would move
+    state.apply(LogRecord(3, 1, 0, placeholder(2)))
+    assert catch_up_needed(state) is None  # unreconciled data: the reconciler's turn
+
+
+def test_admission_and_reservation_keep_the_old_window_before_the_slide() -> None:
+    """Why the drain is what it is: offsets are reserved at admission, so a write admitted
+    under the old window is ahead, in the log, of the updater's write."""
+    state = started()
+    fence = Fence(1)
+    queue: AppendQueue[str] = AppendQueue(state)
+    assert isinstance(fence.try_fence(2, 1, state.applied_window), BecomeUpdater)
+    queue.reserve(1, placeholder(2), "first", holds_read_unit=True)
+    fence.complete_slide(1, state.applied_window)
+    old = fence.try_fence(2, 1, state.applied_window)
+    assert isinstance(old, Admitted)
+    queue.reserve(1, placeholder(2), "old window", holds_read_unit=True)
+    assert isinstance(fence.try_fence(5, 1, state.applied_window), BecomeUpdater)
+    assert not fence.drained  # the old window's write still holds its unit
+    done = queue.durable(2, state, fence)
+    assert [r.token for r in done] == ["first", "old window"] and fence.drained
