@@ -113,6 +113,9 @@ class ServerSection(_Section):
     records_per_request_max: int = 10_000
     fetch_bytes_default: int = 1 * MiB
     connections_max: int = 1024
+    connections_per_peer_max: int = 512  # one client address holds at most this many
+    header_timeout_s: float = 10.0  # a request head must arrive within this
+    body_timeout_s: float = 60.0  # a request body must arrive within this after its head
     keepalive_timeout_s: int = 5
     shutdown_timeout_s: float = 30.0
     access_log: bool = False
@@ -137,6 +140,12 @@ class ServerSection(_Section):
             raise ValueError("fetch_bytes_default must be in 1..16777216")
         if not 1 <= self.connections_max <= 100_000:
             raise ValueError("connections_max must be in 1..100000")
+        if not 1 <= self.connections_per_peer_max <= 100_000:
+            raise ValueError("connections_per_peer_max must be in 1..100000")
+        if not 0.1 <= self.header_timeout_s <= 3600:
+            raise ValueError("header_timeout_s must be in 0.1..3600")
+        if not 0.1 <= self.body_timeout_s <= 3600:
+            raise ValueError("body_timeout_s must be in 0.1..3600")
         if not 1 <= self.keepalive_timeout_s <= 3600:
             raise ValueError("keepalive_timeout_s must be in 1..3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:

@@ -36,6 +36,7 @@ from levelzero.storage.sqlite_log import SqliteLogStore
 from .access_log import AccessLogMiddleware
 from .api import ApiSettings, Lifecycle, build_app
 from .config import Config, describe, parse_listen
+from .http_guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
 from .logs import configure_logging
 from .metrics import DaemonMetrics
 from .metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
@@ -186,6 +187,31 @@ def _readiness_metric(lifecycle: Lifecycle) -> Callable[[Node], Iterable[Metric]
     return source
 
 
+def connection_metrics(guard: ConnectionGuard) -> Callable[[Node], Iterable[Metric]]:
+    def source(node: Node) -> Iterable[Metric]:
+        stats = guard.table.statistics()
+        open_ = GaugeMetricFamily(
+            "levelzero_http_connections", "Admitted HTTP connections by phase (head, body, app).",
+            labels=["phase"],
+        )
+        for phase, count in stats.by_phase.items():
+            open_.add_metric([phase], count)
+        yield open_
+        yield GaugeMetricFamily(
+            "levelzero_http_connection_peers", "Client addresses holding HTTP connections.", value=stats.peers
+        )
+        closed = CounterMetricFamily(
+            "levelzero_http_connections_closed",
+            "HTTP connections closed or refused by the server's guard, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in stats.closed.items():
+            closed.add_metric([reason], count)
+        yield closed
+
+    return source
+
+
 def _url_host(host: str) -> str:
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
@@ -220,6 +246,7 @@ class Daemon:
         self.port: int | None = None
         self.url: str | None = None
         self.metrics_url: str | None = None  # the optional metrics listener (metrics.listen)
+        self.connection_guard: ConnectionGuard | None = None
         self._metrics_server: _UvicornServer | None = None
         self.kafka_port: int | None = None
         self.kafka = None
@@ -300,6 +327,14 @@ class Daemon:
             await tg.start(node.run)
             replaying.cancel_scope.cancel()
 
+        guard = ConnectionGuard(ConnectionLimits(
+            connections_max=config.server.connections_max,
+            connections_per_peer_max=min(config.server.connections_per_peer_max, config.server.connections_max),
+            header_timeout_s=config.server.header_timeout_s,
+            body_timeout_s=config.server.body_timeout_s,
+        ))
+        self.connection_guard = guard
+        metrics.collector.add_source(connection_metrics(guard))
         sock = bind_listener(config.server.host, config.server.port)
         self.port = sock.getsockname()[1]
         self.url = f"http://{_url_host(config.server.host)}:{self.port}"
@@ -309,9 +344,10 @@ class Daemon:
                 lifespan="off",
                 log_config=None,
                 access_log=False,  # ours is structured (AccessLogMiddleware)
-                http="h11",
+                http=guard.protocol_factory(),  # h11, with deadlines and fair admission
                 ws="none",
-                limit_concurrency=config.server.connections_max,
+                limit_concurrency=None,  # the guard admits, evicts and refuses (JSON 503)
+                h11_max_incomplete_event_size=REQUEST_HEAD_BYTES_MAX,
                 timeout_keep_alive=config.server.keepalive_timeout_s,
                 timeout_graceful_shutdown=max(1, int(config.server.shutdown_timeout_s / 3)),
                 server_header=False,

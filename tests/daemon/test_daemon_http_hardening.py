@@ -8,11 +8,16 @@ import logging
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
-from daemon_support import daemon_and_client
+from daemon_support import TOKEN, daemon_and_client
+
+from levelzero.daemon.demo import UploadGate
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 WAIT_S = 10.0
+AUTH = f"Authorization: Bearer {TOKEN}\r\n"
+CHUNKS_MAX = 500  # the endless body's writer stops after this many chunks, closed or not
 
 
 def assert_error(response, status: int, code: str, fragment: str = "") -> None:  # noqa: ANN001
@@ -79,3 +84,123 @@ async def test_posts_must_say_they_are_json(tmp_path: Path) -> None:
         assert created.status_code == 201, created.text
         epoch = (await client.status()).cluster_epoch
         assert await client.advance_epoch() == epoch + 1  # the bundled client says it is JSON
+
+
+async def connect(port: int, first: bytes = b"") -> anyio.abc.SocketStream:
+    stream = await anyio.connect_tcp("127.0.0.1", port)
+    if first:
+        await stream.send(first)
+    return stream
+
+
+async def read_until_closed(stream: anyio.abc.SocketStream) -> bytes:
+    """What the server sends before it closes the connection (bounded by the caller)."""
+    received = b""
+    while True:
+        try:
+            received += await stream.receive()
+        except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
+            return received
+
+
+def metric(text: str, name: str) -> float:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
+async def test_one_client_cannot_lock_the_server(tmp_path: Path) -> None:
+    """A bounded slowloris: every one of `connections_max` connections held idle, trickling a
+    head, stalling a declared body or sending an endless chunked body. Health checks and an
+    authenticated client are still served, and every one of those connections is closed."""
+    async with daemon_and_client(
+        tmp_path, token=TOKEN, server__token=TOKEN, server__connections_max=8,
+        server__connections_per_peer_max=8, server__header_timeout_s=0.5, server__body_timeout_s=0.5,
+    ) as (daemon, client):
+        assert daemon.url is not None and daemon.connection_guard is not None
+        port = port_of(daemon.url)
+        post = f"POST /v1/topics HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Type: application/json\r\n"
+        attackers = [await connect(port) for _ in range(3)]  # idle: not a byte
+        attackers += [await connect(port, b"GET /v1/topics HTTP/1.1\r\nHost: x\r\nX-Slow: a") for _ in range(2)]
+        attackers += [await connect(port, f"{post}Content-Length: 100\r\n\r\n{{".encode()) for _ in range(2)]
+        endless = await connect(port, f"{post}Transfer-Encoding: chunked\r\n\r\n".encode())
+        attackers.append(endless)
+        # The server accepts in order: every slot is taken before the next connection is seen.
+
+        async def send_forever() -> None:
+            for _ in range(CHUNKS_MAX):
+                try:
+                    await endless.send(b"1\r\n \r\n")
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionResetError):
+                    return
+                await anyio.sleep(0.02)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_forever)
+            async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as anonymous:
+                assert (await anonymous.get("/healthz")).json() == {"status": "ok"}
+            await client.create_topic("t", 1)
+            assert (await client.produce("t", 0, [b"served"])).base_offset == 0
+            assert [r.value for r in (await client.fetch("t", 0, 0)).records] == [b"served"]
+            for stream in attackers:  # each one is closed, by a deadline or to make room
+                with anyio.fail_after(WAIT_S):
+                    answer = await read_until_closed(stream)
+                assert answer == b"", answer
+                await stream.aclose()
+        text = await client.metrics()
+        closed = sum(
+            metric(text, f'levelzero_http_connections_closed_total{{reason="{reason}"}}')
+            for reason in ("header_timeout", "body_timeout", "evicted")
+        )
+        assert closed >= 8
+        # The three whose bodies never came were their clients' doing: 499, never 500.
+        assert metric(text, 'levelzero_http_requests_total{code="499",route="/v1/topics"}') == 3.0
+        assert 'code="500"' not in text
+
+
+async def test_at_the_limit_with_every_connection_busy_it_is_a_json_503_but_healthz_answers(
+    tmp_path: Path,
+) -> None:
+    gates: list[UploadGate] = []
+
+    def wrap(store):  # noqa: ANN001, ANN202
+        gates.append(UploadGate(store))
+        return gates[-1]
+
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, server__connections_max=1) as (daemon, client):
+        await client.create_topic("t", 1)
+        gates[0].arm(daemon.node.partition("t", 0).row.pid)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.produce, "t", 0, [b"held"])
+            await gates[0].arrived.wait()  # the only connection is busy in the app
+            async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as other:
+                refused = await other.get("/v1/topics")
+                assert_error(refused, 503, "too_many_connections", "connection limit")
+                assert refused.headers["retry-after"] == "1"
+                assert (await other.get("/healthz")).json() == {"status": "ok"}
+                assert (await other.get("/readyz")).json() == {"status": "ready"}
+            gates[0].release()
+        assert (await client.fetch("t", 0, 0)).records[0].value == b"held"
+
+
+async def test_requests_h11_cannot_parse_get_the_json_400(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        assert daemon.url is not None
+        port = port_of(daemon.url)
+        for request in (b"NOT HTTP AT ALL\r\n\r\n",
+                        b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000):  # never ends
+            stream = await connect(port, request)
+            with anyio.fail_after(WAIT_S):
+                answer = await read_until_closed(stream)
+            await stream.aclose()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400 "), answer
+            assert b"content-type: application/json" in head.lower()
+            assert msgspec_json(body)["error"] == "malformed_request"
+        assert await client.list_topics() == []  # still serving
+
+
+def msgspec_json(body: bytes) -> dict:
+    import json
+
+    return json.loads(body)
