@@ -357,6 +357,8 @@ class KafkaSection(_Section):
     advertised_port: int = 0
     frame_bytes_max: int = 100 * MiB  # a bigger request closes its connection unread
     connections_max: int = 1024
+    # Request bytes all Kafka connections together hold at most (read, not yet answered).
+    inflight_bytes_max: int = 256 * MiB
     default_partitions: int = 1  # CreateTopics with num_partitions = -1
 
     def __post_init__(self) -> None:
@@ -368,6 +370,8 @@ class KafkaSection(_Section):
             raise ValueError(f"frame_bytes_max must be in 1024..{KAFKA_FRAME_BYTES_LIMIT}")
         if not 1 <= self.connections_max <= 100_000:
             raise ValueError("connections_max must be in 1..100000")
+        if not self.frame_bytes_max <= self.inflight_bytes_max <= 16 * KAFKA_FRAME_BYTES_LIMIT:
+            raise ValueError("inflight_bytes_max must be at least frame_bytes_max (and at most 16 GiB)")
         if not 1 <= self.default_partitions <= 4096:
             raise ValueError("default_partitions must be in 1..4096")
 

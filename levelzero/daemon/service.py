@@ -402,7 +402,8 @@ class Daemon:
                           settings.default_partitions),
         )
         self.kafka = KafkaListener(
-            handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max)
+            handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max,
+                                       settings.inflight_bytes_max)
         )
 
         async def serve() -> None:

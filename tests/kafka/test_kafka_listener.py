@@ -300,6 +300,7 @@ async def test_fuzzed_frames_never_crash_the_listener(tmp_path: Path) -> None:
             finally:
                 await wire.aclose()
         assert daemon.kafka.stats.errors == 0
+        assert daemon.kafka.budget.used == 0  # every closed connection gave its bytes back
         check = await Wire.connect(daemon.kafka_port)
         try:
             assert (await list_offsets(check, "fuzz", 1, -1)).error_code == ErrorCode.none
@@ -322,6 +323,41 @@ def _encode_request(api_key: int, version: int, fields: dict[str, Any]) -> bytes
                                         correlation_id=1, client_id="fuzz"))
     entity_writer(cls)(out, make(cls, **fields))
     return out.getvalue()
+
+
+async def test_request_bytes_are_bounded_across_connections(tmp_path: Path) -> None:
+    """Frames announced but not (fully) sent hold budget bytes; beyond inflight_bytes_max a
+    reader waits instead of reading, and a closed connection gives its bytes back."""
+    mib = 1024 * 1024
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=mib,
+                                 kafka__inflight_bytes_max=2 * mib) as (daemon, _):
+        budget = daemon.kafka.budget
+        stalled = [await Wire.connect(daemon.kafka_port) for _ in range(3)]
+        for wire in stalled:
+            await wire.send_raw(struct.pack(">i", mib) + b"\0" * 1000)  # a body that never comes
+        healthy = await Wire.connect(daemon.kafka_port)
+        try:
+            with anyio.fail_after(10):
+                while budget.used < 2 * mib:  # two readers hold their frames; the third waits
+                    await anyio.sleep(0.01)
+            assert budget.used == 2 * mib
+            await stalled[0].aclose()
+            with anyio.fail_after(10):
+                while len(budget._waiters) > 0:  # the third reader got the bytes the first held
+                    await anyio.sleep(0.01)
+            assert budget.used == 2 * mib
+        finally:
+            for wire in stalled[1:]:
+                await wire.aclose()
+        with anyio.fail_after(10):
+            while budget.used > 0:
+                await anyio.sleep(0.01)
+        # A small request still passes once the budget is free again.
+        try:
+            assert (await healthy.request(18, 3, client_software_name="t",
+                                          client_software_version="1")).error_code == ErrorCode.none
+        finally:
+            await healthy.aclose()
 
 
 async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:

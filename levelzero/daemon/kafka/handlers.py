@@ -32,6 +32,7 @@ log = logging.getLogger("levelzero.kafka")
 NODE_ID = 0
 CLUSTER_ID = "levelzero"
 FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
+FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
 FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
 RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce)
 LIST_OFFSETS_LATEST = -1
@@ -326,7 +327,7 @@ class Handlers:
         self, wanted: list[tuple[str, int, int, int]], max_bytes: int
     ) -> list[tuple[ErrorCode, int, int, bytes | None]]:
         results: list[tuple[ErrorCode, int, int, bytes | None]] = []
-        budget = max(max_bytes, 1)
+        budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
         for topic, partition, offset, partition_max in wanted:
             if budget <= 0:
                 results.append(self._empty(topic, partition))

@@ -4,7 +4,10 @@ Each connection is a task group of its own: a reader takes size-prefixed frames 
 `frame_bytes_max`; a bigger one closes the connection before its body is read), a task per
 request runs its handler, and a writer sends the responses in request order, as Kafka clients
 require. At most `IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for
-the writer beyond that, so a connection holds at most IN_FLIGHT_MAX frames in memory.
+the writer beyond that. Every frame's bytes are taken from one listener-wide budget
+(`inflight_bytes_max`) before its body is read and given back once its response is sent, so
+all connections together hold at most that many request bytes (fetch responses are bounded by
+FETCH_RESPONSE_BYTES_MAX each).
 Produce requests of one connection reach the node one after another (each waits until the one
 before it is acknowledged), so records a client sends in order are stored in order.
 
@@ -24,6 +27,7 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 from kio.schema.errors import ErrorCode
 
+from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
 from .handlers import Handlers
 from .protocol import (
     API_VERSIONS_KEY,
@@ -48,10 +52,15 @@ IDLE_TIMEOUT_S = 600.0
 class ListenerSettings:
     frame_bytes_max: int = 100 * 1024 * 1024
     connections_max: int = 1024
+    inflight_bytes_max: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        assert 0 < self.frame_bytes_max <= self.inflight_bytes_max
 
 
-class _Close(Exception):
-    pass
+# What a peer that went away looks like, at a read or a write.
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+         anyio.IncompleteRead, ConnectionError)
 
 
 @dataclass(slots=True)
@@ -59,6 +68,7 @@ class _Slot:
     done: anyio.Event = field(default_factory=anyio.Event)
     response: bytes | None = None
     close: bool = False
+    budget_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -75,6 +85,7 @@ class KafkaListener:
         self.handlers = handlers
         self.settings = settings
         self.stats = ListenerStats()
+        self.budget = ByteBudget(settings.inflight_bytes_max)
 
     async def serve(self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -91,8 +102,7 @@ class KafkaListener:
         try:
             async with stream:
                 await self._run_connection(stream)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-                anyio.IncompleteRead, ConnectionError, _Close):
+        except _GONE:
             pass
         finally:
             self.stats.connections_open -= 1
@@ -100,26 +110,43 @@ class KafkaListener:
     async def _run_connection(self, stream: anyio.abc.ByteStream) -> None:
         reader = BufferedByteReceiveStream(stream)
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
+        holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
+        try:
+            await self._connection_tasks(stream, reader, send, receive, holding)
+        finally:
+            for slot in holding:
+                self._release(slot)
+
+    async def _connection_tasks(
+        self,
+        stream: anyio.abc.ByteStream,
+        reader: BufferedByteReceiveStream,
+        send: anyio.abc.ObjectSendStream[_Slot],
+        receive: anyio.abc.ObjectReceiveStream[_Slot],
+        holding: list[_Slot],
+    ) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
             last_produce: anyio.Event | None = None
             async with send:
                 while True:
-                    frame = await self._read_frame(reader)
+                    slot = _Slot()
+                    holding[:] = [s for s in holding if s.budget_bytes]
+                    holding.append(slot)
+                    frame = await self._read_frame(reader, slot)
                     if frame is None:
                         break
-                    slot = _Slot()
                     await send.send(slot)
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
                         before, last_produce = last_produce, slot.done
                     tg.start_soon(self._serve_request, frame, slot, before)
 
-    async def _read_frame(self, reader: BufferedByteReceiveStream) -> bytes | None:
+    async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot) -> bytes | None:
         with anyio.move_on_after(IDLE_TIMEOUT_S):
             try:
                 head = await reader.receive_exactly(SIZE_PREFIX.size)
-            except (anyio.IncompleteRead, anyio.EndOfStream):
+            except _GONE:
                 return None
             (size,) = SIZE_PREFIX.unpack(head)
             if not 0 < size <= self.settings.frame_bytes_max:
@@ -127,8 +154,22 @@ class KafkaListener:
                 log.warning("kafka: closing a connection that sent a frame of %d bytes "
                             "(frame_bytes_max %d)", size, self.settings.frame_bytes_max)
                 return None
-            return await reader.receive_exactly(size)
+            await self.budget.acquire(size)
+            slot.budget_bytes = size
+            try:
+                return await reader.receive_exactly(size)
+            except _GONE:
+                self._release(slot)
+                return None
+            except BaseException:
+                self._release(slot)
+                raise
         return None
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.budget_bytes:
+            self.budget.release(slot.budget_bytes)
+            slot.budget_bytes = 0
 
     async def _writer(
         self,
@@ -137,13 +178,21 @@ class KafkaListener:
         scope: anyio.CancelScope,
     ) -> None:
         async with receive:
-            async for slot in receive:
-                await slot.done.wait()
-                if slot.close:
-                    break
-                if slot.response is not None:
-                    await stream.send(slot.response)
-        scope.cancel()  # the reader may be waiting for a frame that is not coming
+            try:
+                async for slot in receive:
+                    try:
+                        await slot.done.wait()
+                        if slot.close:
+                            break
+                        if slot.response is not None:
+                            try:
+                                await stream.send(slot.response)
+                            except _GONE:
+                                break
+                    finally:
+                        self._release(slot)
+            finally:
+                scope.cancel()  # the reader may be waiting for a frame that is not coming
 
     async def _serve_request(self, frame: bytes, slot: _Slot, before: anyio.Event | None) -> None:
         try:
