@@ -23,7 +23,7 @@ from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, St
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.leader import object_epoch
 from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish_object
-from levelzero.storage.protocols import L0ObjectRow, LogStore, ObjectStore
+from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
 from .epochs import EpochCache
 from .mailbox import Reply, mailbox
@@ -147,7 +147,7 @@ class Batcher:
     def __init__(
         self,
         object_store: ObjectStore,
-        log_store: LogStore,
+        log_store: L0Catalog,
         epoch_cache: EpochCache,
         config: BatcherConfig = BatcherConfig(),
         *,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from levelzero.core.errors import InvariantViolation
-from levelzero.storage.protocols import LogStore
+from levelzero.storage.protocols import EpochStore
 
 log = logging.getLogger("levelzero.epoch")
 
@@ -21,7 +21,7 @@ log = logging.getLogger("levelzero.epoch")
 class EpochService:
     """Persists the cluster epoch in the log store; advances on demand and on a timer."""
 
-    def __init__(self, log_store: LogStore, bump_interval_s: float | None = None) -> None:
+    def __init__(self, log_store: EpochStore, bump_interval_s: float | None = None) -> None:
         assert bump_interval_s is None or bump_interval_s > 0
         self._store = log_store
         self._bump_interval_s = bump_interval_s

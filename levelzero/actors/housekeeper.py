@@ -20,7 +20,7 @@ import anyio
 
 from levelzero.core.entries import AdvanceEpoch
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
-from levelzero.storage.protocols import LogStore, StateSampleRow
+from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
 from .l1 import L1Catalog
@@ -64,7 +64,7 @@ class Housekeeper:
         epochs: EpochService,
         catalog: L1Catalog,
         partitions: Callable[[], list[PartitionActor]],
-        log_store: LogStore,
+        log_store: EventLog,
         *,
         clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float],

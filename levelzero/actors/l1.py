@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from levelzero.core.errors import LevelZeroError, ObjectNotFound
 from levelzero.core.l0format import decode_extent, read_header
-from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
+from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
 
 from .partition import PartitionActor
 from .reader import FetchedRecord, FetchWindow
@@ -25,7 +25,7 @@ log = logging.getLogger("levelzero.l1")
 
 class L1Catalog:
     def __init__(
-        self, object_store: ObjectStore, log_store: LogStore, wall_clock: Callable[[], float]
+        self, object_store: ObjectStore, log_store: L1Metastore, wall_clock: Callable[[], float]
     ) -> None:
         self._objects = object_store
         self._log = log_store

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
-from levelzero.storage.protocols import LogStore, ObjectStore
+from levelzero.storage.protocols import ObjectStore, PartitionLog
 
 from .partition import PartitionActor
 
@@ -76,7 +76,7 @@ class L1Source(Protocol):
 
 
 class Reader:
-    def __init__(self, object_store: ObjectStore, log_store: LogStore) -> None:
+    def __init__(self, object_store: ObjectStore, log_store: PartitionLog) -> None:
         self._objects = object_store
         self._log = log_store
         self.l1: L1Source | None = None  # set by the reconciler issue's wiring

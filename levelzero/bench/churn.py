@@ -33,7 +33,7 @@ from levelzero.core.fence import FenceMode
 from levelzero.core.l0format import Record
 from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
 from levelzero.storage.local_store import LocalObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, Target, figure, interleave, quantile, work_dir
 

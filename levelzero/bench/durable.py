@@ -24,7 +24,8 @@ import anyio
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.sqlite_log import _INSERT_LOG, _SCHEMA, SqliteLogStore, _log_row
+from levelzero.storage.sqlite import SqliteLogStore
+from levelzero.storage.sqlite.schema import INSERT_LOG, SCHEMA, log_row
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir
 
@@ -58,12 +59,12 @@ async def raw_rows_per_s(
     """Rows/s for executemany(batch rows) + commit in a loop, rows encoded up front."""
     setup = await aiosqlite.connect(path, isolation_level=None)
     await setup.execute("PRAGMA journal_mode = WAL")
-    await setup.executescript(_SCHEMA)
+    await setup.executescript(SCHEMA)
     await setup.close()
     connection = await aiosqlite.connect(path)  # sqlite3 opens the transaction implicitly
     try:
         await connection.execute(f"PRAGMA synchronous = {synchronous}")
-        pool = [_log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
+        pool = [log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
         next_offset = 0
         start = time.perf_counter()
         deadline = start + seconds
@@ -72,7 +73,7 @@ async def raw_rows_per_s(
                 (1, offset, *pool[offset % ROW_POOL][2:])
                 for offset in range(next_offset, next_offset + batch)
             ]
-            await connection.executemany(_INSERT_LOG, rows)
+            await connection.executemany(INSERT_LOG, rows)
             await connection.commit()
             next_offset += batch
         return next_offset / (time.perf_counter() - start)

@@ -43,7 +43,7 @@ from levelzero.core.keys import L0_ROOT, PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.keys import parse_l0_key
 from levelzero.storage.protocols import DeleteResult, L0ObjectRow, LogStore, ObjectStore
 from levelzero.storage.s3_store import S3ObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import (
     Figure,

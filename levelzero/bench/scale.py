@@ -27,7 +27,7 @@ from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.l0format import Record
 from levelzero.storage.local_store import LocalObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, figure, work_dir
 from .fence import bare_round_trips, fence_probes

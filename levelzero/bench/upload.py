@@ -32,7 +32,7 @@ from levelzero.core.keys import format_l0_key, new_uuid
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3ObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import (
     Figure,

@@ -32,7 +32,7 @@ from .ownership import CLUSTER_ID_FILE
 BACKUP_FORMAT = 1
 DB_FILE = "levelzero.db"
 MANIFEST_FILE = "backup.json"
-# The log store holds `flock` on this file while it is open (storage/sqlite_log.py).
+# The log store holds `flock` on this file while it is open (storage/sqlite/lockfile.py).
 LOCK_SUFFIX = ".lock"
 SQLITE_SIDE_FILES = ("-wal", "-shm")
 

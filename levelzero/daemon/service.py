@@ -31,7 +31,7 @@ from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 from .access_log import AccessLogMiddleware
 from .api import ApiSettings, Lifecycle, build_app

@@ -35,7 +35,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from levelzero.storage.sqlite_log import SCHEMA_TABLES, SCHEMA_VERSION
+from levelzero.storage.sqlite.schema import (
+    SCHEMA_TABLES,
+    SCHEMA_VERSION,
+    SELECT_CLUSTER_EPOCH,
+    SELECT_LOG_ENDS,
+    read_version,
+)
 
 from . import manifest as manifest_file
 from .errors import ExportError
@@ -199,10 +205,7 @@ def _snapshot(db_path: str) -> Iterator[sqlite3.Connection]:
 
 def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
     try:
-        (version,), = connection.execute("PRAGMA user_version").fetchall()
-        tables = {name for (name,) in connection.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'"
-        )}
+        version, tables = read_version(connection)
     except sqlite3.DatabaseError as error:
         raise ExportError(f"{db_path} is not a levelzero store: {error}") from None
     if version != SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
@@ -235,7 +238,7 @@ def _check_same_source(
 
 
 def _cluster_epoch(connection: sqlite3.Connection) -> int:
-    row = connection.execute("SELECT epoch FROM cluster_epoch WHERE id = 1").fetchone()
+    row = connection.execute(SELECT_CLUSTER_EPOCH).fetchone()
     return row[0] if row else 1
 
 
@@ -493,8 +496,8 @@ class _ExportRun:
         and the end that are gone were truncated before they could be exported."""
         offsets = dict(self._old.log_offsets)
         lost_entries = lost_partitions = 0
-        partitions = self._db.execute(_SELECT_LOG_ENDS).fetchall()
-        for pid, topic, partition, end in partitions:
+        partitions = self._db.execute(SELECT_LOG_ENDS).fetchall()
+        for pid, topic, partition, _term, end in partitions:
             after = offsets.get(pid, -1)
             if end < after:
                 raise ExportError(
@@ -615,12 +618,6 @@ def _columns(table: str, *, skip: Iterable[str] = ()) -> str:
     return ", ".join(f.name for f in TABLES[table].schema if f.name not in skipped)
 
 
-# The end of each partition's log: its last entry, or its snapshot when truncation emptied it.
-_SELECT_LOG_ENDS = """
-SELECT p.pid, p.topic, p.partition,
-       MAX(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
-           COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1))
-FROM partitions p ORDER BY p.pid"""
 _SELECT_LOG = (
     f"SELECT ?, ?, {_columns('log_entries', skip=('topic', 'partition'))}"
     " FROM log WHERE pid = ? AND log_offset > ? ORDER BY log_offset"

@@ -3,8 +3,11 @@ only `levelzero.daemon` wires SQLite / S3 / local / memory implementations in.
 
 Two stores:
 - `ObjectStore`: S3-shaped blob store (S3 via aiobotocore, local directory, memory).
-- `LogStore`: durable partition logs, snapshots, the cluster epoch, the L1 metastore and the
-  event tables the export reads (SQLite via aiosqlite).
+- `LogStore`: the control plane (SQLite, embedded; PostgreSQL, shared), the sum of the roles it
+  serves, each its own protocol so a component names only what it uses:
+  `PartitionLog` (partitions, terms, logs, snapshots), `EpochStore` (the cluster epoch),
+  `L1Metastore` (L1 object lifecycle), `L0Catalog` (L0 objects and GC marks) and `EventLog`
+  (the event tables the export reads).
 """
 
 from __future__ import annotations
@@ -171,8 +174,9 @@ class StateSampleRow(msgspec.Struct, frozen=True):
 
 
 @runtime_checkable
-class LogStore(Protocol):
-    # -- partitions
+class PartitionLog(Protocol):
+    """Partitions, their terms, their logs and snapshots."""
+
     async def create_topic(
         self, topic: str, partitions: int, creation_epoch: int, now: float
     ) -> list[PartitionRow]:
@@ -185,7 +189,6 @@ class LogStore(Protocol):
         """Atomically term += 1 and append `TermStart(term)` at `log_offset`. Durable on return."""
         ...
 
-    # -- log
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
         """Group-committed, durable on return. Raises NotLeader if the term moved on.
         Records must continue the log contiguously and carry `expected_term`."""
@@ -209,14 +212,22 @@ class LogStore(Protocol):
         """Delete entries below `log_offset` (must be <= latest snapshot's offset + 1)."""
         ...
 
-    # -- cluster epoch
+
+@runtime_checkable
+class EpochStore(Protocol):
+    """The cluster epoch: monotone, 1 before the first set."""
+
     async def get_cluster_epoch(self) -> int: ...
 
     async def set_cluster_epoch(self, epoch: int) -> None:
         """Raises InvariantViolation if `epoch` is below the stored one."""
         ...
 
-    # -- L1 metastore
+
+@runtime_checkable
+class L1Metastore(Protocol):
+    """The L1 objects and their lifecycle (COPY_STARTED ... DELETE_FINISHED)."""
+
     async def l1_insert(self, row: L1Row) -> None: ...
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
@@ -225,7 +236,11 @@ class LogStore(Protocol):
 
     async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]: ...
 
-    # -- events for export and analysis
+
+@runtime_checkable
+class L0Catalog(Protocol):
+    """The L0 objects written and the GC's marks on them."""
+
     async def record_l0_object(self, row: L0ObjectRow) -> None: ...
 
     async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
@@ -241,10 +256,20 @@ class LogStore(Protocol):
         (epoch, key) order, strictly after `after`; at most `limit`. The GC's catalog."""
         ...
 
+
+@runtime_checkable
+class EventLog(Protocol):
+    """Append-only event tables for export and analysis."""
+
     async def record_gc_round(self, row: GcRoundRow) -> None: ...
 
     async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None: ...
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None: ...
+
+
+@runtime_checkable
+class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, Protocol):
+    """Every role in one store (what the daemon opens and hands to a `Node`)."""
 
     async def aclose(self) -> None: ...

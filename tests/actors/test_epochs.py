@@ -16,7 +16,7 @@ from levelzero.actors.epochs import EpochCache, EpochService
 from levelzero.core.errors import InvariantViolation
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import LogStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 TTL_S = 10.0
 

@@ -29,7 +29,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import LogStore, ObjectStore
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 TOPIC = "t"
 LONG_TTL_S = 1e9  # the epoch cache never expires by itself: staleness is the test's to set up

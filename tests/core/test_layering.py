@@ -61,7 +61,7 @@ CORE_FORBIDDEN = frozenset(
 
 ACTORS_FORBIDDEN_PREFIXES = (
     "levelzero.daemon",
-    "levelzero.storage.sqlite_log",
+    "levelzero.storage.sqlite",
     "levelzero.storage.s3_store",
     "levelzero.storage.local_store",
     "levelzero.storage.memory_store",
@@ -206,7 +206,7 @@ def test_checker_flags_concrete_adapters_in_actors(tmp_path: Path) -> None:
             "actors/bad.py": (
                 "from levelzero.storage import memory_store\n"
                 "from levelzero.storage.s3_store import S3Store\n"
-                "import levelzero.storage.sqlite_log\n"
+                "import levelzero.storage.sqlite.store\n"
                 "from ..storage.local_store import LocalStore\n"
                 "from levelzero.daemon.config import Config\n"
             ),

@@ -65,7 +65,7 @@ from levelzero.storage.protocols import (
     L1State,
     iter_objects,
 )
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 DAY_S = 86_400
 BUCKET_S = 10.0

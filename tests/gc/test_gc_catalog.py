@@ -28,7 +28,7 @@ from levelzero.core.errors import InvalidInput, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import L0ObjectRow
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 SWEEP_S = 600.0
 

@@ -15,7 +15,7 @@ import sys
 import anyio
 
 from levelzero.core.entries import LogRecord, Placeholder
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 RECORDS_PER_APPEND = 3
 APPENDS_PER_PARTITION_MAX = 100_000  # bound: the child never runs forever if the parent dies

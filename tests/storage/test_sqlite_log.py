@@ -46,7 +46,7 @@ from levelzero.storage.protocols import (
     Snapshot,
     StateSampleRow,
 )
-from levelzero.storage.sqlite_log import SCHEMA_VERSION, SqliteLogStore
+from levelzero.storage.sqlite import SCHEMA_VERSION, SqliteLogStore
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))

@@ -14,8 +14,8 @@ import pytest
 
 from levelzero.core.errors import ShuttingDown, StorageError
 from levelzero.storage.protocols import FenceEventRow, Snapshot
-from levelzero.storage import sqlite_log
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import lockfile, store as sqlite_store
+from levelzero.storage.sqlite import SqliteLogStore
 
 from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
 
@@ -62,7 +62,7 @@ async def test_a_waiting_crowd_is_sent_as_two_batches_so_commits_overlap(db: Pat
 
 async def test_few_waiting_jobs_stay_one_batch(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
-        rows = await store.create_topic("t", sqlite_log.SPLIT_JOBS_MIN - 1, 1, 0.0)
+        rows = await store.create_topic("t", sqlite_store.SPLIT_JOBS_MIN - 1, 1, 0.0)
         before = store.statistics().commits
         async with anyio.create_task_group() as tg:
             for row in rows:
@@ -101,7 +101,7 @@ async def test_a_lock_left_by_a_dead_process_is_waited_for_a_live_one_refused(
 ) -> None:
     """The writer process keeps the lock while it finishes; the pid in the lock file tells a
     store that is gone (wait) from one that runs (refuse)."""
-    monkeypatch.setattr(sqlite_log, "WRITER_EXIT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(lockfile, "WRITER_EXIT_TIMEOUT_S", 0.3)
     async with await SqliteLogStore.open(db):
         started = anyio.current_time()
         with pytest.raises(StorageError, match=f"held by process {os.getpid()}"):

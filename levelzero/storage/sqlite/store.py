@@ -9,7 +9,7 @@ the database: a lock file (`flock` on `<db>.lock`) keeps a second store, in this
 another, out.
 
 Where a batch is executed: a batch of staged rows only (appends, event rows: nearly every
-batch) goes to the writer process (`sqlite_writer.py`), which runs it on its own connection
+batch) goes to the writer process (`writer_process.py`), which runs it on its own connection
 beside the event loop instead of taking turns with it for the GIL. Up to
 `SENT_BATCHES_MAX` such batches are on their way at once, each staged on the cursors the
 previous one leaves, so one commit's fsync overlaps the loop's work on the next batch. A batch
@@ -38,15 +38,11 @@ releases the lock.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import socket
 import sqlite3
-import subprocess
-import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
@@ -54,16 +50,8 @@ import aiosqlite
 import anyio
 import anyio.abc
 import msgspec
-from anyio.streams.buffered import BufferedByteReceiveStream
 
-from levelzero.core.entries import (
-    ENTRY_KINDS,
-    LogRecord,
-    Placeholder,
-    TermStart,
-    decode_entry,
-    encode_entry,
-)
+from levelzero.core.entries import ENTRY_KINDS, LogRecord, TermStart, decode_entry
 from levelzero.core.errors import (
     CorruptData,
     InvalidInput,
@@ -72,10 +60,8 @@ from levelzero.core.errors import (
     NotLeader,
     ShuttingDown,
     StorageError,
-    StoreRefused,
     TopicExists,
 )
-from levelzero.storage import sqlite_writer
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -86,171 +72,37 @@ from levelzero.storage.protocols import (
     Snapshot,
     StateSampleRow,
 )
+from levelzero.storage.sqlite import writer_process
 
-SCHEMA_VERSION = 1
+from .lockfile import lock_exclusively
+from .schema import (
+    INSERT_FENCE_EVENT,
+    INSERT_GC_ROUND,
+    INSERT_L0,
+    INSERT_L1,
+    INSERT_LOG,
+    INSERT_STATE_SAMPLE,
+    MARK_L0_DELETED,
+    SELECT_L1,
+    SELECT_LOG,
+    SELECT_LOG_ENDS,
+    SELECT_PLACEHOLDERS,
+    UPDATE_TERM,
+    check_or_create_schema,
+    log_row,
+)
+from .staging import Batch, Cursor, Job, stage_job
+from .writer_link import WriterProcess
 
 GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
 QUEUE_MAX = 1024  # write jobs waiting for the writer before callers block
 BUSY_TIMEOUT_MS = 5000
 SENT_BATCHES_MAX = 2  # batches sent to the writer process and not yet answered
 SPLIT_JOBS_MIN = 32  # this many waiting jobs, with none sent, go out as two batches
-WRITER_START_TIMEOUT_S = 30.0  # the writer process opens the file and says so
-WRITER_EXIT_TIMEOUT_S = 30.0  # after its socket closed, then it is killed
 WRITER_ANSWER_TIMEOUT_S = 120.0  # for one batch's commit, then the store refuses writes
 TOPIC_PARTITIONS_MAX = 10_000
 
 Synchronous = Literal["FULL", "NORMAL"]
-
-_L0_LIVE_INDEX = (
-    "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
-)
-
-_ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
-
-_SCHEMA = """
-CREATE TABLE partitions (
-    pid INTEGER PRIMARY KEY,
-    topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    creation_epoch INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (topic, partition)
-);
-CREATE TABLE log (
-    pid INTEGER NOT NULL,
-    log_offset INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    base_offset INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    epoch INTEGER,
-    record_count INTEGER NOT NULL,
-    byte_length INTEGER NOT NULL,
-    object_key TEXT,
-    entry BLOB NOT NULL,
-    appended_at REAL NOT NULL,
-    PRIMARY KEY (pid, log_offset)
-) WITHOUT ROWID;
-CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
-CREATE TABLE snapshots (
-    pid INTEGER PRIMARY KEY,
-    log_offset INTEGER NOT NULL,
-    data BLOB NOT NULL,
-    saved_at REAL NOT NULL
-);
-CREATE TABLE cluster_epoch (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    epoch INTEGER NOT NULL CHECK (epoch >= 1)
-);
-CREATE TABLE l1_objects (
-    key TEXT PRIMARY KEY,
-    pid INTEGER NOT NULL,
-    base_offset INTEGER NOT NULL,
-    last_offset INTEGER NOT NULL,
-    last_log_offset INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
-CREATE TABLE l0_objects (
-    key TEXT PRIMARY KEY,
-    epoch INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    extents INTEGER NOT NULL,
-    deleted_at REAL,
-    deleted_at_m INTEGER
-);
-CREATE TABLE gc_rounds (
-    round_id INTEGER PRIMARY KEY,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    cluster_epoch INTEGER NOT NULL,
-    m INTEGER,
-    dry_run INTEGER NOT NULL,
-    listed INTEGER NOT NULL,
-    deleted INTEGER NOT NULL,
-    deleted_bytes INTEGER NOT NULL,
-    too_young INTEGER NOT NULL,
-    above_m INTEGER NOT NULL,
-    errors INTEGER NOT NULL,
-    blocked_by TEXT
-);
-CREATE TABLE fence_events (
-    at REAL NOT NULL,
-    pid INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    epoch INTEGER NOT NULL,
-    outcome TEXT NOT NULL,
-    window_min INTEGER,
-    window_max INTEGER,
-    decisions INTEGER NOT NULL DEFAULT 1
-);
-CREATE TABLE state_samples (
-    at REAL NOT NULL,
-    pid INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    previous_applied_epoch INTEGER,
-    max_applied_epoch INTEGER,
-    min_epoch_lower_bound INTEGER,
-    mp INTEGER,
-    lro INTEGER NOT NULL,
-    high_watermark INTEGER NOT NULL,
-    start_offset INTEGER NOT NULL
-);
-""" + _L0_LIVE_INDEX + ";\n"  # one definition: _check_or_create_schema adds it to older files
-SCHEMA_TABLES = frozenset(
-    {
-        "partitions",
-        "log",
-        "snapshots",
-        "cluster_epoch",
-        "l1_objects",
-        "l0_objects",
-        "gc_rounds",
-        "fence_events",
-        "state_samples",
-    }
-)
-
-
-def _insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT") -> str:
-    """The INSERT for a row struct; column names are the struct's fields (one source of truth)."""
-    columns = row_type.__struct_fields__
-    return (
-        f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-    )
-
-
-_INSERT_LOG = (
-    "INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,"
-    " byte_length, object_key, entry, appended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-)
-_UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
-_INSERT_L1 = _insert_sql("l1_objects", L1Row)
-_INSERT_L0 = _insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
-_MARK_L0_DELETED = (
-    "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ? WHERE key = ? AND deleted_at IS NULL"
-)
-_INSERT_GC_ROUND = _insert_sql("gc_rounds", GcRoundRow, "INSERT OR REPLACE")
-_INSERT_FENCE_EVENT = _insert_sql("fence_events", FenceEventRow)
-_INSERT_STATE_SAMPLE = _insert_sql("state_samples", StateSampleRow)
-_SELECT_L1 = f"SELECT {', '.join(L1Row.__struct_fields__)} FROM l1_objects"
-_SELECT_LOG = "SELECT log_offset, term, base_offset, kind, entry FROM log"
-# Placeholder ranges [base_offset, base_offset + record_count) are sorted and disjoint (the state
-# machine assigns base_offset = high watermark), so only the last placeholder starting at or
-# below the offset, and those starting above it, can end above it: both are index range scans.
-_SELECT_PLACEHOLDERS = f"""{_SELECT_LOG}
-WHERE pid = ?1 AND kind = 'placeholder'
-  AND base_offset >= COALESCE(
-      (SELECT MAX(base_offset) FROM log
-       WHERE pid = ?1 AND kind = 'placeholder' AND base_offset <= ?2), ?2)
-  AND base_offset + record_count > ?2
-ORDER BY base_offset, log_offset
-LIMIT ?3"""
 
 
 class LogStoreStatistics(msgspec.Struct, frozen=True):
@@ -268,200 +120,13 @@ class LogStoreStatistics(msgspec.Struct, frozen=True):
     failed: bool  # SQLite failed mid-batch; the store refuses writes until reopened
 
 
-class _Cursor(NamedTuple):
-    """What the writer knows of a partition without asking SQLite."""
-
-    name: str  # "topic/partition", for error messages
-    term: int
-    next_log_offset: int
-
-
-class _Batch:
-    """The writer's view while executing one batch: committed cursors plus this batch's changes,
-    and the rows staged for the batch's shared `executemany` calls."""
-
-    __slots__ = ("committed", "cursors", "pending", "log_records")
-
-    def __init__(self, committed: dict[int, _Cursor]) -> None:
-        self.committed = committed
-        self.cursors: dict[int, _Cursor] = {}
-        self.pending: dict[str, list[tuple[Any, ...]]] = {}
-        self.log_records = 0  # log rows flushed so far
-
-    def cursor(self, pid: int) -> _Cursor:
-        cursor = self.cursors.get(pid) or self.committed.get(pid)
-        if cursor is None:
-            raise InvariantViolation(f"unknown partition id {pid}")
-        return cursor
-
-    def stage(self, sql: str, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Queue rows for one shared executemany. Statements run in the order each was first
-        staged in the batch, so only for statements whose relative order does not matter
-        (distinct tables, one statement whose rows keep their order), or whose order is fixed
-        by staging the earlier one first (empty rows are allowed for that)."""
-        self.pending.setdefault(sql, []).extend(rows)
-
-    def statements(self) -> list[tuple[str, list[tuple[Any, ...]]]]:
-        """The staged statements to run, in order: those with rows (an empty one only fixed
-        the order)."""
-        return [(sql, rows) for sql, rows in self.pending.items() if rows]
-
-
-class _Job:
-    """One write waiting for the writer. Exactly one of `stage` (checked in memory, its rows
-    coalesced with the batch's) or `run` (own statements, inside a savepoint, in batch order)
-    is set. Either one updates `_Batch.cursors` only as its last step, after nothing can fail."""
-
-    __slots__ = ("weight", "is_append", "stage", "run", "done", "result", "error")
-
-    def __init__(
-        self,
-        *,
-        weight: int = 1,
-        is_append: bool = False,
-        stage: Callable[[_Batch], Any] | None = None,
-        run: Callable[[aiosqlite.Connection, _Batch], Awaitable[Any]] | None = None,
-    ) -> None:
-        assert (stage is None) != (run is None)
-        self.weight = max(1, weight)
-        self.is_append = is_append
-        self.stage = stage
-        self.run = run
-        self.done = anyio.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
 
 class _Sent(NamedTuple):
     """A batch sent to the writer process, waiting for its commit."""
 
-    jobs: list[_Job]
+    jobs: list[Job]
     log_records: int
 
-
-class _WriterProcess:
-    """The child that commits staged batches (`sqlite_writer.py`), and the socket to it."""
-
-    def __init__(self, process: anyio.abc.Process, stream: anyio.abc.SocketStream) -> None:
-        self._process = process
-        self._stream = stream
-        self._receive = BufferedByteReceiveStream(stream)
-
-    @classmethod
-    async def start(
-        cls, db_path: str, lock_fd: int, synchronous: str, busy_timeout_ms: int
-    ) -> _WriterProcess:
-        ours, theirs = socket.socketpair()
-        try:
-            process = await anyio.open_process(
-                [
-                    sys.executable,
-                    sqlite_writer.__file__,  # by path: it needs nothing of levelzero
-                    f"--socket-fd={theirs.fileno()}",
-                    f"--lock-fd={lock_fd}",
-                    f"--synchronous={synchronous}",
-                    f"--busy-timeout-ms={busy_timeout_ms}",
-                    db_path,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=None,  # its complaints go where ours go (the journal)
-                pass_fds=(theirs.fileno(), lock_fd),
-                start_new_session=True,  # a terminal's signals are for the daemon
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        try:
-            stream = await anyio.abc.SocketStream.from_socket(ours)
-        except BaseException:
-            ours.close()  # the process sees EOF and ends
-            with anyio.CancelScope(shield=True):
-                await process.wait()
-                await process.aclose()
-            raise
-        writer = cls(process, stream)
-        try:
-            with anyio.fail_after(WRITER_START_TIMEOUT_S):
-                ready = await writer.receive()
-        except BaseException as error:
-            with anyio.CancelScope(shield=True):
-                await writer.stop()
-            if isinstance(error, Exception):
-                raise StorageError(
-                    f"{db_path}: the log store's writer process did not start ({error!r})"
-                ) from error
-            raise
-        if ready is not None:
-            with anyio.CancelScope(shield=True):
-                await writer.stop()
-            raise StorageError(str(ready))
-        return writer
-
-    @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    async def send(self, message: bytes) -> None:
-        """One batch, framed by `sqlite_writer.frame`."""
-        await self._stream.send(message)
-
-    async def receive(self) -> str | None:
-        """The next answer: None (committed) or the writer's error text."""
-        header = await self._receive.receive_exactly(sqlite_writer.FRAME_HEADER.size)
-        (size,) = sqlite_writer.FRAME_HEADER.unpack(header)
-        answer = msgspec.msgpack.decode(await self._receive.receive_exactly(size))
-        if answer is not None and not isinstance(answer, str):
-            raise msgspec.DecodeError(f"unexpected answer {answer!r}")
-        return answer
-
-    async def stop(self) -> None:
-        """Close the socket (the process ends after the transaction at hand) and wait for it."""
-        await self._stream.aclose()
-        with anyio.move_on_after(WRITER_EXIT_TIMEOUT_S):
-            await self._process.wait()
-        if self._process.returncode is None:
-            self._process.kill()
-            await self._process.wait()
-        await self._process.aclose()
-
-
-def _stage(job: _Job, batch: _Batch) -> None:
-    """Check a staged job against the batch's cursors and queue its rows; a refusal is that
-    caller's alone (its batch mates commit)."""
-    assert job.stage is not None
-    try:
-        job.result = job.stage(batch)
-    except (LevelZeroError, AssertionError) as error:
-        job.error = error
-
-
-def _log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
-    """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
-    entry = record.entry
-    kind = ENTRY_KINDS.get(type(entry))
-    if kind is None:
-        raise InvariantViolation(f"not a log entry: {entry!r}")
-    if isinstance(entry, Placeholder):
-        record_count, byte_length = entry.record_count, entry.byte_length
-        object_key: str | None = entry.object_key
-    else:
-        record_count, byte_length, object_key = 0, 0, None
-    return (
-        pid,
-        record.log_offset,
-        record.term,
-        record.base_offset,
-        kind,
-        record.epoch,
-        record_count,
-        byte_length,
-        object_key,
-        encode_entry(entry),
-        now,
-    )
 
 
 class SqliteLogStore:
@@ -473,8 +138,8 @@ class SqliteLogStore:
         lock_fd: int,
         writer: aiosqlite.Connection,
         reader: aiosqlite.Connection,
-        cursors: dict[int, _Cursor],
-        process: _WriterProcess,
+        cursors: dict[int, Cursor],
+        process: WriterProcess,
         *,
         group_commit_max_records: int,
         queue_max: int,
@@ -493,7 +158,7 @@ class SqliteLogStore:
         self._group_commit_max_records = group_commit_max_records
         self._queue_max = queue_max
         self._clock = clock
-        self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
+        self._job_send, self._job_receive = anyio.create_memory_object_stream[Job](queue_max)
         self._writer_done = anyio.Event()
         self._writer_started = False
         self._owned_task_group: anyio.abc.TaskGroup | None = None
@@ -594,7 +259,7 @@ class SqliteLogStore:
 
     @property
     def writer_pid(self) -> int:
-        """The process id of the writer process (it shows in `ps` as `sqlite_writer.py`)."""
+        """The process id of the writer process (it shows in `ps` as `writer_process.py`)."""
         return self._process.pid
 
     def statistics(self) -> LogStoreStatistics:
@@ -636,20 +301,20 @@ class SqliteLogStore:
             if not (isinstance(value, int) and 1 <= value <= high):
                 raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
         db_path = os.path.abspath(os.fspath(path))
-        lock_fd = await _lock_exclusively(db_path)
+        lock_fd = await lock_exclusively(db_path)
         writer = reader = None
         try:
             # "IMMEDIATE": sqlite3 begins the batch's transaction in the same thread hop as its
             # first write statement (saves one hop per batch); reads and PRAGMAs never begin one.
             writer = await aiosqlite.connect(db_path, isolation_level="IMMEDIATE")
             await writer.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
-            await _check_or_create_schema(writer, db_path)
+            await check_or_create_schema(writer, db_path)
             await writer.execute(f"PRAGMA synchronous = {synchronous}")
             cursors = await _load_cursors(writer)
             reader = await aiosqlite.connect(db_path, isolation_level=None)
             await reader.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             await reader.execute("PRAGMA query_only = ON")
-            process = await _WriterProcess.start(db_path, lock_fd, synchronous, busy_timeout_ms)
+            process = await WriterProcess.start(db_path, lock_fd, synchronous, busy_timeout_ms)
         except BaseException as error:
             with anyio.CancelScope(shield=True):
                 for connection in (reader, writer):
@@ -701,7 +366,7 @@ class SqliteLogStore:
         """Take pending writes (up to `group_commit_max_records`), execute them as one
         transaction, answer every caller once it committed; repeat until the queue is closed."""
         self._writer_started = True
-        carried: _Job | None = None
+        carried: Job | None = None
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._receive_answers)
@@ -757,7 +422,7 @@ class SqliteLogStore:
             self._refuse(leftovers)
             self._writer_done.set()
 
-    async def _execute_batch(self, jobs: list[_Job]) -> None:
+    async def _execute_batch(self, jobs: list[Job]) -> None:
         self._batches += 1
         if all(job.stage is not None for job in jobs):
             await self._send_batch(jobs)
@@ -765,23 +430,23 @@ class SqliteLogStore:
             await self._wait_sent_below(1)  # the two connections write strictly in turn
             await self._execute_here(jobs)
 
-    async def _send_batch(self, jobs: list[_Job]) -> None:
+    async def _send_batch(self, jobs: list[Job]) -> None:
         """Stage the jobs on the cursors the batches before left, and send the rows to the
         writer process; `_receive_answers` answers the callers when it committed."""
         assert len(self._sent) < SENT_BATCHES_MAX
         if self._failure is not None:
             self._refuse(jobs)
             return
-        batch = _Batch(self._cursors)
+        batch = Batch(self._cursors)
         try:
             for job in jobs:
-                _stage(job, batch)
-            message = sqlite_writer.frame(batch.statements())
+                stage_job(job, batch)
+            message = writer_process.frame(batch.statements())
         except Exception as error:
             self._fail_batch(jobs, error)
             raise  # a bug in the writer: crash loudly (the callers got StorageError)
         self._cursors.update(batch.cursors)
-        self._sent.append(_Sent(jobs, len(batch.pending.get(_INSERT_LOG, ()))))
+        self._sent.append(_Sent(jobs, len(batch.pending.get(INSERT_LOG, ()))))
         self._signal_sent_changed()
         try:
             await self._process.send(message)
@@ -837,22 +502,22 @@ class SqliteLogStore:
         while len(self._sent) >= count:
             await self._sent_changed.wait()
 
-    def _refuse(self, jobs: list[_Job]) -> None:
+    def _refuse(self, jobs: list[Job]) -> None:
         for job in jobs:
             job.error = self._write_refused()
             job.done.set()
 
-    async def _execute_here(self, jobs: list[_Job]) -> None:
+    async def _execute_here(self, jobs: list[Job]) -> None:
         """A batch with `run` jobs, on the store's own connection."""
         if self._failure is not None:
             self._refuse(jobs)
             return
-        batch = _Batch(self._cursors)
+        batch = Batch(self._cursors)
         connection = self._writer
         try:
             for job in jobs:
                 if job.stage is not None:
-                    _stage(job, batch)
+                    stage_job(job, batch)
                     continue
                 assert job.run is not None
                 await self._flush(batch)
@@ -879,7 +544,7 @@ class SqliteLogStore:
         self._cursors.update(batch.cursors)
         self._complete(jobs, batch.log_records)
 
-    def _complete(self, jobs: list[_Job], log_records: int) -> None:
+    def _complete(self, jobs: list[Job], log_records: int) -> None:
         """The batch committed: count it and answer its callers."""
         self._commits += 1
         self._records += log_records
@@ -893,15 +558,15 @@ class SqliteLogStore:
                     self._rejected_appends += 1
             job.done.set()
 
-    async def _flush(self, batch: _Batch) -> None:
+    async def _flush(self, batch: Batch) -> None:
         """Run the staged rows: one executemany per statement."""
         for sql, rows in batch.statements():
             await self._writer.executemany(sql, rows)
-            if sql == _INSERT_LOG:
+            if sql == INSERT_LOG:
                 batch.log_records += len(rows)
         batch.pending.clear()
 
-    def _fail_batch(self, jobs: list[_Job], error: Exception) -> None:
+    def _fail_batch(self, jobs: list[Job], error: Exception) -> None:
         """SQLite failed mid-batch: nothing of it committed, and the in-memory cursors can no
         longer be trusted to match the file, so refuse every write until the store is reopened."""
         if self._failure is None:
@@ -920,7 +585,7 @@ class SqliteLogStore:
             return refused
         return ShuttingDown(f"{self._path}: log store is closing")
 
-    async def _submit(self, job: _Job) -> Any:
+    async def _submit(self, job: Job) -> Any:
         """Hand a job to the writer and wait until its batch committed (or failed)."""
         if job.weight > self._group_commit_max_records:
             raise InvalidInput(
@@ -959,7 +624,7 @@ class SqliteLogStore:
         if not (isinstance(creation_epoch, int) and creation_epoch >= 1):
             raise InvalidInput(f"creation_epoch must be >= 1, not {creation_epoch!r}")
 
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> list[PartitionRow]:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> list[PartitionRow]:
             async with connection.execute(
                 "SELECT 1 FROM partitions WHERE topic = ? LIMIT 1", (topic,)
             ) as cursor:
@@ -978,10 +643,10 @@ class SqliteLogStore:
             created = [PartitionRow(*row) for row in rows]
             assert [row.partition for row in created] == list(range(partitions))
             for row in created:
-                batch.cursors[row.pid] = _Cursor(f"{topic}/{row.partition}", 0, 0)
+                batch.cursors[row.pid] = Cursor(f"{topic}/{row.partition}", 0, 0)
             return created
 
-        return await self._submit(_Job(run=run))
+        return await self._submit(Job(run=run))
 
     async def list_partitions(self) -> list[PartitionRow]:
         self._check_readable()
@@ -994,7 +659,7 @@ class SqliteLogStore:
     async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
         now = self._clock()
 
-        def stage(batch: _Batch) -> LogRecord:
+        def stage(batch: Batch) -> LogRecord:
             cursor = batch.cursor(pid)
             if log_offset != cursor.next_log_offset:
                 raise InvariantViolation(
@@ -1003,12 +668,12 @@ class SqliteLogStore:
                 )
             term = cursor.term + 1
             record = LogRecord(log_offset, term, base_offset, TermStart(term))
-            batch.stage(_INSERT_LOG, [_log_row(pid, record, now)])
-            batch.stage(_UPDATE_TERM, [(term, pid)])
-            batch.cursors[pid] = _Cursor(cursor.name, term, log_offset + 1)
+            batch.stage(INSERT_LOG, [log_row(pid, record, now)])
+            batch.stage(UPDATE_TERM, [(term, pid)])
+            batch.cursors[pid] = Cursor(cursor.name, term, log_offset + 1)
             return record
 
-        return await self._submit(_Job(stage=stage))
+        return await self._submit(Job(stage=stage))
 
     # ------------------------------------------------------------------ log
 
@@ -1027,9 +692,9 @@ class SqliteLogStore:
                     f"partition id {pid}: records of one append must have consecutive log "
                     f"offsets; {record.log_offset} follows {records[index - 1].log_offset}"
                 )
-        rows = [_log_row(pid, record, now) for record in records]
+        rows = [log_row(pid, record, now) for record in records]
 
-        def stage(batch: _Batch) -> None:
+        def stage(batch: Batch) -> None:
             cursor = batch.cursor(pid)
             if expected_term != cursor.term:
                 raise NotLeader(cursor.name, expected_term, cursor.term)
@@ -1040,12 +705,12 @@ class SqliteLogStore:
                     f"partition {cursor.name}: append at log offset {first_offset}, "
                     f"the log continues at {cursor.next_log_offset}"
                 )
-            batch.stage(_INSERT_LOG, rows)
+            batch.stage(INSERT_LOG, rows)
             batch.cursors[pid] = cursor._replace(
                 next_log_offset=cursor.next_log_offset + len(rows)
             )
 
-        await self._submit(_Job(weight=len(records), is_append=True, stage=stage))
+        await self._submit(Job(weight=len(records), is_append=True, stage=stage))
 
     async def read_log(
         self, pid: int, from_log_offset: int, limit: int | None = None
@@ -1055,7 +720,7 @@ class SqliteLogStore:
         if limit is not None and limit < 0:
             raise InvalidInput(f"limit must be >= 0, not {limit}")
         rows = await self._reader.execute_fetchall(
-            f"{_SELECT_LOG} WHERE pid = ? AND log_offset >= ? ORDER BY log_offset LIMIT ?",
+            f"{SELECT_LOG} WHERE pid = ? AND log_offset >= ? ORDER BY log_offset LIMIT ?",
             (pid, from_log_offset, -1 if limit is None else limit),
         )
         return [self._decode(pid, row) for row in rows]
@@ -1067,7 +732,7 @@ class SqliteLogStore:
         if limit < 0:
             raise InvalidInput(f"limit must be >= 0, not {limit}")
         rows = await self._reader.execute_fetchall(
-            _SELECT_PLACEHOLDERS, (pid, from_data_offset, limit)
+            SELECT_PLACEHOLDERS, (pid, from_data_offset, limit)
         )
         return [self._decode(pid, row) for row in rows]
 
@@ -1095,7 +760,7 @@ class SqliteLogStore:
         go back (truncation may already have removed what an older snapshot would need)."""
         now = self._clock()
 
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
             cursor = batch.cursor(snapshot.pid)
             if not (-1 <= snapshot.log_offset < cursor.next_log_offset):
                 raise InvariantViolation(
@@ -1114,7 +779,7 @@ class SqliteLogStore:
                 (snapshot.pid, snapshot.log_offset, snapshot.data, now),
             )
 
-        await self._submit(_Job(run=run))
+        await self._submit(Job(run=run))
 
     async def load_snapshot(self, pid: int) -> Snapshot | None:
         self._check_readable()
@@ -1127,7 +792,7 @@ class SqliteLogStore:
         return Snapshot(pid=pid, log_offset=log_offset, data=bytes(data))
 
     async def truncate_below(self, pid: int, log_offset: int) -> int:
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> int:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> int:
             cursor = batch.cursor(pid)
             snapshot_offset = await _snapshot_offset(connection, pid)
             allowed = -1 if snapshot_offset is None else snapshot_offset
@@ -1141,7 +806,7 @@ class SqliteLogStore:
             ) as deleted:
                 return deleted.rowcount
 
-        return await self._submit(_Job(run=run))
+        return await self._submit(Job(run=run))
 
     # ------------------------------------------------------------------ cluster epoch
 
@@ -1152,7 +817,7 @@ class SqliteLogStore:
         return rows[0][0] if rows else 1
 
     async def set_cluster_epoch(self, epoch: int) -> None:
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
             rows = await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
             stored = rows[0][0] if rows else 1
             if epoch < stored:
@@ -1165,33 +830,33 @@ class SqliteLogStore:
 
         if not isinstance(epoch, int) or epoch < 1:
             raise InvariantViolation(f"cluster epoch must be an integer >= 1, not {epoch!r}")
-        await self._submit(_Job(run=run))
+        await self._submit(Job(run=run))
 
     # ------------------------------------------------------------------ L1 metastore
 
     async def l1_insert(self, row: L1Row) -> None:
         _check_l1_state(row.state)
 
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> None:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
             try:
-                await connection.execute(_INSERT_L1, msgspec.structs.astuple(row))
+                await connection.execute(INSERT_L1, msgspec.structs.astuple(row))
             except sqlite3.IntegrityError:
                 raise InvariantViolation(f"L1 object {row.key!r} is already recorded") from None
 
-        await self._submit(_Job(run=run))
+        await self._submit(Job(run=run))
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
         _check_l1_state(from_state)
         _check_l1_state(to_state)
 
-        async def run(connection: aiosqlite.Connection, batch: _Batch) -> bool:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> bool:
             async with connection.execute(
                 "UPDATE l1_objects SET state = ?, updated_at = ? WHERE key = ? AND state = ?",
                 (to_state, now, key, from_state),
             ) as updated:
                 return updated.rowcount == 1
 
-        return await self._submit(_Job(run=run))
+        return await self._submit(Job(run=run))
 
     async def l1_list(
         self, pid: int | None = None, states: Sequence[str] | None = None
@@ -1206,7 +871,7 @@ class SqliteLogStore:
                 _check_l1_state(state)
             where.append(f"state IN ({', '.join('?' * len(states))})")
             params.extend(states)
-        sql = _SELECT_L1
+        sql = SELECT_L1
         if where:
             sql += " WHERE " + " AND ".join(where)
         rows = await self._reader.execute_fetchall(sql + " ORDER BY pid, base_offset, key", params)
@@ -1216,7 +881,7 @@ class SqliteLogStore:
 
     async def record_l0_object(self, row: L0ObjectRow) -> None:
         """Idempotent: recording a key twice keeps the first row."""
-        await self._stage_rows(_INSERT_L0, [msgspec.structs.astuple(row)])
+        await self._stage_rows(INSERT_L0, [msgspec.structs.astuple(row)])
 
     async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
         """Stamp recorded, not yet deleted keys; unknown keys are ignored. Staged like the rows
@@ -1226,11 +891,11 @@ class SqliteLogStore:
         if not params:
             return
 
-        def stage(batch: _Batch) -> None:
-            batch.stage(_INSERT_L0, ())  # the inserts' turn comes first in this batch
-            batch.stage(_MARK_L0_DELETED, params)
+        def stage(batch: Batch) -> None:
+            batch.stage(INSERT_L0, ())  # the inserts' turn comes first in this batch
+            batch.stage(MARK_L0_DELETED, params)
 
-        await self._submit(_Job(weight=len(params), stage=stage))
+        await self._submit(Job(weight=len(params), stage=stage))
 
     async def l0_live_objects(
         self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
@@ -1248,128 +913,31 @@ class SqliteLogStore:
         return [L0ObjectRow(*row) for row in rows]
 
     async def record_gc_round(self, row: GcRoundRow) -> None:
-        await self._stage_rows(_INSERT_GC_ROUND, [msgspec.structs.astuple(row)])
+        await self._stage_rows(INSERT_GC_ROUND, [msgspec.structs.astuple(row)])
 
     async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
-        await self._stage_rows(_INSERT_FENCE_EVENT, [msgspec.structs.astuple(r) for r in rows])
+        await self._stage_rows(INSERT_FENCE_EVENT, [msgspec.structs.astuple(r) for r in rows])
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
-        await self._stage_rows(_INSERT_STATE_SAMPLE, [msgspec.structs.astuple(r) for r in rows])
+        await self._stage_rows(INSERT_STATE_SAMPLE, [msgspec.structs.astuple(r) for r in rows])
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""
         if rows:
-            await self._submit(_Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
+            await self._submit(Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
+
 
 
 # ---------------------------------------------------------------------- start-up helpers
 
 
-async def _lock_exclusively(db_path: str) -> int:
-    """Hold `flock` on `<db>.lock` for the store's lifetime: the writer's in-memory cursors are
-    only right if nobody else writes the file. Returns the descriptor that holds the lock.
-
-    The writer process holds the lock too. When the store that opened it died, it may still be
-    finishing the transaction at hand: a lock held for a process that no longer exists is
-    waited for (up to WRITER_EXIT_TIMEOUT_S), a lock held for a live one is refused at once."""
-    lock_path = db_path + ".lock"
-    try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as error:
-        raise StorageError(f"{db_path}: cannot create lock file {lock_path}: {error}") from error
-    deadline = time.monotonic() + WRITER_EXIT_TIMEOUT_S
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                if not _process_is_gone(holder) or time.monotonic() >= deadline:
-                    raise StorageError(
-                        f"{db_path} is already open by another log store (lock {lock_path} "
-                        f"held by process {holder})"
-                    ) from None
-            except OSError as error:
-                raise StorageError(f"{db_path}: cannot lock {lock_path}: {error}") from error
-            await anyio.sleep(0.01)  # its writer process is finishing a transaction
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _process_is_gone(pid_text: str) -> bool:
-    try:
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, someone else's
-    return False
-
-
-async def _check_or_create_schema(connection: aiosqlite.Connection, db_path: str) -> None:
-    """Create the schema in an empty file; refuse files of a newer or unknown schema."""
-    rows = await connection.execute_fetchall("PRAGMA journal_mode = WAL")
-    if rows[0][0].lower() != "wal":
-        raise StorageError(f"{db_path}: cannot switch to WAL mode (journal_mode={rows[0][0]})")
-    (version,), = await connection.execute_fetchall("PRAGMA user_version")
-    tables = {
-        name
-        for (name,) in await connection.execute_fetchall(
-            "SELECT name FROM sqlite_master WHERE type = 'table'"
-        )
-    }
-    if version == 0 and not tables:
-        await connection.executescript(
-            f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-        )
-        return
-    if version > SCHEMA_VERSION:
-        raise StoreRefused(
-            f"{db_path}: schema version {version} is newer than this levelzero supports "
-            f"({SCHEMA_VERSION}); upgrade levelzero"
-        )
-    if version != SCHEMA_VERSION:
-        raise StoreRefused(
-            f"{db_path}: unknown schema version {version} (tables: {', '.join(sorted(tables))}); "
-            "not a levelzero log store"
-        )
-    missing = SCHEMA_TABLES - tables
-    if missing:
-        raise StoreRefused(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
-    # Added within schema 1, so files made before them get them here, once: an index (no
-    # change to any row), and fence_events.decisions (an older row stands for one decision).
-    await connection.execute(_L0_LIVE_INDEX)
-    fence_columns = {
-        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
-    }
-    if "decisions" not in fence_columns:
-        await connection.execute(_ADD_FENCE_DECISIONS)
-    await connection.commit()
-
-
-async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, _Cursor]:
+async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
     """Each partition's term and next log offset. The log may be truncated to nothing after a
     snapshot, so the snapshot's offset bounds the next offset from below too."""
-    rows = await connection.execute_fetchall(
-        """SELECT p.pid, p.topic, p.partition, p.term,
-                  MAX(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
-                      COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1)) + 1
-           FROM partitions p"""
-    )
+    rows = await connection.execute_fetchall(SELECT_LOG_ENDS)
     return {
-        pid: _Cursor(f"{topic}/{partition}", term, next_log_offset)
-        for pid, topic, partition, term, next_log_offset in rows
+        pid: Cursor(f"{topic}/{partition}", term, last_log_offset + 1)
+        for pid, topic, partition, term, last_log_offset in rows
     }
 
 
@@ -1383,3 +951,4 @@ async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | 
 def _check_l1_state(state: str) -> None:
     if state not in L1State.ALL:
         raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")
+

@@ -1,0 +1,266 @@
+"""The SQLite log store's schema: one definition of its tables, the statements the store and the
+export run against them, and the versioned migrations applied when a file is opened.
+
+Every reader of a levelzero SQLite file (the store, `levelzero export`, `levelzero backup`) takes
+table names, columns and the version from here; nothing else spells the schema out.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import aiosqlite
+import msgspec
+
+from levelzero.core.entries import ENTRY_KINDS, LogRecord, Placeholder, encode_entry
+from levelzero.core.errors import InvariantViolation, StorageError, StoreRefused
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    StateSampleRow,
+)
+
+SCHEMA_VERSION = 1
+
+L0_LIVE_INDEX = (
+    "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
+)
+
+ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
+
+SCHEMA = """
+CREATE TABLE partitions (
+    pid INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (topic, partition)
+);
+CREATE TABLE log (
+    pid INTEGER NOT NULL,
+    log_offset INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    epoch INTEGER,
+    record_count INTEGER NOT NULL,
+    byte_length INTEGER NOT NULL,
+    object_key TEXT,
+    entry BLOB NOT NULL,
+    appended_at REAL NOT NULL,
+    PRIMARY KEY (pid, log_offset)
+) WITHOUT ROWID;
+CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
+CREATE TABLE snapshots (
+    pid INTEGER PRIMARY KEY,
+    log_offset INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    saved_at REAL NOT NULL
+);
+CREATE TABLE cluster_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch INTEGER NOT NULL CHECK (epoch >= 1)
+);
+CREATE TABLE l1_objects (
+    key TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    last_log_offset INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
+CREATE TABLE l0_objects (
+    key TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    extents INTEGER NOT NULL,
+    deleted_at REAL,
+    deleted_at_m INTEGER
+);
+CREATE TABLE gc_rounds (
+    round_id INTEGER PRIMARY KEY,
+    started_at REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    cluster_epoch INTEGER NOT NULL,
+    m INTEGER,
+    dry_run INTEGER NOT NULL,
+    listed INTEGER NOT NULL,
+    deleted INTEGER NOT NULL,
+    deleted_bytes INTEGER NOT NULL,
+    too_young INTEGER NOT NULL,
+    above_m INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    blocked_by TEXT
+);
+CREATE TABLE fence_events (
+    at REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    outcome TEXT NOT NULL,
+    window_min INTEGER,
+    window_max INTEGER,
+    decisions INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE state_samples (
+    at REAL NOT NULL,
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    previous_applied_epoch INTEGER,
+    max_applied_epoch INTEGER,
+    min_epoch_lower_bound INTEGER,
+    mp INTEGER,
+    lro INTEGER NOT NULL,
+    high_watermark INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL
+);
+""" + L0_LIVE_INDEX + ";\n"  # one definition: check_or_create_schema adds it to older files
+SCHEMA_TABLES = frozenset(
+    {
+        "partitions",
+        "log",
+        "snapshots",
+        "cluster_epoch",
+        "l1_objects",
+        "l0_objects",
+        "gc_rounds",
+        "fence_events",
+        "state_samples",
+    }
+)
+
+
+def insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT") -> str:
+    """The INSERT for a row struct; column names are the struct's fields (one source of truth)."""
+    columns = row_type.__struct_fields__
+    return (
+        f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    )
+
+
+INSERT_LOG = (
+    "INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,"
+    " byte_length, object_key, entry, appended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
+INSERT_L1 = insert_sql("l1_objects", L1Row)
+INSERT_L0 = insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
+MARK_L0_DELETED = (
+    "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ? WHERE key = ? AND deleted_at IS NULL"
+)
+INSERT_GC_ROUND = insert_sql("gc_rounds", GcRoundRow, "INSERT OR REPLACE")
+INSERT_FENCE_EVENT = insert_sql("fence_events", FenceEventRow)
+INSERT_STATE_SAMPLE = insert_sql("state_samples", StateSampleRow)
+SELECT_L1 = f"SELECT {', '.join(L1Row.__struct_fields__)} FROM l1_objects"
+SELECT_LOG = "SELECT log_offset, term, base_offset, kind, entry FROM log"
+# Placeholder ranges [base_offset, base_offset + record_count) are sorted and disjoint (the state
+# machine assigns base_offset = high watermark), so only the last placeholder starting at or
+# below the offset, and those starting above it, can end above it: both are index range scans.
+SELECT_PLACEHOLDERS = f"""{SELECT_LOG}
+WHERE pid = ?1 AND kind = 'placeholder'
+  AND base_offset >= COALESCE(
+      (SELECT MAX(base_offset) FROM log
+       WHERE pid = ?1 AND kind = 'placeholder' AND base_offset <= ?2), ?2)
+  AND base_offset + record_count > ?2
+ORDER BY base_offset, log_offset
+LIMIT ?3"""
+
+# The end of each partition's log: its last entry, or its snapshot when truncation emptied it
+# (one definition: the store's cursors and the export's watermarks both start from it).
+SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
+       MAX(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
+           COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1))
+FROM partitions p ORDER BY p.pid"""
+SELECT_CLUSTER_EPOCH = "SELECT epoch FROM cluster_epoch WHERE id = 1"
+
+
+def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
+    """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
+    entry = record.entry
+    kind = ENTRY_KINDS.get(type(entry))
+    if kind is None:
+        raise InvariantViolation(f"not a log entry: {entry!r}")
+    if isinstance(entry, Placeholder):
+        record_count, byte_length = entry.record_count, entry.byte_length
+        object_key: str | None = entry.object_key
+    else:
+        record_count, byte_length, object_key = 0, 0, None
+    return (
+        pid,
+        record.log_offset,
+        record.term,
+        record.base_offset,
+        kind,
+        record.epoch,
+        record_count,
+        byte_length,
+        object_key,
+        encode_entry(entry),
+        now,
+    )
+
+
+def check_version(version: int, tables: set[str], db_path: str) -> None:
+    """Refuse a file of a newer, unknown or incomplete schema (StoreRefused: exit status 2)."""
+    if version > SCHEMA_VERSION:
+        raise StoreRefused(
+            f"{db_path}: schema version {version} is newer than this levelzero supports "
+            f"({SCHEMA_VERSION}); upgrade levelzero"
+        )
+    if version != SCHEMA_VERSION:
+        raise StoreRefused(
+            f"{db_path}: unknown schema version {version} (tables: {', '.join(sorted(tables))}); "
+            "not a levelzero log store"
+        )
+    missing = SCHEMA_TABLES - tables
+    if missing:
+        raise StoreRefused(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
+
+
+def read_version(connection: sqlite3.Connection) -> tuple[int, set[str]]:
+    """The file's schema version and its tables (a blocking connection: the export's)."""
+    (version,), = connection.execute("PRAGMA user_version").fetchall()
+    tables = {
+        name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+    return version, tables
+
+
+async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str) -> None:
+    """Create the schema in an empty file; refuse files of a newer or unknown schema."""
+    rows = await connection.execute_fetchall("PRAGMA journal_mode = WAL")
+    if rows[0][0].lower() != "wal":
+        raise StorageError(f"{db_path}: cannot switch to WAL mode (journal_mode={rows[0][0]})")
+    (version,), = await connection.execute_fetchall("PRAGMA user_version")
+    tables = {
+        name
+        for (name,) in await connection.execute_fetchall(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"
+        )
+    }
+    if version == 0 and not tables:
+        await connection.executescript(
+            f"BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+        )
+        return
+    check_version(version, tables, db_path)
+    # Added within schema 1, so files made before them get them here, once: an index (no
+    # change to any row), and fence_events.decisions (an older row stands for one decision).
+    await connection.execute(L0_LIVE_INDEX)
+    fence_columns = {
+        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
+    }
+    if "decisions" not in fence_columns:
+        await connection.execute(ADD_FENCE_DECISIONS)
+    await connection.commit()
