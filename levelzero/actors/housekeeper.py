@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import anyio
 
 from levelzero.core.entries import AdvanceEpoch
+from levelzero.core.leader import advance_epoch_needed, catch_up_needed
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
@@ -140,18 +141,14 @@ class Housekeeper:
             await self._retain(actor)
 
     async def _advance(self, actor: PartitionActor) -> None:
-        epoch = self._epochs.current
-        state = actor.state
-        if state.max_applied_epoch is None or epoch > state.max_applied_epoch:
+        epoch = advance_epoch_needed(actor.state, self._epochs.current)
+        if epoch is not None:
             await actor.write(AdvanceEpoch(epoch))
             self.stats.epochs_advanced += 1
-        state = actor.state
-        if state.has_unreconciled_data:
-            return  # the reconciler's catch-up will move the lower bound
-        last = state.last_applied_log_offset
-        window_offset = state.epoch_window_offset
-        if window_offset is not None and state.lrlo < window_offset <= last:
-            await actor.catch_up(state.high_watermark - 1, last, actor.term)
+        catch_up = catch_up_needed(actor.state)  # the state after the advance
+        if catch_up is not None:
+            lro, lrlo = catch_up
+            await actor.catch_up(lro, lrlo, actor.term)
             self.stats.catch_ups += 1
 
     async def _retain(self, actor: PartitionActor) -> None:

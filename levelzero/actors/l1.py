@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from levelzero.core.errors import LevelZeroError, ObjectNotFound
 from levelzero.core.l0format import decode_extent, read_header
+from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
 
 from .partition import PartitionActor
@@ -99,18 +100,16 @@ class L1Catalog:
         deleted = 0
         state = actor.state
         for row in await self._log.l1_list(actor.row.pid):
-            reason = None
-            if row.state == L1State.DELETE_STARTED:
-                reason = "resuming an unfinished delete"
-            elif self._is_stale_copy(row, now, copy_deadline_s):
-                reason = "stale COPY_STARTED"
-            elif row.state == L1State.COPY_FINISHED:
-                if row.last_offset < state.start_offset:
-                    reason = "below the start offset (retention)"
-                elif not self.is_valid(actor, row) and row.term < actor.term:
-                    # Never by age in the current term: its catch-up may still be on the way,
-                    # and deleting first would let LRO advance over a deleted object.
-                    reason = f"outside the term lineage (term {row.term})"
+            reason = l1_collect_reason(
+                state,
+                actor.term,
+                row_term=row.term,
+                last_offset=row.last_offset,
+                lineage_valid=self.is_valid(actor, row),
+                copy_finished=row.state == L1State.COPY_FINISHED,
+                delete_started=row.state == L1State.DELETE_STARTED,
+                stale_copy=self._is_stale_copy(row, now, copy_deadline_s),
+            )
             if reason is None:
                 continue
             try:

@@ -9,6 +9,11 @@ is applied, which is what lets an updater's drain mean "the old window is in the
 
 Sync (DESIGN.md fence step 1): the actor replays its whole log and applies its own `TermStart`
 before it takes the first message, so the state has applied everything of previous terms.
+
+Every rule the actor applies is sans-IO core code: the fence's decisions (`core.fence.Fence`),
+reservation and in-order apply, control-entry checks and the watermark board
+(`core.leader`), the state machine (`core.state`). This module waits, moves messages and
+performs the appends.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from levelzero.core.entries import (
     Placeholder,
     SetStartOffset,
 )
-from levelzero.core.errors import InvalidInput, NotLeader, ShuttingDown
+from levelzero.core.errors import NotLeader, ShuttingDown
 from levelzero.core.fence import (
     Admitted,
     BecomeUpdater,
@@ -41,6 +46,12 @@ from levelzero.core.fence import (
     Rejected,
     Wait,
 )
+from levelzero.core.leader import (
+    AppendQueue,
+    WatermarkBoard,
+    control_refusal,
+    validate_control,
+)
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
@@ -49,34 +60,10 @@ from .mailbox import Mailbox, Reply, Wakeup
 log = logging.getLogger("levelzero.partition")
 
 MAILBOX_SIZE = 256
-PENDING_RECORDS_MAX = 65_536
 REPLAY_BATCH_RECORDS = 4_096
 FENCE_EVENTS_BUFFER_MAX = 10_000  # fence event rows (tallies) held between flushes
 FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once
 FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # otherwise at most this long after the previous flush
-
-
-class WatermarkBoard:
-    """Published `M(p)` of every partition. A value only ever rises; a stale read is safe."""
-
-    def __init__(self) -> None:
-        self._values: dict[str, int | None] = {}
-
-    def register(self, name: str) -> None:
-        self._values.setdefault(name, None)
-
-    def publish(self, name: str, value: int | None) -> bool:
-        old = self._values.get(name)
-        if value is None or (old is not None and value <= old):
-            return False
-        self._values[name] = value
-        return True
-
-    def get(self, name: str) -> int | None:
-        return self._values.get(name)
-
-    def snapshot(self) -> dict[str, int | None]:
-        return dict(self._values)
 
 
 # ---------------------------------------------------------------- messages
@@ -116,13 +103,6 @@ class _AppendFailed:
 @dataclass(slots=True)
 class _Stop:
     reply: Reply
-
-
-@dataclass(slots=True)
-class _Pending:
-    record: LogRecord
-    reply: Reply
-    holds_read_unit: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +153,8 @@ class PartitionActor:
         self.fence = Fence(row.creation_epoch, self._mode)
         self.pins = ReaderPins()
         self.term = 0
-        self._next_log_offset = 0
-        self._projected_hwm = 0
-        self._pending: deque[_Pending] = deque()
+        # Reserved log offsets, applied in log order once durable (core.leader.AppendQueue).
+        self._appends: AppendQueue[Reply] = AppendQueue(self.state)
         self._to_append: list[LogRecord] = []
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
@@ -274,7 +253,7 @@ class PartitionActor:
             readers=self.pins.active,
             pinned_mp=self.pins.pinned_below(state_mp),
             mp_changed_at=self._mp_changed_at,
-            pending_records=len(self._pending),
+            pending_records=len(self._appends),
         )
 
     def take_fence_events(self) -> list[FenceEventRow]:
@@ -325,8 +304,7 @@ class PartitionActor:
         )
         self.state.apply(record)
         self.term = record.term
-        self._next_log_offset = self.state.next_log_offset
-        self._projected_hwm = self.state.high_watermark
+        self._appends = AppendQueue(self.state)
         self.fence = Fence(self.row.creation_epoch, self._mode)
         self._publish()
         log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
@@ -342,7 +320,7 @@ class PartitionActor:
                     while True:
                         msg = await self._mailbox.receive()
                         self._handle(msg)
-                        if self._stopping is not None and not self._pending:
+                        if self._stopping is not None and not self._appends:
                             break
                 finally:
                     # Later sends fail at once; what was sent but never taken is answered.
@@ -442,53 +420,22 @@ class PartitionActor:
         if refusal is not None:
             msg.reply.fail(refusal)
             return
-        if msg.term is not None and msg.term != self.term:
-            msg.reply.fail(NotLeader(self.name, msg.term, self.term))
-            return
-        error = self._validate_control(msg.entry)
+        error = control_refusal(self.name, msg.term, self.term) or validate_control(
+            self.name, msg.entry, self._appends.projected_hwm, self._appends.next_log_offset
+        )
         if error is not None:
             msg.reply.fail(error)
             return
         self._reserve(msg.entry, msg.reply, holds_read_unit=False)
 
-    def _validate_control(self, entry: Entry) -> Exception | None:
-        match entry:
-            case AdvanceReconciledOffset(lro=lro, lrlo=lrlo) | AbandonUnreconciled(upto=lro, lrlo=lrlo):
-                if not -1 <= lro < self._projected_hwm:
-                    return InvalidInput(
-                        f"{self.name}: lro {lro} outside [-1, {self._projected_hwm - 1}]"
-                    )
-                if not -1 <= lrlo < self._next_log_offset:
-                    return InvalidInput(
-                        f"{self.name}: lrlo {lrlo} outside [-1, {self._next_log_offset - 1}]"
-                    )
-            case SetStartOffset(offset=offset):
-                if not 0 <= offset <= self._projected_hwm:
-                    return InvalidInput(
-                        f"{self.name}: start offset {offset} outside [0, {self._projected_hwm}]"
-                    )
-            case _:
-                raise AssertionError(f"not a control entry: {entry!r}")
-        return None
-
     def _reserve(self, entry: Entry, reply: Reply, holds_read_unit: bool) -> None:
-        assert len(self._pending) < PENDING_RECORDS_MAX, "pending appends exceed their bound"
-        record = LogRecord(self._next_log_offset, self.term, self._projected_hwm, entry)
-        self._next_log_offset += 1
-        if isinstance(entry, Placeholder):
-            self._projected_hwm += entry.record_count
-        self._pending.append(_Pending(record, reply, holds_read_unit))
+        record = self._appends.reserve(self.term, entry, reply, holds_read_unit=holds_read_unit)
         self._to_append.append(record)
         self._append_wakeup.set()
 
     def _on_durable(self, upto: int) -> None:
-        while self._pending and self._pending[0].record.log_offset <= upto:
-            pending = self._pending.popleft()
-            applied = self.state.apply(pending.record)
-            assert applied, pending.record
-            if pending.holds_read_unit:
-                self.fence.release()
-            pending.reply.set(pending.record)
+        for done in self._appends.durable(upto, self.state, self.fence):
+            done.token.set(done.record)
         self._publish()
         self._maybe_snapshot()
         self._maybe_slide()
@@ -513,10 +460,9 @@ class PartitionActor:
 
     def _fail_all(self, error: Exception) -> None:
         self._fail_waiting(error)
-        for pending in self._pending:
-            if not pending.reply.done:
-                pending.reply.fail(error)
-        self._pending.clear()
+        for reserved in self._appends.drop_all():
+            if not reserved.token.done:
+                reserved.token.fail(error)
         self._to_append.clear()
 
     # ------------------------------------------------------------------ effects

@@ -11,7 +11,8 @@ drives it without an event loop and the simulation breaks it from outside
 - `control_refusal`: a control entry (catch-up, start offset) names the term it expects;
 - `validate_control`: a catch-up or start offset must lie inside what the log holds;
 - `WatermarkBoard`: published `M(p)` of every partition, only ever rising;
-- `housekeeping`: the housekeeper's advance/catch-up condition for an idle partition.
+- `advance_epoch_needed`, `catch_up_needed`: the housekeeper's condition for an idle partition;
+- `l1_collect_reason`: why the leader collects an L1 object (or keeps it).
 
 The fence's own decisions (admit, reject, wait, become the updater, slide once drained) are
 `levelzero.core.fence.Fence`; the state machine is `levelzero.core.state.PartitionState`.
@@ -24,7 +25,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from .entries import AdvanceReconciledOffset, Entry, LogRecord, Placeholder, SetStartOffset
+from .entries import (
+    AbandonUnreconciled,
+    AdvanceReconciledOffset,
+    Entry,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+)
 from .errors import InvalidInput, NotLeader
 from .fence import Fence
 from .state import PartitionState
@@ -121,9 +129,10 @@ def control_refusal(name: str, expected_term: int | None, term: int) -> NotLeade
 def validate_control(
     name: str, entry: Entry, projected_hwm: int, next_log_offset: int
 ) -> InvalidInput | None:
-    """A catch-up or start offset must lie inside what the log holds (reserved included)."""
+    """A catch-up (or an operator's abandon) or a start offset must lie inside what the log
+    holds, reserved records included."""
     match entry:
-        case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
+        case AdvanceReconciledOffset(lro=lro, lrlo=lrlo) | AbandonUnreconciled(upto=lro, lrlo=lrlo):
             if not -1 <= lro < projected_hwm:
                 return InvalidInput(f"{name}: lro {lro} outside [-1, {projected_hwm - 1}]")
             if not -1 <= lrlo < next_log_offset:
@@ -170,14 +179,6 @@ class WatermarkBoard:
 # ---------------------------------------------------------------- the housekeeper
 
 
-@dataclass(frozen=True, slots=True)
-class Housekeeping:
-    """What the housekeeper appends for an idle partition, in this order."""
-
-    advance_epoch: int | None  # AdvanceEpoch(epoch) through the fence, or nothing
-    catch_up: tuple[int, int] | None  # AdvanceReconciledOffset(lro, lrlo), or nothing
-
-
 def advance_epoch_needed(state: PartitionState, cluster_epoch: int) -> int | None:
     """An idle partition takes the current cluster epoch when it is above everything applied
     (a partition without any epoch yet gets its first one)."""
@@ -195,4 +196,37 @@ def catch_up_needed(state: PartitionState) -> tuple[int, int] | None:
     window_offset = state.epoch_window_offset
     if window_offset is not None and state.lrlo < window_offset <= last:
         return state.high_watermark - 1, last
+    return None
+
+
+# ---------------------------------------------------------------- L1 objects
+
+
+def l1_collect_reason(
+    state: PartitionState,
+    term: int,
+    *,
+    row_term: int,
+    last_offset: int,
+    lineage_valid: bool,
+    copy_finished: bool,
+    delete_started: bool,
+    stale_copy: bool,
+) -> str | None:
+    """Why the leader of `term` collects an L1 object of its partition, or None to keep it.
+
+    `lineage_valid`: COPY_FINISHED and within the term lineage (`state.l1_range_valid`);
+    `stale_copy`: COPY_STARTED for longer than the copy deadline (a crash or a stuck upload
+    abandoned it). An out-of-lineage object is collected only when an earlier term wrote it:
+    never by age in the current term, whose catch-up may still be on the way (deleting first
+    would let LRO advance over a deleted object)."""
+    if delete_started:
+        return "resuming an unfinished delete"
+    if stale_copy:
+        return "stale COPY_STARTED"
+    if copy_finished:
+        if last_offset < state.start_offset:
+            return "below the start offset (retention)"
+        if not lineage_valid and row_term < term:
+            return f"outside the term lineage (term {row_term})"
     return None

@@ -21,7 +21,6 @@ from levelzero.core.l0format import Record, decode_extent, read_header
 from levelzero.core.state import PartitionState
 from levelzero.storage.protocols import L1Row, L1State
 
-from .violation import SimulationViolation
 
 if TYPE_CHECKING:
     from .world import World
@@ -161,7 +160,7 @@ class Truth:
                     f"min_lb {state.min_epoch_lower_bound}, M(p) {state.mp})",
                 )
         for actor in self.world.live_actors():
-            for pending in actor._pending:
+            for pending in actor._appends:
                 entry = pending.record.entry
                 if isinstance(entry, Placeholder) and entry.object_key == key:
                     self.fail(

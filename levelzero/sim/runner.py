@@ -15,7 +15,7 @@ from levelzero.core.fence import FenceMode
 from .config import SimConfig
 from .loop import Deadlock, DeterministicLoop, run_deterministic
 from .mutations import MUTATIONS, applied
-from .violation import SimulationViolation, Violation
+from .violation import Violation
 from .world import World
 
 DEFAULT_CONFIG = SimConfig()

@@ -20,6 +20,7 @@ from levelzero.core.leader import (
     advance_epoch_needed,
     catch_up_needed,
     control_refusal,
+    l1_collect_reason,
     object_epoch,
     validate_control,
 )
@@ -132,3 +133,25 @@ def test_admission_and_reservation_keep_the_old_window_before_the_slide() -> Non
     assert not fence.drained  # the old window's write still holds its unit
     done = queue.durable(2, state, fence)
     assert [r.token for r in done] == ["first", "old window"] and fence.drained
+
+
+def test_l1_collect_reasons() -> None:
+    state = started()
+    state.apply(LogRecord(1, 1, 0, placeholder(1, count=4)))
+    state.apply(LogRecord(2, 1, 4, AdvanceReconciledOffset(lro=3, lrlo=1)))
+
+    def reason(**row: object) -> str | None:
+        fields = dict(
+            row_term=1, last_offset=3, lineage_valid=True, copy_finished=True,
+            delete_started=False, stale_copy=False,
+        )
+        fields.update(row)
+        return l1_collect_reason(state, 2, **fields)  # type: ignore[arg-type]
+
+    assert reason() is None  # valid, serving: kept
+    assert reason(delete_started=True, copy_finished=False) == "resuming an unfinished delete"
+    assert reason(stale_copy=True, copy_finished=False) == "stale COPY_STARTED"
+    assert reason(lineage_valid=False) == "outside the term lineage (term 1)"
+    # the current term's own out-of-lineage object: its catch-up may still come
+    assert reason(lineage_valid=False, row_term=2) is None
+    assert reason(copy_finished=False) is None  # a copy in progress, not stale
