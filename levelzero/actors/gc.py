@@ -790,8 +790,9 @@ class GcActor:
             key, error = next(iter(result.errors.items()))
             tally.note_error(f"delete {key}: {error}")
             log.warning(
-                "gc: %d of %d keys not deleted (retried next round), e.g. %s: %s",
-                len(result.errors), len(keys), key, error,
+                "gc: keys not deleted, retried next round",
+                extra={"not_deleted": len(result.errors), "asked": len(keys), "example_key": key,
+                       "detail": str(error)},
             )
         throttled = any(is_throttling(error) for error in result.errors.values())
         tally.throttled += throttled
