@@ -13,7 +13,8 @@ import bisect
 import logging
 from collections.abc import Callable
 
-from levelzero.core.errors import LevelZeroError, ObjectNotFound
+from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound
+from levelzero.core.keys import parse_l1_key
 from levelzero.core.l0format import decode_extent, read_header
 from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
@@ -82,9 +83,17 @@ class L1Catalog:
         return True
 
     async def _finish_delete(self, key: str) -> None:
-        result = await self._objects.delete_many([key])
-        if key in result.errors:
-            raise LevelZeroError(f"deleting {key} failed: {result.errors[key]}")
+        try:
+            parse_l1_key(key)
+        except MalformedKey:
+            # Recorded before its upload was refused (a topic name an older levelzero accepted):
+            # no store can hold this key, so there is no object to delete, and asking the store
+            # would fail on every retry.
+            log.info("L1 object %s was never stored (no store can hold its key)", key)
+        else:
+            result = await self._objects.delete_many([key])
+            if key in result.errors:
+                raise LevelZeroError(f"deleting {key} failed: {result.errors[key]}")
         await self._log.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, self._wall())
         self.deleted += 1
 

@@ -41,6 +41,7 @@ from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.keys import parse_l0_key
+from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import Record
 
@@ -69,6 +70,7 @@ from .schema import (
     StatusResponse,
     TopicInfo,
     TopicList,
+    UnstorableTopic,
 )
 
 log = logging.getLogger("levelzero.api")
@@ -423,6 +425,10 @@ class Api:
                 reconciler=reconciler_status(self.node),
                 housekeeper=housekeeper_status(self.node),
                 gc=gc_status(self.node),
+                unstorable_topics=[
+                    UnstorableTopic(name, problem, unstorable_topic_advice(name, problem))
+                    for name, problem in sorted(self.node.unstorable_topics.items())
+                ],
             )
         )
 

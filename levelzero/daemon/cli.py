@@ -580,6 +580,7 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         f"L0 objects {b.objects_uploaded} ({b.bytes_uploaded} bytes), orphans {b.orphan_objects}, "
         f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
         *_component_lines(status),
+        *(f"UNSTORABLE TOPIC: {t.advice}" for t in status.unstorable_topics),
         "",
     ]
     header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "LAG", "L1",

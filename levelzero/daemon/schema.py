@@ -219,6 +219,14 @@ class GcStatus(_Response):
     last_round: GcRoundSummary | None
 
 
+class UnstorableTopic(_Response):
+    """A stored topic an older levelzero accepted whose name no object store can hold."""
+
+    topic: str
+    problem: str
+    advice: str  # what an operator does
+
+
 class StatusResponse(_Response):
     cluster_epoch: int
     cached_epoch: int | None  # this node's epoch cache (may lag by design)
@@ -232,6 +240,7 @@ class StatusResponse(_Response):
     reconciler: ReconcilerStatus | None = None
     housekeeper: HousekeeperStatus | None = None
     gc: GcStatus | None = None
+    unstorable_topics: list[UnstorableTopic] = []  # stored topics today's name rule refuses
 
 
 class EpochResponse(_Response):

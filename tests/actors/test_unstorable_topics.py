@@ -18,6 +18,7 @@ from levelzero.core.errors import InvalidInput
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import L1Row, L1State
 
 CONFIG = NodeConfig(
     epoch_bump_interval_s=None,
@@ -50,4 +51,21 @@ async def test_a_stored_topic_with_a_refused_name_starts_read_only_and_says_what
             assert fetched.records == []
             await node.create_topic("fine", 1)
             await node.produce("fine", 0, [Record(None, b"v")])  # the rest serves as usual
+            await node.shutdown()
+
+
+async def test_an_l1_row_whose_key_no_store_can_hold_is_finished_without_asking_the_store() -> None:
+    """An older levelzero recorded COPY_STARTED before the store refused the upload of
+    `level_one/./0/...`; collecting that row must not fail on every retry."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    (row,) = await log_store.create_topic(".", 1, 1, 0.0)
+    key = "level_one/./0/00000000000000000000-00000000000000000000/1-" + "d" * 32
+    await log_store.l1_insert(L1Row(key, row.pid, 0, 0, 1, 1, 10, L1State.COPY_STARTED, 0.0, 0.0))
+    node = Node(CONFIG, log_store, objects, rng=random.Random(3), wall_clock=lambda: 10_000.0)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(node.run)
+            deleted = await node.l1.collect(node.partition(".", 0), copy_deadline_s=60.0)
+            assert deleted == 1
+            assert [r.state for r in await log_store.l1_list(row.pid)] == [L1State.DELETE_FINISHED]
             await node.shutdown()

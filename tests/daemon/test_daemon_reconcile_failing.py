@@ -13,6 +13,7 @@ from daemon_support import daemon_and_client
 from levelzero.daemon import cli
 from levelzero.daemon.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
+from levelzero.storage.sqlite_log import SqliteLogStore
 
 
 async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with_confirm(
@@ -83,3 +84,18 @@ def test_the_cli_refuses_without_confirm_and_says_what_is_given_up(capsys: pytes
         cli.main(["partition", "abandon-unreconciled", "t", "--reason", "x", "--confirm"])
     assert caught.value.code == 2
     assert "is not TOPIC/PARTITION" in capsys.readouterr().err
+
+
+async def test_a_stored_topic_no_store_can_hold_is_named_in_status_with_what_to_do(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("fine", 1)
+        db_path = daemon.config.storage.db_path
+    async with await SqliteLogStore.open(db_path) as store:
+        await store.create_topic(".lz-tmp-old", 2, 1, 0.0)  # as an older levelzero let it
+    async with daemon_and_client(tmp_path) as (_daemon, client):
+        status = await client.status()
+        (topic,) = status.unstorable_topics
+        assert topic.topic == ".lz-tmp-old" and "reserved temp-file prefix" in topic.problem
+        assert "levelzero partition abandon-unreconciled .lz-tmp-old/P --confirm" in topic.advice
+        assert f"UNSTORABLE TOPIC: {topic.advice}" in cli.format_status(status)
+        assert (await client.produce("fine", 0, [b"still served"])).base_offset == 0
