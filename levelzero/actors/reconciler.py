@@ -148,8 +148,10 @@ class Reconciler:
                                     actor.name, recovered.since)
                 self._note_lag(actor)
 
+        actors = self._partitions()
+        self.health.retain({actor.name for actor in actors})  # a partition gone is not failing
         async with anyio.create_task_group() as tg:
-            for actor in self._partitions():
+            for actor in actors:
                 if actor.ready.is_set():
                     tg.start_soon(one, actor)
         return written
@@ -164,8 +166,8 @@ class Reconciler:
                 "gone for good, see README 'A partition that cannot be reconciled'",
                 actor.name, exc, actor.state.mp, extra={"partition": actor.name},
             )
-        elif self.health.get(actor.name) is not None:
-            log.warning("reconciling %s still fails (%s)", actor.name, self.health.get(actor.name).describe())
+        elif (failing := self.health.get(actor.name)) is not None:
+            log.warning("reconciling %s still fails (%s)", actor.name, failing.describe())
         else:
             log.warning("reconciling %s failed, retried next round: %s", actor.name, exc)
 

@@ -10,6 +10,7 @@ reconciler feeds it outcomes with the wall clock, readers ask it.
 
 from __future__ import annotations
 
+from collections.abc import Set
 from dataclasses import dataclass
 
 # Consecutive failed passes before a partition is named as failing (one may be a blip).
@@ -75,6 +76,11 @@ class ReconcileHealth:
 
     def forget(self, partition: str) -> None:
         self._runs.pop(partition, None)
+
+    def retain(self, partitions: Set[str]) -> None:
+        """Forget every partition not in `partitions` (no longer led here, or deleted)."""
+        for name in [n for n in self._runs if n not in partitions]:
+            del self._runs[name]
 
     def get(self, partition: str) -> ReconcileFailing | None:
         """The partition's condition if it is failing (named), else None."""

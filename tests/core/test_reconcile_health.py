@@ -47,6 +47,8 @@ def test_failing_partitions_are_listed_longest_failing_first() -> None:
     assert [f.partition for f in health.failing()] == ["a/0", "b/0", "c/0"]
     health.forget("a/0")
     assert [f.partition for f in health.failing()] == ["b/0", "c/0"]
+    health.retain({"c/0", "d/0"})  # b/0 is no longer led here
+    assert [f.partition for f in health.failing()] == ["c/0"]
 
 
 def test_a_failing_partition_is_retried_only_every_retry_interval() -> None:
