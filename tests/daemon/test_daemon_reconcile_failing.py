@@ -13,7 +13,7 @@ from daemon_support import daemon_and_client
 from levelzero.daemon import cli
 from levelzero.daemon.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
-from levelzero.storage.sqlite_log import SqliteLogStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 
 async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with_confirm(
