@@ -34,7 +34,7 @@ OBJECT_STORE_OPERATIONS = ("put", "get", "head", "list", "delete")
 LOG_STORE_WRITES = (
     "append", "begin_term", "create_topic", "save_snapshot", "truncate_below", "set_cluster_epoch",
     "l1_insert", "l1_transition", "record_l0_object", "mark_l0_deleted", "record_gc_round",
-    "record_fence_events", "record_state_samples",
+    "record_fence_events", "record_state_samples", "commit_offsets",
 )
 
 

@@ -20,6 +20,7 @@ from levelzero.storage.protocols import (
     GcRoundRow,
     L0ObjectRow,
     L1Row,
+    OffsetRow,
     PartitionRow,
     Snapshot,
     StateSampleRow,
@@ -38,6 +39,7 @@ class MemoryLogStore:
         self.gc_rounds: list[GcRoundRow] = []
         self.fence_events: list[FenceEventRow] = []
         self.state_samples: list[StateSampleRow] = []
+        self.consumer_offsets: dict[tuple[str, str, int], OffsetRow] = {}
         self.fail_appends = 0
         self.appends = 0
 
@@ -209,6 +211,18 @@ class MemoryLogStore:
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
         self.state_samples.extend(rows)
+
+    # -- consumer offsets
+    async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None:
+        await anyio.lowlevel.checkpoint()
+        for row in rows:
+            self.consumer_offsets[(row.group_id, row.topic, row.partition)] = row
+
+    async def committed_offsets(self, group_id: str) -> list[OffsetRow]:
+        return sorted(
+            (row for (group, _, _), row in self.consumer_offsets.items() if group == group_id),
+            key=lambda r: (r.topic, r.partition),
+        )
 
     async def aclose(self) -> None:
         pass

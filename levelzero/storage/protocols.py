@@ -173,6 +173,28 @@ class StateSampleRow(msgspec.Struct, frozen=True):
     start_offset: int
 
 
+class OffsetRow(msgspec.Struct, frozen=True):
+    """A consumer group's committed offset for one partition (Kafka's OffsetCommit)."""
+
+    group_id: str
+    topic: str
+    partition: int
+    committed_offset: int
+    metadata: str
+    committed_at: float
+
+
+@runtime_checkable
+class ConsumerOffsetStore(Protocol):
+    """The consumer-offsets role of the control plane: durable on return, last write wins."""
+
+    async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None: ...
+
+    async def committed_offsets(self, group_id: str) -> list[OffsetRow]:
+        """Every partition's committed offset of `group_id`, in (topic, partition) order."""
+        ...
+
+
 @runtime_checkable
 class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""
@@ -269,7 +291,7 @@ class EventLog(Protocol):
 
 
 @runtime_checkable
-class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, Protocol):
+class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, ConsumerOffsetStore, Protocol):
     """Every role in one store (what the daemon opens and hands to a `Node`)."""
 
     async def aclose(self) -> None: ...

@@ -25,6 +25,7 @@ from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
 from levelzero.core.producers import ProducerSequences
 
+from .groups import METADATA_CHARS_MAX, GroupCoordinator
 from .protocol import Request, api_versions_response, make
 
 log = logging.getLogger("levelzero.kafka")
@@ -81,6 +82,7 @@ class Handlers:
         # out more than 65,536 ids a millisecond).
         self._next_producer_id = int(time.time() * 1000) << 16
         self.sequences = ProducerSequences()
+        self.groups = GroupCoordinator(node.log_store)
         # (producer id, epoch, topic, partition, base sequence) -> acknowledged, for a retry that
         # arrives while the first attempt is still being stored.
         self._producing: dict[tuple[int, int, str, int, int], anyio.Event] = {}
@@ -102,6 +104,20 @@ class Handlers:
                 return self.list_offsets(request)
             case 22:
                 return self.init_producer_id(request)
+            case 10:
+                return self.find_coordinator(request)
+            case 11:
+                return await self.join_group(request)
+            case 14:
+                return await self.sync_group(request)
+            case 12:
+                return self.heartbeat(request)
+            case 13:
+                return self.leave_group(request)
+            case 8:
+                return await self.offset_commit(request)
+            case 9:
+                return await self.offset_fetch(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it
 
     # ------------------------------------------------------------------ metadata
@@ -393,3 +409,138 @@ class Handlers:
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def find_coordinator(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        where = dict(node_id=NODE_ID, host=self.settings.advertised_host,
+                     port=self.settings.advertised_port)
+        if request.api_version >= 4:
+            coordinators = tuple(
+                make(m.Coordinator, key=key, error_code=ErrorCode.none, error_message=None, **where)
+                for key in body.coordinator_keys
+            )
+            return make(m.FindCoordinatorResponse, throttle_time=0, coordinators=coordinators)
+        if getattr(body, "key_type", 0) != 0:  # 1: a transaction coordinator
+            return make(m.FindCoordinatorResponse, throttle_time=0,
+                        error_code=ErrorCode.coordinator_not_available, error_message="transactions are not supported",
+                        node_id=-1, host="", port=-1)
+        return make(m.FindCoordinatorResponse, throttle_time=0, error_code=ErrorCode.none,
+                    error_message=None, **where)
+
+    async def join_group(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        session_ms = int(body.session_timeout.total_seconds() * 1000)
+        rebalance = getattr(body, "rebalance_timeout", None)
+        rebalance_ms = session_ms if rebalance is None else int(rebalance.total_seconds() * 1000)
+        result = await self.groups.join(
+            body.group_id, body.member_id, request.client_id or "", session_ms, rebalance_ms,
+            body.protocol_type, [(p.name, bytes(p.metadata)) for p in body.protocols],
+        )
+        members = tuple(
+            make(m.JoinGroupResponseMember, member_id=mid, group_instance_id=None, metadata=meta)
+            for mid, meta in result.members
+        )
+        return make(
+            m.JoinGroupResponse, throttle_time=0, error_code=result.error,
+            generation_id=result.generation, protocol_type=result.protocol_type,
+            protocol_name=result.protocol_name if request.api_version >= 7 else (result.protocol_name or ""),
+            leader=result.leader, skip_assignment=False, member_id=result.member_id, members=members,
+        )
+
+    async def sync_group(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        error, assignment, protocol_type, protocol_name = await self.groups.sync(
+            body.group_id, body.member_id, body.generation_id,
+            [(a.member_id, bytes(a.assignment)) for a in body.assignments],
+        )
+        return make(m.SyncGroupResponse, throttle_time=0, error_code=error,
+                    protocol_type=protocol_type, protocol_name=protocol_name, assignment=assignment)
+
+    def heartbeat(self, request: Request) -> Any:
+        body = request.body
+        error = self.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+        return make(request.response_module.HeartbeatResponse, throttle_time=0, error_code=error)
+
+    def leave_group(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        if request.api_version >= 3:
+            ids = [member.member_id for member in body.members]
+        else:
+            ids = [body.member_id]
+        results = self.groups.leave(body.group_id, ids)
+        top = ErrorCode.none
+        if request.api_version < 3:
+            top = results[body.member_id]
+        members = tuple(
+            make(m.MemberResponse, member_id=mid, group_instance_id=None, error_code=code)
+            for mid, code in results.items()
+        ) if request.api_version >= 3 else ()
+        return make(m.LeaveGroupResponse, throttle_time=0, error_code=top, members=members)
+
+    async def offset_commit(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        generation = getattr(body, "generation_id_or_member_epoch", None)
+        if generation is None:
+            generation = body.generation_id
+        allowed = self.groups.check_commit(body.group_id, body.member_id, generation)
+        codes: dict[tuple[str, int], ErrorCode] = {}
+        to_store: list[tuple[str, int, int, str]] = []
+        for topic in body.topics:
+            for p in topic.partitions:
+                code = allowed
+                if code == ErrorCode.none:
+                    if self._high_watermark(topic.name, p.partition_index) < 0:
+                        code = ErrorCode.unknown_topic_or_partition
+                    elif len(p.committed_metadata or "") > METADATA_CHARS_MAX:
+                        code = ErrorCode.offset_metadata_too_large
+                    else:
+                        to_store.append((topic.name, p.partition_index, p.committed_offset,
+                                         p.committed_metadata or ""))
+                codes[(topic.name, p.partition_index)] = code
+        if to_store:
+            try:
+                await self.groups.commit(body.group_id, to_store)
+            except LevelZeroError as exc:
+                log.warning("kafka offset commit for group %s failed: %s: %s", body.group_id, exc.code, exc)
+                for topic_name, partition, _, _ in to_store:
+                    codes[(topic_name, partition)] = ErrorCode.coordinator_not_available
+        topics = tuple(
+            make(m.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
+                make(m.OffsetCommitResponsePartition, partition_index=p.partition_index,
+                     error_code=codes[(topic.name, p.partition_index)])
+                for p in topic.partitions
+            ))
+            for topic in body.topics
+        )
+        return make(m.OffsetCommitResponse, throttle_time=0, topics=topics)
+
+    async def offset_fetch(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        committed = await self.groups.committed(body.group_id)
+        if body.topics is None:
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(committed):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in body.topics}
+        topics = []
+        for name, partitions in wanted.items():
+            parts = []
+            for partition in partitions:
+                row = committed.get((name, partition))
+                parts.append(make(
+                    m.OffsetFetchResponsePartition, partition_index=partition,
+                    committed_offset=-1 if row is None else row.committed_offset,
+                    committed_leader_epoch=-1, metadata="" if row is None else row.metadata,
+                    error_code=ErrorCode.none,
+                ))
+            topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))
+        return make(m.OffsetFetchResponse, throttle_time=0, topics=tuple(topics), error_code=ErrorCode.none)

@@ -29,6 +29,28 @@ L0_LIVE_INDEX = (
     "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
 )
 
+# Added within schema 1 (the Kafka listener's consumer groups): files made before it get it at
+# open, as they get the index above.
+CONSUMER_OFFSETS = """CREATE TABLE IF NOT EXISTS consumer_offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    committed_offset INTEGER NOT NULL,
+    metadata TEXT NOT NULL,
+    committed_at REAL NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+) WITHOUT ROWID"""
+UPSERT_OFFSET = (
+    "INSERT INTO consumer_offsets (group_id, topic, partition, committed_offset, metadata,"
+    " committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) DO UPDATE"
+    " SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
+    " committed_at = excluded.committed_at"
+)
+SELECT_OFFSETS = (
+    "SELECT group_id, topic, partition, committed_offset, metadata, committed_at"
+    " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"
+)
+
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
 SCHEMA = """
@@ -125,7 +147,8 @@ CREATE TABLE state_samples (
     high_watermark INTEGER NOT NULL,
     start_offset INTEGER NOT NULL
 );
-""" + L0_LIVE_INDEX + ";\n"  # one definition: check_or_create_schema adds it to older files
+""" + L0_LIVE_INDEX + ";\n" + CONSUMER_OFFSETS + ";\n"
+# one definition each: check_or_create_schema adds the index and consumer_offsets to older files
 SCHEMA_TABLES = frozenset(
     {
         "partitions",
@@ -258,6 +281,7 @@ async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str)
     # Added within schema 1, so files made before them get them here, once: an index (no
     # change to any row), and fence_events.decisions (an older row stands for one decision).
     await connection.execute(L0_LIVE_INDEX)
+    await connection.execute(CONSUMER_OFFSETS)
     fence_columns = {
         name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
     }

@@ -68,6 +68,7 @@ from levelzero.storage.protocols import (
     L0ObjectRow,
     L1Row,
     L1State,
+    OffsetRow,
     PartitionRow,
     Snapshot,
     StateSampleRow,
@@ -82,6 +83,8 @@ from .schema import (
     INSERT_L1,
     INSERT_LOG,
     INSERT_STATE_SAMPLE,
+    SELECT_OFFSETS,
+    UPSERT_OFFSET,
     MARK_L0_DELETED,
     SELECT_L1,
     SELECT_LOG,
@@ -920,6 +923,16 @@ class SqliteLogStore:
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
         await self._stage_rows(INSERT_STATE_SAMPLE, [msgspec.structs.astuple(r) for r in rows])
+
+    # ------------------------------------------------------------------ consumer offsets
+
+    async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None:
+        await self._stage_rows(UPSERT_OFFSET, [msgspec.structs.astuple(r) for r in rows])
+
+    async def committed_offsets(self, group_id: str) -> list[OffsetRow]:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(SELECT_OFFSETS, (group_id,))
+        return [OffsetRow(*row) for row in rows]
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""

@@ -1,0 +1,201 @@
+"""Consumer groups through the Kafka listener: real clients split partitions, rebalance when a
+member leaves, and resume from offsets committed before a daemon restart; the coordinator's rules
+(generations, unknown members, session expiry) with a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from daemon_support import daemon_and_client
+from levelzero.daemon.kafka.groups import GroupCoordinator
+from levelzero.storage.memory_log import MemoryLogStore
+
+TOPIC = "grouped"
+PARTITIONS = 6
+PER_PARTITION = 50
+POLL_ROUNDS_MAX = 600  # bounded loops: 600 rounds of 3 polls of at most 0.1 s
+
+
+def produce(port: int, per_partition: int, first: int, create: bool) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    bootstrap = f"127.0.0.1:{port}"
+    if create:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
+            future.result(30)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(first, first + per_partition):
+        for partition in range(PARTITIONS):
+            producer.produce(TOPIC, value=b"%d-%d" % (partition, i), partition=partition)
+    assert producer.flush(60) == 0
+
+
+def consumer(port: int):  # noqa: ANN201 - confluent_kafka.Consumer
+    from confluent_kafka import Consumer
+
+    made = Consumer({
+        "bootstrap.servers": f"127.0.0.1:{port}", "group.id": "readers",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "fetch.wait.max.ms": 100,
+    })
+    made.subscribe([TOPIC])
+    return made
+
+
+def assignment(c) -> set[int]:  # noqa: ANN001
+    return {tp.partition for tp in c.assignment()}
+
+
+def three_consumers_then_one_leaves(port: int) -> tuple[list[set[int]], list[set[int]], set[bytes]]:
+    consumers = [consumer(port) for _ in range(3)]
+    seen: set[bytes] = set()
+    try:
+        for _ in range(POLL_ROUNDS_MAX):
+            for c in consumers:
+                message = c.poll(0.1)
+                if message is not None and message.error() is None:
+                    seen.add(message.value())
+                    c.commit(message=message, asynchronous=False)
+            if len(seen) == PARTITIONS * PER_PARTITION:
+                break
+        split = [assignment(c) for c in consumers]
+        consumers[0].close()  # LeaveGroup: the other two take over its partitions
+        for _ in range(POLL_ROUNDS_MAX):
+            for c in consumers[1:]:
+                c.poll(0.1)
+            if sum(len(assignment(c)) for c in consumers[1:]) == PARTITIONS:
+                break
+        after = [assignment(c) for c in consumers[1:]]
+    finally:
+        for c in consumers[1:]:
+            c.close()
+    return split, after, seen
+
+
+def consume_fresh(port: int, expected: int) -> list[tuple[int, int, bytes]]:
+    c = consumer(port)
+    got: list[tuple[int, int, bytes]] = []
+    try:
+        for _ in range(POLL_ROUNDS_MAX):
+            message = c.poll(0.1)
+            if message is not None and message.error() is None:
+                got.append((message.partition(), message.offset(), message.value()))
+            if len(got) >= expected and len(assignment(c)) == PARTITIONS:
+                # nothing more arrives: everything before was committed
+                for _ in range(10):
+                    message = c.poll(0.1)
+                    if message is not None and message.error() is None:
+                        got.append((message.partition(), message.offset(), message.value()))
+                break
+    finally:
+        c.close()
+    return got
+
+
+async def test_a_group_splits_rebalances_and_resumes_after_restart(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        port = daemon.kafka_port
+        await anyio.to_thread.run_sync(produce, port, PER_PARTITION, 0, True)
+        split, after, seen = await anyio.to_thread.run_sync(three_consumers_then_one_leaves, port)
+    assert len(seen) == PARTITIONS * PER_PARTITION
+    assert [len(s) for s in split] == [2, 2, 2] and set().union(*split) == set(range(PARTITIONS))
+    assert after[0].isdisjoint(after[1]) and after[0] | after[1] == set(range(PARTITIONS))
+
+    # A new daemon on the same data directory: the committed offsets are still there, so a new
+    # member of the group reads only what was produced after them.
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        port = daemon.kafka_port
+        await anyio.to_thread.run_sync(produce, port, 5, PER_PARTITION, False)
+        got = await anyio.to_thread.run_sync(consume_fresh, port, PARTITIONS * 5)
+    assert sorted(got) == sorted(
+        (p, PER_PARTITION + i, b"%d-%d" % (p, PER_PARTITION + i)) for p in range(PARTITIONS) for i in range(5)
+    )
+
+
+async def test_aiokafka_group_commits_and_reads_its_offsets_back(tmp_path: Path) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        bootstrap = f"127.0.0.1:{daemon.kafka_port}"
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("aio-group", 2, 1)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer.start()
+        try:
+            for i in range(20):
+                await producer.send_and_wait("aio-group", value=b"%d" % i, partition=i % 2)
+        finally:
+            await producer.stop()
+        reader = AIOKafkaConsumer("aio-group", bootstrap_servers=bootstrap, group_id="aio",
+                                  auto_offset_reset="earliest", enable_auto_commit=False)
+        await reader.start()
+        try:
+            values = []
+            for _ in range(100):
+                batch = await reader.getmany(timeout_ms=500)
+                values += [m.value for messages in batch.values() for m in messages]
+                if len(values) == 20:
+                    break
+            assert sorted(values) == sorted(b"%d" % i for i in range(20))
+            await reader.commit({TopicPartition("aio-group", 0): 7, TopicPartition("aio-group", 1): 10})
+            assert await reader.committed(TopicPartition("aio-group", 0)) == 7
+            assert await reader.committed(TopicPartition("aio-group", 1)) == 10
+        finally:
+            await reader.stop()
+        rows = await daemon.node.log_store.committed_offsets("aio")
+        assert [(r.topic, r.partition, r.committed_offset) for r in rows] == [
+            ("aio-group", 0, 7), ("aio-group", 1, 10)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_members_generations_and_session_expiry() -> None:
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    protocols = [("range", b"meta-a")]
+    # A first member of an empty group waits out the initial delay: the waiter's bounded wait
+    # ends, it reads the (fake) clock past the round's deadline and completes the round.
+    async with anyio.create_task_group() as tg:
+        results = []
+
+        async def join(member: str) -> None:
+            results.append(await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols))
+
+        tg.start_soon(join, "")
+        await anyio.sleep(0)
+        clock.now += 1
+    first = results[0]
+    assert first.error == ErrorCode.none and first.generation == 1
+    assert first.leader == first.member_id and first.members == [(first.member_id, b"meta-a")]
+    me = first.member_id
+    assert coordinator.heartbeat("g", me, 1) == ErrorCode.none  # completing: not a rebalance
+    assert coordinator.heartbeat("g", "stranger", 1) == ErrorCode.unknown_member_id
+    assert coordinator.heartbeat("g", me, 7) == ErrorCode.illegal_generation
+    error, assignment, _, _ = await coordinator.sync("g", me, 1, [(me, b"parts")])
+    assert (error, assignment) == (ErrorCode.none, b"parts")
+    assert coordinator.check_commit("g", me, 1) == ErrorCode.none
+    assert coordinator.check_commit("g", me, 0) == ErrorCode.illegal_generation
+    assert coordinator.check_commit("g", "", -1) == ErrorCode.none  # a standalone consumer
+    # The member stops heartbeating: past its session timeout it is gone.
+    clock.now += 11
+    assert coordinator.heartbeat("g", me, 1) == ErrorCode.unknown_member_id
+    assert coordinator.groups["g"].state == "empty"
+    assert coordinator.leave("g", [me]) == {me: ErrorCode.unknown_member_id}
+    await coordinator.commit("g", [("t", 0, 5, "m")])
+    assert (await coordinator.committed("g"))[("t", 0)].committed_offset == 5
