@@ -1,0 +1,46 @@
+"""The consumer-offsets role (Kafka's committed offsets): durable across reopening, last write
+wins per (group, topic, partition), groups kept apart; a file made before the table existed gets
+it when opened. SQLite and the memory store answer alike."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import ConsumerOffsetStore, OffsetRow
+from levelzero.storage.sqlite.store import SqliteLogStore
+
+
+async def exercise(store: ConsumerOffsetStore) -> None:
+    assert isinstance(store, ConsumerOffsetStore)
+    await store.commit_offsets([OffsetRow("g", "t", 1, 10, "a", 1.0), OffsetRow("g", "t", 0, 5, "", 1.0)])
+    await store.commit_offsets([OffsetRow("g", "t", 1, 12, "b", 2.0), OffsetRow("h", "t", 0, 99, "", 2.0)])
+    assert await store.committed_offsets("g") == [
+        OffsetRow("g", "t", 0, 5, "", 1.0), OffsetRow("g", "t", 1, 12, "b", 2.0)]
+    assert await store.committed_offsets("h") == [OffsetRow("h", "t", 0, 99, "", 2.0)]
+    assert await store.committed_offsets("nobody") == []
+
+
+async def test_memory_store_keeps_committed_offsets() -> None:
+    await exercise(MemoryLogStore())
+
+
+async def test_sqlite_store_keeps_committed_offsets_across_reopening(tmp_path: Path) -> None:
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        await exercise(store)
+    async with await SqliteLogStore.open(str(db)) as store:
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [5, 12]
+
+
+async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path) -> None:
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        await store.create_topic("t", 1, 1, 0.0)
+    with sqlite3.connect(db) as connection:
+        connection.execute("DROP TABLE consumer_offsets")
+    async with await SqliteLogStore.open(str(db)) as store:
+        await store.commit_offsets([OffsetRow("g", "t", 0, 3, "", 1.0)])
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]
+        assert len(await store.list_partitions()) == 1
