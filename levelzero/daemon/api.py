@@ -72,6 +72,7 @@ from .schema import (
     TopicList,
     UnstorableTopic,
 )
+from .storage_health import StorageHealth
 
 log = logging.getLogger("levelzero.api")
 
@@ -114,11 +115,22 @@ class ApiSettings:
 
 
 class Lifecycle:
-    """What the daemon tells the API about itself: ready once listening, stopping at SIGTERM."""
+    """What the daemon tells the API about itself: ready once listening, stopping at SIGTERM,
+    and whether its storage takes writes (`storage_health.py`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, storage: StorageHealth | None = None) -> None:
         self.ready = False
         self.stopping = False
+        self.storage = storage or StorageHealth()
+
+    def not_ready_reason(self) -> str | None:
+        """Why `/readyz` is 503 now, or None when it is 200."""
+        if not self.ready:
+            return "the daemon is starting"
+        if self.stopping:
+            return "the daemon is shutting down"
+        problem = self.storage.problem()
+        return f"storage unhealthy: {problem}" if problem else None
 
 
 class ApiError(Exception):
@@ -365,6 +377,9 @@ class Api:
         topic = request.query_params.get("topic")
         if topic is not None and topic not in self.node.topics():
             self.node.partition(topic, 0)  # raises UnknownTopic
+        not_accepting = self.lifecycle.not_ready_reason() or (
+            None if self.node.accepting else "the node is not accepting requests"
+        )
         views = sorted(self.node.views(), key=lambda v: (v.topic, v.partition))
         decision = cluster_watermark(self.node)
         stats = self.node.batcher.stats
@@ -410,7 +425,8 @@ class Api:
                 m_holders=list(decision.holders),
                 m_blocked_by=list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX]),
                 m_blocked_count=len(decision.blocked_by),
-                accepting=self.node.accepting and not self.lifecycle.stopping,
+                accepting=not_accepting is None,
+                not_accepting_reason=not_accepting,
                 partitions=partitions,
                 batcher=BatcherStatus(
                     objects_uploaded=stats.objects_uploaded,
@@ -500,6 +516,9 @@ class Api:
         if not self.lifecycle.ready:
             raise ApiError(503, "not_ready", "the daemon is starting")
         self._check_serving()
+        problem = self.lifecycle.storage.problem()
+        if problem:
+            raise ApiError(503, "storage_error", f"not ready: storage unhealthy: {problem}")
         return _json(HealthResponse("ready"))
 
     async def metrics_text(self, request: Request) -> Response:

@@ -576,7 +576,8 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
     b = status.batcher
     lines = [
         f"cluster epoch {status.cluster_epoch} (cached {_cell(status.cached_epoch)})   "
-        f"M {m}   accepting {'yes' if status.accepting else 'no'}",
+        f"M {m}   accepting {'yes' if status.accepting else 'no'}"
+        + (f" ({status.not_accepting_reason})" if status.not_accepting_reason else ""),
         f"L0 objects {b.objects_uploaded} ({b.bytes_uploaded} bytes), orphans {b.orphan_objects}, "
         f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
         *_component_lines(status),

@@ -8,6 +8,9 @@ counted per key. `ObservedLogStore` wraps the log store the same way for its wri
 returns once the group commit that holds it is durable, so its latency is the commit latency a
 producer waits for (`append`) or a component waits for (the others).
 
+Both also tell the daemon's `StorageHealth` (when given one) what failed and which writes
+succeeded: readiness follows the stores' health (`storage_health.py`).
+
 The stores know nothing of this; the daemon wraps them (`service.Daemon._serve`). The metric
 objects are unregistered and exported by `StoreMetrics.collect`, one registry per daemon.
 """
@@ -24,6 +27,8 @@ from prometheus_client.registry import Collector
 
 from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore
+
+from .storage_health import StorageHealth
 
 # 0.5 ms (a local fsync) .. 30 s (an S3 request with its retries).
 STORE_LATENCY_BUCKETS_S = (
@@ -91,8 +96,9 @@ class StoreMetrics(Collector):
 class ObservedObjectStore:
     """An `ObjectStore` whose every operation is timed and whose failures are counted."""
 
-    def __init__(self, inner: ObjectStore, metrics: StoreMetrics) -> None:
+    def __init__(self, inner: ObjectStore, metrics: StoreMetrics, health: StorageHealth | None = None) -> None:
         self.inner = inner
+        self._health = health
         self._latency = {op: metrics.object_latency.labels(op) for op in OBJECT_STORE_OPERATIONS}
         self._errors = metrics.object_errors
         self._delete_key_errors = metrics.object_delete_key_errors
@@ -104,8 +110,12 @@ class ObservedObjectStore:
         except Exception as error:  # a cancelled operation is neither a latency nor an error
             self._errors.labels(operation, error_code(error)).inc()
             self._latency[operation].observe(time.perf_counter() - started)
+            if self._health is not None and is_store_failure(error):
+                self._health.failed(self._health.object_store, operation, error)
             raise
         self._latency[operation].observe(time.perf_counter() - started)
+        if self._health is not None and operation == "put":  # only a write proves writes work
+            self._health.wrote(self._health.object_store)
         return result
 
     async def put(self, key: str, data: bytes | bytearray) -> None:
@@ -136,15 +146,16 @@ class ObservedLogStore:
     """A `LogStore` whose writes are timed; everything else is the inner store's, untouched
     (reads, `statistics()`, what a concrete store offers beyond the protocol)."""
 
-    def __init__(self, inner: LogStore, metrics: StoreMetrics) -> None:
+    def __init__(self, inner: LogStore, metrics: StoreMetrics, health: StorageHealth | None = None) -> None:
         self.inner = inner
         for operation in LOG_STORE_WRITES:
             method = getattr(inner, operation)
-            setattr(self, operation, self._timed(operation, method, metrics))
+            setattr(self, operation, self._timed(operation, method, metrics, health))
 
     @staticmethod
     def _timed(
-        operation: str, method: Callable[..., Awaitable[Any]], metrics: StoreMetrics
+        operation: str, method: Callable[..., Awaitable[Any]], metrics: StoreMetrics,
+        health: StorageHealth | None,
     ) -> Callable[..., Awaitable[Any]]:
         latency = metrics.log_latency.labels(operation)
         errors = metrics.log_errors
@@ -156,8 +167,12 @@ class ObservedLogStore:
             except Exception as error:
                 if is_store_failure(error):
                     errors.labels(operation, error_code(error)).inc()
+                    if health is not None:
+                        health.failed(health.log_store, operation, error)
                 raise
             latency.observe(time.perf_counter() - started)
+            if health is not None:
+                health.wrote(health.log_store)
             return result
 
         timed.__name__ = operation

@@ -241,6 +241,9 @@ class StatusResponse(_Response):
     housekeeper: HousekeeperStatus | None = None
     gc: GcStatus | None = None
     unstorable_topics: list[UnstorableTopic] = []  # stored topics today's name rule refuses
+    # Why `accepting` is false (and /readyz 503): starting, stopping, storage unhealthy (which
+    # store, since when, the last error).
+    not_accepting_reason: str | None = None
 
 
 class EpochResponse(_Response):

@@ -42,6 +42,7 @@ from .metrics import DaemonMetrics
 from .metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
 from .observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from .ownership import claim_store, local_cluster_id
+from .storage_health import StorageHealth, probe_object_store
 from .systemd import Notifier
 
 log = logging.getLogger("levelzero.daemon")
@@ -178,11 +179,20 @@ def _log_store_metrics(store: SqliteLogStore) -> Callable[[Node], Iterable[Metri
 
 def _readiness_metric(lifecycle: Lifecycle) -> Callable[[Node], Iterable[Metric]]:
     def source(node: Node) -> Iterable[Metric]:
-        ready = lifecycle.ready and not lifecycle.stopping
+        ready = lifecycle.not_ready_reason() is None
         yield GaugeMetricFamily(
-            "levelzero_ready", "1 while /readyz answers 200 (replayed, serving, not stopping).",
+            "levelzero_ready",
+            "1 while /readyz answers 200 (replayed, serving, not stopping, storage healthy).",
             value=1 if ready else 0,
         )
+        healthy = GaugeMetricFamily(
+            "levelzero_storage_healthy",
+            "1 while the store takes writes; 0 after repeated storage failures, until writes succeed again.",
+            labels=["store"],
+        )
+        for store in (lifecycle.storage.object_store, lifecycle.storage.log_store):
+            healthy.add_metric([store.store.replace(" ", "_")], 1 if store.healthy else 0)
+        yield healthy
 
     return source
 
@@ -298,9 +308,10 @@ class Daemon:
     ) -> None:
         config = self.config
         stores = StoreMetrics()
-        node = Node(
-            config.node_config(), ObservedLogStore(log_store, stores), ObservedObjectStore(object_store, stores)
-        )
+        health = self.lifecycle.storage
+        health.on_change = self._storage_health_changed
+        observed_objects = ObservedObjectStore(object_store, stores, health)
+        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
         self.metrics = metrics = DaemonMetrics(
@@ -364,15 +375,22 @@ class Daemon:
         kafka_scope = await self._start_kafka(tg, node)
 
         self.lifecycle.ready = True
-        partitions = len(node.partitions())
-        status = f"serving on {self.url}: {partitions} partitions, epoch {node.epochs.current}"
-        self.notifier.ready(status)
+        self.notifier.ready(self._serving_status())
+        probing = anyio.CancelScope()  # ends before the stores close
+
+        async def probe() -> None:
+            with probing:
+                await probe_object_store(observed_objects, health)
+
+        tg.start_soon(probe)
         await tg.start(self.notifier.run_watchdog)
+        partitions = len(node.partitions())
         log.info("levelzero ready", extra={"url": self.url, "partitions": partitions,
                                            "cluster_epoch": node.epochs.current})
         task_status.started(self)
 
         await self._stop_requested.wait()
+        probing.cancel()
         await self._stop(node, server)
         kafka_scope.cancel()
 
@@ -414,6 +432,18 @@ class Daemon:
         tg.start_soon(serve)
         log.info("kafka listener ready", extra={"listen": f"{host}:{self.kafka_port}"})
         return scope
+
+    def _serving_status(self) -> str:
+        """systemd's STATUS= line while serving: what is wrong first, if anything."""
+        node = self.node
+        assert node is not None
+        serving = f"serving on {self.url}: {len(node.partitions())} partitions, epoch {node.epochs.current}"
+        problem = self.lifecycle.storage.problem()
+        return f"NOT READY, storage unhealthy: {problem} ({serving})" if problem else serving
+
+    def _storage_health_changed(self, health: StorageHealth) -> None:
+        if self.lifecycle.ready and not self.lifecycle.stopping:
+            self.notifier.status(self._serving_status())
 
     async def _serve_metrics(self, tg: anyio.abc.TaskGroup, metrics: DaemonMetrics) -> None:
         """The optional second listener: GET /metrics, no token (`metrics.listen`)."""

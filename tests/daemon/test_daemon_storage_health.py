@@ -1,0 +1,192 @@
+"""Readiness follows the storage's health: an object-store outage turns `/readyz` 503, `status`
+says why, systemd's STATUS= line says what is wrong, and recovery (found by the probe, with no
+traffic) turns it all back. The hysteresis rule itself is driven synchronously."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from daemon_support import daemon_config
+
+from levelzero.core.errors import ObjectNotFound, StorageError
+from levelzero.daemon.client import ApiError, Client
+from levelzero.daemon.observed import ObservedObjectStore, StoreMetrics
+from levelzero.daemon.service import Daemon
+from levelzero.daemon.storage_health import (
+    STORAGE_FAILURES_TO_UNHEALTHY,
+    STORAGE_SUCCESSES_TO_HEALTHY,
+    StorageHealth,
+    StoreHealth,
+)
+from levelzero.daemon.systemd import Notifier
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import ObjectStore
+
+WAIT_S = 20.0
+
+
+def test_a_store_turns_unhealthy_only_after_failures_in_a_row_and_back_only_after_writes() -> None:
+    store = StoreHealth("object store")
+    error = StorageError("S3 put timed out")
+    for _ in range(5):  # failures with a success between them: never unhealthy
+        assert store.failed(1.0, "put", error) is False
+        assert store.wrote(2.0) is False
+    assert store.healthy
+    flips = [store.failed(10.0 + n, "put", error) for n in range(STORAGE_FAILURES_TO_UNHEALTHY)]
+    assert flips == [False] * (STORAGE_FAILURES_TO_UNHEALTHY - 1) + [True]
+    condition = store.condition()
+    assert not condition.healthy and condition.unhealthy_since == 10.0
+    assert condition.last_error == "put: S3 put timed out"
+    assert condition.describe().startswith("object store failing since 1970-01-01T00:00:10Z: put:")
+    assert store.failed(20.0, "get", error) is False  # still unhealthy; since stays
+    flips = [store.wrote(30.0 + n) for n in range(STORAGE_SUCCESSES_TO_HEALTHY)]
+    assert flips == [False] * (STORAGE_SUCCESSES_TO_HEALTHY - 1) + [True]
+    assert store.healthy and store.condition().unhealthy_since is None and store.transitions == 2
+
+
+def test_a_failure_between_recovering_writes_starts_the_count_again() -> None:
+    store = StoreHealth("log store")
+    for n in range(STORAGE_FAILURES_TO_UNHEALTHY):
+        store.failed(float(n), "append", StorageError("disk full"))
+    for _ in range(STORAGE_SUCCESSES_TO_HEALTHY - 1):
+        store.wrote(5.0)
+    store.failed(6.0, "append", StorageError("disk full"))
+    for _ in range(STORAGE_SUCCESSES_TO_HEALTHY - 1):
+        assert store.wrote(7.0) is False
+    assert not store.healthy
+    assert store.wrote(8.0) is True
+
+
+def test_storage_health_names_every_failing_store_and_reports_changes() -> None:
+    changes: list[bool] = []
+    health = StorageHealth(on_change=lambda h: changes.append(h.healthy), clock=lambda: 0.0)
+    assert health.healthy and health.problem() is None
+    for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+        health.failed(health.log_store, "append", StorageError("database or disk is full"))
+    assert changes == [False]
+    assert health.problem() == (
+        "log store failing since 1970-01-01T00:00:00Z: append: database or disk is full"
+    )
+    for _ in range(STORAGE_SUCCESSES_TO_HEALTHY):
+        health.wrote(health.log_store)
+    assert changes == [False, True] and health.problem() is None
+
+
+class Outage:
+    """An object store whose every operation fails while `down` (an S3 outage, a missing
+    bucket, a full disk all look like this to the daemon)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    def _check(self, op: str) -> None:
+        if self.down:
+            raise StorageError(f"S3 {op} failed: simulated outage")
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        self._check("put")
+        await self.inner.put(key, data)
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        self._check("get")
+        return await self.inner.get(key, offset, length)
+
+    async def head(self, key: str):  # noqa: ANN201
+        self._check("head")
+        return await self.inner.head(key)
+
+    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000):  # noqa: ANN201
+        self._check("list")
+        return await self.inner.list_page(prefix, start_after, limit)
+
+    async def delete_many(self, keys: Sequence[str]):  # noqa: ANN201
+        self._check("delete")
+        return await self.inner.delete_many(keys)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def received(sock: socket.socket) -> list[str]:
+    out = []
+    while True:
+        try:
+            out.append(sock.recv(4096).decode())
+        except BlockingIOError:
+            return out
+
+
+async def test_an_outage_turns_readiness_and_status_off_and_recovery_back_on(tmp_path: Path) -> None:
+    outages: list[Outage] = []
+
+    def wrap(store: ObjectStore) -> Outage:
+        outages.append(Outage(store))
+        return outages[-1]
+
+    name = f"levelzero-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(b"\0" + name.encode())
+        notify.setblocking(False)
+        daemon = Daemon(
+            daemon_config(tmp_path, gc__enabled=False),
+            notifier=Notifier(environ={"NOTIFY_SOCKET": f"@{name}"}),
+            wrap_object_store=wrap,
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            assert daemon.url is not None
+            async with Client(daemon.url) as client, httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http:
+                await client.create_topic("t", 1)
+                assert (await http.get("/readyz")).status_code == 200
+                received(notify)  # READY=1 and start-up lines
+
+                outages[0].down = True
+                for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+                    with pytest.raises(ApiError) as caught:
+                        await client.produce("t", 0, [b"lost to the outage"])
+                    assert (caught.value.status, caught.value.code) == (503, "storage_error")
+                ready = await http.get("/readyz")
+                assert ready.status_code == 503 and ready.headers["retry-after"] == "1"
+                assert ready.json()["error"] == "storage_error"
+                assert "object store failing since" in ready.json()["message"]
+                assert "simulated outage" in ready.json()["message"]
+                status = await client.status()
+                assert status.accepting is False
+                assert status.not_accepting_reason is not None
+                assert "storage unhealthy: object store failing" in status.not_accepting_reason
+                text = await client.metrics()
+                assert "levelzero_ready 0.0" in text
+                assert 'levelzero_storage_healthy{store="object_store"} 0.0' in text
+                [line] = received(notify)
+                assert line.startswith("STATUS=NOT READY, storage unhealthy: object store failing since")
+                assert "simulated outage" in line
+
+                outages[0].down = False  # no traffic from here: the probe finds the recovery
+                with anyio.fail_after(WAIT_S):
+                    while (await http.get("/readyz")).status_code != 200:
+                        await anyio.sleep(0.05)
+                status = await client.status()
+                assert status.accepting is True and status.not_accepting_reason is None
+                assert "levelzero_ready 1.0" in await client.metrics()
+                [line] = received(notify)
+                assert line.startswith("STATUS=serving on ")
+                assert (await client.produce("t", 0, [b"after"])).base_offset == 0
+            daemon.request_stop("test")
+    assert daemon.stopped_cleanly
+
+
+async def test_a_missing_object_is_not_a_storage_failure() -> None:
+    """ObjectNotFound is the store's answer (a data problem, 500), never an unhealthy store."""
+    health = StorageHealth()
+    store = ObservedObjectStore(MemoryObjectStore(), StoreMetrics(), health)
+    for _ in range(STORAGE_FAILURES_TO_UNHEALTHY + 1):
+        with pytest.raises(ObjectNotFound):
+            await store.get("level_zero/data/000/000000000000000001/missing")
+    assert health.healthy
