@@ -2,7 +2,8 @@
 
 Hand-written on purpose: the message-level library we use (kio) reads record batches, but it
 truncates record timestamps to whole seconds, builds a `datetime` per record, and reads no
-compressed batch. This codec is pure (no I/O), checks the CRC-32C of every batch, bounds every
+compressed batch. Compression uses gzip from the standard library and cramjam for snappy, LZ4
+and zstd. This codec is pure (no I/O), checks the CRC-32C of every batch, bounds every
 length it reads by the bytes actually present, and bounds decompressed sizes
 (`DECOMPRESSED_BYTES_MAX`), so a hostile batch costs at most that much memory.
 
@@ -26,6 +27,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cramjam
 from crc32c import crc32c
 
 from .errors import LevelZeroError
@@ -107,23 +109,81 @@ def _gunzip(data: bytes, limit: int) -> bytes:
     return out
 
 
-# codec -> (decompress(data, limit), compress(data)); filled by register_codec for the codecs
-# whose libraries are installed (the daemon registers snappy/lz4/zstd when it can import them).
-Decompress = Callable[[bytes, int], bytes]
-Compress = Callable[[bytes], bytes]
-CODECS: dict[int, tuple[Decompress, Compress]] = {
-    COMPRESSION_GZIP: (_gunzip, lambda data: zlib_gzip(data)),
-}
-
-
-def zlib_gzip(data: bytes) -> bytes:
+def _gzip(data: bytes) -> bytes:
     deflater = zlib.compressobj(6, zlib.DEFLATED, 31)
     return deflater.compress(data) + deflater.flush()
 
 
-def register_codec(codec: int, decompress: Decompress, compress: Compress) -> None:
-    assert codec in COMPRESSION_NAMES and codec != COMPRESSION_NONE, codec
-    CODECS[codec] = (decompress, compress)
+FIRST_GUESS_BYTES = 256 * 1024
+
+
+def _bounded(decompress_into: Callable[[bytes, bytearray], int], name: str) -> Callable[[bytes, int], bytes]:
+    """A cramjam `decompress_into` run into buffers of growing size, never above `limit`:
+    the frame formats (LZ4, zstd) may not say their decompressed size up front."""
+
+    def decompress(data: bytes, limit: int) -> bytes:
+        size = min(limit, max(FIRST_GUESS_BYTES, 8 * len(data)))
+        while True:
+            out = bytearray(size)
+            try:
+                return bytes(out[: decompress_into(data, out)])
+            except cramjam.DecompressionError as exc:
+                if size >= limit:
+                    raise CorruptBatch(f"{name} data does not decompress within {limit} bytes: {exc}") from None
+                size = min(limit, size * 4)
+
+    return decompress
+
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+XERIAL_HEADER_BYTES = 16
+
+
+def _raw_snappy(data: bytes, limit: int) -> bytes:
+    size, _ = _uvarint(data, 0, len(data))  # a raw snappy block starts with its length
+    if size > limit:
+        raise CorruptBatch(f"a snappy block of {size} bytes exceeds {limit}")
+    out = bytearray(size)
+    try:
+        written = cramjam.snappy.decompress_raw_into(data, out)
+    except cramjam.DecompressionError as exc:
+        raise CorruptBatch(f"snappy data does not decompress: {exc}") from None
+    return bytes(out[:written])
+
+
+def _snappy(data: bytes, limit: int) -> bytes:
+    """Raw snappy, or the xerial framing Java producers use (magic, version, then blocks each
+    prefixed with its length)."""
+    if not data.startswith(XERIAL_MAGIC):
+        return _raw_snappy(data, limit)
+    parts: list[bytes] = []
+    total = 0
+    pos = XERIAL_HEADER_BYTES
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise CorruptBatch("a snappy block length runs past the data")
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        pos += 4
+        if length > len(data) - pos:
+            raise CorruptBatch("a snappy block runs past the data")
+        part = _raw_snappy(data[pos : pos + length], limit - total)
+        total += len(part)
+        parts.append(part)
+        pos += length
+    return b"".join(parts)
+
+
+# codec -> (decompress(data, limit), compress(data))
+Decompress = Callable[[bytes, int], bytes]
+Compress = Callable[[bytes], bytes]
+CODECS: dict[int, tuple[Decompress, Compress]] = {
+    COMPRESSION_GZIP: (_gunzip, _gzip),
+    COMPRESSION_SNAPPY: (_snappy, lambda data: bytes(cramjam.snappy.compress_raw(data))),
+    COMPRESSION_LZ4: (_bounded(cramjam.lz4.decompress_into, "lz4"),
+                      lambda data: bytes(cramjam.lz4.compress(data))),
+    COMPRESSION_ZSTD: (_bounded(cramjam.zstd.decompress_into, "zstd"),
+                       lambda data: bytes(cramjam.zstd.compress(data))),
+}
 
 
 # ------------------------------------------------------------------------------ varints
@@ -145,6 +205,20 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         if shift > 63:
             raise CorruptBatch("a varint is longer than 10 bytes")
     return (raw >> 1) ^ -(raw & 1), pos
+
+
+def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    """An unsigned varint (up to 32 bits: a snappy length) at `pos`."""
+    value = 0
+    for shift in range(0, 35, 7):
+        if pos >= end:
+            raise CorruptBatch("data ends inside a length")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+    raise CorruptBatch("a length is longer than 5 bytes")
 
 
 def _put_varint(out: bytearray, value: int) -> None:

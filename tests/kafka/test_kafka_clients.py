@@ -218,3 +218,39 @@ async def test_confluent_kafka_100k_records_byte_for_byte(tmp_path: Path) -> Non
         )
         consumed = await anyio.to_thread.run_sync(confluent_consume, port, "ck", len(records))
     check_consumed(records, consumed)
+
+
+def confluent_produce_compressed(port: int, topic: str, codec: str, records: Expected) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "compression.type": codec,
+                         "linger.ms": 20})
+    for partition, key, value in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+    assert producer.flush(60) == 0
+
+
+async def test_snappy_lz4_and_zstd_batches_from_librdkafka_and_aiokafka(tmp_path: Path) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        port = daemon.kafka_port
+        for codec in ("snappy", "lz4", "zstd"):
+            records = make_records(600, seed=len(codec))
+            await client.create_topic(f"rd-{codec}", PARTITIONS)
+            await anyio.to_thread.run_sync(confluent_produce_compressed, port, f"rd-{codec}", codec, records)
+            consumed = await anyio.to_thread.run_sync(confluent_consume, port, f"rd-{codec}", len(records))
+            check_consumed(records, consumed)
+
+            records = make_records(300, seed=10 + len(codec))
+            await client.create_topic(f"aio-{codec}", PARTITIONS)
+            producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", compression_type=codec)
+            await producer.start()
+            try:
+                futures = [await producer.send(f"aio-{codec}", key=k, value=v, partition=p) for p, k, v in records]
+                for future in futures:
+                    await future
+            finally:
+                await producer.stop()
+            consumed = await anyio.to_thread.run_sync(confluent_consume, port, f"aio-{codec}", len(records))
+            check_consumed(records, consumed)

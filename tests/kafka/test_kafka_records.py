@@ -141,3 +141,52 @@ def test_producer_state_is_bounded() -> None:
     assert seqs.duplicate_of(9, 0, "t", 0, 0).base_offset == 0
     seqs.record(9, 0, "t", 0, 10 * BATCHES_REMEMBERED, 10, 500)
     assert seqs.duplicate_of(9, 0, "t", 0, 0) is None  # only the last five batches are kept
+
+
+# ------------------------------------------------------------------------------ snappy, lz4, zstd
+
+
+def recompressed(batch: bytes, codec: int, body: bytes) -> bytes:
+    """`batch` (uncompressed, from a client) with its records section replaced by `body`
+    under `codec`, and its length and CRC fixed."""
+    from crc32c import crc32c
+
+    head = bytearray(batch[: kr.BATCH_HEADER_BYTES])
+    head[21:23] = codec.to_bytes(2, "big")
+    data = head + body
+    data[8:12] = (len(data) - 12).to_bytes(4, "big")
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize("codec", [kr.COMPRESSION_SNAPPY, kr.COMPRESSION_LZ4, kr.COMPRESSION_ZSTD])
+def test_snappy_lz4_zstd_round_trip(codec: int) -> None:
+    records = sample(200, seed=codec)
+    ours = [kr.KafkaRecord(i, t, k, v, tuple(h)) for i, (t, k, v, h) in enumerate(records)]
+    (batch,) = kr.decode_batches(kr.encode_batch(0, ours, compression=codec))
+    assert batch.compression == codec
+    assert [(r.timestamp_ms, r.key, r.value, list(r.headers)) for r in batch.records] == records
+
+
+def test_xerial_framed_snappy_is_read() -> None:
+    import cramjam
+
+    plain = client_batch(sample(50, seed=8))
+    body = plain[kr.BATCH_HEADER_BYTES:]
+    half = len(body) // 2
+    blocks = [bytes(cramjam.snappy.compress_raw(part)) for part in (body[:half], body[half:])]
+    framed = kr.XERIAL_MAGIC + (1).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"".join(
+        len(b).to_bytes(4, "big") + b for b in blocks)
+    (batch,) = kr.decode_batches(recompressed(plain, kr.COMPRESSION_SNAPPY, framed))
+    assert [(r.key, r.value) for r in batch.records] == [(k, v) for _, k, v, _ in sample(50, seed=8)]
+
+
+@pytest.mark.parametrize("codec", [kr.COMPRESSION_SNAPPY, kr.COMPRESSION_LZ4, kr.COMPRESSION_ZSTD])
+def test_a_compression_bomb_is_refused_within_the_bound(codec: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kr, "DECOMPRESSED_BYTES_MAX", 100_000)
+    plain = client_batch([(0, None, b"\0" * 10, [])])
+    body = kr.CODECS[codec][1](b"\0" * 1_000_000)
+    with pytest.raises(kr.CorruptBatch):
+        kr.decode_batches(recompressed(plain, codec, body))
+    with pytest.raises(kr.CorruptBatch):
+        kr.decode_batches(recompressed(plain, codec, b"\xff" * 40))  # not that codec's data
