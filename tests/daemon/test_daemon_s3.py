@@ -5,15 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
 import pytest
 
 from levelzero.core.errors import StorageError
 from levelzero.daemon.cli import leaf_errors
-from levelzero.daemon.client import Client
+from levelzero.daemon.client import ApiError, Client
 from levelzero.daemon.config import load_config
 from levelzero.daemon.service import running_daemon
+from levelzero.daemon.storage_health import STORAGE_FAILURES_TO_UNHEALTHY
 
 pytestmark = pytest.mark.s3
+WAIT_S = 30.0
 
 
 def s3_environ(endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
@@ -57,3 +60,35 @@ async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path,
             pass
     errors = leaf_errors(caught.value)
     assert any(isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors)
+
+
+async def test_a_bucket_gone_while_serving_makes_the_daemon_unready_until_it_is_back(
+    tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
+) -> None:
+    config = load_config(
+        None,
+        environ=s3_environ(s3_endpoint, s3_bucket),
+        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0",
+                   ("batcher", "linger_ms"): 5.0, ("gc", "enabled"): False},
+    )
+    s3 = s3_endpoint.boto3_client()
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+        assert await client.ready()
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket):
+            for item in page.get("Contents", []):
+                s3.delete_object(Bucket=s3_bucket, Key=item["Key"])
+        s3.delete_bucket(Bucket=s3_bucket)
+        for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+            with pytest.raises(ApiError) as caught:
+                await client.produce("t", 0, [b"no bucket"])
+            assert (caught.value.status, caught.value.code) == (503, "storage_error")
+        assert not await client.ready()
+        status = await client.status()
+        assert status.accepting is False and status.not_accepting_reason is not None
+        assert f"bucket {s3_bucket} does not exist" in status.not_accepting_reason
+        s3.create_bucket(Bucket=s3_bucket)  # the probe finds it back, with no traffic
+        with anyio.fail_after(WAIT_S):
+            while not await client.ready():
+                await anyio.sleep(0.05)
+        assert (await client.produce("t", 0, [b"bucket back"])).base_offset == 0
