@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# Benchmark results are output, not source: written outside the tree unless told otherwise.
+BENCH_OUT ?= $(HOME)/.cache/levelzero/bench/results.json
 
 .PHONY: demo test bench lock clean
 
@@ -20,7 +22,7 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
-	$(VENV)/bin/levelzero bench --out bench/results.json
+	$(VENV)/bin/levelzero bench --out $(BENCH_OUT)
 
 lock: $(STAMP)
 	{ echo "# Exact versions \`make test\` installs (pip install -c constraints.txt), so CI is reproducible."; \

@@ -1,7 +1,7 @@
 """Fixtures shared by the whole test suite.
 
 S3: one endpoint per test session — moto's standalone server, started as a subprocess on a free
-local port, or a real server named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
+local port by the benchmarks' helper (`levelzero.bench.moto_fill.moto_process`), or a real server named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
 LEVELZERO_TEST_S3_SECRET_KEY, optional LEVELZERO_TEST_S3_REGION). Nothing S3 starts unless a test
 asks for it, so `pytest -m "not s3"` needs no server. Each test that uses S3 gets its own bucket.
 
@@ -11,11 +11,6 @@ Object stores: `object_store` runs a test against the memory, local and S3 adapt
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -25,16 +20,13 @@ import boto3
 import botocore.config
 import pytest
 
+from levelzero.bench.moto_fill import MotoDidNotStart, moto_process
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3Config, S3ObjectStore
 
 # ------------------------------------------------------------------------------------- S3
-
-MOTO_START_TIMEOUT_S = 30.0
-MOTO_STOP_TIMEOUT_S = 10.0
-_POLL_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -71,29 +63,6 @@ class S3TestEndpoint:
         )
 
 
-def _free_local_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_until_moto_answers(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
-    """Poll the server until it answers; fail early if the process exits. Bounded."""
-    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    for _ in range(int(MOTO_START_TIMEOUT_S / _POLL_INTERVAL_S)):
-        try:
-            with no_proxy.open(f"{url}/moto-api/", timeout=1.0):
-                return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        try:
-            proc.wait(timeout=_POLL_INTERVAL_S)  # doubles as the pause between polls
-        except subprocess.TimeoutExpired:
-            continue
-        pytest.fail(f"moto server exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-    pytest.fail(f"moto server did not answer within {MOTO_START_TIMEOUT_S} s at {url}")
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestEndpoint]:
     endpoint_url = os.environ.get("LEVELZERO_TEST_S3_ENDPOINT")
@@ -106,31 +75,18 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestEndp
             is_moto=False,
         )
         return
-    port = _free_local_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
     try:
-        _wait_until_moto_answers(proc, url, log_path)
-        yield S3TestEndpoint(
-            endpoint_url=url,
-            region="us-east-1",
-            access_key="levelzero-test",
-            secret_key="levelzero-test-secret",
-            is_moto=True,
-        )
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=MOTO_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with moto_process(log_path) as url:  # the benchmarks' helper: one way to run moto
+            yield S3TestEndpoint(
+                endpoint_url=url,
+                region="us-east-1",
+                access_key="levelzero-test",
+                secret_key="levelzero-test-secret",
+                is_moto=True,
+            )
+    except MotoDidNotStart as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

@@ -4,7 +4,11 @@
     levelzero bench --quick                # a few seconds per item: a smoke test
     levelzero bench --only fence --only gc # some items (repeat --only, or give a comma list)
     levelzero bench --markdown BENCHMARKS.md   # also rewrite the figures section of that file
-    levelzero bench --out bench/results.json   # write the results (JSON) there
+    levelzero bench --out ~/lz-bench/results.json   # write the results (JSON) there
+
+The results file belongs outside the source tree (`make bench` writes it under
+$HOME/.cache/levelzero/bench unless BENCH_OUT says otherwise). Wider sweeps of three items run
+on their own: `python -m levelzero.bench.sweep_actors`, `... .sweep_gc`, `... .sweep_log_store`.
 
 Needs the `bench` extra (`pip install 'levelzero[bench]'`): the S3 items run against moto.
 
@@ -34,7 +38,7 @@ from typing import Any, TextIO
 from .common import Figure, Settings, machine
 from .loop import LOOP_CHOICES, resolve_loop, run_async
 
-DEFAULT_RESULTS = os.path.join("bench", "results.json")
+DEFAULT_RESULTS = os.path.join("~", "lz-bench", "results.json")  # an example for --help
 MARK_BEGIN = "<!-- levelzero bench: generated figures begin -->"
 MARK_END = "<!-- levelzero bench: generated figures end -->"
 

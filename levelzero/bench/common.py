@@ -11,14 +11,9 @@ import contextlib
 import gc
 import os
 import platform
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +21,11 @@ from typing import Any, TypeVar
 
 import anyio
 
+from .moto_fill import moto_process
+
 T = TypeVar("T")
 U = TypeVar("U")
 
-MOTO_START_TIMEOUT_S = 30.0
-MOTO_STOP_TIMEOUT_S = 10.0
 MOTO_ACCESS_KEY = "levelzero-bench"
 MOTO_SECRET_KEY = "levelzero-bench-secret"
 
@@ -256,51 +251,20 @@ def work_dir(settings: Settings, name: str) -> Any:
 # ------------------------------------------------------------------------------------ moto
 
 
-def free_local_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.asynccontextmanager
 async def moto_server(log_dir: Path) -> AsyncIterator[str]:
-    """moto's standalone S3 server as a subprocess; its URL. Served by `moto_fill`: moto's own
-    application under werkzeug, as `python -m moto.server` (and tests/conftest.py) runs it, plus
-    a setup endpoint that creates many objects at once."""
-    port = free_local_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = log_dir / "moto.log"
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "levelzero.bench.moto_fill", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
+    """moto's standalone S3 server as a subprocess; its URL (`moto_fill.moto_process`, the one
+    moto helper of the benchmarks and the tests: moto's own application, as `python -m
+    moto.server` runs it, plus a setup endpoint that creates many objects at once). Started and
+    stopped on a worker thread: the event loop keeps running meanwhile."""
+    stack = contextlib.ExitStack()
+    url = await anyio.to_thread.run_sync(
+        lambda: stack.enter_context(moto_process(log_dir / "moto.log"))
+    )
     try:
-        no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-        def answers() -> bool:
-            try:
-                with no_proxy.open(f"{url}/moto-api/", timeout=1.0):
-                    return True
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                return False
-
-        deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-        while not await anyio.to_thread.run_sync(answers):
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto exited: {log_path.read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"moto did not answer at {url} in {MOTO_START_TIMEOUT_S} s")
-            await anyio.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=MOTO_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        await anyio.to_thread.run_sync(stack.close)
 
 
 @contextlib.contextmanager

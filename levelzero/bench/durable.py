@@ -9,7 +9,7 @@ beside raw aiosqlite group commit at the same batch size.
          `log` table (rows encoded up front): SQLite and aiosqlite's thread hops, nothing else.
 Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw rows/s.
 
-`bench/bench_log_store.py` uses `raw_rows_per_s` and `store_appends` for its batch-size sweep.
+`python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size sweep.
 """
 
 from __future__ import annotations

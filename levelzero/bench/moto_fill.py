@@ -9,21 +9,84 @@ it costs about 15 µs. The GC item deletes tens of thousands of objects per roun
 them one PUT at a time used to be most of its run time. Setup only: no figure times it.
 
     python -m levelzero.bench.moto_fill -H 127.0.0.1 -p PORT
+
+`moto_process` starts it as a subprocess on a free loopback port and stops it: the one moto
+helper of the benchmarks (`common.moto_server`) and of the test suite (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
-from collections.abc import Callable, Iterable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 FILL_PATH = "/_levelzero_bench/fill"
 FILL_BODY = b"x"
 FILL_KEYS_MAX = 200_000  # per request: a bounded body
+MOTO_START_TIMEOUT_S = 30.0
+MOTO_STOP_TIMEOUT_S = 10.0
+MOTO_POLL_INTERVAL_S = 0.05
+
+
+class MotoDidNotStart(RuntimeError):
+    """The server exited or did not answer within MOTO_START_TIMEOUT_S (its log's tail)."""
+
+
+def free_local_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_until_answering(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:
+    """Poll the server until it answers; fail early if the process exits. Bounded."""
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for _ in range(int(MOTO_START_TIMEOUT_S / MOTO_POLL_INTERVAL_S)):
+        try:
+            with no_proxy.open(f"{url}/moto-api/", timeout=1.0):
+                return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        try:
+            proc.wait(timeout=MOTO_POLL_INTERVAL_S)  # doubles as the pause between polls
+        except subprocess.TimeoutExpired:
+            continue
+        raise MotoDidNotStart(f"moto exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+    raise MotoDidNotStart(f"moto did not answer within {MOTO_START_TIMEOUT_S} s at {url}")
+
+
+@contextlib.contextmanager
+def moto_process(log_path: Path) -> Iterator[str]:
+    """This server as a subprocess on 127.0.0.1 (its output in `log_path`); yields its URL
+    once it answers, stops it on the way out."""
+    port = free_local_port()
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "levelzero.bench.moto_fill", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_until_answering(proc, url, log_path)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=MOTO_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def fill_objects(bucket: str, keys: list[str]) -> None:

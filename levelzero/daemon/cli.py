@@ -807,7 +807,7 @@ def _bench(argv: list[str]) -> int:
     if importlib.util.find_spec("levelzero.bench") is None:
         _fail(
             "bench: the benchmark suite (levelzero.bench) is not part of this installation; "
-            "run the scripts in bench/ directly, e.g. .venv/bin/python bench/bench_gc.py"
+            "install levelzero from a source checkout with the bench extra"
         )
         return EXIT_FAILED
     if importlib.util.find_spec(BENCH_NEEDS) is None and not {"-h", "--help"} & set(argv):
