@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,17 +36,13 @@ from levelzero.core.entries import (
     SetStartOffset,
 )
 from levelzero.core.errors import NotLeader, ShuttingDown
-from levelzero.core.fence import (
-    Admitted,
-    BecomeUpdater,
-    Fence,
-    FenceMode,
-    FenceStatistics,
-    Rejected,
-    Wait,
-)
+from levelzero.core.fence import Admitted, Fence, FenceMode, FenceStatistics
 from levelzero.core.leader import (
+    Admit,
     AppendQueue,
+    FenceDispatch,
+    Outcome,
+    Refuse,
     WatermarkBoard,
     control_refusal,
     validate_control,
@@ -159,8 +154,8 @@ class PartitionActor:
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
         self._append_wakeup = Wakeup()
-        self._waiting: deque[_Write] = deque()
-        self._updater: _Write | None = None
+        # Writes waiting behind the updater, and the updater (core.leader.FenceDispatch).
+        self._dispatch: FenceDispatch[_Write] = FenceDispatch(self.fence)
         self._deposed: NotLeader | None = None
         self._stopping: _Stop | None = None
         self._later_stops: list[Reply[None]] = []
@@ -306,6 +301,7 @@ class PartitionActor:
         self.term = record.term
         self._appends = AppendQueue(self.state)
         self.fence = Fence(self.row.creation_epoch, self._mode)
+        self._dispatch = FenceDispatch(self.fence)
         self._publish()
         log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
 
@@ -378,31 +374,24 @@ class PartitionActor:
         if refusal is not None:
             msg.reply.fail(refusal)
             return
-        decision = self.fence.try_fence(msg.epoch, self.term, self.state.applied_window)
-        match decision:
-            case Admitted():
-                self._admit(msg, decision)
-            case Rejected(error=error):
-                self._note_fence(msg.epoch, "rejected", (error.window_min, error.window_max))
-                msg.reply.fail(error)
-            case Wait():
-                self._waiting.append(msg)
-            case BecomeUpdater():
-                assert self._updater is None
-                self._updater = msg
-                self._maybe_slide()
+        self._carry_out(
+            self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window)
+        )
 
     def _maybe_slide(self) -> None:
-        if self._updater is None or not self.fence.drained:
-            return
-        updater, self._updater = self._updater, None
-        admitted = self.fence.complete_slide(self.term, self.state.applied_window)
-        log.debug("partition %s window slid to %s", self.name, admitted.window)
-        self._admit(updater, admitted)
-        # Coalesce: everybody who waited re-evaluates against the new window.
-        waiting, self._waiting = self._waiting, deque()
-        for msg in waiting:
-            self._on_write(msg)
+        """Read units were released: the updater slides if the old window is drained."""
+        self._carry_out(self._dispatch.slide_if_drained(self.term, self.state.applied_window))
+
+    def _carry_out(self, outcomes: list[Outcome[_Write]]) -> None:
+        for outcome in outcomes:
+            match outcome:
+                case Admit(token=msg, admitted=admitted):
+                    if admitted.new_epoch:
+                        log.debug("partition %s window slid to %s", self.name, admitted.window)
+                    self._admit(msg, admitted)
+                case Refuse(token=msg, error=error):
+                    self._note_fence(msg.epoch, "rejected", (error.window_min, error.window_max))
+                    msg.reply.fail(error)
 
     def _admit(self, msg: _Write, admitted: Admitted) -> None:
         self._note_fence(
@@ -449,13 +438,7 @@ class PartitionActor:
         raise error  # a failing log store is not survivable: crash loudly, restart replays
 
     def _fail_waiting(self, error: Exception) -> None:
-        waiting = list(self._waiting)
-        if self._updater is not None:
-            waiting.append(self._updater)
-            self._updater = None
-            self.fence.abandon_update()
-        self._waiting.clear()
-        for msg in waiting:
+        for msg in self._dispatch.abandon():
             msg.reply.fail(error)
 
     def _fail_all(self, error: Exception) -> None:

@@ -5,6 +5,8 @@ The actors wait, move messages and do I/O; every rule they apply is here, where 
 drives it without an event loop and the simulation breaks it from outside
 (levelzero/sim/mutations.py) to show its checks catch each one:
 
+- `FenceDispatch`: fence dispatch around `core.fence.Fence` — admitted, refused, waiting
+  behind the updater, the updater sliding once the old window is drained;
 - `object_epoch`: the epoch an L0 object is stamped with (the GC's cap relies on it);
 - `AppendQueue`: reservation of log offsets at admission, then in-order apply once durable
   (a write's read unit is released only when its placeholder is applied);
@@ -14,8 +16,8 @@ drives it without an event loop and the simulation breaks it from outside
 - `advance_epoch_needed`, `catch_up_needed`: the housekeeper's condition for an idle partition;
 - `l1_collect_reason`: why the leader collects an L1 object (or keeps it).
 
-The fence's own decisions (admit, reject, wait, become the updater, slide once drained) are
-`levelzero.core.fence.Fence`; the state machine is `levelzero.core.state.PartitionState`.
+A single write's fence decision is `levelzero.core.fence.Fence`; the state machine is
+`levelzero.core.state.PartitionState`.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from .entries import (
     Placeholder,
     SetStartOffset,
 )
-from .errors import InvalidInput, NotLeader
-from .fence import Fence
+from .errors import InvalidInput, NotLeader, StaleClusterEpoch
+from .fence import Admitted, BecomeUpdater, Fence, Rejected, Wait, Window
 from .state import PartitionState
 
 T = TypeVar("T")
@@ -230,3 +232,86 @@ def l1_collect_reason(
         if not lineage_valid and row_term < term:
             return f"outside the term lineage (term {row_term})"
     return None
+
+
+# ---------------------------------------------------------------- fence dispatch
+
+
+@dataclass(frozen=True, slots=True)
+class Admit(Generic[T]):
+    token: T
+    epoch: int
+    admitted: Admitted
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse(Generic[T]):
+    token: T
+    epoch: int
+    error: StaleClusterEpoch
+
+
+Outcome = Admit[T] | Refuse[T]
+
+
+class FenceDispatch(Generic[T]):
+    """Who is admitted, refused, waits, or becomes the updater, and when the slide happens.
+
+    Around one `Fence` (which decides a single write): writes that must wait while an updater
+    slides the window are queued here, one updater at a time; the slide happens only once the
+    fence is drained (every read unit of the old window released: its writes applied), then
+    every waiting write is offered again against the new window (newer epochs coalesce: one of
+    them may become the next updater). Outcomes come back in admission order, which is the
+    order their log offsets must be reserved in.
+    """
+
+    __slots__ = ("fence", "_waiting", "_updater")
+
+    def __init__(self, fence: Fence) -> None:
+        self.fence = fence
+        self._waiting: deque[tuple[int, T]] = deque()
+        self._updater: tuple[int, T] | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Writes held here: queued behind an updater, and the updater itself."""
+        return len(self._waiting) + (self._updater is not None)
+
+    def offer(
+        self, epoch: int, token: T, term: int, applied_window: Window | None
+    ) -> list[Outcome[T]]:
+        decision = self.fence.try_fence(epoch, term, applied_window)
+        match decision:
+            case Admitted():
+                return [Admit(token, epoch, decision)]
+            case Rejected(error=error):
+                return [Refuse(token, epoch, error)]
+            case Wait():
+                self._waiting.append((epoch, token))
+                return []
+            case BecomeUpdater():
+                assert self._updater is None, "two updaters at once"
+                self._updater = (epoch, token)
+                return self.slide_if_drained(term, applied_window)
+        raise AssertionError(f"unknown fence decision {decision!r}")
+
+    def slide_if_drained(self, term: int, applied_window: Window | None) -> list[Outcome[T]]:
+        """Call whenever read units were released: the updater slides once none is left."""
+        if self._updater is None or not self.fence.drained:
+            return []
+        (epoch, token), self._updater = self._updater, None
+        outcomes: list[Outcome[T]] = [Admit(token, epoch, self.fence.complete_slide(term, applied_window))]
+        waiting, self._waiting = self._waiting, deque()
+        for waiting_epoch, waiting_token in waiting:
+            outcomes.extend(self.offer(waiting_epoch, waiting_token, term, applied_window))
+        return outcomes
+
+    def abandon(self) -> list[T]:
+        """Give up every held write (stopping, deposed): the updater abandons its slide."""
+        tokens = [token for _, token in self._waiting]
+        self._waiting.clear()
+        if self._updater is not None:
+            tokens.append(self._updater[1])
+            self._updater = None
+            self.fence.abandon_update()
+        return tokens

@@ -343,8 +343,8 @@ async def test_ten_concurrent_writes_with_the_same_newer_epoch_slide_once() -> N
         await store.held.wait()
         writes = [spawn_write(tg, actor, placeholder(N + 1)) for _ in range(10)]
         await wait_until(
-            lambda: actor.fence.updater_epoch == N + 1 and len(actor._waiting) == 9,
-            "one updater and nine waiters",
+            lambda: actor.fence.updater_epoch == N + 1 and actor._dispatch.waiting == 10,
+            "one updater and nine waiters (ten held)",
         )
         assert not any(w.done.is_set() for w in writes)
         store.open_gate()

@@ -15,7 +15,10 @@ from levelzero.core.entries import (
 from levelzero.core.errors import InvalidInput, NotLeader
 from levelzero.core.fence import Admitted, BecomeUpdater, Fence
 from levelzero.core.leader import (
+    Admit,
     AppendQueue,
+    FenceDispatch,
+    Refuse,
     WatermarkBoard,
     advance_epoch_needed,
     catch_up_needed,
@@ -155,3 +158,46 @@ def test_l1_collect_reasons() -> None:
     # the current term's own out-of-lineage object: its catch-up may still come
     assert reason(lineage_valid=False, row_term=2) is None
     assert reason(copy_finished=False) is None  # a copy in progress, not stale
+
+
+def test_dispatch_queues_writes_behind_the_updater_until_the_old_window_drains() -> None:
+    state = started()
+    fence = Fence(1)
+    dispatch: FenceDispatch[str] = FenceDispatch(fence)
+    (first,) = dispatch.offer(2, "first", 1, state.applied_window)  # no window: slides at once
+    assert isinstance(first, Admit) and first.admitted.new_epoch and first.token == "first"
+    (old,) = dispatch.offer(2, "old", 1, state.applied_window)
+    assert isinstance(old, Admit) and not old.admitted.new_epoch
+    # a newer epoch becomes the updater, but two read units of window [2, 2] are out
+    assert dispatch.offer(4, "updater", 1, state.applied_window) == []
+    assert dispatch.offer(5, "newer", 1, state.applied_window) == []  # waits behind it
+    assert dispatch.offer(4, "same", 1, state.applied_window) == []
+    assert dispatch.waiting == 3 and fence.updater_epoch == 4
+    fence.release()
+    assert dispatch.slide_if_drained(1, state.applied_window) == []  # one unit still out
+    fence.release()
+    outcomes = dispatch.slide_if_drained(1, state.applied_window)
+    # the updater slides to [2, 4]; the waiters are offered again in order: "newer" (5) becomes
+    # the next updater (the updater's own unit is out), so "same" (4) waits behind it
+    assert [(type(o).__name__, o.token) for o in outcomes] == [("Admit", "updater")]
+    assert outcomes[0].admitted.window == (2, 4)  # type: ignore[union-attr]
+    assert fence.updater_epoch == 5 and dispatch.waiting == 2
+    fence.release()
+    outcomes = dispatch.slide_if_drained(1, state.applied_window)
+    # [4, 5]; "same" (4) is refused: nothing is applied yet, so with 5 in flight it could land
+    # below the applied window (the fence's landing-order rule); it retries with a fresh epoch
+    assert [(type(o).__name__, o.token) for o in outcomes] == [("Admit", "newer"), ("Refuse", "same")]
+    assert dispatch.waiting == 0 and fence.updater_epoch is None
+
+
+def test_dispatch_refuses_below_the_window_and_abandons_what_it_holds() -> None:
+    state = started()
+    fence = Fence(3)
+    dispatch: FenceDispatch[str] = FenceDispatch(fence)
+    (refused,) = dispatch.offer(2, "old", 1, state.applied_window)  # below the creation epoch
+    assert isinstance(refused, Refuse) and refused.error.window_min == 3
+    dispatch.offer(3, "a", 1, state.applied_window)
+    assert dispatch.offer(6, "updater", 1, state.applied_window) == []
+    assert dispatch.offer(7, "waiter", 1, state.applied_window) == []
+    assert sorted(dispatch.abandon()) == ["updater", "waiter"]
+    assert fence.updater_epoch is None and dispatch.waiting == 0
