@@ -6,16 +6,22 @@ LEVELZERO_TEST_S3_SECRET_KEY, optional LEVELZERO_TEST_S3_REGION). Nothing S3 sta
 asks for it, so `pytest -m "not s3"` needs no server. Each test that uses S3 gets its own bucket.
 
 Object stores: `object_store` runs a test against the memory, local and S3 adapters.
+
+PostgreSQL: one throwaway server per session (or LEVELZERO_TEST_POSTGRES_DSN), started only when a
+test asks for `postgres_dsn`; each such test gets a fresh database.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import asyncpg
 import boto3
 import botocore.config
 import pytest
@@ -23,6 +29,7 @@ import pytest
 from levelzero.bench.moto_fill import MotoDidNotStart, moto_process
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.postgres.throwaway import ServerUnavailable, ThrowawayServer, start_throwaway
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3Config, S3ObjectStore
 
@@ -142,3 +149,54 @@ async def object_store(
         yield store
     finally:
         await store.aclose()
+
+
+# ---------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[ThrowawayServer | str]:
+    """A throwaway PostgreSQL server for the session (initdb + pg_ctl, fsync off), or the DSN
+    in LEVELZERO_TEST_POSTGRES_DSN (a server whose user may create databases). Without
+    PostgreSQL binaries the tests that need it fail, saying how to install them."""
+    dsn = os.environ.get("LEVELZERO_TEST_POSTGRES_DSN")
+    if dsn:
+        yield dsn
+        return
+    try:
+        server = start_throwaway()
+    except ServerUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _admin_dsn(server: ThrowawayServer | str) -> str:
+    return server if isinstance(server, str) else server.dsn()
+
+
+def _with_database(dsn: str, database: str) -> str:
+    parts = urllib.parse.urlsplit(dsn)
+    return urllib.parse.urlunsplit(parts._replace(path="/" + database))
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: ThrowawayServer | str) -> Iterator[str]:
+    """A DSN of a fresh, empty database of its own (dropped afterwards)."""
+    admin = _admin_dsn(postgres_server)
+    database = f"levelzero_test_{uuid.uuid4().hex[:12]}"
+
+    async def run(statement: str) -> None:
+        connection = await asyncpg.connect(admin)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(run(f'CREATE DATABASE "{database}"'))
+    try:
+        yield _with_database(admin, database)
+    finally:
+        asyncio.run(run(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))

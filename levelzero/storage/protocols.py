@@ -195,6 +195,21 @@ class ConsumerOffsetStore(Protocol):
         ...
 
 
+class LogStoreStatistics(msgspec.Struct, frozen=True):
+    """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""
+
+    batches: int  # batches the writer executed
+    commits: int  # batches that committed
+    jobs: int  # write calls resolved by a committed batch (accepted or rejected)
+    appends: int  # append calls committed
+    records: int  # log records committed (appends and TermStarts)
+    rejected_appends: int  # appends refused with NotLeader / InvariantViolation
+    largest_batch_records: int
+    queued: int  # write jobs waiting for the writer right now
+    queue_max: int
+    failed: bool  # the store refuses writes (SQLite failed mid-batch; until reopened)
+
+
 @runtime_checkable
 class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""

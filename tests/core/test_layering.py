@@ -62,6 +62,7 @@ CORE_FORBIDDEN = frozenset(
 ACTORS_FORBIDDEN_PREFIXES = (
     "levelzero.daemon",
     "levelzero.storage.sqlite",
+    "levelzero.storage.postgres",
     "levelzero.storage.s3_store",
     "levelzero.storage.local_store",
     "levelzero.storage.memory_store",

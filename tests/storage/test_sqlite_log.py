@@ -89,46 +89,9 @@ async def storage_error_into(
         errors.append(error)
 
 
-async def test_store_satisfies_the_log_store_protocol(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        assert isinstance(store, LogStore)
-
 
 # ---------------------------------------------------------------------- group commit
 
-
-async def test_concurrent_appends_are_durable_ordered_and_group_committed(db: Path) -> None:
-    partitions, appends_per_partition, records_per_append = 50, 20, 2
-    async with await SqliteLogStore.open(db) as store:
-        rows = await store.create_topic("t", partitions, creation_epoch=1, now=0.0)
-        before = store.statistics()
-
-        async def appender(pid: int) -> None:
-            for index in range(appends_per_partition):
-                first = index * records_per_append
-                records = [placeholder(first + i, 0, first + i) for i in range(records_per_append)]
-                await store.append(pid, 0, records)
-
-        async with anyio.create_task_group() as tg:
-            for row in rows:
-                tg.start_soon(appender, row.pid)
-        stats = store.statistics()
-
-    appends = partitions * appends_per_partition
-    assert stats.appends - before.appends == appends
-    assert stats.records - before.records == appends * records_per_append
-    assert stats.rejected_appends == 0
-    # Group commit: ~one commit per round of the 50 appenders, not one per append.
-    assert stats.commits - before.commits <= appends // 10, stats
-    assert stats.largest_batch_records > records_per_append
-
-    async with await SqliteLogStore.open(db) as store:
-        for row in rows:
-            records = await store.read_log(row.pid, 0)
-            expected = [
-                placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)
-            ]
-            assert records == expected
 
 
 async def test_statistics_is_an_immutable_snapshot(db: Path) -> None:
@@ -215,85 +178,9 @@ def test_sigkill_keeps_every_acknowledged_append_whole(db: Path) -> None:
 # ---------------------------------------------------------------------- terms
 
 
-async def test_stale_term_append_is_rejected_while_batch_mates_commit(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        (a, b) = await store.create_topic("t", 2, 1, 0.0)
-        start_a = await store.begin_term(a.pid, 0, 0)
-        await store.begin_term(b.pid, 0, 0)
-        assert start_a == LogRecord(0, 1, 0, TermStart(1))
-        await store.begin_term(b.pid, 1, 0)  # b moves on to term 2
-
-        outcomes: dict[str, BaseException | None] = {}
-
-        async def attempt(name: str, pid: int, term: int, record: LogRecord) -> None:
-            try:
-                await store.append(pid, term, [record])
-                outcomes[name] = None
-            except NotLeader as error:
-                outcomes[name] = error
-
-        batches_before = store.statistics().batches
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(attempt, "a", a.pid, 1, placeholder(1, 1, 0))
-            tg.start_soon(attempt, "b-stale", b.pid, 1, placeholder(2, 1, 0))
-            tg.start_soon(attempt, "b-current", b.pid, 2, placeholder(2, 2, 0))
-        assert store.statistics().batches == batches_before + 1  # all three in one batch
-
-        assert outcomes["a"] is None and outcomes["b-current"] is None
-        stale = outcomes["b-stale"]
-        assert isinstance(stale, NotLeader)
-        assert (stale.expected_term, stale.current_term, stale.partition) == (1, 2, "t/1")
-        assert store.statistics().rejected_appends == 1
-        assert await store.read_log(a.pid, 0) == [start_a, placeholder(1, 1, 0)]
-        assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
-        assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
 
 
-async def test_begin_term_increments_term_and_survives_reopen(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.create_topic("t", 1, 1, 0.0)
-        assert p.term == 0
-        first = await store.begin_term(p.pid, 0, 0)
-        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=5)])
-        second = await store.begin_term(p.pid, 2, 5)
-        assert (first.term, second.term) == (1, 2)
-        assert second == LogRecord(2, 2, 5, TermStart(2))
-        with pytest.raises(NotLeader):
-            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.list_partitions()
-        assert p.term == 2
-        with pytest.raises(NotLeader):
-            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
-        await store.append(p.pid, 2, [placeholder(3, 2, 5)])
-        third = await store.begin_term(p.pid, 4, 6)
-        assert third.term == 3
 
-
-async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.create_topic("t", 1, 1, 0.0)
-        with pytest.raises(InvariantViolation, match="continues at 0"):
-            await store.append(p.pid, 0, [placeholder(1, 0, 0)])  # gap
-        with pytest.raises(InvariantViolation, match="carries term 3"):
-            await store.append(p.pid, 0, [placeholder(0, 3, 0)])  # wrong term in record
-        with pytest.raises(InvariantViolation, match="consecutive log offsets; 3 follows 1"):
-            await store.append(p.pid, 0, [placeholder(o, 0, o) for o in (0, 1, 3)])
-        with pytest.raises(NotLeader):
-            await store.append(p.pid, 4, [])  # an empty append still checks the term
-        with pytest.raises(InvariantViolation, match="unknown partition id 999"):
-            await store.append(999, 0, [placeholder(0, 0, 0)])
-        with pytest.raises(InvariantViolation, match="continues at 0"):
-            await store.begin_term(p.pid, 5, 0)
-        # Nothing of the rejected appends landed; the store keeps working.
-        assert await store.read_log(p.pid, 0) == []
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
-        assert not store.statistics().failed
-
-
-# A step is ops on distinct partitions, run concurrently (so they share batches):
-# ("append", records, stale) | ("begin_term",) | ("snapshot_truncate",); or ("reopen",).
 _op = st.one_of(
     st.tuples(st.just("append"), st.integers(0, 4), st.booleans()),
     st.tuples(st.just("begin_term")),
@@ -372,103 +259,7 @@ def test_random_concurrent_operations_match_a_simple_model(steps) -> None:  # no
 # ---------------------------------------------------------------------- snapshots and reads
 
 
-async def test_snapshot_truncation_and_reading_continue(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(10)])
-        with pytest.raises(InvariantViolation, match="no snapshot covers"):
-            await store.truncate_below(p.pid, 1)
-        assert await store.truncate_below(p.pid, 0) == 0
 
-        await store.save_snapshot(Snapshot(p.pid, 5, b"state@5"))
-        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 5, b"state@5")
-        with pytest.raises(InvariantViolation, match="no snapshot covers"):
-            await store.truncate_below(p.pid, 7)
-        assert await store.truncate_below(p.pid, 6) == 6
-        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [6, 7, 8, 9]
-        assert [r.log_offset for r in await store.read_log(p.pid, 7, limit=2)] == [7, 8]
-        with pytest.raises(InvariantViolation, match="older than the saved one"):
-            await store.save_snapshot(Snapshot(p.pid, 4, b"old"))
-        with pytest.raises(InvariantViolation, match="the log ends before 10"):
-            await store.save_snapshot(Snapshot(p.pid, 10, b"future"))
-
-        await store.append(p.pid, 0, [placeholder(10, 0, 10)])
-        await store.save_snapshot(Snapshot(p.pid, 10, b"state@10"))
-        assert await store.truncate_below(p.pid, 11) == 5  # the whole log
-        assert await store.read_log(p.pid, 0) == []
-
-    # With the log truncated to nothing, the snapshot tells where the log continues.
-    async with await SqliteLogStore.open(db) as store:
-        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 10, b"state@10")
-        with pytest.raises(InvariantViolation, match="continues at 11"):
-            await store.append(p.pid, 0, [placeholder(0, 0, 0)])
-        await store.append(p.pid, 0, [placeholder(11, 0, 11)])
-        assert await store.read_log(p.pid, 0) == [placeholder(11, 0, 11)]
-        assert await store.load_snapshot(12345) is None
-
-
-async def test_recovery_from_snapshot_and_replay_equals_live_state(db: Path) -> None:
-    live = PartitionState(creation_epoch=1)
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.create_topic("t", 1, 1, 0.0)
-        live.apply(await store.begin_term(p.pid, 0, 0))
-
-        async def append(entry) -> None:  # noqa: ANN001
-            record = LogRecord(live.next_log_offset, live.term, live.high_watermark, entry)
-            await store.append(p.pid, live.term, [record])
-            live.apply(record)
-
-        def data(epoch: int, count: int) -> Placeholder:
-            return Placeholder(epoch, f"k-{live.next_log_offset}", 0, 10 * count, count, 0)
-
-        for epoch in (1, 1, 2, 3, 3):
-            await append(data(epoch, 4))
-        await append(AdvanceReconciledOffset(lro=7, lrlo=2))
-        snapshot = Snapshot(p.pid, live.last_applied_log_offset, live.encode_snapshot())
-        await store.save_snapshot(snapshot)
-        await store.truncate_below(p.pid, live.last_applied_log_offset + 1)
-        await append(AdvanceEpoch(4))
-        await append(data(4, 2))
-        await append(SetStartOffset(3))
-        await append(AdvanceReconciledOffset(lro=20, lrlo=live.last_applied_log_offset))
-        live.apply(await store.begin_term(p.pid, live.next_log_offset, live.high_watermark))
-        await append(data(4, 1))
-
-    async with await SqliteLogStore.open(db) as store:
-        snapshot = await store.load_snapshot(p.pid)
-        assert snapshot is not None
-        recovered = PartitionState.decode_snapshot(snapshot.data)
-        for record in await store.read_log(p.pid, snapshot.log_offset + 1):
-            assert recovered.apply(record)
-    assert recovered == live
-    assert recovered.mp == 2 and recovered.term == 2
-
-
-async def test_read_placeholders_returns_ranges_ending_above_the_offset(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        (p,) = await store.create_topic("t", 1, 1, 0.0)
-        # Data ranges: [0,10) [10,15) (epoch marker) [15,30) [30,31)
-        records = [
-            placeholder(0, 0, 0, count=10),
-            placeholder(1, 0, 10, count=5),
-            LogRecord(2, 0, 15, AdvanceEpoch(2)),
-            placeholder(3, 0, 15, epoch=2, count=15),
-            placeholder(4, 0, 30, epoch=2, count=1),
-        ]
-        await store.append(p.pid, 0, records)
-
-        async def bases(offset: int, limit: int = 100) -> list[int]:
-            return [r.base_offset for r in await store.read_placeholders(p.pid, offset, limit)]
-
-        assert await bases(0) == [0, 10, 15, 30]
-        assert await bases(9) == [0, 10, 15, 30]
-        assert await bases(10) == [10, 15, 30]
-        assert await bases(14) == [10, 15, 30]
-        assert await bases(29) == [15, 30]
-        assert await bases(30) == [30]
-        assert await bases(31) == []
-        assert await bases(0, limit=2) == [0, 10]
-        assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
 
 
 # ---------------------------------------------------------------------- bad input
@@ -565,39 +356,6 @@ async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
 # ---------------------------------------------------------------------- cluster epoch, topics
 
 
-async def test_cluster_epoch_persists_and_never_decreases(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        assert await store.get_cluster_epoch() == 1
-        await store.set_cluster_epoch(5)
-        await store.set_cluster_epoch(5)
-        with pytest.raises(InvariantViolation, match="from 5 to 4"):
-            await store.set_cluster_epoch(4)
-        with pytest.raises(InvariantViolation):
-            await store.set_cluster_epoch(0)
-    async with await SqliteLogStore.open(db) as store:
-        assert await store.get_cluster_epoch() == 5
-        with pytest.raises(InvariantViolation):
-            await store.set_cluster_epoch(3)
-        await store.set_cluster_epoch(9)
-        assert await store.get_cluster_epoch() == 9
-
-
-async def test_create_topic_assigns_pids_and_refuses_duplicates(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        rows = await store.create_topic("a", 3, 2, 100.0)
-        assert [(r.topic, r.partition, r.creation_epoch, r.term, r.created_at) for r in rows] == [
-            ("a", i, 2, 0, 100.0) for i in range(3)
-        ]
-        with pytest.raises(TopicExists):
-            await store.create_topic("a", 1, 2, 100.0)
-        await store.create_topic("b", 1, 3, 101.0)
-        with pytest.raises(InvalidInput):
-            await store.create_topic("c", 0, 3, 101.0)
-        assert len({r.pid for r in await store.list_partitions()}) == 4
-    async with await SqliteLogStore.open(db) as store:
-        assert [(r.topic, r.partition) for r in await store.list_partitions()] == [
-            ("a", 0), ("a", 1), ("a", 2), ("b", 0)
-        ]
 
 
 # ---------------------------------------------------------------------- L1 and events
@@ -606,26 +364,6 @@ async def test_create_topic_assigns_pids_and_refuses_duplicates(db: Path) -> Non
 def l1_row(key: str, pid: int, base: int, state: str = L1State.COPY_STARTED) -> L1Row:
     return L1Row(key, pid, base, base + 9, base + 2, 1, 1000, state, 1.0, 1.0)
 
-
-async def test_l1_transition_is_compare_and_set(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        await store.l1_insert(l1_row("k1", 1, 0))
-        await store.l1_insert(l1_row("k2", 1, 10))
-        await store.l1_insert(l1_row("k3", 2, 0))
-        with pytest.raises(InvariantViolation, match="already recorded"):
-            await store.l1_insert(l1_row("k1", 1, 0))
-        with pytest.raises(InvalidInput, match="unknown L1 state"):
-            await store.l1_insert(l1_row("k9", 1, 0, state="BOGUS"))
-        assert await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
-        assert not await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0)
-        assert not await store.l1_transition(
-            "missing", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0
-        )
-        assert [r.key for r in await store.l1_list(pid=1)] == ["k1", "k2"]
-        finished = await store.l1_list(states=[L1State.COPY_FINISHED])
-        assert finished == [L1Row("k1", 1, 0, 9, 2, 1, 1000, L1State.COPY_FINISHED, 1.0, 2.0)]
-        assert [r.key for r in await store.l1_list(pid=2, states=[L1State.COPY_STARTED])] == ["k3"]
-        assert len(await store.l1_list()) == 3
 
 
 async def test_event_rows_are_readable_with_plain_sql(db: Path) -> None:
@@ -701,27 +439,6 @@ async def test_open_then_aclose_without_context_manager(db: Path) -> None:
     with pytest.raises(ShuttingDown):
         await store.read_log(p.pid, 0)
 
-
-async def test_aclose_finishes_queued_writes(db: Path) -> None:
-    async with await SqliteLogStore.open(db) as store:
-        rows = await store.create_topic("t", 10, 1, 0.0)
-    done: list[int] = []
-    async with anyio.create_task_group() as outer:
-        store = await SqliteLogStore.open_in(outer, db)
-        async with anyio.create_task_group() as tg:
-
-            async def append(pid: int) -> None:
-                await store.append(pid, 0, [placeholder(0, 0, 0)])
-                done.append(pid)
-
-            for row in rows:
-                tg.start_soon(append, row.pid)
-            await anyio.wait_all_tasks_blocked()  # every append is queued or in the batch
-            await store.aclose()
-    assert sorted(done) == [r.pid for r in rows]
-    async with await SqliteLogStore.open(db) as store:
-        for row in rows:
-            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
 
 
 async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: Path) -> None:

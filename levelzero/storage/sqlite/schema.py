@@ -13,8 +13,9 @@ from typing import Any
 import aiosqlite
 import msgspec
 
-from levelzero.core.entries import ENTRY_KINDS, LogRecord, Placeholder, encode_entry
-from levelzero.core.errors import InvariantViolation, StorageError, StoreRefused
+from levelzero.core.entries import LogRecord
+from levelzero.core.errors import StorageError, StoreRefused
+from levelzero.storage.log_rules import log_columns
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -210,28 +211,7 @@ SELECT_CLUSTER_EPOCH = "SELECT epoch FROM cluster_epoch WHERE id = 1"
 
 def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
     """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
-    entry = record.entry
-    kind = ENTRY_KINDS.get(type(entry))
-    if kind is None:
-        raise InvariantViolation(f"not a log entry: {entry!r}")
-    if isinstance(entry, Placeholder):
-        record_count, byte_length = entry.record_count, entry.byte_length
-        object_key: str | None = entry.object_key
-    else:
-        record_count, byte_length, object_key = 0, 0, None
-    return (
-        pid,
-        record.log_offset,
-        record.term,
-        record.base_offset,
-        kind,
-        record.epoch,
-        record_count,
-        byte_length,
-        object_key,
-        encode_entry(entry),
-        now,
-    )
+    return (pid, *log_columns(record), now)
 
 
 def check_version(version: int, tables: set[str], db_path: str) -> None:

@@ -67,13 +67,20 @@ from levelzero.storage.protocols import (
     GcRoundRow,
     L0ObjectRow,
     L1Row,
-    L1State,
+    LogStoreStatistics,
     OffsetRow,
     PartitionRow,
     Snapshot,
     StateSampleRow,
 )
 from levelzero.storage.sqlite import writer_process
+
+from levelzero.storage.log_rules import (
+    check_append_records,
+    check_cluster_epoch,
+    check_create_topic,
+    check_l1_state,
+)
 
 from .lockfile import lock_exclusively
 from .schema import (
@@ -103,24 +110,8 @@ BUSY_TIMEOUT_MS = 5000
 SENT_BATCHES_MAX = 2  # batches sent to the writer process and not yet answered
 SPLIT_JOBS_MIN = 32  # this many waiting jobs, with none sent, go out as two batches
 WRITER_ANSWER_TIMEOUT_S = 120.0  # for one batch's commit, then the store refuses writes
-TOPIC_PARTITIONS_MAX = 10_000
 
 Synchronous = Literal["FULL", "NORMAL"]
-
-
-class LogStoreStatistics(msgspec.Struct, frozen=True):
-    """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""
-
-    batches: int  # batches the writer executed
-    commits: int  # batches that committed
-    jobs: int  # write calls resolved by a committed batch (accepted or rejected)
-    appends: int  # append calls committed
-    records: int  # log records committed (appends and TermStarts)
-    rejected_appends: int  # appends refused with NotLeader / InvariantViolation
-    largest_batch_records: int
-    queued: int  # write jobs waiting for the writer right now
-    queue_max: int
-    failed: bool  # SQLite failed mid-batch; the store refuses writes until reopened
 
 
 
@@ -618,14 +609,7 @@ class SqliteLogStore:
     async def create_topic(
         self, topic: str, partitions: int, creation_epoch: int, now: float
     ) -> list[PartitionRow]:
-        if not isinstance(topic, str) or not topic:
-            raise InvalidInput(f"topic must be a non-empty string, not {topic!r}")
-        if not (isinstance(partitions, int) and 1 <= partitions <= TOPIC_PARTITIONS_MAX):
-            raise InvalidInput(
-                f"partitions must be in [1, {TOPIC_PARTITIONS_MAX}], not {partitions!r}"
-            )
-        if not (isinstance(creation_epoch, int) and creation_epoch >= 1):
-            raise InvalidInput(f"creation_epoch must be >= 1, not {creation_epoch!r}")
+        check_create_topic(topic, partitions, creation_epoch)
 
         async def run(connection: aiosqlite.Connection, batch: Batch) -> list[PartitionRow]:
             async with connection.execute(
@@ -684,17 +668,7 @@ class SqliteLogStore:
         now = self._clock()
         records = list(records)
         first_offset = records[0].log_offset if records else None
-        for index, record in enumerate(records):
-            if record.term != expected_term:
-                raise InvariantViolation(
-                    f"partition id {pid}: record at log offset {record.log_offset} "
-                    f"carries term {record.term}, the append expects {expected_term}"
-                )
-            if record.log_offset != records[0].log_offset + index:
-                raise InvariantViolation(
-                    f"partition id {pid}: records of one append must have consecutive log "
-                    f"offsets; {record.log_offset} follows {records[index - 1].log_offset}"
-                )
+        check_append_records(pid, expected_term, records)
         rows = [log_row(pid, record, now) for record in records]
 
         def stage(batch: Batch) -> None:
@@ -831,14 +805,13 @@ class SqliteLogStore:
                 (epoch,),
             )
 
-        if not isinstance(epoch, int) or epoch < 1:
-            raise InvariantViolation(f"cluster epoch must be an integer >= 1, not {epoch!r}")
+        check_cluster_epoch(epoch)
         await self._submit(Job(run=run))
 
     # ------------------------------------------------------------------ L1 metastore
 
     async def l1_insert(self, row: L1Row) -> None:
-        _check_l1_state(row.state)
+        check_l1_state(row.state)
 
         async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
             try:
@@ -849,8 +822,8 @@ class SqliteLogStore:
         await self._submit(Job(run=run))
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
-        _check_l1_state(from_state)
-        _check_l1_state(to_state)
+        check_l1_state(from_state)
+        check_l1_state(to_state)
 
         async def run(connection: aiosqlite.Connection, batch: Batch) -> bool:
             async with connection.execute(
@@ -871,7 +844,7 @@ class SqliteLogStore:
             params.append(pid)
         if states is not None:
             for state in states:
-                _check_l1_state(state)
+                check_l1_state(state)
             where.append(f"state IN ({', '.join('?' * len(states))})")
             params.extend(states)
         sql = SELECT_L1
@@ -959,9 +932,4 @@ async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | 
         "SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)
     )
     return rows[0][0] if rows else None
-
-
-def _check_l1_state(state: str) -> None:
-    if state not in L1State.ALL:
-        raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")
 

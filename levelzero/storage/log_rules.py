@@ -1,0 +1,65 @@
+"""Checks every log store backend applies to its callers' arguments before touching its
+database, with the same messages: one rule, whichever backend holds the log."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from levelzero.core.entries import ENTRY_KINDS, LogRecord, Placeholder, encode_entry
+from levelzero.core.errors import InvalidInput, InvariantViolation
+from levelzero.storage.protocols import L1State
+
+TOPIC_PARTITIONS_MAX = 10_000
+
+
+def check_create_topic(topic: str, partitions: int, creation_epoch: int) -> None:
+    if not isinstance(topic, str) or not topic:
+        raise InvalidInput(f"topic must be a non-empty string, not {topic!r}")
+    if not (isinstance(partitions, int) and 1 <= partitions <= TOPIC_PARTITIONS_MAX):
+        raise InvalidInput(f"partitions must be in [1, {TOPIC_PARTITIONS_MAX}], not {partitions!r}")
+    if not (isinstance(creation_epoch, int) and creation_epoch >= 1):
+        raise InvalidInput(f"creation_epoch must be >= 1, not {creation_epoch!r}")
+
+
+def check_append_records(pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+    """Records of one append carry the append's term and consecutive log offsets."""
+    for index, record in enumerate(records):
+        if record.term != expected_term:
+            raise InvariantViolation(
+                f"partition id {pid}: record at log offset {record.log_offset} "
+                f"carries term {record.term}, the append expects {expected_term}"
+            )
+        if record.log_offset != records[0].log_offset + index:
+            raise InvariantViolation(
+                f"partition id {pid}: records of one append must have consecutive log "
+                f"offsets; {record.log_offset} follows {records[index - 1].log_offset}"
+            )
+
+
+def check_cluster_epoch(epoch: int) -> None:
+    if not isinstance(epoch, int) or epoch < 1:
+        raise InvariantViolation(f"cluster epoch must be an integer >= 1, not {epoch!r}")
+
+
+def check_l1_state(state: str) -> None:
+    if state not in L1State.ALL:
+        raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")
+
+
+def log_columns(record: LogRecord) -> tuple[Any, ...]:
+    """(log_offset, term, base_offset, kind, epoch, record_count, byte_length, object_key,
+    entry): the columns of a log row that plain SQL reads, plus the encoded entry."""
+    entry = record.entry
+    kind = ENTRY_KINDS.get(type(entry))
+    if kind is None:
+        raise InvariantViolation(f"not a log entry: {entry!r}")
+    if isinstance(entry, Placeholder):
+        record_count, byte_length = entry.record_count, entry.byte_length
+        object_key: str | None = entry.object_key
+    else:
+        record_count, byte_length, object_key = 0, 0, None
+    return (
+        record.log_offset, record.term, record.base_offset, kind, record.epoch,
+        record_count, byte_length, object_key, encode_entry(entry),
+    )

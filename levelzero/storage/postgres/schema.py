@@ -1,0 +1,165 @@
+"""The PostgreSQL control plane's schema as versioned migrations, applied at start-up under an
+advisory lock so that nodes starting together migrate once; a database whose version is newer
+than this code is refused (StoreRefused: the daemon exits with status 2).
+
+Tables mirror the SQLite ones (storage/sqlite/schema.py) with two differences that fencing and
+export need: `partitions.next_log_offset` is the database's own cursor of each log (an append
+names its term and first offset, and the transaction refuses it unless both still hold), and
+the event tables carry a `seq` column (the export's watermark, which SQLite's rowid gives);
+object keys compare bytewise (COLLATE "C"), as in SQLite, whatever the database's locale.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from levelzero.core.errors import StoreRefused
+
+# pg_advisory_lock key: "levelzero" in ASCII, folded into a bigint. Only migrations take it.
+MIGRATION_LOCK_KEY = 0x6C65_7665_6C7A_6572
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the tables of SQLite schema 1
+    """
+CREATE TABLE partitions (
+    pid BIGSERIAL PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    next_log_offset BIGINT NOT NULL DEFAULT 0,
+    created_at DOUBLE PRECISION NOT NULL,
+    UNIQUE (topic, partition)
+);
+CREATE TABLE log (
+    pid BIGINT NOT NULL REFERENCES partitions (pid),
+    log_offset BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    base_offset BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    epoch BIGINT,
+    record_count BIGINT NOT NULL,
+    byte_length BIGINT NOT NULL,
+    object_key TEXT,
+    entry BYTEA NOT NULL,
+    appended_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (pid, log_offset)
+);
+CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
+CREATE TABLE snapshots (
+    pid BIGINT PRIMARY KEY REFERENCES partitions (pid),
+    log_offset BIGINT NOT NULL,
+    data BYTEA NOT NULL,
+    saved_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE cluster_epoch (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    epoch BIGINT NOT NULL CHECK (epoch >= 1)
+);
+CREATE TABLE l1_objects (
+    seq BIGSERIAL UNIQUE,
+    key TEXT COLLATE "C" PRIMARY KEY,
+    pid BIGINT NOT NULL,
+    base_offset BIGINT NOT NULL,
+    last_offset BIGINT NOT NULL,
+    last_log_offset BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    size BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
+CREATE TABLE l0_objects (
+    seq BIGSERIAL UNIQUE,
+    key TEXT COLLATE "C" PRIMARY KEY,
+    epoch BIGINT NOT NULL,
+    size BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    extents BIGINT NOT NULL,
+    deleted_at DOUBLE PRECISION,
+    deleted_at_m BIGINT
+);
+CREATE INDEX l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL;
+CREATE TABLE gc_rounds (
+    round_id BIGINT PRIMARY KEY,
+    started_at DOUBLE PRECISION NOT NULL,
+    finished_at DOUBLE PRECISION NOT NULL,
+    cluster_epoch BIGINT NOT NULL,
+    m BIGINT,
+    dry_run BOOLEAN NOT NULL,
+    listed BIGINT NOT NULL,
+    deleted BIGINT NOT NULL,
+    deleted_bytes BIGINT NOT NULL,
+    too_young BIGINT NOT NULL,
+    above_m BIGINT NOT NULL,
+    errors BIGINT NOT NULL,
+    blocked_by TEXT
+);
+CREATE TABLE fence_events (
+    seq BIGSERIAL PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    pid BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    epoch BIGINT NOT NULL,
+    outcome TEXT NOT NULL,
+    window_min BIGINT,
+    window_max BIGINT,
+    decisions BIGINT NOT NULL DEFAULT 1
+);
+CREATE TABLE state_samples (
+    seq BIGSERIAL PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL,
+    pid BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    previous_applied_epoch BIGINT,
+    max_applied_epoch BIGINT,
+    min_epoch_lower_bound BIGINT,
+    mp BIGINT,
+    lro BIGINT NOT NULL,
+    high_watermark BIGINT NOT NULL,
+    start_offset BIGINT NOT NULL
+);
+""",
+    # 2: the Kafka listener's committed offsets (the consumer-offsets role)
+    """
+CREATE TABLE consumer_offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    committed_offset BIGINT NOT NULL,
+    metadata TEXT NOT NULL,
+    committed_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (group_id, topic, partition)
+);
+""",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_VERSION_TABLE = """CREATE TABLE IF NOT EXISTS levelzero_schema (
+    version INTEGER PRIMARY KEY,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)"""
+
+
+async def migrate(connection: asyncpg.Connection, where: str) -> int:
+    """Bring the database to SCHEMA_VERSION, one migration per transaction, under an advisory
+    lock (a node that waited finds the work done). Returns the version found before."""
+    await connection.execute("SELECT pg_advisory_lock($1)", MIGRATION_LOCK_KEY)
+    try:
+        await connection.execute(_VERSION_TABLE)
+        found = await connection.fetchval("SELECT COALESCE(MAX(version), 0) FROM levelzero_schema")
+        if found > SCHEMA_VERSION:
+            raise StoreRefused(
+                f"{where}: schema version {found} is newer than this levelzero supports "
+                f"({SCHEMA_VERSION}); upgrade levelzero"
+            )
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            async with connection.transaction():
+                await connection.execute(MIGRATIONS[version - 1])
+                await connection.execute(
+                    "INSERT INTO levelzero_schema (version) VALUES ($1)", version
+                )
+        return int(found)
+    finally:
+        await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)

@@ -1,0 +1,909 @@
+"""The `LogStore` on PostgreSQL (asyncpg): every role of the SQLite store in a database that many
+nodes can share.
+
+Fencing lives in the database, not in this process: `partitions` holds each log's term and next
+log offset, and an append's transaction locks its partitions' rows (in pid order, so concurrent
+batches cannot deadlock), then updates only the rows whose term and next offset are still the
+ones the caller names. An append whose row was not updated is refused (`NotLeader` when the term
+moved on) and inserts nothing; the primary key `(pid, log_offset)` backs this up. Two writers,
+in one process or two, can therefore never both extend a log at the same offset.
+
+Group commit: a dispatcher takes every waiting write call (appends of many partitions, L0
+catalog rows, event rows) into one transaction with one statement per table (arrays through
+`unnest`), so a batch costs a handful of round trips whatever its size. Up to `writers` batches
+are on their way at once, each on its own pooled connection; a partition has at most one append
+in flight, so its appends commit in the order they were made.
+
+Connection trouble (server restart, dropped connection, failover) is retried for up to
+`reconnect_timeout_s`, then answered with `StorageError` (retriable: HTTP 503). A batch whose
+COMMIT got no answer is resolved with `txid_status`: committed batches are answered as committed,
+the others run again, so an acknowledged append is always in the database and an unacknowledged
+one is wholly there or wholly absent.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+import anyio.abc
+import asyncpg
+import msgspec
+
+from levelzero.core.entries import ENTRY_KINDS, LogRecord, TermStart, decode_entry
+from levelzero.core.errors import (
+    CorruptData,
+    InvalidInput,
+    InvariantViolation,
+    LevelZeroError,
+    NotLeader,
+    ShuttingDown,
+    StorageError,
+    StoreRefused,
+    TopicExists,
+)
+from levelzero.storage.log_rules import (
+    check_append_records,
+    check_cluster_epoch,
+    check_create_topic,
+    check_l1_state,
+    log_columns,
+)
+from levelzero.storage.protocols import (
+    FenceEventRow,
+    GcRoundRow,
+    L0ObjectRow,
+    L1Row,
+    LogStoreStatistics,
+    OffsetRow,
+    PartitionRow,
+    Snapshot,
+    StateSampleRow,
+)
+
+from .schema import migrate
+
+GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
+QUEUE_MAX = 1024  # write calls waiting for the dispatcher before callers block
+WRITERS = 2  # batches on their way at once (one pooled connection each)
+POOL_MAX = 8  # connections: writers + readers
+CONNECT_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 60.0
+RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
+RETRY_DELAY_MIN_S = 0.05
+RETRY_DELAY_MAX_S = 1.0
+
+# What a restart, a failover or a dropped connection looks like to asyncpg.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,  # class 08
+    asyncpg.exceptions.OperatorInterventionError,  # 57: admin/crash shutdown, cannot connect now
+    asyncpg.exceptions.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,  # "the underlying connection is closed" (a retry gets a new one)
+)
+# Transient conflicts between concurrent transactions: run the batch again.
+CONFLICT_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
+
+_PARTITION_COLUMNS = "pid, topic, partition, creation_epoch, term, created_at"
+_LOG_COLUMNS = "log_offset, term, base_offset, kind, entry"
+_LOG_INSERT = """INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,
+    byte_length, object_key, entry, appended_at)
+SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
+    $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::bytea[], $11::float8[])"""
+_LOCK_PARTITIONS = """SELECT pid, term, next_log_offset, topic, partition FROM partitions
+WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE"""
+# The fence: only rows whose term and next offset are still the caller's move on.
+_ADVANCE_LOGS = """UPDATE partitions p SET next_log_offset = COALESCE(a.next_offset, p.next_log_offset)
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[])
+    AS a (pid, term, first_offset, next_offset)
+WHERE p.pid = a.pid AND p.term = a.term
+  AND (a.first_offset IS NULL OR p.next_log_offset = a.first_offset)
+RETURNING p.pid"""
+_L0_INSERT = """INSERT INTO l0_objects (key, epoch, size, created_at, extents, deleted_at, deleted_at_m)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::float8[], $5::bigint[],
+    $6::float8[], $7::bigint[])
+ON CONFLICT (key) DO NOTHING"""
+_FENCE_INSERT = """INSERT INTO fence_events (at, pid, term, epoch, outcome, window_min, window_max,
+    decisions)
+SELECT * FROM unnest($1::float8[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
+    $6::bigint[], $7::bigint[], $8::bigint[])"""
+_SAMPLE_INSERT = """INSERT INTO state_samples (at, pid, term, previous_applied_epoch,
+    max_applied_epoch, min_epoch_lower_bound, mp, lro, high_watermark, start_offset)
+SELECT * FROM unnest($1::float8[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[],
+    $6::bigint[], $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[])"""
+_GC_COLUMNS = GcRoundRow.__struct_fields__
+_GC_UPSERT = (
+    f"INSERT INTO gc_rounds ({', '.join(_GC_COLUMNS)}) VALUES "
+    f"({', '.join(f'${i + 1}' for i in range(len(_GC_COLUMNS)))}) ON CONFLICT (round_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _GC_COLUMNS[1:])
+)
+_OFFSET_COLUMNS = ", ".join(OffsetRow.__struct_fields__)
+_OFFSET_UPSERT = (
+    f"INSERT INTO consumer_offsets ({_OFFSET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+    " ON CONFLICT (group_id, topic, partition) DO UPDATE SET"
+    " committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
+    " committed_at = excluded.committed_at"
+)
+_L1_COLUMNS = ", ".join(L1Row.__struct_fields__)
+_SELECT_PLACEHOLDERS = f"""SELECT {_LOG_COLUMNS} FROM log
+WHERE pid = $1 AND kind = 'placeholder'
+  AND base_offset >= COALESCE(
+      (SELECT MAX(base_offset) FROM log
+       WHERE pid = $1 AND kind = 'placeholder' AND base_offset <= $2), $2)
+  AND base_offset + record_count > $2
+ORDER BY base_offset, log_offset
+LIMIT $3"""
+
+
+def redacted(dsn: str) -> str:
+    """The DSN without its password, for messages and logs."""
+    try:
+        parts = urllib.parse.urlsplit(dsn)
+    except ValueError:
+        return "<unparsable DSN>"
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [[row[i] for row in rows] for i in range(width)] if rows else [[] for _ in range(width)]
+
+
+class _Job:
+    """One write call waiting for a batch: an append (`pid` set) or rows for a table."""
+
+    __slots__ = ("weight", "pid", "term", "records", "log_rows", "table", "rows", "done",
+                 "result", "error")
+
+    def __init__(self, *, weight: int, pid: int | None = None, term: int = 0,
+                 records: list[LogRecord] | None = None, log_rows: list[tuple[Any, ...]] | None = None,
+                 table: str | None = None, rows: list[tuple[Any, ...]] | None = None) -> None:
+        assert (pid is None) != (table is None)
+        self.weight = max(1, weight)
+        self.pid = pid
+        self.term = term
+        self.records = records or []
+        self.log_rows = log_rows or []
+        self.table = table
+        self.rows = rows or []
+        self.done = anyio.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _InDoubt(Exception):
+    def __init__(self, txid: int) -> None:
+        self.txid = txid
+
+
+class PostgresLogStore:
+    """`LogStore` on PostgreSQL. Create with `open` or `open_in`, never directly."""
+
+    def __init__(self, pool: asyncpg.Pool, where: str, *, group_commit_max_records: int,
+                 queue_max: int, writers: int, reconnect_timeout_s: float,
+                 clock: Callable[[], float]) -> None:
+        self._pool = pool
+        self._where = where
+        self._group_commit_max_records = group_commit_max_records
+        self._queue_max = queue_max
+        self._writers = writers
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._clock = clock
+        self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
+        self._slots = anyio.Semaphore(writers)
+        self._busy_pids: set[int] = set()
+        self._batch_done = anyio.Event()
+        self._writer_done = anyio.Event()
+        self._writer_started = False
+        self._owned_task_group: anyio.abc.TaskGroup | None = None
+        self._closed = False
+        self._unavailable_since: float | None = None
+        self._batches = self._commits = self._jobs = self._appends = 0
+        self._records = self._rejected_appends = self._largest_batch_records = 0
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    async def open(cls, dsn: str, **options: Any) -> PostgresLogStore:
+        """Connect, migrate, start the dispatcher in a task group the store owns; call
+        `aclose()` from this same task (or `async with await PostgresLogStore.open(...)`)."""
+        store = await cls._connect(dsn, **options)
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(store._run_writer)
+        except BaseException as error:
+            await store._stop_writer()
+            await task_group.__aexit__(type(error), error, error.__traceback__)
+            await store._pool.close()
+            raise
+        store._owned_task_group = task_group
+        return store
+
+    @classmethod
+    async def open_in(cls, task_group: anyio.abc.TaskGroup, dsn: str, **options: Any
+                      ) -> PostgresLogStore:
+        """Like `open`, with the dispatcher in `task_group`; `aclose()` before it ends."""
+        store = await cls._connect(dsn, **options)
+        try:
+            await task_group.start(store._run_writer)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await store._pool.close()
+            raise
+        return store
+
+    @classmethod
+    async def _connect(
+        cls, dsn: str, *, password: str | None = None, pool_max: int = POOL_MAX,
+        writers: int = WRITERS, group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
+        queue_max: int = QUEUE_MAX, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, clock: Callable[[], float] = time.time,
+    ) -> PostgresLogStore:
+        for name, value, high in (
+            ("writers", writers, 64), ("pool_max", pool_max, 1000),
+            ("group_commit_max_records", group_commit_max_records, 1_000_000),
+            ("queue_max", queue_max, 1_000_000),
+        ):
+            if not (isinstance(value, int) and 1 <= value <= high):
+                raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
+        if pool_max < writers + 1:
+            raise InvalidInput(f"pool_max ({pool_max}) must exceed writers ({writers})")
+        where = redacted(dsn)
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, password=password, min_size=1, max_size=pool_max,
+                timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S,
+            )
+        except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
+            raise StoreRefused(f"{where}: authentication failed: {error}") from None
+        except asyncpg.InvalidCatalogNameError as error:
+            raise StoreRefused(f"{where}: {error}") from None
+        except CONNECTION_ERRORS as error:
+            raise StorageError(f"{where}: cannot connect: {error!r}") from None
+        except (ValueError, asyncpg.exceptions.ClientConfigurationError) as error:
+            raise StoreRefused(f"{where}: bad DSN: {error}") from None
+        try:
+            async with pool.acquire() as connection:
+                await migrate(connection, where)
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                await pool.close()
+            if isinstance(error, asyncpg.PostgresError) and not isinstance(error, CONNECTION_ERRORS):
+                raise StoreRefused(f"{where}: cannot set up the schema: {error}") from None
+            if isinstance(error, CONNECTION_ERRORS):
+                raise StorageError(f"{where}: connection lost during start-up: {error!r}") from None
+            raise
+        return cls(pool, where, group_commit_max_records=group_commit_max_records,
+                   queue_max=queue_max, writers=writers, reconnect_timeout_s=reconnect_timeout_s,
+                   clock=clock)
+
+    async def __aenter__(self) -> PostgresLogStore:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Finish every queued write, stop the dispatcher, close the pool."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._stop_writer()
+            if self._owned_task_group is not None:
+                task_group, self._owned_task_group = self._owned_task_group, None
+                await task_group.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(CONNECT_TIMEOUT_S):
+                    await self._pool.close()
+                if not self._pool.is_closing():
+                    self._pool.terminate()
+
+    async def _stop_writer(self) -> None:
+        await self._job_send.aclose()
+        if self._writer_started:
+            await self._writer_done.wait()
+
+    @property
+    def where(self) -> str:
+        """The database, without its password."""
+        return self._where
+
+    @property
+    def available(self) -> bool:
+        """False while the database cannot be reached (readiness turns 503)."""
+        return self._unavailable_since is None
+
+    def statistics(self) -> LogStoreStatistics:
+        return LogStoreStatistics(
+            batches=self._batches, commits=self._commits, jobs=self._jobs, appends=self._appends,
+            records=self._records, rejected_appends=self._rejected_appends,
+            largest_batch_records=self._largest_batch_records,
+            queued=self._job_send.statistics().current_buffer_used, queue_max=self._queue_max,
+            failed=not self.available,
+        )
+
+    def __repr__(self) -> str:
+        return f"<PostgresLogStore {self._where} {'closed' if self._closed else 'open'}>"
+
+    # ------------------------------------------------------------------ retries
+
+    def _note(self, ok: bool) -> None:
+        if ok:
+            self._unavailable_since = None
+        elif self._unavailable_since is None:
+            self._unavailable_since = time.monotonic()
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[Any]], what: str) -> Any:
+        """Run `attempt` until it gets through connection trouble, for up to
+        reconnect_timeout_s; then StorageError (retriable)."""
+        deadline = anyio.current_time() + self._reconnect_timeout_s
+        delay = RETRY_DELAY_MIN_S
+        while True:
+            try:
+                result = await attempt()
+            except CONNECTION_ERRORS + CONFLICT_ERRORS as error:
+                if not isinstance(error, CONFLICT_ERRORS):
+                    self._note(False)
+                if anyio.current_time() + delay > deadline:
+                    raise StorageError(f"{self._where}: {what} failed: {error!r}") from None
+                await anyio.sleep(delay)
+                delay = min(delay * 2, RETRY_DELAY_MAX_S)
+                continue
+            except asyncpg.PostgresError as error:
+                raise StorageError(f"{self._where}: {what} failed: {error}") from None
+            self._note(True)
+            return result
+
+    async def _read(self, what: str, query: str, *args: Any) -> list[asyncpg.Record]:
+        self._check_open()
+
+        async def attempt() -> list[asyncpg.Record]:
+            async with self._pool.acquire() as connection:
+                return await connection.fetch(query, *args)
+
+        return await self._retrying(attempt, what)
+
+    async def _transact(
+        self, what: str, work: Callable[[asyncpg.Connection], Awaitable[Any]],
+        resolve: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
+        *, check_open: bool = True,
+    ) -> Any:
+        """`work` in one transaction. If its COMMIT went unanswered, the transaction's
+        `txid_status` says whether it happened: committed → `resolve` rebuilds the result
+        (None: None), otherwise `work` runs again."""
+        if check_open:
+            self._check_open()
+        txid: list[int] = []
+
+        async def attempt() -> Any:
+            if txid:
+                status = await self._txid_status(txid[0])
+                if status == "committed":
+                    if resolve is None:
+                        return None
+                    async with self._pool.acquire() as connection:
+                        return await resolve(connection)
+                txid.clear()
+            async with self._pool.acquire() as connection:
+                async with connection.transaction():
+                    txid.append(await connection.fetchval("SELECT txid_current()"))
+                    return await work(connection)
+
+        return await self._retrying(attempt, what)
+
+    async def _txid_status(self, txid: int) -> str:
+        """committed | aborted; waits out 'in progress' (the server has not yet noticed the
+        connection is gone). Raises a connection error to be retried."""
+        while True:
+            async with self._pool.acquire() as connection:
+                status = await connection.fetchval("SELECT txid_status($1)", txid)
+            if status != "in progress":
+                if status is None:
+                    raise StorageError(f"{self._where}: the outcome of transaction {txid} is lost")
+                return str(status)
+            await anyio.sleep(RETRY_DELAY_MIN_S)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ShuttingDown(f"{self._where}: log store is closed")
+
+    # ------------------------------------------------------------------ the dispatcher
+
+    async def _run_writer(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                          ) -> None:
+        """Take waiting calls into batches (one append per partition in flight), run up to
+        `writers` batches at once; until the queue is closed and every call is answered."""
+        self._writer_started = True
+        waiting: deque[_Job] = deque()
+        open_ = True
+        try:
+            async with anyio.create_task_group() as tg:
+                task_status.started()
+                while open_ or waiting:
+                    if not waiting:
+                        try:
+                            waiting.append(await self._job_receive.receive())
+                        except anyio.EndOfStream:
+                            open_ = False
+                            continue
+                    await self._slots.acquire()
+                    while open_:
+                        try:
+                            waiting.append(self._job_receive.receive_nowait())
+                        except anyio.WouldBlock:
+                            break
+                        except anyio.EndOfStream:
+                            open_ = False
+                    batch = self._pick(waiting)
+                    if not batch:
+                        self._slots.release()
+                        await self._batch_done.wait()  # every waiting call's partition is busy
+                        continue
+                    tg.start_soon(self._execute_batch, batch)
+        finally:
+            for job in waiting:
+                job.error = self._write_refused()
+                job.done.set()
+            self._job_receive.close()
+            self._writer_done.set()
+
+    def _pick(self, waiting: deque[_Job]) -> list[_Job]:
+        """The next batch: calls in arrival order, skipping appends of partitions with an
+        append in flight (or skipped already: their order holds), up to the record bound."""
+        batch: list[_Job] = []
+        skipped: deque[_Job] = deque()
+        blocked: set[int] = set()
+        weight = 0
+        while waiting:
+            job = waiting.popleft()
+            if job.pid is not None and (job.pid in self._busy_pids or job.pid in blocked):
+                blocked.add(job.pid)
+                skipped.append(job)
+                continue
+            if batch and weight + job.weight > self._group_commit_max_records:
+                waiting.appendleft(job)
+                break
+            batch.append(job)
+            weight += job.weight
+            if job.pid is not None:
+                self._busy_pids.add(job.pid)
+        waiting.extendleft(reversed(skipped))
+        return batch
+
+    async def _execute_batch(self, jobs: list[_Job]) -> None:
+        try:
+            self._batches += 1
+            try:
+                outcomes = await self._transact("a write batch", lambda c: self._run_batch(c, jobs),
+                                                check_open=False)
+                if outcomes is None:  # committed, answer lost: what was decided then stands
+                    outcomes = [(job.result, job.error) for job in jobs]
+            except Exception as error:
+                for job in jobs:
+                    job.error = StorageError(f"{self._where}: a write batch failed: {error!r}")
+                    job.done.set()
+                if not isinstance(error, LevelZeroError):
+                    raise  # a bug: crash loudly (the callers got StorageError)
+                return
+            self._complete(jobs, outcomes)
+        finally:
+            for job in jobs:
+                if job.pid is not None:
+                    self._busy_pids.discard(job.pid)
+            self._slots.release()
+            self._batch_done.set()
+            self._batch_done = anyio.Event()
+
+    def _complete(self, jobs: list[_Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
+        self._commits += 1
+        records = 0
+        for job, (result, error) in zip(jobs, outcomes, strict=True):
+            job.result, job.error = result, error
+            self._jobs += 1
+            if job.pid is not None:
+                if error is None:
+                    self._appends += 1
+                    records += len(job.log_rows)
+                else:
+                    self._rejected_appends += 1
+            job.done.set()
+        self._records += records
+        self._largest_batch_records = max(self._largest_batch_records, records)
+
+    async def _run_batch(self, connection: asyncpg.Connection, jobs: list[_Job]
+                         ) -> list[tuple[Any, BaseException | None]]:
+        """One transaction for the whole batch; decides every call's outcome (kept on the job
+        too, for a batch whose COMMIT answer is lost)."""
+        outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(jobs)
+        appends = [(index, job) for index, job in enumerate(jobs) if job.pid is not None]
+        log_rows: list[tuple[Any, ...]] = []
+        if appends:
+            pids = sorted({job.pid for _, job in appends})
+            locked = {row["pid"]: row for row in await connection.fetch(_LOCK_PARTITIONS, pids)}
+            asks = [
+                (job.pid, job.term,
+                 job.records[0].log_offset if job.records else None,
+                 job.records[-1].log_offset + 1 if job.records else None)
+                for _, job in appends if job.pid in locked
+            ]
+            accepted = {
+                row["pid"] for row in await connection.fetch(_ADVANCE_LOGS, *_columns(asks, 4))
+            } if asks else set()
+            for index, job in appends:
+                row = locked.get(job.pid)
+                assert job.pid is not None
+                if row is None:
+                    outcomes[index] = (None, InvariantViolation(f"unknown partition id {job.pid}"))
+                elif job.pid in accepted:
+                    log_rows.extend(job.log_rows)
+                else:
+                    name = f"{row['topic']}/{row['partition']}"
+                    if row["term"] != job.term:
+                        outcomes[index] = (None, NotLeader(name, job.term, row["term"]))
+                    else:
+                        outcomes[index] = (None, InvariantViolation(
+                            f"partition {name}: append at log offset "
+                            f"{job.records[0].log_offset}, the log continues at "
+                            f"{row['next_log_offset']}"
+                        ))
+        if log_rows:
+            await connection.execute(_LOG_INSERT, *_columns(log_rows, 11))
+        for table, statement, width in (
+            ("l0_objects", _L0_INSERT, 7),
+            ("fence_events", _FENCE_INSERT, 8),
+            ("state_samples", _SAMPLE_INSERT, 10),
+        ):
+            rows = [row for job in jobs if job.table == table for row in job.rows]
+            if rows:
+                await connection.execute(statement, *_columns(rows, width))
+        for table, statement in (("gc_rounds", _GC_UPSERT), ("consumer_offsets", _OFFSET_UPSERT)):
+            rows = [row for job in jobs if job.table == table for row in job.rows]
+            if rows:  # upserts: in call order, a later row of one key wins
+                await connection.executemany(statement, rows)
+        for job, (result, error) in zip(jobs, outcomes, strict=True):
+            job.result, job.error = result, error
+        return outcomes
+
+    def _write_refused(self) -> LevelZeroError:
+        return ShuttingDown(f"{self._where}: log store is closing")
+
+    async def _submit(self, job: _Job) -> Any:
+        if job.weight > self._group_commit_max_records:
+            raise InvalidInput(
+                f"{job.weight} records in one call exceed group_commit_max_records "
+                f"({self._group_commit_max_records})"
+            )
+        if self._closed:
+            raise self._write_refused()
+        try:
+            try:
+                self._job_send.send_nowait(job)
+            except anyio.WouldBlock:
+                await self._job_send.send(job)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            raise self._write_refused() from None
+        await job.done.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    # ------------------------------------------------------------------ partitions
+
+    async def create_topic(self, topic: str, partitions: int, creation_epoch: int, now: float
+                           ) -> list[PartitionRow]:
+        check_create_topic(topic, partitions, creation_epoch)
+
+        async def read(connection: asyncpg.Connection) -> list[PartitionRow]:
+            rows = await connection.fetch(
+                f"SELECT {_PARTITION_COLUMNS} FROM partitions WHERE topic = $1 ORDER BY partition",
+                topic,
+            )
+            return [PartitionRow(*row) for row in rows]
+
+        async def work(connection: asyncpg.Connection) -> list[PartitionRow]:
+            try:
+                await connection.execute(
+                    "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
+                    " SELECT $1::text, p, $2::bigint, 0, $3::float8 FROM generate_series(0, $4::int - 1) AS p",
+                    topic, creation_epoch, now, partitions,
+                )
+            except asyncpg.UniqueViolationError:
+                raise TopicExists(f"topic {topic!r} exists") from None
+            created = await read(connection)
+            assert [row.partition for row in created] == list(range(partitions))
+            return created
+
+        return await self._transact(f"creating topic {topic!r}", work, read)
+
+    async def list_partitions(self) -> list[PartitionRow]:
+        rows = await self._read("listing partitions",
+                                f"SELECT {_PARTITION_COLUMNS} FROM partitions ORDER BY pid")
+        return [PartitionRow(*row) for row in rows]
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+        now = self._clock()
+
+        async def work(connection: asyncpg.Connection) -> LogRecord:
+            row = await connection.fetchrow(
+                "UPDATE partitions SET term = term + 1, next_log_offset = next_log_offset + 1"
+                " WHERE pid = $1 AND next_log_offset = $2 RETURNING term", pid, log_offset,
+            )
+            if row is None:
+                raise await self._offset_refused(connection, pid, "TermStart", log_offset)
+            term = row["term"]
+            record = LogRecord(log_offset, term, base_offset, TermStart(term))
+            await connection.execute(_LOG_INSERT, *_columns([(pid, *log_columns(record), now)], 11))
+            return record
+
+        async def resolve(connection: asyncpg.Connection) -> LogRecord:
+            rows = await connection.fetch(
+                f"SELECT {_LOG_COLUMNS} FROM log WHERE pid = $1 AND log_offset = $2", pid, log_offset
+            )
+            return self._decode(pid, rows[0])
+
+        return await self._transact(f"starting a term of partition id {pid}", work, resolve)
+
+    async def _offset_refused(self, connection: asyncpg.Connection, pid: int, what: str,
+                              log_offset: int) -> InvariantViolation:
+        row = await connection.fetchrow(
+            "SELECT topic, partition, next_log_offset FROM partitions WHERE pid = $1", pid
+        )
+        if row is None:
+            return InvariantViolation(f"unknown partition id {pid}")
+        return InvariantViolation(
+            f"partition {row['topic']}/{row['partition']}: {what} at log offset {log_offset}, "
+            f"the log continues at {row['next_log_offset']}"
+        )
+
+    # ------------------------------------------------------------------ log
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        now = self._clock()
+        records = list(records)
+        check_append_records(pid, expected_term, records)
+        rows = [(pid, *log_columns(record), now) for record in records]
+        await self._submit(_Job(weight=len(records), pid=pid, term=expected_term,
+                                records=records, log_rows=rows))
+
+    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None
+                       ) -> list[LogRecord]:
+        if limit is not None and limit < 0:
+            raise InvalidInput(f"limit must be >= 0, not {limit}")
+        rows = await self._read(
+            "reading a log",
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE pid = $1 AND log_offset >= $2"
+            " ORDER BY log_offset LIMIT $3", pid, from_log_offset, limit,
+        )
+        return [self._decode(pid, row) for row in rows]
+
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int
+                                ) -> list[LogRecord]:
+        if limit < 0:
+            raise InvalidInput(f"limit must be >= 0, not {limit}")
+        rows = await self._read("reading placeholders", _SELECT_PLACEHOLDERS, pid,
+                                from_data_offset, limit)
+        return [self._decode(pid, row) for row in rows]
+
+    def _decode(self, pid: int, row: asyncpg.Record) -> LogRecord:
+        log_offset, term, base_offset, kind, blob = row
+        try:
+            entry = decode_entry(blob)
+        except (msgspec.DecodeError, TypeError) as error:
+            raise CorruptData(f"{self._where}: partition pid={pid} log offset {log_offset}: "
+                              f"entry blob does not decode ({error})") from None
+        if ENTRY_KINDS[type(entry)] != kind:
+            raise CorruptData(f"{self._where}: partition pid={pid} log offset {log_offset}: "
+                              f"entry blob holds {ENTRY_KINDS[type(entry)]}, row says {kind}")
+        return LogRecord(log_offset, term, base_offset, entry)
+
+    async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Replace the partition's snapshot; it must cover no more than the log holds and never
+        go back (truncation may already have removed what an older snapshot would need)."""
+        now = self._clock()
+
+        async def work(connection: asyncpg.Connection) -> None:
+            row = await connection.fetchrow(
+                "SELECT p.topic, p.partition, p.next_log_offset, s.log_offset AS saved"
+                " FROM partitions p LEFT JOIN snapshots s ON s.pid = p.pid WHERE p.pid = $1"
+                " FOR UPDATE OF p", snapshot.pid,
+            )
+            if row is None:
+                raise InvariantViolation(f"unknown partition id {snapshot.pid}")
+            name = f"{row['topic']}/{row['partition']}"
+            if not (-1 <= snapshot.log_offset < row["next_log_offset"]):
+                raise InvariantViolation(
+                    f"partition {name}: snapshot at log offset {snapshot.log_offset}, "
+                    f"the log ends before {row['next_log_offset']}"
+                )
+            if row["saved"] is not None and snapshot.log_offset < row["saved"]:
+                raise InvariantViolation(
+                    f"partition {name}: snapshot at log offset {snapshot.log_offset} "
+                    f"is older than the saved one at {row['saved']}"
+                )
+            await connection.execute(
+                "INSERT INTO snapshots (pid, log_offset, data, saved_at) VALUES ($1, $2, $3, $4)"
+                " ON CONFLICT (pid) DO UPDATE SET log_offset = excluded.log_offset,"
+                " data = excluded.data, saved_at = excluded.saved_at",
+                snapshot.pid, snapshot.log_offset, snapshot.data, now,
+            )
+
+        await self._transact("saving a snapshot", work)
+
+    async def load_snapshot(self, pid: int) -> Snapshot | None:
+        rows = await self._read("loading a snapshot",
+                                "SELECT log_offset, data FROM snapshots WHERE pid = $1", pid)
+        if not rows:
+            return None
+        return Snapshot(pid=pid, log_offset=rows[0]["log_offset"], data=bytes(rows[0]["data"]))
+
+    async def truncate_below(self, pid: int, log_offset: int) -> int:
+        async def work(connection: asyncpg.Connection) -> int:
+            row = await connection.fetchrow(
+                "SELECT p.topic, p.partition, s.log_offset AS saved FROM partitions p"
+                " LEFT JOIN snapshots s ON s.pid = p.pid WHERE p.pid = $1", pid,
+            )
+            if row is None:
+                raise InvariantViolation(f"unknown partition id {pid}")
+            allowed = -1 if row["saved"] is None else row["saved"]
+            if log_offset > allowed + 1:
+                raise InvariantViolation(
+                    f"partition {row['topic']}/{row['partition']}: truncating below log offset "
+                    f"{log_offset} would drop entries no snapshot covers "
+                    f"(snapshot at {row['saved']})"
+                )
+            status = await connection.execute(
+                "DELETE FROM log WHERE pid = $1 AND log_offset < $2", pid, log_offset
+            )
+            return int(status.split()[-1])
+
+        async def resolve(connection: asyncpg.Connection) -> int:
+            return 0  # done before the answer was lost; how many rows it removed is not kept
+
+        return await self._transact("truncating a log", work, resolve)
+
+    # ------------------------------------------------------------------ cluster epoch
+
+    async def get_cluster_epoch(self) -> int:
+        rows = await self._read("reading the cluster epoch",
+                                "SELECT epoch FROM cluster_epoch WHERE id = 1")
+        return rows[0]["epoch"] if rows else 1
+
+    async def set_cluster_epoch(self, epoch: int) -> None:
+        """Monotone in the database: the row is locked while it is compared and raised."""
+        check_cluster_epoch(epoch)
+
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "INSERT INTO cluster_epoch (id, epoch) VALUES (1, 1) ON CONFLICT (id) DO NOTHING"
+            )
+            stored = await connection.fetchval(
+                "SELECT epoch FROM cluster_epoch WHERE id = 1 FOR UPDATE"
+            )
+            if epoch < stored:
+                raise InvariantViolation(f"cluster epoch would go back from {stored} to {epoch}")
+            await connection.execute("UPDATE cluster_epoch SET epoch = $1 WHERE id = 1", epoch)
+
+        await self._transact("setting the cluster epoch", work)
+
+    # ------------------------------------------------------------------ L1 metastore
+
+    async def l1_insert(self, row: L1Row) -> None:
+        check_l1_state(row.state)
+        values = msgspec.structs.astuple(row)
+
+        async def work(connection: asyncpg.Connection) -> None:
+            try:
+                await connection.execute(
+                    f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "
+                    f"({', '.join(f'${i + 1}' for i in range(len(values)))})", *values,
+                )
+            except asyncpg.UniqueViolationError:
+                raise InvariantViolation(f"L1 object {row.key!r} is already recorded") from None
+
+        await self._transact("recording an L1 object", work)
+
+    async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
+        check_l1_state(from_state)
+        check_l1_state(to_state)
+
+        async def work(connection: asyncpg.Connection) -> bool:
+            status = await connection.execute(
+                "UPDATE l1_objects SET state = $1, updated_at = $2 WHERE key = $3 AND state = $4",
+                to_state, now, key, from_state,
+            )
+            return status == "UPDATE 1"
+
+        async def resolve(connection: asyncpg.Connection) -> bool:
+            return True  # the compare-and-set committed
+
+        return await self._transact("moving an L1 object", work, resolve)
+
+    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None
+                      ) -> list[L1Row]:
+        if states is not None:
+            for state in states:
+                check_l1_state(state)
+        rows = await self._read(
+            "listing L1 objects",
+            f"SELECT {_L1_COLUMNS} FROM l1_objects WHERE ($1::bigint IS NULL OR pid = $1)"
+            " AND ($2::text[] IS NULL OR state = ANY($2::text[])) ORDER BY pid, base_offset, key",
+            pid, None if states is None else list(states),
+        )
+        return [L1Row(*row) for row in rows]
+
+    # ------------------------------------------------------------------ L0 catalog and events
+
+    async def record_l0_object(self, row: L0ObjectRow) -> None:
+        """Idempotent: recording a key twice keeps the first row."""
+        await self._stage("l0_objects", [msgspec.structs.astuple(row)])
+
+    async def mark_l0_deleted(self, keys: Sequence[str], at: float, m: int) -> None:
+        """Every record call that returned committed before this transaction starts."""
+        if not keys:
+            return
+        keys = list(keys)
+
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "UPDATE l0_objects SET deleted_at = $1, deleted_at_m = $2"
+                " WHERE key = ANY($3::text[]) AND deleted_at IS NULL", at, m, keys,
+            )
+
+        await self._transact("marking L0 objects deleted", work)
+
+    async def l0_live_objects(self, max_epoch: int, after: tuple[int, str] | None = None,
+                              limit: int = 1000) -> list[L0ObjectRow]:
+        assert limit >= 1, limit
+        after_epoch, after_key = after if after is not None else (-1, "")
+        rows = await self._read(
+            "reading the L0 catalog",
+            "SELECT key, epoch, size, created_at, extents FROM l0_objects"
+            " WHERE deleted_at IS NULL AND epoch <= $1 AND (epoch, key) > ($2::bigint, $3::text)"
+            " ORDER BY epoch, key LIMIT $4",
+            max_epoch, after_epoch, after_key, limit,
+        )
+        return [L0ObjectRow(*row) for row in rows]
+
+    async def record_gc_round(self, row: GcRoundRow) -> None:
+        await self._stage("gc_rounds", [msgspec.structs.astuple(row)])
+
+    async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
+        await self._stage("fence_events", [msgspec.structs.astuple(r) for r in rows])
+
+    async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
+        await self._stage("state_samples", [msgspec.structs.astuple(r) for r in rows])
+
+    # ------------------------------------------------------------------ consumer offsets
+
+    async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None:
+        await self._stage("consumer_offsets", [msgspec.structs.astuple(r) for r in rows])
+
+    async def committed_offsets(self, group_id: str) -> list[OffsetRow]:
+        rows = await self._read(
+            "reading committed offsets",
+            f"SELECT {_OFFSET_COLUMNS} FROM consumer_offsets WHERE group_id = $1"
+            " ORDER BY topic, partition", group_id,
+        )
+        return [OffsetRow(*row) for row in rows]
+
+    async def _stage(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """Event rows ride along with the batch's appends."""
+        if rows:
+            await self._submit(_Job(weight=len(rows), table=table, rows=rows))

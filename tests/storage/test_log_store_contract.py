@@ -1,0 +1,413 @@
+"""The log store contract, one suite run against both backends: SQLite (embedded, one node) and
+PostgreSQL (shared; a throwaway server, see tests/conftest.py). Whatever a component may rely on
+is pinned here; backend-specific behaviour (SQLite's writer process and lock file, PostgreSQL's
+reconnects) has its own module."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import asyncpg
+import pytest
+
+from levelzero.core.entries import (
+    AdvanceEpoch,
+    AdvanceReconciledOffset,
+    LogRecord,
+    Placeholder,
+    SetStartOffset,
+    TermStart,
+)
+from levelzero.core.errors import InvalidInput, InvariantViolation, NotLeader, StoreRefused, TopicExists
+from levelzero.core.state import PartitionState
+from levelzero.storage.postgres.store import PostgresLogStore
+from levelzero.storage.protocols import L0ObjectRow, L1Row, L1State, LogStore, Snapshot
+from levelzero.storage.sqlite import SqliteLogStore
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_consumer_offsets import exercise as exercise_consumer_offsets  # noqa: E402
+from test_sqlite_log import l1_row, placeholder  # noqa: E402
+
+
+@dataclass
+class Backend:
+    name: str
+    open: Callable[[], Awaitable[Any]]
+    open_in: Callable[[anyio.abc.TaskGroup], Awaitable[Any]]
+    make_newer: Callable[[int], Awaitable[None]]  # stamp the store's schema version
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "sqlite":
+        db = tmp_path / "log.db"
+
+        async def newer_sqlite(version: int) -> None:
+            with sqlite3.connect(db) as connection:
+                connection.execute(f"PRAGMA user_version = {version}")
+            connection.close()
+
+        return Backend("sqlite", lambda: SqliteLogStore.open(db),
+                       lambda tg: SqliteLogStore.open_in(tg, db), newer_sqlite)
+    dsn = request.getfixturevalue("postgres_dsn")
+
+    async def newer_postgres(version: int) -> None:
+        connection = await asyncpg.connect(dsn)
+        try:
+            await connection.execute("INSERT INTO levelzero_schema (version) VALUES ($1)", version)
+        finally:
+            await connection.close()
+
+    return Backend("postgres", lambda: PostgresLogStore.open(dsn),
+                   lambda tg: PostgresLogStore.open_in(tg, dsn), newer_postgres)
+
+
+async def test_a_database_newer_than_the_code_is_refused(backend: Backend) -> None:
+    async with await backend.open() as store:
+        await store.create_topic("t", 1, 1, 0.0)
+    await backend.make_newer(99)
+    with pytest.raises(StoreRefused, match="schema version 99 is newer than this levelzero"):
+        await backend.open()
+
+
+async def test_committed_offsets_last_write_wins_and_survive_reopening(backend: Backend) -> None:
+    async with await backend.open() as store:
+        await exercise_consumer_offsets(store)
+    async with await backend.open() as store:
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [5, 12]
+
+
+async def test_l0_catalog_records_once_marks_and_lists_live_objects_in_order(
+    backend: Backend,
+) -> None:
+    async with await backend.open() as store:
+        rows = [L0ObjectRow(f"level_zero/data/{p:03}/{e:018}/k", e, 100, 1.0, 2)
+                for e in (3, 1, 2) for p in (7, 1)]
+        for row in rows:
+            await store.record_l0_object(row)
+        await store.record_l0_object(L0ObjectRow(rows[0].key, 3, 999, 9.0, 9))  # kept: first
+        live = await store.l0_live_objects(max_epoch=10)
+        assert [(r.epoch, r.key) for r in live] == sorted((r.epoch, r.key) for r in rows)
+        assert live[-1] == L0ObjectRow(rows[0].key, 3, 100, 1.0, 2)
+        assert [r.epoch for r in await store.l0_live_objects(max_epoch=2)] == [1, 1, 2, 2]
+        page = await store.l0_live_objects(max_epoch=10, after=(live[1].epoch, live[1].key), limit=3)
+        assert page == live[2:5]
+        await store.mark_l0_deleted([live[0].key, live[2].key, "no/such/key"], at=5.0, m=2)
+        await store.mark_l0_deleted([live[0].key], at=6.0, m=3)  # already marked: unchanged
+        assert [r.key for r in await store.l0_live_objects(max_epoch=10)] == [
+            r.key for r in live if r.key not in (live[0].key, live[2].key)
+        ]
+
+async def test_store_satisfies_the_log_store_protocol(backend: Backend) -> None:
+    async with await backend.open() as store:
+        assert isinstance(store, LogStore)
+
+
+
+async def test_concurrent_appends_are_durable_ordered_and_group_committed(backend: Backend) -> None:
+    partitions, appends_per_partition, records_per_append = 50, 20, 2
+    async with await backend.open() as store:
+        rows = await store.create_topic("t", partitions, creation_epoch=1, now=0.0)
+        before = store.statistics()
+
+        async def appender(pid: int) -> None:
+            for index in range(appends_per_partition):
+                first = index * records_per_append
+                records = [placeholder(first + i, 0, first + i) for i in range(records_per_append)]
+                await store.append(pid, 0, records)
+
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(appender, row.pid)
+        stats = store.statistics()
+
+    appends = partitions * appends_per_partition
+    assert stats.appends - before.appends == appends
+    assert stats.records - before.records == appends * records_per_append
+    assert stats.rejected_appends == 0
+    # Group commit: ~one commit per round of the 50 appenders, not one per append.
+    assert stats.commits - before.commits <= appends // 10, stats
+    assert stats.largest_batch_records > records_per_append
+
+    async with await backend.open() as store:
+        for row in rows:
+            records = await store.read_log(row.pid, 0)
+            expected = [
+                placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)
+            ]
+            assert records == expected
+
+
+
+async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (a, b) = await store.create_topic("t", 2, 1, 0.0)
+        start_a = await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        assert start_a == LogRecord(0, 1, 0, TermStart(1))
+        await store.begin_term(b.pid, 1, 0)  # b moves on to term 2
+
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def attempt(name: str, pid: int, term: int, record: LogRecord) -> None:
+            try:
+                await store.append(pid, term, [record])
+                outcomes[name] = None
+            except NotLeader as error:
+                outcomes[name] = error
+
+        batches_before = store.statistics().batches
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attempt, "a", a.pid, 1, placeholder(1, 1, 0))
+            tg.start_soon(attempt, "b-stale", b.pid, 1, placeholder(2, 1, 0))
+            tg.start_soon(attempt, "b-current", b.pid, 2, placeholder(2, 2, 0))
+        if backend.name == "sqlite":  # one append per partition in flight on PostgreSQL
+            assert store.statistics().batches == batches_before + 1  # all three in one batch
+
+        assert outcomes["a"] is None and outcomes["b-current"] is None
+        stale = outcomes["b-stale"]
+        assert isinstance(stale, NotLeader)
+        assert (stale.expected_term, stale.current_term, stale.partition) == (1, 2, "t/1")
+        assert store.statistics().rejected_appends == 1
+        assert await store.read_log(a.pid, 0) == [start_a, placeholder(1, 1, 0)]
+        assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
+        assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
+
+
+
+async def test_begin_term_increments_term_and_survives_reopen(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        assert p.term == 0
+        first = await store.begin_term(p.pid, 0, 0)
+        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=5)])
+        second = await store.begin_term(p.pid, 2, 5)
+        assert (first.term, second.term) == (1, 2)
+        assert second == LogRecord(2, 2, 5, TermStart(2))
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
+    async with await backend.open() as store:
+        (p,) = await store.list_partitions()
+        assert p.term == 2
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
+        await store.append(p.pid, 2, [placeholder(3, 2, 5)])
+        third = await store.begin_term(p.pid, 4, 6)
+        assert third.term == 3
+
+
+
+async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        with pytest.raises(InvariantViolation, match="continues at 0"):
+            await store.append(p.pid, 0, [placeholder(1, 0, 0)])  # gap
+        with pytest.raises(InvariantViolation, match="carries term 3"):
+            await store.append(p.pid, 0, [placeholder(0, 3, 0)])  # wrong term in record
+        with pytest.raises(InvariantViolation, match="consecutive log offsets; 3 follows 1"):
+            await store.append(p.pid, 0, [placeholder(o, 0, o) for o in (0, 1, 3)])
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 4, [])  # an empty append still checks the term
+        with pytest.raises(InvariantViolation, match="unknown partition id 999"):
+            await store.append(999, 0, [placeholder(0, 0, 0)])
+        with pytest.raises(InvariantViolation, match="continues at 0"):
+            await store.begin_term(p.pid, 5, 0)
+        # Nothing of the rejected appends landed; the store keeps working.
+        assert await store.read_log(p.pid, 0) == []
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+        assert not store.statistics().failed
+
+
+# A step is ops on distinct partitions, run concurrently (so they share batches):
+# ("append", records, stale) | ("begin_term",) | ("snapshot_truncate",); or ("reopen",).
+
+async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(10)])
+        with pytest.raises(InvariantViolation, match="no snapshot covers"):
+            await store.truncate_below(p.pid, 1)
+        assert await store.truncate_below(p.pid, 0) == 0
+
+        await store.save_snapshot(Snapshot(p.pid, 5, b"state@5"))
+        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 5, b"state@5")
+        with pytest.raises(InvariantViolation, match="no snapshot covers"):
+            await store.truncate_below(p.pid, 7)
+        assert await store.truncate_below(p.pid, 6) == 6
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [6, 7, 8, 9]
+        assert [r.log_offset for r in await store.read_log(p.pid, 7, limit=2)] == [7, 8]
+        with pytest.raises(InvariantViolation, match="older than the saved one"):
+            await store.save_snapshot(Snapshot(p.pid, 4, b"old"))
+        with pytest.raises(InvariantViolation, match="the log ends before 10"):
+            await store.save_snapshot(Snapshot(p.pid, 10, b"future"))
+
+        await store.append(p.pid, 0, [placeholder(10, 0, 10)])
+        await store.save_snapshot(Snapshot(p.pid, 10, b"state@10"))
+        assert await store.truncate_below(p.pid, 11) == 5  # the whole log
+        assert await store.read_log(p.pid, 0) == []
+
+    # With the log truncated to nothing, the snapshot tells where the log continues.
+    async with await backend.open() as store:
+        assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 10, b"state@10")
+        with pytest.raises(InvariantViolation, match="continues at 11"):
+            await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder(11, 0, 11)])
+        assert await store.read_log(p.pid, 0) == [placeholder(11, 0, 11)]
+        assert await store.load_snapshot(12345) is None
+
+
+
+async def test_recovery_from_snapshot_and_replay_equals_live_state(backend: Backend) -> None:
+    live = PartitionState(creation_epoch=1)
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        live.apply(await store.begin_term(p.pid, 0, 0))
+
+        async def append(entry) -> None:  # noqa: ANN001
+            record = LogRecord(live.next_log_offset, live.term, live.high_watermark, entry)
+            await store.append(p.pid, live.term, [record])
+            live.apply(record)
+
+        def data(epoch: int, count: int) -> Placeholder:
+            return Placeholder(epoch, f"k-{live.next_log_offset}", 0, 10 * count, count, 0)
+
+        for epoch in (1, 1, 2, 3, 3):
+            await append(data(epoch, 4))
+        await append(AdvanceReconciledOffset(lro=7, lrlo=2))
+        snapshot = Snapshot(p.pid, live.last_applied_log_offset, live.encode_snapshot())
+        await store.save_snapshot(snapshot)
+        await store.truncate_below(p.pid, live.last_applied_log_offset + 1)
+        await append(AdvanceEpoch(4))
+        await append(data(4, 2))
+        await append(SetStartOffset(3))
+        await append(AdvanceReconciledOffset(lro=20, lrlo=live.last_applied_log_offset))
+        live.apply(await store.begin_term(p.pid, live.next_log_offset, live.high_watermark))
+        await append(data(4, 1))
+
+    async with await backend.open() as store:
+        snapshot = await store.load_snapshot(p.pid)
+        assert snapshot is not None
+        recovered = PartitionState.decode_snapshot(snapshot.data)
+        for record in await store.read_log(p.pid, snapshot.log_offset + 1):
+            assert recovered.apply(record)
+    assert recovered == live
+    assert recovered.mp == 2 and recovered.term == 2
+
+
+
+async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        # Data ranges: [0,10) [10,15) (epoch marker) [15,30) [30,31)
+        records = [
+            placeholder(0, 0, 0, count=10),
+            placeholder(1, 0, 10, count=5),
+            LogRecord(2, 0, 15, AdvanceEpoch(2)),
+            placeholder(3, 0, 15, epoch=2, count=15),
+            placeholder(4, 0, 30, epoch=2, count=1),
+        ]
+        await store.append(p.pid, 0, records)
+
+        async def bases(offset: int, limit: int = 100) -> list[int]:
+            return [r.base_offset for r in await store.read_placeholders(p.pid, offset, limit)]
+
+        assert await bases(0) == [0, 10, 15, 30]
+        assert await bases(9) == [0, 10, 15, 30]
+        assert await bases(10) == [10, 15, 30]
+        assert await bases(14) == [10, 15, 30]
+        assert await bases(29) == [15, 30]
+        assert await bases(30) == [30]
+        assert await bases(31) == []
+        assert await bases(0, limit=2) == [0, 10]
+        assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
+
+
+
+async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> None:
+    async with await backend.open() as store:
+        assert await store.get_cluster_epoch() == 1
+        await store.set_cluster_epoch(5)
+        await store.set_cluster_epoch(5)
+        with pytest.raises(InvariantViolation, match="from 5 to 4"):
+            await store.set_cluster_epoch(4)
+        with pytest.raises(InvariantViolation):
+            await store.set_cluster_epoch(0)
+    async with await backend.open() as store:
+        assert await store.get_cluster_epoch() == 5
+        with pytest.raises(InvariantViolation):
+            await store.set_cluster_epoch(3)
+        await store.set_cluster_epoch(9)
+        assert await store.get_cluster_epoch() == 9
+
+
+
+async def test_create_topic_assigns_pids_and_refuses_duplicates(backend: Backend) -> None:
+    async with await backend.open() as store:
+        rows = await store.create_topic("a", 3, 2, 100.0)
+        assert [(r.topic, r.partition, r.creation_epoch, r.term, r.created_at) for r in rows] == [
+            ("a", i, 2, 0, 100.0) for i in range(3)
+        ]
+        with pytest.raises(TopicExists):
+            await store.create_topic("a", 1, 2, 100.0)
+        await store.create_topic("b", 1, 3, 101.0)
+        with pytest.raises(InvalidInput):
+            await store.create_topic("c", 0, 3, 101.0)
+        assert len({r.pid for r in await store.list_partitions()}) == 4
+    async with await backend.open() as store:
+        assert [(r.topic, r.partition) for r in await store.list_partitions()] == [
+            ("a", 0), ("a", 1), ("a", 2), ("b", 0)
+        ]
+
+
+
+async def test_l1_transition_is_compare_and_set(backend: Backend) -> None:
+    async with await backend.open() as store:
+        await store.l1_insert(l1_row("k1", 1, 0))
+        await store.l1_insert(l1_row("k2", 1, 10))
+        await store.l1_insert(l1_row("k3", 2, 0))
+        with pytest.raises(InvariantViolation, match="already recorded"):
+            await store.l1_insert(l1_row("k1", 1, 0))
+        with pytest.raises(InvalidInput, match="unknown L1 state"):
+            await store.l1_insert(l1_row("k9", 1, 0, state="BOGUS"))
+        assert await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
+        assert not await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0)
+        assert not await store.l1_transition(
+            "missing", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0
+        )
+        assert [r.key for r in await store.l1_list(pid=1)] == ["k1", "k2"]
+        finished = await store.l1_list(states=[L1State.COPY_FINISHED])
+        assert finished == [L1Row("k1", 1, 0, 9, 2, 1, 1000, L1State.COPY_FINISHED, 1.0, 2.0)]
+        assert [r.key for r in await store.l1_list(pid=2, states=[L1State.COPY_STARTED])] == ["k3"]
+        assert len(await store.l1_list()) == 3
+
+
+
+async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
+    async with await backend.open() as store:
+        rows = await store.create_topic("t", 10, 1, 0.0)
+    done: list[int] = []
+    async with anyio.create_task_group() as outer:
+        store = await backend.open_in(outer)
+        async with anyio.create_task_group() as tg:
+
+            async def append(pid: int) -> None:
+                await store.append(pid, 0, [placeholder(0, 0, 0)])
+                done.append(pid)
+
+            for row in rows:
+                tg.start_soon(append, row.pid)
+            await anyio.wait_all_tasks_blocked()  # every append is queued or in the batch
+            await store.aclose()
+    assert sorted(done) == [r.pid for r in rows]
+    async with await backend.open() as store:
+        for row in rows:
+            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+

@@ -1,0 +1,166 @@
+"""PostgreSQL-specific behaviour of the log store: fencing enforced by the database between
+separate connections, migrations under an advisory lock, connection errors, and a server
+restart under load."""
+
+from __future__ import annotations
+
+import sys
+import urllib.parse
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from levelzero.core.errors import InvariantViolation, NotLeader, StorageError, StoreRefused
+from levelzero.storage.postgres.schema import SCHEMA_VERSION
+from levelzero.storage.postgres.store import PostgresLogStore, redacted
+from levelzero.storage.protocols import OffsetRow
+from levelzero.storage.postgres.throwaway import ServerUnavailable, start_throwaway
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_sqlite_log import placeholder  # noqa: E402
+
+RACE_ROUNDS = 30
+
+
+async def test_two_connections_racing_for_one_offset_never_both_append(postgres_dsn: str) -> None:
+    """Two stores (two pools, as two processes would have) append to the same partition with
+    the same term at the same offset, round after round: exactly one wins each round, the loser
+    is refused, and the log holds the winner's record."""
+    async with await PostgresLogStore.open(postgres_dsn) as one, \
+            await PostgresLogStore.open(postgres_dsn) as two:
+        (p,) = await one.create_topic("t", 1, 1, 0.0)
+        await one.begin_term(p.pid, 0, 0)
+        winners: list[str] = []
+        for offset in range(1, RACE_ROUNDS + 1):
+            outcomes: dict[str, BaseException | None] = {}
+
+            async def attempt(name: str, store: PostgresLogStore, epoch: int, at: int) -> None:
+                try:
+                    await store.append(p.pid, 1, [placeholder(at, 1, at - 1, epoch=epoch)])
+                    outcomes[name] = None
+                except InvariantViolation as error:
+                    outcomes[name] = error
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attempt, "one", one, 1, offset)
+                tg.start_soon(attempt, "two", two, 2, offset)
+            won = [name for name, error in outcomes.items() if error is None]
+            assert len(won) == 1, outcomes
+            lost = outcomes["two" if won == ["one"] else "one"]
+            assert f"the log continues at {offset + 1}" in str(lost)
+            winners.append(won[0])
+        log = await two.read_log(p.pid, 1)
+        assert [r.log_offset for r in log] == list(range(1, RACE_ROUNDS + 1))
+        assert [r.epoch for r in log] == [1 if w == "one" else 2 for w in winners]
+
+
+async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres_dsn: str) -> None:
+    async with await PostgresLogStore.open(postgres_dsn) as old, \
+            await PostgresLogStore.open(postgres_dsn) as new:
+        (p,) = await old.create_topic("t", 1, 1, 0.0)
+        await old.begin_term(p.pid, 0, 0)
+        await old.append(p.pid, 1, [placeholder(1, 1, 0)])
+        await new.begin_term(p.pid, 2, 1)  # the new leader, on its own connection
+        with pytest.raises(NotLeader) as refused:
+            await old.append(p.pid, 1, [placeholder(3, 1, 1)])
+        assert (refused.value.expected_term, refused.value.current_term) == (1, 2)
+        with pytest.raises(InvariantViolation, match="continues at 3"):
+            await old.begin_term(p.pid, 2, 1)  # a stale leader cannot start a term at a taken offset
+        assert [r.term for r in await new.read_log(p.pid, 0)] == [1, 1, 2]
+
+
+async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:
+    async def open_and_close() -> None:
+        async with await PostgresLogStore.open(postgres_dsn):
+            pass
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(open_and_close)
+    connection = await asyncpg.connect(postgres_dsn)
+    try:
+        versions = [r["version"] for r in await connection.fetch(
+            "SELECT version FROM levelzero_schema ORDER BY version")]
+    finally:
+        await connection.close()
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: str) -> None:
+    """A database left at version 1 (before consumer offsets) gets migration 2 at open, once,
+    and keeps its data."""
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await store.create_topic("t", 2, 1, 0.0)
+    connection = await asyncpg.connect(postgres_dsn)
+    try:
+        await connection.execute("DROP TABLE consumer_offsets")
+        await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
+    finally:
+        await connection.close()
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0)])
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [7]
+        assert len(await store.list_partitions()) == 2
+    connection = await asyncpg.connect(postgres_dsn)
+    try:
+        assert [r["version"] for r in await connection.fetch(
+            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2]
+    finally:
+        await connection.close()
+
+
+async def test_bad_password_wrong_database_and_no_server_are_clear_errors(
+    postgres_dsn: str,
+) -> None:
+    secret = "wrong-secret-password"
+    parts = urllib.parse.urlsplit(postgres_dsn)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    bad = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:{secret}@{host}"))
+    with pytest.raises(StoreRefused, match="authentication failed") as refused:
+        await PostgresLogStore.open(bad)
+    assert secret not in str(refused.value)
+    assert secret not in redacted(bad)
+    missing = postgres_dsn.rsplit("/", 1)[0] + "/no_such_database"
+    with pytest.raises(StoreRefused, match="no_such_database"):
+        await PostgresLogStore.open(missing)
+    with pytest.raises(StorageError, match="cannot connect"):
+        await PostgresLogStore.open("postgresql://u:p@127.0.0.1:1/db", connect_timeout_s=2.0)
+
+
+async def test_restart_under_load_loses_nothing_acknowledged_and_reconnects() -> None:
+    """Appenders keep writing while the server restarts (fast shutdown); every append that
+    returned is in the log afterwards, in order, and writing goes on without reopening."""
+    try:
+        server = await anyio.to_thread.run_sync(start_throwaway)
+    except ServerUnavailable as error:
+        pytest.fail(str(error), pytrace=False)
+    try:
+        async with await PostgresLogStore.open(server.dsn(), reconnect_timeout_s=60.0) as store:
+            rows = await store.create_topic("t", 8, 1, 0.0)
+            acknowledged: dict[int, int] = {row.pid: 0 for row in rows}
+            stop = anyio.Event()
+
+            async def appender(pid: int) -> None:
+                while not stop.is_set():
+                    at = acknowledged[pid]
+                    await store.append(pid, 0, [placeholder(at, 0, at)])
+                    acknowledged[pid] = at + 1
+
+            async with anyio.create_task_group() as tg:
+                for row in rows:
+                    tg.start_soon(appender, row.pid)
+                while sum(acknowledged.values()) < 200:
+                    await anyio.sleep(0.01)
+                before = sum(acknowledged.values())
+                await anyio.to_thread.run_sync(server.restart)
+                while sum(acknowledged.values()) < before + 200:
+                    await anyio.sleep(0.01)
+                stop.set()
+            assert store.available
+            for row in rows:
+                log = await store.read_log(row.pid, 0)
+                assert [r.log_offset for r in log] == list(range(acknowledged[row.pid]))
+    finally:
+        await anyio.to_thread.run_sync(server.close)
