@@ -1,7 +1,14 @@
 """PySpark analysis of exported levelzero tables: GC lag, storage amplification, watermarks,
 fence rejections, reconciler lag and throughput.
 
-    report = analyze(["/data/lz-export"], "/data/lz-report", master="local[*]")
+    report = analyze(["/data/lz-export"], "/data/lz-report")
+
+or on a cluster, with nothing of levelzero installed on the executors (the jobs are DataFrame
+expressions only; `submit.py` is the driver script):
+
+    spark-submit --master spark://host:7077 --conf spark.sql.shuffle.partitions=64 \
+        "$(python -m levelzero.export.submit --path)" --in file:///shared/lz-export \
+        --out file:///shared/lz-report
 
 Inputs are checked before Spark starts (`inputs.py`: directories, manifests, every file's
 schema, then Java). The Spark jobs (`jobs.py`) keep every input a DataFrame from reading to
@@ -18,28 +25,37 @@ Definitions (also in the report):
 - An L0 object is *eligible* at the first recorded GC round (dry runs count: they compute M the
   same way) whose M is >= its epoch — not before it was created. GC lag = deleted_at -
   eligible_at; it includes the grace period and the GC's pacing. A deleted object with no such
-  round (rounds missing from the exports) is counted as unexplained, not given a lag.
+  round (rounds missing from the exports) is counted as unexplained, not given a lag. The L0
+  object's age at deletion = deleted_at - created_at is reported beside it: it is what
+  storage costs.
 - Live L0 bytes at t: objects created by t and not deleted by t. Live L1 bytes: objects from
   COPY_FINISHED until DELETE_STARTED. Amplification = (L0 + L1) / L1 live bytes.
 - Each partition's state at t is its latest sample by t. M at t = min M(p) over sampled
   partitions (unset while any has none). Holders: the partitions equal to that minimum (or
   without an M(p)) — time as holder is what held M back. Watermark lag = max applied epoch -
-  M(p); reconciler lag = high watermark - 1 - LRO (records not yet in L1).
-- Fence rejections are grouped by the window's upper edge (the epoch the window had moved to);
-  window size = window_max - window_min + 1.
+  M(p); reconciler lag = high watermark - 1 - LRO (records not yet in L1). A partition is
+  counted as holding M in a bucket only while another partition is above it.
+- Fence rejections are grouped by the window's upper edge (the epoch the window had moved to),
+  in at most FENCE_RANGES_MAX equal epoch ranges; window size = window_max - window_min + 1.
+
+Every collected result is bounded whatever the history's length: time buckets (<= 240 unless
+the caller chooses), histogram bins, epoch ranges, or one row per partition.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import AnalysisError
 from .inputs import check_java, load_inputs
+from .locations import local_path
+from .numbers import human
 
+DEFAULT_MASTER = "local[*]"  # when neither the caller nor spark-submit chose one
 SHUFFLE_PARTITIONS_LOCAL = 8  # Spark's 200 default is made for clusters, not one machine
 
 
@@ -58,27 +74,27 @@ class AnalysisReport:
         f = self.figures
 
         def show(name: str, unit: str = "") -> str:
-            value = f.get(name)
-            if value is None:
-                return "n/a"
-            if isinstance(value, float):
-                return f"{value:,.3f}{unit}"
-            return f"{value:,}{unit}"
+            return human(name, f.get(name), unit)
 
         per_table = ", ".join(f"{name} {count:,}" for name, count in self.rows.items())
         return "\n".join(
             [
                 f"report: {self.report_path}",
                 f"input rows: {sum(self.rows.values()):,} ({per_table})",
-                f"L0 objects: {show('l0_objects')} ({show('l0_bytes', ' B')}), deleted "
+                f"L0 objects: {show('l0_objects')} ({show('l0_bytes')}), deleted "
                 f"{show('l0_deleted')}, live at end {show('l0_live_objects_end')}",
-                f"GC lag: p50 {show('gc_lag_p50_s', ' s')}, p90 {show('gc_lag_p90_s', ' s')}, "
-                f"p99 {show('gc_lag_p99_s', ' s')}, max {show('gc_lag_max_s', ' s')}",
+                f"L0 age at deletion (created -> deleted): p50 {show('l0_age_p50_s', ' s')}, "
+                f"p90 {show('l0_age_p90_s', ' s')}, p99 {show('l0_age_p99_s', ' s')}, "
+                f"max {show('l0_age_max_s', ' s')}",
+                f"GC lag (eligible -> deleted): p50 {show('gc_lag_p50_s', ' s')}, "
+                f"p90 {show('gc_lag_p90_s', ' s')}, p99 {show('gc_lag_p99_s', ' s')}, "
+                f"max {show('gc_lag_max_s', ' s')}",
                 f"fence: {show('fence_events')} events, {show('fence_rejected')} rejected "
                 f"(rate {show('fence_rejection_rate')})",
-                f"throughput: {show('records_total')} records, {show('bytes_total', ' B')} in "
+                f"throughput: {show('records_total')} records, {show('bytes_total')} in "
                 f"{show('partitions')} partitions",
-                f"analysed in {self.duration_s:.1f} s (bucket {self.bucket_s:g} s)",
+                f"analysed in {self.duration_s:.1f} s (bucket {self.bucket_s:g} s) on "
+                f"{show('spark_master')}, {show('shuffle_partitions')} shuffle partitions",
             ]
         )
 
@@ -86,19 +102,22 @@ class AnalysisReport:
 def analyze(
     in_dirs: Sequence[str],
     out_dir: str,
-    master: str = "local[*]",
+    master: str | None = None,
     *,
     bucket_s: float | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> AnalysisReport:
     """Analyse the export directories `in_dirs` into `out_dir` (report.html, plots/, tables/).
 
-    Reuses the active SparkSession if there is one (and leaves it running); otherwise starts one
-    on `master` and stops it at the end."""
+    Reuses the active SparkSession, or the one `spark-submit` configured (its master and every
+    `--conf`), and leaves it as it was. Only when there is neither does it start one: on
+    `master` (default `local[*]`) with `conf`, stopped at the end. Inputs and the report are
+    local paths or `file://` URIs; another scheme is refused before Spark starts."""
     started = time.monotonic()
     if bucket_s is not None and not (isinstance(bucket_s, (int, float)) and bucket_s > 0):
         raise AnalysisError(f"bucket_s must be a positive number of seconds, not {bucket_s!r}")
-    inputs = load_inputs(list(in_dirs))
-    out_dir = os.path.abspath(os.fspath(out_dir))
+    inputs = load_inputs([local_path(in_dir, "input") for in_dir in in_dirs])
+    out_dir = os.path.abspath(local_path(out_dir, "report directory"))
     for found in inputs:
         if out_dir == found.path:
             raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
@@ -113,7 +132,7 @@ def analyze(
 
     from .jobs import SparkAnalysis  # noqa: PLC0415
 
-    spark, owned = _session(master)
+    spark, owned = _session(master, dict(conf or {}))
     try:
         results = SparkAnalysis(spark, inputs, out_dir, bucket_s).run()
     except (PySparkException, Py4JError) as error:
@@ -138,26 +157,45 @@ def analyze(
     )
 
 
-def _session(master: str) -> tuple[Any, bool]:
-    """The active SparkSession (not ours to stop), or a new one on `master` (ours)."""
+def _session(master: str | None, conf: dict[str, str]) -> tuple[Any, bool]:
+    """The session to run on, and whether it is ours to stop.
+
+    An active session (a notebook's, or a caller's) is used as it is. Under `spark-submit`
+    (which starts the JVM before this process and passes its gateway) the builder's
+    `getOrCreate` takes spark-submit's master and `--conf`s; nothing here overrides them.
+    Otherwise the session is started on `master` (default local[*]) with `conf`, plus the local
+    defaults (no UI, SHUFFLE_PARTITIONS_LOCAL) where `conf` does not say otherwise."""
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
     active = SparkSession.getActiveSession()
     if active is not None:
+        for key, value in conf.items():
+            try:
+                active.conf.set(key, value)
+            except Exception as error:  # noqa: BLE001 - a static setting of a running session
+                first_line = str(error).strip().splitlines()[0]
+                raise AnalysisError(f"cannot set {key} on the active session: {first_line}") from None
         return active, False
-    if master.startswith("local"):
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM for us
+    builder = SparkSession.builder.appName("levelzero-analysis")
+    chosen = master or (None if submitted else DEFAULT_MASTER)
+    if chosen is not None:
+        builder = builder.master(chosen)
+    if chosen is not None and chosen.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        defaults = {
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS_LOCAL),
+        }
+        for key, value in defaults.items():
+            builder = builder.config(key, conf.get(key, value))
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     try:
-        spark = (
-            SparkSession.builder.master(master)
-            .appName("levelzero-analysis")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS_LOCAL))
-            .getOrCreate()
-        )
+        spark = builder.getOrCreate()
     except Exception as error:  # noqa: BLE001 - the JVM did not start: say so, once
-        raise AnalysisError(f"cannot start Spark on {master}: {error}") from error
+        where = chosen or "the spark-submit master"
+        raise AnalysisError(f"cannot start Spark on {where}: {error}") from error
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True

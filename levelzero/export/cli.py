@@ -1,7 +1,10 @@
 """`levelzero export` and `levelzero analyze`: argument parsing, progress and exit codes.
 
     levelzero export (--data-dir DIR | --db FILE) --out DIR [--quiet]
-    levelzero analyze --in DIR [--in DIR ...] --out REPORT_DIR [--master URL] [--bucket-s S]
+    levelzero analyze --in DIR [--in DIR ...] --out REPORT_DIR [--master URL]
+                      [--conf KEY=VALUE ...] [--bucket-s S]
+
+DIRs are local paths or file:// URIs. Under spark-submit, run `submit.py` (same arguments).
 
 Both return an exit code instead of exiting: 0 done, 1 failed (one line on stderr, no
 traceback), 2 bad usage, 130 interrupted. The `levelzero` command forwards its arguments here.
@@ -67,11 +70,14 @@ def export_main(argv: Sequence[str]) -> int:
     if isinstance(args, int):
         return args
 
+    from .errors import ExportError  # noqa: PLC0415
     from .export import db_path_in, export  # noqa: PLC0415 - pyarrow only when exporting
+    from .locations import local_path  # noqa: PLC0415
 
     db_path = db_path_in(args.data_dir) if args.data_dir else args.db
     try:
-        report = export(db_path, args.out, progress=None if args.quiet else _ProgressPrinter(prog))
+        out = local_path(args.out, "output directory", ExportError)
+        report = export(db_path, out, progress=None if args.quiet else _ProgressPrinter(prog))
     except LevelZeroError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:
@@ -95,7 +101,15 @@ def analyze_main(argv: Sequence[str]) -> int:
         help="an export directory (repeat for several; overlapping rows are deduplicated)",
     )
     parser.add_argument("--out", metavar="REPORT_DIR", required=True, help="report directory")
-    parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
+    parser.add_argument(
+        "--master", default=None,
+        help="Spark master (default: spark-submit's, else local[*]); an active session is used "
+        "as it is",
+    )
+    parser.add_argument(
+        "--conf", dest="conf", metavar="KEY=VALUE", action="append", default=[],
+        help="a Spark setting, as spark-submit's --conf (repeat for several)",
+    )
     parser.add_argument(
         "--bucket-s", type=float, default=None, metavar="S",
         help="time bucket in seconds (default: chosen from the time span)",
@@ -104,10 +118,18 @@ def analyze_main(argv: Sequence[str]) -> int:
     if isinstance(args, int):
         return args
 
+    conf = {}
+    for setting in args.conf:
+        key, equals, value = setting.partition("=")
+        if not (equals and key.strip()):
+            print(f"{prog}: error: --conf takes KEY=VALUE, not {setting!r}", file=sys.stderr)
+            return EXIT_USAGE
+        conf[key.strip()] = value
+
     from .analyze import analyze  # noqa: PLC0415
 
     try:
-        report = analyze(args.in_dirs, args.out, args.master, bucket_s=args.bucket_s)
+        report = analyze(args.in_dirs, args.out, args.master, bucket_s=args.bucket_s, conf=conf)
     except LevelZeroError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:

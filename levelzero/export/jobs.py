@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from .errors import AnalysisError
 from .inputs import ExportInput
+from .locations import file_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
 
@@ -32,6 +33,7 @@ NICE_BUCKETS_S = (
     172800, 604800,
 )
 HISTOGRAM_BINS = 20
+FENCE_RANGES_MAX = 200  # epoch ranges of the fence results, however many epochs the data spans
 LAG_PERCENTILES = (0.5, 0.9, 0.99)
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: rank error <= rows / accuracy
 L1_LIVE_UNTIL_STATES = ("DELETE_STARTED", "DELETE_FINISHED")
@@ -91,6 +93,10 @@ class SparkAnalysis:
             frames = {table: self._table(table) for table in TABLES}
             rows = {table: frame.count() for table, frame in frames.items()}
             self.results = self._time_grid(frames, rows)
+            self.results.figures.update(
+                spark_master=self.spark.sparkContext.master,
+                shuffle_partitions=int(self.spark.conf.get("spark.sql.shuffle.partitions")),
+            )
             self.grid = self.spark.range(self.results.buckets).withColumnRenamed("id", "b")
             objects, deletions = frames["l0_objects"], frames["l0_deletions"]
             self._gc_lag(objects, deletions, frames["gc_rounds"])
@@ -111,7 +117,8 @@ class SparkAnalysis:
         schema = spark_schema(table)
         if not files:
             return self.spark.createDataFrame([], schema)
-        frame = self.spark.read.schema(schema).parquet(*files).select(*schema.fieldNames())
+        uris = [file_uri(path) for path in files]
+        frame = self.spark.read.schema(schema).parquet(*uris).select(*schema.fieldNames())
         if len(self.inputs) > 1:
             # One directory never holds a row twice; several may overlap. Deduplicating is a
             # shuffle: do it once, not in every result that reads the table.
@@ -205,6 +212,7 @@ class SparkAnalysis:
                 F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at")),
             )
             .withColumn("lag_s", F.col("deleted_at") - F.col("eligible_at"))
+            .withColumn("age_s", F.col("deleted_at") - F.col("created_at"))
             .withColumn("explained", F.col("lag_s").isNotNull() & (F.col("lag_s") >= 0))
         )
         lags = self._cache(lags)
@@ -221,8 +229,12 @@ class SparkAnalysis:
             F.percentile_approx(lag, list(LAG_PERCENTILES), PERCENTILE_ACCURACY).alias("p"),
             F.max(lag).alias("lag_max"),
             F.avg(lag).alias("lag_mean"),
+            F.percentile_approx("age_s", list(LAG_PERCENTILES), PERCENTILE_ACCURACY).alias("a"),
+            F.max("age_s").alias("age_max"),
+            F.avg("age_s").alias("age_mean"),
         ).collect()[0]
         p50, p90, p99 = summary["p"] or [None] * len(LAG_PERCENTILES)
+        a50, a90, a99 = summary["a"] or [None] * len(LAG_PERCENTILES)
         figures = self.results.figures
         figures.update(
             l0_objects=summary["objects"],
@@ -239,29 +251,42 @@ class SparkAnalysis:
             gc_lag_p99_s=p99,
             gc_lag_max_s=summary["lag_max"],
             gc_lag_mean_s=summary["lag_mean"],
+            l0_age_p50_s=a50,
+            l0_age_p90_s=a90,
+            l0_age_p99_s=a99,
+            l0_age_max_s=summary["age_max"],
+            l0_age_mean_s=summary["age_mean"],
         )
         summary_rows = [
             {"figure": name, "value": None if figures[name] is None else float(figures[name])}
             for name in (
                 "gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
-                "gc_lag_mean_s", "l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes",
+                "gc_lag_mean_s", "l0_age_p50_s", "l0_age_p90_s", "l0_age_p99_s", "l0_age_max_s",
+                "l0_age_mean_s", "l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes",
                 "l0_eligible_not_deleted", "l0_deleted_unexplained",
             )
         ]
         self.results.tables["gc_lag_summary"] = ResultTable(["figure", "value"], summary_rows)
-        self._lag_histogram(lags, summary["lag_max"])
+        self._histogram("gc_lag_histogram", lags.where(F.col("explained")), "lag_s",
+                        summary["lag_max"])
+        self._histogram("l0_age_histogram", lags.where(F.col("age_s").isNotNull()), "age_s",
+                        summary["age_max"])
 
-    def _lag_histogram(self, lags: DataFrame, lag_max: float | None) -> None:
+    def _histogram(self, name: str, frame: DataFrame, column: str, top: float | None) -> None:
+        """HISTOGRAM_BINS equal bins from 0 to `top` of `column` (objects per bin)."""
         columns = ["bin_lo_s", "bin_hi_s", "objects"]
-        if lag_max is None:
-            self.results.tables["gc_lag_histogram"] = ResultTable(columns, [])
+        if top is None:
+            self.results.tables[name] = ResultTable(columns, [])
             return
+        lag_max = max(top, 0.0)
         bins = HISTOGRAM_BINS if lag_max > 0 else 1
         width = lag_max / bins if lag_max > 0 else 1.0
         last_bin = F.lit(bins - 1)
         counts = (
-            lags.where(F.col("explained"))
-            .select(F.least(F.floor(F.col("lag_s") / width), last_bin).cast("long").alias("bin"))
+            frame.select(
+                F.least(F.floor(F.greatest(F.col(column), F.lit(0.0)) / width), last_bin)
+                .cast("long").alias("bin")
+            )
             .groupBy("bin")
             .agg(_count().alias("objects"))
         )
@@ -275,7 +300,7 @@ class SparkAnalysis:
                 F.coalesce("objects", F.lit(0)).alias("objects"),
             )
         )
-        self._keep("gc_lag_histogram", histogram, order=["bin_lo_s"])
+        self._keep(name, histogram, order=["bin_lo_s"])
 
     def _gc_rounds_over_time(self, rounds: DataFrame) -> None:
         totals = rounds.agg(
@@ -304,7 +329,9 @@ class SparkAnalysis:
                 F.sum(F.when(real, F.col("deleted_bytes")).otherwise(0)).alias("deleted_bytes"),
             )
             .select(
-                self._bucket_start(), "rounds", "cluster_epoch", "m", "deleted", "deleted_bytes"
+                self._bucket_start(), "rounds", "cluster_epoch", "m",
+                (F.col("cluster_epoch") - F.col("m")).alias("cluster_lag_epochs"),
+                "deleted", "deleted_bytes",
             )
         )
         self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
@@ -438,9 +465,14 @@ class SparkAnalysis:
         holds_m = F.when(F.col("without_mp") > 0, F.col("mp").isNull()).otherwise(
             F.col("mp") == F.col("mp_min")
         )
+        # A partition holds M back in a bucket when it is at the minimum (or without an M(p))
+        # while another partition is not: when every partition is tied, none is singled out.
+        in_bucket = Window.partitionBy("b")
         held = (
-            filled.join(per_bucket.select("b", "without_mp", "mp_min"), "b")
-            .where(holds_m)
+            filled.join(per_bucket.select("b", "partitions", "without_mp", "mp_min"), "b")
+            .withColumn("holds", holds_m)
+            .withColumn("holders", F.sum(F.col("holds").cast("long")).over(in_bucket))
+            .where(F.col("holds") & (F.col("holders") < F.col("partitions")))
             .groupBy("topic", "partition")
             .agg(_count().alias("buckets_holding_m"))
         )
@@ -484,18 +516,37 @@ class SparkAnalysis:
 
     def _fence(self, events: DataFrame) -> None:
         rejected = F.col("outcome") == "rejected"
-        by_window = (
-            events.where(F.col("window_max").isNotNull())
-            .groupBy("window_max")
-            .agg(
-                _decisions().alias("events"),
-                _decisions(rejected).alias("rejected"),
-                _decisions(F.col("outcome") == "admitted_new_epoch").alias("slides"),
-                F.countDistinct("topic", "partition").alias("partitions"),
+        windowed = events.where(F.col("window_max").isNotNull())
+        bounds = windowed.agg(F.min("window_max").alias("lo"), F.max("window_max").alias("hi"))
+        lo, hi = bounds.collect()[0]
+        if lo is not None:
+            # Epoch ranges of equal width, at most FENCE_RANGES_MAX of them, whatever the history.
+            width = max(1, math.ceil((hi - lo + 1) / FENCE_RANGES_MAX))
+            start = F.lit(lo) + F.floor((F.col("window_max") - F.lit(lo)) / width) * width
+            by_window = (
+                windowed.withColumn("window_max_from", start.cast("long"))
+                .groupBy("window_max_from")
+                .agg(
+                    _decisions().alias("events"),
+                    _decisions(rejected).alias("rejected"),
+                    _decisions(F.col("outcome") == "admitted_new_epoch").alias("slides"),
+                    F.countDistinct("topic", "partition").alias("partitions"),
+                )
+                .withColumn(
+                    "window_max_to",
+                    F.least(F.col("window_max_from") + F.lit(width - 1), F.lit(hi)).cast("long"),
+                )
+                .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
+                .select("window_max_from", "window_max_to", "events", "rejected", "slides",
+                        "partitions", "rejection_rate")
             )
-            .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
-        )
-        self._keep("fence_by_window", by_window, order=["window_max"])
+            self._keep("fence_by_window", by_window, order=["window_max_from"])
+            self.results.figures["fence_epochs_per_range"] = width
+        else:
+            self.results.tables["fence_by_window"] = ResultTable(
+                ["window_max_from", "window_max_to", "events", "rejected", "slides", "partitions",
+                 "rejection_rate"], [],
+            )
         window_size = F.col("window_max") - F.col("window_min") + 1
         sizes = (
             events.where(F.col("window_min").isNotNull() & F.col("window_max").isNotNull())
@@ -537,7 +588,7 @@ class SparkAnalysis:
             "topic", "partition", self._bucket_start(), "records", "bytes", "placeholders",
             (F.col("records") / bucket_s).alias("records_per_s"),
             (F.col("bytes") / bucket_s).alias("bytes_per_s"),
-        ).write.mode("overwrite").parquet(path)
+        ).write.mode("overwrite").parquet(file_uri(path))
         self.results.spark_tables["throughput_partition_buckets"] = path
         totals = per_bucket.groupBy("b").agg(
             F.sum("records").alias("records"),

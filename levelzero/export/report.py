@@ -20,11 +20,13 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from .numbers import human, human_bytes, human_number
 from .results import Results, ResultTable
 
 TOP_ROWS_SHOWN = 20  # rows of a per-partition table shown in the report
 TOP_PARTITIONS_PLOTTED = 5
 PLOT_DPI = 110
+HOLDERS_PLOT_MIN_HEIGHT_IN = 2.4  # one holder still gets a readable plot
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,9 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     import matplotlib.dates as mdates  # noqa: PLC0415
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+
+    bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
     os.makedirs(plots_dir, exist_ok=True)
     for name in os.listdir(plots_dir):  # a previous report's plots this one may not redraw
         if name.endswith(".png"):
@@ -105,21 +110,26 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.grid(alpha=0.3)
         return figure, axis
 
-    histogram = tables["gc_lag_histogram"].rows
-    if histogram:
-        figure, axis = plt.subplots(figsize=(9, 3.6))
-        widths = [r["bin_hi_s"] - r["bin_lo_s"] for r in histogram]
-        axis.bar([r["bin_lo_s"] for r in histogram], [r["objects"] for r in histogram],
-                 width=widths, align="edge", edgecolor="black", linewidth=0.4)
-        for name, style in (("gc_lag_p50_s", "--"), ("gc_lag_p90_s", "-."), ("gc_lag_p99_s", ":")):
-            value = results.figures.get(name)
-            if value is not None:
-                axis.axvline(value, linestyle=style, color="crimson", label=name.split("_")[2])
-        axis.set_title("GC lag: eligible (M >= epoch) → deleted")
-        axis.set_xlabel("lag (s)")
-        axis.set_ylabel("L0 objects")
-        axis.legend()
-        axis.grid(alpha=0.3)
+    panels = [
+        ("gc_lag", "GC lag: eligible (M >= epoch) → deleted", tables["gc_lag_histogram"].rows),
+        ("l0_age", "L0 age at deletion: created → deleted", tables["l0_age_histogram"].rows),
+    ]
+    panels = [panel for panel in panels if panel[2]]
+    if panels:
+        figure, axes = plt.subplots(1, len(panels), figsize=(10, 3.6), squeeze=False)
+        for axis, (prefix, title, histogram) in zip(axes[0], panels, strict=True):
+            widths = [r["bin_hi_s"] - r["bin_lo_s"] for r in histogram]
+            axis.bar([r["bin_lo_s"] for r in histogram], [r["objects"] for r in histogram],
+                     width=widths, align="edge", edgecolor="black", linewidth=0.4)
+            for p, style in (("p50", "--"), ("p90", "-."), ("p99", ":")):
+                value = results.figures.get(f"{prefix}_{p}_s")
+                if value is not None:
+                    axis.axvline(value, linestyle=style, color="crimson", label=p)
+            axis.set_title(title)
+            axis.set_xlabel("seconds")
+            axis.set_ylabel("L0 objects")
+            axis.legend()
+            axis.grid(alpha=0.3)
         save("gc_lag_histogram", figure)
 
     storage = tables["storage_over_time"].rows
@@ -129,6 +139,7 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.plot(times, [r["l0_live_bytes"] for r in storage], label="L0 live bytes")
         axis.plot(times, [r["l1_live_bytes"] for r in storage], label="L1 live bytes")
         axis.set_ylabel("bytes")
+        axis.yaxis.set_major_formatter(bytes_axis)
         twin = axis.twinx()
         twin.plot(times, [r["amplification"] for r in storage], color="gray", linestyle="--",
                   label="(L0 + L1) / L1")
@@ -157,13 +168,30 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.legend(loc="upper left")
         save("watermark_over_time", figure)
 
+    cluster_lags = [r for r in watermark if r["cluster_lag_epochs"] is not None]
+    round_lags = [r for r in gc_rounds if r["cluster_lag_epochs"] is not None]
+    if cluster_lags or round_lags:
+        figure, axis = time_figure("Cluster lag E − M (epochs the GC is behind)")
+        if cluster_lags:
+            axis.step(_times(cluster_lags, bucket_s), [r["cluster_lag_epochs"] for r in cluster_lags],
+                      where="post", label="max applied epoch − M (state samples)")
+            axis.step(_times(cluster_lags, bucket_s), [r["partition_lag_max"] for r in cluster_lags],
+                      where="post", linestyle="--", label="worst partition: max applied − M(p)")
+        if round_lags:
+            axis.plot(_times(round_lags, bucket_s), [r["cluster_lag_epochs"] for r in round_lags],
+                      "o", markersize=3, label="E − M seen by GC rounds")
+        axis.set_ylabel("epochs")
+        axis.legend(loc="upper left")
+        save("cluster_lag", figure)
+
     holders = [r for r in tables["partition_watermarks"].rows if r["buckets_holding_m"]]
     holders = holders[:TOP_ROWS_SHOWN]
     if holders:
-        figure, axis = plt.subplots(figsize=(9, 0.6 + 0.3 * len(holders)))
+        height = max(HOLDERS_PLOT_MIN_HEIGHT_IN, 0.9 + 0.3 * len(holders))
+        figure, axis = plt.subplots(figsize=(9, height))
         names = [f"{r['topic']}/{r['partition']}" for r in holders][::-1]
         axis.barh(names, [r["seconds_holding_m"] for r in holders][::-1])
-        axis.set_xlabel("seconds as the minimum M(p) (holding M back)")
+        axis.set_xlabel("seconds at the minimum M(p) while another partition was above it")
         axis.set_title("Partitions that held the GC watermark back")
         axis.grid(alpha=0.3, axis="x")
         save("watermark_holders", figure)
@@ -172,10 +200,13 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     sizes = tables["fence_window_sizes"].rows
     if by_window or sizes:
         figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-        windows = [str(r["window_max"]) for r in by_window]
-        left.bar(windows, [r["rejection_rate"] for r in by_window])
-        left.set_title("Stale rejections / fence events, per window")
-        left.set_xlabel("window upper edge (epoch)")
+        left.bar([r["window_max_from"] for r in by_window],
+                 [r["rejection_rate"] for r in by_window],
+                 width=[r["window_max_to"] - r["window_max_from"] + 1 for r in by_window],
+                 align="edge")
+        left.set_title("Stale rejections / fence decisions")
+        left.set_xlabel("window upper edge (epoch range)")
+        left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
         left.set_ylabel("rejection rate")
         right.bar([str(r["window_size"]) for r in sizes], [r["events"] for r in sizes])
         right.set_title("Window size at fence time")
@@ -206,6 +237,7 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         twin.plot(times, [r["bytes_per_s"] for r in throughput], color="gray", linestyle="--",
                   label="bytes/s")
         twin.set_ylabel("bytes/s")
+        twin.yaxis.set_major_formatter(bytes_axis)
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
         save("throughput", figure)
@@ -219,13 +251,15 @@ _SECTIONS = [
     (
         "GC lag",
         "gc_lag_histogram",
-        "How long an L0 object lived after it became collectable. An object is <em>eligible</em> "
-        "at the first GC round whose watermark M reached its epoch (not before it was created); "
-        "the lag ends when the GC recorded its delete. The lag includes the grace period and "
-        "the GC's pacing between rounds.",
-        ["gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
+        "Two ways. <em>Age at deletion</em> (created → deleted) is what storage costs: how long "
+        "each L0 object's bytes were kept. <em>GC lag</em> (eligible → deleted) is the GC's own "
+        "share of it: an object is eligible at the first GC round whose watermark M reached its "
+        "epoch (not before it was created); the lag includes the grace period and the GC's "
+        "pacing between rounds. Age minus lag is the time the watermark took to pass the object.",
+        ["l0_age_p50_s", "l0_age_p90_s", "l0_age_p99_s", "l0_age_max_s", "l0_age_mean_s",
+         "gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
          "gc_lag_mean_s", "l0_eligible_not_deleted", "l0_deleted_unexplained"],
-        ["gc_lag_histogram"],
+        ["gc_lag_summary", "l0_age_histogram", "gc_lag_histogram"],
     ),
     (
         "Storage amplification",
@@ -251,17 +285,28 @@ _SECTIONS = [
         [],
     ),
     (
+        "Cluster lag",
+        "cluster_lag",
+        "How many epochs the GC watermark is behind: max applied epoch − M from the state "
+        "samples, and E − M as each GC round saw it (E the cluster epoch). A growing lag means "
+        "L0 objects wait longer to become collectable.",
+        ["watermark_lag_max_epochs", "watermark_lag_end_epochs"],
+        [],
+    ),
+    (
         "Partitions holding M back",
         "watermark_holders",
-        "Time each partition spent as the minimum M(p), most first.",
+        "Time each partition spent at the minimum M(p) (or without an M(p)) while at least one "
+        "other partition was above it, most first. Time when every partition was tied is "
+        "nobody's in particular and is not counted.",
         ["sampled_partitions"],
         ["partition_watermarks"],
     ),
     (
         "Epoch fence",
         "fence",
-        "Fence outcomes grouped by the window's upper edge (the epoch a partition's window had "
-        "moved to). A rejection is a write whose epoch was below the window: its writer "
+        "Fence decisions grouped by the window's upper edge (the epoch a partition's window had "
+        "moved to), in at most 200 equal epoch ranges whatever the history's length. A rejection is a write whose epoch was below the window: its writer "
         "refreshes its epoch cache and retries. Window size = window_max − window_min + 1.",
         ["fence_events", "fence_rejected", "fence_rejection_rate", "window_size_max"],
         ["fence_by_window", "fence_window_sizes", "fence_outcomes"],
@@ -286,18 +331,10 @@ _SECTIONS = [
 ]
 
 
-def _format(value: Any) -> str:
+def _format(value: Any, name: str = "") -> str:
     if value is None:
         return "–"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e15:
-            return f"{int(value):,}"
-        return f"{value:,.3f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return html.escape(str(value))
+    return html.escape(human(name, value))
 
 
 def _html_table(table: ResultTable, limit: int = TOP_ROWS_SHOWN) -> str:
@@ -311,7 +348,8 @@ def _html_table(table: ResultTable, limit: int = TOP_ROWS_SHOWN) -> str:
             value = row[column]
             if column == "bucket_start" and value is not None:
                 value = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
-            cells.append(f"<td>{_format(value)}</td>")
+            name = row["figure"] if column == "value" and "figure" in row else column
+            cells.append(f"<td>{_format(value, name)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
     more = len(table.rows) - limit
     tail = f"<p class='more'>… and {more} more rows in the result files</p>" if more > 0 else ""
@@ -320,7 +358,7 @@ def _html_table(table: ResultTable, limit: int = TOP_ROWS_SHOWN) -> str:
 
 def _figures_table(results: Results, names: list[str]) -> str:
     rows = "".join(
-        f"<tr><th>{html.escape(name)}</th><td>{_format(results.figures.get(name))}</td></tr>"
+        f"<tr><th>{html.escape(name)}</th><td>{_format(results.figures.get(name), name)}</td></tr>"
         for name in names
     )
     return f"<table class='figures'>{rows}</table>"

@@ -621,6 +621,36 @@ def test_gc_lag_counts_and_bytes_match_what_the_scenario_did(
     assert histogram[0]["objects"] == 6 and histogram[-1]["objects"] == 7
 
 
+def test_l0_age_at_deletion_is_reported_beside_the_gc_lag(
+    analysis: AnalysisReport, scenario: Scenario
+) -> None:
+    """Created -> deleted (what storage costs) next to eligible -> deleted (the GC's share)."""
+    f = analysis.figures
+    ages = [deleted - scenario.created_at[key] for key, deleted in scenario.deleted_at.items()]
+    assert f["l0_age_p50_s"] == nearest_rank(ages, 0.5)
+    assert f["l0_age_p90_s"] == nearest_rank(ages, 0.9)
+    assert f["l0_age_p99_s"] == nearest_rank(ages, 0.99)
+    assert f["l0_age_max_s"] == max(ages)
+    assert f["l0_age_mean_s"] == pytest.approx(sum(ages) / len(ages))
+    assert f["l0_age_p50_s"] > f["gc_lag_p50_s"]  # the watermark took time to pass the objects
+    histogram = pq.read_table(analysis.tables["l0_age_histogram"]).to_pylist()
+    assert sum(r["objects"] for r in histogram) == len(ages)
+    assert histogram[-1]["bin_hi_s"] == pytest.approx(max(ages))
+    assert "L0 age at deletion (created -> deleted): p50 " in analysis.summary()
+
+
+def test_cluster_lag_e_minus_m_is_a_result_and_a_plot(
+    analysis: AnalysisReport, scenario: Scenario
+) -> None:
+    rounds = pq.read_table(analysis.tables["gc_rounds_over_time"]).to_pylist()
+    with_m = [r for r in rounds if r["m"] is not None]
+    assert with_m
+    for r in with_m:
+        assert r["cluster_lag_epochs"] == r["cluster_epoch"] - r["m"]
+    assert "cluster_lag" in analysis.plots
+    assert "<h2>Cluster lag</h2>" in Path(analysis.report_path).read_text()
+
+
 def test_fence_reconciler_watermark_and_throughput_figures(
     analysis: AnalysisReport, scenario: Scenario
 ) -> None:

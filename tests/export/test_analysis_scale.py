@@ -1,0 +1,151 @@
+"""The analysis on long histories, under other masters and against URIs, on a hand-made export.
+
+The export here is written directly (the documented layout and schemas) so that it can hold
+what a test scenario on a real node cannot reach quickly: 100,000 epochs of fence decisions,
+and partitions whose M(p) are tied or not at chosen times.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from levelzero.export import AnalysisError, AnalysisReport, SCHEMAS, analyze, analyze_main
+from levelzero.export.cli import export_main
+from levelzero.export.locations import local_path
+from levelzero.export.manifest import Manifest, save
+from levelzero.export.numbers import human, human_bytes, human_number
+
+T0 = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC: everything below falls on that date
+EPOCHS = 100_000
+REJECTED_EVERY = 1_000
+HOLDER = "a/0"
+
+
+def write_table(out: Path, table: str, rows: list[dict]) -> None:
+    directory = out / table / "date=2023-11-14"
+    directory.mkdir(parents=True)
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=SCHEMAS[table]),
+        directory / "part-000001-20231114T221320Z.parquet",
+    )
+
+
+def sample(seq: int, at: float, partition: int, mp: int) -> dict:
+    return dict(
+        seq=seq, at=T0 + at, topic="a", partition=partition, term=1, previous_applied_epoch=mp,
+        max_applied_epoch=mp + 1, min_epoch_lower_bound=mp, mp=mp, lro=-1, high_watermark=0,
+        start_offset=0,
+    )
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three partitions: tied at M(p)=1 for 10 s, then a/0 alone behind for 10 s, then tied
+    again; and one fence decision per epoch for EPOCHS epochs, every REJECTED_EVERY-th one a
+    rejection."""
+    out = tmp_path_factory.mktemp("export")
+    samples = [sample(p + 1, 0.0, p, 1) for p in range(3)]
+    samples += [sample(4, 10.0, 1, 2), sample(5, 10.0, 2, 2), sample(6, 20.0, 0, 2)]
+    samples += [sample(7 + p, 29.0, p, 2) for p in range(3)]
+    write_table(out, "state_samples", samples)
+    write_table(
+        out,
+        "fence_events",
+        [
+            dict(
+                seq=e, at=T0 + e * 0.000_29, topic="a", partition=e % 3, term=1, epoch=e,
+                outcome="rejected" if e % REJECTED_EVERY == 0 else "admitted",
+                window_min=e - 1, window_max=e, decisions=1,
+            )
+            for e in range(1, EPOCHS + 1)
+        ],
+    )
+    save(str(out), Manifest(last_seq=1))
+    return out
+
+
+@pytest.fixture(scope="module")
+def local_report(export_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AnalysisReport:
+    out = tmp_path_factory.mktemp("report")
+    report = analyze([str(export_dir)], f"file://{out}", master="local[2]", bucket_s=1.0,
+                     conf={"spark.sql.shuffle.partitions": "3"})
+    return report
+
+
+def test_fence_results_stay_bounded_over_a_hundred_thousand_epochs(
+    local_report: AnalysisReport,
+) -> None:
+    rows = pq.read_table(local_report.tables["fence_by_window"]).to_pylist()
+    assert len(rows) == 200
+    width = EPOCHS // 200
+    assert [(r["window_max_from"], r["window_max_to"]) for r in rows] == [
+        (1 + i * width, (i + 1) * width) for i in range(200)
+    ]
+    assert sum(r["events"] for r in rows) == EPOCHS
+    assert sum(r["rejected"] for r in rows) == EPOCHS // REJECTED_EVERY
+    assert all(r["partitions"] == 3 for r in rows)
+    assert local_report.figures["fence_epochs_per_range"] == width
+    assert local_report.figures["fence_rejection_rate"] == pytest.approx(1 / REJECTED_EVERY)
+    assert Path(local_report.plots["fence"]).stat().st_size > 5_000
+
+
+def test_only_a_partition_behind_the_others_holds_m(local_report: AnalysisReport) -> None:
+    rows = pq.read_table(local_report.tables["partition_watermarks"]).to_pylist()
+    holding = {f"{r['topic']}/{r['partition']}": r["seconds_holding_m"] for r in rows}
+    assert holding == {"a/0": 10.0, "a/1": 0.0, "a/2": 0.0}
+    assert local_report.figures["top_m_holder"] == HOLDER
+    assert "watermark_holders" in local_report.plots
+
+
+def test_the_callers_master_and_settings_are_used(local_report: AnalysisReport) -> None:
+    assert local_report.figures["spark_master"] == "local[2]"
+    assert local_report.figures["shuffle_partitions"] == 3
+    assert "on local[2], 3 shuffle partitions" in local_report.summary()
+
+
+def test_numbers_read_as_people_read_them() -> None:
+    assert human_bytes(1_000_000_000_000) == "1.00 TB"
+    assert human_bytes(1234) == "1.23 kB"
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(123_456_789) == "123 MB"
+    assert human_number(1 / 4_067) == "0.000246"
+    assert human_number(12.5) == "12.5"
+    assert human_number(4.0) == "4"
+    assert human_number(123_456.7) == "123,457"
+    assert human("l0_bytes", 1e12) == "1.00 TB"
+    assert human("bytes_per_s_peak", 2.5e6) == "2.50 MB/s"
+    assert human("fence_rejection_rate", 1 / 4_067) == "0.000246"
+    assert human("gc_lag_p50_s", 0.016, " s") == "0.016 s"
+    assert human("top_m_holder", None) == "n/a"
+
+
+def test_uris_other_than_file_are_refused_before_anything_is_written(
+    export_dir: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    rc = analyze_main(["--in", "s3a://bucket/export", "--out", str(tmp_path / "r")])
+    assert rc == 1
+    assert "input s3a://bucket/export: s3a:// is not supported" in capsys.readouterr().err
+    rc = analyze_main(["--in", str(export_dir), "--out", "s3a://bucket/r1"])
+    assert rc == 1
+    assert "report directory s3a://bucket/r1: s3a:// is not supported" in capsys.readouterr().err
+    rc = export_main(["--db", str(tmp_path / "levelzero.db"), "--out", "hdfs://nn/export"])
+    assert rc == 1
+    assert "output directory hdfs://nn/export: hdfs:// is not supported" in (
+        capsys.readouterr().err
+    )
+    assert os.listdir(tmp_path) == []  # no directory named "s3a:" or "hdfs:"
+    assert local_path("file:///data/export", "input") == "/data/export"
+    with pytest.raises(AnalysisError, match="names no host"):
+        local_path("file://host/data", "input")
+
+
+def test_a_conf_without_equals_is_a_usage_error(capsys) -> None:
+    rc = analyze_main(["--in", "x", "--out", "y", "--conf", "spark.sql.shuffle.partitions"])
+    assert rc == 2
+    assert "--conf takes KEY=VALUE" in capsys.readouterr().err
