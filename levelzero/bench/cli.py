@@ -60,6 +60,7 @@ ITEMS: tuple[Item, ...] = (
     Item("gc", "gc", "6. GC deletes vs raw DeleteObjects (moto); GC lag"),
     Item("memory", "memory", "7. daemon RSS over a long produce/consume/GC run"),
     Item("scale", "scale", "8. fence and produce cost at 1, 64, 1024 partitions"),
+    Item("kafka", "kafka", "9. produce and fetch: Kafka listener (confluent-kafka) vs HTTP API"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

@@ -26,6 +26,7 @@ import struct
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import cramjam
 from crc32c import crc32c
@@ -65,8 +66,7 @@ class UnsupportedCompression(LevelZeroError):
     code = "unsupported_compression"
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaRecord:
+class KafkaRecord(NamedTuple):  # a tuple: built per record, it must be cheap
     offset_delta: int
     timestamp_ms: int
     key: bytes | None
@@ -243,38 +243,103 @@ def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
 
 
 def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[KafkaRecord]:
+    """The records of one batch. Hot: varints of one or two bytes (nearly all of them) are
+    read inline, longer ones by `_varint`; a header-less record takes no list."""
     records: list[KafkaRecord] = []
+    append = records.append
+    varint = _varint
     pos = 0
     end_all = len(buf)
     for _ in range(count):
-        length, pos = _varint(buf, pos, end_all)
+        # record length
+        if pos + 1 < end_all and buf[pos] < 0x80:
+            raw = buf[pos]
+            pos += 1
+            length = (raw >> 1) ^ -(raw & 1)
+        elif pos + 2 < end_all and buf[pos + 1] < 0x80:
+            raw = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+            length = (raw >> 1) ^ -(raw & 1)
+        else:
+            length, pos = varint(buf, pos, end_all)
         end = pos + length
         if length < 1 or end > end_all:
             raise CorruptBatch(f"a record of {length} bytes runs past its batch")
         pos += 1  # record attributes: unused by magic 2
-        timestamp_delta, pos = _varint(buf, pos, end)
-        offset_delta, pos = _varint(buf, pos, end)
-        key, pos = _bytes(buf, pos, end)
-        value, pos = _bytes(buf, pos, end)
-        header_count, pos = _varint(buf, pos, end)
-        if not 0 <= header_count <= HEADERS_PER_RECORD_MAX:
-            raise CorruptBatch(f"a record claims {header_count} headers")
-        headers: list[tuple[str, bytes | None]] = []
-        for _ in range(header_count):
-            name, pos = _bytes(buf, pos, end)
-            if name is None:
-                raise CorruptBatch("a record header has a null key")
-            header_value, pos = _bytes(buf, pos, end)
-            try:
-                headers.append((name.decode(), header_value))
-            except UnicodeDecodeError:
-                raise CorruptBatch("a record header key is not UTF-8") from None
+        # timestamp and offset deltas
+        if pos < end and buf[pos] < 0x80:
+            raw = buf[pos]
+            pos += 1
+            timestamp_delta = (raw >> 1) ^ -(raw & 1)
+        else:
+            timestamp_delta, pos = varint(buf, pos, end)
+        if pos < end and buf[pos] < 0x80:
+            raw = buf[pos]
+            pos += 1
+            offset_delta = (raw >> 1) ^ -(raw & 1)
+        elif pos + 1 < end and buf[pos + 1] < 0x80:
+            raw = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+            offset_delta = (raw >> 1) ^ -(raw & 1)
+        else:
+            offset_delta, pos = varint(buf, pos, end)
+        # key
+        if pos < end and buf[pos] == 1:  # -1: null
+            key = None
+            pos += 1
+        elif pos < end and buf[pos] < 0x80 and not buf[pos] & 1:
+            size = buf[pos] >> 1
+            if pos + 1 + size > end:
+                raise CorruptBatch("a record key runs past its record")
+            key = buf[pos + 1 : pos + 1 + size]
+            pos += 1 + size
+        else:
+            key, pos = _bytes(buf, pos, end)
+        # value
+        if pos < end and buf[pos] < 0x80 and buf[pos] != 1:
+            size = buf[pos] >> 1
+            if buf[pos] & 1 or pos + 1 + size > end:
+                raise CorruptBatch("a record value runs past its record")
+            value: bytes | None = buf[pos + 1 : pos + 1 + size]
+            pos += 1 + size
+        elif pos + 1 < end and buf[pos + 1] < 0x80 and buf[pos] & 0x80:
+            raw = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            size = raw >> 1
+            if raw & 1 or pos + 2 + size > end:
+                raise CorruptBatch("a record value runs past its record")
+            value = buf[pos + 2 : pos + 2 + size]
+            pos += 2 + size
+        else:
+            value, pos = _bytes(buf, pos, end)
+        # headers
+        if pos < end and buf[pos] == 0:
+            pos += 1
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+        else:
+            headers, pos = _headers(buf, pos, end)
         if pos != end:
             raise CorruptBatch("a record's fields do not add up to its length")
-        records.append(KafkaRecord(offset_delta, base_timestamp + timestamp_delta, key, value, tuple(headers)))
+        append(KafkaRecord(offset_delta, base_timestamp + timestamp_delta, key, value, headers))
     if pos != end_all:
         raise CorruptBatch("a batch holds bytes after its last record")
     return records
+
+
+def _headers(buf: bytes, pos: int, end: int) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    header_count, pos = _varint(buf, pos, end)
+    if not 0 <= header_count <= HEADERS_PER_RECORD_MAX:
+        raise CorruptBatch(f"a record claims {header_count} headers")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(header_count):
+        name, pos = _bytes(buf, pos, end)
+        if name is None:
+            raise CorruptBatch("a record header has a null key")
+        header_value, pos = _bytes(buf, pos, end)
+        try:
+            headers.append((name.decode(), header_value))
+        except UnicodeDecodeError:
+            raise CorruptBatch("a record header key is not UTF-8") from None
+    return tuple(headers), pos
 
 
 def decode_batches(data: bytes) -> list[KafkaBatch]:
@@ -317,6 +382,20 @@ def decode_batches(data: bytes) -> list[KafkaBatch]:
 # ------------------------------------------------------------------------------ encoding
 
 
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    _put_varint(out, value)
+    return bytes(out)
+
+
+# Zig-zag varints of -1 .. 16382 (null lengths, small lengths and deltas), looked up per record.
+_VARINTS = [_varint_bytes(v) for v in range(-1, 16383)]
+
+
+def _varint_of(value: int) -> bytes:
+    return _VARINTS[value + 1] if -1 <= value < 16383 else _varint_bytes(value)
+
+
 def encode_batch(
     base_offset: int,
     records: list[KafkaRecord],
@@ -330,32 +409,27 @@ def encode_batch(
     assert records, "a batch holds at least one record"
     base_ts = records[0].timestamp_ms
     max_ts = max(r.timestamp_ms for r in records)
-    body = bytearray()
-    scratch = bytearray()
+    varint_of = _varint_of
+    no_headers = _VARINTS[1]
+    null = _VARINTS[0]
+    parts: list[bytes] = []
+    append = parts.append
     for r in records:
-        scratch.clear()
-        scratch.append(0)
-        _put_varint(scratch, r.timestamp_ms - base_ts)
-        _put_varint(scratch, r.offset_delta)
-        for field in (r.key, r.value):
-            if field is None:
-                _put_varint(scratch, -1)
-            else:
-                _put_varint(scratch, len(field))
-                scratch += field
-        _put_varint(scratch, len(r.headers))
-        for name, header_value in r.headers:
-            encoded = name.encode()
-            _put_varint(scratch, len(encoded))
-            scratch += encoded
-            if header_value is None:
-                _put_varint(scratch, -1)
-            else:
-                _put_varint(scratch, len(header_value))
-                scratch += header_value
-        _put_varint(body, len(scratch))
-        body += scratch
-    payload: bytes = bytes(body)
+        key = r.key
+        value = r.value
+        record = b"".join((
+            b"\0",
+            varint_of(r.timestamp_ms - base_ts),
+            varint_of(r.offset_delta),
+            null if key is None else varint_of(len(key)),
+            key or b"",
+            null if value is None else varint_of(len(value)),
+            value or b"",
+            no_headers if not r.headers else _encode_headers(r.headers),
+        ))
+        append(varint_of(len(record)))
+        append(record)
+    payload = b"".join(parts)
     if compression != COMPRESSION_NONE:
         payload = CODECS[compression][1](payload)
     rest = _BATCH_REST.pack(
@@ -364,3 +438,18 @@ def encode_batch(
     ) + payload
     head = _BATCH_HEAD.pack(base_offset, len(rest) + 9, 0, MAGIC, crc32c(rest))
     return head + rest
+
+
+def _encode_headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:
+    out = bytearray()
+    _put_varint(out, len(headers))
+    for name, header_value in headers:
+        encoded = name.encode()
+        _put_varint(out, len(encoded))
+        out += encoded
+        if header_value is None:
+            _put_varint(out, -1)
+        else:
+            _put_varint(out, len(header_value))
+            out += header_value
+    return bytes(out)

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core import kafka_records as kr
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.core.producers import ProducerSequences
 
@@ -63,6 +65,20 @@ def error_code_for(exc: BaseException) -> ErrorCode:
     return ErrorCode.unknown_server_error
 
 
+@dataclass(eq=False, slots=True)
+class _Pending:
+    """One partition's record set of one produce request, queued on the partition's lane."""
+
+    topic: str
+    partition: int
+    records: list[Record]
+    size: int
+    identity: tuple[int, int, str, int, int] | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    base_offset: int = -1
+    error: LevelZeroError | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaSettings:
     advertised_host: str
@@ -83,12 +99,25 @@ class Handlers:
         self._next_producer_id = int(time.time() * 1000) << 16
         self.sequences = ProducerSequences()
         self.groups = GroupCoordinator(node.log_store)
-        # (producer id, epoch, topic, partition, base sequence) -> acknowledged, for a retry that
-        # arrives while the first attempt is still being stored.
-        self._producing: dict[tuple[int, int, str, int, int], anyio.Event] = {}
+        # (producer id, epoch, topic, partition, base sequence) -> its record set being stored,
+        # for a retry that arrives while the first attempt is still under way.
+        self._producing: dict[tuple[int, int, str, int, int], _Pending] = {}
+        # (topic, partition) -> record sets waiting to be stored, while a drain task runs.
+        self._lanes: dict[tuple[str, int], deque[_Pending]] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
 
-    async def handle(self, request: Request) -> Any | None:
-        """The response for `request` (None: the client expects none, acks=0)."""
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """The task group of the partitions' drain tasks; runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            await anyio.sleep_forever()
+
+    async def handle(
+        self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
+    ) -> Any | None:
+        """The response for `request` (None: the client expects none, acks=0). `after` and
+        `submitted` order a connection's produce requests (see `produce`)."""
         match request.api_key:
             case 18:
                 return api_versions_response(request.api_version)
@@ -97,7 +126,7 @@ class Handlers:
             case 19:
                 return await self.create_topics(request)
             case 0:
-                return await self.produce(request)
+                return await self.produce(request, after, submitted)
             case 1:
                 return await self.fetch(request)
             case 2:
@@ -190,25 +219,34 @@ class Handlers:
 
     # ------------------------------------------------------------------ produce
 
-    async def produce(self, request: Request) -> Any | None:
+    async def produce(
+        self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
+    ) -> Any | None:
+        """Records reach each partition's lane in the order the connection sent them: this
+        request submits once the connection's previous produce has (`after`), then lets the next
+        one submit (`submitted`); it does not wait for the previous one to be stored."""
         m = request.response_module
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
-        results: dict[tuple[str, int], tuple[ErrorCode, int, str | None]] = {}
-
-        async def produce_one(topic: str, partition: int, data: bytes | None) -> None:
-            results[(topic, partition)] = await self._produce_partition(topic, partition, data)
-
-        async with anyio.create_task_group() as tg:
-            for topic, partition, data in jobs:
-                tg.start_soon(produce_one, topic, partition, data)
-        if any(code == ErrorCode.none for code, _, _ in results.values()):
-            self._wake_fetchers()
+        if after is not None:
+            await after.wait()
+        outcomes = [self._submit(topic, partition, data) for topic, partition, data in jobs]
+        if submitted is not None:
+            submitted.set()
+        results: list[tuple[ErrorCode, int, str | None]] = []
+        for outcome in outcomes:
+            if isinstance(outcome, _Pending):
+                await outcome.done.wait()
+                if outcome.error is not None:
+                    results.append(self._produce_failed(outcome.topic, outcome.partition, outcome.error))
+                else:
+                    results.append((ErrorCode.none, outcome.base_offset, None))
+            else:
+                results.append(outcome)
         if body.acks == 0:
             return None
         by_topic: dict[str, list[Any]] = {}
-        for topic, partition, _ in jobs:
-            code, base_offset, message = results[(topic, partition)]
+        for (topic, partition, _), (code, base_offset, message) in zip(jobs, results, strict=True):
             by_topic.setdefault(topic, []).append(
                 make(
                     m.PartitionProduceResponse, index=partition, error_code=code,
@@ -222,54 +260,89 @@ class Handlers:
         )
         return make(m.ProduceResponse, responses=responses, throttle_time=0)
 
-    async def _produce_partition(
+    def _submit(
         self, topic: str, partition: int, data: bytes | None
-    ) -> tuple[ErrorCode, int, str | None]:
+    ) -> _Pending | tuple[ErrorCode, int, str | None]:
+        """Decode one partition's record set and queue it on the partition's lane (no await:
+        requests submit in the order they call this). An idempotent producer's batch that is
+        already stored is answered with its offset; one being stored shares that attempt."""
         try:
             self.node.partition(topic, partition)
             batches = kr.decode_batches(data or b"")
-            records = [
-                Record(r.key, r.value if r.value is not None else b"")
-                for batch in batches if not batch.is_control
-                for r in batch.records
-            ]
-            if not records:
-                return ErrorCode.corrupt_message, -1, "the produce request holds no records"
-            size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
-            if size > self.node.batcher.config.batch_bytes_max:
-                return (ErrorCode.message_too_large, -1,
-                        f"{size} record bytes exceed batch_bytes_max "
-                        f"{self.node.batcher.config.batch_bytes_max}")
-            first = batches[0]
+        except LevelZeroError as exc:
+            return self._produce_failed(topic, partition, exc)
+        records = [
+            Record(r.key, r.value if r.value is not None else b"")
+            for batch in batches if not batch.is_control
+            for r in batch.records
+        ]
+        if not records:
+            return ErrorCode.corrupt_message, -1, "the produce request holds no records"
+        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        if size > batch_bytes_max:
+            return (ErrorCode.message_too_large, -1,
+                    f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}")
+        first = batches[0]
+        identity = None
+        if first.producer_id >= 0 and first.base_sequence >= 0:
             identity = (first.producer_id, first.producer_epoch, topic, partition, first.base_sequence)
-            if first.producer_id >= 0 and first.base_sequence >= 0:
-                return await self._produce_once(identity, records)
-            result = await self.node.produce(topic, partition, records)
-        except LevelZeroError as exc:
-            return self._produce_failed(topic, partition, exc)
-        return ErrorCode.none, result.base_offset, None
+            stored = self.sequences.duplicate_of(*identity)
+            if stored is not None:
+                return ErrorCode.none, stored.base_offset, None
+            pending = self._producing.get(identity)
+            if pending is not None:
+                return pending  # a retry (on another connection) of a batch being stored
+        pending = _Pending(topic, partition, records, size, identity)
+        if identity is not None:
+            self._producing[identity] = pending
+        lane = self._lanes.get((topic, partition))
+        if lane is None:
+            lane = self._lanes[(topic, partition)] = deque()
+            assert self._tg is not None, "Handlers.run is not running"
+            self._tg.start_soon(self._drain, topic, partition, lane)
+        lane.append(pending)
+        return pending
 
-    async def _produce_once(
-        self, identity: tuple[int, int, str, int, int], records: list[Record]
-    ) -> tuple[ErrorCode, int, str | None]:
-        """An idempotent producer's batch: stored once, whatever the retries."""
-        producer_id, epoch, topic, partition, base_sequence = identity
-        while (pending := self._producing.get(identity)) is not None:
-            await pending.wait()  # the same batch is being stored (a retry on another connection)
-        stored = self.sequences.duplicate_of(producer_id, epoch, topic, partition, base_sequence)
-        if stored is not None:
-            return ErrorCode.none, stored.base_offset, None
-        done = self._producing[identity] = anyio.Event()
+    async def _drain(self, topic: str, partition: int, lane: deque[_Pending]) -> None:
+        """Store a partition's queued record sets, as many at once as one produce may hold
+        (contiguous offsets, in queue order), until the lane is empty."""
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        taken: list[_Pending] = []
         try:
-            result = await self.node.produce(topic, partition, records)
-        except LevelZeroError as exc:
-            return self._produce_failed(topic, partition, exc)
+            while lane:
+                size = 0
+                while lane and (not taken or size + lane[0].size <= batch_bytes_max):
+                    size += lane[0].size
+                    taken.append(lane.popleft())
+                try:
+                    result = await self.node.produce(
+                        topic, partition, [r for p in taken for r in p.records]
+                    )
+                except LevelZeroError as exc:
+                    for p in taken:
+                        self._finish(p, error=exc)
+                else:
+                    offset = result.base_offset
+                    for p in taken:
+                        self._finish(p, base_offset=offset)
+                        offset += len(p.records)
+                    self._wake_fetchers()
+                taken = []
         finally:
-            del self._producing[identity]
-            done.set()
-        self.sequences.record(producer_id, epoch, topic, partition, base_sequence, len(records),
-                              result.base_offset)
-        return ErrorCode.none, result.base_offset, None
+            del self._lanes[(topic, partition)]
+            for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
+                if not p.done.is_set():
+                    self._finish(p, error=ShuttingDown("the Kafka listener is stopping"))
+
+    def _finish(self, pending: _Pending, *, base_offset: int = -1, error: LevelZeroError | None = None) -> None:
+        pending.base_offset = base_offset
+        pending.error = error
+        if pending.identity is not None:
+            self._producing.pop(pending.identity, None)
+            if error is None:
+                self.sequences.record(*pending.identity, len(pending.records), base_offset)
+        pending.done.set()
 
     def _produce_failed(self, topic: str, partition: int, exc: LevelZeroError) -> tuple[ErrorCode, int, str | None]:
         if exc.retriable or exc.code in ("storage_error", "store_refused"):
@@ -342,14 +415,23 @@ class Handlers:
     async def _fetch_all(
         self, wanted: list[tuple[str, int, int, int]], max_bytes: int
     ) -> list[tuple[ErrorCode, int, int, bytes | None]]:
-        results: list[tuple[ErrorCode, int, int, bytes | None]] = []
+        """Partitions are read concurrently, each up to its own maximum, as many as the response's
+        budget holds (the first always); the others answer empty and are read next time."""
+        results: list[tuple[ErrorCode, int, int, bytes | None]] = [
+            self._empty(topic, partition) for topic, partition, _, _ in wanted
+        ]
         budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
-        for topic, partition, offset, partition_max in wanted:
-            if budget <= 0:
-                results.append(self._empty(topic, partition))
-                continue
-            results.append(await self._fetch_partition(topic, partition, offset, min(partition_max, budget)))
-            budget -= len(results[-1][3] or b"")
+
+        async def read(i: int, topic: str, partition: int, offset: int, limit: int) -> None:
+            results[i] = await self._fetch_partition(topic, partition, offset, limit)
+
+        async with anyio.create_task_group() as tg:
+            for i, (topic, partition, offset, partition_max) in enumerate(wanted):
+                if budget <= 0:
+                    break
+                limit = min(partition_max, budget)
+                budget -= limit
+                tg.start_soon(read, i, topic, partition, offset, limit)
         return results
 
     def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes | None]:

@@ -8,8 +8,9 @@ the writer beyond that. Every frame's bytes are taken from one listener-wide bud
 (`inflight_bytes_max`) before its body is read and given back once its response is sent, so
 all connections together hold at most that many request bytes (fetch responses are bounded by
 FETCH_RESPONSE_BYTES_MAX each).
-Produce requests of one connection reach the node one after another (each waits until the one
-before it is acknowledged), so records a client sends in order are stored in order.
+Produce requests of one connection queue their records on the partitions' lanes in the order
+they were sent (each waits until the one before it has queued, not until it is stored), and a
+lane stores its queue in order, so records a client sends in order are stored in order.
 
 A frame that does not parse, an unknown API key or version, or a handler failing with anything
 but an operating error closes the connection (what a Kafka broker does), with a log line; it never
@@ -69,6 +70,7 @@ class _Slot:
     response: bytes | None = None
     close: bool = False
     budget_bytes: int = 0
+    submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
 
 
 @dataclass(slots=True)
@@ -88,8 +90,10 @@ class KafkaListener:
         self.budget = ByteBudget(settings.inflight_bytes_max)
 
     async def serve(self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await listener.serve(self._connection)
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.handlers.run)
+            task_status.started()
+            await listener.serve(self._connection)
 
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
         self.stats.connections += 1
@@ -139,7 +143,7 @@ class KafkaListener:
                     await send.send(slot)
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
-                        before, last_produce = last_produce, slot.done
+                        before, last_produce = last_produce, slot.submitted
                     tg.start_soon(self._serve_request, frame, slot, before)
 
     async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot) -> bytes | None:
@@ -196,9 +200,7 @@ class KafkaListener:
 
     async def _serve_request(self, frame: bytes, slot: _Slot, before: anyio.Event | None) -> None:
         try:
-            if before is not None:
-                await before.wait()
-            slot.response = await self._respond(frame)
+            slot.response = await self._respond(frame, before, slot.submitted)
         except BadRequest as exc:
             self.stats.closed_bad_frames += 1
             log.warning("kafka: closing a connection: %s", exc)
@@ -212,15 +214,16 @@ class KafkaListener:
             log.exception("kafka: unexpected error serving a request; closing the connection")
             slot.close = True
         finally:
+            slot.submitted.set()  # whatever happened, the next produce may go
             slot.done.set()
 
-    async def _respond(self, frame: bytes) -> bytes | None:
+    async def _respond(self, frame: bytes, after: anyio.Event | None, submitted: anyio.Event) -> bytes | None:
         self.stats.requests += 1
         api_key, api_version, correlation_id = parse_prefix(frame)
         if api_key == API_VERSIONS_KEY and not is_supported(api_key, api_version):
             return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
         request = parse_request(frame)
-        response = await self.handlers.handle(request)
+        response = await self.handlers.handle(request, after, submitted)
         if response is None:
             return None
         return encode_response(request.correlation_id, response)

@@ -1,0 +1,173 @@
+"""Item 9: produce and fetch throughput through the Kafka listener (confluent-kafka, librdkafka)
+beside the HTTP API, on the same node in the same run.
+
+One daemon (local object store, the daemon's defaults but `batcher.linger_ms` = 5, as the test
+helpers use) serves both. Each round writes RECORDS records (16-byte keys, 100-byte values,
+PARTITIONS partitions) into a fresh topic per side:
+- sut (Kafka):   one confluent-kafka Producer (linger.ms 5, default batch sizes), produce all, flush;
+                 then one Consumer assigned every partition from offset 0 reads them all back;
+- floor (HTTP):  the bundled client, HTTP_CALLERS concurrent requests of HTTP_RECORDS_PER_REQUEST
+                 records (the CLI's fastest setting is 10,000 records with 4 in flight); then one
+                 fetch loop per partition (max_bytes 1 MiB) reads them back.
+Both clients run in this process beside the daemon (librdkafka in its own threads, the HTTP
+client on the daemon's event loop), so both pay the same sharing. Wall clock, records/s,
+rounds alternating. Targets: the Kafka listener at least the HTTP API's records/s (>= 100%).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import anyio
+
+from .common import Figure, Settings, Target, figure, interleave, work_dir
+
+ITEM = "kafka"
+PARTITIONS = 6
+KEY_BYTES = 16
+VALUE_BYTES = 100
+HTTP_CALLERS = 4
+HTTP_RECORDS_PER_REQUEST = 5_000
+FETCH_BYTES = 1024 * 1024
+TARGET = Target(1.0)
+CONSUME_POLLS_MAX = 100_000
+
+
+def make_records(count: int, seed: int) -> list[tuple[int, bytes, bytes]]:
+    rng = random.Random(seed)
+    return [(i % PARTITIONS, rng.randbytes(KEY_BYTES), rng.randbytes(VALUE_BYTES)) for i in range(count)]
+
+
+def kafka_produce(port: int, topic: str, records: list[tuple[int, bytes, bytes]]) -> float:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 5,
+                         "queue.buffering.max.messages": len(records) + 1})
+    started = time.perf_counter()
+    for partition, key, value in records:
+        producer.produce(topic, key=key, value=value, partition=partition)
+        producer.poll(0)
+    left = producer.flush(120)
+    elapsed = time.perf_counter() - started
+    assert left == 0, f"{left} records not delivered"
+    return len(records) / elapsed
+
+
+def kafka_fetch(port: int, topic: str, count: int) -> float:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": f"bench-{topic}",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    try:
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+        seen = 0
+        for _ in range(CONSUME_POLLS_MAX):
+            for message in consumer.consume(10_000, 1.0):
+                assert message.error() is None, message.error()
+                seen += 1
+            if seen >= count:
+                break
+        elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    assert seen == count, f"read {seen} of {count}"
+    return count / elapsed
+
+
+async def http_produce(client, topic: str, records: list[tuple[int, bytes, bytes]]) -> float:  # noqa: ANN001
+    by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
+    for partition, key, value in records:
+        by_partition.setdefault(partition, []).append((key, value))
+    requests = [
+        (partition, rows[i : i + HTTP_RECORDS_PER_REQUEST])
+        for partition, rows in by_partition.items()
+        for i in range(0, len(rows), HTTP_RECORDS_PER_REQUEST)
+    ]
+    limiter = anyio.Semaphore(HTTP_CALLERS)
+
+    async def send(partition: int, rows: list[tuple[bytes, bytes]]) -> None:
+        async with limiter:
+            await client.produce(topic, partition, rows)
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for partition, rows in requests:
+            tg.start_soon(send, partition, rows)
+    return len(records) / (time.perf_counter() - started)
+
+
+async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001
+    seen = 0
+
+    async def read(partition: int) -> None:
+        nonlocal seen
+        offset = 0
+        while True:
+            result = await client.fetch(topic, partition, offset=offset, max_bytes=FETCH_BYTES)
+            if not result.records:
+                return
+            seen += len(result.records)
+            offset = result.next_offset
+            if offset >= result.high_watermark:
+                return
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for partition in range(PARTITIONS):
+            tg.start_soon(read, partition)
+    elapsed = time.perf_counter() - started
+    assert seen == count, f"read {seen} of {count}"
+    return count / elapsed
+
+
+async def run(settings: Settings) -> list[Figure]:
+    from levelzero.daemon.client import Client
+    from levelzero.daemon.config import load_config
+    from levelzero.daemon.service import running_daemon
+
+    count = settings.pick(60_000, 6_000)
+    with work_dir(settings, ITEM) as tmp:
+        config = load_config(None, environ={}, overrides={
+            ("storage", "data_dir"): str(Path(tmp) / "data"),
+            ("server", "listen"): "127.0.0.1:0",
+            ("kafka", "listen"): "127.0.0.1:0",
+            ("batcher", "linger_ms"): 5.0,
+            ("node", "epoch_bump_interval_s"): 0.0,
+        })
+        async with running_daemon(config) as daemon, Client(daemon.url) as client:
+            port = daemon.kafka_port
+            assert port is not None
+            produce_pairs: list[tuple[float, float]] = []
+            fetch_pairs: list[tuple[float, float]] = []
+
+            async def kafka_round(i: int) -> tuple[float, float]:
+                topic = f"kafka-{i}"
+                await client.create_topic(topic, PARTITIONS)
+                records = make_records(count, seed=i)
+                produced = await anyio.to_thread.run_sync(kafka_produce, port, topic, records)
+                fetched = await anyio.to_thread.run_sync(kafka_fetch, port, topic, count)
+                return produced, fetched
+
+            async def http_round(i: int) -> tuple[float, float]:
+                topic = f"http-{i}"
+                await client.create_topic(topic, PARTITIONS)
+                records = make_records(count, seed=i)
+                produced = await http_produce(client, topic, records)
+                fetched = await http_fetch(client, topic, count)
+                return produced, fetched
+
+            for kafka_side, http_side in await interleave(settings.rounds, kafka_round, http_round):
+                produce_pairs.append((kafka_side[0], http_side[0]))
+                fetch_pairs.append((kafka_side[1], http_side[1]))
+    notes = {"records_per_round": count, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
+             "key_bytes": KEY_BYTES, "http_callers": HTTP_CALLERS,
+             "http_records_per_request": HTTP_RECORDS_PER_REQUEST}
+    return [
+        figure(ITEM, "produce: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
+               produce_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
+        figure(ITEM, "fetch: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
+               fetch_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
+    ]
