@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -159,3 +160,26 @@ class DaemonProcess:
             input=input, capture_output=True, timeout=timeout_s,
             env=clean_environ(LEVELZERO_URL=self.url),
         )
+
+
+def postgres_control(dsn: str) -> dict[str, str]:
+    """`[control]` settings for a PostgreSQL DSN as environment variables: the DSN without its
+    password, the password apart (the daemon takes it from the environment only)."""
+    parts = urllib.parse.urlsplit(dsn)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}@{host}"))
+    return {
+        "LEVELZERO_CONTROL_KIND": "postgres",
+        "LEVELZERO_CONTROL_DSN": bare,
+        "LEVELZERO_CONTROL_PASSWORD": parts.password or "",
+    }
+
+
+def postgres_overrides(dsn: str) -> dict[str, Any]:
+    """The same as `daemon_config` overrides (`control__key=value`)."""
+    env = postgres_control(dsn)
+    return {
+        "control__kind": "postgres",
+        "control__dsn": env["LEVELZERO_CONTROL_DSN"],
+        "control__password": env["LEVELZERO_CONTROL_PASSWORD"],
+    }

@@ -58,8 +58,13 @@ ENV_ALIASES: dict[str, tuple[str, str]] = {
 ENV_NOT_SETTINGS = ("LEVELZERO_URL", "LEVELZERO_CONFIG")
 ENV_NOT_SETTINGS_PREFIXES = ("LEVELZERO_TEST_",)
 SECRET_KEYS = frozenset(
-    {("server", "token"), ("s3", "access_key"), ("s3", "secret_key"), ("s3", "session_token")}
+    {
+        ("server", "token"), ("s3", "access_key"), ("s3", "secret_key"), ("s3", "session_token"),
+        ("control", "password"),
+    }
 )
+# Secrets that may come from the environment only, never from the TOML file.
+ENV_ONLY_KEYS = frozenset({("control", "password")})
 
 
 class ConfigError(LevelZeroError):
@@ -177,6 +182,53 @@ class StorageSection(_Section):
     @property
     def objects_dir(self) -> str:
         return os.path.join(self.data_dir, "objects")
+
+
+class ControlSection(_Section):
+    """Where the control plane lives (partition logs, epoch, metastore, catalog, events):
+    SQLite in data_dir (one node), or a PostgreSQL database (shared). The PostgreSQL password
+    comes from LEVELZERO_CONTROL_PASSWORD or `password_file`, never from the DSN or this file."""
+
+    kind: Literal["sqlite", "postgres"] = "sqlite"
+    dsn: str = ""  # postgresql://USER@HOST:PORT/DATABASE (no password in it)
+    password: str = ""  # environment only: LEVELZERO_CONTROL_PASSWORD
+    password_file: str = ""  # a file holding the password (its first line)
+    pool_max: int = 8
+    writers: int = 2
+    connect_timeout_s: float = 10.0
+    reconnect_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.dsn:
+            if not self.dsn.startswith(("postgresql://", "postgres://")):
+                raise ValueError("dsn must start with postgresql://")
+            netloc = self.dsn.split("://", 1)[1].split("/", 1)[0]
+            if "@" in netloc and ":" in netloc.rsplit("@", 1)[0]:
+                raise ValueError(
+                    "dsn must not hold a password: set LEVELZERO_CONTROL_PASSWORD or "
+                    "control.password_file"
+                )
+        if self.password and self.password_file:
+            raise ValueError("set the password or password_file, not both")
+        if not (1 <= self.writers < self.pool_max <= 1000):
+            raise ValueError("need 1 <= writers < pool_max <= 1000")
+        if not (0 < self.connect_timeout_s <= 600 and 0 < self.reconnect_timeout_s <= 3600):
+            raise ValueError("connect_timeout_s must be in (0, 600], reconnect_timeout_s in (0, 3600]")
+
+    def read_password(self) -> str | None:
+        """The password (environment or file), None when neither is set (then libpq's
+        PGPASSWORD / ~/.pgpass apply). Raises ConfigError if the file cannot be read."""
+        if self.password:
+            return self.password
+        if not self.password_file:
+            return None
+        try:
+            with open(self.password_file, encoding="utf-8") as file:
+                return file.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(
+                f"control.password_file: cannot read {self.password_file}: {exc.strerror}"
+            ) from None
 
 
 class S3Section(_Section):
@@ -383,6 +435,7 @@ class KafkaSection(_Section):
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
+    control: ControlSection = msgspec.field(default_factory=ControlSection)
     s3: S3Section = msgspec.field(default_factory=S3Section)
     node: NodeSection = msgspec.field(default_factory=NodeSection)
     batcher: BatcherSection = msgspec.field(default_factory=BatcherSection)
@@ -394,6 +447,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
 
     def __post_init__(self) -> None:
+        if self.control.kind == "postgres" and not self.control.dsn:
+            raise ValueError(
+                "control.dsn is required when control.kind = 'postgres' (or set LEVELZERO_CONTROL_DSN)"
+            )
         if self.storage.kind == "s3" and not self.s3.bucket:
             raise ValueError(
                 "s3.bucket is required when storage.kind = 's3' (or set LEVELZERO_S3_BUCKET)"
@@ -509,6 +566,12 @@ def load_config(
     for section, value in raw.items():
         if section in sections() and not isinstance(value, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
+    for section, key in sorted(ENV_ONLY_KEYS):
+        if key in raw.get(section, {}):
+            raise ConfigError(
+                f"{source}: {section}.{key} may only come from the environment "
+                f"({ENV_PREFIX}{section.upper()}_{key.upper()}) or {section}.{key}_file"
+            )
     env = env_overrides(os.environ if environ is None else environ)
     for (section, key), (_, value) in env.items():
         raw.setdefault(section, {})[key] = value

@@ -31,6 +31,7 @@ from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
+from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.sqlite import SqliteLogStore
 
 from .access_log import AccessLogMiddleware
@@ -163,15 +164,32 @@ async def _open_object_store(config: Config) -> ObjectStore:
     )
 
 
-def _log_store_metrics(store: SqliteLogStore) -> Callable[[Node], Iterable[Metric]]:
+ControlStore = SqliteLogStore | PostgresLogStore
+
+
+async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> ControlStore:
+    """The control plane `[control]` names, its writer running in `tg`."""
+    control = config.control
+    if control.kind == "postgres":
+        return await PostgresLogStore.open_in(
+            tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
+            writers=control.writers, connect_timeout_s=control.connect_timeout_s,
+            reconnect_timeout_s=control.reconnect_timeout_s,
+        )
+    return await SqliteLogStore.open_in(
+        tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
+    )
+
+
+def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]]:
     def source(node: Node) -> Iterable[Metric]:
         stats = store.statistics()
         for field in ("commits", "batches", "appends", "records", "rejected_appends"):
             yield CounterMetricFamily(
-                f"levelzero_log_store_{field}", f"SQLite log store {field}.", value=getattr(stats, field)
+                f"levelzero_log_store_{field}", f"Log store (control plane) {field}.", value=getattr(stats, field)
             )
         yield GaugeMetricFamily(
-            "levelzero_log_store_queued", "Write jobs queued for the SQLite writer.", value=stats.queued
+            "levelzero_log_store_queued", "Write jobs queued for the log store writer.", value=stats.queued
         )
 
     return source
@@ -280,9 +298,7 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
         async with anyio.create_task_group() as tg:
-            log_store = await SqliteLogStore.open_in(
-                tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
-            )
+            log_store = await open_control_store(tg, config)
             try:
                 object_store = await open_object_store(config)
                 try:
@@ -302,7 +318,7 @@ class Daemon:
     async def _serve(
         self,
         tg: anyio.abc.TaskGroup,
-        log_store: SqliteLogStore,
+        log_store: ControlStore,
         object_store: ObjectStore,
         task_status: anyio.abc.TaskStatus[Daemon],
     ) -> None:
@@ -311,6 +327,12 @@ class Daemon:
         health = self.lifecycle.storage
         health.on_change = self._storage_health_changed
         observed_objects = ObservedObjectStore(object_store, stores, health)
+        if isinstance(log_store, PostgresLogStore):
+            # Each connection failure it retries counts, so readiness turns 503 during an
+            # outage rather than only once a call gives up.
+            log_store.on_connection_error = lambda what, error: health.failed(
+                health.log_store, what, error
+            )
         node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node

@@ -1,5 +1,6 @@
 """Crash test of the real daemon: SIGKILL at random moments against S3 (moto), with injected
-object-store errors and latency, restart each time; then check the two promises.
+object-store errors and latency, restart each time; then check the two promises. Run with each
+control plane: SQLite in the data directory, and PostgreSQL.
 
 - every acknowledged record is readable byte for byte at its offset (during the run and after);
 - after the workload stops and the reconciler, housekeeper and GC catch up, no L0 object is left.
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon_support import DaemonProcess
+from daemon_support import DaemonProcess, postgres_control
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -144,13 +145,17 @@ def l0_keys(s3_endpoint, bucket: str) -> list[str]:  # noqa: ANN001
     return keys
 
 
+@pytest.mark.parametrize("control", ["sqlite", "postgres"])
 def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(
-    tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path, s3_endpoint, s3_bucket: str, control: str, request: pytest.FixtureRequest  # noqa: ANN001
 ) -> None:
     seed = int(os.environ.get("LEVELZERO_TEST_CRASH_SEED", random.randrange(1 << 30)))
     print(f"crash test seed: {seed} (replay with LEVELZERO_TEST_CRASH_SEED={seed})")
     rng = random.Random(seed)
-    daemon = DaemonProcess(tmp_path / "data", tmp_path, daemon_environ(s3_endpoint, s3_bucket))
+    environ = daemon_environ(s3_endpoint, s3_bucket)
+    if control == "postgres":  # the control plane in PostgreSQL, killed mid-transaction
+        environ.update(postgres_control(request.getfixturevalue("postgres_dsn")))
+    daemon = DaemonProcess(tmp_path / "data", tmp_path, environ)
     acked: dict[tuple[int, int], bytes] = {}
     violations: list[str] = []
     reads = 0

@@ -210,6 +210,8 @@ class PostgresLogStore:
         self._owned_task_group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._unavailable_since: float | None = None
+        # Told of each connection failure the store retries (the daemon's storage health).
+        self.on_connection_error: Callable[[str, BaseException], None] | None = None
         self._batches = self._commits = self._jobs = self._appends = 0
         self._records = self._rejected_appends = self._largest_batch_records = 0
 
@@ -361,6 +363,8 @@ class PostgresLogStore:
             except CONNECTION_ERRORS + CONFLICT_ERRORS as error:
                 if not isinstance(error, CONFLICT_ERRORS):
                     self._note(False)
+                    if self.on_connection_error is not None:
+                        self.on_connection_error(what, error)
                 if anyio.current_time() + delay > deadline:
                     raise StorageError(f"{self._where}: {what} failed: {error!r}") from None
                 await anyio.sleep(delay)
