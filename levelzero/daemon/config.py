@@ -460,10 +460,10 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
                 "can drain and still finish in time"
             )
-        if self.kafka.enabled and (self.server.token or not is_loopback(parse_listen(self.kafka.listen)[0])):
+        if self.kafka.enabled and not self.server.token and not is_loopback(parse_listen(self.kafka.listen)[0]):
             raise ValueError(
-                "kafka.listen: the Kafka listener has no authentication yet (SASL is not "
-                "implemented); it may only listen on a loopback address, with no server.token set"
+                f"server.token is required when kafka.listen ({self.kafka.listen}) is not a loopback "
+                "address: Kafka clients then authenticate with SASL/PLAIN, the token as password"
             )
 
     def node_config(self) -> NodeConfig:

@@ -443,7 +443,7 @@ class Daemon:
         )
         self.kafka = KafkaListener(
             handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max,
-                                       settings.inflight_bytes_max)
+                                       settings.inflight_bytes_max, token=self.config.server.token)
         )
 
         async def serve() -> None:

@@ -363,7 +363,7 @@ async def test_request_bytes_are_bounded_across_connections(tmp_path: Path) -> N
 async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path) as (daemon, _):
         assert daemon.kafka_port is None and daemon.kafka is None
-    with pytest.raises(ConfigError, match="kafka.listen"):
+    with pytest.raises(ConfigError, match="server.token is required when kafka.listen"):
         from daemon_support import daemon_config
 
         daemon_config(tmp_path, kafka__listen="0.0.0.0:9092")

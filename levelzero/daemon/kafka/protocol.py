@@ -38,6 +38,8 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     12: ("Heartbeat", 0, 4),
     13: ("LeaveGroup", 0, 5),
     14: ("SyncGroup", 0, 5),
+    17: ("SaslHandshake", 1, 1),
+    36: ("SaslAuthenticate", 0, 2),
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     22: ("InitProducerId", 0, 4),

@@ -20,8 +20,10 @@ UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -34,9 +36,11 @@ from .protocol import (
     API_VERSIONS_KEY,
     SIZE_PREFIX,
     BadRequest,
+    Request,
     api_versions_response,
     encode_response,
     is_supported,
+    make,
     parse_prefix,
     parse_request,
 )
@@ -54,6 +58,8 @@ class ListenerSettings:
     frame_bytes_max: int = 100 * 1024 * 1024
     connections_max: int = 1024
     inflight_bytes_max: int = 256 * 1024 * 1024
+    # Non-empty: every connection authenticates first with SASL/PLAIN, this token as password.
+    token: str = ""
 
     def __post_init__(self) -> None:
         assert 0 < self.frame_bytes_max <= self.inflight_bytes_max
@@ -69,8 +75,23 @@ class _Slot:
     done: anyio.Event = field(default_factory=anyio.Event)
     response: bytes | None = None
     close: bool = False
+    close_after_response: bool = False
     budget_bytes: int = 0
     submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
+
+
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+SASL_MECHANISM = "PLAIN"
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+
+
+@dataclass(slots=True)
+class _Session:
+    """One connection's SASL state."""
+
+    mechanism: str | None = None
+    authenticated: bool = False
 
 
 @dataclass(slots=True)
@@ -80,6 +101,7 @@ class ListenerStats:
     requests: int = 0
     closed_bad_frames: int = 0
     errors: int = 0
+    authentications_failed: int = 0
 
 
 class KafkaListener:
@@ -115,8 +137,9 @@ class KafkaListener:
         reader = BufferedByteReceiveStream(stream)
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
         holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
+        session = _Session(authenticated=not self.settings.token)
         try:
-            await self._connection_tasks(stream, reader, send, receive, holding)
+            await self._connection_tasks(stream, reader, send, receive, holding, session)
         finally:
             for slot in holding:
                 self._release(slot)
@@ -128,6 +151,7 @@ class KafkaListener:
         send: anyio.abc.ObjectSendStream[_Slot],
         receive: anyio.abc.ObjectReceiveStream[_Slot],
         holding: list[_Slot],
+        session: _Session,
     ) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
@@ -144,7 +168,7 @@ class KafkaListener:
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
                         before, last_produce = last_produce, slot.submitted
-                    tg.start_soon(self._serve_request, frame, slot, before)
+                    tg.start_soon(self._serve_request, frame, slot, before, session)
 
     async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot) -> bytes | None:
         with anyio.move_on_after(IDLE_TIMEOUT_S):
@@ -193,14 +217,18 @@ class KafkaListener:
                                 await stream.send(slot.response)
                             except _GONE:
                                 break
+                        if slot.close_after_response:
+                            break
                     finally:
                         self._release(slot)
             finally:
                 scope.cancel()  # the reader may be waiting for a frame that is not coming
 
-    async def _serve_request(self, frame: bytes, slot: _Slot, before: anyio.Event | None) -> None:
+    async def _serve_request(
+        self, frame: bytes, slot: _Slot, before: anyio.Event | None, session: _Session
+    ) -> None:
         try:
-            slot.response = await self._respond(frame, before, slot.submitted)
+            slot.response = await self._respond(frame, before, slot.submitted, session, slot)
         except BadRequest as exc:
             self.stats.closed_bad_frames += 1
             log.warning("kafka: closing a connection: %s", exc)
@@ -217,13 +245,50 @@ class KafkaListener:
             slot.submitted.set()  # whatever happened, the next produce may go
             slot.done.set()
 
-    async def _respond(self, frame: bytes, after: anyio.Event | None, submitted: anyio.Event) -> bytes | None:
+    async def _respond(
+        self, frame: bytes, after: anyio.Event | None, submitted: anyio.Event, session: _Session,
+        slot: _Slot,
+    ) -> bytes | None:
         self.stats.requests += 1
         api_key, api_version, correlation_id = parse_prefix(frame)
         if api_key == API_VERSIONS_KEY and not is_supported(api_key, api_version):
             return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
+        if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
+            self.stats.authentications_failed += 1
+            raise BadRequest(f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)")
         request = parse_request(frame)
+        if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
+            return encode_response(request.correlation_id, self._sasl(request, session, slot))
         response = await self.handlers.handle(request, after, submitted)
         if response is None:
             return None
         return encode_response(request.correlation_id, response)
+
+    def _sasl(self, request: Request, session: _Session, slot: _Slot) -> Any:
+        """SaslHandshake (PLAIN only) and SaslAuthenticate (`\\0user\\0password`; any user, the
+        token as password). A failed authentication is answered, then the connection closed."""
+        m = request.response_module
+        body = request.body
+        if request.api_key == SASL_HANDSHAKE_KEY:
+            ok = body.mechanism == SASL_MECHANISM
+            if ok:
+                session.mechanism = SASL_MECHANISM
+            return make(m.SaslHandshakeResponse, mechanisms=(SASL_MECHANISM,),
+                        error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism)
+        if session.mechanism != SASL_MECHANISM:
+            slot.close_after_response = True
+            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.illegal_sasl_state,
+                        error_message="SaslHandshake with mechanism PLAIN comes first",
+                        auth_bytes=b"", session_lifetime=0)
+        parts = bytes(body.auth_bytes).split(b"\0")
+        password = parts[2] if len(parts) == 3 else b""
+        if self.settings.token and not hmac.compare_digest(password, self.settings.token.encode()):
+            self.stats.authentications_failed += 1
+            log.warning("kafka: SASL/PLAIN authentication failed; closing the connection")
+            slot.close_after_response = True
+            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.sasl_authentication_failed,
+                        error_message="invalid credentials (the password is the daemon's token)",
+                        auth_bytes=b"", session_lifetime=0)
+        session.authenticated = True
+        return make(m.SaslAuthenticateResponse, error_code=ErrorCode.none, error_message=None,
+                    auth_bytes=b"", session_lifetime=0)

@@ -1,0 +1,121 @@
+"""SASL/PLAIN on the Kafka listener whenever the daemon has a token: real clients authenticate
+with the token as password; a wrong password or no SASL at all gets nowhere."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from daemon_support import TOKEN, daemon_and_client
+from test_kafka_listener import Wire
+
+
+def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    common = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
+              "sasl.mechanisms": "PLAIN", "sasl.username": "app", "sasl.password": password}
+    admin = AdminClient(common)
+    for future in admin.create_topics([NewTopic("secured", 1, 1)]).values():
+        future.result(30)
+    producer = Producer(common)
+    for i in range(20):
+        producer.produce("secured", value=b"v%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**common, "group.id": "sasl", "enable.auto.commit": False})
+    got: list[tuple[int, bytes]] = []
+    try:
+        consumer.assign([TopicPartition("secured", 0, 0)])
+        for _ in range(100):
+            for message in consumer.consume(100, 0.5):
+                assert message.error() is None
+                got.append((message.offset(), message.value()))
+            if len(got) == 20:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+def wrong_password_fails(port: int) -> str:
+    from confluent_kafka.admin import AdminClient
+
+    errors: list[str] = []
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanisms": "PLAIN", "sasl.username": "app", "sasl.password": "wrong-password",
+                         "error_cb": lambda err: errors.append(str(err))})
+    try:
+        admin.list_topics(timeout=3)
+    except Exception as exc:  # noqa: BLE001 - librdkafka's KafkaException
+        errors.append(str(exc))
+    for _ in range(30):
+        admin.poll(0.1)
+        if any("Authentication" in e or "authentication" in e for e in errors):
+            break
+    return " | ".join(errors)
+
+
+async def test_clients_authenticate_with_the_token(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
+                                 kafka__listen="127.0.0.1:0") as (daemon, client):
+        got = await anyio.to_thread.run_sync(sasl_round_trip, daemon.kafka_port, TOKEN)
+        assert got == [(i, b"v%d" % i) for i in range(20)]
+        assert (await client.fetch("secured", 0, offset=0)).high_watermark == 20
+        errors = await anyio.to_thread.run_sync(wrong_password_fails, daemon.kafka_port)
+        assert "uthentication" in errors, errors
+        assert daemon.kafka.stats.authentications_failed >= 1
+
+
+async def test_aiokafka_sasl_plain(tmp_path: Path) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
+                                 kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("aio-sasl", 1)
+        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
+                                    security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                                    sasl_plain_username="app", sasl_plain_password=TOKEN)
+        await producer.start()
+        try:
+            meta = await producer.send_and_wait("aio-sasl", b"hello", partition=0)
+        finally:
+            await producer.stop()
+        assert meta.offset == 0
+        assert [r.value for r in (await client.fetch("aio-sasl", 0, offset=0)).records] == [b"hello"]
+
+
+async def test_requests_before_authentication_close_the_connection(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
+                                 kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            versions = await wire.request(18, 3, client_software_name="t", client_software_version="1")
+            assert versions.error_code == ErrorCode.none  # allowed before authentication
+            await wire.send_raw(struct.pack(">ihhih", 10, 3, 1, 99, -1))  # Metadata v1, no SASL
+            assert await wire.frame() is None
+        finally:
+            await wire.aclose()
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            handshake = await wire.request(17, 1, mechanism="SCRAM-SHA-256")
+            assert handshake.error_code == ErrorCode.unsupported_sasl_mechanism
+            assert handshake.mechanisms == ("PLAIN",)
+            assert (await wire.request(17, 1, mechanism="PLAIN")).error_code == ErrorCode.none
+            refused = await wire.request(36, 2, auth_bytes=b"\0app\0not-the-token")
+            assert refused.error_code == ErrorCode.sasl_authentication_failed
+            assert await wire.frame() is None  # answered, then closed
+        finally:
+            await wire.aclose()
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            assert (await wire.request(17, 1, mechanism="PLAIN")).error_code == ErrorCode.none
+            accepted = await wire.request(36, 2, auth_bytes=b"\0app\0" + TOKEN.encode())
+            assert accepted.error_code == ErrorCode.none
+            metadata = await wire.request(3, 1, topics=None)
+            assert metadata.brokers[0].port == daemon.kafka_port
+        finally:
+            await wire.aclose()
