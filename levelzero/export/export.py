@@ -54,6 +54,8 @@ BUSY_TIMEOUT_MS = 10_000
 DB_FILE_NAME = "levelzero.db"  # inside a daemon's data_dir
 LOCK_NAME = "_levelzero_export.lock"
 SECONDS_PER_DAY = 86_400
+MICROS_PER_S = 1_000_000
+MICROS_PER_DAY = SECONDS_PER_DAY * MICROS_PER_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,10 +352,8 @@ class _TableSink:
             return
         table = self._to_arrow(self._buffer)
         self._buffer = []
-        days = pc.cast(
-            pc.floor(pc.divide(table.column(self._spec.time_column), float(SECONDS_PER_DAY))),
-            pa.int64(),
-        )
+        micros = pc.cast(table.column(self._spec.time_column), pa.int64())
+        days = pc.cast(pc.floor(pc.divide(micros, float(MICROS_PER_DAY))), pa.int64())
         bounds = pc.min_max(days)
         first, last = bounds["min"].as_py(), bounds["max"].as_py()
         if first == last:
@@ -381,6 +381,9 @@ class _TableSink:
             values = columns[index]
             if pa.types.is_boolean(column_field.type):
                 values = [None if v is None else bool(v) for v in values]
+            elif pa.types.is_timestamp(column_field.type):
+                arrays.append(_timestamps(values, column_field.type))
+                continue
             arrays.append(pa.array(values, type=column_field.type))
         return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -399,6 +402,12 @@ class _TableSink:
         writer = pq.ParquetWriter(self._files.new(self.table, date, name), self._spec.schema)
         self._writers[day] = writer
         return writer
+
+
+def _timestamps(seconds: Sequence[float | None], type_: pa.DataType) -> pa.Array:
+    """Unix seconds as the store records them -> TIMESTAMP (microseconds, UTC), rounded."""
+    micros = pc.round(pc.multiply(pa.array(seconds, pa.float64()), float(MICROS_PER_S)))
+    return pc.cast(pc.cast(micros, pa.int64()), type_)
 
 
 def _close_durably(writer: pq.ParquetWriter) -> None:
@@ -661,11 +670,11 @@ _SELECT_GC_ROUNDS = f"SELECT {_columns('gc_rounds')} FROM gc_rounds"
 
 # The SELECTs above must produce each table's columns in schema order.
 assert _columns("state_samples") == (
-    "seq, at, topic, partition, term, previous_applied_epoch, max_applied_epoch, "
+    "seq, sampled_at, topic, partition, term, previous_applied_epoch, max_applied_epoch, "
     "min_epoch_lower_bound, mp, lro, high_watermark, start_offset"
 )
 assert _columns("fence_events") == (
-    "seq, at, topic, partition, term, epoch, outcome, window_min, window_max, decisions"
+    "seq, decided_at, topic, partition, term, epoch, outcome, window_min, window_max, decisions"
 )
 assert _columns("l1_objects") == (
     "key, topic, partition, base_offset, last_offset, last_log_offset, term, size, state, "

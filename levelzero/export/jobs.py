@@ -35,6 +35,7 @@ NICE_BUCKETS_S = (
 HISTOGRAM_BINS = 20
 FENCE_RANGES_MAX = 200  # epoch ranges of the fence results, however many epochs the data spans
 LAG_PERCENTILES = (0.5, 0.9, 0.99)
+MICROS_PER_S = 1_000_000
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: rank error <= rows / accuracy
 L1_LIVE_UNTIL_STATES = ("DELETE_STARTED", "DELETE_FINISHED")
 
@@ -57,10 +58,23 @@ def spark_schema(table: str) -> T.StructType:
             return T.StringType()
         if pa.types.is_boolean(arrow_type):
             return T.BooleanType()
+        if pa.types.is_timestamp(arrow_type):
+            return T.TimestampType()
         raise AssertionError(f"no Spark type for {arrow_type}")
 
     return T.StructType(
         [T.StructField(f.name, spark_type(f.type), True) for f in TABLES[table].schema]
+    )
+
+
+def seconds_schema(schema: T.StructType) -> T.StructType:
+    """`schema` with its TIMESTAMP columns as the unix seconds (double) the jobs compute on."""
+    return T.StructType(
+        [
+            T.StructField(f.name, T.DoubleType(), f.nullable)
+            if isinstance(f.dataType, T.TimestampType) else f
+            for f in schema.fields
+        ]
     )
 
 
@@ -116,9 +130,15 @@ class SparkAnalysis:
         files = [path for found in self.inputs for path in found.files[table]]
         schema = spark_schema(table)
         if not files:
-            return self.spark.createDataFrame([], schema)
+            return self.spark.createDataFrame([], seconds_schema(schema))
         uris = [file_uri(path) for path in files]
-        frame = self.spark.read.schema(schema).parquet(*uris).select(*schema.fieldNames())
+        # The jobs compute on unix seconds (float): every TIMESTAMP column becomes one here.
+        seconds = [
+            (F.unix_micros(F.col(f.name)) / F.lit(MICROS_PER_S)).alias(f.name)
+            if isinstance(f.dataType, T.TimestampType) else F.col(f.name)
+            for f in schema.fields
+        ]
+        frame = self.spark.read.schema(schema).parquet(*uris).select(*seconds)
         if len(self.inputs) > 1:
             # One directory never holds a row twice; several may overlap. Deduplicating is a
             # shuffle: do it once, not in every result that reads the table.
@@ -410,9 +430,9 @@ class SparkAnalysis:
         grid from its first sample on), then per bucket and per partition."""
         state = ["mp", "max_applied_epoch", "lro", "high_watermark"]
         last_in_bucket = (
-            samples.withColumn("b", self._bucket("at"))
+            samples.withColumn("b", self._bucket("sampled_at"))
             .groupBy("topic", "partition", "b")
-            .agg(F.max_by(F.struct(*state), F.struct("at", "seq")).alias("s"))
+            .agg(F.max_by(F.struct(*state), F.struct("sampled_at", "seq")).alias("s"))
         )
         as_of = (
             Window.partitionBy("topic", "partition")

@@ -9,8 +9,8 @@ Layout of an export directory (hive-style date partitions, UTC dates of `time_co
     OUT/_levelzero_export.json                     manifest: watermarks, export history
     OUT/<table>/date=YYYY-MM-DD/part-<export_id>[-<n>].parquet
 
-Every time is unix seconds (UTC) as float64, exactly as the store recorded it. Integers are
-int64. An export adds only rows it has not exported before (see `TableSpec.incremental`), so one
+Every time is a Parquet TIMESTAMP (microseconds, UTC) of what the store recorded as unix seconds;
+integers are int64. No column is named with a word common SQL engines reserve (`at` was). An export adds only rows it has not exported before (see `TableSpec.incremental`), so one
 export directory never holds a row twice; several directories given to the analysis may overlap
 and are deduplicated on `TableSpec.key`.
 """
@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-FORMAT_VERSION = 2  # of the manifest and of these schemas together (2: fence_events.decisions)
+# Of the manifest and of these schemas together (2: fence_events.decisions; 3: times are
+# TIMESTAMP columns, state_samples.at -> sampled_at, fence_events.at -> decided_at).
+FORMAT_VERSION = 3
+TIME_TYPE = pa.timestamp("us", tz="UTC")
 
 
 def _column(name: str, type_: pa.DataType, doc: str, *, nullable: bool = False) -> pa.Field:
@@ -84,7 +87,7 @@ TABLES: dict[str, TableSpec] = {
                     _column(
                         "byte_length", pa.int64(), "extent bytes of a placeholder; 0 otherwise"
                     ),
-                    _column("appended_at", pa.float64(), "when the store appended it"),
+                    _column("appended_at", TIME_TYPE, "when the store appended it"),
                 ]
             ),
             time_column="appended_at",
@@ -99,7 +102,7 @@ TABLES: dict[str, TableSpec] = {
             schema=pa.schema(
                 [
                     _column("seq", pa.int64(), "sample's sequence number in the store (rowid)"),
-                    _column("at", pa.float64(), "when the sample was taken"),
+                    _column("sampled_at", TIME_TYPE, "when the sample was taken"),
                     _TOPIC,
                     _PARTITION,
                     _column("term", pa.int64(), "the partition's term"),
@@ -132,7 +135,7 @@ TABLES: dict[str, TableSpec] = {
                     _column("start_offset", pa.int64(), "first readable data offset"),
                 ]
             ),
-            time_column="at",
+            time_column="sampled_at",
             key=("seq",),
             incremental="rowid above the last exported one (the table is append-only)",
         ),
@@ -142,7 +145,7 @@ TABLES: dict[str, TableSpec] = {
             schema=pa.schema(
                 [
                     _column("seq", pa.int64(), "event's sequence number in the store (rowid)"),
-                    _column("at", pa.float64(), "when the fence decided"),
+                    _column("decided_at", TIME_TYPE, "when the fence decided"),
                     _TOPIC,
                     _PARTITION,
                     _column("term", pa.int64(), "the leader's term"),
@@ -159,11 +162,11 @@ TABLES: dict[str, TableSpec] = {
                         "decisions",
                         pa.int64(),
                         "fence decisions this row stands for (same term, epoch, outcome and "
-                        "window, between two flushes; `at` is the first)",
+                        "window, between two flushes; `decided_at` is the first)",
                     ),
                 ]
             ),
-            time_column="at",
+            time_column="decided_at",
             key=("seq",),
             incremental="rowid above the last exported one (the table is append-only)",
         ),
@@ -176,7 +179,7 @@ TABLES: dict[str, TableSpec] = {
                     _column("key", pa.string(), "object key"),
                     _column("epoch", pa.int64(), "epoch the object was stamped with"),
                     _column("size", pa.int64(), "object bytes"),
-                    _column("created_at", pa.float64(), "when the upload finished"),
+                    _column("created_at", TIME_TYPE, "when the upload finished"),
                     _column("extents", pa.int64(), "partition extents inside"),
                 ]
             ),
@@ -190,7 +193,7 @@ TABLES: dict[str, TableSpec] = {
             schema=pa.schema(
                 [
                     _column("key", pa.string(), "object key (see l0_objects)"),
-                    _column("deleted_at", pa.float64(), "when the GC recorded the delete"),
+                    _column("deleted_at", TIME_TYPE, "when the GC recorded the delete"),
                     _column("deleted_at_m", pa.int64(), "the GC watermark M of that delete"),
                 ]
             ),
@@ -211,8 +214,8 @@ TABLES: dict[str, TableSpec] = {
                         pa.int64(),
                         "round number of the GC process (restarts at 1 with the process)",
                     ),
-                    _column("started_at", pa.float64(), "round start: when M was computed"),
-                    _column("finished_at", pa.float64(), "round end"),
+                    _column("started_at", TIME_TYPE, "round start: when M was computed"),
+                    _column("finished_at", TIME_TYPE, "round end"),
                     _column("cluster_epoch", pa.int64(), "cluster epoch E the round saw"),
                     _column(
                         "m",
@@ -258,8 +261,8 @@ TABLES: dict[str, TableSpec] = {
                         pa.string(),
                         "COPY_STARTED | COPY_FINISHED | DELETE_STARTED | DELETE_FINISHED",
                     ),
-                    _column("created_at", pa.float64(), "when COPY_STARTED was recorded"),
-                    _column("updated_at", pa.float64(), "when this state was entered"),
+                    _column("created_at", TIME_TYPE, "when COPY_STARTED was recorded"),
+                    _column("updated_at", TIME_TYPE, "when this state was entered"),
                 ]
             ),
             time_column="updated_at",
@@ -306,7 +309,7 @@ def render_markdown() -> str:
         "",
         f"Format version {FORMAT_VERSION}. Layout: `OUT/<table>/date=YYYY-MM-DD/"
         "part-<export_id>[-<n>].parquet` (UTC date of the table's time column) plus the "
-        "manifest `OUT/_levelzero_export.json`. Times are unix seconds (UTC, float64); integers "
+        "manifest `OUT/_levelzero_export.json`. Times are TIMESTAMP (microseconds, UTC); integers "
         "are int64. One export directory never holds a row twice; overlapping directories are "
         "deduplicated on each table's key.",
         "",

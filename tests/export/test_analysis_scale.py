@@ -8,6 +8,7 @@ and partitions whose M(p) are tied or not at chosen times.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,17 +28,21 @@ HOLDER = "a/0"
 
 
 def write_table(out: Path, table: str, rows: list[dict]) -> None:
+    """`rows` (times as unix seconds) as the export writes them (times as TIMESTAMP)."""
+    schema = SCHEMAS[table]
+    times = [f.name for f in schema if pa.types.is_timestamp(f.type)]
+    rows = [{**row, **{t: datetime.fromtimestamp(row[t], UTC) for t in times}} for row in rows]
     directory = out / table / "date=2023-11-14"
     directory.mkdir(parents=True)
     pq.write_table(
-        pa.Table.from_pylist(rows, schema=SCHEMAS[table]),
+        pa.Table.from_pylist(rows, schema=schema),
         directory / "part-000001-20231114T221320Z.parquet",
     )
 
 
 def sample(seq: int, at: float, partition: int, mp: int) -> dict:
     return dict(
-        seq=seq, at=T0 + at, topic="a", partition=partition, term=1, previous_applied_epoch=mp,
+        seq=seq, sampled_at=T0 + at, topic="a", partition=partition, term=1, previous_applied_epoch=mp,
         max_applied_epoch=mp + 1, min_epoch_lower_bound=mp, mp=mp, lro=-1, high_watermark=0,
         start_offset=0,
     )
@@ -58,7 +63,7 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "fence_events",
         [
             dict(
-                seq=e, at=T0 + e * 0.000_29, topic="a", partition=e % 3, term=1, epoch=e,
+                seq=e, decided_at=T0 + e * 0.000_29, topic="a", partition=e % 3, term=1, epoch=e,
                 outcome="rejected" if e % REJECTED_EVERY == 0 else "admitted",
                 window_min=e - 1, window_max=e, decisions=1,
             )

@@ -68,6 +68,8 @@ from levelzero.storage.protocols import (
 from levelzero.storage.sqlite import SqliteLogStore
 
 DAY_S = 86_400
+SQL_RESERVED = {"at", "timestamp", "date", "time", "order", "group", "select", "from", "user",
+                "value", "values", "table", "default", "offset", "limit", "range", "interval"}
 BUCKET_S = 10.0
 
 
@@ -288,10 +290,18 @@ def db_table(table: str) -> str:
 
 
 def read_table(out: str, table: str) -> pa.Table:
+    """An exported table, its TIMESTAMP columns as unix seconds (what the store recorded)."""
     path = os.path.join(out, table)
     if not os.path.isdir(path):
-        return SCHEMAS[table].empty_table()
-    return ds.dataset(path, format="parquet", schema=SCHEMAS[table]).to_table()
+        data = SCHEMAS[table].empty_table()
+    else:
+        data = ds.dataset(path, format="parquet", schema=SCHEMAS[table]).to_table()
+    for index, column in enumerate(data.schema):
+        if pa.types.is_timestamp(column.type):
+            micros = data.column(index).cast(pa.int64()).to_pylist()
+            seconds = pa.array([None if m is None else m / 1e6 for m in micros], pa.float64())
+            data = data.set_column(index, column.name, seconds)
+    return data
 
 
 # ------------------------------------------------------------------------ export
@@ -324,8 +334,9 @@ def test_export_while_the_store_is_open_then_after_adds_exactly_the_new_rows(
     assert sum(added) == sum(scenario.db_rows[db_table(table)] for table in TABLES)
 
 
-def utc_date(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
+def utc_date(t: float | datetime) -> str:
+    moment = t if isinstance(t, datetime) else datetime.fromtimestamp(t, UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
 
 
 def test_rows_are_partitioned_by_utc_date_of_their_time_column(scenario: Scenario) -> None:
@@ -514,6 +525,20 @@ def test_schemas_md_is_generated_from_the_schemas() -> None:
     for table, schema in SCHEMAS.items():
         for column in schema:
             assert column.metadata and column.metadata[b"doc"], (table, column.name)
+            assert column.name not in SQL_RESERVED, (table, column.name)
+            if column.name.endswith("_at"):
+                assert column.type == pa.timestamp("us", tz="UTC"), (table, column.name)
+        assert pa.types.is_timestamp(schema.field(TABLES[table].time_column).type)
+
+
+def test_times_are_exported_as_utc_timestamps(scenario: Scenario) -> None:
+    rows = pq.read_table(os.path.join(scenario.out, "l0_objects")).to_pylist()
+    assert {r["key"]: r["created_at"] for r in rows} == {
+        key: datetime.fromtimestamp(t, UTC) for key, t in scenario.created_at.items()
+    }
+    samples = pq.read_table(os.path.join(scenario.out, "state_samples"))
+    assert samples.schema.field("sampled_at").type == pa.timestamp("us", tz="UTC")
+    assert "at" not in samples.schema.names
 
 
 # ------------------------------------------------------------------------ analysis input checks
@@ -716,8 +741,8 @@ def test_overlapping_export_directories_are_deduplicated(
 
 
 def test_a_directory_of_an_older_export_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
-    """Format 2 added fence_events.decisions: a format-1 directory is neither appended to nor
-    analysed (its fence rows would count one decision each, silently)."""
+    """Format 3 made times TIMESTAMP columns and renamed `at`: a format-2 directory is neither
+    appended to (its files would have two schemas) nor analysed (the footers do not match)."""
 
     async def empty_store() -> None:
         async with await SqliteLogStore.open(tmp_path / "levelzero.db"):
@@ -728,10 +753,10 @@ def test_a_directory_of_an_older_export_format_is_refused_with_what_to_do(tmp_pa
     export(tmp_path / "levelzero.db", out)
     manifest_path = out / "_levelzero_export.json"
     manifest = json.loads(manifest_path.read_text())
-    assert manifest["version"] == 2
-    manifest["version"] = 1
+    assert manifest["version"] == 3
+    manifest["version"] = 2
     manifest_path.write_text(json.dumps(manifest))
-    expected = "export format version 1; this levelzero reads and writes version 2: export again"
+    expected = "export format version 2; this levelzero reads and writes version 3: export again"
     with pytest.raises(ExportError, match=expected):
         export(tmp_path / "levelzero.db", out)
     with pytest.raises(AnalysisError, match=expected):
