@@ -61,6 +61,7 @@ ITEMS: tuple[Item, ...] = (
     Item("memory", "memory", "7. daemon RSS over a long produce/consume/GC run"),
     Item("scale", "scale", "8. fence and produce cost at 1, 64, 1024 partitions"),
     Item("kafka", "kafka", "9. produce and fetch: Kafka listener (confluent-kafka) vs HTTP API"),
+    Item("control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

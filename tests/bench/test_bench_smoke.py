@@ -71,7 +71,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "kafka" in ITEM_NAMES and len(ITEM_NAMES) == 9
+    assert "fence" in ITEM_NAMES and "control" in ITEM_NAMES and len(ITEM_NAMES) == 10
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -129,3 +129,14 @@ def test_bench_writes_no_file_unless_asked(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.chdir(tmp_path)
     assert main(["--quick", "--only", "stall"]) == 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency(tmp_path: Path) -> None:
+    results_path = tmp_path / "control.json"
+    assert main(["--quick", "--only", "control", "--out", str(results_path)]) == 0
+    durable, p50, p99 = json.loads(results_path.read_text())["items"]["control"]["figures"]
+    assert durable["target"] == {"bound": 0.5, "higher_is_better": True}
+    assert durable["sut"] > 0 and durable["floor"] > 0
+    assert durable["notes"]["records_per_commit"][0] >= 1
+    assert (p50["sut_label"], p50["floor_label"], p50["verdict"]) == ("postgres", "sqlite", "info")
+    assert 0 < p50["sut"] <= p99["sut"] and 0 < p50["floor"] <= p99["floor"]

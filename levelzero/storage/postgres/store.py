@@ -74,6 +74,7 @@ WRITERS = 2  # batches on their way at once (one pooled connection each)
 POOL_MAX = 8  # connections: writers + readers
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 60.0
+SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
 RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
 RETRY_DELAY_MIN_S = 0.05
 RETRY_DELAY_MAX_S = 1.0
@@ -86,6 +87,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # 57: admin/crash shutdown, cannot connect now
     asyncpg.exceptions.ConnectionDoesNotExistError,
     asyncpg.InterfaceError,  # "the underlying connection is closed" (a retry gets a new one)
+    # Releasing a connection the server dropped mid-reset ("cannot switch to state ...; another
+    # operation is in progress"): the pool discards it, a retry gets a new one.
+    asyncpg.exceptions.InternalClientError,
 )
 # Transient conflicts between concurrent transactions: run the batch again.
 CONFLICT_ERRORS: tuple[type[BaseException], ...] = (
@@ -99,15 +103,34 @@ _LOG_INSERT = """INSERT INTO log (pid, log_offset, term, base_offset, kind, epoc
     byte_length, object_key, entry, appended_at)
 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
     $6::bigint[], $7::bigint[], $8::bigint[], $9::text[], $10::bytea[], $11::float8[])"""
-_LOCK_PARTITIONS = """SELECT pid, term, next_log_offset, topic, partition FROM partitions
-WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE"""
-# The fence: only rows whose term and next offset are still the caller's move on.
-_ADVANCE_LOGS = """UPDATE partitions p SET next_log_offset = COALESCE(a.next_offset, p.next_log_offset)
-FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[])
-    AS a (pid, term, first_offset, next_offset)
-WHERE p.pid = a.pid AND p.term = a.term
-  AND (a.first_offset IS NULL OR p.next_log_offset = a.first_offset)
-RETURNING p.pid"""
+# The fence and the append in one statement: lock the batch's partitions in pid order (two
+# batches never deadlock), advance only those whose term and next offset are still the caller's,
+# insert the log rows of exactly those. Returns every locked partition: accepted or why not.
+_APPEND_BATCH = """WITH locked AS MATERIALIZED (
+    SELECT pid, term, next_log_offset FROM partitions
+    WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE
+), asks AS (
+    SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[])
+        AS a (pid, term, first_offset, next_offset)
+), advanced AS (
+    UPDATE partitions p SET next_log_offset = COALESCE(a.next_offset, l.next_log_offset)
+    FROM asks a JOIN locked l ON l.pid = a.pid
+    WHERE p.pid = a.pid AND l.term = a.term
+      AND (a.first_offset IS NULL OR l.next_log_offset = a.first_offset)
+    RETURNING p.pid
+), inserted AS (
+    INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length,
+        object_key, entry, appended_at)
+    SELECT r.* FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[],
+        $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::float8[])
+        AS r (pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length,
+              object_key, entry, appended_at)
+    WHERE r.pid IN (SELECT pid FROM advanced)
+    RETURNING 1
+)
+SELECT l.pid, l.term, l.next_log_offset, l.pid IN (SELECT pid FROM advanced) AS accepted,
+    (SELECT count(*) FROM inserted) AS inserted, txid_current() AS txid
+FROM locked l"""
 _L0_INSERT = """INSERT INTO l0_objects (key, epoch, size, created_at, extents, deleted_at, deleted_at_m)
 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::float8[], $5::bigint[],
     $6::float8[], $7::bigint[])
@@ -204,6 +227,7 @@ class PostgresLogStore:
         self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
         self._slots = anyio.Semaphore(writers)
         self._busy_pids: set[int] = set()
+        self._in_flight = 0  # batches on their way
         self._batch_done = anyio.Event()
         self._writer_done = anyio.Event()
         self._writer_started = False
@@ -387,7 +411,7 @@ class PostgresLogStore:
     async def _transact(
         self, what: str, work: Callable[[asyncpg.Connection], Awaitable[Any]],
         resolve: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
-        *, check_open: bool = True,
+        *, check_open: bool = True, work_returns_txid: bool = False,
     ) -> Any:
         """`work` in one transaction. If its COMMIT went unanswered, the transaction's
         `txid_status` says whether it happened: committed → `resolve` rebuilds the result
@@ -407,8 +431,12 @@ class PostgresLogStore:
                 txid.clear()
             async with self._pool.acquire() as connection:
                 async with connection.transaction():
-                    txid.append(await connection.fetchval("SELECT txid_current()"))
-                    return await work(connection)
+                    if not work_returns_txid:
+                        txid.append(await connection.fetchval("SELECT txid_current()"))
+                        return await work(connection)
+                    result, their_txid = await work(connection)
+                    txid.append(their_txid)  # before COMMIT: an unanswered one is resolved
+                    return result
 
         return await self._retrying(attempt, what)
 
@@ -460,6 +488,7 @@ class PostgresLogStore:
                         self._slots.release()
                         await self._batch_done.wait()  # every waiting call's partition is busy
                         continue
+                    self._in_flight += 1
                     tg.start_soon(self._execute_batch, batch)
         finally:
             for job in waiting:
@@ -475,7 +504,12 @@ class PostgresLogStore:
         skipped: deque[_Job] = deque()
         blocked: set[int] = set()
         weight = 0
-        while waiting:
+        jobs_max = len(waiting)
+        if self._in_flight == 0 and jobs_max >= SPLIT_JOBS_MIN and self._writers > 1:
+            # Half now, the rest right behind it: callers that wait for their commit before
+            # they write again would otherwise keep meeting in one batch, one commit at a time.
+            jobs_max = (jobs_max + 1) // 2
+        while waiting and len(batch) < jobs_max:
             job = waiting.popleft()
             if job.pid is not None and (job.pid in self._busy_pids or job.pid in blocked):
                 blocked.add(job.pid)
@@ -496,7 +530,7 @@ class PostgresLogStore:
             self._batches += 1
             try:
                 outcomes = await self._transact("a write batch", lambda c: self._run_batch(c, jobs),
-                                                check_open=False)
+                                                check_open=False, work_returns_txid=True)
                 if outcomes is None:  # committed, answer lost: what was decided then stands
                     outcomes = [(job.result, job.error) for job in jobs]
             except Exception as error:
@@ -511,6 +545,7 @@ class PostgresLogStore:
             for job in jobs:
                 if job.pid is not None:
                     self._busy_pids.discard(job.pid)
+            self._in_flight -= 1
             self._slots.release()
             self._batch_done.set()
             self._batch_done = anyio.Event()
@@ -532,43 +567,36 @@ class PostgresLogStore:
         self._largest_batch_records = max(self._largest_batch_records, records)
 
     async def _run_batch(self, connection: asyncpg.Connection, jobs: list[_Job]
-                         ) -> list[tuple[Any, BaseException | None]]:
+                         ) -> tuple[list[tuple[Any, BaseException | None]], int]:
         """One transaction for the whole batch; decides every call's outcome (kept on the job
         too, for a batch whose COMMIT answer is lost)."""
         outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(jobs)
         appends = [(index, job) for index, job in enumerate(jobs) if job.pid is not None]
-        log_rows: list[tuple[Any, ...]] = []
+        txid: int | None = None
         if appends:
-            pids = sorted({job.pid for _, job in appends})
-            locked = {row["pid"]: row for row in await connection.fetch(_LOCK_PARTITIONS, pids)}
             asks = [
                 (job.pid, job.term,
                  job.records[0].log_offset if job.records else None,
                  job.records[-1].log_offset + 1 if job.records else None)
-                for _, job in appends if job.pid in locked
+                for _, job in appends
             ]
-            accepted = {
-                row["pid"] for row in await connection.fetch(_ADVANCE_LOGS, *_columns(asks, 4))
-            } if asks else set()
+            log_rows = [row for _, job in appends for row in job.log_rows]
+            # One round trip: lock, fence, advance and insert (the log rows of refused appends
+            # are filtered out by the statement itself).
+            rows = await connection.fetch(
+                _APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
+            )
+            locked = {row["pid"]: row for row in rows}
+            txid = rows[0]["txid"] if rows else None
             for index, job in appends:
                 row = locked.get(job.pid)
                 assert job.pid is not None
                 if row is None:
                     outcomes[index] = (None, InvariantViolation(f"unknown partition id {job.pid}"))
-                elif job.pid in accepted:
-                    log_rows.extend(job.log_rows)
-                else:
-                    name = f"{row['topic']}/{row['partition']}"
-                    if row["term"] != job.term:
-                        outcomes[index] = (None, NotLeader(name, job.term, row["term"]))
-                    else:
-                        outcomes[index] = (None, InvariantViolation(
-                            f"partition {name}: append at log offset "
-                            f"{job.records[0].log_offset}, the log continues at "
-                            f"{row['next_log_offset']}"
-                        ))
-        if log_rows:
-            await connection.execute(_LOG_INSERT, *_columns(log_rows, 11))
+                elif not row["accepted"]:
+                    outcomes[index] = (None, await self._refusal(connection, job, row))
+        if txid is None:
+            txid = await connection.fetchval("SELECT txid_current()")
         for table, statement, width in (
             ("l0_objects", _L0_INSERT, 7),
             ("fence_events", _FENCE_INSERT, 8),
@@ -583,7 +611,21 @@ class PostgresLogStore:
                 await connection.executemany(statement, rows)
         for job, (result, error) in zip(jobs, outcomes, strict=True):
             job.result, job.error = result, error
-        return outcomes
+        return outcomes, txid
+
+    async def _refusal(self, connection: asyncpg.Connection, job: _Job, row: asyncpg.Record
+                       ) -> LevelZeroError | InvariantViolation:
+        """Why the database refused an append (rare: read the partition's name only then)."""
+        names = await connection.fetchrow(
+            "SELECT topic, partition FROM partitions WHERE pid = $1", job.pid
+        )
+        name = f"{names['topic']}/{names['partition']}"
+        if row["term"] != job.term:
+            return NotLeader(name, job.term, row["term"])
+        return InvariantViolation(
+            f"partition {name}: append at log offset {job.records[0].log_offset}, "
+            f"the log continues at {row['next_log_offset']}"
+        )
 
     def _write_refused(self) -> LevelZeroError:
         return ShuttingDown(f"{self._where}: log store is closing")

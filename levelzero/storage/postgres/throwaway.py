@@ -47,6 +47,7 @@ class ThrowawayServer:
     root: Path
     port: int
     _as_user: list[str]
+    fsync: bool = False  # tests: off; the bench turns it on to measure real commits
 
     @property
     def data_dir(self) -> Path:
@@ -70,7 +71,8 @@ class ThrowawayServer:
         options = (
             f"-c port={self.port} -c listen_addresses=127.0.0.1"
             f" -c unix_socket_directories={self.socket_dir}"
-            " -c fsync=off -c full_page_writes=off -c max_connections=200"
+            f" -c fsync={'on' if self.fsync else 'off'}"
+            f" -c full_page_writes={'on' if self.fsync else 'off'} -c max_connections=200"
         )
         done = self.pg_ctl("-w", "-t", str(START_TIMEOUT_S), "-l", str(self.root / "server.log"),
                            "-o", options, "start", check=False)
