@@ -9,14 +9,17 @@ PARTITIONS partitions) into a fresh topic per side:
 - floor (HTTP):  the bundled client, HTTP_CALLERS concurrent requests of HTTP_RECORDS_PER_REQUEST
                  records (the CLI's fastest setting is 10,000 records with 4 in flight); then one
                  fetch loop per partition (max_bytes 1 MiB) reads them back.
-Both clients run in this process beside the daemon (librdkafka in its own threads, the HTTP
-client on the daemon's event loop), so both pay the same sharing. Wall clock, records/s,
-rounds alternating. Targets: the Kafka listener at least the HTTP API's records/s (>= 100%).
+Each client runs in a child process of its own (`python -m levelzero.bench.kafka SIDE ...`), so
+neither takes the daemon's interpreter from it; the records are generated there from the same
+seed, before the clock starts. Wall clock, records/s, rounds alternating. Target: the Kafka
+listener at least the HTTP API's records/s (>= 100%).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -123,6 +126,13 @@ async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001
     return count / elapsed
 
 
+async def in_child(*args: str) -> tuple[float, float]:
+    """(produce, fetch) records/s measured by a client in a child process."""
+    result = await anyio.run_process([sys.executable, "-m", "levelzero.bench.kafka", *args])
+    answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    return answer["produce"], answer["fetch"]
+
+
 async def run(settings: Settings) -> list[Figure]:
     from levelzero.daemon.client import Client
     from levelzero.daemon.config import load_config
@@ -138,36 +148,52 @@ async def run(settings: Settings) -> list[Figure]:
             ("node", "epoch_bump_interval_s"): 0.0,
         })
         async with running_daemon(config) as daemon, Client(daemon.url) as client:
-            port = daemon.kafka_port
-            assert port is not None
-            produce_pairs: list[tuple[float, float]] = []
-            fetch_pairs: list[tuple[float, float]] = []
+            assert daemon.kafka_port is not None and daemon.url is not None
+            port, url = str(daemon.kafka_port), daemon.url
 
             async def kafka_round(i: int) -> tuple[float, float]:
-                topic = f"kafka-{i}"
-                await client.create_topic(topic, PARTITIONS)
-                records = make_records(count, seed=i)
-                produced = await anyio.to_thread.run_sync(kafka_produce, port, topic, records)
-                fetched = await anyio.to_thread.run_sync(kafka_fetch, port, topic, count)
-                return produced, fetched
+                await client.create_topic(f"kafka-{i}", PARTITIONS)
+                return await in_child("kafka", port, f"kafka-{i}", str(count), str(i))
 
             async def http_round(i: int) -> tuple[float, float]:
-                topic = f"http-{i}"
-                await client.create_topic(topic, PARTITIONS)
-                records = make_records(count, seed=i)
-                produced = await http_produce(client, topic, records)
-                fetched = await http_fetch(client, topic, count)
-                return produced, fetched
+                await client.create_topic(f"http-{i}", PARTITIONS)
+                return await in_child("http", url, f"http-{i}", str(count), str(i))
 
-            for kafka_side, http_side in await interleave(settings.rounds, kafka_round, http_round):
-                produce_pairs.append((kafka_side[0], http_side[0]))
-                fetch_pairs.append((kafka_side[1], http_side[1]))
+            pairs = await interleave(settings.rounds, kafka_round, http_round)
+    produce_pairs = [(k[0], h[0]) for k, h in pairs]
+    fetch_pairs = [(k[1], h[1]) for k, h in pairs]
     notes = {"records_per_round": count, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
              "key_bytes": KEY_BYTES, "http_callers": HTTP_CALLERS,
-             "http_records_per_request": HTTP_RECORDS_PER_REQUEST}
+             "http_records_per_request": HTTP_RECORDS_PER_REQUEST, "clients": "child processes"}
     return [
         figure(ITEM, "produce: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
                produce_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
         figure(ITEM, "fetch: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
                fetch_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
     ]
+
+
+async def _http_side(url: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> tuple[float, float]:
+    from levelzero.daemon.client import Client
+
+    async with Client(url) as client:
+        produced = await http_produce(client, topic, records)
+        fetched = await http_fetch(client, topic, len(records))
+    return produced, fetched
+
+
+def child_main(argv: list[str]) -> None:
+    """`python -m levelzero.bench.kafka kafka|http PORT|URL TOPIC COUNT SEED`: one side of a
+    round; prints {"produce": records/s, "fetch": records/s}."""
+    side, where, topic, count_text, seed_text = argv
+    records = make_records(int(count_text), seed=int(seed_text))
+    if side == "kafka":
+        produced = kafka_produce(int(where), topic, records)
+        fetched = kafka_fetch(int(where), topic, len(records))
+    else:
+        produced, fetched = anyio.run(_http_side, where, topic, records)
+    print(json.dumps({"produce": produced, "fetch": fetched}))
+
+
+if __name__ == "__main__":
+    child_main(sys.argv[1:])

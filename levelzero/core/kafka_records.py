@@ -271,6 +271,10 @@ def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[KafkaRe
             raw = buf[pos]
             pos += 1
             timestamp_delta = (raw >> 1) ^ -(raw & 1)
+        elif pos + 1 < end and buf[pos + 1] < 0x80:
+            raw = (buf[pos] & 0x7F) | (buf[pos + 1] << 7)
+            pos += 2
+            timestamp_delta = (raw >> 1) ^ -(raw & 1)
         else:
             timestamp_delta, pos = varint(buf, pos, end)
         if pos < end and buf[pos] < 0x80:

@@ -47,7 +47,7 @@ from .protocol import (
 
 log = logging.getLogger("levelzero.kafka")
 
-IN_FLIGHT_MAX = 16
+IN_FLIGHT_MAX = 128
 PRODUCE_KEY = 0
 # How long a connection may stay silent before it is closed (Kafka's connections.max.idle.ms).
 IDLE_TIMEOUT_S = 600.0
