@@ -604,6 +604,13 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, message, dict(exc.headers or {}))
 
 
+async def _escaped_exception(request: Request, exc: Exception) -> Response:
+    """An exception no route caught (every route catches its own; this is the last line, in
+    Starlette's outermost middleware, which then re-raises it for uvicorn to log with its
+    traceback): the documented JSON 500, never Starlette's plain text."""
+    return error_response(500, "internal_error", "internal error (logged)")
+
+
 def build_app(
     node: Node,
     metrics: DaemonMetrics,
@@ -627,7 +634,10 @@ def build_app(
         api.route("/healthz", {"GET": api.healthz}, public=True),
         api.route("/readyz", {"GET": api.readyz}, public=True),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception, Exception: _escaped_exception},
+    )
     # No 307 to the slash-less path: Starlette builds its Location from the client's Host
     # header, so anyone could make the daemon redirect elsewhere. A trailing slash is a 404
     # whose message names the path without it.

@@ -1,6 +1,7 @@
 """The HTTP server against clients that misbehave: ones that go away mid-body, that lean on
-redirects or on a web page's form posts. Real uvicorn on a free loopback port, raw sockets
-where a well-behaved client library would not misbehave."""
+redirects or on a web page's form posts, that hold every connection (a bounded slowloris), that
+send what is not HTTP; and every error answer is the documented JSON. Real uvicorn on a free
+loopback port, raw sockets where a well-behaved client library would not misbehave."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import anyio
 import httpx
 import pytest
 from daemon_support import TOKEN, daemon_and_client
+from starlette.routing import Route
 
+from levelzero.daemon.api import build_app
 from levelzero.daemon.demo import UploadGate
 
 RECORDS = "/v1/topics/t/partitions/0/records"
@@ -204,3 +207,17 @@ def msgspec_json(body: bytes) -> dict:
     import json
 
     return json.loads(body)
+
+
+async def test_an_exception_no_route_caught_is_still_the_json_500(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, _):
+        assert daemon.node is not None and daemon.metrics is not None
+        app = build_app(daemon.node, daemon.metrics)
+
+        async def escapes(request):  # noqa: ANN001, ANN202 - outside Api.route's own handling
+            raise RuntimeError("escaped")
+
+        app.router.routes.append(Route("/escapes", escapes))
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://daemon") as http:
+            assert_error(await http.get("/escapes"), 500, "internal_error", "internal error")
