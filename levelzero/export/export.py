@@ -44,6 +44,7 @@ from levelzero.storage.sqlite.schema import (
 )
 
 from . import manifest as manifest_file
+from .compact import SMALL_FILE_BYTES, compact, remove_superseded
 from .errors import ExportError
 from .manifest import EXPORT_HISTORY_MAX, ExportRecord, Manifest, RowRuns, Watermarks
 from .schemas import L1_STATE_RANK, L1_TERMINAL_RANK, TABLES
@@ -108,8 +109,10 @@ def export(
     *,
     progress: ProgressCallback | None = None,
     chunk_rows: int = CHUNK_ROWS,
+    small_file_bytes: int = SMALL_FILE_BYTES,
 ) -> ExportReport:
-    """Add every row of the store at `db_path` not yet in `out_dir` to `out_dir`."""
+    """Add every row of the store at `db_path` not yet in `out_dir` to `out_dir`, then fold
+    the small files of the date partitions it wrote into (`compact.py`; 0: never)."""
     if not (isinstance(chunk_rows, int) and 1 <= chunk_rows <= 1_000_000):
         raise ExportError(f"chunk_rows must be an integer in 1..1000000, not {chunk_rows!r}")
     started_wall, started = time.time(), time.monotonic()
@@ -122,6 +125,8 @@ def export(
     with _locked(out_dir):
         manifest = manifest_file.load(out_dir) or Manifest()
         _remove_uncommitted(out_dir, manifest.last_seq)
+        remove_superseded(out_dir, manifest.superseded)  # left by a crash after the commit
+        manifest.superseded = []
         seq = manifest.last_seq + 1
         export_id = f"{seq:06d}-{datetime.fromtimestamp(started_wall, UTC):%Y%m%dT%H%M%SZ}"
         files = _FileSet(out_dir)
@@ -138,6 +143,8 @@ def export(
         except BaseException:
             files.abort()
             raise
+        # Renamed, still invisible (seq > last_seq); a failure here leaves nothing committed.
+        compaction = compact(out_dir, files.committed, seq, export_id, small_file_bytes)
         record = ExportRecord(
             export_id=export_id,
             started_at=started_wall,
@@ -150,13 +157,17 @@ def export(
         manifest.last_seq = seq
         manifest.exports = [*manifest.exports, record][-EXPORT_HISTORY_MAX:]
         manifest.watermarks = watermarks
+        manifest.superseded = compaction.superseded
         manifest_file.save(out_dir, manifest)
+        remove_superseded(out_dir, compaction.superseded)
+    removed = set(compaction.removed)
+    written = [path for path in files.committed if path not in removed] + compaction.written
     return ExportReport(
         export_id=export_id,
         db_path=db_path,
         out_dir=out_dir,
         rows=rows,
-        files=files.committed,
+        files=written,
         cluster_epoch=cluster_epoch,
         duration_s=time.monotonic() - started,
         warnings=warnings,

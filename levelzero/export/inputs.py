@@ -2,8 +2,8 @@
 
 Every check here is cheap (directory listings, manifests, Parquet footers), so a wrong path or a
 foreign file fails in a second with a message naming it, instead of minutes into a Spark job.
-Only files of committed exports (sequence number <= the manifest's `last_seq`) are inputs: a
-crashed export's leftovers are ignored.
+Only files of committed exports (sequence number <= the manifest's `last_seq`, not listed as
+superseded by compaction) are inputs: a crashed export's leftovers are ignored.
 """
 
 from __future__ import annotations
@@ -79,11 +79,12 @@ def _load_one(path: str) -> ExportInput:
             f"{path} is not a levelzero export directory (no {MANIFEST_NAME}); pass the "
             "directory `levelzero export --out` wrote"
         )
-    files = {table: _table_files(path, table, manifest.last_seq) for table in TABLES}
+    skip = set(manifest.superseded)
+    files = {table: _table_files(path, table, manifest.last_seq, skip) for table in TABLES}
     return ExportInput(path, manifest, files)
 
 
-def _table_files(path: str, table: str, last_seq: int) -> list[str]:
+def _table_files(path: str, table: str, last_seq: int, superseded: set[str]) -> list[str]:
     table_dir = os.path.join(path, table)
     if not os.path.isdir(table_dir):
         return []
@@ -96,6 +97,8 @@ def _table_files(path: str, table: str, last_seq: int) -> list[str]:
             seq = manifest_file.file_seq(name)
             if seq is None or seq > last_seq:
                 continue  # not ours, or an export that never committed
+            if os.path.join(table, partition, name) in superseded:
+                continue  # folded into a later file by compaction
             file_path = os.path.join(partition_dir, name)
             _check_schema(file_path, table)
             found.append(file_path)

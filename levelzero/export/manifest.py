@@ -11,7 +11,8 @@ Watermarks (per table, see `schemas.TableSpec.incremental`):
 - `l0_open`: rowid runs of L0 objects still live at the last export (their deletion is next);
 - `l1_open`: rowid runs of L1 objects not DELETE_FINISHED, with the state rank exported;
 - `gc_finished_at` / `gc_at_finished`: the latest exported round end and the rounds ending then.
-Runs are `[first_rowid, last_rowid, rank]`; consecutive rows of one rank share a run, so a
+`superseded` lists committed files compaction folded into a later one (`compact.py`): readers
+skip them; they are deleted after the commit. Runs are `[first_rowid, last_rowid, rank]`; consecutive rows of one rank share a run, so a
 healthy store (deletes roughly in creation order) keeps the lists short.
 """
 
@@ -58,6 +59,9 @@ class Manifest(msgspec.Struct):
     last_seq: int = 0
     exports: list[ExportRecord] = []
     watermarks: Watermarks = msgspec.field(default_factory=Watermarks)
+    # Committed data files folded into a later one (compact.py): not part of the export; the
+    # export deletes them after committing (or the next one does, after a crash).
+    superseded: list[str] = []
 
 
 _decoder = msgspec.json.Decoder(Manifest)

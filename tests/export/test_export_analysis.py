@@ -441,7 +441,7 @@ def test_rows_of_many_dates_stream_through_a_bounded_number_of_open_files(
         )
     connection.close()
     monkeypatch.setattr(export_module, "WRITERS_OPEN_MAX", 2)
-    report = export(db, tmp_path / "out", chunk_rows=3)
+    report = export(db, tmp_path / "out", chunk_rows=3, small_file_bytes=0)  # no compaction
     assert report.rows["log_entries"] == 40
     per_date = {}
     for relative in report.files:
@@ -451,6 +451,55 @@ def test_rows_of_many_dates_stream_through_a_bounded_number_of_open_files(
         per_date[date] = per_date.get(date, 0) + table.num_rows
     assert per_date == {utc_date(day * DAY_S): 8 for day in range(5)}
     assert len(report.files) > 5  # dates were evicted and reopened
+
+
+def test_small_files_are_compacted_into_one_per_date(tmp_path: Path, monkeypatch) -> None:
+    """Exports of a few rows each (dates alternating, writers evicted: several files per date)
+    leave one file per date, committed with the manifest; the files folded are superseded at
+    that commit, deleted after it, and ignored if a crash left them."""
+    export_module = importlib.import_module("levelzero.export.export")
+    db = str(tmp_path / "levelzero.db")
+    out = tmp_path / "out"
+
+    async def create() -> None:
+        async with await SqliteLogStore.open(db) as store:
+            await store.create_topic("t", 2, creation_epoch=1, now=0.0)
+
+    def append(offsets: range) -> None:
+        with sqlite3.connect(db) as connection:
+            connection.executemany(
+                "INSERT INTO log VALUES (?, ?, 1, ?, 'advance_epoch', 1, 0, 0, NULL, x'', ?)",
+                [(pid, o, 0, (o % 5) * DAY_S + pid) for pid in (1, 2) for o in offsets],
+            )
+        connection.close()
+
+    def data_files() -> list[str]:
+        return sorted(str(p.relative_to(out)) for p in out.glob("log_entries/date=*/part-*"))
+
+    anyio.run(create)
+    monkeypatch.setattr(export_module, "WRITERS_OPEN_MAX", 2)
+    append(range(20))
+    first = export(db, out, chunk_rows=3)
+    assert len(first.files) == 5 and data_files() == sorted(first.files)
+    append(range(20, 40))
+    second = export(db, out, chunk_rows=3)
+    assert second.rows["log_entries"] == 40
+    assert data_files() == sorted(second.files)  # one per date, the older ones folded in
+    assert all(f.split("/")[-1].startswith("part-000002-") for f in second.files)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert sorted(manifest["superseded"]) == sorted(first.files)
+    found = load_inputs([str(out)])[0]
+    rows = read_table(str(out), "log_entries").to_pylist()
+    assert len(found.files["log_entries"]) == 5
+    assert sorted((r["partition"], r["log_offset"]) for r in rows) == [
+        (p, o) for p in (0, 1) for o in range(40)
+    ]
+    # A crash between the commit and the deletes: a superseded file is back; nobody counts it.
+    shutil.copy(out / second.files[0], out / first.files[0])
+    assert str(out / first.files[0]) not in load_inputs([str(out)])[0].files["log_entries"]
+    third = export(db, out)
+    assert third.total_rows == 0 and not (out / first.files[0]).exists()
+    assert json.loads((out / MANIFEST_NAME).read_text())["superseded"] == []
 
 
 def test_a_crashed_export_leaves_nothing_the_next_export_or_the_analysis_uses(
