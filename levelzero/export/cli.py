@@ -13,6 +13,7 @@ traceback), 2 bad usage, 130 interrupted. The `levelzero` command forwards its a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -64,6 +65,11 @@ def export_main(argv: Sequence[str]) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data-dir", metavar="DIR", help="the daemon's data directory")
     source.add_argument("--db", metavar="FILE", help="the store's SQLite file (levelzero.db)")
+    source.add_argument(
+        "--dsn", metavar="DSN",
+        help="a PostgreSQL control plane, postgresql://USER@HOST:PORT/DB (no password in it: "
+        "LEVELZERO_CONTROL_PASSWORD or PGPASSWORD)",
+    )
     parser.add_argument("--out", metavar="DIR", required=True, help="export directory")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = _parse(parser, argv)
@@ -74,10 +80,14 @@ def export_main(argv: Sequence[str]) -> int:
     from .export import db_path_in, export  # noqa: PLC0415 - pyarrow only when exporting
     from .locations import local_path  # noqa: PLC0415
 
-    db_path = db_path_in(args.data_dir) if args.data_dir else args.db
+    db_path = db_path_in(args.data_dir) if args.data_dir else args.dsn or args.db
+    if args.dsn and not args.dsn.startswith(("postgresql://", "postgres://")):
+        return _fail(prog, "--dsn must start with postgresql://")
+    password = os.environ.get("LEVELZERO_CONTROL_PASSWORD") or None
     try:
         out = local_path(args.out, "output directory", ExportError)
-        report = export(db_path, out, progress=None if args.quiet else _ProgressPrinter(prog))
+        report = export(db_path, out, progress=None if args.quiet else _ProgressPrinter(prog),
+                        password=password)
     except LevelZeroError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:

@@ -43,9 +43,13 @@ from levelzero.storage.sqlite.schema import (
     read_version,
 )
 
+from levelzero.storage.postgres.schema import SELECT_LOG_ENDS as PG_SELECT_LOG_ENDS
+from levelzero.storage.postgres.store import redacted
+
 from . import manifest as manifest_file
 from .compact import SMALL_FILE_BYTES, compact, remove_superseded
 from .errors import ExportError
+from .postgres_source import is_dsn, postgres_snapshot
 from .manifest import EXPORT_HISTORY_MAX, ExportRecord, Manifest, RowRuns, Watermarks
 from .schemas import L1_STATE_RANK, L1_TERMINAL_RANK, TABLES
 
@@ -110,13 +114,18 @@ def export(
     progress: ProgressCallback | None = None,
     chunk_rows: int = CHUNK_ROWS,
     small_file_bytes: int = SMALL_FILE_BYTES,
+    password: str | None = None,
 ) -> ExportReport:
     """Add every row of the store at `db_path` not yet in `out_dir` to `out_dir`, then fold
-    the small files of the date partitions it wrote into (`compact.py`; 0: never)."""
+    the small files of the date partitions it wrote into (`compact.py`; 0: never). `db_path`
+    may be a PostgreSQL control plane's DSN (`postgresql://...`; `password` apart, or from
+    PGPASSWORD / ~/.pgpass)."""
     if not (isinstance(chunk_rows, int) and 1 <= chunk_rows <= 1_000_000):
         raise ExportError(f"chunk_rows must be an integer in 1..1000000, not {chunk_rows!r}")
     started_wall, started = time.time(), time.monotonic()
-    db_path = _check_db_file(os.fspath(db_path))
+    source = os.fspath(db_path)
+    dsn = source if is_dsn(source) else None
+    db_path = redacted(source) if dsn else _check_db_file(source)
     out_dir = os.path.abspath(os.fspath(out_dir))
     try:
         os.makedirs(out_dir, exist_ok=True)
@@ -131,7 +140,8 @@ def export(
         export_id = f"{seq:06d}-{datetime.fromtimestamp(started_wall, UTC):%Y%m%dT%H%M%SZ}"
         files = _FileSet(out_dir)
         try:
-            with _snapshot(db_path) as connection:
+            opened = postgres_snapshot(dsn, password) if dsn else _snapshot(db_path)
+            with opened as connection:
                 fingerprint = _fingerprint(connection)
                 _check_same_source(out_dir, manifest, fingerprint, db_path)
                 cluster_epoch = _cluster_epoch(connection)
@@ -433,6 +443,10 @@ def _close_durably(writer: pq.ParquetWriter) -> None:
 # ------------------------------------------------------------------------ the tables
 
 
+def _dialect(connection: Any) -> str:
+    return getattr(connection, "dialect", "sqlite")
+
+
 def _fetch(cursor: sqlite3.Cursor, chunk_rows: int) -> Iterator[list[tuple[Any, ...]]]:
     while rows := cursor.fetchmany(chunk_rows):
         yield rows
@@ -516,7 +530,8 @@ class _ExportRun:
         and the end that are gone were truncated before they could be exported."""
         offsets = dict(self._old.log_offsets)
         lost_entries = lost_partitions = 0
-        partitions = self._db.execute(SELECT_LOG_ENDS).fetchall()
+        ends = PG_SELECT_LOG_ENDS if _dialect(self._db) == "postgres" else SELECT_LOG_ENDS
+        partitions = self._db.execute(ends).fetchall()
         for pid, topic, partition, _term, end in partitions:
             after = offsets.get(pid, -1)
             if end < after:
@@ -527,9 +542,9 @@ class _ExportRun:
             if end == after:
                 continue
             exported = 0
-            cursor = self._db.execute(_SELECT_LOG, (topic, partition, pid, after))
+            cursor = self._db.execute(_SELECT_LOG, (pid, after))
             for rows in _fetch(cursor, self._chunk_rows):
-                sink.add_many(rows)
+                sink.add_many([(topic, partition, *row) for row in rows])
                 exported += len(rows)
             lost = end - after - exported
             assert lost >= 0, (topic, partition, end, after, exported)
@@ -639,7 +654,7 @@ def _columns(table: str, *, skip: Iterable[str] = ()) -> str:
 
 
 _SELECT_LOG = (
-    f"SELECT ?, ?, {_columns('log_entries', skip=('topic', 'partition'))}"
+    f"SELECT {_columns('log_entries', skip=('topic', 'partition'))}"
     " FROM log WHERE pid = ? AND log_offset > ? ORDER BY log_offset"
 )
 _SELECT_SAMPLES = (
@@ -658,6 +673,8 @@ _SELECT_FENCE_EVENTS = (
 def _select_fence_events(connection: sqlite3.Connection) -> str:
     """A store that no levelzero with `fence_events.decisions` has opened yet (the log store adds
     the column on open; the export only reads) has a row per decision: it counts one each."""
+    if _dialect(connection) == "postgres":
+        return _SELECT_FENCE_EVENTS.format(decisions="f.decisions")
     columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
     return _SELECT_FENCE_EVENTS.format(
         decisions="f.decisions" if "decisions" in columns else "1 AS decisions"

@@ -18,6 +18,23 @@ from levelzero.core.errors import StoreRefused
 # pg_advisory_lock key: "levelzero" in ASCII, folded into a bigint. Only migrations take it.
 MIGRATION_LOCK_KEY = 0x6C65_7665_6C7A_6572
 
+# Transactions that insert into a table with a `seq` column take this transaction-level lock
+# first, so seq values commit in the order they are drawn: an export that has seen seq N has
+# seen every row below N (the watermark it keeps), whatever commits later.
+SEQ_LOCK_KEY = 0x6C7A_7365_7100_0001
+SEQ_TABLES = frozenset({"l0_objects", "l1_objects", "fence_events", "state_samples"})
+
+# The end of each partition's log: its last entry, or its snapshot when truncation emptied it
+# (the export's log watermarks; the same query as SQLite's, in PostgreSQL's spelling).
+SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
+       GREATEST(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
+                COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1))
+FROM partitions p ORDER BY p.pid"""
+SCHEMA_TABLES = frozenset({
+    "partitions", "log", "snapshots", "cluster_epoch", "l1_objects", "l0_objects", "gc_rounds",
+    "fence_events", "state_samples", "consumer_offsets",
+})
+
 MIGRATIONS: tuple[str, ...] = (
     # 1: the tables of SQLite schema 1
     """
@@ -32,7 +49,7 @@ CREATE TABLE partitions (
     UNIQUE (topic, partition)
 );
 CREATE TABLE log (
-    pid BIGINT NOT NULL REFERENCES partitions (pid),
+    pid BIGINT NOT NULL,
     log_offset BIGINT NOT NULL,
     term BIGINT NOT NULL,
     base_offset BIGINT NOT NULL,
@@ -47,7 +64,7 @@ CREATE TABLE log (
 );
 CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
 CREATE TABLE snapshots (
-    pid BIGINT PRIMARY KEY REFERENCES partitions (pid),
+    pid BIGINT PRIMARY KEY,
     log_offset BIGINT NOT NULL,
     data BYTEA NOT NULL,
     saved_at DOUBLE PRECISION NOT NULL

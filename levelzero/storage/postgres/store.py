@@ -66,7 +66,7 @@ from levelzero.storage.protocols import (
     StateSampleRow,
 )
 
-from .schema import migrate
+from .schema import SEQ_LOCK_KEY, SEQ_TABLES, migrate
 
 GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
 QUEUE_MAX = 1024  # write calls waiting for the dispatcher before callers block
@@ -597,6 +597,8 @@ class PostgresLogStore:
                     outcomes[index] = (None, await self._refusal(connection, job, row))
         if txid is None:
             txid = await connection.fetchval("SELECT txid_current()")
+        if any(job.table in SEQ_TABLES for job in jobs):
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
         for table, statement, width in (
             ("l0_objects", _L0_INSERT, 7),
             ("fence_events", _FENCE_INSERT, 8),
@@ -855,6 +857,7 @@ class PostgresLogStore:
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
             try:
                 await connection.execute(
                     f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "
