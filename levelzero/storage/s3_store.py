@@ -36,7 +36,13 @@ from botocore.exceptions import (
 )
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
-from levelzero.core.errors import InvalidInput, LevelZeroError, ObjectNotFound, StorageError
+from levelzero.core.errors import (
+    InvalidInput,
+    LevelZeroError,
+    ObjectNotFound,
+    StorageError,
+    StoreRefused,
+)
 from levelzero.storage.keys_check import (
     check_delete_batch,
     check_list_limit,
@@ -254,8 +260,15 @@ class S3ObjectStore:
                     )
                 )
             except ValueError as exc:  # botocore: "Invalid endpoint: ..."
-                raise InvalidInput(f"S3 endpoint {cfg.where!r} is not usable: {exc}") from exc
+                raise StoreRefused(f"S3 endpoint {cfg.where!r} is not usable: {exc}") from exc
             await self._check_bucket(client)
+        except StorageError as exc:
+            await stack.aclose()
+            if exc.retriable:  # an unreachable endpoint may come back: retried by a restart
+                raise
+            # A missing bucket or rejected credentials: only an operator can fix them, so the
+            # daemon exits 2 and systemd does not restart it in a loop.
+            raise StoreRefused(str(exc)) from exc
         except BaseException:
             await stack.aclose()
             raise

@@ -62,6 +62,15 @@ async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path,
     assert any(isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors)
 
 
+def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_process, s3_endpoint) -> None:  # noqa: ANN001
+    """Only an operator can make the bucket (or fix the credentials): exit 2, not a restart loop."""
+    process = make_daemon_process(env=s3_environ(s3_endpoint, "levelzero-no-such-bucket"))
+    process.start(wait=False)
+    assert process.wait_exit() == 2
+    assert "bucket levelzero-no-such-bucket does not exist" in process.log()
+    assert "Traceback" not in process.log()
+
+
 async def test_a_bucket_gone_while_serving_makes_the_daemon_unready_until_it_is_back(
     tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
 ) -> None:

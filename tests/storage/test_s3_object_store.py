@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from levelzero.core.errors import InvalidInput, ObjectNotFound, StorageError
+from levelzero.core.errors import InvalidInput, ObjectNotFound, StorageError, StoreRefused
 from levelzero.storage.s3_store import S3Config, S3ObjectStore, map_s3_error
 
 if TYPE_CHECKING:
@@ -189,6 +189,7 @@ async def test_open_reports_a_missing_bucket(s3_endpoint: S3TestEndpoint) -> Non
         await S3ObjectStore.open(s3_endpoint.config(bucket))
     assert str(caught.value) == f"bucket {bucket} does not exist at {s3_endpoint.endpoint_url}"
     assert caught.value.retriable is False
+    assert isinstance(caught.value, StoreRefused)  # the daemon exits 2: a restart cannot fix it
 
 
 @pytest.mark.s3
@@ -201,6 +202,7 @@ async def test_open_reports_rejected_credentials(
     with pytest.raises(StorageError) as caught:
         await S3ObjectStore.open(config)
     message = str(caught.value)
+    assert isinstance(caught.value, StoreRefused)
     assert message.startswith(f"credentials rejected by {s3_endpoint.endpoint_url}")
     assert "wrong-secret" not in message and "LZNOSUCHACCESSKEY" not in message
 
@@ -277,5 +279,5 @@ async def test_client_is_configured_for_retries_pool_and_path_style(s3_config: S
 
 async def test_open_rejects_an_endpoint_that_is_not_a_url() -> None:
     config = S3Config(bucket="b", endpoint_url="not a url", access_key="k", secret_key="s")
-    with pytest.raises(InvalidInput, match="S3 endpoint 'not a url' is not usable"):
+    with pytest.raises(StoreRefused, match="S3 endpoint 'not a url' is not usable"):
         await S3ObjectStore.open(config)
