@@ -486,6 +486,8 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
+        if self.phase == "workload" and self.rng.random() < self.cfg.bump_after_create_p:
+            await self._bump(inc)
         if during_gc:
             self.stats.partitions_created_during_gc += partitions
         self.note(f"{inc} created {topic} with {partitions} partitions{' during a GC round' if during_gc else ''}")

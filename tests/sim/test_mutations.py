@@ -22,11 +22,11 @@ SEEDS_TO_CATCH_MAX = {
     "gc_ignores_cap": 20,
     "mp_off_by_one": 20,
     "gc_deletes_up_to_m_plus_1": 20,
-    "gc_skips_partitions_without_mp": 400,
+    "gc_skips_partitions_without_mp": 300,
     "batcher_ignores_creation_epochs": 40,
     "slide_without_drain": 20,
     "catch_up_without_term_check": 20,
-    "reader_pins_ignored": 40,
+    "reader_pins_ignored": 80,
 }
 
 
