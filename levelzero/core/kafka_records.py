@@ -241,6 +241,18 @@ def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
 
 # ------------------------------------------------------------------------------ decoding
 
+_PRODUCER_ID = struct.Struct(">q")
+PRODUCER_ID_AT = 43  # baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta, timestamps
+
+
+def producer_id_of(data: bytes) -> int:
+    """The producer id in the first batch's header (-1 if there is none): read before the
+    record set is decoded, to load that producer's state."""
+    if len(data) < BATCH_HEADER_BYTES:
+        return -1
+    return _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+
+
 
 def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[KafkaRecord]:
     """The records of one batch. Hot: varints of one or two bytes (nearly all of them) are

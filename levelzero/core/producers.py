@@ -55,6 +55,7 @@ class ProducerSequences:
         key = (producer_id, topic, partition)
         state = self._states.pop(key, None)
         batches = [] if state is None or state[0] != producer_epoch else state[1]
+        batches = [b for b in batches if b.base_sequence != base_sequence]  # recorded again: once
         batches = [*batches, StoredBatch(base_sequence, record_count, base_offset)][-BATCHES_REMEMBERED:]
         self._states[key] = (producer_epoch, batches)
         while len(self._states) > self.producers_max:

@@ -210,6 +210,31 @@ class LogStoreStatistics(msgspec.Struct, frozen=True):
     failed: bool  # the store refuses writes (SQLite failed mid-batch; until reopened)
 
 
+class ProducerBatchRow(msgspec.Struct, frozen=True):
+    """A batch an idempotent Kafka producer had stored: its sequence and where it went."""
+
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    partition: int
+    base_sequence: int
+    record_count: int
+    base_offset: int
+    stored_at: float
+
+
+@runtime_checkable
+class ProducerBatchStore(Protocol):
+    """An optional role (the SQLite store has it): idempotent producers' last batches per
+    partition, kept durably so a retry after a restart is still recognised."""
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        """Durable on return; per (producer, topic, partition) only the `keep` newest remain."""
+        ...
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]: ...
+
+
 @runtime_checkable
 class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""

@@ -190,3 +190,11 @@ def test_a_compression_bomb_is_refused_within_the_bound(codec: int, monkeypatch:
         kr.decode_batches(recompressed(plain, codec, body))
     with pytest.raises(kr.CorruptBatch):
         kr.decode_batches(recompressed(plain, codec, b"\xff" * 40))  # not that codec's data
+
+
+def test_a_batch_recorded_twice_is_remembered_once() -> None:
+    seqs = ProducerSequences()
+    for seq in range(BATCHES_REMEMBERED):
+        seqs.record(1, 0, "t", 0, seq, 1, seq)
+    seqs.record(1, 0, "t", 0, BATCHES_REMEMBERED - 1, 1, BATCHES_REMEMBERED - 1)  # again
+    assert seqs.duplicate_of(1, 0, "t", 0, 0) is not None  # the oldest was not pushed out

@@ -44,3 +44,21 @@ async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path
         await store.commit_offsets([OffsetRow("g", "t", 0, 3, "", 1.0)])
         assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]
         assert len(await store.list_partitions()) == 1
+
+
+async def test_sqlite_keeps_the_newest_producer_batches_durably(tmp_path: Path) -> None:
+    from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
+
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        assert isinstance(store, ProducerBatchStore)
+        for seq in range(7):
+            await store.record_producer_batches(
+                [ProducerBatchRow(9, 0, "t", 0, seq * 10, 10, seq * 10, float(seq)),
+                 ProducerBatchRow(9, 0, "t", 1, seq, 1, seq, float(seq))], keep=5)
+        await store.record_producer_batches([ProducerBatchRow(8, 0, "t", 0, 0, 1, 500, 1.0)], keep=5)
+    async with await SqliteLogStore.open(str(db)) as store:
+        rows = await store.producer_batches(9)
+        assert [(r.partition, r.base_sequence) for r in rows] == (
+            [(0, s * 10) for s in range(2, 7)] + [(1, s) for s in range(2, 7)])
+        assert [r.base_offset for r in await store.producer_batches(8)] == [500]

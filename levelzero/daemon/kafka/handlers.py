@@ -25,7 +25,8 @@ from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core import kafka_records as kr
 from levelzero.core.errors import LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
-from levelzero.core.producers import ProducerSequences
+from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
+from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
 from .groups import METADATA_CHARS_MAX, GroupCoordinator
 from .protocol import Request, api_versions_response, make
@@ -98,6 +99,11 @@ class Handlers:
         # out more than 65,536 ids a millisecond).
         self._next_producer_id = int(time.time() * 1000) << 16
         self.sequences = ProducerSequences()
+        # Where producers' last batches are kept durably (the SQLite store; elsewhere: memory
+        # only), and the producers whose stored batches are already in `sequences`.
+        store = node.log_store
+        self._producer_store = store if isinstance(store, ProducerBatchStore) else None
+        self._loaded_producers: dict[int, None] = {}
         self.groups = GroupCoordinator(node.log_store)
         # (producer id, epoch, topic, partition, base sequence) -> its record set being stored,
         # for a retry that arrives while the first attempt is still under way.
@@ -228,6 +234,9 @@ class Handlers:
         m = request.response_module
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        for producer_id in {kr.producer_id_of(data or b"") for _, _, data in jobs}:
+            if producer_id >= 0:
+                await self._load_producer(producer_id)
         if after is not None:
             await after.wait()
         outcomes = [self._submit(topic, partition, data) for topic, partition, data in jobs]
@@ -259,6 +268,27 @@ class Handlers:
             for name, parts in by_topic.items()
         )
         return make(m.ProduceResponse, responses=responses, throttle_time=0)
+
+    async def _load_producer(self, producer_id: int) -> None:
+        """A producer this process has not seen (a retry after a restart): its stored batches."""
+        if self._producer_store is None or producer_id in self._loaded_producers:
+            return
+        try:
+            rows = await self._producer_store.producer_batches(producer_id)
+        except LevelZeroError as exc:
+            log.warning("kafka: cannot read producer %d's batches: %s", producer_id, exc)
+            return
+        if producer_id in self._loaded_producers:
+            return  # another request loaded it meanwhile (and may have recorded newer batches)
+        for row in rows:
+            self.sequences.record(row.producer_id, row.producer_epoch, row.topic, row.partition,
+                                  row.base_sequence, row.record_count, row.base_offset)
+        self._mark_loaded(producer_id)
+
+    def _mark_loaded(self, producer_id: int) -> None:
+        self._loaded_producers[producer_id] = None
+        while len(self._loaded_producers) > PRODUCERS_MAX_DEFAULT:
+            del self._loaded_producers[next(iter(self._loaded_producers))]
 
     def _submit(
         self, topic: str, partition: int, data: bytes | None
@@ -324,9 +354,13 @@ class Handlers:
                         self._finish(p, error=exc)
                 else:
                     offset = result.base_offset
+                    offsets = []
                     for p in taken:
-                        self._finish(p, base_offset=offset)
+                        offsets.append(offset)
                         offset += len(p.records)
+                    error = await self._keep_sequences(taken, offsets)
+                    for p, base_offset in zip(taken, offsets, strict=True):
+                        self._finish(p, base_offset=base_offset, error=error)
                     self._wake_fetchers()
                 taken = []
         finally:
@@ -334,6 +368,27 @@ class Handlers:
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the Kafka listener is stopping"))
+
+    async def _keep_sequences(self, taken: list[_Pending], offsets: list[int]) -> LevelZeroError | None:
+        """Idempotent batches' sequences, durable before they are acknowledged (where the store
+        keeps them), so a retry after a restart is recognised. A failure here fails the
+        acknowledgement: the client retries and the batch (stored) is recognised in memory."""
+        rows = [
+            ProducerBatchRow(p.identity[0], p.identity[1], p.topic, p.partition, p.identity[4],
+                             len(p.records), base_offset, time.time())
+            for p, base_offset in zip(taken, offsets, strict=True) if p.identity is not None
+        ]
+        if not rows or self._producer_store is None:
+            return None
+        for p, base_offset in zip(taken, offsets, strict=True):
+            if p.identity is not None:
+                self.sequences.record(*p.identity, len(p.records), base_offset)
+        try:
+            await self._producer_store.record_producer_batches(rows, keep=BATCHES_REMEMBERED)
+        except LevelZeroError as exc:
+            log.warning("kafka: cannot keep idempotent producers' sequences: %s", exc)
+            return exc
+        return None
 
     def _finish(self, pending: _Pending, *, base_offset: int = -1, error: LevelZeroError | None = None) -> None:
         pending.base_offset = base_offset
@@ -357,6 +412,7 @@ class Handlers:
                         producer_id=-1, producer_epoch=-1)
         producer_id = self._next_producer_id
         self._next_producer_id += 1
+        self._mark_loaded(producer_id)  # new: nothing stored for it
         return make(m.InitProducerIdResponse, throttle_time=0, error_code=ErrorCode.none,
                     producer_id=producer_id, producer_epoch=0)
 

@@ -47,6 +47,34 @@ UPSERT_OFFSET = (
     " SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
     " committed_at = excluded.committed_at"
 )
+# Idempotent Kafka producers' last batches (added within schema 1, like consumer_offsets).
+PRODUCER_BATCHES = """CREATE TABLE IF NOT EXISTS producer_batches (
+    producer_id INTEGER NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    base_sequence INTEGER NOT NULL,
+    record_count INTEGER NOT NULL,
+    base_offset INTEGER NOT NULL,
+    stored_at REAL NOT NULL,
+    PRIMARY KEY (producer_id, topic, partition, base_sequence)
+) WITHOUT ROWID"""
+INSERT_PRODUCER_BATCH = (
+    "INSERT OR REPLACE INTO producer_batches (producer_id, producer_epoch, topic, partition,"
+    " base_sequence, record_count, base_offset, stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# Keep the `keep` newest batches of one (producer, topic, partition); the parameters are the
+# producer, topic, partition, then the same three again and `keep`.
+PRUNE_PRODUCER_BATCHES = (
+    "DELETE FROM producer_batches WHERE producer_id = ? AND topic = ? AND partition = ?"
+    " AND base_sequence NOT IN (SELECT base_sequence FROM producer_batches WHERE producer_id = ?"
+    " AND topic = ? AND partition = ? ORDER BY stored_at DESC, base_sequence DESC LIMIT ?)"
+)
+SELECT_PRODUCER_BATCHES = (
+    "SELECT producer_id, producer_epoch, topic, partition, base_sequence, record_count,"
+    " base_offset, stored_at FROM producer_batches WHERE producer_id = ?"
+    " ORDER BY topic, partition, stored_at, base_sequence"
+)
 SELECT_OFFSETS = (
     "SELECT group_id, topic, partition, committed_offset, metadata, committed_at"
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"
@@ -148,7 +176,7 @@ CREATE TABLE state_samples (
     high_watermark INTEGER NOT NULL,
     start_offset INTEGER NOT NULL
 );
-""" + L0_LIVE_INDEX + ";\n" + CONSUMER_OFFSETS + ";\n"
+""" + L0_LIVE_INDEX + ";\n" + CONSUMER_OFFSETS + ";\n" + PRODUCER_BATCHES + ";\n"
 # one definition each: check_or_create_schema adds the index and consumer_offsets to older files
 SCHEMA_TABLES = frozenset(
     {
@@ -262,6 +290,7 @@ async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str)
     # change to any row), and fence_events.decisions (an older row stands for one decision).
     await connection.execute(L0_LIVE_INDEX)
     await connection.execute(CONSUMER_OFFSETS)
+    await connection.execute(PRODUCER_BATCHES)
     fence_columns = {
         name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
     }

@@ -70,6 +70,7 @@ from levelzero.storage.protocols import (
     LogStoreStatistics,
     OffsetRow,
     PartitionRow,
+    ProducerBatchRow,
     Snapshot,
     StateSampleRow,
 )
@@ -90,7 +91,10 @@ from .schema import (
     INSERT_L1,
     INSERT_LOG,
     INSERT_STATE_SAMPLE,
+    INSERT_PRODUCER_BATCH,
+    PRUNE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
+    SELECT_PRODUCER_BATCHES,
     UPSERT_OFFSET,
     MARK_L0_DELETED,
     SELECT_L1,
@@ -906,6 +910,27 @@ class SqliteLogStore:
         self._check_readable()
         rows = await self._reader.execute_fetchall(SELECT_OFFSETS, (group_id,))
         return [OffsetRow(*row) for row in rows]
+
+    # ------------------------------------------------------------------ idempotent producers
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        assert keep >= 1
+        if not rows:
+            return
+        pairs = sorted({(r.producer_id, r.topic, r.partition) for r in rows})
+        prune = [(pid, topic, partition, pid, topic, partition, keep) for pid, topic, partition in pairs]
+        inserted = [msgspec.structs.astuple(r) for r in rows]
+
+        def stage(batch: Batch) -> None:
+            batch.stage(INSERT_PRODUCER_BATCH, inserted)
+            batch.stage(PRUNE_PRODUCER_BATCHES, prune)
+
+        await self._submit(Job(weight=len(rows), stage=stage))
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(SELECT_PRODUCER_BATCHES, (producer_id,))
+        return [ProducerBatchRow(*row) for row in rows]
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""

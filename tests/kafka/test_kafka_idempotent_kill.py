@@ -1,0 +1,122 @@
+"""An idempotent producer (librdkafka) keeps producing while the daemon is SIGKILLed and
+restarted on the same data directory and port: every record is stored exactly once, in order.
+The retried batches are recognised by producer id and sequence, which the daemon keeps in the
+log store before acknowledging (so they survive the kill)."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import threading
+import time
+from pathlib import Path
+
+from daemon_support import DaemonProcess, free_port
+
+MS = datetime.timedelta(milliseconds=1)
+RECORDS = 3_000
+TOPIC = "exactly-once"
+PARTITIONS = 2
+
+
+def produce_through_a_kill(process: DaemonProcess, kafka_port: int) -> list[str]:
+    from confluent_kafka import Producer
+
+    errors: list[str] = []
+    producer = Producer({
+        "bootstrap.servers": f"127.0.0.1:{kafka_port}", "enable.idempotence": True,
+        "linger.ms": 5, "message.timeout.ms": 120_000, "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 500,
+    })
+
+    def on_delivery(err, message) -> None:  # noqa: ANN001
+        if err is not None:
+            errors.append(str(err))
+
+    killed = threading.Event()
+    for i in range(RECORDS):
+        producer.produce(TOPIC, value=b"%06d" % i, partition=i % PARTITIONS, on_delivery=on_delivery)
+        producer.poll(0)
+        if i == RECORDS // 2:
+            producer.flush(0.02)  # some batches are on their way, some acknowledged
+            process.signal(signal.SIGKILL)
+            process.wait_exit()
+            killed.set()
+            process.start()
+        if i % 200 == 0:
+            time.sleep(0.01)  # spread the records over many requests
+    assert producer.flush(120) == 0
+    assert killed.is_set()
+    return errors
+
+
+def test_an_idempotent_producer_through_a_sigkill_stores_each_record_once(tmp_path: Path) -> None:
+    kafka_port = free_port()
+    process = DaemonProcess(tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"})
+    try:
+        process.start()
+        with process.http() as http:
+            assert http.post("/v1/topics", json={"name": TOPIC, "partitions": PARTITIONS}).status_code == 201
+        errors = produce_through_a_kill(process, kafka_port)
+        assert errors == []
+        with process.http() as http:
+            for partition in range(PARTITIONS):
+                values: list[bytes] = []
+                offset = 0
+                for _ in range(1_000):
+                    body = http.get(f"/v1/topics/{TOPIC}/partitions/{partition}/records",
+                                    params={"offset": offset}).json()
+                    values += [r["value"] for r in body["records"]]
+                    offset = body["next_offset"]
+                    if offset >= body["high_watermark"]:
+                        break
+                import base64
+
+                got = [base64.b64decode(v) for v in values]
+                assert got == [b"%06d" % i for i in range(partition, RECORDS, PARTITIONS)]
+    finally:
+        process.cleanup()
+
+
+async def test_a_batch_stored_before_a_sigkill_is_recognised_after_it(tmp_path: Path) -> None:
+    """The window the client cannot see: a batch stored, then the daemon killed before the
+    producer read its answer. Retried against the restarted daemon (same producer id and
+    sequence), it gets the offset it was stored at and is not stored again."""
+    from kio.schema.errors import ErrorCode
+
+    from test_kafka_listener import Wire, list_offsets, produce
+    from test_kafka_records import client_batch
+
+    kafka_port = free_port()
+    process = DaemonProcess(tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"})
+    try:
+        process.start()
+        with process.http() as http:
+            assert http.post("/v1/topics", json={"name": TOPIC, "partitions": 1}).status_code == 201
+        wire = await Wire.connect(kafka_port)
+        try:
+            init = await wire.request(22, 4, transactional_id=None, transaction_timeout=60_000 * MS,
+                                      producer_id=-1, producer_epoch=-1)
+            pid = init.producer_id
+            first = client_batch([(0, b"k", b"a", []), (0, b"k", b"b", [])], producer_id=pid, base_sequence=0)
+            second = client_batch([(0, b"k", b"c", [])], producer_id=pid, base_sequence=2)
+            offsets = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0].base_offset
+                       for b in (first, second)]
+            assert offsets == [0, 2]
+        finally:
+            await wire.aclose()
+        process.signal(signal.SIGKILL)
+        process.wait_exit()
+        process.start()
+        wire = await Wire.connect(kafka_port)
+        try:
+            answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                       for b in (first, second)]
+            assert [(a.error_code, a.base_offset) for a in answers] == [(ErrorCode.none, 0), (ErrorCode.none, 2)]
+            assert (await list_offsets(wire, TOPIC, 0, -1)).offset == 3  # nothing stored twice
+            third = client_batch([(0, b"k", b"d", [])], producer_id=pid, base_sequence=3)
+            assert (await produce(wire, TOPIC, 0, third)).responses[0].partition_responses[0].base_offset == 3
+        finally:
+            await wire.aclose()
+    finally:
+        process.cleanup()
