@@ -53,7 +53,7 @@ from typing import Any
 from .errors import AnalysisError
 from .inputs import check_java, load_inputs
 from .locations import local_path
-from .numbers import human
+from .readable import human
 
 DEFAULT_MASTER = "local[*]"  # when neither the caller nor spark-submit chose one
 SHUFFLE_PARTITIONS_LOCAL = 8  # Spark's 200 default is made for clusters, not one machine

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from .numbers import human, human_bytes, human_number
+from .readable import human, human_bytes, human_number
 from .results import Results, ResultTable
 
 TOP_ROWS_SHOWN = 20  # rows of a per-partition table shown in the report

@@ -12,9 +12,14 @@ levelzero: the jobs are DataFrame expressions, no Python function runs on them.
 
 from __future__ import annotations
 
+import os
 import sys
 
-from levelzero.export.cli import analyze_main
+# Run by path, this file's directory is first on sys.path: its modules must not shadow others.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+from levelzero.export.cli import analyze_main  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
