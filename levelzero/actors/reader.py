@@ -25,6 +25,8 @@ class FetchedRecord:
     offset: int
     key: bytes | None
     value: bytes
+    timestamp_ms: int = -1  # -1: none (written over HTTP without one, or before format 2)
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +66,7 @@ class FetchWindow:
             ):
                 self.full = True
                 break
-            self.records.append(FetchedRecord(at, r.key, r.value))
+            self.records.append(FetchedRecord(at, r.key, r.value, r.timestamp_ms, r.headers))
             self.size += len(r.value) + len(r.key or b"")
         return not self.full
 

@@ -18,13 +18,21 @@ import msgspec
 from .errors import CorruptData
 
 MAGIC = b"LZL0"
-VERSION = 1
+# Version 2: a record carries a timestamp (ms, -1: none) and headers after its key and value
+# (Kafka's record model): [key, value, timestamp_ms, headers], two bytes more than version 1
+# for a record without them. Objects of version 1 ([key, value] records) stay readable: the
+# missing trailing fields decode as their defaults.
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+NO_TIMESTAMP = -1
 _PREAMBLE = struct.Struct(">4sBI")
 
 
 class Record(msgspec.Struct, frozen=True, array_like=True):
     key: bytes | None
     value: bytes
+    timestamp_ms: int = NO_TIMESTAMP
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 class ExtentHeader(msgspec.Struct, frozen=True, array_like=True):
@@ -167,7 +175,7 @@ def read_header(data: bytes, where: str) -> ObjectHeader:
     magic, version, length = _PREAMBLE.unpack_from(data)
     if magic != MAGIC:
         raise CorruptData(f"{where}: not an L0 object (magic {magic!r})")
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise CorruptData(f"{where}: L0 format version {version} is not supported (max {VERSION})")
     try:
         return _header_decoder.decode(data[_PREAMBLE.size : _PREAMBLE.size + length])

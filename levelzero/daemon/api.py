@@ -43,7 +43,7 @@ from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import NO_TIMESTAMP, Record
 
 from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from .schema import (
@@ -322,6 +322,8 @@ class Api:
         topic, partition = self._partition_path(request)
         body: ProduceRequest = _decode(ProduceRequest, await self._read_body(request))
         count = len(body.records)
+        if any(r.timestamp_ms is not None and r.timestamp_ms < 0 for r in body.records):
+            raise ApiError(400, "malformed_request", "timestamp_ms must be >= 0 (ms since the epoch)")
         if count == 0:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
         if count > self.settings.records_per_request_max:
@@ -340,7 +342,12 @@ class Api:
         self._check_serving()
         started = time.perf_counter()
         result = await self.node.produce(
-            topic, partition, [Record(r.key, r.value) for r in body.records]
+            topic, partition, [
+                Record(r.key, r.value,
+                       NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
+                       tuple(r.headers) if r.headers else ())
+                for r in body.records
+            ]
         )
         self.metrics.produce_latency.observe(time.perf_counter() - started)
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
@@ -363,7 +370,12 @@ class Api:
         result = await self.node.fetch(topic, partition, offset, max_bytes)
         return _json(
             FetchResponse(
-                records=[RecordOut(r.offset, r.key, r.value) for r in result.records],
+                records=[
+                    RecordOut(r.offset, r.key, r.value,
+                              None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
+                              list(r.headers) if r.headers else None)
+                    for r in result.records
+                ],
                 next_offset=result.next_offset,
                 high_watermark=result.high_watermark,
                 start_offset=result.start_offset,

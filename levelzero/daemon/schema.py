@@ -29,6 +29,10 @@ class CreateTopicRequest(_Request):
 class RecordIn(_Request):
     value: bytes
     key: bytes | None = None
+    # Kafka's record model (L0/L1 format 2): a timestamp in ms since the epoch and headers,
+    # each [name, value (base64) or null]. Both optional.
+    timestamp_ms: int | None = None
+    headers: list[tuple[str, bytes | None]] | None = None
 
 
 class ProduceRequest(_Request):
@@ -77,10 +81,12 @@ class ProduceResponse(_Response):
     attempts: int  # 1 unless the fence rejected a stale epoch and the batcher retried
 
 
-class RecordOut(_Response):
+class RecordOut(_Response, omit_defaults=True):
     offset: int
     key: bytes | None
     value: bytes
+    timestamp_ms: int | None = None  # left out when the record has none
+    headers: list[tuple[str, bytes | None]] | None = None  # left out when the record has none
 
 
 class FetchResponse(_Response):

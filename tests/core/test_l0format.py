@@ -74,3 +74,33 @@ def test_a_flipped_byte_in_an_extent_is_corrupt_data() -> None:
     raw[-1] ^= 0xFF
     with pytest.raises(CorruptData, match="checksum mismatch"):
         decode_extent(bytes(raw), extent.checksum, extent.record_count, "obj")
+
+
+def test_format_2_records_carry_timestamps_and_headers_and_format_1_objects_stay_readable() -> None:
+    import msgspec
+
+    from levelzero.core import l0format
+
+    class RecordV1(msgspec.Struct, frozen=True, array_like=True):  # the version-1 record
+        key: bytes | None
+        value: bytes
+
+    old_extent = msgspec.msgpack.encode([RecordV1(b"k", b"old"), RecordV1(None, b"")])
+    old_object, headers = l0format.build_object(3, [(7, old_extent, 2)])
+    old_object = bytearray(old_object)
+    old_object[4] = 1  # the preamble's version byte: an object written by version 1
+    header = l0format.read_header(bytes(old_object), "old")
+    assert header.version in (1, 2)
+    extent = headers[0]
+    data = bytes(old_object[extent.byte_offset : extent.byte_offset + extent.byte_length])
+    assert l0format.decode_extent(data, extent.checksum, 2, "old") == [
+        l0format.Record(b"k", b"old"), l0format.Record(None, b"")]
+    assert l0format.Record(b"k", b"old").timestamp_ms == l0format.NO_TIMESTAMP
+
+    new = [l0format.Record(b"k", b"v", 1_700_000_000_123, (("h", b"x"), ("n", None))),
+           l0format.Record(None, b"plain")]
+    encoded = l0format.encode_extent(new)
+    assert l0format.decode_extent(encoded, l0format.checksum(encoded), 2, "new") == new
+    # A version-2 record without timestamp or headers costs two bytes more than in version 1.
+    assert len(l0format.encode_extent([l0format.Record(None, b"plain")])) == len(
+        msgspec.msgpack.encode([RecordV1(None, b"plain")])) + 2

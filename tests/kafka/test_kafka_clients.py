@@ -254,3 +254,76 @@ async def test_snappy_lz4_and_zstd_batches_from_librdkafka_and_aiokafka(tmp_path
                 await producer.stop()
             consumed = await anyio.to_thread.run_sync(confluent_consume, port, f"aio-{codec}", len(records))
             check_consumed(records, consumed)
+
+
+def timestamps_and_headers(port: int) -> tuple[list[tuple], dict[int, int], dict[int, int]]:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    bootstrap = f"127.0.0.1:{port}"
+    producer = KafkaProducer(bootstrap_servers=bootstrap, compression_type="gzip")
+    try:
+        for i in range(10):
+            producer.send("stamped", key=b"k%d" % i, value=b"v%d" % i, partition=0,
+                          timestamp_ms=1_700_000_000_000 + 1000 * i,
+                          headers=[("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [])
+        producer.flush(30)
+    finally:
+        producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             enable_auto_commit=False, consumer_timeout_ms=3000)
+    try:
+        tp = TopicPartition("stamped", 0)
+        consumer.assign([tp])
+        got = [(m.offset, m.timestamp, m.key, m.value, list(m.headers)) for m in consumer]
+        by_time = consumer.offsets_for_times({tp: 1_700_000_004_500})
+        exact = consumer.offsets_for_times({tp: 1_700_000_003_000})
+        after_all = consumer.offsets_for_times({tp: 1_800_000_000_000})
+    finally:
+        consumer.close()
+    return got, {"mid": (by_time[tp].offset, by_time[tp].timestamp),
+                 "exact": (exact[tp].offset, exact[tp].timestamp)}, {"after": after_all[tp]}
+
+
+async def test_timestamps_and_headers_are_kept_and_offsets_found_by_time(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("stamped", 1)
+        got, found, after = await anyio.to_thread.run_sync(timestamps_and_headers, daemon.kafka_port)
+    assert got == [
+        (i, 1_700_000_000_000 + 1000 * i, b"k%d" % i, b"v%d" % i,
+         [("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [])
+        for i in range(10)
+    ]
+    assert found == {"mid": (5, 1_700_000_005_000), "exact": (3, 1_700_000_003_000)}
+    assert after == {"after": None}  # no record that late
+
+
+async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: Path) -> None:
+    import httpx
+
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("http-stamped", 1)
+        async with httpx.AsyncClient(base_url=daemon.url) as http:
+            answer = await http.post("/v1/topics/http-stamped/partitions/0/records", json={"records": [
+                {"value": "YQ==", "timestamp_ms": 1_700_000_000_001, "headers": [["h", "eA=="], ["n", None]]},
+                {"value": "Yg=="},
+            ]})
+            assert answer.status_code == 200, answer.text
+            body = (await http.get("/v1/topics/http-stamped/partitions/0/records")).json()
+        assert body["records"] == [
+            {"offset": 0, "key": None, "value": "YQ==", "timestamp_ms": 1_700_000_000_001,
+             "headers": [["h", "eA=="], ["n", None]]},
+            {"offset": 1, "key": None, "value": "Yg=="},
+        ]
+        from kafka import KafkaConsumer, TopicPartition
+
+        def read() -> list[tuple]:
+            consumer = KafkaConsumer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
+                                     auto_offset_reset="earliest", consumer_timeout_ms=3000)
+            try:
+                consumer.assign([TopicPartition("http-stamped", 0)])
+                return [(m.timestamp, m.value, list(m.headers)) for m in consumer]
+            finally:
+                consumer.close()
+
+        got = await anyio.to_thread.run_sync(read)
+    assert got == [(1_700_000_000_001, b"a", [("h", b"x"), ("n", None)]), (-1, b"b", [])]

@@ -3,9 +3,8 @@ HTTP API calls (`create_topic`, `produce`, `fetch`, the partition's state for of
 
 Operating errors (`LevelZeroError`) become Kafka error codes per partition or per topic
 (`error_code_for`); a stale cluster epoch never reaches a client (the batcher retries it inside).
-Records keep their keys and values; Kafka timestamps and headers are not stored yet (the L0/L1
-record model carries key and value only), so fetched records carry no timestamp (-1) and no
-headers, and a null value is stored as an empty one.
+Records keep their keys, values, timestamps and headers (L0/L1 format 2); a null value is
+stored as an empty one.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wak
 RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce)
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
+LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
 
 ERROR_BY_CODE: dict[str, ErrorCode] = {
     "unknown_topic": ErrorCode.unknown_topic_or_partition,
@@ -136,7 +136,7 @@ class Handlers:
             case 1:
                 return await self.fetch(request)
             case 2:
-                return self.list_offsets(request)
+                return await self.list_offsets(request)
             case 22:
                 return self.init_producer_id(request)
             case 10:
@@ -302,13 +302,14 @@ class Handlers:
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
         records = [
-            Record(r.key, r.value if r.value is not None else b"")
+            Record(r.key, r.value if r.value is not None else b"", r.timestamp_ms, r.headers)
             for batch in batches if not batch.is_control
             for r in batch.records
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
         size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
+        size += sum(len(name) + len(value or b"") for r in records if r.headers for name, value in r.headers)
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if size > batch_bytes_max:
             return (ErrorCode.message_too_large, -1,
@@ -517,33 +518,35 @@ class Handlers:
             base = result.records[0].offset
             data = kr.encode_batch(
                 base,
-                [kr.KafkaRecord(r.offset - base, kr.NO_TIMESTAMP, r.key, r.value) for r in result.records],
+                [kr.KafkaRecord(r.offset - base, r.timestamp_ms, r.key, r.value, r.headers)
+                 for r in result.records],
             )
         return ErrorCode.none, result.high_watermark, result.start_offset, data
 
     # ------------------------------------------------------------------ offsets
 
-    def list_offsets(self, request: Request) -> Any:
+    async def list_offsets(self, request: Request) -> Any:
         m = request.response_module
         topics = []
         for topic in request.body.topics:
             parts = []
             for p in topic.partitions:
-                error, offset = ErrorCode.none, -1
+                error, offset, timestamp = ErrorCode.none, -1, -1
                 try:
                     state = self.node.partition(topic.name, p.partition_index).state
                     if p.timestamp == LIST_OFFSETS_EARLIEST:
                         offset = state.start_offset
                     elif p.timestamp == LIST_OFFSETS_LATEST:
                         offset = state.high_watermark
+                    elif p.timestamp >= 0:
+                        offset, timestamp = await self._offset_for_time(topic.name, p.partition_index, p.timestamp)
                     else:
-                        # Record timestamps are not stored yet: no offset can be found by time.
-                        error = ErrorCode.invalid_request
+                        error = ErrorCode.invalid_request  # -3 (max timestamp) and others
                 except LevelZeroError as exc:
                     error = error_code_for(exc)
                 parts.append(
                     make(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
-                         error_code=error, timestamp=-1, offset=offset, leader_epoch=0)
+                         error_code=error, timestamp=timestamp, offset=offset, leader_epoch=0)
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
@@ -682,3 +685,22 @@ class Handlers:
                 ))
             topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))
         return make(m.OffsetFetchResponse, throttle_time=0, topics=tuple(topics), error_code=ErrorCode.none)
+
+    async def _offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """The first offset whose record timestamp is >= `timestamp_ms` and that timestamp, or
+        (-1, -1) if none. There is no time index: the records are read from the start offset
+        (at most LIST_OFFSETS_SCAN_RECORDS_MAX of them; beyond that the latest offset answers)."""
+        state = self.node.partition(topic, partition).state
+        offset, scanned = state.start_offset, 0
+        while offset < state.high_watermark and scanned < LIST_OFFSETS_SCAN_RECORDS_MAX:
+            result = await self.node.fetch(topic, partition, offset, FETCH_BYTES_MAX)
+            if not result.records:
+                break
+            for record in result.records:
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.offset, record.timestamp_ms
+            scanned += len(result.records)
+            offset = result.next_offset
+        if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
+            return state.high_watermark, -1
+        return -1, -1
