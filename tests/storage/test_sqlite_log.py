@@ -1,4 +1,6 @@
-"""SqliteLogStore: group commit, durability across SIGKILL, terms, snapshots, bad files."""
+"""SqliteLogStore beyond the contract both backends share (test_log_store_contract.py): group
+commit statistics, durability across SIGKILL, a random walk against a model, bad files, SQLite
+failures mid-batch."""
 
 from __future__ import annotations
 
@@ -19,30 +21,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from levelzero.core.entries import (
-    AdvanceEpoch,
-    AdvanceReconciledOffset,
     LogRecord,
     Placeholder,
-    SetStartOffset,
     TermStart,
 )
 from levelzero.core.errors import (
     CorruptData,
     InvalidInput,
-    InvariantViolation,
     NotLeader,
     ShuttingDown,
     StorageError,
-    TopicExists,
 )
-from levelzero.core.state import PartitionState
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
     L0ObjectRow,
     L1Row,
     L1State,
-    LogStore,
     Snapshot,
     StateSampleRow,
 )
