@@ -444,3 +444,25 @@ async def test_shutdown_drains_a_produce_in_flight() -> None:
 
     async with running_node(log_store, objects) as again:
         assert [r.value for r in await fetch_all(again, 0)] == [b"in flight"]
+
+
+async def test_a_restarted_node_puts_every_partition_on_the_board_before_it_publishes() -> None:
+    """A partition that never had an epoch publishes no M(p); after a restart it must still
+    block GC rounds (no deletes) instead of being invisible to them."""
+    from levelzero.actors.node import Node, NodeConfig
+    from levelzero.actors.housekeeper import HousekeeperConfig
+    from levelzero.storage.memory_log import MemoryLogStore
+    from levelzero.storage.memory_store import MemoryObjectStore
+
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = NodeConfig(housekeeper=HousekeeperConfig(enabled=False), epoch_bump_interval_s=None)
+    async with anyio.create_task_group() as tg:
+        first = Node(config, log_store, objects)
+        await tg.start(first.run)
+        await first.create_topic("quiet", 1)
+        await first.shutdown()
+    async with anyio.create_task_group() as tg:
+        second = Node(config, log_store, objects)
+        await tg.start(second.run)
+        assert second.board.snapshot() == {"quiet/0": None}
+        await second.shutdown()
