@@ -62,6 +62,7 @@ ITEMS: tuple[Item, ...] = (
     Item("scale", "scale", "8. fence and produce cost at 1, 64, 1024 partitions"),
     Item("kafka", "kafka", "9. produce and fetch: Kafka listener (confluent-kafka) vs HTTP API"),
     Item("control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"),
+    Item("analysis", "analysis", "11. levelzero analyze vs a hand-written PySpark job, per result table"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

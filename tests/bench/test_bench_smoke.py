@@ -71,7 +71,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "control" in ITEM_NAMES and len(ITEM_NAMES) == 10
+    assert "fence" in ITEM_NAMES and "analysis" in ITEM_NAMES and len(ITEM_NAMES) == 11
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -140,3 +140,14 @@ def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency
     assert durable["notes"]["records_per_commit"][0] >= 1
     assert (p50["sut_label"], p50["floor_label"], p50["verdict"]) == ("postgres", "sqlite", "info")
     assert 0 < p50["sut"] <= p99["sut"] and 0 < p50["floor"] <= p99["floor"]
+
+
+def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Path) -> None:
+    results_path = tmp_path / "analysis.json"
+    assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
+    (per_table,) = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    assert per_table["target"] == {"bound": 1.5, "higher_is_better": False}
+    assert per_table["sut"] > 0 and per_table["floor"] > 0
+    notes = per_table["notes"]
+    assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
+    assert notes["driver_jvm_peak_rss_bytes"] > 0 and notes["driver_python_peak_rss_bytes"] > 0

@@ -1,0 +1,261 @@
+"""Item `analysis`: `levelzero analyze` against a minimal hand-written PySpark job.
+
+A synthetic export (format 3, written by Spark's `range()` straight into the export layout:
+`rows` placeholder log entries over 100 partitions, with proportional L0, deletion, GC-round,
+state-sample and fence rows) is analysed on one local session (local[2]) by
+
+- the system under test: `analyze()`, every result table of the report (plots and HTML too);
+- the floor: a minimal job computing the two main aggregates straight from the files — the GC
+  lag summary (L0 objects left-joined to deletions, percentiles of the age) and throughput per
+  time bucket — and collecting them.
+
+The figure is wall time per result table, analysis over floor (ABBA rounds, the same session,
+so the JVM's start is in neither); target <= 1.5. Notes: input rows, the analysis's seconds,
+and the driver's peak RSS (the JVM's VmHWM and this process's).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import time
+
+from levelzero.export import analyze
+from levelzero.export.manifest import Manifest
+from levelzero.export.manifest import save as save_manifest
+
+from .common import Figure, Settings, Target, figure, work_dir
+
+ITEM = "analysis"
+PARTITIONS = 100
+TOPICS = 10
+START_AT = 1_893_456_000.0 - 3_600.0  # an hour before a UTC midnight: two date partitions
+MICROS_PER_S = 1_000_000
+FLOOR_TABLES = 2  # the floor computes the GC lag summary and throughput per bucket
+FLOOR_BUCKET_S = 60.0
+TARGET_RATIO_MAX = 1.5
+
+
+def _spark_to_export(frame, out: str, table: str, time_column: str) -> None:  # noqa: ANN001
+    """Write with Spark, then give the files the exporter's names (export sequence 1)."""
+    from pyspark.sql import functions as F
+
+    staging = os.path.join(out, f"_staging_{table}")
+    times = [c for c in frame.columns if c.endswith("_at")]
+    frame = frame.select(
+        *[F.timestamp_micros((F.col(c) * MICROS_PER_S).cast("long")).alias(c) if c in times
+          else F.col(c) for c in frame.columns]
+    )
+    frame.withColumn(
+        "date", F.date_format(F.col(time_column), "yyyy-MM-dd")
+    ).write.partitionBy("date").parquet(staging)
+    count = 0
+    for date_dir in sorted(os.listdir(staging)):
+        if not date_dir.startswith("date="):
+            continue
+        target = os.path.join(out, table, date_dir)
+        os.makedirs(target, exist_ok=True)
+        for name in sorted(os.listdir(os.path.join(staging, date_dir))):
+            if name.endswith(".parquet"):
+                count += 1
+                os.replace(
+                    os.path.join(staging, date_dir, name),
+                    os.path.join(target, f"part-000001-20300101T000000Z-{count}.parquet"),
+                )
+    shutil.rmtree(staging)
+
+
+def generate_export(spark, out: str, log_rows: int) -> None:  # noqa: ANN001
+    """An export directory of `log_rows` placeholder rows and proportional event tables."""
+    from pyspark.sql import functions as F
+
+    id_ = F.col("id")
+    n_parts = 8
+    log = spark.range(log_rows, numPartitions=n_parts).select(
+        F.concat(F.lit("topic-"), (id_ % TOPICS).cast("string")).alias("topic"),
+        ((id_ / TOPICS).cast("long") % (PARTITIONS // TOPICS)).alias("partition"),
+        (id_ / PARTITIONS).cast("long").alias("log_offset"),
+        F.lit(1).cast("long").alias("term"),
+        F.lit("placeholder").alias("kind"),
+        (1 + id_ / 100_000).cast("long").alias("epoch"),
+        F.concat(F.lit("level_zero/data/000/"), (id_ / 10).cast("long").cast("string")).alias(
+            "object_key"
+        ),
+        ((id_ / PARTITIONS).cast("long") * 10).alias("base_offset"),
+        F.lit(10).cast("long").alias("record_count"),
+        (1000 + id_ % 500).alias("byte_length"),
+        (F.lit(START_AT) + id_ * 0.001).alias("appended_at"),
+    )
+    _spark_to_export(log, out, "log_entries", "appended_at")
+    objects = log_rows // 10
+    l0 = spark.range(objects, numPartitions=n_parts).select(
+        F.concat(F.lit("k"), id_.cast("string")).alias("key"),
+        (1 + id_ / 10_000).cast("long").alias("epoch"),
+        F.lit(4_000_000).cast("long").alias("size"),
+        (F.lit(START_AT) + id_ * 0.01).alias("created_at"),
+        F.lit(10).cast("long").alias("extents"),
+    )
+    _spark_to_export(l0, out, "l0_objects", "created_at")
+    deletions = spark.range(objects, numPartitions=n_parts).where(id_ % 10 != 0).select(
+        F.concat(F.lit("k"), id_.cast("string")).alias("key"),
+        (F.lit(START_AT + 200) + id_ * 0.01 + id_ % 7 * 5).alias("deleted_at"),
+        (id_ / 10_000).cast("long").alias("deleted_at_m"),
+    )
+    _spark_to_export(deletions, out, "l0_deletions", "deleted_at")
+    rounds = max(1, log_rows // 5_000)
+    gc = spark.range(rounds, numPartitions=1).select(
+        (id_ + 1).alias("round_id"),
+        (F.lit(START_AT) + id_ * 5.0).alias("started_at"),
+        (F.lit(START_AT) + id_ * 5.0 + 1).alias("finished_at"),
+        (2 + id_ * objects / 10_000 / rounds).cast("long").alias("cluster_epoch"),
+        (1 + id_ * objects / 10_000 / rounds).cast("long").alias("m"),
+        F.lit(False).alias("dry_run"),
+        F.lit(100).cast("long").alias("listed"),
+        F.lit(90).cast("long").alias("deleted"),
+        F.lit(360_000_000).cast("long").alias("deleted_bytes"),
+        F.lit(0).cast("long").alias("too_young"),
+        F.lit(1).cast("long").alias("above_m"),
+        F.lit(0).cast("long").alias("errors"),
+        F.lit(None).cast("string").alias("blocked_by"),
+    )
+    _spark_to_export(gc, out, "gc_rounds", "started_at")
+    samples = log_rows // 50
+    states = spark.range(samples, numPartitions=n_parts).select(
+        id_.alias("seq"),
+        (F.lit(START_AT) + id_ * 0.05).alias("sampled_at"),
+        F.concat(F.lit("topic-"), (id_ % TOPICS).cast("string")).alias("topic"),
+        ((id_ / TOPICS).cast("long") % (PARTITIONS // TOPICS)).alias("partition"),
+        F.lit(1).cast("long").alias("term"),
+        (1 + id_ / 1000).cast("long").alias("previous_applied_epoch"),
+        (2 + id_ / 1000).cast("long").alias("max_applied_epoch"),
+        (1 + id_ / 1000).cast("long").alias("min_epoch_lower_bound"),
+        (id_ / 1000 - id_ % PARTITIONS % 3).cast("long").alias("mp"),
+        (id_ * 10).alias("lro"),
+        (id_ * 10 + id_ % 100).alias("high_watermark"),
+        F.lit(0).cast("long").alias("start_offset"),
+    )
+    _spark_to_export(states, out, "state_samples", "sampled_at")
+    events = log_rows // 10
+    fence = spark.range(events, numPartitions=n_parts).select(
+        id_.alias("seq"),
+        (F.lit(START_AT) + id_ * 0.01).alias("decided_at"),
+        F.concat(F.lit("topic-"), (id_ % TOPICS).cast("string")).alias("topic"),
+        ((id_ / TOPICS).cast("long") % (PARTITIONS // TOPICS)).alias("partition"),
+        F.lit(1).cast("long").alias("term"),
+        (1 + id_ / 10_000).cast("long").alias("epoch"),
+        F.when(id_ % 97 == 0, "rejected").otherwise("admitted").alias("outcome"),
+        (1 + id_ / 10_000).cast("long").alias("window_min"),
+        (2 + id_ / 10_000).cast("long").alias("window_max"),
+        (1 + id_ % 5).alias("decisions"),
+    )
+    _spark_to_export(fence, out, "fence_events", "decided_at")
+    save_manifest(out, Manifest(source_db="synthetic", last_seq=1))
+
+
+def _floor(spark, out: str) -> None:  # noqa: ANN001
+    """The main aggregates, written by hand: what any Spark user would write first."""
+    from pyspark.sql import functions as F
+
+    def table(name: str):  # noqa: ANN202
+        return spark.read.parquet(f"file://{os.path.join(out, name)}")
+
+    age = F.unix_micros("deleted_at") - F.unix_micros("created_at")
+    table("l0_objects").join(table("l0_deletions"), "key", "left").agg(
+        F.count(F.lit(1)), F.sum("size"), F.count("deleted_at"),
+        F.percentile_approx(age / MICROS_PER_S, [0.5, 0.9, 0.99], 10_000), F.max(age),
+    ).collect()
+    bucket = F.floor(F.unix_micros("appended_at") / (MICROS_PER_S * FLOOR_BUCKET_S))
+    (
+        table("log_entries").where(F.col("kind") == "placeholder")
+        .groupBy(bucket.alias("b"))
+        .agg(F.sum("record_count"), F.sum("byte_length"))
+        .orderBy("b")
+        .collect()
+    )
+
+
+def _jvm_peak_rss_bytes(spark) -> int | None:  # noqa: ANN001
+    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # noqa: SLF001
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+async def run(settings: Settings) -> list[Figure]:
+    rows = settings.pick(10_000_000, 50_000)
+    rounds = settings.pick(2, 1)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("levelzero-bench-analysis")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "2g")
+        # The export's TIMESTAMP (microseconds, UTC), not Spark's INT96 default.
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        with work_dir(settings, ITEM) as root:
+            out = str(root / "export")
+            generate_export(spark, out, rows)
+            pairs: list[tuple[float, float]] = []
+            seconds: list[float] = []
+            tables = 0
+            for i in range(rounds):
+                def sut() -> float:
+                    nonlocal tables
+                    report_dir = str(root / f"report-{i}")
+                    started = time.monotonic()
+                    report = analyze([out], report_dir)
+                    elapsed = time.monotonic() - started
+                    tables = len(report.tables)
+                    seconds.append(elapsed)
+                    shutil.rmtree(report_dir, ignore_errors=True)
+                    return elapsed
+
+                def floor() -> float:
+                    started = time.monotonic()
+                    _floor(spark, out)
+                    return time.monotonic() - started
+
+                if i % 2 == 0:
+                    a = sut()
+                    b = floor()
+                else:
+                    b = floor()
+                    a = sut()
+                pairs.append((a / tables, b / FLOOR_TABLES))
+            jvm_peak = _jvm_peak_rss_bytes(spark)
+    finally:
+        spark.stop()
+    return [
+        figure(
+            ITEM,
+            f"analysis wall time per result table, {rows:,} log rows (local[2])",
+            "s/table",
+            pairs,
+            target=Target(TARGET_RATIO_MAX, higher_is_better=False),
+            sut_label="levelzero analyze",
+            floor_label="hand-written job",
+            notes={
+                "log_rows": rows,
+                "result_tables": tables,
+                "analysis_s": seconds,
+                "driver_jvm_peak_rss_bytes": jvm_peak,
+                "driver_python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                * 1024,
+            },
+        )
+    ]
