@@ -13,14 +13,15 @@ L1 objects entirely below the new start offset.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import anyio
 
+from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import AdvanceEpoch
 from levelzero.core.leader import advance_epoch_needed, catch_up_needed
-from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
+from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader, ShuttingDown
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
@@ -28,6 +29,8 @@ from .l1 import L1Catalog
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.housekeeper")
+
+STATE_SAMPLES_PER_CALL_MAX = 1_024  # rows of one record_state_samples call (a store bounds a call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class HousekeeperConfig:
 @dataclass(slots=True)
 class HousekeeperStatistics:
     rounds: int = 0
+    partitions_tended: int = 0  # visits: grows with active partitions, not with all of them
     epochs_advanced: int = 0
     catch_ups: int = 0
     start_offsets_set: int = 0
@@ -69,7 +73,10 @@ class Housekeeper:
         *,
         clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float],
+        activity: ActivityBoard | None = None,
+        index: Callable[[], Mapping[str, PartitionActor]] | None = None,
     ) -> None:
+        assert (activity is None) == (index is None), "activity needs the index to find names"
         self.config = config
         self._epochs = epochs
         self._catalog = catalog
@@ -80,6 +87,14 @@ class Housekeeper:
         self._last_sampled: dict[int, tuple] = {}
         self.stats = HousekeeperStatistics()
         self._round_lock = anyio.Lock()  # the loop's rounds and on-demand ones never overlap
+        # Proportional to active partitions (core.activity): a round tends the partitions that
+        # moved since the last round and those a round left unsettled; all of them only when
+        # the cluster epoch changed since the last full round (every partition then needs an
+        # AdvanceEpoch), on `force`, or with retention (it ages without the state moving).
+        self._activity = activity
+        self._index = index
+        self._unsettled: set[str] = set()
+        self._full_round_epoch: int | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -91,24 +106,60 @@ class Housekeeper:
         """One pass over every partition. `force` treats every partition as idle."""
         async with self._round_lock:
             self.stats.rounds += 1
-            for actor in self._partitions():
+            for actor in self._due(force):
                 if not actor.ready.is_set():
+                    self._unsettled.add(actor.name)
                     continue
+                self.stats.partitions_tended += 1
                 try:
                     await self.tend(actor, force=force)
-                except (NotLeader, anyio.ClosedResourceError):
-                    pass
+                except (NotLeader, ShuttingDown, anyio.ClosedResourceError):
+                    self._unsettled.discard(actor.name)  # led elsewhere now, or stopped
+                    continue
                 except LevelZeroError as exc:
                     self.stats.errors += 1
+                    self._unsettled.add(actor.name)
                     log.warning("housekeeping failed, retried next round",
                                 extra={"partition": actor.name, "error": exc.code, "detail": str(exc)})
+                    continue
+                if self._settled(actor):
+                    self._unsettled.discard(actor.name)
+                else:
+                    self._unsettled.add(actor.name)
             await self.sample_states()
+
+    def _due(self, force: bool) -> list[PartitionActor]:
+        """The partitions this round tends (in partition order)."""
+        if self._activity is None or self._index is None:
+            return self._partitions()
+        epoch = self._epochs.current
+        retention = self.config.retention_s is not None or self.config.retention_bytes is not None
+        if force or retention or epoch != self._full_round_epoch:
+            self._activity.take("housekeeper")  # every partition is visited anyway
+            self._full_round_epoch = epoch
+            return self._partitions()
+        names = self._activity.take("housekeeper")
+        names |= self._unsettled
+        return _in_order(self._index(), names)
+
+    def _settled(self, actor: PartitionActor) -> bool:
+        """Nothing to do for `actor` until its state moves or the cluster epoch changes (both
+        bring it back: a move is noted on the activity board, a new epoch makes a full round)."""
+        state = actor.state
+        return (
+            advance_epoch_needed(state, self._epochs.current) is None
+            and catch_up_needed(state) is None
+        )
 
     async def sample_states(self) -> int:
         """Record each partition's watermarks when they changed (for export and analysis)."""
         now = self._wall()
         rows = []
-        for actor in self._partitions():
+        if self._activity is None or self._index is None:
+            actors = self._partitions()
+        else:  # a partition that did not move has the key it was last sampled with
+            actors = _in_order(self._index(), self._activity.take("samples"))
+        for actor in actors:
             view = actor.view()
             s = view.state
             row = StateSampleRow(
@@ -128,8 +179,8 @@ class Housekeeper:
             if self._last_sampled.get(view.pid) != key:
                 self._last_sampled[view.pid] = key
                 rows.append(row)
-        if rows:
-            await self._log.record_state_samples(rows)
+        for start in range(0, len(rows), STATE_SAMPLES_PER_CALL_MAX):
+            await self._log.record_state_samples(rows[start : start + STATE_SAMPLES_PER_CALL_MAX])
         return len(rows)
 
     async def tend(self, actor: PartitionActor, *, force: bool = False) -> None:
@@ -173,3 +224,11 @@ class Housekeeper:
             self.stats.start_offsets_set += 1
             log.info("retention moved %s start offset to %d", actor.name, new_start)
         self.stats.l1_deleted += await self._catalog.collect(actor, self.config.copy_deadline_s)
+
+
+def _in_order(index: Mapping[str, PartitionActor], names: Iterable[str]) -> list[PartitionActor]:
+    """The actors of `names` still led here, in partition id order (a set's order is not
+    reproducible; a simulation replays a seed exactly)."""
+    actors = [actor for name in names if (actor := index.get(name)) is not None]
+    actors.sort(key=lambda actor: actor.row.pid)
+    return actors

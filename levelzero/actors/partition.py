@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import (
     AbandonUnreconciled,
     AdvanceEpoch,
@@ -130,6 +131,7 @@ class PartitionActor:
         snapshot_every_records: int = 1_000,
         log_keep_records: int = 10_000,
         record_fence_events: bool = True,
+        activity: ActivityBoard | None = None,
         clock: Callable[[], float] = anyio.current_time,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
@@ -137,6 +139,7 @@ class PartitionActor:
         self.name = f"{row.topic}/{row.partition}"
         self._store = log_store
         self._board = board
+        self._activity = activity
         self._mode = FenceMode(fencing_mode)
         self._snapshot_every = snapshot_every_records
         self._log_keep = log_keep_records
@@ -457,6 +460,8 @@ class PartitionActor:
             self._published_mp = published
             self._mp_changed_at = self._clock()
         self._board.publish(self.name, published)
+        if self._activity is not None:
+            self._activity.touch(self.name)  # periodic tasks look at moved partitions only
 
     def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
         if not self._record_fence_events:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
 import msgspec
 
+from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
@@ -60,6 +61,7 @@ class ReconcilerConfig:
 @dataclass(slots=True)
 class ReconcilerStatistics:
     rounds: int = 0
+    partitions_visited: int = 0  # grows with active partitions, not with all of them
     objects_written: int = 0
     bytes_written: int = 0
     records_reconciled: int = 0
@@ -80,7 +82,10 @@ class Reconciler:
         *,
         wall_clock: Callable[[], float],
         rng: random.Random | None = None,
+        activity: ActivityBoard | None = None,
+        index: Callable[[], Mapping[str, PartitionActor]] | None = None,
     ) -> None:
+        assert (activity is None) == (index is None), "activity needs the index to find names"
         self.config = config
         self._objects = object_store
         self._log = log_store
@@ -93,6 +98,13 @@ class Reconciler:
         self._wake = anyio.Event()
         self._recovered: set[int] = set()
         self._stale_copies_checked_at: float | None = None
+        # Proportional to active partitions (core.activity): a round visits the partitions that
+        # moved since the last round and those a round left with work (unreconciled data, a
+        # failure, not ready); all of them in the first round (start-up collection) and when the
+        # stale-copy check is due.
+        self._activity = activity
+        self._index = index
+        self._unfinished: set[str] = set()
 
     def wake(self) -> None:
         self._wake.set()
@@ -120,6 +132,16 @@ class Reconciler:
             self._stale_copies_checked_at = now
 
         async def one(actor: PartitionActor) -> None:
+            self.stats.partitions_visited += 1
+            try:
+                await visit(actor)
+            finally:
+                if actor.state.has_unreconciled_data or self.health.get(actor.name) is not None:
+                    self._unfinished.add(actor.name)
+                else:
+                    self._unfinished.discard(actor.name)
+
+        async def visit(actor: PartitionActor) -> None:
             nonlocal written
             async with limiter:
                 try:
@@ -148,13 +170,31 @@ class Reconciler:
                                     actor.name, recovered.since)
                 self._note_lag(actor)
 
-        actors = self._partitions()
-        self.health.retain({actor.name for actor in actors})  # a partition gone is not failing
+        actors = self._due(check_stale_copies)
         async with anyio.create_task_group() as tg:
             for actor in actors:
                 if actor.ready.is_set():
                     tg.start_soon(one, actor)
+                else:
+                    self._unfinished.add(actor.name)
         return written
+
+    def _due(self, everyone: bool) -> list[PartitionActor]:
+        """The partitions this round visits (in partition order)."""
+        if self._activity is None or self._index is None:
+            actors = self._partitions()
+            self.health.retain({actor.name for actor in actors})  # a partition gone is not failing
+            return actors
+        index = self._index()
+        self.health.retain(index.keys())  # a partition gone is not failing
+        moved = self._activity.take("reconciler")
+        if everyone:
+            return self._partitions()
+        names = moved | self._unfinished
+        actors = [actor for name in names if (actor := index.get(name)) is not None]
+        actors.sort(key=lambda actor: actor.row.pid)  # a set's order is not reproducible
+        self._unfinished.intersection_update(index.keys())
+        return actors
 
     def _note_failure(self, actor: PartitionActor, exc: LevelZeroError) -> None:
         self.stats.errors += 1

@@ -31,6 +31,7 @@ from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, figure, work_dir
 from .fence import bare_round_trips, fence_probes
+from . import scale_idle
 
 ITEM = "scale"
 PARTITION_COUNTS = (1, 64, 1024)
@@ -160,4 +161,5 @@ async def run(settings: Settings) -> list[Figure]:
                 },
             )
         )
+    figures.extend(await scale_idle.run(settings))
     return figures

@@ -35,7 +35,7 @@ OBJECT_SIZES_DRAIN_MAX = 100_000
 
 def cluster_watermark(node: Node) -> WatermarkDecision:
     """`M` as the GC would compute it now (status and metrics share this)."""
-    mps = {view.name: view.published_mp for view in node.views()}
+    mps = node.board.snapshot()  # what the GC reads; no view of every partition
     return compute_cluster_watermark(node.epochs.current, mps)
 
 
