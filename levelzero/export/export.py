@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from levelzero.storage.sqlite.schema import (
+    OLDEST_SCHEMA_VERSION,
     SCHEMA_TABLES,
     SCHEMA_VERSION,
     SELECT_CLUSTER_EPOCH,
@@ -231,10 +232,11 @@ def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
         version, tables = read_version(connection)
     except sqlite3.DatabaseError as error:
         raise ExportError(f"{db_path} is not a levelzero store: {error}") from None
-    if version != SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
+    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
         missing = sorted(SCHEMA_TABLES - tables)
         raise ExportError(
-            f"{db_path} is not a levelzero store of schema version {SCHEMA_VERSION} (it has "
+            f"{db_path} is not a levelzero store of schema version {OLDEST_SCHEMA_VERSION} to "
+            f"{SCHEMA_VERSION} (it has "
             f"schema version {version}"
             + (f" and lacks tables {', '.join(missing)}" if missing else "")
             + "); export it with the levelzero version that wrote it"

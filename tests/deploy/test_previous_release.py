@@ -11,6 +11,8 @@ from pathlib import Path
 
 from daemon_support import daemon_and_client
 
+from levelzero.storage.sqlite import SCHEMA_VERSION
+
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous_release"
 _spec = importlib.util.spec_from_file_location("previous_release", FIXTURE / "generate.py")
 assert _spec is not None and _spec.loader is not None
@@ -52,3 +54,5 @@ async def test_a_data_directory_of_the_previous_release_opens_and_serves_every_r
         assert ack.base_offset == WRITTEN
         status = await client.status()
         assert status.cluster_epoch > 1 and len(status.partitions) == 4
+    with sqlite3.connect(data / "levelzero.db") as db:  # migrated forward on the way
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)

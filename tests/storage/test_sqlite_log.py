@@ -336,6 +336,28 @@ async def test_bad_options_are_refused(db: Path) -> None:
         await SqliteLogStore.open(db.parent / "missing-dir" / "x.db")
 
 
+async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Path) -> None:
+    async with await SqliteLogStore.open(db) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+    with sqlite3.connect(db) as connection:  # what the first release wrote: schema 1
+        connection.execute("DROP TABLE consumer_offsets")
+        connection.execute("DROP TABLE producer_batches")
+        connection.execute("DROP INDEX l0_objects_live")
+        connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
+        connection.execute("PRAGMA user_version = 1")
+    assert SCHEMA_VERSION == 2
+    for _ in range(2):  # the second open finds nothing to migrate
+        async with await SqliteLogStore.open(db) as store:
+            assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]
+        with sqlite3.connect(db) as connection:
+            assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+            names = {n for (n,) in connection.execute("SELECT name FROM sqlite_master")}
+            assert {"consumer_offsets", "producer_batches", "l0_objects_live"} <= names
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
+            assert "decisions" in columns
+
+
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
     async with await SqliteLogStore.open(db, synchronous="NORMAL") as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
@@ -467,6 +489,7 @@ async def test_fence_event_decisions_are_added_to_old_files(tmp_path: Path) -> N
         connection.execute(
             "INSERT INTO fence_events VALUES (1.0, ?, 1, 3, 'admitted', 3, 3)", (p.pid,)
         )
+        connection.execute("PRAGMA user_version = 1")  # such files are all of schema 1
     async with await SqliteLogStore.open(path) as log_store:
         await log_store.record_fence_events(
             [FenceEventRow(2.0, p.pid, 1, 3, "admitted", 3, 3, decisions=41)]

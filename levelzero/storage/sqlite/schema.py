@@ -7,6 +7,7 @@ table names, columns and the version from here; nothing else spells the schema o
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any
 
@@ -24,7 +25,13 @@ from levelzero.storage.protocols import (
     StateSampleRow,
 )
 
-SCHEMA_VERSION = 1
+# Version 1: the tables of the first release. Version 2: consumer offsets and idempotent
+# producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions.
+# MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 2
+OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
     "CREATE INDEX IF NOT EXISTS l0_objects_live ON l0_objects (epoch, key) WHERE deleted_at IS NULL"
@@ -177,7 +184,8 @@ CREATE TABLE state_samples (
     start_offset INTEGER NOT NULL
 );
 """ + L0_LIVE_INDEX + ";\n" + CONSUMER_OFFSETS + ";\n" + PRODUCER_BATCHES + ";\n"
-# one definition each: check_or_create_schema adds the index and consumer_offsets to older files
+# one definition each: the migration to version 2 adds the index and the Kafka tables to older files
+# The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
 SCHEMA_TABLES = frozenset(
     {
         "partitions",
@@ -191,6 +199,12 @@ SCHEMA_TABLES = frozenset(
         "state_samples",
     }
 )
+
+SCHEMA_TABLES_OF_VERSION = {
+    1: SCHEMA_TABLES,
+    2: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
+}
+assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
 def insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT") -> str:
@@ -249,14 +263,29 @@ def check_version(version: int, tables: set[str], db_path: str) -> None:
             f"{db_path}: schema version {version} is newer than this levelzero supports "
             f"({SCHEMA_VERSION}); upgrade levelzero"
         )
-    if version != SCHEMA_VERSION:
+    if version < OLDEST_SCHEMA_VERSION:
         raise StoreRefused(
             f"{db_path}: unknown schema version {version} (tables: {', '.join(sorted(tables))}); "
             "not a levelzero log store"
         )
-    missing = SCHEMA_TABLES - tables
+    missing = SCHEMA_TABLES_OF_VERSION[version] - tables
     if missing:
         raise StoreRefused(f"{db_path}: schema {version} lacks tables {', '.join(sorted(missing))}")
+
+
+async def _migrate_1_to_2(connection: aiosqlite.Connection) -> None:
+    await connection.execute(L0_LIVE_INDEX)
+    await connection.execute(CONSUMER_OFFSETS)
+    await connection.execute(PRODUCER_BATCHES)
+    fence_columns = {
+        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
+    }
+    if "decisions" not in fence_columns:  # files of version 1 written before the column existed
+        await connection.execute(ADD_FENCE_DECISIONS)
+
+
+MIGRATIONS = (_migrate_1_to_2,)
+assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 
 def read_version(connection: sqlite3.Connection) -> tuple[int, set[str]]:
@@ -286,14 +315,19 @@ async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str)
         )
         return
     check_version(version, tables, db_path)
-    # Added within schema 1, so files made before them get them here, once: an index (no
-    # change to any row), and fence_events.decisions (an older row stands for one decision).
-    await connection.execute(L0_LIVE_INDEX)
-    await connection.execute(CONSUMER_OFFSETS)
-    await connection.execute(PRODUCER_BATCHES)
-    fence_columns = {
-        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(fence_events)")
-    }
-    if "decisions" not in fence_columns:
-        await connection.execute(ADD_FENCE_DECISIONS)
-    await connection.commit()
+    await migrate(connection, version, db_path)
+
+
+async def migrate(connection: aiosqlite.Connection, version: int, db_path: str) -> None:
+    """Bring a file of an older version to SCHEMA_VERSION, one migration per transaction. The
+    store's lock file keeps other daemons out; BEGIN IMMEDIATE takes SQLite's write lock, so a
+    concurrent reader (an export, a backup) sees the file before or after a step, never half."""
+    while version < SCHEMA_VERSION:
+        await connection.execute("BEGIN IMMEDIATE")
+        (current,), = await connection.execute_fetchall("PRAGMA user_version")
+        assert current == version, f"{db_path}: schema version moved from {version} to {current}"
+        await MIGRATIONS[version - OLDEST_SCHEMA_VERSION](connection)
+        await connection.execute(f"PRAGMA user_version = {version + 1}")
+        await connection.commit()
+        log.info("log store migrated", extra={"path": db_path, "from": version, "to": version + 1})
+        version += 1
