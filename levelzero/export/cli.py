@@ -1,6 +1,7 @@
 """`levelzero export` and `levelzero analyze`: argument parsing, progress and exit codes.
 
     levelzero export (--data-dir DIR | --db FILE) --out DIR [--quiet]
+    levelzero export --data-dir DIR --out DIR --records TOPIC
     levelzero analyze --in DIR [--in DIR ...] --out REPORT_DIR [--master URL]
                       [--conf KEY=VALUE ...] [--bucket-s S]
 
@@ -72,9 +73,16 @@ def export_main(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="export directory")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument(
+        "--records", metavar="TOPIC",
+        help="write TOPIC's records (from L1 and L0 objects) to OUT/records/TOPIC.parquet "
+        "instead of the tables (needs --data-dir)",
+    )
     args = _parse(parser, argv)
     if isinstance(args, int):
         return args
+    if args.records is not None:
+        return _export_records(prog, args)
 
     from .errors import ExportError  # noqa: PLC0415
     from .export import db_path_in, export  # noqa: PLC0415 - pyarrow only when exporting
@@ -95,6 +103,25 @@ def export_main(argv: Sequence[str]) -> int:
     print(report.summary())
     for warning in report.warnings:
         print(f"{prog}: warning: {warning}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _export_records(prog: str, args: argparse.Namespace) -> int:
+    if not args.data_dir:
+        print(f"{prog}: error: --records needs --data-dir (the local object store)", file=sys.stderr)
+        return EXIT_USAGE
+    from .errors import ExportError  # noqa: PLC0415
+    from .locations import local_path  # noqa: PLC0415
+    from .records import export_records  # noqa: PLC0415
+
+    try:
+        out = local_path(args.out, "output directory", ExportError)
+        report = export_records(args.data_dir, out, args.records)
+    except LevelZeroError as error:
+        return _fail(prog, str(error))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    print(report.summary())
     return EXIT_OK
 
 

@@ -1,6 +1,7 @@
 """The "levelzero" PySpark data source on local[2]: records produced through a running daemon,
 some reconciled to L1 and some only in L0, read by Spark straight from the store, equal byte for
-byte to what the API serves; offset-range options narrow the object ranges planned."""
+byte to what the API serves; offset-range options narrow the object ranges planned; and
+`levelzero export --records` writes the same records to Parquet."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 
 import anyio
+import pyarrow.parquet as pq
 import pytest
 from daemon_support import daemon_and_client
 
 from levelzero.daemon.client import Client
+from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
 from levelzero.export.spark_source import plan, register
 
@@ -102,9 +105,33 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
             )
             assert read == [row for row in served if 3 <= row[2] < 12]
 
+            # `levelzero export --records`: the same records, in a Parquet file.
+            out = tmp_path / "out"
+            code = export_main(["--data-dir", str(tmp_path), "--out", str(out), "--records", "t"])
+            assert code == 0
+            assert parquet_rows(out / "records" / "t.parquet") == served
+
     anyio.run(scenario)
 
 
-def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path) -> None:
+def parquet_rows(path: Path) -> list[tuple]:
+    rows = pq.read_table(path).to_pylist()
+    return sorted(
+        (
+            (r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"], r["value"],
+             [(h["key"], h["value"]) for h in r["headers"]])
+            for r in rows
+        ),
+        key=lambda row: (row[1], row[2]),
+    )
+
+
+def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path, capsys) -> None:
     with pytest.raises(ExportError, match="not a levelzero data directory"):
         plan(str(tmp_path), "t")
+    code = export_main(["--db", str(tmp_path / "x.db"), "--out", str(tmp_path), "--records", "t"])
+    assert code == 2
+    assert "--records needs --data-dir" in capsys.readouterr().err
+    code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path), "--records", "t"])
+    assert code == 1
+    assert "not a levelzero data directory" in capsys.readouterr().err

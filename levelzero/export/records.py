@@ -1,0 +1,69 @@
+"""`levelzero export --records TOPIC`: a topic's records written to one Parquet file.
+
+The records are located and read exactly as the "levelzero" Spark data source reads them
+(`spark_source.plan` and `read_range`: valid L1 objects up to the LRO, L0 extents above), one
+row group per object range, so memory stays bounded by one object. The file is written under
+a hidden name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import ExportError
+from .spark_source import plan, read_range
+
+RECORDS_DIR = "records"
+SCHEMA = pa.schema([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.int64()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+])
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsReport:
+    topic: str
+    path: str
+    records: int
+    ranges: int
+
+    def summary(self) -> str:
+        return (f"export --records {self.topic}: {self.records} records from {self.ranges} "
+                f"object ranges to {self.path}")
+
+
+def records_path(out_dir: str, topic: str) -> str:
+    return os.path.join(out_dir, RECORDS_DIR, f"{topic}.parquet")
+
+
+def export_records(data_dir: str, out_dir: str, topic: str) -> RecordsReport:
+    ranges = plan(data_dir, topic)
+    path = records_path(out_dir, topic)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = os.path.join(os.path.dirname(path), f".{topic}.parquet.tmp")
+    count = 0
+    try:
+        with pq.ParquetWriter(temp, SCHEMA) as writer:
+            for r in ranges:
+                rows = list(read_range(data_dir, r))
+                columns = list(zip(*rows)) if rows else [[] for _ in SCHEMA]
+                headers = [[{"key": k, "value": v} for k, v in h] for h in columns[6]]
+                table = pa.table([*columns[:6], headers], schema=SCHEMA)
+                writer.write_table(table)
+                count += len(rows)
+        os.replace(temp, path)
+    except OSError as error:
+        raise ExportError(f"writing {path}: {error}") from error
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+    return RecordsReport(topic, path, count, len(ranges))
