@@ -58,8 +58,9 @@ def test_a_caught_seed_replays_with_the_same_violation_and_trace() -> None:
     assert "replay" not in first.violation.message  # the CLI prints the command, not the core
 
 
-def test_mutations_are_undone_after_the_seed() -> None:
-    before = (
+def _patch_targets() -> tuple[object, ...]:
+    """What the mutations replace, read afresh each call."""
+    return (
         state_module.lower_bound_after_catch_up,
         PartitionState.__dict__["mp"],
         Fence.try_fence,
@@ -68,18 +69,14 @@ def test_mutations_are_undone_after_the_seed() -> None:
         batcher_module.object_epoch,
         gc_module.compute_cluster_watermark,
     )
+
+
+def test_mutations_are_undone_after_the_seed() -> None:
+    before = _patch_targets()
     for mutation in MUTATIONS:
         with applied(mutation):
             pass
         run_seed(0, mutation=mutation, workload_s=0.5)
-    after = (
-        state_module.lower_bound_after_catch_up,
-        PartitionState.__dict__["mp"],
-        Fence.try_fence,
-        Fence.__dict__["drained"],
-        ReaderPins.register,
-        batcher_module.object_epoch,
-        gc_module.compute_cluster_watermark,
-    )
+    after = _patch_targets()
     assert before == after
     assert run_seed(0).violation is None
