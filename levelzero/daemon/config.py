@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -412,10 +413,20 @@ class KafkaSection(_Section):
     # Request bytes all Kafka connections together hold at most (read, not yet answered).
     inflight_bytes_max: int = 256 * MiB
     default_partitions: int = 1  # CreateTopics with num_partitions = -1
+    # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
+    # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
 
     def __post_init__(self) -> None:
         if self.listen:
             parse_listen(self.listen)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together: set both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file needs tls_cert_file and tls_key_file")
+        self.tls_context()  # an unreadable certificate or key stops the start-up here
         if not 0 <= self.advertised_port <= 65535:
             raise ValueError("advertised_port must be in 0..65535 (0: the listening port)")
         if not 1024 <= self.frame_bytes_max <= KAFKA_FRAME_BYTES_LIMIT:
@@ -430,6 +441,29 @@ class KafkaSection(_Section):
     @property
     def enabled(self) -> bool:
         return bool(self.listen)
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The listener's server-side TLS context, or None without `tls_cert_file`."""
+        if not self.tls_cert_file:
+            return None
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(
+                f"tls_cert_file/tls_key_file: cannot load {self.tls_cert_file!r} with key "
+                f"{self.tls_key_file!r}: {exc}"
+            ) from None
+        if self.tls_client_ca_file:
+            try:
+                context.load_verify_locations(cafile=self.tls_client_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(
+                    f"tls_client_ca_file: cannot load {self.tls_client_ca_file!r}: {exc}"
+                ) from None
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
 
 
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

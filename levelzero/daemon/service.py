@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import anyio
 import anyio.abc
+from anyio.streams.tls import TLSListener
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -49,6 +50,7 @@ from .systemd import Notifier
 log = logging.getLogger("levelzero.daemon")
 
 LISTEN_BACKLOG = 2048
+KAFKA_TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes its TLS handshake is dropped
 
 
 class StartupError(LevelZeroError):
@@ -446,13 +448,19 @@ class Daemon:
                                        settings.inflight_bytes_max, token=self.config.server.token)
         )
 
+        tls_context = settings.tls_context()
+        if tls_context is not None:
+            listener = TLSListener(listener, tls_context, standard_compatible=False,
+                                   handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S)
+
         async def serve() -> None:
             with scope:
                 async with listener:
                     await self.kafka.serve(listener)
 
         tg.start_soon(serve)
-        log.info("kafka listener ready", extra={"listen": f"{host}:{self.kafka_port}"})
+        log.info("kafka listener ready", extra={"listen": f"{host}:{self.kafka_port}",
+                                                "tls": tls_context is not None})
         return scope
 
     def _serving_status(self) -> str:

@@ -1,0 +1,135 @@
+"""Optional TLS on the Kafka listener: confluent-kafka over SSL and SASL_SSL against a throwaway
+CA made here with the openssl command; a plaintext client against the TLS listener is dropped
+and the listener keeps serving; bad TLS settings stop the start-up naming the key."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon_support import TOKEN, daemon_and_client, daemon_config
+from levelzero.daemon.config import ConfigError
+
+RECORDS = 20
+
+
+def make_certificates(directory: Path) -> dict[str, Path]:
+    """A self-signed CA and a server certificate for 127.0.0.1 it signed (EC keys: quick)."""
+    files = {name: directory / name for name in ("ca.pem", "ca.key", "server.pem", "server.key", "server.csr")}
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for args in (
+        ["req", "-x509", *ec, "-keyout", files["ca.key"], "-out", files["ca.pem"], "-days", "2",
+         "-subj", "/CN=levelzero test CA"],
+        ["req", *ec, "-keyout", files["server.key"], "-out", files["server.csr"], "-subj", "/CN=127.0.0.1"],
+        ["x509", "-req", "-in", files["server.csr"], "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
+         "-CAcreateserial", "-out", files["server.pem"], "-days", "2", "-extfile", directory / "san.ext"],
+    ):
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+    return files
+
+
+def tls_round_trip(port: int, ca: Path, topic: str, sasl_password: str | None) -> list[tuple[int, bytes]]:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    common = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL",
+              "ssl.ca.location": str(ca)}
+    if sasl_password is not None:
+        common.update({"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN",
+                       "sasl.username": "app", "sasl.password": sasl_password})
+    admin = AdminClient(common)
+    for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        future.result(30)
+    producer = Producer(common)
+    for i in range(RECORDS):
+        producer.produce(topic, value=b"v%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**common, "group.id": "tls", "enable.auto.commit": False})
+    got: list[tuple[int, bytes]] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        for _ in range(100):
+            for message in consumer.consume(100, 0.5):
+                assert message.error() is None
+                got.append((message.offset(), message.value()))
+            if len(got) == RECORDS:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+def plaintext_is_dropped(port: int) -> bytes:
+    """An ApiVersions request sent in the clear: the TLS listener closes the connection."""
+    frame = b"\x00\x12\x00\x03\x00\x00\x00\x01\x00\x04test\x00\x04kcat\x010\x00"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(len(frame).to_bytes(4, "big") + frame)
+        received = b""
+        try:
+            for _ in range(100):  # bounded: a TLS alert at most, then end of stream
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                received += chunk
+        except ConnectionResetError:
+            pass
+    return received
+
+
+async def test_confluent_kafka_over_tls_and_a_plaintext_client_is_dropped(tmp_path: Path) -> None:
+    files = make_certificates(tmp_path)
+    async with daemon_and_client(tmp_path / "data", kafka__listen="127.0.0.1:0",
+                                 kafka__tls_cert_file=str(files["server.pem"]),
+                                 kafka__tls_key_file=str(files["server.key"])) as (daemon, client):
+        received = await anyio.to_thread.run_sync(plaintext_is_dropped, daemon.kafka_port)
+        # Whatever came back is no Kafka response: at most a TLS alert record (content type 21).
+        assert received == b"" or received[0] == 21, received
+        assert daemon.kafka.stats.requests == 0
+        got = await anyio.to_thread.run_sync(tls_round_trip, daemon.kafka_port, files["ca.pem"], "tls", None)
+        assert got == [(i, b"v%d" % i) for i in range(RECORDS)]
+        assert (await client.fetch("tls", 0, offset=0)).high_watermark == RECORDS
+        # Still serving plaintext attempts and TLS clients after both.
+        await anyio.to_thread.run_sync(plaintext_is_dropped, daemon.kafka_port)
+        assert [r.value for r in (await client.fetch("tls", 0, offset=0)).records][:2] == [b"v0", b"v1"]
+
+
+async def test_sasl_ssl_with_the_token(tmp_path: Path) -> None:
+    files = make_certificates(tmp_path)
+    async with daemon_and_client(tmp_path / "data", token=TOKEN, server__token=TOKEN,
+                                 kafka__listen="127.0.0.1:0",
+                                 kafka__tls_cert_file=str(files["server.pem"]),
+                                 kafka__tls_key_file=str(files["server.key"])) as (daemon, client):
+        got = await anyio.to_thread.run_sync(tls_round_trip, daemon.kafka_port, files["ca.pem"], "sasl-tls", TOKEN)
+        assert got == [(i, b"v%d" % i) for i in range(RECORDS)]
+        assert (await client.fetch("sasl-tls", 0, offset=0)).high_watermark == RECORDS
+        assert daemon.kafka.stats.authentications_failed == 0
+
+
+def test_bad_tls_settings_name_the_key(tmp_path: Path) -> None:
+    files = make_certificates(tmp_path)
+    with pytest.raises(ConfigError, match="tls_cert_file and tls_key_file go together"):
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]))
+    with pytest.raises(ConfigError, match="tls_client_ca_file needs tls_cert_file"):
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_client_ca_file=str(files["ca.pem"]))
+    with pytest.raises(ConfigError, match="tls_cert_file/tls_key_file: cannot load"):
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(tmp_path / "missing.pem"),
+                      kafka__tls_key_file=str(files["server.key"]))
+    with pytest.raises(ConfigError, match="tls_cert_file/tls_key_file: cannot load"):
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
+                      kafka__tls_key_file=str(files["ca.key"]))  # a key that does not match
+    with pytest.raises(ConfigError, match="tls_client_ca_file: cannot load"):
+        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
+                      kafka__tls_key_file=str(files["server.key"]),
+                      kafka__tls_client_ca_file=str(tmp_path / "san.ext"))
+    config = daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
+                           kafka__tls_key_file=str(files["server.key"]),
+                           kafka__tls_client_ca_file=str(files["ca.pem"]))
+    context = config.kafka.tls_context()
+    assert context is not None
+    assert context.minimum_version.name == "TLSv1_2"
+    assert context.verify_mode.name == "CERT_REQUIRED"
