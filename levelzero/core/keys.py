@@ -12,7 +12,7 @@ import uuid as uuid_mod
 from dataclasses import dataclass
 
 from .errors import MalformedKey
-from .names import topic_name_problem
+from .names import TOPIC_NAME_CHARS_MAX, topic_name_problem
 
 L0_ROOT = "level_zero/data/"
 L1_ROOT = "level_one/"
@@ -23,7 +23,8 @@ EPOCH_MAX = 10**EPOCH_DIGITS - 1
 # `\Z`, not `$` (which also matches before a trailing newline); ASCII, so `\d` is only 0-9.
 _L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})\Z", re.ASCII)
 _L1_RE = re.compile(
-    r"^level_one/([A-Za-z0-9._-]{1,200})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z",
+    r"^level_one/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z"
+    % TOPIC_NAME_CHARS_MAX,
     re.ASCII,
 )
 
