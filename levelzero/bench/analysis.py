@@ -12,6 +12,12 @@ state-sample and fence rows) is analysed on one local session (local[2]) by
 The figure is wall time per result table, analysis over floor (ABBA rounds, the same session,
 so the JVM's start is in neither); target <= 1.5. Notes: input rows, the analysis's seconds,
 and the driver's peak RSS (the JVM's VmHWM and this process's).
+
+A second figure (information, no target): the records themselves. A daemon (local object
+store) takes `records` records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions;
+the same Spark session then counts them and sums their value lengths through the "levelzero"
+data source and through the Parquet file `levelzero export --records` wrote of the same
+records (ABBA rounds). MB/s = value bytes / wall time; ratio = data source over Parquet.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import sys
 import time
+from pathlib import Path
 
 from levelzero.export import analyze
 from levelzero.export.manifest import Manifest
@@ -35,6 +43,11 @@ MICROS_PER_S = 1_000_000
 FLOOR_TABLES = 2  # the floor computes the GC lag summary and throughput per bucket
 FLOOR_BUCKET_S = 60.0
 TARGET_RATIO_MAX = 1.5
+RECORDS_TOPIC = "bench-records"
+RECORD_PARTITIONS = 4
+RECORD_VALUE_BYTES = 512
+RECORDS_PER_PRODUCE = 1_000
+BYTES_PER_MB = 1_000_000
 
 
 def _spark_to_export(frame, out: str, table: str, time_column: str) -> None:  # noqa: ANN001
@@ -187,10 +200,87 @@ def _jvm_peak_rss_bytes(spark) -> int | None:  # noqa: ANN001
     return None
 
 
+async def fill_records(data_dir: Path, records: int) -> None:
+    """`records` records produced through a daemon on `data_dir`, round robin over partitions."""
+    from levelzero.daemon.client import Client
+    from levelzero.daemon.config import load_config
+    from levelzero.daemon.service import running_daemon
+
+    assert records % (RECORDS_PER_PRODUCE * RECORD_PARTITIONS) == 0
+    config = load_config(None, environ={}, overrides={
+        ("storage", "data_dir"): str(data_dir),
+        ("server", "listen"): "127.0.0.1:0",
+        ("batcher", "linger_ms"): 5.0,
+        ("node", "epoch_bump_interval_s"): 0.0,
+        ("gc", "enabled"): False,
+    })
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic(RECORDS_TOPIC, RECORD_PARTITIONS)
+        for batch in range(records // RECORDS_PER_PRODUCE):
+            values = [
+                (batch * RECORDS_PER_PRODUCE + i).to_bytes(8, "big") * (RECORD_VALUE_BYTES // 8)
+                for i in range(RECORDS_PER_PRODUCE)
+            ]
+            await client.produce(RECORDS_TOPIC, batch % RECORD_PARTITIONS, values)
+
+
+def _scan(frame) -> tuple[int, int]:  # noqa: ANN001
+    from pyspark.sql import functions as F
+
+    (row,) = frame.agg(F.count(F.lit(1)), F.sum(F.length("value"))).collect()
+    return int(row[0]), int(row[1])
+
+
+async def records_figure(spark, root: Path, settings: Settings) -> Figure:  # noqa: ANN001
+    from levelzero.export.records import export_records
+    from levelzero.export.spark_source import register
+
+    records = settings.pick(400_000, 8_000)
+    rounds = settings.pick(3, 1)
+    data_dir = root / "records-data"
+    await fill_records(data_dir, records)
+    exported = export_records(str(data_dir), str(root / "records-out"), RECORDS_TOPIC)
+    assert exported.records == records
+    register(spark)
+    expected = (records, records * RECORD_VALUE_BYTES)
+    mb = records * RECORD_VALUE_BYTES / BYTES_PER_MB
+
+    def timed(load) -> float:  # noqa: ANN001
+        started = time.monotonic()
+        assert _scan(load()) == expected
+        return mb / (time.monotonic() - started)
+
+    def source():  # noqa: ANN202
+        return spark.read.format("levelzero").option("data_dir", str(data_dir)).load(RECORDS_TOPIC)
+
+    def parquet():  # noqa: ANN202
+        return spark.read.parquet(f"file://{exported.path}")
+
+    pairs = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            a = timed(source)
+            b = timed(parquet)
+        else:
+            b = timed(parquet)
+            a = timed(source)
+        pairs.append((a, b))
+    return figure(
+        ITEM,
+        f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
+        "MB/s",
+        pairs,
+        sut_label='format("levelzero")',
+        floor_label="export --records Parquet",
+        notes={"records": records, "object_ranges": exported.ranges, "value_mb": mb},
+    )
+
+
 async def run(settings: Settings) -> list[Figure]:
     rows = settings.pick(10_000_000, 50_000)
     rounds = settings.pick(2, 1)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the data source's workers import levelzero
     from pyspark.sql import SparkSession
 
     spark = (
@@ -238,6 +328,7 @@ async def run(settings: Settings) -> list[Figure]:
                     a = sut()
                 pairs.append((a / tables, b / FLOOR_TABLES))
             jvm_peak = _jvm_peak_rss_bytes(spark)
+            records = await records_figure(spark, root, settings)
     finally:
         spark.stop()
     return [
@@ -257,5 +348,6 @@ async def run(settings: Settings) -> list[Figure]:
                 "driver_python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                 * 1024,
             },
-        )
+        ),
+        records,
     ]

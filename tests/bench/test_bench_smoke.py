@@ -145,8 +145,14 @@ def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency
 def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Path) -> None:
     results_path = tmp_path / "analysis.json"
     assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
-    (per_table,) = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    per_table, records = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
     assert per_table["target"] == {"bound": 1.5, "higher_is_better": False}
+    # The records, read through the data source and from their Parquet export (both counted and
+    # summed inside the item): MB/s for each, information only.
+    assert (records["unit"], records["sut_label"], records["verdict"]) == (
+        "MB/s", 'format("levelzero")', "info")
+    assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
+    assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
     assert per_table["sut"] > 0 and per_table["floor"] > 0
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
