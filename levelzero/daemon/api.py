@@ -47,6 +47,7 @@ from levelzero.core.l0format import NO_TIMESTAMP, Record
 
 from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from .schema import (
+    RETRY_AFTER_S,
     AbandonRequest,
     AbandonResponse,
     BatcherStatus,
@@ -235,7 +236,10 @@ class Api:
                 self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
                 return error_response(400, "client_closed", "the client closed the connection")
             except ApiError as exc:
-                headers = {401: {"WWW-Authenticate": "Bearer"}, 503: {"Retry-After": "1"}}.get(exc.status)
+                headers = {
+                    401: {"WWW-Authenticate": "Bearer"},
+                    503: {"Retry-After": str(RETRY_AFTER_S)},
+                }.get(exc.status)
                 response = error_response(exc.status, exc.code, exc.message, headers)
             except LevelZeroError as exc:
                 response = self._operating_error(request, exc)
@@ -268,7 +272,7 @@ class Api:
         if status >= 500:
             level = logging.WARNING if exc.retriable else logging.ERROR
             log.log(level, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
-        headers = {"Retry-After": "1"} if status == 503 else None
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
         return error_response(status, exc.code, str(exc), headers)
 
     async def _read_body(self, request: Request) -> bytes:

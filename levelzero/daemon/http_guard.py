@@ -40,12 +40,11 @@ from uvicorn.config import Config as UvicornConfig
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from .schema import ErrorBody
+from .schema import RETRY_AFTER_S, ErrorBody
 
 log = logging.getLogger("levelzero.http")
 
 REQUEST_HEAD_BYTES_MAX = 16 * 1024  # h11 answers a longer request head with a 400
-RETRY_AFTER_S = 1
 ALWAYS_SERVED_PATHS = frozenset({"/healthz", "/readyz"})  # answered even when refusing
 
 

@@ -61,6 +61,10 @@ class AbandonRequest(_Request):
 # ----------------------------------------------------------------------------- responses
 
 
+# Seconds in the `Retry-After` header of every 503 (the API's and a refused connection's).
+RETRY_AFTER_S = 1
+
+
 class ErrorBody(_Response):
     error: str  # a stable code: invalid_input, unknown_topic, stale_cluster_epoch, ...
     message: str
