@@ -10,8 +10,9 @@ the daemon down.
     GET  /v1/topics                                   list topics
     POST /v1/topics/{topic}/partitions/{p}/records    produce (records: key/value base64)
     GET  /v1/topics/{topic}/partitions/{p}/records    fetch (?offset=&max_bytes=)
-    GET  /v1/status                                   epoch, M, per-partition fence and state,
-                                                      reconciler, housekeeper and GC
+    GET  /v1/status                                   epoch, M, the outlier partitions, the first
+                                                      page of partitions, reconciler, housekeeper, GC
+    GET  /v1/status/partitions                        ?after=topic/p&limit=N&topic=: a page of them
     POST /v1/epoch/advance                            bump the cluster epoch now
     POST /v1/gc/run                                   one GC round now ({"dry_run": bool})
     POST /v1/gc/pause  /v1/gc/resume                  stop / restart the GC's own rounds
@@ -22,6 +23,7 @@ the daemon down.
 
 from __future__ import annotations
 
+import heapq
 import hmac
 import logging
 import re
@@ -38,6 +40,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from levelzero.actors.node import Node
+from levelzero.actors.partition import PartitionView
+from levelzero.core.gc import WatermarkDecision
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.keys import parse_l0_key
@@ -62,6 +66,8 @@ from .schema import (
     HousekeeperRunRequest,
     HousekeeperStatus,
     L1ObjectStatus,
+    PartitionOutlier,
+    PartitionPage,
     PartitionStatus,
     ProduceRequest,
     ProduceResponse,
@@ -83,6 +89,14 @@ MiB = 1024 * 1024
 DISCARD_BYTES_MAX = 64 * MiB
 BLOCKED_BY_SHOWN_MAX = 20
 L1_LINEAGE_SHOWN_MAX = 20  # per partition in /v1/status: the newest valid L1 objects
+# /v1/status stays small with 10,000 partitions: the first page of partitions and the worst
+# outliers only; GET /v1/status/partitions pages through the rest.
+STATUS_PARTITIONS_SHOWN_MAX = 100
+STATUS_OUTLIERS_MAX = 50
+STATUS_PAGE_LIMIT_DEFAULT = 100
+STATUS_PAGE_LIMIT_MAX = 1000
+# Why a partition is an outlier, the most pressing first (the order outliers are shown in).
+OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
 # Produce bytes as the batcher counts them (value + key + 8 per record); see Batcher.produce.
 RECORD_OVERHEAD_BYTES = 8
 
@@ -389,61 +403,76 @@ class Api:
 
     # ------------------------------------------------------------------ operations
 
-    async def status(self, request: Request) -> Response:
-        topic = request.query_params.get("topic")
+    def _status_views(self, topic: str | None) -> list[PartitionView]:
         if topic is not None and topic not in self.node.topics():
             self.node.partition(topic, 0)  # raises UnknownTopic
+        return [v for v in self.node.views() if topic is None or v.topic == topic]
+
+    def _page(
+        self, views: list[PartitionView], after: tuple[str, int] | None, limit: int
+    ) -> tuple[list[PartitionStatus], str | None]:
+        """The first `limit` partitions after `after` in (topic, partition) order: a heap
+        selection (n log limit), then the page's own statuses, L1 lineage only for the page."""
+        assert limit >= 1, limit
+        later = (v for v in views if after is None or (v.topic, v.partition) > after)
+        chosen = heapq.nsmallest(limit + 1, later, key=lambda v: (v.topic, v.partition))
+        more = len(chosen) > limit
+        page = [self._partition_status(v) for v in chosen[:limit]]
+        return page, (f"{page[-1].topic}/{page[-1].partition}" if more else None)
+
+    def _partition_status(self, v: PartitionView) -> PartitionStatus:
+        lineage = self.node.l1.lineage(self.node.partition(v.topic, v.partition))
+        return PartitionStatus(
+            topic=v.topic,
+            partition=v.partition,
+            term=v.term,
+            window=v.fence.window,
+            previous_applied_epoch=v.state.previous_applied_epoch,
+            max_applied_epoch=v.state.max_applied_epoch,
+            min_epoch_lower_bound=v.state.min_epoch_lower_bound,
+            mp=v.published_mp,
+            lro=v.state.lro,
+            lrlo=v.state.lrlo,
+            high_watermark=v.state.high_watermark,
+            start_offset=v.state.start_offset,
+            size_bytes=v.state.size_bytes,
+            readers=v.readers,
+            pending_records=v.pending_records,
+            read_units=v.fence.read_units,
+            window_slides=v.fence.window_slides,
+            stale_rejections=v.fence.stale_rejections,
+            last_rejected_gap=v.fence.last_rejected_gap,
+            new_epoch_fences=v.fence.new_epoch_fences,
+            same_epoch_fences=v.fence.same_epoch_fences,
+            reconciler_lag=partition_reconciler_lag(v),
+            l1_objects=len(lineage),
+            l1_lineage=[L1ObjectStatus(**row) for row in lineage[-L1_LINEAGE_SHOWN_MAX:]],
+        )
+
+    async def status(self, request: Request) -> Response:
+        views = self._status_views(_single(request.query_params, "topic"))
         not_accepting = self.lifecycle.not_ready_reason() or (
             None if self.node.accepting else "the node is not accepting requests"
         )
-        views = sorted(self.node.views(), key=lambda v: (v.topic, v.partition))
         decision = cluster_watermark(self.node)
         stats = self.node.batcher.stats
-        lineages = {a.row.pid: self.node.l1.lineage(a) for a in self.node.partitions()}
-        partitions = [
-            PartitionStatus(
-                topic=v.topic,
-                partition=v.partition,
-                term=v.term,
-                window=v.fence.window,
-                previous_applied_epoch=v.state.previous_applied_epoch,
-                max_applied_epoch=v.state.max_applied_epoch,
-                min_epoch_lower_bound=v.state.min_epoch_lower_bound,
-                mp=v.published_mp,
-                lro=v.state.lro,
-                lrlo=v.state.lrlo,
-                high_watermark=v.state.high_watermark,
-                start_offset=v.state.start_offset,
-                size_bytes=v.state.size_bytes,
-                readers=v.readers,
-                pending_records=v.pending_records,
-                read_units=v.fence.read_units,
-                window_slides=v.fence.window_slides,
-                stale_rejections=v.fence.stale_rejections,
-                last_rejected_gap=v.fence.last_rejected_gap,
-                new_epoch_fences=v.fence.new_epoch_fences,
-                same_epoch_fences=v.fence.same_epoch_fences,
-                reconciler_lag=partition_reconciler_lag(v),
-                l1_objects=len(lineages.get(v.pid, ())),
-                l1_lineage=[
-                    L1ObjectStatus(**row)
-                    for row in lineages.get(v.pid, [])[-L1_LINEAGE_SHOWN_MAX:]
-                ],
-            )
-            for v in views
-            if topic is None or v.topic == topic
-        ]
+        partitions, next_after = self._page(views, None, STATUS_PARTITIONS_SHOWN_MAX)
+        outliers, outliers_count = status_outliers(self.node, views, decision)
         return _json(
             StatusResponse(
                 cluster_epoch=self.node.epochs.current,
                 cached_epoch=self.node.epoch_cache.cached,
                 m=decision.m,
-                m_holders=list(decision.holders),
+                m_holders=list(decision.holders[:BLOCKED_BY_SHOWN_MAX]),
                 m_blocked_by=list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX]),
                 m_blocked_count=len(decision.blocked_by),
                 accepting=not_accepting is None,
                 not_accepting_reason=not_accepting,
                 partitions=partitions,
+                partitions_total=len(views),
+                partitions_next_after=next_after,
+                outliers=outliers,
+                outliers_count=outliers_count,
                 batcher=BatcherStatus(
                     objects_uploaded=stats.objects_uploaded,
                     bytes_uploaded=stats.bytes_uploaded,
@@ -463,6 +492,24 @@ class Api:
                 ],
             )
         )
+
+    async def status_partitions(self, request: Request) -> Response:
+        """A page of partition statuses: ?after=topic/p (exclusive), ?limit=N, ?topic=."""
+        params = request.query_params
+        unknown = sorted(set(params) - {"after", "limit", "topic"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        limit_text = _single(params, "limit")
+        limit = STATUS_PAGE_LIMIT_DEFAULT if limit_text is None else _unsigned("limit", limit_text)
+        if not 1 <= limit <= STATUS_PAGE_LIMIT_MAX:
+            raise ApiError(
+                400, "malformed_request", f"limit must be 1..{STATUS_PAGE_LIMIT_MAX}, not {limit}"
+            )
+        after_text = _single(params, "after")
+        after = None if after_text is None else _partition_cursor(after_text)
+        views = self._status_views(_single(params, "topic"))
+        page, next_after = self._page(views, after, limit)
+        return _json(PartitionPage(page, len(views), next_after))
 
     async def advance_epoch(self, request: Request) -> Response:
         self._check_serving()
@@ -540,6 +587,61 @@ class Api:
     async def metrics_text(self, request: Request) -> Response:
         # Runs on the event loop: the collectors read the node, which only that loop mutates.
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _partition_cursor(text: str) -> tuple[str, int]:
+    topic, slash, number = text.rpartition("/")
+    if not slash or not topic or not _UNSIGNED.match(number):
+        raise ApiError(
+            400, "malformed_request", f"after must be TOPIC/PARTITION (e.g. t/0), not {text!r}"
+        )
+    return topic, int(number)
+
+
+def status_outliers(
+    node: Node, views: list[PartitionView], decision: WatermarkDecision
+) -> tuple[list[PartitionOutlier], int]:
+    """The partitions worth an operator's look (the STATUS_OUTLIERS_MAX most pressing, first)
+    and how many there are; the worst first: holding M back (its M(p) is
+    M while another partition's is above), lagging the reconciler, rejecting stale appends,
+    failing to reconcile, or in a topic today's name rule refuses. One pass over the views and
+    a bounded heap selection (n log STATUS_OUTLIERS_MAX), no sort of every partition."""
+    mps = node.board.snapshot()
+    highest = max((mp for mp in mps.values() if mp is not None), default=None)
+    holders = (
+        set(decision.holders)
+        if decision.m is not None and highest is not None and highest > decision.m
+        else set()
+    )
+    failing = {f.partition for f in node.reconciler.health.failing()}
+    unstorable = node.unstorable_topics
+    found = []
+    for v in views:
+        lag = partition_reconciler_lag(v)
+        hits = (
+            v.name in holders,
+            v.name in failing,
+            v.topic in unstorable,
+            v.fence.stale_rejections > 0,
+            lag > 0,
+        )
+        reasons = [reason for reason, hit in zip(OUTLIER_REASONS, hits, strict=True) if hit]
+        if reasons:
+            found.append(
+                PartitionOutlier(v.name, reasons, v.published_mp, lag, v.fence.stale_rejections)
+            )
+    shown = heapq.nsmallest(
+        STATUS_OUTLIERS_MAX,
+        found,
+        key=lambda o: (
+            min(OUTLIER_REASONS.index(r) for r in o.reasons),
+            -len(o.reasons),
+            -o.reconciler_lag,
+            -o.stale_rejections,
+            o.partition,
+        ),
+    )
+    return shown, len(found)
 
 
 def reconciler_status(node: Node) -> ReconcilerStatus:
@@ -639,6 +741,7 @@ def build_app(
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
         api.route(records, {"POST": api.produce, "GET": api.fetch}),
         api.route("/v1/status", {"GET": api.status}),
+        api.route("/v1/status/partitions", {"GET": api.status_partitions}),
         api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
         api.route("/v1/gc/run", {"POST": api.gc_run}),
         api.route("/v1/gc/pause", {"POST": api.gc_pause}),

@@ -582,6 +582,7 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
         *_component_lines(status),
         *(f"UNSTORABLE TOPIC: {t.advice}" for t in status.unstorable_topics),
+        *_outlier_lines(status),
         "",
     ]
     header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "LAG", "L1",
@@ -609,11 +610,32 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
     else:
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    total = getattr(status, "partitions_total", 0)
+    if total > len(status.partitions):
+        lines.append(f"... {len(status.partitions)} of {total} partitions shown (--all for every one)")
     return "\n".join(lines)
+
+
+def _outlier_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
+    if not status.outliers_count:
+        return []
+    lines = [f"outliers: {status.outliers_count} partitions"
+             + (f" ({len(status.outliers)} shown)" if len(status.outliers) < status.outliers_count else "")]
+    lines += [
+        f"  {o.partition}: {', '.join(o.reasons)} (M(p) {_cell(o.mp)}, lag {o.reconciler_lag}, "
+        f"stale {o.stale_rejections})"
+        for o in status.outliers
+    ]
+    return lines
 
 
 async def _status(args: argparse.Namespace, client: Client) -> None:
     status = await client.status()
+    if args.all:
+        partitions = await client.all_partitions()
+        status = msgspec.structs.replace(
+            status, partitions=partitions, partitions_total=len(partitions), partitions_next_after=None
+        )
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(status)).decode())
     else:
@@ -963,8 +985,12 @@ def add_consume(sub: argparse._SubParsersAction) -> None:
 
 
 def add_status(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="cluster epoch, M, per-partition fence and state")
+    p = sub.add_parser("status", help="cluster epoch, M, outlier partitions, per-partition fence and state")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--all", action="store_true",
+        help="every partition, paged from the daemon (default: the first page and the outliers)",
+    )
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_status))
 

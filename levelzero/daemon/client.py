@@ -32,6 +32,8 @@ from .schema import (
     ProduceRequest,
     ProduceResponse,
     RecordIn,
+    PartitionPage,
+    PartitionStatus,
     StatusResponse,
     TopicInfo,
     TopicList,
@@ -150,7 +152,33 @@ class Client:
         return await self._call("GET", _records_path(topic, partition), FetchResponse, params=params)
 
     async def status(self) -> StatusResponse:
+        """The summary: M, the outlier partitions and the first page of partitions."""
         return await self._call("GET", "/v1/status", StatusResponse)
+
+    async def status_partitions(
+        self, after: str | None = None, limit: int | None = None, topic: str | None = None
+    ) -> PartitionPage:
+        """One page of partition statuses after `after` ("topic/p"), in (topic, partition) order."""
+        params: dict[str, int | str] = {}
+        if after is not None:
+            params["after"] = after
+        if limit is not None:
+            params["limit"] = limit
+        if topic is not None:
+            params["topic"] = topic
+        return await self._call("GET", "/v1/status/partitions", PartitionPage, params=params)
+
+    async def all_partitions(self, page_limit: int | None = None) -> list[PartitionStatus]:
+        """Every partition's status, page by page (each partition once, in order)."""
+        partitions: list[PartitionStatus] = []
+        after = None
+        while True:
+            page = await self.status_partitions(after, page_limit)
+            partitions += page.partitions
+            if page.next_after is None:
+                return partitions
+            assert page.partitions, page
+            after = page.next_after
 
     async def advance_epoch(self) -> int:
         return (await self._call("POST", "/v1/epoch/advance", EpochResponse)).cluster_epoch

@@ -237,6 +237,26 @@ class UnstorableTopic(_Response):
     advice: str  # what an operator does
 
 
+class PartitionOutlier(_Response):
+    """A partition worth an operator's look, named in the default status summary."""
+
+    partition: str  # "topic/p"
+    # Why, any of: "m_holder" (its M(p) is M while another partition's is above),
+    # "reconciler_lag", "stale_rejections", "reconcile_failing", "unstorable".
+    reasons: list[str]
+    mp: int | None
+    reconciler_lag: int
+    stale_rejections: int
+
+
+class PartitionPage(_Response):
+    """One page of `GET /v1/status/partitions`, in (topic, partition) order."""
+
+    partitions: list[PartitionStatus]
+    partitions_total: int  # partitions on this node (matching ?topic= when given)
+    next_after: str | None  # pass as ?after= for the next page; None: this was the last
+
+
 class StatusResponse(_Response):
     cluster_epoch: int
     cached_epoch: int | None  # this node's epoch cache (may lag by design)
@@ -254,6 +274,14 @@ class StatusResponse(_Response):
     # Why `accepting` is false (and /readyz 503): starting, stopping, storage unhealthy (which
     # store, since when, the last error).
     not_accepting_reason: str | None = None
+    # Only the first page of partitions is in `partitions` (the whole list when it is short):
+    # `GET /v1/status/partitions?after=` pages through the rest from `partitions_next_after`.
+    partitions_total: int = 0
+    partitions_next_after: str | None = None
+    # The partitions worth a look (at most STATUS_OUTLIERS_MAX, the worst first) and how many
+    # there are in all.
+    outliers: list[PartitionOutlier] = []
+    outliers_count: int = 0
 
 
 class EpochResponse(_Response):
