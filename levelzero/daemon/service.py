@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import anyio
 import anyio.abc
-from anyio.streams.tls import TLSListener
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -425,7 +424,7 @@ class Daemon:
         if not settings.enabled:
             return scope
         from .kafka.handlers import Handlers, KafkaSettings
-        from .kafka.server import KafkaListener, ListenerSettings
+        from .kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
 
         host, port = parse_listen(settings.listen)
         try:
@@ -450,8 +449,8 @@ class Daemon:
 
         tls_context = settings.tls_context()
         if tls_context is not None:
-            listener = TLSListener(listener, tls_context, standard_compatible=False,
-                                   handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S)
+            listener = KafkaTLSListener(listener, tls_context, standard_compatible=False,
+                                        handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S)
 
         async def serve() -> None:
             with scope:

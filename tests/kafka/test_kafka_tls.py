@@ -133,3 +133,50 @@ def test_bad_tls_settings_name_the_key(tmp_path: Path) -> None:
     assert context is not None
     assert context.minimum_version.name == "TLSv1_2"
     assert context.verify_mode.name == "CERT_REQUIRED"
+
+
+def make_client_certificate(directory: Path, files: dict[str, Path]) -> tuple[Path, Path]:
+    key, csr, cert = directory / "client.key", directory / "client.csr", directory / "client.pem"
+    for args in (
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
+         "-out", csr, "-subj", "/CN=app"],
+        ["x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"], "-CAcreateserial",
+         "-out", cert, "-days", "2"],
+    ):
+        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def produce_one(port: int, ca: Path, client_cert: tuple[Path, Path] | None) -> list[str | None]:
+    """The delivery report of one produce: [None] when it was stored, else [its error]."""
+    from confluent_kafka import Producer
+
+    config = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL", "ssl.ca.location": str(ca),
+              "message.timeout.ms": 3000}
+    if client_cert is not None:
+        config.update({"ssl.certificate.location": str(client_cert[0]), "ssl.key.location": str(client_cert[1])})
+    producer = Producer(config)
+    reports: list[str | None] = []
+    producer.produce("mtls", value=b"signed" if client_cert else b"anonymous", partition=0,
+                     on_delivery=lambda err, _msg: reports.append(None if err is None else str(err)))
+    assert producer.flush(10) == 0
+    return reports
+
+
+async def test_mutual_tls_admits_only_clients_with_a_certificate_the_ca_signed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = make_certificates(tmp_path)
+    client_cert = make_client_certificate(tmp_path, files)
+    async with daemon_and_client(tmp_path / "data", kafka__listen="127.0.0.1:0",
+                                 kafka__tls_cert_file=str(files["server.pem"]),
+                                 kafka__tls_key_file=str(files["server.key"]),
+                                 kafka__tls_client_ca_file=str(files["ca.pem"])) as (daemon, client):
+        await client.create_topic("mtls", 1)
+        refused = await anyio.to_thread.run_sync(produce_one, daemon.kafka_port, files["ca.pem"], None)
+        assert len(refused) == 1 and refused[0] is not None, refused
+        failed = [r for r in caplog.records if "TLS handshake failed" in r.getMessage()]
+        assert failed and all(r.levelname == "WARNING" and r.exc_info is None for r in failed)
+        assert daemon.kafka.stats.requests == 0
+        assert await anyio.to_thread.run_sync(produce_one, daemon.kafka_port, files["ca.pem"], client_cert) == [None]
+        assert [r.value for r in (await client.fetch("mtls", 0, offset=0)).records] == [b"signed"]

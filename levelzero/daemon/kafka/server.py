@@ -27,7 +27,9 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from anyio import aclose_forcefully
 from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSListener
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
@@ -292,3 +294,16 @@ class KafkaListener:
         session.authenticated = True
         return make(m.SaslAuthenticateResponse, error_code=ErrorCode.none, error_message=None,
                     auth_bytes=b"", session_lifetime=0)
+
+
+class KafkaTLSListener(TLSListener):
+    """anyio's TLS listener, a failed handshake (a plaintext client, an unknown CA, no client
+    certificate) logged as one warning line rather than an error with a traceback."""
+
+    @staticmethod
+    async def handle_handshake_error(exc: BaseException, stream: anyio.abc.AnyByteStream) -> None:
+        if not isinstance(exc, Exception) or isinstance(exc, anyio.get_cancelled_exc_class()):
+            await TLSListener.handle_handshake_error(exc, stream)
+            return
+        await aclose_forcefully(stream)
+        log.warning("kafka: TLS handshake failed; closing the connection: %s", exc)
