@@ -240,6 +240,7 @@ async def test_a_file_made_before_the_catalog_index_gets_it_on_open(tmp_path) ->
         pass
     with sqlite3.connect(path) as connection:
         connection.execute("DROP INDEX l0_objects_live")
+        connection.execute("PRAGMA user_version = 1")  # files without the index are of schema 1
     async with await SqliteLogStore.open(path) as log_store:
         await log_store.record_l0_object(L0ObjectRow(l0_key(1, 1, 1), 1, 1, 1.0, 1))
         assert len(await log_store.l0_live_objects(1)) == 1

@@ -40,6 +40,7 @@ async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path
         await store.create_topic("t", 1, 1, 0.0)
     with sqlite3.connect(db) as connection:
         connection.execute("DROP TABLE consumer_offsets")
+        connection.execute("PRAGMA user_version = 1")  # files without the table are of schema 1
     async with await SqliteLogStore.open(str(db)) as store:
         await store.commit_offsets([OffsetRow("g", "t", 0, 3, "", 1.0)])
         assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]
