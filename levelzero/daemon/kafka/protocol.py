@@ -60,6 +60,7 @@ class Request:
     correlation_id: int
     client_id: str | None
     body: Any  # the kio request dataclass
+    trailing_bytes: int = 0  # after the fields the schema names; ignored (see parse_request)
 
     @property
     def response_module(self) -> ModuleType:
@@ -94,11 +95,14 @@ def parse_request(frame: bytes) -> Request:
         body, body_used = read_body(frame, used)
     except Exception as exc:  # noqa: BLE001 - kio raises many kinds on malformed input
         raise BadRequest(f"api key {api_key} v{api_version}: malformed request: {exc!r}") from None
-    if used + body_used != len(frame):
-        raise BadRequest(
-            f"api key {api_key} v{api_version}: {len(frame) - used - body_used} bytes after the request"
-        )
-    return Request(api_key, api_version, correlation_id, header.client_id, body)
+    # Bytes after a request that parsed whole are ignored, as Kafka's own brokers do (they
+    # read the fields the schema names and never check for a remainder): librdkafka's
+    # "all topics" Metadata v12 request (AdminClient.list_topics, `kcat -L`) ends with three
+    # bytes no schema version names, and refusing them closed the client's connection.
+    trailing = len(frame) - used - body_used
+    if trailing < 0:  # a field ran past the end of the frame (slicing bytes does not raise)
+        raise BadRequest(f"api key {api_key} v{api_version}: the request is {-trailing} bytes short")
+    return Request(api_key, api_version, correlation_id, header.client_id, body, trailing)
 
 
 @cache
