@@ -45,13 +45,16 @@ the caller chooses), histogram bins, epoch ranges, or one row per partition.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import AnalysisError
-from .inputs import check_java, load_inputs
+from .filesystems import HadoopFiles, is_local, join
+from .inputs import ExportInput, check_java, load_inputs
 from .locations import local_path
 from .readable import human
 
@@ -112,39 +115,56 @@ def analyze(
     Reuses the active SparkSession, or the one `spark-submit` configured (its master and every
     `--conf`), and leaves it as it was. Only when there is neither does it start one: on
     `master` (default `local[*]`) with `conf`, stopped at the end. Inputs and the report are
-    local paths or `file://` URIs; another scheme is refused before Spark starts."""
+    local paths, `file://` URIs, or URIs of any filesystem Spark has (`s3a://` with the
+    hadoop-aws package, `hdfs://`, ...): see filesystems.py. Local inputs are checked before
+    Spark starts; a URI's once the session is there, through Spark's own filesystems."""
     started = time.monotonic()
     if bucket_s is not None and not (isinstance(bucket_s, (int, float)) and bucket_s > 0):
         raise AnalysisError(f"bucket_s must be a positive number of seconds, not {bucket_s!r}")
-    inputs = load_inputs([local_path(in_dir, "input") for in_dir in in_dirs])
-    out_dir = os.path.abspath(local_path(out_dir, "report directory"))
-    for found in inputs:
-        if out_dir == found.path:
-            raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
-    try:
-        os.makedirs(os.path.join(out_dir, "tables"), exist_ok=True)
-    except OSError as error:
-        raise AnalysisError(f"cannot create report directory {out_dir}: {error.strerror}") from None
+    in_dirs = [os.fspath(in_dir) for in_dir in in_dirs]
+    out_dir = os.fspath(out_dir)
+    remote = not all(is_local(location) for location in [*in_dirs, out_dir])
+    if not remote:  # every check before Spark starts
+        inputs = load_inputs(in_dirs)
+        out_dir = _local_out(out_dir, inputs)
     check_java()
 
     from py4j.protocol import Py4JError  # noqa: PLC0415 - Spark only once Java is there
     from pyspark.errors import PySparkException  # noqa: PLC0415
 
     from .jobs import SparkAnalysis  # noqa: PLC0415
+    from .report import write_report  # noqa: PLC0415 - matplotlib only when reporting
 
     spark, owned = _session(master, dict(conf or {}))
+    staging: str | None = None
     try:
+        hadoop = HadoopFiles(spark) if remote else None
+        if hadoop is not None:  # the same checks, through Spark's filesystems
+            inputs = load_inputs(in_dirs, hadoop)
+            if is_local(out_dir):
+                out_dir = _local_out(out_dir, inputs)
+            else:
+                out_dir = out_dir.rstrip("/")
+                if out_dir in {found.path for found in inputs}:
+                    raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
+                hadoop.make_dirs(join(out_dir, "tables"))
+                staging = tempfile.mkdtemp(prefix="levelzero-report-")
         results = SparkAnalysis(spark, inputs, out_dir, bucket_s).run()
+        if staging is None:
+            written = write_report(results, out_dir)
+        else:
+            assert hadoop is not None
+            written = write_report(results, staging, link_root=out_dir)
+            hadoop.upload_dir(staging, out_dir)
+            written = written.moved(staging, out_dir)
     except (PySparkException, Py4JError) as error:
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise AnalysisError(f"Spark failed: {first_line}") from error
     finally:
         if owned:
             spark.stop()
-
-    from .report import write_report  # noqa: PLC0415 - matplotlib only when reporting
-
-    written = write_report(results, out_dir)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return AnalysisReport(
         out_dir=out_dir,
         report_path=written.report_path,
@@ -155,6 +175,18 @@ def analyze(
         bucket_s=results.bucket_s,
         duration_s=time.monotonic() - started,
     )
+
+
+def _local_out(out_dir: str, inputs: list[ExportInput]) -> str:
+    out_dir = os.path.abspath(local_path(out_dir, "report directory"))
+    for found in inputs:
+        if out_dir == found.path:
+            raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
+    try:
+        os.makedirs(os.path.join(out_dir, "tables"), exist_ok=True)
+    except OSError as error:
+        raise AnalysisError(f"cannot create report directory {out_dir}: {error.strerror}") from None
+    return out_dir
 
 
 def _session(master: str | None, conf: dict[str, str]) -> tuple[Any, bool]:

@@ -5,7 +5,9 @@
     levelzero analyze --in DIR [--in DIR ...] --out REPORT_DIR [--master URL]
                       [--conf KEY=VALUE ...] [--bucket-s S]
 
-DIRs are local paths or file:// URIs. Under spark-submit, run `submit.py` (same arguments).
+The export's DIR is a local path or file:// URI; the analysis's may be any URI Spark has a
+filesystem for (s3a:// with hadoop-aws, hdfs://, ...). Under spark-submit, run `submit.py`
+(same arguments).
 
 Both return an exit code instead of exiting: 0 done, 1 failed (one line on stderr, no
 traceback), 2 bad usage, 130 interrupted. The `levelzero` command forwards its arguments here.

@@ -13,14 +13,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from . import manifest as manifest_file
 from .errors import AnalysisError, ExportError, JavaNotFound
+from .filesystems import MANIFEST_BYTES_MAX, Files, LocalFiles, is_local, join
+from .locations import local_path
 from .manifest import MANIFEST_NAME, Manifest
 from .schemas import TABLES, schema_mismatch
 
+LOCAL = LocalFiles()
 JAVA_MAJOR_MIN = 17
 JAVA_VERSION_TIMEOUT_S = 30.0
 JAVA_HINT = (
@@ -40,19 +40,26 @@ class ExportInput:
         return sum(len(files) for files in self.files.values())
 
 
-def load_inputs(in_dirs: list[str]) -> list[ExportInput]:
+def load_inputs(in_dirs: list[str], remote: Files | None = None) -> list[ExportInput]:
     """Each directory, checked: it exists, is an export, and every data file has its table's
-    schema. Raises AnalysisError naming the first problem."""
+    schema. A local path is read directly; a URI of another scheme through `remote` (Hadoop's
+    FileSystem in Spark's JVM). Raises AnalysisError naming the first problem."""
     if not in_dirs:
         raise AnalysisError("no input directory given: pass one or more export directories")
     inputs = []
     seen = set()
     for in_dir in in_dirs:
-        path = os.path.abspath(os.fspath(in_dir))
+        in_dir = os.fspath(in_dir)
+        if is_local(in_dir):
+            path, files = os.path.abspath(local_path(in_dir, "input")), LOCAL
+        else:
+            if remote is None:
+                raise AnalysisError(f"input {in_dir}: a URI needs Spark's filesystems (start the session first)")
+            path, files = in_dir.rstrip("/"), remote
         if path in seen:
             continue
         seen.add(path)
-        inputs.append(_load_one(path))
+        inputs.append(_load_one(path, files))
     if not any(found.file_count for found in inputs):
         raise AnalysisError(
             f"the export directories hold no rows yet ({', '.join(i.path for i in inputs)}): "
@@ -61,56 +68,54 @@ def load_inputs(in_dirs: list[str]) -> list[ExportInput]:
     return inputs
 
 
-def _load_one(path: str) -> ExportInput:
-    if not os.path.exists(path):
+def _load_one(path: str, files: Files) -> ExportInput:
+    if not files.exists(path):
         raise AnalysisError(f"input directory {path} does not exist")
-    if not os.path.isdir(path):
+    if not files.is_dir(path):
         raise AnalysisError(f"input {path} is not a directory (pass an export directory)")
-    if not os.listdir(path):
+    if not files.list_names(path):
         raise AnalysisError(
             f"input directory {path} is empty: run `levelzero export --out {path}` first"
         )
-    try:
-        manifest = manifest_file.load(path)
-    except ExportError as error:
-        raise AnalysisError(str(error)) from None
-    if manifest is None:
+    manifest_path = join(path, MANIFEST_NAME)
+    data = files.read_small(manifest_path, MANIFEST_BYTES_MAX)
+    if data is None:
         raise AnalysisError(
             f"{path} is not a levelzero export directory (no {MANIFEST_NAME}); pass the "
             "directory `levelzero export --out` wrote"
         )
+    try:
+        manifest = manifest_file.parse(data, manifest_path)
+    except ExportError as error:
+        raise AnalysisError(str(error)) from None
     skip = set(manifest.superseded)
-    files = {table: _table_files(path, table, manifest.last_seq, skip) for table in TABLES}
-    return ExportInput(path, manifest, files)
+    found = {table: _table_files(files, path, table, manifest.last_seq, skip) for table in TABLES}
+    return ExportInput(path, manifest, found)
 
 
-def _table_files(path: str, table: str, last_seq: int, superseded: set[str]) -> list[str]:
-    table_dir = os.path.join(path, table)
-    if not os.path.isdir(table_dir):
+def _table_files(files: Files, path: str, table: str, last_seq: int, superseded: set[str]) -> list[str]:
+    table_dir = join(path, table)
+    if not (files.exists(table_dir) and files.is_dir(table_dir)):
         return []
     found = []
-    for partition in sorted(os.listdir(table_dir)):
-        partition_dir = os.path.join(table_dir, partition)
-        if not (partition.startswith("date=") and os.path.isdir(partition_dir)):
+    for partition in files.list_names(table_dir):
+        partition_dir = join(table_dir, partition)
+        if not (partition.startswith("date=") and files.is_dir(partition_dir)):
             continue
-        for name in sorted(os.listdir(partition_dir)):
+        for name in files.list_names(partition_dir):
             seq = manifest_file.file_seq(name)
             if seq is None or seq > last_seq:
                 continue  # not ours, or an export that never committed
-            if os.path.join(table, partition, name) in superseded:
+            if "/".join((table, partition, name)) in superseded:  # as compact.py names them
                 continue  # folded into a later file by compaction
-            file_path = os.path.join(partition_dir, name)
-            _check_schema(file_path, table)
+            file_path = join(partition_dir, name)
+            _check_schema(files, file_path, table)
             found.append(file_path)
     return found
 
 
-def _check_schema(file_path: str, table: str) -> None:
-    try:
-        schema = pq.read_schema(file_path)
-    except (pa.ArrowException, OSError) as error:
-        raise AnalysisError(f"{file_path} is not a readable Parquet file: {error}") from None
-    why = schema_mismatch(table, schema)
+def _check_schema(files: Files, file_path: str, table: str) -> None:
+    why = schema_mismatch(table, files.parquet_schema(file_path))
     if why is not None:
         raise AnalysisError(
             f"{file_path} does not have the {table} schema: {why} (see "

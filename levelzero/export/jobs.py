@@ -11,7 +11,6 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -22,7 +21,8 @@ import pyarrow as pa
 
 from .errors import AnalysisError
 from .inputs import ExportInput
-from .locations import file_uri
+from .filesystems import join
+from .locations import spark_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
 
@@ -131,7 +131,7 @@ class SparkAnalysis:
         schema = spark_schema(table)
         if not files:
             return self.spark.createDataFrame([], seconds_schema(schema))
-        uris = [file_uri(path) for path in files]
+        uris = [spark_uri(path) for path in files]
         # The jobs compute on unix seconds (float): every TIMESTAMP column becomes one here.
         seconds = [
             (F.unix_micros(F.col(f.name)) / F.lit(MICROS_PER_S)).alias(f.name)
@@ -603,12 +603,12 @@ class SparkAnalysis:
             )
         )
         per_bucket = self._cache(per_bucket)
-        path = os.path.join(self.out_dir, "tables", "throughput_partition_buckets")
+        path = join(self.out_dir, "tables", "throughput_partition_buckets")
         per_bucket.select(
             "topic", "partition", self._bucket_start(), "records", "bytes", "placeholders",
             (F.col("records") / bucket_s).alias("records_per_s"),
             (F.col("bytes") / bucket_s).alias("bytes_per_s"),
-        ).write.mode("overwrite").parquet(file_uri(path))
+        ).write.mode("overwrite").parquet(spark_uri(path))
         self.results.spark_tables["throughput_partition_buckets"] = path
         totals = per_bucket.groupBy("b").agg(
             F.sum("records").alias("records"),

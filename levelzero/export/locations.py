@@ -1,9 +1,10 @@
-"""Where the export and the analysis read and write: local paths, or `file://` URIs.
+"""Where the export writes (local paths, or `file://` URIs) and how the analysis names a
+location to Spark.
 
-Spark could reach `s3a://` or `hdfs://`, but the export's manifest and files, the analysis's
-input checks and its report.html and plots are written by this process with the local
-filesystem's calls. Rather than write a local directory literally named `s3a:`, such a URI is
-refused up front with what to do.
+The export writes its Parquet files and manifest with this process's own calls, so its
+`--out` is local: rather than write a local directory literally named `s3a:`, another scheme is
+refused up front with what to do. The analysis reads and writes any URI Spark has a
+filesystem for (`filesystems.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from urllib.parse import unquote, urlsplit
 from levelzero.core.errors import LevelZeroError
 
 from .errors import AnalysisError
+from .filesystems import is_local
 
 
 def local_path(location: str, what: str, error: type[LevelZeroError] = AnalysisError) -> str:
@@ -35,6 +37,11 @@ def local_path(location: str, what: str, error: type[LevelZeroError] = AnalysisE
             f"{parsed.scheme}:// with its own tools (hadoop fs -get/-put, aws s3 sync)"
         )
     return location
+
+
+def spark_uri(location: str) -> str:
+    """What Spark reads or writes for `location`: a URI as it is, a local path as `file://`."""
+    return file_uri(local_path(location, "location")) if is_local(location) else location
 
 
 def file_uri(path: str) -> str:

@@ -84,6 +84,11 @@ def load(out_dir: str) -> Manifest | None:
         return None
     except OSError as error:
         raise ExportError(f"cannot read {path}: {error.strerror}") from None
+    return parse(data, path)
+
+
+def parse(data: bytes, path: str) -> Manifest:
+    """The manifest in `data`, read from `path` (named in errors)."""
     try:
         manifest = _decoder.decode(data)
     except msgspec.DecodeError as error:

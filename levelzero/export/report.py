@@ -35,9 +35,28 @@ class WrittenReport:
     tables: dict[str, str]
     plots: dict[str, str]
 
+    def moved(self, staging: str, target: str) -> WrittenReport:
+        """The same report once `staging` was copied to `target` (a URI)."""
+        return WrittenReport(
+            _rebased(self.report_path, staging, target),
+            {name: _rebased(path, staging, target) for name, path in self.tables.items()},
+            {name: _rebased(path, staging, target) for name, path in self.plots.items()},
+        )
 
-def write_report(results: Results, out_dir: str) -> WrittenReport:
+
+def _rebased(path: str, old_root: str, new_root: str) -> str:
+    if path == old_root or path.startswith(old_root.rstrip("/") + "/"):
+        return new_root.rstrip("/") + path[len(old_root.rstrip("/")):]
+    return path
+
+
+def write_report(results: Results, out_dir: str, *, link_root: str | None = None) -> WrittenReport:
+    """Result tables, plots and report.html in the local directory `out_dir`. With `link_root`,
+    `out_dir` is a staging copy of that URI: the tables Spark wrote there are linked as if
+    they were in `out_dir` (the links are relative, so they hold once it is copied up)."""
     tables = _write_tables(results, os.path.join(out_dir, "tables"))
+    if link_root is not None:
+        tables = {name: _rebased(path, link_root, out_dir) for name, path in tables.items()}
     plots = _write_plots(results, os.path.join(out_dir, "plots"))
     report_path = os.path.join(out_dir, "report.html")
     temp = report_path + ".tmp"

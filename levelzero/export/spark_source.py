@@ -2,19 +2,27 @@
 
     register(spark)
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
+    spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
 Columns: topic, partition, offset, timestamp (ms since the epoch, null when the record has
-none), key, value, headers (array of (key, value) structs). Options: `data_dir` (required: the
-daemon's data directory, with `levelzero.db` and the local object store under `objects/`),
-`start_offset` (first offset, inclusive) and `end_offset` (exclusive): offset-range filters
-applied when planning, so only the objects holding them are read.
+none), key, value, headers (array of (key, value) structs).
 
-Planning (driver) opens the SQLite log store read-only and replays each partition's snapshot
-plus log with the pure state machine: that gives the readable range (start offset to high
-watermark), the LRO and the term lineage. Offsets up to the LRO come from valid L1 objects
-(the L1 metastore), the unreconciled tail from the L0 extents the placeholders point at. Each
-object range becomes one Spark partition; executors read the object files themselves.
-Only the local object store and the SQLite control plane are supported here.
+Where the store is: `data_dir` (a daemon's data directory on embedded defaults: `levelzero.db`
+and the local object store under `objects/`), or `config` (the daemon's TOML file, read as the
+daemon reads it, LEVELZERO_* environment variables and `*_file` secrets included): its object
+store (local or S3/MinIO, with the key prefix) and its control plane (SQLite or PostgreSQL).
+
+Offsets: `start_offset` (inclusive) and `end_offset` (exclusive) options, and filters on the
+`offset` column (`=`, `<`, `<=`, `>`, `>=`, `IN`, `BETWEEN`) pushed down where this pyspark
+offers `pushFilters` (its `spark.sql.python.filterPushdown.enabled` on): either way only the
+objects holding those offsets are planned and read.
+
+Planning (driver) reads the control plane in one read-only snapshot (SQLite read transaction,
+PostgreSQL REPEATABLE READ) and replays each partition's snapshot plus log with the pure state
+machine: that gives the readable range (start offset to high watermark), the LRO and the term
+lineage. Offsets up to the LRO come from valid L1 objects (the L1 metastore), the unreconciled
+tail from the L0 extents the placeholders point at. Each object range becomes one Spark
+partition; executors read the objects themselves, through the daemon's own object-store code.
 """
 
 from __future__ import annotations
@@ -22,13 +30,20 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, decode_entry
 from levelzero.core.l0format import NO_TIMESTAMP, decode_extent, read_header
 from levelzero.core.state import PartitionState
 
+from levelzero.core.errors import LevelZeroError
+
 from .errors import ExportError
+
+if TYPE_CHECKING:
+    from levelzero.daemon.config import Config
 
 FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
@@ -72,20 +87,56 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
     return state
 
 
-def plan(data_dir: str, topic: str, start_offset: int = 0, end_offset: int | None = None) -> list[ObjectRange]:
-    """The object ranges holding `topic`'s readable records in `[start_offset, end_offset)`."""
-    db_path = os.path.join(data_dir, DB_FILE_NAME)
+def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
+    """The daemon configuration naming the store: a data directory on embedded defaults, or
+    the daemon's TOML file (with its environment, as the daemon reads it)."""
+    from levelzero.daemon.config import ConfigError, load_config  # noqa: PLC0415
+
+    if (data_dir is None) == (config_path is None):
+        raise ExportError('the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them')
+    try:
+        if config_path is not None:
+            return load_config(config_path)
+        return load_config(None, environ={}, overrides={("storage", "data_dir"): data_dir})
+    except ConfigError as error:
+        raise ExportError(str(error)) from None
+
+
+@contextmanager
+def _catalog(config: Config) -> Iterator[Any]:
+    """The control plane, read-only, in one snapshot."""
+    if config.control.kind == "postgres":
+        from .postgres_source import postgres_snapshot  # noqa: PLC0415
+
+        with postgres_snapshot(config.control.dsn, config.control.read_password()) as snapshot:
+            yield snapshot
+        return
+    db_path = config.storage.db_path
     if not os.path.isfile(db_path):
-        raise ExportError(f"data_dir {data_dir}: no {DB_FILE_NAME} (not a levelzero data directory)")
+        raise ExportError(
+            f"data_dir {config.storage.data_dir}: no {DB_FILE_NAME} (not a levelzero data directory)"
+        )
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
         db.execute("BEGIN")  # one read transaction: a consistent snapshot in WAL mode
+        yield db
+    finally:
+        db.close()
+
+
+def plan(
+    source: str | Config, topic: str, start_offset: int = 0, end_offset: int | None = None
+) -> list[ObjectRange]:
+    """The object ranges holding `topic`'s readable records in `[start_offset, end_offset)`.
+    `source`: a data directory (embedded defaults) or the daemon's configuration."""
+    config = store_config(source) if isinstance(source, str) else source
+    with _catalog(config) as db:
         parts = db.execute(
             "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
             (topic,),
         ).fetchall()
         if not parts:
-            raise ExportError(f"topic {topic!r} not found in {db_path}")
+            raise ExportError(f"topic {topic!r} not found in {_where(config)}")
         ranges: list[ObjectRange] = []
         for pid, partition, creation_epoch in parts:
             state = _replay(db, pid, creation_epoch)
@@ -124,31 +175,64 @@ def plan(data_dir: str, topic: str, start_offset: int = 0, end_offset: int | Non
                     p.byte_offset, p.byte_length, p.record_count, p.checksum,
                 ))
         return ranges
-    finally:
-        db.close()
+
+
+def _where(config: Config) -> str:
+    if config.control.kind == "postgres":
+        from levelzero.storage.postgres.store import redacted  # noqa: PLC0415
+
+        return redacted(config.control.dsn)
+    return config.storage.db_path
 
 
 Row = tuple[str, int, int, int | None, bytes | None, bytes, list[tuple[str, bytes | None]]]
 
 
-def read_range(data_dir: str, r: ObjectRange) -> Iterator[Row]:
+def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     """The records of one object range, as rows of the data source's schema."""
-    path = os.path.join(data_dir, OBJECTS_DIR, r.object_key)
+    config = store_config(source) if isinstance(source, str) else source
     where = f"{r.tier.upper()} object {r.object_key}"
-    with open(path, "rb") as f:
-        if r.tier == "l0":
-            f.seek(r.byte_offset)
-            raw = f.read(r.byte_length)
-            records = decode_extent(raw, r.checksum, r.record_count, where)
-        else:
-            data = f.read()
-            (extent,) = read_header(data, where).extents
-            raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-            records = decode_extent(raw, extent.checksum, extent.record_count, where)
+    if r.tier == "l0":
+        raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
+        records = decode_extent(raw, r.checksum, r.record_count, where)
+    else:
+        data = _get(config, r.object_key)
+        (extent,) = read_header(data, where).extents
+        raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
+        records = decode_extent(raw, extent.checksum, extent.record_count, where)
     for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
         rec = records[i]
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
         yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, [tuple(h) for h in rec.headers])
+
+
+def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -> bytes:
+    """An object (or a byte range of it), read with the daemon's own object-store code: the
+    local store's files, or S3 through aiobotocore with the configured prefix."""
+    if config.storage.kind == "local":
+        path = os.path.join(config.storage.objects_dir, key)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read() if length is None else f.read(length)
+        except FileNotFoundError:
+            raise ExportError(f"object {key} is not in {config.storage.objects_dir} (collected since planning?)") from None
+
+    async def read() -> bytes:
+        from levelzero.daemon.service import open_object_store  # noqa: PLC0415
+
+        store = await open_object_store(config)
+        try:
+            return await store.get(key, offset, length)
+        finally:
+            await store.aclose()
+
+    import anyio  # noqa: PLC0415
+
+    try:
+        return anyio.run(read)
+    except LevelZeroError as error:
+        raise ExportError(f"object {key}: {error}") from None
 
 
 def _int_option(options: dict, name: str) -> int | None:
@@ -165,9 +249,21 @@ def _int_option(options: dict, name: str) -> int | None:
 
 
 try:
-    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        EqualTo,
+        GreaterThan,
+        GreaterThanOrEqual,
+        In,
+        InputPartition,
+        IsNotNull,
+        LessThan,
+        LessThanOrEqual,
+    )
 except ImportError:  # pragma: no cover - pyspark is in the analysis extra
     DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
+    EqualTo = GreaterThan = GreaterThanOrEqual = In = IsNotNull = LessThan = LessThanOrEqual = ()  # type: ignore[misc,assignment]
 
 
 class _Partition(InputPartition):  # type: ignore[misc,valid-type]
@@ -175,15 +271,69 @@ class _Partition(InputPartition):  # type: ignore[misc,valid-type]
         self.range = r
 
 
+@dataclass(slots=True)
+class OffsetBounds:
+    """`[start, end)` on the offset column, narrowed by the filters a query pushes down."""
+
+    start: int = 0
+    end: int | None = None
+
+    def below(self, end: int) -> None:
+        self.end = end if self.end is None else min(self.end, end)
+
+    def above(self, start: int) -> None:
+        self.start = max(self.start, start)
+
+    def push(self, f: Any) -> bool:
+        """Narrow by `f`; True when the planned ranges make `f` hold exactly (Spark need not
+        check it again), False when Spark must still evaluate it."""
+        if getattr(f, "attribute", None) != ("offset",):
+            return False
+        if isinstance(f, IsNotNull):
+            return True  # every record has an offset
+        value = getattr(f, "value", None)
+        if isinstance(f, In):
+            if not (value and all(type(v) is int for v in value)):
+                return False
+            self.above(min(value))
+            self.below(max(value) + 1)
+            return len(value) == 1  # a superset of several values: Spark picks among them
+        if type(value) is not int:
+            return False
+        if isinstance(f, EqualTo):
+            self.above(value)
+            self.below(value + 1)
+        elif isinstance(f, GreaterThan):
+            self.above(value + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.above(value)
+        elif isinstance(f, LessThan):
+            self.below(value)
+        elif isinstance(f, LessThanOrEqual):
+            self.below(value + 1)
+        else:
+            return False
+        return True
+
+
 class LevelZeroReader(DataSourceReader):  # type: ignore[misc,valid-type]
-    def __init__(self, data_dir: str, topic: str, start: int, end: int | None) -> None:
-        self.data_dir, self.topic, self.start, self.end = data_dir, topic, start, end
+    def __init__(self, config: Config, topic: str, start: int, end: int | None) -> None:
+        self.config, self.topic = config, topic
+        self.bounds = OffsetBounds(start, end)
+
+    def pushFilters(self, filters):  # noqa: ANN001, ANN201, N802 - Spark's name
+        for f in filters:
+            if not self.bounds.push(f):
+                yield f
 
     def partitions(self):  # noqa: ANN201
-        return [_Partition(r) for r in plan(self.data_dir, self.topic, self.start, self.end)]
+        bounds = self.bounds
+        if bounds.end is not None and bounds.end <= bounds.start:
+            return []
+        return [_Partition(r) for r in plan(self.config, self.topic, bounds.start, bounds.end)]
 
     def read(self, partition):  # noqa: ANN001, ANN201
-        yield from read_range(self.data_dir, partition.range)
+        yield from read_range(self.config, partition.range)
 
 
 class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
@@ -196,17 +346,21 @@ class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
 
     def reader(self, schema):  # noqa: ANN001, ANN201
         options = self.options
-        data_dir = options.get("data_dir")
         topic = options.get("path")
-        if not data_dir:
-            raise ExportError('the levelzero data source needs option("data_dir", ...)')
         if not topic:
             raise ExportError('the levelzero data source needs a topic: load("topic")')
+        config = store_config(options.get("data_dir") or None, options.get("config") or None)
         start = _int_option(options, "start_offset") or 0
         end = _int_option(options, "end_offset")
-        return LevelZeroReader(data_dir, topic, start, end)
+        return LevelZeroReader(config, topic, start, end)
+
+
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
 def register(spark) -> None:  # noqa: ANN001
-    """Make `spark.read.format("levelzero")` available in this session."""
+    """Make `spark.read.format("levelzero")` available in this session, with filter pushdown
+    for Python data sources on (the reader takes offset filters; Spark refuses a reader that
+    takes filters while the setting is off)."""
+    spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(LevelZeroDataSource)

@@ -107,22 +107,17 @@ def test_numbers_read_as_people_read_them() -> None:
     assert human("top_m_holder", None) == "n/a"
 
 
-def test_uris_other_than_file_are_refused_before_anything_is_written(
-    export_dir: Path, tmp_path: Path, capsys, monkeypatch
-) -> None:
+def test_the_export_refuses_an_output_uri_it_cannot_write(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    rc = analyze_main(["--in", "s3a://bucket/export", "--out", str(tmp_path / "r")])
-    assert rc == 1
-    assert "input s3a://bucket/export: s3a:// is not supported" in capsys.readouterr().err
-    rc = analyze_main(["--in", str(export_dir), "--out", "s3a://bucket/r1"])
-    assert rc == 1
-    assert "report directory s3a://bucket/r1: s3a:// is not supported" in capsys.readouterr().err
     rc = export_main(["--db", str(tmp_path / "levelzero.db"), "--out", "hdfs://nn/export"])
     assert rc == 1
     assert "output directory hdfs://nn/export: hdfs:// is not supported" in (
         capsys.readouterr().err
     )
-    assert os.listdir(tmp_path) == []  # no directory named "s3a:" or "hdfs:"
+    assert os.listdir(tmp_path) == []  # no directory named "hdfs:"
+
+
+def test_file_uris_name_local_paths() -> None:
     assert local_path("file:///data/export", "input") == "/data/export"
     with pytest.raises(AnalysisError, match="names no host"):
         local_path("file://host/data", "input")
@@ -132,3 +127,53 @@ def test_a_conf_without_equals_is_a_usage_error(capsys) -> None:
     rc = analyze_main(["--in", "x", "--out", "y", "--conf", "spark.sql.shuffle.partitions"])
     assert rc == 2
     assert "--conf takes KEY=VALUE" in capsys.readouterr().err
+
+
+def test_inputs_and_report_go_through_sparks_filesystems(
+    export_dir: Path, local_report: AnalysisReport, tmp_path: Path, monkeypatch
+) -> None:
+    """A URI of a scheme other than file:// is read and written through Hadoop's FileSystem
+    in Spark's JVM: here `viewfs://lz/`, Hadoop's mount-table filesystem, mounted onto a local
+    directory (the one non-local filesystem every Spark ships). An `s3a://` URI without the
+    hadoop-aws package is one line naming the package, and no local directory named `s3a:`."""
+    from pyspark.sql import SparkSession
+
+    shared = tmp_path / "shared"
+    (shared / "exports").mkdir(parents=True)
+    os.symlink(export_dir, shared / "exports" / "e1")
+    monkeypatch.chdir(tmp_path)
+    spark = (
+        SparkSession.builder.master("local[2]").appName("levelzero-uri-test")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "3")
+        .config("spark.hadoop.fs.viewfs.mounttable.lz.link./shared", f"file://{shared}")
+        .getOrCreate()
+    )
+    try:
+        report = analyze(["viewfs://lz/shared/exports/e1/"], "viewfs://lz/shared/reports/r1",
+                         bucket_s=1.0)
+        with pytest.raises(AnalysisError) as refused:
+            analyze(["viewfs://lz/shared/exports/e1"], "s3a://bucket/r1", bucket_s=1.0)
+        with pytest.raises(AnalysisError, match="input directory viewfs://lz/shared/nothing does not exist"):
+            analyze(["viewfs://lz/shared/nothing"], "viewfs://lz/shared/reports/r2")
+    finally:
+        spark.stop()
+    written = shared / "reports" / "r1"
+    assert report.out_dir == "viewfs://lz/shared/reports/r1"
+    assert report.report_path == "viewfs://lz/shared/reports/r1/report.html"
+    assert (written / "report.html").stat().st_size > 10_000
+    fence = pq.read_table(written / "tables" / "fence_by_window.parquet").to_pylist()
+    assert fence == pq.read_table(local_report.tables["fence_by_window"]).to_pylist()
+    assert report.tables["fence_by_window"] == "viewfs://lz/shared/reports/r1/tables/fence_by_window.parquet"
+    assert (written / "tables" / "fence_by_window.csv").exists()
+    # (Hadoop's local filesystem keeps a .crc file beside each file it writes.)
+    assert {p.name for p in (written / "plots").iterdir() if not p.name.startswith(".")} == {
+        os.path.basename(path) for path in local_report.plots.values()
+    }
+    # Spark wrote its per-partition table there itself.
+    assert any((written / "tables" / "throughput_partition_buckets").glob("*.parquet"))
+    assert report.figures["fence_rejection_rate"] == local_report.figures["fence_rejection_rate"]
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "s3a://bucket/r1" in message and "org.apache.hadoop:hadoop-aws:" in message
+    assert sorted(os.listdir(tmp_path)) == ["shared"]  # nothing named viewfs: or s3a:

@@ -12,12 +12,12 @@ from pathlib import Path
 import anyio
 import pyarrow.parquet as pq
 import pytest
-from daemon_support import daemon_and_client
+from daemon_support import daemon_and_client, postgres_control, postgres_overrides
 
 from levelzero.daemon.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
-from levelzero.export.spark_source import plan, register
+from levelzero.export.spark_source import plan, register, store_config
 
 WAIT_S = 15.0
 FAST = {"gc__enabled": False, "reconciler__interval_s": 0.05, "housekeeper__enabled": False}
@@ -60,11 +60,19 @@ async def api_rows(client: Client, topic: str, partitions: int) -> tuple[list[tu
     return rows, tiers
 
 
-def spark_rows(spark, data_dir: Path, topic: str, **options: int) -> list[tuple]:
-    reader = spark.read.format("levelzero").option("data_dir", str(data_dir))
+def spark_rows(spark, data_dir: Path | None, topic: str, *, where: str | None = None,
+               config: Path | None = None, partitions: int | None = None, **options: int) -> list[tuple]:
+    reader = spark.read.format("levelzero")
+    reader = reader.option("config", str(config)) if config else reader.option("data_dir", str(data_dir))
     for name, value in options.items():
         reader = reader.option(name, str(value))
     df = reader.load(topic)
+    if where is not None:
+        df = df.where(where)
+    if partitions is not None:  # one Spark partition per planned object range, none empty
+        from pyspark.sql import functions as F
+
+        assert df.select(F.spark_partition_id().alias("p")).distinct().count() == partitions
     assert df.columns == ["topic", "partition", "offset", "timestamp", "key", "value", "headers"]
     out = []
     for r in df.collect():
@@ -104,6 +112,17 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
                 lambda: spark_rows(spark, tmp_path, "t", start_offset=3, end_offset=12)
             )
             assert read == [row for row in served if 3 <= row[2] < 12]
+            # The same range as a filter on the offset column, pushed down to planning: the
+            # same object ranges are planned (one Spark partition each), the same rows read.
+            read = await anyio.to_thread.run_sync(
+                lambda: spark_rows(spark, tmp_path, "t", where="offset BETWEEN 3 AND 11",
+                                   partitions=len(narrowed))
+            )
+            assert read == [row for row in served if 3 <= row[2] < 12]
+            read = await anyio.to_thread.run_sync(
+                lambda: spark_rows(spark, tmp_path, "t", where="offset > 4 AND offset IN (5, 7, 40)")
+            )
+            assert read == [row for row in served if row[2] in (5, 7)]
 
             # `levelzero export --records`: the same records, in a Parquet file.
             out = tmp_path / "out"
@@ -135,3 +154,53 @@ def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path, cap
     code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path), "--records", "t"])
     assert code == 1
     assert "not a levelzero data directory" in capsys.readouterr().err
+
+
+@pytest.mark.s3
+def test_spark_reads_from_s3_with_a_postgresql_control_plane(
+    tmp_path: Path, spark, s3_endpoint, s3_bucket: str, postgres_dsn: str  # noqa: ANN001
+) -> None:
+    """The daemon's own TOML (S3 with a key prefix, PostgreSQL) is all the data source needs."""
+    s3 = {
+        "storage__kind": "s3", "s3__endpoint": s3_endpoint.endpoint_url, "s3__bucket": s3_bucket,
+        "s3__region": s3_endpoint.region, "s3__path_style": True, "s3__key_prefix": "lz/",
+        "s3__access_key": s3_endpoint.access_key, "s3__secret_key": s3_endpoint.secret_key,
+    }
+    control = postgres_control(postgres_dsn)
+    password_file = tmp_path / "pg-password"
+    password_file.write_text(control["LEVELZERO_CONTROL_PASSWORD"] + "\n")
+    config = tmp_path / "levelzero.toml"
+    config.write_text(
+        f'[storage]\nkind = "s3"\ndata_dir = "{tmp_path / "elsewhere"}"\n'
+        f'[s3]\nendpoint = "{s3_endpoint.endpoint_url}"\nbucket = "{s3_bucket}"\n'
+        f'region = "{s3_endpoint.region}"\npath_style = true\nkey_prefix = "lz/"\n'
+        f'access_key = "{s3_endpoint.access_key}"\nsecret_key = "{s3_endpoint.secret_key}"\n'
+        f'[control]\nkind = "postgres"\ndsn = "{control["LEVELZERO_CONTROL_DSN"]}"\n'
+        f'password_file = "{password_file}"\n'
+    )
+
+    async def scenario() -> None:
+        settings = {**s3, **postgres_overrides(postgres_dsn)}
+        async with daemon_and_client(tmp_path, **settings, **FAST) as (_, client):
+            await client.create_topic("s", 2)
+            for i in range(4):
+                await client.produce("s", i % 2, [(f"k{i}".encode(), f"v{i}".encode() * 50)])
+            with anyio.fail_after(WAIT_S):
+                while (await client.status()).reconciler.lag_offsets:
+                    await anyio.sleep(0.02)
+        async with daemon_and_client(tmp_path, **settings, **SLOW) as (_, client):
+            for i in range(3):
+                await client.produce("s", i % 2, [(None, f"tail{i}".encode())])
+            served, tiers = await api_rows(client, "s", 2)
+            assert tiers == {"l0", "l1"}
+            ranges = await anyio.to_thread.run_sync(plan, store_config(config_path=str(config)), "s")
+            assert {r.tier for r in ranges} == {"l0", "l1"}
+            read = await anyio.to_thread.run_sync(
+                lambda: spark_rows(spark, None, "s", config=config, partitions=len(ranges))
+            )
+            assert len(served) == 4 + 3
+            assert read == served
+        keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
+        assert keys and all(key.startswith("lz/") for key in keys)  # really read from there
+
+    anyio.run(scenario)
