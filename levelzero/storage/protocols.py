@@ -225,8 +225,8 @@ class ProducerBatchRow(msgspec.Struct, frozen=True):
 
 @runtime_checkable
 class ProducerBatchStore(Protocol):
-    """An optional role (the SQLite store has it): idempotent producers' last batches per
-    partition, kept durably so a retry after a restart is still recognised."""
+    """An optional role (the SQLite and PostgreSQL stores have it): idempotent producers' last
+    batches per partition, kept durably so a retry after a restart is still recognised."""
 
     async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
         """Durable on return; per (producer, topic, partition) only the `keep` newest remain."""

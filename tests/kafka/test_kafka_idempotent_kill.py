@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from daemon_support import DaemonProcess, free_port
+from daemon_support import DaemonProcess, free_port, postgres_control
 
 MS = datetime.timedelta(milliseconds=1)
 RECORDS = 3_000
@@ -79,16 +79,28 @@ def test_an_idempotent_producer_through_a_sigkill_stores_each_record_once(tmp_pa
 
 
 async def test_a_batch_stored_before_a_sigkill_is_recognised_after_it(tmp_path: Path) -> None:
+    await stored_before_a_sigkill_then_retried(tmp_path, {})
+
+
+async def test_with_postgresql_a_batch_stored_before_a_sigkill_is_recognised_after_it(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    await stored_before_a_sigkill_then_retried(tmp_path, postgres_control(postgres_dsn))
+
+
+async def stored_before_a_sigkill_then_retried(tmp_path: Path, control_env: dict[str, str]) -> None:
     """The window the client cannot see: a batch stored, then the daemon killed before the
     producer read its answer. Retried against the restarted daemon (same producer id and
-    sequence), it gets the offset it was stored at and is not stored again."""
+    sequence), it gets the offset it was stored at and is not stored again — with either
+    control plane keeping the sequences."""
     from kio.schema.errors import ErrorCode
 
     from test_kafka_listener import Wire, list_offsets, produce
     from test_kafka_records import client_batch
 
     kafka_port = free_port()
-    process = DaemonProcess(tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"})
+    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}", **control_env}
+    process = DaemonProcess(tmp_path / "data", tmp_path, env=env)
     try:
         process.start()
         with process.http() as http:

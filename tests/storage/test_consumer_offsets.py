@@ -1,6 +1,7 @@
 """The consumer-offsets role (Kafka's committed offsets): durable across reopening, last write
 wins per (group, topic, partition), groups kept apart; a file made before the table existed gets
-it when opened. SQLite and the memory store answer alike."""
+it when opened. SQLite and the memory store answer alike. The producer-batch role (idempotent
+Kafka producers' newest batches per partition) is kept alike by SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sqlite3
 from pathlib import Path
 
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import ConsumerOffsetStore, OffsetRow
+from levelzero.storage.postgres.store import PostgresLogStore
+from levelzero.storage.protocols import ConsumerOffsetStore, OffsetRow, ProducerBatchRow, ProducerBatchStore
 from levelzero.storage.sqlite.store import SqliteLogStore
 
 
@@ -47,19 +49,37 @@ async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path
         assert len(await store.list_partitions()) == 1
 
 
-async def test_sqlite_keeps_the_newest_producer_batches_durably(tmp_path: Path) -> None:
-    from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
+async def record_producer_batches(store: ProducerBatchStore) -> None:
+    assert isinstance(store, ProducerBatchStore)
+    for seq in range(7):
+        await store.record_producer_batches(
+            [ProducerBatchRow(9, 0, "t", 0, seq * 10, 10, seq * 10, float(seq)),
+             ProducerBatchRow(9, 0, "t", 1, seq, 1, seq, float(seq))], keep=5)
+    await store.record_producer_batches([ProducerBatchRow(8, 0, "t", 0, 0, 1, 500, 1.0)], keep=5)
+    # The same batch again (a retry recorded twice) replaces its row.
+    await store.record_producer_batches([ProducerBatchRow(8, 1, "t", 0, 0, 1, 501, 2.0)], keep=5)
 
+
+async def check_producer_batches(store: ProducerBatchStore) -> None:
+    rows = await store.producer_batches(9)
+    assert [(r.partition, r.base_sequence) for r in rows] == (
+        [(0, s * 10) for s in range(2, 7)] + [(1, s) for s in range(2, 7)])
+    assert [(r.producer_epoch, r.base_offset) for r in await store.producer_batches(8)] == [(1, 501)]
+    assert await store.producer_batches(7) == []
+
+
+async def test_sqlite_keeps_the_newest_producer_batches_durably(tmp_path: Path) -> None:
     db = tmp_path / "levelzero.db"
     async with await SqliteLogStore.open(str(db)) as store:
-        assert isinstance(store, ProducerBatchStore)
-        for seq in range(7):
-            await store.record_producer_batches(
-                [ProducerBatchRow(9, 0, "t", 0, seq * 10, 10, seq * 10, float(seq)),
-                 ProducerBatchRow(9, 0, "t", 1, seq, 1, seq, float(seq))], keep=5)
-        await store.record_producer_batches([ProducerBatchRow(8, 0, "t", 0, 0, 1, 500, 1.0)], keep=5)
+        await record_producer_batches(store)
     async with await SqliteLogStore.open(str(db)) as store:
-        rows = await store.producer_batches(9)
-        assert [(r.partition, r.base_sequence) for r in rows] == (
-            [(0, s * 10) for s in range(2, 7)] + [(1, s) for s in range(2, 7)])
-        assert [r.base_offset for r in await store.producer_batches(8)] == [500]
+        await check_producer_batches(store)
+
+
+async def test_postgres_keeps_the_newest_producer_batches_durably(postgres_dsn: str) -> None:
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await record_producer_batches(store)
+        await store.commit_offsets([OffsetRow("g", "t", 0, 3, "", 1.0)])  # one batch, both roles
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await check_producer_batches(store)
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]

@@ -89,13 +89,14 @@ async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:
 
 
 async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: str) -> None:
-    """A database left at version 1 (before consumer offsets) gets migration 2 at open, once,
-    and keeps its data."""
+    """A database left at version 1 (before consumer offsets and producer batches) gets every
+    later migration at open, once, and keeps its data."""
     async with await PostgresLogStore.open(postgres_dsn) as store:
         await store.create_topic("t", 2, 1, 0.0)
     connection = await asyncpg.connect(postgres_dsn)
     try:
         await connection.execute("DROP TABLE consumer_offsets")
+        await connection.execute("DROP TABLE producer_batches")
         await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
     finally:
         await connection.close()
@@ -106,7 +107,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2]
+            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3]
     finally:
         await connection.close()
 

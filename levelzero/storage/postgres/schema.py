@@ -32,7 +32,7 @@ SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
 FROM partitions p ORDER BY p.pid"""
 SCHEMA_TABLES = frozenset({
     "partitions", "log", "snapshots", "cluster_epoch", "l1_objects", "l0_objects", "gc_rounds",
-    "fence_events", "state_samples", "consumer_offsets",
+    "fence_events", "state_samples", "consumer_offsets", "producer_batches",
 })
 
 MIGRATIONS: tuple[str, ...] = (
@@ -148,6 +148,20 @@ CREATE TABLE consumer_offsets (
     metadata TEXT NOT NULL,
     committed_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (group_id, topic, partition)
+);
+""",
+    # 3: idempotent Kafka producers' last batches per partition (the producer-batch role)
+    """
+CREATE TABLE producer_batches (
+    producer_id BIGINT NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    base_sequence INTEGER NOT NULL,
+    record_count INTEGER NOT NULL,
+    base_offset BIGINT NOT NULL,
+    stored_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (producer_id, topic, partition, base_sequence)
 );
 """,
 )

@@ -62,6 +62,7 @@ from levelzero.storage.protocols import (
     LogStoreStatistics,
     OffsetRow,
     PartitionRow,
+    ProducerBatchRow,
     Snapshot,
     StateSampleRow,
 )
@@ -150,6 +151,21 @@ _GC_UPSERT = (
     + ", ".join(f"{c} = excluded.{c}" for c in _GC_COLUMNS[1:])
 )
 _OFFSET_COLUMNS = ", ".join(OffsetRow.__struct_fields__)
+_PRODUCER_BATCH_COLUMNS = (
+    "producer_id, producer_epoch, topic, partition, base_sequence, record_count, base_offset, stored_at"
+)
+_PRODUCER_BATCH_UPSERT = (
+    f"INSERT INTO producer_batches ({_PRODUCER_BATCH_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+    " ON CONFLICT (producer_id, topic, partition, base_sequence) DO UPDATE SET"
+    " producer_epoch = excluded.producer_epoch, record_count = excluded.record_count,"
+    " base_offset = excluded.base_offset, stored_at = excluded.stored_at"
+)
+# The `$4` newest batches of one (producer, topic, partition) remain.
+_PRODUCER_BATCH_PRUNE = (
+    "DELETE FROM producer_batches WHERE producer_id = $1 AND topic = $2 AND partition = $3"
+    " AND base_sequence NOT IN (SELECT base_sequence FROM producer_batches WHERE producer_id = $1"
+    " AND topic = $2 AND partition = $3 ORDER BY stored_at DESC, base_sequence DESC LIMIT $4)"
+)
 _OFFSET_UPSERT = (
     f"INSERT INTO consumer_offsets ({_OFFSET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
     " ON CONFLICT (group_id, topic, partition) DO UPDATE SET"
@@ -611,6 +627,13 @@ class PostgresLogStore:
             rows = [row for job in jobs if job.table == table for row in job.rows]
             if rows:  # upserts: in call order, a later row of one key wins
                 await connection.executemany(statement, rows)
+        batches = [row for job in jobs if job.table == "producer_batches" for row in job.rows]
+        if batches:  # rows carry `keep` last: upsert each, then keep the newest per partition
+            await connection.executemany(_PRODUCER_BATCH_UPSERT, [row[:-1] for row in batches])
+            kept = {(row[0], row[2], row[3]): row[-1] for row in batches}
+            await connection.executemany(
+                _PRODUCER_BATCH_PRUNE, [(*key, keep) for key, keep in sorted(kept.items())]
+            )
         for job, (result, error) in zip(jobs, outcomes, strict=True):
             job.result, job.error = result, error
         return outcomes, txid
@@ -951,6 +974,21 @@ class PostgresLogStore:
             " ORDER BY topic, partition", group_id,
         )
         return [OffsetRow(*row) for row in rows]
+
+    # ------------------------------------------------------------------ idempotent producers
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        """Durable on return; per (producer, topic, partition) only the `keep` newest remain."""
+        assert keep >= 1, keep
+        await self._stage("producer_batches", [(*msgspec.structs.astuple(r), keep) for r in rows])
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
+        rows = await self._read(
+            "reading an idempotent producer's batches",
+            f"SELECT {_PRODUCER_BATCH_COLUMNS} FROM producer_batches WHERE producer_id = $1"
+            " ORDER BY topic, partition, stored_at, base_sequence", producer_id,
+        )
+        return [ProducerBatchRow(*row) for row in rows]
 
     async def _stage(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's appends."""
