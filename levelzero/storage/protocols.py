@@ -12,7 +12,7 @@ Two stores:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import msgspec
@@ -335,3 +335,78 @@ class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, Consu
     """Every role in one store (what the daemon opens and hands to a `Node`)."""
 
     async def aclose(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class NodeRow(msgspec.Struct, frozen=True):
+    """A member of the cluster, as the control plane keeps it (times by its clock)."""
+
+    node_id: str
+    advertise_url: str  # the node's HTTP base URL: redirects and `levelzero cluster` name it
+    kafka_url: str | None  # host:port of its Kafka listener, if any
+    registered_at: float
+    lease_expires_at: float  # live while the control plane's now < this
+    draining: bool  # shutting down: gets no new partitions
+
+
+class LeaseRow(msgspec.Struct, frozen=True):
+    """A partition's leadership lease (one per partition of the cluster)."""
+
+    pid: int
+    topic: str
+    partition: int
+    node_id: str | None  # None: never led, or released
+    lease_expires_at: float
+
+
+class ClusterView(msgspec.Struct, frozen=True):
+    now: float  # the control plane's clock when the view was read (one transaction)
+    nodes: list[NodeRow]
+    leases: list[LeaseRow]
+
+
+@runtime_checkable
+class ClusterControl(Protocol):
+    """Membership, partition leases and published `M(p)`, all timed by the control plane's
+    clock (never a node's). An optional role: a single node needs none of it."""
+
+    async def register_node(
+        self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
+    ) -> None:
+        """Insert or refresh the node's row (a restarted node takes its row back)."""
+        ...
+
+    async def renew_node(self, node_id: str, ttl_s: float) -> bool:
+        """Extend the node's lease; False when its row is gone or expired (re-register)."""
+        ...
+
+    async def set_draining(self, node_id: str) -> None: ...
+
+    async def leave_node(self, node_id: str) -> None:
+        """A graceful exit: its partition leases released now, its row removed."""
+        ...
+
+    async def cluster_view(self) -> ClusterView: ...
+
+    async def acquire_leases(self, node_id: str, pids: Sequence[int], ttl_s: float) -> list[int]:
+        """Take each of `pids` that is free, expired or already ours; the pids now ours."""
+        ...
+
+    async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
+        """Extend every unexpired lease the node holds; the pids it still holds."""
+        ...
+
+    async def release_leases(self, node_id: str, pids: Sequence[int]) -> None:
+        """Expire now those of `pids` the node holds (a hand-over without waiting)."""
+        ...
+
+    async def publish_watermarks(self, values: Mapping[int, int]) -> None:
+        """pid -> M(p); the stored value only ever rises (GREATEST)."""
+        ...
+
+    async def watermark_snapshot(self) -> tuple[int, dict[str, int | None]]:
+        """(cluster epoch E, "topic/partition" -> published M(p) or None) for every partition,
+        read in one transaction: a partition created later has creation epoch >= E."""
+        ...

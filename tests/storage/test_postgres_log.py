@@ -95,8 +95,9 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
         await store.create_topic("t", 2, 1, 0.0)
     connection = await asyncpg.connect(postgres_dsn)
     try:
-        await connection.execute("DROP TABLE consumer_offsets")
-        await connection.execute("DROP TABLE producer_batches")
+        for table in ("consumer_offsets", "producer_batches", "partition_watermarks",
+                      "partition_leases", "cluster_nodes"):
+            await connection.execute(f"DROP TABLE {table}")
         await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
     finally:
         await connection.close()
@@ -107,7 +108,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3]
+            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4]
     finally:
         await connection.close()
 

@@ -32,7 +32,8 @@ SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
 FROM partitions p ORDER BY p.pid"""
 SCHEMA_TABLES = frozenset({
     "partitions", "log", "snapshots", "cluster_epoch", "l1_objects", "l0_objects", "gc_rounds",
-    "fence_events", "state_samples", "consumer_offsets", "producer_batches",
+    "fence_events", "state_samples", "consumer_offsets", "producer_batches", "cluster_nodes",
+    "partition_leases", "partition_watermarks",
 })
 
 MIGRATIONS: tuple[str, ...] = (
@@ -162,6 +163,27 @@ CREATE TABLE producer_batches (
     base_offset BIGINT NOT NULL,
     stored_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (producer_id, topic, partition, base_sequence)
+);
+""",
+    # 4: the cluster: members, partition leadership leases, published M(p) (ClusterControl)
+    """
+CREATE TABLE cluster_nodes (
+    node_id TEXT PRIMARY KEY,
+    advertise_url TEXT NOT NULL,
+    kafka_url TEXT,
+    registered_at DOUBLE PRECISION NOT NULL,
+    lease_expires_at DOUBLE PRECISION NOT NULL,
+    draining BOOLEAN NOT NULL DEFAULT false
+);
+CREATE TABLE partition_leases (
+    pid BIGINT PRIMARY KEY REFERENCES partitions (pid),
+    node_id TEXT,
+    lease_expires_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE partition_watermarks (
+    pid BIGINT PRIMARY KEY REFERENCES partitions (pid),
+    mp BIGINT NOT NULL,
+    published_at DOUBLE PRECISION NOT NULL
 );
 """,
 )

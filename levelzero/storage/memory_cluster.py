@@ -1,0 +1,111 @@
+"""An in-memory `ClusterControl` over a `MemoryLogStore`, with the PostgreSQL one's rules:
+leases timed by one injected clock (the control plane's, not a node's), taken only when free,
+expired or already held, released at once on a hand-over; published `M(p)` only rising; a
+watermark snapshot of every partition and the cluster epoch read at one instant. For tests and
+the simulation (several real nodes over one control plane, in virtual time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import ClusterView, LeaseRow, NodeRow
+
+
+class MemoryClusterControl:
+    def __init__(self, log: MemoryLogStore, clock: Callable[[], float]) -> None:
+        self._log = log
+        self._clock = clock
+        self.nodes: dict[str, NodeRow] = {}
+        self.leases: dict[int, tuple[str, float]] = {}  # pid -> (node, expires at)
+        self.watermarks: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ membership
+
+    async def register_node(
+        self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
+    ) -> None:
+        assert ttl_s > 0, ttl_s
+        now = self._clock()
+        old = self.nodes.get(node_id)
+        self.nodes[node_id] = NodeRow(
+            node_id, advertise_url, kafka_url,
+            old.registered_at if old is not None else now, now + ttl_s, False,
+        )
+
+    async def renew_node(self, node_id: str, ttl_s: float) -> bool:
+        now = self._clock()
+        row = self.nodes.get(node_id)
+        if row is None or row.lease_expires_at <= now:
+            return False
+        self.nodes[node_id] = NodeRow(
+            row.node_id, row.advertise_url, row.kafka_url, row.registered_at, now + ttl_s,
+            row.draining,
+        )
+        return True
+
+    async def set_draining(self, node_id: str) -> None:
+        row = self.nodes.get(node_id)
+        if row is not None:
+            self.nodes[node_id] = NodeRow(
+                row.node_id, row.advertise_url, row.kafka_url, row.registered_at,
+                row.lease_expires_at, True,
+            )
+
+    async def leave_node(self, node_id: str) -> None:
+        await self.release_leases(node_id, [pid for pid, (n, _) in self.leases.items() if n == node_id])
+        self.nodes.pop(node_id, None)
+
+    async def cluster_view(self) -> ClusterView:
+        now = self._clock()
+        leases = []
+        for row in await self._log.list_partitions():
+            node, expires = self.leases.get(row.pid, (None, 0.0))
+            leases.append(LeaseRow(row.pid, row.topic, row.partition, node, expires))
+        nodes = [self.nodes[n] for n in sorted(self.nodes)]
+        return ClusterView(now, nodes, leases)
+
+    # ------------------------------------------------------------------ partition leases
+
+    async def acquire_leases(self, node_id: str, pids: Sequence[int], ttl_s: float) -> list[int]:
+        assert ttl_s > 0, ttl_s
+        now = self._clock()
+        taken = []
+        for pid in pids:
+            if pid not in self._log.partitions:
+                continue
+            holder, expires = self.leases.get(pid, (None, 0.0))
+            if holder is None or holder == node_id or expires <= now:
+                self.leases[pid] = (node_id, now + ttl_s)
+                taken.append(pid)
+        return taken
+
+    async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
+        now = self._clock()
+        held = []
+        for pid, (holder, expires) in self.leases.items():
+            if holder == node_id and expires > now:
+                self.leases[pid] = (node_id, now + ttl_s)
+                held.append(pid)
+        return sorted(held)
+
+    async def release_leases(self, node_id: str, pids: Sequence[int]) -> None:
+        for pid in pids:
+            holder, _ = self.leases.get(pid, (None, 0.0))
+            if holder == node_id:
+                del self.leases[pid]
+
+    # ------------------------------------------------------------------ watermarks
+
+    async def publish_watermarks(self, values: Mapping[int, int]) -> None:
+        for pid, value in values.items():
+            if pid in self._log.partitions and value > self.watermarks.get(pid, value - 1):
+                self.watermarks[pid] = value
+
+    async def watermark_snapshot(self) -> tuple[int, dict[str, int | None]]:
+        epoch = self._log.cluster_epoch
+        return epoch, {
+            f"{row.topic}/{row.partition}": self.watermarks.get(row.pid)
+            for row in await self._log.list_partitions()
+        }

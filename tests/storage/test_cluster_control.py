@@ -1,0 +1,132 @@
+"""The cluster control plane's contract, on PostgreSQL and in memory alike: node leases by the
+control plane's clock, partition leases taken only when free, expired or already held and
+released at once on a hand-over, published M(p) only rising, and a watermark snapshot of every
+partition (never-published ones as None) with the cluster epoch."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import pytest
+
+from levelzero.storage.memory_cluster import MemoryClusterControl
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.postgres.store import PostgresLogStore
+from levelzero.storage.protocols import ClusterControl
+
+SHORT_TTL_S = 0.4  # the PostgreSQL backend waits for real expiry: keep it short
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Backend:
+    """A control plane plus a way to let a TTL pass (real time for PostgreSQL)."""
+
+    def __init__(self, control: ClusterControl, log: object, clock: ManualClock | None) -> None:
+        self.control = control
+        self.log = log
+        self.clock = clock
+
+    async def pass_time(self, seconds: float) -> None:
+        if self.clock is not None:
+            self.clock.now += seconds
+        else:
+            await anyio.sleep(seconds)
+
+
+@asynccontextmanager
+async def backend(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if kind == "memory":
+        log = MemoryLogStore()
+        clock = ManualClock()
+        yield Backend(MemoryClusterControl(log, clock), log, clock)
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    async with await PostgresLogStore.open(dsn) as store:
+        yield Backend(store, store, None)
+
+
+@pytest.fixture(params=["memory", "postgres"])
+def kind(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgres":
+        request.getfixturevalue("postgres_dsn")  # created before the test's event loop runs
+    return request.param
+
+
+async def test_node_leases_expire_by_the_control_planes_clock(kind: str, request: pytest.FixtureRequest) -> None:
+    async with backend(kind, request) as b:
+        c = b.control
+        assert isinstance(c, ClusterControl)
+        await c.register_node("a", "http://a:7070", None, SHORT_TTL_S)
+        await c.register_node("b", "http://b:7070", "b:9092", 60.0)
+        view = await c.cluster_view()
+        assert [(n.node_id, n.advertise_url, n.kafka_url, n.draining) for n in view.nodes] == [
+            ("a", "http://a:7070", None, False), ("b", "http://b:7070", "b:9092", False)]
+        assert all(n.lease_expires_at > view.now for n in view.nodes)
+        assert await c.renew_node("a", SHORT_TTL_S)
+        await b.pass_time(SHORT_TTL_S + 0.2)
+        assert not await c.renew_node("a", SHORT_TTL_S)  # expired: register again
+        assert await c.renew_node("b", 60.0)
+        view = await c.cluster_view()
+        assert {n.node_id for n in view.nodes if n.lease_expires_at > view.now} == {"b"}
+        await c.register_node("a", "http://a2:7070", None, 60.0)  # a restart takes the row back
+        await c.set_draining("b")
+        view = await c.cluster_view()
+        assert [(n.node_id, n.advertise_url, n.draining) for n in view.nodes] == [
+            ("a", "http://a2:7070", False), ("b", "http://b:7070", True)]
+        assert await c.renew_node("ghost", 60.0) is False
+
+
+async def test_partition_leases_are_taken_only_free_expired_or_own(kind: str, request: pytest.FixtureRequest) -> None:
+    async with backend(kind, request) as b:
+        c = b.control
+        rows = await b.log.create_topic("t", 3, 1, 0.0)
+        p0, p1, p2 = (row.pid for row in rows)
+        await c.register_node("a", "http://a", None, 60.0)
+        await c.register_node("b", "http://b", None, 60.0)
+        assert await c.acquire_leases("a", [p0, p1], SHORT_TTL_S) == [p0, p1]
+        assert await c.acquire_leases("b", [p0, p1, p2], 60.0) == [p2]  # a holds p0 and p1
+        assert await c.acquire_leases("a", [p0, 999_999], SHORT_TTL_S) == [p0]  # own; unknown pid ignored
+        view = await c.cluster_view()
+        assert [(l.topic, l.partition, l.node_id) for l in view.leases] == [
+            ("t", 0, "a"), ("t", 1, "a"), ("t", 2, "b")]
+        assert await c.renew_leases("a", SHORT_TTL_S) == [p0, p1]
+        await c.release_leases("a", [p1])  # a hand-over: b may take it at once
+        await c.release_leases("b", [p0])  # not b's: nothing happens
+        assert await c.acquire_leases("b", [p0, p1], 60.0) == [p1]
+        await b.pass_time(SHORT_TTL_S + 0.2)  # a's lease on p0 expires (a paused, say)
+        assert await c.renew_leases("a", SHORT_TTL_S) == []  # a zombie learns it holds nothing
+        assert await c.acquire_leases("b", [p0], 60.0) == [p0]
+        assert await c.renew_leases("b", 60.0) == [p0, p1, p2]
+        await c.leave_node("b")  # graceful: everything released, the row gone
+        view = await c.cluster_view()
+        assert [n.node_id for n in view.nodes] == ["a"]
+        assert all(l.node_id is None for l in view.leases)
+        assert await c.acquire_leases("a", [p0, p1, p2], 60.0) == [p0, p1, p2]
+
+
+async def test_watermarks_only_rise_and_the_snapshot_names_every_partition(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    async with backend(kind, request) as b:
+        c = b.control
+        assert await c.watermark_snapshot() == (1, {})
+        rows = await b.log.create_topic("t", 2, 1, 0.0)
+        p0, p1 = (row.pid for row in rows)
+        await b.log.set_cluster_epoch(7)
+        assert await c.watermark_snapshot() == (7, {"t/0": None, "t/1": None})
+        await c.publish_watermarks({p0: 5})
+        await c.publish_watermarks({p0: 3, p1: 4})  # p0 never falls back
+        assert await c.watermark_snapshot() == (7, {"t/0": 5, "t/1": 4})
+        await c.publish_watermarks({p0: 6, 999_999: 9})  # an unknown partition is ignored
+        more = await b.log.create_topic("u", 1, 7, 0.0)
+        assert more[0].creation_epoch >= 7
+        assert await c.watermark_snapshot() == (7, {"t/0": 6, "t/1": 4, "u/0": None})
