@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ExportError
-from .spark_source import plan, read_range
+from .spark_source import plan, read_batch
 
 RECORDS_DIR = "records"
 SCHEMA = pa.schema([
@@ -54,12 +54,9 @@ def export_records(data_dir: str, out_dir: str, topic: str) -> RecordsReport:
     try:
         with pq.ParquetWriter(temp, SCHEMA) as writer:
             for r in ranges:
-                rows = list(read_range(data_dir, r))
-                columns = list(zip(*rows)) if rows else [[] for _ in SCHEMA]
-                headers = [[{"key": k, "value": v} for k, v in h] for h in columns[6]]
-                table = pa.table([*columns[:6], headers], schema=SCHEMA)
-                writer.write_table(table)
-                count += len(rows)
+                batch = read_batch(data_dir, r)
+                writer.write_batch(batch)
+                count += batch.num_rows
         os.replace(temp, path)
     except OSError as error:
         raise ExportError(f"writing {path}: {error}") from error
