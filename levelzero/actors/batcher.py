@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import msgspec
 
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import LogRecord, Placeholder, ProducerSpan
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.leader import object_epoch
@@ -73,6 +74,7 @@ class _Request:
     size: int
     reply: Reply
     attempts: int = 0
+    producers: tuple[ProducerSpan, ...] = ()  # first_record relative to `records`
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +174,16 @@ class Batcher:
 
     # ------------------------------------------------------------------ producers
 
-    async def produce(self, actor: PartitionActor, records: Sequence[Record]) -> ProduceResult:
+    async def produce(
+        self, actor: PartitionActor, records: Sequence[Record],
+        producers: Sequence[ProducerSpan] = (),
+    ) -> ProduceResult:
+        """`records` stored contiguously in one extent; `producers` (idempotent Kafka batches
+        among them, `first_record` relative to `records`) ride in its placeholder."""
         if not records:
             raise InvalidInput("a produce request needs at least one record")
+        for span in producers:
+            assert 0 <= span.first_record and span.first_record + span.record_count <= len(records), span
         size = sum(len(r.value) + len(r.key or b"") + 8 for r in records)
         if size > self.config.batch_bytes_max:
             raise InvalidInput(
@@ -187,7 +196,7 @@ class Batcher:
         try:
             reply: Reply[ProduceResult] = Reply()
             try:
-                await self._tx.send(_Request(actor, list(records), size, reply))
+                await self._tx.send(_Request(actor, list(records), size, reply, 0, tuple(producers)))
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise ShuttingDown("the batcher is shutting down") from None
             return await reply.wait()
@@ -333,6 +342,7 @@ class Batcher:
                     byte_length=header.byte_length,
                     record_count=header.record_count,
                     checksum=header.checksum,
+                    producers=_spans(requests),
                 )
                 try:
                     reply = await requests[0].actor.submit(placeholder)
@@ -369,6 +379,18 @@ class Batcher:
             self.stats.orphan_objects += 1
             log.info("object %s rejected by every partition: an orphan for the GC", key)
         return retry
+
+
+def _spans(requests: list[_Request]) -> tuple[ProducerSpan, ...]:
+    """The requests' producer spans, `first_record` made relative to the extent (the requests'
+    records follow one another in it)."""
+    spans: list[ProducerSpan] = []
+    first = 0
+    for request in requests:
+        for span in request.producers:
+            spans.append(msgspec.structs.replace(span, first_record=first + span.first_record))
+        first += len(request.records)
+    return tuple(spans)
 
 
 def _fail(requests: list[_Request], error: LevelZeroError) -> None:

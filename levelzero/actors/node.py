@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from levelzero.core.activity import ActivityBoard
-from levelzero.core.entries import AbandonUnreconciled
+from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
 from levelzero.core.errors import (
     InvalidInput,
     ShuttingDown,
@@ -292,7 +292,8 @@ class Node:
             raise ShuttingDown("the node is not accepting requests")
 
     async def produce(
-        self, topic: str, partition: int, records: Sequence[Record]
+        self, topic: str, partition: int, records: Sequence[Record],
+        producers: Sequence[ProducerSpan] = (),
     ) -> ProduceResult:
         self._check_accepting()
         actor = self.partition(topic, partition)
@@ -302,7 +303,7 @@ class Node:
                 f"topic {topic!r} takes no new records: its name {problem} (levelzero status "
                 "says what to do)"
             )
-        return await self.batcher.produce(actor, records)
+        return await self.batcher.produce(actor, records, producers)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         return await self.reader.fetch(self.partition(topic, partition), offset, max_bytes)

@@ -10,7 +10,18 @@ from __future__ import annotations
 import msgspec
 
 
-class Placeholder(msgspec.Struct, frozen=True, tag="placeholder"):
+class ProducerSpan(msgspec.Struct, frozen=True, array_like=True):
+    """An idempotent Kafka producer's batch inside a placeholder's extent: committed with the
+    data, so a retry after a crash is recognised even if the sequence table missed it."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    first_record: int  # index of its first record in the extent
+
+
+class Placeholder(msgspec.Struct, frozen=True, tag="placeholder", omit_defaults=True):
     """Points at one partition's extent inside a shared L0 object; assigns offsets on apply."""
 
     epoch: int
@@ -19,6 +30,8 @@ class Placeholder(msgspec.Struct, frozen=True, tag="placeholder"):
     byte_length: int
     record_count: int
     checksum: int
+    # Idempotent producers' batches in the extent (entries written before this field have none).
+    producers: tuple[ProducerSpan, ...] = ()
 
 
 class AdvanceEpoch(msgspec.Struct, frozen=True, tag="advance_epoch"):

@@ -132,3 +132,50 @@ async def stored_before_a_sigkill_then_retried(tmp_path: Path, control_env: dict
             await wire.aclose()
     finally:
         process.cleanup()
+
+
+async def test_a_batch_whose_sequence_row_was_lost_is_recognised_from_its_placeholder(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The window between the data commit and the sequence table's: the batch is stored (its
+    placeholder durable) but its row never written, as a crash between the two commits would
+    leave it. The producer's retry against a new daemon is recognised from the producer span
+    the placeholder carries, and not stored again."""
+    from kio.schema.errors import ErrorCode
+
+    from daemon_support import daemon_and_client
+    from levelzero.core.errors import StorageError
+    from levelzero.storage.sqlite.store import SqliteLogStore
+    from test_kafka_listener import Wire, list_offsets, produce
+    from test_kafka_records import client_batch
+
+    async def lost(self, rows, keep):  # noqa: ANN001, ANN202 - the crash: the row never lands
+        raise StorageError("simulated crash before the sequence commit")
+
+    pid = 4242
+    first = client_batch([(0, b"k", b"a", []), (0, b"k", b"b", [])], producer_id=pid, base_sequence=0)
+    second = client_batch([(0, b"k", b"c", [])], producer_id=pid, base_sequence=2)
+    with monkeypatch.context() as patch:
+        patch.setattr(SqliteLogStore, "record_producer_batches", lost)
+        async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+            await client.create_topic(TOPIC, 1)
+            await client.produce(TOPIC, 0, [b"before"])  # offset 0: not a producer's
+            wire = await Wire.connect(daemon.kafka_port)
+            try:
+                answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                           for b in (first, second)]
+                # Stored, but the acknowledgement failed with the sequence commit.
+                assert all(a.error_code != ErrorCode.none for a in answers)
+            finally:
+                await wire.aclose()
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                       for b in (first, second)]
+            assert [(a.error_code, a.base_offset) for a in answers] == [(ErrorCode.none, 1), (ErrorCode.none, 3)]
+            assert (await list_offsets(wire, TOPIC, 0, -1)).offset == 4  # nothing stored twice
+        finally:
+            await wire.aclose()
+        fetched = await client.fetch(TOPIC, 0, 0)
+        assert [r.value for r in fetched.records] == [b"before", b"a", b"b", b"c"]

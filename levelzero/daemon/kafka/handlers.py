@@ -22,6 +22,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core import kafka_records as kr
+from levelzero.core.entries import Placeholder, ProducerSpan
 from levelzero.core.errors import LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
@@ -41,6 +42,10 @@ RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
 LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
+# A producer's first idempotent batch to a partition after a start reads the partition's recent
+# placeholders (the batches a crash may have left out of the sequence table) this far back.
+RECOVER_RECORDS_MAX = 100_000
+RECOVER_PLACEHOLDERS_MAX = 1_000
 
 ERROR_BY_CODE: dict[str, ErrorCode] = {
     "unknown_topic": ErrorCode.unknown_topic_or_partition,
@@ -104,6 +109,7 @@ class Handlers:
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
         self._loaded_producers: dict[int, None] = {}
+        self._recovered: dict[tuple[int, str, int], None] = {}  # (producer, topic, partition) scanned
         self.groups = GroupCoordinator(node.log_store)
         # (producer id, epoch, topic, partition, base sequence) -> its record set being stored,
         # for a retry that arrives while the first attempt is still under way.
@@ -237,6 +243,10 @@ class Handlers:
         for producer_id in {kr.producer_id_of(data or b"") for _, _, data in jobs}:
             if producer_id >= 0:
                 await self._load_producer(producer_id)
+        for topic, partition, data in jobs:
+            producer_id = kr.producer_id_of(data or b"")
+            if producer_id >= 0:
+                await self._recover_spans(producer_id, topic, partition)
         if after is not None:
             await after.wait()
         outcomes = [self._submit(topic, partition, data) for topic, partition, data in jobs]
@@ -284,6 +294,35 @@ class Handlers:
             self.sequences.record(row.producer_id, row.producer_epoch, row.topic, row.partition,
                                   row.base_sequence, row.record_count, row.base_offset)
         self._mark_loaded(producer_id)
+
+    async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
+        """The producer's batches in the partition's recent placeholders, once per process:
+        a batch committed with its data just before a crash, whose row in the sequence table
+        was not committed yet, is recognised from the placeholder (they commit together).
+        After `_load_producer`, so these (the newest) are remembered last."""
+        key = (producer_id, topic, partition)
+        if key in self._recovered:
+            return
+        try:
+            actor = self.node.partition(topic, partition)
+            recent = await self.node.log_store.read_placeholders(
+                actor.row.pid, max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
+                RECOVER_PLACEHOLDERS_MAX,
+            )
+        except LevelZeroError as exc:
+            log.warning("kafka: cannot read %s/%d's recent placeholders: %s", topic, partition, exc)
+            return
+        for record in recent:
+            entry = record.entry
+            assert isinstance(entry, Placeholder), entry
+            for span in entry.producers:
+                if span.producer_id == producer_id:
+                    self.sequences.record(producer_id, span.producer_epoch, topic, partition,
+                                          span.base_sequence, span.record_count,
+                                          record.base_offset + span.first_record)
+        self._recovered[key] = None
+        while len(self._recovered) > PRODUCERS_MAX_DEFAULT:
+            del self._recovered[next(iter(self._recovered))]
 
     def _mark_loaded(self, producer_id: int) -> None:
         self._loaded_producers[producer_id] = None
@@ -346,9 +385,15 @@ class Handlers:
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
+                spans, first = [], 0
+                for p in taken:
+                    if p.identity is not None:
+                        spans.append(ProducerSpan(p.identity[0], p.identity[1], p.identity[4],
+                                                  len(p.records), first))
+                    first += len(p.records)
                 try:
                     result = await self.node.produce(
-                        topic, partition, [r for p in taken for r in p.records]
+                        topic, partition, [r for p in taken for r in p.records], spans
                     )
                 except LevelZeroError as exc:
                     for p in taken:
