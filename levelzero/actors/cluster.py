@@ -1,0 +1,157 @@
+"""A node's membership and partition leadership in a cluster, by leases in the control plane.
+
+Each round (every third of the lease TTL) the member:
+1. renews its node lease (registering again if the control plane forgot it) and every partition
+   lease it holds; the local lease deadline (`core.cluster.LeaseClock`) moves only on success;
+2. resigns, at once, every partition whose lease the control plane no longer lists as its own
+   (a paused node waking up — a zombie — learns here that it leads nothing);
+3. reads the cluster view and applies `core.cluster.moves`: hands over a bounded number of
+   partitions another node should lead (`resign` drains and stops them, then the leases are
+   released so the successor need not wait for the TTL), and takes the leaderless partitions it
+   is preferred for (`lead` starts them: the new leader's `TermStart` fences the old term).
+
+Between rounds, `leads(pid)` answers from the local lease deadline: once it has passed without a
+successful renewal, the member acts as leader of nothing, whatever the control plane would say.
+The database fences what matters anyway (appends and term starts are term-checked).
+
+What `lead` and `resign` do is the node's business (start or stop partition actors); this actor
+only decides, so it runs the same over PostgreSQL and over the simulation's memory control plane.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import anyio.abc
+
+from levelzero.core.cluster import MOVES_PER_ROUND_MAX, LeaseClock, live_nodes, moves
+from levelzero.core.errors import LevelZeroError
+from levelzero.storage.protocols import ClusterControl, ClusterView
+
+log = logging.getLogger("levelzero.cluster")
+
+ROUNDS_PER_TTL = 3
+
+Callback = Callable[[list[int]], Awaitable[None]]
+
+
+class ClusterMember:
+    def __init__(
+        self,
+        control: ClusterControl,
+        node_id: str,
+        advertise_url: str,
+        *,
+        ttl_s: float,
+        lead: Callback,
+        resign: Callback,
+        kafka_url: str | None = None,
+        moves_max: int = MOVES_PER_ROUND_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        assert ttl_s > 0, ttl_s
+        self.control = control
+        self.node_id = node_id
+        self.advertise_url = advertise_url
+        self.kafka_url = kafka_url
+        self.ttl_s = ttl_s
+        self.moves_max = moves_max
+        self._lead = lead
+        self._resign = resign
+        self._clock = clock
+        self.lease = LeaseClock(ttl_s)
+        self.leading: set[int] = set()
+        self.view: ClusterView | None = None
+        self.draining = False
+        self.rounds = 0
+
+    # ------------------------------------------------------------------ answers
+
+    def leads(self, pid: int) -> bool:
+        return pid in self.leading and self.lease.valid(self._clock())
+
+    def leader_url(self, pid: int) -> str | None:
+        """The advertise URL of the node the last view names as `pid`'s live leader."""
+        view = self.view
+        if view is None:
+            return None
+        nodes = {n.node_id: n for n in view.nodes if n.lease_expires_at > view.now}
+        for lease in view.leases:
+            if lease.pid == pid and lease.node_id in nodes and lease.lease_expires_at > view.now:
+                return nodes[lease.node_id].advertise_url
+        return None
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
+        await self.round()
+        task_status.started()
+        while True:
+            await anyio.sleep(self.ttl_s / ROUNDS_PER_TTL)
+            try:
+                await self.round()
+            except LevelZeroError as exc:  # the control plane is away: leases run out locally
+                log.warning("cluster round failed: %s", exc)
+                await self._self_fence()
+
+    async def round(self) -> None:
+        self.rounds += 1
+        sent_at = self._clock()
+        if not await self.control.renew_node(self.node_id, self.ttl_s):
+            log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
+            await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
+        held = set(await self.control.renew_leases(self.node_id, self.ttl_s))
+        self.lease.renewed(sent_at)
+        lost = sorted(self.leading - held)
+        if lost:
+            log.warning("node %s: leases of %d partitions expired (a pause?): resigning them",
+                        self.node_id, len(lost))
+            await self._give_up(lost)
+        view = self.view = await self.control.cluster_view()
+        active, _draining = live_nodes(
+            ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
+        )
+        if self.draining and self.node_id in active:
+            active.remove(self.node_id)
+        live = set(active) | {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
+        by_name = {f"{l.topic}/{l.partition}": l for l in view.leases}
+        leaders = {
+            name: (l.node_id if l.node_id in live and l.lease_expires_at > view.now else None)
+            for name, l in by_name.items()
+        }
+        planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)
+        hand_over = [by_name[name].pid for name in planned.hand_over]
+        if hand_over:
+            await self._give_up(hand_over)
+            await self.control.release_leases(self.node_id, hand_over)
+        wanted = [by_name[name].pid for name in planned.take]
+        if wanted and not self.draining:
+            taken = await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
+            if taken:
+                self.leading.update(taken)
+                await self._lead(sorted(taken))
+
+    async def leave(self) -> None:
+        """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its
+        lease released at once, the node's row removed."""
+        self.draining = True
+        await self.control.set_draining(self.node_id)
+        await self._give_up(sorted(self.leading))
+        await self.control.leave_node(self.node_id)
+        self.lease.lost()
+
+    async def _give_up(self, pids: Sequence[int]) -> None:
+        pids = [pid for pid in pids if pid in self.leading]
+        self.leading.difference_update(pids)
+        if pids:
+            await self._resign(list(pids))
+
+    async def _self_fence(self) -> None:
+        if self.leading and not self.lease.valid(self._clock()):
+            log.warning("node %s: no lease renewal within the TTL: resigning every partition",
+                        self.node_id)
+            await self._give_up(sorted(self.leading))
