@@ -67,22 +67,32 @@ class ClusterMember:
         self.view: ClusterView | None = None
         self.draining = False
         self.rounds = 0
+        self._round_lock = anyio.Lock()
 
     # ------------------------------------------------------------------ answers
 
     def leads(self, pid: int) -> bool:
         return pid in self.leading and self.lease.valid(self._clock())
 
-    def leader_url(self, pid: int) -> str | None:
-        """The advertise URL of the node the last view names as `pid`'s live leader."""
+    def leader_url(self, topic: str, partition: int) -> str | None:
+        """The advertise URL of the node the last view names as the partition's live leader."""
         view = self.view
         if view is None:
             return None
         nodes = {n.node_id: n for n in view.nodes if n.lease_expires_at > view.now}
         for lease in view.leases:
-            if lease.pid == pid and lease.node_id in nodes and lease.lease_expires_at > view.now:
-                return nodes[lease.node_id].advertise_url
+            if (lease.topic, lease.partition) == (topic, partition):
+                if lease.node_id in nodes and lease.lease_expires_at > view.now:
+                    return nodes[lease.node_id].advertise_url
+                return None
         return None
+
+    def partitions_known(self) -> dict[str, int]:
+        """Every topic of the cluster in the last view, with its partition count."""
+        topics: dict[str, int] = {}
+        for lease in self.view.leases if self.view is not None else ():
+            topics[lease.topic] = max(topics.get(lease.topic, 0), lease.partition + 1)
+        return topics
 
     # ------------------------------------------------------------------ the loop
 
@@ -99,6 +109,11 @@ class ClusterMember:
                 await self._self_fence()
 
     async def round(self) -> None:
+        """One round (rounds never overlap: a topic's creation may ask for one between)."""
+        async with self._round_lock:
+            await self._round()
+
+    async def _round(self) -> None:
         self.rounds += 1
         sent_at = self._clock()
         if not await self.control.renew_node(self.node_id, self.ttl_s):
@@ -130,10 +145,15 @@ class ClusterMember:
             await self.control.release_leases(self.node_id, hand_over)
         wanted = [by_name[name].pid for name in planned.take]
         if wanted and not self.draining:
-            taken = await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
+            taken = [p for p in await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
+                     if p not in self.leading]
             if taken:
                 self.leading.update(taken)
                 await self._lead(sorted(taken))
+
+    async def refresh(self) -> None:
+        """Read the cluster view now (a topic another node just created, a leader just moved)."""
+        self.view = await self.control.cluster_view()
 
     async def leave(self) -> None:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its

@@ -318,15 +318,19 @@ class GcActor:
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
+        watermarks: Callable[[], Awaitable[tuple[int, dict[str, int | None]]]] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
-        with (tests inject one that records and returns, or never returns)."""
+        with (tests inject one that records and returns, or never returns). `watermarks`: in a
+        cluster, `(E, every partition's published M(p))` read in one transaction of the control
+        plane (`ClusterControl.watermark_snapshot`); otherwise this node's board and epoch."""
         self.config = config
         self._objects = object_store
         self._log = log_store
         self._cluster_epoch = cluster_epoch
         self._board = board
+        self._watermarks = watermarks
         self._views = views
         self._reconcile_failing = reconcile_failing
         self._clock = clock
@@ -494,10 +498,8 @@ class GcActor:
 
     async def _round(self, round_id: int, dry_run: bool) -> RoundReport:
         started_at = self._clock()
-        # Partition set and E together, with no await between: a partition registered on the
-        # board after this line has creation epoch >= E, which the cap E - 1 protects.
-        mps = self._board.snapshot()
-        decision = compute_cluster_watermark(self._cluster_epoch(), mps)
+        epoch, mps = await self._snapshot()
+        decision = compute_cluster_watermark(epoch, mps)
         self._watermark.observe(decision.m)
         self._last_decision = decision
         tally = _Tally()
@@ -562,6 +564,17 @@ class GcActor:
             },
         )
         return report
+
+    async def _snapshot(self) -> tuple[int, dict[str, int | None]]:
+        """E and the partition set's M(p), taken together. In a cluster, one transaction of
+        the control plane (a partition created later has creation epoch >= E: the store
+        creates it at least at the stored epoch, under a lock). Alone, the board then the
+        epoch with no await between: a partition registered on the board after this has
+        creation epoch >= E. Either way the cap E - 1 protects partitions the snapshot missed."""
+        if self._watermarks is not None:
+            return await self._watermarks()
+        mps = self._board.snapshot()
+        return self._cluster_epoch(), mps
 
     def _round_row(self, report: RoundReport) -> GcRoundRow:
         blocked = None
@@ -842,8 +855,8 @@ class GcActor:
         obj = None
         if key is not None and _parses(key):
             obj = await self._objects.head(key)
-        mps = self._board.snapshot()
-        decision = compute_cluster_watermark(self._cluster_epoch(), mps)
+        cluster_epoch, mps = await self._snapshot()
+        decision = compute_cluster_watermark(cluster_epoch, mps)
         facts = {view.name: _facts(view, self._reconcile_failing(view.name)) for view in self._views()}
         return explain(
             decision,

@@ -20,6 +20,8 @@ from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
 from levelzero.core.errors import (
     InvalidInput,
+    LedElsewhere,
+    LevelZeroError,
     ShuttingDown,
     TopicExists,
     UnknownPartition,
@@ -28,9 +30,10 @@ from levelzero.core.errors import (
 from levelzero.core.fence import FenceMode
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
-from levelzero.storage.protocols import LogStore, ObjectStore, PartitionRow
+from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
 
 from .batcher import Batcher, BatcherConfig, ProduceResult
+from .cluster import ClusterMember
 from .epochs import EpochCache, EpochService
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
@@ -74,6 +77,19 @@ class Abandoned:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """A node of a cluster: it leads the partitions its leases give it (actors/cluster.py),
+    publishes their M(p) to the control plane, and its GC takes `M` over every partition's
+    published M(p) there. Without these settings a node leads every partition of its store."""
+
+    control: ClusterControl
+    node_id: str
+    advertise_url: str
+    lease_ttl_s: float = 10.0
+    kafka_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class NodeConfig:
     fencing_mode: FenceMode = FenceMode.WINDOWED
     epoch_cache_ttl_s: float = 5.0
@@ -95,8 +111,11 @@ class Node:
         *,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] | None = None,
+        cluster: ClusterSettings | None = None,
     ) -> None:
         self.config = config
+        self.cluster = cluster
+        self.member: ClusterMember | None = None
         self.log_store = log_store
         self.object_store = object_store
         self._wall = wall_clock or time.time
@@ -143,6 +162,7 @@ class Node:
             reconcile_failing=self._reconcile_failing,
             clock=self._wall,
             rng=rng,
+            watermarks=cluster.control.watermark_snapshot if cluster is not None else None,
         )
         self._topics: dict[str, int] = {}
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
@@ -162,7 +182,11 @@ class Node:
             rows = await self.log_store.list_partitions()
             for row in rows:
                 self._check_stored_topic_name(row.topic)
-            await self._start_partitions(rows)
+            if self.cluster is None:
+                await self._start_partitions(rows)
+            else:  # known, not led: the leases say which to start
+                for row in rows:
+                    self._topics[row.topic] = max(self._topics.get(row.topic, 0), row.partition + 1)
             await tg.start(self.batcher.run)
             await tg.start(self.epochs.run)
             if self.config.reconciler.enabled:
@@ -170,6 +194,14 @@ class Node:
             if self.config.housekeeper.enabled:
                 await tg.start(self.housekeeper.run)
             await tg.start(self.gc.run)  # GcConfig.enabled=False starts it paused
+            if self.cluster is not None:
+                c = self.cluster
+                self.member = ClusterMember(
+                    c.control, c.node_id, c.advertise_url, ttl_s=c.lease_ttl_s,
+                    lead=self._lead, resign=self._resign, kafka_url=c.kafka_url,
+                )
+                await tg.start(self.member.run)
+                tg.start_soon(self._publish_watermarks, c)
             self.accepting = True
             log.info(
                 "node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current
@@ -177,7 +209,14 @@ class Node:
             task_status.started()
 
     async def shutdown(self) -> None:
-        """Stop accepting, drain in-flight produces, stop partitions, end `run`."""
+        """Stop accepting, drain in-flight produces, stop partitions, end `run`. In a cluster,
+        the partitions are handed over first (leases released at once: no TTL to wait)."""
+        if self.member is not None:
+            with anyio.move_on_after(self.drain_timeout_s):
+                try:
+                    await self.member.leave()
+                except LevelZeroError as exc:
+                    log.warning("leaving the cluster failed (leases will expire): %s", exc)
         self.accepting = False
         await self.batcher.close()
         # The batcher's run ends once its uploads (and their fences) are done.
@@ -216,6 +255,48 @@ class Node:
                 starting.start_soon(start, actor)
         for actor in actors:
             self._register(actor)
+
+    # ------------------------------------------------------------------ the cluster
+
+    async def _lead(self, pids: list[int]) -> None:
+        """Leases were taken: replay these partitions and begin a term in each (the term start
+        fences a previous leader's appends in the store)."""
+        wanted = set(pids)
+        rows = [row for row in await self.log_store.list_partitions() if row.pid in wanted]
+        for row in rows:
+            self._check_stored_topic_name(row.topic)
+            self.board.register(f"{row.topic}/{row.partition}")
+        await self._start_partitions(rows)
+        log.info("leading %d more partitions", len(rows), extra={"partitions": len(self._partitions)})
+
+    async def _resign(self, pids: list[int]) -> None:
+        """Hand these partitions over: new requests are told the leader, appends in flight
+        finish (or are refused by the store once a successor's term starts), actors stop."""
+        gone = set(pids)
+        actors = [a for a in self._partitions.values() if a.row.pid in gone]
+        for actor in actors:
+            del self._partitions[(actor.row.topic, actor.row.partition)]
+            del self._by_name[actor.name]
+        for actor in actors:
+            with anyio.move_on_after(10):
+                await actor.stop()
+        if actors:
+            log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
+
+    async def _publish_watermarks(self, cluster: ClusterSettings) -> None:
+        """The M(p) of the partitions led here, to the control plane (only rising there),
+        every third of the lease TTL: other nodes' GC rounds read them."""
+        while True:
+            values = {}
+            for actor in list(self._partitions.values()):
+                value = self.board.get(actor.name)
+                if value is not None:
+                    values[actor.row.pid] = value
+            try:
+                await cluster.control.publish_watermarks(values)
+            except LevelZeroError as exc:
+                log.warning("publishing watermarks failed: %s", exc)
+            await anyio.sleep(cluster.lease_ttl_s / 3)
 
     def _new_partition(self, row: PartitionRow) -> PartitionActor:
         return PartitionActor(
@@ -257,24 +338,34 @@ class Node:
             rows = await self.log_store.create_topic(
                 name, partitions, self.epochs.current, self._wall()
             )
-            # One after another, as they are made (start-up replays many at once): a new
-            # topic's partitions have little to replay.
-            assert self._tg is not None
-            for row in rows:
-                actor = self._new_partition(row)
-                await self._tg.start(actor.run)
-                self._register(actor)
+            if self.member is not None:  # the leases decide who leads them
+                self._topics[name] = partitions
+            else:
+                # One after another, as they are made (start-up replays many at once): a new
+                # topic's partitions have little to replay.
+                assert self._tg is not None
+                for row in rows:
+                    actor = self._new_partition(row)
+                    await self._tg.start(actor.run)
+                    self._register(actor)
+        if self.member is not None:
+            await self.member.round()  # take the new partitions this node is preferred for
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
     def topics(self) -> dict[str, int]:
-        return dict(self._topics)
+        if self.member is None:
+            return dict(self._topics)
+        return {**self._topics, **self.member.partitions_known()}
 
     def partition(self, topic: str, partition: int) -> PartitionActor:
         actor = self._partitions.get((topic, partition))
         if actor is None:
-            if topic not in self._topics:
+            topics = self.topics()
+            if topic not in topics:
                 raise UnknownTopic(topic)
+            if self.member is not None and 0 <= partition < topics[topic]:
+                raise LedElsewhere(topic, partition, self.member.leader_url(topic, partition))
             raise UnknownPartition(topic, partition)
         return actor
 
@@ -296,7 +387,7 @@ class Node:
         producers: Sequence[ProducerSpan] = (),
     ) -> ProduceResult:
         self._check_accepting()
-        actor = self.partition(topic, partition)
+        actor = await self.led_partition(topic, partition)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
             raise InvalidInput(
@@ -306,7 +397,18 @@ class Node:
         return await self.batcher.produce(actor, records, producers)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        return await self.reader.fetch(self.partition(topic, partition), offset, max_bytes)
+        return await self.reader.fetch(await self.led_partition(topic, partition), offset, max_bytes)
+
+    async def led_partition(self, topic: str, partition: int) -> PartitionActor:
+        """The partition's actor here; in a cluster, a miss reads the cluster view again first
+        (a topic another node just created, a leader that just moved) before it is answered."""
+        try:
+            return self.partition(topic, partition)
+        except (UnknownTopic, UnknownPartition, LedElsewhere):
+            if self.member is None:
+                raise
+        await self.member.refresh()
+        return self.partition(topic, partition)
 
     # ------------------------------------------------------------------ operator escape hatch
 

@@ -51,6 +51,20 @@ class NotLeader(LevelZeroError):
         self.current_term = current_term
 
 
+class LedElsewhere(LevelZeroError):
+    """In a cluster, another node leads the partition (or none does, during a move)."""
+
+    code = "not_leader"
+    retriable = True
+
+    def __init__(self, topic: str, partition: int, leader_url: str | None) -> None:
+        where = f"its leader is {leader_url}" if leader_url else "it has no live leader (moving)"
+        super().__init__(f"partition {topic}/{partition} is not led by this node: {where}")
+        self.topic = topic
+        self.partition = partition
+        self.leader_url = leader_url
+
+
 class MalformedKey(LevelZeroError, ValueError):
     """An object key does not follow the levelzero key layout."""
 

@@ -43,7 +43,7 @@ from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.core.gc import WatermarkDecision
 from levelzero.actors.reader import FETCH_BYTES_MAX
-from levelzero.core.errors import InvalidInput, LevelZeroError
+from levelzero.core.errors import InvalidInput, LedElsewhere, LevelZeroError
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
@@ -282,6 +282,13 @@ class Api:
             raise ApiError(401, "unauthorized", "invalid bearer token")
 
     def _operating_error(self, request: Request, exc: LevelZeroError) -> Response:
+        if isinstance(exc, LedElsewhere) and exc.leader_url:
+            # Redirect rather than forward: the leader does the work once, the client learns
+            # where the partition is, and 307 keeps the method and the body.
+            location = exc.leader_url.rstrip("/") + request.url.path
+            if request.url.query:
+                location += "?" + request.url.query
+            return error_response(307, exc.code, str(exc), {"Location": location})
         status = STATUS_BY_CODE.get(exc.code, 500)
         if status >= 500:
             level = logging.WARNING if exc.retriable else logging.ERROR
@@ -312,10 +319,11 @@ class Api:
             f"request body of {size} bytes exceeds body_bytes_max {self.settings.body_bytes_max}",
         )
 
-    def _partition_path(self, request: Request) -> tuple[str, int]:
+    async def _partition_path(self, request: Request) -> tuple[str, int]:
         topic = request.path_params["topic"]
         partition = _unsigned("partition", request.path_params["partition"])
-        self.node.partition(topic, partition)  # UnknownTopic / UnknownPartition -> 404
+        # UnknownTopic / UnknownPartition -> 404; in a cluster, LedElsewhere -> 307 or 503
+        await self.node.led_partition(topic, partition)
         return topic, partition
 
     def _check_serving(self) -> None:
@@ -337,7 +345,7 @@ class Api:
     # ------------------------------------------------------------------ records
 
     async def produce(self, request: Request) -> Response:
-        topic, partition = self._partition_path(request)
+        topic, partition = await self._partition_path(request)
         body: ProduceRequest = _decode(ProduceRequest, await self._read_body(request))
         count = len(body.records)
         if any(r.timestamp_ms is not None and r.timestamp_ms < 0 for r in body.records):
@@ -371,7 +379,7 @@ class Api:
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
 
     async def fetch(self, request: Request) -> Response:
-        topic, partition = self._partition_path(request)
+        topic, partition = await self._partition_path(request)
         params = request.query_params
         unknown = sorted(set(params) - {"offset", "max_bytes"})
         if unknown:

@@ -57,6 +57,9 @@ def default_url() -> str:
     return os.environ.get("LEVELZERO_URL") or DEFAULT_URL
 
 
+REDIRECTS_MAX = 3  # a leader moving twice while a request follows it
+
+
 class Client:
     """`async with Client(url, token=...) as client: await client.produce(...)`."""
 
@@ -74,9 +77,11 @@ class Client:
         self.url = (url or default_url()).rstrip("/")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # trust_env=False: a levelzero daemon is reached directly, never through $HTTP_PROXY.
+        # In a cluster, a node answers a request for a partition it does not lead with a 307 to
+        # the leader (method and body kept): followed, a few hops at most.
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=headers, timeout=timeout_s, transport=transport,
-            trust_env=False,
+            trust_env=False, follow_redirects=True, max_redirects=REDIRECTS_MAX,
         )
 
     async def __aenter__(self) -> Client:

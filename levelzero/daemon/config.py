@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import urllib.parse
 import ssl
 import tomllib
 from collections.abc import Mapping
@@ -466,6 +467,28 @@ class KafkaSection(_Section):
         return context
 
 
+class ClusterSection(_Section):
+    """Several nodes on one bucket and one PostgreSQL control plane: off unless `enabled`."""
+
+    enabled: bool = False
+    node_id: str = ""  # empty: this host's name and the HTTP port (stable across restarts)
+    advertise_url: str = ""  # where other nodes and clients reach this node's HTTP API
+    lease_ttl_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.lease_ttl_s <= 300.0:
+            raise ValueError("lease_ttl_s must be in 1..300")
+        if self.node_id and not re.fullmatch(r"[A-Za-z0-9._:-]{1,100}", self.node_id):
+            raise ValueError("node_id must be 1-100 of A-Z a-z 0-9 . _ : -")
+        if self.advertise_url:
+            parsed = urllib.parse.urlsplit(self.advertise_url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+                raise ValueError(
+                    f"advertise_url {self.advertise_url!r} must be an http(s) URL of this node, "
+                    "such as http://10.0.0.5:7070"
+                )
+
+
 class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     server: ServerSection = msgspec.field(default_factory=ServerSection)
     storage: StorageSection = msgspec.field(default_factory=StorageSection)
@@ -479,8 +502,16 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     metrics: MetricsSection = msgspec.field(default_factory=MetricsSection)
     kafka: KafkaSection = msgspec.field(default_factory=KafkaSection)
+    cluster: ClusterSection = msgspec.field(default_factory=ClusterSection)
 
     def __post_init__(self) -> None:
+        if self.cluster.enabled and self.control.kind != "postgres":
+            raise ValueError(
+                "cluster.enabled needs the PostgreSQL control plane (control.kind = 'postgres'): "
+                "the nodes of a cluster share it"
+            )
+        if self.cluster.enabled and not self.cluster.advertise_url:
+            raise ValueError("cluster.advertise_url is required when cluster.enabled (this node's HTTP URL)")
         if self.control.kind == "postgres" and not self.control.dsn:
             raise ValueError(
                 "control.dsn is required when control.kind = 'postgres' (or set LEVELZERO_CONTROL_DSN)"

@@ -26,7 +26,7 @@ import anyio.abc
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from levelzero.actors.node import Node
+from levelzero.actors.node import ClusterSettings, Node
 from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore
@@ -120,9 +120,13 @@ async def open_object_store(config: Config) -> ObjectStore:
 CLAIM_ATTEMPTS_MAX = 5
 
 
-async def _claim_store_with_retries(store: ObjectStore, config: Config) -> None:
-    """Claim the store for this data directory; transient store errors are retried (bounded)."""
+async def _claim_store_with_retries(store: ObjectStore, config: Config, log_store: ControlStore) -> None:
+    """Claim the store for this data directory, or in a cluster for the cluster the control
+    plane names (every node shares its id); transient store errors are retried (bounded)."""
     cluster_id = local_cluster_id(config.storage.data_dir)
+    if config.cluster.enabled:
+        assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
+        cluster_id = await log_store.cluster_id(cluster_id)
     for attempt in range(1, CLAIM_ATTEMPTS_MAX + 1):
         try:
             await claim_store(store, cluster_id, _store_where(config))
@@ -305,7 +309,7 @@ class Daemon:
                 try:
                     if self._wrap_object_store is not None:
                         object_store = self._wrap_object_store(object_store)
-                    await _claim_store_with_retries(object_store, config)
+                    await _claim_store_with_retries(object_store, config, log_store)
                     await self._serve(tg, log_store, object_store, task_status)
                 finally:
                     with anyio.CancelScope(shield=True):
@@ -334,7 +338,17 @@ class Daemon:
             log_store.on_connection_error = lambda what, error: health.failed(
                 health.log_store, what, error
             )
-        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects)
+        cluster = None
+        if config.cluster.enabled:
+            assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
+            cluster = ClusterSettings(
+                log_store,
+                config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}",
+                config.cluster.advertise_url.rstrip("/"),
+                lease_ttl_s=config.cluster.lease_ttl_s,
+            )
+        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects,
+                    cluster=cluster)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
         self.metrics = metrics = DaemonMetrics(

@@ -20,8 +20,14 @@ class MemoryClusterControl:
         self.nodes: dict[str, NodeRow] = {}
         self.leases: dict[int, tuple[str, float]] = {}  # pid -> (node, expires at)
         self.watermarks: dict[int, int] = {}
+        self.identity: str | None = None
 
     # ------------------------------------------------------------------ membership
+
+    async def cluster_id(self, proposed: str) -> str:
+        if self.identity is None:
+            self.identity = proposed
+        return self.identity
 
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float

@@ -49,6 +49,8 @@ class MemoryLogStore:
     ) -> list[PartitionRow]:
         if any(row.topic == topic for row in self.partitions.values()):
             raise TopicExists(f"topic {topic!r} exists")
+        # At least the stored cluster epoch (as PostgreSQL does, for nodes with stale caches).
+        creation_epoch = max(creation_epoch, self.cluster_epoch)
         rows = []
         for p in range(partitions):
             pid = len(self.partitions) + 1

@@ -372,6 +372,11 @@ class ClusterControl(Protocol):
     """Membership, partition leases and published `M(p)`, all timed by the control plane's
     clock (never a node's). An optional role: a single node needs none of it."""
 
+    async def cluster_id(self, proposed: str) -> str:
+        """The cluster's id: `proposed` if none is stored yet (the first node), else the stored
+        one. Every node claims the object store with it."""
+        ...
+
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
     ) -> None:

@@ -80,7 +80,9 @@ async def test_three_members_split_the_partitions_each_led_once() -> None:
     view = await control.cluster_view()
     assert {l.pid: l.node_id for l in view.leases} == {
         pid: name for name, node in nodes.items() for pid in node.led}
-    assert members["a"].leader_url(next(iter(nodes["b"].led))) == "http://b"
+    b_partition = next(iter(nodes["b"].led)) - 1  # pids 1..60 are partitions 0..59 of "t"
+    assert members["a"].leader_url("t", b_partition) == "http://b"
+    assert members["a"].partitions_known() == {"t": PARTITIONS}
 
 
 async def test_a_paused_member_loses_its_partitions_and_learns_it_on_waking() -> None:

@@ -332,3 +332,20 @@ def test_configure_logging_replaces_handlers() -> None:
         for handler in saved_handlers:
             root.addHandler(handler)
         root.setLevel(saved_level)
+
+
+def test_cluster_settings_are_checked() -> None:
+    pg = {"LEVELZERO_CONTROL_KIND": "postgres", "LEVELZERO_CONTROL_DSN": "postgresql://u@127.0.0.1/db"}
+    on = {"LEVELZERO_CLUSTER_ENABLED": "true", "LEVELZERO_CLUSTER_ADVERTISE_URL": "http://10.0.0.5:7070"}
+    config = load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_NODE_ID": "n1"})
+    assert (config.cluster.enabled, config.cluster.node_id, config.cluster.lease_ttl_s) == (True, "n1", 10.0)
+    with pytest.raises(ConfigError, match="cluster.enabled needs the PostgreSQL control plane"):
+        load_config(None, environ=on)
+    with pytest.raises(ConfigError, match="cluster.advertise_url is required"):
+        load_config(None, environ={**pg, "LEVELZERO_CLUSTER_ENABLED": "true"})
+    with pytest.raises(ConfigError, match="must be an http\\(s\\) URL of this node"):
+        load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_ADVERTISE_URL": "10.0.0.5:7070"})
+    with pytest.raises(ConfigError, match="lease_ttl_s must be in 1..300"):
+        load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_LEASE_TTL_S": "0.1"})
+    with pytest.raises(ConfigError, match="node_id must be"):
+        load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_NODE_ID": "has space"})

@@ -130,3 +130,24 @@ async def test_watermarks_only_rise_and_the_snapshot_names_every_partition(
         more = await b.log.create_topic("u", 1, 7, 0.0)
         assert more[0].creation_epoch >= 7
         assert await c.watermark_snapshot() == (7, {"t/0": 6, "t/1": 4, "u/0": None})
+
+
+async def test_a_partition_is_never_created_below_the_stored_cluster_epoch(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A node whose epoch cache is stale creates a topic: its creation epoch is the stored one,
+    so a GC round whose snapshot missed it cannot have an `E` above it."""
+    async with backend(kind, request) as b:
+        await b.log.set_cluster_epoch(9)
+        rows = await b.log.create_topic("late", 2, 4, 0.0)  # the creator believed epoch 4
+        assert [row.creation_epoch for row in rows] == [9, 9]
+        rows = await b.log.create_topic("ahead", 1, 11, 0.0)  # a node ahead keeps its own
+        assert [row.creation_epoch for row in rows] == [11]
+
+
+async def test_the_first_node_names_the_cluster_and_every_later_one_learns_it(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    async with backend(kind, request) as b:
+        assert await b.control.cluster_id("first") == "first"
+        assert await b.control.cluster_id("second") == "first"

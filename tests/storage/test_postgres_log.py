@@ -96,7 +96,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     connection = await asyncpg.connect(postgres_dsn)
     try:
         for table in ("consumer_offsets", "producer_batches", "partition_watermarks",
-                      "partition_leases", "cluster_nodes"):
+                      "partition_leases", "cluster_nodes", "cluster_identity"):
             await connection.execute(f"DROP TABLE {table}")
         await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
     finally:
@@ -108,7 +108,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4]
+            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4, 5]
     finally:
         await connection.close()
 

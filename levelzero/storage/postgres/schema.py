@@ -33,7 +33,7 @@ FROM partitions p ORDER BY p.pid"""
 SCHEMA_TABLES = frozenset({
     "partitions", "log", "snapshots", "cluster_epoch", "l1_objects", "l0_objects", "gc_rounds",
     "fence_events", "state_samples", "consumer_offsets", "producer_batches", "cluster_nodes",
-    "partition_leases", "partition_watermarks",
+    "partition_leases", "partition_watermarks", "cluster_identity",
 })
 
 MIGRATIONS: tuple[str, ...] = (
@@ -184,6 +184,13 @@ CREATE TABLE partition_watermarks (
     pid BIGINT PRIMARY KEY REFERENCES partitions (pid),
     mp BIGINT NOT NULL,
     published_at DOUBLE PRECISION NOT NULL
+);
+""",
+    # 5: the cluster's id, the one every node claims the object store with
+    """
+CREATE TABLE cluster_identity (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    cluster_id TEXT NOT NULL
 );
 """,
 )

@@ -693,11 +693,17 @@ class PostgresLogStore:
             return [PartitionRow(*row) for row in rows]
 
         async def work(connection: asyncpg.Connection) -> list[PartitionRow]:
+            # The creation epoch is at least the cluster epoch as stored, read under a share
+            # lock that holds back any raise until this commits: a GC round whose snapshot
+            # misses the new partitions read E <= their creation epoch, so its cap E - 1 keeps
+            # their objects, however stale the creating node's epoch cache is.
+            stored = await connection.fetchval("SELECT epoch FROM cluster_epoch WHERE id = 1 FOR SHARE")
+            epoch = max(creation_epoch, stored or 1)
             try:
                 await connection.execute(
                     "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
                     " SELECT $1::text, p, $2::bigint, 0, $3::float8 FROM generate_series(0, $4::int - 1) AS p",
-                    topic, creation_epoch, now, partitions,
+                    topic, epoch, now, partitions,
                 )
             except asyncpg.UniqueViolationError:
                 raise TopicExists(f"topic {topic!r} exists") from None
@@ -982,6 +988,19 @@ class PostgresLogStore:
     # ------------------------------------------------------------------ the cluster
     # Every lease time is the database's clock (`_NOW`), never a node's: nodes whose clocks
     # differ still agree on who holds what.
+
+    async def cluster_id(self, proposed: str) -> str:
+        async def work(connection: asyncpg.Connection) -> str:
+            await connection.execute(
+                "INSERT INTO cluster_identity (id, cluster_id) VALUES (1, $1) ON CONFLICT (id) DO NOTHING",
+                proposed,
+            )
+            return await connection.fetchval("SELECT cluster_id FROM cluster_identity WHERE id = 1")
+
+        async def resolve(connection: asyncpg.Connection) -> str:
+            return await connection.fetchval("SELECT cluster_id FROM cluster_identity WHERE id = 1")
+
+        return str(await self._transact("reading the cluster id", work, resolve))
 
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float

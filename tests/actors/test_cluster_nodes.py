@@ -1,0 +1,182 @@
+"""Two real Nodes in cluster mode over one control plane (memory log store, memory object
+store, memory ClusterControl), in real time with a short lease TTL: the leases split the
+partitions, each produce goes to its partition's leader (another node answers LedElsewhere
+with the leader's URL), a graceful shutdown hands its partitions over without waiting for the
+TTL and the successor begins a new term and serves every acknowledged record; a crashed node's
+partitions move once its leases expire; the GC's `M` is taken over every partition's published
+M(p) in the control plane, not over the partitions one node leads."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import anyio
+import pytest
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.gc import GcConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import ClusterSettings, Node, NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.errors import LedElsewhere
+from levelzero.core.gc import compute_cluster_watermark
+from levelzero.core.l0format import Record
+from levelzero.storage.memory_cluster import MemoryClusterControl
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+
+TTL_S = 0.6
+TOPIC = "t"
+PARTITIONS = 6
+WAIT_S = 20.0
+
+
+def config() -> NodeConfig:
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        batcher=BatcherConfig(linger_ms=2.0),
+        reconciler=ReconcilerConfig(enabled=False),
+        housekeeper=HousekeeperConfig(enabled=False),
+        gc=GcConfig(enabled=False),
+    )
+
+
+class Cluster:
+    def __init__(self) -> None:
+        self.log = MemoryLogStore()
+        self.objects = MemoryObjectStore()
+        self.control = MemoryClusterControl(self.log, time.monotonic)
+        self.nodes: dict[str, Node] = {}
+        self.scopes: dict[str, anyio.CancelScope] = {}
+
+    def node(self, name: str) -> Node:
+        return Node(config(), self.log, self.objects, rng=random.Random(name),
+                    cluster=ClusterSettings(self.control, name, f"http://{name}", lease_ttl_s=TTL_S))
+
+    async def start(self, tg: anyio.abc.TaskGroup, name: str) -> Node:
+        node = self.nodes[name] = self.node(name)
+        scope = self.scopes[name] = anyio.CancelScope()
+
+        async def run(*, task_status: anyio.abc.TaskStatus) -> None:
+            with scope:
+                await node.run(task_status=task_status)
+
+        await tg.start(run)
+        return node
+
+    def by_url(self, url: str | None) -> Node | None:
+        return None if url is None else self.nodes.get(url.removeprefix("http://"))
+
+    async def produce(self, partition: int, values: list[bytes]) -> int:
+        """Through any node, following LedElsewhere to the leader (as clients follow 307)."""
+        with anyio.fail_after(WAIT_S):
+            while True:
+                for node in list(self.nodes.values()):
+                    if not node.accepting:
+                        continue
+                    try:
+                        result = await node.produce(TOPIC, partition, [Record(None, v) for v in values])
+                        return result.base_offset
+                    except LedElsewhere as exc:
+                        leader = self.by_url(exc.leader_url)
+                        if leader is not None and leader.accepting:
+                            try:
+                                result = await leader.produce(TOPIC, partition, [Record(None, v) for v in values])
+                                return result.base_offset
+                            except LedElsewhere:
+                                pass
+                await anyio.sleep(0.05)
+
+    def leaders(self) -> dict[int, list[str]]:
+        led: dict[int, list[str]] = {p: [] for p in range(PARTITIONS)}
+        for name, node in self.nodes.items():
+            if node.accepting:
+                for actor in node.partitions():
+                    led[actor.row.partition].append(name)
+        return led
+
+
+async def wait_for(condition: Callable[[], bool], what: str) -> None:
+    with anyio.fail_after(WAIT_S, shield=False):
+        while not condition():
+            await anyio.sleep(0.02)
+    assert condition(), what
+
+
+async def read_all(node: Node, partition: int) -> list[bytes]:
+    out, offset = [], 0
+    while True:
+        fetched = await node.fetch(TOPIC, partition, offset, 1 << 20)
+        out.extend(r.value for r in fetched.records)
+        if fetched.next_offset >= fetched.high_watermark:
+            return out
+        offset = fetched.next_offset
+
+
+async def test_two_nodes_split_hand_over_and_serve_every_acknowledged_record() -> None:
+    c = Cluster()
+    written: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        b = await c.start(tg, "b")
+        await a.create_topic(TOPIC, PARTITIONS)
+        await wait_for(lambda: all(len(v) == 1 for v in c.leaders().values()), "one leader each")
+        assert {name for names in c.leaders().values() for name in names} == {"a", "b"}
+        for round_ in range(3):
+            for p in range(PARTITIONS):
+                values = [f"{round_}-{p}-{i}".encode() for i in range(3)]
+                assert await c.produce(p, values) == len(written[p])
+                written[p].extend(values)
+        # A request to the node that does not lead a partition names the leader (once its
+        # view, read every third of the TTL, shows the lease).
+        b_led = next(p for p, names in c.leaders().items() if names == ["b"])
+        await wait_for(lambda: a.member.leader_url(TOPIC, b_led) is not None, "a's view names b")
+        with pytest.raises(LedElsewhere) as elsewhere:
+            await a.produce(TOPIC, b_led, [Record(None, b"x")])
+        assert elsewhere.value.leader_url == "http://b"
+
+        # a's GC takes M over every partition's published M(p), b's included.
+        async def all_published() -> dict[str, int | None]:
+            with anyio.fail_after(WAIT_S):
+                while True:
+                    _, mps = await c.control.watermark_snapshot()
+                    if all(value is not None for value in mps.values()):
+                        return mps
+                    await anyio.sleep(0.05)
+
+        mps = await all_published()
+        assert set(mps) == {f"{TOPIC}/{p}" for p in range(PARTITIONS)}
+        assert {actor.name for actor in a.partitions()} < set(mps)
+        report = await a.gc.run_round(dry_run=True)
+        epoch, mps = await c.control.watermark_snapshot()
+        assert report.m == compute_cluster_watermark(epoch, mps).m
+
+        # b leaves gracefully: a leads everything at once (no TTL to wait), in a new term.
+        terms_before = {row.pid: row.term for row in await c.log.list_partitions()}
+        started = time.monotonic()
+        await b.shutdown()
+        await wait_for(lambda: all(v == ["a"] for v in c.leaders().values()), "a leads all")
+        assert time.monotonic() - started < TTL_S * 3
+        rows = await c.log.list_partitions()
+        assert all(row.term > terms_before[row.pid] for row in rows if row.partition == b_led)
+        for p in range(PARTITIONS):
+            assert await c.produce(p, [b"after"]) == len(written[p])
+            written[p].append(b"after")
+            assert await read_all(a, p) == written[p]
+
+        # A crash (no leave): its partitions move once its leases expire.
+        b2 = await c.start(tg, "b2")
+        await wait_for(lambda: any("b2" in names for names in c.leaders().values()), "b2 takes some")
+        moved = [p for p, names in c.leaders().items() if names == ["b2"]]
+        c.scopes["b2"].cancel()  # gone mid-flight: no shutdown, no lease released
+        b2.accepting = False
+        await wait_for(lambda: all(c.leaders()[p] == ["a"] for p in moved), "a takes b2's back")
+        for p in moved:
+            assert await c.produce(p, [b"after crash"]) == len(written[p])
+            written[p].append(b"after crash")
+        for p in range(PARTITIONS):
+            assert await read_all(a, p) == written[p]
+
+        tg.cancel_scope.cancel()

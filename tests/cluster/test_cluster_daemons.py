@@ -1,0 +1,146 @@
+"""Three real daemons, one throwaway PostgreSQL, one moto S3 bucket, on loopback: a cluster.
+
+Every node takes every request: a partition led elsewhere is answered with a 307 to its leader,
+which the bundled client follows. Records produced through all nodes are readable byte for byte
+through any node; no offset is acknowledged twice; a SIGKILLed leader's partitions accept writes
+again once its leases expire (about the TTL); a gracefully stopped node hands over at once; a
+SIGSTOPped leader (a zombie) loses its partitions and, woken, acknowledges nothing it does not
+lead any more."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from daemon_support import DaemonProcess, postgres_control
+from levelzero.daemon.client import ApiError, Client
+
+pytestmark = pytest.mark.s3
+
+TTL_S = 2.0
+TOPIC = "c"
+PARTITIONS = 6
+WAIT_S = 60.0
+
+
+def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
+    return {
+        **postgres_control(dsn),
+        "LEVELZERO_STORAGE_KIND": "s3",
+        "LEVELZERO_S3_ENDPOINT": endpoint.endpoint_url,
+        "LEVELZERO_S3_BUCKET": bucket,
+        "LEVELZERO_S3_REGION": endpoint.region,
+        "LEVELZERO_S3_PATH_STYLE": "true",
+        "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
+        "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
+        "LEVELZERO_CLUSTER_ENABLED": "true",
+        "LEVELZERO_CLUSTER_NODE_ID": name,
+        "LEVELZERO_CLUSTER_LEASE_TTL_S": str(TTL_S),
+    }
+
+
+def start_nodes(tmp_path: Path, dsn: str, endpoint, bucket: str, names: list[str]) -> dict[str, DaemonProcess]:  # noqa: ANN001
+    nodes = {}
+    for name in names:
+        process = DaemonProcess(tmp_path / name, tmp_path / f"{name}-logs", env=cluster_env(name, dsn, endpoint, bucket))
+        (tmp_path / f"{name}-logs").mkdir()
+        process.env["LEVELZERO_CLUSTER_ADVERTISE_URL"] = process.url
+        nodes[name] = process
+    for process in nodes.values():
+        process.start()
+    return nodes
+
+
+async def produce_until_acknowledged(urls: list[str], partition: int, value: bytes) -> tuple[int, float]:
+    """Through the given nodes in turn until one acknowledges; (offset, seconds it took)."""
+    started = time.monotonic()
+    with anyio.fail_after(WAIT_S):
+        while True:
+            for url in urls:
+                async with Client(url, timeout_s=5.0) as client:
+                    try:
+                        ack = await client.produce(TOPIC, partition, [value])
+                        return ack.base_offset, time.monotonic() - started
+                    except ApiError as exc:
+                        assert exc.code in ("not_leader", "unreachable", "timeout", "shutting_down",
+                                            "storage_error", "http_error"), exc
+            await anyio.sleep(0.1)
+
+
+async def read_partition(url: str, partition: int) -> list[bytes]:
+    async with Client(url, timeout_s=10.0) as client:
+        out, offset = [], 0
+        while True:
+            fetched = await client.fetch(TOPIC, partition, offset)
+            out.extend(r.value for r in fetched.records)
+            if fetched.next_offset >= fetched.high_watermark:
+                return out
+            offset = fetched.next_offset
+
+
+async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_and_pause(
+    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+) -> None:
+    nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"])
+    acked: dict[int, dict[int, bytes]] = {p: {} for p in range(PARTITIONS)}
+    rng = random.Random(20)
+
+    async def produce_some(names: list[str], tag: str, count: int) -> list[float]:
+        waits = []
+        for i in range(count):
+            partition = i % PARTITIONS
+            value = f"{tag}-{i}-{rng.randbytes(8).hex()}".encode()
+            urls = [nodes[n].url for n in rng.sample(names, len(names))]
+            offset, waited = await produce_until_acknowledged(urls, partition, value)
+            assert offset not in acked[partition], f"offset {offset} of {partition} acknowledged twice"
+            acked[partition][offset] = value
+            waits.append(waited)
+        return waits
+
+    async def check_everything(names: list[str]) -> None:
+        for name in names:
+            for partition in range(PARTITIONS):
+                stored = await read_partition(nodes[name].url, partition)
+                for offset, value in acked[partition].items():
+                    assert stored[offset] == value, (name, partition, offset)
+
+    try:
+        async with Client(nodes["n1"].url) as client:
+            await client.create_topic(TOPIC, PARTITIONS)
+        await produce_some(["n1", "n2", "n3"], "first", 60)
+        await check_everything(["n1", "n2", "n3"])
+
+        # SIGKILL one node: its partitions accept writes again after about the TTL.
+        nodes["n3"].signal(signal.SIGKILL)
+        nodes["n3"].wait_exit()
+        waits = await produce_some(["n1", "n2"], "after-kill", 30)
+        assert max(waits) < TTL_S + 8.0, max(waits)
+        await check_everything(["n1", "n2"])
+
+        # A graceful stop hands over without waiting for the TTL.
+        assert nodes["n2"].stop() == 0
+        waits = await produce_some(["n1"], "after-stop", 30)
+        assert max(waits) < TTL_S, max(waits)
+
+        # n2 and n3 come back and take their shares again.
+        for name in ("n2", "n3"):
+            nodes[name].start()
+        await produce_some(["n1", "n2", "n3"], "rejoined", 30)
+
+        # SIGSTOP one past its lease (a zombie), then SIGCONT: nothing it acknowledges is lost.
+        nodes["n2"].signal(signal.SIGSTOP)
+        await anyio.sleep(TTL_S * 1.5)
+        waits = await produce_some(["n1", "n3"], "while-paused", 30)
+        nodes["n2"].signal(signal.SIGCONT)
+        await produce_some(["n1", "n2", "n3"], "after-pause", 30)
+        await check_everything(["n1", "n2", "n3"])
+    finally:
+        for process in nodes.values():
+            if process.proc is not None and process.proc.poll() is None:
+                process.signal(signal.SIGCONT)
+            process.cleanup()
