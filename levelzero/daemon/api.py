@@ -55,6 +55,8 @@ from .schema import (
     AbandonRequest,
     AbandonResponse,
     BatcherStatus,
+    ClusterInfo,
+    ClusterNodeInfo,
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
@@ -337,6 +339,29 @@ class Api:
         self._check_serving()
         rows = await self.node.create_topic(body.name, body.partitions)
         return _json(TopicInfo(body.name, len(rows)), 201)
+
+    async def cluster(self, request: Request) -> Response:
+        member = self.node.member
+        if member is None:
+            total = len(self.node.partitions())
+            return _json(ClusterInfo(False, None, [], total, 0))
+        await member.refresh()
+        view = member.view
+        assert view is not None
+        led: dict[str, int] = {}
+        without = 0
+        live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
+        for lease in view.leases:
+            if lease.node_id in live and lease.lease_expires_at > view.now:
+                led[lease.node_id] = led.get(lease.node_id, 0) + 1
+            else:
+                without += 1
+        nodes = [
+            ClusterNodeInfo(n.node_id, n.advertise_url, n.node_id in live, n.draining,
+                            led.get(n.node_id, 0), round(n.lease_expires_at - view.now, 3))
+            for n in view.nodes
+        ]
+        return _json(ClusterInfo(True, member.node_id, nodes, len(view.leases), without))
 
     async def list_topics(self, request: Request) -> Response:
         topics = sorted(self.node.topics().items())
@@ -749,6 +774,7 @@ def build_app(
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
         api.route(records, {"POST": api.produce, "GET": api.fetch}),
         api.route("/v1/status", {"GET": api.status}),
+        api.route("/v1/cluster", {"GET": api.cluster}),
         api.route("/v1/status/partitions", {"GET": api.status_partitions}),
         api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
         api.route("/v1/gc/run", {"POST": api.gc_run}),

@@ -984,6 +984,33 @@ def add_consume(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_client_command(_consume))
 
 
+def add_cluster(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="the cluster's nodes, their health and how many partitions each leads")
+    p.add_argument("--json", action="store_true")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_cluster))
+
+
+async def _cluster(args: argparse.Namespace, client: Client) -> None:
+    info = await client.cluster()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(info)).decode())
+        return
+    if not info.enabled:
+        print(f"a single node (no [cluster]): it leads all {info.partitions_total} partitions")
+        return
+    rows = [("NODE", "URL", "STATE", "LEADS", "LEASE")]
+    for n in info.nodes:
+        state = ("draining" if n.draining else "live") if n.live else "expired"
+        rows.append((n.node_id + (" *" if n.node_id == info.node_id else ""), n.advertise_url, state,
+                     str(n.partitions_led), f"{n.lease_expires_in_s:+.1f}s"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"{info.partitions_total} partitions, {info.partitions_without_leader} without a live leader"
+          " (* answered)")
+
+
 def add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="cluster epoch, M, outlier partitions, per-partition fence and state")
     p.add_argument("--json", action="store_true")
@@ -1075,6 +1102,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_produce,
     add_consume,
     add_status,
+    add_cluster,
     add_epoch,
     add_gc,
     add_partition,

@@ -21,6 +21,7 @@ from .config import token_problem
 from .schema import (
     AbandonRequest,
     AbandonResponse,
+    ClusterInfo,
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
@@ -155,6 +156,10 @@ class Client:
         if max_bytes is not None:
             params["max_bytes"] = max_bytes
         return await self._call("GET", _records_path(topic, partition), FetchResponse, params=params)
+
+    async def cluster(self) -> ClusterInfo:
+        """The cluster's members and who leads how many partitions (a single node: enabled False)."""
+        return await self._call("GET", "/v1/cluster", ClusterInfo)
 
     async def status(self) -> StatusResponse:
         """The summary: M, the outlier partitions and the first page of partitions."""

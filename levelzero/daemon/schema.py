@@ -290,3 +290,22 @@ class EpochResponse(_Response):
 
 class HealthResponse(_Response):
     status: str
+
+
+class ClusterNodeInfo(_Response):
+    node_id: str
+    advertise_url: str
+    live: bool  # its lease is current
+    draining: bool
+    partitions_led: int
+    lease_expires_in_s: float  # negative: expired that long ago
+
+
+class ClusterInfo(_Response):
+    """`GET /v1/cluster`: the members and who leads what, as this node last read them."""
+
+    enabled: bool  # False: a single node (it leads every partition)
+    node_id: str | None  # the node that answered
+    nodes: list[ClusterNodeInfo]
+    partitions_total: int
+    partitions_without_leader: int

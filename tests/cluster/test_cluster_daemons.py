@@ -114,6 +114,19 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
             await client.create_topic(TOPIC, PARTITIONS)
         await produce_some(["n1", "n2", "n3"], "first", 60)
         await check_everything(["n1", "n2", "n3"])
+        async with Client(nodes["n2"].url) as client:
+            info = await client.cluster()
+        assert info.enabled and info.node_id == "n2"
+        assert [(n.node_id, n.advertise_url, n.live) for n in info.nodes] == [
+            (name, nodes[name].url, True) for name in ("n1", "n2", "n3")]
+        assert sum(n.partitions_led for n in info.nodes) == PARTITIONS
+        assert info.partitions_without_leader == 0
+        shown = nodes["n1"].cli("cluster")
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.decode().splitlines()
+        assert lines[0].split() == ["NODE", "URL", "STATE", "LEADS", "LEASE"]
+        assert [line.split()[0] for line in lines[1:4]] == ["n1", "n2", "n3"]
+        assert lines[-1].startswith(f"{PARTITIONS} partitions, 0 without a live leader")
 
         # SIGKILL one node: its partitions accept writes again after about the TTL.
         nodes["n3"].signal(signal.SIGKILL)

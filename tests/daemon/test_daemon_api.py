@@ -320,3 +320,10 @@ async def test_unexpected_errors_are_500_json_and_the_daemon_keeps_serving(
         assert any(r.levelname == "CRITICAL" and "BUG" in r.getMessage() for r in caplog.records)
         api.views = original  # type: ignore[method-assign]
         assert (await client.status()).partitions[0].topic == "t"
+
+
+async def test_a_single_node_says_it_is_not_a_cluster(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 3)
+        info = await client.cluster()
+        assert (info.enabled, info.node_id, info.nodes, info.partitions_total) == (False, None, [], 3)
