@@ -40,7 +40,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from levelzero.core.errors import InvalidInput, LevelZeroError, StorageError
+from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, StorageError
 from levelzero.core.gc import (
     DELETE_BATCH_KEYS_MAX,
     Eligible,
@@ -319,18 +319,22 @@ class GcActor:
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         watermarks: Callable[[], Awaitable[tuple[int, dict[str, int | None]]]] | None = None,
+        share: Callable[[], range] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
         with (tests inject one that records and returns, or never returns). `watermarks`: in a
         cluster, `(E, every partition's published M(p))` read in one transaction of the control
-        plane (`ClusterControl.watermark_snapshot`); otherwise this node's board and epoch."""
+        plane (`ClusterControl.watermark_snapshot`); otherwise this node's board and epoch.
+        `share`: in a cluster, the key prefixes this node's rounds list and delete in (read each
+        round, from the membership); otherwise the configured worker's prefixes."""
         self.config = config
         self._objects = object_store
         self._log = log_store
         self._cluster_epoch = cluster_epoch
         self._board = board
         self._watermarks = watermarks
+        self._share = share
         self._views = views
         self._reconcile_failing = reconcile_failing
         self._clock = clock
@@ -627,9 +631,10 @@ class GcActor:
         feeds every deleter: a query per batch came back late while the event loop was busy
         serializing the previous delete; only the first page is one batch, so that the first
         delete does not wait for the rest), cut into batches of `delete_batch_keys_max`. Rows
-        whose delete failed stay in the catalog (next round). The catalog holds this node's
-        uploads in every prefix; deleting outside this worker's share is as safe as inside it
-        (the rule is `M`, not the prefix)."""
+        whose delete failed stay in the catalog (next round). Alone, the catalog holds this
+        node's uploads in every prefix; deleting outside this worker's share is as safe as
+        inside it (the rule is `M`, not the prefix). In a cluster the catalog is shared: each
+        node deletes the rows of its prefix share, so no object is deleted by every node."""
         batch_max = self.config.delete_batch_keys_max
         page_max = batch_max * self.config.deletes_in_flight_max
         young_before = now - self.config.grace_s
@@ -656,7 +661,10 @@ class GcActor:
         self, rows: list[L0ObjectRow], m: int, young_before: float, tally: _Tally
     ) -> list[Eligible]:
         eligible: list[Eligible] = []
+        share = self._share() if self._share is not None else None
         for row in rows:
+            if share is not None and _key_prefix(row.key) not in share:
+                continue  # another node's share of the shared catalog
             try:
                 epoch = l0_key_epoch(row.key)  # the key decides, not the row beside it
             except ValueError:
@@ -707,9 +715,13 @@ class GcActor:
                 finally:
                     tally.absorb_scan(scan)
 
+        ranges = self._ranges
+        if self._share is not None:
+            ranges = split_prefixes(self._share(), self.config.list_concurrency_max)
+
         async def scan_all(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
             async with anyio.create_task_group() as scanners:
-                for prefixes in self._ranges:
+                for prefixes in ranges:
                     scanners.start_soon(scan_range, prefixes, send.clone())
             while pending:
                 batch = pending[:batch_max]
@@ -892,6 +904,14 @@ def _root_cause(group: BaseExceptionGroup) -> BaseException:
                 log.warning("gc round: also failed: %s: %s", type(other).__name__, other)
         return leaves[0]
     return group
+
+
+def _key_prefix(key: str) -> int:
+    """The prefix of an L0 key (-1 for a malformed one: no share holds it)."""
+    try:
+        return parse_l0_key(key).prefix
+    except MalformedKey:
+        return -1
 
 
 def _parses(key: str) -> bool:

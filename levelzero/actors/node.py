@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import anyio
 
 from levelzero.core.activity import ActivityBoard
+from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
 from levelzero.core.errors import (
     InvalidInput,
@@ -28,6 +29,7 @@ from levelzero.core.errors import (
     UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
+from levelzero.core.keys import PREFIX_COUNT
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
@@ -163,6 +165,7 @@ class Node:
             clock=self._wall,
             rng=rng,
             watermarks=cluster.control.watermark_snapshot if cluster is not None else None,
+            share=self._gc_share if cluster is not None else None,
         )
         self._topics: dict[str, int] = {}
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
@@ -282,6 +285,16 @@ class Node:
                 await actor.stop()
         if actors:
             log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
+
+    def _gc_share(self) -> range:
+        """The key prefixes this node's GC lists and deletes in: its share among the live
+        nodes of the last cluster view (every prefix until there is one)."""
+        member = self.member
+        view = member.view if member is not None else None
+        if member is None or view is None:
+            return range(PREFIX_COUNT)
+        live = [n.node_id for n in view.nodes if n.lease_expires_at > view.now and not n.draining]
+        return prefix_share(member.node_id, live, PREFIX_COUNT)
 
     async def _publish_watermarks(self, cluster: ClusterSettings) -> None:
         """The M(p) of the partitions led here, to the control plane (only rising there),

@@ -9,9 +9,10 @@ key prefixes, and when a node must stop acting on a lease.
   assignment, at most `moves_max` hand-overs a round (a join is absorbed gradually); a
   partition without a live leader is taken at once by its preferred node (there is nobody to
   wait for).
-- `prefix_share`: the GC key prefixes a node scans, by the same hashing over prefixes. During a
-  membership change two nodes may scan one prefix (deletes are idempotent); every prefix always
-  has an owner, so nothing is skipped forever.
+- `prefix_share`: the GC key prefixes a node scans, a contiguous share by its place among the
+  live nodes. During a membership change two nodes may scan one prefix (deletes are idempotent)
+  or, for a round, none; once the views agree every prefix has one owner again, so nothing is
+  skipped for longer than a change takes.
 - `LeaseClock`: a leader's local deadline. A lease is renewed with the control plane's clock;
   the node, whose clock may differ, counts from the moment it SENT the renewal by its own
   monotonic clock, minus a margin for clock rate drift: the control plane cannot have expired the
@@ -26,6 +27,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from .gc import worker_prefixes
 
 MOVES_PER_ROUND_MAX = 8  # hand-overs one node starts per round (a join is absorbed gradually)
 LEASE_MARGIN_FRACTION = 0.2  # of the TTL: the local deadline ends this much before the lease
@@ -72,13 +75,15 @@ def moves(
     return Moves(tuple(take), tuple(hand_over[:moves_max]))
 
 
-def prefix_share(me: str, nodes: Sequence[str], prefixes: int = GC_PREFIXES) -> range | list[int]:
-    """The key prefixes `me`'s GC scans: those it is preferred for among `nodes`. With no
-    membership known (or `me` alone), every prefix."""
+def prefix_share(me: str, nodes: Sequence[str], prefixes: int = GC_PREFIXES) -> range:
+    """The key prefixes `me`'s GC scans: a contiguous share by `me`'s place among the sorted
+    live nodes (listings stay contiguous). With no membership known, or `me` not among them
+    (draining), every prefix: scanning too much is only slower, never unsafe."""
     assert prefixes >= 1, prefixes
-    if not nodes or list(nodes) == [me]:
+    ordered = sorted(set(nodes))
+    if me not in ordered:
         return range(prefixes)
-    return [p for p in range(prefixes) if preferred_leader(f"prefix/{p}", nodes) == me]
+    return worker_prefixes(ordered.index(me), len(ordered), prefixes)
 
 
 def shares_cover(nodes: Sequence[str], prefixes: int = GC_PREFIXES) -> bool:

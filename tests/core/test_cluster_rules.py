@@ -79,6 +79,9 @@ def test_gc_shares_cover_every_prefix_exactly_once(nodes: list[str]) -> None:
     for node in nodes:
         assert set(prefix_share(node, nodes)) <= set(range(GC_PREFIXES))
     assert list(prefix_share("alone", [])) == list(range(GC_PREFIXES))
+    assert list(prefix_share("draining", ["a", "b"])) == list(range(GC_PREFIXES))
+    shares = [prefix_share(n, ["c", "a", "b"]) for n in ("a", "b", "c")]
+    assert shares == [range(0, 333), range(333, 666), range(666, 1000)]
 
 
 def test_a_lease_is_valid_until_ttl_minus_margin_after_the_renewal_was_sent() -> None:

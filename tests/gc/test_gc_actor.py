@@ -937,3 +937,40 @@ async def test_a_failing_round_does_not_end_the_loop() -> None:
         gc.run_now()
         await gc.wait_round_finished(1)
     assert gc.statistics().rounds == 1 and l0_keys(store) == []
+
+
+@pytest.mark.parametrize("sweep_interval_s", [0.0, 3600.0])  # listing rounds, catalog rounds
+async def test_in_a_cluster_each_node_deletes_its_share_and_together_every_eligible_object(
+    sweep_interval_s: float,
+) -> None:
+    """Two nodes' GC over one store and one (shared) catalog, M from the control plane: each
+    lists (or reads from the catalog) and deletes only in its prefix share; together they
+    delete exactly the objects at or below M, each once."""
+    from levelzero.core.cluster import prefix_share
+    from levelzero.storage.memory_cluster import MemoryClusterControl
+
+    store, log_store = MemoryObjectStore(), MemoryLogStore()
+    rows = await log_store.create_topic("t", 2, 1, 0.0)
+    await log_store.set_cluster_epoch(100)
+    control = MemoryClusterControl(log_store, time.monotonic)
+    await control.publish_watermarks({rows[0].pid: 5, rows[1].pid: 7})
+    keys = [l0_key(prefix, epoch, prefix * 100 + epoch) for prefix in (0, 7, 500, 999) for epoch in range(1, 10)]
+    await put_l0(store, log_store, keys)
+    hooked = HookedStore(store)
+    gcs = []
+    for node in ("a", "b"):
+        gc = make_gc(hooked, log_store, WatermarkBoard(), epoch=1, sweep_interval_s=sweep_interval_s)
+        gc._watermarks = control.watermark_snapshot  # as Node wires it in cluster mode
+        gc._share = lambda node=node: prefix_share(node, ["a", "b"])
+        gcs.append(gc)
+    if sweep_interval_s:  # catalog rounds after a first sweep
+        for gc in gcs:
+            gc._last_sweep_at = time.time()
+    reports = [await gc.run_round() for gc in gcs]
+
+    assert [r.m for r in reports] == [5, 5]  # over both partitions, from the control plane
+    assert [r.cluster_epoch for r in reports] == [100, 100]
+    assert sorted(l0_keys(store)) == sorted(k for k in keys if epoch_of(k) > 5)
+    deleted = [key for batch in hooked.delete_batches for key in batch]
+    assert sorted(deleted) == sorted(k for k in keys if epoch_of(k) <= 5)  # each once
+    assert [r.deleted for r in reports] == [10, 10]  # prefixes 0 and 7 | 500 and 999
