@@ -1,6 +1,7 @@
 """A node's membership and partition leadership in a cluster, by leases in the control plane.
 
-Each round (every third of the lease TTL) the member:
+Each round (every third of the lease TTL, and just after another node's lease runs out) the
+member:
 1. renews its node lease (registering again if the control plane forgot it) and every partition
    lease it holds; the local lease deadline (`core.cluster.LeaseClock`) moves only on success;
 2. resigns, at once, every partition whose lease the control plane no longer lists as its own
@@ -34,6 +35,8 @@ from levelzero.storage.protocols import ClusterControl, ClusterView
 log = logging.getLogger("levelzero.cluster")
 
 ROUNDS_PER_TTL = 3
+EXPIRY_MARGIN_S = 0.05  # a round this long after another node's lease ran out (clock rounding)
+ROUND_GAP_MIN_S = 0.05  # rounds never run back to back
 
 Callback = Callable[[list[int]], Awaitable[None]]
 
@@ -68,6 +71,7 @@ class ClusterMember:
         self.draining = False
         self.rounds = 0
         self._round_lock = anyio.Lock()
+        self._view_read_at = 0.0
 
     # ------------------------------------------------------------------ answers
 
@@ -101,12 +105,25 @@ class ClusterMember:
         await self.round()
         task_status.started()
         while True:
-            await anyio.sleep(self.ttl_s / ROUNDS_PER_TTL)
+            await anyio.sleep(self._next_round_in_s())
             try:
                 await self.round()
             except LevelZeroError as exc:  # the control plane is away: leases run out locally
                 log.warning("cluster round failed: %s", exc)
                 await self._self_fence()
+
+    def _next_round_in_s(self) -> float:
+        """A third of the TTL, or sooner: just after the next lease of another node runs out
+        (by the last view), so a crashed node's partitions are taken as soon as its lease
+        allows, not up to a round later."""
+        wait = self.ttl_s / ROUNDS_PER_TTL
+        view = self.view
+        if view is not None:
+            for node in view.nodes:
+                left = node.lease_expires_at - view.now
+                if node.node_id != self.node_id and left > 0:
+                    wait = min(wait, left + EXPIRY_MARGIN_S)
+        return max(wait - (self._clock() - self._view_read_at), ROUND_GAP_MIN_S)
 
     async def round(self) -> None:
         """One round (rounds never overlap: a topic's creation may ask for one between)."""
@@ -127,6 +144,7 @@ class ClusterMember:
                         self.node_id, len(lost))
             await self._give_up(lost)
         view = self.view = await self.control.cluster_view()
+        self._view_read_at = self._clock()
         active, _draining = live_nodes(
             ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
         )
@@ -154,6 +172,7 @@ class ClusterMember:
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
         self.view = await self.control.cluster_view()
+        self._view_read_at = self._clock()
 
     async def leave(self) -> None:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its

@@ -63,6 +63,7 @@ ITEMS: tuple[Item, ...] = (
     Item("kafka", "kafka", "9. produce and fetch: Kafka listener (confluent-kafka) vs HTTP API"),
     Item("control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"),
     Item("analysis", "analysis", "11. levelzero analyze vs a hand-written PySpark job, per result table"),
+    Item("cluster", "cluster", "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

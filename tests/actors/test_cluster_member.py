@@ -126,3 +126,16 @@ async def test_a_join_takes_its_share_a_bounded_number_per_round() -> None:
     await rounds(members.values(), clock, count=12)
     counts = exactly_one_leader(nodes)
     assert counts["d"] >= 10, counts
+
+
+async def test_the_next_round_comes_just_after_another_nodes_lease_runs_out() -> None:
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock, count=1, step=0.0)
+    a = members["a"]
+    assert a._next_round_in_s() == TTL_S / 3  # b's lease has the whole TTL left
+    clock.now += TTL_S - 1.0  # b stops renewing (crashed); a's view is read again
+    await a.refresh()
+    assert abs(a._next_round_in_s() - 1.05) < 1e-9  # b's lease ends in 1 s: a looks right after
+    clock.now += 1.05
+    await a.round()
+    assert nodes["a"].led == set(range(1, PARTITIONS + 1))  # b's partitions, taken at once

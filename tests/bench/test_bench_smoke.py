@@ -71,7 +71,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "analysis" in ITEM_NAMES and len(ITEM_NAMES) == 11
+    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 12
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -157,3 +157,12 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
     assert notes["driver_jvm_peak_rss_bytes"] > 0 and notes["driver_python_peak_rss_bytes"] > 0
+
+
+def test_quick_cluster_times_a_failover_against_the_lease_ttl(tmp_path: Path) -> None:
+    results_path = tmp_path / "cluster.json"
+    assert main(["--quick", "--only", "cluster", "--out", str(results_path)]) == 0
+    (failover,) = json.loads(results_path.read_text())["items"]["cluster"]["figures"]
+    assert failover["floor"] == 2.0 and failover["notes"]["lease_ttl_s"] == 2.0
+    assert failover["target"] == {"bound": 2.0, "higher_is_better": False}  # (TTL + 2 s) / TTL
+    assert failover["sut"] > 0 and failover["notes"]["nodes"] == 3
