@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import anyio
 
@@ -18,13 +19,31 @@ from levelzero.storage.protocols import EpochStore
 log = logging.getLogger("levelzero.epoch")
 
 
+@dataclass(frozen=True, slots=True)
+class SharedEpoch:
+    """The cluster epoch shared by several nodes (see EpochService)."""
+
+    advance: Callable[[], Awaitable[int]]  # the store's atomic increment: the new epoch
+    bumps: Callable[[], bool]  # whether this node's timer bumps it
+
+
 class EpochService:
     """Persists the cluster epoch in the log store; advances on demand and on a timer."""
 
-    def __init__(self, log_store: EpochStore, bump_interval_s: float | None = None) -> None:
+    def __init__(
+        self,
+        log_store: EpochStore,
+        bump_interval_s: float | None = None,
+        *,
+        shared: SharedEpoch | None = None,
+    ) -> None:
+        """`shared`: in a cluster the epoch is the control plane's, raised by any node: reads
+        go to the store, an advance is the store's atomic increment, and the timer bumps only
+        on the node `shared.bumps()` names (one bumper keeps the cluster's rate)."""
         assert bump_interval_s is None or bump_interval_s > 0
         self._store = log_store
         self._bump_interval_s = bump_interval_s
+        self._shared = shared
         self._current: int | None = None
         self._lock = anyio.Lock()
         self.advances = 0
@@ -40,11 +59,22 @@ class EpochService:
         return self._current
 
     async def get(self) -> int:
+        """The epoch for a cache refresh: this node's, or in a cluster the store's (which
+        other nodes raise too)."""
+        if self._shared is not None:
+            stored = await self._store.get_cluster_epoch()
+            self._current = max(self.current, stored)
         return self.current
 
     async def advance(self) -> int:
         """Bump the epoch by one; durable before it is visible to anybody."""
         async with self._lock:
+            if self._shared is not None:
+                new = await self._shared.advance()  # the store's increment: nodes never collide
+                self._current = max(self.current, new)
+                self.advances += 1
+                log.info("cluster epoch advanced", extra={"epoch": new})
+                return new
             new = self.current + 1
             await self._store.set_cluster_epoch(new)
             if new <= self.current:
@@ -61,7 +91,10 @@ class EpochService:
             await anyio.sleep_forever()
         while True:
             await anyio.sleep(self._bump_interval_s)
-            await self.advance()
+            if self._shared is None or self._shared.bumps():
+                await self.advance()
+            else:
+                await self.get()  # follow the bumping node: the housekeeper keys off `current`
 
 
 class EpochCache:

@@ -36,7 +36,7 @@ from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, P
 
 from .batcher import Batcher, BatcherConfig, ProduceResult
 from .cluster import ClusterMember
-from .epochs import EpochCache, EpochService
+from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
@@ -121,7 +121,10 @@ class Node:
         self.log_store = log_store
         self.object_store = object_store
         self._wall = wall_clock or time.time
-        self.epochs = EpochService(log_store, config.epoch_bump_interval_s)
+        shared = None
+        if cluster is not None:
+            shared = SharedEpoch(cluster.control.advance_cluster_epoch, self._bumps_epochs)
+        self.epochs = EpochService(log_store, config.epoch_bump_interval_s, shared=shared)
         self.epoch_cache = EpochCache(self.epochs.get, config.epoch_cache_ttl_s)
         self.board = WatermarkBoard()
         self.activity = ActivityBoard(ACTIVITY_CONSUMERS)
@@ -285,6 +288,15 @@ class Node:
                 await actor.stop()
         if actors:
             log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
+
+    def _bumps_epochs(self) -> bool:
+        """In a cluster, the epoch timer of one node bumps: the first live node by id."""
+        member = self.member
+        view = member.view if member is not None else None
+        if member is None or view is None:
+            return False
+        live = sorted(n.node_id for n in view.nodes if n.lease_expires_at > view.now and not n.draining)
+        return bool(live) and live[0] == member.node_id
 
     def _gc_share(self) -> range:
         """The key prefixes this node's GC lists and deletes in: its share among the live

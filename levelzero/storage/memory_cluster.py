@@ -22,6 +22,11 @@ class MemoryClusterControl:
         self.watermarks: dict[int, int] = {}
         self.identity: str | None = None
 
+    async def advance_cluster_epoch(self) -> int:
+        """The stored epoch plus one (the PostgreSQL store's atomic increment)."""
+        self._log.cluster_epoch += 1
+        return self._log.cluster_epoch
+
     # ------------------------------------------------------------------ membership
 
     async def cluster_id(self, proposed: str) -> str:

@@ -372,6 +372,10 @@ class ClusterControl(Protocol):
     """Membership, partition leases and published `M(p)`, all timed by the control plane's
     clock (never a node's). An optional role: a single node needs none of it."""
 
+    async def advance_cluster_epoch(self) -> int:
+        """The stored cluster epoch plus one, atomically: the new epoch (nodes never collide)."""
+        ...
+
     async def cluster_id(self, proposed: str) -> str:
         """The cluster's id: `proposed` if none is stored yet (the first node), else the stored
         one. Every node claims the object store with it."""

@@ -26,6 +26,7 @@ TTL_S = 2.0
 TOPIC = "c"
 PARTITIONS = 6
 WAIT_S = 60.0
+QUIESCE_S = 90.0
 
 
 def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
@@ -38,6 +39,16 @@ def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  
         "LEVELZERO_S3_PATH_STYLE": "true",
         "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
         "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
+        # Short intervals, so the collection of every L0 object can be waited for.
+        "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.5",
+        "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": "1",
+        "LEVELZERO_RECONCILER_INTERVAL_S": "0.2",
+        "LEVELZERO_HOUSEKEEPER_INTERVAL_S": "0.2",
+        "LEVELZERO_HOUSEKEEPER_IDLE_AFTER_S": "0.3",
+        "LEVELZERO_GC_INTERVAL_S": "0.2",
+        "LEVELZERO_GC_IDLE_BACKOFF_MAX_S": "0.5",
+        "LEVELZERO_GC_GRACE_S": "0",
+        "LEVELZERO_GC_SWEEP_INTERVAL_S": "1",
         "LEVELZERO_CLUSTER_ENABLED": "true",
         "LEVELZERO_CLUSTER_NODE_ID": name,
         "LEVELZERO_CLUSTER_LEASE_TTL_S": str(TTL_S),
@@ -152,6 +163,19 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
         nodes["n2"].signal(signal.SIGCONT)
         await produce_some(["n1", "n2", "n3"], "after-pause", 30)
         await check_everything(["n1", "n2", "n3"])
+
+        # Quiescence: every L0 object (the zombie's orphans too) is collected, listed with S3.
+        s3 = s3_endpoint.boto3_client()
+
+        def l0_left() -> list[str]:
+            listed = s3.list_objects_v2(Bucket=s3_bucket, Prefix="level_zero/")
+            return [item["Key"] for item in listed.get("Contents", [])]
+
+        with anyio.fail_after(QUIESCE_S):
+            while left := l0_left():
+                await anyio.sleep(0.5)
+        assert left == []
+        await check_everything(["n1", "n2", "n3"])  # from L1 now
     finally:
         for process in nodes.values():
             if process.proc is not None and process.proc.poll() is None:

@@ -883,6 +883,19 @@ class PostgresLogStore:
 
         await self._transact("setting the cluster epoch", work)
 
+    async def advance_cluster_epoch(self) -> int:
+        """The stored epoch plus one, atomically (several nodes advance it: none goes back)."""
+
+        async def work(connection: asyncpg.Connection) -> int:
+            await connection.execute(
+                "INSERT INTO cluster_epoch (id, epoch) VALUES (1, 1) ON CONFLICT (id) DO NOTHING"
+            )
+            return await connection.fetchval(
+                "UPDATE cluster_epoch SET epoch = epoch + 1 WHERE id = 1 RETURNING epoch"
+            )
+
+        return int(await self._transact("advancing the cluster epoch", work))
+
     # ------------------------------------------------------------------ L1 metastore
 
     async def l1_insert(self, row: L1Row) -> None:
