@@ -183,3 +183,31 @@ def postgres_overrides(dsn: str) -> dict[str, Any]:
         "control__dsn": env["LEVELZERO_CONTROL_DSN"],
         "control__password": env["LEVELZERO_CONTROL_PASSWORD"],
     }
+
+
+def s3_environ(endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001 - conftest's S3TestEndpoint
+    """`[storage]` on S3 (the test endpoint, path style) as environment variables."""
+    return {
+        "LEVELZERO_STORAGE_KIND": "s3",
+        "LEVELZERO_S3_ENDPOINT": endpoint.endpoint_url,
+        "LEVELZERO_S3_BUCKET": bucket,
+        "LEVELZERO_S3_REGION": endpoint.region,
+        "LEVELZERO_S3_PATH_STYLE": "true",
+        "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
+        "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
+        "LEVELZERO_S3_MAX_ATTEMPTS": "2",
+    }
+
+
+# Short intervals of every background task, so a test can wait for the collection of every L0
+# object after its workload (quiescence).
+QUIESCENT_ENVIRON = {
+    "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.3",
+    "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": "1",
+    "LEVELZERO_RECONCILER_INTERVAL_S": "0.2",
+    "LEVELZERO_HOUSEKEEPER_INTERVAL_S": "0.2",
+    "LEVELZERO_HOUSEKEEPER_IDLE_AFTER_S": "0.3",
+    "LEVELZERO_GC_INTERVAL_S": "0.2",
+    "LEVELZERO_GC_IDLE_BACKOFF_MAX_S": "0.5",
+    "LEVELZERO_GC_GRACE_S": "0",
+}

@@ -91,17 +91,19 @@ class _Daemon:
                 self.proc.wait()
 
 
-async def _leader(daemons: list[_Daemon]) -> _Daemon:
-    """The node leading partition 0: the one that stores a record there itself."""
-    path = f"/v1/topics/{TOPIC}/partitions/0/records"
-    body = b'{"records": [{"value": "cHJvYmU="}]}'
-    headers = {"Content-Type": "application/json"}
+_RECORDS_PATH = f"/v1/topics/{TOPIC}/partitions/0/records"
+_HEADERS = {"Content-Type": "application/json"}
+
+
+async def _first_to_store(daemons: list[_Daemon], body: bytes, *, follow: bool) -> _Daemon:
+    """Produce to partition 0 through `daemons` in turn, every PROBE_S, until one answers 200;
+    that one (without `follow`, the partition's leader itself)."""
     with anyio.fail_after(START_TIMEOUT_S):
-        async with httpx.AsyncClient(trust_env=False, timeout=5.0) as http:
+        async with httpx.AsyncClient(trust_env=False, timeout=5.0, follow_redirects=follow) as http:
             while True:
                 for daemon in daemons:
                     try:
-                        response = await http.post(daemon.url + path, content=body, headers=headers)
+                        response = await http.post(daemon.url + _RECORDS_PATH, content=body, headers=_HEADERS)
                     except httpx.HTTPError:
                         continue
                     if response.status_code == 200:
@@ -109,24 +111,18 @@ async def _leader(daemons: list[_Daemon]) -> _Daemon:
                 await anyio.sleep(PROBE_S)
 
 
+async def _leader(daemons: list[_Daemon]) -> _Daemon:
+    """The node leading partition 0: the one that stores a record there itself (the others
+    answer 307)."""
+    return await _first_to_store(daemons, b'{"records": [{"value": "cHJvYmU="}]}', follow=False)
+
+
 async def _failover_s(daemons: list[_Daemon], leader: _Daemon) -> float:
-    survivors = [d for d in daemons if d is not leader]
-    path = f"/v1/topics/{TOPIC}/partitions/0/records"
-    body = b'{"records": [{"value": "YWZ0ZXI="}]}'
-    headers = {"Content-Type": "application/json"}
     leader.kill()
     killed_at = time.monotonic()
-    with anyio.fail_after(START_TIMEOUT_S):
-        async with httpx.AsyncClient(trust_env=False, timeout=2.0, follow_redirects=True) as http:
-            while True:
-                for daemon in survivors:
-                    try:
-                        response = await http.post(daemon.url + path, content=body, headers=headers)
-                    except httpx.HTTPError:
-                        continue
-                    if response.status_code == 200:
-                        return time.monotonic() - killed_at
-                await anyio.sleep(PROBE_S)
+    survivors = [d for d in daemons if d is not leader]
+    await _first_to_store(survivors, b'{"records": [{"value": "YWZ0ZXI="}]}', follow=True)
+    return time.monotonic() - killed_at
 
 
 async def run(settings: Settings) -> list[Figure]:

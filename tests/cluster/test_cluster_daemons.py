@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from daemon_support import DaemonProcess, postgres_control
+from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
 from levelzero.daemon.client import ApiError, Client
 
 pytestmark = pytest.mark.s3
@@ -31,23 +31,8 @@ QUIESCE_S = 90.0
 
 def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
     return {
-        **postgres_control(dsn),
-        "LEVELZERO_STORAGE_KIND": "s3",
-        "LEVELZERO_S3_ENDPOINT": endpoint.endpoint_url,
-        "LEVELZERO_S3_BUCKET": bucket,
-        "LEVELZERO_S3_REGION": endpoint.region,
-        "LEVELZERO_S3_PATH_STYLE": "true",
-        "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
-        "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
-        # Short intervals, so the collection of every L0 object can be waited for.
+        **postgres_control(dsn), **s3_environ(endpoint, bucket), **QUIESCENT_ENVIRON,
         "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.5",
-        "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": "1",
-        "LEVELZERO_RECONCILER_INTERVAL_S": "0.2",
-        "LEVELZERO_HOUSEKEEPER_INTERVAL_S": "0.2",
-        "LEVELZERO_HOUSEKEEPER_IDLE_AFTER_S": "0.3",
-        "LEVELZERO_GC_INTERVAL_S": "0.2",
-        "LEVELZERO_GC_IDLE_BACKOFF_MAX_S": "0.5",
-        "LEVELZERO_GC_GRACE_S": "0",
         "LEVELZERO_GC_SWEEP_INTERVAL_S": "1",
         "LEVELZERO_CLUSTER_ENABLED": "true",
         "LEVELZERO_CLUSTER_NODE_ID": name,

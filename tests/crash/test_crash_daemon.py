@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon_support import DaemonProcess, postgres_control
+from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -39,25 +39,7 @@ def b64(data: bytes) -> str:
 
 
 def daemon_environ(s3_endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
-    return {
-        "LEVELZERO_STORAGE_KIND": "s3",
-        "LEVELZERO_S3_ENDPOINT": s3_endpoint.endpoint_url,
-        "LEVELZERO_S3_BUCKET": bucket,
-        "LEVELZERO_S3_REGION": s3_endpoint.region,
-        "LEVELZERO_S3_PATH_STYLE": "true",
-        "LEVELZERO_S3_ACCESS_KEY": s3_endpoint.access_key,
-        "LEVELZERO_S3_SECRET_KEY": s3_endpoint.secret_key,
-        "LEVELZERO_S3_MAX_ATTEMPTS": "2",
-        "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.3",
-        "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": "1",
-        "LEVELZERO_BATCHER_LINGER_MS": "20",
-        "LEVELZERO_RECONCILER_INTERVAL_S": "0.2",
-        "LEVELZERO_HOUSEKEEPER_INTERVAL_S": "0.2",
-        "LEVELZERO_HOUSEKEEPER_IDLE_AFTER_S": "0.3",
-        "LEVELZERO_GC_INTERVAL_S": "0.2",
-        "LEVELZERO_GC_IDLE_BACKOFF_MAX_S": "0.5",
-        "LEVELZERO_GC_GRACE_S": "0",
-    }
+    return {**s3_environ(s3_endpoint, bucket), **QUIESCENT_ENVIRON, "LEVELZERO_BATCHER_LINGER_MS": "20"}
 
 
 class Workload:

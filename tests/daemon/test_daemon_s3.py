@@ -8,6 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from daemon_support import s3_environ
+
 from levelzero.core.errors import StorageError
 from levelzero.daemon.cli import leaf_errors
 from levelzero.daemon.client import ApiError, Client
@@ -17,19 +19,6 @@ from levelzero.daemon.storage_health import STORAGE_FAILURES_TO_UNHEALTHY
 
 pytestmark = pytest.mark.s3
 WAIT_S = 30.0
-
-
-def s3_environ(endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
-    return {
-        "LEVELZERO_STORAGE_KIND": "s3",
-        "LEVELZERO_S3_ENDPOINT": endpoint.endpoint_url,
-        "LEVELZERO_S3_BUCKET": bucket,
-        "LEVELZERO_S3_REGION": endpoint.region,
-        "LEVELZERO_S3_PATH_STYLE": "true",
-        "LEVELZERO_S3_ACCESS_KEY": endpoint.access_key,
-        "LEVELZERO_S3_SECRET_KEY": endpoint.secret_key,
-        "LEVELZERO_S3_MAX_ATTEMPTS": "2",
-    }
 
 
 async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_bucket: str) -> None:  # noqa: ANN001
