@@ -91,6 +91,13 @@ class ClusterMember:
                 return None
         return None
 
+    def live_nodes(self) -> list[str] | None:
+        """The live, non-draining node ids of the last view (sorted); None before the first."""
+        view = self.view
+        if view is None:
+            return None
+        return live_nodes(((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now)[0]
+
     def partitions_known(self) -> dict[str, int]:
         """Every topic of the cluster in the last view, with its partition count."""
         topics: dict[str, int] = {}

@@ -291,22 +291,16 @@ class Node:
 
     def _bumps_epochs(self) -> bool:
         """In a cluster, the epoch timer of one node bumps: the first live node by id."""
-        member = self.member
-        view = member.view if member is not None else None
-        if member is None or view is None:
-            return False
-        live = sorted(n.node_id for n in view.nodes if n.lease_expires_at > view.now and not n.draining)
-        return bool(live) and live[0] == member.node_id
+        live = self.member.live_nodes() if self.member is not None else None
+        return bool(live) and live[0] == self.member.node_id
 
     def _gc_share(self) -> range:
         """The key prefixes this node's GC lists and deletes in: its share among the live
         nodes of the last cluster view (every prefix until there is one)."""
-        member = self.member
-        view = member.view if member is not None else None
-        if member is None or view is None:
+        live = self.member.live_nodes() if self.member is not None else None
+        if live is None:
             return range(PREFIX_COUNT)
-        live = [n.node_id for n in view.nodes if n.lease_expires_at > view.now and not n.draining]
-        return prefix_share(member.node_id, live, PREFIX_COUNT)
+        return prefix_share(self.member.node_id, live, PREFIX_COUNT)
 
     async def _publish_watermarks(self, cluster: ClusterSettings) -> None:
         """The M(p) of the partitions led here, to the control plane (only rising there),
