@@ -22,7 +22,6 @@ only decides, so it runs the same over PostgreSQL and over the simulation's memo
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -52,8 +51,9 @@ class ClusterMember:
         lead: Callback,
         resign: Callback,
         kafka_url: str | None = None,
+        term_of: Callable[[int], int | None] = lambda pid: None,
         moves_max: int = MOVES_PER_ROUND_MAX,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = anyio.current_time,
     ) -> None:
         assert ttl_s > 0, ttl_s
         self.control = control
@@ -64,11 +64,13 @@ class ClusterMember:
         self.moves_max = moves_max
         self._lead = lead
         self._resign = resign
+        self._term_of = term_of
         self._clock = clock
         self.lease = LeaseClock(ttl_s)
         self.leading: set[int] = set()
         self.view: ClusterView | None = None
         self.draining = False
+        self.left = False
         self.rounds = 0
         self._round_lock = anyio.Lock()
         self._view_read_at = 0.0
@@ -135,7 +137,8 @@ class ClusterMember:
     async def round(self) -> None:
         """One round (rounds never overlap: a topic's creation may ask for one between)."""
         async with self._round_lock:
-            await self._round()
+            if not self.left:  # a round asked for after `leave` must not register again
+                await self._round()
 
     async def _round(self) -> None:
         self.rounds += 1
@@ -150,6 +153,16 @@ class ClusterMember:
             log.warning("node %s: leases of %d partitions expired (a pause?): resigning them",
                         self.node_id, len(lost))
             await self._give_up(lost)
+        # Leases this node id holds and this process does not lead: a previous life of the node
+        # (restarted within the TTL) took them, or this process's own acquire was answered too
+        # late to act on. Lead them now (a new term fences that life); left alone, they would
+        # be renewed forever and led by nobody.
+        adopted = sorted(held - self.leading)
+        if adopted and not self.draining and self.lease.valid(self._clock()):
+            log.info("node %s: leading %d partitions whose leases a previous run of this node "
+                     "held", self.node_id, len(adopted))
+            self.leading.update(adopted)
+            await self._lead(adopted)
         view = self.view = await self.control.cluster_view()
         self._view_read_at = self._clock()
         active, _draining = live_nodes(
@@ -163,6 +176,7 @@ class ClusterMember:
             name: (l.node_id if l.node_id in live and l.lease_expires_at > view.now else None)
             for name, l in by_name.items()
         }
+        await self._restart_superseded(view)
         planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)
         hand_over = [by_name[name].pid for name in planned.hand_over]
         if hand_over:
@@ -170,11 +184,34 @@ class ClusterMember:
             await self.control.release_leases(self.node_id, hand_over)
         wanted = [by_name[name].pid for name in planned.take]
         if wanted and not self.draining:
+            sent_at = self._clock()
             taken = [p for p in await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
                      if p not in self.leading]
-            if taken:
+            if taken and self._clock() - sent_at >= self.ttl_s - self.lease.margin_s:
+                # The answer came too late to act on: the leases may have run out and been
+                # taken since. Next round's renewal says whether they are still ours.
+                log.warning("node %s: leases of %d partitions were granted too late to use",
+                            self.node_id, len(taken))
+            elif taken:
                 self.leading.update(taken)
                 await self._lead(sorted(taken))
+
+    async def _restart_superseded(self, view: ClusterView) -> None:
+        """Partitions this node leads whose log has a newer term than its actor's: another node
+        started a term on a lease that ran out under it (its grant answered late, or it woke
+        from a pause) while this node held the lease. The store refuses every append of the
+        old term, so lead them again: replay, then a newer term."""
+        superseded = []
+        for lease in view.leases:
+            if lease.pid in self.leading:
+                term = self._term_of(lease.pid)
+                if term is not None and lease.term > term:
+                    superseded.append(lease.pid)
+        if superseded:
+            log.warning("node %s: %d partitions led here were given a newer term elsewhere: "
+                        "starting them again", self.node_id, len(superseded))
+            await self._resign(superseded)
+            await self._lead(superseded)
 
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
@@ -185,10 +222,12 @@ class ClusterMember:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its
         lease released at once, the node's row removed."""
         self.draining = True
-        await self.control.set_draining(self.node_id)
-        await self._give_up(sorted(self.leading))
-        await self.control.leave_node(self.node_id)
-        self.lease.lost()
+        async with self._round_lock:  # a round under way (a topic's creation) finishes first
+            await self.control.set_draining(self.node_id)
+            await self._give_up(sorted(self.leading))
+            await self.control.leave_node(self.node_id)
+            self.left = True
+            self.lease.lost()
 
     async def _give_up(self, pids: Sequence[int]) -> None:
         pids = [pid for pid in pids if pid in self.leading]

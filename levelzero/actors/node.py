@@ -130,6 +130,7 @@ class Node:
         self.activity = ActivityBoard(ACTIVITY_CONSUMERS)
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._by_name: dict[str, PartitionActor] = {}
+        self._by_pid: dict[int, PartitionActor] = {}
         self.batcher = Batcher(
             object_store, log_store, self.epoch_cache, config.batcher, rng=rng, wall_clock=self._wall
         )
@@ -205,6 +206,7 @@ class Node:
                 self.member = ClusterMember(
                     c.control, c.node_id, c.advertise_url, ttl_s=c.lease_ttl_s,
                     lead=self._lead, resign=self._resign, kafka_url=c.kafka_url,
+                    term_of=self._term_of,
                 )
                 await tg.start(self.member.run)
                 tg.start_soon(self._publish_watermarks, c)
@@ -283,11 +285,17 @@ class Node:
         for actor in actors:
             del self._partitions[(actor.row.topic, actor.row.partition)]
             del self._by_name[actor.name]
+            del self._by_pid[actor.row.pid]
         for actor in actors:
             with anyio.move_on_after(10):
                 await actor.stop()
         if actors:
             log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
+
+    def _term_of(self, pid: int) -> int | None:
+        """The term of the partition's actor here, once it has started one."""
+        actor = self._by_pid.get(pid)
+        return actor.term if actor is not None and actor.ready.is_set() else None
 
     def _bumps_epochs(self) -> bool:
         """In a cluster, the epoch timer of one node bumps: the first live node by id."""
@@ -333,6 +341,7 @@ class Node:
         row = actor.row
         self._partitions[(row.topic, row.partition)] = actor
         self._by_name[actor.name] = actor
+        self._by_pid[row.pid] = actor
         self._topics[row.topic] = max(self._topics.get(row.topic, 0), row.partition + 1)
 
     async def create_topic(self, name: str, partitions: int) -> list[PartitionRow]:
@@ -384,7 +393,10 @@ class Node:
             if topic not in topics:
                 raise UnknownTopic(topic)
             if self.member is not None and 0 <= partition < topics[topic]:
-                raise LedElsewhere(topic, partition, self.member.leader_url(topic, partition))
+                url = self.member.leader_url(topic, partition)
+                if url == self.member.advertise_url:
+                    url = None  # its lease is ours and its actor is starting: retry shortly
+                raise LedElsewhere(topic, partition, url)
             raise UnknownPartition(topic, partition)
         return actor
 

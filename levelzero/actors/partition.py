@@ -36,7 +36,7 @@ from levelzero.core.entries import (
     Placeholder,
     SetStartOffset,
 )
-from levelzero.core.errors import NotLeader, ShuttingDown
+from levelzero.core.errors import LogMovedOn, NotLeader, ShuttingDown
 from levelzero.core.fence import Admitted, Fence, FenceMode, FenceStatistics
 from levelzero.core.leader import (
     Admit,
@@ -57,6 +57,9 @@ log = logging.getLogger("levelzero.partition")
 
 MAILBOX_SIZE = 256
 REPLAY_BATCH_RECORDS = 4_096
+# A new leader's term start raced by the previous leader's appends this many times gives up
+# (the previous leader stops within its lease: a few races at most).
+TERM_START_ATTEMPTS_MAX = 32
 FENCE_EVENTS_BUFFER_MAX = 10_000  # fence event rows (tallies) held between flushes
 FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once
 FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # otherwise at most this long after the previous flush
@@ -289,17 +292,21 @@ class PartitionActor:
             self.state = PartitionState.decode_snapshot(snap.data)
             self._last_snapshot_offset = snap.log_offset
             assert self.state.last_applied_log_offset == snap.log_offset
-        while True:
-            records = await self._store.read_log(
-                self.row.pid, self.state.next_log_offset, REPLAY_BATCH_RECORDS
-            )
-            for record in records:
-                self.state.apply(record)
-            if len(records) < REPLAY_BATCH_RECORDS:
+        for attempt in range(TERM_START_ATTEMPTS_MAX):
+            await self._replay()
+            try:
+                record = await self._store.begin_term(
+                    self.row.pid, self.state.next_log_offset, self.state.high_watermark
+                )
                 break
-        record = await self._store.begin_term(
-            self.row.pid, self.state.next_log_offset, self.state.high_watermark
-        )
+            except LogMovedOn as exc:
+                # In a cluster: the previous leader's last append landed after the replay read
+                # the log (its term was still current). Replay it too, then start the term.
+                if attempt + 1 == TERM_START_ATTEMPTS_MAX:
+                    raise
+                log.info("%s: %s; replaying the rest", self.name, exc)
+        else:
+            raise AssertionError("unreachable")
         self.state.apply(record)
         self.term = record.term
         self._appends = AppendQueue(self.state)
@@ -307,6 +314,16 @@ class PartitionActor:
         self._dispatch = FenceDispatch(self.fence)
         self._publish()
         log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
+
+    async def _replay(self) -> None:
+        while True:
+            records = await self._store.read_log(
+                self.row.pid, self.state.next_log_offset, REPLAY_BATCH_RECORDS
+            )
+            for record in records:
+                self.state.apply(record)
+            if len(records) < REPLAY_BATCH_RECORDS:
+                return
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         await self.recover()

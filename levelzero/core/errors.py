@@ -35,6 +35,23 @@ class StaleClusterEpoch(LevelZeroError):
         self.window_max = window_max
 
 
+class LogMovedOn(LevelZeroError):
+    """A `TermStart` was refused: the log grew after the new leader's replay read it (the
+    previous leader's last append landed in between). The new leader replays the rest and
+    tries again; the store never lets a term start anywhere but at the end of the log."""
+
+    code = "log_moved_on"
+    retriable = True
+
+    def __init__(self, partition: str, log_offset: int, next_log_offset: int) -> None:
+        super().__init__(
+            f"partition {partition}: TermStart at log offset {log_offset}, the log continues "
+            f"at {next_log_offset}"
+        )
+        self.partition = partition
+        self.next_log_offset = next_log_offset
+
+
 class NotLeader(LevelZeroError):
     """An append carried a term that is no longer the partition's current term."""
 

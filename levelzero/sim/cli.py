@@ -3,6 +3,7 @@
     levelzero sim --seeds 500                 # seeds 0..499, windowed fencing
     levelzero sim --seeds 100000              # unattended: a progress line every 1,000 seeds
     levelzero sim --seeds 300 --mode strict   # the strict baseline (more rejections)
+    levelzero sim --seeds 500 --nodes 3       # a three-node cluster over one control plane
     levelzero sim --seed 1234                 # replay one seed; prints its trace on a violation
     levelzero sim --mutate                    # each deliberately broken rule must be caught
     levelzero sim --seed 7 --mutation gc_ignores_cap   # replay a mutation's catching seed
@@ -22,8 +23,9 @@ from typing import TextIO
 
 from levelzero.core.fence import FenceMode
 
-from .mutations import MUTATIONS
+from .mutations import CLUSTER_MUTATIONS, CLUSTER_NODES, MUTATIONS
 from .runner import SimResult, Summary, Totals, run_seed
+from .world import NODE_IDS
 
 DEFAULT_SEEDS = 100
 MUTATE_SEEDS_DEFAULT = 300
@@ -49,6 +51,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=[m.value for m in FenceMode],
         default=FenceMode.WINDOWED.value,
         help="fencing mode (default windowed)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help=(
+            "nodes of the simulated cluster over one memory control plane (default 1; with "
+            f"--mutate: the cluster-only mutations always run with {CLUSTER_NODES})"
+        ),
     )
     parser.add_argument(
         "--mutate", action="store_true", help="run each mutation until a violation catches it"
@@ -101,6 +112,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return _usage("--workload-s must be in (0, 3600]")
     if args.catches < 1:
         return _usage("--catches must be >= 1")
+    if not 1 <= args.nodes <= len(NODE_IDS):
+        return _usage(f"--nodes must be in 1..{len(NODE_IDS)}")
+    if args.mutation in CLUSTER_MUTATIONS and args.nodes == 1:
+        args.nodes = CLUSTER_NODES  # a rule only a cluster exercises
     if args.mutate:
         return _mutate(args, out)
     first = args.seed if args.seed is not None else 0
@@ -111,7 +126,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     failed: list[SimResult] = []
     for seed in range(first, first + count):
         result = run_seed(
-            seed, mutation=args.mutation, fencing_mode=args.mode, workload_s=args.workload_s
+            seed, mutation=args.mutation, fencing_mode=args.mode, workload_s=args.workload_s,
+            nodes=args.nodes,
         )
         totals.add(result)
         if result.violation is not None and len(failed) < FAILING_SEEDS_SHOWN_MAX:
@@ -139,6 +155,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 def _replay(result: SimResult) -> str:
     cmd = f"levelzero sim --seed {result.seed} --mode {result.mode}"
+    if result.nodes > 1:
+        cmd += f" --nodes {result.nodes}"
     if result.mutation:
         cmd += f" --mutation {result.mutation}"
     return cmd
@@ -153,7 +171,8 @@ def _print_summary(
 ) -> None:
     seeds = f"{first}..{first + count - 1}" if count > 1 else f"{first}"
     mutation = f", mutation {args.mutation}" if args.mutation else ""
-    print(f"levelzero sim: {s.seeds} seeds ({seeds}), mode {args.mode}{mutation}", file=out)
+    nodes = f", {args.nodes} nodes" if args.nodes > 1 else ""
+    print(f"levelzero sim: {s.seeds} seeds ({seeds}), mode {args.mode}{nodes}{mutation}", file=out)
     _row(out, "violations", s.violations)
     _row(out, "virtual seconds / loop callbacks", f"{s.virtual_s:.0f} / {s.callbacks}")
     _row(out, "writes acknowledged (records)", f"{s.writes_acked} ({s.records_acked})")
@@ -168,6 +187,8 @@ def _print_summary(
     _row(out, "orphan objects (rejected everywhere)", s.orphans)
     _row(out, "L1 objects written", s.l1_written)
     _row(out, "crashes / epoch bumps / GC rounds", f"{s.crashes} / {s.epoch_bumps} / {s.gc_rounds}")
+    if args.nodes > 1:
+        _row(out, "graceful stops / pauses past the lease", f"{s.graceful_stops} / {s.pauses}")
     _row(out, "partitions created during GC rounds", s.partitions_created_during_gc)
     _row(out, "faults injected", s.faults)
     _row(out, "acknowledged records read back at the end", s.records_checked)
@@ -179,7 +200,8 @@ def _mutate(args: argparse.Namespace, out: TextIO) -> int:
     count = args.seeds if args.seeds is not None else MUTATE_SEEDS_DEFAULT
     print(
         f"levelzero sim --mutate: up to {count} seeds per mutation from seed {first}, mode "
-        f"{args.mode}, {args.catches} catch(es) each",
+        f"{args.mode}, {args.nodes} node(s) ({CLUSTER_NODES} for the cluster-only mutations), "
+        f"{args.catches} catch(es) each",
         file=out,
     )
     print(
@@ -193,9 +215,11 @@ def _mutate(args: argparse.Namespace, out: TextIO) -> int:
         tried = 0
         since = 0  # seeds since the previous catch
         seeds_to_catch: list[int] = []
+        nodes = CLUSTER_NODES if name in CLUSTER_MUTATIONS and args.nodes == 1 else args.nodes
         for seed in range(first, first + count):
             result = run_seed(
-                seed, mutation=name, fencing_mode=args.mode, workload_s=args.workload_s
+                seed, mutation=name, fencing_mode=args.mode, workload_s=args.workload_s,
+                nodes=nodes,
             )
             tried += 1
             since += 1

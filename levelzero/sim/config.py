@@ -46,6 +46,16 @@ class SimConfig:
     zombie_s: Range = (0.0, 2.5)  # how long the dropped incarnation's work keeps landing
     restart_s: Range = (0.0, 0.5)
 
+    # a cluster (`nodes > 1`): leases by the shipping ClusterMember over the memory control plane
+    lease_ttl_s: tuple[float, ...] = (1.0, 2.0, 3.0)  # one drawn per seed
+    cluster_fault_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # crash, stop, pause
+    cluster_restart_s: Range = (0.0, 4.0)  # often within the node's lease TTL, often after it
+    pause_ttls: Range = (0.5, 3.0)  # a pause, in lease TTLs: often past the lease
+    drain_s_max: float = 60.0  # a graceful stop ends within this (or it is a violation)
+    request_timeout_s: float = 15.0  # a client gives up on a request to a node that died
+    not_leader_retries: int = 8  # a client retries `not_leader` with no leader named ...
+    not_leader_retry_s: float = 0.25  # ... after this (the API's Retry-After)
+
     # the node's actors (shipping code, small bounds)
     linger_ms: float = 20.0
     batch_bytes_max: int = 1024

@@ -8,16 +8,17 @@ and a gate per node incarnation that models a crash.
   a delete removes, before it goes: that is where invariant 1 is checked.
 - `SimLogStore` is the memory log store with seeded latency; it tells the truth of every record
   that becomes durable (the ground truth the checks compare against).
-- `IncarnationLogStore` is one node incarnation's handle on the log store. A crash closes it:
-  the process is gone, so nothing it sends to the database from then on arrives (its calls
-  wait forever, until the world cancels the zombie). Object-store requests already on the wire
-  still land: that is the zombie work of the old incarnation.
+- `Link` is one node incarnation's handle on the log store (and, in a cluster, on the control
+  plane), through its `Gate`. A crash closes the gate: the process is gone, so nothing it sends
+  to the database from then on arrives (its calls wait forever, until the world cancels the
+  zombie). Object-store requests already on the wire still land: that is the zombie work of the
+  old incarnation. A pause holds the gate shut for a while: what the node sent arrives late.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -142,33 +143,76 @@ class SimLogStore(MemoryLogStore):
         return True
 
 
-# The log store methods that take no time in a simulation (event tables, reads of the catalog
-# are still delayed: they are awaited by actors and reorder with everything else).
+# The methods that take no time in a simulation (event tables, reads of the catalog are still
+# delayed: they are awaited by actors and reorder with everything else).
 _UNDELAYED = frozenset({"aclose"})
 
 
-class IncarnationLogStore:
-    """One node incarnation's connection to the shared `SimLogStore`; `close()` is its crash."""
+class Gate:
+    """What stands between one node incarnation and the database (log store and control plane).
 
-    def __init__(self, inner: SimLogStore, name: str) -> None:
-        self._inner = inner
-        self.name = name
+    `close()` is its crash: nothing it sends from then on arrives (its calls wait forever, until
+    the world cancels the zombie). `pause()` cuts it off until `resume()`: a stopped process or
+    a network partition. A call sent meanwhile arrives at the resume, and a reply waits for it:
+    whatever the node decided before the pause reaches the database after it, when another node
+    may lead its partitions (the zombie the term check must fence).
+    """
+
+    def __init__(self) -> None:
         self.closed = False
+        self._resumed: anyio.Event | None = None
+        self.pauses = 0
+
+    @property
+    def paused(self) -> bool:
+        return self._resumed is not None
 
     def close(self) -> None:
         self.closed = True
+
+    def pause(self) -> None:
+        assert self._resumed is None, "already paused"
+        self._resumed = anyio.Event()
+        self.pauses += 1
+
+    def resume(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        assert resumed is not None, "not paused"
+        resumed.set()
+
+    async def cross(self) -> None:
+        while True:
+            if self.closed:
+                await anyio.sleep_forever()  # the process is gone: this never arrives
+            if self._resumed is None:
+                return
+            await self._resumed.wait()
+
+
+class Link:
+    """One node incarnation's connection to a shared store (the `SimLogStore`, the memory
+    control plane): every call takes the store's seeded latency and crosses the incarnation's
+    `Gate` on the way there and back."""
+
+    def __init__(self, inner: Any, gate: Gate, latency: Callable[[], Awaitable[None]]) -> None:
+        self._inner = inner
+        self._gate = gate
+        self._latency = latency
 
     def __getattr__(self, attr: str) -> Any:
         target = getattr(self._inner, attr)
         if attr.startswith("_") or not callable(target):
             return target
+        gate, latency = self._gate, self._latency
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if attr not in _UNDELAYED:
-                await self._inner.latency()
-            if self.closed:
-                await anyio.sleep_forever()  # the process is gone: this never arrives
-            return await target(*args, **kwargs)
+                await latency()
+            await gate.cross()
+            result = await target(*args, **kwargs)
+            if gate.paused:  # the reply waits for the resume (a crash alone loses no reply
+                await gate.cross()  # already sent: the zombie's work goes on)
+            return result
 
         call.__name__ = attr
         return call

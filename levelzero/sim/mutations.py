@@ -16,10 +16,12 @@ from typing import Any
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
 import levelzero.core.state as state_module
+from levelzero.actors.gc import GcActor
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
+from levelzero.storage.memory_log import MemoryLogStore
 
 
 @contextlib.contextmanager
@@ -133,6 +135,23 @@ def _gc_skips_partitions_without_mp() -> contextlib.AbstractContextManager[None]
     return _gc_decision(decide)
 
 
+# ---------------------------------------------------------------- the cluster (nodes > 1)
+
+
+def _appends_ignore_term() -> contextlib.AbstractContextManager[None]:
+    # The store takes an append whatever term it carries: a zombie leader is not fenced by it.
+    return _patched(MemoryLogStore, "_check_term", staticmethod(lambda row, expected_term: None))
+
+
+def _gc_takes_local_watermarks() -> contextlib.AbstractContextManager[None]:
+    # Each node's GC takes M over its own board (what it leads and created), not over every
+    # partition's M(p) published in the control plane.
+    async def snapshot(self: GcActor) -> tuple[int, dict[str, int | None]]:
+        return self._cluster_epoch(), self._board.snapshot()
+
+    return _patched(GcActor, "_snapshot", snapshot)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -160,9 +179,19 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "a catch-up is accepted whatever term its sender expected", _catch_up_without_term_check
     ),
     "reader_pins_ignored": ("L0 readers do not pin M(p)", _reader_pins_ignored),
+    "appends_ignore_term": (
+        "the log store takes appends of any term (zombie leaders unfenced)", _appends_ignore_term
+    ),
+    "gc_takes_local_watermarks": (
+        "a node's GC takes M over its own partitions, not every published M(p)",
+        _gc_takes_local_watermarks,
+    ),
 }
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
+# Rules only a cluster exercises: `levelzero sim --mutate` runs these with CLUSTER_NODES nodes.
+CLUSTER_MUTATIONS = frozenset({"appends_ignore_term", "gc_takes_local_watermarks"})
+CLUSTER_NODES = 3
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ class SimResult:
     seed: int
     mode: str
     mutation: str | None
+    nodes: int
     virtual_s: float
     callbacks: int
     writes_submitted: int
@@ -41,6 +42,8 @@ class SimResult:
     orphans: int
     l1_written: int
     crashes: int
+    graceful_stops: int
+    pauses: int
     epoch_bumps: int
     gc_rounds: int
     topics_created: int
@@ -74,6 +77,7 @@ def run_seed(
     fencing_mode: str | FenceMode = FenceMode.WINDOWED,
     workload_s: float | None = None,
     config: SimConfig = DEFAULT_CONFIG,
+    nodes: int = 1,
 ) -> SimResult:
     """Simulate one seed. Same seed, same arguments -> the same result, trace included.
 
@@ -84,7 +88,7 @@ def run_seed(
     if workload_s is not None:
         config = replace(config, workload_s=workload_s)
     started = time.perf_counter()
-    world = World(seed, config, mode=FenceMode(fencing_mode), mutation=mutation)
+    world = World(seed, config, mode=FenceMode(fencing_mode), mutation=mutation, nodes=nodes)
     loop_rng = random.Random(f"loop-{seed}")
     callbacks = 0
     virtual_s = 0.0
@@ -96,7 +100,9 @@ def run_seed(
         except BaseException as exc:  # noqa: BLE001 - sorted below; anything else re-raised
             violation = _violation_of(world, exc, loop.time())
             if violation is None:
-                exc.add_note(f"levelzero.sim seed {seed}, mode {world.mode}, mutation {mutation}")
+                exc.add_note(
+                    f"levelzero.sim seed {seed}, mode {world.mode}, mutation {mutation}, nodes {nodes}"
+                )
                 exc.add_note("\n".join(world.trace))
                 raise
         finally:
@@ -166,6 +172,7 @@ def _result(
         seed=world.seed,
         mode=str(world.mode),
         mutation=world.mutation,
+        nodes=world.nodes,
         virtual_s=round(virtual_s, 6),
         callbacks=callbacks,
         writes_submitted=s.writes_submitted,
@@ -181,6 +188,8 @@ def _result(
         orphans=s.orphans,
         l1_written=s.l1_written,
         crashes=s.crashes,
+        graceful_stops=s.graceful_stops,
+        pauses=s.pauses,
         epoch_bumps=world.log_store.cluster_epoch - 1,
         gc_rounds=s.gc_rounds,
         topics_created=s.topics_created,
@@ -212,12 +221,14 @@ def run_many(
     config: SimConfig = DEFAULT_CONFIG,
     stop_on_violation: bool = False,
     progress: Callable[[SimResult], None] | None = None,
+    nodes: int = 1,
 ) -> list[SimResult]:
     """Run seeds in order; with `stop_on_violation`, stop at the first seed that finds one."""
     results = []
     for seed in seeds:
         result = run_seed(
-            seed, mutation=mutation, fencing_mode=fencing_mode, workload_s=workload_s, config=config
+            seed, mutation=mutation, fencing_mode=fencing_mode, workload_s=workload_s,
+            config=config, nodes=nodes,
         )
         results.append(result)
         if progress is not None:
@@ -245,6 +256,8 @@ class Summary:
     orphans: int
     l1_written: int
     crashes: int
+    graceful_stops: int
+    pauses: int
     epoch_bumps: int
     gc_rounds: int
     partitions_created_during_gc: int
@@ -269,7 +282,7 @@ class Summary:
 _SUMMED = (
     "virtual_s", "callbacks", "writes_acked", "records_acked", "writes_failed", "reads",
     "stale_rejections", "objects_uploaded", "objects_deleted", "orphans", "l1_written", "crashes",
-    "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults", "l0_left",
+    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults", "l0_left",
     "records_checked", "leadership_changes", "total_stall_s", "rejections_after_change",
     "writes_over_one_retry_after_change", "stale_cache_changes", "stale_cache_total_stall_s",
     "stale_cache_rejections",

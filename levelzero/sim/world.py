@@ -9,6 +9,14 @@ replays every partition, begins a new term, and its epoch cache may start stale 
 whose cache lags would). After the workload, a quiet period runs until every L0 object is
 collected (invariant 4). Everything runs on the deterministic loop (`loop.py`); every random
 draw comes from the seed's one `random.Random`.
+
+With `nodes > 1` the world is a cluster: that many real `Node`s, each with its own epoch cache,
+over one memory control plane (`storage/memory_cluster.py`, timed by the virtual clock) and the
+same stores. Leadership moves by the shipping `ClusterMember`'s leases. Clients enter at any live
+node and follow its `LedElsewhere` to the leader, as the bundled client follows a redirect. Nodes
+crash and restart (within their lease or after it), stop gracefully (a hand-over with no lease
+wait) and are paused: cut off from the database and the control plane past their lease, so what
+they decided before reaches the database after another node took their partitions.
 """
 
 from __future__ import annotations
@@ -24,24 +32,37 @@ import anyio.abc
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import LevelZeroError, ObjectNotFound, StaleClusterEpoch
+from levelzero.core.errors import (
+    LedElsewhere,
+    LevelZeroError,
+    ObjectNotFound,
+    ShuttingDown,
+    StaleClusterEpoch,
+)
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record
+from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
 from .checks import L0_ROOT, Truth
 from .config import SimConfig
-from .faults import IncarnationLogStore, SeededFaults, SimLogStore
+from .faults import Gate, Link, SeededFaults, SimLogStore
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
 WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
+NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
+REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+
+
+class RequestTimedOut(LevelZeroError):
+    """A simulated client gave up on a node (one that died holds its request forever)."""
 
 
 @dataclass(eq=False)
@@ -50,7 +71,8 @@ class Incarnation:
 
     number: int
     node: Node
-    log: IncarnationLogStore
+    gate: Gate
+    node_id: str | None = None  # in a cluster
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     tg: anyio.abc.TaskGroup | None = None
     alive: bool = True  # False from the crash on (a zombie until its scope is cancelled)
@@ -58,7 +80,7 @@ class Incarnation:
     change: Change | None = None  # None for the first incarnation
 
     def __repr__(self) -> str:
-        return f"n{self.number}"
+        return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
 
 
 @dataclass(eq=False, slots=True)
@@ -87,6 +109,8 @@ class Stats:
     reads: int = 0
     records_read: int = 0
     crashes: int = 0
+    graceful_stops: int = 0
+    pauses: int = 0
     epoch_bumps: int = 0
     topics_created: int = 0
     partitions_created_during_gc: int = 0
@@ -107,8 +131,11 @@ class World:
         *,
         mode: FenceMode = FenceMode.WINDOWED,
         mutation: str | None = None,
+        nodes: int = 1,
     ) -> None:
+        assert 1 <= nodes <= len(NODE_IDS), nodes
         self.seed = seed
+        self.nodes = nodes
         self.cfg = cfg
         self.mode = FenceMode(mode)
         self.mutation = mutation
@@ -132,9 +159,16 @@ class World:
             rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored
         )
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
+        self.control: MemoryClusterControl | None = None
+        self.node_ids: list[str | None] = [None]
+        self.lease_ttl_s = 0.0
+        if nodes > 1:  # drawn after the single node's draws: a one-node seed stays as it was
+            self.lease_ttl_s = rng.choice(cfg.lease_ttl_s)
+            self.control = MemoryClusterControl(self.log_store, clock=anyio.current_time)
+            self.node_ids = list(NODE_IDS[:nodes])
         self.incarnations: list[Incarnation] = []
         self.changes: list[Change] = []
-        self.live: Incarnation | None = None
+        self.lives: dict[str | None, Incarnation] = {}  # node id -> its live incarnation
         self.phase = "workload"
         self.produces_in_flight = 0
         self.records_checked = 0
@@ -171,8 +205,34 @@ class World:
         row = self.log_store.partitions[pid]
         return f"{row.topic}/{row.partition}"
 
+    @property
+    def cluster(self) -> bool:
+        return self.control is not None
+
+    def entry(self) -> Incarnation | None:
+        """A live node to send a request to (the only one, or one drawn)."""
+        lives = [inc for inc in self.lives.values() if inc.tg is not None and not inc.ended]
+        if len(lives) <= 1:  # no draw: a one-node world's random stream is unchanged
+            return lives[0] if lives else None
+        return self.rng.choice(lives)
+
+    def leading(self, actor: PartitionActor) -> bool:
+        """The actor's term is the partition's durable term: nobody took over since it began.
+        Only such a leader's appends can still land (a zombie's are refused by the store)."""
+        return actor.term == self.log_store.partitions[actor.row.pid].term
+
     def live_actors(self) -> list[PartitionActor]:
-        return self.live.node.partitions() if self.live is not None else []
+        """The actors of live nodes whose appends could still land (their term is current)."""
+        actors = [a for inc in self.lives.values() for a in inc.node.partitions()]
+        if not self.cluster:
+            return actors
+        return [a for a in actors if self.leading(a)]
+
+    def pid(self, topic: str, partition: int) -> int:
+        for pid, row in self.log_store.partitions.items():
+            if (row.topic, row.partition) == (topic, partition):
+                return pid
+        raise AssertionError(f"no partition {topic}/{partition}")
 
     def node_config(self) -> NodeConfig:
         cfg = self.cfg
@@ -216,10 +276,12 @@ class World:
         cfg = self.cfg
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            await self.start_incarnation()
-            assert self.live is not None
+            for node_id in self.node_ids:
+                await self.start_incarnation(node_id)
             await anyio.sleep(self.rng.uniform(*cfg.first_topic_after_s))
-            await self._create(self.live, "sim", cfg.initial_partitions)
+            first = self.entry()
+            assert first is not None
+            await self._create(first, "sim", cfg.initial_partitions)
             end = self.now() + cfg.workload_s
             for loop in (self._producer, self._reader, self._creator, self._crasher,
                          self._bumper, self._checker):
@@ -245,25 +307,39 @@ class World:
         self.note(f"settled: {self.records_checked} acknowledged records readable")
 
     def settled(self) -> bool:
+        lives = set(self.lives.values())
         return (
-            self.live is not None
-            and all(inc.ended or inc is self.live for inc in self.incarnations)
+            len(lives) == len(self.node_ids)
+            and not any(inc.gate.paused for inc in lives)
+            and all(inc.ended or inc in lives for inc in self.incarnations)
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
         )
 
     def check(self) -> None:
-        if self.live is not None:
-            self.truth.check_published(self.live.node.board.snapshot())
+        for inc in self.lives.values():
+            board = inc.node.board.snapshot()
+            if self.cluster:  # what a node's board says of partitions it no longer leads is stale
+                board = {a.name: board.get(a.name) for a in inc.node.partitions() if self.leading(a)}
+            self.truth.check_published(board)
 
     # ------------------------------------------------------------------ incarnations
 
-    async def start_incarnation(self) -> None:
+    async def start_incarnation(self, node_id: str | None = None) -> None:
         assert self._tg is not None
         number = len(self.incarnations) + 1
-        log = IncarnationLogStore(self.log_store, f"n{number}")
-        node = Node(self.node_config(), log, self.objects, rng=self.rng, wall_clock=self.wall)
-        inc = Incarnation(number, node, log)
+        gate = Gate()
+        log = Link(self.log_store, gate, self.log_store.latency)
+        settings = None
+        if self.control is not None:
+            assert node_id is not None
+            control = Link(self.control, gate, self.log_store.latency)
+            settings = ClusterSettings(control, node_id, f"sim://{node_id}", self.lease_ttl_s)
+        node = Node(
+            self.node_config(), log, self.objects, rng=self.rng, wall_clock=self.wall,
+            cluster=settings,
+        )
+        inc = Incarnation(number, node, gate, node_id)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -271,11 +347,11 @@ class World:
             # As a node whose cache lags would: a fresh-looking cached epoch, `behind` old.
             node.epoch_cache._value = epoch - behind
             node.epoch_cache._fetched_at = self.now()
-        if number > 1:
+        if number > 1 and not self.cluster:  # it takes over every partition: the stall after
             inc.change = Change(self.now(), number, behind)
             self.changes.append(inc.change)
         await self._tg.start(self._life, inc)
-        self.live = inc
+        self.lives[node_id] = inc
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
             inc.tg.start_soon(self._late_reconciler, inc, self.rng.uniform(*self.cfg.late_reconciler_s))
@@ -300,20 +376,51 @@ class World:
         inc.ended = True
         self.note(f"{inc} ended")
 
-    async def crash(self) -> None:
-        inc = self.live
-        assert inc is not None
-        self.live = None
+    async def crash(self, inc: Incarnation) -> None:
+        assert self.lives[inc.node_id] is inc
+        del self.lives[inc.node_id]
         inc.alive = False
-        inc.log.close()
+        inc.gate.close()
         self.stats.crashes += 1
         self._absorb(inc)
         zombie_s = self.rng.uniform(*self.cfg.zombie_s)
         self.note(f"{inc} crashes; its requests on the wire land for {zombie_s:.3f}s")
         assert self._tg is not None
         self._tg.start_soon(self._reap, inc, zombie_s)
-        await anyio.sleep(self.rng.uniform(*self.cfg.restart_s))
-        await self.start_incarnation()
+        restart = self.cfg.cluster_restart_s if self.cluster else self.cfg.restart_s
+        await anyio.sleep(self.rng.uniform(*restart))
+        await self.start_incarnation(inc.node_id)
+
+    async def stop_gracefully(self, inc: Incarnation) -> None:
+        """`Node.shutdown`, as on SIGTERM: its partitions are handed over (leases released, no
+        TTL to wait), then the node starts again after a while (a rolling restart)."""
+        assert self.lives[inc.node_id] is inc
+        self.note(f"{inc} stops gracefully")
+        self.stats.graceful_stops += 1
+        await inc.node.shutdown()
+        with anyio.move_on_after(self.cfg.drain_s_max):
+            while not inc.ended:
+                await anyio.sleep(0.05)
+        if not inc.ended:
+            self.fail("drain", f"{inc} did not stop within {self.cfg.drain_s_max}s of its shutdown")
+        if self.lives.get(inc.node_id) is not inc:
+            return  # crashed while draining: the crash restarts it
+        del self.lives[inc.node_id]
+        inc.alive = False
+        self._absorb(inc)
+        await anyio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
+        await self.start_incarnation(inc.node_id)
+
+    async def pause(self, inc: Incarnation) -> None:
+        """Cut the node off from the database and the control plane, past its lease: other
+        nodes take its partitions; at the resume what it sent meanwhile arrives (a zombie)."""
+        pause_s = self.lease_ttl_s * self.rng.uniform(*self.cfg.pause_ttls)
+        self.stats.pauses += 1
+        self.note(f"{inc} paused for {pause_s:.3f}s")
+        inc.gate.pause()
+        await anyio.sleep(pause_s)
+        inc.gate.resume()
+        self.note(f"{inc} resumes")
 
     async def _late_reconciler(self, inc: Incarnation, after_s: float) -> None:
         """A reconciler that read its placeholders under the previous term finishes late: the
@@ -349,9 +456,9 @@ class World:
         self.stats.objects_deleted += gc.objects_deleted
 
     def finish(self) -> None:
-        if self.live is not None:
-            self._absorb(self.live)
-            self.live = None
+        for inc in self.lives.values():
+            self._absorb(inc)
+        self.lives.clear()
 
     # ------------------------------------------------------------------ workload
 
@@ -361,7 +468,7 @@ class World:
             await anyio.sleep(self.expo(cfg.produce_interval_s))
             if self.now() >= end:
                 return
-            inc = self.live
+            inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
             targets = [(t, p) for t, n in sorted(inc.node.topics().items()) for p in range(n)]
@@ -388,8 +495,12 @@ class World:
         if change is not None and submitted_at - change.at > self.cfg.stall_window_s:
             change = None
         try:
-            actor = inc.node.partition(topic, partition)
-            result = await inc.node.produce(topic, partition, records)
+            if self.cluster:
+                inc, result = await self._routed(inc, topic, partition, "produce", records)
+                pid = self.pid(topic, partition)
+            else:
+                pid = inc.node.partition(topic, partition).row.pid
+                result = await inc.node.produce(topic, partition, records)
         except LevelZeroError as exc:
             self.stats.writes_failed += 1
             if change is not None and isinstance(exc, StaleClusterEpoch):
@@ -414,14 +525,42 @@ class World:
             f"{inc} acked {topic}/{partition}@{result.base_offset}..{result.last_offset} "
             f"in {result.object_key[-12:]} after {result.attempts} attempts"
         )
-        self.truth.ack(actor.row.pid, result.base_offset, records, result.object_key)
+        self.truth.ack(pid, result.base_offset, records, result.object_key)
+
+    async def _routed(self, inc: Incarnation, topic: str, partition: int, op: str, *args: object):
+        """`op` sent to `inc`, following `LedElsewhere` to the leader it names (the redirect the
+        bundled client follows). Returns the node that answered and its answer."""
+        hops = retries = 0
+        while True:
+            try:
+                with anyio.fail_after(self.cfg.request_timeout_s):
+                    return inc, await getattr(inc.node, op)(topic, partition, *args)
+            except TimeoutError:
+                raise RequestTimedOut(f"{op} to {inc} timed out (the node died?)") from None
+            except (LedElsewhere, ShuttingDown) as exc:
+                leader = None
+                if isinstance(exc, LedElsewhere) and exc.leader_url is not None:
+                    leader = self.lives.get(exc.leader_url.removeprefix("sim://"))
+                if leader is not None and hops < REDIRECTS_MAX:
+                    hops += 1
+                    self.note(f"{inc} redirects {op} of {topic}/{partition} to {leader}")
+                    inc = leader
+                    continue
+                # No leader to follow (moving, or one that just died), or a node stopping: a
+                # retriable answer. The client retries later, through any node (a balancer).
+                if retries == self.cfg.not_leader_retries:
+                    raise
+                retries += 1
+                hops = 0
+                await anyio.sleep(self.cfg.not_leader_retry_s)
+                inc = self.entry() or inc
 
     async def _reader(self, end: float) -> None:
         while True:
             await anyio.sleep(self.expo(self.cfg.read_interval_s))
             if self.now() >= end:
                 return
-            inc = self.live
+            inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
             actors = [a for a in inc.node.partitions() if a.ready.is_set()]
@@ -440,10 +579,14 @@ class World:
 
     async def _read(self, inc: Incarnation, actor: PartitionActor, offset: int) -> None:
         self.stats.reads += 1
+        pauses = inc.gate.pauses
         try:
             result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
         except ObjectNotFound as exc:
-            if inc.alive and exc.key.startswith(L0_ROOT):
+            # In a cluster, a reader on a node that was paused or lost the partition meanwhile
+            # pinned nothing the new leader publishes: its read may fail (the client retries).
+            kept = not self.cluster or (inc.gate.pauses == pauses and self.leading(actor))
+            if inc.alive and kept and exc.key.startswith(L0_ROOT):
                 self.fail(
                     "1",
                     f"an L0 reader of {actor.name} at offset {offset} on {inc} lost {exc.key}: "
@@ -471,7 +614,7 @@ class World:
             await anyio.sleep(self.expo(cfg.create_interval_s))
             if self.now() >= end:
                 return
-            inc = self.live
+            inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
             created += 1
@@ -493,12 +636,25 @@ class World:
         self.note(f"{inc} created {topic} with {partitions} partitions{' during a GC round' if during_gc else ''}")
 
     async def _crasher(self, end: float) -> None:
+        cfg = self.cfg
         while True:
-            await anyio.sleep(self.expo(self.cfg.crash_interval_s))
+            await anyio.sleep(self.expo(cfg.crash_interval_s))
             if self.now() >= end:
                 return
-            if self.live is not None:
-                await self.crash()
+            if not self.cluster:
+                inc = self.lives.get(None)
+                if inc is not None:
+                    await self.crash(inc)
+                continue
+            # In a cluster, several nodes may be down, stopping or paused at once.
+            up = [i for i in self.lives.values() if i.tg is not None and not i.gate.paused]
+            if not up:
+                continue
+            inc = self.rng.choice(up)
+            what = self.rng.choices(("crash", "stop", "pause"), cfg.cluster_fault_weights)[0]
+            assert self._tg is not None
+            self._tg.start_soon({"crash": self.crash, "stop": self.stop_gracefully,
+                                 "pause": self.pause}[what], inc)
 
     async def _bumper(self, end: float) -> None:
         while True:
@@ -507,7 +663,7 @@ class World:
                 return
             bursts = 2 if self.rng.random() < self.cfg.bump_burst_p else 1
             for _ in range(bursts):
-                inc = self.live
+                inc = self.entry()
                 if inc is None or inc.tg is None:
                     break
                 inc.tg.start_soon(self._bump, inc)
@@ -532,14 +688,22 @@ class World:
 
     def explain_leftovers(self) -> str:
         keys = [k for k in self.objects.keys() if k.startswith(L0_ROOT)]
-        board = self.live.node.board.snapshot() if self.live is not None else {}
+        if self.control is not None:  # what the GC rounds of every node read
+            board = {
+                self.partition_name(pid): self.control.watermarks.get(pid)
+                for pid in self.log_store.partitions
+            }
+        else:
+            inc = self.lives.get(None)
+            board = inc.node.board.snapshot() if inc is not None else {}
         decision = compute_cluster_watermark(self.log_store.cluster_epoch, board)
         lines = [
             f"{len(keys)} L0 objects left, epochs {sorted({parse_l0_key(k).epoch for k in keys})[:10]}; "
             f"cluster epoch {self.log_store.cluster_epoch}, M={decision.m} "
             f"holders={decision.holders} blocked={decision.blocked_by}; "
             f"produces in flight {self.produces_in_flight}; "
-            f"incarnations not ended {[i for i in self.incarnations if not i.ended]}"
+            f"incarnations not ended {[i for i in self.incarnations if not i.ended]}; "
+            f"live {sorted(map(repr, self.lives.values()))}"
         ]
         for pid, state in sorted(self.truth.shadow.items()):
             name = self.partition_name(pid)

@@ -73,7 +73,7 @@ class MemoryClusterControl:
         leases = []
         for row in await self._log.list_partitions():
             node, expires = self.leases.get(row.pid, (None, 0.0))
-            leases.append(LeaseRow(row.pid, row.topic, row.partition, node, expires))
+            leases.append(LeaseRow(row.pid, row.topic, row.partition, node, expires, row.term))
         nodes = [self.nodes[n] for n in sorted(self.nodes)]
         return ClusterView(now, nodes, leases)
 

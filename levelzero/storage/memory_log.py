@@ -14,7 +14,13 @@ import anyio
 import msgspec
 
 from levelzero.core.entries import LogRecord, Placeholder, TermStart
-from levelzero.core.errors import InvariantViolation, NotLeader, StorageError, TopicExists
+from levelzero.core.errors import (
+    InvariantViolation,
+    LogMovedOn,
+    NotLeader,
+    StorageError,
+    TopicExists,
+)
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -69,6 +75,8 @@ class MemoryLogStore:
         row = self.partitions[pid]
         term = row.term + 1
         record = LogRecord(log_offset, term, base_offset, TermStart(term))
+        if log_offset < self._next_offset(pid):
+            raise LogMovedOn(f"{row.topic}/{row.partition}", log_offset, self._next_offset(pid))
         self._check_contiguous(pid, [record])
         self.partitions[pid] = PartitionRow(
             pid, row.topic, row.partition, row.creation_epoch, term, row.created_at
@@ -76,6 +84,12 @@ class MemoryLogStore:
         self.logs[pid].append(record)
         await anyio.lowlevel.checkpoint()
         return record
+
+    @staticmethod
+    def _check_term(row: PartitionRow, expected_term: int) -> None:
+        """The fence of a previous leader: an append must carry the partition's current term."""
+        if row.term != expected_term:
+            raise NotLeader(f"{row.topic}/{row.partition}", expected_term, row.term)
 
     # -- log
     def _next_offset(self, pid: int) -> int:
@@ -96,9 +110,7 @@ class MemoryLogStore:
         if self.fail_appends > 0:
             self.fail_appends -= 1
             raise StorageError("injected append failure")
-        row = self.partitions[pid]
-        if row.term != expected_term:
-            raise NotLeader(f"{row.topic}/{row.partition}", expected_term, row.term)
+        self._check_term(self.partitions[pid], expected_term)
         assert all(r.term == expected_term for r in records)
         self._check_contiguous(pid, records)
         self.logs[pid].extend(records)

@@ -359,6 +359,7 @@ class LeaseRow(msgspec.Struct, frozen=True):
     partition: int
     node_id: str | None  # None: never led, or released
     lease_expires_at: float
+    term: int = 0  # the partition's current term in the log store (who last started one)
 
 
 class ClusterView(msgspec.Struct, frozen=True):

@@ -139,3 +139,85 @@ async def test_the_next_round_comes_just_after_another_nodes_lease_runs_out() ->
     clock.now += 1.05
     await a.round()
     assert nodes["a"].led == set(range(1, PARTITIONS + 1))  # b's partitions, taken at once
+
+
+# ---------------------------------------------------------------- found by the cluster simulation
+
+
+async def test_a_node_restarted_within_its_ttl_leads_the_leases_its_previous_run_held() -> None:
+    """The same node id, restarted before its leases ran out: the control plane renews them for
+    it, so nobody else takes them. It must lead them (a new term fences its previous run)."""
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock)
+    had = set(nodes["b"].led)
+    assert had
+    again = Node()
+    restarted = ClusterMember(control, "b", "http://b", ttl_s=TTL_S, lead=again.lead,
+                              resign=again.resign, clock=clock)
+    clock.now += 1.0  # well within the TTL
+    await restarted.round()
+    assert again.led == had  # before: renewed forever and led by nobody
+    nodes["b"], members["b"] = again, restarted
+    await rounds(members.values(), clock)
+    exactly_one_leader(nodes)
+
+
+async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
+    """An acquire whose answer comes after the lease could have run out (the node was paused
+    with it in flight) starts nothing: another node may hold the partition by now."""
+    log = MemoryLogStore()
+    await log.create_topic("t", 4, 1, 0.0)
+    clock = Clock()
+    control = MemoryClusterControl(log, clock)
+    slow = Node()
+
+    class LateAnswers:
+        def __getattr__(self, name: str):  # noqa: ANN204
+            return getattr(control, name)
+
+        async def acquire_leases(self, node_id: str, pids, ttl_s: float) -> list[int]:  # noqa: ANN001
+            taken = await control.acquire_leases(node_id, pids, ttl_s)
+            clock.now += TTL_S  # the answer arrives a TTL later
+            return taken
+
+    member = ClusterMember(LateAnswers(), "a", "http://a", ttl_s=TTL_S, lead=slow.lead,
+                           resign=slow.resign, clock=clock)
+    await control.register_node("a", "http://a", None, TTL_S)
+    await member.round()
+    assert slow.led == set()
+    assert member.leading == set()
+
+
+async def test_a_partition_given_a_newer_term_elsewhere_is_started_again() -> None:
+    """A node holding a lease finds the partition's log at a newer term than its actor's (a
+    woken zombie started one on a lease that had run out): every append of its term would be
+    refused forever, so it leads the partition again, in a newer term."""
+    log, clock, control, nodes, _ = await cluster(["a"])
+    terms: dict[int, int] = {}
+
+    async def lead(pids: list[int]) -> None:
+        await nodes["a"].lead(pids)
+        for pid in pids:  # what the node's actor does: replay, then start a term
+            terms[pid] = (await log.begin_term(pid, len(log.logs[pid]), 0)).term
+
+    member = ClusterMember(control, "a", "http://a", ttl_s=TTL_S, lead=lead,
+                           resign=nodes["a"].resign, term_of=terms.get, clock=clock)
+    await member.round()
+    assert set(terms) == set(range(1, PARTITIONS + 1))
+    assert set(terms.values()) == {1}
+    await log.begin_term(7, len(log.logs[7]), 0)  # the zombie's term start: term 2
+    clock.now += 1.0
+    await member.round()
+    assert nodes["a"].events[-2:] == [("resign", (7,)), ("lead", (7,))]
+    assert terms[7] == 3 and log.partitions[7].term == 3
+    await member.round()
+    assert nodes["a"].events[-1] == ("lead", (7,))  # once: its term is current again
+
+
+async def test_a_round_asked_for_after_leaving_does_not_register_the_node_again() -> None:
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock)
+    await members["b"].leave()
+    await members["b"].round()  # e.g. a topic's creation asking for one while shutting down
+    assert "b" not in control.nodes
+    assert nodes["b"].led == set()

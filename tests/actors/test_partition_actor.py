@@ -382,6 +382,32 @@ async def test_new_leader_deposes_the_old_one() -> None:
     assert terms == sorted(terms)
 
 
+async def test_a_new_leader_whose_term_start_races_the_old_leaders_append_replays_it() -> None:
+    """In a cluster the old leader's last append may land between the new leader's replay and
+    its `TermStart` (found by the cluster simulation, seed 18): the store refuses the term start
+    as `LogMovedOn`; the new leader replays that append too and starts its term after it."""
+    store = MemoryLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (old, _):
+        await old.write(placeholder(N))
+        landed: list[int] = []
+
+        begin_term = store.begin_term
+
+        async def racing_begin_term(pid: int, log_offset: int, base_offset: int) -> LogRecord:
+            if not landed:  # the old leader's append lands first
+                landed.append((await old.write(placeholder(N, records=3))).log_offset)
+            return await begin_term(pid, log_offset, base_offset)
+
+        store.begin_term = racing_begin_term  # type: ignore[method-assign]
+        async with running(store, row) as (new, _):
+            assert new.term == 2
+            assert new.state.high_watermark == 4  # the raced append's records are its own
+            assert new.state.last_applied_log_offset == landed[0] + 1  # its TermStart, after
+    terms = [r.term for r in store.logs[row.pid]]
+    assert terms == [1, 1, 1, 2]
+
+
 # ----------------------------------------------------------------- M(p), reader pins
 
 

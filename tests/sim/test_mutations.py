@@ -13,7 +13,8 @@ import levelzero.core.state as state_module
 from levelzero.core.fence import Fence
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.sim import MUTATIONS, run_many, run_seed
-from levelzero.sim.mutations import applied
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.sim.mutations import CLUSTER_MUTATIONS, CLUSTER_NODES, applied
 
 # seeds (from 0) within which each mutation must be caught
 SEEDS_TO_CATCH_MAX = {
@@ -27,25 +28,39 @@ SEEDS_TO_CATCH_MAX = {
     "slide_without_drain": 20,
     "catch_up_without_term_check": 20,
     "reader_pins_ignored": 80,
+    # only a cluster exercises these (run with three nodes)
+    "appends_ignore_term": 40,
+    "gc_takes_local_watermarks": 20,
 }
+# The single-node table on a three-node cluster: each is caught there too.
+CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items()}
 
 
-def test_the_table_names_ten_mutations_each_with_a_bound() -> None:
-    assert len(MUTATIONS) == 10
+def test_the_table_names_twelve_mutations_each_with_a_bound() -> None:
+    assert len(MUTATIONS) == 12
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
+    assert CLUSTER_MUTATIONS == {"appends_ignore_term", "gc_takes_local_watermarks"}
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
     bound = SEEDS_TO_CATCH_MAX[mutation]
-    results = run_many(range(bound), mutation=mutation, stop_on_violation=True)
+    nodes = CLUSTER_NODES if mutation in CLUSTER_MUTATIONS else 1
+    results = run_many(range(bound), mutation=mutation, stop_on_violation=True, nodes=nodes)
     caught = results[-1].violation
     assert caught is not None, f"{mutation} survived {bound} seeds"
     print(
         f"\n{mutation}: caught by seed {caught.seed}, invariant {caught.invariant}: "
         f"{caught.message[:160]}"
     )
-    assert caught.invariant in {"1", "2", "3", "5", "epoch-rule", "assert"}
+    assert caught.invariant in {"1", "2", "3", "4", "5", "epoch-rule", "assert"}
+
+
+@pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS))
+def test_each_single_node_mutation_is_caught_on_a_cluster_too(mutation: str) -> None:
+    bound = CLUSTER_SEEDS_TO_CATCH_MAX[mutation]
+    results = run_many(range(bound), mutation=mutation, stop_on_violation=True, nodes=3)
+    assert results[-1].violation is not None, f"{mutation} survived {bound} three-node seeds"
 
 
 def test_a_caught_seed_replays_with_the_same_violation_and_trace() -> None:
@@ -68,6 +83,8 @@ def _patch_targets() -> tuple[object, ...]:
         ReaderPins.register,
         batcher_module.object_epoch,
         gc_module.compute_cluster_watermark,
+        MemoryLogStore.__dict__["_check_term"],
+        gc_module.GcActor._snapshot,
     )
 
 

@@ -25,7 +25,14 @@ from levelzero.core.entries import (
     SetStartOffset,
     TermStart,
 )
-from levelzero.core.errors import InvalidInput, InvariantViolation, NotLeader, StoreRefused, TopicExists
+from levelzero.core.errors import (
+    InvalidInput,
+    InvariantViolation,
+    LogMovedOn,
+    NotLeader,
+    StoreRefused,
+    TopicExists,
+)
 from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.protocols import L0ObjectRow, L1Row, L1State, LogStore, Snapshot
@@ -180,6 +187,25 @@ async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: B
         assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
         assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
 
+
+
+async def test_a_term_start_behind_the_end_of_the_log_is_refused_as_moved_on(
+    backend: Backend,
+) -> None:
+    """A new leader replayed to offset 1; the previous leader's append landed at 1 before its
+    `TermStart`: refused as `LogMovedOn` (replay the rest, try again), nothing written. A term
+    start past the end (a gap) stays an invariant violation."""
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=2)])
+        with pytest.raises(LogMovedOn) as refused:
+            await store.begin_term(p.pid, 1, 0)
+        assert refused.value.next_log_offset == 2
+        with pytest.raises(InvariantViolation):
+            await store.begin_term(p.pid, 5, 2)
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0, 1]
+        assert (await store.begin_term(p.pid, 2, 2)).term == 2
 
 
 async def test_begin_term_increments_term_and_survives_reopen(backend: Backend) -> None:

@@ -41,6 +41,7 @@ from levelzero.core.errors import (
     InvalidInput,
     InvariantViolation,
     LevelZeroError,
+    LogMovedOn,
     NotLeader,
     ShuttingDown,
     StorageError,
@@ -727,7 +728,9 @@ class PostgresLogStore:
                 " WHERE pid = $1 AND next_log_offset = $2 RETURNING term", pid, log_offset,
             )
             if row is None:
-                raise await self._offset_refused(connection, pid, "TermStart", log_offset)
+                raise await self._offset_refused(
+                    connection, pid, "TermStart", log_offset, moved_on=True
+                )
             term = row["term"]
             record = LogRecord(log_offset, term, base_offset, TermStart(term))
             await connection.execute(_LOG_INSERT, *_columns([(pid, *log_columns(record), now)], 11))
@@ -742,12 +745,16 @@ class PostgresLogStore:
         return await self._transact(f"starting a term of partition id {pid}", work, resolve)
 
     async def _offset_refused(self, connection: asyncpg.Connection, pid: int, what: str,
-                              log_offset: int) -> InvariantViolation:
+                              log_offset: int, *, moved_on: bool = False) -> LevelZeroError:
+        """Why an append or term start at `log_offset` was refused. With `moved_on`, a log that
+        grew past it is `LogMovedOn` (a term start after a replay raced the last append)."""
         row = await connection.fetchrow(
             "SELECT topic, partition, next_log_offset FROM partitions WHERE pid = $1", pid
         )
         if row is None:
             return InvariantViolation(f"unknown partition id {pid}")
+        if moved_on and row["next_log_offset"] > log_offset:
+            return LogMovedOn(f"{row['topic']}/{row['partition']}", log_offset, row["next_log_offset"])
         return InvariantViolation(
             f"partition {row['topic']}/{row['partition']}: {what} at log offset {log_offset}, "
             f"the log continues at {row['next_log_offset']}"
@@ -1074,7 +1081,7 @@ class PostgresLogStore:
                     )
                     leases = await connection.fetch(
                         "SELECT p.pid, p.topic, p.partition, l.node_id,"
-                        " COALESCE(l.lease_expires_at, 0) FROM partitions p"
+                        " COALESCE(l.lease_expires_at, 0), p.term FROM partitions p"
                         " LEFT JOIN partition_leases l ON l.pid = p.pid ORDER BY p.pid"
                     )
             return ClusterView(

@@ -57,6 +57,7 @@ from levelzero.core.errors import (
     InvalidInput,
     InvariantViolation,
     LevelZeroError,
+    LogMovedOn,
     NotLeader,
     ShuttingDown,
     StorageError,
@@ -652,6 +653,8 @@ class SqliteLogStore:
 
         def stage(batch: Batch) -> LogRecord:
             cursor = batch.cursor(pid)
+            if log_offset < cursor.next_log_offset:
+                raise LogMovedOn(cursor.name, log_offset, cursor.next_log_offset)
             if log_offset != cursor.next_log_offset:
                 raise InvariantViolation(
                     f"partition {cursor.name}: TermStart at log offset {log_offset}, "
