@@ -218,6 +218,12 @@ class ClusterMember:
         self.view = await self.control.cluster_view()
         self._view_read_at = self._clock()
 
+    async def fresh_view(self, age_max_s: float) -> ClusterView | None:
+        """The cluster view, read again first if it is older than `age_max_s`."""
+        if self.view is None or self._clock() - self._view_read_at > age_max_s:
+            await self.refresh()
+        return self.view
+
     async def leave(self) -> None:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its
         lease released at once, the node's row removed."""

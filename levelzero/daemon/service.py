@@ -21,6 +21,9 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
+from dataclasses import dataclass
+from typing import Any
+
 import anyio
 import anyio.abc
 import uvicorn
@@ -56,6 +59,16 @@ class StartupError(LevelZeroError):
     """The daemon cannot start (cannot listen, cannot create its data directory)."""
 
     code = "startup_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class _KafkaBound:
+    """The Kafka listener's socket, bound before the node starts, and what clients are told."""
+
+    listener: Any
+    host: str
+    advertised_host: str
+    advertised_port: int
 
 
 class _UvicornServer(uvicorn.Server):
@@ -338,6 +351,9 @@ class Daemon:
             log_store.on_connection_error = lambda what, error: health.failed(
                 health.log_store, what, error
             )
+        # The Kafka socket is bound before the node starts: in a cluster the node registers the
+        # address Kafka clients are sent to (Metadata names every node as a broker).
+        kafka = await self._bind_kafka()
         cluster = None
         if config.cluster.enabled:
             assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
@@ -346,6 +362,7 @@ class Daemon:
                 config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}",
                 config.cluster.advertise_url.rstrip("/"),
                 lease_ttl_s=config.cluster.lease_ttl_s,
+                kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
             )
         node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects,
                     cluster=cluster)
@@ -409,7 +426,7 @@ class Daemon:
         if config.metrics.listen:
             await self._serve_metrics(tg, metrics)
 
-        kafka_scope = await self._start_kafka(tg, node)
+        kafka_scope = await self._start_kafka(tg, node, kafka)
 
         self.lifecycle.ready = True
         self.notifier.ready(self._serving_status())
@@ -431,15 +448,11 @@ class Daemon:
         await self._stop(node, server)
         kafka_scope.cancel()
 
-    async def _start_kafka(self, tg: anyio.abc.TaskGroup, node: Node) -> anyio.CancelScope:
-        """The Kafka listener (if `[kafka] listen` is set) in a scope `run` cancels at the end."""
-        scope = anyio.CancelScope()
+    async def _bind_kafka(self) -> _KafkaBound | None:
+        """The Kafka socket (if `[kafka] listen` is set) and the address advertised to clients."""
         settings = self.config.kafka
         if not settings.enabled:
-            return scope
-        from .kafka.handlers import Handlers, KafkaSettings
-        from .kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
-
+            return None
         host, port = parse_listen(settings.listen)
         try:
             listener = await anyio.create_tcp_listener(
@@ -451,10 +464,24 @@ class Daemon:
         advertised_host = settings.advertised_host or (
             "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
         )
+        return _KafkaBound(listener, host, advertised_host, settings.advertised_port or self.kafka_port)
+
+    async def _start_kafka(
+        self, tg: anyio.abc.TaskGroup, node: Node, bound: _KafkaBound | None
+    ) -> anyio.CancelScope:
+        """The Kafka listener on its bound socket, in a scope `run` cancels at the end."""
+        scope = anyio.CancelScope()
+        settings = self.config.kafka
+        if bound is None:
+            return scope
+        from .kafka.handlers import Handlers, KafkaSettings
+        from .kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
+
+        listener: Any = bound.listener
+        host = bound.host
         handlers = Handlers(
             node,
-            KafkaSettings(advertised_host, settings.advertised_port or self.kafka_port,
-                          settings.default_partitions),
+            KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
         )
         self.kafka = KafkaListener(
             handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max,

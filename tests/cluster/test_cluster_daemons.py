@@ -40,14 +40,15 @@ def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  
     }
 
 
-def start_nodes(tmp_path: Path, dsn: str, endpoint, bucket: str, names: list[str]) -> dict[str, DaemonProcess]:  # noqa: ANN001
+def start_nodes(tmp_path: Path, dsn: str, endpoint, bucket: str, names: list[str],  # noqa: ANN001
+                start: bool = True) -> dict[str, DaemonProcess]:
     nodes = {}
     for name in names:
         process = DaemonProcess(tmp_path / name, tmp_path / f"{name}-logs", env=cluster_env(name, dsn, endpoint, bucket))
         (tmp_path / f"{name}-logs").mkdir()
         process.env["LEVELZERO_CLUSTER_ADVERTISE_URL"] = process.url
         nodes[name] = process
-    for process in nodes.values():
+    for process in nodes.values() if start else ():
         process.start()
     return nodes
 

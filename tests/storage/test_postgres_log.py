@@ -12,7 +12,7 @@ import anyio
 import asyncpg
 import pytest
 
-from levelzero.core.errors import InvariantViolation, NotLeader, StorageError, StoreRefused
+from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
 from levelzero.storage.protocols import OffsetRow
@@ -66,7 +66,7 @@ async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres
         with pytest.raises(NotLeader) as refused:
             await old.append(p.pid, 1, [placeholder(3, 1, 1)])
         assert (refused.value.expected_term, refused.value.current_term) == (1, 2)
-        with pytest.raises(InvariantViolation, match="continues at 3"):
+        with pytest.raises(LogMovedOn, match="continues at 3"):
             await old.begin_term(p.pid, 2, 1)  # a stale leader cannot start a term at a taken offset
         assert [r.term for r in await new.read_log(p.pid, 0)] == [1, 1, 2]
 

@@ -9,6 +9,7 @@ stored as an empty one.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core import kafka_records as kr
 from levelzero.core.entries import Placeholder, ProducerSpan
+from levelzero.core.cluster import preferred_leader
 from levelzero.core.errors import LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
@@ -33,8 +35,11 @@ from .protocol import Request, api_versions_response, make
 
 log = logging.getLogger("levelzero.kafka")
 
-NODE_ID = 0
+NODE_ID = 0  # the broker id of a node that is not in a cluster
 CLUSTER_ID = "levelzero"
+# Metadata in a cluster reads the cluster view again when it is older than this (a client asks
+# after NOT_LEADER_OR_FOLLOWER: the answer must name the new leader, not the round-old one).
+METADATA_VIEW_AGE_MAX_S = 0.5
 FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
 FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
 FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
@@ -63,6 +68,19 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
 }
+
+
+def broker_id(node_id: str) -> int:
+    """The Kafka broker id (an int32 >= 0) of a cluster node: the same on every node."""
+    digest = hashlib.blake2b(node_id.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    node_id: int
+    host: str
+    port: int
 
 
 def error_code_for(exc: BaseException) -> ErrorCode:
@@ -134,7 +152,7 @@ class Handlers:
             case 18:
                 return api_versions_response(request.api_version)
             case 3:
-                return self.metadata(request)
+                return await self.metadata(request)
             case 19:
                 return await self.create_topics(request)
             case 0:
@@ -163,8 +181,74 @@ class Handlers:
 
     # ------------------------------------------------------------------ metadata
 
-    def metadata(self, request: Request) -> Any:
+    # ------------------------------------------------------------------ the cluster
+
+    def _me(self) -> Broker:
+        member = self.node.member
+        return Broker(NODE_ID if member is None else broker_id(member.node_id),
+                      self.settings.advertised_host, self.settings.advertised_port)
+
+    def _brokers(self) -> dict[str, Broker]:
+        """Node id -> broker: the live nodes of the last cluster view that listen for Kafka
+        clients (this one always); alone, this node."""
+        member = self.node.member
+        if member is None:
+            return {"": self._me()}
+        brokers = {member.node_id: self._me()}
+        view = member.view
+        for row in view.nodes if view is not None else ():
+            if row.kafka_url and row.lease_expires_at > view.now and row.node_id not in brokers:
+                host, _, port = row.kafka_url.rpartition(":")
+                if host and port.isdigit():
+                    brokers[row.node_id] = Broker(broker_id(row.node_id), host.strip("[]"), int(port))
+        return brokers
+
+    def _leaders(self, brokers: dict[str, Broker]) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> its leader's broker id, for partitions with a live leader."""
+        member = self.node.member
+        me = self._me().node_id
+        if member is None:
+            return {(t, p): me for t, n in self.node.topics().items() for p in range(n)}
+        leaders: dict[tuple[str, int], int] = {}
+        view = member.view
+        for lease in view.leases if view is not None else ():
+            broker = brokers.get(lease.node_id or "")
+            if broker is not None and lease.lease_expires_at > view.now:
+                leaders[(lease.topic, lease.partition)] = broker.node_id
+        for actor in self.node.partitions():  # what this node leads, whatever the view says
+            leaders[(actor.row.topic, actor.row.partition)] = me
+        return leaders
+
+    def _coordinator(self, group_id: str) -> Broker:
+        """The node coordinating a consumer group: rendezvous over the live Kafka nodes, so
+        every node names the same one (alone: this node)."""
+        brokers = self._brokers()
+        chosen = preferred_leader(f"group:{group_id}", sorted(brokers))
+        return brokers[chosen] if chosen is not None else self._me()
+
+    def _coordinates(self, group_id: str) -> bool:
+        return self.node.member is None or self._coordinator(group_id) == self._me()
+
+    # ------------------------------------------------------------------ metadata
+
+    async def metadata(self, request: Request) -> Any:
         m = request.response_module
+        member = self.node.member
+        brokers = self._brokers()
+        leaders = self._leaders(brokers)
+        if member is not None:
+            # A view older than METADATA_VIEW_AGE_MAX_S is read again, and one that shows a
+            # partition without a leader (a move, a topic just made) if it is older than a
+            # tenth of that: the client asks again soon after LEADER_NOT_AVAILABLE.
+            age = METADATA_VIEW_AGE_MAX_S
+            if len(leaders) < sum(self.node.topics().values()):
+                age /= 10
+            try:
+                if member.view is not await member.fresh_view(age):
+                    brokers = self._brokers()
+                    leaders = self._leaders(brokers)
+            except LevelZeroError as exc:  # the last view answers
+                log.warning("kafka metadata: reading the cluster view failed: %s", exc)
         topics = self.node.topics()
         if request.body.topics is None:
             names = sorted(topics)
@@ -173,29 +257,32 @@ class Handlers:
         out = []
         for name in names:
             count = topics.get(name)
-            partitions = tuple(
-                make(
+            partitions = []
+            for p in range(count or 0):
+                leader = leaders.get((name, p))
+                partitions.append(make(
                     m.MetadataResponsePartition,
-                    error_code=ErrorCode.none, partition_index=p, leader_id=NODE_ID,
-                    leader_epoch=0, replica_nodes=(NODE_ID,), isr_nodes=(NODE_ID,),
-                    offline_replicas=(),
-                )
-                for p in range(count or 0)
-            )
+                    error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
+                    partition_index=p, leader_id=-1 if leader is None else leader,
+                    leader_epoch=0, replica_nodes=() if leader is None else (leader,),
+                    isr_nodes=() if leader is None else (leader,), offline_replicas=(),
+                ))
             error = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
             out.append(
                 make(
                     m.MetadataResponseTopic, error_code=error, name=name, topic_id=None,
-                    is_internal=False, partitions=partitions, topic_authorized_operations=-2147483648,
+                    is_internal=False, partitions=tuple(partitions),
+                    topic_authorized_operations=-2147483648,
                 )
             )
-        broker = make(
-            m.MetadataResponseBroker, node_id=NODE_ID, host=self.settings.advertised_host,
-            port=self.settings.advertised_port, rack=None,
+        shown = tuple(
+            make(m.MetadataResponseBroker, node_id=b.node_id, host=b.host, port=b.port, rack=None)
+            for b in sorted(brokers.values(), key=lambda b: b.node_id)
         )
         return make(
-            m.MetadataResponse, throttle_time=0, brokers=(broker,), cluster_id=CLUSTER_ID,
-            controller_id=NODE_ID, topics=tuple(out), cluster_authorized_operations=-2147483648,
+            m.MetadataResponse, throttle_time=0, brokers=shown, cluster_id=CLUSTER_ID,
+            controller_id=min(b.node_id for b in brokers.values()), topics=tuple(out),
+            cluster_authorized_operations=-2147483648,
         )
 
     # ------------------------------------------------------------------ topics
@@ -601,11 +688,14 @@ class Handlers:
     def find_coordinator(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
-        where = dict(node_id=NODE_ID, host=self.settings.advertised_host,
-                     port=self.settings.advertised_port)
+        def where(key: str) -> dict[str, Any]:
+            broker = self._coordinator(key)
+            return dict(node_id=broker.node_id, host=broker.host, port=broker.port)
+
         if request.api_version >= 4:
             coordinators = tuple(
-                make(m.Coordinator, key=key, error_code=ErrorCode.none, error_message=None, **where)
+                make(m.Coordinator, key=key, error_code=ErrorCode.none, error_message=None,
+                     **where(key))
                 for key in body.coordinator_keys
             )
             return make(m.FindCoordinatorResponse, throttle_time=0, coordinators=coordinators)
@@ -614,7 +704,7 @@ class Handlers:
                         error_code=ErrorCode.coordinator_not_available, error_message="transactions are not supported",
                         node_id=-1, host="", port=-1)
         return make(m.FindCoordinatorResponse, throttle_time=0, error_code=ErrorCode.none,
-                    error_message=None, **where)
+                    error_message=None, **where(body.key))
 
     async def join_group(self, request: Request) -> Any:
         m = request.response_module
@@ -622,6 +712,13 @@ class Handlers:
         session_ms = int(body.session_timeout.total_seconds() * 1000)
         rebalance = getattr(body, "rebalance_timeout", None)
         rebalance_ms = session_ms if rebalance is None else int(rebalance.total_seconds() * 1000)
+        if not self._coordinates(body.group_id):  # the client asks FindCoordinator again
+            return make(
+                m.JoinGroupResponse, throttle_time=0, error_code=ErrorCode.not_coordinator,
+                generation_id=-1, protocol_type=None,
+                protocol_name=None if request.api_version >= 7 else "", leader="",
+                skip_assignment=False, member_id=body.member_id, members=(),
+            )
         result = await self.groups.join(
             body.group_id, body.member_id, request.client_id or "", session_ms, rebalance_ms,
             body.protocol_type, [(p.name, bytes(p.metadata)) for p in body.protocols],
@@ -640,6 +737,9 @@ class Handlers:
     async def sync_group(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
+        if not self._coordinates(body.group_id):
+            return make(m.SyncGroupResponse, throttle_time=0, error_code=ErrorCode.not_coordinator,
+                        protocol_type=None, protocol_name=None, assignment=b"")
         error, assignment, protocol_type, protocol_name = await self.groups.sync(
             body.group_id, body.member_id, body.generation_id,
             [(a.member_id, bytes(a.assignment)) for a in body.assignments],
@@ -649,7 +749,10 @@ class Handlers:
 
     def heartbeat(self, request: Request) -> Any:
         body = request.body
-        error = self.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+        if not self._coordinates(body.group_id):
+            error = ErrorCode.not_coordinator
+        else:
+            error = self.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
         return make(request.response_module.HeartbeatResponse, throttle_time=0, error_code=error)
 
     def leave_group(self, request: Request) -> Any:
@@ -676,13 +779,16 @@ class Handlers:
         if generation is None:
             generation = body.generation_id
         allowed = self.groups.check_commit(body.group_id, body.member_id, generation)
+        if not self._coordinates(body.group_id):
+            allowed = ErrorCode.not_coordinator
+        known = self.node.topics()
         codes: dict[tuple[str, int], ErrorCode] = {}
         to_store: list[tuple[str, int, int, str]] = []
         for topic in body.topics:
             for p in topic.partitions:
                 code = allowed
                 if code == ErrorCode.none:
-                    if self._high_watermark(topic.name, p.partition_index) < 0:
+                    if not 0 <= p.partition_index < known.get(topic.name, 0):
                         code = ErrorCode.unknown_topic_or_partition
                     elif len(p.committed_metadata or "") > METADATA_CHARS_MAX:
                         code = ErrorCode.offset_metadata_too_large
