@@ -1,7 +1,7 @@
 """The `levelzero` command: the daemon (`run`), the demo, and client commands for the HTTP API.
 
     levelzero run [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
-    levelzero demo [--duration S]
+    levelzero demo [--duration S] [--nodes N]
     levelzero topics create NAME [--partitions N] | topics list
     levelzero produce TOPIC [-p P] [--in-flight N] [VALUE ...]   (no VALUE: one record per stdin line)
     levelzero consume TOPIC [-p P] [--offset O] [--follow] [--json]
@@ -64,6 +64,7 @@ PROGRESS_INTERVAL_S = 1.0
 FOLLOW_POLL_MIN_S = 0.1
 DRY_RUN_KEYS_SHOWN_DEFAULT = 20
 MiB = 1024 * 1024
+CLUSTER_DEMO_NODES_MAX = 5
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -159,7 +160,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.duration <= 0:
         _fail("--duration must be positive")
         return EXIT_USAGE
+    if not 1 <= args.nodes <= CLUSTER_DEMO_NODES_MAX:
+        _fail(f"--nodes must be in 1..{CLUSTER_DEMO_NODES_MAX}")
+        return EXIT_USAGE
+    if args.producers < 1:
+        _fail("--producers must be >= 1")
+        return EXIT_USAGE
     configure_logging("warning")
+    if args.nodes > 1:
+        from .cluster_demo import run_cluster_demo
+
+        if args.data_dir is not None:
+            _fail("--data-dir is for the one-node demo; the cluster demo keeps its data with --keep")
+            return EXIT_USAGE
+        cluster = anyio.run(lambda: run_cluster_demo(
+            nodes=args.nodes, duration_s=args.duration, producers=args.producers,
+            keep=args.keep, out=sys.stdout,
+        ))
+        if cluster.failure is not None and cluster.acked_writes == 0 and "PostgreSQL" in cluster.failure:
+            return EXIT_USAGE
+        return EXIT_OK if cluster.ok else EXIT_FAILED
     summary = anyio.run(
         lambda: run_demo(
             duration_s=args.duration,
@@ -903,6 +923,10 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run an in-process daemon, drive producers, verify, summarise")
     p.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)")
     p.add_argument("--producers", type=int, default=6, help="concurrent producers (default 6)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help=f"1: one in-process daemon on embedded defaults (default); 2..{CLUSTER_DEMO_NODES_MAX}: "
+                        "a local cluster of `levelzero run` processes over a throwaway PostgreSQL "
+                        "(needs initdb and pg_ctl on PATH), with a crash and a rolling restart")
     p.add_argument("--data-dir", default=None, metavar="DIR", help="where to keep the data (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp data directory")
     p.set_defaults(handler=cmd_demo)

@@ -172,6 +172,9 @@ class StorageSection(_Section):
     data_dir: str = DEFAULT_DATA_DIR  # SQLite database; local objects under data_dir/objects
     sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL"
     local_fsync: bool = True  # false: faster, and a crash may lose acknowledged records
+    # Local objects elsewhere than data_dir/objects: a directory several nodes of one host
+    # share (`levelzero demo --nodes N` runs its cluster on one).
+    objects_path: str = ""
 
     def __post_init__(self) -> None:
         if not self.data_dir:
@@ -183,7 +186,7 @@ class StorageSection(_Section):
 
     @property
     def objects_dir(self) -> str:
-        return os.path.join(self.data_dir, "objects")
+        return self.objects_path or os.path.join(self.data_dir, "objects")
 
 
 class ControlSection(_Section):
