@@ -159,10 +159,13 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     assert notes["driver_jvm_peak_rss_bytes"] > 0 and notes["driver_python_peak_rss_bytes"] > 0
 
 
-def test_quick_cluster_times_a_failover_against_the_lease_ttl(tmp_path: Path) -> None:
+def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nodes(tmp_path: Path) -> None:
     results_path = tmp_path / "cluster.json"
     assert main(["--quick", "--only", "cluster", "--out", str(results_path)]) == 0
-    (failover,) = json.loads(results_path.read_text())["items"]["cluster"]["figures"]
+    failover, stall, rejections, two, three = json.loads(results_path.read_text())["items"]["cluster"]["figures"]
     assert failover["floor"] == 2.0 and failover["notes"]["lease_ttl_s"] == 2.0
     assert failover["target"] == {"bound": 2.0, "higher_is_better": False}  # (TTL + 2 s) / TTL
     assert failover["sut"] > 0 and failover["notes"]["nodes"] == 3
+    assert (stall["sut_label"], stall["floor_label"]) == ("windowed", "strict")
+    assert stall["sut"] > 0 and stall["floor"] > 0 and rejections["unit"] == "rejections"
+    assert two["sut"] > 0 and two["floor"] > 0 and three["sut"] > 0 and three["floor"] == two["floor"]
