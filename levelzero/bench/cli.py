@@ -260,45 +260,74 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def render_markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
-    lines = [
-        MARK_BEGIN,
-        "",
-        f"Measured {results['started_at']} with `{results['command']}` "
-        f"({results['duration_s']:.0f} s, event loop {results['loop']}).",
-        "",
-        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB memory, "
-        f"{m['implementation']} {m['python']}, {m['platform']}.",
-        "",
-        "| item | figure | unit | system under test | floor | ratio | target | verdict |",
-        "|---|---|---|---:|---:|---:|---|---|",
-    ]
+def _rows(results: dict[str, Any]) -> dict[str, list[str]]:
+    """The table rows of a run, by item."""
+    rows: dict[str, list[str]] = {}
     for name, item in results["items"].items():
         if "error" in item:
-            lines.append(f"| {name} | **crashed**: {item['error']} | | | | | | |")
+            rows[name] = [f"| {name} | **crashed**: {item['error']} | | | | | | |"]
             continue
+        rows[name] = []
         for f in item["figures"]:
             target = f["target"]
             shown = "-"
             if target is not None:
                 shown = f"{'≥' if target['higher_is_better'] else '≤'} {target['bound']:.0%}"
             ratio = "n/a" if f["ratio"] is None else f"{f['ratio']:.1%}"
-            lines.append(
+            rows[name].append(
                 f"| {name} | {f['name']} | {f['unit']} | {f['sut_label']} {_number(f['sut'])} | "
                 f"{f['floor_label']} {_number(f['floor'])} | {ratio} | {shown} | {f['verdict']} |"
             )
-    lines += ["", MARK_END]
+    return rows
+
+
+def render_markdown(results: dict[str, Any], previous: str = "") -> str:
+    """The generated section. With `previous` (the section as it was), the rows of items this
+    run did not measure are kept, in place, and the run they came from is named."""
+    m = results["machine"]
+    measured = (f"Measured {results['started_at']} with `{results['command']}` "
+                f"({results['duration_s']:.0f} s, event loop {results['loop']}).")
+    fresh = _rows(results)
+    table: list[str] = []
+    kept_from: list[str] = []
+    for line in previous.splitlines():
+        if line.startswith("Measured ") or line.startswith("Other rows: "):
+            kept_from.append(line.removeprefix("Other rows: "))
+        cells = line.split("|")
+        if not line.startswith("| ") or len(cells) < 3 or cells[1].strip() in ("item", "---"):
+            continue
+        name = cells[1].strip()
+        if name in fresh:
+            table.extend(fresh.pop(name))  # this run's rows, where the item's were
+        elif name in ITEM_NAMES:
+            table.append(line)
+    for rows in fresh.values():
+        table.extend(rows)
+    lines = [MARK_BEGIN, "", measured]
+    if previous and len(table) > sum(len(r) for r in _rows(results).values()):
+        lines.append(f"Other rows: {' / '.join(kept_from) if kept_from else 'an earlier run.'}")
+    lines += [
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB memory, "
+        f"{m['implementation']} {m['python']}, {m['platform']}.",
+        "",
+        "| item | figure | unit | system under test | floor | ratio | target | verdict |",
+        "|---|---|---|---:|---:|---:|---|---|",
+        *table,
+        "",
+        MARK_END,
+    ]
     return "\n".join(lines)
 
 
 def update_markdown(path: Path, results: dict[str, Any]) -> None:
-    """Replace the generated section (between the markers) and keep everything else."""
-    block = render_markdown(results)
+    """Replace the generated section (between the markers) and keep everything else; a run of
+    some items (`--only`) keeps the other items' rows."""
     text = path.read_text(encoding="utf-8") if path.exists() else ""
     begin, end = text.find(MARK_BEGIN), text.find(MARK_END)
     if begin >= 0 and end > begin:
+        block = render_markdown(results, text[begin:end])
         text = text[:begin] + block + text[end + len(MARK_END) :]
     else:
-        text = (text.rstrip() + "\n\n" if text.strip() else "") + block + "\n"
+        text = (text.rstrip() + "\n\n" if text.strip() else "") + render_markdown(results) + "\n"
     path.write_text(text, encoding="utf-8")

@@ -169,3 +169,28 @@ def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nod
     assert (stall["sut_label"], stall["floor_label"]) == ("windowed", "strict")
     assert stall["sut"] > 0 and stall["floor"] > 0 and rejections["unit"] == "rejections"
     assert two["sut"] > 0 and two["floor"] > 0 and three["sut"] > 0 and three["floor"] == two["floor"]
+
+
+def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
+    from levelzero.bench.cli import update_markdown
+
+    def run(item: str, value: float, when: str) -> dict:
+        figure = {"name": f"{item} figure", "unit": "ops/s", "sut_label": "sut", "sut": value,
+                  "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
+                  "verdict": "info"}
+        return {"machine": {"nproc": 2, "cpu_model": "x", "memory_gib": 1, "implementation": "CPython",
+                            "python": "3.11", "platform": "linux"},
+                "started_at": when, "command": f"levelzero bench --only {item}", "duration_s": 1.0,
+                "loop": "asyncio", "items": {item: {"figures": [figure]}}}
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    update_markdown(markdown, run("fence", 2.0, "day 1"))
+    update_markdown(markdown, run("cluster", 3.0, "day 2"))
+    update_markdown(markdown, run("fence", 4.0, "day 3"))  # replaces fence's row, in place
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith("| fence") or line.startswith("| cluster")]
+    assert rows == [
+        "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | info |",
+        "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | info |",
+    ]
+    text = markdown.read_text()
+    assert "Measured day 3" in text and "Other rows: Measured day 2" in text

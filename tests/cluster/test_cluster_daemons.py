@@ -173,12 +173,14 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
             process.cleanup()
 
 
-async def test_a_join_and_a_rolling_restart_of_every_node_under_load(
+async def test_a_join_a_kill_a_pause_and_a_rolling_restart_under_load(
     tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
 ) -> None:
-    """Producers write without pause through whichever nodes are up while a third node joins
-    and then every node in turn is stopped (SIGTERM) and started again. No acknowledged record
-    is lost, none is acknowledged twice, and at quiescence no L0 object is left."""
+    """Producers write without pause through whichever nodes are up while a third node joins, a
+    leader is SIGKILLed and started again, another is SIGSTOPped past its lease and woken (a
+    zombie), and then every node in turn is stopped (SIGTERM) and started again. No
+    acknowledged record is lost, none is acknowledged twice, and at quiescence no L0 object is
+    left."""
     nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"], start=False)
     up: set[str] = set()
     for name in ("n1", "n2"):
@@ -225,6 +227,23 @@ async def test_a_join_and_a_rolling_restart_of_every_node_under_load(
             await anyio.sleep(2 * TTL_S)
             async with Client(nodes["n3"].url) as client:
                 assert (await client.cluster()).nodes[2].partitions_led > 0
+            # A leader is SIGKILLed under load, and comes back.
+            up.discard("n2")
+            nodes["n2"].signal(signal.SIGKILL)
+            nodes["n2"].wait_exit()
+            before_kill = counts["acked"]
+            await anyio.sleep(2 * TTL_S)
+            assert counts["acked"] > before_kill  # its partitions moved; writes go on
+            await anyio.to_thread.run_sync(nodes["n2"].start)
+            up.add("n2")
+            await anyio.sleep(TTL_S)
+            # Another is paused past its lease (a zombie), then woken.
+            up.discard("n1")
+            nodes["n1"].signal(signal.SIGSTOP)
+            await anyio.sleep(1.5 * TTL_S)
+            nodes["n1"].signal(signal.SIGCONT)
+            up.add("n1")
+            await anyio.sleep(TTL_S)
             # A rolling restart: each node in turn hands over, stops, starts and rejoins.
             for name in ("n1", "n2", "n3"):
                 up.discard(name)
@@ -249,4 +268,6 @@ async def test_a_join_and_a_rolling_restart_of_every_node_under_load(
         print(f"\n{counts['acked']} writes acknowledged under load, {counts['retried']} retried")
     finally:
         for process in nodes.values():
+            if process.proc is not None and process.proc.poll() is None:
+                process.signal(signal.SIGCONT)
             process.cleanup()
