@@ -18,6 +18,8 @@ performs the appends.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import time
 import math
@@ -36,7 +38,7 @@ from levelzero.core.entries import (
     Placeholder,
     SetStartOffset,
 )
-from levelzero.core.errors import LogMovedOn, NotLeader, ShuttingDown
+from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, ShuttingDown
 from levelzero.core.fence import Admitted, Fence, FenceMode, FenceStatistics
 from levelzero.core.leader import (
     Admit,
@@ -287,11 +289,7 @@ class PartitionActor:
 
     async def recover(self) -> None:
         """Latest snapshot + replay, then a new term. Separate from `run` for tests."""
-        snap = await self._store.load_snapshot(self.row.pid)
-        if snap is not None:
-            self.state = PartitionState.decode_snapshot(snap.data)
-            self._last_snapshot_offset = snap.log_offset
-            assert self.state.last_applied_log_offset == snap.log_offset
+        await self._load_snapshot()
         for attempt in range(TERM_START_ATTEMPTS_MAX):
             await self._replay()
             try:
@@ -315,11 +313,32 @@ class PartitionActor:
         self._publish()
         log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
 
+    async def _load_snapshot(self) -> None:
+        """The latest snapshot, if it is ahead of the state replayed so far."""
+        snap = await self._store.load_snapshot(self.row.pid)
+        if snap is not None and snap.log_offset > self.state.last_applied_log_offset:
+            self.state = PartitionState.decode_snapshot(snap.data)
+            self._last_snapshot_offset = snap.log_offset
+            assert self.state.last_applied_log_offset == snap.log_offset
+
     async def _replay(self) -> None:
         while True:
             records = await self._store.read_log(
                 self.row.pid, self.state.next_log_offset, REPLAY_BATCH_RECORDS
             )
+            if records and records[0].log_offset > self.state.next_log_offset:
+                # In a cluster: the previous leader (its term still current) saved a newer
+                # snapshot and truncated the log below it while this replay read (cluster
+                # simulation, seed 755). A snapshot is saved before the log is truncated below
+                # it, so the latest one covers the gap: go on from there.
+                gap = records[0].log_offset
+                await self._load_snapshot()
+                if self.state.next_log_offset < gap:
+                    raise InvariantViolation(
+                        f"{self.name}: the log starts at {gap}, the latest snapshot ends at "
+                        f"{self.state.last_applied_log_offset}"
+                    )
+                continue
             for record in records:
                 self.state.apply(record)
             if len(records) < REPLAY_BATCH_RECORDS:
@@ -552,7 +571,12 @@ class PartitionActor:
             elif batch and not await self._append(batch):
                 return
             if snapshot is not None:
-                await self._store.save_snapshot(snapshot)
+                try:
+                    await self._store.save_snapshot(snapshot)
+                except NotLeader as exc:  # a newer leader's snapshot is there: deposed
+                    with contextlib.suppress(anyio.BrokenResourceError):
+                        await self._mailbox.send(_AppendFailed(exc))
+                    return
                 if truncate is not None:
                     await self._store.truncate_below(self.row.pid, truncate)
 

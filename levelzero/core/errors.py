@@ -82,6 +82,22 @@ class LedElsewhere(LevelZeroError):
         self.leader_url = leader_url
 
 
+class SnapshotSuperseded(NotLeader):
+    """A snapshot older than the one the store holds: a newer leader saved that one, so the
+    sender is deposed (a paused leader's save arriving after its successor's). Nothing is
+    written; the sender acts as on any NotLeader."""
+
+    def __init__(self, partition: str, log_offset: int, saved: int) -> None:
+        LevelZeroError.__init__(
+            self,
+            f"partition {partition}: snapshot at log offset {log_offset} is older than the saved "
+            f"one at {saved} (a newer leader saved it)",
+        )
+        self.partition = partition
+        self.expected_term = None
+        self.current_term = None
+
+
 class MalformedKey(LevelZeroError, ValueError):
     """An object key does not follow the levelzero key layout."""
 

@@ -18,6 +18,7 @@ from levelzero.core.errors import (
     InvariantViolation,
     LogMovedOn,
     NotLeader,
+    SnapshotSuperseded,
     StorageError,
     TopicExists,
 )
@@ -140,7 +141,18 @@ class MemoryLogStore:
         return found
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
+        """As the SQLite and PostgreSQL stores: within the log, never going back."""
         await anyio.lowlevel.checkpoint()
+        row = self.partitions[snapshot.pid]
+        name = f"{row.topic}/{row.partition}"
+        if not -1 <= snapshot.log_offset < self._next_offset(snapshot.pid):
+            raise InvariantViolation(
+                f"partition {name}: snapshot at log offset {snapshot.log_offset}, the log ends "
+                f"before {self._next_offset(snapshot.pid)}"
+            )
+        saved = self.snapshots.get(snapshot.pid)
+        if saved is not None and snapshot.log_offset < saved.log_offset:
+            raise SnapshotSuperseded(name, snapshot.log_offset, saved.log_offset)
         self.snapshots[snapshot.pid] = snapshot
 
     async def load_snapshot(self, pid: int) -> Snapshot | None:

@@ -30,6 +30,7 @@ from levelzero.core.errors import (
     InvariantViolation,
     LogMovedOn,
     NotLeader,
+    SnapshotSuperseded,
     StoreRefused,
     TopicExists,
 )
@@ -270,7 +271,7 @@ async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> Non
         assert await store.truncate_below(p.pid, 6) == 6
         assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [6, 7, 8, 9]
         assert [r.log_offset for r in await store.read_log(p.pid, 7, limit=2)] == [7, 8]
-        with pytest.raises(InvariantViolation, match="older than the saved one"):
+        with pytest.raises(SnapshotSuperseded, match="older than the saved one"):
             await store.save_snapshot(Snapshot(p.pid, 4, b"old"))
         with pytest.raises(InvariantViolation, match="the log ends before 10"):
             await store.save_snapshot(Snapshot(p.pid, 10, b"future"))

@@ -43,6 +43,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     LogMovedOn,
     NotLeader,
+    SnapshotSuperseded,
     ShuttingDown,
     StorageError,
     StoreRefused,
@@ -821,10 +822,7 @@ class PostgresLogStore:
                     f"the log ends before {row['next_log_offset']}"
                 )
             if row["saved"] is not None and snapshot.log_offset < row["saved"]:
-                raise InvariantViolation(
-                    f"partition {name}: snapshot at log offset {snapshot.log_offset} "
-                    f"is older than the saved one at {row['saved']}"
-                )
+                raise SnapshotSuperseded(name, snapshot.log_offset, row["saved"])
             await connection.execute(
                 "INSERT INTO snapshots (pid, log_offset, data, saved_at) VALUES ($1, $2, $3, $4)"
                 " ON CONFLICT (pid) DO UPDATE SET log_offset = excluded.log_offset,"

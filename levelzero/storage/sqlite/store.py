@@ -59,6 +59,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     LogMovedOn,
     NotLeader,
+    SnapshotSuperseded,
     ShuttingDown,
     StorageError,
     TopicExists,
@@ -753,10 +754,7 @@ class SqliteLogStore:
                 )
             previous = await _snapshot_offset(connection, snapshot.pid)
             if previous is not None and snapshot.log_offset < previous:
-                raise InvariantViolation(
-                    f"partition {cursor.name}: snapshot at log offset {snapshot.log_offset} "
-                    f"is older than the saved one at {previous}"
-                )
+                raise SnapshotSuperseded(cursor.name, snapshot.log_offset, previous)
             await connection.execute(
                 "INSERT OR REPLACE INTO snapshots (pid, log_offset, data, saved_at)"
                 " VALUES (?, ?, ?, ?)",
