@@ -83,6 +83,40 @@ class Reply(Generic[T]):
         return self._value  # type: ignore[return-value]
 
 
+class Flag:
+    """A one-way flag any number of tasks may wait on (`anyio.Event`'s use here, without the
+    deque every asyncio.Event allocates: a node holds one per partition)."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[None]] | None = None
+
+    def set(self) -> None:
+        self._set = True
+        waiters, self._waiters = self._waiters, None
+        for waiter in waiters or ():
+            _wake(waiter)
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if self._set:
+            await anyio.lowlevel.checkpoint()
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if self._waiters is not None and waiter in self._waiters:
+                self._waiters.remove(waiter)
+
+
 class Wakeup:
     """A flag one task waits on and others raise: level-triggered, so a raise while the task
     was busy is seen at its next `wait()`, which then returns without a turn of the loop."""
@@ -129,13 +163,15 @@ class Mailbox(Generic[T]):
 
     def __init__(self, size: int, burst_max: int | None = None) -> None:
         assert 1 <= size < 1_000_000, size  # a named bound of the owning actor, never infinite
-        self._items: deque[T] = deque()
+        # Deques only while in use: a receiver that waits on an empty mailbox drops them (an
+        # idle actor's mailbox costs no deque; a node keeps an actor per partition).
+        self._items: deque[T] | tuple[()] = ()
         self._size = size
         self._burst_max = size if burst_max is None else burst_max
         assert self._burst_max >= 1, burst_max
         self._in_a_row = 0
         self._receiver: asyncio.Future[None] | None = None
-        self._senders: deque[asyncio.Future[None]] = deque()
+        self._senders: deque[asyncio.Future[None]] | tuple[()] = ()
         self._closed = False
 
     def __len__(self) -> int:
@@ -146,7 +182,9 @@ class Mailbox(Generic[T]):
             raise anyio.BrokenResourceError
         if len(self._items) >= self._size or self._senders:  # nobody jumps the queue
             raise anyio.WouldBlock
-        self._items.append(msg)
+        if not self._items:
+            self._items = deque()
+        self._items.append(msg)  # type: ignore[union-attr]
         _wake(self._receiver)
 
     async def send(self, msg: T) -> None:
@@ -156,10 +194,14 @@ class Mailbox(Generic[T]):
             if self._closed:
                 raise anyio.BrokenResourceError
             if len(self._items) < self._size and (let_in or not self._senders):
-                self._items.append(msg)
+                if not self._items:
+                    self._items = deque()
+                self._items.append(msg)  # type: ignore[union-attr]
                 _wake(self._receiver)
                 return
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if not self._senders:
+                self._senders = deque()
             if let_in:
                 self._senders.appendleft(waiter)  # the slot was taken meanwhile: stay first
             else:
@@ -168,7 +210,7 @@ class Mailbox(Generic[T]):
                 await waiter
             except BaseException:
                 if waiter in self._senders:
-                    self._senders.remove(waiter)
+                    self._senders.remove(waiter)  # type: ignore[union-attr]
                 elif waiter.done() and not waiter.cancelled():
                     self._let_next_sender_in()  # let in, then cancelled: pass the slot on
                 raise
@@ -183,12 +225,15 @@ class Mailbox(Generic[T]):
                     await anyio.lowlevel.checkpoint()
                     continue
                 self._in_a_row += 1
-                msg = self._items.popleft()
+                msg = self._items.popleft()  # type: ignore[union-attr]
                 self._let_next_sender_in()
                 return msg
             if self._closed:
                 raise anyio.EndOfStream
             self._in_a_row = 0
+            self._items = ()  # empty: its deque goes while the actor waits
+            if not self._senders:
+                self._senders = ()
             assert self._receiver is None, "a Mailbox has one receiver"
             self._receiver = asyncio.get_running_loop().create_future()
             try:
@@ -200,15 +245,15 @@ class Mailbox(Generic[T]):
         """No more messages: wake everybody waiting; return the messages never received."""
         self._closed = True
         left = list(self._items)
-        self._items.clear()
+        self._items = ()
         _wake(self._receiver)
         while self._senders:
-            _wake(self._senders.popleft())
+            _wake(self._senders.popleft())  # type: ignore[union-attr]
         return left
 
     def _let_next_sender_in(self) -> None:
         while self._senders and len(self._items) < self._size:
-            waiter = self._senders.popleft()
+            waiter = self._senders.popleft()  # type: ignore[union-attr]
             if not waiter.done():
                 waiter.set_result(None)
                 return

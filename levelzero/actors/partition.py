@@ -53,7 +53,7 @@ from levelzero.core.leader import (
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
-from .mailbox import Mailbox, Reply, Wakeup
+from .mailbox import Flag, Mailbox, Reply, Wakeup
 
 log = logging.getLogger("levelzero.partition")
 
@@ -126,6 +126,17 @@ class PartitionView:
 
 
 class PartitionActor:
+    # Slots, not a __dict__: a node keeps one actor per partition, idle ones included
+    # (10,000 of them: the dict alone was 1.5 KiB each).
+    __slots__ = (
+        "row", "name", "state", "fence", "pins", "term", "ready",
+        "_store", "_board", "_activity", "_mode", "_snapshot_every", "_log_keep",
+        "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
+        "_snapshot_due", "_truncate_below", "_append_wakeup", "_dispatch", "_deposed",
+        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
+        "_fence_tallies", "_flush_fence_events_now", "_tg", "_appending",
+    )
+
     def __init__(
         self,
         row: PartitionRow,
@@ -162,6 +173,10 @@ class PartitionActor:
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
         self._append_wakeup = Wakeup()
+        # The appender runs only while there is something to append (an idle partition has
+        # no task for it): `_kick` starts it in the actor's task group, it ends when idle.
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._appending = False
         # Writes waiting behind the updater, and the updater (core.leader.FenceDispatch).
         self._dispatch: FenceDispatch[_Write] = FenceDispatch(self.fence)
         self._deposed: NotLeader | None = None
@@ -176,7 +191,7 @@ class PartitionActor:
         # FENCE_EVENTS_BUFFER_MAX tallies, decisions of a new kind go unrecorded until the flush.
         self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
         self._flush_fence_events_now = False
-        self.ready = anyio.Event()
+        self.ready = Flag()
         board.register(self.name)
 
     # ------------------------------------------------------------------ public API (any task)
@@ -348,9 +363,12 @@ class PartitionActor:
         await self.recover()
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._appender)
+                self._tg = tg
+                if self._append_wakeup.is_set():
+                    self._kick()
                 self.ready.set()
                 task_status.started()
+                del task_status  # it holds its starter's event: not for the actor's life
                 try:
                     while True:
                         msg = await self._mailbox.receive()
@@ -459,7 +477,7 @@ class PartitionActor:
     def _reserve(self, entry: Entry, reply: Reply, holds_read_unit: bool) -> None:
         record = self._appends.reserve(self.term, entry, reply, holds_read_unit=holds_read_unit)
         self._to_append.append(record)
-        self._append_wakeup.set()
+        self._kick()
 
     def _on_durable(self, upto: int) -> None:
         for done in self._appends.durable(upto, self.state, self.fence):
@@ -517,7 +535,7 @@ class PartitionActor:
         if outcome == "rejected":
             self._flush_fence_events_now = True
         if self._flush_fence_events_now or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT:
-            self._append_wakeup.set()
+            self._kick()
 
     def _maybe_snapshot(self) -> None:
         offset = self.state.last_applied_log_offset
@@ -529,7 +547,14 @@ class PartitionActor:
         keep_from = min(offset + 1, self.state.lrlo + 1 - self._log_keep)
         if keep_from > 0:
             self._truncate_below = keep_from
+        self._kick()
+
+    def _kick(self) -> None:
+        """There is something to append: raise the appender's wakeup, starting it if idle."""
         self._append_wakeup.set()
+        if not self._appending and self._tg is not None:
+            self._appending = True
+            self._tg.start_soon(self._appender)
 
     async def _appender(self) -> None:
         """Writes queued records in log order; one batch in flight per partition."""
@@ -545,7 +570,8 @@ class PartitionActor:
                 with anyio.move_on_after(max(0.0, flush_deadline - anyio.current_time())):
                     await self._append_wakeup.wait()
             else:
-                await self._append_wakeup.wait()
+                self._appending = False  # idle: the next `_kick` starts another
+                return
             self._append_wakeup.clear()
             batch, self._to_append = self._to_append, []
             snapshot, self._snapshot_due = self._snapshot_due, None

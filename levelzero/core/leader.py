@@ -77,7 +77,8 @@ class AppendQueue(Generic[T]):
     def __init__(self, state: PartitionState) -> None:
         self.next_log_offset = state.next_log_offset
         self.projected_hwm = state.high_watermark
-        self._pending: deque[Reserved[T]] = deque()
+        # A deque only while something is pending (an idle partition's queue costs nothing).
+        self._pending: deque[Reserved[T]] | tuple[()] = ()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -92,7 +93,9 @@ class AppendQueue(Generic[T]):
         self.next_log_offset += 1
         if isinstance(entry, Placeholder):
             self.projected_hwm += entry.record_count
-        self._pending.append(Reserved(record, token, holds_read_unit))
+        if not self._pending:
+            self._pending = deque()
+        self._pending.append(Reserved(record, token, holds_read_unit))  # type: ignore[union-attr]
         return record
 
     def durable(self, upto: int, state: PartitionState, fence: Fence) -> list[Reserved[T]]:
@@ -101,18 +104,20 @@ class AppendQueue(Generic[T]):
         done: list[Reserved[T]] = []
         pending = self._pending
         while pending and pending[0].record.log_offset <= upto:
-            reserved = pending.popleft()
+            reserved = pending.popleft()  # type: ignore[union-attr]
             applied = state.apply(reserved.record)
             assert applied, reserved.record
             if reserved.holds_read_unit:
                 fence.release()
             done.append(reserved)
+        if not pending:
+            self._pending = ()
         return done
 
     def drop_all(self) -> list[Reserved[T]]:
         """The appends will never be durable (deposed, stopped): forget them, oldest first."""
         dropped = list(self._pending)
-        self._pending.clear()
+        self._pending = ()
         return dropped
 
 
@@ -269,7 +274,7 @@ class FenceDispatch(Generic[T]):
 
     def __init__(self, fence: Fence) -> None:
         self.fence = fence
-        self._waiting: deque[tuple[int, T]] = deque()
+        self._waiting: list[tuple[int, T]] = []  # appended and taken whole: no deque needed
         self._updater: tuple[int, T] | None = None
 
     @property
@@ -301,7 +306,7 @@ class FenceDispatch(Generic[T]):
             return []
         (epoch, token), self._updater = self._updater, None
         outcomes: list[Outcome[T]] = [Admit(token, epoch, self.fence.complete_slide(term, applied_window))]
-        waiting, self._waiting = self._waiting, deque()
+        waiting, self._waiting = self._waiting, []
         for waiting_epoch, waiting_token in waiting:
             outcomes.extend(self.offer(waiting_epoch, waiting_token, term, applied_window))
         return outcomes
