@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import cramjam
 from crc32c import crc32c
@@ -358,6 +358,51 @@ def _headers(buf: bytes, pos: int, end: int) -> tuple[tuple[tuple[str, bytes | N
     return tuple(headers), pos
 
 
+try:  # aiokafka's RecordBatch v2 codec, compiled (Cython): ~4x faster than the loop above
+    from aiokafka.errors import CorruptRecordException as _AiokafkaCorrupt
+    from aiokafka.record.default_records import (
+        DefaultRecordBatch as _AiokafkaBatch,
+        DefaultRecordBatchBuilder as _AiokafkaBuilder,
+    )
+
+    _AIOKAFKA = _AiokafkaBatch.__module__.endswith("_crecords.default_records")
+except ImportError:  # pragma: no cover - a build without it decodes in Python
+    _AIOKAFKA = False
+
+_ATTR_TIMESTAMP_TYPE = 0x08
+_BATCH_LENGTH_AT = 8  # bytes: base offset
+_ATTRIBUTES_AT = CRC_START
+
+
+def _decode_records_compiled(
+    head: bytes, body: bytes, base_offset: int, count: int
+) -> list[KafkaRecord]:
+    """`_decode_records` by aiokafka's compiled reader: the batch header again with no codec
+    and create-time timestamps (the body is already inflated, the CRC already checked),
+    then the body. Its own checks (lengths, counts, bytes left over) raise CorruptBatch."""
+    synthetic = bytearray(head)
+    attributes = int.from_bytes(synthetic[_ATTRIBUTES_AT : _ATTRIBUTES_AT + 2], "big")
+    attributes &= ~(ATTR_COMPRESSION_MASK | _ATTR_TIMESTAMP_TYPE)
+    synthetic[_ATTRIBUTES_AT : _ATTRIBUTES_AT + 2] = attributes.to_bytes(2, "big")
+    synthetic[_BATCH_LENGTH_AT : _BATCH_LENGTH_AT + 4] = (
+        BATCH_HEADER_BYTES - 12 + len(body)).to_bytes(4, "big")
+    synthetic += body
+    try:
+        records = [
+            KafkaRecord(r.offset - base_offset, r.timestamp, r.key, r.value,
+                        tuple(r.headers) if r.headers else ())
+            for r in _AiokafkaBatch(bytes(synthetic))
+        ]
+    except (_AiokafkaCorrupt, UnicodeDecodeError, ValueError, IndexError) as exc:
+        raise CorruptBatch(f"a record does not parse: {exc}") from None
+    if len(records) != count:
+        raise CorruptBatch(f"a batch claims {count} records and holds {len(records)}")
+    for record in records:
+        if len(record.headers) > HEADERS_PER_RECORD_MAX:
+            raise CorruptBatch(f"a record claims {len(record.headers)} headers")
+    return records
+
+
 def decode_batches(data: bytes) -> list[KafkaBatch]:
     """Every batch in a produce request's record set. Raises CorruptBatch/UnsupportedCompression."""
     batches: list[KafkaBatch] = []
@@ -386,7 +431,11 @@ def decode_batches(data: bytes) -> list[KafkaBatch]:
                 name = COMPRESSION_NAMES.get(codec, str(codec))
                 raise UnsupportedCompression(f"compression {name} is not supported by this build")
             body = entry[0](body, DECOMPRESSED_BYTES_MAX)
-        records = _decode_records(body, count, base_ts)
+        if _AIOKAFKA:
+            head = data[pos : pos + BATCH_HEADER_BYTES]
+            records = _decode_records_compiled(head, body, base_offset, count)
+        else:
+            records = _decode_records(body, count, base_ts)
         batches.append(
             KafkaBatch(base_offset, attributes, last_delta, base_ts, max_ts, producer_id,
                        producer_epoch, base_sequence, records)
@@ -423,6 +472,8 @@ def encode_batch(
 ) -> bytes:
     """One batch holding `records` (offset_delta relative to base_offset, in order)."""
     assert records, "a batch holds at least one record"
+    if _AIOKAFKA and compression == COMPRESSION_NONE:
+        return _encode_compiled(base_offset, records, producer_id, producer_epoch, base_sequence)
     base_ts = records[0].timestamp_ms
     max_ts = max(r.timestamp_ms for r in records)
     varint_of = _varint_of
@@ -454,6 +505,56 @@ def encode_batch(
     ) + payload
     head = _BATCH_HEAD.pack(base_offset, len(rest) + 9, 0, MAGIC, crc32c(rest))
     return head + rest
+
+
+def _encode_compiled(
+    base_offset: int, records: list[KafkaRecord], producer_id: int, producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """`encode_batch` by aiokafka's compiled builder (no codec): ~10x faster than in Python."""
+    builder = _AiokafkaBuilder(
+        magic=MAGIC, compression_type=COMPRESSION_NONE, is_transactional=0,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        batch_size=2**31 - 1,
+    )
+    append = builder.append
+    for r in records:
+        assert append(r.offset_delta, timestamp=r.timestamp_ms, key=r.key, value=r.value,
+                      headers=list(r.headers) if r.headers else []) is not None, "the batch size is unbounded"
+    out = builder.build()
+    out[0:8] = base_offset.to_bytes(8, "big", signed=True)  # outside the CRC
+    return bytes(out)
+
+
+class Stored(Protocol):
+    """A stored record as a fetch reads it (actors.reader.FetchedRecord)."""
+
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def encode_stored(records: Sequence[Stored]) -> bytes:
+    """One uncompressed batch of stored records (consecutive offsets, the first the base),
+    without a KafkaRecord per record on the compiled path (a fetch's hot loop)."""
+    assert records, "a batch holds at least one record"
+    base = records[0].offset
+    if not _AIOKAFKA:
+        return encode_batch(base, [KafkaRecord(r.offset - base, r.timestamp_ms, r.key, r.value,
+                                               r.headers) for r in records])
+    builder = _AiokafkaBuilder(
+        magic=MAGIC, compression_type=COMPRESSION_NONE, is_transactional=0, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=2**31 - 1,
+    )
+    append = builder.append
+    for r in records:
+        assert append(r.offset - base, timestamp=r.timestamp_ms, key=r.key, value=r.value,
+                      headers=list(r.headers) if r.headers else []) is not None, "the batch size is unbounded"
+    out = builder.build()
+    out[0:8] = base.to_bytes(8, "big", signed=True)  # outside the CRC
+    return bytes(out)
 
 
 def _encode_headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:

@@ -645,14 +645,7 @@ class Handlers:
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, None
-        data = b""
-        if result.records:
-            base = result.records[0].offset
-            data = kr.encode_batch(
-                base,
-                [kr.KafkaRecord(r.offset - base, r.timestamp_ms, r.key, r.value, r.headers)
-                 for r in result.records],
-            )
+        data = kr.encode_stored(result.records) if result.records else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data
 
     # ------------------------------------------------------------------ offsets
