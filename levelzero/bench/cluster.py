@@ -48,6 +48,7 @@ import anyio
 import httpx
 
 from levelzero.core.cluster import preferred_leader
+from levelzero.daemon.cluster_demo import ClusterNodeProcess
 from levelzero.storage.postgres.throwaway import SUPERUSER_PASSWORD, start_throwaway
 
 from .common import Figure, Settings, Target, figure, moto_server, work_dir
@@ -75,53 +76,9 @@ THROUGHPUT_BATCH = 1000  # records per request: the nodes' CPUs bound the rate, 
 THROUGHPUT_VALUE_BYTES = 100
 
 
-class _Daemon:
+class _Daemon(ClusterNodeProcess):
     def __init__(self, name: str, root: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.port = free_local_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.data_dir = root / name
-        self.log_path = root / f"{name}.log"
-        self.env = {
-            **env, "LEVELZERO_CLUSTER_NODE_ID": name, "LEVELZERO_CLUSTER_ADVERTISE_URL": self.url,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log_file:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "levelzero.daemon.cli", "run", "--data-dir", str(self.data_dir),
-                 "--listen", f"127.0.0.1:{self.port}"],
-                stdout=log_file, stderr=subprocess.STDOUT, env=self.env,
-            )
-
-    async def ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        async with httpx.AsyncClient(trust_env=False, timeout=2.0) as http:
-            while time.monotonic() < deadline:
-                assert self.proc is not None and self.proc.poll() is None, (
-                    f"node {self.name} exited: {self.log_path.read_text()[-2000:]}")
-                try:
-                    if (await http.get(f"{self.url}/readyz")).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                await anyio.sleep(0.1)
-        raise AssertionError(f"node {self.name} not ready in {START_TIMEOUT_S} s")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        super().__init__(name, root, env, kafka=False)
 
 
 _RECORDS_PATH = f"/v1/topics/{TOPIC}/partitions/0/records"

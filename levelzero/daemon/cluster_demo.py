@@ -73,10 +73,11 @@ def free_local_port() -> int:
         return sock.getsockname()[1]
 
 
-class _Node:
-    """One `levelzero run` process of the demo (restartable on the same ports and data)."""
+class ClusterNodeProcess:
+    """One `levelzero run` process of a local cluster, restartable on the same ports and data
+    (the demo's nodes, and `levelzero bench`'s cluster item's)."""
 
-    def __init__(self, name: str, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, root: Path, env: dict[str, str], *, kafka: bool = True) -> None:
         self.name = name
         self.port = free_local_port()
         self.kafka_port = free_local_port()
@@ -85,8 +86,9 @@ class _Node:
         self.log_path = root / f"{name}.log"
         self.env = {
             **env, "LEVELZERO_CLUSTER_NODE_ID": name, "LEVELZERO_CLUSTER_ADVERTISE_URL": self.url,
-            "LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{self.kafka_port}",
         }
+        if kafka:
+            self.env["LEVELZERO_KAFKA_LISTEN"] = f"127.0.0.1:{self.kafka_port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -181,7 +183,7 @@ async def run_cluster_demo(
         "LEVELZERO_CLUSTER_ENABLED": "true",
         "LEVELZERO_CLUSTER_LEASE_TTL_S": str(LEASE_TTL_S),
     }
-    members = [_Node(f"n{i + 1}", root, env) for i in range(nodes)]
+    members = [ClusterNodeProcess(f"n{i + 1}", root, env) for i in range(nodes)]
     print(f"levelzero demo: {nodes} nodes, PostgreSQL at {server.dsn(password=None)}, objects in "
           f"{objects}, lease TTL {LEASE_TTL_S:g} s", file=out)
     try:
@@ -201,7 +203,7 @@ async def run_cluster_demo(
 
 
 async def _run(
-    members: list[_Node], summary: ClusterDemoSummary, duration_s: float, producers: int,
+    members: list[ClusterNodeProcess], summary: ClusterDemoSummary, duration_s: float, producers: int,
     objects: Path, out: TextIO,
 ) -> None:
     for member in members:
@@ -296,7 +298,7 @@ async def _run(
 
     for member in members:
         for partition, expected in acked.items():
-            stored = await _read_partition(member.url, partition)
+            stored = await read_partition(member.url, partition)
             for offset, value in expected.items():
                 summary.read_back += 1
                 if offset >= len(stored) or stored[offset] != value:
@@ -310,11 +312,12 @@ async def _run(
     print(f"  quiescence: {left} L0 objects left", file=out)
 
 
-async def _read_partition(url: str, partition: int) -> list[bytes]:
+async def read_partition(url: str, partition: int, topic: str = TOPIC) -> list[bytes]:
+    """Every value of a partition, from offset 0, through the node at `url`."""
     async with Client(url, timeout_s=10.0) as client:
         out, offset = [], 0
         while True:
-            fetched = await client.fetch(TOPIC, partition, offset)
+            fetched = await client.fetch(topic, partition, offset)
             out.extend(r.value for r in fetched.records)
             if fetched.next_offset >= fetched.high_watermark:
                 return out

@@ -19,6 +19,7 @@ import pytest
 
 from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
 from levelzero.daemon.client import ApiError, Client
+from levelzero.daemon.cluster_demo import read_partition
 
 pytestmark = pytest.mark.s3
 
@@ -69,17 +70,6 @@ async def produce_until_acknowledged(urls: list[str], partition: int, value: byt
             await anyio.sleep(0.1)
 
 
-async def read_partition(url: str, partition: int) -> list[bytes]:
-    async with Client(url, timeout_s=10.0) as client:
-        out, offset = [], 0
-        while True:
-            fetched = await client.fetch(TOPIC, partition, offset)
-            out.extend(r.value for r in fetched.records)
-            if fetched.next_offset >= fetched.high_watermark:
-                return out
-            offset = fetched.next_offset
-
-
 async def no_l0_left(s3_endpoint, bucket: str) -> None:  # noqa: ANN001
     """Wait (at most QUIESCE_S) until the bucket holds no L0 object, listed with the S3 API."""
     s3 = s3_endpoint.boto3_client()
@@ -115,7 +105,7 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
     async def check_everything(names: list[str]) -> None:
         for name in names:
             for partition in range(PARTITIONS):
-                stored = await read_partition(nodes[name].url, partition)
+                stored = await read_partition(nodes[name].url, partition, TOPIC)
                 for offset, value in acked[partition].items():
                     assert stored[offset] == value, (name, partition, offset)
 
@@ -260,7 +250,7 @@ async def test_a_join_a_kill_a_pause_and_a_rolling_restart_under_load(
         assert all(n.live and n.partitions_led > 0 for n in info.nodes), info
         for name in ("n1", "n2", "n3"):
             for partition in range(PARTITIONS):
-                stored = await read_partition(nodes[name].url, partition)
+                stored = await read_partition(nodes[name].url, partition, TOPIC)
                 for offset, value in acked[partition].items():
                     assert stored[offset] == value, (name, partition, offset)
 

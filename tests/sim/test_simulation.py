@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from levelzero.sim import SimResult, run_many, run_seed, summarize
+from levelzero.sim import SimResult, Summary, run_many, run_seed, summarize
 from levelzero.sim.cli import main
 
 SEEDS = range(500)  # the real code, under a deterministic loop: the CI's share of seeds
@@ -32,6 +32,14 @@ CLUSTER_SEEDS = range(300)
 CLUSTER_REGRESSION_SEEDS = (755,)
 
 
+def every_invariant_kept(results: list[SimResult]) -> Summary:
+    """No seed broke an invariant or left an L0 object; their summary."""
+    failed = [r for r in results if r.violation is not None]
+    assert not failed, failed[0].violation.describe()  # type: ignore[union-attr]
+    assert [r.seed for r in results if r.l0_left] == []
+    return summarize(results)
+
+
 @pytest.fixture(scope="module")
 def windowed_results() -> list[SimResult]:
     return run_many(SEEDS)
@@ -40,10 +48,7 @@ def windowed_results() -> list[SimResult]:
 def test_seeds_of_the_real_node_keep_every_invariant_and_leave_no_l0_object(
     windowed_results: list[SimResult],
 ) -> None:
-    failed = [r for r in windowed_results if r.violation is not None]
-    assert not failed, failed[0].violation.describe()  # type: ignore[union-attr]
-    assert [r.seed for r in windowed_results if r.l0_left] == []
-    s = summarize(windowed_results)
+    s = every_invariant_kept(windowed_results)
     print(
         f"\n{s.seeds} seeds in {s.wall_s:.1f} s ({s.seeds_per_s:.1f} seeds/s, "
         f"{s.callbacks // s.seeds} loop callbacks/seed): {s.writes_acked} writes acked, "
@@ -66,11 +71,7 @@ def test_seeds_that_once_found_a_bug_keep_every_invariant(seed: int) -> None:
 
 
 def test_seeds_of_a_three_node_cluster_keep_every_invariant_and_leave_no_l0_object() -> None:
-    results = run_many(CLUSTER_SEEDS, nodes=3)
-    failed = [r for r in results if r.violation is not None]
-    assert not failed, failed[0].violation.describe()  # type: ignore[union-attr]
-    assert [r.seed for r in results if r.l0_left] == []
-    s = summarize(results)
+    s = every_invariant_kept(run_many(CLUSTER_SEEDS, nodes=3))
     print(
         f"\n{s.seeds} three-node seeds in {s.wall_s:.1f} s: {s.writes_acked} writes acked, "
         f"{s.crashes} crashes, {s.graceful_stops} graceful stops, {s.pauses} pauses"
