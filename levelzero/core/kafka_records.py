@@ -32,6 +32,7 @@ import cramjam
 from crc32c import crc32c
 
 from .errors import LevelZeroError
+from .l0format import Record
 
 MAGIC = 2
 BATCH_HEADER_BYTES = 61  # baseOffset .. recordCount
@@ -84,7 +85,7 @@ class KafkaBatch:
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    records: list[KafkaRecord]
+    records: list[KafkaRecord] | list[Record]  # Records with decode_batches(stored=True)
 
     @property
     def compression(self) -> int:
@@ -375,8 +376,8 @@ _ATTRIBUTES_AT = CRC_START
 
 
 def _decode_records_compiled(
-    head: bytes, body: bytes, base_offset: int, count: int
-) -> list[KafkaRecord]:
+    head: bytes, body: bytes, base_offset: int, count: int, stored: bool = False
+) -> list[KafkaRecord] | list[Record]:
     """`_decode_records` by aiokafka's compiled reader: the batch header again with no codec
     and create-time timestamps (the body is already inflated, the CRC already checked),
     then the body. Its own checks (lengths, counts, bytes left over) raise CorruptBatch."""
@@ -388,11 +389,18 @@ def _decode_records_compiled(
         BATCH_HEADER_BYTES - 12 + len(body)).to_bytes(4, "big")
     synthetic += body
     try:
-        records = [
-            KafkaRecord(r.offset - base_offset, r.timestamp, r.key, r.value,
-                        tuple(r.headers) if r.headers else ())
-            for r in _AiokafkaBatch(bytes(synthetic))
-        ]
+        if stored:  # what the node stores: no KafkaRecord in between (a null value is empty)
+            records = [
+                Record(r.key, r.value if r.value is not None else b"", r.timestamp,
+                       tuple(r.headers) if r.headers else ())
+                for r in _AiokafkaBatch(bytes(synthetic))
+            ]
+        else:
+            records = [
+                KafkaRecord(r.offset - base_offset, r.timestamp, r.key, r.value,
+                            tuple(r.headers) if r.headers else ())
+                for r in _AiokafkaBatch(bytes(synthetic))
+            ]
     except (_AiokafkaCorrupt, UnicodeDecodeError, ValueError, IndexError) as exc:
         raise CorruptBatch(f"a record does not parse: {exc}") from None
     if len(records) != count:
@@ -403,8 +411,10 @@ def _decode_records_compiled(
     return records
 
 
-def decode_batches(data: bytes) -> list[KafkaBatch]:
-    """Every batch in a produce request's record set. Raises CorruptBatch/UnsupportedCompression."""
+def decode_batches(data: bytes, *, stored: bool = False) -> list[KafkaBatch]:
+    """Every batch in a produce request's record set. Raises CorruptBatch/UnsupportedCompression.
+    With `stored`, each batch's records are the `Record`s the node stores (key, value with null
+    as empty, timestamp, headers) instead of `KafkaRecord`s."""
     batches: list[KafkaBatch] = []
     pos = 0
     total = len(data)
@@ -433,9 +443,12 @@ def decode_batches(data: bytes) -> list[KafkaBatch]:
             body = entry[0](body, DECOMPRESSED_BYTES_MAX)
         if _AIOKAFKA:
             head = data[pos : pos + BATCH_HEADER_BYTES]
-            records = _decode_records_compiled(head, body, base_offset, count)
+            records = _decode_records_compiled(head, body, base_offset, count, stored)
         else:
             records = _decode_records(body, count, base_ts)
+            if stored:
+                records = [Record(r.key, r.value if r.value is not None else b"", r.timestamp_ms,
+                                  r.headers) for r in records]
         batches.append(
             KafkaBatch(base_offset, attributes, last_delta, base_ts, max_ts, producer_id,
                        producer_epoch, base_sequence, records)

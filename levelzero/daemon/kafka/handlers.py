@@ -424,13 +424,11 @@ class Handlers:
         already stored is answered with its offset; one being stored shares that attempt."""
         try:
             self.node.partition(topic, partition)
-            batches = kr.decode_batches(data or b"")
+            batches = kr.decode_batches(data or b"", stored=True)
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
-        records = [
-            Record(r.key, r.value if r.value is not None else b"", r.timestamp_ms, r.headers)
-            for batch in batches if not batch.is_control
-            for r in batch.records
+        records: list[Record] = [
+            r for batch in batches if not batch.is_control for r in batch.records  # type: ignore[misc]
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
