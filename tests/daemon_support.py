@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import pytest
 from levelzero.daemon.client import Client
 from levelzero.daemon.config import Config, load_config
 from levelzero.daemon.service import Daemon, running_daemon
+from levelzero.storage.loopback import free_local_port
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 40.0
@@ -57,10 +57,7 @@ async def daemon_and_client(
 # ------------------------------------------------------------------------------ subprocess
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+free_port = free_local_port  # below the ephemeral range: see levelzero/storage/loopback.py
 
 
 def clean_environ(**extra: str) -> dict[str, str]:

@@ -52,7 +52,7 @@ from levelzero.daemon.cluster_demo import ClusterNodeProcess
 from levelzero.storage.postgres.throwaway import SUPERUSER_PASSWORD, start_throwaway
 
 from .common import Figure, Settings, Target, figure, moto_server, work_dir
-from .moto_fill import free_local_port
+from levelzero.storage.loopback import free_local_port
 
 ITEM = "cluster"
 NODES = 3

@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -29,6 +28,8 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from levelzero.storage.loopback import free_local_port
 
 FILL_PATH = "/_levelzero_bench/fill"
 FILL_BODY = b"x"
@@ -40,12 +41,6 @@ MOTO_POLL_INTERVAL_S = 0.05
 
 class MotoDidNotStart(RuntimeError):
     """The server exited or did not answer within MOTO_START_TIMEOUT_S (its log's tail)."""
-
-
-def free_local_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_until_answering(proc: subprocess.Popen[bytes], url: str, log_path: Path) -> None:

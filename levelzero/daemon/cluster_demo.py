@@ -25,7 +25,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import anyio
 import httpx
 
 from levelzero.core.keys import L0_ROOT
+from levelzero.storage.loopback import free_local_port
 from levelzero.storage.postgres.throwaway import SUPERUSER_PASSWORD, ServerUnavailable, start_throwaway
 
 from .client import ApiError, Client
@@ -65,12 +65,6 @@ BRISK = {
     "LEVELZERO_GC_GRACE_S": "0",
     "LEVELZERO_GC_SWEEP_INTERVAL_S": "2",
 }
-
-
-def free_local_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ClusterNodeProcess:
@@ -104,14 +98,25 @@ class ClusterNodeProcess:
         async with httpx.AsyncClient(trust_env=False, timeout=2.0) as http:
             while time.monotonic() < deadline:
                 if self.proc is None or self.proc.poll() is not None:
-                    raise DemoFailed(f"node {self.name} exited; its log: {self.log_path}")
+                    code = None if self.proc is None else self.proc.returncode
+                    raise DemoFailed(f"node {self.name} exited (status {code}); the end of its log, "
+                                     f"{self.log_path}:\n{self.log_tail()}")
                 try:
                     if (await http.get(f"{self.url}/readyz")).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
                 await anyio.sleep(0.1)
-        raise DemoFailed(f"node {self.name} not ready within {START_TIMEOUT_S:g} s; its log: {self.log_path}")
+        raise DemoFailed(f"node {self.name} not ready within {START_TIMEOUT_S:g} s; the end of its log, "
+                         f"{self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 25) -> str:
+        """The last lines of this node's log (what a failure message shows)."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return f"    (unreadable: {exc})"
+        return "\n".join(f"    {line}" for line in text.splitlines()[-lines:])
 
     def kill(self) -> None:
         assert self.proc is not None

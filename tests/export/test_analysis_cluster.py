@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from export_support import T0, sample, write_table
 
 from levelzero.export import submit
 from levelzero.export.manifest import Manifest, save
+from levelzero.storage.loopback import free_local_port
 
 pytestmark = pytest.mark.slow
 
@@ -34,12 +34,6 @@ CLUSTER_START_TIMEOUT_S = 180.0
 POLL_INTERVAL_S = 0.5
 SUBMIT_TIMEOUT_S = 900.0
 EPOCHS = 1_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loopback_env() -> dict[str, str]:
@@ -63,7 +57,7 @@ def alive_workers(webui_port: int) -> int:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """spark://127.0.0.1:PORT with one registered worker (one core)."""
     base = tmp_path_factory.mktemp("cluster")
-    port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    port, master_ui, worker_ui = free_local_port(), free_local_port(), free_local_port()
     url = f"spark://127.0.0.1:{port}"
     spark_class = str(SPARK_BIN / "spark-class")
     commands = [

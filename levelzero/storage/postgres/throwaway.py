@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from levelzero.storage.loopback import free_local_port
 
 BINARIES = ("initdb", "pg_ctl", "postgres")
 INSTALL_HINT = (
@@ -34,12 +35,6 @@ DATABASE = "postgres"  # every server has it; tests create their own databases i
 
 class ServerUnavailable(RuntimeError):
     """No PostgreSQL binaries here, or the server would not start."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -116,7 +111,7 @@ def start_throwaway() -> ThrowawayServer:
     password_file.write_text(SUPERUSER_PASSWORD + "\n")
     if as_user:
         os.chown(password_file, pwd.getpwnam(SERVER_USER).pw_uid, -1)
-    server = ThrowawayServer(root, _free_port(), as_user)
+    server = ThrowawayServer(root, free_local_port(), as_user)
     done = subprocess.run(
         [*as_user, "initdb", "-D", str(server.data_dir), "-U", SUPERUSER,
          f"--pwfile={password_file}", "--auth=scram-sha-256", "--no-sync", "-E", "UTF8",
