@@ -195,8 +195,12 @@ class Batcher:
         self.stats.inflight_bytes = self._budget.used
         try:
             reply: Reply[ProduceResult] = Reply()
+            request = _Request(actor, list(records), size, reply, 0, tuple(producers))
             try:
-                await self._tx.send(_Request(actor, list(records), size, reply, 0, tuple(producers)))
+                try:  # no checkpoint when there is room: the caller waits for the reply next
+                    self._tx.send_nowait(request)
+                except anyio.WouldBlock:
+                    await self._tx.send(request)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise ShuttingDown("the batcher is shutting down") from None
             return await reply.wait()

@@ -24,6 +24,12 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 T = TypeVar("T")
 
 
+def loop_time() -> float:
+    """The running loop's clock: what `anyio.current_time()` returns on asyncio, without
+    looking up the async backend on every call (it was 4% of the loop's time per placeholder)."""
+    return asyncio.get_running_loop().time()
+
+
 def _wake(waiter: asyncio.Future[None] | None) -> None:
     if waiter is not None and not waiter.done():  # a cancelled waiter is done already
         waiter.set_result(None)
@@ -146,6 +152,21 @@ class Wakeup:
         try:
             await self._waiter
         finally:
+            self._waiter = None
+
+    async def wait_until(self, deadline: float) -> None:
+        """Until raised or the loop's clock reaches `deadline` (`loop_time()`), whichever is
+        first: a timer on the loop, not a cancel scope per wait."""
+        if self._raised:
+            return
+        assert self._waiter is None, "a Wakeup has one waiter"
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_at(deadline, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
             self._waiter = None
 
 

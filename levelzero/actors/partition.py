@@ -53,7 +53,7 @@ from levelzero.core.leader import (
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
-from .mailbox import Flag, Mailbox, Reply, Wakeup
+from .mailbox import Flag, Mailbox, Reply, Wakeup, loop_time
 
 log = logging.getLogger("levelzero.partition")
 
@@ -106,6 +106,14 @@ class _Stop:
     reply: Reply
 
 
+class _Wake:
+    """Sent to the actor's own task when a message handled on a sender's task ended the actor
+    (it stopped, or its handling raised): the task then leaves its loop."""
+
+
+_WAKE = _Wake()
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionView:
     """An immutable picture of one partition for status, reads and the GC's explain."""
@@ -134,7 +142,7 @@ class PartitionActor:
         "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
         "_snapshot_due", "_truncate_below", "_append_wakeup", "_dispatch", "_deposed",
         "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_fence_tallies", "_flush_fence_events_now", "_tg", "_appending",
+        "_fence_tallies", "_flush_fence_events_now", "_tg", "_appending", "_inline", "_crash",
     )
 
     def __init__(
@@ -148,7 +156,7 @@ class PartitionActor:
         log_keep_records: int = 10_000,
         record_fence_events: bool = True,
         activity: ActivityBoard | None = None,
-        clock: Callable[[], float] = anyio.current_time,
+        clock: Callable[[], float] = loop_time,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:
         self.row = row
@@ -163,6 +171,13 @@ class PartitionActor:
         self._clock = clock
         self._wall = wall_clock or time.time
         self._mailbox: Mailbox[object] = Mailbox(MAILBOX_SIZE)
+        # From ready until it ends, a message that finds the mailbox empty is handled at once
+        # on the sender's task (`_deliver`): `_handle` never awaits, so the event loop runs one
+        # handler at a time, and a message that finds others queued waits behind them, so they
+        # are handled in the order sent either way. A placeholder used to cost the actor's task
+        # two wake-ups (its write, then its `_Durable`); now it costs none.
+        self._inline = False
+        self._crash: BaseException | None = None
         self.state = PartitionState(row.creation_epoch)
         self.fence = Fence(row.creation_epoch, self._mode)
         self.pins = ReaderPins()
@@ -243,8 +258,8 @@ class PartitionActor:
         """Stop taking writes, let durable appends finish, then end the actor."""
         reply: Reply[None] = Reply()
         try:
-            await self._mailbox.send(_Stop(reply))
-        except anyio.BrokenResourceError:
+            await self._send(_Stop(reply))
+        except ShuttingDown:
             return  # stopped already
         await reply.wait()
 
@@ -284,8 +299,12 @@ class PartitionActor:
         ]
 
     def _post(self, msg: object) -> bool:
-        """Hand `msg` over if the mailbox has room (no coroutine, no turn of the loop); False
-        when it is full (then `_send` waits)."""
+        """Hand `msg` over without waiting: handled at once if nothing is queued before it,
+        else queued if the mailbox has room (no coroutine, no turn of the loop); False when it
+        is full (then `_send` waits)."""
+        if self._inline and not self._mailbox:
+            self._deliver(msg)
+            return True
         try:
             self._mailbox.send_nowait(msg)
         except anyio.WouldBlock:
@@ -295,10 +314,29 @@ class PartitionActor:
         return True
 
     async def _send(self, msg: object) -> None:
+        if self._post(msg):
+            return
         try:
             await self._mailbox.send(msg)
         except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
+
+    def _deliver(self, msg: object) -> None:
+        """Handle `msg` on the sender's task (see `_inline`). If that ends the actor (a stop
+        with nothing left to append) or raises (an invariant broken, a log store failing), the
+        actor's own task is woken to finish, and raises what was raised: the node's task group
+        crashes as when the actor's task handled the message itself; the sender is told the
+        partition stopped."""
+        try:
+            self._handle(msg)
+        except BaseException as exc:
+            self._inline = False
+            self._crash = exc
+            self._mailbox.send_nowait(_WAKE)  # the mailbox was empty: there is room
+            raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
+        if self._stopping is not None and not self._appends:
+            self._inline = False
+            self._mailbox.send_nowait(_WAKE)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -370,13 +408,18 @@ class PartitionActor:
                 task_status.started()
                 del task_status  # it holds its starter's event: not for the actor's life
                 try:
-                    while True:
+                    while not (self._stopping is not None and not self._appends):
+                        if not self._mailbox and self._crash is None:
+                            self._inline = True  # (again: after the queue it handled drained)
                         msg = await self._mailbox.receive()
-                        self._handle(msg)
-                        if self._stopping is not None and not self._appends:
-                            break
+                        self._inline = False  # what others send meanwhile queues behind
+                        if self._crash is not None:
+                            raise self._crash
+                        if msg is not _WAKE:
+                            self._handle(msg)
                 finally:
                     # Later sends fail at once; what was sent but never taken is answered.
+                    self._inline = False
                     self._refuse_unreceived(self._mailbox.close())
                 tg.cancel_scope.cancel()
             if self._stopping is not None:
@@ -561,14 +604,13 @@ class PartitionActor:
         # One deadline, both waited for and tested against: a wait computed as `flushed_at +
         # interval - now` and a test `now - flushed_at >= interval` can disagree by a rounding
         # step, and under a virtual clock the loop then spins without time moving.
-        flush_deadline = anyio.current_time() + FENCE_EVENTS_FLUSH_INTERVAL_S
+        flush_deadline = loop_time() + FENCE_EVENTS_FLUSH_INTERVAL_S
         while True:
             if self._append_wakeup.is_set():
                 pass  # work arrived while the last batch was written: no turn of the loop
             elif self._fence_tallies:
                 # Buffered events wait for a batch to ride along with, not past the interval.
-                with anyio.move_on_after(max(0.0, flush_deadline - anyio.current_time())):
-                    await self._append_wakeup.wait()
+                await self._append_wakeup.wait_until(flush_deadline)
             else:
                 self._appending = False  # idle: the next `_kick` starts another
                 return
@@ -577,7 +619,7 @@ class PartitionActor:
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
             events: list[FenceEventRow] = []
-            now = anyio.current_time()
+            now = loop_time()
             if (
                 self._flush_fence_events_now
                 or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT
@@ -600,8 +642,8 @@ class PartitionActor:
                 try:
                     await self._store.save_snapshot(snapshot)
                 except NotLeader as exc:  # a newer leader's snapshot is there: deposed
-                    with contextlib.suppress(anyio.BrokenResourceError):
-                        await self._mailbox.send(_AppendFailed(exc))
+                    with contextlib.suppress(ShuttingDown):
+                        await self._send(_AppendFailed(exc))
                     return
                 if truncate is not None:
                     await self._store.truncate_below(self.row.pid, truncate)
@@ -612,10 +654,10 @@ class PartitionActor:
             try:
                 await self._store.append(self.row.pid, self.term, batch)
             except NotLeader as exc:
-                await self._mailbox.send(_AppendFailed(exc))
+                await self._send(_AppendFailed(exc))
                 return False
-            await self._mailbox.send(_Durable(batch[-1].log_offset))
-        except anyio.BrokenResourceError:
-            return False  # the actor has stopped
+            await self._send(_Durable(batch[-1].log_offset))
+        except ShuttingDown:
+            return False  # the actor has stopped (or failed: its own task raises that)
         return True
 

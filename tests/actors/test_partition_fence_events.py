@@ -130,7 +130,7 @@ async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.
 
 
 class FrozenClock:
-    """`anyio.current_time` as the appender sees it: moves only when the test says."""
+    """The loop's clock as the appender sees it (`loop_time`): moves only when the test says."""
 
     def __init__(self, now: float) -> None:
         self.now = now
@@ -151,7 +151,7 @@ async def test_the_flush_wait_and_the_flush_test_agree_on_one_deadline(
     assert last + 1.0 - now <= 0.0 and now - last < 1.0  # the disagreement this test needs
     monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 1.0)
     clock = FrozenClock(last)
-    monkeypatch.setattr(anyio, "current_time", clock)
+    monkeypatch.setattr(partition, "loop_time", clock)
     store = MemoryLogStore()
     async with running(store) as actor:
         await actor.write(placeholder(N))
