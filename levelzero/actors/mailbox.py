@@ -262,6 +262,16 @@ class Mailbox(Generic[T]):
             finally:
                 self._receiver = None
 
+    def receive_nowait(self) -> T:
+        """The next buffered message; `anyio.WouldBlock` if there is none."""
+        if not self._items:
+            raise anyio.WouldBlock
+        msg = self._items.popleft()  # type: ignore[union-attr]
+        if not self._items:
+            self._items = ()
+        self._let_next_sender_in()
+        return msg
+
     def close(self) -> list[T]:
         """No more messages: wake everybody waiting; return the messages never received."""
         self._closed = True

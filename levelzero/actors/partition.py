@@ -1,11 +1,14 @@
 """One actor per partition: owns its state machine, its fence and its log appender.
 
-The actor task handles messages one at a time and never awaits inside a handler, so every
-decision of the fence and every state transition is atomic. Durable appends run in a second
-task (the appender) that writes queued records in log order, batched per partition, into the
-log store's cross-partition group commit, and reports back `_Durable(upto)`. Records are applied
-strictly in log order once durable; a write's read unit is released only after its placeholder
-is applied, which is what lets an updater's drain mean "the old window is in the log".
+Messages are handled one at a time and a handler never awaits, so every decision of the fence
+and every state transition is atomic. From ready on, a message is handled on its sender's task
+the moment it is sent (the event loop runs one handler at a time; see `_inline`); before that
+(the replay) messages queue in the mailbox and are handled in order once the actor is ready.
+The actor's own task is its appender: it writes queued records in log order, batched per
+partition, into the log store's cross-partition group commit, and handles `_Durable(upto)`.
+Records are applied strictly in log order once durable; a write's read unit is released only
+after its placeholder is applied, which is what lets an updater's drain mean "the old window is
+in the log".
 
 Sync (DESIGN.md fence step 1): the actor replays its whole log and applies its own `TermStart`
 before it takes the first message, so the state has applied everything of previous terms.
@@ -17,8 +20,6 @@ performs the appends.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import logging
 import time
@@ -92,26 +93,8 @@ class _Control:
 
 
 @dataclass(slots=True)
-class _Durable:
-    upto: int
-
-
-@dataclass(slots=True)
-class _AppendFailed:
-    error: Exception
-
-
-@dataclass(slots=True)
 class _Stop:
     reply: Reply
-
-
-class _Wake:
-    """Sent to the actor's own task when a message handled on a sender's task ended the actor
-    (it stopped, or its handling raised): the task then leaves its loop."""
-
-
-_WAKE = _Wake()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +125,7 @@ class PartitionActor:
         "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
         "_snapshot_due", "_truncate_below", "_append_wakeup", "_dispatch", "_deposed",
         "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_fence_tallies", "_flush_fence_events_now", "_tg", "_appending", "_inline", "_crash",
+        "_fence_tallies", "_flush_fence_events_now", "_inline", "_crash",
     )
 
     def __init__(
@@ -174,8 +157,9 @@ class PartitionActor:
         # From ready until it ends, a message that finds the mailbox empty is handled at once
         # on the sender's task (`_deliver`): `_handle` never awaits, so the event loop runs one
         # handler at a time, and a message that finds others queued waits behind them, so they
-        # are handled in the order sent either way. A placeholder used to cost the actor's task
-        # two wake-ups (its write, then its `_Durable`); now it costs none.
+        # are handled in the order sent either way. A placeholder used to cost two task
+        # wake-ups (its write, then its `_Durable`) and, in an idle partition, the start of an
+        # appender task; now it costs the one wake-up of the actor's task that appends it.
         self._inline = False
         self._crash: BaseException | None = None
         self.state = PartitionState(row.creation_epoch)
@@ -187,11 +171,8 @@ class PartitionActor:
         self._to_append: list[LogRecord] = []
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
+        # Raised for the actor's task: something to append, messages queued, or the end.
         self._append_wakeup = Wakeup()
-        # The appender runs only while there is something to append (an idle partition has
-        # no task for it): `_kick` starts it in the actor's task group, it ends when idle.
-        self._tg: anyio.abc.TaskGroup | None = None
-        self._appending = False
         # Writes waiting behind the updater, and the updater (core.leader.FenceDispatch).
         self._dispatch: FenceDispatch[_Write] = FenceDispatch(self.fence)
         self._deposed: NotLeader | None = None
@@ -311,6 +292,7 @@ class PartitionActor:
             return False
         except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
+        self._append_wakeup.set()  # queued: the actor's task handles it
         return True
 
     async def _send(self, msg: object) -> None:
@@ -320,6 +302,7 @@ class PartitionActor:
             await self._mailbox.send(msg)
         except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
+        self._append_wakeup.set()
 
     def _deliver(self, msg: object) -> None:
         """Handle `msg` on the sender's task (see `_inline`). If that ends the actor (a stop
@@ -330,13 +313,20 @@ class PartitionActor:
         try:
             self._handle(msg)
         except BaseException as exc:
-            self._inline = False
+            self._inline = False  # what is sent after this queues, and is refused at the end
             self._crash = exc
-            self._mailbox.send_nowait(_WAKE)  # the mailbox was empty: there is room
+            self._append_wakeup.set()
             raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
         if self._stopping is not None and not self._appends:
-            self._inline = False
-            self._mailbox.send_nowait(_WAKE)
+            self._append_wakeup.set()  # nothing left to append: the actor's task ends
+
+    def _handle_queued(self) -> None:
+        """Handle what queued in the mailbox (sent during the replay, or while it was full),
+        in order; from then on messages are handled as they are sent."""
+        while self._mailbox:
+            self._handle(self._mailbox.receive_nowait())
+        if self._crash is None:
+            self._inline = True
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,30 +390,17 @@ class PartitionActor:
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         await self.recover()
         try:
-            async with anyio.create_task_group() as tg:
-                self._tg = tg
-                if self._append_wakeup.is_set():
-                    self._kick()
-                self.ready.set()
-                task_status.started()
-                del task_status  # it holds its starter's event: not for the actor's life
-                try:
-                    while not (self._stopping is not None and not self._appends):
-                        if not self._mailbox and self._crash is None:
-                            self._inline = True  # (again: after the queue it handled drained)
-                        msg = await self._mailbox.receive()
-                        self._inline = False  # what others send meanwhile queues behind
-                        if self._crash is not None:
-                            raise self._crash
-                        if msg is not _WAKE:
-                            self._handle(msg)
-                finally:
-                    # Later sends fail at once; what was sent but never taken is answered.
-                    self._inline = False
-                    self._refuse_unreceived(self._mailbox.close())
-                tg.cancel_scope.cancel()
+            self.ready.set()
+            task_status.started()
+            del task_status  # it holds its starter's event: not for the actor's life
+            try:
+                await self._append_until_stopped()
+            finally:
+                # Later sends fail at once; what was sent but never taken is answered.
+                self._inline = False
+                self._refuse_unreceived(self._mailbox.close())
             if self._stopping is not None:
-                events = self.take_fence_events()  # noted since the appender's last round
+                events = self.take_fence_events()  # noted since the last append round
                 if events:
                     await self._store.record_fence_events(events)
         finally:
@@ -443,10 +420,6 @@ class PartitionActor:
                 self._on_write(msg)
             case _Control():
                 self._on_control(msg)
-            case _Durable(upto=upto):
-                self._on_durable(upto)
-            case _AppendFailed(error=error):
-                self._on_append_failed(error)
             case _Stop() if self._stopping is not None:
                 self._later_stops.append(msg.reply)  # answered with the first
             case _Stop():
@@ -593,28 +566,33 @@ class PartitionActor:
         self._kick()
 
     def _kick(self) -> None:
-        """There is something to append: raise the appender's wakeup, starting it if idle."""
+        """There is something to append: wake the actor's task."""
         self._append_wakeup.set()
-        if not self._appending and self._tg is not None:
-            self._appending = True
-            self._tg.start_soon(self._appender)
 
-    async def _appender(self) -> None:
-        """Writes queued records in log order; one batch in flight per partition."""
+    async def _append_until_stopped(self) -> None:
+        """The actor's task: writes queued records in log order, one batch in flight; ends
+        once stopping with nothing left to append, or raises what a handler raised."""
         # One deadline, both waited for and tested against: a wait computed as `flushed_at +
         # interval - now` and a test `now - flushed_at >= interval` can disagree by a rounding
         # step, and under a virtual clock the loop then spins without time moving.
         flush_deadline = loop_time() + FENCE_EVENTS_FLUSH_INTERVAL_S
         while True:
+            self._handle_queued()
+            if self._crash is not None:
+                raise self._crash
+            if self._stopping is not None and not self._appends:
+                return
             if self._append_wakeup.is_set():
                 pass  # work arrived while the last batch was written: no turn of the loop
             elif self._fence_tallies:
                 # Buffered events wait for a batch to ride along with, not past the interval.
                 await self._append_wakeup.wait_until(flush_deadline)
             else:
-                self._appending = False  # idle: the next `_kick` starts another
-                return
+                await self._append_wakeup.wait()
             self._append_wakeup.clear()
+            self._handle_queued()
+            if self._crash is not None:
+                raise self._crash
             batch, self._to_append = self._to_append, []
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
@@ -632,32 +610,28 @@ class PartitionActor:
                 async with anyio.create_task_group() as tg:
                     # Beside the batch (the same group commit), not in front of the next batch.
                     tg.start_soon(self._store.record_fence_events, events)
-                    if not await self._append(batch):
-                        return
+                    await self._append(batch)
             elif events:
                 await self._store.record_fence_events(events)
-            elif batch and not await self._append(batch):
-                return
-            if snapshot is not None:
+            elif batch:
+                await self._append(batch)
+            if snapshot is not None and self._deposed is None:
                 try:
                     await self._store.save_snapshot(snapshot)
                 except NotLeader as exc:  # a newer leader's snapshot is there: deposed
-                    with contextlib.suppress(ShuttingDown):
-                        await self._send(_AppendFailed(exc))
-                    return
+                    self._on_append_failed(exc)
+                    continue
                 if truncate is not None:
                     await self._store.truncate_below(self.row.pid, truncate)
 
-    async def _append(self, batch: list[LogRecord]) -> bool:
-        """Append `batch` and tell the actor; False once the partition is deposed."""
+    async def _append(self, batch: list[LogRecord]) -> None:
+        """Append `batch` and apply it; a newer term in the store deposes the partition."""
+        if self._deposed is not None:
+            return  # its writers were told already
         try:
-            try:
-                await self._store.append(self.row.pid, self.term, batch)
-            except NotLeader as exc:
-                await self._send(_AppendFailed(exc))
-                return False
-            await self._send(_Durable(batch[-1].log_offset))
-        except ShuttingDown:
-            return False  # the actor has stopped (or failed: its own task raises that)
-        return True
+            await self._store.append(self.row.pid, self.term, batch)
+        except NotLeader as exc:
+            self._on_append_failed(exc)
+            return
+        self._on_durable(batch[-1].log_offset)
 

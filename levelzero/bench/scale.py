@@ -4,17 +4,23 @@ Fences: fence probes/s beside bare actor round trips/s (as item 3) at 1, 64 and 
 `FENCE_CALLERS` callers spread over them (per CPU second).
 
 Produce: `PRODUCERS` closed-loop producers (`RECORDS_PER_CALL` records of `VALUE_BYTES`) spread
-over 1, 64 or 1024 partitions of a real Node (SQLite log store, synchronous FULL; local object
-store with fsync), linger `LINGER_MS` so the node, not the linger, sets the pace; acknowledged
-records/s for `seconds`. An object holds an extent per partition it carries, and each extent is
-one fence and one placeholder: the figure shows what that fan-out costs. Its floor is the same
-run at 1 partition (in the same round), and the notes give the event loop's CPU µs per record.
+over 1, 64, 1,024 or 10,000 partitions of a real Node (SQLite log store, synchronous FULL; local
+object store with fsync), linger `LINGER_MS` so the node, not the linger, sets the pace;
+acknowledged records/s for `seconds`. Spread evenly, producer i writes to partitions i,
+i + PRODUCERS, i + 2 PRODUCERS, ... in turn, so every partition takes writes; skewed, 1% of the
+partitions take 90% of the writes (each call picks hot or cold at random). An object holds an
+extent per partition it carries, and each extent is one fence and one placeholder: the figures
+show what that fan-out costs. Their floor is the same run at 1 partition (in the same round);
+targets: >= 60% at 1,024 partitions, >= 40% at 10,000 (issue 24). The notes give the event
+loop's CPU µs per record and the extents per object.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,18 +29,23 @@ import anyio
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.node import PARTITIONS_PER_TOPIC_MAX, Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.l0format import Record
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 
-from .common import Figure, Settings, figure, work_dir
+from .common import Figure, Settings, Target, figure, work_dir
 from .fence import bare_round_trips, fence_probes
 from . import scale_idle
 
 ITEM = "scale"
-PARTITION_COUNTS = (1, 64, 1024)
+PARTITION_COUNTS = (1, 64, 1024)  # fences, and produce spread evenly
+PRODUCE_COUNTS = (1, 64, 1024, 10_000)
+SKEWED_PARTITIONS = 10_000
+SKEW_HOT_SHARE = 0.01  # of the partitions, which take
+SKEW_HOT_WRITES = 0.90  # of the writes
+PRODUCE_TARGETS = {1024: Target(0.60), 10_000: Target(0.40)}
 FENCE_CALLERS = 1024
 PRODUCERS = 1024
 RECORDS_PER_CALL = 16
@@ -48,9 +59,28 @@ class ProduceRun:
     records_per_s: float
     loop_us_per_record: float
     extents_per_object: float
+    skewed: bool = False
 
 
-async def produce_for(seconds: float, partitions: int, root: Path, tag: str) -> ProduceRun:
+def _partition_picker(i: int, partitions: int, skewed: bool) -> Callable[[], int]:
+    """Producer i's next partition: evenly (i, i + PRODUCERS, ... in turn) or skewed."""
+    if skewed:
+        rng = random.Random(i)
+        hot = max(1, int(partitions * SKEW_HOT_SHARE))
+
+        def pick_skewed() -> int:
+            if rng.random() < SKEW_HOT_WRITES:
+                return rng.randrange(hot)
+            return rng.randrange(hot, partitions)
+
+        return pick_skewed
+    step = itertools.count(i, PRODUCERS)
+    return lambda: next(step) % partitions
+
+
+async def produce_for(
+    seconds: float, partitions: int, root: Path, tag: str, *, skewed: bool = False
+) -> ProduceRun:
     config = NodeConfig(
         epoch_bump_interval_s=None,
         batcher=BatcherConfig(linger_ms=LINGER_MS),
@@ -64,14 +94,22 @@ async def produce_for(seconds: float, partitions: int, root: Path, tag: str) -> 
         node = Node(config, log_store, LocalObjectStore(root / f"{tag}-objects"), rng=rng)
         async with anyio.create_task_group() as tg:
             await tg.start(node.run)
-            await node.create_topic("scale", partitions)
+            # A topic holds at most PARTITIONS_PER_TOPIC_MAX: 10,000 partitions are 3 topics.
+            topics = [f"scale-{t}" for t in range(-(-partitions // PARTITIONS_PER_TOPIC_MAX))]
+            for t, topic in enumerate(topics):
+                first = t * PARTITIONS_PER_TOPIC_MAX
+                await node.create_topic(topic, min(PARTITIONS_PER_TOPIC_MAX, partitions - first))
             deadline = time.perf_counter() + seconds
             acked = 0
 
             async def producer(i: int) -> None:
                 nonlocal acked
+                pick = _partition_picker(i, partitions, skewed)
                 while time.perf_counter() < deadline:
-                    await node.produce("scale", i % partitions, records)
+                    g = pick()
+                    await node.produce(
+                        topics[g // PARTITIONS_PER_TOPIC_MAX], g % PARTITIONS_PER_TOPIC_MAX, records
+                    )
                     acked += RECORDS_PER_CALL
 
             start, start_cpu = time.perf_counter(), time.thread_time()
@@ -86,6 +124,7 @@ async def produce_for(seconds: float, partitions: int, root: Path, tag: str) -> 
         records_per_s=acked / elapsed,
         loop_us_per_record=loop_cpu * 1e6 / max(1, acked),
         extents_per_object=stats.extents_appended / max(1, stats.objects_uploaded),
+        skewed=skewed,
     )
 
 
@@ -95,7 +134,8 @@ async def run(settings: Settings) -> list[Figure]:
     produce_seconds = settings.pick(max(2.0, settings.seconds), 0.5)
     counts = PARTITION_COUNTS
     fences: dict[int, list[tuple[float, float]]] = {p: [] for p in counts}
-    produce: dict[int, list[ProduceRun]] = {p: [] for p in counts}
+    produce: dict[int, list[ProduceRun]] = {p: [] for p in PRODUCE_COUNTS}
+    skewed: list[ProduceRun] = []
     with work_dir(settings, ITEM) as root:
         for r in range(rounds):
             # Rotate the order of partition counts (and SUT/floor) so drift hits all alike.
@@ -108,8 +148,12 @@ async def run(settings: Settings) -> list[Figure]:
                     bare = await bare_round_trips(p, FENCE_CALLERS, fence_seconds)
                     sut = await fence_probes(p, FENCE_CALLERS, fence_seconds)
                 fences[p].append((sut, bare))
-            for p in order:
+            produce_order = PRODUCE_COUNTS[r % len(PRODUCE_COUNTS):] + PRODUCE_COUNTS[: r % len(PRODUCE_COUNTS)]
+            for p in produce_order:
                 produce[p].append(await produce_for(produce_seconds, p, root, f"p{p}-r{r}"))
+            skewed.append(await produce_for(
+                produce_seconds, SKEWED_PARTITIONS, root, f"skewed-r{r}", skewed=True
+            ))
     figures = [
         figure(
             ITEM,
@@ -134,16 +178,19 @@ async def run(settings: Settings) -> list[Figure]:
                 floor_label=f"{base}p",
             )
         )
-    for p in counts[1:]:
+    runs = [(p, f"{p:,} partitions", produce[p]) for p in PRODUCE_COUNTS[1:]]
+    runs.append((SKEWED_PARTITIONS, f"{SKEWED_PARTITIONS:,} partitions, 1% taking 90%", skewed))
+    for p, label, sut_runs in runs:
         figures.append(
             figure(
                 ITEM,
-                f"produce records/s at {p} partitions vs at {base} (node, SQLite, local store)",
+                f"produce records/s at {label} vs at {base} (node, SQLite, local store)",
                 "records/s",
                 [
-                    (produce[p][r].records_per_s, produce[base][r].records_per_s)
+                    (sut_runs[r].records_per_s, produce[base][r].records_per_s)
                     for r in range(rounds)
                 ],
+                target=PRODUCE_TARGETS.get(p) if sut_runs is produce[p] else None,
                 sut_label=f"{p}p",
                 floor_label=f"{base}p",
                 notes={
@@ -153,10 +200,12 @@ async def run(settings: Settings) -> list[Figure]:
                     "linger_ms": LINGER_MS,
                     "seconds": produce_seconds,
                     "loop_us_per_record": {
-                        q: [round(x.loop_us_per_record, 1) for x in produce[q]] for q in (base, p)
+                        "floor": [round(x.loop_us_per_record, 1) for x in produce[base]],
+                        "sut": [round(x.loop_us_per_record, 1) for x in sut_runs],
                     },
                     "extents_per_object": {
-                        q: [round(x.extents_per_object, 1) for x in produce[q]] for q in (base, p)
+                        "floor": [round(x.extents_per_object, 1) for x in produce[base]],
+                        "sut": [round(x.extents_per_object, 1) for x in sut_runs],
                     },
                 },
             )
