@@ -606,15 +606,14 @@ class PartitionActor:
                 events = self.take_fence_events()
                 flush_deadline = now + FENCE_EVENTS_FLUSH_INTERVAL_S
                 self._flush_fence_events_now = False
-            if events and batch:
-                async with anyio.create_task_group() as tg:
-                    # Beside the batch (the same group commit), not in front of the next batch.
-                    tg.start_soon(self._store.record_fence_events, events)
-                    await self._append(batch)
-            elif events:
-                await self._store.record_fence_events(events)
-            elif batch:
+            if batch:
                 await self._append(batch)
+            if events:
+                # After the batch, whose writers are answered first; in front of this
+                # partition's next batch at most once per flush interval. (Beside the batch, in
+                # a task group of its own, it cost 20% of the event loop at 10,000 partitions,
+                # where nearly every batch carries a due flush.)
+                await self._store.record_fence_events(events)
             if snapshot is not None and self._deposed is None:
                 try:
                     await self._store.save_snapshot(snapshot)

@@ -32,6 +32,7 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import PARTITIONS_PER_TOPIC_MAX, Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.l0format import Record
+from levelzero.daemon.gc_tuning import tuned_gc
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -90,35 +91,36 @@ async def produce_for(
     )
     rng = random.Random(3)
     records = [Record(None, rng.randbytes(VALUE_BYTES)) for _ in range(RECORDS_PER_CALL)]
-    async with await SqliteLogStore.open(root / f"{tag}.db") as log_store:
-        node = Node(config, log_store, LocalObjectStore(root / f"{tag}-objects"), rng=rng)
-        async with anyio.create_task_group() as tg:
-            await tg.start(node.run)
-            # A topic holds at most PARTITIONS_PER_TOPIC_MAX: 10,000 partitions are 3 topics.
-            topics = [f"scale-{t}" for t in range(-(-partitions // PARTITIONS_PER_TOPIC_MAX))]
-            for t, topic in enumerate(topics):
-                first = t * PARTITIONS_PER_TOPIC_MAX
-                await node.create_topic(topic, min(PARTITIONS_PER_TOPIC_MAX, partitions - first))
-            deadline = time.perf_counter() + seconds
-            acked = 0
+    with tuned_gc():  # the garbage collector as `levelzero run` sets it (daemon/gc_tuning.py)
+        async with await SqliteLogStore.open(root / f"{tag}.db") as log_store:
+            node = Node(config, log_store, LocalObjectStore(root / f"{tag}-objects"), rng=rng)
+            async with anyio.create_task_group() as tg:
+                await tg.start(node.run)
+                # A topic holds at most PARTITIONS_PER_TOPIC_MAX: 10,000 partitions are 3 topics.
+                topics = [f"scale-{t}" for t in range(-(-partitions // PARTITIONS_PER_TOPIC_MAX))]
+                for t, topic in enumerate(topics):
+                    first = t * PARTITIONS_PER_TOPIC_MAX
+                    await node.create_topic(topic, min(PARTITIONS_PER_TOPIC_MAX, partitions - first))
+                deadline = time.perf_counter() + seconds
+                acked = 0
 
-            async def producer(i: int) -> None:
-                nonlocal acked
-                pick = _partition_picker(i, partitions, skewed)
-                while time.perf_counter() < deadline:
-                    g = pick()
-                    await node.produce(
-                        topics[g // PARTITIONS_PER_TOPIC_MAX], g % PARTITIONS_PER_TOPIC_MAX, records
-                    )
-                    acked += RECORDS_PER_CALL
+                async def producer(i: int) -> None:
+                    nonlocal acked
+                    pick = _partition_picker(i, partitions, skewed)
+                    while time.perf_counter() < deadline:
+                        g = pick()
+                        await node.produce(
+                            topics[g // PARTITIONS_PER_TOPIC_MAX], g % PARTITIONS_PER_TOPIC_MAX, records
+                        )
+                        acked += RECORDS_PER_CALL
 
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            async with anyio.create_task_group() as producers:
-                for i in range(PRODUCERS):
-                    producers.start_soon(producer, i)
-            elapsed, loop_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
-            stats = node.batcher.stats
-            await node.shutdown()
+                start, start_cpu = time.perf_counter(), time.thread_time()
+                async with anyio.create_task_group() as producers:
+                    for i in range(PRODUCERS):
+                        producers.start_soon(producer, i)
+                elapsed, loop_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+                stats = node.batcher.stats
+                await node.shutdown()
     return ProduceRun(
         partitions=partitions,
         records_per_s=acked / elapsed,

@@ -21,6 +21,8 @@ from typing import Any
 
 import anyio
 
+from levelzero.daemon.gc_tuning import tune_gc
+
 from .common import Figure, Settings, Target, figure, rss_bytes, work_dir
 
 ITEM = "scale"
@@ -103,6 +105,7 @@ def child_main(argv: list[str] | None = None) -> int:
     if args.create:
         anyio.run(create, root, args.create)
         return 0
+    tune_gc()  # as `levelzero run` does (daemon/gc_tuning.py)
     print(RESULT_PREFIX + json.dumps(anyio.run(start, root, args.settle_s)), flush=True)
     return 0
 

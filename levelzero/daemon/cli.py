@@ -114,6 +114,7 @@ def leaf_errors(error: BaseException) -> list[BaseException]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .gc_tuning import tune_gc
     from .service import run_until_signalled
 
     refused = refuse_optimized_python()
@@ -129,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         _fail(f"cannot open the log file logging.file = {config.logging.file!r}: {exc.strerror}")
         return EXIT_USAGE
+    tune_gc()  # fewer, cheaper collections with many partitions (daemon/gc_tuning.py)
     try:
         # uvloop when installed (an optional dependency): +15-30% on actor-bound paths.
         uvloop = importlib.util.find_spec("uvloop") is not None
