@@ -154,21 +154,6 @@ class Wakeup:
         finally:
             self._waiter = None
 
-    async def wait_until(self, deadline: float) -> None:
-        """Until raised or the loop's clock reaches `deadline` (`loop_time()`), whichever is
-        first: a timer on the loop, not a cancel scope per wait."""
-        if self._raised:
-            return
-        assert self._waiter is None, "a Wakeup has one waiter"
-        loop = asyncio.get_running_loop()
-        self._waiter = waiter = loop.create_future()
-        timer = loop.call_at(deadline, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
-
 
 class Mailbox(Generic[T]):
     """A bounded FIFO with one receiving actor and any number of senders.
