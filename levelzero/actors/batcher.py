@@ -9,6 +9,7 @@ goes again in a new object; the first object becomes an orphan that the GC colle
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import random
@@ -27,7 +28,7 @@ from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish
 from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
 from .epochs import EpochCache
-from .mailbox import Reply, mailbox
+from .mailbox import Countdown, Reply, mailbox
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.batcher")
@@ -329,14 +330,44 @@ class Batcher:
     async def _fence(self, uploaded: _Uploaded) -> list[_Request]:
         """Fence and append one placeholder per extent; returns the requests to retry.
 
-        Every extent's write is handed to its partition first, then the replies are awaited:
-        one task per object, not one per extent (an object may carry a thousand extents)."""
+        Every extent's write is handed to its partition, and each reply is settled as it is
+        answered, on the answering task: its producers get their offsets then. The batcher
+        waits once, for all of them: one task per object, not one per extent (an object may
+        carry a thousand extents), woken once."""
         key, epoch = uploaded.row.key, uploaded.row.epoch
         retry: list[_Request] = []
-        rejected_everything = True
+        appended = 0
+
+        def settle(header: ExtentHeader, requests: list[_Request], reply: Reply[LogRecord]) -> None:
+            nonlocal appended
+            try:
+                record = reply.result()
+            except StaleClusterEpoch as exc:
+                self.stats.stale_rejections += 1
+                self._cache.invalidate_below(exc.window_max)
+                for request in requests:
+                    if request.attempts <= self.config.stale_retries_max:
+                        retry.append(request)
+                    else:
+                        self.stats.stale_failures += 1
+                        request.reply.fail(exc)
+                return
+            except LevelZeroError as exc:
+                _fail(requests, exc)
+                return
+            appended += 1
+            self.stats.extents_appended += 1
+            self.stats.records_appended += header.record_count
+            offset = record.base_offset
+            for request in requests:
+                last = offset + len(request.records) - 1
+                request.reply.set(ProduceResult(offset, last, request.attempts, key))
+                offset = last + 1
+            assert offset == record.base_offset + header.record_count
+
+        answered = Countdown()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._record_object, uploaded.row)
-            submitted: list[tuple[ExtentHeader, list[_Request], Reply[LogRecord]]] = []
             for header in uploaded.headers:
                 requests = uploaded.by_partition[header.pid]
                 placeholder = Placeholder(
@@ -353,33 +384,9 @@ class Batcher:
                 except LevelZeroError as exc:
                     _fail(requests, exc)
                     continue
-                submitted.append((header, requests, reply))
-            for header, requests, reply in submitted:
-                try:
-                    record = await reply.wait()
-                except StaleClusterEpoch as exc:
-                    self.stats.stale_rejections += 1
-                    self._cache.invalidate_below(exc.window_max)
-                    for request in requests:
-                        if request.attempts <= self.config.stale_retries_max:
-                            retry.append(request)
-                        else:
-                            self.stats.stale_failures += 1
-                            request.reply.fail(exc)
-                    continue
-                except LevelZeroError as exc:
-                    _fail(requests, exc)
-                    continue
-                rejected_everything = False
-                self.stats.extents_appended += 1
-                self.stats.records_appended += header.record_count
-                offset = record.base_offset
-                for request in requests:
-                    last = offset + len(request.records) - 1
-                    request.reply.set(ProduceResult(offset, last, request.attempts, key))
-                    offset = last + 1
-                assert offset == record.base_offset + header.record_count
-        if rejected_everything:
+                answered.add(reply, functools.partial(settle, header, requests))
+            await answered.wait()
+        if appended == 0:
             self.stats.orphan_objects += 1
             log.info("object %s rejected by every partition: an orphan for the GC", key)
         return retry

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -42,13 +43,14 @@ class Reply(Generic[T]):
     write to every partition of an object and then collects the replies, most of them answered
     by then. Each waiter has its own future, so one waiter's cancellation is its own."""
 
-    __slots__ = ("_waiters", "_answered", "_value", "_error")
+    __slots__ = ("_waiters", "_answered", "_value", "_error", "_then")
 
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future[None]] | None = None
         self._answered = False
         self._value: T | None = None
         self._error: BaseException | None = None
+        self._then: Callable[[Reply[T]], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -70,6 +72,25 @@ class Reply(Generic[T]):
             for waiter in self._waiters:
                 _wake(waiter)
             self._waiters = None
+        if self._then is not None:
+            then, self._then = self._then, None
+            then(self)
+
+    def then(self, callback: Callable[[Reply[T]], None]) -> None:
+        """Call `callback(reply)` when answered (now, if it is), on the answering task, before
+        anybody waiting runs: one callback per reply. It must not raise."""
+        assert self._then is None, "a reply has one callback"
+        if self._answered:
+            callback(self)
+        else:
+            self._then = callback
+
+    def result(self) -> T:
+        """The answer of an answered reply (its error raised), without waiting."""
+        assert self._answered, "reply not answered yet"
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[return-value]
 
     async def wait(self) -> T:
         if not self._answered:
@@ -87,6 +108,43 @@ class Reply(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
+
+
+class Countdown:
+    """One wait for many replies: the batcher hands an object's extents to their partitions,
+    settles each reply in a callback as it is answered (its producers answered at once), and
+    waits once until all are (a wait per reply woke the batcher again for each)."""
+
+    __slots__ = ("_left", "_waiter")
+
+    def __init__(self) -> None:
+        self._left = 0
+        self._waiter: asyncio.Future[None] | None = None
+
+    def add(self, reply: Reply[T], settle: Callable[[Reply[T]], None]) -> None:
+        """`settle(reply)` once it is answered; counted until then."""
+        self._left += 1
+
+        def answered(r: Reply[T]) -> None:
+            try:
+                settle(r)
+            finally:
+                self._left -= 1
+                if self._left == 0:
+                    _wake(self._waiter)
+
+        reply.then(answered)
+
+    async def wait(self) -> None:
+        """Until every reply added is answered and settled (at once if they are); one waiter."""
+        if self._left == 0:
+            return
+        assert self._waiter is None, "a Countdown has one waiter"
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
 
 class Flag:
