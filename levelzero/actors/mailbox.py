@@ -115,11 +115,11 @@ class Countdown:
     settles each reply in a callback as it is answered (its producers answered at once), and
     waits once until all are (a wait per reply woke the batcher again for each)."""
 
-    __slots__ = ("_left", "_waiter")
+    __slots__ = ("_left", "_all_answered")
 
     def __init__(self) -> None:
         self._left = 0
-        self._waiter: asyncio.Future[None] | None = None
+        self._all_answered = Wakeup()
 
     def add(self, reply: Reply[T], settle: Callable[[Reply[T]], None]) -> None:
         """`settle(reply)` once it is answered; counted until then."""
@@ -131,20 +131,14 @@ class Countdown:
             finally:
                 self._left -= 1
                 if self._left == 0:
-                    _wake(self._waiter)
+                    self._all_answered.set()
 
         reply.then(answered)
 
     async def wait(self) -> None:
         """Until every reply added is answered and settled (at once if they are); one waiter."""
-        if self._left == 0:
-            return
-        assert self._waiter is None, "a Countdown has one waiter"
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+        if self._left:
+            await self._all_answered.wait()
 
 
 class Flag:

@@ -192,6 +192,16 @@ async def closed_loop(
     return done / max(time.process_time() - start, 1e-9)
 
 
+async def timed_tasks(count: int, task: Callable[[int], Awaitable[object]]) -> tuple[float, float]:
+    """Run `task(0)` .. `task(count - 1)` at once until all end: (wall seconds, seconds of this
+    thread's CPU, the event loop's)."""
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    async with anyio.create_task_group() as tg:
+        for i in range(count):
+            tg.start_soon(task, i)
+    return time.perf_counter() - start, time.thread_time() - start_cpu
+
+
 # ------------------------------------------------------------------------------------ machine
 
 

@@ -38,7 +38,7 @@ from levelzero.daemon.gc_tuning import tuned_gc
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 
-from .common import Figure, Settings, Target, figure, work_dir
+from .common import Figure, Settings, Target, figure, timed_tasks, work_dir
 from .fence import bare_round_trips, fence_probes
 from . import scale_idle
 
@@ -117,11 +117,7 @@ async def produce_for(
                         )
                         acked += RECORDS_PER_CALL
 
-                start, start_cpu = time.perf_counter(), time.thread_time()
-                async with anyio.create_task_group() as producers:
-                    for i in range(PRODUCERS):
-                        producers.start_soon(producer, i)
-                elapsed, loop_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+                elapsed, loop_cpu = await timed_tasks(PRODUCERS, producer)
                 stats = node.batcher.stats
                 await node.shutdown()
     return ProduceRun(

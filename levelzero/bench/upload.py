@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from .common import (
     moto_server,
     raw_s3_client,
     s3_config,
+    timed_tasks,
     work_dir,
 )
 
@@ -114,11 +114,7 @@ async def produce_through_node(
                     sent += call_bytes
                     await node.produce("bench", i % partitions, records)
 
-            start, start_cpu = time.perf_counter(), time.thread_time()
-            async with anyio.create_task_group() as producers_tg:
-                for i in range(producers):
-                    producers_tg.start_soon(producer, i)
-            elapsed, loop_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+            elapsed, loop_cpu = await timed_tasks(producers, producer)
             stats = node.batcher.stats
             figures = ProduceFigures(
                 seconds=elapsed,
@@ -146,18 +142,14 @@ async def raw_puts(
     ]
     next_key = 0
 
-    async def worker() -> None:
+    async def worker(_: int) -> None:
         nonlocal next_key
         while next_key < count:
             key = keys[next_key]
             next_key += 1
             await put(key, data)
 
-    start, start_cpu = time.perf_counter(), time.thread_time()
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(worker)
-    elapsed, loop_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+    elapsed, loop_cpu = await timed_tasks(concurrency, worker)
     return size * count / elapsed, loop_cpu * 1e3 / (size * count / 1e6)
 
 
