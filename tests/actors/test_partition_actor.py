@@ -553,3 +553,109 @@ async def test_an_actor_crashing_on_its_log_store_leaves_nobody_waiting() -> Non
                         callers.start_soon(writer, n)
             assert crashed.group_contains(StorageError, match="disk is gone")
     assert answers == ["refused"] * 20
+
+
+# ----------------------------------------------------------------- delivery (handled on the sender)
+
+
+async def test_writes_sent_during_the_replay_are_handled_in_order_before_later_ones() -> None:
+    """Before ready, writes queue in the mailbox; once ready they are handled first, in the
+    order sent, and a write sent after ready is handled behind them (log order = send order)."""
+    store = MemoryLogStore()
+    (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
+    actor = PartitionActor(row, store, WatermarkBoard())
+    early = [await actor.submit(placeholder(N, records=n + 1)) for n in range(5)]
+    assert not any(reply.done for reply in early)  # nobody handles them before the replay
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(actor.run)
+            late = await actor.submit(placeholder(N, records=9))
+            records = [await reply.wait() for reply in early] + [await late.wait()]
+            await actor.stop()
+    offsets = [r.log_offset for r in records]
+    assert offsets == sorted(offsets) and len(set(offsets)) == 6
+    assert [r.entry.record_count for r in records] == [1, 2, 3, 4, 5, 9]
+    bases = [r.base_offset for r in records]
+    assert bases == [0, 1, 3, 6, 10, 15]  # each continues where the one sent before it ended
+
+
+async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> None:
+    """From ready on, a write is fenced and reserved when it is sent, before the sender's
+    next await: the window is there without a turn of the event loop."""
+    store = GatedLogStore()
+    row = await new_partition(store)
+    async with running(store, row) as (actor, _):
+        store.close_gate()
+        reply = await actor.submit(placeholder(N))
+        assert window(actor) == (N, N)  # no checkpoint between the submit and this line
+        assert actor.view().pending_records == 1
+        await wait_until(lambda: store.held.is_set(), "the append waits at the gate")
+        store.open_gate()
+        record = await reply.wait()
+        assert record.entry.epoch == N
+
+
+class _BrokenOnDurable(MemoryLogStore):
+    """Appends succeed, but report a log offset the actor never reserved: the actor's in-order
+    apply trips its invariant when the append comes back."""
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        await super().append(pid, expected_term, records)
+        raise AssertionError("injected: an invariant broken after the append")
+
+
+async def test_an_invariant_broken_in_the_actors_own_task_crashes_it_and_answers_everyone() -> None:
+    """The actor's task (its appender) raising ends the actor with the error (its task group,
+    the node's, crashes), every caller is answered, and later senders are refused."""
+    store = _BrokenOnDurable()
+    (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
+    actor = PartitionActor(row, store, WatermarkBoard())
+    answers: list[str] = []
+
+    async def writer() -> None:
+        try:
+            await actor.write(placeholder(1))
+            answers.append("written")
+        except ShuttingDown:
+            answers.append("refused")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as callers:
+            with pytest.raises(BaseExceptionGroup) as crashed:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(actor.run)
+                    for _ in range(3):
+                        callers.start_soon(writer)
+            assert crashed.group_contains(AssertionError, match="invariant broken")
+    assert answers == ["refused"] * 3
+    with pytest.raises(ShuttingDown):
+        await actor.write(placeholder(1))  # and later senders are refused at once
+
+
+async def test_a_handler_raising_on_a_senders_task_crashes_the_actor_and_answers_the_sender(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler that raises while it runs on a sender's task never leaves the actor half
+    alive: the sender is told the partition failed, the actor's own task ends with the error
+    (its task group, the node's, crashes), and what is sent after that is refused."""
+    store = MemoryLogStore()
+    (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
+    actor = PartitionActor(row, store, WatermarkBoard())
+    real = PartitionActor._on_write
+
+    def broken(self: PartitionActor, msg: object) -> None:
+        if msg.epoch == 3:  # type: ignore[attr-defined]
+            raise AssertionError("injected: an invariant broken in a handler")
+        real(self, msg)
+
+    monkeypatch.setattr(PartitionActor, "_on_write", broken)
+    with anyio.fail_after(10):
+        with pytest.raises(BaseExceptionGroup) as crashed:
+            async with anyio.create_task_group() as tg:
+                await tg.start(actor.run)
+                await actor.write(placeholder(1))  # handled inline, fine
+                with pytest.raises(ShuttingDown, match="failed"):
+                    await actor.write(placeholder(3))
+                with pytest.raises(ShuttingDown):
+                    await actor.write(placeholder(1))  # queued behind the crash, then refused
+        assert crashed.group_contains(AssertionError, match="broken in a handler")
