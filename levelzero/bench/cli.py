@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import os
 import shlex
 import sys
@@ -290,6 +291,7 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
     fresh = _rows(results)
     table: list[str] = []
     kept_from: list[str] = []
+    replaced: set[str] = set()  # items whose rows this run gives: their old rows all go
     for line in previous.splitlines():
         if line.startswith("Measured ") or line.startswith("Other rows: "):
             kept_from.append(line.removeprefix("Other rows: "))
@@ -299,12 +301,14 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
         name = cells[1].strip()
         if name in fresh:
             table.extend(fresh.pop(name))  # this run's rows, where the item's were
-        elif name in ITEM_NAMES:
+            replaced.add(name)
+        elif name in ITEM_NAMES and name not in replaced:
             table.append(line)
     for rows in fresh.values():
         table.extend(rows)
     lines = [MARK_BEGIN, "", measured]
     if previous and len(table) > sum(len(r) for r in _rows(results).values()):
+        kept_from = _runs_still_shown(kept_from, replaced, measured)
         lines.append(f"Other rows: {' / '.join(kept_from) if kept_from else 'an earlier run.'}")
     lines += [
         "",
@@ -318,6 +322,18 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
         MARK_END,
     ]
     return "\n".join(lines)
+
+
+def _runs_still_shown(runs: list[str], replaced: set[str], measured: str) -> list[str]:
+    """The earlier runs named under "Other rows", once each, without this run and without a run
+    of only items this run measured again (none of its rows is left)."""
+    shown: list[str] = []
+    for run in " / ".join(runs).split(" / "):
+        only = re.search(r"--only ([\w,-]+)", run)
+        if run == measured or run in shown or (only and set(only.group(1).split(",")) <= replaced):
+            continue
+        shown.append(run)
+    return shown
 
 
 def update_markdown(path: Path, results: dict[str, Any]) -> None:

@@ -174,14 +174,14 @@ def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nod
 def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
     from levelzero.bench.cli import update_markdown
 
-    def run(item: str, value: float, when: str) -> dict:
-        figure = {"name": f"{item} figure", "unit": "ops/s", "sut_label": "sut", "sut": value,
-                  "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
-                  "verdict": "info"}
+    def run(item: str, value: float, when: str, names: tuple[str, ...] = ("figure",)) -> dict:
+        figures = [{"name": f"{item} {name}", "unit": "ops/s", "sut_label": "sut", "sut": value,
+                    "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
+                    "verdict": "info"} for name in names]
         return {"machine": {"nproc": 2, "cpu_model": "x", "memory_gib": 1, "implementation": "CPython",
                             "python": "3.11", "platform": "linux"},
                 "started_at": when, "command": f"levelzero bench --only {item}", "duration_s": 1.0,
-                "loop": "asyncio", "items": {item: {"figures": [figure]}}}
+                "loop": "asyncio", "items": {item: {"figures": figures}}}
 
     markdown = tmp_path / "BENCHMARKS.md"
     update_markdown(markdown, run("fence", 2.0, "day 1"))
@@ -194,3 +194,25 @@ def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
     ]
     text = markdown.read_text()
     assert "Measured day 3" in text and "Other rows: Measured day 2" in text
+
+
+def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Path) -> None:
+    """An item of several figures, run again with a figure renamed and one added: its rows are
+    exactly the new run's (an old row left beside the new ones would read as a second figure)."""
+    from levelzero.bench.cli import update_markdown
+
+    def run(value: float, names: tuple[str, ...], when: str) -> dict:
+        figures = [{"name": name, "unit": "ops/s", "sut_label": "sut", "sut": value,
+                    "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
+                    "verdict": "info"} for name in names]
+        return {"machine": {"nproc": 2, "cpu_model": "x", "memory_gib": 1, "implementation": "CPython",
+                            "python": "3.11", "platform": "linux"},
+                "started_at": when, "command": "levelzero bench --only scale", "duration_s": 1.0,
+                "loop": "asyncio", "items": {"scale": {"figures": figures}}}
+
+    markdown = tmp_path / "BENCHMARKS.md"
+    update_markdown(markdown, run(2.0, ("a", "b at 1024", "c"), "day 1"))
+    update_markdown(markdown, run(4.0, ("a", "b at 1,024", "c", "d"), "day 2"))
+    rows = [line.split("|")[2].strip() for line in markdown.read_text().splitlines()
+            if line.startswith("| scale")]
+    assert rows == ["a", "b at 1,024", "c", "d"]
