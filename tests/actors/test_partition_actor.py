@@ -529,10 +529,30 @@ class _FailingAppends(MemoryLogStore):
         await super().append(pid, expected_term, records)
 
 
-async def test_an_actor_crashing_on_its_log_store_leaves_nobody_waiting() -> None:
-    """A failing log store crashes the actor (restart replays); every caller still gets an
-    answer: the writes in flight and the ones still in the mailbox."""
-    store = _FailingAppends(ok=0)
+class _BrokenOnDurable(MemoryLogStore):
+    """Appends are stored, then raise an AssertionError, as an invariant broken on the way back
+    would: it reaches the actor's own task (its appender), not a sender's."""
+
+    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        await super().append(pid, expected_term, records)
+        raise AssertionError("injected: an invariant broken after the append")
+
+
+@pytest.mark.parametrize(
+    ("store_type", "error", "match"),
+    [
+        (lambda: _FailingAppends(ok=0), StorageError, "disk is gone"),
+        (_BrokenOnDurable, AssertionError, "invariant broken"),
+    ],
+    ids=["failing-log-store", "invariant-broken-in-the-actors-task"],
+)
+async def test_an_actor_crashing_in_its_own_task_leaves_nobody_waiting(
+    store_type: Callable[[], MemoryLogStore], error: type[BaseException], match: str
+) -> None:
+    """A failing log store, or an invariant broken in the actor's own task (its appender),
+    crashes the actor and its task group (restart replays); every caller still gets an answer,
+    the writes in flight and the ones still queued, and later senders are refused at once."""
+    store = store_type()
     (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
     actor = PartitionActor(row, store, WatermarkBoard())
     answers: list[str] = []
@@ -551,8 +571,10 @@ async def test_an_actor_crashing_on_its_log_store_leaves_nobody_waiting() -> Non
                     await tg.start(actor.run)
                     for n in range(20):
                         callers.start_soon(writer, n)
-            assert crashed.group_contains(StorageError, match="disk is gone")
+            assert crashed.group_contains(error, match=match)
     assert answers == ["refused"] * 20
+    with pytest.raises(ShuttingDown):
+        await actor.write(placeholder(1))
 
 
 # ----------------------------------------------------------------- delivery (handled on the sender)
@@ -593,43 +615,6 @@ async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> N
         store.open_gate()
         record = await reply.wait()
         assert record.entry.epoch == N
-
-
-class _BrokenOnDurable(MemoryLogStore):
-    """Appends succeed, but report a log offset the actor never reserved: the actor's in-order
-    apply trips its invariant when the append comes back."""
-
-    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
-        await super().append(pid, expected_term, records)
-        raise AssertionError("injected: an invariant broken after the append")
-
-
-async def test_an_invariant_broken_in_the_actors_own_task_crashes_it_and_answers_everyone() -> None:
-    """The actor's task (its appender) raising ends the actor with the error (its task group,
-    the node's, crashes), every caller is answered, and later senders are refused."""
-    store = _BrokenOnDurable()
-    (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
-    actor = PartitionActor(row, store, WatermarkBoard())
-    answers: list[str] = []
-
-    async def writer() -> None:
-        try:
-            await actor.write(placeholder(1))
-            answers.append("written")
-        except ShuttingDown:
-            answers.append("refused")
-
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as callers:
-            with pytest.raises(BaseExceptionGroup) as crashed:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(actor.run)
-                    for _ in range(3):
-                        callers.start_soon(writer)
-            assert crashed.group_contains(AssertionError, match="invariant broken")
-    assert answers == ["refused"] * 3
-    with pytest.raises(ShuttingDown):
-        await actor.write(placeholder(1))  # and later senders are refused at once
 
 
 async def test_a_handler_raising_on_a_senders_task_crashes_the_actor_and_answers_the_sender(
