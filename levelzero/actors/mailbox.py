@@ -136,9 +136,13 @@ class Countdown:
         reply.then(answered)
 
     async def wait(self) -> None:
-        """Until every reply added is answered and settled (at once if they are); one waiter."""
-        if self._left:
+        """Until every reply added is answered and settled (at once if they are); one waiter.
+        The count may have reached zero between two `add`s (a reply answered at once, or before
+        the next was added): that raise is stale, so it is cleared and the count decides."""
+        self._all_answered.clear()
+        while self._left:
             await self._all_answered.wait()
+            self._all_answered.clear()
 
 
 class Flag:

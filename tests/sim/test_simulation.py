@@ -15,6 +15,9 @@ from levelzero.sim import SimResult, Summary, run_many, run_seed, summarize
 from levelzero.sim.cli import main
 
 SEEDS = range(500)  # the real code, under a deterministic loop: the CI's share of seeds
+# Within it, 187 found a batcher that went on before every placeholder reply of an object was
+# settled (its countdown had touched zero between two adds): a stale-epoch retry settled later
+# was lost, and its producer waited forever.
 # Seeds beyond that range that once found a bug, kept as regressions:
 # 639: a reconciler of the previous term read placeholders after the current one had caught up
 #      and the log was truncated below them; its assert crashed the node.
