@@ -5,7 +5,7 @@ and every state transition is atomic. From ready on, a message is handled on its
 the moment it is sent (the event loop runs one handler at a time; see `_inline`); before that
 (the replay) messages queue in the mailbox and are handled in order once the actor is ready.
 The actor's own task is its appender: it writes queued records in log order, batched per
-partition, into the log store's cross-partition group commit, and handles `_Durable(upto)`.
+partition, into the log store's cross-partition group commit, and applies them once durable.
 Records are applied strictly in log order once durable; a write's read unit is released only
 after its placeholder is applied, which is what lets an updater's drain mean "the old window is
 in the log".
@@ -577,9 +577,12 @@ class PartitionActor:
         try:
             await self._append_rounds()
         finally:
-            if self._flush_timer is not None:
-                self._flush_timer.cancel()
-                self._flush_timer = None
+            self._cancel_flush_timer()
+
+    def _cancel_flush_timer(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
 
     def _flush_due(self) -> None:
         """The flush timer: buffered fence events are due (whatever the clock says exactly)."""
@@ -607,10 +610,8 @@ class PartitionActor:
                         flush_deadline, self._flush_due
                     )
                 await self._append_wakeup.wait()
+                continue  # the checks above again, for what woke it
             self._append_wakeup.clear()
-            self._handle_queued()
-            if self._crash is not None:
-                raise self._crash
             batch, self._to_append = self._to_append, []
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
@@ -624,9 +625,7 @@ class PartitionActor:
                 events = self.take_fence_events()
                 flush_deadline = now + FENCE_EVENTS_FLUSH_INTERVAL_S
                 self._flush_fence_events_now = False
-                if self._flush_timer is not None:
-                    self._flush_timer.cancel()
-                    self._flush_timer = None
+                self._cancel_flush_timer()
             if batch:
                 await self._append(batch)
             if events:
