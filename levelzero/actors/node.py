@@ -34,6 +34,7 @@ from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
 
+from .appender import Appender
 from .batcher import Batcher, BatcherConfig, ProduceResult
 from .cluster import ClusterMember
 from .epochs import EpochCache, EpochService, SharedEpoch
@@ -127,6 +128,8 @@ class Node:
         self.epochs = EpochService(log_store, config.epoch_bump_interval_s, shared=shared)
         self.epoch_cache = EpochCache(self.epochs.get, config.epoch_cache_ttl_s)
         self.board = WatermarkBoard()
+        # Writes every partition's reserved records, many partitions per log-store call.
+        self.appender = Appender(log_store)
         self.activity = ActivityBoard(ACTIVITY_CONSUMERS)
         self._partitions: dict[tuple[str, int], PartitionActor] = {}
         self._by_name: dict[str, PartitionActor] = {}
@@ -186,6 +189,7 @@ class Node:
         await self.epochs.load()
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            await tg.start(self.appender.run)
             rows = await self.log_store.list_partitions()
             for row in rows:
                 self._check_stored_topic_name(row.topic)
@@ -335,6 +339,7 @@ class Node:
             log_keep_records=self.config.log_keep_records,
             activity=self.activity,
             wall_clock=self._wall,
+            appender=self.appender,
         )
 
     def _register(self, actor: PartitionActor) -> None:

@@ -4,11 +4,12 @@ Messages are handled one at a time and a handler never awaits, so every decision
 and every state transition is atomic. From ready on, a message is handled on its sender's task
 the moment it is sent (the event loop runs one handler at a time; see `_inline`); before that
 (the replay) messages queue in the mailbox and are handled in order once the actor is ready.
-The actor's own task is its appender: it writes queued records in log order, batched per
-partition, into the log store's cross-partition group commit, and applies them once durable.
-Records are applied strictly in log order once durable; a write's read unit is released only
-after its placeholder is applied, which is what lets an updater's drain mean "the old window is
-in the log".
+Reserved records are written by the node's appender (`appender.Appender`), many partitions per
+log-store call, one batch of a partition on its way at a time, so in log order; the appender
+then hands them back (`appended`) and they are applied strictly in log order. A write's read
+unit is released only after its placeholder is applied, which is what lets an updater's drain
+mean "the old window is in the log". The actor's own task handles what queued in its mailbox
+and saves its snapshots.
 
 Sync (DESIGN.md fence step 1): the actor replays its whole log and applies its own `TermStart`
 before it takes the first message, so the state has applied everything of previous terms.
@@ -21,7 +22,6 @@ performs the appends.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import math
@@ -55,6 +55,7 @@ from levelzero.core.leader import (
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.storage.protocols import FenceEventRow, LogStore, PartitionRow, Snapshot
 
+from .appender import Appender
 from .mailbox import Flag, Mailbox, Reply, Wakeup, loop_time
 
 log = logging.getLogger("levelzero.partition")
@@ -65,8 +66,8 @@ REPLAY_BATCH_RECORDS = 4_096
 # (the previous leader stops within its lease: a few races at most).
 TERM_START_ATTEMPTS_MAX = 32
 FENCE_EVENTS_BUFFER_MAX = 10_000  # fence event rows (tallies) held between flushes
-FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once
-FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # otherwise at most this long after the previous flush
+FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once (else per interval:
+# appender.FENCE_EVENTS_FLUSH_INTERVAL_S)
 
 
 # ---------------------------------------------------------------- messages
@@ -124,9 +125,10 @@ class PartitionActor:
         "row", "name", "state", "fence", "pins", "term", "ready",
         "_store", "_board", "_activity", "_mode", "_snapshot_every", "_log_keep",
         "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
-        "_snapshot_due", "_truncate_below", "_append_wakeup", "_dispatch", "_deposed",
+        "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
+        "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
         "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_fence_tallies", "_flush_fence_events_now", "_flush_timer", "_inline", "_crash",
+        "_fence_tallies", "_inline", "_crash",
     )
 
     def __init__(
@@ -142,7 +144,10 @@ class PartitionActor:
         activity: ActivityBoard | None = None,
         clock: Callable[[], float] = loop_time,
         wall_clock: Callable[[], float] | None = None,
+        appender: Appender | None = None,
     ) -> None:
+        """`appender`: the node's, shared by its partitions; without one the actor runs its own
+        (an actor on its own: tests, benchmarks)."""
         self.row = row
         self.name = f"{row.topic}/{row.partition}"
         self._store = log_store
@@ -170,10 +175,15 @@ class PartitionActor:
         # Reserved log offsets, applied in log order once durable (core.leader.AppendQueue).
         self._appends: AppendQueue[Reply] = AppendQueue(self.state)
         self._to_append: list[LogRecord] = []
+        self._own_appender = appender is None
+        self._appender = Appender(log_store) if appender is None else appender
+        self._append_asked = False  # waiting in the appender's queue
+        self._appending = False  # a batch on its way: the next waits until it is back
+        self._closed = False  # the actor ended: what the appender brings back is dropped
         self._snapshot_due: Snapshot | None = None
         self._truncate_below: int | None = None
-        # Raised for the actor's task: something to append, messages queued, or the end.
-        self._append_wakeup = Wakeup()
+        # Raised for the actor's task: messages queued, a snapshot due, a crash, or the end.
+        self._wakeup = Wakeup()
         # Writes waiting behind the updater, and the updater (core.leader.FenceDispatch).
         self._dispatch: FenceDispatch[_Write] = FenceDispatch(self.fence)
         self._deposed: NotLeader | None = None
@@ -186,9 +196,8 @@ class PartitionActor:
         # [when the first was made, how many]. A row per decision was a second SQLite row per
         # placeholder; a row per tally counts them (FenceEventRow.decisions). Past
         # FENCE_EVENTS_BUFFER_MAX tallies, decisions of a new kind go unrecorded until the flush.
+        # The appender writes them (`take_fence_events`).
         self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
-        self._flush_fence_events_now = False
-        self._flush_timer: asyncio.TimerHandle | None = None
         self.ready = Flag()
         board.register(self.name)
 
@@ -294,7 +303,7 @@ class PartitionActor:
             return False
         except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
-        self._append_wakeup.set()  # queued: the actor's task handles it
+        self._wakeup.set()  # queued: the actor's task handles it
         return True
 
     async def _send(self, msg: object) -> None:
@@ -304,7 +313,7 @@ class PartitionActor:
             await self._mailbox.send(msg)
         except anyio.BrokenResourceError:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
-        self._append_wakeup.set()
+        self._wakeup.set()
 
     def _deliver(self, msg: object) -> None:
         """Handle `msg` on the sender's task (see `_inline`). If that ends the actor (a stop
@@ -317,10 +326,10 @@ class PartitionActor:
         except BaseException as exc:
             self._inline = False  # what is sent after this queues, and is refused at the end
             self._crash = exc
-            self._append_wakeup.set()
+            self._wakeup.set()
             raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
         if self._stopping is not None and not self._appends:
-            self._append_wakeup.set()  # nothing left to append: the actor's task ends
+            self._wakeup.set()  # nothing left to append: the actor's task ends
 
     def _handle_queued(self) -> None:
         """Handle what queued in the mailbox (sent during the replay, or while it was full),
@@ -390,13 +399,22 @@ class PartitionActor:
                 return
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        if not self._own_appender:
+            await self._run(task_status)
+            return
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._appender.run)
+            await self._run(task_status)
+            tg.cancel_scope.cancel()
+
+    async def _run(self, task_status: anyio.abc.TaskStatus) -> None:
         await self.recover()
         try:
             self.ready.set()
             task_status.started()
             del task_status  # it holds its starter's event: not for the actor's life
             try:
-                await self._append_until_stopped()
+                await self._serve_until_stopped()
             finally:
                 # Later sends fail at once; what was sent but never taken is answered.
                 self._inline = False
@@ -408,6 +426,7 @@ class PartitionActor:
         finally:
             # However the actor ends (stopped, cancelled, or crashing on a failed log store),
             # nobody is left waiting for an answer.
+            self._closed = True
             self._fail_all(ShuttingDown(f"partition {self.name} stopped"))
             if self._stopping is not None:
                 self._stopping.reply.set(None)
@@ -497,6 +516,35 @@ class PartitionActor:
         self._to_append.append(record)
         self._kick()
 
+    # ------------------------------------------------------------------ the appender's side
+
+    def take_append_batch(self, room: int) -> list[LogRecord]:
+        """The appender takes up to `room` of the queued records, in log order; they are on
+        their way until `appended`."""
+        assert not self._appending, "one batch of a partition on its way at a time"
+        self._append_asked = False
+        if len(self._to_append) <= room:
+            batch, self._to_append = self._to_append, []
+        else:
+            batch, self._to_append = self._to_append[:room], self._to_append[room:]
+        self._appending = bool(batch)
+        return batch
+
+    def appended(self, upto: int, refused: NotLeader | None) -> None:
+        """The appender's batch is durable up to log offset `upto` (or the store refused it:
+        a newer term deposes the partition)."""
+        self._appending = False
+        if self._closed:
+            return  # ended meanwhile (cancelled, crashed): its writers were answered
+        if refused is not None:
+            self._on_append_failed(refused)
+        elif self._deposed is None:
+            self._on_durable(upto)
+        if self._to_append:
+            self._kick()
+        if self._stopping is not None and not self._appends:
+            self._wakeup.set()  # nothing left to append: the actor's task ends
+
     def _on_durable(self, upto: int) -> None:
         for done in self._appends.durable(upto, self.state, self.fence):
             done.token.set(done.record)
@@ -545,15 +593,15 @@ class PartitionActor:
             return  # its first decision since the last flush did what follows
         if len(self._fence_tallies) >= FENCE_EVENTS_BUFFER_MAX:
             return
+        first = not self._fence_tallies
         self._fence_tallies[key] = [self._wall(), 1]
-        # Events are for export and analysis: the appender flushes them beside a batch at most
-        # every FENCE_EVENTS_FLUSH_INTERVAL_S (a flush per batch was a second store job per
-        # append), or at once when FENCE_EVENTS_FLUSH_AT rows gathered or a write was rejected
-        # (rare, and what an operator looks for).
-        if outcome == "rejected":
-            self._flush_fence_events_now = True
-        if self._flush_fence_events_now or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT:
-            self._kick()
+        # Events are for export and analysis: the appender writes every partition's at most
+        # FENCE_EVENTS_FLUSH_INTERVAL_S late, in one call (a write per batch was a second
+        # store job per append), or at once when FENCE_EVENTS_FLUSH_AT rows gathered or a
+        # write was rejected (rare, and what an operator looks for).
+        now = outcome == "rejected" or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT
+        if first or now:
+            self._appender.note_events(self, now=now)
 
     def _maybe_snapshot(self) -> None:
         offset = self.state.last_applied_log_offset
@@ -565,75 +613,31 @@ class PartitionActor:
         keep_from = min(offset + 1, self.state.lrlo + 1 - self._log_keep)
         if keep_from > 0:
             self._truncate_below = keep_from
-        self._kick()
+        self._wakeup.set()  # the actor's task saves it
 
     def _kick(self) -> None:
-        """There is something to append: wake the actor's task."""
-        self._append_wakeup.set()
+        """There is something to append: ask the appender (once, and not while a batch is on
+        its way: `appended` asks again)."""
+        if not self._append_asked and not self._appending:
+            self._append_asked = True
+            self._appender.request(self)
 
-    async def _append_until_stopped(self) -> None:
-        """The actor's task: writes queued records in log order, one batch in flight; ends
-        once stopping with nothing left to append, or raises what a handler raised."""
-        try:
-            await self._append_rounds()
-        finally:
-            self._cancel_flush_timer()
-
-    def _cancel_flush_timer(self) -> None:
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-
-    def _flush_due(self) -> None:
-        """The flush timer: buffered fence events are due (whatever the clock says exactly)."""
-        self._flush_timer = None
-        self._flush_fence_events_now = True
-        self._append_wakeup.set()
-
-    async def _append_rounds(self) -> None:
-        # One deadline, both waited for and tested against: a wait computed as `flushed_at +
-        # interval - now` and a test `now - flushed_at >= interval` can disagree by a rounding
-        # step, and under a virtual clock the loop then spins without time moving. The wait is
-        # a timer that raises the wakeup and marks the flush due: one timer per interval while
-        # events wait, not one per wait (that was 7% of the loop's time per placeholder).
-        flush_deadline = loop_time() + FENCE_EVENTS_FLUSH_INTERVAL_S
+    async def _serve_until_stopped(self) -> None:
+        """The actor's task: handles what queued in the mailbox and saves due snapshots (then
+        truncates the log below them); ends once stopping with nothing left to append, or
+        raises what a handler raised."""
         while True:
             self._handle_queued()
             if self._crash is not None:
                 raise self._crash
             if self._stopping is not None and not self._appends:
                 return
-            if not self._append_wakeup.is_set():
-                if self._fence_tallies and self._flush_timer is None:
-                    # Buffered events wait for a batch to ride along with, not past the interval.
-                    self._flush_timer = asyncio.get_running_loop().call_at(
-                        flush_deadline, self._flush_due
-                    )
-                await self._append_wakeup.wait()
+            if not self._wakeup.is_set():
+                await self._wakeup.wait()
                 continue  # the checks above again, for what woke it
-            self._append_wakeup.clear()
-            batch, self._to_append = self._to_append, []
+            self._wakeup.clear()
             snapshot, self._snapshot_due = self._snapshot_due, None
             truncate, self._truncate_below = self._truncate_below, None
-            events: list[FenceEventRow] = []
-            now = loop_time()
-            if (
-                self._flush_fence_events_now
-                or len(self._fence_tallies) >= FENCE_EVENTS_FLUSH_AT
-                or now >= flush_deadline
-            ):
-                events = self.take_fence_events()
-                flush_deadline = now + FENCE_EVENTS_FLUSH_INTERVAL_S
-                self._flush_fence_events_now = False
-                self._cancel_flush_timer()
-            if batch:
-                await self._append(batch)
-            if events:
-                # After the batch, whose writers are answered first; in front of this
-                # partition's next batch at most once per flush interval. (Beside the batch, in
-                # a task group of its own, it cost 20% of the event loop at 10,000 partitions,
-                # where nearly every batch carries a due flush.)
-                await self._store.record_fence_events(events)
             if snapshot is not None and self._deposed is None:
                 try:
                     await self._store.save_snapshot(snapshot)
@@ -642,15 +646,3 @@ class PartitionActor:
                     continue
                 if truncate is not None:
                     await self._store.truncate_below(self.row.pid, truncate)
-
-    async def _append(self, batch: list[LogRecord]) -> None:
-        """Append `batch` and apply it; a newer term in the store deposes the partition."""
-        if self._deposed is not None:
-            return  # its writers were told already
-        try:
-            await self._store.append(self.row.pid, self.term, batch)
-        except NotLeader as exc:
-            self._on_append_failed(exc)
-            return
-        self._on_durable(batch[-1].log_offset)
-

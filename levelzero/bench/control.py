@@ -31,7 +31,9 @@ import asyncpg
 
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord
+from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_columns
+from levelzero.storage.protocols import Append
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.postgres.throwaway import start_throwaway
 from levelzero.storage.sqlite import SqliteLogStore
@@ -66,6 +68,12 @@ class _TimedAppends:
         started = time.perf_counter()
         await self._inner.append(pid, expected_term, records)
         self.durations_s.append(time.perf_counter() - started)
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        started = time.perf_counter()
+        refused = await self._inner.append_many(appends)
+        self.durations_s.append(time.perf_counter() - started)
+        return refused
 
 
 @contextlib.asynccontextmanager

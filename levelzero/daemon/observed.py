@@ -151,6 +151,8 @@ class ObservedLogStore:
         for operation in LOG_STORE_WRITES:
             method = getattr(inner, operation)
             setattr(self, operation, self._timed(operation, method, metrics, health))
+        # Many partitions' appends in one call: the commit a producer waits for, as `append`.
+        self.append_many = self._timed("append", inner.append_many, metrics, health)
 
     @staticmethod
     def _timed(

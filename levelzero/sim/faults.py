@@ -25,10 +25,10 @@ import anyio
 import msgspec
 
 from levelzero.core.entries import LogRecord
-from levelzero.core.errors import StorageError
+from levelzero.core.errors import NotLeader, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, ObjectOp
-from levelzero.storage.protocols import L1Row, L1State
+from levelzero.storage.protocols import Append, L1Row, L1State
 
 from .config import Range, SimConfig
 
@@ -128,9 +128,13 @@ class SimLogStore(MemoryLogStore):
         self._durable(pid, [record])
         return record
 
-    async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
-        await super().append(pid, expected_term, records)
-        self._durable(pid, list(records))
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        # (`append` is `append_many` of one.)
+        refused = await super().append_many(appends)
+        for (pid, _, records), error in zip(appends, refused, strict=True):
+            if error is None:
+                self._durable(pid, list(records))
+        return refused
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
         await anyio.lowlevel.checkpoint()

@@ -23,6 +23,7 @@ from levelzero.core.errors import (
     TopicExists,
 )
 from levelzero.storage.protocols import (
+    Append,
     FenceEventRow,
     GcRoundRow,
     L0ObjectRow,
@@ -107,15 +108,33 @@ class MemoryLogStore:
             expected += 1
 
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        [refused] = await self.append_many([Append(pid, expected_term, records)])
+        if refused is not None:
+            raise refused
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        """All at once (one checkpoint), as one transaction would: a broken log raises before
+        any partition's records are added."""
         await anyio.lowlevel.checkpoint()
         if self.fail_appends > 0:
             self.fail_appends -= 1
             raise StorageError("injected append failure")
-        self._check_term(self.partitions[pid], expected_term)
-        assert all(r.term == expected_term for r in records)
-        self._check_contiguous(pid, records)
-        self.logs[pid].extend(records)
-        self.appends += 1
+        assert len({append.pid for append in appends}) == len(appends), "a partition twice"
+        refused: list[NotLeader | None] = []
+        for pid, expected_term, records in appends:
+            try:
+                self._check_term(self.partitions[pid], expected_term)
+            except NotLeader as error:
+                refused.append(error)
+                continue
+            refused.append(None)
+            assert all(r.term == expected_term for r in records)
+            self._check_contiguous(pid, records)
+        for (pid, _, records), error in zip(appends, refused, strict=True):
+            if error is None:
+                self.logs[pid].extend(records)
+                self.appends += 1
+        return refused
 
     async def read_log(
         self, pid: int, from_log_offset: int, limit: int | None = None

@@ -13,11 +13,12 @@ Two stores:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
 from levelzero.core.entries import LogRecord
+from levelzero.core.errors import NotLeader
 
 DELETE_BATCH_KEYS_MAX = 1000
 LIST_PAGE_KEYS_MAX = 1000
@@ -91,6 +92,14 @@ class PartitionRow(msgspec.Struct, frozen=True):
     creation_epoch: int
     term: int  # current term (0 before the first leader)
     created_at: float
+
+
+class Append(NamedTuple):
+    """One partition's part of `LogStore.append_many`: what `append` takes."""
+
+    pid: int
+    expected_term: int
+    records: Sequence[LogRecord]
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -254,6 +263,13 @@ class PartitionLog(Protocol):
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
         """Group-committed, durable on return. Raises NotLeader if the term moved on.
         Records must continue the log contiguously and carry `expected_term`."""
+        ...
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        """`append` for many partitions (distinct ones) at once, durable on return: one call,
+        one wait, where a call per partition cost a task wake-up and a group-commit job each.
+        A partition whose term moved on gets its `NotLeader` in the list (the others commit);
+        anything else raises, as `append` does."""
         ...
 
     async def read_log(

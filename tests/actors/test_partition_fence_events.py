@@ -1,10 +1,10 @@
 """When a partition's fence events reach the log store.
 
 Fence events are for export and analysis. A flush per append was a second store job beside
-every append (half the group commit's room), so the appender flushes them beside a batch at most
-every `FENCE_EVENTS_FLUSH_INTERVAL_S`, at once when `FENCE_EVENTS_FLUSH_AT` gathered or a write
-was rejected, and always when the partition stops; an idle partition's last events follow
-within the interval.
+every append (half the group commit's room), so the appender writes every partition's buffered
+events in one call every `FENCE_EVENTS_FLUSH_INTERVAL_S`, at once when `FENCE_EVENTS_FLUSH_AT`
+gathered or a write was rejected; a partition that stops writes its own; an idle partition's
+last events follow within the interval.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from levelzero.actors import partition
+from levelzero.actors import appender
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import StaleClusterEpoch
@@ -63,7 +63,7 @@ def outcomes(store: MemoryLogStore) -> list[tuple[int, str]]:
 async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
     store = MemoryLogStore()
     async with running(store) as actor:
         for _ in range(3):
@@ -74,7 +74,7 @@ async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
 
 
 async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
     store = MemoryLogStore()
     async with running(store) as actor:
         await actor.write(placeholder(N))
@@ -92,7 +92,7 @@ async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.Monk
 async def test_an_idle_partitions_fence_events_follow_within_the_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 0.05)
+    monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 0.05)
     store = MemoryLogStore()
     async with running(store) as actor:
         await actor.write(placeholder(N))
@@ -108,7 +108,7 @@ async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.
     """A row per decision was a second SQLite row per placeholder: decisions with the same term,
     epoch, outcome and window between two flushes are one row, `decisions` counting them, `at`
     the first one's time; a new window or outcome starts a row of its own."""
-    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
     store = MemoryLogStore()
     async with running(store) as actor:
         for _ in range(50):
@@ -129,34 +129,39 @@ async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.
     assert [e.at for e in store.fence_events] == sorted(e.at for e in store.fence_events)
 
 
-class FrozenClock:
-    """The loop's clock as the appender sees it (`loop_time`): moves only when the test says."""
+class CountingStore(MemoryLogStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fence_event_calls = 0
 
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+    async def record_fence_events(self, rows):  # type: ignore[no-untyped-def]
+        self.fence_event_calls += 1
+        await super().record_fence_events(rows)
 
 
-async def test_the_flush_wait_and_the_flush_test_agree_on_one_deadline(
+async def test_one_call_writes_the_fence_events_of_every_partition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Under a virtual clock the appender must not spin: at a time where the wait until the
-    flush is over (`last + interval - now <= 0`) the flush is due too. These two times make a
-    wait computed as `last + 1.0 - now` and a test `now - last >= 1.0` disagree by one rounding
-    step (the wait says 0, the test says not yet), and the old appender looped without time
-    moving."""
-    last, now = 255.29404008730594, 256.2940400873059
-    assert last + 1.0 - now <= 0.0 and now - last < 1.0  # the disagreement this test needs
-    monkeypatch.setattr(partition, "FENCE_EVENTS_FLUSH_INTERVAL_S", 1.0)
-    clock = FrozenClock(last)
-    monkeypatch.setattr(partition, "loop_time", clock)
-    store = MemoryLogStore()
-    async with running(store) as actor:
-        await actor.write(placeholder(N))
-        assert store.fence_events == [], "the interval has not passed"
-        clock.now = now
-        await actor.write(placeholder(N))  # a batch for the due events to ride along with
-        await wait_until(lambda: len(outcomes(store)) == 2, "the due fence events flushed")
-        assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted")]
+    """The node's partitions share an appender: their events due at one flush are one call
+    (a call per partition per interval was 10,000 store jobs a second at 10,000 partitions)."""
+    monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 0.05)
+    store = CountingStore()
+    rows = await store.create_topic("t", 8, 1, 0.0)
+    shared = appender.Appender(store)
+    actors = [PartitionActor(row, store, WatermarkBoard(), appender=shared) for row in rows]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(shared.run)
+            for actor in actors:
+                await tg.start(actor.run)
+            async with anyio.create_task_group() as writers:
+                for actor in actors:
+                    writers.start_soon(actor.write, placeholder(N))
+            assert store.fence_event_calls == 0
+            while len(store.fence_events) < len(actors):
+                await anyio.sleep(0.01)
+            assert store.fence_event_calls == 1
+            assert sorted(e.pid for e in store.fence_events) == sorted(r.pid for r in rows)
+            for actor in actors:
+                await actor.stop()
+            tg.cancel_scope.cancel()

@@ -57,6 +57,7 @@ from levelzero.storage.log_rules import (
     log_columns,
 )
 from levelzero.storage.protocols import (
+    Append,
     ClusterView,
     FenceEventRow,
     GcRoundRow,
@@ -662,24 +663,30 @@ class PostgresLogStore:
         return ShuttingDown(f"{self._where}: log store is closing")
 
     async def _submit(self, job: _Job) -> Any:
-        if job.weight > self._group_commit_max_records:
-            raise InvalidInput(
-                f"{job.weight} records in one call exceed group_commit_max_records "
-                f"({self._group_commit_max_records})"
-            )
-        if self._closed:
-            raise self._write_refused()
-        try:
-            try:
-                self._job_send.send_nowait(job)
-            except anyio.WouldBlock:
-                await self._job_send.send(job)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise self._write_refused() from None
+        await self._send_all([job])
         await job.done.wait()
         if job.error is not None:
             raise job.error
         return job.result
+
+    async def _send_all(self, jobs: Sequence[_Job]) -> None:
+        """Hand jobs to the writers in order (the caller then waits for each one's `done`)."""
+        for job in jobs:
+            if job.weight > self._group_commit_max_records:
+                raise InvalidInput(
+                    f"{job.weight} records in one call exceed group_commit_max_records "
+                    f"({self._group_commit_max_records})"
+                )
+        for job in jobs:
+            if self._closed:
+                raise self._write_refused()
+            try:
+                try:
+                    self._job_send.send_nowait(job)
+                except anyio.WouldBlock:
+                    await self._job_send.send(job)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise self._write_refused() from None
 
     # ------------------------------------------------------------------ partitions
 
@@ -764,12 +771,27 @@ class PostgresLogStore:
     # ------------------------------------------------------------------ log
 
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        await self._submit(self._append_job(pid, expected_term, records))
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        # A job per partition, all sent before the first wait: the writers batch them together
+        # (a partition's job is one statement's rows; the batch is one round trip).
+        jobs = [self._append_job(*append) for append in appends]
+        assert len({job.pid for job in jobs}) == len(jobs), "append_many: a partition twice"
+        await self._send_all(jobs)
+        for job in jobs:
+            await job.done.wait()
+        for job in jobs:
+            if job.error is not None and not isinstance(job.error, NotLeader):
+                raise job.error
+        return [job.error if isinstance(job.error, NotLeader) else None for job in jobs]
+
+    def _append_job(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> _Job:
         now = self._clock()
         records = list(records)
         check_append_records(pid, expected_term, records)
         rows = [(pid, *log_columns(record), now) for record in records]
-        await self._submit(_Job(weight=len(records), pid=pid, term=expected_term,
-                                records=records, log_rows=rows))
+        return _Job(weight=len(records), pid=pid, term=expected_term, records=records, log_rows=rows)
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None
                        ) -> list[LogRecord]:

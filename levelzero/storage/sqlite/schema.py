@@ -111,8 +111,8 @@ CREATE TABLE log (
     object_key TEXT,
     entry BLOB NOT NULL,
     appended_at REAL NOT NULL,
-    PRIMARY KEY (pid, log_offset)
-) WITHOUT ROWID;
+    UNIQUE (pid, log_offset)
+);
 CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
 CREATE TABLE snapshots (
     pid INTEGER PRIMARY KEY,

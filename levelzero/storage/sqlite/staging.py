@@ -60,19 +60,21 @@ class Job:
     coalesced with the batch's) or `run` (own statements, inside a savepoint, in batch order)
     is set. Either one updates `Batch.cursors` only as its last step, after nothing can fail."""
 
-    __slots__ = ("weight", "is_append", "stage", "run", "done", "result", "error")
+    __slots__ = ("weight", "appends", "stage", "run", "done", "result", "error")
 
     def __init__(
         self,
         *,
         weight: int = 1,
-        is_append: bool = False,
+        appends: int = 0,
         stage: Callable[[Batch], Any] | None = None,
         run: Callable[[aiosqlite.Connection, Batch], Awaitable[Any]] | None = None,
     ) -> None:
         assert (stage is None) != (run is None)
         self.weight = max(1, weight)
-        self.is_append = is_append
+        # Partitions' appends in the job (its result: a refusal or None for each), for the
+        # store's statistics; 0 for other writes.
+        self.appends = appends
         self.stage = stage
         self.run = run
         self.done = Done()

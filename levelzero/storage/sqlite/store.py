@@ -38,6 +38,7 @@ releases the lock.
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import time
@@ -65,6 +66,7 @@ from levelzero.core.errors import (
     TopicExists,
 )
 from levelzero.storage.protocols import (
+    Append,
     FenceEventRow,
     GcRoundRow,
     L0ObjectRow,
@@ -551,11 +553,12 @@ class SqliteLogStore:
         self._largest_batch_records = max(self._largest_batch_records, log_records)
         for job in jobs:
             self._jobs += 1
-            if job.is_append:
-                if job.error is None:
-                    self._appends += 1
-                else:
-                    self._rejected_appends += 1
+            if job.appends:
+                refused = job.appends if job.error is not None else sum(
+                    error is not None for error in job.result
+                )
+                self._appends += job.appends - refused
+                self._rejected_appends += refused
             job.done.set()
 
     async def _flush(self, batch: Batch) -> None:
@@ -587,24 +590,33 @@ class SqliteLogStore:
 
     async def _submit(self, job: Job) -> Any:
         """Hand a job to the writer and wait until its batch committed (or failed)."""
-        if job.weight > self._group_commit_max_records:
-            raise InvalidInput(
-                f"{job.weight} records in one call exceed group_commit_max_records "
-                f"({self._group_commit_max_records})"
-            )
-        if self._failure is not None or self._closed:
-            raise self._write_refused()
-        try:
-            try:  # no checkpoint when there is room: the caller waits for `done` right after
-                self._job_send.send_nowait(job)
-            except anyio.WouldBlock:
-                await self._job_send.send(job)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            raise self._write_refused() from None
-        await job.done.wait()
-        if job.error is not None:
-            raise job.error
-        return job.result
+        return (await self._submit_all([job]))[0]
+
+    async def _submit_all(self, jobs: Sequence[Job]) -> list[Any]:
+        """Hand jobs to the writer in order, then wait until each one's batch committed (or
+        failed); their results, or the first job's error."""
+        for job in jobs:
+            if job.weight > self._group_commit_max_records:
+                raise InvalidInput(
+                    f"{job.weight} records in one call exceed group_commit_max_records "
+                    f"({self._group_commit_max_records})"
+                )
+        for job in jobs:
+            if self._failure is not None or self._closed:
+                raise self._write_refused()
+            try:
+                try:  # no checkpoint when there is room: the caller waits for `done` next
+                    self._job_send.send_nowait(job)
+                except anyio.WouldBlock:
+                    await self._job_send.send(job)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                raise self._write_refused() from None
+        for job in jobs:
+            await job.done.wait()
+        for job in jobs:
+            if job.error is not None:
+                raise job.error
+        return [job.result for job in jobs]
 
     def _check_readable(self) -> None:
         if self._closed:
@@ -673,29 +685,35 @@ class SqliteLogStore:
     # ------------------------------------------------------------------ log
 
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
+        [refused] = await self.append_many([Append(pid, expected_term, records)])
+        if refused is not None:
+            raise refused
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
         now = self._clock()
-        records = list(records)
-        first_offset = records[0].log_offset if records else None
-        check_append_records(pid, expected_term, records)
-        rows = [log_row(pid, record, now) for record in records]
-
-        def stage(batch: Batch) -> None:
-            cursor = batch.cursor(pid)
-            if expected_term != cursor.term:
-                raise NotLeader(cursor.name, expected_term, cursor.term)
-            if first_offset is None:
-                return
-            if first_offset != cursor.next_log_offset:
-                raise InvariantViolation(
-                    f"partition {cursor.name}: append at log offset {first_offset}, "
-                    f"the log continues at {cursor.next_log_offset}"
-                )
-            batch.stage(INSERT_LOG, rows)
-            batch.cursors[pid] = cursor._replace(
-                next_log_offset=cursor.next_log_offset + len(rows)
-            )
-
-        await self._submit(Job(weight=len(records), is_append=True, stage=stage))
+        parts: list[_AppendRows] = []
+        for pid, expected_term, records in appends:
+            records = list(records)
+            check_append_records(pid, expected_term, records)
+            parts.append(_AppendRows(
+                pid, expected_term, records[0].log_offset if records else None,
+                [log_row(pid, record, now) for record in records],
+            ))
+        assert len({part.pid for part in parts}) == len(parts), "append_many: a partition twice"
+        # A job per `group_commit_max_records`: more would be refused (one part alone larger
+        # than that is, as a single `append` of it is).
+        jobs: list[Job] = []
+        chunk: list[_AppendRows] = []
+        weight = 0
+        for part in parts:
+            if chunk and weight + len(part.rows) > self._group_commit_max_records:
+                jobs.append(_appends_job(chunk, weight))
+                chunk, weight = [], 0
+            chunk.append(part)
+            weight += len(part.rows)
+        if chunk:
+            jobs.append(_appends_job(chunk, weight))
+        return [refused for result in await self._submit_all(jobs) for refused in result]
 
     async def read_log(
         self, pid: int, from_log_offset: int, limit: int | None = None
@@ -941,6 +959,47 @@ class SqliteLogStore:
 
 
 # ---------------------------------------------------------------------- start-up helpers
+
+
+class _AppendRows(NamedTuple):
+    """One partition's append, encoded: its log rows and where they must go."""
+
+    pid: int
+    expected_term: int
+    first_offset: int | None  # None: an empty append (only the term is checked)
+    rows: list[tuple[Any, ...]]
+
+
+def _appends_job(parts: list[_AppendRows], weight: int) -> Job:
+    return Job(weight=weight, appends=len(parts), stage=functools.partial(_stage_appends, parts))
+
+
+def _stage_appends(parts: list[_AppendRows], batch: Batch) -> list[NotLeader | None]:
+    """Check every part against the batch's cursors, then stage the accepted ones: a part that
+    breaks the log (a bug) fails the whole job before anything of it is staged; a moved-on term
+    refuses that part alone."""
+    refused: list[NotLeader | None] = []
+    accepted: list[tuple[_AppendRows, Cursor]] = []
+    for part in parts:
+        cursor = batch.cursor(part.pid)
+        if part.expected_term != cursor.term:
+            refused.append(NotLeader(cursor.name, part.expected_term, cursor.term))
+            continue
+        refused.append(None)
+        if part.first_offset is None:
+            continue
+        if part.first_offset != cursor.next_log_offset:
+            raise InvariantViolation(
+                f"partition {cursor.name}: append at log offset {part.first_offset}, "
+                f"the log continues at {cursor.next_log_offset}"
+            )
+        accepted.append((part, cursor))
+    for part, cursor in accepted:
+        batch.stage(INSERT_LOG, part.rows)
+        batch.cursors[part.pid] = cursor._replace(
+            next_log_offset=cursor.next_log_offset + len(part.rows)
+        )
+    return refused
 
 
 async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
