@@ -36,7 +36,7 @@ from levelzero.core.errors import (
 )
 from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
-from levelzero.storage.protocols import L0ObjectRow, L1Row, L1State, LogStore, Snapshot
+from levelzero.storage.protocols import Append, L0ObjectRow, L1Row, L1State, LogStore, Snapshot
 from levelzero.storage.sqlite import SqliteLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -188,6 +188,35 @@ async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: B
         assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
         assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
 
+
+
+async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) -> None:
+    """One call for many partitions (the node's appender): each partition's records land as an
+    `append` of them would; a partition whose term moved on gets its NotLeader in the answer
+    and the others commit; a call that breaks a log raises, as `append` does."""
+    async with await backend.open() as store:
+        rows = await store.create_topic("t", 4, 1, 0.0)
+        starts = [await store.begin_term(row.pid, 0, 0) for row in rows]
+        await store.begin_term(rows[2].pid, 1, 0)  # partition 2 moves on to term 2
+        before = store.statistics()
+        refused = await store.append_many([
+            Append(row.pid, 1, [placeholder(1, 1, 0), placeholder(2, 1, 1)]) for row in rows
+        ])
+        assert [error is None for error in refused] == [True, True, False, True]
+        stale = refused[2]
+        assert isinstance(stale, NotLeader)
+        assert (stale.expected_term, stale.current_term, stale.partition) == (1, 2, "t/2")
+        after = store.statistics()
+        assert (after.appends - before.appends, after.rejected_appends - before.rejected_appends) == (3, 1)
+        for row, start in zip(rows, starts, strict=True):
+            log = await store.read_log(row.pid, 0)
+            if row is rows[2]:
+                assert [r.term for r in log] == [1, 2]
+            else:
+                assert log == [start, placeholder(1, 1, 0), placeholder(2, 1, 1)]
+        with pytest.raises(InvariantViolation, match="log offset 7"):
+            await store.append_many([Append(rows[0].pid, 1, [placeholder(7, 1, 2)])])
+        assert await store.append_many([]) == []
 
 
 async def test_a_term_start_behind_the_end_of_the_log_is_refused_as_moved_on(

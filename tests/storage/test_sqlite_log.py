@@ -42,6 +42,8 @@ from levelzero.storage.protocols import (
     StateSampleRow,
 )
 from levelzero.storage.sqlite import SCHEMA_VERSION, SqliteLogStore
+from levelzero.storage.protocols import Append
+from levelzero.storage.sqlite.schema import LOG_COLUMNS, LOG_PLACEHOLDERS_INDEX, LOG_TABLE
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -346,7 +348,7 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
         connection.execute("DROP INDEX l0_objects_live")
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
         connection.execute("PRAGMA user_version = 1")
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     for _ in range(2):  # the second open finds nothing to migrate
         async with await SqliteLogStore.open(db) as store:
             assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]
@@ -356,6 +358,61 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
             assert {"consumer_offsets", "producer_batches", "l0_objects_live"} <= names
             columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
             assert "decisions" in columns
+
+
+async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Path) -> None:
+    """Schema 3 keeps the log as a rowid table (one page written per commit's worth of entries,
+    not one per partition in it); a file of schema 2, clustered on (pid, log_offset), is
+    rebuilt at open with every entry kept, and appends go on where its log ended."""
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", 3, 1, 0.0)
+        for n in range(4):
+            for row in rows:
+                await store.append(row.pid, 0, [placeholder(n, 0, n * 10, count=10)])
+        before = {row.pid: await store.read_log(row.pid, 0) for row in rows}
+    columns = ", ".join(LOG_COLUMNS)
+    with sqlite3.connect(db) as connection:  # the layout of schema 1 and 2
+        connection.execute("ALTER TABLE log RENAME TO log_v3")
+        connection.execute("DROP INDEX log_placeholders")
+        connection.execute(
+            LOG_TABLE.replace("UNIQUE (pid, log_offset)\n)", "PRIMARY KEY (pid, log_offset)\n) WITHOUT ROWID")
+        )
+        connection.execute(f"INSERT INTO log ({columns}) SELECT {columns} FROM log_v3")
+        connection.execute("DROP TABLE log_v3")
+        connection.execute(LOG_PLACEHOLDERS_INDEX)
+        connection.execute("PRAGMA user_version = 2")
+        assert "WITHOUT ROWID" in connection.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'log'").fetchone()[0]
+    async with await SqliteLogStore.open(db) as store:
+        assert {row.pid: await store.read_log(row.pid, 0) for row in rows} == before
+        assert [r.log_offset for r in await store.read_placeholders(rows[1].pid, 25, 10)] == [2, 3]
+        await store.append(rows[0].pid, 0, [placeholder(4, 0, 40, count=10)])
+        assert [r.log_offset for r in await store.read_log(rows[0].pid, 3)] == [3, 4]
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        sql = connection.execute("SELECT sql FROM sqlite_master WHERE name = 'log'").fetchone()[0]
+        assert "WITHOUT ROWID" not in sql and "UNIQUE (pid, log_offset)" in sql
+        names = {n for (n,) in connection.execute("SELECT name FROM sqlite_master")}
+        assert "log_placeholders" in names and "log_v3" not in names
+
+
+async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Path) -> None:
+    """An appender's call may hold more records than one group commit takes: it becomes as many
+    jobs as it needs, each within `group_commit_max_records`, and every partition's records land."""
+    async with await SqliteLogStore.open(db, group_commit_max_records=8) as store:
+        rows = await store.create_topic("t", 5, 1, 0.0)
+        before = store.statistics()
+        refused = await store.append_many([
+            Append(row.pid, 0, [placeholder(i, 0, i) for i in range(3)]) for row in rows
+        ])
+        assert refused == [None] * 5
+        after = store.statistics()
+        assert after.appends - before.appends == 5 and after.records - before.records == 15
+        assert after.largest_batch_records <= 8
+        for row in rows:
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1, 2]
+        with pytest.raises(InvalidInput, match="group_commit_max_records"):
+            await store.append_many([Append(rows[0].pid, 0, [placeholder(3 + i, 0, 3 + i) for i in range(9)])])
 
 
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:

@@ -26,11 +26,12 @@ from levelzero.storage.protocols import (
 )
 
 # Version 1: the tables of the first release. Version 2: consumer offsets and idempotent
-# producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions.
+# producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions. Version 3:
+# the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -87,19 +88,14 @@ SELECT_OFFSETS = (
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"
 )
 
-ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
-
-SCHEMA = """
-CREATE TABLE partitions (
-    pid INTEGER PRIMARY KEY,
-    topic TEXT NOT NULL,
-    partition INTEGER NOT NULL,
-    creation_epoch INTEGER NOT NULL,
-    term INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    UNIQUE (topic, partition)
-);
-CREATE TABLE log (
+# The log in order of appends, and each partition's entries found through an index. Clustered on
+# (pid, log_offset) (schema 1 and 2), a commit holding one entry of each of 1,024 partitions
+# rewrote a table page per partition: 29 ms a commit where this layout takes 5.5 (issue 24).
+LOG_COLUMNS = (
+    "pid", "log_offset", "term", "base_offset", "kind", "epoch", "record_count", "byte_length",
+    "object_key", "entry", "appended_at",
+)
+LOG_TABLE = """CREATE TABLE log (
     pid INTEGER NOT NULL,
     log_offset INTEGER NOT NULL,
     term INTEGER NOT NULL,
@@ -112,8 +108,24 @@ CREATE TABLE log (
     entry BLOB NOT NULL,
     appended_at REAL NOT NULL,
     UNIQUE (pid, log_offset)
+)"""
+LOG_PLACEHOLDERS_INDEX = (
+    "CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder'"
+)
+
+ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
+
+SCHEMA = """
+CREATE TABLE partitions (
+    pid INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (topic, partition)
 );
-CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder';
+""" + LOG_TABLE + ";\n" + LOG_PLACEHOLDERS_INDEX + """;
 CREATE TABLE snapshots (
     pid INTEGER PRIMARY KEY,
     log_offset INTEGER NOT NULL,
@@ -203,6 +215,7 @@ SCHEMA_TABLES = frozenset(
 SCHEMA_TABLES_OF_VERSION = {
     1: SCHEMA_TABLES,
     2: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
+    3: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -284,7 +297,21 @@ async def _migrate_1_to_2(connection: aiosqlite.Connection) -> None:
         await connection.execute(ADD_FENCE_DECISIONS)
 
 
-MIGRATIONS = (_migrate_1_to_2,)
+async def _migrate_2_to_3(connection: aiosqlite.Connection) -> None:
+    """The log table rebuilt in order of appends (the rows copied, the old table dropped)."""
+    (rows,), = await connection.execute_fetchall("SELECT COUNT(*) FROM log")
+    log.info("rebuilding the log table", extra={"rows": rows})
+    columns = ", ".join(LOG_COLUMNS)
+    await connection.execute(LOG_TABLE.replace("CREATE TABLE log (", "CREATE TABLE log_v3 (", 1))
+    await connection.execute(
+        f"INSERT INTO log_v3 ({columns}) SELECT {columns} FROM log ORDER BY pid, log_offset"
+    )
+    await connection.execute("DROP TABLE log")  # and its index
+    await connection.execute("ALTER TABLE log_v3 RENAME TO log")
+    await connection.execute(LOG_PLACEHOLDERS_INDEX)
+
+
+MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 
