@@ -93,9 +93,16 @@ def test_cluster_seeds_that_once_found_a_bug_keep_every_invariant(seed: int) -> 
 
 
 def test_a_cluster_seed_replays_exactly() -> None:
-    first, second = run_seed(117, nodes=3), run_seed(117, nodes=3)
+    # The first seed from 117 on whose run pauses, stops or crashes a node (which seeds do
+    # moves with the code; most of them do).
+    for seed in range(117, 147):
+        first = run_seed(seed, nodes=3)
+        if first.pauses + first.graceful_stops + first.crashes > 0:
+            break
+    else:
+        raise AssertionError("no cluster seed in 117..146 paused, stopped or crashed a node")
+    second = run_seed(seed, nodes=3)
     assert first == second and first.nodes == 3
-    assert first.pauses + first.graceful_stops + first.crashes > 0
 
 
 def test_a_seed_replays_exactly_in_this_process() -> None:
