@@ -9,13 +9,13 @@ goes again in a new object; the first object becomes an orphan that the GC colle
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import anyio
 import msgspec
@@ -28,7 +28,7 @@ from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish
 from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
 from .epochs import EpochCache
-from .mailbox import Countdown, Reply, mailbox
+from .mailbox import Reply, Wakeup, mailbox
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.batcher")
@@ -60,8 +60,7 @@ class BatcherConfig:
             raise InvalidInput("uploads_max must be in 1..1024, stale_retries_max in 0..100")
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
+class ProduceResult(NamedTuple):  # one per request (a frozen dataclass cost 3x to make)
     base_offset: int
     last_offset: int
     attempts: int
@@ -330,42 +329,12 @@ class Batcher:
     async def _fence(self, uploaded: _Uploaded) -> list[_Request]:
         """Fence and append one placeholder per extent; returns the requests to retry.
 
-        Every extent's write is handed to its partition, and each reply is settled as it is
-        answered, on the answering task: its producers get their offsets then. The batcher
-        waits once, for all of them: one task per object, not one per extent (an object may
-        carry a thousand extents), woken once."""
+        Every extent's write is handed to its partition with an `_Extent` to answer, which
+        settles the extent's producers the moment it is answered (on the answering task). The
+        batcher waits once, for all of them: one task per object, not one per extent (an object
+        may carry a thousand extents), woken once."""
         key, epoch = uploaded.row.key, uploaded.row.epoch
-        retry: list[_Request] = []
-        appended = 0
-
-        def settle(header: ExtentHeader, requests: list[_Request], reply: Reply[LogRecord]) -> None:
-            nonlocal appended
-            try:
-                record = reply.result()
-            except StaleClusterEpoch as exc:
-                self.stats.stale_rejections += 1
-                self._cache.invalidate_below(exc.window_max)
-                for request in requests:
-                    if request.attempts <= self.config.stale_retries_max:
-                        retry.append(request)
-                    else:
-                        self.stats.stale_failures += 1
-                        request.reply.fail(exc)
-                return
-            except LevelZeroError as exc:
-                _fail(requests, exc)
-                return
-            appended += 1
-            self.stats.extents_appended += 1
-            self.stats.records_appended += header.record_count
-            offset = record.base_offset
-            for request in requests:
-                last = offset + len(request.records) - 1
-                request.reply.set(ProduceResult(offset, last, request.attempts, key))
-                offset = last + 1
-            assert offset == record.base_offset + header.record_count
-
-        answered = Countdown()
+        fencing = _Fencing(self, key)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._record_object, uploaded.row)
             for header in uploaded.headers:
@@ -379,22 +348,110 @@ class Batcher:
                     checksum=header.checksum,
                     producers=_spans(requests),
                 )
+                extent = _Extent(fencing, header, requests)
+                fencing.left += 1
+                actor = requests[0].actor
                 try:
-                    reply = await requests[0].actor.submit(placeholder)
+                    if not actor.post_write(placeholder, extent):
+                        await actor.send_write(placeholder, extent)
                 except LevelZeroError as exc:
-                    _fail(requests, exc)
-                    continue
-                answered.add(reply, functools.partial(settle, header, requests))
-            await answered.wait()
-        if appended == 0:
+                    extent.fail(exc)  # unless answered already (a partition failing mid-write)
+            await fencing.wait()
+        if fencing.appended == 0:
             self.stats.orphan_objects += 1
             log.info("object %s rejected by every partition: an orphan for the GC", key)
-        return retry
+        return fencing.retry
+
+
+class _Fencing:
+    """One object's extents on their way through their partitions: what is left to answer, and
+    the requests to retry in a new object (a stale epoch)."""
+
+    __slots__ = ("batcher", "key", "retry", "appended", "left", "_all_answered")
+
+    def __init__(self, batcher: Batcher, key: str) -> None:
+        self.batcher = batcher
+        self.key = key
+        self.retry: list[_Request] = []
+        self.appended = 0
+        self.left = 0
+        self._all_answered = Wakeup()
+
+    def answered(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self._all_answered.set()
+
+    async def wait(self) -> None:
+        """Until every extent handed over is answered (at once if they are). The count may
+        have touched zero between two extents (one answered at once): that raise is stale, so
+        it is cleared and the count decides."""
+        self._all_answered.clear()
+        while self.left:
+            await self._all_answered.wait()
+            self._all_answered.clear()
+
+
+class _Extent:
+    """The answer to one extent's placeholder write (`PartitionActor.post_write`): settles the
+    extent's producers with their offsets, or fails them, or keeps them for a retry. Answered
+    once; a second answer (the partition failing after the batcher gave up on it) is ignored."""
+
+    __slots__ = ("fencing", "header", "requests", "done")
+
+    def __init__(self, fencing: _Fencing, header: ExtentHeader, requests: list[_Request]) -> None:
+        self.fencing = fencing
+        self.header = header
+        self.requests = requests
+        self.done = False
+
+    def set(self, record: LogRecord) -> None:
+        if self.done:
+            return
+        self.done = True
+        fencing = self.fencing
+        try:
+            stats = fencing.batcher.stats
+            fencing.appended += 1
+            stats.extents_appended += 1
+            stats.records_appended += self.header.record_count
+            offset = record.base_offset
+            key = fencing.key
+            for request in self.requests:
+                last = offset + len(request.records) - 1
+                request.reply.set(ProduceResult(offset, last, request.attempts, key))
+                offset = last + 1
+            assert offset == record.base_offset + self.header.record_count
+        finally:
+            fencing.answered()
+
+    def fail(self, error: BaseException) -> None:
+        if self.done:
+            return
+        self.done = True
+        fencing = self.fencing
+        try:
+            if isinstance(error, StaleClusterEpoch):
+                batcher = fencing.batcher
+                batcher.stats.stale_rejections += 1
+                batcher._cache.invalidate_below(error.window_max)
+                for request in self.requests:
+                    if request.attempts <= batcher.config.stale_retries_max:
+                        fencing.retry.append(request)
+                    else:
+                        batcher.stats.stale_failures += 1
+                        request.reply.fail(error)
+            else:
+                _fail(self.requests, error)
+        finally:
+            fencing.answered()
 
 
 def _spans(requests: list[_Request]) -> tuple[ProducerSpan, ...]:
     """The requests' producer spans, `first_record` made relative to the extent (the requests'
     records follow one another in it)."""
+    if len(requests) == 1:
+        return requests[0].producers  # relative to the one request's records already
     spans: list[ProducerSpan] = []
     first = 0
     for request in requests:

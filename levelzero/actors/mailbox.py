@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -39,18 +38,17 @@ def _wake(waiter: asyncio.Future[None] | None) -> None:
 class Reply(Generic[T]):
     """A one-shot answer from an actor to the task that asked. The actor never waits on it.
 
-    `wait()` on an answered reply returns without a turn of the event loop: the batcher hands a
-    write to every partition of an object and then collects the replies, most of them answered
-    by then. Each waiter has its own future, so one waiter's cancellation is its own."""
+    `wait()` on an answered reply returns without a turn of the event loop (a write is often
+    answered on its sender's task, before the sender waits). Each waiter has its own future, so
+    one waiter's cancellation is its own."""
 
-    __slots__ = ("_waiters", "_answered", "_value", "_error", "_then")
+    __slots__ = ("_waiters", "_answered", "_value", "_error")
 
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future[None]] | None = None
         self._answered = False
         self._value: T | None = None
         self._error: BaseException | None = None
-        self._then: Callable[[Reply[T]], None] | None = None
 
     @property
     def done(self) -> bool:
@@ -72,25 +70,6 @@ class Reply(Generic[T]):
             for waiter in self._waiters:
                 _wake(waiter)
             self._waiters = None
-        if self._then is not None:
-            then, self._then = self._then, None
-            then(self)
-
-    def then(self, callback: Callable[[Reply[T]], None]) -> None:
-        """Call `callback(reply)` when answered (now, if it is), on the answering task, before
-        anybody waiting runs: one callback per reply. It must not raise."""
-        assert self._then is None, "a reply has one callback"
-        if self._answered:
-            callback(self)
-        else:
-            self._then = callback
-
-    def result(self) -> T:
-        """The answer of an answered reply (its error raised), without waiting."""
-        assert self._answered, "reply not answered yet"
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
 
     async def wait(self) -> T:
         if not self._answered:
@@ -108,41 +87,6 @@ class Reply(Generic[T]):
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[return-value]
-
-
-class Countdown:
-    """One wait for many replies: the batcher hands an object's extents to their partitions,
-    settles each reply in a callback as it is answered (its producers answered at once), and
-    waits once until all are (a wait per reply woke the batcher again for each)."""
-
-    __slots__ = ("_left", "_all_answered")
-
-    def __init__(self) -> None:
-        self._left = 0
-        self._all_answered = Wakeup()
-
-    def add(self, reply: Reply[T], settle: Callable[[Reply[T]], None]) -> None:
-        """`settle(reply)` once it is answered; counted until then."""
-        self._left += 1
-
-        def answered(r: Reply[T]) -> None:
-            try:
-                settle(r)
-            finally:
-                self._left -= 1
-                if self._left == 0:
-                    self._all_answered.set()
-
-        reply.then(answered)
-
-    async def wait(self) -> None:
-        """Until every reply added is answered and settled (at once if they are); one waiter.
-        The count may have reached zero between two `add`s (a reply answered at once, or before
-        the next was added): that raise is stale, so it is cleared and the count decides."""
-        self._all_answered.clear()
-        while self._left:
-            await self._all_answered.wait()
-            self._all_answered.clear()
 
 
 class Flag:

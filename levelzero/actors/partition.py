@@ -27,6 +27,7 @@ import time
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anyio
 
@@ -76,13 +77,25 @@ FENCE_EVENTS_FLUSH_AT = 1_000  # this many buffered rows are flushed at once (el
 _FenceKey = tuple[int, int, str, tuple[int, int] | None]  # term, epoch, outcome, window
 
 
+class Answer(Protocol):
+    """What a write is answered through: a `Reply`, or a caller's own token (`post_write`).
+    Answered once: `set` or `fail`, then `done`."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def set(self, value: Any) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+
 @dataclass(slots=True)
 class _Write:
     """Fence `entry`'s epoch, then append it. `entry=None` is a fence probe (benchmarks)."""
 
     epoch: int
     entry: Placeholder | AdvanceEpoch | None
-    reply: Reply
+    reply: Answer
 
 
 @dataclass(slots=True)
@@ -220,6 +233,16 @@ class PartitionActor:
         if not self._post(msg):
             await self._send(msg)
         return reply
+
+    def post_write(self, entry: Placeholder | AdvanceEpoch, answer: Answer) -> bool:
+        """`submit` without a coroutine or a `Reply`: `answer.set(record)` or `answer.fail(error)`
+        is called once the write is durable or refused (maybe at once). False if the mailbox is
+        full: then `send_write`. (The batcher's path: an object may carry a thousand extents.)"""
+        return self._post(_Write(entry.epoch, entry, answer))
+
+    async def send_write(self, entry: Placeholder | AdvanceEpoch, answer: Answer) -> None:
+        """`post_write`, waiting for room in the mailbox."""
+        await self._send(_Write(entry.epoch, entry, answer))
 
     async def fence_probe(self, epoch: int) -> None:
         """Fence an epoch and release at once: the fence's cost alone (benchmarks)."""

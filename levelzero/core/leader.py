@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 from .entries import (
     AbandonUnreconciled,
@@ -242,15 +242,15 @@ def l1_collect_reason(
 # ---------------------------------------------------------------- fence dispatch
 
 
-@dataclass(frozen=True, slots=True)
-class Admit(Generic[T]):
+# Named tuples: one of these per write (a frozen dataclass's `__init__` cost three times as
+# much, through `object.__setattr__` per field).
+class Admit(NamedTuple, Generic[T]):
     token: T
     epoch: int
     admitted: Admitted
 
 
-@dataclass(frozen=True, slots=True)
-class Refuse(Generic[T]):
+class Refuse(NamedTuple, Generic[T]):
     token: T
     epoch: int
     error: StaleClusterEpoch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from levelzero.actors.mailbox import Countdown, Mailbox, Reply, Wakeup
+from levelzero.actors.mailbox import Mailbox, Reply, Wakeup
 
 
 async def _other_ran(ran: list[str]) -> None:
@@ -208,45 +208,3 @@ async def test_wakeup_is_level_triggered() -> None:
     assert scope.cancelled_caught
     wakeup.set()
     await wakeup.wait()
-
-
-async def test_a_countdown_waits_for_every_reply_even_when_the_first_was_answered_at_once() -> None:
-    """The count reaches zero between two adds when a reply is answered before the next is
-    added; the wait must still last until the later replies are answered and settled (the
-    batcher once went on with a reply unanswered, and a stale retry it settled later was lost:
-    simulation seed 187)."""
-    settled: list[int] = []
-    countdown = Countdown()
-    first, second, third = Reply[int](), Reply[int](), Reply[int]()
-    first.set(1)
-    countdown.add(first, lambda r: settled.append(r.result()))  # answered already: settled now
-    countdown.add(second, lambda r: settled.append(r.result()))
-    second.set(2)  # the count is back at zero before the third is added
-    countdown.add(third, lambda r: settled.append(r.result()))
-    done = False
-
-    async def waiter() -> None:
-        nonlocal done
-        await countdown.wait()
-        done = True
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(waiter)
-        for _ in range(5):
-            await anyio.lowlevel.checkpoint()
-        assert not done and settled == [1, 2]
-        third.set(3)
-        for _ in range(5):
-            await anyio.lowlevel.checkpoint()
-        assert done and settled == [1, 2, 3]
-
-
-async def test_a_countdown_with_every_reply_answered_does_not_wait() -> None:
-    countdown = Countdown()
-    reply = Reply[int]()
-    reply.set(7)
-    seen: list[int] = []
-    countdown.add(reply, lambda r: seen.append(r.result()))
-    with anyio.fail_after(1):
-        await countdown.wait()
-    assert seen == [7]

@@ -996,8 +996,8 @@ def _stage_appends(parts: list[_AppendRows], batch: Batch) -> list[NotLeader | N
         accepted.append((part, cursor))
     for part, cursor in accepted:
         batch.stage(INSERT_LOG, part.rows)
-        batch.cursors[part.pid] = cursor._replace(
-            next_log_offset=cursor.next_log_offset + len(part.rows)
+        batch.cursors[part.pid] = Cursor(  # (`_replace` cost twice as much)
+            cursor.name, cursor.term, cursor.next_log_offset + len(part.rows)
         )
     return refused
 
