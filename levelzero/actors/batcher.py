@@ -10,6 +10,7 @@ goes again in a new object; the first object becomes an orphan that the GC colle
 from __future__ import annotations
 
 import logging
+import operator
 import time
 import random
 from collections import deque
@@ -32,6 +33,8 @@ from .mailbox import Reply, Wakeup, mailbox
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.batcher")
+_value_of = operator.attrgetter("value")
+_key_of = operator.attrgetter("key")
 
 # Uploaded objects whose extents are being fenced and appended at once. Fencing does not hold an
 # upload slot (`uploads_max`): the next object uploads while this one's placeholders commit.
@@ -184,7 +187,11 @@ class Batcher:
             raise InvalidInput("a produce request needs at least one record")
         for span in producers:
             assert 0 <= span.first_record and span.first_record + span.record_count <= len(records), span
-        size = sum(len(r.value) + len(r.key or b"") + 8 for r in records)
+        # (`map` over C attribute getters: a generator per request was 2% of the loop)
+        size = 8 * len(records) + sum(map(len, map(_value_of, records)))
+        keys = [key for key in map(_key_of, records) if key]
+        if keys:
+            size += sum(map(len, keys))
         if size > self.config.batch_bytes_max:
             raise InvalidInput(
                 f"request of {size} bytes exceeds batch_bytes_max {self.config.batch_bytes_max}"
