@@ -328,7 +328,7 @@ class ReaderPins:
         if state_mp is None:
             assert self._published is None, "M(p) cannot go back to unknown"
             return None
-        value = min([state_mp, *self._pins.values()])
+        value = min(state_mp, *self._pins.values()) if self._pins else state_mp
         if self._published is not None and value < self._published:
             raise InvariantViolation(f"published M(p) fell from {self._published} to {value}")
         self._published = value
