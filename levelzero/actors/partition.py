@@ -1,4 +1,4 @@
-"""One actor per partition: owns its state machine, its fence and its log appender.
+"""One actor per partition: owns its state machine, its fence and the order of its log.
 
 Messages are handled one at a time and a handler never awaits, so every decision of the fence
 and every state transition is atomic. From ready on, a message is handled on its sender's task
@@ -178,7 +178,7 @@ class PartitionActor:
         # handler at a time, and a message that finds others queued waits behind them, so they
         # are handled in the order sent either way. A placeholder used to cost two task
         # wake-ups (its write, then its `_Durable`) and, in an idle partition, the start of an
-        # appender task; now it costs the one wake-up of the actor's task that appends it.
+        # appender task; now it wakes no task of the partition (the node's appender appends it).
         self._inline = False
         self._crash: BaseException | None = None
         self.state = PartitionState(row.creation_epoch)
@@ -443,7 +443,7 @@ class PartitionActor:
                 self._inline = False
                 self._refuse_unreceived(self._mailbox.close())
             if self._stopping is not None:
-                events = self.take_fence_events()  # noted since the last append round
+                events = self.take_fence_events()  # noted since the appender last took them
                 if events:
                     await self._store.record_fence_events(events)
         finally:

@@ -178,6 +178,15 @@ def batcher_metrics(node: Node) -> Iterable[Metric]:
     for field, doc in counters.items():
         yield _counter(f"levelzero_batcher_{field}", doc, getattr(stats, field))
     yield _gauge("levelzero_batcher_inflight_bytes", "Produce bytes in flight.", stats.inflight_bytes)
+    yield _counter(
+        "levelzero_appender_calls", "Log-store append calls of the node's appender.",
+        node.appender.calls,
+    )
+    yield _counter(
+        "levelzero_appender_batches",
+        "Partitions' batches appended (a call carries every partition that had records).",
+        node.appender.batches,
+    )
     yield _counter("levelzero_reader_l0_reads", "Fetches served from L0.", node.reader.l0_reads)
     yield _counter("levelzero_reader_l1_reads", "Fetches served from L1.", node.reader.l1_reads)
 

@@ -13,6 +13,12 @@ from levelzero.storage.protocols import L1State
 TOPIC_PARTITIONS_MAX = 10_000
 
 
+def check_call_records(records: int, bound: int) -> None:
+    """One write call holds at most a group commit's records (`group_commit_max_records`)."""
+    if records > bound:
+        raise InvalidInput(f"{records} records in one call exceed group_commit_max_records ({bound})")
+
+
 def check_create_topic(topic: str, partitions: int, creation_epoch: int) -> None:
     if not isinstance(topic, str) or not topic:
         raise InvalidInput(f"topic must be a non-empty string, not {topic!r}")

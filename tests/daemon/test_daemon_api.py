@@ -89,6 +89,10 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
         assert "levelzero_produce_latency_seconds_count 2.0" in text
         assert "levelzero_batcher_object_size_bytes_count 2.0" in text
         assert "levelzero_fence_window_slides_total" in text
+        metric = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith("levelzero_appender_")}
+        # two produces and the epoch's AdvanceEpoch entries: each a batch, some calls carry many
+        assert 2 <= metric["levelzero_appender_calls_total"] <= metric["levelzero_appender_batches_total"]
         assert 'levelzero_partition_high_watermark{partition="1",topic="t"} 4.0' in text
         assert 'levelzero_http_requests_total{code="200",route="/v1/status"}' in text
         # The object sizes were drained into the histogram: a second scrape does not double them.

@@ -51,6 +51,7 @@ from levelzero.core.errors import (
 )
 from levelzero.storage.log_rules import (
     check_append_records,
+    check_call_records,
     check_cluster_epoch,
     check_create_topic,
     check_l1_state,
@@ -672,11 +673,7 @@ class PostgresLogStore:
     async def _send_all(self, jobs: Sequence[_Job]) -> None:
         """Hand jobs to the writers in order (the caller then waits for each one's `done`)."""
         for job in jobs:
-            if job.weight > self._group_commit_max_records:
-                raise InvalidInput(
-                    f"{job.weight} records in one call exceed group_commit_max_records "
-                    f"({self._group_commit_max_records})"
-                )
+            check_call_records(job.weight, self._group_commit_max_records)
         for job in jobs:
             if self._closed:
                 raise self._write_refused()

@@ -82,6 +82,7 @@ from levelzero.storage.sqlite import writer_process
 
 from levelzero.storage.log_rules import (
     check_append_records,
+    check_call_records,
     check_cluster_epoch,
     check_create_topic,
     check_l1_state,
@@ -596,11 +597,7 @@ class SqliteLogStore:
         """Hand jobs to the writer in order, then wait until each one's batch committed (or
         failed); their results, or the first job's error."""
         for job in jobs:
-            if job.weight > self._group_commit_max_records:
-                raise InvalidInput(
-                    f"{job.weight} records in one call exceed group_commit_max_records "
-                    f"({self._group_commit_max_records})"
-                )
+            check_call_records(job.weight, self._group_commit_max_records)
         for job in jobs:
             if self._failure is not None or self._closed:
                 raise self._write_refused()
