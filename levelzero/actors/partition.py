@@ -189,7 +189,8 @@ class PartitionActor:
         self._appends: AppendQueue[Reply] = AppendQueue(self.state)
         self._to_append: list[LogRecord] = []
         self._own_appender = appender is None
-        self._appender = Appender(log_store) if appender is None else appender
+        # (Its own: one call at a time is all one partition can use.)
+        self._appender = Appender(log_store, calls_max=1) if appender is None else appender
         self._append_asked = False  # waiting in the appender's queue
         self._appending = False  # a batch on its way: the next waits until it is back
         self._closed = False  # the actor ended: what the appender brings back is dropped
