@@ -4,6 +4,7 @@ restart under load."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import urllib.parse
 from pathlib import Path
@@ -13,7 +14,8 @@ import asyncpg
 import pytest
 
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
-from levelzero.storage.postgres.schema import SCHEMA_VERSION
+from levelzero.storage.postgres import store as store_module
+from levelzero.storage.postgres.schema import SCHEMA_VERSION, SEQ_LOCK_KEY
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
 from levelzero.storage.protocols import OffsetRow
 from levelzero.storage.postgres.throwaway import ServerUnavailable, start_throwaway
@@ -69,6 +71,35 @@ async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres
         with pytest.raises(LogMovedOn, match="continues at 3"):
             await old.begin_term(p.pid, 2, 1)  # a stale leader cannot start a term at a taken offset
         assert [r.term for r in await new.read_log(p.pid, 0)] == [1, 1, 2]
+
+
+async def test_a_paused_nodes_open_transaction_stops_blocking_the_others_writes(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A node stopped between a batch's statements and its COMMIT holds the partition's row
+    lock and the sequence lock; the server ends its session after the idle-in-transaction
+    timeout, so another node's writes go through instead of waiting until it wakes."""
+    monkeypatch.setattr(store_module, "IDLE_IN_TRANSACTION_TIMEOUT_S", 1.0)
+    async with await PostgresLogStore.open(postgres_dsn) as paused, \
+            await PostgresLogStore.open(postgres_dsn) as other:
+        (p,) = await paused.create_topic("t", 1, 1, 0.0)
+        connection = await paused._pool.acquire()
+        try:
+            transaction = connection.transaction()
+            await transaction.start()
+            await connection.execute("SELECT term FROM partitions WHERE pid = $1 FOR UPDATE", p.pid)
+            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
+            # ... and the node stops here.
+            with anyio.fail_after(20):
+                await other.append(p.pid, 0, [placeholder(0, 0, 0)])
+            assert [r.log_offset for r in await other.read_log(p.pid, 0)] == [0]
+            with pytest.raises(Exception):  # noqa: B017 (whichever the driver raises)
+                await connection.execute("SELECT 1")  # when it wakes: its session is gone
+        finally:  # the dead connection goes (the pool may have taken it back already)
+            with contextlib.suppress(Exception):
+                connection.terminate()
+            with contextlib.suppress(Exception):
+                await paused._pool.release(connection)
 
 
 async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:

@@ -82,6 +82,13 @@ WRITERS = 2  # batches on their way at once (one pooled connection each)
 POOL_MAX = 8  # connections: writers + readers
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 60.0
+# The server ends a session left idle inside a transaction this long: a node stopped (SIGSTOP,
+# a VM paused) between a batch's statements and its COMMIT would otherwise hold its row and
+# advisory locks until it woke, and every other node's write batches would wait behind them
+# (the three-daemon test's paused node did: both others timed out after 60 s and stopped). Its
+# transaction is rolled back, so nothing of it was acknowledged; it fails when the node wakes.
+# A healthy node never idles in a transaction longer than a stall of its event loop.
+IDLE_IN_TRANSACTION_TIMEOUT_S = 5.0
 SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
 RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
 RETRY_DELAY_MIN_S = 0.05
@@ -316,6 +323,10 @@ class PostgresLogStore:
             pool = await asyncpg.create_pool(
                 dsn, password=password, min_size=1, max_size=pool_max,
                 timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S,
+                server_settings={
+                    "idle_in_transaction_session_timeout":
+                        str(int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)),
+                },
             )
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
             raise StoreRefused(f"{where}: authentication failed: {error}") from None
