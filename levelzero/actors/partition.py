@@ -186,7 +186,7 @@ class PartitionActor:
         self.pins = ReaderPins()
         self.term = 0
         # Reserved log offsets, applied in log order once durable (core.leader.AppendQueue).
-        self._appends: AppendQueue[Reply] = AppendQueue(self.state)
+        self._appends: AppendQueue[Answer] = AppendQueue(self.state)
         self._to_append: list[LogRecord] = []
         self._own_appender = appender is None
         # (Its own: one call at a time is all one partition can use.)
@@ -352,8 +352,8 @@ class PartitionActor:
             self._crash = exc
             self._wakeup.set()
             raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
-        if self._stopping is not None and not self._appends:
-            self._wakeup.set()  # nothing left to append: the actor's task ends
+        if self._finished():
+            self._wakeup.set()  # the actor's task ends
 
     def _handle_queued(self) -> None:
         """Handle what queued in the mailbox (sent during the replay, or while it was full),
@@ -566,8 +566,8 @@ class PartitionActor:
             self._on_durable(upto)
         if self._to_append:
             self._kick()
-        if self._stopping is not None and not self._appends:
-            self._wakeup.set()  # nothing left to append: the actor's task ends
+        if self._finished():
+            self._wakeup.set()  # the actor's task ends
 
     def _on_durable(self, upto: int) -> None:
         for done in self._appends.durable(upto, self.state, self.fence):
@@ -639,6 +639,11 @@ class PartitionActor:
             self._truncate_below = keep_from
         self._wakeup.set()  # the actor's task saves it
 
+    def _finished(self) -> bool:
+        """Stopping, with nothing left to append (nothing reserved, nothing on its way): the
+        actor's task ends."""
+        return self._stopping is not None and not self._appends
+
     def _kick(self) -> None:
         """There is something to append: ask the appender (once, and not while a batch is on
         its way: `appended` asks again)."""
@@ -654,7 +659,7 @@ class PartitionActor:
             self._handle_queued()
             if self._crash is not None:
                 raise self._crash
-            if self._stopping is not None and not self._appends:
+            if self._finished():
                 return
             if not self._wakeup.is_set():
                 await self._wakeup.wait()

@@ -229,8 +229,7 @@ def insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT")
 
 
 INSERT_LOG = (
-    "INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,"
-    " byte_length, object_key, entry, appended_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO log ({', '.join(LOG_COLUMNS)}) VALUES ({', '.join('?' * len(LOG_COLUMNS))})"
 )
 UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
 INSERT_L1 = insert_sql("l1_objects", L1Row)

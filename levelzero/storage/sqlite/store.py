@@ -955,7 +955,7 @@ class SqliteLogStore:
 
 
 
-# ---------------------------------------------------------------------- start-up helpers
+# ---------------------------------------------------------------------- appends' staging
 
 
 class _AppendRows(NamedTuple):
@@ -997,6 +997,9 @@ def _stage_appends(parts: list[_AppendRows], batch: Batch) -> list[NotLeader | N
             cursor.name, cursor.term, cursor.next_log_offset + len(part.rows)
         )
     return refused
+
+
+# ---------------------------------------------------------------------- start-up helpers
 
 
 async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
