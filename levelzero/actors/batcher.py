@@ -16,7 +16,6 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import anyio
 import msgspec
@@ -63,15 +62,17 @@ class BatcherConfig:
             raise InvalidInput("uploads_max must be in 1..1024, stale_retries_max in 0..100")
 
 
-class ProduceResult(NamedTuple):  # one per request (a frozen dataclass cost 3x to make)
+class ProduceResult(msgspec.Struct, frozen=True):
+    """One per request: a msgspec struct is made in C (a named tuple cost 8 times as much, a
+    frozen dataclass more still)."""
+
     base_offset: int
     last_offset: int
     attempts: int
     object_key: str
 
 
-@dataclass(slots=True)
-class _Request:
+class _Request(msgspec.Struct):  # one per request
     actor: PartitionActor
     records: list[Record]
     size: int
@@ -399,18 +400,16 @@ class _Fencing:
             self._all_answered.clear()
 
 
-class _Extent:
+class _Extent(msgspec.Struct):
     """The answer to one extent's placeholder write (`PartitionActor.post_write`): settles the
     extent's producers with their offsets, or fails them, or keeps them for a retry. Answered
-    once; a second answer (the partition failing after the batcher gave up on it) is ignored."""
+    once; a second answer (the partition failing after the batcher gave up on it) is ignored.
+    (One per extent: a msgspec struct is made in C.)"""
 
-    __slots__ = ("fencing", "header", "requests", "done")
-
-    def __init__(self, fencing: _Fencing, header: ExtentHeader, requests: list[_Request]) -> None:
-        self.fencing = fencing
-        self.header = header
-        self.requests = requests
-        self.done = False
+    fencing: _Fencing
+    header: ExtentHeader
+    requests: list[_Request]
+    done: bool = False
 
     def set(self, record: LogRecord) -> None:
         if self.done:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import anyio
+import msgspec
 
 from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import (
@@ -89,9 +90,9 @@ class Answer(Protocol):
     def fail(self, error: BaseException) -> None: ...
 
 
-@dataclass(slots=True)
-class _Write:
-    """Fence `entry`'s epoch, then append it. `entry=None` is a fence probe (benchmarks)."""
+class _Write(msgspec.Struct):
+    """Fence `entry`'s epoch, then append it. `entry=None` is a fence probe (benchmarks).
+    (One per placeholder: a msgspec struct is made in C.)"""
 
     epoch: int
     entry: Placeholder | AdvanceEpoch | None
@@ -141,7 +142,7 @@ class PartitionActor:
         "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
         "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
         "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_fence_tallies", "_inline", "_crash",
+        "_fence_tallies", "_inline", "_crash", "_touched_in",
     )
 
     def __init__(
@@ -206,6 +207,7 @@ class PartitionActor:
         self._last_snapshot_offset = -1
         self._mp_changed_at = -math.inf
         self._published_mp: int | None = None
+        self._touched_in = -1  # the activity board's round this partition was last noted in
         # Fence decisions since the last flush, one tally per (term, epoch, outcome, window):
         # [when the first was made, how many]. A row per decision was a second SQLite row per
         # placeholder; a row per tally counts them (FenceEventRow.decisions). Past
@@ -239,7 +241,11 @@ class PartitionActor:
         """`submit` without a coroutine or a `Reply`: `answer.set(record)` or `answer.fail(error)`
         is called once the write is durable or refused (maybe at once). False if the mailbox is
         full: then `send_write`. (The batcher's path: an object may carry a thousand extents.)"""
-        return self._post(_Write(entry.epoch, entry, answer))
+        msg = _Write(entry.epoch, entry, answer)
+        if self._inline and not self._mailbox:
+            self._deliver(self._on_write, msg)  # a write: no need to match the message
+            return True
+        return self._post(msg)
 
     async def send_write(self, entry: Placeholder | AdvanceEpoch, answer: Answer) -> None:
         """`post_write`, waiting for room in the mailbox."""
@@ -319,7 +325,7 @@ class PartitionActor:
         else queued if the mailbox has room (no coroutine, no turn of the loop); False when it
         is full (then `_send` waits)."""
         if self._inline and not self._mailbox:
-            self._deliver(msg)
+            self._deliver(self._handle, msg)
             return True
         try:
             self._mailbox.send_nowait(msg)
@@ -339,14 +345,14 @@ class PartitionActor:
             raise ShuttingDown(f"partition {self.name} is stopped") from None
         self._wakeup.set()
 
-    def _deliver(self, msg: object) -> None:
+    def _deliver(self, handler: Callable[[Any], None], msg: object) -> None:
         """Handle `msg` on the sender's task (see `_inline`). If that ends the actor (a stop
         with nothing left to append) or raises (an invariant broken, a log store failing), the
         actor's own task is woken to finish, and raises what was raised: the node's task group
         crashes as when the actor's task handled the message itself; the sender is told the
         partition stopped."""
         try:
-            self._handle(msg)
+            handler(msg)
         except BaseException as exc:
             self._inline = False  # what is sent after this queues, and is refused at the end
             self._crash = exc
@@ -488,9 +494,8 @@ class PartitionActor:
         return None
 
     def _on_write(self, msg: _Write) -> None:
-        refusal = self._refusal()
-        if refusal is not None:
-            msg.reply.fail(refusal)
+        if self._deposed is not None or self._stopping is not None:
+            msg.reply.fail(self._refusal())  # type: ignore[arg-type]
             return
         self._carry_out(
             self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window)
@@ -498,18 +503,21 @@ class PartitionActor:
 
     def _maybe_slide(self) -> None:
         """Read units were released: the updater slides if the old window is drained."""
-        self._carry_out(self._dispatch.slide_if_drained(self.term, self.state.applied_window))
+        if self._dispatch.sliding:
+            self._carry_out(self._dispatch.slide_if_drained(self.term, self.state.applied_window))
 
     def _carry_out(self, outcomes: list[Outcome[_Write]]) -> None:
         for outcome in outcomes:
-            match outcome:
-                case Admit(token=msg, admitted=admitted):
-                    if admitted.new_epoch:
-                        log.debug("partition %s window slid to %s", self.name, admitted.window)
-                    self._admit(msg, admitted)
-                case Refuse(token=msg, error=error):
-                    self._note_fence(msg.epoch, "rejected", (error.window_min, error.window_max))
-                    msg.reply.fail(error)
+            if type(outcome) is Admit:
+                admitted = outcome.admitted
+                if admitted.new_epoch:
+                    log.debug("partition %s window slid to %s", self.name, admitted.window)
+                self._admit(outcome.token, admitted)
+            else:
+                assert type(outcome) is Refuse, outcome
+                error = outcome.error
+                self._note_fence(outcome.epoch, "rejected", (error.window_min, error.window_max))
+                outcome.token.reply.fail(error)
 
     def _admit(self, msg: _Write, admitted: Admitted) -> None:
         self._note_fence(
@@ -535,10 +543,13 @@ class PartitionActor:
             return
         self._reserve(msg.entry, msg.reply, holds_read_unit=False)
 
-    def _reserve(self, entry: Entry, reply: Reply, holds_read_unit: bool) -> None:
-        record = self._appends.reserve(self.term, entry, reply, holds_read_unit=holds_read_unit)
-        self._to_append.append(record)
-        self._kick()
+    def _reserve(self, entry: Entry, reply: Answer, holds_read_unit: bool) -> None:
+        self._to_append.append(
+            self._appends.reserve(self.term, entry, reply, holds_read_unit=holds_read_unit)
+        )
+        if not self._append_asked and not self._appending:  # `_kick`, inline (per write)
+            self._append_asked = True
+            self._appender.request(self)
 
     # ------------------------------------------------------------------ the appender's side
 
@@ -598,14 +609,17 @@ class PartitionActor:
     # ------------------------------------------------------------------ effects
 
     def _publish(self) -> None:
-        state_mp = self.state.mp
-        published = self.pins.published(state_mp)
-        if published != self._published_mp:
+        published = self.pins.published(self.state.mp)
+        if published != self._published_mp:  # (the board holds what was published before)
             self._published_mp = published
             self._mp_changed_at = self._clock()
-        self._board.publish(self.name, published)
-        if self._activity is not None:
-            self._activity.touch(self.name)  # periodic tasks look at moved partitions only
+            self._board.publish(self.name, published)
+        activity = self._activity
+        if activity is not None and self._touched_in != activity.round:
+            # Periodic tasks look at moved partitions only; once noted, a partition is noted
+            # again only after a task took the names (`ActivityBoard.round`).
+            self._touched_in = activity.round
+            activity.touch(self.name)
 
     def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
         if not self._record_fence_events:

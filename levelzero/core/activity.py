@@ -19,6 +19,9 @@ class ActivityBoard:
         assert len(set(consumers)) == len(consumers), consumers
         self._touched: dict[str, set[str]] = {consumer: set() for consumer in consumers}
         self._sets = tuple(self._touched.values())
+        # Raised by every `take`: a name touched in this round is in every set already, so a
+        # partition that moves often notes itself once a round (it keeps the round it did).
+        self.round = 0
 
     def touch(self, name: str) -> None:
         """`name`'s state moved: every consumer sees it at its next look."""
@@ -30,6 +33,7 @@ class ActivityBoard:
         taken = self._touched[consumer]
         self._touched[consumer] = set()
         self._sets = tuple(self._touched.values())
+        self.round += 1
         return taken
 
     def pending(self, consumer: str) -> int:
