@@ -297,7 +297,7 @@ class Batcher:
         # the buffer that becomes the object.
         encoded = EncodedExtents(
             [
-                (pid, [r for req in reqs for r in req.records])
+                (pid, reqs[0].records if len(reqs) == 1 else [r for req in reqs for r in req.records])
                 for pid, reqs in by_partition.items()
             ]
         )

@@ -116,15 +116,20 @@ class EncodedExtents:
         self.buffer = bytearray(self.room)
         self.shapes: list[tuple[int, int, int]] = []  # (pid, byte length, record count)
         self.sums: list[int] = []
-        view_start = self.room  # where the next extent starts
-        for pid, records in extents:
+        buffer = self.buffer
+        ends: list[int] = []
+        for _, records in extents:
             assert records, "an extent holds at least one record"
-            _records_encoder.encode_into(records, self.buffer, view_start)
-            end = len(self.buffer)
-            with memoryview(self.buffer) as view:
-                self.sums.append(zlib.crc32(view[view_start:end]) & 0xFFFFFFFF)
-            self.shapes.append((pid, end - view_start, len(records)))
-            view_start = end
+            _records_encoder.encode_into(records, buffer, -1)  # appended
+            ends.append(len(buffer))
+        # Checksums once the buffer stopped growing: one view for all extents (a view per
+        # extent was a third of the encoding's cost at a thousand small extents).
+        start = self.room
+        with memoryview(buffer) as view:
+            for (pid, records), end in zip(extents, ends):
+                self.sums.append(zlib.crc32(view[start:end]) & 0xFFFFFFFF)
+                self.shapes.append((pid, end - start, len(records)))
+                start = end
 
 
 def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[ExtentHeader]]:

@@ -131,9 +131,9 @@ class SimLogStore(MemoryLogStore):
     async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
         # (`append` is `append_many` of one.)
         refused = await super().append_many(appends)
-        for (pid, _, records), error in zip(appends, refused, strict=True):
+        for append, error in zip(appends, refused, strict=True):
             if error is None:
-                self._durable(pid, list(records))
+                self._durable(append.pid, list(append.records))
         return refused
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:

@@ -121,7 +121,8 @@ class MemoryLogStore:
             raise StorageError("injected append failure")
         assert len({append.pid for append in appends}) == len(appends), "a partition twice"
         refused: list[NotLeader | None] = []
-        for pid, expected_term, records in appends:
+        for append in appends:
+            pid, expected_term, records = append.pid, append.expected_term, append.records
             try:
                 self._check_term(self.partitions[pid], expected_term)
             except NotLeader as error:
@@ -130,9 +131,9 @@ class MemoryLogStore:
             refused.append(None)
             assert all(r.term == expected_term for r in records)
             self._check_contiguous(pid, records)
-        for (pid, _, records), error in zip(appends, refused, strict=True):
+        for append, error in zip(appends, refused, strict=True):
             if error is None:
-                self.logs[pid].extend(records)
+                self.logs[append.pid].extend(append.records)
                 self.appends += 1
         return refused
 

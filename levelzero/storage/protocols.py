@@ -13,7 +13,7 @@ Two stores:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -94,8 +94,9 @@ class PartitionRow(msgspec.Struct, frozen=True):
     created_at: float
 
 
-class Append(NamedTuple):
-    """One partition's part of `LogStore.append_many`: what `append` takes."""
+class Append(msgspec.Struct, frozen=True):
+    """One partition's part of `LogStore.append_many`: what `append` takes. (One per partition
+    per call: a msgspec struct is made in C, a named tuple in Python.)"""
 
     pid: int
     expected_term: int

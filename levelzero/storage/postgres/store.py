@@ -784,7 +784,7 @@ class PostgresLogStore:
     async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
         # A job per partition, all sent before the first wait: the writers batch them together
         # (a partition's job is one statement's rows; the batch is one round trip).
-        jobs = [self._append_job(*append) for append in appends]
+        jobs = [self._append_job(a.pid, a.expected_term, a.records) for a in appends]
         assert len({job.pid for job in jobs}) == len(jobs), "append_many: a partition twice"
         await self._send_all(jobs)
         for job in jobs:

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import aiosqlite
+import msgspec
 
 from levelzero.core.errors import InvariantViolation, LevelZeroError
 
 
-class Cursor(NamedTuple):
-    """What the writer knows of a partition without asking SQLite."""
+class Cursor(msgspec.Struct, frozen=True):
+    """What the writer knows of a partition without asking SQLite. (A msgspec struct: one is
+    made per partition per append.)"""
 
     name: str  # "topic/partition", for error messages
     term: int

@@ -689,8 +689,8 @@ class SqliteLogStore:
     async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
         now = self._clock()
         parts: list[_AppendRows] = []
-        for pid, expected_term, records in appends:
-            records = list(records)
+        for append in appends:
+            pid, expected_term, records = append.pid, append.expected_term, list(append.records)
             check_append_records(pid, expected_term, records)
             parts.append(_AppendRows(
                 pid, expected_term, records[0].log_offset if records else None,
@@ -958,8 +958,9 @@ class SqliteLogStore:
 # ---------------------------------------------------------------------- appends' staging
 
 
-class _AppendRows(NamedTuple):
-    """One partition's append, encoded: its log rows and where they must go."""
+class _AppendRows(msgspec.Struct, frozen=True):
+    """One partition's append, encoded: its log rows and where they must go (a msgspec struct:
+    one per partition per call)."""
 
     pid: int
     expected_term: int
