@@ -9,6 +9,7 @@ goes again in a new object; the first object becomes an orphan that the GC colle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
 import time
@@ -28,7 +29,7 @@ from levelzero.core.l0format import EncodedExtents, ExtentHeader, Record, finish
 from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
 from .epochs import EpochCache
-from .mailbox import Reply, Wakeup, mailbox
+from .mailbox import Mailbox, Wakeup
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.batcher")
@@ -72,13 +73,25 @@ class ProduceResult(msgspec.Struct, frozen=True):
     object_key: str
 
 
-class _Request(msgspec.Struct):  # one per request
+class _Request(msgspec.Struct):
+    """One per request. Its producer waits on `waiter`, a bare future of the running loop (a
+    `Reply` was four more calls per request: make, wait, set, wake), answered once: an answer
+    after the producer gave up (cancelled) is dropped."""
+
     actor: PartitionActor
     records: list[Record]
     size: int
-    reply: Reply
+    waiter: asyncio.Future[ProduceResult]
     attempts: int = 0
     producers: tuple[ProducerSpan, ...] = ()  # first_record relative to `records`
+
+    def set(self, result: ProduceResult) -> None:
+        if not self.waiter.done():
+            self.waiter.set_result(result)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.waiter.done():
+            self.waiter.set_exception(error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +126,18 @@ class _ByteBudget:
         # held the budget far longer than the writes it bounds.)
         self._waiters: deque[_BudgetWaiter] = deque()
 
-    async def acquire(self, n: int) -> None:
+    def try_acquire(self, n: int) -> bool:
+        """`acquire` without waiting (and without a coroutine): False if it would wait."""
         n = min(n, self.limit)
         if not self._waiters and self.used + n <= self.limit:
             self.used += n
+            return True
+        return False
+
+    async def acquire(self, n: int) -> None:
+        if self.try_acquire(n):
             return
+        n = min(n, self.limit)
         waiter = _BudgetWaiter(n)
         self._waiters.append(waiter)
         try:
@@ -134,7 +154,8 @@ class _ByteBudget:
         n = min(n, self.limit)
         self.used -= n
         assert self.used >= 0
-        self._grant()
+        if self._waiters:
+            self._grant()
 
     def _grant(self) -> None:
         while self._waiters and self.used + self._waiters[0].n <= self.limit:
@@ -167,7 +188,7 @@ class Batcher:
         self._rng = rng or random.Random()
         self._wall = wall_clock or time.time
         self._budget = _ByteBudget(config.inflight_bytes_max)
-        self._tx, self._rx = mailbox(config.mailbox_size)
+        self._requests: Mailbox[_Request] = Mailbox(config.mailbox_size)
         self._uploads = anyio.Semaphore(config.uploads_max)  # PUTs at once
         # Objects between "batch cut" and "PUT done": being encoded, waiting, or uploading.
         self._staged = anyio.Semaphore(config.uploads_max + OBJECTS_ENCODED_AHEAD_MAX)
@@ -175,6 +196,7 @@ class Batcher:
         self.stats = BatcherStatistics()
         self._closed = False
         self.finished = anyio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the running loop, at the first produce
 
     # ------------------------------------------------------------------ producers
 
@@ -190,28 +212,30 @@ class Batcher:
             assert 0 <= span.first_record and span.first_record + span.record_count <= len(records), span
         # (`map` over C attribute getters: a generator per request was 2% of the loop)
         size = 8 * len(records) + sum(map(len, map(_value_of, records)))
-        keys = [key for key in map(_key_of, records) if key]
-        if keys:
-            size += sum(map(len, keys))
+        if any(map(_key_of, records)):
+            size += sum(map(len, filter(None, map(_key_of, records))))
         if size > self.config.batch_bytes_max:
             raise InvalidInput(
                 f"request of {size} bytes exceeds batch_bytes_max {self.config.batch_bytes_max}"
             )
         if self._closed:
             raise ShuttingDown("the batcher is shutting down")
-        await self._budget.acquire(size)
+        if not self._budget.try_acquire(size):
+            await self._budget.acquire(size)
         self.stats.inflight_bytes = self._budget.used
         try:
-            reply: Reply[ProduceResult] = Reply()
-            request = _Request(actor, list(records), size, reply, 0, tuple(producers))
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[ProduceResult] = self._loop.create_future()
+            request = _Request(actor, list(records), size, waiter, 0, tuple(producers))
             try:
                 try:  # no checkpoint when there is room: the caller waits for the reply next
-                    self._tx.send_nowait(request)
+                    self._requests.send_nowait(request)
                 except anyio.WouldBlock:
-                    await self._tx.send(request)
+                    await self._requests.send(request)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise ShuttingDown("the batcher is shutting down") from None
-            return await reply.wait()
+            return await waiter
         finally:
             self._budget.release(size)
             self.stats.inflight_bytes = self._budget.used
@@ -219,7 +243,7 @@ class Batcher:
     async def close(self) -> None:
         """Stop accepting; the run loop flushes what it holds and waits for its uploads."""
         self._closed = True
-        await self._tx.aclose()
+        self._requests.end()
 
     # ------------------------------------------------------------------ the loop
 
@@ -230,14 +254,14 @@ class Batcher:
             batch: list[_Request] = []
             batch_bytes = 0
             deadline = float("inf")
-            async with self._rx:
+            try:
                 while True:
                     timeout = deadline - anyio.current_time() if batch else None
                     request = None
                     closed = False
                     with anyio.move_on_after(timeout):
                         try:
-                            request = await self._rx.receive()
+                            request = await self._requests.receive()
                         except anyio.EndOfStream:
                             closed = True
                     if request is not None:
@@ -249,7 +273,7 @@ class Batcher:
                         # request would take one request per event-loop round.
                         while batch_bytes < self.config.batch_bytes_max:
                             try:
-                                request = self._rx.receive_nowait()
+                                request = self._requests.receive_nowait()
                             except anyio.WouldBlock:
                                 break
                             except anyio.EndOfStream:
@@ -267,6 +291,10 @@ class Batcher:
                         batch, batch_bytes = [], 0
                     if closed:
                         break
+            finally:
+                # Cancelled (the node's task group failing): what was never cut is refused,
+                # and later sends are too.
+                _fail([*batch, *self._requests.close()], ShuttingDown("the batcher stopped"))
         self.finished.set()
 
     async def _upload_and_fence(self, batch: list[_Request]) -> None:
@@ -306,14 +334,13 @@ class Batcher:
                 # The epoch is read when the upload can start, not when the batch was cut.
                 cached = await self._cache.get()
                 epoch = object_epoch(
-                    cached, (reqs[0].actor.row.creation_epoch for reqs in by_partition.values())
+                    cached, [reqs[0].actor.row.creation_epoch for reqs in by_partition.values()]
                 )
                 data, headers = finish_object(epoch, encoded)
                 key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
                 await self._objects.put(key, data)
         except LevelZeroError as exc:
-            for request in batch:
-                request.reply.fail(exc)
+            _fail(batch, exc)
             return None
         self.stats.objects_uploaded += 1
         self.stats.bytes_uploaded += len(data)
@@ -354,7 +381,8 @@ class Batcher:
                     byte_length=header.byte_length,
                     record_count=header.record_count,
                     checksum=header.checksum,
-                    producers=_spans(requests),
+                    # (one request: its spans are relative to the extent already)
+                    producers=requests[0].producers if len(requests) == 1 else _spans(requests),
                 )
                 extent = _Extent(fencing, header, requests)
                 fencing.left += 1
@@ -425,7 +453,7 @@ class _Extent(msgspec.Struct):
             key = fencing.key
             for request in self.requests:
                 last = offset + len(request.records) - 1
-                request.reply.set(ProduceResult(offset, last, request.attempts, key))
+                request.set(ProduceResult(offset, last, request.attempts, key))
                 offset = last + 1
             assert offset == record.base_offset + self.header.record_count
         finally:
@@ -446,7 +474,7 @@ class _Extent(msgspec.Struct):
                         fencing.retry.append(request)
                     else:
                         batcher.stats.stale_failures += 1
-                        request.reply.fail(error)
+                        request.fail(error)
             else:
                 _fail(self.requests, error)
         finally:
@@ -456,8 +484,6 @@ class _Extent(msgspec.Struct):
 def _spans(requests: list[_Request]) -> tuple[ProducerSpan, ...]:
     """The requests' producer spans, `first_record` made relative to the extent (the requests'
     records follow one another in it)."""
-    if len(requests) == 1:
-        return requests[0].producers  # relative to the one request's records already
     spans: list[ProducerSpan] = []
     first = 0
     for request in requests:
@@ -467,6 +493,6 @@ def _spans(requests: list[_Request]) -> tuple[ProducerSpan, ...]:
     return tuple(spans)
 
 
-def _fail(requests: list[_Request], error: LevelZeroError) -> None:
+def _fail(requests: list[_Request], error: BaseException) -> None:
     for request in requests:
-        request.reply.fail(error)
+        request.fail(error)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 T = TypeVar("T")
 
@@ -163,15 +162,20 @@ class Mailbox(Generic[T]):
     turn of the event loop; after `burst_max` of them in a row it yields once, so a mailbox that
     never empties cannot keep every other task waiting. `close()` (the receiver is done) makes
     every later send raise `anyio.BrokenResourceError` and returns what was never received, so
-    the actor can answer it; a receive after that raises `anyio.EndOfStream`."""
+    the actor can answer it; a receive after that raises `anyio.EndOfStream`. `end()` is the
+    senders' side of it: later sends raise `anyio.ClosedResourceError`, and the receiver takes
+    what is buffered, then gets `anyio.EndOfStream`."""
 
-    __slots__ = ("_items", "_size", "_burst_max", "_in_a_row", "_receiver", "_senders", "_closed")
+    __slots__ = (
+        "buffered", "_size", "_burst_max", "_in_a_row", "_receiver", "_senders", "_closed", "_ended",
+    )
 
     def __init__(self, size: int, burst_max: int | None = None) -> None:
         assert 1 <= size < 1_000_000, size  # a named bound of the owning actor, never infinite
         # Deques only while in use: a receiver that waits on an empty mailbox drops them (an
-        # idle actor's mailbox costs no deque; a node keeps an actor per partition).
-        self._items: deque[T] | tuple[()] = ()
+        # idle actor's mailbox costs no deque; a node keeps an actor per partition). Read-only
+        # outside: falsy when nothing is buffered (`not box.buffered` costs no call).
+        self.buffered: deque[T] | tuple[()] = ()
         self._size = size
         self._burst_max = size if burst_max is None else burst_max
         assert self._burst_max >= 1, burst_max
@@ -179,19 +183,24 @@ class Mailbox(Generic[T]):
         self._receiver: asyncio.Future[None] | None = None
         self._senders: deque[asyncio.Future[None]] | tuple[()] = ()
         self._closed = False
+        self._ended = False
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.buffered)
 
     def send_nowait(self, msg: T) -> None:
         if self._closed:
             raise anyio.BrokenResourceError
-        if len(self._items) >= self._size or self._senders:  # nobody jumps the queue
+        if self._ended:
+            raise anyio.ClosedResourceError
+        if len(self.buffered) >= self._size or self._senders:  # nobody jumps the queue
             raise anyio.WouldBlock
-        if not self._items:
-            self._items = deque()
-        self._items.append(msg)  # type: ignore[union-attr]
-        _wake(self._receiver)
+        if not self.buffered:
+            self.buffered = deque()
+        self.buffered.append(msg)  # type: ignore[union-attr]
+        receiver = self._receiver
+        if receiver is not None and not receiver.done():  # `_wake`, inline (per message)
+            receiver.set_result(None)
 
     async def send(self, msg: T) -> None:
         """`send_nowait`, waiting for room when the mailbox is full."""
@@ -199,10 +208,12 @@ class Mailbox(Generic[T]):
         while True:
             if self._closed:
                 raise anyio.BrokenResourceError
-            if len(self._items) < self._size and (let_in or not self._senders):
-                if not self._items:
-                    self._items = deque()
-                self._items.append(msg)  # type: ignore[union-attr]
+            if self._ended:
+                raise anyio.ClosedResourceError
+            if len(self.buffered) < self._size and (let_in or not self._senders):
+                if not self.buffered:
+                    self.buffered = deque()
+                self.buffered.append(msg)  # type: ignore[union-attr]
                 _wake(self._receiver)
                 return
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -225,19 +236,19 @@ class Mailbox(Generic[T]):
     async def receive(self) -> T:
         """The next message; raises `anyio.EndOfStream` once the mailbox is closed."""
         while True:
-            if self._items:
+            if self.buffered:
                 if self._in_a_row >= self._burst_max:
                     self._in_a_row = 0
                     await anyio.lowlevel.checkpoint()
                     continue
                 self._in_a_row += 1
-                msg = self._items.popleft()  # type: ignore[union-attr]
+                msg = self.buffered.popleft()  # type: ignore[union-attr]
                 self._let_next_sender_in()
                 return msg
-            if self._closed:
+            if self._closed or self._ended:
                 raise anyio.EndOfStream
             self._in_a_row = 0
-            self._items = ()  # empty: its deque goes while the actor waits
+            self.buffered = ()  # empty: its deque goes while the actor waits
             if not self._senders:
                 self._senders = ()
             assert self._receiver is None, "a Mailbox has one receiver"
@@ -248,35 +259,37 @@ class Mailbox(Generic[T]):
                 self._receiver = None
 
     def receive_nowait(self) -> T:
-        """The next buffered message; `anyio.WouldBlock` if there is none."""
-        if not self._items:
-            raise anyio.WouldBlock
-        msg = self._items.popleft()  # type: ignore[union-attr]
-        if not self._items:
-            self._items = ()
+        """The next buffered message; `anyio.WouldBlock` if there is none (`anyio.EndOfStream`
+        once the senders ended)."""
+        if not self.buffered:
+            raise anyio.EndOfStream if self._ended else anyio.WouldBlock
+        msg = self.buffered.popleft()  # type: ignore[union-attr]
+        if not self.buffered:
+            self.buffered = ()
         self._let_next_sender_in()
         return msg
 
     def close(self) -> list[T]:
         """No more messages: wake everybody waiting; return the messages never received."""
         self._closed = True
-        left = list(self._items)
-        self._items = ()
+        left = list(self.buffered)
+        self.buffered = ()
         _wake(self._receiver)
         while self._senders:
             _wake(self._senders.popleft())  # type: ignore[union-attr]
         return left
 
+    def end(self) -> None:
+        """The senders are done: what is buffered is still received, then `EndOfStream`."""
+        self._ended = True
+        _wake(self._receiver)
+        while self._senders:
+            _wake(self._senders.popleft())  # type: ignore[union-attr]
+
     def _let_next_sender_in(self) -> None:
-        while self._senders and len(self._items) < self._size:
+        while self._senders and len(self.buffered) < self._size:
             waiter = self._senders.popleft()  # type: ignore[union-attr]
             if not waiter.done():
                 waiter.set_result(None)
                 return
 
-
-def mailbox(size: int) -> tuple[MemoryObjectSendStream[Any], MemoryObjectReceiveStream[Any]]:
-    """A bounded anyio stream, for actors that are not on a placeholder's path (the batcher);
-    `size` is the named bound of the owning actor (never infinite)."""
-    assert 0 <= size < 1_000_000, size
-    return anyio.create_memory_object_stream(size)

@@ -419,7 +419,9 @@ class Node:
         producers: Sequence[ProducerSpan] = (),
     ) -> ProduceResult:
         self._check_accepting()
-        actor = await self.led_partition(topic, partition)
+        actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
+        if actor is None:
+            actor = await self.led_partition(topic, partition)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
             raise InvalidInput(

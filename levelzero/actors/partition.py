@@ -142,7 +142,7 @@ class PartitionActor:
         "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
         "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
         "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_fence_tallies", "_inline", "_crash", "_touched_in",
+        "_fence_tallies", "_noted_admission", "_noted_tally", "_inline", "_crash", "_touched_in",
     )
 
     def __init__(
@@ -214,6 +214,9 @@ class PartitionActor:
         # FENCE_EVENTS_BUFFER_MAX tallies, decisions of a new kind go unrecorded until the flush.
         # The appender writes them (`take_fence_events`).
         self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
+        # The last admission noted and its tally (see `_admit`).
+        self._noted_admission: Admitted | None = None
+        self._noted_tally: list[float | int] | None = None
         self.ready = Flag()
         board.register(self.name)
 
@@ -242,7 +245,7 @@ class PartitionActor:
         is called once the write is durable or refused (maybe at once). False if the mailbox is
         full: then `send_write`. (The batcher's path: an object may carry a thousand extents.)"""
         msg = _Write(entry.epoch, entry, answer)
-        if self._inline and not self._mailbox:
+        if self._inline and not self._mailbox.buffered:
             self._deliver(self._on_write, msg)  # a write: no need to match the message
             return True
         return self._post(msg)
@@ -314,6 +317,7 @@ class PartitionActor:
     def take_fence_events(self) -> list[FenceEventRow]:
         """The fence decisions noted since the last call, as rows (in order of first decision)."""
         tallies, self._fence_tallies = self._fence_tallies, {}
+        self._noted_admission = self._noted_tally = None  # their tally left with the rest
         pid = self.row.pid
         return [
             FenceEventRow(at, pid, term, epoch, outcome, *(window or (None, None)), int(decisions))
@@ -324,7 +328,7 @@ class PartitionActor:
         """Hand `msg` over without waiting: handled at once if nothing is queued before it,
         else queued if the mailbox has room (no coroutine, no turn of the loop); False when it
         is full (then `_send` waits)."""
-        if self._inline and not self._mailbox:
+        if self._inline and not self._mailbox.buffered:
             self._deliver(self._handle, msg)
             return True
         try:
@@ -358,7 +362,7 @@ class PartitionActor:
             self._crash = exc
             self._wakeup.set()
             raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
-        if self._finished():
+        if self._stopping is not None and self._finished():
             self._wakeup.set()  # the actor's task ends
 
     def _handle_queued(self) -> None:
@@ -520,9 +524,15 @@ class PartitionActor:
                 outcome.token.reply.fail(error)
 
     def _admit(self, msg: _Write, admitted: Admitted) -> None:
-        self._note_fence(
-            msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted", admitted.window
-        )
+        if admitted is self._noted_admission:
+            # The fence hands out the same `Admitted` for the same epoch, term and window:
+            # the same tally as the last admission noted (no key to build and look up).
+            self._noted_tally[1] += 1  # type: ignore[index]
+        else:
+            self._note_fence(
+                msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted",
+                admitted.window, admitted,
+            )
         if msg.entry is None:  # fence probe
             self.fence.release()
             msg.reply.set(None)
@@ -577,15 +587,18 @@ class PartitionActor:
             self._on_durable(upto)
         if self._to_append:
             self._kick()
-        if self._finished():
+        if self._stopping is not None and self._finished():
             self._wakeup.set()  # the actor's task ends
 
     def _on_durable(self, upto: int) -> None:
         for done in self._appends.durable(upto, self.state, self.fence):
             done.token.set(done.record)
         self._publish()
-        self._maybe_snapshot()
-        self._maybe_slide()
+        # (`_maybe_snapshot` and `_maybe_slide`'s conditions, checked here: once per batch.)
+        if self.state.last_applied_log_offset - self._last_snapshot_offset >= self._snapshot_every:
+            self._maybe_snapshot()
+        if self._dispatch.sliding:
+            self._maybe_slide()
 
     def _on_append_failed(self, error: Exception) -> None:
         if isinstance(error, NotLeader):
@@ -621,18 +634,27 @@ class PartitionActor:
             self._touched_in = activity.round
             activity.touch(self.name)
 
-    def _note_fence(self, epoch: int, outcome: str, window: tuple[int, int] | None) -> None:
+    def _note_fence(
+        self, epoch: int, outcome: str, window: tuple[int, int] | None,
+        admitted: Admitted | None = None,
+    ) -> None:
+        """Tally a fence decision; `admitted`: the fence's `Admitted`, kept with its tally so
+        the next admission with that same object counts at once (`_admit`)."""
         if not self._record_fence_events:
             return
         key = (self.term, epoch, outcome, window)
         tally = self._fence_tallies.get(key)
         if tally is not None:
             tally[1] += 1
+            if admitted is not None:
+                self._noted_admission, self._noted_tally = admitted, tally
             return  # its first decision since the last flush did what follows
         if len(self._fence_tallies) >= FENCE_EVENTS_BUFFER_MAX:
             return
         first = not self._fence_tallies
-        self._fence_tallies[key] = [self._wall(), 1]
+        tally = self._fence_tallies[key] = [self._wall(), 1]
+        if admitted is not None:
+            self._noted_admission, self._noted_tally = admitted, tally
         # Events are for export and analysis: the appender writes every partition's at most
         # FENCE_EVENTS_FLUSH_INTERVAL_S late, in one call (a write per batch was a second
         # store job per append), or at once when FENCE_EVENTS_FLUSH_AT rows gathered or a

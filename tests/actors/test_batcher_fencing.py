@@ -3,11 +3,12 @@ comes, and the batcher goes on only once all are answered."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 
 from levelzero.actors.batcher import Batcher, ProduceResult, _Extent, _Fencing, _Request
 from levelzero.actors.epochs import EpochCache
-from levelzero.actors.mailbox import Reply
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import NotLeader, StaleClusterEpoch
 from levelzero.core.l0format import ExtentHeader, Record
@@ -25,11 +26,14 @@ def batcher() -> Batcher:
     return Batcher(MemoryObjectStore(), MemoryLogStore(), EpochCache(epoch, 60.0))
 
 
-def extent(fencing: _Fencing, pid: int, records: int) -> tuple[_Extent, Reply[ProduceResult]]:
-    reply: Reply[ProduceResult] = Reply()
-    request = _Request(None, [Record(None, b"v")] * records, 10, reply, 1)  # type: ignore[arg-type]
+def extent(
+    fencing: _Fencing, pid: int, records: int
+) -> tuple[_Extent, asyncio.Future[ProduceResult]]:
+    """An extent of one request, and the future its producer waits on."""
+    waiter: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+    request = _Request(None, [Record(None, b"v")] * records, 10, waiter, 1)  # type: ignore[arg-type]
     fencing.left += 1
-    return _Extent(fencing, ExtentHeader(pid, 0, 10, records, 0), [request]), reply
+    return _Extent(fencing, ExtentHeader(pid, 0, 10, records, 0), [request]), waiter
 
 
 def durable(base_offset: int) -> LogRecord:
@@ -59,15 +63,15 @@ async def test_the_wait_lasts_for_every_extent_even_when_the_first_was_answered_
         for _ in range(5):
             await anyio.lowlevel.checkpoint()
         assert not done
-        assert await first_reply.wait() == ProduceResult(10, 11, 1, KEY)
-        assert [r.reply for r in fencing.retry] == [second_reply] and not second_reply.done
+        assert await first_reply == ProduceResult(10, 11, 1, KEY)
+        assert [r.waiter for r in fencing.retry] == [second_reply] and not second_reply.done()
         third.fail(NotLeader("t/3", 1, 2))
         third.set(durable(0))  # a second answer (the partition failing later) is ignored
         for _ in range(5):
             await anyio.lowlevel.checkpoint()
         assert done and fencing.left == 0 and fencing.appended == 1
     try:
-        await third_reply.wait()
+        await third_reply
     except NotLeader as error:
         assert error.partition == "t/3"
     else:
@@ -80,4 +84,4 @@ async def test_with_every_extent_answered_there_is_no_wait() -> None:
     only.set(durable(4))
     with anyio.fail_after(1):
         await fencing.wait()
-    assert await reply.wait() == ProduceResult(4, 6, 1, KEY)
+    assert await reply == ProduceResult(4, 6, 1, KEY)

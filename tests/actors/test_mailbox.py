@@ -208,3 +208,47 @@ async def test_wakeup_is_level_triggered() -> None:
     assert scope.cancelled_caught
     wakeup.set()
     await wakeup.wait()
+
+
+async def test_after_the_senders_end_what_is_buffered_is_received_then_end_of_stream() -> None:
+    """`end()` is the senders' close (the batcher's shutdown): nothing buffered is lost, a
+    waiting receiver and a waiting sender are woken, later sends are refused."""
+    box: Mailbox[str] = Mailbox(1)
+    box.send_nowait("buffered")
+    refused: list[type[BaseException]] = []
+
+    async def blocked_sender() -> None:
+        try:
+            await box.send("too late")
+        except anyio.ClosedResourceError as error:
+            refused.append(type(error))
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(blocked_sender)
+            await anyio.wait_all_tasks_blocked()
+            box.end()
+        assert refused == [anyio.ClosedResourceError]
+        with pytest.raises(anyio.ClosedResourceError):
+            box.send_nowait("later")
+        assert box.receive_nowait() == "buffered"
+        with pytest.raises(anyio.EndOfStream):
+            box.receive_nowait()
+        with pytest.raises(anyio.EndOfStream):
+            await box.receive()
+
+    waiting: Mailbox[str] = Mailbox(1)
+    ended: list[str] = []
+
+    async def receiver() -> None:
+        try:
+            await waiting.receive()
+        except anyio.EndOfStream:
+            ended.append("end of stream")
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receiver)
+            await anyio.wait_all_tasks_blocked()
+            waiting.end()
+    assert ended == ["end of stream"]
