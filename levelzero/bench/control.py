@@ -32,7 +32,7 @@ import asyncpg
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
-from levelzero.storage.log_rules import log_columns
+from levelzero.storage.log_rules import log_row
 from levelzero.storage.protocols import Append
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.postgres.throwaway import start_throwaway
@@ -151,7 +151,7 @@ async def actor_placeholders(store: Any, seconds: float) -> tuple[float, float, 
 
 async def raw_rows_per_s(dsn: str, batch: int, seconds: float) -> float:
     """Rows/s for BEGIN; INSERT unnest(batch rows); COMMIT in a loop on one connection."""
-    pool = [(1, *log_columns(make_record(o)), 0.0) for o in range(ROW_POOL)]
+    pool = [log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
     connection = await asyncpg.connect(dsn)
     try:
         await connection.execute(_RAW_TABLE)

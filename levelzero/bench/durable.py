@@ -25,7 +25,8 @@ from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.sqlite import SqliteLogStore
-from levelzero.storage.sqlite.schema import INSERT_LOG, SCHEMA, log_row
+from levelzero.storage.log_rules import log_row
+from levelzero.storage.sqlite.schema import INSERT_LOG, SCHEMA
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir
 

@@ -53,19 +53,23 @@ def check_l1_state(state: str) -> None:
         raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")
 
 
-def log_columns(record: LogRecord) -> tuple[Any, ...]:
-    """(log_offset, term, base_offset, kind, epoch, record_count, byte_length, object_key,
-    entry): the columns of a log row that plain SQL reads, plus the encoded entry."""
+def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
+    """(pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length, object_key,
+    entry, written_at): a `log` row, in every backend: the columns plain SQL reads, plus the
+    encoded entry. (One per appended record: a placeholder's is built without lookups.)"""
     entry = record.entry
+    if type(entry) is Placeholder:
+        return (
+            pid, record.log_offset, record.term, record.base_offset, _PLACEHOLDER, entry.epoch,
+            entry.record_count, entry.byte_length, entry.object_key, encode_entry(entry), now,
+        )
     kind = ENTRY_KINDS.get(type(entry))
     if kind is None:
         raise InvariantViolation(f"not a log entry: {entry!r}")
-    if isinstance(entry, Placeholder):
-        record_count, byte_length = entry.record_count, entry.byte_length
-        object_key: str | None = entry.object_key
-    else:
-        record_count, byte_length, object_key = 0, 0, None
     return (
-        record.log_offset, record.term, record.base_offset, kind, record.epoch,
-        record_count, byte_length, object_key, encode_entry(entry),
+        pid, record.log_offset, record.term, record.base_offset, kind, record.epoch,
+        0, 0, None, encode_entry(entry), now,
     )
+
+
+_PLACEHOLDER = ENTRY_KINDS[Placeholder]

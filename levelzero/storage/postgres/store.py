@@ -55,7 +55,7 @@ from levelzero.storage.log_rules import (
     check_cluster_epoch,
     check_create_topic,
     check_l1_state,
-    log_columns,
+    log_row,
 )
 from levelzero.storage.protocols import (
     Append,
@@ -749,7 +749,7 @@ class PostgresLogStore:
                 )
             term = row["term"]
             record = LogRecord(log_offset, term, base_offset, TermStart(term))
-            await connection.execute(_LOG_INSERT, *_columns([(pid, *log_columns(record), now)], 11))
+            await connection.execute(_LOG_INSERT, *_columns([log_row(pid, record, now)], 11))
             return record
 
         async def resolve(connection: asyncpg.Connection) -> LogRecord:
@@ -798,7 +798,7 @@ class PostgresLogStore:
         now = self._clock()
         records = list(records)
         check_append_records(pid, expected_term, records)
-        rows = [(pid, *log_columns(record), now) for record in records]
+        rows = [log_row(pid, record, now) for record in records]
         return _Job(weight=len(records), pid=pid, term=expected_term, records=records, log_rows=rows)
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from typing import Any
-
 import aiosqlite
 import msgspec
 
-from levelzero.core.entries import LogRecord
 from levelzero.core.errors import StorageError, StoreRefused
-from levelzero.storage.log_rules import log_columns
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -261,11 +257,6 @@ SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
            COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1))
 FROM partitions p ORDER BY p.pid"""
 SELECT_CLUSTER_EPOCH = "SELECT epoch FROM cluster_epoch WHERE id = 1"
-
-
-def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
-    """The `log` row of a record: the encoded entry plus the columns plain SQL reads."""
-    return (pid, *log_columns(record), now)
 
 
 def check_version(version: int, tables: set[str], db_path: str) -> None:

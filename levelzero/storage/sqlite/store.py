@@ -86,6 +86,7 @@ from levelzero.storage.log_rules import (
     check_cluster_epoch,
     check_create_topic,
     check_l1_state,
+    log_row,
 )
 
 from .lockfile import lock_exclusively
@@ -108,7 +109,6 @@ from .schema import (
     SELECT_PLACEHOLDERS,
     UPDATE_TERM,
     check_or_create_schema,
-    log_row,
 )
 from .staging import Batch, Cursor, Job, stage_job
 from .writer_link import WriterProcess
