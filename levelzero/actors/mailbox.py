@@ -134,7 +134,9 @@ class Wakeup:
 
     def set(self) -> None:
         self._raised = True
-        _wake(self._waiter)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():  # `_wake`, inline (raised per write)
+            waiter.set_result(None)
 
     def is_set(self) -> bool:
         return self._raised

@@ -141,7 +141,7 @@ class PartitionActor:
         "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
         "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
         "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
-        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
+        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp", "_published_bound",
         "_fence_tallies", "_noted_admission", "_noted_tally", "_inline", "_crash", "_touched_in",
     )
 
@@ -207,6 +207,7 @@ class PartitionActor:
         self._last_snapshot_offset = -1
         self._mp_changed_at = -math.inf
         self._published_mp: int | None = None
+        self._published_bound: int | None = None  # the state's lower bound `_publish` last saw
         self._touched_in = -1  # the activity board's round this partition was last noted in
         # Fence decisions since the last flush, one tally per (term, epoch, outcome, window):
         # [when the first was made, how many]. A row per decision was a second SQLite row per
@@ -214,7 +215,7 @@ class PartitionActor:
         # FENCE_EVENTS_BUFFER_MAX tallies, decisions of a new kind go unrecorded until the flush.
         # The appender writes them (`take_fence_events`).
         self._fence_tallies: dict[_FenceKey, list[float | int]] = {}
-        # The last admission noted and its tally (see `_admit`).
+        # The last admission noted and its tally (see `_carry_out`).
         self._noted_admission: Admitted | None = None
         self._noted_tally: list[float | int] | None = None
         self.ready = Flag()
@@ -294,7 +295,7 @@ class PartitionActor:
 
     def release_reader(self, reader_id: int) -> None:
         self.pins.release(reader_id)
-        self._publish()
+        self._publish(pins_changed=True)
 
     def view(self) -> PartitionView:
         state_mp = self.state.mp
@@ -398,7 +399,7 @@ class PartitionActor:
         self._appends = AppendQueue(self.state)
         self.fence = Fence(self.row.creation_epoch, self._mode)
         self._dispatch = FenceDispatch(self.fence)
-        self._publish()
+        self._publish(pins_changed=True)  # (the first publication: whatever the bound)
         log.debug("partition %s recovered at term %d: %r", self.name, self.term, self.state)
 
     async def _load_snapshot(self) -> None:
@@ -512,33 +513,31 @@ class PartitionActor:
 
     def _carry_out(self, outcomes: list[Outcome[_Write]]) -> None:
         for outcome in outcomes:
-            if type(outcome) is Admit:
-                admitted = outcome.admitted
-                if admitted.new_epoch:
-                    log.debug("partition %s window slid to %s", self.name, admitted.window)
-                self._admit(outcome.token, admitted)
-            else:
+            if type(outcome) is not Admit:
                 assert type(outcome) is Refuse, outcome
                 error = outcome.error
                 self._note_fence(outcome.epoch, "rejected", (error.window_min, error.window_max))
                 outcome.token.reply.fail(error)
-
-    def _admit(self, msg: _Write, admitted: Admitted) -> None:
-        if admitted is self._noted_admission:
-            # The fence hands out the same `Admitted` for the same epoch, term and window:
-            # the same tally as the last admission noted (no key to build and look up).
-            self._noted_tally[1] += 1  # type: ignore[index]
-        else:
-            self._note_fence(
-                msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted",
-                admitted.window, admitted,
-            )
-        if msg.entry is None:  # fence probe
-            self.fence.release()
-            msg.reply.set(None)
-            self._maybe_slide()
-            return
-        self._reserve(msg.entry, msg.reply, holds_read_unit=True)
+                continue
+            # Admitted (one per write: no call for it).
+            msg, admitted = outcome.token, outcome.admitted
+            if admitted is self._noted_admission:
+                # The fence hands out the same `Admitted` for the same epoch, term and window:
+                # the same tally as the last admission noted (no key to build and look up).
+                self._noted_tally[1] += 1  # type: ignore[index]
+            else:
+                if admitted.new_epoch:
+                    log.debug("partition %s window slid to %s", self.name, admitted.window)
+                self._note_fence(
+                    msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted",
+                    admitted.window, admitted,
+                )
+            if msg.entry is None:  # fence probe
+                self.fence.release()
+                msg.reply.set(None)
+                self._maybe_slide()
+            else:
+                self._reserve(msg.entry, msg.reply, holds_read_unit=True)
 
     def _on_control(self, msg: _Control) -> None:
         refusal = self._refusal()
@@ -621,12 +620,18 @@ class PartitionActor:
 
     # ------------------------------------------------------------------ effects
 
-    def _publish(self) -> None:
-        published = self.pins.published(self.state.mp)
-        if published != self._published_mp:  # (the board holds what was published before)
-            self._published_mp = published
-            self._mp_changed_at = self._clock()
-            self._board.publish(self.name, published)
+    def _publish(self, pins_changed: bool = False) -> None:
+        """The state moved: publish `M(p)` if it may have (the state's lower bound moved, or
+        the pins changed: the published value is `min(M(p), pins)`), and note the partition
+        on the activity board."""
+        bound = self.state.min_epoch_lower_bound
+        if pins_changed or bound != self._published_bound:
+            self._published_bound = bound
+            published = self.pins.published(self.state.mp)
+            if published != self._published_mp:  # (the board holds what was published before)
+                self._published_mp = published
+                self._mp_changed_at = self._clock()
+                self._board.publish(self.name, published)
         activity = self._activity
         if activity is not None and self._touched_in != activity.round:
             # Periodic tasks look at moved partitions only; once noted, a partition is noted
@@ -639,7 +644,7 @@ class PartitionActor:
         admitted: Admitted | None = None,
     ) -> None:
         """Tally a fence decision; `admitted`: the fence's `Admitted`, kept with its tally so
-        the next admission with that same object counts at once (`_admit`)."""
+        the next admission with that same object counts at once (`_carry_out`)."""
         if not self._record_fence_events:
             return
         key = (self.term, epoch, outcome, window)

@@ -104,6 +104,13 @@ def lands_in_any_order(epoch: int, window: Window, applied_window: Window | None
 
 
 class Fence:
+    # Slots: one fence per partition (idle ones included), its attributes read on every write.
+    __slots__ = (
+        "mode", "creation_epoch", "seen_term", "_seen_window", "_last_admitted", "read_units",
+        "updater_epoch", "window_slides", "stale_rejections", "last_rejected_gap",
+        "new_epoch_fences", "same_epoch_fences",
+    )
+
     def __init__(self, creation_epoch: int, mode: FenceMode = FenceMode.WINDOWED) -> None:
         assert creation_epoch >= 1
         self.mode = FenceMode(mode)
@@ -159,7 +166,8 @@ class Fence:
             return self._become_updater(epoch)
         if epoch < low:
             return self._reject(epoch, window)
-        if epoch >= low and not lands_in_any_order(epoch, window, applied_window):
+        # (`epoch == high` always lands: the common case, without the call)
+        if epoch != high and not lands_in_any_order(epoch, window, applied_window):
             return self._reject(epoch, window)
         self.read_units += 1
         self.same_epoch_fences += 1

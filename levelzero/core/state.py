@@ -189,7 +189,8 @@ class PartitionState:
                 assert term == record.term, (term, record.term)
             case _:
                 raise InvariantViolation(f"unknown entry {record.entry!r}")
-        self.term = max(self.term, record.term)
+        if record.term > self.term:
+            self.term = record.term
         self.last_applied_log_offset = offset
         return True
 
