@@ -153,7 +153,8 @@ class PartitionState:
             case Placeholder() as p:
                 assert p.record_count >= 1, p
                 assert p.byte_length >= 0 and p.byte_offset >= 0, p
-                self._advance_applied_epoch(p.epoch, offset)
+                if p.epoch != self.max_applied_epoch:  # (at the window's top: nothing moves)
+                    self._advance_applied_epoch(p.epoch, offset)
                 self.high_watermark += p.record_count
                 self.size_bytes += p.byte_length
             case AdvanceEpoch(epoch=epoch):
