@@ -9,6 +9,7 @@ the read path needs only a range read of one extent. Extent bytes are a msgpack 
 
 from __future__ import annotations
 
+import bisect
 import struct
 import zlib
 from collections.abc import Sequence
@@ -154,24 +155,46 @@ def _object_front(
 ) -> tuple[bytes, list[ExtentHeader]]:
     """Preamble plus header for extents of `(pid, byte length, record count)` and checksums."""
     assert shapes and len(sums) == len(shapes), (len(shapes), len(sums))
-    # The header size depends on the offsets it records; iterate to the fixed point.
-    headers: list[ExtentHeader] = []
-    header_bytes = b""
-    for _ in range(8):
-        offset = _PREAMBLE.size + len(header_bytes)
-        headers = []
-        for (pid, length, count), crc in zip(shapes, sums):
-            headers.append(ExtentHeader(pid, offset, length, count, crc))
-            offset += length
-        new_header = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
-        settled = len(new_header) == len(header_bytes)
-        header_bytes = new_header
-        if settled:
+    # The header's size depends on the offsets it records, which start after it. Only the
+    # offsets' msgpack widths depend on where the data starts, so: encode once with every
+    # offset at 0 (one byte each), find the start where the widths settle by counting the
+    # offsets past each width's threshold, then encode for that start (two passes, not three).
+    relative = [0] * len(shapes)  # each extent's offset from the first extent's start
+    end = 0
+    for i, (_, length, _) in enumerate(shapes):
+        relative[i] = end
+        end += length
+    zero_offsets = len(_records_encoder.encode(ObjectHeader(VERSION, epoch, [
+        ExtentHeader(pid, 0, length, count, crc) for (pid, length, count), crc in zip(shapes, sums)
+    ])))
+    start = _PREAMBLE.size + zero_offsets
+    for _ in range(16):  # the start only grows, and settles within a few steps
+        settled = _PREAMBLE.size + zero_offsets + _offset_widths_above_one(relative, start)
+        if settled == start:
             break
+        start = settled
     else:
         raise AssertionError("object header size did not settle")
-    assert _PREAMBLE.size + len(header_bytes) == headers[0].byte_offset
+    headers = [
+        ExtentHeader(pid, start + offset, length, count, crc)
+        for ((pid, length, count), crc), offset in zip(zip(shapes, sums), relative)
+    ]
+    header_bytes = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
+    assert _PREAMBLE.size + len(header_bytes) == start, (len(header_bytes), start)
     return _PREAMBLE.pack(MAGIC, VERSION, len(header_bytes)) + header_bytes, headers
+
+
+# A non-negative msgpack int takes 1 byte below 128, 2 below 2**8, 3 below 2**16, 5 below 2**32,
+# else 9: the bytes each threshold adds.
+_WIDTH_STEPS = ((128, 1), (1 << 8, 1), (1 << 16, 2), (1 << 32, 4))
+
+
+def _offset_widths_above_one(relative: list[int], start: int) -> int:
+    """The bytes the offsets `start + r` (r in `relative`, ascending) take beyond one each."""
+    extra = 0
+    for threshold, step in _WIDTH_STEPS:
+        extra += step * (len(relative) - bisect.bisect_left(relative, threshold - start))
+    return extra
 
 
 def read_header(data: bytes, where: str) -> ObjectHeader:

@@ -104,3 +104,36 @@ def test_format_2_records_carry_timestamps_and_headers_and_format_1_objects_stay
     # A version-2 record without timestamp or headers costs two bytes more than in version 1.
     assert len(l0format.encode_extent([l0format.Record(None, b"plain")])) == len(
         msgspec.msgpack.encode([RecordV1(None, b"plain")])) + 2
+
+
+def _front_by_iteration(epoch: int, shapes: list[tuple[int, int, int]], sums: list[int]) -> bytes:
+    """The header laid out the plain way: encode, move the data behind it, encode again, until
+    its size stops changing (what `_object_front` computes in two passes)."""
+    from levelzero.core.l0format import _PREAMBLE, MAGIC, VERSION, ExtentHeader, ObjectHeader
+    import msgspec
+
+    header = b""
+    while True:
+        offset = _PREAMBLE.size + len(header)
+        headers = []
+        for (pid, length, count), crc in zip(shapes, sums):
+            headers.append(ExtentHeader(pid, offset, length, count, crc))
+            offset += length
+        new = msgspec.msgpack.encode(ObjectHeader(VERSION, epoch, headers))
+        if len(new) == len(header):
+            return _PREAMBLE.pack(MAGIC, VERSION, len(new)) + new
+        header = new
+
+
+@pytest.mark.parametrize("extents", [1, 2, 7, 40, 300, 2_000])
+@pytest.mark.parametrize("length", [1, 30, 120, 250, 1_000, 40_000, 70_000])
+def test_the_header_is_the_fixed_point_of_its_own_size(extents: int, length: int) -> None:
+    """Offsets cross msgpack's width thresholds (128, 256, 65,536) as the header grows; the
+    counted solution must be the same bytes as iterating encodes to the fixed point."""
+    from levelzero.core.l0format import _object_front
+
+    shapes = [(pid, length + pid % 3, 1 + pid % 5) for pid in range(extents)]
+    sums = [pid * 7919 % 2**32 for pid in range(extents)]
+    front, headers = _object_front(11, shapes, sums)
+    assert front == _front_by_iteration(11, shapes, sums)
+    assert headers[0].byte_offset == len(front)
