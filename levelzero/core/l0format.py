@@ -100,8 +100,13 @@ def build_object(
 
 
 class EncodedExtents:
-    """Extents encoded straight into the buffer that becomes the object, behind room kept for
+    """Extents copied straight into the buffer that becomes the object, behind room kept for
     the preamble and header (`finish_object` writes them once the epoch is known).
+
+    An extent is given as `(pid, parts, record count)`: its records encoded already, in one or
+    more parts (`encode_extent` of each producer's request, made when the request came in, so
+    its size was known exactly). One part is copied as it is; several are joined into the one
+    msgpack array they make together: the same bytes as `encode_extent` of all their records.
 
     Why: an object is megabytes. Encoding each extent into its own bytes and joining them
     into the object made two fresh copies of every byte; this makes one, in a buffer that
@@ -109,28 +114,52 @@ class EncodedExtents:
 
     __slots__ = ("buffer", "room", "shapes", "sums")
 
-    def __init__(self, extents: Sequence[tuple[int, Sequence[Record]]]) -> None:
+    def __init__(self, extents: Sequence[tuple[int, Sequence[bytes], int]]) -> None:
         assert extents, "an object holds at least one extent"
         # Preamble plus a header of at most ~70 bytes per extent (five msgpack ints of at most
         # 9 bytes, an array marker) and the version, epoch and map keys.
         self.room = _PREAMBLE.size + 64 + 72 * len(extents)  # the bytes before the extents
-        self.buffer = bytearray(self.room)
+        self.buffer = buffer = bytearray(self.room)
         self.shapes: list[tuple[int, int, int]] = []  # (pid, byte length, record count)
         self.sums: list[int] = []
-        buffer = self.buffer
         ends: list[int] = []
-        for _, records in extents:
-            assert records, "an extent holds at least one record"
-            _records_encoder.encode_into(records, buffer, -1)  # appended
+        for _, parts, count in extents:
+            assert count >= 1, "an extent holds at least one record"
+            if len(parts) == 1:
+                buffer += parts[0]
+            else:
+                buffer += _array_header(count)
+                for part in parts:
+                    buffer += memoryview(part)[_array_header_size(part):]
             ends.append(len(buffer))
         # Checksums once the buffer stopped growing: one view for all extents (a view per
         # extent was a third of the encoding's cost at a thousand small extents).
         start = self.room
         with memoryview(buffer) as view:
-            for (pid, records), end in zip(extents, ends):
+            for (pid, _, count), end in zip(extents, ends):
                 self.sums.append(zlib.crc32(view[start:end]) & 0xFFFFFFFF)
-                self.shapes.append((pid, end - start, len(records)))
+                self.shapes.append((pid, end - start, count))
                 start = end
+
+
+def _array_header(count: int) -> bytes:
+    """The msgpack array header msgspec writes for `count` items (the shortest form)."""
+    if count <= 15:
+        return bytes((0x90 | count,))
+    if count <= 0xFFFF:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _array_header_size(encoded: bytes) -> int:
+    """The length of the array header `encoded` (a msgpack array) starts with."""
+    first = encoded[0]
+    if 0x90 <= first <= 0x9F:
+        return 1
+    if first == 0xDC:
+        return 3
+    assert first == 0xDD, f"not a msgpack array: {first:#x}"
+    return 5
 
 
 def finish_object(epoch: int, encoded: EncodedExtents) -> tuple[bytearray, list[ExtentHeader]]:

@@ -11,7 +11,7 @@ from levelzero.actors.batcher import Batcher, ProduceResult, _Extent, _Fencing, 
 from levelzero.actors.epochs import EpochCache
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import NotLeader, StaleClusterEpoch
-from levelzero.core.l0format import ExtentHeader, Record
+from levelzero.core.l0format import ExtentHeader, Record, encode_extent
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 
@@ -31,7 +31,8 @@ def extent(
 ) -> tuple[_Extent, asyncio.Future[ProduceResult]]:
     """An extent of one request, and the future its producer waits on."""
     waiter: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
-    request = _Request(None, [Record(None, b"v")] * records, 10, waiter, 1)  # type: ignore[arg-type]
+    data = encode_extent([Record(None, b"v")] * records)
+    request = _Request(None, data, records, waiter, 1)  # type: ignore[arg-type]
     fencing.left += 1
     return _Extent(fencing, ExtentHeader(pid, 0, 10, records, 0), [request]), waiter
 

@@ -28,13 +28,35 @@ extents_strategy = st.lists(
 )
 
 
+def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[bytes], int]]:
+    """Each extent's records encoded in parts of up to three records (as requests would be)."""
+    return [
+        (pid, [encode_extent(records[i : i + 3]) for i in range(0, len(records), 3)], len(records))
+        for pid, records in extents
+    ]
+
+
+@pytest.mark.parametrize("counts", [[1], [15], [1, 14], [15, 1], [8, 8], [65_535], [65_535, 1], [40_000, 40_000]])
+def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(counts: list[int]) -> None:
+    """Requests are encoded as they come; an extent of several is one msgpack array of all
+    their records, whose header changes form at 16 and 65,536 items."""
+    parts = [[Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)]
+    records = [record for part in parts for record in part]
+    encoded = EncodedExtents([(7, [encode_extent(part) for part in parts], len(records))])
+    data, headers = finish_object(3, encoded)
+    [extent] = headers
+    raw = bytes(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
+    assert raw == encode_extent(records)
+    assert decode_extent(raw, extent.checksum, len(records), "test") == records
+
+
 @settings(max_examples=150, deadline=None)
 @given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
 def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extents) -> None:  # noqa: ANN001
     expected, expected_headers = build_object(
         epoch, [(pid, encode_extent(records), len(records)) for pid, records in extents]
     )
-    data, headers = finish_object(epoch, EncodedExtents(extents))
+    data, headers = finish_object(epoch, EncodedExtents(_as_parts(extents)))
     assert isinstance(data, bytearray)
     assert bytes(data) == expected
     assert headers == expected_headers
@@ -43,7 +65,7 @@ def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extent
 @settings(max_examples=50, deadline=None)
 @given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
 def test_a_finished_object_reads_back_extent_by_extent(epoch, extents) -> None:  # noqa: ANN001
-    data, headers = finish_object(epoch, EncodedExtents(extents))
+    data, headers = finish_object(epoch, EncodedExtents(_as_parts(extents)))
     header = read_header(bytes(data), "test")
     assert header.epoch == epoch and header.extents == headers
     for (pid, records), extent in zip(extents, headers):
@@ -54,7 +76,7 @@ def test_a_finished_object_reads_back_extent_by_extent(epoch, extents) -> None: 
 
 def test_the_header_room_holds_a_thousand_extents_of_the_largest_numbers() -> None:
     extents = [(2**63 - 1 - i, [Record(b"k", b"v" * 10)]) for i in range(1024)]
-    data, headers = finish_object(2**63 - 1, EncodedExtents(extents))
+    data, headers = finish_object(2**63 - 1, EncodedExtents(_as_parts(extents)))
     expected, _ = build_object(
         2**63 - 1, [(pid, encode_extent(records), len(records)) for pid, records in extents]
     )
@@ -62,14 +84,14 @@ def test_the_header_room_holds_a_thousand_extents_of_the_largest_numbers() -> No
 
 
 def test_encoded_extents_are_used_up_by_finishing() -> None:
-    encoded = EncodedExtents([(1, [Record(None, b"x")])])
+    encoded = EncodedExtents(_as_parts([(1, [Record(None, b"x")])]))
     finish_object(1, encoded)
     with pytest.raises(AssertionError):
         finish_object(1, encoded)
 
 
 def test_a_flipped_byte_in_an_extent_is_corrupt_data() -> None:
-    data, (extent,) = finish_object(3, EncodedExtents([(7, [Record(None, b"payload")])]))
+    data, (extent,) = finish_object(3, EncodedExtents(_as_parts([(7, [Record(None, b"payload")])])))
     raw = bytearray(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
     raw[-1] ^= 0xFF
     with pytest.raises(CorruptData, match="checksum mismatch"):
