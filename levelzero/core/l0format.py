@@ -60,8 +60,11 @@ def checksum(data: bytes) -> int:
 
 
 def encode_extent(records: Sequence[Record]) -> bytes:
+    """`records` as one msgpack array (a list or a tuple: the same bytes, without a copy)."""
     assert records, "an extent holds at least one record"
-    return _records_encoder.encode(list(records))
+    if not isinstance(records, (list, tuple)):
+        records = list(records)
+    return _records_encoder.encode(records)
 
 
 def decode_extent(data: bytes, expected_checksum: int, expected_count: int, where: str) -> list[Record]:

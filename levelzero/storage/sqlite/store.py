@@ -38,6 +38,7 @@ releases the lock.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import sqlite3
@@ -157,7 +158,9 @@ class SqliteLogStore:
         self._cursors = cursors
         self._process = process
         self._sent: deque[_Sent] = deque()  # in the order the process answers them
-        self._sent_changed = anyio.Event()
+        # Raised (and replaced) whenever `_sent` changes. An asyncio event: anyio's looks up
+        # the async backend on every creation, twice a batch (levelzero runs on asyncio).
+        self._sent_changed = asyncio.Event()
         self._group_commit_max_records = group_commit_max_records
         self._queue_max = queue_max
         self._clock = clock
@@ -499,7 +502,7 @@ class SqliteLogStore:
 
     def _signal_sent_changed(self) -> None:
         self._sent_changed.set()
-        self._sent_changed = anyio.Event()
+        self._sent_changed = asyncio.Event()
 
     async def _wait_sent_below(self, count: int) -> None:
         while len(self._sent) >= count:
