@@ -10,7 +10,8 @@ acknowledged records/s for `seconds`. Spread evenly, producer i writes to partit
 i + PRODUCERS, i + 2 PRODUCERS, ... in turn, so every partition takes writes; skewed, 1% of the
 partitions take 90% of the writes (each call picks hot or cold at random). An object holds an
 extent per partition it carries, and each extent is one fence and one placeholder: the figures
-show what that fan-out costs. Their floor is the same run at 1 partition (in the same round);
+show what that fan-out costs. Each one's floor is the same run at 1 partition, measured next
+to it (before it in even rounds, after it in odd ones);
 targets: >= 60% at 1,024 partitions, >= 40% at 10,000, and fences at 1,024 partitions >= 60% of
 the bare round trip (issue 24). A fence no longer takes an actor round trip at all (a write is
 handled on its sender's task), so it can beat that floor. The notes give the event
@@ -142,8 +143,10 @@ async def run(settings: Settings) -> list[Figure]:
     produce_seconds = settings.pick(max(2.0, settings.seconds), 0.5)
     counts = PARTITION_COUNTS
     fences: dict[int, list[tuple[float, float]]] = {p: [] for p in counts}
-    produce: dict[int, list[ProduceRun]] = {p: [] for p in PRODUCE_COUNTS}
-    skewed: list[ProduceRun] = []
+    # Each produce figure: (run, its own 1-partition floor measured next to it) per round.
+    suts: list[tuple[int, bool]] = [(p, False) for p in PRODUCE_COUNTS[1:]]
+    suts.append((SKEWED_PARTITIONS, True))
+    produce: dict[tuple[int, bool], list[tuple[ProduceRun, ProduceRun]]] = {s: [] for s in suts}
     with work_dir(settings, ITEM) as root:
         for r in range(rounds):
             # Rotate the order of partition counts (and SUT/floor) so drift hits all alike.
@@ -156,12 +159,17 @@ async def run(settings: Settings) -> list[Figure]:
                     bare = await bare_round_trips(p, FENCE_CALLERS, fence_seconds)
                     sut = await fence_probes(p, FENCE_CALLERS, fence_seconds)
                 fences[p].append((sut, bare))
-            produce_order = PRODUCE_COUNTS[r % len(PRODUCE_COUNTS):] + PRODUCE_COUNTS[: r % len(PRODUCE_COUNTS)]
-            for p in produce_order:
-                produce[p].append(await produce_for(produce_seconds, p, root, f"p{p}-r{r}"))
-            skewed.append(await produce_for(
-                produce_seconds, SKEWED_PARTITIONS, root, f"skewed-r{r}", skewed=True
-            ))
+            # Each run next to its own floor, floor first in even rounds and second in odd
+            # ones: this machine's speed drifts by a fifth within a minute, and one floor per
+            # round, seconds away from the later runs, made the ratios swing with it.
+            for p, skew in suts[r % len(suts):] + suts[: r % len(suts)]:
+                tag = f"{'s' if skew else 'p'}{p}-r{r}"
+                if r % 2 == 0:
+                    floor = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
+                sut = await produce_for(produce_seconds, p, root, tag, skewed=skew)
+                if r % 2 == 1:
+                    floor = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
+                produce[(p, skew)].append((sut, floor))
     figures = [
         figure(
             ITEM,
@@ -187,19 +195,15 @@ async def run(settings: Settings) -> list[Figure]:
                 floor_label=f"{base}p",
             )
         )
-    runs = [(p, f"{p:,} partitions", produce[p]) for p in PRODUCE_COUNTS[1:]]
-    runs.append((SKEWED_PARTITIONS, f"{SKEWED_PARTITIONS:,} partitions, 1% taking 90%", skewed))
-    for p, label, sut_runs in runs:
+    for (p, skew), pairs in produce.items():
+        label = f"{p:,} partitions, 1% taking 90%" if skew else f"{p:,} partitions"
         figures.append(
             figure(
                 ITEM,
                 f"produce records/s at {label} vs at {base} (node, SQLite, local store)",
                 "records/s",
-                [
-                    (sut_runs[r].records_per_s, produce[base][r].records_per_s)
-                    for r in range(rounds)
-                ],
-                target=PRODUCE_TARGETS.get(p) if sut_runs is produce[p] else None,
+                [(sut.records_per_s, floor.records_per_s) for sut, floor in pairs],
+                target=None if skew else PRODUCE_TARGETS.get(p),
                 sut_label=f"{p}p",
                 floor_label=f"{base}p",
                 notes={
@@ -209,12 +213,12 @@ async def run(settings: Settings) -> list[Figure]:
                     "linger_ms": LINGER_MS,
                     "seconds": produce_seconds,
                     "loop_us_per_record": {
-                        "floor": [round(x.loop_us_per_record, 1) for x in produce[base]],
-                        "sut": [round(x.loop_us_per_record, 1) for x in sut_runs],
+                        "floor": [round(floor.loop_us_per_record, 1) for _, floor in pairs],
+                        "sut": [round(sut.loop_us_per_record, 1) for sut, _ in pairs],
                     },
                     "extents_per_object": {
-                        "floor": [round(x.extents_per_object, 1) for x in produce[base]],
-                        "sut": [round(x.extents_per_object, 1) for x in sut_runs],
+                        "floor": [round(floor.extents_per_object, 1) for _, floor in pairs],
+                        "sut": [round(sut.extents_per_object, 1) for sut, _ in pairs],
                     },
                 },
             )
