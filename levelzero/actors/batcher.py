@@ -195,7 +195,7 @@ class Batcher:
         self.stats = BatcherStatistics()
         self._closed = False
         self.finished = anyio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None  # the running loop, at the first produce
+        self._loop: asyncio.AbstractEventLoop | None = None  # taken at the first produce
 
     # ------------------------------------------------------------------ producers
 

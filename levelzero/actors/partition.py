@@ -141,8 +141,9 @@ class PartitionActor:
         "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
         "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
         "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
-        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp", "_published_bound",
-        "_fence_tallies", "_noted_admission", "_noted_tally", "_inline", "_crash", "_touched_in",
+        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
+        "_published_bound", "_fence_tallies", "_noted_admission", "_noted_tally", "_inline",
+        "_crash", "_touched_in",
     )
 
     def __init__(

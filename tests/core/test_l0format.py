@@ -36,11 +36,17 @@ def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[b
     ]
 
 
-@pytest.mark.parametrize("counts", [[1], [15], [1, 14], [15, 1], [8, 8], [65_535], [65_535, 1], [40_000, 40_000]])
-def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(counts: list[int]) -> None:
+@pytest.mark.parametrize(
+    "counts", [[1], [15], [1, 14], [15, 1], [8, 8], [65_535], [65_535, 1], [40_000, 40_000]]
+)
+def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(
+    counts: list[int],
+) -> None:
     """Requests are encoded as they come; an extent of several is one msgpack array of all
     their records, whose header changes form at 16 and 65,536 items."""
-    parts = [[Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)]
+    parts = [
+        [Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)
+    ]
     records = [record for part in parts for record in part]
     encoded = EncodedExtents([(7, [encode_extent(part) for part in parts], len(records))])
     data, headers = finish_object(3, encoded)
