@@ -276,14 +276,16 @@ class Mailbox(Generic[T]):
         self._closed = True
         left = list(self.buffered)
         self.buffered = ()
-        _wake(self._receiver)
-        while self._senders:
-            _wake(self._senders.popleft())  # type: ignore[union-attr]
+        self._wake_everybody()
         return left
 
     def end(self) -> None:
         """The senders are done: what is buffered is still received, then `EndOfStream`."""
         self._ended = True
+        self._wake_everybody()
+
+    def _wake_everybody(self) -> None:
+        """The receiver and every waiting sender (each sees why on waking)."""
         _wake(self._receiver)
         while self._senders:
             _wake(self._senders.popleft())  # type: ignore[union-attr]

@@ -364,7 +364,7 @@ class PartitionActor:
             self._crash = exc
             self._wakeup.set()
             raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
-        if self._stopping is not None and self._finished():
+        if self._stopping is not None and self._finished():  # (no call per write)
             self._wakeup.set()  # the actor's task ends
 
     def _handle_queued(self) -> None:
@@ -587,18 +587,15 @@ class PartitionActor:
             self._on_durable(upto)
         if self._to_append:
             self._kick()
-        if self._stopping is not None and self._finished():
+        if self._finished():
             self._wakeup.set()  # the actor's task ends
 
     def _on_durable(self, upto: int) -> None:
         for done in self._appends.durable(upto, self.state, self.fence):
             done.token.set(done.record)
         self._publish()
-        # (`_maybe_snapshot` and `_maybe_slide`'s conditions, checked here: once per batch.)
-        if self.state.last_applied_log_offset - self._last_snapshot_offset >= self._snapshot_every:
-            self._maybe_snapshot()
-        if self._dispatch.sliding:
-            self._maybe_slide()
+        self._maybe_snapshot()
+        self._maybe_slide()
 
     def _on_append_failed(self, error: Exception) -> None:
         if isinstance(error, NotLeader):

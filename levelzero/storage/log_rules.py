@@ -55,20 +55,21 @@ def check_l1_state(state: str) -> None:
 
 def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
     """(pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length, object_key,
-    entry, written_at): a `log` row, in every backend: the columns plain SQL reads, plus the
-    encoded entry. (One per appended record: a placeholder's is built without lookups.)"""
+    entry, appended_at): a `log` row, in every backend: the columns plain SQL reads, plus the
+    encoded entry. (One per appended record: a placeholder's columns are read without lookups.)"""
     entry = record.entry
     if type(entry) is Placeholder:
-        return (
-            pid, record.log_offset, record.term, record.base_offset, _PLACEHOLDER, entry.epoch,
-            entry.record_count, entry.byte_length, entry.object_key, encode_entry(entry), now,
-        )
-    kind = ENTRY_KINDS.get(type(entry))
-    if kind is None:
-        raise InvariantViolation(f"not a log entry: {entry!r}")
+        kind, epoch = _PLACEHOLDER, entry.epoch
+        record_count, byte_length = entry.record_count, entry.byte_length
+        object_key: str | None = entry.object_key
+    else:
+        kind = ENTRY_KINDS.get(type(entry))  # type: ignore[assignment]
+        if kind is None:
+            raise InvariantViolation(f"not a log entry: {entry!r}")
+        epoch, record_count, byte_length, object_key = record.epoch, 0, 0, None
     return (
-        pid, record.log_offset, record.term, record.base_offset, kind, record.epoch,
-        0, 0, None, encode_entry(entry), now,
+        pid, record.log_offset, record.term, record.base_offset, kind, epoch,
+        record_count, byte_length, object_key, encode_entry(entry), now,
     )
 
 
