@@ -417,6 +417,9 @@ class KafkaSection(_Section):
     # Request bytes all Kafka connections together hold at most (read, not yet answered).
     inflight_bytes_max: int = 256 * MiB
     default_partitions: int = 1  # CreateTopics with num_partitions = -1
+    idle_timeout_s: float = 600.0  # a silent connection is closed (Kafka's connections.max.idle.ms)
+    header_timeout_s: float = 10.0  # a new or unauthenticated connection's next frame, within this
+    frame_timeout_s: float = 60.0  # a frame's body, within this of its length prefix
     # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
     # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
     tls_cert_file: str = ""
@@ -441,6 +444,9 @@ class KafkaSection(_Section):
             raise ValueError("inflight_bytes_max must be at least frame_bytes_max (and at most 16 GiB)")
         if not 1 <= self.default_partitions <= 4096:
             raise ValueError("default_partitions must be in 1..4096")
+        for name in ("idle_timeout_s", "header_timeout_s", "frame_timeout_s"):
+            if not 0.1 <= getattr(self, name) <= 86_400:
+                raise ValueError(f"{name} must be in 0.1..86400")
 
     @property
     def enabled(self) -> bool:

@@ -484,8 +484,11 @@ class Daemon:
             KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
         )
         self.kafka = KafkaListener(
-            handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max,
-                                       settings.inflight_bytes_max, token=self.config.server.token)
+            handlers, ListenerSettings(
+                settings.frame_bytes_max, settings.connections_max, settings.inflight_bytes_max,
+                token=self.config.server.token, idle_timeout_s=settings.idle_timeout_s,
+                header_timeout_s=settings.header_timeout_s, frame_timeout_s=settings.frame_timeout_s,
+            )
         )
 
         tls_context = settings.tls_context()
