@@ -362,6 +362,8 @@ class GuardedH11Protocol(H11Protocol):
             self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
         phase = self._phase
         super().data_received(data)
+        if self._shutting_down and self.cycle is not None:
+            self.cycle.keep_alive = False  # a request read after shutdown began: the last one
         self._sync_phase()
         if self._overdue is not None and self._phase is phase:
             self.close_for(self._overdue)  # what came in late did not finish the head or body
@@ -379,7 +381,12 @@ class GuardedH11Protocol(H11Protocol):
         super().timeout_keep_alive_handler()
 
     def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: an idle connection is closed now, a busy one after its
+        answer; and one whose next request is in but unread, after that request's answer."""
         self._shutting_down = True  # closes from now on are shutdown's, now or after the answer
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.transport.is_closing() and unread_bytes(self.transport):
+            return  # data_received reads it, and marks its answer the last
         super().shutdown()
 
     def on_response_complete(self) -> None:

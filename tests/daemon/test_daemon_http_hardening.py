@@ -396,3 +396,19 @@ async def test_a_malformed_chunked_body_gets_one_answer_one_count_and_no_traceba
         assert daemon.connection_guard.table.closed[CloseReason.MALFORMED_REQUEST] == 1
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert errors == [], [r.getMessage() for r in errors]
+
+
+async def test_a_request_in_but_unread_as_shutdown_begins_is_answered_then_closed(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, _):
+        assert daemon.url is not None and daemon.connection_guard is not None
+        with socket.create_connection(("127.0.0.1", port_of(daemon.url))) as sock:
+            sock.settimeout(WAIT_S)
+            sock.sendall(HEALTHZ)
+            assert (await anyio.to_thread.run_sync(receive_answer, sock)).startswith(b"HTTP/1.1 200 ")
+            protocol = await protocol_of(daemon, sock.getsockname()[1])
+            sock.sendall(HEALTHZ)  # in the server's socket before the loop runs again
+            protocol.shutdown()  # what uvicorn does to every connection when the server stops
+            answer = await anyio.to_thread.run_sync(receive_answer, sock)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            assert await anyio.to_thread.run_sync(sock.recv, 1) == b""  # then closed, not reset
+        assert daemon.connection_guard.table.closed[CloseReason.SHUTDOWN] == 1
