@@ -10,6 +10,7 @@ import logging
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -412,3 +413,32 @@ async def test_a_request_in_but_unread_as_shutdown_begins_is_answered_then_close
             assert answer.startswith(b"HTTP/1.1 200 "), answer
             assert await anyio.to_thread.run_sync(sock.recv, 1) == b""  # then closed, not reset
         assert daemon.connection_guard.table.closed[CloseReason.SHUTDOWN] == 1
+
+
+def failing_app(after_start: bool) -> Any:
+    """An ASGI app that fails, before its answer or in the middle of it."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if after_start:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+            await send({"type": "http.response.body", "body": b"half", "more_body": True})
+        raise RuntimeError("the app failed")
+
+    return app
+
+
+async def test_a_close_after_an_app_failure_is_counted_as_app_error(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, _):
+        assert daemon.url is not None and daemon.connection_guard is not None
+        answers = []
+        for after_start in (False, True):
+            stream = await connect(port_of(daemon.url))
+            protocol = await protocol_of(daemon, stream.extra(anyio.abc.SocketAttribute.local_port))
+            protocol.app = failing_app(after_start)  # this connection's requests only
+            await stream.send(HEALTHZ)
+            with anyio.fail_after(WAIT_S):
+                answers.append((await read_until_closed(stream)).split(b"\r\n", 1)[0])
+            await stream.aclose()
+        assert answers == [b"HTTP/1.1 500 Internal Server Error", b"HTTP/1.1 200 OK"]
+        closed = daemon.connection_guard.table.statistics().closed
+        assert {reason: count for reason, count in closed.items() if count} == {"app_error": 2}
