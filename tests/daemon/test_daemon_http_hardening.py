@@ -274,7 +274,7 @@ def send_while_the_loop_is_late(deadline: float, sock: socket.socket, data: byte
 
 
 async def test_a_request_sent_as_keepalive_expires_is_answered_not_reset(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, server__keepalive_timeout_s=0.5) as (daemon, _):
+    async with daemon_and_client(tmp_path, server__keepalive_timeout_s=2.0) as (daemon, _):
         assert daemon.url is not None and daemon.connection_guard is not None
         with socket.create_connection(("127.0.0.1", port_of(daemon.url))) as sock:
             sock.settimeout(WAIT_S)
@@ -292,7 +292,7 @@ async def test_a_request_sent_as_keepalive_expires_is_answered_not_reset(tmp_pat
 
 
 async def test_a_head_sent_as_its_deadline_passes_is_answered_not_reset(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, server__header_timeout_s=0.5) as (daemon, _):
+    async with daemon_and_client(tmp_path, server__header_timeout_s=2.0) as (daemon, _):
         assert daemon.url is not None and daemon.connection_guard is not None
         with socket.create_connection(("127.0.0.1", port_of(daemon.url))) as sock:
             sock.settimeout(WAIT_S)
