@@ -49,6 +49,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 
+from .http_guard import PROTOCOL_ANSWER_KEY
 from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from .schema import (
     RETRY_AFTER_S,
@@ -240,6 +241,8 @@ class Api:
         async def endpoint(request: Request) -> Response:
             # Starlette answers HEAD on GET routes; HEAD runs the GET handler.
             handler = handlers.get(request.method) or handlers["GET"]
+            if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                return self._answered_by_protocol(path, answered)
             try:
                 if not public:
                     self._authenticate(request)
@@ -247,6 +250,8 @@ class Api:
                     _require_json(request)
                 response = await handler(request)
             except ClientDisconnect:
+                if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                    return self._answered_by_protocol(path, answered)
                 log.info("%s %s: the client closed the connection before its request body "
                          "arrived", request.method, request.url.path)
                 self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
@@ -272,6 +277,12 @@ class Api:
             return response
 
         return Route(path, endpoint, methods=list(handlers))
+
+    def _answered_by_protocol(self, path: str, status: int) -> Response:
+        """The request's body was not HTTP and the server answered it already (http_guard):
+        counted as that answer; the response returned here is never sent."""
+        self.metrics.requests.labels(path, str(status)).inc()
+        return error_response(status, "malformed_request", "answered by the server")
 
     def _authenticate(self, request: Request) -> None:
         if not self._token:

@@ -123,7 +123,7 @@ class ServerSection(_Section):
     connections_per_peer_max: int = 512  # one client address holds at most this many
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 60.0  # a request body must arrive within this after its head
-    keepalive_timeout_s: int = 5
+    keepalive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     shutdown_timeout_s: float = 30.0
     access_log: bool = False
 
@@ -153,8 +153,8 @@ class ServerSection(_Section):
             raise ValueError("header_timeout_s must be in 0.1..3600")
         if not 0.1 <= self.body_timeout_s <= 3600:
             raise ValueError("body_timeout_s must be in 0.1..3600")
-        if not 1 <= self.keepalive_timeout_s <= 3600:
-            raise ValueError("keepalive_timeout_s must be in 1..3600")
+        if not 0.1 <= self.keepalive_timeout_s <= 3600:
+            raise ValueError("keepalive_timeout_s must be in 0.1..3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:
             raise ValueError("shutdown_timeout_s must be in 1..3600")
 

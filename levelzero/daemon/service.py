@@ -248,7 +248,7 @@ def connection_metrics(guard: ConnectionGuard) -> Callable[[Node], Iterable[Metr
         )
         closed = CounterMetricFamily(
             "levelzero_http_connections_closed",
-            "HTTP connections closed or refused by the server's guard, by reason.",
+            "HTTP connections the server closed (or refused), by reason; a client's own close is not counted.",
             labels=["reason"],
         )
         for reason, count in stats.closed.items():
