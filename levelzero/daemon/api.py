@@ -99,8 +99,6 @@ STATUS_PAGE_LIMIT_DEFAULT = 100
 STATUS_PAGE_LIMIT_MAX = 1000
 # Why a partition is an outlier, the most pressing first (the order outliers are shown in).
 OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
-# Produce bytes as the batcher counts them (value + key + 8 per record); see Batcher.produce.
-RECORD_OVERHEAD_BYTES = 8
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
@@ -108,6 +106,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_topic": 404,
     "unknown_partition": 404,
     "offset_out_of_range": 404,
+    "too_large": 413,
     "stale_cluster_epoch": 409,
     "topic_exists": 409,
     "not_leader": 503,
@@ -383,14 +382,9 @@ class Api:
                 f"{count} records exceed records_per_request_max "
                 f"{self.settings.records_per_request_max}",
             )
-        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in body.records)
-        batch_bytes_max = self.node.batcher.config.batch_bytes_max
-        if size > batch_bytes_max:
-            raise ApiError(
-                413, "too_large",
-                f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}; split the request",
-            )
         self._check_serving()
+        # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
+        # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
         result = await self.node.produce(
             topic, partition, [

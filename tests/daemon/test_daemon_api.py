@@ -175,6 +175,30 @@ async def test_size_limits_are_413(tmp_path: Path) -> None:
         assert (await client.produce("t", 0, [b"small"] * 100)).last_offset == 99
 
 
+async def test_a_produce_at_batch_bytes_max_by_the_size_rule_succeeds_and_one_byte_over_is_413(
+    tmp_path: Path,
+) -> None:
+    """The README's one size rule: value + key + header names and values + 8 per record. At
+    the limit (its encoding is larger: framing, a 9-byte timestamp) the produce is stored."""
+    limit = 16 * 1024
+
+    def body(value_bytes: int) -> bytes:
+        record = {"key": b64(b"k" * 100), "value": b64(b"v" * value_bytes),
+                  "timestamp_ms": 1_700_000_000_000, "headers": [["h", b64(b"xyz")]]}
+        return json.dumps({"records": [record]}).encode()
+
+    at_limit = limit - 100 - 4 - 8
+    async with daemon_and_client(tmp_path, batcher__batch_bytes_max=limit) as (_, client):
+        await client.create_topic("t", 1)
+        answer = await raw(client, "POST", RECORDS, content=body(at_limit))
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"base_offset": 0, "last_offset": 0, "attempts": 1}
+        assert_error(await raw(client, "POST", RECORDS, content=body(at_limit + 1)), 413,
+                     "too_large", f"{limit + 1} record bytes exceed batch_bytes_max {limit}")
+        (stored,) = (await client.fetch("t", 0, 0)).records
+        assert (stored.key, stored.value) == (b"k" * 100, b"v" * at_limit)
+
+
 async def test_unknown_topics_partitions_offsets_and_routes(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path) as (_, client):
         await client.create_topic("t", 2)
