@@ -151,21 +151,42 @@ class L1Catalog:
 
     # ------------------------------------------------------------------ reads
 
-    async def fetch(
-        self, actor: PartitionActor, offset: int, max_bytes: int, upto: int
-    ) -> list[FetchedRecord]:
+    async def fill(self, actor: PartitionActor, window: FetchWindow) -> None:
+        """Fill `window` from the valid L1 objects holding its next offset and those after it,
+        one object after another, until it stops (its `upto` is at most the LRO). The cached
+        lineage is read again once when it does not reach far enough. An object gone after the
+        first (retention, or a delete racing this read) ends the fill there: the records taken
+        are still the partition's."""
         rows = self._valid.get(actor.row.pid)
-        if rows is None or not rows or rows[-1].last_offset < min(offset, upto):
+        refreshed = not rows
+        if refreshed:
             rows = await self.refresh(actor)
-        i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
-        if i < 0 or rows[i].last_offset < offset:
-            raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
-        row = rows[i]
-        data = await self._objects.get(row.key)
+        assert rows is not None
+        while True:
+            offset = window.next_offset
+            i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
+            if i >= 0 and rows[i].last_offset >= offset:
+                for row in rows[i:]:
+                    if not await self._fill_from(row, window):
+                        return
+            elif window.records and refreshed:
+                return  # the lineage goes no further (offsets an operator abandoned)
+            elif refreshed:
+                raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
+            if refreshed:
+                return
+            rows, refreshed = await self.refresh(actor), True
+
+    async def _fill_from(self, row: L1Row, window: FetchWindow) -> bool:
+        try:
+            data = await self._objects.get(row.key)
+        except ObjectNotFound:
+            if not window.records:
+                raise
+            return False
         where = f"L1 object {row.key}"
         header = read_header(data, where)
         (extent,) = header.extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        window = FetchWindow(offset, upto, max_bytes)
-        window.add_extent(row.base_offset, decode_extent(raw, extent.checksum, extent.record_count, where))
-        return window.records
+        records = decode_extent(raw, extent.checksum, extent.record_count, where)
+        return window.add_extent(row.base_offset, records)

@@ -98,7 +98,7 @@ class FetchResponse(_Response):
     next_offset: int
     high_watermark: int
     start_offset: int
-    tier: str  # "l0" | "l1" | "none" (nothing at this offset yet)
+    tier: str  # "l1" | "l0" | "l1+l0" (on from L1 into L0) | "none" (nothing at this offset yet)
 
 
 class L1ObjectStatus(_Response):
