@@ -67,6 +67,7 @@ from .schema import (
     HealthResponse,
     HousekeeperRunRequest,
     HousekeeperStatus,
+    L1DeletePendingStatus,
     L1ObjectStatus,
     PartitionOutlier,
     PartitionPage,
@@ -91,6 +92,7 @@ MiB = 1024 * 1024
 DISCARD_BYTES_MAX = 64 * MiB
 BLOCKED_BY_SHOWN_MAX = 20
 L1_LINEAGE_SHOWN_MAX = 20  # per partition in /v1/status: the newest valid L1 objects
+L1_DELETES_PENDING_SHOWN_MAX = 20  # in /v1/status: the oldest failed L1 deletes
 # /v1/status stays small with 10,000 partitions: the first page of partitions and the worst
 # outliers only; GET /v1/status/partitions pages through the rest.
 STATUS_PARTITIONS_SHOWN_MAX = 100
@@ -673,6 +675,7 @@ def status_outliers(
 
 def reconciler_status(node: Node) -> ReconcilerStatus:
     stats = node.reconciler.stats
+    pending = node.l1.pending_deletes
     return ReconcilerStatus(
         rounds=stats.rounds,
         objects_written=stats.objects_written,
@@ -684,6 +687,12 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
         failing=[
             ReconcileFailingStatus(f.partition, f.since, f.failures, f.last_error, f.last_failed_at)
             for f in node.reconciler.health.failing()
+        ],
+        l1_deletes_pending=len(pending),
+        l1_deletes_pending_shown=[
+            L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error,
+                                  e.next_retry_at)
+            for e in pending.pending()[:L1_DELETES_PENDING_SHOWN_MAX]
         ],
     )
 

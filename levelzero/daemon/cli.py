@@ -563,6 +563,13 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
                 f"  RECONCILE FAILING {f.partition} since {_ago(f.since)} ({f.failures} passes), "
                 f"holding M back: {f.last_error}"
             )
+        if r.l1_deletes_pending:
+            lines.append(f"  L1 DELETES PENDING {r.l1_deletes_pending} (failed, retried with backoff)")
+        for d in r.l1_deletes_pending_shown:
+            lines.append(
+                f"    {d.partition} {d.key}: failing since {_ago(d.since)} ({d.failures} tries), "
+                f"next in {max(0.0, d.next_retry_at - time.time()):.0f} s: {d.last_error}"
+            )
     h = status.housekeeper
     if h is not None:
         lines.append(

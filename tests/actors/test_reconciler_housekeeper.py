@@ -490,3 +490,51 @@ async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
         cut = await node.fetch("t", 0, 0, budget)
         assert cut.next_offset == PLACEHOLDERS_PER_READ + 1
 
+
+async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
+    """An abandoned copy whose clean-up delete fails 3 times: it stays DELETE_STARTED with its
+    object in the bucket only until its retries (1, 2, 4 s apart) get through, in the running
+    node, not until a restart; the pending count shows it meanwhile."""
+    from dataclasses import replace
+
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = make_config()
+    config = replace(config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0,
+                                                delete_retry_max_s=300.0))
+    async with running_node(log_store, objects, wall, config) as node:
+        await node.create_topic("t", 1)
+        pid = node.partition("t", 0).row.pid
+        await node.reconciler.run_round()  # the start-up recovery pass is behind us
+        abandoned = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "d" * 32
+        await objects.put(abandoned, b"half")
+        await log_store.l1_insert(
+            L1Row(abandoned, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now)
+        )
+        objects.faults.fail_deletes([abandoned], "SlowDown", count=3)
+
+        async def state() -> tuple[str, bool, int, int]:
+            (row,) = await log_store.l1_list(pid)
+            pending = node.l1.pending_deletes
+            failures = pending.get(abandoned).failures if len(pending) else 0
+            return row.state, abandoned in objects._objects, len(pending), failures
+
+        wall.now += 61.0  # past the copy deadline: the clean-up starts, and its delete fails
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 1)
+        assert node.l1.pending_deletes.get(abandoned).last_error.startswith("storage_error: ")
+        await node.reconciler.run_round()  # not due yet: no try
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 1)
+        wall.now += 1.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 2)
+        wall.now += 1.0  # the next try is 2 s after the last
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 2)
+        wall.now += 1.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 3)
+        wall.now += 4.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_FINISHED, False, 0, 0)
+        assert (node.l1.delete_failures, node.l1.delete_retries, node.l1.deleted) == (3, 3, 1)
