@@ -321,6 +321,8 @@ class ReconcilerSection(_Section):
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
+    delete_retry_first_s: float = 1.0  # a failed L1 delete is tried again after this, doubling
+    delete_retry_max_s: float = 300.0  # ... up to this
     enabled: bool = True
 
     def __post_init__(self) -> None:

@@ -25,8 +25,9 @@ from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core import kafka_records as kr
 from levelzero.core.entries import Placeholder, ProducerSpan
 from levelzero.core.cluster import preferred_leader
-from levelzero.core.errors import LevelZeroError, ShuttingDown
+from levelzero.core.errors import LevelZeroError, ShuttingDown, TooLarge
 from levelzero.core.l0format import Record
+from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
 from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
@@ -43,7 +44,6 @@ METADATA_VIEW_AGE_MAX_S = 0.5
 FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
 FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
 FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
-RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce)
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
 LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
@@ -65,6 +65,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "store_refused": ErrorCode.kafka_storage_error,
     "topic_exists": ErrorCode.topic_already_exists,
     "invalid_input": ErrorCode.invalid_request,
+    "too_large": ErrorCode.message_too_large,
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
 }
@@ -432,12 +433,12 @@ class Handlers:
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
-        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
-        size += sum(len(name) + len(value or b"") for r in records if r.headers for name, value in r.headers)
-        batch_bytes_max = self.node.batcher.config.batch_bytes_max
-        if size > batch_bytes_max:
-            return (ErrorCode.message_too_large, -1,
-                    f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}")
+        # The one size rule, the batcher's: sets are packed into one request by it below.
+        try:
+            size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
+        except TooLarge as exc:
+            return self._produce_failed(topic, partition, exc)
+        assert size is not None
         first = batches[0]
         identity = None
         if first.producer_id >= 0 and first.base_sequence >= 0:
