@@ -193,6 +193,9 @@ async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> Control
             tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
             writers=control.writers, connect_timeout_s=control.connect_timeout_s,
             reconnect_timeout_s=control.reconnect_timeout_s,
+            # A paused node's open transaction holds its partitions' rows no longer than its
+            # leases on them last (the README's cluster section).
+            idle_in_transaction_timeout_s=config.cluster.lease_ttl_s,
         )
     return await SqliteLogStore.open_in(
         tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous

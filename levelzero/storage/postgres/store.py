@@ -74,7 +74,7 @@ from levelzero.storage.protocols import (
     StateSampleRow,
 )
 
-from .schema import SEQ_LOCK_KEY, SEQ_TABLES, migrate
+from .schema import migrate
 
 GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
 QUEUE_MAX = 1024  # write calls waiting for the dispatcher before callers block
@@ -82,13 +82,14 @@ WRITERS = 2  # batches on their way at once (one pooled connection each)
 POOL_MAX = 8  # connections: writers + readers
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 60.0
-# The server ends a session left idle inside a transaction this long: a node stopped (SIGSTOP,
-# a VM paused) between a batch's statements and its COMMIT would otherwise hold its row and
-# advisory locks until it woke, and every other node's write batches would wait behind them
-# (the three-daemon test's paused node did: both others timed out after 60 s and stopped). Its
+# The server ends a session left idle inside a transaction this long (the daemon passes its
+# lease TTL): a node stopped (SIGSTOP, a VM paused, cut off) between a batch's statements and
+# its COMMIT would otherwise hold its partitions' row locks until it woke, and the node that
+# takes those partitions over when the leases expire would wait behind them to start its term.
+# No other node waits for it before then: a batch locks only its own partitions' rows. Its
 # transaction is rolled back, so nothing of it was acknowledged; it fails when the node wakes.
 # A healthy node never idles in a transaction longer than a stall of its event loop.
-IDLE_IN_TRANSACTION_TIMEOUT_S = 5.0
+IDLE_IN_TRANSACTION_TIMEOUT_S = 10.0
 SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
 RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
 RETRY_DELAY_MIN_S = 0.05
@@ -308,6 +309,7 @@ class PostgresLogStore:
         writers: int = WRITERS, group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
         queue_max: int = QUEUE_MAX, connect_timeout_s: float = CONNECT_TIMEOUT_S,
         reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, clock: Callable[[], float] = time.time,
+        idle_in_transaction_timeout_s: float = IDLE_IN_TRANSACTION_TIMEOUT_S,
     ) -> PostgresLogStore:
         for name, value, high in (
             ("writers", writers, 64), ("pool_max", pool_max, 1000),
@@ -316,6 +318,10 @@ class PostgresLogStore:
         ):
             if not (isinstance(value, int) and 1 <= value <= high):
                 raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
+        if not 0.1 <= idle_in_transaction_timeout_s <= 3600.0:
+            raise InvalidInput(
+                f"idle_in_transaction_timeout_s must be in [0.1, 3600], not {idle_in_transaction_timeout_s!r}"
+            )
         if pool_max < writers + 1:
             raise InvalidInput(f"pool_max ({pool_max}) must exceed writers ({writers})")
         where = redacted(dsn)
@@ -325,7 +331,7 @@ class PostgresLogStore:
                 timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S,
                 server_settings={
                     "idle_in_transaction_session_timeout":
-                        str(int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)),
+                        str(round(idle_in_transaction_timeout_s * 1000)),
                 },
             )
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
@@ -632,8 +638,6 @@ class PostgresLogStore:
                     outcomes[index] = (None, await self._refusal(connection, job, row))
         if txid is None:
             txid = await connection.fetchval("SELECT txid_current()")
-        if any(job.table in SEQ_TABLES for job in jobs):
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
         for table, statement, width in (
             ("l0_objects", _L0_INSERT, 7),
             ("fence_events", _FENCE_INSERT, 8),
@@ -938,7 +942,6 @@ class PostgresLogStore:
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
             try:
                 await connection.execute(
                     f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "
