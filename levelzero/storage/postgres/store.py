@@ -310,6 +310,7 @@ class PostgresLogStore:
         queue_max: int = QUEUE_MAX, connect_timeout_s: float = CONNECT_TIMEOUT_S,
         reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, clock: Callable[[], float] = time.time,
         idle_in_transaction_timeout_s: float = IDLE_IN_TRANSACTION_TIMEOUT_S,
+        application_name: str = "levelzero",
     ) -> PostgresLogStore:
         for name, value, high in (
             ("writers", writers, 64), ("pool_max", pool_max, 1000),
@@ -332,6 +333,8 @@ class PostgresLogStore:
                 server_settings={
                     "idle_in_transaction_session_timeout":
                         str(round(idle_in_transaction_timeout_s * 1000)),
+                    # pg_stat_activity names the node each session belongs to
+                    "application_name": application_name,
                 },
             )
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
