@@ -122,7 +122,7 @@ SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5:
 # The fence and the append in one statement: lock the batch's partitions in pid order (two
 # batches never deadlock), advance only those whose term and next offset are still the caller's,
 # insert the log rows of exactly those. Returns every locked partition: accepted or why not.
-_APPEND_BATCH = """WITH locked AS MATERIALIZED (
+APPEND_BATCH = """WITH locked AS MATERIALIZED (
     SELECT pid, term, next_log_offset FROM partitions
     WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE
 ), asks AS (
@@ -628,7 +628,7 @@ class PostgresLogStore:
             # One round trip: lock, fence, advance and insert (the log rows of refused appends
             # are filtered out by the statement itself).
             rows = await connection.fetch(
-                _APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
+                APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
             )
             locked = {row["pid"]: row for row in rows}
             txid = rows[0]["txid"] if rows else None
