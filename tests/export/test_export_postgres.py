@@ -91,3 +91,29 @@ def test_a_row_committing_after_a_higher_seq_is_exported_once(tmp_path: Path, po
     assert (first.rows["l0_objects"], second.rows["l0_objects"], third.rows["l0_objects"]) == (0, 2, 0)
     keys = [row["key"] for row in read_table(out, "l0_objects").to_pylist()]
     assert sorted(keys) == ["early", "late"]
+
+
+def test_rows_restored_from_another_servers_dump_are_exported(tmp_path: Path, postgres_dsn: str) -> None:
+    """A logical dump restored into another server keeps the rows' xids while the server's
+    transaction counter starts again low: the store, when it opens, hands such rows over to
+    the seq rule (xid 0), so the export takes them now instead of when the counter passes."""
+
+    async def restore_and_open() -> int:
+        async with await PostgresLogStore.open(postgres_dsn) as store:
+            await store.create_topic("t", 1, 1, 0.0)
+        connection = await asyncpg.connect(postgres_dsn)
+        try:
+            await connection.execute(
+                "INSERT INTO l0_objects (key, epoch, size, created_at, extents, xid)"
+                " VALUES ('restored', 1, 1, 0, 1, txid_current() + 1000000)"
+            )
+            async with await PostgresLogStore.open(postgres_dsn):
+                pass
+            return await connection.fetchval("SELECT xid FROM l0_objects WHERE key = 'restored'")
+        finally:
+            await connection.close()
+
+    assert asyncio.run(restore_and_open()) == 0
+    out = str(tmp_path / "out")
+    assert export(postgres_dsn, out).rows["l0_objects"] == 1
+    assert [row["key"] for row in read_table(out, "l0_objects").to_pylist()] == ["restored"]

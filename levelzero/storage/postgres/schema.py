@@ -208,6 +208,16 @@ CREATE INDEX {table}_by_xid ON {table} (xid, seq);
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# Rows whose xid is ahead of this server's transaction counter came from another server (a
+# logical dump restored here: the counter starts again low). Their transactions ended long ago;
+# xid 0 makes the export take them by seq, as rows from before migration 6, instead of waiting
+# until the counter passes them. A row written here that the UPDATE sees committed before the
+# UPDATE's snapshot, so its xid is below the UPDATE's own (assigned after that snapshot): only
+# foreign rows match. Run at every open; the (xid, seq) index makes it a short range scan.
+FORGET_FOREIGN_XIDS = tuple(
+    f"UPDATE {table} SET xid = 0 WHERE xid >= (SELECT txid_current())" for table in EXPORTED_TABLES
+)
+
 _VERSION_TABLE = """CREATE TABLE IF NOT EXISTS levelzero_schema (
     version INTEGER PRIMARY KEY,
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
@@ -232,6 +242,8 @@ async def migrate(connection: asyncpg.Connection, where: str) -> int:
                 await connection.execute(
                     "INSERT INTO levelzero_schema (version) VALUES ($1)", version
                 )
+        for statement in FORGET_FOREIGN_XIDS:
+            await connection.execute(statement)
         return int(found)
     finally:
         await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
