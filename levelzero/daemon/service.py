@@ -185,6 +185,11 @@ async def _open_object_store(config: Config) -> ObjectStore:
 ControlStore = SqliteLogStore | PostgresLogStore
 
 
+def node_id_of(config: Config) -> str:
+    """The node's id in a cluster: `cluster.node_id`, or this host's name and the HTTP port."""
+    return config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}"
+
+
 async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> ControlStore:
     """The control plane `[control]` names, its writer running in `tg`."""
     control = config.control
@@ -193,6 +198,10 @@ async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> Control
             tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
             writers=control.writers, connect_timeout_s=control.connect_timeout_s,
             reconnect_timeout_s=control.reconnect_timeout_s,
+            # A paused node's open transaction holds its partitions' rows no longer than its
+            # leases on them last (the README's cluster section).
+            idle_in_transaction_timeout_s=config.cluster.lease_ttl_s,
+            application_name=f"levelzero {node_id_of(config)}",
         )
     return await SqliteLogStore.open_in(
         tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
@@ -359,7 +368,7 @@ class Daemon:
             assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
             cluster = ClusterSettings(
                 log_store,
-                config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}",
+                node_id_of(config),
                 config.cluster.advertise_url.rstrip("/"),
                 lease_ttl_s=config.cluster.lease_ttl_s,
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
