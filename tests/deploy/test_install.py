@@ -53,7 +53,8 @@ def test_sdist_carries_licence_schemas_unit_and_install_script(dists: tuple[Path
     sdist, _ = dists
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    for wanted in ("LICENSE", "README.md", "constraints.txt", "Containerfile", "packaging/install.sh",
+    for wanted in ("LICENSE", "README.md", "DESIGN.md", "docs/operating.md", "docs/configuration.md",
+                   "constraints.txt", "Containerfile", "packaging/install.sh",
                    "levelzero/export/SCHEMAS.md", *(f"levelzero/deploy/{f}" for f in SHIPPED)):
         assert wanted in names, wanted
 
