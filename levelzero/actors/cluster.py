@@ -12,8 +12,13 @@ member:
    is preferred for (`lead` starts them: the new leader's `TermStart` fences the old term).
 
 Between rounds, `leads(pid)` answers from the local lease deadline: once it has passed without a
-successful renewal, the member acts as leader of nothing, whatever the control plane would say.
-The database fences what matters anyway (appends and term starts are term-checked).
+successful renewal, the member acts as leader of nothing, whatever the control plane would say
+and whatever its round is doing (the node asks `leads` before it serves a read or a write, so a
+node cut off from the control plane stops serving by its own deadline). Every control-plane call
+of a round gives up after `call_timeout_s` (half the TTL): a round stuck on a dead connection
+(client timeouts of 30-60 s) would otherwise never reach the resign step, which runs after a
+failed round. The database fences what matters anyway (appends and term starts are
+term-checked).
 
 What `lead` and `resign` do is the node's business (start or stop partition actors); this actor
 only decides, so it runs the same over PostgreSQL and over the simulation's memory control plane.
@@ -23,12 +28,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import anyio
 import anyio.abc
 
 from levelzero.core.cluster import MOVES_PER_ROUND_MAX, LeaseClock, live_nodes, moves
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.protocols import ClusterControl, ClusterView
 
 log = logging.getLogger("levelzero.cluster")
@@ -36,6 +42,12 @@ log = logging.getLogger("levelzero.cluster")
 ROUNDS_PER_TTL = 3
 EXPIRY_MARGIN_S = 0.05  # a round this long after another node's lease ran out (clock rounding)
 ROUND_GAP_MIN_S = 0.05  # rounds never run back to back
+# A control-plane call of a round gives up after this fraction of the TTL: a renewal answered
+# later leaves less than (1 - margin - this) of the TTL to use it, and one never answered (a
+# blackholed connection) must not keep the round from resigning.
+CALL_TIMEOUT_FRACTION = 0.5
+
+T = TypeVar("T")
 
 Callback = Callable[[list[int]], Awaitable[None]]
 
@@ -67,6 +79,7 @@ class ClusterMember:
         self._term_of = term_of
         self._clock = clock
         self.lease = LeaseClock(ttl_s)
+        self.call_timeout_s = ttl_s * CALL_TIMEOUT_FRACTION
         self.leading: set[int] = set()
         self.view: ClusterView | None = None
         self.draining = False
@@ -78,7 +91,13 @@ class ClusterMember:
     # ------------------------------------------------------------------ answers
 
     def leads(self, pid: int) -> bool:
+        """Whether this node may serve the partition now: it took the lease and the local
+        deadline of its last successful renewal has not passed (whatever a round is doing)."""
         return pid in self.leading and self.lease.valid(self._clock())
+
+    def lease_valid(self) -> bool:
+        """Whether the local deadline of the last successful renewal still holds."""
+        return self.lease.valid(self._clock())
 
     def leader_url(self, topic: str, partition: int) -> str | None:
         """The advertise URL of the node the last view names as the partition's live leader."""
@@ -121,6 +140,13 @@ class ClusterMember:
                 log.warning("cluster round failed: %s", exc)
                 await self._self_fence()
 
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One control-plane call of a round, given up after `call_timeout_s` (a retriable
+        StorageError: the round fails, the lease runs out locally, `_self_fence` resigns)."""
+        with anyio.move_on_after(self.call_timeout_s):
+            return await call()
+        raise StorageError(f"the control plane did not answer {what} within {self.call_timeout_s:g} s")
+
     def _next_round_in_s(self) -> float:
         """A third of the TTL, or sooner: just after the next lease of another node runs out
         (by the last view), so a crashed node's partitions are taken as soon as its lease
@@ -143,10 +169,12 @@ class ClusterMember:
     async def _round(self) -> None:
         self.rounds += 1
         sent_at = self._clock()
-        if not await self.control.renew_node(self.node_id, self.ttl_s):
+        c = self.control
+        if not await self._call("renewing the node", lambda: c.renew_node(self.node_id, self.ttl_s)):
             log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
-            await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
-        held = set(await self.control.renew_leases(self.node_id, self.ttl_s))
+            await self._call("registering the node", lambda: c.register_node(
+                self.node_id, self.advertise_url, self.kafka_url, self.ttl_s))
+        held = set(await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self.ttl_s)))
         self.lease.renewed(sent_at)
         lost = sorted(self.leading - held)
         if lost:
@@ -163,7 +191,7 @@ class ClusterMember:
                      "held", self.node_id, len(adopted))
             self.leading.update(adopted)
             await self._lead(adopted)
-        view = self.view = await self.control.cluster_view()
+        view = self.view = await self._call("reading the cluster view", c.cluster_view)
         self._view_read_at = self._clock()
         active, _draining = live_nodes(
             ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
@@ -181,12 +209,13 @@ class ClusterMember:
         hand_over = [by_name[name].pid for name in planned.hand_over]
         if hand_over:
             await self._give_up(hand_over)
-            await self.control.release_leases(self.node_id, hand_over)
+            await self._call("releasing leases", lambda: c.release_leases(self.node_id, hand_over))
         wanted = [by_name[name].pid for name in planned.take]
         if wanted and not self.draining:
             sent_at = self._clock()
-            taken = [p for p in await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
-                     if p not in self.leading]
+            granted = await self._call(
+                "acquiring leases", lambda: c.acquire_leases(self.node_id, wanted, self.ttl_s))
+            taken = [p for p in granted if p not in self.leading]
             if taken and self._clock() - sent_at >= self.ttl_s - self.lease.margin_s:
                 # The answer came too late to act on: the leases may have run out and been
                 # taken since. Next round's renewal says whether they are still ours.
@@ -215,7 +244,7 @@ class ClusterMember:
 
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
-        self.view = await self.control.cluster_view()
+        self.view = await self._call("reading the cluster view", self.control.cluster_view)
         self._view_read_at = self._clock()
 
     async def fresh_view(self, age_max_s: float) -> ClusterView | None:

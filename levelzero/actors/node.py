@@ -392,7 +392,13 @@ class Node:
         return {**self._topics, **self.member.partitions_known()}
 
     def partition(self, topic: str, partition: int) -> PartitionActor:
+        """The partition's actor, if this node serves it now. In a cluster, only while the
+        local deadline of its lease holds (`ClusterMember.leads`): a node cut off from the
+        control plane stops serving reads and writes by then, whatever its rounds are doing
+        (the successor may be serving newer records already)."""
         actor = self._partitions.get((topic, partition))
+        if actor is not None and self.member is not None and not self.member.leads(actor.row.pid):
+            actor = None
         if actor is None:
             topics = self.topics()
             if topic not in topics:
@@ -424,7 +430,7 @@ class Node:
     ) -> ProduceResult:
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
-        if actor is None:
+        if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
             actor = await self.led_partition(topic, partition)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
@@ -435,7 +441,12 @@ class Node:
         return await self.batcher.produce(actor, records, producers)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        return await self.reader.fetch(await self.led_partition(topic, partition), offset, max_bytes)
+        actor = await self.led_partition(topic, partition)
+        result = await self.reader.fetch(actor, offset, max_bytes)
+        if self.member is not None and not self.member.leads(actor.row.pid):
+            # The lease's deadline passed while reading: a successor may have newer records.
+            self.partition(topic, partition)  # raises LedElsewhere
+        return result
 
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first
@@ -445,7 +456,11 @@ class Node:
         except (UnknownTopic, UnknownPartition, LedElsewhere):
             if self.member is None:
                 raise
-        await self.member.refresh()
+        if self.member.lease_valid():
+            await self.member.refresh()
+        # else: this node's own lease ran out without a renewal, so the control plane is out of
+        # reach (or was, a moment ago): the last view answers, at once, rather than a request
+        # that waits for a dead connection.
         return self.partition(topic, partition)
 
     # ------------------------------------------------------------------ operator escape hatch

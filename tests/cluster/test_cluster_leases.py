@@ -1,0 +1,98 @@
+"""Two daemons of a cluster in this process on one throwaway PostgreSQL (one of them through a TCP
+proxy that can blackhole its connections) and one shared objects directory: a node cut off from
+the control plane stops serving its partitions, reads and writes, by its own lease deadline,
+whatever its renewal round is doing (its calls hang on a dead connection)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from daemon_support import BlackholeProxy, daemon_config, free_port, postgres_overrides
+from levelzero.daemon.client import Client
+from levelzero.daemon.cluster_demo import read_partition
+from levelzero.daemon.service import Daemon, running_daemon
+
+TTL_S = 2.0
+TOPIC = "l"
+PARTITIONS = 6
+WAIT_S = 60.0
+REQUEST_TIMEOUT_S = 5.0  # far below the PostgreSQL client's own timeouts (30-60 s)
+
+
+def cluster_overrides(tmp_path: Path, name: str, dsn: str) -> dict[str, Any]:
+    port = free_port()
+    return {
+        **postgres_overrides(dsn),
+        "server__listen": f"127.0.0.1:{port}",
+        "server__shutdown_timeout_s": 10.0,
+        "node__drain_timeout_s": 5.0,
+        "storage__objects_path": str(tmp_path / "objects"),
+        "cluster__enabled": True,
+        "cluster__node_id": name,
+        "cluster__advertise_url": f"http://127.0.0.1:{port}",
+        "cluster__lease_ttl_s": TTL_S,
+    }
+
+
+async def wait_for(condition, what: str) -> None:  # noqa: ANN001
+    with anyio.fail_after(WAIT_S):
+        while not condition():
+            await anyio.sleep(0.05)
+    assert condition(), what
+
+
+def led(daemon: Daemon) -> set[int]:
+    assert daemon.node is not None
+    return {actor.row.partition for actor in daemon.node.partitions()}
+
+
+async def test_a_node_cut_off_from_postgres_stops_serving_its_partitions_by_its_lease_deadline(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    proxy = await BlackholeProxy(int(postgres_dsn.rsplit(":", 1)[1].split("/")[0])).start()
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(proxy.aclose)
+        a = await stack.enter_async_context(running_daemon(
+            daemon_config(tmp_path / "a", **cluster_overrides(tmp_path, "a", proxy.dsn(postgres_dsn)))))
+        b = await stack.enter_async_context(running_daemon(
+            daemon_config(tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn))))
+        stack.callback(proxy.heal)  # before the daemons stop: a leaves the cluster cleanly
+        async with Client(a.url) as client:
+            await client.create_topic(TOPIC, PARTITIONS)
+        await wait_for(lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
+                       "both nodes lead some partitions")
+        async with Client(b.url) as client:  # follows 307 to the leader
+            for p in range(PARTITIONS):
+                assert (await client.produce(TOPIC, p, [f"before-{p}".encode()])).base_offset == 0
+        former = sorted(led(a))
+
+        proxy.blackhole()
+        cut_at = time.monotonic()
+        # Every renewal a answered was sent before the cut: its local deadline (sent + TTL
+        # less the margin) has passed by `cut_at + TTL_S`, whatever its round is doing now.
+        await anyio.sleep(TTL_S)
+        async with httpx.AsyncClient(base_url=a.url, trust_env=False, timeout=REQUEST_TIMEOUT_S,
+                                     follow_redirects=False) as http:
+            for p in former:
+                path = f"/v1/topics/{TOPIC}/partitions/{p}/records"
+                read = await http.get(path, params={"offset": 0})
+                assert read.status_code in (307, 503), (p, read.status_code, read.text)
+                assert read.json()["error"] == "not_leader", read.text
+                write = await http.post(path, json={"records": [{"value": "YWZ0ZXI="}]})
+                assert write.status_code in (307, 503), (p, write.status_code, write.text)
+
+        # b takes them over once a's leases have run out, and serves every acknowledged record.
+        async with Client(b.url) as client:
+            for p in former:
+                with anyio.fail_after(WAIT_S):
+                    while p not in led(b):
+                        await anyio.sleep(0.05)
+                assert (await client.produce(TOPIC, p, [b"after"])).base_offset == 1
+        for p in former:
+            assert await read_partition(b.url, p, TOPIC) == [f"before-{p}".encode(), b"after"]
