@@ -112,6 +112,10 @@ class ClusterMember:
                 return None
         return None
 
+    def lease_holders(self) -> dict[str, str | None]:
+        """Every partition of the last view -> the live node holding its lease, or None."""
+        return {} if self.view is None else lease_holders(self.view)
+
     def live_nodes(self) -> list[str] | None:
         """The live, non-draining node ids of the last view (sorted); None before the first."""
         view = self.view
@@ -198,12 +202,8 @@ class ClusterMember:
         )
         if self.draining and self.node_id in active:
             active.remove(self.node_id)
-        live = set(active) | {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
         by_name = {f"{l.topic}/{l.partition}": l for l in view.leases}
-        leaders = {
-            name: (l.node_id if l.node_id in live and l.lease_expires_at > view.now else None)
-            for name, l in by_name.items()
-        }
+        leaders = lease_holders(view)
         await self._restart_superseded(view)
         planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)
         hand_over = [by_name[name].pid for name in planned.hand_over]
@@ -275,3 +275,14 @@ class ClusterMember:
             log.warning("node %s: no lease renewal within the TTL: resigning every partition",
                         self.node_id)
             await self._give_up(sorted(self.leading))
+
+
+def lease_holders(view: ClusterView) -> dict[str, str | None]:
+    """"topic/partition" -> the node holding its lease, if both leases are live by `view.now`."""
+    live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
+    return {
+        f"{l.topic}/{l.partition}": (
+            l.node_id if l.node_id in live and l.lease_expires_at > view.now else None
+        )
+        for l in view.leases
+    }

@@ -1,7 +1,8 @@
 """Two daemons of a cluster in this process on one throwaway PostgreSQL (one of them through a TCP
 proxy that can blackhole its connections) and one shared objects directory: a node cut off from
 the control plane stops serving its partitions, reads and writes, by its own lease deadline,
-whatever its renewal round is doing (its calls hang on a dead connection)."""
+whatever its renewal round is doing (its calls hang on a dead connection); every node's status,
+metrics and GC explain show the `M` the GC uses, over every partition of the cluster."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ WAIT_S = 60.0
 REQUEST_TIMEOUT_S = 5.0  # far below the PostgreSQL client's own timeouts (30-60 s)
 
 
-def cluster_overrides(tmp_path: Path, name: str, dsn: str) -> dict[str, Any]:
+def cluster_overrides(tmp_path: Path, name: str, dsn: str, **more: Any) -> dict[str, Any]:
     port = free_port()
     return {
+        **more,
         **postgres_overrides(dsn),
         "server__listen": f"127.0.0.1:{port}",
         "server__shutdown_timeout_s": 10.0,
@@ -96,3 +98,66 @@ async def test_a_node_cut_off_from_postgres_stops_serving_its_partitions_by_its_
                 assert (await client.produce(TOPIC, p, [b"after"])).base_offset == 1
         for p in former:
             assert await read_partition(b.url, p, TOPIC) == [f"before-{p}".encode(), b"after"]
+
+
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """The node that created the topic once showed M = null in status and metrics, blocked by
+    the partitions the other node leads (its own board listed every partition it created and
+    none it did not lead): the LevelZeroGcBlocked alert fired on a healthy cluster."""
+    quiet = {"reconciler__enabled": False, "housekeeper__enabled": False, "gc__enabled": False}
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(running_daemon(
+            daemon_config(tmp_path / "a", **cluster_overrides(tmp_path, "a", postgres_dsn, **quiet))))
+        b = await stack.enter_async_context(running_daemon(
+            daemon_config(tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn, **quiet))))
+        async with Client(a.url) as client:
+            await client.create_topic(TOPIC, PARTITIONS)
+            await wait_for(lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
+                           "both nodes lead some partitions")
+            await client.advance_epoch()
+            await client.advance_epoch()
+            for p in range(PARTITIONS):
+                await client.produce(TOPIC, p, [b"x"])
+            with anyio.fail_after(WAIT_S):  # every leader has published its M(p)
+                while (gc := await client.gc_run(dry_run=True)).m is None:
+                    await anyio.sleep(0.1)
+        assert gc.blocked_by == [] and gc.holders
+
+        for daemon, other in ((a, "b"), (b, "a")):
+            other_led = {f"{TOPIC}/{p}" for p in (led(b) if other == "b" else led(a))}
+            async with Client(daemon.url) as client:
+                # M is read from the control plane, and the cluster view (who leads what) read,
+                # every third of the TTL: wait for reads after the last publish and the last
+                # move (nothing changes either any more: no reconciler, housekeeper, epochs).
+                with anyio.fail_after(WAIT_S):
+                    while True:
+                        status = await client.status()
+                        # Every partition holds an epoch far above M back; the other node's
+                        # say where they are led.
+                        explained = await client.gc_explain(epoch=gc.cluster_epoch + 10)
+                        reasons = {h.partition: h.reason for h in explained.holders}
+                        elsewhere = {n for n, r in reasons.items() if r.startswith(f"led by node {other}")}
+                        if status.m == gc.m and elsewhere == other_led:
+                            break
+                        await anyio.sleep(0.1)
+                assert sorted(status.m_holders) == sorted(gc.holders)
+                assert status.m_blocked_by == [] and status.m_blocked_count == 0
+                assert status.m_led_by == {
+                    n: other if n in other_led else daemon.config.cluster.node_id
+                    for n in gc.holders if n != "cap"
+                }
+                assert explained.m == gc.m
+                assert set(reasons) == {f"{TOPIC}/{p}" for p in range(PARTITIONS)} | {"cap"}
+            async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http:
+                text = (await http.get("/metrics")).text
+            assert metric(text, "levelzero_gc_watermark_blocked") == 0
+            assert metric(text, "levelzero_gc_watermark") == gc.m
