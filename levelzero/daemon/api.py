@@ -461,7 +461,9 @@ class Api:
         return page, (f"{page[-1].topic}/{page[-1].partition}" if more else None)
 
     def _partition_status(self, v: PartitionView) -> PartitionStatus:
-        lineage = self.node.l1.lineage(self.node.partition(v.topic, v.partition))
+        # The actor itself, not `Node.partition`: status shows a partition whose lease ran out
+        # here (a node cut off from the control plane) rather than redirecting the request.
+        lineage = self.node.l1.lineage(self.node.partitions_by_name()[v.name])
         return PartitionStatus(
             topic=v.topic,
             partition=v.partition,

@@ -15,6 +15,7 @@ import anyio
 import httpx
 
 from daemon_support import BlackholeProxy, daemon_config, free_port, postgres_overrides
+from levelzero.core.cluster import LeaseClock
 from levelzero.daemon.client import Client
 from levelzero.daemon.cluster_demo import read_partition
 from levelzero.daemon.service import Daemon, running_daemon
@@ -161,3 +162,20 @@ async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
                 text = (await http.get("/metrics")).text
             assert metric(text, "levelzero_gc_watermark_blocked") == 0
             assert metric(text, "levelzero_gc_watermark") == gc.m
+
+        # A node past its lease deadline (here: one whose renewals never count) still answers
+        # status, with the partitions it has not resigned yet, and serves none of them.
+        class NeverRenewed(LeaseClock):
+            def renewed(self, sent_at: float) -> None:
+                pass
+
+        assert a.node is not None and a.node.member is not None
+        a.node.member.lease = NeverRenewed(TTL_S)
+        async with httpx.AsyncClient(base_url=a.url, trust_env=False, follow_redirects=False) as http:
+            status = await http.get("/v1/status")
+            assert status.status_code == 200, status.text
+            shown = {(p["topic"], p["partition"]) for p in status.json()["partitions"]}
+            assert shown == {(TOPIC, p) for p in led(a)}
+            for p in led(a):
+                read = await http.get(f"/v1/topics/{TOPIC}/partitions/{p}/records")
+                assert read.status_code in (307, 503), read.text
