@@ -134,7 +134,10 @@ class ClusterMember:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
-        await self.round()
+        try:
+            await self.round()
+        except LevelZeroError as exc:  # e.g. a call past `call_timeout_s`: the loop tries again
+            log.warning("the first cluster round failed (leading nothing yet): %s", exc)
         task_status.started()
         while True:
             await anyio.sleep(self._next_round_in_s())
