@@ -26,8 +26,9 @@ only decides, so it runs the same over PostgreSQL and over the simulation's memo
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
 import anyio
@@ -87,6 +88,8 @@ class ClusterMember:
         self.rounds = 0
         self._round_lock = anyio.Lock()
         self._view_read_at = 0.0
+        self._serving: set[anyio.CancelScope] = set()  # requests the lease deadline ends
+        self._renewed = anyio.Event()  # set (and replaced) at each successful renewal
 
     # ------------------------------------------------------------------ answers
 
@@ -98,6 +101,18 @@ class ClusterMember:
     def lease_valid(self) -> bool:
         """Whether the local deadline of the last successful renewal still holds."""
         return self.lease.valid(self._clock())
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[anyio.CancelScope]:
+        """A scope for a request served under the lease: cancelled if the lease's local
+        deadline passes first without a renewal (a read waiting on a dead connection to the
+        control plane is answered then, not when the connection times out)."""
+        with anyio.CancelScope() as scope:
+            self._serving.add(scope)
+            try:
+                yield scope
+            finally:
+                self._serving.discard(scope)
 
     def leader_url(self, topic: str, partition: int) -> str | None:
         """The advertise URL of the node the last view names as the partition's live leader."""
@@ -139,6 +154,11 @@ class ClusterMember:
         except LevelZeroError as exc:  # e.g. a call past `call_timeout_s`: the loop tries again
             log.warning("the first cluster round failed (leading nothing yet): %s", exc)
         task_status.started()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_deadline)
+            await self._rounds()
+
+    async def _rounds(self) -> None:
         while True:
             await anyio.sleep(self._next_round_in_s())
             try:
@@ -146,6 +166,20 @@ class ClusterMember:
             except LevelZeroError as exc:  # the control plane is away: leases run out locally
                 log.warning("cluster round failed: %s", exc)
                 await self._self_fence()
+
+    async def _watch_deadline(self) -> None:
+        """Whatever the rounds are doing: once the lease's local deadline passes without a
+        renewal, end the requests served under it (`serving`), then wait for a renewal."""
+        while True:
+            renewed = self._renewed
+            deadline = self.lease.deadline
+            left = None if deadline is None else deadline - self._clock()
+            if left is not None and left > 0:
+                await anyio.sleep(left)
+                continue
+            for scope in list(self._serving):
+                scope.cancel()
+            await renewed.wait()
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """One control-plane call of a round, given up after `call_timeout_s` (a retriable
@@ -183,6 +217,8 @@ class ClusterMember:
                 self.node_id, self.advertise_url, self.kafka_url, self.ttl_s))
         held = set(await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self.ttl_s)))
         self.lease.renewed(sent_at)
+        self._renewed.set()
+        self._renewed = anyio.Event()
         lost = sorted(self.leading - held)
         if lost:
             log.warning("node %s: leases of %d partitions expired (a pause?): resigning them",

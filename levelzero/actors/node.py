@@ -463,11 +463,16 @@ class Node:
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         actor = await self.led_partition(topic, partition)
-        result = await self.reader.fetch(actor, offset, max_bytes)
-        if self.member is not None and not self.member.leads(actor.row.pid):
-            # The lease's deadline passed while reading: a successor may have newer records.
-            self.partition(topic, partition)  # raises LedElsewhere
-        return result
+        if self.member is None:
+            return await self.reader.fetch(actor, offset, max_bytes)
+        with self.member.serving():
+            result = await self.reader.fetch(actor, offset, max_bytes)
+            if self.member.leads(actor.row.pid):
+                return result
+        # The lease's deadline passed while reading (the read may be waiting on a dead
+        # connection to the control plane): a successor may have newer records.
+        self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
+        raise LedElsewhere(topic, partition, None)  # renewed just now: the client asks again
 
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first

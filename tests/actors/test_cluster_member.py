@@ -264,6 +264,10 @@ async def test_a_member_whose_control_calls_hang_resigns_once_its_lease_runs_out
             while len(node.led) < 4:
                 await anyio.sleep(0.01)
         control.cut = True
+        with anyio.fail_after(10):  # a request served under the lease ends at its deadline
+            with member.serving() as request:
+                await anyio.sleep_forever()
+        assert request.cancelled_caught and not member.lease_valid()
         with anyio.fail_after(10):  # without bounded calls: the round hangs, nothing resigns
             while node.led:
                 await anyio.sleep(0.01)
