@@ -27,10 +27,9 @@ from collections.abc import Iterable
 from .keys import L1Key
 
 
-def lineage(keys: Iterable[L1Key], min_term: int = 0) -> list[L1Key]:
+def lineage(keys: Iterable[L1Key]) -> list[L1Key]:
     """The keys of one partition that can belong to its term lineage, in the order to try them:
-    by base offset, then newest term, then longest range. Keys of a term below `min_term` (a
-    term that had ended before the log they would extend) never count."""
+    by base offset, then newest term, then longest range."""
     by_term: dict[int, list[L1Key]] = {}
     partitions = set()
     for key in keys:
@@ -41,15 +40,12 @@ def lineage(keys: Iterable[L1Key], min_term: int = 0) -> list[L1Key]:
     kept: list[L1Key] = []
     floor: int | None = None  # the lowest base offset of a newer term's kept keys
     for term in sorted(by_term, reverse=True):
-        if term < min_term:
-            break
         ours = [k for k in by_term[term] if floor is None or k.last_offset < floor]
         if ours:
             kept.extend(ours)
             low = min(k.base_offset for k in ours)
             floor = low if floor is None else min(floor, low)
     kept.sort(key=lambda k: (k.base_offset, -k.term, -k.last_offset))
-    assert all(k.term >= min_term for k in kept)
     return kept
 
 

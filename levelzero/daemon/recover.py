@@ -244,10 +244,9 @@ async def adopt_partition(
     keys = await partition_keys(objects, row.topic, row.partition)
     rows = {r.key: r for r in await store.l1_list(row.pid)}
     deleting = (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
-    # Objects older than the restored log's term cannot extend it: after the backup, every
-    # accepted catch-up carried the log's term or a newer one.
-    kept = lineage([k for k in keys if rows.get(str(k), None) is None
-                    or rows[str(k)].state not in deleting], min_term=state.term)
+    # The newest term's objects win where terms overlap (a zombie's late upload loses); what
+    # is adopted is then checked record by record against the restored placeholders.
+    kept = lineage(k for k in keys if str(k) not in rows or rows[str(k)].state not in deleting)
     end = state.high_watermark - 1
     placeholders = await _placeholders(store, row.pid, state.lro + 1, end)
     plan: list[_Adoptable] = []
