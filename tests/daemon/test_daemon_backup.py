@@ -68,3 +68,14 @@ async def test_backup_of_a_stopped_store_and_bad_destinations(tmp_path: Path, ca
     assert "no log store at" in capsys.readouterr().err
     assert main(["restore", str(tmp_path / "nothing"), "--data-dir", str(data)]) == 1
     assert "is not a levelzero backup" in capsys.readouterr().err
+
+
+async def test_recover_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+        argv = ["recover", "--from-bucket", "--data-dir", str(data)]
+        assert await anyio.to_thread.run_sync(main, argv) == 1
+        err = capsys.readouterr().err
+        assert "is already open by another log store" in err and err.count("\n") == 1, err
+        assert (await client.fetch("t", 0, 0, None)).high_watermark == 0  # untouched, still serving
