@@ -50,8 +50,13 @@ from levelzero.core.adoption import lineage, next_start_after, starting_at, term
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import CorruptData, LevelZeroError, MalformedKey, ObjectNotFound
 from levelzero.core.keys import L0_ROOT, L1_ROOT, L1Key, format_l1_key, new_uuid, parse_l0_key, parse_l1_key
-from levelzero.core.l0format import build_object, decode_single_extent, encode_extent, records_match_extent
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import (
+    Record,
+    build_object,
+    decode_single_extent,
+    encode_extent,
+    records_match_extent,
+)
 from levelzero.core.names import topic_name_problem
 from levelzero.core.state import PartitionSnapshot, PartitionState
 from levelzero.storage.protocols import (
@@ -63,7 +68,6 @@ from levelzero.storage.protocols import (
     Snapshot,
     iter_objects,
 )
-
 from levelzero.storage.postgres.store import PostgresLogStore
 
 from .config import Config
