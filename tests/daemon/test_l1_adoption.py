@@ -7,6 +7,7 @@ append (LRO, LRLO and so M(p) move as they would)."""
 from __future__ import annotations
 
 from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import StorageError
 from levelzero.core.keys import format_l0_key, format_l1_key
 from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
 from levelzero.daemon.recover import adopt_partition, rebuild_from_bucket, replay_state
@@ -109,3 +110,30 @@ async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
     assert (u1.start_offset, u1.lro, u1.high_watermark, u1.term) == (3, 7, 8, 2)
     u0 = await replay_state(store, rows[("u", 0)])
     assert (u0.high_watermark, u0.term, await store.l1_list(rows[("u", 0)].pid)) == (0, 0, [])
+
+
+async def test_an_interrupted_adoption_is_resumed_by_running_it_again() -> None:
+    """The catch-up is the last write: an adoption stopped before it adopted nothing; the next
+    run copies what the stopped one had recorded (its rows are outside every lineage and the
+    daemon collects them) and adopts the copies."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    [row] = await store.create_topic("t", 1, 1, 0.0)
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    acked = records(6, "a")
+    extent = encode_extent(acked)
+    await store.append(row.pid, term, [LogRecord(1, term, 0, Placeholder(1, L0_KEY, 0, len(extent), 6, checksum(extent)))])
+    original = await put_l1(objects, 0, 2, acked, "1")
+    store.fail_appends = 1  # the catch-up fails, as a crash before it would leave things
+    try:
+        await adopt_partition(store, objects, row, 10.0)
+    except StorageError:
+        pass
+    else:
+        raise AssertionError("the injected failure did not happen")
+    assert (await replay_state(store, row)).lro == -1  # nothing adopted
+    again = await adopt_partition(store, objects, row, 20.0)
+    assert again is not None and (again.lro_after, again.adopted, again.copied, again.term) == (5, 0, 1, 4)
+    state = await replay_state(store, row)
+    valid = [r for r in await store.l1_list(row.pid) if state.l1_range_valid(r.term, r.base_offset, r.last_offset)]
+    [copy] = valid
+    assert copy.key != original and decode_single_extent(await objects.get(copy.key), copy.key) == acked
