@@ -246,7 +246,7 @@ def _recover(config: Any, *, after_restore: bool) -> int:
         summary = anyio.run(recover_configured, config)
     except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
         leaves = leaf_errors(error)
-        if not all(isinstance(leaf, LevelZeroError) for leaf in leaves):
+        if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
             raise
         for message in dict.fromkeys(str(leaf) for leaf in leaves):
             if after_restore:
