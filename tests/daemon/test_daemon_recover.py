@@ -30,7 +30,7 @@ from levelzero.daemon.client import Client
 pytestmark = pytest.mark.s3
 
 WAIT_S = 30.0
-ROUNDS_MAX = 8
+ROUNDS_MAX = 16
 QUIET = {
     "gc__enabled": False,
     "gc__grace_s": 0.0,
