@@ -17,7 +17,8 @@ Two cases, told apart by the control plane itself:
   or one the metastore already knows in another state, is not adopted as it is: the records
   the log acknowledged are copied into a new object and that one is adopted.
 - **It has none** (the SQLite file or the PostgreSQL database was lost and the daemon made an
-  empty one, or nothing was made yet). Topics and partitions come from the L1 keys; each
+  empty one, or nothing was made yet). Topics and partitions come from the topic records
+  (`levelzero/topics/{topic}`, written at creation) and the L1 keys; each
   partition's reconciled records come back from its L1 objects (verified: checksum and record
   count), from the lowest offset the bucket holds to the highest, a gap between objects (a
   range abandoned by an operator) becoming an abandoned range; the cluster epoch is set above
@@ -49,7 +50,17 @@ import anyio
 from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import CorruptData, LevelZeroError, MalformedKey, ObjectNotFound
-from levelzero.core.keys import L0_ROOT, L1_ROOT, L1Key, format_l1_key, new_uuid, parse_l0_key, parse_l1_key
+from levelzero.core.keys import (
+    L0_ROOT,
+    L1_ROOT,
+    TOPICS_ROOT,
+    L1Key,
+    decode_topic_record,
+    format_l1_key,
+    new_uuid,
+    parse_l0_key,
+    parse_l1_key,
+)
 from levelzero.core.l0format import (
     Record,
     build_object,
@@ -329,7 +340,14 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
     epoch = max(await store.get_cluster_epoch(), top_epoch + 1)
     await store.set_cluster_epoch(epoch)
     summary.cluster_epoch = epoch
-    for topic, partition in keys:
+    async for info in iter_objects(objects, TOPICS_ROOT):
+        try:
+            record = decode_topic_record(info.key, await objects.get(info.key))
+        except (MalformedKey, ObjectNotFound) as exc:
+            log.warning("ignoring %s: %s", info.key, exc)
+            continue
+        summary.topics[record.topic] = record.partitions
+    for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
     for topic, count in sorted(summary.topics.items()):
         for row in await store.create_topic(topic, count, epoch, now):

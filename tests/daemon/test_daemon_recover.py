@@ -4,8 +4,8 @@ A backup taken while records are unreconciled, then restored after the live reco
 them to L1 and the live GC deleted their L0 objects: `levelzero restore` re-adopts the L1
 objects the restored metastore does not know, so every record the backup acknowledged reads
 back. A control plane lost entirely (the SQLite file and data directory, or the PostgreSQL
-database): `levelzero recover --from-bucket` rebuilds topics, partitions and the L1 metastore
-from the L1 keys, and every reconciled record reads back.
+database): `levelzero recover --from-bucket` rebuilds topics and partitions from the topic
+records and L1 keys, and the L1 metastore from the L1 objects; every reconciled record reads back.
 
 The GC is driven by the test (paused, no grace, advanced epochs, the housekeeper forced), so
 every round is one it asked for."""
@@ -236,6 +236,7 @@ async def recover_scenario(
     async with daemon_and_client(data, **settings, **QUIET) as (_, client):
         await client.create_topic("t", 3)
         await client.create_topic("u", 1)
+        await client.create_topic("v", 2)  # never written: only its topic record knows it
         await produce_all(client, "t", 0, t0[:2])
         await produce_all(client, "u", 0, u0)
         await wait_reconciled(client)
@@ -246,9 +247,11 @@ async def recover_scenario(
     await lose_control_plane()
     assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
     out = _print_lines(capsys)
-    assert "rebuilt the control plane from the bucket: 2 topics (t: 3 partitions, u: 1 partitions)" in out, out
+    assert ("rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
+            "v: 2 partitions)") in out, out
     async with daemon_and_client(data, **settings, **QUIET) as (_, client):
-        assert {(t.name, t.partitions) for t in await client.list_topics()} == {("t", 3), ("u", 1)}
+        assert {(t.name, t.partitions) for t in await client.list_topics()} == {("t", 3), ("u", 1), ("v", 2)}
+        assert await read_all(client, "v", 1) == []
         assert await read_all(client, "t", 0) == [r for batch in t0 for r in batch]
         assert await read_all(client, "t", 1) == []
         assert await read_all(client, "t", 2) == t2[0]

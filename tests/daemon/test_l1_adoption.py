@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import StorageError
-from levelzero.core.keys import format_l0_key, format_l1_key
+from levelzero.core.keys import (
+    TopicRecord,
+    encode_topic_record,
+    format_l0_key,
+    format_l1_key,
+    topic_record_key,
+)
 from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
 from levelzero.daemon.recover import adopt_partition, rebuild_from_bucket, replay_state
 from levelzero.storage.memory_log import MemoryLogStore
@@ -92,11 +98,14 @@ async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
     await put_key(objects, "t", 0, 20, 3, late, "4")  # 10-19: abandoned by an operator
     await put_key(objects, "u", 1, 3, 1, records(5, "u"), "5")  # 0-2: gone by retention
     await objects.put("level_one/t/0/not-an-l1-key", b"?")
+    await objects.put(topic_record_key("w"), encode_topic_record(TopicRecord("w", 4, 1.0)))  # no data
+    await objects.put(topic_record_key("u"), encode_topic_record(TopicRecord("u", 1, 1.0)))  # too few
+    await objects.put(topic_record_key("x"), b'{"topic": "y", "partitions": 2, "created_at": 1.0}')
     await objects.put(format_l0_key(7, 42, "b" * 32), b"an orphan of the lost log")
 
     summary = await rebuild_from_bucket(store, objects, 50.0)
     assert (summary.rebuilt, summary.topics, summary.cluster_epoch, summary.skipped_keys) == (
-        True, {"t": 1, "u": 2}, 43, 1)
+        True, {"t": 1, "u": 2, "w": 4}, 43, 1)
     assert await store.get_cluster_epoch() == 43  # above every L0 object's epoch
     rows = {(r.topic, r.partition): r for r in await store.list_partitions()}
     t = await replay_state(store, rows[("t", 0)])
@@ -108,6 +117,7 @@ async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
     assert all(t.l1_range_valid(r.term, r.base_offset, r.last_offset) for r in l1)
     u1 = await replay_state(store, rows[("u", 1)])
     assert (u1.start_offset, u1.lro, u1.high_watermark, u1.term) == (3, 7, 8, 2)
+    assert [p for (topic, p) in rows if topic == "w"] == [0, 1, 2, 3]
     u0 = await replay_state(store, rows[("u", 0)])
     assert (u0.high_watermark, u0.term, await store.l1_list(rows[("u", 0)].pid)) == (0, 0, [])
 
