@@ -51,7 +51,7 @@ class ClusterMember:
         lead: Callback,
         resign: Callback,
         kafka_url: str | None = None,
-        term_of: Callable[[int], int | None] = lambda pid: None,
+        term_of: Callable[[int], int | None] = lambda _pid: None,
         moves_max: int = MOVES_PER_ROUND_MAX,
         clock: Callable[[], float] = anyio.current_time,
     ) -> None:
@@ -171,10 +171,10 @@ class ClusterMember:
         if self.draining and self.node_id in active:
             active.remove(self.node_id)
         live = set(active) | {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
-        by_name = {f"{l.topic}/{l.partition}": l for l in view.leases}
+        by_name = {f"{lease.topic}/{lease.partition}": lease for lease in view.leases}
         leaders = {
-            name: (l.node_id if l.node_id in live and l.lease_expires_at > view.now else None)
-            for name, l in by_name.items()
+            name: (lease.node_id if lease.node_id in live and lease.lease_expires_at > view.now else None)
+            for name, lease in by_name.items()
         }
         await self._restart_superseded(view)
         planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)

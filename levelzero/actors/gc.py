@@ -314,7 +314,7 @@ class GcActor:
         cluster_epoch: Callable[[], int],
         board: WatermarkBoard,
         views: Callable[[], list[PartitionView]],
-        reconcile_failing: Callable[[str], str | None] = lambda partition: None,
+        reconcile_failing: Callable[[str], str | None] = lambda _partition: None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -695,7 +695,8 @@ class GcActor:
                     while not scan.done:
                         prefix, start_after = scan.request()
                         page = await self._retrying(
-                            "list", lambda: self._objects.list_page(prefix, start_after), tally
+                            # B023: the lambda is awaited before the loop moves on.
+                            "list", lambda: self._objects.list_page(prefix, start_after), tally  # noqa: B023
                         )
                         if page is None:
                             return  # this range waits for the next round
@@ -768,13 +769,12 @@ class GcActor:
                         await self._sleep(self.config.throttle_backoff_s)
 
         try:
-            async with anyio.create_task_group() as markers:
-                async with anyio.create_task_group() as tg:
-                    async with receive:
-                        for _ in range(in_flight):
-                            tg.start_soon(delete_batches, receive.clone(), markers)
-                    async with send:
-                        await feed(send)
+            async with anyio.create_task_group() as markers, anyio.create_task_group() as tg:
+                async with receive:
+                    for _ in range(in_flight):
+                        tg.start_soon(delete_batches, receive.clone(), markers)
+                async with send:
+                    await feed(send)
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
 

@@ -458,7 +458,8 @@ class Node:
         named condition): a healthy partition's unreconciled data is on its way to L1."""
         self._check_accepting()
         actor = self.partition(topic, partition)
-        for name, text, limit in (("operator", operator, OPERATOR_CHARS_MAX), ("reason", reason, REASON_CHARS_MAX)):
+        limits = (("operator", operator, OPERATOR_CHARS_MAX), ("reason", reason, REASON_CHARS_MAX))
+        for name, text, limit in limits:
             if not isinstance(text, str) or not text.strip() or len(text) > limit:
                 raise InvalidInput(f"{name} must be 1-{limit} characters naming who and why")
         failing = self.reconciler.health.get(actor.name)

@@ -50,7 +50,7 @@ class FetchWindow:
     __slots__ = ("offset", "upto", "max_bytes", "records", "size", "stopped")
 
     def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
-        assert 0 <= offset <= upto and 1 <= max_bytes, (offset, upto, max_bytes)
+        assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
         self.offset = offset
         self.upto = upto
         self.max_bytes = max_bytes

@@ -27,7 +27,7 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 MOTO_ACCESS_KEY = "levelzero-bench"
-MOTO_SECRET_KEY = "levelzero-bench-secret"
+MOTO_SECRET_KEY = "levelzero-bench-secret"  # noqa: S105 - a local moto server's, no secret
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -206,12 +206,11 @@ async def timed_tasks(count: int, task: Callable[[int], Awaitable[object]]) -> t
 
 
 def _first_line_value(path: str, key: str) -> str | None:
-    with contextlib.suppress(OSError):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() == key:
-                    return value.strip()
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key:
+                return value.strip()
     return None
 
 

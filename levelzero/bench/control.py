@@ -185,10 +185,9 @@ async def run(settings: Settings) -> list[Figure]:
         with work_dir(settings, ITEM) as root:
             pg_durations: list[list[float]] = []
 
-            async def sut(i: int) -> float:
-                async with _fresh_database(admin) as dsn:
-                    async with await PostgresLogStore.open(dsn) as store:
-                        rate, records_per_commit, durations = await actor_placeholders(store, seconds)
+            async def sut(_round: int) -> float:
+                async with _fresh_database(admin) as dsn, await PostgresLogStore.open(dsn) as store:
+                    rate, records_per_commit, durations = await actor_placeholders(store, seconds)
                 per_commit.append(records_per_commit)
                 pg_durations.append(durations)
                 return rate
@@ -222,7 +221,9 @@ async def run(settings: Settings) -> list[Figure]:
                 "callers": CALLERS,
                 "seconds": seconds,
                 "records_per_commit": [round(x, 1) for x in per_commit],
-                "server": "LEVELZERO_BENCH_POSTGRES_DSN" if os.environ.get(DSN_ENV) else "throwaway, fsync on",
+                "server": (
+                    "LEVELZERO_BENCH_POSTGRES_DSN" if os.environ.get(DSN_ENV) else "throwaway, fsync on"
+                ),
             },
         ),
         figure(ITEM, "log store commit latency p50 (one append call), PostgreSQL vs SQLite",

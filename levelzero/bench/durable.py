@@ -9,7 +9,8 @@ beside raw aiosqlite group commit at the same batch size.
          `log` table (rows encoded up front): SQLite and aiosqlite's thread hops, nothing else.
 Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw rows/s.
 
-`python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size sweep.
+`python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size
+sweep.
 """
 
 from __future__ import annotations
@@ -223,7 +224,7 @@ async def run(settings: Settings) -> list[Figure]:
             "the same actors on an in-memory log store (no SQLite: the actor path's ceiling) "
             "vs raw aiosqlite group commit",
             "rows/s",
-            [(memory_rate, raw) for (memory_rate, _), (_, raw) in zip(in_memory, pairs)],
+            [(memory_rate, raw) for (memory_rate, _), (_, raw) in zip(in_memory, pairs, strict=True)],
             sut_label="placeholders",
             floor_label="raw rows",
             notes={"loop_cpu_us_per_placeholder": [round(us, 1) for _, us in in_memory]},

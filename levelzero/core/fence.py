@@ -201,10 +201,7 @@ class Fence:
         assert self.read_units == 0, f"slide with {self.read_units} read units outstanding"
         window = self.effective_window(term, applied_window)
         assert window is None or epoch > window[1], (epoch, window)
-        if window is None or self.mode is FenceMode.STRICT:
-            low = epoch
-        else:
-            low = window[1]
+        low = epoch if window is None or self.mode is FenceMode.STRICT else window[1]
         self.seen_term = term
         self._seen_window = (low, epoch)
         self.updater_epoch = None

@@ -130,7 +130,9 @@ def _bounded(decompress_into: Callable[[bytes, bytearray], int], name: str) -> C
                 return bytes(out[: decompress_into(data, out)])
             except cramjam.DecompressionError as exc:
                 if size >= limit:
-                    raise CorruptBatch(f"{name} data does not decompress within {limit} bytes: {exc}") from None
+                    raise CorruptBatch(
+                        f"{name} data does not decompress within {limit} bytes: {exc}"
+                    ) from None
                 size = min(limit, size * 4)
 
     return decompress
@@ -243,7 +245,8 @@ def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
 # ------------------------------------------------------------------------------ decoding
 
 _PRODUCER_ID = struct.Struct(">q")
-PRODUCER_ID_AT = 43  # baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta, timestamps
+# baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta, timestamps
+PRODUCER_ID_AT = 43
 
 
 def producer_id_of(data: bytes) -> int:

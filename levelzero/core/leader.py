@@ -23,7 +23,7 @@ A single write's fence decision is `levelzero.core.fence.Fence`; the state machi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 import msgspec
@@ -86,7 +86,7 @@ class AppendQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._pending)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Reserved[T]]:
         return iter(self._pending)
 
     def reserve(self, term: int, entry: Entry, token: T, *, holds_read_unit: bool) -> LogRecord:

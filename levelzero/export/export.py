@@ -18,6 +18,7 @@ exports into one directory exclude each other with a lock file of the output dir
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -232,7 +233,7 @@ def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
         version, tables = read_version(connection)
     except sqlite3.DatabaseError as error:
         raise ExportError(f"{db_path} is not a levelzero store: {error}") from None
-    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
+    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not tables >= SCHEMA_TABLES:
         missing = sorted(SCHEMA_TABLES - tables)
         raise ExportError(
             f"{db_path} is not a levelzero store of schema version {OLDEST_SCHEMA_VERSION} to "
@@ -331,10 +332,8 @@ class _FileSet:
 
     def abort(self) -> None:
         for temp, _ in self._pending:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-            except FileNotFoundError:
-                pass
         self._pending.clear()
 
 

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
-from pyspark.sql import functions as F  # noqa: N812
-from pyspark.sql import types as T  # noqa: N812
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 import pyarrow as pa
 

@@ -95,13 +95,13 @@ def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
 
 
 def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.dates as mdates  # noqa: PLC0415
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
 
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter
 
     bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
     os.makedirs(plots_dir, exist_ok=True)
@@ -325,7 +325,8 @@ _SECTIONS = [
         "Epoch fence",
         "fence",
         "Fence decisions grouped by the window's upper edge (the epoch a partition's window had "
-        "moved to), in at most 200 equal epoch ranges whatever the history's length. A rejection is a write whose epoch was below the window: its writer "
+        "moved to), in at most 200 equal epoch ranges whatever the history's length. A rejection "
+        "is a write whose epoch was below the window: its writer "
         "refreshes its epoch cache and retries. Window size = window_max − window_min + 1.",
         ["fence_events", "fence_rejected", "fence_rejection_rate", "window_size_max"],
         ["fence_by_window", "fence_window_sizes", "fence_outcomes"],

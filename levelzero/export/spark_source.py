@@ -90,10 +90,12 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
 def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
     the daemon's TOML file (with its environment, as the daemon reads it)."""
-    from levelzero.daemon.config import ConfigError, load_config  # noqa: PLC0415
+    from levelzero.daemon.config import ConfigError, load_config
 
     if (data_dir is None) == (config_path is None):
-        raise ExportError('the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them')
+        raise ExportError(
+            'the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them'
+        )
     try:
         if config_path is not None:
             return load_config(config_path)
@@ -106,7 +108,7 @@ def store_config(data_dir: str | None = None, config_path: str | None = None) ->
 def _catalog(config: Config) -> Iterator[Any]:
     """The control plane, read-only, in one snapshot."""
     if config.control.kind == "postgres":
-        from .postgres_source import postgres_snapshot  # noqa: PLC0415
+        from .postgres_source import postgres_snapshot
 
         with postgres_snapshot(config.control.dsn, config.control.read_password()) as snapshot:
             yield snapshot
@@ -141,7 +143,8 @@ def plan(
         for pid, partition, creation_epoch in parts:
             state = _replay(db, pid, creation_epoch)
             low = max(state.start_offset, start_offset)
-            high = state.high_watermark - 1 if end_offset is None else min(state.high_watermark, end_offset) - 1
+            end = state.high_watermark if end_offset is None else min(state.high_watermark, end_offset)
+            high = end - 1
             l1_high = min(state.lro, high)
             if low <= l1_high:
                 rows = db.execute(
@@ -179,7 +182,7 @@ def plan(
 
 def _where(config: Config) -> str:
     if config.control.kind == "postgres":
-        from levelzero.storage.postgres.store import redacted  # noqa: PLC0415
+        from levelzero.storage.postgres.store import redacted
 
         return redacted(config.control.dsn)
     return config.storage.db_path
@@ -203,19 +206,20 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
         rec = records[i]
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, [tuple(h) for h in rec.headers])
+        headers = [tuple(h) for h in rec.headers]
+        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, headers)
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
     """The records of one object range as one Arrow record batch of the data source's schema
     (Spark takes it without converting row by row)."""
-    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow as pa
 
-    from .records import SCHEMA  # noqa: PLC0415
+    from .records import SCHEMA
 
     rows = list(read_range(source, r))
     count = len(rows)
-    _, _, offsets, timestamps, keys, values, headers = zip(*rows) if rows else ((),) * 7
+    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True) if rows else ((),) * 7
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
@@ -240,10 +244,12 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
         except FileNotFoundError:
-            raise ExportError(f"object {key} is not in {config.storage.objects_dir} (collected since planning?)") from None
+            raise ExportError(
+                f"object {key} is not in {config.storage.objects_dir} (collected since planning?)"
+            ) from None
 
     async def read() -> bytes:
-        from levelzero.daemon.service import open_object_store  # noqa: PLC0415
+        from levelzero.daemon.service import open_object_store
 
         store = await open_object_store(config)
         try:
@@ -251,7 +257,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
         finally:
             await store.aclose()
 
-    import anyio  # noqa: PLC0415
+    import anyio
 
     try:
         return anyio.run(read)
@@ -368,7 +374,7 @@ class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def reader(self, schema):  # noqa: ANN001, ANN201
+    def reader(self, schema):  # noqa: ANN001, ANN201, ARG002 - Spark's signature
         options = self.options
         topic = options.get("path")
         if not topic:

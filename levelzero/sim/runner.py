@@ -97,7 +97,7 @@ def run_seed(
         loop = DeterministicLoop(loop_rng)
         try:
             run_deterministic(world.run(), loop_rng, loop=loop)
-        except BaseException as exc:  # noqa: BLE001 - sorted below; anything else re-raised
+        except BaseException as exc:  # sorted below; anything else re-raised
             violation = _violation_of(world, exc, loop.time())
             if violation is None:
                 exc.add_note(
@@ -282,7 +282,8 @@ class Summary:
 _SUMMED = (
     "virtual_s", "callbacks", "writes_acked", "records_acked", "writes_failed", "reads",
     "stale_rejections", "objects_uploaded", "objects_deleted", "orphans", "l1_written", "crashes",
-    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults", "l0_left",
+    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults",
+    "l0_left",
     "records_checked", "leadership_changes", "total_stall_s", "rejections_after_change",
     "writes_over_one_retry_after_change", "stale_cache_changes", "stale_cache_total_stall_s",
     "stale_cache_rejections",

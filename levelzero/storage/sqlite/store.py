@@ -39,6 +39,7 @@ releases the lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sqlite3
@@ -539,10 +540,8 @@ class SqliteLogStore:
             await self._flush(batch)
             await connection.commit()  # no-op (no fsync) when every job was rejected
         except Exception as error:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 await connection.rollback()
-            except sqlite3.Error:
-                pass
             self._fail_batch(jobs, error)
             if not isinstance(error, sqlite3.Error):
                 raise  # a bug in the writer: crash loudly (the callers got StorageError)
@@ -817,7 +816,7 @@ class SqliteLogStore:
         return rows[0][0] if rows else 1
 
     async def set_cluster_epoch(self, epoch: int) -> None:
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
             rows = await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
             stored = rows[0][0] if rows else 1
             if epoch < stored:
@@ -836,7 +835,7 @@ class SqliteLogStore:
     async def l1_insert(self, row: L1Row) -> None:
         check_l1_state(row.state)
 
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
             try:
                 await connection.execute(INSERT_L1, msgspec.structs.astuple(row))
             except sqlite3.IntegrityError:
@@ -848,7 +847,7 @@ class SqliteLogStore:
         check_l1_state(from_state)
         check_l1_state(to_state)
 
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> bool:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> bool:
             async with connection.execute(
                 "UPDATE l1_objects SET state = ?, updated_at = ? WHERE key = ? AND state = ?",
                 (to_state, now, key, from_state),
