@@ -65,7 +65,7 @@ class L1Catalog:
         self._valid[actor.row.pid] = valid
         return valid
 
-    def lineage(self, actor: PartitionActor) -> list[dict]:
+    def lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
         return [
             {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
             for r in self._valid.get(actor.row.pid, [])

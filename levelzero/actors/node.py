@@ -32,6 +32,7 @@ from levelzero.core.fence import FenceMode
 from levelzero.core.keys import PREFIX_COUNT
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
+from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
 
 from .appender import Appender
@@ -41,7 +42,7 @@ from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
-from .partition import PartitionActor, PartitionView, WatermarkBoard
+from .partition import PartitionActor, PartitionView
 from .reader import FetchResult, Reader
 from .reconciler import Reconciler, ReconcilerConfig
 
@@ -307,16 +308,20 @@ class Node:
 
     def _bumps_epochs(self) -> bool:
         """In a cluster, the epoch timer of one node bumps: the first live node by id."""
-        live = self.member.live_nodes() if self.member is not None else None
-        return bool(live) and live[0] == self.member.node_id
+        member = self.member
+        live = member.live_nodes() if member is not None else None
+        if member is None or not live:
+            return False
+        return live[0] == member.node_id
 
     def _gc_share(self) -> range:
         """The key prefixes this node's GC lists and deletes in: its share among the live
         nodes of the last cluster view (every prefix until there is one)."""
-        live = self.member.live_nodes() if self.member is not None else None
-        if live is None:
+        member = self.member
+        live = member.live_nodes() if member is not None else None
+        if member is None or live is None:
             return range(PREFIX_COUNT)
-        return prefix_share(self.member.node_id, live, PREFIX_COUNT)
+        return prefix_share(member.node_id, live, PREFIX_COUNT)
 
     async def _publish_watermarks(self, cluster: ClusterSettings) -> None:
         """The M(p) of the partitions led here, to the control plane (only rising there),

@@ -105,12 +105,12 @@ class _Control:
 
     entry: Entry
     term: int | None
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(slots=True)
 class _Stop:
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,10 +321,11 @@ class PartitionActor:
         tallies, self._fence_tallies = self._fence_tallies, {}
         self._noted_admission = self._noted_tally = None  # their tally left with the rest
         pid = self.row.pid
-        return [
-            FenceEventRow(at, pid, term, epoch, outcome, *(window or (None, None)), int(decisions))
-            for (term, epoch, outcome, window), (at, decisions) in tallies.items()
-        ]
+        rows = []
+        for (term, epoch, outcome, window), (at, decisions) in tallies.items():
+            low, high = window if window is not None else (None, None)
+            rows.append(FenceEventRow(at, pid, term, epoch, outcome, low, high, int(decisions)))
+        return rows
 
     def _post(self, msg: object) -> bool:
         """Hand `msg` over without waiting: handled at once if nothing is queued before it,

@@ -255,7 +255,9 @@ class Reconciler:
         if not batch:
             return False
         base = batch[0].base_offset
-        last = batch[-1].base_offset + batch[-1].entry.record_count - 1
+        last_entry = batch[-1].entry
+        assert isinstance(last_entry, Placeholder), batch[-1]
+        last = batch[-1].base_offset + last_entry.record_count - 1
         lrlo = batch[-1].log_offset
         if base != lro + 1:
             # Another reconciler caught the partition up while this one read, and the log below
@@ -318,7 +320,7 @@ class Reconciler:
         placeholders = await self._log.read_placeholders(
             actor.row.pid, start, self.config.placeholders_per_object_max
         )
-        batch = []
+        batch: list[LogRecord] = []
         records: list[Record] = []
         size = 0
         for record in placeholders:

@@ -29,7 +29,8 @@ from typing import Any
 import anyio
 import asyncpg
 
-from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.actors.partition import PartitionActor
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
@@ -119,7 +120,7 @@ async def actor_placeholders(store: Any, seconds: float) -> tuple[float, float, 
     timed = _TimedAppends(store)
     rows = await store.create_topic("bench", PARTITIONS, creation_epoch=EPOCH, now=0.0)
     board = WatermarkBoard()
-    actors = [PartitionActor(row, timed, board) for row in rows]  # type: ignore[arg-type]
+    actors = [PartitionActor(row, timed, board) for row in rows]
     async with anyio.create_task_group() as tg:
         for actor in actors:
             await tg.start(actor.run)

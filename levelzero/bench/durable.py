@@ -22,7 +22,8 @@ from pathlib import Path
 import aiosqlite
 import anyio
 
-from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.actors.partition import PartitionActor
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.sqlite import SqliteLogStore

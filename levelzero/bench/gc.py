@@ -38,7 +38,7 @@ import aiohttp
 import anyio
 
 from levelzero.actors.gc import GcActor, GcConfig
-from levelzero.actors.partition import WatermarkBoard
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.keys import L0_ROOT, PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.keys import parse_l0_key
 from levelzero.storage.protocols import DeleteResult, L0ObjectRow, LogStore, ObjectStore

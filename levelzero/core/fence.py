@@ -139,6 +139,7 @@ class Fence:
         return None if self._seen_window is None else self._seen_window[1]
 
     def effective_window(self, term: int, applied_window: Window | None) -> Window | None:
+        window: Window | None
         if self.seen_term == term and self._seen_window is not None:
             window = self._seen_window
         else:

@@ -254,7 +254,8 @@ def producer_id_of(data: bytes) -> int:
     record set is decoded, to load that producer's state."""
     if len(data) < BATCH_HEADER_BYTES:
         return -1
-    return _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+    producer_id: int = _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+    return producer_id
 
 
 
@@ -391,6 +392,7 @@ def _decode_records_compiled(
     synthetic[_BATCH_LENGTH_AT : _BATCH_LENGTH_AT + 4] = (
         BATCH_HEADER_BYTES - 12 + len(body)).to_bytes(4, "big")
     synthetic += body
+    records: list[KafkaRecord] | list[Record]
     try:
         if stored:  # what the node stores: no KafkaRecord in between (a null value is empty)
             records = [

@@ -98,7 +98,7 @@ class AppendQueue(Generic[T]):
             self.projected_hwm += entry.record_count
         if not self._pending:
             self._pending = deque()
-        self._pending.append(Reserved(record, token, holds_read_unit))  # type: ignore[union-attr]
+        self._pending.append(Reserved(record, token, holds_read_unit))
         return record
 
     def durable(self, upto: int, state: PartitionState, fence: Fence) -> list[Reserved[T]]:
@@ -107,7 +107,7 @@ class AppendQueue(Generic[T]):
         done: list[Reserved[T]] = []
         pending = self._pending
         while pending and pending[0].record.log_offset <= upto:
-            reserved = pending.popleft()  # type: ignore[union-attr]
+            reserved = pending.popleft()
             applied = state.apply(reserved.record)
             assert applied, reserved.record
             if reserved.holds_read_unit:

@@ -48,6 +48,7 @@ def load_inputs(in_dirs: list[str], remote: Files | None = None) -> list[ExportI
         raise AnalysisError("no input directory given: pass one or more export directories")
     inputs = []
     seen = set()
+    files: Files
     for in_dir in in_dirs:
         in_dir = os.fspath(in_dir)
         if is_local(in_dir):

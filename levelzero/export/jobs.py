@@ -109,7 +109,7 @@ class SparkAnalysis:
             self.results = self._time_grid(frames, rows)
             self.results.figures.update(
                 spark_master=self.spark.sparkContext.master,
-                shuffle_partitions=int(self.spark.conf.get("spark.sql.shuffle.partitions")),
+                shuffle_partitions=int(str(self.spark.conf.get("spark.sql.shuffle.partitions"))),
             )
             self.grid = self.spark.range(self.results.buckets).withColumnRenamed("id", "b")
             objects, deletions = frames["l0_objects"], frames["l0_deletions"]
@@ -573,7 +573,7 @@ class SparkAnalysis:
             .groupBy(window_size.alias("window_size"))
             .agg(_decisions().alias("events"), _decisions(rejected).alias("rejected"))
         )
-        sizes = self._keep("fence_window_sizes", sizes, order=["window_size"])
+        size_table = self._keep("fence_window_sizes", sizes, order=["window_size"])
         outcomes = self._keep(
             "fence_outcomes",
             events.groupBy("outcome").agg(_decisions().alias("events")),
@@ -585,7 +585,7 @@ class SparkAnalysis:
             fence_events=total,
             fence_rejected=rejections,
             fence_rejection_rate=rejections / total if total else None,
-            window_size_max=max((r["window_size"] for r in sizes.rows), default=None),
+            window_size_max=max((r["window_size"] for r in size_table.rows), default=None),
         )
 
     # ------------------------------------------------------------------ throughput

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from levelzero.core.entries import LogRecord, decode_entry
+from levelzero.core.entries import LogRecord, Placeholder, decode_entry
 from levelzero.core.l0format import NO_TIMESTAMP, decode_extent, read_header
 from levelzero.core.state import PartitionState
 
@@ -158,15 +158,14 @@ def plan(
                     first, stop = max(base, low), min(last, l1_high)
                     if first <= stop:
                         ranges.append(ObjectRange(topic, partition, "l1", key, base, first, stop))
-            placeholders = [
-                (base, decode_entry(blob))
-                for base, blob in db.execute(
-                    "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
-                    " AND base_offset + record_count > ? ORDER BY log_offset",
-                    (pid, max(low, state.lro + 1)),
-                )
-            ]
-            for base, p in placeholders:
+            placeholders = db.execute(
+                "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
+                " AND base_offset + record_count > ? ORDER BY log_offset",
+                (pid, max(low, state.lro + 1)),
+            ).fetchall()
+            for base, blob in placeholders:
+                p = decode_entry(blob)
+                assert isinstance(p, Placeholder), (pid, base)
                 first = max(base, low, state.lro + 1)
                 stop = min(base + p.record_count - 1, high)
                 if first > stop:
@@ -206,7 +205,7 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
         rec = records[i]
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        headers = [tuple(h) for h in rec.headers]
+        headers = list(rec.headers)
         yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, headers)
 
 
@@ -265,7 +264,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
         raise ExportError(f"object {key}: {error}") from None
 
 
-def _int_option(options: dict, name: str) -> int | None:
+def _int_option(options: Mapping[str, str], name: str) -> int | None:
     value = options.get(name)
     if value is None:
         return None
@@ -292,11 +291,13 @@ try:
         LessThanOrEqual,
     )
 except ImportError:  # pragma: no cover - pyspark is in the analysis extra
+    # Without pyspark the module still imports (its planning runs without Spark): plain bases
+    # and no filter classes stand in for pyspark's, which mypy knows as other types.
     DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
     EqualTo = GreaterThan = GreaterThanOrEqual = In = IsNotNull = LessThan = LessThanOrEqual = ()  # type: ignore[misc,assignment]
 
 
-class _Partition(InputPartition):  # type: ignore[misc,valid-type]
+class _Partition(InputPartition):
     def __init__(self, r: ObjectRange) -> None:
         self.range = r
 
@@ -346,7 +347,7 @@ class OffsetBounds:
         return True
 
 
-class LevelZeroReader(DataSourceReader):  # type: ignore[misc,valid-type]
+class LevelZeroReader(DataSourceReader):
     def __init__(self, config: Config, topic: str, start: int, end: int | None) -> None:
         self.config, self.topic = config, topic
         self.bounds = OffsetBounds(start, end)
@@ -366,7 +367,7 @@ class LevelZeroReader(DataSourceReader):  # type: ignore[misc,valid-type]
         yield read_batch(self.config, partition.range)
 
 
-class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
+class LevelZeroDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT_NAME

@@ -261,6 +261,7 @@ class Truth:
         stored = objects._objects.get(key)
         if stored is None:
             self.fail("3", f"{what}: its object {key} is gone")
+        assert stored is not None  # fail() raised
         return stored[0]
 
     def _l1_records(self, objects: MemoryObjectStore, row: L1Row, name: str) -> list[Record]:

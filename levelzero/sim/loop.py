@@ -40,7 +40,7 @@ class Deadlock(RuntimeError):
     """Nothing is ready, no timer is scheduled, and the loop was not stopped."""
 
 
-class SimTask(asyncio.Task):  # type: ignore[type-arg]
+class SimTask(asyncio.Task):
     """An asyncio task that knows its creation number on its loop (its canonical rank)."""
 
     sim_rank: int
@@ -54,6 +54,13 @@ def _owner_rank(callback: Callable[..., Any]) -> int:
 
 class DeterministicLoop(asyncio.BaseEventLoop):
     """An asyncio loop for simulation: virtual `time()`, one seeded ready callback per turn."""
+
+    # BaseEventLoop's own state, which `_run_once` below takes over (the stubs leave it out);
+    # its timers are asyncio.TimerHandles, whose private fields (_when, _scheduled, _callback,
+    # _cancelled) the stubs leave out too.
+    _scheduled: list[Any]
+    _timer_cancelled_count: int
+    _stopping: bool
 
     def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
         super().__init__()

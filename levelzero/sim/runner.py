@@ -9,6 +9,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from levelzero.core.fence import FenceMode
 
@@ -299,8 +300,9 @@ class Totals:
         self.violations = 0
         self.first_violation: Violation | None = None
         self.wall_s = 0.0
-        self._sums: dict[str, float] = dict.fromkeys(_SUMMED, 0)
-        self._maxes: dict[str, float] = dict.fromkeys(_MAXED, 0.0)
+        # Ints or floats, as the Summary fields they become.
+        self._sums: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
+        self._maxes: dict[str, Any] = dict.fromkeys(_MAXED, 0.0)
 
     def add(self, result: SimResult) -> None:
         self.seeds += 1

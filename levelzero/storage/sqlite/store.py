@@ -738,7 +738,7 @@ class SqliteLogStore:
         )
         return [self._decode(pid, row) for row in rows]
 
-    def _decode(self, pid: int, row: tuple[Any, ...]) -> LogRecord:
+    def _decode(self, pid: int, row: sqlite3.Row | tuple[Any, ...]) -> LogRecord:
         log_offset, term, base_offset, kind, blob = row
         try:
             entry = decode_entry(blob)
@@ -812,12 +812,12 @@ class SqliteLogStore:
     async def get_cluster_epoch(self) -> int:
         """The stored cluster epoch; 1 before the first `set_cluster_epoch`."""
         self._check_readable()
-        rows = await self._reader.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+        rows = list(await self._reader.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1"))
         return rows[0][0] if rows else 1
 
     async def set_cluster_epoch(self, epoch: int) -> None:
         async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
-            rows = await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+            rows = list(await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1"))
             stored = rows[0][0] if rows else 1
             if epoch < stored:
                 raise InvariantViolation(f"cluster epoch would go back from {stored} to {epoch}")
@@ -860,7 +860,8 @@ class SqliteLogStore:
         self, pid: int | None = None, states: Sequence[str] | None = None
     ) -> list[L1Row]:
         self._check_readable()
-        where, params = [], []
+        where: list[str] = []
+        params: list[int | str] = []
         if pid is not None:
             where.append("pid = ?")
             params.append(pid)
@@ -1015,8 +1016,8 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
 
 
 async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:
-    rows = await connection.execute_fetchall(
+    rows = list(await connection.execute_fetchall(
         "SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)
-    )
+    ))
     return rows[0][0] if rows else None
 
