@@ -502,7 +502,9 @@ class PartitionActor:
 
     def _on_write(self, msg: _Write) -> None:
         if self._deposed is not None or self._stopping is not None:
-            msg.reply.fail(self._refusal())  # type: ignore[arg-type]
+            refusal = self._refusal()
+            assert refusal is not None
+            msg.reply.fail(refusal)
             return
         self._carry_out(
             self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window)
@@ -526,7 +528,9 @@ class PartitionActor:
             if admitted is self._noted_admission:
                 # The fence hands out the same `Admitted` for the same epoch, term and window:
                 # the same tally as the last admission noted (no key to build and look up).
-                self._noted_tally[1] += 1  # type: ignore[index]
+                tally = self._noted_tally
+                assert tally is not None  # noted with the admission
+                tally[1] += 1
             else:
                 if admitted.new_epoch:
                     log.debug("partition %s window slid to %s", self.name, admitted.window)

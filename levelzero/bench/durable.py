@@ -29,6 +29,7 @@ from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.sqlite import SqliteLogStore
 from levelzero.storage.log_rules import log_row
 from levelzero.storage.sqlite.schema import INSERT_LOG, SCHEMA
+from levelzero.storage.sqlite.store import Synchronous
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir
 
@@ -85,11 +86,11 @@ async def raw_rows_per_s(
 
 
 async def store_appends(
-    path: Path, batch: int, seconds: float, synchronous: str, appenders: int
+    path: Path, batch: int, seconds: float, synchronous: Synchronous, appenders: int
 ) -> tuple[float, float]:
     """Records/s through `SqliteLogStore.append` from `appenders` tasks (one partition each),
     `batch` records per call; also records per commit."""
-    store = await SqliteLogStore.open(path, synchronous=synchronous)  # type: ignore[arg-type]
+    store = await SqliteLogStore.open(path, synchronous=synchronous)
     async with store:
         rows = await store.create_topic("bench", appenders, creation_epoch=1, now=0.0)
         for row in rows:

@@ -396,7 +396,10 @@ class SparkAnalysis:
             .agg(*[F.sum(c).alias(c) for c in ("l0_bytes", "l0_objects", "l1_bytes")])
         )
         running = Window.orderBy("b").rowsBetween(Window.unboundedPreceding, 0)
-        live = lambda c: F.sum(F.coalesce(c, F.lit(0))).over(running)  # noqa: E731
+
+        def live(c: str) -> Column:
+            return F.sum(F.coalesce(c, F.lit(0))).over(running)
+
         over_time = (
             self.grid.join(events, "b", "left")
             .select(

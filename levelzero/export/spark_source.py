@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +43,10 @@ from levelzero.core.errors import LevelZeroError
 from .errors import ExportError
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import Filter
+    from pyspark.sql.types import StructType
+
     from levelzero.daemon.config import Config
 
 FORMAT_NAME = "levelzero"
@@ -352,18 +356,19 @@ class LevelZeroReader(DataSourceReader):
         self.config, self.topic = config, topic
         self.bounds = OffsetBounds(start, end)
 
-    def pushFilters(self, filters):  # noqa: ANN001, ANN201, N802 - Spark's name
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
         for f in filters:
             if not self.bounds.push(f):
                 yield f
 
-    def partitions(self):  # noqa: ANN201
+    def partitions(self) -> Sequence[InputPartition]:
         bounds = self.bounds
         if bounds.end is not None and bounds.end <= bounds.start:
             return []
         return [_Partition(r) for r in plan(self.config, self.topic, bounds.start, bounds.end)]
 
-    def read(self, partition):  # noqa: ANN001, ANN201
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Partition), partition
         yield read_batch(self.config, partition.range)
 
 
@@ -375,7 +380,7 @@ class LevelZeroDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def reader(self, schema):  # noqa: ANN001, ANN201, ARG002 - Spark's signature
+    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
         options = self.options
         topic = options.get("path")
         if not topic:
@@ -389,7 +394,7 @@ class LevelZeroDataSource(DataSource):
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def register(spark) -> None:  # noqa: ANN001
+def register(spark: SparkSession) -> None:
     """Make `spark.read.format("levelzero")` available in this session, with filter pushdown
     for Python data sources on (the reader takes offset filters; Spark refuses a reader that
     takes filters while the setting is off)."""
