@@ -8,6 +8,7 @@
     levelzero status | epoch advance | config show
     levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
     levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
+    levelzero recover --from-bucket [--config FILE] [--data-dir DIR]
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
     levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
@@ -228,10 +229,47 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.backup_command == "backup":
         print(f"backed up {data_dir} to {summary.directory}: {facts}")
         print("objects are not in a backup: they stay in the object store")
-    else:
-        print(f"restored {args.backup} into {data_dir}: {facts}")
+        return EXIT_OK
+    print(f"restored {args.backup} into {data_dir}: {facts}")
+    # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
+    # records the backup acknowledged fail once the live GC deleted their L0 objects.
+    code = _recover(config, after_restore=True)
+    if code == EXIT_OK:
         print("start the daemon; see the README (Backup and restore) for what an older backup means")
+    return code
+
+
+def _recover(config: Any, *, after_restore: bool) -> int:
+    from .recover import describe as describe_recovery
+    from .recover import recover_configured
+
+    try:
+        summary = anyio.run(recover_configured, config)
+    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+        leaves = leaf_errors(error)
+        if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
+            raise
+        for message in dict.fromkeys(str(leaf) for leaf in leaves):
+            if after_restore:
+                message = (f"the log store is restored, but adopting the bucket's L1 objects failed: "
+                           f"{message}; run `levelzero recover --from-bucket` before starting the daemon")
+            _fail(message)
+        return EXIT_FAILED
+    for line in describe_recovery(summary):
+        print(line)
     return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    if not args.from_bucket:
+        _fail("say where to recover from: --from-bucket")
+        return EXIT_USAGE
+    return _recover(config, after_restore=False)
 
 
 def cmd_install_files(args: argparse.Namespace) -> int:
@@ -971,6 +1009,14 @@ def add_backup(sub: argparse._SubParsersAction) -> None:
     r.add_argument("backup", metavar="BACKUP", help="a directory written by levelzero backup")
     _add_config_options(r)
     r.set_defaults(handler=cmd_backup, backup_command="restore")
+    c = sub.add_parser(
+        "recover",
+        help="bring the control plane up to what the bucket holds (daemons stopped): rebuild a lost "
+        "one, or adopt L1 objects a restored one does not know",
+    )
+    c.add_argument("--from-bucket", action="store_true", help="read the L1 objects in the bucket")
+    _add_config_options(c)
+    c.set_defaults(handler=cmd_recover)
 
 
 def add_install_files(sub: argparse._SubParsersAction) -> None:
