@@ -1,7 +1,8 @@
 """Fixtures shared by the whole test suite.
 
 S3: one endpoint per test session — moto's standalone server, started as a subprocess on a free
-local port by the benchmarks' helper (`levelzero.bench.moto_fill.moto_process`), or a real server named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
+local port by the shared test helper (`levelzero.testing.moto.moto_process`), or a real server
+named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
 LEVELZERO_TEST_S3_SECRET_KEY, optional LEVELZERO_TEST_S3_REGION). Nothing S3 starts unless a test
 asks for it, so `pytest -m "not s3"` needs no server. Each test that uses S3 gets its own bucket.
 
@@ -26,10 +27,10 @@ import boto3
 import botocore.config
 import pytest
 
-from levelzero.bench.moto_fill import MotoDidNotStart, moto_process
+from levelzero.testing.moto import MotoDidNotStart, moto_process
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.postgres.throwaway import ServerUnavailable, ThrowawayServer, start_throwaway
+from levelzero.testing.postgres import ServerUnavailable, ThrowawayServer, start_throwaway
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3Config, S3ObjectStore
 
@@ -84,7 +85,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestEndp
         return
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
     try:
-        with moto_process(log_path) as url:  # the benchmarks' helper: one way to run moto
+        with moto_process(log_path) as url:  # the one way to run moto
             yield S3TestEndpoint(
                 endpoint_url=url,
                 region="us-east-1",

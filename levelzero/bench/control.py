@@ -35,7 +35,7 @@ from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
 from levelzero.storage.protocols import Append
 from levelzero.storage.postgres.store import PostgresLogStore
-from levelzero.storage.postgres.throwaway import start_throwaway
+from levelzero.testing.postgres import start_throwaway
 from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir

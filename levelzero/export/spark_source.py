@@ -43,7 +43,7 @@ from levelzero.core.errors import LevelZeroError
 from .errors import ExportError
 
 if TYPE_CHECKING:
-    from levelzero.daemon.config import Config
+    from levelzero.config import Config
 
 FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
@@ -90,7 +90,7 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
 def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
     the daemon's TOML file (with its environment, as the daemon reads it)."""
-    from levelzero.daemon.config import ConfigError, load_config  # noqa: PLC0415
+    from levelzero.config import ConfigError, load_config  # noqa: PLC0415
 
     if (data_dir is None) == (config_path is None):
         raise ExportError('the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them')
@@ -211,7 +211,7 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     (Spark takes it without converting row by row)."""
     import pyarrow as pa  # noqa: PLC0415
 
-    from .records import SCHEMA  # noqa: PLC0415
+    from .schemas import RECORDS_SCHEMA as SCHEMA  # noqa: PLC0415
 
     rows = list(read_range(source, r))
     count = len(rows)
@@ -243,7 +243,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
             raise ExportError(f"object {key} is not in {config.storage.objects_dir} (collected since planning?)") from None
 
     async def read() -> bytes:
-        from levelzero.daemon.service import open_object_store  # noqa: PLC0415
+        from levelzero.storage.opening import open_object_store  # noqa: PLC0415
 
         store = await open_object_store(config)
         try:

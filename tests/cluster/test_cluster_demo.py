@@ -12,7 +12,7 @@ from daemon_support import clean_environ
 
 def demo(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "levelzero.daemon.cli", "demo", *args],
+        [sys.executable, "-m", "levelzero.cli", "demo", *args],
         capture_output=True, text=True, timeout=timeout_s, env=clean_environ(),
     )
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from daemon_support import TOKEN, daemon_and_client
 
-from levelzero.daemon.client import ApiError
-from levelzero.daemon.demo import UploadGate
+from levelzero.cli.client import ApiError
+from levelzero.cli.demo import UploadGate
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 

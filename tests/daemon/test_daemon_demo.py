@@ -7,9 +7,9 @@ from pathlib import Path
 
 import msgspec
 
-from levelzero.daemon.cli import format_status
-from levelzero.daemon.demo import run_demo
-from levelzero.daemon.schema import (
+from levelzero.cli.main import format_status
+from levelzero.cli.demo import run_demo
+from levelzero.http.schema import (
     BatcherStatus,
     GcStatus,
     HousekeeperStatus,

@@ -14,8 +14,8 @@ import pytest
 from daemon_support import TOKEN, daemon_and_client
 from starlette.routing import Route
 
-from levelzero.daemon.api import build_app
-from levelzero.daemon.demo import UploadGate
+from levelzero.http.app import build_app
+from levelzero.cli.demo import UploadGate
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 WAIT_S = 10.0

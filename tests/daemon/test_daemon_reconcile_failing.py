@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from daemon_support import daemon_and_client
 
-from levelzero.daemon import cli
-from levelzero.daemon.client import ApiError
+from levelzero.cli import main as cli
+from levelzero.cli.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
 from levelzero.storage.sqlite import SqliteLogStore
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import h11
 import pytest
 
-from levelzero.daemon.http_guard import (
+from levelzero.http.guard import (
     Admission,
     CloseReason,
     ConnectionLimits,

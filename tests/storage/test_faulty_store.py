@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from levelzero.core.errors import InvalidInput, StorageError
-from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
+from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from levelzero.storage import loopback
+from levelzero.testing import loopback
 
 
 def test_a_port_is_free_and_below_the_ephemeral_range() -> None:

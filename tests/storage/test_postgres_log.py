@@ -18,7 +18,7 @@ from levelzero.storage.postgres import store as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION, SEQ_LOCK_KEY
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
 from levelzero.storage.protocols import OffsetRow
-from levelzero.storage.postgres.throwaway import ServerUnavailable, start_throwaway
+from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sqlite_log import placeholder  # noqa: E402

@@ -40,10 +40,10 @@ from levelzero.core.errors import LevelZeroError, StoreRefused
 from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 
-from .client import ApiError, Client, default_url
-from .buildinfo import version
-from .config import ConfigError, describe, load_config, token_problem
-from .logs import configure_logging
+from levelzero.cli.client import ApiError, Client, default_url
+from levelzero.daemon.buildinfo import version
+from levelzero.config import ConfigError, describe, load_config, token_problem
+from levelzero.daemon.logs import configure_logging
 
 log = logging.getLogger("levelzero.cli")
 
@@ -114,8 +114,8 @@ def leaf_errors(error: BaseException) -> list[BaseException]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .gc_tuning import tune_gc
-    from .service import run_until_signalled
+    from levelzero.daemon.gc_tuning import tune_gc
+    from levelzero.daemon.service import run_until_signalled
 
     refused = refuse_optimized_python()
     if refused is not None:
@@ -154,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from levelzero.cli.demo import run_demo
 
     refused = refuse_optimized_python()
     if refused is not None:
@@ -170,7 +170,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     configure_logging("warning")
     if args.nodes > 1:
-        from .cluster_demo import run_cluster_demo
+        from levelzero.cli.cluster_demo import run_cluster_demo
 
         if args.data_dir is not None:
             _fail("--data-dir is for the one-node demo; the cluster demo keeps its data with --keep")
@@ -205,7 +205,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from .backup import BackupError, backup, restore
+    from levelzero.daemon.backup import BackupError, backup, restore
 
     try:
         config = _load(args)
@@ -234,7 +234,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def cmd_install_files(args: argparse.Namespace) -> int:
-    from .install import InstallError, install_files
+    from levelzero.daemon.install import InstallError, install_files
 
     try:
         written = install_files(args.directory, force=args.force)

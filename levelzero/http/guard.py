@@ -40,7 +40,7 @@ from uvicorn.config import Config as UvicornConfig
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from .schema import RETRY_AFTER_S, ErrorBody
+from levelzero.http.schema import RETRY_AFTER_S, ErrorBody
 
 log = logging.getLogger("levelzero.http")
 

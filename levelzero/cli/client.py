@@ -17,8 +17,8 @@ import msgspec
 from levelzero.actors.gc import RoundReport
 from levelzero.core.gc import Explanation
 
-from .config import token_problem
-from .schema import (
+from levelzero.config import token_problem
+from levelzero.http.schema import (
     AbandonRequest,
     AbandonResponse,
     ClusterInfo,

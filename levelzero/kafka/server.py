@@ -33,8 +33,8 @@ from anyio.streams.tls import TLSListener
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
-from .handlers import Handlers
-from .protocol import (
+from levelzero.kafka.handlers import Handlers
+from levelzero.kafka.protocol import (
     API_VERSIONS_KEY,
     SIZE_PREFIX,
     BadRequest,

@@ -31,8 +31,8 @@ from typing import NamedTuple, Protocol
 import cramjam
 from crc32c import crc32c
 
-from .errors import LevelZeroError
-from .l0format import Record
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record
 
 MAGIC = 2
 BATCH_HEADER_BYTES = 61  # baseOffset .. recordCount

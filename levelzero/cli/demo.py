@@ -42,10 +42,10 @@ from levelzero.core.keys import L0_ROOT
 from levelzero.core.l0format import read_header
 from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, ObjectInfo, ObjectStore
 
-from .client import ApiError, Client
-from .config import load_config
-from .schema import ProduceResponse
-from .service import running_daemon
+from levelzero.cli.client import ApiError, Client
+from levelzero.config import load_config
+from levelzero.http.schema import ProduceResponse
+from levelzero.daemon.service import running_daemon
 
 TOPICS = (("orders", 4), ("clicks", 4))
 FENCE_TOPIC = "fence-demo"

@@ -49,8 +49,8 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 
-from .metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
-from .schema import (
+from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
+from levelzero.http.schema import (
     RETRY_AFTER_S,
     AbandonRequest,
     AbandonResponse,
@@ -81,7 +81,7 @@ from .schema import (
     TopicList,
     UnstorableTopic,
 )
-from .storage_health import StorageHealth
+from levelzero.daemon.storage_health import StorageHealth
 
 log = logging.getLogger("levelzero.api")
 

@@ -37,10 +37,10 @@ import anyio
 import httpx
 
 from levelzero.core.keys import L0_ROOT
-from levelzero.storage.loopback import free_local_port
-from levelzero.storage.postgres.throwaway import SUPERUSER_PASSWORD, ServerUnavailable, start_throwaway
+from levelzero.testing.loopback import free_local_port
+from levelzero.testing.postgres import SUPERUSER_PASSWORD, ServerUnavailable, start_throwaway
 
-from .client import ApiError, Client
+from levelzero.cli.client import ApiError, Client
 
 TOPIC = "orders"
 PARTITIONS = 12
@@ -88,7 +88,7 @@ class ClusterNodeProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "levelzero.daemon.cli", "run", "--data-dir",
+                [sys.executable, "-m", "levelzero.cli", "run", "--data-dir",
                  str(self.data_dir), "--listen", f"127.0.0.1:{self.port}"],
                 stdout=log_file, stderr=subprocess.STDOUT, env=self.env,
             )

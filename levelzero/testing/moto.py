@@ -8,7 +8,7 @@ with the one-byte body `x`. Over HTTP an object costs the server about 2.5 ms (a
 it costs about 15 µs. The GC item deletes tens of thousands of objects per round, and creating
 them one PUT at a time used to be most of its run time. Setup only: no figure times it.
 
-    python -m levelzero.bench.moto_fill -H 127.0.0.1 -p PORT
+    python -m levelzero.testing.moto -H 127.0.0.1 -p PORT
 
 `moto_process` starts it as a subprocess on a free loopback port and stops it: the one moto
 helper of the benchmarks (`common.moto_server`) and of the test suite (tests/conftest.py).
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from levelzero.storage.loopback import free_local_port
+from levelzero.testing.loopback import free_local_port
 
 FILL_PATH = "/_levelzero_bench/fill"
 FILL_BODY = b"x"
@@ -68,7 +68,7 @@ def moto_process(log_path: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "levelzero.bench.moto_fill", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "-m", "levelzero.testing.moto", "-H", "127.0.0.1", "-p", str(port)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
         )

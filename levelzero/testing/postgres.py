@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from levelzero.storage.loopback import free_local_port
+from levelzero.testing.loopback import free_local_port
 
 BINARIES = ("initdb", "pg_ctl", "postgres")
 INSTALL_HINT = (

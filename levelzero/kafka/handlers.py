@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
-from levelzero.core import kafka_records as kr
+from levelzero.kafka import records as kr
 from levelzero.core.entries import Placeholder, ProducerSpan
 from levelzero.core.cluster import preferred_leader
 from levelzero.core.errors import LevelZeroError, ShuttingDown
@@ -30,8 +30,8 @@ from levelzero.core.l0format import Record
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
 from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
-from .groups import METADATA_CHARS_MAX, GroupCoordinator
-from .protocol import Request, api_versions_response, make
+from levelzero.kafka.groups import METADATA_CHARS_MAX, GroupCoordinator
+from levelzero.kafka.protocol import Request, api_versions_response, make
 
 log = logging.getLogger("levelzero.kafka")
 
