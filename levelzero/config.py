@@ -123,7 +123,7 @@ class ServerSection(_Section):
     connections_per_peer_max: int = 512  # one client address holds at most this many
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 60.0  # a request body must arrive within this after its head
-    keepalive_timeout_s: int = 5
+    keepalive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     shutdown_timeout_s: float = 30.0
     access_log: bool = False
 
@@ -153,8 +153,8 @@ class ServerSection(_Section):
             raise ValueError("header_timeout_s must be in 0.1..3600")
         if not 0.1 <= self.body_timeout_s <= 3600:
             raise ValueError("body_timeout_s must be in 0.1..3600")
-        if not 1 <= self.keepalive_timeout_s <= 3600:
-            raise ValueError("keepalive_timeout_s must be in 1..3600")
+        if not 0.1 <= self.keepalive_timeout_s <= 3600:
+            raise ValueError("keepalive_timeout_s must be in 0.1..3600")
         if not 1 <= self.shutdown_timeout_s <= 3600:
             raise ValueError("shutdown_timeout_s must be in 1..3600")
 
@@ -321,6 +321,8 @@ class ReconcilerSection(_Section):
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
+    delete_retry_first_s: float = 1.0  # a failed L1 delete is tried again after this, doubling
+    delete_retry_max_s: float = 300.0  # ... up to this
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -417,6 +419,9 @@ class KafkaSection(_Section):
     # Request bytes all Kafka connections together hold at most (read, not yet answered).
     inflight_bytes_max: int = 256 * MiB
     default_partitions: int = 1  # CreateTopics with num_partitions = -1
+    idle_timeout_s: float = 600.0  # a silent connection is closed (Kafka's connections.max.idle.ms)
+    header_timeout_s: float = 10.0  # a new or unauthenticated connection's next frame, within this
+    frame_timeout_s: float = 60.0  # a frame's body, within this of its length prefix
     # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
     # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
     tls_cert_file: str = ""
@@ -441,6 +446,9 @@ class KafkaSection(_Section):
             raise ValueError("inflight_bytes_max must be at least frame_bytes_max (and at most 16 GiB)")
         if not 1 <= self.default_partitions <= 4096:
             raise ValueError("default_partitions must be in 1..4096")
+        for name in ("idle_timeout_s", "header_timeout_s", "frame_timeout_s"):
+            if not 0.1 <= getattr(self, name) <= 86_400:
+                raise ValueError(f"{name} must be in 0.1..86400")
 
     @property
     def enabled(self) -> bool:

@@ -24,6 +24,7 @@ from levelzero.core.entries import LogRecord, Placeholder, ProducerSpan
 from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown, StaleClusterEpoch
 from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.leader import object_epoch
+from levelzero.core.produce_size import check_produce_size
 from levelzero.core.l0format import (
     EncodedExtents, ExtentHeader, Record, encode_extent, finish_object,
 )
@@ -209,17 +210,15 @@ class Batcher:
             raise InvalidInput("a produce request needs at least one record")
         for span in producers:
             assert 0 <= span.first_record and span.first_record + span.record_count <= len(records), span
-        # Encoded now, once: its size is exact (adding up the records' keys and values was
-        # two C calls per record, 7% of the loop), and the object is made by copying.
+        # Encoded now, once: the object is made by copying, and the budget counts these bytes.
         try:
             data = encode_extent(records)
         except (TypeError, msgspec.EncodeError) as exc:
             raise InvalidInput(f"records that cannot be stored: {exc}") from None
         size = len(data)
-        if size > self.config.batch_bytes_max:
-            raise InvalidInput(
-                f"request of {size} bytes exceeds batch_bytes_max {self.config.batch_bytes_max}"
-            )
+        # The one size rule (TooLarge: 413 / MESSAGE_TOO_LARGE); the encoded length settles a
+        # request well inside the limit without adding up its records (7% of the loop).
+        check_produce_size(records, self.config.batch_bytes_max, encoded_bytes=size)
         if self._closed:
             raise ShuttingDown("the batcher is shutting down")
         if not self._budget.try_acquire(size):

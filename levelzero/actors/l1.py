@@ -13,9 +13,10 @@ import bisect
 import logging
 from collections.abc import Callable
 
-from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound
+from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import parse_l1_key
 from levelzero.core.l0format import decode_extent, read_header
+from levelzero.core.l1_deletes import PendingDeletes
 from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
 
@@ -24,10 +25,19 @@ from .reader import FetchedRecord, FetchWindow
 
 log = logging.getLogger("levelzero.l1")
 
+# Failed deletes tried again in one reconciler round, at most (the rest wait for the next).
+DELETE_RETRIES_PER_ROUND_MAX = 100
+
 
 class L1Catalog:
     def __init__(
-        self, object_store: ObjectStore, log_store: L1Metastore, wall_clock: Callable[[], float]
+        self,
+        object_store: ObjectStore,
+        log_store: L1Metastore,
+        wall_clock: Callable[[], float],
+        *,
+        delete_retry_first_s: float = 1.0,
+        delete_retry_max_s: float = 300.0,
     ) -> None:
         self._objects = object_store
         self._log = log_store
@@ -36,6 +46,10 @@ class L1Catalog:
         self._valid: dict[int, list[L1Row]] = {}
         self.deleted = 0
         self.delete_refusals = 0
+        # DELETE_STARTED objects whose store delete failed: retried while running, with backoff.
+        self.pending_deletes = PendingDeletes(delete_retry_first_s, delete_retry_max_s)
+        self.delete_failures = 0
+        self.delete_retries = 0
 
     # ------------------------------------------------------------------ validity
 
@@ -77,12 +91,43 @@ class L1Catalog:
         if row.state != L1State.DELETE_STARTED:
             if not await self._log.l1_transition(row.key, row.state, L1State.DELETE_STARTED, now):
                 return False  # somebody else moved it first
-        await self._finish_delete(row.key)
-        self._drop_cached(actor.row.pid, row.key)
+        self._drop_cached(actor.row.pid, row.key)  # no longer COPY_FINISHED: not served
+        await self._finish_delete(row.key, actor.name)
         log.info("deleted L1 object %s (%s)", row.key, reason)
         return True
 
-    async def _finish_delete(self, key: str) -> None:
+    async def retry_deletes(self, limit: int = DELETE_RETRIES_PER_ROUND_MAX) -> int:
+        """Try again the failed deletes that are due (at most `limit`); returns how many went.
+        Their rows are DELETE_STARTED: the decision to delete was validated when it was made,
+        and finishing it is idempotent, so no lineage check is needed again."""
+        done = 0
+        for entry in self.pending_deletes.due(self._wall(), limit):
+            self.delete_retries += 1
+            try:
+                await self._finish_delete(entry.key, entry.partition)
+            except LevelZeroError as exc:
+                again = self.pending_deletes.get(entry.key)
+                assert again is not None and again.failures == entry.failures + 1, (entry, again)
+                log.warning("L1 delete of %s failed again (%d times since %.0f), next try in "
+                            "%.1f s: %s", entry.key, again.failures, again.since,
+                            again.next_retry_at - self._wall(), exc)
+            else:
+                done += 1
+                log.info("deleted L1 object %s on retry %d", entry.key, entry.failures)
+        return done
+
+    async def _finish_delete(self, key: str, partition: str) -> None:
+        """The store delete, then DELETE_FINISHED; a failure is noted for a retry and raised."""
+        try:
+            await self._delete_object(key)
+        except LevelZeroError as exc:
+            self.delete_failures += 1
+            self.pending_deletes.note_failure(key, partition, f"{exc.code}: {exc}", self._wall())
+            raise
+        self.pending_deletes.note_done(key)
+        self.deleted += 1
+
+    async def _delete_object(self, key: str) -> None:
         try:
             parse_l1_key(key)
         except MalformedKey:
@@ -93,9 +138,8 @@ class L1Catalog:
         else:
             result = await self._objects.delete_many([key])
             if key in result.errors:
-                raise LevelZeroError(f"deleting {key} failed: {result.errors[key]}")
+                raise StorageError(f"deleting {key} failed: {result.errors[key]}")
         await self._log.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, self._wall())
-        self.deleted += 1
 
     def _drop_cached(self, pid: int, key: str) -> None:
         rows = self._valid.get(pid)
@@ -151,21 +195,42 @@ class L1Catalog:
 
     # ------------------------------------------------------------------ reads
 
-    async def fetch(
-        self, actor: PartitionActor, offset: int, max_bytes: int, upto: int
-    ) -> list[FetchedRecord]:
+    async def fill(self, actor: PartitionActor, window: FetchWindow) -> None:
+        """Fill `window` from the valid L1 objects holding its next offset and those after it,
+        one object after another, until it stops (its `upto` is at most the LRO). The cached
+        lineage is read again once when it does not reach far enough. An object gone after the
+        first (retention, or a delete racing this read) ends the fill there: the records taken
+        are still the partition's."""
         rows = self._valid.get(actor.row.pid)
-        if rows is None or not rows or rows[-1].last_offset < min(offset, upto):
+        refreshed = not rows
+        if refreshed:
             rows = await self.refresh(actor)
-        i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
-        if i < 0 or rows[i].last_offset < offset:
-            raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
-        row = rows[i]
-        data = await self._objects.get(row.key)
+        assert rows is not None
+        while True:
+            offset = window.next_offset
+            i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
+            if i >= 0 and rows[i].last_offset >= offset:
+                for row in rows[i:]:
+                    if not await self._fill_from(row, window):
+                        return
+            elif window.records and refreshed:
+                return  # the lineage goes no further (offsets an operator abandoned)
+            elif refreshed:
+                raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
+            if refreshed:
+                return
+            rows, refreshed = await self.refresh(actor), True
+
+    async def _fill_from(self, row: L1Row, window: FetchWindow) -> bool:
+        try:
+            data = await self._objects.get(row.key)
+        except ObjectNotFound:
+            if not window.records:
+                raise
+            return False
         where = f"L1 object {row.key}"
         header = read_header(data, where)
         (extent,) = header.extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        window = FetchWindow(offset, upto, max_bytes)
-        window.add_extent(row.base_offset, decode_extent(raw, extent.checksum, extent.record_count, where))
-        return window.records
+        records = decode_extent(raw, extent.checksum, extent.record_count, where)
+        return window.add_extent(row.base_offset, records)

@@ -138,7 +138,11 @@ class Node:
             object_store, log_store, self.epoch_cache, config.batcher, rng=rng, wall_clock=self._wall
         )
         self.reader = Reader(object_store, log_store)
-        self.l1 = L1Catalog(object_store, log_store, self._wall)
+        self.l1 = L1Catalog(
+            object_store, log_store, self._wall,
+            delete_retry_first_s=config.reconciler.delete_retry_first_s,
+            delete_retry_max_s=config.reconciler.delete_retry_max_s,
+        )
         self.reader.l1 = self.l1
         self.reconciler = Reconciler(
             config.reconciler,

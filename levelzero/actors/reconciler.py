@@ -45,11 +45,18 @@ class ReconcilerConfig:
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
     copy_deadline_s: float = 600.0  # COPY_STARTED older than this is collected
+    # A failed L1 delete is tried again after this, doubling up to delete_retry_max_s.
+    delete_retry_first_s: float = 1.0
+    delete_retry_max_s: float = 300.0
     enabled: bool = True
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.copy_deadline_s <= 0:
             raise InvalidInput("reconciler interval_s and copy_deadline_s must be > 0")
+        if not 0 < self.delete_retry_first_s <= self.delete_retry_max_s <= 86_400:
+            raise InvalidInput(
+                "reconciler needs 0 < delete_retry_first_s <= delete_retry_max_s <= 86400"
+            )
         if not 1024 <= self.object_bytes_max <= 256 * 1024 * 1024:
             raise InvalidInput("reconciler object_bytes_max must be in 1 KiB..256 MiB")
         if not 1 <= self.partitions_in_flight_max <= 256:
@@ -129,6 +136,10 @@ class Reconciler:
         )
         if check_stale_copies:
             self._stale_copies_checked_at = now
+
+        # Deletes that failed (an abandoned copy's clean-up, a rejected catch-up's object):
+        # their objects would stay in the bucket until a restart otherwise.
+        await self.catalog.retry_deletes()
 
         async def one(actor: PartitionActor) -> None:
             self.stats.partitions_visited += 1

@@ -54,7 +54,8 @@ EXIT_INTERRUPTED = 130
 
 # One request waits out the batcher's linger (250 ms by default) whatever its size, so a request
 # carries as much as the server takes by default (server.records_per_request_max = 10000) and
-# stays under batcher.batch_bytes_max (4 MiB, one request's limit) once framed.
+# stays under batcher.batch_bytes_max (4 MiB, one request's limit by the size rule of
+# core/produce_size.py: 3 MiB of keys and values leave room for its 8 bytes a record).
 PRODUCE_BATCH_RECORDS = 10_000
 PRODUCE_BATCH_BYTES = 3 * 1024 * 1024
 PRODUCE_IN_FLIGHT_DEFAULT = 1
@@ -562,6 +563,13 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
             lines.append(
                 f"  RECONCILE FAILING {f.partition} since {_ago(f.since)} ({f.failures} passes), "
                 f"holding M back: {f.last_error}"
+            )
+        if r.l1_deletes_pending:
+            lines.append(f"  L1 DELETES PENDING {r.l1_deletes_pending} (failed, retried with backoff)")
+        for d in r.l1_deletes_pending_shown:
+            lines.append(
+                f"    {d.partition} {d.key}: failing since {_ago(d.since)} ({d.failures} tries), "
+                f"next in {max(0.0, d.next_retry_at - time.time()):.0f} s: {d.last_error}"
             )
     h = status.housekeeper
     if h is not None:

@@ -110,6 +110,19 @@ class InvalidInput(LevelZeroError, ValueError):
     code = "invalid_input"
 
 
+class TooLarge(LevelZeroError):
+    """A produce request over the one size rule's limit (`core.produce_size`): split it."""
+
+    code = "too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"{size} record bytes exceed batch_bytes_max {limit} (value + key + header names "
+            f"and values + 8 per record); split the request"
+        )
+        self.size, self.limit = size, limit
+
+
 class UnknownTopic(LevelZeroError, KeyError):
     code = "unknown_topic"
 

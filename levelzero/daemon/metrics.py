@@ -229,6 +229,26 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
         "L1 deletes refused because the current lineage serves the object (or a zombie asked).",
         node.l1.delete_refusals,
     )
+    pending = node.l1.pending_deletes
+    yield _gauge(
+        "levelzero_l1_deletes_pending",
+        "L1 objects whose delete failed (DELETE_STARTED, still in the bucket), retried with backoff.",
+        len(pending),
+    )
+    oldest = pending.oldest_since()
+    since = GaugeMetricFamily(
+        "levelzero_l1_deletes_pending_since_seconds",
+        "Unix time of the oldest failed L1 delete still pending (absent when none).",
+    )
+    if oldest is not None:
+        since.add_metric([], oldest)
+    yield since
+    yield _counter(
+        "levelzero_l1_delete_failures",
+        "Failed L1 object deletes (each is retried until it succeeds).",
+        node.l1.delete_failures,
+    )
+    yield _counter("levelzero_l1_delete_retries", "Retries of failed L1 deletes.", node.l1.delete_retries)
 
 
 def housekeeper_metrics(node: Node) -> Iterable[Metric]:

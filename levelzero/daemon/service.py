@@ -207,7 +207,7 @@ def connection_metrics(guard: ConnectionGuard) -> Callable[[Node], Iterable[Metr
         )
         closed = CounterMetricFamily(
             "levelzero_http_connections_closed",
-            "HTTP connections closed or refused by the server's guard, by reason.",
+            "HTTP connections the server closed (or refused), by reason; a client's own close is not counted.",
             labels=["reason"],
         )
         for reason, count in stats.closed.items():
@@ -443,8 +443,11 @@ class Daemon:
             KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
         )
         self.kafka = KafkaListener(
-            handlers, ListenerSettings(settings.frame_bytes_max, settings.connections_max,
-                                       settings.inflight_bytes_max, token=self.config.server.token)
+            handlers, ListenerSettings(
+                settings.frame_bytes_max, settings.connections_max, settings.inflight_bytes_max,
+                token=self.config.server.token, idle_timeout_s=settings.idle_timeout_s,
+                header_timeout_s=settings.header_timeout_s, frame_timeout_s=settings.frame_timeout_s,
+            )
         )
 
         tls_context = settings.tls_context()

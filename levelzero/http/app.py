@@ -49,6 +49,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 
+from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from levelzero.http.schema import (
     RETRY_AFTER_S,
@@ -67,6 +68,7 @@ from levelzero.http.schema import (
     HealthResponse,
     HousekeeperRunRequest,
     HousekeeperStatus,
+    L1DeletePendingStatus,
     L1ObjectStatus,
     PartitionOutlier,
     PartitionPage,
@@ -91,6 +93,7 @@ MiB = 1024 * 1024
 DISCARD_BYTES_MAX = 64 * MiB
 BLOCKED_BY_SHOWN_MAX = 20
 L1_LINEAGE_SHOWN_MAX = 20  # per partition in /v1/status: the newest valid L1 objects
+L1_DELETES_PENDING_SHOWN_MAX = 20  # in /v1/status: the oldest failed L1 deletes
 # /v1/status stays small with 10,000 partitions: the first page of partitions and the worst
 # outliers only; GET /v1/status/partitions pages through the rest.
 STATUS_PARTITIONS_SHOWN_MAX = 100
@@ -99,8 +102,6 @@ STATUS_PAGE_LIMIT_DEFAULT = 100
 STATUS_PAGE_LIMIT_MAX = 1000
 # Why a partition is an outlier, the most pressing first (the order outliers are shown in).
 OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
-# Produce bytes as the batcher counts them (value + key + 8 per record); see Batcher.produce.
-RECORD_OVERHEAD_BYTES = 8
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
@@ -108,6 +109,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_topic": 404,
     "unknown_partition": 404,
     "offset_out_of_range": 404,
+    "too_large": 413,
     "stale_cluster_epoch": 409,
     "topic_exists": 409,
     "not_leader": 503,
@@ -240,6 +242,8 @@ class Api:
         async def endpoint(request: Request) -> Response:
             # Starlette answers HEAD on GET routes; HEAD runs the GET handler.
             handler = handlers.get(request.method) or handlers["GET"]
+            if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                return self._answered_by_protocol(path, answered)
             try:
                 if not public:
                     self._authenticate(request)
@@ -247,6 +251,8 @@ class Api:
                     _require_json(request)
                 response = await handler(request)
             except ClientDisconnect:
+                if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                    return self._answered_by_protocol(path, answered)
                 log.info("%s %s: the client closed the connection before its request body "
                          "arrived", request.method, request.url.path)
                 self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
@@ -272,6 +278,12 @@ class Api:
             return response
 
         return Route(path, endpoint, methods=list(handlers))
+
+    def _answered_by_protocol(self, path: str, status: int) -> Response:
+        """The request's body was not HTTP and the server answered it already (http_guard):
+        counted as that answer; the response returned here is never sent."""
+        self.metrics.requests.labels(path, str(status)).inc()
+        return error_response(status, "malformed_request", "answered by the server")
 
     def _authenticate(self, request: Request) -> None:
         if not self._token:
@@ -383,14 +395,9 @@ class Api:
                 f"{count} records exceed records_per_request_max "
                 f"{self.settings.records_per_request_max}",
             )
-        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in body.records)
-        batch_bytes_max = self.node.batcher.config.batch_bytes_max
-        if size > batch_bytes_max:
-            raise ApiError(
-                413, "too_large",
-                f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}; split the request",
-            )
         self._check_serving()
+        # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
+        # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
         result = await self.node.produce(
             topic, partition, [
@@ -679,6 +686,7 @@ def status_outliers(
 
 def reconciler_status(node: Node) -> ReconcilerStatus:
     stats = node.reconciler.stats
+    pending = node.l1.pending_deletes
     return ReconcilerStatus(
         rounds=stats.rounds,
         objects_written=stats.objects_written,
@@ -690,6 +698,12 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
         failing=[
             ReconcileFailingStatus(f.partition, f.since, f.failures, f.last_error, f.last_failed_at)
             for f in node.reconciler.health.failing()
+        ],
+        l1_deletes_pending=len(pending),
+        l1_deletes_pending_shown=[
+            L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error,
+                                  e.next_retry_at)
+            for e in pending.pending()[:L1_DELETES_PENDING_SHOWN_MAX]
         ],
     )
 

@@ -21,14 +21,26 @@ Two parts, split the sans-IO way:
   the connect for a new connection; `body_timeout_s` from the head to the body's end; none
   while the app works, whose own bounds apply). A refused connection still gets an answer: the
   documented JSON 503 with `Retry-After`, and `/healthz` / `/readyz` are served even then.
-  uvicorn's own 400 for a malformed request becomes the documented JSON error too.
+  uvicorn's own 400 for a malformed request becomes the documented JSON error too, and is the
+  request's one answer (the app, already started on its head, answers nothing).
+
+Every close the server makes is counted once, by reason (`CloseReason`): the guard's, uvicorn's
+keep-alive expiry, a malformed request's, one the request asked for, an app failure's, shutdown.
+No deadline closes a connection holding bytes the loop has not read yet: a late loop (uvloop runs
+expired timers before it polls for I/O; a paused process) would otherwise answer a request the
+client sent in time with a TCP reset, and the client could not tell whether its POST applied.
+The expiry then waits for those bytes to be read: a keep-alive expiry becomes the head's
+deadline, a head's or body's deadline closes only if they did not complete what it waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import fcntl
 import logging
+import struct
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,10 +71,17 @@ _EVICTION_RANK = {Phase.HEAD: 0, Phase.BODY: 1}
 
 
 class CloseReason(enum.Enum):
+    """Why the server closed a connection (a client's own close is not counted)."""
+
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"  # idle after a response for keepalive_timeout_s
     HEADER_TIMEOUT = "header_timeout"
     BODY_TIMEOUT = "body_timeout"
-    EVICTED = "evicted"
-    REFUSED = "refused"
+    EVICTED = "evicted"  # to make room for a new connection
+    REFUSED = "refused"  # answered 503 too_many_connections, or not at all
+    MALFORMED_REQUEST = "malformed_request"  # not HTTP: answered 400 malformed_request
+    CLOSE_REQUESTED = "close_requested"  # the request said Connection: close (or was HTTP/1.0)
+    APP_ERROR = "app_error"  # the app failed: uvicorn's 500, or an answer cut short
+    SHUTDOWN = "shutdown"  # the daemon is stopping
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +205,47 @@ def phase_of(their_state: object, response_complete: bool | None) -> Phase:
     return Phase.HEAD
 
 
+def unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes the kernel holds for this connection that the loop has not read yet (0 when that
+    cannot be known)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    count: int = struct.unpack("i", raw)[0]
+    return count
+
+
+class _CountedTransport:
+    """A connection's transport whose `close` tells its protocol first. uvicorn closes from
+    several places (its keep-alive timer, the end of an answer the request asked to be the
+    last, an app that failed, shutdown), so the close itself is where each is counted."""
+
+    def __init__(self, transport: asyncio.Transport, closing: Callable[[], None]) -> None:
+        self._transport = transport
+        self._closing = closing
+        # The calls of every request, bound once rather than looked up through __getattr__.
+        self.write = transport.write
+        self.is_closing = transport.is_closing
+        self.get_extra_info = transport.get_extra_info
+        self.pause_reading = transport.pause_reading
+        self.resume_reading = transport.resume_reading
+
+    def close(self) -> None:
+        self._closing()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+# The scope key by which the protocol tells the app that it answered the request itself (the
+# status it sent): the body turned out not to be HTTP after the app had started on the head.
+PROTOCOL_ANSWER_KEY = "levelzero.protocol_answer"
+
 _encoder = msgspec.json.Encoder()
 
 
@@ -260,8 +320,13 @@ class GuardedH11Protocol(H11Protocol):
         self._id = self.guard.new_id()
         self._phase = Phase.HEAD
         self._deadline: asyncio.TimerHandle | None = None
+        self._overdue: CloseReason | None = None  # a deadline passed with bytes unread
         self._refused = False
-        super().connection_made(transport)
+        self._close_reason: CloseReason | None = None  # set by the closes that know theirs
+        self._close_noted = False
+        self._shutting_down = False
+        self._lost = False
+        super().connection_made(_CountedTransport(transport, self._server_closes))  # type: ignore[arg-type]
         guard = self.guard
         peer = self.client[0] if self.client else ""
         admission = guard.table.admit(self._id, peer, guard.clock())
@@ -271,17 +336,18 @@ class GuardedH11Protocol(H11Protocol):
         if admission.admitted:
             guard.protocols[self._id] = self
         elif guard.refused_open >= guard.limits.connections_max:
-            guard.table.note_closed(CloseReason.REFUSED)
-            transport.close()  # so many refused at once: no answer, just the close
+            self._note_close(CloseReason.REFUSED)
+            self.transport.close()  # so many refused at once: no answer, just the close
             return
         else:
-            guard.table.note_closed(CloseReason.REFUSED)
+            self._note_close(CloseReason.REFUSED)  # its answer's close is this one
             guard.refused_open += 1
             self._refused = True
             self.app = refusing_app(self.app)
         self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True  # uvicorn closes the transport here too: that close is not ours
         self._disarm()
         if self._refused:
             self._refused = False
@@ -294,15 +360,50 @@ class GuardedH11Protocol(H11Protocol):
         if self._phase is Phase.HEAD and self._deadline is None:
             # The first byte of a head on a kept-alive connection: the head has this long.
             self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
+        phase = self._phase
         super().data_received(data)
+        if self._shutting_down and self.cycle is not None:
+            self.cycle.keep_alive = False  # a request read after shutdown began: the last one
         self._sync_phase()
+        if self._overdue is not None and self._phase is phase:
+            self.close_for(self._overdue)  # what came in late did not finish the head or body
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive expiry, unless a request has come in that the loop has not read
+        yet: its head then has `header_timeout_s` from now, as if its first byte were read."""
+        self.timeout_keep_alive_task = None
+        if self.transport.is_closing():
+            return
+        if unread_bytes(self.transport):
+            self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
+            return
+        self._close_reason = CloseReason.KEEPALIVE_TIMEOUT
+        super().timeout_keep_alive_handler()
+
+    def shutdown(self) -> None:
+        """uvicorn's graceful shutdown: an idle connection is closed now, a busy one after its
+        answer; and one whose next request is in but unread, after that request's answer."""
+        self._shutting_down = True  # closes from now on are shutdown's, now or after the answer
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and not self.transport.is_closing() and unread_bytes(self.transport):
+            return  # data_received reads it, and marks its answer the last
+        super().shutdown()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._sync_phase()
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request h11 cannot parse, as the documented JSON error."""
+        """uvicorn's answer to a request h11 cannot parse, as the documented JSON error. A body
+        that is not HTTP (a bad chunk size) comes after a head the app has started on: unless
+        its answer is under way, this 400 is the request's one answer, and the app is told so
+        (it sends and counts nothing else)."""
+        self._close_reason = CloseReason.MALFORMED_REQUEST
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started and not cycle.disconnected:
+            cycle.scope[PROTOCOL_ANSWER_KEY] = 400  # type: ignore[literal-required]
+            cycle.disconnected = True  # its sends are dropped; its reads end
+            cycle.message_event.set()
         body = error_bytes("malformed_request", f"invalid HTTP request: {msg}")
         headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
                    (b"content-length", str(len(body)).encode())]
@@ -324,10 +425,35 @@ class GuardedH11Protocol(H11Protocol):
             self.guard.table.remove(self._id)
         if self.transport.is_closing():
             return
-        self.guard.table.note_closed(reason)
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
         log.info("closing HTTP connection from %s: %s (phase %s)", peer, reason.value, self._phase.value)
+        self._close_reason = reason
         self.transport.close()
+
+    # ------------------------------------------------------------------ counting closes
+
+    def _server_closes(self) -> None:
+        """Every close of the transport comes here first; the server's own are counted once."""
+        if self._lost or self._close_noted or self.transport.is_closing():
+            return  # the client's close, or one already counted
+        self._note_close(self._close_reason or self._implied_close_reason())
+
+    def _note_close(self, reason: CloseReason) -> None:
+        assert not self._close_noted, reason
+        self._close_noted = True
+        self.guard.table.note_closed(reason)
+
+    def _implied_close_reason(self) -> CloseReason:
+        """The reason of a close uvicorn makes at the end of an answer or after an app failure."""
+        if self._shutting_down:
+            return CloseReason.SHUTDOWN
+        scope = self.scope
+        if scope is not None and (scope["http_version"] == "1.0" or any(
+            name == b"connection" and b"close" in (token.strip() for token in value.lower().split(b","))
+            for name, value in scope["headers"]
+        )):
+            return CloseReason.CLOSE_REQUESTED
+        return CloseReason.APP_ERROR
 
     # ------------------------------------------------------------------ phases and deadlines
 
@@ -342,6 +468,7 @@ class GuardedH11Protocol(H11Protocol):
         if not self._refused:
             self.guard.table.enter(self._id, phase, self.guard.clock())
         self._disarm()
+        self._overdue = None  # whatever a passed deadline waited for is done
         if phase is Phase.BODY:
             self._arm(self.guard.limits.body_timeout_s, CloseReason.BODY_TIMEOUT)
         # HEAD after a response: uvicorn's keep-alive timer bounds the idle wait, and the
@@ -349,7 +476,17 @@ class GuardedH11Protocol(H11Protocol):
 
     def _arm(self, delay_s: float, reason: CloseReason) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(delay_s, self.close_for, reason)
+        self._deadline = self.loop.call_later(delay_s, self._deadline_passed, delay_s, reason)
+
+    def _deadline_passed(self, delay_s: float, reason: CloseReason) -> None:
+        self._deadline = None
+        if self._overdue is None and unread_bytes(self.transport):
+            # The loop is late: bytes are in that may complete what the deadline waits for.
+            # Judge once they are read (data_received), or after one more period at the latest.
+            self._arm(delay_s, reason)
+            self._overdue = reason
+            return
+        self.close_for(reason)
 
     def _disarm(self) -> None:
         if self._deadline is not None:

@@ -98,7 +98,7 @@ class FetchResponse(_Response):
     next_offset: int
     high_watermark: int
     start_offset: int
-    tier: str  # "l0" | "l1" | "none" (nothing at this offset yet)
+    tier: str  # "l1" | "l0" | "l1+l0" (on from L1 into L0) | "none" (nothing at this offset yet)
 
 
 class L1ObjectStatus(_Response):
@@ -157,6 +157,20 @@ class ReconcilerStatus(_Response):
     errors: int
     lag_offsets: int  # over every partition, now
     failing: list[ReconcileFailingStatus] = []  # partitions whose reconciliation keeps failing
+    # L1 objects whose delete failed (DELETE_STARTED, still in the bucket), retried with backoff
+    l1_deletes_pending: int = 0
+    l1_deletes_pending_shown: list[L1DeletePendingStatus] = []  # the oldest 20
+
+
+class L1DeletePendingStatus(_Response):
+    """An L1 object whose delete failed: tried again at `next_retry_at`, until it goes."""
+
+    key: str
+    partition: str
+    since: float  # unix time of its first failed delete
+    failures: int
+    last_error: str
+    next_retry_at: float  # unix time of its next try (backoff doubling up to delete_retry_max_s)
 
 
 class ReconcileFailingStatus(_Response):

@@ -341,7 +341,10 @@ class GroupCoordinator:
             group, _ = self._member(group_id, member_id, generation)
         except GroupError as exc:
             return exc.code
-        if group.state == "preparing":
+        # As Kafka's coordinator: a member of the current generation may commit while the group
+        # prepares a rebalance (a consumer commits what it processed when its partitions are
+        # revoked); between JoinGroup's answer and SyncGroup it has no assignment to commit for.
+        if group.state == "completing":
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 

@@ -25,8 +25,9 @@ from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.kafka import records as kr
 from levelzero.core.entries import Placeholder, ProducerSpan
 from levelzero.core.cluster import preferred_leader
-from levelzero.core.errors import LevelZeroError, ShuttingDown
+from levelzero.core.errors import LevelZeroError, ShuttingDown, TooLarge
 from levelzero.core.l0format import Record
+from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
 from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
@@ -43,7 +44,6 @@ METADATA_VIEW_AGE_MAX_S = 0.5
 FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
 FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
 FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
-RECORD_OVERHEAD_BYTES = 8  # as the batcher counts a record (see Batcher.produce)
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
 LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
@@ -65,6 +65,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "store_refused": ErrorCode.kafka_storage_error,
     "topic_exists": ErrorCode.topic_already_exists,
     "invalid_input": ErrorCode.invalid_request,
+    "too_large": ErrorCode.message_too_large,
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
 }
@@ -432,12 +433,12 @@ class Handlers:
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
-        size = sum(len(r.value) + len(r.key or b"") + RECORD_OVERHEAD_BYTES for r in records)
-        size += sum(len(name) + len(value or b"") for r in records if r.headers for name, value in r.headers)
-        batch_bytes_max = self.node.batcher.config.batch_bytes_max
-        if size > batch_bytes_max:
-            return (ErrorCode.message_too_large, -1,
-                    f"{size} record bytes exceed batch_bytes_max {batch_bytes_max}")
+        # The one size rule, the batcher's: sets are packed into one request by it below.
+        try:
+            size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
+        except TooLarge as exc:
+            return self._produce_failed(topic, partition, exc)
+        assert size is not None
         first = batches[0]
         identity = None
         if first.producer_id >= 0 and first.base_sequence >= 0:
@@ -568,7 +569,7 @@ class Handlers:
             if hwms != seen_hwms:
                 seen_hwms = hwms
                 results = await self._fetch_all(wanted, body.max_bytes)
-                size = sum(len(data or b"") for _, _, _, data in results)
+                size = sum(len(data) for _, _, _, data in results)
                 if size >= min_bytes or any(code != ErrorCode.none for code, _, _, _ in results):
                     break
             remaining = deadline - time.monotonic()
@@ -601,48 +602,67 @@ class Handlers:
 
     async def _fetch_all(
         self, wanted: list[tuple[str, int, int, int]], max_bytes: int
-    ) -> list[tuple[ErrorCode, int, int, bytes | None]]:
-        """Partitions are read concurrently, each up to its own maximum, as many as the response's
-        budget holds (the first always); the others answer empty and are read next time."""
-        results: list[tuple[ErrorCode, int, int, bytes | None]] = [
-            self._empty(topic, partition) for topic, partition, _, _ in wanted
-        ]
+    ) -> list[tuple[ErrorCode, int, int, bytes]]:
+        """As Kafka's fetch: partitions in request order, each up to its own maximum, while the
+        response's budget lasts; the budget counts only the bytes a partition returned, so a
+        partition with nothing to read uses none of it. Partitions with data are read
+        concurrently, in waves: a wave takes partitions while their maxima fit what is left
+        (the first always), and what they did not use goes to the next wave."""
+        results = [self._empty(topic, partition) for topic, partition, _, _ in wanted]
         budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
+        todo = [i for i, (topic, partition, offset, _) in enumerate(wanted)
+                if self._has_data(topic, partition, offset)]
 
-        async def read(i: int, topic: str, partition: int, offset: int, limit: int) -> None:
+        async def read(i: int, limit: int) -> None:
+            topic, partition, offset, _ = wanted[i]
             results[i] = await self._fetch_partition(topic, partition, offset, limit)
 
-        async with anyio.create_task_group() as tg:
-            for i, (topic, partition, offset, partition_max) in enumerate(wanted):
-                if budget <= 0:
-                    break
-                limit = min(partition_max, budget)
-                budget -= limit
-                tg.start_soon(read, i, topic, partition, offset, limit)
+        while todo and budget > 0:
+            wave: list[tuple[int, int]] = []
+            reserved = 0
+            while todo and reserved < budget:
+                i = todo.pop(0)
+                limit = min(wanted[i][3], budget - reserved)
+                wave.append((i, limit))
+                reserved += limit
+            async with anyio.create_task_group() as tg:
+                for i, limit in wave:
+                    tg.start_soon(read, i, limit)
+            budget -= sum(len(results[i][3]) for i, _ in wave)
         return results
 
-    def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes | None]:
+    def _has_data(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether reading `offset` answers anything but an empty record set: records, or an error."""
+        try:
+            state = self.node.partition(topic, partition).state
+        except LevelZeroError:
+            return True  # read it to answer its error
+        return offset != state.high_watermark
+
+    def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes]:
         try:
             state = self.node.partition(topic, partition).state
         except LevelZeroError as exc:
-            return error_code_for(exc), -1, -1, None
+            return error_code_for(exc), -1, -1, b""
         return ErrorCode.none, state.high_watermark, state.start_offset, b""
 
     async def _fetch_partition(
         self, topic: str, partition: int, offset: int, max_bytes: int
-    ) -> tuple[ErrorCode, int, int, bytes | None]:
+    ) -> tuple[ErrorCode, int, int, bytes]:
+        """One partition's answer. An error carries empty records, as Kafka's does (a null record
+        set is a parse failure for librdkafka, which then retries forever)."""
         try:
             state = self.node.partition(topic, partition).state
             if offset == state.high_watermark:
                 return ErrorCode.none, state.high_watermark, state.start_offset, b""
             if not state.start_offset <= offset < state.high_watermark:
-                return ErrorCode.offset_out_of_range, state.high_watermark, state.start_offset, None
+                return ErrorCode.offset_out_of_range, state.high_watermark, state.start_offset, b""
             result = await self.node.fetch(topic, partition, offset, max_bytes)
         except LevelZeroError as exc:
             code = error_code_for(exc)
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
-            return code, -1, -1, None
+            return code, -1, -1, b""
         data = kr.encode_stored(result.records) if result.records else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data
 

@@ -1,13 +1,22 @@
 """The Kafka listener: TCP connections speaking Kafka's framed request/response protocol.
 
 Each connection is a task group of its own: a reader takes size-prefixed frames (at most
-`frame_bytes_max`; a bigger one closes the connection before its body is read), a task per
-request runs its handler, and a writer sends the responses in request order, as Kafka clients
-require. At most `IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for
-the writer beyond that. Every frame's bytes are taken from one listener-wide budget
-(`inflight_bytes_max`) before its body is read and given back once its response is sent, so
-all connections together hold at most that many request bytes (fetch responses are bounded by
-FETCH_RESPONSE_BYTES_MAX each).
+`frame_bytes_max`, and at most UNAUTHENTICATED_FRAME_BYTES_MAX before SASL authentication; a
+bigger one closes the connection before its body is read), a task per request runs its handler,
+and a writer sends the responses in request order, as Kafka clients require. At most
+`IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for the writer beyond
+that.
+
+Request bytes are bounded as they arrive, never as they are announced: a frame's body is read
+in chunks of at most FRAME_CHUNK_BYTES, each taken, once it is in, first from the connection's own budget
+(`frame_bytes_max`: one connection never holds more) and then from one listener-wide budget
+(`inflight_bytes_max`), and given back once the response is sent. A length prefix alone holds
+nothing, so a few connections announcing huge frames block nobody. Deadlines close connections
+that hold a reader without progress: a frame's body must arrive within `frame_timeout_s` of its
+length prefix; a connection not yet authenticated (or, without SASL, one that has not yet sent a
+request) must send its next frame within `header_timeout_s`; an idle one lives
+`idle_timeout_s` (Kafka's connections.max.idle.ms). Fetch responses are bounded by
+FETCH_RESPONSE_BYTES_MAX each.
 Produce requests of one connection queue their records on the partitions' lanes in the order
 they were sent (each waits until the one before it has queued, not until it is stored), and a
 lane stores its queue in order, so records a client sends in order are stored in order.
@@ -51,8 +60,11 @@ log = logging.getLogger("levelzero.kafka")
 
 IN_FLIGHT_MAX = 128
 PRODUCE_KEY = 0
-# How long a connection may stay silent before it is closed (Kafka's connections.max.idle.ms).
-IDLE_TIMEOUT_S = 600.0
+# A frame's body is read, and its bytes taken from the budgets, this much at a time.
+FRAME_CHUNK_BYTES = 64 * 1024
+# The largest frame of a connection that has not authenticated yet (Kafka's SASL server bounds
+# its receive size the same: 512 KiB).
+UNAUTHENTICATED_FRAME_BYTES_MAX = 512 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +74,17 @@ class ListenerSettings:
     inflight_bytes_max: int = 256 * 1024 * 1024
     # Non-empty: every connection authenticates first with SASL/PLAIN, this token as password.
     token: str = ""
+    # How long a connection may stay silent between requests (Kafka's connections.max.idle.ms).
+    idle_timeout_s: float = 600.0
+    # Before authentication (without SASL: before its first request) the next frame must begin
+    # within this, so connections that never speak do not pile up.
+    header_timeout_s: float = 10.0
+    # A frame's body must arrive within this after its length prefix.
+    frame_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         assert 0 < self.frame_bytes_max <= self.inflight_bytes_max
+        assert 0 < self.header_timeout_s and 0 < self.idle_timeout_s and 0 < self.frame_timeout_s
 
 
 # What a peer that went away looks like, at a read or a write.
@@ -78,7 +98,8 @@ class _Slot:
     response: bytes | None = None
     close: bool = False
     close_after_response: bool = False
-    budget_bytes: int = 0
+    budget_bytes: int = 0  # taken from both the connection's and the listener's budget
+    connection_budget: ByteBudget | None = None
     submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
 
 
@@ -94,6 +115,7 @@ class _Session:
 
     mechanism: str | None = None
     authenticated: bool = False
+    requests: int = 0  # frames read so far
 
 
 @dataclass(slots=True)
@@ -102,6 +124,8 @@ class ListenerStats:
     connections_open: int = 0
     requests: int = 0
     closed_bad_frames: int = 0
+    closed_idle: int = 0  # silent past idle_timeout_s, or past header_timeout_s before speaking
+    closed_slow_frames: int = 0  # a frame's body not in within frame_timeout_s
     errors: int = 0
     authentications_failed: int = 0
 
@@ -140,8 +164,9 @@ class KafkaListener:
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
         holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
         session = _Session(authenticated=not self.settings.token)
+        budget = ByteBudget(self.settings.frame_bytes_max)
         try:
-            await self._connection_tasks(stream, reader, send, receive, holding, session)
+            await self._connection_tasks(stream, reader, send, receive, holding, session, budget)
         finally:
             for slot in holding:
                 self._release(slot)
@@ -154,16 +179,17 @@ class KafkaListener:
         receive: anyio.abc.ObjectReceiveStream[_Slot],
         holding: list[_Slot],
         session: _Session,
+        budget: ByteBudget,
     ) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
             last_produce: anyio.Event | None = None
             async with send:
                 while True:
-                    slot = _Slot()
+                    slot = _Slot(connection_budget=budget)
                     holding[:] = [s for s in holding if s.budget_bytes]
                     holding.append(slot)
-                    frame = await self._read_frame(reader, slot)
+                    frame = await self._read_frame(reader, slot, session)
                     if frame is None:
                         break
                     await send.send(slot)
@@ -172,33 +198,70 @@ class KafkaListener:
                         before, last_produce = last_produce, slot.submitted
                     tg.start_soon(self._serve_request, frame, slot, before, session)
 
-    async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot) -> bytes | None:
-        with anyio.move_on_after(IDLE_TIMEOUT_S):
+    async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session) -> bytes | None:
+        """The next frame, or None when the connection is to be closed (gone, too big, too slow)."""
+        settings = self.settings
+        speaking = session.authenticated and session.requests > 0
+        wait_s = settings.idle_timeout_s if speaking else settings.header_timeout_s
+        head = None
+        with anyio.move_on_after(wait_s):
             try:
                 head = await reader.receive_exactly(SIZE_PREFIX.size)
             except _GONE:
                 return None
-            (size,) = SIZE_PREFIX.unpack(head)
-            if not 0 < size <= self.settings.frame_bytes_max:
-                self.stats.closed_bad_frames += 1
-                log.warning("kafka: closing a connection that sent a frame of %d bytes "
-                            "(frame_bytes_max %d)", size, self.settings.frame_bytes_max)
-                return None
-            await self.budget.acquire(size)
-            slot.budget_bytes = size
+        if head is None:
+            self.stats.closed_idle += 1
+            log.info("kafka: closing a connection silent for %.0f s", wait_s)
+            return None
+        (size,) = SIZE_PREFIX.unpack(head)
+        limit = settings.frame_bytes_max if session.authenticated else \
+            min(settings.frame_bytes_max, UNAUTHENTICATED_FRAME_BYTES_MAX)
+        if not 0 < size <= limit:
+            self.stats.closed_bad_frames += 1
+            log.warning("kafka: closing a connection that sent a frame of %d bytes (at most %d%s)",
+                        size, limit, "" if session.authenticated else " before authentication")
+            return None
+        session.requests += 1
+        with anyio.move_on_after(settings.frame_timeout_s):
             try:
-                return await reader.receive_exactly(size)
+                return await self._read_body(reader, slot, size)
             except _GONE:
                 self._release(slot)
                 return None
             except BaseException:
                 self._release(slot)
                 raise
+        self._release(slot)
+        self.stats.closed_slow_frames += 1
+        log.warning("kafka: closing a connection whose %d-byte frame did not arrive within %.0f s",
+                    size, settings.frame_timeout_s)
         return None
+
+    async def _read_body(self, reader: BufferedByteReceiveStream, slot: _Slot, size: int) -> bytes:
+        """`size` bytes, each chunk's bytes taken from the budgets as it arrives (a reader waiting
+        for budget holds at most one chunk beyond it)."""
+        assert slot.connection_budget is not None
+        chunks: list[bytes] = []
+        read = 0
+        while read < size:
+            chunk = await reader.receive(min(FRAME_CHUNK_BYTES, size - read))
+            n = len(chunk)
+            await slot.connection_budget.acquire(n)
+            try:
+                await self.budget.acquire(n)
+            except BaseException:
+                slot.connection_budget.release(n)
+                raise
+            slot.budget_bytes += n
+            chunks.append(chunk)
+            read += n
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _release(self, slot: _Slot) -> None:
         if slot.budget_bytes:
             self.budget.release(slot.budget_bytes)
+            assert slot.connection_budget is not None
+            slot.connection_budget.release(slot.budget_bytes)
             slot.budget_bytes = 0
 
     async def _writer(

@@ -5,6 +5,8 @@ escape it). Writes are atomic and durable: the bytes go to a temp file in the ta
 are fsynced, renamed over the target with `os.replace`, and the directory is fsynced — a crash
 leaves either the old object or the new one, plus at worst a stray temp file that listings
 never show. Every blocking call runs in a worker thread so the event loop never waits on disk.
+Several stores may share one root (several nodes on one directory, as `levelzero demo --nodes`
+runs them): a directory another store makes or removes at the same moment is not an error.
 
 One difference from S3 remains: a key cannot be both an object and a "directory" of other keys
 (`a` and `a/b`); such a put is rejected with InvalidInput. levelzero's key layouts never do this.
@@ -43,6 +45,8 @@ from levelzero.storage.protocols import (
 
 T = TypeVar("T")
 _MISSING = (FileNotFoundError, NotADirectoryError)  # no such file, or a path component is a file
+# How many times a put makes its directory again when other processes' deletes keep removing it.
+DIRECTORY_RACE_RETRIES_MAX = 8
 
 
 class LocalObjectStore:
@@ -103,9 +107,7 @@ class LocalObjectStore:
     def _put_sync(self, key: str, data: bytes) -> None:
         path = self._path(key)
         parent = os.path.dirname(path)
-        with self._dirs_lock:
-            self._make_dirs(parent)
-            fd, tmp_path = tempfile.mkstemp(prefix=TEMP_SEGMENT_PREFIX, dir=parent)
+        fd, tmp_path = self._temp_file_in(parent)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -120,8 +122,29 @@ class LocalObjectStore:
         if self._fsync:
             _fsync_dir(parent)
 
+    def _temp_file_in(self, directory: str) -> tuple[int, str]:
+        """A new temp file in `directory`, made with its parents if missing.
+
+        Other processes may share the root (several nodes on one directory): a directory one
+        of them makes at the same moment is as good as ours, and one that its delete removes
+        between our making it and our temp file going in is made again, a bounded number of
+        times (each retry means another process emptied the directory in that instant)."""
+        for _ in range(DIRECTORY_RACE_RETRIES_MAX):
+            with self._dirs_lock:
+                try:
+                    self._make_dirs(directory)
+                    return tempfile.mkstemp(prefix=TEMP_SEGMENT_PREFIX, dir=directory)
+                except FileNotFoundError:
+                    continue  # another process removed the directory, or a parent, meanwhile
+        raise StorageError(
+            f"local store {self.root_dir}: directory {directory!r} was removed "
+            f"{DIRECTORY_RACE_RETRIES_MAX} times while a put was making it"
+        )
+
     def _make_dirs(self, directory: str) -> None:
-        """Create `directory` and missing parents, fsyncing each parent that gained an entry."""
+        """Create `directory` and missing parents, fsyncing each parent that gained an entry.
+        A directory that exists when `mkdir` runs (another process made it) is success; only a
+        file in the way is an error (FileExistsError, read as a key clash)."""
         missing: list[str] = []
         while not os.path.isdir(directory):
             if directory == self.root_dir:
@@ -129,7 +152,13 @@ class LocalObjectStore:
             missing.append(directory)
             directory = os.path.dirname(directory)
         for directory in reversed(missing):
-            os.mkdir(directory)  # FileExistsError: an object's file is in the way
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):
+                    raise  # an object's file is in the way
+                # Made by another process just now; its parent's fsync may not have run yet,
+                # so ours below still makes the entry durable before our object relies on it.
             if self._fsync:
                 _fsync_dir(os.path.dirname(directory))
 

@@ -53,6 +53,26 @@ class FaultyObjectStore:
         self.spec = spec
         self._rng = random.Random(spec.seed)
         self.injected = 0
+        self._delete_prefix: str | None = None
+        self._delete_failures_per_key = 0
+        self._delete_failed: dict[str, int] = {}
+
+    def fail_deletes(self, prefix: str, times: int) -> None:
+        """Scripted, on top of the seeded faults: each key under `prefix` is reported failed by
+        its first `times` deletes (and kept), then deleted: a delete that fails N times."""
+        assert times >= 1, times
+        self._delete_prefix = prefix
+        self._delete_failures_per_key = times
+        self._delete_failed.clear()
+
+    def _scripted_delete_failure(self, key: str) -> bool:
+        if self._delete_prefix is None or not key.startswith(self._delete_prefix):
+            return False
+        failed = self._delete_failed.get(key, 0)
+        if failed >= self._delete_failures_per_key:
+            return False
+        self._delete_failed[key] = failed + 1
+        return True
 
     async def _before(self, op: str) -> None:
         if self.spec.latency_ms:
@@ -88,6 +108,7 @@ class FaultyObjectStore:
     async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
         await self._before("delete_many")
         failing = {k for k in keys if self._rng.random() < self.spec.error_rate}
+        failing.update(k for k in keys if self._scripted_delete_failure(k))
         self.injected += len(failing)
         result = await self.inner.delete_many([k for k in keys if k not in failing])
         errors = dict(result.errors)

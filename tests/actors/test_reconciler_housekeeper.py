@@ -87,10 +87,14 @@ async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_byt
         second = [f"b{i}".encode() for i in range(5)]
         await produce_values(node, "t", 0, second)
 
-        below = await node.fetch("t", 0, 3, 1 << 20)
+        below = await node.fetch("t", 0, 3, sum(map(len, first[3:])))  # L1's records just fit
         assert below.tier == "l1"
         assert [r.value for r in below.records] == first[3:]
         assert [r.offset for r in below.records] == list(range(3, 12))
+        across = await node.fetch("t", 0, 3, 1 << 20)  # the budget goes on into L0
+        assert across.tier == "l1+l0"
+        assert [r.value for r in across.records] == first[3:] + second
+        assert [r.offset for r in across.records] == list(range(3, 17))
         above = await node.fetch("t", 0, 12, 1 << 20)
         assert above.tier == "l0"
         assert [r.value for r in above.records] == second
@@ -431,3 +435,106 @@ async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_
         await node.reconciler.run_round()
         assert {r.key: r.state for r in await log_store.l1_list(pid)} == {abandoned: L1State.DELETE_FINISHED}
         assert abandoned not in objects._objects
+
+
+async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
+    """10 single-record produces reconciled into L1 objects of 2 records each, 3 more left in
+    L0: one fetch returns all 13 (it returned the 2 of one object). The budget's boundary
+    (key and value bytes) falls inside an object, and across the tiers."""
+    from dataclasses import replace
+
+    config = make_config()
+    config = replace(config, reconciler=replace(config.reconciler, placeholders_per_object_max=2))
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects, config=config) as node:
+        await node.create_topic("t", 1)
+        values = [b"%09d!" % i for i in range(13)]  # 10 bytes each
+        await produce_values(node, "t", 0, values[:10])
+        assert await node.reconciler.run_round() == 5
+        assert len(l1_keys(objects)) == 5
+        await produce_values(node, "t", 0, values[10:])
+        actor = node.partition("t", 0)
+        assert (actor.state.lro, actor.state.high_watermark) == (9, 13)
+
+        l1_only = await node.fetch("t", 0, 0, 100)  # exactly the 10 reconciled records
+        assert ([r.value for r in l1_only.records], l1_only.next_offset, l1_only.tier) == (values[:10], 10, "l1")
+        everything = await node.fetch("t", 0, 0, 1 << 20)
+        assert [r.offset for r in everything.records] == list(range(13))
+        assert [r.value for r in everything.records] == values
+        assert (everything.next_offset, everything.tier) == (13, "l1+l0")
+        # The boundary: 50 bytes is 5 records (the third object cut after its first), 49 is 4.
+        at = await node.fetch("t", 0, 0, 50)
+        assert ([r.offset for r in at.records], at.next_offset) == ([0, 1, 2, 3, 4], 5)
+        below = await node.fetch("t", 0, 0, 49)
+        assert ([r.offset for r in below.records], below.next_offset) == ([0, 1, 2, 3], 4)
+        across = await node.fetch("t", 0, 7, 40)  # 7..9 from L1, 10 from L0
+        assert ([r.value for r in across.records], across.next_offset, across.tier) == (values[7:11], 11, "l1+l0")
+        from_l0 = await node.fetch("t", 0, 11, 1 << 20)
+        assert ([r.value for r in from_l0.records], from_l0.tier) == (values[11:], "l0")
+
+
+async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
+    """More single-record extents than one read of placeholders (64): the fetch goes on to the
+    next page while its budget lasts."""
+    from levelzero.actors.reader import PLACEHOLDERS_PER_READ
+
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(log_store, objects) as node:
+        await node.create_topic("t", 1)
+        count = PLACEHOLDERS_PER_READ * 2 + 3
+        values = [b"v%d" % i for i in range(count)]
+        await produce_values(node, "t", 0, values)
+        result = await node.fetch("t", 0, 0, 1 << 20)
+        assert ([r.value for r in result.records], result.next_offset, result.tier) == (values, count, "l0")
+        budget = sum(map(len, values[:PLACEHOLDERS_PER_READ + 1]))
+        cut = await node.fetch("t", 0, 0, budget)
+        assert cut.next_offset == PLACEHOLDERS_PER_READ + 1
+
+
+async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
+    """An abandoned copy whose clean-up delete fails 3 times: it stays DELETE_STARTED with its
+    object in the bucket only until its retries (1, 2, 4 s apart) get through, in the running
+    node, not until a restart; the pending count shows it meanwhile."""
+    from dataclasses import replace
+
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = make_config()
+    config = replace(config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0,
+                                                delete_retry_max_s=300.0))
+    async with running_node(log_store, objects, wall, config) as node:
+        await node.create_topic("t", 1)
+        pid = node.partition("t", 0).row.pid
+        await node.reconciler.run_round()  # the start-up recovery pass is behind us
+        abandoned = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "d" * 32
+        await objects.put(abandoned, b"half")
+        await log_store.l1_insert(
+            L1Row(abandoned, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now)
+        )
+        objects.faults.fail_deletes([abandoned], "SlowDown", count=3)
+
+        async def state() -> tuple[str, bool, int, int]:
+            (row,) = await log_store.l1_list(pid)
+            pending = node.l1.pending_deletes
+            failures = pending.get(abandoned).failures if len(pending) else 0
+            return row.state, abandoned in objects._objects, len(pending), failures
+
+        wall.now += 61.0  # past the copy deadline: the clean-up starts, and its delete fails
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 1)
+        assert node.l1.pending_deletes.get(abandoned).last_error.startswith("storage_error: ")
+        await node.reconciler.run_round()  # not due yet: no try
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 1)
+        wall.now += 1.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 2)
+        wall.now += 1.0  # the next try is 2 s after the last
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 2)
+        wall.now += 1.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_STARTED, True, 1, 3)
+        wall.now += 4.0
+        await node.reconciler.run_round()
+        assert await state() == (L1State.DELETE_FINISHED, False, 0, 0)
+        assert (node.l1.delete_failures, node.l1.delete_retries, node.l1.deleted) == (3, 3, 1)

@@ -466,3 +466,27 @@ async def test_a_restarted_node_puts_every_partition_on_the_board_before_it_publ
         await tg.start(second.run)
         assert second.board.snapshot() == {"quiet/0": None}
         await second.shutdown()
+
+
+async def test_a_request_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_too_large() -> None:
+    """The one size rule (value + key + header names and values + 8 per record), not the
+    encoded size: this request encodes to more than the limit (msgpack framing, a 9-byte
+    timestamp) and is stored; one byte more value is TooLarge (413 / MESSAGE_TOO_LARGE)."""
+    from levelzero.core.errors import TooLarge
+    from levelzero.core.l0format import encode_extent
+
+    def request(value_bytes: int) -> list[Record]:
+        return [Record(b"k" * 100, b"v" * value_bytes, 1_700_000_000_000, (("h", b"xyz"),))]
+
+    at_limit = request(1024 - 100 - 4 - 8)
+    assert len(encode_extent(at_limit)) > 1024
+    async with running_node(MemoryLogStore(), MemoryObjectStore(), node_config(batch_bytes_max=1024)) as node:
+        await node.create_topic(TOPIC, 1)
+        result = await node.produce(TOPIC, 0, at_limit)
+        assert (result.base_offset, result.last_offset) == (0, 0)
+        with pytest.raises(TooLarge) as err:
+            await node.produce(TOPIC, 0, request(1024 - 100 - 4 - 8 + 1))
+        assert (err.value.size, err.value.limit) == (1025, 1024)
+        (stored,) = await fetch_all(node, 0)
+        assert (stored.key, stored.value, stored.headers) == (b"k" * 100, at_limit[0].value, (("h", b"xyz"),))
+        assert node.batcher.stats.records_appended == 1

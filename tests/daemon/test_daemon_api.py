@@ -65,7 +65,7 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
             (0, None, b"v0"), (1, b"k1", b"\x00\xff binary"), (2, b"", b""), (3, None, b"v3")
         ]
         assert (fetched.next_offset, fetched.high_watermark, fetched.start_offset) == (4, 4, 0)
-        assert fetched.tier in ("l0", "l1")
+        assert fetched.tier in ("l0", "l1", "l1+l0")
         at_end = await client.fetch("t", 1, 4)
         assert (at_end.records, at_end.next_offset, at_end.tier) == ([], 4, "none")
         from_default = await client.fetch("t", 1)  # no offset: from the start offset
@@ -173,6 +173,56 @@ async def test_size_limits_are_413(tmp_path: Path) -> None:
         big_records = json.dumps({"records": [{"value": b64(b"y" * 20_000)}]}).encode()
         assert_error(await raw(client, "POST", RECORDS, content=big_records), 413, "too_large", "batch_bytes_max")
         assert (await client.produce("t", 0, [b"small"] * 100)).last_offset == 99
+
+
+async def test_a_produce_at_batch_bytes_max_by_the_size_rule_succeeds_and_one_byte_over_is_413(
+    tmp_path: Path,
+) -> None:
+    """The README's one size rule: value + key + header names and values + 8 per record. At
+    the limit (its encoding is larger: framing, a 9-byte timestamp) the produce is stored."""
+    limit = 16 * 1024
+
+    def body(value_bytes: int) -> bytes:
+        record = {"key": b64(b"k" * 100), "value": b64(b"v" * value_bytes),
+                  "timestamp_ms": 1_700_000_000_000, "headers": [["h", b64(b"xyz")]]}
+        return json.dumps({"records": [record]}).encode()
+
+    at_limit = limit - 100 - 4 - 8
+    async with daemon_and_client(tmp_path, batcher__batch_bytes_max=limit) as (_, client):
+        await client.create_topic("t", 1)
+        answer = await raw(client, "POST", RECORDS, content=body(at_limit))
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"base_offset": 0, "last_offset": 0, "attempts": 1}
+        assert_error(await raw(client, "POST", RECORDS, content=body(at_limit + 1)), 413,
+                     "too_large", f"{limit + 1} record bytes exceed batch_bytes_max {limit}")
+        (stored,) = (await client.fetch("t", 0, 0)).records
+        assert (stored.key, stored.value) == (b"k" * 100, b"v" * at_limit)
+
+
+async def test_a_fetch_returns_every_record_its_max_bytes_holds_across_l1_objects(tmp_path: Path) -> None:
+    """10 single-record produces reconciled into L1 objects of at most 2 records: one GET
+    returns the 10 (it returned one object's records: a consumer made five round trips)."""
+    async with daemon_and_client(
+        tmp_path, reconciler__placeholders_per_object_max=2, reconciler__interval_s=0.05
+    ) as (_, client):
+        await client.create_topic("t", 1)
+        for i in range(10):
+            await client.produce("t", 0, [b"value-%d" % i])
+
+        async def reconciled() -> bool:
+            (p,) = (await client.status()).partitions
+            return p.lro == 9
+
+        with anyio.fail_after(20):
+            while not await reconciled():
+                await anyio.sleep(0.05)
+        (p,) = (await client.status()).partitions
+        assert p.l1_objects >= 5
+        fetched = await client.fetch("t", 0, 0, 1024)
+        assert [(r.offset, r.value) for r in fetched.records] == [(i, b"value-%d" % i) for i in range(10)]
+        assert (fetched.next_offset, fetched.high_watermark, fetched.tier) == (10, 10, "l1")
+        cut = await client.fetch("t", 0, 0, 7 * 7)  # 7-byte values: the budget's boundary
+        assert (len(cut.records), cut.next_offset) == (7, 7)
 
 
 async def test_unknown_topics_partitions_offsets_and_routes(tmp_path: Path) -> None:

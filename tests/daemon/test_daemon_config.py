@@ -349,3 +349,12 @@ def test_cluster_settings_are_checked() -> None:
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_LEASE_TTL_S": "0.1"})
     with pytest.raises(ConfigError, match="node_id must be"):
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_NODE_ID": "has space"})
+
+
+def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeouts(tmp_path: Path) -> None:
+    from_file = load_config(write(tmp_path, "[server]\nkeepalive_timeout_s = 0.5\n"), environ={})
+    assert from_file.server.keepalive_timeout_s == 0.5
+    from_env = load_config(None, environ={"LEVELZERO_SERVER_KEEPALIVE_TIMEOUT_S": "2.5"})
+    assert from_env.server.keepalive_timeout_s == 2.5
+    with pytest.raises(ConfigError, match=r"keepalive_timeout_s must be in 0\.1\.\.3600"):
+        load_config(None, environ={"LEVELZERO_SERVER_KEEPALIVE_TIMEOUT_S": "0.05"})

@@ -99,3 +99,70 @@ async def test_a_stored_topic_no_store_can_hold_is_named_in_status_with_what_to_
         assert "levelzero partition abandon-unreconciled .lz-tmp-old/P --confirm" in topic.advice
         assert f"UNSTORABLE TOPIC: {topic.advice}" in cli.format_status(status)
         assert (await client.produce("fine", 0, [b"still served"])).base_offset == 0
+
+
+async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_and_metrics(
+    tmp_path: Path,
+) -> None:
+    """An abandoned copy whose clean-up delete fails 3 times (the faulty store) is deleted by
+    the running daemon's retries; status, its text and the metrics count it while it waits."""
+    import time
+
+    import anyio
+
+    from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
+    from levelzero.storage.protocols import L1Row, L1State
+
+    faulty: list[FaultyObjectStore] = []
+
+    def wrap(store):  # noqa: ANN001, ANN202
+        faulty.append(FaultyObjectStore(store, FaultSpec()))
+        return faulty[0]
+
+    async with daemon_and_client(
+        tmp_path, wrap_object_store=wrap, reconciler__enabled=False, housekeeper__enabled=False,
+        reconciler__copy_deadline_s=1.0, reconciler__delete_retry_first_s=0.1,
+        reconciler__delete_retry_max_s=0.2,
+    ) as (daemon, client):
+        node = daemon.node
+        assert node is not None
+        await client.create_topic("t", 1)
+        await node.reconciler.run_round()  # the start-up recovery pass is behind us
+        pid = node.partition("t", 0).row.pid
+        key = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "e" * 32
+        await node.object_store.put(key, b"half")
+        long_ago = time.time() - 3600
+        await node.log_store.l1_insert(
+            L1Row(key, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, long_ago, long_ago)
+        )
+        faulty[0].fail_deletes("level_one/", 3)
+        path = os.path.join(daemon.config.storage.objects_dir, key)
+
+        with anyio.fail_after(10):  # the stale-copy check comes every quarter deadline
+            while not len(node.l1.pending_deletes):
+                await anyio.sleep(0.05)
+                await node.reconciler.run_round()
+        status = await client.status()
+        assert status.reconciler is not None and status.reconciler.l1_deletes_pending == 1
+        (shown,) = status.reconciler.l1_deletes_pending_shown
+        assert (shown.key, shown.partition) == (key, "t/0") and 1 <= shown.failures <= 3
+        assert "injected fault" in shown.last_error and shown.next_retry_at > shown.since
+        assert "L1 DELETES PENDING 1" in cli.format_status(status)
+        metrics = await client.metrics()
+        assert "levelzero_l1_deletes_pending 1.0" in metrics
+        assert "levelzero_l1_deletes_pending_since_seconds " in metrics
+        assert os.path.exists(path)
+        assert {r.key: r.state for r in await node.log_store.l1_list(pid)} == {key: L1State.DELETE_STARTED}
+
+        with anyio.fail_after(10):  # backoff 0.1, 0.2, 0.2 s
+            while len(node.l1.pending_deletes):
+                await anyio.sleep(0.05)
+                await node.reconciler.run_round()
+        assert {r.key: r.state for r in await node.log_store.l1_list(pid)} == {key: L1State.DELETE_FINISHED}
+        assert not os.path.exists(path)
+        status = await client.status()
+        assert (status.reconciler.l1_deletes_pending, status.reconciler.l1_deletes_pending_shown) == (0, [])
+        metrics = await client.metrics()
+        assert "levelzero_l1_deletes_pending 0.0" in metrics
+        assert "levelzero_l1_delete_failures_total 3.0" in metrics
+        assert "levelzero_l1_delete_retries_total 3.0" in metrics

@@ -53,7 +53,7 @@ async def api_rows(client: Client, topic: str, partitions: int) -> tuple[list[tu
             fetched = await client.fetch(topic, partition, offset)
             if not fetched.records:
                 break
-            tiers.add(fetched.tier)
+            tiers.update(fetched.tier.split("+"))  # "l1+l0": a fetch served from both
             for r in fetched.records:
                 rows.append((topic, partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers or []))
             offset = fetched.next_offset

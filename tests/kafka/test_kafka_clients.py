@@ -327,3 +327,37 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
 
         got = await anyio.to_thread.run_sync(read)
     assert got == [(1_700_000_000_001, b"a", [("h", b"x"), ("n", None)]), (-1, b"b", [])]
+
+
+async def test_a_record_set_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_message_too_large(
+    tmp_path: Path,
+) -> None:
+    """The Kafka door applies the HTTP door's size rule (value + key + header names and values
+    + 8 per record): at the limit an aiokafka produce is stored; one byte more value gets
+    MESSAGE_TOO_LARGE."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    limit = 16 * 1024
+    at_limit = limit - 100 - 4 - 8
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
+                                 batcher__batch_bytes_max=limit) as (daemon, client):
+        await client.create_topic("sized", 1)
+        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}")
+        await producer.start()
+        try:
+            sent = await producer.send_and_wait(
+                "sized", key=b"k" * 100, value=b"v" * at_limit, partition=0,
+                timestamp_ms=1_700_000_000_000, headers=[("h", b"xyz")],
+            )
+            assert (sent.partition, sent.offset) == (0, 0)
+            with pytest.raises(MessageSizeTooLargeError):
+                await producer.send_and_wait(
+                    "sized", key=b"k" * 100, value=b"v" * (at_limit + 1), partition=0,
+                    timestamp_ms=1_700_000_000_000, headers=[("h", b"xyz")],
+                )
+        finally:
+            await producer.stop()
+        fetched = await client.fetch("sized", 0, 0)
+    assert [(r.offset, r.key, r.value) for r in fetched.records] == [(0, b"k" * 100, b"v" * at_limit)]
+    assert fetched.high_watermark == 1

@@ -35,7 +35,7 @@ def produce(port: int, per_partition: int, first: int, create: bool) -> None:
     assert producer.flush(60) == 0
 
 
-def consumer(port: int):  # noqa: ANN201 - confluent_kafka.Consumer
+def consumer(port: int, on_revoke=None):  # noqa: ANN001, ANN201 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
 
     made = Consumer({
@@ -43,7 +43,10 @@ def consumer(port: int):  # noqa: ANN201 - confluent_kafka.Consumer
         "auto.offset.reset": "earliest", "enable.auto.commit": False,
         "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "fetch.wait.max.ms": 100,
     })
-    made.subscribe([TOPIC])
+    if on_revoke is None:
+        made.subscribe([TOPIC])
+    else:
+        made.subscribe([TOPIC], on_revoke=on_revoke)
     return made
 
 
@@ -199,3 +202,81 @@ async def test_members_generations_and_session_expiry() -> None:
     assert coordinator.leave("g", [me]) == {me: ErrorCode.unknown_member_id}
     await coordinator.commit("g", [("t", 0, 5, "m")])
     assert (await coordinator.committed("g"))[("t", 0)].committed_offset == 5
+
+
+async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
+    """Kafka accepts a commit of the current generation while the group prepares a rebalance
+    (a consumer commits in its revoke callback) and refuses one between JoinGroup and SyncGroup."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    protocols = [("range", b"meta")]
+    results = []
+    async with anyio.create_task_group() as tg:
+        async def join(member: str) -> None:
+            results.append(await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols))
+
+        tg.start_soon(join, "")
+        await anyio.sleep(0)
+        clock.now += 1
+    me = results[0].member_id
+    await coordinator.sync("g", me, 1, [(me, b"parts")])
+    # A second member joins: the group prepares a rebalance; the first has not rejoined yet.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "")
+        await anyio.sleep(0)
+        assert coordinator.groups["g"].state == "preparing"
+        assert coordinator.check_commit("g", me, 1) == ErrorCode.none
+        assert coordinator.check_commit("g", me, 0) == ErrorCode.illegal_generation
+        assert coordinator.heartbeat("g", me, 1) == ErrorCode.rebalance_in_progress
+        tg.start_soon(join, me)  # both have joined: the round completes
+    assert coordinator.groups["g"].state == "completing"
+    assert coordinator.check_commit("g", me, 2) == ErrorCode.rebalance_in_progress
+
+
+def commit_on_revoke(port: int) -> tuple[list[str], dict[int, int], int]:
+    """Consumer A reads everything, then B joins; A commits its position in on_revoke.
+    Returns the errors A's commits raised, the offsets committed, and records A read."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    errors: list[str] = []
+    read = 0
+
+    def on_revoke(c, partitions) -> None:  # noqa: ANN001
+        positions = [tp for tp in c.position(partitions) if tp.offset >= 0]
+        if not positions:
+            return  # nothing read yet
+        try:
+            c.commit(offsets=positions, asynchronous=False)
+        except KafkaException as exc:
+            errors.append(str(exc))
+
+    a = consumer(port, on_revoke)
+    b = None
+    try:
+        for _ in range(POLL_ROUNDS_MAX):
+            message = a.poll(0.1)
+            if message is not None and message.error() is None:
+                read += 1
+            if read == PARTITIONS * PER_PARTITION and b is None:
+                b = consumer(port)
+            if b is not None:
+                b.poll(0.1)
+                if assignment(a) and assignment(b) and len(assignment(a) | assignment(b)) == PARTITIONS:
+                    break
+        committed = a.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10)
+        offsets = {tp.partition: tp.offset for tp in committed}
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+    return errors, offsets, read
+
+
+async def test_a_commit_in_the_revoke_callback_is_accepted(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        port = daemon.kafka_port
+        await anyio.to_thread.run_sync(produce, port, PER_PARTITION, 0, True)
+        errors, offsets, read = await anyio.to_thread.run_sync(commit_on_revoke, port)
+    assert read == PARTITIONS * PER_PARTITION
+    assert errors == []
+    assert offsets == {p: PER_PARTITION for p in range(PARTITIONS)}

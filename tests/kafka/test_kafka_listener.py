@@ -22,6 +22,7 @@ from daemon_support import daemon_and_client
 from levelzero.kafka import records as kr
 from levelzero.config import ConfigError
 from levelzero.kafka.protocol import API_VERSIONS, make
+from levelzero.kafka.server import FRAME_CHUNK_BYTES
 
 from test_kafka_records import client_batch
 
@@ -327,39 +328,73 @@ def _encode_request(api_key: int, version: int, fields: dict[str, Any]) -> bytes
     return out.getvalue()
 
 
-async def test_request_bytes_are_bounded_across_connections(tmp_path: Path) -> None:
-    """Frames announced but not (fully) sent hold budget bytes; beyond inflight_bytes_max a
-    reader waits instead of reading, and a closed connection gives its bytes back."""
+async def test_announced_frames_hold_no_budget_and_block_nobody(tmp_path: Path) -> None:
+    """Three connections that send only a length prefix announcing 99 MiB hold none of the
+    request budget: before, each reserved its announced size, and with the default 256 MiB
+    budget the third blocked every later request of every client (none could bootstrap)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("open", partitions=1)
+        stalled = [await Wire.connect(daemon.kafka_port) for _ in range(3)]
+        try:
+            for wire in stalled:
+                await wire.send_raw(struct.pack(">i", 99 * 1024 * 1024))
+            await anyio.sleep(0.2)  # let the listener read the prefixes (it must not wait on them)
+            assert daemon.kafka.budget.used == 0
+            topics = await anyio.to_thread.run_sync(librdkafka_topics, daemon.kafka_port)
+            assert "open" in topics
+        finally:
+            for wire in stalled:
+                await wire.aclose()
+
+
+def librdkafka_topics(port: int) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    return set(admin.list_topics(timeout=20).topics)
+
+
+async def test_request_bytes_are_bounded_as_they_arrive(tmp_path: Path) -> None:
+    """Bytes of frames still arriving are held from the budget as they come; beyond
+    inflight_bytes_max a reader waits instead of reading, a frame whose body stops coming is
+    closed after frame_timeout_s, and every closed connection gives its bytes back."""
     mib = 1024 * 1024
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=mib,
-                                 kafka__inflight_bytes_max=2 * mib) as (daemon, _):
+                                 kafka__inflight_bytes_max=2 * mib, kafka__frame_timeout_s=2.0) as (daemon, _):
         budget = daemon.kafka.budget
         stalled = [await Wire.connect(daemon.kafka_port) for _ in range(3)]
-        for wire in stalled:
-            await wire.send_raw(struct.pack(">i", mib) + b"\0" * 1000)  # a body that never comes
+        for wire in stalled:  # 1 MiB announced, all but a byte sent: the body never completes
+            await wire.send_raw(struct.pack(">i", mib) + b"\0" * (mib - 1))
         healthy = await Wire.connect(daemon.kafka_port)
         try:
             with anyio.fail_after(10):
-                while budget.used < 2 * mib:  # two readers hold their frames; the third waits
+                while not budget._waiters:  # two readers hold what came; the third waits
                     await anyio.sleep(0.01)
-            assert budget.used == 2 * mib
-            await stalled[0].aclose()
-            with anyio.fail_after(10):
-                while len(budget._waiters) > 0:  # the third reader got the bytes the first held
-                    await anyio.sleep(0.01)
-            assert budget.used == 2 * mib
+            assert 2 * mib - 2 * FRAME_CHUNK_BYTES < budget.used <= 2 * mib
+            # The frame deadline closes them; the third then reads, and is closed in turn.
+            for wire in stalled:
+                assert await wire.frame() is None
+            assert daemon.kafka.stats.closed_slow_frames == 3
         finally:
-            for wire in stalled[1:]:
+            for wire in stalled:
                 await wire.aclose()
-        with anyio.fail_after(10):
-            while budget.used > 0:
-                await anyio.sleep(0.01)
-        # A small request still passes once the budget is free again.
-        try:
+        assert budget.used == 0
+        try:  # a small request passes once the budget is free again
             assert (await healthy.request(18, 3, client_software_name="t",
                                           client_software_version="1")).error_code == ErrorCode.none
         finally:
             await healthy.aclose()
+
+
+async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
+                                 kafka__header_timeout_s=0.5) as (daemon, _):
+        silent = await Wire.connect(daemon.kafka_port)
+        try:
+            assert await silent.frame() is None
+        finally:
+            await silent.aclose()
+        assert daemon.kafka.stats.closed_idle == 1
 
 
 async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:

@@ -119,3 +119,27 @@ async def test_requests_before_authentication_close_the_connection(tmp_path: Pat
             assert metadata.brokers[0].port == daemon.kafka_port
         finally:
             await wire.aclose()
+
+
+async def test_a_large_frame_before_authentication_closes_the_connection(tmp_path: Path) -> None:
+    """Before SASL authentication a frame is at most 512 KiB (as Kafka's SASL server bounds it):
+    an unauthenticated peer cannot make the listener hold frame_bytes_max for it."""
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
+                                 kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await wire.send_raw(struct.pack(">i", 512 * 1024 + 1))
+            assert await wire.frame() is None
+            assert daemon.kafka.budget.used == 0
+            assert daemon.kafka.stats.closed_bad_frames == 1
+        finally:
+            await wire.aclose()
+        wire = await Wire.connect(daemon.kafka_port)
+        try:  # once authenticated, frames up to frame_bytes_max are read
+            assert (await wire.request(17, 1, mechanism="PLAIN")).error_code == ErrorCode.none
+            accepted = await wire.request(36, 2, auth_bytes=b"\0app\0" + TOKEN.encode())
+            assert accepted.error_code == ErrorCode.none
+            big = await wire.request(18, 3, client_software_name="x" * 600_000, client_software_version="1")
+            assert big.error_code != ErrorCode.none or big.api_keys  # answered, not closed
+        finally:
+            await wire.aclose()

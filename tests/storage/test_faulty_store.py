@@ -56,3 +56,22 @@ async def test_a_put_failing_after_its_effect_leaves_the_object_and_partial_dele
             continue
     assert result.errors and set(result.deleted).isdisjoint(result.errors)
     assert sorted(inner.keys()) == sorted(result.errors)
+
+
+async def test_scripted_delete_failures_fail_each_key_under_the_prefix_n_times_then_delete_it():
+    inner = MemoryObjectStore()
+    store = FaultyObjectStore(inner, FaultSpec())
+    for key in ("level_one/a", "level_one/b", "level_zero/c"):
+        await inner.put(key, b"x")
+    store.fail_deletes("level_one/", 2)
+    outcomes = []
+    for _ in range(3):
+        result = await store.delete_many(["level_one/a", "level_zero/c"])
+        outcomes.append((sorted(result.deleted), sorted(result.errors)))
+    assert outcomes == [
+        (["level_zero/c"], ["level_one/a"]),
+        (["level_zero/c"], ["level_one/a"]),
+        (["level_one/a", "level_zero/c"], []),
+    ]
+    assert sorted(inner.keys()) == ["level_one/b"]
+    assert store.injected == 2

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
+import tempfile
 import threading
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
+import anyio
 import pytest
 
 from levelzero.core.errors import InvalidInput, StorageError
 from levelzero.core.names import TEMP_SEGMENT_PREFIX
-from levelzero.storage.local_store import LocalObjectStore
+from levelzero.storage.local_store import DIRECTORY_RACE_RETRIES_MAX, LocalObjectStore
 
 
 def files_under(root: Path) -> list[str]:
@@ -151,3 +155,113 @@ def test_root_that_is_a_file_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"")
     with pytest.raises(InvalidInput, match="not a usable directory"):
         LocalObjectStore(tmp_path / "file")
+
+
+# -- several stores on one root (several nodes on one directory)
+
+RACE_ROUNDS = 60
+
+
+def race_key(round_: int, writer: str) -> str:
+    """Every writer's key of a round lies in the same new directories, three levels deep."""
+    return f"race/{round_:03d}/a/b/{writer}"
+
+
+def put_race_keys(root: str, writer: str, start: Barrier | None) -> None:
+    """One writer's puts, each round's after every writer is ready (a process's target)."""
+    store = LocalObjectStore(root, fsync=False)
+
+    async def put_all() -> None:
+        for round_ in range(RACE_ROUNDS):
+            if start is not None:
+                start.wait()
+            await store.put(race_key(round_, writer), f"{round_}:{writer}".encode())
+
+    anyio.run(put_all)
+
+
+async def assert_race_keys_read_back(root: Path, writers: list[str]) -> None:
+    store = LocalObjectStore(root)
+    for round_ in range(RACE_ROUNDS):
+        for writer in writers:
+            assert await store.get(race_key(round_, writer)) == f"{round_}:{writer}".encode()
+    listed = [obj.key for obj in (await store.list_page("race/")).objects]
+    assert listed == sorted(race_key(r, w) for r in range(RACE_ROUNDS) for w in writers)
+    # Only a real file in the way is a clash.
+    with pytest.raises(InvalidInput, match="clashes"):
+        await store.put("race/000/a", b"a directory of other keys")
+    with pytest.raises(InvalidInput, match="clashes"):
+        await store.put(race_key(0, writers[0]) + "/below", b"an object is in the way")
+
+
+async def test_sibling_keys_put_at_once_from_many_threads_all_land(tmp_path: Path) -> None:
+    writers = [f"t{i:02d}" for i in range(16)]
+    stores = {writer: LocalObjectStore(tmp_path, fsync=False) for writer in writers}
+    for round_ in range(RACE_ROUNDS):
+        async with anyio.create_task_group() as tg:  # each put in a worker thread of its own
+            for writer, store in stores.items():
+                tg.start_soon(store.put, race_key(round_, writer), f"{round_}:{writer}".encode())
+    await assert_race_keys_read_back(tmp_path, writers)
+
+
+async def test_sibling_keys_put_at_once_from_several_processes_all_land(tmp_path: Path) -> None:
+    writers = [f"p{i}" for i in range(4)]
+    context = multiprocessing.get_context("spawn")
+    start = context.Barrier(len(writers), timeout=60)
+    processes = [
+        context.Process(target=put_race_keys, args=(str(tmp_path), writer, start))
+        for writer in writers
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+    assert [process.exitcode for process in processes] == [0] * len(writers)
+    await assert_race_keys_read_back(tmp_path, writers)
+
+
+async def test_a_directory_another_process_makes_first_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race, made certain: each directory appears between the check and the mkdir."""
+    store = LocalObjectStore(tmp_path)
+    real_mkdir = os.mkdir
+
+    def mkdir_after_another(path: str, *args: object, **kwargs: object) -> None:
+        real_mkdir(path)  # the other process wins
+        real_mkdir(path)  # FileExistsError for us
+
+    monkeypatch.setattr(os, "mkdir", mkdir_after_another)
+    await store.put("x/y/z", b"ours")
+    monkeypatch.undo()
+    assert await store.get("x/y/z") == b"ours"
+    assert files_under(tmp_path) == ["x/y/z"]
+
+
+async def test_a_directory_another_process_removes_meanwhile_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's delete empties and removes the directory after it was made, before
+    the temp file goes in; the put makes it again, and gives up after a bound."""
+    store = LocalObjectStore(tmp_path)
+    real_mkstemp = tempfile.mkstemp
+    removals = 0
+
+    def mkstemp_after_removal(*args: object, dir: str, **kwargs: object) -> tuple[int, str]:
+        nonlocal removals
+        if removals < removals_wanted:
+            removals += 1
+            os.rmdir(dir)
+            os.rmdir(os.path.dirname(dir))
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_after_removal)
+    removals_wanted = DIRECTORY_RACE_RETRIES_MAX - 1
+    await store.put("m/n/o", b"made again")
+    assert removals == DIRECTORY_RACE_RETRIES_MAX - 1
+    assert await store.get("m/n/o") == b"made again"
+
+    removals, removals_wanted = 0, DIRECTORY_RACE_RETRIES_MAX
+    with pytest.raises(StorageError, match=f"removed {DIRECTORY_RACE_RETRIES_MAX} times"):
+        await store.put("q/r/s", b"never lands")
+    assert files_under(tmp_path) == ["m/n/o"]
