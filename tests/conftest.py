@@ -18,21 +18,23 @@ import asyncio
 import os
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import boto3
 import botocore.config
 import pytest
+from daemon_support import DaemonProcess
 
-from levelzero.testing.moto import MotoDidNotStart, moto_process
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.testing.postgres import ServerUnavailable, ThrowawayServer, start_throwaway
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3Config, S3ObjectStore
+from levelzero.testing.moto import MotoDidNotStart, moto_process
+from levelzero.testing.postgres import ServerUnavailable, ThrowawayServer, start_throwaway
 
 # ------------------------------------------------------------------------------------- S3
 
@@ -201,3 +203,33 @@ def postgres_dsn(postgres_server: ThrowawayServer | str) -> Iterator[str]:
         yield _with_database(admin, database)
     finally:
         asyncio.run(run(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+
+
+# ---------------------------------------------------------------- daemon subprocesses
+# (the helpers behind these live in tests/daemon_support.py)
+
+
+@pytest.fixture
+def daemon_process(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A started daemon subprocess on tmp_path/data; killed at teardown if still running."""
+    process = DaemonProcess(tmp_path / "data", tmp_path)
+    try:
+        yield process.start()
+    finally:
+        process.cleanup()
+
+
+@pytest.fixture
+def make_daemon_process(tmp_path: Path) -> Iterator[Any]:
+    """Factory for daemon subprocesses with extra environment (not started)."""
+    made: list[DaemonProcess] = []
+
+    def make(env: Mapping[str, str] | None = None, name: str = "data") -> DaemonProcess:
+        made.append(DaemonProcess(tmp_path / name, tmp_path, env))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for process in made:
+            process.cleanup()

@@ -29,6 +29,7 @@ import anyio.abc
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node
 from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage import opening
@@ -247,6 +248,7 @@ class Daemon:
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
         self.node: Node | None = None
+        self.intake: ProduceIntake | None = None
         self.metrics: DaemonMetrics | None = None
         self.port: int | None = None
         self.url: str | None = None
@@ -327,6 +329,7 @@ class Daemon:
                     cluster=cluster)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
+        self.intake = ProduceIntake(node)  # one produce intake for both front ends
         self.metrics = metrics = DaemonMetrics(
             node, per_partition_max=config.metrics.per_partition_max, data_dir=config.storage.data_dir
         )
@@ -339,7 +342,7 @@ class Daemon:
             records_per_request_max=config.server.records_per_request_max,
             fetch_bytes_default=config.server.fetch_bytes_default,
         )
-        app = build_app(node, metrics, settings, self.lifecycle)
+        app = build_app(node, metrics, settings, self.lifecycle, self.intake)
         if config.server.access_log:
             app = AccessLogMiddleware(app)
 
@@ -433,7 +436,8 @@ class Daemon:
         settings = self.config.kafka
         if bound is None:
             return scope
-        from levelzero.kafka.handlers import Handlers, KafkaSettings
+        from levelzero.kafka.handlers import Handlers
+        from levelzero.kafka.metadata import KafkaSettings
         from levelzero.kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
 
         listener: Any = bound.listener
@@ -441,6 +445,7 @@ class Daemon:
         handlers = Handlers(
             node,
             KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
+            self.intake,
         )
         self.kafka = KafkaListener(
             handlers, ListenerSettings(

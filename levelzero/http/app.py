@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.core.gc import WatermarkDecision
@@ -222,9 +223,11 @@ def _unsigned(name: str, text: str) -> int:
 
 class Api:
     def __init__(
-        self, node: Node, settings: ApiSettings, metrics: DaemonMetrics, lifecycle: Lifecycle
+        self, node: Node, settings: ApiSettings, metrics: DaemonMetrics, lifecycle: Lifecycle,
+        intake: ProduceIntake,
     ) -> None:
         self.node = node
+        self.intake = intake
         self.settings = settings
         self.metrics = metrics
         self.lifecycle = lifecycle
@@ -399,7 +402,7 @@ class Api:
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
-        result = await self.node.produce(
+        result = await self.intake.produce(
             topic, partition, [
                 Record(r.key, r.value,
                        NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
@@ -781,8 +784,11 @@ def build_app(
     metrics: DaemonMetrics,
     settings: ApiSettings | None = None,
     lifecycle: Lifecycle | None = None,
+    intake: ProduceIntake | None = None,
 ) -> Starlette:
-    api = Api(node, settings or ApiSettings(), metrics, lifecycle or Lifecycle())
+    """`intake`: the produce intake this app shares with the Kafka front end (its own if None)."""
+    api = Api(node, settings or ApiSettings(), metrics, lifecycle or Lifecycle(),
+              ProduceIntake(node) if intake is None else intake)
     records = "/v1/topics/{topic}/partitions/{partition}/records"
     routes = [
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),

@@ -18,7 +18,7 @@ import pytest
 
 from daemon_support import DaemonProcess, free_port
 from levelzero.cli.client import Client
-from levelzero.kafka.handlers import broker_id
+from levelzero.kafka.metadata import broker_id
 from test_cluster_daemons import start_nodes
 
 pytestmark = pytest.mark.s3

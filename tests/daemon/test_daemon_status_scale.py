@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 
 from daemon_support import daemon_and_client
-from test_daemon_api import assert_error, raw
+from test_http_api import assert_error, raw
 
 from levelzero.http.app import STATUS_OUTLIERS_MAX, STATUS_PAGE_LIMIT_MAX, STATUS_PARTITIONS_SHOWN_MAX
 from levelzero.cli.main import format_status, main

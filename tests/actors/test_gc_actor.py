@@ -32,6 +32,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import DeleteResult, L0ObjectRow, ListPage, ObjectStore
+from levelzero.testing.nodes import running_node
 
 HOUR_S = 3600.0
 SLOW_DOWN = "S3 delete_objects of bucket b at moto failed: SlowDown (HTTP 503) Please reduce your request rate."
@@ -160,17 +161,6 @@ def node_config(epoch_cache_ttl_s: float = 0.0) -> NodeConfig:
         reconciler=ReconcilerConfig(enabled=False),
         housekeeper=HousekeeperConfig(enabled=False),
     )
-
-
-@asynccontextmanager
-async def running_node(log_store, store, wall, config=None):
-    node = Node(config or node_config(), log_store, store, rng=random.Random(7), wall_clock=wall)
-    async with anyio.create_task_group() as tg:
-        await tg.start(node.run)
-        try:
-            yield node
-        finally:
-            await node.shutdown()
 
 
 def node_gc(node: Node, wall: WallClock, **config: object) -> GcActor:
@@ -618,7 +608,7 @@ async def test_dry_run_lists_the_eligible_keys_and_deletes_nothing() -> None:
 async def test_a_write_in_flight_at_the_windows_lower_edge_keeps_its_object() -> None:
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
-    async with running_node(log_store, store, wall) as node:
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         await produce(node, "t", 0, b"first")  # window [1, 1]
@@ -658,7 +648,7 @@ async def test_a_partition_created_after_the_rounds_snapshot_never_loses_data() 
     inner, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
     created: list[str] = []
 
-    async with running_node(log_store, inner, wall) as node:
+    async with running_node(node_config(), log_store, inner, wall_clock=wall) as node:
         for _ in range(4):
             await node.epochs.advance()  # E = 5, no partitions: M = E - 1 = 4
         orphans = [l0_key(p, e, p * 10 + e) for p in (0, 300, 999) for e in range(1, 5)]
@@ -690,7 +680,7 @@ async def test_a_partition_created_after_the_rounds_snapshot_never_loses_data() 
 async def test_an_l0_reader_pins_its_objects_until_it_releases() -> None:
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
-    async with running_node(log_store, store, wall) as node:
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         key = await produce(node, "t", 0, b"read me")
@@ -722,7 +712,7 @@ async def test_orphans_reconciled_objects_and_idle_partitions_leave_nothing_behi
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
     config = node_config(epoch_cache_ttl_s=10_000.0)  # a stale cache, invalidated only on rejection
-    async with running_node(log_store, store, wall, config) as node:
+    async with running_node(config, log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 3)  # t/2 stays idle: no data ever
         actors = [node.partition("t", p) for p in range(3)]
         for i in range(5):
@@ -754,7 +744,7 @@ async def test_orphans_reconciled_objects_and_idle_partitions_leave_nothing_behi
 async def test_gc_after_many_epochs_keeps_only_the_unreconciled_tail() -> None:
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
-    async with running_node(log_store, store, wall) as node:
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 2)
         actors = [node.partition("t", p) for p in range(2)]
         gc = node_gc(node, wall)
@@ -777,7 +767,7 @@ async def test_gc_after_many_epochs_keeps_only_the_unreconciled_tail() -> None:
 async def test_explain_names_the_partition_that_holds_m_back_and_why() -> None:
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
-    async with running_node(log_store, store, wall) as node:
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 2)
         fast, slow = node.partition("t", 0), node.partition("t", 1)
         key = await produce(node, "t", 1, b"x", b"y", b"z")

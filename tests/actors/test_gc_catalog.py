@@ -17,10 +17,10 @@ from test_gc_actor import (
     l0_key,
     l0_keys,
     make_gc,
+    node_config,
     node_gc,
     produce,
     put_l0,
-    running_node,
     settle,
 )
 
@@ -28,6 +28,7 @@ from levelzero.core.errors import InvalidInput, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import L0ObjectRow
+from levelzero.testing.nodes import running_node
 from levelzero.storage.sqlite import SqliteLogStore
 
 SWEEP_S = 600.0
@@ -191,7 +192,7 @@ def test_sweep_interval_must_not_be_negative() -> None:
 async def test_a_node_s_uploads_are_collected_from_its_catalog() -> None:
     wall = WallClock()
     store, log_store = MemoryObjectStore(clock=wall), MemoryLogStore()
-    async with running_node(log_store, store, wall) as node:
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
         await node.create_topic("t", 2)
         actors = [node.partition("t", p) for p in range(2)]
         gc = node_gc(node, wall, sweep_interval_s=SWEEP_S)
