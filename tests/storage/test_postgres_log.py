@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
-from levelzero.storage.postgres import store as store_module
+from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION, SEQ_LOCK_KEY
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
 from levelzero.storage.protocols import OffsetRow
