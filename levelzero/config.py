@@ -360,22 +360,25 @@ class HousekeeperSection(_Section):
         return _actor_check("housekeeper", lambda: HousekeeperConfig(**fields))
 
 
-class GcSection(_Section):
-    """`GcConfig`: the L0 garbage collector."""
+_GC = GcConfig()  # the GC's defaults, written once (actors/gc.py)
 
-    interval_s: float = 5.0  # between rounds that made progress
-    idle_backoff_max_s: float = 60.0  # idle rounds back off up to this
-    grace_s: float = 30.0  # an object younger than this is never deleted
-    delete_batch_keys_max: int = 1000
-    deletes_in_flight_max: int = 4
-    list_concurrency_max: int = 8
-    worker_index: int = 0  # this GC's share of the 1000 prefixes
-    worker_count: int = 1
-    jitter_fraction: float = 0.1
-    throttle_backoff_s: float = 1.0
-    dry_run_keys_max: int = 10_000
-    sweep_interval_s: float = 60.0  # list the prefixes at least this often (0: every round)
-    enabled: bool = True  # false: the GC starts paused (POST /v1/gc/resume starts it)
+
+class GcSection(_Section):
+    """`GcConfig`: the L0 garbage collector (its defaults are the actor's)."""
+
+    interval_s: float = _GC.interval_s  # between rounds that made progress
+    idle_backoff_max_s: float = _GC.idle_backoff_max_s  # idle rounds back off up to this
+    grace_s: float = _GC.grace_s  # an object younger than this is never deleted
+    delete_batch_keys_max: int = _GC.delete_batch_keys_max
+    deletes_in_flight_max: int = _GC.deletes_in_flight_max
+    list_concurrency_max: int = _GC.list_concurrency_max
+    worker_index: int = _GC.worker_index  # this GC's share of the 1000 prefixes
+    worker_count: int = _GC.worker_count
+    jitter_fraction: float = _GC.jitter_fraction
+    throttle_backoff_s: float = _GC.throttle_backoff_s
+    dry_run_keys_max: int = _GC.dry_run_keys_max
+    sweep_interval_s: float = _GC.sweep_interval_s  # list the prefixes at least this often (0: every round)
+    enabled: bool = _GC.enabled  # false: the GC starts paused (POST /v1/gc/resume starts it)
 
     def __post_init__(self) -> None:
         self.to_gc_config()

@@ -358,3 +358,14 @@ def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeo
     assert from_env.server.keepalive_timeout_s == 2.5
     with pytest.raises(ConfigError, match=r"keepalive_timeout_s must be in 0\.1\.\.3600"):
         load_config(None, environ={"LEVELZERO_SERVER_KEEPALIVE_TIMEOUT_S": "0.05"})
+
+
+def test_the_gc_section_defaults_are_the_gc_actors() -> None:
+    """`[gc]`'s defaults are read from `GcConfig`, not written a second time."""
+    import dataclasses
+
+    from levelzero.actors.gc import GcConfig
+    from levelzero.config import GcSection
+
+    assert msgspec.structs.asdict(GcSection()) == dataclasses.asdict(GcConfig())
+    assert load_config(None, environ={}).gc.to_gc_config() == GcConfig()
