@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 
-from levelzero.cli.main import format_status
+from levelzero.cli.formats import format_status
 from levelzero.cli.demo import run_demo
 from levelzero.http.schema import (
     BatcherStatus,

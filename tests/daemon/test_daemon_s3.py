@@ -11,7 +11,7 @@ import pytest
 from daemon_support import s3_environ
 
 from levelzero.core.errors import StorageError
-from levelzero.cli.main import leaf_errors
+from levelzero.cli.commands import leaf_errors
 from levelzero.cli.client import ApiError, Client
 from levelzero.config import load_config
 from levelzero.daemon.service import running_daemon

@@ -14,7 +14,8 @@ from daemon_support import daemon_and_client
 from test_http_api import assert_error, raw
 
 from levelzero.http.app import STATUS_OUTLIERS_MAX, STATUS_PAGE_LIMIT_MAX, STATUS_PARTITIONS_SHOWN_MAX
-from levelzero.cli.main import format_status, main
+from levelzero.cli.formats import format_status
+from levelzero.cli.main import main
 
 PARTITIONS = 2_000
 LAGGING = STATUS_OUTLIERS_MAX + 10  # more outliers than the summary shows
