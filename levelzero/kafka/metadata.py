@@ -61,8 +61,8 @@ class Cluster:
         clients (this one always); alone, this node."""
         member = self.node.member
         if member is None:
-            return {"": self.cluster.me()}
-        brokers = {member.node_id: self.cluster.me()}
+            return {"": self.me()}
+        brokers = {member.node_id: self.me()}
         view = member.view
         for row in view.nodes if view is not None else ():
             if row.kafka_url and row.lease_expires_at > view.now and row.node_id not in brokers:
@@ -74,7 +74,7 @@ class Cluster:
     def leaders(self, brokers: dict[str, Broker]) -> dict[tuple[str, int], int]:
         """(topic, partition) -> its leader's broker id, for partitions with a live leader."""
         member = self.node.member
-        me = self.cluster.me().node_id
+        me = self.me().node_id
         if member is None:
             return {(t, p): me for t, n in self.node.topics().items() for p in range(n)}
         leaders: dict[tuple[str, int], int] = {}
@@ -90,12 +90,12 @@ class Cluster:
     def coordinator(self, group_id: str) -> Broker:
         """The node coordinating a consumer group: rendezvous over the live Kafka nodes, so
         every node names the same one (alone: this node)."""
-        brokers = self.cluster.brokers()
+        brokers = self.brokers()
         chosen = preferred_leader(f"group:{group_id}", sorted(brokers))
-        return brokers[chosen] if chosen is not None else self.cluster.me()
+        return brokers[chosen] if chosen is not None else self.me()
 
     def coordinates(self, group_id: str) -> bool:
-        return self.node.member is None or self.cluster.coordinator(group_id) == self.cluster.me()
+        return self.node.member is None or self.coordinator(group_id) == self.me()
 
 
 class MetadataApi:
