@@ -23,6 +23,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import socket
 import urllib.parse
 import ssl
 import tomllib
@@ -678,3 +679,8 @@ def describe(config: Config) -> dict[str, dict[str, Any]]:
         if out[section][key]:
             out[section][key] = "***"
     return out
+
+
+def node_id_of(config: Config) -> str:
+    """The node's id in a cluster: `cluster.node_id`, or this host's name and the HTTP port."""
+    return config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}"

@@ -5,14 +5,17 @@ beside SQLite's at the same load.
 
 - sut:   `PARTITIONS` PartitionActors on one PostgresLogStore; `CALLERS` tasks write
          `Placeholder`s in a closed loop, as item 4 does on SQLite;
-- floor: one asyncpg connection doing BEGIN; INSERT ... SELECT FROM unnest(<that many rows>);
-         COMMIT back to back into a table shaped like `log` (rows encoded up front): the server
-         and the driver, nothing of levelzero. The batch size is the records per commit the
-         group commit reached in the SUT run before it.
+- floor: the database work of the same appends with the driver alone: `WRITERS` asyncpg
+         connections (the store's writers), each doing BEGIN; <the store's fence-and-append
+         statement: lock the batch's partition rows, advance those whose term and offset match,
+         insert their log rows>; COMMIT back to back on its own half of the partitions, in the
+         batch shape the group commit reached in the SUT run before it (records and partitions
+         per commit), rows encoded up front. Nothing of levelzero runs: no actors, no batching,
+         no Python per record beyond building the arrays.
 The server: a throwaway one started for the run (initdb + pg_ctl, default settings except the
 port; fsync stays on, so a commit costs what it costs in production on this disk), or the one
 named by LEVELZERO_BENCH_POSTGRES_DSN (a user that may create databases). Each run gets a fresh
-database. Target: sut >= 50% of raw rows/s.
+database. Target: sut >= 70% of raw rows/s.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_process
 import asyncpg
+import msgspec
 
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
-from levelzero.storage.protocols import Append
+from levelzero.storage.protocols import Append, L0ObjectRow
+from levelzero.storage.postgres.base import APPEND_BATCH, WRITERS
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.testing.postgres import start_throwaway
 from levelzero.storage.sqlite import SqliteLogStore
@@ -42,16 +48,8 @@ from .common import Figure, Settings, Target, figure, interleave, work_dir
 from .durable import CALLERS, EPOCH, PARTITIONS, ROW_POOL, make_placeholder, make_record
 
 ITEM = "control"
-TARGET = Target(0.50)
+TARGET = Target(0.70)
 DSN_ENV = "LEVELZERO_BENCH_POSTGRES_DSN"
-_RAW_TABLE = """CREATE TABLE raw_log (
-    pid BIGINT NOT NULL, log_offset BIGINT NOT NULL, term BIGINT NOT NULL,
-    base_offset BIGINT NOT NULL, kind TEXT NOT NULL, epoch BIGINT, record_count BIGINT NOT NULL,
-    byte_length BIGINT NOT NULL, object_key TEXT, entry BYTEA NOT NULL,
-    appended_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (pid, log_offset))"""
-_RAW_INSERT = """INSERT INTO raw_log SELECT * FROM unnest($1::bigint[], $2::bigint[],
-    $3::bigint[], $4::bigint[], $5::text[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[],
-    $10::bytea[], $11::float8[])"""
 
 
 class _TimedAppends:
@@ -113,16 +111,29 @@ async def _fresh_database(admin: str) -> AsyncIterator[str]:
             await connection.close()
 
 
-async def actor_placeholders(store: Any, seconds: float) -> tuple[float, float, list[float]]:
-    """Placeholders/s through PartitionActors on `store`, its records per commit, and every
-    append call's duration."""
+class _Shape(msgspec.Struct, frozen=True):
+    """What the group commit made of a run: records and appends (partitions) per commit."""
+
+    records: float
+    appends: float
+
+
+async def actor_placeholders(store: Any, seconds: float, topic: str = "bench", *,
+                             start_at: float | None = None, catalog: bool = False,
+                             ) -> tuple[float, _Shape, list[float]]:
+    """Placeholders/s through PartitionActors on `store`, its commits' shape, and every
+    append call's duration. `start_at`: a wall-clock time to start at (several processes
+    measure together); `catalog`: L0 catalog rows are recorded back to back meanwhile, as a
+    node's batcher records one per uploaded object (they ride in the appends' commits)."""
     timed = _TimedAppends(store)
-    rows = await store.create_topic("bench", PARTITIONS, creation_epoch=EPOCH, now=0.0)
+    rows = await store.create_topic(topic, PARTITIONS, creation_epoch=EPOCH, now=0.0)
     board = WatermarkBoard()
     actors = [PartitionActor(row, timed, board) for row in rows]  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         for actor in actors:
             await tg.start(actor.run)
+        if start_at is not None:
+            await anyio.sleep(max(0.0, start_at - time.time()))
         before = store.statistics()
         done = 0
         start = time.perf_counter()
@@ -137,38 +148,112 @@ async def actor_placeholders(store: Any, seconds: float) -> tuple[float, float, 
                 n += 1
             done += n
 
+        async def record_objects() -> None:
+            n = 0
+            while time.perf_counter() < deadline:
+                await store.record_l0_object(
+                    L0ObjectRow(f"{topic}/{uuid.uuid4()}", EPOCH, 4096 * 10, time.time(), 10)
+                )
+                n += 1
+
         async with anyio.create_task_group() as callers_tg:
             for i in range(CALLERS):
                 callers_tg.start_soon(caller, i)
+            if catalog:
+                callers_tg.start_soon(record_objects)
         elapsed = time.perf_counter() - start
         after = store.statistics()
         for actor in actors:
             await actor.stop()
-    commits = after.commits - before.commits
-    per_commit = (after.records - before.records) / commits if commits else 0.0
-    return done / elapsed, per_commit, timed.durations_s
+    commits = max(1, after.commits - before.commits)
+    shape = _Shape((after.records - before.records) / commits, (after.appends - before.appends) / commits)
+    return done / elapsed, shape, timed.durations_s
 
 
-async def raw_rows_per_s(dsn: str, batch: int, seconds: float) -> float:
-    """Rows/s for BEGIN; INSERT unnest(batch rows); COMMIT in a loop on one connection."""
+async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, seconds: float) -> float:
+    """Rows/s of the store's fence-and-append statement in transactions of `batch` rows over
+    `partitions_per_batch` partitions, on WRITERS connections, each on its own partitions."""
+    async with await PostgresLogStore.open(dsn) as store:  # the schema and the terms: set-up
+        rows = await store.create_topic("bench", PARTITIONS, creation_epoch=EPOCH, now=0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+    pids = [row.pid for row in rows]
     pool = [log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
-    connection = await asyncpg.connect(dsn)
-    try:
-        await connection.execute(_RAW_TABLE)
-        done = offset = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-        while time.perf_counter() < deadline:
-            rows = [pool[(offset + i) % ROW_POOL] for i in range(batch)]
-            columns = [[row[c] for row in rows] for c in range(11)]
-            columns[1] = list(range(offset, offset + batch))  # distinct keys
-            async with connection.transaction():
-                await connection.execute(_RAW_INSERT, *columns)
-            offset += batch
-            done += batch
-        return done / (time.perf_counter() - start)
-    finally:
-        await connection.close()
+    next_offset = dict.fromkeys(pids, 1)
+    done = 0
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def writer(own: list[int]) -> None:
+        nonlocal done
+        per_batch = max(1, min(partitions_per_batch, len(own)))
+        connection = await asyncpg.connect(dsn)
+        try:
+            turn = 0
+            while time.perf_counter() < deadline:
+                chosen = [own[(turn + i) % len(own)] for i in range(per_batch)]
+                turn += per_batch
+                counts = [batch // per_batch + (i < batch % per_batch) for i in range(per_batch)]
+                asks, log_rows = [], []
+                for pid, count in zip(chosen, counts, strict=True):
+                    if not count:
+                        continue
+                    first = next_offset[pid]
+                    asks.append((pid, 1, first, first + count))
+                    for offset in range(first, first + count):
+                        row = pool[(done + len(log_rows)) % ROW_POOL]
+                        log_rows.append((pid, offset, *row[2:]))
+                    next_offset[pid] = first + count
+                async with connection.transaction():
+                    answer = await connection.fetch(
+                        APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
+                    )
+                assert all(r["accepted"] for r in answer), answer
+                done += len(log_rows)
+        finally:
+            await connection.close()
+
+    async with anyio.create_task_group() as tg:
+        for k in range(WRITERS):
+            tg.start_soon(writer, pids[k::WRITERS])
+    return done / (time.perf_counter() - start)
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
+    return [[row[i] for row in rows] for i in range(width)]
+
+
+NODES = 3
+NODE_START_S = 3.0  # the node processes start (import, connect, create their topic) before this
+
+
+def _node(dsn: str, topic: str, seconds: float, start_at: float) -> float:
+    """One simulated node in its own process: its own pool, actors and L0 catalog rows."""
+
+    async def main() -> float:
+        async with await PostgresLogStore.open(dsn) as store:
+            rate, _, _ = await actor_placeholders(store, seconds, topic, start_at=start_at, catalog=True)
+        return rate
+
+    return anyio.run(main)
+
+
+async def nodes_placeholders(dsn: str, nodes: int, seconds: float) -> float:
+    """Placeholders/s of `nodes` node processes on one database, measured over the same
+    seconds, each with PARTITIONS partitions of its own topic and CALLERS callers."""
+    start_at = time.time() + NODE_START_S
+    rates: list[float] = []
+    limiter = anyio.CapacityLimiter(nodes)
+
+    async def one(k: int) -> None:
+        rates.append(await anyio.to_process.run_sync(
+            _node, dsn, f"node{k}-{uuid.uuid4().hex[:8]}", seconds, start_at, limiter=limiter
+        ))
+
+    async with anyio.create_task_group() as tg:
+        for k in range(nodes):
+            tg.start_soon(one, k)
+    return sum(rates)
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -179,7 +264,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
 async def run(settings: Settings) -> list[Figure]:
     seconds = settings.pick(max(2.0, settings.seconds), 0.5)
     rounds = settings.pick(settings.rounds, 1)
-    per_commit: list[float] = []
+    per_commit: list[_Shape] = []
     latencies: list[tuple[list[float], list[float]]] = []  # (postgres, sqlite) per round
     async with _server() as admin:
         with work_dir(settings, ITEM) as root:
@@ -195,9 +280,11 @@ async def run(settings: Settings) -> list[Figure]:
 
             async def floor(i: int) -> float:
                 assert per_commit
-                batch = max(1, round(per_commit[-1]))
+                shape = per_commit[-1]
                 async with _fresh_database(admin) as dsn:
-                    raw = await raw_rows_per_s(dsn, batch, seconds)
+                    raw = await raw_rows_per_s(
+                        dsn, max(1, round(shape.records)), max(1, round(shape.appends)), seconds
+                    )
                 # SQLite at the same load, for the latency figures (not part of the ratio).
                 async with await SqliteLogStore.open(Path(root) / f"sqlite-{i}.db") as store:
                     _, _, sqlite_durations = await actor_placeholders(store, seconds)
@@ -205,6 +292,16 @@ async def run(settings: Settings) -> list[Figure]:
                 return raw
 
             pairs = await interleave(rounds, sut, floor)
+
+            async def three(i: int) -> float:
+                async with _fresh_database(admin) as dsn:
+                    return await nodes_placeholders(dsn, NODES, seconds)
+
+            async def one(i: int) -> float:
+                async with _fresh_database(admin) as dsn:
+                    return await nodes_placeholders(dsn, 1, seconds)
+
+            scaling = await interleave(rounds, three, one)
     p50 = [(_quantile(pg, 0.5) * 1e3, _quantile(lite, 0.5) * 1e3) for pg, lite in latencies]
     p99 = [(_quantile(pg, 0.99) * 1e3, _quantile(lite, 0.99) * 1e3) for pg, lite in latencies]
     return [
@@ -221,7 +318,9 @@ async def run(settings: Settings) -> list[Figure]:
                 "partitions": PARTITIONS,
                 "callers": CALLERS,
                 "seconds": seconds,
-                "records_per_commit": [round(x, 1) for x in per_commit],
+                "records_per_commit": [round(x.records, 1) for x in per_commit],
+                "partitions_per_commit": [round(x.appends, 1) for x in per_commit],
+                "floor_connections": WRITERS,
                 "server": "LEVELZERO_BENCH_POSTGRES_DSN" if os.environ.get(DSN_ENV) else "throwaway, fsync on",
             },
         ),
@@ -230,5 +329,18 @@ async def run(settings: Settings) -> list[Figure]:
                notes={"appends": [len(pg) for pg, _ in latencies]}),
         figure(ITEM, "log store commit latency p99 (one append call), PostgreSQL vs SQLite",
                "ms", p99, sut_label="postgres", floor_label="sqlite"),
+        figure(
+            ITEM,
+            f"placeholders/s of {NODES} nodes vs 1 on one PostgreSQL (a process each, with L0 "
+            "catalog rows)",
+            "rows/s",
+            scaling,
+            sut_label=f"{NODES} nodes",
+            floor_label="1 node",
+            notes={
+                "per_node": f"{PARTITIONS} partitions, {CALLERS} callers, L0 rows back to back",
+                "nodes": "processes on this machine, each with its own PostgresLogStore",
+            },
+        ),
     ]
 

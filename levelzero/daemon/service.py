@@ -40,7 +40,7 @@ from levelzero.storage.sqlite import SqliteLogStore
 
 from levelzero.http.access_log import AccessLogMiddleware
 from levelzero.http.app import ApiSettings, Lifecycle, build_app
-from levelzero.config import Config, describe, parse_listen
+from levelzero.config import Config, describe, node_id_of, parse_listen
 from levelzero.http.guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
 from levelzero.daemon.logs import configure_logging
 from levelzero.daemon.metrics import DaemonMetrics
@@ -277,7 +277,9 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
         async with anyio.create_task_group() as tg:
-            log_store = await opening.open_control_store(tg, config)
+            log_store = await opening.open_control_store(
+                tg, config, application_name=f"levelzero {node_id_of(config)}"
+            )
             try:
                 object_store = await open_object_store(config)
                 try:
@@ -320,7 +322,7 @@ class Daemon:
             assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
             cluster = ClusterSettings(
                 log_store,
-                config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}",
+                node_id_of(config),
                 config.cluster.advertise_url.rstrip("/"),
                 lease_ttl_s=config.cluster.lease_ttl_s,
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",

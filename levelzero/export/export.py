@@ -50,7 +50,7 @@ from levelzero.storage.postgres.store import redacted
 from . import manifest as manifest_file
 from .compact import SMALL_FILE_BYTES, compact, remove_superseded
 from .errors import ExportError
-from .postgres_source import is_dsn, postgres_snapshot
+from .postgres_source import NEW_ROWS, is_dsn, postgres_snapshot
 from .manifest import EXPORT_HISTORY_MAX, ExportRecord, Manifest, RowRuns, Watermarks
 from .schemas import L1_STATE_RANK, L1_TERMINAL_RANK, TABLES
 
@@ -474,19 +474,27 @@ class _ExportRun:
         self._chunk_rows = chunk_rows
         self._warnings: list[str] = []
         self._rows: dict[str, int] = {}
+        self._horizon: int = getattr(connection, "xid_horizon", 0)  # PostgreSQL only
+
+    def _new_rows(self, alias: str, after: int) -> tuple[str, tuple[int, ...]]:
+        """The WHERE clause choosing rows not exported yet, and its parameters: above the last
+        exported rowid on SQLite, inside the snapshots' xid horizons on PostgreSQL."""
+        if _dialect(self._db) == "postgres":
+            return NEW_ROWS.format(t=alias), (self._old.xid_horizon, self._horizon, after)
+        return f"{alias}rowid > ?", (after,)
 
     def run(self) -> tuple[Watermarks, dict[str, int], list[str]]:
         self._check_not_behind()
-        new = Watermarks()
+        new = Watermarks(xid_horizon=self._horizon)
         with self._sinks("log_entries") as (log_entries,):
             new.log_offsets = self._log_entries(log_entries)
         with self._sinks("state_samples") as (samples,):
             new.state_samples_rowid = self._by_rowid(
-                samples, _SELECT_SAMPLES, self._old.state_samples_rowid
+                samples, _SELECT_SAMPLES, "s.", self._old.state_samples_rowid
             )
         with self._sinks("fence_events") as (events,):
             new.fence_events_rowid = self._by_rowid(
-                events, _select_fence_events(self._db), self._old.fence_events_rowid
+                events, _select_fence_events(self._db), "f.", self._old.fence_events_rowid
             )
         with self._sinks("l0_objects", "l0_deletions") as (created, deleted):
             new.l0_rowid, new.l0_open = self._l0_objects(created, deleted)
@@ -525,6 +533,12 @@ class _ExportRun:
                     "already: this output directory belongs to another (or a newer copy of "
                     "this) store; export into a new directory"
                 )
+        if self._horizon < self._old.xid_horizon:
+            raise ExportError(
+                f"the store's transactions are at {self._horizon}, but those up to "
+                f"{self._old.xid_horizon} were exported already: this output directory belongs "
+                "to another (or a newer copy of this) store; export into a new directory"
+            )
 
     def _log_entries(self, sink: _TableSink) -> dict[int, int]:
         """Per partition, entries above the last exported log offset. The end of a log is its
@@ -562,11 +576,14 @@ class _ExportRun:
             )
         return offsets
 
-    def _by_rowid(self, sink: _TableSink, select: str, after: int) -> int:
+    def _by_rowid(self, sink: _TableSink, select: str, alias: str, after: int) -> int:
+        """New rows in rowid order; the highest rowid exported so far."""
+        where, params = self._new_rows(alias, after)
         last = after
-        for rows in _fetch(self._db.execute(select, (after,)), self._chunk_rows):
+        cursor = self._db.execute(f"{select} WHERE {where} ORDER BY {alias}rowid", params)
+        for rows in _fetch(cursor, self._chunk_rows):
             sink.add_many(rows)
-            last = rows[-1][0]
+            last = max(last, rows[-1][0])
         return last
 
     def _l0_objects(
@@ -574,31 +591,32 @@ class _ExportRun:
     ) -> tuple[int, list[tuple[int, int, int]]]:
         """Creations by rowid; deletions of the objects that were live at the last export and
         of the new ones. The rows live now become the next export's open runs."""
-        still_live = RowRuns()
+        still_live: list[tuple[int, int]] = []
         for first, last, _ in self._old.l0_open:
             cursor = self._db.execute(_SELECT_L0_OPEN, (first, last))
             for rows in _fetch(cursor, self._chunk_rows):
                 for rowid, key, deleted_at, deleted_at_m in rows:
                     if deleted_at is None:
-                        still_live.append(rowid, 0)
+                        still_live.append((rowid, 0))
                     else:
                         deleted.add((key, deleted_at, deleted_at_m))
         last_rowid = self._old.l0_rowid
-        cursor = self._db.execute(_SELECT_L0_NEW, (last_rowid,))
+        where, params = self._new_rows("", last_rowid)
+        cursor = self._db.execute(f"{_SELECT_L0} WHERE {where} ORDER BY rowid", params)
         for rows in _fetch(cursor, self._chunk_rows):
             for rowid, key, epoch, size, created_at, extents, deleted_at, deleted_at_m in rows:
                 created.add((key, epoch, size, created_at, extents))
                 if deleted_at is None:
-                    still_live.append(rowid, 0)
+                    still_live.append((rowid, 0))
                 else:
                     deleted.add((key, deleted_at, deleted_at_m))
-            last_rowid = rows[-1][0]
-        return last_rowid, still_live.runs
+            last_rowid = max(last_rowid, rows[-1][0])
+        return last_rowid, _runs(still_live)
 
     def _l1_objects(self, sink: _TableSink) -> tuple[int, list[tuple[int, int, int]]]:
         """New objects by rowid, and every object not yet DELETE_FINISHED again: a row is
         exported whenever its state differs from the one exported last."""
-        still_open = RowRuns()
+        still_open: list[tuple[int, int]] = []
 
         def observe(row: tuple[Any, ...], exported_rank: int | None) -> None:
             rowid, *values = row
@@ -609,7 +627,7 @@ class _ExportRun:
             if rank != exported_rank:
                 sink.add(tuple(values))
             if rank != L1_TERMINAL_RANK:
-                still_open.append(rowid, rank)
+                still_open.append((rowid, rank))
 
         for first, last, rank in self._old.l1_open:
             cursor = self._db.execute(
@@ -619,12 +637,13 @@ class _ExportRun:
                 for row in rows:
                     observe(row, rank)
         last_rowid = self._old.l1_rowid
-        cursor = self._db.execute(_SELECT_L1 + " WHERE l.rowid > ? ORDER BY l.rowid", (last_rowid,))
+        where, params = self._new_rows("l.", last_rowid)
+        cursor = self._db.execute(f"{_SELECT_L1} WHERE {where} ORDER BY l.rowid", params)
         for rows in _fetch(cursor, self._chunk_rows):
             for row in rows:
                 observe(row, None)
-            last_rowid = rows[-1][0]
-        return last_rowid, still_open.runs
+            last_rowid = max(last_rowid, rows[-1][0])
+        return last_rowid, _runs(still_open)
 
     def _gc_rounds(self, sink: _TableSink) -> tuple[float | None, list[tuple[int, float]]]:
         """Rounds are written once, when they end, and in the order they end: export those
@@ -650,6 +669,15 @@ class _ExportRun:
         return finished_at, sorted(at_finished)
 
 
+def _runs(rows: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """`(rowid, rank)` pairs as rowid runs. On PostgreSQL a new row's rowid may lie below an
+    open row's of the last export (it committed later), so the pairs are sorted first."""
+    runs = RowRuns()
+    for rowid, rank in sorted(rows):
+        runs.append(rowid, rank)
+    return runs.runs
+
+
 def _columns(table: str, *, skip: Iterable[str] = ()) -> str:
     skipped = set(skip)
     return ", ".join(f.name for f in TABLES[table].schema if f.name not in skipped)
@@ -663,12 +691,10 @@ _SELECT_SAMPLES = (
     "SELECT s.rowid, s.at, p.topic, p.partition, s.term, s.previous_applied_epoch,"
     " s.max_applied_epoch, s.min_epoch_lower_bound, s.mp, s.lro, s.high_watermark,"
     " s.start_offset FROM state_samples s JOIN partitions p ON p.pid = s.pid"
-    " WHERE s.rowid > ? ORDER BY s.rowid"
 )
 _SELECT_FENCE_EVENTS = (
     "SELECT f.rowid, f.at, p.topic, p.partition, f.term, f.epoch, f.outcome, f.window_min,"
     " f.window_max, {decisions} FROM fence_events f JOIN partitions p ON p.pid = f.pid"
-    " WHERE f.rowid > ? ORDER BY f.rowid"
 )
 
 
@@ -687,9 +713,9 @@ _SELECT_L0_OPEN = (
     "SELECT rowid, key, deleted_at, deleted_at_m FROM l0_objects"
     " WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
 )
-_SELECT_L0_NEW = (
+_SELECT_L0 = (
     "SELECT rowid, key, epoch, size, created_at, extents, deleted_at, deleted_at_m"
-    " FROM l0_objects WHERE rowid > ? ORDER BY rowid"
+    " FROM l0_objects"
 )
 _SELECT_L1 = (
     "SELECT l.rowid, l.key, p.topic, p.partition, l.base_offset, l.last_offset,"

@@ -49,6 +49,8 @@ class Watermarks(msgspec.Struct):
     l1_open: list[tuple[int, int, int]] = []
     gc_finished_at: float | None = None
     gc_at_finished: list[tuple[int, float]] = []
+    # PostgreSQL: rows of transactions below this id are exported (postgres_source.NEW_ROWS)
+    xid_horizon: int = 0
 
 
 class Manifest(msgspec.Struct):

@@ -5,6 +5,13 @@ backend. Statements are the export's own, in SQLite's spelling: `?` parameters b
 `rowid` becomes the `seq` column that PostgreSQL tables keep for the same purpose.
 
 Rows are fetched through a server-side cursor, `fetchmany` at a time: memory stays bounded.
+
+New rows are chosen differently: SQLite has one writer, so rows commit in rowid order and a
+rowid watermark is enough. PostgreSQL's writers commit concurrently, each drawing `seq` when it
+inserts, so a row can commit after a higher `seq` was seen. The snapshot's `xid_horizon` (the
+oldest transaction still running when it was taken) bounds the rows that are final: every row
+whose `xid` is below it committed or never will. An export takes the rows with `xid` in
+`[last horizon, this horizon)` (`NEW_ROWS`).
 """
 
 from __future__ import annotations
@@ -58,14 +65,24 @@ class _Cursor:
         return iter(self.fetchall())
 
 
+# Rows of an exported table inserted since the last export: `xid` in [that export's horizon,
+# this one's); rows written before schema version 6 have xid 0 and are new above the last
+# exported seq (they were written under a lock that made seq follow the commit order).
+NEW_ROWS = "{t}xid >= ? AND {t}xid < ? AND ({t}xid > 0 OR {t}rowid > ?)"
+
+
 class PostgresSnapshot:
-    """`execute(sql, params)` -> a cursor, inside one snapshot."""
+    """`execute(sql, params)` -> a cursor, inside one snapshot; `xid_horizon` is the oldest
+    transaction that snapshot saw running."""
 
     dialect = "postgres"
 
     def __init__(self, loop: asyncio.AbstractEventLoop, connection: asyncpg.Connection) -> None:
         self._loop = loop
         self._connection = connection
+        self.xid_horizon = int(self._run(connection.fetchval(
+            "SELECT txid_snapshot_xmin(txid_current_snapshot())"
+        )))
 
     def _run(self, awaitable: Any) -> Any:
         return self._loop.run_until_complete(awaitable)

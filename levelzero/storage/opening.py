@@ -54,14 +54,21 @@ async def _open_base_store(config: Config) -> ObjectStore:
 ControlStore = SqliteLogStore | PostgresLogStore
 
 
-async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> ControlStore:
-    """The control plane `[control]` names, its writer running in `tg`."""
+async def open_control_store(
+    tg: anyio.abc.TaskGroup, config: Config, *, application_name: str = "levelzero"
+) -> ControlStore:
+    """The control plane `[control]` names, its writer running in `tg`; on PostgreSQL its
+    sessions carry `application_name` (pg_stat_activity names the node by it)."""
     control = config.control
     if control.kind == "postgres":
         return await PostgresLogStore.open_in(
             tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
             writers=control.writers, connect_timeout_s=control.connect_timeout_s,
             reconnect_timeout_s=control.reconnect_timeout_s,
+            # A paused node's open transaction holds its partitions' rows no longer than its
+            # leases on them last (the README's cluster section).
+            idle_in_transaction_timeout_s=config.cluster.lease_ttl_s,
+            application_name=application_name,
         )
     return await SqliteLogStore.open_in(
         tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous

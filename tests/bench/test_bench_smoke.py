@@ -135,10 +135,13 @@ def test_bench_writes_no_file_unless_asked(tmp_path: Path, monkeypatch: pytest.M
 def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency(tmp_path: Path) -> None:
     results_path = tmp_path / "control.json"
     assert main(["--quick", "--only", "control", "--out", str(results_path)]) == 0
-    durable, p50, p99 = json.loads(results_path.read_text())["items"]["control"]["figures"]
-    assert durable["target"] == {"bound": 0.5, "higher_is_better": True}
+    durable, p50, p99, nodes = json.loads(results_path.read_text())["items"]["control"]["figures"]
+    assert durable["target"] == {"bound": 0.7, "higher_is_better": True}
     assert durable["sut"] > 0 and durable["floor"] > 0
     assert durable["notes"]["records_per_commit"][0] >= 1
+    assert durable["notes"]["partitions_per_commit"][0] >= 1 and durable["notes"]["floor_connections"] == 2
+    assert (nodes["sut_label"], nodes["floor_label"], nodes["verdict"]) == ("3 nodes", "1 node", "info")
+    assert nodes["sut"] > 0 and nodes["floor"] > 0
     assert (p50["sut_label"], p50["floor_label"], p50["verdict"]) == ("postgres", "sqlite", "info")
     assert 0 < p50["sut"] <= p99["sut"] and 0 < p50["floor"] <= p99["floor"]
 

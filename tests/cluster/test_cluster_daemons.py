@@ -9,12 +9,14 @@ lead any more."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import time
 from pathlib import Path
 
 import anyio
+import asyncpg
 import pytest
 
 from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
@@ -257,6 +259,107 @@ async def test_a_join_a_kill_a_pause_and_a_rolling_restart_under_load(
         await no_l0_left(s3_endpoint, s3_bucket)
         print(f"\n{counts['acked']} writes acknowledged under load, {counts['retried']} retried")
     finally:
+        for process in nodes.values():
+            if process.proc is not None and process.proc.poll() is None:
+                process.signal(signal.SIGCONT)
+            process.cleanup()
+
+
+PAUSE_TTL_S = 12.0  # the leases (and the paused session) outlast the measurement
+PAUSE_WINDOW_S = 4.0
+ONE_COMMIT_S = 2.0  # a produce acknowledged within this is not stalled (the old stall: 5 s)
+
+
+async def _sql(dsn: str, query: str, *args) -> list:  # noqa: ANN001
+    connection = await asyncpg.connect(dsn)
+    try:
+        return await connection.fetch(query, *args)
+    finally:
+        await connection.close()
+
+
+async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_partitions(
+    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+) -> None:
+    """n3 is caught inside a write batch that is inserting its L0 catalog row (the table is
+    share-locked from outside until n3's insert waits on it, then n3 is SIGSTOPped and the
+    lock released: the server finishes its part and waits for the stopped node inside the
+    transaction, which holds n3's partitions' rows and an L0 row). While
+    it is stopped, with its leases and its open transaction alive, the partitions n1 and n2
+    lead keep acknowledging, each produce within one commit's time. Before, every batch with
+    an L0 row took one cluster-wide lock, and n3 held it: nothing was acknowledged until the
+    server ended n3's session."""
+    names = ["n1", "n2", "n3"]
+    nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, names, start=False)
+    for process in nodes.values():
+        process.env["LEVELZERO_CLUSTER_LEASE_TTL_S"] = str(PAUSE_TTL_S)
+        process.start()
+    stop_load = anyio.Event()
+    try:
+        async with Client(nodes["n1"].url) as client:
+            await client.create_topic(TOPIC, PARTITIONS)
+        leaders: dict[int, str] = {}
+        with anyio.fail_after(WAIT_S):  # every node leads some partitions
+            while set(leaders.values()) != set(names) or len(leaders) != PARTITIONS:
+                await anyio.sleep(0.5)
+                leaders = {r["partition"]: r["node_id"] for r in await _sql(
+                    postgres_dsn, "SELECT p.partition, l.node_id FROM partition_leases l"
+                    " JOIN partitions p USING (pid) WHERE l.lease_expires_at > extract(epoch from now())")}
+        paused_partitions = [p for p, n in leaders.items() if n == "n3"]
+        other_partitions = sorted(p for p, n in leaders.items() if n != "n3")
+
+        async def load_on_n3() -> None:  # n3 keeps writing L0 objects
+            i = 0
+            while not stop_load.is_set():
+                async with Client(nodes["n3"].url, timeout_s=2.0) as client:
+                    with contextlib.suppress(ApiError):
+                        await client.produce(TOPIC, paused_partitions[i % len(paused_partitions)], [b"x"])
+                i += 1
+
+        locker = await asyncpg.connect(postgres_dsn)
+        waits: list[float] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load_on_n3)
+            transaction = locker.transaction()
+            await transaction.start()
+            await locker.execute("LOCK TABLE l0_objects IN SHARE MODE")
+            with anyio.fail_after(WAIT_S):  # n3's batch inserts its L0 row: it waits on the lock
+                while not await locker.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'levelzero n3'"
+                    " AND wait_event_type = 'Lock' AND wait_event = 'relation'"
+                ):
+                    await anyio.sleep(0.05)
+            nodes["n3"].signal(signal.SIGSTOP)
+            await transaction.commit()
+            await locker.close()
+            # Its insert done, its session waits for the stopped node inside the transaction.
+            open_batch = ("SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
+                          " WHERE a.application_name = 'levelzero n3' AND a.wait_event = 'ClientRead'"
+                          " AND a.state IN ('active', 'idle in transaction')"
+                          " AND l.relation = 'l0_objects'::regclass AND l.mode = 'RowExclusiveLock'"
+                          " AND l.granted")
+            with anyio.fail_after(WAIT_S):
+                while not (await _sql(postgres_dsn, open_batch))[0][0]:
+                    await anyio.sleep(0.05)
+            # n3 is stopped inside its batch. The other nodes' partitions:
+            started = time.monotonic()
+            i = 0
+            while time.monotonic() - started < PAUSE_WINDOW_S:
+                partition = other_partitions[i % len(other_partitions)]
+                before = time.monotonic()
+                async with Client(nodes[leaders[partition]].url, timeout_s=30.0) as client:
+                    with contextlib.suppress(ApiError):  # a stall past the timeout: the wait says so
+                        await client.produce(TOPIC, partition, [f"during-{i}".encode()])
+                waits.append(time.monotonic() - before)
+                i += 1
+            still_open = (await _sql(postgres_dsn, open_batch))[0][0]
+            nodes["n3"].signal(signal.SIGCONT)
+            stop_load.set()
+        assert still_open, "n3's transaction ended during the measurement"
+        assert max(waits) < ONE_COMMIT_S, (max(waits), len(waits))
+        assert len(waits) >= 4, waits
+    finally:
+        stop_load.set()
         for process in nodes.values():
             if process.proc is not None and process.proc.poll() is None:
                 process.signal(signal.SIGCONT)

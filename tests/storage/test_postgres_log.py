@@ -11,13 +11,14 @@ from pathlib import Path
 
 import anyio
 import asyncpg
+import msgspec
 import pytest
 
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
 from levelzero.storage.postgres import base as store_module
-from levelzero.storage.postgres.schema import SCHEMA_VERSION, SEQ_LOCK_KEY
+from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
-from levelzero.storage.protocols import OffsetRow
+from levelzero.storage.protocols import FenceEventRow, L0ObjectRow, L1Row, OffsetRow, StateSampleRow
 from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -73,14 +74,13 @@ async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres
         assert [r.term for r in await new.read_log(p.pid, 0)] == [1, 1, 2]
 
 
-async def test_a_paused_nodes_open_transaction_stops_blocking_the_others_writes(
-    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch,
+async def test_a_paused_nodes_open_transaction_stops_blocking_its_successor(
+    postgres_dsn: str,
 ) -> None:
-    """A node stopped between a batch's statements and its COMMIT holds the partition's row
-    lock and the sequence lock; the server ends its session after the idle-in-transaction
-    timeout, so another node's writes go through instead of waiting until it wakes."""
-    monkeypatch.setattr(store_module, "IDLE_IN_TRANSACTION_TIMEOUT_S", 1.0)
-    async with await PostgresLogStore.open(postgres_dsn) as paused, \
+    """A node stopped between a batch's statements and its COMMIT holds its partition's row
+    lock; the server ends its session after the idle-in-transaction timeout (the daemon's lease
+    TTL), so the node that takes the partition over writes instead of waiting until it wakes."""
+    async with await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=1.0) as paused, \
             await PostgresLogStore.open(postgres_dsn) as other:
         (p,) = await paused.create_topic("t", 1, 1, 0.0)
         connection = await paused._pool.acquire()
@@ -88,7 +88,6 @@ async def test_a_paused_nodes_open_transaction_stops_blocking_the_others_writes(
             transaction = connection.transaction()
             await transaction.start()
             await connection.execute("SELECT term FROM partitions WHERE pid = $1 FOR UPDATE", p.pid)
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
             # ... and the node stops here.
             with anyio.fail_after(20):
                 await other.append(p.pid, 0, [placeholder(0, 0, 0)])
@@ -100,6 +99,47 @@ async def test_a_paused_nodes_open_transaction_stops_blocking_the_others_writes(
                 connection.terminate()
             with contextlib.suppress(Exception):
                 await paused._pool.release(connection)
+
+
+async def test_a_paused_nodes_open_write_batch_blocks_no_other_partition(postgres_dsn: str) -> None:
+    """A node stopped inside a write batch (its partition's row locked, a placeholder, an L0
+    catalog row, a fence event and a state sample inserted, no COMMIT) holds back nothing of
+    another node's partitions: the other node's batch of every kind commits while the paused
+    transaction is still open (no cluster-wide lock), and the paused one still commits after."""
+    async with await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=600.0) as paused, \
+            await PostgresLogStore.open(postgres_dsn) as other:
+        mine, theirs = await paused.create_topic("t", 2, 1, 0.0)
+        await paused.begin_term(mine.pid, 0, 0)
+        await other.begin_term(theirs.pid, 0, 0)
+        paused_jobs = paused._append_job(mine.pid, 1, [placeholder(1, 1, 0)]), *(
+            store_module._Job(weight=1, table=table, rows=rows) for table, rows in (
+                ("l0_objects", [msgspec.structs.astuple(L0ObjectRow("paused-key", 1, 10, 1.0, 1))]),
+                ("fence_events", [msgspec.structs.astuple(FenceEventRow(1.0, mine.pid, 1, 1, "admitted", 1, 1))]),
+                ("state_samples", [msgspec.structs.astuple(
+                    StateSampleRow(1.0, mine.pid, 1, 1, 1, 1, 0, -1, 1, 0))]),
+            )
+        )
+        connection = await paused._pool.acquire()
+        try:
+            transaction = connection.transaction()
+            await transaction.start()
+            outcomes, _ = await paused._run_batch(connection, list(paused_jobs))
+            assert [error for _, error in outcomes] == [None] * 4
+            # ... and the node stops here, its batch uncommitted. The other node's writes:
+            with anyio.fail_after(30):  # a bound only: before the fix they waited for the COMMIT
+                await other.append(theirs.pid, 1, [placeholder(1, 1, 0)])
+                await other.record_l0_object(L0ObjectRow("other-key", 1, 10, 2.0, 1))
+                await other.l1_insert(L1Row("l1-key", theirs.pid, 0, 0, 1, 1, 10, "COPY_STARTED", 2.0, 2.0))
+                await other.record_fence_events([FenceEventRow(2.0, theirs.pid, 1, 1, "admitted", 1, 1)])
+                await other.record_state_samples([StateSampleRow(2.0, theirs.pid, 1, 1, 1, 1, 0, -1, 1, 0)])
+            assert await connection.fetchval("SELECT count(*) FROM l0_objects") == 2  # still open
+            await transaction.commit()
+        finally:
+            await paused._pool.release(connection)
+        keys = [row.key for row in await other.l0_live_objects(10)]
+        assert keys == ["other-key", "paused-key"]
+        assert [r.log_offset for r in await other.read_log(mine.pid, 0)] == [0, 1]
+        assert [r.log_offset for r in await other.read_log(theirs.pid, 0)] == [0, 1]
 
 
 async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:
@@ -129,6 +169,11 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
         for table in ("consumer_offsets", "producer_batches", "partition_watermarks",
                       "partition_leases", "cluster_nodes", "cluster_identity"):
             await connection.execute(f"DROP TABLE {table}")
+        for table in ("l0_objects", "l1_objects", "fence_events", "state_samples"):
+            await connection.execute(f"ALTER TABLE {table} DROP COLUMN xid")
+        await connection.execute(
+            "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('old', 1, 1, 0, 1)"
+        )
         await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
     finally:
         await connection.close()
@@ -139,7 +184,13 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4, 5]
+            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4, 5, 6]
+        # A row from before version 6 keeps xid 0 (the export takes it by seq); new rows get theirs.
+        await connection.execute(
+            "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('new', 1, 1, 0, 1)"
+        )
+        xids = dict(await connection.fetch("SELECT key, xid FROM l0_objects"))
+        assert xids["old"] == 0 and xids["new"] > 0, xids
     finally:
         await connection.close()
 

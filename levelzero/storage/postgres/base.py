@@ -10,7 +10,7 @@ import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Self
 
 import anyio
 import anyio.abc
@@ -29,10 +29,7 @@ from levelzero.core.errors import (
 from levelzero.storage.log_rules import check_call_records
 from levelzero.storage.protocols import GcRoundRow, L1Row, LogStoreStatistics, OffsetRow
 
-from .schema import SEQ_LOCK_KEY, SEQ_TABLES, migrate
-
-if TYPE_CHECKING:
-    from .store import PostgresLogStore
+from .schema import migrate
 
 GROUP_COMMIT_MAX_RECORDS = 4096  # records (or event rows) per batch; also the per-call maximum
 QUEUE_MAX = 1024  # write calls waiting for the dispatcher before callers block
@@ -40,13 +37,14 @@ WRITERS = 2  # batches on their way at once (one pooled connection each)
 POOL_MAX = 8  # connections: writers + readers
 CONNECT_TIMEOUT_S = 10.0
 COMMAND_TIMEOUT_S = 60.0
-# The server ends a session left idle inside a transaction this long: a node stopped (SIGSTOP,
-# a VM paused) between a batch's statements and its COMMIT would otherwise hold its row and
-# advisory locks until it woke, and every other node's write batches would wait behind them
-# (the three-daemon test's paused node did: both others timed out after 60 s and stopped). Its
+# The server ends a session left idle inside a transaction this long (the daemon passes its
+# lease TTL): a node stopped (SIGSTOP, a VM paused, cut off) between a batch's statements and
+# its COMMIT would otherwise hold its partitions' row locks until it woke, and the node that
+# takes those partitions over when the leases expire would wait behind them to start its term.
+# No other node waits for it before then: a batch locks only its own partitions' rows. Its
 # transaction is rolled back, so nothing of it was acknowledged; it fails when the node wakes.
 # A healthy node never idles in a transaction longer than a stall of its event loop.
-IDLE_IN_TRANSACTION_TIMEOUT_S = 5.0
+IDLE_IN_TRANSACTION_TIMEOUT_S = 10.0
 SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
 RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
 RETRY_DELAY_MIN_S = 0.05
@@ -79,7 +77,7 @@ SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5:
 # The fence and the append in one statement: lock the batch's partitions in pid order (two
 # batches never deadlock), advance only those whose term and next offset are still the caller's,
 # insert the log rows of exactly those. Returns every locked partition: accepted or why not.
-_APPEND_BATCH = """WITH locked AS MATERIALIZED (
+APPEND_BATCH = """WITH locked AS MATERIALIZED (
     SELECT pid, term, next_log_offset FROM partitions
     WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE
 ), asks AS (
@@ -169,6 +167,13 @@ def redacted(dsn: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+async def _keep_session(connection: asyncpg.Connection) -> None:
+    """The pool's reset of a connection it takes back, after asyncpg rolled back any open
+    transaction: nothing more. The store leaves no session state behind a call (no SET, LISTEN,
+    cursor or session advisory lock: migrate's is released, or its pool closed), and asyncpg's
+    default reset (`RESET ALL`, `CLOSE ALL`, ...) is one more round trip for every batch."""
+
+
 def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [[row[i] for row in rows] for i in range(width)] if rows else [[] for _ in range(width)]
 
@@ -233,7 +238,7 @@ class PostgresBase:
     # ------------------------------------------------------------------ open / close
 
     @classmethod
-    async def open(cls, dsn: str, **options: Any) -> PostgresLogStore:
+    async def open(cls, dsn: str, **options: Any) -> Self:
         """Connect, migrate, start the dispatcher in a task group the store owns; call
         `aclose()` from this same task (or `async with await PostgresLogStore.open(...)`)."""
         store = await cls._connect(dsn, **options)
@@ -251,7 +256,7 @@ class PostgresBase:
 
     @classmethod
     async def open_in(cls, task_group: anyio.abc.TaskGroup, dsn: str, **options: Any
-                      ) -> PostgresLogStore:
+                      ) -> Self:
         """Like `open`, with the dispatcher in `task_group`; `aclose()` before it ends."""
         store = await cls._connect(dsn, **options)
         try:
@@ -268,7 +273,9 @@ class PostgresBase:
         writers: int = WRITERS, group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
         queue_max: int = QUEUE_MAX, connect_timeout_s: float = CONNECT_TIMEOUT_S,
         reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, clock: Callable[[], float] = time.time,
-    ) -> PostgresLogStore:
+        idle_in_transaction_timeout_s: float = IDLE_IN_TRANSACTION_TIMEOUT_S,
+        application_name: str = "levelzero",
+    ) -> Self:
         for name, value, high in (
             ("writers", writers, 64), ("pool_max", pool_max, 1000),
             ("group_commit_max_records", group_commit_max_records, 1_000_000),
@@ -276,16 +283,22 @@ class PostgresBase:
         ):
             if not (isinstance(value, int) and 1 <= value <= high):
                 raise InvalidInput(f"{name} must be an integer in [1, {high}], not {value!r}")
+        if not 0.1 <= idle_in_transaction_timeout_s <= 3600.0:
+            raise InvalidInput(
+                f"idle_in_transaction_timeout_s must be in [0.1, 3600], not {idle_in_transaction_timeout_s!r}"
+            )
         if pool_max < writers + 1:
             raise InvalidInput(f"pool_max ({pool_max}) must exceed writers ({writers})")
         where = redacted(dsn)
         try:
             pool = await asyncpg.create_pool(
                 dsn, password=password, min_size=1, max_size=pool_max,
-                timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S,
+                timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S, reset=_keep_session,
                 server_settings={
                     "idle_in_transaction_session_timeout":
-                        str(int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)),
+                        str(round(idle_in_transaction_timeout_s * 1000)),
+                    # pg_stat_activity names the node each session belongs to
+                    "application_name": application_name,
                 },
             )
         except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
@@ -311,7 +324,7 @@ class PostgresBase:
                    queue_max=queue_max, writers=writers, reconnect_timeout_s=reconnect_timeout_s,
                    clock=clock)
 
-    async def __aenter__(self) -> PostgresLogStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -579,7 +592,7 @@ class PostgresBase:
             # One round trip: lock, fence, advance and insert (the log rows of refused appends
             # are filtered out by the statement itself).
             rows = await connection.fetch(
-                _APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
+                APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
             )
             locked = {row["pid"]: row for row in rows}
             txid = rows[0]["txid"] if rows else None
@@ -592,8 +605,6 @@ class PostgresBase:
                     outcomes[index] = (None, await self._refusal(connection, job, row))
         if txid is None:
             txid = await connection.fetchval("SELECT txid_current()")
-        if any(job.table in SEQ_TABLES for job in jobs):
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
         for table, statement, width in (
             ("l0_objects", _L0_INSERT, 7),
             ("fence_events", _FENCE_INSERT, 8),

@@ -11,7 +11,6 @@ import msgspec
 from levelzero.core.errors import InvariantViolation
 from levelzero.storage.log_rules import check_l1_state
 from levelzero.storage.protocols import L1Row
-from .schema import SEQ_LOCK_KEY
 from .base import PostgresBase, _L1_COLUMNS
 
 
@@ -23,7 +22,6 @@ class L1Role(PostgresBase):
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
-            await connection.execute("SELECT pg_advisory_xact_lock($1)", SEQ_LOCK_KEY)
             try:
                 await connection.execute(
                     f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "

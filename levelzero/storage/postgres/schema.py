@@ -5,7 +5,8 @@ than this code is refused (StoreRefused: the daemon exits with status 2).
 Tables mirror the SQLite ones (storage/sqlite/schema.py) with two differences that fencing and
 export need: `partitions.next_log_offset` is the database's own cursor of each log (an append
 names its term and first offset, and the transaction refuses it unless both still hold), and
-the event tables carry a `seq` column (the export's watermark, which SQLite's rowid gives);
+the event tables carry a `seq` column (the row's identity, which SQLite's rowid gives) and the
+inserting transaction's `xid` (the export's watermark: see EXPORTED_TABLES);
 object keys compare bytewise (COLLATE "C"), as in SQLite, whatever the database's locale.
 """
 
@@ -18,11 +19,12 @@ from levelzero.core.errors import StoreRefused
 # pg_advisory_lock key: "levelzero" in ASCII, folded into a bigint. Only migrations take it.
 MIGRATION_LOCK_KEY = 0x6C65_7665_6C7A_6572
 
-# Transactions that insert into a table with a `seq` column take this transaction-level lock
-# first, so seq values commit in the order they are drawn: an export that has seen seq N has
-# seen every row below N (the watermark it keeps), whatever commits later.
-SEQ_LOCK_KEY = 0x6C7A_7365_7100_0001
-SEQ_TABLES = frozenset({"l0_objects", "l1_objects", "fence_events", "state_samples"})
+# The tables the export reads incrementally. Their `seq` values are drawn when a row is
+# inserted, not when it commits, so a seq watermark alone could skip a row that commits late.
+# Each row also keeps its transaction's id (`xid`, from migration 6): the export takes the rows
+# whose xid is below its snapshot's xmin (every such transaction has ended, so that set is
+# final) and above the last export's, and no writer serialises with another to make that hold.
+EXPORTED_TABLES = ("l0_objects", "l1_objects", "fence_events", "state_samples")
 
 # The end of each partition's log: its last entry, or its snapshot when truncation emptied it
 # (the export's log watermarks; the same query as SQLite's, in PostgreSQL's spelling).
@@ -193,8 +195,28 @@ CREATE TABLE cluster_identity (
     cluster_id TEXT NOT NULL
 );
 """,
+    # 6: each exported row's transaction id (the export's horizon; rows older than this
+    # migration keep 0 and are exported by `seq`, as they were written under a global lock)
+    "".join(
+        f"""
+ALTER TABLE {table} ADD COLUMN xid BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE {table} ALTER COLUMN xid SET DEFAULT txid_current();
+CREATE INDEX {table}_by_xid ON {table} (xid, seq);
+"""
+        for table in EXPORTED_TABLES
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+# Rows whose xid is ahead of this server's transaction counter came from another server (a
+# logical dump restored here: the counter starts again low). Their transactions ended long ago;
+# xid 0 makes the export take them by seq, as rows from before migration 6, instead of waiting
+# until the counter passes them. A row written here that the UPDATE sees committed before the
+# UPDATE's snapshot, so its xid is below the UPDATE's own (assigned after that snapshot): only
+# foreign rows match. Run at every open; the (xid, seq) index makes it a short range scan.
+FORGET_FOREIGN_XIDS = tuple(
+    f"UPDATE {table} SET xid = 0 WHERE xid >= (SELECT txid_current())" for table in EXPORTED_TABLES
+)
 
 _VERSION_TABLE = """CREATE TABLE IF NOT EXISTS levelzero_schema (
     version INTEGER PRIMARY KEY,
@@ -220,6 +242,8 @@ async def migrate(connection: asyncpg.Connection, where: str) -> int:
                 await connection.execute(
                     "INSERT INTO levelzero_schema (version) VALUES ($1)", version
                 )
+        for statement in FORGET_FOREIGN_XIDS:
+            await connection.execute(statement)
         return int(found)
     finally:
         await connection.execute("SELECT pg_advisory_unlock($1)", MIGRATION_LOCK_KEY)
