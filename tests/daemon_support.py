@@ -4,6 +4,7 @@ test directory as `daemon_support` (tests/ is on sys.path through tests/conftest
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -208,3 +209,82 @@ QUIESCENT_ENVIRON = {
     "LEVELZERO_GC_IDLE_BACKOFF_MAX_S": "0.5",
     "LEVELZERO_GC_GRACE_S": "0",
 }
+
+
+# ------------------------------------------------------------------------------ network faults
+
+
+class BlackholeProxy:
+    """A TCP proxy on loopback in front of `target_port` (asyncio, in the test's loop) whose
+    connections can be blackholed: `blackhole()` stops forwarding bytes either way and answers
+    nothing, without closing a connection (a silent network partition: the client's calls hang
+    on their own timeouts); connections opened meanwhile are accepted and hang too. `heal()`
+    closes every connection it held (as TCP keep-alive would end them) and forwards again."""
+
+    CHUNK_BYTES = 65_536
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.blackholed = False
+        self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> BlackholeProxy:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def dsn(self, dsn: str) -> str:
+        """`dsn` with its host and port replaced by this proxy's."""
+        parts = urllib.parse.urlsplit(dsn)
+        user, _, _ = parts.netloc.rpartition("@")
+        netloc = f"{user}@127.0.0.1:{self.port}" if user else f"127.0.0.1:{self.port}"
+        return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+    def blackhole(self) -> None:
+        self.blackholed = True
+
+    def heal(self) -> None:
+        self.blackholed = False
+        for writer in list(self._writers):
+            writer.close()
+        self._writers.clear()
+
+    async def aclose(self) -> None:
+        self.heal()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self._writers.add(client_w)
+        if self.blackholed:
+            return  # accepted, never connected on: it hangs until healed
+        try:
+            target_r, target_w = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_w.close()
+            return
+        self._writers.add(target_w)
+        for reader, writer in ((client_r, target_w), (target_r, client_w)):
+            task = asyncio.get_running_loop().create_task(self._pipe(reader, writer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(self.CHUNK_BYTES):
+                if self.blackholed:
+                    continue  # read and dropped: the sender is not blocked, nobody answers
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if not self.blackholed:
+                writer.close()

@@ -12,8 +12,13 @@ member:
    is preferred for (`lead` starts them: the new leader's `TermStart` fences the old term).
 
 Between rounds, `leads(pid)` answers from the local lease deadline: once it has passed without a
-successful renewal, the member acts as leader of nothing, whatever the control plane would say.
-The database fences what matters anyway (appends and term starts are term-checked).
+successful renewal, the member acts as leader of nothing, whatever the control plane would say
+and whatever its round is doing (the node asks `leads` before it serves a read or a write, so a
+node cut off from the control plane stops serving by its own deadline). Every control-plane call
+of a round gives up after `call_timeout_s` (half the TTL): a round stuck on a dead connection
+(client timeouts of 30-60 s) would otherwise never reach the resign step, which runs after a
+failed round. The database fences what matters anyway (appends and term starts are
+term-checked).
 
 What `lead` and `resign` do is the node's business (start or stop partition actors); this actor
 only decides, so it runs the same over PostgreSQL and over the simulation's memory control plane.
@@ -21,14 +26,16 @@ only decides, so it runs the same over PostgreSQL and over the simulation's memo
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar
 
 import anyio
 import anyio.abc
 
 from levelzero.core.cluster import MOVES_PER_ROUND_MAX, LeaseClock, live_nodes, moves
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.protocols import ClusterControl, ClusterView
 
 log = logging.getLogger("levelzero.cluster")
@@ -36,6 +43,12 @@ log = logging.getLogger("levelzero.cluster")
 ROUNDS_PER_TTL = 3
 EXPIRY_MARGIN_S = 0.05  # a round this long after another node's lease ran out (clock rounding)
 ROUND_GAP_MIN_S = 0.05  # rounds never run back to back
+# A control-plane call of a round gives up after this fraction of the TTL: a renewal answered
+# later leaves less than (1 - margin - this) of the TTL to use it, and one never answered (a
+# blackholed connection) must not keep the round from resigning.
+CALL_TIMEOUT_FRACTION = 0.5
+
+T = TypeVar("T")
 
 Callback = Callable[[list[int]], Awaitable[None]]
 
@@ -67,6 +80,7 @@ class ClusterMember:
         self._term_of = term_of
         self._clock = clock
         self.lease = LeaseClock(ttl_s)
+        self.call_timeout_s = ttl_s * CALL_TIMEOUT_FRACTION
         self.leading: set[int] = set()
         self.view: ClusterView | None = None
         self.draining = False
@@ -74,11 +88,31 @@ class ClusterMember:
         self.rounds = 0
         self._round_lock = anyio.Lock()
         self._view_read_at = 0.0
+        self._serving: set[anyio.CancelScope] = set()  # requests the lease deadline ends
+        self._renewed = anyio.Event()  # set (and replaced) at each successful renewal
 
     # ------------------------------------------------------------------ answers
 
     def leads(self, pid: int) -> bool:
+        """Whether this node may serve the partition now: it took the lease and the local
+        deadline of its last successful renewal has not passed (whatever a round is doing)."""
         return pid in self.leading and self.lease.valid(self._clock())
+
+    def lease_valid(self) -> bool:
+        """Whether the local deadline of the last successful renewal still holds."""
+        return self.lease.valid(self._clock())
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[anyio.CancelScope]:
+        """A scope for a request served under the lease: cancelled if the lease's local
+        deadline passes first without a renewal (a read waiting on a dead connection to the
+        control plane is answered then, not when the connection times out)."""
+        with anyio.CancelScope() as scope:
+            self._serving.add(scope)
+            try:
+                yield scope
+            finally:
+                self._serving.discard(scope)
 
     def leader_url(self, topic: str, partition: int) -> str | None:
         """The advertise URL of the node the last view names as the partition's live leader."""
@@ -92,6 +126,10 @@ class ClusterMember:
                     return nodes[lease.node_id].advertise_url
                 return None
         return None
+
+    def lease_holders(self) -> dict[str, str | None]:
+        """Every partition of the last view -> the live node holding its lease, or None."""
+        return {} if self.view is None else lease_holders(self.view)
 
     def live_nodes(self) -> list[str] | None:
         """The live, non-draining node ids of the last view (sorted); None before the first."""
@@ -111,8 +149,16 @@ class ClusterMember:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
-        await self.round()
+        try:
+            await self.round()
+        except LevelZeroError as exc:  # e.g. a call past `call_timeout_s`: the loop tries again
+            log.warning("the first cluster round failed (leading nothing yet): %s", exc)
         task_status.started()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_deadline)
+            await self._rounds()
+
+    async def _rounds(self) -> None:
         while True:
             await anyio.sleep(self._next_round_in_s())
             try:
@@ -120,6 +166,27 @@ class ClusterMember:
             except LevelZeroError as exc:  # the control plane is away: leases run out locally
                 log.warning("cluster round failed: %s", exc)
                 await self._self_fence()
+
+    async def _watch_deadline(self) -> None:
+        """Whatever the rounds are doing: once the lease's local deadline passes without a
+        renewal, end the requests served under it (`serving`), then wait for a renewal."""
+        while True:
+            renewed = self._renewed
+            deadline = self.lease.deadline
+            left = None if deadline is None else deadline - self._clock()
+            if left is not None and left > 0:
+                await anyio.sleep(left)
+                continue
+            for scope in list(self._serving):
+                scope.cancel()
+            await renewed.wait()
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One control-plane call of a round, given up after `call_timeout_s` (a retriable
+        StorageError: the round fails, the lease runs out locally, `_self_fence` resigns)."""
+        with anyio.move_on_after(self.call_timeout_s):
+            return await call()
+        raise StorageError(f"the control plane did not answer {what} within {self.call_timeout_s:g} s")
 
     def _next_round_in_s(self) -> float:
         """A third of the TTL, or sooner: just after the next lease of another node runs out
@@ -143,11 +210,15 @@ class ClusterMember:
     async def _round(self) -> None:
         self.rounds += 1
         sent_at = self._clock()
-        if not await self.control.renew_node(self.node_id, self.ttl_s):
+        c = self.control
+        if not await self._call("renewing the node", lambda: c.renew_node(self.node_id, self.ttl_s)):
             log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
-            await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
-        held = set(await self.control.renew_leases(self.node_id, self.ttl_s))
+            await self._call("registering the node", lambda: c.register_node(
+                self.node_id, self.advertise_url, self.kafka_url, self.ttl_s))
+        held = set(await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self.ttl_s)))
         self.lease.renewed(sent_at)
+        self._renewed.set()
+        self._renewed = anyio.Event()
         lost = sorted(self.leading - held)
         if lost:
             log.warning("node %s: leases of %d partitions expired (a pause?): resigning them",
@@ -163,30 +234,27 @@ class ClusterMember:
                      "held", self.node_id, len(adopted))
             self.leading.update(adopted)
             await self._lead(adopted)
-        view = self.view = await self.control.cluster_view()
+        view = self.view = await self._call("reading the cluster view", c.cluster_view)
         self._view_read_at = self._clock()
         active, _draining = live_nodes(
             ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
         )
         if self.draining and self.node_id in active:
             active.remove(self.node_id)
-        live = set(active) | {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
         by_name = {f"{l.topic}/{l.partition}": l for l in view.leases}
-        leaders = {
-            name: (l.node_id if l.node_id in live and l.lease_expires_at > view.now else None)
-            for name, l in by_name.items()
-        }
+        leaders = lease_holders(view)
         await self._restart_superseded(view)
         planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)
         hand_over = [by_name[name].pid for name in planned.hand_over]
         if hand_over:
             await self._give_up(hand_over)
-            await self.control.release_leases(self.node_id, hand_over)
+            await self._call("releasing leases", lambda: c.release_leases(self.node_id, hand_over))
         wanted = [by_name[name].pid for name in planned.take]
         if wanted and not self.draining:
             sent_at = self._clock()
-            taken = [p for p in await self.control.acquire_leases(self.node_id, wanted, self.ttl_s)
-                     if p not in self.leading]
+            granted = await self._call(
+                "acquiring leases", lambda: c.acquire_leases(self.node_id, wanted, self.ttl_s))
+            taken = [p for p in granted if p not in self.leading]
             if taken and self._clock() - sent_at >= self.ttl_s - self.lease.margin_s:
                 # The answer came too late to act on: the leases may have run out and been
                 # taken since. Next round's renewal says whether they are still ours.
@@ -215,7 +283,7 @@ class ClusterMember:
 
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
-        self.view = await self.control.cluster_view()
+        self.view = await self._call("reading the cluster view", self.control.cluster_view)
         self._view_read_at = self._clock()
 
     async def fresh_view(self, age_max_s: float) -> ClusterView | None:
@@ -246,3 +314,14 @@ class ClusterMember:
             log.warning("node %s: no lease renewal within the TTL: resigning every partition",
                         self.node_id)
             await self._give_up(sorted(self.leading))
+
+
+def lease_holders(view: ClusterView) -> dict[str, str | None]:
+    """"topic/partition" -> the node holding its lease, if both leases are live by `view.now`."""
+    live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
+    return {
+        f"{l.topic}/{l.partition}": (
+            l.node_id if l.node_id in live and l.lease_expires_at > view.now else None
+        )
+        for l in view.leases
+    }

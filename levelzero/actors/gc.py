@@ -32,7 +32,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -237,6 +237,16 @@ class GcStatistics:
     pace_reason: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class WatermarkReading:
+    """`M` as a round computes it, from one snapshot of E and every partition's M(p) (in a
+    cluster, the control plane's), with that snapshot and when it was read (wall clock)."""
+
+    decision: WatermarkDecision
+    mps: dict[str, int | None]
+    read_at: float
+
+
 @dataclass(slots=True)
 class _Tally:
     """Counters of one round, filled by scanners and deleters."""
@@ -320,6 +330,7 @@ class GcActor:
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
         watermarks: Callable[[], Awaitable[tuple[int, dict[str, int | None]]]] | None = None,
         share: Callable[[], range] | None = None,
+        leaders: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
@@ -327,7 +338,9 @@ class GcActor:
         cluster, `(E, every partition's published M(p))` read in one transaction of the control
         plane (`ClusterControl.watermark_snapshot`); otherwise this node's board and epoch.
         `share`: in a cluster, the key prefixes this node's rounds list and delete in (read each
-        round, from the membership); otherwise the configured worker's prefixes."""
+        round, from the membership); otherwise the configured worker's prefixes. `leaders`: in a
+        cluster, partition -> the node leading it by the last cluster view, or
+        `core.gc.NO_LIVE_LEADER` (explain says where a partition led elsewhere is)."""
         self.config = config
         self._objects = object_store
         self._log = log_store
@@ -335,6 +348,7 @@ class GcActor:
         self._board = board
         self._watermarks = watermarks
         self._share = share
+        self._leaders = leaders if leaders is not None else dict
         self._views = views
         self._reconcile_failing = reconcile_failing
         self._clock = clock
@@ -353,6 +367,7 @@ class GcActor:
         self._totals = _Totals()
         self._last: RoundReport | None = None
         self._last_decision: WatermarkDecision | None = None
+        self._reading: WatermarkReading | None = None  # the newest `read_watermark`
         self._paused = not config.enabled
         self._wake = anyio.Event()
         self._round_done = anyio.Event()
@@ -502,8 +517,7 @@ class GcActor:
 
     async def _round(self, round_id: int, dry_run: bool) -> RoundReport:
         started_at = self._clock()
-        epoch, mps = await self._snapshot()
-        decision = compute_cluster_watermark(epoch, mps)
+        decision = (await self.read_watermark()).decision
         self._watermark.observe(decision.m)
         self._last_decision = decision
         tally = _Tally()
@@ -569,6 +583,26 @@ class GcActor:
         )
         return report
 
+    async def read_watermark(self) -> WatermarkReading:
+        """`M` now, as a round computes it: one snapshot (`_snapshot`) through
+        `compute_cluster_watermark`. Rounds, explain, and (through `watermark`) status and
+        metrics all take `M` from here, so what they show is what the GC acts on."""
+        return self._read(*await self._snapshot())
+
+    def watermark(self) -> WatermarkReading | None:
+        """The newest `M` without waiting (status and metrics read it on the event loop). In
+        a cluster, the last `read_watermark` (a round's, explain's, or the node's, which reads
+        it every third of the lease TTL); None before the first. Alone, read now: the board
+        and the epoch are in memory."""
+        if self._watermarks is not None:
+            return self._reading
+        return self._read(*self._local_snapshot())
+
+    def _read(self, epoch: int, mps: dict[str, int | None]) -> WatermarkReading:
+        reading = WatermarkReading(compute_cluster_watermark(epoch, mps), mps, self._clock())
+        self._reading = reading
+        return reading
+
     async def _snapshot(self) -> tuple[int, dict[str, int | None]]:
         """E and the partition set's M(p), taken together. In a cluster, one transaction of
         the control plane (a partition created later has creation epoch >= E: the store
@@ -577,6 +611,9 @@ class GcActor:
         creation epoch >= E. Either way the cap E - 1 protects partitions the snapshot missed."""
         if self._watermarks is not None:
             return await self._watermarks()
+        return self._local_snapshot()
+
+    def _local_snapshot(self) -> tuple[int, dict[str, int | None]]:
         mps = self._board.snapshot()
         return self._cluster_epoch(), mps
 
@@ -867,19 +904,19 @@ class GcActor:
         obj = None
         if key is not None and _parses(key):
             obj = await self._objects.head(key)
-        cluster_epoch, mps = await self._snapshot()
-        decision = compute_cluster_watermark(cluster_epoch, mps)
+        reading = await self.read_watermark()
         facts = {view.name: _facts(view, self._reconcile_failing(view.name)) for view in self._views()}
         return explain(
-            decision,
-            mps,
+            reading.decision,
+            reading.mps,
             facts,
             key=key,
             epoch=epoch,
             obj=obj,
             now=self._clock(),
             grace_s=self.config.grace_s,
-            prefixes=self._prefixes,
+            prefixes=self._share() if self._share is not None else self._prefixes,
+            leaders=self._leaders(),
         )
 
 

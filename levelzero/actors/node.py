@@ -7,6 +7,7 @@ and hands them in; tests hand in memory or SQLite stores directly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import random
@@ -29,6 +30,7 @@ from levelzero.core.errors import (
     UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
+from levelzero.core.gc import NO_LIVE_LEADER
 from levelzero.core.keys import PREFIX_COUNT
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
@@ -177,6 +179,7 @@ class Node:
             rng=rng,
             watermarks=cluster.control.watermark_snapshot if cluster is not None else None,
             share=self._gc_share if cluster is not None else None,
+            leaders=self.partition_leaders if cluster is not None else None,
         )
         self._topics: dict[str, int] = {}
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
@@ -297,6 +300,7 @@ class Node:
         for actor in actors:
             with anyio.move_on_after(10):
                 await actor.stop()
+            self.board.forget(actor.name)  # its successor publishes its M(p)
         if actors:
             log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
 
@@ -318,20 +322,35 @@ class Node:
             return range(PREFIX_COUNT)
         return prefix_share(self.member.node_id, live, PREFIX_COUNT)
 
+    def partition_leaders(self) -> dict[str, str]:
+        """In a cluster, every partition -> the node leading it by the last cluster view, or
+        NO_LIVE_LEADER; alone, empty (status and explain say where a holder of M is led)."""
+        holders = self.member.lease_holders() if self.member is not None else {}
+        return {name: node or NO_LIVE_LEADER for name, node in holders.items()}
+
     async def _publish_watermarks(self, cluster: ClusterSettings) -> None:
-        """The M(p) of the partitions led here, to the control plane (only rising there),
-        every third of the lease TTL: other nodes' GC rounds read them."""
+        """The M(p) of the partitions led here, to the control plane (only rising there), then
+        `M` read back as the GC computes it (what status and metrics show), every third of the
+        lease TTL: other nodes' GC rounds read them. Each call gives up after that long."""
+        interval_s = cluster.lease_ttl_s / 3
         while True:
             values = {}
             for actor in list(self._partitions.values()):
                 value = self.board.get(actor.name)
                 if value is not None:
                     values[actor.row.pid] = value
-            try:
-                await cluster.control.publish_watermarks(values)
-            except LevelZeroError as exc:
-                log.warning("publishing watermarks failed: %s", exc)
-            await anyio.sleep(cluster.lease_ttl_s / 3)
+            for what, call in (
+                ("publishing watermarks", functools.partial(cluster.control.publish_watermarks, values)),
+                ("reading the cluster watermark", self.gc.read_watermark),
+            ):
+                with anyio.move_on_after(interval_s) as scope:
+                    try:
+                        await call()
+                    except LevelZeroError as exc:
+                        log.warning("%s failed: %s", what, exc)
+                if scope.cancelled_caught:
+                    log.warning("%s got no answer within %.1f s", what, interval_s)
+            await anyio.sleep(interval_s)
 
     def _new_partition(self, row: PartitionRow) -> PartitionActor:
         return PartitionActor(
@@ -369,9 +388,11 @@ class Node:
             # Register on the watermark board *before* choosing the creation epoch: a GC round
             # that snapshots the partition set from now on sees the new partitions (without an
             # M(p) they block it), and one that snapshotted earlier has E <= creation epoch, so
-            # its cap E - 1 keeps every object of the new partitions.
-            for p in range(partitions):
-                self.board.register(f"{name}/{p}")
+            # its cap E - 1 keeps every object of the new partitions. In a cluster the GC reads
+            # the control plane's partition set, and the board holds what this node leads.
+            if self.member is None:
+                for p in range(partitions):
+                    self.board.register(f"{name}/{p}")
             rows = await self.log_store.create_topic(
                 name, partitions, self.epochs.current, self._wall()
             )
@@ -392,7 +413,13 @@ class Node:
         return {**self._topics, **self.member.partitions_known()}
 
     def partition(self, topic: str, partition: int) -> PartitionActor:
+        """The partition's actor, if this node serves it now. In a cluster, only while the
+        local deadline of its lease holds (`ClusterMember.leads`): a node cut off from the
+        control plane stops serving reads and writes by then, whatever its rounds are doing
+        (the successor may be serving newer records already)."""
         actor = self._partitions.get((topic, partition))
+        if actor is not None and self.member is not None and not self.member.leads(actor.row.pid):
+            actor = None
         if actor is None:
             topics = self.topics()
             if topic not in topics:
@@ -424,7 +451,7 @@ class Node:
     ) -> ProduceResult:
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
-        if actor is None:
+        if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
             actor = await self.led_partition(topic, partition)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
@@ -435,7 +462,17 @@ class Node:
         return await self.batcher.produce(actor, records, producers)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        return await self.reader.fetch(await self.led_partition(topic, partition), offset, max_bytes)
+        actor = await self.led_partition(topic, partition)
+        if self.member is None:
+            return await self.reader.fetch(actor, offset, max_bytes)
+        with self.member.serving():
+            result = await self.reader.fetch(actor, offset, max_bytes)
+            if self.member.leads(actor.row.pid):
+                return result
+        # The lease's deadline passed while reading (the read may be waiting on a dead
+        # connection to the control plane): a successor may have newer records.
+        self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
+        raise LedElsewhere(topic, partition, None)  # renewed just now: the client asks again
 
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first
@@ -445,7 +482,11 @@ class Node:
         except (UnknownTopic, UnknownPartition, LedElsewhere):
             if self.member is None:
                 raise
-        await self.member.refresh()
+        if self.member.lease_valid():
+            await self.member.refresh()
+        # else: this node's own lease ran out without a renewal, so the control plane is out of
+        # reach (or was, a moment ago): the last view answers, at once, rather than a request
+        # that waits for a dead connection.
         return self.partition(topic, partition)
 
     # ------------------------------------------------------------------ operator escape hatch

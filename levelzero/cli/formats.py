@@ -111,12 +111,24 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
     return lines
 
 
+def _led_by(partition: str, led_by: dict[str, str]) -> str:
+    """A partition, with the node leading it in a cluster."""
+    node = led_by.get(partition)
+    if node is None:
+        return partition
+    return f"{partition} on {node}" if node else f"{partition} (moving)"
+
+
 def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
     m = "blocked" if status.m is None else str(status.m)
     if status.m is None and status.m_blocked_count:
-        m += f" ({status.m_blocked_count} partitions without M(p), e.g. {', '.join(status.m_blocked_by[:3])})"
+        blocked = ", ".join(_led_by(name, status.m_led_by) for name in status.m_blocked_by[:3])
+        m += f" ({status.m_blocked_count} partitions without M(p), e.g. {blocked})"
     elif status.m_holders:
-        m += f" (held by {', '.join(status.m_holders[:3])})"
+        held = ", ".join(_led_by(name, status.m_led_by) for name in status.m_holders[:3])
+        m += f" (held by {held})"
+    elif status.m is None and status.m_read_at is None:
+        m = "not read from the control plane yet"
     b = status.batcher
     lines = [
         f"cluster epoch {status.cluster_epoch} (cached {_cell(status.cached_epoch)})   "

@@ -367,12 +367,26 @@ class PartitionFacts:
     reconcile_failing: str | None = None  # `ReconcileFailing.describe()` while it is failing
 
 
-def hold_reason(mp: int | None, facts: PartitionFacts | None) -> str:
-    """Why a partition's published `M(p)` is where it is."""
-    if mp is None or (facts is not None and facts.state_mp is None):
-        return "no epoch yet"
+NO_LIVE_LEADER = ""  # in `leaders`: the partition has no live leader (it is moving)
+
+
+def hold_reason(mp: int | None, facts: PartitionFacts | None, leader: str | None = None) -> str:
+    """Why a partition's published `M(p)` is where it is. Without `facts` (another node leads
+    it, in a cluster), where it is led: `leader` is that node's id, NO_LIVE_LEADER, or None
+    when nobody knows (a single node without the partition's actor)."""
+    elsewhere = None
     if facts is None:
-        return "no local view of the partition"
+        if leader is None:
+            elsewhere = "no local view of the partition"
+        elif leader == NO_LIVE_LEADER:
+            elsewhere = "no live leader (moving): its next leader publishes its M(p)"
+        else:
+            elsewhere = f"led by node {leader} (its explain says why)"
+    if mp is None or (facts is not None and facts.state_mp is None):
+        return "no epoch yet" if elsewhere is None or leader is None else f"no epoch yet; {elsewhere}"
+    if elsewhere is not None:
+        return elsewhere
+    assert facts is not None
     if facts.pinned_mp is not None:
         return f"pinned by an L0 reader (at {facts.pinned_mp}; unpinned M(p) is {facts.state_mp})"
     if facts.lro + 1 < facts.high_watermark:
@@ -418,10 +432,13 @@ def explain(
     now: float = 0.0,
     grace_s: float = 0.0,
     prefixes: range | None = None,
+    leaders: Mapping[str, str] | None = None,
 ) -> Explanation:
     """Why a key (or any object of an epoch) is or is not deleted, and what holds M back.
 
     `obj` is the key's listing entry (None: not in the store); ignored without a key.
+    `leaders`: in a cluster, partition -> the node leading it (or NO_LIVE_LEADER), for the
+    holders without `facts`.
     """
     assert key is None or epoch is None, "ask about a key or an epoch, not both"
     m, cluster_epoch = decision.m, decision.cluster_epoch
@@ -440,7 +457,7 @@ def explain(
         if obj is not None:
             age_s = now - obj.last_modified
     verdict, detail = _verdict(decision, key, epoch, obj, age_s, grace_s)
-    holders = _holders(decision, mps, facts, epoch)
+    holders = _holders(decision, mps, facts, epoch, leaders or {})
     return Explanation(
         cluster_epoch,
         m,
@@ -490,6 +507,7 @@ def _holders(
     mps: Mapping[str, int | None],
     facts: Mapping[str, PartitionFacts],
     epoch: int | None,
+    leaders: Mapping[str, str],
 ) -> list[Holder]:
     """With an epoch: what keeps M below it. Without: what M equals (and the blockers)."""
     m, capped = decision.m, decision.cluster_epoch - 1
@@ -503,7 +521,7 @@ def _holders(
         Holder(
             name,
             mp,
-            hold_reason(mp, facts.get(name)),
+            hold_reason(mp, facts.get(name), leaders.get(name)),
             None if mp is None or m is None else mp - m,
             None if mp is None or epoch is None else epoch - mp,
         )

@@ -172,6 +172,10 @@ class WatermarkBoard:
     def register(self, name: str) -> None:
         self._values.setdefault(name, None)
 
+    def forget(self, name: str) -> None:
+        """The partition is led elsewhere now (a cluster): its successor publishes its M(p)."""
+        self._values.pop(name, None)
+
     def publish(self, name: str, value: int | None) -> bool:
         old = self._values.get(name)
         if value is None or (old is not None and value <= old):

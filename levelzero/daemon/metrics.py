@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
-from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+from levelzero.actors.gc import WatermarkReading
 
 from levelzero.daemon.buildinfo import build_labels
 
@@ -33,10 +33,11 @@ OBJECT_SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 27, 2))  # 1 KiB ..
 OBJECT_SIZES_DRAIN_MAX = 100_000
 
 
-def cluster_watermark(node: Node) -> WatermarkDecision:
-    """`M` as the GC would compute it now (status and metrics share this)."""
-    mps = node.board.snapshot()  # what the GC reads; no view of every partition
-    return compute_cluster_watermark(node.epochs.current, mps)
+def cluster_watermark(node: Node) -> WatermarkReading | None:
+    """`M` as the GC computes it (`GcActor.read_watermark`: in a cluster, over every partition's
+    M(p) in the control plane, read every third of the lease TTL); None before the first read.
+    Status and metrics share this."""
+    return node.gc.watermark()
 
 
 def partition_reconciler_lag(view: PartitionView) -> int:
@@ -68,7 +69,10 @@ def epoch_metrics(node: Node) -> Iterable[Metric]:
         "Epoch cache invalidations (a fence showed the cache was stale).",
         node.epoch_cache.invalidations,
     )
-    decision = cluster_watermark(node)
+    reading = cluster_watermark(node)
+    if reading is None:  # a cluster node before its first read of the control plane
+        return
+    decision = reading.decision
     yield _gauge(
         "levelzero_gc_watermark_blocked",
         "1 when some partition has no M(p) yet, so M is undefined and the GC deletes nothing.",

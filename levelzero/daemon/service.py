@@ -348,14 +348,9 @@ class Daemon:
         if config.server.access_log:
             app = AccessLogMiddleware(app)
 
-        if self._freeze_heap_at_start:
-            freeze_heap()  # before anything runs: nothing short-lived is alive to be frozen
-        self.notifier.status("replaying partitions")
-        async with anyio.create_task_group() as replaying:  # a long replay is not a stuck one
-            await replaying.start(self.notifier.extend_start_timeout)
-            await tg.start(node.run)
-            replaying.cancel_scope.cancel()
-
+        # Everything serving needs is built (and so imported) before the node runs: in a cluster
+        # the node registers and takes leases as it starts, and must renew them within the TTL;
+        # importing the Kafka handlers on the loop after that took 9-17 s under load.
         guard = ConnectionGuard(ConnectionLimits(
             connections_max=config.server.connections_max,
             connections_per_peer_max=min(config.server.connections_per_peer_max, config.server.connections_max),
@@ -364,9 +359,6 @@ class Daemon:
         ))
         self.connection_guard = guard
         metrics.collector.add_source(connection_metrics(guard))
-        sock = bind_listener(config.server.host, config.server.port)
-        self.port = sock.getsockname()[1]
-        self.url = f"http://{_url_host(config.server.host)}:{self.port}"
         server = _UvicornServer(
             uvicorn.Config(
                 app,
@@ -383,14 +375,29 @@ class Daemon:
                 proxy_headers=False,
             )
         )
+        server.config.load()  # its protocol and lifespan modules, now rather than when it serves
+        metrics_server = self._metrics_server_for(metrics) if config.metrics.listen else None
+        kafka_listener = self._kafka_listener_for(node, kafka)
+
+        if self._freeze_heap_at_start:
+            freeze_heap()  # before anything runs: nothing short-lived is alive to be frozen
+        self.notifier.status("replaying partitions")
+        async with anyio.create_task_group() as replaying:  # a long replay is not a stuck one
+            await replaying.start(self.notifier.extend_start_timeout)
+            await tg.start(node.run)
+            replaying.cancel_scope.cancel()
+
+        sock = bind_listener(config.server.host, config.server.port)
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{_url_host(config.server.host)}:{self.port}"
         tg.start_soon(server.serve_until_exit, sock)
         await server.listening.wait()
         if not server.started:
             raise StartupError(f"the HTTP server on {config.server.listen} did not start")
-        if config.metrics.listen:
-            await self._serve_metrics(tg, metrics)
+        if metrics_server is not None:
+            await self._serve_metrics(tg, metrics_server)
 
-        kafka_scope = await self._start_kafka(tg, node, kafka)
+        kafka_scope = self._start_kafka(tg, kafka, kafka_listener)
 
         self.lifecycle.ready = True
         self.notifier.ready(self._serving_status())
@@ -430,20 +437,16 @@ class Daemon:
         )
         return _KafkaBound(listener, host, advertised_host, settings.advertised_port or self.kafka_port)
 
-    async def _start_kafka(
-        self, tg: anyio.abc.TaskGroup, node: Node, bound: _KafkaBound | None
-    ) -> anyio.CancelScope:
-        """The Kafka listener on its bound socket, in a scope `run` cancels at the end."""
-        scope = anyio.CancelScope()
-        settings = self.config.kafka
+    def _kafka_listener_for(self, node: Node, bound: _KafkaBound | None) -> Any:
+        """The Kafka listener over `node` (built before the node runs: see `_serve`), or None."""
         if bound is None:
-            return scope
-        from levelzero.kafka.handlers import Handlers
+            return None
+        from levelzero.kafka.handlers import Handlers  # only with [kafka] listen
         from levelzero.kafka.metadata import KafkaSettings
         from levelzero.kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
 
+        settings = self.config.kafka
         listener: Any = bound.listener
-        host = bound.host
         handlers = Handlers(
             node,
             KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
@@ -456,11 +459,20 @@ class Daemon:
                 header_timeout_s=settings.header_timeout_s, frame_timeout_s=settings.frame_timeout_s,
             )
         )
-
         tls_context = settings.tls_context()
         if tls_context is not None:
             listener = KafkaTLSListener(listener, tls_context, standard_compatible=False,
                                         handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S)
+        return listener
+
+    def _start_kafka(
+        self, tg: anyio.abc.TaskGroup, bound: _KafkaBound | None, listener: Any
+    ) -> anyio.CancelScope:
+        """The Kafka listener serving on its bound socket, in a scope `run` cancels at the end."""
+        scope = anyio.CancelScope()
+        if bound is None:
+            return scope
+        assert self.kafka is not None
 
         async def serve() -> None:
             with scope:
@@ -468,8 +480,8 @@ class Daemon:
                     await self.kafka.serve(listener)
 
         tg.start_soon(serve)
-        log.info("kafka listener ready", extra={"listen": f"{host}:{self.kafka_port}",
-                                                "tls": tls_context is not None})
+        log.info("kafka listener ready", extra={"listen": f"{bound.host}:{self.kafka_port}",
+                                                "tls": listener is not bound.listener})
         return scope
 
     def _serving_status(self) -> str:
@@ -484,11 +496,9 @@ class Daemon:
         if self.lifecycle.ready and not self.lifecycle.stopping:
             self.notifier.status(self._serving_status())
 
-    async def _serve_metrics(self, tg: anyio.abc.TaskGroup, metrics: DaemonMetrics) -> None:
-        """The optional second listener: GET /metrics, no token (`metrics.listen`)."""
-        host, port = parse_listen(self.config.metrics.listen)
-        sock = bind_listener(host, port)
-        self.metrics_url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
+    def _metrics_server_for(self, metrics: DaemonMetrics) -> _UvicornServer:
+        """The optional second listener: GET /metrics, no token (`metrics.listen`); built and
+        loaded before the node runs (see `_serve`)."""
         server = _UvicornServer(
             uvicorn.Config(
                 metrics_app(metrics.registry), lifespan="off", log_config=None, access_log=False,
@@ -496,6 +506,13 @@ class Daemon:
                 server_header=False, proxy_headers=False,
             )
         )
+        server.config.load()
+        return server
+
+    async def _serve_metrics(self, tg: anyio.abc.TaskGroup, server: _UvicornServer) -> None:
+        host, port = parse_listen(self.config.metrics.listen)
+        sock = bind_listener(host, port)
+        self.metrics_url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
         self._metrics_server = server
         tg.start_soon(server.serve_until_exit, sock)
         await server.listening.wait()

@@ -40,9 +40,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.gc import WatermarkReading
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
-from levelzero.core.gc import WatermarkDecision
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import InvalidInput, LedElsewhere, LevelZeroError
 from levelzero.core.keys import parse_l0_key
@@ -464,7 +464,9 @@ class Api:
         return page, (f"{page[-1].topic}/{page[-1].partition}" if more else None)
 
     def _partition_status(self, v: PartitionView) -> PartitionStatus:
-        lineage = self.node.l1.lineage(self.node.partition(v.topic, v.partition))
+        # The actor itself, not `Node.partition`: status shows a partition whose lease ran out
+        # here (a node cut off from the control plane) rather than redirecting the request.
+        lineage = self.node.l1.lineage(self.node.partitions_by_name()[v.name])
         return PartitionStatus(
             topic=v.topic,
             partition=v.partition,
@@ -497,18 +499,24 @@ class Api:
         not_accepting = self.lifecycle.not_ready_reason() or (
             None if self.node.accepting else "the node is not accepting requests"
         )
-        decision = cluster_watermark(self.node)
+        reading = cluster_watermark(self.node)
+        decision = None if reading is None else reading.decision
+        holders = [] if decision is None else list(decision.holders[:BLOCKED_BY_SHOWN_MAX])
+        blocked_by = [] if decision is None else list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])
+        leaders = self.node.partition_leaders()
         stats = self.node.batcher.stats
         partitions, next_after = self._page(views, None, STATUS_PARTITIONS_SHOWN_MAX)
-        outliers, outliers_count = status_outliers(self.node, views, decision)
+        outliers, outliers_count = status_outliers(self.node, views, reading)
         return _json(
             StatusResponse(
                 cluster_epoch=self.node.epochs.current,
                 cached_epoch=self.node.epoch_cache.cached,
-                m=decision.m,
-                m_holders=list(decision.holders[:BLOCKED_BY_SHOWN_MAX]),
-                m_blocked_by=list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX]),
-                m_blocked_count=len(decision.blocked_by),
+                m=None if decision is None else decision.m,
+                m_holders=holders,
+                m_blocked_by=blocked_by,
+                m_blocked_count=0 if decision is None else len(decision.blocked_by),
+                m_read_at=None if reading is None else reading.read_at,
+                m_led_by={name: leaders[name] for name in holders + blocked_by if name in leaders},
                 accepting=not_accepting is None,
                 not_accepting_reason=not_accepting,
                 partitions=partitions,
@@ -642,20 +650,18 @@ def _partition_cursor(text: str) -> tuple[str, int]:
 
 
 def status_outliers(
-    node: Node, views: list[PartitionView], decision: WatermarkDecision
+    node: Node, views: list[PartitionView], reading: WatermarkReading | None
 ) -> tuple[list[PartitionOutlier], int]:
     """The partitions worth an operator's look (the STATUS_OUTLIERS_MAX most pressing, first)
     and how many there are; the worst first: holding M back (its M(p) is
     M while another partition's is above), lagging the reconciler, rejecting stale appends,
     failing to reconcile, or in a topic today's name rule refuses. One pass over the views and
     a bounded heap selection (n log STATUS_OUTLIERS_MAX), no sort of every partition."""
-    mps = node.board.snapshot()
-    highest = max((mp for mp in mps.values() if mp is not None), default=None)
-    holders = (
-        set(decision.holders)
-        if decision.m is not None and highest is not None and highest > decision.m
-        else set()
-    )
+    holders: set[str] = set()
+    if reading is not None and reading.decision.m is not None:
+        highest = max((mp for mp in reading.mps.values() if mp is not None), default=None)
+        if highest is not None and highest > reading.decision.m:
+            holders = set(reading.decision.holders)
     failing = {f.partition for f in node.reconciler.health.failing()}
     unstorable = node.unstorable_topics
     found = []

@@ -296,6 +296,12 @@ class StatusResponse(_Response):
     # there are in all.
     outliers: list[PartitionOutlier] = []
     outliers_count: int = 0
+    # When `m` was computed (unix seconds): alone, now; in a cluster, from every partition's
+    # M(p) in the control plane, read every third of the lease TTL. None: not read yet.
+    m_read_at: float | None = None
+    # In a cluster: each holder and blocker (as listed above) -> the node leading it by this
+    # node's last cluster view ("" while it has no live leader).
+    m_led_by: dict[str, str] = {}
 
 
 class EpochResponse(_Response):

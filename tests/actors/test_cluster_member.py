@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import anyio
+
 from levelzero.actors.cluster import ClusterMember
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
@@ -221,3 +223,69 @@ async def test_a_round_asked_for_after_leaving_does_not_register_the_node_again(
     await members["b"].round()  # e.g. a topic's creation asking for one while shutting down
     assert "b" not in control.nodes
     assert nodes["b"].led == set()
+
+
+class Blackholed:
+    """The control plane behind a dead connection: once `cut`, every call hangs; the first
+    `hang_first` calls of the names in it hang too."""
+
+    def __init__(self, control: MemoryClusterControl, hang_first: dict[str, int] | None = None) -> None:
+        self.control = control
+        self.cut = False
+        self.hang_first = dict(hang_first or {})
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        call = getattr(self.control, name)
+
+        async def maybe_hang(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if self.hang_first.get(name, 0) > 0:
+                self.hang_first[name] -= 1
+                await anyio.sleep_forever()
+            if self.cut:
+                await anyio.sleep_forever()
+            return await call(*args, **kwargs)
+
+        return maybe_hang
+
+
+async def test_a_member_whose_control_calls_hang_resigns_once_its_lease_runs_out() -> None:
+    """A round stuck on a dead connection (client timeouts of 30-60 s) must not keep the member
+    from resigning: each call of a round gives up after half the TTL (real time, short TTL)."""
+    ttl_s = 0.4
+    log = MemoryLogStore()
+    await log.create_topic("t", 4, 1, 0.0)
+    control = Blackholed(MemoryClusterControl(log, anyio.current_time))
+    node = Node()
+    member = ClusterMember(control, "a", "http://a", ttl_s=ttl_s, lead=node.lead, resign=node.resign)
+    assert member.call_timeout_s < ttl_s
+    async with anyio.create_task_group() as tg:
+        await tg.start(member.run)
+        with anyio.fail_after(10):
+            while len(node.led) < 4:
+                await anyio.sleep(0.01)
+        control.cut = True
+        with anyio.fail_after(10):  # a request served under the lease ends at its deadline
+            with member.serving() as request:
+                await anyio.sleep_forever()
+        assert request.cancelled_caught and not member.lease_valid()
+        with anyio.fail_after(10):  # without bounded calls: the round hangs, nothing resigns
+            while node.led:
+                await anyio.sleep(0.01)
+        assert node.events[-1] == ("resign", (1, 2, 3, 4))
+        assert not any(member.leads(pid) for pid in range(1, 5))
+        tg.cancel_scope.cancel()
+
+
+async def test_a_member_whose_first_round_gets_no_answer_starts_and_leads_later() -> None:
+    log = MemoryLogStore()
+    await log.create_topic("t", 4, 1, 0.0)
+    control = Blackholed(MemoryClusterControl(log, anyio.current_time), {"cluster_view": 1})
+    node = Node()
+    member = ClusterMember(control, "a", "http://a", ttl_s=0.4, lead=node.lead, resign=node.resign)
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(10):
+            await tg.start(member.run)  # the first round gave up on its view: started anyway
+            assert node.led == set()
+            while len(node.led) < 4:  # the next rounds take the leases
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()

@@ -20,6 +20,7 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.cluster import LeaseClock
 from levelzero.core.errors import LedElsewhere
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.l0format import Record
@@ -180,3 +181,36 @@ async def test_two_nodes_split_hand_over_and_serve_every_acknowledged_record() -
             assert await read_all(a, p) == written[p]
 
         tg.cancel_scope.cancel()
+
+
+async def test_a_fetch_that_outlives_the_lease_deadline_is_refused() -> None:
+    """A read admitted before the leader's lease deadline and finished after it is not answered:
+    a successor may be serving newer records by then."""
+    c = Cluster()
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        await a.create_topic(TOPIC, 1)
+        await wait_for(lambda: c.leaders()[0] == ["a"], "a leads")
+        assert await c.produce(0, [b"x"]) == 0
+        assert [r.value for r in (await a.fetch(TOPIC, 0, 0, 1 << 20)).records] == [b"x"]
+        assert a.member is not None
+        reader_fetch = a.reader.fetch
+
+        async def fetch_while_the_lease_runs_out(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            result = await reader_fetch(*args, **kwargs)
+            a.member.lease = NeverRenewed(TTL_S)  # its deadline passes while the read is on
+            return result
+
+        a.reader.fetch = fetch_while_the_lease_runs_out
+        with pytest.raises(LedElsewhere):
+            await a.fetch(TOPIC, 0, 0, 1 << 20)
+        with pytest.raises(LedElsewhere):  # and no later request is served either
+            await a.produce(TOPIC, 0, [Record(None, b"y")])
+        tg.cancel_scope.cancel()
+
+
+class NeverRenewed(LeaseClock):
+    """A lease clock whose renewals never count: past its deadline from the start."""
+
+    def renewed(self, sent_at: float) -> None:
+        pass

@@ -9,6 +9,7 @@ import pytest
 
 from levelzero.core.gc import (
     CAP_HOLDER,
+    NO_LIVE_LEADER,
     YOUNG_WAKE_MIN_S,
     Eligible,
     ExplainVerdict,
@@ -226,6 +227,20 @@ def test_hold_reasons() -> None:
     assert hold_reason(2, facts("a", pinned=2)) == "pinned by an L0 reader (at 2; unpinned M(p) is 3)"
     assert hold_reason(3, facts("a", lro=4)) == "unreconciled data (LRO 4, high watermark 10)"
     assert hold_reason(3, facts("a")) == "idle: waiting for the housekeeper to advance its epoch"
+
+
+def test_hold_reasons_name_the_node_leading_a_partition_in_a_cluster() -> None:
+    assert hold_reason(3, None, "b") == "led by node b (its explain says why)"
+    assert hold_reason(None, None, "b") == "no epoch yet; led by node b (its explain says why)"
+    assert hold_reason(3, None, NO_LIVE_LEADER).startswith("no live leader (moving)")
+    assert hold_reason(3, facts("a"), "b") == hold_reason(3, facts("a"))  # led here: its facts
+    mps = {"a": 3, "b": 5}
+    why = explain(compute_cluster_watermark(20, mps), mps, {"a": facts("a")}, epoch=19,
+                  leaders={"a": "n1", "b": "n2"})
+    assert [(h.partition, h.reason) for h in why.holders] == [
+        ("a", "idle: waiting for the housekeeper to advance its epoch"),
+        ("b", "led by node n2 (its explain says why)"),
+    ]
 
 
 def test_explain_an_epoch_lists_what_holds_it_back_by_how_much() -> None:
