@@ -9,7 +9,6 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from types import TracebackType
 from typing import Any, Self
 
 import anyio
@@ -26,6 +25,7 @@ from levelzero.core.errors import (
     StorageError,
     StoreRefused,
 )
+from levelzero.storage.lifecycle import StoreLifecycle
 from levelzero.storage.log_rules import check_call_records
 from levelzero.storage.protocols import GcRoundRow, L1Row, LogStoreStatistics, OffsetRow
 
@@ -205,7 +205,7 @@ class _InDoubt(Exception):
         self.txid = txid
 
 
-class PostgresBase:
+class PostgresBase(StoreLifecycle):
     """What every role shares: the pool, opening and closing, retries, the group-commit
     dispatcher. `store.PostgresLogStore` is this and every role: create it with `open` or
     `open_in`, never directly."""
@@ -324,30 +324,12 @@ class PostgresBase:
                    queue_max=queue_max, writers=writers, reconnect_timeout_s=reconnect_timeout_s,
                    clock=clock)
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Finish every queued write, stop the dispatcher, close the pool."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._stop_writer()
-            if self._owned_task_group is not None:
-                task_group, self._owned_task_group = self._owned_task_group, None
-                await task_group.__aexit__(None, None, None)
-        finally:
-            with anyio.CancelScope(shield=True):
-                with anyio.move_on_after(CONNECT_TIMEOUT_S):
-                    await self._pool.close()
-                if not self._pool.is_closing():
-                    self._pool.terminate()
+    async def _release(self) -> None:
+        """Close the pool (`StoreLifecycle.aclose` calls this last)."""
+        with anyio.move_on_after(CONNECT_TIMEOUT_S):
+            await self._pool.close()
+        if not self._pool.is_closing():
+            self._pool.terminate()
 
     async def _stop_writer(self) -> None:
         await self._job_send.aclose()
