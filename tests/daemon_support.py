@@ -288,3 +288,24 @@ class BlackholeProxy:
         finally:
             if not self.blackholed:
                 writer.close()
+
+
+# ---------------------------------------------------------------- raw HTTP requests and errors
+
+JSON = {"content-type": "application/json"}
+
+
+async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN001
+    """A request as given; a POST says it is JSON unless the test gives its own headers."""
+    if method == "POST":
+        kwargs.setdefault("headers", JSON)
+    return await client._http.request(method, path, **kwargs)
+
+
+def assert_error(response: httpx.Response, status: int, code: str, fragment: str = "") -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error", "message"}
+    assert body["error"] == code, body
+    assert fragment in body["message"], body

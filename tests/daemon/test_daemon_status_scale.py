@@ -10,8 +10,7 @@ from pathlib import Path
 
 import anyio
 
-from daemon_support import daemon_and_client
-from test_http_api import assert_error, raw
+from daemon_support import assert_error, daemon_and_client, raw
 
 from levelzero.http.app import STATUS_OUTLIERS_MAX, STATUS_PAGE_LIMIT_MAX, STATUS_PARTITIONS_SHOWN_MAX
 from levelzero.cli.formats import format_status

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from daemon_support import TOKEN, daemon_and_client
+from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
 
 from levelzero.cli.client import ApiError
 from levelzero.cli.demo import UploadGate
@@ -23,23 +23,6 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-JSON = {"content-type": "application/json"}
-
-
-async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN001
-    """A request as given; a POST says it is JSON unless the test gives its own headers."""
-    if method == "POST":
-        kwargs.setdefault("headers", JSON)
-    return await client._http.request(method, path, **kwargs)
-
-
-def assert_error(response: httpx.Response, status: int, code: str, fragment: str = "") -> None:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json"
-    body = response.json()
-    assert set(body) == {"error", "message"}
-    assert body["error"] == code, body
-    assert fragment in body["message"], body
 
 
 async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:  # noqa: ANN001
