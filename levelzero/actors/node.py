@@ -31,7 +31,7 @@ from levelzero.core.errors import (
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import NO_LIVE_LEADER
-from levelzero.core.keys import PREFIX_COUNT
+from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
@@ -404,8 +404,20 @@ class Node:
                 await self._start_partitions(rows)
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
+        await self._record_topic(name, partitions)
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
+
+    async def _record_topic(self, name: str, partitions: int) -> None:
+        """Keep the topic's partition count in the bucket too: `levelzero recover --from-bucket`
+        rebuilds a lost control plane from it (a topic without a record is derived from its L1
+        keys). Best effort: the control plane, which has the topic, is the truth."""
+        record = TopicRecord(name, partitions, self._wall())
+        try:
+            await self.object_store.put(topic_record_key(name), encode_topic_record(record))
+        except LevelZeroError as exc:
+            log.warning("could not record topic %s in the object store (recovery from the bucket "
+                        "derives it from its L1 objects): %s", name, exc)
 
     def topics(self) -> dict[str, int]:
         if self.member is None:

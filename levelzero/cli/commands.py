@@ -202,10 +202,47 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.backup_command == "backup":
         print(f"backed up {data_dir} to {summary.directory}: {facts}")
         print("objects are not in a backup: they stay in the object store")
-    else:
-        print(f"restored {args.backup} into {data_dir}: {facts}")
+        return EXIT_OK
+    print(f"restored {args.backup} into {data_dir}: {facts}")
+    # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
+    # records the backup acknowledged fail once the live GC deleted their L0 objects.
+    code = _recover(config, after_restore=True)
+    if code == EXIT_OK:
         print("start the daemon; see the README (Backup and restore) for what an older backup means")
+    return code
+
+
+def _recover(config: Any, *, after_restore: bool) -> int:
+    from levelzero.daemon.recover import describe as describe_recovery
+    from levelzero.daemon.recover import recover_configured
+
+    try:
+        summary = anyio.run(recover_configured, config)
+    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+        leaves = leaf_errors(error)
+        if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
+            raise
+        for message in dict.fromkeys(str(leaf) for leaf in leaves):
+            if after_restore:
+                message = (f"the log store is restored, but adopting the bucket's L1 objects failed: "
+                           f"{message}; run `levelzero recover --from-bucket` before starting the daemon")
+            _fail(message)
+        return EXIT_FAILED
+    for line in describe_recovery(summary):
+        print(line)
     return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    if not args.from_bucket:
+        _fail("say where to recover from: --from-bucket")
+        return EXIT_USAGE
+    return _recover(config, after_restore=False)
 
 
 def cmd_install_files(args: argparse.Namespace) -> int:

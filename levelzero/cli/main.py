@@ -8,6 +8,7 @@
     levelzero status | epoch advance | config show
     levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
     levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
+    levelzero recover --from-bucket [--config FILE] [--data-dir DIR]
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
     levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)

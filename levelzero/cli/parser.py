@@ -10,7 +10,7 @@ from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.cli.client import default_url
 from levelzero.daemon.buildinfo import version
-from levelzero.cli.commands import CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT, PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance, _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition, _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_run
+from levelzero.cli.commands import CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT, PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance, _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition, _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_recover, cmd_run
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +96,14 @@ def add_backup(sub: argparse._SubParsersAction) -> None:
     r.add_argument("backup", metavar="BACKUP", help="a directory written by levelzero backup")
     _add_config_options(r)
     r.set_defaults(handler=cmd_backup, backup_command="restore")
+    c = sub.add_parser(
+        "recover",
+        help="bring the control plane up to what the bucket holds (daemons stopped): rebuild a lost "
+        "one, or adopt L1 objects a restored one does not know",
+    )
+    c.add_argument("--from-bucket", action="store_true", help="read the L1 objects in the bucket")
+    _add_config_options(c)
+    c.set_defaults(handler=cmd_recover)
 
 
 def add_install_files(sub: argparse._SubParsersAction) -> None:

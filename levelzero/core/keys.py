@@ -3,6 +3,9 @@
 L0: `level_zero/data/{prefix:03}/{epoch:018}/{uuid}` — a random 3-digit prefix spreads load;
 inside a prefix keys sort by epoch, which lets the GC stop a prefix at the first epoch above M.
 L1: `level_one/{topic}/{partition}/{base:020}-{last:020}/{term}-{uuid}`.
+Topic records: `levelzero/topics/{topic}` — a topic's partition count, written when it is
+created, so a control plane lost entirely can be rebuilt from the bucket (`daemon/recover.py`);
+outside `level_zero/` and `level_one/`, never the GC's.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ import re
 import uuid as uuid_mod
 from dataclasses import dataclass
 
+import msgspec
+
 from .errors import MalformedKey
 from .names import TOPIC_NAME_CHARS_MAX, topic_name_problem
 
 L0_ROOT = "level_zero/data/"
 L1_ROOT = "level_one/"
+TOPICS_ROOT = "levelzero/topics/"
 PREFIX_COUNT = 1000
 EPOCH_DIGITS = 18
 EPOCH_MAX = 10**EPOCH_DIGITS - 1
@@ -121,3 +127,37 @@ def parse_l1_key(key: str) -> L1Key:
     return L1Key(
         m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6)
     )
+
+
+class TopicRecord(msgspec.Struct, frozen=True):
+    """What the bucket keeps of a topic (JSON at `topic_record_key`)."""
+
+    topic: str
+    partitions: int
+    created_at: float
+
+
+_topic_record_decoder = msgspec.json.Decoder(TopicRecord)
+
+
+def topic_record_key(topic: str) -> str:
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise MalformedKey(f"topic name {topic!r} cannot be part of a key: it {problem}")
+    return f"{TOPICS_ROOT}{topic}"
+
+
+def encode_topic_record(record: TopicRecord) -> bytes:
+    assert record.partitions >= 1 and topic_name_problem(record.topic) is None, record
+    return msgspec.json.encode(record)
+
+
+def decode_topic_record(key: str, data: bytes) -> TopicRecord:
+    """The record at `key`; MalformedKey if it is not one (a key or body another tool wrote)."""
+    try:
+        record = _topic_record_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise MalformedKey(f"{key}: not a topic record ({exc})") from None
+    if key != f"{TOPICS_ROOT}{record.topic}" or record.partitions < 1 or topic_name_problem(record.topic):
+        raise MalformedKey(f"{key}: not a topic record (topic {record.topic!r}, {record.partitions} partitions)")
+    return record

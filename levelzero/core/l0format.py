@@ -83,6 +83,30 @@ def decode_extent(data: bytes, expected_checksum: int, expected_count: int, wher
     return records
 
 
+def records_match_extent(records: Sequence[Record], expected_checksum: int) -> bool:
+    """Do `records` encode to the extent whose checksum is `expected_checksum`? (Records read
+    back from an L1 object, checked against the placeholder that acknowledged them: decoding
+    and encoding give the same bytes.) An extent of version 1 held `[key, value]` records:
+    records without a timestamp or headers are tried in that form too."""
+    assert records, "an extent holds at least one record"
+    if checksum(encode_extent(records)) == expected_checksum:
+        return True
+    if all(r.timestamp_ms == NO_TIMESTAMP and not r.headers for r in records):
+        version_1 = _records_encoder.encode([(r.key, r.value) for r in records])
+        return checksum(version_1) == expected_checksum
+    return False
+
+
+def decode_single_extent(data: bytes, where: str) -> list[Record]:
+    """The records of an object holding one extent (an L1 object), verified."""
+    header = read_header(data, where)
+    if len(header.extents) != 1:
+        raise CorruptData(f"{where}: {len(header.extents)} extents, an L1 object holds one")
+    (extent,) = header.extents
+    raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
+    return decode_extent(raw, extent.checksum, extent.record_count, where)
+
+
 def extent_checksums(extents: Sequence[tuple[int, bytes, int]]) -> list[int]:
     """The checksum of each `(pid, extent bytes, record count)`, for `build_object`."""
     return [checksum(data) for _, data, _ in extents]

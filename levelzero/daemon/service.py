@@ -143,7 +143,7 @@ async def _claim_store_with_retries(store: ObjectStore, config: Config, log_stor
         cluster_id = await log_store.cluster_id(cluster_id)
     for attempt in range(1, CLAIM_ATTEMPTS_MAX + 1):
         try:
-            await claim_store(store, cluster_id, _store_where(config))
+            await claim_store(store, cluster_id, store_where(config))
             return
         except StorageError as exc:
             if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:
@@ -152,7 +152,7 @@ async def _claim_store_with_retries(store: ObjectStore, config: Config, log_stor
             await anyio.sleep(0.1 * attempt)
 
 
-def _store_where(config: Config) -> str:
+def store_where(config: Config) -> str:
     if config.storage.kind == "local":
         return config.storage.objects_dir
     endpoint = config.s3.endpoint or "AWS S3"

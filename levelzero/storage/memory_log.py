@@ -73,9 +73,11 @@ class MemoryLogStore:
     async def list_partitions(self) -> list[PartitionRow]:
         return [self.partitions[pid] for pid in sorted(self.partitions)]
 
-    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+    async def begin_term(
+        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
+    ) -> LogRecord:
         row = self.partitions[pid]
-        term = row.term + 1
+        term = max(row.term + 1, at_least)
         record = LogRecord(log_offset, term, base_offset, TermStart(term))
         if log_offset < self._next_offset(pid):
             raise LogMovedOn(f"{row.topic}/{row.partition}", log_offset, self._next_offset(pid))

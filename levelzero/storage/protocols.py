@@ -257,8 +257,12 @@ class PartitionLog(Protocol):
 
     async def list_partitions(self) -> list[PartitionRow]: ...
 
-    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
-        """Atomically term += 1 and append `TermStart(term)` at `log_offset`. Durable on return."""
+    async def begin_term(
+        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
+    ) -> LogRecord:
+        """Atomically term = max(term + 1, `at_least`) and append `TermStart(term)` at
+        `log_offset`. Durable on return. (`at_least`: recovery starts a term above every term
+        an L1 object in the bucket names, `daemon/recover.py`.)"""
         ...
 
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:

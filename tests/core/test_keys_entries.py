@@ -25,6 +25,9 @@ from levelzero.core.keys import (
     EPOCH_MAX,
     L0Key,
     L1Key,
+    TopicRecord,
+    decode_topic_record,
+    encode_topic_record,
     format_l0_key,
     format_l1_key,
     l0_prefix_root,
@@ -32,6 +35,7 @@ from levelzero.core.keys import (
     l0_key_epoch,
     parse_l0_key,
     parse_l1_key,
+    topic_record_key,
 )
 
 UUID = "0123456789abcdef0123456789abcdef"
@@ -291,3 +295,20 @@ def test_log_record_round_trips_through_msgpack() -> None:
     records = [LogRecord(i, 1, 0, e) for i, e in enumerate(ALL_ENTRIES)]
     data = msgspec.msgpack.encode(records)
     assert msgspec.msgpack.decode(data, type=list[LogRecord]) == records
+
+
+def test_topic_records_round_trip_and_refuse_what_is_not_one() -> None:
+    key = topic_record_key("orders")
+    assert key == "levelzero/topics/orders"
+    record = TopicRecord("orders", 3, 1.5)
+    assert decode_topic_record(key, encode_topic_record(record)) == record
+    for bad_key, body in [
+        (key, b"not json"),
+        (key, b'{"topic": "other", "partitions": 3, "created_at": 1.0}'),  # another topic's
+        (key, b'{"topic": "orders", "partitions": 0, "created_at": 1.0}'),
+        ("levelzero/topics/..", b'{"topic": "..", "partitions": 1, "created_at": 1.0}'),
+    ]:
+        with pytest.raises(MalformedKey):
+            decode_topic_record(bad_key, body)
+    with pytest.raises(MalformedKey):
+        topic_record_key("..")

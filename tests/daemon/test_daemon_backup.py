@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import anyio
+
 from daemon_support import daemon_and_client
 
 from levelzero.cli.main import main
@@ -32,7 +34,8 @@ async def test_backup_while_running_then_restore_serves_what_the_backup_held(tmp
     assert manifest["partitions"] == 2 and manifest["cluster_id"] == (data / "cluster-id").read_text().strip()
     assert sorted(p.name for p in dest.iterdir()) == ["backup.json", "cluster-id", "levelzero.db"]
 
-    assert main(["restore", str(dest), "--data-dir", str(data)]) == 0
+    # `restore` ends by adopting L1 objects from the bucket, on an event loop of its own.
+    assert await anyio.to_thread.run_sync(main, ["restore", str(dest), "--data-dir", str(data)]) == 0
     assert len(list(data.glob("levelzero.db.replaced-*"))) == 1  # the replaced store is kept
     async with daemon_and_client(data) as (daemon, client):
         for p in (0, 1):
@@ -65,3 +68,14 @@ async def test_backup_of_a_stopped_store_and_bad_destinations(tmp_path: Path, ca
     assert "no log store at" in capsys.readouterr().err
     assert main(["restore", str(tmp_path / "nothing"), "--data-dir", str(data)]) == 1
     assert "is not a levelzero backup" in capsys.readouterr().err
+
+
+async def test_recover_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+        argv = ["recover", "--from-bucket", "--data-dir", str(data)]
+        assert await anyio.to_thread.run_sync(main, argv) == 1
+        err = capsys.readouterr().err
+        assert "is already open by another log store" in err and err.count("\n") == 1, err
+        assert (await client.fetch("t", 0, 0, None)).high_watermark == 0  # untouched, still serving

@@ -260,6 +260,21 @@ async def test_begin_term_increments_term_and_survives_reopen(backend: Backend) 
 
 
 
+async def test_begin_term_jumps_to_at_least_and_never_goes_back(backend: Backend) -> None:
+    """Recovery starts a term above every term its bucket names (`daemon/recover.py`)."""
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        assert (await store.begin_term(p.pid, 0, 0, at_least=9)) == LogRecord(0, 9, 0, TermStart(9))
+        await store.append(p.pid, 9, [placeholder(1, 9, 0, count=2)])
+        assert (await store.begin_term(p.pid, 2, 2, at_least=4)).term == 10  # term + 1 wins
+    async with await backend.open() as store:
+        (p,) = await store.list_partitions()
+        assert p.term == 10
+        with pytest.raises(NotLeader):
+            await store.append(p.pid, 9, [placeholder(3, 9, 2)])
+        await store.append(p.pid, 10, [placeholder(3, 10, 2)])
+
+
 async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(backend: Backend) -> None:
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)

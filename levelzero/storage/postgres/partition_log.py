@@ -73,13 +73,15 @@ class PartitionLogRole(PostgresBase):
                                 f"SELECT {_PARTITION_COLUMNS} FROM partitions ORDER BY pid")
         return [PartitionRow(*row) for row in rows]
 
-    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+    async def begin_term(
+        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
+    ) -> LogRecord:
         now = self._clock()
 
         async def work(connection: asyncpg.Connection) -> LogRecord:
             row = await connection.fetchrow(
-                "UPDATE partitions SET term = term + 1, next_log_offset = next_log_offset + 1"
-                " WHERE pid = $1 AND next_log_offset = $2 RETURNING term", pid, log_offset,
+                "UPDATE partitions SET term = GREATEST(term + 1, $3), next_log_offset = next_log_offset + 1"
+                " WHERE pid = $1 AND next_log_offset = $2 RETURNING term", pid, log_offset, at_least,
             )
             if row is None:
                 raise await self._offset_refused(

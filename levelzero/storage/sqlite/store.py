@@ -637,7 +637,9 @@ class SqliteLogStore(StoreLifecycle):
         )
         return [PartitionRow(*row) for row in rows]
 
-    async def begin_term(self, pid: int, log_offset: int, base_offset: int) -> LogRecord:
+    async def begin_term(
+        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
+    ) -> LogRecord:
         now = self._clock()
 
         def stage(batch: Batch) -> LogRecord:
@@ -649,7 +651,7 @@ class SqliteLogStore(StoreLifecycle):
                     f"partition {cursor.name}: TermStart at log offset {log_offset}, "
                     f"the log continues at {cursor.next_log_offset}"
                 )
-            term = cursor.term + 1
+            term = max(cursor.term + 1, at_least)
             record = LogRecord(log_offset, term, base_offset, TermStart(term))
             batch.stage(INSERT_LOG, [log_row(pid, record, now)])
             batch.stage(UPDATE_TERM, [(term, pid)])

@@ -1,0 +1,485 @@
+"""Bring a control plane up to what the bucket holds: the re-adoption `levelzero restore` ends
+with, and `levelzero recover --from-bucket`. The daemon must be stopped (every daemon, on
+PostgreSQL).
+
+Two cases, told apart by the control plane itself:
+
+- **It has partitions** (a restored SQLite backup, or a PostgreSQL database restored from a
+  dump). Each partition's log is older than the bucket: records that were above its LRO when
+  the backup was taken were reconciled into L1 objects afterwards, and the live GC then deleted
+  their L0 objects; the restored metastore does not know those L1 objects. For each partition
+  with unreconciled data: list its L1 objects, keep those in the term lineage
+  (`core/adoption.py`), walk them from LRO + 1 while their records are, checksum for checksum,
+  the records the restored placeholders acknowledged, and adopt them: a new term above every
+  term the bucket names for the partition, the objects recorded COPY_FINISHED under it, and one
+  `AdvanceReconciledOffset` — the catch-up a reconciler would have appended. An object that
+  reaches past the restored high watermark (it also holds records written after the backup),
+  or one the metastore already knows in another state, is not adopted as it is: the records
+  the log acknowledged are copied into a new object and that one is adopted.
+- **It has none** (the SQLite file or the PostgreSQL database was lost and the daemon made an
+  empty one, or nothing was made yet). Topics and partitions come from the topic records
+  (`levelzero/topics/{topic}`, written at creation) and the L1 keys; each
+  partition's reconciled records come back from its L1 objects (verified: checksum and record
+  count), from the lowest offset the bucket holds to the highest, a gap between objects (a
+  range abandoned by an operator) becoming an abandoned range; the cluster epoch is set above
+  every L0 object's epoch. The partition's log starts with a `TermStart` (a term above every
+  term its objects name) and a snapshot saying what the bucket proves (LRO = high watermark - 1,
+  the L1 objects in the lineage of that term). Records that were not reconciled do not come
+  back: an L0 object does not hold the offsets of its records (the log assigns them after the
+  upload) nor the names of its partitions, and it may hold extents the fence refused.
+
+Why the GC stays safe: adopting is a catch-up. LRO and LRLO move exactly as a reconciler's
+`AdvanceReconciledOffset` would move them, so `min_epoch_lower_bound` moves to the window's
+lower edge only once LRLO reaches the entry that opened the window; every placeholder above
+the new LRO keeps an epoch `>= previous_applied > M(p)`, and nothing in L0 is needed below LRO
+(its records are in the adopted objects). A rebuilt partition has no placeholders at all: its
+`M(p)` is the new cluster epoch - 1, and every L0 object in the bucket is an orphan of the lost
+log (the GC collects them; start with `gc.enabled = false` to keep them while you look).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
+from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
+from levelzero.core.errors import CorruptData, LevelZeroError, MalformedKey, ObjectNotFound
+from levelzero.core.keys import (
+    L0_ROOT,
+    L1_ROOT,
+    TOPICS_ROOT,
+    L1Key,
+    decode_topic_record,
+    format_l1_key,
+    new_uuid,
+    parse_l0_key,
+    parse_l1_key,
+)
+from levelzero.core.l0format import (
+    Record,
+    build_object,
+    decode_single_extent,
+    encode_extent,
+    records_match_extent,
+)
+from levelzero.core.names import topic_name_problem
+from levelzero.core.state import PartitionSnapshot, PartitionState
+from levelzero.storage.protocols import (
+    L1Row,
+    L1State,
+    LogStore,
+    ObjectStore,
+    PartitionRow,
+    Snapshot,
+    iter_objects,
+)
+from levelzero.storage.postgres.store import PostgresLogStore
+
+from levelzero.config import Config
+from levelzero.daemon.ownership import CLUSTER_ID_FILE, MARKER_KEY, claim_store, local_cluster_id
+from levelzero.daemon.service import open_object_store, store_where
+from levelzero.storage.opening import ControlStore, open_control_store
+
+log = logging.getLogger("levelzero.recover")
+
+REPLAY_BATCH_RECORDS = 10_000
+PLACEHOLDER_PAGE_RECORDS = 4096
+
+
+class RecoveryError(LevelZeroError):
+    """One line for the operator."""
+
+    code = "recovery_failed"
+
+
+@dataclass
+class PartitionRecovery:
+    """What came back for one partition."""
+
+    name: str
+    lro_before: int
+    lro_after: int
+    high_watermark: int
+    adopted: int = 0  # L1 objects recorded as they are
+    copied: int = 0  # L1 objects whose acknowledged prefix was copied into a new object
+    term: int | None = None  # the term the adoption started
+    gaps: list[tuple[int, int]] = field(default_factory=list)  # rebuilt: ranges no object holds
+
+    @property
+    def unreconciled(self) -> int:
+        """Records above the LRO after recovery (reconciled from L0 later, if it still holds them)."""
+        return self.high_watermark - 1 - self.lro_after
+
+    def describe(self) -> str:
+        line = (f"{self.name}: LRO {self.lro_before} -> {self.lro_after}, high watermark "
+                f"{self.high_watermark}, {self.adopted + self.copied} L1 objects adopted")
+        if self.copied:
+            line += f" ({self.copied} copied)"
+        if self.gaps:
+            line += ", offsets no object holds (abandoned): " + ", ".join(f"{a}-{b}" for a, b in self.gaps)
+        if self.unreconciled:
+            line += f", {self.unreconciled} records left to reconcile from L0"
+        return line
+
+
+@dataclass
+class RecoverySummary:
+    rebuilt: bool  # True: the control plane was empty and was rebuilt from the bucket
+    partitions: list[PartitionRecovery]
+    topics: dict[str, int] = field(default_factory=dict)  # rebuilt topics: name -> partitions
+    cluster_epoch: int | None = None
+    skipped_keys: int = 0  # keys under level_one/ that are not L1 keys
+
+    @property
+    def objects(self) -> int:
+        return sum(p.adopted + p.copied for p in self.partitions)
+
+
+# ------------------------------------------------------------------ shared
+
+
+async def replay_state(store: LogStore, row: PartitionRow) -> PartitionState:
+    """The partition's state as its log says: the latest snapshot, then the log after it."""
+    snapshot = await store.load_snapshot(row.pid)
+    state = (PartitionState.decode_snapshot(snapshot.data) if snapshot is not None
+             else PartitionState(row.creation_epoch))
+    while records := await store.read_log(row.pid, state.next_log_offset, REPLAY_BATCH_RECORDS):
+        for record in records:
+            state.apply(record)
+    return state
+
+
+async def partition_keys(objects: ObjectStore, topic: str, partition: int) -> list[L1Key]:
+    keys = []
+    async for info in iter_objects(objects, f"{L1_ROOT}{topic}/{partition}/"):
+        try:
+            keys.append(parse_l1_key(info.key))
+        except MalformedKey:
+            log.warning("ignoring %s: not an L1 key", info.key)
+    return keys
+
+
+async def _read_records(objects: ObjectStore, key: L1Key) -> tuple[list[Record], int] | None:
+    """The object's records (verified against its own header) and its size; None if it is gone
+    or damaged (it is then not adopted)."""
+    where = f"L1 object {key}"
+    try:
+        data = await objects.get(str(key))
+        records = decode_single_extent(data, where)
+    except (ObjectNotFound, CorruptData) as exc:
+        log.warning("not adopting %s: %s", key, exc)
+        return None
+    if len(records) != key.last_offset - key.base_offset + 1:
+        log.warning("not adopting %s: %d records for offsets %d-%d", key, len(records),
+                    key.base_offset, key.last_offset)
+        return None
+    return records, len(data)
+
+
+# ------------------------------------------------------------------ adoption (restored logs)
+
+
+@dataclass(frozen=True)
+class _Adoptable:
+    key: L1Key
+    upto: int  # the last offset adopted (<= key.last_offset)
+    records: list[Record]  # offsets key.base_offset..upto
+    size: int
+    lrlo: int  # log offset of the placeholder ending at `upto`
+
+    @property
+    def whole(self) -> bool:
+        return self.upto == self.key.last_offset
+
+
+async def _placeholders(store: LogStore, pid: int, start: int, end: int) -> dict[int, LogRecord]:
+    """The partition's placeholders covering data offsets `start..end`, by base offset."""
+    found: dict[int, LogRecord] = {}
+    offset = start
+    while offset <= end:
+        page = await store.read_placeholders(pid, offset, PLACEHOLDER_PAGE_RECORDS)
+        for record in page:
+            assert isinstance(record.entry, Placeholder)
+            found[record.base_offset] = record
+        if not page:
+            break
+        last = page[-1]
+        assert isinstance(last.entry, Placeholder)
+        offset = last.base_offset + last.entry.record_count
+    return found
+
+
+async def _verify_against_log(
+    objects: ObjectStore, key: L1Key, placeholders: dict[int, LogRecord], end: int
+) -> _Adoptable | None:
+    """`key` as far as the log acknowledged it (up to `end`), if its records are exactly the
+    ones the placeholders there acknowledged, extent by extent."""
+    read = await _read_records(objects, key)
+    if read is None:
+        return None
+    records, size = read
+    upto = min(key.last_offset, end)
+    offset, lrlo = key.base_offset, None
+    while offset <= upto:
+        record = placeholders.get(offset)
+        if record is None:
+            log.warning("not adopting %s: no placeholder of the log starts at offset %d", key, offset)
+            return None
+        placeholder = record.entry
+        assert isinstance(placeholder, Placeholder)
+        if offset + placeholder.record_count - 1 > upto:
+            log.warning("not adopting %s: it ends inside the placeholder at offset %d", key, offset)
+            return None
+        first = offset - key.base_offset
+        if not records_match_extent(records[first : first + placeholder.record_count], placeholder.checksum):
+            log.warning("not adopting %s: its records at offset %d are not the ones the log "
+                        "acknowledged (another history's object)", key, offset)
+            return None
+        lrlo = record.log_offset
+        offset += placeholder.record_count
+    assert lrlo is not None
+    return _Adoptable(key, upto, records[: upto - key.base_offset + 1], size, lrlo)
+
+
+async def adopt_partition(
+    store: LogStore, objects: ObjectStore, row: PartitionRow, now: float
+) -> PartitionRecovery | None:
+    """Adopt the L1 objects that continue `row`'s reconciled data (see the module docstring).
+    None when the partition has nothing unreconciled."""
+    state = await replay_state(store, row)
+    name = f"{row.topic}/{row.partition}"
+    if not state.has_unreconciled_data or topic_name_problem(row.topic) is not None:
+        return None
+    result = PartitionRecovery(name, state.lro, state.lro, state.high_watermark)
+    keys = await partition_keys(objects, row.topic, row.partition)
+    rows = {r.key: r for r in await store.l1_list(row.pid)}
+    deleting = (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
+    # The newest term's objects win where terms overlap (a zombie's late upload loses); what
+    # is adopted is then checked record by record against the restored placeholders.
+    kept = lineage(k for k in keys if str(k) not in rows or rows[str(k)].state not in deleting)
+    end = state.high_watermark - 1
+    placeholders = await _placeholders(store, row.pid, state.lro + 1, end)
+    plan: list[_Adoptable] = []
+    offset = state.lro + 1
+    while offset <= end:
+        for key in starting_at(kept, offset):
+            found = await _verify_against_log(objects, key, placeholders, end)
+            if found is not None:
+                plan.append(found)
+                offset = found.upto + 1
+                break
+        else:
+            break
+    if not plan:
+        return result
+    term_start = await store.begin_term(
+        row.pid, state.next_log_offset, state.high_watermark, at_least=term_above(keys, state.term)
+    )
+    state.apply(term_start)
+    term = result.term = term_start.term
+    for item in plan:
+        key = str(item.key)
+        if item.whole and key not in rows:
+            result.adopted += 1
+            size = item.size
+        else:
+            key = format_l1_key(row.topic, row.partition, item.key.base_offset, item.upto, term, new_uuid())
+            data, _ = build_object(term, [(row.pid, encode_extent(item.records), len(item.records))])
+            await objects.put(key, data)
+            result.copied += 1
+            size = len(data)
+        await store.l1_insert(L1Row(key, row.pid, item.key.base_offset, item.upto, item.lrlo, term,
+                                    size, L1State.COPY_FINISHED, now, now))
+    last = plan[-1]
+    catch_up = LogRecord(state.next_log_offset, term, state.high_watermark,
+                         AdvanceReconciledOffset(last.upto, last.lrlo))
+    state.apply(catch_up)  # checks it before it is stored
+    await store.append(row.pid, term, [catch_up])
+    assert all(state.l1_range_valid(term, item.key.base_offset, item.upto) for item in plan)
+    result.lro_after = state.lro
+    return result
+
+
+async def adopt_all(store: LogStore, objects: ObjectStore, now: float) -> RecoverySummary:
+    summary = RecoverySummary(rebuilt=False, partitions=[])
+    for row in await store.list_partitions():
+        found = await adopt_partition(store, objects, row, now)
+        if found is not None:
+            summary.partitions.append(found)
+    return summary
+
+
+# ------------------------------------------------------------------ rebuilding (lost control plane)
+
+
+async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float) -> RecoverySummary:
+    """Rebuild an empty control plane from the bucket (see the module docstring)."""
+    assert not await store.list_partitions(), "rebuild only an empty control plane"
+    summary = RecoverySummary(rebuilt=True, partitions=[])
+    keys: dict[tuple[str, int], list[L1Key]] = {}
+    async for info in iter_objects(objects, L1_ROOT):
+        try:
+            key = parse_l1_key(info.key)
+        except MalformedKey:
+            summary.skipped_keys += 1
+            log.warning("ignoring %s: not an L1 key", info.key)
+            continue
+        keys.setdefault((key.topic, key.partition), []).append(key)
+    top_epoch = 0
+    async for info in iter_objects(objects, L0_ROOT):
+        try:
+            top_epoch = max(top_epoch, parse_l0_key(info.key).epoch)
+        except MalformedKey:
+            pass
+    # Above every L0 object's epoch: the new logs' writes are never older than an orphan.
+    epoch = max(await store.get_cluster_epoch(), top_epoch + 1)
+    await store.set_cluster_epoch(epoch)
+    summary.cluster_epoch = epoch
+    async for info in iter_objects(objects, TOPICS_ROOT):
+        try:
+            record = decode_topic_record(info.key, await objects.get(info.key))
+        except (MalformedKey, ObjectNotFound) as exc:
+            log.warning("ignoring %s: %s", info.key, exc)
+            continue
+        summary.topics[record.topic] = record.partitions
+    for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
+        summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
+    for topic, count in sorted(summary.topics.items()):
+        for row in await store.create_topic(topic, count, epoch, now):
+            found = keys.get((row.topic, row.partition))
+            if found:
+                summary.partitions.append(await _rebuild_partition(store, objects, row, found, epoch, now))
+    return summary
+
+
+async def _rebuild_partition(
+    store: LogStore, objects: ObjectStore, row: PartitionRow, keys: list[L1Key], epoch: int, now: float
+) -> PartitionRecovery:
+    kept = lineage(keys)
+    chosen: list[tuple[L1Key, int]] = []
+    gaps: list[tuple[int, int]] = []
+    offset: int | None = kept[0].base_offset if kept else None
+    while offset is not None:
+        for key in starting_at(kept, offset):
+            read = await _read_records(objects, key)
+            if read is not None:
+                chosen.append((key, read[1]))
+                offset = key.last_offset + 1
+                break
+        else:
+            resume = next_start_after(kept, offset)
+            if resume is not None and chosen:
+                gaps.append((offset, resume - 1))
+            offset = resume
+    name = f"{row.topic}/{row.partition}"
+    result = PartitionRecovery(name, -1, -1, 0, gaps=gaps)
+    if not chosen:
+        return result
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    term = result.term = term_start.term
+    for key, size in chosen:
+        await store.l1_insert(L1Row(str(key), row.pid, key.base_offset, key.last_offset, 0, term,
+                                    size, L1State.COPY_FINISHED, now, now))
+    result.adopted = len(chosen)
+    last = chosen[-1][0].last_offset
+    # The state the bucket proves, at the log's first entry (the TermStart): everything up to
+    # `last` reconciled by `term`; the window at the new cluster epoch, already caught up.
+    state = PartitionState.from_snapshot(PartitionSnapshot(
+        creation_epoch=row.creation_epoch, last_applied_log_offset=term_start.log_offset, term=term,
+        max_applied_epoch=epoch, previous_applied_epoch=epoch, min_epoch_lower_bound=epoch,
+        epoch_window_offset=term_start.log_offset, lro=last, lrlo=term_start.log_offset,
+        start_offset=chosen[0][0].base_offset, high_watermark=last + 1,
+        size_bytes=sum(size for _, size in chosen), reconciled_by_term={term: last},
+        abandoned=tuple(gaps),
+    ))
+    assert row.creation_epoch <= epoch and not state.has_unreconciled_data
+    assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _ in chosen)
+    await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
+    result.lro_after, result.high_watermark = last, last + 1
+    return result
+
+
+# ------------------------------------------------------------------ entry point
+
+
+async def recover_from_bucket(
+    store: LogStore, objects: ObjectStore, *, wall_clock: Callable[[], float] = time.time
+) -> RecoverySummary:
+    """Rebuild an empty control plane, or adopt L1 objects into one that has partitions."""
+    now = wall_clock()
+    if await store.list_partitions():
+        return await adopt_all(store, objects, now)
+    return await rebuild_from_bucket(store, objects, now)
+
+
+def describe(summary: RecoverySummary) -> Sequence[str]:
+    lines = []
+    if summary.rebuilt:
+        lines.append(
+            f"rebuilt the control plane from the bucket: {len(summary.topics)} topics "
+            f"({', '.join(f'{t}: {n} partitions' for t, n in sorted(summary.topics.items())) or 'none'}), "
+            f"cluster epoch {summary.cluster_epoch}, {summary.objects} L1 objects"
+        )
+        if summary.skipped_keys:
+            lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
+        lines.append("not recovered: records that were not reconciled yet, consumer offsets "
+                     "(see the README, 'Recovering from the bucket alone')")
+    else:
+        lines.append(f"adopted {summary.objects} L1 objects found in the bucket into "
+                     f"{sum(1 for p in summary.partitions if p.term is not None)} partitions")
+    lines.extend(p.describe() for p in summary.partitions if p.term is not None or p.gaps)
+    return lines
+
+
+async def recover_configured(config: Config) -> RecoverySummary:
+    """`recover_from_bucket` on the stores `config` names (every daemon on them stopped)."""
+    Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)  # lost with the SQLite file
+    async with anyio.create_task_group() as tg:
+        store = await open_control_store(tg, config)
+        try:
+            await _refuse_live_nodes(store)
+            objects = await open_object_store(config)
+            try:
+                await _claim(store, objects, config)
+                return await recover_from_bucket(store, objects)
+            finally:
+                await objects.aclose()
+        finally:
+            await store.aclose()
+
+
+async def _refuse_live_nodes(store: ControlStore) -> None:
+    if not isinstance(store, PostgresLogStore):
+        return  # SQLite: opening the store took its lock, so no daemon runs on it
+    view = await store.cluster_view()
+    live = sorted(n.node_id for n in view.nodes if n.lease_expires_at > view.now)
+    if live:
+        raise RecoveryError(f"daemons are running on this control plane ({', '.join(live)}): "
+                            "stop every one first")
+
+
+async def _claim(store: ControlStore, objects: ObjectStore, config: Config) -> None:
+    """The data directory (and on PostgreSQL the database) must name the cluster that owns the
+    bucket. A lost one gets the bucket's id back, so its daemon is not refused by its own
+    bucket; one naming another cluster is refused, as the daemon would refuse it."""
+    try:
+        owner: str | None = (await objects.get(MARKER_KEY)).decode("ascii", "replace").strip()
+    except ObjectNotFound:
+        owner = None
+    id_path = Path(config.storage.data_dir) / CLUSTER_ID_FILE
+    if owner is not None and not id_path.exists():
+        id_path.parent.mkdir(parents=True, exist_ok=True)
+        staged = id_path.with_name(CLUSTER_ID_FILE + ".recovering")
+        staged.write_text(owner + "\n", encoding="ascii")
+        staged.replace(id_path)
+        log.info("wrote %s: cluster %s, the owner of the bucket", id_path, owner)
+    cluster_id = local_cluster_id(config.storage.data_dir)
+    if isinstance(store, PostgresLogStore):
+        cluster_id = await store.cluster_id(cluster_id)
+    await claim_store(objects, cluster_id, store_where(config))

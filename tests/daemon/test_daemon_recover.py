@@ -1,0 +1,298 @@
+"""Restore without holes, and recovery from the bucket alone (S3 on moto; SQLite and PostgreSQL).
+
+A backup taken while records are unreconciled, then restored after the live reconciler copied
+them to L1 and the live GC deleted their L0 objects: `levelzero restore` re-adopts the L1
+objects the restored metastore does not know, so every record the backup acknowledged reads
+back. A control plane lost entirely (the SQLite file and data directory, or the PostgreSQL
+database): `levelzero recover --from-bucket` rebuilds topics and partitions from the topic
+records and L1 keys, and the L1 metastore from the L1 objects; every reconciled record reads back.
+
+The GC is driven by the test (paused, no grace, advanced epochs, the housekeeper forced), so
+every round is one it asked for."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+from daemon_support import daemon_and_client, postgres_control, postgres_overrides, s3_environ
+
+from levelzero.core.keys import L0_ROOT
+from levelzero.cli.main import main
+from levelzero.cli.client import Client
+
+pytestmark = pytest.mark.s3
+
+WAIT_S = 30.0
+ROUNDS_MAX = 16
+QUIET = {
+    "gc__enabled": False,
+    "gc__grace_s": 0.0,
+    "reconciler__interval_s": 0.05,
+    "housekeeper__enabled": False,
+}
+NO_RECONCILER = {**QUIET, "reconciler__enabled": False}
+
+Records = list[tuple[bytes | None, bytes]]
+
+
+def records(n: int, tag: str) -> Records:
+    return [(None if i % 7 == 0 else f"k{i}".encode(), f"{tag}-{i}:".encode() + bytes([i % 251]) * (i % 40))
+            for i in range(n)]
+
+
+async def cli(*argv: str) -> int:
+    """`levelzero ARGV` (it runs an event loop of its own: in a thread)."""
+    return await anyio.to_thread.run_sync(main, list(argv))
+
+
+def s3_overrides(endpoint, bucket: str) -> dict[str, object]:  # noqa: ANN001 - conftest's S3TestEndpoint
+    return {
+        "storage__kind": "s3", "s3__endpoint": endpoint.endpoint_url, "s3__bucket": bucket,
+        "s3__region": endpoint.region, "s3__path_style": True,
+        "s3__access_key": endpoint.access_key, "s3__secret_key": endpoint.secret_key,
+    }
+
+
+async def read_all(client: Client, topic: str, partition: int) -> Records:
+    got: Records = []
+    offset = 0
+    for _ in range(10_000):
+        fetched = await client.fetch(topic, partition, offset)
+        if not fetched.records:
+            return got
+        got += [(r.key, r.value) for r in fetched.records]
+        offset = fetched.next_offset
+    raise AssertionError("the fetch loop did not end")
+
+
+async def wait_reconciled(client: Client) -> None:
+    with anyio.fail_after(WAIT_S):
+        while (await client.status()).reconciler.lag_offsets:
+            await anyio.sleep(0.02)
+
+
+def l0_keys(endpoint, bucket: str) -> set[str]:  # noqa: ANN001
+    s3 = endpoint.boto3_client()
+    keys = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=L0_ROOT):
+        keys.update(item["Key"] for item in page.get("Contents", []))
+    return keys
+
+
+async def collect_until(client: Client, done: Callable[[], bool]) -> int:
+    """GC rounds (advance the epoch, reconcile, housekeep, collect) until `done()`; the rounds."""
+    for rounds in range(1, ROUNDS_MAX + 1):
+        await client.advance_epoch()
+        await wait_reconciled(client)
+        await client.run_housekeeper(force=True)
+        report = await client.gc_run()
+        assert report.m is not None, report  # nothing blocks the GC
+        if done():
+            return rounds
+    raise AssertionError(f"not done after {ROUNDS_MAX} GC rounds")
+
+
+async def produce_all(client: Client, topic: str, partition: int, batches: list[Records]) -> None:
+    for batch in batches:
+        await client.produce(topic, partition, batch)
+
+
+async def restore_scenario(
+    data: Path, endpoint, bucket: str, settings: dict[str, object],  # noqa: ANN001
+    take_backup: Callable[[], None], restore: Callable[[], Awaitable[None]],
+    placeholder_keys: Callable[[], set[str]],
+) -> None:
+    a0 = [records(25, f"a0-{i}") for i in range(4)]
+    a1 = [records(20, f"a1-{i}") for i in range(3)]
+    # 1. Nothing is reconciled when the backup is taken; p0 gets more records after it (the
+    #    live reconciler will copy records of both sides of the backup into one object).
+    async with daemon_and_client(data, **settings, **NO_RECONCILER) as (_, client):
+        await client.create_topic("t", 2)
+        await produce_all(client, "t", 0, a0)
+        await produce_all(client, "t", 1, a1)
+        take_backup()
+        await produce_all(client, "t", 0, [records(10, "after-backup")])
+    acknowledged = placeholder_keys()
+    assert acknowledged and acknowledged <= l0_keys(endpoint, bucket)
+    # 2. The live daemon goes on: it reconciles, takes more records, and its GC deletes the L0
+    #    objects of every record the backup acknowledged.
+    async with daemon_and_client(data, **settings, **QUIET) as (_, client):
+        await wait_reconciled(client)
+        await produce_all(client, "t", 1, [records(5, "later")])
+        await produce_all(client, "t", 0, [records(5, "later")])
+        await collect_until(client, lambda: not acknowledged & l0_keys(endpoint, bucket))
+    # 3. Restore; 4. everything the backup acknowledged reads back, byte for byte.
+    await restore()
+    async with daemon_and_client(data, **settings, **QUIET) as (_, client):
+        assert await read_all(client, "t", 0) == [r for batch in a0 for r in batch]
+        assert await read_all(client, "t", 1) == [r for batch in a1 for r in batch]
+        status = await client.status()
+        assert status.reconciler.failing == [] and status.m is not None
+        ack = await client.produce("t", 0, records(3, "restored"))
+        assert ack.base_offset == 100  # it goes on from the backup's end
+        await collect_until(client, lambda: not l0_keys(endpoint, bucket))  # orphans included
+        assert (await client.status()).reconciler.failing == []
+        assert (await read_all(client, "t", 0))[100:] == records(3, "restored")
+
+
+def _print_lines(capsys) -> str:  # noqa: ANN001
+    captured = capsys.readouterr()
+    assert captured.err == "", captured.err
+    return captured.out
+
+
+def assert_adopted(out: str) -> None:
+    """t/0's one object also holds the records written after the backup: its first 100 are
+    copied into a new object; t/1's is adopted as it is."""
+    assert "adopted 2 L1 objects found in the bucket into 2 partitions" in out, out
+    assert "t/0: LRO -1 -> 99, high watermark 100, 1 L1 objects adopted (1 copied)" in out, out
+    assert "t/1: LRO -1 -> 59, high watermark 60, 1 L1 objects adopted\n" in out, out
+
+
+async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys  # noqa: ANN001
+) -> None:
+    data, backup_dir = tmp_path / "data", tmp_path / "backup"
+    for name, value in s3_environ(s3_endpoint, s3_bucket).items():
+        monkeypatch.setenv(name, value)  # what `levelzero restore` reads its object store from
+
+    def take_backup() -> None:
+        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+
+    async def restore() -> None:
+        assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0
+        assert_adopted(_print_lines(capsys))
+
+    def placeholder_keys() -> set[str]:
+        with sqlite3.connect(backup_dir / "levelzero.db") as db:
+            return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
+
+    await restore_scenario(data, s3_endpoint, s3_bucket, s3_overrides(s3_endpoint, s3_bucket),
+                           take_backup, restore, placeholder_keys)
+
+
+async def _admin(dsn: str, statement: str) -> None:
+    admin = dsn.rsplit("/", 1)[0] + "/postgres"
+    connection = await asyncpg.connect(admin)
+    try:
+        await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def _recreate(dsn: str) -> None:
+    database = dsn.rsplit("/", 1)[1]
+    await _admin(dsn, f'DROP DATABASE "{database}" WITH (FORCE)')
+    await _admin(dsn, f'CREATE DATABASE "{database}"')
+
+
+def _postgres_env(monkeypatch, dsn: str, endpoint, bucket: str) -> None:  # noqa: ANN001
+    for name, value in {**s3_environ(endpoint, bucket), **postgres_control(dsn)}.items():
+        monkeypatch.setenv(name, value)
+
+
+async def test_restore_readopts_what_the_live_gc_moved_to_l1_postgres(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, postgres_dsn: str, monkeypatch, capsys  # noqa: ANN001
+) -> None:
+    if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
+        pytest.fail("pg_dump and pg_restore must be on PATH (they come with the server binaries)")
+    data, dump = tmp_path / "data", tmp_path / "levelzero.dump"
+    _postgres_env(monkeypatch, postgres_dsn, s3_endpoint, s3_bucket)
+
+    def take_backup() -> None:  # PostgreSQL's own backup, while the daemon writes
+        subprocess.run(["pg_dump", "--format=custom", "--file", str(dump), postgres_dsn], check=True)
+
+    async def restore() -> None:
+        await _recreate(postgres_dsn)
+        subprocess.run(["pg_restore", "--dbname", postgres_dsn, str(dump)], check=True)
+        assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
+        assert_adopted(_print_lines(capsys))
+
+    def placeholder_keys() -> set[str]:
+        listed = subprocess.run(["pg_restore", "--data-only", "--table=log", "--file=-", str(dump)],
+                                check=True, capture_output=True, text=True).stdout
+        return {word for line in listed.splitlines() for word in line.split("\t")
+                if word.startswith(L0_ROOT)}
+
+    await restore_scenario(data, s3_endpoint, s3_bucket,
+                           {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
+                           take_backup, restore, placeholder_keys)
+
+
+async def recover_scenario(
+    data: Path, endpoint, bucket: str, settings: dict[str, object],  # noqa: ANN001
+    lose_control_plane: Callable[[], Awaitable[None]], capsys,  # noqa: ANN001
+) -> None:
+    t0 = [records(30, f"t0-{i}") for i in range(3)]
+    t2 = [records(12, "t2")]
+    u0 = [records(40, "u0")]
+    async with daemon_and_client(data, **settings, **QUIET) as (_, client):
+        await client.create_topic("t", 3)
+        await client.create_topic("u", 1)
+        await client.create_topic("v", 2)  # never written: only its topic record knows it
+        await produce_all(client, "t", 0, t0[:2])
+        await produce_all(client, "u", 0, u0)
+        await wait_reconciled(client)
+        await collect_until(client, lambda: not l0_keys(endpoint, bucket))
+        await produce_all(client, "t", 0, t0[2:])
+        await produce_all(client, "t", 2, t2)
+        await wait_reconciled(client)
+    await lose_control_plane()
+    assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
+    out = _print_lines(capsys)
+    assert ("rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
+            "v: 2 partitions)") in out, out
+    async with daemon_and_client(data, **settings, **QUIET) as (_, client):
+        assert {(t.name, t.partitions) for t in await client.list_topics()} == {("t", 3), ("u", 1), ("v", 2)}
+        assert await read_all(client, "v", 1) == []
+        assert await read_all(client, "t", 0) == [r for batch in t0 for r in batch]
+        assert await read_all(client, "t", 1) == []
+        assert await read_all(client, "t", 2) == t2[0]
+        assert await read_all(client, "u", 0) == u0[0]
+        ack = await client.produce("t", 0, records(4, "recovered"))
+        assert ack.base_offset == 90
+        assert (await read_all(client, "t", 0))[90:] == records(4, "recovered")
+        await collect_until(client, lambda: not l0_keys(endpoint, bucket))
+        status = await client.status()
+        assert status.reconciler.failing == [] and status.m is not None
+
+
+async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys  # noqa: ANN001
+) -> None:
+    data = tmp_path / "data"
+    for name, value in s3_environ(s3_endpoint, s3_bucket).items():
+        monkeypatch.setenv(name, value)
+
+    async def lose() -> None:
+        shutil.rmtree(data)  # the SQLite file, its WAL and the cluster id: all gone
+
+    await recover_scenario(data, s3_endpoint, s3_bucket, s3_overrides(s3_endpoint, s3_bucket), lose, capsys)
+
+
+async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, postgres_dsn: str, monkeypatch, capsys  # noqa: ANN001
+) -> None:
+    data = tmp_path / "data"
+    _postgres_env(monkeypatch, postgres_dsn, s3_endpoint, s3_bucket)
+
+    async def lose() -> None:
+        await _recreate(postgres_dsn)
+        shutil.rmtree(data)
+
+    await recover_scenario(data, s3_endpoint, s3_bucket,
+                           {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
+                           lose, capsys)
+
+
+def test_recover_needs_a_source(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert main(["recover", "--data-dir", str(tmp_path)]) == 2
+    assert "--from-bucket" in capsys.readouterr().err
+

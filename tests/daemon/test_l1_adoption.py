@@ -1,0 +1,149 @@
+"""Adopting L1 objects into a restored log (`daemon/recover.py`) on memory stores: only records
+the restored placeholders acknowledged are adopted, checksum for checksum; an object reaching
+past the restored high watermark is adopted through a copy of its acknowledged prefix; each
+adoption starts a term above every term in the bucket and is the catch-up a reconciler would
+append (LRO, LRLO and so M(p) move as they would)."""
+
+from __future__ import annotations
+
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import StorageError
+from levelzero.core.keys import (
+    TopicRecord,
+    encode_topic_record,
+    format_l0_key,
+    format_l1_key,
+    topic_record_key,
+)
+from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
+from levelzero.daemon.recover import adopt_partition, rebuild_from_bucket, replay_state
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import L1State
+
+L0_KEY = format_l0_key(1, 1, "a" * 32)  # gone: the live GC deleted it
+
+
+def records(n: int, tag: str) -> list[Record]:
+    return [Record(f"{tag}{i}".encode(), f"{tag}-value-{i}".encode() * (i + 1)) for i in range(n)]
+
+
+async def put_l1(objects: MemoryObjectStore, base: int, term: int, recs: list[Record], uuid: str) -> str:
+    key = format_l1_key("t", 0, base, base + len(recs) - 1, term, uuid * 32)
+    data, _ = build_object(term, [(1, encode_extent(recs), len(recs))])
+    await objects.put(key, data)
+    return key
+
+
+async def test_only_what_the_restored_log_acknowledged_is_adopted_under_a_term_above_the_bucket() -> None:
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    [row] = await store.create_topic("t", 1, 1, 0.0)
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    # The restored log: 15 records in 3 placeholders, none reconciled.
+    acked = [records(5, "a"), records(5, "b"), records(5, "c")]
+    await store.append(row.pid, term, [
+        LogRecord(1 + i, term, 5 * i, Placeholder(1, L0_KEY, 0, len(encode_extent(r)), 5, checksum(encode_extent(r))))
+        for i, r in enumerate(acked)
+    ])
+    # The bucket: the live leader's (term 3) 0-9 and 10-19 (its last 5 records were written
+    # after the backup), and another history's term-4 object at 10-14 with other records.
+    first = await put_l1(objects, 0, 3, acked[0] + acked[1], "1")
+    await put_l1(objects, 10, 3, acked[2] + records(5, "after"), "2")
+    other = await put_l1(objects, 10, 4, records(5, "other"), "3")
+
+    result = await adopt_partition(store, objects, row, 10.0)
+    assert result is not None
+    # 0-9 adopted as it is; at 10 the newest term's object holds records the log never
+    # acknowledged, and it outranks term 3's there: nothing more (a hole, never wrong data).
+    assert (result.lro_before, result.lro_after, result.adopted, result.copied, result.term) == (-1, 9, 1, 0, 5)
+    [adopted] = await store.l1_list(row.pid)
+    assert (adopted.key, adopted.base_offset, adopted.last_offset, adopted.last_log_offset,
+            adopted.term, adopted.state) == (first, 0, 9, 2, 5, L1State.COPY_FINISHED)
+    state = await replay_state(store, row)
+    assert (state.lro, state.lrlo, state.term, state.reconciled_by_term) == (9, 2, 5, {5: 9})
+    assert state.l1_range_valid(5, 0, 9)
+    assert state.mp == 0  # LRLO reached the window's entry: M(p) at the window's lower edge - 1
+
+    # The other history's object goes (an operator, or it was never there): the next run
+    # adopts the rest, copying the acknowledged prefix of the object that reaches past it.
+    await objects.delete_many([other])
+    again = await adopt_partition(store, objects, row, 20.0)
+    assert again is not None
+    assert (again.lro_after, again.adopted, again.copied, again.term) == (14, 0, 1, 6)
+    copy = next(r for r in await store.l1_list(row.pid) if r.base_offset == 10)
+    assert (copy.last_offset, copy.last_log_offset, copy.term) == (14, 3, 6)
+    assert copy.key.startswith("level_one/t/0/00000000000000000010-00000000000000000014/6-")
+    assert decode_single_extent(await objects.get(copy.key), copy.key) == acked[2]
+    state = await replay_state(store, row)
+    assert (state.lro, state.term, state.reconciled_by_term) == (14, 6, {5: 9, 6: 14})
+    assert not state.has_unreconciled_data
+    assert await adopt_partition(store, objects, row, 30.0) is None  # nothing left to adopt
+
+
+async def put_key(objects: MemoryObjectStore, topic: str, partition: int, base: int, term: int,
+                  recs: list[Record], uuid: str) -> str:
+    key = format_l1_key(topic, partition, base, base + len(recs) - 1, term, uuid * 32)
+    data, _ = build_object(term, [(9, encode_extent(recs), len(recs))])
+    await objects.put(key, data)
+    return key
+
+
+async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    t0 = records(10, "t")
+    await put_key(objects, "t", 0, 0, 2, t0[:5], "1")
+    await put_key(objects, "t", 0, 5, 2, t0[5:], "2")
+    await put_key(objects, "t", 0, 5, 1, records(8, "zombie"), "3")  # term 1's late claim
+    late = records(5, "late")
+    await put_key(objects, "t", 0, 20, 3, late, "4")  # 10-19: abandoned by an operator
+    await put_key(objects, "u", 1, 3, 1, records(5, "u"), "5")  # 0-2: gone by retention
+    await objects.put("level_one/t/0/not-an-l1-key", b"?")
+    await objects.put(topic_record_key("w"), encode_topic_record(TopicRecord("w", 4, 1.0)))  # no data
+    await objects.put(topic_record_key("u"), encode_topic_record(TopicRecord("u", 1, 1.0)))  # too few
+    await objects.put(topic_record_key("x"), b'{"topic": "y", "partitions": 2, "created_at": 1.0}')
+    await objects.put(format_l0_key(7, 42, "b" * 32), b"an orphan of the lost log")
+
+    summary = await rebuild_from_bucket(store, objects, 50.0)
+    assert (summary.rebuilt, summary.topics, summary.cluster_epoch, summary.skipped_keys) == (
+        True, {"t": 1, "u": 2, "w": 4}, 43, 1)
+    assert await store.get_cluster_epoch() == 43  # above every L0 object's epoch
+    rows = {(r.topic, r.partition): r for r in await store.list_partitions()}
+    t = await replay_state(store, rows[("t", 0)])
+    assert (t.start_offset, t.lro, t.high_watermark, t.term, t.abandoned) == (0, 24, 25, 4, ((10, 19),))
+    assert t.mp == 42 and not t.has_unreconciled_data
+    l1 = await store.l1_list(rows[("t", 0)].pid)
+    assert [(r.base_offset, r.last_offset, r.term) for r in sorted(l1, key=lambda r: r.base_offset)] == [
+        (0, 4, 4), (5, 9, 4), (20, 24, 4)]  # not the zombie's 5-12
+    assert all(t.l1_range_valid(r.term, r.base_offset, r.last_offset) for r in l1)
+    u1 = await replay_state(store, rows[("u", 1)])
+    assert (u1.start_offset, u1.lro, u1.high_watermark, u1.term) == (3, 7, 8, 2)
+    assert [p for (topic, p) in rows if topic == "w"] == [0, 1, 2, 3]
+    u0 = await replay_state(store, rows[("u", 0)])
+    assert (u0.high_watermark, u0.term, await store.l1_list(rows[("u", 0)].pid)) == (0, 0, [])
+
+
+async def test_an_interrupted_adoption_is_resumed_by_running_it_again() -> None:
+    """The catch-up is the last write: an adoption stopped before it adopted nothing; the next
+    run copies what the stopped one had recorded (its rows are outside every lineage and the
+    daemon collects them) and adopts the copies."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    [row] = await store.create_topic("t", 1, 1, 0.0)
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    acked = records(6, "a")
+    extent = encode_extent(acked)
+    await store.append(row.pid, term, [LogRecord(1, term, 0, Placeholder(1, L0_KEY, 0, len(extent), 6, checksum(extent)))])
+    original = await put_l1(objects, 0, 2, acked, "1")
+    store.fail_appends = 1  # the catch-up fails, as a crash before it would leave things
+    try:
+        await adopt_partition(store, objects, row, 10.0)
+    except StorageError:
+        pass
+    else:
+        raise AssertionError("the injected failure did not happen")
+    assert (await replay_state(store, row)).lro == -1  # nothing adopted
+    again = await adopt_partition(store, objects, row, 20.0)
+    assert again is not None and (again.lro_after, again.adopted, again.copied, again.term) == (5, 0, 1, 4)
+    state = await replay_state(store, row)
+    valid = [r for r in await store.l1_list(row.pid) if state.l1_range_valid(r.term, r.base_offset, r.last_offset)]
+    [copy] = valid
+    assert copy.key != original and decode_single_extent(await objects.get(copy.key), copy.key) == acked
