@@ -171,3 +171,39 @@ async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() 
         lambda e: isinstance(e, StorageError) and "disk gone" in str(e)
     ) is not None
     assert len(answers) == 2  # nobody is left waiting
+
+
+class _NoWaiting:
+    """A calls semaphore that may be taken without waiting only."""
+
+    def __init__(self, inner: anyio.Semaphore) -> None:
+        self._inner = inner
+        self.taken = 0
+
+    async def acquire(self) -> None:
+        raise AssertionError("the appender waited for its calls semaphore")
+
+    def acquire_nowait(self) -> None:
+        self._inner.acquire_nowait()
+        self.taken += 1
+
+    def release(self) -> None:
+        self._inner.release()
+
+
+async def test_a_partitions_own_appender_takes_no_turn_of_the_loop_per_call() -> None:
+    # An actor without the node's appender has one call at a time, awaited inline: its
+    # semaphore is always free, and waiting for it cost a cancel scope and a loop turn a call.
+    store = MemoryLogStore()
+    rows = await store.create_topic("t", 1, 1, 0.0)
+    actor = PartitionActor(rows[0], store, WatermarkBoard())
+    calls = _NoWaiting(actor._appender._calls)  # type: ignore[arg-type]
+    actor._appender._calls = calls  # type: ignore[assignment]
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(actor.run)
+            records = [await actor.write(placeholder(n)) for n in range(3)]
+            await actor.stop()
+    assert [r.log_offset for r in records] == [1, 2, 3]
+    assert calls.taken == 3
+    assert [r.log_offset for r in store.logs[rows[0].pid]] == [0, 1, 2, 3]
