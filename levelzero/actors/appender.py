@@ -155,8 +155,8 @@ class Appender:
             self._calls.release()
         self.calls += 1
         self.batches += len(appends)
-        for (actor, batch), error in zip(appends, refused, strict=True):
-            actor.appended(batch[-1].log_offset, error)
+        for (actor, batch), refusal in zip(appends, refused, strict=True):
+            actor.appended(batch[-1].log_offset, refusal)
 
     async def _write_fence_events(self) -> None:
         """Every partition's buffered fence events, one call per interval (or sooner if asked)."""

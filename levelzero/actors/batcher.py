@@ -209,7 +209,7 @@ class Batcher:
         if not records:
             raise InvalidInput("a produce request needs at least one record")
         for span in producers:
-            assert 0 <= span.first_record and span.first_record + span.record_count <= len(records), span
+            assert span.first_record >= 0 and span.first_record + span.record_count <= len(records), span
         # Encoded now, once: the object is made by copying, and the budget counts these bytes.
         try:
             data = encode_extent(records)
@@ -339,7 +339,8 @@ class Batcher:
                     cached, [reqs[0].actor.row.creation_epoch for reqs in by_partition.values()]
                 )
                 data, headers = finish_object(epoch, encoded)
-                key = format_l0_key(self._rng.randrange(PREFIX_COUNT), epoch, new_uuid(self._rng.getrandbits(128)))
+                prefix, uuid = self._rng.randrange(PREFIX_COUNT), new_uuid(self._rng.getrandbits(128))
+                key = format_l0_key(prefix, epoch, uuid)
                 await self._objects.put(key, data)
         except LevelZeroError as exc:
             _fail(batch, exc)
@@ -470,7 +471,7 @@ class _Extent(msgspec.Struct):
             if isinstance(error, StaleClusterEpoch):
                 batcher = fencing.batcher
                 batcher.stats.stale_rejections += 1
-                batcher._cache.invalidate_below(error.window_max)
+                batcher._cache.invalidate_below(error.window_max)  # noqa: SLF001 - the batcher's own retry
                 for request in self.requests:
                     if request.attempts <= batcher.config.stale_retries_max:
                         fencing.retry.append(request)

@@ -64,7 +64,7 @@ class ClusterMember:
         lead: Callback,
         resign: Callback,
         kafka_url: str | None = None,
-        term_of: Callable[[int], int | None] = lambda pid: None,
+        term_of: Callable[[int], int | None] = lambda _pid: None,
         moves_max: int = MOVES_PER_ROUND_MAX,
         clock: Callable[[], float] = anyio.current_time,
     ) -> None:
@@ -241,7 +241,7 @@ class ClusterMember:
         )
         if self.draining and self.node_id in active:
             active.remove(self.node_id)
-        by_name = {f"{l.topic}/{l.partition}": l for l in view.leases}
+        by_name = {f"{lease.topic}/{lease.partition}": lease for lease in view.leases}
         leaders = lease_holders(view)
         await self._restart_superseded(view)
         planned = moves(self.node_id, active, leaders, moves_max=self.moves_max)
@@ -320,8 +320,8 @@ def lease_holders(view: ClusterView) -> dict[str, str | None]:
     """"topic/partition" -> the node holding its lease, if both leases are live by `view.now`."""
     live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
     return {
-        f"{l.topic}/{l.partition}": (
-            l.node_id if l.node_id in live and l.lease_expires_at > view.now else None
+        f"{lease.topic}/{lease.partition}": (
+            lease.node_id if lease.node_id in live and lease.lease_expires_at > view.now else None
         )
-        for l in view.leases
+        for lease in view.leases
     }

@@ -87,10 +87,12 @@ class EpochService:
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """Advance every `bump_interval_s` (forever; cancel to stop)."""
         task_status.started()
-        if self._bump_interval_s is None:
+        interval_s = self._bump_interval_s
+        if interval_s is None:
             await anyio.sleep_forever()
+            return
         while True:
-            await anyio.sleep(self._bump_interval_s)
+            await anyio.sleep(interval_s)
             if self._shared is None or self._shared.bumps():
                 await self.advance()
             else:

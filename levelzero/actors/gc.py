@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import anyio
 import anyio.abc
+from anyio.streams.memory import MemoryObjectSendStream
 import msgspec
 
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, StorageError
@@ -57,6 +58,7 @@ from levelzero.core.gc import (
     worker_prefixes,
 )
 from levelzero.core.keys import PREFIX_COUNT, l0_key_epoch, parse_l0_key
+from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.protocols import (
     DeleteResult,
     GcRoundRow,
@@ -65,7 +67,7 @@ from levelzero.storage.protocols import (
     ObjectStore,
 )
 
-from .partition import PartitionView, WatermarkBoard
+from .partition import PartitionView
 
 log = logging.getLogger("levelzero.gc")
 
@@ -324,7 +326,7 @@ class GcActor:
         cluster_epoch: Callable[[], int],
         board: WatermarkBoard,
         views: Callable[[], list[PartitionView]],
-        reconcile_failing: Callable[[str], str | None] = lambda partition: None,
+        reconcile_failing: Callable[[str], str | None] = lambda _partition: None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -676,7 +678,7 @@ class GcActor:
         page_max = batch_max * self.config.deletes_in_flight_max
         young_before = now - self.config.grace_s
 
-        async def read_catalog(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
+        async def read_catalog(send: MemoryObjectSendStream[list[Eligible]]) -> None:
             after: tuple[int, str] | None = None
             limit = batch_max  # the first page is one batch: the first delete starts sooner
             while True:
@@ -732,7 +734,8 @@ class GcActor:
                     while not scan.done:
                         prefix, start_after = scan.request()
                         page = await self._retrying(
-                            "list", lambda: self._objects.list_page(prefix, start_after), tally
+                            # B023: the lambda is awaited before the loop moves on.
+                            "list", lambda: self._objects.list_page(prefix, start_after), tally  # noqa: B023
                         )
                         if page is None:
                             return  # this range waits for the next round
@@ -756,7 +759,7 @@ class GcActor:
         if self._share is not None:
             ranges = split_prefixes(self._share(), self.config.list_concurrency_max)
 
-        async def scan_all(send: anyio.abc.ObjectSendStream[list[Eligible]]) -> None:
+        async def scan_all(send: MemoryObjectSendStream[list[Eligible]]) -> None:
             async with anyio.create_task_group() as scanners:
                 for prefixes in ranges:
                     scanners.start_soon(scan_range, prefixes, send.clone())
@@ -771,7 +774,7 @@ class GcActor:
         self,
         m: int,
         tally: _Tally,
-        feed: Callable[[anyio.abc.ObjectSendStream[list[Eligible]]], Awaitable[None]],
+        feed: Callable[[MemoryObjectSendStream[list[Eligible]]], Awaitable[None]],
     ) -> None:
         """Run `feed`, which sends batches of eligible keys, beside `deletes_in_flight_max`
         deleters taking them over a stream that holds as many batches (so that a deleter
@@ -805,13 +808,12 @@ class GcActor:
                         await self._sleep(self.config.throttle_backoff_s)
 
         try:
-            async with anyio.create_task_group() as markers:
-                async with anyio.create_task_group() as tg:
-                    async with receive:
-                        for _ in range(in_flight):
-                            tg.start_soon(delete_batches, receive.clone(), markers)
-                    async with send:
-                        await feed(send)
+            async with anyio.create_task_group() as markers, anyio.create_task_group() as tg:
+                async with receive:
+                    for _ in range(in_flight):
+                        tg.start_soon(delete_batches, receive.clone(), markers)
+                async with send:
+                    await feed(send)
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
 

@@ -84,7 +84,7 @@ class Housekeeper:
         self._clock = clock
         self._wall = wall_clock
         self._log = log_store
-        self._last_sampled: dict[int, tuple] = {}
+        self._last_sampled: dict[int, tuple[int | None, ...]] = {}
         self.stats = HousekeeperStatistics()
         self._round_lock = anyio.Lock()  # the loop's rounds and on-demand ones never overlap
         # Proportional to active partitions (core.activity): a round tends the partitions that

@@ -21,7 +21,7 @@ from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
 
 from .partition import PartitionActor
-from .reader import FetchedRecord, FetchWindow
+from .reader import FetchWindow
 
 log = logging.getLogger("levelzero.l1")
 
@@ -65,7 +65,7 @@ class L1Catalog:
         self._valid[actor.row.pid] = valid
         return valid
 
-    def lineage(self, actor: PartitionActor) -> list[dict]:
+    def lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
         return [
             {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
             for r in self._valid.get(actor.row.pid, [])
@@ -88,9 +88,10 @@ class L1Catalog:
             log.warning("refusing to delete %s (%s): the current lineage serves it", row.key, reason)
             return False
         now = self._wall()
-        if row.state != L1State.DELETE_STARTED:
-            if not await self._log.l1_transition(row.key, row.state, L1State.DELETE_STARTED, now):
-                return False  # somebody else moved it first
+        if row.state != L1State.DELETE_STARTED and not await self._log.l1_transition(
+            row.key, row.state, L1State.DELETE_STARTED, now
+        ):
+            return False  # somebody else moved it first
         self._drop_cached(actor.row.pid, row.key)  # no longer COPY_FINISHED: not served
         await self._finish_delete(row.key, actor.name)
         log.info("deleted L1 object %s (%s)", row.key, reason)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
@@ -85,7 +85,7 @@ class Reply(Generic[T]):
                 raise
         if self._error is not None:
             raise self._error
-        return self._value  # type: ignore[return-value]
+        return cast(T, self._value)  # answered without an error: the value given, a T
 
 
 class Flag:
@@ -199,7 +199,7 @@ class Mailbox(Generic[T]):
             raise anyio.WouldBlock
         if not self.buffered:
             self.buffered = deque()
-        self.buffered.append(msg)  # type: ignore[union-attr]
+        self.buffered.append(msg)
         receiver = self._receiver
         if receiver is not None and not receiver.done():  # `_wake`, inline (per message)
             receiver.set_result(None)
@@ -215,7 +215,7 @@ class Mailbox(Generic[T]):
             if len(self.buffered) < self._size and (let_in or not self._senders):
                 if not self.buffered:
                     self.buffered = deque()
-                self.buffered.append(msg)  # type: ignore[union-attr]
+                self.buffered.append(msg)
                 _wake(self._receiver)
                 return
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -229,7 +229,7 @@ class Mailbox(Generic[T]):
                 await waiter
             except BaseException:
                 if waiter in self._senders:
-                    self._senders.remove(waiter)  # type: ignore[union-attr]
+                    self._senders.remove(waiter)
                 elif waiter.done() and not waiter.cancelled():
                     self._let_next_sender_in()  # let in, then cancelled: pass the slot on
                 raise
@@ -244,7 +244,7 @@ class Mailbox(Generic[T]):
                     await anyio.lowlevel.checkpoint()
                     continue
                 self._in_a_row += 1
-                msg = self.buffered.popleft()  # type: ignore[union-attr]
+                msg = self.buffered.popleft()
                 self._let_next_sender_in()
                 return msg
             if self._closed or self._ended:
@@ -265,7 +265,7 @@ class Mailbox(Generic[T]):
         once the senders ended)."""
         if not self.buffered:
             raise anyio.EndOfStream if self._ended else anyio.WouldBlock
-        msg = self.buffered.popleft()  # type: ignore[union-attr]
+        msg = self.buffered.popleft()
         if not self.buffered:
             self.buffered = ()
         self._let_next_sender_in()
@@ -288,11 +288,11 @@ class Mailbox(Generic[T]):
         """The receiver and every waiting sender (each sees why on waking)."""
         _wake(self._receiver)
         while self._senders:
-            _wake(self._senders.popleft())  # type: ignore[union-attr]
+            _wake(self._senders.popleft())
 
     def _let_next_sender_in(self) -> None:
         while self._senders and len(self.buffered) < self._size:
-            waiter = self._senders.popleft()  # type: ignore[union-attr]
+            waiter = self._senders.popleft()
             if not waiter.done():
                 waiter.set_result(None)
                 return

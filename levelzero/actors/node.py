@@ -34,6 +34,7 @@ from levelzero.core.gc import NO_LIVE_LEADER
 from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
+from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
 
 from .appender import Appender
@@ -43,7 +44,7 @@ from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
-from .partition import PartitionActor, PartitionView, WatermarkBoard
+from .partition import PartitionActor, PartitionView
 from .reader import FetchResult, Reader
 from .reconciler import Reconciler, ReconcilerConfig
 
@@ -311,16 +312,20 @@ class Node:
 
     def _bumps_epochs(self) -> bool:
         """In a cluster, the epoch timer of one node bumps: the first live node by id."""
-        live = self.member.live_nodes() if self.member is not None else None
-        return bool(live) and live[0] == self.member.node_id
+        member = self.member
+        live = member.live_nodes() if member is not None else None
+        if member is None or not live:
+            return False
+        return live[0] == member.node_id
 
     def _gc_share(self) -> range:
         """The key prefixes this node's GC lists and deletes in: its share among the live
         nodes of the last cluster view (every prefix until there is one)."""
-        live = self.member.live_nodes() if self.member is not None else None
-        if live is None:
+        member = self.member
+        live = member.live_nodes() if member is not None else None
+        if member is None or live is None:
             return range(PREFIX_COUNT)
-        return prefix_share(self.member.node_id, live, PREFIX_COUNT)
+        return prefix_share(member.node_id, live, PREFIX_COUNT)
 
     def partition_leaders(self) -> dict[str, str]:
         """In a cluster, every partition -> the node leading it by the last cluster view, or
@@ -511,7 +516,8 @@ class Node:
         named condition): a healthy partition's unreconciled data is on its way to L1."""
         self._check_accepting()
         actor = self.partition(topic, partition)
-        for name, text, limit in (("operator", operator, OPERATOR_CHARS_MAX), ("reason", reason, REASON_CHARS_MAX)):
+        limits = (("operator", operator, OPERATOR_CHARS_MAX), ("reason", reason, REASON_CHARS_MAX))
+        for name, text, limit in limits:
             if not isinstance(text, str) or not text.strip() or len(text) > limit:
                 raise InvalidInput(f"{name} must be 1-{limit} characters naming who and why")
         failing = self.reconciler.health.get(actor.name)

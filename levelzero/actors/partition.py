@@ -105,12 +105,12 @@ class _Control:
 
     entry: Entry
     term: int | None
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(slots=True)
 class _Stop:
-    reply: Reply
+    reply: Reply[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,10 +321,11 @@ class PartitionActor:
         tallies, self._fence_tallies = self._fence_tallies, {}
         self._noted_admission = self._noted_tally = None  # their tally left with the rest
         pid = self.row.pid
-        return [
-            FenceEventRow(at, pid, term, epoch, outcome, *(window or (None, None)), int(decisions))
-            for (term, epoch, outcome, window), (at, decisions) in tallies.items()
-        ]
+        rows = []
+        for (term, epoch, outcome, window), (at, decisions) in tallies.items():
+            low, high = window if window is not None else (None, None)
+            rows.append(FenceEventRow(at, pid, term, epoch, outcome, low, high, int(decisions)))
+        return rows
 
     def _post(self, msg: object) -> bool:
         """Hand `msg` over without waiting: handled at once if nothing is queued before it,
@@ -501,7 +502,9 @@ class PartitionActor:
 
     def _on_write(self, msg: _Write) -> None:
         if self._deposed is not None or self._stopping is not None:
-            msg.reply.fail(self._refusal())  # type: ignore[arg-type]
+            refusal = self._refusal()
+            assert refusal is not None
+            msg.reply.fail(refusal)
             return
         self._carry_out(
             self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window)
@@ -525,7 +528,9 @@ class PartitionActor:
             if admitted is self._noted_admission:
                 # The fence hands out the same `Admitted` for the same epoch, term and window:
                 # the same tally as the last admission noted (no key to build and look up).
-                self._noted_tally[1] += 1  # type: ignore[index]
+                tally = self._noted_tally
+                assert tally is not None  # noted with the admission
+                tally[1] += 1
             else:
                 if admitted.new_epoch:
                     log.debug("partition %s window slid to %s", self.name, admitted.window)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from levelzero.core.entries import Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
 from levelzero.storage.protocols import ObjectStore, PartitionLog
@@ -50,7 +51,7 @@ class FetchWindow:
     __slots__ = ("offset", "upto", "max_bytes", "records", "size", "stopped")
 
     def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
-        assert 0 <= offset <= upto and 1 <= max_bytes, (offset, upto, max_bytes)
+        assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
         self.offset = offset
         self.upto = upto
         self.max_bytes = max_bytes
@@ -163,6 +164,7 @@ class Reader:
                         more = False  # durable but not applied yet: not readable
                         break
                     p = record.entry
+                    assert isinstance(p, Placeholder), record
                     data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
                     where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
                     decoded = decode_extent(data, p.checksum, p.record_count, where)

@@ -20,7 +20,7 @@ import anyio
 import msgspec
 
 from levelzero.core.activity import ActivityBoard
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
@@ -255,7 +255,9 @@ class Reconciler:
         if not batch:
             return False
         base = batch[0].base_offset
-        last = batch[-1].base_offset + batch[-1].entry.record_count - 1
+        last_entry = batch[-1].entry
+        assert isinstance(last_entry, Placeholder), batch[-1]
+        last = batch[-1].base_offset + last_entry.record_count - 1
         lrlo = batch[-1].log_offset
         if base != lro + 1:
             # Another reconciler caught the partition up while this one read, and the log below
@@ -311,12 +313,14 @@ class Reconciler:
         except LevelZeroError as exc:
             log.warning("deleting rejected L1 object %s failed, collected later: %s", row.key, exc)
 
-    async def _read_batch(self, actor: PartitionActor, start: int, hwm: int):
+    async def _read_batch(
+        self, actor: PartitionActor, start: int, hwm: int
+    ) -> tuple[list[LogRecord], list[Record]]:
         """Placeholders from data offset `start` (below `hwm`) up to the byte budget."""
         placeholders = await self._log.read_placeholders(
             actor.row.pid, start, self.config.placeholders_per_object_max
         )
-        batch = []
+        batch: list[LogRecord] = []
         records: list[Record] = []
         size = 0
         for record in placeholders:

@@ -27,13 +27,18 @@ import resource
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from levelzero.export import analyze
 from levelzero.export.manifest import Manifest
 from levelzero.export.manifest import save as save_manifest
 
 from .common import Figure, Settings, Target, figure, work_dir
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 ITEM = "analysis"
 PARTITIONS = 100
@@ -50,7 +55,7 @@ RECORDS_PER_PRODUCE = 1_000
 BYTES_PER_MB = 1_000_000
 
 
-def _spark_to_export(frame, out: str, table: str, time_column: str) -> None:  # noqa: ANN001
+def _spark_to_export(frame: DataFrame, out: str, table: str, time_column: str) -> None:
     """Write with Spark, then give the files the exporter's names (export sequence 1)."""
     from pyspark.sql import functions as F
 
@@ -79,7 +84,7 @@ def _spark_to_export(frame, out: str, table: str, time_column: str) -> None:  # 
     shutil.rmtree(staging)
 
 
-def generate_export(spark, out: str, log_rows: int) -> None:  # noqa: ANN001
+def generate_export(spark: SparkSession, out: str, log_rows: int) -> None:
     """An export directory of `log_rows` placeholder rows and proportional event tables."""
     from pyspark.sql import functions as F
 
@@ -166,11 +171,11 @@ def generate_export(spark, out: str, log_rows: int) -> None:  # noqa: ANN001
     save_manifest(out, Manifest(source_db="synthetic", last_seq=1))
 
 
-def _floor(spark, out: str) -> None:  # noqa: ANN001
+def _floor(spark: SparkSession, out: str) -> None:
     """The main aggregates, written by hand: what any Spark user would write first."""
     from pyspark.sql import functions as F
 
-    def table(name: str):  # noqa: ANN202
+    def table(name: str) -> DataFrame:
         return spark.read.parquet(f"file://{os.path.join(out, name)}")
 
     age = F.unix_micros("deleted_at") - F.unix_micros("created_at")
@@ -188,8 +193,10 @@ def _floor(spark, out: str) -> None:  # noqa: ANN001
     )
 
 
-def _jvm_peak_rss_bytes(spark) -> int | None:  # noqa: ANN001
-    pid = spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid()  # noqa: SLF001
+def _jvm_peak_rss_bytes(spark: SparkSession) -> int | None:
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j reaches the JVM only through it
+    assert jvm is not None, "a running session has a JVM"
+    pid = jvm.java.lang.ProcessHandle.current().pid()
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
@@ -224,14 +231,14 @@ async def fill_records(data_dir: Path, records: int) -> None:
             await client.produce(RECORDS_TOPIC, batch % RECORD_PARTITIONS, values)
 
 
-def _scan(frame) -> tuple[int, int]:  # noqa: ANN001
+def _scan(frame: DataFrame) -> tuple[int, int]:
     from pyspark.sql import functions as F
 
     (row,) = frame.agg(F.count(F.lit(1)), F.sum(F.length("value"))).collect()
     return int(row[0]), int(row[1])
 
 
-async def records_figure(spark, root: Path, settings: Settings) -> Figure:  # noqa: ANN001
+async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> Figure:
     from levelzero.export.records import export_records
     from levelzero.export.spark_source import register
 
@@ -245,15 +252,15 @@ async def records_figure(spark, root: Path, settings: Settings) -> Figure:  # no
     expected = (records, records * RECORD_VALUE_BYTES)
     mb = records * RECORD_VALUE_BYTES / BYTES_PER_MB
 
-    def timed(load) -> float:  # noqa: ANN001
+    def timed(load: Callable[[], DataFrame]) -> float:
         started = time.monotonic()
         assert _scan(load()) == expected
         return mb / (time.monotonic() - started)
 
-    def source():  # noqa: ANN202
+    def source() -> DataFrame:
         return spark.read.format("levelzero").option("data_dir", str(data_dir)).load(RECORDS_TOPIC)
 
-    def parquet():  # noqa: ANN202
+    def parquet() -> DataFrame:
         return spark.read.parquet(f"file://{exported.path}")
 
     pairs = []
@@ -306,7 +313,7 @@ async def run(settings: Settings) -> list[Figure]:
             for i in range(rounds):
                 def sut() -> float:
                     nonlocal tables
-                    report_dir = str(root / f"report-{i}")
+                    report_dir = str(root / f"report-{i}")  # noqa: B023 - sut runs in this round
                     started = time.monotonic()
                     report = analyze([out], report_dir)
                     elapsed = time.monotonic() - started

@@ -62,9 +62,15 @@ ITEMS: tuple[Item, ...] = (
     Item("memory", "memory", "7. daemon RSS over a long produce/consume/GC run"),
     Item("scale", "scale", "8. fence and produce cost at 1, 64, 1024 partitions"),
     Item("kafka", "kafka", "9. produce and fetch: Kafka listener (confluent-kafka) vs HTTP API"),
-    Item("control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"),
+    Item(
+        "control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"
+    ),
     Item("analysis", "analysis", "11. levelzero analyze vs a hand-written PySpark job, per result table"),
-    Item("cluster", "cluster", "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL"),
+    Item(
+        "cluster",
+        "cluster",
+        "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL",
+    ),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 
@@ -154,7 +160,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             module = importlib.import_module(f"levelzero.bench.{item.module}")
             runner: Callable[[Settings], Any] = module.run
             produced: list[Figure] = run_async(runner, settings, loop=loop)
-        except Exception:  # one item's crash must not hide the others' figures
+        except Exception:  # noqa: BLE001 - one item's crash must not hide the others' figures
             failed = True
             text = traceback.format_exc()
             print(text, file=out, flush=True)

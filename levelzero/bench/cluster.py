@@ -37,10 +37,7 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -52,7 +49,6 @@ from levelzero.cli.cluster_demo import ClusterNodeProcess
 from levelzero.testing.postgres import SUPERUSER_PASSWORD, start_throwaway
 
 from .common import Figure, Settings, Target, figure, moto_server, work_dir
-from levelzero.testing.loopback import free_local_port
 
 ITEM = "cluster"
 NODES = 3
@@ -146,7 +142,9 @@ async def _settled(daemon: _Daemon, live: int) -> None:
         raise AssertionError(f"the cluster did not settle on {live} leading nodes: {info}") from None
 
 
-async def _failover_pairs(root: Path, env: dict[str, str], rounds: int, ttl_s: float) -> list[tuple[float, float]]:
+async def _failover_pairs(
+    root: Path, env: dict[str, str], rounds: int, ttl_s: float
+) -> list[tuple[float, float]]:
     daemons = [_Daemon(f"n{i + 1}", root, {**env, "LEVELZERO_CLUSTER_LEASE_TTL_S": str(ttl_s)})
                for i in range(NODES)]
     try:
@@ -240,7 +238,9 @@ async def _stale_rounds(root: Path, env: dict[str, str], mode: str, rounds: int)
     daemons = [
         _Daemon(name, root, {
             **env, "LEVELZERO_NODE_FENCING_MODE": mode,
-            "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": str(FRESH_CACHE_TTL_S if name == fresh else STALE_CACHE_TTL_S),
+            "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": str(
+                FRESH_CACHE_TTL_S if name == fresh else STALE_CACHE_TTL_S
+            ),
             "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": str(STALE_BUMP_S),
             "LEVELZERO_CLUSTER_LEASE_TTL_S": str(STALE_LEASE_TTL_S),
         })
@@ -294,10 +294,12 @@ async def _records_per_s(daemons: list[_Daemon], seconds: float) -> float:
 
     started = time.monotonic()
     limits = httpx.Limits(max_connections=THROUGHPUT_PRODUCERS * 2)
-    async with httpx.AsyncClient(trust_env=False, timeout=30.0, follow_redirects=True, limits=limits) as http:
-        async with anyio.create_task_group() as tg:
-            for index in range(THROUGHPUT_PRODUCERS):
-                tg.start_soon(producer, index, http)
+    async with (
+        httpx.AsyncClient(trust_env=False, timeout=30.0, follow_redirects=True, limits=limits) as http,
+        anyio.create_task_group() as tg,
+    ):
+        for index in range(THROUGHPUT_PRODUCERS):
+            tg.start_soon(producer, index, http)
     return stored / (time.monotonic() - started)
 
 
@@ -334,10 +336,11 @@ async def run(settings: Settings) -> list[Figure]:
         server = start_throwaway()
         try:
             async with moto_server(root) as s3_url:
-                import boto3  # noqa: PLC0415 - the bench's moto client
+                import boto3
 
                 boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1",
-                             aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(Bucket=BUCKET)
+                             aws_access_key_id="bench", aws_secret_access_key="bench",  # noqa: S106 - moto's
+                             ).create_bucket(Bucket=BUCKET)
                 env = {
                     **{k: v for k, v in os.environ.items() if not k.startswith("LEVELZERO_")},
                     "LEVELZERO_CONTROL_KIND": "postgres",

@@ -14,7 +14,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 MOTO_ACCESS_KEY = "levelzero-bench"
-MOTO_SECRET_KEY = "levelzero-bench-secret"
+MOTO_SECRET_KEY = "levelzero-bench-secret"  # noqa: S105 - a local moto server's, no secret
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -192,7 +192,7 @@ async def closed_loop(
     return done / max(time.process_time() - start, 1e-9)
 
 
-async def timed_tasks(count: int, task: Callable[[int], Awaitable[object]]) -> tuple[float, float]:
+async def timed_tasks(count: int, task: Callable[[int], Coroutine[Any, Any, object]]) -> tuple[float, float]:
     """Run `task(0)` .. `task(count - 1)` at once until all end: (wall seconds, seconds of this
     thread's CPU, the event loop's)."""
     start, start_cpu = time.perf_counter(), time.thread_time()
@@ -206,18 +206,18 @@ async def timed_tasks(count: int, task: Callable[[int], Awaitable[object]]) -> t
 
 
 def _first_line_value(path: str, key: str) -> str | None:
-    with contextlib.suppress(OSError):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() == key:
-                    return value.strip()
+    with contextlib.suppress(OSError), open(path, encoding="utf-8") as f:
+        for line in f:
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key:
+                return value.strip()
     return None
 
 
 def machine() -> dict[str, Any]:
     """What the figures were measured on (Linux /proc where it exists)."""
     mem_kib = _first_line_value("/proc/meminfo", "MemTotal")
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -34,7 +34,8 @@ import anyio.to_process
 import asyncpg
 import msgspec
 
-from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.actors.partition import PartitionActor
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
@@ -128,7 +129,7 @@ async def actor_placeholders(store: Any, seconds: float, topic: str = "bench", *
     timed = _TimedAppends(store)
     rows = await store.create_topic(topic, PARTITIONS, creation_epoch=EPOCH, now=0.0)
     board = WatermarkBoard()
-    actors = [PartitionActor(row, timed, board) for row in rows]  # type: ignore[arg-type]
+    actors = [PartitionActor(row, timed, board) for row in rows]
     async with anyio.create_task_group() as tg:
         for actor in actors:
             await tg.start(actor.run)
@@ -194,7 +195,8 @@ async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, second
                 chosen = [own[(turn + i) % len(own)] for i in range(per_batch)]
                 turn += per_batch
                 counts = [batch // per_batch + (i < batch % per_batch) for i in range(per_batch)]
-                asks, log_rows = [], []
+                asks: list[tuple[int, int, int, int]] = []
+                log_rows: list[tuple[Any, ...]] = []
                 for pid, count in zip(chosen, counts, strict=True):
                     if not count:
                         continue
@@ -270,10 +272,9 @@ async def run(settings: Settings) -> list[Figure]:
         with work_dir(settings, ITEM) as root:
             pg_durations: list[list[float]] = []
 
-            async def sut(i: int) -> float:
-                async with _fresh_database(admin) as dsn:
-                    async with await PostgresLogStore.open(dsn) as store:
-                        rate, records_per_commit, durations = await actor_placeholders(store, seconds)
+            async def sut(_round: int) -> float:
+                async with _fresh_database(admin) as dsn, await PostgresLogStore.open(dsn) as store:
+                    rate, records_per_commit, durations = await actor_placeholders(store, seconds)
                 per_commit.append(records_per_commit)
                 pg_durations.append(durations)
                 return rate
@@ -293,11 +294,11 @@ async def run(settings: Settings) -> list[Figure]:
 
             pairs = await interleave(rounds, sut, floor)
 
-            async def three(i: int) -> float:
+            async def three(_round: int) -> float:
                 async with _fresh_database(admin) as dsn:
                     return await nodes_placeholders(dsn, NODES, seconds)
 
-            async def one(i: int) -> float:
+            async def one(_round: int) -> float:
                 async with _fresh_database(admin) as dsn:
                     return await nodes_placeholders(dsn, 1, seconds)
 
@@ -321,7 +322,9 @@ async def run(settings: Settings) -> list[Figure]:
                 "records_per_commit": [round(x.records, 1) for x in per_commit],
                 "partitions_per_commit": [round(x.appends, 1) for x in per_commit],
                 "floor_connections": WRITERS,
-                "server": "LEVELZERO_BENCH_POSTGRES_DSN" if os.environ.get(DSN_ENV) else "throwaway, fsync on",
+                "server": (
+                    "LEVELZERO_BENCH_POSTGRES_DSN" if os.environ.get(DSN_ENV) else "throwaway, fsync on"
+                ),
             },
         ),
         figure(ITEM, "log store commit latency p50 (one append call), PostgreSQL vs SQLite",

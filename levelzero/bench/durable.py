@@ -9,7 +9,8 @@ beside raw aiosqlite group commit at the same batch size.
          `log` table (rows encoded up front): SQLite and aiosqlite's thread hops, nothing else.
 Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw rows/s.
 
-`python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size sweep.
+`python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size
+sweep.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from pathlib import Path
 import aiosqlite
 import anyio
 
-from levelzero.actors.partition import PartitionActor, WatermarkBoard
+from levelzero.actors.partition import PartitionActor
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.sqlite import SqliteLogStore
 from levelzero.storage.log_rules import log_row
 from levelzero.storage.sqlite.schema import INSERT_LOG, SCHEMA
+from levelzero.storage.sqlite.store import Synchronous
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir
 
@@ -83,11 +86,11 @@ async def raw_rows_per_s(
 
 
 async def store_appends(
-    path: Path, batch: int, seconds: float, synchronous: str, appenders: int
+    path: Path, batch: int, seconds: float, synchronous: Synchronous, appenders: int
 ) -> tuple[float, float]:
     """Records/s through `SqliteLogStore.append` from `appenders` tasks (one partition each),
     `batch` records per call; also records per commit."""
-    store = await SqliteLogStore.open(path, synchronous=synchronous)  # type: ignore[arg-type]
+    store = await SqliteLogStore.open(path, synchronous=synchronous)
     async with store:
         rows = await store.create_topic("bench", appenders, creation_epoch=1, now=0.0)
         for row in rows:
@@ -223,7 +226,7 @@ async def run(settings: Settings) -> list[Figure]:
             "the same actors on an in-memory log store (no SQLite: the actor path's ceiling) "
             "vs raw aiosqlite group commit",
             "rows/s",
-            [(memory_rate, raw) for (memory_rate, _), (_, raw) in zip(in_memory, pairs)],
+            [(memory_rate, raw) for (memory_rate, _), (_, raw) in zip(in_memory, pairs, strict=True)],
             sut_label="placeholders",
             floor_label="raw rows",
             notes={"loop_cpu_us_per_placeholder": [round(us, 1) for _, us in in_memory]},

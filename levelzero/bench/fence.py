@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Sequence
 import anyio
 
 from levelzero.actors.mailbox import Mailbox, Reply
-from levelzero.actors.partition import MAILBOX_SIZE, PartitionActor, WatermarkBoard
+from levelzero.actors.partition import MAILBOX_SIZE, PartitionActor
+from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import FenceEventRow
 

@@ -38,10 +38,10 @@ import aiohttp
 import anyio
 
 from levelzero.actors.gc import GcActor, GcConfig
-from levelzero.actors.partition import WatermarkBoard
+from levelzero.core.leader import WatermarkBoard
 from levelzero.core.keys import L0_ROOT, PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.keys import parse_l0_key
-from levelzero.storage.protocols import DeleteResult, L0ObjectRow, LogStore, ObjectStore
+from levelzero.storage.protocols import DeleteResult, L0ObjectRow, ListPage, LogStore, ObjectInfo, ObjectStore
 from levelzero.storage.s3_store import S3ObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -292,12 +292,12 @@ class TimedStore:
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         return await self.inner.get(key, offset, length)
 
-    async def head(self, key: str):  # noqa: ANN201
+    async def head(self, key: str) -> ObjectInfo | None:
         return await self.inner.head(key)
 
-    async def list_page(  # noqa: ANN201
+    async def list_page(
         self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ):
+    ) -> ListPage:
         return await self.inner.list_page(prefix, start_after, limit)
 
     async def delete_many(self, keys: Sequence[str]) -> DeleteResult:

@@ -80,7 +80,9 @@ def kafka_fetch(port: int, topic: str, count: int) -> float:
     return count / elapsed
 
 
-async def http_produce(client, topic: str, records: list[tuple[int, bytes, bytes]]) -> float:  # noqa: ANN001
+async def http_produce(
+    client, topic: str, records: list[tuple[int, bytes, bytes]]  # noqa: ANN001 - a daemon Client (lazy import)
+) -> float:
     by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
     for partition, key, value in records:
         by_partition.setdefault(partition, []).append((key, value))
@@ -102,7 +104,7 @@ async def http_produce(client, topic: str, records: list[tuple[int, bytes, bytes
     return len(records) / (time.perf_counter() - started)
 
 
-async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001
+async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001 - as http_produce
     seen = 0
 
     async def read(partition: int) -> None:

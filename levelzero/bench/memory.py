@@ -156,7 +156,7 @@ def child_main(argv: list[str] | None = None) -> int:
 
 
 def figures_from(result: dict[str, Any]) -> list[Figure]:
-    samples: list[tuple[float, int]] = [tuple(s) for s in result["samples"]]  # type: ignore[misc]
+    samples: list[tuple[float, int]] = [tuple(s) for s in result["samples"]]
     assert len(samples) >= 4, f"too few RSS samples ({len(samples)})"
     end = samples[-1][0]
     after = [rss for at, rss in samples if at >= end * WARMUP_FRACTION]

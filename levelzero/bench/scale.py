@@ -165,11 +165,11 @@ async def run(settings: Settings) -> list[Figure]:
             for p, skew in suts[r % len(suts):] + suts[: r % len(suts)]:
                 tag = f"{'s' if skew else 'p'}{p}-r{r}"
                 if r % 2 == 0:
-                    floor = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
-                sut = await produce_for(produce_seconds, p, root, tag, skewed=skew)
+                    floor_run = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
+                sut_run = await produce_for(produce_seconds, p, root, tag, skewed=skew)
                 if r % 2 == 1:
-                    floor = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
-                produce[(p, skew)].append((sut, floor))
+                    floor_run = await produce_for(produce_seconds, 1, root, f"{tag}-floor")
+                produce[(p, skew)].append((sut_run, floor_run))
     figures = [
         figure(
             ITEM,

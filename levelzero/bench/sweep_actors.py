@@ -185,7 +185,7 @@ async def run_produce(args: argparse.Namespace) -> None:
                 await client.put_object(Bucket=BUCKET, Key=key, Body=data)
 
             rounds = await produce_rounds(
-                args, lambda i: s3, lambda i: raw_put, f"{tmp}/s3-log", lambda: empty_bucket(s3)
+                args, lambda _: s3, lambda _: raw_put, f"{tmp}/s3-log", lambda: empty_bucket(s3)
             )
         print_produce_row("s3", rounds)
 

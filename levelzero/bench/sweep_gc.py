@@ -115,7 +115,8 @@ async def main() -> None:
                 print(f"\nmoto at {url}: {args.objects} eligible objects over {PREFIX_COUNT} prefixes")
                 await bench_throughput(url, args.objects, Path(tmp))
             if not args.skip_lag:
-                print(f"\neligible -> deleted lag ({LAG_OBJECTS_PER_STEP} objects x {args.lag_steps} steps each)")
+                steps = f"{LAG_OBJECTS_PER_STEP} objects x {args.lag_steps} steps each"
+                print(f"\neligible -> deleted lag ({steps})")
                 print(f"{'interval_s':>10}{'idle_backoff_max_s':>20}{'median s':>10}{'p90 s':>8}{'max s':>8}")
                 for interval_s in (0.5, 1.0):
                     for factor in (1, 8):

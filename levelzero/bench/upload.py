@@ -180,13 +180,13 @@ async def run(settings: Settings) -> list[Figure]:
 
             runs = itertools.count()
 
-            async def sut(i: int) -> float:
+            async def sut(_round: int) -> float:
                 node = await produce_through_node(s3, root / f"log-{next(runs)}.db", produce_mib)
                 nodes.append(node)
                 await empty_bucket(s3)
                 return node.object_bytes_per_s / 1e6
 
-            async def floor(i: int) -> float:
+            async def floor(_round: int) -> float:
                 # Shaped like the node's objects: its last run's mean size and count (the SUT
                 # runs first in round 0, and ABBA keeps the shape fresh).
                 node = nodes[-1]

@@ -130,7 +130,8 @@ def live_nodes(
 ) -> tuple[list[str], list[str]]:
     """(live non-draining, live draining) node ids from (id, lease_expires_at, draining) rows,
     by the control plane's `now`; sorted."""
-    active, draining = [], []
+    active: list[str] = []
+    draining: list[str] = []
     for node_id, expires_at, is_draining in rows:
         if now < expires_at:
             (draining if is_draining else active).append(node_id)

@@ -113,7 +113,7 @@ class LogRecord(msgspec.Struct, frozen=True):
 
 
 _entry_encoder = msgspec.msgpack.Encoder()
-_entry_decoder = msgspec.msgpack.Decoder(Entry)
+_entry_decoder: msgspec.msgpack.Decoder[Entry] = msgspec.msgpack.Decoder(Entry)
 
 
 # The encoder's own method: one call per appended record, no Python frame around it.

@@ -64,7 +64,7 @@ class NotLeader(LevelZeroError):
             f"current term is {current_term}"
         )
         self.partition = partition
-        self.expected_term = expected_term
+        self.expected_term: int | None = expected_term
         self.current_term = current_term
 
 
@@ -131,7 +131,7 @@ class UnknownTopic(LevelZeroError, KeyError):
         self.topic = topic
 
     def __str__(self) -> str:  # KeyError would quote the whole message
-        return self.args[0]
+        return str(self.args[0])
 
 
 class UnknownPartition(LevelZeroError, KeyError):
@@ -143,7 +143,7 @@ class UnknownPartition(LevelZeroError, KeyError):
         self.partition = partition
 
     def __str__(self) -> str:
-        return self.args[0]
+        return str(self.args[0])
 
 
 class TopicExists(LevelZeroError):

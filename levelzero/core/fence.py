@@ -139,6 +139,7 @@ class Fence:
         return None if self._seen_window is None else self._seen_window[1]
 
     def effective_window(self, term: int, applied_window: Window | None) -> Window | None:
+        window: Window | None
         if self.seen_term == term and self._seen_window is not None:
             window = self._seen_window
         else:
@@ -201,10 +202,7 @@ class Fence:
         assert self.read_units == 0, f"slide with {self.read_units} read units outstanding"
         window = self.effective_window(term, applied_window)
         assert window is None or epoch > window[1], (epoch, window)
-        if window is None or self.mode is FenceMode.STRICT:
-            low = epoch
-        else:
-            low = window[1]
+        low = epoch if window is None or self.mode is FenceMode.STRICT else window[1]
         self.seen_term = term
         self._seen_window = (low, epoch)
         self.updater_epoch = None

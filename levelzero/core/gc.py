@@ -173,7 +173,7 @@ class RangeScan:
 
     def __post_init__(self) -> None:
         assert self.prefixes.step == 1 and len(self.prefixes) >= 1, self.prefixes
-        assert 0 <= self.prefixes.start and self.prefixes.stop <= PREFIX_COUNT, self.prefixes
+        assert self.prefixes.start >= 0 and self.prefixes.stop <= PREFIX_COUNT, self.prefixes
         self._end = None if self.prefixes.stop == PREFIX_COUNT else f"{L0_ROOT}{self.prefixes.stop:03d}"
         self._enter_group(self.prefixes.start)
 
@@ -490,7 +490,8 @@ def _verdict(
         return None, f"M = {m} (cluster epoch {decision.cluster_epoch}), held by {held}"
     if key is not None and obj is None:
         state = "at or below" if epoch <= m else "above"
-        return ExplainVerdict.NOT_FOUND, f"no such object (already deleted?); epoch {epoch} is {state} M = {m}"
+        why = f"no such object (already deleted?); epoch {epoch} is {state} M = {m}"
+        return ExplainVerdict.NOT_FOUND, why
     if epoch > m:
         return ExplainVerdict.ABOVE_M, f"epoch {epoch} is above M = {m}"
     if age_s is not None and age_s < grace_s:

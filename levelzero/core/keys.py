@@ -159,5 +159,7 @@ def decode_topic_record(key: str, data: bytes) -> TopicRecord:
     except msgspec.DecodeError as exc:
         raise MalformedKey(f"{key}: not a topic record ({exc})") from None
     if key != f"{TOPICS_ROOT}{record.topic}" or record.partitions < 1 or topic_name_problem(record.topic):
-        raise MalformedKey(f"{key}: not a topic record (topic {record.topic!r}, {record.partitions} partitions)")
+        raise MalformedKey(
+            f"{key}: not a topic record (topic {record.topic!r}, {record.partitions} partitions)"
+        )
     return record

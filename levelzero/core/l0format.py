@@ -163,7 +163,7 @@ class EncodedExtents:
         # extent was a third of the encoding's cost at a thousand small extents).
         start = self.room
         with memoryview(buffer) as view:
-            for (pid, _, count), end in zip(extents, ends):
+            for (pid, _, count), end in zip(extents, ends, strict=True):
                 self.sums.append(zlib.crc32(view[start:end]) & 0xFFFFFFFF)
                 self.shapes.append((pid, end - start, count))
                 start = end
@@ -221,7 +221,8 @@ def _object_front(
         relative[i] = end
         end += length
     zero_offsets = len(_records_encoder.encode(ObjectHeader(VERSION, epoch, [
-        ExtentHeader(pid, 0, length, count, crc) for (pid, length, count), crc in zip(shapes, sums)
+        ExtentHeader(pid, 0, length, count, crc)
+        for (pid, length, count), crc in zip(shapes, sums, strict=True)
     ])))
     start = _PREAMBLE.size + zero_offsets
     for _ in range(16):  # the start only grows, and settles within a few steps
@@ -233,7 +234,7 @@ def _object_front(
         raise AssertionError("object header size did not settle")
     headers = [
         ExtentHeader(pid, start + offset, length, count, crc)
-        for ((pid, length, count), crc), offset in zip(zip(shapes, sums), relative)
+        for ((pid, length, count), crc), offset in zip(zip(shapes, sums, strict=True), relative, strict=True)
     ]
     header_bytes = _records_encoder.encode(ObjectHeader(VERSION, epoch, headers))
     assert _PREAMBLE.size + len(header_bytes) == start, (len(header_bytes), start)

@@ -23,7 +23,7 @@ A single write's fence decision is `levelzero.core.fence.Fence`; the state machi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 import msgspec
@@ -86,7 +86,7 @@ class AppendQueue(Generic[T]):
     def __len__(self) -> int:
         return len(self._pending)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Reserved[T]]:
         return iter(self._pending)
 
     def reserve(self, term: int, entry: Entry, token: T, *, holds_read_unit: bool) -> LogRecord:
@@ -98,7 +98,7 @@ class AppendQueue(Generic[T]):
             self.projected_hwm += entry.record_count
         if not self._pending:
             self._pending = deque()
-        self._pending.append(Reserved(record, token, holds_read_unit))  # type: ignore[union-attr]
+        self._pending.append(Reserved(record, token, holds_read_unit))
         return record
 
     def durable(self, upto: int, state: PartitionState, fence: Fence) -> list[Reserved[T]]:
@@ -107,7 +107,7 @@ class AppendQueue(Generic[T]):
         done: list[Reserved[T]] = []
         pending = self._pending
         while pending and pending[0].record.log_offset <= upto:
-            reserved = pending.popleft()  # type: ignore[union-attr]
+            reserved = pending.popleft()
             applied = state.apply(reserved.record)
             assert applied, reserved.record
             if reserved.holds_read_unit:

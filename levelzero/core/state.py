@@ -79,6 +79,21 @@ class PartitionState:
         "reconciled_by_term",
         "abandoned",
     )
+    # Set by _restore from a PartitionSnapshot, whose fields these are.
+    creation_epoch: int
+    last_applied_log_offset: int
+    term: int
+    max_applied_epoch: int | None
+    previous_applied_epoch: int | None
+    min_epoch_lower_bound: int | None
+    epoch_window_offset: int | None
+    lro: int
+    lrlo: int
+    start_offset: int
+    high_watermark: int
+    size_bytes: int
+    reconciled_by_term: dict[int, int]
+    abandoned: tuple[tuple[int, int], ...]
 
     def __init__(self, creation_epoch: int) -> None:
         assert creation_epoch >= 1, creation_epoch

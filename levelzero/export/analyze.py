@@ -129,11 +129,11 @@ def analyze(
         out_dir = _local_out(out_dir, inputs)
     check_java()
 
-    from py4j.protocol import Py4JError  # noqa: PLC0415 - Spark only once Java is there
-    from pyspark.errors import PySparkException  # noqa: PLC0415
+    from py4j.protocol import Py4JError  # Spark only once Java is there
+    from pyspark.errors import PySparkException
 
-    from .jobs import SparkAnalysis  # noqa: PLC0415
-    from .report import write_report  # noqa: PLC0415 - matplotlib only when reporting
+    from .jobs import SparkAnalysis
+    from .report import write_report  # matplotlib only when reporting
 
     spark, owned = _session(master, dict(conf or {}))
     staging: str | None = None
@@ -197,7 +197,7 @@ def _session(master: str | None, conf: dict[str, str]) -> tuple[Any, bool]:
     `getOrCreate` takes spark-submit's master and `--conf`s; nothing here overrides them.
     Otherwise the session is started on `master` (default local[*]) with `conf`, plus the local
     defaults (no UI, SHUFFLE_PARTITIONS_LOCAL) where `conf` does not say otherwise."""
-    from pyspark.sql import SparkSession  # noqa: PLC0415
+    from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
@@ -226,7 +226,7 @@ def _session(master: str | None, conf: dict[str, str]) -> tuple[Any, bool]:
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
-    except Exception as error:  # noqa: BLE001 - the JVM did not start: say so, once
+    except Exception as error:
         where = chosen or "the spark-submit master"
         raise AnalysisError(f"cannot start Spark on {where}: {error}") from error
     spark.sparkContext.setLogLevel("ERROR")

@@ -86,9 +86,9 @@ def export_main(argv: Sequence[str]) -> int:
     if args.records is not None:
         return _export_records(prog, args)
 
-    from .errors import ExportError  # noqa: PLC0415
-    from .export import db_path_in, export  # noqa: PLC0415 - pyarrow only when exporting
-    from .locations import local_path  # noqa: PLC0415
+    from .errors import ExportError
+    from .export import db_path_in, export  # pyarrow only when exporting
+    from .locations import local_path
 
     db_path = db_path_in(args.data_dir) if args.data_dir else args.dsn or args.db
     if args.dsn and not args.dsn.startswith(("postgresql://", "postgres://")):
@@ -112,9 +112,9 @@ def _export_records(prog: str, args: argparse.Namespace) -> int:
     if not args.data_dir:
         print(f"{prog}: error: --records needs --data-dir (the local object store)", file=sys.stderr)
         return EXIT_USAGE
-    from .errors import ExportError  # noqa: PLC0415
-    from .locations import local_path  # noqa: PLC0415
-    from .records import export_records  # noqa: PLC0415
+    from .errors import ExportError
+    from .locations import local_path
+    from .records import export_records
 
     try:
         out = local_path(args.out, "output directory", ExportError)
@@ -165,7 +165,7 @@ def analyze_main(argv: Sequence[str]) -> int:
             return EXIT_USAGE
         conf[key.strip()] = value
 
-    from .analyze import analyze  # noqa: PLC0415
+    from .analyze import analyze
 
     try:
         report = analyze(args.in_dirs, args.out, args.master, bucket_s=args.bucket_s, conf=conf)

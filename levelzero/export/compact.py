@@ -13,6 +13,7 @@ are deleted after the commit (or by the next export, after a crash).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -116,7 +117,5 @@ def _fsync(path: str) -> None:
 def remove_superseded(out_dir: str, superseded: list[str]) -> None:
     """Delete files the committed manifest no longer counts (gone already is fine)."""
     for relative in superseded:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(out_dir, relative))
-        except FileNotFoundError:
-            pass

@@ -18,6 +18,7 @@ exports into one directory exclude each other with a lock file of the output dir
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import math
 import os
@@ -29,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -207,6 +208,13 @@ def _check_db_file(db_path: str) -> str:
     return path
 
 
+class Snapshot(Protocol):
+    """What an export reads through, in one snapshot: a read-only sqlite3.Connection inside a
+    read transaction, or a PostgresSnapshot (which answers `execute` the same way)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Any: ...
+
+
 @contextmanager
 def _snapshot(db_path: str) -> Iterator[sqlite3.Connection]:
     """A read-only connection inside one read transaction, after checking the schema."""
@@ -232,7 +240,7 @@ def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
         version, tables = read_version(connection)
     except sqlite3.DatabaseError as error:
         raise ExportError(f"{db_path} is not a levelzero store: {error}") from None
-    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
+    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not tables >= SCHEMA_TABLES:
         missing = sorted(SCHEMA_TABLES - tables)
         raise ExportError(
             f"{db_path} is not a levelzero store of schema version {OLDEST_SCHEMA_VERSION} to "
@@ -243,7 +251,7 @@ def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
         )
 
 
-def _fingerprint(connection: sqlite3.Connection) -> str | None:
+def _fingerprint(connection: Snapshot) -> str | None:
     """The store's first partition and its creation time: enough to tell two stores apart."""
     row = connection.execute(
         "SELECT topic, partition, created_at FROM partitions ORDER BY pid LIMIT 1"
@@ -262,7 +270,7 @@ def _check_same_source(
         )
 
 
-def _cluster_epoch(connection: sqlite3.Connection) -> int:
+def _cluster_epoch(connection: Snapshot) -> int:
     row = connection.execute(SELECT_CLUSTER_EPOCH).fetchone()
     return row[0] if row else 1
 
@@ -331,10 +339,8 @@ class _FileSet:
 
     def abort(self) -> None:
         for temp, _ in self._pending:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp)
-            except FileNotFoundError:
-                pass
         self._pending.clear()
 
 
@@ -401,7 +407,7 @@ class _TableSink:
         columns = list(zip(*rows, strict=True))
         arrays = []
         for index, column_field in enumerate(schema):
-            values = columns[index]
+            values: Sequence[Any] = columns[index]
             if pa.types.is_boolean(column_field.type):
                 values = [None if v is None else bool(v) for v in values]
             elif pa.types.is_timestamp(column_field.type):
@@ -459,7 +465,7 @@ class _ExportRun:
 
     def __init__(
         self,
-        connection: sqlite3.Connection,
+        connection: Snapshot,
         files: _FileSet,
         export_id: str,
         watermarks: Watermarks,
@@ -649,7 +655,7 @@ class _ExportRun:
         """Rounds are written once, when they end, and in the order they end: export those
         ending after the last exported end, and those ending at it not exported yet."""
         finished_at = self._old.gc_finished_at
-        at_finished = {tuple(pair) for pair in self._old.gc_at_finished}
+        at_finished: set[tuple[int, float]] = {(pair[0], pair[1]) for pair in self._old.gc_at_finished}
         if finished_at is None:
             cursor = self._db.execute(_SELECT_GC_ROUNDS + " ORDER BY finished_at, round_id")
         else:
@@ -698,7 +704,7 @@ _SELECT_FENCE_EVENTS = (
 )
 
 
-def _select_fence_events(connection: sqlite3.Connection) -> str:
+def _select_fence_events(connection: Snapshot) -> str:
     """A store that no levelzero with `fence_events.decisions` has opened yet (the log store adds
     the column on open; the export only reads) has a row per decision: it counts one each."""
     if _dialect(connection) == "postgres":

@@ -98,8 +98,9 @@ class HadoopFiles:
     """Hadoop's FileSystem API through the Spark session's JVM gateway (py4j)."""
 
     def __init__(self, spark: Any) -> None:
-        self._jvm = spark._jvm
-        self._conf = spark._jsc.hadoopConfiguration()
+        # py4j reaches the JVM's classes only through the session's private handles.
+        self._jvm = spark._jvm  # noqa: SLF001
+        self._conf = spark._jsc.hadoopConfiguration()  # noqa: SLF001
 
     # ------------------------------------------------------------------ plumbing
 
@@ -110,7 +111,7 @@ class HadoopFiles:
         return self._call(location, lambda: self._path(location).getFileSystem(self._conf))
 
     def _call(self, location: str, work: Any) -> Any:
-        from py4j.protocol import Py4JJavaError  # noqa: PLC0415 - only with Spark
+        from py4j.protocol import Py4JJavaError
 
         try:
             return work()
@@ -185,7 +186,8 @@ class HadoopFiles:
         size = self._size(path)
         if size < len(PARQUET_MAGIC) + PARQUET_TAIL.size:
             raise AnalysisError(f"{path} is not a readable Parquet file: {size} bytes")
-        footer_length, magic = PARQUET_TAIL.unpack(self._read(path, size - PARQUET_TAIL.size, PARQUET_TAIL.size))
+        tail = self._read(path, size - PARQUET_TAIL.size, PARQUET_TAIL.size)
+        footer_length, magic = PARQUET_TAIL.unpack(tail)
         if magic != PARQUET_MAGIC or footer_length > min(FOOTER_BYTES_MAX, size - 12):
             raise AnalysisError(f"{path} is not a readable Parquet file: no Parquet footer")
         footer = self._read(path, size - PARQUET_TAIL.size - footer_length, footer_length)

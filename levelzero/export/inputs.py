@@ -48,13 +48,16 @@ def load_inputs(in_dirs: list[str], remote: Files | None = None) -> list[ExportI
         raise AnalysisError("no input directory given: pass one or more export directories")
     inputs = []
     seen = set()
+    files: Files
     for in_dir in in_dirs:
         in_dir = os.fspath(in_dir)
         if is_local(in_dir):
             path, files = os.path.abspath(local_path(in_dir, "input")), LOCAL
         else:
             if remote is None:
-                raise AnalysisError(f"input {in_dir}: a URI needs Spark's filesystems (start the session first)")
+                raise AnalysisError(
+                    f"input {in_dir}: a URI needs Spark's filesystems (start the session first)"
+                )
             path, files = in_dir.rstrip("/"), remote
         if path in seen:
             continue
@@ -144,7 +147,7 @@ def check_java() -> str:
 def _java_major_version(java: str) -> int | None:
     """The major version `java -version` reports; None when it cannot be told."""
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # noqa: S603 - the java the user configured, fixed arguments
             [java, "-version"], capture_output=True, text=True, timeout=JAVA_VERSION_TIMEOUT_S
         )
     except (OSError, subprocess.TimeoutExpired) as error:

@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
-from pyspark.sql import functions as F  # noqa: N812
-from pyspark.sql import types as T  # noqa: N812
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 import pyarrow as pa
 
@@ -109,7 +109,7 @@ class SparkAnalysis:
             self.results = self._time_grid(frames, rows)
             self.results.figures.update(
                 spark_master=self.spark.sparkContext.master,
-                shuffle_partitions=int(self.spark.conf.get("spark.sql.shuffle.partitions")),
+                shuffle_partitions=int(str(self.spark.conf.get("spark.sql.shuffle.partitions"))),
             )
             self.grid = self.spark.range(self.results.buckets).withColumnRenamed("id", "b")
             objects, deletions = frames["l0_objects"], frames["l0_deletions"]
@@ -396,7 +396,10 @@ class SparkAnalysis:
             .agg(*[F.sum(c).alias(c) for c in ("l0_bytes", "l0_objects", "l1_bytes")])
         )
         running = Window.orderBy("b").rowsBetween(Window.unboundedPreceding, 0)
-        live = lambda c: F.sum(F.coalesce(c, F.lit(0))).over(running)  # noqa: E731
+
+        def live(c: str) -> Column:
+            return F.sum(F.coalesce(c, F.lit(0))).over(running)
+
         over_time = (
             self.grid.join(events, "b", "left")
             .select(
@@ -573,7 +576,7 @@ class SparkAnalysis:
             .groupBy(window_size.alias("window_size"))
             .agg(_decisions().alias("events"), _decisions(rejected).alias("rejected"))
         )
-        sizes = self._keep("fence_window_sizes", sizes, order=["window_size"])
+        size_table = self._keep("fence_window_sizes", sizes, order=["window_size"])
         outcomes = self._keep(
             "fence_outcomes",
             events.groupBy("outcome").agg(_decisions().alias("events")),
@@ -585,7 +588,7 @@ class SparkAnalysis:
             fence_events=total,
             fence_rejected=rejections,
             fence_rejection_rate=rejections / total if total else None,
-            window_size_max=max((r["window_size"] for r in sizes.rows), default=None),
+            window_size_max=max((r["window_size"] for r in size_table.rows), default=None),
         )
 
     # ------------------------------------------------------------------ throughput

@@ -12,8 +12,9 @@ Watermarks (per table, see `schemas.TableSpec.incremental`):
 - `l1_open`: rowid runs of L1 objects not DELETE_FINISHED, with the state rank exported;
 - `gc_finished_at` / `gc_at_finished`: the latest exported round end and the rounds ending then.
 `superseded` lists committed files compaction folded into a later one (`compact.py`): readers
-skip them; they are deleted after the commit. Runs are `[first_rowid, last_rowid, rank]`; consecutive rows of one rank share a run, so a
-healthy store (deletes roughly in creation order) keeps the lists short.
+skip them; they are deleted after the commit. Runs are `[first_rowid, last_rowid, rank]`;
+consecutive rows of one rank share a run, so a healthy store (deletes roughly in creation order)
+keeps the lists short.
 """
 
 from __future__ import annotations

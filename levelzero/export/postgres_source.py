@@ -139,7 +139,7 @@ def _check_schema(loop: asyncio.AbstractEventLoop, connection: asyncpg.Connectio
         version = loop.run_until_complete(
             connection.fetchval("SELECT COALESCE(MAX(version), 0) FROM levelzero_schema")
         )
-    if version != SCHEMA_VERSION or not SCHEMA_TABLES <= tables:
+    if version != SCHEMA_VERSION or not tables >= SCHEMA_TABLES:
         missing = sorted(SCHEMA_TABLES - tables)
         raise ExportError(
             f"{where} is not a levelzero store of schema version {SCHEMA_VERSION} (it has "

@@ -14,7 +14,7 @@ import io
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
@@ -22,6 +22,9 @@ import pyarrow.parquet as pq
 
 from .readable import human, human_bytes, human_number
 from .results import Results, ResultTable
+
+if TYPE_CHECKING:  # matplotlib is imported when plots are drawn
+    from matplotlib.figure import Figure
 
 TOP_ROWS_SHOWN = 20  # rows of a per-partition table shown in the report
 TOP_PARTITIONS_PLOTTED = 5
@@ -95,13 +98,13 @@ def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
 
 
 def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.dates as mdates  # noqa: PLC0415
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
 
-    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter
 
     bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
     os.makedirs(plots_dir, exist_ok=True)
@@ -112,14 +115,15 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     bucket_s = results.bucket_s
     written: dict[str, str] = {}
 
-    def save(name: str, figure) -> None:  # noqa: ANN001
+    def save(name: str, figure: Figure) -> None:
         figure.tight_layout()
         path = os.path.join(plots_dir, f"{name}.png")
         figure.savefig(path, dpi=PLOT_DPI)
         plt.close(figure)
         written[name] = path
 
-    def time_figure(title: str):  # noqa: ANN202
+    # The axes as Any: matplotlib's stubs refuse the datetime x values its date units plot.
+    def time_figure(title: str) -> tuple[Figure, Any]:
         figure, axis = plt.subplots(figsize=(9, 3.6))
         locator = mdates.AutoDateLocator()
         axis.xaxis.set_major_locator(locator)
@@ -325,7 +329,8 @@ _SECTIONS = [
         "Epoch fence",
         "fence",
         "Fence decisions grouped by the window's upper edge (the epoch a partition's window had "
-        "moved to), in at most 200 equal epoch ranges whatever the history's length. A rejection is a write whose epoch was below the window: its writer "
+        "moved to), in at most 200 equal epoch ranges whatever the history's length. A rejection "
+        "is a write whose epoch was below the window: its writer "
         "refreshes its epoch cache and retries. Window size = window_max − window_min + 1.",
         ["fence_events", "fence_rejected", "fence_rejection_rate", "window_size_max"],
         ["fence_by_window", "fence_window_sizes", "fence_outcomes"],

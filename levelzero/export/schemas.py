@@ -10,7 +10,8 @@ Layout of an export directory (hive-style date partitions, UTC dates of `time_co
     OUT/<table>/date=YYYY-MM-DD/part-<export_id>[-<n>].parquet
 
 Every time is a Parquet TIMESTAMP (microseconds, UTC) of what the store recorded as unix seconds;
-integers are int64. No column is named with a word common SQL engines reserve (`at` was). An export adds only rows it has not exported before (see `TableSpec.incremental`), so one
+integers are int64. No column is named with a word common SQL engines reserve (`at` was). An
+export adds only rows it has not exported before (see `TableSpec.incremental`), so one
 export directory never holds a row twice; several directories given to the analysis may overlap
 and are deduplicated on `TableSpec.key`.
 """

@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from levelzero.core.entries import LogRecord, decode_entry
+from levelzero.core.entries import LogRecord, Placeholder, decode_entry
 from levelzero.core.l0format import NO_TIMESTAMP, decode_extent, read_header
 from levelzero.core.state import PartitionState
 
@@ -43,6 +43,10 @@ from levelzero.core.errors import LevelZeroError
 from .errors import ExportError
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import Filter
+    from pyspark.sql.types import StructType
+
     from levelzero.config import Config
 
 FORMAT_NAME = "levelzero"
@@ -90,10 +94,12 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
 def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
     the daemon's TOML file (with its environment, as the daemon reads it)."""
-    from levelzero.config import ConfigError, load_config  # noqa: PLC0415
+    from levelzero.config import ConfigError, load_config
 
     if (data_dir is None) == (config_path is None):
-        raise ExportError('the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them')
+        raise ExportError(
+            'the levelzero data source needs option("data_dir", ...) or option("config", ...), one of them'
+        )
     try:
         if config_path is not None:
             return load_config(config_path)
@@ -106,7 +112,7 @@ def store_config(data_dir: str | None = None, config_path: str | None = None) ->
 def _catalog(config: Config) -> Iterator[Any]:
     """The control plane, read-only, in one snapshot."""
     if config.control.kind == "postgres":
-        from .postgres_source import postgres_snapshot  # noqa: PLC0415
+        from .postgres_source import postgres_snapshot
 
         with postgres_snapshot(config.control.dsn, config.control.read_password()) as snapshot:
             yield snapshot
@@ -141,7 +147,8 @@ def plan(
         for pid, partition, creation_epoch in parts:
             state = _replay(db, pid, creation_epoch)
             low = max(state.start_offset, start_offset)
-            high = state.high_watermark - 1 if end_offset is None else min(state.high_watermark, end_offset) - 1
+            end = state.high_watermark if end_offset is None else min(state.high_watermark, end_offset)
+            high = end - 1
             l1_high = min(state.lro, high)
             if low <= l1_high:
                 rows = db.execute(
@@ -155,15 +162,14 @@ def plan(
                     first, stop = max(base, low), min(last, l1_high)
                     if first <= stop:
                         ranges.append(ObjectRange(topic, partition, "l1", key, base, first, stop))
-            placeholders = [
-                (base, decode_entry(blob))
-                for base, blob in db.execute(
-                    "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
-                    " AND base_offset + record_count > ? ORDER BY log_offset",
-                    (pid, max(low, state.lro + 1)),
-                )
-            ]
-            for base, p in placeholders:
+            placeholders = db.execute(
+                "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
+                " AND base_offset + record_count > ? ORDER BY log_offset",
+                (pid, max(low, state.lro + 1)),
+            ).fetchall()
+            for base, blob in placeholders:
+                p = decode_entry(blob)
+                assert isinstance(p, Placeholder), (pid, base)
                 first = max(base, low, state.lro + 1)
                 stop = min(base + p.record_count - 1, high)
                 if first > stop:
@@ -179,7 +185,7 @@ def plan(
 
 def _where(config: Config) -> str:
     if config.control.kind == "postgres":
-        from levelzero.storage.postgres.store import redacted  # noqa: PLC0415
+        from levelzero.storage.postgres.store import redacted
 
         return redacted(config.control.dsn)
     return config.storage.db_path
@@ -203,19 +209,20 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
         rec = records[i]
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, [tuple(h) for h in rec.headers])
+        headers = list(rec.headers)
+        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, headers)
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
     """The records of one object range as one Arrow record batch of the data source's schema
     (Spark takes it without converting row by row)."""
-    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow as pa
 
-    from .schemas import RECORDS_SCHEMA as SCHEMA  # noqa: PLC0415
+    from .schemas import RECORDS_SCHEMA as SCHEMA
 
     rows = list(read_range(source, r))
     count = len(rows)
-    _, _, offsets, timestamps, keys, values, headers = zip(*rows) if rows else ((),) * 7
+    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True) if rows else ((),) * 7
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
@@ -240,10 +247,12 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
         except FileNotFoundError:
-            raise ExportError(f"object {key} is not in {config.storage.objects_dir} (collected since planning?)") from None
+            raise ExportError(
+                f"object {key} is not in {config.storage.objects_dir} (collected since planning?)"
+            ) from None
 
     async def read() -> bytes:
-        from levelzero.storage.opening import open_object_store  # noqa: PLC0415
+        from levelzero.storage.opening import open_object_store
 
         store = await open_object_store(config)
         try:
@@ -251,7 +260,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
         finally:
             await store.aclose()
 
-    import anyio  # noqa: PLC0415
+    import anyio
 
     try:
         return anyio.run(read)
@@ -259,7 +268,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
         raise ExportError(f"object {key}: {error}") from None
 
 
-def _int_option(options: dict, name: str) -> int | None:
+def _int_option(options: Mapping[str, str], name: str) -> int | None:
     value = options.get(name)
     if value is None:
         return None
@@ -286,11 +295,13 @@ try:
         LessThanOrEqual,
     )
 except ImportError:  # pragma: no cover - pyspark is in the analysis extra
+    # Without pyspark the module still imports (its planning runs without Spark): plain bases
+    # and no filter classes stand in for pyspark's, which mypy knows as other types.
     DataSource = DataSourceReader = InputPartition = object  # type: ignore[misc,assignment]
     EqualTo = GreaterThan = GreaterThanOrEqual = In = IsNotNull = LessThan = LessThanOrEqual = ()  # type: ignore[misc,assignment]
 
 
-class _Partition(InputPartition):  # type: ignore[misc,valid-type]
+class _Partition(InputPartition):
     def __init__(self, r: ObjectRange) -> None:
         self.range = r
 
@@ -340,27 +351,28 @@ class OffsetBounds:
         return True
 
 
-class LevelZeroReader(DataSourceReader):  # type: ignore[misc,valid-type]
+class LevelZeroReader(DataSourceReader):
     def __init__(self, config: Config, topic: str, start: int, end: int | None) -> None:
         self.config, self.topic = config, topic
         self.bounds = OffsetBounds(start, end)
 
-    def pushFilters(self, filters):  # noqa: ANN001, ANN201, N802 - Spark's name
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
         for f in filters:
             if not self.bounds.push(f):
                 yield f
 
-    def partitions(self):  # noqa: ANN201
+    def partitions(self) -> Sequence[InputPartition]:
         bounds = self.bounds
         if bounds.end is not None and bounds.end <= bounds.start:
             return []
         return [_Partition(r) for r in plan(self.config, self.topic, bounds.start, bounds.end)]
 
-    def read(self, partition):  # noqa: ANN001, ANN201
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, _Partition), partition
         yield read_batch(self.config, partition.range)
 
 
-class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
+class LevelZeroDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return FORMAT_NAME
@@ -368,7 +380,7 @@ class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
     def schema(self) -> str:
         return SCHEMA_DDL
 
-    def reader(self, schema):  # noqa: ANN001, ANN201
+    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
         options = self.options
         topic = options.get("path")
         if not topic:
@@ -382,7 +394,7 @@ class LevelZeroDataSource(DataSource):  # type: ignore[misc,valid-type]
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
-def register(spark) -> None:  # noqa: ANN001
+def register(spark: SparkSession) -> None:
     """Make `spark.read.format("levelzero")` available in this session, with filter pushdown
     for Python data sources on (the reader takes offset filters; Spark refuses a reader that
     takes filters while the setting is off)."""

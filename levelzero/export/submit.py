@@ -19,7 +19,7 @@ import sys
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
-from levelzero.export.cli import analyze_main  # noqa: E402
+from levelzero.export.cli import analyze_main  # noqa: E402 - after the sys.path fix above
 
 
 def main(argv: list[str]) -> int:

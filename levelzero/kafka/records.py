@@ -130,7 +130,9 @@ def _bounded(decompress_into: Callable[[bytes, bytearray], int], name: str) -> C
                 return bytes(out[: decompress_into(data, out)])
             except cramjam.DecompressionError as exc:
                 if size >= limit:
-                    raise CorruptBatch(f"{name} data does not decompress within {limit} bytes: {exc}") from None
+                    raise CorruptBatch(
+                        f"{name} data does not decompress within {limit} bytes: {exc}"
+                    ) from None
                 size = min(limit, size * 4)
 
     return decompress
@@ -243,7 +245,8 @@ def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
 # ------------------------------------------------------------------------------ decoding
 
 _PRODUCER_ID = struct.Struct(">q")
-PRODUCER_ID_AT = 43  # baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta, timestamps
+# baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta, timestamps
+PRODUCER_ID_AT = 43
 
 
 def producer_id_of(data: bytes) -> int:
@@ -251,7 +254,8 @@ def producer_id_of(data: bytes) -> int:
     record set is decoded, to load that producer's state."""
     if len(data) < BATCH_HEADER_BYTES:
         return -1
-    return _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+    producer_id: int = _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+    return producer_id
 
 
 
@@ -388,6 +392,7 @@ def _decode_records_compiled(
     synthetic[_BATCH_LENGTH_AT : _BATCH_LENGTH_AT + 4] = (
         BATCH_HEADER_BYTES - 12 + len(body)).to_bytes(4, "big")
     synthetic += body
+    records: list[KafkaRecord] | list[Record]
     try:
         if stored:  # what the node stores: no KafkaRecord in between (a null value is empty)
             records = [

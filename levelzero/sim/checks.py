@@ -274,13 +274,14 @@ class Truth:
                 checked += 1
         return checked
 
-    def _object(self, objects, key: str, what: str) -> bytes:
+    def _object(self, objects: MemoryObjectStore, key: str, what: str) -> bytes:
         stored = objects._objects.get(key)
         if stored is None:
             self.fail("3", f"{what}: its object {key} is gone")
+        assert stored is not None  # fail() raised
         return stored[0]
 
-    def _l1_records(self, objects, row: L1Row, name: str) -> list[Record]:
+    def _l1_records(self, objects: MemoryObjectStore, row: L1Row, name: str) -> list[Record]:
         data = self._object(objects, row.key, f"{name}: valid L1 object")
         header = read_header(data, row.key)
         (extent,) = header.extents

@@ -62,7 +62,7 @@ class SeededFaults(FaultPlan):
     def _uniform(self, r: Range) -> float:
         return self.rng.uniform(r[0], r[1])
 
-    def delay_s(self, op: ObjectOp, key: str | None) -> float:
+    def delay_s(self, op: ObjectOp, key: str | None) -> float:  # noqa: ARG002 - the store's fault hook
         cfg = self.cfg
         if op == "put" and self._chance(cfg.slow_put_p):
             return self._uniform(cfg.slow_put_s)
@@ -70,7 +70,7 @@ class SeededFaults(FaultPlan):
             return self._uniform(cfg.slow_get_s)
         return self._uniform(cfg.object_op_s)
 
-    def before(self, op: ObjectOp, key: str | None) -> None:
+    def before(self, op: ObjectOp, key: str | None) -> None:  # noqa: ARG002 - the store's fault hook
         cfg = self.cfg
         p = {
             "put": cfg.put_error_p / 2,

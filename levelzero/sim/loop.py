@@ -12,6 +12,11 @@ loop whose sources of nondeterminism are replaced:
   `id()` and so differs between processes. The ready callbacks are therefore put in a canonical
   order before the seeded pick: by the creation number of the task they belong to (tasks are
   made by this loop's factory, numbered as they are created), then by when they became ready.
+  That order is not enough on its own: which tasks a cancel scope reaches in one delivery, and
+  so which callbacks become ready when, follows the order its sets iterate in. So tasks, and
+  anyio's cancel scopes while a simulation runs, hash by their creation number, not by address
+  (by address, the same seed ran one callback more or less in another process, or in the same
+  one after other runs).
 
 There is no selector: the simulated world does no I/O (memory stores only). When nothing is
 ready, no timer is left and the loop was not stopped, the world is deadlocked and `Deadlock` is
@@ -21,11 +26,14 @@ raised (a real finding: something waits for an event nobody will ever set).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
+
+from anyio._backends import _asyncio as anyio_asyncio
 
 T = TypeVar("T")
 
@@ -40,10 +48,18 @@ class Deadlock(RuntimeError):
     """Nothing is ready, no timer is scheduled, and the loop was not stopped."""
 
 
-class SimTask(asyncio.Task):  # type: ignore[type-arg]
-    """An asyncio task that knows its creation number on its loop (its canonical rank)."""
+class SimTask(asyncio.Task):
+    """An asyncio task that knows its creation number on its loop (its canonical rank), and
+    hashes by it: anyio's sets of tasks iterate in an order the seed decides, not the heap's."""
 
     sim_rank: int
+
+    def __init__(self, coro: Any, *, loop: asyncio.AbstractEventLoop, hash_key: int, **kwargs: Any) -> None:
+        self._hash_key = hash_key  # before Task.__init__, which adds the task to a WeakSet
+        super().__init__(coro, loop=loop, **kwargs)
+
+    def __hash__(self) -> int:
+        return self._hash_key
 
 
 def _owner_rank(callback: Callable[..., Any]) -> int:
@@ -54,6 +70,13 @@ def _owner_rank(callback: Callable[..., Any]) -> int:
 
 class DeterministicLoop(asyncio.BaseEventLoop):
     """An asyncio loop for simulation: virtual `time()`, one seeded ready callback per turn."""
+
+    # BaseEventLoop's own state, which `_run_once` below takes over (the stubs leave it out);
+    # its timers are asyncio.TimerHandles, whose private fields (_when, _scheduled, _callback,
+    # _cancelled) the stubs leave out too.
+    _scheduled: list[Any]
+    _timer_cancelled_count: int
+    _stopping: bool
 
     def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
         super().__init__()
@@ -67,8 +90,9 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         self.set_task_factory(self._new_task)
 
     def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> SimTask:
-        task = SimTask(coro, loop=loop, **kwargs)
-        task.sim_rank = next(self._task_ranks)
+        rank = next(self._task_ranks)
+        task = SimTask(coro, loop=loop, hash_key=rank, **kwargs)
+        task.sim_rank = rank
         return task
 
     # -- what BaseEventLoop leaves to subclasses (there is no selector and no self-pipe)
@@ -154,15 +178,46 @@ def run_deterministic(
     """Run `main` to completion on a fresh deterministic loop (or `loop`) and close the loop."""
     loop = loop if loop is not None else DeterministicLoop(rng)
     asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(main)
-    finally:
+    with _cancel_scopes_hashed_by_creation():
         try:
-            _cancel_leftovers(loop)
-            loop.run_until_complete(loop.shutdown_asyncgens())
+            return loop.run_until_complete(main)
         finally:
-            asyncio.set_event_loop(None)
-            loop.close()
+            try:
+                _cancel_leftovers(loop)
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+
+@contextlib.contextmanager
+def _cancel_scopes_hashed_by_creation() -> Iterator[None]:
+    """anyio's asyncio cancel scope keeps its child scopes in a set and delivers a cancellation
+    to them in that set's order; meanwhile a scope hashes by its creation number. (Its class
+    has __slots__: the numbers are kept by address, set as each scope is made, so an address
+    reused by a later scope gets that scope's number.)"""
+    scope_class = anyio_asyncio.CancelScope
+    numbers: dict[int, int] = {}
+    counter = itertools.count()
+    original_init = scope_class.__init__
+
+    def numbered_init(self: anyio_asyncio.CancelScope, *args: Any, **kwargs: Any) -> None:
+        numbers[id(self)] = next(counter)
+        original_init(self, *args, **kwargs)
+
+    def hash_by_number(self: anyio_asyncio.CancelScope) -> int:
+        number = numbers.get(id(self))
+        return object.__hash__(self) if number is None else number  # made before the run
+
+    assert "__hash__" not in vars(scope_class), "anyio's cancel scope hashes itself now"
+    # setattr: mypy refuses assignments to methods, which this is for the run's length.
+    setattr(scope_class, "__init__", numbered_init)  # noqa: B010 - see above
+    setattr(scope_class, "__hash__", hash_by_number)  # noqa: B010 - see above
+    try:
+        yield
+    finally:
+        setattr(scope_class, "__init__", original_init)  # noqa: B010 - see above
+        delattr(scope_class, "__hash__")
 
 
 def _cancel_leftovers(loop: DeterministicLoop) -> None:

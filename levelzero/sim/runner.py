@@ -9,6 +9,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from levelzero.core.fence import FenceMode
 
@@ -97,7 +98,7 @@ def run_seed(
         loop = DeterministicLoop(loop_rng)
         try:
             run_deterministic(world.run(), loop_rng, loop=loop)
-        except BaseException as exc:  # noqa: BLE001 - sorted below; anything else re-raised
+        except BaseException as exc:  # sorted below; anything else re-raised
             violation = _violation_of(world, exc, loop.time())
             if violation is None:
                 exc.add_note(
@@ -282,7 +283,8 @@ class Summary:
 _SUMMED = (
     "virtual_s", "callbacks", "writes_acked", "records_acked", "writes_failed", "reads",
     "stale_rejections", "objects_uploaded", "objects_deleted", "orphans", "l1_written", "crashes",
-    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults", "l0_left",
+    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults",
+    "l0_left",
     "records_checked", "leadership_changes", "total_stall_s", "rejections_after_change",
     "writes_over_one_retry_after_change", "stale_cache_changes", "stale_cache_total_stall_s",
     "stale_cache_rejections",
@@ -298,8 +300,9 @@ class Totals:
         self.violations = 0
         self.first_violation: Violation | None = None
         self.wall_s = 0.0
-        self._sums: dict[str, float] = dict.fromkeys(_SUMMED, 0)
-        self._maxes: dict[str, float] = dict.fromkeys(_MAXED, 0.0)
+        # Ints or floats, as the Summary fields they become.
+        self._sums: dict[str, Any] = dict.fromkeys(_SUMMED, 0)
+        self._maxes: dict[str, Any] = dict.fromkeys(_MAXED, 0.0)
 
     def add(self, result: SimResult) -> None:
         self.seeds += 1

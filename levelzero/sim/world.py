@@ -25,6 +25,7 @@ import random
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -359,7 +360,11 @@ class World:
         for actor in node.partitions():
             shadow = self.truth.shadow.get(actor.row.pid)
             state = actor.state
-            if shadow is not None and state.last_applied_log_offset == shadow.last_applied_log_offset and state != shadow:
+            if (
+                shadow is not None
+                and state.last_applied_log_offset == shadow.last_applied_log_offset
+                and state != shadow
+            ):
                 self.fail(
                     "replay",
                     f"{actor.name} replayed on {inc}: {state!r} != durable {shadow!r}",
@@ -527,7 +532,9 @@ class World:
         )
         self.truth.ack(pid, result.base_offset, records, result.object_key)
 
-    async def _routed(self, inc: Incarnation, topic: str, partition: int, op: str, *args: object):
+    async def _routed(
+        self, inc: Incarnation, topic: str, partition: int, op: str, *args: object
+    ) -> tuple[Incarnation, Any]:
         """`op` sent to `inc`, following `LedElsewhere` to the leader it names (the redirect the
         bundled client follows). Returns the node that answered and its answer."""
         hops = retries = 0
@@ -633,7 +640,8 @@ class World:
             await self._bump(inc)
         if during_gc:
             self.stats.partitions_created_during_gc += partitions
-        self.note(f"{inc} created {topic} with {partitions} partitions{' during a GC round' if during_gc else ''}")
+        when = " during a GC round" if during_gc else ""
+        self.note(f"{inc} created {topic} with {partitions} partitions{when}")
 
     async def _crasher(self, end: float) -> None:
         cfg = self.cfg

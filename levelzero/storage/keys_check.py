@@ -104,7 +104,8 @@ def check_delete_batch(keys: Sequence[str], keys_max: int) -> list[str]:
 # '.', '=', '+': never empty, '.', '..' or the temp prefix, no control character, backslash or
 # leading or trailing '/'. Every key levelzero writes is one; `check_object_key` passes it.
 _PLAIN_SEGMENT = r"[A-Za-z0-9_\-][A-Za-z0-9_.=+\-]*"
-_PLAIN_KEYS = re.compile(rf"{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*(?:\n{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*)*")
+_PLAIN_KEY = rf"{_PLAIN_SEGMENT}(?:/{_PLAIN_SEGMENT})*"
+_PLAIN_KEYS = re.compile(rf"{_PLAIN_KEY}(?:\n{_PLAIN_KEY})*")
 
 
 def _all_plain(keys: list[str]) -> bool:

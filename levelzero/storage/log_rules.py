@@ -58,12 +58,14 @@ def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
     entry, appended_at): a `log` row, in every backend: the columns plain SQL reads, plus the
     encoded entry. (One per appended record: a placeholder's columns are read without lookups.)"""
     entry = record.entry
+    kind: str | None
+    epoch: int | None
     if type(entry) is Placeholder:
         kind, epoch = _PLACEHOLDER, entry.epoch
         record_count, byte_length = entry.record_count, entry.byte_length
         object_key: str | None = entry.object_key
     else:
-        kind = ENTRY_KINDS.get(type(entry))  # type: ignore[assignment]
+        kind = ENTRY_KINDS.get(type(entry))
         if kind is None:
             raise InvariantViolation(f"not a log entry: {entry!r}")
         epoch, record_count, byte_length, object_key = record.epoch, 0, 0, None

@@ -133,8 +133,8 @@ class MemoryLogStore:
             refused.append(None)
             assert all(r.term == expected_term for r in records)
             self._check_contiguous(pid, records)
-        for append, error in zip(appends, refused, strict=True):
-            if error is None:
+        for append, refusal in zip(appends, refused, strict=True):
+            if refusal is None:
                 self.logs[append.pid].extend(append.records)
                 self.appends += 1
         return refused
@@ -156,7 +156,9 @@ class MemoryLogStore:
         holders = [r for r in self.logs[pid] if isinstance(r.entry, Placeholder)]
         i = bisect_right([r.base_offset for r in holders], from_data_offset) - 1
         for record in holders[max(i, 0) :]:
-            if record.base_offset + record.entry.record_count > from_data_offset:
+            entry = record.entry
+            assert isinstance(entry, Placeholder), record
+            if record.base_offset + entry.record_count > from_data_offset:
                 found.append(record)
                 if len(found) >= limit:
                     break

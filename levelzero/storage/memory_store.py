@@ -107,7 +107,7 @@ class FaultPlan:
 
     # -- consulted by the store
 
-    def delay_s(self, op: ObjectOp, key: str | None) -> float:
+    def delay_s(self, op: ObjectOp, key: str | None) -> float:  # noqa: ARG002 - the fault hook's signature
         """Seconds to sleep (with the store's sleep function) before the operation."""
         return self._delays_s.get(op, 0.0)
 

@@ -32,7 +32,9 @@ class FaultSpec:
         for part in filter(None, (p.strip() for p in text.split(","))):
             name, sep, raw = part.partition("=")
             if not sep or name not in ("error_rate", "latency_ms", "seed"):
-                raise InvalidInput(f"fault spec {text!r}: expected name=value with names error_rate, latency_ms, seed")
+                raise InvalidInput(
+                    f"fault spec {text!r}: expected name=value with names error_rate, latency_ms, seed"
+                )
             try:
                 values[name] = float(raw)
             except ValueError:

@@ -67,7 +67,7 @@ def moto_process(log_path: Path) -> Iterator[str]:
     port = free_local_port()
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
             [sys.executable, "-m", "levelzero.testing.moto", "-H", "127.0.0.1", "-p", str(port)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -125,7 +125,7 @@ def with_fill(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[byt
             return answer("400 Bad Request", f"bad fill request: {exc}")
         try:
             fill_objects(bucket, keys)
-        except Exception as exc:  # moto's own errors (no such bucket) go back as text
+        except Exception as exc:  # noqa: BLE001 - moto's own errors (no such bucket) go back as text
             return answer("500 Internal Server Error", f"fill failed: {type(exc).__name__}: {exc}")
         return answer("200 OK", str(len(keys)))
 

@@ -316,7 +316,7 @@ def read_version(connection: sqlite3.Connection) -> tuple[int, set[str]]:
 
 async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str) -> None:
     """Create the schema in an empty file; refuse files of a newer or unknown schema."""
-    rows = await connection.execute_fetchall("PRAGMA journal_mode = WAL")
+    rows = list(await connection.execute_fetchall("PRAGMA journal_mode = WAL"))
     if rows[0][0].lower() != "wal":
         raise StorageError(f"{db_path}: cannot switch to WAL mode (journal_mode={rows[0][0]})")
     (version,), = await connection.execute_fetchall("PRAGMA user_version")

@@ -39,6 +39,7 @@ releases the lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import sqlite3
@@ -515,10 +516,8 @@ class SqliteLogStore(StoreLifecycle):
             await self._flush(batch)
             await connection.commit()  # no-op (no fsync) when every job was rejected
         except Exception as error:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 await connection.rollback()
-            except sqlite3.Error:
-                pass
             self._fail_batch(jobs, error)
             if not isinstance(error, sqlite3.Error):
                 raise  # a bug in the writer: crash loudly (the callers got StorageError)
@@ -717,7 +716,7 @@ class SqliteLogStore(StoreLifecycle):
         )
         return [self._decode(pid, row) for row in rows]
 
-    def _decode(self, pid: int, row: tuple[Any, ...]) -> LogRecord:
+    def _decode(self, pid: int, row: sqlite3.Row | tuple[Any, ...]) -> LogRecord:
         log_offset, term, base_offset, kind, blob = row
         try:
             entry = decode_entry(blob)
@@ -791,12 +790,12 @@ class SqliteLogStore(StoreLifecycle):
     async def get_cluster_epoch(self) -> int:
         """The stored cluster epoch; 1 before the first `set_cluster_epoch`."""
         self._check_readable()
-        rows = await self._reader.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+        rows = list(await self._reader.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1"))
         return rows[0][0] if rows else 1
 
     async def set_cluster_epoch(self, epoch: int) -> None:
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
-            rows = await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1")
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
+            rows = list(await connection.execute_fetchall("SELECT epoch FROM cluster_epoch WHERE id = 1"))
             stored = rows[0][0] if rows else 1
             if epoch < stored:
                 raise InvariantViolation(f"cluster epoch would go back from {stored} to {epoch}")
@@ -814,7 +813,7 @@ class SqliteLogStore(StoreLifecycle):
     async def l1_insert(self, row: L1Row) -> None:
         check_l1_state(row.state)
 
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
             try:
                 await connection.execute(INSERT_L1, msgspec.structs.astuple(row))
             except sqlite3.IntegrityError:
@@ -826,7 +825,7 @@ class SqliteLogStore(StoreLifecycle):
         check_l1_state(from_state)
         check_l1_state(to_state)
 
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> bool:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> bool:
             async with connection.execute(
                 "UPDATE l1_objects SET state = ?, updated_at = ? WHERE key = ? AND state = ?",
                 (to_state, now, key, from_state),
@@ -839,7 +838,8 @@ class SqliteLogStore(StoreLifecycle):
         self, pid: int | None = None, states: Sequence[str] | None = None
     ) -> list[L1Row]:
         self._check_readable()
-        where, params = [], []
+        where: list[str] = []
+        params: list[int | str] = []
         if pid is not None:
             where.append("pid = ?")
             params.append(pid)
@@ -993,8 +993,8 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
 
 
 async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:
-    rows = await connection.execute_fetchall(
+    rows = list(await connection.execute_fetchall(
         "SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)
-    )
+    ))
     return rows[0][0] if rows else None
 
