@@ -46,7 +46,7 @@ DEFAULT_PORT = 8420
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 DEFAULT_DATA_DIR = "./levelzero-data"
 TOKEN_LENGTH_MIN = 16
-TOKEN_RULE = "printable ASCII without spaces ('!' to '~')"
+TOKEN_RULE = "printable ASCII without spaces ('!' to '~')"  # noqa: S105 - a rule, not a token
 BODY_BYTES_MAX_LIMIT = 256 * MiB
 RECORDS_PER_REQUEST_LIMIT = 1_000_000
 
@@ -540,7 +540,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
                 "can drain and still finish in time"
             )
-        if self.kafka.enabled and not self.server.token and not is_loopback(parse_listen(self.kafka.listen)[0]):
+        kafka_host = parse_listen(self.kafka.listen)[0] if self.kafka.enabled else ""
+        if self.kafka.enabled and not self.server.token and not is_loopback(kafka_host):
             raise ValueError(
                 f"server.token is required when kafka.listen ({self.kafka.listen}) is not a loopback "
                 "address: Kafka clients then authenticate with SASL/PLAIN, the token as password"

@@ -284,7 +284,9 @@ class ProduceIntake:
             return exc
         return None
 
-    def _finish(self, pending: Pending, *, base_offset: int = -1, error: LevelZeroError | None = None) -> None:
+    def _finish(
+        self, pending: Pending, *, base_offset: int = -1, error: LevelZeroError | None = None
+    ) -> None:
         pending.base_offset = base_offset
         pending.error = error
         if pending.identity is not None:

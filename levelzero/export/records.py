@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ExportError

@@ -30,7 +30,7 @@ async def open_object_store(config: Config) -> ObjectStore:
 async def _open_base_store(config: Config) -> ObjectStore:
     if config.storage.kind == "local":
         return LocalObjectStore(config.storage.objects_dir, fsync=config.storage.local_fsync)
-    from levelzero.storage.s3_store import S3Config, S3ObjectStore  # aiobotocore: only for S3
+    from levelzero.storage.s3_store import S3Config, S3ObjectStore  # noqa: PLC0415 - aiobotocore: only for S3
 
     s3 = config.s3
     return await S3ObjectStore.open(
