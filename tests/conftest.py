@@ -1,7 +1,8 @@
 """Fixtures shared by the whole test suite.
 
 S3: one endpoint per test session — moto's standalone server, started as a subprocess on a free
-local port by the benchmarks' helper (`levelzero.bench.moto_fill.moto_process`), or a real server named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
+local port by the shared test helper (`levelzero.testing.moto.moto_process`), or a real server
+named by LEVELZERO_TEST_S3_ENDPOINT (with LEVELZERO_TEST_S3_ACCESS_KEY,
 LEVELZERO_TEST_S3_SECRET_KEY, optional LEVELZERO_TEST_S3_REGION). Nothing S3 starts unless a test
 asks for it, so `pytest -m "not s3"` needs no server. Each test that uses S3 gets its own bucket.
 
@@ -17,21 +18,23 @@ import asyncio
 import os
 import urllib.parse
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import boto3
 import botocore.config
 import pytest
+from daemon_support import DaemonProcess
 
-from levelzero.bench.moto_fill import MotoDidNotStart, moto_process
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.postgres.throwaway import ServerUnavailable, ThrowawayServer, start_throwaway
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3Config, S3ObjectStore
+from levelzero.testing.moto import MotoDidNotStart, moto_process
+from levelzero.testing.postgres import ServerUnavailable, ThrowawayServer, start_throwaway
 
 # ------------------------------------------------------------------------------------- S3
 
@@ -84,7 +87,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3TestEndp
         return
     log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
     try:
-        with moto_process(log_path) as url:  # the benchmarks' helper: one way to run moto
+        with moto_process(log_path) as url:  # the one way to run moto
             yield S3TestEndpoint(
                 endpoint_url=url,
                 region="us-east-1",
@@ -200,3 +203,33 @@ def postgres_dsn(postgres_server: ThrowawayServer | str) -> Iterator[str]:
         yield _with_database(admin, database)
     finally:
         asyncio.run(run(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+
+
+# ---------------------------------------------------------------- daemon subprocesses
+# (the helpers behind these live in tests/daemon_support.py)
+
+
+@pytest.fixture
+def daemon_process(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A started daemon subprocess on tmp_path/data; killed at teardown if still running."""
+    process = DaemonProcess(tmp_path / "data", tmp_path)
+    try:
+        yield process.start()
+    finally:
+        process.cleanup()
+
+
+@pytest.fixture
+def make_daemon_process(tmp_path: Path) -> Iterator[Any]:
+    """Factory for daemon subprocesses with extra environment (not started)."""
+    made: list[DaemonProcess] = []
+
+    def make(env: Mapping[str, str] | None = None, name: str = "data") -> DaemonProcess:
+        made.append(DaemonProcess(tmp_path / name, tmp_path, env))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for process in made:
+            process.cleanup()

@@ -1,5 +1,5 @@
 """Helpers to run the daemon in tests: in-process (real HTTP on a free loopback port) and as a
-subprocess (`python -m levelzero.daemon.cli run`), polled with bounded loops. Importable from any
+subprocess (`python -m levelzero.cli run`), polled with bounded loops. Importable from any
 test directory as `daemon_support` (tests/ is on sys.path through tests/conftest.py)."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from levelzero.daemon.client import Client
-from levelzero.daemon.config import Config, load_config
+from levelzero.cli.client import Client
+from levelzero.config import Config, load_config
 from levelzero.daemon.service import Daemon, running_daemon
-from levelzero.storage.loopback import free_local_port
+from levelzero.testing.loopback import free_local_port
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 40.0
@@ -58,7 +58,7 @@ async def daemon_and_client(
 # ------------------------------------------------------------------------------ subprocess
 
 
-free_port = free_local_port  # below the ephemeral range: see levelzero/storage/loopback.py
+free_port = free_local_port  # below the ephemeral range: see levelzero/testing/loopback.py
 
 
 def clean_environ(**extra: str) -> dict[str, str]:
@@ -90,7 +90,7 @@ class DaemonProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "levelzero.daemon.cli", "run",
+            sys.executable, "-m", "levelzero.cli", "run",
             "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
         ]
 
@@ -154,7 +154,7 @@ class DaemonProcess:
     def cli(self, *args: str, input: bytes | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
         """A `levelzero` client command against this daemon."""
         return subprocess.run(
-            [sys.executable, "-m", "levelzero.daemon.cli", *args],
+            [sys.executable, "-m", "levelzero.cli", *args],
             input=input, capture_output=True, timeout=timeout_s,
             env=clean_environ(LEVELZERO_URL=self.url),
         )
@@ -288,3 +288,24 @@ class BlackholeProxy:
         finally:
             if not self.blackholed:
                 writer.close()
+
+
+# ---------------------------------------------------------------- raw HTTP requests and errors
+
+JSON = {"content-type": "application/json"}
+
+
+async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN001
+    """A request as given; a POST says it is JSON unless the test gives its own headers."""
+    if method == "POST":
+        kwargs.setdefault("headers", JSON)
+    return await client._http.request(method, path, **kwargs)
+
+
+def assert_error(response: httpx.Response, status: int, code: str, fragment: str = "") -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error", "message"}
+    assert body["error"] == code, body
+    assert fragment in body["message"], body

@@ -27,25 +27,35 @@ actor appended for itself.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 import anyio.abc
 
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
-from levelzero.storage.protocols import Append, FenceEventRow, LogStore
+from levelzero.storage.protocols import Append, FenceEventRow, LogStore, PartitionRow
 
 from .mailbox import Wakeup
-
-if TYPE_CHECKING:
-    from .partition import PartitionActor
 
 APPEND_CALLS_MAX = 4  # log-store calls on their way at once
 RECORDS_PER_CALL_MAX = 4_096  # the stores' group-commit bound (GROUP_COMMIT_MAX_RECORDS)
 PARTITIONS_PER_CALL_MAX = 256
 FENCE_EVENTS_FLUSH_INTERVAL_S = 1.0  # buffered fence events are written at most this late
 FENCE_EVENT_ROWS_PER_CALL_MAX = 4_096
+
+
+class PartitionActor(Protocol):
+    """What the appender asks of a partition actor (`partition.PartitionActor`), named here so
+    that the appender does not import the partition that imports it."""
+
+    row: PartitionRow
+
+    def take_append_batch(self, room: int) -> list[LogRecord]: ...
+
+    def appended(self, upto: int, refused: NotLeader | None) -> None: ...
+
+    def take_fence_events(self) -> list[FenceEventRow]: ...
 
 
 class Appender:

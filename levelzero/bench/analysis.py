@@ -209,8 +209,8 @@ def _jvm_peak_rss_bytes(spark: SparkSession) -> int | None:
 
 async def fill_records(data_dir: Path, records: int) -> None:
     """`records` records produced through a daemon on `data_dir`, round robin over partitions."""
-    from levelzero.daemon.client import Client
-    from levelzero.daemon.config import load_config
+    from levelzero.cli.client import Client
+    from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 
     assert records % (RECORDS_PER_PRODUCE * RECORD_PARTITIONS) == 0

@@ -31,7 +31,7 @@ from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.fence import FenceMode
 from levelzero.core.l0format import Record
-from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
+from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
 from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 

@@ -45,8 +45,8 @@ import anyio
 import httpx
 
 from levelzero.core.cluster import preferred_leader
-from levelzero.daemon.cluster_demo import ClusterNodeProcess
-from levelzero.storage.postgres.throwaway import SUPERUSER_PASSWORD, start_throwaway
+from levelzero.cli.cluster_demo import ClusterNodeProcess
+from levelzero.testing.postgres import SUPERUSER_PASSWORD, start_throwaway
 
 from .common import Figure, Settings, Target, figure, moto_server, work_dir
 

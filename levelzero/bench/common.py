@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from .moto_fill import moto_process
+from levelzero.testing.moto import moto_process
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -263,7 +263,7 @@ def work_dir(settings: Settings, name: str) -> Any:
 
 @contextlib.asynccontextmanager
 async def moto_server(log_dir: Path) -> AsyncIterator[str]:
-    """moto's standalone S3 server as a subprocess; its URL (`moto_fill.moto_process`, the one
+    """moto's standalone S3 server as a subprocess; its URL (`levelzero.testing.moto.moto_process`, the one
     moto helper of the benchmarks and the tests: moto's own application, as `python -m
     moto.server` runs it, plus a setup endpoint that creates many objects at once). Started and
     stopped on a worker thread: the event loop keeps running meanwhile."""

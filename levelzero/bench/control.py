@@ -40,8 +40,9 @@ from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
 from levelzero.storage.protocols import Append, L0ObjectRow
-from levelzero.storage.postgres.store import APPEND_BATCH, WRITERS, PostgresLogStore
-from levelzero.storage.postgres.throwaway import start_throwaway
+from levelzero.storage.postgres.base import APPEND_BATCH, WRITERS
+from levelzero.storage.postgres.store import PostgresLogStore
+from levelzero.testing.postgres import start_throwaway
 from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, Target, figure, interleave, work_dir

@@ -19,7 +19,7 @@ created and recorded in the catalog; at a random moment `M(p)` is raised so that
 `LAG_OBJECTS_PER_STEP` objects become eligible; the time until each is deleted is recorded. Its
 figure is the median lag beside `interval_s`.
 
-Objects are created inside the bench's moto server (`moto_fill`: ~15 µs an object instead of a
+Objects are created inside the bench's moto server (`levelzero.testing.moto`: ~15 µs an object instead of a
 ~2.5 ms PUT), and catalog rows by 64 concurrent callers; neither is part of any figure.
 """
 
@@ -56,7 +56,7 @@ from .common import (
     s3_config,
     work_dir,
 )
-from .moto_fill import FILL_PATH
+from levelzero.testing.moto import FILL_PATH
 
 ITEM = "gc"
 BUCKET = "levelzero-bench-gc"

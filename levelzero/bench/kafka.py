@@ -136,8 +136,8 @@ async def in_child(*args: str) -> tuple[float, float]:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.daemon.client import Client
-    from levelzero.daemon.config import load_config
+    from levelzero.cli.client import Client
+    from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 
     count = settings.pick(300_000, 6_000)  # a round of ~1 s a side: shorter ones scattered 66-173%
@@ -176,7 +176,7 @@ async def run(settings: Settings) -> list[Figure]:
 
 
 async def _http_side(url: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> tuple[float, float]:
-    from levelzero.daemon.client import Client
+    from levelzero.cli.client import Client
 
     async with Client(url) as client:
         produced = await http_produce(client, topic, records)

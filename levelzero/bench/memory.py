@@ -47,7 +47,7 @@ TARGET = Target(1.10, higher_is_better=False)
 def bench_config(data_dir: str):  # noqa: ANN201 - a daemon Config (lazy import)
     """The daemon's embedded defaults, on `data_dir` and a free port, with a GC that deletes
     within the run."""
-    from levelzero.daemon.config import load_config
+    from levelzero.config import load_config
 
     return load_config(
         None,
@@ -66,7 +66,7 @@ def bench_config(data_dir: str):  # noqa: ANN201 - a daemon Config (lazy import)
 
 async def drive(records_target: int, seconds_min: float) -> dict[str, Any]:
     """Run the daemon and the load until both bounds are reached; return the samples."""
-    from levelzero.daemon.client import Client
+    from levelzero.cli.client import Client
     from levelzero.daemon.service import running_daemon
 
     samples: list[tuple[float, int]] = []

@@ -13,7 +13,7 @@ which partitions hold M back and why). The actor only lists, deletes, sleeps and
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -99,50 +99,6 @@ def classify(epoch: int, last_modified: float, m: int | None, now: float, grace_
     return Verdict.DELETE
 
 
-@dataclass(slots=True)
-class PrefixScan:
-    """The outcome of scanning one prefix's listing (in key order) against `M`."""
-
-    deletable: list[ListedObject] = field(default_factory=list)
-    too_young: int = 0
-    above_m: int = 0
-    listed: int = 0
-    malformed: list[str] = field(default_factory=list)
-    oldest_young_at: float | None = None  # last_modified of the oldest too-young object
-    stopped: bool = False  # hit an epoch above M: the rest of the prefix is newer
-
-    def feed(self, obj: ListedObject, m: int | None, now: float, grace_s: float) -> bool:
-        """Classify one listed object. Returns False once the prefix needs no more listing."""
-        assert not self.stopped, "feed after the scan stopped"
-        self.listed += 1
-        try:
-            epoch = parse_l0_key(obj.key).epoch
-        except ValueError:
-            self.malformed.append(obj.key)  # never ours to delete; explain reports it
-            return True
-        verdict = classify(epoch, obj.last_modified, m, now, grace_s)
-        if verdict is Verdict.DELETE:
-            self.deletable.append(obj)
-        elif verdict is Verdict.TOO_YOUNG:
-            self.too_young += 1
-            if self.oldest_young_at is None or obj.last_modified < self.oldest_young_at:
-                self.oldest_young_at = obj.last_modified
-        else:
-            self.above_m += 1
-            self.stopped = True
-        return not self.stopped
-
-
-def scan_prefix(
-    objects: Iterable[ListedObject], m: int | None, now: float, grace_s: float
-) -> PrefixScan:
-    scan = PrefixScan()
-    for obj in objects:
-        if not scan.feed(obj, m, now, grace_s):
-            break
-    return scan
-
-
 def batches(keys: list[str], size: int = DELETE_BATCH_KEYS_MAX) -> list[list[str]]:
     assert 1 <= size <= DELETE_BATCH_KEYS_MAX, size
     return [keys[i : i + size] for i in range(0, len(keys), size)]
@@ -187,7 +143,7 @@ GROUP_PREFIXES = 100  # one listing covers the prefixes sharing a first digit
 class RangeScan:
     """Scans the L0 keys of a contiguous range of prefixes, in key order, page by page.
 
-    Same rule as `PrefixScan` (a prefix ends at its first epoch above M), but one listing covers
+    A prefix ends at its first epoch above M (the rest of it is newer); one listing covers
     up to 100 prefixes (those sharing their first digit: list prefix `level_zero/data/D`): an
     empty prefix costs nothing, and a prefix that hit an epoch above M is skipped by restarting
     the listing after its last possible key. A sparse keyspace costs about ten list requests per

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .buildinfo import version
-from .ownership import CLUSTER_ID_FILE
+from levelzero.daemon.buildinfo import version
+from levelzero.daemon.ownership import CLUSTER_ID_FILE
 
 BACKUP_FORMAT = 1
 DB_FILE = "levelzero.db"

@@ -24,7 +24,7 @@ from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.actors.gc import WatermarkReading
 
-from .buildinfo import build_labels
+from levelzero.daemon.buildinfo import build_labels
 
 Source = Callable[[Node], Iterable[Metric]]
 

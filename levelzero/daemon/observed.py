@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore
 
-from .storage_health import StorageHealth
+from levelzero.daemon.storage_health import StorageHealth
 
 # 0.5 ms (a local fsync) .. 30 s (an S3 request with its retries).
 STORE_LATENCY_BUCKETS_S = (

@@ -81,9 +81,10 @@ from levelzero.storage.protocols import (
 )
 from levelzero.storage.postgres.store import PostgresLogStore
 
-from .config import Config
-from .ownership import CLUSTER_ID_FILE, MARKER_KEY, claim_store, local_cluster_id
-from .service import ControlStore, open_control_store, open_object_store, store_where
+from levelzero.config import Config
+from levelzero.daemon.ownership import CLUSTER_ID_FILE, MARKER_KEY, claim_store, local_cluster_id
+from levelzero.daemon.service import open_object_store, store_where
+from levelzero.storage.opening import ControlStore, open_control_store
 
 log = logging.getLogger("levelzero.recover")
 

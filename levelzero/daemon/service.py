@@ -29,25 +29,26 @@ import anyio.abc
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node
 from levelzero.core.errors import LevelZeroError, StorageError
-from levelzero.storage.local_store import LocalObjectStore
-from levelzero.storage.prefixed_store import PrefixedObjectStore
+from levelzero.storage import opening
+from levelzero.storage.opening import ControlStore
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.sqlite import SqliteLogStore
 
-from .access_log import AccessLogMiddleware
-from .api import ApiSettings, Lifecycle, build_app
-from .config import Config, describe, parse_listen
-from .http_guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
-from .logs import configure_logging
-from .metrics import DaemonMetrics
-from .metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
-from .observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
-from .ownership import claim_store, local_cluster_id
-from .storage_health import StorageHealth, probe_object_store
-from .systemd import Notifier
+from levelzero.http.access_log import AccessLogMiddleware
+from levelzero.http.app import ApiSettings, Lifecycle, build_app
+from levelzero.config import Config, describe, node_id_of, parse_listen
+from levelzero.http.guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
+from levelzero.daemon.logs import configure_logging
+from levelzero.daemon.metrics import DaemonMetrics
+from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
+from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
+from levelzero.daemon.ownership import claim_store, local_cluster_id
+from levelzero.daemon.storage_health import StorageHealth, probe_object_store
+from levelzero.daemon.systemd import Notifier
 
 log = logging.getLogger("levelzero.daemon")
 
@@ -118,12 +119,12 @@ FAULTS_ENV = "LEVELZERO_TEST_FAULTS"
 
 
 async def open_object_store(config: Config) -> ObjectStore:
-    store = await _open_object_store(config)
-    if config.storage.kind == "s3" and config.s3.key_prefix:
-        store = PrefixedObjectStore(store, config.s3.key_prefix)
+    """The configured object store (`storage.opening`), with injected faults where the tests'
+    environment variable asks for them."""
+    store = await opening.open_object_store(config)
     spec = os.environ.get(FAULTS_ENV)
     if spec:
-        from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
+        from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
 
         log.warning("%s is set: injecting object-store faults (%s); test use only", FAULTS_ENV, spec)
         return FaultyObjectStore(store, FaultSpec.parse(spec))
@@ -156,56 +157,6 @@ def store_where(config: Config) -> str:
         return config.storage.objects_dir
     endpoint = config.s3.endpoint or "AWS S3"
     return f"s3://{config.s3.bucket}/{config.s3.key_prefix} at {endpoint}"
-
-
-async def _open_object_store(config: Config) -> ObjectStore:
-    if config.storage.kind == "local":
-        return LocalObjectStore(config.storage.objects_dir, fsync=config.storage.local_fsync)
-    from levelzero.storage.s3_store import S3Config, S3ObjectStore  # aiobotocore: only for S3
-
-    s3 = config.s3
-    return await S3ObjectStore.open(
-        S3Config(
-            bucket=s3.bucket,
-            endpoint_url=s3.endpoint or None,
-            region=s3.region,
-            path_style=s3.path_style,
-            access_key=s3.access_key or None,
-            secret_key=s3.secret_key or None,
-            session_token=s3.session_token or None,
-            concurrency=s3.concurrency,
-            max_attempts=s3.max_attempts,
-            connect_timeout_s=s3.connect_timeout_s,
-            read_timeout_s=s3.read_timeout_s,
-            create_bucket=s3.create_bucket,
-        )
-    )
-
-
-ControlStore = SqliteLogStore | PostgresLogStore
-
-
-def node_id_of(config: Config) -> str:
-    """The node's id in a cluster: `cluster.node_id`, or this host's name and the HTTP port."""
-    return config.cluster.node_id or f"{socket.gethostname()}:{config.server.port}"
-
-
-async def open_control_store(tg: anyio.abc.TaskGroup, config: Config) -> ControlStore:
-    """The control plane `[control]` names, its writer running in `tg`."""
-    control = config.control
-    if control.kind == "postgres":
-        return await PostgresLogStore.open_in(
-            tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
-            writers=control.writers, connect_timeout_s=control.connect_timeout_s,
-            reconnect_timeout_s=control.reconnect_timeout_s,
-            # A paused node's open transaction holds its partitions' rows no longer than its
-            # leases on them last (the README's cluster section).
-            idle_in_transaction_timeout_s=config.cluster.lease_ttl_s,
-            application_name=f"levelzero {node_id_of(config)}",
-        )
-    return await SqliteLogStore.open_in(
-        tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
-    )
 
 
 def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]]:
@@ -297,6 +248,7 @@ class Daemon:
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
         self.node: Node | None = None
+        self.intake: ProduceIntake | None = None
         self.metrics: DaemonMetrics | None = None
         self.port: int | None = None
         self.url: str | None = None
@@ -325,7 +277,9 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
         async with anyio.create_task_group() as tg:
-            log_store = await open_control_store(tg, config)
+            log_store = await opening.open_control_store(
+                tg, config, application_name=f"levelzero {node_id_of(config)}"
+            )
             try:
                 object_store = await open_object_store(config)
                 try:
@@ -377,6 +331,7 @@ class Daemon:
                     cluster=cluster)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
+        self.intake = ProduceIntake(node)  # one produce intake for both front ends
         self.metrics = metrics = DaemonMetrics(
             node, per_partition_max=config.metrics.per_partition_max, data_dir=config.storage.data_dir
         )
@@ -389,7 +344,7 @@ class Daemon:
             records_per_request_max=config.server.records_per_request_max,
             fetch_bytes_default=config.server.fetch_bytes_default,
         )
-        app = build_app(node, metrics, settings, self.lifecycle)
+        app = build_app(node, metrics, settings, self.lifecycle, self.intake)
         if config.server.access_log:
             app = AccessLogMiddleware(app)
 
@@ -486,14 +441,16 @@ class Daemon:
         """The Kafka listener over `node` (built before the node runs: see `_serve`), or None."""
         if bound is None:
             return None
-        from .kafka.handlers import Handlers, KafkaSettings  # only with [kafka] listen
-        from .kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
+        from levelzero.kafka.handlers import Handlers  # only with [kafka] listen
+        from levelzero.kafka.metadata import KafkaSettings
+        from levelzero.kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
 
         settings = self.config.kafka
         listener: Any = bound.listener
         handlers = Handlers(
             node,
             KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
+            self.intake,
         )
         self.kafka = KafkaListener(
             handlers, ListenerSettings(

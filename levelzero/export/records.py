@@ -11,22 +11,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ExportError
+from .schemas import RECORDS_SCHEMA as SCHEMA
 from .spark_source import plan, read_batch
 
 RECORDS_DIR = "records"
-SCHEMA = pa.schema([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp", pa.int64()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-])
 
 
 @dataclass(frozen=True, slots=True)

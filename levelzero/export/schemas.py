@@ -335,3 +335,15 @@ def render_markdown() -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+# The rows of `levelzero export --records` and of the Spark data source's Arrow batches.
+RECORDS_SCHEMA = pa.schema([
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("timestamp", pa.int64()),
+    ("key", pa.binary()),
+    ("value", pa.binary()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+])

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
     from pyspark.sql.types import StructType
 
-    from levelzero.daemon.config import Config
+    from levelzero.config import Config
 
 FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
@@ -94,7 +94,7 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
 def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
     the daemon's TOML file (with its environment, as the daemon reads it)."""
-    from levelzero.daemon.config import ConfigError, load_config
+    from levelzero.config import ConfigError, load_config
 
     if (data_dir is None) == (config_path is None):
         raise ExportError(
@@ -218,7 +218,7 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     (Spark takes it without converting row by row)."""
     import pyarrow as pa
 
-    from .records import SCHEMA
+    from .schemas import RECORDS_SCHEMA as SCHEMA
 
     rows = list(read_range(source, r))
     count = len(rows)
@@ -252,7 +252,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
             ) from None
 
     async def read() -> bytes:
-        from levelzero.daemon.service import open_object_store
+        from levelzero.storage.opening import open_object_store
 
         store = await open_object_store(config)
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import traceback
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvariantViolation
@@ -23,11 +23,28 @@ from levelzero.storage.protocols import L1Row, L1State
 
 
 if TYPE_CHECKING:
+    from levelzero.actors.partition import PartitionActor
     from levelzero.storage.memory_store import MemoryObjectStore
 
-    from .world import World
+    from .faults import SimLogStore
 
 L0_ROOT = "level_zero/"
+
+
+class World(Protocol):
+    """What the checks read of the world (`world.World`, which holds a `Truth`): named here so
+    that the checks do not import the world that imports them."""
+
+    log_store: SimLogStore
+    objects: MemoryObjectStore
+
+    def note(self, text: str) -> None: ...
+
+    def fail(self, invariant: str, message: str) -> None: ...
+
+    def partition_name(self, pid: int) -> str: ...
+
+    def live_actors(self) -> list[PartitionActor]: ...
 
 
 class Truth:

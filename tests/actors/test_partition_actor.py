@@ -28,9 +28,10 @@ from levelzero.core.errors import (
 from levelzero.core.fence import FenceMode
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import PartitionRow
+from levelzero.testing.entries import placeholder
+from levelzero.testing.nodes import wait_until
 
 N = 5  # the "current" cluster epoch of the scenarios
-STEPS_MAX = 10_000  # event-loop steps a condition may take before the test fails
 
 
 class GatedLogStore(MemoryLogStore):
@@ -96,26 +97,6 @@ def spawn_write(tg: anyio.abc.TaskGroup, actor: PartitionActor, entry) -> Outcom
 
     tg.start_soon(run)
     return outcome
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Step the event loop until `condition` holds (every store here is in memory)."""
-    for _ in range(STEPS_MAX):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError(f"never happened: {what}")
-
-
-def placeholder(epoch: int, records: int = 1) -> Placeholder:
-    return Placeholder(
-        epoch=epoch,
-        object_key=f"level_zero/data/000/{epoch:018}/{epoch:032x}",
-        byte_offset=0,
-        byte_length=10 * records,
-        record_count=records,
-        checksum=0,
-    )
 
 
 async def new_partition(store: MemoryLogStore, creation_epoch: int = 1) -> PartitionRow:

@@ -20,20 +20,10 @@ from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import StaleClusterEpoch
 from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.testing.entries import placeholder
+from levelzero.testing.nodes import wait_until
 
 N = 5
-STEPS_MAX = 10_000
-
-
-def placeholder(epoch: int) -> Placeholder:
-    return Placeholder(
-        epoch=epoch,
-        object_key=f"level_zero/data/000/{epoch:018}/{epoch:032x}",
-        byte_offset=0,
-        byte_length=10,
-        record_count=1,
-        checksum=0,
-    )
 
 
 @asynccontextmanager
@@ -45,14 +35,6 @@ async def running(store: MemoryLogStore) -> AsyncIterator[PartitionActor]:
             await tg.start(actor.run)
             yield actor
             await actor.stop()
-
-
-async def wait_until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(STEPS_MAX):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError(f"never happened: {what}")
 
 
 def outcomes(store: MemoryLogStore) -> list[tuple[int, str]]:

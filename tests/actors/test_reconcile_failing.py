@@ -22,6 +22,7 @@ from levelzero.core.l0format import Record
 from levelzero.core.reconcile_health import RECONCILE_FAILING_RETRY_S, RECONCILE_FAILURES_BEFORE_FAILING
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.nodes import running_node
 
 
 class WallClock:
@@ -41,18 +42,6 @@ CONFIG = NodeConfig(
 )
 
 
-@asynccontextmanager
-async def running_node(log_store, object_store, wall):
-    node = Node(CONFIG, log_store, object_store, rng=random.Random(5), wall_clock=wall)
-    with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg:
-            await tg.start(node.run)
-            try:
-                yield node
-            finally:
-                await node.shutdown()
-
-
 async def produce(node: Node, topic: str, partition: int, value: bytes) -> int:
     return (await node.produce(topic, partition, [Record(None, value)])).base_offset
 
@@ -70,7 +59,7 @@ async def test_a_lost_l0_object_is_a_named_condition_and_abandoning_lets_m_rise(
 ) -> None:
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(CONFIG, log_store, objects, wall_clock=wall, seed=5) as node:
         await node.create_topic("t", 2)
         for partition in (0, 1):
             await produce(node, "t", partition, b"kept")
@@ -135,7 +124,7 @@ async def test_a_lost_l0_object_is_a_named_condition_and_abandoning_lets_m_rise(
             await node.abandon_unreconciled("t", 0, operator="ops", reason="again")
 
     # The log records it: a restart replays the same state.
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(CONFIG, log_store, objects, wall_clock=wall, seed=5) as node:
         restarted = node.partition("t", 0)
         assert restarted.state.abandoned == ((1, 2),)
         with pytest.raises(OffsetsAbandoned):
@@ -146,7 +135,7 @@ async def test_a_topic_no_store_can_hold_is_named_failing_at_once_without_readin
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     await log_store.create_topic("..", 1, 1, 0.0)  # as an older levelzero let it
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(CONFIG, log_store, objects, wall_clock=wall, seed=5) as node:
         actor = node.partition("..", 0)
         # Data written before the rule changed (the batcher refuses the topic now); its object
         # is not even there: the reconciler must not read it to know it cannot succeed.

@@ -20,6 +20,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
+from levelzero.testing.nodes import running_node
 
 
 class WallClock:
@@ -38,17 +39,6 @@ def make_config(**housekeeper) -> NodeConfig:
         reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0),
         housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0, **housekeeper),
     )
-
-
-@asynccontextmanager
-async def running_node(log_store, object_store, wall=None, config=None):
-    node = Node(config or make_config(), log_store, object_store, rng=random.Random(7), wall_clock=wall)
-    async with anyio.create_task_group() as tg:
-        await tg.start(node.run)
-        try:
-            yield node
-        finally:
-            await node.shutdown()
 
 
 async def produce_values(node, topic, partition, values):
@@ -77,7 +67,7 @@ def l1_keys(store: MemoryObjectStore) -> set[str]:
 
 async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_bytes():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         first = [f"a{i}".encode() * (i + 1) for i in range(12)]
         await produce_values(node, "t", 0, first)
@@ -103,7 +93,7 @@ async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_byt
 
 async def test_mp_rises_after_catch_up_but_never_reaches_an_unreconciled_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         history = []
@@ -141,7 +131,7 @@ async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombi
     gated = GatedStore()
     gated._objects = objects._objects  # one bucket, two clients
 
-    async with running_node(log_store, gated) as old:
+    async with running_node(make_config(), log_store, gated) as old:
         await old.create_topic("t", 1)
         await produce_values(old, "t", 0, [b"x0", b"x1", b"x2"])
         gate.set()
@@ -158,7 +148,7 @@ async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombi
         async with anyio.create_task_group() as tg:
             tg.start_soon(zombie)
             await uploaded.wait()  # the old leader's L1 object for 3..4 is uploaded, not reported
-            async with running_node(log_store, objects) as new:  # new leader: term 2
+            async with running_node(make_config(), log_store, objects) as new:  # new leader: term 2
                 new_actor = new.partition("t", 0)
                 assert new_actor.term > old_actor.term
                 if zombie_reports_first:
@@ -195,10 +185,10 @@ async def tg_wait(result: dict) -> None:
 
 async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as old:
+    async with running_node(make_config(), log_store, objects) as old:
         await old.create_topic("t", 1)
         old_actor = old.partition("t", 0)
-        async with running_node(log_store, objects) as new:
+        async with running_node(make_config(), log_store, objects) as new:
             await produce_values(new, "t", 0, [b"a", b"b"])
             await new.reconciler.run_round()
             (row,) = await log_store.l1_list(new.partition("t", 0).row.pid)
@@ -210,7 +200,7 @@ async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
 async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid
         # Crash between DELETE_STARTED and the object-store delete:
@@ -222,7 +212,7 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
         await objects.put(stale, b"half")
         await log_store.l1_insert(L1Row(stale, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now))
     wall.now += 3600  # past copy_deadline_s
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
         await node.reconciler.run_round()  # its first pass per partition is recovery
         states = {r.key: r.state for r in await log_store.l1_list(pid)}
         assert states == {doomed: L1State.DELETE_FINISHED, stale: L1State.DELETE_FINISHED}
@@ -231,7 +221,7 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
 
 async def test_an_idle_partition_does_not_hold_m_back():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("busy", 1)
         await node.create_topic("idle", 1)
         ms = []
@@ -252,7 +242,7 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = make_config(retention_s=100.0)
-    async with running_node(log_store, objects, wall, config) as node:
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         await produce_values(node, "t", 0, [b"old0", b"old1"])
         await node.reconciler.run_round()
@@ -273,7 +263,7 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
 
 async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         for _ in range(3):
             await node.epochs.advance()
         await node.create_topic("late", 1)
@@ -300,7 +290,7 @@ async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_st
         housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
         gc=GcConfig(enabled=False, grace_s=0.0),
     )
-    async with running_node(log_store, objects, config=config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic("t", 3)
         expected = {p: [] for p in range(3)}
         for step in range(12):
@@ -350,7 +340,7 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
 
     slow = SlowL1Store()
     slow._objects = objects._objects
-    async with running_node(log_store, slow, wall) as node:
+    async with running_node(make_config(), log_store, slow, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         await produce_values(node, "t", 0, [b"a", b"b"])
@@ -378,7 +368,7 @@ async def test_l1_and_l0_fetches_share_one_record_bound():
     from levelzero.actors.reader import FETCH_RECORDS_MAX
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         count = FETCH_RECORDS_MAX + 5
         await node.produce("t", 0, [Record(None, b"x")] * count)
@@ -398,7 +388,7 @@ async def test_l1_keys_take_their_randomness_from_the_injected_rng():
 
     async def l1_keys_of_one_run() -> list[str]:
         objects = MemoryObjectStore()
-        async with running_node(MemoryLogStore(), objects) as node:
+        async with running_node(make_config(), MemoryLogStore(), objects) as node:
             await node.create_topic("t", 2)
             for partition in (0, 1):
                 await produce_values(node, "t", partition, [b"x" * 10, b"y" * 20])
@@ -416,7 +406,7 @@ async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_
     waiting for a restart."""
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects, wall) as node:
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid
         await node.reconciler.run_round()  # the start-up recovery pass is behind us
@@ -446,7 +436,7 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
     config = make_config()
     config = replace(config, reconciler=replace(config.reconciler, placeholders_per_object_max=2))
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects, config=config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic("t", 1)
         values = [b"%09d!" % i for i in range(13)]  # 10 bytes each
         await produce_values(node, "t", 0, values[:10])
@@ -479,7 +469,7 @@ async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
     from levelzero.actors.reader import PLACEHOLDERS_PER_READ
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         count = PLACEHOLDERS_PER_READ * 2 + 3
         values = [b"v%d" % i for i in range(count)]
@@ -502,7 +492,7 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
     config = make_config()
     config = replace(config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0,
                                                 delete_retry_max_s=300.0))
-    async with running_node(log_store, objects, wall, config) as node:
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid
         await node.reconciler.run_round()  # the start-up recovery pass is behind us

@@ -30,6 +30,7 @@ from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import LogStore, ObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
+from levelzero.testing.nodes import running_node, wait_until
 
 TOPIC = "t"
 LONG_TTL_S = 1e9  # the epoch cache never expires by itself: staleness is the test's to set up
@@ -47,21 +48,6 @@ def node_config(
         reconciler=ReconcilerConfig(enabled=False),
         housekeeper=HousekeeperConfig(enabled=False),
     )
-
-
-@asynccontextmanager
-async def running_node(
-    log_store: LogStore, object_store: ObjectStore, config: NodeConfig | None = None
-) -> AsyncIterator[Node]:
-    node = Node(config or node_config(), log_store, object_store, rng=random.Random(7))
-    with anyio.fail_after(30):
-        async with anyio.create_task_group() as tg:
-            await tg.start(node.run)
-            try:
-                yield node
-            finally:
-                if node.accepting:
-                    await node.shutdown()
 
 
 @asynccontextmanager
@@ -95,15 +81,6 @@ def make_records(rng: random.Random, tag: str, count: int) -> list[Record]:
     ]
 
 
-async def wait_until(condition: Callable[[], bool], what: str, steps_max: int = 10_000) -> None:
-    """Step the event loop until `condition` holds (memory stores only: no threads)."""
-    for _ in range(steps_max):
-        if condition():
-            return
-        await anyio.lowlevel.checkpoint()
-    raise AssertionError(f"never happened: {what}")
-
-
 def l0_keys(objects: MemoryObjectStore) -> list[str]:
     """The L0 objects (the bucket also holds each topic's record, `levelzero/topics/...`)."""
     return [key for key in objects.keys() if key.startswith(L0_ROOT)]
@@ -125,7 +102,7 @@ async def round_trip(log_store: LogStore, object_store: ObjectStore) -> None:
         for i in range(produces_per_partition)
     }
     results: dict[tuple[int, int], ProduceResult] = {}
-    async with running_node(log_store, object_store) as node:
+    async with running_node(node_config(), log_store, object_store) as node:
         await node.create_topic(TOPIC, partitions)
 
         async def produce(p: int, i: int) -> None:
@@ -164,11 +141,11 @@ async def test_acknowledged_records_survive_a_node_restart_on_sqlite(tmp_path: P
     objects = MemoryObjectStore()
     records = [Record(b"k", b"v" * 100), Record(None, b"")]
     async with open_log_store("sqlite", tmp_path) as log_store:
-        async with running_node(log_store, objects) as node:
+        async with running_node(node_config(), log_store, objects) as node:
             await node.create_topic(TOPIC, 2)
             result = await node.produce(TOPIC, 1, records)
     async with open_log_store("sqlite", tmp_path) as log_store:
-        async with running_node(log_store, objects) as node:
+        async with running_node(node_config(), log_store, objects) as node:
             assert node.topics() == {TOPIC: 2}
             fetched = await fetch_all(node, 1)
             assert [(r.offset, r.key, r.value) for r in fetched] == [
@@ -182,7 +159,7 @@ async def test_acknowledged_records_survive_a_node_restart_on_sqlite(tmp_path: P
 
 async def test_corrupted_extent_is_detected_on_fetch() -> None:
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(log_store, objects) as node:
+    async with running_node(node_config(), log_store, objects) as node:
         await node.create_topic(TOPIC, 2)
         async with anyio.create_task_group() as tg:
             tg.start_soon(node.produce, TOPIC, 0, [Record(b"a", b"x" * 64)])
@@ -222,7 +199,7 @@ async def move_window_ahead(node: Node, partition: int, advances: int) -> int:
 async def test_stale_epoch_is_retried_once_and_leaves_one_orphan() -> None:
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = node_config(epoch_cache_ttl_s=LONG_TTL_S)
-    async with running_node(log_store, objects, config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic(TOPIC, 1)
         first = await node.produce(TOPIC, 0, [Record(None, b"first")])
         assert node.epoch_cache.cached == 1
@@ -256,7 +233,7 @@ async def test_an_objects_epoch_is_the_max_of_the_cached_epoch_and_its_partition
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     # Two ~600-byte requests fill a 1 KiB object; the linger never cuts it.
     config = node_config(epoch_cache_ttl_s=LONG_TTL_S, linger_ms=600_000.0, batch_bytes_max=1024)
-    async with running_node(log_store, objects, config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic("warm", 1)
         await node.produce("warm", 0, [Record(None, b"w" * (1024 - 8))])  # fills the cache: 1
         assert node.epoch_cache.cached == 1
@@ -291,7 +268,7 @@ async def test_an_objects_epoch_is_the_max_of_the_cached_epoch_and_its_partition
 async def test_exhausted_stale_retries_fail_the_producer() -> None:
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = node_config(epoch_cache_ttl_s=LONG_TTL_S, stale_retries_max=0)
-    async with running_node(log_store, objects, config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic(TOPIC, 1)
         await node.produce(TOPIC, 0, [Record(None, b"first")])
         current = await move_window_ahead(node, 0, advances=2)
@@ -315,7 +292,7 @@ async def test_exhausted_stale_retries_fail_the_producer() -> None:
 
 
 async def test_fetch_outside_the_readable_range_is_refused() -> None:
-    async with running_node(MemoryLogStore(), MemoryObjectStore()) as node:
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
         await node.create_topic(TOPIC, 1)
         await node.produce(TOPIC, 0, [Record(None, bytes([i])) for i in range(5)])
         actor = node.partition(TOPIC, 0)
@@ -339,7 +316,7 @@ async def test_fetch_outside_the_readable_range_is_refused() -> None:
 
 
 async def test_fetch_from_an_empty_partition_is_empty() -> None:
-    async with running_node(MemoryLogStore(), MemoryObjectStore()) as node:
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
         await node.create_topic(TOPIC, 1)
         result = await node.fetch(TOPIC, 0, 0, 1 << 20)
         assert (result.records, result.high_watermark, result.tier) == ([], 0, "none")
@@ -353,7 +330,7 @@ async def test_fetch_from_an_empty_partition_is_empty() -> None:
 async def test_inflight_bytes_never_exceed_the_budget() -> None:
     budget_bytes = 4096
     config = node_config(batch_bytes_max=2048, inflight_bytes_max=budget_bytes, uploads_max=2)
-    async with running_node(MemoryLogStore(), MemoryObjectStore(), config) as node:
+    async with running_node(config, MemoryLogStore(), MemoryObjectStore()) as node:
         await node.create_topic(TOPIC, 4)
         budget = node.batcher._budget
         peak = 0
@@ -432,7 +409,7 @@ async def test_shutdown_drains_a_produce_in_flight() -> None:
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = node_config(linger_ms=600_000)  # only the shutdown's flush sends this batch
     outcome: list[ProduceResult] = []
-    async with running_node(log_store, objects, config) as node:
+    async with running_node(config, log_store, objects) as node:
         await node.create_topic(TOPIC, 1)
 
         async def produce() -> None:
@@ -447,7 +424,7 @@ async def test_shutdown_drains_a_produce_in_flight() -> None:
         with pytest.raises(ShuttingDown):
             await node.produce(TOPIC, 0, [Record(None, b"late")])
 
-    async with running_node(log_store, objects) as again:
+    async with running_node(node_config(), log_store, objects) as again:
         assert [r.value for r in await fetch_all(again, 0)] == [b"in flight"]
 
 
@@ -485,7 +462,7 @@ async def test_a_request_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_b
 
     at_limit = request(1024 - 100 - 4 - 8)
     assert len(encode_extent(at_limit)) > 1024
-    async with running_node(MemoryLogStore(), MemoryObjectStore(), node_config(batch_bytes_max=1024)) as node:
+    async with running_node(node_config(batch_bytes_max=1024), MemoryLogStore(), MemoryObjectStore()) as node:
         await node.create_topic(TOPIC, 1)
         result = await node.produce(TOPIC, 0, at_limit)
         assert (result.base_offset, result.last_offset) == (0, 0)

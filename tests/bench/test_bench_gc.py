@@ -1,4 +1,4 @@
-"""The GC item's setup server (`moto_fill`: moto's application plus one endpoint that creates
+"""The GC item's setup server (`levelzero.testing.moto`: moto's application plus one endpoint that creates
 many objects at once) and the item itself in quick mode. No timing is asserted."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from levelzero.bench import main
 from levelzero.bench.common import moto_server, s3_config
 from levelzero.bench.gc import create_objects, make_keys
-from levelzero.bench.moto_fill import FILL_PATH
+from levelzero.testing.moto import FILL_PATH
 from levelzero.storage.s3_store import S3ObjectStore
 
 pytestmark = pytest.mark.s3

@@ -116,9 +116,10 @@ def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_pat
 
 
 def test_bench_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from levelzero.daemon import cli
+    from levelzero.cli import commands
+    from levelzero.cli import main as cli
 
-    monkeypatch.setattr(cli, "BENCH_NEEDS", "levelzero_module_that_is_not_installed")
+    monkeypatch.setattr(commands, "BENCH_NEEDS", "levelzero_module_that_is_not_installed")
     assert cli.main(["bench", "--quick"]) == 2
     assert "needs the bench extra (levelzero_module_that_is_not_installed): pip install 'levelzero[bench]'" in (
         capsys.readouterr().err

@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 
 from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
-from levelzero.daemon.client import ApiError, Client
-from levelzero.daemon.cluster_demo import read_partition
+from levelzero.cli.client import ApiError, Client
+from levelzero.cli.cluster_demo import read_partition
 
 pytestmark = pytest.mark.s3
 

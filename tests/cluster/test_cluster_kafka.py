@@ -17,8 +17,8 @@ import anyio
 import pytest
 
 from daemon_support import DaemonProcess, free_port
-from levelzero.daemon.client import Client
-from levelzero.daemon.kafka.handlers import broker_id
+from levelzero.cli.client import Client
+from levelzero.kafka.metadata import broker_id
 from test_cluster_daemons import start_nodes
 
 pytestmark = pytest.mark.s3

@@ -15,8 +15,8 @@ import httpx
 
 from daemon_support import BlackholeProxy, daemon_config, free_port, postgres_overrides
 from levelzero.core.cluster import LeaseClock
-from levelzero.daemon.client import Client
-from levelzero.daemon.cluster_demo import read_partition
+from levelzero.cli.client import Client
+from levelzero.cli.cluster_demo import read_partition
 from levelzero.daemon.service import Daemon, running_daemon
 
 TTL_S = 2.0

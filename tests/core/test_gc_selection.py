@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -11,16 +10,14 @@ from levelzero.core.errors import InvariantViolation
 from levelzero.core.gc import (
     DELETE_BATCH_KEYS_MAX,
     MonotoneWatermark,
-    PrefixScan,
     Verdict,
     WatermarkDecision,
     batches,
     classify,
     compute_cluster_watermark,
-    scan_prefix,
     worker_prefixes,
 )
-from levelzero.core.keys import format_l0_key, new_uuid
+from levelzero.core.keys import format_l0_key, new_uuid, parse_l0_key
 
 NOW = 10_000.0
 GRACE_S = 60.0
@@ -36,10 +33,6 @@ class Listed:
 
 def l0(epoch: int, n: int = 0, prefix: int = 42, age_s: float = 3600.0) -> Listed:
     return Listed(format_l0_key(prefix, epoch, new_uuid(n)), last_modified=NOW - age_s)
-
-
-def epochs_of(objects: list[Listed]) -> list[int]:
-    return [int(o.key.split("/")[3]) for o in objects]
 
 
 # ---------------------------------------------------------------- the cluster watermark M
@@ -118,62 +111,12 @@ def test_classify(epoch: int, m: int | None, age_s: float, verdict: Verdict) -> 
     assert classify(epoch, NOW - age_s, m, NOW, GRACE_S) is verdict
 
 
-# ---------------------------------------------------------------- scanning a prefix
-
-
-def test_scan_deletes_at_or_below_m_and_stops_above_m() -> None:
-    listing = [l0(e, i) for i, e in enumerate([1, 2, 3, 5, 5, 6, 8, 9])]
-    scan = scan_prefix(listing, m=5, now=NOW, grace_s=GRACE_S)
-    assert epochs_of(scan.deletable) == [1, 2, 3, 5, 5]
-    assert scan.deletable == listing[:5]
-    assert scan.above_m == 1
-    assert scan.listed == 6  # the first epoch above M is the last key looked at
-    assert scan.stopped
-    assert scan.too_young == 0
-    assert scan.malformed == []
-
-
-def test_scan_stops_consuming_the_listing_at_the_first_epoch_above_m() -> None:
-    consumed: list[int] = []
-
-    def listing() -> Iterator[Listed]:
-        for i, epoch in enumerate([2, 4, 7]):
-            consumed.append(epoch)
-            yield l0(epoch, i)
-        raise AssertionError("the scan listed past the first epoch above M")
-
-    scan = scan_prefix(listing(), m=4, now=NOW, grace_s=GRACE_S)
-    assert consumed == [2, 4, 7]
-    assert epochs_of(scan.deletable) == [2, 4]
-    assert scan.stopped
-
-
-def test_scan_with_no_m_deletes_nothing() -> None:
-    listing = [l0(1, 0), l0(2, 1)]
-    scan = scan_prefix(iter(listing), m=None, now=NOW, grace_s=GRACE_S)
-    assert scan.deletable == []
-    assert scan.listed == 1
-    assert scan.stopped
-
-
-def test_scan_skips_objects_inside_the_grace_period() -> None:
-    listing = [
-        l0(1, 0, age_s=3600),
-        l0(2, 1, age_s=5),  # young
-        l0(2, 2, age_s=30),  # young, and the oldest of the young
-        l0(3, 3, age_s=GRACE_S),  # exactly the grace period: old enough
-        l0(3, 4, age_s=10),  # young
-    ]
-    scan = scan_prefix(listing, m=3, now=NOW, grace_s=GRACE_S)
-    assert scan.deletable == [listing[0], listing[3]]
-    assert scan.too_young == 3
-    assert scan.oldest_young_at == NOW - 30
-    assert not scan.stopped  # young objects do not end the prefix
-    assert scan.listed == 5
+# ---------------------------------------------------------------- keys the GC never deletes
 
 
 def test_malformed_keys_are_never_deletable() -> None:
-    good = l0(1, 0)
+    """The scans (`RangeScan`, tests/actors/test_gc_pure.py) delete only keys that parse: none of
+    these does, so none is ever deletable whatever M is."""
     uuid = "0af1" * 8  # has hex letters, so upper() changes it
     malformed = [
         "level_zero/data/042/000000000000000001/" + uuid.upper(),
@@ -183,19 +126,10 @@ def test_malformed_keys_are_never_deletable() -> None:
         "level_zero/data/042/000000000000000001/" + uuid + ".tmp",
         "level_zero/data/042/000000000000000001/" + uuid + "\n",
     ]
-    listing = [Listed(k) for k in malformed[:3]] + [good] + [Listed(k) for k in malformed[3:]]
-    scan = scan_prefix(listing, m=10**17, now=NOW, grace_s=GRACE_S)
-    assert scan.deletable == [good]
-    assert scan.malformed == malformed
-    assert scan.listed == 7
-    assert not scan.stopped
-
-
-def test_feed_after_stop_is_a_bug() -> None:
-    scan = PrefixScan()
-    assert scan.feed(l0(9), 3, NOW, GRACE_S) is False
-    with pytest.raises(AssertionError):
-        scan.feed(l0(10), 3, NOW, GRACE_S)
+    assert parse_l0_key(l0(1, 0).key).epoch == 1
+    for key in malformed:
+        with pytest.raises(ValueError):
+            parse_l0_key(key)
 
 
 # ---------------------------------------------------------------- batches and sharding

@@ -11,7 +11,7 @@ import anyio
 
 from daemon_support import daemon_and_client
 
-from levelzero.daemon.cli import main
+from levelzero.cli.main import main
 
 
 def records(n: int, tag: str) -> list[tuple[bytes | None, bytes]]:

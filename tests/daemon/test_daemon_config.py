@@ -17,8 +17,8 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.fence import FenceMode
-from levelzero.daemon.cli import main
-from levelzero.daemon.config import ConfigError, Config, describe, load_config, parse_listen
+from levelzero.cli.main import main
+from levelzero.config import ConfigError, Config, describe, load_config, parse_listen
 from levelzero.daemon.logs import JsonFormatter, KeyValueFormatter, configure_logging
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,7 +275,7 @@ def test_run_refuses_a_non_loopback_listen_without_token(tmp_path: Path, capsys,
 
 def test_daemon_refuses_to_run_without_assertions(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-O", "-m", "levelzero.daemon.cli", "run", "--data-dir", str(tmp_path)],
+        [sys.executable, "-O", "-m", "levelzero.cli", "run", "--data-dir", str(tmp_path)],
         capture_output=True, timeout=60,
     )
     assert result.returncode == 2
@@ -358,3 +358,14 @@ def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeo
     assert from_env.server.keepalive_timeout_s == 2.5
     with pytest.raises(ConfigError, match=r"keepalive_timeout_s must be in 0\.1\.\.3600"):
         load_config(None, environ={"LEVELZERO_SERVER_KEEPALIVE_TIMEOUT_S": "0.05"})
+
+
+def test_the_gc_section_defaults_are_the_gc_actors() -> None:
+    """`[gc]`'s defaults are read from `GcConfig`, not written a second time."""
+    import dataclasses
+
+    from levelzero.actors.gc import GcConfig
+    from levelzero.config import GcSection
+
+    assert msgspec.structs.asdict(GcSection()) == dataclasses.asdict(GcConfig())
+    assert load_config(None, environ={}).gc.to_gc_config() == GcConfig()

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from daemon_support import DaemonProcess, clean_environ, daemon_and_client, postgres_control, postgres_overrides
 
-from levelzero.daemon.config import ConfigError, load_config
-from levelzero.storage.postgres.throwaway import ServerUnavailable, start_throwaway
+from levelzero.config import ConfigError, load_config
+from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 
 async def test_round_trip_and_state_kept_in_the_database(tmp_path: Path, postgres_dsn: str) -> None:
@@ -60,7 +60,7 @@ def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_pa
 def test_wrong_password_exits_2_without_logging_it(tmp_path: Path, postgres_dsn: str) -> None:
     env = clean_environ(**{**postgres_control(postgres_dsn), "LEVELZERO_CONTROL_PASSWORD": "not-the-password-42"})
     done = subprocess.run(
-        [sys.executable, "-m", "levelzero.daemon.cli", "run", "--data-dir", str(tmp_path / "d"),
+        [sys.executable, "-m", "levelzero.cli", "run", "--data-dir", str(tmp_path / "d"),
          "--listen", "127.0.0.1:0"],
         env=env, capture_output=True, text=True, timeout=60,
     )

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from daemon_support import daemon_and_client
 
-from levelzero.daemon import cli
-from levelzero.daemon.client import ApiError
+from levelzero.cli import commands, formats
+from levelzero.cli import main as cli
+from levelzero.cli.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -39,7 +40,7 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         (failing,) = status.reconciler.failing
         assert failing.partition == "t/0" and failing.failures == RECONCILE_FAILURES_BEFORE_FAILING
         assert key in failing.last_error
-        text = cli.format_status(status)
+        text = formats.format_status(status)
         assert "RECONCILE FAILING t/0 since" in text and "holding M back" in text
         metrics = await client.metrics()
         assert "levelzero_reconciler_failing_partitions 1.0" in metrics
@@ -60,7 +61,7 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         assert unknown.value.status == 404
 
         args = argparse.Namespace(partition=("t", 0), by="ops@host", reason="incident 7", json=False)
-        await cli._partition_abandon_call(args, client)
+        await commands._partition_abandon_call(args, client)
         printed = capsys.readouterr().out
         assert printed.startswith("t/0: data offsets 1..1 given up (log offset ")
         assert "'ops@host'" in printed and "'incident 7'" in printed
@@ -97,7 +98,7 @@ async def test_a_stored_topic_no_store_can_hold_is_named_in_status_with_what_to_
         (topic,) = status.unstorable_topics
         assert topic.topic == ".lz-tmp-old" and "reserved temp-file prefix" in topic.problem
         assert "levelzero partition abandon-unreconciled .lz-tmp-old/P --confirm" in topic.advice
-        assert f"UNSTORABLE TOPIC: {topic.advice}" in cli.format_status(status)
+        assert f"UNSTORABLE TOPIC: {topic.advice}" in formats.format_status(status)
         assert (await client.produce("fine", 0, [b"still served"])).base_offset == 0
 
 
@@ -110,7 +111,7 @@ async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_
 
     import anyio
 
-    from levelzero.storage.faulty_store import FaultSpec, FaultyObjectStore
+    from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
     from levelzero.storage.protocols import L1Row, L1State
 
     faulty: list[FaultyObjectStore] = []
@@ -147,7 +148,7 @@ async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_
         (shown,) = status.reconciler.l1_deletes_pending_shown
         assert (shown.key, shown.partition) == (key, "t/0") and 1 <= shown.failures <= 3
         assert "injected fault" in shown.last_error and shown.next_retry_at > shown.since
-        assert "L1 DELETES PENDING 1" in cli.format_status(status)
+        assert "L1 DELETES PENDING 1" in formats.format_status(status)
         metrics = await client.metrics()
         assert "levelzero_l1_deletes_pending 1.0" in metrics
         assert "levelzero_l1_deletes_pending_since_seconds " in metrics

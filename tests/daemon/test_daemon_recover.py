@@ -24,8 +24,8 @@ import pytest
 from daemon_support import daemon_and_client, postgres_control, postgres_overrides, s3_environ
 
 from levelzero.core.keys import L0_ROOT
-from levelzero.daemon.cli import main
-from levelzero.daemon.client import Client
+from levelzero.cli.main import main
+from levelzero.cli.client import Client
 
 pytestmark = pytest.mark.s3
 

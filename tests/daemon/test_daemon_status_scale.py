@@ -10,11 +10,11 @@ from pathlib import Path
 
 import anyio
 
-from daemon_support import daemon_and_client
-from test_daemon_api import assert_error, raw
+from daemon_support import assert_error, daemon_and_client, raw
 
-from levelzero.daemon.api import STATUS_OUTLIERS_MAX, STATUS_PAGE_LIMIT_MAX, STATUS_PARTITIONS_SHOWN_MAX
-from levelzero.daemon.cli import format_status, main
+from levelzero.http.app import STATUS_OUTLIERS_MAX, STATUS_PAGE_LIMIT_MAX, STATUS_PARTITIONS_SHOWN_MAX
+from levelzero.cli.formats import format_status
+from levelzero.cli.main import main
 
 PARTITIONS = 2_000
 LAGGING = STATUS_OUTLIERS_MAX + 10  # more outliers than the summary shows

@@ -9,9 +9,9 @@ import pytest
 
 from daemon_support import daemon_config
 from levelzero.core.errors import InvalidInput
-from levelzero.daemon.cli import leaf_errors
-from levelzero.daemon.client import Client
-from levelzero.daemon.config import ConfigError, load_config
+from levelzero.cli.commands import leaf_errors
+from levelzero.cli.client import Client
+from levelzero.config import ConfigError, load_config
 from levelzero.daemon.ownership import (
     MARKER_KEY,
     StoreOwnedByAnotherCluster,

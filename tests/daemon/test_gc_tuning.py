@@ -27,7 +27,7 @@ def test_the_run_command_tunes_the_collector_before_it_starts() -> None:
     # process, with anyio.run replaced so that no daemon starts.
     code = (
         "import gc, anyio, sys\n"
-        "from levelzero.daemon import cli\n"
+        "from levelzero.cli import main as cli\n"
         "seen = []\n"
         "def fake_run(*a, **k):\n"
         "    seen.append(gc.get_threshold()); return True\n"

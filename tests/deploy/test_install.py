@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from levelzero.daemon.cli import main
-from levelzero.daemon.config import load_config
+from levelzero.cli.main import main
+from levelzero.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("levelzero.service", "levelzero.toml", "levelzero.env", "grafana-dashboard.json", "prometheus-alerts.yml")

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 from daemon_support import daemon_and_client
 
-from levelzero.daemon.cli import main
+from levelzero.cli.main import main
 from levelzero.storage.sqlite import SCHEMA_VERSION
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "previous_release"

@@ -25,7 +25,7 @@ from export_support import T0, sample, write_table
 
 from levelzero.export import submit
 from levelzero.export.manifest import Manifest, save
-from levelzero.storage.loopback import free_local_port
+from levelzero.testing.loopback import free_local_port
 
 pytestmark = pytest.mark.slow
 

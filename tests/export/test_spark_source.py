@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from daemon_support import daemon_and_client, postgres_control, postgres_overrides
 
-from levelzero.daemon.client import Client
+from levelzero.cli.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
 from levelzero.export.spark_source import plan, register, store_config

@@ -10,7 +10,7 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from daemon_support import daemon_and_client
-from levelzero.daemon.kafka.groups import GroupCoordinator
+from levelzero.kafka.groups import GroupCoordinator
 from levelzero.storage.memory_log import MemoryLogStore
 
 TOPIC = "grouped"

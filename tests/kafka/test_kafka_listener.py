@@ -19,10 +19,10 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from daemon_support import daemon_and_client
-from levelzero.core import kafka_records as kr
-from levelzero.daemon.config import ConfigError
-from levelzero.daemon.kafka.protocol import API_VERSIONS, make
-from levelzero.daemon.kafka.server import FRAME_CHUNK_BYTES
+from levelzero.kafka import records as kr
+from levelzero.config import ConfigError
+from levelzero.kafka.protocol import API_VERSIONS, make
+from levelzero.kafka.server import FRAME_CHUNK_BYTES
 
 from test_kafka_records import client_batch
 

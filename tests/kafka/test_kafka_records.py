@@ -8,7 +8,7 @@ import random
 import pytest
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from levelzero.core import kafka_records as kr
+from levelzero.kafka import records as kr
 from levelzero.core.producers import BATCHES_REMEMBERED, ProducerSequences
 
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from daemon_support import TOKEN, daemon_and_client, daemon_config
-from levelzero.daemon.config import ConfigError
+from levelzero.config import ConfigError
 
 RECORDS = 20
 

@@ -15,11 +15,11 @@ import msgspec
 import pytest
 
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
-from levelzero.storage.postgres import store as store_module
+from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
 from levelzero.storage.protocols import FenceEventRow, L0ObjectRow, L1Row, OffsetRow, StateSampleRow
-from levelzero.storage.postgres.throwaway import ServerUnavailable, start_throwaway
+from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sqlite_log import placeholder  # noqa: E402

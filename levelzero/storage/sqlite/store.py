@@ -46,7 +46,6 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any, Literal, NamedTuple
 
 import aiosqlite
@@ -80,6 +79,7 @@ from levelzero.storage.protocols import (
     Snapshot,
     StateSampleRow,
 )
+from levelzero.storage.lifecycle import StoreLifecycle
 from levelzero.storage.sqlite import writer_process
 
 from levelzero.storage.log_rules import (
@@ -125,7 +125,6 @@ WRITER_ANSWER_TIMEOUT_S = 120.0  # for one batch's commit, then the store refuse
 Synchronous = Literal["FULL", "NORMAL"]
 
 
-
 class _Sent(NamedTuple):
     """A batch sent to the writer process, waiting for its commit."""
 
@@ -133,8 +132,7 @@ class _Sent(NamedTuple):
     log_records: int
 
 
-
-class SqliteLogStore:
+class SqliteLogStore(StoreLifecycle):
     """`LogStore` on SQLite. Create with `open` or `open_in`, never directly."""
 
     def __init__(
@@ -234,31 +232,9 @@ class SqliteLogStore:
             raise
         return store
 
-    async def __aenter__(self) -> SqliteLogStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Finish every queued write, stop the writer, close the database, release the lock."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            with anyio.CancelScope(shield=True):
-                await self._stop_writer()
-            if self._owned_task_group is not None:
-                task_group, self._owned_task_group = self._owned_task_group, None
-                await task_group.__aexit__(None, None, None)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._close_files()
+    async def _release(self) -> None:
+        """Close the database and release the lock (`StoreLifecycle.aclose` calls this last)."""
+        await self._close_files()
 
     @property
     def path(self) -> str:
@@ -957,7 +933,6 @@ class SqliteLogStore:
         """Event rows ride along with the batch's other staged rows."""
         if rows:
             await self._submit(Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
-
 
 
 # ---------------------------------------------------------------------- appends' staging

@@ -1,0 +1,296 @@
+"""The one produce intake both front ends call (HTTP's produce route, Kafka's Produce API).
+
+A door decodes its own wire format into `Record`s and maps errors back to its own answers; the
+rules of taking records in live here and below: validation (the partition is led here, a request
+holds records), the one size rule (`core.produce_size`, which the batcher applies again to every
+request it is given), idempotence bookkeeping (an idempotent producer's batch already stored is
+answered with its offset, one being stored shares that attempt, stored batches are kept durably
+where the log store can and recovered after a restart from the store and the partition's recent
+placeholders), and the hand-off to the node (which encodes the records, in the batcher, once).
+
+Idempotent record sets (Kafka's) go through a lane per partition: queued without an await, in the
+order a connection submitted them, and stored by the lane's drain task, as many at once as one
+produce may hold. The order is the point: an idempotent producer's batch N+1 must not be stored
+before batch N. HTTP requests go to the node directly.
+
+Fetchers waiting for new records (`wait_appended`) are woken by every produce through here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from levelzero.core.entries import Placeholder, ProducerSpan
+from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown
+from levelzero.core.l0format import Record
+from levelzero.core.produce_size import check_produce_size
+from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
+from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
+
+from .batcher import ProduceResult
+from .node import Node
+
+log = logging.getLogger("levelzero.intake")
+
+# A producer's first idempotent batch to a partition after a start reads the partition's recent
+# placeholders (the batches a crash may have left out of the sequence table) this far back.
+RECOVER_RECORDS_MAX = 100_000
+RECOVER_PLACEHOLDERS_MAX = 1_000
+
+# (producer id, producer epoch, topic, partition, base sequence) of an idempotent record set.
+Identity = tuple[int, int, str, int, int]
+
+
+@dataclass(eq=False, slots=True)
+class Pending:
+    """One partition's record set of one produce request, queued on the partition's lane."""
+
+    topic: str
+    partition: int
+    records: list[Record]
+    size: int
+    identity: Identity | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+    base_offset: int = -1
+    error: LevelZeroError | None = None
+
+
+class ProduceIntake:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        # Set (and replaced) whenever a produce through here is acknowledged, so long polls
+        # wake at once.
+        self._appended = anyio.Event()
+        # Producer ids: milliseconds since the epoch at start-up, shifted, then counted up, so a
+        # restarted daemon hands out ids above those of its previous runs (unless one run gave
+        # out more than 65,536 ids a millisecond).
+        self._next_producer_id = int(time.time() * 1000) << 16
+        self.sequences = ProducerSequences()
+        # Where producers' last batches are kept durably (the SQLite store; elsewhere: memory
+        # only), and the producers whose stored batches are already in `sequences`.
+        store = node.log_store
+        self._producer_store = store if isinstance(store, ProducerBatchStore) else None
+        self._loaded_producers: dict[int, None] = {}
+        self._recovered: dict[tuple[int, str, int], None] = {}  # (producer, topic, partition) scanned
+        # identity -> its record set being stored, for a retry that arrives while the first
+        # attempt is still under way.
+        self._producing: dict[Identity, Pending] = {}
+        # (topic, partition) -> record sets waiting to be stored, while a drain task runs.
+        self._lanes: dict[tuple[str, int], deque[Pending]] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """The task group of the lanes' drain tasks; runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            task_status.started()
+            await anyio.sleep_forever()
+
+    # ------------------------------------------------------------------ what a door asks
+
+    def check_led(self, topic: str, partition: int) -> None:
+        """Raise LevelZeroError (unknown topic or partition, led elsewhere) unless led here."""
+        self.node.partition(topic, partition)
+
+    def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """(start offset, high watermark) of a partition led here (LevelZeroError otherwise)."""
+        state = self.node.partition(topic, partition).state
+        return state.start_offset, state.high_watermark
+
+    async def wait_appended(self, timeout_s: float) -> None:
+        """Return when a produce through the intake is acknowledged, or after `timeout_s`."""
+        with anyio.move_on_after(timeout_s):
+            await self._appended.wait()
+
+    def _wake_fetchers(self) -> None:
+        self._appended.set()
+        self._appended = anyio.Event()
+
+    # ------------------------------------------------------------------ plain produce
+
+    async def produce(self, topic: str, partition: int, records: Sequence[Record]) -> ProduceResult:
+        """Store `records` contiguously (HTTP's produce): the node's batcher checks the size
+        rule and encodes them."""
+        if not records:
+            raise InvalidInput("a produce request needs at least one record")
+        result = await self.node.produce(topic, partition, records)
+        self._wake_fetchers()
+        return result
+
+    # ------------------------------------------------------------------ idempotent record sets
+
+    def new_producer_id(self) -> int:
+        producer_id = self._next_producer_id
+        self._next_producer_id += 1
+        self._mark_loaded(producer_id)  # new: nothing stored for it
+        return producer_id
+
+    async def prepare_producer(self, producer_id: int, targets: Sequence[tuple[str, int]]) -> None:
+        """Before an idempotent producer's record sets are submitted: what this process knows of
+        its stored batches (after a restart: the store's sequence table, then the partitions'
+        recent placeholders)."""
+        await self._load_producer(producer_id)
+        for topic, partition in targets:
+            await self._recover_spans(producer_id, topic, partition)
+
+    def submit(
+        self, topic: str, partition: int, records: list[Record], identity: Identity | None
+    ) -> Pending | int:
+        """Queue one record set on the partition's lane (no await: record sets are stored in
+        the order they are submitted). An idempotent batch already stored answers its base
+        offset; one being stored answers that attempt. Raises LevelZeroError (InvalidInput,
+        TooLarge, the partition's) for a record set that is not taken."""
+        self.check_led(topic, partition)
+        if not records:
+            raise InvalidInput("the produce request holds no records")
+        # The one size rule, the batcher's: sets are packed into one request by the lane.
+        size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
+        assert size is not None
+        if identity is not None:
+            assert identity[2:4] == (topic, partition), identity
+            stored = self.sequences.duplicate_of(*identity)
+            if stored is not None:
+                return stored.base_offset
+            pending = self._producing.get(identity)
+            if pending is not None:
+                return pending  # a retry (on another connection) of a batch being stored
+        pending = Pending(topic, partition, records, size, identity)
+        if identity is not None:
+            self._producing[identity] = pending
+        lane = self._lanes.get((topic, partition))
+        if lane is None:
+            lane = self._lanes[(topic, partition)] = deque()
+            assert self._tg is not None, "ProduceIntake.run is not running"
+            self._tg.start_soon(self._drain, topic, partition, lane)
+        lane.append(pending)
+        return pending
+
+    async def _load_producer(self, producer_id: int) -> None:
+        """A producer this process has not seen (a retry after a restart): its stored batches."""
+        if self._producer_store is None or producer_id in self._loaded_producers:
+            return
+        try:
+            rows = await self._producer_store.producer_batches(producer_id)
+        except LevelZeroError as exc:
+            log.warning("intake: cannot read producer %d's batches: %s", producer_id, exc)
+            return
+        if producer_id in self._loaded_producers:
+            return  # another request loaded it meanwhile (and may have recorded newer batches)
+        for row in rows:
+            self.sequences.record(row.producer_id, row.producer_epoch, row.topic, row.partition,
+                                  row.base_sequence, row.record_count, row.base_offset)
+        self._mark_loaded(producer_id)
+
+    async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
+        """The producer's batches in the partition's recent placeholders, once per process:
+        a batch committed with its data just before a crash, whose row in the sequence table
+        was not committed yet, is recognised from the placeholder (they commit together).
+        After `_load_producer`, so these (the newest) are remembered last."""
+        key = (producer_id, topic, partition)
+        if key in self._recovered:
+            return
+        try:
+            actor = self.node.partition(topic, partition)
+            recent = await self.node.log_store.read_placeholders(
+                actor.row.pid, max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
+                RECOVER_PLACEHOLDERS_MAX,
+            )
+        except LevelZeroError as exc:
+            log.warning("intake: cannot read %s/%d's recent placeholders: %s", topic, partition, exc)
+            return
+        for record in recent:
+            entry = record.entry
+            assert isinstance(entry, Placeholder), entry
+            for span in entry.producers:
+                if span.producer_id == producer_id:
+                    self.sequences.record(producer_id, span.producer_epoch, topic, partition,
+                                          span.base_sequence, span.record_count,
+                                          record.base_offset + span.first_record)
+        self._recovered[key] = None
+        while len(self._recovered) > PRODUCERS_MAX_DEFAULT:
+            del self._recovered[next(iter(self._recovered))]
+
+    def _mark_loaded(self, producer_id: int) -> None:
+        self._loaded_producers[producer_id] = None
+        while len(self._loaded_producers) > PRODUCERS_MAX_DEFAULT:
+            del self._loaded_producers[next(iter(self._loaded_producers))]
+
+    async def _drain(self, topic: str, partition: int, lane: deque[Pending]) -> None:
+        """Store a partition's queued record sets, as many at once as one produce may hold
+        (contiguous offsets, in queue order), until the lane is empty."""
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        taken: list[Pending] = []
+        try:
+            while lane:
+                size = 0
+                while lane and (not taken or size + lane[0].size <= batch_bytes_max):
+                    size += lane[0].size
+                    taken.append(lane.popleft())
+                spans, first = [], 0
+                for p in taken:
+                    if p.identity is not None:
+                        spans.append(ProducerSpan(p.identity[0], p.identity[1], p.identity[4],
+                                                  len(p.records), first))
+                    first += len(p.records)
+                try:
+                    result = await self.node.produce(
+                        topic, partition, [r for p in taken for r in p.records], spans
+                    )
+                except LevelZeroError as exc:
+                    for p in taken:
+                        self._finish(p, error=exc)
+                else:
+                    offset = result.base_offset
+                    offsets = []
+                    for p in taken:
+                        offsets.append(offset)
+                        offset += len(p.records)
+                    error = await self._keep_sequences(taken, offsets)
+                    for p, base_offset in zip(taken, offsets, strict=True):
+                        self._finish(p, base_offset=base_offset, error=error)
+                    self._wake_fetchers()
+                taken = []
+        finally:
+            del self._lanes[(topic, partition)]
+            for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
+                if not p.done.is_set():
+                    self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    async def _keep_sequences(self, taken: list[Pending], offsets: list[int]) -> LevelZeroError | None:
+        """Idempotent batches' sequences, durable before they are acknowledged (where the store
+        keeps them), so a retry after a restart is recognised. A failure here fails the
+        acknowledgement: the client retries and the batch (stored) is recognised in memory."""
+        rows = [
+            ProducerBatchRow(p.identity[0], p.identity[1], p.topic, p.partition, p.identity[4],
+                             len(p.records), base_offset, time.time())
+            for p, base_offset in zip(taken, offsets, strict=True) if p.identity is not None
+        ]
+        if not rows or self._producer_store is None:
+            return None
+        for p, base_offset in zip(taken, offsets, strict=True):
+            if p.identity is not None:
+                self.sequences.record(*p.identity, len(p.records), base_offset)
+        try:
+            await self._producer_store.record_producer_batches(rows, keep=BATCHES_REMEMBERED)
+        except LevelZeroError as exc:
+            log.warning("intake: cannot keep idempotent producers' sequences: %s", exc)
+            return exc
+        return None
+
+    def _finish(
+        self, pending: Pending, *, base_offset: int = -1, error: LevelZeroError | None = None
+    ) -> None:
+        pending.base_offset = base_offset
+        pending.error = error
+        if pending.identity is not None:
+            self._producing.pop(pending.identity, None)
+            if error is None:
+                self.sequences.record(*pending.identity, len(pending.records), base_offset)
+        pending.done.set()

@@ -1,0 +1,2 @@
+"""The command line: `levelzero run` wires the daemon; every other command is a client of the
+HTTP API (`client.py`)."""

@@ -1,0 +1,239 @@
+"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo and the tests.
+
+Every failure surfaces as `ApiError`, carrying the server's error code and message (or
+`unreachable` / `bad_response` when there is no usable answer), so callers print one line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from types import TracebackType
+from urllib.parse import quote
+
+import httpx
+import msgspec
+
+from levelzero.actors.gc import RoundReport
+from levelzero.core.gc import Explanation
+
+from levelzero.config import token_problem
+from levelzero.http.schema import (
+    AbandonRequest,
+    AbandonResponse,
+    ClusterInfo,
+    CreateTopicRequest,
+    EpochResponse,
+    ErrorBody,
+    FetchResponse,
+    GcRunRequest,
+    GcStatus,
+    HousekeeperRunRequest,
+    HousekeeperStatus,
+    ProduceRequest,
+    ProduceResponse,
+    RecordIn,
+    PartitionPage,
+    PartitionStatus,
+    StatusResponse,
+    TopicInfo,
+    TopicList,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8420"
+DEFAULT_TIMEOUT_S = 60.0
+
+_encoder = msgspec.json.Encoder()
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} ({code}{f', HTTP {status}' if status else ''})")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def default_url() -> str:
+    return os.environ.get("LEVELZERO_URL") or DEFAULT_URL
+
+
+REDIRECTS_MAX = 3  # a leader moving twice while a request follows it
+
+
+class Client:
+    """`async with Client(url, token=...) as client: await client.produce(...)`."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        problem = token_problem(token) if token else None
+        if problem:
+            raise ValueError(problem)
+        self.url = (url or default_url()).rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # trust_env=False: a levelzero daemon is reached directly, never through $HTTP_PROXY.
+        # In a cluster, a node answers a request for a partition it does not lead with a 307 to
+        # the leader (method and body kept): followed, a few hops at most.
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport,
+            trust_env=False, follow_redirects=True, max_redirects=REDIRECTS_MAX,
+        )
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def request(
+        self, method: str, path: str, *, body: msgspec.Struct | None = None,
+        params: dict[str, int | str] | None = None,
+    ) -> httpx.Response:
+        content = None if body is None else _encoder.encode(body)
+        # The daemon refuses a POST that does not say it is JSON (415), body or not.
+        headers = {"Content-Type": "application/json"} if method == "POST" else None
+        try:
+            response = await self._http.request(method, path, content=content, params=params, headers=headers)
+        except httpx.TimeoutException:
+            raise ApiError(0, "timeout", f"levelzero at {self.url} did not answer in time") from None
+        except httpx.HTTPError as exc:
+            raise ApiError(0, "unreachable", f"cannot reach levelzero at {self.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    def _error(self, response: httpx.Response) -> ApiError:
+        try:
+            body = msgspec.json.decode(response.content, type=ErrorBody)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            text = response.text.strip()[:200] or response.reason_phrase
+            return ApiError(response.status_code, "http_error", text)
+        return ApiError(response.status_code, body.error, body.message)
+
+    async def _call(self, method: str, path: str, result: type, **kwargs):  # noqa: ANN202
+        response = await self.request(method, path, **kwargs)
+        try:
+            return msgspec.json.decode(response.content, type=result)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ApiError(response.status_code, "bad_response", f"unexpected response: {exc}") from None
+
+    # ------------------------------------------------------------------ API
+
+    async def create_topic(self, name: str, partitions: int = 1) -> TopicInfo:
+        return await self._call("POST", "/v1/topics", TopicInfo, body=CreateTopicRequest(name, partitions))
+
+    async def list_topics(self) -> list[TopicInfo]:
+        return (await self._call("GET", "/v1/topics", TopicList)).topics
+
+    async def produce(
+        self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes] | bytes]
+    ) -> ProduceResponse:
+        """`records`: values, or (key, value) pairs."""
+        body = ProduceRequest(
+            [RecordIn(r) if isinstance(r, bytes) else RecordIn(r[1], r[0]) for r in records]
+        )
+        return await self._call("POST", _records_path(topic, partition), ProduceResponse, body=body)
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int | None = None, max_bytes: int | None = None
+    ) -> FetchResponse:
+        params: dict[str, int | str] = {}
+        if offset is not None:
+            params["offset"] = offset
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        return await self._call("GET", _records_path(topic, partition), FetchResponse, params=params)
+
+    async def cluster(self) -> ClusterInfo:
+        """The cluster's members and who leads how many partitions (a single node: enabled False)."""
+        return await self._call("GET", "/v1/cluster", ClusterInfo)
+
+    async def status(self) -> StatusResponse:
+        """The summary: M, the outlier partitions and the first page of partitions."""
+        return await self._call("GET", "/v1/status", StatusResponse)
+
+    async def status_partitions(
+        self, after: str | None = None, limit: int | None = None, topic: str | None = None
+    ) -> PartitionPage:
+        """One page of partition statuses after `after` ("topic/p"), in (topic, partition) order."""
+        params: dict[str, int | str] = {}
+        if after is not None:
+            params["after"] = after
+        if limit is not None:
+            params["limit"] = limit
+        if topic is not None:
+            params["topic"] = topic
+        return await self._call("GET", "/v1/status/partitions", PartitionPage, params=params)
+
+    async def all_partitions(self, page_limit: int | None = None) -> list[PartitionStatus]:
+        """Every partition's status, page by page (each partition once, in order)."""
+        partitions: list[PartitionStatus] = []
+        after = None
+        while True:
+            page = await self.status_partitions(after, page_limit)
+            partitions += page.partitions
+            if page.next_after is None:
+                return partitions
+            assert page.partitions, page
+            after = page.next_after
+
+    async def advance_epoch(self) -> int:
+        return (await self._call("POST", "/v1/epoch/advance", EpochResponse)).cluster_epoch
+
+    async def gc_run(self, *, dry_run: bool = False) -> RoundReport:
+        """One GC round now (also while paused); a dry run deletes nothing."""
+        return await self._call("POST", "/v1/gc/run", RoundReport, body=GcRunRequest(dry_run))
+
+    async def gc_pause(self) -> GcStatus:
+        return await self._call("POST", "/v1/gc/pause", GcStatus)
+
+    async def gc_resume(self) -> GcStatus:
+        return await self._call("POST", "/v1/gc/resume", GcStatus)
+
+    async def gc_explain(self, *, key: str | None = None, epoch: int | None = None) -> Explanation:
+        """Why the L0 object `key` (or any object of `epoch`) is or is not deleted."""
+        params: dict[str, int | str] = {}
+        if key is not None:
+            params["key"] = key
+        if epoch is not None:
+            params["epoch"] = epoch
+        return await self._call("GET", "/v1/gc/explain", Explanation, params=params)
+
+    async def run_housekeeper(self, *, force: bool = False) -> HousekeeperStatus:
+        return await self._call(
+            "POST", "/v1/housekeeper/run", HousekeeperStatus, body=HousekeeperRunRequest(force)
+        )
+
+    async def abandon_unreconciled(
+        self, topic: str, partition: int, *, operator: str, reason: str, confirm: bool
+    ) -> AbandonResponse:
+        """The escape hatch for a partition whose L0 data is gone for good (see the README)."""
+        body = AbandonRequest(topic, partition, operator, reason, confirm)
+        return await self._call("POST", "/v1/partitions/abandon-unreconciled", AbandonResponse, body=body)
+
+    async def metrics(self) -> str:
+        return (await self.request("GET", "/metrics")).text
+
+    async def ready(self) -> bool:
+        try:
+            await self.request("GET", "/readyz")
+        except ApiError:
+            return False
+        return True
+
+
+def _records_path(topic: str, partition: int) -> str:
+    return f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records"

@@ -1,0 +1,668 @@
+"""The `levelzero` commands: the daemon (`run`), the demos, backup and install, and the client
+commands over the HTTP API (`client.py`); the tools (sim, export, analyze, bench) own their
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from typing import Any
+
+import anyio
+import msgspec
+
+from levelzero.core.errors import LevelZeroError, StoreRefused
+from levelzero.core.reconcile_health import ABANDON_GIVES_UP
+from levelzero.cli.client import ApiError, Client, default_url
+from levelzero.config import ConfigError, describe, load_config, token_problem
+from levelzero.daemon.logs import configure_logging
+from levelzero.cli.formats import _cell, _json_out, _print_record, format_explanation, format_round, format_status, plural, table
+
+
+log = logging.getLogger("levelzero.cli")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+# One request waits out the batcher's linger (250 ms by default) whatever its size, so a request
+# carries as much as the server takes by default (server.records_per_request_max = 10000) and
+# stays under batcher.batch_bytes_max (4 MiB, one request's limit by the size rule of
+# core/produce_size.py: 3 MiB of keys and values leave room for its 8 bytes a record).
+PRODUCE_BATCH_RECORDS = 10_000
+PRODUCE_BATCH_BYTES = 3 * 1024 * 1024
+PRODUCE_IN_FLIGHT_DEFAULT = 1
+PRODUCE_IN_FLIGHT_MAX = 64
+PROGRESS_AFTER_RECORDS = 10_000
+PROGRESS_INTERVAL_S = 1.0
+FOLLOW_POLL_MIN_S = 0.1
+DRY_RUN_KEYS_SHOWN_DEFAULT = 20
+CLUSTER_DEMO_NODES_MAX = 5
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+class CommandFailed(Exception):
+    """A command's own one-line failure (printed without a traceback)."""
+
+
+def _fail(message: str) -> None:
+    print(f"levelzero: {message}", file=sys.stderr)
+
+
+def refuse_optimized_python() -> int | None:
+    """Assertions guard the invariants; running without them (python -O) is refused."""
+    if not __debug__:
+        _fail(
+            "refusing to run with assertions disabled (python -O or PYTHONOPTIMIZE): "
+            "levelzero's invariant checks must stay on"
+        )
+        return EXIT_USAGE
+    return None
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
+    overrides: dict[tuple[str, str], Any] = {}
+    if args.data_dir is not None:
+        overrides[("storage", "data_dir")] = args.data_dir
+    if args.listen is not None:
+        overrides[("server", "listen")] = args.listen
+    path = args.config or os.environ.get("LEVELZERO_CONFIG") or None
+    return load_config(path, environ=os.environ, overrides=overrides)
+
+
+def leaf_errors(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaf_errors(inner)]
+    return [error]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from levelzero.daemon.gc_tuning import tune_gc
+    from levelzero.daemon.service import run_until_signalled
+
+    refused = refuse_optimized_python()
+    if refused is not None:
+        return refused
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    try:
+        configure_logging(config.logging.level, config.logging.format, config.logging.file)
+    except OSError as exc:
+        _fail(f"cannot open the log file logging.file = {config.logging.file!r}: {exc.strerror}")
+        return EXIT_USAGE
+    tune_gc()  # fewer, cheaper collections with many partitions (daemon/gc_tuning.py)
+    try:
+        # uvloop when installed (an optional dependency): +15-30% on actor-bound paths.
+        uvloop = importlib.util.find_spec("uvloop") is not None
+        clean = anyio.run(run_until_signalled, config, backend_options={"use_uvloop": uvloop})
+    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+        leaves = leaf_errors(error)
+        if all(isinstance(leaf, LevelZeroError) for leaf in leaves):
+            for message, code in dict.fromkeys((str(leaf), leaf.code) for leaf in leaves):  # type: ignore[attr-defined]
+                # Once on stderr (journald); a log file gets it as an event of its own.
+                if config.logging.file:
+                    log.error("levelzero stopped", extra={"error": code, "detail": message})
+                _fail(message)
+            # A store a restart cannot fix (a newer schema, another cluster's objects): 2, which
+            # systemd does not restart (RestartPreventExitStatus=2), like bad configuration.
+            return EXIT_USAGE if any(isinstance(leaf, StoreRefused) for leaf in leaves) else EXIT_FAILED
+        if all(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+            return EXIT_INTERRUPTED
+        log.critical("levelzero crashed", exc_info=error)
+        return EXIT_FAILED
+    return EXIT_OK if clean else EXIT_FAILED
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from levelzero.cli.demo import run_demo
+
+    refused = refuse_optimized_python()
+    if refused is not None:
+        return refused
+    if args.duration <= 0:
+        _fail("--duration must be positive")
+        return EXIT_USAGE
+    if not 1 <= args.nodes <= CLUSTER_DEMO_NODES_MAX:
+        _fail(f"--nodes must be in 1..{CLUSTER_DEMO_NODES_MAX}")
+        return EXIT_USAGE
+    if args.producers < 1:
+        _fail("--producers must be >= 1")
+        return EXIT_USAGE
+    configure_logging("warning")
+    if args.nodes > 1:
+        from levelzero.cli.cluster_demo import run_cluster_demo
+
+        if args.data_dir is not None:
+            _fail("--data-dir is for the one-node demo; the cluster demo keeps its data with --keep")
+            return EXIT_USAGE
+        cluster = anyio.run(lambda: run_cluster_demo(
+            nodes=args.nodes, duration_s=args.duration, producers=args.producers,
+            keep=args.keep, out=sys.stdout,
+        ))
+        if cluster.failure is not None and cluster.acked_writes == 0 and "PostgreSQL" in cluster.failure:
+            return EXIT_USAGE
+        return EXIT_OK if cluster.ok else EXIT_FAILED
+    summary = anyio.run(
+        lambda: run_demo(
+            duration_s=args.duration,
+            data_dir=args.data_dir,
+            keep=args.keep,
+            producers=args.producers,
+            out=sys.stdout,
+        )
+    )
+    return EXIT_OK if summary.ok else EXIT_FAILED
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    print(json.dumps(describe(config), indent=2))
+    return EXIT_OK
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    from levelzero.daemon.backup import BackupError, backup, restore
+
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    data_dir = config.storage.data_dir
+    try:
+        if args.backup_command == "backup":
+            summary = backup(data_dir, args.destination)
+        else:
+            summary = restore(args.backup, data_dir)
+    except BackupError as exc:
+        _fail(str(exc))
+        return EXIT_FAILED
+    m = summary.manifest
+    facts = (f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "
+             f"schema {m['schema_version']}, taken {m['taken_at']} by levelzero {m['levelzero_version']}")
+    if args.backup_command == "backup":
+        print(f"backed up {data_dir} to {summary.directory}: {facts}")
+        print("objects are not in a backup: they stay in the object store")
+        return EXIT_OK
+    print(f"restored {args.backup} into {data_dir}: {facts}")
+    # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
+    # records the backup acknowledged fail once the live GC deleted their L0 objects.
+    code = _recover(config, after_restore=True)
+    if code == EXIT_OK:
+        print("start the daemon; see the README (Backup and restore) for what an older backup means")
+    return code
+
+
+def _recover(config: Any, *, after_restore: bool) -> int:
+    from levelzero.daemon.recover import describe as describe_recovery
+    from levelzero.daemon.recover import recover_configured
+
+    try:
+        summary = anyio.run(recover_configured, config)
+    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+        leaves = leaf_errors(error)
+        if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
+            raise
+        for message in dict.fromkeys(str(leaf) for leaf in leaves):
+            if after_restore:
+                message = (f"the log store is restored, but adopting the bucket's L1 objects failed: "
+                           f"{message}; run `levelzero recover --from-bucket` before starting the daemon")
+            _fail(message)
+        return EXIT_FAILED
+    for line in describe_recovery(summary):
+        print(line)
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        _fail(str(exc))
+        return EXIT_USAGE
+    if not args.from_bucket:
+        _fail("say where to recover from: --from-bucket")
+        return EXIT_USAGE
+    return _recover(config, after_restore=False)
+
+
+def cmd_install_files(args: argparse.Namespace) -> int:
+    from levelzero.daemon.install import InstallError, install_files
+
+    try:
+        written = install_files(args.directory, force=args.force)
+    except InstallError as exc:
+        _fail(str(exc))
+        return EXIT_FAILED
+    for item in written:
+        print(f"wrote {item.path} (mode {item.mode:04o})")
+    return EXIT_OK
+
+
+def url_problem(url: str) -> str | None:
+    """A daemon URL must name its scheme: `127.0.0.1:8420` would be taken for a scheme."""
+    if url.startswith(("http://", "https://")):
+        return None
+    return f"daemon URL {url!r} has no http:// or https:// scheme (e.g. http://{url.split('://')[-1]})"
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.url, token=args.token, timeout_s=args.timeout)
+
+
+def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handler:
+    """Run an async client command; ApiError -> one line and exit 1; Ctrl-C -> 130."""
+
+    def handler(args: argparse.Namespace) -> int:
+        problem = token_problem(args.token) if args.token else None
+        if problem:
+            _fail(f"--token (or $LEVELZERO_TOKEN): {problem}")
+            return EXIT_USAGE
+        problem = url_problem(args.url or default_url())
+        if problem is not None:
+            _fail(problem)
+            return EXIT_USAGE
+
+        async def main() -> int:
+            async with _client(args) as client:
+                return await body(args, client) or EXIT_OK
+
+        try:
+            return anyio.run(main)
+        except (ApiError, CommandFailed) as exc:
+            _fail(str(exc))
+            return EXIT_FAILED
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+    return handler
+
+
+async def _topics_create(args: argparse.Namespace, client: Client) -> None:
+    info = await client.create_topic(args.name, args.partitions)
+    if args.json:
+        _json_out(info)
+    else:
+        print(f"created topic {info.name} with {plural(info.partitions, 'partition')}")
+
+
+async def _topics_list(args: argparse.Namespace, client: Client) -> None:
+    topics = await client.list_topics()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode({"topics": topics})).decode())
+    elif not topics:
+        print("no topics")
+    else:
+        print(table(("TOPIC", "PARTITIONS"), [(t.name, str(t.partitions)) for t in topics]))
+
+
+class MalformedLine(Exception):
+    """An input line the command cannot turn into a record (it names the line)."""
+
+
+class _Input:
+    """The records to produce, from the VALUE arguments or one per stdin line, with the line
+    number of each: a malformed line (no key separator) stops the input cleanly, after the
+    records before it, or is skipped and reported (`--skip-malformed`)."""
+
+    def __init__(self, args: argparse.Namespace, lines: Iterable[bytes] | None = None) -> None:
+        self._key = None if args.key is None else args.key.encode()
+        self._separator = None if args.key_separator is None else args.key_separator.encode()
+        self._shown_separator = args.key_separator
+        self._skip = args.skip_malformed
+        self.skipped = 0
+        self.malformed: MalformedLine | None = None  # the line that stopped the input
+        if lines is None:
+            if args.values:
+                lines = (value.encode() for value in args.values)
+            else:
+                lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
+        self._lines = lines
+
+    def __iter__(self) -> Iterator[tuple[bytes | None, bytes]]:
+        for number, line in enumerate(self._lines, start=1):
+            if self._separator is None:
+                yield self._key, line
+                continue
+            if self._separator not in line:
+                problem = MalformedLine(
+                    f"input line {number}: no key separator {self._shown_separator!r} in {line[:80]!r}"
+                )
+                if not self._skip:
+                    self.malformed = problem
+                    return
+                self.skipped += 1
+                _fail(f"{problem} (skipped)")
+                continue
+            line_key, _, value = line.partition(self._separator)
+            yield line_key, value
+
+
+def _batches(
+    records: Iterable[tuple[bytes | None, bytes]], max_records: int, max_bytes: int
+) -> Iterable[list[tuple[bytes | None, bytes]]]:
+    batch: list[tuple[bytes | None, bytes]] = []
+    size = 0
+    for record in records:
+        record_size = len(record[1]) + len(record[0] or b"")
+        if batch and (len(batch) >= max_records or size + record_size > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(record)
+        size += record_size
+    if batch:
+        yield batch
+
+
+class _Progress:
+    """A progress line on stderr for large inputs: '\\r' on a terminal, new lines otherwise."""
+
+    def __init__(self) -> None:
+        self._tty = sys.stderr.isatty()
+        self._last = float("-inf")  # the first update past the threshold shows at once
+        self.shown = False
+
+    def update(self, records: int, size: int) -> None:
+        now = time.monotonic()
+        if records < PROGRESS_AFTER_RECORDS or now - self._last < PROGRESS_INTERVAL_S:
+            return
+        self._last = now
+        self.shown = True
+        line = f"produced {records} records ({size / 1048576:.1f} MiB)"
+        print(f"\r{line}" if self._tty else line, end="" if self._tty else "\n", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.shown and self._tty:
+            print(file=sys.stderr)
+
+
+class _Produced:
+    """What the server acknowledged: counts, the offsets' range, whether requests overtook."""
+
+    def __init__(self) -> None:
+        self.records = self.size = self.requests = 0
+        self.first: int | None = None
+        self.last: int | None = None
+        self.overtaken = 0  # requests answered with offsets below an earlier-sent request's
+        self._highest_base_by_sequence: list[tuple[int, int]] = []
+
+    def add(self, sequence: int, batch: list[tuple[bytes | None, bytes]], base: int, last: int) -> None:
+        self.records += len(batch)
+        self.size += sum(len(v) + len(k or b"") for k, v in batch)
+        self.requests += 1
+        self.first = base if self.first is None else min(self.first, base)
+        self.last = last if self.last is None else max(self.last, last)
+        # A request sent later whose offsets are lower: the input order was not kept.
+        self.overtaken += any(s < sequence and b > base for s, b in self._highest_base_by_sequence[-PRODUCE_IN_FLIGHT_MAX:])
+        self._highest_base_by_sequence.append((sequence, base))
+
+
+async def _produce(args: argparse.Namespace, client: Client) -> None:
+    """Requests of `--batch-records` records; up to `--in-flight` of them at once. Reading the
+    next batch from stdin happens in a worker thread while requests are on their way."""
+    records = _Input(args)
+    batches = iter(_batches(records, args.batch_records, PRODUCE_BATCH_BYTES))
+    done = _Produced()
+    progress = _Progress()
+    slots = anyio.Semaphore(args.in_flight)
+
+    async def send(sequence: int, batch: list[tuple[bytes | None, bytes]]) -> None:
+        try:
+            ack = await client.produce(args.topic, args.partition, batch)
+        finally:
+            slots.release()
+        done.add(sequence, batch, ack.base_offset, ack.last_offset)
+        progress.update(done.records, done.size)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for sequence in range(sys.maxsize):
+                await slots.acquire()
+                batch = await anyio.to_thread.run_sync(next, batches, None)
+                if batch is None:
+                    slots.release()
+                    break
+                tg.start_soon(send, sequence, batch)
+    except BaseExceptionGroup as group:
+        failures = [leaf for leaf in leaf_errors(group) if isinstance(leaf, (ApiError, CommandFailed))]
+        if not failures:
+            raise
+        acknowledged = f"; {plural(done.records, 'record')} acknowledged before it" if done.records else ""
+        raise CommandFailed(f"{failures[0]}{acknowledged}") from None
+    finally:
+        progress.done()
+    summary = _produce_summary(args, done, records)
+    if args.json:
+        print(msgspec.json.encode(summary).decode())
+    elif done.records:
+        print(
+            f"produced {plural(done.records, 'record')} to {args.topic}/{args.partition} at offsets "
+            f"{done.first}..{done.last}"
+            + (f"; skipped {plural(records.skipped, 'malformed line')}" if records.skipped else "")
+            + (f"; {plural(done.overtaken, 'request')} overtook an earlier one (--in-flight > 1)"
+               if done.overtaken else "")
+        )
+    if records.malformed is not None:
+        raise CommandFailed(f"{records.malformed}; stopped there (--skip-malformed skips such lines)")
+    if done.records == 0 and not records.skipped:
+        raise CommandFailed("nothing to produce (no values and empty stdin)")
+
+
+def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input) -> dict[str, Any]:
+    return {
+        "topic": args.topic, "partition": args.partition, "records": done.records,
+        "requests": done.requests, "first_offset": done.first, "last_offset": done.last,
+        "skipped_lines": records.skipped, "overtaken_requests": done.overtaken,
+    }
+
+
+async def _consume_stream(
+    args: argparse.Namespace, client: Client
+) -> AsyncIterator[tuple[int, bytes | None, bytes]]:
+    offset = args.offset
+    delay_s = FOLLOW_POLL_MIN_S
+    while True:
+        result = await client.fetch(args.topic, args.partition, offset, args.max_bytes)
+        for record in result.records:
+            yield record.offset, record.key, record.value
+        if result.records:
+            offset = result.next_offset
+            delay_s = FOLLOW_POLL_MIN_S
+            continue
+        if offset is None:
+            offset = result.next_offset
+        if not args.follow:
+            return
+        await anyio.sleep(delay_s)  # bounded polling: back off up to --poll-max-s
+        delay_s = min(delay_s * 2, args.poll_max_s)
+
+
+async def _consume(args: argparse.Namespace, client: Client) -> None:
+    count = 0
+    fmt = "json" if args.json else args.format  # --json: one JSON object per record
+    async for offset, key, value in _consume_stream(args, client):
+        _print_record(fmt, offset, key, value)
+        count += 1
+        if args.max_records is not None and count >= args.max_records:
+            break
+    sys.stdout.flush()
+
+
+async def _status(args: argparse.Namespace, client: Client) -> None:
+    status = await client.status()
+    if args.all:
+        partitions = await client.all_partitions()
+        status = msgspec.structs.replace(
+            status, partitions=partitions, partitions_total=len(partitions), partitions_next_after=None
+        )
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(status)).decode())
+    else:
+        print(format_status(status))
+
+
+async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
+    epoch = await client.advance_epoch()
+    print(msgspec.json.encode({"cluster_epoch": epoch}).decode() if args.json else f"cluster epoch is now {epoch}")
+
+
+async def _gc_run(args: argparse.Namespace, client: Client) -> None:
+    report = await client.gc_run(dry_run=args.dry_run)
+    if args.json:
+        _json_out(report)
+        return
+    print(format_round(report))
+    if args.dry_run and report.would_delete:
+        shown = report.would_delete if args.show is None else report.would_delete[: args.show]
+        for key in shown:
+            print(f"  {key}")
+        left = len(report.would_delete) - len(shown)
+        if left > 0:
+            print(f"  ... and {left} more (--all prints them)")
+        if report.would_delete_truncated:
+            print(f"  ... the server listed only the first {len(report.would_delete)} (gc.dry_run_keys_max)")
+
+
+async def _gc_pause(args: argparse.Namespace, client: Client) -> None:
+    status = await client.gc_pause()
+    if args.json:
+        _json_out(status)
+    else:
+        print("gc paused: no rounds of its own until `levelzero gc resume` (gc run still works)")
+
+
+async def _gc_resume(args: argparse.Namespace, client: Client) -> None:
+    status = await client.gc_resume()
+    if args.json:
+        _json_out(status)
+    else:
+        print("gc resumed: a round runs now")
+
+
+async def _gc_explain(args: argparse.Namespace, client: Client) -> None:
+    explanation = await client.gc_explain(key=args.key, epoch=args.epoch)
+    if args.json:
+        _json_out(explanation)
+    else:
+        print(format_explanation(explanation))
+
+
+def _topic_partition(text: str) -> tuple[str, int]:
+    """`TOPIC/P` (the last `/` splits, so any stored topic name can be named)."""
+    topic, slash, number = text.rpartition("/")
+    if not slash or not topic or not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not TOPIC/PARTITION (e.g. orders/3)")
+    return topic, int(number)
+
+
+def _default_operator() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _partition_abandon(args: argparse.Namespace) -> int:
+    if not args.confirm:
+        _fail(f"partition abandon-unreconciled {ABANDON_GIVES_UP}. Add --confirm to do it")
+        return EXIT_USAGE
+    return _client_command(_partition_abandon_call)(args)
+
+
+async def _partition_abandon_call(args: argparse.Namespace, client: Client) -> None:
+    topic, partition = args.partition
+    done = await client.abandon_unreconciled(
+        topic, partition, operator=args.by, reason=args.reason, confirm=True
+    )
+    if args.json:
+        _json_out(done)
+        return
+    given_up = (
+        f"data offsets {done.first_offset}..{done.last_offset} given up"
+        if done.first_offset <= done.last_offset
+        else "nothing given up (a catch-up landed first)"
+    )
+    print(
+        f"{done.partition}: {given_up} (log offset {done.log_offset}, term {done.term}); "
+        f"M(p) {_cell(done.mp_before)} -> {_cell(done.mp_after)}; recorded as by {done.operator!r}: "
+        f"{done.reason!r}"
+    )
+
+
+def _tool(command: str, module: str, function: str) -> Callable[[list[str]], int]:
+    def run(argv: list[str]) -> int:
+        try:
+            hook = getattr(importlib.import_module(module), function)
+        except ImportError as exc:
+            _fail(f"{command}: not available in this installation ({module}: {exc})")
+            return EXIT_FAILED
+        return hook(argv)
+
+    return run
+
+
+BENCH_NEEDS = "moto"  # the S3 items run against an in-process moto server
+
+
+def _bench(argv: list[str]) -> int:
+    if importlib.util.find_spec("levelzero.bench") is None:
+        _fail(
+            "bench: the benchmark suite (levelzero.bench) is not part of this installation; "
+            "install levelzero from a source checkout with the bench extra"
+        )
+        return EXIT_FAILED
+    if importlib.util.find_spec(BENCH_NEEDS) is None and not {"-h", "--help"} & set(argv):
+        _fail(f"bench: needs the bench extra ({BENCH_NEEDS}): pip install 'levelzero[bench]'")
+        return EXIT_USAGE
+    return _tool("bench", "levelzero.bench", "main")(argv)
+
+
+TOOLS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "sim": (_tool("sim", "levelzero.sim.cli", "main"),
+            "seeded simulation with fault injection (levelzero sim --help)"),
+    "export": (_tool("export", "levelzero.export.cli", "export_main"),
+               "export the store to Parquet (levelzero export --help)"),
+    "analyze": (_tool("analyze", "levelzero.export.cli", "analyze_main"),
+                "analyse exports with PySpark (levelzero analyze --help)"),
+    "bench": (_bench, "run the benchmark suite"),
+}
+
+
+async def _cluster(args: argparse.Namespace, client: Client) -> None:
+    info = await client.cluster()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(info)).decode())
+        return
+    if not info.enabled:
+        print(f"a single node (no [cluster]): it leads all {info.partitions_total} partitions")
+        return
+    rows = [("NODE", "URL", "STATE", "LEADS", "LEASE")]
+    for n in info.nodes:
+        state = ("draining" if n.draining else "live") if n.live else "expired"
+        rows.append((n.node_id + (" *" if n.node_id == info.node_id else ""), n.advertise_url, state,
+                     str(n.partitions_led), f"{n.lease_expires_in_s:+.1f}s"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    print(f"{info.partitions_total} partitions, {info.partitions_without_leader} without a live leader"
+          " (* answered)")

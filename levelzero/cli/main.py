@@ -1,0 +1,46 @@
+"""The `levelzero` command: the daemon (`run`), the demo, and client commands for the HTTP API.
+
+    levelzero run [--config FILE] [--data-dir DIR] [--listen HOST:PORT]
+    levelzero demo [--duration S] [--nodes N]
+    levelzero topics create NAME [--partitions N] | topics list
+    levelzero produce TOPIC [-p P] [--in-flight N] [VALUE ...]   (no VALUE: one record per stdin line)
+    levelzero consume TOPIC [-p P] [--offset O] [--follow] [--json]
+    levelzero status | epoch advance | config show
+    levelzero install-files DIR [--force]            (systemd unit, example TOML, env template)
+    levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
+    levelzero recover --from-bucket [--config FILE] [--data-dir DIR]
+    levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
+    levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
+    levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
+
+Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
+one line on stderr and a non-zero exit: 1 for a failed operation, 2 for bad usage or
+configuration (systemd does not restart on 2), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from levelzero.cli.commands import TOOLS
+from levelzero.cli.parser import build_parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TOOLS:
+        return TOOLS[argv[0]][0](argv[1:])  # the tool owns every argument after its name
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse gives a `nargs="*"` positional its (empty) share as soon as it meets it, so in
+    # `produce TOPIC -p 1 a b` the values come back unrecognised; they are values all the same.
+    if extra and getattr(args, "values", None) == [] and not any(e.startswith("-") for e in extra):
+        args.values = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

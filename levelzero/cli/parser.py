@@ -1,0 +1,284 @@
+"""The `levelzero` command line: every command's arguments, each naming its handler in `commands.py`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from levelzero.core.names import topic_name_problem
+from levelzero.core.reconcile_health import ABANDON_GIVES_UP
+from levelzero.cli.client import default_url
+from levelzero.daemon.buildinfo import version
+from levelzero.cli.commands import CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT, PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance, _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition, _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_recover, cmd_run
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file (or $LEVELZERO_CONFIG)")
+    parser.add_argument("--data-dir", metavar="DIR", help="overrides storage.data_dir")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    if "--json" not in parser._option_string_actions:  # every client command takes --json
+        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    parser.add_argument("--url", default=None, help=f"daemon URL (default $LEVELZERO_URL or {default_url()})")
+    parser.add_argument("--token", default=os.environ.get("LEVELZERO_TOKEN") or None,
+                        help="bearer token (default $LEVELZERO_TOKEN)")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="request timeout")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
+
+
+def _topic_name(text: str) -> str:
+    """The server's own name rule, checked before any request (bad usage: exit 2)."""
+    problem = topic_name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"topic name {text[:64]!r} {problem}")
+    return text
+
+
+def _in_flight(text: str) -> int:
+    value = _positive(text)
+    if value > PRODUCE_IN_FLIGHT_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is above {PRODUCE_IN_FLIGHT_MAX}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the daemon (foreground; systemd Type=notify)")
+    _add_config_options(p)
+    p.set_defaults(handler=cmd_run)
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="run an in-process daemon, drive producers, verify, summarise")
+    p.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)")
+    p.add_argument("--producers", type=int, default=6, help="concurrent producers (default 6)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help=f"1: one in-process daemon on embedded defaults (default); 2..{CLUSTER_DEMO_NODES_MAX}: "
+                        "a local cluster of `levelzero run` processes over a throwaway PostgreSQL "
+                        "(needs initdb and pg_ctl on PATH), with a crash and a rolling restart")
+    p.add_argument("--data-dir", default=None, metavar="DIR", help="where to keep the data (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the temp data directory")
+    p.set_defaults(handler=cmd_demo)
+
+
+def add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="configuration")
+    config_sub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
+    show = config_sub.add_parser("show", help="validate and print the effective configuration (secrets masked)")
+    _add_config_options(show)
+    show.set_defaults(handler=cmd_config_show)
+
+
+def add_backup(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("backup", help="copy the log store consistently (also while the daemon runs)")
+    p.add_argument("destination", metavar="DEST", help="a new (or empty) directory")
+    _add_config_options(p)
+    p.set_defaults(handler=cmd_backup, backup_command="backup")
+    r = sub.add_parser("restore", help="put a backup in place as the log store (daemon stopped)")
+    r.add_argument("backup", metavar="BACKUP", help="a directory written by levelzero backup")
+    _add_config_options(r)
+    r.set_defaults(handler=cmd_backup, backup_command="restore")
+    c = sub.add_parser(
+        "recover",
+        help="bring the control plane up to what the bucket holds (daemons stopped): rebuild a lost "
+        "one, or adopt L1 objects a restored one does not know",
+    )
+    c.add_argument("--from-bucket", action="store_true", help="read the L1 objects in the bucket")
+    _add_config_options(c)
+    c.set_defaults(handler=cmd_recover)
+
+
+def add_install_files(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "install-files",
+        help="write the systemd unit, the example configuration and the env-file template into DIR",
+    )
+    p.add_argument("directory", metavar="DIR")
+    p.add_argument("--force", action="store_true", help="overwrite files that exist")
+    p.set_defaults(handler=cmd_install_files)
+
+
+def add_topics(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("topics", help="create and list topics")
+    topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
+    create = topics_sub.add_parser("create", help="create a topic")
+    create.add_argument("name", type=_topic_name)
+    create.add_argument("--partitions", type=int, default=1)
+    _add_client_options(create)
+    create.set_defaults(handler=_client_command(_topics_create))
+    listing = topics_sub.add_parser("list", help="list topics and their partition counts")
+    _add_client_options(listing)
+    listing.set_defaults(handler=_client_command(_topics_list))
+
+
+def add_produce(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("produce", help="produce records: the VALUE arguments, or one per stdin line")
+    p.add_argument("topic")
+    p.add_argument("values", nargs="*", metavar="VALUE")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("--key", default=None, help="key of every record")
+    p.add_argument("--key-separator", default=None, metavar="SEP", help="split each line into KEY SEP VALUE")
+    p.add_argument("--batch-records", type=_positive, default=PRODUCE_BATCH_RECORDS,
+                   help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
+                   "server.records_per_request_max)")
+    p.add_argument("--in-flight", type=_in_flight, default=PRODUCE_IN_FLIGHT_DEFAULT, metavar="N",
+                   help=f"requests on their way at once (default {PRODUCE_IN_FLIGHT_DEFAULT}). Above 1 a "
+                   "request may overtake an earlier one (e.g. one retried after a stale epoch), so "
+                   "offsets need not follow the input order between requests; the summary says so")
+    p.add_argument("--skip-malformed", action="store_true",
+                   help="skip (and report) input lines without the key separator instead of stopping")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_produce))
+
+
+def add_consume(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("consume", help="print records from an offset (--follow: keep polling)")
+    p.add_argument("topic")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("--offset", type=_non_negative, default=None, help="first offset (default: the start)")
+    p.add_argument("--max-records", type=_non_negative, default=None)
+    p.add_argument("--max-bytes", type=int, default=None, help="bytes per fetch")
+    p.add_argument("--follow", action="store_true", help="wait for new records (Ctrl-C ends)")
+    p.add_argument("--poll-max-s", type=float, default=1.0, help="longest pause between polls")
+    p.add_argument("--format", choices=("text", "offsets", "json"), default="text")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_consume))
+
+
+def add_cluster(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cluster", help="the cluster's nodes, their health and how many partitions each leads")
+    p.add_argument("--json", action="store_true")
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_cluster))
+
+
+def add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="cluster epoch, M, outlier partitions, per-partition fence and state")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--all", action="store_true",
+        help="every partition, paged from the daemon (default: the first page and the outliers)",
+    )
+    _add_client_options(p)
+    p.set_defaults(handler=_client_command(_status))
+
+
+def add_epoch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("epoch", help="cluster epoch")
+    epoch_sub = p.add_subparsers(dest="epoch_command", required=True, metavar="COMMAND")
+    advance = epoch_sub.add_parser("advance", help="advance the cluster epoch now")
+    _add_client_options(advance)
+    advance.set_defaults(handler=_client_command(_epoch_advance))
+
+
+def add_gc(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gc", help="L0 garbage collector: run, dry-run, pause, resume, explain")
+    gc_sub = p.add_subparsers(dest="gc_command", required=True, metavar="COMMAND")
+    for name, dry_run, text in (
+        ("run", False, "run one GC round now (also while paused)"),
+        ("dry-run", True, "list what a round would delete; delete nothing"),
+    ):
+        run = gc_sub.add_parser(name, help=text)
+        run.set_defaults(dry_run=dry_run, handler=_client_command(_gc_run))
+        if dry_run:
+            run.add_argument("--show", type=_non_negative, default=DRY_RUN_KEYS_SHOWN_DEFAULT,
+                             metavar="N", help=f"keys to print (default {DRY_RUN_KEYS_SHOWN_DEFAULT})")
+            run.add_argument("--all", dest="show", action="store_const", const=None,
+                             help="print every key the server returned")
+        else:
+            run.set_defaults(show=0)
+        run.add_argument("--json", action="store_true", help="print the round report as JSON")
+        _add_client_options(run)
+    for name, body, text in (
+        ("pause", _gc_pause, "stop the GC's own rounds (one in progress finishes)"),
+        ("resume", _gc_resume, "restart the GC's rounds, the first one now"),
+    ):
+        q = gc_sub.add_parser(name, help=text)
+        q.add_argument("--json", action="store_true", help="print the GC status as JSON")
+        _add_client_options(q)
+        q.set_defaults(handler=_client_command(body))
+    explain = gc_sub.add_parser(
+        "explain", help="why an L0 object (or an epoch) is or is not deleted; what holds M back"
+    )
+    which = explain.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="an L0 object key (level_zero/data/PPP/EPOCH/UUID)")
+    which.add_argument("--epoch", type=_positive, help="an epoch: what keeps its objects")
+    explain.add_argument("--json", action="store_true")
+    _add_client_options(explain)
+    explain.set_defaults(handler=_client_command(_gc_explain))
+
+
+def add_partition(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("partition", help="operator actions on one partition")
+    partition_sub = p.add_subparsers(dest="partition_command", required=True, metavar="COMMAND")
+    abandon = partition_sub.add_parser(
+        "abandon-unreconciled",
+        help="give up a failing partition's unreconciled records (its L0 data is gone for good)",
+        description=f"Only for a partition whose reconciliation keeps failing (see status). It {ABANDON_GIVES_UP}.",
+    )
+    abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P")
+    abandon.add_argument("--confirm", action="store_true", help="yes, give those records up")
+    abandon.add_argument("--reason", required=True, help="why (recorded in the log: the incident)")
+    abandon.add_argument("--by", default=_default_operator(),
+                         help="who asks (recorded in the log; default USER@HOST)")
+    abandon.add_argument("--json", action="store_true")
+    _add_client_options(abandon)
+    abandon.set_defaults(handler=_partition_abandon)
+
+
+def add_tools(sub: argparse._SubParsersAction) -> None:
+    """Listed in the help; `main` hands their arguments over before argparse sees them."""
+    for name, (hook, text) in TOOLS.items():
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("tool_args", nargs=argparse.REMAINDER)
+        p.set_defaults(handler=lambda args, hook=hook: hook(args.tool_args))
+
+
+# The commands, in help order: a function `add_<name>(subparsers)` adds a parser and sets
+# `handler` (a `(args) -> exit code` function). A tool with flags of its own goes in `TOOLS`.
+COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_run,
+    add_demo,
+    add_topics,
+    add_produce,
+    add_consume,
+    add_status,
+    add_cluster,
+    add_epoch,
+    add_gc,
+    add_partition,
+    add_config,
+    add_backup,
+    add_install_files,
+    add_tools,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="levelzero",
+        description="Partitioned record logs on object storage with windowed epoch fencing.",
+    )
+    parser.add_argument("--version", action="version", version=f"levelzero {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser

@@ -1,1 +1,0 @@
-"""The Kafka wire protocol listener (see server.py)."""

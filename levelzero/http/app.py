@@ -1,0 +1,825 @@
+"""The HTTP API (Starlette): a thin translation between JSON over HTTP and the `Node`.
+
+Every request body is read under a byte bound and decoded by a typed msgspec decoder; malformed
+input is a 400 with a JSON body naming the field, never a traceback. Operating errors
+(`LevelZeroError`) map to statuses by their `code`; anything else is a 500 with a log line, and
+an `AssertionError` (a violated invariant: a bug) is logged at CRITICAL. No request can take
+the daemon down.
+
+    POST /v1/topics                                   create a topic
+    GET  /v1/topics                                   list topics
+    POST /v1/topics/{topic}/partitions/{p}/records    produce (records: key/value base64)
+    GET  /v1/topics/{topic}/partitions/{p}/records    fetch (?offset=&max_bytes=)
+    GET  /v1/status                                   epoch, M, the outlier partitions, the first
+                                                      page of partitions, reconciler, housekeeper, GC
+    GET  /v1/status/partitions                        ?after=topic/p&limit=N&topic=: a page of them
+    POST /v1/epoch/advance                            bump the cluster epoch now
+    POST /v1/gc/run                                   one GC round now ({"dry_run": bool})
+    POST /v1/gc/pause  /v1/gc/resume                  stop / restart the GC's own rounds
+    GET  /v1/gc/explain                               ?key= or ?epoch=: why (not) deleted
+    POST /v1/housekeeper/run                          one housekeeper pass now ({"force": bool})
+    GET  /healthz  /readyz  /metrics                  liveness, readiness, Prometheus
+"""
+
+from __future__ import annotations
+
+import heapq
+import hmac
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.gc import WatermarkReading
+from levelzero.actors.node import Node
+from levelzero.actors.partition import PartitionView
+from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.core.errors import InvalidInput, LedElsewhere, LevelZeroError
+from levelzero.core.keys import parse_l0_key
+from levelzero.core.names import unstorable_topic_advice
+from levelzero.core.reconcile_health import ABANDON_GIVES_UP
+from levelzero.core.l0format import NO_TIMESTAMP, Record
+
+from levelzero.http.guard import PROTOCOL_ANSWER_KEY
+from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
+from levelzero.http.schema import (
+    RETRY_AFTER_S,
+    AbandonRequest,
+    AbandonResponse,
+    BatcherStatus,
+    ClusterInfo,
+    ClusterNodeInfo,
+    CreateTopicRequest,
+    EpochResponse,
+    ErrorBody,
+    FetchResponse,
+    GcRoundSummary,
+    GcRunRequest,
+    GcStatus,
+    HealthResponse,
+    HousekeeperRunRequest,
+    HousekeeperStatus,
+    L1DeletePendingStatus,
+    L1ObjectStatus,
+    PartitionOutlier,
+    PartitionPage,
+    PartitionStatus,
+    ProduceRequest,
+    ProduceResponse,
+    RecordOut,
+    ReconcileFailingStatus,
+    ReconcilerStatus,
+    StatusResponse,
+    TopicInfo,
+    TopicList,
+    UnstorableTopic,
+)
+from levelzero.daemon.storage_health import StorageHealth
+
+log = logging.getLogger("levelzero.api")
+
+MiB = 1024 * 1024
+# An oversized body is read and thrown away up to this many bytes before the 413 goes out, so
+# the client gets the reply instead of a connection reset in the middle of its upload.
+DISCARD_BYTES_MAX = 64 * MiB
+BLOCKED_BY_SHOWN_MAX = 20
+L1_LINEAGE_SHOWN_MAX = 20  # per partition in /v1/status: the newest valid L1 objects
+L1_DELETES_PENDING_SHOWN_MAX = 20  # in /v1/status: the oldest failed L1 deletes
+# /v1/status stays small with 10,000 partitions: the first page of partitions and the worst
+# outliers only; GET /v1/status/partitions pages through the rest.
+STATUS_PARTITIONS_SHOWN_MAX = 100
+STATUS_OUTLIERS_MAX = 50
+STATUS_PAGE_LIMIT_DEFAULT = 100
+STATUS_PAGE_LIMIT_MAX = 1000
+# Why a partition is an outlier, the most pressing first (the order outliers are shown in).
+OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_input": 400,
+    "malformed_key": 400,
+    "unknown_topic": 404,
+    "unknown_partition": 404,
+    "offset_out_of_range": 404,
+    "too_large": 413,
+    "stale_cluster_epoch": 409,
+    "topic_exists": 409,
+    "not_leader": 503,
+    "shutting_down": 503,
+    "storage_error": 503,
+    "corrupt_data": 500,
+    "object_not_found": 500,
+}
+_UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")
+JSON_MEDIA_TYPE = "application/json"
+# Counted for a request whose client went away before its body arrived (nginx's number): the
+# client's doing, not a server error, so never a "500" in levelzero_http_requests_total.
+CLIENT_CLOSED_CODE = "499"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    token: str = ""  # empty: no authentication
+    body_bytes_max: int = 8 * MiB
+    records_per_request_max: int = 10_000
+    fetch_bytes_default: int = 1 * MiB
+
+
+class Lifecycle:
+    """What the daemon tells the API about itself: ready once listening, stopping at SIGTERM,
+    and whether its storage takes writes (`storage_health.py`)."""
+
+    def __init__(self, storage: StorageHealth | None = None) -> None:
+        self.ready = False
+        self.stopping = False
+        self.storage = storage or StorageHealth()
+
+    def not_ready_reason(self) -> str | None:
+        """Why `/readyz` is 503 now, or None when it is 200."""
+        if not self.ready:
+            return "the daemon is starting"
+        if self.stopping:
+            return "the daemon is shutting down"
+        problem = self.storage.problem()
+        return f"storage unhealthy: {problem}" if problem else None
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+_encoder = msgspec.json.Encoder()
+_decoders = {
+    CreateTopicRequest: msgspec.json.Decoder(CreateTopicRequest),
+    ProduceRequest: msgspec.json.Decoder(ProduceRequest),
+    GcRunRequest: msgspec.json.Decoder(GcRunRequest),
+    HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
+    AbandonRequest: msgspec.json.Decoder(AbandonRequest),
+}
+
+
+def _json(body: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_encoder.encode(body), status, headers, media_type="application/json")
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(ErrorBody(code, message), status, headers)
+
+
+def _decode(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls
+    if not body:
+        raise ApiError(400, "malformed_request", "the request needs a JSON body")
+    try:
+        return _decoders[cls].decode(body)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, "malformed_request", f"invalid request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "malformed_request", f"request body is not valid JSON: {exc}") from None
+
+
+def _decode_optional(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls
+    """A body whose every field has a default: no body (or only whitespace) means defaults."""
+    return cls() if not body.strip() else _decode(cls, body)
+
+
+def _require_json(request: Request) -> None:
+    """Every POST says `Content-Type: application/json`, body or not. A web page can send a
+    cross-site POST only as a form or text/plain (or without a type) unless a CORS preflight
+    allows more, which this daemon never does, so no page can change a daemon's state."""
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        shown = repr(media_type) if media_type else "none"
+        raise ApiError(
+            415, "unsupported_media_type",
+            f"POST needs Content-Type: {JSON_MEDIA_TYPE} (got {shown})",
+        )
+
+
+def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryParams
+    values = params.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, "malformed_request", f"query parameter {name!r} given more than once")
+    return values[0] if values else None
+
+
+def _unsigned(name: str, text: str) -> int:
+    if not _UNSIGNED.match(text):
+        raise ApiError(400, "malformed_request", f"{name} must be a non-negative integer, not {text!r}")
+    return int(text)
+
+
+class Api:
+    def __init__(
+        self, node: Node, settings: ApiSettings, metrics: DaemonMetrics, lifecycle: Lifecycle,
+        intake: ProduceIntake,
+    ) -> None:
+        self.node = node
+        self.intake = intake
+        self.settings = settings
+        self.metrics = metrics
+        self.lifecycle = lifecycle
+        self._token = settings.token.encode()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def route(
+        self,
+        path: str,
+        handlers: dict[str, Callable[[Request], Awaitable[Response]]],
+        *,
+        public: bool = False,
+    ) -> Route:
+        async def endpoint(request: Request) -> Response:
+            # Starlette answers HEAD on GET routes; HEAD runs the GET handler.
+            handler = handlers.get(request.method) or handlers["GET"]
+            if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                return self._answered_by_protocol(path, answered)
+            try:
+                if not public:
+                    self._authenticate(request)
+                if request.method == "POST":
+                    _require_json(request)
+                response = await handler(request)
+            except ClientDisconnect:
+                if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
+                    return self._answered_by_protocol(path, answered)
+                log.info("%s %s: the client closed the connection before its request body "
+                         "arrived", request.method, request.url.path)
+                self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
+                return error_response(400, "client_closed", "the client closed the connection")
+            except ApiError as exc:
+                headers = {
+                    401: {"WWW-Authenticate": "Bearer"},
+                    503: {"Retry-After": str(RETRY_AFTER_S)},
+                }.get(exc.status)
+                response = error_response(exc.status, exc.code, exc.message, headers)
+            except LevelZeroError as exc:
+                response = self._operating_error(request, exc)
+            except AssertionError:
+                log.critical(
+                    "BUG: invariant violated while serving %s %s",
+                    request.method, request.url.path, exc_info=True,
+                )
+                response = error_response(500, "internal_error", "internal error (a bug; logged)")
+            except Exception:
+                log.exception("unexpected error serving %s %s", request.method, request.url.path)
+                response = error_response(500, "internal_error", "internal error (logged)")
+            self.metrics.requests.labels(path, str(response.status_code)).inc()
+            return response
+
+        return Route(path, endpoint, methods=list(handlers))
+
+    def _answered_by_protocol(self, path: str, status: int) -> Response:
+        """The request's body was not HTTP and the server answered it already (http_guard):
+        counted as that answer; the response returned here is never sent."""
+        self.metrics.requests.labels(path, str(status)).inc()
+        return error_response(status, "malformed_request", "answered by the server")
+
+    def _authenticate(self, request: Request) -> None:
+        if not self._token:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, credentials = header.partition(" ")
+        if scheme.lower() != "bearer" or not credentials:
+            raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer ...)")
+        if not hmac.compare_digest(credentials.strip().encode(), self._token):
+            raise ApiError(401, "unauthorized", "invalid bearer token")
+
+    def _operating_error(self, request: Request, exc: LevelZeroError) -> Response:
+        if isinstance(exc, LedElsewhere) and exc.leader_url:
+            # Redirect rather than forward: the leader does the work once, the client learns
+            # where the partition is, and 307 keeps the method and the body.
+            location = exc.leader_url.rstrip("/") + request.url.path
+            if request.url.query:
+                location += "?" + request.url.query
+            return error_response(307, exc.code, str(exc), {"Location": location})
+        status = STATUS_BY_CODE.get(exc.code, 500)
+        if status >= 500:
+            level = logging.WARNING if exc.retriable else logging.ERROR
+            log.log(level, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+        return error_response(status, exc.code, str(exc), headers)
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.body_bytes_max
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > DISCARD_BYTES_MAX:
+            raise self._too_large(int(declared))
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > DISCARD_BYTES_MAX:
+                break
+        if size > limit:
+            raise self._too_large(size)
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> ApiError:
+        return ApiError(
+            413, "too_large",
+            f"request body of {size} bytes exceeds body_bytes_max {self.settings.body_bytes_max}",
+        )
+
+    async def _partition_path(self, request: Request) -> tuple[str, int]:
+        topic = request.path_params["topic"]
+        partition = _unsigned("partition", request.path_params["partition"])
+        # UnknownTopic / UnknownPartition -> 404; in a cluster, LedElsewhere -> 307 or 503
+        await self.node.led_partition(topic, partition)
+        return topic, partition
+
+    def _check_serving(self) -> None:
+        if self.lifecycle.stopping or not self.node.accepting:
+            raise ApiError(503, "shutting_down", "the daemon is shutting down or not ready")
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topic(self, request: Request) -> Response:
+        body: CreateTopicRequest = _decode(CreateTopicRequest, await self._read_body(request))
+        self._check_serving()
+        rows = await self.node.create_topic(body.name, body.partitions)
+        return _json(TopicInfo(body.name, len(rows)), 201)
+
+    async def cluster(self, request: Request) -> Response:
+        member = self.node.member
+        if member is None:
+            total = len(self.node.partitions())
+            return _json(ClusterInfo(False, None, [], total, 0))
+        await member.refresh()
+        view = member.view
+        assert view is not None
+        led: dict[str, int] = {}
+        without = 0
+        live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
+        for lease in view.leases:
+            if lease.node_id in live and lease.lease_expires_at > view.now:
+                led[lease.node_id] = led.get(lease.node_id, 0) + 1
+            else:
+                without += 1
+        nodes = [
+            ClusterNodeInfo(n.node_id, n.advertise_url, n.node_id in live, n.draining,
+                            led.get(n.node_id, 0), round(n.lease_expires_at - view.now, 3))
+            for n in view.nodes
+        ]
+        return _json(ClusterInfo(True, member.node_id, nodes, len(view.leases), without))
+
+    async def list_topics(self, request: Request) -> Response:
+        topics = sorted(self.node.topics().items())
+        return _json(TopicList([TopicInfo(name, count) for name, count in topics]))
+
+    # ------------------------------------------------------------------ records
+
+    async def produce(self, request: Request) -> Response:
+        topic, partition = await self._partition_path(request)
+        body: ProduceRequest = _decode(ProduceRequest, await self._read_body(request))
+        count = len(body.records)
+        if any(r.timestamp_ms is not None and r.timestamp_ms < 0 for r in body.records):
+            raise ApiError(400, "malformed_request", "timestamp_ms must be >= 0 (ms since the epoch)")
+        if count == 0:
+            raise ApiError(400, "malformed_request", "records must hold at least one record")
+        if count > self.settings.records_per_request_max:
+            raise ApiError(
+                413, "too_large",
+                f"{count} records exceed records_per_request_max "
+                f"{self.settings.records_per_request_max}",
+            )
+        self._check_serving()
+        # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
+        # applies to every request: TooLarge, a 413.
+        started = time.perf_counter()
+        result = await self.intake.produce(
+            topic, partition, [
+                Record(r.key, r.value,
+                       NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
+                       tuple(r.headers) if r.headers else ())
+                for r in body.records
+            ]
+        )
+        self.metrics.produce_latency.observe(time.perf_counter() - started)
+        return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
+
+    async def fetch(self, request: Request) -> Response:
+        topic, partition = await self._partition_path(request)
+        params = request.query_params
+        unknown = sorted(set(params) - {"offset", "max_bytes"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        if "offset" in params:
+            offset = _unsigned("offset", params["offset"])
+        else:
+            offset = self.node.partition(topic, partition).state.start_offset
+        max_bytes = self.settings.fetch_bytes_default
+        if "max_bytes" in params:
+            max_bytes = _unsigned("max_bytes", params["max_bytes"])
+            if not 1 <= max_bytes <= FETCH_BYTES_MAX:
+                raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
+        result = await self.node.fetch(topic, partition, offset, max_bytes)
+        return _json(
+            FetchResponse(
+                records=[
+                    RecordOut(r.offset, r.key, r.value,
+                              None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
+                              list(r.headers) if r.headers else None)
+                    for r in result.records
+                ],
+                next_offset=result.next_offset,
+                high_watermark=result.high_watermark,
+                start_offset=result.start_offset,
+                tier=result.tier,
+            )
+        )
+
+    # ------------------------------------------------------------------ operations
+
+    def _status_views(self, topic: str | None) -> list[PartitionView]:
+        if topic is not None and topic not in self.node.topics():
+            self.node.partition(topic, 0)  # raises UnknownTopic
+        return [v for v in self.node.views() if topic is None or v.topic == topic]
+
+    def _page(
+        self, views: list[PartitionView], after: tuple[str, int] | None, limit: int
+    ) -> tuple[list[PartitionStatus], str | None]:
+        """The first `limit` partitions after `after` in (topic, partition) order: a heap
+        selection (n log limit), then the page's own statuses, L1 lineage only for the page."""
+        assert limit >= 1, limit
+        later = (v for v in views if after is None or (v.topic, v.partition) > after)
+        chosen = heapq.nsmallest(limit + 1, later, key=lambda v: (v.topic, v.partition))
+        more = len(chosen) > limit
+        page = [self._partition_status(v) for v in chosen[:limit]]
+        return page, (f"{page[-1].topic}/{page[-1].partition}" if more else None)
+
+    def _partition_status(self, v: PartitionView) -> PartitionStatus:
+        # The actor itself, not `Node.partition`: status shows a partition whose lease ran out
+        # here (a node cut off from the control plane) rather than redirecting the request.
+        lineage = self.node.l1.lineage(self.node.partitions_by_name()[v.name])
+        return PartitionStatus(
+            topic=v.topic,
+            partition=v.partition,
+            term=v.term,
+            window=v.fence.window,
+            previous_applied_epoch=v.state.previous_applied_epoch,
+            max_applied_epoch=v.state.max_applied_epoch,
+            min_epoch_lower_bound=v.state.min_epoch_lower_bound,
+            mp=v.published_mp,
+            lro=v.state.lro,
+            lrlo=v.state.lrlo,
+            high_watermark=v.state.high_watermark,
+            start_offset=v.state.start_offset,
+            size_bytes=v.state.size_bytes,
+            readers=v.readers,
+            pending_records=v.pending_records,
+            read_units=v.fence.read_units,
+            window_slides=v.fence.window_slides,
+            stale_rejections=v.fence.stale_rejections,
+            last_rejected_gap=v.fence.last_rejected_gap,
+            new_epoch_fences=v.fence.new_epoch_fences,
+            same_epoch_fences=v.fence.same_epoch_fences,
+            reconciler_lag=partition_reconciler_lag(v),
+            l1_objects=len(lineage),
+            l1_lineage=[L1ObjectStatus(**row) for row in lineage[-L1_LINEAGE_SHOWN_MAX:]],
+        )
+
+    async def status(self, request: Request) -> Response:
+        views = self._status_views(_single(request.query_params, "topic"))
+        not_accepting = self.lifecycle.not_ready_reason() or (
+            None if self.node.accepting else "the node is not accepting requests"
+        )
+        reading = cluster_watermark(self.node)
+        decision = None if reading is None else reading.decision
+        holders = [] if decision is None else list(decision.holders[:BLOCKED_BY_SHOWN_MAX])
+        blocked_by = [] if decision is None else list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])
+        leaders = self.node.partition_leaders()
+        stats = self.node.batcher.stats
+        partitions, next_after = self._page(views, None, STATUS_PARTITIONS_SHOWN_MAX)
+        outliers, outliers_count = status_outliers(self.node, views, reading)
+        return _json(
+            StatusResponse(
+                cluster_epoch=self.node.epochs.current,
+                cached_epoch=self.node.epoch_cache.cached,
+                m=None if decision is None else decision.m,
+                m_holders=holders,
+                m_blocked_by=blocked_by,
+                m_blocked_count=0 if decision is None else len(decision.blocked_by),
+                m_read_at=None if reading is None else reading.read_at,
+                m_led_by={name: leaders[name] for name in holders + blocked_by if name in leaders},
+                accepting=not_accepting is None,
+                not_accepting_reason=not_accepting,
+                partitions=partitions,
+                partitions_total=len(views),
+                partitions_next_after=next_after,
+                outliers=outliers,
+                outliers_count=outliers_count,
+                batcher=BatcherStatus(
+                    objects_uploaded=stats.objects_uploaded,
+                    bytes_uploaded=stats.bytes_uploaded,
+                    records_appended=stats.records_appended,
+                    stale_rejections=stats.stale_rejections,
+                    stale_retries=stats.stale_retries,
+                    stale_failures=stats.stale_failures,
+                    orphan_objects=stats.orphan_objects,
+                    inflight_bytes=stats.inflight_bytes,
+                ),
+                reconciler=reconciler_status(self.node),
+                housekeeper=housekeeper_status(self.node),
+                gc=gc_status(self.node),
+                unstorable_topics=[
+                    UnstorableTopic(name, problem, unstorable_topic_advice(name, problem))
+                    for name, problem in sorted(self.node.unstorable_topics.items())
+                ],
+            )
+        )
+
+    async def status_partitions(self, request: Request) -> Response:
+        """A page of partition statuses: ?after=topic/p (exclusive), ?limit=N, ?topic=."""
+        params = request.query_params
+        unknown = sorted(set(params) - {"after", "limit", "topic"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        limit_text = _single(params, "limit")
+        limit = STATUS_PAGE_LIMIT_DEFAULT if limit_text is None else _unsigned("limit", limit_text)
+        if not 1 <= limit <= STATUS_PAGE_LIMIT_MAX:
+            raise ApiError(
+                400, "malformed_request", f"limit must be 1..{STATUS_PAGE_LIMIT_MAX}, not {limit}"
+            )
+        after_text = _single(params, "after")
+        after = None if after_text is None else _partition_cursor(after_text)
+        views = self._status_views(_single(params, "topic"))
+        page, next_after = self._page(views, after, limit)
+        return _json(PartitionPage(page, len(views), next_after))
+
+    async def advance_epoch(self, request: Request) -> Response:
+        self._check_serving()
+        return _json(EpochResponse(await self.node.epochs.advance()))
+
+    # ------------------------------------------------------------------ GC and housekeeping
+
+    async def gc_run(self, request: Request) -> Response:
+        """One round now, also while paused (pause stops only the GC's own rounds)."""
+        body: GcRunRequest = _decode_optional(GcRunRequest, await self._read_body(request))
+        self._check_serving()
+        return _json(await self.node.gc.run_round(dry_run=body.dry_run))
+
+    async def gc_pause(self, request: Request) -> Response:
+        self.node.gc.pause()
+        log.info("gc paused over the API")
+        return _json(gc_status(self.node))
+
+    async def gc_resume(self, request: Request) -> Response:
+        self.node.gc.resume()
+        log.info("gc resumed over the API")
+        return _json(gc_status(self.node))
+
+    async def gc_explain(self, request: Request) -> Response:
+        params = request.query_params
+        unknown = sorted(set(params) - {"key", "epoch"})
+        if unknown:
+            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
+        key, epoch_text = _single(params, "key"), _single(params, "epoch")
+        if (key is None) == (epoch_text is None):
+            raise ApiError(
+                400, "malformed_request", "give exactly one of key=L0_KEY or epoch=N"
+            )
+        epoch = None
+        if key is not None:
+            parse_l0_key(key)  # MalformedKey (400) names the key
+        else:
+            assert epoch_text is not None
+            epoch = _unsigned("epoch", epoch_text)
+            if epoch < 1:
+                raise ApiError(400, "malformed_request", "epoch must be >= 1 (epochs start at 1)")
+        return _json(await self.node.gc.explain(key=key, epoch=epoch))
+
+    async def housekeeper_run(self, request: Request) -> Response:
+        body: HousekeeperRunRequest = _decode_optional(
+            HousekeeperRunRequest, await self._read_body(request)
+        )
+        self._check_serving()
+        await self.node.housekeeper.run_round(force=body.force)
+        return _json(housekeeper_status(self.node))
+
+    async def abandon_unreconciled(self, request: Request) -> Response:
+        """The operator's escape hatch for a partition whose L0 data is gone for good."""
+        body: AbandonRequest = _decode(AbandonRequest, await self._read_body(request))
+        if body.confirm is not True:
+            raise InvalidInput(f"abandon-unreconciled needs confirm=true: it {ABANDON_GIVES_UP}")
+        self._check_serving()
+        done = await self.node.abandon_unreconciled(
+            body.topic, body.partition, operator=body.operator, reason=body.reason
+        )
+        return _json(AbandonResponse(**asdict(done)))
+
+    async def healthz(self, request: Request) -> Response:
+        return _json(HealthResponse("ok"))
+
+    async def readyz(self, request: Request) -> Response:
+        if not self.lifecycle.ready:
+            raise ApiError(503, "not_ready", "the daemon is starting")
+        self._check_serving()
+        problem = self.lifecycle.storage.problem()
+        if problem:
+            raise ApiError(503, "storage_error", f"not ready: storage unhealthy: {problem}")
+        return _json(HealthResponse("ready"))
+
+    async def metrics_text(self, request: Request) -> Response:
+        # Runs on the event loop: the collectors read the node, which only that loop mutates.
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _partition_cursor(text: str) -> tuple[str, int]:
+    topic, slash, number = text.rpartition("/")
+    if not slash or not topic or not _UNSIGNED.match(number):
+        raise ApiError(
+            400, "malformed_request", f"after must be TOPIC/PARTITION (e.g. t/0), not {text!r}"
+        )
+    return topic, int(number)
+
+
+def status_outliers(
+    node: Node, views: list[PartitionView], reading: WatermarkReading | None
+) -> tuple[list[PartitionOutlier], int]:
+    """The partitions worth an operator's look (the STATUS_OUTLIERS_MAX most pressing, first)
+    and how many there are; the worst first: holding M back (its M(p) is
+    M while another partition's is above), lagging the reconciler, rejecting stale appends,
+    failing to reconcile, or in a topic today's name rule refuses. One pass over the views and
+    a bounded heap selection (n log STATUS_OUTLIERS_MAX), no sort of every partition."""
+    holders: set[str] = set()
+    if reading is not None and reading.decision.m is not None:
+        highest = max((mp for mp in reading.mps.values() if mp is not None), default=None)
+        if highest is not None and highest > reading.decision.m:
+            holders = set(reading.decision.holders)
+    failing = {f.partition for f in node.reconciler.health.failing()}
+    unstorable = node.unstorable_topics
+    found = []
+    for v in views:
+        lag = partition_reconciler_lag(v)
+        hits = (
+            v.name in holders,
+            v.name in failing,
+            v.topic in unstorable,
+            v.fence.stale_rejections > 0,
+            lag > 0,
+        )
+        reasons = [reason for reason, hit in zip(OUTLIER_REASONS, hits, strict=True) if hit]
+        if reasons:
+            found.append(
+                PartitionOutlier(v.name, reasons, v.published_mp, lag, v.fence.stale_rejections)
+            )
+    shown = heapq.nsmallest(
+        STATUS_OUTLIERS_MAX,
+        found,
+        key=lambda o: (
+            min(OUTLIER_REASONS.index(r) for r in o.reasons),
+            -len(o.reasons),
+            -o.reconciler_lag,
+            -o.stale_rejections,
+            o.partition,
+        ),
+    )
+    return shown, len(found)
+
+
+def reconciler_status(node: Node) -> ReconcilerStatus:
+    stats = node.reconciler.stats
+    pending = node.l1.pending_deletes
+    return ReconcilerStatus(
+        rounds=stats.rounds,
+        objects_written=stats.objects_written,
+        bytes_written=stats.bytes_written,
+        records_reconciled=stats.records_reconciled,
+        catch_ups_rejected=stats.catch_ups_rejected,
+        errors=stats.errors,
+        lag_offsets=sum(partition_reconciler_lag(v) for v in node.views()),
+        failing=[
+            ReconcileFailingStatus(f.partition, f.since, f.failures, f.last_error, f.last_failed_at)
+            for f in node.reconciler.health.failing()
+        ],
+        l1_deletes_pending=len(pending),
+        l1_deletes_pending_shown=[
+            L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error,
+                                  e.next_retry_at)
+            for e in pending.pending()[:L1_DELETES_PENDING_SHOWN_MAX]
+        ],
+    )
+
+
+def housekeeper_status(node: Node) -> HousekeeperStatus:
+    stats = node.housekeeper.stats
+    return HousekeeperStatus(
+        rounds=stats.rounds,
+        epochs_advanced=stats.epochs_advanced,
+        catch_ups=stats.catch_ups,
+        start_offsets_set=stats.start_offsets_set,
+        l1_deleted=stats.l1_deleted,
+        errors=stats.errors,
+    )
+
+
+def gc_status(node: Node) -> GcStatus:
+    stats = node.gc.statistics()
+    last = node.gc.last_round
+    summary = None
+    if last is not None:
+        summary = GcRoundSummary(
+            round_id=last.round_id,
+            dry_run=last.dry_run,
+            finished_at=last.finished_at,
+            duration_s=max(0.0, last.finished_at - last.started_at),
+            cluster_epoch=last.cluster_epoch,
+            m=last.m,
+            blocked_by=last.blocked_by[:BLOCKED_BY_SHOWN_MAX],
+            listed=last.listed,
+            eligible=last.eligible,
+            deleted=last.deleted,
+            deleted_bytes=last.deleted_bytes,
+            too_young=last.too_young,
+            errors=last.errors,
+            backlog=last.backlog,
+        )
+    return GcStatus(
+        paused=stats.paused,
+        m=stats.m,
+        epoch_lag=None if stats.m is None else node.epochs.current - stats.m,
+        rounds=stats.rounds,
+        dry_runs=stats.dry_runs,
+        failed_rounds=stats.failed_rounds,
+        safety_blocked_rounds=stats.safety_blocked_rounds,
+        objects_deleted=stats.objects_deleted,
+        bytes_deleted=stats.bytes_deleted,
+        max_deleted_epoch=stats.max_deleted_epoch,
+        backlog=stats.backlog,
+        next_round_in_s=stats.next_round_in_s,
+        pace_reason=stats.pace_reason,
+        last_round=summary,
+    )
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    path = request.url.path
+    if exc.status_code == 404 and path.endswith("/") and path != "/":
+        message += f" (no trailing slash: {path.rstrip('/')})"
+    return error_response(exc.status_code, code, message, dict(exc.headers or {}))
+
+
+async def _escaped_exception(request: Request, exc: Exception) -> Response:
+    """An exception no route caught (every route catches its own; this is the last line, in
+    Starlette's outermost middleware, which then re-raises it for uvicorn to log with its
+    traceback): the documented JSON 500, never Starlette's plain text."""
+    return error_response(500, "internal_error", "internal error (logged)")
+
+
+def build_app(
+    node: Node,
+    metrics: DaemonMetrics,
+    settings: ApiSettings | None = None,
+    lifecycle: Lifecycle | None = None,
+    intake: ProduceIntake | None = None,
+) -> Starlette:
+    """`intake`: the produce intake this app shares with the Kafka front end (its own if None)."""
+    api = Api(node, settings or ApiSettings(), metrics, lifecycle or Lifecycle(),
+              ProduceIntake(node) if intake is None else intake)
+    records = "/v1/topics/{topic}/partitions/{partition}/records"
+    routes = [
+        api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
+        api.route(records, {"POST": api.produce, "GET": api.fetch}),
+        api.route("/v1/status", {"GET": api.status}),
+        api.route("/v1/cluster", {"GET": api.cluster}),
+        api.route("/v1/status/partitions", {"GET": api.status_partitions}),
+        api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
+        api.route("/v1/gc/run", {"POST": api.gc_run}),
+        api.route("/v1/gc/pause", {"POST": api.gc_pause}),
+        api.route("/v1/gc/resume", {"POST": api.gc_resume}),
+        api.route("/v1/gc/explain", {"GET": api.gc_explain}),
+        api.route("/v1/housekeeper/run", {"POST": api.housekeeper_run}),
+        api.route("/v1/partitions/abandon-unreconciled", {"POST": api.abandon_unreconciled}),
+        api.route("/metrics", {"GET": api.metrics_text}),
+        api.route("/healthz", {"GET": api.healthz}, public=True),
+        api.route("/readyz", {"GET": api.readyz}, public=True),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={HTTPException: _http_exception, Exception: _escaped_exception},
+    )
+    # No 307 to the slash-less path: Starlette builds its Location from the client's Host
+    # header, so anyone could make the daemon redirect elsewhere. A trailing slash is a 404
+    # whose message names the path without it.
+    app.router.redirect_slashes = False
+    app.state.api = api
+    return app

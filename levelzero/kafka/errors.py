@@ -1,0 +1,31 @@
+"""levelzero's operating errors as Kafka error codes: one mapping for every API."""
+
+from __future__ import annotations
+
+from kio.schema.errors import ErrorCode
+
+from levelzero.core.errors import LevelZeroError
+
+ERROR_BY_CODE: dict[str, ErrorCode] = {
+    "unknown_topic": ErrorCode.unknown_topic_or_partition,
+    "unknown_partition": ErrorCode.unknown_topic_or_partition,
+    "offset_out_of_range": ErrorCode.offset_out_of_range,
+    "corrupt_message": ErrorCode.corrupt_message,
+    "unsupported_compression": ErrorCode.unsupported_compression_type,
+    "not_leader": ErrorCode.not_leader_or_follower,
+    "stale_cluster_epoch": ErrorCode.not_leader_or_follower,  # retriable; the batcher retried
+    "shutting_down": ErrorCode.not_leader_or_follower,
+    "storage_error": ErrorCode.kafka_storage_error,
+    "store_refused": ErrorCode.kafka_storage_error,
+    "topic_exists": ErrorCode.topic_already_exists,
+    "invalid_input": ErrorCode.invalid_request,
+    "too_large": ErrorCode.message_too_large,
+    "corrupt_data": ErrorCode.kafka_storage_error,
+    "object_not_found": ErrorCode.kafka_storage_error,
+}
+
+
+def error_code_for(exc: BaseException) -> ErrorCode:
+    if isinstance(exc, LevelZeroError):
+        return ERROR_BY_CODE.get(exc.code, ErrorCode.unknown_server_error)
+    return ErrorCode.unknown_server_error

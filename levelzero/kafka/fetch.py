@@ -1,0 +1,143 @@
+"""Fetch: long polls over the node's reads, filling a response's budget across partitions as
+Kafka's fetch does. Woken by every produce through the intake (and re-checking every
+FETCH_POLL_S)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.node import Node
+from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.core.errors import LevelZeroError
+from levelzero.kafka import records as kr
+from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.protocol import Request, make
+
+log = logging.getLogger("levelzero.kafka")
+
+FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
+FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
+FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
+
+
+class FetchApi:
+    def __init__(self, node: Node, intake: ProduceIntake) -> None:
+        self.node = node
+        self.intake = intake
+
+    async def fetch(self, request: Request) -> Any:
+        body = request.body
+        wanted = [
+            (t.topic, p.partition, p.fetch_offset, min(max(p.partition_max_bytes, 1), FETCH_BYTES_MAX))
+            for t in body.topics for p in t.partitions
+        ]
+        wait_ms = min(max(int(body.max_wait.total_seconds() * 1000), 0), FETCH_WAIT_MAX_MS)
+        deadline = time.monotonic() + wait_ms / 1000
+        min_bytes = max(body.min_bytes, 1)
+        seen_hwms: list[int] | None = None
+        while True:
+            hwms = [self._high_watermark(t, p) for t, p, _, _ in wanted]
+            if hwms != seen_hwms:
+                seen_hwms = hwms
+                results = await self._fetch_all(wanted, body.max_bytes)
+                size = sum(len(data) for _, _, _, data in results)
+                if size >= min_bytes or any(code != ErrorCode.none for code, _, _, _ in results):
+                    break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await self.intake.wait_appended(min(remaining, FETCH_POLL_S))
+        m = request.response_module
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
+            by_topic.setdefault(topic, []).append(
+                make(
+                    m.PartitionData, partition_index=partition, error_code=code,
+                    high_watermark=hwm, last_stable_offset=hwm, log_start_offset=start,
+                    aborted_transactions=None, preferred_read_replica=-1, records=data,
+                )
+            )
+        responses = tuple(
+            make(m.FetchableTopicResponse, topic=topic, partitions=tuple(parts))
+            for topic, parts in by_topic.items()
+        )
+        return make(m.FetchResponse, throttle_time=0, error_code=ErrorCode.none, session_id=0,
+                    responses=responses)
+
+    def _high_watermark(self, topic: str, partition: int) -> int:
+        try:
+            return self.intake.offsets(topic, partition)[1]
+        except LevelZeroError:
+            return -1
+
+    async def _fetch_all(
+        self, wanted: list[tuple[str, int, int, int]], max_bytes: int
+    ) -> list[tuple[ErrorCode, int, int, bytes]]:
+        """As Kafka's fetch: partitions in request order, each up to its own maximum, while the
+        response's budget lasts; the budget counts only the bytes a partition returned, so a
+        partition with nothing to read uses none of it. Partitions with data are read
+        concurrently, in waves: a wave takes partitions while their maxima fit what is left
+        (the first always), and what they did not use goes to the next wave."""
+        results = [self._empty(topic, partition) for topic, partition, _, _ in wanted]
+        budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
+        todo = [i for i, (topic, partition, offset, _) in enumerate(wanted)
+                if self._has_data(topic, partition, offset)]
+
+        async def read(i: int, limit: int) -> None:
+            topic, partition, offset, _ = wanted[i]
+            results[i] = await self._fetch_partition(topic, partition, offset, limit)
+
+        while todo and budget > 0:
+            wave: list[tuple[int, int]] = []
+            reserved = 0
+            while todo and reserved < budget:
+                i = todo.pop(0)
+                limit = min(wanted[i][3], budget - reserved)
+                wave.append((i, limit))
+                reserved += limit
+            async with anyio.create_task_group() as tg:
+                for i, limit in wave:
+                    tg.start_soon(read, i, limit)
+            budget -= sum(len(results[i][3]) for i, _ in wave)
+        return results
+
+    def _has_data(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether reading `offset` answers anything but an empty record set: records, or an error."""
+        try:
+            _, high_watermark = self.intake.offsets(topic, partition)
+        except LevelZeroError:
+            return True  # read it to answer its error
+        return offset != high_watermark
+
+    def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes]:
+        try:
+            start, high_watermark = self.intake.offsets(topic, partition)
+        except LevelZeroError as exc:
+            return error_code_for(exc), -1, -1, b""
+        return ErrorCode.none, high_watermark, start, b""
+
+    async def _fetch_partition(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> tuple[ErrorCode, int, int, bytes]:
+        """One partition's answer. An error carries empty records, as Kafka's does (a null record
+        set is a parse failure for librdkafka, which then retries forever)."""
+        try:
+            start, high_watermark = self.intake.offsets(topic, partition)
+            if offset == high_watermark:
+                return ErrorCode.none, high_watermark, start, b""
+            if not start <= offset < high_watermark:
+                return ErrorCode.offset_out_of_range, high_watermark, start, b""
+            result = await self.node.fetch(topic, partition, offset, max_bytes)
+        except LevelZeroError as exc:
+            code = error_code_for(exc)
+            if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
+                log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
+            return code, -1, -1, b""
+        data = kr.encode_stored(result.records) if result.records else b""
+        return ErrorCode.none, result.high_watermark, result.start_offset, data

@@ -1,0 +1,83 @@
+"""The Kafka APIs by key, each answered by the module of its job: metadata (and the brokers),
+admin (CreateTopics), produce (through the produce intake both front ends share), fetch,
+offsets (ListOffsets, the groups' committed offsets) and the consumer groups. Each translates
+between a kio request and the operations of the node and the intake, so HTTP and Kafka clients
+see the same partitions, records, size rule and errors.
+
+Operating errors (`LevelZeroError`) become Kafka error codes per partition or per topic
+(`errors.error_code_for`); a stale cluster epoch never reaches a client (the batcher retries it
+inside). Records keep their keys, values, timestamps and headers (L0/L1 format 2); a null value
+is stored as an empty one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.node import Node
+from levelzero.kafka.admin import AdminApi
+from levelzero.kafka.fetch import FetchApi
+from levelzero.kafka.group_api import GroupApi
+from levelzero.kafka.groups import GroupCoordinator
+from levelzero.kafka.metadata import Cluster, KafkaSettings, MetadataApi
+from levelzero.kafka.offsets import OffsetsApi
+from levelzero.kafka.produce import ProduceApi
+from levelzero.kafka.protocol import Request, api_versions_response
+
+class Handlers:
+    def __init__(self, node: Node, settings: KafkaSettings, intake: ProduceIntake | None = None) -> None:
+        self.node = node
+        self.settings = settings
+        self.intake = ProduceIntake(node) if intake is None else intake
+        self.groups = GroupCoordinator(node.log_store)
+        cluster = Cluster(node, settings)
+        self.metadata = MetadataApi(node, cluster)
+        self.admin = AdminApi(node, settings)
+        self.producing = ProduceApi(self.intake)
+        self.fetching = FetchApi(node, self.intake)
+        self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
+        self.group_api = GroupApi(self.groups, cluster)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        """The intake's lanes (their drain tasks); runs until cancelled."""
+        await self.intake.run(task_status=task_status)
+
+    async def handle(
+        self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
+    ) -> Any | None:
+        """The response for `request` (None: the client expects none, acks=0). `after` and
+        `submitted` order a connection's produce requests (see `ProduceApi.produce`)."""
+        match request.api_key:
+            case 18:
+                return api_versions_response(request.api_version)
+            case 3:
+                return await self.metadata.metadata(request)
+            case 19:
+                return await self.admin.create_topics(request)
+            case 0:
+                return await self.producing.produce(request, after, submitted)
+            case 1:
+                return await self.fetching.fetch(request)
+            case 2:
+                return await self.offsets.list_offsets(request)
+            case 22:
+                return self.producing.init_producer_id(request)
+            case 10:
+                return self.group_api.find_coordinator(request)
+            case 11:
+                return await self.group_api.join_group(request)
+            case 14:
+                return await self.group_api.sync_group(request)
+            case 12:
+                return self.group_api.heartbeat(request)
+            case 13:
+                return self.group_api.leave_group(request)
+            case 8:
+                return await self.offsets.offset_commit(request)
+            case 9:
+                return await self.offsets.offset_fetch(request)
+        raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

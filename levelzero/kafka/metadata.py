@@ -1,0 +1,158 @@
+"""Metadata and the brokers: which nodes serve Kafka clients, which leads each partition, which
+coordinates a consumer group (rendezvous over the live Kafka nodes: every node names the same)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.node import Node
+from levelzero.core.cluster import preferred_leader
+from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.protocol import Request, make
+
+log = logging.getLogger("levelzero.kafka")
+
+NODE_ID = 0  # the broker id of a node that is not in a cluster
+CLUSTER_ID = "levelzero"
+# Metadata in a cluster reads the cluster view again when it is older than this (a client asks
+# after NOT_LEADER_OR_FOLLOWER: the answer must name the new leader, not the round-old one).
+METADATA_VIEW_AGE_MAX_S = 0.5
+
+
+def broker_id(node_id: str) -> int:
+    """The Kafka broker id (an int32 >= 0) of a cluster node: the same on every node."""
+    digest = hashlib.blake2b(node_id.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Broker:
+    node_id: int
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSettings:
+    advertised_host: str
+    advertised_port: int
+    default_partitions: int = 1
+
+
+class Cluster:
+    """The brokers as Kafka clients see them, from the node's last cluster view."""
+
+    def __init__(self, node: Node, settings: KafkaSettings) -> None:
+        self.node = node
+        self.settings = settings
+
+    def me(self) -> Broker:
+        member = self.node.member
+        return Broker(NODE_ID if member is None else broker_id(member.node_id),
+                      self.settings.advertised_host, self.settings.advertised_port)
+
+    def brokers(self) -> dict[str, Broker]:
+        """Node id -> broker: the live nodes of the last cluster view that listen for Kafka
+        clients (this one always); alone, this node."""
+        member = self.node.member
+        if member is None:
+            return {"": self.me()}
+        brokers = {member.node_id: self.me()}
+        view = member.view
+        for row in view.nodes if view is not None else ():
+            if row.kafka_url and row.lease_expires_at > view.now and row.node_id not in brokers:
+                host, _, port = row.kafka_url.rpartition(":")
+                if host and port.isdigit():
+                    brokers[row.node_id] = Broker(broker_id(row.node_id), host.strip("[]"), int(port))
+        return brokers
+
+    def leaders(self, brokers: dict[str, Broker]) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> its leader's broker id, for partitions with a live leader."""
+        member = self.node.member
+        me = self.me().node_id
+        if member is None:
+            return {(t, p): me for t, n in self.node.topics().items() for p in range(n)}
+        leaders: dict[tuple[str, int], int] = {}
+        view = member.view
+        for lease in view.leases if view is not None else ():
+            broker = brokers.get(lease.node_id or "")
+            if broker is not None and lease.lease_expires_at > view.now:
+                leaders[(lease.topic, lease.partition)] = broker.node_id
+        for actor in self.node.partitions():  # what this node leads, whatever the view says
+            leaders[(actor.row.topic, actor.row.partition)] = me
+        return leaders
+
+    def coordinator(self, group_id: str) -> Broker:
+        """The node coordinating a consumer group: rendezvous over the live Kafka nodes, so
+        every node names the same one (alone: this node)."""
+        brokers = self.brokers()
+        chosen = preferred_leader(f"group:{group_id}", sorted(brokers))
+        return brokers[chosen] if chosen is not None else self.me()
+
+    def coordinates(self, group_id: str) -> bool:
+        return self.node.member is None or self.coordinator(group_id) == self.me()
+
+
+class MetadataApi:
+    def __init__(self, node: Node, cluster: Cluster) -> None:
+        self.node = node
+        self.cluster = cluster
+
+    async def metadata(self, request: Request) -> Any:
+        m = request.response_module
+        member = self.node.member
+        brokers = self.cluster.brokers()
+        leaders = self.cluster.leaders(brokers)
+        if member is not None:
+            # A view older than METADATA_VIEW_AGE_MAX_S is read again, and one that shows a
+            # partition without a leader (a move, a topic just made) if it is older than a
+            # tenth of that: the client asks again soon after LEADER_NOT_AVAILABLE.
+            age = METADATA_VIEW_AGE_MAX_S
+            if len(leaders) < sum(self.node.topics().values()):
+                age /= 10
+            try:
+                if member.view is not await member.fresh_view(age):
+                    brokers = self.cluster.brokers()
+                    leaders = self.cluster.leaders(brokers)
+            except LevelZeroError as exc:  # the last view answers
+                log.warning("kafka metadata: reading the cluster view failed: %s", exc)
+        topics = self.node.topics()
+        if request.body.topics is None:
+            names = sorted(topics)
+        else:
+            names = [t.name for t in request.body.topics if t.name is not None]
+        out = []
+        for name in names:
+            count = topics.get(name)
+            partitions = []
+            for p in range(count or 0):
+                leader = leaders.get((name, p))
+                partitions.append(make(
+                    m.MetadataResponsePartition,
+                    error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
+                    partition_index=p, leader_id=-1 if leader is None else leader,
+                    leader_epoch=0, replica_nodes=() if leader is None else (leader,),
+                    isr_nodes=() if leader is None else (leader,), offline_replicas=(),
+                ))
+            error = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
+            out.append(
+                make(
+                    m.MetadataResponseTopic, error_code=error, name=name, topic_id=None,
+                    is_internal=False, partitions=tuple(partitions),
+                    topic_authorized_operations=-2147483648,
+                )
+            )
+        shown = tuple(
+            make(m.MetadataResponseBroker, node_id=b.node_id, host=b.host, port=b.port, rack=None)
+            for b in sorted(brokers.values(), key=lambda b: b.node_id)
+        )
+        return make(
+            m.MetadataResponse, throttle_time=0, brokers=shown, cluster_id=CLUSTER_ID,
+            controller_id=min(b.node_id for b in brokers.values()), topics=tuple(out),
+            cluster_authorized_operations=-2147483648,
+        )

@@ -1,0 +1,142 @@
+"""ListOffsets (earliest, latest, by time) and the consumer groups' committed offsets
+(OffsetCommit, OffsetFetch: kept by the group coordinator, `groups.py`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.node import Node
+from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.groups import METADATA_CHARS_MAX, GroupCoordinator
+from levelzero.kafka.metadata import Cluster
+from levelzero.kafka.protocol import Request, make
+
+log = logging.getLogger("levelzero.kafka")
+
+LIST_OFFSETS_LATEST = -1
+LIST_OFFSETS_EARLIEST = -2
+LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
+
+
+class OffsetsApi:
+    def __init__(self, node: Node, intake: ProduceIntake, groups: GroupCoordinator, cluster: Cluster) -> None:
+        self.node = node
+        self.intake = intake
+        self.groups = groups
+        self.cluster = cluster
+
+    async def list_offsets(self, request: Request) -> Any:
+        m = request.response_module
+        topics = []
+        for topic in request.body.topics:
+            parts = []
+            for p in topic.partitions:
+                error, offset, timestamp = ErrorCode.none, -1, -1
+                try:
+                    start, high_watermark = self.intake.offsets(topic.name, p.partition_index)
+                    if p.timestamp == LIST_OFFSETS_EARLIEST:
+                        offset = start
+                    elif p.timestamp == LIST_OFFSETS_LATEST:
+                        offset = high_watermark
+                    elif p.timestamp >= 0:
+                        offset, timestamp = await self._offset_for_time(topic.name, p.partition_index, p.timestamp)
+                    else:
+                        error = ErrorCode.invalid_request  # -3 (max timestamp) and others
+                except LevelZeroError as exc:
+                    error = error_code_for(exc)
+                parts.append(
+                    make(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
+                         error_code=error, timestamp=timestamp, offset=offset, leader_epoch=0)
+                )
+            topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
+        return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
+
+    async def _offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """The first offset whose record timestamp is >= `timestamp_ms` and that timestamp, or
+        (-1, -1) if none. There is no time index: the records are read from the start offset
+        (at most LIST_OFFSETS_SCAN_RECORDS_MAX of them; beyond that the latest offset answers)."""
+        offset, high_watermark = self.intake.offsets(topic, partition)
+        scanned = 0
+        while offset < high_watermark and scanned < LIST_OFFSETS_SCAN_RECORDS_MAX:
+            result = await self.node.fetch(topic, partition, offset, FETCH_BYTES_MAX)
+            if not result.records:
+                break
+            for record in result.records:
+                if record.timestamp_ms >= timestamp_ms:
+                    return record.offset, record.timestamp_ms
+            scanned += len(result.records)
+            offset = result.next_offset
+        if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
+            return high_watermark, -1
+        return -1, -1
+
+    async def offset_commit(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        generation = getattr(body, "generation_id_or_member_epoch", None)
+        if generation is None:
+            generation = body.generation_id
+        allowed = self.groups.check_commit(body.group_id, body.member_id, generation)
+        if not self.cluster.coordinates(body.group_id):
+            allowed = ErrorCode.not_coordinator
+        known = self.node.topics()
+        codes: dict[tuple[str, int], ErrorCode] = {}
+        to_store: list[tuple[str, int, int, str]] = []
+        for topic in body.topics:
+            for p in topic.partitions:
+                code = allowed
+                if code == ErrorCode.none:
+                    if not 0 <= p.partition_index < known.get(topic.name, 0):
+                        code = ErrorCode.unknown_topic_or_partition
+                    elif len(p.committed_metadata or "") > METADATA_CHARS_MAX:
+                        code = ErrorCode.offset_metadata_too_large
+                    else:
+                        to_store.append((topic.name, p.partition_index, p.committed_offset,
+                                         p.committed_metadata or ""))
+                codes[(topic.name, p.partition_index)] = code
+        if to_store:
+            try:
+                await self.groups.commit(body.group_id, to_store)
+            except LevelZeroError as exc:
+                log.warning("kafka offset commit for group %s failed: %s: %s", body.group_id, exc.code, exc)
+                for topic_name, partition, _, _ in to_store:
+                    codes[(topic_name, partition)] = ErrorCode.coordinator_not_available
+        topics = tuple(
+            make(m.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
+                make(m.OffsetCommitResponsePartition, partition_index=p.partition_index,
+                     error_code=codes[(topic.name, p.partition_index)])
+                for p in topic.partitions
+            ))
+            for topic in body.topics
+        )
+        return make(m.OffsetCommitResponse, throttle_time=0, topics=topics)
+
+    async def offset_fetch(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        committed = await self.groups.committed(body.group_id)
+        if body.topics is None:
+            wanted: dict[str, list[int]] = {}
+            for topic, partition in sorted(committed):
+                wanted.setdefault(topic, []).append(partition)
+        else:
+            wanted = {t.name: list(t.partition_indexes) for t in body.topics}
+        topics = []
+        for name, partitions in wanted.items():
+            parts = []
+            for partition in partitions:
+                row = committed.get((name, partition))
+                parts.append(make(
+                    m.OffsetFetchResponsePartition, partition_index=partition,
+                    committed_offset=-1 if row is None else row.committed_offset,
+                    committed_leader_epoch=-1, metadata="" if row is None else row.metadata,
+                    error_code=ErrorCode.none,
+                ))
+            topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))
+        return make(m.OffsetFetchResponse, throttle_time=0, topics=tuple(topics), error_code=ErrorCode.none)

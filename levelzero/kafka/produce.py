@@ -1,0 +1,112 @@
+"""Produce and InitProducerId: record batches decoded here, taken in by the produce intake (the
+size rule, idempotence, the partitions' lanes, the hand-off to the node: `actors.intake`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.intake import Pending, ProduceIntake
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record
+from levelzero.kafka import records as kr
+from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.protocol import Request, make
+
+log = logging.getLogger("levelzero.kafka")
+
+
+class ProduceApi:
+    def __init__(self, intake: ProduceIntake) -> None:
+        self.intake = intake
+
+    async def produce(
+        self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
+    ) -> Any | None:
+        """Records reach each partition's lane in the intake in the order the connection sent them: this
+        request submits once the connection's previous produce has (`after`), then lets the next
+        one submit (`submitted`); it does not wait for the previous one to be stored."""
+        m = request.response_module
+        body = request.body
+        jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        targets: dict[int, list[tuple[str, int]]] = {}
+        for topic, partition, data in jobs:
+            producer_id = kr.producer_id_of(data or b"")
+            if producer_id >= 0:
+                targets.setdefault(producer_id, []).append((topic, partition))
+        for producer_id, partitions in targets.items():
+            await self.intake.prepare_producer(producer_id, partitions)
+        if after is not None:
+            await after.wait()
+        outcomes = [self._submit(topic, partition, data) for topic, partition, data in jobs]
+        if submitted is not None:
+            submitted.set()
+        results: list[tuple[ErrorCode, int, str | None]] = []
+        for outcome in outcomes:
+            if isinstance(outcome, Pending):
+                await outcome.done.wait()
+                if outcome.error is not None:
+                    results.append(self._produce_failed(outcome.topic, outcome.partition, outcome.error))
+                else:
+                    results.append((ErrorCode.none, outcome.base_offset, None))
+            else:
+                results.append(outcome)
+        if body.acks == 0:
+            return None
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition, _), (code, base_offset, message) in zip(jobs, results, strict=True):
+            by_topic.setdefault(topic, []).append(
+                make(
+                    m.PartitionProduceResponse, index=partition, error_code=code,
+                    base_offset=base_offset, log_append_time=None, log_start_offset=-1,
+                    record_errors=(), error_message=message,
+                )
+            )
+        responses = tuple(
+            make(m.TopicProduceResponse, name=name, partition_responses=tuple(parts))
+            for name, parts in by_topic.items()
+        )
+        return make(m.ProduceResponse, responses=responses, throttle_time=0)
+
+    def _submit(self, topic: str, partition: int, data: bytes | None) -> Pending | tuple[ErrorCode, int, str | None]:
+        """Decode one partition's record set and hand it to the intake (no await: requests
+        submit in the order they call this)."""
+        try:
+            self.intake.check_led(topic, partition)
+            batches = kr.decode_batches(data or b"", stored=True)
+        except LevelZeroError as exc:
+            return self._produce_failed(topic, partition, exc)
+        records: list[Record] = [
+            r for batch in batches if not batch.is_control for r in batch.records  # type: ignore[misc]
+        ]
+        if not records:
+            return ErrorCode.corrupt_message, -1, "the produce request holds no records"
+        first = batches[0]
+        identity = None
+        if first.producer_id >= 0 and first.base_sequence >= 0:
+            identity = (first.producer_id, first.producer_epoch, topic, partition, first.base_sequence)
+        try:
+            outcome = self.intake.submit(topic, partition, records, identity)
+        except LevelZeroError as exc:
+            return self._produce_failed(topic, partition, exc)
+        if isinstance(outcome, int):  # an idempotent batch already stored: its offset
+            return ErrorCode.none, outcome, None
+        return outcome
+
+    def _produce_failed(self, topic: str, partition: int, exc: LevelZeroError) -> tuple[ErrorCode, int, str | None]:
+        if exc.retriable or exc.code in ("storage_error", "store_refused"):
+            log.warning("kafka produce to %s/%d failed: %s: %s", topic, partition, exc.code, exc)
+        return error_code_for(exc), -1, str(exc)
+
+    def init_producer_id(self, request: Request) -> Any:
+        m = request.response_module
+        if request.body.transactional_id is not None:
+            return make(m.InitProducerIdResponse, throttle_time=0,
+                        error_code=ErrorCode.transactional_id_authorization_failed,
+                        producer_id=-1, producer_epoch=-1)
+        producer_id = self.intake.new_producer_id()
+        return make(m.InitProducerIdResponse, throttle_time=0, error_code=ErrorCode.none,
+                    producer_id=producer_id, producer_epoch=0)

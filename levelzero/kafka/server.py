@@ -1,0 +1,372 @@
+"""The Kafka listener: TCP connections speaking Kafka's framed request/response protocol.
+
+Each connection is a task group of its own: a reader takes size-prefixed frames (at most
+`frame_bytes_max`, and at most UNAUTHENTICATED_FRAME_BYTES_MAX before SASL authentication; a
+bigger one closes the connection before its body is read), a task per request runs its handler,
+and a writer sends the responses in request order, as Kafka clients require. At most
+`IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for the writer beyond
+that.
+
+Request bytes are bounded as they arrive, never as they are announced: a frame's body is read
+in chunks of at most FRAME_CHUNK_BYTES, each taken, once it is in, first from the connection's own budget
+(`frame_bytes_max`: one connection never holds more) and then from one listener-wide budget
+(`inflight_bytes_max`), and given back once the response is sent. A length prefix alone holds
+nothing, so a few connections announcing huge frames block nobody. Deadlines close connections
+that hold a reader without progress: a frame's body must arrive within `frame_timeout_s` of its
+length prefix; a connection not yet authenticated (or, without SASL, one that has not yet sent a
+request) must send its next frame within `header_timeout_s`; an idle one lives
+`idle_timeout_s` (Kafka's connections.max.idle.ms). Fetch responses are bounded by
+FETCH_RESPONSE_BYTES_MAX each.
+Produce requests of one connection queue their records on the partitions' lanes in the order
+they were sent (each waits until the one before it has queued, not until it is stored), and a
+lane stores its queue in order, so records a client sends in order are stored in order.
+
+A frame that does not parse, an unknown API key or version, or a handler failing with anything
+but an operating error closes the connection (what a Kafka broker does), with a log line; it never
+reaches the rest of the daemon. ApiVersions at a version above ours is answered with
+UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio import aclose_forcefully
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSListener
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
+from levelzero.kafka.handlers import Handlers
+from levelzero.kafka.protocol import (
+    API_VERSIONS_KEY,
+    SIZE_PREFIX,
+    BadRequest,
+    Request,
+    api_versions_response,
+    encode_response,
+    is_supported,
+    make,
+    parse_prefix,
+    parse_request,
+)
+
+log = logging.getLogger("levelzero.kafka")
+
+IN_FLIGHT_MAX = 128
+PRODUCE_KEY = 0
+# A frame's body is read, and its bytes taken from the budgets, this much at a time.
+FRAME_CHUNK_BYTES = 64 * 1024
+# The largest frame of a connection that has not authenticated yet (Kafka's SASL server bounds
+# its receive size the same: 512 KiB).
+UNAUTHENTICATED_FRAME_BYTES_MAX = 512 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    frame_bytes_max: int = 100 * 1024 * 1024
+    connections_max: int = 1024
+    inflight_bytes_max: int = 256 * 1024 * 1024
+    # Non-empty: every connection authenticates first with SASL/PLAIN, this token as password.
+    token: str = ""
+    # How long a connection may stay silent between requests (Kafka's connections.max.idle.ms).
+    idle_timeout_s: float = 600.0
+    # Before authentication (without SASL: before its first request) the next frame must begin
+    # within this, so connections that never speak do not pile up.
+    header_timeout_s: float = 10.0
+    # A frame's body must arrive within this after its length prefix.
+    frame_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        assert 0 < self.frame_bytes_max <= self.inflight_bytes_max
+        assert 0 < self.header_timeout_s and 0 < self.idle_timeout_s and 0 < self.frame_timeout_s
+
+
+# What a peer that went away looks like, at a read or a write.
+_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
+         anyio.IncompleteRead, ConnectionError)
+
+
+@dataclass(slots=True)
+class _Slot:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    response: bytes | None = None
+    close: bool = False
+    close_after_response: bool = False
+    budget_bytes: int = 0  # taken from both the connection's and the listener's budget
+    connection_budget: ByteBudget | None = None
+    submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
+
+
+SASL_HANDSHAKE_KEY = 17
+SASL_AUTHENTICATE_KEY = 36
+SASL_MECHANISM = "PLAIN"
+BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+
+
+@dataclass(slots=True)
+class _Session:
+    """One connection's SASL state."""
+
+    mechanism: str | None = None
+    authenticated: bool = False
+    requests: int = 0  # frames read so far
+
+
+@dataclass(slots=True)
+class ListenerStats:
+    connections: int = 0
+    connections_open: int = 0
+    requests: int = 0
+    closed_bad_frames: int = 0
+    closed_idle: int = 0  # silent past idle_timeout_s, or past header_timeout_s before speaking
+    closed_slow_frames: int = 0  # a frame's body not in within frame_timeout_s
+    errors: int = 0
+    authentications_failed: int = 0
+
+
+class KafkaListener:
+    def __init__(self, handlers: Handlers, settings: ListenerSettings) -> None:
+        self.handlers = handlers
+        self.settings = settings
+        self.stats = ListenerStats()
+        self.budget = ByteBudget(settings.inflight_bytes_max)
+
+    async def serve(self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.handlers.run)
+            task_status.started()
+            await listener.serve(self._connection)
+
+    async def _connection(self, stream: anyio.abc.ByteStream) -> None:
+        self.stats.connections += 1
+        if self.stats.connections_open >= self.settings.connections_max:
+            log.warning("kafka: connections_max %d reached; closing a new connection",
+                        self.settings.connections_max)
+            await stream.aclose()
+            return
+        self.stats.connections_open += 1
+        try:
+            async with stream:
+                await self._run_connection(stream)
+        except _GONE:
+            pass
+        finally:
+            self.stats.connections_open -= 1
+
+    async def _run_connection(self, stream: anyio.abc.ByteStream) -> None:
+        reader = BufferedByteReceiveStream(stream)
+        send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
+        holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
+        session = _Session(authenticated=not self.settings.token)
+        budget = ByteBudget(self.settings.frame_bytes_max)
+        try:
+            await self._connection_tasks(stream, reader, send, receive, holding, session, budget)
+        finally:
+            for slot in holding:
+                self._release(slot)
+
+    async def _connection_tasks(
+        self,
+        stream: anyio.abc.ByteStream,
+        reader: BufferedByteReceiveStream,
+        send: anyio.abc.ObjectSendStream[_Slot],
+        receive: anyio.abc.ObjectReceiveStream[_Slot],
+        holding: list[_Slot],
+        session: _Session,
+        budget: ByteBudget,
+    ) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
+            last_produce: anyio.Event | None = None
+            async with send:
+                while True:
+                    slot = _Slot(connection_budget=budget)
+                    holding[:] = [s for s in holding if s.budget_bytes]
+                    holding.append(slot)
+                    frame = await self._read_frame(reader, slot, session)
+                    if frame is None:
+                        break
+                    await send.send(slot)
+                    before = None
+                    if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
+                        before, last_produce = last_produce, slot.submitted
+                    tg.start_soon(self._serve_request, frame, slot, before, session)
+
+    async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session) -> bytes | None:
+        """The next frame, or None when the connection is to be closed (gone, too big, too slow)."""
+        settings = self.settings
+        speaking = session.authenticated and session.requests > 0
+        wait_s = settings.idle_timeout_s if speaking else settings.header_timeout_s
+        head = None
+        with anyio.move_on_after(wait_s):
+            try:
+                head = await reader.receive_exactly(SIZE_PREFIX.size)
+            except _GONE:
+                return None
+        if head is None:
+            self.stats.closed_idle += 1
+            log.info("kafka: closing a connection silent for %.0f s", wait_s)
+            return None
+        (size,) = SIZE_PREFIX.unpack(head)
+        limit = settings.frame_bytes_max if session.authenticated else \
+            min(settings.frame_bytes_max, UNAUTHENTICATED_FRAME_BYTES_MAX)
+        if not 0 < size <= limit:
+            self.stats.closed_bad_frames += 1
+            log.warning("kafka: closing a connection that sent a frame of %d bytes (at most %d%s)",
+                        size, limit, "" if session.authenticated else " before authentication")
+            return None
+        session.requests += 1
+        with anyio.move_on_after(settings.frame_timeout_s):
+            try:
+                return await self._read_body(reader, slot, size)
+            except _GONE:
+                self._release(slot)
+                return None
+            except BaseException:
+                self._release(slot)
+                raise
+        self._release(slot)
+        self.stats.closed_slow_frames += 1
+        log.warning("kafka: closing a connection whose %d-byte frame did not arrive within %.0f s",
+                    size, settings.frame_timeout_s)
+        return None
+
+    async def _read_body(self, reader: BufferedByteReceiveStream, slot: _Slot, size: int) -> bytes:
+        """`size` bytes, each chunk's bytes taken from the budgets as it arrives (a reader waiting
+        for budget holds at most one chunk beyond it)."""
+        assert slot.connection_budget is not None
+        chunks: list[bytes] = []
+        read = 0
+        while read < size:
+            chunk = await reader.receive(min(FRAME_CHUNK_BYTES, size - read))
+            n = len(chunk)
+            await slot.connection_budget.acquire(n)
+            try:
+                await self.budget.acquire(n)
+            except BaseException:
+                slot.connection_budget.release(n)
+                raise
+            slot.budget_bytes += n
+            chunks.append(chunk)
+            read += n
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _release(self, slot: _Slot) -> None:
+        if slot.budget_bytes:
+            self.budget.release(slot.budget_bytes)
+            assert slot.connection_budget is not None
+            slot.connection_budget.release(slot.budget_bytes)
+            slot.budget_bytes = 0
+
+    async def _writer(
+        self,
+        stream: anyio.abc.ByteStream,
+        receive: anyio.abc.ObjectReceiveStream[_Slot],
+        scope: anyio.CancelScope,
+    ) -> None:
+        async with receive:
+            try:
+                async for slot in receive:
+                    try:
+                        await slot.done.wait()
+                        if slot.close:
+                            break
+                        if slot.response is not None:
+                            try:
+                                await stream.send(slot.response)
+                            except _GONE:
+                                break
+                        if slot.close_after_response:
+                            break
+                    finally:
+                        self._release(slot)
+            finally:
+                scope.cancel()  # the reader may be waiting for a frame that is not coming
+
+    async def _serve_request(
+        self, frame: bytes, slot: _Slot, before: anyio.Event | None, session: _Session
+    ) -> None:
+        try:
+            slot.response = await self._respond(frame, before, slot.submitted, session, slot)
+        except BadRequest as exc:
+            self.stats.closed_bad_frames += 1
+            log.warning("kafka: closing a connection: %s", exc)
+            slot.close = True
+        except AssertionError:
+            self.stats.errors += 1
+            log.critical("BUG: invariant violated while serving a kafka request", exc_info=True)
+            slot.close = True
+        except Exception:
+            self.stats.errors += 1
+            log.exception("kafka: unexpected error serving a request; closing the connection")
+            slot.close = True
+        finally:
+            slot.submitted.set()  # whatever happened, the next produce may go
+            slot.done.set()
+
+    async def _respond(
+        self, frame: bytes, after: anyio.Event | None, submitted: anyio.Event, session: _Session,
+        slot: _Slot,
+    ) -> bytes | None:
+        self.stats.requests += 1
+        api_key, api_version, correlation_id = parse_prefix(frame)
+        if api_key == API_VERSIONS_KEY and not is_supported(api_key, api_version):
+            return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
+        if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
+            self.stats.authentications_failed += 1
+            raise BadRequest(f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)")
+        request = parse_request(frame)
+        if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
+            return encode_response(request.correlation_id, self._sasl(request, session, slot))
+        response = await self.handlers.handle(request, after, submitted)
+        if response is None:
+            return None
+        return encode_response(request.correlation_id, response)
+
+    def _sasl(self, request: Request, session: _Session, slot: _Slot) -> Any:
+        """SaslHandshake (PLAIN only) and SaslAuthenticate (`\\0user\\0password`; any user, the
+        token as password). A failed authentication is answered, then the connection closed."""
+        m = request.response_module
+        body = request.body
+        if request.api_key == SASL_HANDSHAKE_KEY:
+            ok = body.mechanism == SASL_MECHANISM
+            if ok:
+                session.mechanism = SASL_MECHANISM
+            return make(m.SaslHandshakeResponse, mechanisms=(SASL_MECHANISM,),
+                        error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism)
+        if session.mechanism != SASL_MECHANISM:
+            slot.close_after_response = True
+            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.illegal_sasl_state,
+                        error_message="SaslHandshake with mechanism PLAIN comes first",
+                        auth_bytes=b"", session_lifetime=0)
+        parts = bytes(body.auth_bytes).split(b"\0")
+        password = parts[2] if len(parts) == 3 else b""
+        if self.settings.token and not hmac.compare_digest(password, self.settings.token.encode()):
+            self.stats.authentications_failed += 1
+            log.warning("kafka: SASL/PLAIN authentication failed; closing the connection")
+            slot.close_after_response = True
+            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.sasl_authentication_failed,
+                        error_message="invalid credentials (the password is the daemon's token)",
+                        auth_bytes=b"", session_lifetime=0)
+        session.authenticated = True
+        return make(m.SaslAuthenticateResponse, error_code=ErrorCode.none, error_message=None,
+                    auth_bytes=b"", session_lifetime=0)
+
+
+class KafkaTLSListener(TLSListener):
+    """anyio's TLS listener, a failed handshake (a plaintext client, an unknown CA, no client
+    certificate) logged as one warning line rather than an error with a traceback."""
+
+    @staticmethod
+    async def handle_handshake_error(exc: BaseException, stream: anyio.abc.AnyByteStream) -> None:
+        if not isinstance(exc, Exception) or isinstance(exc, anyio.get_cancelled_exc_class()):
+            await TLSListener.handle_handshake_error(exc, stream)
+            return
+        await aclose_forcefully(stream)
+        log.warning("kafka: TLS handshake failed; closing the connection: %s", exc)

@@ -1,0 +1,34 @@
+"""Idempotent producers' last batches, kept so a retry after a restart is recognised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from levelzero.storage.protocols import ProducerBatchRow
+from .base import PostgresBase, _Job, _PRODUCER_BATCH_COLUMNS
+
+
+class ProducerBatchRole(PostgresBase):
+    # ------------------------------------------------------------------ idempotent producers
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        """Durable on return; per (producer, topic, partition) only the `keep` newest remain."""
+        assert keep >= 1, keep
+        await self._stage("producer_batches", [(*msgspec.structs.astuple(r), keep) for r in rows])
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
+        rows = await self._read(
+            "reading an idempotent producer's batches",
+            f"SELECT {_PRODUCER_BATCH_COLUMNS} FROM producer_batches WHERE producer_id = $1"
+            " ORDER BY topic, partition, stored_at, base_sequence", producer_id,
+        )
+        return [ProducerBatchRow(*row) for row in rows]
+
+    async def _stage(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """Event rows ride along with the batch's appends."""
+        if rows:
+            await self._submit(_Job(weight=len(rows), table=table, rows=rows))

@@ -1,0 +1,47 @@
+"""A running `Node` for tests on stores they give (memory stores, mostly), and a wait that steps
+the event loop instead of sleeping: on memory stores every step is deterministic."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.lowlevel
+
+from levelzero.actors.node import Node, NodeConfig
+from levelzero.storage.protocols import LogStore, ObjectStore
+
+STEPS_MAX = 10_000  # event-loop steps a condition may take before the test fails
+RUNNING_NODE_TIMEOUT_S = 30.0  # a hung test fails instead of hanging the suite
+
+
+@asynccontextmanager
+async def running_node(
+    config: NodeConfig,
+    log_store: LogStore,
+    object_store: ObjectStore,
+    *,
+    wall_clock: Callable[[], float] | None = None,
+    seed: int = 7,
+) -> AsyncIterator[Node]:
+    """`Node.run` in a task group of its own; shut down on the way out (unless the test did)."""
+    node = Node(config, log_store, object_store, rng=random.Random(seed), wall_clock=wall_clock)
+    with anyio.fail_after(RUNNING_NODE_TIMEOUT_S):
+        async with anyio.create_task_group() as tg:
+            await tg.start(node.run)
+            try:
+                yield node
+            finally:
+                if node.accepting:
+                    await node.shutdown()
+
+
+async def wait_until(condition: Callable[[], bool], what: str, steps_max: int = STEPS_MAX) -> None:
+    """Step the event loop until `condition` holds (memory stores only: no threads)."""
+    for _ in range(steps_max):
+        if condition():
+            return
+        await anyio.lowlevel.checkpoint()
+    raise AssertionError(f"never happened: {what}")

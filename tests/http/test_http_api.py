@@ -1,0 +1,366 @@
+"""The HTTP API against an in-process daemon (real uvicorn on a free loopback port): the happy
+path, and bad input of every kind answered with the right status and a JSON error, after
+which the daemon still serves."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
+
+from levelzero.cli.client import ApiError
+from levelzero.cli.demo import UploadGate
+
+RECORDS = "/v1/topics/t/partitions/0/records"
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+
+
+async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:  # noqa: ANN001
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        info = await client.create_topic("t", 2)
+        assert (info.name, info.partitions) == ("t", 2)
+        assert [(t.name, t.partitions) for t in await client.list_topics()] == [("t", 2)]
+
+        records = [(None, b"v0"), (b"k1", b"\x00\xff binary"), (b"", b"")]
+        ack = await client.produce("t", 1, records)
+        assert (ack.base_offset, ack.last_offset, ack.attempts) == (0, 2, 1)
+        ack = await client.produce("t", 1, [b"v3"])
+        assert (ack.base_offset, ack.last_offset) == (3, 3)
+
+        fetched = await client.fetch("t", 1, 0)
+        assert [(r.offset, r.key, r.value) for r in fetched.records] == [
+            (0, None, b"v0"), (1, b"k1", b"\x00\xff binary"), (2, b"", b""), (3, None, b"v3")
+        ]
+        assert (fetched.next_offset, fetched.high_watermark, fetched.start_offset) == (4, 4, 0)
+        assert fetched.tier in ("l0", "l1", "l1+l0")
+        at_end = await client.fetch("t", 1, 4)
+        assert (at_end.records, at_end.next_offset, at_end.tier) == ([], 4, "none")
+        from_default = await client.fetch("t", 1)  # no offset: from the start offset
+        assert len(from_default.records) == 4
+
+        epoch = (await client.status()).cluster_epoch
+        assert await client.advance_epoch() == epoch + 1
+        status = await client.status()
+        assert status.cluster_epoch == epoch + 1 and status.accepting
+        by_name = {(p.topic, p.partition): p for p in status.partitions}
+        p1 = by_name[("t", 1)]
+        assert p1.high_watermark == 4 and p1.max_applied_epoch == epoch and p1.term >= 1
+        assert p1.window is not None and p1.window[1] == epoch
+        assert p1.min_epoch_lower_bound is not None
+        assert status.m is None or status.m <= status.cluster_epoch - 1
+        assert status.batcher.records_appended == 4
+        assert (await client.status()).partitions[0].topic == "t"
+
+        text = await client.metrics()
+        assert f"levelzero_cluster_epoch {float(epoch + 1)}" in text
+        assert "levelzero_produce_latency_seconds_count 2.0" in text
+        assert "levelzero_batcher_object_size_bytes_count 2.0" in text
+        assert "levelzero_fence_window_slides_total" in text
+        metric = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                  if line.startswith("levelzero_appender_")}
+        # two produces and the epoch's AdvanceEpoch entries: each a batch, some calls carry many
+        assert 2 <= metric["levelzero_appender_calls_total"] <= metric["levelzero_appender_batches_total"]
+        assert 'levelzero_partition_high_watermark{partition="1",topic="t"} 4.0' in text
+        assert 'levelzero_http_requests_total{code="200",route="/v1/status"}' in text
+        # The object sizes were drained into the histogram: a second scrape does not double them.
+        assert "levelzero_batcher_object_size_bytes_count 2.0" in await client.metrics()
+
+        assert (await raw(client, "GET", "/healthz")).json() == {"status": "ok"}
+        assert (await raw(client, "GET", "/readyz")).json() == {"status": "ready"}
+
+
+async def test_status_m_is_capped_and_names_what_blocks_it(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        status = await client.status()
+        assert status.partitions == [] and status.m == status.cluster_epoch - 1
+        assert status.m_holders == ["cap"]
+        await client.create_topic("t", 3)
+        await client.produce("t", 0, [b"x"])
+        status = await client.status()
+        without_mp = sorted(f"{p.topic}/{p.partition}" for p in status.partitions if p.mp is None)
+        assert status.m_blocked_by == without_mp and status.m_blocked_count == len(without_mp)
+        if without_mp:
+            assert status.m is None
+        else:
+            mps = [p.mp for p in status.partitions]
+            assert status.m == min(*mps, status.cluster_epoch - 1)
+
+
+async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 1)
+        headers = {"content-type": "application/json"}
+        cases = [
+            (b"{", "not valid JSON"),
+            (b"", "needs a JSON body"),
+            (b"[]", "Expected `object`, got `array`"),
+            (b'{"records": "x"}', "$.records"),
+            (b'{"records": [{"value": 1}]}', "$.records[0].value"),
+            (b'{"records": [{"value": "!!not base64"}]}', "Invalid base64"),
+            (b'{"records": [{"value": "aGk=", "extra": 1}]}', "unknown field `extra`"),
+            (b'{"records": [{"key": "aGk="}]}', "missing required field `value`"),
+            (b'{"records": []}', "at least one record"),
+        ]
+        for body, fragment in cases:
+            response = await raw(client, "POST", RECORDS, content=body, headers=headers)
+            assert_error(response, 400, "malformed_request", fragment)
+        for body, fragment in [
+            (b'{"name": 5, "partitions": 1}', "$.name"),
+            (b'{"name": "x", "partitions": "many"}', "$.partitions"),
+            (b'{"name": "bad/name", "partitions": 1}', "topic name 'bad/name' must be 1-200 characters"),
+            (b'{"name": ".", "partitions": 1}', "must not be made of dots only"),
+            (b'{"name": "..", "partitions": 1}', "must not be made of dots only"),
+            (b'{"name": ".lz-tmp-x", "partitions": 1}', "reserved temp-file prefix"),
+            (b'{"name": "x", "partitions": 0}', "partitions must be an integer"),
+        ]:
+            response = await raw(client, "POST", "/v1/topics", content=body)
+            assert response.status_code == 400, response.text
+            assert fragment in response.json()["message"]
+        # Still serving, nothing was created.
+        assert [t.name for t in await client.list_topics()] == ["t"]
+        assert (await client.produce("t", 0, [b"fine"])).base_offset == 0
+
+
+async def test_size_limits_are_413(tmp_path: Path) -> None:
+    async with daemon_and_client(
+        tmp_path, server__body_bytes_max=64 * 1024, server__records_per_request_max=100,
+        batcher__batch_bytes_max=16 * 1024,
+    ) as (_, client):
+        await client.create_topic("t", 1)
+        huge = json.dumps({"records": [{"value": b64(b"x" * 100_000)}]}).encode()
+        assert_error(await raw(client, "POST", RECORDS, content=huge), 413, "too_large", "body_bytes_max")
+
+        async def chunked():  # noqa: ANN202 - no Content-Length: counted while streaming
+            for _ in range(20):
+                yield b" " * 10_000
+
+        assert_error(await raw(client, "POST", RECORDS, content=chunked()), 413, "too_large")
+        many = json.dumps({"records": [{"value": ""}] * 101}).encode()
+        assert_error(await raw(client, "POST", RECORDS, content=many), 413, "too_large", "records_per_request_max")
+        big_records = json.dumps({"records": [{"value": b64(b"y" * 20_000)}]}).encode()
+        assert_error(await raw(client, "POST", RECORDS, content=big_records), 413, "too_large", "batch_bytes_max")
+        assert (await client.produce("t", 0, [b"small"] * 100)).last_offset == 99
+
+
+async def test_a_produce_at_batch_bytes_max_by_the_size_rule_succeeds_and_one_byte_over_is_413(
+    tmp_path: Path,
+) -> None:
+    """The README's one size rule: value + key + header names and values + 8 per record. At
+    the limit (its encoding is larger: framing, a 9-byte timestamp) the produce is stored."""
+    limit = 16 * 1024
+
+    def body(value_bytes: int) -> bytes:
+        record = {"key": b64(b"k" * 100), "value": b64(b"v" * value_bytes),
+                  "timestamp_ms": 1_700_000_000_000, "headers": [["h", b64(b"xyz")]]}
+        return json.dumps({"records": [record]}).encode()
+
+    at_limit = limit - 100 - 4 - 8
+    async with daemon_and_client(tmp_path, batcher__batch_bytes_max=limit) as (_, client):
+        await client.create_topic("t", 1)
+        answer = await raw(client, "POST", RECORDS, content=body(at_limit))
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"base_offset": 0, "last_offset": 0, "attempts": 1}
+        assert_error(await raw(client, "POST", RECORDS, content=body(at_limit + 1)), 413,
+                     "too_large", f"{limit + 1} record bytes exceed batch_bytes_max {limit}")
+        (stored,) = (await client.fetch("t", 0, 0)).records
+        assert (stored.key, stored.value) == (b"k" * 100, b"v" * at_limit)
+
+
+async def test_a_fetch_returns_every_record_its_max_bytes_holds_across_l1_objects(tmp_path: Path) -> None:
+    """10 single-record produces reconciled into L1 objects of at most 2 records: one GET
+    returns the 10 (it returned one object's records: a consumer made five round trips)."""
+    async with daemon_and_client(
+        tmp_path, reconciler__placeholders_per_object_max=2, reconciler__interval_s=0.05
+    ) as (_, client):
+        await client.create_topic("t", 1)
+        for i in range(10):
+            await client.produce("t", 0, [b"value-%d" % i])
+
+        async def reconciled() -> bool:
+            (p,) = (await client.status()).partitions
+            return p.lro == 9
+
+        with anyio.fail_after(20):
+            while not await reconciled():
+                await anyio.sleep(0.05)
+        (p,) = (await client.status()).partitions
+        assert p.l1_objects >= 5
+        fetched = await client.fetch("t", 0, 0, 1024)
+        assert [(r.offset, r.value) for r in fetched.records] == [(i, b"value-%d" % i) for i in range(10)]
+        assert (fetched.next_offset, fetched.high_watermark, fetched.tier) == (10, 10, "l1")
+        cut = await client.fetch("t", 0, 0, 7 * 7)  # 7-byte values: the budget's boundary
+        assert (len(cut.records), cut.next_offset) == (7, 7)
+
+
+async def test_unknown_topics_partitions_offsets_and_routes(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 2)
+        await client.produce("t", 0, [b"a", b"b"])
+        body = {"json": {"records": [{"value": "aGk="}]}}
+        assert_error(await raw(client, "POST", "/v1/topics/nope/partitions/0/records", **body), 404, "unknown_topic")
+        assert_error(await raw(client, "POST", "/v1/topics/t/partitions/2/records", **body), 404, "unknown_partition")
+        assert_error(await raw(client, "GET", "/v1/topics/nope/partitions/0/records"), 404, "unknown_topic")
+        assert_error(await raw(client, "GET", "/v1/topics/t/partitions/9/records"), 404, "unknown_partition")
+        assert_error(await raw(client, "GET", "/v1/topics/t/partitions/-1/records"), 400, "malformed_request", "partition")
+        assert_error(await raw(client, "GET", "/v1/topics/t/partitions/x/records"), 400, "malformed_request")
+        assert_error(await raw(client, "GET", RECORDS, params={"offset": "-1"}), 400, "malformed_request", "offset")
+        assert_error(await raw(client, "GET", RECORDS, params={"offset": "1.5"}), 400, "malformed_request")
+        assert_error(await raw(client, "GET", RECORDS, params={"offset": "3"}), 404, "offset_out_of_range", "[0, 2)")
+        assert_error(await raw(client, "GET", RECORDS, params={"max_bytes": "0"}), 400, "malformed_request", "max_bytes")
+        assert_error(await raw(client, "GET", RECORDS, params={"ofset": "0"}), 400, "malformed_request", "'ofset'")
+        assert_error(await raw(client, "GET", "/v1/status", params={"topic": "nope"}), 404, "unknown_topic")
+        assert_error(await raw(client, "GET", "/v2/anything"), 404, "not_found")
+        assert_error(await raw(client, "DELETE", "/v1/topics"), 405, "method_not_allowed")
+        with pytest.raises(ApiError) as caught:
+            await client.create_topic("t", 1)
+        assert (caught.value.status, caught.value.code) == (409, "topic_exists")
+        assert [r.value for r in (await client.fetch("t", 0, 0)).records] == [b"a", b"b"]
+
+
+async def test_token_is_required_when_configured(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN) as (daemon, client):
+        await client.create_topic("t", 1)
+        async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as anonymous:
+            for method, path in [("GET", "/v1/topics"), ("GET", "/v1/status"), ("GET", "/metrics"),
+                                 ("POST", "/v1/epoch/advance"), ("GET", RECORDS)]:
+                response = await anonymous.request(method, path)
+                assert_error(response, 401, "unauthorized", "missing bearer token")
+                assert response.headers["www-authenticate"] == "Bearer"
+            wrong = await anonymous.get("/v1/topics", headers={"Authorization": "Bearer wrong-token"})
+            assert_error(wrong, 401, "unauthorized", "invalid bearer token")
+            basic = await anonymous.get("/v1/topics", headers={"Authorization": "Basic dTpw"})
+            assert_error(basic, 401, "unauthorized")
+            assert (await anonymous.get("/healthz")).status_code == 200
+            assert (await anonymous.get("/readyz")).status_code == 200
+        assert [t.name for t in await client.list_topics()] == ["t"]
+
+
+async def test_stale_epoch_after_retries_is_409(tmp_path: Path) -> None:
+    """A write whose upload is held while the partition's window moves past its epoch is
+    rejected; with no retries allowed the producer gets 409 stale_cluster_epoch."""
+    gates: list[UploadGate] = []
+
+    def wrap(store):  # noqa: ANN001, ANN202
+        gates.append(UploadGate(store))
+        return gates[-1]
+
+    async with daemon_and_client(
+        tmp_path, wrap_object_store=wrap, batcher__stale_retries_max=0
+    ) as (daemon, client):
+        await client.create_topic("t", 1)
+        node = daemon.node
+        await node.epoch_cache.refresh()
+        await client.produce("t", 0, [b"prime"])
+        gates[0].arm(node.partition("t", 0).row.pid)
+        outcome: list[object] = []
+
+        async def held() -> None:
+            try:
+                outcome.append(await client.produce("t", 0, [b"held"]))
+            except ApiError as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(held)
+            await gates[0].arrived.wait()
+            for _ in range(2):
+                await client.advance_epoch()
+                await node.epoch_cache.refresh()
+                await client.produce("t", 0, [b"newer"])
+            gates[0].release()
+        [error] = outcome
+        assert isinstance(error, ApiError)
+        assert (error.status, error.code) == (409, "stale_cluster_epoch")
+        assert "below the partition's window" in error.message
+        assert (await client.status()).batcher.stale_failures == 1
+        values = [r.value for r in (await client.fetch("t", 0, 0)).records]
+        assert values == [b"prime", b"newer", b"newer"]
+
+
+async def test_stopping_drains_in_flight_produces_and_refuses_new_ones(tmp_path: Path) -> None:
+    gates: list[UploadGate] = []
+
+    def wrap(store):  # noqa: ANN001, ANN202
+        gates.append(UploadGate(store))
+        return gates[-1]
+
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap) as (daemon, client):
+        await client.create_topic("t", 1)
+        gates[0].arm(daemon.node.partition("t", 0).row.pid)
+        acks = []
+
+        async def in_flight() -> None:
+            acks.append(await client.produce("t", 0, [b"in flight at shutdown"]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(in_flight)
+            await gates[0].arrived.wait()
+            daemon.request_stop("test")
+            await wait_until(lambda: daemon.lifecycle.stopping, "stopping")
+            assert_error(await raw(client, "GET", "/readyz"), 503, "shutting_down")
+            refused = await raw(client, "POST", RECORDS, json={"records": [{"value": "aGk="}]})
+            assert_error(refused, 503, "shutting_down")
+            assert refused.headers["retry-after"] == "1"
+            assert_error(await raw(client, "POST", "/v1/topics", json={"name": "u"}), 503, "shutting_down")
+            assert (await raw(client, "GET", "/healthz")).status_code == 200
+            gates[0].release()
+        assert acks[0].base_offset == 0
+    assert daemon.stopped_cleanly
+
+
+async def test_two_daemons_in_one_process_have_their_own_metrics(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path / "a") as (_, a), daemon_and_client(tmp_path / "b") as (_, b):
+        await a.create_topic("t", 1)
+        await a.produce("t", 0, [b"x"])
+        assert "levelzero_produce_latency_seconds_count 1.0" in await a.metrics()
+        assert "levelzero_produce_latency_seconds_count 0.0" in await b.metrics()
+        assert "levelzero_partitions 0.0" in await b.metrics()
+
+
+async def test_unexpected_errors_are_500_json_and_the_daemon_keeps_serving(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        api = daemon.node  # break one call path on purpose
+
+        original = api.views
+
+        def broken() -> list:
+            raise RuntimeError("simulated failure")
+
+        api.views = broken  # type: ignore[method-assign]
+        assert_error(await raw(client, "GET", "/v1/status"), 500, "internal_error")
+        assert "simulated failure" in caplog.text
+
+        def violated() -> list:
+            raise AssertionError("simulated invariant violation")
+
+        api.views = violated  # type: ignore[method-assign]
+        assert_error(await raw(client, "GET", "/v1/status"), 500, "internal_error", "a bug")
+        assert any(r.levelname == "CRITICAL" and "BUG" in r.getMessage() for r in caplog.records)
+        api.views = original  # type: ignore[method-assign]
+        assert (await client.status()).partitions[0].topic == "t"
+
+
+async def test_a_single_node_says_it_is_not_a_cluster(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 3)
+        info = await client.cluster()
+        assert (info.enabled, info.node_id, info.nodes, info.partitions_total) == (False, None, [], 3)
