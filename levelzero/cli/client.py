@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -123,7 +124,7 @@ class Client:
             return ApiError(response.status_code, "http_error", text)
         return ApiError(response.status_code, body.error, body.message)
 
-    async def _call(self, method: str, path: str, result: type, **kwargs):  # noqa: ANN202
+    async def _call(self, method: str, path: str, result: type, **kwargs: Any):  # noqa: ANN202
         response = await self.request(method, path, **kwargs)
         try:
             return msgspec.json.decode(response.content, type=result)

@@ -320,7 +320,8 @@ async def _run(
 async def read_partition(url: str, partition: int, topic: str = TOPIC) -> list[bytes]:
     """Every value of a partition, from offset 0, through the node at `url`."""
     async with Client(url, timeout_s=10.0) as client:
-        out, offset = [], 0
+        out: list[bytes] = []
+        offset = 0
         while True:
             fetched = await client.fetch(topic, partition, offset)
             out.extend(r.value for r in fetched.records)

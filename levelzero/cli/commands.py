@@ -26,7 +26,9 @@ from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.cli.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
 from levelzero.daemon.logs import configure_logging
-from levelzero.cli.formats import _cell, _json_out, _print_record, format_explanation, format_round, format_status, plural, table
+from levelzero.cli.formats import (
+    _cell, _json_out, _print_record, format_explanation, format_round, format_status, plural, table,
+)
 
 
 log = logging.getLogger("levelzero.cli")
@@ -110,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # uvloop when installed (an optional dependency): +15-30% on actor-bound paths.
         uvloop = importlib.util.find_spec("uvloop") is not None
         clean = anyio.run(run_until_signalled, config, backend_options={"use_uvloop": uvloop})
-    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+    except BaseException as error:  # the process boundary: report, exit non-zero
         leaves = leaf_errors(error)
         if all(isinstance(leaf, LevelZeroError) for leaf in leaves):
             for message, code in dict.fromkeys((str(leaf), leaf.code) for leaf in leaves):  # type: ignore[attr-defined]
@@ -218,7 +220,7 @@ def _recover(config: Any, *, after_restore: bool) -> int:
 
     try:
         summary = anyio.run(recover_configured, config)
-    except BaseException as error:  # noqa: BLE001 - the process boundary: report, exit non-zero
+    except BaseException as error:  # the process boundary: report, exit non-zero
         leaves = leaf_errors(error)
         if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
             raise
@@ -412,7 +414,9 @@ class _Produced:
         self.first = base if self.first is None else min(self.first, base)
         self.last = last if self.last is None else max(self.last, last)
         # A request sent later whose offsets are lower: the input order was not kept.
-        self.overtaken += any(s < sequence and b > base for s, b in self._highest_base_by_sequence[-PRODUCE_IN_FLIGHT_MAX:])
+        self.overtaken += any(
+            s < sequence and b > base for s, b in self._highest_base_by_sequence[-PRODUCE_IN_FLIGHT_MAX:]
+        )
         self._highest_base_by_sequence.append((sequence, base))
 
 
@@ -522,7 +526,8 @@ async def _status(args: argparse.Namespace, client: Client) -> None:
 
 async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
     epoch = await client.advance_epoch()
-    print(msgspec.json.encode({"cluster_epoch": epoch}).decode() if args.json else f"cluster epoch is now {epoch}")
+    print(msgspec.json.encode({"cluster_epoch": epoch}).decode() if args.json
+          else f"cluster epoch is now {epoch}")
 
 
 async def _gc_run(args: argparse.Namespace, client: Client) -> None:

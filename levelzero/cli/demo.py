@@ -100,7 +100,8 @@ class UploadGate:
         return any(extent.pid == self._pid for extent in header.extents)
 
     async def put(self, key: str, data: bytes | bytearray) -> None:
-        if self._catches(key, data):
+        # read_header only slices and unpacks the header: a bytearray reads as bytes do
+        if self._catches(key, data):  # type: ignore[arg-type]
             self._pid = None  # one upload only; the retry of a rejected write goes through
             self.held_key = key
             self.arrived.set()
@@ -343,7 +344,9 @@ async def _held_write_scenario(
     held: list[ProduceResponse] = []
 
     async def held_write() -> None:
-        held.append(await workload.produce(FENCE_TOPIC, 0, [(b"held", f"uploaded under epoch {epoch}".encode())]))
+        held.append(
+            await workload.produce(FENCE_TOPIC, 0, [(b"held", f"uploaded under epoch {epoch}".encode())])
+        )
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(held_write)
@@ -362,7 +365,9 @@ def _window(window: tuple[int, int] | None) -> str:
     return "none" if window is None else f"[{window[0]}, {window[1]}]"
 
 
-async def _scenarios(client: Client, node: Node, gate: UploadGate, workload: _Workload) -> list[ScenarioResult]:
+async def _scenarios(
+    client: Client, node: Node, gate: UploadGate, workload: _Workload
+) -> list[ScenarioResult]:
     results = []
     epoch, attempts, _, window = await _held_write_scenario(client, node, gate, workload, advances=1)
     results.append(

@@ -21,7 +21,9 @@ def plural(count: int, word: str) -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     every = [tuple(header), *(tuple(row) for row in rows)]
     widths = [max(len(row[i]) for row in every) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in every)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in every
+    )
 
 
 def record_json(offset: int, key: bytes | None, value: bytes) -> dict[str, Any]:
@@ -165,7 +167,9 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         lines.append("no partitions")
     else:
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines += [
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows
+        ]
     total = getattr(status, "partitions_total", 0)
     if total > len(status.partitions):
         lines.append(f"... {len(status.partitions)} of {total} partitions shown (--all for every one)")
@@ -208,7 +212,10 @@ def format_round(report) -> str:  # noqa: ANN001 - RoundReport
         lines.append(
             f"  deleted {report.deleted} objects ({_mib(report.deleted_bytes)}) of {report.listed} "
             f"listed; backlog {report.backlog}"
-            + ("" if report.max_deleted_epoch is None else f"; highest epoch deleted {report.max_deleted_epoch}")
+            + (
+                "" if report.max_deleted_epoch is None
+                else f"; highest epoch deleted {report.max_deleted_epoch}"
+            )
         )
     lines.append(
         f"  kept: {report.too_young} too young (grace period), {report.above_m} prefixes stopped "
@@ -236,7 +243,9 @@ def format_explanation(explanation) -> str:  # noqa: ANN001 - Explanation
     lines.append(f"verdict: {e.verdict or '-'}: {e.detail}")
     lines.append(f"cluster epoch {e.cluster_epoch}, M {'undefined' if e.m is None else e.m}")
     if e.blocked_by:
-        lines.append(f"partitions without an M(p) (no deletes until they have one): {', '.join(e.blocked_by[:20])}")
+        lines.append(
+            f"partitions without an M(p) (no deletes until they have one): {', '.join(e.blocked_by[:20])}"
+        )
     if not e.holders:
         return "\n".join(lines)
     if e.epoch is not None:
@@ -249,7 +258,9 @@ def format_explanation(explanation) -> str:  # noqa: ANN001 - Explanation
         (h.partition, _cell(h.mp), _cell(h.mp_minus_m), _cell(h.behind), h.reason) for h in e.holders
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines += [
+        "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in rows
+    ]
     if e.holders_total > len(e.holders):
         lines.append(f"  ... and {e.holders_total - len(e.holders)} more")
     return "\n".join(lines)

@@ -10,7 +10,13 @@ from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.cli.client import default_url
 from levelzero.daemon.buildinfo import version
-from levelzero.cli.commands import CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT, PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance, _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition, _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_recover, cmd_run
+from levelzero.cli.commands import (
+    CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT,
+    PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance,
+    _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition,
+    _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_recover,
+    cmd_run,
+)
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -71,10 +77,12 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)")
     p.add_argument("--producers", type=int, default=6, help="concurrent producers (default 6)")
     p.add_argument("--nodes", type=int, default=1,
-                   help=f"1: one in-process daemon on embedded defaults (default); 2..{CLUSTER_DEMO_NODES_MAX}: "
+                   help="1: one in-process daemon on embedded defaults (default); "
+                        f"2..{CLUSTER_DEMO_NODES_MAX}: "
                         "a local cluster of `levelzero run` processes over a throwaway PostgreSQL "
                         "(needs initdb and pg_ctl on PATH), with a crash and a rolling restart")
-    p.add_argument("--data-dir", default=None, metavar="DIR", help="where to keep the data (default: a temp dir)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="where to keep the data (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the temp data directory")
     p.set_defaults(handler=cmd_demo)
 
@@ -82,7 +90,9 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
 def add_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="configuration")
     config_sub = p.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
-    show = config_sub.add_parser("show", help="validate and print the effective configuration (secrets masked)")
+    show = config_sub.add_parser(
+        "show", help="validate and print the effective configuration (secrets masked)"
+    )
     _add_config_options(show)
     show.set_defaults(handler=cmd_config_show)
 
@@ -232,7 +242,8 @@ def add_partition(sub: argparse._SubParsersAction) -> None:
     abandon = partition_sub.add_parser(
         "abandon-unreconciled",
         help="give up a failing partition's unreconciled records (its L0 data is gone for good)",
-        description=f"Only for a partition whose reconciliation keeps failing (see status). It {ABANDON_GIVES_UP}.",
+        description="Only for a partition whose reconciliation keeps failing (see status). "
+                    f"It {ABANDON_GIVES_UP}.",
     )
     abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P")
     abandon.add_argument("--confirm", action="store_true", help="yes, give those records up")

@@ -113,7 +113,7 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
     if not per_partition:
         return
     labels = ["topic", "partition"]
-    families = {
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         "window_size": GaugeMetricFamily(
             "levelzero_partition_fence_window_size", "Fence window size in epochs.", labels=labels
         ),

@@ -19,9 +19,11 @@ def metrics_app(registry: CollectorRegistry) -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:  # noqa: ARG001
         assert scope["type"] == "http", scope["type"]  # uvicorn runs with lifespan and ws off
         if scope["path"] != "/metrics":
-            status, body, kind = 404, b'{"error": "not_found", "message": "only /metrics here"}', b"application/json"
+            status, body = 404, b'{"error": "not_found", "message": "only /metrics here"}'
+            kind = b"application/json"
         elif scope["method"] not in ("GET", "HEAD"):
-            status, body, kind = 405, b'{"error": "method_not_allowed", "message": "GET /metrics"}', b"application/json"
+            status, body = 405, b'{"error": "method_not_allowed", "message": "GET /metrics"}'
+            kind = b"application/json"
         else:
             status, body, kind = 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode()
         await send({"type": "http.response.start", "status": status,

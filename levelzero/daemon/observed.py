@@ -26,7 +26,9 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from levelzero.core.errors import LevelZeroError, StorageError
-from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore
+from levelzero.storage.protocols import (
+    LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore,
+)
 
 from levelzero.daemon.storage_health import StorageHealth
 
@@ -96,7 +98,9 @@ class StoreMetrics(Collector):
 class ObservedObjectStore:
     """An `ObjectStore` whose every operation is timed and whose failures are counted."""
 
-    def __init__(self, inner: ObjectStore, metrics: StoreMetrics, health: StorageHealth | None = None) -> None:
+    def __init__(
+        self, inner: ObjectStore, metrics: StoreMetrics, health: StorageHealth | None = None
+    ) -> None:
         self.inner = inner
         self._health = health
         self._latency = {op: metrics.object_latency.labels(op) for op in OBJECT_STORE_OPERATIONS}

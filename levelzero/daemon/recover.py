@@ -39,6 +39,7 @@ log (the GC collects them; start with `gc.enabled = false` to keep them while yo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -284,17 +285,18 @@ async def adopt_partition(
     state.apply(term_start)
     term = result.term = term_start.term
     for item in plan:
-        key = str(item.key)
-        if item.whole and key not in rows:
+        object_key = str(item.key)
+        if item.whole and object_key not in rows:
             result.adopted += 1
             size = item.size
         else:
-            key = format_l1_key(row.topic, row.partition, item.key.base_offset, item.upto, term, new_uuid())
+            object_key = format_l1_key(
+                row.topic, row.partition, item.key.base_offset, item.upto, term, new_uuid())
             data, _ = build_object(term, [(row.pid, encode_extent(item.records), len(item.records))])
-            await objects.put(key, data)
+            await objects.put(object_key, data)
             result.copied += 1
             size = len(data)
-        await store.l1_insert(L1Row(key, row.pid, item.key.base_offset, item.upto, item.lrlo, term,
+        await store.l1_insert(L1Row(object_key, row.pid, item.key.base_offset, item.upto, item.lrlo, term,
                                     size, L1State.COPY_FINISHED, now, now))
     last = plan[-1]
     catch_up = LogRecord(state.next_log_offset, term, state.high_watermark,
@@ -333,10 +335,8 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
         keys.setdefault((key.topic, key.partition), []).append(key)
     top_epoch = 0
     async for info in iter_objects(objects, L0_ROOT):
-        try:
+        with contextlib.suppress(MalformedKey):
             top_epoch = max(top_epoch, parse_l0_key(info.key).epoch)
-        except MalformedKey:
-            pass
     # Above every L0 object's epoch: the new logs' writes are never older than an orphan.
     epoch = max(await store.get_cluster_epoch(), top_epoch + 1)
     await store.set_cluster_epoch(epoch)
@@ -437,7 +437,8 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
     return lines
 
 
-async def recover_configured(config: Config) -> RecoverySummary:
+# mypy does not count on the task group re-raising what ends it: "missing return".
+async def recover_configured(config: Config) -> RecoverySummary:  # type: ignore[return]
     """`recover_from_bucket` on the stores `config` names (every daemon on them stopped)."""
     Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)  # lost with the SQLite file
     async with anyio.create_task_group() as tg:

@@ -28,6 +28,7 @@ import anyio
 import anyio.abc
 import uvicorn
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from starlette.applications import Starlette
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node
@@ -36,7 +37,6 @@ from levelzero.storage import opening
 from levelzero.storage.opening import ControlStore
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.postgres.store import PostgresLogStore
-from levelzero.storage.sqlite import SqliteLogStore
 
 from levelzero.http.access_log import AccessLogMiddleware
 from levelzero.http.app import ApiSettings, Lifecycle, build_app
@@ -164,7 +164,8 @@ def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]
         stats = store.statistics()
         for field in ("commits", "batches", "appends", "records", "rejected_appends"):
             yield CounterMetricFamily(
-                f"levelzero_log_store_{field}", f"Log store (control plane) {field}.", value=getattr(stats, field)
+                f"levelzero_log_store_{field}", f"Log store (control plane) {field}.",
+                value=getattr(stats, field),
             )
         yield GaugeMetricFamily(
             "levelzero_log_store_queued", "Write jobs queued for the log store writer.", value=stats.queued
@@ -208,7 +209,8 @@ def connection_metrics(guard: ConnectionGuard) -> Callable[[Node], Iterable[Metr
         )
         closed = CounterMetricFamily(
             "levelzero_http_connections_closed",
-            "HTTP connections the server closed (or refused), by reason; a client's own close is not counted.",
+            "HTTP connections the server closed (or refused), by reason; "
+            "a client's own close is not counted.",
             labels=["reason"],
         )
         for reason, count in stats.closed.items():
@@ -256,7 +258,7 @@ class Daemon:
         self.connection_guard: ConnectionGuard | None = None
         self._metrics_server: _UvicornServer | None = None
         self.kafka_port: int | None = None
-        self.kafka = None
+        self.kafka: Any = None  # its KafkaListener, imported only with [kafka] listen
         self.stopped_cleanly = False
 
     @property
@@ -327,8 +329,9 @@ class Daemon:
                 lease_ttl_s=config.cluster.lease_ttl_s,
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
             )
-        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health), observed_objects,
-                    cluster=cluster)
+        # ObservedLogStore wraps the LogStore's writes at run time (mypy sees (*Any) -> Awaitable)
+        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health),  # type: ignore[arg-type]
+                    observed_objects, cluster=cluster)
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
         self.intake = ProduceIntake(node)  # one produce intake for both front ends
@@ -344,7 +347,7 @@ class Daemon:
             records_per_request_max=config.server.records_per_request_max,
             fetch_bytes_default=config.server.fetch_bytes_default,
         )
-        app = build_app(node, metrics, settings, self.lifecycle, self.intake)
+        app: Starlette | AccessLogMiddleware = build_app(node, metrics, settings, self.lifecycle, self.intake)
         if config.server.access_log:
             app = AccessLogMiddleware(app)
 
@@ -353,7 +356,8 @@ class Daemon:
         # importing the Kafka handlers on the loop after that took 9-17 s under load.
         guard = ConnectionGuard(ConnectionLimits(
             connections_max=config.server.connections_max,
-            connections_per_peer_max=min(config.server.connections_per_peer_max, config.server.connections_max),
+            connections_per_peer_max=min(
+                config.server.connections_per_peer_max, config.server.connections_max),
             header_timeout_s=config.server.header_timeout_s,
             body_timeout_s=config.server.body_timeout_s,
         ))
@@ -369,7 +373,8 @@ class Daemon:
                 ws="none",
                 limit_concurrency=None,  # the guard admits, evicts and refuses (JSON 503)
                 h11_max_incomplete_event_size=REQUEST_HEAD_BYTES_MAX,
-                timeout_keep_alive=config.server.keepalive_timeout_s,
+                # uvicorn annotates int but takes it as a timeout in seconds (a float works)
+                timeout_keep_alive=config.server.keepalive_timeout_s,  # type: ignore[arg-type]
                 timeout_graceful_shutdown=max(1, int(config.server.shutdown_timeout_s / 3)),
                 server_header=False,
                 proxy_headers=False,

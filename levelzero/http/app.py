@@ -30,6 +30,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -162,7 +163,7 @@ class ApiError(Exception):
 
 
 _encoder = msgspec.json.Encoder()
-_decoders = {
+_decoders: dict[type, msgspec.json.Decoder[Any]] = {
     CreateTopicRequest: msgspec.json.Decoder(CreateTopicRequest),
     ProduceRequest: msgspec.json.Decoder(ProduceRequest),
     GcRunRequest: msgspec.json.Decoder(GcRunRequest),
@@ -491,7 +492,11 @@ class Api:
             same_epoch_fences=v.fence.same_epoch_fences,
             reconciler_lag=partition_reconciler_lag(v),
             l1_objects=len(lineage),
-            l1_lineage=[L1ObjectStatus(**row) for row in lineage[-L1_LINEAGE_SHOWN_MAX:]],
+            l1_lineage=[
+                # the lineage rows carry exactly L1ObjectStatus's fields, typed int | str
+                L1ObjectStatus(**row)  # type: ignore[arg-type]
+                for row in lineage[-L1_LINEAGE_SHOWN_MAX:]
+            ],
         )
 
     async def status(self, request: Request) -> Response:

@@ -93,7 +93,7 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         assert self.connections_max >= 1, self
-        assert 1 <= self.connections_per_peer_max, self
+        assert self.connections_per_peer_max >= 1, self
         assert self.header_timeout_s > 0 and self.body_timeout_s > 0, self
 
 
@@ -144,7 +144,7 @@ class ConnectionTable:
             if victim is None:
                 return Admission(admitted=False)
         elif len(self._entries) >= self.limits.connections_max:
-            victim = self._victim(lambda entry: True)
+            victim = self._victim(lambda _entry: True)
             if victim is None:
                 return Admission(admitted=False)
         self._entries[conn] = _Entry(peer, Phase.HEAD, now)

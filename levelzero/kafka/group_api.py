@@ -33,8 +33,8 @@ class GroupApi:
             return make(m.FindCoordinatorResponse, throttle_time=0, coordinators=coordinators)
         if getattr(body, "key_type", 0) != 0:  # 1: a transaction coordinator
             return make(m.FindCoordinatorResponse, throttle_time=0,
-                        error_code=ErrorCode.coordinator_not_available, error_message="transactions are not supported",
-                        node_id=-1, host="", port=-1)
+                        error_code=ErrorCode.coordinator_not_available,
+                        error_message="transactions are not supported", node_id=-1, host="", port=-1)
         return make(m.FindCoordinatorResponse, throttle_time=0, error_code=ErrorCode.none,
                     error_message=None, **where(body.key))
 
@@ -90,10 +90,7 @@ class GroupApi:
     def leave_group(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
-        if request.api_version >= 3:
-            ids = [member.member_id for member in body.members]
-        else:
-            ids = [body.member_id]
+        ids = [member.member_id for member in body.members] if request.api_version >= 3 else [body.member_id]
         results = self.groups.leave(body.group_id, ids)
         top = ErrorCode.none
         if request.api_version < 3:

@@ -292,8 +292,8 @@ class GroupCoordinator:
         try:
             group, _ = self._member(group_id, member_id, generation)
         except GroupError as exc:
-            group = self.groups.get(group_id)
-            if exc.code == ErrorCode.illegal_generation and group is not None and group.state == "preparing":
+            known = self.groups.get(group_id)
+            if exc.code == ErrorCode.illegal_generation and known is not None and known.state == "preparing":
                 return ErrorCode.rebalance_in_progress
             return exc.code
         if group.state == "preparing":

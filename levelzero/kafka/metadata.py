@@ -64,11 +64,12 @@ class Cluster:
             return {"": self.me()}
         brokers = {member.node_id: self.me()}
         view = member.view
-        for row in view.nodes if view is not None else ():
-            if row.kafka_url and row.lease_expires_at > view.now and row.node_id not in brokers:
-                host, _, port = row.kafka_url.rpartition(":")
-                if host and port.isdigit():
-                    brokers[row.node_id] = Broker(broker_id(row.node_id), host.strip("[]"), int(port))
+        if view is not None:
+            for row in view.nodes:
+                if row.kafka_url and row.lease_expires_at > view.now and row.node_id not in brokers:
+                    host, _, port = row.kafka_url.rpartition(":")
+                    if host and port.isdigit():
+                        brokers[row.node_id] = Broker(broker_id(row.node_id), host.strip("[]"), int(port))
         return brokers
 
     def leaders(self, brokers: dict[str, Broker]) -> dict[tuple[str, int], int]:
@@ -79,10 +80,11 @@ class Cluster:
             return {(t, p): me for t, n in self.node.topics().items() for p in range(n)}
         leaders: dict[tuple[str, int], int] = {}
         view = member.view
-        for lease in view.leases if view is not None else ():
-            broker = brokers.get(lease.node_id or "")
-            if broker is not None and lease.lease_expires_at > view.now:
-                leaders[(lease.topic, lease.partition)] = broker.node_id
+        if view is not None:
+            for lease in view.leases:
+                broker = brokers.get(lease.node_id or "")
+                if broker is not None and lease.lease_expires_at > view.now:
+                    leaders[(lease.topic, lease.partition)] = broker.node_id
         for actor in self.node.partitions():  # what this node leads, whatever the view says
             leaders[(actor.row.topic, actor.row.partition)] = me
         return leaders

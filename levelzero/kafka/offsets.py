@@ -45,7 +45,8 @@ class OffsetsApi:
                     elif p.timestamp == LIST_OFFSETS_LATEST:
                         offset = high_watermark
                     elif p.timestamp >= 0:
-                        offset, timestamp = await self._offset_for_time(topic.name, p.partition_index, p.timestamp)
+                        offset, timestamp = await self._offset_for_time(
+                            topic.name, p.partition_index, p.timestamp)
                     else:
                         error = ErrorCode.invalid_request  # -3 (max timestamp) and others
                 except LevelZeroError as exc:

@@ -71,7 +71,9 @@ class ProduceApi:
         )
         return make(m.ProduceResponse, responses=responses, throttle_time=0)
 
-    def _submit(self, topic: str, partition: int, data: bytes | None) -> Pending | tuple[ErrorCode, int, str | None]:
+    def _submit(
+        self, topic: str, partition: int, data: bytes | None
+    ) -> Pending | tuple[ErrorCode, int, str | None]:
         """Decode one partition's record set and hand it to the intake (no await: requests
         submit in the order they call this)."""
         try:
@@ -96,7 +98,9 @@ class ProduceApi:
             return ErrorCode.none, outcome, None
         return outcome
 
-    def _produce_failed(self, topic: str, partition: int, exc: LevelZeroError) -> tuple[ErrorCode, int, str | None]:
+    def _produce_failed(
+        self, topic: str, partition: int, exc: LevelZeroError
+    ) -> tuple[ErrorCode, int, str | None]:
         if exc.retriable or exc.code in ("storage_error", "store_refused"):
             log.warning("kafka produce to %s/%d failed: %s: %s", topic, partition, exc.code, exc)
         return error_code_for(exc), -1, str(exc)

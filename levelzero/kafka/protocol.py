@@ -111,13 +111,14 @@ def response_module(api_key: int, api_version: int) -> ModuleType:
 
 
 @cache
-def _response_writers(cls: type) -> tuple[Any, Any]:
+def _response_writers(cls: Any) -> tuple[Any, Any, Any]:
     header_cls = cls.__header_schema__
     return header_cls, entity_writer(header_cls), entity_writer(cls)
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:
-    header_cls, write_header, write_body = _response_writers(type(response))
+    # a class is hashable; mypy does not count type[Any] as Hashable for functools.cache
+    header_cls, write_header, write_body = _response_writers(type(response))  # type: ignore[arg-type]
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     write_header(out, header_cls(correlation_id=correlation_id))

@@ -545,13 +545,19 @@ def _encode_compiled(
 
 
 class Stored(Protocol):
-    """A stored record as a fetch reads it (actors.reader.FetchedRecord)."""
+    """A stored record as a fetch reads it (actors.reader.FetchedRecord, a frozen dataclass:
+    read-only members)."""
 
-    offset: int
-    timestamp_ms: int
-    key: bytes | None
-    value: bytes
-    headers: tuple[tuple[str, bytes | None], ...]
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def headers(self) -> tuple[tuple[str, bytes | None], ...]: ...
 
 
 def encode_stored(records: Sequence[Stored]) -> bytes:

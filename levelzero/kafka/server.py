@@ -84,7 +84,7 @@ class ListenerSettings:
 
     def __post_init__(self) -> None:
         assert 0 < self.frame_bytes_max <= self.inflight_bytes_max
-        assert 0 < self.header_timeout_s and 0 < self.idle_timeout_s and 0 < self.frame_timeout_s
+        assert self.header_timeout_s > 0 and self.idle_timeout_s > 0 and self.frame_timeout_s > 0
 
 
 # What a peer that went away looks like, at a read or a write.
@@ -137,7 +137,9 @@ class KafkaListener:
         self.stats = ListenerStats()
         self.budget = ByteBudget(settings.inflight_bytes_max)
 
-    async def serve(self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+    async def serve(
+        self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(self.handlers.run)
             task_status.started()
@@ -198,7 +200,9 @@ class KafkaListener:
                         before, last_produce = last_produce, slot.submitted
                     tg.start_soon(self._serve_request, frame, slot, before, session)
 
-    async def _read_frame(self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session) -> bytes | None:
+    async def _read_frame(
+        self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session
+    ) -> bytes | None:
         """The next frame, or None when the connection is to be closed (gone, too big, too slow)."""
         settings = self.settings
         speaking = session.authenticated and session.requests > 0
@@ -320,7 +324,8 @@ class KafkaListener:
             return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
         if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
             self.stats.authentications_failed += 1
-            raise BadRequest(f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)")
+            raise BadRequest(
+                f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)")
         request = parse_request(frame)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
             return encode_response(request.correlation_id, self._sasl(request, session, slot))

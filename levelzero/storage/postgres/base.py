@@ -9,7 +9,7 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import anyio.abc
@@ -235,6 +235,11 @@ class PostgresBase(StoreLifecycle):
         self._batches = self._commits = self._jobs = self._appends = 0
         self._records = self._rejected_appends = self._largest_batch_records = 0
 
+    if TYPE_CHECKING:
+        # ProducerBatchRole defines it; the catalog and consumer-offset roles stage their rows
+        # through it in the composed store (PostgresLogStore).
+        async def _stage(self, table: str, rows: list[tuple[Any, ...]]) -> None: ...
+
     # ------------------------------------------------------------------ open / close
 
     @classmethod
@@ -419,14 +424,13 @@ class PostgresBase(StoreLifecycle):
                     async with self._pool.acquire() as connection:
                         return await resolve(connection)
                 txid.clear()
-            async with self._pool.acquire() as connection:
-                async with connection.transaction():
-                    if not work_returns_txid:
-                        txid.append(await connection.fetchval("SELECT txid_current()"))
-                        return await work(connection)
-                    result, their_txid = await work(connection)
-                    txid.append(their_txid)  # before COMMIT: an unanswered one is resolved
-                    return result
+            async with self._pool.acquire() as connection, connection.transaction():
+                if not work_returns_txid:
+                    txid.append(await connection.fetchval("SELECT txid_current()"))
+                    return await work(connection)
+                result, their_txid = await work(connection)
+                txid.append(their_txid)  # before COMMIT: an unanswered one is resolved
+                return result
 
         return await self._retrying(attempt, what)
 

@@ -79,18 +79,19 @@ class ClusterRole(PostgresBase):
 
     async def cluster_view(self) -> ClusterView:
         async def attempt() -> ClusterView:
-            async with self._pool.acquire() as connection:
-                async with connection.transaction(isolation="repeatable_read", readonly=True):
-                    now = await connection.fetchval(f"SELECT {_NOW}")
-                    nodes = await connection.fetch(
-                        "SELECT node_id, advertise_url, kafka_url, registered_at, lease_expires_at,"
-                        " draining FROM cluster_nodes ORDER BY node_id"
-                    )
-                    leases = await connection.fetch(
-                        "SELECT p.pid, p.topic, p.partition, l.node_id,"
-                        " COALESCE(l.lease_expires_at, 0), p.term FROM partitions p"
-                        " LEFT JOIN partition_leases l ON l.pid = p.pid ORDER BY p.pid"
-                    )
+            async with self._pool.acquire() as connection, connection.transaction(
+                isolation="repeatable_read", readonly=True
+            ):
+                now = await connection.fetchval(f"SELECT {_NOW}")
+                nodes = await connection.fetch(
+                    "SELECT node_id, advertise_url, kafka_url, registered_at, lease_expires_at,"
+                    " draining FROM cluster_nodes ORDER BY node_id"
+                )
+                leases = await connection.fetch(
+                    "SELECT p.pid, p.topic, p.partition, l.node_id,"
+                    " COALESCE(l.lease_expires_at, 0), p.term FROM partitions p"
+                    " LEFT JOIN partition_leases l ON l.pid = p.pid ORDER BY p.pid"
+                )
             return ClusterView(
                 float(now), [NodeRow(*row) for row in nodes], [LeaseRow(*row) for row in leases]
             )
@@ -98,7 +99,9 @@ class ClusterRole(PostgresBase):
         self._check_open()
         return await self._retrying(attempt, "reading the cluster view")
 
-    async def _held(self, connection: asyncpg.Connection, node_id: str, pids: Sequence[int] | None) -> list[int]:
+    async def _held(
+        self, connection: asyncpg.Connection, node_id: str, pids: Sequence[int] | None
+    ) -> list[int]:
         rows = await connection.fetch(
             f"SELECT pid FROM partition_leases WHERE node_id = $1 AND lease_expires_at > {_NOW}"
             " AND ($2::bigint[] IS NULL OR pid = ANY($2::bigint[])) ORDER BY pid",
@@ -176,15 +179,16 @@ class ClusterRole(PostgresBase):
 
     async def watermark_snapshot(self) -> tuple[int, dict[str, int | None]]:
         async def attempt() -> tuple[int, dict[str, int | None]]:
-            async with self._pool.acquire() as connection:
-                async with connection.transaction(isolation="repeatable_read", readonly=True):
-                    epoch = await connection.fetchval(
-                        "SELECT COALESCE((SELECT epoch FROM cluster_epoch WHERE id = 1), 1)"
-                    )
-                    rows = await connection.fetch(
-                        "SELECT p.topic, p.partition, w.mp FROM partitions p"
-                        " LEFT JOIN partition_watermarks w ON w.pid = p.pid ORDER BY p.pid"
-                    )
+            async with self._pool.acquire() as connection, connection.transaction(
+                isolation="repeatable_read", readonly=True
+            ):
+                epoch = await connection.fetchval(
+                    "SELECT COALESCE((SELECT epoch FROM cluster_epoch WHERE id = 1), 1)"
+                )
+                rows = await connection.fetch(
+                    "SELECT p.topic, p.partition, w.mp FROM partitions p"
+                    " LEFT JOIN partition_watermarks w ON w.pid = p.pid ORDER BY p.pid"
+                )
             return int(epoch), {f"{r['topic']}/{r['partition']}": r["mp"] for r in rows}
 
         self._check_open()

@@ -43,7 +43,7 @@ class L1Role(PostgresBase):
             )
             return status == "UPDATE 1"
 
-        async def resolve(connection: asyncpg.Connection) -> bool:
+        async def resolve(_connection: asyncpg.Connection) -> bool:
             return True  # the compare-and-set committed
 
         return await self._transact("moving an L1 object", work, resolve)

@@ -57,7 +57,8 @@ class PartitionLogRole(PostgresBase):
             try:
                 await connection.execute(
                     "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
-                    " SELECT $1::text, p, $2::bigint, 0, $3::float8 FROM generate_series(0, $4::int - 1) AS p",
+                    " SELECT $1::text, p, $2::bigint, 0, $3::float8"
+                    " FROM generate_series(0, $4::int - 1) AS p",
                     topic, epoch, now, partitions,
                 )
             except asyncpg.UniqueViolationError:
@@ -101,7 +102,8 @@ class PartitionLogRole(PostgresBase):
         return await self._transact(f"starting a term of partition id {pid}", work, resolve)
 
     async def _offset_refused(self, connection: asyncpg.Connection, pid: int, what: str,
-                              log_offset: int, *, moved_on: bool = False) -> LevelZeroError:
+                              log_offset: int, *, moved_on: bool = False
+                              ) -> LevelZeroError | InvariantViolation:
         """Why an append or term start at `log_offset` was refused. With `moved_on`, a log that
         grew past it is `LogMovedOn` (a term start after a replay raced the last append)."""
         row = await connection.fetchrow(
@@ -229,7 +231,7 @@ class PartitionLogRole(PostgresBase):
             )
             return int(status.split()[-1])
 
-        async def resolve(connection: asyncpg.Connection) -> int:
+        async def resolve(_connection: asyncpg.Connection) -> int:
             return 0  # done before the answer was lost; how many rows it removed is not kept
 
         return await self._transact("truncating a log", work, resolve)
