@@ -62,7 +62,10 @@ ENV_NOT_SETTINGS = ("LEVELZERO_URL", "LEVELZERO_CONFIG")
 ENV_NOT_SETTINGS_PREFIXES = ("LEVELZERO_TEST_",)
 SECRET_KEYS = frozenset(
     {
-        ("server", "token"), ("s3", "access_key"), ("s3", "secret_key"), ("s3", "session_token"),
+        ("server", "token"),
+        ("s3", "access_key"),
+        ("s3", "secret_key"),
+        ("s3", "session_token"),
         ("control", "password"),
     }
 )
@@ -211,8 +214,7 @@ class ControlSection(_Section):
             netloc = self.dsn.split("://", 1)[1].split("/", 1)[0]
             if "@" in netloc and ":" in netloc.rsplit("@", 1)[0]:
                 raise ValueError(
-                    "dsn must not hold a password: set LEVELZERO_CONTROL_PASSWORD or "
-                    "control.password_file"
+                    "dsn must not hold a password: set LEVELZERO_CONTROL_PASSWORD or control.password_file"
                 )
         if self.password and self.password_file:
             raise ValueError("set the password or password_file, not both")
@@ -330,9 +332,7 @@ class ReconcilerSection(_Section):
         self.to_reconciler_config()
 
     def to_reconciler_config(self) -> ReconcilerConfig:
-        return _actor_check(
-            "reconciler", lambda: ReconcilerConfig(**msgspec.structs.asdict(self))
-        )
+        return _actor_check("reconciler", lambda: ReconcilerConfig(**msgspec.structs.asdict(self)))
 
 
 class HousekeeperSection(_Section):
@@ -349,9 +349,7 @@ class HousekeeperSection(_Section):
         if self.retention_s < 0:
             raise ValueError(f"retention_s must be >= 0 (0 turns it off), not {self.retention_s}")
         if self.retention_bytes < 0:
-            raise ValueError(
-                f"retention_bytes must be >= 0 (0 turns it off), not {self.retention_bytes}"
-            )
+            raise ValueError(f"retention_bytes must be >= 0 (0 turns it off), not {self.retention_bytes}")
         self.to_housekeeper_config()
 
     def to_housekeeper_config(self) -> HousekeeperConfig:
@@ -532,9 +530,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "control.dsn is required when control.kind = 'postgres' (or set LEVELZERO_CONTROL_DSN)"
             )
         if self.storage.kind == "s3" and not self.s3.bucket:
-            raise ValueError(
-                "s3.bucket is required when storage.kind = 's3' (or set LEVELZERO_S3_BUCKET)"
-            )
+            raise ValueError("s3.bucket is required when storage.kind = 's3' (or set LEVELZERO_S3_BUCKET)")
         if self.node.drain_timeout_s >= self.server.shutdown_timeout_s:
             raise ValueError(
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
@@ -664,8 +660,7 @@ def load_config(
     except msgspec.ValidationError as exc:
         described = _describe_validation_error(str(exc))
         from_env = [
-            name for (section, key), (name, _) in env.items()
-            if described.startswith(f"{section}.{key}:")
+            name for (section, key), (name, _) in env.items() if described.startswith(f"{section}.{key}:")
         ]
         where = f" (from {', '.join(from_env)})" if from_env else ""
         raise ConfigError(f"{source}: {described}{where}") from None

@@ -134,9 +134,7 @@ OBJECT_STORE_KINDS = ["memory", "local", pytest.param("s3", marks=pytest.mark.s3
 
 
 @pytest.fixture(params=OBJECT_STORE_KINDS)
-async def object_store(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[ObjectStore]:
+async def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """An opened, empty store of each kind; closed afterwards."""
     store: ObjectStore
     match request.param:

@@ -46,7 +46,11 @@ def daemon_config(data_dir: Path, **overrides: Any) -> Config:
 
 @asynccontextmanager
 async def daemon_and_client(
-    data_dir: Path, *, token: str | None = None, wrap_object_store=None, **overrides: Any  # noqa: ANN001
+    data_dir: Path,
+    *,
+    token: str | None = None,
+    wrap_object_store=None,
+    **overrides: Any,  # noqa: ANN001
 ) -> AsyncIterator[tuple[Daemon, Client]]:
     config = daemon_config(data_dir, **overrides)
     async with running_daemon(config, wrap_object_store=wrap_object_store) as daemon:
@@ -90,8 +94,14 @@ class DaemonProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "levelzero.cli", "run",
-            "--data-dir", str(self.data_dir), "--listen", f"127.0.0.1:{self.port}",
+            sys.executable,
+            "-m",
+            "levelzero.cli",
+            "run",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            f"127.0.0.1:{self.port}",
         ]
 
     def start(self, wait: bool = True) -> DaemonProcess:
@@ -151,11 +161,15 @@ class DaemonProcess:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.url, trust_env=False, timeout=30.0, headers=headers)
 
-    def cli(self, *args: str, input: bytes | None = None, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
+    def cli(
+        self, *args: str, input: bytes | None = None, timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[bytes]:
         """A `levelzero` client command against this daemon."""
         return subprocess.run(
             [sys.executable, "-m", "levelzero.cli", *args],
-            input=input, capture_output=True, timeout=timeout_s,
+            input=input,
+            capture_output=True,
+            timeout=timeout_s,
             env=clean_environ(LEVELZERO_URL=self.url),
         )
 

@@ -174,6 +174,4 @@ class Appender:
             for actor in actors:
                 rows.extend(actor.take_fence_events())
             for start in range(0, len(rows), FENCE_EVENT_ROWS_PER_CALL_MAX):
-                await self._store.record_fence_events(
-                    rows[start : start + FENCE_EVENT_ROWS_PER_CALL_MAX]
-                )
+                await self._store.record_fence_events(rows[start : start + FENCE_EVENT_ROWS_PER_CALL_MAX])

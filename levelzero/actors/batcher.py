@@ -26,7 +26,11 @@ from levelzero.core.keys import PREFIX_COUNT, format_l0_key, new_uuid
 from levelzero.core.leader import object_epoch
 from levelzero.core.produce_size import check_produce_size
 from levelzero.core.l0format import (
-    EncodedExtents, ExtentHeader, Record, encode_extent, finish_object,
+    EncodedExtents,
+    ExtentHeader,
+    Record,
+    encode_extent,
+    finish_object,
 )
 from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
@@ -201,7 +205,9 @@ class Batcher:
     # ------------------------------------------------------------------ producers
 
     async def produce(
-        self, actor: PartitionActor, records: Sequence[Record],
+        self,
+        actor: PartitionActor,
+        records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
     ) -> ProduceResult:
         """`records` stored contiguously in one extent; `producers` (idempotent Kafka batches
@@ -327,7 +333,8 @@ class Batcher:
         encoded = EncodedExtents(
             [
                 (pid, [req.data for req in reqs], sum(req.count for req in reqs))
-                if len(reqs) > 1 else (pid, [reqs[0].data], reqs[0].count)
+                if len(reqs) > 1
+                else (pid, [reqs[0].data], reqs[0].count)
                 for pid, reqs in by_partition.items()
             ]
         )
@@ -349,9 +356,7 @@ class Batcher:
         self.stats.bytes_uploaded += len(data)
         if len(self.stats.object_sizes) < 10_000:
             self.stats.object_sizes.append(len(data))
-        row = L0ObjectRow(
-            key=key, epoch=epoch, size=len(data), created_at=self._wall(), extents=len(headers)
-        )
+        row = L0ObjectRow(key=key, epoch=epoch, size=len(data), created_at=self._wall(), extents=len(headers))
         return _Uploaded(row, headers, by_partition)
 
     async def _record_object(self, row: L0ObjectRow) -> None:

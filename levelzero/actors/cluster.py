@@ -213,16 +213,19 @@ class ClusterMember:
         c = self.control
         if not await self._call("renewing the node", lambda: c.renew_node(self.node_id, self.ttl_s)):
             log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
-            await self._call("registering the node", lambda: c.register_node(
-                self.node_id, self.advertise_url, self.kafka_url, self.ttl_s))
+            await self._call(
+                "registering the node",
+                lambda: c.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s),
+            )
         held = set(await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self.ttl_s)))
         self.lease.renewed(sent_at)
         self._renewed.set()
         self._renewed = anyio.Event()
         lost = sorted(self.leading - held)
         if lost:
-            log.warning("node %s: leases of %d partitions expired (a pause?): resigning them",
-                        self.node_id, len(lost))
+            log.warning(
+                "node %s: leases of %d partitions expired (a pause?): resigning them", self.node_id, len(lost)
+            )
             await self._give_up(lost)
         # Leases this node id holds and this process does not lead: a previous life of the node
         # (restarted within the TTL) took them, or this process's own acquire was answered too
@@ -230,8 +233,11 @@ class ClusterMember:
         # be renewed forever and led by nobody.
         adopted = sorted(held - self.leading)
         if adopted and not self.draining and self.lease.valid(self._clock()):
-            log.info("node %s: leading %d partitions whose leases a previous run of this node "
-                     "held", self.node_id, len(adopted))
+            log.info(
+                "node %s: leading %d partitions whose leases a previous run of this node held",
+                self.node_id,
+                len(adopted),
+            )
             self.leading.update(adopted)
             await self._lead(adopted)
         view = self.view = await self._call("reading the cluster view", c.cluster_view)
@@ -253,13 +259,15 @@ class ClusterMember:
         if wanted and not self.draining:
             sent_at = self._clock()
             granted = await self._call(
-                "acquiring leases", lambda: c.acquire_leases(self.node_id, wanted, self.ttl_s))
+                "acquiring leases", lambda: c.acquire_leases(self.node_id, wanted, self.ttl_s)
+            )
             taken = [p for p in granted if p not in self.leading]
             if taken and self._clock() - sent_at >= self.ttl_s - self.lease.margin_s:
                 # The answer came too late to act on: the leases may have run out and been
                 # taken since. Next round's renewal says whether they are still ours.
-                log.warning("node %s: leases of %d partitions were granted too late to use",
-                            self.node_id, len(taken))
+                log.warning(
+                    "node %s: leases of %d partitions were granted too late to use", self.node_id, len(taken)
+                )
             elif taken:
                 self.leading.update(taken)
                 await self._lead(sorted(taken))
@@ -276,8 +284,11 @@ class ClusterMember:
                 if term is not None and lease.term > term:
                     superseded.append(lease.pid)
         if superseded:
-            log.warning("node %s: %d partitions led here were given a newer term elsewhere: "
-                        "starting them again", self.node_id, len(superseded))
+            log.warning(
+                "node %s: %d partitions led here were given a newer term elsewhere: starting them again",
+                self.node_id,
+                len(superseded),
+            )
             await self._resign(superseded)
             await self._lead(superseded)
 
@@ -311,13 +322,12 @@ class ClusterMember:
 
     async def _self_fence(self) -> None:
         if self.leading and not self.lease.valid(self._clock()):
-            log.warning("node %s: no lease renewal within the TTL: resigning every partition",
-                        self.node_id)
+            log.warning("node %s: no lease renewal within the TTL: resigning every partition", self.node_id)
             await self._give_up(sorted(self.leading))
 
 
 def lease_holders(view: ClusterView) -> dict[str, str | None]:
-    """"topic/partition" -> the node holding its lease, if both leases are live by `view.now`."""
+    """ "topic/partition" -> the node holding its lease, if both leases are live by `view.now`."""
     live = {n.node_id for n in view.nodes if n.lease_expires_at > view.now}
     return {
         f"{lease.topic}/{lease.partition}": (

@@ -28,6 +28,7 @@ by `(scanners + 3 * deleters) * batch` keys (plus a catalog page) whatever the b
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -106,24 +107,34 @@ class GcConfig:
             if not ok:
                 raise InvalidInput(f"gc {message}")
 
-        for name in ("interval_s", "idle_backoff_max_s", "grace_s", "jitter_fraction",
-                     "throttle_backoff_s", "sweep_interval_s"):
+        for name in (
+            "interval_s",
+            "idle_backoff_max_s",
+            "grace_s",
+            "jitter_fraction",
+            "throttle_backoff_s",
+            "sweep_interval_s",
+        ):
             need(_finite(getattr(self, name)), f"{name} must be a finite number")
-        for name in ("delete_batch_keys_max", "deletes_in_flight_max", "list_concurrency_max",
-                     "worker_index", "worker_count", "dry_run_keys_max"):
+        for name in (
+            "delete_batch_keys_max",
+            "deletes_in_flight_max",
+            "list_concurrency_max",
+            "worker_index",
+            "worker_count",
+            "dry_run_keys_max",
+        ):
             value = getattr(self, name)
             need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer")
         need(self.interval_s > 0, f"interval_s must be > 0 (got {self.interval_s})")
         need(
             self.idle_backoff_max_s >= self.interval_s,
-            f"idle_backoff_max_s ({self.idle_backoff_max_s}) must be >= interval_s "
-            f"({self.interval_s})",
+            f"idle_backoff_max_s ({self.idle_backoff_max_s}) must be >= interval_s ({self.interval_s})",
         )
         need(self.grace_s >= 0, f"grace_s must be >= 0 (got {self.grace_s})")
         need(
             1 <= self.delete_batch_keys_max <= DELETE_BATCH_KEYS_MAX,
-            f"delete_batch_keys_max must be in 1..{DELETE_BATCH_KEYS_MAX} "
-            f"(got {self.delete_batch_keys_max})",
+            f"delete_batch_keys_max must be in 1..{DELETE_BATCH_KEYS_MAX} (got {self.delete_batch_keys_max})",
         )
         need(
             1 <= self.deletes_in_flight_max <= DELETES_IN_FLIGHT_LIMIT,
@@ -132,8 +143,7 @@ class GcConfig:
         )
         need(
             1 <= self.list_concurrency_max <= LIST_CONCURRENCY_LIMIT,
-            f"list_concurrency_max must be in 1..{LIST_CONCURRENCY_LIMIT} "
-            f"(got {self.list_concurrency_max})",
+            f"list_concurrency_max must be in 1..{LIST_CONCURRENCY_LIMIT} (got {self.list_concurrency_max})",
         )
         need(
             1 <= self.worker_count <= PREFIX_COUNT,
@@ -461,8 +471,12 @@ class GcActor:
             except LevelZeroError as exc:
                 log.warning("gc round failed", extra={"error": exc.code, "detail": str(exc)})
                 pace = self._pacer.after_round(
-                    deleted=0, backlog=0, failed=True, oldest_young_at=None,
-                    now=self._clock(), jitter_unit=self._jitter_unit(),
+                    deleted=0,
+                    backlog=0,
+                    failed=True,
+                    oldest_young_at=None,
+                    now=self._clock(),
+                    jitter_unit=self._jitter_unit(),
                 )
                 continue
             pace = self._pacer.after_round(
@@ -573,11 +587,20 @@ class GcActor:
         log.info(
             "gc dry run" if dry_run else "gc round",
             extra={
-                "round": round_id, "dry_run": dry_run, "cluster_epoch": report.cluster_epoch,
-                "m": report.m, "catalog": report.catalog_read, "swept": report.swept,
-                "listed": report.listed, "eligible": report.eligible, "deleted": report.deleted,
-                "deleted_bytes": report.deleted_bytes, "too_young": report.too_young,
-                "above_m": report.above_m, "errors": report.errors, "throttled": report.throttled,
+                "round": round_id,
+                "dry_run": dry_run,
+                "cluster_epoch": report.cluster_epoch,
+                "m": report.m,
+                "catalog": report.catalog_read,
+                "swept": report.swept,
+                "listed": report.listed,
+                "eligible": report.eligible,
+                "deleted": report.deleted,
+                "deleted_bytes": report.deleted_bytes,
+                "too_young": report.too_young,
+                "above_m": report.above_m,
+                "errors": report.errors,
+                "throttled": report.throttled,
                 "backlog": report.backlog,
                 "blocked_by": _shown(report.blocked_by) if report.blocked else None,
                 "duration_s": round(finished_at - started_at, 3),
@@ -734,8 +757,9 @@ class GcActor:
                     while not scan.done:
                         prefix, start_after = scan.request()
                         page = await self._retrying(
-                            # B023: the lambda is awaited before the loop moves on.
-                            "list", lambda: self._objects.list_page(prefix, start_after), tally  # noqa: B023
+                            "list",
+                            functools.partial(self._objects.list_page, prefix, start_after),
+                            tally,
                         )
                         if page is None:
                             return  # this range waits for the next round
@@ -823,9 +847,7 @@ class GcActor:
         if len(eligible) > room:
             tally.would_delete_truncated = True
 
-    async def _delete_batch(
-        self, batch: list[Eligible], m: int, tally: _Tally
-    ) -> tuple[list[str], bool]:
+    async def _delete_batch(self, batch: list[Eligible], m: int, tally: _Tally) -> tuple[list[str], bool]:
         """Delete one batch. Returns the keys deleted (for the catalog to mark), and whether
         the store answered "slow down" for some of the others."""
         keys = [e.key for e in batch]
@@ -855,16 +877,18 @@ class GcActor:
             tally.note_error(f"delete {key}: {error}")
             log.warning(
                 "gc: keys not deleted, retried next round",
-                extra={"not_deleted": len(result.errors), "asked": len(keys), "example_key": key,
-                       "detail": str(error)},
+                extra={
+                    "not_deleted": len(result.errors),
+                    "asked": len(keys),
+                    "example_key": key,
+                    "detail": str(error),
+                },
             )
         throttled = any(is_throttling(error) for error in result.errors.values())
         tally.throttled += throttled
         return deleted, throttled
 
-    async def _retrying(
-        self, op: str, call: Callable[[], Awaitable[T]], tally: _Tally
-    ) -> T | None:
+    async def _retrying(self, op: str, call: Callable[[], Awaitable[T]], tally: _Tally) -> T | None:
         """One store request; "slow down" answers back off (doubling) and retry, bounded.
         Returns None when the request failed for this round (counted and sampled)."""
         backoff_s = self.config.throttle_backoff_s
@@ -878,8 +902,10 @@ class GcActor:
             except StorageError as exc:
                 if is_throttling(str(exc)) and attempt < THROTTLE_RETRIES_MAX:
                     tally.throttled += 1
-                    log.info("gc request throttled, backing off",
-                             extra={"op": op, "backoff_s": backoff_s, "detail": str(exc)})
+                    log.info(
+                        "gc request throttled, backing off",
+                        extra={"op": op, "backoff_s": backoff_s, "detail": str(exc)},
+                    )
                     await self._sleep(backoff_s)
                     backoff_s *= 2
                     continue
@@ -899,9 +925,7 @@ class GcActor:
             raise InvalidInput("explain takes a key or an epoch, not both")
         if key is not None and not isinstance(key, str):
             raise InvalidInput("explain key must be a string")
-        if epoch is not None and (
-            not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1
-        ):
+        if epoch is not None and (not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1):
             raise InvalidInput(f"explain epoch must be an integer >= 1 (got {epoch!r})")
         obj = None
         if key is not None and _parses(key):

@@ -119,8 +119,10 @@ class Housekeeper:
                 except LevelZeroError as exc:
                     self.stats.errors += 1
                     self._unsettled.add(actor.name)
-                    log.warning("housekeeping failed, retried next round",
-                                extra={"partition": actor.name, "error": exc.code, "detail": str(exc)})
+                    log.warning(
+                        "housekeeping failed, retried next round",
+                        extra={"partition": actor.name, "error": exc.code, "detail": str(exc)},
+                    )
                     continue
                 if self._settled(actor):
                     self._unsettled.discard(actor.name)
@@ -146,10 +148,7 @@ class Housekeeper:
         """Nothing to do for `actor` until its state moves or the cluster epoch changes (both
         bring it back: a move is noted on the activity board, a new epoch makes a full round)."""
         state = actor.state
-        return (
-            advance_epoch_needed(state, self._epochs.current) is None
-            and catch_up_needed(state) is None
-        )
+        return advance_epoch_needed(state, self._epochs.current) is None and catch_up_needed(state) is None
 
     async def sample_states(self) -> int:
         """Record each partition's watermarks when they changed (for export and analysis)."""
@@ -174,8 +173,15 @@ class Housekeeper:
                 high_watermark=s.high_watermark,
                 start_offset=s.start_offset,
             )
-            key = (row.term, row.max_applied_epoch, row.min_epoch_lower_bound, row.mp, row.lro,
-                   row.high_watermark, row.start_offset)
+            key = (
+                row.term,
+                row.max_applied_epoch,
+                row.min_epoch_lower_bound,
+                row.mp,
+                row.lro,
+                row.high_watermark,
+                row.start_offset,
+            )
             if self._last_sampled.get(view.pid) != key:
                 self._last_sampled[view.pid] = key
                 rows.append(row)

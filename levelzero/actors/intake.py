@@ -184,8 +184,15 @@ class ProduceIntake:
         if producer_id in self._loaded_producers:
             return  # another request loaded it meanwhile (and may have recorded newer batches)
         for row in rows:
-            self.sequences.record(row.producer_id, row.producer_epoch, row.topic, row.partition,
-                                  row.base_sequence, row.record_count, row.base_offset)
+            self.sequences.record(
+                row.producer_id,
+                row.producer_epoch,
+                row.topic,
+                row.partition,
+                row.base_sequence,
+                row.record_count,
+                row.base_offset,
+            )
         self._mark_loaded(producer_id)
 
     async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
@@ -199,7 +206,8 @@ class ProduceIntake:
         try:
             actor = self.node.partition(topic, partition)
             recent = await self.node.log_store.read_placeholders(
-                actor.row.pid, max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
+                actor.row.pid,
+                max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
                 RECOVER_PLACEHOLDERS_MAX,
             )
         except LevelZeroError as exc:
@@ -210,9 +218,15 @@ class ProduceIntake:
             assert isinstance(entry, Placeholder), entry
             for span in entry.producers:
                 if span.producer_id == producer_id:
-                    self.sequences.record(producer_id, span.producer_epoch, topic, partition,
-                                          span.base_sequence, span.record_count,
-                                          record.base_offset + span.first_record)
+                    self.sequences.record(
+                        producer_id,
+                        span.producer_epoch,
+                        topic,
+                        partition,
+                        span.base_sequence,
+                        span.record_count,
+                        record.base_offset + span.first_record,
+                    )
         self._recovered[key] = None
         while len(self._recovered) > PRODUCERS_MAX_DEFAULT:
             del self._recovered[next(iter(self._recovered))]
@@ -236,8 +250,9 @@ class ProduceIntake:
                 spans, first = [], 0
                 for p in taken:
                     if p.identity is not None:
-                        spans.append(ProducerSpan(p.identity[0], p.identity[1], p.identity[4],
-                                                  len(p.records), first))
+                        spans.append(
+                            ProducerSpan(p.identity[0], p.identity[1], p.identity[4], len(p.records), first)
+                        )
                     first += len(p.records)
                 try:
                     result = await self.node.produce(
@@ -268,9 +283,18 @@ class ProduceIntake:
         keeps them), so a retry after a restart is recognised. A failure here fails the
         acknowledgement: the client retries and the batch (stored) is recognised in memory."""
         rows = [
-            ProducerBatchRow(p.identity[0], p.identity[1], p.topic, p.partition, p.identity[4],
-                             len(p.records), base_offset, time.time())
-            for p, base_offset in zip(taken, offsets, strict=True) if p.identity is not None
+            ProducerBatchRow(
+                p.identity[0],
+                p.identity[1],
+                p.topic,
+                p.partition,
+                p.identity[4],
+                len(p.records),
+                base_offset,
+                time.time(),
+            )
+            for p, base_offset in zip(taken, offsets, strict=True)
+            if p.identity is not None
         ]
         if not rows or self._producer_store is None:
             return None

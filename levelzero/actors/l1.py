@@ -79,8 +79,13 @@ class L1Catalog:
         if row.term > actor.term:
             # Written under a newer term than the deleter knows: the deleter is a zombie.
             self.delete_refusals += 1
-            log.warning("refusing to delete %s: term %d is newer than %s's term %d",
-                        row.key, row.term, actor.name, actor.term)
+            log.warning(
+                "refusing to delete %s: term %d is newer than %s's term %d",
+                row.key,
+                row.term,
+                actor.name,
+                actor.term,
+            )
             return False
         serving = self.is_valid(actor, row) and row.last_offset >= state.start_offset
         if serving:
@@ -109,9 +114,14 @@ class L1Catalog:
             except LevelZeroError as exc:
                 again = self.pending_deletes.get(entry.key)
                 assert again is not None and again.failures == entry.failures + 1, (entry, again)
-                log.warning("L1 delete of %s failed again (%d times since %.0f), next try in "
-                            "%.1f s: %s", entry.key, again.failures, again.since,
-                            again.next_retry_at - self._wall(), exc)
+                log.warning(
+                    "L1 delete of %s failed again (%d times since %.0f), next try in %.1f s: %s",
+                    entry.key,
+                    again.failures,
+                    again.since,
+                    again.next_retry_at - self._wall(),
+                    exc,
+                )
             else:
                 done += 1
                 log.info("deleted L1 object %s on retry %d", entry.key, entry.failures)

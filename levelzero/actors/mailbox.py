@@ -169,7 +169,14 @@ class Mailbox(Generic[T]):
     what is buffered, then gets `anyio.EndOfStream`."""
 
     __slots__ = (
-        "buffered", "_size", "_burst_max", "_in_a_row", "_receiver", "_senders", "_closed", "_ended",
+        "buffered",
+        "_size",
+        "_burst_max",
+        "_in_a_row",
+        "_receiver",
+        "_senders",
+        "_closed",
+        "_ended",
     )
 
     def __init__(self, size: int, burst_max: int | None = None) -> None:
@@ -296,4 +303,3 @@ class Mailbox(Generic[T]):
             if not waiter.done():
                 waiter.set_result(None)
                 return
-

@@ -142,7 +142,9 @@ class Node:
         )
         self.reader = Reader(object_store, log_store)
         self.l1 = L1Catalog(
-            object_store, log_store, self._wall,
+            object_store,
+            log_store,
+            self._wall,
             delete_retry_first_s=config.reconciler.delete_retry_first_s,
             delete_retry_max_s=config.reconciler.delete_retry_max_s,
         )
@@ -216,16 +218,19 @@ class Node:
             if self.cluster is not None:
                 c = self.cluster
                 self.member = ClusterMember(
-                    c.control, c.node_id, c.advertise_url, ttl_s=c.lease_ttl_s,
-                    lead=self._lead, resign=self._resign, kafka_url=c.kafka_url,
+                    c.control,
+                    c.node_id,
+                    c.advertise_url,
+                    ttl_s=c.lease_ttl_s,
+                    lead=self._lead,
+                    resign=self._resign,
+                    kafka_url=c.kafka_url,
                     term_of=self._term_of,
                 )
                 await tg.start(self.member.run)
                 tg.start_soon(self._publish_watermarks, c)
             self.accepting = True
-            log.info(
-                "node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current
-            )
+            log.info("node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current)
             task_status.started()
 
     async def shutdown(self) -> None:
@@ -398,9 +403,7 @@ class Node:
             if self.member is None:
                 for p in range(partitions):
                     self.board.register(f"{name}/{p}")
-            rows = await self.log_store.create_topic(
-                name, partitions, self.epochs.current, self._wall()
-            )
+            rows = await self.log_store.create_topic(name, partitions, self.epochs.current, self._wall())
             if self.member is not None:  # the leases decide who leads them
                 self._topics[name] = partitions
             else:
@@ -421,8 +424,12 @@ class Node:
         try:
             await self.object_store.put(topic_record_key(name), encode_topic_record(record))
         except LevelZeroError as exc:
-            log.warning("could not record topic %s in the object store (recovery from the bucket "
-                        "derives it from its L1 objects): %s", name, exc)
+            log.warning(
+                "could not record topic %s in the object store (recovery from the bucket "
+                "derives it from its L1 objects): %s",
+                name,
+                exc,
+            )
 
     def topics(self) -> dict[str, int]:
         if self.member is None:
@@ -463,7 +470,10 @@ class Node:
             raise ShuttingDown("the node is not accepting requests")
 
     async def produce(
-        self, topic: str, partition: int, records: Sequence[Record],
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
     ) -> ProduceResult:
         self._check_accepting()
@@ -473,8 +483,7 @@ class Node:
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
             raise InvalidInput(
-                f"topic {topic!r} takes no new records: its name {problem} (levelzero status "
-                "says what to do)"
+                f"topic {topic!r} takes no new records: its name {problem} (levelzero status says what to do)"
             )
         return await self.batcher.produce(actor, records, producers)
 
@@ -561,11 +570,24 @@ class Node:
         log.warning(
             "AUDIT abandon-unreconciled %s: data offsets %d..%d given up by %r (reason: %r) at "
             "log offset %d, term %d; they are no longer readable; M(p) %s -> %s",
-            actor.name, first, last, operator, reason, record.log_offset, record.term,
-            mp_before, actor.state.mp,
-            extra={"audit": "abandon_unreconciled", "partition": actor.name,
-                   "first_offset": first, "last_offset": last, "operator": operator,
-                   "reason": reason, "log_offset": record.log_offset},
+            actor.name,
+            first,
+            last,
+            operator,
+            reason,
+            record.log_offset,
+            record.term,
+            mp_before,
+            actor.state.mp,
+            extra={
+                "audit": "abandon_unreconciled",
+                "partition": actor.name,
+                "first_offset": first,
+                "last_offset": last,
+                "operator": operator,
+                "reason": reason,
+                "log_offset": record.log_offset,
+            },
         )
         return abandoned
 

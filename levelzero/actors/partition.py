@@ -136,14 +136,47 @@ class PartitionActor:
     # Slots, not a __dict__: a node keeps one actor per partition, idle ones included
     # (10,000 of them: the dict alone was 1.5 KiB each).
     __slots__ = (
-        "row", "name", "state", "fence", "pins", "term", "ready",
-        "_store", "_board", "_activity", "_mode", "_snapshot_every", "_log_keep",
-        "_record_fence_events", "_clock", "_wall", "_mailbox", "_appends", "_to_append",
-        "_appender", "_own_appender", "_append_asked", "_appending", "_closed",
-        "_snapshot_due", "_truncate_below", "_wakeup", "_dispatch", "_deposed",
-        "_stopping", "_later_stops", "_last_snapshot_offset", "_mp_changed_at", "_published_mp",
-        "_published_bound", "_fence_tallies", "_noted_admission", "_noted_tally", "_inline",
-        "_crash", "_touched_in",
+        "row",
+        "name",
+        "state",
+        "fence",
+        "pins",
+        "term",
+        "ready",
+        "_store",
+        "_board",
+        "_activity",
+        "_mode",
+        "_snapshot_every",
+        "_log_keep",
+        "_record_fence_events",
+        "_clock",
+        "_wall",
+        "_mailbox",
+        "_appends",
+        "_to_append",
+        "_appender",
+        "_own_appender",
+        "_append_asked",
+        "_appending",
+        "_closed",
+        "_snapshot_due",
+        "_truncate_below",
+        "_wakeup",
+        "_dispatch",
+        "_deposed",
+        "_stopping",
+        "_later_stops",
+        "_last_snapshot_offset",
+        "_mp_changed_at",
+        "_published_mp",
+        "_published_bound",
+        "_fence_tallies",
+        "_noted_admission",
+        "_noted_tally",
+        "_inline",
+        "_crash",
+        "_touched_in",
     )
 
     def __init__(
@@ -506,9 +539,7 @@ class PartitionActor:
             assert refusal is not None
             msg.reply.fail(refusal)
             return
-        self._carry_out(
-            self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window)
-        )
+        self._carry_out(self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window))
 
     def _maybe_slide(self) -> None:
         """Read units were released: the updater slides if the old window is drained."""
@@ -535,8 +566,10 @@ class PartitionActor:
                 if admitted.new_epoch:
                     log.debug("partition %s window slid to %s", self.name, admitted.window)
                 self._note_fence(
-                    msg.epoch, "admitted_new_epoch" if admitted.new_epoch else "admitted",
-                    admitted.window, admitted,
+                    msg.epoch,
+                    "admitted_new_epoch" if admitted.new_epoch else "admitted",
+                    admitted.window,
+                    admitted,
                 )
             if msg.entry is None:  # fence probe
                 self.fence.release()
@@ -643,7 +676,10 @@ class PartitionActor:
             activity.touch(self.name)
 
     def _note_fence(
-        self, epoch: int, outcome: str, window: tuple[int, int] | None,
+        self,
+        epoch: int,
+        outcome: str,
+        window: tuple[int, int] | None,
         admitted: Admitted | None = None,
     ) -> None:
         """Tally a fence decision; `admitted`: the fence's `Admitted`, kept with its tally so

@@ -86,9 +86,7 @@ class FetchWindow:
                 break
             r = records[i]
             size = len(r.value) + len(r.key or b"")
-            if self.records and (
-                self.size + size > self.max_bytes or len(self.records) >= FETCH_RECORDS_MAX
-            ):
+            if self.records and (self.size + size > self.max_bytes or len(self.records) >= FETCH_RECORDS_MAX):
                 self.stopped = "full"
                 break
             self.records.append(FetchedRecord(at, r.key, r.value, r.timestamp_ms, r.headers))

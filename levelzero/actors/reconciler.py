@@ -54,9 +54,7 @@ class ReconcilerConfig:
         if self.interval_s <= 0 or self.copy_deadline_s <= 0:
             raise InvalidInput("reconciler interval_s and copy_deadline_s must be > 0")
         if not 0 < self.delete_retry_first_s <= self.delete_retry_max_s <= 86_400:
-            raise InvalidInput(
-                "reconciler needs 0 < delete_retry_first_s <= delete_retry_max_s <= 86400"
-            )
+            raise InvalidInput("reconciler needs 0 < delete_retry_first_s <= delete_retry_max_s <= 86400")
         if not 1024 <= self.object_bytes_max <= 256 * 1024 * 1024:
             raise InvalidInput("reconciler object_bytes_max must be in 1 KiB..256 MiB")
         if not 1 <= self.partitions_in_flight_max <= 256:
@@ -131,8 +129,7 @@ class Reconciler:
         now = self._wall()
         check_every_s = self.config.copy_deadline_s / STALE_COPY_CHECKS_PER_DEADLINE
         check_stale_copies = (
-            self._stale_copies_checked_at is None
-            or now - self._stale_copies_checked_at >= check_every_s
+            self._stale_copies_checked_at is None or now - self._stale_copies_checked_at >= check_every_s
         )
         if check_stale_copies:
             self._stale_copies_checked_at = now
@@ -175,8 +172,11 @@ class Reconciler:
             else:
                 recovered = self.health.note_success(actor.name)
                 if recovered is not None:
-                    log.warning("reconciliation of %s works again (it had failed since %.0f)",
-                                actor.name, recovered.since)
+                    log.warning(
+                        "reconciliation of %s works again (it had failed since %.0f)",
+                        actor.name,
+                        recovered.since,
+                    )
             self._note_lag(actor)
 
         ready = []
@@ -223,7 +223,10 @@ class Reconciler:
                 "reconciliation of %s keeps failing: %s. Its M(p) stays at %s and holds M (and the "
                 "GC) back for the whole cluster; `levelzero status` names it. If its L0 data is "
                 "gone for good, see README 'A partition that cannot be reconciled'",
-                actor.name, exc, actor.state.mp, extra={"partition": actor.name},
+                actor.name,
+                exc,
+                actor.state.mp,
+                extra={"partition": actor.name},
             )
         elif (failing := self.health.get(actor.name)) is not None:
             log.warning("reconciling %s still fails (%s)", actor.name, failing.describe())
@@ -279,9 +282,7 @@ class Reconciler:
         except LevelZeroError:
             await self._collect_quietly(actor, row)  # it may exist: a lost response
             raise
-        if not await self._log.l1_transition(
-            key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall()
-        ):
+        if not await self._log.l1_transition(key, L1State.COPY_STARTED, L1State.COPY_FINISHED, self._wall()):
             # Collected as a stale copy while the upload was slow: abandon it, and remove the
             # object the late upload may have left behind (deletes are idempotent).
             self.stats.errors += 1

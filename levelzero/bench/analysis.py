@@ -62,12 +62,14 @@ def _spark_to_export(frame: DataFrame, out: str, table: str, time_column: str) -
     staging = os.path.join(out, f"_staging_{table}")
     times = [c for c in frame.columns if c.endswith("_at")]
     frame = frame.select(
-        *[F.timestamp_micros((F.col(c) * MICROS_PER_S).cast("long")).alias(c) if c in times
-          else F.col(c) for c in frame.columns]
+        *[
+            F.timestamp_micros((F.col(c) * MICROS_PER_S).cast("long")).alias(c) if c in times else F.col(c)
+            for c in frame.columns
+        ]
     )
-    frame.withColumn(
-        "date", F.date_format(F.col(time_column), "yyyy-MM-dd")
-    ).write.partitionBy("date").parquet(staging)
+    frame.withColumn("date", F.date_format(F.col(time_column), "yyyy-MM-dd")).write.partitionBy(
+        "date"
+    ).parquet(staging)
     count = 0
     for date_dir in sorted(os.listdir(staging)):
         if not date_dir.startswith("date="):
@@ -97,9 +99,7 @@ def generate_export(spark: SparkSession, out: str, log_rows: int) -> None:
         F.lit(1).cast("long").alias("term"),
         F.lit("placeholder").alias("kind"),
         (1 + id_ / 100_000).cast("long").alias("epoch"),
-        F.concat(F.lit("level_zero/data/000/"), (id_ / 10).cast("long").cast("string")).alias(
-            "object_key"
-        ),
+        F.concat(F.lit("level_zero/data/000/"), (id_ / 10).cast("long").cast("string")).alias("object_key"),
         ((id_ / PARTITIONS).cast("long") * 10).alias("base_offset"),
         F.lit(10).cast("long").alias("record_count"),
         (1000 + id_ % 500).alias("byte_length"),
@@ -115,10 +115,14 @@ def generate_export(spark: SparkSession, out: str, log_rows: int) -> None:
         F.lit(10).cast("long").alias("extents"),
     )
     _spark_to_export(l0, out, "l0_objects", "created_at")
-    deletions = spark.range(objects, numPartitions=n_parts).where(id_ % 10 != 0).select(
-        F.concat(F.lit("k"), id_.cast("string")).alias("key"),
-        (F.lit(START_AT + 200) + id_ * 0.01 + id_ % 7 * 5).alias("deleted_at"),
-        (id_ / 10_000).cast("long").alias("deleted_at_m"),
+    deletions = (
+        spark.range(objects, numPartitions=n_parts)
+        .where(id_ % 10 != 0)
+        .select(
+            F.concat(F.lit("k"), id_.cast("string")).alias("key"),
+            (F.lit(START_AT + 200) + id_ * 0.01 + id_ % 7 * 5).alias("deleted_at"),
+            (id_ / 10_000).cast("long").alias("deleted_at_m"),
+        )
     )
     _spark_to_export(deletions, out, "l0_deletions", "deleted_at")
     rounds = max(1, log_rows // 5_000)
@@ -180,12 +184,16 @@ def _floor(spark: SparkSession, out: str) -> None:
 
     age = F.unix_micros("deleted_at") - F.unix_micros("created_at")
     table("l0_objects").join(table("l0_deletions"), "key", "left").agg(
-        F.count(F.lit(1)), F.sum("size"), F.count("deleted_at"),
-        F.percentile_approx(age / MICROS_PER_S, [0.5, 0.9, 0.99], 10_000), F.max(age),
+        F.count(F.lit(1)),
+        F.sum("size"),
+        F.count("deleted_at"),
+        F.percentile_approx(age / MICROS_PER_S, [0.5, 0.9, 0.99], 10_000),
+        F.max(age),
     ).collect()
     bucket = F.floor(F.unix_micros("appended_at") / (MICROS_PER_S * FLOOR_BUCKET_S))
     (
-        table("log_entries").where(F.col("kind") == "placeholder")
+        table("log_entries")
+        .where(F.col("kind") == "placeholder")
         .groupBy(bucket.alias("b"))
         .agg(F.sum("record_count"), F.sum("byte_length"))
         .orderBy("b")
@@ -214,13 +222,17 @@ async def fill_records(data_dir: Path, records: int) -> None:
     from levelzero.daemon.service import running_daemon
 
     assert records % (RECORDS_PER_PRODUCE * RECORD_PARTITIONS) == 0
-    config = load_config(None, environ={}, overrides={
-        ("storage", "data_dir"): str(data_dir),
-        ("server", "listen"): "127.0.0.1:0",
-        ("batcher", "linger_ms"): 5.0,
-        ("node", "epoch_bump_interval_s"): 0.0,
-        ("gc", "enabled"): False,
-    })
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            ("storage", "data_dir"): str(data_dir),
+            ("server", "listen"): "127.0.0.1:0",
+            ("batcher", "linger_ms"): 5.0,
+            ("node", "epoch_bump_interval_s"): 0.0,
+            ("gc", "enabled"): False,
+        },
+    )
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
         await client.create_topic(RECORDS_TOPIC, RECORD_PARTITIONS)
         for batch in range(records // RECORDS_PER_PRODUCE):
@@ -311,6 +323,7 @@ async def run(settings: Settings) -> list[Figure]:
             seconds: list[float] = []
             tables = 0
             for i in range(rounds):
+
                 def sut() -> float:
                     nonlocal tables
                     report_dir = str(root / f"report-{i}")  # noqa: B023 - sut runs in this round
@@ -352,8 +365,7 @@ async def run(settings: Settings) -> list[Figure]:
                 "result_tables": tables,
                 "analysis_s": seconds,
                 "driver_jvm_peak_rss_bytes": jvm_peak,
-                "driver_python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                * 1024,
+                "driver_python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             },
         ),
         records,

@@ -150,8 +150,15 @@ async def run(settings: Settings) -> list[Figure]:
         runs = [p[index] for p in pairs]
         return {
             name: sum(getattr(r, name) for r in runs)
-            for name in ("produces", "failed_produces", "fences", "rejections", "retries",
-                         "epoch_bumps", "objects")
+            for name in (
+                "produces",
+                "failed_produces",
+                "fences",
+                "rejections",
+                "retries",
+                "epoch_bumps",
+                "objects",
+            )
         }
 
     notes = {

@@ -97,15 +97,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per figure")
     parser.add_argument("--seconds", type=float, default=None, help="per timed measurement")
     parser.add_argument(
-        "--out", "--results", dest="results", default=None, metavar="FILE",
+        "--out",
+        "--results",
+        dest="results",
+        default=None,
+        metavar="FILE",
         help=f"write the results as JSON to FILE (e.g. {DEFAULT_RESULTS}); default: not written",
     )
     parser.add_argument(
-        "--markdown", default=None, metavar="PATH",
+        "--markdown",
+        default=None,
+        metavar="PATH",
         help="rewrite the generated figures section of this Markdown file (e.g. BENCHMARKS.md)",
     )
     parser.add_argument(
-        "--loop", choices=LOOP_CHOICES, default="auto",
+        "--loop",
+        choices=LOOP_CHOICES,
+        default="auto",
         help="event loop (auto: uvloop when installed, else asyncio)",
     )
     parser.add_argument("--dir", default=None, help="directory for stores (default: a temp dir)")
@@ -126,9 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    if (args.rounds is not None and args.rounds < 1) or (
-        args.seconds is not None and args.seconds <= 0
-    ):
+    if (args.rounds is not None and args.rounds < 1) or (args.seconds is not None and args.seconds <= 0):
         print("--rounds must be >= 1 and --seconds > 0", file=sys.stderr)
         return 2
     selected = [n for group in args.only for n in group] if args.only else list(ITEM_NAMES)
@@ -292,8 +298,10 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
     """The generated section. With `previous` (the section as it was), the rows of items this
     run did not measure are kept, in place, and the run they came from is named."""
     m = results["machine"]
-    measured = (f"Measured {results['started_at']} with `{results['command']}` "
-                f"({results['duration_s']:.0f} s, event loop {results['loop']}).")
+    measured = (
+        f"Measured {results['started_at']} with `{results['command']}` "
+        f"({results['duration_s']:.0f} s, event loop {results['loop']})."
+    )
     fresh = _rows(results)
     table: list[str] = []
     kept_from: list[str] = []

@@ -145,8 +145,9 @@ async def _settled(daemon: _Daemon, live: int) -> None:
 async def _failover_pairs(
     root: Path, env: dict[str, str], rounds: int, ttl_s: float
 ) -> list[tuple[float, float]]:
-    daemons = [_Daemon(f"n{i + 1}", root, {**env, "LEVELZERO_CLUSTER_LEASE_TTL_S": str(ttl_s)})
-               for i in range(NODES)]
+    daemons = [
+        _Daemon(f"n{i + 1}", root, {**env, "LEVELZERO_CLUSTER_LEASE_TTL_S": str(ttl_s)}) for i in range(NODES)
+    ]
     try:
         await _start(daemons)
         await _create(daemons[0], TOPIC, PARTITIONS)
@@ -185,8 +186,9 @@ async def _stale_move(daemons: list[_Daemon]) -> tuple[float, float]:
     async with httpx.AsyncClient(trust_env=False, timeout=10.0, follow_redirects=True) as http:
         for partition in range(1, PARTITIONS):  # every node has loaded its cache (then it ages)
             path = f"/v1/topics/{TOPIC}/partitions/{partition}/records"
-            response = await http.post(daemons[0].url + path, headers=_HEADERS,
-                                       content=b'{"records": [{"value": "d2FybQ=="}]}')
+            response = await http.post(
+                daemons[0].url + path, headers=_HEADERS, content=b'{"records": [{"value": "d2FybQ=="}]}'
+            )
             assert response.status_code == 200, response.text
     rejected_before = await _stale_rejections(survivors)
     before: list[float] = []
@@ -201,8 +203,11 @@ async def _stale_move(daemons: list[_Daemon]) -> tuple[float, float]:
                 while True:  # until acknowledged, through the nodes that are up
                     target = random.choice(survivors if moved_at else daemons)
                     try:
-                        response = await http.post(target.url + _RECORDS_PATH, headers=_HEADERS,
-                                                   content=b'{"records": [{"value": "c3RhbGU="}]}')
+                        response = await http.post(
+                            target.url + _RECORDS_PATH,
+                            headers=_HEADERS,
+                            content=b'{"records": [{"value": "c3RhbGU="}]}',
+                        )
                         if response.status_code == 200:
                             break
                     except httpx.HTTPError:
@@ -236,14 +241,19 @@ async def _stale_rounds(root: Path, env: dict[str, str], mode: str, rounds: int)
     # moves to has a cache STALE_CACHE_TTL_S old.
     fresh = preferred_leader(f"{TOPIC}/0", names)
     daemons = [
-        _Daemon(name, root, {
-            **env, "LEVELZERO_NODE_FENCING_MODE": mode,
-            "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": str(
-                FRESH_CACHE_TTL_S if name == fresh else STALE_CACHE_TTL_S
-            ),
-            "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": str(STALE_BUMP_S),
-            "LEVELZERO_CLUSTER_LEASE_TTL_S": str(STALE_LEASE_TTL_S),
-        })
+        _Daemon(
+            name,
+            root,
+            {
+                **env,
+                "LEVELZERO_NODE_FENCING_MODE": mode,
+                "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": str(
+                    FRESH_CACHE_TTL_S if name == fresh else STALE_CACHE_TTL_S
+                ),
+                "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": str(STALE_BUMP_S),
+                "LEVELZERO_CLUSTER_LEASE_TTL_S": str(STALE_LEASE_TTL_S),
+            },
+        )
         for name in names
     ]
     try:
@@ -303,10 +313,12 @@ async def _records_per_s(daemons: list[_Daemon], seconds: float) -> float:
     return stored / (time.monotonic() - started)
 
 
-async def _throughput_pairs(root: Path, env: dict[str, str], cycles: int, seconds: float
-                            ) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    daemons = [_Daemon(f"t{i + 1}", root, {**env, "LEVELZERO_CLUSTER_LEASE_TTL_S": "2"})
-               for i in range(NODES)]
+async def _throughput_pairs(
+    root: Path, env: dict[str, str], cycles: int, seconds: float
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    daemons = [
+        _Daemon(f"t{i + 1}", root, {**env, "LEVELZERO_CLUSTER_LEASE_TTL_S": "2"}) for i in range(NODES)
+    ]
     two: list[tuple[float, float]] = []
     three: list[tuple[float, float]] = []
     try:
@@ -338,9 +350,13 @@ async def run(settings: Settings) -> list[Figure]:
             async with moto_server(root) as s3_url:
                 import boto3
 
-                boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1",
-                             aws_access_key_id="bench", aws_secret_access_key="bench",  # noqa: S106 - moto's
-                             ).create_bucket(Bucket=BUCKET)
+                boto3.client(
+                    "s3",
+                    endpoint_url=s3_url,
+                    region_name="us-east-1",
+                    aws_access_key_id="bench",
+                    aws_secret_access_key="bench",  # noqa: S106 - moto's
+                ).create_bucket(Bucket=BUCKET)
                 env = {
                     **{k: v for k, v in os.environ.items() if not k.startswith("LEVELZERO_")},
                     "LEVELZERO_CONTROL_KIND": "postgres",
@@ -365,12 +381,21 @@ async def run(settings: Settings) -> list[Figure]:
                 two, three = await _throughput_pairs(root, env, settings.pick(2, 1), settings.pick(4.0, 1.0))
         finally:
             server.close()
-    stale_notes = {"nodes": NODES, "epoch_cache_ttl_s": STALE_CACHE_TTL_S,
-                   "leader_epoch_cache_ttl_s": FRESH_CACHE_TTL_S,
-                   "epoch_bump_interval_s": STALE_BUMP_S, "window_s": STALE_WINDOW_S,
-                   "probe_s": STALE_PROBE_S, "lease_ttl_s": STALE_LEASE_TTL_S}
-    throughput_notes = {"partitions": THROUGHPUT_PARTITIONS, "producers": THROUGHPUT_PRODUCERS,
-                        "records_per_request": THROUGHPUT_BATCH, "value_bytes": THROUGHPUT_VALUE_BYTES}
+    stale_notes = {
+        "nodes": NODES,
+        "epoch_cache_ttl_s": STALE_CACHE_TTL_S,
+        "leader_epoch_cache_ttl_s": FRESH_CACHE_TTL_S,
+        "epoch_bump_interval_s": STALE_BUMP_S,
+        "window_s": STALE_WINDOW_S,
+        "probe_s": STALE_PROBE_S,
+        "lease_ttl_s": STALE_LEASE_TTL_S,
+    }
+    throughput_notes = {
+        "partitions": THROUGHPUT_PARTITIONS,
+        "producers": THROUGHPUT_PRODUCERS,
+        "records_per_request": THROUGHPUT_BATCH,
+        "value_bytes": THROUGHPUT_VALUE_BYTES,
+    }
     return [
         figure(
             ITEM,
@@ -382,12 +407,40 @@ async def run(settings: Settings) -> list[Figure]:
             floor_label="lease TTL",
             notes={"nodes": NODES, "partitions": PARTITIONS, "probe_s": PROBE_S, "lease_ttl_s": ttl_s},
         ),
-        figure(ITEM, "write stall after a move to a node with a stale epoch cache", "s", stale,
-               sut_label="windowed", floor_label="strict", notes=stale_notes),
-        figure(ITEM, "stale-epoch rejections in that move", "rejections", rejections,
-               sut_label="windowed", floor_label="strict", notes=stale_notes),
-        figure(ITEM, "produce throughput, 2 nodes vs 1 (shared CPUs)", "records/s", two,
-               sut_label="2 nodes", floor_label="1 node", notes=throughput_notes),
-        figure(ITEM, "produce throughput, 3 nodes vs 1 (shared CPUs)", "records/s", three,
-               sut_label="3 nodes", floor_label="1 node", notes=throughput_notes),
+        figure(
+            ITEM,
+            "write stall after a move to a node with a stale epoch cache",
+            "s",
+            stale,
+            sut_label="windowed",
+            floor_label="strict",
+            notes=stale_notes,
+        ),
+        figure(
+            ITEM,
+            "stale-epoch rejections in that move",
+            "rejections",
+            rejections,
+            sut_label="windowed",
+            floor_label="strict",
+            notes=stale_notes,
+        ),
+        figure(
+            ITEM,
+            "produce throughput, 2 nodes vs 1 (shared CPUs)",
+            "records/s",
+            two,
+            sut_label="2 nodes",
+            floor_label="1 node",
+            notes=throughput_notes,
+        ),
+        figure(
+            ITEM,
+            "produce throughput, 3 nodes vs 1 (shared CPUs)",
+            "records/s",
+            three,
+            sut_label="3 nodes",
+            floor_label="1 node",
+            notes=throughput_notes,
+        ),
     ]

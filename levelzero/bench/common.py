@@ -166,9 +166,7 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered))))]
 
 
-async def closed_loop(
-    callers: int, seconds: float, call: Callable[[int], Awaitable[object]]
-) -> float:
+async def closed_loop(callers: int, seconds: float, call: Callable[[int], Awaitable[object]]) -> float:
     """Calls per CPU second of `callers` tasks each calling `call(i)` back to back for `seconds`
     of wall time. CPU time, not wall time: everything runs on this one thread, and the figure
     must not depend on what else the machine is running."""
@@ -268,9 +266,7 @@ async def moto_server(log_dir: Path) -> AsyncIterator[str]:
     moto.server` runs it, plus a setup endpoint that creates many objects at once). Started and
     stopped on a worker thread: the event loop keeps running meanwhile."""
     stack = contextlib.ExitStack()
-    url = await anyio.to_thread.run_sync(
-        lambda: stack.enter_context(moto_process(log_dir / "moto.log"))
-    )
+    url = await anyio.to_thread.run_sync(lambda: stack.enter_context(moto_process(log_dir / "moto.log")))
     try:
         yield url
     finally:
@@ -313,9 +309,7 @@ async def raw_s3_client(url: str, pool: int = 64) -> AsyncIterator[Any]:
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
-    config = AioConfig(
-        region_name="us-east-1", s3={"addressing_style": "path"}, max_pool_connections=pool
-    )
+    config = AioConfig(region_name="us-east-1", s3={"addressing_style": "path"}, max_pool_connections=pool)
     async with get_session().create_client(
         "s3",
         endpoint_url=url,

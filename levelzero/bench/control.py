@@ -119,9 +119,14 @@ class _Shape(msgspec.Struct, frozen=True):
     appends: float
 
 
-async def actor_placeholders(store: Any, seconds: float, topic: str = "bench", *,
-                             start_at: float | None = None, catalog: bool = False,
-                             ) -> tuple[float, _Shape, list[float]]:
+async def actor_placeholders(
+    store: Any,
+    seconds: float,
+    topic: str = "bench",
+    *,
+    start_at: float | None = None,
+    catalog: bool = False,
+) -> tuple[float, _Shape, list[float]]:
     """Placeholders/s through PartitionActors on `store`, its commits' shape, and every
     append call's duration. `start_at`: a wall-clock time to start at (several processes
     measure together); `catalog`: L0 catalog rows are recorded back to back meanwhile, as a
@@ -207,9 +212,7 @@ async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, second
                         log_rows.append((pid, offset, *row[2:]))
                     next_offset[pid] = first + count
                 async with connection.transaction():
-                    answer = await connection.fetch(
-                        APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
-                    )
+                    answer = await connection.fetch(APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11))
                 assert all(r["accepted"] for r in answer), answer
                 done += len(log_rows)
         finally:
@@ -248,9 +251,11 @@ async def nodes_placeholders(dsn: str, nodes: int, seconds: float) -> float:
     limiter = anyio.CapacityLimiter(nodes)
 
     async def one(k: int) -> None:
-        rates.append(await anyio.to_process.run_sync(
-            _node, dsn, f"node{k}-{uuid.uuid4().hex[:8]}", seconds, start_at, limiter=limiter
-        ))
+        rates.append(
+            await anyio.to_process.run_sync(
+                _node, dsn, f"node{k}-{uuid.uuid4().hex[:8]}", seconds, start_at, limiter=limiter
+            )
+        )
 
     async with anyio.create_task_group() as tg:
         for k in range(nodes):
@@ -327,15 +332,26 @@ async def run(settings: Settings) -> list[Figure]:
                 ),
             },
         ),
-        figure(ITEM, "log store commit latency p50 (one append call), PostgreSQL vs SQLite",
-               "ms", p50, sut_label="postgres", floor_label="sqlite",
-               notes={"appends": [len(pg) for pg, _ in latencies]}),
-        figure(ITEM, "log store commit latency p99 (one append call), PostgreSQL vs SQLite",
-               "ms", p99, sut_label="postgres", floor_label="sqlite"),
         figure(
             ITEM,
-            f"placeholders/s of {NODES} nodes vs 1 on one PostgreSQL (a process each, with L0 "
-            "catalog rows)",
+            "log store commit latency p50 (one append call), PostgreSQL vs SQLite",
+            "ms",
+            p50,
+            sut_label="postgres",
+            floor_label="sqlite",
+            notes={"appends": [len(pg) for pg, _ in latencies]},
+        ),
+        figure(
+            ITEM,
+            "log store commit latency p99 (one append call), PostgreSQL vs SQLite",
+            "ms",
+            p99,
+            sut_label="postgres",
+            floor_label="sqlite",
+        ),
+        figure(
+            ITEM,
+            f"placeholders/s of {NODES} nodes vs 1 on one PostgreSQL (a process each, with L0 catalog rows)",
             "rows/s",
             scaling,
             sut_label=f"{NODES} nodes",
@@ -346,4 +362,3 @@ async def run(settings: Settings) -> list[Figure]:
             },
         ),
     ]
-

@@ -57,9 +57,7 @@ def make_record(log_offset: int) -> LogRecord:
     return LogRecord(log_offset=log_offset, term=1, base_offset=log_offset * 10, entry=entry)
 
 
-async def raw_rows_per_s(
-    path: Path, batch: int, seconds: float, synchronous: str = "FULL"
-) -> float:
+async def raw_rows_per_s(path: Path, batch: int, seconds: float, synchronous: str = "FULL") -> float:
     """Rows/s for executemany(batch rows) + commit in a loop, rows encoded up front."""
     setup = await aiosqlite.connect(path, isolation_level=None)
     await setup.execute("PRAGMA journal_mode = WAL")
@@ -195,9 +193,7 @@ async def run(settings: Settings) -> list[Figure]:
             raw = await raw_rows_per_s(root / f"raw-{i}.db", batch, seconds)
             # The same actors on a log store that costs nothing: the actor path's own ceiling.
             # Run after the floor, so the SQLite run and its floor stay neighbours either way.
-            memory_rate, _, memory_us = await actor_placeholders(
-                None, PARTITIONS, CALLERS, seconds
-            )
+            memory_rate, _, memory_us = await actor_placeholders(None, PARTITIONS, CALLERS, seconds)
             in_memory.append((memory_rate, memory_us))
             return raw
 

@@ -80,9 +80,7 @@ async def fence_probes(
     store = DroppingLogStore()
     rows = await store.create_topic("bench", partitions, 1, 0.0)
     board = WatermarkBoard()
-    actors = [
-        PartitionActor(row, store, board, record_fence_events=record_fence_events) for row in rows
-    ]
+    actors = [PartitionActor(row, store, board, record_fence_events=record_fence_events) for row in rows]
     async with anyio.create_task_group() as tg:
         for actor in actors:
             await tg.start(actor.run)

@@ -70,9 +70,7 @@ TARGET = Target(0.80)
 
 def make_keys(count: int, rng: random.Random, epochs: Sequence[int] = (1, 2, 3)) -> list[str]:
     return [
-        format_l0_key(
-            rng.randrange(PREFIX_COUNT), rng.choice(epochs), new_uuid(rng.getrandbits(128))
-        )
+        format_l0_key(rng.randrange(PREFIX_COUNT), rng.choice(epochs), new_uuid(rng.getrandbits(128)))
         for _ in range(count)
     ]
 
@@ -108,9 +106,7 @@ async def record_objects(log_store: LogStore, keys: Sequence[str]) -> None:
             tg.start_soon(recorder)
 
 
-def make_gc(
-    store: ObjectStore, log_store: LogStore, board: WatermarkBoard, **config: Any
-) -> GcActor:
+def make_gc(store: ObjectStore, log_store: LogStore, board: WatermarkBoard, **config: Any) -> GcActor:
     settings: dict[str, Any] = {"grace_s": 0.0}
     settings.update(config)
     return GcActor(
@@ -295,9 +291,7 @@ class TimedStore:
     async def head(self, key: str) -> ObjectInfo | None:
         return await self.inner.head(key)
 
-    async def list_page(
-        self, prefix: str, start_after: str | None = None, limit: int = 1000
-    ) -> ListPage:
+    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> ListPage:
         return await self.inner.list_page(prefix, start_after, limit)
 
     async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
@@ -314,9 +308,7 @@ class TimedStore:
         await self.inner.aclose()
 
 
-async def gc_lags(
-    url: str, interval_s: float, backoff_factor: int, steps: int, root: Path
-) -> list[float]:
+async def gc_lags(url: str, interval_s: float, backoff_factor: int, steps: int, root: Path) -> list[float]:
     """Seconds from "eligible" to "deleted" for every object of `steps` steps (catalog rounds:
     the objects are recorded as the batcher records its uploads)."""
     rng = random.Random(int(interval_s * 100) + backoff_factor)
@@ -374,9 +366,7 @@ async def run(settings: Settings) -> list[Figure]:
                     results = []
                     for i in range(rounds):
                         keys = make_keys(count, rng)
-                        results.append(
-                            await throughput_round(url, store, client, keys, i, root)
-                        )
+                        results.append(await throughput_round(url, store, client, keys, i, root))
             lag_pairs: dict[float, list[float]] = {}
             for interval_s in intervals:
                 lag_pairs[interval_s] = await gc_lags(url, interval_s, 1, lag_steps, root)

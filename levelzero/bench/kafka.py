@@ -46,8 +46,13 @@ def make_records(count: int, seed: int) -> list[tuple[int, bytes, bytes]]:
 def kafka_produce(port: int, topic: str, records: list[tuple[int, bytes, bytes]]) -> float:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 5,
-                         "queue.buffering.max.messages": len(records) + 1})
+    producer = Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "linger.ms": 5,
+            "queue.buffering.max.messages": len(records) + 1,
+        }
+    )
     started = time.perf_counter()
     for partition, key, value in records:
         producer.produce(topic, key=key, value=value, partition=partition)
@@ -61,8 +66,14 @@ def kafka_produce(port: int, topic: str, records: list[tuple[int, bytes, bytes]]
 def kafka_fetch(port: int, topic: str, count: int) -> float:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": f"bench-{topic}",
-                         "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": f"bench-{topic}",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
     try:
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
@@ -81,7 +92,9 @@ def kafka_fetch(port: int, topic: str, count: int) -> float:
 
 
 async def http_produce(
-    client, topic: str, records: list[tuple[int, bytes, bytes]]  # noqa: ANN001 - a daemon Client (lazy import)
+    client,  # noqa: ANN001 - a daemon Client (lazy import)
+    topic: str,
+    records: list[tuple[int, bytes, bytes]],
 ) -> float:
     by_partition: dict[int, list[tuple[bytes, bytes]]] = {}
     for partition, key, value in records:
@@ -142,13 +155,17 @@ async def run(settings: Settings) -> list[Figure]:
 
     count = settings.pick(300_000, 6_000)  # a round of ~1 s a side: shorter ones scattered 66-173%
     with work_dir(settings, ITEM) as tmp:
-        config = load_config(None, environ={}, overrides={
-            ("storage", "data_dir"): str(Path(tmp) / "data"),
-            ("server", "listen"): "127.0.0.1:0",
-            ("kafka", "listen"): "127.0.0.1:0",
-            ("batcher", "linger_ms"): 5.0,
-            ("node", "epoch_bump_interval_s"): 0.0,
-        })
+        config = load_config(
+            None,
+            environ={},
+            overrides={
+                ("storage", "data_dir"): str(Path(tmp) / "data"),
+                ("server", "listen"): "127.0.0.1:0",
+                ("kafka", "listen"): "127.0.0.1:0",
+                ("batcher", "linger_ms"): 5.0,
+                ("node", "epoch_bump_interval_s"): 0.0,
+            },
+        )
         async with running_daemon(config) as daemon, Client(daemon.url) as client:
             assert daemon.kafka_port is not None and daemon.url is not None
             port, url = str(daemon.kafka_port), daemon.url
@@ -164,14 +181,36 @@ async def run(settings: Settings) -> list[Figure]:
             pairs = await interleave(settings.rounds, kafka_round, http_round)
     produce_pairs = [(k[0], h[0]) for k, h in pairs]
     fetch_pairs = [(k[1], h[1]) for k, h in pairs]
-    notes = {"records_per_round": count, "partitions": PARTITIONS, "value_bytes": VALUE_BYTES,
-             "key_bytes": KEY_BYTES, "http_callers": HTTP_CALLERS,
-             "http_records_per_request": HTTP_RECORDS_PER_REQUEST, "clients": "child processes"}
+    notes = {
+        "records_per_round": count,
+        "partitions": PARTITIONS,
+        "value_bytes": VALUE_BYTES,
+        "key_bytes": KEY_BYTES,
+        "http_callers": HTTP_CALLERS,
+        "http_records_per_request": HTTP_RECORDS_PER_REQUEST,
+        "clients": "child processes",
+    }
     return [
-        figure(ITEM, "produce: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
-               produce_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
-        figure(ITEM, "fetch: Kafka listener (confluent-kafka) vs HTTP API", "records/s",
-               fetch_pairs, target=TARGET, sut_label="kafka", floor_label="http", notes=notes),
+        figure(
+            ITEM,
+            "produce: Kafka listener (confluent-kafka) vs HTTP API",
+            "records/s",
+            produce_pairs,
+            target=TARGET,
+            sut_label="kafka",
+            floor_label="http",
+            notes=notes,
+        ),
+        figure(
+            ITEM,
+            "fetch: Kafka listener (confluent-kafka) vs HTTP API",
+            "records/s",
+            fetch_pairs,
+            target=TARGET,
+            sut_label="kafka",
+            floor_label="http",
+            notes=notes,
+        ),
     ]
 
 

@@ -18,7 +18,7 @@ def uvloop_available() -> bool:
 
 
 def resolve_loop(choice: str) -> str:
-    """"auto" -> "uvloop" if importable, else "asyncio"; "uvloop" without it is an error."""
+    """ "auto" -> "uvloop" if importable, else "asyncio"; "uvloop" without it is an error."""
     assert choice in LOOP_CHOICES, choice
     if choice == "auto":
         return "uvloop" if uvloop_available() else "asyncio"

@@ -84,10 +84,7 @@ async def drive(records_target: int, seconds_min: float) -> dict[str, Any]:
                 done = anyio.Event()
 
                 def finished() -> bool:
-                    return (
-                        produced >= records_target
-                        and time.perf_counter() - started >= seconds_min
-                    )
+                    return produced >= records_target and time.perf_counter() - started >= seconds_min
 
                 async def sampler() -> None:
                     while not done.is_set():
@@ -178,8 +175,7 @@ def figures_from(result: dict[str, Any]) -> list[Figure]:
             "final_rss_mib": round(samples[-1][1] / mib, 1),
             "last_quarter_median_mib": round(statistics.median(last_quarter) / mib, 1),
             "rss_mib_every_10_percent": [
-                round(samples[min(len(samples) - 1, i * len(samples) // 10)][1] / mib, 1)
-                for i in range(11)
+                round(samples[min(len(samples) - 1, i * len(samples) // 10)][1] / mib, 1) for i in range(11)
             ],
         }
     )
@@ -209,9 +205,15 @@ async def run(settings: Settings) -> list[Figure]:
     records = settings.pick(2_000_000, 50_000)
     seconds_min = settings.pick(120.0, 4.0)
     command = [
-        sys.executable, "-m", "levelzero.bench.memory",
-        "--records", str(records), "--seconds-min", str(seconds_min),
-        "--loop", loop_backend(),
+        sys.executable,
+        "-m",
+        "levelzero.bench.memory",
+        "--records",
+        str(records),
+        "--seconds-min",
+        str(seconds_min),
+        "--loop",
+        loop_backend(),
     ]
     env = dict(os.environ)
     completed = await anyio.run_process(command, env=env, check=False)

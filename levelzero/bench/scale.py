@@ -162,7 +162,7 @@ async def run(settings: Settings) -> list[Figure]:
             # Each run next to its own floor, floor first in even rounds and second in odd
             # ones: this machine's speed drifts by a fifth within a minute, and one floor per
             # round, seconds away from the later runs, made the ratios swing with it.
-            for p, skew in suts[r % len(suts):] + suts[: r % len(suts)]:
+            for p, skew in suts[r % len(suts) :] + suts[: r % len(suts)]:
                 tag = f"{'s' if skew else 'p'}{p}-r{r}"
                 if r % 2 == 0:
                     floor_run = await produce_for(produce_seconds, 1, root, f"{tag}-floor")

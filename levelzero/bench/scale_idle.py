@@ -135,9 +135,7 @@ async def run(settings: Settings) -> list[Figure]:
             assert full is not None and bare is not None
             assert full["partitions"] == partitions and bare["partitions"] == 0, (full, bare)
             runs.append((full, bare))
-    per_partition_kib = [
-        (full["rss_bytes"] - bare["rss_bytes"]) / partitions / 1024 for full, bare in runs
-    ]
+    per_partition_kib = [(full["rss_bytes"] - bare["rss_bytes"]) / partitions / 1024 for full, bare in runs]
     notes = {
         "partitions": partitions,
         "settle_s": SETTLE_S,

@@ -121,9 +121,16 @@ async def run(settings: Settings) -> list[Figure]:
 
 def _totals(summaries: list[Summary]) -> dict[str, float]:
     names = (
-        "seeds", "leadership_changes", "stale_cache_changes", "stale_cache_total_stall_s",
-        "stale_cache_rejections", "total_stall_s", "rejections_after_change",
-        "writes_over_one_retry_after_change", "writes_acked", "stale_rejections",
+        "seeds",
+        "leadership_changes",
+        "stale_cache_changes",
+        "stale_cache_total_stall_s",
+        "stale_cache_rejections",
+        "total_stall_s",
+        "rejections_after_change",
+        "writes_over_one_retry_after_change",
+        "writes_acked",
+        "stale_rejections",
     )
     out: dict[str, float] = {name: sum(getattr(s, name) for s in summaries) for name in names}
     out["max_stall_s"] = max(s.max_stall_s for s in summaries)

@@ -130,8 +130,12 @@ async def produce_rounds(
     rounds = []
     for i in range(args.rounds):
         node = await produce_through_node(
-            node_store(i), Path(f"{db_prefix}-{i}.db"), args.produce_mib,
-            producers=args.producers, records_per_call=args.records, value_bytes=args.value_bytes,
+            node_store(i),
+            Path(f"{db_prefix}-{i}.db"),
+            args.produce_mib,
+            producers=args.producers,
+            records_per_call=args.records,
+            value_bytes=args.value_bytes,
         )
         raw_bytes_s, raw_cpu = await raw_puts(
             raw_put(i), node.mean_object_bytes, node.objects, BatcherConfig().uploads_max

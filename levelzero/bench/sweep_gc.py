@@ -105,8 +105,10 @@ async def main() -> None:
     parser.add_argument("--skip-lag", action="store_true")
     args = parser.parse_args()
 
-    print(f"memory store: one GC round over {args.memory_objects} eligible objects: "
-          f"{await memory_store_round_rate(args.memory_objects):,.0f} objects/s")
+    print(
+        f"memory store: one GC round over {args.memory_objects} eligible objects: "
+        f"{await memory_store_round_rate(args.memory_objects):,.0f} objects/s"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-gc-") as tmp:
         async with moto_server(Path(tmp)) as url:
             async with S3ObjectStore(s3_config(url, BUCKET)):

@@ -59,7 +59,10 @@ async def main() -> None:
                     root / f"single-{tag}.db", batch, args.seconds, args.synchronous, 1
                 )
                 concurrent, per_commit = await store_appends(
-                    root / f"concurrent-{tag}.db", batch, args.seconds, args.synchronous,
+                    root / f"concurrent-{tag}.db",
+                    batch,
+                    args.seconds,
+                    args.synchronous,
                     args.appenders,
                 )
                 singles.append(single)

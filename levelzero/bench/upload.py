@@ -137,9 +137,7 @@ async def raw_puts(
     time, with L0-shaped keys."""
     rng = random.Random(2)
     data = rng.randbytes(size)
-    keys = [
-        format_l0_key(rng.randrange(1000), 1, new_uuid(rng.getrandbits(128))) for _ in range(count)
-    ]
+    keys = [format_l0_key(rng.randrange(1000), 1, new_uuid(rng.getrandbits(128))) for _ in range(count)]
     next_key = 0
 
     async def worker(_: int) -> None:
@@ -190,9 +188,7 @@ async def run(settings: Settings) -> list[Figure]:
                 # Shaped like the node's objects: its last run's mean size and count (the SUT
                 # runs first in round 0, and ABBA keeps the shape fresh).
                 node = nodes[-1]
-                rate, cpu = await raw_puts(
-                    raw_put, node.mean_object_bytes, node.objects, uploads_max
-                )
+                rate, cpu = await raw_puts(raw_put, node.mean_object_bytes, node.objects, uploads_max)
                 raw_cpu.append(cpu)
                 await empty_bucket(s3)
                 return rate / 1e6

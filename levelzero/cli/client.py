@@ -82,8 +82,13 @@ class Client:
         # In a cluster, a node answers a request for a partition it does not lead with a 307 to
         # the leader (method and body kept): followed, a few hops at most.
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport,
-            trust_env=False, follow_redirects=True, max_redirects=REDIRECTS_MAX,
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            trust_env=False,
+            follow_redirects=True,
+            max_redirects=REDIRECTS_MAX,
         )
 
     async def __aenter__(self) -> Client:
@@ -100,7 +105,11 @@ class Client:
     # ------------------------------------------------------------------ plumbing
 
     async def request(
-        self, method: str, path: str, *, body: msgspec.Struct | None = None,
+        self,
+        method: str,
+        path: str,
+        *,
+        body: msgspec.Struct | None = None,
         params: dict[str, int | str] | None = None,
     ) -> httpx.Response:
         content = None if body is None else _encoder.encode(body)

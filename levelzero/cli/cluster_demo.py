@@ -50,8 +50,9 @@ STOP_TIMEOUT_S = 40.0
 PROGRESS_INTERVAL_S = 5.0
 QUIESCE_S_MAX = 120.0
 RETRY_PAUSE_S = 0.05
-RETRIABLE = frozenset({"not_leader", "unreachable", "timeout", "shutting_down", "storage_error",
-                       "http_error", "unavailable"})
+RETRIABLE = frozenset(
+    {"not_leader", "unreachable", "timeout", "shutting_down", "storage_error", "http_error", "unavailable"}
+)
 # Background work made brisk, so that quiescence comes within seconds of the load stopping.
 BRISK = {
     "LEVELZERO_BATCHER_LINGER_MS": "10",
@@ -79,7 +80,9 @@ class ClusterNodeProcess:
         self.data_dir = root / name
         self.log_path = root / f"{name}.log"
         self.env = {
-            **env, "LEVELZERO_CLUSTER_NODE_ID": name, "LEVELZERO_CLUSTER_ADVERTISE_URL": self.url,
+            **env,
+            "LEVELZERO_CLUSTER_NODE_ID": name,
+            "LEVELZERO_CLUSTER_ADVERTISE_URL": self.url,
         }
         if kafka:
             self.env["LEVELZERO_KAFKA_LISTEN"] = f"127.0.0.1:{self.kafka_port}"
@@ -88,9 +91,19 @@ class ClusterNodeProcess:
     def start(self) -> None:
         with self.log_path.open("ab") as log_file:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "levelzero.cli", "run", "--data-dir",
-                 str(self.data_dir), "--listen", f"127.0.0.1:{self.port}"],
-                stdout=log_file, stderr=subprocess.STDOUT, env=self.env,
+                [
+                    sys.executable,
+                    "-m",
+                    "levelzero.cli",
+                    "run",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
             )
 
     async def ready(self) -> None:
@@ -99,16 +112,20 @@ class ClusterNodeProcess:
             while time.monotonic() < deadline:
                 if self.proc is None or self.proc.poll() is not None:
                     code = None if self.proc is None else self.proc.returncode
-                    raise DemoFailed(f"node {self.name} exited (status {code}); the end of its log, "
-                                     f"{self.log_path}:\n{self.log_tail()}")
+                    raise DemoFailed(
+                        f"node {self.name} exited (status {code}); the end of its log, "
+                        f"{self.log_path}:\n{self.log_tail()}"
+                    )
                 try:
                     if (await http.get(f"{self.url}/readyz")).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
                 await anyio.sleep(0.1)
-        raise DemoFailed(f"node {self.name} not ready within {START_TIMEOUT_S:g} s; the end of its log, "
-                         f"{self.log_path}:\n{self.log_tail()}")
+        raise DemoFailed(
+            f"node {self.name} not ready within {START_TIMEOUT_S:g} s; the end of its log, "
+            f"{self.log_path}:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 25) -> str:
         """The last lines of this node's log (what a failure message shows)."""
@@ -156,8 +173,13 @@ class ClusterDemoSummary:
 
     @property
     def ok(self) -> bool:
-        return (self.failure is None and self.twice == 0 and self.mismatched == 0
-                and self.l0_left == 0 and self.acked_writes > 0)
+        return (
+            self.failure is None
+            and self.twice == 0
+            and self.mismatched == 0
+            and self.l0_left == 0
+            and self.acked_writes > 0
+        )
 
 
 def _l0_objects(objects: Path) -> int:
@@ -189,8 +211,11 @@ async def run_cluster_demo(
         "LEVELZERO_CLUSTER_LEASE_TTL_S": str(LEASE_TTL_S),
     }
     members = [ClusterNodeProcess(f"n{i + 1}", root, env) for i in range(nodes)]
-    print(f"levelzero demo: {nodes} nodes, PostgreSQL at {server.dsn(password=None)}, objects in "
-          f"{objects}, lease TTL {LEASE_TTL_S:g} s", file=out)
+    print(
+        f"levelzero demo: {nodes} nodes, PostgreSQL at {server.dsn(password=None)}, objects in "
+        f"{objects}, lease TTL {LEASE_TTL_S:g} s",
+        file=out,
+    )
     try:
         await _run(members, summary, duration_s, producers, objects, out)
     except DemoFailed as exc:
@@ -208,8 +233,12 @@ async def run_cluster_demo(
 
 
 async def _run(
-    members: list[ClusterNodeProcess], summary: ClusterDemoSummary, duration_s: float, producers: int,
-    objects: Path, out: TextIO,
+    members: list[ClusterNodeProcess],
+    summary: ClusterDemoSummary,
+    duration_s: float,
+    producers: int,
+    objects: Path,
+    out: TextIO,
 ) -> None:
     for member in members:
         member.start()
@@ -256,9 +285,12 @@ async def _run(
         while not stop.is_set():
             with anyio.move_on_after(PROGRESS_INTERVAL_S):
                 await stop.wait()
-            print(f"  {time.monotonic() - started:5.1f} s: {summary.acked_writes} writes "
-                  f"acknowledged, {summary.retried} retried, nodes up {sorted(up)}", file=out,
-                  flush=True)
+            print(
+                f"  {time.monotonic() - started:5.1f} s: {summary.acked_writes} writes "
+                f"acknowledged, {summary.retried} retried, nodes up {sorted(up)}",
+                file=out,
+                flush=True,
+            )
 
     def event(text: str) -> None:
         summary.events.append(text)
@@ -308,8 +340,11 @@ async def _run(
                 summary.read_back += 1
                 if offset >= len(stored) or stored[offset] != value:
                     summary.mismatched += 1
-    print(f"  every acknowledged record read back through each of {len(members)} nodes: "
-          f"{summary.mismatched} mismatched", file=out)
+    print(
+        f"  every acknowledged record read back through each of {len(members)} nodes: "
+        f"{summary.mismatched} mismatched",
+        file=out,
+    )
     deadline = time.monotonic() + QUIESCE_S_MAX
     while (left := _l0_objects(objects)) and time.monotonic() < deadline:
         await anyio.sleep(0.5)

@@ -27,7 +27,14 @@ from levelzero.cli.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
 from levelzero.daemon.logs import configure_logging
 from levelzero.cli.formats import (
-    _cell, _json_out, _print_record, format_explanation, format_round, format_status, plural, table,
+    _cell,
+    _json_out,
+    _print_record,
+    format_explanation,
+    format_round,
+    format_status,
+    plural,
+    table,
 )
 
 
@@ -152,10 +159,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if args.data_dir is not None:
             _fail("--data-dir is for the one-node demo; the cluster demo keeps its data with --keep")
             return EXIT_USAGE
-        cluster = anyio.run(lambda: run_cluster_demo(
-            nodes=args.nodes, duration_s=args.duration, producers=args.producers,
-            keep=args.keep, out=sys.stdout,
-        ))
+        cluster = anyio.run(
+            lambda: run_cluster_demo(
+                nodes=args.nodes,
+                duration_s=args.duration,
+                producers=args.producers,
+                keep=args.keep,
+                out=sys.stdout,
+            )
+        )
         if cluster.failure is not None and cluster.acked_writes == 0 and "PostgreSQL" in cluster.failure:
             return EXIT_USAGE
         return EXIT_OK if cluster.ok else EXIT_FAILED
@@ -199,8 +211,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
         _fail(str(exc))
         return EXIT_FAILED
     m = summary.manifest
-    facts = (f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "
-             f"schema {m['schema_version']}, taken {m['taken_at']} by levelzero {m['levelzero_version']}")
+    facts = (
+        f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "
+        f"schema {m['schema_version']}, taken {m['taken_at']} by levelzero {m['levelzero_version']}"
+    )
     if args.backup_command == "backup":
         print(f"backed up {data_dir} to {summary.directory}: {facts}")
         print("objects are not in a backup: they stay in the object store")
@@ -226,8 +240,10 @@ def _recover(config: Any, *, after_restore: bool) -> int:
             raise
         for message in dict.fromkeys(str(leaf) for leaf in leaves):
             if after_restore:
-                message = (f"the log store is restored, but adopting the bucket's L1 objects failed: "
-                           f"{message}; run `levelzero recover --from-bucket` before starting the daemon")
+                message = (
+                    f"the log store is restored, but adopting the bucket's L1 objects failed: "
+                    f"{message}; run `levelzero recover --from-bucket` before starting the daemon"
+                )
             _fail(message)
         return EXIT_FAILED
     for line in describe_recovery(summary):
@@ -462,8 +478,11 @@ async def _produce(args: argparse.Namespace, client: Client) -> None:
             f"produced {plural(done.records, 'record')} to {args.topic}/{args.partition} at offsets "
             f"{done.first}..{done.last}"
             + (f"; skipped {plural(records.skipped, 'malformed line')}" if records.skipped else "")
-            + (f"; {plural(done.overtaken, 'request')} overtook an earlier one (--in-flight > 1)"
-               if done.overtaken else "")
+            + (
+                f"; {plural(done.overtaken, 'request')} overtook an earlier one (--in-flight > 1)"
+                if done.overtaken
+                else ""
+            )
         )
     if records.malformed is not None:
         raise CommandFailed(f"{records.malformed}; stopped there (--skip-malformed skips such lines)")
@@ -473,9 +492,14 @@ async def _produce(args: argparse.Namespace, client: Client) -> None:
 
 def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input) -> dict[str, Any]:
     return {
-        "topic": args.topic, "partition": args.partition, "records": done.records,
-        "requests": done.requests, "first_offset": done.first, "last_offset": done.last,
-        "skipped_lines": records.skipped, "overtaken_requests": done.overtaken,
+        "topic": args.topic,
+        "partition": args.partition,
+        "records": done.records,
+        "requests": done.requests,
+        "first_offset": done.first,
+        "last_offset": done.last,
+        "skipped_lines": records.skipped,
+        "overtaken_requests": done.overtaken,
     }
 
 
@@ -526,8 +550,11 @@ async def _status(args: argparse.Namespace, client: Client) -> None:
 
 async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:
     epoch = await client.advance_epoch()
-    print(msgspec.json.encode({"cluster_epoch": epoch}).decode() if args.json
-          else f"cluster epoch is now {epoch}")
+    print(
+        msgspec.json.encode({"cluster_epoch": epoch}).decode()
+        if args.json
+        else f"cluster epoch is now {epoch}"
+    )
 
 
 async def _gc_run(args: argparse.Namespace, client: Client) -> None:
@@ -643,12 +670,18 @@ def _bench(argv: list[str]) -> int:
 
 
 TOOLS: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "sim": (_tool("sim", "levelzero.sim.cli", "main"),
-            "seeded simulation with fault injection (levelzero sim --help)"),
-    "export": (_tool("export", "levelzero.export.cli", "export_main"),
-               "export the store to Parquet (levelzero export --help)"),
-    "analyze": (_tool("analyze", "levelzero.export.cli", "analyze_main"),
-                "analyse exports with PySpark (levelzero analyze --help)"),
+    "sim": (
+        _tool("sim", "levelzero.sim.cli", "main"),
+        "seeded simulation with fault injection (levelzero sim --help)",
+    ),
+    "export": (
+        _tool("export", "levelzero.export.cli", "export_main"),
+        "export the store to Parquet (levelzero export --help)",
+    ),
+    "analyze": (
+        _tool("analyze", "levelzero.export.cli", "analyze_main"),
+        "analyse exports with PySpark (levelzero analyze --help)",
+    ),
     "bench": (_bench, "run the benchmark suite"),
 }
 
@@ -664,10 +697,19 @@ async def _cluster(args: argparse.Namespace, client: Client) -> None:
     rows = [("NODE", "URL", "STATE", "LEADS", "LEASE")]
     for n in info.nodes:
         state = ("draining" if n.draining else "live") if n.live else "expired"
-        rows.append((n.node_id + (" *" if n.node_id == info.node_id else ""), n.advertise_url, state,
-                     str(n.partitions_led), f"{n.lease_expires_in_s:+.1f}s"))
+        rows.append(
+            (
+                n.node_id + (" *" if n.node_id == info.node_id else ""),
+                n.advertise_url,
+                state,
+                str(n.partitions_led),
+                f"{n.lease_expires_in_s:+.1f}s",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    print(f"{info.partitions_total} partitions, {info.partitions_without_leader} without a live leader"
-          " (* answered)")
+    print(
+        f"{info.partitions_total} partitions, {info.partitions_without_leader} without a live leader"
+        " (* answered)"
+    )

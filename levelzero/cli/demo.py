@@ -327,7 +327,8 @@ async def _progress(client: Client, workload: _Workload, started: float, out: Te
         print(
             f"  {anyio.current_time() - started:4.0f} s: {workload.produced} records acknowledged, "
             f"epoch {status.cluster_epoch}, {status.batcher.objects_uploaded} L0 objects",
-            file=out, flush=True,
+            file=out,
+            flush=True,
         )
 
 
@@ -467,7 +468,8 @@ async def _quiesce(client: Client, store: ObjectStore, out: TextIO) -> tuple[int
             f"  quiescence round {rounds}: epoch {epoch}, M {report.m}, deleted {report.deleted}"
             + (f", {report.too_young} too young" if report.too_young else "")
             + f", {left} L0 objects left",
-            file=out, flush=True,
+            file=out,
+            flush=True,
         )
         if left and report.too_young:
             await anyio.sleep(GC_GRACE_S)  # let the young ones age past the grace period
@@ -528,7 +530,8 @@ async def run_demo(
                 print(
                     f"producing for {duration_s:.0f} s with {producers} producers on {partitions} "
                     f"partitions, advancing the epoch every {bump_interval_s:.1f} s",
-                    file=out, flush=True,
+                    file=out,
+                    flush=True,
                 )
                 started = anyio.current_time()
                 async with anyio.create_task_group() as sampler:
@@ -538,9 +541,7 @@ async def run_demo(
                         background.start_soon(_progress, client, workload, started, out)
                         async with anyio.create_task_group() as load:
                             for producer in range(producers):
-                                load.start_soon(
-                                    workload.producer, producer, targets, started + duration_s
-                                )
+                                load.start_soon(workload.producer, producer, targets, started + duration_s)
                         background.cancel_scope.cancel()
                     print("in-flight old-epoch scenarios ...", file=out, flush=True)
                     summary.scenarios = await _scenarios(client, daemon.node, gates[0], workload)
@@ -549,7 +550,8 @@ async def run_demo(
                     print(
                         "quiescence: advance the epoch, reconcile, housekeep, GC until no L0 "
                         "object is left ...",
-                        file=out, flush=True,
+                        file=out,
+                        flush=True,
                     )
                     summary.quiesce_rounds, summary.l0_left = await _quiesce(client, gates[0], out)
                     print(f"L0 objects left: {summary.l0_left}", file=out, flush=True)

@@ -104,9 +104,9 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
         if last is not None:
             kind = "dry run" if last.dry_run else "round"
             outcome = (
-                f"blocked by {', '.join(last.blocked_by[:3])}" if last.m is None
-                else f"M {last.m}, deleted {last.deleted}, too young {last.too_young}, "
-                f"errors {last.errors}"
+                f"blocked by {', '.join(last.blocked_by[:3])}"
+                if last.m is None
+                else f"M {last.m}, deleted {last.deleted}, too young {last.too_young}, errors {last.errors}"
             )
             line += f"; last {kind} #{last.round_id} {_ago(last.finished_at)}: {outcome}"
         lines.append(line)
@@ -143,8 +143,21 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         *_outlier_lines(status),
         "",
     ]
-    header = ("PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM", "LAG", "L1",
-              "START", "SLIDES", "STALE")
+    header = (
+        "PARTITION",
+        "TERM",
+        "WINDOW",
+        "APPLIED",
+        "LOWER",
+        "M(p)",
+        "LRO",
+        "HWM",
+        "LAG",
+        "L1",
+        "START",
+        "SLIDES",
+        "STALE",
+    )
     rows = [header] + [
         (
             f"{p.topic}/{p.partition}",
@@ -179,8 +192,10 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
 def _outlier_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
     if not status.outliers_count:
         return []
-    lines = [f"outliers: {status.outliers_count} partitions"
-             + (f" ({len(status.outliers)} shown)" if len(status.outliers) < status.outliers_count else "")]
+    lines = [
+        f"outliers: {status.outliers_count} partitions"
+        + (f" ({len(status.outliers)} shown)" if len(status.outliers) < status.outliers_count else "")
+    ]
     lines += [
         f"  {o.partition}: {', '.join(o.reasons)} (M(p) {_cell(o.mp)}, lag {o.reconciler_lag}, "
         f"stale {o.stale_rejections})"
@@ -213,7 +228,8 @@ def format_round(report) -> str:  # noqa: ANN001 - RoundReport
             f"  deleted {report.deleted} objects ({_mib(report.deleted_bytes)}) of {report.listed} "
             f"listed; backlog {report.backlog}"
             + (
-                "" if report.max_deleted_epoch is None
+                ""
+                if report.max_deleted_epoch is None
                 else f"; highest epoch deleted {report.max_deleted_epoch}"
             )
         )

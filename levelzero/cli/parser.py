@@ -11,10 +11,32 @@ from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.cli.client import default_url
 from levelzero.daemon.buildinfo import version
 from levelzero.cli.commands import (
-    CLUSTER_DEMO_NODES_MAX, DRY_RUN_KEYS_SHOWN_DEFAULT, PRODUCE_BATCH_RECORDS, PRODUCE_IN_FLIGHT_DEFAULT,
-    PRODUCE_IN_FLIGHT_MAX, TOOLS, _client_command, _cluster, _consume, _default_operator, _epoch_advance,
-    _gc_explain, _gc_pause, _gc_resume, _gc_run, _partition_abandon, _produce, _status, _topic_partition,
-    _topics_create, _topics_list, cmd_backup, cmd_config_show, cmd_demo, cmd_install_files, cmd_recover,
+    CLUSTER_DEMO_NODES_MAX,
+    DRY_RUN_KEYS_SHOWN_DEFAULT,
+    PRODUCE_BATCH_RECORDS,
+    PRODUCE_IN_FLIGHT_DEFAULT,
+    PRODUCE_IN_FLIGHT_MAX,
+    TOOLS,
+    _client_command,
+    _cluster,
+    _consume,
+    _default_operator,
+    _epoch_advance,
+    _gc_explain,
+    _gc_pause,
+    _gc_resume,
+    _gc_run,
+    _partition_abandon,
+    _produce,
+    _status,
+    _topic_partition,
+    _topics_create,
+    _topics_list,
+    cmd_backup,
+    cmd_config_show,
+    cmd_demo,
+    cmd_install_files,
+    cmd_recover,
     cmd_run,
 )
 
@@ -29,8 +51,11 @@ def _add_client_options(parser: argparse.ArgumentParser) -> None:
     if "--json" not in parser._option_string_actions:  # every client command takes --json
         parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     parser.add_argument("--url", default=None, help=f"daemon URL (default $LEVELZERO_URL or {default_url()})")
-    parser.add_argument("--token", default=os.environ.get("LEVELZERO_TOKEN") or None,
-                        help="bearer token (default $LEVELZERO_TOKEN)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("LEVELZERO_TOKEN") or None,
+        help="bearer token (default $LEVELZERO_TOKEN)",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="request timeout")
 
 
@@ -76,13 +101,18 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run an in-process daemon, drive producers, verify, summarise")
     p.add_argument("--duration", type=float, default=30.0, metavar="S", help="seconds of load (default 30)")
     p.add_argument("--producers", type=int, default=6, help="concurrent producers (default 6)")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="1: one in-process daemon on embedded defaults (default); "
-                        f"2..{CLUSTER_DEMO_NODES_MAX}: "
-                        "a local cluster of `levelzero run` processes over a throwaway PostgreSQL "
-                        "(needs initdb and pg_ctl on PATH), with a crash and a rolling restart")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="where to keep the data (default: a temp dir)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="1: one in-process daemon on embedded defaults (default); "
+        f"2..{CLUSTER_DEMO_NODES_MAX}: "
+        "a local cluster of `levelzero run` processes over a throwaway PostgreSQL "
+        "(needs initdb and pg_ctl on PATH), with a crash and a rolling restart",
+    )
+    p.add_argument(
+        "--data-dir", default=None, metavar="DIR", help="where to keep the data (default: a temp dir)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp data directory")
     p.set_defaults(handler=cmd_demo)
 
@@ -146,15 +176,27 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-p", "--partition", type=_non_negative, default=0)
     p.add_argument("--key", default=None, help="key of every record")
     p.add_argument("--key-separator", default=None, metavar="SEP", help="split each line into KEY SEP VALUE")
-    p.add_argument("--batch-records", type=_positive, default=PRODUCE_BATCH_RECORDS,
-                   help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
-                   "server.records_per_request_max)")
-    p.add_argument("--in-flight", type=_in_flight, default=PRODUCE_IN_FLIGHT_DEFAULT, metavar="N",
-                   help=f"requests on their way at once (default {PRODUCE_IN_FLIGHT_DEFAULT}). Above 1 a "
-                   "request may overtake an earlier one (e.g. one retried after a stale epoch), so "
-                   "offsets need not follow the input order between requests; the summary says so")
-    p.add_argument("--skip-malformed", action="store_true",
-                   help="skip (and report) input lines without the key separator instead of stopping")
+    p.add_argument(
+        "--batch-records",
+        type=_positive,
+        default=PRODUCE_BATCH_RECORDS,
+        help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
+        "server.records_per_request_max)",
+    )
+    p.add_argument(
+        "--in-flight",
+        type=_in_flight,
+        default=PRODUCE_IN_FLIGHT_DEFAULT,
+        metavar="N",
+        help=f"requests on their way at once (default {PRODUCE_IN_FLIGHT_DEFAULT}). Above 1 a "
+        "request may overtake an earlier one (e.g. one retried after a stale epoch), so "
+        "offsets need not follow the input order between requests; the summary says so",
+    )
+    p.add_argument(
+        "--skip-malformed",
+        action="store_true",
+        help="skip (and report) input lines without the key separator instead of stopping",
+    )
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_produce))
 
@@ -184,7 +226,8 @@ def add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="cluster epoch, M, outlier partitions, per-partition fence and state")
     p.add_argument("--json", action="store_true")
     p.add_argument(
-        "--all", action="store_true",
+        "--all",
+        action="store_true",
         help="every partition, paged from the daemon (default: the first page and the outliers)",
     )
     _add_client_options(p)
@@ -209,10 +252,20 @@ def add_gc(sub: argparse._SubParsersAction) -> None:
         run = gc_sub.add_parser(name, help=text)
         run.set_defaults(dry_run=dry_run, handler=_client_command(_gc_run))
         if dry_run:
-            run.add_argument("--show", type=_non_negative, default=DRY_RUN_KEYS_SHOWN_DEFAULT,
-                             metavar="N", help=f"keys to print (default {DRY_RUN_KEYS_SHOWN_DEFAULT})")
-            run.add_argument("--all", dest="show", action="store_const", const=None,
-                             help="print every key the server returned")
+            run.add_argument(
+                "--show",
+                type=_non_negative,
+                default=DRY_RUN_KEYS_SHOWN_DEFAULT,
+                metavar="N",
+                help=f"keys to print (default {DRY_RUN_KEYS_SHOWN_DEFAULT})",
+            )
+            run.add_argument(
+                "--all",
+                dest="show",
+                action="store_const",
+                const=None,
+                help="print every key the server returned",
+            )
         else:
             run.set_defaults(show=0)
         run.add_argument("--json", action="store_true", help="print the round report as JSON")
@@ -243,13 +296,14 @@ def add_partition(sub: argparse._SubParsersAction) -> None:
         "abandon-unreconciled",
         help="give up a failing partition's unreconciled records (its L0 data is gone for good)",
         description="Only for a partition whose reconciliation keeps failing (see status). "
-                    f"It {ABANDON_GIVES_UP}.",
+        f"It {ABANDON_GIVES_UP}.",
     )
     abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P")
     abandon.add_argument("--confirm", action="store_true", help="yes, give those records up")
     abandon.add_argument("--reason", required=True, help="why (recorded in the log: the incident)")
-    abandon.add_argument("--by", default=_default_operator(),
-                         help="who asks (recorded in the log; default USER@HOST)")
+    abandon.add_argument(
+        "--by", default=_default_operator(), help="who asks (recorded in the log; default USER@HOST)"
+    )
     abandon.add_argument("--json", action="store_true")
     _add_client_options(abandon)
     abandon.set_defaults(handler=_partition_abandon)

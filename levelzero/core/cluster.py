@@ -67,10 +67,7 @@ def moves(
     mine = sorted(p for p, leader in leaders.items() if leader == me)
     if me not in nodes:
         return Moves((), tuple(mine))
-    take = sorted(
-        p for p, leader in leaders.items()
-        if leader is None and preferred_leader(p, nodes) == me
-    )
+    take = sorted(p for p, leader in leaders.items() if leader is None and preferred_leader(p, nodes) == me)
     hand_over = [p for p in mine if preferred_leader(p, nodes) != me]
     return Moves(tuple(take), tuple(hand_over[:moves_max]))
 
@@ -125,9 +122,7 @@ class LeaseClock:
         return self._deadline
 
 
-def live_nodes(
-    rows: Iterable[tuple[str, float, bool]], now: float
-) -> tuple[list[str], list[str]]:
+def live_nodes(rows: Iterable[tuple[str, float, bool]], now: float) -> tuple[list[str], list[str]]:
     """(live non-draining, live draining) node ids from (id, lease_expires_at, draining) rows,
     by the control plane's `now`; sorted."""
     active: list[str] = []

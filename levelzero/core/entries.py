@@ -74,12 +74,7 @@ class TermStart(msgspec.Struct, frozen=True, tag="term_start"):
 
 
 Entry = (
-    Placeholder
-    | AdvanceEpoch
-    | AdvanceReconciledOffset
-    | SetStartOffset
-    | TermStart
-    | AbandonUnreconciled
+    Placeholder | AdvanceEpoch | AdvanceReconciledOffset | SetStartOffset | TermStart | AbandonUnreconciled
 )
 
 ENTRY_KINDS: dict[type, str] = {

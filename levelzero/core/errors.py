@@ -27,9 +27,7 @@ class StaleClusterEpoch(LevelZeroError):
     retriable = True
 
     def __init__(self, epoch: int, window_min: int, window_max: int) -> None:
-        super().__init__(
-            f"epoch {epoch} is below the partition's window [{window_min}, {window_max}]"
-        )
+        super().__init__(f"epoch {epoch} is below the partition's window [{window_min}, {window_max}]")
         self.epoch = epoch
         self.window_min = window_min
         self.window_max = window_max
@@ -60,8 +58,7 @@ class NotLeader(LevelZeroError):
 
     def __init__(self, partition: str, expected_term: int, current_term: int | None) -> None:
         super().__init__(
-            f"partition {partition}: append expected term {expected_term}, "
-            f"current term is {current_term}"
+            f"partition {partition}: append expected term {expected_term}, current term is {current_term}"
         )
         self.partition = partition
         self.expected_term: int | None = expected_term

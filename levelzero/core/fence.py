@@ -106,9 +106,18 @@ def lands_in_any_order(epoch: int, window: Window, applied_window: Window | None
 class Fence:
     # Slots: one fence per partition (idle ones included), its attributes read on every write.
     __slots__ = (
-        "mode", "creation_epoch", "seen_term", "_seen_window", "_last_admitted", "read_units",
-        "updater_epoch", "window_slides", "stale_rejections", "last_rejected_gap",
-        "new_epoch_fences", "same_epoch_fences",
+        "mode",
+        "creation_epoch",
+        "seen_term",
+        "_seen_window",
+        "_last_admitted",
+        "read_units",
+        "updater_epoch",
+        "window_slides",
+        "stale_rejections",
+        "last_rejected_gap",
+        "new_epoch_fences",
+        "same_epoch_fences",
     )
 
     def __init__(self, creation_epoch: int, mode: FenceMode = FenceMode.WINDOWED) -> None:
@@ -173,12 +182,7 @@ class Fence:
         self.read_units += 1
         self.same_epoch_fences += 1
         admitted = self._last_admitted
-        if (
-            admitted is None
-            or admitted.epoch != epoch
-            or admitted.term != term
-            or admitted.window != window
-        ):
+        if admitted is None or admitted.epoch != epoch or admitted.term != term or admitted.window != window:
             admitted = self._last_admitted = Admitted(epoch, term, window, new_epoch=False)
         return admitted
 

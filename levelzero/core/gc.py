@@ -37,9 +37,7 @@ class WatermarkDecision:
         return self.m is None
 
 
-def compute_cluster_watermark(
-    cluster_epoch: int, mps: Mapping[str, int | None]
-) -> WatermarkDecision:
+def compute_cluster_watermark(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
     """`M` for one round. `mps` maps partition names to their published `M(p)`: any partition
     without one blocks the round; `M` is their minimum, capped at `E - 1` (a partition created
     after the snapshot has creation epoch >= E, and so have the objects holding its data)."""
@@ -449,8 +447,12 @@ def explain(
             parsed = parse_l0_key(key)
         except ValueError as exc:
             return Explanation(
-                cluster_epoch, m, ExplainVerdict.MALFORMED, f"{exc}; the GC never deletes it",
-                key=key, blocked_by=list(decision.blocked_by),
+                cluster_epoch,
+                m,
+                ExplainVerdict.MALFORMED,
+                f"{exc}; the GC never deletes it",
+                key=key,
+                blocked_by=list(decision.blocked_by),
             )
         epoch = parsed.epoch
         owned = None if prefixes is None else parsed.prefix in prefixes

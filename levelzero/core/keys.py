@@ -87,9 +87,7 @@ def format_l0_key(prefix: int, epoch: int, uuid: str) -> str:
 def parse_l0_key(key: str) -> L0Key:
     m = _L0_RE.match(key)
     if m is None:
-        raise MalformedKey(
-            f"not an L0 key: {key!r} (expected level_zero/data/PPP/EEEEEEEEEEEEEEEEEE/UUID32)"
-        )
+        raise MalformedKey(f"not an L0 key: {key!r} (expected level_zero/data/PPP/EEEEEEEEEEEEEEEEEE/UUID32)")
     epoch = int(m.group(2))
     if epoch < 1:
         raise MalformedKey(f"L0 key {key!r} has epoch 0; epochs start at 1")
@@ -124,9 +122,7 @@ def parse_l1_key(key: str) -> L1Key:
     m = _L1_RE.match(key)
     if m is None or topic_name_problem(m.group(1)) is not None:
         raise MalformedKey(f"not an L1 key: {key!r}")
-    return L1Key(
-        m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6)
-    )
+    return L1Key(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6))
 
 
 class TopicRecord(msgspec.Struct, frozen=True):

@@ -71,9 +71,7 @@ def decode_extent(data: bytes, expected_checksum: int, expected_count: int, wher
     """Verify and decode one extent read back from an L0 or L1 object."""
     actual = checksum(data)
     if actual != expected_checksum:
-        raise CorruptData(
-            f"{where}: checksum mismatch (expected {expected_checksum:08x}, got {actual:08x})"
-        )
+        raise CorruptData(f"{where}: checksum mismatch (expected {expected_checksum:08x}, got {actual:08x})")
     try:
         records = _records_decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -157,7 +155,7 @@ class EncodedExtents:
             else:
                 buffer += _array_header(count)
                 for part in parts:
-                    buffer += memoryview(part)[_array_header_size(part):]
+                    buffer += memoryview(part)[_array_header_size(part) :]
             ends.append(len(buffer))
         # Checksums once the buffer stopped growing: one view for all extents (a view per
         # extent was a third of the encoding's cost at a thousand small extents).
@@ -220,10 +218,18 @@ def _object_front(
     for i, (_, length, _) in enumerate(shapes):
         relative[i] = end
         end += length
-    zero_offsets = len(_records_encoder.encode(ObjectHeader(VERSION, epoch, [
-        ExtentHeader(pid, 0, length, count, crc)
-        for (pid, length, count), crc in zip(shapes, sums, strict=True)
-    ])))
+    zero_offsets = len(
+        _records_encoder.encode(
+            ObjectHeader(
+                VERSION,
+                epoch,
+                [
+                    ExtentHeader(pid, 0, length, count, crc)
+                    for (pid, length, count), crc in zip(shapes, sums, strict=True)
+                ],
+            )
+        )
+    )
     start = _PREAMBLE.size + zero_offsets
     for _ in range(16):  # the start only grows, and settles within a few steps
         settled = _PREAMBLE.size + zero_offsets + _offset_widths_above_one(relative, start)

@@ -149,9 +149,7 @@ def validate_control(
                 return InvalidInput(f"{name}: lrlo {lrlo} outside [-1, {next_log_offset - 1}]")
         case SetStartOffset(offset=offset):
             if not 0 <= offset <= projected_hwm:
-                return InvalidInput(
-                    f"{name}: start offset {offset} outside [0, {projected_hwm}]"
-                )
+                return InvalidInput(f"{name}: start offset {offset} outside [0, {projected_hwm}]")
         case _:
             raise AssertionError(f"not a control entry: {entry!r}")
     return None
@@ -294,9 +292,7 @@ class FenceDispatch(Generic[T]):
         """Writes held here: queued behind an updater, and the updater itself."""
         return len(self._waiting) + (self._updater is not None)
 
-    def offer(
-        self, epoch: int, token: T, term: int, applied_window: Window | None
-    ) -> list[Outcome[T]]:
+    def offer(self, epoch: int, token: T, term: int, applied_window: Window | None) -> list[Outcome[T]]:
         decision = self.fence.try_fence(epoch, term, applied_window)
         if type(decision) is Admitted:  # the common case, before the match's checks
             return [Admit(token, epoch, decision)]

@@ -46,8 +46,14 @@ class ProducerSequences:
         return None
 
     def record(
-        self, producer_id: int, producer_epoch: int, topic: str, partition: int,
-        base_sequence: int, record_count: int, base_offset: int,
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+        base_sequence: int,
+        record_count: int,
+        base_offset: int,
     ) -> None:
         if producer_id < 0 or base_sequence < 0:
             return

@@ -40,10 +40,7 @@ class ReconcileFailing:
     failing: bool  # named: `failures` reached the threshold, or the cause is permanent
 
     def describe(self) -> str:
-        return (
-            f"reconciliation failing since {self.since:.0f} ({self.failures} passes): "
-            f"{self.last_error}"
-        )
+        return f"reconciliation failing since {self.since:.0f} ({self.failures} passes): {self.last_error}"
 
 
 class ReconcileHealth:
@@ -54,9 +51,7 @@ class ReconcileHealth:
     def __init__(self) -> None:
         self._runs: dict[str, ReconcileFailing] = {}
 
-    def note_failure(
-        self, partition: str, error: str, now: float, *, permanent: bool = False
-    ) -> bool:
+    def note_failure(self, partition: str, error: str, now: float, *, permanent: bool = False) -> bool:
         """Record a failed pass. Returns True when this failure makes the partition failing
         (the moment to say so loudly); a `permanent` cause (one no retry can fix) names it at
         once."""

@@ -150,8 +150,7 @@ class PartitionState:
             return False
         if record.log_offset != self.last_applied_log_offset + 1:
             raise InvariantViolation(
-                f"log gap: record at {record.log_offset}, "
-                f"last applied {self.last_applied_log_offset}"
+                f"log gap: record at {record.log_offset}, last applied {self.last_applied_log_offset}"
             )
         if record.base_offset != self.high_watermark:
             raise InvariantViolation(
@@ -213,8 +212,7 @@ class PartitionState:
     def _advance_applied_epoch(self, epoch: int, log_offset: int) -> None:
         if epoch < self.creation_epoch:
             raise InvariantViolation(
-                f"epoch {epoch} at log offset {log_offset} is below the creation epoch "
-                f"{self.creation_epoch}"
+                f"epoch {epoch} at log offset {log_offset} is below the creation epoch {self.creation_epoch}"
             )
         if self.max_applied_epoch is None:
             self.max_applied_epoch = epoch

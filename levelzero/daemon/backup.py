@@ -48,9 +48,9 @@ class BackupSummary:
 
 
 def _store_facts(connection: sqlite3.Connection) -> dict[str, object]:
-    (schema,), = connection.execute("PRAGMA user_version").fetchall()
+    ((schema,),) = connection.execute("PRAGMA user_version").fetchall()
     epoch = connection.execute("SELECT epoch FROM cluster_epoch WHERE id = 1").fetchall()
-    (partitions,), = connection.execute("SELECT count(*) FROM partitions").fetchall()
+    ((partitions,),) = connection.execute("SELECT count(*) FROM partitions").fetchall()
     return {"schema_version": schema, "cluster_epoch": epoch[0][0] if epoch else 1, "partitions": partitions}
 
 
@@ -81,7 +81,7 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
         try:
             src.backup(dst)  # every page in one step: one read transaction, one snapshot
             dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
-            (check,), = dst.execute("PRAGMA integrity_check").fetchall()
+            ((check,),) = dst.execute("PRAGMA integrity_check").fetchall()
             if check != "ok":
                 raise BackupError(f"the copy failed SQLite's integrity check: {check}")
             facts = _store_facts(dst)
@@ -132,7 +132,7 @@ def restore(backup_dir: str, data_dir: str) -> BackupSummary:
         raise BackupError(f"{source}: backup format {manifest.get('format')!r} is not {BACKUP_FORMAT}")
     try:
         with sqlite3.connect(f"file:{source / DB_FILE}?mode=ro", uri=True) as check:
-            (ok,), = check.execute("PRAGMA integrity_check").fetchall()
+            ((ok,),) = check.execute("PRAGMA integrity_check").fetchall()
     except sqlite3.Error as exc:
         raise BackupError(f"{source / DB_FILE}: {exc}") from None
     if ok != "ok":

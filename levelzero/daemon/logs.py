@@ -18,9 +18,7 @@ _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
     | {"message", "asctime", "color_message", "taskName"}
 )
-_BARE_VALUE_CHARS = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@+,[]()"
-)
+_BARE_VALUE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:@+,[]()")
 
 
 def _timestamp(created: float) -> str:

@@ -58,12 +58,8 @@ def epoch_metrics(node: Node) -> Iterable[Metric]:
     cached = node.epoch_cache.cached
     if cached is not None:
         yield _gauge("levelzero_epoch_cache_epoch", "This node's cached cluster epoch.", cached)
-    yield _counter(
-        "levelzero_epoch_advances", "Cluster epoch advances by this node.", node.epochs.advances
-    )
-    yield _counter(
-        "levelzero_epoch_cache_refreshes", "Epoch cache refreshes.", node.epoch_cache.refreshes
-    )
+    yield _counter("levelzero_epoch_advances", "Cluster epoch advances by this node.", node.epochs.advances)
+    yield _counter("levelzero_epoch_cache_refreshes", "Epoch cache refreshes.", node.epoch_cache.refreshes)
     yield _counter(
         "levelzero_epoch_cache_invalidations",
         "Epoch cache invalidations (a fence showed the cache was stale).",
@@ -97,11 +93,13 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
     for field, doc in totals.items():
         yield _counter(f"levelzero_fence_{field}", doc, sum(getattr(v.fence, field) for v in views))
     yield _gauge(
-        "levelzero_fence_read_units", "Writes holding a fence read unit.",
+        "levelzero_fence_read_units",
+        "Writes holding a fence read unit.",
         sum(v.fence.read_units for v in views),
     )
     yield _gauge(
-        "levelzero_fence_window_size_max", "Largest fence window (epochs) over partitions.",
+        "levelzero_fence_window_size_max",
+        "Largest fence window (epochs) over partitions.",
         max((v.fence.window_size for v in views), default=0),
     )
     yield _gauge(
@@ -133,9 +131,7 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
         "high_watermark": GaugeMetricFamily(
             "levelzero_partition_high_watermark", "Next data offset.", labels=labels
         ),
-        "lro": GaugeMetricFamily(
-            "levelzero_partition_lro", "Last reconciled offset.", labels=labels
-        ),
+        "lro": GaugeMetricFamily("levelzero_partition_lro", "Last reconciled offset.", labels=labels),
         "mp": GaugeMetricFamily(
             "levelzero_partition_mp", "Published M(p) (absent until defined).", labels=labels
         ),
@@ -183,7 +179,8 @@ def batcher_metrics(node: Node) -> Iterable[Metric]:
         yield _counter(f"levelzero_batcher_{field}", doc, getattr(stats, field))
     yield _gauge("levelzero_batcher_inflight_bytes", "Produce bytes in flight.", stats.inflight_bytes)
     yield _counter(
-        "levelzero_appender_calls", "Log-store append calls of the node's appender.",
+        "levelzero_appender_calls",
+        "Log-store append calls of the node's appender.",
         node.appender.calls,
     )
     yield _counter(
@@ -317,12 +314,14 @@ def gc_metrics(node: Node) -> Iterable[Metric]:
         )
     if stats.max_deleted_epoch is not None:
         yield _gauge(
-            "levelzero_gc_max_deleted_epoch", "Highest epoch of a deleted L0 object.",
+            "levelzero_gc_max_deleted_epoch",
+            "Highest epoch of a deleted L0 object.",
             stats.max_deleted_epoch,
         )
     if stats.last_round_at is not None:
         yield _gauge(
-            "levelzero_gc_last_round_timestamp_seconds", "When the last GC round finished.",
+            "levelzero_gc_last_round_timestamp_seconds",
+            "When the last GC round finished.",
             stats.last_round_at,
         )
 
@@ -372,7 +371,8 @@ class BuildAndDiskCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         info = GaugeMetricFamily(
-            "levelzero_build_info", "The running levelzero: version and Python (value 1).",
+            "levelzero_build_info",
+            "The running levelzero: version and Python (value 1).",
             labels=list(self._labels),
         )
         info.add_metric(list(self._labels.values()), 1)

@@ -26,8 +26,13 @@ def metrics_app(registry: CollectorRegistry) -> Any:
             kind = b"application/json"
         else:
             status, body, kind = 200, generate_latest(registry), CONTENT_TYPE_LATEST.encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
 
     return app

@@ -27,21 +27,51 @@ from prometheus_client.registry import Collector
 
 from levelzero.core.errors import LevelZeroError, StorageError
 from levelzero.storage.protocols import (
-    LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, LogStore, ObjectInfo, ObjectStore,
+    LIST_PAGE_KEYS_MAX,
+    DeleteResult,
+    ListPage,
+    LogStore,
+    ObjectInfo,
+    ObjectStore,
 )
 
 from levelzero.daemon.storage_health import StorageHealth
 
 # 0.5 ms (a local fsync) .. 30 s (an S3 request with its retries).
 STORE_LATENCY_BUCKETS_S = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 OBJECT_STORE_OPERATIONS = ("put", "get", "head", "list", "delete")
 # The log store's writes: each returns when its group commit is durable.
 LOG_STORE_WRITES = (
-    "append", "begin_term", "create_topic", "save_snapshot", "truncate_below", "set_cluster_epoch",
-    "l1_insert", "l1_transition", "record_l0_object", "mark_l0_deleted", "record_gc_round",
-    "record_fence_events", "record_state_samples", "commit_offsets",
+    "append",
+    "begin_term",
+    "create_topic",
+    "save_snapshot",
+    "truncate_below",
+    "set_cluster_epoch",
+    "l1_insert",
+    "l1_transition",
+    "record_l0_object",
+    "mark_l0_deleted",
+    "record_gc_round",
+    "record_fence_events",
+    "record_state_samples",
+    "commit_offsets",
 )
 
 
@@ -59,12 +89,15 @@ class StoreMetrics(Collector):
         self.object_latency = Histogram(
             "levelzero_object_store_request_duration_seconds",
             "Object store operation latency (PUT, GET, HEAD, LIST, DeleteObjects), retries included.",
-            ["operation"], buckets=STORE_LATENCY_BUCKETS_S, registry=None,
+            ["operation"],
+            buckets=STORE_LATENCY_BUCKETS_S,
+            registry=None,
         )
         self.object_errors = Counter(
             "levelzero_object_store_errors",
             "Object store operations that failed, by operation and error code.",
-            ["operation", "error"], registry=None,
+            ["operation", "error"],
+            registry=None,
         )
         self.object_delete_key_errors = Counter(
             "levelzero_object_store_delete_key_errors",
@@ -74,12 +107,15 @@ class StoreMetrics(Collector):
         self.log_latency = Histogram(
             "levelzero_log_store_commit_duration_seconds",
             "Log store write latency until its group commit is durable, by operation.",
-            ["operation"], buckets=STORE_LATENCY_BUCKETS_S, registry=None,
+            ["operation"],
+            buckets=STORE_LATENCY_BUCKETS_S,
+            registry=None,
         )
         self.log_errors = Counter(
             "levelzero_log_store_errors",
             "Log store writes that failed with a storage error, by operation and error code.",
-            ["operation", "error"], registry=None,
+            ["operation", "error"],
+            registry=None,
         )
         # Series exist from the start (a dashboard shows 0, not "no data"; alerts can rate()).
         for operation in OBJECT_STORE_OPERATIONS:
@@ -90,8 +126,13 @@ class StoreMetrics(Collector):
             self.log_errors.labels(operation, "storage_error")
 
     def collect(self) -> Iterable[Metric]:
-        for metric in (self.object_latency, self.object_errors, self.object_delete_key_errors,
-                       self.log_latency, self.log_errors):
+        for metric in (
+            self.object_latency,
+            self.object_errors,
+            self.object_delete_key_errors,
+            self.log_latency,
+            self.log_errors,
+        ):
             yield from metric.collect()
 
 
@@ -160,7 +201,9 @@ class ObservedLogStore:
 
     @staticmethod
     def _timed(
-        operation: str, method: Callable[..., Awaitable[Any]], metrics: StoreMetrics,
+        operation: str,
+        method: Callable[..., Awaitable[Any]],
+        metrics: StoreMetrics,
         health: StorageHealth | None,
     ) -> Callable[..., Awaitable[Any]]:
         latency = metrics.log_latency.labels(operation)

@@ -118,8 +118,10 @@ class PartitionRecovery:
         return self.high_watermark - 1 - self.lro_after
 
     def describe(self) -> str:
-        line = (f"{self.name}: LRO {self.lro_before} -> {self.lro_after}, high watermark "
-                f"{self.high_watermark}, {self.adopted + self.copied} L1 objects adopted")
+        line = (
+            f"{self.name}: LRO {self.lro_before} -> {self.lro_after}, high watermark "
+            f"{self.high_watermark}, {self.adopted + self.copied} L1 objects adopted"
+        )
         if self.copied:
             line += f" ({self.copied} copied)"
         if self.gaps:
@@ -148,8 +150,11 @@ class RecoverySummary:
 async def replay_state(store: LogStore, row: PartitionRow) -> PartitionState:
     """The partition's state as its log says: the latest snapshot, then the log after it."""
     snapshot = await store.load_snapshot(row.pid)
-    state = (PartitionState.decode_snapshot(snapshot.data) if snapshot is not None
-             else PartitionState(row.creation_epoch))
+    state = (
+        PartitionState.decode_snapshot(snapshot.data)
+        if snapshot is not None
+        else PartitionState(row.creation_epoch)
+    )
     while records := await store.read_log(row.pid, state.next_log_offset, REPLAY_BATCH_RECORDS):
         for record in records:
             state.apply(record)
@@ -177,8 +182,13 @@ async def _read_records(objects: ObjectStore, key: L1Key) -> tuple[list[Record],
         log.warning("not adopting %s: %s", key, exc)
         return None
     if len(records) != key.last_offset - key.base_offset + 1:
-        log.warning("not adopting %s: %d records for offsets %d-%d", key, len(records),
-                    key.base_offset, key.last_offset)
+        log.warning(
+            "not adopting %s: %d records for offsets %d-%d",
+            key,
+            len(records),
+            key.base_offset,
+            key.last_offset,
+        )
         return None
     return records, len(data)
 
@@ -239,8 +249,12 @@ async def _verify_against_log(
             return None
         first = offset - key.base_offset
         if not records_match_extent(records[first : first + placeholder.record_count], placeholder.checksum):
-            log.warning("not adopting %s: its records at offset %d are not the ones the log "
-                        "acknowledged (another history's object)", key, offset)
+            log.warning(
+                "not adopting %s: its records at offset %d are not the ones the log "
+                "acknowledged (another history's object)",
+                key,
+                offset,
+            )
             return None
         lrlo = record.log_offset
         offset += placeholder.record_count
@@ -291,16 +305,30 @@ async def adopt_partition(
             size = item.size
         else:
             object_key = format_l1_key(
-                row.topic, row.partition, item.key.base_offset, item.upto, term, new_uuid())
+                row.topic, row.partition, item.key.base_offset, item.upto, term, new_uuid()
+            )
             data, _ = build_object(term, [(row.pid, encode_extent(item.records), len(item.records))])
             await objects.put(object_key, data)
             result.copied += 1
             size = len(data)
-        await store.l1_insert(L1Row(object_key, row.pid, item.key.base_offset, item.upto, item.lrlo, term,
-                                    size, L1State.COPY_FINISHED, now, now))
+        await store.l1_insert(
+            L1Row(
+                object_key,
+                row.pid,
+                item.key.base_offset,
+                item.upto,
+                item.lrlo,
+                term,
+                size,
+                L1State.COPY_FINISHED,
+                now,
+                now,
+            )
+        )
     last = plan[-1]
-    catch_up = LogRecord(state.next_log_offset, term, state.high_watermark,
-                         AdvanceReconciledOffset(last.upto, last.lrlo))
+    catch_up = LogRecord(
+        state.next_log_offset, term, state.high_watermark, AdvanceReconciledOffset(last.upto, last.lrlo)
+    )
     state.apply(catch_up)  # checks it before it is stored
     await store.append(row.pid, term, [catch_up])
     assert all(state.l1_range_valid(term, item.key.base_offset, item.upto) for item in plan)
@@ -384,20 +412,42 @@ async def _rebuild_partition(
     term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
     term = result.term = term_start.term
     for key, size in chosen:
-        await store.l1_insert(L1Row(str(key), row.pid, key.base_offset, key.last_offset, 0, term,
-                                    size, L1State.COPY_FINISHED, now, now))
+        await store.l1_insert(
+            L1Row(
+                str(key),
+                row.pid,
+                key.base_offset,
+                key.last_offset,
+                0,
+                term,
+                size,
+                L1State.COPY_FINISHED,
+                now,
+                now,
+            )
+        )
     result.adopted = len(chosen)
     last = chosen[-1][0].last_offset
     # The state the bucket proves, at the log's first entry (the TermStart): everything up to
     # `last` reconciled by `term`; the window at the new cluster epoch, already caught up.
-    state = PartitionState.from_snapshot(PartitionSnapshot(
-        creation_epoch=row.creation_epoch, last_applied_log_offset=term_start.log_offset, term=term,
-        max_applied_epoch=epoch, previous_applied_epoch=epoch, min_epoch_lower_bound=epoch,
-        epoch_window_offset=term_start.log_offset, lro=last, lrlo=term_start.log_offset,
-        start_offset=chosen[0][0].base_offset, high_watermark=last + 1,
-        size_bytes=sum(size for _, size in chosen), reconciled_by_term={term: last},
-        abandoned=tuple(gaps),
-    ))
+    state = PartitionState.from_snapshot(
+        PartitionSnapshot(
+            creation_epoch=row.creation_epoch,
+            last_applied_log_offset=term_start.log_offset,
+            term=term,
+            max_applied_epoch=epoch,
+            previous_applied_epoch=epoch,
+            min_epoch_lower_bound=epoch,
+            epoch_window_offset=term_start.log_offset,
+            lro=last,
+            lrlo=term_start.log_offset,
+            start_offset=chosen[0][0].base_offset,
+            high_watermark=last + 1,
+            size_bytes=sum(size for _, size in chosen),
+            reconciled_by_term={term: last},
+            abandoned=tuple(gaps),
+        )
+    )
     assert row.creation_epoch <= epoch and not state.has_unreconciled_data
     assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _ in chosen)
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
@@ -428,11 +478,15 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
         )
         if summary.skipped_keys:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
-        lines.append("not recovered: records that were not reconciled yet, consumer offsets "
-                     "(see the README, 'Recovering from the bucket alone')")
+        lines.append(
+            "not recovered: records that were not reconciled yet, consumer offsets "
+            "(see the README, 'Recovering from the bucket alone')"
+        )
     else:
-        lines.append(f"adopted {summary.objects} L1 objects found in the bucket into "
-                     f"{sum(1 for p in summary.partitions if p.term is not None)} partitions")
+        lines.append(
+            f"adopted {summary.objects} L1 objects found in the bucket into "
+            f"{sum(1 for p in summary.partitions if p.term is not None)} partitions"
+        )
     lines.extend(p.describe() for p in summary.partitions if p.term is not None or p.gaps)
     return lines
 
@@ -461,8 +515,9 @@ async def _refuse_live_nodes(store: ControlStore) -> None:
     view = await store.cluster_view()
     live = sorted(n.node_id for n in view.nodes if n.lease_expires_at > view.now)
     if live:
-        raise RecoveryError(f"daemons are running on this control plane ({', '.join(live)}): "
-                            "stop every one first")
+        raise RecoveryError(
+            f"daemons are running on this control plane ({', '.join(live)}): stop every one first"
+        )
 
 
 async def _claim(store: ControlStore, objects: ObjectStore, config: Config) -> None:

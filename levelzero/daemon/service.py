@@ -164,7 +164,8 @@ def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]
         stats = store.statistics()
         for field in ("commits", "batches", "appends", "records", "rejected_appends"):
             yield CounterMetricFamily(
-                f"levelzero_log_store_{field}", f"Log store (control plane) {field}.",
+                f"levelzero_log_store_{field}",
+                f"Log store (control plane) {field}.",
                 value=getattr(stats, field),
             )
         yield GaugeMetricFamily(
@@ -198,7 +199,8 @@ def connection_metrics(guard: ConnectionGuard) -> Callable[[Node], Iterable[Metr
     def source(node: Node) -> Iterable[Metric]:
         stats = guard.table.statistics()
         open_ = GaugeMetricFamily(
-            "levelzero_http_connections", "Admitted HTTP connections by phase (head, body, app).",
+            "levelzero_http_connections",
+            "Admitted HTTP connections by phase (head, body, app).",
             labels=["phase"],
         )
         for phase, count in stats.by_phase.items():
@@ -313,9 +315,7 @@ class Daemon:
         if isinstance(log_store, PostgresLogStore):
             # Each connection failure it retries counts, so readiness turns 503 during an
             # outage rather than only once a call gives up.
-            log_store.on_connection_error = lambda what, error: health.failed(
-                health.log_store, what, error
-            )
+            log_store.on_connection_error = lambda what, error: health.failed(health.log_store, what, error)
         # The Kafka socket is bound before the node starts: in a cluster the node registers the
         # address Kafka clients are sent to (Metadata names every node as a broker).
         kafka = await self._bind_kafka()
@@ -330,8 +330,12 @@ class Daemon:
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
             )
         # ObservedLogStore wraps the LogStore's writes at run time (mypy sees (*Any) -> Awaitable)
-        node = Node(config.node_config(), ObservedLogStore(log_store, stores, health),  # type: ignore[arg-type]
-                    observed_objects, cluster=cluster)
+        node = Node(
+            config.node_config(),
+            ObservedLogStore(log_store, stores, health),  # type: ignore[arg-type]
+            observed_objects,
+            cluster=cluster,
+        )
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
         self.intake = ProduceIntake(node)  # one produce intake for both front ends
@@ -354,13 +358,16 @@ class Daemon:
         # Everything serving needs is built (and so imported) before the node runs: in a cluster
         # the node registers and takes leases as it starts, and must renew them within the TTL;
         # importing the Kafka handlers on the loop after that took 9-17 s under load.
-        guard = ConnectionGuard(ConnectionLimits(
-            connections_max=config.server.connections_max,
-            connections_per_peer_max=min(
-                config.server.connections_per_peer_max, config.server.connections_max),
-            header_timeout_s=config.server.header_timeout_s,
-            body_timeout_s=config.server.body_timeout_s,
-        ))
+        guard = ConnectionGuard(
+            ConnectionLimits(
+                connections_max=config.server.connections_max,
+                connections_per_peer_max=min(
+                    config.server.connections_per_peer_max, config.server.connections_max
+                ),
+                header_timeout_s=config.server.header_timeout_s,
+                body_timeout_s=config.server.body_timeout_s,
+            )
+        )
         self.connection_guard = guard
         metrics.collector.add_source(connection_metrics(guard))
         server = _UvicornServer(
@@ -415,8 +422,10 @@ class Daemon:
         tg.start_soon(probe)
         await tg.start(self.notifier.run_watchdog)
         partitions = len(node.partitions())
-        log.info("levelzero ready", extra={"url": self.url, "partitions": partitions,
-                                           "cluster_epoch": node.epochs.current})
+        log.info(
+            "levelzero ready",
+            extra={"url": self.url, "partitions": partitions, "cluster_epoch": node.epochs.current},
+        )
         task_status.started(self)
 
         await self._stop_requested.wait()
@@ -437,9 +446,7 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot listen for Kafka clients on {settings.listen}: {exc}") from None
         self.kafka_port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        advertised_host = settings.advertised_host or (
-            "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        )
+        advertised_host = settings.advertised_host or ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host)
         return _KafkaBound(listener, host, advertised_host, settings.advertised_port or self.kafka_port)
 
     def _kafka_listener_for(self, node: Node, bound: _KafkaBound | None) -> Any:
@@ -458,16 +465,25 @@ class Daemon:
             self.intake,
         )
         self.kafka = KafkaListener(
-            handlers, ListenerSettings(
-                settings.frame_bytes_max, settings.connections_max, settings.inflight_bytes_max,
-                token=self.config.server.token, idle_timeout_s=settings.idle_timeout_s,
-                header_timeout_s=settings.header_timeout_s, frame_timeout_s=settings.frame_timeout_s,
-            )
+            handlers,
+            ListenerSettings(
+                settings.frame_bytes_max,
+                settings.connections_max,
+                settings.inflight_bytes_max,
+                token=self.config.server.token,
+                idle_timeout_s=settings.idle_timeout_s,
+                header_timeout_s=settings.header_timeout_s,
+                frame_timeout_s=settings.frame_timeout_s,
+            ),
         )
         tls_context = settings.tls_context()
         if tls_context is not None:
-            listener = KafkaTLSListener(listener, tls_context, standard_compatible=False,
-                                        handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S)
+            listener = KafkaTLSListener(
+                listener,
+                tls_context,
+                standard_compatible=False,
+                handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S,
+            )
         return listener
 
     def _start_kafka(
@@ -485,8 +501,10 @@ class Daemon:
                     await self.kafka.serve(listener)
 
         tg.start_soon(serve)
-        log.info("kafka listener ready", extra={"listen": f"{bound.host}:{self.kafka_port}",
-                                                "tls": listener is not bound.listener})
+        log.info(
+            "kafka listener ready",
+            extra={"listen": f"{bound.host}:{self.kafka_port}", "tls": listener is not bound.listener},
+        )
         return scope
 
     def _serving_status(self) -> str:
@@ -506,9 +524,15 @@ class Daemon:
         loaded before the node runs (see `_serve`)."""
         server = _UvicornServer(
             uvicorn.Config(
-                metrics_app(metrics.registry), lifespan="off", log_config=None, access_log=False,
-                http="h11", ws="none", limit_concurrency=METRICS_CONNECTIONS_MAX,
-                server_header=False, proxy_headers=False,
+                metrics_app(metrics.registry),
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                http="h11",
+                ws="none",
+                limit_concurrency=METRICS_CONNECTIONS_MAX,
+                server_header=False,
+                proxy_headers=False,
             )
         )
         server.config.load()

@@ -69,14 +69,16 @@ def export_main(argv: Sequence[str]) -> int:
     source.add_argument("--data-dir", metavar="DIR", help="the daemon's data directory")
     source.add_argument("--db", metavar="FILE", help="the store's SQLite file (levelzero.db)")
     source.add_argument(
-        "--dsn", metavar="DSN",
+        "--dsn",
+        metavar="DSN",
         help="a PostgreSQL control plane, postgresql://USER@HOST:PORT/DB (no password in it: "
         "LEVELZERO_CONTROL_PASSWORD or PGPASSWORD)",
     )
     parser.add_argument("--out", metavar="DIR", required=True, help="export directory")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument(
-        "--records", metavar="TOPIC",
+        "--records",
+        metavar="TOPIC",
         help="write TOPIC's records (from L1 and L0 objects) to OUT/records/TOPIC.parquet "
         "instead of the tables (needs --data-dir)",
     )
@@ -96,8 +98,9 @@ def export_main(argv: Sequence[str]) -> int:
     password = os.environ.get("LEVELZERO_CONTROL_PASSWORD") or None
     try:
         out = local_path(args.out, "output directory", ExportError)
-        report = export(db_path, out, progress=None if args.quiet else _ProgressPrinter(prog),
-                        password=password)
+        report = export(
+            db_path, out, progress=None if args.quiet else _ProgressPrinter(prog), password=password
+        )
     except LevelZeroError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:
@@ -136,21 +139,32 @@ def analyze_main(argv: Sequence[str]) -> int:
         "and tables/ (Parquet and CSV) into the report directory. Needs Java 17+.",
     )
     parser.add_argument(
-        "--in", dest="in_dirs", metavar="DIR", action="append", required=True,
+        "--in",
+        dest="in_dirs",
+        metavar="DIR",
+        action="append",
+        required=True,
         help="an export directory (repeat for several; overlapping rows are deduplicated)",
     )
     parser.add_argument("--out", metavar="REPORT_DIR", required=True, help="report directory")
     parser.add_argument(
-        "--master", default=None,
-        help="Spark master (default: spark-submit's, else local[*]); an active session is used "
-        "as it is",
+        "--master",
+        default=None,
+        help="Spark master (default: spark-submit's, else local[*]); an active session is used as it is",
     )
     parser.add_argument(
-        "--conf", dest="conf", metavar="KEY=VALUE", action="append", default=[],
+        "--conf",
+        dest="conf",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
         help="a Spark setting, as spark-submit's --conf (repeat for several)",
     )
     parser.add_argument(
-        "--bucket-s", type=float, default=None, metavar="S",
+        "--bucket-s",
+        type=float,
+        default=None,
+        metavar="S",
         help="time bucket in seconds (default: chosen from the time span)",
     )
     args = _parse(parser, argv)

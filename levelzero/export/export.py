@@ -147,9 +147,7 @@ def export(
                 fingerprint = _fingerprint(connection)
                 _check_same_source(out_dir, manifest, fingerprint, db_path)
                 cluster_epoch = _cluster_epoch(connection)
-                run = _ExportRun(
-                    connection, files, export_id, manifest.watermarks, progress, chunk_rows
-                )
+                run = _ExportRun(connection, files, export_id, manifest.watermarks, progress, chunk_rows)
                 watermarks, rows, warnings = run.run()
             files.commit()
         except BaseException:
@@ -200,8 +198,7 @@ def _check_db_file(db_path: str) -> str:
         )
     if not os.path.exists(path):
         raise ExportError(
-            f"{path}: no such database file; expected a levelzero store "
-            f"(<data_dir>/{DB_FILE_NAME})"
+            f"{path}: no such database file; expected a levelzero store (<data_dir>/{DB_FILE_NAME})"
         )
     if not os.access(path, os.R_OK):
         raise ExportError(f"{path}: permission denied (the export needs read access)")
@@ -259,9 +256,7 @@ def _fingerprint(connection: Snapshot) -> str | None:
     return None if row is None else f"{row[0]}/{row[1]}@{row[2]!r}"
 
 
-def _check_same_source(
-    out_dir: str, manifest: Manifest, fingerprint: str | None, db_path: str
-) -> None:
+def _check_same_source(out_dir: str, manifest: Manifest, fingerprint: str | None, db_path: str) -> None:
     if manifest.fingerprint is not None and fingerprint != manifest.fingerprint:
         raise ExportError(
             f"{out_dir} holds an export of another store ({manifest.source_db}, first "
@@ -514,8 +509,7 @@ class _ExportRun:
     @contextmanager
     def _sinks(self, *tables: str) -> Iterator[tuple[_TableSink, ...]]:
         sinks = tuple(
-            _TableSink(t, self._files, self._export_id, self._chunk_rows, self._progress)
-            for t in tables
+            _TableSink(t, self._files, self._export_id, self._chunk_rows, self._progress) for t in tables
         )
         yield sinks
         for sink in sinks:
@@ -532,7 +526,7 @@ class _ExportRun:
             ("l0_objects", old.l0_rowid),
             ("l1_objects", old.l1_rowid),
         ):
-            (last,), = self._db.execute(f"SELECT COALESCE(MAX(rowid), 0) FROM {table}")
+            ((last,),) = self._db.execute(f"SELECT COALESCE(MAX(rowid), 0) FROM {table}")
             if last < exported:
                 raise ExportError(
                     f"the store's {table} ends at row {last}, but row {exported} was exported "
@@ -592,9 +586,7 @@ class _ExportRun:
             last = max(last, rows[-1][0])
         return last
 
-    def _l0_objects(
-        self, created: _TableSink, deleted: _TableSink
-    ) -> tuple[int, list[tuple[int, int, int]]]:
+    def _l0_objects(self, created: _TableSink, deleted: _TableSink) -> tuple[int, list[tuple[int, int, int]]]:
         """Creations by rowid; deletions of the objects that were live at the last export and
         of the new ones. The rows live now become the next export's open runs."""
         still_live: list[tuple[int, int]] = []
@@ -716,13 +708,9 @@ def _select_fence_events(connection: Snapshot) -> str:
 
 
 _SELECT_L0_OPEN = (
-    "SELECT rowid, key, deleted_at, deleted_at_m FROM l0_objects"
-    " WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
+    "SELECT rowid, key, deleted_at, deleted_at_m FROM l0_objects WHERE rowid BETWEEN ? AND ? ORDER BY rowid"
 )
-_SELECT_L0 = (
-    "SELECT rowid, key, epoch, size, created_at, extents, deleted_at, deleted_at_m"
-    " FROM l0_objects"
-)
+_SELECT_L0 = "SELECT rowid, key, epoch, size, created_at, extents, deleted_at, deleted_at_m FROM l0_objects"
 _SELECT_L1 = (
     "SELECT l.rowid, l.key, p.topic, p.partition, l.base_offset, l.last_offset,"
     " l.last_log_offset, l.term, l.size, l.state, l.created_at, l.updated_at"

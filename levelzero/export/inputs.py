@@ -77,9 +77,7 @@ def _load_one(path: str, files: Files) -> ExportInput:
     if not files.is_dir(path):
         raise AnalysisError(f"input {path} is not a directory (pass an export directory)")
     if not files.list_names(path):
-        raise AnalysisError(
-            f"input directory {path} is empty: run `levelzero export --out {path}` first"
-        )
+        raise AnalysisError(f"input directory {path} is empty: run `levelzero export --out {path}` first")
     manifest_path = join(path, MANIFEST_NAME)
     data = files.read_small(manifest_path, MANIFEST_BYTES_MAX)
     if data is None:
@@ -121,8 +119,7 @@ def _check_schema(files: Files, file_path: str, table: str) -> None:
     why = schema_mismatch(table, files.parquet_schema(file_path))
     if why is not None:
         raise AnalysisError(
-            f"{file_path} does not have the {table} schema: {why} (see "
-            "levelzero/export/SCHEMAS.md)"
+            f"{file_path} does not have the {table} schema: {why} (see levelzero/export/SCHEMAS.md)"
         )
 
 

@@ -29,8 +29,26 @@ from .schemas import TABLES
 BUCKETS_MAX = 240  # time buckets of the over-time results, when the analysis chooses the bucket
 BUCKETS_REQUESTED_MAX = 20_000  # ... and when the caller chose it
 NICE_BUCKETS_S = (
-    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
-    172800, 604800,
+    1,
+    2,
+    5,
+    10,
+    15,
+    30,
+    60,
+    120,
+    300,
+    600,
+    900,
+    1800,
+    3600,
+    7200,
+    10800,
+    21600,
+    43200,
+    86400,
+    172800,
+    604800,
 )
 HISTOGRAM_BINS = 20
 FENCE_RANGES_MAX = 200  # epoch ranges of the fence results, however many epochs the data spans
@@ -62,9 +80,7 @@ def spark_schema(table: str) -> T.StructType:
             return T.TimestampType()
         raise AssertionError(f"no Spark type for {arrow_type}")
 
-    return T.StructType(
-        [T.StructField(f.name, spark_type(f.type), True) for f in TABLES[table].schema]
-    )
+    return T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in TABLES[table].schema])
 
 
 def seconds_schema(schema: T.StructType) -> T.StructType:
@@ -72,7 +88,8 @@ def seconds_schema(schema: T.StructType) -> T.StructType:
     return T.StructType(
         [
             T.StructField(f.name, T.DoubleType(), f.nullable)
-            if isinstance(f.dataType, T.TimestampType) else f
+            if isinstance(f.dataType, T.TimestampType)
+            else f
             for f in schema.fields
         ]
     )
@@ -135,7 +152,8 @@ class SparkAnalysis:
         # The jobs compute on unix seconds (float): every TIMESTAMP column becomes one here.
         seconds = [
             (F.unix_micros(F.col(f.name)) / F.lit(MICROS_PER_S)).alias(f.name)
-            if isinstance(f.dataType, T.TimestampType) else F.col(f.name)
+            if isinstance(f.dataType, T.TimestampType)
+            else F.col(f.name)
             for f in schema.fields
         ]
         frame = self.spark.read.schema(schema).parquet(*uris).select(*seconds)
@@ -177,9 +195,7 @@ class SparkAnalysis:
             t0=t0,
             buckets=buckets,
         )
-        results.figures.update(
-            time_start=t_min, time_end=t_max, buckets=buckets, bucket_s=bucket_s
-        )
+        results.figures.update(time_start=t_min, time_end=t_max, buckets=buckets, bucket_s=bucket_s)
         return results
 
     def _bucket(self, column: str) -> Column:
@@ -208,11 +224,7 @@ class SparkAnalysis:
         time M was *at least* it: M is monotone per GC, rounds of several GCs or restarts need
         not be). Each M value covers the epochs above the next lower value, a range join of
         two small tables (distinct epochs × distinct M values)."""
-        firsts = (
-            rounds.where(F.col("m").isNotNull())
-            .groupBy("m")
-            .agg(F.min("started_at").alias("first_at"))
-        )
+        firsts = rounds.where(F.col("m").isNotNull()).groupBy("m").agg(F.min("started_at").alias("first_at"))
         from_above = Window.orderBy(F.col("m").desc()).rowsBetween(Window.unboundedPreceding, 0)
         steps = firsts.withColumn("reached_at", F.min("first_at").over(from_above)).withColumn(
             "m_below", F.lag("m").over(Window.orderBy("m"))
@@ -280,17 +292,30 @@ class SparkAnalysis:
         summary_rows = [
             {"figure": name, "value": None if figures[name] is None else float(figures[name])}
             for name in (
-                "gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
-                "gc_lag_mean_s", "l0_age_p50_s", "l0_age_p90_s", "l0_age_p99_s", "l0_age_max_s",
-                "l0_age_mean_s", "l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes",
-                "l0_eligible_not_deleted", "l0_deleted_unexplained",
+                "gc_lag_count",
+                "gc_lag_p50_s",
+                "gc_lag_p90_s",
+                "gc_lag_p99_s",
+                "gc_lag_max_s",
+                "gc_lag_mean_s",
+                "l0_age_p50_s",
+                "l0_age_p90_s",
+                "l0_age_p99_s",
+                "l0_age_max_s",
+                "l0_age_mean_s",
+                "l0_objects",
+                "l0_bytes",
+                "l0_deleted",
+                "l0_deleted_bytes",
+                "l0_eligible_not_deleted",
+                "l0_deleted_unexplained",
             )
         ]
         self.results.tables["gc_lag_summary"] = ResultTable(["figure", "value"], summary_rows)
-        self._histogram("gc_lag_histogram", lags.where(F.col("explained")), "lag_s",
-                        summary["lag_max"])
-        self._histogram("l0_age_histogram", lags.where(F.col("age_s").isNotNull()), "age_s",
-                        summary["age_max"])
+        self._histogram("gc_lag_histogram", lags.where(F.col("explained")), "lag_s", summary["lag_max"])
+        self._histogram(
+            "l0_age_histogram", lags.where(F.col("age_s").isNotNull()), "age_s", summary["age_max"]
+        )
 
     def _histogram(self, name: str, frame: DataFrame, column: str, top: float | None) -> None:
         """HISTOGRAM_BINS equal bins from 0 to `top` of `column` (objects per bin)."""
@@ -305,7 +330,8 @@ class SparkAnalysis:
         counts = (
             frame.select(
                 F.least(F.floor(F.greatest(F.col(column), F.lit(0.0)) / width), last_bin)
-                .cast("long").alias("bin")
+                .cast("long")
+                .alias("bin")
             )
             .groupBy("bin")
             .agg(_count().alias("objects"))
@@ -349,9 +375,13 @@ class SparkAnalysis:
                 F.sum(F.when(real, F.col("deleted_bytes")).otherwise(0)).alias("deleted_bytes"),
             )
             .select(
-                self._bucket_start(), "rounds", "cluster_epoch", "m",
+                self._bucket_start(),
+                "rounds",
+                "cluster_epoch",
+                "m",
                 (F.col("cluster_epoch") - F.col("m")).alias("cluster_lag_epochs"),
-                "deleted", "deleted_bytes",
+                "deleted",
+                "deleted_bytes",
             )
         )
         self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
@@ -376,12 +406,10 @@ class SparkAnalysis:
             l1.groupBy("key")
             .agg(
                 F.max("size").alias("size"),
-                F.min(F.when(F.col("state") == "COPY_FINISHED", F.col("updated_at"))).alias(
-                    "live_from"
+                F.min(F.when(F.col("state") == "COPY_FINISHED", F.col("updated_at"))).alias("live_from"),
+                F.min(F.when(F.col("state").isin(*L1_LIVE_UNTIL_STATES), F.col("updated_at"))).alias(
+                    "live_until"
                 ),
-                F.min(
-                    F.when(F.col("state").isin(*L1_LIVE_UNTIL_STATES), F.col("updated_at"))
-                ).alias("live_until"),
             )
             .where(F.col("live_from").isNotNull())
         )
@@ -389,9 +417,7 @@ class SparkAnalysis:
             deltas(objects, "created_at", 1, l0=True)
             .unionByName(deltas(objects.join(deletions, "key"), "deleted_at", -1, l0=True))
             .unionByName(deltas(lifetimes, "live_from", 1, l0=False))
-            .unionByName(
-                deltas(lifetimes.where(F.col("live_until").isNotNull()), "live_until", -1, l0=False)
-            )
+            .unionByName(deltas(lifetimes.where(F.col("live_until").isNotNull()), "live_until", -1, l0=False))
             .groupBy("b")
             .agg(*[F.sum(c).alias(c) for c in ("l0_bytes", "l0_objects", "l1_bytes")])
         )
@@ -438,9 +464,7 @@ class SparkAnalysis:
             .agg(F.max_by(F.struct(*state), F.struct("sampled_at", "seq")).alias("s"))
         )
         as_of = (
-            Window.partitionBy("topic", "partition")
-            .orderBy("b")
-            .rowsBetween(Window.unboundedPreceding, 0)
+            Window.partitionBy("topic", "partition").orderBy("b").rowsBetween(Window.unboundedPreceding, 0)
         )
         filled = (
             samples.select("topic", "partition")
@@ -473,16 +497,20 @@ class SparkAnalysis:
         watermarks = self._keep(
             "watermark_over_time",
             per_bucket.select(
-                self._bucket_start(), "partitions", "without_mp", "m", "max_applied_epoch",
-                "cluster_lag_epochs", "partition_lag_max", "partition_lag_mean",
+                self._bucket_start(),
+                "partitions",
+                "without_mp",
+                "m",
+                "max_applied_epoch",
+                "cluster_lag_epochs",
+                "partition_lag_max",
+                "partition_lag_mean",
             ),
             order=["bucket_start"],
         )
         reconciler = self._keep(
             "reconciler_lag_over_time",
-            per_bucket.select(
-                self._bucket_start(), "partitions", "unreconciled_total", "unreconciled_max"
-            ),
+            per_bucket.select(self._bucket_start(), "partitions", "unreconciled_total", "unreconciled_max"),
             order=["bucket_start"],
         )
         holds_m = F.when(F.col("without_mp") > 0, F.col("mp").isNull()).otherwise(
@@ -520,9 +548,7 @@ class SparkAnalysis:
             per_partition,
             order=[F.col("seconds_holding_m").desc(), "topic", "partition"],
         )
-        lags = [
-            r["cluster_lag_epochs"] for r in watermarks.rows if r["cluster_lag_epochs"] is not None
-        ]
+        lags = [r["cluster_lag_epochs"] for r in watermarks.rows if r["cluster_lag_epochs"] is not None]
         totals = [r["unreconciled_total"] for r in reconciler.rows]
         top = holders.rows[0] if holders.rows and holders.rows[0]["buckets_holding_m"] else None
         self.results.figures.update(
@@ -560,15 +586,30 @@ class SparkAnalysis:
                     F.least(F.col("window_max_from") + F.lit(width - 1), F.lit(hi)).cast("long"),
                 )
                 .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
-                .select("window_max_from", "window_max_to", "events", "rejected", "slides",
-                        "partitions", "rejection_rate")
+                .select(
+                    "window_max_from",
+                    "window_max_to",
+                    "events",
+                    "rejected",
+                    "slides",
+                    "partitions",
+                    "rejection_rate",
+                )
             )
             self._keep("fence_by_window", by_window, order=["window_max_from"])
             self.results.figures["fence_epochs_per_range"] = width
         else:
             self.results.tables["fence_by_window"] = ResultTable(
-                ["window_max_from", "window_max_to", "events", "rejected", "slides", "partitions",
-                 "rejection_rate"], [],
+                [
+                    "window_max_from",
+                    "window_max_to",
+                    "events",
+                    "rejected",
+                    "slides",
+                    "partitions",
+                    "rejection_rate",
+                ],
+                [],
             )
         window_size = F.col("window_max") - F.col("window_min") + 1
         sizes = (
@@ -608,7 +649,12 @@ class SparkAnalysis:
         per_bucket = self._cache(per_bucket)
         path = join(self.out_dir, "tables", "throughput_partition_buckets")
         per_bucket.select(
-            "topic", "partition", self._bucket_start(), "records", "bytes", "placeholders",
+            "topic",
+            "partition",
+            self._bucket_start(),
+            "records",
+            "bytes",
+            "placeholders",
             (F.col("records") / bucket_s).alias("records_per_s"),
             (F.col("bytes") / bucket_s).alias("bytes_per_s"),
         ).write.mode("overwrite").parquet(spark_uri(path))

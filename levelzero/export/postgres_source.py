@@ -80,9 +80,9 @@ class PostgresSnapshot:
     def __init__(self, loop: asyncio.AbstractEventLoop, connection: asyncpg.Connection) -> None:
         self._loop = loop
         self._connection = connection
-        self.xid_horizon = int(self._run(connection.fetchval(
-            "SELECT txid_snapshot_xmin(txid_current_snapshot())"
-        )))
+        self.xid_horizon = int(
+            self._run(connection.fetchval("SELECT txid_snapshot_xmin(txid_current_snapshot())"))
+        )
 
     def _run(self, awaitable: Any) -> Any:
         return self._loop.run_until_complete(awaitable)
@@ -130,9 +130,12 @@ def postgres_snapshot(dsn: str, password: str | None = None) -> Iterator[Postgre
 
 def _check_schema(loop: asyncio.AbstractEventLoop, connection: asyncpg.Connection, where: str) -> None:
     tables = {
-        row["table_name"] for row in loop.run_until_complete(connection.fetch(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-        ))
+        row["table_name"]
+        for row in loop.run_until_complete(
+            connection.fetch(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+            )
+        )
     }
     version = 0
     if "levelzero_schema" in tables:

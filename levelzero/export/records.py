@@ -28,8 +28,10 @@ class RecordsReport:
     ranges: int
 
     def summary(self) -> str:
-        return (f"export --records {self.topic}: {self.records} records from {self.ranges} "
-                f"object ranges to {self.path}")
+        return (
+            f"export --records {self.topic}: {self.records} records from {self.ranges} "
+            f"object ranges to {self.path}"
+        )
 
 
 def records_path(out_dir: str, topic: str) -> str:

@@ -49,7 +49,7 @@ class WrittenReport:
 
 def _rebased(path: str, old_root: str, new_root: str) -> str:
     if path == old_root or path.startswith(old_root.rstrip("/") + "/"):
-        return new_root.rstrip("/") + path[len(old_root.rstrip("/")):]
+        return new_root.rstrip("/") + path[len(old_root.rstrip("/")) :]
     return path
 
 
@@ -142,8 +142,14 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         figure, axes = plt.subplots(1, len(panels), figsize=(10, 3.6), squeeze=False)
         for axis, (prefix, title, histogram) in zip(axes[0], panels, strict=True):
             widths = [r["bin_hi_s"] - r["bin_lo_s"] for r in histogram]
-            axis.bar([r["bin_lo_s"] for r in histogram], [r["objects"] for r in histogram],
-                     width=widths, align="edge", edgecolor="black", linewidth=0.4)
+            axis.bar(
+                [r["bin_lo_s"] for r in histogram],
+                [r["objects"] for r in histogram],
+                width=widths,
+                align="edge",
+                edgecolor="black",
+                linewidth=0.4,
+            )
             for p, style in (("p50", "--"), ("p90", "-."), ("p99", ":")):
                 value = results.figures.get(f"{prefix}_{p}_s")
                 if value is not None:
@@ -164,8 +170,9 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.set_ylabel("bytes")
         axis.yaxis.set_major_formatter(bytes_axis)
         twin = axis.twinx()
-        twin.plot(times, [r["amplification"] for r in storage], color="gray", linestyle="--",
-                  label="(L0 + L1) / L1")
+        twin.plot(
+            times, [r["amplification"] for r in storage], color="gray", linestyle="--", label="(L0 + L1) / L1"
+        )
         twin.set_ylabel("amplification")
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
@@ -185,8 +192,13 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
                 values = [r[column] for r in watermark]
                 axis.step(times, values, where="post", linestyle=style, label=label)
         if gc_rounds:
-            axis.plot(_times(gc_rounds, bucket_s), [r["m"] for r in gc_rounds], "o", markersize=3,
-                      label="M seen by GC rounds")
+            axis.plot(
+                _times(gc_rounds, bucket_s),
+                [r["m"] for r in gc_rounds],
+                "o",
+                markersize=3,
+                label="M seen by GC rounds",
+            )
         axis.set_ylabel("epoch")
         axis.legend(loc="upper left")
         save("watermark_over_time", figure)
@@ -196,13 +208,27 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     if cluster_lags or round_lags:
         figure, axis = time_figure("Cluster lag E − M (epochs the GC is behind)")
         if cluster_lags:
-            axis.step(_times(cluster_lags, bucket_s), [r["cluster_lag_epochs"] for r in cluster_lags],
-                      where="post", label="max applied epoch − M (state samples)")
-            axis.step(_times(cluster_lags, bucket_s), [r["partition_lag_max"] for r in cluster_lags],
-                      where="post", linestyle="--", label="worst partition: max applied − M(p)")
+            axis.step(
+                _times(cluster_lags, bucket_s),
+                [r["cluster_lag_epochs"] for r in cluster_lags],
+                where="post",
+                label="max applied epoch − M (state samples)",
+            )
+            axis.step(
+                _times(cluster_lags, bucket_s),
+                [r["partition_lag_max"] for r in cluster_lags],
+                where="post",
+                linestyle="--",
+                label="worst partition: max applied − M(p)",
+            )
         if round_lags:
-            axis.plot(_times(round_lags, bucket_s), [r["cluster_lag_epochs"] for r in round_lags],
-                      "o", markersize=3, label="E − M seen by GC rounds")
+            axis.plot(
+                _times(round_lags, bucket_s),
+                [r["cluster_lag_epochs"] for r in round_lags],
+                "o",
+                markersize=3,
+                label="E − M seen by GC rounds",
+            )
         axis.set_ylabel("epochs")
         axis.legend(loc="upper left")
         save("cluster_lag", figure)
@@ -223,10 +249,12 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     sizes = tables["fence_window_sizes"].rows
     if by_window or sizes:
         figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-        left.bar([r["window_max_from"] for r in by_window],
-                 [r["rejection_rate"] for r in by_window],
-                 width=[r["window_max_to"] - r["window_max_from"] + 1 for r in by_window],
-                 align="edge")
+        left.bar(
+            [r["window_max_from"] for r in by_window],
+            [r["rejection_rate"] for r in by_window],
+            width=[r["window_max_to"] - r["window_max_from"] + 1 for r in by_window],
+            align="edge",
+        )
         left.set_title("Stale rejections / fence decisions")
         left.set_xlabel("window upper edge (epoch range)")
         left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
@@ -243,8 +271,10 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
     if reconciler:
         figure, axis = time_figure("Reconciler lag: records not yet in L1")
         times = _times(reconciler, bucket_s)
-        for column, label in (("unreconciled_total", "all partitions"),
-                              ("unreconciled_max", "worst partition")):
+        for column, label in (
+            ("unreconciled_total", "all partitions"),
+            ("unreconciled_max", "worst partition"),
+        ):
             axis.step(times, [r[column] for r in reconciler], where="post", label=label)
         axis.set_ylabel("records")
         axis.legend(loc="upper left")
@@ -257,8 +287,9 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.plot(times, [r["records_per_s"] for r in throughput], label="records/s")
         axis.set_ylabel("records/s")
         twin = axis.twinx()
-        twin.plot(times, [r["bytes_per_s"] for r in throughput], color="gray", linestyle="--",
-                  label="bytes/s")
+        twin.plot(
+            times, [r["bytes_per_s"] for r in throughput], color="gray", linestyle="--", label="bytes/s"
+        )
         twin.set_ylabel("bytes/s")
         twin.yaxis.set_major_formatter(bytes_axis)
         lines = axis.get_lines() + twin.get_lines()
@@ -279,9 +310,21 @@ _SECTIONS = [
         "share of it: an object is eligible at the first GC round whose watermark M reached its "
         "epoch (not before it was created); the lag includes the grace period and the GC's "
         "pacing between rounds. Age minus lag is the time the watermark took to pass the object.",
-        ["l0_age_p50_s", "l0_age_p90_s", "l0_age_p99_s", "l0_age_max_s", "l0_age_mean_s",
-         "gc_lag_count", "gc_lag_p50_s", "gc_lag_p90_s", "gc_lag_p99_s", "gc_lag_max_s",
-         "gc_lag_mean_s", "l0_eligible_not_deleted", "l0_deleted_unexplained"],
+        [
+            "l0_age_p50_s",
+            "l0_age_p90_s",
+            "l0_age_p99_s",
+            "l0_age_max_s",
+            "l0_age_mean_s",
+            "gc_lag_count",
+            "gc_lag_p50_s",
+            "gc_lag_p90_s",
+            "gc_lag_p99_s",
+            "gc_lag_max_s",
+            "gc_lag_mean_s",
+            "l0_eligible_not_deleted",
+            "l0_deleted_unexplained",
+        ],
         ["gc_lag_summary", "l0_age_histogram", "gc_lag_histogram"],
     ),
     (
@@ -290,9 +333,18 @@ _SECTIONS = [
         "Bytes held in live L0 objects next to live (COPY_FINISHED, not being deleted) L1 "
         "objects. L0 objects hold data that is often already reconciled into L1: until the GC "
         "deletes them the data is stored twice. Amplification = (L0 + L1) / L1.",
-        ["l0_objects", "l0_bytes", "l0_deleted", "l0_deleted_bytes", "l0_live_objects_end",
-         "l0_live_bytes_end", "l0_live_bytes_peak", "l1_live_bytes_end", "amplification_peak",
-         "amplification_end"],
+        [
+            "l0_objects",
+            "l0_bytes",
+            "l0_deleted",
+            "l0_deleted_bytes",
+            "l0_live_objects_end",
+            "l0_live_bytes_end",
+            "l0_live_bytes_peak",
+            "l1_live_bytes_end",
+            "amplification_peak",
+            "amplification_end",
+        ],
         [],
     ),
     (
@@ -302,9 +354,17 @@ _SECTIONS = [
         "value at a time is its latest sample). M = min M(p); the partitions at that minimum "
         "(or still without an M(p)) are what holds the GC back. Partition lag = max applied "
         "epoch − M(p).",
-        ["watermark_lag_max_epochs", "watermark_lag_end_epochs", "top_m_holder",
-         "top_m_holder_seconds", "gc_rounds", "gc_dry_runs", "gc_blocked_rounds", "gc_m_max",
-         "cluster_epoch_max"],
+        [
+            "watermark_lag_max_epochs",
+            "watermark_lag_end_epochs",
+            "top_m_holder",
+            "top_m_holder_seconds",
+            "gc_rounds",
+            "gc_dry_runs",
+            "gc_blocked_rounds",
+            "gc_m_max",
+            "cluster_epoch_max",
+        ],
         [],
     ),
     (
@@ -395,9 +455,7 @@ def _image(path: str) -> str:
     return f"<img alt='{alt}' src='data:image/png;base64,{data}'>"
 
 
-def _render_html(
-    results: Results, plots: dict[str, str], tables: dict[str, str], out_dir: str
-) -> str:
+def _render_html(results: Results, plots: dict[str, str], tables: dict[str, str], out_dir: str) -> str:
     figures = results.figures
     span = (
         f"{datetime.fromtimestamp(figures['time_start'], UTC):%Y-%m-%d %H:%M:%S} – "
@@ -421,17 +479,27 @@ def _render_html(
     for path in results.inputs:
         out.write(f"<li><code>{html.escape(path)}</code></li>")
     out.write("</ul>")
-    rows_table = ResultTable(
-        ["table", "rows"], [{"table": k, "rows": v} for k, v in results.rows.items()]
-    )
+    rows_table = ResultTable(["table", "rows"], [{"table": k, "rows": v} for k, v in results.rows.items()])
     out.write(_html_table(rows_table))
     out.write("<h2>Key figures</h2>")
     out.write(
         _figures_table(
             results,
-            ["l0_objects", "l0_bytes", "l0_deleted", "gc_lag_p50_s", "gc_lag_p99_s", "gc_lag_max_s",
-             "amplification_peak", "watermark_lag_max_epochs", "top_m_holder",
-             "fence_rejection_rate", "reconciler_lag_max_records", "records_total", "bytes_total"],
+            [
+                "l0_objects",
+                "l0_bytes",
+                "l0_deleted",
+                "gc_lag_p50_s",
+                "gc_lag_p99_s",
+                "gc_lag_max_s",
+                "amplification_peak",
+                "watermark_lag_max_epochs",
+                "top_m_holder",
+                "fence_rejection_rate",
+                "reconciler_lag_max_records",
+                "records_total",
+                "bytes_total",
+            ],
         )
     )
     for title, plot, text, figure_names, table_names in _SECTIONS:
@@ -449,8 +517,7 @@ def _render_html(
         relative = html.escape(os.path.relpath(path, out_dir))
         csv = os.path.splitext(path)[0] + ".csv"
         csv_link = (
-            f", <a href='{html.escape(os.path.relpath(csv, out_dir))}'>csv</a>"
-            if os.path.exists(csv) else ""
+            f", <a href='{html.escape(os.path.relpath(csv, out_dir))}'>csv</a>" if os.path.exists(csv) else ""
         )
         out.write(f"<li>{html.escape(name)}: <a href='{relative}'>{relative}</a>{csv_link}</li>")
     out.write("</ul></body></html>")

@@ -82,12 +82,8 @@ TABLES: dict[str, TableSpec] = {
                         pa.int64(),
                         "first data offset the entry covers (the high watermark before it)",
                     ),
-                    _column(
-                        "record_count", pa.int64(), "records of a placeholder; 0 otherwise"
-                    ),
-                    _column(
-                        "byte_length", pa.int64(), "extent bytes of a placeholder; 0 otherwise"
-                    ),
+                    _column("record_count", pa.int64(), "records of a placeholder; 0 otherwise"),
+                    _column("byte_length", pa.int64(), "extent bytes of a placeholder; 0 otherwise"),
                     _column("appended_at", TIME_TYPE, "when the store appended it"),
                 ]
             ),
@@ -231,9 +227,7 @@ TABLES: dict[str, TableSpec] = {
                     _column("too_young", pa.int64(), "objects skipped: inside the grace period"),
                     _column("above_m", pa.int64(), "prefixes that stopped at an epoch above M"),
                     _column("errors", pa.int64(), "list and delete errors"),
-                    _column(
-                        "blocked_by", pa.string(), "why nothing could be deleted", nullable=True
-                    ),
+                    _column("blocked_by", pa.string(), "why nothing could be deleted", nullable=True),
                 ]
             ),
             time_column="started_at",
@@ -305,8 +299,7 @@ def render_markdown() -> str:
     lines = [
         "# levelzero export schemas",
         "",
-        "Generated from `levelzero/export/schemas.py` (`render_markdown()`); edit that file, "
-        "not this one.",
+        "Generated from `levelzero/export/schemas.py` (`render_markdown()`); edit that file, not this one.",
         "",
         f"Format version {FORMAT_VERSION}. Layout: `OUT/<table>/date=YYYY-MM-DD/"
         "part-<export_id>[-<n>].parquet` (UTC date of the table's time column) plus the "
@@ -330,20 +323,20 @@ def render_markdown() -> str:
         ]
         for field in spec.schema:
             doc = (field.metadata or {}).get(b"doc", b"").decode().replace("|", "\\|")
-            lines.append(
-                f"| {field.name} | {field.type} | {'yes' if field.nullable else 'no'} | {doc} |"
-            )
+            lines.append(f"| {field.name} | {field.type} | {'yes' if field.nullable else 'no'} | {doc} |")
         lines.append("")
     return "\n".join(lines)
 
 
 # The rows of `levelzero export --records` and of the Spark data source's Arrow batches.
-RECORDS_SCHEMA = pa.schema([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp", pa.int64()),
-    ("key", pa.binary()),
-    ("value", pa.binary()),
-    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-])
+RECORDS_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)

@@ -176,10 +176,21 @@ def plan(
                     continue
                 if state.abandoned_range(first) is not None:
                     continue  # given up by an operator: unreadable
-                ranges.append(ObjectRange(
-                    topic, partition, "l0", p.object_key, base, first, stop,
-                    p.byte_offset, p.byte_length, p.record_count, p.checksum,
-                ))
+                ranges.append(
+                    ObjectRange(
+                        topic,
+                        partition,
+                        "l0",
+                        p.object_key,
+                        base,
+                        first,
+                        stop,
+                        p.byte_offset,
+                        p.byte_length,
+                        p.record_count,
+                        p.checksum,
+                    )
+                )
         return ranges
 
 

@@ -204,7 +204,8 @@ def _require_json(request: Request) -> None:
     if media_type != JSON_MEDIA_TYPE:
         shown = repr(media_type) if media_type else "none"
         raise ApiError(
-            415, "unsupported_media_type",
+            415,
+            "unsupported_media_type",
             f"POST needs Content-Type: {JSON_MEDIA_TYPE} (got {shown})",
         )
 
@@ -224,7 +225,11 @@ def _unsigned(name: str, text: str) -> int:
 
 class Api:
     def __init__(
-        self, node: Node, settings: ApiSettings, metrics: DaemonMetrics, lifecycle: Lifecycle,
+        self,
+        node: Node,
+        settings: ApiSettings,
+        metrics: DaemonMetrics,
+        lifecycle: Lifecycle,
         intake: ProduceIntake,
     ) -> None:
         self.node = node
@@ -257,8 +262,11 @@ class Api:
             except ClientDisconnect:
                 if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
                     return self._answered_by_protocol(path, answered)
-                log.info("%s %s: the client closed the connection before its request body "
-                         "arrived", request.method, request.url.path)
+                log.info(
+                    "%s %s: the client closed the connection before its request body arrived",
+                    request.method,
+                    request.url.path,
+                )
                 self.metrics.requests.labels(path, CLIENT_CLOSED_CODE).inc()
                 return error_response(400, "client_closed", "the client closed the connection")
             except ApiError as exc:
@@ -272,7 +280,9 @@ class Api:
             except AssertionError:
                 log.critical(
                     "BUG: invariant violated while serving %s %s",
-                    request.method, request.url.path, exc_info=True,
+                    request.method,
+                    request.url.path,
+                    exc_info=True,
                 )
                 response = error_response(500, "internal_error", "internal error (a bug; logged)")
             except Exception:
@@ -333,7 +343,8 @@ class Api:
 
     def _too_large(self, size: int) -> ApiError:
         return ApiError(
-            413, "too_large",
+            413,
+            "too_large",
             f"request body of {size} bytes exceeds body_bytes_max {self.settings.body_bytes_max}",
         )
 
@@ -373,8 +384,14 @@ class Api:
             else:
                 without += 1
         nodes = [
-            ClusterNodeInfo(n.node_id, n.advertise_url, n.node_id in live, n.draining,
-                            led.get(n.node_id, 0), round(n.lease_expires_at - view.now, 3))
+            ClusterNodeInfo(
+                n.node_id,
+                n.advertise_url,
+                n.node_id in live,
+                n.draining,
+                led.get(n.node_id, 0),
+                round(n.lease_expires_at - view.now, 3),
+            )
             for n in view.nodes
         ]
         return _json(ClusterInfo(True, member.node_id, nodes, len(view.leases), without))
@@ -395,21 +412,26 @@ class Api:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
         if count > self.settings.records_per_request_max:
             raise ApiError(
-                413, "too_large",
-                f"{count} records exceed records_per_request_max "
-                f"{self.settings.records_per_request_max}",
+                413,
+                "too_large",
+                f"{count} records exceed records_per_request_max {self.settings.records_per_request_max}",
             )
         self._check_serving()
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
         result = await self.intake.produce(
-            topic, partition, [
-                Record(r.key, r.value,
-                       NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
-                       tuple(r.headers) if r.headers else ())
+            topic,
+            partition,
+            [
+                Record(
+                    r.key,
+                    r.value,
+                    NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
+                    tuple(r.headers) if r.headers else (),
+                )
                 for r in body.records
-            ]
+            ],
         )
         self.metrics.produce_latency.observe(time.perf_counter() - started)
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
@@ -433,9 +455,13 @@ class Api:
         return _json(
             FetchResponse(
                 records=[
-                    RecordOut(r.offset, r.key, r.value,
-                              None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
-                              list(r.headers) if r.headers else None)
+                    RecordOut(
+                        r.offset,
+                        r.key,
+                        r.value,
+                        None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
+                        list(r.headers) if r.headers else None,
+                    )
                     for r in result.records
                 ],
                 next_offset=result.next_offset,
@@ -558,9 +584,7 @@ class Api:
         limit_text = _single(params, "limit")
         limit = STATUS_PAGE_LIMIT_DEFAULT if limit_text is None else _unsigned("limit", limit_text)
         if not 1 <= limit <= STATUS_PAGE_LIMIT_MAX:
-            raise ApiError(
-                400, "malformed_request", f"limit must be 1..{STATUS_PAGE_LIMIT_MAX}, not {limit}"
-            )
+            raise ApiError(400, "malformed_request", f"limit must be 1..{STATUS_PAGE_LIMIT_MAX}, not {limit}")
         after_text = _single(params, "after")
         after = None if after_text is None else _partition_cursor(after_text)
         views = self._status_views(_single(params, "topic"))
@@ -596,9 +620,7 @@ class Api:
             raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
         key, epoch_text = _single(params, "key"), _single(params, "epoch")
         if (key is None) == (epoch_text is None):
-            raise ApiError(
-                400, "malformed_request", "give exactly one of key=L0_KEY or epoch=N"
-            )
+            raise ApiError(400, "malformed_request", "give exactly one of key=L0_KEY or epoch=N")
         epoch = None
         if key is not None:
             parse_l0_key(key)  # MalformedKey (400) names the key
@@ -610,9 +632,7 @@ class Api:
         return _json(await self.node.gc.explain(key=key, epoch=epoch))
 
     async def housekeeper_run(self, request: Request) -> Response:
-        body: HousekeeperRunRequest = _decode_optional(
-            HousekeeperRunRequest, await self._read_body(request)
-        )
+        body: HousekeeperRunRequest = _decode_optional(HousekeeperRunRequest, await self._read_body(request))
         self._check_serving()
         await self.node.housekeeper.run_round(force=body.force)
         return _json(housekeeper_status(self.node))
@@ -648,9 +668,7 @@ class Api:
 def _partition_cursor(text: str) -> tuple[str, int]:
     topic, slash, number = text.rpartition("/")
     if not slash or not topic or not _UNSIGNED.match(number):
-        raise ApiError(
-            400, "malformed_request", f"after must be TOPIC/PARTITION (e.g. t/0), not {text!r}"
-        )
+        raise ApiError(400, "malformed_request", f"after must be TOPIC/PARTITION (e.g. t/0), not {text!r}")
     return topic, int(number)
 
 
@@ -681,9 +699,7 @@ def status_outliers(
         )
         reasons = [reason for reason, hit in zip(OUTLIER_REASONS, hits, strict=True) if hit]
         if reasons:
-            found.append(
-                PartitionOutlier(v.name, reasons, v.published_mp, lag, v.fence.stale_rejections)
-            )
+            found.append(PartitionOutlier(v.name, reasons, v.published_mp, lag, v.fence.stale_rejections))
     shown = heapq.nsmallest(
         STATUS_OUTLIERS_MAX,
         found,
@@ -715,8 +731,7 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
         ],
         l1_deletes_pending=len(pending),
         l1_deletes_pending_shown=[
-            L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error,
-                                  e.next_retry_at)
+            L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error, e.next_retry_at)
             for e in pending.pending()[:L1_DELETES_PENDING_SHOWN_MAX]
         ],
     )
@@ -798,8 +813,13 @@ def build_app(
     intake: ProduceIntake | None = None,
 ) -> Starlette:
     """`intake`: the produce intake this app shares with the Kafka front end (its own if None)."""
-    api = Api(node, settings or ApiSettings(), metrics, lifecycle or Lifecycle(),
-              ProduceIntake(node) if intake is None else intake)
+    api = Api(
+        node,
+        settings or ApiSettings(),
+        metrics,
+        lifecycle or Lifecycle(),
+        ProduceIntake(node) if intake is None else intake,
+    )
     records = "/v1/topics/{topic}/partitions/{partition}/records"
     routes = [
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),

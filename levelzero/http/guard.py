@@ -271,11 +271,17 @@ def refusing_app(app: Any) -> Any:
             "too_many_connections",
             "the server is at its connection limit with every connection busy; retry shortly",
         )
-        await send_and_close({
-            "type": "http.response.start", "status": 503,
-            "headers": [(b"content-type", b"application/json"), (b"retry-after", str(RETRY_AFTER_S).encode()),
-                        (b"content-length", str(len(body)).encode())],
-        })
+        await send_and_close(
+            {
+                "type": "http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"retry-after", str(RETRY_AFTER_S).encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return refused
@@ -302,7 +308,10 @@ class ConnectionGuard:
 
         class Protocol(GuardedH11Protocol):
             def __init__(
-                self, config: UvicornConfig, server_state: ServerState, app_state: dict[str, Any],
+                self,
+                config: UvicornConfig,
+                server_state: ServerState,
+                app_state: dict[str, Any],
                 _loop: asyncio.AbstractEventLoop | None = None,
             ) -> None:
                 super().__init__(config, server_state, app_state, _loop)
@@ -405,8 +414,11 @@ class GuardedH11Protocol(H11Protocol):
             cycle.disconnected = True  # its sends are dropped; its reads end
             cycle.message_event.set()
         body = error_bytes("malformed_request", f"invalid HTTP request: {msg}")
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
-                   (b"content-length", str(len(body)).encode())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"connection", b"close"),
+            (b"content-length", str(len(body)).encode()),
+        ]
         try:
             output = self.conn.send(h11.Response(status_code=400, headers=headers, reason=b"Bad Request"))
             output += self.conn.send(h11.Data(data=body))
@@ -448,10 +460,13 @@ class GuardedH11Protocol(H11Protocol):
         if self._shutting_down:
             return CloseReason.SHUTDOWN
         scope = self.scope
-        if scope is not None and (scope["http_version"] == "1.0" or any(
-            name == b"connection" and b"close" in (token.strip() for token in value.lower().split(b","))
-            for name, value in scope["headers"]
-        )):
+        if scope is not None and (
+            scope["http_version"] == "1.0"
+            or any(
+                name == b"connection" and b"close" in (token.strip() for token in value.lower().split(b","))
+                for name, value in scope["headers"]
+            )
+        ):
             return CloseReason.CLOSE_REQUESTED
         return CloseReason.APP_ERROR
 

@@ -36,13 +36,21 @@ class AdminApi:
                 except LevelZeroError as exc:
                     error, message = error_code_for(exc), str(exc)
                     if exc.code == "invalid_input":
-                        error = (ErrorCode.invalid_partitions if "partitions" in message
-                                 else ErrorCode.invalid_topic_exception)
+                        error = (
+                            ErrorCode.invalid_partitions
+                            if "partitions" in message
+                            else ErrorCode.invalid_topic_exception
+                        )
             results.append(
                 make(
-                    m.CreatableTopicResult, name=topic.name, topic_id=None, error_code=error,
-                    error_message=message, num_partitions=partitions,
-                    replication_factor=1, configs=None,
+                    m.CreatableTopicResult,
+                    name=topic.name,
+                    topic_id=None,
+                    error_code=error,
+                    error_message=message,
+                    num_partitions=partitions,
+                    replication_factor=1,
+                    configs=None,
                 )
             )
         return make(m.CreateTopicsResponse, throttle_time=0, topics=tuple(results))

@@ -35,7 +35,8 @@ class FetchApi:
         body = request.body
         wanted = [
             (t.topic, p.partition, p.fetch_offset, min(max(p.partition_max_bytes, 1), FETCH_BYTES_MAX))
-            for t in body.topics for p in t.partitions
+            for t in body.topics
+            for p in t.partitions
         ]
         wait_ms = min(max(int(body.max_wait.total_seconds() * 1000), 0), FETCH_WAIT_MAX_MS)
         deadline = time.monotonic() + wait_ms / 1000
@@ -58,17 +59,24 @@ class FetchApi:
         for (topic, partition, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
             by_topic.setdefault(topic, []).append(
                 make(
-                    m.PartitionData, partition_index=partition, error_code=code,
-                    high_watermark=hwm, last_stable_offset=hwm, log_start_offset=start,
-                    aborted_transactions=None, preferred_read_replica=-1, records=data,
+                    m.PartitionData,
+                    partition_index=partition,
+                    error_code=code,
+                    high_watermark=hwm,
+                    last_stable_offset=hwm,
+                    log_start_offset=start,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=data,
                 )
             )
         responses = tuple(
             make(m.FetchableTopicResponse, topic=topic, partitions=tuple(parts))
             for topic, parts in by_topic.items()
         )
-        return make(m.FetchResponse, throttle_time=0, error_code=ErrorCode.none, session_id=0,
-                    responses=responses)
+        return make(
+            m.FetchResponse, throttle_time=0, error_code=ErrorCode.none, session_id=0, responses=responses
+        )
 
     def _high_watermark(self, topic: str, partition: int) -> int:
         try:
@@ -86,8 +94,11 @@ class FetchApi:
         (the first always), and what they did not use goes to the next wave."""
         results = [self._empty(topic, partition) for topic, partition, _, _ in wanted]
         budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
-        todo = [i for i, (topic, partition, offset, _) in enumerate(wanted)
-                if self._has_data(topic, partition, offset)]
+        todo = [
+            i
+            for i, (topic, partition, offset, _) in enumerate(wanted)
+            if self._has_data(topic, partition, offset)
+        ]
 
         async def read(i: int, limit: int) -> None:
             topic, partition, offset, _ = wanted[i]

@@ -130,7 +130,8 @@ class GroupCoordinator:
     def _expire(self, group: Group) -> None:
         now = self._clock()
         gone = [
-            m.member_id for m in group.members.values()
+            m.member_id
+            for m in group.members.values()
             if m.member_id not in group.joining and now - m.last_seen > m.session_timeout_s
         ]
         if gone:
@@ -176,8 +177,11 @@ class GroupCoordinator:
         leader = group.members[group.leader]
         supported = [name for name, _ in leader.protocols]
         chosen = next(
-            (name for name in supported
-             if all(name in {n for n, _ in m.protocols} for m in group.members.values())),
+            (
+                name
+                for name in supported
+                if all(name in {n for n, _ in m.protocols} for m in group.members.values())
+            ),
             None,
         )
         current.generation = group.generation
@@ -230,9 +234,12 @@ class GroupCoordinator:
             return refused(ErrorCode.unknown_member_id)
         group.protocol_type = protocol_type
         group.members[member_id] = Member(
-            member_id, client_id, session_s,
+            member_id,
+            client_id,
+            session_s,
             min(max(rebalance_timeout_ms / 1000, session_s), REBALANCE_TIMEOUT_S_MAX),
-            list(protocols), now,
+            list(protocols),
+            now,
         )
         if group.state != "preparing":
             self._start_round(group, initial=group.state == "empty")
@@ -251,8 +258,12 @@ class GroupCoordinator:
         if member_id not in current.members and current.error == ErrorCode.none:
             return refused(ErrorCode.unknown_member_id)
         return JoinResult(
-            current.error, current.generation, protocol_type, current.protocol_name,
-            current.leader, member_id,
+            current.error,
+            current.generation,
+            protocol_type,
+            current.protocol_name,
+            current.leader,
+            member_id,
             sorted(current.members.items()) if member_id == current.leader else [],
         )
 
@@ -313,8 +324,12 @@ class GroupCoordinator:
                 group.joining.discard(member_id)
                 out[member_id] = ErrorCode.none
         if any(code == ErrorCode.none for code in out.values()):
-            if group.state == "preparing" and group.joining >= set(group.members) and group.members \
-                    and not group.initial_round:
+            if (
+                group.state == "preparing"
+                and group.joining >= set(group.members)
+                and group.members
+                and not group.initial_round
+            ):
                 self._complete_round(group)
             else:
                 self._members_changed(group)

@@ -28,6 +28,7 @@ from levelzero.kafka.offsets import OffsetsApi
 from levelzero.kafka.produce import ProduceApi
 from levelzero.kafka.protocol import Request, api_versions_response
 
+
 class Handlers:
     def __init__(self, node: Node, settings: KafkaSettings, intake: ProduceIntake | None = None) -> None:
         self.node = node

@@ -53,8 +53,11 @@ class Cluster:
 
     def me(self) -> Broker:
         member = self.node.member
-        return Broker(NODE_ID if member is None else broker_id(member.node_id),
-                      self.settings.advertised_host, self.settings.advertised_port)
+        return Broker(
+            NODE_ID if member is None else broker_id(member.node_id),
+            self.settings.advertised_host,
+            self.settings.advertised_port,
+        )
 
     def brokers(self) -> dict[str, Broker]:
         """Node id -> broker: the live nodes of the last cluster view that listen for Kafka
@@ -134,18 +137,27 @@ class MetadataApi:
             partitions = []
             for p in range(count or 0):
                 leader = leaders.get((name, p))
-                partitions.append(make(
-                    m.MetadataResponsePartition,
-                    error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
-                    partition_index=p, leader_id=-1 if leader is None else leader,
-                    leader_epoch=0, replica_nodes=() if leader is None else (leader,),
-                    isr_nodes=() if leader is None else (leader,), offline_replicas=(),
-                ))
+                partitions.append(
+                    make(
+                        m.MetadataResponsePartition,
+                        error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
+                        partition_index=p,
+                        leader_id=-1 if leader is None else leader,
+                        leader_epoch=0,
+                        replica_nodes=() if leader is None else (leader,),
+                        isr_nodes=() if leader is None else (leader,),
+                        offline_replicas=(),
+                    )
+                )
             error = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
             out.append(
                 make(
-                    m.MetadataResponseTopic, error_code=error, name=name, topic_id=None,
-                    is_internal=False, partitions=tuple(partitions),
+                    m.MetadataResponseTopic,
+                    error_code=error,
+                    name=name,
+                    topic_id=None,
+                    is_internal=False,
+                    partitions=tuple(partitions),
                     topic_authorized_operations=-2147483648,
                 )
             )
@@ -154,7 +166,11 @@ class MetadataApi:
             for b in sorted(brokers.values(), key=lambda b: b.node_id)
         )
         return make(
-            m.MetadataResponse, throttle_time=0, brokers=shown, cluster_id=CLUSTER_ID,
-            controller_id=min(b.node_id for b in brokers.values()), topics=tuple(out),
+            m.MetadataResponse,
+            throttle_time=0,
+            brokers=shown,
+            cluster_id=CLUSTER_ID,
+            controller_id=min(b.node_id for b in brokers.values()),
+            topics=tuple(out),
             cluster_authorized_operations=-2147483648,
         )

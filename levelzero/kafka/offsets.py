@@ -46,14 +46,21 @@ class OffsetsApi:
                         offset = high_watermark
                     elif p.timestamp >= 0:
                         offset, timestamp = await self._offset_for_time(
-                            topic.name, p.partition_index, p.timestamp)
+                            topic.name, p.partition_index, p.timestamp
+                        )
                     else:
                         error = ErrorCode.invalid_request  # -3 (max timestamp) and others
                 except LevelZeroError as exc:
                     error = error_code_for(exc)
                 parts.append(
-                    make(m.ListOffsetsPartitionResponse, partition_index=p.partition_index,
-                         error_code=error, timestamp=timestamp, offset=offset, leader_epoch=0)
+                    make(
+                        m.ListOffsetsPartitionResponse,
+                        partition_index=p.partition_index,
+                        error_code=error,
+                        timestamp=timestamp,
+                        offset=offset,
+                        leader_epoch=0,
+                    )
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
@@ -98,8 +105,9 @@ class OffsetsApi:
                     elif len(p.committed_metadata or "") > METADATA_CHARS_MAX:
                         code = ErrorCode.offset_metadata_too_large
                     else:
-                        to_store.append((topic.name, p.partition_index, p.committed_offset,
-                                         p.committed_metadata or ""))
+                        to_store.append(
+                            (topic.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                        )
                 codes[(topic.name, p.partition_index)] = code
         if to_store:
             try:
@@ -109,11 +117,18 @@ class OffsetsApi:
                 for topic_name, partition, _, _ in to_store:
                     codes[(topic_name, partition)] = ErrorCode.coordinator_not_available
         topics = tuple(
-            make(m.OffsetCommitResponseTopic, name=topic.name, partitions=tuple(
-                make(m.OffsetCommitResponsePartition, partition_index=p.partition_index,
-                     error_code=codes[(topic.name, p.partition_index)])
-                for p in topic.partitions
-            ))
+            make(
+                m.OffsetCommitResponseTopic,
+                name=topic.name,
+                partitions=tuple(
+                    make(
+                        m.OffsetCommitResponsePartition,
+                        partition_index=p.partition_index,
+                        error_code=codes[(topic.name, p.partition_index)],
+                    )
+                    for p in topic.partitions
+                ),
+            )
             for topic in body.topics
         )
         return make(m.OffsetCommitResponse, throttle_time=0, topics=topics)
@@ -133,11 +148,15 @@ class OffsetsApi:
             parts = []
             for partition in partitions:
                 row = committed.get((name, partition))
-                parts.append(make(
-                    m.OffsetFetchResponsePartition, partition_index=partition,
-                    committed_offset=-1 if row is None else row.committed_offset,
-                    committed_leader_epoch=-1, metadata="" if row is None else row.metadata,
-                    error_code=ErrorCode.none,
-                ))
+                parts.append(
+                    make(
+                        m.OffsetFetchResponsePartition,
+                        partition_index=partition,
+                        committed_offset=-1 if row is None else row.committed_offset,
+                        committed_leader_epoch=-1,
+                        metadata="" if row is None else row.metadata,
+                        error_code=ErrorCode.none,
+                    )
+                )
             topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))
         return make(m.OffsetFetchResponse, throttle_time=0, topics=tuple(topics), error_code=ErrorCode.none)

@@ -60,9 +60,14 @@ class ProduceApi:
         for (topic, partition, _), (code, base_offset, message) in zip(jobs, results, strict=True):
             by_topic.setdefault(topic, []).append(
                 make(
-                    m.PartitionProduceResponse, index=partition, error_code=code,
-                    base_offset=base_offset, log_append_time=None, log_start_offset=-1,
-                    record_errors=(), error_message=message,
+                    m.PartitionProduceResponse,
+                    index=partition,
+                    error_code=code,
+                    base_offset=base_offset,
+                    log_append_time=None,
+                    log_start_offset=-1,
+                    record_errors=(),
+                    error_message=message,
                 )
             )
         responses = tuple(
@@ -82,7 +87,10 @@ class ProduceApi:
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
         records: list[Record] = [
-            r for batch in batches if not batch.is_control for r in batch.records  # type: ignore[misc]
+            r  # type: ignore[misc]
+            for batch in batches
+            if not batch.is_control
+            for r in batch.records
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
@@ -108,9 +116,18 @@ class ProduceApi:
     def init_producer_id(self, request: Request) -> Any:
         m = request.response_module
         if request.body.transactional_id is not None:
-            return make(m.InitProducerIdResponse, throttle_time=0,
-                        error_code=ErrorCode.transactional_id_authorization_failed,
-                        producer_id=-1, producer_epoch=-1)
+            return make(
+                m.InitProducerIdResponse,
+                throttle_time=0,
+                error_code=ErrorCode.transactional_id_authorization_failed,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
         producer_id = self.intake.new_producer_id()
-        return make(m.InitProducerIdResponse, throttle_time=0, error_code=ErrorCode.none,
-                    producer_id=producer_id, producer_epoch=0)
+        return make(
+            m.InitProducerIdResponse,
+            throttle_time=0,
+            error_code=ErrorCode.none,
+            producer_id=producer_id,
+            producer_epoch=0,
+        )

@@ -88,8 +88,13 @@ class ListenerSettings:
 
 
 # What a peer that went away looks like, at a read or a write.
-_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream,
-         anyio.IncompleteRead, ConnectionError)
+_GONE = (
+    anyio.BrokenResourceError,
+    anyio.ClosedResourceError,
+    anyio.EndOfStream,
+    anyio.IncompleteRead,
+    ConnectionError,
+)
 
 
 @dataclass(slots=True)
@@ -148,8 +153,9 @@ class KafkaListener:
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
         self.stats.connections += 1
         if self.stats.connections_open >= self.settings.connections_max:
-            log.warning("kafka: connections_max %d reached; closing a new connection",
-                        self.settings.connections_max)
+            log.warning(
+                "kafka: connections_max %d reached; closing a new connection", self.settings.connections_max
+            )
             await stream.aclose()
             return
         self.stats.connections_open += 1
@@ -218,12 +224,19 @@ class KafkaListener:
             log.info("kafka: closing a connection silent for %.0f s", wait_s)
             return None
         (size,) = SIZE_PREFIX.unpack(head)
-        limit = settings.frame_bytes_max if session.authenticated else \
-            min(settings.frame_bytes_max, UNAUTHENTICATED_FRAME_BYTES_MAX)
+        limit = (
+            settings.frame_bytes_max
+            if session.authenticated
+            else min(settings.frame_bytes_max, UNAUTHENTICATED_FRAME_BYTES_MAX)
+        )
         if not 0 < size <= limit:
             self.stats.closed_bad_frames += 1
-            log.warning("kafka: closing a connection that sent a frame of %d bytes (at most %d%s)",
-                        size, limit, "" if session.authenticated else " before authentication")
+            log.warning(
+                "kafka: closing a connection that sent a frame of %d bytes (at most %d%s)",
+                size,
+                limit,
+                "" if session.authenticated else " before authentication",
+            )
             return None
         session.requests += 1
         with anyio.move_on_after(settings.frame_timeout_s):
@@ -237,8 +250,11 @@ class KafkaListener:
                 raise
         self._release(slot)
         self.stats.closed_slow_frames += 1
-        log.warning("kafka: closing a connection whose %d-byte frame did not arrive within %.0f s",
-                    size, settings.frame_timeout_s)
+        log.warning(
+            "kafka: closing a connection whose %d-byte frame did not arrive within %.0f s",
+            size,
+            settings.frame_timeout_s,
+        )
         return None
 
     async def _read_body(self, reader: BufferedByteReceiveStream, slot: _Slot, size: int) -> bytes:
@@ -315,7 +331,11 @@ class KafkaListener:
             slot.done.set()
 
     async def _respond(
-        self, frame: bytes, after: anyio.Event | None, submitted: anyio.Event, session: _Session,
+        self,
+        frame: bytes,
+        after: anyio.Event | None,
+        submitted: anyio.Event,
+        session: _Session,
         slot: _Slot,
     ) -> bytes | None:
         self.stats.requests += 1
@@ -325,7 +345,8 @@ class KafkaListener:
         if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
             self.stats.authentications_failed += 1
             raise BadRequest(
-                f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)")
+                f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)"
+            )
         request = parse_request(frame)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
             return encode_response(request.correlation_id, self._sasl(request, session, slot))
@@ -343,25 +364,41 @@ class KafkaListener:
             ok = body.mechanism == SASL_MECHANISM
             if ok:
                 session.mechanism = SASL_MECHANISM
-            return make(m.SaslHandshakeResponse, mechanisms=(SASL_MECHANISM,),
-                        error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism)
+            return make(
+                m.SaslHandshakeResponse,
+                mechanisms=(SASL_MECHANISM,),
+                error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism,
+            )
         if session.mechanism != SASL_MECHANISM:
             slot.close_after_response = True
-            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.illegal_sasl_state,
-                        error_message="SaslHandshake with mechanism PLAIN comes first",
-                        auth_bytes=b"", session_lifetime=0)
+            return make(
+                m.SaslAuthenticateResponse,
+                error_code=ErrorCode.illegal_sasl_state,
+                error_message="SaslHandshake with mechanism PLAIN comes first",
+                auth_bytes=b"",
+                session_lifetime=0,
+            )
         parts = bytes(body.auth_bytes).split(b"\0")
         password = parts[2] if len(parts) == 3 else b""
         if self.settings.token and not hmac.compare_digest(password, self.settings.token.encode()):
             self.stats.authentications_failed += 1
             log.warning("kafka: SASL/PLAIN authentication failed; closing the connection")
             slot.close_after_response = True
-            return make(m.SaslAuthenticateResponse, error_code=ErrorCode.sasl_authentication_failed,
-                        error_message="invalid credentials (the password is the daemon's token)",
-                        auth_bytes=b"", session_lifetime=0)
+            return make(
+                m.SaslAuthenticateResponse,
+                error_code=ErrorCode.sasl_authentication_failed,
+                error_message="invalid credentials (the password is the daemon's token)",
+                auth_bytes=b"",
+                session_lifetime=0,
+            )
         session.authenticated = True
-        return make(m.SaslAuthenticateResponse, error_code=ErrorCode.none, error_message=None,
-                    auth_bytes=b"", session_lifetime=0)
+        return make(
+            m.SaslAuthenticateResponse,
+            error_code=ErrorCode.none,
+            error_message=None,
+            auth_bytes=b"",
+            session_lifetime=0,
+        )
 
 
 class KafkaTLSListener(TLSListener):

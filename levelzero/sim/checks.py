@@ -106,9 +106,7 @@ class Truth:
                 f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} applying {record!r}",
             )
 
-    def _monotone(
-        self, name: str, before: tuple[int | None, int | None], state: PartitionState
-    ) -> None:
+    def _monotone(self, name: str, before: tuple[int | None, int | None], state: PartitionState) -> None:
         for old, new, what in (
             (before[0], state.max_applied_epoch, "max_applied_epoch"),
             (before[1], state.mp, "M(p)"),

@@ -43,9 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"mutation, default {MUTATE_SEEDS_DEFAULT})"
         ),
     )
-    parser.add_argument(
-        "--seed", type=int, default=None, help="first seed; alone: replay just this seed"
-    )
+    parser.add_argument("--seed", type=int, default=None, help="first seed; alone: replay just this seed")
     parser.add_argument(
         "--mode",
         choices=[m.value for m in FenceMode],
@@ -119,14 +117,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.mutate:
         return _mutate(args, out)
     first = args.seed if args.seed is not None else 0
-    count = (
-        args.seeds if args.seeds is not None else (1 if args.seed is not None else DEFAULT_SEEDS)
-    )
+    count = args.seeds if args.seeds is not None else (1 if args.seed is not None else DEFAULT_SEEDS)
     totals = Totals()
     failed: list[SimResult] = []
     for seed in range(first, first + count):
         result = run_seed(
-            seed, mutation=args.mutation, fencing_mode=args.mode, workload_s=args.workload_s,
+            seed,
+            mutation=args.mutation,
+            fencing_mode=args.mode,
+            workload_s=args.workload_s,
             nodes=args.nodes,
         )
         totals.add(result)
@@ -166,9 +165,7 @@ def _row(out: TextIO, name: str, value: object) -> None:
     print(f"  {name:<40} {value}", file=out)
 
 
-def _print_summary(
-    s: Summary, first: int, count: int, args: argparse.Namespace, out: TextIO
-) -> None:
+def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace, out: TextIO) -> None:
     seeds = f"{first}..{first + count - 1}" if count > 1 else f"{first}"
     mutation = f", mutation {args.mutation}" if args.mutation else ""
     nodes = f", {args.nodes} nodes" if args.nodes > 1 else ""
@@ -205,8 +202,7 @@ def _mutate(args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     print(
-        f"  {'mutation':<32} {'caught':<7} {'first':>6} {'median':>7} {'tried':>6}  "
-        "invariant: violation",
+        f"  {'mutation':<32} {'caught':<7} {'first':>6} {'median':>7} {'tried':>6}  invariant: violation",
         file=out,
     )
     missed = 0
@@ -218,7 +214,10 @@ def _mutate(args: argparse.Namespace, out: TextIO) -> int:
         nodes = CLUSTER_NODES if name in CLUSTER_MUTATIONS and args.nodes == 1 else args.nodes
         for seed in range(first, first + count):
             result = run_seed(
-                seed, mutation=name, fencing_mode=args.mode, workload_s=args.workload_s,
+                seed,
+                mutation=name,
+                fencing_mode=args.mode,
+                workload_s=args.workload_s,
                 nodes=nodes,
             )
             tried += 1

@@ -123,9 +123,7 @@ class SimLogStore(MemoryLogStore):
         else:
             await anyio.sleep(self._rng.uniform(*cfg.log_op_s))
 
-    async def begin_term(
-        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
-    ) -> LogRecord:
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         record = await super().begin_term(pid, log_offset, base_offset, at_least)
         self._durable(pid, [record])
         return record

@@ -141,9 +141,7 @@ class DeterministicLoop(asyncio.BaseEventLoop):
             if not scheduled:
                 if self._stopping:
                     return
-                raise Deadlock(
-                    f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s"
-                )
+                raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s")
             when = scheduled[0]._when
             if when > self._virtual_now:
                 self._virtual_now = when  # the clock jumps to the next timer

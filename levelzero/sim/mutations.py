@@ -38,9 +38,7 @@ def _patched(owner: object, name: str, value: Any) -> Iterator[None]:
 
 
 def _lower_bound_follows_max() -> contextlib.AbstractContextManager[None]:
-    return _patched(
-        state_module, "lower_bound_after_catch_up", lambda previous, maximum: maximum
-    )
+    return _patched(state_module, "lower_bound_after_catch_up", lambda previous, maximum: maximum)
 
 
 def _mp_off_by_one() -> contextlib.AbstractContextManager[None]:
@@ -160,10 +158,8 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     ),
     "admit_below_window": ("the fence admits epochs below the window", _admit_below_window),
     "gc_ignores_cap": ("the GC ignores the cap (M not capped at E - 1)", _gc_ignores_cap),
-    "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1",
-                      _mp_off_by_one),
-    "gc_deletes_up_to_m_plus_1": ("the GC deletes objects with epoch <= M + 1",
-                                  _gc_deletes_up_to_m_plus_1),
+    "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1", _mp_off_by_one),
+    "gc_deletes_up_to_m_plus_1": ("the GC deletes objects with epoch <= M + 1", _gc_deletes_up_to_m_plus_1),
     "gc_skips_partitions_without_mp": (
         "the GC skips partitions without an M(p) instead of deleting nothing",
         _gc_skips_partitions_without_mp,
@@ -173,14 +169,17 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         _batcher_ignores_creation_epochs,
     ),
     "slide_without_drain": (
-        "the window slides without waiting for the old window's writes", _slide_without_drain
+        "the window slides without waiting for the old window's writes",
+        _slide_without_drain,
     ),
     "catch_up_without_term_check": (
-        "a catch-up is accepted whatever term its sender expected", _catch_up_without_term_check
+        "a catch-up is accepted whatever term its sender expected",
+        _catch_up_without_term_check,
     ),
     "reader_pins_ignored": ("L0 readers do not pin M(p)", _reader_pins_ignored),
     "appends_ignore_term": (
-        "the log store takes appends of any term (zombie leaders unfenced)", _appends_ignore_term
+        "the log store takes appends of any term (zombie leaders unfenced)",
+        _appends_ignore_term,
     ),
     "gc_takes_local_watermarks": (
         "a node's GC takes M over its own partitions, not every published M(p)",

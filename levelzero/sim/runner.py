@@ -228,8 +228,12 @@ def run_many(
     results = []
     for seed in seeds:
         result = run_seed(
-            seed, mutation=mutation, fencing_mode=fencing_mode, workload_s=workload_s,
-            config=config, nodes=nodes,
+            seed,
+            mutation=mutation,
+            fencing_mode=fencing_mode,
+            workload_s=workload_s,
+            config=config,
+            nodes=nodes,
         )
         results.append(result)
         if progress is not None:
@@ -281,12 +285,32 @@ class Summary:
 
 
 _SUMMED = (
-    "virtual_s", "callbacks", "writes_acked", "records_acked", "writes_failed", "reads",
-    "stale_rejections", "objects_uploaded", "objects_deleted", "orphans", "l1_written", "crashes",
-    "graceful_stops", "pauses", "epoch_bumps", "gc_rounds", "partitions_created_during_gc", "faults",
+    "virtual_s",
+    "callbacks",
+    "writes_acked",
+    "records_acked",
+    "writes_failed",
+    "reads",
+    "stale_rejections",
+    "objects_uploaded",
+    "objects_deleted",
+    "orphans",
+    "l1_written",
+    "crashes",
+    "graceful_stops",
+    "pauses",
+    "epoch_bumps",
+    "gc_rounds",
+    "partitions_created_during_gc",
+    "faults",
     "l0_left",
-    "records_checked", "leadership_changes", "total_stall_s", "rejections_after_change",
-    "writes_over_one_retry_after_change", "stale_cache_changes", "stale_cache_total_stall_s",
+    "records_checked",
+    "leadership_changes",
+    "total_stall_s",
+    "rejections_after_change",
+    "writes_over_one_retry_after_change",
+    "stale_cache_changes",
+    "stale_cache_total_stall_s",
     "stale_cache_rejections",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")

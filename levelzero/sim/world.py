@@ -153,12 +153,8 @@ class World:
         self.stats = Stats()
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
-        self.log_store = SimLogStore(
-            rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started
-        )
-        self.faults = SeededFaults(
-            rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored
-        )
+        self.log_store = SimLogStore(rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started)
+        self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
         self.node_ids: list[str | None] = [None]
@@ -284,8 +280,14 @@ class World:
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
             end = self.now() + cfg.workload_s
-            for loop in (self._producer, self._reader, self._creator, self._crasher,
-                         self._bumper, self._checker):
+            for loop in (
+                self._producer,
+                self._reader,
+                self._creator,
+                self._crasher,
+                self._bumper,
+                self._checker,
+            ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
             await self.quiet()
@@ -337,7 +339,11 @@ class World:
             control = Link(self.control, gate, self.log_store.latency)
             settings = ClusterSettings(control, node_id, f"sim://{node_id}", self.lease_ttl_s)
         node = Node(
-            self.node_config(), log, self.objects, rng=self.rng, wall_clock=self.wall,
+            self.node_config(),
+            log,
+            self.objects,
+            rng=self.rng,
+            wall_clock=self.wall,
             cluster=settings,
         )
         inc = Incarnation(number, node, gate, node_id)
@@ -661,8 +667,9 @@ class World:
             inc = self.rng.choice(up)
             what = self.rng.choices(("crash", "stop", "pause"), cfg.cluster_fault_weights)[0]
             assert self._tg is not None
-            self._tg.start_soon({"crash": self.crash, "stop": self.stop_gracefully,
-                                 "pause": self.pause}[what], inc)
+            self._tg.start_soon(
+                {"crash": self.crash, "stop": self.stop_gracefully, "pause": self.pause}[what], inc
+            )
 
     async def _bumper(self, end: float) -> None:
         while True:

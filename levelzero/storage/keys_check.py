@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from levelzero.core.errors import InvalidInput
 from levelzero.core.names import TEMP_SEGMENT_PREFIX, segment_problem
+
 # S3's own limit on the UTF-8 length of a key.
 KEY_BYTES_MAX = 1024
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
@@ -39,8 +40,11 @@ def check_object_key(key: str) -> str:
     if _CONTROL.search(key):
         raise InvalidInput(f"object key {key!r} contains NUL or another control character")
     segments = key.split("/")
-    if "" not in segments and "." not in segments and ".." not in segments and (
-        TEMP_SEGMENT_PREFIX not in key
+    if (
+        "" not in segments
+        and "." not in segments
+        and ".." not in segments
+        and (TEMP_SEGMENT_PREFIX not in key)
     ):
         return key  # the common case, decided by C loops (a GC delete checks 1,000 keys)
     for segment in segments:
@@ -70,9 +74,7 @@ def check_range(key: str, offset: int, length: int | None) -> None:
 def check_range_within(key: str, offset: int, size: int) -> None:
     """A range may start anywhere up to the end of the object (then it reads b'')."""
     if offset > size:
-        raise InvalidInput(
-            f"get {key!r}: offset {offset} is beyond the end of the object (size {size})"
-        )
+        raise InvalidInput(f"get {key!r}: offset {offset} is beyond the end of the object (size {size})")
 
 
 def slice_range(data: bytes, offset: int, length: int | None) -> bytes:

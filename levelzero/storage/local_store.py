@@ -86,9 +86,7 @@ class LocalObjectStore:
         self, prefix: str, start_after: str | None = None, limit: int = LIST_PAGE_KEYS_MAX
     ) -> ListPage:
         check_list_limit(limit, LIST_PAGE_KEYS_MAX)
-        return await self._in_thread(
-            "list", prefix, partial(self._list_sync, prefix, start_after, limit)
-        )
+        return await self._in_thread("list", prefix, partial(self._list_sync, prefix, start_after, limit))
 
     async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
         unique = check_delete_batch(keys, DELETE_BATCH_KEYS_MAX)
@@ -230,11 +228,7 @@ class LocalObjectStore:
                 sub = f"{dir_prefix}{entry.name}/"
                 if not (sub.startswith(prefix) or prefix.startswith(sub)):
                     continue
-                if (
-                    start_after is not None
-                    and sub < start_after
-                    and not start_after.startswith(sub)
-                ):
+                if start_after is not None and sub < start_after and not start_after.startswith(sub):
                     continue  # every key under `sub` sorts before start_after
                 children.append((sub, entry, True))
             elif entry.is_file(follow_symlinks=False):
@@ -307,9 +301,7 @@ class LocalObjectStore:
             ) from exc
         except OSError as exc:
             if exc.errno == errno.ENAMETOOLONG:
-                raise InvalidInput(
-                    f"object key {key!r} is too long for the local file system"
-                ) from exc
+                raise InvalidInput(f"object key {key!r} is too long for the local file system") from exc
             raise StorageError(f"local store {self.root_dir}: {op} {key!r} failed: {exc}") from exc
 
 

@@ -70,8 +70,17 @@ def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
             raise InvariantViolation(f"not a log entry: {entry!r}")
         epoch, record_count, byte_length, object_key = record.epoch, 0, 0, None
     return (
-        pid, record.log_offset, record.term, record.base_offset, kind, epoch,
-        record_count, byte_length, object_key, encode_entry(entry), now,
+        pid,
+        record.log_offset,
+        record.term,
+        record.base_offset,
+        kind,
+        epoch,
+        record_count,
+        byte_length,
+        object_key,
+        encode_entry(entry),
+        now,
     )
 
 

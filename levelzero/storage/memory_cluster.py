@@ -41,8 +41,12 @@ class MemoryClusterControl:
         now = self._clock()
         old = self.nodes.get(node_id)
         self.nodes[node_id] = NodeRow(
-            node_id, advertise_url, kafka_url,
-            old.registered_at if old is not None else now, now + ttl_s, False,
+            node_id,
+            advertise_url,
+            kafka_url,
+            old.registered_at if old is not None else now,
+            now + ttl_s,
+            False,
         )
 
     async def renew_node(self, node_id: str, ttl_s: float) -> bool:
@@ -51,7 +55,11 @@ class MemoryClusterControl:
         if row is None or row.lease_expires_at <= now:
             return False
         self.nodes[node_id] = NodeRow(
-            row.node_id, row.advertise_url, row.kafka_url, row.registered_at, now + ttl_s,
+            row.node_id,
+            row.advertise_url,
+            row.kafka_url,
+            row.registered_at,
+            now + ttl_s,
             row.draining,
         )
         return True
@@ -60,8 +68,12 @@ class MemoryClusterControl:
         row = self.nodes.get(node_id)
         if row is not None:
             self.nodes[node_id] = NodeRow(
-                row.node_id, row.advertise_url, row.kafka_url, row.registered_at,
-                row.lease_expires_at, True,
+                row.node_id,
+                row.advertise_url,
+                row.kafka_url,
+                row.registered_at,
+                row.lease_expires_at,
+                True,
             )
 
     async def leave_node(self, node_id: str) -> None:

@@ -73,9 +73,7 @@ class MemoryLogStore:
     async def list_partitions(self) -> list[PartitionRow]:
         return [self.partitions[pid] for pid in sorted(self.partitions)]
 
-    async def begin_term(
-        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
-    ) -> LogRecord:
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         row = self.partitions[pid]
         term = max(row.term + 1, at_least)
         record = LogRecord(log_offset, term, base_offset, TermStart(term))
@@ -139,18 +137,14 @@ class MemoryLogStore:
                 self.appends += 1
         return refused
 
-    async def read_log(
-        self, pid: int, from_log_offset: int, limit: int | None = None
-    ) -> list[LogRecord]:
+    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:
         await anyio.lowlevel.checkpoint()
         log = self.logs[pid]
         start = max(0, from_log_offset - self.first_offset[pid])
         end = None if limit is None else start + limit
         return log[start:end]
 
-    async def read_placeholders(
-        self, pid: int, from_data_offset: int, limit: int
-    ) -> list[LogRecord]:
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int) -> list[LogRecord]:
         await anyio.lowlevel.checkpoint()
         found = []
         holders = [r for r in self.logs[pid] if isinstance(r.entry, Placeholder)]
@@ -219,9 +213,7 @@ class MemoryLogStore:
         self.l1[key] = msgspec.structs.replace(row, state=to_state, updated_at=now)
         return True
 
-    async def l1_list(
-        self, pid: int | None = None, states: Sequence[str] | None = None
-    ) -> list[L1Row]:
+    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]:
         await anyio.lowlevel.checkpoint()
         rows = [
             r

@@ -70,9 +70,7 @@ class FaultPlan:
     hook: Callable[[ObjectOp, str | None], None] | None = None
     _rules: list[_FailRule] = field(default_factory=list, init=False, repr=False)
     _delays_s: dict[ObjectOp, float] = field(default_factory=dict, init=False, repr=False)
-    _delete_errors: dict[str, tuple[str, int | None]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    _delete_errors: dict[str, tuple[str, int | None]] = field(default_factory=dict, init=False, repr=False)
 
     def fail_next(
         self,
@@ -136,11 +134,7 @@ class FaultPlan:
 
     def _fire(self, op: ObjectOp, key: str | None, *, after_effect: bool) -> None:
         for rule in self._rules:
-            if (
-                rule.op == op
-                and rule.after_effect == after_effect
-                and (rule.key is None or rule.key == key)
-            ):
+            if rule.op == op and rule.after_effect == after_effect and (rule.key is None or rule.key == key):
                 rule.remaining -= 1
                 if rule.remaining == 0:
                     self._rules.remove(rule)
@@ -180,8 +174,7 @@ class MemoryObjectStore:
         self._sorted_keys: list[str] = []
         self._bytes = 0
         self._counts = dict.fromkeys(
-            ("puts", "gets", "heads", "lists", "delete_requests", "deletes", "delete_errors",
-             "faults"),
+            ("puts", "gets", "heads", "lists", "delete_requests", "deletes", "delete_errors", "faults"),
             0,
         )
 
@@ -274,9 +267,7 @@ class MemoryObjectStore:
     # -- for tests and the simulation
 
     def statistics(self) -> MemoryStoreStatistics:
-        return MemoryStoreStatistics(
-            **self._counts, objects=len(self._objects), bytes=self._bytes
-        )
+        return MemoryStoreStatistics(**self._counts, objects=len(self._objects), bytes=self._bytes)
 
     def keys(self) -> list[str]:
         """Every key, sorted (a copy)."""

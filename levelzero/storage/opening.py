@@ -62,8 +62,12 @@ async def open_control_store(
     control = config.control
     if control.kind == "postgres":
         return await PostgresLogStore.open_in(
-            tg, control.dsn, password=control.read_password(), pool_max=control.pool_max,
-            writers=control.writers, connect_timeout_s=control.connect_timeout_s,
+            tg,
+            control.dsn,
+            password=control.read_password(),
+            pool_max=control.pool_max,
+            writers=control.writers,
+            connect_timeout_s=control.connect_timeout_s,
             reconnect_timeout_s=control.reconnect_timeout_s,
             # A paused node's open transaction holds its partitions' rows no longer than its
             # leases on them last (the README's cluster section).

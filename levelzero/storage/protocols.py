@@ -257,9 +257,7 @@ class PartitionLog(Protocol):
 
     async def list_partitions(self) -> list[PartitionRow]: ...
 
-    async def begin_term(
-        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
-    ) -> LogRecord:
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         """Atomically term = max(term + 1, `at_least`) and append `TermStart(term)` at
         `log_offset`. Durable on return. (`at_least`: recovery starts a term above every term
         an L1 object in the bucket names, `daemon/recover.py`.)"""
@@ -277,13 +275,9 @@ class PartitionLog(Protocol):
         anything else raises, as `append` does."""
         ...
 
-    async def read_log(
-        self, pid: int, from_log_offset: int, limit: int | None = None
-    ) -> list[LogRecord]: ...
+    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]: ...
 
-    async def read_placeholders(
-        self, pid: int, from_data_offset: int, limit: int
-    ) -> list[LogRecord]:
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int) -> list[LogRecord]:
         """Placeholder records whose data range ends above `from_data_offset`, in offset order."""
         ...
 

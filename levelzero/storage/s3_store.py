@@ -103,9 +103,7 @@ class S3Config:
         if not 1 <= self.concurrency <= CONCURRENCY_MAX:
             raise InvalidInput(f"S3 concurrency {self.concurrency} is outside 1..{CONCURRENCY_MAX}")
         if not 1 <= self.max_attempts <= MAX_ATTEMPTS_MAX:
-            raise InvalidInput(
-                f"S3 max_attempts {self.max_attempts} is outside 1..{MAX_ATTEMPTS_MAX}"
-            )
+            raise InvalidInput(f"S3 max_attempts {self.max_attempts} is outside 1..{MAX_ATTEMPTS_MAX}")
         if self.retry_mode not in ("standard", "adaptive"):
             raise InvalidInput(f"S3 retry_mode {self.retry_mode!r} is not standard or adaptive")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
@@ -248,9 +246,7 @@ class S3ObjectStore:
             s3={"addressing_style": "path" if cfg.path_style else "auto"},
         )
         session = get_session()
-        session.get_component("response_parser_factory").set_parser_defaults(
-            timestamp_parser=parse_timestamp
-        )
+        session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         stack = AsyncExitStack()
         try:
             try:
@@ -428,6 +424,4 @@ class S3ObjectStore:
         return self._client
 
     def _error(self, exc: BaseException, op: str, key: str | None = None) -> LevelZeroError:
-        return map_s3_error(
-            exc, op=op, bucket=self.config.bucket, where=self.config.where, key=key
-        )
+        return map_s3_error(exc, op=op, bucket=self.config.bucket, where=self.config.where, key=key)

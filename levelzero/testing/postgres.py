@@ -59,7 +59,10 @@ class ThrowawayServer:
     def pg_ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [*self._as_user, "pg_ctl", "-D", str(self.data_dir), *args],
-            capture_output=True, text=True, check=check, timeout=START_TIMEOUT_S,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=START_TIMEOUT_S,
         )
 
     def start(self) -> None:
@@ -69,8 +72,17 @@ class ThrowawayServer:
             f" -c fsync={'on' if self.fsync else 'off'}"
             f" -c full_page_writes={'on' if self.fsync else 'off'} -c max_connections=200"
         )
-        done = self.pg_ctl("-w", "-t", str(START_TIMEOUT_S), "-l", str(self.root / "server.log"),
-                           "-o", options, "start", check=False)
+        done = self.pg_ctl(
+            "-w",
+            "-t",
+            str(START_TIMEOUT_S),
+            "-l",
+            str(self.root / "server.log"),
+            "-o",
+            options,
+            "start",
+            check=False,
+        )
         if done.returncode != 0:
             log = (self.root / "server.log").read_text(errors="replace")[-2000:]
             raise ServerUnavailable(f"pg_ctl start failed: {done.stderr.strip()} {log}")
@@ -113,10 +125,23 @@ def start_throwaway() -> ThrowawayServer:
         os.chown(password_file, pwd.getpwnam(SERVER_USER).pw_uid, -1)
     server = ThrowawayServer(root, free_local_port(), as_user)
     done = subprocess.run(
-        [*as_user, "initdb", "-D", str(server.data_dir), "-U", SUPERUSER,
-         f"--pwfile={password_file}", "--auth=scram-sha-256", "--no-sync", "-E", "UTF8",
-         "--locale=C"],
-        capture_output=True, text=True, timeout=START_TIMEOUT_S,
+        [
+            *as_user,
+            "initdb",
+            "-D",
+            str(server.data_dir),
+            "-U",
+            SUPERUSER,
+            f"--pwfile={password_file}",
+            "--auth=scram-sha-256",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
     )
     password_file.unlink()
     if done.returncode != 0:

@@ -167,9 +167,10 @@ async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() 
             store.fail_with = StorageError("disk gone")
             for actor in actors:
                 outer.start_soon(write, actor)
-    assert crashed and crashed[0].subgroup(
-        lambda e: isinstance(e, StorageError) and "disk gone" in str(e)
-    ) is not None
+    assert (
+        crashed
+        and crashed[0].subgroup(lambda e: isinstance(e, StorageError) and "disk gone" in str(e)) is not None
+    )
     assert len(answers) == 2  # nobody is left waiting
 
 

@@ -26,9 +26,7 @@ def batcher() -> Batcher:
     return Batcher(MemoryObjectStore(), MemoryLogStore(), EpochCache(epoch, 60.0))
 
 
-def extent(
-    fencing: _Fencing, pid: int, records: int
-) -> tuple[_Extent, asyncio.Future[ProduceResult]]:
+def extent(fencing: _Fencing, pid: int, records: int) -> tuple[_Extent, asyncio.Future[ProduceResult]]:
     """An extent of one request, and the future its producer waits on."""
     waiter: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
     data = encode_extent([Record(None, b"v")] * records)

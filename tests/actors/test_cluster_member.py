@@ -51,8 +51,16 @@ async def cluster(names: list[str], moves_max: int = 100):  # noqa: ANN201
     control = MemoryClusterControl(log, clock)
     nodes = {name: Node() for name in names}
     members = {
-        name: ClusterMember(control, name, f"http://{name}", ttl_s=TTL_S, lead=nodes[name].lead,
-                            resign=nodes[name].resign, moves_max=moves_max, clock=clock)
+        name: ClusterMember(
+            control,
+            name,
+            f"http://{name}",
+            ttl_s=TTL_S,
+            lead=nodes[name].lead,
+            resign=nodes[name].resign,
+            moves_max=moves_max,
+            clock=clock,
+        )
         for name in names
     }
     for member in members.values():
@@ -81,7 +89,8 @@ async def test_three_members_split_the_partitions_each_led_once() -> None:
     assert all(10 <= count <= 30 for count in counts.values()), counts
     view = await control.cluster_view()
     assert {l.pid: l.node_id for l in view.leases} == {
-        pid: name for name, node in nodes.items() for pid in node.led}
+        pid: name for name, node in nodes.items() for pid in node.led
+    }
     b_partition = next(iter(nodes["b"].led)) - 1  # pids 1..60 are partitions 0..59 of "t"
     assert members["a"].leader_url("t", b_partition) == "http://b"
     assert members["a"].partitions_known() == {"t": PARTITIONS}
@@ -118,8 +127,9 @@ async def test_a_join_takes_its_share_a_bounded_number_per_round() -> None:
     log, clock, control, nodes, members = await cluster(["a", "b"], moves_max=3)
     await rounds(members.values(), clock)
     d = Node()
-    joining = ClusterMember(control, "d", "http://d", ttl_s=TTL_S, lead=d.lead, resign=d.resign,
-                            moves_max=3, clock=clock)
+    joining = ClusterMember(
+        control, "d", "http://d", ttl_s=TTL_S, lead=d.lead, resign=d.resign, moves_max=3, clock=clock
+    )
     await control.register_node("d", "http://d", None, TTL_S)
     nodes["d"], members["d"] = d, joining
     await rounds(members.values(), clock, count=1)
@@ -154,8 +164,9 @@ async def test_a_node_restarted_within_its_ttl_leads_the_leases_its_previous_run
     had = set(nodes["b"].led)
     assert had
     again = Node()
-    restarted = ClusterMember(control, "b", "http://b", ttl_s=TTL_S, lead=again.lead,
-                              resign=again.resign, clock=clock)
+    restarted = ClusterMember(
+        control, "b", "http://b", ttl_s=TTL_S, lead=again.lead, resign=again.resign, clock=clock
+    )
     clock.now += 1.0  # well within the TTL
     await restarted.round()
     assert again.led == had  # before: renewed forever and led by nobody
@@ -182,8 +193,9 @@ async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
             clock.now += TTL_S  # the answer arrives a TTL later
             return taken
 
-    member = ClusterMember(LateAnswers(), "a", "http://a", ttl_s=TTL_S, lead=slow.lead,
-                           resign=slow.resign, clock=clock)
+    member = ClusterMember(
+        LateAnswers(), "a", "http://a", ttl_s=TTL_S, lead=slow.lead, resign=slow.resign, clock=clock
+    )
     await control.register_node("a", "http://a", None, TTL_S)
     await member.round()
     assert slow.led == set()
@@ -202,8 +214,16 @@ async def test_a_partition_given_a_newer_term_elsewhere_is_started_again() -> No
         for pid in pids:  # what the node's actor does: replay, then start a term
             terms[pid] = (await log.begin_term(pid, len(log.logs[pid]), 0)).term
 
-    member = ClusterMember(control, "a", "http://a", ttl_s=TTL_S, lead=lead,
-                           resign=nodes["a"].resign, term_of=terms.get, clock=clock)
+    member = ClusterMember(
+        control,
+        "a",
+        "http://a",
+        ttl_s=TTL_S,
+        lead=lead,
+        resign=nodes["a"].resign,
+        term_of=terms.get,
+        clock=clock,
+    )
     await member.round()
     assert set(terms) == set(range(1, PARTITIONS + 1))
     assert set(terms.values()) == {1}

@@ -53,8 +53,13 @@ class Cluster:
         self.scopes: dict[str, anyio.CancelScope] = {}
 
     def node(self, name: str) -> Node:
-        return Node(config(), self.log, self.objects, rng=random.Random(name),
-                    cluster=ClusterSettings(self.control, name, f"http://{name}", lease_ttl_s=TTL_S))
+        return Node(
+            config(),
+            self.log,
+            self.objects,
+            rng=random.Random(name),
+            cluster=ClusterSettings(self.control, name, f"http://{name}", lease_ttl_s=TTL_S),
+        )
 
     async def start(self, tg: anyio.abc.TaskGroup, name: str) -> Node:
         node = self.nodes[name] = self.node(name)
@@ -84,7 +89,9 @@ class Cluster:
                         leader = self.by_url(exc.leader_url)
                         if leader is not None and leader.accepting:
                             try:
-                                result = await leader.produce(TOPIC, partition, [Record(None, v) for v in values])
+                                result = await leader.produce(
+                                    TOPIC, partition, [Record(None, v) for v in values]
+                                )
                                 return result.base_offset
                             except LedElsewhere:
                                 pass

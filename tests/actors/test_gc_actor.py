@@ -35,7 +35,9 @@ from levelzero.storage.protocols import DeleteResult, L0ObjectRow, ListPage, Obj
 from levelzero.testing.nodes import running_node
 
 HOUR_S = 3600.0
-SLOW_DOWN = "S3 delete_objects of bucket b at moto failed: SlowDown (HTTP 503) Please reduce your request rate."
+SLOW_DOWN = (
+    "S3 delete_objects of bucket b at moto failed: SlowDown (HTTP 503) Please reduce your request rate."
+)
 
 
 class WallClock:
@@ -252,7 +254,9 @@ def test_default_config_is_valid_and_owns_every_prefix() -> None:
 
 async def test_objects_at_or_below_m_are_deleted_and_above_are_kept() -> None:
     store, log_store = MemoryObjectStore(), MemoryLogStore()
-    keys = [l0_key(prefix, epoch, prefix * 100 + epoch) for prefix in (0, 7, 500, 999) for epoch in range(1, 10)]
+    keys = [
+        l0_key(prefix, epoch, prefix * 100 + epoch) for prefix in (0, 7, 500, 999) for epoch in range(1, 10)
+    ]
     await put_l0(store, log_store, keys)
     board = board_of({"t/0": 5, "t/1": 7, "u/0": 6})
     gc = make_gc(store, log_store, board, epoch=100)
@@ -623,7 +627,9 @@ async def test_a_write_in_flight_at_the_windows_lower_edge_keeps_its_object() ->
         for _ in range(3):
             await gc.run_round()
             assert key in store.keys()
-        placeholder = Placeholder(epoch=1, object_key=key, byte_offset=0, byte_length=7, record_count=1, checksum=0)
+        placeholder = Placeholder(
+            epoch=1, object_key=key, byte_offset=0, byte_length=7, record_count=1, checksum=0
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(actor.write, placeholder)  # admitted: 1 is the window's lower edge
             for _ in range(3):
@@ -847,8 +853,15 @@ async def test_run_now_wakes_the_loop_and_pacing_follows_progress_then_idles() -
     store, log_store = MemoryObjectStore(), MemoryLogStore()
     await put_l0(store, log_store, [l0_key(1, 1, 1)])
     sleeps = Sleeps(block=True)
-    gc = make_gc(store, log_store, board_of({"t/0": 1}), sleep=sleeps, interval_s=2.0,
-                 idle_backoff_max_s=5.0, jitter_fraction=0.1)
+    gc = make_gc(
+        store,
+        log_store,
+        board_of({"t/0": 1}),
+        sleep=sleeps,
+        interval_s=2.0,
+        idle_backoff_max_s=5.0,
+        jitter_fraction=0.1,
+    )
     async with running(gc):
         for expected_rounds in range(1, 5):
             gc.run_now()
@@ -871,8 +884,16 @@ async def test_a_young_object_wakes_the_loop_when_it_ages_out() -> None:
     await put_l0(store, log_store, [l0_key(1, 1, 1)])
     wall.now += 25
     sleeps = Sleeps(block=True)
-    gc = make_gc(store, log_store, board_of({"t/0": 1}), clock=wall, sleep=sleeps,
-                 grace_s=30.0, interval_s=60.0, idle_backoff_max_s=600.0)
+    gc = make_gc(
+        store,
+        log_store,
+        board_of({"t/0": 1}),
+        clock=wall,
+        sleep=sleeps,
+        grace_s=30.0,
+        interval_s=60.0,
+        idle_backoff_max_s=600.0,
+    )
     async with running(gc):
         gc.run_now()
         await gc.wait_round_finished(0)
@@ -944,7 +965,9 @@ async def test_in_a_cluster_each_node_deletes_its_share_and_together_every_eligi
     await log_store.set_cluster_epoch(100)
     control = MemoryClusterControl(log_store, time.monotonic)
     await control.publish_watermarks({rows[0].pid: 5, rows[1].pid: 7})
-    keys = [l0_key(prefix, epoch, prefix * 100 + epoch) for prefix in (0, 7, 500, 999) for epoch in range(1, 10)]
+    keys = [
+        l0_key(prefix, epoch, prefix * 100 + epoch) for prefix in (0, 7, 500, 999) for epoch in range(1, 10)
+    ]
     await put_l0(store, log_store, keys)
     hooked = HookedStore(store)
     gcs = []

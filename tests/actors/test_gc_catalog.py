@@ -219,9 +219,7 @@ async def test_sqlite_catalog_reads_live_rows_in_epoch_key_order(tmp_path) -> No
         await log_store.mark_l0_deleted([l0_key(3, 1, 31)], at=200.0, m=1)
 
         rows = await log_store.l0_live_objects(2)
-        expected = sorted(
-            ((epoch_of(k), k) for k in keys if epoch_of(k) <= 2 and k != l0_key(3, 1, 31))
-        )
+        expected = sorted(((epoch_of(k), k) for k in keys if epoch_of(k) <= 2 and k != l0_key(3, 1, 31)))
         assert [(r.epoch, r.key) for r in rows] == expected
         assert rows[0].size == keys.index(rows[0].key) and rows[0].created_at == 100.0 + rows[0].size
 
@@ -232,7 +230,9 @@ async def test_sqlite_catalog_reads_live_rows_in_epoch_key_order(tmp_path) -> No
         for key in keys:
             await memory.record_l0_object(L0ObjectRow(key, epoch_of(key), 0, 0.0, 1))
         await memory.mark_l0_deleted([l0_key(3, 1, 31)], at=200.0, m=1)
-        assert [(r.epoch, r.key) for r in await memory.l0_live_objects(4, after=expected[1], limit=2)] == expected[2:4]
+        assert [
+            (r.epoch, r.key) for r in await memory.l0_live_objects(4, after=expected[1], limit=2)
+        ] == expected[2:4]
 
 
 async def test_a_file_made_before_the_catalog_index_gets_it_on_open(tmp_path) -> None:
@@ -277,7 +277,11 @@ async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_ma
     inner, log_store = MemoryObjectStore(clock=wall), SlowMarks()
     store = HookedStore(inner)
     gc = make_gc(
-        store, log_store, board_of({"t/0": 3}), clock=wall, sweep_interval_s=SWEEP_S,
+        store,
+        log_store,
+        board_of({"t/0": 3}),
+        clock=wall,
+        sweep_interval_s=SWEEP_S,
         deletes_in_flight_max=2,
     )
     await gc.run_round()
@@ -341,7 +345,11 @@ async def test_marks_failing_together_fail_the_round_with_the_storage_error() ->
     wall = WallClock()
     inner, log_store = MemoryObjectStore(clock=wall), FailingMarks()
     gc = make_gc(
-        inner, log_store, board_of({"t/0": 3}), clock=wall, sweep_interval_s=SWEEP_S,
+        inner,
+        log_store,
+        board_of({"t/0": 3}),
+        clock=wall,
+        sweep_interval_s=SWEEP_S,
         deletes_in_flight_max=2,
     )
     await gc.run_round()

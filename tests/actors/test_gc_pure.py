@@ -65,7 +65,9 @@ def scan_all(scan: RangeScan, store: Store) -> list[Eligible]:
 # ---------------------------------------------------------------- split_prefixes
 
 
-@pytest.mark.parametrize(("prefixes", "parts"), [(range(1000), 8), (range(500, 1000), 3), (range(7, 9), 8), (range(3, 4), 1)])
+@pytest.mark.parametrize(
+    ("prefixes", "parts"), [(range(1000), 8), (range(500, 1000), 3), (range(7, 9), 8), (range(3, 4), 1)]
+)
 def test_split_prefixes_is_contiguous_disjoint_and_complete(prefixes: range, parts: int) -> None:
     ranges = split_prefixes(prefixes, parts)
     assert len(ranges) == min(parts, len(prefixes))
@@ -83,7 +85,9 @@ def test_range_scan_deletes_at_or_below_m_in_its_range_only(limit: int) -> None:
     scan = RangeScan(range(1, 500), m=4, now=NOW, grace_s=GRACE_S)
     eligible = scan_all(scan, store)
     assert sorted(e.key for e in eligible) == sorted(
-        o.key for o in objects if o.key.split("/")[2] in {"001", "002", "499"} and int(o.key.split("/")[3]) <= 4
+        o.key
+        for o in objects
+        if o.key.split("/")[2] in {"001", "002", "499"} and int(o.key.split("/")[3]) <= 4
     )
     assert all(e.epoch <= 4 and e.size == 3 for e in eligible)
     assert scan.above_m == 3  # each prefix stops at epoch 6; epoch 7 is never looked at
@@ -154,7 +158,9 @@ def pacer() -> GcPacer:
 
 
 def after(p: GcPacer, *, deleted=0, backlog=0, failed=False, young=None, jitter=0.0):
-    return p.after_round(deleted=deleted, backlog=backlog, failed=failed, oldest_young_at=young, now=NOW, jitter_unit=jitter)
+    return p.after_round(
+        deleted=deleted, backlog=backlog, failed=failed, oldest_young_at=young, now=NOW, jitter_unit=jitter
+    )
 
 
 def test_pacing_backs_off_while_idle_and_resets_after_progress() -> None:
@@ -235,8 +241,9 @@ def test_hold_reasons_name_the_node_leading_a_partition_in_a_cluster() -> None:
     assert hold_reason(3, None, NO_LIVE_LEADER).startswith("no live leader (moving)")
     assert hold_reason(3, facts("a"), "b") == hold_reason(3, facts("a"))  # led here: its facts
     mps = {"a": 3, "b": 5}
-    why = explain(compute_cluster_watermark(20, mps), mps, {"a": facts("a")}, epoch=19,
-                  leaders={"a": "n1", "b": "n2"})
+    why = explain(
+        compute_cluster_watermark(20, mps), mps, {"a": facts("a")}, epoch=19, leaders={"a": "n1", "b": "n2"}
+    )
     assert [(h.partition, h.reason) for h in why.holders] == [
         ("a", "idle: waiting for the housekeeper to advance its epoch"),
         ("b", "led by node n2 (its explain says why)"),
@@ -248,7 +255,10 @@ def test_explain_an_epoch_lists_what_holds_it_back_by_how_much() -> None:
     decision = compute_cluster_watermark(20, mps)
     why = explain(decision, mps, {"a": facts("a", lro=1), "b": facts("b", state_mp=5)}, epoch=6)
     assert why.verdict == ExplainVerdict.ABOVE_M and why.m == 3
-    assert [(h.partition, h.mp, h.behind, h.mp_minus_m) for h in why.holders] == [("a", 3, 3, 0), ("b", 5, 1, 2)]
+    assert [(h.partition, h.mp, h.behind, h.mp_minus_m) for h in why.holders] == [
+        ("a", 3, 3, 0),
+        ("b", 5, 1, 2),
+    ]
     assert why.holders[0].reason == "unreconciled data (LRO 1, high watermark 10)"
     assert explain(decision, mps, {}, epoch=3).verdict == ExplainVerdict.DELETABLE
 
@@ -265,9 +275,16 @@ def test_explain_a_key() -> None:
     decision = compute_cluster_watermark(20, mps)
     key = format_l0_key(7, 4, new_uuid(1))
     old, young = Listed(key), Listed(key, last_modified=NOW - 10)
-    assert explain(decision, mps, {}, key=key, obj=old, now=NOW, grace_s=GRACE_S).verdict == ExplainVerdict.DELETABLE
-    too_young = explain(decision, mps, {}, key=key, obj=young, now=NOW, grace_s=GRACE_S, prefixes=range(500, 1000))
-    assert too_young.verdict == ExplainVerdict.TOO_YOUNG and too_young.age_s == 10 and too_young.owned is False
+    assert (
+        explain(decision, mps, {}, key=key, obj=old, now=NOW, grace_s=GRACE_S).verdict
+        == ExplainVerdict.DELETABLE
+    )
+    too_young = explain(
+        decision, mps, {}, key=key, obj=young, now=NOW, grace_s=GRACE_S, prefixes=range(500, 1000)
+    )
+    assert (
+        too_young.verdict == ExplainVerdict.TOO_YOUNG and too_young.age_s == 10 and too_young.owned is False
+    )
     assert explain(decision, mps, {}, key=key, obj=None).verdict == ExplainVerdict.NOT_FOUND
     assert explain(decision, mps, {}, key="nope").verdict == ExplainVerdict.MALFORMED
 

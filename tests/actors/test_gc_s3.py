@@ -35,7 +35,9 @@ async def put_all(store: S3ObjectStore, keys: list[str]) -> None:
 
 async def test_a_round_against_s3_deletes_more_than_1000_keys_at_or_below_m(s3_config: S3Config) -> None:
     rng = random.Random(11)
-    eligible = [format_l0_key(rng.randrange(4), 1 + i % 3, new_uuid(rng.getrandbits(128))) for i in range(1100)]
+    eligible = [
+        format_l0_key(rng.randrange(4), 1 + i % 3, new_uuid(rng.getrandbits(128))) for i in range(1100)
+    ]
     above = [format_l0_key(p, 4, new_uuid(rng.getrandbits(128))) for p in range(4) for _ in range(25)]
     async with S3ObjectStore(s3_config) as store:
         await put_all(store, eligible + above)

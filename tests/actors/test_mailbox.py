@@ -124,6 +124,7 @@ async def test_a_waiting_receiver_ends_when_the_mailbox_closes() -> None:
     box: Mailbox[int] = Mailbox(1)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
+
             async def receiver() -> None:
                 with pytest.raises(anyio.EndOfStream):
                     await box.receive()
@@ -196,6 +197,7 @@ async def test_wakeup_is_level_triggered() -> None:
     assert not wakeup.is_set()
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
+
             async def raise_later() -> None:
                 await anyio.sleep(0.01)
                 wakeup.set()

@@ -99,8 +99,7 @@ async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.
         for _ in range(7):
             await actor.write(placeholder(N + 1))
         term = actor.term
-    rows = [(e.term, e.epoch, e.outcome, e.window_min, e.window_max, e.decisions)
-            for e in store.fence_events]
+    rows = [(e.term, e.epoch, e.outcome, e.window_min, e.window_max, e.decisions) for e in store.fence_events]
     assert rows == [
         (term, N, "admitted_new_epoch", N, N, 1),
         (term, N, "admitted", N, N, 49),

@@ -83,8 +83,7 @@ async def test_a_lost_l0_object_is_a_named_condition_and_abandoning_lets_m_rise(
         explained = await node.gc.explain()
         (holder,) = [h for h in explained.holders if h.partition == "t/0"]
         assert "reconciliation failing since 1000000 (3 passes)" in holder.reason
-        assert any("keeps failing" in r.getMessage() and r.levelno == logging.ERROR
-                   for r in caplog.records)
+        assert any("keeps failing" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
 
         # Failing: retried every RECONCILE_FAILING_RETRY_S, not every pass.
         errors = node.reconciler.stats.errors
@@ -104,7 +103,8 @@ async def test_a_lost_l0_object_is_a_named_condition_and_abandoning_lets_m_rise(
         assert t0.state.lro == 2 and t0.state.abandoned == ((1, 2),)
         entries = [r.entry for r in log_store.logs[t0.row.pid] if isinstance(r.entry, AbandonUnreconciled)]
         assert [(e.upto, e.operator, e.reason, e.at) for e in entries] == [
-            (2, "ops@host", "bucket incident 42", wall.now)]
+            (2, "ops@host", "bucket incident 42", wall.now)
+        ]
         audit = [r for r in caplog.records if "AUDIT abandon-unreconciled t/0" in r.getMessage()]
         assert len(audit) == 1 and "offsets 1..2" in audit[0].getMessage()
 

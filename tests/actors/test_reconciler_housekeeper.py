@@ -206,7 +206,9 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
         # Crash between DELETE_STARTED and the object-store delete:
         doomed = "level_one/t/0/00000000000000000100-00000000000000000101/1-" + "a" * 32
         await objects.put(doomed, b"old")
-        await log_store.l1_insert(L1Row(doomed, pid, 100, 101, 5, 1, 3, L1State.DELETE_STARTED, wall.now, wall.now))
+        await log_store.l1_insert(
+            L1Row(doomed, pid, 100, 101, 5, 1, 3, L1State.DELETE_STARTED, wall.now, wall.now)
+        )
         # Crash between the upload and COPY_FINISHED:
         stale = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "b" * 32
         await objects.put(stale, b"half")
@@ -447,7 +449,11 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
         assert (actor.state.lro, actor.state.high_watermark) == (9, 13)
 
         l1_only = await node.fetch("t", 0, 0, 100)  # exactly the 10 reconciled records
-        assert ([r.value for r in l1_only.records], l1_only.next_offset, l1_only.tier) == (values[:10], 10, "l1")
+        assert ([r.value for r in l1_only.records], l1_only.next_offset, l1_only.tier) == (
+            values[:10],
+            10,
+            "l1",
+        )
         everything = await node.fetch("t", 0, 0, 1 << 20)
         assert [r.offset for r in everything.records] == list(range(13))
         assert [r.value for r in everything.records] == values
@@ -458,7 +464,11 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
         below = await node.fetch("t", 0, 0, 49)
         assert ([r.offset for r in below.records], below.next_offset) == ([0, 1, 2, 3], 4)
         across = await node.fetch("t", 0, 7, 40)  # 7..9 from L1, 10 from L0
-        assert ([r.value for r in across.records], across.next_offset, across.tier) == (values[7:11], 11, "l1+l0")
+        assert ([r.value for r in across.records], across.next_offset, across.tier) == (
+            values[7:11],
+            11,
+            "l1+l0",
+        )
         from_l0 = await node.fetch("t", 0, 11, 1 << 20)
         assert ([r.value for r in from_l0.records], from_l0.tier) == (values[11:], "l0")
 
@@ -476,7 +486,7 @@ async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
         await produce_values(node, "t", 0, values)
         result = await node.fetch("t", 0, 0, 1 << 20)
         assert ([r.value for r in result.records], result.next_offset, result.tier) == (values, count, "l0")
-        budget = sum(map(len, values[:PLACEHOLDERS_PER_READ + 1]))
+        budget = sum(map(len, values[: PLACEHOLDERS_PER_READ + 1]))
         cut = await node.fetch("t", 0, 0, budget)
         assert cut.next_offset == PLACEHOLDERS_PER_READ + 1
 
@@ -490,8 +500,9 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = make_config()
-    config = replace(config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0,
-                                                delete_retry_max_s=300.0))
+    config = replace(
+        config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0, delete_retry_max_s=300.0)
+    )
     async with running_node(config, log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid

@@ -450,7 +450,9 @@ async def test_a_restarted_node_puts_every_partition_on_the_board_before_it_publ
         await second.shutdown()
 
 
-async def test_a_request_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_too_large() -> None:
+async def test_a_request_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_too_large() -> (
+    None
+):
     """The one size rule (value + key + header names and values + 8 per record), not the
     encoded size: this request encodes to more than the limit (msgpack framing, a 9-byte
     timestamp) and is stored; one byte more value is TooLarge (413 / MESSAGE_TOO_LARGE)."""

@@ -45,8 +45,12 @@ async def test_fill_creates_objects_that_s3_requests_then_see(tmp_path: Path) ->
                 ("GET", None, 405, "POST a JSON body"),
                 ("POST", b"not json", 400, "bad fill request"),
                 ("POST", json.dumps({"bucket": "b", "keys": "k"}).encode(), 400, "keys a list"),
-                ("POST", json.dumps({"bucket": "no-such-bucket", "keys": ["a"]}).encode(), 500,
-                 "fill failed"),
+                (
+                    "POST",
+                    json.dumps({"bucket": "no-such-bucket", "keys": ["a"]}).encode(),
+                    500,
+                    "fill failed",
+                ),
             ]
             for method, body, status, text in cases:
                 async with session.request(method, url + FILL_PATH, data=body) as response:

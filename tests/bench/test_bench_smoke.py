@@ -13,8 +13,18 @@ from levelzero.bench import ITEM_NAMES, main
 from levelzero.bench.cli import MARK_BEGIN, MARK_END
 
 FIGURE_KEYS = {
-    "item", "name", "unit", "sut_label", "floor_label", "sut", "floor", "ratio", "target",
-    "verdict", "rounds", "notes",
+    "item",
+    "name",
+    "unit",
+    "sut_label",
+    "floor_label",
+    "sut",
+    "floor",
+    "ratio",
+    "target",
+    "verdict",
+    "rounds",
+    "notes",
 }
 
 
@@ -26,8 +36,17 @@ def test_quick_fence_and_stall_write_results_with_positive_figures(
     markdown.write_text("# Benchmarks\n\nHand-written notes stay.\n", encoding="utf-8")
 
     code = main(
-        ["--quick", "--only", "fence,stall", "--results", str(results_path),
-         "--markdown", str(markdown), "--loop", "asyncio"]
+        [
+            "--quick",
+            "--only",
+            "fence,stall",
+            "--results",
+            str(results_path),
+            "--markdown",
+            str(markdown),
+            "--loop",
+            "asyncio",
+        ]
     )
 
     assert code == 0
@@ -85,13 +104,33 @@ def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
         "loop": "asyncio",
         "started_at": "2026-01-01T00:00:00+00:00",
         "duration_s": 12.0,
-        "machine": {"nproc": 2, "cpu_model": "CPU", "memory_gib": 4.0, "implementation": "CPython",
-                    "python": "3.11.7", "platform": "Linux"},
-        "items": {"fence": {"title": "3.", "seconds": 1.0, "figures": [{
-            "name": "fences", "unit": "ops/CPU-s", "sut_label": "fences", "floor_label": "bare",
-            "sut": 5.0, "floor": 10.0, "ratio": 0.5,
-            "target": {"bound": 0.5, "higher_is_better": True}, "verdict": "pass",
-        }]}},
+        "machine": {
+            "nproc": 2,
+            "cpu_model": "CPU",
+            "memory_gib": 4.0,
+            "implementation": "CPython",
+            "python": "3.11.7",
+            "platform": "Linux",
+        },
+        "items": {
+            "fence": {
+                "title": "3.",
+                "seconds": 1.0,
+                "figures": [
+                    {
+                        "name": "fences",
+                        "unit": "ops/CPU-s",
+                        "sut_label": "fences",
+                        "floor_label": "bare",
+                        "sut": 5.0,
+                        "floor": 10.0,
+                        "ratio": 0.5,
+                        "target": {"bound": 0.5, "higher_is_better": True},
+                        "verdict": "pass",
+                    }
+                ],
+            }
+        },
     }
     update_markdown(path, results)
     update_markdown(path, results)
@@ -115,14 +154,17 @@ def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_pat
     assert all(us > 0 for us in memory_figure["notes"]["loop_cpu_us_per_placeholder"])
 
 
-def test_bench_without_its_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_without_its_extra_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from levelzero.cli import commands
     from levelzero.cli import main as cli
 
     monkeypatch.setattr(commands, "BENCH_NEEDS", "levelzero_module_that_is_not_installed")
     assert cli.main(["bench", "--quick"]) == 2
-    assert "needs the bench extra (levelzero_module_that_is_not_installed): pip install 'levelzero[bench]'" in (
-        capsys.readouterr().err
+    assert (
+        "needs the bench extra (levelzero_module_that_is_not_installed): pip install 'levelzero[bench]'"
+        in (capsys.readouterr().err)
     )
 
 
@@ -154,7 +196,10 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     # The records, read through the data source and from their Parquet export (both counted and
     # summed inside the item): MB/s for each, information only.
     assert (records["unit"], records["sut_label"], records["verdict"]) == (
-        "MB/s", 'format("levelzero")', "info")
+        "MB/s",
+        'format("levelzero")',
+        "info",
+    )
     assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
     assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
     assert per_table["sut"] > 0 and per_table["floor"] > 0
@@ -166,7 +211,9 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
 def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nodes(tmp_path: Path) -> None:
     results_path = tmp_path / "cluster.json"
     assert main(["--quick", "--only", "cluster", "--out", str(results_path)]) == 0
-    failover, stall, rejections, two, three = json.loads(results_path.read_text())["items"]["cluster"]["figures"]
+    failover, stall, rejections, two, three = json.loads(results_path.read_text())["items"]["cluster"][
+        "figures"
+    ]
     assert failover["floor"] == 2.0 and failover["notes"]["lease_ttl_s"] == 2.0
     assert failover["target"] == {"bound": 2.0, "higher_is_better": False}  # (TTL + 2 s) / TTL
     assert failover["sut"] > 0 and failover["notes"]["nodes"] == 3
@@ -179,19 +226,45 @@ def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
     from levelzero.bench.cli import update_markdown
 
     def run(item: str, value: float, when: str, names: tuple[str, ...] = ("figure",)) -> dict:
-        figures = [{"name": f"{item} {name}", "unit": "ops/s", "sut_label": "sut", "sut": value,
-                    "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
-                    "verdict": "info"} for name in names]
-        return {"machine": {"nproc": 2, "cpu_model": "x", "memory_gib": 1, "implementation": "CPython",
-                            "python": "3.11", "platform": "linux"},
-                "started_at": when, "command": f"levelzero bench --only {item}", "duration_s": 1.0,
-                "loop": "asyncio", "items": {item: {"figures": figures}}}
+        figures = [
+            {
+                "name": f"{item} {name}",
+                "unit": "ops/s",
+                "sut_label": "sut",
+                "sut": value,
+                "floor_label": "floor",
+                "floor": 1.0,
+                "ratio": value,
+                "target": None,
+                "verdict": "info",
+            }
+            for name in names
+        ]
+        return {
+            "machine": {
+                "nproc": 2,
+                "cpu_model": "x",
+                "memory_gib": 1,
+                "implementation": "CPython",
+                "python": "3.11",
+                "platform": "linux",
+            },
+            "started_at": when,
+            "command": f"levelzero bench --only {item}",
+            "duration_s": 1.0,
+            "loop": "asyncio",
+            "items": {item: {"figures": figures}},
+        }
 
     markdown = tmp_path / "BENCHMARKS.md"
     update_markdown(markdown, run("fence", 2.0, "day 1"))
     update_markdown(markdown, run("cluster", 3.0, "day 2"))
     update_markdown(markdown, run("fence", 4.0, "day 3"))  # replaces fence's row, in place
-    rows = [line for line in markdown.read_text().splitlines() if line.startswith("| fence") or line.startswith("| cluster")]
+    rows = [
+        line
+        for line in markdown.read_text().splitlines()
+        if line.startswith("| fence") or line.startswith("| cluster")
+    ]
     assert rows == [
         "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | info |",
         "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | info |",
@@ -206,17 +279,40 @@ def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Pa
     from levelzero.bench.cli import update_markdown
 
     def run(value: float, names: tuple[str, ...], when: str) -> dict:
-        figures = [{"name": name, "unit": "ops/s", "sut_label": "sut", "sut": value,
-                    "floor_label": "floor", "floor": 1.0, "ratio": value, "target": None,
-                    "verdict": "info"} for name in names]
-        return {"machine": {"nproc": 2, "cpu_model": "x", "memory_gib": 1, "implementation": "CPython",
-                            "python": "3.11", "platform": "linux"},
-                "started_at": when, "command": "levelzero bench --only scale", "duration_s": 1.0,
-                "loop": "asyncio", "items": {"scale": {"figures": figures}}}
+        figures = [
+            {
+                "name": name,
+                "unit": "ops/s",
+                "sut_label": "sut",
+                "sut": value,
+                "floor_label": "floor",
+                "floor": 1.0,
+                "ratio": value,
+                "target": None,
+                "verdict": "info",
+            }
+            for name in names
+        ]
+        return {
+            "machine": {
+                "nproc": 2,
+                "cpu_model": "x",
+                "memory_gib": 1,
+                "implementation": "CPython",
+                "python": "3.11",
+                "platform": "linux",
+            },
+            "started_at": when,
+            "command": "levelzero bench --only scale",
+            "duration_s": 1.0,
+            "loop": "asyncio",
+            "items": {"scale": {"figures": figures}},
+        }
 
     markdown = tmp_path / "BENCHMARKS.md"
     update_markdown(markdown, run(2.0, ("a", "b at 1024", "c"), "day 1"))
     update_markdown(markdown, run(4.0, ("a", "b at 1,024", "c", "d"), "day 2"))
-    rows = [line.split("|")[2].strip() for line in markdown.read_text().splitlines()
-            if line.startswith("| scale")]
+    rows = [
+        line.split("|")[2].strip() for line in markdown.read_text().splitlines() if line.startswith("| scale")
+    ]
     assert rows == ["a", "b at 1,024", "c", "d"]

@@ -23,8 +23,18 @@ def consumed_values(daemon_process: DaemonProcess, topic: str, partition: int) -
 def test_produce_pipelines_requests_and_loses_nothing(daemon_process: DaemonProcess) -> None:
     assert daemon_process.cli("topics", "create", "p", "--partitions", "2").returncode == 0
     values = [f"v{i:05d}" for i in range(20_000)]
-    result = daemon_process.cli("produce", "p", "-p", "0", "--batch-records", "1000", "--in-flight", "4",
-                                "--json", input=lines(values))
+    result = daemon_process.cli(
+        "produce",
+        "p",
+        "-p",
+        "0",
+        "--batch-records",
+        "1000",
+        "--in-flight",
+        "4",
+        "--json",
+        input=lines(values),
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.splitlines()[-1])
     assert summary["records"] == 20_000 and summary["requests"] == 20
@@ -32,10 +42,12 @@ def test_produce_pipelines_requests_and_loses_nothing(daemon_process: DaemonProc
     got = consumed_values(daemon_process, "p", 0)
     assert sorted(got) == values  # every record, once
     # Each request's records are contiguous and in input order (requests may overtake).
-    chunks = sorted(got[i:i + 1000] for i in range(0, 20_000, 1000))
-    assert chunks == [values[i:i + 1000] for i in range(0, 20_000, 1000)]
+    chunks = sorted(got[i : i + 1000] for i in range(0, 20_000, 1000))
+    assert chunks == [values[i : i + 1000] for i in range(0, 20_000, 1000)]
     # One request at a time (the default) keeps the input order across requests too.
-    result = daemon_process.cli("produce", "p", "-p", "1", "--batch-records", "700", input=lines(values[:5000]))
+    result = daemon_process.cli(
+        "produce", "p", "-p", "1", "--batch-records", "700", input=lines(values[:5000])
+    )
     assert result.returncode == 0 and b"produced 5000 records to p/1 at offsets 0..4999" in result.stdout
     assert consumed_values(daemon_process, "p", 1) == values[:5000]
 
@@ -46,14 +58,24 @@ def test_a_malformed_line_is_named_and_stops_cleanly_or_is_skipped(daemon_proces
     result = daemon_process.cli("produce", "k", "--key-separator", ":", input=text)
     assert result.returncode == 1
     assert b"produced 2 records to k/0 at offsets 0..1" in result.stdout  # what came before it
-    assert result.stderr == (b"levelzero: input line 3: no key separator ':' in b'no separator here'; "
-                             b"stopped there (--skip-malformed skips such lines)\n")
+    assert result.stderr == (
+        b"levelzero: input line 3: no key separator ':' in b'no separator here'; "
+        b"stopped there (--skip-malformed skips such lines)\n"
+    )
     result = daemon_process.cli("produce", "k", "--key-separator", ":", "--skip-malformed", input=text)
     assert result.returncode == 0
-    assert b"levelzero: input line 3: no key separator ':' in b'no separator here' (skipped)\n" == result.stderr
+    assert (
+        b"levelzero: input line 3: no key separator ':' in b'no separator here' (skipped)\n" == result.stderr
+    )
     assert b"produced 3 records to k/0 at offsets 2..4; skipped 1 malformed line" in result.stdout
     records = [json.loads(line) for line in daemon_process.cli("consume", "k", "--json").stdout.splitlines()]
-    assert [(r["key"], r["value"]) for r in records] == [("a", "1"), ("b", "2"), ("a", "1"), ("b", "2"), ("c", "3")]
+    assert [(r["key"], r["value"]) for r in records] == [
+        ("a", "1"),
+        ("b", "2"),
+        ("a", "1"),
+        ("b", "2"),
+        ("c", "3"),
+    ]
 
 
 def test_json_output_decodes_text_and_keeps_binary_as_base64(daemon_process: DaemonProcess) -> None:
@@ -80,5 +102,10 @@ def test_topics_headers_plurals_json_and_a_url_without_scheme(daemon_process: Da
     host_port = daemon_process.url.removeprefix("http://")
     result = daemon_process.cli("topics", "list", "--url", host_port)
     assert result.returncode == 2
-    assert result.stderr == (f"levelzero: daemon URL '{host_port}' has no http:// or https:// scheme "
-                             f"(e.g. http://{host_port})\n").encode()
+    assert (
+        result.stderr
+        == (
+            f"levelzero: daemon URL '{host_port}' has no http:// or https:// scheme "
+            f"(e.g. http://{host_port})\n"
+        ).encode()
+    )

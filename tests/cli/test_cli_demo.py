@@ -37,7 +37,9 @@ async def test_demo_verifies_every_produced_record(tmp_path: Path) -> None:
     assert 1 <= summary.quiesce_rounds <= 20
     assert summary.reconciled_offsets == summary.written_offsets >= summary.produced
     assert summary.l1_objects > 0 and summary.gc_max_deleted_epoch is not None
-    assert summary.after_gc.verified == summary.produced and summary.after_gc.tiers == {"l1": summary.produced}
+    assert summary.after_gc.verified == summary.produced and summary.after_gc.tiers == {
+        "l1": summary.produced
+    }
     assert summary.after_gc.mismatched == summary.after_gc.missing == 0
     ms = [s.m for s in summary.samples if s.m is not None]
     assert ms and ms == sorted(ms) and ms[-1] == summary.m  # M never decreases
@@ -52,39 +54,118 @@ async def test_demo_verifies_every_produced_record(tmp_path: Path) -> None:
 
 def test_status_table_is_readable() -> None:
     partition = PartitionStatus(
-        topic="orders", partition=3, term=2, window=(4, 5), previous_applied_epoch=4,
-        max_applied_epoch=5, min_epoch_lower_bound=4, mp=3, lro=9, lrlo=12, high_watermark=10,
-        start_offset=0, size_bytes=100, readers=0, pending_records=0, read_units=0,
-        window_slides=2, stale_rejections=1, last_rejected_gap=1, new_epoch_fences=2,
+        topic="orders",
+        partition=3,
+        term=2,
+        window=(4, 5),
+        previous_applied_epoch=4,
+        max_applied_epoch=5,
+        min_epoch_lower_bound=4,
+        mp=3,
+        lro=9,
+        lrlo=12,
+        high_watermark=10,
+        start_offset=0,
+        size_bytes=100,
+        readers=0,
+        pending_records=0,
+        read_units=0,
+        window_slides=2,
+        stale_rejections=1,
+        last_rejected_gap=1,
+        new_epoch_fences=2,
         same_epoch_fences=7,
     )
     status = StatusResponse(
-        cluster_epoch=6, cached_epoch=5, m=3, m_holders=["orders/3"], m_blocked_by=[],
-        m_blocked_count=0, accepting=True, partitions=[partition],
-        batcher=BatcherStatus(objects_uploaded=4, bytes_uploaded=1000, records_appended=10,
-                              stale_rejections=1, stale_retries=1, stale_failures=0,
-                              orphan_objects=1, inflight_bytes=0),
+        cluster_epoch=6,
+        cached_epoch=5,
+        m=3,
+        m_holders=["orders/3"],
+        m_blocked_by=[],
+        m_blocked_count=0,
+        accepting=True,
+        partitions=[partition],
+        batcher=BatcherStatus(
+            objects_uploaded=4,
+            bytes_uploaded=1000,
+            records_appended=10,
+            stale_rejections=1,
+            stale_retries=1,
+            stale_failures=0,
+            orphan_objects=1,
+            inflight_bytes=0,
+        ),
     )
     lines = format_status(status).splitlines()
     assert lines[0] == "cluster epoch 6 (cached 5)   M 3 (held by orders/3)   accepting yes"
-    assert lines[3].split() == ["PARTITION", "TERM", "WINDOW", "APPLIED", "LOWER", "M(p)", "LRO", "HWM",
-                                "LAG", "L1", "START", "SLIDES", "STALE"]
-    assert lines[4].split() == ["orders/3", "2", "[4,5]", "[4,5]", "4", "3", "9", "10", "0", "0", "0", "2", "1"]
+    assert lines[3].split() == [
+        "PARTITION",
+        "TERM",
+        "WINDOW",
+        "APPLIED",
+        "LOWER",
+        "M(p)",
+        "LRO",
+        "HWM",
+        "LAG",
+        "L1",
+        "START",
+        "SLIDES",
+        "STALE",
+    ]
+    assert lines[4].split() == [
+        "orders/3",
+        "2",
+        "[4,5]",
+        "[4,5]",
+        "4",
+        "3",
+        "9",
+        "10",
+        "0",
+        "0",
+        "0",
+        "2",
+        "1",
+    ]
 
     with_components = msgspec.structs.replace(
         status,
-        reconciler=ReconcilerStatus(rounds=3, objects_written=2, bytes_written=2 * 1024 * 1024,
-                                    records_reconciled=10, catch_ups_rejected=0, errors=0, lag_offsets=0),
-        housekeeper=HousekeeperStatus(rounds=3, epochs_advanced=4, catch_ups=2, start_offsets_set=0,
-                                      l1_deleted=0, errors=0),
-        gc=GcStatus(paused=True, m=3, epoch_lag=3, rounds=5, dry_runs=1, failed_rounds=0,
-                    safety_blocked_rounds=0, objects_deleted=4, bytes_deleted=1024 * 1024,
-                    max_deleted_epoch=3, backlog=0, next_round_in_s=None, pace_reason=None,
-                    last_round=None),
+        reconciler=ReconcilerStatus(
+            rounds=3,
+            objects_written=2,
+            bytes_written=2 * 1024 * 1024,
+            records_reconciled=10,
+            catch_ups_rejected=0,
+            errors=0,
+            lag_offsets=0,
+        ),
+        housekeeper=HousekeeperStatus(
+            rounds=3, epochs_advanced=4, catch_ups=2, start_offsets_set=0, l1_deleted=0, errors=0
+        ),
+        gc=GcStatus(
+            paused=True,
+            m=3,
+            epoch_lag=3,
+            rounds=5,
+            dry_runs=1,
+            failed_rounds=0,
+            safety_blocked_rounds=0,
+            objects_deleted=4,
+            bytes_deleted=1024 * 1024,
+            max_deleted_epoch=3,
+            backlog=0,
+            next_round_in_s=None,
+            pace_reason=None,
+            last_round=None,
+        ),
     )
     lines = format_status(with_components).splitlines()
-    assert lines[2] == ("reconciler: 2 L1 objects (2.0 MiB), 10 records, lag 0 offsets, "
-                        "rejected catch-ups 0, errors 0")
-    assert lines[3] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
+    assert lines[2] == (
+        "reconciler: 2 L1 objects (2.0 MiB), 10 records, lag 0 offsets, rejected catch-ups 0, errors 0"
+    )
+    assert (
+        lines[3] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
+    )
     assert lines[4] == "GC: PAUSED, M 3 (epoch lag 3), 5 rounds, deleted 4 objects (1.0 MiB), backlog 0"
     assert lines[6].split()[0] == "PARTITION"

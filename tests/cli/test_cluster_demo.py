@@ -13,7 +13,10 @@ from daemon_support import clean_environ
 def demo(*args: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "levelzero.cli", "demo", *args],
-        capture_output=True, text=True, timeout=timeout_s, env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=clean_environ(),
     )
 
 
@@ -31,8 +34,12 @@ def test_the_three_node_demo_keeps_every_record_through_a_crash_and_a_rolling_re
 
 
 def test_demo_arguments_are_checked() -> None:
-    for args in (["--nodes", "0"], ["--nodes", "9"], ["--nodes", "3", "--producers", "0"],
-                 ["--nodes", "3", "--data-dir", "/tmp/x"]):
+    for args in (
+        ["--nodes", "0"],
+        ["--nodes", "9"],
+        ["--nodes", "3", "--producers", "0"],
+        ["--nodes", "3", "--data-dir", "/tmp/x"],
+    ):
         done = demo(*args, timeout_s=60)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr

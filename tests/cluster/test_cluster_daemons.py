@@ -34,7 +34,9 @@ QUIESCE_S = 90.0
 
 def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
     return {
-        **postgres_control(dsn), **s3_environ(endpoint, bucket), **QUIESCENT_ENVIRON,
+        **postgres_control(dsn),
+        **s3_environ(endpoint, bucket),
+        **QUIESCENT_ENVIRON,
         "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.5",
         "LEVELZERO_GC_SWEEP_INTERVAL_S": "1",
         "LEVELZERO_CLUSTER_ENABLED": "true",
@@ -43,11 +45,19 @@ def cluster_env(name: str, dsn: str, endpoint, bucket: str) -> dict[str, str]:  
     }
 
 
-def start_nodes(tmp_path: Path, dsn: str, endpoint, bucket: str, names: list[str],  # noqa: ANN001
-                start: bool = True) -> dict[str, DaemonProcess]:
+def start_nodes(
+    tmp_path: Path,
+    dsn: str,
+    endpoint,
+    bucket: str,
+    names: list[str],  # noqa: ANN001
+    start: bool = True,
+) -> dict[str, DaemonProcess]:
     nodes = {}
     for name in names:
-        process = DaemonProcess(tmp_path / name, tmp_path / f"{name}-logs", env=cluster_env(name, dsn, endpoint, bucket))
+        process = DaemonProcess(
+            tmp_path / name, tmp_path / f"{name}-logs", env=cluster_env(name, dsn, endpoint, bucket)
+        )
         (tmp_path / f"{name}-logs").mkdir()
         process.env["LEVELZERO_CLUSTER_ADVERTISE_URL"] = process.url
         nodes[name] = process
@@ -67,8 +77,14 @@ async def produce_until_acknowledged(urls: list[str], partition: int, value: byt
                         ack = await client.produce(TOPIC, partition, [value])
                         return ack.base_offset, time.monotonic() - started
                     except ApiError as exc:
-                        assert exc.code in ("not_leader", "unreachable", "timeout", "shutting_down",
-                                            "storage_error", "http_error"), exc
+                        assert exc.code in (
+                            "not_leader",
+                            "unreachable",
+                            "timeout",
+                            "shutting_down",
+                            "storage_error",
+                            "http_error",
+                        ), exc
             await anyio.sleep(0.1)
 
 
@@ -86,7 +102,10 @@ async def no_l0_left(s3_endpoint, bucket: str) -> None:  # noqa: ANN001
 
 
 async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_and_pause(
-    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    postgres_dsn: str,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"])
     acked: dict[int, dict[int, bytes]] = {p: {} for p in range(PARTITIONS)}
@@ -120,7 +139,8 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
             info = await client.cluster()
         assert info.enabled and info.node_id == "n2"
         assert [(n.node_id, n.advertise_url, n.live) for n in info.nodes] == [
-            (name, nodes[name].url, True) for name in ("n1", "n2", "n3")]
+            (name, nodes[name].url, True) for name in ("n1", "n2", "n3")
+        ]
         assert sum(n.partitions_led for n in info.nodes) == PARTITIONS
         assert info.partitions_without_leader == 0
         shown = nodes["n1"].cli("cluster")
@@ -166,7 +186,10 @@ async def test_three_daemons_keep_every_acknowledged_record_through_kill_stop_an
 
 
 async def test_a_join_a_kill_a_pause_and_a_rolling_restart_under_load(
-    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    postgres_dsn: str,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     """Producers write without pause through whichever nodes are up while a third node joins, a
     leader is SIGKILLed and started again, another is SIGSTOPped past its lease and woken (a
@@ -196,8 +219,15 @@ async def test_a_join_a_kill_a_pause_and_a_rolling_restart_under_load(
                             ack = await client.produce(TOPIC, partition, [value])
                         break
                     except ApiError as exc:
-                        assert exc.code in ("not_leader", "unreachable", "timeout", "shutting_down",
-                                            "storage_error", "http_error", "unavailable"), exc
+                        assert exc.code in (
+                            "not_leader",
+                            "unreachable",
+                            "timeout",
+                            "shutting_down",
+                            "storage_error",
+                            "http_error",
+                            "unavailable",
+                        ), exc
                         counts["retried"] += 1
                         await anyio.sleep(0.05)
             assert ack.base_offset not in acked[partition], (partition, ack.base_offset, "acked twice")
@@ -279,7 +309,10 @@ async def _sql(dsn: str, query: str, *args) -> list:  # noqa: ANN001
 
 
 async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_partitions(
-    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    postgres_dsn: str,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     """n3 is caught inside a write batch that is inserting its L0 catalog row (the table is
     share-locked from outside until n3's insert waits on it, then n3 is SIGSTOPped and the
@@ -302,9 +335,14 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
         with anyio.fail_after(WAIT_S):  # every node leads some partitions
             while set(leaders.values()) != set(names) or len(leaders) != PARTITIONS:
                 await anyio.sleep(0.5)
-                leaders = {r["partition"]: r["node_id"] for r in await _sql(
-                    postgres_dsn, "SELECT p.partition, l.node_id FROM partition_leases l"
-                    " JOIN partitions p USING (pid) WHERE l.lease_expires_at > extract(epoch from now())")}
+                leaders = {
+                    r["partition"]: r["node_id"]
+                    for r in await _sql(
+                        postgres_dsn,
+                        "SELECT p.partition, l.node_id FROM partition_leases l"
+                        " JOIN partitions p USING (pid) WHERE l.lease_expires_at > extract(epoch from now())",
+                    )
+                }
         paused_partitions = [p for p, n in leaders.items() if n == "n3"]
         other_partitions = sorted(p for p, n in leaders.items() if n != "n3")
 
@@ -333,11 +371,13 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
             await transaction.commit()
             await locker.close()
             # Its insert done, its session waits for the stopped node inside the transaction.
-            open_batch = ("SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
-                          " WHERE a.application_name = 'levelzero n3' AND a.wait_event = 'ClientRead'"
-                          " AND a.state IN ('active', 'idle in transaction')"
-                          " AND l.relation = 'l0_objects'::regclass AND l.mode = 'RowExclusiveLock'"
-                          " AND l.granted")
+            open_batch = (
+                "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid"
+                " WHERE a.application_name = 'levelzero n3' AND a.wait_event = 'ClientRead'"
+                " AND a.state IN ('active', 'idle in transaction')"
+                " AND l.relation = 'l0_objects'::regclass AND l.mode = 'RowExclusiveLock'"
+                " AND l.granted"
+            )
             with anyio.fail_after(WAIT_S):
                 while not (await _sql(postgres_dsn, open_batch))[0][0]:
                     await anyio.sleep(0.05)

@@ -42,11 +42,16 @@ def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes
     record reported delivered (failures would be reported, and are asserted absent)."""
     from confluent_kafka import Producer
 
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5,
-        "message.timeout.ms": int(DEADLINE_S * 1000), "retry.backoff.ms": 100,
-        "topic.metadata.refresh.interval.ms": 1000,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": int(DEADLINE_S * 1000),
+            "retry.backoff.ms": 100,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
     delivered: dict[tuple[int, int], bytes] = {}
     errors: list[str] = []
 
@@ -59,8 +64,13 @@ def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes
         delivered[key] = message.value()
 
     for i in range(count):
-        producer.produce(TOPIC, value=f"{tag}-{i}".encode() * 3, key=str(i).encode(),
-                         partition=i % PARTITIONS, on_delivery=report)
+        producer.produce(
+            TOPIC,
+            value=f"{tag}-{i}".encode() * 3,
+            key=str(i).encode(),
+            partition=i % PARTITIONS,
+            on_delivery=report,
+        )
         producer.poll(0)
     assert producer.flush(DEADLINE_S) == 0
     assert errors == []
@@ -71,11 +81,17 @@ def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes
 def consume_all(bootstrap: str, group: str, expected: int) -> dict[tuple[int, int], bytes]:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-        "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 200,
-        "fetch.wait.max.ms": 100,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 200,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     consumer.subscribe([TOPIC])
     got: dict[tuple[int, int], bytes] = {}
     deadline = time.monotonic() + DEADLINE_S
@@ -86,9 +102,7 @@ def consume_all(bootstrap: str, group: str, expected: int) -> dict[tuple[int, in
                 continue
             got[(message.partition(), message.offset())] = message.value()
         consumer.commit(asynchronous=False)
-        committed = consumer.committed(
-            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
-        )
+        committed = consumer.committed([TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10)
         assert sum(tp.offset for tp in committed) == expected
     finally:
         consumer.close()
@@ -96,12 +110,14 @@ def consume_all(bootstrap: str, group: str, expected: int) -> dict[tuple[int, in
 
 
 async def test_kafka_clients_use_every_node_of_a_cluster(
-    tmp_path: Path, postgres_dsn: str, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    postgres_dsn: str,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     from confluent_kafka.admin import AdminClient
 
-    nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"],
-                        start=False)
+    nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"], start=False)
     ports = with_kafka(nodes)
     for process in nodes.values():
         process.start()

@@ -61,23 +61,34 @@ async def test_a_node_cut_off_from_postgres_stops_serving_its_partitions_by_its_
     l0_only = {"reconciler__enabled": False}  # a read needs the partition log's placeholders
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(proxy.aclose)
-        a = await stack.enter_async_context(running_daemon(daemon_config(
-            tmp_path / "a", **cluster_overrides(tmp_path, "a", proxy.dsn(postgres_dsn), **l0_only))))
-        b = await stack.enter_async_context(running_daemon(daemon_config(
-            tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn, **l0_only))))
+        a = await stack.enter_async_context(
+            running_daemon(
+                daemon_config(
+                    tmp_path / "a", **cluster_overrides(tmp_path, "a", proxy.dsn(postgres_dsn), **l0_only)
+                )
+            )
+        )
+        b = await stack.enter_async_context(
+            running_daemon(
+                daemon_config(tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn, **l0_only))
+            )
+        )
         stack.callback(proxy.heal)  # before the daemons stop: a leaves the cluster cleanly
         async with Client(a.url) as client:
             await client.create_topic(TOPIC, PARTITIONS)
-        await wait_for(lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
-                       "both nodes lead some partitions")
+        await wait_for(
+            lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
+            "both nodes lead some partitions",
+        )
         async with Client(b.url) as client:  # follows 307 to the leader
             for p in range(PARTITIONS):
                 assert (await client.produce(TOPIC, p, [f"before-{p}".encode()])).base_offset == 0
         former = sorted(led(a))
 
         proxy.blackhole()
-        async with httpx.AsyncClient(base_url=a.url, trust_env=False, timeout=REQUEST_TIMEOUT_S,
-                                     follow_redirects=False) as http:
+        async with httpx.AsyncClient(
+            base_url=a.url, trust_env=False, timeout=REQUEST_TIMEOUT_S, follow_redirects=False
+        ) as http:
             # Reads sent at the cut wait on the dead connection for their placeholders; they
             # are answered when the lease's deadline passes, not when the connection times out.
             async def read_at_the_cut(p: int) -> None:
@@ -123,14 +134,22 @@ async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
     none it did not lead): the LevelZeroGcBlocked alert fired on a healthy cluster."""
     quiet = {"reconciler__enabled": False, "housekeeper__enabled": False, "gc__enabled": False}
     async with contextlib.AsyncExitStack() as stack:
-        a = await stack.enter_async_context(running_daemon(
-            daemon_config(tmp_path / "a", **cluster_overrides(tmp_path, "a", postgres_dsn, **quiet))))
-        b = await stack.enter_async_context(running_daemon(
-            daemon_config(tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn, **quiet))))
+        a = await stack.enter_async_context(
+            running_daemon(
+                daemon_config(tmp_path / "a", **cluster_overrides(tmp_path, "a", postgres_dsn, **quiet))
+            )
+        )
+        b = await stack.enter_async_context(
+            running_daemon(
+                daemon_config(tmp_path / "b", **cluster_overrides(tmp_path, "b", postgres_dsn, **quiet))
+            )
+        )
         async with Client(a.url) as client:
             await client.create_topic(TOPIC, PARTITIONS)
-            await wait_for(lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
-                           "both nodes lead some partitions")
+            await wait_for(
+                lambda: led(a) and led(b) and len(led(a) | led(b)) == PARTITIONS,
+                "both nodes lead some partitions",
+            )
             await client.advance_epoch()
             await client.advance_epoch()
             for p in range(PARTITIONS):
@@ -161,7 +180,8 @@ async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
                 assert status.m_blocked_by == [] and status.m_blocked_count == 0
                 assert status.m_led_by == {
                     n: other if n in other_led else daemon.config.cluster.node_id
-                    for n in gc.holders if n != "cap"
+                    for n in gc.holders
+                    if n != "cap"
                 }
                 assert explained.m == gc.m
                 assert set(reasons) == {f"{TOPIC}/{p}" for p in range(PARTITIONS)} | {"cap"}

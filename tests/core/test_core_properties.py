@@ -242,15 +242,11 @@ class Model:
             raise PropertyViolation(f"M(p) fell from {self.last_mp} to {mp}")
         self.last_mp = mp
         max_applied = state.max_applied_epoch
-        if self.last_max_applied is not None and (
-            max_applied is None or max_applied < self.last_max_applied
-        ):
+        if self.last_max_applied is not None and (max_applied is None or max_applied < self.last_max_applied):
             raise PropertyViolation(f"max_applied fell from {self.last_max_applied}")
         self.last_max_applied = max_applied
         published = self.pins.published(mp)  # asserts its own monotonicity
-        if self.last_published is not None and (
-            published is None or published < self.last_published
-        ):
+        if self.last_published is not None and (published is None or published < self.last_published):
             raise PropertyViolation(f"published M(p) fell from {self.last_published}")
         self.last_published = published
         if mp is None:

@@ -311,7 +311,7 @@ def test_lower_edge_above_everything_applied_lands_in_any_order(upper_first: boo
     lower = leader.try_fence(N)
     assert isinstance(lower, Admitted)  # N > max_applied: only N and N+4 can move the window
     assert isinstance(leader.try_fence(N + 2), Rejected)
-    for admitted in ([upper, lower] if upper_first else [lower, upper]):
+    for admitted in [upper, lower] if upper_first else [lower, upper]:
         leader.land(admitted)
     assert leader.state.applied_window == ((N - 1, N + 4) if upper_first else (N, N + 4))
     assert leader.state.previous_applied_epoch <= N

@@ -115,9 +115,7 @@ def test_malformed_l0_key_raises_naming_the_key(key: str) -> None:
         (42, 7, UUID + "/x", "uuid"),
     ],
 )
-def test_format_l0_key_refuses_out_of_range_parts(
-    prefix: int, epoch: int, uuid: str, message: str
-) -> None:
+def test_format_l0_key_refuses_out_of_range_parts(prefix: int, epoch: int, uuid: str, message: str) -> None:
     with pytest.raises(MalformedKey, match=message):
         format_l0_key(prefix, epoch, uuid)
 

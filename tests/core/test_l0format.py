@@ -23,9 +23,7 @@ records_strategy = st.lists(
     min_size=1,
     max_size=20,
 )
-extents_strategy = st.lists(
-    st.tuples(st.integers(0, 2**62), records_strategy), min_size=1, max_size=40
-)
+extents_strategy = st.lists(st.tuples(st.integers(0, 2**62), records_strategy), min_size=1, max_size=40)
 
 
 def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[bytes], int]]:
@@ -44,9 +42,7 @@ def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(
 ) -> None:
     """Requests are encoded as they come; an extent of several is one msgpack array of all
     their records, whose header changes form at 16 and 65,536 items."""
-    parts = [
-        [Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)
-    ]
+    parts = [[Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)]
     records = [record for part in parts for record in part]
     encoded = EncodedExtents([(7, [encode_extent(part) for part in parts], len(records))])
     data, headers = finish_object(3, encoded)
@@ -122,16 +118,22 @@ def test_format_2_records_carry_timestamps_and_headers_and_format_1_objects_stay
     extent = headers[0]
     data = bytes(old_object[extent.byte_offset : extent.byte_offset + extent.byte_length])
     assert l0format.decode_extent(data, extent.checksum, 2, "old") == [
-        l0format.Record(b"k", b"old"), l0format.Record(None, b"")]
+        l0format.Record(b"k", b"old"),
+        l0format.Record(None, b""),
+    ]
     assert l0format.Record(b"k", b"old").timestamp_ms == l0format.NO_TIMESTAMP
 
-    new = [l0format.Record(b"k", b"v", 1_700_000_000_123, (("h", b"x"), ("n", None))),
-           l0format.Record(None, b"plain")]
+    new = [
+        l0format.Record(b"k", b"v", 1_700_000_000_123, (("h", b"x"), ("n", None))),
+        l0format.Record(None, b"plain"),
+    ]
     encoded = l0format.encode_extent(new)
     assert l0format.decode_extent(encoded, l0format.checksum(encoded), 2, "new") == new
     # A version-2 record without timestamp or headers costs two bytes more than in version 1.
-    assert len(l0format.encode_extent([l0format.Record(None, b"plain")])) == len(
-        msgspec.msgpack.encode([RecordV1(None, b"plain")])) + 2
+    assert (
+        len(l0format.encode_extent([l0format.Record(None, b"plain")]))
+        == len(msgspec.msgpack.encode([RecordV1(None, b"plain")])) + 2
+    )
 
 
 def _front_by_iteration(epoch: int, shapes: list[tuple[int, int, int]], sums: list[int]) -> bytes:

@@ -10,7 +10,13 @@ from levelzero.core.l1_deletes import PendingDeletes, retry_delay_s
 
 def test_the_backoff_doubles_from_first_s_and_stays_at_max_s():
     assert [retry_delay_s(n, 1.0, 300.0) for n in (1, 2, 3, 4, 9, 10, 1000)] == [
-        1.0, 2.0, 4.0, 8.0, 256.0, 300.0, 300.0
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        256.0,
+        300.0,
+        300.0,
     ]
     with pytest.raises(AssertionError):
         retry_delay_s(0, 1.0, 300.0)

@@ -317,8 +317,6 @@ def test_checker_flags_a_test_importing_the_benchmarks(tmp_path: Path) -> None:
     assert bench_imports_in_tests(tests_root) == ["tests/storage/test_x.py:1 imports levelzero.bench.common"]
 
 
-
-
 def write_tree(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "levelzero"
     for relative, text in files.items():
@@ -400,11 +398,7 @@ SIM_MODEL_MODULES = frozenset(
 
 
 def sim_imports(root: Path) -> set[str]:
-    return {
-        module
-        for path in python_files(root / "sim")
-        for _, module in imported_modules(path, root)
-    }
+    return {module for path in python_files(root / "sim") for _, module in imported_modules(path, root)}
 
 
 def test_simulation_runs_the_shipping_actors_and_keeps_no_model_of_them() -> None:
@@ -424,7 +418,5 @@ def test_sim_checker_sees_a_missing_actor_import(tmp_path: Path) -> None:
         {"sim/__init__.py": "", "sim/world.py": "from levelzero.core.state import PartitionState\n"},
     )
     assert "levelzero.actors.node.Node" not in sim_imports(root)
-    root = write_tree(
-        tmp_path, {"sim/world.py": "from levelzero.actors.node import Node\n"}
-    )
+    root = write_tree(tmp_path, {"sim/world.py": "from levelzero.actors.node import Node\n"})
     assert "levelzero.actors.node.Node" in sim_imports(root)

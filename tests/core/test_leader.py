@@ -145,8 +145,12 @@ def test_l1_collect_reasons() -> None:
 
     def reason(**row: object) -> str | None:
         fields = dict(
-            row_term=1, last_offset=3, lineage_valid=True, copy_finished=True,
-            delete_started=False, stale_copy=False,
+            row_term=1,
+            last_offset=3,
+            lineage_valid=True,
+            copy_finished=True,
+            delete_started=False,
+            stale_copy=False,
         )
         fields.update(row)
         return l1_collect_reason(state, 2, **fields)  # type: ignore[arg-type]

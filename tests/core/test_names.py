@@ -16,16 +16,18 @@ from levelzero.storage.memory_store import MemoryObjectStore
 UUID = "0" * 32
 
 
-@pytest.mark.parametrize("name", [".", "..", "...", ".lz-tmp-x", TEMP_SEGMENT_PREFIX, "", "a/b",
-                                  "a b", "é", "a" * 201, "x\n"])
+@pytest.mark.parametrize(
+    "name", [".", "..", "...", ".lz-tmp-x", TEMP_SEGMENT_PREFIX, "", "a/b", "a b", "é", "a" * 201, "x\n"]
+)
 def test_names_no_store_can_hold_are_refused(name: str) -> None:
     assert topic_name_problem(name) is not None
     with pytest.raises(MalformedKey, match="cannot be part of a key"):
         format_l1_key(name, 0, 0, 0, 1, UUID)
 
 
-@pytest.mark.parametrize("name", ["orders", "a.b", ".hidden", "-x", "_", "a..b", "x" * 200,
-                                  ".lz-tmp", "a.lz-tmp-b"])
+@pytest.mark.parametrize(
+    "name", ["orders", "a.b", ".hidden", "-x", "_", "a..b", "x" * 200, ".lz-tmp", "a.lz-tmp-b"]
+)
 def test_names_every_store_can_hold_are_accepted(name: str) -> None:
     assert topic_name_problem(name) is None
     key = format_l1_key(name, 3, 0, 9, 1, UUID)
@@ -38,8 +40,9 @@ def test_a_non_string_name_is_refused_with_its_type() -> None:
 
 
 # Names drawn from the characters at the edges of both rules, and the temp prefix itself.
-NAME = st.lists(st.sampled_from(["a", "9", ".", "_", "-", "/", " ", TEMP_SEGMENT_PREFIX, ".."]),
-                min_size=0, max_size=5).map("".join)
+NAME = st.lists(
+    st.sampled_from(["a", "9", ".", "_", "-", "/", " ", TEMP_SEGMENT_PREFIX, ".."]), min_size=0, max_size=5
+).map("".join)
 
 
 @settings(max_examples=400, deadline=None)

@@ -58,7 +58,10 @@ def test_the_encoded_length_with_its_allowance_never_undercounts_the_rule():
             value = rng.randbytes(rng.choice(lengths if rng.random() < 0.1 else lengths[:7]))
             stamp = rng.choice([NO_TIMESTAMP, 0, 127, 1_700_000_000_000])
             headers = tuple(
-                (rng.choice(["", "h", "é" * 20]), None if rng.random() < 0.5 else rng.randbytes(rng.choice(lengths[:4])))
+                (
+                    rng.choice(["", "h", "é" * 20]),
+                    None if rng.random() < 0.5 else rng.randbytes(rng.choice(lengths[:4])),
+                )
                 for _ in range(rng.choice([0, 0, 1, 3]))
             )
             records.append(Record(key, value, stamp, headers))

@@ -17,7 +17,11 @@ def test_a_partition_is_named_failing_after_the_threshold_with_since_and_last_er
     failing = health.get("t/0")
     assert failing is not None
     assert (failing.since, failing.failures, failing.last_error, failing.last_failed_at) == (
-        100.0, 5, "error 4", 104.0)
+        100.0,
+        5,
+        "error 4",
+        104.0,
+    )
     assert failing.describe() == "reconciliation failing since 100 (5 passes): error 4"
     assert [f.partition for f in health.failing()] == ["t/0"]
 

@@ -272,9 +272,7 @@ def test_lower_bound_never_decreases_on_a_later_catch_up() -> None:
     assert state.mp == 2
 
 
-def catch_up_with_lower_edge_write_in_flight(
-    n: int, mutate: bool
-) -> tuple[PartitionState, Fence, Admitted]:
+def catch_up_with_lower_edge_write_in_flight(n: int, mutate: bool) -> tuple[PartitionState, Fence, Admitted]:
     """Window [n, n+1] applied; a write at the lower edge n is admitted and holds its read unit;
     then the reconciler catches up through everything applied so far."""
     state = new_state()
@@ -289,9 +287,7 @@ def catch_up_with_lower_edge_write_in_flight(
     assert state.epoch_window_offset == 2
     in_flight = fence.try_fence(n, state.term, state.applied_window)
     assert isinstance(in_flight, Admitted) and in_flight.window == (n, n + 1)
-    caught_up = AdvanceReconciledOffset(
-        lro=state.high_watermark - 1, lrlo=state.last_applied_log_offset
-    )
+    caught_up = AdvanceReconciledOffset(lro=state.high_watermark - 1, lrlo=state.last_applied_log_offset)
     # The classic bug is the simulation's mutant, applied from outside the core.
     with applied("lower_bound_follows_max" if mutate else None):
         apply(state, caught_up)

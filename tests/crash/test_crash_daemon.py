@@ -61,11 +61,16 @@ class Workload:
         with httpx.Client(base_url=self.url, trust_env=False, timeout=10.0) as http:
             while not self.stop.is_set():
                 p = rng.randrange(PARTITIONS)
-                values = [f"c{self.cycle}-w{worker}-n{n + i}-".encode() + os.urandom(rng.randrange(0, 64)) for i in range(rng.randint(1, 3))]
+                values = [
+                    f"c{self.cycle}-w{worker}-n{n + i}-".encode() + os.urandom(rng.randrange(0, 64))
+                    for i in range(rng.randint(1, 3))
+                ]
                 n += len(values)
                 try:
-                    r = http.post(f"/v1/topics/{TOPIC}/partitions/{p}/records",
-                                  json={"records": [{"key": None, "value": b64(v)} for v in values]})
+                    r = http.post(
+                        f"/v1/topics/{TOPIC}/partitions/{p}/records",
+                        json={"records": [{"key": None, "value": b64(v)} for v in values]},
+                    )
                 except httpx.HTTPError:
                     continue  # killed mid-request: not acknowledged
                 if r.status_code == 200:
@@ -86,8 +91,10 @@ class Workload:
                     continue
                 (p, offset), expected = rng.choice(pool)
                 try:
-                    r = http.get(f"/v1/topics/{TOPIC}/partitions/{p}/records",
-                                 params={"offset": offset, "max_bytes": 1024})
+                    r = http.get(
+                        f"/v1/topics/{TOPIC}/partitions/{p}/records",
+                        params={"offset": offset, "max_bytes": 1024},
+                    )
                 except httpx.HTTPError:
                     continue
                 if r.status_code != 200:
@@ -107,8 +114,10 @@ def read_everything(url: str) -> dict[tuple[int, int], bytes]:
         for p in range(PARTITIONS):
             offset = 0
             while True:
-                r = http.get(f"/v1/topics/{TOPIC}/partitions/{p}/records",
-                             params={"offset": offset, "max_bytes": 1 << 20})
+                r = http.get(
+                    f"/v1/topics/{TOPIC}/partitions/{p}/records",
+                    params={"offset": offset, "max_bytes": 1 << 20},
+                )
                 assert r.status_code == 200, r.text
                 body = r.json()
                 for rec in body["records"]:
@@ -129,7 +138,11 @@ def l0_keys(s3_endpoint, bucket: str) -> list[str]:  # noqa: ANN001
 
 @pytest.mark.parametrize("control", ["sqlite", "postgres"])
 def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(
-    tmp_path: Path, s3_endpoint, s3_bucket: str, control: str, request: pytest.FixtureRequest  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    control: str,
+    request: pytest.FixtureRequest,  # noqa: ANN001
 ) -> None:
     seed = int(os.environ.get("LEVELZERO_TEST_CRASH_SEED", random.randrange(1 << 30)))
     print(f"crash test seed: {seed} (replay with LEVELZERO_TEST_CRASH_SEED={seed})")
@@ -143,7 +156,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(
     reads = 0
     try:
         for cycle in range(CYCLES):
-            daemon.env["LEVELZERO_TEST_FAULTS"] = f"error_rate=0.02,latency_ms=3,seed={rng.randrange(1 << 30)}"
+            daemon.env["LEVELZERO_TEST_FAULTS"] = (
+                f"error_rate=0.02,latency_ms=3,seed={rng.randrange(1 << 30)}"
+            )
             daemon.start()
             if cycle == 0:
                 with daemon.http() as http:
@@ -170,7 +185,9 @@ def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(
         daemon.start()
         stored = read_everything(daemon.url)
         missing = {k: v for k, v in acked.items() if stored.get(k) != v}
-        assert not missing, f"{len(missing)} acknowledged records lost or changed, e.g. {list(missing.items())[:3]}"
+        assert not missing, (
+            f"{len(missing)} acknowledged records lost or changed, e.g. {list(missing.items())[:3]}"
+        )
 
         deadline = time.monotonic() + QUIESCE_TIMEOUT_S
         left = l0_keys(s3_endpoint, s3_bucket)

@@ -75,16 +75,25 @@ def test_actor_sections_reach_the_node_config(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[gc]\ngrace_s = -1.0\n", r"gc: grace_s must be >= 0 \(got -1\.0\)"),
-        ("[gc]\ninterval_s = 10.0\nidle_backoff_max_s = 5.0\n", r"gc: idle_backoff_max_s \(5\.0\) must be >= interval_s"),
+        (
+            "[gc]\ninterval_s = 10.0\nidle_backoff_max_s = 5.0\n",
+            r"gc: idle_backoff_max_s \(5\.0\) must be >= interval_s",
+        ),
         ("[gc]\nworker_index = 2\nworker_count = 2\n", r"gc: worker_index must be in 0\.\.1 \(got 2\)"),
         ("[gc]\ndelete_batch_keys_max = 5000\n", r"gc: delete_batch_keys_max must be in 1\.\.1000"),
         ("[gc]\ngrace = 1.0\n", r"gc\.grace: unknown key"),
         ("[gc]\nenabled = 'yes'\n", r"gc\.enabled: Expected bool, got str"),
         ("[reconciler]\ninterval_s = 0.0\n", r"reconciler: interval_s and copy_deadline_s must be > 0"),
-        ("[reconciler]\nobject_bytes_max = 10\n", r"reconciler: object_bytes_max must be in 1 KiB\.\.256 MiB"),
+        (
+            "[reconciler]\nobject_bytes_max = 10\n",
+            r"reconciler: object_bytes_max must be in 1 KiB\.\.256 MiB",
+        ),
         ("[housekeeper]\nretention_s = -5.0\n", r"housekeeper: retention_s must be >= 0 \(0 turns it off\)"),
         ("[housekeeper]\nretention_bytes = -1\n", r"housekeeper: retention_bytes must be >= 0"),
-        ("[housekeeper]\nidle_after_s = -1.0\n", r"housekeeper: interval_s must be > 0 and idle_after_s >= 0"),
+        (
+            "[housekeeper]\nidle_after_s = -1.0\n",
+            r"housekeeper: interval_s must be > 0 and idle_after_s >= 0",
+        ),
     ],
 )
 def test_actor_sections_are_checked_by_the_actors_rules(tmp_path: Path, text: str, message: str) -> None:
@@ -140,8 +149,12 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[storage]\ndata_dir = '/from/file'\n[batcher]\nlinger_ms = 10.0\n")
     config = load_config(
         path,
-        environ={"LEVELZERO_DATA_DIR": "/from/env", "LEVELZERO_BATCHER_LINGER_MS": "20",
-                 "LEVELZERO_S3_PATH_STYLE": "true", "PATH": "/usr/bin"},
+        environ={
+            "LEVELZERO_DATA_DIR": "/from/env",
+            "LEVELZERO_BATCHER_LINGER_MS": "20",
+            "LEVELZERO_S3_PATH_STYLE": "true",
+            "PATH": "/usr/bin",
+        },
     )
     assert config.storage.data_dir == "/from/env"
     assert config.batcher.linger_ms == 20.0
@@ -167,7 +180,9 @@ def test_flags_override_environment_and_file(tmp_path: Path) -> None:
 
 
 def test_bad_environment_value_names_the_variable() -> None:
-    with pytest.raises(ConfigError, match=r"LEVELZERO_SERVER_BODY_BYTES_MAX \(server\.body_bytes_max\) = 'lots'"):
+    with pytest.raises(
+        ConfigError, match=r"LEVELZERO_SERVER_BODY_BYTES_MAX \(server\.body_bytes_max\) = 'lots'"
+    ):
         load_config(None, environ={"LEVELZERO_SERVER_BODY_BYTES_MAX": "lots"})
 
 
@@ -182,9 +197,7 @@ def test_non_loopback_listen_requires_a_token() -> None:
         load_config(None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420"})
     with pytest.raises(ConfigError, match="token must be at least 16 characters"):
         load_config(None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "short"})
-    config = load_config(
-        None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "x" * 16}
-    )
+    config = load_config(None, environ={"LEVELZERO_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "x" * 16})
     assert config.server.token == "x" * 16
     for loopback in ("127.0.0.1:1", "[::1]:1", "localhost:1"):
         assert load_config(None, environ={"LEVELZERO_LISTEN": loopback}).server.token == ""
@@ -224,19 +237,29 @@ def test_s3_requires_a_bucket_and_paired_credentials() -> None:
     config = load_config(
         None,
         environ={
-            "LEVELZERO_STORAGE_KIND": "s3", "LEVELZERO_S3_BUCKET": "b",
-            "LEVELZERO_S3_ENDPOINT": "http://127.0.0.1:9000", "LEVELZERO_S3_PATH_STYLE": "1",
-            "LEVELZERO_S3_ACCESS_KEY": "minioadmin", "LEVELZERO_S3_SECRET_KEY": "secret-value",
+            "LEVELZERO_STORAGE_KIND": "s3",
+            "LEVELZERO_S3_BUCKET": "b",
+            "LEVELZERO_S3_ENDPOINT": "http://127.0.0.1:9000",
+            "LEVELZERO_S3_PATH_STYLE": "1",
+            "LEVELZERO_S3_ACCESS_KEY": "minioadmin",
+            "LEVELZERO_S3_SECRET_KEY": "secret-value",
         },
     )
-    assert (config.s3.bucket, config.s3.endpoint, config.s3.path_style) == ("b", "http://127.0.0.1:9000", True)
+    assert (config.s3.bucket, config.s3.endpoint, config.s3.path_style) == (
+        "b",
+        "http://127.0.0.1:9000",
+        True,
+    )
 
 
 def test_secrets_are_masked_when_described() -> None:
     config = load_config(
         None,
-        environ={"LEVELZERO_TOKEN": "t" * 20, "LEVELZERO_S3_ACCESS_KEY": "AKIAEXAMPLE",
-                 "LEVELZERO_S3_SECRET_KEY": "very-secret"},
+        environ={
+            "LEVELZERO_TOKEN": "t" * 20,
+            "LEVELZERO_S3_ACCESS_KEY": "AKIAEXAMPLE",
+            "LEVELZERO_S3_SECRET_KEY": "very-secret",
+        },
     )
     described = json.dumps(describe(config))
     assert "t" * 20 not in described and "AKIAEXAMPLE" not in described and "very-secret" not in described
@@ -276,7 +299,8 @@ def test_run_refuses_a_non_loopback_listen_without_token(tmp_path: Path, capsys,
 def test_daemon_refuses_to_run_without_assertions(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-O", "-m", "levelzero.cli", "run", "--data-dir", str(tmp_path)],
-        capture_output=True, timeout=60,
+        capture_output=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert b"refusing to run with assertions disabled" in result.stderr

@@ -118,7 +118,12 @@ async def test_dry_run_lists_then_run_deletes_and_data_is_read_from_l1(tmp_path:
         assert gc.bytes_deleted == report.deleted_bytes > 0 and gc.max_deleted_epoch == 1
         assert gc.safety_blocked_rounds == 0 and gc.backlog == 0
         last = gc.last_round
-        assert (last.round_id, last.dry_run, last.deleted, last.m) == (report.round_id, False, len(written), report.m)
+        assert (last.round_id, last.dry_run, last.deleted, last.m) == (
+            report.round_id,
+            False,
+            len(written),
+            report.m,
+        )
         assert status.housekeeper.epochs_advanced >= 4 and status.housekeeper.catch_ups >= 4
         assert status.reconciler.records_reconciled == 9 and status.reconciler.lag_offsets == 0
 
@@ -198,7 +203,11 @@ async def test_explain_rejects_bad_input_with_400(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path, gc__enabled=False) as (_, client):
         http = client._http
         cases = [
-            ({"key": L0_ROOT + "001/000000000000000001/" + "a" * 32, "epoch": "1"}, "malformed_request", "exactly one"),
+            (
+                {"key": L0_ROOT + "001/000000000000000001/" + "a" * 32, "epoch": "1"},
+                "malformed_request",
+                "exactly one",
+            ),
             ({}, "malformed_request", "exactly one"),
             ({"key": "not/a/key"}, "malformed_key", "'not/a/key'"),
             ({"key": L0_ROOT + "001/000000000000000000/" + "a" * 32}, "malformed_key", "epoch 0"),
@@ -224,7 +233,9 @@ async def test_gc_and_housekeeper_run_bodies_are_validated(tmp_path: Path) -> No
             ("/v1/gc/run", b"{", "not valid JSON"),
             ("/v1/housekeeper/run", b'{"force": 1}', "$.force"),
         ]:
-            assert_error(await http.post(path, content=body, headers=JSON), 400, "malformed_request", fragment)
+            assert_error(
+                await http.post(path, content=body, headers=JSON), 400, "malformed_request", fragment
+            )
         no_body = await http.post("/v1/gc/run", headers=JSON)
         assert no_body.json()["dry_run"] is False  # no body: defaults
         assert (await http.post("/v1/gc/run", json={"dry_run": True})).json()["dry_run"] is True
@@ -233,10 +244,18 @@ async def test_gc_and_housekeeper_run_bodies_are_validated(tmp_path: Path) -> No
 
 
 async def test_gc_and_housekeeper_endpoints_need_the_token(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, gc__enabled=False) as (daemon, client):
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, gc__enabled=False) as (
+        daemon,
+        client,
+    ):
         async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as anonymous:
-            for method, path in [("POST", "/v1/gc/run"), ("POST", "/v1/gc/pause"), ("POST", "/v1/gc/resume"),
-                                 ("GET", "/v1/gc/explain?epoch=1"), ("POST", "/v1/housekeeper/run")]:
+            for method, path in [
+                ("POST", "/v1/gc/run"),
+                ("POST", "/v1/gc/pause"),
+                ("POST", "/v1/gc/resume"),
+                ("GET", "/v1/gc/explain?epoch=1"),
+                ("POST", "/v1/housekeeper/run"),
+            ]:
                 assert_error(await anonymous.request(method, path), 401, "unauthorized")
         assert daemon.node.gc.paused and daemon.node.gc.rounds_finished == 0  # nothing happened
         assert (await client.gc_resume()).paused is False
@@ -312,7 +331,7 @@ def test_cli_gc_commands(gc_daemon: DaemonProcess, capsys) -> None:  # noqa: ANN
         assert code == 0
         assert "verdict: above M: epoch 1 is above M = 0" in out
         assert "held back by 3" in out
-        table = out[out.index("PARTITION"):].splitlines()
+        table = out[out.index("PARTITION") :].splitlines()
         assert table[0].split() == ["PARTITION", "M(p)", "M(p)-M", "BEHIND", "WHY"]
         rows = {line.split()[0]: line for line in table[1:]}
         assert set(rows) == {"t/0", "t/1", "cap"}
@@ -358,8 +377,13 @@ def test_cli_refuses_a_topic_name_no_store_can_hold_before_any_request(capsys) -
 
 
 def test_cli_gc_usage_errors_exit_2(capsys) -> None:  # noqa: ANN001
-    for args in (["gc", "explain"], ["gc", "explain", "--key", "k", "--epoch", "1"],
-                 ["gc", "explain", "--epoch", "x"], ["gc", "explain", "--epoch", "0"], ["gc"]):
+    for args in (
+        ["gc", "explain"],
+        ["gc", "explain", "--key", "k", "--epoch", "1"],
+        ["gc", "explain", "--epoch", "x"],
+        ["gc", "explain", "--epoch", "0"],
+        ["gc"],
+    ):
         with pytest.raises(SystemExit) as caught:
             cli.main(args)
         assert caught.value.code == 2, args
@@ -371,9 +395,11 @@ def test_cli_gc_usage_errors_exit_2(capsys) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize(
     ("command", "module", "function"),
-    [("sim", "levelzero.sim.cli", "main"),
-     ("export", "levelzero.export.cli", "export_main"),
-     ("analyze", "levelzero.export.cli", "analyze_main")],
+    [
+        ("sim", "levelzero.sim.cli", "main"),
+        ("export", "levelzero.export.cli", "export_main"),
+        ("analyze", "levelzero.export.cli", "analyze_main"),
+    ],
 )
 def test_tools_get_their_arguments_untouched(monkeypatch, command: str, module: str, function: str) -> None:  # noqa: ANN001
     seen: list[list[str]] = []

@@ -47,12 +47,18 @@ async def test_object_store_operations_are_timed_and_failures_counted() -> None:
         )
 
     assert (count("put"), count("get"), count("list"), count("head"), count("delete")) == (2, 2, 1, 1, 1)
-    assert registry.get_sample_value(
-        "levelzero_object_store_errors_total", {"operation": "get", "error": "object_not_found"}
-    ) == 1
-    assert registry.get_sample_value(
-        "levelzero_object_store_errors_total", {"operation": "put", "error": "storage_error"}
-    ) == 0
+    assert (
+        registry.get_sample_value(
+            "levelzero_object_store_errors_total", {"operation": "get", "error": "object_not_found"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "levelzero_object_store_errors_total", {"operation": "put", "error": "storage_error"}
+        )
+        == 0
+    )
 
 
 class _Refusing:
@@ -85,15 +91,23 @@ async def test_log_store_commits_are_timed_and_only_store_failures_are_errors() 
     with pytest.raises(NotLeader):
         await store.append(1, 2, [])
     assert store.statistics() == "inner statistics"  # the rest is the inner store's
-    assert registry.get_sample_value(
-        "levelzero_log_store_commit_duration_seconds_count", {"operation": "append"}
-    ) == 1
-    assert registry.get_sample_value(
-        "levelzero_log_store_errors_total", {"operation": "append", "error": "storage_error"}
-    ) == 1
+    assert (
+        registry.get_sample_value(
+            "levelzero_log_store_commit_duration_seconds_count", {"operation": "append"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "levelzero_log_store_errors_total", {"operation": "append", "error": "storage_error"}
+        )
+        == 1
+    )
 
 
-async def test_a_running_daemon_exports_process_build_disk_readiness_and_store_metrics(tmp_path: Path) -> None:
+async def test_a_running_daemon_exports_process_build_disk_readiness_and_store_metrics(
+    tmp_path: Path,
+) -> None:
     async with daemon_and_client(tmp_path) as (daemon, client):
         await client.create_topic("t", 1)
         await client.produce("t", 0, [(None, b"record")])

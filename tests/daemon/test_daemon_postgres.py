@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_support import DaemonProcess, clean_environ, daemon_and_client, postgres_control, postgres_overrides
+from daemon_support import (
+    DaemonProcess,
+    clean_environ,
+    daemon_and_client,
+    postgres_control,
+    postgres_overrides,
+)
 
 from levelzero.config import ConfigError, load_config
 from levelzero.testing.postgres import ServerUnavailable, start_throwaway
@@ -36,7 +42,9 @@ async def test_round_trip_and_state_kept_in_the_database(tmp_path: Path, postgre
 
 def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_path: Path) -> None:
     toml = tmp_path / "levelzero.toml"
-    toml.write_text('[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db"\npassword = "s3cret"\n')
+    toml.write_text(
+        '[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db"\npassword = "s3cret"\n'
+    )
     with pytest.raises(ConfigError, match="control.password may only come from the environment"):
         load_config(str(toml), environ={})
     toml.write_text('[control]\nkind = "postgres"\ndsn = "postgresql://u:s3cret@127.0.0.1/db"\n')
@@ -48,21 +56,38 @@ def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_pa
         f'[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db"\npassword_file = "{secret_file}"\n'
     )
     assert load_config(str(toml), environ={}).control.read_password() == "from-file"
-    config = load_config(None, environ={
-        "LEVELZERO_CONTROL_KIND": "postgres", "LEVELZERO_CONTROL_DSN": "postgresql://u@127.0.0.1/db",
-        "LEVELZERO_CONTROL_PASSWORD": "from-env",
-    })
+    config = load_config(
+        None,
+        environ={
+            "LEVELZERO_CONTROL_KIND": "postgres",
+            "LEVELZERO_CONTROL_DSN": "postgresql://u@127.0.0.1/db",
+            "LEVELZERO_CONTROL_PASSWORD": "from-env",
+        },
+    )
     assert config.control.read_password() == "from-env"
     with pytest.raises(ConfigError, match="control.dsn is required"):
         load_config(None, environ={"LEVELZERO_CONTROL_KIND": "postgres"})
 
 
 def test_wrong_password_exits_2_without_logging_it(tmp_path: Path, postgres_dsn: str) -> None:
-    env = clean_environ(**{**postgres_control(postgres_dsn), "LEVELZERO_CONTROL_PASSWORD": "not-the-password-42"})
+    env = clean_environ(
+        **{**postgres_control(postgres_dsn), "LEVELZERO_CONTROL_PASSWORD": "not-the-password-42"}
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "levelzero.cli", "run", "--data-dir", str(tmp_path / "d"),
-         "--listen", "127.0.0.1:0"],
-        env=env, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "levelzero.cli",
+            "run",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert "authentication failed" in done.stderr
@@ -138,9 +163,11 @@ def _wait(predicate, what: str) -> None:  # noqa: ANN001
 
 def _b64(data: bytes) -> str:
     import base64
+
     return base64.b64encode(data).decode()
 
 
 def _b64d(text: str) -> bytes:
     import base64
+
     return base64.b64decode(text)

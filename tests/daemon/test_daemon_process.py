@@ -96,7 +96,11 @@ class ProduceLoad:
 
 def assert_all_acked_present(process: DaemonProcess, topic: str, acked: dict[tuple[int, int], bytes]) -> None:
     with process.http() as http:
-        stored = {(p, offset): value for p in range(PRODUCER_THREADS) for offset, value in read_all(http, topic, p).items()}
+        stored = {
+            (p, offset): value
+            for p in range(PRODUCER_THREADS)
+            for offset, value in read_all(http, topic, p).items()
+        }
     missing = [key for key in acked if key not in stored]
     assert not missing, f"{len(missing)} acknowledged records lost, e.g. {missing[:5]}"
     wrong = [key for key, value in acked.items() if stored[key] != value]
@@ -114,11 +118,21 @@ def test_create_produce_consume_status_over_http(daemon_process: DaemonProcess) 
         assert status["cluster_epoch"] >= 1 and status["accepting"] is True
         partition = next(p for p in status["partitions"] if p["partition"] == 1)
         assert partition["high_watermark"] == 2 and partition["start_offset"] == 0
-        for key in ("term", "window", "previous_applied_epoch", "max_applied_epoch",
-                    "min_epoch_lower_bound", "mp", "lro"):
+        for key in (
+            "term",
+            "window",
+            "previous_applied_epoch",
+            "max_applied_epoch",
+            "min_epoch_lower_bound",
+            "mp",
+            "lro",
+        ):
             assert key in partition
         json_type = {"content-type": "application/json"}
-        assert http.post("/v1/epoch/advance", headers=json_type).json()["cluster_epoch"] == status["cluster_epoch"] + 1
+        assert (
+            http.post("/v1/epoch/advance", headers=json_type).json()["cluster_epoch"]
+            == status["cluster_epoch"] + 1
+        )
         assert "levelzero_cluster_epoch" in http.get("/metrics").text
         bad = http.post("/v1/topics/orders/partitions/0/records", content=b"{nope", headers=json_type)
         assert bad.status_code == 400 and bad.json()["error"] == "malformed_request"
@@ -144,7 +158,19 @@ def test_cli_client_commands(daemon_process: DaemonProcess) -> None:
     assert result.stdout == b"0\talpha\n1\tbeta\n"
     result = daemon_process.cli("consume", "logs", "-p", "1", "--offset", "11998")
     assert result.stdout == b"line 11998\nline 11999\n"
-    result = daemon_process.cli("consume", "logs", "-p", "1", "--follow", "--offset", "11999", "--max-records", "1", "--format", "json")
+    result = daemon_process.cli(
+        "consume",
+        "logs",
+        "-p",
+        "1",
+        "--follow",
+        "--offset",
+        "11999",
+        "--max-records",
+        "1",
+        "--format",
+        "json",
+    )
     assert json.loads(result.stdout)["offset"] == 11999
 
     result = daemon_process.cli("epoch", "advance")
@@ -152,7 +178,9 @@ def test_cli_client_commands(daemon_process: DaemonProcess) -> None:
     result = daemon_process.cli("status")
     assert result.returncode == 0
     assert b"PARTITION" in result.stdout and b"logs/1" in result.stdout
-    assert json.loads(daemon_process.cli("status", "--json").stdout)["partitions"][1]["high_watermark"] == 12000
+    assert (
+        json.loads(daemon_process.cli("status", "--json").stdout)["partitions"][1]["high_watermark"] == 12000
+    )
 
     result = daemon_process.cli("consume", "nope")
     assert result.returncode == 1
@@ -193,7 +221,9 @@ def test_sigkill_mid_produce_loses_no_acknowledged_record(daemon_process: Daemon
 
 def test_sighup_reopens_the_log_file(make_daemon_process, tmp_path: Path) -> None:  # noqa: ANN001
     log_file = tmp_path / "levelzero.log"
-    process = make_daemon_process({"LEVELZERO_LOGGING_FILE": str(log_file), "LEVELZERO_LOGGING_FORMAT": "json"})
+    process = make_daemon_process(
+        {"LEVELZERO_LOGGING_FILE": str(log_file), "LEVELZERO_LOGGING_FORMAT": "json"}
+    )
     process.start()
     rotated = tmp_path / "levelzero.log.1"
     log_file.rename(rotated)  # what logrotate does

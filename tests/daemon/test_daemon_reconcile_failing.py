@@ -20,9 +20,10 @@ from levelzero.storage.sqlite import SqliteLogStore
 async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with_confirm(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async with daemon_and_client(
-        tmp_path, reconciler__enabled=False, housekeeper__enabled=False
-    ) as (daemon, client):
+    async with daemon_and_client(tmp_path, reconciler__enabled=False, housekeeper__enabled=False) as (
+        daemon,
+        client,
+    ):
         node = daemon.node
         assert node is not None
         await client.create_topic("t", 2)
@@ -30,7 +31,9 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         await node.reconciler.run_round()
         lost = await client.produce("t", 0, [b"lost"])
         await client.produce("t", 1, [b"fine"])
-        key = (await node.log_store.read_placeholders(node.partition("t", 0).row.pid, 1, 1))[0].entry.object_key
+        key = (await node.log_store.read_placeholders(node.partition("t", 0).row.pid, 1, 1))[
+            0
+        ].entry.object_key
         os.remove(os.path.join(daemon.config.storage.objects_dir, key))  # gone for good
         for _ in range(RECONCILE_FAILURES_BEFORE_FAILING):
             await node.reconciler.run_round()
@@ -75,9 +78,12 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         assert "levelzero_reconciler_failing_partitions 0.0" in await client.metrics()
 
 
-def test_the_cli_refuses_without_confirm_and_says_what_is_given_up(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["partition", "abandon-unreconciled", "t/0", "--reason", "lost",
-                     "--url", "http://127.0.0.1:9"])  # nothing listens there: nothing is asked
+def test_the_cli_refuses_without_confirm_and_says_what_is_given_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(
+        ["partition", "abandon-unreconciled", "t/0", "--reason", "lost", "--url", "http://127.0.0.1:9"]
+    )  # nothing listens there: nothing is asked
     assert code == 2
     err = capsys.readouterr().err
     assert "never readable again" in err and "Add --confirm" in err
@@ -121,8 +127,12 @@ async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_
         return faulty[0]
 
     async with daemon_and_client(
-        tmp_path, wrap_object_store=wrap, reconciler__enabled=False, housekeeper__enabled=False,
-        reconciler__copy_deadline_s=1.0, reconciler__delete_retry_first_s=0.1,
+        tmp_path,
+        wrap_object_store=wrap,
+        reconciler__enabled=False,
+        housekeeper__enabled=False,
+        reconciler__copy_deadline_s=1.0,
+        reconciler__delete_retry_first_s=0.1,
         reconciler__delete_retry_max_s=0.2,
     ) as (daemon, client):
         node = daemon.node

@@ -43,8 +43,10 @@ Records = list[tuple[bytes | None, bytes]]
 
 
 def records(n: int, tag: str) -> Records:
-    return [(None if i % 7 == 0 else f"k{i}".encode(), f"{tag}-{i}:".encode() + bytes([i % 251]) * (i % 40))
-            for i in range(n)]
+    return [
+        (None if i % 7 == 0 else f"k{i}".encode(), f"{tag}-{i}:".encode() + bytes([i % 251]) * (i % 40))
+        for i in range(n)
+    ]
 
 
 async def cli(*argv: str) -> int:
@@ -54,9 +56,13 @@ async def cli(*argv: str) -> int:
 
 def s3_overrides(endpoint, bucket: str) -> dict[str, object]:  # noqa: ANN001 - conftest's S3TestEndpoint
     return {
-        "storage__kind": "s3", "s3__endpoint": endpoint.endpoint_url, "s3__bucket": bucket,
-        "s3__region": endpoint.region, "s3__path_style": True,
-        "s3__access_key": endpoint.access_key, "s3__secret_key": endpoint.secret_key,
+        "storage__kind": "s3",
+        "s3__endpoint": endpoint.endpoint_url,
+        "s3__bucket": bucket,
+        "s3__region": endpoint.region,
+        "s3__path_style": True,
+        "s3__access_key": endpoint.access_key,
+        "s3__secret_key": endpoint.secret_key,
     }
 
 
@@ -105,8 +111,12 @@ async def produce_all(client: Client, topic: str, partition: int, batches: list[
 
 
 async def restore_scenario(
-    data: Path, endpoint, bucket: str, settings: dict[str, object],  # noqa: ANN001
-    take_backup: Callable[[], None], restore: Callable[[], Awaitable[None]],
+    data: Path,
+    endpoint,
+    bucket: str,
+    settings: dict[str, object],  # noqa: ANN001
+    take_backup: Callable[[], None],
+    restore: Callable[[], Awaitable[None]],
     placeholder_keys: Callable[[], set[str]],
 ) -> None:
     a0 = [records(25, f"a0-{i}") for i in range(4)]
@@ -157,7 +167,11 @@ def assert_adopted(out: str) -> None:
 
 
 async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
-    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    monkeypatch,
+    capsys,  # noqa: ANN001
 ) -> None:
     data, backup_dir = tmp_path / "data", tmp_path / "backup"
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
@@ -174,8 +188,15 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
         with sqlite3.connect(backup_dir / "levelzero.db") as db:
             return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
 
-    await restore_scenario(data, s3_endpoint, s3_bucket, s3_overrides(s3_endpoint, s3_bucket),
-                           take_backup, restore, placeholder_keys)
+    await restore_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        s3_overrides(s3_endpoint, s3_bucket),
+        take_backup,
+        restore,
+        placeholder_keys,
+    )
 
 
 async def _admin(dsn: str, statement: str) -> None:
@@ -199,7 +220,12 @@ def _postgres_env(monkeypatch, dsn: str, endpoint, bucket: str) -> None:  # noqa
 
 
 async def test_restore_readopts_what_the_live_gc_moved_to_l1_postgres(
-    tmp_path: Path, s3_endpoint, s3_bucket: str, postgres_dsn: str, monkeypatch, capsys  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    postgres_dsn: str,
+    monkeypatch,
+    capsys,  # noqa: ANN001
 ) -> None:
     if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
         pytest.fail("pg_dump and pg_restore must be on PATH (they come with the server binaries)")
@@ -216,19 +242,32 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_postgres(
         assert_adopted(_print_lines(capsys))
 
     def placeholder_keys() -> set[str]:
-        listed = subprocess.run(["pg_restore", "--data-only", "--table=log", "--file=-", str(dump)],
-                                check=True, capture_output=True, text=True).stdout
-        return {word for line in listed.splitlines() for word in line.split("\t")
-                if word.startswith(L0_ROOT)}
+        listed = subprocess.run(
+            ["pg_restore", "--data-only", "--table=log", "--file=-", str(dump)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        return {word for line in listed.splitlines() for word in line.split("\t") if word.startswith(L0_ROOT)}
 
-    await restore_scenario(data, s3_endpoint, s3_bucket,
-                           {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
-                           take_backup, restore, placeholder_keys)
+    await restore_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
+        take_backup,
+        restore,
+        placeholder_keys,
+    )
 
 
 async def recover_scenario(
-    data: Path, endpoint, bucket: str, settings: dict[str, object],  # noqa: ANN001
-    lose_control_plane: Callable[[], Awaitable[None]], capsys,  # noqa: ANN001
+    data: Path,
+    endpoint,
+    bucket: str,
+    settings: dict[str, object],  # noqa: ANN001
+    lose_control_plane: Callable[[], Awaitable[None]],
+    capsys,  # noqa: ANN001
 ) -> None:
     t0 = [records(30, f"t0-{i}") for i in range(3)]
     t2 = [records(12, "t2")]
@@ -247,8 +286,10 @@ async def recover_scenario(
     await lose_control_plane()
     assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
     out = _print_lines(capsys)
-    assert ("rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
-            "v: 2 partitions)") in out, out
+    assert (
+        "rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
+        "v: 2 partitions)"
+    ) in out, out
     async with daemon_and_client(data, **settings, **QUIET) as (_, client):
         assert {(t.name, t.partitions) for t in await client.list_topics()} == {("t", 3), ("u", 1), ("v", 2)}
         assert await read_all(client, "v", 1) == []
@@ -265,7 +306,11 @@ async def recover_scenario(
 
 
 async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
-    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    monkeypatch,
+    capsys,  # noqa: ANN001
 ) -> None:
     data = tmp_path / "data"
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
@@ -278,7 +323,12 @@ async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
 
 
 async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
-    tmp_path: Path, s3_endpoint, s3_bucket: str, postgres_dsn: str, monkeypatch, capsys  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    postgres_dsn: str,
+    monkeypatch,
+    capsys,  # noqa: ANN001
 ) -> None:
     data = tmp_path / "data"
     _postgres_env(monkeypatch, postgres_dsn, s3_endpoint, s3_bucket)
@@ -287,12 +337,16 @@ async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
         await _recreate(postgres_dsn)
         shutil.rmtree(data)
 
-    await recover_scenario(data, s3_endpoint, s3_bucket,
-                           {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
-                           lose, capsys)
+    await recover_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
+        lose,
+        capsys,
+    )
 
 
 def test_recover_needs_a_source(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     assert main(["recover", "--data-dir", str(tmp_path)]) == 2
     assert "--from-bucket" in capsys.readouterr().err
-

@@ -25,16 +25,24 @@ async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_buck
     config = load_config(
         None,
         environ=s3_environ(s3_endpoint, s3_bucket),
-        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0",
-                   ("batcher", "linger_ms"): 5.0},
+        overrides={
+            ("storage", "data_dir"): str(tmp_path),
+            ("server", "listen"): "127.0.0.1:0",
+            ("batcher", "linger_ms"): 5.0,
+        },
     )
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
         await client.create_topic("t", 2)
         ack = await client.produce("t", 1, [(b"k", b"stored in s3"), (None, b"\x00" * 1000)])
         assert (ack.base_offset, ack.last_offset) == (0, 1)
         fetched = await client.fetch("t", 1, 0)
-        assert [(r.key, r.value) for r in fetched.records] == [(b"k", b"stored in s3"), (None, b"\x00" * 1000)]
-        keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])]
+        assert [(r.key, r.value) for r in fetched.records] == [
+            (b"k", b"stored in s3"),
+            (None, b"\x00" * 1000),
+        ]
+        keys = [
+            o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket).get("Contents", [])
+        ]
         assert any(key.startswith("level_zero/data/") for key in keys)
 
 
@@ -48,7 +56,9 @@ async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path,
         async with running_daemon(config):
             pass
     errors = leaf_errors(caught.value)
-    assert any(isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors)
+    assert any(
+        isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors
+    )
 
 
 def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_process, s3_endpoint) -> None:  # noqa: ANN001
@@ -61,13 +71,19 @@ def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_pro
 
 
 async def test_a_bucket_gone_while_serving_makes_the_daemon_unready_until_it_is_back(
-    tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     config = load_config(
         None,
         environ=s3_environ(s3_endpoint, s3_bucket),
-        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0",
-                   ("batcher", "linger_ms"): 5.0, ("gc", "enabled"): False},
+        overrides={
+            ("storage", "data_dir"): str(tmp_path),
+            ("server", "listen"): "127.0.0.1:0",
+            ("batcher", "linger_ms"): 5.0,
+            ("gc", "enabled"): False,
+        },
     )
     s3 = s3_endpoint.boto3_client()
     async with running_daemon(config) as daemon, Client(daemon.url) as client:

@@ -53,7 +53,10 @@ def test_no_module_is_imported_between_registration_and_ready(tmp_path: Path, po
     tests_dir = Path(__file__).resolve().parents[1]
     done = subprocess.run(
         [sys.executable, "-c", PROBE, postgres_dsn, str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=120, cwd=tests_dir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tests_dir,
         env=clean_environ(PYTHONPATH=str(tests_dir)),
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -44,7 +44,11 @@ async def test_status_summary_is_bounded_and_pagination_visits_every_partition(t
         assert len(status.outliers) == STATUS_OUTLIERS_MAX
         failing, most_lag = status.outliers[:2]
         assert (failing.partition, failing.reasons) == ("b/9", ["reconcile_failing"])
-        assert (most_lag.partition, most_lag.reasons, most_lag.reconciler_lag) == ("b/7", ["reconciler_lag"], 5)
+        assert (most_lag.partition, most_lag.reasons, most_lag.reconciler_lag) == (
+            "b/7",
+            ["reconciler_lag"],
+            5,
+        )
         lagging = [o for o in status.outliers if o.partition.startswith("a/")]
         assert all(o.reasons == ["reconciler_lag"] for o in lagging)
         assert len(lagging) == STATUS_OUTLIERS_MAX - 2

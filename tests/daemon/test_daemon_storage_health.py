@@ -142,7 +142,10 @@ async def test_an_outage_turns_readiness_and_status_off_and_recovery_back_on(tmp
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.run)
             assert daemon.url is not None
-            async with Client(daemon.url) as client, httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http:
+            async with (
+                Client(daemon.url) as client,
+                httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http,
+            ):
                 await client.create_topic("t", 1)
                 assert (await http.get("/readyz")).status_code == 200
                 received(notify)  # READY=1 and start-up lines

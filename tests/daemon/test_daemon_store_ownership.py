@@ -58,8 +58,11 @@ async def test_prefixed_stores_share_a_bucket_without_seeing_each_other() -> Non
 
 def test_a_bad_key_prefix_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config(None, environ={"LEVELZERO_S3_KEY_PREFIX": "../x"},
-                    overrides={("storage", "data_dir"): str(tmp_path)})
+        load_config(
+            None,
+            environ={"LEVELZERO_S3_KEY_PREFIX": "../x"},
+            overrides={("storage", "data_dir"): str(tmp_path)},
+        )
     assert "s3" in str(err.value) and "key prefix" in str(err.value)
 
 
@@ -70,7 +73,7 @@ async def test_two_daemons_on_one_local_store_directory_cannot_both_own_it(tmp_p
     objects_dir = Path(daemon_config(tmp_path / "one").storage.objects_dir)
     # A second data directory pointed at the first one's objects (as two daemons sharing a
     # bucket would be): refused before anything is served or deleted.
-    twin = (tmp_path / "two")
+    twin = tmp_path / "two"
     twin.mkdir()
     (twin / "objects").symlink_to(objects_dir, target_is_directory=True)
     with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
@@ -81,18 +84,34 @@ async def test_two_daemons_on_one_local_store_directory_cannot_both_own_it(tmp_p
 
 @pytest.mark.s3
 async def test_two_clusters_share_a_bucket_only_under_distinct_key_prefixes(
-    tmp_path: Path, s3_endpoint, s3_bucket: str  # noqa: ANN001
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,  # noqa: ANN001
 ) -> None:
     def s3(data_dir: Path, prefix: str):  # noqa: ANN202
-        return load_config(None, environ={
-            "LEVELZERO_STORAGE_KIND": "s3", "LEVELZERO_S3_ENDPOINT": s3_endpoint.endpoint_url,
-            "LEVELZERO_S3_BUCKET": s3_bucket, "LEVELZERO_S3_REGION": s3_endpoint.region,
-            "LEVELZERO_S3_PATH_STYLE": "true", "LEVELZERO_S3_ACCESS_KEY": s3_endpoint.access_key,
-            "LEVELZERO_S3_SECRET_KEY": s3_endpoint.secret_key, "LEVELZERO_S3_KEY_PREFIX": prefix,
-        }, overrides={("storage", "data_dir"): str(data_dir), ("server", "listen"): "127.0.0.1:0",
-                      ("node", "epoch_bump_interval_s"): 0.0})
+        return load_config(
+            None,
+            environ={
+                "LEVELZERO_STORAGE_KIND": "s3",
+                "LEVELZERO_S3_ENDPOINT": s3_endpoint.endpoint_url,
+                "LEVELZERO_S3_BUCKET": s3_bucket,
+                "LEVELZERO_S3_REGION": s3_endpoint.region,
+                "LEVELZERO_S3_PATH_STYLE": "true",
+                "LEVELZERO_S3_ACCESS_KEY": s3_endpoint.access_key,
+                "LEVELZERO_S3_SECRET_KEY": s3_endpoint.secret_key,
+                "LEVELZERO_S3_KEY_PREFIX": prefix,
+            },
+            overrides={
+                ("storage", "data_dir"): str(data_dir),
+                ("server", "listen"): "127.0.0.1:0",
+                ("node", "epoch_bump_interval_s"): 0.0,
+            },
+        )
 
-    async with running_daemon(s3(tmp_path / "a", "east/")) as a, running_daemon(s3(tmp_path / "b", "west/")) as b:
+    async with (
+        running_daemon(s3(tmp_path / "a", "east/")) as a,
+        running_daemon(s3(tmp_path / "b", "west/")) as b,
+    ):
         async with Client(a.url) as ca, Client(b.url) as cb:
             await ca.create_topic("t", 1)
             await cb.create_topic("t", 1)

@@ -43,12 +43,16 @@ def unit_as_installed_here(tmp_path: Path) -> Path:
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
 def test_unit_passes_systemd_analyze_verify_and_security(tmp_path: Path) -> None:
     unit = unit_as_installed_here(tmp_path)
-    result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
     security = subprocess.run(
         ["systemd-analyze", "security", "--offline=yes", "--threshold=20", str(unit)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert security.returncode == 0, security.stdout + security.stderr
     assert "Overall exposure level for levelzero.service: 1." in security.stdout
@@ -57,12 +61,22 @@ def test_unit_passes_systemd_analyze_verify_and_security(tmp_path: Path) -> None
 def test_unit_declares_notify_watchdog_user_and_hardening() -> None:
     s = unit_settings()
     expected = {
-        "Type": "notify", "NotifyAccess": "main", "WatchdogSec": "30", "Restart": "on-failure",
-        "StateDirectory": "levelzero", "DynamicUser": "yes", "KillSignal": "SIGTERM",
-        "EnvironmentFile": "-/etc/levelzero/levelzero.env", "ProtectSystem": "strict",
-        "NoNewPrivileges": "yes", "PrivateTmp": "yes", "ProtectHome": "yes",
-        "CapabilityBoundingSet": "", "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
-        "ProtectKernelTunables": "yes", "ReadWritePaths": "/var/lib/levelzero",
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "WatchdogSec": "30",
+        "Restart": "on-failure",
+        "StateDirectory": "levelzero",
+        "DynamicUser": "yes",
+        "KillSignal": "SIGTERM",
+        "EnvironmentFile": "-/etc/levelzero/levelzero.env",
+        "ProtectSystem": "strict",
+        "NoNewPrivileges": "yes",
+        "PrivateTmp": "yes",
+        "ProtectHome": "yes",
+        "CapabilityBoundingSet": "",
+        "RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+        "ProtectKernelTunables": "yes",
+        "ReadWritePaths": "/var/lib/levelzero",
         "RestartPreventExitStatus": "2",
     }
     for key, value in expected.items():
@@ -112,7 +126,9 @@ def test_messages_reach_an_abstract_socket() -> None:
         assert notifier.ready("serving") and notifier.status("busy") and notifier.stopping()
         notifier.close()
         assert receive_all(sock) == [
-            f"READY=1\nSTATUS=serving\nMAINPID={os.getpid()}", "STATUS=busy", "STOPPING=1\nSTATUS=stopping"
+            f"READY=1\nSTATUS=serving\nMAINPID={os.getpid()}",
+            "STATUS=busy",
+            "STOPPING=1\nSTATUS=stopping",
         ]
 
 

@@ -41,10 +41,19 @@ async def test_only_what_the_restored_log_acknowledged_is_adopted_under_a_term_a
     term = (await store.begin_term(row.pid, 0, 0)).term
     # The restored log: 15 records in 3 placeholders, none reconciled.
     acked = [records(5, "a"), records(5, "b"), records(5, "c")]
-    await store.append(row.pid, term, [
-        LogRecord(1 + i, term, 5 * i, Placeholder(1, L0_KEY, 0, len(encode_extent(r)), 5, checksum(encode_extent(r))))
-        for i, r in enumerate(acked)
-    ])
+    await store.append(
+        row.pid,
+        term,
+        [
+            LogRecord(
+                1 + i,
+                term,
+                5 * i,
+                Placeholder(1, L0_KEY, 0, len(encode_extent(r)), 5, checksum(encode_extent(r))),
+            )
+            for i, r in enumerate(acked)
+        ],
+    )
     # The bucket: the live leader's (term 3) 0-9 and 10-19 (its last 5 records were written
     # after the backup), and another history's term-4 object at 10-14 with other records.
     first = await put_l1(objects, 0, 3, acked[0] + acked[1], "1")
@@ -55,10 +64,22 @@ async def test_only_what_the_restored_log_acknowledged_is_adopted_under_a_term_a
     assert result is not None
     # 0-9 adopted as it is; at 10 the newest term's object holds records the log never
     # acknowledged, and it outranks term 3's there: nothing more (a hole, never wrong data).
-    assert (result.lro_before, result.lro_after, result.adopted, result.copied, result.term) == (-1, 9, 1, 0, 5)
+    assert (result.lro_before, result.lro_after, result.adopted, result.copied, result.term) == (
+        -1,
+        9,
+        1,
+        0,
+        5,
+    )
     [adopted] = await store.l1_list(row.pid)
-    assert (adopted.key, adopted.base_offset, adopted.last_offset, adopted.last_log_offset,
-            adopted.term, adopted.state) == (first, 0, 9, 2, 5, L1State.COPY_FINISHED)
+    assert (
+        adopted.key,
+        adopted.base_offset,
+        adopted.last_offset,
+        adopted.last_log_offset,
+        adopted.term,
+        adopted.state,
+    ) == (first, 0, 9, 2, 5, L1State.COPY_FINISHED)
     state = await replay_state(store, row)
     assert (state.lro, state.lrlo, state.term, state.reconciled_by_term) == (9, 2, 5, {5: 9})
     assert state.l1_range_valid(5, 0, 9)
@@ -80,8 +101,15 @@ async def test_only_what_the_restored_log_acknowledged_is_adopted_under_a_term_a
     assert await adopt_partition(store, objects, row, 30.0) is None  # nothing left to adopt
 
 
-async def put_key(objects: MemoryObjectStore, topic: str, partition: int, base: int, term: int,
-                  recs: list[Record], uuid: str) -> str:
+async def put_key(
+    objects: MemoryObjectStore,
+    topic: str,
+    partition: int,
+    base: int,
+    term: int,
+    recs: list[Record],
+    uuid: str,
+) -> str:
     key = format_l1_key(topic, partition, base, base + len(recs) - 1, term, uuid * 32)
     data, _ = build_object(term, [(9, encode_extent(recs), len(recs))])
     await objects.put(key, data)
@@ -105,7 +133,11 @@ async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
 
     summary = await rebuild_from_bucket(store, objects, 50.0)
     assert (summary.rebuilt, summary.topics, summary.cluster_epoch, summary.skipped_keys) == (
-        True, {"t": 1, "u": 2, "w": 4}, 43, 1)
+        True,
+        {"t": 1, "u": 2, "w": 4},
+        43,
+        1,
+    )
     assert await store.get_cluster_epoch() == 43  # above every L0 object's epoch
     rows = {(r.topic, r.partition): r for r in await store.list_partitions()}
     t = await replay_state(store, rows[("t", 0)])
@@ -113,7 +145,10 @@ async def test_a_lost_control_plane_is_rebuilt_from_the_l1_keys() -> None:
     assert t.mp == 42 and not t.has_unreconciled_data
     l1 = await store.l1_list(rows[("t", 0)].pid)
     assert [(r.base_offset, r.last_offset, r.term) for r in sorted(l1, key=lambda r: r.base_offset)] == [
-        (0, 4, 4), (5, 9, 4), (20, 24, 4)]  # not the zombie's 5-12
+        (0, 4, 4),
+        (5, 9, 4),
+        (20, 24, 4),
+    ]  # not the zombie's 5-12
     assert all(t.l1_range_valid(r.term, r.base_offset, r.last_offset) for r in l1)
     u1 = await replay_state(store, rows[("u", 1)])
     assert (u1.start_offset, u1.lro, u1.high_watermark, u1.term) == (3, 7, 8, 2)
@@ -131,7 +166,9 @@ async def test_an_interrupted_adoption_is_resumed_by_running_it_again() -> None:
     term = (await store.begin_term(row.pid, 0, 0)).term
     acked = records(6, "a")
     extent = encode_extent(acked)
-    await store.append(row.pid, term, [LogRecord(1, term, 0, Placeholder(1, L0_KEY, 0, len(extent), 6, checksum(extent)))])
+    await store.append(
+        row.pid, term, [LogRecord(1, term, 0, Placeholder(1, L0_KEY, 0, len(extent), 6, checksum(extent)))]
+    )
     original = await put_l1(objects, 0, 2, acked, "1")
     store.fail_appends = 1  # the catch-up fails, as a crash before it would leave things
     try:
@@ -144,6 +181,8 @@ async def test_an_interrupted_adoption_is_resumed_by_running_it_again() -> None:
     again = await adopt_partition(store, objects, row, 20.0)
     assert again is not None and (again.lro_after, again.adopted, again.copied, again.term) == (5, 0, 1, 4)
     state = await replay_state(store, row)
-    valid = [r for r in await store.l1_list(row.pid) if state.l1_range_valid(r.term, r.base_offset, r.last_offset)]
+    valid = [
+        r for r in await store.l1_list(row.pid) if state.l1_range_valid(r.term, r.base_offset, r.last_offset)
+    ]
     [copy] = valid
     assert copy.key != original and decode_single_extent(await objects.get(copy.key), copy.key) == acked

@@ -35,17 +35,32 @@ def referenced(exprs: list[str]) -> set[str]:
 
 def test_files_cover_what_an_operator_must_watch() -> None:
     alerts = {rule["alert"]: rule for rule in alert_rules()}
-    for name in ("LevelZeroDown", "LevelZeroNotReady", "LevelZeroRestarting", "LevelZeroGcEpochLagHigh",
-                 "LevelZeroPartitionHoldingM", "LevelZeroReconcilerLagHigh", "LevelZeroGcRoundsFailing",
-                 "LevelZeroObjectStoreErrors", "LevelZeroLogStoreErrors", "LevelZeroProduceLatencyHigh",
-                 "LevelZeroDataDirFilling"):
+    for name in (
+        "LevelZeroDown",
+        "LevelZeroNotReady",
+        "LevelZeroRestarting",
+        "LevelZeroGcEpochLagHigh",
+        "LevelZeroPartitionHoldingM",
+        "LevelZeroReconcilerLagHigh",
+        "LevelZeroGcRoundsFailing",
+        "LevelZeroObjectStoreErrors",
+        "LevelZeroLogStoreErrors",
+        "LevelZeroProduceLatencyHigh",
+        "LevelZeroDataDirFilling",
+    ):
         assert name in alerts, name
         assert alerts[name]["annotations"]["description"].strip(), name  # the threshold explained
     exprs = dashboard_exprs()
     assert len(exprs) >= 20
-    for metric in ("levelzero_gc_epoch_lag", "levelzero_reconciler_lag_offsets", "levelzero_partition_mp",
-                   "levelzero_gc_failed_rounds_total", "levelzero_produce_latency_seconds_bucket",
-                   "levelzero_object_store_request_duration_seconds_bucket", "levelzero_ready"):
+    for metric in (
+        "levelzero_gc_epoch_lag",
+        "levelzero_reconciler_lag_offsets",
+        "levelzero_partition_mp",
+        "levelzero_gc_failed_rounds_total",
+        "levelzero_produce_latency_seconds_bucket",
+        "levelzero_object_store_request_duration_seconds_bucket",
+        "levelzero_ready",
+    ):
         assert metric in referenced(exprs), metric
 
 
@@ -60,9 +75,7 @@ async def test_every_metric_they_reference_is_in_a_running_daemons_metrics(tmp_p
         response = await client._http.get("/metrics")
     assert response.status_code == 200
     exported = {
-        sample.name
-        for family in text_string_to_metric_families(response.text)
-        for sample in family.samples
+        sample.name for family in text_string_to_metric_families(response.text) for sample in family.samples
     }
     wanted = referenced(dashboard_exprs()) | referenced([rule["expr"] for rule in alert_rules()])
     assert len(wanted) >= 30

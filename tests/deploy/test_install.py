@@ -21,7 +21,13 @@ from levelzero.cli.main import main
 from levelzero.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ("levelzero.service", "levelzero.toml", "levelzero.env", "grafana-dashboard.json", "prometheus-alerts.yml")
+SHIPPED = (
+    "levelzero.service",
+    "levelzero.toml",
+    "levelzero.env",
+    "grafana-dashboard.json",
+    "prometheus-alerts.yml",
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +36,45 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     so a file missing from the sdist is missing from the wheel too. Offline: the build
     backend is this environment's setuptools."""
     out = tmp_path_factory.mktemp("dist")
-    name = subprocess.run(
-        [sys.executable, "-c",
-         f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))"],
-        cwd=REPO, capture_output=True, text=True, check=True, timeout=300,
-    ).stdout.strip().splitlines()[-1]
+    name = (
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from setuptools import build_meta; print(build_meta.build_sdist({str(out)!r}))",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     sdist = out / name
     unpacked = tmp_path_factory.mktemp("unpacked")
     with tarfile.open(sdist) as archive:
         archive.extractall(unpacked, filter="data")
     [source] = list(unpacked.iterdir())
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "-w", str(out), str(source)],
-        capture_output=True, text=True, check=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     )
     [wheel] = list(out.glob("levelzero-*.whl"))
     return sdist, wheel
@@ -53,9 +84,18 @@ def test_sdist_carries_licence_schemas_unit_and_install_script(dists: tuple[Path
     sdist, _ = dists
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    for wanted in ("LICENSE", "README.md", "DESIGN.md", "docs/operating.md", "docs/configuration.md",
-                   "constraints.txt", "Containerfile", "packaging/install.sh",
-                   "levelzero/export/SCHEMAS.md", *(f"levelzero/deploy/{f}" for f in SHIPPED)):
+    for wanted in (
+        "LICENSE",
+        "README.md",
+        "DESIGN.md",
+        "docs/operating.md",
+        "docs/configuration.md",
+        "constraints.txt",
+        "Containerfile",
+        "packaging/install.sh",
+        "levelzero/export/SCHEMAS.md",
+        *(f"levelzero/deploy/{f}" for f in SHIPPED),
+    ):
         assert wanted in names, wanted
 
 
@@ -79,7 +119,9 @@ def test_install_files_writes_the_unit_the_example_and_a_private_env(tmp_path: P
     assert sorted(p.name for p in target.iterdir()) == sorted(SHIPPED)
     assert stat.S_IMODE((target / "levelzero.env").stat().st_mode) == 0o600
     assert stat.S_IMODE((target / "levelzero.toml").stat().st_mode) == 0o644
-    assert (target / "levelzero.service").read_text() == (REPO / "levelzero/deploy/levelzero.service").read_text()
+    assert (target / "levelzero.service").read_text() == (
+        REPO / "levelzero/deploy/levelzero.service"
+    ).read_text()
     config = load_config(str(target / "levelzero.toml"), environ={})
     assert config.storage.data_dir == "/var/lib/levelzero"
     assert f"wrote {target / 'levelzero.env'} (mode 0600)" in capsys.readouterr().out
@@ -115,8 +157,13 @@ def test_install_script_installs_into_a_scratch_root(dists: tuple[Path, Path], t
     env.update(ROOT=str(root), PYTHON=sys.executable, PIP_ARGS="--no-index --no-deps")
 
     def install() -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(REPO / "packaging" / "install.sh"), str(wheel)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [str(REPO / "packaging" / "install.sh"), str(wheel)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     first = install()
     assert first.returncode == 0, first.stdout + first.stderr
@@ -125,14 +172,23 @@ def test_install_script_installs_into_a_scratch_root(dists: tuple[Path, Path], t
     program = venv / "bin" / "levelzero"
     assert (venv / "lib").is_dir() and program.exists()
     # The installed program is the wheel's, not this source tree's.
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import levelzero; print(levelzero.__file__)"],
-                           capture_output=True, text=True, check=True, env=env, cwd=tmp_path).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import levelzero; print(levelzero.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    ).stdout
     assert where.startswith(str(venv)), where
     unit = (root / "etc/systemd/system/levelzero.service").read_text()
     assert "ExecStart=/opt/levelzero/bin/levelzero run --config /etc/levelzero/levelzero.toml\n" in unit
     env_file = root / "etc/levelzero/levelzero.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert load_config(str(root / "etc/levelzero/levelzero.toml"), environ={}).storage.data_dir == "/var/lib/levelzero"
+    assert (
+        load_config(str(root / "etc/levelzero/levelzero.toml"), environ={}).storage.data_dir
+        == "/var/lib/levelzero"
+    )
     # Upgrading is running it again: the operator's configuration stays as they left it.
     env_file.write_text("LEVELZERO_TOKEN=an-operator-secret-token\n")
     again = install()

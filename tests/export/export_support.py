@@ -28,8 +28,16 @@ def write_table(out: Path, table: str, rows: list[dict]) -> None:
 
 def sample(seq: int, at: float, partition: int, mp: int) -> dict:
     return dict(
-        seq=seq, sampled_at=T0 + at, topic="a", partition=partition, term=1,
+        seq=seq,
+        sampled_at=T0 + at,
+        topic="a",
+        partition=partition,
+        term=1,
         previous_applied_epoch=mp,
-        max_applied_epoch=mp + 1, min_epoch_lower_bound=mp, mp=mp, lro=-1, high_watermark=0,
+        max_applied_epoch=mp + 1,
+        min_epoch_lower_bound=mp,
+        mp=mp,
+        lro=-1,
+        high_watermark=0,
         start_offset=0,
     )

@@ -61,20 +61,49 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     url = f"spark://127.0.0.1:{port}"
     spark_class = str(SPARK_BIN / "spark-class")
     commands = [
-        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-         "--port", str(port), "--webui-port", str(master_ui)],
-        [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-         "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui),
-         "--work-dir", str(base / "work"), url],
+        [
+            spark_class,
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--webui-port",
+            str(master_ui),
+        ],
+        [
+            spark_class,
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--webui-port",
+            str(worker_ui),
+            "--work-dir",
+            str(base / "work"),
+            url,
+        ],
     ]
     processes = []
     try:
         for index, command in enumerate(commands):
             log = open(base / f"daemon-{index}.log", "wb")  # noqa: SIM115 - closed below
-            processes.append((subprocess.Popen(  # noqa: S603 - our own command line
-                command, cwd=base, env=loopback_env(), stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            ), log))
+            processes.append(
+                (
+                    subprocess.Popen(  # noqa: S603 - our own command line
+                        command,
+                        cwd=base,
+                        env=loopback_env(),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    ),
+                    log,
+                )
+            )
         deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
         while alive_workers(master_ui) < 1:
             for process, _ in processes:
@@ -104,9 +133,18 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         out,
         "fence_events",
         [
-            dict(seq=e, decided_at=T0 + e * 0.02, topic="a", partition=e % 3,
-                 term=1, epoch=e, outcome="rejected" if e % 100 == 0 else "admitted",
-                 window_min=e - 1, window_max=e, decisions=1)
+            dict(
+                seq=e,
+                decided_at=T0 + e * 0.02,
+                topic="a",
+                partition=e % 3,
+                term=1,
+                epoch=e,
+                outcome="rejected" if e % 100 == 0 else "admitted",
+                window_min=e - 1,
+                window_max=e,
+                decisions=1,
+            )
             for e in range(1, EPOCHS + 1)
         ],
     )
@@ -119,20 +157,40 @@ def test_the_analysis_runs_unchanged_under_spark_submit_on_a_standalone_cluster(
 ) -> None:
     report = tmp_path / "report"
     command = [
-        str(SPARK_BIN / "spark-submit"), "--master", cluster,
-        "--conf", "spark.sql.shuffle.partitions=3", "--conf", "spark.ui.enabled=false",
-        "--driver-memory", "512m", "--executor-memory", "512m",
-        submit.__file__, "--in", str(export_dir), "--out", f"file://{report}", "--bucket-s", "1",
+        str(SPARK_BIN / "spark-submit"),
+        "--master",
+        cluster,
+        "--conf",
+        "spark.sql.shuffle.partitions=3",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--driver-memory",
+        "512m",
+        "--executor-memory",
+        "512m",
+        submit.__file__,
+        "--in",
+        str(export_dir),
+        "--out",
+        f"file://{report}",
+        "--bucket-s",
+        "1",
     ]
     done = subprocess.run(  # noqa: S603 - our own command line
-        command, cwd=tmp_path, env=loopback_env(), capture_output=True, text=True,
+        command,
+        cwd=tmp_path,
+        env=loopback_env(),
+        capture_output=True,
+        text=True,
         timeout=SUBMIT_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"on {cluster}, 3 shuffle partitions" in done.stdout
     holders = pq.read_table(report / "tables" / "partition_watermarks.parquet").to_pylist()
     assert {f"{r['topic']}/{r['partition']}": r["seconds_holding_m"] for r in holders} == {
-        "a/0": 10.0, "a/1": 0.0, "a/2": 0.0,
+        "a/0": 10.0,
+        "a/1": 0.0,
+        "a/2": 0.0,
     }
     fence = pq.read_table(report / "tables" / "fence_by_window.parquet").to_pylist()
     assert len(fence) == 200 and {r["window_max_to"] - r["window_max_from"] for r in fence} == {4}

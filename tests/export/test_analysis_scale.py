@@ -41,9 +41,16 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "fence_events",
         [
             dict(
-                seq=e, decided_at=T0 + e * 0.000_29, topic="a", partition=e % 3, term=1, epoch=e,
+                seq=e,
+                decided_at=T0 + e * 0.000_29,
+                topic="a",
+                partition=e % 3,
+                term=1,
+                epoch=e,
                 outcome="rejected" if e % REJECTED_EVERY == 0 else "admitted",
-                window_min=e - 1, window_max=e, decisions=1,
+                window_min=e - 1,
+                window_max=e,
+                decisions=1,
             )
             for e in range(1, EPOCHS + 1)
         ],
@@ -55,8 +62,13 @@ def export_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local_report(export_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AnalysisReport:
     out = tmp_path_factory.mktemp("report")
-    report = analyze([str(export_dir)], f"file://{out}", master="local[2]", bucket_s=1.0,
-                     conf={"spark.sql.shuffle.partitions": "3"})
+    report = analyze(
+        [str(export_dir)],
+        f"file://{out}",
+        master="local[2]",
+        bucket_s=1.0,
+        conf={"spark.sql.shuffle.partitions": "3"},
+    )
     return report
 
 
@@ -111,9 +123,7 @@ def test_the_export_refuses_an_output_uri_it_cannot_write(tmp_path: Path, capsys
     monkeypatch.chdir(tmp_path)
     rc = export_main(["--db", str(tmp_path / "levelzero.db"), "--out", "hdfs://nn/export"])
     assert rc == 1
-    assert "output directory hdfs://nn/export: hdfs:// is not supported" in (
-        capsys.readouterr().err
-    )
+    assert "output directory hdfs://nn/export: hdfs:// is not supported" in (capsys.readouterr().err)
     assert os.listdir(tmp_path) == []  # no directory named "hdfs:"
 
 
@@ -143,15 +153,15 @@ def test_inputs_and_report_go_through_sparks_filesystems(
     os.symlink(export_dir, shared / "exports" / "e1")
     monkeypatch.chdir(tmp_path)
     spark = (
-        SparkSession.builder.master("local[2]").appName("levelzero-uri-test")
+        SparkSession.builder.master("local[2]")
+        .appName("levelzero-uri-test")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "3")
         .config("spark.hadoop.fs.viewfs.mounttable.lz.link./shared", f"file://{shared}")
         .getOrCreate()
     )
     try:
-        report = analyze(["viewfs://lz/shared/exports/e1/"], "viewfs://lz/shared/reports/r1",
-                         bucket_s=1.0)
+        report = analyze(["viewfs://lz/shared/exports/e1/"], "viewfs://lz/shared/reports/r1", bucket_s=1.0)
         with pytest.raises(AnalysisError) as refused:
             analyze(["viewfs://lz/shared/exports/e1"], "s3a://bucket/r1", bucket_s=1.0)
         with pytest.raises(AnalysisError, match="input directory viewfs://lz/shared/nothing does not exist"):

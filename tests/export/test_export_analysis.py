@@ -68,8 +68,25 @@ from levelzero.storage.protocols import (
 from levelzero.storage.sqlite import SqliteLogStore
 
 DAY_S = 86_400
-SQL_RESERVED = {"at", "timestamp", "date", "time", "order", "group", "select", "from", "user",
-                "value", "values", "table", "default", "offset", "limit", "range", "interval"}
+SQL_RESERVED = {
+    "at",
+    "timestamp",
+    "date",
+    "time",
+    "order",
+    "group",
+    "select",
+    "from",
+    "user",
+    "value",
+    "values",
+    "table",
+    "default",
+    "offset",
+    "limit",
+    "range",
+    "interval",
+}
 BUCKET_S = 10.0
 
 
@@ -225,8 +242,7 @@ async def run_scenario(s: Scenario) -> None:
             await node.shutdown()
 
     with sqlite3.connect(f"file:{s.db_path}?mode=ro", uri=True) as db:
-        for table in ("log", "state_samples", "fence_events", "l0_objects", "gc_rounds",
-                      "l1_objects"):
+        for table in ("log", "state_samples", "fence_events", "l0_objects", "gc_rounds", "l1_objects"):
             s.db_rows[table] = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
         s.db_rows["l0_deletions"] = db.execute(
             "SELECT COUNT(*) FROM l0_objects WHERE deleted_at IS NOT NULL"
@@ -234,9 +250,7 @@ async def run_scenario(s: Scenario) -> None:
         s.db_rows["placeholder_bytes"] = db.execute(
             "SELECT SUM(byte_length) FROM log WHERE kind = 'placeholder'"
         ).fetchone()[0]
-        s.db_rows["fence_decisions"] = db.execute(
-            "SELECT SUM(decisions) FROM fence_events"
-        ).fetchone()[0]
+        s.db_rows["fence_decisions"] = db.execute("SELECT SUM(decisions) FROM fence_events").fetchone()[0]
     db.close()
 
 
@@ -358,9 +372,7 @@ def test_exported_l0_objects_match_the_object_store(scenario: Scenario) -> None:
 
 
 def gc_round(round_id: int, *, started_at: float, m: int) -> GcRoundRow:
-    return GcRoundRow(
-        round_id, started_at, started_at + 1, m + 1, m, False, 4, 0, 0, 0, 0, 0, None
-    )
+    return GcRoundRow(round_id, started_at, started_at + 1, m + 1, m, False, 4, 0, 0, 0, 0, 0, None)
 
 
 def rows_of(report: ExportReport, *tables: str) -> tuple[int, ...]:
@@ -391,8 +403,13 @@ async def test_rows_updated_in_place_are_exported_once_per_change(tmp_path: Path
         await store.record_gc_round(gc_round(1, started_at=4_000.0, m=3))
         second = await anyio.to_thread.run_sync(export, db, out)
         assert second.rows == {
-            "log_entries": 0, "state_samples": 0, "fence_events": 0, "l0_objects": 0,
-            "l0_deletions": 1, "gc_rounds": 1, "l1_objects": 1,
+            "log_entries": 0,
+            "state_samples": 0,
+            "fence_events": 0,
+            "l0_objects": 0,
+            "l0_deletions": 1,
+            "gc_rounds": 1,
+            "l1_objects": 1,
         }
         await store.l1_transition("l1a", L1State.COPY_FINISHED, L1State.DELETE_STARTED, 3_200.0)
         await store.l1_transition("l1a", L1State.DELETE_STARTED, L1State.DELETE_FINISHED, 3_300.0)
@@ -408,13 +425,14 @@ async def test_rows_updated_in_place_are_exported_once_per_change(tmp_path: Path
     assert manifest["watermarks"]["l0_open"] == [] and manifest["watermarks"]["l1_open"] == []
     deletions = read_table(out, "l0_deletions").to_pylist()
     assert sorted((r["key"], r["deleted_at"]) for r in deletions) == [
-        ("k0", 2_500.0), ("k1", 2_000.0), ("k2", 3_000.0), ("k3", 2_000.0)
+        ("k0", 2_500.0),
+        ("k1", 2_000.0),
+        ("k2", 3_000.0),
+        ("k3", 2_000.0),
     ]
     l1_rows = read_table(out, "l1_objects").to_pylist()
     states = sorted((r["state"], r["updated_at"]) for r in l1_rows)
-    assert states == [
-        ("COPY_FINISHED", 3_100.0), ("COPY_STARTED", 1_000.0), ("DELETE_FINISHED", 3_300.0)
-    ]
+    assert states == [("COPY_FINISHED", 3_100.0), ("COPY_STARTED", 1_000.0), ("DELETE_FINISHED", 3_300.0)]
     round_rows = read_table(out, "gc_rounds").to_pylist()
     rounds = sorted((r["round_id"], r["started_at"]) for r in round_rows)
     assert rounds == [(1, 2_000.0), (1, 4_000.0)]
@@ -546,9 +564,7 @@ async def _export_fresh_store_into(data_dir: Path, out: str) -> None:
     export(db_path_in(data_dir), out)
 
 
-def test_two_exports_into_one_directory_exclude_each_other(
-    scenario: Scenario, tmp_path: Path
-) -> None:
+def test_two_exports_into_one_directory_exclude_each_other(scenario: Scenario, tmp_path: Path) -> None:
     import fcntl
 
     out = tmp_path / "out"
@@ -618,9 +634,7 @@ def test_an_export_without_rows_is_nothing_to_analyse(tmp_path: Path) -> None:
         analyze([str(tmp_path / "out")], str(tmp_path / "report"))
 
 
-def test_parquet_of_the_wrong_schema_is_rejected_before_spark(
-    scenario: Scenario, tmp_path: Path
-) -> None:
+def test_parquet_of_the_wrong_schema_is_rejected_before_spark(scenario: Scenario, tmp_path: Path) -> None:
     out = tmp_path / "out"
     shutil.copytree(scenario.out, out)
     victim = next((out / "state_samples").glob("date=*/part-*.parquet"))
@@ -640,9 +654,7 @@ def test_parquet_of_the_wrong_schema_is_rejected_before_spark(
 # ------------------------------------------------------------------------ Java
 
 
-def test_missing_java_is_a_clear_error(
-    monkeypatch, tmp_path: Path, scenario: Scenario, capsys
-) -> None:
+def test_missing_java_is_a_clear_error(monkeypatch, tmp_path: Path, scenario: Scenario, capsys) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(JavaNotFound, match="apt-get install openjdk-17-jre-headless"):
@@ -658,7 +670,7 @@ def test_missing_java_is_a_clear_error(
 def test_too_old_java_is_a_clear_error(monkeypatch, tmp_path: Path) -> None:
     java = tmp_path / "bin" / "java"
     java.parent.mkdir()
-    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.20" 2023-07-18\' >&2\n')
+    java.write_text("#!/bin/sh\necho 'openjdk version \"11.0.20\" 2023-07-18' >&2\n")
     java.chmod(java.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(JavaNotFound, match="is Java 11; Spark 4 needs 17"):
@@ -713,9 +725,7 @@ def test_l0_age_at_deletion_is_reported_beside_the_gc_lag(
     assert "L0 age at deletion (created -> deleted): p50 " in analysis.summary()
 
 
-def test_cluster_lag_e_minus_m_is_a_result_and_a_plot(
-    analysis: AnalysisReport, scenario: Scenario
-) -> None:
+def test_cluster_lag_e_minus_m_is_a_result_and_a_plot(analysis: AnalysisReport, scenario: Scenario) -> None:
     rounds = pq.read_table(analysis.tables["gc_rounds_over_time"]).to_pylist()
     with_m = [r for r in rounds if r["m"] is not None]
     assert with_m
@@ -755,8 +765,14 @@ def test_fence_reconciler_watermark_and_throughput_figures(
 def test_report_plots_and_result_tables_exist(analysis: AnalysisReport) -> None:
     html = Path(analysis.report_path).read_text()
     assert html.count("<img") == len(analysis.plots) >= 6
-    for section in ("GC lag", "Storage amplification", "Safe-to-GC watermark", "Epoch fence",
-                    "Reconciler lag", "Throughput"):
+    for section in (
+        "GC lag",
+        "Storage amplification",
+        "Safe-to-GC watermark",
+        "Epoch fence",
+        "Reconciler lag",
+        "Throughput",
+    ):
         assert f"<h2>{section}</h2>" in html
     for path in analysis.plots.values():
         assert Path(path).stat().st_size > 5_000 and Path(path).read_bytes()[:4] == b"\x89PNG"
@@ -773,8 +789,18 @@ def test_overlapping_export_directories_are_deduplicated(
 ) -> None:
     out = tmp_path / "report"
     rc = analyze_main(
-        ["--in", scenario.out, "--in", scenario.out_full, "--out", str(out),
-         "--master", "local[2]", "--bucket-s", str(BUCKET_S)]
+        [
+            "--in",
+            scenario.out,
+            "--in",
+            scenario.out_full,
+            "--out",
+            str(out),
+            "--master",
+            "local[2]",
+            "--bucket-s",
+            str(BUCKET_S),
+        ]
     )
     captured = capsys.readouterr()
     assert rc == 0, captured.err

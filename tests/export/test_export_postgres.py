@@ -55,7 +55,9 @@ def test_export_reads_a_postgres_control_plane_incrementally(tmp_path: Path, pos
 
 
 def test_export_cli_takes_a_dsn_and_refuses_a_database_that_is_not_a_store(
-    tmp_path: Path, postgres_dsn: str, capsys  # noqa: ANN001
+    tmp_path: Path,
+    postgres_dsn: str,
+    capsys,  # noqa: ANN001
 ) -> None:
     assert export_main(["--dsn", postgres_dsn, "--out", str(tmp_path / "o"), "--quiet"]) != 0
     assert "is not a levelzero store of schema version" in capsys.readouterr().err

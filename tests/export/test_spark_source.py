@@ -60,8 +60,16 @@ async def api_rows(client: Client, topic: str, partitions: int) -> tuple[list[tu
     return rows, tiers
 
 
-def spark_rows(spark, data_dir: Path | None, topic: str, *, where: str | None = None,
-               config: Path | None = None, partitions: int | None = None, **options: int) -> list[tuple]:
+def spark_rows(
+    spark,
+    data_dir: Path | None,
+    topic: str,
+    *,
+    where: str | None = None,
+    config: Path | None = None,
+    partitions: int | None = None,
+    **options: int,
+) -> list[tuple]:
     reader = spark.read.format("levelzero")
     reader = reader.option("config", str(config)) if config else reader.option("data_dir", str(data_dir))
     for name, value in options.items():
@@ -115,8 +123,9 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
             # The same range as a filter on the offset column, pushed down to planning: the
             # same object ranges are planned (one Spark partition each), the same rows read.
             read = await anyio.to_thread.run_sync(
-                lambda: spark_rows(spark, tmp_path, "t", where="offset BETWEEN 3 AND 11",
-                                   partitions=len(narrowed))
+                lambda: spark_rows(
+                    spark, tmp_path, "t", where="offset BETWEEN 3 AND 11", partitions=len(narrowed)
+                )
             )
             assert read == [row for row in served if 3 <= row[2] < 12]
             read = await anyio.to_thread.run_sync(
@@ -137,8 +146,15 @@ def parquet_rows(path: Path) -> list[tuple]:
     rows = pq.read_table(path).to_pylist()
     return sorted(
         (
-            (r["topic"], r["partition"], r["offset"], r["timestamp"], r["key"], r["value"],
-             [(h["key"], h["value"]) for h in r["headers"]])
+            (
+                r["topic"],
+                r["partition"],
+                r["offset"],
+                r["timestamp"],
+                r["key"],
+                r["value"],
+                [(h["key"], h["value"]) for h in r["headers"]],
+            )
             for r in rows
         ),
         key=lambda row: (row[1], row[2]),
@@ -158,13 +174,22 @@ def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path, cap
 
 @pytest.mark.s3
 def test_spark_reads_from_s3_with_a_postgresql_control_plane(
-    tmp_path: Path, spark, s3_endpoint, s3_bucket: str, postgres_dsn: str  # noqa: ANN001
+    tmp_path: Path,
+    spark,
+    s3_endpoint,
+    s3_bucket: str,
+    postgres_dsn: str,  # noqa: ANN001
 ) -> None:
     """The daemon's own TOML (S3 with a key prefix, PostgreSQL) is all the data source needs."""
     s3 = {
-        "storage__kind": "s3", "s3__endpoint": s3_endpoint.endpoint_url, "s3__bucket": s3_bucket,
-        "s3__region": s3_endpoint.region, "s3__path_style": True, "s3__key_prefix": "lz/",
-        "s3__access_key": s3_endpoint.access_key, "s3__secret_key": s3_endpoint.secret_key,
+        "storage__kind": "s3",
+        "s3__endpoint": s3_endpoint.endpoint_url,
+        "s3__bucket": s3_bucket,
+        "s3__region": s3_endpoint.region,
+        "s3__path_style": True,
+        "s3__key_prefix": "lz/",
+        "s3__access_key": s3_endpoint.access_key,
+        "s3__secret_key": s3_endpoint.secret_key,
     }
     control = postgres_control(postgres_dsn)
     password_file = tmp_path / "pg-password"

@@ -23,8 +23,6 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-
-
 async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:  # noqa: ANN001
     with anyio.fail_after(timeout_s):
         while not predicate():
@@ -45,7 +43,10 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
 
         fetched = await client.fetch("t", 1, 0)
         assert [(r.offset, r.key, r.value) for r in fetched.records] == [
-            (0, None, b"v0"), (1, b"k1", b"\x00\xff binary"), (2, b"", b""), (3, None, b"v3")
+            (0, None, b"v0"),
+            (1, b"k1", b"\x00\xff binary"),
+            (2, b"", b""),
+            (3, None, b"v3"),
         ]
         assert (fetched.next_offset, fetched.high_watermark, fetched.start_offset) == (4, 4, 0)
         assert fetched.tier in ("l0", "l1", "l1+l0")
@@ -72,8 +73,11 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
         assert "levelzero_produce_latency_seconds_count 2.0" in text
         assert "levelzero_batcher_object_size_bytes_count 2.0" in text
         assert "levelzero_fence_window_slides_total" in text
-        metric = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
-                  if line.startswith("levelzero_appender_")}
+        metric = {
+            line.split()[0]: float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("levelzero_appender_")
+        }
         # two produces and the epoch's AdvanceEpoch entries: each a batch, some calls carry many
         assert 2 <= metric["levelzero_appender_calls_total"] <= metric["levelzero_appender_batches_total"]
         assert 'levelzero_partition_high_watermark{partition="1",topic="t"} 4.0' in text
@@ -139,7 +143,9 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
 
 async def test_size_limits_are_413(tmp_path: Path) -> None:
     async with daemon_and_client(
-        tmp_path, server__body_bytes_max=64 * 1024, server__records_per_request_max=100,
+        tmp_path,
+        server__body_bytes_max=64 * 1024,
+        server__records_per_request_max=100,
         batcher__batch_bytes_max=16 * 1024,
     ) as (_, client):
         await client.create_topic("t", 1)
@@ -152,9 +158,13 @@ async def test_size_limits_are_413(tmp_path: Path) -> None:
 
         assert_error(await raw(client, "POST", RECORDS, content=chunked()), 413, "too_large")
         many = json.dumps({"records": [{"value": ""}] * 101}).encode()
-        assert_error(await raw(client, "POST", RECORDS, content=many), 413, "too_large", "records_per_request_max")
+        assert_error(
+            await raw(client, "POST", RECORDS, content=many), 413, "too_large", "records_per_request_max"
+        )
         big_records = json.dumps({"records": [{"value": b64(b"y" * 20_000)}]}).encode()
-        assert_error(await raw(client, "POST", RECORDS, content=big_records), 413, "too_large", "batch_bytes_max")
+        assert_error(
+            await raw(client, "POST", RECORDS, content=big_records), 413, "too_large", "batch_bytes_max"
+        )
         assert (await client.produce("t", 0, [b"small"] * 100)).last_offset == 99
 
 
@@ -166,8 +176,12 @@ async def test_a_produce_at_batch_bytes_max_by_the_size_rule_succeeds_and_one_by
     limit = 16 * 1024
 
     def body(value_bytes: int) -> bytes:
-        record = {"key": b64(b"k" * 100), "value": b64(b"v" * value_bytes),
-                  "timestamp_ms": 1_700_000_000_000, "headers": [["h", b64(b"xyz")]]}
+        record = {
+            "key": b64(b"k" * 100),
+            "value": b64(b"v" * value_bytes),
+            "timestamp_ms": 1_700_000_000_000,
+            "headers": [["h", b64(b"xyz")]],
+        }
         return json.dumps({"records": [record]}).encode()
 
     at_limit = limit - 100 - 4 - 8
@@ -176,8 +190,12 @@ async def test_a_produce_at_batch_bytes_max_by_the_size_rule_succeeds_and_one_by
         answer = await raw(client, "POST", RECORDS, content=body(at_limit))
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"base_offset": 0, "last_offset": 0, "attempts": 1}
-        assert_error(await raw(client, "POST", RECORDS, content=body(at_limit + 1)), 413,
-                     "too_large", f"{limit + 1} record bytes exceed batch_bytes_max {limit}")
+        assert_error(
+            await raw(client, "POST", RECORDS, content=body(at_limit + 1)),
+            413,
+            "too_large",
+            f"{limit + 1} record bytes exceed batch_bytes_max {limit}",
+        )
         (stored,) = (await client.fetch("t", 0, 0)).records
         assert (stored.key, stored.value) == (b"k" * 100, b"v" * at_limit)
 
@@ -213,17 +231,37 @@ async def test_unknown_topics_partitions_offsets_and_routes(tmp_path: Path) -> N
         await client.create_topic("t", 2)
         await client.produce("t", 0, [b"a", b"b"])
         body = {"json": {"records": [{"value": "aGk="}]}}
-        assert_error(await raw(client, "POST", "/v1/topics/nope/partitions/0/records", **body), 404, "unknown_topic")
-        assert_error(await raw(client, "POST", "/v1/topics/t/partitions/2/records", **body), 404, "unknown_partition")
+        assert_error(
+            await raw(client, "POST", "/v1/topics/nope/partitions/0/records", **body), 404, "unknown_topic"
+        )
+        assert_error(
+            await raw(client, "POST", "/v1/topics/t/partitions/2/records", **body), 404, "unknown_partition"
+        )
         assert_error(await raw(client, "GET", "/v1/topics/nope/partitions/0/records"), 404, "unknown_topic")
         assert_error(await raw(client, "GET", "/v1/topics/t/partitions/9/records"), 404, "unknown_partition")
-        assert_error(await raw(client, "GET", "/v1/topics/t/partitions/-1/records"), 400, "malformed_request", "partition")
+        assert_error(
+            await raw(client, "GET", "/v1/topics/t/partitions/-1/records"),
+            400,
+            "malformed_request",
+            "partition",
+        )
         assert_error(await raw(client, "GET", "/v1/topics/t/partitions/x/records"), 400, "malformed_request")
-        assert_error(await raw(client, "GET", RECORDS, params={"offset": "-1"}), 400, "malformed_request", "offset")
+        assert_error(
+            await raw(client, "GET", RECORDS, params={"offset": "-1"}), 400, "malformed_request", "offset"
+        )
         assert_error(await raw(client, "GET", RECORDS, params={"offset": "1.5"}), 400, "malformed_request")
-        assert_error(await raw(client, "GET", RECORDS, params={"offset": "3"}), 404, "offset_out_of_range", "[0, 2)")
-        assert_error(await raw(client, "GET", RECORDS, params={"max_bytes": "0"}), 400, "malformed_request", "max_bytes")
-        assert_error(await raw(client, "GET", RECORDS, params={"ofset": "0"}), 400, "malformed_request", "'ofset'")
+        assert_error(
+            await raw(client, "GET", RECORDS, params={"offset": "3"}), 404, "offset_out_of_range", "[0, 2)"
+        )
+        assert_error(
+            await raw(client, "GET", RECORDS, params={"max_bytes": "0"}),
+            400,
+            "malformed_request",
+            "max_bytes",
+        )
+        assert_error(
+            await raw(client, "GET", RECORDS, params={"ofset": "0"}), 400, "malformed_request", "'ofset'"
+        )
         assert_error(await raw(client, "GET", "/v1/status", params={"topic": "nope"}), 404, "unknown_topic")
         assert_error(await raw(client, "GET", "/v2/anything"), 404, "not_found")
         assert_error(await raw(client, "DELETE", "/v1/topics"), 405, "method_not_allowed")
@@ -237,8 +275,13 @@ async def test_token_is_required_when_configured(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN) as (daemon, client):
         await client.create_topic("t", 1)
         async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as anonymous:
-            for method, path in [("GET", "/v1/topics"), ("GET", "/v1/status"), ("GET", "/metrics"),
-                                 ("POST", "/v1/epoch/advance"), ("GET", RECORDS)]:
+            for method, path in [
+                ("GET", "/v1/topics"),
+                ("GET", "/v1/status"),
+                ("GET", "/metrics"),
+                ("POST", "/v1/epoch/advance"),
+                ("GET", RECORDS),
+            ]:
                 response = await anonymous.request(method, path)
                 assert_error(response, 401, "unauthorized", "missing bearer token")
                 assert response.headers["www-authenticate"] == "Bearer"
@@ -260,9 +303,10 @@ async def test_stale_epoch_after_retries_is_409(tmp_path: Path) -> None:
         gates.append(UploadGate(store))
         return gates[-1]
 
-    async with daemon_and_client(
-        tmp_path, wrap_object_store=wrap, batcher__stale_retries_max=0
-    ) as (daemon, client):
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, batcher__stale_retries_max=0) as (
+        daemon,
+        client,
+    ):
         await client.create_topic("t", 1)
         node = daemon.node
         await node.epoch_cache.refresh()

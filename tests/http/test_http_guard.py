@@ -16,7 +16,9 @@ from levelzero.http.guard import (
 
 
 def table(connections_max: int = 4, per_peer: int = 4) -> ConnectionTable:
-    return ConnectionTable(ConnectionLimits(connections_max, per_peer, header_timeout_s=1.0, body_timeout_s=1.0))
+    return ConnectionTable(
+        ConnectionLimits(connections_max, per_peer, header_timeout_s=1.0, body_timeout_s=1.0)
+    )
 
 
 def test_room_admits_without_eviction() -> None:
@@ -90,5 +92,7 @@ def test_statistics_count_phases_peers_and_closes() -> None:
         (h11.IDLE, True, Phase.HEAD),
     ],
 )
-def test_phase_follows_h11_and_the_response(their_state: object, response_complete: bool | None, phase: Phase) -> None:
+def test_phase_follows_h11_and_the_response(
+    their_state: object, response_complete: bool | None, phase: Phase
+) -> None:
     assert phase_of(their_state, response_complete) is phase

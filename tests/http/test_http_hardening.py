@@ -52,7 +52,7 @@ async def test_a_client_gone_mid_body_is_499_not_a_logged_500(
         stream = await anyio.connect_tcp("127.0.0.1", port_of(daemon.url))
         await stream.send(
             f"POST {RECORDS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            "Content-Length: 1000\r\n\r\n{\"records\": [".encode()
+            'Content-Length: 1000\r\n\r\n{"records": ['.encode()
         )
         await stream.aclose()
         route = '{code="499",route="/v1/topics/{topic}/partitions/{partition}/records"} 1.0'
@@ -79,7 +79,11 @@ async def test_posts_must_say_they_are_json(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path) as (_, client):
         http = client._http
         body = b'{"name": "t", "partitions": 1}'
-        for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        for content_type in (
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+        ):
             response = await http.post("/v1/topics", content=body, headers={"Content-Type": content_type})
             assert_error(response, 415, "unsupported_media_type", "POST needs Content-Type: application/json")
         assert_error(await http.post("/v1/topics", content=body), 415, "unsupported_media_type", "got none")
@@ -123,14 +127,21 @@ async def test_one_client_cannot_lock_the_server(tmp_path: Path) -> None:
     head, stalling a declared body or sending an endless chunked body. Health checks and an
     authenticated client are still served, and every one of those connections is closed."""
     async with daemon_and_client(
-        tmp_path, token=TOKEN, server__token=TOKEN, server__connections_max=8,
-        server__connections_per_peer_max=8, server__header_timeout_s=0.5, server__body_timeout_s=0.5,
+        tmp_path,
+        token=TOKEN,
+        server__token=TOKEN,
+        server__connections_max=8,
+        server__connections_per_peer_max=8,
+        server__header_timeout_s=0.5,
+        server__body_timeout_s=0.5,
     ) as (daemon, client):
         assert daemon.url is not None and daemon.connection_guard is not None
         port = port_of(daemon.url)
         post = f"POST /v1/topics HTTP/1.1\r\nHost: x\r\n{AUTH}Content-Type: application/json\r\n"
         attackers = [await connect(port) for _ in range(3)]  # idle: not a byte
-        attackers += [await connect(port, b"GET /v1/topics HTTP/1.1\r\nHost: x\r\nX-Slow: a") for _ in range(2)]
+        attackers += [
+            await connect(port, b"GET /v1/topics HTTP/1.1\r\nHost: x\r\nX-Slow: a") for _ in range(2)
+        ]
         attackers += [await connect(port, f"{post}Content-Length: 100\r\n\r\n{{".encode()) for _ in range(2)]
         endless = await connect(port, f"{post}Transfer-Encoding: chunked\r\n\r\n".encode())
         attackers.append(endless)
@@ -176,7 +187,10 @@ async def test_at_the_limit_with_every_connection_busy_it_is_a_json_503_but_heal
         gates.append(UploadGate(store))
         return gates[-1]
 
-    async with daemon_and_client(tmp_path, wrap_object_store=wrap, server__connections_max=1) as (daemon, client):
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, server__connections_max=1) as (
+        daemon,
+        client,
+    ):
         await client.create_topic("t", 1)
         gates[0].arm(daemon.node.partition("t", 0).row.pid)
         async with anyio.create_task_group() as tg:
@@ -196,8 +210,10 @@ async def test_requests_h11_cannot_parse_get_the_json_400(tmp_path: Path) -> Non
     async with daemon_and_client(tmp_path) as (daemon, client):
         assert daemon.url is not None
         port = port_of(daemon.url)
-        for request in (b"NOT HTTP AT ALL\r\n\r\n",
-                        b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000):  # never ends
+        for request in (
+            b"NOT HTTP AT ALL\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000,
+        ):  # never ends
             stream = await connect(port, request)
             with anyio.fail_after(WAIT_S):
                 answer = await read_until_closed(stream)
@@ -326,7 +342,9 @@ async def test_every_close_the_server_makes_is_counted_once_by_reason(tmp_path: 
         await stream.aclose()
         closed = daemon.connection_guard.table.statistics().closed
         assert {reason: count for reason, count in closed.items() if count} == {
-            "keepalive_timeout": 1, "close_requested": 2, "malformed_request": 1,
+            "keepalive_timeout": 1,
+            "close_requested": 2,
+            "malformed_request": 1,
         }
         reasons = {
             line.split('reason="')[1].split('"')[0]
@@ -374,7 +392,7 @@ async def test_a_malformed_chunked_body_gets_one_answer_one_count_and_no_traceba
                 await stream.send(MALFORMED_CHUNK)
             else:
                 stream = await connect(
-                    port, CHUNKED_POST + b"Content-Type: application/json\r\n\r\n5\r\n{\"nam\r\n"
+                    port, CHUNKED_POST + b'Content-Type: application/json\r\n\r\n5\r\n{"nam\r\n'
                 )
                 protocol = await protocol_of(daemon, stream.extra(anyio.abc.SocketAttribute.local_port))
                 while not app_took_the_body_so_far(protocol):
@@ -420,7 +438,9 @@ def failing_app(after_start: bool) -> Any:
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if after_start:
-            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]})
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"10")]}
+            )
             await send({"type": "http.response.body", "body": b"half", "more_body": True})
         raise RuntimeError("the app failed")
 

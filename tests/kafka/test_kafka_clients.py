@@ -36,9 +36,7 @@ def per_partition(records: Expected) -> dict[int, list[tuple[bytes | None, bytes
     return out
 
 
-def check_consumed(
-    expected: Expected, consumed: list[tuple[int, int, bytes | None, bytes | None]]
-) -> None:
+def check_consumed(expected: Expected, consumed: list[tuple[int, int, bytes | None, bytes | None]]) -> None:
     """Every partition read back holds exactly what was sent to it, in order, at offsets 0.."""
     got: dict[int, list[tuple[int, bytes | None, bytes]]] = {p: [] for p in range(PARTITIONS)}
     for partition, offset, key, value in consumed:
@@ -56,7 +54,9 @@ def bounded(limit: int) -> Iterator[int]:
 # ------------------------------------------------------------------------------ kafka-python
 
 
-def kafka_python_round_trip(port: int, topic: str, records: Expected) -> list[tuple[int, int, bytes | None, bytes | None]]:
+def kafka_python_round_trip(
+    port: int, topic: str, records: Expected
+) -> list[tuple[int, int, bytes | None, bytes | None]]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import KafkaAdminClient, NewTopic
 
@@ -78,8 +78,12 @@ def kafka_python_round_trip(port: int, topic: str, records: Expected) -> list[tu
     for (partition, _, _), meta in zip(records, metadata, strict=True):
         assert (meta.partition, meta.offset) == (partition, counters[partition])
         counters[partition] += 1
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=5000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=5000,
+    )
     try:
         partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         consumer.assign(partitions)
@@ -124,8 +128,9 @@ async def test_aiokafka_produces_and_consumes_byte_for_byte(tmp_path: Path) -> N
             await admin.create_topics([NewTopic("aio", PARTITIONS, 1)])
         finally:
             await admin.close()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type="gzip",
-                                    enable_idempotence=True)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, compression_type="gzip", enable_idempotence=True
+        )
         await producer.start()
         try:
             futures = [await producer.send("aio", key=k, value=v, partition=p) for p, k, v in records]
@@ -133,8 +138,9 @@ async def test_aiokafka_produces_and_consumes_byte_for_byte(tmp_path: Path) -> N
         finally:
             await producer.stop()
         assert [m.offset for m in metadata if m.partition == 0] == list(range(1_000))
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                    enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+        )
         await consumer.start()
         consumed = []
         try:
@@ -153,7 +159,9 @@ async def test_aiokafka_produces_and_consumes_byte_for_byte(tmp_path: Path) -> N
 # ------------------------------------------------------------------------------ confluent-kafka
 
 
-def confluent_produce(port: int, topic: str, records: Expected, *, create: bool = True) -> list[tuple[int, int]]:
+def confluent_produce(
+    port: int, topic: str, records: Expected, *, create: bool = True
+) -> list[tuple[int, int]]:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -163,10 +171,15 @@ def confluent_produce(port: int, topic: str, records: Expected, *, create: bool 
         futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
         for future in futures.values():
             future.result(30)
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "compression.type": "gzip", "enable.idempotence": True,
-        "linger.ms": 20, "queue.buffering.max.messages": 200_000,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": "gzip",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "queue.buffering.max.messages": 200_000,
+        }
+    )
     delivered: list[tuple[int, int]] = []
     errors: list[str] = []
 
@@ -187,10 +200,14 @@ def confluent_produce(port: int, topic: str, records: Expected, *, create: bool 
 def confluent_consume(port: int, topic: str, count: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": f"127.0.0.1:{port}", "group.id": "unused", "enable.auto.commit": False,
-        "fetch.wait.max.ms": 100,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "unused",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     consumed = []
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
@@ -223,8 +240,9 @@ async def test_confluent_kafka_100k_records_byte_for_byte(tmp_path: Path) -> Non
 def confluent_produce_compressed(port: int, topic: str, codec: str, records: Expected) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "compression.type": codec,
-                         "linger.ms": 20})
+    producer = Producer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "compression.type": codec, "linger.ms": 20}
+    )
     for partition, key, value in records:
         producer.produce(topic, key=key, value=value, partition=partition)
     assert producer.flush(60) == 0
@@ -247,7 +265,9 @@ async def test_snappy_lz4_and_zstd_batches_from_librdkafka_and_aiokafka(tmp_path
             producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", compression_type=codec)
             await producer.start()
             try:
-                futures = [await producer.send(f"aio-{codec}", key=k, value=v, partition=p) for p, k, v in records]
+                futures = [
+                    await producer.send(f"aio-{codec}", key=k, value=v, partition=p) for p, k, v in records
+                ]
                 for future in futures:
                     await future
             finally:
@@ -263,14 +283,23 @@ def timestamps_and_headers(port: int) -> tuple[list[tuple], dict[int, int], dict
     producer = KafkaProducer(bootstrap_servers=bootstrap, compression_type="gzip")
     try:
         for i in range(10):
-            producer.send("stamped", key=b"k%d" % i, value=b"v%d" % i, partition=0,
-                          timestamp_ms=1_700_000_000_000 + 1000 * i,
-                          headers=[("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [])
+            producer.send(
+                "stamped",
+                key=b"k%d" % i,
+                value=b"v%d" % i,
+                partition=0,
+                timestamp_ms=1_700_000_000_000 + 1000 * i,
+                headers=[("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [],
+            )
         producer.flush(30)
     finally:
         producer.close()
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             enable_auto_commit=False, consumer_timeout_ms=3000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=3000,
+    )
     try:
         tp = TopicPartition("stamped", 0)
         consumer.assign([tp])
@@ -280,8 +309,14 @@ def timestamps_and_headers(port: int) -> tuple[list[tuple], dict[int, int], dict
         after_all = consumer.offsets_for_times({tp: 1_800_000_000_000})
     finally:
         consumer.close()
-    return got, {"mid": (by_time[tp].offset, by_time[tp].timestamp),
-                 "exact": (exact[tp].offset, exact[tp].timestamp)}, {"after": after_all[tp]}
+    return (
+        got,
+        {
+            "mid": (by_time[tp].offset, by_time[tp].timestamp),
+            "exact": (exact[tp].offset, exact[tp].timestamp),
+        },
+        {"after": after_all[tp]},
+    )
 
 
 async def test_timestamps_and_headers_are_kept_and_offsets_found_by_time(tmp_path: Path) -> None:
@@ -289,8 +324,13 @@ async def test_timestamps_and_headers_are_kept_and_offsets_found_by_time(tmp_pat
         await client.create_topic("stamped", 1)
         got, found, after = await anyio.to_thread.run_sync(timestamps_and_headers, daemon.kafka_port)
     assert got == [
-        (i, 1_700_000_000_000 + 1000 * i, b"k%d" % i, b"v%d" % i,
-         [("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [])
+        (
+            i,
+            1_700_000_000_000 + 1000 * i,
+            b"k%d" % i,
+            b"v%d" % i,
+            [("trace", b"t%d" % i), ("empty", b"")] if i % 2 else [],
+        )
         for i in range(10)
     ]
     assert found == {"mid": (5, 1_700_000_005_000), "exact": (3, 1_700_000_003_000)}
@@ -303,22 +343,39 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("http-stamped", 1)
         async with httpx.AsyncClient(base_url=daemon.url) as http:
-            answer = await http.post("/v1/topics/http-stamped/partitions/0/records", json={"records": [
-                {"value": "YQ==", "timestamp_ms": 1_700_000_000_001, "headers": [["h", "eA=="], ["n", None]]},
-                {"value": "Yg=="},
-            ]})
+            answer = await http.post(
+                "/v1/topics/http-stamped/partitions/0/records",
+                json={
+                    "records": [
+                        {
+                            "value": "YQ==",
+                            "timestamp_ms": 1_700_000_000_001,
+                            "headers": [["h", "eA=="], ["n", None]],
+                        },
+                        {"value": "Yg=="},
+                    ]
+                },
+            )
             assert answer.status_code == 200, answer.text
             body = (await http.get("/v1/topics/http-stamped/partitions/0/records")).json()
         assert body["records"] == [
-            {"offset": 0, "key": None, "value": "YQ==", "timestamp_ms": 1_700_000_000_001,
-             "headers": [["h", "eA=="], ["n", None]]},
+            {
+                "offset": 0,
+                "key": None,
+                "value": "YQ==",
+                "timestamp_ms": 1_700_000_000_001,
+                "headers": [["h", "eA=="], ["n", None]],
+            },
             {"offset": 1, "key": None, "value": "Yg=="},
         ]
         from kafka import KafkaConsumer, TopicPartition
 
         def read() -> list[tuple]:
-            consumer = KafkaConsumer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
-                                     auto_offset_reset="earliest", consumer_timeout_ms=3000)
+            consumer = KafkaConsumer(
+                bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
+                auto_offset_reset="earliest",
+                consumer_timeout_ms=3000,
+            )
             try:
                 consumer.assign([TopicPartition("http-stamped", 0)])
                 return [(m.timestamp, m.value, list(m.headers)) for m in consumer]
@@ -340,21 +397,31 @@ async def test_a_record_set_at_batch_bytes_max_by_the_size_rule_is_stored_and_on
 
     limit = 16 * 1024
     at_limit = limit - 100 - 4 - 8
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
-                                 batcher__batch_bytes_max=limit) as (daemon, client):
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__batch_bytes_max=limit) as (
+        daemon,
+        client,
+    ):
         await client.create_topic("sized", 1)
         producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}")
         await producer.start()
         try:
             sent = await producer.send_and_wait(
-                "sized", key=b"k" * 100, value=b"v" * at_limit, partition=0,
-                timestamp_ms=1_700_000_000_000, headers=[("h", b"xyz")],
+                "sized",
+                key=b"k" * 100,
+                value=b"v" * at_limit,
+                partition=0,
+                timestamp_ms=1_700_000_000_000,
+                headers=[("h", b"xyz")],
             )
             assert (sent.partition, sent.offset) == (0, 0)
             with pytest.raises(MessageSizeTooLargeError):
                 await producer.send_and_wait(
-                    "sized", key=b"k" * 100, value=b"v" * (at_limit + 1), partition=0,
-                    timestamp_ms=1_700_000_000_000, headers=[("h", b"xyz")],
+                    "sized",
+                    key=b"k" * 100,
+                    value=b"v" * (at_limit + 1),
+                    partition=0,
+                    timestamp_ms=1_700_000_000_000,
+                    headers=[("h", b"xyz")],
                 )
         finally:
             await producer.stop()

@@ -23,10 +23,14 @@ def librdkafka_consume_from(port: int, topic: str, offset: int, count: int) -> l
     """Assign partition 0 at `offset` with auto.offset.reset=earliest, as `kcat -o N` does."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": f"127.0.0.1:{port}", "group.id": "fetch-reset",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "fetch-reset",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     got: list[tuple[int, bytes]] = []
     try:
         consumer.assign([TopicPartition(topic, 0, offset)])
@@ -56,8 +60,9 @@ def kafka_python_consume_all(port: int, topic: str, partitions: int, count: int)
     """Records read per partition, with kafka-python's default fetch sizes."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=f"127.0.0.1:{port}", auto_offset_reset="earliest",
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=f"127.0.0.1:{port}", auto_offset_reset="earliest", enable_auto_commit=False
+    )
     seen: dict[int, int] = {}
     try:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])

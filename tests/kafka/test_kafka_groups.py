@@ -38,11 +38,17 @@ def produce(port: int, per_partition: int, first: int, create: bool) -> None:
 def consumer(port: int, on_revoke=None):  # noqa: ANN001, ANN201 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
 
-    made = Consumer({
-        "bootstrap.servers": f"127.0.0.1:{port}", "group.id": "readers",
-        "auto.offset.reset": "earliest", "enable.auto.commit": False,
-        "session.timeout.ms": 6000, "heartbeat.interval.ms": 200, "fetch.wait.max.ms": 100,
-    })
+    made = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "readers",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 200,
+            "fetch.wait.max.ms": 100,
+        }
+    )
     if on_revoke is None:
         made.subscribe([TOPIC])
     else:
@@ -139,8 +145,13 @@ async def test_aiokafka_group_commits_and_reads_its_offsets_back(tmp_path: Path)
                 await producer.send_and_wait("aio-group", value=b"%d" % i, partition=i % 2)
         finally:
             await producer.stop()
-        reader = AIOKafkaConsumer("aio-group", bootstrap_servers=bootstrap, group_id="aio",
-                                  auto_offset_reset="earliest", enable_auto_commit=False)
+        reader = AIOKafkaConsumer(
+            "aio-group",
+            bootstrap_servers=bootstrap,
+            group_id="aio",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
         await reader.start()
         try:
             values = []
@@ -157,7 +168,9 @@ async def test_aiokafka_group_commits_and_reads_its_offsets_back(tmp_path: Path)
             await reader.stop()
         rows = await daemon.node.log_store.committed_offsets("aio")
         assert [(r.topic, r.partition, r.committed_offset) for r in rows] == [
-            ("aio-group", 0, 7), ("aio-group", 1, 10)]
+            ("aio-group", 0, 7),
+            ("aio-group", 1, 10),
+        ]
 
 
 class FakeClock:
@@ -212,6 +225,7 @@ async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
     protocols = [("range", b"meta")]
     results = []
     async with anyio.create_task_group() as tg:
+
         async def join(member: str) -> None:
             results.append(await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols))
 

@@ -23,11 +23,16 @@ def produce_through_a_kill(process: DaemonProcess, kafka_port: int) -> list[str]
     from confluent_kafka import Producer
 
     errors: list[str] = []
-    producer = Producer({
-        "bootstrap.servers": f"127.0.0.1:{kafka_port}", "enable.idempotence": True,
-        "linger.ms": 5, "message.timeout.ms": 120_000, "reconnect.backoff.ms": 50,
-        "reconnect.backoff.max.ms": 500,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{kafka_port}",
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 120_000,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
 
     def on_delivery(err, message) -> None:  # noqa: ANN001
         if err is not None:
@@ -52,7 +57,9 @@ def produce_through_a_kill(process: DaemonProcess, kafka_port: int) -> list[str]
 
 def test_an_idempotent_producer_through_a_sigkill_stores_each_record_once(tmp_path: Path) -> None:
     kafka_port = free_port()
-    process = DaemonProcess(tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"})
+    process = DaemonProcess(
+        tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"}
+    )
     try:
         process.start()
         with process.http() as http:
@@ -64,8 +71,9 @@ def test_an_idempotent_producer_through_a_sigkill_stores_each_record_once(tmp_pa
                 values: list[bytes] = []
                 offset = 0
                 for _ in range(1_000):
-                    body = http.get(f"/v1/topics/{TOPIC}/partitions/{partition}/records",
-                                    params={"offset": offset}).json()
+                    body = http.get(
+                        f"/v1/topics/{TOPIC}/partitions/{partition}/records", params={"offset": offset}
+                    ).json()
                     values += [r["value"] for r in body["records"]]
                     offset = body["next_offset"]
                     if offset >= body["high_watermark"]:
@@ -107,13 +115,21 @@ async def stored_before_a_sigkill_then_retried(tmp_path: Path, control_env: dict
             assert http.post("/v1/topics", json={"name": TOPIC, "partitions": 1}).status_code == 201
         wire = await Wire.connect(kafka_port)
         try:
-            init = await wire.request(22, 4, transactional_id=None, transaction_timeout=60_000 * MS,
-                                      producer_id=-1, producer_epoch=-1)
+            init = await wire.request(
+                22,
+                4,
+                transactional_id=None,
+                transaction_timeout=60_000 * MS,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
             pid = init.producer_id
             first = client_batch([(0, b"k", b"a", []), (0, b"k", b"b", [])], producer_id=pid, base_sequence=0)
             second = client_batch([(0, b"k", b"c", [])], producer_id=pid, base_sequence=2)
-            offsets = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0].base_offset
-                       for b in (first, second)]
+            offsets = [
+                (await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0].base_offset
+                for b in (first, second)
+            ]
             assert offsets == [0, 2]
         finally:
             await wire.aclose()
@@ -122,9 +138,14 @@ async def stored_before_a_sigkill_then_retried(tmp_path: Path, control_env: dict
         process.start()
         wire = await Wire.connect(kafka_port)
         try:
-            answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
-                       for b in (first, second)]
-            assert [(a.error_code, a.base_offset) for a in answers] == [(ErrorCode.none, 0), (ErrorCode.none, 2)]
+            answers = [
+                (await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                for b in (first, second)
+            ]
+            assert [(a.error_code, a.base_offset) for a in answers] == [
+                (ErrorCode.none, 0),
+                (ErrorCode.none, 2),
+            ]
             assert (await list_offsets(wire, TOPIC, 0, -1)).offset == 3  # nothing stored twice
             third = client_batch([(0, b"k", b"d", [])], producer_id=pid, base_sequence=3)
             assert (await produce(wire, TOPIC, 0, third)).responses[0].partition_responses[0].base_offset == 3
@@ -162,8 +183,10 @@ async def test_a_batch_whose_sequence_row_was_lost_is_recognised_from_its_placeh
             await client.produce(TOPIC, 0, [b"before"])  # offset 0: not a producer's
             wire = await Wire.connect(daemon.kafka_port)
             try:
-                answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
-                           for b in (first, second)]
+                answers = [
+                    (await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                    for b in (first, second)
+                ]
                 # Stored, but the acknowledgement failed with the sequence commit.
                 assert all(a.error_code != ErrorCode.none for a in answers)
             finally:
@@ -171,9 +194,14 @@ async def test_a_batch_whose_sequence_row_was_lost_is_recognised_from_its_placeh
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         wire = await Wire.connect(daemon.kafka_port)
         try:
-            answers = [(await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
-                       for b in (first, second)]
-            assert [(a.error_code, a.base_offset) for a in answers] == [(ErrorCode.none, 1), (ErrorCode.none, 3)]
+            answers = [
+                (await produce(wire, TOPIC, 0, b)).responses[0].partition_responses[0]
+                for b in (first, second)
+            ]
+            assert [(a.error_code, a.base_offset) for a in answers] == [
+                (ErrorCode.none, 1),
+                (ErrorCode.none, 3),
+            ]
             assert (await list_offsets(wire, TOPIC, 0, -1)).offset == 4  # nothing stored twice
         finally:
             await wire.aclose()

@@ -49,8 +49,16 @@ class Wire:
         self.correlation += 1
         out = io.BytesIO()
         header_cls = cls.__header_schema__
-        entity_writer(header_cls)(out, make(header_cls, request_api_key=api_key, request_api_version=version,
-                                            correlation_id=self.correlation, client_id="wire-test"))
+        entity_writer(header_cls)(
+            out,
+            make(
+                header_cls,
+                request_api_key=api_key,
+                request_api_version=version,
+                correlation_id=self.correlation,
+                client_id="wire-test",
+            ),
+        )
         entity_writer(cls)(out, make(cls, **fields))
         payload = out.getvalue()
         await self.stream.send(struct.pack(">i", len(payload)) + payload)
@@ -92,44 +100,79 @@ def module_of(api_key: int, version: int, kind: str = "request") -> Any:
 
 async def create_topic(wire: Wire, name: str, partitions: int) -> None:
     m = module_of(19, 7)
-    topic = make(m.CreatableTopic, name=name, num_partitions=partitions, replication_factor=1,
-                 assignments=(), configs=())
+    topic = make(
+        m.CreatableTopic,
+        name=name,
+        num_partitions=partitions,
+        replication_factor=1,
+        assignments=(),
+        configs=(),
+    )
     response = await wire.request(19, 7, topics=(topic,), timeout=1000 * MS, validate_only=False)
     assert response.topics[0].error_code == ErrorCode.none, response
 
 
 async def produce(wire: Wire, topic: str, partition: int, records: bytes, acks: int = -1) -> Any:
     m = module_of(0, 9)
-    data = make(m.TopicProduceData, name=topic,
-                partition_data=(make(m.PartitionProduceData, index=partition, records=records),))
+    data = make(
+        m.TopicProduceData,
+        name=topic,
+        partition_data=(make(m.PartitionProduceData, index=partition, records=records),),
+    )
     return await wire.request(0, 9, transactional_id=None, acks=acks, timeout=5000 * MS, topic_data=(data,))
 
 
-async def fetch(wire: Wire, topic: str, partition: int, offset: int, *, max_wait_ms: int = 0,
-                min_bytes: int = 1) -> Any:
+async def fetch(
+    wire: Wire, topic: str, partition: int, offset: int, *, max_wait_ms: int = 0, min_bytes: int = 1
+) -> Any:
     m = module_of(1, 12)
-    part = make(m.FetchPartition, partition=partition, current_leader_epoch=-1, fetch_offset=offset,
-                last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20)
+    part = make(
+        m.FetchPartition,
+        partition=partition,
+        current_leader_epoch=-1,
+        fetch_offset=offset,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=1 << 20,
+    )
     return await wire.request(
-        1, 12, replica_id=-1, max_wait=max_wait_ms * MS, min_bytes=min_bytes, max_bytes=1 << 24,
-        isolation_level=0, session_id=0, session_epoch=-1,
-        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),), forgotten_topics_data=(), rack_id="",
+        1,
+        12,
+        replica_id=-1,
+        max_wait=max_wait_ms * MS,
+        min_bytes=min_bytes,
+        max_bytes=1 << 24,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
+        forgotten_topics_data=(),
+        rack_id="",
     )
 
 
 async def list_offsets(wire: Wire, topic: str, partition: int, timestamp: int) -> Any:
     m = module_of(2, 7)
-    part = make(m.ListOffsetsPartition, partition_index=partition, current_leader_epoch=-1,
-                timestamp=timestamp)
-    response = await wire.request(2, 7, replica_id=-1, isolation_level=0,
-                                  topics=(make(m.ListOffsetsTopic, name=topic, partitions=(part,)),))
+    part = make(
+        m.ListOffsetsPartition, partition_index=partition, current_leader_epoch=-1, timestamp=timestamp
+    )
+    response = await wire.request(
+        2,
+        7,
+        replica_id=-1,
+        isolation_level=0,
+        topics=(make(m.ListOffsetsTopic, name=topic, partitions=(part,)),),
+    )
     return response.topics[0].partitions[0]
 
 
 def records_of(fetch_response: Any) -> list[tuple[int, bytes | None, bytes | None]]:
     data = fetch_response.responses[0].partitions[0].records or b""
-    return [(b.base_offset + r.offset_delta, r.key, r.value)
-            for b in kr.decode_batches(bytes(data)) for r in b.records]
+    return [
+        (b.base_offset + r.offset_delta, r.key, r.value)
+        for b in kr.decode_batches(bytes(data))
+        for r in b.records
+    ]
 
 
 # ------------------------------------------------------------------------------ tests
@@ -141,21 +184,51 @@ async def test_errors_map_to_kafka_codes(tmp_path: Path) -> None:
         try:
             await create_topic(wire, "errs", 2)
             m = module_of(19, 7)
-            again = await wire.request(19, 7, topics=(make(m.CreatableTopic, name="errs", num_partitions=1,
-                                       replication_factor=1, assignments=(), configs=()),),
-                                       timeout=1000 * MS, validate_only=False)
+            again = await wire.request(
+                19,
+                7,
+                topics=(
+                    make(
+                        m.CreatableTopic,
+                        name="errs",
+                        num_partitions=1,
+                        replication_factor=1,
+                        assignments=(),
+                        configs=(),
+                    ),
+                ),
+                timeout=1000 * MS,
+                validate_only=False,
+            )
             assert again.topics[0].error_code == ErrorCode.topic_already_exists
-            bad_name = await wire.request(19, 7, topics=(make(m.CreatableTopic, name="a/b", num_partitions=1,
-                                          replication_factor=1, assignments=(), configs=()),),
-                                          timeout=1000 * MS, validate_only=False)
+            bad_name = await wire.request(
+                19,
+                7,
+                topics=(
+                    make(
+                        m.CreatableTopic,
+                        name="a/b",
+                        num_partitions=1,
+                        replication_factor=1,
+                        assignments=(),
+                        configs=(),
+                    ),
+                ),
+                timeout=1000 * MS,
+                validate_only=False,
+            )
             assert bad_name.topics[0].error_code == ErrorCode.invalid_topic_exception
 
             batch = client_batch([(0, b"k", b"v", [])])
             unknown = await produce(wire, "nope", 0, batch)
-            assert unknown.responses[0].partition_responses[0].error_code == ErrorCode.unknown_topic_or_partition
+            assert (
+                unknown.responses[0].partition_responses[0].error_code == ErrorCode.unknown_topic_or_partition
+            )
             unknown_partition = await produce(wire, "errs", 5, batch)
-            assert unknown_partition.responses[0].partition_responses[0].error_code == \
-                ErrorCode.unknown_topic_or_partition
+            assert (
+                unknown_partition.responses[0].partition_responses[0].error_code
+                == ErrorCode.unknown_topic_or_partition
+            )
             corrupt = bytearray(batch)
             corrupt[-1] ^= 0xFF
             refused = await produce(wire, "errs", 0, bytes(corrupt))
@@ -166,10 +239,13 @@ async def test_errors_map_to_kafka_codes(tmp_path: Path) -> None:
             assert stored.responses[0].partition_responses[0].error_code == ErrorCode.none
             past = await fetch(wire, "errs", 0, 5)
             assert past.responses[0].partitions[0].error_code == ErrorCode.offset_out_of_range
-            metadata = await wire.request(3, 12, topics=(make(module_of(3, 12).MetadataRequestTopic,
-                                          topic_id=None, name="nope"),),
-                                          allow_auto_topic_creation=False,
-                                          include_topic_authorized_operations=False)
+            metadata = await wire.request(
+                3,
+                12,
+                topics=(make(module_of(3, 12).MetadataRequestTopic, topic_id=None, name="nope"),),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
             assert metadata.topics[0].error_code == ErrorCode.unknown_topic_or_partition
             assert (metadata.brokers[0].host, metadata.brokers[0].port) == ("127.0.0.1", daemon.kafka_port)
         finally:
@@ -182,14 +258,26 @@ async def test_a_retried_idempotent_batch_is_stored_once(tmp_path: Path) -> None
         retry = await Wire.connect(daemon.kafka_port)
         try:
             await create_topic(first, "idem", 1)
-            init = await first.request(22, 4, transactional_id=None, transaction_timeout=60_000 * MS,
-                                       producer_id=-1, producer_epoch=-1)
+            init = await first.request(
+                22,
+                4,
+                transactional_id=None,
+                transaction_timeout=60_000 * MS,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
             assert init.error_code == ErrorCode.none and init.producer_id >= 0
             pid = init.producer_id
-            batch0 = client_batch([(0, b"a", b"1", []), (0, b"b", b"2", [])], producer_id=pid, base_sequence=0)
+            batch0 = client_batch(
+                [(0, b"a", b"1", []), (0, b"b", b"2", [])], producer_id=pid, base_sequence=0
+            )
             batch1 = client_batch([(0, b"c", b"3", [])], producer_id=pid, base_sequence=2)
-            answers = [await produce(first, "idem", 0, batch0), await produce(retry, "idem", 0, batch0),
-                       await produce(retry, "idem", 0, batch1), await produce(first, "idem", 0, batch1)]
+            answers = [
+                await produce(first, "idem", 0, batch0),
+                await produce(retry, "idem", 0, batch0),
+                await produce(retry, "idem", 0, batch1),
+                await produce(first, "idem", 0, batch1),
+            ]
             offsets = [a.responses[0].partition_responses[0].base_offset for a in answers]
             assert offsets == [0, 0, 2, 2]
             assert (await list_offsets(first, "idem", 0, -1)).offset == 3
@@ -197,8 +285,10 @@ async def test_a_retried_idempotent_batch_is_stored_once(tmp_path: Path) -> None
             assert [(r.key, r.value) for r in fetched.records] == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
             # A producer that is not idempotent (-1) is not de-duplicated.
             plain = client_batch([(0, b"d", b"4", [])])
-            assert [(await produce(first, "idem", 0, plain)).responses[0].partition_responses[0].base_offset
-                    for _ in range(2)] == [3, 4]
+            assert [
+                (await produce(first, "idem", 0, plain)).responses[0].partition_responses[0].base_offset
+                for _ in range(2)
+            ] == [3, 4]
         finally:
             await first.aclose()
             await retry.aclose()
@@ -214,6 +304,7 @@ async def test_a_long_poll_returns_records_produced_while_it_waits(tmp_path: Pat
             assert records_of(empty) == [] and empty.responses[0].partitions[0].high_watermark == 0
             result: list[Any] = []
             async with anyio.create_task_group() as tg:
+
                 async def long_poll() -> None:
                     result.append(await fetch(consumer, "poll", 0, 0, max_wait_ms=20_000))
 
@@ -260,8 +351,9 @@ BAD_FRAMES = {
 
 @pytest.mark.parametrize("name", sorted(BAD_FRAMES))
 async def test_a_bad_frame_closes_its_connection_and_nothing_else(tmp_path: Path, name: str) -> None:
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
-                                 kafka__frame_bytes_max=1024 * 1024) as (daemon, _):
+    async with daemon_and_client(
+        tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=1024 * 1024
+    ) as (daemon, _):
         healthy = await Wire.connect(daemon.kafka_port)
         bad = await Wire.connect(daemon.kafka_port)
         try:
@@ -284,10 +376,15 @@ async def test_fuzzed_frames_never_crash_the_listener(tmp_path: Path) -> None:
         setup = await Wire.connect(daemon.kafka_port)
         await create_topic(setup, "fuzz", 2)
         await setup.aclose()
-        seeds = [_encode_request(0, 9, _produce_fields("fuzz", client_batch([(0, b"k", b"v" * 40, [])]))),
-                 _encode_request(3, 12, dict(topics=None, allow_auto_topic_creation=False,
-                                             include_topic_authorized_operations=False)),
-                 _encode_request(18, 3, dict(client_software_name="x", client_software_version="1"))]
+        seeds = [
+            _encode_request(0, 9, _produce_fields("fuzz", client_batch([(0, b"k", b"v" * 40, [])]))),
+            _encode_request(
+                3,
+                12,
+                dict(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False),
+            ),
+            _encode_request(18, 3, dict(client_software_name="x", client_software_version="1")),
+        ]
         for _ in range(150):
             payload = bytearray(rng.choice(seeds))
             for _ in range(rng.randint(1, 6)):
@@ -313,8 +410,11 @@ async def test_fuzzed_frames_never_crash_the_listener(tmp_path: Path) -> None:
 
 def _produce_fields(topic: str, records: bytes) -> dict[str, Any]:
     m = module_of(0, 9)
-    data = make(m.TopicProduceData, name=topic,
-                partition_data=(make(m.PartitionProduceData, index=0, records=records),))
+    data = make(
+        m.TopicProduceData,
+        name=topic,
+        partition_data=(make(m.PartitionProduceData, index=0, records=records),),
+    )
     return dict(transactional_id=None, acks=-1, timeout=1000 * MS, topic_data=(data,))
 
 
@@ -322,8 +422,16 @@ def _encode_request(api_key: int, version: int, fields: dict[str, Any]) -> bytes
     cls = load_request_schema(api_key, version)
     out = io.BytesIO()
     header_cls = cls.__header_schema__
-    entity_writer(header_cls)(out, make(header_cls, request_api_key=api_key, request_api_version=version,
-                                        correlation_id=1, client_id="fuzz"))
+    entity_writer(header_cls)(
+        out,
+        make(
+            header_cls,
+            request_api_key=api_key,
+            request_api_version=version,
+            correlation_id=1,
+            client_id="fuzz",
+        ),
+    )
     entity_writer(cls)(out, make(cls, **fields))
     return out.getvalue()
 
@@ -359,8 +467,13 @@ async def test_request_bytes_are_bounded_as_they_arrive(tmp_path: Path) -> None:
     inflight_bytes_max a reader waits instead of reading, a frame whose body stops coming is
     closed after frame_timeout_s, and every closed connection gives its bytes back."""
     mib = 1024 * 1024
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=mib,
-                                 kafka__inflight_bytes_max=2 * mib, kafka__frame_timeout_s=2.0) as (daemon, _):
+    async with daemon_and_client(
+        tmp_path,
+        kafka__listen="127.0.0.1:0",
+        kafka__frame_bytes_max=mib,
+        kafka__inflight_bytes_max=2 * mib,
+        kafka__frame_timeout_s=2.0,
+    ) as (daemon, _):
         budget = daemon.kafka.budget
         stalled = [await Wire.connect(daemon.kafka_port) for _ in range(3)]
         for wire in stalled:  # 1 MiB announced, all but a byte sent: the body never completes
@@ -380,15 +493,18 @@ async def test_request_bytes_are_bounded_as_they_arrive(tmp_path: Path) -> None:
                 await wire.aclose()
         assert budget.used == 0
         try:  # a small request passes once the budget is free again
-            assert (await healthy.request(18, 3, client_software_name="t",
-                                          client_software_version="1")).error_code == ErrorCode.none
+            assert (
+                await healthy.request(18, 3, client_software_name="t", client_software_version="1")
+            ).error_code == ErrorCode.none
         finally:
             await healthy.aclose()
 
 
 async def test_a_connection_that_never_speaks_is_closed(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0",
-                                 kafka__header_timeout_s=0.5) as (daemon, _):
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__header_timeout_s=0.5) as (
+        daemon,
+        _,
+    ):
         silent = await Wire.connect(daemon.kafka_port)
         try:
             assert await silent.frame() is None

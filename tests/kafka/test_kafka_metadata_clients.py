@@ -72,8 +72,11 @@ async def test_every_client_lists_every_topic_with_its_partitions(tmp_path: Path
 async def test_bytes_after_a_whole_request_are_ignored(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("alpha", 3)
-        payload = _encode_request(3, 12, dict(topics=None, allow_auto_topic_creation=False,
-                                              include_topic_authorized_operations=False))
+        payload = _encode_request(
+            3,
+            12,
+            dict(topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False),
+        )
         payload += b"\x01\x00\x00"  # what librdkafka 2.x appends to this request
         wire = await Wire.connect(daemon.kafka_port)
         try:

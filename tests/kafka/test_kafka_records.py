@@ -12,11 +12,20 @@ from levelzero.kafka import records as kr
 from levelzero.core.producers import BATCHES_REMEMBERED, ProducerSequences
 
 
-def client_batch(records: list[tuple[int, bytes | None, bytes | None, list]], compression: int = 0,
-                 producer_id: int = -1, base_sequence: int = -1) -> bytes:
+def client_batch(
+    records: list[tuple[int, bytes | None, bytes | None, list]],
+    compression: int = 0,
+    producer_id: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=compression, is_transactional=False, producer_id=producer_id,
-        producer_epoch=0 if producer_id >= 0 else -1, base_sequence=base_sequence, batch_size=1 << 24,
+        magic=2,
+        compression_type=compression,
+        is_transactional=False,
+        producer_id=producer_id,
+        producer_epoch=0 if producer_id >= 0 else -1,
+        base_sequence=base_sequence,
+        batch_size=1 << 24,
     )
     for offset, (timestamp, key, value, headers) in enumerate(records):
         builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
@@ -45,7 +54,11 @@ def test_decodes_what_a_client_encodes(compression: int) -> None:
     assert len(batches) == 2
     first = batches[0]
     assert (first.compression, first.producer_id, first.producer_epoch, first.base_sequence) == (
-        compression, 42, 0, 7)
+        compression,
+        42,
+        0,
+        7,
+    )
     assert first.last_offset_delta == 499
     decoded = [(r.timestamp_ms, r.key, r.value, list(r.headers)) for r in first.records]
     assert decoded == [(t, k, v, h) for t, k, v, h in records]
@@ -172,11 +185,15 @@ def test_xerial_framed_snappy_is_read() -> None:
     import cramjam
 
     plain = client_batch(sample(50, seed=8))
-    body = plain[kr.BATCH_HEADER_BYTES:]
+    body = plain[kr.BATCH_HEADER_BYTES :]
     half = len(body) // 2
     blocks = [bytes(cramjam.snappy.compress_raw(part)) for part in (body[:half], body[half:])]
-    framed = kr.XERIAL_MAGIC + (1).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"".join(
-        len(b).to_bytes(4, "big") + b for b in blocks)
+    framed = (
+        kr.XERIAL_MAGIC
+        + (1).to_bytes(4, "big")
+        + (1).to_bytes(4, "big")
+        + b"".join(len(b).to_bytes(4, "big") + b for b in blocks)
+    )
     (batch,) = kr.decode_batches(recompressed(plain, kr.COMPRESSION_SNAPPY, framed))
     assert [(r.key, r.value) for r in batch.records] == [(k, v) for _, k, v, _ in sample(50, seed=8)]
 
@@ -208,23 +225,27 @@ def test_the_compiled_codec_is_used_and_agrees_with_the_python_one() -> None:
     assert kr._AIOKAFKA, "aiokafka's compiled record codec is not installed"
     rng = random.Random(5)
     records = [
-        kr.KafkaRecord(i, 1_700_000_000_000 + rng.randrange(-5, 1000),
-                       None if i % 7 == 0 else rng.randbytes(rng.randrange(0, 40)),
-                       None if i % 11 == 0 else rng.randbytes(rng.randrange(0, 300)),
-                       (("h", rng.randbytes(3)), ("n", None)) if i % 5 == 0 else ())
+        kr.KafkaRecord(
+            i,
+            1_700_000_000_000 + rng.randrange(-5, 1000),
+            None if i % 7 == 0 else rng.randbytes(rng.randrange(0, 40)),
+            None if i % 11 == 0 else rng.randbytes(rng.randrange(0, 300)),
+            (("h", rng.randbytes(3)), ("n", None)) if i % 5 == 0 else (),
+        )
         for i in range(500)
     ]
     compiled = kr.encode_batch(1234, records)
     (batch,) = kr.decode_batches(compiled)
     assert batch.base_offset == 1234 and batch.records == records
-    body = compiled[kr.BATCH_HEADER_BYTES:]
+    body = compiled[kr.BATCH_HEADER_BYTES :]
     assert kr._decode_records(body, len(records), batch.base_timestamp_ms) == records
     python = kr.encode_batch(1234, records, compression=kr.COMPRESSION_GZIP)  # the Python path
     assert kr.decode_batches(python)[0].records == records
     # What the node stores, decoded straight from the batch (a null value is stored empty).
     (stored,) = kr.decode_batches(compiled, stored=True)
     assert [(r.key, r.value, r.timestamp_ms, r.headers) for r in stored.records] == [
-        (r.key, r.value or b"", r.timestamp_ms, r.headers) for r in records]
+        (r.key, r.value or b"", r.timestamp_ms, r.headers) for r in records
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kr, "_AIOKAFKA", False)
         assert kr.decode_batches(compiled, stored=True)[0].records == stored.records

@@ -17,8 +17,13 @@ def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    common = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
-              "sasl.mechanisms": "PLAIN", "sasl.username": "app", "sasl.password": password}
+    common = {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "PLAIN",
+        "sasl.username": "app",
+        "sasl.password": password,
+    }
     admin = AdminClient(common)
     for future in admin.create_topics([NewTopic("secured", 1, 1)]).values():
         future.result(30)
@@ -45,9 +50,16 @@ def wrong_password_fails(port: int) -> str:
     from confluent_kafka.admin import AdminClient
 
     errors: list[str] = []
-    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SASL_PLAINTEXT",
-                         "sasl.mechanisms": "PLAIN", "sasl.username": "app", "sasl.password": "wrong-password",
-                         "error_cb": lambda err: errors.append(str(err))})
+    admin = AdminClient(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanisms": "PLAIN",
+            "sasl.username": "app",
+            "sasl.password": "wrong-password",
+            "error_cb": lambda err: errors.append(str(err)),
+        }
+    )
     try:
         admin.list_topics(timeout=3)
     except Exception as exc:  # noqa: BLE001 - librdkafka's KafkaException
@@ -60,8 +72,10 @@ def wrong_password_fails(port: int) -> str:
 
 
 async def test_clients_authenticate_with_the_token(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
-                                 kafka__listen="127.0.0.1:0") as (daemon, client):
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
+        daemon,
+        client,
+    ):
         got = await anyio.to_thread.run_sync(sasl_round_trip, daemon.kafka_port, TOKEN)
         assert got == [(i, b"v%d" % i) for i in range(20)]
         assert (await client.fetch("secured", 0, offset=0)).high_watermark == 20
@@ -73,12 +87,18 @@ async def test_clients_authenticate_with_the_token(tmp_path: Path) -> None:
 async def test_aiokafka_sasl_plain(tmp_path: Path) -> None:
     from aiokafka import AIOKafkaProducer
 
-    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
-                                 kafka__listen="127.0.0.1:0") as (daemon, client):
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
+        daemon,
+        client,
+    ):
         await client.create_topic("aio-sasl", 1)
-        producer = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
-                                    security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
-                                    sasl_plain_username="app", sasl_plain_password=TOKEN)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=f"127.0.0.1:{daemon.kafka_port}",
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="app",
+            sasl_plain_password=TOKEN,
+        )
         await producer.start()
         try:
             meta = await producer.send_and_wait("aio-sasl", b"hello", partition=0)
@@ -89,8 +109,10 @@ async def test_aiokafka_sasl_plain(tmp_path: Path) -> None:
 
 
 async def test_requests_before_authentication_close_the_connection(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
-                                 kafka__listen="127.0.0.1:0") as (daemon, _):
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
+        daemon,
+        _,
+    ):
         wire = await Wire.connect(daemon.kafka_port)
         try:
             versions = await wire.request(18, 3, client_software_name="t", client_software_version="1")
@@ -124,8 +146,10 @@ async def test_requests_before_authentication_close_the_connection(tmp_path: Pat
 async def test_a_large_frame_before_authentication_closes_the_connection(tmp_path: Path) -> None:
     """Before SASL authentication a frame is at most 512 KiB (as Kafka's SASL server bounds it):
     an unauthenticated peer cannot make the listener hold frame_bytes_max for it."""
-    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN,
-                                 kafka__listen="127.0.0.1:0") as (daemon, _):
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
+        daemon,
+        _,
+    ):
         wire = await Wire.connect(daemon.kafka_port)
         try:
             await wire.send_raw(struct.pack(">i", 512 * 1024 + 1))

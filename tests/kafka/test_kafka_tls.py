@@ -19,15 +19,43 @@ RECORDS = 20
 
 def make_certificates(directory: Path) -> dict[str, Path]:
     """A self-signed CA and a server certificate for 127.0.0.1 it signed (EC keys: quick)."""
-    files = {name: directory / name for name in ("ca.pem", "ca.key", "server.pem", "server.key", "server.csr")}
+    files = {
+        name: directory / name for name in ("ca.pem", "ca.key", "server.pem", "server.key", "server.csr")
+    }
     (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     for args in (
-        ["req", "-x509", *ec, "-keyout", files["ca.key"], "-out", files["ca.pem"], "-days", "2",
-         "-subj", "/CN=levelzero test CA"],
+        [
+            "req",
+            "-x509",
+            *ec,
+            "-keyout",
+            files["ca.key"],
+            "-out",
+            files["ca.pem"],
+            "-days",
+            "2",
+            "-subj",
+            "/CN=levelzero test CA",
+        ],
         ["req", *ec, "-keyout", files["server.key"], "-out", files["server.csr"], "-subj", "/CN=127.0.0.1"],
-        ["x509", "-req", "-in", files["server.csr"], "-CA", files["ca.pem"], "-CAkey", files["ca.key"],
-         "-CAcreateserial", "-out", files["server.pem"], "-days", "2", "-extfile", directory / "san.ext"],
+        [
+            "x509",
+            "-req",
+            "-in",
+            files["server.csr"],
+            "-CA",
+            files["ca.pem"],
+            "-CAkey",
+            files["ca.key"],
+            "-CAcreateserial",
+            "-out",
+            files["server.pem"],
+            "-days",
+            "2",
+            "-extfile",
+            directory / "san.ext",
+        ],
     ):
         subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
     return files
@@ -37,11 +65,20 @@ def tls_round_trip(port: int, ca: Path, topic: str, sasl_password: str | None) -
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    common = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL",
-              "ssl.ca.location": str(ca)}
+    common = {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(ca),
+    }
     if sasl_password is not None:
-        common.update({"security.protocol": "SASL_SSL", "sasl.mechanisms": "PLAIN",
-                       "sasl.username": "app", "sasl.password": sasl_password})
+        common.update(
+            {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "PLAIN",
+                "sasl.username": "app",
+                "sasl.password": sasl_password,
+            }
+        )
     admin = AdminClient(common)
     for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         future.result(30)
@@ -83,9 +120,12 @@ def plaintext_is_dropped(port: int) -> bytes:
 
 async def test_confluent_kafka_over_tls_and_a_plaintext_client_is_dropped(tmp_path: Path) -> None:
     files = make_certificates(tmp_path)
-    async with daemon_and_client(tmp_path / "data", kafka__listen="127.0.0.1:0",
-                                 kafka__tls_cert_file=str(files["server.pem"]),
-                                 kafka__tls_key_file=str(files["server.key"])) as (daemon, client):
+    async with daemon_and_client(
+        tmp_path / "data",
+        kafka__listen="127.0.0.1:0",
+        kafka__tls_cert_file=str(files["server.pem"]),
+        kafka__tls_key_file=str(files["server.key"]),
+    ) as (daemon, client):
         received = await anyio.to_thread.run_sync(plaintext_is_dropped, daemon.kafka_port)
         # Whatever came back is no Kafka response: at most a TLS alert record (content type 21).
         assert received == b"" or received[0] == 21, received
@@ -100,11 +140,17 @@ async def test_confluent_kafka_over_tls_and_a_plaintext_client_is_dropped(tmp_pa
 
 async def test_sasl_ssl_with_the_token(tmp_path: Path) -> None:
     files = make_certificates(tmp_path)
-    async with daemon_and_client(tmp_path / "data", token=TOKEN, server__token=TOKEN,
-                                 kafka__listen="127.0.0.1:0",
-                                 kafka__tls_cert_file=str(files["server.pem"]),
-                                 kafka__tls_key_file=str(files["server.key"])) as (daemon, client):
-        got = await anyio.to_thread.run_sync(tls_round_trip, daemon.kafka_port, files["ca.pem"], "sasl-tls", TOKEN)
+    async with daemon_and_client(
+        tmp_path / "data",
+        token=TOKEN,
+        server__token=TOKEN,
+        kafka__listen="127.0.0.1:0",
+        kafka__tls_cert_file=str(files["server.pem"]),
+        kafka__tls_key_file=str(files["server.key"]),
+    ) as (daemon, client):
+        got = await anyio.to_thread.run_sync(
+            tls_round_trip, daemon.kafka_port, files["ca.pem"], "sasl-tls", TOKEN
+        )
         assert got == [(i, b"v%d" % i) for i in range(RECORDS)]
         assert (await client.fetch("sasl-tls", 0, offset=0)).high_watermark == RECORDS
         assert daemon.kafka.stats.authentications_failed == 0
@@ -117,18 +163,34 @@ def test_bad_tls_settings_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tls_client_ca_file needs tls_cert_file"):
         daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_client_ca_file=str(files["ca.pem"]))
     with pytest.raises(ConfigError, match="tls_cert_file/tls_key_file: cannot load"):
-        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(tmp_path / "missing.pem"),
-                      kafka__tls_key_file=str(files["server.key"]))
+        daemon_config(
+            tmp_path,
+            kafka__listen="127.0.0.1:0",
+            kafka__tls_cert_file=str(tmp_path / "missing.pem"),
+            kafka__tls_key_file=str(files["server.key"]),
+        )
     with pytest.raises(ConfigError, match="tls_cert_file/tls_key_file: cannot load"):
-        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
-                      kafka__tls_key_file=str(files["ca.key"]))  # a key that does not match
+        daemon_config(
+            tmp_path,
+            kafka__listen="127.0.0.1:0",
+            kafka__tls_cert_file=str(files["server.pem"]),
+            kafka__tls_key_file=str(files["ca.key"]),
+        )  # a key that does not match
     with pytest.raises(ConfigError, match="tls_client_ca_file: cannot load"):
-        daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
-                      kafka__tls_key_file=str(files["server.key"]),
-                      kafka__tls_client_ca_file=str(tmp_path / "san.ext"))
-    config = daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__tls_cert_file=str(files["server.pem"]),
-                           kafka__tls_key_file=str(files["server.key"]),
-                           kafka__tls_client_ca_file=str(files["ca.pem"]))
+        daemon_config(
+            tmp_path,
+            kafka__listen="127.0.0.1:0",
+            kafka__tls_cert_file=str(files["server.pem"]),
+            kafka__tls_key_file=str(files["server.key"]),
+            kafka__tls_client_ca_file=str(tmp_path / "san.ext"),
+        )
+    config = daemon_config(
+        tmp_path,
+        kafka__listen="127.0.0.1:0",
+        kafka__tls_cert_file=str(files["server.pem"]),
+        kafka__tls_key_file=str(files["server.key"]),
+        kafka__tls_client_ca_file=str(files["ca.pem"]),
+    )
     context = config.kafka.tls_context()
     assert context is not None
     assert context.minimum_version.name == "TLSv1_2"
@@ -138,10 +200,35 @@ def test_bad_tls_settings_name_the_key(tmp_path: Path) -> None:
 def make_client_certificate(directory: Path, files: dict[str, Path]) -> tuple[Path, Path]:
     key, csr, cert = directory / "client.key", directory / "client.csr", directory / "client.pem"
     for args in (
-        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-         "-out", csr, "-subj", "/CN=app"],
-        ["x509", "-req", "-in", csr, "-CA", files["ca.pem"], "-CAkey", files["ca.key"], "-CAcreateserial",
-         "-out", cert, "-days", "2"],
+        [
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            csr,
+            "-subj",
+            "/CN=app",
+        ],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            files["ca.pem"],
+            "-CAkey",
+            files["ca.key"],
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+        ],
     ):
         subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True, timeout=60)
     return cert, key
@@ -151,14 +238,24 @@ def produce_one(port: int, ca: Path, client_cert: tuple[Path, Path] | None) -> l
     """The delivery report of one produce: [None] when it was stored, else [its error]."""
     from confluent_kafka import Producer
 
-    config = {"bootstrap.servers": f"127.0.0.1:{port}", "security.protocol": "SSL", "ssl.ca.location": str(ca),
-              "message.timeout.ms": 3000}
+    config = {
+        "bootstrap.servers": f"127.0.0.1:{port}",
+        "security.protocol": "SSL",
+        "ssl.ca.location": str(ca),
+        "message.timeout.ms": 3000,
+    }
     if client_cert is not None:
-        config.update({"ssl.certificate.location": str(client_cert[0]), "ssl.key.location": str(client_cert[1])})
+        config.update(
+            {"ssl.certificate.location": str(client_cert[0]), "ssl.key.location": str(client_cert[1])}
+        )
     producer = Producer(config)
     reports: list[str | None] = []
-    producer.produce("mtls", value=b"signed" if client_cert else b"anonymous", partition=0,
-                     on_delivery=lambda err, _msg: reports.append(None if err is None else str(err)))
+    producer.produce(
+        "mtls",
+        value=b"signed" if client_cert else b"anonymous",
+        partition=0,
+        on_delivery=lambda err, _msg: reports.append(None if err is None else str(err)),
+    )
     assert producer.flush(10) == 0
     return reports
 
@@ -168,15 +265,20 @@ async def test_mutual_tls_admits_only_clients_with_a_certificate_the_ca_signed(
 ) -> None:
     files = make_certificates(tmp_path)
     client_cert = make_client_certificate(tmp_path, files)
-    async with daemon_and_client(tmp_path / "data", kafka__listen="127.0.0.1:0",
-                                 kafka__tls_cert_file=str(files["server.pem"]),
-                                 kafka__tls_key_file=str(files["server.key"]),
-                                 kafka__tls_client_ca_file=str(files["ca.pem"])) as (daemon, client):
+    async with daemon_and_client(
+        tmp_path / "data",
+        kafka__listen="127.0.0.1:0",
+        kafka__tls_cert_file=str(files["server.pem"]),
+        kafka__tls_key_file=str(files["server.key"]),
+        kafka__tls_client_ca_file=str(files["ca.pem"]),
+    ) as (daemon, client):
         await client.create_topic("mtls", 1)
         refused = await anyio.to_thread.run_sync(produce_one, daemon.kafka_port, files["ca.pem"], None)
         assert len(refused) == 1 and refused[0] is not None, refused
         failed = [r for r in caplog.records if "TLS handshake failed" in r.getMessage()]
         assert failed and all(r.levelname == "WARNING" and r.exc_info is None for r in failed)
         assert daemon.kafka.stats.requests == 0
-        assert await anyio.to_thread.run_sync(produce_one, daemon.kafka_port, files["ca.pem"], client_cert) == [None]
+        assert await anyio.to_thread.run_sync(
+            produce_one, daemon.kafka_port, files["ca.pem"], client_cert
+        ) == [None]
         assert [r.value for r in (await client.fetch("mtls", 0, offset=0)).records] == [b"signed"]

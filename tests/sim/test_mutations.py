@@ -49,10 +49,7 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
     results = run_many(range(bound), mutation=mutation, stop_on_violation=True, nodes=nodes)
     caught = results[-1].violation
     assert caught is not None, f"{mutation} survived {bound} seeds"
-    print(
-        f"\n{mutation}: caught by seed {caught.seed}, invariant {caught.invariant}: "
-        f"{caught.message[:160]}"
-    )
+    print(f"\n{mutation}: caught by seed {caught.seed}, invariant {caught.invariant}: {caught.message[:160]}")
     assert caught.invariant in {"1", "2", "3", "4", "5", "epoch-rule", "assert"}
 
 

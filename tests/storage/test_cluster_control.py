@@ -61,7 +61,9 @@ def kind(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-async def test_node_leases_expire_by_the_control_planes_clock(kind: str, request: pytest.FixtureRequest) -> None:
+async def test_node_leases_expire_by_the_control_planes_clock(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     async with backend(kind, request) as b:
         c = b.control
         assert isinstance(c, ClusterControl)
@@ -69,7 +71,9 @@ async def test_node_leases_expire_by_the_control_planes_clock(kind: str, request
         await c.register_node("b", "http://b:7070", "b:9092", 60.0)
         view = await c.cluster_view()
         assert [(n.node_id, n.advertise_url, n.kafka_url, n.draining) for n in view.nodes] == [
-            ("a", "http://a:7070", None, False), ("b", "http://b:7070", "b:9092", False)]
+            ("a", "http://a:7070", None, False),
+            ("b", "http://b:7070", "b:9092", False),
+        ]
         assert all(n.lease_expires_at > view.now for n in view.nodes)
         assert await c.renew_node("a", SHORT_TTL_S)
         await b.pass_time(SHORT_TTL_S + 0.2)
@@ -81,11 +85,15 @@ async def test_node_leases_expire_by_the_control_planes_clock(kind: str, request
         await c.set_draining("b")
         view = await c.cluster_view()
         assert [(n.node_id, n.advertise_url, n.draining) for n in view.nodes] == [
-            ("a", "http://a2:7070", False), ("b", "http://b:7070", True)]
+            ("a", "http://a2:7070", False),
+            ("b", "http://b:7070", True),
+        ]
         assert await c.renew_node("ghost", 60.0) is False
 
 
-async def test_partition_leases_are_taken_only_free_expired_or_own(kind: str, request: pytest.FixtureRequest) -> None:
+async def test_partition_leases_are_taken_only_free_expired_or_own(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     async with backend(kind, request) as b:
         c = b.control
         rows = await b.log.create_topic("t", 3, 1, 0.0)
@@ -97,7 +105,10 @@ async def test_partition_leases_are_taken_only_free_expired_or_own(kind: str, re
         assert await c.acquire_leases("a", [p0, 999_999], SHORT_TTL_S) == [p0]  # own; unknown pid ignored
         view = await c.cluster_view()
         assert [(l.topic, l.partition, l.node_id) for l in view.leases] == [
-            ("t", 0, "a"), ("t", 1, "a"), ("t", 2, "b")]
+            ("t", 0, "a"),
+            ("t", 1, "a"),
+            ("t", 2, "b"),
+        ]
         assert await c.renew_leases("a", SHORT_TTL_S) == [p0, p1]
         await c.release_leases("a", [p1])  # a hand-over: b may take it at once
         await c.release_leases("b", [p0])  # not b's: nothing happens

@@ -19,7 +19,9 @@ async def exercise(store: ConsumerOffsetStore) -> None:
     await store.commit_offsets([OffsetRow("g", "t", 1, 10, "a", 1.0), OffsetRow("g", "t", 0, 5, "", 1.0)])
     await store.commit_offsets([OffsetRow("g", "t", 1, 12, "b", 2.0), OffsetRow("h", "t", 0, 99, "", 2.0)])
     assert await store.committed_offsets("g") == [
-        OffsetRow("g", "t", 0, 5, "", 1.0), OffsetRow("g", "t", 1, 12, "b", 2.0)]
+        OffsetRow("g", "t", 0, 5, "", 1.0),
+        OffsetRow("g", "t", 1, 12, "b", 2.0),
+    ]
     assert await store.committed_offsets("h") == [OffsetRow("h", "t", 0, 99, "", 2.0)]
     assert await store.committed_offsets("nobody") == []
 
@@ -53,8 +55,12 @@ async def record_producer_batches(store: ProducerBatchStore) -> None:
     assert isinstance(store, ProducerBatchStore)
     for seq in range(7):
         await store.record_producer_batches(
-            [ProducerBatchRow(9, 0, "t", 0, seq * 10, 10, seq * 10, float(seq)),
-             ProducerBatchRow(9, 0, "t", 1, seq, 1, seq, float(seq))], keep=5)
+            [
+                ProducerBatchRow(9, 0, "t", 0, seq * 10, 10, seq * 10, float(seq)),
+                ProducerBatchRow(9, 0, "t", 1, seq, 1, seq, float(seq)),
+            ],
+            keep=5,
+        )
     await store.record_producer_batches([ProducerBatchRow(8, 0, "t", 0, 0, 1, 500, 1.0)], keep=5)
     # The same batch again (a retry recorded twice) replaces its row.
     await store.record_producer_batches([ProducerBatchRow(8, 1, "t", 0, 0, 1, 501, 2.0)], keep=5)
@@ -63,7 +69,8 @@ async def record_producer_batches(store: ProducerBatchStore) -> None:
 async def check_producer_batches(store: ProducerBatchStore) -> None:
     rows = await store.producer_batches(9)
     assert [(r.partition, r.base_sequence) for r in rows] == (
-        [(0, s * 10) for s in range(2, 7)] + [(1, s) for s in range(2, 7)])
+        [(0, s * 10) for s in range(2, 7)] + [(1, s) for s in range(2, 7)]
+    )
     assert [(r.producer_epoch, r.base_offset) for r in await store.producer_batches(8)] == [(1, 501)]
     assert await store.producer_batches(7) == []
 

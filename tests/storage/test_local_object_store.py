@@ -209,8 +209,7 @@ async def test_sibling_keys_put_at_once_from_several_processes_all_land(tmp_path
     context = multiprocessing.get_context("spawn")
     start = context.Barrier(len(writers), timeout=60)
     processes = [
-        context.Process(target=put_race_keys, args=(str(tmp_path), writer, start))
-        for writer in writers
+        context.Process(target=put_race_keys, args=(str(tmp_path), writer, start)) for writer in writers
     ]
     for process in processes:
         process.start()

@@ -62,8 +62,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
                 connection.execute(f"PRAGMA user_version = {version}")
             connection.close()
 
-        return Backend("sqlite", lambda: SqliteLogStore.open(db),
-                       lambda tg: SqliteLogStore.open_in(tg, db), newer_sqlite)
+        return Backend(
+            "sqlite", lambda: SqliteLogStore.open(db), lambda tg: SqliteLogStore.open_in(tg, db), newer_sqlite
+        )
     dsn = request.getfixturevalue("postgres_dsn")
 
     async def newer_postgres(version: int) -> None:
@@ -73,8 +74,12 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         finally:
             await connection.close()
 
-    return Backend("postgres", lambda: PostgresLogStore.open(dsn),
-                   lambda tg: PostgresLogStore.open_in(tg, dsn), newer_postgres)
+    return Backend(
+        "postgres",
+        lambda: PostgresLogStore.open(dsn),
+        lambda tg: PostgresLogStore.open_in(tg, dsn),
+        newer_postgres,
+    )
 
 
 async def test_a_database_newer_than_the_code_is_refused(backend: Backend) -> None:
@@ -96,8 +101,11 @@ async def test_l0_catalog_records_once_marks_and_lists_live_objects_in_order(
     backend: Backend,
 ) -> None:
     async with await backend.open() as store:
-        rows = [L0ObjectRow(f"level_zero/data/{p:03}/{e:018}/k", e, 100, 1.0, 2)
-                for e in (3, 1, 2) for p in (7, 1)]
+        rows = [
+            L0ObjectRow(f"level_zero/data/{p:03}/{e:018}/k", e, 100, 1.0, 2)
+            for e in (3, 1, 2)
+            for p in (7, 1)
+        ]
         for row in rows:
             await store.record_l0_object(row)
         await store.record_l0_object(L0ObjectRow(rows[0].key, 3, 999, 9.0, 9))  # kept: first
@@ -113,10 +121,10 @@ async def test_l0_catalog_records_once_marks_and_lists_live_objects_in_order(
             r.key for r in live if r.key not in (live[0].key, live[2].key)
         ]
 
+
 async def test_store_satisfies_the_log_store_protocol(backend: Backend) -> None:
     async with await backend.open() as store:
         assert isinstance(store, LogStore)
-
 
 
 async def test_concurrent_appends_are_durable_ordered_and_group_committed(backend: Backend) -> None:
@@ -147,11 +155,8 @@ async def test_concurrent_appends_are_durable_ordered_and_group_committed(backen
     async with await backend.open() as store:
         for row in rows:
             records = await store.read_log(row.pid, 0)
-            expected = [
-                placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)
-            ]
+            expected = [placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)]
             assert records == expected
-
 
 
 async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: Backend) -> None:
@@ -189,7 +194,6 @@ async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: B
         assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
 
 
-
 async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) -> None:
     """One call for many partitions (the node's appender): each partition's records land as an
     `append` of them would; a partition whose term moved on gets its NotLeader in the answer
@@ -199,9 +203,9 @@ async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) 
         starts = [await store.begin_term(row.pid, 0, 0) for row in rows]
         await store.begin_term(rows[2].pid, 1, 0)  # partition 2 moves on to term 2
         before = store.statistics()
-        refused = await store.append_many([
-            Append(row.pid, 1, [placeholder(1, 1, 0), placeholder(2, 1, 1)]) for row in rows
-        ])
+        refused = await store.append_many(
+            [Append(row.pid, 1, [placeholder(1, 1, 0), placeholder(2, 1, 1)]) for row in rows]
+        )
         assert [error is None for error in refused] == [True, True, False, True]
         stale = refused[2]
         assert isinstance(stale, NotLeader)
@@ -259,7 +263,6 @@ async def test_begin_term_increments_term_and_survives_reopen(backend: Backend) 
         assert third.term == 3
 
 
-
 async def test_begin_term_jumps_to_at_least_and_never_goes_back(backend: Backend) -> None:
     """Recovery starts a term above every term its bucket names (`daemon/recover.py`)."""
     async with await backend.open() as store:
@@ -300,6 +303,7 @@ async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(b
 # A step is ops on distinct partitions, run concurrently (so they share batches):
 # ("append", records, stale) | ("begin_term",) | ("snapshot_truncate",); or ("reopen",).
 
+
 async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> None:
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
@@ -333,7 +337,6 @@ async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> Non
         await store.append(p.pid, 0, [placeholder(11, 0, 11)])
         assert await store.read_log(p.pid, 0) == [placeholder(11, 0, 11)]
         assert await store.load_snapshot(12345) is None
-
 
 
 async def test_recovery_from_snapshot_and_replay_equals_live_state(backend: Backend) -> None:
@@ -373,7 +376,6 @@ async def test_recovery_from_snapshot_and_replay_equals_live_state(backend: Back
     assert recovered.mp == 2 and recovered.term == 2
 
 
-
 async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend: Backend) -> None:
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
@@ -401,7 +403,6 @@ async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend:
         assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
 
 
-
 async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> None:
     async with await backend.open() as store:
         assert await store.get_cluster_epoch() == 1
@@ -419,7 +420,6 @@ async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> N
         assert await store.get_cluster_epoch() == 9
 
 
-
 async def test_create_topic_assigns_pids_and_refuses_duplicates(backend: Backend) -> None:
     async with await backend.open() as store:
         rows = await store.create_topic("a", 3, 2, 100.0)
@@ -434,9 +434,11 @@ async def test_create_topic_assigns_pids_and_refuses_duplicates(backend: Backend
         assert len({r.pid for r in await store.list_partitions()}) == 4
     async with await backend.open() as store:
         assert [(r.topic, r.partition) for r in await store.list_partitions()] == [
-            ("a", 0), ("a", 1), ("a", 2), ("b", 0)
+            ("a", 0),
+            ("a", 1),
+            ("a", 2),
+            ("b", 0),
         ]
-
 
 
 async def test_l1_transition_is_compare_and_set(backend: Backend) -> None:
@@ -450,15 +452,12 @@ async def test_l1_transition_is_compare_and_set(backend: Backend) -> None:
             await store.l1_insert(l1_row("k9", 1, 0, state="BOGUS"))
         assert await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
         assert not await store.l1_transition("k1", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0)
-        assert not await store.l1_transition(
-            "missing", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0
-        )
+        assert not await store.l1_transition("missing", L1State.COPY_STARTED, L1State.COPY_FINISHED, 3.0)
         assert [r.key for r in await store.l1_list(pid=1)] == ["k1", "k2"]
         finished = await store.l1_list(states=[L1State.COPY_FINISHED])
         assert finished == [L1Row("k1", 1, 0, 9, 2, 1, 1000, L1State.COPY_FINISHED, 1.0, 2.0)]
         assert [r.key for r in await store.l1_list(pid=2, states=[L1State.COPY_STARTED])] == ["k3"]
         assert len(await store.l1_list()) == 3
-
 
 
 async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
@@ -481,4 +480,3 @@ async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
     async with await backend.open() as store:
         for row in rows:
             assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
-

@@ -31,8 +31,10 @@ async def test_two_connections_racing_for_one_offset_never_both_append(postgres_
     """Two stores (two pools, as two processes would have) append to the same partition with
     the same term at the same offset, round after round: exactly one wins each round, the loser
     is refused, and the log holds the winner's record."""
-    async with await PostgresLogStore.open(postgres_dsn) as one, \
-            await PostgresLogStore.open(postgres_dsn) as two:
+    async with (
+        await PostgresLogStore.open(postgres_dsn) as one,
+        await PostgresLogStore.open(postgres_dsn) as two,
+    ):
         (p,) = await one.create_topic("t", 1, 1, 0.0)
         await one.begin_term(p.pid, 0, 0)
         winners: list[str] = []
@@ -60,8 +62,10 @@ async def test_two_connections_racing_for_one_offset_never_both_append(postgres_
 
 
 async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres_dsn: str) -> None:
-    async with await PostgresLogStore.open(postgres_dsn) as old, \
-            await PostgresLogStore.open(postgres_dsn) as new:
+    async with (
+        await PostgresLogStore.open(postgres_dsn) as old,
+        await PostgresLogStore.open(postgres_dsn) as new,
+    ):
         (p,) = await old.create_topic("t", 1, 1, 0.0)
         await old.begin_term(p.pid, 0, 0)
         await old.append(p.pid, 1, [placeholder(1, 1, 0)])
@@ -80,8 +84,10 @@ async def test_a_paused_nodes_open_transaction_stops_blocking_its_successor(
     """A node stopped between a batch's statements and its COMMIT holds its partition's row
     lock; the server ends its session after the idle-in-transaction timeout (the daemon's lease
     TTL), so the node that takes the partition over writes instead of waiting until it wakes."""
-    async with await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=1.0) as paused, \
-            await PostgresLogStore.open(postgres_dsn) as other:
+    async with (
+        await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=1.0) as paused,
+        await PostgresLogStore.open(postgres_dsn) as other,
+    ):
         (p,) = await paused.create_topic("t", 1, 1, 0.0)
         connection = await paused._pool.acquire()
         try:
@@ -106,18 +112,29 @@ async def test_a_paused_nodes_open_write_batch_blocks_no_other_partition(postgre
     catalog row, a fence event and a state sample inserted, no COMMIT) holds back nothing of
     another node's partitions: the other node's batch of every kind commits while the paused
     transaction is still open (no cluster-wide lock), and the paused one still commits after."""
-    async with await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=600.0) as paused, \
-            await PostgresLogStore.open(postgres_dsn) as other:
+    async with (
+        await PostgresLogStore.open(postgres_dsn, idle_in_transaction_timeout_s=600.0) as paused,
+        await PostgresLogStore.open(postgres_dsn) as other,
+    ):
         mine, theirs = await paused.create_topic("t", 2, 1, 0.0)
         await paused.begin_term(mine.pid, 0, 0)
         await other.begin_term(theirs.pid, 0, 0)
-        paused_jobs = paused._append_job(mine.pid, 1, [placeholder(1, 1, 0)]), *(
-            store_module._Job(weight=1, table=table, rows=rows) for table, rows in (
-                ("l0_objects", [msgspec.structs.astuple(L0ObjectRow("paused-key", 1, 10, 1.0, 1))]),
-                ("fence_events", [msgspec.structs.astuple(FenceEventRow(1.0, mine.pid, 1, 1, "admitted", 1, 1))]),
-                ("state_samples", [msgspec.structs.astuple(
-                    StateSampleRow(1.0, mine.pid, 1, 1, 1, 1, 0, -1, 1, 0))]),
-            )
+        paused_jobs = (
+            paused._append_job(mine.pid, 1, [placeholder(1, 1, 0)]),
+            *(
+                store_module._Job(weight=1, table=table, rows=rows)
+                for table, rows in (
+                    ("l0_objects", [msgspec.structs.astuple(L0ObjectRow("paused-key", 1, 10, 1.0, 1))]),
+                    (
+                        "fence_events",
+                        [msgspec.structs.astuple(FenceEventRow(1.0, mine.pid, 1, 1, "admitted", 1, 1))],
+                    ),
+                    (
+                        "state_samples",
+                        [msgspec.structs.astuple(StateSampleRow(1.0, mine.pid, 1, 1, 1, 1, 0, -1, 1, 0))],
+                    ),
+                )
+            ),
         )
         connection = await paused._pool.acquire()
         try:
@@ -152,8 +169,10 @@ async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:
             tg.start_soon(open_and_close)
     connection = await asyncpg.connect(postgres_dsn)
     try:
-        versions = [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")]
+        versions = [
+            r["version"]
+            for r in await connection.fetch("SELECT version FROM levelzero_schema ORDER BY version")
+        ]
     finally:
         await connection.close()
     assert versions == list(range(1, SCHEMA_VERSION + 1))
@@ -166,8 +185,14 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
         await store.create_topic("t", 2, 1, 0.0)
     connection = await asyncpg.connect(postgres_dsn)
     try:
-        for table in ("consumer_offsets", "producer_batches", "partition_watermarks",
-                      "partition_leases", "cluster_nodes", "cluster_identity"):
+        for table in (
+            "consumer_offsets",
+            "producer_batches",
+            "partition_watermarks",
+            "partition_leases",
+            "cluster_nodes",
+            "cluster_identity",
+        ):
             await connection.execute(f"DROP TABLE {table}")
         for table in ("l0_objects", "l1_objects", "fence_events", "state_samples"):
             await connection.execute(f"ALTER TABLE {table} DROP COLUMN xid")
@@ -183,8 +208,10 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
         assert len(await store.list_partitions()) == 2
     connection = await asyncpg.connect(postgres_dsn)
     try:
-        assert [r["version"] for r in await connection.fetch(
-            "SELECT version FROM levelzero_schema ORDER BY version")] == [1, 2, 3, 4, 5, 6]
+        assert [
+            r["version"]
+            for r in await connection.fetch("SELECT version FROM levelzero_schema ORDER BY version")
+        ] == [1, 2, 3, 4, 5, 6]
         # A row from before version 6 keeps xid 0 (the export takes it by seq); new rows get theirs.
         await connection.execute(
             "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('new', 1, 1, 0, 1)"

@@ -81,9 +81,7 @@ def test_throttling_left_over_after_retries_is_a_retriable_storage_error() -> No
 
 
 def test_unreachable_endpoint_and_missing_credentials_are_explained() -> None:
-    unreachable = mapped(
-        EndpointConnectionError(endpoint_url="http://minio:9000/bkt"), op="head_bucket"
-    )
+    unreachable = mapped(EndpointConnectionError(endpoint_url="http://minio:9000/bkt"), op="head_bucket")
     assert str(unreachable).startswith("S3 endpoint http://minio:9000 is unreachable")
     assert unreachable.retriable is True
     no_credentials = mapped(NoCredentialsError(), op="head_bucket")

@@ -50,10 +50,7 @@ sys.path.insert(0, str(HERE))
 from sqlite_log_crash_writer import RECORDS_PER_APPEND, expected_record  # noqa: E402
 
 
-
-def placeholder(
-    log_offset: int, term: int, base_offset: int, epoch: int = 1, count: int = 1
-) -> LogRecord:
+def placeholder(log_offset: int, term: int, base_offset: int, epoch: int = 1, count: int = 1) -> LogRecord:
     entry = Placeholder(
         epoch=epoch,
         object_key=f"level_zero/data/000/{epoch:018}/obj-{log_offset}",
@@ -76,9 +73,7 @@ def drop_fence_events(db: Path) -> None:
         connection.execute("DROP TABLE fence_events")
 
 
-async def storage_error_into(
-    errors: list[BaseException], call: Callable[[], Awaitable[object]]
-) -> None:
+async def storage_error_into(errors: list[BaseException], call: Callable[[], Awaitable[object]]) -> None:
     """Await `call()`; a StorageError it raises goes into `errors` (for task groups)."""
     try:
         await call()
@@ -86,9 +81,7 @@ async def storage_error_into(
         errors.append(error)
 
 
-
 # ---------------------------------------------------------------------- group commit
-
 
 
 async def test_statistics_is_an_immutable_snapshot(db: Path) -> None:
@@ -175,9 +168,6 @@ def test_sigkill_keeps_every_acknowledged_append_whole(db: Path) -> None:
 # ---------------------------------------------------------------------- terms
 
 
-
-
-
 _op = st.one_of(
     st.tuples(st.just("append"), st.integers(0, 4), st.booleans()),
     st.tuples(st.just("begin_term")),
@@ -254,9 +244,6 @@ def test_random_concurrent_operations_match_a_simple_model(steps) -> None:  # no
 
 
 # ---------------------------------------------------------------------- snapshots and reads
-
-
-
 
 
 # ---------------------------------------------------------------------- bad input
@@ -381,8 +368,10 @@ async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Pat
         connection.execute("DROP TABLE log_v3")
         connection.execute(LOG_PLACEHOLDERS_INDEX)
         connection.execute("PRAGMA user_version = 2")
-        assert "WITHOUT ROWID" in connection.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'log'").fetchone()[0]
+        assert (
+            "WITHOUT ROWID"
+            in connection.execute("SELECT sql FROM sqlite_master WHERE name = 'log'").fetchone()[0]
+        )
     async with await SqliteLogStore.open(db) as store:
         assert {row.pid: await store.read_log(row.pid, 0) for row in rows} == before
         assert [r.log_offset for r in await store.read_placeholders(rows[1].pid, 25, 10)] == [2, 3]
@@ -402,9 +391,9 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
     async with await SqliteLogStore.open(db, group_commit_max_records=8) as store:
         rows = await store.create_topic("t", 5, 1, 0.0)
         before = store.statistics()
-        refused = await store.append_many([
-            Append(row.pid, 0, [placeholder(i, 0, i) for i in range(3)]) for row in rows
-        ])
+        refused = await store.append_many(
+            [Append(row.pid, 0, [placeholder(i, 0, i) for i in range(3)]) for row in rows]
+        )
         assert refused == [None] * 5
         after = store.statistics()
         assert after.appends - before.appends == 5 and after.records - before.records == 15
@@ -412,7 +401,9 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
         for row in rows:
             assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1, 2]
         with pytest.raises(InvalidInput, match="group_commit_max_records"):
-            await store.append_many([Append(rows[0].pid, 0, [placeholder(3 + i, 0, 3 + i) for i in range(9)])])
+            await store.append_many(
+                [Append(rows[0].pid, 0, [placeholder(3 + i, 0, 3 + i) for i in range(9)])]
+            )
 
 
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
@@ -430,14 +421,11 @@ async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
 # ---------------------------------------------------------------------- cluster epoch, topics
 
 
-
-
 # ---------------------------------------------------------------------- L1 and events
 
 
 def l1_row(key: str, pid: int, base: int, state: str = L1State.COPY_STARTED) -> L1Row:
     return L1Row(key, pid, base, base + 9, base + 2, 1, 1000, state, 1.0, 1.0)
-
 
 
 async def test_event_rows_are_readable_with_plain_sql(db: Path) -> None:
@@ -469,9 +457,10 @@ async def test_event_rows_are_readable_with_plain_sql(db: Path) -> None:
         assert connection.execute("SELECT * FROM gc_rounds").fetchall() == [
             tuple(int(v) if isinstance(v, bool) else v for v in msgspec.structs.astuple(gc_round))
         ]
-        assert connection.execute("SELECT * FROM fence_events").fetchall() == [
-            msgspec.structs.astuple(fence)
-        ] * 2
+        assert (
+            connection.execute("SELECT * FROM fence_events").fetchall()
+            == [msgspec.structs.astuple(fence)] * 2
+        )
         assert connection.execute("SELECT * FROM state_samples").fetchall() == [
             msgspec.structs.astuple(sample)
         ]
@@ -514,7 +503,6 @@ async def test_open_then_aclose_without_context_manager(db: Path) -> None:
         await store.read_log(p.pid, 0)
 
 
-
 async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
@@ -543,14 +531,10 @@ async def test_fence_event_decisions_are_added_to_old_files(tmp_path: Path) -> N
         (p,) = await log_store.create_topic("t", 1, 1, 0.0)
     with sqlite3.connect(path) as connection:
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
-        connection.execute(
-            "INSERT INTO fence_events VALUES (1.0, ?, 1, 3, 'admitted', 3, 3)", (p.pid,)
-        )
+        connection.execute("INSERT INTO fence_events VALUES (1.0, ?, 1, 3, 'admitted', 3, 3)", (p.pid,))
         connection.execute("PRAGMA user_version = 1")  # such files are all of schema 1
     async with await SqliteLogStore.open(path) as log_store:
-        await log_store.record_fence_events(
-            [FenceEventRow(2.0, p.pid, 1, 3, "admitted", 3, 3, decisions=41)]
-        )
+        await log_store.record_fence_events([FenceEventRow(2.0, p.pid, 1, 3, "admitted", 3, 3, decisions=41)])
     with sqlite3.connect(path) as connection:
         rows = connection.execute("SELECT at, decisions FROM fence_events ORDER BY at").fetchall()
         columns = [c[1] for c in connection.execute("PRAGMA table_info(fence_events)")]

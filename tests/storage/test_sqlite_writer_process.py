@@ -20,7 +20,6 @@ from levelzero.storage.sqlite import SqliteLogStore
 from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
 
 
-
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "log.db"
@@ -134,7 +133,11 @@ async def test_a_failed_commit_stops_the_batch_sent_behind_it(db: Path) -> None:
         async with anyio.create_task_group() as tg:  # 64 jobs queued: sent as 32 + 32
             tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
             for row in rows:
-                tg.start_soon(storage_error_into, errors, lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]))
+                tg.start_soon(
+                    storage_error_into,
+                    errors,
+                    lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]),
+                )
         assert store.statistics().batches - before.batches == 2
         assert len(errors) == 64 and all("refuses writes" in str(e) for e in errors)
     assert _log_rows(db) == [(row.pid, 0) for row in rows]  # neither batch is in the file

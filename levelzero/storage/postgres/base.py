@@ -181,12 +181,19 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
 class _Job:
     """One write call waiting for a batch: an append (`pid` set) or rows for a table."""
 
-    __slots__ = ("weight", "pid", "term", "records", "log_rows", "table", "rows", "done",
-                 "result", "error")
+    __slots__ = ("weight", "pid", "term", "records", "log_rows", "table", "rows", "done", "result", "error")
 
-    def __init__(self, *, weight: int, pid: int | None = None, term: int = 0,
-                 records: list[LogRecord] | None = None, log_rows: list[tuple[Any, ...]] | None = None,
-                 table: str | None = None, rows: list[tuple[Any, ...]] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        weight: int,
+        pid: int | None = None,
+        term: int = 0,
+        records: list[LogRecord] | None = None,
+        log_rows: list[tuple[Any, ...]] | None = None,
+        table: str | None = None,
+        rows: list[tuple[Any, ...]] | None = None,
+    ) -> None:
         assert (pid is None) != (table is None)
         self.weight = max(1, weight)
         self.pid = pid
@@ -210,9 +217,17 @@ class PostgresBase(StoreLifecycle):
     dispatcher. `store.PostgresLogStore` is this and every role: create it with `open` or
     `open_in`, never directly."""
 
-    def __init__(self, pool: asyncpg.Pool, where: str, *, group_commit_max_records: int,
-                 queue_max: int, writers: int, reconnect_timeout_s: float,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        where: str,
+        *,
+        group_commit_max_records: int,
+        queue_max: int,
+        writers: int,
+        reconnect_timeout_s: float,
+        clock: Callable[[], float],
+    ) -> None:
         self._pool = pool
         self._where = where
         self._group_commit_max_records = group_commit_max_records
@@ -260,8 +275,7 @@ class PostgresBase(StoreLifecycle):
         return store
 
     @classmethod
-    async def open_in(cls, task_group: anyio.abc.TaskGroup, dsn: str, **options: Any
-                      ) -> Self:
+    async def open_in(cls, task_group: anyio.abc.TaskGroup, dsn: str, **options: Any) -> Self:
         """Like `open`, with the dispatcher in `task_group`; `aclose()` before it ends."""
         store = await cls._connect(dsn, **options)
         try:
@@ -274,15 +288,23 @@ class PostgresBase(StoreLifecycle):
 
     @classmethod
     async def _connect(
-        cls, dsn: str, *, password: str | None = None, pool_max: int = POOL_MAX,
-        writers: int = WRITERS, group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
-        queue_max: int = QUEUE_MAX, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-        reconnect_timeout_s: float = RECONNECT_TIMEOUT_S, clock: Callable[[], float] = time.time,
+        cls,
+        dsn: str,
+        *,
+        password: str | None = None,
+        pool_max: int = POOL_MAX,
+        writers: int = WRITERS,
+        group_commit_max_records: int = GROUP_COMMIT_MAX_RECORDS,
+        queue_max: int = QUEUE_MAX,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        reconnect_timeout_s: float = RECONNECT_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
         idle_in_transaction_timeout_s: float = IDLE_IN_TRANSACTION_TIMEOUT_S,
         application_name: str = "levelzero",
     ) -> Self:
         for name, value, high in (
-            ("writers", writers, 64), ("pool_max", pool_max, 1000),
+            ("writers", writers, 64),
+            ("pool_max", pool_max, 1000),
             ("group_commit_max_records", group_commit_max_records, 1_000_000),
             ("queue_max", queue_max, 1_000_000),
         ):
@@ -297,11 +319,15 @@ class PostgresBase(StoreLifecycle):
         where = redacted(dsn)
         try:
             pool = await asyncpg.create_pool(
-                dsn, password=password, min_size=1, max_size=pool_max,
-                timeout=connect_timeout_s, command_timeout=COMMAND_TIMEOUT_S, reset=_keep_session,
+                dsn,
+                password=password,
+                min_size=1,
+                max_size=pool_max,
+                timeout=connect_timeout_s,
+                command_timeout=COMMAND_TIMEOUT_S,
+                reset=_keep_session,
                 server_settings={
-                    "idle_in_transaction_session_timeout":
-                        str(round(idle_in_transaction_timeout_s * 1000)),
+                    "idle_in_transaction_session_timeout": str(round(idle_in_transaction_timeout_s * 1000)),
                     # pg_stat_activity names the node each session belongs to
                     "application_name": application_name,
                 },
@@ -325,9 +351,15 @@ class PostgresBase(StoreLifecycle):
             if isinstance(error, CONNECTION_ERRORS):
                 raise StorageError(f"{where}: connection lost during start-up: {error!r}") from None
             raise
-        return cls(pool, where, group_commit_max_records=group_commit_max_records,
-                   queue_max=queue_max, writers=writers, reconnect_timeout_s=reconnect_timeout_s,
-                   clock=clock)
+        return cls(
+            pool,
+            where,
+            group_commit_max_records=group_commit_max_records,
+            queue_max=queue_max,
+            writers=writers,
+            reconnect_timeout_s=reconnect_timeout_s,
+            clock=clock,
+        )
 
     async def _release(self) -> None:
         """Close the pool (`StoreLifecycle.aclose` calls this last)."""
@@ -353,10 +385,15 @@ class PostgresBase(StoreLifecycle):
 
     def statistics(self) -> LogStoreStatistics:
         return LogStoreStatistics(
-            batches=self._batches, commits=self._commits, jobs=self._jobs, appends=self._appends,
-            records=self._records, rejected_appends=self._rejected_appends,
+            batches=self._batches,
+            commits=self._commits,
+            jobs=self._jobs,
+            appends=self._appends,
+            records=self._records,
+            rejected_appends=self._rejected_appends,
             largest_batch_records=self._largest_batch_records,
-            queued=self._job_send.statistics().current_buffer_used, queue_max=self._queue_max,
+            queued=self._job_send.statistics().current_buffer_used,
+            queue_max=self._queue_max,
             failed=not self.available,
         )
 
@@ -404,9 +441,13 @@ class PostgresBase(StoreLifecycle):
         return await self._retrying(attempt, what)
 
     async def _transact(
-        self, what: str, work: Callable[[asyncpg.Connection], Awaitable[Any]],
+        self,
+        what: str,
+        work: Callable[[asyncpg.Connection], Awaitable[Any]],
         resolve: Callable[[asyncpg.Connection], Awaitable[Any]] | None = None,
-        *, check_open: bool = True, work_returns_txid: bool = False,
+        *,
+        check_open: bool = True,
+        work_returns_txid: bool = False,
     ) -> Any:
         """`work` in one transaction. If its COMMIT went unanswered, the transaction's
         `txid_status` says whether it happened: committed → `resolve` rebuilds the result
@@ -452,8 +493,9 @@ class PostgresBase(StoreLifecycle):
 
     # ------------------------------------------------------------------ the dispatcher
 
-    async def _run_writer(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                          ) -> None:
+    async def _run_writer(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Take waiting calls into batches (one append per partition in flight), run up to
         `writers` batches at once; until the queue is closed and every call is answered."""
         self._writer_started = True
@@ -523,8 +565,12 @@ class PostgresBase(StoreLifecycle):
         try:
             self._batches += 1
             try:
-                outcomes = await self._transact("a write batch", lambda c: self._run_batch(c, jobs),
-                                                check_open=False, work_returns_txid=True)
+                outcomes = await self._transact(
+                    "a write batch",
+                    lambda c: self._run_batch(c, jobs),
+                    check_open=False,
+                    work_returns_txid=True,
+                )
                 if outcomes is None:  # committed, answer lost: what was decided then stands
                     outcomes = [(job.result, job.error) for job in jobs]
             except Exception as error:
@@ -560,8 +606,9 @@ class PostgresBase(StoreLifecycle):
         self._records += records
         self._largest_batch_records = max(self._largest_batch_records, records)
 
-    async def _run_batch(self, connection: asyncpg.Connection, jobs: list[_Job]
-                         ) -> tuple[list[tuple[Any, BaseException | None]], int]:
+    async def _run_batch(
+        self, connection: asyncpg.Connection, jobs: list[_Job]
+    ) -> tuple[list[tuple[Any, BaseException | None]], int]:
         """One transaction for the whole batch; decides every call's outcome (kept on the job
         too, for a batch whose COMMIT answer is lost)."""
         outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(jobs)
@@ -569,17 +616,18 @@ class PostgresBase(StoreLifecycle):
         txid: int | None = None
         if appends:
             asks = [
-                (job.pid, job.term,
-                 job.records[0].log_offset if job.records else None,
-                 job.records[-1].log_offset + 1 if job.records else None)
+                (
+                    job.pid,
+                    job.term,
+                    job.records[0].log_offset if job.records else None,
+                    job.records[-1].log_offset + 1 if job.records else None,
+                )
                 for _, job in appends
             ]
             log_rows = [row for _, job in appends for row in job.log_rows]
             # One round trip: lock, fence, advance and insert (the log rows of refused appends
             # are filtered out by the statement itself).
-            rows = await connection.fetch(
-                APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11)
-            )
+            rows = await connection.fetch(APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11))
             locked = {row["pid"]: row for row in rows}
             txid = rows[0]["txid"] if rows else None
             for index, job in appends:
@@ -614,12 +662,11 @@ class PostgresBase(StoreLifecycle):
             job.result, job.error = result, error
         return outcomes, txid
 
-    async def _refusal(self, connection: asyncpg.Connection, job: _Job, row: asyncpg.Record
-                       ) -> LevelZeroError | InvariantViolation:
+    async def _refusal(
+        self, connection: asyncpg.Connection, job: _Job, row: asyncpg.Record
+    ) -> LevelZeroError | InvariantViolation:
         """Why the database refused an append (rare: read the partition's name only then)."""
-        names = await connection.fetchrow(
-            "SELECT topic, partition FROM partitions WHERE pid = $1", job.pid
-        )
+        names = await connection.fetchrow("SELECT topic, partition FROM partitions WHERE pid = $1", job.pid)
         name = f"{names['topic']}/{names['partition']}"
         if row["term"] != job.term:
             return NotLeader(name, job.term, row["term"])

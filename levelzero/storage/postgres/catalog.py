@@ -30,13 +30,17 @@ class CatalogRole(PostgresBase):
         async def work(connection: asyncpg.Connection) -> None:
             await connection.execute(
                 "UPDATE l0_objects SET deleted_at = $1, deleted_at_m = $2"
-                " WHERE key = ANY($3::text[]) AND deleted_at IS NULL", at, m, keys,
+                " WHERE key = ANY($3::text[]) AND deleted_at IS NULL",
+                at,
+                m,
+                keys,
             )
 
         await self._transact("marking L0 objects deleted", work)
 
-    async def l0_live_objects(self, max_epoch: int, after: tuple[int, str] | None = None,
-                              limit: int = 1000) -> list[L0ObjectRow]:
+    async def l0_live_objects(
+        self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
+    ) -> list[L0ObjectRow]:
         assert limit >= 1, limit
         after_epoch, after_key = after if after is not None else (-1, "")
         rows = await self._read(
@@ -44,7 +48,10 @@ class CatalogRole(PostgresBase):
             "SELECT key, epoch, size, created_at, extents FROM l0_objects"
             " WHERE deleted_at IS NULL AND epoch <= $1 AND (epoch, key) > ($2::bigint, $3::text)"
             " ORDER BY epoch, key LIMIT $4",
-            max_epoch, after_epoch, after_key, limit,
+            max_epoch,
+            after_epoch,
+            after_key,
+            limit,
         )
         return [L0ObjectRow(*row) for row in rows]
 

@@ -1,5 +1,4 @@
-"""The cluster's control plane: nodes, their leases on partitions, the cluster view.
-"""
+"""The cluster's control plane: nodes, their leases on partitions, the cluster view."""
 
 from __future__ import annotations
 
@@ -40,7 +39,11 @@ class ClusterRole(PostgresBase):
                 f" lease_expires_at, draining) VALUES ($1, $2, $3, {_NOW}, {_NOW} + $4, false)"
                 " ON CONFLICT (node_id) DO UPDATE SET advertise_url = excluded.advertise_url,"
                 " kafka_url = excluded.kafka_url, lease_expires_at = excluded.lease_expires_at,"
-                " draining = false", node_id, advertise_url, kafka_url, ttl_s,
+                " draining = false",
+                node_id,
+                advertise_url,
+                kafka_url,
+                ttl_s,
             )
 
         await self._transact(f"registering node {node_id}", work)
@@ -50,14 +53,18 @@ class ClusterRole(PostgresBase):
             row = await connection.fetchrow(
                 f"UPDATE cluster_nodes SET lease_expires_at = {_NOW} + $2"
                 f" WHERE node_id = $1 AND lease_expires_at > {_NOW} RETURNING node_id",
-                node_id, ttl_s,
+                node_id,
+                ttl_s,
             )
             return row is not None
 
         async def resolve(connection: asyncpg.Connection) -> bool:
-            return await connection.fetchval(
-                f"SELECT lease_expires_at > {_NOW} FROM cluster_nodes WHERE node_id = $1", node_id
-            ) is True
+            return (
+                await connection.fetchval(
+                    f"SELECT lease_expires_at > {_NOW} FROM cluster_nodes WHERE node_id = $1", node_id
+                )
+                is True
+            )
 
         return bool(await self._transact(f"renewing node {node_id}", work, resolve))
 
@@ -79,8 +86,9 @@ class ClusterRole(PostgresBase):
 
     async def cluster_view(self) -> ClusterView:
         async def attempt() -> ClusterView:
-            async with self._pool.acquire() as connection, connection.transaction(
-                isolation="repeatable_read", readonly=True
+            async with (
+                self._pool.acquire() as connection,
+                connection.transaction(isolation="repeatable_read", readonly=True),
             ):
                 now = await connection.fetchval(f"SELECT {_NOW}")
                 nodes = await connection.fetch(
@@ -105,7 +113,8 @@ class ClusterRole(PostgresBase):
         rows = await connection.fetch(
             f"SELECT pid FROM partition_leases WHERE node_id = $1 AND lease_expires_at > {_NOW}"
             " AND ($2::bigint[] IS NULL OR pid = ANY($2::bigint[])) ORDER BY pid",
-            node_id, None if pids is None else list(pids),
+            node_id,
+            None if pids is None else list(pids),
         )
         return [row["pid"] for row in rows]
 
@@ -121,13 +130,17 @@ class ClusterRole(PostgresBase):
             await connection.execute(
                 "INSERT INTO partition_leases (pid, node_id, lease_expires_at)"
                 " SELECT pid, NULL, 0 FROM partitions WHERE pid = ANY($1::bigint[])"
-                " ON CONFLICT (pid) DO NOTHING", wanted,
+                " ON CONFLICT (pid) DO NOTHING",
+                wanted,
             )
             rows = await connection.fetch(
                 f"UPDATE partition_leases SET node_id = $1, lease_expires_at = {_NOW} + $3"
                 " WHERE pid IN (SELECT pid FROM partition_leases WHERE pid = ANY($2::bigint[])"
                 f" AND (node_id IS NULL OR node_id = $1 OR lease_expires_at <= {_NOW})"
-                " ORDER BY pid FOR UPDATE) RETURNING pid", node_id, wanted, ttl_s,
+                " ORDER BY pid FOR UPDATE) RETURNING pid",
+                node_id,
+                wanted,
+                ttl_s,
             )
             return sorted(row["pid"] for row in rows)
 
@@ -140,7 +153,9 @@ class ClusterRole(PostgresBase):
         async def work(connection: asyncpg.Connection) -> list[int]:
             rows = await connection.fetch(
                 f"UPDATE partition_leases SET lease_expires_at = {_NOW} + $2"
-                f" WHERE node_id = $1 AND lease_expires_at > {_NOW} RETURNING pid", node_id, ttl_s,
+                f" WHERE node_id = $1 AND lease_expires_at > {_NOW} RETURNING pid",
+                node_id,
+                ttl_s,
             )
             return sorted(row["pid"] for row in rows)
 
@@ -156,7 +171,9 @@ class ClusterRole(PostgresBase):
         async def work(connection: asyncpg.Connection) -> None:
             await connection.execute(
                 "UPDATE partition_leases SET node_id = NULL, lease_expires_at = 0"
-                " WHERE node_id = $1 AND pid = ANY($2::bigint[])", node_id, sorted(set(pids)),
+                " WHERE node_id = $1 AND pid = ANY($2::bigint[])",
+                node_id,
+                sorted(set(pids)),
             )
 
         await self._transact(f"node {node_id} releasing leases", work)
@@ -172,15 +189,18 @@ class ClusterRole(PostgresBase):
                 f" SELECT v.pid, v.mp, {_NOW} FROM unnest($1::bigint[], $2::bigint[]) AS v (pid, mp)"
                 " JOIN partitions p ON p.pid = v.pid"
                 " ON CONFLICT (pid) DO UPDATE SET mp = GREATEST(partition_watermarks.mp, excluded.mp),"
-                " published_at = excluded.published_at", list(pids), list(mps),
+                " published_at = excluded.published_at",
+                list(pids),
+                list(mps),
             )
 
         await self._transact("publishing watermarks", work)
 
     async def watermark_snapshot(self) -> tuple[int, dict[str, int | None]]:
         async def attempt() -> tuple[int, dict[str, int | None]]:
-            async with self._pool.acquire() as connection, connection.transaction(
-                isolation="repeatable_read", readonly=True
+            async with (
+                self._pool.acquire() as connection,
+                connection.transaction(isolation="repeatable_read", readonly=True),
             ):
                 epoch = await connection.fetchval(
                     "SELECT COALESCE((SELECT epoch FROM cluster_epoch WHERE id = 1), 1)"

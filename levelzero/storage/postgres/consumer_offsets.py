@@ -1,5 +1,4 @@
-"""Consumer groups' committed offsets.
-"""
+"""Consumer groups' committed offsets."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ class ConsumerOffsetRole(PostgresBase):
     async def committed_offsets(self, group_id: str) -> list[OffsetRow]:
         rows = await self._read(
             "reading committed offsets",
-            f"SELECT {_OFFSET_COLUMNS} FROM consumer_offsets WHERE group_id = $1"
-            " ORDER BY topic, partition", group_id,
+            f"SELECT {_OFFSET_COLUMNS} FROM consumer_offsets WHERE group_id = $1 ORDER BY topic, partition",
+            group_id,
         )
         return [OffsetRow(*row) for row in rows]

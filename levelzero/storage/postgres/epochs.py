@@ -1,5 +1,4 @@
-"""The cluster epoch: read and advanced with a compare-and-set.
-"""
+"""The cluster epoch: read and advanced with a compare-and-set."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ class EpochRole(PostgresBase):
     # ------------------------------------------------------------------ cluster epoch
 
     async def get_cluster_epoch(self) -> int:
-        rows = await self._read("reading the cluster epoch",
-                                "SELECT epoch FROM cluster_epoch WHERE id = 1")
+        rows = await self._read("reading the cluster epoch", "SELECT epoch FROM cluster_epoch WHERE id = 1")
         return rows[0]["epoch"] if rows else 1
 
     async def set_cluster_epoch(self, epoch: int) -> None:
@@ -27,9 +25,7 @@ class EpochRole(PostgresBase):
             await connection.execute(
                 "INSERT INTO cluster_epoch (id, epoch) VALUES (1, 1) ON CONFLICT (id) DO NOTHING"
             )
-            stored = await connection.fetchval(
-                "SELECT epoch FROM cluster_epoch WHERE id = 1 FOR UPDATE"
-            )
+            stored = await connection.fetchval("SELECT epoch FROM cluster_epoch WHERE id = 1 FOR UPDATE")
             if epoch < stored:
                 raise InvariantViolation(f"cluster epoch would go back from {stored} to {epoch}")
             await connection.execute("UPDATE cluster_epoch SET epoch = $1 WHERE id = 1", epoch)

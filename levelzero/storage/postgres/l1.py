@@ -1,5 +1,4 @@
-"""The L1 metastore: each partition's L1 objects and their states.
-"""
+"""The L1 metastore: each partition's L1 objects and their states."""
 
 from __future__ import annotations
 
@@ -25,7 +24,8 @@ class L1Role(PostgresBase):
             try:
                 await connection.execute(
                     f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "
-                    f"({', '.join(f'${i + 1}' for i in range(len(values)))})", *values,
+                    f"({', '.join(f'${i + 1}' for i in range(len(values)))})",
+                    *values,
                 )
             except asyncpg.UniqueViolationError:
                 raise InvariantViolation(f"L1 object {row.key!r} is already recorded") from None
@@ -39,7 +39,10 @@ class L1Role(PostgresBase):
         async def work(connection: asyncpg.Connection) -> bool:
             status = await connection.execute(
                 "UPDATE l1_objects SET state = $1, updated_at = $2 WHERE key = $3 AND state = $4",
-                to_state, now, key, from_state,
+                to_state,
+                now,
+                key,
+                from_state,
             )
             return status == "UPDATE 1"
 
@@ -48,8 +51,7 @@ class L1Role(PostgresBase):
 
         return await self._transact("moving an L1 object", work, resolve)
 
-    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None
-                      ) -> list[L1Row]:
+    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]:
         if states is not None:
             for state in states:
                 check_l1_state(state)
@@ -57,6 +59,7 @@ class L1Role(PostgresBase):
             "listing L1 objects",
             f"SELECT {_L1_COLUMNS} FROM l1_objects WHERE ($1::bigint IS NULL OR pid = $1)"
             " AND ($2::text[] IS NULL OR state = ANY($2::text[])) ORDER BY pid, base_offset, key",
-            pid, None if states is None else list(states),
+            pid,
+            None if states is None else list(states),
         )
         return [L1Row(*row) for row in rows]

@@ -36,8 +36,9 @@ from .base import (
 class PartitionLogRole(PostgresBase):
     # ------------------------------------------------------------------ partitions
 
-    async def create_topic(self, topic: str, partitions: int, creation_epoch: int, now: float
-                           ) -> list[PartitionRow]:
+    async def create_topic(
+        self, topic: str, partitions: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
         check_create_topic(topic, partitions, creation_epoch)
 
         async def read(connection: asyncpg.Connection) -> list[PartitionRow]:
@@ -59,7 +60,10 @@ class PartitionLogRole(PostgresBase):
                     "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
                     " SELECT $1::text, p, $2::bigint, 0, $3::float8"
                     " FROM generate_series(0, $4::int - 1) AS p",
-                    topic, epoch, now, partitions,
+                    topic,
+                    epoch,
+                    now,
+                    partitions,
                 )
             except asyncpg.UniqueViolationError:
                 raise TopicExists(f"topic {topic!r} exists") from None
@@ -70,24 +74,24 @@ class PartitionLogRole(PostgresBase):
         return await self._transact(f"creating topic {topic!r}", work, read)
 
     async def list_partitions(self) -> list[PartitionRow]:
-        rows = await self._read("listing partitions",
-                                f"SELECT {_PARTITION_COLUMNS} FROM partitions ORDER BY pid")
+        rows = await self._read(
+            "listing partitions", f"SELECT {_PARTITION_COLUMNS} FROM partitions ORDER BY pid"
+        )
         return [PartitionRow(*row) for row in rows]
 
-    async def begin_term(
-        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
-    ) -> LogRecord:
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         now = self._clock()
 
         async def work(connection: asyncpg.Connection) -> LogRecord:
             row = await connection.fetchrow(
                 "UPDATE partitions SET term = GREATEST(term + 1, $3), next_log_offset = next_log_offset + 1"
-                " WHERE pid = $1 AND next_log_offset = $2 RETURNING term", pid, log_offset, at_least,
+                " WHERE pid = $1 AND next_log_offset = $2 RETURNING term",
+                pid,
+                log_offset,
+                at_least,
             )
             if row is None:
-                raise await self._offset_refused(
-                    connection, pid, "TermStart", log_offset, moved_on=True
-                )
+                raise await self._offset_refused(connection, pid, "TermStart", log_offset, moved_on=True)
             term = row["term"]
             record = LogRecord(log_offset, term, base_offset, TermStart(term))
             await connection.execute(_LOG_INSERT, *_columns([log_row(pid, record, now)], 11))
@@ -101,9 +105,9 @@ class PartitionLogRole(PostgresBase):
 
         return await self._transact(f"starting a term of partition id {pid}", work, resolve)
 
-    async def _offset_refused(self, connection: asyncpg.Connection, pid: int, what: str,
-                              log_offset: int, *, moved_on: bool = False
-                              ) -> LevelZeroError | InvariantViolation:
+    async def _offset_refused(
+        self, connection: asyncpg.Connection, pid: int, what: str, log_offset: int, *, moved_on: bool = False
+    ) -> LevelZeroError | InvariantViolation:
         """Why an append or term start at `log_offset` was refused. With `moved_on`, a log that
         grew past it is `LogMovedOn` (a term start after a replay raced the last append)."""
         row = await connection.fetchrow(
@@ -143,23 +147,23 @@ class PartitionLogRole(PostgresBase):
         rows = [log_row(pid, record, now) for record in records]
         return _Job(weight=len(records), pid=pid, term=expected_term, records=records, log_rows=rows)
 
-    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None
-                       ) -> list[LogRecord]:
+    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:
         if limit is not None and limit < 0:
             raise InvalidInput(f"limit must be >= 0, not {limit}")
         rows = await self._read(
             "reading a log",
             f"SELECT {_LOG_COLUMNS} FROM log WHERE pid = $1 AND log_offset >= $2"
-            " ORDER BY log_offset LIMIT $3", pid, from_log_offset, limit,
+            " ORDER BY log_offset LIMIT $3",
+            pid,
+            from_log_offset,
+            limit,
         )
         return [self._decode(pid, row) for row in rows]
 
-    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int
-                                ) -> list[LogRecord]:
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int) -> list[LogRecord]:
         if limit < 0:
             raise InvalidInput(f"limit must be >= 0, not {limit}")
-        rows = await self._read("reading placeholders", _SELECT_PLACEHOLDERS, pid,
-                                from_data_offset, limit)
+        rows = await self._read("reading placeholders", _SELECT_PLACEHOLDERS, pid, from_data_offset, limit)
         return [self._decode(pid, row) for row in rows]
 
     def _decode(self, pid: int, row: asyncpg.Record) -> LogRecord:
@@ -167,11 +171,15 @@ class PartitionLogRole(PostgresBase):
         try:
             entry = decode_entry(blob)
         except (msgspec.DecodeError, TypeError) as error:
-            raise CorruptData(f"{self._where}: partition pid={pid} log offset {log_offset}: "
-                              f"entry blob does not decode ({error})") from None
+            raise CorruptData(
+                f"{self._where}: partition pid={pid} log offset {log_offset}: "
+                f"entry blob does not decode ({error})"
+            ) from None
         if ENTRY_KINDS[type(entry)] != kind:
-            raise CorruptData(f"{self._where}: partition pid={pid} log offset {log_offset}: "
-                              f"entry blob holds {ENTRY_KINDS[type(entry)]}, row says {kind}")
+            raise CorruptData(
+                f"{self._where}: partition pid={pid} log offset {log_offset}: "
+                f"entry blob holds {ENTRY_KINDS[type(entry)]}, row says {kind}"
+            )
         return LogRecord(log_offset, term, base_offset, entry)
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
@@ -183,7 +191,8 @@ class PartitionLogRole(PostgresBase):
             row = await connection.fetchrow(
                 "SELECT p.topic, p.partition, p.next_log_offset, s.log_offset AS saved"
                 " FROM partitions p LEFT JOIN snapshots s ON s.pid = p.pid WHERE p.pid = $1"
-                " FOR UPDATE OF p", snapshot.pid,
+                " FOR UPDATE OF p",
+                snapshot.pid,
             )
             if row is None:
                 raise InvariantViolation(f"unknown partition id {snapshot.pid}")
@@ -199,14 +208,18 @@ class PartitionLogRole(PostgresBase):
                 "INSERT INTO snapshots (pid, log_offset, data, saved_at) VALUES ($1, $2, $3, $4)"
                 " ON CONFLICT (pid) DO UPDATE SET log_offset = excluded.log_offset,"
                 " data = excluded.data, saved_at = excluded.saved_at",
-                snapshot.pid, snapshot.log_offset, snapshot.data, now,
+                snapshot.pid,
+                snapshot.log_offset,
+                snapshot.data,
+                now,
             )
 
         await self._transact("saving a snapshot", work)
 
     async def load_snapshot(self, pid: int) -> Snapshot | None:
-        rows = await self._read("loading a snapshot",
-                                "SELECT log_offset, data FROM snapshots WHERE pid = $1", pid)
+        rows = await self._read(
+            "loading a snapshot", "SELECT log_offset, data FROM snapshots WHERE pid = $1", pid
+        )
         if not rows:
             return None
         return Snapshot(pid=pid, log_offset=rows[0]["log_offset"], data=bytes(rows[0]["data"]))
@@ -215,7 +228,8 @@ class PartitionLogRole(PostgresBase):
         async def work(connection: asyncpg.Connection) -> int:
             row = await connection.fetchrow(
                 "SELECT p.topic, p.partition, s.log_offset AS saved FROM partitions p"
-                " LEFT JOIN snapshots s ON s.pid = p.pid WHERE p.pid = $1", pid,
+                " LEFT JOIN snapshots s ON s.pid = p.pid WHERE p.pid = $1",
+                pid,
             )
             if row is None:
                 raise InvariantViolation(f"unknown partition id {pid}")

@@ -1,5 +1,4 @@
-"""Idempotent producers' last batches, kept so a retry after a restart is recognised.
-"""
+"""Idempotent producers' last batches, kept so a retry after a restart is recognised."""
 
 from __future__ import annotations
 
@@ -24,7 +23,8 @@ class ProducerBatchRole(PostgresBase):
         rows = await self._read(
             "reading an idempotent producer's batches",
             f"SELECT {_PRODUCER_BATCH_COLUMNS} FROM producer_batches WHERE producer_id = $1"
-            " ORDER BY topic, partition, stored_at, base_sequence", producer_id,
+            " ORDER BY topic, partition, stored_at, base_sequence",
+            producer_id,
         )
         return [ProducerBatchRow(*row) for row in rows]
 

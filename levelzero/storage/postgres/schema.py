@@ -32,11 +32,25 @@ SELECT_LOG_ENDS = """SELECT p.pid, p.topic, p.partition, p.term,
        GREATEST(COALESCE((SELECT MAX(log_offset) FROM log WHERE log.pid = p.pid), -1),
                 COALESCE((SELECT log_offset FROM snapshots s WHERE s.pid = p.pid), -1))
 FROM partitions p ORDER BY p.pid"""
-SCHEMA_TABLES = frozenset({
-    "partitions", "log", "snapshots", "cluster_epoch", "l1_objects", "l0_objects", "gc_rounds",
-    "fence_events", "state_samples", "consumer_offsets", "producer_batches", "cluster_nodes",
-    "partition_leases", "partition_watermarks", "cluster_identity",
-})
+SCHEMA_TABLES = frozenset(
+    {
+        "partitions",
+        "log",
+        "snapshots",
+        "cluster_epoch",
+        "l1_objects",
+        "l0_objects",
+        "gc_rounds",
+        "fence_events",
+        "state_samples",
+        "consumer_offsets",
+        "producer_batches",
+        "cluster_nodes",
+        "partition_leases",
+        "partition_watermarks",
+        "cluster_identity",
+    }
+)
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: the tables of SQLite schema 1
@@ -239,9 +253,7 @@ async def migrate(connection: asyncpg.Connection, where: str) -> int:
         for version in range(found + 1, SCHEMA_VERSION + 1):
             async with connection.transaction():
                 await connection.execute(MIGRATIONS[version - 1])
-                await connection.execute(
-                    "INSERT INTO levelzero_schema (version) VALUES ($1)", version
-                )
+                await connection.execute("INSERT INTO levelzero_schema (version) VALUES ($1)", version)
         for statement in FORGET_FOREIGN_XIDS:
             await connection.execute(statement)
         return int(found)

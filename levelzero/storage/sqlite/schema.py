@@ -88,8 +88,17 @@ SELECT_OFFSETS = (
 # (pid, log_offset) (schema 1 and 2), a commit holding one entry of each of 1,024 partitions
 # rewrote a table page per partition: 29 ms a commit where this layout takes 5.5 (issue 24).
 LOG_COLUMNS = (
-    "pid", "log_offset", "term", "base_offset", "kind", "epoch", "record_count", "byte_length",
-    "object_key", "entry", "appended_at",
+    "pid",
+    "log_offset",
+    "term",
+    "base_offset",
+    "kind",
+    "epoch",
+    "record_count",
+    "byte_length",
+    "object_key",
+    "entry",
+    "appended_at",
 )
 LOG_TABLE = """CREATE TABLE log (
     pid INTEGER NOT NULL,
@@ -105,13 +114,12 @@ LOG_TABLE = """CREATE TABLE log (
     appended_at REAL NOT NULL,
     UNIQUE (pid, log_offset)
 )"""
-LOG_PLACEHOLDERS_INDEX = (
-    "CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder'"
-)
+LOG_PLACEHOLDERS_INDEX = "CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder'"
 
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
-SCHEMA = """
+SCHEMA = (
+    """
 CREATE TABLE partitions (
     pid INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
@@ -121,7 +129,11 @@ CREATE TABLE partitions (
     created_at REAL NOT NULL,
     UNIQUE (topic, partition)
 );
-""" + LOG_TABLE + ";\n" + LOG_PLACEHOLDERS_INDEX + """;
+"""
+    + LOG_TABLE
+    + ";\n"
+    + LOG_PLACEHOLDERS_INDEX
+    + """;
 CREATE TABLE snapshots (
     pid INTEGER PRIMARY KEY,
     log_offset INTEGER NOT NULL,
@@ -191,7 +203,14 @@ CREATE TABLE state_samples (
     high_watermark INTEGER NOT NULL,
     start_offset INTEGER NOT NULL
 );
-""" + L0_LIVE_INDEX + ";\n" + CONSUMER_OFFSETS + ";\n" + PRODUCER_BATCHES + ";\n"
+"""
+    + L0_LIVE_INDEX
+    + ";\n"
+    + CONSUMER_OFFSETS
+    + ";\n"
+    + PRODUCER_BATCHES
+    + ";\n"
+)
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
 SCHEMA_TABLES = frozenset(
@@ -219,14 +238,10 @@ assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_
 def insert_sql(table: str, row_type: type[msgspec.Struct], verb: str = "INSERT") -> str:
     """The INSERT for a row struct; column names are the struct's fields (one source of truth)."""
     columns = row_type.__struct_fields__
-    return (
-        f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-    )
+    return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
-INSERT_LOG = (
-    f"INSERT INTO log ({', '.join(LOG_COLUMNS)}) VALUES ({', '.join('?' * len(LOG_COLUMNS))})"
-)
+INSERT_LOG = f"INSERT INTO log ({', '.join(LOG_COLUMNS)}) VALUES ({', '.join('?' * len(LOG_COLUMNS))})"
 UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
 INSERT_L1 = insert_sql("l1_objects", L1Row)
 INSERT_L0 = insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
@@ -289,7 +304,7 @@ async def _migrate_1_to_2(connection: aiosqlite.Connection) -> None:
 
 async def _migrate_2_to_3(connection: aiosqlite.Connection) -> None:
     """The log table rebuilt in order of appends (the rows copied, the old table dropped)."""
-    (rows,), = await connection.execute_fetchall("SELECT COUNT(*) FROM log")
+    ((rows,),) = await connection.execute_fetchall("SELECT COUNT(*) FROM log")
     log.info("rebuilding the log table", extra={"rows": rows})
     columns = ", ".join(LOG_COLUMNS)
     await connection.execute(LOG_TABLE.replace("CREATE TABLE log (", "CREATE TABLE log_v3 (", 1))
@@ -307,10 +322,8 @@ assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 def read_version(connection: sqlite3.Connection) -> tuple[int, set[str]]:
     """The file's schema version and its tables (a blocking connection: the export's)."""
-    (version,), = connection.execute("PRAGMA user_version").fetchall()
-    tables = {
-        name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
+    ((version,),) = connection.execute("PRAGMA user_version").fetchall()
+    tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     return version, tables
 
 
@@ -319,7 +332,7 @@ async def check_or_create_schema(connection: aiosqlite.Connection, db_path: str)
     rows = list(await connection.execute_fetchall("PRAGMA journal_mode = WAL"))
     if rows[0][0].lower() != "wal":
         raise StorageError(f"{db_path}: cannot switch to WAL mode (journal_mode={rows[0][0]})")
-    (version,), = await connection.execute_fetchall("PRAGMA user_version")
+    ((version,),) = await connection.execute_fetchall("PRAGMA user_version")
     tables = {
         name
         for (name,) in await connection.execute_fetchall(
@@ -341,7 +354,7 @@ async def migrate(connection: aiosqlite.Connection, version: int, db_path: str) 
     concurrent reader (an export, a backup) sees the file before or after a step, never half."""
     while version < SCHEMA_VERSION:
         await connection.execute("BEGIN IMMEDIATE")
-        (current,), = await connection.execute_fetchall("PRAGMA user_version")
+        ((current,),) = await connection.execute_fetchall("PRAGMA user_version")
         assert current == version, f"{db_path}: schema version moved from {version} to {current}"
         await MIGRATIONS[version - OLDEST_SCHEMA_VERSION](connection)
         await connection.execute(f"PRAGMA user_version = {version + 1}")

@@ -112,7 +112,6 @@ class Done:
         await self._waiter
 
 
-
 def stage_job(job: Job, batch: Batch) -> None:
     """Check a staged job against the batch's cursors and queue its rows; a refusal is that
     caller's alone (its batch mates commit)."""

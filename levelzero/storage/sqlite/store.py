@@ -305,9 +305,7 @@ class SqliteLogStore(StoreLifecycle):
                         await connection.close()
             os.close(lock_fd)
             if isinstance(error, sqlite3.DatabaseError):
-                raise StorageError(
-                    f"{db_path}: cannot open as a levelzero log store: {error}"
-                ) from error
+                raise StorageError(f"{db_path}: cannot open as a levelzero log store: {error}") from error
             raise
         return cls(
             db_path,
@@ -450,15 +448,18 @@ class SqliteLogStore(StoreLifecycle):
                 with anyio.move_on_after(WRITER_ANSWER_TIMEOUT_S) as waited:
                     try:
                         answer = await self._process.receive()
-                    except (anyio.EndOfStream, anyio.IncompleteRead, OSError,
-                            anyio.BrokenResourceError, anyio.ClosedResourceError,
-                            msgspec.DecodeError) as error:
+                    except (
+                        anyio.EndOfStream,
+                        anyio.IncompleteRead,
+                        OSError,
+                        anyio.BrokenResourceError,
+                        anyio.ClosedResourceError,
+                        msgspec.DecodeError,
+                    ) as error:
                         self._fail_sent(f"the writer process ended ({error!r})")
                         return
                 if waited.cancelled_caught:
-                    self._fail_sent(
-                        f"the writer process did not answer within {WRITER_ANSWER_TIMEOUT_S} s"
-                    )
+                    self._fail_sent(f"the writer process did not answer within {WRITER_ANSWER_TIMEOUT_S} s")
                     return
             if not self._sent:
                 return  # failed meanwhile (a send to the process failed)
@@ -533,8 +534,8 @@ class SqliteLogStore(StoreLifecycle):
         for job in jobs:
             self._jobs += 1
             if job.appends:
-                refused = job.appends if job.error is not None else sum(
-                    error is not None for error in job.result
+                refused = (
+                    job.appends if job.error is not None else sum(error is not None for error in job.result)
                 )
                 self._appends += job.appends - refused
                 self._rejected_appends += refused
@@ -631,14 +632,11 @@ class SqliteLogStore(StoreLifecycle):
     async def list_partitions(self) -> list[PartitionRow]:
         self._check_readable()
         rows = await self._reader.execute_fetchall(
-            "SELECT pid, topic, partition, creation_epoch, term, created_at"
-            " FROM partitions ORDER BY pid"
+            "SELECT pid, topic, partition, creation_epoch, term, created_at FROM partitions ORDER BY pid"
         )
         return [PartitionRow(*row) for row in rows]
 
-    async def begin_term(
-        self, pid: int, log_offset: int, base_offset: int, at_least: int = 0
-    ) -> LogRecord:
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         now = self._clock()
 
         def stage(batch: Batch) -> LogRecord:
@@ -672,10 +670,14 @@ class SqliteLogStore(StoreLifecycle):
         for append in appends:
             pid, expected_term, records = append.pid, append.expected_term, list(append.records)
             check_append_records(pid, expected_term, records)
-            parts.append(_AppendRows(
-                pid, expected_term, records[0].log_offset if records else None,
-                [log_row(pid, record, now) for record in records],
-            ))
+            parts.append(
+                _AppendRows(
+                    pid,
+                    expected_term,
+                    records[0].log_offset if records else None,
+                    [log_row(pid, record, now) for record in records],
+                )
+            )
         assert len({part.pid for part in parts}) == len(parts), "append_many: a partition twice"
         # A job per `group_commit_max_records`: more would be refused (one part alone larger
         # than that is, as a single `append` of it is).
@@ -692,9 +694,7 @@ class SqliteLogStore(StoreLifecycle):
             jobs.append(_appends_job(chunk, weight))
         return [refused for result in await self._submit_all(jobs) for refused in result]
 
-    async def read_log(
-        self, pid: int, from_log_offset: int, limit: int | None = None
-    ) -> list[LogRecord]:
+    async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:
         """Records at `from_log_offset` and after, in log order; `limit=None` reads to the end."""
         self._check_readable()
         if limit is not None and limit < 0:
@@ -705,15 +705,11 @@ class SqliteLogStore(StoreLifecycle):
         )
         return [self._decode(pid, row) for row in rows]
 
-    async def read_placeholders(
-        self, pid: int, from_data_offset: int, limit: int
-    ) -> list[LogRecord]:
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int) -> list[LogRecord]:
         self._check_readable()
         if limit < 0:
             raise InvalidInput(f"limit must be >= 0, not {limit}")
-        rows = await self._reader.execute_fetchall(
-            SELECT_PLACEHOLDERS, (pid, from_data_offset, limit)
-        )
+        rows = await self._reader.execute_fetchall(SELECT_PLACEHOLDERS, (pid, from_data_offset, limit))
         return [self._decode(pid, row) for row in rows]
 
     def _decode(self, pid: int, row: sqlite3.Row | tuple[Any, ...]) -> LogRecord:
@@ -731,9 +727,7 @@ class SqliteLogStore(StoreLifecycle):
     def _corrupt(self, pid: int, log_offset: int, why: str) -> CorruptData:
         cursor = self._cursors.get(pid)
         name = cursor.name if cursor is not None else "unknown topic/partition"
-        return CorruptData(
-            f"{self._path}: partition pid={pid} ({name}) log offset {log_offset}: {why}"
-        )
+        return CorruptData(f"{self._path}: partition pid={pid} ({name}) log offset {log_offset}: {why}")
 
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """Replace the partition's snapshot; it must cover no more than the log holds and never
@@ -751,8 +745,7 @@ class SqliteLogStore(StoreLifecycle):
             if previous is not None and snapshot.log_offset < previous:
                 raise SnapshotSuperseded(cursor.name, snapshot.log_offset, previous)
             await connection.execute(
-                "INSERT OR REPLACE INTO snapshots (pid, log_offset, data, saved_at)"
-                " VALUES (?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO snapshots (pid, log_offset, data, saved_at) VALUES (?, ?, ?, ?)",
                 (snapshot.pid, snapshot.log_offset, snapshot.data, now),
             )
 
@@ -765,7 +758,7 @@ class SqliteLogStore(StoreLifecycle):
         )
         if not rows:
             return None
-        (log_offset, data), = rows
+        ((log_offset, data),) = rows
         return Snapshot(pid=pid, log_offset=log_offset, data=bytes(data))
 
     async def truncate_below(self, pid: int, log_offset: int) -> int:
@@ -834,9 +827,7 @@ class SqliteLogStore(StoreLifecycle):
 
         return await self._submit(Job(run=run))
 
-    async def l1_list(
-        self, pid: int | None = None, states: Sequence[str] | None = None
-    ) -> list[L1Row]:
+    async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]:
         self._check_readable()
         where: list[str] = []
         params: list[int | str] = []
@@ -993,8 +984,5 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
 
 
 async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:
-    rows = list(await connection.execute_fetchall(
-        "SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)
-    ))
+    rows = list(await connection.execute_fetchall("SELECT log_offset FROM snapshots WHERE pid = ?", (pid,)))
     return rows[0][0] if rows else None
-

@@ -28,9 +28,7 @@ class WriterProcess:
         self._receive = BufferedByteReceiveStream(stream)
 
     @classmethod
-    async def start(
-        cls, db_path: str, lock_fd: int, synchronous: str, busy_timeout_ms: int
-    ) -> WriterProcess:
+    async def start(cls, db_path: str, lock_fd: int, synchronous: str, busy_timeout_ms: int) -> WriterProcess:
         ours, theirs = socket.socketpair()
         try:
             process = await anyio.open_process(
