@@ -25,7 +25,7 @@ PLACEHOLDERS_PER_READ = 64
 class FetchedRecord:
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None  # None: a null value (a Kafka tombstone), not an empty one
     timestamp_ms: int = -1  # -1: none (written over HTTP without one, or before format 2)
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
@@ -85,7 +85,7 @@ class FetchWindow:
                 self.stopped = "upto"
                 break
             r = records[i]
-            size = len(r.value) + len(r.key or b"")
+            size = len(r.value or b"") + len(r.key or b"")
             if self.records and (self.size + size > self.max_bytes or len(self.records) >= FETCH_RECORDS_MAX):
                 self.stopped = "full"
                 break

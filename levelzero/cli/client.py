@@ -149,9 +149,12 @@ class Client:
         return (await self._call("GET", "/v1/topics", TopicList)).topics
 
     async def produce(
-        self, topic: str, partition: int, records: Sequence[tuple[bytes | None, bytes] | bytes]
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[tuple[bytes | None, bytes | None] | bytes],
     ) -> ProduceResponse:
-        """`records`: values, or (key, value) pairs."""
+        """`records`: values, or (key, value) pairs (a None value: a null value)."""
         body = ProduceRequest(
             [RecordIn(r) if isinstance(r, bytes) else RecordIn(r[1], r[0]) for r in records]
         )

@@ -352,10 +352,10 @@ async def _run(
     print(f"  quiescence: {left} L0 objects left", file=out)
 
 
-async def read_partition(url: str, partition: int, topic: str = TOPIC) -> list[bytes]:
+async def read_partition(url: str, partition: int, topic: str = TOPIC) -> list[bytes | None]:
     """Every value of a partition, from offset 0, through the node at `url`."""
     async with Client(url, timeout_s=10.0) as client:
-        out: list[bytes] = []
+        out: list[bytes | None] = []
         offset = 0
         while True:
             fetched = await client.fetch(topic, partition, offset)

@@ -347,6 +347,7 @@ class _Input:
         self._separator = None if args.key_separator is None else args.key_separator.encode()
         self._shown_separator = args.key_separator
         self._skip = args.skip_malformed
+        self._empty_as_null = args.empty_as_null
         self.skipped = 0
         self.malformed: MalformedLine | None = None  # the line that stopped the input
         if lines is None:
@@ -356,10 +357,10 @@ class _Input:
                 lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
         self._lines = lines
 
-    def __iter__(self) -> Iterator[tuple[bytes | None, bytes]]:
+    def __iter__(self) -> Iterator[tuple[bytes | None, bytes | None]]:
         for number, line in enumerate(self._lines, start=1):
             if self._separator is None:
-                yield self._key, line
+                yield self._key, self._value(line)
                 continue
             if self._separator not in line:
                 problem = MalformedLine(
@@ -372,16 +373,20 @@ class _Input:
                 _fail(f"{problem} (skipped)")
                 continue
             line_key, _, value = line.partition(self._separator)
-            yield line_key, value
+            yield line_key, self._value(value)
+
+    def _value(self, value: bytes) -> bytes | None:
+        """`--empty-as-null`: an empty value is sent as a null value (a tombstone)."""
+        return None if self._empty_as_null and not value else value
 
 
 def _batches(
-    records: Iterable[tuple[bytes | None, bytes]], max_records: int, max_bytes: int
-) -> Iterable[list[tuple[bytes | None, bytes]]]:
-    batch: list[tuple[bytes | None, bytes]] = []
+    records: Iterable[tuple[bytes | None, bytes | None]], max_records: int, max_bytes: int
+) -> Iterable[list[tuple[bytes | None, bytes | None]]]:
+    batch: list[tuple[bytes | None, bytes | None]] = []
     size = 0
     for record in records:
-        record_size = len(record[1]) + len(record[0] or b"")
+        record_size = len(record[1] or b"") + len(record[0] or b"")
         if batch and (len(batch) >= max_records or size + record_size > max_bytes):
             yield batch
             batch, size = [], 0
@@ -423,9 +428,11 @@ class _Produced:
         self.overtaken = 0  # requests answered with offsets below an earlier-sent request's
         self._highest_base_by_sequence: list[tuple[int, int]] = []
 
-    def add(self, sequence: int, batch: list[tuple[bytes | None, bytes]], base: int, last: int) -> None:
+    def add(
+        self, sequence: int, batch: list[tuple[bytes | None, bytes | None]], base: int, last: int
+    ) -> None:
         self.records += len(batch)
-        self.size += sum(len(v) + len(k or b"") for k, v in batch)
+        self.size += sum(len(v or b"") + len(k or b"") for k, v in batch)
         self.requests += 1
         self.first = base if self.first is None else min(self.first, base)
         self.last = last if self.last is None else max(self.last, last)
@@ -445,7 +452,7 @@ async def _produce(args: argparse.Namespace, client: Client) -> None:
     progress = _Progress()
     slots = anyio.Semaphore(args.in_flight)
 
-    async def send(sequence: int, batch: list[tuple[bytes | None, bytes]]) -> None:
+    async def send(sequence: int, batch: list[tuple[bytes | None, bytes | None]]) -> None:
         try:
             ack = await client.produce(args.topic, args.partition, batch)
         finally:
@@ -505,7 +512,7 @@ def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input)
 
 async def _consume_stream(
     args: argparse.Namespace, client: Client
-) -> AsyncIterator[tuple[int, bytes | None, bytes]]:
+) -> AsyncIterator[tuple[int, bytes | None, bytes | None]]:
     offset = args.offset
     delay_s = FOLLOW_POLL_MIN_S
     while True:

@@ -26,9 +26,10 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def record_json(offset: int, key: bytes | None, value: bytes) -> dict[str, Any]:
+def record_json(offset: int, key: bytes | None, value: bytes | None) -> dict[str, Any]:
     """A record as JSON: keys and values that are UTF-8 text as strings, anything else as
-    base64 under `key_b64` / `value_b64` (so no byte is lost and text stays readable)."""
+    base64 under `key_b64` / `value_b64` (so no byte is lost and text stays readable); a null
+    key or value as `null` (an empty one is `""`)."""
     out: dict[str, Any] = {"offset": offset}
     for name, data in (("key", key), ("value", value)):
         if data is None:
@@ -41,13 +42,14 @@ def record_json(offset: int, key: bytes | None, value: bytes) -> dict[str, Any]:
     return out
 
 
-def _print_record(fmt: str, offset: int, key: bytes | None, value: bytes) -> None:
+def _print_record(fmt: str, offset: int, key: bytes | None, value: bytes | None) -> None:
+    """`text` and `offsets` print a null value as an empty line, as kcat does; `json` tells
+    them apart."""
     if fmt == "json":
         print(msgspec.json.encode(record_json(offset, key, value)).decode())
-    elif fmt == "offsets":
-        print(f"{offset}\t{value.decode('utf-8', 'backslashreplace')}")
-    else:
-        print(value.decode("utf-8", "backslashreplace"))
+        return
+    text = (value or b"").decode("utf-8", "backslashreplace")
+    print(f"{offset}\t{text}" if fmt == "offsets" else text)
 
 
 def _cell(value: object) -> str:

@@ -197,6 +197,12 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip (and report) input lines without the key separator instead of stopping",
     )
+    p.add_argument(
+        "-Z",
+        "--empty-as-null",
+        action="store_true",
+        help="send an empty value as a null value (a tombstone), as kcat -Z does",
+    )
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_produce))
 
@@ -210,7 +216,12 @@ def add_consume(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-bytes", type=int, default=None, help="bytes per fetch")
     p.add_argument("--follow", action="store_true", help="wait for new records (Ctrl-C ends)")
     p.add_argument("--poll-max-s", type=float, default=1.0, help="longest pause between polls")
-    p.add_argument("--format", choices=("text", "offsets", "json"), default="text")
+    p.add_argument(
+        "--format",
+        choices=("text", "offsets", "json"),
+        default="text",
+        help='json shows a null value as null and an empty one as "" (text and offsets print both empty)',
+    )
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_consume))
 

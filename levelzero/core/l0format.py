@@ -23,6 +23,10 @@ MAGIC = b"LZL0"
 # (Kafka's record model): [key, value, timestamp_ms, headers], two bytes more than version 1
 # for a record without them. Objects of version 1 ([key, value] records) stay readable: the
 # missing trailing fields decode as their defaults.
+# A value may be nil: Kafka's null value (a tombstone), distinct from an empty value (a
+# zero-length bin). Objects written before null values were kept hold no nil value (a null
+# was stored empty) and read back as they were written; the version stays 2 (msgpack says
+# which a value is), so an older reader still reads every object without a null value.
 VERSION = 2
 READABLE_VERSIONS = (1, 2)
 NO_TIMESTAMP = -1
@@ -30,8 +34,11 @@ _PREAMBLE = struct.Struct(">4sBI")
 
 
 class Record(msgspec.Struct, frozen=True, array_like=True):
+    """One stored record. `None` and `b""` are different values of `key` and of `value`: a
+    null value is Kafka's tombstone (log compaction keys on it), an empty one is data."""
+
     key: bytes | None
-    value: bytes
+    value: bytes | None
     timestamp_ms: int = NO_TIMESTAMP
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
@@ -53,6 +60,12 @@ class ObjectHeader(msgspec.Struct, frozen=True):
 _records_encoder = msgspec.msgpack.Encoder()
 _records_decoder = msgspec.msgpack.Decoder(list[Record])
 _header_decoder = msgspec.msgpack.Decoder(ObjectHeader)
+
+
+def is_stored_value(data: object) -> bool:
+    """A key or value as a record holds it: bytes, or None (null). Never a bytearray,
+    memoryview or str (those encode to other msgpack types, or decode as something else)."""
+    return data is None or type(data) is bytes
 
 
 def checksum(data: bytes) -> int:
@@ -87,6 +100,7 @@ def records_match_extent(records: Sequence[Record], expected_checksum: int) -> b
     and encoding give the same bytes.) An extent of version 1 held `[key, value]` records:
     records without a timestamp or headers are tried in that form too."""
     assert records, "an extent holds at least one record"
+    assert all(is_stored_value(r.value) and is_stored_value(r.key) for r in records), records
     if checksum(encode_extent(records)) == expected_checksum:
         return True
     if all(r.timestamp_ms == NO_TIMESTAMP and not r.headers for r in records):

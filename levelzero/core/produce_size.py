@@ -16,20 +16,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .errors import TooLarge
-from .l0format import Record
+from .l0format import Record, is_stored_value
 
 RECORD_OVERHEAD_BYTES = 8
 # An extent's encoded length (`l0format.encode_extent`) plus this many bytes per record is at
 # least the records' size by the rule: a record's msgpack encoding is at most this much shorter
-# than its size (a null key and a short empty value: 6 bytes of framing against the rule's 8;
-# with a key 7; each header adds at least its name and value). So a request whose encoded length
-# passes with this allowance passes the rule without adding its records up one by one.
-ENCODED_SHORTFALL_PER_RECORD_MAX = 2
+# than its size (a null key and a null value: 5 bytes of framing against the rule's 8; an empty
+# value 6; with a key one more; each header adds at least its name and value). So a request
+# whose encoded length passes with this allowance passes the rule without adding its records up
+# one by one.
+ENCODED_SHORTFALL_PER_RECORD_MAX = 3
 
 
 def record_size(record: Record) -> int:
-    """One record's size by the rule."""
-    size = len(record.value) + RECORD_OVERHEAD_BYTES
+    """One record's size by the rule (a null value counts as empty)."""
+    value = record.value
+    assert is_stored_value(value) and is_stored_value(record.key), record
+    size = RECORD_OVERHEAD_BYTES if value is None else len(value) + RECORD_OVERHEAD_BYTES
     if record.key is not None:
         size += len(record.key)
     for name, value in record.headers:

@@ -202,7 +202,8 @@ def _where(config: Config) -> str:
     return config.storage.db_path
 
 
-Row = tuple[str, int, int, int | None, bytes | None, bytes, list[tuple[str, bytes | None]]]
+# key and value: None for a null key or value (a tombstone's value), b"" for an empty one.
+Row = tuple[str, int, int, int | None, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
 def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:

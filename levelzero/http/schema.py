@@ -27,7 +27,7 @@ class CreateTopicRequest(_Request):
 
 
 class RecordIn(_Request):
-    value: bytes
+    value: bytes | None  # null: a null value (Kafka's tombstone), distinct from "" (empty)
     key: bytes | None = None
     # Kafka's record model (L0/L1 format 2): a timestamp in ms since the epoch and headers,
     # each [name, value (base64) or null]. Both optional.
@@ -87,8 +87,8 @@ class ProduceResponse(_Response):
 
 class RecordOut(_Response, omit_defaults=True):
     offset: int
-    key: bytes | None
-    value: bytes
+    key: bytes | None  # always present: null when the record has no key
+    value: bytes | None  # always present: null for a null value, "" for an empty one
     timestamp_ms: int | None = None  # left out when the record has none
     headers: list[tuple[str, bytes | None]] | None = None  # left out when the record has none
 

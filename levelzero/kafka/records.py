@@ -398,14 +398,9 @@ def _decode_records_compiled(
     synthetic += body
     records: list[KafkaRecord] | list[Record]
     try:
-        if stored:  # what the node stores: no KafkaRecord in between (a null value is empty)
+        if stored:  # what the node stores: no KafkaRecord in between (a null value stays null)
             records = [
-                Record(
-                    r.key,
-                    r.value if r.value is not None else b"",
-                    r.timestamp,
-                    tuple(r.headers) if r.headers else (),
-                )
+                Record(r.key, r.value, r.timestamp, tuple(r.headers) if r.headers else ())
                 for r in _AiokafkaBatch(bytes(synthetic))
             ]
         else:
@@ -427,8 +422,8 @@ def _decode_records_compiled(
 
 def decode_batches(data: bytes, *, stored: bool = False) -> list[KafkaBatch]:
     """Every batch in a produce request's record set. Raises CorruptBatch/UnsupportedCompression.
-    With `stored`, each batch's records are the `Record`s the node stores (key, value with null
-    as empty, timestamp, headers) instead of `KafkaRecord`s."""
+    With `stored`, each batch's records are the `Record`s the node stores (key, value, each
+    null or bytes as sent, timestamp, headers) instead of `KafkaRecord`s."""
     batches: list[KafkaBatch] = []
     pos = 0
     total = len(data)
@@ -462,10 +457,7 @@ def decode_batches(data: bytes, *, stored: bool = False) -> list[KafkaBatch]:
         else:
             records = _decode_records(body, count, base_ts)
             if stored:
-                records = [
-                    Record(r.key, r.value if r.value is not None else b"", r.timestamp_ms, r.headers)
-                    for r in records
-                ]
+                records = [Record(r.key, r.value, r.timestamp_ms, r.headers) for r in records]
         batches.append(
             KafkaBatch(
                 base_offset,
@@ -602,7 +594,7 @@ class Stored(Protocol):
     @property
     def key(self) -> bytes | None: ...
     @property
-    def value(self) -> bytes: ...
+    def value(self) -> bytes | None: ...
     @property
     def headers(self) -> tuple[tuple[str, bytes | None], ...]: ...
 

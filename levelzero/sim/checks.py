@@ -52,7 +52,7 @@ class Truth:
         self.world = world
         self.shadow: dict[int, PartitionState] = {}
         # pid -> data offset -> (key, value) of every acknowledged record
-        self.acked: dict[int, dict[int, tuple[bytes | None, bytes]]] = {}
+        self.acked: dict[int, dict[int, tuple[bytes | None, bytes | None]]] = {}
         # pid -> durable placeholders in data-offset order (bases for bisect)
         self.placeholders: dict[int, list[LogRecord]] = {}
         self._bases: dict[int, list[int]] = {}
@@ -206,7 +206,7 @@ class Truth:
 
     # ------------------------------------------------------------------ invariant 3
 
-    def expected(self, pid: int, offset: int) -> tuple[bytes | None, bytes] | None:
+    def expected(self, pid: int, offset: int) -> tuple[bytes | None, bytes | None] | None:
         return self.acked.get(pid, {}).get(offset)
 
     def placeholder_at(self, pid: int, offset: int) -> LogRecord | None:

@@ -496,7 +496,13 @@ class World:
     def _record(self) -> Record:
         self._values += 1
         size = self.rng.randint(*self.cfg.value_bytes)
-        value = f"v{self.seed}.{self._values}.".encode().ljust(size, b"x")
+        value: bytes | None = f"v{self.seed}.{self._values}.".encode().ljust(size, b"x")
+        # Every fifth keyed record is a null value (a tombstone), the one after next an empty
+        # one: both must read back as written, from L0 and L1 (the key tells them apart).
+        if self._values % 15 == 0:
+            value = None
+        elif self._values % 15 == 6:
+            value = b""
         return Record(key=None if self._values % 3 else f"k{self._values}".encode(), value=value)
 
     async def _produce(self, inc: Incarnation, topic: str, partition: int, records: list[Record]) -> None:

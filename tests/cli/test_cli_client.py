@@ -1,6 +1,6 @@
 """The client commands an operator scripts against: `produce` from stdin with requests in
 flight at once, malformed lines named by their number, `consume --json` with text as text,
-`topics list` with headers, `--json` everywhere, a URL without a scheme as a usage error, and
+`produce -Z` sending empty values as null ones, `topics list` with headers, `--json` everywhere, a URL without a scheme as a usage error, and
 counts in the singular when there is one."""
 
 from __future__ import annotations
@@ -89,6 +89,22 @@ def test_json_output_decodes_text_and_keeps_binary_as_base64(daemon_process: Dae
             {"offset": 0, "key": "clé", "value": "grüße"},
             {"offset": 1, "key": None, "value_b64": "//5iaW5hcnk="},
         ]
+
+
+def test_empty_as_null_produces_tombstones_that_json_shows_as_null(daemon_process: DaemonProcess) -> None:
+    assert daemon_process.cli("topics", "create", "z").returncode == 0
+    text = b"gone:\nkept:v\n"
+    assert daemon_process.cli("produce", "z", "--key-separator", ":", input=text).returncode == 0
+    assert daemon_process.cli("produce", "z", "--key-separator", ":", "-Z", input=text).returncode == 0
+    out = daemon_process.cli("consume", "z", "--json").stdout.decode()
+    assert [(r["key"], r["value"]) for r in map(json.loads, out.splitlines())] == [
+        ("gone", ""),  # without -Z an empty value is sent as it is
+        ("kept", "v"),
+        ("gone", None),  # with -Z it is a null value
+        ("kept", "v"),
+    ]
+    # Text output prints a null value as an empty line, as kcat does.
+    assert daemon_process.cli("consume", "z", "--format", "offsets").stdout == b"0\t\n1\tv\n2\t\n3\tv\n"
 
 
 def test_topics_headers_plurals_json_and_a_url_without_scheme(daemon_process: DaemonProcess) -> None:

@@ -12,14 +12,16 @@ from levelzero.core.l0format import (
     EncodedExtents,
     Record,
     build_object,
+    checksum,
     decode_extent,
     encode_extent,
     finish_object,
     read_header,
+    records_match_extent,
 )
 
 records_strategy = st.lists(
-    st.builds(Record, st.none() | st.binary(max_size=20), st.binary(max_size=200)),
+    st.builds(Record, st.none() | st.binary(max_size=20), st.none() | st.binary(max_size=200)),
     min_size=1,
     max_size=20,
 )
@@ -134,6 +136,49 @@ def test_format_2_records_carry_timestamps_and_headers_and_format_1_objects_stay
         len(l0format.encode_extent([l0format.Record(None, b"plain")]))
         == len(msgspec.msgpack.encode([RecordV1(None, b"plain")])) + 2
     )
+
+
+# An object written before null values were kept (format 2, by the previous encoder): records
+# (b"k", b""), (None, b"", 1_700_000_000_123, [("h", b""), ("n", None)]), (b"", b"v") in one
+# extent of pid 3 at epoch 5. A Kafka tombstone was stored as an empty value then.
+FORMAT_2_BEFORE_NULL_VALUES = bytes.fromhex(
+    "4c5a4c30020000002483a776657273696f6e02a565706f636805a7657874656e74739195032d2803ce70ff7dc1"
+    "9394c4016bc400ff9094c0c400cf0000018bcfe5687b9292a168c40092a16ec094c400c40176ff90"
+)
+
+
+def test_an_object_written_before_null_values_reads_back_with_its_empty_values() -> None:
+    header = read_header(FORMAT_2_BEFORE_NULL_VALUES, "old")
+    assert (header.version, header.epoch) == (2, 5)
+    [extent] = header.extents
+    raw = FORMAT_2_BEFORE_NULL_VALUES[extent.byte_offset : extent.byte_offset + extent.byte_length]
+    records = decode_extent(raw, extent.checksum, 3, "old")
+    assert records == [
+        Record(b"k", b""),
+        Record(None, b"", 1_700_000_000_123, (("h", b""), ("n", None))),
+        Record(b"", b"v"),
+    ]
+    assert [type(r.value) for r in records] == [bytes, bytes, bytes]  # empty, never None
+    # Encoding the decoded records gives the bytes back (L1 verification relies on it).
+    assert encode_extent(records) == raw
+
+
+def test_a_null_value_and_an_empty_value_are_distinct_records() -> None:
+    records = [Record(b"k", None), Record(b"k", b""), Record(None, None), Record(b"", b"")]
+    assert records[0] != records[1]
+    encoded = encode_extent(records)
+    decoded = decode_extent(encoded, checksum(encoded), 4, "test")
+    assert decoded == records
+    assert [r.value for r in decoded] == [None, b"", None, b""]
+    assert [r.key for r in decoded] == [b"k", b"k", None, b""]
+    assert records_match_extent(decoded, checksum(encoded))
+    # A null value read as empty (the old behaviour) would no longer match what was acknowledged.
+    assert not records_match_extent([Record(b"k", b"")] + decoded[1:], checksum(encoded))
+
+
+def test_a_value_that_is_not_bytes_or_none_is_an_invariant_violation() -> None:
+    with pytest.raises(AssertionError):
+        records_match_extent([Record(b"k", bytearray(b"v"))], 0)  # type: ignore[arg-type]
 
 
 def _front_by_iteration(epoch: int, shapes: list[tuple[int, int, int]], sums: list[int]) -> bytes:

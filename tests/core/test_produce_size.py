@@ -22,6 +22,7 @@ from levelzero.core.produce_size import (
 def test_a_record_counts_its_value_key_header_names_and_values_and_8_bytes():
     assert RECORD_OVERHEAD_BYTES == 8
     assert record_size(Record(None, b"")) == 8
+    assert record_size(Record(b"k", None)) == 9  # a null value (a tombstone) counts as empty
     assert record_size(Record(b"", b"abc")) == 11
     assert record_size(Record(b"key", b"value", 1_700_000_000_000)) == 16  # a timestamp is free
     headers = (("trace", b"t1"), ("n", None), ("é", b""))  # "é" is 2 bytes of UTF-8
@@ -46,7 +47,7 @@ def test_at_the_limit_passes_and_one_byte_over_is_too_large():
 
 
 def test_the_encoded_length_with_its_allowance_never_undercounts_the_rule():
-    """The batcher's shortcut: `encoded + 2 per record <= limit` implies `size <= limit`.
+    """The batcher's shortcut: `encoded + 3 per record <= limit` implies `size <= limit`.
     Shapes around msgpack's width thresholds, null and empty keys, values and headers."""
     rng = random.Random(31)
     lengths = [0, 1, 15, 31, 32, 255, 256, 65_535, 65_536]
@@ -55,7 +56,11 @@ def test_the_encoded_length_with_its_allowance_never_undercounts_the_rule():
         records = []
         for _ in range(rng.choice([1, 2, 5, 16, 17])):
             key = None if rng.random() < 0.4 else rng.randbytes(rng.choice(lengths[:7]))
-            value = rng.randbytes(rng.choice(lengths if rng.random() < 0.1 else lengths[:7]))
+            value = (
+                None
+                if rng.random() < 0.2
+                else rng.randbytes(rng.choice(lengths if rng.random() < 0.1 else lengths[:7]))
+            )
             stamp = rng.choice([NO_TIMESTAMP, 0, 127, 1_700_000_000_000])
             headers = tuple(
                 (
@@ -69,7 +74,9 @@ def test_the_encoded_length_with_its_allowance_never_undercounts_the_rule():
         slack = encoded + ENCODED_SHORTFALL_PER_RECORD_MAX * len(records) - produce_size(records)
         assert slack >= 1, records
         tightest = slack if tightest is None else min(tightest, slack)
-    # The bound is tight: null keys and empty values leave one byte (the array's own header).
-    smallest = [Record(None, b"")] * 5
-    assert len(encode_extent(smallest)) + 2 * 5 - produce_size(smallest) == 1
+    # The bound is tight: null keys and null values leave one byte (the array's own header).
+    smallest = [Record(None, None)] * 5
+    assert len(encode_extent(smallest)) + 3 * 5 - produce_size(smallest) == 1
+    empty = [Record(None, b"")] * 5  # an empty value takes one byte more than a null one
+    assert len(encode_extent(empty)) == len(encode_extent(smallest)) + 5
     assert tightest is not None and tightest >= 1

@@ -86,7 +86,8 @@ def spark_rows(
     for r in df.collect():
         key = None if r.key is None else bytes(r.key)
         headers = [(h.key, None if h.value is None else bytes(h.value)) for h in r.headers]
-        out.append((r.topic, r.partition, r.offset, r.timestamp, key, bytes(r.value), headers))
+        value = None if r.value is None else bytes(r.value)  # a null value stays null
+        out.append((r.topic, r.partition, r.offset, r.timestamp, key, value, headers))
     return sorted(out, key=lambda row: (row[1], row[2]))
 
 
@@ -97,6 +98,7 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
             for i in range(5):
                 await client.produce("t", 0, [f"a{i}".encode(), (f"k{i}".encode(), bytes([i, 0, 255]))])
                 await client.produce("t", 1, [(None, f"b{i}".encode() * 100)])
+            await client.produce("t", 0, [(b"tombstone-l1", None)])  # a null value, reconciled
             with anyio.fail_after(WAIT_S):
                 while (await client.status()).reconciler.lag_offsets:
                     await anyio.sleep(0.02)
@@ -104,12 +106,15 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
             for i in range(3):
                 await client.produce("t", 0, [f"late{i}".encode(), (b"", b"")])
                 await client.produce("t", 1, [(b"\x00key", f"tail{i}".encode())])
+            await client.produce("t", 1, [(b"tombstone-l0", None)])  # a null value, in L0
             served, tiers = await api_rows(client, "t", 2)
+            nulls = {row[4]: row[5] for row in served if row[4] in (b"tombstone-l1", b"tombstone-l0", b"")}
+            assert nulls == {b"tombstone-l1": None, b"tombstone-l0": None, b"": b""}
             assert tiers == {"l0", "l1"}
             ranges = plan(str(tmp_path), "t")
             assert {r.tier for r in ranges} == {"l0", "l1"}
             read = await anyio.to_thread.run_sync(spark_rows, spark, tmp_path, "t")
-            assert len(served) == 2 * 5 + 5 + 2 * 3 + 3
+            assert len(served) == 2 * 5 + 5 + 2 * 3 + 3 + 2
             assert read == served
 
             # Offset ranges: only the objects holding [3, 12) are planned, and Spark reads those.

@@ -89,6 +89,39 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
         assert (await raw(client, "GET", "/readyz")).json() == {"status": "ready"}
 
 
+async def test_a_json_null_value_round_trips_distinct_from_an_empty_one(tmp_path: Path) -> None:
+    """`"value": null` is a null value (a Kafka tombstone): fetched as `null`, over the raw JSON
+    and through the client, never as `""`; a missing value is still a 400."""
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 1)
+        body = {
+            "records": [
+                {"key": b64(b"gone"), "value": None},
+                {"key": b64(b"empty"), "value": ""},
+                {"key": None, "value": None},
+                {"value": b64(b"v")},
+            ]
+        }
+        response = await raw(client, "POST", RECORDS, json=body)
+        assert response.status_code == 200, response.text
+        fetched = (await raw(client, "GET", RECORDS)).json()["records"]
+        assert [(r["offset"], r["key"], r["value"]) for r in fetched] == [
+            (0, b64(b"gone"), None),
+            (1, b64(b"empty"), ""),
+            (2, None, None),
+            (3, None, b64(b"v")),
+        ]
+        records = (await client.fetch("t", 0, 0)).records
+        assert [(r.key, r.value) for r in records] == [
+            (b"gone", None),
+            (b"empty", b""),
+            (None, None),
+            (None, b"v"),
+        ]
+        response = await raw(client, "POST", RECORDS, json={"records": [{"key": None}]})
+        assert_error(response, 400, "malformed_request", "missing required field `value`")
+
+
 async def test_status_m_is_capped_and_names_what_blocks_it(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path) as (_, client):
         status = await client.status()

@@ -241,11 +241,12 @@ def test_the_compiled_codec_is_used_and_agrees_with_the_python_one() -> None:
     assert kr._decode_records(body, len(records), batch.base_timestamp_ms) == records
     python = kr.encode_batch(1234, records, compression=kr.COMPRESSION_GZIP)  # the Python path
     assert kr.decode_batches(python)[0].records == records
-    # What the node stores, decoded straight from the batch (a null value is stored empty).
+    # What the node stores, decoded straight from the batch (a null value stays null).
     (stored,) = kr.decode_batches(compiled, stored=True)
     assert [(r.key, r.value, r.timestamp_ms, r.headers) for r in stored.records] == [
-        (r.key, r.value or b"", r.timestamp_ms, r.headers) for r in records
+        (r.key, r.value, r.timestamp_ms, r.headers) for r in records
     ]
+    assert sum(r.value is None for r in stored.records) == 46  # i % 11 == 0
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kr, "_AIOKAFKA", False)
         assert kr.decode_batches(compiled, stored=True)[0].records == stored.records
