@@ -224,7 +224,7 @@ class L1Catalog:
                 for row in rows[i:]:
                     if not await self._fill_from(row, window):
                         return
-            elif window.records and refreshed:
+            elif window.count and refreshed:
                 return  # the lineage goes no further (offsets an operator abandoned)
             elif refreshed:
                 raise ObjectNotFound(f"{actor.name}: no valid L1 object holds offset {offset}")
@@ -236,7 +236,7 @@ class L1Catalog:
         try:
             data = await self._objects.get(row.key)
         except ObjectNotFound:
-            if not window.records:
+            if not window.count:
                 raise
             return False
         where = f"L1 object {row.key}"

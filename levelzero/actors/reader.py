@@ -7,7 +7,7 @@ done, so the GC cannot delete an object it is about to range-read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
@@ -30,13 +30,45 @@ class FetchedRecord:
     headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
+class Run(NamedTuple):
+    """Records `start` .. `stop - 1` of one extent's decoded `records`, the first of which is
+    at `base_offset`: what a fetch took from that extent, without an object per record (the
+    Kafka door encodes a run into one batch straight from the stored records)."""
+
+    base_offset: int
+    records: list[Record]
+    start: int
+    stop: int
+
+    @property
+    def first_offset(self) -> int:
+        return self.base_offset + self.start
+
+
+def _materialise(runs: list[Run]) -> list[FetchedRecord]:
+    return [
+        FetchedRecord(base + i, r.key, r.value, r.timestamp_ms, r.headers)
+        for base, records, start, stop in runs
+        for i, r in enumerate(records[start:stop], start)
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class FetchResult:
-    records: list[FetchedRecord]
+    runs: list[Run]  # contiguous: each run's first offset follows the previous run's last
     next_offset: int
     high_watermark: int
     start_offset: int
     tier: str  # "l1" | "l0" | "l1+l0" | "none"
+
+    @property
+    def records(self) -> list[FetchedRecord]:
+        """The records one by one (built on each call: the HTTP door and tests want them)."""
+        return _materialise(self.runs)
+
+    @property
+    def count(self) -> int:
+        return sum(stop - start for _, _, start, stop in self.runs)
 
 
 class FetchWindow:
@@ -48,21 +80,26 @@ class FetchWindow:
     or "gap" (an extent does not follow on from the records taken: the offsets between are
     elsewhere, and a fetch never skips over offsets)."""
 
-    __slots__ = ("offset", "upto", "max_bytes", "records", "size", "stopped")
+    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped")
 
     def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
         assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
         self.offset = offset
         self.upto = upto
         self.max_bytes = max_bytes
-        self.records: list[FetchedRecord] = []
+        self.runs: list[Run] = []
+        self.count = 0  # records taken
         self.size = 0
         self.stopped: str | None = None
 
     @property
+    def records(self) -> list[FetchedRecord]:
+        return _materialise(self.runs)
+
+    @property
     def next_offset(self) -> int:
         """The offset the fetch goes on from."""
-        return self.records[-1].offset + 1 if self.records else self.offset
+        return self.offset + self.count
 
     def extend_to(self, upto: int) -> None:
         """Go on past the old `upto` (from L1 into L0), unless stopped for another reason."""
@@ -73,28 +110,34 @@ class FetchWindow:
 
     def add_extent(self, base_offset: int, records: list[Record]) -> bool:
         """Take what fits from an extent whose first record is at `base_offset`; False once
-        stopped."""
+        stopped. Hot (every record a fetch returns): no object per record."""
         assert self.stopped is None, self.stopped
         wanted = self.next_offset
         if base_offset > wanted:
             self.stopped = "gap"
             return False
-        for i in range(wanted - base_offset, len(records)):
-            at = base_offset + i
-            if at > self.upto:
-                self.stopped = "upto"
-                break
-            r = records[i]
-            size = len(r.value or b"") + len(r.key or b"")
-            if self.records and (self.size + size > self.max_bytes or len(self.records) >= FETCH_RECORDS_MAX):
+        start = wanted - base_offset
+        stop = min(len(records), self.upto - base_offset + 1)
+        if stop < len(records):
+            self.stopped = "upto"
+        count, size, max_bytes = self.count, self.size, self.max_bytes
+        taken_before = count
+        for r in records[start:stop]:
+            value, key = r.value, r.key
+            grown = size + (0 if value is None else len(value)) + (0 if key is None else len(key))
+            if count and (grown > max_bytes or count >= FETCH_RECORDS_MAX):
                 self.stopped = "full"
                 break
-            self.records.append(FetchedRecord(at, r.key, r.value, r.timestamp_ms, r.headers))
-            self.size += size
+            size = grown
+            count += 1
+        if count > taken_before:
+            self.runs.append(Run(base_offset, records, start, start + count - taken_before))
+        self.count, self.size = count, size
         if self.stopped is None and self.next_offset > self.upto:
             self.stopped = "upto"
-        first = self.records[0].offset if self.records else self.offset
-        assert first == self.offset and self.next_offset - first == len(self.records)
+        last = self.runs[-1] if self.runs else None
+        assert last is None or last.base_offset + last.stop == self.next_offset, (last, self.next_offset)
+        assert not self.runs or self.runs[0].first_offset == self.offset, (self.runs[0], self.offset)
         return self.stopped is None
 
 
@@ -134,12 +177,12 @@ class Reader:
             window.extend_to(hwm - 1)
         else:
             window = FetchWindow(offset, hwm - 1, max_bytes)
-        taken = len(window.records)
+        taken = window.count
         if window.stopped is None:
             await self._fill_l0(actor, window, hwm)
-            if len(window.records) > taken or not tiers:
+            if window.count > taken or not tiers:
                 tiers.append("l0")
-        return FetchResult(window.records, window.next_offset, hwm, start, "+".join(tiers))
+        return FetchResult(window.runs, window.next_offset, hwm, start, "+".join(tiers))
 
     async def _fill_l0(self, actor: PartitionActor, window: FetchWindow, hwm: int) -> None:
         """Go on in L0 from the window's next offset: placeholders page by page, extent by
@@ -148,7 +191,7 @@ class Reader:
         and the next fetch reads them from L1."""
         reader_id, _ = actor.register_reader()  # pins M(p) before any placeholder is read
         try:
-            if window.records and window.next_offset <= actor.state.lro:
+            if window.count and window.next_offset <= actor.state.lro:
                 return
             self.l0_reads += 1
             more = True

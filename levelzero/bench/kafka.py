@@ -11,8 +11,9 @@ PARTITIONS partitions) into a fresh topic per side:
                  fetch loop per partition (max_bytes 1 MiB) reads them back.
 Each client runs in a child process of its own (`python -m levelzero.bench.kafka SIDE ...`), so
 neither takes the daemon's interpreter from it; the records are generated there from the same
-seed, before the clock starts. Wall clock, records/s, rounds alternating. Target: the Kafka
-listener at least the HTTP API's records/s (>= 100%).
+seed, before the clock starts. Wall clock, records/s, rounds alternating. Targets: the Kafka
+listener at least the HTTP API's records/s on produce (>= 100%), one and a half times it on
+fetch (>= 150%).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ HTTP_CALLERS = 4
 HTTP_RECORDS_PER_REQUEST = 5_000
 FETCH_BYTES = 1024 * 1024
 TARGET = Target(1.0)
+# Fetch: the Kafka door encodes each extent's run of records into one batch straight from the
+# stored records, where the HTTP door builds an object and a JSON record per record.
+FETCH_TARGET = Target(1.5)
 CONSUME_POLLS_MAX = 100_000
 
 
@@ -206,7 +210,7 @@ async def run(settings: Settings) -> list[Figure]:
             "fetch: Kafka listener (confluent-kafka) vs HTTP API",
             "records/s",
             fetch_pairs,
-            target=TARGET,
+            target=FETCH_TARGET,
             sut_label="kafka",
             floor_label="http",
             notes=notes,

@@ -150,5 +150,5 @@ class FetchApi:
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, b""
-        data = kr.encode_stored(result.records) if result.records else b""
+        data = kr.encode_runs(result.runs) if result.runs else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data

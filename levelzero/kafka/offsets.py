@@ -73,12 +73,13 @@ class OffsetsApi:
         scanned = 0
         while offset < high_watermark and scanned < LIST_OFFSETS_SCAN_RECORDS_MAX:
             result = await self.node.fetch(topic, partition, offset, FETCH_BYTES_MAX)
-            if not result.records:
+            if not result.runs:
                 break
-            for record in result.records:
-                if record.timestamp_ms >= timestamp_ms:
-                    return record.offset, record.timestamp_ms
-            scanned += len(result.records)
+            for base, records, start, stop in result.runs:
+                for i in range(start, stop):
+                    if records[i].timestamp_ms >= timestamp_ms:
+                        return base + i, records[i].timestamp_ms
+            scanned += result.count
             offset = result.next_offset
         if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
             return high_watermark, -1

@@ -583,30 +583,38 @@ def _encode_compiled(
     return bytes(out)
 
 
-class Stored(Protocol):
-    """A stored record as a fetch reads it (actors.reader.FetchedRecord, a frozen dataclass:
-    read-only members)."""
+class StoredRun(Protocol):
+    """Stored records as a fetch took them from one extent (actors.reader.Run): `records[start:
+    stop]`, the first of them (index 0) at `base_offset`."""
 
     @property
-    def offset(self) -> int: ...
+    def base_offset(self) -> int: ...
     @property
-    def timestamp_ms(self) -> int: ...
+    def records(self) -> Sequence[Record]: ...
     @property
-    def key(self) -> bytes | None: ...
+    def start(self) -> int: ...
     @property
-    def value(self) -> bytes | None: ...
-    @property
-    def headers(self) -> tuple[tuple[str, bytes | None], ...]: ...
+    def stop(self) -> int: ...
 
 
-def encode_stored(records: Sequence[Stored]) -> bytes:
-    """One uncompressed batch of stored records (consecutive offsets, the first the base),
-    without a KafkaRecord per record on the compiled path (a fetch's hot loop)."""
-    assert records, "a batch holds at least one record"
-    base = records[0].offset
+def encode_runs(runs: Sequence[StoredRun]) -> bytes:
+    """Uncompressed batches of stored records, one per run (a run is what a fetch took from
+    one extent), straight from the stored records: no object per record on the compiled path
+    (a fetch's hot loop)."""
+    assert runs, "a fetch took at least one run"
+    return b"".join(_encode_run(run.base_offset, run.records, run.start, run.stop) for run in runs)
+
+
+def _encode_run(base_offset: int, records: Sequence[Record], start: int, stop: int) -> bytes:
+    assert 0 <= start < stop <= len(records), (start, stop, len(records))
+    first = base_offset + start
     if not _AIOKAFKA:
         return encode_batch(
-            base, [KafkaRecord(r.offset - base, r.timestamp_ms, r.key, r.value, r.headers) for r in records]
+            first,
+            [
+                KafkaRecord(i - start, r.timestamp_ms, r.key, r.value, r.headers)
+                for i, r in enumerate(records[start:stop], start)
+            ],
         )
     builder = _AiokafkaBuilder(
         magic=MAGIC,
@@ -618,19 +626,13 @@ def encode_stored(records: Sequence[Stored]) -> bytes:
         batch_size=2**31 - 1,
     )
     append = builder.append
-    for r in records:
-        assert (
-            append(
-                r.offset - base,
-                timestamp=r.timestamp_ms,
-                key=r.key,
-                value=r.value,
-                headers=list(r.headers) if r.headers else [],
-            )
-            is not None
-        ), "the batch size is unbounded"
+    for delta, r in enumerate(records[start:stop]):
+        headers = r.headers
+        assert append(delta, r.timestamp_ms, r.key, r.value, list(headers) if headers else []) is not None, (
+            "the batch size is unbounded"
+        )
     out = builder.build()
-    out[0:8] = base.to_bytes(8, "big", signed=True)  # outside the CRC
+    out[0:8] = first.to_bytes(8, "big", signed=True)  # outside the CRC
     return bytes(out)
 
 

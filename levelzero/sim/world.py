@@ -615,7 +615,8 @@ class World:
         except LevelZeroError as exc:
             self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
             return
-        for fetched in result.records:
+        records = result.records
+        for fetched in records:
             expected = self.truth.expected(actor.row.pid, fetched.offset)
             if expected is not None and expected != (fetched.key, fetched.value):
                 self.fail(
@@ -623,8 +624,8 @@ class World:
                     f"{actor.name}@{fetched.offset} read from {result.tier} is "
                     f"{(fetched.key, fetched.value)!r}, acknowledged {expected!r}",
                 )
-        self.stats.records_read += len(result.records)
-        self.note(f"{inc} read {actor.name}@{offset}: {len(result.records)} from {result.tier}")
+        self.stats.records_read += len(records)
+        self.note(f"{inc} read {actor.name}@{offset}: {len(records)} from {result.tier}")
 
     async def _creator(self, end: float) -> None:
         cfg = self.cfg
