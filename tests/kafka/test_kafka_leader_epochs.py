@@ -68,7 +68,11 @@ async def list_offsets_with_epoch(wire: Wire, epoch: int) -> Any:
     m = module_of(2, 7)
     part = make(m.ListOffsetsPartition, partition_index=0, current_leader_epoch=epoch, timestamp=-1)
     response = await wire.request(
-        2, 7, replica_id=-1, isolation_level=0, topics=(make(m.ListOffsetsTopic, name=TOPIC, partitions=(part,)),)
+        2,
+        7,
+        replica_id=-1,
+        isolation_level=0,
+        topics=(make(m.ListOffsetsTopic, name=TOPIC, partitions=(part,)),),
     )
     return response.topics[0].partitions[0]
 
@@ -107,14 +111,18 @@ async def test_the_term_is_the_leader_epoch_and_is_checked_as_kafka_checks_it(tm
         wire = await Wire.connect(daemon.kafka_port)
         await create_topic(wire, TOPIC, 1)
         first = await metadata_epoch(wire)
-        response = await produce(wire, TOPIC, 0, client_batch([(1000 + i, None, b"a%d" % i, ()) for i in range(5)]))
+        response = await produce(
+            wire, TOPIC, 0, client_batch([(1000 + i, None, b"a%d" % i, ()) for i in range(5)])
+        )
         assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
         await wire.aclose()
     # A restart starts a new term: the partition's leader epoch rises.
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
         wire = await Wire.connect(daemon.kafka_port)
         second = await metadata_epoch(wire)
-        response = await produce(wire, TOPIC, 0, client_batch([(2000 + i, None, b"b%d" % i, ()) for i in range(5)]))
+        response = await produce(
+            wire, TOPIC, 0, client_batch([(2000 + i, None, b"b%d" % i, ()) for i in range(5)])
+        )
         assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
 
         fenced = await fetch_with_epoch(wire, first)
