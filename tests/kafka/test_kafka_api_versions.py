@@ -21,8 +21,8 @@ from levelzero.kafka.protocol import API_VERSIONS, make
 
 from test_kafka_listener import Wire
 
-SASL_KEYS = (17, 36)
-OVERRIDES = {0: {"acks": -1}}  # a Produce with acks=0 gets no answer, as Kafka specifies  # answered by the listener itself; SaslAuthenticate closes after answering
+SASL_KEYS = (17, 36)  # answered by the listener itself; SaslAuthenticate closes after answering
+OVERRIDES = {0: {"acks": -1}}  # a Produce with acks=0 gets no answer, as Kafka specifies
 
 
 def minimal(cls: type) -> Any:  # noqa: ANN401 - a kio request dataclass
