@@ -46,7 +46,14 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     # Data offset ranges [first, last] an operator gave up (AbandonUnreconciled): never
     # readable again. Empty in snapshots written before the entry existed.
     abandoned: tuple[tuple[int, int], ...] = ()
+    # (term, first data offset) of each term that may hold records, oldest first: Kafka's
+    # leader-epoch cache, the partition's term being its leader epoch (KIP-320). Empty in
+    # snapshots written before it existed (records before its first entry have no epoch).
+    term_starts: tuple[tuple[int, int], ...] = ()
 
+
+# The oldest term starts beyond this many are forgotten (their records read with no epoch).
+TERM_STARTS_MAX = 1_000
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
 _snapshot_decoder = msgspec.msgpack.Decoder(PartitionSnapshot)
@@ -78,6 +85,7 @@ class PartitionState:
         "size_bytes",
         "reconciled_by_term",
         "abandoned",
+        "term_starts",
     )
     # Set by _restore from a PartitionSnapshot, whose fields these are.
     creation_epoch: int
@@ -94,6 +102,7 @@ class PartitionState:
     size_bytes: int
     reconciled_by_term: dict[int, int]
     abandoned: tuple[tuple[int, int], ...]
+    term_starts: tuple[tuple[int, int], ...]
 
     def __init__(self, creation_epoch: int) -> None:
         assert creation_epoch >= 1, creation_epoch
@@ -180,6 +189,7 @@ class PartitionState:
             case SetStartOffset(offset=start):
                 assert start <= self.high_watermark, (start, self.high_watermark)
                 self.start_offset = max(self.start_offset, start)
+                self.term_starts = _truncated_from_start(self.term_starts, self.start_offset)
                 # Lineage below the start offset can no longer validate anything readable,
                 # but the newest entry stays: it bounds the next term's range from below.
                 newest = max(self.reconciled_by_term, default=None)
@@ -202,6 +212,9 @@ class PartitionState:
                 if term <= self.term:
                     raise InvariantViolation(f"TermStart({term}) does not raise term {self.term}")
                 assert term == record.term, (term, record.term)
+                # As Kafka's epoch cache assigns an epoch: a term that wrote nothing is dropped.
+                kept = tuple(e for e in self.term_starts if e[1] < record.base_offset)
+                self.term_starts = (*kept[-(TERM_STARTS_MAX - 1) :], (term, record.base_offset))
             case _:
                 raise InvariantViolation(f"unknown entry {record.entry!r}")
         if record.term > self.term:
@@ -257,6 +270,30 @@ class PartitionState:
         self.min_epoch_lower_bound = max(before, target)
         assert self.min_epoch_lower_bound >= before
 
+    # ------------------------------------------------------------------ leader epochs
+
+    def term_at(self, offset: int) -> int:
+        """The term (leader epoch) that wrote the record at `offset`; -1 if unknown."""
+        term = -1
+        for t, start in self.term_starts:
+            if start > offset:
+                break
+            term = t
+        return term
+
+    def term_end_offset(self, term: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch on the leader (LeaderEpochFileCache.endOffsetFor, the
+        high watermark as log end offset): (the largest term <= `term` that wrote records, the
+        first offset after them), (`term`, the high watermark) for the current term, (-1, -1)
+        for -1 or a term above the current one."""
+        if term == self.term:
+            return term, self.high_watermark
+        higher = next(((t, start) for t, start in self.term_starts if t > term), None)
+        if term < 0 or higher is None:
+            return -1, -1
+        floor = [t for t, _ in self.term_starts if t <= term]
+        return (floor[-1] if floor else term), higher[1]
+
     # ------------------------------------------------------------------ snapshots
 
     def to_snapshot(self) -> PartitionSnapshot:
@@ -275,6 +312,7 @@ class PartitionState:
             size_bytes=self.size_bytes,
             reconciled_by_term=dict(self.reconciled_by_term),
             abandoned=self.abandoned,
+            term_starts=self.term_starts,
         )
 
     @classmethod
@@ -348,3 +386,15 @@ class ReaderPins:
             raise InvariantViolation(f"published M(p) fell from {self._published} to {value}")
         self._published = value
         return value
+
+
+def _truncated_from_start(
+    term_starts: tuple[tuple[int, int], ...], start_offset: int
+) -> tuple[tuple[int, int], ...]:
+    """Kafka's truncateFromStart: terms wholly below the log start are dropped; the one holding
+    it starts there."""
+    below = [i for i, (_, start) in enumerate(term_starts) if start <= start_offset]
+    if not below:
+        return term_starts
+    i = below[-1]
+    return ((term_starts[i][0], start_offset), *term_starts[i + 1 :])

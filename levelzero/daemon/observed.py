@@ -72,6 +72,7 @@ LOG_STORE_WRITES = (
     "record_fence_events",
     "record_state_samples",
     "commit_offsets",
+    "delete_offsets",
 )
 
 

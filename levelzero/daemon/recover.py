@@ -443,6 +443,7 @@ async def _rebuild_partition(
             lrlo=term_start.log_offset,
             start_offset=chosen[0][0].base_offset,
             high_watermark=last + 1,
+            term_starts=((term, last + 1),),
             size_bytes=sum(size for _, size in chosen),
             reconciled_by_term={term: last},
             abandoned=tuple(gaps),

@@ -15,7 +15,7 @@ from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
-from levelzero.kafka import records as kr
+from levelzero.kafka.epochs import NO_EPOCH, encode_with_epochs, epoch_error
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.protocol import Request, make
 
@@ -33,8 +33,15 @@ class FetchApi:
 
     async def fetch(self, request: Request) -> Any:
         body = request.body
+        # (topic, partition, offset, max bytes, the leader epoch the client knows: Fetch v9+)
         wanted = [
-            (t.topic, p.partition, p.fetch_offset, min(max(p.partition_max_bytes, 1), FETCH_BYTES_MAX))
+            (
+                t.topic,
+                p.partition,
+                p.fetch_offset,
+                min(max(p.partition_max_bytes, 1), FETCH_BYTES_MAX),
+                getattr(p, "current_leader_epoch", NO_EPOCH),
+            )
             for t in body.topics
             for p in t.partitions
         ]
@@ -43,7 +50,7 @@ class FetchApi:
         min_bytes = max(body.min_bytes, 1)
         seen_hwms: list[int] | None = None
         while True:
-            hwms = [self._high_watermark(t, p) for t, p, _, _ in wanted]
+            hwms = [self._high_watermark(t, p) for t, p, _, _, _ in wanted]
             if hwms != seen_hwms:
                 seen_hwms = hwms
                 results = await self._fetch_all(wanted, body.max_bytes)
@@ -56,7 +63,7 @@ class FetchApi:
             await self.intake.wait_appended(min(remaining, FETCH_POLL_S))
         m = request.response_module
         by_topic: dict[str, list[Any]] = {}
-        for (topic, partition, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
+        for (topic, partition, _, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
             by_topic.setdefault(topic, []).append(
                 make(
                     m.PartitionData,
@@ -85,24 +92,24 @@ class FetchApi:
             return -1
 
     async def _fetch_all(
-        self, wanted: list[tuple[str, int, int, int]], max_bytes: int
+        self, wanted: list[tuple[str, int, int, int, int]], max_bytes: int
     ) -> list[tuple[ErrorCode, int, int, bytes]]:
         """As Kafka's fetch: partitions in request order, each up to its own maximum, while the
         response's budget lasts; the budget counts only the bytes a partition returned, so a
         partition with nothing to read uses none of it. Partitions with data are read
         concurrently, in waves: a wave takes partitions while their maxima fit what is left
         (the first always), and what they did not use goes to the next wave."""
-        results = [self._empty(topic, partition) for topic, partition, _, _ in wanted]
+        results = [self._empty(topic, partition) for topic, partition, _, _, _ in wanted]
         budget = min(max(max_bytes, 1), FETCH_RESPONSE_BYTES_MAX)
         todo = [
             i
-            for i, (topic, partition, offset, _) in enumerate(wanted)
-            if self._has_data(topic, partition, offset)
+            for i, (topic, partition, offset, _, epoch) in enumerate(wanted)
+            if self._has_data(topic, partition, offset, epoch)
         ]
 
         async def read(i: int, limit: int) -> None:
-            topic, partition, offset, _ = wanted[i]
-            results[i] = await self._fetch_partition(topic, partition, offset, limit)
+            topic, partition, offset, _, epoch = wanted[i]
+            results[i] = await self._fetch_partition(topic, partition, offset, limit, epoch)
 
         while todo and budget > 0:
             wave: list[tuple[int, int]] = []
@@ -118,13 +125,15 @@ class FetchApi:
             budget -= sum(len(results[i][3]) for i, _ in wave)
         return results
 
-    def _has_data(self, topic: str, partition: int, offset: int) -> bool:
+    def _has_data(self, topic: str, partition: int, offset: int, epoch: int) -> bool:
         """Whether reading `offset` answers anything but an empty record set: records, or an error."""
         try:
-            _, high_watermark = self.intake.offsets(topic, partition)
+            state = self.node.partition(topic, partition).state
         except LevelZeroError:
             return True  # read it to answer its error
-        return offset != high_watermark
+        if epoch_error(state.term, epoch) != ErrorCode.none:
+            return True
+        return offset != state.high_watermark
 
     def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes]:
         try:
@@ -134,12 +143,16 @@ class FetchApi:
         return ErrorCode.none, high_watermark, start, b""
 
     async def _fetch_partition(
-        self, topic: str, partition: int, offset: int, max_bytes: int
+        self, topic: str, partition: int, offset: int, max_bytes: int, epoch: int
     ) -> tuple[ErrorCode, int, int, bytes]:
         """One partition's answer. An error carries empty records, as Kafka's does (a null record
         set is a parse failure for librdkafka, which then retries forever)."""
         try:
-            start, high_watermark = self.intake.offsets(topic, partition)
+            state = self.node.partition(topic, partition).state
+            refused = epoch_error(state.term, epoch)
+            if refused != ErrorCode.none:
+                return refused, -1, -1, b""
+            start, high_watermark = state.start_offset, state.high_watermark
             if offset == high_watermark:
                 return ErrorCode.none, high_watermark, start, b""
             if not start <= offset < high_watermark:
@@ -150,5 +163,5 @@ class FetchApi:
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, b""
-        data = kr.encode_runs(result.runs) if result.runs else b""
+        data = encode_with_epochs(result.runs, state) if result.runs else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data

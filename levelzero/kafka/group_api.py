@@ -1,5 +1,8 @@
-"""FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup: answered by the group
-coordinator (`groups.py`) on the node that coordinates the group, NOT_COORDINATOR elsewhere."""
+"""FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, and the groups' admin APIs
+(ListGroups, DescribeGroups, DeleteGroups, OffsetDelete): answered by the group coordinator
+(`groups.py`) on the node that coordinates the group, NOT_COORDINATOR elsewhere. ListGroups
+answers the groups this node coordinates, as each Kafka broker does (an admin client asks every
+broker)."""
 
 from __future__ import annotations
 
@@ -7,9 +10,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from levelzero.kafka.groups import GroupCoordinator
+from levelzero.kafka.groups import GROUP_ID_CHARS_MAX, GroupCoordinator, GroupSummary
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.protocol import Request, make
+
+AUTHORIZED_OPERATIONS_NONE = -2147483648  # Kafka's "not asked for"
+CLASSIC_GROUP_TYPE = "classic"  # the only group type served (KIP-848's "consumer" is not)
 
 
 class GroupApi:
@@ -76,6 +82,7 @@ class GroupApi:
             rebalance_ms,
             body.protocol_type,
             [(p.name, bytes(p.metadata)) for p in body.protocols],
+            request.client_host,
         )
         members = tuple(
             make(m.JoinGroupResponseMember, member_id=mid, group_instance_id=None, metadata=meta)
@@ -146,3 +153,108 @@ class GroupApi:
             else ()
         )
         return make(m.LeaveGroupResponse, throttle_time=0, error_code=top, members=members)
+
+    async def list_groups(self, request: Request) -> Any:
+        m = request.response_module
+        states = {s.lower() for s in getattr(request.body, "states_filter", ())}
+        types = {t.lower() for t in getattr(request.body, "types_filter", ())}
+        listed = []
+        if not types or CLASSIC_GROUP_TYPE in types:
+            for group in await self.groups.summaries():
+                if states and group.state.lower() not in states:
+                    continue
+                if not self.cluster.coordinates(group.group_id):
+                    continue
+                listed.append(
+                    make(
+                        m.ListedGroup,
+                        group_id=group.group_id,
+                        protocol_type=group.protocol_type,
+                        group_state=group.state,
+                        group_type=CLASSIC_GROUP_TYPE,
+                    )
+                )
+        return make(m.ListGroupsResponse, throttle_time=0, error_code=ErrorCode.none, groups=tuple(listed))
+
+    async def describe_groups(self, request: Request) -> Any:
+        m = request.response_module
+        described = []
+        for group_id in request.body.groups:
+            error, message = ErrorCode.none, None
+            summary = None
+            if not self.cluster.coordinates(group_id):
+                error = ErrorCode.not_coordinator
+            elif not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+                error = ErrorCode.invalid_group_id
+            else:
+                summary = await self.groups.summary(group_id)
+                if summary is None and request.api_version >= 6:  # KIP-1043; before: Dead, no error
+                    error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
+            members = ()
+            if summary is not None:
+                members = tuple(
+                    make(
+                        m.DescribedGroupMember,
+                        member_id=member.member_id,
+                        group_instance_id=None,
+                        client_id=member.client_id,
+                        client_host=member.client_host,
+                        member_metadata=member.metadata,
+                        member_assignment=member.assignment,
+                    )
+                    for member in summary.members
+                )
+            if summary is None:  # Kafka's dead group (no members, no committed offsets), or an error
+                state = "Dead" if error in (ErrorCode.none, ErrorCode.group_id_not_found) else ""
+                summary = GroupSummary(group_id, state, "", "", ())
+            described.append(
+                make(
+                    m.DescribedGroup,
+                    error_code=error,
+                    error_message=message,
+                    group_id=group_id,
+                    group_state=summary.state,
+                    protocol_type=summary.protocol_type,
+                    protocol_data=summary.protocol_name,
+                    members=members,
+                    authorized_operations=AUTHORIZED_OPERATIONS_NONE,
+                )
+            )
+        return make(m.DescribeGroupsResponse, throttle_time=0, groups=tuple(described))
+
+    async def delete_groups(self, request: Request) -> Any:
+        m = request.response_module
+        results = []
+        for group_id in request.body.groups_names:
+            if not self.cluster.coordinates(group_id):
+                error = ErrorCode.not_coordinator
+            else:
+                error = await self.groups.delete_group(group_id)
+            results.append(make(m.DeletableGroupResult, group_id=group_id, error_code=error))
+        return make(m.DeleteGroupsResponse, throttle_time=0, results=tuple(results))
+
+    async def offset_delete(self, request: Request, known: dict[str, int]) -> Any:
+        """OffsetDelete; `known`: topic -> partition count (an unknown partition is answered
+        UNKNOWN_TOPIC_OR_PARTITION, as Kafka's handler does before asking the coordinator)."""
+        m = request.response_module
+        body = request.body
+        asked = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
+        if not self.cluster.coordinates(body.group_id):
+            return make(
+                m.OffsetDeleteResponse, error_code=ErrorCode.not_coordinator, throttle_time=0, topics=()
+            )
+        valid = [(t, p) for t, p in asked if 0 <= p < known.get(t, 0)]
+        error, codes = await self.groups.delete_offsets(body.group_id, valid)
+        if error != ErrorCode.none:
+            return make(m.OffsetDeleteResponse, error_code=error, throttle_time=0, topics=())
+        by_topic: dict[str, list[Any]] = {}
+        for tp in asked:
+            code = codes.get(tp, ErrorCode.unknown_topic_or_partition)
+            by_topic.setdefault(tp[0], []).append(
+                make(m.OffsetDeleteResponsePartition, partition_index=tp[1], error_code=code)
+            )
+        topics = tuple(
+            make(m.OffsetDeleteResponseTopic, name=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        )
+        return make(m.OffsetDeleteResponse, error_code=ErrorCode.none, throttle_time=0, topics=topics)

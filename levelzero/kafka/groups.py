@@ -42,6 +42,16 @@ class GroupError(Exception):
         self.code = code
 
 
+# The group states as Kafka names them (ListGroups, DescribeGroups).
+KAFKA_STATES = {
+    "empty": "Empty",
+    "preparing": "PreparingRebalance",
+    "completing": "CompletingRebalance",
+    "stable": "Stable",
+}
+CONSUMER_PROTOCOL_TYPE = "consumer"
+
+
 @dataclass(slots=True)
 class Member:
     member_id: str
@@ -51,6 +61,7 @@ class Member:
     protocols: list[tuple[str, bytes]]
     last_seen: float
     assignment: bytes = b""
+    client_host: str = ""
 
 
 @dataclass(slots=True)
@@ -82,6 +93,27 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class MemberSummary:
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes  # the chosen protocol's metadata, while the group is stable (else empty)
+    assignment: bytes  # likewise
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    """A group as ListGroups and DescribeGroups show it: a group known only by its committed
+    offsets is Empty with no protocol type, as Kafka shows a standalone consumer's group."""
+
+    group_id: str
+    state: str  # Kafka's name (KAFKA_STATES)
+    protocol_type: str
+    protocol_name: str  # while stable, else empty
+    members: tuple[MemberSummary, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class JoinResult:
     error: ErrorCode
     generation: int
@@ -105,6 +137,7 @@ class GroupCoordinator:
         self._wall = wall_clock
         self.groups: dict[str, Group] = {}
         self._offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
+        self._deletes = 0  # offset deletions begun: a commit overlapping one re-reads the store
 
     # ------------------------------------------------------------------ membership
 
@@ -210,6 +243,7 @@ class GroupCoordinator:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: Sequence[tuple[str, bytes]],
+        client_host: str = "",
     ) -> JoinResult:
         def refused(code: ErrorCode) -> JoinResult:
             return JoinResult(code, -1, None, None, "", member_id, [])
@@ -240,6 +274,7 @@ class GroupCoordinator:
             min(max(rebalance_timeout_ms / 1000, session_s), REBALANCE_TIMEOUT_S_MAX),
             list(protocols),
             now,
+            client_host=client_host,
         )
         if group.state != "preparing":
             self._start_round(group, initial=group.state == "empty")
@@ -367,10 +402,142 @@ class GroupCoordinator:
         """Durable on return: (topic, partition, offset, metadata) for `group_id`."""
         now = self._wall()
         rows = [OffsetRow(group_id, t, p, o, m, now) for t, p, o, m in offsets]
+        deletes = self._deletes
         await self.store.commit_offsets(rows)
+        if self._deletes != deletes:  # which came first in the store, the store knows
+            self._offsets.pop(group_id, None)
+            return
         cached = await self._cached(group_id)
         for row in rows:
             cached[(row.topic, row.partition)] = row
 
     async def committed(self, group_id: str) -> dict[tuple[str, int], OffsetRow]:
         return dict(await self._cached(group_id))
+
+    # ------------------------------------------------------------------ admin
+
+    async def has_offsets(self, group_id: str) -> bool:
+        return bool(await self._cached(group_id))
+
+    async def summaries(self) -> list[GroupSummary]:
+        """Every group this coordinator knows (ListGroups): those in memory, and those known only
+        by committed offsets (Empty, as Kafka lists them), in group id order."""
+        with_offsets = await self.store.offset_groups()
+        out = {}
+        for group in list(self.groups.values()):
+            self._expire(group)
+            out[group.group_id] = self._summary(group)
+        for group_id in with_offsets:
+            if group_id not in out:
+                out[group_id] = GroupSummary(group_id, "Empty", "", "", ())
+        return [out[group_id] for group_id in sorted(out)]
+
+    async def summary(self, group_id: str) -> GroupSummary | None:
+        """The group as DescribeGroups shows it; None for a group Kafka would call dead (neither
+        members nor committed offsets)."""
+        group = self.groups.get(group_id)
+        if group is not None:
+            self._expire(group)
+            return self._summary(group)
+        if group_id and len(group_id) <= GROUP_ID_CHARS_MAX and await self.has_offsets(group_id):
+            return GroupSummary(group_id, "Empty", "", "", ())
+        return None
+
+    @staticmethod
+    def _summary(group: Group) -> GroupSummary:
+        # As Kafka's GroupMetadata.summary: the protocol, each member's metadata and assignment
+        # only while stable.
+        stable = group.state == "stable"
+        members = []
+        for m in group.members.values():
+            metadata = b""
+            if stable:
+                metadata = next((meta for name, meta in m.protocols if name == group.protocol_name), b"")
+            members.append(
+                MemberSummary(
+                    m.member_id, m.client_id, m.client_host, metadata, m.assignment if stable else b""
+                )
+            )
+        return GroupSummary(
+            group.group_id,
+            KAFKA_STATES[group.state],
+            group.protocol_type or "",
+            (group.protocol_name or "") if stable else "",
+            tuple(members),
+        )
+
+    async def delete_group(self, group_id: str) -> ErrorCode:
+        """DeleteGroups: an empty group's committed offsets and the group itself."""
+        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+            return ErrorCode.invalid_group_id
+        group = self.groups.get(group_id)
+        if group is not None:
+            self._expire(group)
+            if group.state != "empty":
+                return ErrorCode.non_empty_group
+        elif not await self.has_offsets(group_id):
+            return ErrorCode.group_id_not_found
+        await self._delete_offsets(group_id, None)
+        if self.groups.get(group_id) is group and group is not None and group.state == "empty":
+            del self.groups[group_id]
+        return ErrorCode.none
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]]
+    ) -> tuple[ErrorCode, dict[tuple[str, int], ErrorCode]]:
+        """OffsetDelete, as Kafka's coordinator answers it: an empty group loses the offsets
+        asked; a consumer group with members keeps those of topics a member subscribes to
+        (GROUP_SUBSCRIBED_TO_TOPIC) and loses the others; another group with members refuses
+        (NON_EMPTY_GROUP). (the group's error, partition -> error)"""
+        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+            return ErrorCode.invalid_group_id, {}
+        group = self.groups.get(group_id)
+        if group is not None:
+            self._expire(group)
+        if group is None or group.state == "empty":
+            if group is None and not await self.has_offsets(group_id):
+                return ErrorCode.group_id_not_found, {}
+            subscribed: set[str] = set()
+        elif group.protocol_type == CONSUMER_PROTOCOL_TYPE:
+            topics = [subscribed_topics(meta) for m in group.members.values() for _, meta in m.protocols]
+            if any(t is None for t in topics):  # unreadable: every topic counts as subscribed
+                subscribed = {t for t, _ in partitions}
+            else:
+                subscribed = {t for ts in topics if ts is not None for t in ts}
+        else:
+            return ErrorCode.non_empty_group, {}
+        codes = {
+            tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none
+            for tp in partitions
+        }
+        gone = [tp for tp, code in codes.items() if code == ErrorCode.none]
+        if gone:
+            await self._delete_offsets(group_id, gone)
+        return ErrorCode.none, codes
+
+    async def _delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
+        self._deletes += 1
+        try:
+            await self.store.delete_offsets(group_id, partitions)
+        finally:
+            self._offsets.pop(group_id, None)  # read again from the store when next asked
+
+
+def subscribed_topics(metadata: bytes) -> list[str] | None:
+    """The topics of a consumer protocol subscription (Kafka's ConsumerProtocolSubscription:
+    version int16, then an array of int16-length strings, every version), or None if the bytes
+    do not read as one."""
+    try:
+        count = int.from_bytes(metadata[2:6], "big", signed=True)
+        if len(metadata) < 6 or not 0 <= count <= len(metadata):
+            return None
+        pos, topics = 6, []
+        for _ in range(count):
+            size = int.from_bytes(metadata[pos : pos + 2], "big", signed=True)
+            if size < 0 or pos + 2 + size > len(metadata):
+                return None
+            topics.append(metadata[pos + 2 : pos + 2 + size].decode())
+            pos += 2 + size
+    except UnicodeDecodeError:
+        return None
+    return topics

@@ -81,4 +81,16 @@ class Handlers:
                 return await self.offsets.offset_commit(request)
             case 9:
                 return await self.offsets.offset_fetch(request)
+            case 15:
+                return await self.group_api.describe_groups(request)
+            case 16:
+                return await self.group_api.list_groups(request)
+            case 23:
+                return self.offsets.offset_for_leader_epoch(request)
+            case 42:
+                return await self.group_api.delete_groups(request)
+            case 47:
+                return await self.group_api.offset_delete(request, self.node.topics())
+            case 60:
+                return self.metadata.describe_cluster(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

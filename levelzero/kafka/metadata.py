@@ -92,6 +92,19 @@ class Cluster:
             leaders[(actor.row.topic, actor.row.partition)] = me
         return leaders
 
+    def leader_epochs(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> its term, Kafka's leader epoch: of the actor here for what this
+        node leads, else as the last cluster view's lease names it."""
+        epochs: dict[tuple[str, int], int] = {}
+        member = self.node.member
+        view = member.view if member is not None else None
+        if view is not None:
+            for lease in view.leases:
+                epochs[(lease.topic, lease.partition)] = lease.term
+        for actor in self.node.partitions():
+            epochs[(actor.row.topic, actor.row.partition)] = actor.state.term
+        return epochs
+
     def coordinator(self, group_id: str) -> Broker:
         """The node coordinating a consumer group: rendezvous over the live Kafka nodes, so
         every node names the same one (alone: this node)."""
@@ -127,6 +140,7 @@ class MetadataApi:
             except LevelZeroError as exc:  # the last view answers
                 log.warning("kafka metadata: reading the cluster view failed: %s", exc)
         topics = self.node.topics()
+        epochs = self.cluster.leader_epochs()
         if request.body.topics is None:
             names = sorted(topics)
         else:
@@ -143,7 +157,7 @@ class MetadataApi:
                         error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
                         partition_index=p,
                         leader_id=-1 if leader is None else leader,
-                        leader_epoch=0,
+                        leader_epoch=epochs.get((name, p), -1),
                         replica_nodes=() if leader is None else (leader,),
                         isr_nodes=() if leader is None else (leader,),
                         offline_replicas=(),
@@ -172,5 +186,37 @@ class MetadataApi:
             cluster_id=CLUSTER_ID,
             controller_id=min(b.node_id for b in brokers.values()),
             topics=tuple(out),
+            cluster_authorized_operations=-2147483648,
+        )
+
+    def describe_cluster(self, request: Request) -> Any:
+        """DescribeCluster (KIP-700): the brokers Metadata names; a request for the controllers
+        (endpoint type 2) is refused as a broker refuses it."""
+        m = request.response_module
+        endpoint_type = getattr(request.body, "endpoint_type", 1)
+        brokers = sorted(self.cluster.brokers().values(), key=lambda b: b.node_id)
+        error, message = ErrorCode.none, None
+        if endpoint_type != 1:
+            error, message = ErrorCode.unsupported_endpoint_type, "the controllers are not served"
+            brokers = []
+        return make(
+            m.DescribeClusterResponse,
+            throttle_time=0,
+            error_code=error,
+            error_message=message,
+            endpoint_type=endpoint_type,
+            cluster_id=CLUSTER_ID,
+            controller_id=min((b.node_id for b in brokers), default=-1),
+            brokers=tuple(
+                make(
+                    m.DescribeClusterBroker,
+                    broker_id=b.node_id,
+                    host=b.host,
+                    port=b.port,
+                    rack=None,
+                    is_fenced=False,
+                )
+                for b in brokers
+            ),
             cluster_authorized_operations=-2147483648,
         )

@@ -1,5 +1,6 @@
-"""ListOffsets (earliest, latest, by time) and the consumer groups' committed offsets
-(OffsetCommit, OffsetFetch: kept by the group coordinator, `groups.py`)."""
+"""ListOffsets (earliest, latest, by time), OffsetForLeaderEpoch (KIP-320: the partition's
+term is its leader epoch, `epochs.py`) and the consumer groups' committed offsets (OffsetCommit,
+OffsetFetch: kept by the group coordinator, `groups.py`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.epochs import NO_EPOCH, epoch_error
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.groups import METADATA_CHARS_MAX, GroupCoordinator
 from levelzero.kafka.metadata import Cluster
@@ -37,17 +39,22 @@ class OffsetsApi:
         for topic in request.body.topics:
             parts = []
             for p in topic.partitions:
-                error, offset, timestamp = ErrorCode.none, -1, -1
+                error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
                 try:
-                    start, high_watermark = self.intake.offsets(topic.name, p.partition_index)
-                    if p.timestamp == LIST_OFFSETS_EARLIEST:
-                        offset = start
+                    state = self.node.partition(topic.name, p.partition_index).state
+                    error = epoch_error(state.term, getattr(p, "current_leader_epoch", NO_EPOCH))
+                    start, high_watermark = state.start_offset, state.high_watermark
+                    if error != ErrorCode.none:
+                        pass
+                    elif p.timestamp == LIST_OFFSETS_EARLIEST:
+                        offset, epoch = start, state.term_at(start)
                     elif p.timestamp == LIST_OFFSETS_LATEST:
-                        offset = high_watermark
+                        offset, epoch = high_watermark, state.term
                     elif p.timestamp >= 0:
                         offset, timestamp = await self._offset_for_time(
                             topic.name, p.partition_index, p.timestamp
                         )
+                        epoch = state.term_at(offset) if timestamp >= 0 else -1
                     else:
                         error = ErrorCode.invalid_request  # -3 (max timestamp) and others
                 except LevelZeroError as exc:
@@ -59,7 +66,7 @@ class OffsetsApi:
                         error_code=error,
                         timestamp=timestamp,
                         offset=offset,
-                        leader_epoch=0,
+                        leader_epoch=epoch,
                     )
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
@@ -84,6 +91,35 @@ class OffsetsApi:
         if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
             return high_watermark, -1
         return -1, -1
+
+    def offset_for_leader_epoch(self, request: Request) -> Any:
+        """OffsetForLeaderEpoch (KIP-320), as Kafka's leader answers a consumer: for the term it
+        asks about, the largest term at or below it that wrote records and the offset after
+        them (`PartitionState.term_end_offset`)."""
+        m = request.response_module
+        topics = []
+        for topic in request.body.topics:
+            parts = []
+            for p in topic.partitions:
+                error, term, end = ErrorCode.none, -1, -1
+                try:
+                    state = self.node.partition(topic.topic, p.partition).state
+                    error = epoch_error(state.term, p.current_leader_epoch)
+                    if error == ErrorCode.none:
+                        term, end = state.term_end_offset(p.leader_epoch)
+                except LevelZeroError as exc:
+                    error = error_code_for(exc)
+                parts.append(
+                    make(
+                        m.EpochEndOffset,
+                        error_code=error,
+                        partition=p.partition,
+                        leader_epoch=term,
+                        end_offset=end,
+                    )
+                )
+            topics.append(make(m.OffsetForLeaderTopicResult, topic=topic.topic, partitions=tuple(parts)))
+        return make(m.OffsetForLeaderEpochResponse, throttle_time=0, topics=tuple(topics))
 
     async def offset_commit(self, request: Request) -> Any:
         m = request.response_module

@@ -43,6 +43,12 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     22: ("InitProducerId", 0, 4),
+    15: ("DescribeGroups", 0, 6),
+    16: ("ListGroups", 0, 5),
+    23: ("OffsetForLeaderEpoch", 2, 4),
+    42: ("DeleteGroups", 0, 2),
+    47: ("OffsetDelete", 0, 0),
+    60: ("DescribeCluster", 0, 2),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
@@ -61,6 +67,7 @@ class Request:
     client_id: str | None
     body: Any  # the kio request dataclass
     trailing_bytes: int = 0  # after the fields the schema names; ignored (see parse_request)
+    client_host: str = ""  # the peer's address as Kafka shows it ("/127.0.0.1"; DescribeGroups)
 
     @property
     def response_module(self) -> ModuleType:

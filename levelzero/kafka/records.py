@@ -602,10 +602,11 @@ def encode_runs(runs: Sequence[StoredRun]) -> bytes:
     one extent), straight from the stored records: no object per record on the compiled path
     (a fetch's hot loop)."""
     assert runs, "a fetch took at least one run"
-    return b"".join(_encode_run(run.base_offset, run.records, run.start, run.stop) for run in runs)
+    return b"".join(encode_run(run.base_offset, run.records, run.start, run.stop) for run in runs)
 
 
-def _encode_run(base_offset: int, records: Sequence[Record], start: int, stop: int) -> bytes:
+def encode_run(base_offset: int, records: Sequence[Record], start: int, stop: int) -> bytes:
+    """One uncompressed batch of `records[start:stop]`, the first at `base_offset + start`."""
     assert 0 <= start < stop <= len(records), (start, stop, len(records))
     first = base_offset + start
     if not _AIOKAFKA:

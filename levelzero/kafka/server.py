@@ -29,6 +29,7 @@ UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class _Session:
     mechanism: str | None = None
     authenticated: bool = False
     requests: int = 0  # frames read so far
+    client_host: str = ""  # "/address", as Kafka names a member's host
 
 
 @dataclass(slots=True)
@@ -171,7 +173,7 @@ class KafkaListener:
         reader = BufferedByteReceiveStream(stream)
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
         holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
-        session = _Session(authenticated=not self.settings.token)
+        session = _Session(authenticated=not self.settings.token, client_host=_client_host(stream))
         budget = ByteBudget(self.settings.frame_bytes_max)
         try:
             await self._connection_tasks(stream, reader, send, receive, holding, session, budget)
@@ -347,7 +349,7 @@ class KafkaListener:
             raise BadRequest(
                 f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)"
             )
-        request = parse_request(frame)
+        request = dataclasses.replace(parse_request(frame), client_host=session.client_host)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
             return encode_response(request.correlation_id, self._sasl(request, session, slot))
         response = await self.handlers.handle(request, after, submitted)
@@ -399,6 +401,14 @@ class KafkaListener:
             auth_bytes=b"",
             session_lifetime=0,
         )
+
+
+def _client_host(stream: anyio.abc.ByteStream) -> str:
+    try:
+        address = stream.extra(anyio.abc.SocketAttribute.remote_address)  # noqa: S610 - anyio's, not Django's
+    except anyio.TypedAttributeLookupError:
+        return ""
+    return f"/{address[0]}" if isinstance(address, tuple) else ""
 
 
 class KafkaTLSListener(TLSListener):

@@ -266,5 +266,14 @@ class MemoryLogStore:
             key=lambda r: (r.topic, r.partition),
         )
 
+    async def offset_groups(self) -> list[str]:
+        return sorted({group for group, _, _ in self.consumer_offsets})
+
+    async def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
+        await anyio.lowlevel.checkpoint()
+        for key in list(self.consumer_offsets):
+            if key[0] == group_id and (partitions is None or key[1:] in partitions):
+                del self.consumer_offsets[key]
+
     async def aclose(self) -> None:
         pass

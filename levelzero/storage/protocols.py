@@ -204,6 +204,16 @@ class ConsumerOffsetStore(Protocol):
         """Every partition's committed offset of `group_id`, in (topic, partition) order."""
         ...
 
+    async def offset_groups(self) -> list[str]:
+        """The groups with at least one committed offset, in order (Kafka's ListGroups shows
+        them as empty groups)."""
+        ...
+
+    async def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
+        """Durable on return: the committed offsets of `group_id` for `partitions` (topic,
+        partition), or all of them when None (DeleteGroups, OffsetDelete)."""
+        ...
+
 
 class LogStoreStatistics(msgspec.Struct, frozen=True):
     """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""

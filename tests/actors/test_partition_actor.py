@@ -466,7 +466,10 @@ async def test_new_actor_recovers_identical_state_from_snapshot_and_log() -> Non
     async with running(store, row) as (second, _):
         after = second.state.to_snapshot()
     assert after == msgspec.structs.replace(
-        before, term=before.term + 1, last_applied_log_offset=before.last_applied_log_offset + 1
+        before,
+        term=before.term + 1,
+        last_applied_log_offset=before.last_applied_log_offset + 1,
+        term_starts=(*before.term_starts, (before.term + 1, before.high_watermark)),  # its leader epoch
     )
     assert after.lro >= 0 and after.start_offset == 10 and after.min_epoch_lower_bound > N
 

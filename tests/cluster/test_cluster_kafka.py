@@ -109,6 +109,27 @@ def consume_all(bootstrap: str, group: str, expected: int) -> dict[tuple[int, in
     return got
 
 
+def groups_seen_by_an_admin(bootstrap: str, group: str) -> tuple[list[tuple[str, str]], str, int, int]:
+    """As a lag exporter reads a cluster: ListGroups asks every broker (each lists the groups it
+    coordinates), DescribeGroups and OffsetFetch go to the coordinator, ListOffsets to each
+    partition's leader. (listed (group, state), described state, sum of committed, sum of ends)"""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    listed = admin.list_consumer_groups().result(30)
+    assert listed.errors == []
+    described = admin.describe_consumer_groups([group])[group].result(30)
+    committed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    ends = admin.list_offsets({TopicPartition(TOPIC, p): OffsetSpec.latest() for p in range(PARTITIONS)})
+    return (
+        sorted((g.group_id, g.state.name) for g in listed.valid),
+        described.state.name,
+        sum(tp.offset for tp in committed.topic_partitions),
+        sum(future.result(30).offset for future in ends.values()),
+    )
+
+
 async def test_kafka_clients_use_every_node_of_a_cluster(
     tmp_path: Path,
     postgres_dsn: str,
@@ -153,6 +174,11 @@ async def test_kafka_clients_use_every_node_of_a_cluster(
         first = await anyio.to_thread.run_sync(produce, f"127.0.0.1:{ports['n1']}", "first", RECORDS)
         read = await anyio.to_thread.run_sync(consume_all, f"127.0.0.1:{ports['n2']}", "g1", RECORDS)
         assert read == first
+        # The group is listed once (by its coordinator), described empty, and its lag is 0.
+        seen_groups = await anyio.to_thread.run_sync(
+            groups_seen_by_an_admin, f"127.0.0.1:{ports['n3']}", "g1"
+        )
+        assert seen_groups == ([("g1", "EMPTY")], "EMPTY", RECORDS, RECORDS)
 
         # A leader dies: the producer finds the new leaders; nothing is stored twice.
         victim = "n3"

@@ -636,3 +636,29 @@ def test_abandoned_ranges_survive_a_snapshot_and_old_snapshots_have_none() -> No
     assert restored == state and restored.abandoned == ((0, 2),)
     old = msgspec.msgpack.encode({"creation_epoch": 1, "lro": 4})  # written before the field
     assert PartitionState.decode_snapshot(old).abandoned == ()
+
+
+# ---------------------------------------------------------------- leader epochs (KIP-320)
+
+
+def test_term_starts_are_kafkas_leader_epoch_cache() -> None:
+    state = new_state(term=1)
+    apply(state, placeholder(epoch=1, records=5))  # offsets 0-4 by term 1
+    apply(state, TermStart(2), term=2)  # term 2 writes nothing: dropped when term 3 starts
+    apply(state, TermStart(3), term=3)
+    apply(state, placeholder(epoch=1, records=5))  # offsets 5-9 by term 3
+    assert state.term_starts == ((1, 0), (3, 5))
+    assert [state.term_at(o) for o in (0, 4, 5, 9)] == [1, 1, 3, 3]
+    # LeaderEpochFileCache.endOffsetFor: the floor term and where the next term began.
+    assert state.term_end_offset(1) == (1, 5)
+    assert state.term_end_offset(2) == (1, 5)
+    assert state.term_end_offset(3) == (3, 10)
+    assert state.term_end_offset(0) == (0, 0)
+    assert state.term_end_offset(4) == (-1, -1)
+    assert state.term_end_offset(-1) == (-1, -1)
+    # Survives a snapshot; truncated from the start as Kafka's cache is.
+    restored = PartitionState.decode_snapshot(state.encode_snapshot())
+    assert restored.term_starts == state.term_starts
+    apply(state, SetStartOffset(7))
+    assert state.term_starts == ((3, 7),)
+    assert state.term_at(7) == 3

@@ -24,6 +24,13 @@ async def exercise(store: ConsumerOffsetStore) -> None:
     ]
     assert await store.committed_offsets("h") == [OffsetRow("h", "t", 0, 99, "", 2.0)]
     assert await store.committed_offsets("nobody") == []
+    # ListGroups' offsets-only groups, OffsetDelete and DeleteGroups.
+    assert await store.offset_groups() == ["g", "h"]
+    await store.delete_offsets("g", [("t", 0), ("t", 7)])
+    assert await store.committed_offsets("g") == [OffsetRow("g", "t", 1, 12, "b", 2.0)]
+    await store.delete_offsets("h", None)
+    assert await store.committed_offsets("h") == []
+    assert await store.offset_groups() == ["g"]
 
 
 async def test_memory_store_keeps_committed_offsets() -> None:
@@ -35,7 +42,7 @@ async def test_sqlite_store_keeps_committed_offsets_across_reopening(tmp_path: P
     async with await SqliteLogStore.open(str(db)) as store:
         await exercise(store)
     async with await SqliteLogStore.open(str(db)) as store:
-        assert [r.committed_offset for r in await store.committed_offsets("g")] == [5, 12]
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [12]
 
 
 async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path) -> None:
@@ -90,3 +97,8 @@ async def test_postgres_keeps_the_newest_producer_batches_durably(postgres_dsn: 
     async with await PostgresLogStore.open(postgres_dsn) as store:
         await check_producer_batches(store)
         assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]
+
+
+async def test_postgres_keeps_committed_offsets(postgres_dsn: str) -> None:
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await exercise(store)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import asyncpg
 import msgspec
 
 from levelzero.storage.protocols import OffsetRow
@@ -23,3 +24,22 @@ class ConsumerOffsetRole(PostgresBase):
             group_id,
         )
         return [OffsetRow(*row) for row in rows]
+
+    async def offset_groups(self) -> list[str]:
+        rows = await self._read(
+            "reading the groups with committed offsets",
+            "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY group_id",
+        )
+        return [row[0] for row in rows]
+
+    async def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            if partitions is None:
+                await connection.execute("DELETE FROM consumer_offsets WHERE group_id = $1", group_id)
+            else:
+                await connection.executemany(
+                    "DELETE FROM consumer_offsets WHERE group_id = $1 AND topic = $2 AND partition = $3",
+                    [(group_id, t, p) for t, p in partitions],
+                )
+
+        await self._transact("deleting committed offsets", work)

@@ -79,6 +79,9 @@ SELECT_PRODUCER_BATCHES = (
     " base_offset, stored_at FROM producer_batches WHERE producer_id = ?"
     " ORDER BY topic, partition, stored_at, base_sequence"
 )
+SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY group_id"
+DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
+DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
 SELECT_OFFSETS = (
     "SELECT group_id, topic, partition, committed_offset, metadata, committed_at"
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"

@@ -102,6 +102,9 @@ from .schema import (
     INSERT_PRODUCER_BATCH,
     PRUNE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
+    SELECT_OFFSET_GROUPS,
+    DELETE_GROUP_OFFSETS,
+    DELETE_OFFSET,
     SELECT_PRODUCER_BATCHES,
     UPSERT_OFFSET,
     MARK_L0_DELETED,
@@ -898,6 +901,18 @@ class SqliteLogStore(StoreLifecycle):
         self._check_readable()
         rows = await self._reader.execute_fetchall(SELECT_OFFSETS, (group_id,))
         return [OffsetRow(*row) for row in rows]
+
+    async def offset_groups(self) -> list[str]:
+        self._check_readable()
+        return [row[0] for row in await self._reader.execute_fetchall(SELECT_OFFSET_GROUPS)]
+
+    async def delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
+        # (The group coordinator lets no commit of the group be under way meanwhile: staged
+        # statements of one batch run in the order first staged.)
+        if partitions is None:
+            await self._stage_rows(DELETE_GROUP_OFFSETS, [(group_id,)])
+        else:
+            await self._stage_rows(DELETE_OFFSET, [(group_id, t, p) for t, p in partitions])
 
     # ------------------------------------------------------------------ idempotent producers
 
