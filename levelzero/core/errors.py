@@ -147,6 +147,13 @@ class TopicExists(LevelZeroError):
     code = "topic_exists"
 
 
+class InvalidConfig(LevelZeroError, ValueError):
+    """A topic config that is unknown, malformed, or not enforced by levelzero (Kafka's
+    INVALID_CONFIG): refused, never stored and ignored."""
+
+    code = "invalid_config"
+
+
 class OffsetOutOfRange(LevelZeroError):
     """A fetch offset is below the start offset or above the high watermark."""
 

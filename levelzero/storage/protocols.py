@@ -6,8 +6,9 @@ Two stores:
 - `LogStore`: the control plane (SQLite, embedded; PostgreSQL, shared), the sum of the roles it
   serves, each its own protocol so a component names only what it uses:
   `PartitionLog` (partitions, terms, logs, snapshots), `EpochStore` (the cluster epoch),
-  `L1Metastore` (L1 object lifecycle), `L0Catalog` (L0 objects and GC marks) and `EventLog`
-  (the event tables the export reads).
+  `L1Metastore` (L1 object lifecycle), `L0Catalog` (L0 objects and GC marks), `EventLog`
+  (the event tables the export reads), `ConsumerOffsetStore` and `TopicConfigStore` (each
+  topic's Kafka topic configs).
 """
 
 from __future__ import annotations
@@ -205,6 +206,21 @@ class ConsumerOffsetStore(Protocol):
         ...
 
 
+@runtime_checkable
+class TopicConfigStore(Protocol):
+    """Each topic's topic configs (Kafka's: name -> value, as text, checked by the caller with
+    `core.topic_configs`); a topic without any has none stored."""
+
+    async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
+        """Topic -> its configs, for the topics that have any (`topic`: that one only)."""
+        ...
+
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:
+        """Replace the topic's whole set at once, durable on return. Raises UnknownTopic if
+        the topic does not exist."""
+        ...
+
+
 class LogStoreStatistics(msgspec.Struct, frozen=True):
     """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""
 
@@ -250,9 +266,15 @@ class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""
 
     async def create_topic(
-        self, topic: str, partitions: int, creation_epoch: int, now: float
+        self,
+        topic: str,
+        partitions: int,
+        creation_epoch: int,
+        now: float,
+        configs: Mapping[str, str] | None = None,
     ) -> list[PartitionRow]:
-        """Raises TopicExists if the topic exists."""
+        """Raises TopicExists if the topic exists. `configs` (its topic configs, checked by the
+        caller: `core.topic_configs`) are stored in the same transaction."""
         ...
 
     async def list_partitions(self) -> list[PartitionRow]: ...
@@ -346,7 +368,9 @@ class EventLog(Protocol):
 
 
 @runtime_checkable
-class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, ConsumerOffsetStore, Protocol):
+class LogStore(
+    PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, ConsumerOffsetStore, TopicConfigStore, Protocol
+):
     """Every role in one store (what the daemon opens and hands to a `Node`)."""
 
     async def aclose(self) -> None: ...
