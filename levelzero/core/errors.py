@@ -112,9 +112,9 @@ class TooLarge(LevelZeroError):
 
     code = "too_large"
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max") -> None:
         super().__init__(
-            f"{size} record bytes exceed batch_bytes_max {limit} (value + key + header names "
+            f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
             f"and values + 8 per record); split the request"
         )
         self.size, self.limit = size, limit

@@ -98,7 +98,9 @@ _T = ConfigType
 TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
     d.name: d
     for d in (
-        TopicConfigDef("cleanup.policy", _T.LIST, "delete", "log.cleanup.policy", _E, choices=("compact", "delete")),
+        TopicConfigDef(
+            "cleanup.policy", _T.LIST, "delete", "log.cleanup.policy", _E, choices=("compact", "delete")
+        ),
         TopicConfigDef(
             "compression.type",
             _T.STRING,
@@ -124,7 +126,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         ),
         TopicConfigDef("local.retention.bytes", _T.LONG, "-2", "log.local.retention.bytes", _N, -2),
         TopicConfigDef("local.retention.ms", _T.LONG, "-2", "log.local.retention.ms", _N, -2),
-        TopicConfigDef("max.compaction.lag.ms", _T.LONG, _LONG_MAX, "log.cleaner.max.compaction.lag.ms", _C, 1),
+        TopicConfigDef(
+            "max.compaction.lag.ms", _T.LONG, _LONG_MAX, "log.cleaner.max.compaction.lag.ms", _C, 1
+        ),
         TopicConfigDef("max.message.bytes", _T.INT, "1048588", "message.max.bytes", _E, 0),
         TopicConfigDef(
             "message.downconversion.enable", _T.BOOLEAN, "true", "log.message.downconversion.enable", _N
@@ -134,7 +138,12 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
             "message.timestamp.after.max.ms", _T.LONG, _LONG_MAX, "log.message.timestamp.after.max.ms", _D, 0
         ),
         TopicConfigDef(
-            "message.timestamp.before.max.ms", _T.LONG, _LONG_MAX, "log.message.timestamp.before.max.ms", _D, 0
+            "message.timestamp.before.max.ms",
+            _T.LONG,
+            _LONG_MAX,
+            "log.message.timestamp.before.max.ms",
+            _D,
+            0,
         ),
         TopicConfigDef(
             "message.timestamp.difference.max.ms",
@@ -409,8 +418,56 @@ def describe_broker(broker: BrokerConfigs, names: Iterable[str] | None = None) -
     out = []
     for name in wanted:
         synonym = Synonym(name, values[name], ConfigSource.STATIC_BROKER_CONFIG)
-        kind = _BROKER_TYPES.get(name, ConfigType.LONG if name.startswith("log.retention") else ConfigType.STRING)
+        kind = _BROKER_TYPES.get(
+            name, ConfigType.LONG if name.startswith("log.retention") else ConfigType.STRING
+        )
         if name == "log.cleanup.policy":
             kind = ConfigType.LIST
         out.append(ConfigEntry(name, synonym.value, synonym.source, True, kind, (synonym,)))
     return out
+
+
+# ---------------------------------------------------------------------- retention
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedObject:
+    """One valid L1 object of a partition, as retention sees it."""
+
+    last_offset: int
+    size: int
+    created_at: float  # wall seconds
+
+
+def retention_start_offset(
+    objects: Sequence[RetainedObject],
+    start_offset: int,
+    now: float,
+    retention_s: float | None,
+    retention_bytes: int | None,
+) -> int:
+    """The partition's start offset after retention, as Kafka moves its log start offset over
+    whole segments (here: whole L1 objects, oldest first; data not yet reconciled is never
+    removed, as Kafka never removes its active segment):
+
+    - by time, the oldest objects for as long as each is older than `retention_s`;
+    - by size, the oldest objects for as long as the objects left still hold at least
+      `retention_bytes` (Kafka's `size - segment.size >= retention.bytes`).
+
+    `objects` are in offset order; those wholly below `start_offset` are already gone."""
+    live = [o for o in objects if o.last_offset >= start_offset]
+    new_start = start_offset
+    if retention_s is not None:
+        for o in live:
+            if now - o.created_at <= retention_s:
+                break
+            new_start = max(new_start, o.last_offset + 1)
+    if retention_bytes is not None:
+        remaining = sum(o.size for o in live)
+        for o in live:
+            if remaining - o.size < retention_bytes:
+                break
+            remaining -= o.size
+            new_start = max(new_start, o.last_offset + 1)
+    assert new_start >= start_offset
+    return new_start

@@ -281,7 +281,7 @@ class MemoryLogStore:
         await anyio.lowlevel.checkpoint()
         return {t: dict(sorted(c.items())) for t, c in sorted(self.configs.items()) if topic in (None, t)}
 
-    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:  # noqa: ARG002 - no times kept here
         await anyio.lowlevel.checkpoint()
         if not any(row.topic == topic for row in self.partitions.values()):
             raise UnknownTopic(topic)

@@ -369,7 +369,14 @@ class EventLog(Protocol):
 
 @runtime_checkable
 class LogStore(
-    PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, ConsumerOffsetStore, TopicConfigStore, Protocol
+    PartitionLog,
+    EpochStore,
+    L1Metastore,
+    L0Catalog,
+    EventLog,
+    ConsumerOffsetStore,
+    TopicConfigStore,
+    Protocol,
 ):
     """Every role in one store (what the daemon opens and hands to a `Node`)."""
 

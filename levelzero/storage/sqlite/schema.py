@@ -333,7 +333,7 @@ async def _migrate_2_to_3(connection: aiosqlite.Connection) -> None:
 
 
 async def _migrate_3_to_4(connection: aiosqlite.Connection) -> None:
-    await connection.execute(TOPIC_CONFIGS)
+    await connection.execute(TOPIC_CONFIGS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 
 
 MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4)

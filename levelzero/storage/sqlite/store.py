@@ -666,7 +666,7 @@ class SqliteLogStore(StoreLifecycle):
     async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:
         config_rows = [(topic, name, value, now) for name, value in sorted(configs.items())]
 
-        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:  # noqa: ARG001 - no cursor moves
             async with connection.execute(
                 "SELECT 1 FROM partitions WHERE topic = ? LIMIT 1", (topic,)
             ) as cursor:
