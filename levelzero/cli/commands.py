@@ -344,11 +344,11 @@ async def _topics_config(args: argparse.Namespace, client: Client) -> None:
         configs = await client.change_topic_configs(args.topic, changes)
     else:
         configs = await client.topic_configs(args.topic)
-    shown = [c for c in configs.configs if args.all or c.source != "default"]
+    shown = [c for c in configs.configs if args.all or c.source == "topic"]
     if args.json:
         _json_out(configs)
     elif not shown:
-        print(f"topic {configs.topic} has every config at Kafka's default (--all lists them)")
+        print(f"no configs set on topic {configs.topic} (--all lists every config and where it comes from)")
     else:
         print(table(("CONFIG", "VALUE", "SOURCE"), [(c.name, c.value, c.source) for c in shown]))
 

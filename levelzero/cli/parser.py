@@ -188,7 +188,7 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     config.add_argument("set", nargs="*", type=_config_pair, metavar="NAME=VALUE")
     config.add_argument("--delete", action="append", default=[], metavar="NAME")
     config.add_argument("--replace", action="store_true", help="NAME=VALUE are the whole set")
-    config.add_argument("--all", action="store_true", help="list the configs at their defaults too")
+    config.add_argument("--all", action="store_true", help="every config, not only those set on the topic")
     _add_client_options(config)
     config.set_defaults(handler=_client_command(_topics_config))
     listing = topics_sub.add_parser("list", help="list topics and their partition counts")
