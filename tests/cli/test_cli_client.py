@@ -122,7 +122,12 @@ def test_topics_config_shows_sets_and_deletes_and_refuses_what_is_not_enforced(
     assert changed.stdout == b"CONFIG           VALUE  SOURCE\nretention.bytes  100    topic\n"
     every = json.loads(daemon_process.cli("topics", "config", "c", "--all", "--json").stdout)
     by_name = {c["name"]: c for c in every["configs"]}
-    assert by_name["retention.ms"] == {"name": "retention.ms", "value": "-1", "source": "node", "default": False}
+    assert by_name["retention.ms"] == {
+        "name": "retention.ms",
+        "value": "-1",
+        "source": "node",
+        "default": False,
+    }
     refused = daemon_process.cli("topics", "config", "c", "cleanup.policy=compact")
     assert refused.returncode != 0 and b"cleanup.policy=compact is not supported" in refused.stderr
     refused = daemon_process.cli("topics", "create", "d", "--config", "cleanup.policy=compact")
