@@ -48,7 +48,7 @@ from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
 from .reader import FetchResult, Reader
 from .reconciler import Reconciler, ReconcilerConfig
-from .topic_configs import TOPIC_CONFIGS_REFRESH_S, TopicConfigs
+from .topic_configs import TopicConfigs
 
 log = logging.getLogger("levelzero.node")
 
@@ -247,9 +247,10 @@ class Node:
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
                 )
+                member = self.member
+                self.topic_configs.follow_views(lambda: member.view)
                 await tg.start(self.member.run)
                 tg.start_soon(self._publish_watermarks, c)
-                tg.start_soon(self._refresh_topic_configs)
             self.accepting = True
             log.info("node ready: %d partitions, cluster epoch %d", len(rows), self.epochs.current)
             task_status.started()
@@ -382,16 +383,6 @@ class Node:
                 if scope.cancelled_caught:
                     log.warning("%s got no answer within %.1f s", what, interval_s)
             await anyio.sleep(interval_s)
-
-    async def _refresh_topic_configs(self) -> None:
-        """In a cluster: the topic configs other nodes changed, every TOPIC_CONFIGS_REFRESH_S."""
-        while True:
-            await anyio.sleep(TOPIC_CONFIGS_REFRESH_S)
-            with anyio.move_on_after(10 * TOPIC_CONFIGS_REFRESH_S):
-                try:
-                    await self.topic_configs.load()
-                except LevelZeroError as exc:
-                    log.warning("reading the topic configs failed: %s", exc)
 
     def _new_partition(self, row: PartitionRow) -> PartitionActor:
         return PartitionActor(

@@ -2,9 +2,9 @@
 the produce intake and the housekeeper read a topic's policy without a query, and the changes
 made through this node, checked by `core.topic_configs`, written through.
 
-In a cluster a change made on another node reaches this one with the next refresh
-(`Node` refreshes every `TOPIC_CONFIGS_REFRESH_S`); reads for DescribeConfigs and the HTTP API
-go to the control plane, so every node reports the same.
+In a cluster a change made on another node reaches this one with its next cluster view (read
+every third of the lease TTL: `ClusterView.topic_configs`); reads for DescribeConfigs and the
+HTTP API go to the control plane, so every node reports the same.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from levelzero.core.topic_configs import (
     check_configs,
     topic_policy,
 )
-from levelzero.storage.protocols import TopicConfigStore
-
-TOPIC_CONFIGS_REFRESH_S = 1.0
+from levelzero.storage.protocols import ClusterView, TopicConfigStore
 
 
 class TopicConfigs:
@@ -42,11 +40,26 @@ class TopicConfigs:
         self._stored: dict[str, dict[str, str]] = {}
         self._policies: dict[str, TopicPolicy] = {}
         self._default = topic_policy({}, broker)
+        self._view: Callable[[], ClusterView | None] | None = None
+        self._view_seen: ClusterView | None = None
         self._write_lock = anyio.Lock()  # one read-modify-write of a topic's set at a time
 
     # ------------------------------------------------------------------ what the node enforces
 
+    def follow_views(self, view: Callable[[], ClusterView | None]) -> None:
+        """In a cluster: take each new cluster view's topic configs (other nodes' changes)."""
+        self._view = view
+
+    def _sync(self) -> None:
+        if self._view is None:
+            return
+        view = self._view()
+        if view is not None and view is not self._view_seen:
+            self._view_seen = view
+            self._set_all({topic: dict(c) for topic, c in view.topic_configs.items()})
+
     def policy(self, topic: str) -> TopicPolicy:
+        self._sync()
         return self._policies.get(topic, self._default)
 
     def retention(self, topic: str) -> tuple[float | None, int | None]:
@@ -57,6 +70,7 @@ class TopicConfigs:
 
     def any_retention(self) -> bool:
         """Whether any partition may have something to retain (the housekeeper then visits all)."""
+        self._sync()
         if self._default.retention_ms is not None or self._default.retention_bytes is not None:
             return True
         return any(
@@ -66,7 +80,7 @@ class TopicConfigs:
     # ------------------------------------------------------------------ the control plane's rows
 
     async def load(self) -> None:
-        """Every topic's set from the control plane (start-up; in a cluster, every refresh)."""
+        """Every topic's set from the control plane (start-up)."""
         self._set_all(await self._store.topic_configs())
 
     def _set_all(self, stored: dict[str, dict[str, str]]) -> None:

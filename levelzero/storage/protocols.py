@@ -412,6 +412,9 @@ class ClusterView(msgspec.Struct, frozen=True):
     now: float  # the control plane's clock when the view was read (one transaction)
     nodes: list[NodeRow]
     leases: list[LeaseRow]
+    # Each topic's topic configs (`TopicConfigStore.topic_configs()`): every node enforces the
+    # set it last read with its view.
+    topic_configs: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)
 
 
 @runtime_checkable

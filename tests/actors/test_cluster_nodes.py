@@ -226,8 +226,8 @@ class NeverRenewed(LeaseClock):
 
 
 async def test_a_topic_config_changed_on_one_node_is_enforced_by_the_others() -> None:
-    """Topic configs live in the control plane: a node reads them again every
-    TOPIC_CONFIGS_REFRESH_S, so a partition led elsewhere gets the new limit too."""
+    """Topic configs live in the control plane and come with every cluster view a node reads,
+    so a partition led elsewhere gets the new limit too."""
     c = Cluster()
     async with anyio.create_task_group() as tg:
         a = await c.start(tg, "a")
