@@ -421,6 +421,9 @@ class KafkaSection(_Section):
     # Request bytes all Kafka connections together hold at most (read, not yet answered).
     inflight_bytes_max: int = 256 * MiB
     default_partitions: int = 1  # CreateTopics with num_partitions = -1
+    # Metadata and Produce naming an unknown topic create it (default_partitions, no configs),
+    # as Kafka's auto.create.topics.enable; off by default, as in Redpanda.
+    auto_create_topics: bool = False
     idle_timeout_s: float = 600.0  # a silent connection is closed (Kafka's connections.max.idle.ms)
     header_timeout_s: float = 10.0  # a new or unauthenticated connection's next frame, within this
     frame_timeout_s: float = 60.0  # a frame's body, within this of its length prefix

@@ -6,7 +6,10 @@ slides and its lower bound never moves. When a partition's published `M(p)` has 
 appends `AdvanceEpoch`; if nothing is left unreconciled it appends a catch-up whose LRLO is the
 last log offset, so `min_epoch_lower_bound` moves to the window's lower edge.
 
-Retention (by age and bytes of reconciled data): `SetStartOffset`, then two-phase deletion of the
+Retention (by age and bytes of reconciled data, per topic: its `retention.ms` and
+`retention.bytes`, else the node's `retention_s` and `retention_bytes`): the start offset moves
+over whole L1 objects as Kafka's log start offset moves over whole segments
+(`core.topic_configs.retention_start_offset`), `SetStartOffset`, then two-phase deletion of the
 L1 objects entirely below the new start offset.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 
@@ -22,6 +26,7 @@ from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import AdvanceEpoch
 from levelzero.core.leader import advance_epoch_needed, catch_up_needed
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader, ShuttingDown
+from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
@@ -51,6 +56,29 @@ class HousekeeperConfig:
             raise InvalidInput("housekeeper retention_bytes must be > 0 when set")
 
 
+class RetentionRules(Protocol):
+    """Each topic's retention (the node's topic configs, `actors.topic_configs`)."""
+
+    def retention(self, topic: str) -> tuple[float | None, int | None]:
+        """(seconds, bytes) of `topic`; None: no limit."""
+        ...
+
+    def any_retention(self) -> bool: ...
+
+
+class NodeRetention:
+    """The same retention for every topic: the housekeeper's own config."""
+
+    def __init__(self, config: HousekeeperConfig) -> None:
+        self._limits = (config.retention_s, config.retention_bytes)
+
+    def retention(self, topic: str) -> tuple[float | None, int | None]:  # noqa: ARG002 - the same for all
+        return self._limits
+
+    def any_retention(self) -> bool:
+        return self._limits != (None, None)
+
+
 @dataclass(slots=True)
 class HousekeeperStatistics:
     rounds: int = 0
@@ -75,9 +103,11 @@ class Housekeeper:
         wall_clock: Callable[[], float],
         activity: ActivityBoard | None = None,
         index: Callable[[], Mapping[str, PartitionActor]] | None = None,
+        retention: RetentionRules | None = None,
     ) -> None:
         assert (activity is None) == (index is None), "activity needs the index to find names"
         self.config = config
+        self._retention = NodeRetention(config) if retention is None else retention
         self._epochs = epochs
         self._catalog = catalog
         self._partitions = partitions
@@ -135,8 +165,7 @@ class Housekeeper:
         if self._activity is None or self._index is None:
             return self._partitions()
         epoch = self._epochs.current
-        retention = self.config.retention_s is not None or self.config.retention_bytes is not None
-        if force or retention or epoch != self._full_round_epoch:
+        if force or self._retention.any_retention() or epoch != self._full_round_epoch:
             self._activity.take("housekeeper")  # every partition is visited anyway
             self._full_round_epoch = epoch
             return self._partitions()
@@ -194,8 +223,9 @@ class Housekeeper:
         idle = view.mp is None or self._clock() - view.mp_changed_at >= self.config.idle_after_s
         if force or idle:
             await self._advance(actor)
-        if self.config.retention_s is not None or self.config.retention_bytes is not None:
-            await self._retain(actor)
+        retention_s, retention_bytes = self._retention.retention(actor.row.topic)
+        if retention_s is not None or retention_bytes is not None:
+            await self._retain(actor, retention_s, retention_bytes)
 
     async def _advance(self, actor: PartitionActor) -> None:
         epoch = advance_epoch_needed(actor.state, self._epochs.current)
@@ -208,23 +238,19 @@ class Housekeeper:
             await actor.catch_up(lro, lrlo, actor.term)
             self.stats.catch_ups += 1
 
-    async def _retain(self, actor: PartitionActor) -> None:
+    async def _retain(
+        self, actor: PartitionActor, retention_s: float | None, retention_bytes: int | None
+    ) -> None:
         valid = await self._catalog.refresh(actor)
         if not valid:
             return
-        now = self._wall()
-        new_start = actor.state.start_offset
-        if self.config.retention_s is not None:
-            for row in valid:
-                if now - row.created_at > self.config.retention_s:
-                    new_start = max(new_start, row.last_offset + 1)
-        if self.config.retention_bytes is not None:
-            kept = 0
-            for row in reversed(valid):
-                kept += row.size
-                if kept > self.config.retention_bytes:
-                    new_start = max(new_start, row.last_offset + 1)
-                    break
+        new_start = retention_start_offset(
+            [RetainedObject(row.last_offset, row.size, row.created_at) for row in valid],
+            actor.state.start_offset,
+            self._wall(),
+            retention_s,
+            retention_bytes,
+        )
         if new_start > actor.state.start_offset:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1

@@ -115,11 +115,22 @@ class ProduceIntake:
 
     # ------------------------------------------------------------------ plain produce
 
+    def check_size(self, topic: str, records: Sequence[Record]) -> int | None:
+        """The one size rule for one request's records: at most the topic's
+        `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
+        size by the rule, or None when the batcher's own check is all there is to do."""
+        limit = self.node.topic_configs.policy(topic).max_message_bytes
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        if limit >= batch_bytes_max:
+            return None
+        return check_produce_size(records, limit, limit_name=f"topic {topic!r}'s max.message.bytes")
+
     async def produce(self, topic: str, partition: int, records: Sequence[Record]) -> ProduceResult:
         """Store `records` contiguously (HTTP's produce): the node's batcher checks the size
-        rule and encodes them."""
+        rule and encodes them (a topic's smaller `max.message.bytes` is checked here)."""
         if not records:
             raise InvalidInput("a produce request needs at least one record")
+        self.check_size(topic, records)
         result = await self.node.produce(topic, partition, records)
         self._wake_fetchers()
         return result
@@ -150,8 +161,11 @@ class ProduceIntake:
         self.check_led(topic, partition)
         if not records:
             raise InvalidInput("the produce request holds no records")
-        # The one size rule, the batcher's: sets are packed into one request by the lane.
-        size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
+        # The one size rule (the topic's max.message.bytes, else the batcher's limit): sets are
+        # packed into one request by the lane.
+        size = self.check_size(topic, records)
+        if size is None:
+            size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
         assert size is not None
         if identity is not None:
             assert identity[2:4] == (topic, partition), identity

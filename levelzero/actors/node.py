@@ -35,6 +35,7 @@ from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, 
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
+from levelzero.core.topic_configs import BrokerConfigs
 from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
 
 from .appender import Appender
@@ -47,8 +48,12 @@ from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
 from .reader import FetchResult, Reader
 from .reconciler import Reconciler, ReconcilerConfig
+from .topic_configs import TopicConfigs
 
 log = logging.getLogger("levelzero.node")
+
+# A new topic's configs: name -> value, or (name, value) pairs as a request lists them.
+TopicConfigsGiven = Mapping[str, str | None] | Sequence[tuple[str, str | None]] | None
 
 PARTITIONS_PER_TOPIC_MAX = 4096
 PARTITIONS_MAX = 65_536
@@ -160,6 +165,20 @@ class Node:
             activity=self.activity,
             index=self.partitions_by_name,
         )
+        self._topics: dict[str, int] = {}
+        # Each topic's configs (Kafka's topic configs): retention, max.message.bytes.
+        keeper = config.housekeeper
+        self.topic_configs = TopicConfigs(
+            log_store,
+            BrokerConfigs(
+                broker_id=0,
+                retention_ms=-1 if keeper.retention_s is None else round(keeper.retention_s * 1000),
+                retention_bytes=-1 if keeper.retention_bytes is None else keeper.retention_bytes,
+                message_max_bytes=config.batcher.batch_bytes_max,
+            ),
+            self.topics,
+            self._wall,
+        )
         self.housekeeper = Housekeeper(
             config.housekeeper,
             self.epochs,
@@ -169,6 +188,7 @@ class Node:
             wall_clock=self._wall,
             activity=self.activity,
             index=self.partitions_by_name,
+            retention=self.topic_configs,
         )
         self.gc = GcActor(
             config.gc,
@@ -184,7 +204,6 @@ class Node:
             share=self._gc_share if cluster is not None else None,
             leaders=self.partition_leaders if cluster is not None else None,
         )
-        self._topics: dict[str, int] = {}
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
         # They open read-only (no produce) so the daemon starts and says what to do.
         self.unstorable_topics: dict[str, str] = {}
@@ -200,6 +219,7 @@ class Node:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             await tg.start(self.appender.run)
+            await self.topic_configs.load()
             rows = await self.log_store.list_partitions()
             for row in rows:
                 self._check_stored_topic_name(row.topic)
@@ -227,6 +247,8 @@ class Node:
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
                 )
+                member = self.member
+                self.topic_configs.follow_views(lambda: member.view)
                 await tg.start(self.member.run)
                 tg.start_soon(self._publish_watermarks, c)
             self.accepting = True
@@ -382,7 +404,11 @@ class Node:
         self._by_pid[row.pid] = actor
         self._topics[row.topic] = max(self._topics.get(row.topic, 0), row.partition + 1)
 
-    async def create_topic(self, name: str, partitions: int) -> list[PartitionRow]:
+    def check_new_topic(
+        self, name: str, partitions: int, configs: TopicConfigsGiven = None
+    ) -> dict[str, str]:
+        """Whether `create_topic` would take these (raises as it would, but for a topic that
+        exists); the configs as they would be stored."""
         problem = topic_name_problem(name)
         if problem is not None:
             shown = repr(name[:64]) + ("..." if len(name) > 64 else "") if isinstance(name, str) else "given"
@@ -391,6 +417,16 @@ class Node:
             raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")
         if len(self._partitions) + partitions > PARTITIONS_MAX:
             raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
+        if configs is None:
+            configs = ()
+        return self.topic_configs.check_new(configs.items() if isinstance(configs, Mapping) else configs)
+
+    async def create_topic(
+        self, name: str, partitions: int, configs: TopicConfigsGiven = None
+    ) -> list[PartitionRow]:
+        """A new topic of `partitions` partitions with its topic configs (InvalidConfig for one
+        that is unknown, malformed or not enforced: nothing is created)."""
+        checked = self.check_new_topic(name, partitions, configs)
         self._check_accepting()
         async with self._create_lock:
             if name in self._topics:
@@ -403,7 +439,10 @@ class Node:
             if self.member is None:
                 for p in range(partitions):
                     self.board.register(f"{name}/{p}")
-            rows = await self.log_store.create_topic(name, partitions, self.epochs.current, self._wall())
+            rows = await self.log_store.create_topic(
+                name, partitions, self.epochs.current, self._wall(), checked
+            )
+            self.topic_configs.created(name, checked)
             if self.member is not None:  # the leases decide who leads them
                 self._topics[name] = partitions
             else:

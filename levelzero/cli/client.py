@@ -20,6 +20,8 @@ from levelzero.core.gc import Explanation
 
 from levelzero.config import token_problem
 from levelzero.http.schema import (
+    TopicConfigs,
+    TopicConfigsRequest,
     AbandonRequest,
     AbandonResponse,
     ClusterInfo,
@@ -113,8 +115,8 @@ class Client:
         params: dict[str, int | str] | None = None,
     ) -> httpx.Response:
         content = None if body is None else _encoder.encode(body)
-        # The daemon refuses a POST that does not say it is JSON (415), body or not.
-        headers = {"Content-Type": "application/json"} if method == "POST" else None
+        # The daemon refuses a POST (PUT, PATCH) that does not say it is JSON (415), body or not.
+        headers = {"Content-Type": "application/json"} if method in ("POST", "PUT", "PATCH") else None
         try:
             response = await self._http.request(method, path, content=content, params=params, headers=headers)
         except httpx.TimeoutException:
@@ -142,8 +144,25 @@ class Client:
 
     # ------------------------------------------------------------------ API
 
-    async def create_topic(self, name: str, partitions: int = 1) -> TopicInfo:
-        return await self._call("POST", "/v1/topics", TopicInfo, body=CreateTopicRequest(name, partitions))
+    async def create_topic(
+        self, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+    ) -> TopicInfo:
+        body = CreateTopicRequest(name, partitions, configs or {})
+        return await self._call("POST", "/v1/topics", TopicInfo, body=body)
+
+    async def topic_configs(self, topic: str) -> TopicConfigs:
+        return await self._call("GET", _configs_path(topic), TopicConfigs)
+
+    async def replace_topic_configs(self, topic: str, configs: dict[str, str]) -> TopicConfigs:
+        """The topic's whole set becomes `configs` (others go back to their defaults)."""
+        body = TopicConfigsRequest(dict(configs))
+        return await self._call("PUT", _configs_path(topic), TopicConfigs, body=body)
+
+    async def change_topic_configs(self, topic: str, configs: dict[str, str | None]) -> TopicConfigs:
+        """Set these configs; a None value deletes one (back to its default)."""
+        return await self._call(
+            "PATCH", _configs_path(topic), TopicConfigs, body=TopicConfigsRequest(configs)
+        )
 
     async def list_topics(self) -> list[TopicInfo]:
         return (await self._call("GET", "/v1/topics", TopicList)).topics
@@ -246,6 +265,10 @@ class Client:
         except ApiError:
             return False
         return True
+
+
+def _configs_path(topic: str) -> str:
+    return f"/v1/topics/{quote(topic, safe='')}/configs"
 
 
 def _records_path(topic: str, partition: int) -> str:

@@ -316,7 +316,7 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
 
 
 async def _topics_create(args: argparse.Namespace, client: Client) -> None:
-    info = await client.create_topic(args.name, args.partitions)
+    info = await client.create_topic(args.name, args.partitions, dict(args.config))
     if args.json:
         _json_out(info)
     else:
@@ -331,6 +331,26 @@ async def _topics_list(args: argparse.Namespace, client: Client) -> None:
         print("no topics")
     else:
         print(table(("TOPIC", "PARTITIONS"), [(t.name, str(t.partitions)) for t in topics]))
+
+
+async def _topics_config(args: argparse.Namespace, client: Client) -> None:
+    """`topics config TOPIC` shows the configs; with NAME=VALUE sets and --delete NAME deletes
+    them (the others stay); --replace makes NAME=VALUE the topic's whole set."""
+    changes: dict[str, str | None] = dict(args.set)
+    changes.update((name, None) for name in args.delete)
+    if args.replace:
+        configs = await client.replace_topic_configs(args.topic, dict(args.set))
+    elif changes:
+        configs = await client.change_topic_configs(args.topic, changes)
+    else:
+        configs = await client.topic_configs(args.topic)
+    shown = [c for c in configs.configs if args.all or c.source == "topic"]
+    if args.json:
+        _json_out(configs)
+    elif not shown:
+        print(f"no configs set on topic {configs.topic} (--all lists every config and where it comes from)")
+    else:
+        print(table(("CONFIG", "VALUE", "SOURCE"), [(c.name, c.value, c.source) for c in shown]))
 
 
 class MalformedLine(Exception):

@@ -30,6 +30,7 @@ from levelzero.cli.commands import (
     _produce,
     _status,
     _topic_partition,
+    _topics_config,
     _topics_create,
     _topics_list,
     cmd_backup,
@@ -39,6 +40,13 @@ from levelzero.cli.commands import (
     cmd_recover,
     cmd_run,
 )
+
+
+def _config_pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name.strip(), value
 
 
 def _add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -162,8 +170,27 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     create = topics_sub.add_parser("create", help="create a topic")
     create.add_argument("name", type=_topic_name)
     create.add_argument("--partitions", type=int, default=1)
+    create.add_argument(
+        "--config",
+        type=_config_pair,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Kafka topic config (repeatable), e.g. retention.ms=86400000",
+    )
     _add_client_options(create)
     create.set_defaults(handler=_client_command(_topics_create))
+    config = topics_sub.add_parser(
+        "config",
+        help="show a topic's configs; NAME=VALUE sets, --delete NAME deletes (back to the default)",
+    )
+    config.add_argument("topic", type=_topic_name)
+    config.add_argument("set", nargs="*", type=_config_pair, metavar="NAME=VALUE")
+    config.add_argument("--delete", action="append", default=[], metavar="NAME")
+    config.add_argument("--replace", action="store_true", help="NAME=VALUE are the whole set")
+    config.add_argument("--all", action="store_true", help="every config, not only those set on the topic")
+    _add_client_options(config)
+    config.set_defaults(handler=_client_command(_topics_config))
     listing = topics_sub.add_parser("list", help="list topics and their partition counts")
     _add_client_options(listing)
     listing.set_defaults(handler=_client_command(_topics_list))

@@ -112,9 +112,9 @@ class TooLarge(LevelZeroError):
 
     code = "too_large"
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max") -> None:
         super().__init__(
-            f"{size} record bytes exceed batch_bytes_max {limit} (value + key + header names "
+            f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
             f"and values + 8 per record); split the request"
         )
         self.size, self.limit = size, limit
@@ -145,6 +145,13 @@ class UnknownPartition(LevelZeroError, KeyError):
 
 class TopicExists(LevelZeroError):
     code = "topic_exists"
+
+
+class InvalidConfig(LevelZeroError, ValueError):
+    """A topic config that is unknown, malformed, or not enforced by levelzero (Kafka's
+    INVALID_CONFIG): refused, never stored and ignored."""
+
+    code = "invalid_config"
 
 
 class OffsetOutOfRange(LevelZeroError):

@@ -4,7 +4,9 @@ A request's size is what its records carry: for each record its value, its key, 
 name (UTF-8) and value, plus `RECORD_OVERHEAD_BYTES`. One request may hold at most
 `batcher.batch_bytes_max` bytes by this rule. The batcher applies it to every request it is
 given, so both doors answer alike (413 `too_large`, Kafka `MESSAGE_TOO_LARGE`); the Kafka door
-also sizes each record set by it to pack several into one request. A client can work the rule
+also sizes each record set by it to pack several into one request. A topic's
+`max.message.bytes` (`core.topic_configs`) bounds one request's records by the same rule, in
+the produce intake. A client can work the rule
 out from its own records, which it could not do for the encoded size (msgpack framing varies
 with each field's length and a timestamp's magnitude).
 
@@ -46,12 +48,16 @@ def produce_size(records: Sequence[Record]) -> int:
 
 
 def check_produce_size(
-    records: Sequence[Record], limit: int, *, encoded_bytes: int | None = None
+    records: Sequence[Record],
+    limit: int,
+    *,
+    encoded_bytes: int | None = None,
+    limit_name: str = "batch_bytes_max",
 ) -> int | None:
     """Raise `TooLarge` when `records` are over `limit` by the rule. With `encoded_bytes` (the
     length of their encoded extent) a request well inside the limit passes without its records
     being added up, and None is returned; else their size by the rule."""
-    assert limit >= 1, limit
+    assert limit >= 0, limit
     assert records, "a produce request holds at least one record"
     if encoded_bytes is not None:
         assert encoded_bytes >= len(records), (encoded_bytes, len(records))
@@ -59,5 +65,5 @@ def check_produce_size(
             return None
     size = produce_size(records)
     if size > limit:
-        raise TooLarge(size, limit)
+        raise TooLarge(size, limit, limit_name)
     return size

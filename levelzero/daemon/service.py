@@ -461,7 +461,12 @@ class Daemon:
         listener: Any = bound.listener
         handlers = Handlers(
             node,
-            KafkaSettings(bound.advertised_host, bound.advertised_port, settings.default_partitions),
+            KafkaSettings(
+                bound.advertised_host,
+                bound.advertised_port,
+                settings.default_partitions,
+                settings.auto_create_topics,
+            ),
             self.intake,
         )
         self.kafka = KafkaListener(

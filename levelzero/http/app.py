@@ -6,8 +6,9 @@ input is a 400 with a JSON body naming the field, never a traceback. Operating e
 an `AssertionError` (a violated invariant: a bug) is logged at CRITICAL. No request can take
 the daemon down.
 
-    POST /v1/topics                                   create a topic
+    POST /v1/topics                                   create a topic (with its configs)
     GET  /v1/topics                                   list topics
+    GET|PUT|PATCH /v1/topics/{topic}/configs          a topic's configs: read, replace, change
     POST /v1/topics/{topic}/partitions/{p}/records    produce (records: key/value base64)
     GET  /v1/topics/{topic}/partitions/{p}/records    fetch (?offset=&max_bytes=)
     GET  /v1/status                                   epoch, M, the outlier partitions, the first
@@ -50,6 +51,7 @@ from levelzero.core.keys import parse_l0_key
 from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
+from levelzero.core.topic_configs import AlterOp, ConfigSource, describe_topic
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
@@ -81,6 +83,9 @@ from levelzero.http.schema import (
     ReconcileFailingStatus,
     ReconcilerStatus,
     StatusResponse,
+    TopicConfigOut,
+    TopicConfigs,
+    TopicConfigsRequest,
     TopicInfo,
     TopicList,
     UnstorableTopic,
@@ -107,6 +112,7 @@ OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejecti
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
+    "invalid_config": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,
@@ -165,6 +171,7 @@ class ApiError(Exception):
 _encoder = msgspec.json.Encoder()
 _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     CreateTopicRequest: msgspec.json.Decoder(CreateTopicRequest),
+    TopicConfigsRequest: msgspec.json.Decoder(TopicConfigsRequest),
     ProduceRequest: msgspec.json.Decoder(ProduceRequest),
     GcRunRequest: msgspec.json.Decoder(GcRunRequest),
     HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
@@ -256,7 +263,7 @@ class Api:
             try:
                 if not public:
                     self._authenticate(request)
-                if request.method == "POST":
+                if request.method in ("POST", "PUT", "PATCH"):
                     _require_json(request)
                 response = await handler(request)
             except ClientDisconnect:
@@ -364,8 +371,34 @@ class Api:
     async def create_topic(self, request: Request) -> Response:
         body: CreateTopicRequest = _decode(CreateTopicRequest, await self._read_body(request))
         self._check_serving()
-        rows = await self.node.create_topic(body.name, body.partitions)
+        rows = await self.node.create_topic(body.name, body.partitions, body.configs)
         return _json(TopicInfo(body.name, len(rows)), 201)
+
+    async def topic_configs(self, request: Request) -> Response:
+        topic = request.path_params["topic"]
+        configs = self.node.topic_configs
+        if request.method in ("PUT", "PATCH"):
+            body: TopicConfigsRequest = _decode(TopicConfigsRequest, await self._read_body(request))
+            self._check_serving()
+            if request.method == "PUT":
+                await configs.replace(topic, list(body.configs.items()))
+            else:
+                ops = [
+                    (AlterOp.DELETE if value is None else AlterOp.SET, name, value)
+                    for name, value in body.configs.items()
+                ]
+                await configs.alter(topic, ops)
+        stored = await configs.stored(topic)
+        sources = {
+            ConfigSource.DYNAMIC_TOPIC_CONFIG: "topic",
+            ConfigSource.STATIC_BROKER_CONFIG: "node",
+            ConfigSource.DEFAULT_CONFIG: "default",
+        }
+        entries = [
+            TopicConfigOut(e.name, e.value, sources[e.source], e.is_default)
+            for e in describe_topic(stored, configs.broker)
+        ]
+        return _json(TopicConfigs(topic, entries))
 
     async def cluster(self, request: Request) -> Response:
         member = self.node.member
@@ -824,6 +857,10 @@ def build_app(
     routes = [
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
         api.route(records, {"POST": api.produce, "GET": api.fetch}),
+        api.route(
+            "/v1/topics/{topic}/configs",
+            {"GET": api.topic_configs, "PUT": api.topic_configs, "PATCH": api.topic_configs},
+        ),
         api.route("/v1/status", {"GET": api.status}),
         api.route("/v1/cluster", {"GET": api.cluster}),
         api.route("/v1/status/partitions", {"GET": api.status_partitions}),

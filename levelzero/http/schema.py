@@ -24,6 +24,16 @@ class _Response(msgspec.Struct, frozen=True):
 class CreateTopicRequest(_Request):
     name: str
     partitions: int = 1
+    # Kafka's topic configs (docs/kafka.md): one that is unknown, malformed or not enforced is a
+    # 400 invalid_config and the topic is not made.
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class TopicConfigsRequest(_Request):
+    """PUT: the topic's whole set (configs left out go back to their defaults). PATCH: only
+    these change; a null value deletes one (back to its default)."""
+
+    configs: dict[str, str | None]
 
 
 class RecordIn(_Request):
@@ -77,6 +87,18 @@ class TopicInfo(_Response):
 
 class TopicList(_Response):
     topics: list[TopicInfo]
+
+
+class TopicConfigOut(_Response):
+    name: str
+    value: str
+    source: str  # topic (set on the topic) | node (the node's configuration) | default (Kafka's)
+    default: bool
+
+
+class TopicConfigs(_Response):
+    topic: str
+    configs: list[TopicConfigOut]  # every Kafka topic config, by name
 
 
 class ProduceResponse(_Response):

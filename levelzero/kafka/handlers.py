@@ -1,5 +1,6 @@
 """The Kafka APIs by key, each answered by the module of its job: metadata (and the brokers),
-admin (CreateTopics), produce (through the produce intake both front ends share), fetch,
+admin (CreateTopics, auto-creation), configs (DescribeConfigs, AlterConfigs,
+IncrementalAlterConfigs), produce (through the produce intake both front ends share), fetch,
 offsets (ListOffsets, the groups' committed offsets) and the consumer groups. Each translates
 between a kio request and the operations of the node and the intake, so HTTP and Kafka clients
 see the same partitions, records, size rule and errors.
@@ -20,6 +21,7 @@ import anyio.abc
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.kafka.admin import AdminApi
+from levelzero.kafka.configs import ConfigsApi
 from levelzero.kafka.fetch import FetchApi
 from levelzero.kafka.group_api import GroupApi
 from levelzero.kafka.groups import GroupCoordinator
@@ -36,9 +38,11 @@ class Handlers:
         self.intake = ProduceIntake(node) if intake is None else intake
         self.groups = GroupCoordinator(node.log_store)
         cluster = Cluster(node, settings)
-        self.metadata = MetadataApi(node, cluster)
-        self.admin = AdminApi(node, settings)
-        self.producing = ProduceApi(self.intake)
+        self.admin = AdminApi(node, settings, cluster)
+        auto_create = self.admin.auto_create if settings.auto_create_topics else None
+        self.metadata = MetadataApi(node, cluster, auto_create)
+        self.configs = ConfigsApi(node, cluster, settings)
+        self.producing = ProduceApi(self.intake, auto_create)
         self.fetching = FetchApi(node, self.intake)
         self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
         self.group_api = GroupApi(self.groups, cluster)
@@ -93,4 +97,10 @@ class Handlers:
                 return await self.group_api.offset_delete(request, self.node.topics())
             case 60:
                 return self.metadata.describe_cluster(request)
+            case 32:
+                return await self.configs.describe_configs(request)
+            case 33:
+                return await self.configs.alter_configs(request)
+            case 44:
+                return await self.configs.incremental_alter_configs(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ class KafkaSettings:
     advertised_host: str
     advertised_port: int
     default_partitions: int = 1
+    # Metadata and Produce create unknown topics (Kafka's auto.create.topics.enable).
+    auto_create_topics: bool = False
 
 
 class Cluster:
@@ -116,13 +119,31 @@ class Cluster:
         return self.node.member is None or self.coordinator(group_id) == self.me()
 
 
+# Creates the unknown topics of a request (kafka.auto_create_topics): name -> the error of one
+# that could not be made.
+AutoCreate = Callable[[Iterable[str]], Awaitable[dict[str, ErrorCode]]]
+
+
 class MetadataApi:
-    def __init__(self, node: Node, cluster: Cluster) -> None:
+    def __init__(self, node: Node, cluster: Cluster, auto_create: AutoCreate | None = None) -> None:
         self.node = node
         self.cluster = cluster
+        self.auto_create = auto_create
 
     async def metadata(self, request: Request) -> Any:
         m = request.response_module
+        refused: dict[str, ErrorCode] = {}
+        # Metadata v4+ says whether the client wants topics made (earlier versions always do).
+        wanted = request.body.topics
+        if (
+            self.auto_create is not None
+            and wanted
+            and getattr(request.body, "allow_auto_topic_creation", True)
+        ):
+            known = self.node.topics()
+            unknown = [t.name for t in wanted if t.name is not None and t.name not in known]
+            if unknown:
+                refused = await self.auto_create(unknown)
         member = self.node.member
         brokers = self.cluster.brokers()
         leaders = self.cluster.leaders(brokers)
@@ -163,7 +184,9 @@ class MetadataApi:
                         offline_replicas=(),
                     )
                 )
-            error = ErrorCode.none if count is not None else ErrorCode.unknown_topic_or_partition
+            error = ErrorCode.none
+            if count is None:
+                error = refused.get(name, ErrorCode.unknown_topic_or_partition)
             out.append(
                 make(
                     m.MetadataResponseTopic,

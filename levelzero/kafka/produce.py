@@ -14,14 +14,16 @@ from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
 from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.metadata import AutoCreate
 from levelzero.kafka.protocol import Request, make
 
 log = logging.getLogger("levelzero.kafka")
 
 
 class ProduceApi:
-    def __init__(self, intake: ProduceIntake) -> None:
+    def __init__(self, intake: ProduceIntake, auto_create: AutoCreate | None = None) -> None:
         self.intake = intake
+        self.auto_create = auto_create  # kafka.auto_create_topics: unknown topics are made
 
     async def produce(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
@@ -32,6 +34,11 @@ class ProduceApi:
         m = request.response_module
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        if self.auto_create is not None:
+            known = self.intake.node.topics()
+            unknown = [t.name for t in body.topic_data if t.name not in known]
+            if unknown:
+                await self.auto_create(unknown)  # a topic not made answers unknown topic below
         targets: dict[int, list[tuple[str, int]]] = {}
         for topic, partition, data in jobs:
             producer_id = kr.producer_id_of(data or b"")

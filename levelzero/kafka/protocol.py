@@ -49,6 +49,9 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     42: ("DeleteGroups", 0, 2),
     47: ("OffsetDelete", 0, 0),
     60: ("DescribeCluster", 0, 2),
+    32: ("DescribeConfigs", 1, 4),
+    33: ("AlterConfigs", 0, 2),
+    44: ("IncrementalAlterConfigs", 0, 1),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id

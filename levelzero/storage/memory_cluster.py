@@ -87,7 +87,8 @@ class MemoryClusterControl:
             node, expires = self.leases.get(row.pid, (None, 0.0))
             leases.append(LeaseRow(row.pid, row.topic, row.partition, node, expires, row.term))
         nodes = [self.nodes[n] for n in sorted(self.nodes)]
-        return ClusterView(now, nodes, leases)
+        configs = {topic: dict(c) for topic, c in self._log.configs.items()}
+        return ClusterView(now, nodes, leases, configs)
 
     # ------------------------------------------------------------------ partition leases
 

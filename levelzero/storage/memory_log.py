@@ -8,7 +8,7 @@ tests and the simulation; nothing here survives the process.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import anyio
 import msgspec
@@ -21,6 +21,7 @@ from levelzero.core.errors import (
     SnapshotSuperseded,
     StorageError,
     TopicExists,
+    UnknownTopic,
 )
 from levelzero.storage.protocols import (
     Append,
@@ -48,15 +49,24 @@ class MemoryLogStore:
         self.fence_events: list[FenceEventRow] = []
         self.state_samples: list[StateSampleRow] = []
         self.consumer_offsets: dict[tuple[str, str, int], OffsetRow] = {}
+        self.configs: dict[str, dict[str, str]] = {}
         self.fail_appends = 0
         self.appends = 0
 
     # -- partitions
     async def create_topic(
-        self, topic: str, partitions: int, creation_epoch: int, now: float
+        self,
+        topic: str,
+        partitions: int,
+        creation_epoch: int,
+        now: float,
+        configs: Mapping[str, str] | None = None,
     ) -> list[PartitionRow]:
         if any(row.topic == topic for row in self.partitions.values()):
             raise TopicExists(f"topic {topic!r} exists")
+        self.configs.pop(topic, None)
+        if configs:
+            self.configs[topic] = dict(configs)
         # At least the stored cluster epoch (as PostgreSQL does, for nodes with stale caches).
         creation_epoch = max(creation_epoch, self.cluster_epoch)
         rows = []
@@ -274,6 +284,19 @@ class MemoryLogStore:
         for key in list(self.consumer_offsets):
             if key[0] == group_id and (partitions is None or key[1:] in partitions):
                 del self.consumer_offsets[key]
+    # -- topic configs
+    async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
+        await anyio.lowlevel.checkpoint()
+        return {t: dict(sorted(c.items())) for t, c in sorted(self.configs.items()) if topic in (None, t)}
+
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:  # noqa: ARG002 - no times kept here
+        await anyio.lowlevel.checkpoint()
+        if not any(row.topic == topic for row in self.partitions.values()):
+            raise UnknownTopic(topic)
+        if configs:
+            self.configs[topic] = dict(configs)
+        else:
+            self.configs.pop(topic, None)
 
     async def aclose(self) -> None:
         pass

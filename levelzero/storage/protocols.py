@@ -6,8 +6,9 @@ Two stores:
 - `LogStore`: the control plane (SQLite, embedded; PostgreSQL, shared), the sum of the roles it
   serves, each its own protocol so a component names only what it uses:
   `PartitionLog` (partitions, terms, logs, snapshots), `EpochStore` (the cluster epoch),
-  `L1Metastore` (L1 object lifecycle), `L0Catalog` (L0 objects and GC marks) and `EventLog`
-  (the event tables the export reads).
+  `L1Metastore` (L1 object lifecycle), `L0Catalog` (L0 objects and GC marks), `EventLog`
+  (the event tables the export reads), `ConsumerOffsetStore` and `TopicConfigStore` (each
+  topic's Kafka topic configs).
 """
 
 from __future__ import annotations
@@ -215,6 +216,21 @@ class ConsumerOffsetStore(Protocol):
         ...
 
 
+@runtime_checkable
+class TopicConfigStore(Protocol):
+    """Each topic's topic configs (Kafka's: name -> value, as text, checked by the caller with
+    `core.topic_configs`); a topic without any has none stored."""
+
+    async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
+        """Topic -> its configs, for the topics that have any (`topic`: that one only)."""
+        ...
+
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:
+        """Replace the topic's whole set at once, durable on return. Raises UnknownTopic if
+        the topic does not exist."""
+        ...
+
+
 class LogStoreStatistics(msgspec.Struct, frozen=True):
     """A snapshot of the writer's counters (immutable; call `statistics()` again for news)."""
 
@@ -260,9 +276,15 @@ class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""
 
     async def create_topic(
-        self, topic: str, partitions: int, creation_epoch: int, now: float
+        self,
+        topic: str,
+        partitions: int,
+        creation_epoch: int,
+        now: float,
+        configs: Mapping[str, str] | None = None,
     ) -> list[PartitionRow]:
-        """Raises TopicExists if the topic exists."""
+        """Raises TopicExists if the topic exists. `configs` (its topic configs, checked by the
+        caller: `core.topic_configs`) are stored in the same transaction."""
         ...
 
     async def list_partitions(self) -> list[PartitionRow]: ...
@@ -356,7 +378,16 @@ class EventLog(Protocol):
 
 
 @runtime_checkable
-class LogStore(PartitionLog, EpochStore, L1Metastore, L0Catalog, EventLog, ConsumerOffsetStore, Protocol):
+class LogStore(
+    PartitionLog,
+    EpochStore,
+    L1Metastore,
+    L0Catalog,
+    EventLog,
+    ConsumerOffsetStore,
+    TopicConfigStore,
+    Protocol,
+):
     """Every role in one store (what the daemon opens and hands to a `Node`)."""
 
     async def aclose(self) -> None: ...
@@ -391,6 +422,9 @@ class ClusterView(msgspec.Struct, frozen=True):
     now: float  # the control plane's clock when the view was read (one transaction)
     nodes: list[NodeRow]
     leases: list[LeaseRow]
+    # Each topic's topic configs (`TopicConfigStore.topic_configs()`): every node enforces the
+    # set it last read with its view.
+    topic_configs: dict[str, dict[str, str]] = msgspec.field(default_factory=dict)
 
 
 @runtime_checkable

@@ -18,12 +18,14 @@ import pytest
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.cluster import LeaseClock
-from levelzero.core.errors import LedElsewhere
+from levelzero.core.errors import LedElsewhere, TooLarge
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.l0format import Record
+from levelzero.core.topic_configs import AlterOp
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -221,3 +223,22 @@ class NeverRenewed(LeaseClock):
 
     def renewed(self, sent_at: float) -> None:
         pass
+
+
+async def test_a_topic_config_changed_on_one_node_is_enforced_by_the_others() -> None:
+    """Topic configs live in the control plane and come with every cluster view a node reads,
+    so a partition led elsewhere gets the new limit too."""
+    c = Cluster()
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        b = await c.start(tg, "b")
+        await a.create_topic(TOPIC, PARTITIONS, {"retention.ms": "60000"})
+        await wait_for(
+            lambda: b.topic_configs.retention(TOPIC) == (60.0, None), "b reads the new topic's configs"
+        )
+        await a.topic_configs.alter(TOPIC, [(AlterOp.SET, "max.message.bytes", "100")])
+        await wait_for(lambda: b.topic_configs.policy(TOPIC).max_message_bytes == 100, "b reads the change")
+        with pytest.raises(TooLarge, match="max.message.bytes 100"):
+            ProduceIntake(b).check_size(TOPIC, [Record(None, b"x" * 100)])
+        assert await b.topic_configs.stored(TOPIC) == {"retention.ms": "60000", "max.message.bytes": "100"}
+        tg.cancel_scope.cancel()

@@ -263,6 +263,32 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
         assert values == [b"new2", b"new3"]
 
 
+async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
+    """A topic's retention.ms applies to it alone; with the node's retention set, a topic with
+    retention.ms = -1 keeps everything (Kafka: the topic config overrides log.retention.ms)."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(retention_s=1000.0), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("short", 1, {"retention.ms": "100000"})
+        await node.create_topic("kept", 1, {"retention.ms": "-1"})
+        await node.create_topic("node", 1)
+        for topic in ("short", "kept", "node"):
+            await produce_values(node, topic, 0, [b"old0", b"old1"])
+        await node.reconciler.run_round()
+        wall.now += 500
+        for topic in ("short", "kept", "node"):
+            await produce_values(node, topic, 0, [b"new2"])
+        await node.reconciler.run_round()
+        await node.housekeeper.run_round()
+        starts = {t: node.partition(t, 0).state.start_offset for t in ("short", "kept", "node")}
+        assert starts == {"short": 2, "kept": 0, "node": 0}
+        await node.topic_configs.replace("node", [("retention.ms", "400000")])
+        assert await log_store.topic_configs("node") == {"node": {"retention.ms": "400000"}}
+        await node.housekeeper.run_round()
+        assert node.partition("node", 0).state.start_offset == 2
+        assert node.partition("kept", 0).state.start_offset == 0
+
+
 async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:

@@ -125,3 +125,27 @@ def test_topics_headers_plurals_json_and_a_url_without_scheme(daemon_process: Da
             f"(e.g. http://{host_port})\n"
         ).encode()
     )
+
+
+def test_topics_config_shows_sets_and_deletes_and_refuses_what_is_not_enforced(
+    daemon_process: DaemonProcess,
+) -> None:
+    created = daemon_process.cli("topics", "create", "c", "--config", "retention.ms=60000")
+    assert created.returncode == 0, created.stderr
+    shown = daemon_process.cli("topics", "config", "c")
+    assert shown.stdout == b"CONFIG        VALUE  SOURCE\nretention.ms  60000  topic\n"
+    changed = daemon_process.cli("topics", "config", "c", "retention.bytes=100", "--delete", "retention.ms")
+    assert changed.stdout == b"CONFIG           VALUE  SOURCE\nretention.bytes  100    topic\n"
+    every = json.loads(daemon_process.cli("topics", "config", "c", "--all", "--json").stdout)
+    by_name = {c["name"]: c for c in every["configs"]}
+    assert by_name["retention.ms"] == {
+        "name": "retention.ms",
+        "value": "-1",
+        "source": "node",
+        "default": False,
+    }
+    refused = daemon_process.cli("topics", "config", "c", "cleanup.policy=compact")
+    assert refused.returncode != 0 and b"cleanup.policy=compact is not supported" in refused.stderr
+    refused = daemon_process.cli("topics", "create", "d", "--config", "cleanup.policy=compact")
+    assert refused.returncode != 0 and b"invalid_config" in refused.stderr
+    assert b"d " not in daemon_process.cli("topics", "list").stdout

@@ -33,6 +33,7 @@ from levelzero.core.errors import (
     SnapshotSuperseded,
     StoreRefused,
     TopicExists,
+    UnknownTopic,
 )
 from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
@@ -95,6 +96,29 @@ async def test_committed_offsets_last_write_wins_and_survive_reopening(backend: 
         await exercise_consumer_offsets(store)
     async with await backend.open() as store:
         assert [r.committed_offset for r in await store.committed_offsets("g")] == [5, 12]
+
+
+async def test_topic_configs_are_stored_with_the_topic_replaced_whole_and_survive_reopening(
+    backend: Backend,
+) -> None:
+    async with await backend.open() as store:
+        await store.create_topic("a", 2, 1, 0.0, {"retention.ms": "60000", "retention.bytes": "1000"})
+        await store.create_topic("b", 1, 1, 0.0)
+        assert await store.topic_configs() == {"a": {"retention.bytes": "1000", "retention.ms": "60000"}}
+        assert await store.topic_configs("b") == {}
+        await store.set_topic_configs("b", {"max.message.bytes": "2048"}, 1.0)
+        await store.set_topic_configs("a", {"retention.ms": "-1"}, 1.0)  # retention.bytes goes
+        with pytest.raises(UnknownTopic):
+            await store.set_topic_configs("nope", {"retention.ms": "1"}, 1.0)
+        assert await store.topic_configs("nope") == {}
+    async with await backend.open() as store:
+        assert await store.topic_configs() == {
+            "a": {"retention.ms": "-1"},
+            "b": {"max.message.bytes": "2048"},
+        }
+        await store.set_topic_configs("a", {}, 2.0)
+        assert await store.topic_configs() == {"b": {"max.message.bytes": "2048"}}
+        assert await store.topic_configs("b") == {"b": {"max.message.bytes": "2048"}}
 
 
 async def test_l0_catalog_records_once_marks_and_lists_live_objects_in_order(

@@ -100,8 +100,14 @@ class ClusterRole(PostgresBase):
                     " COALESCE(l.lease_expires_at, 0), p.term FROM partitions p"
                     " LEFT JOIN partition_leases l ON l.pid = p.pid ORDER BY p.pid"
                 )
+                config_rows = await connection.fetch(
+                    "SELECT topic, name, value FROM topic_configs ORDER BY topic, name"
+                )
+            configs: dict[str, dict[str, str]] = {}
+            for topic, name, value in config_rows:
+                configs.setdefault(topic, {})[name] = value
             return ClusterView(
-                float(now), [NodeRow(*row) for row in nodes], [LeaseRow(*row) for row in leases]
+                float(now), [NodeRow(*row) for row in nodes], [LeaseRow(*row) for row in leases], configs
             )
 
         self._check_open()

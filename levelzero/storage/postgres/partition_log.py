@@ -4,7 +4,7 @@ database, reads of records, placeholders and snapshots.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 import msgspec
@@ -33,13 +33,26 @@ from .base import (
 )
 
 
+# A topic's configs from two arrays (names, values).
+INSERT_TOPIC_CONFIGS = (
+    "INSERT INTO topic_configs (topic, name, value, updated_at)"
+    " SELECT $1::text, n, v, $4::float8 FROM unnest($2::text[], $3::text[]) AS c (n, v)"
+)
+
+
 class PartitionLogRole(PostgresBase):
     # ------------------------------------------------------------------ partitions
 
     async def create_topic(
-        self, topic: str, partitions: int, creation_epoch: int, now: float
+        self,
+        topic: str,
+        partitions: int,
+        creation_epoch: int,
+        now: float,
+        configs: Mapping[str, str] | None = None,
     ) -> list[PartitionRow]:
         check_create_topic(topic, partitions, creation_epoch)
+        names, values = zip(*sorted((configs or {}).items()), strict=True) if configs else ((), ())
 
         async def read(connection: asyncpg.Connection) -> list[PartitionRow]:
             rows = await connection.fetch(
@@ -67,6 +80,8 @@ class PartitionLogRole(PostgresBase):
                 )
             except asyncpg.UniqueViolationError:
                 raise TopicExists(f"topic {topic!r} exists") from None
+            await connection.execute("DELETE FROM topic_configs WHERE topic = $1", topic)  # leftovers
+            await connection.execute(INSERT_TOPIC_CONFIGS, topic, list(names), list(values), now)
             created = await read(connection)
             assert [row.partition for row in created] == list(range(partitions))
             return created

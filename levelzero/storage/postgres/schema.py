@@ -49,6 +49,7 @@ SCHEMA_TABLES = frozenset(
         "partition_leases",
         "partition_watermarks",
         "cluster_identity",
+        "topic_configs",
     }
 )
 
@@ -219,6 +220,16 @@ CREATE INDEX {table}_by_xid ON {table} (xid, seq);
 """
         for table in EXPORTED_TABLES
     ),
+    # 7: each topic's Kafka topic configs (the topic-config role)
+    """
+CREATE TABLE topic_configs (
+    topic TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (topic, name)
+);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -22,7 +22,7 @@ one is wholly there or wholly absent.
 
 The store is one class over one pool and one dispatcher (`base.PostgresBase`: opening and
 closing, retries, group commit), with a module per role: `partition_log`, `epochs`, `l1`,
-`catalog`, `consumer_offsets`, `cluster_control`, `producers`.
+`catalog`, `consumer_offsets`, `cluster_control`, `producers`, `topic_configs`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .epochs import EpochRole
 from .l1 import L1Role
 from .partition_log import PartitionLogRole
 from .producers import ProducerBatchRole
+from .topic_configs import TopicConfigRole
 
 __all__ = ["CONNECTION_ERRORS", "PostgresLogStore", "redacted"]
 
@@ -47,5 +48,6 @@ class PostgresLogStore(
     ConsumerOffsetRole,
     ClusterRole,
     ProducerBatchRole,
+    TopicConfigRole,
 ):
     """The `LogStore` (and `ClusterControl`, `ProducerBatchStore`) on PostgreSQL."""

@@ -24,10 +24,11 @@ from levelzero.storage.protocols import (
 # Version 1: the tables of the first release. Version 2: consumer offsets and idempotent
 # producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions. Version 3:
 # the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
+# Version 4: topic_configs (each topic's Kafka topic configs).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -118,6 +119,18 @@ LOG_TABLE = """CREATE TABLE log (
     UNIQUE (pid, log_offset)
 )"""
 LOG_PLACEHOLDERS_INDEX = "CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder'"
+
+# Each topic's topic configs (schema 4): name -> value as text, checked by core.topic_configs.
+TOPIC_CONFIGS = """CREATE TABLE topic_configs (
+    topic TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (topic, name)
+) WITHOUT ROWID"""
+INSERT_TOPIC_CONFIG = "INSERT INTO topic_configs (topic, name, value, updated_at) VALUES (?, ?, ?, ?)"
+DELETE_TOPIC_CONFIGS = "DELETE FROM topic_configs WHERE topic = ?"
+SELECT_TOPIC_CONFIGS = "SELECT topic, name, value FROM topic_configs"
 
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
@@ -213,6 +226,8 @@ CREATE TABLE state_samples (
     + ";\n"
     + PRODUCER_BATCHES
     + ";\n"
+    + TOPIC_CONFIGS
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -234,6 +249,7 @@ SCHEMA_TABLES_OF_VERSION = {
     1: SCHEMA_TABLES,
     2: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
     3: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
+    4: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "topic_configs"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -319,7 +335,11 @@ async def _migrate_2_to_3(connection: aiosqlite.Connection) -> None:
     await connection.execute(LOG_PLACEHOLDERS_INDEX)
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3)
+async def _migrate_3_to_4(connection: aiosqlite.Connection) -> None:
+    await connection.execute(TOPIC_CONFIGS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+
+
+MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 

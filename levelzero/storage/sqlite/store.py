@@ -45,7 +45,7 @@ import os
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import aiosqlite
@@ -65,6 +65,7 @@ from levelzero.core.errors import (
     ShuttingDown,
     StorageError,
     TopicExists,
+    UnknownTopic,
 )
 from levelzero.storage.protocols import (
     Append,
@@ -113,6 +114,9 @@ from .schema import (
     SELECT_LOG_ENDS,
     SELECT_PLACEHOLDERS,
     UPDATE_TERM,
+    DELETE_TOPIC_CONFIGS,
+    INSERT_TOPIC_CONFIG,
+    SELECT_TOPIC_CONFIGS,
     check_or_create_schema,
 )
 from .staging import Batch, Cursor, Job, stage_job
@@ -604,9 +608,15 @@ class SqliteLogStore(StoreLifecycle):
     # ------------------------------------------------------------------ partitions
 
     async def create_topic(
-        self, topic: str, partitions: int, creation_epoch: int, now: float
+        self,
+        topic: str,
+        partitions: int,
+        creation_epoch: int,
+        now: float,
+        configs: Mapping[str, str] | None = None,
     ) -> list[PartitionRow]:
         check_create_topic(topic, partitions, creation_epoch)
+        config_rows = [(topic, name, value, now) for name, value in sorted((configs or {}).items())]
 
         async def run(connection: aiosqlite.Connection, batch: Batch) -> list[PartitionRow]:
             async with connection.execute(
@@ -619,6 +629,8 @@ class SqliteLogStore(StoreLifecycle):
                 " VALUES (?, ?, ?, 0, ?)",
                 [(topic, index, creation_epoch, now) for index in range(partitions)],
             )
+            await connection.execute(DELETE_TOPIC_CONFIGS, (topic,))  # a deleted topic's leftovers
+            await connection.executemany(INSERT_TOPIC_CONFIG, config_rows)
             rows = await connection.execute_fetchall(
                 "SELECT pid, topic, partition, creation_epoch, term, created_at"
                 " FROM partitions WHERE topic = ? ORDER BY partition",
@@ -638,6 +650,35 @@ class SqliteLogStore(StoreLifecycle):
             "SELECT pid, topic, partition, creation_epoch, term, created_at FROM partitions ORDER BY pid"
         )
         return [PartitionRow(*row) for row in rows]
+
+    # ------------------------------------------------------------------ topic configs
+
+    async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
+        self._check_readable()
+        if topic is None:
+            rows = await self._reader.execute_fetchall(SELECT_TOPIC_CONFIGS + " ORDER BY topic, name")
+        else:
+            rows = await self._reader.execute_fetchall(
+                SELECT_TOPIC_CONFIGS + " WHERE topic = ? ORDER BY name", (topic,)
+            )
+        out: dict[str, dict[str, str]] = {}
+        for name, key, value in rows:
+            out.setdefault(name, {})[key] = value
+        return out
+
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], now: float) -> None:
+        config_rows = [(topic, name, value, now) for name, value in sorted(configs.items())]
+
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> None:  # noqa: ARG001 - no cursor moves
+            async with connection.execute(
+                "SELECT 1 FROM partitions WHERE topic = ? LIMIT 1", (topic,)
+            ) as cursor:
+                if await cursor.fetchone() is None:
+                    raise UnknownTopic(topic)
+            await connection.execute(DELETE_TOPIC_CONFIGS, (topic,))
+            await connection.executemany(INSERT_TOPIC_CONFIG, config_rows)
+
+        await self._submit(Job(run=run))
 
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         now = self._clock()

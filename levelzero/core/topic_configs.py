@@ -1,0 +1,473 @@
+"""Per-topic configs: Kafka's topic configs, which of them levelzero enforces, how a request
+changes a topic's set, and what a topic's effective settings are. Pure: the control plane keeps
+each topic's set (name -> value, as text), the node and the front ends ask here.
+
+Every topic config of Kafka 3.x (LogConfig: name, type, default, the broker config it falls
+back to) is known, in one of four kinds:
+
+- ENFORCED: `retention.ms`, `retention.bytes` (the housekeeper), `max.message.bytes` (the produce
+  intake) and `cleanup.policy` (`delete` applies retention; `compact` is refused until
+  compaction exists: `COMPACTION_ENABLED`).
+- COMPACTION: the compaction settings (`min.compaction.lag.ms`, `delete.retention.ms`, ...):
+  stored and reported. They govern nothing while no topic is compacted, as in Kafka for a topic
+  whose policy is `delete`.
+- NOT_APPLICABLE: settings of a Kafka broker's local log files and replicas (`segment.bytes`,
+  `flush.ms`, ...): levelzero has no such files or replicas, so every valid value behaves
+  alike. Stored and reported.
+- DEFAULT_ONLY: a behaviour levelzero does not have (`compression.type` other than `producer`,
+  `LogAppendTime`, timestamp bounds): the default is accepted, any other value is refused.
+
+A config that is unknown, malformed or not enforced is refused with `InvalidConfig` (Kafka's
+INVALID_CONFIG), never stored and silently ignored. A topic's unset configs take the broker's
+value (`BrokerConfigs`: what the node is configured with) or Kafka's default, and DescribeConfigs
+reports where each value comes from (Kafka's config sources and synonyms).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import InvalidConfig
+
+# The one switch compaction flips: with it, `cleanup.policy=compact` is accepted.
+COMPACTION_ENABLED = False
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+CONFIG_VALUE_CHARS_MAX = 4096  # a stored value (Kafka bounds none; a control-plane row should be)
+CONFIGS_PER_REQUEST_MAX = 1000
+
+
+class Kind(enum.Enum):
+    ENFORCED = "enforced"
+    COMPACTION = "compaction"
+    NOT_APPLICABLE = "not_applicable"
+    DEFAULT_ONLY = "default_only"
+
+
+class ConfigType(enum.IntEnum):
+    """Kafka's DescribeConfigs config types (v3+)."""
+
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+
+
+class ConfigSource(enum.IntEnum):
+    """Kafka's DescribeConfigs config sources (v1+)."""
+
+    DYNAMIC_TOPIC_CONFIG = 1
+    STATIC_BROKER_CONFIG = 4
+    DEFAULT_CONFIG = 5
+
+
+class AlterOp(enum.IntEnum):
+    """IncrementalAlterConfigs' operations."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigDef:
+    name: str
+    type: ConfigType
+    default: str  # Kafka's default, spelled as DescribeConfigs shows it
+    broker_name: str  # the broker config an unset topic config falls back to
+    kind: Kind
+    at_least: float | None = None  # numbers: the smallest valid value
+    at_most: float | None = None
+    choices: tuple[str, ...] = ()  # strings and lists: the valid values
+
+
+_LONG_MAX = str(INT64_MAX)
+_E = Kind.ENFORCED
+_C = Kind.COMPACTION
+_N = Kind.NOT_APPLICABLE
+_D = Kind.DEFAULT_ONLY
+_T = ConfigType
+
+TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
+    d.name: d
+    for d in (
+        TopicConfigDef(
+            "cleanup.policy", _T.LIST, "delete", "log.cleanup.policy", _E, choices=("compact", "delete")
+        ),
+        TopicConfigDef(
+            "compression.type",
+            _T.STRING,
+            "producer",
+            "compression.type",
+            _D,
+            choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+        ),
+        TopicConfigDef("delete.retention.ms", _T.LONG, "86400000", "log.cleaner.delete.retention.ms", _C, 0),
+        TopicConfigDef("file.delete.delay.ms", _T.LONG, "60000", "log.segment.delete.delay.ms", _N, 0),
+        TopicConfigDef("flush.messages", _T.LONG, _LONG_MAX, "log.flush.interval.messages", _N, 1),
+        TopicConfigDef("flush.ms", _T.LONG, _LONG_MAX, "log.flush.interval.ms", _N, 0),
+        TopicConfigDef(
+            "follower.replication.throttled.replicas",
+            _T.LIST,
+            "",
+            "follower.replication.throttled.replicas",
+            _N,
+        ),
+        TopicConfigDef("index.interval.bytes", _T.INT, "4096", "log.index.interval.bytes", _N, 0),
+        TopicConfigDef(
+            "leader.replication.throttled.replicas", _T.LIST, "", "leader.replication.throttled.replicas", _N
+        ),
+        TopicConfigDef("local.retention.bytes", _T.LONG, "-2", "log.local.retention.bytes", _N, -2),
+        TopicConfigDef("local.retention.ms", _T.LONG, "-2", "log.local.retention.ms", _N, -2),
+        TopicConfigDef(
+            "max.compaction.lag.ms", _T.LONG, _LONG_MAX, "log.cleaner.max.compaction.lag.ms", _C, 1
+        ),
+        TopicConfigDef("max.message.bytes", _T.INT, "1048588", "message.max.bytes", _E, 0),
+        TopicConfigDef(
+            "message.downconversion.enable", _T.BOOLEAN, "true", "log.message.downconversion.enable", _N
+        ),
+        TopicConfigDef("message.format.version", _T.STRING, "3.0-IV1", "log.message.format.version", _N),
+        TopicConfigDef(
+            "message.timestamp.after.max.ms", _T.LONG, _LONG_MAX, "log.message.timestamp.after.max.ms", _D, 0
+        ),
+        TopicConfigDef(
+            "message.timestamp.before.max.ms",
+            _T.LONG,
+            _LONG_MAX,
+            "log.message.timestamp.before.max.ms",
+            _D,
+            0,
+        ),
+        TopicConfigDef(
+            "message.timestamp.difference.max.ms",
+            _T.LONG,
+            _LONG_MAX,
+            "log.message.timestamp.difference.max.ms",
+            _D,
+            0,
+        ),
+        TopicConfigDef(
+            "message.timestamp.type",
+            _T.STRING,
+            "CreateTime",
+            "log.message.timestamp.type",
+            _D,
+            choices=("CreateTime", "LogAppendTime"),
+        ),
+        TopicConfigDef(
+            "min.cleanable.dirty.ratio", _T.DOUBLE, "0.5", "log.cleaner.min.cleanable.ratio", _C, 0, 1
+        ),
+        TopicConfigDef("min.compaction.lag.ms", _T.LONG, "0", "log.cleaner.min.compaction.lag.ms", _C, 0),
+        TopicConfigDef("min.insync.replicas", _T.INT, "1", "min.insync.replicas", _N, 1),
+        TopicConfigDef("preallocate", _T.BOOLEAN, "false", "log.preallocate", _N),
+        TopicConfigDef("remote.storage.enable", _T.BOOLEAN, "false", "remote.log.storage.system.enable", _N),
+        TopicConfigDef("retention.bytes", _T.LONG, "-1", "log.retention.bytes", _E),
+        TopicConfigDef("retention.ms", _T.LONG, "604800000", "log.retention.ms", _E, -1),
+        TopicConfigDef("segment.bytes", _T.INT, "1073741824", "log.segment.bytes", _N, 14),
+        TopicConfigDef("segment.index.bytes", _T.INT, "10485760", "log.index.size.max.bytes", _N, 4),
+        TopicConfigDef("segment.jitter.ms", _T.LONG, "0", "log.roll.jitter.ms", _N, 0),
+        TopicConfigDef("segment.ms", _T.LONG, "604800000", "log.roll.ms", _N, 1),
+        TopicConfigDef(
+            "unclean.leader.election.enable", _T.BOOLEAN, "false", "unclean.leader.election.enable", _N
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfigs:
+    """What a node is configured with, as Kafka's broker configs. They are read-only: levelzero
+    takes them from its configuration file at start-up."""
+
+    broker_id: int
+    retention_ms: int = -1  # housekeeper.retention_s; -1: kept forever
+    retention_bytes: int = -1  # housekeeper.retention_bytes; -1: no size limit
+    message_max_bytes: int = 4 * 1024 * 1024  # batcher.batch_bytes_max
+    num_partitions: int = 1  # kafka.default_partitions
+    auto_create_topics: bool = False  # kafka.auto_create_topics
+
+    def values(self) -> dict[str, str]:
+        """The broker configs levelzero sets (STATIC_BROKER_CONFIG), by Kafka's names."""
+        return {
+            "auto.create.topics.enable": "true" if self.auto_create_topics else "false",
+            "broker.id": str(self.broker_id),
+            "compression.type": "producer",
+            "default.replication.factor": "1",
+            "log.cleanup.policy": "delete",
+            "log.message.timestamp.type": "CreateTime",
+            "log.retention.bytes": str(self.retention_bytes),
+            "log.retention.ms": str(self.retention_ms),
+            "message.max.bytes": str(self.message_max_bytes),
+            "min.insync.replicas": "1",
+            "num.partitions": str(self.num_partitions),
+        }
+
+
+_BROKER_TYPES: dict[str, ConfigType] = {
+    "auto.create.topics.enable": ConfigType.BOOLEAN,
+    "broker.id": ConfigType.INT,
+    "default.replication.factor": ConfigType.INT,
+    "message.max.bytes": ConfigType.INT,
+    "min.insync.replicas": ConfigType.INT,
+    "num.partitions": ConfigType.INT,
+}
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _parse(d: TopicConfigDef, value: str) -> str:
+    """`value` as stored (normalised), or InvalidConfig naming the problem as Kafka does."""
+    text = value.strip()
+    problem = f"Invalid value {value} for configuration {d.name}"
+    if d.type in (ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE):
+        try:
+            number: float = float(text) if d.type is ConfigType.DOUBLE else int(text)
+        except ValueError:
+            kind = {ConfigType.INT: "int", ConfigType.LONG: "long", ConfigType.DOUBLE: "double"}[d.type]
+            raise InvalidConfig(f"{problem}: Not a number of type {kind.upper()}") from None
+        low, high = (-(2**31), INT32_MAX) if d.type is ConfigType.INT else (INT64_MIN, INT64_MAX)
+        if d.type is not ConfigType.DOUBLE and not low <= number <= high:
+            raise InvalidConfig(f"{problem}: Not a number of type {d.type.name}")
+        if d.at_least is not None and number < d.at_least:
+            raise InvalidConfig(f"{problem}: Value must be at least {_shown(d.at_least)}")
+        if d.at_most is not None and number > d.at_most:
+            raise InvalidConfig(f"{problem}: Value must be no more than {_shown(d.at_most)}")
+        return str(number)
+    if d.type is ConfigType.BOOLEAN:
+        if text.lower() not in ("true", "false"):
+            raise InvalidConfig(f"{problem}: Expected value to be either true or false")
+        return text.lower()
+    if d.type is ConfigType.LIST:
+        items = [item.strip() for item in text.split(",")] if text else []
+        if any(not item for item in items):
+            raise InvalidConfig(f"{problem}: an empty list item")
+        if d.choices:
+            for item in items:
+                if item not in d.choices:
+                    raise InvalidConfig(f"{problem}: String must be one of: {', '.join(d.choices)}")
+        return ",".join(dict.fromkeys(items))
+    if d.choices and text not in d.choices:
+        raise InvalidConfig(f"{problem}: String must be one of: {', '.join(d.choices)}")
+    return text
+
+
+def _shown(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
+
+
+def check_config(name: str, value: str | None, broker: BrokerConfigs) -> str:
+    """`value` for topic config `name`, normalised, if levelzero takes it; else InvalidConfig."""
+    d = TOPIC_CONFIGS.get(name)
+    if d is None:
+        raise InvalidConfig(f"Unknown topic config name: {name}")
+    if value is None:
+        raise InvalidConfig(f"Null value not supported for topic configs: {name}")
+    if len(value) > CONFIG_VALUE_CHARS_MAX:
+        raise InvalidConfig(f"the value of {name} is over {CONFIG_VALUE_CHARS_MAX} characters")
+    parsed = _parse(d, value)
+    if d.kind is Kind.DEFAULT_ONLY and parsed != d.default:
+        raise InvalidConfig(
+            f"{name}={value} is not supported by levelzero (it does not enforce it): only {d.default!r}"
+        )
+    if name == "cleanup.policy" and "compact" in parsed.split(",") and not COMPACTION_ENABLED:
+        raise InvalidConfig(
+            "cleanup.policy=compact is not supported: levelzero does not compact topics yet, and a "
+            "topic that is not compacted must not claim to be"
+        )
+    if name == "max.message.bytes" and int(parsed) > broker.message_max_bytes:
+        raise InvalidConfig(
+            f"max.message.bytes {parsed} is above the node's limit message.max.bytes "
+            f"{broker.message_max_bytes} (batcher.batch_bytes_max), which it could not store"
+        )
+    return parsed
+
+
+def check_configs(configs: Iterable[tuple[str, str | None]], broker: BrokerConfigs) -> dict[str, str]:
+    """A set of topic configs (CreateTopics, AlterConfigs), each checked; a name given twice is
+    refused (Kafka: INVALID_REQUEST for a duplicate, but INVALID_CONFIG for what follows)."""
+    out: dict[str, str] = {}
+    for count, (name, value) in enumerate(configs, 1):
+        if count > CONFIGS_PER_REQUEST_MAX:
+            raise InvalidConfig(f"at most {CONFIGS_PER_REQUEST_MAX} configs in one request")
+        if name in out:
+            raise InvalidConfig(f"topic config {name} is given twice")
+        out[name] = check_config(name, value, broker)
+    return out
+
+
+def altered(
+    current: Mapping[str, str], ops: Sequence[tuple[AlterOp, str, str | None]], broker: BrokerConfigs
+) -> dict[str, str]:
+    """A topic's set after IncrementalAlterConfigs' `ops` (each checked): SET and DELETE any
+    config, APPEND and SUBTRACT items of a list config (on its current value, else its
+    default, as Kafka does)."""
+    out = dict(current)
+    seen: set[str] = set()
+    for op, name, value in ops:
+        d = TOPIC_CONFIGS.get(name)
+        if d is None:
+            raise InvalidConfig(f"Unknown topic config name: {name}")
+        if name in seen:
+            raise InvalidConfig(f"topic config {name} is altered twice in one request")
+        seen.add(name)
+        if op is AlterOp.DELETE:
+            out.pop(name, None)
+            continue
+        if value is None:
+            raise InvalidConfig(f"Null value not supported for topic configs: {name}")
+        if op is AlterOp.SET:
+            out[name] = check_config(name, value, broker)
+            continue
+        if d.type is not ConfigType.LIST:
+            verb = "append" if op is AlterOp.APPEND else "subtract"
+            raise InvalidConfig(f"Config value {verb} is not allowed for config key: {name}")
+        items = [i for i in out.get(name, d.default).split(",") if i]
+        given = [i for i in _parse(d, value).split(",") if i]
+        if op is AlterOp.APPEND:
+            items += [i for i in given if i not in items]
+        else:
+            items = [i for i in items if i not in given]
+        out[name] = check_config(name, ",".join(items), broker)
+    return out
+
+
+# ---------------------------------------------------------------------- effective settings
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPolicy:
+    """What levelzero enforces for one topic."""
+
+    retention_ms: int | None  # None: records are kept whatever their age
+    retention_bytes: int | None  # None: whatever the partition's size
+    max_message_bytes: int  # one produce's records, by the one size rule
+
+
+def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolicy:
+    policy = stored.get("cleanup.policy", "delete").split(",")
+    retention_ms = int(stored.get("retention.ms", broker.retention_ms))
+    retention_bytes = int(stored.get("retention.bytes", broker.retention_bytes))
+    deletes = "delete" in policy
+    return TopicPolicy(
+        retention_ms if deletes and retention_ms >= 0 else None,
+        retention_bytes if deletes and retention_bytes >= 0 else None,
+        min(int(stored.get("max.message.bytes", broker.message_max_bytes)), broker.message_max_bytes),
+    )
+
+
+# ---------------------------------------------------------------------- DescribeConfigs
+
+
+@dataclass(frozen=True, slots=True)
+class Synonym:
+    name: str
+    value: str
+    source: ConfigSource
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    name: str
+    value: str
+    source: ConfigSource
+    read_only: bool
+    type: ConfigType
+    synonyms: tuple[Synonym, ...]  # highest precedence first; the entry's own source first
+
+    @property
+    def is_default(self) -> bool:
+        return self.source is ConfigSource.DEFAULT_CONFIG
+
+
+def _broker_value(name: str, broker: BrokerConfigs, fallback: str) -> Synonym:
+    values = broker.values()
+    if name in values:
+        return Synonym(name, values[name], ConfigSource.STATIC_BROKER_CONFIG)
+    return Synonym(name, fallback, ConfigSource.DEFAULT_CONFIG)
+
+
+def describe_topic(
+    stored: Mapping[str, str], broker: BrokerConfigs, names: Iterable[str] | None = None
+) -> list[ConfigEntry]:
+    """A topic's configs as DescribeConfigs shows them (`names`: only those; unknown names are
+    left out, as Kafka does), in name order."""
+    wanted = sorted(TOPIC_CONFIGS) if names is None else sorted(set(names) & set(TOPIC_CONFIGS))
+    out = []
+    for name in wanted:
+        d = TOPIC_CONFIGS[name]
+        synonyms = [_broker_value(d.broker_name, broker, d.default)]
+        if name in stored:
+            synonyms.insert(0, Synonym(name, stored[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
+        top = synonyms[0]
+        out.append(ConfigEntry(name, top.value, top.source, False, d.type, tuple(synonyms)))
+    return out
+
+
+def describe_broker(broker: BrokerConfigs, names: Iterable[str] | None = None) -> list[ConfigEntry]:
+    """The node's broker configs (read-only), in name order."""
+    values = broker.values()
+    wanted = sorted(values) if names is None else sorted(set(names) & set(values))
+    out = []
+    for name in wanted:
+        synonym = Synonym(name, values[name], ConfigSource.STATIC_BROKER_CONFIG)
+        kind = _BROKER_TYPES.get(
+            name, ConfigType.LONG if name.startswith("log.retention") else ConfigType.STRING
+        )
+        if name == "log.cleanup.policy":
+            kind = ConfigType.LIST
+        out.append(ConfigEntry(name, synonym.value, synonym.source, True, kind, (synonym,)))
+    return out
+
+
+# ---------------------------------------------------------------------- retention
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedObject:
+    """One valid L1 object of a partition, as retention sees it."""
+
+    last_offset: int
+    size: int
+    created_at: float  # wall seconds
+
+
+def retention_start_offset(
+    objects: Sequence[RetainedObject],
+    start_offset: int,
+    now: float,
+    retention_s: float | None,
+    retention_bytes: int | None,
+) -> int:
+    """The partition's start offset after retention, as Kafka moves its log start offset over
+    whole segments (here: whole L1 objects, oldest first; data not yet reconciled is never
+    removed, as Kafka never removes its active segment):
+
+    - by time, the oldest objects for as long as each is older than `retention_s`;
+    - by size, the oldest objects for as long as the objects left still hold at least
+      `retention_bytes` (Kafka's `size - segment.size >= retention.bytes`).
+
+    `objects` are in offset order; those wholly below `start_offset` are already gone."""
+    live = [o for o in objects if o.last_offset >= start_offset]
+    new_start = start_offset
+    if retention_s is not None:
+        for o in live:
+            if now - o.created_at <= retention_s:
+                break
+            new_start = max(new_start, o.last_offset + 1)
+    if retention_bytes is not None:
+        remaining = sum(o.size for o in live)
+        for o in live:
+            if remaining - o.size < retention_bytes:
+                break
+            remaining -= o.size
+            new_start = max(new_start, o.last_offset + 1)
+    assert new_start >= start_offset
+    return new_start

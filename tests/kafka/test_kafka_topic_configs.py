@@ -1,0 +1,340 @@
+"""Topic configs through real Kafka clients: confluent-kafka's AdminClient (DescribeConfigs,
+AlterConfigs, IncrementalAlterConfigs, CreateTopics with configs and validate_only) and
+kafka-python's KafkaAdminClient; what the node enforces of them (max.message.bytes on Produce
+and on HTTP, retention.bytes moving the start offset that ListOffsets earliest reports); and
+topic auto-creation (`kafka.auto_create_topics`, off by default). The synchronous clients run in
+worker threads; the daemon runs on the test's event loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from daemon_support import daemon_and_client
+from levelzero.cli.client import ApiError
+from test_kafka_listener import Wire, module_of
+
+TOPIC_CONFIG = 1  # Kafka's ConfigSource values as confluent-kafka reports them
+STATIC_BROKER = 4
+DEFAULT = 5
+
+
+def admin(port: int) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+
+
+def topic_resource(name: str, **kwargs: Any) -> Any:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    return ConfigResource(ResourceType.TOPIC, name, **kwargs)
+
+
+def describe(port: int, name: str) -> dict[str, Any]:
+    a = admin(port)
+    resource = topic_resource(name)
+    return a.describe_configs([resource], request_timeout=20)[resource].result()
+
+
+def error_of(future: Any) -> str | None:
+    """The Kafka error name a future failed with, or None."""
+    from confluent_kafka import KafkaException
+
+    try:
+        future.result()
+    except KafkaException as exc:
+        return exc.args[0].name()
+    return None
+
+
+def confluent_create(port: int) -> dict[str, str | None]:
+    from confluent_kafka.admin import NewTopic
+
+    a = admin(port)
+    futures = a.create_topics(
+        [
+            NewTopic("kept", 2, config={"retention.ms": "60000", "max.message.bytes": "5000"}),
+            NewTopic("compacted", 1, config={"cleanup.policy": "compact"}),
+            NewTopic("misspelt", 1, config={"retention.msec": "1"}),
+            NewTopic("gzipped", 1, config={"compression.type": "gzip"}),
+        ],
+        request_timeout=20,
+    )
+    results = {name: error_of(f) for name, f in futures.items()}
+    checked = a.create_topics(
+        [NewTopic("only-checked", 1, config={"retention.bytes": "1"})], validate_only=True, request_timeout=20
+    )
+    results.update({name: error_of(f) for name, f in checked.items()})
+    return results
+
+
+async def test_create_topics_stores_configs_and_refuses_what_is_not_enforced(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(confluent_create, port) == {
+            "kept": None,
+            "compacted": "INVALID_CONFIG",  # never created with the policy dropped
+            "misspelt": "INVALID_CONFIG",
+            "gzipped": "INVALID_CONFIG",
+            "only-checked": None,
+        }
+        assert {t.name: t.partitions for t in await client.list_topics()} == {"kept": 2}
+        assert await daemon.node.log_store.topic_configs() == {
+            "kept": {"max.message.bytes": "5000", "retention.ms": "60000"}
+        }
+        configs = {c.name: c for c in (await client.topic_configs("kept")).configs}
+        assert (configs["retention.ms"].value, configs["retention.ms"].source) == ("60000", "topic")
+        assert (configs["retention.bytes"].value, configs["retention.bytes"].source) == ("-1", "node")
+
+
+def confluent_alter(port: int) -> dict[str, Any]:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    a = admin(port)
+    seen: dict[str, Any] = {}
+    first = describe(port, "t")
+    seen["created"] = {
+        name: (first[name].value, first[name].source, first[name].is_default, first[name].is_read_only)
+        for name in ("retention.ms", "retention.bytes", "segment.bytes")
+    }
+    seen["synonyms"] = [(s.name, s.value, s.source) for s in first["retention.ms"].synonyms.values()]
+
+    def incremental(*entries: Any, validate_only: bool = False) -> str | None:
+        (future,) = a.incremental_alter_configs(
+            [topic_resource("t", incremental_configs=list(entries))],
+            validate_only=validate_only,
+            request_timeout=20,
+        ).values()
+        return error_of(future)
+
+    set_op, delete_op = AlterConfigOpType.SET, AlterConfigOpType.DELETE
+    seen["set"] = incremental(
+        ConfigEntry("retention.bytes", "1000", incremental_operation=set_op),
+        ConfigEntry("retention.ms", None, incremental_operation=delete_op),
+    )
+    seen["validate_only"] = incremental(
+        ConfigEntry("max.message.bytes", "100", incremental_operation=set_op), validate_only=True
+    )
+    seen["append_to_a_number"] = incremental(
+        ConfigEntry("retention.ms", "1", incremental_operation=AlterConfigOpType.APPEND)
+    )
+    seen["append_compact"] = incremental(
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)
+    )
+    after = describe(port, "t")
+    seen["after_incremental"] = {
+        n: (after[n].value, after[n].source) for n in ("retention.ms", "retention.bytes")
+    }
+    seen["max.message.bytes"] = after["max.message.bytes"].value
+    # AlterConfigs: the whole set is replaced; retention.bytes, not named, goes back
+    (future,) = a.alter_configs(
+        [topic_resource("t", set_config={"min.compaction.lag.ms": "5", "delete.retention.ms": "7"})],
+        request_timeout=20,
+    ).values()
+    seen["alter"] = error_of(future)
+    replaced = describe(port, "t")
+    seen["after_alter"] = {
+        n: (replaced[n].value, replaced[n].source)
+        for n in ("retention.bytes", "min.compaction.lag.ms", "delete.retention.ms")
+    }
+    broker = ConfigResource(ResourceType.BROKER, "0")
+    described = a.describe_configs([broker], request_timeout=20)[broker].result()
+    seen["broker"] = {
+        n: (described[n].value, described[n].is_read_only) for n in ("message.max.bytes", "log.retention.ms")
+    }
+    (future,) = a.alter_configs(
+        [ConfigResource(ResourceType.BROKER, "0", set_config={"num.partitions": "3"})]
+    ).values()
+    seen["broker_alter"] = error_of(future)
+    missing = topic_resource("missing")
+    seen["missing"] = error_of(a.describe_configs([missing], request_timeout=20)[missing])
+    return seen
+
+
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
+async def test_confluent_describes_and_alters_topic_configs(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", housekeeper__retention_s=3600.0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("t", 1, {"retention.ms": "60000"})
+        seen = await anyio.to_thread.run_sync(confluent_alter, daemon.kafka_port)
+    assert seen["created"] == {
+        "retention.ms": ("60000", TOPIC_CONFIG, False, False),
+        "retention.bytes": ("-1", STATIC_BROKER, False, False),  # the node keeps whatever the size
+        "segment.bytes": ("1073741824", DEFAULT, True, False),
+    }
+    assert seen["synonyms"] == [
+        ("retention.ms", "60000", TOPIC_CONFIG),
+        ("log.retention.ms", "3600000", STATIC_BROKER),
+    ]
+    assert (seen["set"], seen["validate_only"]) == (None, None)
+    assert (seen["append_to_a_number"], seen["append_compact"]) == ("INVALID_CONFIG", "INVALID_CONFIG")
+    assert seen["after_incremental"] == {
+        "retention.ms": ("3600000", STATIC_BROKER),  # deleted: the node's retention again
+        "retention.bytes": ("1000", TOPIC_CONFIG),
+    }
+    assert seen["max.message.bytes"] == str(4 * 1024 * 1024)  # validate_only changed nothing
+    assert seen["alter"] is None
+    assert seen["after_alter"] == {
+        "retention.bytes": ("-1", STATIC_BROKER),
+        "min.compaction.lag.ms": ("5", TOPIC_CONFIG),
+        "delete.retention.ms": ("7", TOPIC_CONFIG),
+    }
+    assert seen["broker"] == {
+        "message.max.bytes": (str(4 * 1024 * 1024), True),
+        "log.retention.ms": ("3600000", True),
+    }
+    assert seen["broker_alter"] == "INVALID_REQUEST"
+    assert seen["missing"] == "UNKNOWN_TOPIC_OR_PART"  # librdkafka's name of the code
+
+
+def kafka_python_describe(port: int) -> Any:
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    a = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=20_000)
+    try:
+        return {
+            config_filter: a.describe_configs(
+                [
+                    ConfigResource(
+                        ConfigResourceType.TOPIC, "t", {"retention.ms": None, "cleanup.policy": None}
+                    ),
+                    ConfigResource(ConfigResourceType.BROKER, "0"),
+                ],
+                config_filter=config_filter,
+            )
+            for config_filter in ("modified", "all")
+        }
+    finally:
+        a.close()
+
+
+async def test_kafka_python_describes_topic_and_broker_configs(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__default_partitions=3) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("t", 1, {"retention.ms": "-1"})
+        seen = await anyio.to_thread.run_sync(kafka_python_describe, daemon.kafka_port)
+
+    def shown(described: dict[str, Any]) -> dict[str, tuple[str, str, bool]]:
+        return {k: (v["value"], v["config_source"], v["read_only"]) for k, v in described.items()}
+
+    # "modified": what was set on the topic (kafka-python goes by the config source)
+    assert shown(seen["modified"]["topic"]["t"]) == {"retention.ms": ("-1", "DYNAMIC_TOPIC_CONFIG", False)}
+    assert seen["modified"]["broker"]["0"] == {}
+    assert shown(seen["all"]["topic"]["t"]) == {
+        "retention.ms": ("-1", "DYNAMIC_TOPIC_CONFIG", False),
+        "cleanup.policy": ("delete", "STATIC_BROKER_CONFIG", False),
+    }
+    broker = shown(seen["all"]["broker"]["0"])
+    assert broker["num.partitions"] == ("3", "STATIC_BROKER_CONFIG", True)
+    assert broker["auto.create.topics.enable"] == ("false", "STATIC_BROKER_CONFIG", True)
+
+
+def confluent_produce(port: int, topic: str, values: list[bytes]) -> list[str | None]:
+    """Each value's outcome: None (stored) or the Kafka error's name."""
+    from confluent_kafka import Producer
+
+    outcomes: list[str | None] = []
+    producer = Producer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 0, "message.timeout.ms": 20_000}
+    )
+    for value in values:
+        producer.produce(
+            topic, value, partition=0, on_delivery=lambda err, _m: outcomes.append(err and err.name())
+        )
+        producer.flush(30)
+    assert len(outcomes) == len(values)
+    return outcomes
+
+
+async def test_max_message_bytes_refuses_what_is_bigger_on_kafka_and_http(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("small", 1, {"max.message.bytes": "1000"})
+        outcomes = await anyio.to_thread.run_sync(
+            confluent_produce, daemon.kafka_port, "small", [b"a" * 500, b"b" * 2000]
+        )
+        assert outcomes == [None, "MSG_SIZE_TOO_LARGE"]  # the broker's MESSAGE_TOO_LARGE
+        await client.produce("small", 0, [b"c" * 900])
+        with pytest.raises(ApiError) as refused:
+            await client.produce("small", 0, [b"d" * 1000])  # 1008 bytes by the size rule
+        assert refused.value.status == 413 and "max.message.bytes 1000" in str(refused.value)
+        await client.change_topic_configs("small", {"max.message.bytes": None})
+        await client.produce("small", 0, [b"d" * 1000])
+        assert daemon.node.partition("small", 0).state.high_watermark == 3
+
+
+def confluent_offsets(port: int, topic: str) -> tuple[int, int]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "offsets"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=20)
+    finally:
+        consumer.close()
+
+
+async def test_retention_bytes_moves_the_start_offset_and_list_offsets_earliest_follows(
+    tmp_path: Path,
+) -> None:
+    async with daemon_and_client(
+        tmp_path,
+        kafka__listen="127.0.0.1:0",
+        reconciler__enabled=False,
+        housekeeper__enabled=False,
+    ) as (daemon, client):
+        node = daemon.node
+        await client.create_topic("sized", 1)
+        for n in range(3):  # three L1 objects, of two records each
+            await client.produce("sized", 0, [b"v%d-a" % n, b"v%d-b" % n])
+            assert await node.reconciler.run_round() == 1
+        await node.housekeeper.run_round(force=True)
+        assert await anyio.to_thread.run_sync(confluent_offsets, daemon.kafka_port, "sized") == (0, 6)
+        await client.change_topic_configs("sized", {"retention.bytes": "1"})  # the newest object stays
+        await node.housekeeper.run_round(force=True)
+        assert node.partition("sized", 0).state.start_offset == 4
+        assert await anyio.to_thread.run_sync(confluent_offsets, daemon.kafka_port, "sized") == (4, 6)
+
+
+def confluent_auto_create(port: int) -> list[str | None]:
+    return confluent_produce(port, "made-on-demand", [b"first"])
+
+
+async def metadata_v12(port: int, topic: str, allow: bool) -> int:
+    wire = await Wire.connect(port)
+    try:
+        m = module_of(3, 12)
+        response = await wire.request(
+            3,
+            12,
+            topics=(m.MetadataRequestTopic(topic_id=None, name=topic),),
+            allow_auto_topic_creation=allow,
+            include_topic_authorized_operations=False,
+        )
+        (shown,) = response.topics
+        return int(shown.error_code.value)
+    finally:
+        await wire.aclose()
+
+
+async def test_auto_creation_is_an_option_and_honours_the_clients_wish(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path / "off", kafka__listen="127.0.0.1:0") as (daemon, client):
+        assert await metadata_v12(daemon.kafka_port, "nope", allow=True) == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        assert await client.list_topics() == []
+    async with daemon_and_client(
+        tmp_path / "on",
+        kafka__listen="127.0.0.1:0",
+        kafka__auto_create_topics=True,
+        kafka__default_partitions=2,
+    ) as (daemon, client):
+        assert await metadata_v12(daemon.kafka_port, "not-wanted", allow=False) == 3
+        assert await metadata_v12(daemon.kafka_port, "bad/name", allow=True) == 17  # INVALID_TOPIC_EXCEPTION
+        assert await anyio.to_thread.run_sync(confluent_auto_create, daemon.kafka_port) == [None]
+        assert {t.name: t.partitions for t in await client.list_topics()} == {"made-on-demand": 2}
