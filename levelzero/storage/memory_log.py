@@ -284,6 +284,7 @@ class MemoryLogStore:
         for key in list(self.consumer_offsets):
             if key[0] == group_id and (partitions is None or key[1:] in partitions):
                 del self.consumer_offsets[key]
+
     # -- topic configs
     async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
         await anyio.lowlevel.checkpoint()
