@@ -49,6 +49,7 @@ SCHEMA_TABLES = frozenset(
         "partition_leases",
         "partition_watermarks",
         "cluster_identity",
+        "deleted_partitions",
     }
 )
 
@@ -219,6 +220,20 @@ CREATE INDEX {table}_by_xid ON {table} (xid, seq);
 """
         for table in EXPORTED_TABLES
     ),
+    # 7: deleted partitions (DeleteTopics), kept until their L1 objects are collected; the row
+    # stays after that with `collected_at` set
+    """
+CREATE TABLE deleted_partitions (
+    pid BIGINT PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    deleted_at DOUBLE PRECISION NOT NULL,
+    collected_at DOUBLE PRECISION
+);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,11 +23,12 @@ from levelzero.storage.protocols import (
 
 # Version 1: the tables of the first release. Version 2: consumer offsets and idempotent
 # producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions. Version 3:
-# the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
+# the log table in order of appends (a rowid table), (pid, log_offset) a unique index. Version 4:
+# deleted partitions (DeleteTopics), kept until their L1 objects are collected.
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -115,6 +116,19 @@ LOG_TABLE = """CREATE TABLE log (
     UNIQUE (pid, log_offset)
 )"""
 LOG_PLACEHOLDERS_INDEX = "CREATE INDEX log_placeholders ON log (pid, base_offset) WHERE kind = 'placeholder'"
+
+# A deleted topic's partitions: a row per partition from its deletion on; `collected_at` is set
+# once its L1 objects are all deleted (the row stays: a partition id is never given again).
+DELETED_PARTITIONS = """CREATE TABLE deleted_partitions (
+    pid INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL NOT NULL,
+    collected_at REAL
+)"""
 
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
@@ -210,6 +224,8 @@ CREATE TABLE state_samples (
     + ";\n"
     + PRODUCER_BATCHES
     + ";\n"
+    + DELETED_PARTITIONS
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -231,6 +247,7 @@ SCHEMA_TABLES_OF_VERSION = {
     1: SCHEMA_TABLES,
     2: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
     3: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
+    4: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "deleted_partitions"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -316,7 +333,11 @@ async def _migrate_2_to_3(connection: aiosqlite.Connection) -> None:
     await connection.execute(LOG_PLACEHOLDERS_INDEX)
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3)
+async def _migrate_3_to_4(connection: aiosqlite.Connection) -> None:
+    await connection.execute(DELETED_PARTITIONS)
+
+
+MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 
