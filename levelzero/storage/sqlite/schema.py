@@ -119,7 +119,7 @@ LOG_PLACEHOLDERS_INDEX = "CREATE INDEX log_placeholders ON log (pid, base_offset
 
 # A deleted topic's partitions: a row per partition from its deletion on; `collected_at` is set
 # once its L1 objects are all deleted (the row stays: a partition id is never given again).
-DELETED_PARTITIONS = """CREATE TABLE deleted_partitions (
+DELETED_PARTITIONS = """CREATE TABLE IF NOT EXISTS deleted_partitions (
     pid INTEGER PRIMARY KEY,
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,

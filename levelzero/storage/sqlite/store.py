@@ -1088,10 +1088,15 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
     """Each partition's term and next log offset. The log may be truncated to nothing after a
     snapshot, so the snapshot's offset bounds the next offset from below too."""
     rows = await connection.execute_fetchall(SELECT_LOG_ENDS)
-    return {
+    cursors = {
         pid: Cursor(f"{topic}/{partition}", term, last_log_offset + 1)
         for pid, topic, partition, term, last_log_offset in rows
     }
+    # Deleted partitions: a write naming one is refused as PartitionDeleted, not a bug.
+    deleted = await connection.execute_fetchall("SELECT pid, topic, partition, term FROM deleted_partitions")
+    for pid, topic, partition, term in deleted:
+        cursors[pid] = Cursor(f"{topic}/{partition}", term, 0, deleted=True)
+    return cursors
 
 
 async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:
