@@ -518,7 +518,8 @@ async def test_writes_naming_a_deleted_partition_are_refused_as_not_leader(backe
         term = (await store.begin_term(row.pid, 0, 0)).term
         await store.delete_topic("t", 1.0)
         [refused] = await store.append_many([Append(row.pid, term, [placeholder(1, term, 0)])])
-        assert isinstance(refused, PartitionDeleted) and isinstance(refused, NotLeader)
+        assert isinstance(refused, PartitionDeleted)
+        assert isinstance(refused, NotLeader)
         with pytest.raises(PartitionDeleted, match="t/0 was deleted"):
             await store.append(row.pid, term, [placeholder(1, term, 0)])
         with pytest.raises(PartitionDeleted):
