@@ -19,7 +19,7 @@ import anyio.abc
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
-from levelzero.kafka.admin import AdminApi
+from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
 from levelzero.kafka.fetch import FetchApi
 from levelzero.kafka.group_api import GroupApi
 from levelzero.kafka.groups import GroupCoordinator
@@ -38,6 +38,7 @@ class Handlers:
         cluster = Cluster(node, settings)
         self.metadata = MetadataApi(node, cluster)
         self.admin = AdminApi(node, settings)
+        self.topic_lifecycle = TopicLifecycleApi(node)
         self.producing = ProduceApi(self.intake)
         self.fetching = FetchApi(node, self.intake)
         self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
@@ -81,4 +82,10 @@ class Handlers:
                 return await self.offsets.offset_commit(request)
             case 9:
                 return await self.offsets.offset_fetch(request)
+            case 20:
+                return await self.topic_lifecycle.delete_topics(request)
+            case 21:
+                return await self.topic_lifecycle.delete_records(request)
+            case 37:
+                return await self.topic_lifecycle.create_partitions(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

@@ -43,6 +43,9 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     22: ("InitProducerId", 0, 4),
+    20: ("DeleteTopics", 1, 6),
+    21: ("DeleteRecords", 0, 2),
+    37: ("CreatePartitions", 0, 3),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
