@@ -145,6 +145,10 @@ class Client:
     async def create_topic(self, name: str, partitions: int = 1) -> TopicInfo:
         return await self._call("POST", "/v1/topics", TopicInfo, body=CreateTopicRequest(name, partitions))
 
+    async def delete_topic(self, name: str) -> TopicInfo:
+        """The deleted topic and how many partitions it had."""
+        return await self._call("DELETE", f"/v1/topics/{quote(name, safe='')}", TopicInfo)
+
     async def list_topics(self) -> list[TopicInfo]:
         return (await self._call("GET", "/v1/topics", TopicList)).topics
 
