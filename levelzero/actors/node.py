@@ -395,7 +395,9 @@ class Node:
             raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
         self._check_accepting()
         async with self._create_lock:
-            if name in self._topics:
+            if self.member is not None:
+                await self.member.refresh()  # a topic of this name deleted elsewhere is gone
+            if name in self.topics():  # (the store refuses one another node made meanwhile)
                 raise TopicExists(f"topic {name!r} exists")
             # Register on the watermark board *before* choosing the creation epoch: a GC round
             # that snapshots the partition set from now on sees the new partitions (without an
@@ -537,9 +539,14 @@ class Node:
             )
 
     def topics(self) -> dict[str, int]:
+        """Topic -> partition count. In a cluster, the last cluster view's (a topic another
+        node deleted is gone once the view is read again); before the first view, the store's
+        at start-up and those made here."""
         if self.member is None:
             return dict(self._topics)
-        return {**self._topics, **self.member.partitions_known()}
+        if self.member.view is not None:
+            return self.member.partitions_known()
+        return dict(self._topics)
 
     def partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor, if this node serves it now. In a cluster, only while the
