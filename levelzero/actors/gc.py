@@ -343,6 +343,7 @@ class GcActor:
         watermarks: Callable[[], Awaitable[tuple[int, dict[str, int | None]]]] | None = None,
         share: Callable[[], range] | None = None,
         leaders: Callable[[], Mapping[str, str]] | None = None,
+        collect_deleted: Callable[[], Awaitable[int]] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
@@ -352,7 +353,10 @@ class GcActor:
         `share`: in a cluster, the key prefixes this node's rounds list and delete in (read each
         round, from the membership); otherwise the configured worker's prefixes. `leaders`: in a
         cluster, partition -> the node leading it by the last cluster view, or
-        `core.gc.NO_LIVE_LEADER` (explain says where a partition led elsewhere is)."""
+        `core.gc.NO_LIVE_LEADER` (explain says where a partition led elsewhere is).
+        `collect_deleted`: collects deleted topics' L1 objects at the start of every round
+        that is not a dry run (`L1Catalog.collect_deleted`); their L0 data needs nothing: a
+        deleted partition has left the partition set, so it no longer holds `M` back."""
         self.config = config
         self._objects = object_store
         self._log = log_store
@@ -361,6 +365,8 @@ class GcActor:
         self._watermarks = watermarks
         self._share = share
         self._leaders = leaders if leaders is not None else dict
+        self._collect_deleted = collect_deleted
+        self.deleted_topic_objects = 0  # L1 objects of deleted topics collected by rounds
         self._views = views
         self._reconcile_failing = reconcile_failing
         self._clock = clock
@@ -532,6 +538,11 @@ class GcActor:
                 self._round_done = anyio.Event()
 
     async def _round(self, round_id: int, dry_run: bool) -> RoundReport:
+        if self._collect_deleted is not None and not dry_run:
+            try:
+                self.deleted_topic_objects += await self._collect_deleted()
+            except LevelZeroError as exc:  # the rest is found again next round
+                log.warning("collecting deleted topics' L1 objects failed: %s", exc)
         started_at = self._clock()
         decision = (await self.read_watermark()).decision
         self._watermark.observe(decision.m)

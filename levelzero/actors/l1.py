@@ -14,11 +14,19 @@ import logging
 from collections.abc import Callable
 
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
-from levelzero.core.keys import parse_l1_key
+from levelzero.core.keys import l1_partition_prefix, parse_l1_key
 from levelzero.core.l0format import decode_extent, read_header
 from levelzero.core.l1_deletes import PendingDeletes
 from levelzero.core.leader import l1_collect_reason
-from levelzero.storage.protocols import L1Metastore, L1Row, L1State, ObjectStore
+from levelzero.storage.protocols import (
+    DELETE_BATCH_KEYS_MAX,
+    L1Metastore,
+    L1Row,
+    L1State,
+    ObjectStore,
+    PartitionLog,
+    iter_objects,
+)
 
 from .partition import PartitionActor
 from .reader import FetchWindow
@@ -203,6 +211,75 @@ class L1Catalog:
             except LevelZeroError as exc:
                 log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
         return deleted
+
+    # ------------------------------------------------------------------ deleted topics
+
+    async def collect_deleted(self, partitions: PartitionLog) -> int:
+        """Collect the L1 objects of deleted topics' partitions; returns how many went.
+
+        Per deleted partition: every row not yet DELETE_FINISHED goes DELETE_STARTED then
+        DELETE_FINISHED around the store delete (a crash between resumes here: the deleted
+        partition is kept until `forget_deleted_partition` finds every row finished); then its
+        key prefix is listed for objects no row names (a writer that crashed between its upload
+        and its row's end), and a key is deleted unless a live partition of the same name (the
+        topic made again) has a row for it. Listed first, rows read after: a live partition
+        records a row before it uploads, so a listed key of its has its row by then. A copy in
+        flight when the topic went cannot land unseen either: the store refuses its row after
+        the deletion, and a row recorded before is collected here (if the upload lands after
+        its delete, the reconciler's own COPY_FINISHED fails and it deletes the object)."""
+        deleted = 0
+        for row in await partitions.deleted_partitions():
+            name = f"{row.topic}/{row.partition}"
+            finished = True
+            for l1 in await self._log.l1_list(row.pid):
+                if l1.state == L1State.DELETE_FINISHED:
+                    continue
+                if l1.state != L1State.DELETE_STARTED and not await self._log.l1_transition(
+                    l1.key, l1.state, L1State.DELETE_STARTED, self._wall()
+                ):
+                    finished = False  # moved meanwhile (its writer finishing): next round
+                    continue
+                try:
+                    await self._finish_delete(l1.key, name)
+                except LevelZeroError as exc:
+                    finished = False
+                    log.warning("L1 delete of %s (deleted topic) failed, retried later: %s", l1.key, exc)
+                else:
+                    deleted += 1
+            if not finished:
+                continue
+            try:
+                deleted += await self._sweep_deleted(partitions, row.topic, row.partition)
+            except LevelZeroError as exc:
+                log.warning("listing the L1 objects of deleted %s failed, retried later: %s", name, exc)
+                continue
+            if await partitions.forget_deleted_partition(row.pid):
+                log.info("every L1 object of deleted partition %s is gone", name)
+        return deleted
+
+    async def _sweep_deleted(self, partitions: PartitionLog, topic: str, partition: int) -> int:
+        """Delete the objects under a deleted partition's key prefix that no live partition of
+        the same name has a row for (see `collect_deleted`)."""
+        try:
+            prefix = l1_partition_prefix(topic, partition)
+        except MalformedKey:
+            return 0  # a name no store can hold: no object was ever stored under it
+        keys = [obj.key async for obj in iter_objects(self._objects, prefix)]
+        if not keys:
+            return 0
+        rows = await partitions.list_partitions()
+        live = [r.pid for r in rows if (r.topic, r.partition) == (topic, partition)]
+        named = {l1.key for pid in live for l1 in await self._log.l1_list(pid)}
+        strays = [key for key in keys if key not in named]
+        for start in range(0, len(strays), DELETE_BATCH_KEYS_MAX):
+            batch = strays[start : start + DELETE_BATCH_KEYS_MAX]
+            result = await self._objects.delete_many(batch)
+            if result.errors:
+                key, error = next(iter(result.errors.items()))
+                raise StorageError(f"deleting {key} failed: {error}")
+        if strays:
+            log.info("deleted %d L1 objects no row named under %s", len(strays), prefix)
+        return len(strays)
 
     # ------------------------------------------------------------------ reads
 

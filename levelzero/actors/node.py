@@ -24,6 +24,7 @@ from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
+    OffsetOutOfRange,
     ShuttingDown,
     TopicExists,
     UnknownPartition,
@@ -203,6 +204,7 @@ class Node:
             watermarks=cluster.control.watermark_snapshot if cluster is not None else None,
             share=self._gc_share if cluster is not None else None,
             leaders=self.partition_leaders if cluster is not None else None,
+            collect_deleted=functools.partial(self.l1.collect_deleted, log_store),
         )
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
         # They open read-only (no produce) so the daemon starts and says what to do.
@@ -429,7 +431,9 @@ class Node:
         checked = self.check_new_topic(name, partitions, configs)
         self._check_accepting()
         async with self._create_lock:
-            if name in self._topics:
+            if self.member is not None:
+                await self.member.refresh()  # a topic of this name deleted elsewhere is gone
+            if name in self.topics():  # (the store refuses one another node made meanwhile)
                 raise TopicExists(f"topic {name!r} exists")
             # Register on the watermark board *before* choosing the creation epoch: a GC round
             # that snapshots the partition set from now on sees the new partitions (without an
@@ -455,6 +459,110 @@ class Node:
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
+    async def delete_topic(self, name: str) -> list[PartitionRow]:
+        """Delete a topic: it leaves the partition set at once (reads and writes get
+        unknown_topic; in a cluster, its leaders resign at their next round and are refused by
+        the store until then), and a topic of the same name made later starts empty. Its L0
+        data needs nothing more: the partitions no longer hold `M` back, so the GC collects
+        every object by epoch as `M` rises. Its L1 objects are collected by the GC's rounds
+        (`L1Catalog.collect_deleted`), crash-safe. Returns the deleted partitions."""
+        self._check_accepting()
+        async with self._create_lock:
+            if self.member is not None:
+                await self.member.refresh()
+            if name not in self.topics():
+                raise UnknownTopic(name)
+            await self._forget_topic_record(name)
+            actors = [a for a in self._partitions.values() if a.row.topic == name]
+            for actor in actors:  # no new requests; appends in flight finish first
+                del self._partitions[(actor.row.topic, actor.row.partition)]
+                del self._by_name[actor.name]
+                del self._by_pid[actor.row.pid]
+            for actor in actors:
+                with anyio.move_on_after(10):
+                    await actor.stop()
+            try:
+                rows = await self.log_store.delete_topic(name, self._wall())
+            except LevelZeroError:
+                if self.member is None:  # still there: serve it again
+                    await self._start_partitions([a.row for a in actors])
+                raise
+            # Off the board only now: until the store forgot them, their last M(p) held M.
+            for actor in actors:
+                self.board.forget(actor.name)
+                self.reconciler.health.forget(actor.name)
+            self._topics.pop(name, None)
+            self.topic_configs.deleted(name)
+        if self.member is not None:
+            await self.member.round()  # resign the leases gone with the topic, if any were ours
+        log.info("deleted topic", extra={"topic": name, "partitions": len(rows)})
+        return rows
+
+    async def create_partitions(self, name: str, count: int, *, validate_only: bool = False) -> int:
+        """Grow a topic to `count` partitions (never fewer: invalid_input); the count before.
+        The new partitions are made as a new topic's are (on the board before their creation
+        epoch is chosen, so the GC's cap protects them)."""
+        self._check_accepting()
+        if not isinstance(count, int) or not 1 <= count <= PARTITIONS_PER_TOPIC_MAX:
+            raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")
+        async with self._create_lock:
+            if self.member is not None:
+                await self.member.refresh()
+            current = self.topics().get(name)
+            if current is None:
+                raise UnknownTopic(name)
+            if count <= current:
+                raise InvalidInput(
+                    f"topic {name!r} has {current} partitions; partitions can only be added "
+                    f"({count} <= {current})"
+                )
+            if len(self._partitions) + count - current > PARTITIONS_MAX:
+                raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
+            if validate_only:
+                return current
+            if self.member is None:
+                for p in range(current, count):
+                    self.board.register(f"{name}/{p}")
+            rows = await self.log_store.add_partitions(name, count, self.epochs.current, self._wall())
+            if self.member is not None:
+                self._topics[name] = count
+            else:
+                await self._start_partitions(rows)
+        if self.member is not None:
+            await self.member.round()
+        await self._record_topic(name, count)
+        log.info("added partitions", extra={"topic": name, "partitions": count, "before": current})
+        return current
+
+    async def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's DeleteRecords: move the partition's start offset up to `offset` (-1: the
+        high watermark), as retention does (`SetStartOffset`), then collect the L1 objects
+        wholly below it. Returns the start offset (Kafka's low watermark). An offset above
+        the high watermark is offset_out_of_range; one at or below the start changes nothing."""
+        self._check_accepting()
+        actor = await self.led_partition(topic, partition)
+        high_watermark = actor.state.high_watermark
+        if offset == -1:
+            offset = high_watermark
+        if not 0 <= offset <= high_watermark:  # (the high watermark itself is allowed)
+            raise OffsetOutOfRange(offset, actor.state.start_offset, high_watermark + 1)
+        if offset > actor.state.start_offset:
+            await actor.set_start_offset(offset, actor.term)
+            log.info("records deleted", extra={"partition": actor.name, "start_offset": offset})
+            try:
+                await self.l1.collect(actor, self.config.reconciler.copy_deadline_s)
+            except LevelZeroError as exc:  # the housekeeper's and the reconciler's rounds retry
+                log.warning("collecting L1 objects below %s's new start offset failed: %s", actor.name, exc)
+        return actor.state.start_offset
+
+    async def _forget_topic_record(self, name: str) -> None:
+        """Remove the topic's record from the bucket before the topic goes (a topic of the same
+        name made after the deletion writes its own). Best effort, as `_record_topic`."""
+        try:
+            await self.object_store.delete_many([topic_record_key(name)])
+        except LevelZeroError as exc:
+            log.warning("could not remove topic %s's record from the object store: %s", name, exc)
+
     async def _record_topic(self, name: str, partitions: int) -> None:
         """Keep the topic's partition count in the bucket too: `levelzero recover --from-bucket`
         rebuilds a lost control plane from it (a topic without a record is derived from its L1
@@ -471,9 +579,14 @@ class Node:
             )
 
     def topics(self) -> dict[str, int]:
+        """Topic -> partition count. In a cluster, the last cluster view's (a topic another
+        node deleted is gone once the view is read again); before the first view, the store's
+        at start-up and those made here."""
         if self.member is None:
             return dict(self._topics)
-        return {**self._topics, **self.member.partitions_known()}
+        if self.member.view is not None:
+            return self.member.partitions_known()
+        return dict(self._topics)
 
     def partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor, if this node serves it now. In a cluster, only while the

@@ -103,6 +103,10 @@ class TopicConfigs:
         """A topic made here with `configs` (stored with it)."""
         self._set(topic, configs)
 
+    def deleted(self, topic: str) -> None:
+        """A topic deleted here: its configs went with it (the store deleted them)."""
+        self._set(topic, {})
+
     async def stored(self, topic: str) -> dict[str, str]:
         """The topic's set as the control plane has it now (UnknownTopic if no such topic)."""
         self._check_known(topic)

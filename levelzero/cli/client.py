@@ -164,6 +164,10 @@ class Client:
             "PATCH", _configs_path(topic), TopicConfigs, body=TopicConfigsRequest(configs)
         )
 
+    async def delete_topic(self, name: str) -> TopicInfo:
+        """The deleted topic and how many partitions it had."""
+        return await self._call("DELETE", f"/v1/topics/{quote(name, safe='')}", TopicInfo)
+
     async def list_topics(self) -> list[TopicInfo]:
         return (await self._call("GET", "/v1/topics", TopicList)).topics
 

@@ -323,6 +323,23 @@ async def _topics_create(args: argparse.Namespace, client: Client) -> None:
         print(f"created topic {info.name} with {plural(info.partitions, 'partition')}")
 
 
+def _topics_delete(args: argparse.Namespace) -> int:
+    if not args.confirm:
+        _fail(f"topics delete removes every record of {args.name} for good. Add --confirm to do it")
+        return EXIT_USAGE
+    return _client_command(_topics_delete_call)(args)
+
+
+async def _topics_delete_call(args: argparse.Namespace, client: Client) -> None:
+    info = await client.delete_topic(args.name)
+    if args.json:
+        _json_out(info)
+    else:
+        print(
+            f"deleted topic {info.name} ({plural(info.partitions, 'partition')}); the GC collects its objects"
+        )
+
+
 async def _topics_list(args: argparse.Namespace, client: Client) -> None:
     topics = await client.list_topics()
     if args.json:

@@ -32,6 +32,7 @@ from levelzero.cli.commands import (
     _topic_partition,
     _topics_config,
     _topics_create,
+    _topics_delete,
     _topics_list,
     cmd_backup,
     cmd_config_show,
@@ -165,7 +166,7 @@ def add_install_files(sub: argparse._SubParsersAction) -> None:
 
 
 def add_topics(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("topics", help="create and list topics")
+    p = sub.add_parser("topics", help="create, list and delete topics")
     topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     create = topics_sub.add_parser("create", help="create a topic")
     create.add_argument("name", type=_topic_name)
@@ -194,6 +195,11 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     listing = topics_sub.add_parser("list", help="list topics and their partition counts")
     _add_client_options(listing)
     listing.set_defaults(handler=_client_command(_topics_list))
+    delete = topics_sub.add_parser("delete", help="delete a topic and every record in it")
+    delete.add_argument("name")
+    delete.add_argument("--confirm", action="store_true", help="yes, delete its records for good")
+    _add_client_options(delete)
+    delete.set_defaults(handler=_topics_delete)
 
 
 def add_produce(sub: argparse._SubParsersAction) -> None:

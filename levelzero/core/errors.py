@@ -95,6 +95,18 @@ class SnapshotSuperseded(NotLeader):
         self.current_term = None
 
 
+class PartitionDeleted(NotLeader):
+    """A write to a partition whose topic was deleted (a leader that has not yet heard of the
+    deletion): nothing is written, and the sender acts as on any NotLeader (it resigns; its
+    clients find the topic gone)."""
+
+    def __init__(self, partition: str, what: str) -> None:
+        LevelZeroError.__init__(self, f"partition {partition} was deleted: {what} refused")
+        self.partition = partition
+        self.expected_term = None
+        self.current_term = None
+
+
 class MalformedKey(LevelZeroError, ValueError):
     """An object key does not follow the levelzero key layout."""
 

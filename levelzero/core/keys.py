@@ -118,6 +118,14 @@ def format_l1_key(
     return key
 
 
+def l1_partition_prefix(topic: str, partition: int) -> str:
+    """The key prefix of every L1 object of one partition (and of no other partition's)."""
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise MalformedKey(f"topic name {topic!r} cannot be part of a key: it {problem}")
+    return f"{L1_ROOT}{topic}/{partition}/"
+
+
 def parse_l1_key(key: str) -> L1Key:
     m = _L1_RE.match(key)
     if m is None or topic_name_problem(m.group(1)) is not None:

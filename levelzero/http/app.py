@@ -400,6 +400,14 @@ class Api:
         ]
         return _json(TopicConfigs(topic, entries))
 
+    async def delete_topic(self, request: Request) -> Response:
+        """The topic goes at once (unknown_topic from then on; a topic made again with its
+        name starts empty); the GC's rounds collect its objects (docs/operating.md)."""
+        self._check_serving()
+        topic = request.path_params["topic"]
+        rows = await self.node.delete_topic(topic)  # UnknownTopic -> 404
+        return _json(TopicInfo(topic, len(rows)))
+
     async def cluster(self, request: Request) -> Response:
         member = self.node.member
         if member is None:
@@ -856,6 +864,7 @@ def build_app(
     records = "/v1/topics/{topic}/partitions/{partition}/records"
     routes = [
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
+        api.route("/v1/topics/{topic}", {"DELETE": api.delete_topic}),
         api.route(records, {"POST": api.produce, "GET": api.fetch}),
         api.route(
             "/v1/topics/{topic}/configs",

@@ -1,6 +1,7 @@
-"""CreateTopics: topics made through the node, as HTTP's POST /v1/topics makes them, with their
-topic configs (a config that is unknown, malformed or not enforced is refused with
-INVALID_CONFIG and the topic is not made: never created with the config dropped)."""
+"""The admin APIs: CreateTopics (topics made through the node, as HTTP's POST /v1/topics makes
+them, with their topic configs: a config that is unknown, malformed or not enforced is refused
+with INVALID_CONFIG and the topic is not made, never created with the config dropped),
+DeleteTopics, CreatePartitions and DeleteRecords."""
 
 from __future__ import annotations
 
@@ -94,3 +95,91 @@ class AdminApi:
                 )
             )
         return make(m.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
+
+
+class TopicLifecycleApi:
+    """DeleteTopics, CreatePartitions and DeleteRecords, through the node as HTTP's
+    DELETE /v1/topics/{topic} does: each topic (or partition) answered on its own, with the
+    error code Kafka's broker gives."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def delete_topics(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        if hasattr(body, "topic_names"):  # v1-v5 name the topics; v6 has states
+            wanted: list[tuple[str | None, Any]] = [(name, None) for name in body.topic_names]
+        else:
+            wanted = [(t.name, t.topic_id) for t in body.topics]
+        names = [name for name, _ in wanted]
+        results = []
+        for name, topic_id in wanted:
+            error, message = ErrorCode.none, None
+            if name is None:  # by id: levelzero topics have none (Metadata says so)
+                error, message = ErrorCode.unknown_topic_id, "topics have no ids here: name the topic"
+            elif names.count(name) > 1:
+                error, message = ErrorCode.invalid_request, f"topic {name!r} is named more than once"
+            else:
+                try:
+                    await self.node.delete_topic(name)
+                except LevelZeroError as exc:
+                    error, message = error_code_for(exc), str(exc)
+            results.append(
+                make(
+                    m.DeletableTopicResult,
+                    name=name,
+                    topic_id=topic_id,
+                    error_code=error,
+                    error_message=message,
+                )
+            )
+        return make(m.DeleteTopicsResponse, throttle_time=0, responses=tuple(results))
+
+    async def create_partitions(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        names = [t.name for t in body.topics]
+        results = []
+        for topic in body.topics:
+            error, message = ErrorCode.none, None
+            if names.count(topic.name) > 1:
+                error, message = ErrorCode.invalid_request, f"topic {topic.name!r} is named more than once"
+            elif topic.assignments:
+                error = ErrorCode.invalid_replica_assignment
+                message = "manual replica assignment is not supported"
+            else:
+                try:
+                    await self.node.create_partitions(
+                        topic.name, topic.count, validate_only=body.validate_only
+                    )
+                except LevelZeroError as exc:
+                    error, message = error_code_for(exc), str(exc)
+                    if exc.code == "invalid_input":
+                        error = ErrorCode.invalid_partitions  # fewer, as many, or too many
+            results.append(
+                make(m.CreatePartitionsTopicResult, name=topic.name, error_code=error, error_message=message)
+            )
+        return make(m.CreatePartitionsResponse, throttle_time=0, results=tuple(results))
+
+    async def delete_records(self, request: Request) -> Any:
+        m = request.response_module
+        topics = []
+        for topic in request.body.topics:
+            parts = []
+            for p in topic.partitions:
+                error, low_watermark = ErrorCode.none, -1
+                try:
+                    low_watermark = await self.node.delete_records(topic.name, p.partition_index, p.offset)
+                except LevelZeroError as exc:
+                    error = error_code_for(exc)
+                parts.append(
+                    make(
+                        m.DeleteRecordsPartitionResult,
+                        partition_index=p.partition_index,
+                        low_watermark=low_watermark,
+                        error_code=error,
+                    )
+                )
+            topics.append(make(m.DeleteRecordsTopicResult, name=topic.name, partitions=tuple(parts)))
+        return make(m.DeleteRecordsResponse, throttle_time=0, topics=tuple(topics))

@@ -20,7 +20,7 @@ import anyio.abc
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
-from levelzero.kafka.admin import AdminApi
+from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
 from levelzero.kafka.configs import ConfigsApi
 from levelzero.kafka.fetch import FetchApi
 from levelzero.kafka.group_api import GroupApi
@@ -43,6 +43,7 @@ class Handlers:
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
         self.producing = ProduceApi(self.intake, auto_create)
+        self.topic_lifecycle = TopicLifecycleApi(node)
         self.fetching = FetchApi(node, self.intake)
         self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
         self.group_api = GroupApi(self.groups, cluster)
@@ -103,4 +104,10 @@ class Handlers:
                 return await self.configs.alter_configs(request)
             case 44:
                 return await self.configs.incremental_alter_configs(request)
+            case 20:
+                return await self.topic_lifecycle.delete_topics(request)
+            case 21:
+                return await self.topic_lifecycle.delete_records(request)
+            case 37:
+                return await self.topic_lifecycle.create_partitions(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

@@ -52,6 +52,9 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     32: ("DescribeConfigs", 1, 4),
     33: ("AlterConfigs", 0, 2),
     44: ("IncrementalAlterConfigs", 0, 1),
+    20: ("DeleteTopics", 1, 6),
+    21: ("DeleteRecords", 0, 2),
+    37: ("CreatePartitions", 0, 3),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -108,6 +108,9 @@ class MemoryClusterControl:
     async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
         now = self._clock()
         held = []
+        for pid in [pid for pid in self.leases if pid not in self._log.partitions]:
+            del self.leases[pid]  # a deleted topic's partition (PostgreSQL deletes them together)
+            self.watermarks.pop(pid, None)
         for pid, (holder, expires) in self.leases.items():
             if holder == node_id and expires > now:
                 self.leases[pid] = (node_id, now + ttl_s)

@@ -15,9 +15,11 @@ import msgspec
 
 from levelzero.core.entries import LogRecord, Placeholder, TermStart
 from levelzero.core.errors import (
+    InvalidInput,
     InvariantViolation,
     LogMovedOn,
     NotLeader,
+    PartitionDeleted,
     SnapshotSuperseded,
     StorageError,
     TopicExists,
@@ -25,6 +27,7 @@ from levelzero.core.errors import (
 )
 from levelzero.storage.protocols import (
     Append,
+    L1State,
     FenceEventRow,
     GcRoundRow,
     L0ObjectRow,
@@ -50,6 +53,11 @@ class MemoryLogStore:
         self.state_samples: list[StateSampleRow] = []
         self.consumer_offsets: dict[tuple[str, str, int], OffsetRow] = {}
         self.configs: dict[str, dict[str, str]] = {}
+        # Deleted partitions whose L1 objects are not all collected yet; and every pid ever given
+        # (a deleted partition's id is never given again).
+        self.deleted: dict[int, PartitionRow] = {}
+        self.collected: set[int] = set()  # deleted partitions whose L1 objects are all gone
+        self.last_pid = 0
         self.fail_appends = 0
         self.appends = 0
 
@@ -69,22 +77,77 @@ class MemoryLogStore:
             self.configs[topic] = dict(configs)
         # At least the stored cluster epoch (as PostgreSQL does, for nodes with stale caches).
         creation_epoch = max(creation_epoch, self.cluster_epoch)
+        rows = self._add(topic, range(partitions), creation_epoch, now)
+        await anyio.lowlevel.checkpoint()
+        return rows
+
+    def _add(self, topic: str, indexes: range, creation_epoch: int, now: float) -> list[PartitionRow]:
         rows = []
-        for p in range(partitions):
-            pid = len(self.partitions) + 1
+        for p in indexes:
+            self.last_pid += 1
+            pid = self.last_pid
             row = PartitionRow(pid, topic, p, creation_epoch, 0, now)
             self.partitions[pid] = row
             self.logs[pid] = []
             self.first_offset[pid] = 0
             rows.append(row)
-        await anyio.lowlevel.checkpoint()
         return rows
 
     async def list_partitions(self) -> list[PartitionRow]:
         return [self.partitions[pid] for pid in sorted(self.partitions)]
 
+    async def add_partitions(
+        self, topic: str, count: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        await anyio.lowlevel.checkpoint()
+        current = sum(1 for row in self.partitions.values() if row.topic == topic)
+        if current == 0:
+            raise UnknownTopic(topic)
+        if count <= current:
+            raise InvalidInput(f"topic {topic!r} has {current} partitions; {count} would not add any")
+        return self._add(topic, range(current, count), max(creation_epoch, self.cluster_epoch), now)
+
+    async def delete_topic(self, topic: str, now: float) -> list[PartitionRow]:  # noqa: ARG002 - no time kept
+        await anyio.lowlevel.checkpoint()
+        rows = sorted((r for r in self.partitions.values() if r.topic == topic), key=lambda r: r.pid)
+        if not rows:
+            raise UnknownTopic(topic)
+        for row in rows:
+            del self.partitions[row.pid]
+            del self.logs[row.pid], self.first_offset[row.pid]
+            self.snapshots.pop(row.pid, None)
+            self.deleted[row.pid] = row
+        for key in [key for key in self.consumer_offsets if key[1] == topic]:
+            del self.consumer_offsets[key]
+        self.configs.pop(topic, None)
+        return rows
+
+    async def deleted_partitions(self) -> list[PartitionRow]:
+        await anyio.lowlevel.checkpoint()
+        return [self.deleted[pid] for pid in sorted(self.deleted) if pid not in self.collected]
+
+    async def forget_deleted_partition(self, pid: int) -> bool:
+        await anyio.lowlevel.checkpoint()
+        rows = [key for key, row in self.l1.items() if row.pid == pid]
+        if pid not in self.deleted or any(self.l1[key].state != L1State.DELETE_FINISHED for key in rows):
+            return False
+        for key in rows:
+            del self.l1[key]
+        self.collected.add(pid)
+        return True
+
+    def _row(self, pid: int, what: str) -> PartitionRow:
+        """The partition's row; PartitionDeleted for a deleted one (its leader has not heard)."""
+        row = self.partitions.get(pid)
+        if row is not None:
+            return row
+        gone = self.deleted.get(pid)
+        if gone is not None:
+            raise PartitionDeleted(f"{gone.topic}/{gone.partition}", what)
+        raise InvariantViolation(f"unknown partition id {pid}")
+
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
-        row = self.partitions[pid]
+        row = self._row(pid, "TermStart")
         term = max(row.term + 1, at_least)
         record = LogRecord(log_offset, term, base_offset, TermStart(term))
         if log_offset < self._next_offset(pid):
@@ -134,7 +197,7 @@ class MemoryLogStore:
         for append in appends:
             pid, expected_term, records = append.pid, append.expected_term, append.records
             try:
-                self._check_term(self.partitions[pid], expected_term)
+                self._check_term(self._row(pid, "append"), expected_term)
             except NotLeader as error:
                 refused.append(error)
                 continue
@@ -171,7 +234,7 @@ class MemoryLogStore:
     async def save_snapshot(self, snapshot: Snapshot) -> None:
         """As the SQLite and PostgreSQL stores: within the log, never going back."""
         await anyio.lowlevel.checkpoint()
-        row = self.partitions[snapshot.pid]
+        row = self._row(snapshot.pid, "snapshot")
         name = f"{row.topic}/{row.partition}"
         if not -1 <= snapshot.log_offset < self._next_offset(snapshot.pid):
             raise InvariantViolation(
@@ -188,6 +251,7 @@ class MemoryLogStore:
         return self.snapshots.get(pid)
 
     async def truncate_below(self, pid: int, log_offset: int) -> int:
+        self._row(pid, "truncation")
         snap = self.snapshots.get(pid)
         if snap is None or log_offset > snap.log_offset + 1:
             raise InvariantViolation(f"pid {pid}: truncate below {log_offset} past the snapshot")
@@ -211,6 +275,9 @@ class MemoryLogStore:
 
     # -- L1 metastore
     async def l1_insert(self, row: L1Row) -> None:
+        gone = self.deleted.get(row.pid)
+        if gone is not None:
+            raise PartitionDeleted(f"{gone.topic}/{gone.partition}", "L1 insert")
         assert row.key not in self.l1, row.key
         self.l1[row.key] = row
         await anyio.lowlevel.checkpoint()

@@ -289,6 +289,33 @@ class PartitionLog(Protocol):
 
     async def list_partitions(self) -> list[PartitionRow]: ...
 
+    async def add_partitions(
+        self, topic: str, count: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        """Grow the topic to `count` partitions; the new rows, in partition order. Their
+        creation epoch is at least the stored cluster epoch, as `create_topic`'s. Raises
+        UnknownTopic, or InvalidInput unless `count` is above the topic's partition count."""
+        ...
+
+    async def delete_topic(self, topic: str, now: float) -> list[PartitionRow]:
+        """Delete the topic in one transaction: its partitions leave the partition set (and
+        with it the GC's watermark snapshot, leases and published M(p)); their logs,
+        snapshots, committed consumer offsets and idempotent producers' batches go. Each is
+        kept as a *deleted partition* until its L1 objects are collected
+        (`deleted_partitions`, `forget_deleted_partition`). A partition id is never given
+        again, and an append, term start, snapshot or L1 insert naming a deleted one raises
+        PartitionDeleted (a NotLeader). Returns the deleted rows; raises UnknownTopic."""
+        ...
+
+    async def deleted_partitions(self) -> list[PartitionRow]:
+        """Deleted partitions whose L1 objects are not all collected yet, in pid order."""
+        ...
+
+    async def forget_deleted_partition(self, pid: int) -> bool:
+        """Drop a deleted partition's L1 rows and mark it collected, if every one of those rows
+        is DELETE_FINISHED; False (nothing changed) otherwise."""
+        ...
+
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         """Atomically term = max(term + 1, `at_least`) and append `TermStart(term)` at
         `log_offset`. Durable on return. (`at_least`: recovery starts a term above every term

@@ -115,6 +115,12 @@ def test_topics_headers_plurals_json_and_a_url_without_scheme(daemon_process: Da
     listed = json.loads(daemon_process.cli("topics", "list", "--json").stdout)
     assert listed == {"topics": [{"name": "many", "partitions": 12}, {"name": "single", "partitions": 1}]}
     assert json.loads(daemon_process.cli("epoch", "advance", "--json").stdout)["cluster_epoch"] == 2
+    refused = daemon_process.cli("topics", "delete", "single")
+    assert refused.returncode != 0
+    assert b"Add --confirm" in refused.stderr
+    result = daemon_process.cli("topics", "delete", "single", "--confirm")
+    assert result.stdout == b"deleted topic single (1 partition); the GC collects its objects\n"
+    assert daemon_process.cli("topics", "list").stdout == b"TOPIC  PARTITIONS\nmany   12\n"
     host_port = daemon_process.url.removeprefix("http://")
     result = daemon_process.cli("topics", "list", "--url", host_port)
     assert result.returncode == 2

@@ -441,3 +441,22 @@ async def test_a_single_node_says_it_is_not_a_cluster(tmp_path: Path) -> None:
         await client.create_topic("t", 3)
         info = await client.cluster()
         assert (info.enabled, info.node_id, info.nodes, info.partitions_total) == (False, None, [], 3)
+
+
+async def test_deleting_a_topic_over_http(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_daemon, client):
+        await client.create_topic("t", 2)
+        await client.create_topic("other", 1)
+        await client.produce("t", 1, [b"old"])
+        info = await client.delete_topic("t")
+        assert (info.name, info.partitions) == ("t", 2)
+        assert [t.name for t in await client.list_topics()] == ["other"]
+        assert_error(await raw(client, "GET", "/v1/topics/t/partitions/1/records"), 404, "unknown_topic")
+        produce = {"json": {"records": [{"value": b64(b"x")}]}}
+        response = await raw(client, "POST", "/v1/topics/t/partitions/1/records", **produce)
+        assert_error(response, 404, "unknown_topic")
+        assert_error(await raw(client, "DELETE", "/v1/topics/t"), 404, "unknown_topic")
+        assert_error(await raw(client, "GET", "/v1/topics/other"), 405, "method_not_allowed")
+        await client.create_topic("t", 1)  # made again: it starts empty
+        assert (await client.fetch("t", 0, 0)).records == []
+        assert (await client.fetch("t", 0, 0)).high_watermark == 0

@@ -30,6 +30,7 @@ from levelzero.core.errors import (
     InvariantViolation,
     LogMovedOn,
     NotLeader,
+    PartitionDeleted,
     SnapshotSuperseded,
     StoreRefused,
     TopicExists,
@@ -37,7 +38,15 @@ from levelzero.core.errors import (
 )
 from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
-from levelzero.storage.protocols import Append, L0ObjectRow, L1Row, L1State, LogStore, Snapshot
+from levelzero.storage.protocols import (
+    Append,
+    L0ObjectRow,
+    L1Row,
+    L1State,
+    LogStore,
+    OffsetRow,
+    Snapshot,
+)
 from levelzero.storage.sqlite import SqliteLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -506,3 +515,97 @@ async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
     async with await backend.open() as store:
         for row in rows:
             assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+
+
+async def test_a_deleted_topic_leaves_the_partition_set_and_its_data_goes(backend: Backend) -> None:
+    async with await backend.open() as store:
+        doomed = await store.create_topic("t", 2, 1, 0.0)
+        (kept,) = await store.create_topic("k", 1, 1, 0.0)
+        for row in (*doomed, kept):
+            term = await store.begin_term(row.pid, 0, 0)
+            await store.append(row.pid, term.term, [placeholder(1, term.term, 0)])
+        await store.l1_insert(l1_row("t0-a", doomed[0].pid, 0, state=L1State.COPY_FINISHED))
+        await store.commit_offsets([OffsetRow("g", "t", 0, 5, "", 1.0), OffsetRow("g", "k", 0, 7, "", 1.0)])
+        deleted = await store.delete_topic("t", 9.0)
+        assert [(r.topic, r.partition, r.term) for r in deleted] == [("t", 0, 1), ("t", 1, 1)]
+        assert [(r.topic, r.partition) for r in await store.list_partitions()] == [("k", 0)]
+        assert [r.pid for r in await store.deleted_partitions()] == [r.pid for r in doomed]
+        assert [(r.topic, r.committed_offset) for r in await store.committed_offsets("g")] == [("k", 7)]
+        assert await store.read_log(doomed[0].pid, 0) == []
+        assert len(await store.read_log(kept.pid, 0)) == 2  # other topics untouched
+        with pytest.raises(UnknownTopic):
+            await store.delete_topic("t", 10.0)
+
+
+async def test_writes_naming_a_deleted_partition_are_refused_as_not_leader(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (row,) = await store.create_topic("t", 1, 1, 0.0)
+        term = (await store.begin_term(row.pid, 0, 0)).term
+        await store.delete_topic("t", 1.0)
+        [refused] = await store.append_many([Append(row.pid, term, [placeholder(1, term, 0)])])
+        assert isinstance(refused, PartitionDeleted)
+        assert isinstance(refused, NotLeader)
+        with pytest.raises(PartitionDeleted, match="t/0 was deleted"):
+            await store.append(row.pid, term, [placeholder(1, term, 0)])
+        with pytest.raises(PartitionDeleted):
+            await store.begin_term(row.pid, 1, 0)
+        with pytest.raises(PartitionDeleted):
+            await store.save_snapshot(Snapshot(row.pid, 0, b"x"))
+        with pytest.raises(PartitionDeleted):  # a late reconciler's object is never recorded
+            await store.l1_insert(l1_row("late", row.pid, 0))
+        assert await store.l1_list(pid=row.pid) == []
+
+
+async def test_a_recreated_topic_starts_empty_with_new_partition_ids(backend: Backend) -> None:
+    async with await backend.open() as store:
+        old = await store.create_topic("t", 2, 1, 0.0)
+        await store.append(old[1].pid, 0, [placeholder(0, 0, 0)])
+        await store.delete_topic("t", 1.0)
+        new = await store.create_topic("t", 2, 1, 2.0)
+        assert {r.pid for r in new}.isdisjoint({r.pid for r in old})
+        assert min(r.pid for r in new) > max(r.pid for r in old)
+        for row in new:
+            assert await store.read_log(row.pid, 0) == []
+            await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+    async with await backend.open() as store:  # the tombstones and the new rows survive reopening
+        assert [r.pid for r in await store.deleted_partitions()] == [r.pid for r in old]
+        assert [r.pid for r in await store.list_partitions()] == [r.pid for r in new]
+        with pytest.raises(PartitionDeleted):
+            await store.append(old[0].pid, 0, [placeholder(0, 0, 0)])
+
+
+async def test_a_deleted_partition_is_forgotten_only_once_its_l1_objects_are_deleted(
+    backend: Backend,
+) -> None:
+    async with await backend.open() as store:
+        (row,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.l1_insert(l1_row("a", row.pid, 0, state=L1State.COPY_FINISHED))
+        await store.l1_insert(l1_row("b", row.pid, 10))
+        await store.delete_topic("t", 1.0)
+        assert not await store.forget_deleted_partition(row.pid)
+        for key, state in (("a", L1State.COPY_FINISHED), ("b", L1State.COPY_STARTED)):
+            assert await store.l1_transition(key, state, L1State.DELETE_STARTED, 2.0)
+        assert not await store.forget_deleted_partition(row.pid)  # deletes not finished
+        for key in ("a", "b"):
+            assert await store.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, 3.0)
+        assert await store.forget_deleted_partition(row.pid)
+        assert await store.l1_list(pid=row.pid) == []
+        assert await store.deleted_partitions() == []
+        assert not await store.forget_deleted_partition(row.pid)  # once
+        with pytest.raises(PartitionDeleted):  # and its id stays refused
+            await store.l1_insert(l1_row("later", row.pid, 0))
+
+
+async def test_partitions_are_added_never_removed(backend: Backend) -> None:
+    async with await backend.open() as store:
+        first = await store.create_topic("t", 2, 1, 0.0)
+        added = await store.add_partitions("t", 5, 1, 1.0)
+        assert [(r.topic, r.partition) for r in added] == [("t", 2), ("t", 3), ("t", 4)]
+        assert min(r.pid for r in added) > max(r.pid for r in first)
+        await store.append(added[0].pid, 0, [placeholder(0, 0, 0)])
+        for count in (5, 3):
+            with pytest.raises(InvalidInput, match="has 5 partitions"):
+                await store.add_partitions("t", count, 1, 2.0)
+        with pytest.raises(UnknownTopic):
+            await store.add_partitions("missing", 3, 1, 2.0)
+        assert [r.partition for r in await store.list_partitions()] == [0, 1, 2, 3, 4]

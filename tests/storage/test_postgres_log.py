@@ -193,6 +193,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
             "cluster_nodes",
             "cluster_identity",
             "topic_configs",
+            "deleted_partitions",
         ):
             await connection.execute(f"DROP TABLE {table}")
         for table in ("l0_objects", "l1_objects", "fence_events", "state_samples"):

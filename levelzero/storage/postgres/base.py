@@ -21,6 +21,7 @@ from levelzero.core.errors import (
     InvariantViolation,
     LevelZeroError,
     NotLeader,
+    PartitionDeleted,
     ShuttingDown,
     StorageError,
     StoreRefused,
@@ -66,7 +67,22 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 CONFLICT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.SerializationError,
+    # A lease or watermark written for a partition whose topic a concurrent transaction
+    # deleted: tried again, the statement's join with `partitions` leaves it out.
+    asyncpg.exceptions.ForeignKeyViolationError,
 )
+
+
+async def unknown_partition(
+    connection: asyncpg.Connection, pid: int, what: str
+) -> PartitionDeleted | InvariantViolation:
+    """Why a write named a partition id the partitions table does not hold: its topic was
+    deleted (a leader that has not heard yet: PartitionDeleted), or a bug."""
+    row = await connection.fetchrow("SELECT topic, partition FROM deleted_partitions WHERE pid = $1", pid)
+    if row is not None:
+        return PartitionDeleted(f"{row['topic']}/{row['partition']}", what)
+    return InvariantViolation(f"unknown partition id {pid}")
+
 
 _PARTITION_COLUMNS = "pid, topic, partition, creation_epoch, term, created_at"
 _LOG_COLUMNS = "log_offset, term, base_offset, kind, entry"
@@ -634,7 +650,7 @@ class PostgresBase(StoreLifecycle):
                 row = locked.get(job.pid)
                 assert job.pid is not None
                 if row is None:
-                    outcomes[index] = (None, InvariantViolation(f"unknown partition id {job.pid}"))
+                    outcomes[index] = (None, await unknown_partition(connection, job.pid, "append"))
                 elif not row["accepted"]:
                     outcomes[index] = (None, await self._refusal(connection, job, row))
         if txid is None:

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import asyncpg
 import msgspec
 
-from levelzero.core.errors import InvariantViolation
+from levelzero.core.errors import InvariantViolation, PartitionDeleted
 from levelzero.storage.log_rules import check_l1_state
 from levelzero.storage.protocols import L1Row
-from .base import PostgresBase, _L1_COLUMNS
+from .base import PostgresBase, _L1_COLUMNS, unknown_partition
 
 
 class L1Role(PostgresBase):
@@ -21,6 +21,13 @@ class L1Role(PostgresBase):
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
+            # The partition's row is share-locked first: a topic deletion under way waits for
+            # this insert (and then collects the row), or has committed and the insert is refused.
+            live = await connection.fetchval("SELECT 1 FROM partitions WHERE pid = $1 FOR KEY SHARE", row.pid)
+            if live is None:
+                refused = await unknown_partition(connection, row.pid, "L1 insert")
+                if isinstance(refused, PartitionDeleted):
+                    raise refused
             try:
                 await connection.execute(
                     f"INSERT INTO l1_objects ({_L1_COLUMNS}) VALUES "

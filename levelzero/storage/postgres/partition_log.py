@@ -19,9 +19,10 @@ from levelzero.core.errors import (
     NotLeader,
     SnapshotSuperseded,
     TopicExists,
+    UnknownTopic,
 )
 from levelzero.storage.log_rules import check_append_records, check_create_topic, log_row
-from levelzero.storage.protocols import Append, PartitionRow, Snapshot
+from levelzero.storage.protocols import Append, L1State, PartitionRow, Snapshot
 from .base import (
     PostgresBase,
     _Job,
@@ -30,6 +31,7 @@ from .base import (
     _PARTITION_COLUMNS,
     _SELECT_PLACEHOLDERS,
     _columns,
+    unknown_partition,
 )
 
 
@@ -88,6 +90,128 @@ class PartitionLogRole(PostgresBase):
 
         return await self._transact(f"creating topic {topic!r}", work, read)
 
+    async def add_partitions(
+        self, topic: str, count: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        check_create_topic(topic, count, creation_epoch)
+
+        async def work(connection: asyncpg.Connection) -> list[PartitionRow]:
+            # Two adds at once: the second waits on the first's locked rows, then counts its
+            # partitions too (the UNIQUE (topic, partition) refuses what slips through).
+            locked = await connection.fetch(
+                "SELECT partition FROM partitions WHERE topic = $1 FOR UPDATE", topic
+            )
+            current = len(locked)
+            if not current:
+                raise UnknownTopic(topic)
+            if count <= current:
+                raise InvalidInput(f"topic {topic!r} has {current} partitions; {count} would not add any")
+            # At least the stored cluster epoch, under a share lock, as `create_topic`.
+            stored = await connection.fetchval("SELECT epoch FROM cluster_epoch WHERE id = 1 FOR SHARE")
+            epoch = max(creation_epoch, stored or 1)
+            try:
+                await connection.execute(
+                    "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
+                    " SELECT $1::text, p, $2::bigint, 0, $3::float8"
+                    " FROM generate_series($4::int, $5::int - 1) AS p",
+                    topic,
+                    epoch,
+                    now,
+                    current,
+                    count,
+                )
+            except asyncpg.UniqueViolationError:
+                raise InvalidInput(f"topic {topic!r} grew meanwhile; ask again") from None
+            rows = await connection.fetch(
+                f"SELECT {_PARTITION_COLUMNS} FROM partitions WHERE topic = $1 AND partition >= $2"
+                " ORDER BY partition",
+                topic,
+                current,
+            )
+            return [PartitionRow(*row) for row in rows]
+
+        async def resolve(connection: asyncpg.Connection) -> list[PartitionRow]:
+            rows = await connection.fetch(
+                f"SELECT {_PARTITION_COLUMNS} FROM partitions WHERE topic = $1 AND created_at = $2"
+                " ORDER BY partition",
+                topic,
+                now,
+            )
+            return [PartitionRow(*row) for row in rows]
+
+        return await self._transact(f"adding partitions to topic {topic!r}", work, resolve)
+
+    async def delete_topic(self, topic: str, now: float) -> list[PartitionRow]:
+        async def work(connection: asyncpg.Connection) -> list[PartitionRow]:
+            # The rows locked first: an append, a lease or a watermark of these partitions in
+            # flight commits before this (and its rows go with the rest) or finds them gone.
+            rows = [
+                PartitionRow(*row)
+                for row in await connection.fetch(
+                    f"SELECT {_PARTITION_COLUMNS} FROM partitions WHERE topic = $1 ORDER BY pid FOR UPDATE",
+                    topic,
+                )
+            ]
+            if not rows:
+                raise UnknownTopic(topic)
+            pids = [row.pid for row in rows]
+            await connection.execute(
+                "INSERT INTO deleted_partitions (pid, topic, partition, creation_epoch, term,"
+                " created_at, deleted_at) SELECT pid, topic, partition, creation_epoch, term,"
+                " created_at, $2 FROM partitions WHERE pid = ANY($1::bigint[])",
+                pids,
+                now,
+            )
+            for table in ("partition_leases", "partition_watermarks", "log", "snapshots", "partitions"):
+                await connection.execute(f"DELETE FROM {table} WHERE pid = ANY($1::bigint[])", pids)
+            for table in ("consumer_offsets", "producer_batches", "topic_configs"):
+                await connection.execute(f"DELETE FROM {table} WHERE topic = $1", topic)
+            return rows
+
+        async def resolve(connection: asyncpg.Connection) -> list[PartitionRow]:
+            rows = await connection.fetch(
+                "SELECT pid, topic, partition, creation_epoch, term, created_at FROM deleted_partitions"
+                " WHERE topic = $1 AND deleted_at = $2 ORDER BY pid",
+                topic,
+                now,
+            )
+            return [PartitionRow(*row) for row in rows]
+
+        return await self._transact(f"deleting topic {topic!r}", work, resolve)
+
+    async def deleted_partitions(self) -> list[PartitionRow]:
+        rows = await self._read(
+            "listing deleted partitions",
+            "SELECT pid, topic, partition, creation_epoch, term, created_at FROM deleted_partitions"
+            " WHERE collected_at IS NULL ORDER BY pid",
+        )
+        return [PartitionRow(*row) for row in rows]
+
+    async def forget_deleted_partition(self, pid: int) -> bool:
+        now = self._clock()
+
+        async def work(connection: asyncpg.Connection) -> bool:
+            pending = await connection.fetchval(
+                "SELECT 1 FROM deleted_partitions WHERE pid = $1 AND collected_at IS NULL FOR UPDATE", pid
+            )
+            unfinished = await connection.fetchval(
+                "SELECT 1 FROM l1_objects WHERE pid = $1 AND state <> $2 LIMIT 1",
+                pid,
+                L1State.DELETE_FINISHED,
+            )
+            if pending is None or unfinished is not None:
+                return False
+            await connection.execute("DELETE FROM l1_objects WHERE pid = $1", pid)
+            await connection.execute(
+                "UPDATE deleted_partitions SET collected_at = $2 WHERE pid = $1", pid, now
+            )
+            return True
+
+        async def resolve(_connection: asyncpg.Connection) -> bool:
+            return True
+
+        return await self._transact("forgetting a deleted partition", work, resolve)
+
     async def list_partitions(self) -> list[PartitionRow]:
         rows = await self._read(
             "listing partitions", f"SELECT {_PARTITION_COLUMNS} FROM partitions ORDER BY pid"
@@ -129,7 +253,7 @@ class PartitionLogRole(PostgresBase):
             "SELECT topic, partition, next_log_offset FROM partitions WHERE pid = $1", pid
         )
         if row is None:
-            return InvariantViolation(f"unknown partition id {pid}")
+            return await unknown_partition(connection, pid, what)
         if moved_on and row["next_log_offset"] > log_offset:
             return LogMovedOn(f"{row['topic']}/{row['partition']}", log_offset, row["next_log_offset"])
         return InvariantViolation(
@@ -210,7 +334,7 @@ class PartitionLogRole(PostgresBase):
                 snapshot.pid,
             )
             if row is None:
-                raise InvariantViolation(f"unknown partition id {snapshot.pid}")
+                raise await unknown_partition(connection, snapshot.pid, "snapshot")
             name = f"{row['topic']}/{row['partition']}"
             if not (-1 <= snapshot.log_offset < row["next_log_offset"]):
                 raise InvariantViolation(
@@ -247,7 +371,7 @@ class PartitionLogRole(PostgresBase):
                 pid,
             )
             if row is None:
-                raise InvariantViolation(f"unknown partition id {pid}")
+                raise await unknown_partition(connection, pid, "truncation")
             allowed = -1 if row["saved"] is None else row["saved"]
             if log_offset > allowed + 1:
                 raise InvariantViolation(

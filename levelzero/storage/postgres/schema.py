@@ -50,6 +50,7 @@ SCHEMA_TABLES = frozenset(
         "partition_watermarks",
         "cluster_identity",
         "topic_configs",
+        "deleted_partitions",
     }
 )
 
@@ -228,6 +229,20 @@ CREATE TABLE topic_configs (
     value TEXT NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (topic, name)
+);
+""",
+    # 8: deleted partitions (DeleteTopics), kept until their L1 objects are collected; the row
+    # stays after that with `collected_at` set
+    """
+CREATE TABLE deleted_partitions (
+    pid BIGINT PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    deleted_at DOUBLE PRECISION NOT NULL,
+    collected_at DOUBLE PRECISION
 );
 """,
 )

@@ -24,11 +24,12 @@ from levelzero.storage.protocols import (
 # Version 1: the tables of the first release. Version 2: consumer offsets and idempotent
 # producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions. Version 3:
 # the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
-# Version 4: topic_configs (each topic's Kafka topic configs).
+# Version 4: topic_configs (each topic's Kafka topic configs). Version 5: deleted partitions
+# (DeleteTopics), kept until their L1 objects are collected.
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -132,6 +133,19 @@ INSERT_TOPIC_CONFIG = "INSERT INTO topic_configs (topic, name, value, updated_at
 DELETE_TOPIC_CONFIGS = "DELETE FROM topic_configs WHERE topic = ?"
 SELECT_TOPIC_CONFIGS = "SELECT topic, name, value FROM topic_configs"
 
+# A deleted topic's partitions: a row per partition from its deletion on; `collected_at` is set
+# once its L1 objects are all deleted (the row stays: a partition id is never given again).
+DELETED_PARTITIONS = """CREATE TABLE IF NOT EXISTS deleted_partitions (
+    pid INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    creation_epoch INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL NOT NULL,
+    collected_at REAL
+)"""
+
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
 SCHEMA = (
@@ -228,6 +242,8 @@ CREATE TABLE state_samples (
     + ";\n"
     + TOPIC_CONFIGS
     + ";\n"
+    + DELETED_PARTITIONS
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -250,6 +266,7 @@ SCHEMA_TABLES_OF_VERSION = {
     2: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
     3: SCHEMA_TABLES | {"consumer_offsets", "producer_batches"},
     4: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "topic_configs"},
+    5: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -339,7 +356,11 @@ async def _migrate_3_to_4(connection: aiosqlite.Connection) -> None:
     await connection.execute(TOPIC_CONFIGS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4)
+async def _migrate_4_to_5(connection: aiosqlite.Connection) -> None:
+    await connection.execute(DELETED_PARTITIONS)
+
+
+MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 

@@ -24,6 +24,7 @@ class Cursor(msgspec.Struct, frozen=True):
     name: str  # "topic/partition", for error messages
     term: int
     next_log_offset: int
+    deleted: bool = False  # its topic was deleted: every write to it is refused
 
 
 class Batch:

@@ -61,6 +61,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     LogMovedOn,
     NotLeader,
+    PartitionDeleted,
     SnapshotSuperseded,
     ShuttingDown,
     StorageError,
@@ -69,6 +70,7 @@ from levelzero.core.errors import (
 )
 from levelzero.storage.protocols import (
     Append,
+    L1State,
     FenceEventRow,
     GcRoundRow,
     L0ObjectRow,
@@ -624,23 +626,86 @@ class SqliteLogStore(StoreLifecycle):
             ) as cursor:
                 if await cursor.fetchone() is not None:
                     raise TopicExists(f"topic {topic!r} exists")
-            await connection.executemany(
-                "INSERT INTO partitions (topic, partition, creation_epoch, term, created_at)"
-                " VALUES (?, ?, ?, 0, ?)",
-                [(topic, index, creation_epoch, now) for index in range(partitions)],
-            )
             await connection.execute(DELETE_TOPIC_CONFIGS, (topic,))  # a deleted topic's leftovers
             await connection.executemany(INSERT_TOPIC_CONFIG, config_rows)
-            rows = await connection.execute_fetchall(
-                "SELECT pid, topic, partition, creation_epoch, term, created_at"
-                " FROM partitions WHERE topic = ? ORDER BY partition",
-                (topic,),
+            return await _insert_partitions(connection, batch, topic, range(partitions), creation_epoch, now)
+
+        return await self._submit(Job(run=run))
+
+    async def add_partitions(
+        self, topic: str, count: int, creation_epoch: int, now: float
+    ) -> list[PartitionRow]:
+        check_create_topic(topic, count, creation_epoch)
+
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> list[PartitionRow]:
+            ((current,),) = await connection.execute_fetchall(
+                "SELECT COUNT(*) FROM partitions WHERE topic = ?", (topic,)
             )
-            created = [PartitionRow(*row) for row in rows]
-            assert [row.partition for row in created] == list(range(partitions))
-            for row in created:
-                batch.cursors[row.pid] = Cursor(f"{topic}/{row.partition}", 0, 0)
-            return created
+            if current == 0:
+                raise UnknownTopic(topic)
+            if count <= current:
+                raise InvalidInput(f"topic {topic!r} has {current} partitions; {count} would not add any")
+            added = range(current, count)
+            return await _insert_partitions(connection, batch, topic, added, creation_epoch, now)
+
+        return await self._submit(Job(run=run))
+
+    async def delete_topic(self, topic: str, now: float) -> list[PartitionRow]:
+        async def run(connection: aiosqlite.Connection, batch: Batch) -> list[PartitionRow]:
+            rows = [
+                PartitionRow(*row)
+                for row in await connection.execute_fetchall(
+                    "SELECT pid, topic, partition, creation_epoch, term, created_at"
+                    " FROM partitions WHERE topic = ? ORDER BY pid",
+                    (topic,),
+                )
+            ]
+            if not rows:
+                raise UnknownTopic(topic)
+            pids = [(row.pid,) for row in rows]
+            await connection.executemany(
+                "INSERT INTO deleted_partitions (pid, topic, partition, creation_epoch, term,"
+                " created_at, deleted_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(*msgspec.structs.astuple(row), now) for row in rows],
+            )
+            for table in ("partitions", "log", "snapshots"):
+                await connection.executemany(f"DELETE FROM {table} WHERE pid = ?", pids)
+            for table in ("consumer_offsets", "producer_batches"):
+                await connection.execute(f"DELETE FROM {table} WHERE topic = ?", (topic,))
+            await connection.execute(DELETE_TOPIC_CONFIGS, (topic,))
+            for row in rows:
+                cursor = batch.cursor(row.pid)
+                batch.cursors[row.pid] = msgspec.structs.replace(cursor, deleted=True)
+            return rows
+
+        return await self._submit(Job(run=run))
+
+    async def deleted_partitions(self) -> list[PartitionRow]:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(
+            "SELECT pid, topic, partition, creation_epoch, term, created_at FROM deleted_partitions"
+            " WHERE collected_at IS NULL ORDER BY pid"
+        )
+        return [PartitionRow(*row) for row in rows]
+
+    async def forget_deleted_partition(self, pid: int) -> bool:
+        now = self._clock()
+
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> bool:
+            pending = await connection.execute_fetchall(
+                "SELECT 1 FROM deleted_partitions WHERE pid = ? AND collected_at IS NULL", (pid,)
+            )
+            unfinished = await connection.execute_fetchall(
+                "SELECT 1 FROM l1_objects WHERE pid = ? AND state != ? LIMIT 1",
+                (pid, L1State.DELETE_FINISHED),
+            )
+            if not pending or unfinished:
+                return False
+            await connection.execute("DELETE FROM l1_objects WHERE pid = ?", (pid,))
+            await connection.execute(
+                "UPDATE deleted_partitions SET collected_at = ? WHERE pid = ?", (now, pid)
+            )
+            return True
 
         return await self._submit(Job(run=run))
 
@@ -685,6 +750,8 @@ class SqliteLogStore(StoreLifecycle):
 
         def stage(batch: Batch) -> LogRecord:
             cursor = batch.cursor(pid)
+            if cursor.deleted:
+                raise PartitionDeleted(cursor.name, "TermStart")
             if log_offset < cursor.next_log_offset:
                 raise LogMovedOn(cursor.name, log_offset, cursor.next_log_offset)
             if log_offset != cursor.next_log_offset:
@@ -780,6 +847,8 @@ class SqliteLogStore(StoreLifecycle):
 
         async def run(connection: aiosqlite.Connection, batch: Batch) -> None:
             cursor = batch.cursor(snapshot.pid)
+            if cursor.deleted:
+                raise PartitionDeleted(cursor.name, "snapshot")
             if not (-1 <= snapshot.log_offset < cursor.next_log_offset):
                 raise InvariantViolation(
                     f"partition {cursor.name}: snapshot at log offset {snapshot.log_offset}, "
@@ -808,6 +877,8 @@ class SqliteLogStore(StoreLifecycle):
     async def truncate_below(self, pid: int, log_offset: int) -> int:
         async def run(connection: aiosqlite.Connection, batch: Batch) -> int:
             cursor = batch.cursor(pid)
+            if cursor.deleted:
+                raise PartitionDeleted(cursor.name, "truncation")
             snapshot_offset = await _snapshot_offset(connection, pid)
             allowed = -1 if snapshot_offset is None else snapshot_offset
             if log_offset > allowed + 1:
@@ -851,6 +922,12 @@ class SqliteLogStore(StoreLifecycle):
         check_l1_state(row.state)
 
         async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
+            deleted = await connection.execute_fetchall(
+                "SELECT topic, partition FROM deleted_partitions WHERE pid = ?", (row.pid,)
+            )
+            if deleted:
+                ((topic, partition),) = deleted
+                raise PartitionDeleted(f"{topic}/{partition}", "L1 insert")
             try:
                 await connection.execute(INSERT_L1, msgspec.structs.astuple(row))
             except sqlite3.IntegrityError:
@@ -1007,6 +1084,9 @@ def _stage_appends(parts: list[_AppendRows], batch: Batch) -> list[NotLeader | N
     accepted: list[tuple[_AppendRows, Cursor]] = []
     for part in parts:
         cursor = batch.cursor(part.pid)
+        if cursor.deleted:
+            refused.append(PartitionDeleted(cursor.name, "append"))
+            continue
         if part.expected_term != cursor.term:
             refused.append(NotLeader(cursor.name, part.expected_term, cursor.term))
             continue
@@ -1026,6 +1106,37 @@ def _stage_appends(parts: list[_AppendRows], batch: Batch) -> list[NotLeader | N
     return refused
 
 
+# ---------------------------------------------------------------------- partitions
+
+
+async def _insert_partitions(
+    connection: aiosqlite.Connection,
+    batch: Batch,
+    topic: str,
+    indexes: range,
+    creation_epoch: int,
+    now: float,
+) -> list[PartitionRow]:
+    """Insert partitions `indexes` of `topic` with ids above every id ever given (a deleted
+    partition's id stays taken: its L1 rows and events name it); the new rows."""
+    ((last,),) = await connection.execute_fetchall(
+        "SELECT MAX(pid) FROM (SELECT MAX(pid) AS pid FROM partitions"
+        " UNION ALL SELECT MAX(pid) FROM deleted_partitions)"
+    )
+    first = (last or 0) + 1
+    created = [
+        PartitionRow(first + i, topic, index, creation_epoch, 0, now) for i, index in enumerate(indexes)
+    ]
+    await connection.executemany(
+        "INSERT INTO partitions (pid, topic, partition, creation_epoch, term, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [msgspec.structs.astuple(row) for row in created],
+    )
+    for row in created:
+        batch.cursors[row.pid] = Cursor(f"{topic}/{row.partition}", 0, 0)
+    return created
+
+
 # ---------------------------------------------------------------------- start-up helpers
 
 
@@ -1033,10 +1144,15 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
     """Each partition's term and next log offset. The log may be truncated to nothing after a
     snapshot, so the snapshot's offset bounds the next offset from below too."""
     rows = await connection.execute_fetchall(SELECT_LOG_ENDS)
-    return {
+    cursors = {
         pid: Cursor(f"{topic}/{partition}", term, last_log_offset + 1)
         for pid, topic, partition, term, last_log_offset in rows
     }
+    # Deleted partitions: a write naming one is refused as PartitionDeleted, not a bug.
+    deleted = await connection.execute_fetchall("SELECT pid, topic, partition, term FROM deleted_partitions")
+    for pid, topic, partition, term in deleted:
+        cursors[pid] = Cursor(f"{topic}/{partition}", term, 0, deleted=True)
+    return cursors
 
 
 async def _snapshot_offset(connection: aiosqlite.Connection, pid: int) -> int | None:

@@ -1,0 +1,174 @@
+"""Deleting a topic, adding partitions and deleting records, on a node over memory stores: what
+each leaves in the object store after the reconciler, the housekeeper and a GC round (driven
+here, never waited for), and what reads and writes see."""
+
+from __future__ import annotations
+
+import pytest
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.gc import GcConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, UnknownTopic
+from levelzero.core.keys import L0_ROOT, L1_ROOT, parse_l0_key, topic_record_key
+from levelzero.core.l0format import Record, read_header
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import L1Row, L1State
+from levelzero.testing.nodes import running_node
+
+
+def make_config() -> NodeConfig:
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=0.0,
+        batcher=BatcherConfig(linger_ms=1),
+        reconciler=ReconcilerConfig(enabled=False),
+        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
+        gc=GcConfig(enabled=False, grace_s=0.0),
+    )
+
+
+def keys(store: MemoryObjectStore, prefix: str) -> list[str]:
+    return sorted(k for k in store._objects if k.startswith(prefix))
+
+
+async def produce(node, topic: str, partition: int, count: int, tag: bytes = b"v") -> None:
+    for i in range(count):
+        await node.produce(topic, partition, [Record(None, tag + str(i).encode())])
+
+
+async def settle(node) -> None:
+    """Reconcile, then advance the epoch and every partition past it, twice: M passes every
+    epoch written before."""
+    await node.reconciler.run_round()
+    for _ in range(2):
+        await node.epochs.advance()
+        await node.housekeeper.run_round(force=True)
+
+
+def pids_in(store: MemoryObjectStore, key: str) -> set[int]:
+    return {extent.pid for extent in read_header(store._objects[key][0], key).extents}
+
+
+async def test_a_deleted_topics_objects_are_all_collected_and_others_stay() -> None:
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("gone", 2)
+        await node.create_topic("kept", 1)
+        for p in range(2):
+            await produce(node, "gone", p, 5)
+        await produce(node, "kept", 0, 5)
+        await settle(node)  # some of it in L1 ...
+        await produce(node, "gone", 0, 3, b"late")  # ... some only in L0
+        gone_pids = {actor.row.pid for actor in node.partitions() if actor.row.topic == "gone"}
+        assert keys(objects, f"{L1_ROOT}gone/")
+        only_gone = [k for k in keys(objects, L0_ROOT) if pids_in(objects, k) <= gone_pids]
+        assert only_gone  # the late records' object, at least
+        assert topic_record_key("gone") in objects._objects
+
+        rows = await node.delete_topic("gone")
+        assert {row.pid for row in rows} == gone_pids
+        assert "gone" not in node.topics()
+        assert "gone/0" not in node.board.snapshot()
+        assert topic_record_key("gone") not in objects._objects
+        with pytest.raises(UnknownTopic):
+            await node.produce("gone", 0, [Record(None, b"x")])
+        with pytest.raises(UnknownTopic):
+            await node.fetch("gone", 0, 0, 1 << 20)
+
+        await settle(node)
+        report = await node.gc.run_round()
+        assert report.m is not None
+        assert keys(objects, f"{L1_ROOT}gone/") == []
+        assert await log_store.deleted_partitions() == []
+        assert [k for k in keys(objects, L0_ROOT) if pids_in(objects, k) <= gone_pids] == []
+        assert max(parse_l0_key(k).epoch for k in only_gone) <= report.m
+        assert keys(objects, f"{L1_ROOT}kept/")
+        assert [r.value for r in (await node.fetch("kept", 0, 0, 1 << 20)).records] == [
+            f"v{i}".encode() for i in range(5)
+        ]
+
+
+async def test_a_recreated_topic_starts_empty() -> None:
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        await produce(node, "t", 0, 4)
+        await node.reconciler.run_round()
+        await node.delete_topic("t")
+        await node.create_topic("t", 1)
+        assert node.partition("t", 0).state.high_watermark == 0
+        await produce(node, "t", 0, 2, b"new")
+        await node.reconciler.run_round()
+        await node.gc.run_round()  # collects the old partition's L1 objects, never the new one's
+        result = await node.fetch("t", 0, 0, 1 << 20)
+        assert [r.value for r in result.records] == [b"new0", b"new1"]
+        (l1,) = keys(objects, f"{L1_ROOT}t/0/")
+        assert l1 == (await log_store.l1_list(node.partition("t", 0).row.pid))[0].key
+
+
+async def test_a_crash_midway_through_collecting_resumes_and_strays_are_swept() -> None:
+    """A deleted partition with one row left DELETE_STARTED (a crash between the two phases),
+    one COPY_STARTED (a copy in flight) and one object no row names (a writer that crashed
+    between its upload and its row's end): a later round leaves none of them."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        await produce(node, "t", 0, 3)
+        await node.reconciler.run_round()
+        (row,) = await log_store.l1_list(node.partition("t", 0).row.pid)
+        pid = row.pid
+        await log_store.l1_transition(row.key, L1State.COPY_FINISHED, L1State.DELETE_STARTED, 1.0)
+        copying = L1Row(f"{L1_ROOT}t/0/copying", pid, 3, 5, 9, 1, 10, L1State.COPY_STARTED, 1.0, 1.0)
+        await log_store.l1_insert(copying)
+        await objects.put(copying.key, b"x")
+        await objects.put(f"{L1_ROOT}t/0/stray", b"y")
+        await node.delete_topic("t")
+        objects.faults.fail_deletes([copying.key], count=1)  # fails once: kept for a later round
+        await node.gc.run_round()
+        assert [r.pid for r in await log_store.deleted_partitions()] == [pid]
+        await node.gc.run_round()
+        assert keys(objects, L1_ROOT) == []
+        assert await log_store.deleted_partitions() == []
+        assert await log_store.l1_list(pid) == []
+
+
+async def test_partitions_are_added_writable_and_readable_never_removed() -> None:
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 2)
+        assert await node.create_partitions("t", 4, validate_only=True) == 2
+        assert node.topics()["t"] == 2
+        assert await node.create_partitions("t", 4) == 2
+        assert node.topics()["t"] == 4
+        await produce(node, "t", 3, 2)
+        assert [r.value for r in (await node.fetch("t", 3, 0, 1 << 20)).records] == [b"v0", b"v1"]
+        with pytest.raises(InvalidInput, match="can only be added"):
+            await node.create_partitions("t", 3)
+        with pytest.raises(UnknownTopic):
+            await node.create_partitions("missing", 3)
+        creation = {r.partition: r.creation_epoch for r in await log_store.list_partitions()}
+        assert creation[3] >= creation[0]
+
+
+async def test_deleting_records_moves_the_start_offset_and_collects_l1_below_it() -> None:
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        for _ in range(3):  # three L1 objects: offsets 0-1, 2-3, 4-5
+            await produce(node, "t", 0, 2)
+            await node.reconciler.run_round()
+        assert len(keys(objects, L1_ROOT)) == 3
+        assert await node.delete_records("t", 0, 4) == 4
+        assert node.partition("t", 0).state.start_offset == 4
+        assert len(keys(objects, L1_ROOT)) == 1  # the two wholly below 4 went
+        assert [r.offset for r in (await node.fetch("t", 0, 4, 1 << 20)).records] == [4, 5]
+        with pytest.raises(OffsetOutOfRange):
+            await node.fetch("t", 0, 3, 1 << 20)
+        assert await node.delete_records("t", 0, 2) == 4  # below the start: nothing changes
+        with pytest.raises(OffsetOutOfRange):
+            await node.delete_records("t", 0, 7)
+        assert await node.delete_records("t", 0, -1) == 6  # -1: the high watermark
