@@ -24,11 +24,13 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AdvanceEpoch, Placeholder
 from levelzero.core.errors import InvalidInput, InvariantViolation, StorageError
 from levelzero.core.gc import CAP_HOLDER, ExplainVerdict
 from levelzero.core.keys import L0_ROOT, format_l0_key, new_uuid, parse_l0_key
 from levelzero.core.l0format import Record
+from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import DeleteResult, L0ObjectRow, ListPage, ObjectStore
@@ -135,7 +137,7 @@ class HookedStore:
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         return await self.inner.get(key, offset, length)
 
-    async def head(self, key: str):  # noqa: ANN201
+    async def head(self, key: str):
         return await self.inner.head(key)
 
     async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> ListPage:
@@ -957,8 +959,6 @@ async def test_in_a_cluster_each_node_deletes_its_share_and_together_every_eligi
     """Two nodes' GC over one store and one (shared) catalog, M from the control plane: each
     lists (or reads from the catalog) and deletes only in its prefix share; together they
     delete exactly the objects at or below M, each once."""
-    from levelzero.core.cluster import prefix_share
-    from levelzero.storage.memory_cluster import MemoryClusterControl
 
     store, log_store = MemoryObjectStore(), MemoryLogStore()
     rows = await log_store.create_topic("t", 2, 1, 0.0)
