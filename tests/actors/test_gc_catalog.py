@@ -74,7 +74,7 @@ async def test_catalog_rounds_delete_recorded_objects_without_listing_and_sweeps
     assert sweep.swept and sweep.list_requests > 0
     assert sweep.deleted == 1 and stray not in l0_keys(inner)
     stats = gc.statistics()
-    assert (stats.sweeps, stats.objects_from_catalog, stats.objects_deleted) == (2, 4, 5)
+    assert (stats.sweeps, stats.totals.catalog_eligible, stats.totals.deleted) == (2, 4, 5)
 
 
 async def test_dry_runs_always_list_and_delete_nothing() -> None:
