@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -56,7 +56,6 @@ from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition
 from levelzero.http.schema import (
     RETRY_AFTER_S,
     AbandonRequest,
-    AbandonResponse,
     BatcherStatus,
     ClusterInfo,
     ClusterNodeInfo,
@@ -646,7 +645,7 @@ class Api:
         done = await self.node.abandon_unreconciled(
             body.topic, body.partition, operator=body.operator, reason=body.reason
         )
-        return _json(AbandonResponse(**asdict(done)))
+        return _json(done)
 
     async def healthz(self, request: Request) -> Response:
         return _json(HealthResponse("ok"))
