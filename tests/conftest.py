@@ -62,7 +62,7 @@ class S3TestEndpoint:
         settings.update(overrides)
         return S3Config(**settings)  # type: ignore[arg-type]
 
-    def boto3_client(self):  # noqa: ANN201 - boto3 client types are generated
+    def boto3_client(self):
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ async def daemon_and_client(
     *,
     token: str | None = None,
     wrap_object_store=None,
-    **overrides: Any,  # noqa: ANN001
+    **overrides: Any,
 ) -> AsyncIterator[tuple[Daemon, Client]]:
     config = daemon_config(data_dir, **overrides)
     async with running_daemon(config, wrap_object_store=wrap_object_store) as daemon:
@@ -197,7 +197,7 @@ def postgres_overrides(dsn: str) -> dict[str, Any]:
     }
 
 
-def s3_environ(endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001 - conftest's S3TestEndpoint
+def s3_environ(endpoint, bucket: str) -> dict[str, str]:
     """`[storage]` on S3 (the test endpoint, path style) as environment variables."""
     return {
         "LEVELZERO_STORAGE_KIND": "s3",
@@ -309,7 +309,7 @@ class BlackholeProxy:
 JSON = {"content-type": "application/json"}
 
 
-async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:  # noqa: ANN001
+async def raw(client, method: str, path: str, **kwargs) -> httpx.Response:
     """A request as given; a POST says it is JSON unless the test gives its own headers."""
     if method == "POST":
         kwargs.setdefault("headers", JSON)

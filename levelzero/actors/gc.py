@@ -173,8 +173,51 @@ class GcConfig:
         return worker_prefixes(self.worker_index, self.worker_count, PREFIX_COUNT)
 
 
-class RoundReport(msgspec.Struct, frozen=True):
-    """What one round saw and did (JSON-friendly: the HTTP API returns it as is)."""
+class RoundCounts(msgspec.Struct, kw_only=True):
+    """The counters of GC rounds: one round's (a `RoundReport`'s, the tally its scanners and
+    deleters fill), or the totals since start (`GcStatistics.totals`: the sum of every round's).
+    Typed here once; the HTTP API, the metrics and the CLI read these fields."""
+
+    listed: int = 0
+    eligible: int = 0  # epoch <= M and old enough
+    eligible_bytes: int = 0
+    deleted: int = 0
+    deleted_bytes: int = 0
+    too_young: int = 0
+    above_m: int = 0  # prefixes that stopped at an epoch above M
+    malformed: int = 0
+    delete_requests: int = 0
+    delete_errors: int = 0  # keys the store reported failed, or whose batch failed
+    list_requests: int = 0
+    list_errors: int = 0  # list requests that failed (their prefix range ends for this round)
+    throttled: int = 0  # requests answered with "slow down", backed off and retried
+    catalog_read: int = 0  # catalog rows (epoch <= M, not yet deleted) read
+    catalog_eligible: int = 0  # of those, eligible (the rest of `eligible` came from listings)
+    max_deleted_epoch: int | None = None
+
+    @property
+    def errors(self) -> int:
+        return self.delete_errors + self.list_errors
+
+    def add(self, other: RoundCounts) -> None:
+        """Add `other`'s counters to these (totals absorbing a round)."""
+        for name in _COUNTER_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.max_deleted_epoch is not None:
+            self.max_deleted_epoch = max(self.max_deleted_epoch or 0, other.max_deleted_epoch)
+
+    def counts(self) -> RoundCounts:
+        """These counters alone (a copy: a subclass's other fields left out)."""
+        return RoundCounts(**{name: getattr(self, name) for name in RoundCounts.__struct_fields__})
+
+
+_COUNTER_FIELDS = tuple(name for name in RoundCounts.__struct_fields__ if name != "max_deleted_epoch")
+
+
+# msgspec lets a frozen Struct extend a mutable one; mypy's reading of dataclass_transform does not.
+class RoundReport(RoundCounts, frozen=True, kw_only=True):  # type: ignore[misc]
+    """What one round saw and did (JSON-friendly: the HTTP API returns it as is): its
+    `RoundCounts` and these."""
 
     round_id: int
     dry_run: bool
@@ -184,35 +227,16 @@ class RoundReport(msgspec.Struct, frozen=True):
     m: int | None
     blocked_by: list[str]  # partitions without an M(p): no deletes this round
     holders: list[str]  # partitions whose M(p) is M ("cap" when E - 1 binds)
-    listed: int
-    eligible: int  # epoch <= M and old enough
-    eligible_bytes: int
-    deleted: int
-    deleted_bytes: int
-    too_young: int
-    above_m: int  # prefixes that stopped at an epoch above M
-    malformed: int
-    delete_requests: int
-    delete_errors: int  # keys the store reported failed, or whose batch failed
-    list_requests: int
-    list_errors: int  # list requests that failed (their prefix range ends for this round)
-    throttled: int  # requests answered with "slow down", backed off and retried
-    max_deleted_epoch: int | None
     backlog: int  # eligible but not deleted at the end of the round
     oldest_young_at: float | None
     would_delete: list[str] = []  # dry run: eligible keys, up to dry_run_keys_max
     would_delete_truncated: bool = False
     error_samples: list[str] = []
     swept: bool = False  # this round listed the prefixes (else: it read the catalog)
-    catalog_read: int = 0  # catalog rows (epoch <= M, not yet deleted) this round read
 
     @property
     def blocked(self) -> bool:
         return self.m is None
-
-    @property
-    def errors(self) -> int:
-        return self.delete_errors + self.list_errors
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,23 +248,11 @@ class GcStatistics:
     dry_runs: int
     failed_rounds: int
     safety_blocked_rounds: int
-    objects_listed: int
-    objects_deleted: int
-    bytes_deleted: int
-    objects_skipped_too_young: int
-    prefixes_stopped_above_m: int
-    objects_malformed: int
-    delete_requests: int
-    delete_errors: int
-    list_requests: int
-    list_errors: int
-    throttled: int
     sweeps: int  # rounds that listed the prefixes
-    objects_from_catalog: int  # catalog rows found eligible (the rest came from listings)
+    totals: RoundCounts  # every round's counters added up
     m: int | None
     cluster_epoch: int | None
     epoch_lag: int | None  # E - M
-    max_deleted_epoch: int | None
     backlog: int
     blocked_by: tuple[str, ...]
     paused: bool
@@ -259,31 +271,15 @@ class WatermarkReading:
     read_at: float
 
 
-@dataclass(slots=True)
-class _Tally:
-    """Counters of one round, filled by scanners and deleters."""
+class _Tally(RoundCounts, kw_only=True):
+    """Counters of one round, filled by scanners and deleters, and what the report shows
+    besides."""
 
-    listed: int = 0
-    eligible: int = 0
-    eligible_bytes: int = 0
-    deleted: int = 0
-    deleted_bytes: int = 0
-    too_young: int = 0
-    above_m: int = 0
-    malformed: int = 0
-    delete_requests: int = 0
-    delete_errors: int = 0
-    list_requests: int = 0
-    list_errors: int = 0
-    throttled: int = 0
-    max_deleted_epoch: int | None = None
     oldest_young_at: float | None = None
-    would_delete: list[str] = field(default_factory=list)
+    would_delete: list[str] = []
     would_delete_truncated: bool = False
-    error_samples: list[str] = field(default_factory=list)
+    error_samples: list[str] = []
     swept: bool = False
-    catalog_read: int = 0
-    catalog_eligible: int = 0
 
     def note_error(self, text: str) -> None:
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
@@ -310,20 +306,8 @@ class _Totals:
     dry_runs: int = 0
     failed_rounds: int = 0
     safety_blocked_rounds: int = 0
-    objects_listed: int = 0
-    objects_deleted: int = 0
-    bytes_deleted: int = 0
-    objects_skipped_too_young: int = 0
-    prefixes_stopped_above_m: int = 0
-    objects_malformed: int = 0
-    delete_requests: int = 0
-    delete_errors: int = 0
-    list_requests: int = 0
-    list_errors: int = 0
-    throttled: int = 0
     sweeps: int = 0
-    objects_from_catalog: int = 0
-    max_deleted_epoch: int | None = None
+    counts: RoundCounts = field(default_factory=RoundCounts)
 
 
 class GcActor:
@@ -436,23 +420,11 @@ class GcActor:
             dry_runs=t.dry_runs,
             failed_rounds=t.failed_rounds,
             safety_blocked_rounds=t.safety_blocked_rounds,
-            objects_listed=t.objects_listed,
-            objects_deleted=t.objects_deleted,
-            bytes_deleted=t.bytes_deleted,
-            objects_skipped_too_young=t.objects_skipped_too_young,
-            prefixes_stopped_above_m=t.prefixes_stopped_above_m,
-            objects_malformed=t.objects_malformed,
-            delete_requests=t.delete_requests,
-            delete_errors=t.delete_errors,
-            list_requests=t.list_requests,
-            list_errors=t.list_errors,
-            throttled=t.throttled,
             sweeps=t.sweeps,
-            objects_from_catalog=t.objects_from_catalog,
+            totals=t.counts.counts(),
             m=m,
             cluster_epoch=epoch,
             epoch_lag=None if epoch is None or m is None else epoch - m,
-            max_deleted_epoch=t.max_deleted_epoch,
             backlog=0 if last is None or last.dry_run else last.backlog,
             blocked_by=() if decision is None else decision.blocked_by,
             paused=self._paused,
@@ -561,6 +533,7 @@ class GcActor:
             self._absorb(tally, decision, dry_run)
         finished_at = self._clock()
         report = RoundReport(
+            **msgspec.structs.asdict(tally.counts()),
             round_id=round_id,
             dry_run=dry_run,
             started_at=started_at,
@@ -569,27 +542,12 @@ class GcActor:
             m=decision.m,
             blocked_by=list(decision.blocked_by),
             holders=list(decision.holders),
-            listed=tally.listed,
-            eligible=tally.eligible,
-            eligible_bytes=tally.eligible_bytes,
-            deleted=tally.deleted,
-            deleted_bytes=tally.deleted_bytes,
-            too_young=tally.too_young,
-            above_m=tally.above_m,
-            malformed=tally.malformed,
-            delete_requests=tally.delete_requests,
-            delete_errors=tally.delete_errors,
-            list_requests=tally.list_requests,
-            list_errors=tally.list_errors,
-            throttled=tally.throttled,
-            max_deleted_epoch=tally.max_deleted_epoch,
             backlog=0 if dry_run else tally.eligible - tally.deleted,
             oldest_young_at=tally.oldest_young_at,
             would_delete=tally.would_delete,
             would_delete_truncated=tally.would_delete_truncated,
             error_samples=tally.error_samples,
             swept=tally.swept,
-            catalog_read=tally.catalog_read,
         )
         assert report.backlog >= 0, report
         self._last = report
@@ -677,21 +635,8 @@ class GcActor:
         t = self._totals
         t.dry_runs += dry_run
         t.safety_blocked_rounds += decision.blocked
-        t.objects_listed += tally.listed
-        t.objects_deleted += tally.deleted
-        t.bytes_deleted += tally.deleted_bytes
-        t.objects_skipped_too_young += tally.too_young
-        t.prefixes_stopped_above_m += tally.above_m
-        t.objects_malformed += tally.malformed
-        t.delete_requests += tally.delete_requests
-        t.delete_errors += tally.delete_errors
-        t.list_requests += tally.list_requests
-        t.list_errors += tally.list_errors
-        t.throttled += tally.throttled
         t.sweeps += tally.swept
-        t.objects_from_catalog += tally.catalog_eligible
-        if tally.max_deleted_epoch is not None:
-            t.max_deleted_epoch = max(t.max_deleted_epoch or 0, tally.max_deleted_epoch)
+        t.counts.add(tally)
 
     def _sweep_due(self, now: float) -> bool:
         last = self._last_sweep_at

@@ -20,6 +20,7 @@ import anyio
 from levelzero.core.activity import ActivityBoard
 from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
+from levelzero.core.reconcile_health import Abandoned
 from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
@@ -68,24 +69,6 @@ ACTIVITY_CONSUMERS = ("housekeeper", "samples", "reconciler")
 # Bounds of an abandon-unreconciled request's audit fields.
 OPERATOR_CHARS_MAX = 200
 REASON_CHARS_MAX = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Abandoned:
-    """What one abandon-unreconciled gave up, and the audit facts recorded with it."""
-
-    partition: str
-    first_offset: int
-    last_offset: int  # first > last: a catch-up landed first, nothing was given up
-    log_offset: int
-    term: int
-    operator: str
-    reason: str
-    at: float
-    failing_since: float
-    last_error: str
-    mp_before: int | None
-    mp_after: int | None
 
 
 @dataclass(frozen=True, slots=True)

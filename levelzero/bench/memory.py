@@ -131,7 +131,7 @@ async def drive(records_target: int, seconds_min: float) -> dict[str, Any]:
                     "records_produced": produced,
                     "records_consumed": consumed,
                     "objects_uploaded": stats.objects_uploaded,
-                    "objects_deleted": gc.objects_deleted,
+                    "objects_deleted": gc.totals.deleted,
                     "gc_rounds": gc.rounds,
                     "l1_objects_written": node.reconciler.stats.objects_written,
                     "cluster_epoch": node.epochs.current,

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from levelzero.actors.gc import RoundReport
 
 MiB = 1024 * 1024
 
@@ -210,7 +211,7 @@ def _json_out(value: msgspec.Struct) -> None:
     print(msgspec.json.format(msgspec.json.encode(value)).decode())
 
 
-def format_round(report) -> str:  # noqa: ANN001 - RoundReport
+def format_round(report: RoundReport) -> str:
     kind = "gc dry run" if report.dry_run else "gc round"
     head = f"{kind} #{report.round_id}: cluster epoch {report.cluster_epoch}"
     took = f"{report.finished_at - report.started_at:.3f} s"

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Set
 from dataclasses import dataclass
 
+import msgspec
+
 # Consecutive failed passes before a partition is named as failing (one may be a blip).
 RECONCILE_FAILURES_BEFORE_FAILING = 3
 # A failing partition is retried this often, not on every pass (each try reads L0 objects
@@ -91,3 +93,21 @@ class ReconcileHealth:
         less than `RECONCILE_FAILING_RETRY_S` ago."""
         run = self.get(partition)
         return run is None or not 0 <= now - run.last_failed_at < RECONCILE_FAILING_RETRY_S
+
+
+class Abandoned(msgspec.Struct, frozen=True):
+    """What one abandon-unreconciled gave up, and the audit facts recorded with it (the HTTP
+    API returns it as is)."""
+
+    partition: str
+    first_offset: int  # the data offsets given up: first..last (first > last: a catch-up
+    last_offset: int  # landed first, nothing was given up)
+    log_offset: int  # the AbandonUnreconciled entry in the partition log
+    term: int
+    operator: str
+    reason: str
+    at: float
+    failing_since: float
+    last_error: str
+    mp_before: int | None
+    mp_after: int | None

@@ -268,36 +268,46 @@ def housekeeper_metrics(node: Node) -> Iterable[Metric]:
 
 def gc_metrics(node: Node) -> Iterable[Metric]:
     stats = node.gc.statistics()
+    t = stats.totals
     counters = {
-        "rounds": "GC rounds finished (dry runs included).",
-        "dry_runs": "GC dry runs.",
-        "failed_rounds": "GC rounds that failed (retried by the next round).",
-        "safety_blocked_rounds": "GC rounds that deleted nothing: a partition had no M(p).",
-        "objects_listed": "L0 objects listed.",
-        "objects_deleted": "L0 objects deleted.",
-        "bytes_deleted": "Bytes of L0 objects deleted.",
-        "delete_requests": "Delete requests sent (batches of keys).",
-        "delete_errors": "Keys a delete failed for (listed again next round).",
-        "list_requests": "List requests sent.",
-        "list_errors": "List requests that failed.",
-        "throttled": "Store answers of 'slow down' (backed off and retried).",
-        "sweeps": "GC rounds that listed the prefixes (the others deleted from the catalog only).",
-        "objects_from_catalog": "Eligible L0 objects found in the catalog of this node's uploads.",
+        "rounds": ("GC rounds finished (dry runs included).", stats.rounds),
+        "dry_runs": ("GC dry runs.", stats.dry_runs),
+        "failed_rounds": ("GC rounds that failed (retried by the next round).", stats.failed_rounds),
+        "safety_blocked_rounds": (
+            "GC rounds that deleted nothing: a partition had no M(p).",
+            stats.safety_blocked_rounds,
+        ),
+        "objects_listed": ("L0 objects listed.", t.listed),
+        "objects_deleted": ("L0 objects deleted.", t.deleted),
+        "bytes_deleted": ("Bytes of L0 objects deleted.", t.deleted_bytes),
+        "delete_requests": ("Delete requests sent (batches of keys).", t.delete_requests),
+        "delete_errors": ("Keys a delete failed for (listed again next round).", t.delete_errors),
+        "list_requests": ("List requests sent.", t.list_requests),
+        "list_errors": ("List requests that failed.", t.list_errors),
+        "throttled": ("Store answers of 'slow down' (backed off and retried).", t.throttled),
+        "sweeps": (
+            "GC rounds that listed the prefixes (the others deleted from the catalog only).",
+            stats.sweeps,
+        ),
+        "objects_from_catalog": (
+            "Eligible L0 objects found in the catalog of this node's uploads.",
+            t.catalog_eligible,
+        ),
     }
-    for field, doc in counters.items():
-        yield _counter(f"levelzero_gc_{field}", doc, getattr(stats, field))
+    for field, (doc, value) in counters.items():
+        yield _counter(f"levelzero_gc_{field}", doc, value)
     skipped = CounterMetricFamily(
         "levelzero_gc_objects_skipped",
         "Listed L0 objects the GC kept: too_young (inside grace_s), malformed (not an L0 key).",
         labels=["reason"],
     )
-    skipped.add_metric(["too_young"], stats.objects_skipped_too_young)
-    skipped.add_metric(["malformed"], stats.objects_malformed)
+    skipped.add_metric(["too_young"], t.too_young)
+    skipped.add_metric(["malformed"], t.malformed)
     yield skipped
     yield _counter(
         "levelzero_gc_prefixes_stopped_above_m",
         "Prefix listings that stopped at an object above M (not yet eligible).",
-        stats.prefixes_stopped_above_m,
+        t.above_m,
     )
     yield _gauge("levelzero_gc_paused", "1 while the GC's own rounds are paused.", int(stats.paused))
     yield _gauge(
@@ -312,11 +322,11 @@ def gc_metrics(node: Node) -> Iterable[Metric]:
             "Cluster epoch now minus the highest M the GC has acted on (E - M).",
             node.epochs.current - stats.m,
         )
-    if stats.max_deleted_epoch is not None:
+    if t.max_deleted_epoch is not None:
         yield _gauge(
             "levelzero_gc_max_deleted_epoch",
             "Highest epoch of a deleted L0 object.",
-            stats.max_deleted_epoch,
+            t.max_deleted_epoch,
         )
     if stats.last_round_at is not None:
         yield _gauge(

@@ -30,7 +30,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -58,7 +58,6 @@ from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition
 from levelzero.http.schema import (
     RETRY_AFTER_S,
     AbandonRequest,
-    AbandonResponse,
     BatcherStatus,
     ClusterInfo,
     ClusterNodeInfo,
@@ -687,7 +686,7 @@ class Api:
         done = await self.node.abandon_unreconciled(
             body.topic, body.partition, operator=body.operator, reason=body.reason
         )
-        return _json(AbandonResponse(**asdict(done)))
+        return _json(done)
 
     async def healthz(self, request: Request) -> Response:
         return _json(HealthResponse("ok"))
@@ -819,9 +818,9 @@ def gc_status(node: Node) -> GcStatus:
         dry_runs=stats.dry_runs,
         failed_rounds=stats.failed_rounds,
         safety_blocked_rounds=stats.safety_blocked_rounds,
-        objects_deleted=stats.objects_deleted,
-        bytes_deleted=stats.bytes_deleted,
-        max_deleted_epoch=stats.max_deleted_epoch,
+        objects_deleted=stats.totals.deleted,
+        bytes_deleted=stats.totals.deleted_bytes,
+        max_deleted_epoch=stats.totals.max_deleted_epoch,
         backlog=stats.backlog,
         next_round_in_s=stats.next_round_in_s,
         pace_reason=stats.pace_reason,

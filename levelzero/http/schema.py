@@ -9,6 +9,12 @@ from __future__ import annotations
 
 import msgspec
 
+from levelzero.core.reconcile_health import Abandoned
+
+
+# The answer to an abandon-unreconciled: the node's record of it, as is.
+AbandonResponse = Abandoned
+
 
 class _Request(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
@@ -203,21 +209,6 @@ class ReconcileFailingStatus(_Response):
     failures: int  # consecutive failed passes
     last_error: str
     last_failed_at: float
-
-
-class AbandonResponse(_Response):
-    partition: str
-    first_offset: int  # the data offsets given up: first..last (first > last: none)
-    last_offset: int
-    log_offset: int  # the AbandonUnreconciled entry in the partition log
-    term: int
-    operator: str
-    reason: str
-    at: float
-    failing_since: float
-    last_error: str
-    mp_before: int | None
-    mp_after: int | None
 
 
 class HousekeeperStatus(_Response):

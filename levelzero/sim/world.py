@@ -464,7 +464,7 @@ class World:
         self.stats.l1_written += inc.node.reconciler.stats.objects_written
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
-        self.stats.objects_deleted += gc.objects_deleted
+        self.stats.objects_deleted += gc.totals.deleted
 
     def finish(self) -> None:
         for inc in self.lives.values():

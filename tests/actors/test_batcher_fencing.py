@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+import pytest
 
 from levelzero.actors.batcher import Batcher, ProduceResult, _Extent, _Fencing, _Request
 from levelzero.actors.epochs import EpochCache
@@ -69,12 +70,9 @@ async def test_the_wait_lasts_for_every_extent_even_when_the_first_was_answered_
         for _ in range(5):
             await anyio.lowlevel.checkpoint()
         assert done and fencing.left == 0 and fencing.appended == 1
-    try:
+    with pytest.raises(NotLeader) as refused:  # the refused extent's producer is failed
         await third_reply
-    except NotLeader as error:
-        assert error.partition == "t/3"
-    else:
-        raise AssertionError("the refused extent's producer was not failed")
+    assert refused.value.partition == "t/3"
 
 
 async def test_with_every_extent_answered_there_is_no_wait() -> None:

@@ -44,7 +44,7 @@ class Node:
         self.events.append(("resign", tuple(pids)))
 
 
-async def cluster(names: list[str], moves_max: int = 100):  # noqa: ANN201
+async def cluster(names: list[str], moves_max: int = 100):
     log = MemoryLogStore()
     await log.create_topic("t", PARTITIONS, 1, 0.0)
     clock = Clock()
@@ -68,7 +68,7 @@ async def cluster(names: list[str], moves_max: int = 100):  # noqa: ANN201
     return log, clock, control, nodes, members
 
 
-async def rounds(members, clock, count: int = 2, step: float = TTL_S / 3) -> None:  # noqa: ANN001
+async def rounds(members, clock, count: int = 2, step: float = TTL_S / 3) -> None:
     for _ in range(count):
         for member in members:
             await member.round()
@@ -88,7 +88,7 @@ async def test_three_members_split_the_partitions_each_led_once() -> None:
     counts = exactly_one_leader(nodes)
     assert all(10 <= count <= 30 for count in counts.values()), counts
     view = await control.cluster_view()
-    assert {l.pid: l.node_id for l in view.leases} == {
+    assert {lease.pid: lease.node_id for lease in view.leases} == {
         pid: name for name, node in nodes.items() for pid in node.led
     }
     b_partition = next(iter(nodes["b"].led)) - 1  # pids 1..60 are partitions 0..59 of "t"
@@ -185,10 +185,10 @@ async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
     slow = Node()
 
     class LateAnswers:
-        def __getattr__(self, name: str):  # noqa: ANN204
+        def __getattr__(self, name: str):
             return getattr(control, name)
 
-        async def acquire_leases(self, node_id: str, pids, ttl_s: float) -> list[int]:  # noqa: ANN001
+        async def acquire_leases(self, node_id: str, pids, ttl_s: float) -> list[int]:
             taken = await control.acquire_leases(node_id, pids, ttl_s)
             clock.now += TTL_S  # the answer arrives a TTL later
             return taken
@@ -254,10 +254,10 @@ class Blackholed:
         self.cut = False
         self.hang_first = dict(hang_first or {})
 
-    def __getattr__(self, name: str):  # noqa: ANN204
+    def __getattr__(self, name: str):
         call = getattr(self.control, name)
 
-        async def maybe_hang(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        async def maybe_hang(*args, **kwargs):
             if self.hang_first.get(name, 0) > 0:
                 self.hang_first[name] -= 1
                 await anyio.sleep_forever()

@@ -205,7 +205,7 @@ async def test_a_fetch_that_outlives_the_lease_deadline_is_refused() -> None:
         assert a.member is not None
         reader_fetch = a.reader.fetch
 
-        async def fetch_while_the_lease_runs_out(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        async def fetch_while_the_lease_runs_out(*args, **kwargs):
             result = await reader_fetch(*args, **kwargs)
             a.member.lease = NeverRenewed(TTL_S)  # its deadline passes while the read is on
             return result

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from levelzero.actors.epochs import EpochCache, EpochService
-from levelzero.core.errors import InvariantViolation
+from levelzero.core.errors import InvariantViolation, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import LogStore
 from levelzero.storage.sqlite import SqliteLogStore
@@ -206,9 +206,6 @@ async def test_cache_over_the_service_sees_advances_after_ttl() -> None:
 
 
 async def test_a_failed_shared_refresh_reaches_every_waiter_without_a_cached_value():
-    from levelzero.actors.epochs import EpochCache
-    from levelzero.core.errors import StorageError
-
     gate = anyio.Event()
     calls = 0
 

@@ -24,11 +24,13 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AdvanceEpoch, Placeholder
 from levelzero.core.errors import InvalidInput, InvariantViolation, StorageError
 from levelzero.core.gc import CAP_HOLDER, ExplainVerdict
 from levelzero.core.keys import L0_ROOT, format_l0_key, new_uuid, parse_l0_key
 from levelzero.core.l0format import Record
+from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import DeleteResult, L0ObjectRow, ListPage, ObjectStore
@@ -135,7 +137,7 @@ class HookedStore:
     async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
         return await self.inner.get(key, offset, length)
 
-    async def head(self, key: str):  # noqa: ANN201
+    async def head(self, key: str):
         return await self.inner.head(key)
 
     async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000) -> ListPage:
@@ -277,7 +279,7 @@ async def test_objects_at_or_below_m_are_deleted_and_above_are_kept() -> None:
     (row,) = log_store.gc_rounds
     assert (row.m, row.deleted, row.dry_run, row.blocked_by, row.cluster_epoch) == (5, 20, False, None, 100)
     stats = gc.statistics()
-    assert (stats.m, stats.epoch_lag, stats.objects_deleted, stats.rounds) == (5, 95, 20, 1)
+    assert (stats.m, stats.epoch_lag, stats.totals.deleted, stats.rounds) == (5, 95, 20, 1)
 
 
 async def test_a_partition_without_mp_blocks_every_delete_and_is_named() -> None:
@@ -336,7 +338,7 @@ async def test_young_objects_survive_the_grace_period_and_go_once_old() -> None:
     report = await gc.run_round()
     assert l0_keys(store) == []
     assert (report.deleted, report.too_young) == (1, 0)
-    assert gc.statistics().objects_skipped_too_young == 1
+    assert gc.statistics().totals.too_young == 1
 
 
 async def test_2500_eligible_keys_over_many_pages_are_all_deleted_in_batches_of_1000() -> None:
@@ -463,7 +465,7 @@ async def test_partial_delete_failures_are_counted_and_retried_next_round() -> N
     assert (second.deleted, second.delete_errors, second.backlog) == (3, 0, 0)
     assert l0_keys(store) == []
     stats = gc.statistics()
-    assert (stats.objects_deleted, stats.delete_errors, stats.backlog) == (10, 3, 0)
+    assert (stats.totals.deleted, stats.totals.delete_errors, stats.backlog) == (10, 3, 0)
 
 
 async def test_a_failed_delete_request_loses_nothing_and_the_next_round_deletes() -> None:
@@ -520,7 +522,7 @@ async def test_throttled_deletes_back_off_and_retry_within_the_round() -> None:
 
     assert sleeps.delays == [0.5, 1.0]
     assert (report.deleted, report.throttled, report.delete_requests, report.errors) == (5, 2, 3, 0)
-    assert gc.statistics().throttled == 2
+    assert gc.statistics().totals.throttled == 2
 
 
 async def test_throttling_retries_are_bounded_and_the_keys_wait_for_the_next_round() -> None:
@@ -762,9 +764,9 @@ async def test_gc_after_many_epochs_keeps_only_the_unreconciled_tail() -> None:
         tail = await produce(node, "t", 0, b"unreconciled")
         report = await gc.run_round()
         assert tail in l0_keys(store)
-        assert gc.statistics().objects_deleted >= 6  # the early generations went
+        assert gc.statistics().totals.deleted >= 6  # the early generations went
         assert all(epoch_of(k) > report.m for k in l0_keys(store))
-        assert gc.statistics().max_deleted_epoch <= report.m
+        assert gc.statistics().totals.max_deleted_epoch <= report.m
 
 
 # ------------------------------------------------------------------------------ explain
@@ -957,8 +959,6 @@ async def test_in_a_cluster_each_node_deletes_its_share_and_together_every_eligi
     """Two nodes' GC over one store and one (shared) catalog, M from the control plane: each
     lists (or reads from the catalog) and deletes only in its prefix share; together they
     delete exactly the objects at or below M, each once."""
-    from levelzero.core.cluster import prefix_share
-    from levelzero.storage.memory_cluster import MemoryClusterControl
 
     store, log_store = MemoryObjectStore(), MemoryLogStore()
     rows = await log_store.create_topic("t", 2, 1, 0.0)

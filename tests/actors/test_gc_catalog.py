@@ -24,12 +24,13 @@ from test_gc_actor import (
     settle,
 )
 
+from levelzero.actors.gc import GcConfig
 from levelzero.core.errors import InvalidInput, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, MemoryObjectStore
 from levelzero.storage.protocols import L0ObjectRow
-from levelzero.testing.nodes import running_node
 from levelzero.storage.sqlite import SqliteLogStore
+from levelzero.testing.nodes import running_node
 
 SWEEP_S = 600.0
 
@@ -73,7 +74,7 @@ async def test_catalog_rounds_delete_recorded_objects_without_listing_and_sweeps
     assert sweep.swept and sweep.list_requests > 0
     assert sweep.deleted == 1 and stray not in l0_keys(inner)
     stats = gc.statistics()
-    assert (stats.sweeps, stats.objects_from_catalog, stats.objects_deleted) == (2, 4, 5)
+    assert (stats.sweeps, stats.totals.catalog_eligible, stats.totals.deleted) == (2, 4, 5)
 
 
 async def test_dry_runs_always_list_and_delete_nothing() -> None:
@@ -181,8 +182,6 @@ async def test_a_sweep_whose_listing_failed_is_repeated_next_round() -> None:
 
 
 def test_sweep_interval_must_not_be_negative() -> None:
-    from levelzero.actors.gc import GcConfig
-
     with pytest.raises(InvalidInput, match="sweep_interval_s must be >= 0"):
         GcConfig(sweep_interval_s=-1.0)
     with pytest.raises(InvalidInput, match="sweep_interval_s must be a finite number"):
@@ -262,7 +261,7 @@ class SlowMarks(MemoryLogStore):
         self.waiting = 0
         self.most_waiting = 0
 
-    async def mark_l0_deleted(self, keys, at, m) -> None:  # noqa: ANN001
+    async def mark_l0_deleted(self, keys, at, m) -> None:
         self.waiting += 1
         self.most_waiting = max(self.most_waiting, self.waiting)
         try:
@@ -333,7 +332,7 @@ async def test_a_mark_staged_before_a_record_in_one_batch_still_finds_its_row(tm
 class FailingMarks(SlowMarks):
     """Marks wait together, then all fail at once (as every job of a failed commit does)."""
 
-    async def mark_l0_deleted(self, keys, at, m) -> None:  # noqa: ANN001
+    async def mark_l0_deleted(self, keys, at, m) -> None:
         self.waiting += 1
         if self.waiting == 2:
             self.release.set()

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
-from levelzero.core.entries import AdvanceEpoch, LogRecord, Placeholder
+from levelzero.core.entries import AdvanceEpoch, LogRecord
 from levelzero.core.errors import (
     LevelZeroError,
     NotLeader,
@@ -84,7 +84,7 @@ class Outcome:
     error: LevelZeroError | None = None
 
 
-def spawn_write(tg: anyio.abc.TaskGroup, actor: PartitionActor, entry) -> Outcome:  # noqa: ANN001
+def spawn_write(tg: anyio.abc.TaskGroup, actor: PartitionActor, entry) -> Outcome:
     outcome = Outcome()
 
     async def run() -> None:
@@ -157,7 +157,7 @@ async def test_newer_epoch_waits_for_in_flight_write_then_both_succeed() -> None
 
 
 @pytest.mark.parametrize(
-    "mode, late_write_admitted",
+    ("mode", "late_write_admitted"),
     [(FenceMode.WINDOWED, True), (FenceMode.STRICT, False)],
 )
 async def test_previous_epoch_arriving_after_newer_one_completed(
@@ -550,7 +550,7 @@ async def test_an_actor_crashing_in_its_own_task_leaves_nobody_waiting(
 
     with anyio.fail_after(10):
         async with anyio.create_task_group() as callers:
-            with pytest.raises(BaseExceptionGroup) as crashed:
+            with pytest.raises(BaseExceptionGroup) as crashed:  # noqa: PT012 (a task group's)
                 async with anyio.create_task_group() as tg:
                     await tg.start(actor.run)
                     for n in range(20):
@@ -619,7 +619,7 @@ async def test_a_handler_raising_on_a_senders_task_crashes_the_actor_and_answers
 
     monkeypatch.setattr(PartitionActor, "_on_write", broken)
     with anyio.fail_after(10):
-        with pytest.raises(BaseExceptionGroup) as crashed:
+        with pytest.raises(BaseExceptionGroup) as crashed:  # noqa: PT012 (a task group's)
             async with anyio.create_task_group() as tg:
                 await tg.start(actor.run)
                 await actor.write(placeholder(1))  # handled inline, fine

@@ -9,7 +9,7 @@ last events follow within the interval.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
@@ -17,7 +17,6 @@ import pytest
 
 from levelzero.actors import appender
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
-from levelzero.core.entries import Placeholder
 from levelzero.core.errors import StaleClusterEpoch
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.testing.entries import placeholder

@@ -6,10 +6,7 @@ the reconciler's health, in `gc explain`; and the operator's escape hatch
 from __future__ import annotations
 
 import logging
-import random
-from contextlib import asynccontextmanager
 
-import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import random
-from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.node import NodeConfig
+from levelzero.actors.reader import FETCH_RECORDS_MAX, PLACEHOLDERS_PER_READ
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import Placeholder
 from levelzero.core.errors import OffsetOutOfRange
 from levelzero.core.gc import compute_cluster_watermark
-from levelzero.core.keys import L1_ROOT
+from levelzero.core.keys import L0_ROOT, L1_ROOT
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -306,8 +307,6 @@ async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_st
     """Liveness end to end: orphans from stale-epoch rejections and reconciled objects alike are
     deleted once the reconciler, housekeeper and GC catch up; every acknowledged record stays
     readable (now from L1)."""
-    from levelzero.actors.gc import GcConfig
-    from levelzero.core.keys import L0_ROOT
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = NodeConfig(
@@ -393,8 +392,6 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
 
 
 async def test_l1_and_l0_fetches_share_one_record_bound():
-    from levelzero.actors.reader import FETCH_RECORDS_MAX
-
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
@@ -459,7 +456,6 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
     """10 single-record produces reconciled into L1 objects of 2 records each, 3 more left in
     L0: one fetch returns all 13 (it returned the 2 of one object). The budget's boundary
     (key and value bytes) falls inside an object, and across the tiers."""
-    from dataclasses import replace
 
     config = make_config()
     config = replace(config, reconciler=replace(config.reconciler, placeholders_per_object_max=2))
@@ -502,7 +498,6 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
 async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
     """More single-record extents than one read of placeholders (64): the fetch goes on to the
     next page while its budget lasts."""
-    from levelzero.actors.reader import PLACEHOLDERS_PER_READ
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -521,7 +516,6 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
     """An abandoned copy whose clean-up delete fails 3 times: it stays DELETE_STARTED with its
     object in the bucket only until its retries (1, 2, 4 s apart) get through, in the running
     node, not until a restart; the pending count shows it meanwhile."""
-    from dataclasses import replace
 
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import anyio
-import pytest
 
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.housekeeper import STATE_SAMPLES_PER_CALL_MAX, HousekeeperConfig

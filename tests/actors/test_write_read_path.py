@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -23,9 +23,9 @@ from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.reader import FetchedRecord
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import AdvanceEpoch, Placeholder
-from levelzero.core.errors import CorruptData, OffsetOutOfRange, ShuttingDown, StaleClusterEpoch
+from levelzero.core.errors import CorruptData, OffsetOutOfRange, ShuttingDown, StaleClusterEpoch, TooLarge
 from levelzero.core.keys import L0_ROOT, parse_l0_key
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import Record, encode_extent
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import LogStore, ObjectStore
@@ -140,18 +140,22 @@ async def test_produce_fetch_round_trip_on_each_store(
 async def test_acknowledged_records_survive_a_node_restart_on_sqlite(tmp_path: Path) -> None:
     objects = MemoryObjectStore()
     records = [Record(b"k", b"v" * 100), Record(None, b"")]
-    async with open_log_store("sqlite", tmp_path) as log_store:
-        async with running_node(node_config(), log_store, objects) as node:
-            await node.create_topic(TOPIC, 2)
-            result = await node.produce(TOPIC, 1, records)
-    async with open_log_store("sqlite", tmp_path) as log_store:
-        async with running_node(node_config(), log_store, objects) as node:
-            assert node.topics() == {TOPIC: 2}
-            fetched = await fetch_all(node, 1)
-            assert [(r.offset, r.key, r.value) for r in fetched] == [
-                (result.base_offset + i, r.key, r.value) for i, r in enumerate(records)
-            ]
-            assert node.partition(TOPIC, 1).term == 2
+    async with (
+        open_log_store("sqlite", tmp_path) as log_store,
+        running_node(node_config(), log_store, objects) as node,
+    ):
+        await node.create_topic(TOPIC, 2)
+        result = await node.produce(TOPIC, 1, records)
+    async with (
+        open_log_store("sqlite", tmp_path) as log_store,
+        running_node(node_config(), log_store, objects) as node,
+    ):
+        assert node.topics() == {TOPIC: 2}
+        fetched = await fetch_all(node, 1)
+        assert [(r.offset, r.key, r.value) for r in fetched] == [
+            (result.base_offset + i, r.key, r.value) for i, r in enumerate(records)
+        ]
+        assert node.partition(TOPIC, 1).term == 2
 
 
 # ------------------------------------------------------------------------------ corruption
@@ -391,13 +395,12 @@ async def test_byte_budget_waiter_cancelled_before_its_grant_holds_nothing_back(
         await budget.acquire(n)
         granted.append(tag)
 
-    async with anyio.create_task_group() as tg:
-        async with anyio.create_task_group() as doomed:
-            doomed.start_soon(take, 50, "cancelled")
-            await wait_until(lambda: len(budget._waiters) == 1, "the head waits")
-            tg.start_soon(take, 10, "behind")
-            await wait_until(lambda: len(budget._waiters) == 2, "a second waits behind it")
-            doomed.cancel_scope.cancel()
+    async with anyio.create_task_group() as tg, anyio.create_task_group() as doomed:
+        doomed.start_soon(take, 50, "cancelled")
+        await wait_until(lambda: len(budget._waiters) == 1, "the head waits")
+        tg.start_soon(take, 10, "behind")
+        await wait_until(lambda: len(budget._waiters) == 2, "a second waits behind it")
+        doomed.cancel_scope.cancel()
     assert granted == ["behind"]
     assert budget.used == 100 and not budget._waiters
 
@@ -431,10 +434,6 @@ async def test_shutdown_drains_a_produce_in_flight() -> None:
 async def test_a_restarted_node_puts_every_partition_on_the_board_before_it_publishes() -> None:
     """A partition that never had an epoch publishes no M(p); after a restart it must still
     block GC rounds (no deletes) instead of being invisible to them."""
-    from levelzero.actors.node import Node, NodeConfig
-    from levelzero.actors.housekeeper import HousekeeperConfig
-    from levelzero.storage.memory_log import MemoryLogStore
-    from levelzero.storage.memory_store import MemoryObjectStore
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = NodeConfig(housekeeper=HousekeeperConfig(enabled=False), epoch_bump_interval_s=None)
@@ -456,8 +455,6 @@ async def test_a_request_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_b
     """The one size rule (value + key + header names and values + 8 per record), not the
     encoded size: this request encodes to more than the limit (msgpack framing, a 9-byte
     timestamp) and is stored; one byte more value is TooLarge (413 / MESSAGE_TOO_LARGE)."""
-    from levelzero.core.errors import TooLarge
-    from levelzero.core.l0format import encode_extent
 
     def request(value_bytes: int) -> list[Record]:
         return [Record(b"k" * 100, b"v" * value_bytes, 1_700_000_000_000, (("h", b"xyz"),))]

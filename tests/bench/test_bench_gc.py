@@ -4,6 +4,7 @@ many objects at once) and the item itself in quick mode. No timing is asserted."
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import aiohttp
@@ -12,15 +13,13 @@ import pytest
 from levelzero.bench import main
 from levelzero.bench.common import moto_server, s3_config
 from levelzero.bench.gc import create_objects, make_keys
-from levelzero.testing.moto import FILL_PATH
 from levelzero.storage.s3_store import S3ObjectStore
+from levelzero.testing.moto import FILL_PATH
 
 pytestmark = pytest.mark.s3
 
 
 async def test_fill_creates_objects_that_s3_requests_then_see(tmp_path: Path) -> None:
-    import random
-
     keys = sorted(make_keys(1500, random.Random(5)))
     async with moto_server(tmp_path) as url:
         async with S3ObjectStore(s3_config(url, "fill-test")) as store:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from levelzero.bench import ITEM_NAMES, main
-from levelzero.bench.cli import MARK_BEGIN, MARK_END
+from levelzero.bench.cli import MARK_BEGIN, MARK_END, update_markdown
+from levelzero.cli import commands
+from levelzero.cli import main as cli
 
 FIGURE_KEYS = {
     "item",
@@ -94,8 +96,6 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
-    from levelzero.bench.cli import update_markdown
-
     path = tmp_path / "BENCHMARKS.md"
     path.write_text("# Benchmarks\n\nbefore\n\n" + MARK_BEGIN + "\nold\n" + MARK_END + "\n\nafter\n")
     results = {
@@ -157,9 +157,6 @@ def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_pat
 def test_bench_without_its_extra_names_the_extra(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from levelzero.cli import commands
-    from levelzero.cli import main as cli
-
     monkeypatch.setattr(commands, "BENCH_NEEDS", "levelzero_module_that_is_not_installed")
     assert cli.main(["bench", "--quick"]) == 2
     assert (
@@ -223,8 +220,6 @@ def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nod
 
 
 def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
-    from levelzero.bench.cli import update_markdown
-
     def run(item: str, value: float, when: str, names: tuple[str, ...] = ("figure",)) -> dict:
         figures = [
             {
@@ -276,7 +271,6 @@ def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
 def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Path) -> None:
     """An item of several figures, run again with a figure renamed and one added: its rows are
     exactly the new run's (an old row left beside the new ones would read as a second figure)."""
-    from levelzero.bench.cli import update_markdown
 
     def run(value: float, names: tuple[str, ...], when: str) -> dict:
         figures = [

@@ -65,7 +65,7 @@ def test_a_malformed_line_is_named_and_stops_cleanly_or_is_skipped(daemon_proces
     result = daemon_process.cli("produce", "k", "--key-separator", ":", "--skip-malformed", input=text)
     assert result.returncode == 0
     assert (
-        b"levelzero: input line 3: no key separator ':' in b'no separator here' (skipped)\n" == result.stderr
+        result.stderr == b"levelzero: input line 3: no key separator ':' in b'no separator here' (skipped)\n"
     )
     assert b"produced 3 records to k/0 at offsets 2..4; skipped 1 malformed line" in result.stdout
     records = [json.loads(line) for line in daemon_process.cli("consume", "k", "--json").stdout.splitlines()]

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import anyio
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from test_cluster_daemons import start_nodes
 
-from daemon_support import DaemonProcess, free_port
 from levelzero.cli.client import Client
 from levelzero.kafka.metadata import broker_id
-from test_cluster_daemons import start_nodes
+
+from daemon_support import DaemonProcess, free_port
 
 pytestmark = pytest.mark.s3
 
@@ -40,7 +43,6 @@ def with_kafka(nodes: dict[str, DaemonProcess]) -> dict[str, int]:
 def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes]:
     """Through confluent-kafka, partition i % PARTITIONS; (partition, offset) -> value of every
     record reported delivered (failures would be reported, and are asserted absent)."""
-    from confluent_kafka import Producer
 
     producer = Producer(
         {
@@ -55,7 +57,7 @@ def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes
     delivered: dict[tuple[int, int], bytes] = {}
     errors: list[str] = []
 
-    def report(error, message) -> None:  # noqa: ANN001
+    def report(error, message) -> None:
         if error is not None:
             errors.append(str(error))
             return
@@ -79,8 +81,6 @@ def produce(bootstrap: str, tag: str, count: int) -> dict[tuple[int, int], bytes
 
 
 def consume_all(bootstrap: str, group: str, expected: int) -> dict[tuple[int, int], bytes]:
-    from confluent_kafka import Consumer, TopicPartition
-
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -134,10 +134,8 @@ async def test_kafka_clients_use_every_node_of_a_cluster(
     tmp_path: Path,
     postgres_dsn: str,
     s3_endpoint,
-    s3_bucket: str,  # noqa: ANN001
+    s3_bucket: str,
 ) -> None:
-    from confluent_kafka.admin import AdminClient
-
     nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1", "n2", "n3"], start=False)
     ports = with_kafka(nodes)
     for process in nodes.values():

@@ -42,7 +42,7 @@ def cluster_overrides(tmp_path: Path, name: str, dsn: str, **more: Any) -> dict[
     }
 
 
-async def wait_for(condition, what: str) -> None:  # noqa: ANN001
+async def wait_for(condition, what: str) -> None:
     with anyio.fail_after(WAIT_S):
         while not condition():
             await anyio.sleep(0.05)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from levelzero.core.errors import InvariantViolation
+from levelzero.core.errors import InvariantViolation, MalformedKey
 from levelzero.core.gc import (
     DELETE_BATCH_KEYS_MAX,
     MonotoneWatermark,
@@ -128,7 +128,7 @@ def test_malformed_keys_are_never_deletable() -> None:
     ]
     assert parse_l0_key(l0(1, 0).key).epoch == 1
     for key in malformed:
-        with pytest.raises(ValueError):
+        with pytest.raises(MalformedKey, match="L0 key"):
             parse_l0_key(key)
 
 

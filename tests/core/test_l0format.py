@@ -3,14 +3,22 @@ bytes) lay out exactly what `build_object` does, and what they lay out reads bac
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from levelzero.core import l0format
 from levelzero.core.errors import CorruptData
 from levelzero.core.l0format import (
+    _PREAMBLE,
+    MAGIC,
+    VERSION,
     EncodedExtents,
+    ExtentHeader,
+    ObjectHeader,
     Record,
+    _object_front,
     build_object,
     checksum,
     decode_extent,
@@ -56,7 +64,7 @@ def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(
 
 @settings(max_examples=150, deadline=None)
 @given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
-def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extents) -> None:  # noqa: ANN001
+def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extents) -> None:
     expected, expected_headers = build_object(
         epoch, [(pid, encode_extent(records), len(records)) for pid, records in extents]
     )
@@ -68,11 +76,11 @@ def test_finishing_encoded_extents_lays_out_what_build_object_does(epoch, extent
 
 @settings(max_examples=50, deadline=None)
 @given(epoch=st.integers(1, 2**63 - 1), extents=extents_strategy)
-def test_a_finished_object_reads_back_extent_by_extent(epoch, extents) -> None:  # noqa: ANN001
+def test_a_finished_object_reads_back_extent_by_extent(epoch, extents) -> None:
     data, headers = finish_object(epoch, EncodedExtents(_as_parts(extents)))
     header = read_header(bytes(data), "test")
     assert header.epoch == epoch and header.extents == headers
-    for (pid, records), extent in zip(extents, headers):
+    for (pid, records), extent in zip(extents, headers, strict=True):
         assert extent.pid == pid
         raw = bytes(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
         assert decode_extent(raw, extent.checksum, extent.record_count, "test") == records
@@ -103,10 +111,6 @@ def test_a_flipped_byte_in_an_extent_is_corrupt_data() -> None:
 
 
 def test_format_2_records_carry_timestamps_and_headers_and_format_1_objects_stay_readable() -> None:
-    import msgspec
-
-    from levelzero.core import l0format
-
     class RecordV1(msgspec.Struct, frozen=True, array_like=True):  # the version-1 record
         key: bytes | None
         value: bytes
@@ -184,14 +188,12 @@ def test_a_value_that_is_not_bytes_or_none_is_an_invariant_violation() -> None:
 def _front_by_iteration(epoch: int, shapes: list[tuple[int, int, int]], sums: list[int]) -> bytes:
     """The header laid out the plain way: encode, move the data behind it, encode again, until
     its size stops changing (what `_object_front` computes in two passes)."""
-    from levelzero.core.l0format import _PREAMBLE, MAGIC, VERSION, ExtentHeader, ObjectHeader
-    import msgspec
 
     header = b""
     while True:
         offset = _PREAMBLE.size + len(header)
         headers = []
-        for (pid, length, count), crc in zip(shapes, sums):
+        for (pid, length, count), crc in zip(shapes, sums, strict=True):
             headers.append(ExtentHeader(pid, offset, length, count, crc))
             offset += length
         new = msgspec.msgpack.encode(ObjectHeader(VERSION, epoch, headers))
@@ -205,7 +207,6 @@ def _front_by_iteration(epoch: int, shapes: list[tuple[int, int, int]], sums: li
 def test_the_header_is_the_fixed_point_of_its_own_size(extents: int, length: int) -> None:
     """Offsets cross msgpack's width thresholds (128, 256, 65,536) as the header grows; the
     counted solution must be the same bytes as iterating encodes to the fixed point."""
-    from levelzero.core.l0format import _object_front
 
     shapes = [(pid, length + pid % 3, 1 + pid % 5) for pid in range(extents)]
     sums = [pid * 7919 % 2**32 for pid in range(extents)]

@@ -128,9 +128,12 @@ def core_violations(root: Path) -> list[str]:
                 found.append(f"{where} imports {module} (I/O or concurrency in the pure core)")
             elif top not in sys.stdlib_module_names and top not in CORE_ALLOWED_THIRD_PARTY | {"levelzero"}:
                 found.append(f"{where} imports {module} (core imports the standard library and msgspec only)")
-            elif top == "levelzero" and module != "levelzero":
-                if not (module == "levelzero.core" or module.startswith("levelzero.core.")):
-                    found.append(f"{where} imports {module} (core imports no other layer)")
+            elif (
+                top == "levelzero"
+                and module != "levelzero"
+                and not (module == "levelzero.core" or module.startswith("levelzero.core."))
+            ):
+                found.append(f"{where} imports {module} (core imports no other layer)")
     return sorted(set(found))
 
 
@@ -270,7 +273,9 @@ def test_checker_flags_a_front_end_importing_another_and_export_reaching_the_dae
     root = write_tree(
         tmp_path,
         {
-            "http/app.py": "from levelzero.kafka.records import KafkaRecord\nfrom levelzero.actors.node import Node\n",
+            "http/app.py": (
+                "from levelzero.kafka.records import KafkaRecord\nfrom levelzero.actors.node import Node\n"
+            ),
             "kafka/server.py": "import levelzero.http.schema\nfrom levelzero.kafkaesque import x\n",
             "export/spark_source.py": (
                 "from levelzero.storage.opening import open_object_store\n"

@@ -58,7 +58,7 @@ def test_failing_partitions_are_listed_longest_failing_first() -> None:
 def test_a_failing_partition_is_retried_only_every_retry_interval() -> None:
     health = ReconcileHealth()
     assert health.retry_due("t/0", 0.0)
-    for i in range(RECONCILE_FAILURES_BEFORE_FAILING):
+    for _ in range(RECONCILE_FAILURES_BEFORE_FAILING):
         health.note_failure("t/0", "lost", 100.0)
     assert not health.retry_due("t/0", 100.0 + RECONCILE_FAILING_RETRY_S - 0.5)
     assert health.retry_due("t/0", 100.0 + RECONCILE_FAILING_RETRY_S)

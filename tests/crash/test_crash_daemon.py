@@ -38,7 +38,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def daemon_environ(s3_endpoint, bucket: str) -> dict[str, str]:  # noqa: ANN001
+def daemon_environ(s3_endpoint, bucket: str) -> dict[str, str]:
     return {**s3_environ(s3_endpoint, bucket), **QUIESCENT_ENVIRON, "LEVELZERO_BATCHER_LINGER_MS": "20"}
 
 
@@ -128,7 +128,7 @@ def read_everything(url: str) -> dict[tuple[int, int], bytes]:
     return out
 
 
-def l0_keys(s3_endpoint, bucket: str) -> list[str]:  # noqa: ANN001
+def l0_keys(s3_endpoint, bucket: str) -> list[str]:
     client = s3_endpoint.boto3_client()
     keys: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=L0_PREFIX):
@@ -142,7 +142,7 @@ def test_sigkill_at_random_moments_loses_nothing_and_leaks_nothing(
     s3_endpoint,
     s3_bucket: str,
     control: str,
-    request: pytest.FixtureRequest,  # noqa: ANN001
+    request: pytest.FixtureRequest,
 ) -> None:
     seed = int(os.environ.get("LEVELZERO_TEST_CRASH_SEED", random.randrange(1 << 30)))
     print(f"crash test seed: {seed} (replay with LEVELZERO_TEST_CRASH_SEED={seed})")

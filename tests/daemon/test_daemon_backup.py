@@ -18,7 +18,7 @@ def records(n: int, tag: str) -> list[tuple[bytes | None, bytes]]:
     return [(f"k{i}".encode(), f"{tag}-{i}".encode() * 3) for i in range(n)]
 
 
-async def test_backup_while_running_then_restore_serves_what_the_backup_held(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_backup_while_running_then_restore_serves_what_the_backup_held(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     dest = tmp_path / "backup"
     async with daemon_and_client(data) as (daemon, client):
@@ -46,7 +46,7 @@ async def test_backup_while_running_then_restore_serves_what_the_backup_held(tmp
         assert ack.base_offset == 50  # it goes on from the backup's end
 
 
-async def test_restore_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_restore_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     async with daemon_and_client(data) as (daemon, client):
         await client.create_topic("t", 1)
@@ -56,7 +56,7 @@ async def test_restore_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) 
         assert (await client.fetch("t", 0, 0, None)).high_watermark == 0  # untouched, still serving
 
 
-async def test_backup_of_a_stopped_store_and_bad_destinations(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_backup_of_a_stopped_store_and_bad_destinations(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     async with daemon_and_client(data) as (daemon, client):
         await client.create_topic("t", 3)
@@ -70,7 +70,7 @@ async def test_backup_of_a_stopped_store_and_bad_destinations(tmp_path: Path, ca
     assert "is not a levelzero backup" in capsys.readouterr().err
 
 
-async def test_recover_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_recover_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     async with daemon_and_client(data) as (daemon, client):
         await client.create_topic("t", 1)

@@ -3,6 +3,7 @@ the key; and the logging formatters."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -16,9 +17,9 @@ import pytest
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.fence import FenceMode
 from levelzero.cli.main import main
-from levelzero.config import ConfigError, Config, describe, load_config, parse_listen
+from levelzero.config import Config, ConfigError, GcSection, describe, load_config, parse_listen
+from levelzero.core.fence import FenceMode
 from levelzero.daemon.logs import JsonFormatter, KeyValueFormatter, configure_logging
 
 REPO = Path(__file__).resolve().parents[2]
@@ -203,7 +204,7 @@ def test_non_loopback_listen_requires_a_token() -> None:
         assert load_config(None, environ={"LEVELZERO_LISTEN": loopback}).server.token == ""
 
 
-def test_tokens_are_printable_ascii_everywhere(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_tokens_are_printable_ascii_everywhere(tmp_path: Path, capsys, monkeypatch) -> None:
     for bad in ("pässwörd-0123456789", "with space 0123456789", "tab\there-0123456789", "\x7f" * 16):
         with pytest.raises(ConfigError, match="a token is printable ASCII without spaces") as caught:
             load_config(None, environ={"LEVELZERO_TOKEN": bad})
@@ -225,7 +226,7 @@ def test_listen_parsing() -> None:
     assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)
     assert parse_listen("[::1]:8420") == ("::1", 8420)
     for bad in ("8420", "host:", ":80", "::1:80", "h:99999", "h:-1"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="listen"):
             parse_listen(bad)
 
 
@@ -273,7 +274,7 @@ def test_secret_in_a_bad_environment_value_is_not_echoed() -> None:
     assert "x" * 8 not in str(caught.value)
 
 
-def test_config_show_prints_effective_configuration(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_config_show_prints_effective_configuration(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("LEVELZERO_CONFIG", raising=False)
     monkeypatch.setenv("LEVELZERO_TOKEN", "secret-token-123456")
     assert main(["config", "show", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:9"]) == 0
@@ -283,13 +284,13 @@ def test_config_show_prints_effective_configuration(tmp_path: Path, capsys, monk
     assert shown["server"]["token"] == "***"
 
 
-def test_run_with_bad_configuration_exits_2_naming_the_key(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_run_with_bad_configuration_exits_2_naming_the_key(tmp_path: Path, capsys) -> None:
     path = write(tmp_path, "[server]\nbogus = 1\n")
     assert main(["run", "--config", path]) == 2
     assert "server.bogus: unknown key" in capsys.readouterr().err
 
 
-def test_run_refuses_a_non_loopback_listen_without_token(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_run_refuses_a_non_loopback_listen_without_token(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("LEVELZERO_TOKEN", raising=False)
     monkeypatch.delenv("LEVELZERO_SERVER_TOKEN", raising=False)
     assert main(["run", "--data-dir", str(tmp_path), "--listen", "0.0.0.0:0"]) == 2
@@ -386,10 +387,6 @@ def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeo
 
 def test_the_gc_section_defaults_are_the_gc_actors() -> None:
     """`[gc]`'s defaults are read from `GcConfig`, not written a second time."""
-    import dataclasses
-
-    from levelzero.actors.gc import GcConfig
-    from levelzero.config import GcSection
 
     assert msgspec.structs.asdict(GcSection()) == dataclasses.asdict(GcConfig())
     assert load_config(None, environ={}).gc.to_gc_config() == GcConfig()

@@ -8,6 +8,7 @@ without the housekeeper's own loop, so every round the test sees is one it asked
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 import time
 import types
@@ -72,7 +73,7 @@ async def read_all(client: Client, topic: str, partition: int) -> tuple[list[byt
         offset = fetched.next_offset
 
 
-async def l0_keys(store) -> list[str]:  # noqa: ANN001 - ObjectStore
+async def l0_keys(store) -> list[str]:
     page = await store.list_page(L0_ROOT)
     assert page.next_start_after is None
     return [o.key for o in page.objects]
@@ -141,7 +142,7 @@ async def test_status_shows_l1_lineage_and_reconciler_lag(tmp_path: Path) -> Non
         lineage = t0.l1_lineage
         assert t0.l1_objects == len(lineage) >= 1
         assert lineage[0].base_offset == 0 and lineage[-1].last_offset == 7
-        for before, after in zip(lineage, lineage[1:]):
+        for before, after in itertools.pairwise(lineage):
             assert after.base_offset == before.last_offset + 1  # contiguous, in offset order
         assert all(o.term == t0.term and o.key.startswith("level_one/t/0/") for o in lineage)
         u0 = next(p for p in status.partitions if p.topic == "u")
@@ -297,7 +298,7 @@ async def test_metrics_cover_reconciler_housekeeper_and_gc(tmp_path: Path) -> No
 
 
 @pytest.fixture
-def gc_daemon(make_daemon_process) -> DaemonProcess:  # noqa: ANN001
+def gc_daemon(make_daemon_process) -> DaemonProcess:
     daemon = make_daemon_process(
         {
             "LEVELZERO_GC_ENABLED": "false",
@@ -310,13 +311,13 @@ def gc_daemon(make_daemon_process) -> DaemonProcess:  # noqa: ANN001
     return daemon.start()
 
 
-def run_cli(capsys, *args: str) -> tuple[int, str, str]:  # noqa: ANN001
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     code = cli.main(list(args))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
 
-def test_cli_gc_commands(gc_daemon: DaemonProcess, capsys) -> None:  # noqa: ANN001
+def test_cli_gc_commands(gc_daemon: DaemonProcess, capsys) -> None:
     url = ("--url", gc_daemon.url)
     assert run_cli(capsys, "topics", "create", "t", "--partitions", "2", *url)[0] == 0
     assert run_cli(capsys, "produce", "t", "-p", "0", "a", "b", *url)[0] == 0
@@ -368,7 +369,7 @@ def test_cli_gc_commands(gc_daemon: DaemonProcess, capsys) -> None:  # noqa: ANN
     assert code == 0 and '"verdict": "deletable"' in out
 
 
-def test_cli_refuses_a_topic_name_no_store_can_hold_before_any_request(capsys) -> None:  # noqa: ANN001
+def test_cli_refuses_a_topic_name_no_store_can_hold_before_any_request(capsys) -> None:
     for name in (".", "..", ".lz-tmp-x", "a/b"):
         with pytest.raises(SystemExit) as caught:  # no --url: nothing is asked of a server
             cli.main(["topics", "create", name])
@@ -376,7 +377,7 @@ def test_cli_refuses_a_topic_name_no_store_can_hold_before_any_request(capsys) -
         assert f"topic name {name!r}" in capsys.readouterr().err
 
 
-def test_cli_gc_usage_errors_exit_2(capsys) -> None:  # noqa: ANN001
+def test_cli_gc_usage_errors_exit_2(capsys) -> None:
     for args in (
         ["gc", "explain"],
         ["gc", "explain", "--key", "k", "--epoch", "1"],
@@ -401,7 +402,7 @@ def test_cli_gc_usage_errors_exit_2(capsys) -> None:  # noqa: ANN001
         ("analyze", "levelzero.export.cli", "analyze_main"),
     ],
 )
-def test_tools_get_their_arguments_untouched(monkeypatch, command: str, module: str, function: str) -> None:  # noqa: ANN001
+def test_tools_get_their_arguments_untouched(monkeypatch, command: str, module: str, function: str) -> None:
     seen: list[list[str]] = []
     fake = types.ModuleType(module)
     setattr(fake, function, lambda argv: seen.append(argv) or 7)
@@ -411,7 +412,7 @@ def test_tools_get_their_arguments_untouched(monkeypatch, command: str, module: 
     assert seen == [argv]
 
 
-def test_a_missing_tool_is_a_one_line_error(monkeypatch, capsys) -> None:  # noqa: ANN001
+def test_a_missing_tool_is_a_one_line_error(monkeypatch, capsys) -> None:
     monkeypatch.setitem(sys.modules, "levelzero.sim.cli", None)  # import raises ImportError
     assert cli.main(["sim", "--seeds", "1"]) == 1
     assert "levelzero: sim: not available in this installation" in capsys.readouterr().err
@@ -420,7 +421,7 @@ def test_a_missing_tool_is_a_one_line_error(monkeypatch, capsys) -> None:  # noq
     assert "levelzero: bench: the benchmark suite" in capsys.readouterr().err
 
 
-def test_help_lists_every_command(capsys) -> None:  # noqa: ANN001
+def test_help_lists_every_command(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out

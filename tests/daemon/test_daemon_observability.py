@@ -64,7 +64,7 @@ async def test_object_store_operations_are_timed_and_failures_counted() -> None:
 class _Refusing:
     """The two ways a log-store write fails: the store broke, or it refused (a stale term)."""
 
-    async def append(self, pid: int, expected_term: int, records: list) -> None:  # noqa: ARG002
+    async def append(self, pid: int, expected_term: int, records: list) -> None:
         if pid == 0:
             raise StorageError("disk I/O error")
         if pid == 1:
@@ -72,7 +72,7 @@ class _Refusing:
 
     async def begin_term(self, *args: object) -> None: ...
 
-    def __getattr__(self, name: str):  # noqa: ANN204 - the writes nobody calls here
+    def __getattr__(self, name: str):
         async def write(*args: object, **kwargs: object) -> None: ...
 
         return write

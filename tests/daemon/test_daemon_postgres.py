@@ -5,6 +5,7 @@ reconnects by itself, nothing acknowledged is lost)."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 import threading
@@ -12,6 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+
+from levelzero.config import ConfigError, load_config
+from levelzero.testing.postgres import ServerUnavailable, start_throwaway
+
 from daemon_support import (
     DaemonProcess,
     clean_environ,
@@ -19,9 +24,6 @@ from daemon_support import (
     postgres_control,
     postgres_overrides,
 )
-
-from levelzero.config import ConfigError, load_config
-from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 
 async def test_round_trip_and_state_kept_in_the_database(tmp_path: Path, postgres_dsn: str) -> None:
@@ -53,7 +55,8 @@ def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_pa
     secret_file = tmp_path / "pw"
     secret_file.write_text("from-file\n")
     toml.write_text(
-        f'[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db"\npassword_file = "{secret_file}"\n'
+        '[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db"\n'
+        f'password_file = "{secret_file}"\n'
     )
     assert load_config(str(toml), environ={}).control.read_password() == "from-file"
     config = load_config(
@@ -154,7 +157,7 @@ RECORDS = "/v1/topics/t/partitions/0/records"
 WAIT_S = 60.0
 
 
-def _wait(predicate, what: str) -> None:  # noqa: ANN001
+def _wait(predicate, what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -162,12 +165,8 @@ def _wait(predicate, what: str) -> None:  # noqa: ANN001
 
 
 def _b64(data: bytes) -> str:
-    import base64
-
     return base64.b64encode(data).decode()
 
 
 def _b64d(text: str) -> bytes:
-    import base64
-
     return base64.b64decode(text)

@@ -5,6 +5,7 @@ SIGHUP (logs re-opened), and the systemd notify protocol."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -219,7 +220,7 @@ def test_sigkill_mid_produce_loses_no_acknowledged_record(daemon_process: Daemon
     assert daemon_process.stop() == 0
 
 
-def test_sighup_reopens_the_log_file(make_daemon_process, tmp_path: Path) -> None:  # noqa: ANN001
+def test_sighup_reopens_the_log_file(make_daemon_process, tmp_path: Path) -> None:
     log_file = tmp_path / "levelzero.log"
     process = make_daemon_process(
         {"LEVELZERO_LOGGING_FILE": str(log_file), "LEVELZERO_LOGGING_FORMAT": "json"}
@@ -239,7 +240,7 @@ def test_sighup_reopens_the_log_file(make_daemon_process, tmp_path: Path) -> Non
     assert any(event["msg"] == "levelzero stopped" and event["clean"] for event in events)
 
 
-def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon_process) -> None:  # noqa: ANN001
+def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon_process) -> None:
     name = f"levelzero-test-{uuid.uuid4().hex}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(b"\0" + name.encode())
@@ -253,10 +254,8 @@ def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon_process) -> 
             while not any(line in m.splitlines() for m in messages):
                 assert time.monotonic() < deadline, f"no {line} in {messages!r}:\n{process.log()}"
                 assert process.proc.poll() is None or line == "STOPPING=1", process.log()
-                try:
+                with contextlib.suppress(TimeoutError):
                     messages.append(notify.recv(4096).decode())
-                except TimeoutError:
-                    pass
 
         receive_until("READY=1")
         ready = next(m for m in messages if "READY=1" in m.splitlines())
@@ -274,7 +273,7 @@ def test_notify_socket_gets_ready_watchdog_and_stopping(make_daemon_process) -> 
         assert process.wait_exit() == 0
 
 
-def test_watchdog_for_another_pid_is_not_ours(make_daemon_process) -> None:  # noqa: ANN001
+def test_watchdog_for_another_pid_is_not_ours(make_daemon_process) -> None:
     name = f"levelzero-test-{uuid.uuid4().hex}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
         notify.bind(b"\0" + name.encode())
@@ -296,14 +295,14 @@ def test_watchdog_for_another_pid_is_not_ours(make_daemon_process) -> None:  # n
         assert "WATCHDOG=1" not in lines
 
 
-def test_bad_configuration_exits_2_without_restart_loop(make_daemon_process) -> None:  # noqa: ANN001
+def test_bad_configuration_exits_2_without_restart_loop(make_daemon_process) -> None:
     process = make_daemon_process({"LEVELZERO_NODE_FENCING_MODE": "sloppy"})
     process.start(wait=False)
     assert process.wait_exit() == 2
     assert "LEVELZERO_NODE_FENCING_MODE (node.fencing_mode) = 'sloppy'" in process.log()
 
 
-def test_a_store_of_a_newer_schema_exits_2_without_restart_loop(make_daemon_process) -> None:  # noqa: ANN001
+def test_a_store_of_a_newer_schema_exits_2_without_restart_loop(make_daemon_process) -> None:
     """A restart cannot fix a newer schema: exit 2, which systemd does not restart."""
     process = make_daemon_process()
     process.start()
@@ -316,7 +315,7 @@ def test_a_store_of_a_newer_schema_exits_2_without_restart_loop(make_daemon_proc
     assert "Traceback" not in process.log()
 
 
-def test_a_busy_port_is_a_clear_start_up_error(daemon_process: DaemonProcess, make_daemon_process) -> None:  # noqa: ANN001
+def test_a_busy_port_is_a_clear_start_up_error(daemon_process: DaemonProcess, make_daemon_process) -> None:
     second = make_daemon_process(name="other")
     second.port = daemon_process.port
     second.start(wait=False)
@@ -328,7 +327,7 @@ def test_a_busy_port_is_a_clear_start_up_error(daemon_process: DaemonProcess, ma
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_stop_signals_exit_zero(make_daemon_process, signum: int) -> None:  # noqa: ANN001
+def test_stop_signals_exit_zero(make_daemon_process, signum: int) -> None:
     process = make_daemon_process()
     process.start()
     process.signal(signum)

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
+import anyio
 import pytest
-from daemon_support import daemon_and_client
 
 from levelzero.cli import commands, formats
 from levelzero.cli import main as cli
 from levelzero.cli.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
+from levelzero.storage.protocols import L1Row, L1State
 from levelzero.storage.sqlite import SqliteLogStore
+from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
+
+from daemon_support import daemon_and_client
 
 
 async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with_confirm(
@@ -113,16 +118,10 @@ async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_
 ) -> None:
     """An abandoned copy whose clean-up delete fails 3 times (the faulty store) is deleted by
     the running daemon's retries; status, its text and the metrics count it while it waits."""
-    import time
-
-    import anyio
-
-    from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
-    from levelzero.storage.protocols import L1Row, L1State
 
     faulty: list[FaultyObjectStore] = []
 
-    def wrap(store):  # noqa: ANN001, ANN202
+    def wrap(store):
         faulty.append(FaultyObjectStore(store, FaultSpec()))
         return faulty[0]
 

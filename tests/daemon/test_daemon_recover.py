@@ -54,7 +54,7 @@ async def cli(*argv: str) -> int:
     return await anyio.to_thread.run_sync(main, list(argv))
 
 
-def s3_overrides(endpoint, bucket: str) -> dict[str, object]:  # noqa: ANN001 - conftest's S3TestEndpoint
+def s3_overrides(endpoint, bucket: str) -> dict[str, object]:
     return {
         "storage__kind": "s3",
         "s3__endpoint": endpoint.endpoint_url,
@@ -84,7 +84,7 @@ async def wait_reconciled(client: Client) -> None:
             await anyio.sleep(0.02)
 
 
-def l0_keys(endpoint, bucket: str) -> set[str]:  # noqa: ANN001
+def l0_keys(endpoint, bucket: str) -> set[str]:
     s3 = endpoint.boto3_client()
     keys = set()
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=L0_ROOT):
@@ -114,7 +114,7 @@ async def restore_scenario(
     data: Path,
     endpoint,
     bucket: str,
-    settings: dict[str, object],  # noqa: ANN001
+    settings: dict[str, object],
     take_backup: Callable[[], None],
     restore: Callable[[], Awaitable[None]],
     placeholder_keys: Callable[[], set[str]],
@@ -152,7 +152,7 @@ async def restore_scenario(
         assert (await read_all(client, "t", 0))[100:] == records(3, "restored")
 
 
-def _print_lines(capsys) -> str:  # noqa: ANN001
+def _print_lines(capsys) -> str:
     captured = capsys.readouterr()
     assert captured.err == "", captured.err
     return captured.out
@@ -171,7 +171,7 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
     s3_endpoint,
     s3_bucket: str,
     monkeypatch,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     data, backup_dir = tmp_path / "data", tmp_path / "backup"
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
@@ -214,7 +214,7 @@ async def _recreate(dsn: str) -> None:
     await _admin(dsn, f'CREATE DATABASE "{database}"')
 
 
-def _postgres_env(monkeypatch, dsn: str, endpoint, bucket: str) -> None:  # noqa: ANN001
+def _postgres_env(monkeypatch, dsn: str, endpoint, bucket: str) -> None:
     for name, value in {**s3_environ(endpoint, bucket), **postgres_control(dsn)}.items():
         monkeypatch.setenv(name, value)
 
@@ -225,7 +225,7 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_postgres(
     s3_bucket: str,
     postgres_dsn: str,
     monkeypatch,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     if shutil.which("pg_dump") is None or shutil.which("pg_restore") is None:
         pytest.fail("pg_dump and pg_restore must be on PATH (they come with the server binaries)")
@@ -265,9 +265,9 @@ async def recover_scenario(
     data: Path,
     endpoint,
     bucket: str,
-    settings: dict[str, object],  # noqa: ANN001
+    settings: dict[str, object],
     lose_control_plane: Callable[[], Awaitable[None]],
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     t0 = [records(30, f"t0-{i}") for i in range(3)]
     t2 = [records(12, "t2")]
@@ -310,7 +310,7 @@ async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
     s3_endpoint,
     s3_bucket: str,
     monkeypatch,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     data = tmp_path / "data"
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
@@ -328,7 +328,7 @@ async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
     s3_bucket: str,
     postgres_dsn: str,
     monkeypatch,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     data = tmp_path / "data"
     _postgres_env(monkeypatch, postgres_dsn, s3_endpoint, s3_bucket)
@@ -347,6 +347,6 @@ async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
     )
 
 
-def test_recover_needs_a_source(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_recover_needs_a_source(tmp_path: Path, capsys) -> None:
     assert main(["recover", "--data-dir", str(tmp_path)]) == 2
     assert "--from-bucket" in capsys.readouterr().err

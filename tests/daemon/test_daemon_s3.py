@@ -21,7 +21,7 @@ pytestmark = pytest.mark.s3
 WAIT_S = 30.0
 
 
-async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_bucket: str) -> None:  # noqa: ANN001
+async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_bucket: str) -> None:
     config = load_config(
         None,
         environ=s3_environ(s3_endpoint, s3_bucket),
@@ -46,7 +46,7 @@ async def test_produce_and_fetch_through_s3(tmp_path: Path, s3_endpoint, s3_buck
         assert any(key.startswith("level_zero/data/") for key in keys)
 
 
-async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path, s3_endpoint) -> None:  # noqa: ANN001
+async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path, s3_endpoint) -> None:
     config = load_config(
         None,
         environ=s3_environ(s3_endpoint, "levelzero-no-such-bucket"),
@@ -61,7 +61,7 @@ async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path,
     )
 
 
-def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_process, s3_endpoint) -> None:  # noqa: ANN001
+def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_process, s3_endpoint) -> None:
     """Only an operator can make the bucket (or fix the credentials): exit 2, not a restart loop."""
     process = make_daemon_process(env=s3_environ(s3_endpoint, "levelzero-no-such-bucket"))
     process.start(wait=False)
@@ -73,7 +73,7 @@ def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_pro
 async def test_a_bucket_gone_while_serving_makes_the_daemon_unready_until_it_is_back(
     tmp_path: Path,
     s3_endpoint,
-    s3_bucket: str,  # noqa: ANN001
+    s3_bucket: str,
 ) -> None:
     config = load_config(
         None,

@@ -127,7 +127,7 @@ async def test_status_partitions_bad_params_are_400(tmp_path: Path) -> None:
         assert [p.partition for p in page.partitions] == [0] and page.next_after == "t/0"
 
 
-async def test_cli_status_all_pages_through_every_partition(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_cli_status_all_pages_through_every_partition(tmp_path: Path, capsys) -> None:
     partitions = STATUS_PARTITIONS_SHOWN_MAX + 150
     async with daemon_and_client(tmp_path, reconciler__enabled=False) as (daemon, client):
         await client.create_topic("t", partitions)

@@ -98,15 +98,15 @@ class Outage:
         self._check("get")
         return await self.inner.get(key, offset, length)
 
-    async def head(self, key: str):  # noqa: ANN201
+    async def head(self, key: str):
         self._check("head")
         return await self.inner.head(key)
 
-    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000):  # noqa: ANN201
+    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000):
         self._check("list")
         return await self.inner.list_page(prefix, start_after, limit)
 
-    async def delete_many(self, keys: Sequence[str]):  # noqa: ANN201
+    async def delete_many(self, keys: Sequence[str]):
         self._check("delete")
         return await self.inner.delete_many(keys)
 

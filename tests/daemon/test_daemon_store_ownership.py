@@ -86,9 +86,9 @@ async def test_two_daemons_on_one_local_store_directory_cannot_both_own_it(tmp_p
 async def test_two_clusters_share_a_bucket_only_under_distinct_key_prefixes(
     tmp_path: Path,
     s3_endpoint,
-    s3_bucket: str,  # noqa: ANN001
+    s3_bucket: str,
 ) -> None:
-    def s3(data_dir: Path, prefix: str):  # noqa: ANN202
+    def s3(data_dir: Path, prefix: str):
         return load_config(
             None,
             environ={
@@ -111,12 +111,13 @@ async def test_two_clusters_share_a_bucket_only_under_distinct_key_prefixes(
     async with (
         running_daemon(s3(tmp_path / "a", "east/")) as a,
         running_daemon(s3(tmp_path / "b", "west/")) as b,
+        Client(a.url) as ca,
+        Client(b.url) as cb,
     ):
-        async with Client(a.url) as ca, Client(b.url) as cb:
-            await ca.create_topic("t", 1)
-            await cb.create_topic("t", 1)
-            await ca.produce("t", 0, [(None, b"east")])
-            await cb.produce("t", 0, [(None, b"west")])
+        await ca.create_topic("t", 1)
+        await cb.create_topic("t", 1)
+        await ca.produce("t", 0, [(None, b"east")])
+        await cb.produce("t", 0, [(None, b"west")])
     with pytest.raises(BaseException) as caught:  # noqa: PT011
         async with running_daemon(s3(tmp_path / "c", "east/")):
             pass

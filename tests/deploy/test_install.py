@@ -113,7 +113,7 @@ def test_wheel_ships_deploy_files_schemas_and_an_spdx_licence(dists: tuple[Path,
     assert "License-File: LICENSE" in headers.splitlines()
 
 
-def test_install_files_writes_the_unit_the_example_and_a_private_env(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_install_files_writes_the_unit_the_example_and_a_private_env(tmp_path: Path, capsys) -> None:
     target = tmp_path / "etc"
     assert main(["install-files", str(target)]) == 0
     assert sorted(p.name for p in target.iterdir()) == sorted(SHIPPED)
@@ -127,7 +127,7 @@ def test_install_files_writes_the_unit_the_example_and_a_private_env(tmp_path: P
     assert f"wrote {target / 'levelzero.env'} (mode 0600)" in capsys.readouterr().out
 
 
-def test_install_files_never_overwrites_without_force(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+def test_install_files_never_overwrites_without_force(tmp_path: Path, capsys) -> None:
     (tmp_path / "levelzero.toml").write_text("# the operator's own\n")
     assert main(["install-files", str(tmp_path)]) == 1
     assert "levelzero.toml already exists (--force overwrites)" in capsys.readouterr().err

@@ -61,7 +61,7 @@ async def test_a_data_directory_of_the_previous_release_opens_and_serves_every_r
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
 
 
-async def test_the_previous_releases_l1_objects_rebuild_a_lost_log_store(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+async def test_the_previous_releases_l1_objects_rebuild_a_lost_log_store(tmp_path: Path, capsys) -> None:
     """L1 objects describe themselves (key: topic, partition, range, term; body: the L0 format
     with one extent): the previous release's bring back every reconciled record once its log
     store and cluster id are lost. Its second batch was never reconciled: it does not."""

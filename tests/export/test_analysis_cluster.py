@@ -93,7 +93,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             log = open(base / f"daemon-{index}.log", "wb")  # noqa: SIM115 - closed below
             processes.append(
                 (
-                    subprocess.Popen(  # noqa: S603 - our own command line
+                    subprocess.Popen(
                         command,
                         cwd=base,
                         env=loopback_env(),
@@ -176,7 +176,7 @@ def test_the_analysis_runs_unchanged_under_spark_submit_on_a_standalone_cluster(
         "--bucket-s",
         "1",
     ]
-    done = subprocess.run(  # noqa: S603 - our own command line
+    done = subprocess.run(
         command,
         cwd=tmp_path,
         env=loopback_env(),

@@ -243,7 +243,7 @@ async def run_scenario(s: Scenario) -> None:
 
     with sqlite3.connect(f"file:{s.db_path}?mode=ro", uri=True) as db:
         for table in ("log", "state_samples", "fence_events", "l0_objects", "gc_rounds", "l1_objects"):
-            s.db_rows[table] = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+            s.db_rows[table] = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]  # noqa: S608 (constant names)
         s.db_rows["l0_deletions"] = db.execute(
             "SELECT COUNT(*) FROM l0_objects WHERE deleted_at IS NOT NULL"
         ).fetchone()[0]

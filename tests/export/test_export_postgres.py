@@ -15,7 +15,7 @@ from levelzero.export.export import export
 from levelzero.storage.postgres.store import PostgresLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_export_analysis import read_table  # noqa: E402
+from test_export_analysis import read_table
 
 
 async def _log_keys(dsn: str) -> set[tuple[str, int, int]]:
@@ -57,7 +57,7 @@ def test_export_reads_a_postgres_control_plane_incrementally(tmp_path: Path, pos
 def test_export_cli_takes_a_dsn_and_refuses_a_database_that_is_not_a_store(
     tmp_path: Path,
     postgres_dsn: str,
-    capsys,  # noqa: ANN001
+    capsys,
 ) -> None:
     assert export_main(["--dsn", postgres_dsn, "--out", str(tmp_path / "o"), "--quiet"]) != 0
     assert "is not a levelzero store of schema version" in capsys.readouterr().err

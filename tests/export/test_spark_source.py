@@ -183,7 +183,7 @@ def test_spark_reads_from_s3_with_a_postgresql_control_plane(
     spark,
     s3_endpoint,
     s3_bucket: str,
-    postgres_dsn: str,  # noqa: ANN001
+    postgres_dsn: str,
 ) -> None:
     """The daemon's own TOML (S3 with a key prefix, PostgreSQL) is all the data source needs."""
     s3 = {

@@ -11,10 +11,11 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
 
 from levelzero.cli.client import ApiError
 from levelzero.cli.demo import UploadGate
+
+from daemon_support import TOKEN, assert_error, daemon_and_client, raw
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 
@@ -23,7 +24,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:  # noqa: ANN001
+async def wait_until(predicate, what: str, timeout_s: float = 10.0) -> None:
     with anyio.fail_after(timeout_s):
         while not predicate():
             await anyio.sleep(0.01)
@@ -185,7 +186,7 @@ async def test_size_limits_are_413(tmp_path: Path) -> None:
         huge = json.dumps({"records": [{"value": b64(b"x" * 100_000)}]}).encode()
         assert_error(await raw(client, "POST", RECORDS, content=huge), 413, "too_large", "body_bytes_max")
 
-        async def chunked():  # noqa: ANN202 - no Content-Length: counted while streaming
+        async def chunked():
             for _ in range(20):
                 yield b" " * 10_000
 
@@ -332,7 +333,7 @@ async def test_stale_epoch_after_retries_is_409(tmp_path: Path) -> None:
     rejected; with no retries allowed the producer gets 409 stale_cluster_epoch."""
     gates: list[UploadGate] = []
 
-    def wrap(store):  # noqa: ANN001, ANN202
+    def wrap(store):
         gates.append(UploadGate(store))
         return gates[-1]
 
@@ -373,7 +374,7 @@ async def test_stale_epoch_after_retries_is_409(tmp_path: Path) -> None:
 async def test_stopping_drains_in_flight_produces_and_refuses_new_ones(tmp_path: Path) -> None:
     gates: list[UploadGate] = []
 
-    def wrap(store):  # noqa: ANN001, ANN202
+    def wrap(store):
         gates.append(UploadGate(store))
         return gates[-1]
 

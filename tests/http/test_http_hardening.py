@@ -6,6 +6,7 @@ loopback port, raw sockets where a well-behaved client library would not misbeha
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 import time
@@ -15,13 +16,14 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from daemon_support import TOKEN, daemon_and_client
 from starlette.routing import Route
 
-from levelzero.http.app import build_app
 from levelzero.cli.demo import UploadGate
-from levelzero.http.guard import CloseReason, GuardedH11Protocol
 from levelzero.daemon.service import Daemon
+from levelzero.http.app import build_app
+from levelzero.http.guard import CloseReason, GuardedH11Protocol
+
+from daemon_support import TOKEN, daemon_and_client
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 WAIT_S = 10.0
@@ -29,7 +31,7 @@ AUTH = f"Authorization: Bearer {TOKEN}\r\n"
 CHUNKS_MAX = 500  # the endless body's writer stops after this many chunks, closed or not
 
 
-def assert_error(response, status: int, code: str, fragment: str = "") -> None:  # noqa: ANN001
+def assert_error(response, status: int, code: str, fragment: str = "") -> None:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     body = response.json()
@@ -183,7 +185,7 @@ async def test_at_the_limit_with_every_connection_busy_it_is_a_json_503_but_heal
 ) -> None:
     gates: list[UploadGate] = []
 
-    def wrap(store):  # noqa: ANN001, ANN202
+    def wrap(store):
         gates.append(UploadGate(store))
         return gates[-1]
 
@@ -226,8 +228,6 @@ async def test_requests_h11_cannot_parse_get_the_json_400(tmp_path: Path) -> Non
 
 
 def msgspec_json(body: bytes) -> dict:
-    import json
-
     return json.loads(body)
 
 
@@ -236,7 +236,7 @@ async def test_an_exception_no_route_caught_is_still_the_json_500(tmp_path: Path
         assert daemon.node is not None and daemon.metrics is not None
         app = build_app(daemon.node, daemon.metrics)
 
-        async def escapes(request):  # noqa: ANN001, ANN202 - outside Api.route's own handling
+        async def escapes(request):
             raise RuntimeError("escaped")
 
         app.router.routes.append(Route("/escapes", escapes))
@@ -394,7 +394,8 @@ async def test_a_malformed_chunked_body_gets_one_answer_one_count_and_no_traceba
                 stream = await connect(
                     port, CHUNKED_POST + b'Content-Type: application/json\r\n\r\n5\r\n{"nam\r\n'
                 )
-                protocol = await protocol_of(daemon, stream.extra(anyio.abc.SocketAttribute.local_port))
+                port = stream.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 (anyio's, not Django's)
+                protocol = await protocol_of(daemon, port)
                 while not app_took_the_body_so_far(protocol):
                     await anyio.sleep(0.001)
                 await stream.send(MALFORMED_CHUNK)
@@ -453,7 +454,8 @@ async def test_a_close_after_an_app_failure_is_counted_as_app_error(tmp_path: Pa
         answers = []
         for after_start in (False, True):
             stream = await connect(port_of(daemon.url))
-            protocol = await protocol_of(daemon, stream.extra(anyio.abc.SocketAttribute.local_port))
+            port = stream.extra(anyio.abc.SocketAttribute.local_port)  # noqa: S610 (anyio's, not Django's)
+            protocol = await protocol_of(daemon, port)
             protocol.app = failing_app(after_start)  # this connection's requests only
             await stream.send(HEALTHZ)
             with anyio.fail_after(WAIT_S):

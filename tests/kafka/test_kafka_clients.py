@@ -11,7 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
+from confluent_kafka import Producer
 
 from daemon_support import daemon_and_client
 
@@ -162,7 +166,6 @@ async def test_aiokafka_produces_and_consumes_byte_for_byte(tmp_path: Path) -> N
 def confluent_produce(
     port: int, topic: str, records: Expected, *, create: bool = True
 ) -> list[tuple[int, int]]:
-    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     bootstrap = f"127.0.0.1:{port}"
@@ -183,7 +186,7 @@ def confluent_produce(
     delivered: list[tuple[int, int]] = []
     errors: list[str] = []
 
-    def on_delivery(err, message) -> None:  # noqa: ANN001 - librdkafka's callback
+    def on_delivery(err, message) -> None:
         if err is not None:
             errors.append(str(err))
         else:
@@ -238,8 +241,6 @@ async def test_confluent_kafka_100k_records_byte_for_byte(tmp_path: Path) -> Non
 
 
 def confluent_produce_compressed(port: int, topic: str, codec: str, records: Expected) -> None:
-    from confluent_kafka import Producer
-
     producer = Producer(
         {"bootstrap.servers": f"127.0.0.1:{port}", "compression.type": codec, "linger.ms": 20}
     )
@@ -249,8 +250,6 @@ def confluent_produce_compressed(port: int, topic: str, codec: str, records: Exp
 
 
 async def test_snappy_lz4_and_zstd_batches_from_librdkafka_and_aiokafka(tmp_path: Path) -> None:
-    from aiokafka import AIOKafkaProducer
-
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         port = daemon.kafka_port
         for codec in ("snappy", "lz4", "zstd"):
@@ -338,8 +337,6 @@ async def test_timestamps_and_headers_are_kept_and_offsets_found_by_time(tmp_pat
 
 
 async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: Path) -> None:
-    import httpx
-
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("http-stamped", 1)
         async with httpx.AsyncClient(base_url=daemon.url) as http:
@@ -386,14 +383,12 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
     assert got == [(1_700_000_000_001, b"a", [("h", b"x"), ("n", None)]), (-1, b"b", [])]
 
 
-async def test_a_record_set_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_message_too_large(
+async def test_a_record_set_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_too_large(
     tmp_path: Path,
 ) -> None:
     """The Kafka door applies the HTTP door's size rule (value + key + header names and values
     + 8 per record): at the limit an aiokafka produce is stored; one byte more value gets
     MESSAGE_TOO_LARGE."""
-    from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import MessageSizeTooLargeError
 
     limit = 16 * 1024
     at_limit = limit - 100 - 4 - 8

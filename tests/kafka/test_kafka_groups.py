@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+from confluent_kafka import Consumer, Producer
 from kio.schema.errors import ErrorCode
 
-from daemon_support import daemon_and_client
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.storage.memory_log import MemoryLogStore
+
+from daemon_support import daemon_and_client
 
 TOPIC = "grouped"
 PARTITIONS = 6
@@ -20,7 +22,6 @@ POLL_ROUNDS_MAX = 600  # bounded loops: 600 rounds of 3 polls of at most 0.1 s
 
 
 def produce(port: int, per_partition: int, first: int, create: bool) -> None:
-    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     bootstrap = f"127.0.0.1:{port}"
@@ -35,8 +36,7 @@ def produce(port: int, per_partition: int, first: int, create: bool) -> None:
     assert producer.flush(60) == 0
 
 
-def consumer(port: int, on_revoke=None):  # noqa: ANN001, ANN201 - confluent_kafka.Consumer
-    from confluent_kafka import Consumer
+def consumer(port: int, on_revoke=None):
 
     made = Consumer(
         {
@@ -56,7 +56,7 @@ def consumer(port: int, on_revoke=None):  # noqa: ANN001, ANN201 - confluent_kaf
     return made
 
 
-def assignment(c) -> set[int]:  # noqa: ANN001
+def assignment(c) -> set[int]:
     return {tp.partition for tp in c.assignment()}
 
 
@@ -255,7 +255,7 @@ def commit_on_revoke(port: int) -> tuple[list[str], dict[int, int], int]:
     errors: list[str] = []
     read = 0
 
-    def on_revoke(c, partitions) -> None:  # noqa: ANN001
+    def on_revoke(c, partitions) -> None:
         positions = [tp for tp in c.position(partitions) if tp.offset >= 0]
         if not positions:
             return  # nothing read yet

@@ -5,13 +5,22 @@ log store before acknowledging (so they survive the kill)."""
 
 from __future__ import annotations
 
+import base64
 import datetime
 import signal
 import threading
 import time
 from pathlib import Path
 
-from daemon_support import DaemonProcess, free_port, postgres_control
+from confluent_kafka import Producer
+from kio.schema.errors import ErrorCode
+
+from levelzero.core.errors import StorageError
+from levelzero.storage.sqlite.store import SqliteLogStore
+
+from daemon_support import DaemonProcess, daemon_and_client, free_port, postgres_control
+from test_kafka_listener import Wire, list_offsets, produce
+from test_kafka_records import client_batch
 
 MS = datetime.timedelta(milliseconds=1)
 RECORDS = 3_000
@@ -20,8 +29,6 @@ PARTITIONS = 2
 
 
 def produce_through_a_kill(process: DaemonProcess, kafka_port: int) -> list[str]:
-    from confluent_kafka import Producer
-
     errors: list[str] = []
     producer = Producer(
         {
@@ -34,7 +41,7 @@ def produce_through_a_kill(process: DaemonProcess, kafka_port: int) -> list[str]
         }
     )
 
-    def on_delivery(err, message) -> None:  # noqa: ANN001
+    def on_delivery(err, message) -> None:
         if err is not None:
             errors.append(str(err))
 
@@ -78,7 +85,6 @@ def test_an_idempotent_producer_through_a_sigkill_stores_each_record_once(tmp_pa
                     offset = body["next_offset"]
                     if offset >= body["high_watermark"]:
                         break
-                import base64
 
                 got = [base64.b64decode(v) for v in values]
                 assert got == [b"%06d" % i for i in range(partition, RECORDS, PARTITIONS)]
@@ -101,10 +107,6 @@ async def stored_before_a_sigkill_then_retried(tmp_path: Path, control_env: dict
     producer read its answer. Retried against the restarted daemon (same producer id and
     sequence), it gets the offset it was stored at and is not stored again — with either
     control plane keeping the sequences."""
-    from kio.schema.errors import ErrorCode
-
-    from test_kafka_listener import Wire, list_offsets, produce
-    from test_kafka_records import client_batch
 
     kafka_port = free_port()
     env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}", **control_env}
@@ -162,15 +164,8 @@ async def test_a_batch_whose_sequence_row_was_lost_is_recognised_from_its_placeh
     placeholder durable) but its row never written, as a crash between the two commits would
     leave it. The producer's retry against a new daemon is recognised from the producer span
     the placeholder carries, and not stored again."""
-    from kio.schema.errors import ErrorCode
 
-    from daemon_support import daemon_and_client
-    from levelzero.core.errors import StorageError
-    from levelzero.storage.sqlite.store import SqliteLogStore
-    from test_kafka_listener import Wire, list_offsets, produce
-    from test_kafka_records import client_batch
-
-    async def lost(self, rows, keep):  # noqa: ANN001, ANN202 - the crash: the row never lands
+    async def lost(self, rows, keep):
         raise StorageError("simulated crash before the sequence commit")
 
     pid = 4242

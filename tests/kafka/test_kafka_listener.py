@@ -9,21 +9,23 @@ import datetime
 import io
 import random
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from confluent_kafka.admin import AdminClient
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from daemon_support import daemon_and_client
-from levelzero.kafka import records as kr
 from levelzero.config import ConfigError
+from levelzero.kafka import records as kr
 from levelzero.kafka.protocol import API_VERSIONS, make
 from levelzero.kafka.server import FRAME_CHUNK_BYTES
 
+from daemon_support import daemon_and_client, daemon_config
 from test_kafka_records import client_batch
 
 MS = datetime.timedelta(milliseconds=1)
@@ -92,8 +94,6 @@ class Wire:
 
 
 def module_of(api_key: int, version: int, kind: str = "request") -> Any:
-    import sys
-
     load = load_request_schema if kind == "request" else load_response_schema
     return sys.modules[load(api_key, version).__module__]
 
@@ -456,8 +456,6 @@ async def test_announced_frames_hold_no_budget_and_block_nobody(tmp_path: Path) 
 
 
 def librdkafka_topics(port: int) -> set[str]:
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
     return set(admin.list_topics(timeout=20).topics)
 
@@ -517,10 +515,6 @@ async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:
     async with daemon_and_client(tmp_path) as (daemon, _):
         assert daemon.kafka_port is None and daemon.kafka is None
     with pytest.raises(ConfigError, match="server.token is required when kafka.listen"):
-        from daemon_support import daemon_config
-
         daemon_config(tmp_path, kafka__listen="0.0.0.0:9092")
     with pytest.raises(ConfigError, match="frame_bytes_max"):
-        from daemon_support import daemon_config
-
         daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=10)

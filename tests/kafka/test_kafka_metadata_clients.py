@@ -10,6 +10,9 @@ import struct
 from pathlib import Path
 
 import anyio
+from aiokafka.admin import AIOKafkaAdminClient
+from confluent_kafka.admin import AdminClient
+from kafka import KafkaAdminClient, KafkaConsumer
 
 from daemon_support import daemon_and_client
 from test_kafka_listener import Wire, _encode_request
@@ -18,8 +21,6 @@ EXPECTED = {"alpha": 3, "beta": 1}
 
 
 def confluent_list_topics(port: int) -> dict[str, int]:
-    from confluent_kafka.admin import AdminClient
-
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
     listed = admin.list_topics(timeout=20)
     assert [(b.host, b.port) for b in listed.brokers.values()] == [("127.0.0.1", port)]
@@ -27,8 +28,6 @@ def confluent_list_topics(port: int) -> dict[str, int]:
 
 
 def kafka_python_list_topics(port: int) -> dict[str, int]:
-    from kafka import KafkaAdminClient, KafkaConsumer
-
     admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=20_000)
     try:
         described = admin.describe_topics()
@@ -45,8 +44,6 @@ def kafka_python_list_topics(port: int) -> dict[str, int]:
 
 
 async def aiokafka_list_topics(port: int) -> dict[str, int]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
     admin = AIOKafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=20_000)
     await admin.start()
     try:

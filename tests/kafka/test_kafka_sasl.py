@@ -7,6 +7,9 @@ import struct
 from pathlib import Path
 
 import anyio
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
 from daemon_support import TOKEN, daemon_and_client
@@ -14,9 +17,6 @@ from test_kafka_listener import Wire
 
 
 def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     common = {
         "bootstrap.servers": f"127.0.0.1:{port}",
         "security.protocol": "SASL_PLAINTEXT",
@@ -47,8 +47,6 @@ def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
 
 
 def wrong_password_fails(port: int) -> str:
-    from confluent_kafka.admin import AdminClient
-
     errors: list[str] = []
     admin = AdminClient(
         {
@@ -85,8 +83,6 @@ async def test_clients_authenticate_with_the_token(tmp_path: Path) -> None:
 
 
 async def test_aiokafka_sasl_plain(tmp_path: Path) -> None:
-    from aiokafka import AIOKafkaProducer
-
     async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
         daemon,
         client,

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from levelzero.config import ConfigError
 
 from daemon_support import TOKEN, daemon_and_client, daemon_config
-from levelzero.config import ConfigError
 
 RECORDS = 20
 
@@ -62,9 +65,6 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 
 
 def tls_round_trip(port: int, ca: Path, topic: str, sasl_password: str | None) -> list[tuple[int, bytes]]:
-    from confluent_kafka import Consumer, Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     common = {
         "bootstrap.servers": f"127.0.0.1:{port}",
         "security.protocol": "SSL",
@@ -236,7 +236,6 @@ def make_client_certificate(directory: Path, files: dict[str, Path]) -> tuple[Pa
 
 def produce_one(port: int, ca: Path, client_cert: tuple[Path, Path] | None) -> list[str | None]:
     """The delivery report of one produce: [None] when it was stored, else [its error]."""
-    from confluent_kafka import Producer
 
     config = {
         "bootstrap.servers": f"127.0.0.1:{port}",

@@ -39,7 +39,7 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_
 def test_the_table_names_twelve_mutations_each_with_a_bound() -> None:
     assert len(MUTATIONS) == 12
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
-    assert CLUSTER_MUTATIONS == {"appends_ignore_term", "gc_takes_local_watermarks"}
+    assert {"appends_ignore_term", "gc_takes_local_watermarks"} == CLUSTER_MUTATIONS
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))

@@ -104,7 +104,7 @@ async def test_partition_leases_are_taken_only_free_expired_or_own(
         assert await c.acquire_leases("b", [p0, p1, p2], 60.0) == [p2]  # a holds p0 and p1
         assert await c.acquire_leases("a", [p0, 999_999], SHORT_TTL_S) == [p0]  # own; unknown pid ignored
         view = await c.cluster_view()
-        assert [(l.topic, l.partition, l.node_id) for l in view.leases] == [
+        assert [(lease.topic, lease.partition, lease.node_id) for lease in view.leases] == [
             ("t", 0, "a"),
             ("t", 1, "a"),
             ("t", 2, "b"),
@@ -120,7 +120,7 @@ async def test_partition_leases_are_taken_only_free_expired_or_own(
         await c.leave_node("b")  # graceful: everything released, the row gone
         view = await c.cluster_view()
         assert [n.node_id for n in view.nodes] == ["a"]
-        assert all(l.node_id is None for l in view.leases)
+        assert all(lease.node_id is None for lease in view.leases)
         assert await c.acquire_leases("a", [p0, p1, p2], 60.0) == [p0, p1, p2]
 
 

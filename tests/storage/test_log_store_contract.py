@@ -50,8 +50,8 @@ from levelzero.storage.protocols import (
 from levelzero.storage.sqlite import SqliteLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_consumer_offsets import exercise as exercise_consumer_offsets  # noqa: E402
-from test_sqlite_log import l1_row, placeholder  # noqa: E402
+from test_consumer_offsets import exercise as exercise_consumer_offsets
+from test_sqlite_log import l1_row, placeholder
 
 
 @dataclass
@@ -380,7 +380,7 @@ async def test_recovery_from_snapshot_and_replay_equals_live_state(backend: Back
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         live.apply(await store.begin_term(p.pid, 0, 0))
 
-        async def append(entry) -> None:  # noqa: ANN001
+        async def append(entry) -> None:
             record = LogRecord(live.next_log_offset, live.term, live.high_watermark, entry)
             await store.append(p.pid, live.term, [record])
             live.apply(record)

@@ -22,7 +22,7 @@ from levelzero.storage.protocols import FenceEventRow, L0ObjectRow, L1Row, Offse
 from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_sqlite_log import placeholder  # noqa: E402
+from test_sqlite_log import placeholder
 
 RACE_ROUNDS = 30
 
@@ -38,20 +38,22 @@ async def test_two_connections_racing_for_one_offset_never_both_append(postgres_
         (p,) = await one.create_topic("t", 1, 1, 0.0)
         await one.begin_term(p.pid, 0, 0)
         winners: list[str] = []
+
+        async def attempt(
+            outcomes: dict[str, BaseException | None], name: str, store: PostgresLogStore, epoch: int, at: int
+        ) -> None:
+            try:
+                await store.append(p.pid, 1, [placeholder(at, 1, at - 1, epoch=epoch)])
+                outcomes[name] = None
+            except InvariantViolation as error:
+                outcomes[name] = error
+
         for offset in range(1, RACE_ROUNDS + 1):
             outcomes: dict[str, BaseException | None] = {}
-
-            async def attempt(name: str, store: PostgresLogStore, epoch: int, at: int) -> None:
-                try:
-                    await store.append(p.pid, 1, [placeholder(at, 1, at - 1, epoch=epoch)])
-                    outcomes[name] = None
-                except InvariantViolation as error:
-                    outcomes[name] = error
-
             async with anyio.create_task_group() as tg:
-                tg.start_soon(attempt, "one", one, 1, offset)
-                tg.start_soon(attempt, "two", two, 2, offset)
-            won = [name for name, error in outcomes.items() if error is None]
+                tg.start_soon(attempt, outcomes, "one", one, 1, offset)
+                tg.start_soon(attempt, outcomes, "two", two, 2, offset)
+            won = [name for name, outcome in outcomes.items() if outcome is None]
             assert len(won) == 1, outcomes
             lost = outcomes["two" if won == ["one"] else "one"]
             assert f"the log continues at {offset + 1}" in str(lost)
@@ -98,7 +100,7 @@ async def test_a_paused_nodes_open_transaction_stops_blocking_its_successor(
             with anyio.fail_after(20):
                 await other.append(p.pid, 0, [placeholder(0, 0, 0)])
             assert [r.log_offset for r in await other.read_log(p.pid, 0)] == [0]
-            with pytest.raises(Exception):  # noqa: B017 (whichever the driver raises)
+            with pytest.raises(Exception):  # noqa: B017, PT011 (whichever the driver raises)
                 await connection.execute("SELECT 1")  # when it wakes: its session is gone
         finally:  # the dead connection goes (the pool may have taken it back already)
             with contextlib.suppress(Exception):

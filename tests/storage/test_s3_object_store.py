@@ -163,7 +163,7 @@ def s3_auth_enforced(s3_endpoint: S3TestEndpoint) -> Iterator[None]:
         return
 
     def set_no_auth_action_count(value: str) -> None:
-        request = urllib.request.Request(
+        request = urllib.request.Request(  # noqa: S310 (the moto server's http URL)
             f"{s3_endpoint.endpoint_url}/moto-api/reset-auth",
             data=value.encode(),
             method="POST",

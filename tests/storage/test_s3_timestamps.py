@@ -8,6 +8,7 @@ from datetime import timezone
 import pytest
 from botocore.utils import parse_timestamp as botocore_parse_timestamp
 
+from levelzero.storage import s3_store
 from levelzero.storage.s3_store import parse_timestamp
 
 
@@ -29,8 +30,6 @@ def test_parse_timestamp_agrees_with_botocore(value: object) -> None:
 
 
 def test_listing_timestamps_skip_dateutil(monkeypatch: pytest.MonkeyPatch) -> None:
-    import levelzero.storage.s3_store as s3_store
-
     def refuse(value: object) -> None:
         raise AssertionError(f"botocore's slow parser called for {value!r}")
 

@@ -181,7 +181,7 @@ _step = st.one_of(
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(_step, max_size=12))
-def test_random_concurrent_operations_match_a_simple_model(steps) -> None:  # noqa: ANN001
+def test_random_concurrent_operations_match_a_simple_model(steps) -> None:
     """Whatever mix of appends (current or stale term), term changes, snapshots, truncations
     and reopens, the log reads back exactly as a list-per-partition model says."""
 
@@ -372,7 +372,7 @@ async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Pat
         connection.execute(
             LOG_TABLE.replace("UNIQUE (pid, log_offset)\n)", "PRIMARY KEY (pid, log_offset)\n) WITHOUT ROWID")
         )
-        connection.execute(f"INSERT INTO log ({columns}) SELECT {columns} FROM log_v3")
+        connection.execute(f"INSERT INTO log ({columns}) SELECT {columns} FROM log_v3")  # noqa: S608 (our columns)
         connection.execute("DROP TABLE log_v3")
         connection.execute(LOG_PLACEHOLDERS_INDEX)
         connection.execute("PRAGMA user_version = 2")
@@ -493,9 +493,8 @@ async def test_open_in_runs_the_writer_in_the_callers_task_group(db: Path) -> No
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         await store.append(p.pid, 0, [placeholder(0, 0, 0)])
         await store.aclose()
-    async with anyio.create_task_group() as tg:
-        async with await SqliteLogStore.open_in(tg, db) as store:
-            assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+    async with anyio.create_task_group() as tg, await SqliteLogStore.open_in(tg, db) as store:
+        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
 
 
 async def test_open_then_aclose_without_context_manager(db: Path) -> None:

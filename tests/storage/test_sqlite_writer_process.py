@@ -11,13 +11,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
 
 from levelzero.core.errors import ShuttingDown, StorageError
-from levelzero.storage.protocols import FenceEventRow, Snapshot
-from levelzero.storage.sqlite import lockfile, store as sqlite_store
-from levelzero.storage.sqlite import SqliteLogStore
-
-from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
+from levelzero.storage.protocols import FenceEventRow
+from levelzero.storage.sqlite import SqliteLogStore, lockfile
+from levelzero.storage.sqlite import store as sqlite_store
 
 
 @pytest.fixture
@@ -159,16 +158,15 @@ async def test_cancelling_the_store_with_batches_on_their_way_answers_them_truly
             refused.append(pid)
 
     with anyio.fail_after(30):
-        async with anyio.create_task_group() as callers:
-            async with anyio.create_task_group() as store_group:
-                store = await SqliteLogStore.open_in(store_group, db)
-                rows = await store.create_topic("t", 200, 1, 0.0)
-                before = store.statistics()
-                for row in rows:
-                    callers.start_soon(append, store, row.pid)
-                while store.statistics().batches == before.batches:
-                    await anyio.sleep(0)  # until the first batch is on its way
-                store_group.cancel_scope.cancel()
+        async with anyio.create_task_group() as callers, anyio.create_task_group() as store_group:
+            store = await SqliteLogStore.open_in(store_group, db)
+            rows = await store.create_topic("t", 200, 1, 0.0)
+            before = store.statistics()
+            for row in rows:
+                callers.start_soon(append, store, row.pid)
+            while store.statistics().batches == before.batches:
+                await anyio.sleep(0)  # until the first batch is on its way
+            store_group.cancel_scope.cancel()
         await store.aclose()
     assert len(acknowledged) + len(refused) == 200
     assert acknowledged, "the batch on its way was answered as failed"
