@@ -1,7 +1,8 @@
 """The client commands an operator scripts against: `produce` from stdin with requests in
 flight at once, malformed lines named by their number, `consume --json` with text as text,
-`produce -Z` sending empty values as null ones, `topics list` with headers, `--json` everywhere, a URL without a scheme as a usage error, and
-counts in the singular when there is one."""
+`produce -Z` sending empty values as null ones, `topics list` with headers, `--json`
+everywhere, a URL without a scheme as a usage error, and counts in the singular when there is
+one."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ COMMITTED = {0: 4, 1: 20, 2: 0}  # lag 6, 0, 30
 POLL_ROUNDS_MAX = 300
 
 
-def produce_and_join(bootstrap: str) -> Any:  # noqa: ANN401 - a confluent_kafka.Consumer
+def produce_and_join(bootstrap: str) -> Any:
     """Topics made and filled; a member of group "lagging" subscribed to TOPIC that commits
     COMMITTED, and one commit of OTHER's partition 0 (a topic no member subscribes to)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
@@ -223,7 +223,7 @@ async def test_offset_delete_keeps_a_subscribed_topics_offsets_as_kafka_does(tmp
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
         out = await anyio.to_thread.run_sync(offset_delete, f"127.0.0.1:{daemon.kafka_port}")
 
-    def errors(result: Any) -> dict[tuple[str, int], str]:  # noqa: ANN401 - TopicPartition -> error class
+    def errors(result: Any) -> dict[tuple[str, int], str]:
         return {(tp.topic, tp.partition): error.__name__ for tp, error in result.items()}
 
     assert errors(out["while_subscribed"]) == {

@@ -25,7 +25,7 @@ SASL_KEYS = (17, 36)  # answered by the listener itself; SaslAuthenticate closes
 OVERRIDES = {0: {"acks": -1}}  # a Produce with acks=0 gets no answer, as Kafka specifies
 
 
-def minimal(cls: type) -> Any:  # noqa: ANN401 - a kio request dataclass
+def minimal(cls: type) -> Any:
     """An instance with every field without a default empty, zero or false."""
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):

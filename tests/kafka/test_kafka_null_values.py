@@ -30,7 +30,7 @@ def librdkafka_produce(port: int) -> None:
     producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 5})
     errors: list[str] = []
 
-    def on_delivery(err, _message) -> None:  # noqa: ANN001 - librdkafka's callback
+    def on_delivery(err, _message) -> None:
         if err is not None:
             errors.append(str(err))
 
@@ -96,7 +96,7 @@ def kafka_python_consume(port: int) -> list[tuple[int, bytes | None, bytes | Non
     return got
 
 
-async def read_back_everywhere(daemon, client, tier: str) -> None:  # noqa: ANN001 - Daemon, Client
+async def read_back_everywhere(daemon, client, tier: str) -> None:
     """Both Kafka consumers and the HTTP API read every record as it was sent, from `tier`."""
     expected = [(offset, key, value) for offset, (key, value) in enumerate(EXPECTED)]
     assert await anyio.to_thread.run_sync(librdkafka_consume, daemon.kafka_port) == expected

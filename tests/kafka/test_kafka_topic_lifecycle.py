@@ -24,7 +24,7 @@ QUIET = {
 TIMEOUT_S = 30
 
 
-def confluent_admin(port: int):  # noqa: ANN201 - confluent_kafka is imported lazily
+def confluent_admin(port: int):
     from confluent_kafka.admin import AdminClient
 
     return AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
