@@ -12,10 +12,11 @@ and the local object store under `objects/`), or `config` (the daemon's TOML fil
 daemon reads it, LEVELZERO_* environment variables and `*_file` secrets included): its object
 store (local or S3/MinIO, with the key prefix) and its control plane (SQLite or PostgreSQL).
 
-Offsets: `start_offset` (inclusive) and `end_offset` (exclusive) options, and filters on the
-`offset` column (`=`, `<`, `<=`, `>`, `>=`, `IN`, `BETWEEN`) pushed down where this pyspark
-offers `pushFilters` (its `spark.sql.python.filterPushdown.enabled` on): either way only the
-objects holding those offsets are planned and read.
+What is read: the options `start_offset` (inclusive), `end_offset` (exclusive) and `partitions`
+("1,7,300") narrow the planned object ranges. Filters on `topic`, `partition` (`=`, `IN`) and
+`offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a set, `BETWEEN`) narrow them too where Spark plans
+each scan from its own pushed filters (see PLAN_SCOPED_TO_SCAN: not up to Spark 4.3, where
+Spark evaluates those filters itself and every query of a DataFrame reads its whole range).
 
 Planning (driver) reads the control plane in one read-only snapshot (SQLite read transaction,
 PostgreSQL REPEATABLE READ) and replays each partition's snapshot plus log with the pure state
@@ -31,7 +32,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
@@ -130,12 +131,93 @@ def _catalog(config: Config) -> Iterator[Any]:
         db.close()
 
 
-def plan(
-    source: str | Config, topic: str, start_offset: int = 0, end_offset: int | None = None
-) -> list[ObjectRange]:
-    """The object ranges holding `topic`'s readable records in `[start_offset, end_offset)`.
-    `source`: a data directory (embedded defaults) or the daemon's configuration."""
+@dataclass(slots=True)
+class Selection:
+    """What one read asks for: offsets `[start, end)`, and where a query or an option says so,
+    only the partitions in `partitions`, only the offsets in `offsets` (an IN set, planned as
+    the offsets themselves: never widened to the range between them), only `topics`. Filters
+    on the data source's columns narrow it (`push`)."""
+
+    start: int = 0
+    end: int | None = None
+    partitions: frozenset[int] | None = None
+    offsets: frozenset[int] | None = None
+    topics: frozenset[str] | None = None
+
+    def below(self, end: int) -> None:
+        self.end = end if self.end is None else min(self.end, end)
+
+    def above(self, start: int) -> None:
+        self.start = max(self.start, start)
+
+    def only_partitions(self, partitions: Iterable[int]) -> None:
+        given = frozenset(partitions)
+        self.partitions = given if self.partitions is None else self.partitions & given
+
+    def only_offsets(self, offsets: Iterable[int]) -> None:
+        given = frozenset(offsets)
+        self.offsets = given if self.offsets is None else self.offsets & given
+
+    def only_topics(self, topics: Iterable[str]) -> None:
+        given = frozenset(topics)
+        self.topics = given if self.topics is None else self.topics & given
+
+    def empty(self, topic: str) -> bool:
+        """Nothing can match, whatever the store holds."""
+        return (
+            (self.end is not None and self.end <= self.start)
+            or self.partitions == frozenset()
+            or self.offsets == frozenset()
+            or (self.topics is not None and topic not in self.topics)
+        )
+
+    def push(self, f: Any) -> bool:
+        """Narrow by `f`; True when the planned ranges make `f` hold exactly (Spark need not
+        check it again), False when Spark must still evaluate it (this selection unchanged)."""
+        column = getattr(f, "attribute", None)
+        if column not in (("offset",), ("partition",), ("topic",)):
+            return False
+        if isinstance(f, IsNotNull):
+            return True  # every record has a topic, a partition and an offset
+        kind = str if column == ("topic",) else int
+        value: Any = getattr(f, "value", None)
+        if isinstance(f, In):
+            values = tuple(value or ())
+            if not (values and all(type(v) is kind for v in values)):
+                return False
+        elif isinstance(f, EqualTo):
+            if type(value) is not kind:
+                return False
+            values = (value,)
+        elif column == ("offset",) and type(value) is int:
+            values = ()
+        else:
+            return False
+        if column == ("topic",):
+            self.only_topics(values)
+        elif column == ("partition",):
+            self.only_partitions(values)
+        elif values:
+            self.only_offsets(values)
+        elif isinstance(f, GreaterThan):
+            self.above(value + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.above(value)
+        elif isinstance(f, LessThan):
+            self.below(value)
+        elif isinstance(f, LessThanOrEqual):
+            self.below(value + 1)
+        else:
+            return False
+        return True
+
+
+def plan(source: str | Config, topic: str, selection: Selection | None = None) -> list[ObjectRange]:
+    """The object ranges holding `topic`'s readable records that `selection` asks for (all of
+    them without one). `source`: a data directory (embedded defaults) or the daemon's
+    configuration."""
     config = store_config(source) if isinstance(source, str) else source
+    selection = Selection() if selection is None else selection
     with _catalog(config) as db:
         parts = db.execute(
             "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
@@ -143,55 +225,83 @@ def plan(
         ).fetchall()
         if not parts:
             raise ExportError(f"topic {topic!r} not found in {_where(config)}")
+        if selection.empty(topic):
+            return []
         ranges: list[ObjectRange] = []
         for pid, partition, creation_epoch in parts:
+            if selection.partitions is not None and partition not in selection.partitions:
+                continue
             state = _replay(db, pid, creation_epoch)
-            low = max(state.start_offset, start_offset)
-            end = state.high_watermark if end_offset is None else min(state.high_watermark, end_offset)
-            high = end - 1
-            l1_high = min(state.lro, high)
-            if low <= l1_high:
-                rows = db.execute(
-                    "SELECT key, base_offset, last_offset, term FROM l1_objects"
-                    " WHERE pid = ? AND state = ? ORDER BY base_offset",
-                    (pid, _COPY_FINISHED),
-                ).fetchall()
-                for key, base, last, term in rows:
-                    if not state.l1_range_valid(term, base, last):
-                        continue
-                    first, stop = max(base, low), min(last, l1_high)
-                    if first <= stop:
-                        ranges.append(ObjectRange(topic, partition, "l1", key, base, first, stop))
-            placeholders = db.execute(
-                "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
-                " AND base_offset + record_count > ? ORDER BY log_offset",
-                (pid, max(low, state.lro + 1)),
-            ).fetchall()
-            for base, blob in placeholders:
-                p = decode_entry(blob)
-                assert isinstance(p, Placeholder), (pid, base)
-                first = max(base, low, state.lro + 1)
-                stop = min(base + p.record_count - 1, high)
-                if first > stop:
-                    continue
-                if state.abandoned_range(first) is not None:
-                    continue  # given up by an operator: unreadable
-                ranges.append(
-                    ObjectRange(
-                        topic,
-                        partition,
-                        "l0",
-                        p.object_key,
-                        base,
-                        first,
-                        stop,
-                        p.byte_offset,
-                        p.byte_length,
-                        p.record_count,
-                        p.checksum,
-                    )
-                )
+            low = max(state.start_offset, selection.start)
+            end = state.high_watermark if selection.end is None else min(state.high_watermark, selection.end)
+            for r in _partition_ranges(db, topic, partition, pid, state, low, end - 1):
+                ranges.extend(_only_offsets(r, selection.offsets))
         return ranges
+
+
+def _partition_ranges(
+    db: Any, topic: str, partition: int, pid: int, state: PartitionState, low: int, high: int
+) -> Iterator[ObjectRange]:
+    """The object ranges holding offsets `low..high` of one partition: valid L1 objects up to
+    the LRO, the placeholders' L0 extents above it."""
+    l1_high = min(state.lro, high)
+    if low <= l1_high:
+        rows = db.execute(
+            "SELECT key, base_offset, last_offset, term FROM l1_objects"
+            " WHERE pid = ? AND state = ? ORDER BY base_offset",
+            (pid, _COPY_FINISHED),
+        ).fetchall()
+        for key, base, last, term in rows:
+            if not state.l1_range_valid(term, base, last):
+                continue
+            first, stop = max(base, low), min(last, l1_high)
+            if first <= stop:
+                yield ObjectRange(topic, partition, "l1", key, base, first, stop)
+    if low > high:
+        return
+    placeholders = db.execute(
+        "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
+        " AND base_offset + record_count > ? ORDER BY log_offset",
+        (pid, max(low, state.lro + 1)),
+    ).fetchall()
+    for base, blob in placeholders:
+        p = decode_entry(blob)
+        assert isinstance(p, Placeholder), (pid, base)
+        first = max(base, low, state.lro + 1)
+        stop = min(base + p.record_count - 1, high)
+        if first > stop:
+            continue
+        if state.abandoned_range(first) is not None:
+            continue  # given up by an operator: unreadable
+        yield ObjectRange(
+            topic,
+            partition,
+            "l0",
+            p.object_key,
+            base,
+            first,
+            stop,
+            p.byte_offset,
+            p.byte_length,
+            p.record_count,
+            p.checksum,
+        )
+
+
+def _only_offsets(r: ObjectRange, offsets: frozenset[int] | None) -> Iterator[ObjectRange]:
+    """`r` cut down to the runs of consecutive offsets of `offsets` it holds (all of `r`
+    without a set)."""
+    if offsets is None:
+        yield r
+        return
+    wanted = sorted(o for o in offsets if r.first <= o <= r.last)
+    run_start = None
+    for i, o in enumerate(wanted):
+        if run_start is None:
+            run_start = o
+        if i + 1 == len(wanted) or wanted[i + 1] != o + 1:
+            yield replace(r, first=run_start, last=o)
+            run_start = None
 
 
 def _where(config: Config) -> str:
@@ -281,8 +391,10 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
 
 def _int_option(options: Mapping[str, str], name: str) -> int | None:
     value = options.get(name)
-    if value is None:
-        return None
+    return None if value is None else _non_negative(name, value)
+
+
+def _non_negative(name: str, value: str) -> int:
     try:
         parsed = int(value)
     except ValueError:
@@ -317,70 +429,59 @@ class _Partition(InputPartition):
         self.range = r
 
 
-@dataclass(slots=True)
-class OffsetBounds:
-    """`[start, end)` on the offset column, narrowed by the filters a query pushes down."""
-
-    start: int = 0
-    end: int | None = None
-
-    def below(self, end: int) -> None:
-        self.end = end if self.end is None else min(self.end, end)
-
-    def above(self, start: int) -> None:
-        self.start = max(self.start, start)
-
-    def push(self, f: Any) -> bool:
-        """Narrow by `f`; True when the planned ranges make `f` hold exactly (Spark need not
-        check it again), False when Spark must still evaluate it."""
-        if getattr(f, "attribute", None) != ("offset",):
-            return False
-        if isinstance(f, IsNotNull):
-            return True  # every record has an offset
-        value = getattr(f, "value", None)
-        if isinstance(f, In):
-            if not (value and all(type(v) is int for v in value)):
-                return False
-            self.above(min(value))
-            self.below(max(value) + 1)
-            return len(value) == 1  # a superset of several values: Spark picks among them
-        if type(value) is not int:
-            return False
-        if isinstance(f, EqualTo):
-            self.above(value)
-            self.below(value + 1)
-        elif isinstance(f, GreaterThan):
-            self.above(value + 1)
-        elif isinstance(f, GreaterThanOrEqual):
-            self.above(value)
-        elif isinstance(f, LessThan):
-            self.below(value)
-        elif isinstance(f, LessThanOrEqual):
-            self.below(value + 1)
-        else:
-            return False
-        return True
+# Whether Spark keeps the read planned with pushed filters to the one scan that pushed them.
+# Up to Spark 4.3 it is kept on the relation (the provider instance every DataFrame made from one
+# `load()` shares): a later query of that DataFrame pushing no filter reuses the last filtered
+# query's partitions and read function, so narrowing by a filter would silently drop records
+# from it (`df.where("offset < 10").count()` then `df.count()` gave 10). The change that scopes
+# the read plan to its scan (Spark 5.0, SPARK-58551) also gave the Python reader `pushLimit`.
+PLAN_SCOPED_TO_SCAN = hasattr(DataSourceReader, "pushLimit")
 
 
 class LevelZeroReader(DataSourceReader):
-    def __init__(self, config: Config, topic: str, start: int, end: int | None) -> None:
-        self.config, self.topic = config, topic
-        self.bounds = OffsetBounds(start, end)
+    """Reads the object ranges its selection (the options) plans."""
 
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
-        for f in filters:
-            if not self.bounds.push(f):
-                yield f
+    def __init__(self, config: Config, topic: str, selection: Selection) -> None:
+        self.config, self.topic, self.selection = config, topic, selection
 
     def partitions(self) -> Sequence[InputPartition]:
-        bounds = self.bounds
-        if bounds.end is not None and bounds.end <= bounds.start:
-            return []
-        return [_Partition(r) for r in plan(self.config, self.topic, bounds.start, bounds.end)]
+        return [_Partition(r) for r in plan(self.config, self.topic, self.selection)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, _Partition), partition
         yield read_batch(self.config, partition.range)
+
+
+class LevelZeroPushdownReader(LevelZeroReader):
+    """A reader that also narrows its selection by the filters a query pushes: used only
+    where Spark plans each scan from its own filters (PLAN_SCOPED_TO_SCAN)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
+        for f in filters:
+            if not self.selection.push(f):
+                yield f
+
+
+def _set_option(options: Mapping[str, str], name: str) -> frozenset[int] | None:
+    """A comma-separated set of non-negative integers (`partitions`), or None."""
+    value = options.get(name)
+    if value is None:
+        return None
+    numbers = [v.strip() for v in value.split(",") if v.strip()]
+    if not numbers:
+        raise ExportError(f"option {name}={value!r}: an empty list")
+    if not all(n.isdigit() for n in numbers):
+        raise ExportError(f"option {name}={value!r}: not a list of non-negative integers")
+    return frozenset(int(n) for n in numbers)
+
+
+def selection_of(options: Mapping[str, str]) -> Selection:
+    """The read the options ask for: `start_offset`, `end_offset`, `partitions` ("1,7,300")."""
+    return Selection(
+        start=_int_option(options, "start_offset") or 0,
+        end=_int_option(options, "end_offset"),
+        partitions=_set_option(options, "partitions"),
+    )
 
 
 class LevelZeroDataSource(DataSource):
@@ -397,17 +498,18 @@ class LevelZeroDataSource(DataSource):
         if not topic:
             raise ExportError('the levelzero data source needs a topic: load("topic")')
         config = store_config(options.get("data_dir") or None, options.get("config") or None)
-        start = _int_option(options, "start_offset") or 0
-        end = _int_option(options, "end_offset")
-        return LevelZeroReader(config, topic, start, end)
+        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
+        return reader(config, topic, selection_of(options))
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
 def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("levelzero")` available in this session, with filter pushdown
-    for Python data sources on (the reader takes offset filters; Spark refuses a reader that
-    takes filters while the setting is off)."""
-    spark.conf.set(PUSHDOWN_CONF, "true")
+    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
+    scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
+    reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
+    filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
+    if PLAN_SCOPED_TO_SCAN:
+        spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(LevelZeroDataSource)

@@ -17,7 +17,7 @@ from daemon_support import daemon_and_client, postgres_control, postgres_overrid
 from levelzero.cli.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
-from levelzero.export.spark_source import plan, register, store_config
+from levelzero.export.spark_source import Selection, plan, register, store_config
 
 WAIT_S = 15.0
 FAST = {"gc__enabled": False, "reconciler__interval_s": 0.05, "housekeeper__enabled": False}
@@ -113,19 +113,16 @@ def test_spark_reads_l1_and_l0_records_as_the_api_serves_them(tmp_path: Path, sp
             assert read == served
 
             # Offset ranges: only the objects holding [3, 12) are planned, and Spark reads those.
-            narrowed = plan(str(tmp_path), "t", 3, 12)
+            narrowed = plan(str(tmp_path), "t", Selection(3, 12))
             assert len(narrowed) < len(ranges)
             assert all(r.first >= 3 and r.last <= 11 for r in narrowed)
             read = await anyio.to_thread.run_sync(
                 lambda: spark_rows(spark, tmp_path, "t", start_offset=3, end_offset=12)
             )
             assert read == [row for row in served if 3 <= row[2] < 12]
-            # The same range as a filter on the offset column, pushed down to planning: the
-            # same object ranges are planned (one Spark partition each), the same rows read.
+            # The same range as a filter on the offset column: the same rows read.
             read = await anyio.to_thread.run_sync(
-                lambda: spark_rows(
-                    spark, tmp_path, "t", where="offset BETWEEN 3 AND 11", partitions=len(narrowed)
-                )
+                lambda: spark_rows(spark, tmp_path, "t", where="offset BETWEEN 3 AND 11")
             )
             assert read == [row for row in served if 3 <= row[2] < 12]
             read = await anyio.to_thread.run_sync(
@@ -229,3 +226,94 @@ def test_spark_reads_from_s3_with_a_postgresql_control_plane(
         assert keys and all(key.startswith("lz/") for key in keys)  # really read from there
 
     anyio.run(scenario)
+
+
+def test_a_dataframe_reused_after_a_filtered_query_reads_all_its_records(tmp_path: Path, spark) -> None:
+    """Spark (up to 4.3) keeps the read planned for a query's pushed filters on the DataFrame's
+    relation: a later query of the same DataFrame without filters reused it. Each query here
+    counts exactly the records it asks for, in any order."""
+
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("r", 2)
+            for i in range(4):
+                await client.produce("r", 0, [f"a{i}-{j}".encode() for j in range(50)])
+                await client.produce("r", 1, [f"b{i}-{j}".encode() for j in range(25)])
+
+    anyio.run(scenario)
+    df = spark.read.format("levelzero").option("data_dir", str(tmp_path)).load("r")
+    assert df.where("offset BETWEEN 100 AND 149").count() == 50
+    assert df.count() == 300
+    assert df.where("partition = 1").count() == 100
+    assert df.where("offset IN (7, 130, 199, 500)").count() == 3 + 1
+    assert df.count() == 300
+    assert df.where("topic = 'other'").count() == 0
+    assert df.groupBy("partition").count().orderBy("partition").collect() == [(0, 200), (1, 100)]
+
+
+def test_plans_for_topic_partition_and_offset_filters(tmp_path: Path) -> None:
+    """Which object ranges (one Spark task each) a read plans for the filters it takes: a
+    partition set, an offset set (only the offsets asked for, not the range between them),
+    offset bounds and the topic, each from pyspark's own filter objects."""
+    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
+
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("p", 3)
+            for partition in range(3):
+                for _ in range(4):  # four extents of 100 records in each partition
+                    await client.produce("p", partition, [b"x"] * 100)
+
+    anyio.run(scenario)
+
+    def planned(*filters: object) -> list[tuple[int, int, int]]:
+        selection = Selection()
+        for f in filters:
+            assert selection.push(f), f
+        return [(r.partition, r.first, r.last) for r in plan(str(tmp_path), "p", selection)]
+
+    every = planned()
+    assert len(every) == 12
+    assert planned(EqualTo(("partition",), 1)) == [(1, b, b + 99) for b in (0, 100, 200, 300)]
+    assert planned(In(("partition",), (0, 2)), EqualTo(("offset",), 5)) == [(0, 5, 5), (2, 5, 5)]
+    assert planned(In(("partition",), (2,)), In(("offset",), (7, 300, 301, 399, 400))) == [
+        (2, 7, 7),
+        (2, 300, 301),
+        (2, 399, 399),
+    ]
+    assert planned(
+        EqualTo(("partition",), 0), GreaterThanOrEqual(("offset",), 150), LessThan(("offset",), 250)
+    ) == [(0, 150, 199), (0, 200, 249)]
+    assert planned(EqualTo(("topic",), "p")) == every
+    assert planned(In(("topic",), ("q", "r"))) == []
+    assert planned(EqualTo(("partition",), 1), EqualTo(("partition",), 2)) == []
+    # Not taken: Spark evaluates them (a string offset, a column the plan does not know).
+    assert not Selection().push(EqualTo(("offset",), "7"))
+    assert not Selection().push(EqualTo(("key",), b"k"))
+
+
+def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path, spark) -> None:
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("o", 3)
+            for partition in range(3):
+                for _ in range(2):
+                    await client.produce("o", partition, [b"y"] * 10)
+
+    anyio.run(scenario)
+    from pyspark.sql import functions as F
+
+    df = (
+        spark.read.format("levelzero")
+        .option("data_dir", str(tmp_path))
+        .option("partitions", "0, 2")
+        .option("start_offset", "5")
+        .load("o")
+    )
+    assert df.rdd.getNumPartitions() == 4  # two extents in each of partitions 0 and 2
+    rows = df.select("partition", "offset", F.spark_partition_id().alias("task")).collect()
+    assert sorted((r.partition, r.offset) for r in rows) == [(p, o) for p in (0, 2) for o in range(5, 20)]
+    with pytest.raises(Exception, match="option partitions='1,x': not a list of non-negative integers"):
+        spark.read.format("levelzero").option("data_dir", str(tmp_path)).option("partitions", "1,x").load(
+            "o"
+        ).count()
