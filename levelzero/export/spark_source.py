@@ -4,13 +4,18 @@
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
-Columns: topic, partition, offset, timestamp (ms since the epoch, null when the record has
-none), key, value, headers (array of (key, value) structs).
+Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
+milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
 
 Where the store is: `data_dir` (a daemon's data directory on embedded defaults: `levelzero.db`
 and the local object store under `objects/`), or `config` (the daemon's TOML file, read as the
 daemon reads it, LEVELZERO_* environment variables and `*_file` secrets included): its object
 store (local or S3/MinIO, with the key prefix) and its control plane (SQLite or PostgreSQL).
+Credentials the TOML leaves to the environment may be given as options instead
+(`s3_access_key`, `s3_secret_key`, `s3_session_token`, `control_password`): the planned read
+carries them to the executors inside Spark's task (never in a log line or a plan string), so the
+executors need no environment of their own. Executors run the data source in Python: their
+`PYSPARK_PYTHON` must be a Python with levelzero installed (the venv's).
 
 What is read: the options `start_offset` (inclusive), `end_offset` (exclusive) and `partitions`
 ("1,7,300") narrow the planned object ranges. Filters on `topic`, `partition` (`=`, `IN`) and
@@ -54,7 +59,7 @@ FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
 OBJECTS_DIR = "objects"
 SCHEMA_DDL = (
-    "topic string, partition int, offset long, timestamp long, key binary, value binary,"
+    "topic string, partition int, offset long, timestamp timestamp, key binary, value binary,"
     " headers array<struct<key: string, value: binary>>"
 )
 _COPY_FINISHED = "COPY_FINISHED"
@@ -92,9 +97,23 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
     return state
 
 
-def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
+# Options naming a credential -> the configuration key they set.
+SECRET_OPTIONS = {
+    "s3_access_key": ("s3", "access_key"),
+    "s3_secret_key": ("s3", "secret_key"),
+    "s3_session_token": ("s3", "session_token"),
+    "control_password": ("control", "password"),
+}
+
+
+def store_config(
+    data_dir: str | None = None,
+    config_path: str | None = None,
+    secrets: Mapping[tuple[str, str], str] | None = None,
+) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
-    the daemon's TOML file (with its environment, as the daemon reads it)."""
+    the daemon's TOML file (with its environment, as the daemon reads it), with `secrets`
+    (credentials given as options) over both."""
     from levelzero.config import ConfigError, load_config
 
     if (data_dir is None) == (config_path is None):
@@ -103,10 +122,16 @@ def store_config(data_dir: str | None = None, config_path: str | None = None) ->
         )
     try:
         if config_path is not None:
-            return load_config(config_path)
-        return load_config(None, environ={}, overrides={("storage", "data_dir"): data_dir})
+            return load_config(config_path, overrides=secrets)
+        overrides = {("storage", "data_dir"): data_dir, **(secrets or {})}
+        return load_config(None, environ={}, overrides=overrides)
     except ConfigError as error:
         raise ExportError(str(error)) from None
+
+
+def secrets_of(options: Mapping[str, str]) -> dict[tuple[str, str], str]:
+    """The credentials given as options (SECRET_OPTIONS), by configuration key."""
+    return {key: options[name] for name, key in SECRET_OPTIONS.items() if options.get(name)}
 
 
 @contextmanager
@@ -349,7 +374,9 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
             pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
+            pa.array([None if t is None else t * 1000 for t in timestamps], pa.int64()).cast(
+                SCHEMA.field("timestamp").type
+            ),
             pa.array(keys, pa.binary()),
             pa.array(values, pa.binary()),
             pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], SCHEMA.field("headers").type),
@@ -369,7 +396,9 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
                 return f.read() if length is None else f.read(length)
         except FileNotFoundError:
             raise ExportError(
-                f"object {key} is not in {config.storage.objects_dir} (collected since planning?)"
+                f"object {key} is not in {config.storage.objects_dir}: collected since planning, or"
+                " the daemon keeps its objects elsewhere (S3: read with the daemon's TOML, --config"
+                " or option config)"
             ) from None
 
     async def read() -> bytes:
@@ -497,7 +526,9 @@ class LevelZeroDataSource(DataSource):
         topic = options.get("path")
         if not topic:
             raise ExportError('the levelzero data source needs a topic: load("topic")')
-        config = store_config(options.get("data_dir") or None, options.get("config") or None)
+        config = store_config(
+            options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
+        )
         reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
         return reader(config, topic, selection_of(options))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
@@ -44,6 +45,10 @@ def spark():
     session.stop()
 
 
+def utc(timestamp_ms: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=timestamp_ms)
+
+
 async def api_rows(client: Client, topic: str, partitions: int) -> tuple[list[tuple], set[str]]:
     rows: list[tuple] = []
     tiers: set[str] = set()
@@ -55,7 +60,8 @@ async def api_rows(client: Client, topic: str, partitions: int) -> tuple[list[tu
                 break
             tiers.update(fetched.tier.split("+"))  # "l1+l0": a fetch served from both
             for r in fetched.records:
-                rows.append((topic, partition, r.offset, r.timestamp_ms, r.key, r.value, r.headers or []))
+                when = None if r.timestamp_ms is None else utc(r.timestamp_ms)
+                rows.append((topic, partition, r.offset, when, r.key, r.value, r.headers or []))
             offset = fetched.next_offset
     return rows, tiers
 
@@ -86,7 +92,8 @@ def spark_rows(
     for r in df.collect():
         key = None if r.key is None else bytes(r.key)
         headers = [(h.key, None if h.value is None else bytes(h.value)) for h in r.headers]
-        out.append((r.topic, r.partition, r.offset, r.timestamp, key, bytes(r.value), headers))
+        when = None if r.timestamp is None else r.timestamp.astimezone(UTC)  # TIMESTAMP: the session's zone
+        out.append((r.topic, r.partition, r.offset, when, key, bytes(r.value), headers))
     return sorted(out, key=lambda row: (row[1], row[2]))
 
 
@@ -163,7 +170,7 @@ def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path, cap
         plan(str(tmp_path), "t")
     code = export_main(["--db", str(tmp_path / "x.db"), "--out", str(tmp_path), "--records", "t"])
     assert code == 2
-    assert "--records needs --data-dir" in capsys.readouterr().err
+    assert "--records needs --data-dir or --config" in capsys.readouterr().err
     code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path), "--records", "t"])
     assert code == 1
     assert "not a levelzero data directory" in capsys.readouterr().err
@@ -317,3 +324,69 @@ def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path,
         spark.read.format("levelzero").option("data_dir", str(tmp_path)).option("partitions", "1,x").load(
             "o"
         ).count()
+
+
+@pytest.mark.s3
+def test_credentials_as_options_and_export_records_from_an_s3_daemon(
+    tmp_path: Path, spark, s3_endpoint, s3_bucket: str, capsys, monkeypatch
+) -> None:
+    """A daemon on S3 (moto) with its SQLite control plane: its TOML names the bucket but no
+    credentials. The data source takes them as options (the executors get them with the task;
+    they appear in no plan string), and `levelzero export --records --config` reads the same
+    records from S3 (it knew only the local object store)."""
+    s3 = {
+        "storage__kind": "s3",
+        "s3__endpoint": s3_endpoint.endpoint_url,
+        "s3__bucket": s3_bucket,
+        "s3__region": s3_endpoint.region,
+        "s3__path_style": True,
+        "s3__key_prefix": "lz/",
+        "s3__access_key": s3_endpoint.access_key,
+        "s3__secret_key": s3_endpoint.secret_key,
+    }
+    config = tmp_path / "levelzero.toml"
+    config.write_text(
+        f'[storage]\nkind = "s3"\ndata_dir = "{tmp_path}"\n'
+        f'[s3]\nendpoint = "{s3_endpoint.endpoint_url}"\nbucket = "{s3_bucket}"\n'
+        f'region = "{s3_endpoint.region}"\npath_style = true\nkey_prefix = "lz/"\n'
+    )
+
+    async def scenario() -> list[tuple]:
+        async with daemon_and_client(tmp_path, **s3, **FAST) as (_, client):
+            await client.create_topic("c", 2)
+            for i in range(4):
+                await client.produce("c", i % 2, [(f"k{i}".encode(), f"v{i}".encode() * 50)])
+            with anyio.fail_after(WAIT_S):
+                while (await client.status()).reconciler.lag_offsets:
+                    await anyio.sleep(0.02)
+        async with daemon_and_client(tmp_path, **s3, **SLOW) as (_, client):
+            await client.produce("c", 0, [(None, b"tail")])
+            served, tiers = await api_rows(client, "c", 2)
+        assert tiers == {"l0", "l1"}
+        return served
+
+    served = anyio.run(scenario)
+    secret = s3_endpoint.secret_key
+    reader = (
+        spark.read.format("levelzero")
+        .option("config", str(config))
+        .option("s3_access_key", s3_endpoint.access_key)
+        .option("s3_secret_key", secret)
+    )
+    df = reader.load("c")
+    rows = df.collect()
+    assert len(rows) == len(served) == 5
+    plans = df._jdf.queryExecution().toString() + df.where("offset > 0")._jdf.queryExecution().toString()
+    assert secret not in plans
+
+    out = tmp_path / "out"
+    # The daemon's environment, as `levelzero export` would run in it.
+    monkeypatch.setenv("LEVELZERO_S3_ACCESS_KEY", s3_endpoint.access_key)
+    monkeypatch.setenv("LEVELZERO_S3_SECRET_KEY", secret)
+    code = export_main(["--config", str(config), "--out", str(out), "--records", "c"])
+    assert code == 0, capsys.readouterr().err
+    assert parquet_rows(out / "records" / "c.parquet") == served
+    # Without --config the local object store is looked in, and the error says where else to look.
+    code = export_main(["--data-dir", str(tmp_path), "--out", str(out), "--records", "c"])
+    assert code == 1
+    assert "the daemon keeps its objects elsewhere" in capsys.readouterr().err
