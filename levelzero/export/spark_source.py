@@ -41,10 +41,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
-from levelzero.core.l0format import NO_TIMESTAMP, decode_extent, read_header
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent, read_header
 from levelzero.core.state import PartitionState
 
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, ObjectNotFound
 
 from .errors import ExportError
 
@@ -340,9 +340,40 @@ def _where(config: Config) -> str:
 Row = tuple[str, int, int, int | None, bytes | None, bytes, list[tuple[str, bytes | None]]]
 
 
-def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
-    """The records of one object range, as rows of the data source's schema."""
-    config = store_config(source) if isinstance(source, str) else source
+class ObjectGone(ExportError):
+    """An object planned for a read is no longer in the store."""
+
+
+def range_records(config: Config, r: ObjectRange) -> list[Record]:
+    """The records `r.first..r.last` of `r`'s partition, as planned.
+
+    A read is a snapshot of the records as of planning, even while the daemon moves on: the
+    GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
+    grace period over), so a planned L0 extent may be gone by the time a task reads it. Its
+    offsets are then planned again (a read of the control plane, now) and read from where they
+    are now: the same records, from L1. Only if they are not in the store any more (deleted by
+    retention since) does the read fail, saying so."""
+    try:
+        return _object_records(config, r)
+    except ObjectGone as gone:
+        missing = gone
+    again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
+    records: list[Record] = []
+    expected = r.first
+    for a in again:
+        if a.first != expected or a.object_key == r.object_key:
+            break  # a gap, or the same object still planned: the records are not there
+        records += _object_records(config, a)
+        expected = a.last + 1
+    if expected != r.last + 1:
+        raise ExportError(
+            f"{r.topic}/{r.partition} offsets {r.first}..{r.last}: {missing}, and the offsets are"
+            " no longer in the store (deleted since planning?)"
+        )
+    return records
+
+
+def _object_records(config: Config, r: ObjectRange) -> list[Record]:
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
         raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
@@ -352,11 +383,16 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
         (extent,) = read_header(data, where).extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
         records = decode_extent(raw, extent.checksum, extent.record_count, where)
-    for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
-        rec = records[i]
+    return records[r.first - r.base_offset : r.last - r.base_offset + 1]
+
+
+def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
+    """The records of one object range, as rows of the data source's schema (timestamps in
+    milliseconds)."""
+    config = store_config(source) if isinstance(source, str) else source
+    for offset, rec in enumerate(range_records(config, r), r.first):
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        headers = list(rec.headers)
-        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, headers)
+        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(rec.headers))
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
@@ -366,23 +402,34 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
 
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
-    rows = list(read_range(source, r))
-    count = len(rows)
-    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True) if rows else ((),) * 7
+    config = store_config(source) if isinstance(source, str) else source
+    records = range_records(config, r)
+    count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array([None if t is None else t * 1000 for t in timestamps], pa.int64()).cast(
-                SCHEMA.field("timestamp").type
+            pa.array(range(r.first, r.first + count), pa.int64()),
+            _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
+            pa.array([rec.key for rec in records], pa.binary()),
+            pa.array([rec.value for rec in records], pa.binary()),
+            pa.array(
+                [[{"key": k, "value": v} for k, v in rec.headers] for rec in records],
+                SCHEMA.field("headers").type,
             ),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], SCHEMA.field("headers").type),
         ],
         schema=SCHEMA,
     )
+
+
+def _timestamps(millis: list[int], arrow_type: Any) -> Any:
+    """Milliseconds (NO_TIMESTAMP: none) as the TIMESTAMP column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ms = pa.array(millis, pa.int64())
+    micros = pc.multiply(ms, 1000)
+    return pc.if_else(pc.equal(ms, NO_TIMESTAMP), None, micros).cast(arrow_type)
 
 
 def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -395,7 +442,7 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
         except FileNotFoundError:
-            raise ExportError(
+            raise ObjectGone(
                 f"object {key} is not in {config.storage.objects_dir}: collected since planning, or"
                 " the daemon keeps its objects elsewhere (S3: read with the daemon's TOML, --config"
                 " or option config)"
@@ -414,6 +461,8 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
 
     try:
         return anyio.run(read)
+    except ObjectNotFound as error:
+        raise ObjectGone(f"object {key}: {error}") from None
     except LevelZeroError as error:
         raise ExportError(f"object {key}: {error}") from None
 

@@ -18,7 +18,7 @@ from daemon_support import daemon_and_client, postgres_control, postgres_overrid
 from levelzero.cli.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
-from levelzero.export.spark_source import Selection, plan, register, store_config
+from levelzero.export.spark_source import Selection, plan, read_batch, register, store_config
 
 WAIT_S = 15.0
 FAST = {"gc__enabled": False, "reconciler__interval_s": 0.05, "housekeeper__enabled": False}
@@ -390,3 +390,82 @@ def test_credentials_as_options_and_export_records_from_an_s3_daemon(
     code = export_main(["--data-dir", str(tmp_path), "--out", str(out), "--records", "c"])
     assert code == 1
     assert "the daemon keeps its objects elsewhere" in capsys.readouterr().err
+
+
+# GC every second under a 1 s grace, the epoch bumped every second, a quick reconciler.
+CHURN = {
+    "gc__enabled": True,
+    "gc__interval_s": 1.0,
+    "gc__idle_backoff_max_s": 1.0,
+    "gc__grace_s": 1.0,
+    "node__epoch_bump_interval_s": 1.0,
+    "reconciler__interval_s": 0.05,
+}
+
+
+def test_a_read_planned_over_l0_objects_reads_them_from_l1_once_the_gc_deleted_them(
+    tmp_path: Path, spark
+) -> None:
+    """A read is a snapshot as of planning: its ranges are planned over L0 extents, then the
+    reconciler copies them to L1 and the GC (every second, 1 s grace) deletes the L0 objects
+    while a producer keeps writing; the planned ranges, read as a task reads them, give the
+    records as of planning, byte for byte (from L1 now). A Spark read under the same churn
+    gives every record up to its planning."""
+
+    async def scenario() -> tuple[list, list, int]:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("g", 2)
+            for i in range(6):
+                for partition in range(2):
+                    await client.produce("g", partition, [f"v{i}-{j}".encode() * 20 for j in range(30)])
+            served, tiers = await api_rows(client, "g", 2)
+        assert tiers == {"l0"}
+        planned = plan(str(tmp_path), "g")
+        assert {r.tier for r in planned} == {"l0"}
+        l0_files = {tmp_path / "objects" / r.object_key for r in planned}
+        assert all(path.exists() for path in l0_files)
+
+        async with daemon_and_client(tmp_path, **CHURN) as (_, client):
+            produced = 0
+
+            async def producer() -> None:
+                nonlocal produced
+                while True:
+                    await client.produce("g", produced % 2, [b"during the read"])
+                    produced += 1
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(producer)
+                with anyio.fail_after(60):
+                    while any(path.exists() for path in l0_files):
+                        await client.run_housekeeper(force=True)  # M(p) follows the LRO now
+                        await anyio.sleep(0.2)
+                # The planned objects are gone; read as the tasks would, while the GC goes on.
+                batches = [await anyio.to_thread.run_sync(read_batch, str(tmp_path), r) for r in planned]
+                read = await anyio.to_thread.run_sync(lambda: spark_rows(spark, tmp_path, "g"))
+                tg.cancel_scope.cancel()
+        rows = sorted(
+            (
+                (
+                    b["topic"],
+                    b["partition"],
+                    b["offset"],
+                    b["timestamp"],
+                    b["key"],
+                    b["value"],
+                    [(h["key"], h["value"]) for h in b["headers"]],
+                )
+                for batch in batches
+                for b in batch.to_pylist()
+            ),
+            key=lambda row: (row[1], row[2]),
+        )
+        assert rows == served
+        return served, read, produced
+
+    served, read, produced = anyio.run(scenario)
+    assert produced > 0
+    before = 6 * 30  # offsets per partition produced before the churn
+    assert [row for row in read if row[2] < before] == served
+    assert all(row[5] == b"during the read" for row in read if row[2] >= before)
