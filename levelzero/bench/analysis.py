@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import resource
+import statistics
 import shutil
 import sys
 import time
@@ -48,6 +49,7 @@ MICROS_PER_S = 1_000_000
 FLOOR_TABLES = 2  # the floor computes the GC lag summary and throughput per bucket
 FLOOR_BUCKET_S = 60.0
 TARGET_RATIO_MAX = 1.5
+DATA_SOURCE_RATIO_MIN = 0.5  # format("levelzero") against Parquet of the same records
 RECORDS_TOPIC = "bench-records"
 RECORD_PARTITIONS = 4
 RECORD_VALUE_BYTES = 512
@@ -252,17 +254,21 @@ def _scan(frame: DataFrame) -> tuple[int, int]:
 
 async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> Figure:
     from levelzero.export.records import export_records
-    from levelzero.export.spark_source import register
+    from levelzero.export.spark_source import TASK_BYTES_DEFAULT, register
+
+    from .arrow_source import FORMAT_NAME, ArrowFileSource
 
     records = settings.pick(400_000, 8_000)
-    rounds = settings.pick(3, 1)
+    rounds = settings.pick(5, 1)
     data_dir = root / "records-data"
     await fill_records(data_dir, records)
     exported = export_records(str(data_dir), str(root / "records-out"), RECORDS_TOPIC)
     assert exported.records == records
     register(spark)
+    spark.dataSource.register(ArrowFileSource)
     expected = (records, records * RECORD_VALUE_BYTES)
     mb = records * RECORD_VALUE_BYTES / BYTES_PER_MB
+    tasks = spark.sparkContext.defaultParallelism
 
     def timed(load: Callable[[], DataFrame]) -> float:
         started = time.monotonic()
@@ -275,7 +281,13 @@ async def records_figure(spark: SparkSession, root: Path, settings: Settings) ->
     def parquet() -> DataFrame:
         return spark.read.parquet(f"file://{exported.path}")
 
+    def ceiling() -> DataFrame:
+        return spark.read.format(FORMAT_NAME).option("path", exported.path).option("tasks", str(tasks)).load()
+
+    timed(source)  # the Python workers started and warm, as Parquet's JVM side is
+    timed(parquet)
     pairs = []
+    ceilings = []
     for i in range(rounds):
         if i % 2 == 0:
             a = timed(source)
@@ -284,14 +296,25 @@ async def records_figure(spark: SparkSession, root: Path, settings: Settings) ->
             b = timed(parquet)
             a = timed(source)
         pairs.append((a, b))
+        ceilings.append(timed(ceiling))
     return figure(
         ITEM,
         f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
         "MB/s",
         pairs,
+        target=Target(DATA_SOURCE_RATIO_MIN, higher_is_better=True),
         sut_label='format("levelzero")',
         floor_label="export --records Parquet",
-        notes={"records": records, "object_ranges": exported.ranges, "value_mb": mb},
+        notes={
+            "records": records,
+            "object_ranges": exported.ranges,
+            "value_mb": mb,
+            "task_bytes": TASK_BYTES_DEFAULT,
+            "python_source_ceiling_mb_s": [round(c, 1) for c in ceilings],
+            "python_source_ceiling_ratio": statistics.median(
+                c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
+            ),
+        },
     )
 
 

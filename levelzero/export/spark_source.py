@@ -33,6 +33,7 @@ partition; executors read the objects themselves, through the daemon's own objec
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -81,6 +82,7 @@ class ObjectRange:
     byte_length: int = 0
     record_count: int = 0
     checksum: int = 0
+    size_bytes: int = 0  # the bytes read for it (an estimate for L1: the object's size, prorated)
 
 
 def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionState:
@@ -272,16 +274,17 @@ def _partition_ranges(
     l1_high = min(state.lro, high)
     if low <= l1_high:
         rows = db.execute(
-            "SELECT key, base_offset, last_offset, term FROM l1_objects"
+            "SELECT key, base_offset, last_offset, term, size FROM l1_objects"
             " WHERE pid = ? AND state = ? ORDER BY base_offset",
             (pid, _COPY_FINISHED),
         ).fetchall()
-        for key, base, last, term in rows:
+        for key, base, last, term, size in rows:
             if not state.l1_range_valid(term, base, last):
                 continue
             first, stop = max(base, low), min(last, l1_high)
             if first <= stop:
-                yield ObjectRange(topic, partition, "l1", key, base, first, stop)
+                share = size * (stop - first + 1) // (last - base + 1)
+                yield ObjectRange(topic, partition, "l1", key, base, first, stop, size_bytes=share)
     if low > high:
         return
     placeholders = db.execute(
@@ -310,6 +313,7 @@ def _partition_ranges(
             p.byte_length,
             p.record_count,
             p.checksum,
+            p.byte_length,
         )
 
 
@@ -413,13 +417,27 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
             pa.array([rec.value for rec in records], pa.binary()),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in rec.headers] for rec in records],
-                SCHEMA.field("headers").type,
-            ),
+            _headers([rec.headers for rec in records], SCHEMA.field("headers").type),
         ],
         schema=SCHEMA,
     )
+
+
+def _headers(headers: list[tuple[tuple[str, bytes | None], ...]], arrow_type: Any) -> Any:
+    """The headers column, built from the flat keys and values and each record's offset into
+    them (no dict per header, nothing per record without headers)."""
+    import pyarrow as pa
+
+    offsets = list(itertools.accumulate(map(len, headers), initial=0))
+    if offsets[-1] == 0:
+        flat = pa.array([], arrow_type.value_type)
+    else:
+        pairs = [pair for h in headers for pair in h]
+        flat = pa.StructArray.from_arrays(
+            [pa.array([k for k, _ in pairs], pa.string()), pa.array([v for _, v in pairs], pa.binary())],
+            fields=list(arrow_type.value_type),
+        )
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=arrow_type)
 
 
 def _timestamps(millis: list[int], arrow_type: Any) -> Any:
@@ -503,8 +521,29 @@ except ImportError:  # pragma: no cover - pyspark is in the analysis extra
 
 
 class _Partition(InputPartition):
-    def __init__(self, r: ObjectRange) -> None:
-        self.range = r
+    """One Spark task: consecutive object ranges, read one Arrow batch each."""
+
+    def __init__(self, ranges: Sequence[ObjectRange]) -> None:
+        self.ranges = tuple(ranges)
+
+
+def tasks(ranges: Sequence[ObjectRange], task_bytes: int) -> list[list[ObjectRange]]:
+    """`ranges` in order, cut into tasks of about `task_bytes` (a range is never split; one
+    larger than that is a task of its own). A task costs Spark a scheduling round trip and a
+    Python worker's call: object ranges of a few MB each, one task apiece, spent more time on
+    that than on reading (as Spark groups the files of a Parquet read into tasks of
+    spark.sql.files.maxPartitionBytes)."""
+    assert task_bytes > 0, task_bytes
+    out: list[list[ObjectRange]] = []
+    size = 0
+    for r in ranges:
+        if out and size + r.size_bytes <= task_bytes:
+            out[-1].append(r)
+            size += r.size_bytes
+        else:
+            out.append([r])
+            size = r.size_bytes
+    return out
 
 
 # Whether Spark keeps the read planned with pushed filters to the one scan that pushed them.
@@ -519,15 +558,18 @@ PLAN_SCOPED_TO_SCAN = hasattr(DataSourceReader, "pushLimit")
 class LevelZeroReader(DataSourceReader):
     """Reads the object ranges its selection (the options) plans."""
 
-    def __init__(self, config: Config, topic: str, selection: Selection) -> None:
+    def __init__(self, config: Config, topic: str, selection: Selection, task_bytes: int) -> None:
         self.config, self.topic, self.selection = config, topic, selection
+        self.task_bytes = task_bytes
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [_Partition(r) for r in plan(self.config, self.topic, self.selection)]
+        ranges = plan(self.config, self.topic, self.selection)
+        return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, _Partition), partition
-        yield read_batch(self.config, partition.range)
+        for r in partition.ranges:
+            yield read_batch(self.config, r)
 
 
 class LevelZeroPushdownReader(LevelZeroReader):
@@ -579,10 +621,13 @@ class LevelZeroDataSource(DataSource):
             options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
         )
         reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        return reader(config, topic, selection_of(options))
+        task_bytes = _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
+        return reader(config, topic, selection_of(options), task_bytes)
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# The object ranges of one Spark task (option task_bytes): as spark.sql.files.maxPartitionBytes.
+TASK_BYTES_DEFAULT = 128 * 1024 * 1024
 
 
 def register(spark: SparkSession) -> None:

@@ -18,7 +18,15 @@ from daemon_support import daemon_and_client, postgres_control, postgres_overrid
 from levelzero.cli.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
-from levelzero.export.spark_source import Selection, plan, read_batch, register, store_config
+from levelzero.export.spark_source import (
+    ObjectRange,
+    Selection,
+    plan,
+    read_batch,
+    register,
+    store_config,
+    tasks,
+)
 
 WAIT_S = 15.0
 FAST = {"gc__enabled": False, "reconciler__interval_s": 0.05, "housekeeper__enabled": False}
@@ -83,7 +91,7 @@ def spark_rows(
     df = reader.load(topic)
     if where is not None:
         df = df.where(where)
-    if partitions is not None:  # one Spark partition per planned object range, none empty
+    if partitions is not None:  # Spark partitions holding records
         from pyspark.sql import functions as F
 
         assert df.select(F.spark_partition_id().alias("p")).distinct().count() == partitions
@@ -225,7 +233,7 @@ def test_spark_reads_from_s3_with_a_postgresql_control_plane(
             ranges = await anyio.to_thread.run_sync(plan, store_config(config_path=str(config)), "s")
             assert {r.tier for r in ranges} == {"l0", "l1"}
             read = await anyio.to_thread.run_sync(
-                lambda: spark_rows(spark, None, "s", config=config, partitions=len(ranges))
+                lambda: spark_rows(spark, None, "s", config=config, partitions=len(ranges), task_bytes=1)
             )
             assert len(served) == 4 + 3
             assert read == served
@@ -299,6 +307,19 @@ def test_plans_for_topic_partition_and_offset_filters(tmp_path: Path) -> None:
     assert not Selection().push(EqualTo(("key",), b"k"))
 
 
+def test_object_ranges_are_grouped_into_tasks_of_about_task_bytes() -> None:
+    def sized(*sizes: int) -> list[ObjectRange]:
+        return [ObjectRange("t", 0, "l0", f"k{i}", i, i, i, size_bytes=s) for i, s in enumerate(sizes)]
+
+    def shape(grouped: list[list[ObjectRange]]) -> list[list[int]]:
+        return [[r.size_bytes for r in task] for task in grouped]
+
+    assert shape(tasks(sized(40, 40, 40, 40, 10), 100)) == [[40, 40], [40, 40, 10]]
+    assert shape(tasks(sized(300, 10, 10), 100)) == [[300], [10, 10]]  # never split
+    assert shape(tasks(sized(5, 5), 1)) == [[5], [5]]
+    assert tasks([], 100) == []
+
+
 def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path, spark) -> None:
     async def scenario() -> None:
         async with daemon_and_client(tmp_path, **SLOW) as (_, client):
@@ -315,6 +336,7 @@ def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path,
         .option("data_dir", str(tmp_path))
         .option("partitions", "0, 2")
         .option("start_offset", "5")
+        .option("task_bytes", "1")  # a task per object range
         .load("o")
     )
     assert df.rdd.getNumPartitions() == 4  # two extents in each of partitions 0 and 2
@@ -469,3 +491,36 @@ def test_a_read_planned_over_l0_objects_reads_them_from_l1_once_the_gc_deleted_t
     before = 6 * 30  # offsets per partition produced before the churn
     assert [row for row in read if row[2] < before] == served
     assert all(row[5] == b"during the read" for row in read if row[2] >= before)
+
+
+def test_a_batch_carries_timestamps_headers_and_null_keys_column_by_column(tmp_path: Path) -> None:
+    """The Arrow batch of an extent (built column by column): TIMESTAMP from milliseconds, null
+    where the record has none; headers as lists of (key, value) with null values; null keys;
+    only the planned offsets."""
+    from levelzero.core.l0format import Record, checksum, encode_extent
+
+    records = [
+        Record(b"k0", b"v0", 1_700_000_000_123, (("h", b"1"), ("n", None))),
+        Record(None, b"v1"),
+        Record(b"k2", b"", 5, ()),
+        Record(b"k3", b"v3", 7, (("only", b""),)),
+    ]
+    extent = encode_extent(records)
+    (tmp_path / "objects").mkdir()
+    (tmp_path / "objects" / "x").write_bytes(b"junk" + extent)
+    r = ObjectRange("t", 3, "l0", "x", 100, 101, 103, 4, len(extent), 4, checksum(extent))
+    rows = read_batch(str(tmp_path), r).to_pylist()
+    assert [(row["offset"], row["partition"], row["topic"]) for row in rows] == [
+        (101, 3, "t"),
+        (102, 3, "t"),
+        (103, 3, "t"),
+    ]
+    assert [row["timestamp"] for row in rows] == [None, utc(5), utc(7)]
+    assert [row["key"] for row in rows] == [None, b"k2", b"k3"]
+    assert [row["value"] for row in rows] == [b"v1", b"", b"v3"]
+    assert [row["headers"] for row in rows] == [[], [], [{"key": "only", "value": b""}]]
+    first = read_batch(
+        str(tmp_path), ObjectRange("t", 3, "l0", "x", 100, 100, 100, 4, len(extent), 4, checksum(extent))
+    )
+    assert first.to_pylist()[0]["headers"] == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
+    assert first.to_pylist()[0]["timestamp"] == utc(1_700_000_000_123)
