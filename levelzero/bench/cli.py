@@ -65,7 +65,11 @@ ITEMS: tuple[Item, ...] = (
     Item(
         "control", "control", "10. PostgreSQL control plane: durable produce vs raw asyncpg; commit latency"
     ),
-    Item("analysis", "analysis", "11. levelzero analyze vs a hand-written PySpark job, per result table"),
+    Item(
+        "analysis",
+        "analysis",
+        "11. levelzero analyze vs a hand-written job of the same tables; the data source vs Parquet",
+    ),
     Item(
         "cluster",
         "cluster",

@@ -58,6 +58,7 @@ from .inputs import ExportInput, check_java, load_inputs
 from .locations import local_path
 from .readable import human
 
+APP_NAME = "levelzero-analysis"  # when neither the caller nor spark-submit named it
 DEFAULT_MASTER = "local[*]"  # when neither the caller nor spark-submit chose one
 SHUFFLE_PARTITIONS_LOCAL = 8  # Spark's 200 default is made for clusters, not one machine
 
@@ -97,7 +98,8 @@ class AnalysisReport:
                 f"throughput: {show('records_total')} records, {show('bytes_total')} in "
                 f"{show('partitions')} partitions",
                 f"analysed in {self.duration_s:.1f} s (bucket {self.bucket_s:g} s) on "
-                f"{show('spark_master')}, {show('shuffle_partitions')} shuffle partitions",
+                f"{show('spark_master')}, {show('shuffle_partitions')} shuffle partitions, "
+                f"application {show('spark_app_name')}",
             ]
         )
 
@@ -209,7 +211,9 @@ def _session(master: str | None, conf: dict[str, str]) -> tuple[Any, bool]:
                 raise AnalysisError(f"cannot set {key} on the active session: {first_line}") from None
         return active, False
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started the JVM for us
-    builder = SparkSession.builder.appName("levelzero-analysis")
+    builder = SparkSession.builder
+    if not submitted:  # spark-submit named the application already (--name, or the script's)
+        builder = builder.appName(APP_NAME)
     chosen = master or (None if submitted else DEFAULT_MASTER)
     if chosen is not None:
         builder = builder.master(chosen)

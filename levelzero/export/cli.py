@@ -1,7 +1,7 @@
 """`levelzero export` and `levelzero analyze`: argument parsing, progress and exit codes.
 
     levelzero export (--data-dir DIR | --db FILE) --out DIR [--quiet]
-    levelzero export --data-dir DIR --out DIR --records TOPIC
+    levelzero export (--data-dir DIR | --config FILE) --out DIR --records TOPIC
     levelzero analyze --in DIR [--in DIR ...] --out REPORT_DIR [--master URL]
                       [--conf KEY=VALUE ...] [--bucket-s S]
 
@@ -69,6 +69,12 @@ def export_main(argv: Sequence[str]) -> int:
     source.add_argument("--data-dir", metavar="DIR", help="the daemon's data directory")
     source.add_argument("--db", metavar="FILE", help="the store's SQLite file (levelzero.db)")
     source.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the daemon's TOML file (with its LEVELZERO_* environment): its control plane, and "
+        "for --records its object store (local or S3)",
+    )
+    source.add_argument(
         "--dsn",
         metavar="DSN",
         help="a PostgreSQL control plane, postgresql://USER@HOST:PORT/DB (no password in it: "
@@ -80,7 +86,7 @@ def export_main(argv: Sequence[str]) -> int:
         "--records",
         metavar="TOPIC",
         help="write TOPIC's records (from L1 and L0 objects) to OUT/records/TOPIC.parquet "
-        "instead of the tables (needs --data-dir)",
+        "instead of the tables (needs --data-dir or --config)",
     )
     args = _parse(parser, argv)
     if isinstance(args, int):
@@ -97,6 +103,14 @@ def export_main(argv: Sequence[str]) -> int:
         return _fail(prog, "--dsn must start with postgresql://")
     password = os.environ.get("LEVELZERO_CONTROL_PASSWORD") or None
     try:
+        if args.config:
+            from .spark_source import store_config
+
+            config = store_config(config_path=args.config)
+            if config.control.kind == "postgres":
+                db_path, password = config.control.dsn, config.control.read_password()
+            else:
+                db_path = config.storage.db_path
         out = local_path(args.out, "output directory", ExportError)
         report = export(
             db_path, out, progress=None if args.quiet else _ProgressPrinter(prog), password=password
@@ -112,16 +126,19 @@ def export_main(argv: Sequence[str]) -> int:
 
 
 def _export_records(prog: str, args: argparse.Namespace) -> int:
-    if not args.data_dir:
-        print(f"{prog}: error: --records needs --data-dir (the local object store)", file=sys.stderr)
+    if not (args.data_dir or args.config):
+        print(
+            f"{prog}: error: --records needs --data-dir or --config (where the objects are)", file=sys.stderr
+        )
         return EXIT_USAGE
     from .errors import ExportError
     from .locations import local_path
     from .records import export_records
+    from .spark_source import store_config
 
     try:
         out = local_path(args.out, "output directory", ExportError)
-        report = export_records(args.data_dir, out, args.records)
+        report = export_records(store_config(args.data_dir, args.config), out, args.records)
     except LevelZeroError as error:
         return _fail(prog, str(error))
     except KeyboardInterrupt:

@@ -11,6 +11,10 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
 from collections.abc import Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -26,6 +30,7 @@ from .locations import spark_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
 
+OUTPUT_TIMESTAMP_TYPE = "spark.sql.parquet.outputTimestampType"
 BUCKETS_MAX = 240  # time buckets of the over-time results, when the analysis chooses the bucket
 BUCKETS_REQUESTED_MAX = 20_000  # ... and when the caller chose it
 NICE_BUCKETS_S = (
@@ -99,6 +104,12 @@ def _count(condition: Column | None = None) -> Column:
     return F.count(F.lit(1)) if condition is None else F.count(F.when(condition, 1))
 
 
+def _utc(value: Any) -> Any:
+    """A collected TIMESTAMP as an aware UTC datetime (pyspark hands them over naive, in this
+    process's local time); any other value as it is."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
+
+
 def _decisions(condition: Column | None = None) -> Column:
     """Fence decisions (a fence_events row stands for `decisions` of them), where `condition`."""
     decisions = F.col("decisions").cast("long")
@@ -126,6 +137,7 @@ class SparkAnalysis:
             self.results = self._time_grid(frames, rows)
             self.results.figures.update(
                 spark_master=self.spark.sparkContext.master,
+                spark_app_name=self.spark.sparkContext.appName,
                 shuffle_partitions=int(str(self.spark.conf.get("spark.sql.shuffle.partitions"))),
             )
             self.grid = self.spark.range(self.results.buckets).withColumnRenamed("id", "b")
@@ -162,6 +174,21 @@ class SparkAnalysis:
             # shuffle: do it once, not in every result that reads the table.
             frame = self._cache(frame.dropDuplicates(list(TABLES[table].key)))
         return frame
+
+    @contextmanager
+    def _timestamps_as_micros(self) -> Iterator[None]:
+        """Spark writes TIMESTAMP as Parquet TIMESTAMP_MICROS (UTC), as the export does, not
+        its INT96 default; the session's setting is restored after."""
+        conf = self.spark.conf
+        before = conf.get(OUTPUT_TIMESTAMP_TYPE, None)
+        conf.set(OUTPUT_TIMESTAMP_TYPE, "TIMESTAMP_MICROS")
+        try:
+            yield
+        finally:
+            if before is None:
+                conf.unset(OUTPUT_TIMESTAMP_TYPE)
+            else:
+                conf.set(OUTPUT_TIMESTAMP_TYPE, before)
 
     def _cache(self, frame: DataFrame) -> DataFrame:
         frame = frame.cache()
@@ -204,14 +231,17 @@ class SparkAnalysis:
         return F.floor((F.col(column) - F.lit(t0)) / F.lit(bucket_s)).cast("long")
 
     def _bucket_start(self) -> Column:
+        """The bucket's start as a TIMESTAMP (microseconds, UTC), as the export's times."""
         t0, bucket_s = self.results.t0, self.results.bucket_s
-        return (F.lit(t0) + F.col("b") * F.lit(bucket_s)).alias("bucket_start")
+        seconds = F.lit(t0) + F.col("b") * F.lit(bucket_s)
+        return F.timestamp_micros(F.round(seconds * F.lit(MICROS_PER_S)).cast("long")).alias("bucket_start")
 
     def _keep(self, name: str, frame: DataFrame, order: Sequence[str | Column] = ()) -> ResultTable:
         """Collect a small result, ordered, for the report and the result files."""
         if order:
             frame = frame.orderBy(*order)
-        table = ResultTable(list(frame.columns), [row.asDict() for row in frame.collect()])
+        rows = [{k: _utc(v) for k, v in row.asDict().items()} for row in frame.collect()]
+        table = ResultTable(list(frame.columns), rows)
         self.results.tables[name] = table
         return table
 
@@ -648,16 +678,17 @@ class SparkAnalysis:
         )
         per_bucket = self._cache(per_bucket)
         path = join(self.out_dir, "tables", "throughput_partition_buckets")
-        per_bucket.select(
-            "topic",
-            "partition",
-            self._bucket_start(),
-            "records",
-            "bytes",
-            "placeholders",
-            (F.col("records") / bucket_s).alias("records_per_s"),
-            (F.col("bytes") / bucket_s).alias("bytes_per_s"),
-        ).write.mode("overwrite").parquet(spark_uri(path))
+        with self._timestamps_as_micros():
+            per_bucket.select(
+                "topic",
+                "partition",
+                self._bucket_start(),
+                "records",
+                "bytes",
+                "placeholders",
+                (F.col("records") / bucket_s).alias("records_per_s"),
+                (F.col("bytes") / bucket_s).alias("bytes_per_s"),
+            ).write.mode("overwrite").parquet(spark_uri(path))
         self.results.spark_tables["throughput_partition_buckets"] = path
         totals = per_bucket.groupBy("b").agg(
             F.sum("records").alias("records"),

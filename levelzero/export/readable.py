@@ -47,6 +47,39 @@ def human_number(value: float) -> str:
     return f"{value:.{SIGNIFICANT_DIGITS}g}"
 
 
+DURATION_UNITS = (("s", 1.0), ("min", 60.0), ("h", 3_600.0), ("d", 86_400.0))
+DURATION_UNIT_FROM = 2.0  # a unit is used from two of it: 90 s stays seconds, 150 s is 2.5 min
+
+
+def duration_unit(seconds_max: float) -> tuple[str, float]:
+    """The unit to show durations up to `seconds_max` in, and its length in seconds: long
+    holder times read as "3.2 h", not 11,520 seconds."""
+    chosen = DURATION_UNITS[0]
+    for unit in DURATION_UNITS:
+        if seconds_max >= DURATION_UNIT_FROM * unit[1]:
+            chosen = unit
+    return chosen
+
+
+def y_limits(values: list[float], *, span_min: float = 0.0) -> tuple[float, float]:
+    """A y axis that does not magnify noise. Values that are all >= 0 are shown from zero
+    (a throughput steady to 0.02% is a flat line, not a storm); otherwise, or with `span_min`
+    (epochs, which only make sense near their values), the axis spans at least `span_min`
+    around the values. Never an empty range."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return 0.0, 1.0
+    lo, hi = min(finite), max(finite)
+    if lo >= 0 and not span_min:
+        return 0.0, hi * 1.05 if hi > 0 else 1.0
+    span = max(hi - lo, span_min, abs(hi) * 1e-9, 1.0)
+    middle = (hi + lo) / 2
+    bottom = middle - span * 0.55
+    if lo >= 0:
+        bottom = max(0.0, bottom)
+    return bottom, bottom + span * 1.1
+
+
 def human(name: str, value: Any, unit: str = "") -> str:
     """A figure called `name`, for people ("n/a" when unknown)."""
     if value is None:

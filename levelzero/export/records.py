@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
 from .errors import ExportError
 from .schemas import RECORDS_SCHEMA as SCHEMA
 from .spark_source import plan, read_batch
+
+if TYPE_CHECKING:
+    from levelzero.config import Config
 
 RECORDS_DIR = "records"
 
@@ -38,8 +42,10 @@ def records_path(out_dir: str, topic: str) -> str:
     return os.path.join(out_dir, RECORDS_DIR, f"{topic}.parquet")
 
 
-def export_records(data_dir: str, out_dir: str, topic: str) -> RecordsReport:
-    ranges = plan(data_dir, topic)
+def export_records(source: str | Config, out_dir: str, topic: str) -> RecordsReport:
+    """`source`: a data directory (embedded defaults: SQLite, local objects) or the daemon's
+    configuration (its control plane and object store, S3 included)."""
+    ranges = plan(source, topic)
     path = records_path(out_dir, topic)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temp = os.path.join(os.path.dirname(path), f".{topic}.parquet.tmp")
@@ -47,7 +53,7 @@ def export_records(data_dir: str, out_dir: str, topic: str) -> RecordsReport:
     try:
         with pq.ParquetWriter(temp, SCHEMA) as writer:
             for r in ranges:
-                batch = read_batch(data_dir, r)
+                batch = read_batch(source, r)
                 writer.write_batch(batch)
                 count += batch.num_rows
         os.replace(temp, path)

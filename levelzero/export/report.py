@@ -13,14 +13,14 @@ import html
 import io
 import os
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from .readable import human, human_bytes, human_number
+from .readable import duration_unit, human, human_bytes, human_number, y_limits
 from .results import Results, ResultTable
 
 if TYPE_CHECKING:  # matplotlib is imported when plots are drawn
@@ -30,6 +30,7 @@ TOP_ROWS_SHOWN = 20  # rows of a per-partition table shown in the report
 TOP_PARTITIONS_PLOTTED = 5
 PLOT_DPI = 110
 HOLDERS_PLOT_MIN_HEIGHT_IN = 2.4  # one holder still gets a readable plot
+EPOCH_AXIS_SPAN_MIN = 10.0  # epochs: a watermark steady at 100,000 is not stretched over the plot
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ def _write_tables(results: Results, tables_dir: str) -> dict[str, str]:
 
 def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
     """Bucket ends: a value at a bucket is the value at its end."""
-    return [datetime.fromtimestamp(r["bucket_start"] + bucket_s, UTC) for r in rows]
+    return [r["bucket_start"] + timedelta(seconds=bucket_s) for r in rows]
 
 
 def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
@@ -169,11 +170,12 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.plot(times, [r["l1_live_bytes"] for r in storage], label="L1 live bytes")
         axis.set_ylabel("bytes")
         axis.yaxis.set_major_formatter(bytes_axis)
+        axis.set_ylim(*y_limits([r[c] for r in storage for c in ("l0_live_bytes", "l1_live_bytes")]))
         twin = axis.twinx()
-        twin.plot(
-            times, [r["amplification"] for r in storage], color="gray", linestyle="--", label="(L0 + L1) / L1"
-        )
+        amplification = [r["amplification"] for r in storage]
+        twin.plot(times, amplification, color="gray", linestyle="--", label="(L0 + L1) / L1")
         twin.set_ylabel("amplification")
+        twin.set_ylim(*y_limits(amplification))
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
         save("storage_over_time", figure)
@@ -200,6 +202,8 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
                 label="M seen by GC rounds",
             )
         axis.set_ylabel("epoch")
+        epochs = [r[c] for r in watermark for c in ("max_applied_epoch", "m")] + [r["m"] for r in gc_rounds]
+        axis.set_ylim(*y_limits(epochs, span_min=EPOCH_AXIS_SPAN_MIN))
         axis.legend(loc="upper left")
         save("watermark_over_time", figure)
 
@@ -230,6 +234,8 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
                 label="E − M seen by GC rounds",
             )
         axis.set_ylabel("epochs")
+        lags = [r[c] for r in cluster_lags for c in ("cluster_lag_epochs", "partition_lag_max")]
+        axis.set_ylim(*y_limits(lags + [r["cluster_lag_epochs"] for r in round_lags]))
         axis.legend(loc="upper left")
         save("cluster_lag", figure)
 
@@ -239,8 +245,10 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         height = max(HOLDERS_PLOT_MIN_HEIGHT_IN, 0.9 + 0.3 * len(holders))
         figure, axis = plt.subplots(figsize=(9, height))
         names = [f"{r['topic']}/{r['partition']}" for r in holders][::-1]
-        axis.barh(names, [r["seconds_holding_m"] for r in holders][::-1])
-        axis.set_xlabel("seconds at the minimum M(p) while another partition was above it")
+        held = [r["seconds_holding_m"] for r in holders][::-1]
+        unit, unit_s = duration_unit(max(held))
+        axis.barh(names, [h / unit_s for h in held])
+        axis.set_xlabel(f"time ({unit}) at the minimum M(p) while another partition was above it")
         axis.set_title("Partitions that held the GC watermark back")
         axis.grid(alpha=0.3, axis="x")
         save("watermark_holders", figure)
@@ -259,6 +267,7 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         left.set_xlabel("window upper edge (epoch range)")
         left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
         left.set_ylabel("rejection rate")
+        left.set_ylim(*y_limits([r["rejection_rate"] for r in by_window]))
         right.bar([str(r["window_size"]) for r in sizes], [r["events"] for r in sizes])
         right.set_title("Window size at fence time")
         right.set_xlabel("window_max - window_min + 1")
@@ -277,6 +286,9 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         ):
             axis.step(times, [r[column] for r in reconciler], where="post", label=label)
         axis.set_ylabel("records")
+        axis.set_ylim(
+            *y_limits([r[c] for r in reconciler for c in ("unreconciled_total", "unreconciled_max")])
+        )
         axis.legend(loc="upper left")
         save("reconciler_lag", figure)
 
@@ -286,11 +298,13 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         times = _times(throughput, bucket_s)
         axis.plot(times, [r["records_per_s"] for r in throughput], label="records/s")
         axis.set_ylabel("records/s")
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
+        axis.set_ylim(*y_limits([r["records_per_s"] for r in throughput]))
         twin = axis.twinx()
-        twin.plot(
-            times, [r["bytes_per_s"] for r in throughput], color="gray", linestyle="--", label="bytes/s"
-        )
+        bytes_per_s = [r["bytes_per_s"] for r in throughput]
+        twin.plot(times, bytes_per_s, color="gray", linestyle="--", label="bytes/s")
         twin.set_ylabel("bytes/s")
+        twin.set_ylim(*y_limits(bytes_per_s))
         twin.yaxis.set_major_formatter(bytes_axis)
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
@@ -431,7 +445,7 @@ def _html_table(table: ResultTable, limit: int = TOP_ROWS_SHOWN) -> str:
         for column in table.columns:
             value = row[column]
             if column == "bucket_start" and value is not None:
-                value = datetime.fromtimestamp(value, UTC).strftime("%Y-%m-%d %H:%M:%S")
+                value = value.strftime("%Y-%m-%d %H:%M:%S")
             name = row["figure"] if column == "value" and "figure" in row else column
             cells.append(f"<td>{_format(value, name)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")

@@ -4,18 +4,24 @@
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
-Columns: topic, partition, offset, timestamp (ms since the epoch, null when the record has
-none), key, value, headers (array of (key, value) structs).
+Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
+milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
 
 Where the store is: `data_dir` (a daemon's data directory on embedded defaults: `levelzero.db`
 and the local object store under `objects/`), or `config` (the daemon's TOML file, read as the
 daemon reads it, LEVELZERO_* environment variables and `*_file` secrets included): its object
 store (local or S3/MinIO, with the key prefix) and its control plane (SQLite or PostgreSQL).
+Credentials the TOML leaves to the environment may be given as options instead
+(`s3_access_key`, `s3_secret_key`, `s3_session_token`, `control_password`): the planned read
+carries them to the executors inside Spark's task (never in a log line or a plan string), so the
+executors need no environment of their own. Executors run the data source in Python: their
+`PYSPARK_PYTHON` must be a Python with levelzero installed (the venv's).
 
-Offsets: `start_offset` (inclusive) and `end_offset` (exclusive) options, and filters on the
-`offset` column (`=`, `<`, `<=`, `>`, `>=`, `IN`, `BETWEEN`) pushed down where this pyspark
-offers `pushFilters` (its `spark.sql.python.filterPushdown.enabled` on): either way only the
-objects holding those offsets are planned and read.
+What is read: the options `start_offset` (inclusive), `end_offset` (exclusive) and `partitions`
+("1,7,300") narrow the planned object ranges. Filters on `topic`, `partition` (`=`, `IN`) and
+`offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a set, `BETWEEN`) narrow them too where Spark plans
+each scan from its own pushed filters (see PLAN_SCOPED_TO_SCAN: not up to Spark 4.3, where
+Spark evaluates those filters itself and every query of a DataFrame reads its whole range).
 
 Planning (driver) reads the control plane in one read-only snapshot (SQLite read transaction,
 PostgreSQL REPEATABLE READ) and replays each partition's snapshot plus log with the pure state
@@ -27,18 +33,19 @@ partition; executors read the objects themselves, through the daemon's own objec
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
-from levelzero.core.l0format import NO_TIMESTAMP, decode_extent, read_header
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent, read_header
 from levelzero.core.state import PartitionState
 
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, ObjectNotFound
 
 from .errors import ExportError
 
@@ -53,7 +60,7 @@ FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
 OBJECTS_DIR = "objects"
 SCHEMA_DDL = (
-    "topic string, partition int, offset long, timestamp long, key binary, value binary,"
+    "topic string, partition int, offset long, timestamp timestamp, key binary, value binary,"
     " headers array<struct<key: string, value: binary>>"
 )
 _COPY_FINISHED = "COPY_FINISHED"
@@ -75,6 +82,7 @@ class ObjectRange:
     byte_length: int = 0
     record_count: int = 0
     checksum: int = 0
+    size_bytes: int = 0  # the bytes read for it (an estimate for L1: the object's size, prorated)
 
 
 def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionState:
@@ -91,9 +99,23 @@ def _replay(db: sqlite3.Connection, pid: int, creation_epoch: int) -> PartitionS
     return state
 
 
-def store_config(data_dir: str | None = None, config_path: str | None = None) -> Config:
+# Options naming a credential -> the configuration key they set.
+SECRET_OPTIONS = {
+    "s3_access_key": ("s3", "access_key"),
+    "s3_secret_key": ("s3", "secret_key"),
+    "s3_session_token": ("s3", "session_token"),
+    "control_password": ("control", "password"),
+}
+
+
+def store_config(
+    data_dir: str | None = None,
+    config_path: str | None = None,
+    secrets: Mapping[tuple[str, str], str] | None = None,
+) -> Config:
     """The daemon configuration naming the store: a data directory on embedded defaults, or
-    the daemon's TOML file (with its environment, as the daemon reads it)."""
+    the daemon's TOML file (with its environment, as the daemon reads it), with `secrets`
+    (credentials given as options) over both."""
     from levelzero.config import ConfigError, load_config
 
     if (data_dir is None) == (config_path is None):
@@ -102,10 +124,16 @@ def store_config(data_dir: str | None = None, config_path: str | None = None) ->
         )
     try:
         if config_path is not None:
-            return load_config(config_path)
-        return load_config(None, environ={}, overrides={("storage", "data_dir"): data_dir})
+            return load_config(config_path, overrides=secrets)
+        overrides = {("storage", "data_dir"): data_dir, **(secrets or {})}
+        return load_config(None, environ={}, overrides=overrides)
     except ConfigError as error:
         raise ExportError(str(error)) from None
+
+
+def secrets_of(options: Mapping[str, str]) -> dict[tuple[str, str], str]:
+    """The credentials given as options (SECRET_OPTIONS), by configuration key."""
+    return {key: options[name] for name, key in SECRET_OPTIONS.items() if options.get(name)}
 
 
 @contextmanager
@@ -130,12 +158,93 @@ def _catalog(config: Config) -> Iterator[Any]:
         db.close()
 
 
-def plan(
-    source: str | Config, topic: str, start_offset: int = 0, end_offset: int | None = None
-) -> list[ObjectRange]:
-    """The object ranges holding `topic`'s readable records in `[start_offset, end_offset)`.
-    `source`: a data directory (embedded defaults) or the daemon's configuration."""
+@dataclass(slots=True)
+class Selection:
+    """What one read asks for: offsets `[start, end)`, and where a query or an option says so,
+    only the partitions in `partitions`, only the offsets in `offsets` (an IN set, planned as
+    the offsets themselves: never widened to the range between them), only `topics`. Filters
+    on the data source's columns narrow it (`push`)."""
+
+    start: int = 0
+    end: int | None = None
+    partitions: frozenset[int] | None = None
+    offsets: frozenset[int] | None = None
+    topics: frozenset[str] | None = None
+
+    def below(self, end: int) -> None:
+        self.end = end if self.end is None else min(self.end, end)
+
+    def above(self, start: int) -> None:
+        self.start = max(self.start, start)
+
+    def only_partitions(self, partitions: Iterable[int]) -> None:
+        given = frozenset(partitions)
+        self.partitions = given if self.partitions is None else self.partitions & given
+
+    def only_offsets(self, offsets: Iterable[int]) -> None:
+        given = frozenset(offsets)
+        self.offsets = given if self.offsets is None else self.offsets & given
+
+    def only_topics(self, topics: Iterable[str]) -> None:
+        given = frozenset(topics)
+        self.topics = given if self.topics is None else self.topics & given
+
+    def empty(self, topic: str) -> bool:
+        """Nothing can match, whatever the store holds."""
+        return (
+            (self.end is not None and self.end <= self.start)
+            or self.partitions == frozenset()
+            or self.offsets == frozenset()
+            or (self.topics is not None and topic not in self.topics)
+        )
+
+    def push(self, f: Any) -> bool:
+        """Narrow by `f`; True when the planned ranges make `f` hold exactly (Spark need not
+        check it again), False when Spark must still evaluate it (this selection unchanged)."""
+        column = getattr(f, "attribute", None)
+        if column not in (("offset",), ("partition",), ("topic",)):
+            return False
+        if isinstance(f, IsNotNull):
+            return True  # every record has a topic, a partition and an offset
+        kind = str if column == ("topic",) else int
+        value: Any = getattr(f, "value", None)
+        if isinstance(f, In):
+            values = tuple(value or ())
+            if not (values and all(type(v) is kind for v in values)):
+                return False
+        elif isinstance(f, EqualTo):
+            if type(value) is not kind:
+                return False
+            values = (value,)
+        elif column == ("offset",) and type(value) is int:
+            values = ()
+        else:
+            return False
+        if column == ("topic",):
+            self.only_topics(values)
+        elif column == ("partition",):
+            self.only_partitions(values)
+        elif values:
+            self.only_offsets(values)
+        elif isinstance(f, GreaterThan):
+            self.above(value + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.above(value)
+        elif isinstance(f, LessThan):
+            self.below(value)
+        elif isinstance(f, LessThanOrEqual):
+            self.below(value + 1)
+        else:
+            return False
+        return True
+
+
+def plan(source: str | Config, topic: str, selection: Selection | None = None) -> list[ObjectRange]:
+    """The object ranges holding `topic`'s readable records that `selection` asks for (all of
+    them without one). `source`: a data directory (embedded defaults) or the daemon's
+    configuration."""
     config = store_config(source) if isinstance(source, str) else source
+    selection = Selection() if selection is None else selection
     with _catalog(config) as db:
         parts = db.execute(
             "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
@@ -143,55 +252,85 @@ def plan(
         ).fetchall()
         if not parts:
             raise ExportError(f"topic {topic!r} not found in {_where(config)}")
+        if selection.empty(topic):
+            return []
         ranges: list[ObjectRange] = []
         for pid, partition, creation_epoch in parts:
+            if selection.partitions is not None and partition not in selection.partitions:
+                continue
             state = _replay(db, pid, creation_epoch)
-            low = max(state.start_offset, start_offset)
-            end = state.high_watermark if end_offset is None else min(state.high_watermark, end_offset)
-            high = end - 1
-            l1_high = min(state.lro, high)
-            if low <= l1_high:
-                rows = db.execute(
-                    "SELECT key, base_offset, last_offset, term FROM l1_objects"
-                    " WHERE pid = ? AND state = ? ORDER BY base_offset",
-                    (pid, _COPY_FINISHED),
-                ).fetchall()
-                for key, base, last, term in rows:
-                    if not state.l1_range_valid(term, base, last):
-                        continue
-                    first, stop = max(base, low), min(last, l1_high)
-                    if first <= stop:
-                        ranges.append(ObjectRange(topic, partition, "l1", key, base, first, stop))
-            placeholders = db.execute(
-                "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
-                " AND base_offset + record_count > ? ORDER BY log_offset",
-                (pid, max(low, state.lro + 1)),
-            ).fetchall()
-            for base, blob in placeholders:
-                p = decode_entry(blob)
-                assert isinstance(p, Placeholder), (pid, base)
-                first = max(base, low, state.lro + 1)
-                stop = min(base + p.record_count - 1, high)
-                if first > stop:
-                    continue
-                if state.abandoned_range(first) is not None:
-                    continue  # given up by an operator: unreadable
-                ranges.append(
-                    ObjectRange(
-                        topic,
-                        partition,
-                        "l0",
-                        p.object_key,
-                        base,
-                        first,
-                        stop,
-                        p.byte_offset,
-                        p.byte_length,
-                        p.record_count,
-                        p.checksum,
-                    )
-                )
+            low = max(state.start_offset, selection.start)
+            end = state.high_watermark if selection.end is None else min(state.high_watermark, selection.end)
+            for r in _partition_ranges(db, topic, partition, pid, state, low, end - 1):
+                ranges.extend(_only_offsets(r, selection.offsets))
         return ranges
+
+
+def _partition_ranges(
+    db: Any, topic: str, partition: int, pid: int, state: PartitionState, low: int, high: int
+) -> Iterator[ObjectRange]:
+    """The object ranges holding offsets `low..high` of one partition: valid L1 objects up to
+    the LRO, the placeholders' L0 extents above it."""
+    l1_high = min(state.lro, high)
+    if low <= l1_high:
+        rows = db.execute(
+            "SELECT key, base_offset, last_offset, term, size FROM l1_objects"
+            " WHERE pid = ? AND state = ? ORDER BY base_offset",
+            (pid, _COPY_FINISHED),
+        ).fetchall()
+        for key, base, last, term, size in rows:
+            if not state.l1_range_valid(term, base, last):
+                continue
+            first, stop = max(base, low), min(last, l1_high)
+            if first <= stop:
+                share = size * (stop - first + 1) // (last - base + 1)
+                yield ObjectRange(topic, partition, "l1", key, base, first, stop, size_bytes=share)
+    if low > high:
+        return
+    placeholders = db.execute(
+        "SELECT base_offset, entry FROM log WHERE pid = ? AND kind = 'placeholder'"
+        " AND base_offset + record_count > ? ORDER BY log_offset",
+        (pid, max(low, state.lro + 1)),
+    ).fetchall()
+    for base, blob in placeholders:
+        p = decode_entry(blob)
+        assert isinstance(p, Placeholder), (pid, base)
+        first = max(base, low, state.lro + 1)
+        stop = min(base + p.record_count - 1, high)
+        if first > stop:
+            continue
+        if state.abandoned_range(first) is not None:
+            continue  # given up by an operator: unreadable
+        yield ObjectRange(
+            topic,
+            partition,
+            "l0",
+            p.object_key,
+            base,
+            first,
+            stop,
+            p.byte_offset,
+            p.byte_length,
+            p.record_count,
+            p.checksum,
+            p.byte_length,
+        )
+
+
+def _only_offsets(r: ObjectRange, offsets: frozenset[int] | None) -> Iterator[ObjectRange]:
+    """`r` cut down to the runs of consecutive offsets of `offsets` it holds (all of `r`
+    without a set)."""
+    if offsets is None:
+        yield r
+        return
+    wanted = sorted(o for o in offsets if r.first <= o <= r.last)
+    run_start = None
+    for i, o in enumerate(wanted):
+        if run_start is None:
+            run_start = o
+        if i + 1 == len(wanted) or wanted[i + 1] != o + 1:
+            yield replace(r, first=run_start, last=o)
+            run_start = None
 
 
 def _where(config: Config) -> str:
@@ -206,9 +345,40 @@ def _where(config: Config) -> str:
 Row = tuple[str, int, int, int | None, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
-def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
-    """The records of one object range, as rows of the data source's schema."""
-    config = store_config(source) if isinstance(source, str) else source
+class ObjectGone(ExportError):
+    """An object planned for a read is no longer in the store."""
+
+
+def range_records(config: Config, r: ObjectRange) -> list[Record]:
+    """The records `r.first..r.last` of `r`'s partition, as planned.
+
+    A read is a snapshot of the records as of planning, even while the daemon moves on: the
+    GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
+    grace period over), so a planned L0 extent may be gone by the time a task reads it. Its
+    offsets are then planned again (a read of the control plane, now) and read from where they
+    are now: the same records, from L1. Only if they are not in the store any more (deleted by
+    retention since) does the read fail, saying so."""
+    try:
+        return _object_records(config, r)
+    except ObjectGone as gone:
+        missing = gone
+    again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
+    records: list[Record] = []
+    expected = r.first
+    for a in again:
+        if a.first != expected or a.object_key == r.object_key:
+            break  # a gap, or the same object still planned: the records are not there
+        records += _object_records(config, a)
+        expected = a.last + 1
+    if expected != r.last + 1:
+        raise ExportError(
+            f"{r.topic}/{r.partition} offsets {r.first}..{r.last}: {missing}, and the offsets are"
+            " no longer in the store (deleted since planning?)"
+        )
+    return records
+
+
+def _object_records(config: Config, r: ObjectRange) -> list[Record]:
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
         raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
@@ -218,11 +388,16 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
         (extent,) = read_header(data, where).extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
         records = decode_extent(raw, extent.checksum, extent.record_count, where)
-    for i in range(r.first - r.base_offset, r.last - r.base_offset + 1):
-        rec = records[i]
+    return records[r.first - r.base_offset : r.last - r.base_offset + 1]
+
+
+def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
+    """The records of one object range, as rows of the data source's schema (timestamps in
+    milliseconds)."""
+    config = store_config(source) if isinstance(source, str) else source
+    for offset, rec in enumerate(range_records(config, r), r.first):
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        headers = list(rec.headers)
-        yield (r.topic, r.partition, r.base_offset + i, ts, rec.key, rec.value, headers)
+        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(rec.headers))
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
@@ -232,21 +407,48 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
 
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
-    rows = list(read_range(source, r))
-    count = len(rows)
-    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True) if rows else ((),) * 7
+    config = store_config(source) if isinstance(source, str) else source
+    records = range_records(config, r)
+    count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array(offsets, pa.int64()),
-            pa.array(timestamps, pa.int64()),
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
-            pa.array([[{"key": k, "value": v} for k, v in h] for h in headers], SCHEMA.field("headers").type),
+            pa.array(range(r.first, r.first + count), pa.int64()),
+            _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
+            pa.array([rec.key for rec in records], pa.binary()),
+            pa.array([rec.value for rec in records], pa.binary()),
+            _headers([rec.headers for rec in records], SCHEMA.field("headers").type),
         ],
         schema=SCHEMA,
     )
+
+
+def _headers(headers: list[tuple[tuple[str, bytes | None], ...]], arrow_type: Any) -> Any:
+    """The headers column, built from the flat keys and values and each record's offset into
+    them (no dict per header, nothing per record without headers)."""
+    import pyarrow as pa
+
+    offsets = list(itertools.accumulate(map(len, headers), initial=0))
+    if offsets[-1] == 0:
+        flat = pa.array([], arrow_type.value_type)
+    else:
+        pairs = [pair for h in headers for pair in h]
+        flat = pa.StructArray.from_arrays(
+            [pa.array([k for k, _ in pairs], pa.string()), pa.array([v for _, v in pairs], pa.binary())],
+            fields=list(arrow_type.value_type),
+        )
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=arrow_type)
+
+
+def _timestamps(millis: list[int], arrow_type: Any) -> Any:
+    """Milliseconds (NO_TIMESTAMP: none) as the TIMESTAMP column."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ms = pa.array(millis, pa.int64())
+    micros = pc.multiply(ms, 1000)
+    return pc.if_else(pc.equal(ms, NO_TIMESTAMP), None, micros).cast(arrow_type)
 
 
 def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -259,8 +461,10 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
                 f.seek(offset)
                 return f.read() if length is None else f.read(length)
         except FileNotFoundError:
-            raise ExportError(
-                f"object {key} is not in {config.storage.objects_dir} (collected since planning?)"
+            raise ObjectGone(
+                f"object {key} is not in {config.storage.objects_dir}: collected since planning, or"
+                " the daemon keeps its objects elsewhere (S3: read with the daemon's TOML, --config"
+                " or option config)"
             ) from None
 
     async def read() -> bytes:
@@ -276,14 +480,18 @@ def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -
 
     try:
         return anyio.run(read)
+    except ObjectNotFound as error:
+        raise ObjectGone(f"object {key}: {error}") from None
     except LevelZeroError as error:
         raise ExportError(f"object {key}: {error}") from None
 
 
 def _int_option(options: Mapping[str, str], name: str) -> int | None:
     value = options.get(name)
-    if value is None:
-        return None
+    return None if value is None else _non_negative(name, value)
+
+
+def _non_negative(name: str, value: str) -> int:
     try:
         parsed = int(value)
     except ValueError:
@@ -314,74 +522,87 @@ except ImportError:  # pragma: no cover - pyspark is in the analysis extra
 
 
 class _Partition(InputPartition):
-    def __init__(self, r: ObjectRange) -> None:
-        self.range = r
+    """One Spark task: consecutive object ranges, read one Arrow batch each."""
+
+    def __init__(self, ranges: Sequence[ObjectRange]) -> None:
+        self.ranges = tuple(ranges)
 
 
-@dataclass(slots=True)
-class OffsetBounds:
-    """`[start, end)` on the offset column, narrowed by the filters a query pushes down."""
-
-    start: int = 0
-    end: int | None = None
-
-    def below(self, end: int) -> None:
-        self.end = end if self.end is None else min(self.end, end)
-
-    def above(self, start: int) -> None:
-        self.start = max(self.start, start)
-
-    def push(self, f: Any) -> bool:
-        """Narrow by `f`; True when the planned ranges make `f` hold exactly (Spark need not
-        check it again), False when Spark must still evaluate it."""
-        if getattr(f, "attribute", None) != ("offset",):
-            return False
-        if isinstance(f, IsNotNull):
-            return True  # every record has an offset
-        value = getattr(f, "value", None)
-        if isinstance(f, In):
-            if not (value and all(type(v) is int for v in value)):
-                return False
-            self.above(min(value))
-            self.below(max(value) + 1)
-            return len(value) == 1  # a superset of several values: Spark picks among them
-        if type(value) is not int:
-            return False
-        if isinstance(f, EqualTo):
-            self.above(value)
-            self.below(value + 1)
-        elif isinstance(f, GreaterThan):
-            self.above(value + 1)
-        elif isinstance(f, GreaterThanOrEqual):
-            self.above(value)
-        elif isinstance(f, LessThan):
-            self.below(value)
-        elif isinstance(f, LessThanOrEqual):
-            self.below(value + 1)
+def tasks(ranges: Sequence[ObjectRange], task_bytes: int) -> list[list[ObjectRange]]:
+    """`ranges` in order, cut into tasks of about `task_bytes` (a range is never split; one
+    larger than that is a task of its own). A task costs Spark a scheduling round trip and a
+    Python worker's call: object ranges of a few MB each, one task apiece, spent more time on
+    that than on reading (as Spark groups the files of a Parquet read into tasks of
+    spark.sql.files.maxPartitionBytes)."""
+    assert task_bytes > 0, task_bytes
+    out: list[list[ObjectRange]] = []
+    size = 0
+    for r in ranges:
+        if out and size + r.size_bytes <= task_bytes:
+            out[-1].append(r)
+            size += r.size_bytes
         else:
-            return False
-        return True
+            out.append([r])
+            size = r.size_bytes
+    return out
+
+
+# Whether Spark keeps the read planned with pushed filters to the one scan that pushed them.
+# Up to Spark 4.3 it is kept on the relation (the provider instance every DataFrame made from one
+# `load()` shares): a later query of that DataFrame pushing no filter reuses the last filtered
+# query's partitions and read function, so narrowing by a filter would silently drop records
+# from it (`df.where("offset < 10").count()` then `df.count()` gave 10). The change that scopes
+# the read plan to its scan (Spark 5.0, SPARK-58551) also gave the Python reader `pushLimit`.
+PLAN_SCOPED_TO_SCAN = hasattr(DataSourceReader, "pushLimit")
 
 
 class LevelZeroReader(DataSourceReader):
-    def __init__(self, config: Config, topic: str, start: int, end: int | None) -> None:
-        self.config, self.topic = config, topic
-        self.bounds = OffsetBounds(start, end)
+    """Reads the object ranges its selection (the options) plans."""
 
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
-        for f in filters:
-            if not self.bounds.push(f):
-                yield f
+    def __init__(self, config: Config, topic: str, selection: Selection, task_bytes: int) -> None:
+        self.config, self.topic, self.selection = config, topic, selection
+        self.task_bytes = task_bytes
 
     def partitions(self) -> Sequence[InputPartition]:
-        bounds = self.bounds
-        if bounds.end is not None and bounds.end <= bounds.start:
-            return []
-        return [_Partition(r) for r in plan(self.config, self.topic, bounds.start, bounds.end)]
+        ranges = plan(self.config, self.topic, self.selection)
+        return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, _Partition), partition
-        yield read_batch(self.config, partition.range)
+        for r in partition.ranges:
+            yield read_batch(self.config, r)
+
+
+class LevelZeroPushdownReader(LevelZeroReader):
+    """A reader that also narrows its selection by the filters a query pushes: used only
+    where Spark plans each scan from its own filters (PLAN_SCOPED_TO_SCAN)."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 - Spark's name
+        for f in filters:
+            if not self.selection.push(f):
+                yield f
+
+
+def _set_option(options: Mapping[str, str], name: str) -> frozenset[int] | None:
+    """A comma-separated set of non-negative integers (`partitions`), or None."""
+    value = options.get(name)
+    if value is None:
+        return None
+    numbers = [v.strip() for v in value.split(",") if v.strip()]
+    if not numbers:
+        raise ExportError(f"option {name}={value!r}: an empty list")
+    if not all(n.isdigit() for n in numbers):
+        raise ExportError(f"option {name}={value!r}: not a list of non-negative integers")
+    return frozenset(int(n) for n in numbers)
+
+
+def selection_of(options: Mapping[str, str]) -> Selection:
+    """The read the options ask for: `start_offset`, `end_offset`, `partitions` ("1,7,300")."""
+    return Selection(
+        start=_int_option(options, "start_offset") or 0,
+        end=_int_option(options, "end_offset"),
+        partitions=_set_option(options, "partitions"),
+    )
 
 
 class LevelZeroDataSource(DataSource):
@@ -397,18 +618,24 @@ class LevelZeroDataSource(DataSource):
         topic = options.get("path")
         if not topic:
             raise ExportError('the levelzero data source needs a topic: load("topic")')
-        config = store_config(options.get("data_dir") or None, options.get("config") or None)
-        start = _int_option(options, "start_offset") or 0
-        end = _int_option(options, "end_offset")
-        return LevelZeroReader(config, topic, start, end)
+        config = store_config(
+            options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
+        )
+        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
+        task_bytes = _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
+        return reader(config, topic, selection_of(options), task_bytes)
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+# The object ranges of one Spark task (option task_bytes): as spark.sql.files.maxPartitionBytes.
+TASK_BYTES_DEFAULT = 128 * 1024 * 1024
 
 
 def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("levelzero")` available in this session, with filter pushdown
-    for Python data sources on (the reader takes offset filters; Spark refuses a reader that
-    takes filters while the setting is off)."""
-    spark.conf.set(PUSHDOWN_CONF, "true")
+    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
+    scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
+    reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
+    filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
+    if PLAN_SCOPED_TO_SCAN:
+        spark.conf.set(PUSHDOWN_CONF, "true")
     spark.dataSource.register(LevelZeroDataSource)

@@ -1,9 +1,9 @@
 """The analysis under `spark-submit` on a standalone cluster: a master and a worker started from
 pyspark's bundled `spark-class`, on loopback, for this module only.
 
-What it pins: spark-submit's master and `--conf` reach the analysis unchanged (nothing forces
-local[*] or 8 shuffle partitions), the documented driver script runs by path, and the results
-computed on the cluster's executor are the right ones.
+What it pins: spark-submit's master, `--name` and `--conf` reach the analysis unchanged (nothing
+forces local[*], 8 shuffle partitions or another application name), the documented driver script
+runs by path, and the results computed on the cluster's executor are the right ones.
 """
 
 from __future__ import annotations
@@ -160,6 +160,8 @@ def test_the_analysis_runs_unchanged_under_spark_submit_on_a_standalone_cluster(
         str(SPARK_BIN / "spark-submit"),
         "--master",
         cluster,
+        "--name",
+        "nightly-lz-report",
         "--conf",
         "spark.sql.shuffle.partitions=3",
         "--conf",
@@ -185,7 +187,7 @@ def test_the_analysis_runs_unchanged_under_spark_submit_on_a_standalone_cluster(
         timeout=SUBMIT_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"on {cluster}, 3 shuffle partitions" in done.stdout
+    assert f"on {cluster}, 3 shuffle partitions, application nightly-lz-report" in done.stdout
     holders = pq.read_table(report / "tables" / "partition_watermarks.parquet").to_pylist()
     assert {f"{r['topic']}/{r['partition']}": r["seconds_holding_m"] for r in holders} == {
         "a/0": 10.0,

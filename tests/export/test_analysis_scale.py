@@ -8,6 +8,7 @@ and partitions whose M(p) are tied or not at chosen times.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,7 +20,7 @@ from levelzero.export import AnalysisError, AnalysisReport, analyze, analyze_mai
 from levelzero.export.cli import export_main
 from levelzero.export.locations import local_path
 from levelzero.export.manifest import Manifest, save
-from levelzero.export.readable import human, human_bytes, human_number
+from levelzero.export.readable import duration_unit, human, human_bytes, human_number, y_limits
 
 EPOCHS = 100_000
 REJECTED_EVERY = 1_000
@@ -100,7 +101,34 @@ def test_only_a_partition_behind_the_others_holds_m(local_report: AnalysisReport
 def test_the_callers_master_and_settings_are_used(local_report: AnalysisReport) -> None:
     assert local_report.figures["spark_master"] == "local[2]"
     assert local_report.figures["shuffle_partitions"] == 3
-    assert "on local[2], 3 shuffle partitions" in local_report.summary()
+    assert "on local[2], 3 shuffle partitions, application levelzero-analysis" in local_report.summary()
+
+
+def test_bucket_starts_are_timestamps_like_the_exports_times(local_report: AnalysisReport) -> None:
+    for name in ("watermark_over_time", "throughput_partition_buckets"):  # collected; Spark's own
+        table = pq.read_table(local_report.tables[name])
+        assert str(table.schema.field("bucket_start").type) == "timestamp[us, tz=UTC]", name
+    starts = pq.read_table(local_report.tables["watermark_over_time"]).column("bucket_start").to_pylist()
+    assert starts[0].timestamp() == T0  # the grid starts at the first sample, 1 s buckets
+    assert [b - a for a, b in zip(starts, starts[1:], strict=False)] == [timedelta(seconds=1)] * 29
+
+
+def test_plot_axes_do_not_magnify_noise() -> None:
+    wobble = [1_000_000.0 * (1 + 0.0002 * (-1) ** i) for i in range(50)]
+    assert y_limits(wobble) == (0.0, max(wobble) * 1.05)  # from zero: a flat line
+    assert y_limits([0.0, 0.0]) == (0.0, 1.0)
+    assert y_limits([]) == (0.0, 1.0)
+    low, high = y_limits([100_000.0, 100_001.0], span_min=10.0)  # epochs: at least 10 shown
+    assert high - low == pytest.approx(11.0)
+    assert low < 100_000 and high > 100_001
+    assert y_limits([-5.0, 5.0]) == pytest.approx((-5.5, 5.5))
+
+
+def test_long_durations_read_in_hours_and_days() -> None:
+    assert duration_unit(90.0) == ("s", 1.0)
+    assert duration_unit(150.0) == ("min", 60.0)
+    assert duration_unit(11_520.0) == ("h", 3_600.0)
+    assert duration_unit(3 * 86_400.0) == ("d", 86_400.0)
 
 
 def test_numbers_read_as_people_read_them() -> None:
