@@ -71,6 +71,7 @@ ITEMS: tuple[Item, ...] = (
         "cluster",
         "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL",
     ),
+    Item("cost", "cost", "13. object-store requests and dollars per GiB ingested vs the batch window floor"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 
