@@ -72,6 +72,14 @@ ITEMS: tuple[Item, ...] = (
         "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL",
     ),
     Item("cost", "cost", "13. object-store requests and dollars per GiB ingested vs the batch window floor"),
+    Item(
+        "latency", "latency", "14. produce latency with S3-like object-store latency vs window + PUT + commit"
+    ),
+    Item(
+        "cli",
+        "cli_produce",
+        "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
+    ),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

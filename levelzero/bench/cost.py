@@ -4,7 +4,7 @@ A real `Node` at its default settings (batcher linger 250 ms and 4 MiB objects, 
 housekeeper and GC on; SQLite log store) over an in-memory object store wrapped in
 `CountingObjectStore` (storage/counting_store.py): every request is counted where S3 would bill
 it. Open-loop producers offer a fixed rate of 1 KiB records (one produce call per partition per
-100 ms tick, the records of the tick spread evenly), for each workload of WORKLOADS.
+20 ms tick, the records of the tick spread evenly), for each workload of WORKLOADS.
 
 - warm-up: the node runs the workload until the reconciler's accumulation bound has passed
   and the GC's first round (which lists every prefix) is behind it;
@@ -50,7 +50,7 @@ from .common import Figure, Settings, Target, figure, work_dir
 
 ITEM = "cost"
 VALUE_BYTES = 1024
-TICK_S = 0.1
+TICK_S = 0.02
 GIB = 1024**3
 MIB = 1024**2
 SECONDS_PER_MONTH = 30 * 86_400
@@ -157,6 +157,8 @@ class Measured:
     window_s: float
     payload_bytes: int  # record values acknowledged in the window
     window: RequestCounts
+    run: RequestCounts  # warm-up and window: the reconciler's requests come in bursts
+    reconciled_bytes: int  # record values the reconciler copied in warm-up and window
     readers: RequestCounts
     read_bytes: int
     sweep: RequestCounts  # the GC's first round (a sweep over every prefix)
@@ -169,10 +171,13 @@ class Measured:
         seconds_per_gib = GIB / (self.workload.mib_per_s * MIB)
         sweeps_per_gib = seconds_per_gib / self.sweep_interval_s if self.sweep_interval_s else 0.0
         read_gib = max(self.read_bytes, 1) / GIB
+        # The reconciler's requests per GiB it reconciled: an L1 object waits up to
+        # `object_age_max_s`, so its PUTs and GETs come in bursts a window may miss or catch.
+        reconciled_gib = self.reconciled_bytes / GIB
         return PerGib(
             l0_puts=self.window.l0_puts / gib,
-            l1_puts=self.window.l1_puts / gib,
-            reconciler_gets=self.window.gets / gib,
+            l1_puts=self.run.l1_puts / reconciled_gib if reconciled_gib else 0.0,
+            reconciler_gets=self.run.gets / reconciled_gib if reconciled_gib else 0.0,
             reader_gets=self.readers.gets / read_gib,
             lists=self.sweep.lists * sweeps_per_gib,
             delete_requests=self.window.delete_requests / gib,
@@ -242,6 +247,8 @@ async def measure(
                         break
                     await anyio.sleep(0.05)
                 sweep = store.snapshot() - sweep_before
+                run_start = store.snapshot()
+                reconciled_before = node.reconciler.stats.records_reconciled
                 await offer(warm_up_s, producers)
                 counting = True
                 start = store.snapshot()
@@ -252,6 +259,8 @@ async def measure(
                     began = time.perf_counter()
                     await offer(window_s, producers)
                     window = store.snapshot() - start
+                    run = store.snapshot() - run_start
+                    reconciled = node.reconciler.stats.records_reconciled - reconciled_before
                     elapsed = time.perf_counter() - began
                     stop.set()
                 counting = False
@@ -277,6 +286,8 @@ async def measure(
         window_s=elapsed,
         payload_bytes=acked,
         window=window,
+        run=run,
+        reconciled_bytes=reconciled * VALUE_BYTES,
         readers=readers,
         read_bytes=read_bytes,
         sweep=sweep,
@@ -290,37 +301,49 @@ def _round(value: float) -> float:
     return round(value, 1)
 
 
+def _notes(m: Measured, per_gib: PerGib, prices: S3Prices, config: NodeConfig) -> dict[str, object]:
+    requests_usd, storage_usd = monthly_dollars(per_gib, m.workload.mib_per_s, prices)
+    return {
+        "window_s": round(m.window_s, 1),
+        "payload_mib": round(m.payload_bytes / MIB, 1),
+        "reconciled_mib": round(m.reconciled_bytes / MIB, 1),
+        "per_gib": {f.name: _round(getattr(per_gib, f.name)) for f in fields(per_gib)},
+        "window_counts": m.window.as_dict(),
+        "run_counts": m.run.as_dict(),
+        "reader_counts": m.readers.as_dict(),
+        "sweep_counts": m.sweep.as_dict(),
+        "l0_mean_object_kib": round(m.window.l0_put_bytes / max(1, m.window.l0_puts) / 1024, 1),
+        "l1_mean_object_kib": round(m.run.l1_put_bytes / max(1, m.run.l1_puts) / 1024, 1),
+        "l1_records_per_object": round(m.l1_records_per_object, 1),
+        "unreconciled_s": round(m.unreconciled_s, 2),
+        "object_bytes_min": config.reconciler.object_bytes_min,
+        "object_age_max_s": config.reconciler.object_age_max_s,
+        "dollars_per_month_requests": round(requests_usd, 2),
+        "dollars_per_month_storage": round(storage_usd, 2),
+        "prices": {f.name: getattr(prices, f.name) for f in fields(prices)},
+    }
+
+
 async def run(settings: Settings) -> list[Figure]:
     config = NodeConfig()
+    if settings.quick:  # a few seconds: L1 objects must be due within them
+        config = replace(config, reconciler=replace(config.reconciler, object_age_max_s=1.0))
+    per_pass = replace(
+        config, reconciler=replace(config.reconciler, object_bytes_min=0, object_age_max_s=0.0)
+    )
     prices = S3Prices.from_environment()
     workloads = settings.pick(WORKLOADS, QUICK_WORKLOADS)
-    window_s = settings.pick(max(20.0, 20 * settings.seconds), 3.0)
-    warm_up_s = settings.pick(10.0, 2.0)
+    # The window outlasts the reconciler's age bound: its L1 objects hold a full wait.
+    window_s = settings.pick(max(40.0, config.reconciler.object_age_max_s + 10.0), 3.0)
+    warm_up_s = settings.pick(5.0, 2.0)
     figures: list[Figure] = []
     with work_dir(settings, ITEM) as root:
         for workload in workloads:
             m = await measure(workload, root, warm_up_s, window_s, config)
             per_gib = m.per_gib()
             floor = window_floor_puts_per_gib(workload.mib_per_s, config.batcher)
-            requests_usd, storage_usd = monthly_dollars(per_gib, workload.mib_per_s, prices)
+            requests_usd, _ = monthly_dollars(per_gib, workload.mib_per_s, prices)
             floor_usd, _ = monthly_dollars(PerGib(floor, 0, 0, 0, 0, 0, 0), workload.mib_per_s, prices)
-            per_month_at_1 = monthly_dollars(per_gib, 1.0, prices)[0]
-            notes = {
-                "window_s": round(m.window_s, 1),
-                "payload_mib": round(m.payload_bytes / MIB, 1),
-                "per_gib": {f.name: _round(getattr(per_gib, f.name)) for f in fields(per_gib)},
-                "window_counts": m.window.as_dict(),
-                "reader_counts": m.readers.as_dict(),
-                "sweep_counts": m.sweep.as_dict(),
-                "l0_mean_object_kib": round(m.window.l0_put_bytes / max(1, m.window.l0_puts) / 1024, 1),
-                "l1_mean_object_kib": round(m.window.l1_put_bytes / max(1, m.window.l1_puts) / 1024, 1),
-                "l1_records_per_object": round(m.l1_records_per_object, 1),
-                "unreconciled_s": round(m.unreconciled_s, 2),
-                "dollars_per_month_requests": round(requests_usd, 2),
-                "dollars_per_month_storage": round(storage_usd, 2),
-                "dollars_per_month_at_1_mib_s": round(per_month_at_1, 2),
-                "prices": {f.name: getattr(prices, f.name) for f in fields(prices)},
-            }
             figures.append(
                 figure(
                     ITEM,
@@ -330,7 +353,7 @@ async def run(settings: Settings) -> list[Figure]:
                     target=TARGET_L0,
                     sut_label="L0 PUTs",
                     floor_label="one per window",
-                    notes=notes,
+                    notes=_notes(m, per_gib, prices, config),
                 )
             )
             figures.append(
@@ -352,6 +375,40 @@ async def run(settings: Settings) -> list[Figure]:
                     [(requests_usd, floor_usd)],
                     sut_label="all requests",
                     floor_label="L0 floor",
+                )
+            )
+        if not settings.quick:
+            # The trade-off of growing L1 objects: PUTs saved against how long data waits
+            # unreconciled (M(p), and the GC of its L0 objects, trails by that much).
+            workload = WORKLOADS[0]
+            grown = await measure(workload, root, warm_up_s, window_s, config)
+            every = await measure(workload, root, warm_up_s, window_s, per_pass)
+            notes = {
+                "grown": _notes(grown, grown.per_gib(), prices, config),
+                "per_pass": _notes(every, every.per_gib(), prices, per_pass),
+            }
+            bound = (
+                f"{config.reconciler.object_bytes_min // MIB} MiB / {config.reconciler.object_age_max_s:g} s"
+            )
+            figures.append(
+                figure(
+                    ITEM,
+                    f"L1 PUTs per GiB, objects grown to {bound} vs one per pass, {workload.label}",
+                    "PUTs/GiB",
+                    [(grown.per_gib().l1_puts, every.per_gib().l1_puts)],
+                    sut_label="grown",
+                    floor_label="per pass",
+                    notes=notes,
+                )
+            )
+            figures.append(
+                figure(
+                    ITEM,
+                    f"data waiting unreconciled (M(p) trails by it), grown to {bound} vs one per pass",
+                    "s",
+                    [(grown.unreconciled_s, every.unreconciled_s)],
+                    sut_label="grown",
+                    floor_label="per pass",
                 )
             )
     return figures

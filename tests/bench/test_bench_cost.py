@@ -53,3 +53,31 @@ def test_quick_cost_counts_requests_at_the_object_store(tmp_path: Path) -> None:
     readers = l0["notes"]["reader_counts"]
     assert readers["l0_puts"] == readers["l1_puts"] == 0 and readers["l0_gets"] + readers["l1_gets"] >= 1
     assert l0["notes"]["dollars_per_month_requests"] > 0
+
+
+async def test_latency_store_draws_each_put_delay_from_its_range() -> None:
+    from levelzero.storage.memory_store import MemoryObjectStore
+    from levelzero.testing.latency_store import Latency, LatencyObjectStore
+
+    store = LatencyObjectStore(
+        MemoryObjectStore(), Latency("tiny", put_ms=(1.0, 2.0), get_ms=(0.0, 0.5)), seed=4
+    )
+    for i in range(5):
+        await store.put(f"k{i}", b"v")
+    assert await store.get("k3") == b"v"
+    assert len(store.put_delays_s) == 5
+    assert all(0.001 <= d <= 0.002 for d in store.put_delays_s)
+    assert len(set(store.put_delays_s)) == 5  # drawn, not fixed
+
+
+def test_quick_latency_and_cli_items_report_against_their_floors(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "latency,cli", "--out", str(results_path)]) == 0
+    items = json.loads(results_path.read_text())["items"]
+    latency = items["latency"]["figures"]
+    assert [f["name"].split(",")[0] for f in latency[:2]] == ["produce latency p99", "produce latency p50"]
+    p99 = latency[0]
+    # The floor: the 250 ms window plus a PUT of 20-80 ms plus a commit.
+    assert 270 <= p99["floor"] and p99["sut"] > 0 and p99["target"]["bound"] == 1.25
+    cli = items["cli"]["figures"]
+    assert cli[0]["floor"] == 30_000 and cli[0]["sut"] > 0 and cli[1]["floor"] > 0
