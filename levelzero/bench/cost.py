@@ -29,6 +29,7 @@ LEVELZERO_BENCH_S3_PRICES, e.g. `put_per_1000=0.0025,get_per_1000=0.0002`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -57,6 +58,7 @@ SECONDS_PER_MONTH = 30 * 86_400
 TARGET_L0 = Target(1.10, higher_is_better=False)
 READ_BYTES = 1024 * 1024
 PRICES_ENV = "LEVELZERO_BENCH_S3_PRICES"
+_RUNS = itertools.count()  # a fresh log store per measurement
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,9 +198,7 @@ async def measure(
     topic = "cost"
     acked = 0
     counting = False
-    async with await SqliteLogStore.open(
-        root / f"log-{workload.partitions}-{workload.mib_per_s:g}.db"
-    ) as log_store:
+    async with await SqliteLogStore.open(root / f"log-{next(_RUNS)}.db") as log_store:
         node = Node(config, log_store, store, rng=rng)
         async with anyio.create_task_group() as tg:
             await tg.start(node.run)

@@ -18,6 +18,7 @@ listener at least the HTTP API's records/s (>= 100%).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -36,6 +37,10 @@ HTTP_RECORDS_PER_REQUEST = 5_000
 FETCH_BYTES = 1024 * 1024
 TARGET = Target(1.0)
 CONSUME_POLLS_MAX = 100_000
+
+
+# Where a Kafka round's produce time went (printed with the rates, kept in the notes).
+PHASES: dict[str, float] = {}
 
 
 def make_records(count: int, seed: int) -> list[tuple[int, bytes, bytes]]:
@@ -57,9 +62,12 @@ def kafka_produce(port: int, topic: str, records: list[tuple[int, bytes, bytes]]
     for partition, key, value in records:
         producer.produce(topic, key=key, value=value, partition=partition)
         producer.poll(0)
+    enqueued = time.perf_counter()
     left = producer.flush(120)
     elapsed = time.perf_counter() - started
     assert left == 0, f"{left} records not delivered"
+    PHASES["enqueue_s"] = enqueued - started
+    PHASES["flush_s"] = elapsed - (enqueued - started)
     return len(records) / elapsed
 
 
@@ -141,11 +149,11 @@ async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001 -
     return count / elapsed
 
 
-async def in_child(*args: str) -> tuple[float, float]:
-    """(produce, fetch) records/s measured by a client in a child process."""
+async def in_child(*args: str) -> tuple[float, float, dict[str, float]]:
+    """(produce, fetch) records/s measured by a client in a child process, and its phases."""
     result = await anyio.run_process([sys.executable, "-m", "levelzero.bench.kafka", *args])
     answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    return answer["produce"], answer["fetch"]
+    return answer["produce"], answer["fetch"], answer.get("phases", {})
 
 
 async def run(settings: Settings) -> list[Figure]:
@@ -167,21 +175,41 @@ async def run(settings: Settings) -> list[Figure]:
             },
         )
         async with running_daemon(config) as daemon, Client(daemon.url) as client:
-            assert daemon.kafka_port is not None and daemon.url is not None
-            port, url = str(daemon.kafka_port), daemon.url
+            assert daemon.kafka_port is not None and daemon.url is not None and daemon.node is not None
+            port, url, node = str(daemon.kafka_port), daemon.url, daemon.node
+            background: dict[str, list[dict[str, float]]] = {"kafka": [], "http": []}
+
+            async def observed(side: str, *args: str) -> tuple[float, float]:
+                """A side's round, with what ran beside it in the daemon: the reconciler's work
+                (its L1 objects come in bursts), the daemon's CPU and the machine's load."""
+                reconciled = node.reconciler.stats.records_reconciled
+                cpu, wall = time.process_time(), time.perf_counter()
+                produced, fetched, phases = await in_child(side, *args)
+                background[side].append(
+                    {
+                        "records_reconciled": node.reconciler.stats.records_reconciled - reconciled,
+                        "daemon_cpu_per_wall": round(
+                            (time.process_time() - cpu) / (time.perf_counter() - wall), 2
+                        ),
+                        "load_1m": os.getloadavg()[0],
+                        **{k: round(v, 3) for k, v in phases.items()},
+                    }
+                )
+                return produced, fetched
 
             async def kafka_round(i: int) -> tuple[float, float]:
                 await client.create_topic(f"kafka-{i}", PARTITIONS)
-                return await in_child("kafka", port, f"kafka-{i}", str(count), str(i))
+                return await observed("kafka", port, f"kafka-{i}", str(count), str(i))
 
             async def http_round(i: int) -> tuple[float, float]:
                 await client.create_topic(f"http-{i}", PARTITIONS)
-                return await in_child("http", url, f"http-{i}", str(count), str(i))
+                return await observed("http", url, f"http-{i}", str(count), str(i))
 
             pairs = await interleave(settings.rounds, kafka_round, http_round)
     produce_pairs = [(k[0], h[0]) for k, h in pairs]
     fetch_pairs = [(k[1], h[1]) for k, h in pairs]
     notes = {
+        "rounds_background": background,
         "records_per_round": count,
         "partitions": PARTITIONS,
         "value_bytes": VALUE_BYTES,
@@ -233,7 +261,7 @@ def child_main(argv: list[str]) -> None:
         fetched = kafka_fetch(int(where), topic, len(records))
     else:
         produced, fetched = anyio.run(_http_side, where, topic, records)
-    print(json.dumps({"produce": produced, "fetch": fetched}))
+    print(json.dumps({"produce": produced, "fetch": fetched, "phases": PHASES}))
 
 
 if __name__ == "__main__":
