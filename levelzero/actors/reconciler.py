@@ -224,6 +224,8 @@ class Reconciler:
         state = actor.state
         if not state.has_unreconciled_data:
             return True  # nothing to write (a catch-up elsewhere may have taken it)
+        if topic_name_problem(actor.row.topic) is not None:
+            return True  # no L1 key can hold it: named failing at once, not after the wait
         now = self._wall()
         since, size_then = self._waiting.setdefault(actor.name, (now, state.size_bytes))
         config = self.config
