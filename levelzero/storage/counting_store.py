@@ -6,12 +6,15 @@ Classes follow the keys the daemon writes: L0 objects (`level_zero/`), L1 object
 adapter uploads in one PutObject: no multipart parts); a `get` is one GetObject whether whole or
 ranged; a `list_page` one ListObjectsV2; a `delete_many` one DeleteObjects whatever the number
 of keys. `snapshot()` returns an immutable copy; the difference of two snapshots is the cost of
-what ran between them.
+what ran between them. Requests made inside `role(name)` are also counted apart under that name
+(a reader's, beside the reconciler's running at the same time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 
 from levelzero.core.keys import L0_ROOT, L1_ROOT
@@ -64,16 +67,41 @@ def key_class(key: str) -> str:
     return "other"
 
 
+# Who a request is counted for: set around a caller's requests with `CountingObjectStore.role`.
+# A context variable, so it follows the caller's own task (and the calls it awaits) and no
+# other: the node's background tasks (reconciler, GC) were started in contexts without it.
+_ROLE: ContextVar[str] = ContextVar("levelzero_counting_role", default="")
+
+
 class CountingObjectStore:
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
-        self._counts: dict[str, int] = {f.name: 0 for f in fields(RequestCounts)}
+        self._counts: dict[str, dict[str, int]] = {}
 
-    def snapshot(self) -> RequestCounts:
-        return RequestCounts(**self._counts)
+    @staticmethod
+    @contextmanager
+    def role(name: str) -> Iterator[None]:
+        """Count the requests this task makes meanwhile under `name` (see `snapshot`)."""
+        token = _ROLE.set(name)
+        try:
+            yield
+        finally:
+            _ROLE.reset(token)
+
+    def snapshot(self, role: str | None = None) -> RequestCounts:
+        """The counts so far: of every request, or of those made under `role` ("" for those
+        made under none)."""
+        if role is not None:
+            return RequestCounts(**self._counts.get(role, {}))
+        total = dict.fromkeys((f.name for f in fields(RequestCounts)), 0)
+        for counts in self._counts.values():
+            for name, value in counts.items():
+                total[name] += value
+        return RequestCounts(**total)
 
     def _add(self, name: str, value: int = 1) -> None:
-        self._counts[name] += value
+        counts = self._counts.setdefault(_ROLE.get(), {})
+        counts[name] = counts.get(name, 0) + value
 
     async def put(self, key: str, data: bytes | bytearray) -> None:
         cls = key_class(key)

@@ -39,3 +39,17 @@ async def test_requests_and_bytes_are_counted_by_class_and_snapshots_subtract():
         deleted_keys=2,
     )
     assert (store.snapshot().puts, store.snapshot().gets) == (3, 2)
+
+
+async def test_requests_made_under_a_role_are_counted_apart_and_in_the_total():
+    store = CountingObjectStore(MemoryObjectStore())
+    key = format_l0_key(1, 1, "c" * 32)
+    await store.put(key, b"abc")
+    with store.role("reader"):
+        assert await store.get(key) == b"abc"
+        await store.get(key, 1, 1)
+    await store.get(key)
+    assert store.snapshot("reader") == RequestCounts(l0_gets=2, l0_get_bytes=4)
+    assert store.snapshot("") == RequestCounts(l0_puts=1, l0_put_bytes=3, l0_gets=1, l0_get_bytes=3)
+    assert store.snapshot().l0_gets == 3
+    assert store.snapshot("nobody") == RequestCounts()
