@@ -2,8 +2,9 @@
 beside the HTTP API, on the same node in the same run.
 
 One daemon (local object store, the daemon's defaults but `batcher.linger_ms` = 5, as the test
-helpers use) serves both. Each round writes RECORDS records (16-byte keys, 100-byte values,
-PARTITIONS partitions) into a fresh topic per side:
+helpers use, and an L1 object every reconciler pass) serves both; a round starts once the data
+of the rounds before it is reconciled, so no side pays for another's copy. Each round writes
+RECORDS records (16-byte keys, 100-byte values, PARTITIONS partitions) into a fresh topic per side:
 - sut (Kafka):   one confluent-kafka Producer (linger.ms 5, default batch sizes), produce all, flush;
                  then one Consumer assigned every partition from offset 0 reads them all back;
 - floor (HTTP):  the bundled client, HTTP_CALLERS concurrent requests of HTTP_RECORDS_PER_REQUEST
@@ -37,6 +38,7 @@ HTTP_RECORDS_PER_REQUEST = 5_000
 FETCH_BYTES = 1024 * 1024
 TARGET = Target(1.0)
 CONSUME_POLLS_MAX = 100_000
+SETTLE_STEPS_MAX = 1200  # of 50 ms: a minute for the reconciler to catch up before a round
 
 
 # Where a Kafka round's produce time went (printed with the rates, kept in the notes).
@@ -172,6 +174,9 @@ async def run(settings: Settings) -> list[Figure]:
                 ("kafka", "listen"): "127.0.0.1:0",
                 ("batcher", "linger_ms"): 5.0,
                 ("node", "epoch_bump_interval_s"): 0.0,
+                # An L1 object every pass: each round starts once the last one's data is
+                # reconciled (see `observed`), not 30 s later.
+                ("reconciler", "object_age_max_s"): 0.0,
             },
         )
         async with running_daemon(config) as daemon, Client(daemon.url) as client:
@@ -182,6 +187,13 @@ async def run(settings: Settings) -> list[Figure]:
             async def observed(side: str, *args: str) -> tuple[float, float]:
                 """A side's round, with what ran beside it in the daemon: the reconciler's work
                 (its L1 objects come in bursts), the daemon's CPU and the machine's load."""
+                # The previous round's data reconciled first: otherwise its copy runs inside
+                # this round, on the CPUs this side's client and the daemon share, and which
+                # side pays for it depends on the order (it swung the produce figure 67-226%).
+                for _ in range(SETTLE_STEPS_MAX):
+                    if not any(a.state.has_unreconciled_data for a in node.partitions()):
+                        break
+                    await anyio.sleep(0.05)
                 reconciled = node.reconciler.stats.records_reconciled
                 cpu, wall = time.process_time(), time.perf_counter()
                 produced, fetched, phases = await in_child(side, *args)
