@@ -8,7 +8,9 @@ RECORDS records (16-byte keys, 100-byte values, PARTITIONS partitions) into a fr
 - sut (Kafka):   one confluent-kafka Producer (linger.ms 5, default batch sizes), produce all, flush;
                  then one Consumer assigned every partition from offset 0 reads them all back;
 - floor (HTTP):  the bundled client, HTTP_CALLERS concurrent requests of HTTP_RECORDS_PER_REQUEST
-                 records (the CLI's fastest setting is 10,000 records with 4 in flight); then one
+                 records (16 in flight: with 4, the HTTP side waited on its round trips, a durable
+                 write each, whose time moves with the machine's disk and CPU: its rate swung
+                 65-248k records/s within one run, and the ratio 99-220%); then one
                  fetch loop per partition (max_bytes 1 MiB) reads them back.
 Each client runs in a child process of its own (`python -m levelzero.bench.kafka SIDE ...`), so
 neither takes the daemon's interpreter from it; the records are generated there from the same
