@@ -47,7 +47,10 @@ def test_quick_cost_counts_requests_at_the_object_store(tmp_path: Path) -> None:
     assert main(["--quick", "--only", "cost", "--out", str(results_path)]) == 0
     figures = json.loads(results_path.read_text())["items"]["cost"]["figures"]
     l0 = figures[0]
-    assert l0["name"].startswith("L0 PUTs per GiB") and l0["floor"] == 4096
+    # The floor at the rate acknowledged (a loaded machine may fall behind the 1 MiB/s offered).
+    acknowledged = l0["notes"]["acknowledged_mib_per_s"]
+    assert l0["name"].startswith("L0 PUTs per GiB") and 0 < acknowledged <= 1.1
+    assert l0["floor"] == pytest.approx(window_floor_puts_per_gib(acknowledged, BatcherConfig()), rel=0.01)
     counts = l0["notes"]["window_counts"]
     assert counts["l0_puts"] >= 1 and counts["l0_put_bytes"] >= l0["notes"]["payload_mib"] * 2**20
     readers = l0["notes"]["reader_counts"]

@@ -13,6 +13,8 @@ from levelzero.bench import ITEM_NAMES, main
 from levelzero.bench.cli import MARK_BEGIN, MARK_END
 
 FIGURE_KEYS = {
+    "judged_ratio",
+    "spread",
     "item",
     "name",
     "unit",
@@ -294,8 +296,8 @@ def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
         if line.startswith("| fence") or line.startswith("| cluster")
     ]
     assert rows == [
-        "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | info |",
-        "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | info |",
+        "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | - | info |",
+        "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | - | info |",
     ]
     text = markdown.read_text()
     assert "Measured day 3" in text and "Other rows: Measured day 2" in text
