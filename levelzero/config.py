@@ -321,6 +321,8 @@ class ReconcilerSection(_Section):
 
     interval_s: float = 1.0  # a pass over every partition this often
     object_bytes_max: int = 8 * MiB  # an L1 object holds at most this many extent bytes
+    object_bytes_min: int = 4 * MiB  # ... and is written once this many wait (or ...)
+    object_age_max_s: float = 30.0  # ... once they waited this long (0 and 0: every pass)
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected

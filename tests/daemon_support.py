@@ -37,6 +37,7 @@ def daemon_config(data_dir: Path, **overrides: Any) -> Config:
         ("server", "listen"): "127.0.0.1:0",
         ("batcher", "linger_ms"): 5.0,
         ("node", "epoch_bump_interval_s"): 0.0,
+        ("reconciler", "object_age_max_s"): 0.0,  # an L1 object every pass: tests wait less
     }
     for name, value in overrides.items():
         section, key = name.split("__")
@@ -217,6 +218,7 @@ QUIESCENT_ENVIRON = {
     "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0.3",
     "LEVELZERO_NODE_EPOCH_CACHE_TTL_S": "1",
     "LEVELZERO_RECONCILER_INTERVAL_S": "0.2",
+    "LEVELZERO_RECONCILER_OBJECT_AGE_MAX_S": "0",  # an L1 object every pass: quiet sooner
     "LEVELZERO_HOUSEKEEPER_INTERVAL_S": "0.2",
     "LEVELZERO_HOUSEKEEPER_IDLE_AFTER_S": "0.3",
     "LEVELZERO_GC_INTERVAL_S": "0.2",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 import anyio
@@ -42,6 +42,12 @@ STALE_COPY_CHECKS_PER_DEADLINE = 4
 class ReconcilerConfig:
     interval_s: float = 1.0
     object_bytes_max: int = 8 * 1024 * 1024
+    # A partition's L1 object is written once its unreconciled data reaches `object_bytes_min`
+    # or has waited `object_age_max_s` (from the pass that first saw it), not on every pass:
+    # each L1 object is a PUT now and a GET per reader later. 0 and 0: every pass, whatever it
+    # holds. The price: M(p), and with it the GC of L0 objects, rises that much later.
+    object_bytes_min: int = 4 * 1024 * 1024
+    object_age_max_s: float = 30.0
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
     copy_deadline_s: float = 600.0  # COPY_STARTED older than this is collected
@@ -61,6 +67,10 @@ class ReconcilerConfig:
             raise InvalidInput("reconciler partitions_in_flight_max must be in 1..256")
         if not 1 <= self.placeholders_per_object_max <= 100_000:
             raise InvalidInput("reconciler placeholders_per_object_max must be in 1..100000")
+        if not 0 <= self.object_bytes_min <= self.object_bytes_max:
+            raise InvalidInput("reconciler object_bytes_min must be in 0..object_bytes_max")
+        if not 0 <= self.object_age_max_s <= 3600:
+            raise InvalidInput("reconciler object_age_max_s must be in 0..3600")
 
 
 @dataclass(slots=True)
@@ -110,6 +120,10 @@ class Reconciler:
         self._activity = activity
         self._index = index
         self._unfinished: set[str] = set()
+        # Partitions holding unreconciled data not yet due for an L1 object: name -> (when a
+        # pass first saw it, the partition's `size_bytes` then). Memory only: after a restart
+        # the wait starts again, the L0 data staying until it is reconciled.
+        self._waiting: dict[str, tuple[float, int]] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -161,10 +175,15 @@ class Reconciler:
                 if not self.health.retry_due(actor.name, self._wall()):
                     self._note_lag(actor)
                     return  # failing: tried again every RECONCILE_FAILING_RETRY_S
+                if not self._due_for_object(actor):
+                    self._note_lag(actor)
+                    return  # growing: its L0 data stays until it is reconciled
                 while actor.state.has_unreconciled_data:
                     if not await self.reconcile_partition(actor):
                         break
                     written += 1
+                if not actor.state.has_unreconciled_data:
+                    self._waiting.pop(actor.name, None)
             except (NotLeader, anyio.ClosedResourceError):
                 pass  # the partition moved on; its new leader reconciles
             except LevelZeroError as exc:
@@ -198,14 +217,36 @@ class Reconciler:
                 tg.start_soon(worker)
         return written
 
+    def _due_for_object(self, actor: PartitionActor) -> bool:
+        """Whether `actor`'s unreconciled data is to be written now: it reached
+        `object_bytes_min` (at least the bytes appended since a pass first saw it waiting) or
+        has waited `object_age_max_s` since then."""
+        state = actor.state
+        if not state.has_unreconciled_data:
+            return True  # nothing to write (a catch-up elsewhere may have taken it)
+        if topic_name_problem(actor.row.topic) is not None:
+            return True  # no L1 key can hold it: named failing at once, not after the wait
+        now = self._wall()
+        since, size_then = self._waiting.setdefault(actor.name, (now, state.size_bytes))
+        config = self.config
+        return (
+            now - since >= config.object_age_max_s or state.size_bytes - size_then >= config.object_bytes_min
+        )
+
+    def _forget_gone(self, names: Set[str]) -> None:
+        """A partition gone is neither failing nor waiting."""
+        self.health.retain(names)
+        for name in [n for n in self._waiting if n not in names]:
+            del self._waiting[name]
+
     def _due(self, everyone: bool) -> list[PartitionActor]:
         """The partitions this round visits (in partition order)."""
         if self._activity is None or self._index is None:
             actors = self._partitions()
-            self.health.retain({actor.name for actor in actors})  # a partition gone is not failing
+            self._forget_gone({actor.name for actor in actors})
             return actors
         index = self._index()
-        self.health.retain(index.keys())  # a partition gone is not failing
+        self._forget_gone(index.keys())
         moved = self._activity.take("reconciler")
         if everyone:
             return self._partitions()

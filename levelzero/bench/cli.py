@@ -75,6 +75,15 @@ ITEMS: tuple[Item, ...] = (
         "cluster",
         "12. failover of a three-node cluster after SIGKILL of a leader, vs the lease TTL",
     ),
+    Item("cost", "cost", "13. object-store requests and dollars per GiB ingested vs the batch window floor"),
+    Item(
+        "latency", "latency", "14. produce latency with S3-like object-store latency vs window + PUT + commit"
+    ),
+    Item(
+        "cli",
+        "cli_produce",
+        "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
+    ),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 
@@ -238,7 +247,7 @@ def _ratio(f: Figure) -> str:
     return "n/a" if f.ratio is None else f"{f.ratio:.1%}"
 
 
-COLUMNS = ("item", "figure", "unit", "sut", "floor", "ratio", "target", "verdict")
+COLUMNS = ("item", "figure", "unit", "sut", "floor", "ratio", "rounds", "target", "verdict")
 
 
 def _cells(f: Figure) -> tuple[str, ...]:
@@ -249,14 +258,17 @@ def _cells(f: Figure) -> tuple[str, ...]:
         f"{f.sut_label} {_number(f.sut)}",
         f"{f.floor_label} {_number(f.floor)}",
         _ratio(f),
+        f.spread,
         "-" if f.target is None else str(f.target),
         f.verdict,
     )
 
 
 def format_row(f: Figure) -> str:
-    item, name, unit, sut, floor, ratio, target, verdict = _cells(f)
-    return f"  {name} [{unit}]: {sut} | {floor} | ratio {ratio} | target {target} | {verdict}"
+    item, name, unit, sut, floor, ratio, spread, target, verdict = _cells(f)
+    return (
+        f"  {name} [{unit}]: {sut} | {floor} | ratio {ratio} (rounds {spread}) | target {target} | {verdict}"
+    )
 
 
 def format_table(figures: Sequence[Figure]) -> str:
@@ -293,7 +305,8 @@ def _rows(results: dict[str, Any]) -> dict[str, list[str]]:
             ratio = "n/a" if f["ratio"] is None else f"{f['ratio']:.1%}"
             rows[name].append(
                 f"| {name} | {f['name']} | {f['unit']} | {f['sut_label']} {_number(f['sut'])} | "
-                f"{f['floor_label']} {_number(f['floor'])} | {ratio} | {shown} | {f['verdict']} |"
+                f"{f['floor_label']} {_number(f['floor'])} | {ratio} | {f.get('spread', '-')} | {shown} | "
+                f"{f['verdict']} |"
             )
     return rows
 
@@ -321,7 +334,7 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
             table.extend(fresh.pop(name))  # this run's rows, where the item's were
             replaced.add(name)
         elif name in ITEM_NAMES and name not in replaced:
-            table.append(line)
+            table.append(_with_spread_cell(line))
     for rows in fresh.values():
         table.extend(rows)
     lines = [MARK_BEGIN, "", measured]
@@ -333,13 +346,21 @@ def render_markdown(results: dict[str, Any], previous: str = "") -> str:
         f"Machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['memory_gib']} GiB memory, "
         f"{m['implementation']} {m['python']}, {m['platform']}.",
         "",
-        "| item | figure | unit | system under test | floor | ratio | target | verdict |",
-        "|---|---|---|---:|---:|---:|---|---|",
+        "| item | figure | unit | system under test | floor | ratio | rounds | target | verdict |",
+        "|---|---|---|---:|---:|---:|---|---|---|",
         *table,
         "",
         MARK_END,
     ]
     return "\n".join(lines)
+
+
+def _with_spread_cell(line: str) -> str:
+    """A row kept from a run before the rounds column existed gets "-" there."""
+    cells = line.split("|")
+    if len(cells) == 10:  # "", 8 cells, "": no rounds column yet
+        cells.insert(7, " - ")
+    return "|".join(cells)
 
 
 def _runs_still_shown(runs: list[str], replaced: set[str], measured: str) -> list[str]:

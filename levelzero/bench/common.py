@@ -81,12 +81,37 @@ class Figure:
     notes: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def round_ratios(self) -> list[float]:
+        return [r for r in (safe_ratio(s, f) for s, f in self.rounds) if r is not None]
+
+    @property
+    def judged_ratio(self) -> float | None:
+        """The ratio a target is judged on: the worst quartile of the rounds' ratios (nearest
+        rank: the worst of 2-4 rounds, the second worst of 5-8), so that a figure passes only
+        when three rounds in four would. The median alone passed figures whose rounds swung
+        by 45 points. One round (or none recorded): the ratio."""
+        ratios = self.round_ratios
+        if len(ratios) < 2 or self.target is None:
+            return self.ratio
+        worst_first = sorted(ratios, reverse=not self.target.higher_is_better)
+        return worst_first[(len(worst_first) - 1) // 4]
+
+    @property
+    def spread(self) -> str:
+        """The rounds' ratios, lowest to highest ("-" for a single round)."""
+        ratios = self.round_ratios
+        if len(ratios) < 2:
+            return "-"
+        return f"{min(ratios):.0%}–{max(ratios):.0%}"
+
+    @property
     def verdict(self) -> str:
         if self.target is None:
             return "info"
-        if self.ratio is None:
+        judged = self.judged_ratio
+        if judged is None:
             return "n/a"
-        return "pass" if self.target.met(self.ratio) else "miss"
+        return "pass" if self.target.met(judged) else "miss"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +127,8 @@ class Figure:
             if self.target is None
             else {"bound": self.target.bound, "higher_is_better": self.target.higher_is_better},
             "verdict": self.verdict,
+            "judged_ratio": self.judged_ratio,
+            "spread": self.spread,
             "rounds": [list(r) for r in self.rounds],
             "notes": self.notes,
         }

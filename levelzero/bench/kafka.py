@@ -2,12 +2,15 @@
 beside the HTTP API, on the same node in the same run.
 
 One daemon (local object store, the daemon's defaults but `batcher.linger_ms` = 5, as the test
-helpers use) serves both. Each round writes RECORDS records (16-byte keys, 100-byte values,
-PARTITIONS partitions) into a fresh topic per side:
+helpers use, and an L1 object every reconciler pass) serves both; a round starts once the data
+of the rounds before it is reconciled, so no side pays for another's copy. Each round writes
+RECORDS records (16-byte keys, 100-byte values, PARTITIONS partitions) into a fresh topic per side:
 - sut (Kafka):   one confluent-kafka Producer (linger.ms 5, default batch sizes), produce all, flush;
                  then one Consumer assigned every partition from offset 0 reads them all back;
 - floor (HTTP):  the bundled client, HTTP_CALLERS concurrent requests of HTTP_RECORDS_PER_REQUEST
-                 records (the CLI's fastest setting is 10,000 records with 4 in flight); then one
+                 records (16 in flight: with 4, the HTTP side waited on its round trips, a durable
+                 write each, whose time moves with the machine's disk and CPU: its rate swung
+                 65-248k records/s within one run, and the ratio 99-220%); then one
                  fetch loop per partition (max_bytes 1 MiB) reads them back.
 Each client runs in a child process of its own (`python -m levelzero.bench.kafka SIDE ...`), so
 neither takes the daemon's interpreter from it; the records are generated there from the same
@@ -19,6 +22,7 @@ fetch (>= 150%).
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -32,7 +36,7 @@ ITEM = "kafka"
 PARTITIONS = 6
 KEY_BYTES = 16
 VALUE_BYTES = 100
-HTTP_CALLERS = 4
+HTTP_CALLERS = 16
 HTTP_RECORDS_PER_REQUEST = 5_000
 FETCH_BYTES = 1024 * 1024
 TARGET = Target(1.0)
@@ -40,6 +44,11 @@ TARGET = Target(1.0)
 # stored records, where the HTTP door builds an object and a JSON record per record.
 FETCH_TARGET = Target(1.5)
 CONSUME_POLLS_MAX = 100_000
+SETTLE_STEPS_MAX = 1200  # of 50 ms: a minute for the reconciler to catch up before a round
+
+
+# Where a Kafka round's produce time went (printed with the rates, kept in the notes).
+PHASES: dict[str, float] = {}
 
 
 def make_records(count: int, seed: int) -> list[tuple[int, bytes, bytes]]:
@@ -61,9 +70,12 @@ def kafka_produce(port: int, topic: str, records: list[tuple[int, bytes, bytes]]
     for partition, key, value in records:
         producer.produce(topic, key=key, value=value, partition=partition)
         producer.poll(0)
+    enqueued = time.perf_counter()
     left = producer.flush(120)
     elapsed = time.perf_counter() - started
     assert left == 0, f"{left} records not delivered"
+    PHASES["enqueue_s"] = enqueued - started
+    PHASES["flush_s"] = elapsed - (enqueued - started)
     return len(records) / elapsed
 
 
@@ -145,11 +157,11 @@ async def http_fetch(client, topic: str, count: int) -> float:  # noqa: ANN001 -
     return count / elapsed
 
 
-async def in_child(*args: str) -> tuple[float, float]:
-    """(produce, fetch) records/s measured by a client in a child process."""
+async def in_child(*args: str) -> tuple[float, float, dict[str, float]]:
+    """(produce, fetch) records/s measured by a client in a child process, and its phases."""
     result = await anyio.run_process([sys.executable, "-m", "levelzero.bench.kafka", *args])
     answer = json.loads(result.stdout.decode().strip().splitlines()[-1])
-    return answer["produce"], answer["fetch"]
+    return answer["produce"], answer["fetch"], answer.get("phases", {})
 
 
 async def run(settings: Settings) -> list[Figure]:
@@ -168,24 +180,54 @@ async def run(settings: Settings) -> list[Figure]:
                 ("kafka", "listen"): "127.0.0.1:0",
                 ("batcher", "linger_ms"): 5.0,
                 ("node", "epoch_bump_interval_s"): 0.0,
+                # An L1 object every pass: each round starts once the last one's data is
+                # reconciled (see `observed`), not 30 s later.
+                ("reconciler", "object_age_max_s"): 0.0,
             },
         )
         async with running_daemon(config) as daemon, Client(daemon.url) as client:
-            assert daemon.kafka_port is not None and daemon.url is not None
-            port, url = str(daemon.kafka_port), daemon.url
+            assert daemon.kafka_port is not None and daemon.url is not None and daemon.node is not None
+            port, url, node = str(daemon.kafka_port), daemon.url, daemon.node
+            background: dict[str, list[dict[str, float]]] = {"kafka": [], "http": []}
+
+            async def observed(side: str, *args: str) -> tuple[float, float]:
+                """A side's round, with what ran beside it in the daemon: the reconciler's work
+                (its L1 objects come in bursts), the daemon's CPU and the machine's load."""
+                # The previous round's data reconciled first: otherwise its copy runs inside
+                # this round, on the CPUs this side's client and the daemon share, and which
+                # side pays for it depends on the order (it swung the produce figure 67-226%).
+                for _ in range(SETTLE_STEPS_MAX):
+                    if not any(a.state.has_unreconciled_data for a in node.partitions()):
+                        break
+                    await anyio.sleep(0.05)
+                reconciled = node.reconciler.stats.records_reconciled
+                cpu, wall = time.process_time(), time.perf_counter()
+                produced, fetched, phases = await in_child(side, *args)
+                background[side].append(
+                    {
+                        "records_reconciled": node.reconciler.stats.records_reconciled - reconciled,
+                        "daemon_cpu_per_wall": round(
+                            (time.process_time() - cpu) / (time.perf_counter() - wall), 2
+                        ),
+                        "load_1m": os.getloadavg()[0],
+                        **{k: round(v, 3) for k, v in phases.items()},
+                    }
+                )
+                return produced, fetched
 
             async def kafka_round(i: int) -> tuple[float, float]:
                 await client.create_topic(f"kafka-{i}", PARTITIONS)
-                return await in_child("kafka", port, f"kafka-{i}", str(count), str(i))
+                return await observed("kafka", port, f"kafka-{i}", str(count), str(i))
 
             async def http_round(i: int) -> tuple[float, float]:
                 await client.create_topic(f"http-{i}", PARTITIONS)
-                return await in_child("http", url, f"http-{i}", str(count), str(i))
+                return await observed("http", url, f"http-{i}", str(count), str(i))
 
             pairs = await interleave(settings.rounds, kafka_round, http_round)
     produce_pairs = [(k[0], h[0]) for k, h in pairs]
     fetch_pairs = [(k[1], h[1]) for k, h in pairs]
     notes = {
+        "rounds_background": background,
         "records_per_round": count,
         "partitions": PARTITIONS,
         "value_bytes": VALUE_BYTES,
@@ -237,7 +279,7 @@ def child_main(argv: list[str]) -> None:
         fetched = kafka_fetch(int(where), topic, len(records))
     else:
         produced, fetched = anyio.run(_http_side, where, topic, records)
-    print(json.dumps({"produce": produced, "fetch": fetched}))
+    print(json.dumps({"produce": produced, "fetch": fetched, "phases": PHASES}))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ GC_INTERVAL_S = 1.0
 GC_IDLE_BACKOFF_MAX_S = 2.0
 IDLE_AFTER_S = 2.0  # the housekeeper advances an idle partition after this
 QUIESCE_ROUNDS_MAX = 20
+# L1 objects wait at most this long for more data (the default's 30 s would outlast the demo's
+# quiescence rounds): the demo shows reconciliation and the GC, not the object sizes.
+RECONCILE_AGE_MAX_S = 1.0
 RECONCILE_WAIT_S = 5.0  # per quiescence round: for the reconciler to catch up
 RECONCILE_POLL_S = 0.1
 
@@ -502,6 +505,7 @@ async def run_demo(
             ("gc", "interval_s"): GC_INTERVAL_S,
             ("gc", "idle_backoff_max_s"): GC_IDLE_BACKOFF_MAX_S,
             ("housekeeper", "idle_after_s"): IDLE_AFTER_S,
+            ("reconciler", "object_age_max_s"): RECONCILE_AGE_MAX_S,
         },
     )
     rng = random.Random(seed)

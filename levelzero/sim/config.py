@@ -64,6 +64,9 @@ class SimConfig:
     snapshot_every_records: int = 5
     log_keep_records: int = 4
     reconciler_interval_s: tuple[float, ...] = (0.3, 0.6, 1.5)  # one drawn per seed
+    # L1 objects grow to a size or an age (0: one every pass), one age drawn per seed
+    reconciler_object_bytes_min: int = 512
+    reconciler_object_age_max_s: tuple[float, ...] = (0.0, 1.0, 4.0)
     copy_deadline_s: float = 30.0
     housekeeper_interval_s: tuple[float, ...] = (0.4, 0.4, 2.5)  # one drawn per seed
     idle_after_s: float = 0.8

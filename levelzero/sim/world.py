@@ -148,6 +148,8 @@ class World:
         self.housekeeper_interval_s = rng.choice(cfg.housekeeper_interval_s)
         self.newest_write_p = rng.choice(cfg.newest_partition_write_p)
         self.fault_scale = rng.choice(cfg.fault_scales)
+        # Drawn from a stream of its own: the world's stream (and every seed's draws) unchanged.
+        self.reconciler_age_max_s = random.Random(seed + 0x1A6E).choice(cfg.reconciler_object_age_max_s)
         self.trace: deque[str] = deque(maxlen=cfg.trace_lines_max)
         self.digest = 0
         self.stats = Stats()
@@ -249,6 +251,8 @@ class World:
             reconciler=ReconcilerConfig(
                 interval_s=self.reconciler_interval_s,
                 object_bytes_max=1024,
+                object_bytes_min=cfg.reconciler_object_bytes_min,
+                object_age_max_s=self.reconciler_age_max_s,
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
             housekeeper=HousekeeperConfig(

@@ -5,6 +5,8 @@ the reconciler's health, in `gc explain`; and the operator's escape hatch
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import logging
 
 import pytest
@@ -34,7 +36,7 @@ CONFIG = NodeConfig(
     epoch_bump_interval_s=None,
     epoch_cache_ttl_s=0.0,
     batcher=BatcherConfig(linger_ms=1),
-    reconciler=ReconcilerConfig(enabled=False),
+    reconciler=ReconcilerConfig(enabled=False, object_age_max_s=0.0),  # an object every pass
     housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
 )
 
@@ -128,11 +130,14 @@ async def test_a_lost_l0_object_is_a_named_condition_and_abandoning_lets_m_rise(
             await node.fetch("t", 0, 2, 1024)
 
 
-async def test_a_topic_no_store_can_hold_is_named_failing_at_once_without_reading_its_data() -> None:
+@pytest.mark.parametrize("age_max_s", [0.0, 30.0])
+async def test_a_topic_no_store_can_hold_is_named_failing_at_once_without_reading_its_data(age_max_s) -> None:
+    """At once: also when its data would otherwise wait for the L1 object's age bound."""
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     await log_store.create_topic("..", 1, 1, 0.0)  # as an older levelzero let it
-    async with running_node(CONFIG, log_store, objects, wall_clock=wall, seed=5) as node:
+    config = replace(CONFIG, reconciler=replace(CONFIG.reconciler, object_age_max_s=age_max_s))
+    async with running_node(config, log_store, objects, wall_clock=wall, seed=5) as node:
         actor = node.partition("..", 0)
         # Data written before the rule changed (the batcher refuses the topic now); its object
         # is not even there: the reconciler must not read it to know it cannot succeed.

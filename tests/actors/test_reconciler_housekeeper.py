@@ -14,7 +14,7 @@ from levelzero.actors.node import NodeConfig
 from levelzero.actors.reader import FETCH_RECORDS_MAX, PLACEHOLDERS_PER_READ
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import Placeholder
-from levelzero.core.errors import OffsetOutOfRange
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.keys import L0_ROOT, L1_ROOT
 from levelzero.core.l0format import Record
@@ -37,7 +37,8 @@ def make_config(**housekeeper) -> NodeConfig:
         epoch_bump_interval_s=None,
         epoch_cache_ttl_s=0.0,  # always fresh: these tests are about reconciliation
         batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0),
+        # An L1 object every pass: these tests count objects per pass.
+        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
         housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0, **housekeeper),
     )
 
@@ -313,7 +314,7 @@ async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_st
         epoch_bump_interval_s=None,
         epoch_cache_ttl_s=3600.0,  # a stale cache on purpose: rejections make orphans
         batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False),
+        reconciler=ReconcilerConfig(enabled=False, object_age_max_s=0.0),
         housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
         gc=GcConfig(enabled=False, grace_s=0.0),
     )
@@ -559,3 +560,113 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
         await node.reconciler.run_round()
         assert await state() == (L1State.DELETE_FINISHED, False, 0, 0)
         assert (node.l1.delete_failures, node.l1.delete_retries, node.l1.deleted) == (3, 3, 1)
+
+
+# ------------------------------------------------------------------ L1 objects grow to a bound
+
+
+def growing_config(bytes_min: int, age_max_s: float) -> NodeConfig:
+    config = make_config()
+    return replace(
+        config,
+        reconciler=replace(config.reconciler, object_bytes_min=bytes_min, object_age_max_s=age_max_s),
+    )
+
+
+async def test_reconciler_waits_until_the_age_bound_then_writes_one_object():
+    """Ten single-record produces become one L1 object of ten records, written once the data
+    waited `object_age_max_s` (from the pass that first saw it), not one per pass."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = growing_config(bytes_min=1 << 20, age_max_s=30.0)
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        actor = node.partition("t", 0)
+        values = []
+        for i in range(10):
+            values += [f"v{i}".encode()]
+            await produce_values(node, "t", 0, values[-1:])
+            assert await node.reconciler.run_round() == 0
+            wall.now += 2.9  # 29 s in all: one step short of the bound
+        assert actor.state.lro == -1 and not l1_keys(objects)
+        assert actor.state.mp is None or actor.state.mp < node.epochs.current
+        wall.now += 1.0
+        assert await node.reconciler.run_round() == 1
+        assert actor.state.lro == 9
+        (row,) = await log_store.l1_list(actor.row.pid)
+        assert (row.base_offset, row.last_offset) == (0, 9)
+        got, tiers = await read_all(node, "t", 0)
+        assert got == values and tiers == {"l1"}
+        # Nothing waiting: the next data starts a new wait.
+        await produce_values(node, "t", 0, [b"next"])
+        assert await node.reconciler.run_round() == 0
+        wall.now += 30.0
+        assert await node.reconciler.run_round() == 1
+
+
+async def test_reconciler_writes_as_soon_as_the_size_bound_is_reached():
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = growing_config(bytes_min=4096, age_max_s=3600.0)
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        actor = node.partition("t", 0)
+        await produce_values(node, "t", 0, [b"a" * 1000])
+        assert await node.reconciler.run_round() == 0  # first seen: 1,000 bytes wait
+        for i in range(3):
+            await produce_values(node, "t", 0, [bytes([65 + i]) * 1000])
+            assert await node.reconciler.run_round() == 0
+        assert actor.state.lro == -1
+        await produce_values(node, "t", 0, [b"z" * 1200])  # 4,200+ bytes appended since first seen
+        assert await node.reconciler.run_round() == 1
+        assert actor.state.lro == 4
+        assert len(l1_keys(objects)) == 1
+
+
+async def test_a_crash_with_data_waiting_for_its_l1_object_loses_nothing():
+    """The node dies while its partition's data waits for the bound: the L0 object stays (M(p)
+    has not passed it, so the GC keeps it), the next node reads it from L0, waits again, and
+    reconciles it; every record is read back from L1."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = growing_config(bytes_min=1 << 20, age_max_s=30.0)
+    config = replace(config, gc=GcConfig(enabled=False, grace_s=0.0))
+    values = [f"w{i}".encode() for i in range(6)]
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        await produce_values(node, "t", 0, values)
+        assert await node.reconciler.run_round() == 0
+        wall.now += 20.0
+        await node.epochs.advance()
+        await node.housekeeper.run_round(force=True)
+        report = await node.gc.run_round()
+        assert report.deleted == 0
+        l0 = {k for k in objects._objects if k.startswith(L0_ROOT)}
+        assert l0
+        # The crash: the node stops without reconciling (shutdown does not reconcile).
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        assert l0 <= set(objects._objects)
+        got, tiers = await read_all(node, "t", 0)
+        assert got == values and tiers == {"l0"}
+        await node.epochs.advance()
+        await node.housekeeper.run_round(force=True)
+        assert (await node.gc.run_round()).deleted == 0  # still unreconciled: still kept
+        assert l0 <= set(objects._objects)
+        assert await node.reconciler.run_round() == 0  # the wait starts again on this node
+        wall.now += 30.0
+        assert await node.reconciler.run_round() == 1
+        got, tiers = await read_all(node, "t", 0)
+        assert got == values and tiers == {"l1"}
+        for _ in range(3):  # M(p) passes the objects once the reconciled log passes the window
+            await node.epochs.advance()
+            await node.housekeeper.run_round(force=True)
+            await node.reconciler.run_round()
+            await node.gc.run_round()
+        assert not l0 & set(objects._objects)
+
+
+def test_reconciler_bounds_are_checked():
+    with pytest.raises(InvalidInput, match="object_bytes_min must be in 0..object_bytes_max"):
+        ReconcilerConfig(object_bytes_min=9 * 1024 * 1024)
+    with pytest.raises(InvalidInput, match="object_age_max_s must be in 0..3600"):
+        ReconcilerConfig(object_age_max_s=-1.0)

@@ -13,8 +13,12 @@ from levelzero.bench import ITEM_NAMES, main
 from levelzero.bench.cli import MARK_BEGIN, MARK_END, update_markdown
 from levelzero.cli import commands
 from levelzero.cli import main as cli
+from levelzero.bench.common import Target, figure
+from levelzero.bench.cli import _with_spread_cell
 
 FIGURE_KEYS = {
+    "judged_ratio",
+    "spread",
     "item",
     "name",
     "unit",
@@ -92,7 +96,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 12
+    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 15
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -137,7 +141,33 @@ def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
     text = path.read_text()
     assert text.startswith("# Benchmarks\n\nbefore\n\n") and text.endswith("\n\nafter\n")
     assert "old" not in text and text.count(MARK_BEGIN) == 1
-    assert "| fence | fences | ops/CPU-s | fences 5.000 | bare 10.0 | 50.0% | ≥ 50% | pass |" in text
+    assert "| fence | fences | ops/CPU-s | fences 5.000 | bare 10.0 | 50.0% | - | ≥ 50% | pass |" in text
+
+
+def test_a_target_is_judged_on_the_worst_quartile_of_rounds_and_the_spread_is_shown() -> None:
+
+    # Median 1.20 passes a >= 100% target, but the worst of four rounds (0.80) does not.
+    swinging = figure("x", "f", "u", [(120, 100), (80, 100), (150, 100), (125, 100)], target=Target(1.0))
+    assert swinging.ratio == pytest.approx(1.225)
+    assert swinging.judged_ratio == pytest.approx(0.80)
+    assert (swinging.verdict, swinging.spread) == ("miss", "80%–150%")
+    # Lower is better: the worst quartile is the highest ratios; of 5 rounds, the second worst.
+    latency = figure(
+        "x", "f", "u", [(10, 10), (11, 10), (12, 10), (14, 10), (30, 10)], target=Target(1.25, False)
+    )
+    assert latency.judged_ratio == pytest.approx(1.4) and latency.verdict == "miss"
+    steady = figure("x", "f", "u", [(101, 100), (104, 100), (103, 100)], target=Target(1.0))
+    assert (steady.judged_ratio, steady.verdict) == (pytest.approx(1.01), "pass")
+    single = figure("x", "f", "u", [(90, 100)], target=Target(1.0))
+    assert (single.judged_ratio, single.spread) == (pytest.approx(0.9), "-")
+
+
+def test_rows_kept_from_before_the_rounds_column_get_a_dash_there() -> None:
+
+    old = "| gc | GC deletes/s | objects/s | gc 19,869 | raw 24,023 | 84.0% | ≥ 80% | pass |"
+    new = "| gc | GC deletes/s | objects/s | gc 19,869 | raw 24,023 | 84.0% | - | ≥ 80% | pass |"
+    assert _with_spread_cell(old) == new
+    assert _with_spread_cell(new) == new
 
 
 def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_path: Path) -> None:
@@ -261,8 +291,8 @@ def test_a_run_of_some_items_keeps_the_other_items_rows(tmp_path: Path) -> None:
         if line.startswith("| fence") or line.startswith("| cluster")
     ]
     assert rows == [
-        "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | info |",
-        "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | info |",
+        "| fence | fence figure | ops/s | sut 4.000 | floor 1.000 | 400.0% | - | - | info |",
+        "| cluster | cluster figure | ops/s | sut 3.000 | floor 1.000 | 300.0% | - | - | info |",
     ]
     text = markdown.read_text()
     assert "Measured day 3" in text and "Other rows: Measured day 2" in text

@@ -304,6 +304,7 @@ def gc_daemon(make_daemon_process) -> DaemonProcess:
             "LEVELZERO_GC_ENABLED": "false",
             "LEVELZERO_GC_GRACE_S": "0",
             "LEVELZERO_RECONCILER_INTERVAL_S": "0.05",
+            "LEVELZERO_RECONCILER_OBJECT_AGE_MAX_S": "0",  # reconciled on the next pass
             "LEVELZERO_HOUSEKEEPER_ENABLED": "false",
             "LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": "0",
         }
