@@ -29,6 +29,7 @@ class SimConfig:
     records_per_write_max: int = 3
     value_bytes: tuple[int, int] = (4, 24)
     read_interval_s: float = 0.1
+    boundary_read_p: float = 0.3  # reads at LRO, LRO + 1, the start offset or HWM - 1
     tail_read_p: float = 0.7  # reads of the unreconciled tail (from L0, pinning M(p))
     newest_partition_write_p: tuple[float, ...] = (0.0, 0.3, 0.6)  # one drawn per seed
 

@@ -8,15 +8,23 @@ a class attribute), so the code under test is otherwise the code that ships.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
+import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
+from levelzero.actors.l1 import L1Catalog
+from levelzero.actors.partition import PartitionActor as _Actor
+from levelzero.actors.reader import FetchResult, FetchWindow, Reader
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
@@ -86,6 +94,77 @@ def _reader_pins_ignored() -> contextlib.AbstractContextManager[None]:
         return reader_id, state_mp  # nothing pinned
 
     return _patched(ReaderPins, "register", register)
+
+
+# ---------------------------------------------------------------- the read path
+
+
+def _l1_lookup_bisect_left() -> contextlib.AbstractContextManager[None]:
+    # The L1 read looks up the object holding an offset with bisect_left: at an object's first
+    # offset it lands on the object before, which does not hold it ("no valid L1 object").
+    shim = types.SimpleNamespace(bisect_right=bisect.bisect_left, bisect_left=bisect.bisect_left)
+    return _patched(l1_module, "bisect", shim)
+
+
+def _l1_lineage_never_reread() -> contextlib.AbstractContextManager[None]:
+    # The L1 read keeps the lineage it cached first: offsets reconciled since are in no object.
+    original = L1Catalog.refresh
+
+    async def refresh(self: L1Catalog, actor: _Actor) -> list[Any]:
+        cached = self._valid.get(actor.row.pid)
+        return cached if cached else await original(self, actor)
+
+    return _patched(L1Catalog, "refresh", refresh)
+
+
+def _placeholders_from_base() -> contextlib.AbstractContextManager[None]:
+    # The log store's placeholder read starts at the first placeholder whose base offset is at
+    # or after the offset asked, missing the one that holds it.
+    async def read_placeholders(
+        self: MemoryLogStore, pid: int, from_data_offset: int, limit: int
+    ) -> list[LogRecord]:
+        found = []
+        for record in self.logs[pid]:
+            if isinstance(record.entry, Placeholder) and record.base_offset >= from_data_offset:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    return _patched(MemoryLogStore, "read_placeholders", read_placeholders)
+
+
+def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
+    # The reader serves L1 for offsets below the LRO only: the LRO itself is read from L0,
+    # whose object the GC may have collected already.
+    async def fetch(self: Reader, actor: _Actor, offset: int, max_bytes: int) -> FetchResult:
+        if max_bytes < 1:
+            raise InvalidInput("max_bytes")
+        state = actor.state
+        hwm, start, lro = state.high_watermark, state.start_offset, state.lro
+        if offset < start or offset > hwm:
+            raise OffsetOutOfRange(offset, start, hwm)
+        if offset == hwm:
+            return FetchResult([], offset, hwm, start, "none")
+        abandoned = state.abandoned_range(offset)
+        if abandoned is not None:
+            raise OffsetsAbandoned(offset, *abandoned, start, hwm)
+        tiers = []
+        if offset < lro and self.l1 is not None:  # the slip: `<=`
+            tiers.append("l1")
+            window = FetchWindow(offset, lro, max_bytes)
+            await self.l1.fill(actor, window)
+            window.extend_to(hwm - 1)
+        else:
+            window = FetchWindow(offset, hwm - 1, max_bytes)
+        taken = len(window.records)
+        if window.stopped is None:
+            await self._fill_l0(actor, window, hwm)
+            if len(window.records) > taken or not tiers:
+                tiers.append("l0")
+        return FetchResult(window.records, window.next_offset, hwm, start, "+".join(tiers))
+
+    return _patched(Reader, "fetch", fetch)
 
 
 # ---------------------------------------------------------------- the batcher
@@ -177,6 +256,22 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         _catch_up_without_term_check,
     ),
     "reader_pins_ignored": ("L0 readers do not pin M(p)", _reader_pins_ignored),
+    "l1_lookup_bisect_left": (
+        "the L1 read looks an offset up with bisect_left (an object's first offset is missed)",
+        _l1_lookup_bisect_left,
+    ),
+    "l1_lineage_never_reread": (
+        "the L1 read never reads the lineage again after it first cached it",
+        _l1_lineage_never_reread,
+    ),
+    "placeholders_from_base": (
+        "the placeholder read misses the placeholder holding the offset asked",
+        _placeholders_from_base,
+    ),
+    "reader_l1_below_lro_only": (
+        "the reader serves offsets < LRO from L1, LRO from L0",
+        _reader_l1_below_lro_only,
+    ),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,

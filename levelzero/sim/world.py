@@ -42,6 +42,7 @@ from levelzero.core.errors import (
     ObjectNotFound,
     ShuttingDown,
     StaleClusterEpoch,
+    StorageError,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
@@ -583,33 +584,57 @@ class World:
             state = actor.state
             if state.high_watermark <= state.start_offset:
                 continue
-            tail = max(state.start_offset, state.lro + 1)
-            if tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
+            start, hwm, lro = state.start_offset, state.high_watermark, state.lro
+            tail = max(start, lro + 1)
+            edges = [o for o in (lro, lro + 1, start, hwm - 1) if start <= o < hwm]
+            if self.rng.random() < self.cfg.boundary_read_p:
+                offset = self.rng.choice(edges)  # the L0/L1 boundary, the start, the last record
+            elif tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
                 offset = self.rng.randrange(tail, state.high_watermark)  # a consumer at the tail
             else:
                 offset = self.rng.randrange(state.start_offset, state.high_watermark)
             inc.tg.start_soon(self._read, inc, actor, offset)
 
     async def _read(self, inc: Incarnation, actor: PartitionActor, offset: int) -> None:
+        """A fetch at `offset`: it starts there with at least one record, contiguous, each the
+        acknowledged one; or it fails for a reason the world explains (an injected fault, the
+        node's crash, pause or lost leadership, the start offset moved past `offset`). Any other
+        failure, an empty answer or one that starts later is a violation of the read path."""
         self.stats.reads += 1
         pauses = inc.gate.pauses
         try:
             result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
-        except ObjectNotFound as exc:
+        except LevelZeroError as exc:
             # In a cluster, a reader on a node that was paused or lost the partition meanwhile
             # pinned nothing the new leader publishes: its read may fail (the client retries).
-            kept = not self.cluster or (inc.gate.pauses == pauses and self.leading(actor))
-            if inc.alive and kept and exc.key.startswith(L0_ROOT):
+            kept = inc.alive and (not self.cluster or (inc.gate.pauses == pauses and self.leading(actor)))
+            self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
+            why = self._read_failure_explained(exc, actor, offset, kept)
+            if why is not None:
+                return
+            if isinstance(exc, ObjectNotFound) and exc.key.startswith(L0_ROOT):
                 self.fail(
                     "1",
                     f"an L0 reader of {actor.name} at offset {offset} on {inc} lost {exc.key}: "
                     "deleted while the reader held M(p)",
                 )
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at offset {offset} on {inc} failed with no injected "
+                f"fault or move to explain it: {type(exc).__name__}: {exc}",
+            )
             return
-        except LevelZeroError as exc:
-            self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
-            return
-        for fetched in result.records:
+        records = result.records
+        if offset < result.high_watermark and (not records or records[0].offset != offset):
+            first = records[0].offset if records else None
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at offset {offset} on {inc} (hwm {result.high_watermark}) "
+                f"starts at {first}, next offset {result.next_offset} ({result.tier})",
+            )
+        for i, fetched in enumerate(records):
+            if fetched.offset != offset + i:
+                self.fail("read", f"a fetch of {actor.name} at {offset} skips to {fetched.offset}")
             expected = self.truth.expected(actor.row.pid, fetched.offset)
             if expected is not None and expected != (fetched.key, fetched.value):
                 self.fail(
@@ -617,8 +642,24 @@ class World:
                     f"{actor.name}@{fetched.offset} read from {result.tier} is "
                     f"{(fetched.key, fetched.value)!r}, acknowledged {expected!r}",
                 )
-        self.stats.records_read += len(result.records)
-        self.note(f"{inc} read {actor.name}@{offset}: {len(result.records)} from {result.tier}")
+        self.stats.records_read += len(records)
+        self.note(f"{inc} read {actor.name}@{offset}: {len(records)} from {result.tier}")
+
+    def _read_failure_explained(
+        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool
+    ) -> str | None:
+        """Why a read may fail, or None: an injected fault, a node that crashed, paused or no
+        longer leads (the client asks again), the start offset past `offset` (retention)."""
+        if isinstance(exc, StorageError) and self.faults.enabled and "injected" in str(exc):
+            return "injected fault"
+        if not kept:
+            return "the node crashed, paused or lost the partition"
+        if isinstance(exc, (LedElsewhere, ShuttingDown, RequestTimedOut, StorageError)) and self.cluster:
+            return "moving leadership"  # (a control-plane call given up is a StorageError)
+        shadow = self.truth.shadow.get(actor.row.pid)
+        if shadow is not None and shadow.start_offset > offset:
+            return "the start offset moved past the offset"
+        return None
 
     async def _creator(self, end: float) -> None:
         cfg = self.cfg
