@@ -90,8 +90,16 @@ class SimConfig:
     delete_batch_error_p: float = 0.06  # half after the effect
     delete_key_error_p: float = 0.08
 
-    # the quiet period and the checks
-    quiet_s_max: float = 120.0
+    # the healed phase (faults stopped, the workload goes on), the quiet period and the checks
+    heal_s_max: float = 80.0  # every node up again within this of the faults' end
+    healed_s: float = 1.5  # the workload runs this long once healed
+    healed_write_s_max: float = 2.0  # a write submitted once healed is acknowledged within this
+    # (plus two lease TTLs in a cluster: a restarted node takes its share of partitions)
+    # Once healed, an L0 object at or below M goes within this much more than a sweep's interval
+    # plus the longest idle pause between GC rounds (with its jitter): a round's time.
+    collect_round_s: float = 1.0
+    reconcile_copy_s: float = 3.0  # plus two reconciler intervals: a durable record reaches LRO
+    quiet_s_max: float = 30.0  # every L0 object collected within this of the workload's end
     check_interval_s: float = 0.25  # monotone values and every acknowledged record readable
     trace_lines_max: int = 40
     stall_window_s: float = 1.0  # writes this soon after a new incarnation count for its stall

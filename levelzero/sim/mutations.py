@@ -20,6 +20,7 @@ import levelzero.actors.gc as gc_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
+from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.partition import PartitionActor as _Actor
 from levelzero.actors.reader import FetchResult, FetchWindow, Reader
@@ -27,7 +28,7 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
-from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
 
@@ -167,6 +168,30 @@ def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
     return _patched(Reader, "fetch", fetch)
 
 
+# ---------------------------------------------------------------- liveness
+
+
+def _stale_rejection_keeps_cache() -> contextlib.AbstractContextManager[None]:
+    # A stale-epoch rejection does not invalidate the epoch cache: the retries carry the same
+    # stale epoch until the cache's TTL runs out.
+    return _patched(EpochCache, "invalidate_below", lambda self, epoch: None)
+
+
+def _gc_idle_backoff_uncapped() -> contextlib.AbstractContextManager[None]:
+    # The GC's idle backoff doubles without its cap: after an idle stretch the next round may
+    # be minutes away, and the L0 objects of a burst wait for it.
+    original = GcPacer.after_round
+
+    def after_round(self: GcPacer, **kwargs: Any) -> Pace:
+        backoff = self.idle_backoff_s
+        pace = original(self, **kwargs)
+        if self.idle_backoff_s == self.idle_backoff_max_s and pace.reason == PaceReason.IDLE:
+            self.idle_backoff_s = backoff * 2  # the slip: `min(backoff * 2, max)` lost its min
+        return pace
+
+    return _patched(GcPacer, "after_round", after_round)
+
+
 # ---------------------------------------------------------------- the batcher
 
 
@@ -272,6 +297,11 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "the reader serves offsets < LRO from L1, LRO from L0",
         _reader_l1_below_lro_only,
     ),
+    "stale_rejection_keeps_cache": (
+        "a stale-epoch rejection does not invalidate the epoch cache",
+        _stale_rejection_keeps_cache,
+    ),
+    "gc_idle_backoff_uncapped": ("the GC's idle backoff doubles past its cap", _gc_idle_backoff_uncapped),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,

@@ -62,6 +62,13 @@ class SimResult:
     stale_cache_max_stall_s: float
     stale_cache_total_stall_s: float
     stale_cache_rejections: int
+    heal_s: float
+    quiet_s: float
+    healed_writes: int
+    healed_attempts_max: int
+    healed_write_s_max: float
+    collect_wait_s_max: float
+    reconcile_wait_s_max: float
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -207,6 +214,13 @@ def _result(
         stale_cache_max_stall_s=max((c.stall_s for c in stale), default=0.0),
         stale_cache_total_stall_s=sum(c.stall_s for c in stale),
         stale_cache_rejections=sum(c.rejections for c in stale),
+        heal_s=round(s.heal_s, 6),
+        quiet_s=round(s.quiet_s, 6),
+        healed_writes=s.healed_writes,
+        healed_attempts_max=s.healed_attempts_max,
+        healed_write_s_max=round(s.healed_write_s_max, 6),
+        collect_wait_s_max=round(s.collect_wait_s_max, 6),
+        reconcile_wait_s_max=round(s.reconcile_wait_s_max, 6),
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,

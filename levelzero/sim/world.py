@@ -123,6 +123,13 @@ class Stats:
     l1_written: int = 0
     gc_rounds: int = 0
     objects_deleted: int = 0
+    heal_s: float = 0.0  # from the faults' end until every node is up again
+    quiet_s: float = 0.0  # from the workload's end until every L0 object is collected
+    healed_writes: int = 0
+    healed_attempts_max: int = 0
+    healed_write_s_max: float = 0.0
+    reconcile_wait_s_max: float = 0.0  # the longest a durable record waited for LRO, healed
+    collect_wait_s_max: float = 0.0  # the longest an L0 object at or below M waited, healed
 
 
 class World:
@@ -167,7 +174,10 @@ class World:
         self.incarnations: list[Incarnation] = []
         self.changes: list[Change] = []
         self.lives: dict[str | None, Incarnation] = {}  # node id -> its live incarnation
-        self.phase = "workload"
+        self.phase = "faults"  # then "healing", "healed" (faults stopped, workload on), "quiet"
+        self.healed_at: float | None = None
+        self._reconcile_targets: dict[int, tuple[int, float]] = {}  # pid -> (offset, since)
+        self._eligible_since: dict[str, float] = {}  # L0 key -> when first seen at or below M
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -280,7 +290,7 @@ class World:
             first = self.entry()
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
-            end = self.now() + cfg.workload_s
+            end = self.now() + cfg.workload_s  # the fault phase
             for loop in (
                 self._producer,
                 self._reader,
@@ -291,31 +301,57 @@ class World:
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
+            await self.heal()
+            await anyio.sleep(cfg.healed_s)
             await self.quiet()
             tg.cancel_scope.cancel()
+
+    async def heal(self) -> None:
+        """Faults stop (as in TigerBeetle's VOPR: a fault phase, then a healed one); the
+        workload goes on. Once every node is up again, unpaused, and every dropped incarnation
+        gone, the world is healed: from then on every write must succeed at once or after one
+        stale-epoch retry, within `healed_write_s_max` (invariant 6 as a check, not a figure)."""
+        self.phase = "healing"
+        self.faults.enabled = False
+        self.log_store.slow_enabled = False
+        self.note("faults stop")
+        started = self.now()
+        while not self.whole():
+            if self.now() - started > self.cfg.heal_s_max:
+                self.fail("6", f"the world is not whole {self.cfg.heal_s_max}s after the faults stopped")
+            await anyio.sleep(self.cfg.check_interval_s / 5)
+        self.phase = "healed"
+        self.healed_at = self.now()
+        self.stats.heal_s = self.healed_at - started
+        self.note("healed: every node up")
+
+    def whole(self) -> bool:
+        lives = set(self.lives.values())
+        return (
+            len(lives) == len(self.node_ids)
+            and all(inc.tg is not None and inc.node.accepting for inc in lives)
+            and not any(inc.gate.paused for inc in lives)
+            and all(inc.ended or inc in lives for inc in self.incarnations)
+        )
 
     async def quiet(self) -> None:
         """Workload and faults stop; epochs keep bumping, background work runs, until every
         L0 object is collected (invariant 4) or the bound runs out."""
         self.phase = "quiet"
-        self.faults.enabled = False
-        self.log_store.slow_enabled = False
-        self.note("quiet period: workload and faults stop")
+        self.note("quiet period: the workload stops")
         started = self.now()
         while not self.settled():
             if self.now() - started > self.cfg.quiet_s_max:
                 self.fail("4", self.explain_leftovers())
-            await anyio.sleep(self.cfg.check_interval_s)
+            await anyio.sleep(self.cfg.check_interval_s / 5)
             self.check()
+        self.stats.quiet_s = self.now() - started
         self.records_checked = self.truth.check_readable()
         self.note(f"settled: {self.records_checked} acknowledged records readable")
 
     def settled(self) -> bool:
-        lives = set(self.lives.values())
         return (
-            len(lives) == len(self.node_ids)
-            and not any(inc.gate.paused for inc in lives)
-            and all(inc.ended or inc in lives for inc in self.incarnations)
+            self.whole()
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
         )
@@ -326,6 +362,60 @@ class World:
             if self.cluster:  # what a node's board says of partitions it no longer leads is stale
                 board = {a.name: board.get(a.name) for a in inc.node.partitions() if self.leading(a)}
             self.truth.check_published(board)
+        if self.phase in ("healed", "quiet"):
+            self._check_reconciled()
+            self._check_collection()
+
+    def _check_reconciled(self) -> None:
+        """Once healed, every durable record is reconciled (at or below LRO) within a bound:
+        two reconciler intervals and the copy's time. (Each partition has one target at a time,
+        its last offset when first seen behind: later writes do not move the goal post.)"""
+        now = self.now()
+        bound = 2 * self.reconciler_interval_s + self.cfg.reconcile_copy_s
+        for pid, state in self.truth.shadow.items():
+            target = self._reconcile_targets.get(pid)
+            if target is not None and state.lro >= target[0]:
+                del self._reconcile_targets[pid]
+                self.stats.reconcile_wait_s_max = max(self.stats.reconcile_wait_s_max, now - target[1])
+                target = None
+            if target is None and state.lro < state.high_watermark - 1:
+                target = self._reconcile_targets[pid] = (state.high_watermark - 1, now)
+            if target is not None and now - target[1] > bound:
+                self.fail(
+                    "6",
+                    f"{self.partition_name(pid)}@{target[0]} durable and not reconciled "
+                    f"{now - target[1]:.2f}s after the world healed (LRO {state.lro}, bound {bound:.2f}s)",
+                )
+
+    def cluster_board(self) -> dict[str, int | None]:
+        """The M(p) the GC rounds read: the control plane's in a cluster, the node's board."""
+        if self.control is not None:
+            watermarks = self.control.watermarks
+            return {self.partition_name(pid): watermarks.get(pid) for pid in self.log_store.partitions}
+        inc = self.lives.get(None)
+        return inc.node.board.snapshot() if inc is not None else {}
+
+    def _check_collection(self) -> None:
+        """Once healed, an L0 object at or below `M` (DESIGN's rule, `core.gc`) is collected
+        within a GC round's bound: the longest pause between rounds, and one round."""
+        decision = compute_cluster_watermark(self.log_store.cluster_epoch, self.cluster_board())
+        now = self.now()
+        seen = self._eligible_since
+        if decision.m is None:
+            seen.clear()
+            return
+        m = decision.m
+        keys = [k for k in self.objects.keys() if k.startswith(L0_ROOT) and parse_l0_key(k).epoch <= m]
+        for key in list(seen):
+            if key not in keys:
+                del seen[key]
+        cfg = self.cfg
+        bound = cfg.gc_sweep_interval_s + cfg.gc_idle_backoff_max_s * 1.1 + cfg.collect_round_s
+        for key in keys:
+            since = seen.setdefault(key, now)
+            self.stats.collect_wait_s_max = max(self.stats.collect_wait_s_max, now - since)
+            if now - since > bound:
+                self.fail("4", f"{key} is at or below M = {m} and still there {now - since:.2f}s later")
 
     # ------------------------------------------------------------------ incarnations
 
@@ -474,11 +564,11 @@ class World:
 
     # ------------------------------------------------------------------ workload
 
-    async def _producer(self, end: float) -> None:
+    async def _producer(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         cfg = self.cfg
         while True:
             await anyio.sleep(self.expo(cfg.produce_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
@@ -503,6 +593,7 @@ class World:
     async def _produce(self, inc: Incarnation, topic: str, partition: int, records: list[Record]) -> None:
         self.stats.writes_submitted += 1
         submitted_at = self.now()
+        healed = self.phase == "healed"
         change = inc.change
         if change is not None and submitted_at - change.at > self.cfg.stall_window_s:
             change = None
@@ -521,9 +612,24 @@ class World:
                 change.writes_over_one_retry += 1
                 change.stall_s = max(change.stall_s, self.now() - submitted_at)
             self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
+            if healed:
+                self.fail("6", f"a write to {topic}/{partition} submitted once healed failed: {exc!r}")
             return
         finally:
             self.produces_in_flight -= 1
+        if healed:
+            took = self.now() - submitted_at
+            s = self.stats
+            s.healed_writes += 1
+            s.healed_attempts_max = max(s.healed_attempts_max, result.attempts)
+            s.healed_write_s_max = max(s.healed_write_s_max, took)
+            bound = self.cfg.healed_write_s_max + 2 * self.lease_ttl_s  # (leaders still moving)
+            if result.attempts > 2 or took > bound:
+                self.fail(
+                    "6",
+                    f"a write to {topic}/{partition} submitted once healed took {result.attempts} "
+                    f"attempts and {took:.3f}s (at most 2 and {bound}s)",
+                )
         self.stats.writes_acked += 1
         self.stats.records_acked += len(records)
         if change is not None:
@@ -569,10 +675,10 @@ class World:
                 await anyio.sleep(self.cfg.not_leader_retry_s)
                 inc = self.entry() or inc
 
-    async def _reader(self, end: float) -> None:
+    async def _reader(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         while True:
             await anyio.sleep(self.expo(self.cfg.read_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
@@ -602,6 +708,7 @@ class World:
         failure, an empty answer or one that starts later is a violation of the read path."""
         self.stats.reads += 1
         pauses = inc.gate.pauses
+        lro_before = actor.state.lro
         try:
             result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
         except LevelZeroError as exc:
@@ -625,7 +732,10 @@ class World:
             )
             return
         records = result.records
-        if offset < result.high_watermark and (not records or records[0].offset != offset):
+        # An L0 read the reconciler overtook (LRO moved past `offset` meanwhile; the log may be
+        # truncated under it) answers nothing: the client fetches again, from L1.
+        overtaken = not records and lro_before < offset <= actor.state.lro
+        if offset < result.high_watermark and not overtaken and (not records or records[0].offset != offset):
             first = records[0].offset if records else None
             self.fail(
                 "read",
@@ -661,12 +771,12 @@ class World:
             return "the start offset moved past the offset"
         return None
 
-    async def _creator(self, end: float) -> None:
+    async def _creator(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         cfg = self.cfg
         created = 0
         while created < cfg.topics_created_max:
             await anyio.sleep(self.expo(cfg.create_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
@@ -683,7 +793,7 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
-        if self.phase == "workload" and self.rng.random() < self.cfg.bump_after_create_p:
+        if self.phase == "faults" and self.rng.random() < self.cfg.bump_after_create_p:
             await self._bump(inc)
         if during_gc:
             self.stats.partitions_created_during_gc += partitions
@@ -729,7 +839,7 @@ class World:
         self.stats.epoch_bumps += 1
         self.note(f"{inc} cluster epoch -> {epoch} (on demand)")
 
-    async def _checker(self, end: float) -> None:
+    async def _checker(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         ticks = 0
         while True:
             await anyio.sleep(self.cfg.check_interval_s)
@@ -737,7 +847,7 @@ class World:
             ticks += 1
             if ticks % 4 == 0:
                 self.records_checked = self.truth.check_readable()
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
 
     # ------------------------------------------------------------------ invariant 4

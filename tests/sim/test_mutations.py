@@ -11,9 +11,11 @@ import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
+from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.reader import Reader
 from levelzero.core.fence import Fence
+from levelzero.core.gc import GcPacer
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.sim import MUTATIONS, run_many, run_seed
 from levelzero.storage.memory_log import MemoryLogStore
@@ -36,6 +38,9 @@ SEEDS_TO_CATCH_MAX = {
     "l1_lineage_never_reread": 20,
     "placeholders_from_base": 20,
     "reader_l1_below_lro_only": 80,
+    # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
+    "stale_rejection_keeps_cache": 40,
+    "gc_idle_backoff_uncapped": 40,
     # only a cluster exercises these (run with three nodes)
     "appends_ignore_term": 40,
     "gc_takes_local_watermarks": 20,
@@ -94,6 +99,8 @@ def _patch_targets() -> tuple[object, ...]:
         L1Catalog.refresh,
         MemoryLogStore.read_placeholders,
         Reader.fetch,
+        EpochCache.invalidate_below,
+        GcPacer.after_round,
     )
 
 
