@@ -17,10 +17,11 @@ Range = tuple[float, float]
 class SimConfig:
     # topics and partitions
     initial_partitions: int = 3
-    first_topic_after_s: Range = (0.0, 1.5)  # the GC runs with no partition at all until then
+    first_topic_after_s: Range = (0.0, 3.0)  # the GC runs with no partition at all until then
     topics_created_max: int = 5  # created while the workload runs (and GC rounds are open)
     partitions_per_created_topic: tuple[int, int] = (1, 3)
     create_interval_s: float = 1.0
+    create_in_gc_round_p: float = 0.5  # a creation waits for an open GC round
     bump_after_create_p: float = 0.5  # an epoch bump right after a creation: E passes it at once
 
     # workload

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+
+import anyio
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -221,6 +223,19 @@ def _gc_ignores_cap() -> contextlib.AbstractContextManager[None]:
     return _gc_decision(decide)
 
 
+def _gc_cap_at_e() -> contextlib.AbstractContextManager[None]:
+    # The cap is E, not E - 1: a partition created after the round's snapshot (creation epoch
+    # E) has objects at or below M.
+    def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
+        decision = compute_cluster_watermark(cluster_epoch, mps)
+        if decision.m is None or "cap" not in decision.holders:
+            return decision
+        known = [mp for mp in mps.values() if mp is not None]
+        return replace(decision, m=min([*known, cluster_epoch]))
+
+    return _gc_decision(decide)
+
+
 def _gc_deletes_up_to_m_plus_1() -> contextlib.AbstractContextManager[None]:
     def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
         decision = compute_cluster_watermark(cluster_epoch, mps)
@@ -254,6 +269,19 @@ def _gc_takes_local_watermarks() -> contextlib.AbstractContextManager[None]:
     return _patched(GcActor, "_snapshot", snapshot)
 
 
+def _gc_snapshot_not_atomic() -> contextlib.AbstractContextManager[None]:
+    # A node's GC reads its board, awaits, then reads E: a partition created in between is on
+    # neither side of the cap (not on the board, and its creation epoch may be below E).
+    async def snapshot(self: GcActor) -> tuple[int, dict[str, int | None]]:
+        if self._watermarks is not None:
+            return await self._watermarks()
+        mps = self._board.snapshot()
+        await anyio.sleep(0.02)
+        return self._cluster_epoch(), mps
+
+    return _patched(GcActor, "_snapshot", snapshot)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -263,6 +291,11 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "admit_below_window": ("the fence admits epochs below the window", _admit_below_window),
     "gc_ignores_cap": ("the GC ignores the cap (M not capped at E - 1)", _gc_ignores_cap),
     "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1", _mp_off_by_one),
+    "gc_cap_at_e": ("the GC caps M at E instead of E - 1", _gc_cap_at_e),
+    "gc_snapshot_not_atomic": (
+        "a node's GC reads E after an await that follows its board snapshot",
+        _gc_snapshot_not_atomic,
+    ),
     "gc_deletes_up_to_m_plus_1": ("the GC deletes objects with epoch <= M + 1", _gc_deletes_up_to_m_plus_1),
     "gc_skips_partitions_without_mp": (
         "the GC skips partitions without an M(p) instead of deleting nothing",

@@ -286,7 +286,12 @@ class World:
             self._tg = tg
             for node_id in self.node_ids:
                 await self.start_incarnation(node_id)
-            await anyio.sleep(self.rng.uniform(*cfg.first_topic_after_s))
+            # The GC runs with an empty board (no partition: its cap E - 1 alone binds), epochs
+            # move, and the first topic comes, often while a GC round is open.
+            first_after = self.rng.uniform(*cfg.first_topic_after_s)
+            self._tg.start_soon(self._bumper, self.now() + first_after)
+            await anyio.sleep(first_after)
+            await self._during_gc_round()
             first = self.entry()
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
@@ -783,7 +788,21 @@ class World:
                 continue
             created += 1
             partitions = self.rng.randint(*cfg.partitions_per_created_topic)
+            await self._during_gc_round()
+            inc = self.entry()
+            if inc is None or inc.tg is None:
+                continue
             inc.tg.start_soon(self._create, inc, f"t{created}", partitions)
+
+    async def _during_gc_round(self) -> None:
+        """Often, wait (a bounded while) until some node's GC round is open: a partition created
+        after its snapshot is what the cap E - 1 protects."""
+        if self.rng.random() >= self.cfg.create_in_gc_round_p:
+            return
+        for _ in range(200):
+            if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
+                return
+            await anyio.sleep(0.005)
 
     async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
         during_gc = inc.node.gc._round_lock.locked()
