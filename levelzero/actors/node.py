@@ -93,6 +93,8 @@ class ClusterSettings:
     advertise_url: str
     lease_ttl_s: float = 10.0
     kafka_url: str | None = None
+    # The member's monotonic clock (None: the event loop's); the simulation drifts it.
+    clock: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +228,7 @@ class Node:
                     resign=self._resign,
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
+                    clock=c.clock or anyio.current_time,
                 )
                 await tg.start(self.member.run)
                 tg.start_soon(self._publish_watermarks, c)

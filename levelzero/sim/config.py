@@ -50,7 +50,10 @@ class SimConfig:
 
     # a cluster (`nodes > 1`): leases by the shipping ClusterMember over the memory control plane
     lease_ttl_s: tuple[float, ...] = (1.0, 2.0, 3.0)  # one drawn per seed
-    cluster_fault_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # crash, stop, pause
+    cluster_fault_weights: tuple[float, ...] = (0.35, 0.25, 0.2, 0.2)  # crash, stop, pause, cut
+    control_error_p: float = 0.02  # a control-plane call fails (before its effect)
+    control_slow_p: float = 0.05  # ... or takes a share of a lease TTL
+    control_slow_ttls: Range = (0.05, 0.6)
     cluster_restart_s: Range = (0.0, 4.0)  # often within the node's lease TTL, often after it
     pause_ttls: Range = (0.5, 3.0)  # a pause, in lease TTLs: often past the lease
     drain_s_max: float = 60.0  # a graceful stop ends within this (or it is a violation)

@@ -22,10 +22,13 @@ import levelzero.actors.gc as gc_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
+import levelzero.actors.cluster as cluster_module
+from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.partition import PartitionActor as _Actor
 from levelzero.actors.reader import FetchResult, FetchWindow, Reader
+from levelzero.core.cluster import LeaseClock
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
@@ -282,6 +285,32 @@ def _gc_snapshot_not_atomic() -> contextlib.AbstractContextManager[None]:
     return _patched(GcActor, "_snapshot", snapshot)
 
 
+def _lease_without_margin() -> contextlib.AbstractContextManager[None]:
+    # The local lease deadline has no margin for clock drift: a node whose clock runs slow
+    # serves past the lease the control plane gave it.
+    def lease_clock(ttl_s: float, margin_fraction: float = 0.0) -> LeaseClock:  # noqa: ARG001
+        return LeaseClock(ttl_s, 0.0)
+
+    return _patched(cluster_module, "LeaseClock", lease_clock)
+
+
+def _lease_from_reply() -> contextlib.AbstractContextManager[None]:
+    # The local lease deadline counts from the renewal's reply, not from when it was sent: a
+    # slow control plane stretches it past the lease.
+    original = LeaseClock.renewed
+
+    def renewed(self: LeaseClock, sent_at: float) -> None:  # noqa: ARG001
+        original(self, anyio.current_time())
+
+    return _patched(LeaseClock, "renewed", renewed)
+
+
+def _leads_ignores_deadline() -> contextlib.AbstractContextManager[None]:
+    # `leads` answers from the set of partitions led, not the lease's local deadline: a node
+    # cut off the control plane serves until a round tells it otherwise.
+    return _patched(ClusterMember, "leads", lambda self, pid: pid in self.leading)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -335,6 +364,9 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         _stale_rejection_keeps_cache,
     ),
     "gc_idle_backoff_uncapped": ("the GC's idle backoff doubles past its cap", _gc_idle_backoff_uncapped),
+    "lease_without_margin": ("the local lease deadline has no margin for clock drift", _lease_without_margin),
+    "lease_from_reply": ("the local lease deadline counts from the renewal's reply", _lease_from_reply),
+    "leads_ignores_deadline": ("leads() ignores the lease's local deadline", _leads_ignores_deadline),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,
@@ -347,7 +379,15 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
 # Rules only a cluster exercises: `levelzero sim --mutate` runs these with CLUSTER_NODES nodes.
-CLUSTER_MUTATIONS = frozenset({"appends_ignore_term", "gc_takes_local_watermarks"})
+CLUSTER_MUTATIONS = frozenset(
+    {
+        "appends_ignore_term",
+        "gc_takes_local_watermarks",
+        "lease_without_margin",
+        "lease_from_reply",
+        "leads_ignores_deadline",
+    }
+)
 CLUSTER_NODES = 3
 
 

@@ -33,9 +33,11 @@ import anyio.abc
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
@@ -53,7 +55,7 @@ from levelzero.storage.memory_store import MemoryObjectStore
 
 from .checks import L0_ROOT, Truth
 from .config import SimConfig
-from .faults import Gate, Link, SeededFaults, SimLogStore
+from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -61,6 +63,10 @@ WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+
+
+# The control-plane calls of a leadership round (`ClusterMember._round`): an error fails it.
+_ROUND_CALLS = frozenset({"renew_node", "renew_leases", "cluster_view", "acquire_leases"})
 
 
 class RequestTimedOut(LevelZeroError):
@@ -80,6 +86,7 @@ class Incarnation:
     alive: bool = True  # False from the crash on (a zombie until its scope is cancelled)
     ended: bool = False
     change: Change | None = None  # None for the first incarnation
+    control_gate: Gate = field(default_factory=Gate)
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -113,6 +120,7 @@ class Stats:
     crashes: int = 0
     graceful_stops: int = 0
     pauses: int = 0
+    cuts: int = 0  # a node cut off the control plane alone
     epoch_bumps: int = 0
     topics_created: int = 0
     partitions_created_during_gc: int = 0
@@ -335,7 +343,7 @@ class World:
         return (
             len(lives) == len(self.node_ids)
             and all(inc.tg is not None and inc.node.accepting for inc in lives)
-            and not any(inc.gate.paused for inc in lives)
+            and not any(inc.gate.paused or inc.control_gate.paused for inc in lives)
             and all(inc.ended or inc in lives for inc in self.incarnations)
         )
 
@@ -430,10 +438,20 @@ class World:
         gate = Gate()
         log = Link(self.log_store, gate, self.log_store.latency)
         settings = None
+        control_gate = Gate()  # cuts the node off the control plane alone
         if self.control is not None:
             assert node_id is not None
-            control = Link(self.control, gate, self.log_store.latency)
-            settings = ClusterSettings(control, node_id, f"sim://{node_id}", self.lease_ttl_s)
+            control = Link(self.control, Gates(gate, control_gate), self.control_latency, named=True)
+            # Its monotonic clock runs at its own rate, within the bound the lease margin covers.
+            rate = 1 + self.rng.uniform(-CLOCK_RATE_DRIFT_MAX, CLOCK_RATE_DRIFT_MAX)
+            origin = self.now()
+            settings = ClusterSettings(
+                control,
+                node_id,
+                f"sim://{node_id}",
+                self.lease_ttl_s,
+                clock=lambda: origin + (anyio.current_time() - origin) * rate,
+            )
         node = Node(
             self.node_config(),
             log,
@@ -442,7 +460,7 @@ class World:
             wall_clock=self.wall,
             cluster=settings,
         )
-        inc = Incarnation(number, node, gate, node_id)
+        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -454,6 +472,8 @@ class World:
             inc.change = Change(self.now(), number, behind)
             self.changes.append(inc.change)
         await self._tg.start(self._life, inc)
+        if node.member is not None:
+            self._check_leads(inc, node.member)
         self.lives[node_id] = inc
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
@@ -471,6 +491,42 @@ class World:
                     "replay",
                     f"{actor.name} replayed on {inc}: {state!r} != durable {shadow!r}",
                 )
+
+    def _check_leads(self, inc: Incarnation, member: ClusterMember) -> None:
+        """Every `leads(pid)` that answers yes (the node serves a write or a read on it) must
+        fall within the lease the control plane gives this node for pid: a node stops serving
+        by its lease deadline, whatever its clock's drift and the control plane's latency."""
+        control = self.control
+        assert control is not None
+
+        def leads(pid: int) -> bool:
+            answer = ClusterMember.leads(member, pid)  # looked up on the class at each call
+            if answer:
+                holder, expires = control.leases.get(pid, (None, 0.0))
+                if holder != inc.node_id or expires <= self.now():
+                    self.fail(
+                        "lease",
+                        f"{inc} leads {self.partition_name(pid)} at {self.now():.3f}, its lease "
+                        + (f"ran out at {expires:.3f}" if holder == inc.node_id else f"is held by {holder}"),
+                    )
+            return answer
+
+        setattr(member, "leads", leads)  # noqa: B010 - an instance's method, watched
+
+    async def control_latency(self, call: str) -> None:
+        """The control plane's latency: often quick, sometimes a good share of a lease TTL, and
+        sometimes an error (before the effect) of a leadership round's call, while faults run."""
+        cfg = self.cfg
+        if self.faults.enabled:
+            if call in _ROUND_CALLS and self.rng.random() < cfg.control_error_p * self.fault_scale:
+                self.faults.injected += 1
+                await anyio.sleep(self.rng.uniform(*cfg.log_op_s))
+                raise StorageError("injected control-plane failure")
+            if self.rng.random() < cfg.control_slow_p * self.fault_scale:
+                self.faults.injected += 1
+                await anyio.sleep(self.lease_ttl_s * self.rng.uniform(*cfg.control_slow_ttls))
+                return
+        await self.log_store.latency()
 
     async def _life(
         self, inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
@@ -528,6 +584,18 @@ class World:
         await anyio.sleep(pause_s)
         inc.gate.resume()
         self.note(f"{inc} resumes")
+
+    async def cut(self, inc: Incarnation) -> None:
+        """Cut the node off the control plane alone, past its lease: it still reaches the
+        database, so it must stop serving by its own lease deadline (another node takes its
+        partitions; the database's term check fences its appends)."""
+        cut_s = self.lease_ttl_s * self.rng.uniform(*self.cfg.pause_ttls)
+        self.stats.cuts += 1
+        self.note(f"{inc} cut off the control plane for {cut_s:.3f}s")
+        inc.control_gate.pause()
+        await anyio.sleep(cut_s)
+        inc.control_gate.resume()
+        self.note(f"{inc} reaches the control plane again")
 
     async def _late_reconciler(self, inc: Incarnation, after_s: float) -> None:
         """A reconciler that read its placeholders under the previous term finishes late: the
@@ -831,15 +899,18 @@ class World:
                     await self.crash(inc)
                 continue
             # In a cluster, several nodes may be down, stopping or paused at once.
-            up = [i for i in self.lives.values() if i.tg is not None and not i.gate.paused]
+            up = [
+                i
+                for i in self.lives.values()
+                if i.tg is not None and not (i.gate.paused or i.control_gate.paused)
+            ]
             if not up:
                 continue
             inc = self.rng.choice(up)
-            what = self.rng.choices(("crash", "stop", "pause"), cfg.cluster_fault_weights)[0]
+            what = self.rng.choices(("crash", "stop", "pause", "cut"), cfg.cluster_fault_weights)[0]
             assert self._tg is not None
-            self._tg.start_soon(
-                {"crash": self.crash, "stop": self.stop_gracefully, "pause": self.pause}[what], inc
-            )
+            faults = {"crash": self.crash, "stop": self.stop_gracefully, "pause": self.pause, "cut": self.cut}
+            self._tg.start_soon(faults[what], inc)
 
     async def _bumper(self, end: float) -> None:
         while True:

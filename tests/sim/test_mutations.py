@@ -11,9 +11,12 @@ import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
+import levelzero.actors.cluster as cluster_module
+from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.reader import Reader
+from levelzero.core.cluster import LeaseClock
 from levelzero.core.fence import Fence
 from levelzero.core.gc import GcPacer
 from levelzero.core.state import PartitionState, ReaderPins
@@ -41,9 +44,15 @@ SEEDS_TO_CATCH_MAX = {
     # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
     "stale_rejection_keeps_cache": 40,
     "gc_idle_backoff_uncapped": 40,
+    # the GC's cap: partitions created late and during GC rounds, an empty board (issue 35)
+    "gc_snapshot_not_atomic": 150,
     # only a cluster exercises these (run with three nodes)
     "appends_ignore_term": 40,
     "gc_takes_local_watermarks": 20,
+    # leases: control-plane latency and errors, a node cut off it, drifting clocks (issue 35)
+    "lease_without_margin": 60,
+    "lease_from_reply": 60,
+    "leads_ignores_deadline": 20,
 }
 # The single-node table on a three-node cluster: each is caught there too.
 CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items()}
@@ -52,7 +61,7 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_
 def test_the_table_names_every_mutation_with_a_bound() -> None:
     assert len(MUTATIONS) >= 27
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
-    assert CLUSTER_MUTATIONS == {"appends_ignore_term", "gc_takes_local_watermarks"}
+    assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
@@ -101,6 +110,9 @@ def _patch_targets() -> tuple[object, ...]:
         Reader.fetch,
         EpochCache.invalidate_below,
         GcPacer.after_round,
+        cluster_module.LeaseClock,
+        LeaseClock.renewed,
+        ClusterMember.leads,
     )
 
 
