@@ -20,7 +20,7 @@ import anyio
 
 from levelzero.core.activity import ActivityBoard
 from levelzero.core.entries import AdvanceEpoch
-from levelzero.core.leader import advance_epoch_needed, catch_up_needed
+from levelzero.core.leader import advance_epoch_needed, catch_up_needed, retention_start
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader, ShuttingDown
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
@@ -212,19 +212,10 @@ class Housekeeper:
         valid = await self._catalog.refresh(actor)
         if not valid:
             return
-        now = self._wall()
-        new_start = actor.state.start_offset
-        if self.config.retention_s is not None:
-            for row in valid:
-                if now - row.created_at > self.config.retention_s:
-                    new_start = max(new_start, row.last_offset + 1)
-        if self.config.retention_bytes is not None:
-            kept = 0
-            for row in reversed(valid):
-                kept += row.size
-                if kept > self.config.retention_bytes:
-                    new_start = max(new_start, row.last_offset + 1)
-                    break
+        cfg = self.config
+        new_start = retention_start(
+            valid, actor.state.start_offset, self._wall(), cfg.retention_s, cfg.retention_bytes
+        )
         if new_start > actor.state.start_offset:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1

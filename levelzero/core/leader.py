@@ -23,8 +23,8 @@ A single write's fence decision is `levelzero.core.fence.Fence`; the state machi
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -189,6 +189,43 @@ class WatermarkBoard:
 
 
 # ---------------------------------------------------------------- the housekeeper
+
+
+class RetainedObject(Protocol):
+    """What retention reads of a valid L1 object (`L1Row`)."""
+
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def created_at(self) -> float: ...
+
+
+def retention_start(
+    valid: Sequence[RetainedObject],
+    start_offset: int,
+    now: float,
+    retention_s: float | None,
+    retention_bytes: int | None,
+) -> int:
+    """The start offset retention allows, given the partition's valid L1 objects in offset
+    order: past every object older than `retention_s`, and past every object beyond the newest
+    `retention_bytes` (whole objects; the object that crosses the bound goes too). L0 data is
+    never dropped by retention. Never below `start_offset`."""
+    new_start = start_offset
+    if retention_s is not None:
+        for row in valid:
+            if now - row.created_at > retention_s:
+                new_start = max(new_start, row.last_offset + 1)
+    if retention_bytes is not None:
+        kept = 0
+        for row in reversed(valid):
+            kept += row.size
+            if kept > retention_bytes:
+                new_start = max(new_start, row.last_offset + 1)
+                break
+    return new_start
 
 
 def advance_epoch_needed(state: PartitionState, cluster_epoch: int) -> int | None:

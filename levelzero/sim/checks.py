@@ -14,7 +14,8 @@ import bisect
 import traceback
 from typing import TYPE_CHECKING, Protocol
 
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import LogRecord, Placeholder, SetStartOffset
+from levelzero.core.leader import retention_start
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record, decode_extent, read_header
@@ -37,6 +38,10 @@ class World(Protocol):
 
     log_store: SimLogStore
     objects: MemoryObjectStore
+    retention_s: float | None
+    retention_bytes: int | None
+
+    def wall(self) -> float: ...
 
     def note(self, text: str) -> None: ...
 
@@ -74,6 +79,8 @@ class Truth:
         name = self.world.partition_name(pid)
         for record in records:
             before = (state.max_applied_epoch, state.mp)
+            if isinstance(record.entry, SetStartOffset):
+                self._check_retention(pid, state, record.entry.offset)
             self._apply(state, record, f"durable log of {name}")
             self._monotone(name, before, state)
             entry = record.entry
@@ -89,6 +96,30 @@ class Truth:
                 self.refs.setdefault(entry.object_key, []).append((pid, record.base_offset, last))
                 self.placeholders.setdefault(pid, []).append(record)
                 self._bases.setdefault(pid, []).append(record.base_offset)
+
+    def _check_retention(self, pid: int, state: PartitionState, start: int) -> None:
+        """A start offset moves no further than retention allows (`core.leader.retention_start`
+        over the partition's valid L1 objects now: a bound that only grows with time)."""
+        world = self.world
+        valid = sorted(
+            (
+                r
+                for r in world.log_store.l1.values()
+                if r.pid == pid
+                and r.state == L1State.COPY_FINISHED
+                and state.l1_range_valid(r.term, r.base_offset, r.last_offset)
+            ),
+            key=lambda r: r.base_offset,
+        )
+        allowed = retention_start(
+            valid, state.start_offset, world.wall(), world.retention_s, world.retention_bytes
+        )
+        if start > allowed:
+            self.fail(
+                "retention",
+                f"{world.partition_name(pid)}: start offset set to {start}, retention "
+                f"({world.retention_s}s, {world.retention_bytes} bytes) allows {allowed}",
+            )
 
     def _apply(self, state: PartitionState, record: LogRecord, where: str) -> None:
         """`state.apply`, with the state machine's own assertions reported as invariant 5: its
@@ -240,6 +271,8 @@ class Truth:
             bases = [r.base_offset for r in rows]
             cache: dict[str, list[Record]] = {}
             for offset, expected in acked.items():
+                if offset < state.start_offset:
+                    continue  # retention dropped it
                 if offset <= state.lro:
                     i = bisect.bisect_right(bases, offset) - 1
                     if i < 0 or rows[i].last_offset < offset:

@@ -80,6 +80,15 @@ class SimConfig:
 
     # storage latency and faults (probabilities per operation, scaled per seed)
     fault_scales: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0)
+    # retention, one drawn per seed: none, by age (s), by bytes of valid L1 objects kept
+    retentions: tuple[tuple[str, float], ...] = (
+        ("none", 0),
+        ("none", 0),
+        ("s", 2.0),
+        ("s", 4.0),
+        ("bytes", 300),
+        ("bytes", 900),
+    )
     object_op_s: Range = (0.001, 0.03)
     slow_put_p: float = 0.12
     slow_put_s: Range = (0.3, 2.5)

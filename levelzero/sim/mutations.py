@@ -19,6 +19,7 @@ from typing import Any
 
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
+import levelzero.actors.housekeeper as housekeeper_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
@@ -33,6 +34,7 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
+from levelzero.core.leader import retention_start
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
@@ -143,12 +145,24 @@ def _placeholders_from_base() -> contextlib.AbstractContextManager[None]:
 def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
     # The reader serves L1 for offsets below the LRO only: the LRO itself is read from L0,
     # whose object the GC may have collected already.
+    return _patched(Reader, "fetch", _fetch_with(l1_at_lro=False))
+
+
+def _reader_serves_below_start() -> contextlib.AbstractContextManager[None]:
+    # The reader checks the offset against the high watermark only: offsets retention dropped
+    # are served while their objects last.
+    return _patched(Reader, "fetch", _fetch_with(below_start=True))
+
+
+def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False) -> Any:
+    """`Reader.fetch` with one of two slips."""
+
     async def fetch(self: Reader, actor: _Actor, offset: int, max_bytes: int) -> FetchResult:
         if max_bytes < 1:
             raise InvalidInput("max_bytes")
         state = actor.state
         hwm, start, lro = state.high_watermark, state.start_offset, state.lro
-        if offset < start or offset > hwm:
+        if (offset < start and not below_start) or offset > hwm:
             raise OffsetOutOfRange(offset, start, hwm)
         if offset == hwm:
             return FetchResult([], offset, hwm, start, "none")
@@ -156,7 +170,7 @@ def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
         if abandoned is not None:
             raise OffsetsAbandoned(offset, *abandoned, start, hwm)
         tiers = []
-        if offset < lro and self.l1 is not None:  # the slip: `<=`
+        if (offset <= lro if l1_at_lro else offset < lro) and self.l1 is not None:
             tiers.append("l1")
             window = FetchWindow(offset, lro, max_bytes)
             await self.l1.fill(actor, window)
@@ -170,7 +184,7 @@ def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
                 tiers.append("l0")
         return FetchResult(window.records, window.next_offset, hwm, start, "+".join(tiers))
 
-    return _patched(Reader, "fetch", fetch)
+    return fetch
 
 
 # ---------------------------------------------------------------- liveness
@@ -311,6 +325,24 @@ def _leads_ignores_deadline() -> contextlib.AbstractContextManager[None]:
     return _patched(ClusterMember, "leads", lambda self, pid: pid in self.leading)
 
 
+def _retention_bytes_from_oldest() -> contextlib.AbstractContextManager[None]:
+    # Retention by bytes counts the kept objects from the oldest, not the newest: a partition
+    # with few objects loses more than its bound says.
+    def start(
+        valid: Any, start_offset: int, now: float, retention_s: float | None, retention_bytes: int | None
+    ) -> int:
+        new_start = retention_start(valid, start_offset, now, retention_s, None)
+        if retention_bytes is not None:
+            kept = 0
+            for row in valid:  # the slip: `reversed(valid)`
+                kept += row.size
+                if kept > retention_bytes:
+                    return max(new_start, row.last_offset + 1)
+        return new_start
+
+    return _patched(housekeeper_module, "retention_start", start)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -320,7 +352,6 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "admit_below_window": ("the fence admits epochs below the window", _admit_below_window),
     "gc_ignores_cap": ("the GC ignores the cap (M not capped at E - 1)", _gc_ignores_cap),
     "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1", _mp_off_by_one),
-    "gc_cap_at_e": ("the GC caps M at E instead of E - 1", _gc_cap_at_e),
     "gc_snapshot_not_atomic": (
         "a node's GC reads E after an await that follows its board snapshot",
         _gc_snapshot_not_atomic,
@@ -367,6 +398,15 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "lease_without_margin": ("the local lease deadline has no margin for clock drift", _lease_without_margin),
     "lease_from_reply": ("the local lease deadline counts from the renewal's reply", _lease_from_reply),
     "leads_ignores_deadline": ("leads() ignores the lease's local deadline", _leads_ignores_deadline),
+    "reader_serves_below_start": (
+        "the reader serves offsets below the start offset while their objects last",
+        _reader_serves_below_start,
+    ),
+    "retention_bytes_from_oldest": (
+        "retention by bytes counts kept objects from the oldest",
+        _retention_bytes_from_oldest,
+    ),
+    "gc_cap_at_e": ("the GC caps M at E instead of E - 1", _gc_cap_at_e),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,

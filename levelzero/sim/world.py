@@ -42,6 +42,7 @@ from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
     ObjectNotFound,
+    OffsetOutOfRange,
     ShuttingDown,
     StaleClusterEpoch,
     StorageError,
@@ -164,6 +165,9 @@ class World:
         self.housekeeper_interval_s = rng.choice(cfg.housekeeper_interval_s)
         self.newest_write_p = rng.choice(cfg.newest_partition_write_p)
         self.fault_scale = rng.choice(cfg.fault_scales)
+        retention = rng.choice(cfg.retentions)  # none, by age, or by bytes
+        self.retention_s = retention[1] if retention[0] == "s" else None
+        self.retention_bytes = int(retention[1]) if retention[0] == "bytes" else None
         self.trace: deque[str] = deque(maxlen=cfg.trace_lines_max)
         self.digest = 0
         self.stats = Stats()
@@ -273,6 +277,8 @@ class World:
             housekeeper=HousekeeperConfig(
                 interval_s=self.housekeeper_interval_s,
                 idle_after_s=cfg.idle_after_s,
+                retention_s=self.retention_s,
+                retention_bytes=self.retention_bytes,
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
             gc=GcConfig(
@@ -766,6 +772,8 @@ class World:
             start, hwm, lro = state.start_offset, state.high_watermark, state.lro
             tail = max(start, lro + 1)
             edges = [o for o in (lro, lro + 1, start, hwm - 1) if start <= o < hwm]
+            if start > 0:
+                edges.append(start - 1)  # retention dropped it: OffsetOutOfRange
             if self.rng.random() < self.cfg.boundary_read_p:
                 offset = self.rng.choice(edges)  # the L0/L1 boundary, the start, the last record
             elif tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
@@ -781,7 +789,7 @@ class World:
         failure, an empty answer or one that starts later is a violation of the read path."""
         self.stats.reads += 1
         pauses = inc.gate.pauses
-        lro_before = actor.state.lro
+        lro_before, start_before = actor.state.lro, actor.state.start_offset
         try:
             result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
         except LevelZeroError as exc:
@@ -789,7 +797,7 @@ class World:
             # pinned nothing the new leader publishes: its read may fail (the client retries).
             kept = inc.alive and (not self.cluster or (inc.gate.pauses == pauses and self.leading(actor)))
             self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
-            why = self._read_failure_explained(exc, actor, offset, kept)
+            why = self._read_failure_explained(exc, actor, offset, kept, start_before)
             if why is not None:
                 return
             if isinstance(exc, ObjectNotFound) and exc.key.startswith(L0_ROOT):
@@ -805,6 +813,12 @@ class World:
             )
             return
         records = result.records
+        if offset < start_before:
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at {offset}, below its start offset {start_before}, "
+                f"answered {len(records)} records ({result.tier})",
+            )
         # An L0 read the reconciler overtook (LRO moved past `offset` meanwhile; the log may be
         # truncated under it) answers nothing: the client fetches again, from L1.
         overtaken = not records and lro_before < offset <= actor.state.lro
@@ -829,16 +843,24 @@ class World:
         self.note(f"{inc} read {actor.name}@{offset}: {len(records)} from {result.tier}")
 
     def _read_failure_explained(
-        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool
+        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool, start_before: int
     ) -> str | None:
         """Why a read may fail, or None: an injected fault, a node that crashed, paused or no
         longer leads (the client asks again), the start offset past `offset` (retention)."""
+        if offset < start_before:  # answered before any I/O: out of range, or led elsewhere
+            if isinstance(exc, OffsetOutOfRange) or not kept:
+                return "below the start offset"
+            if self.cluster and isinstance(exc, (LedElsewhere, ShuttingDown, RequestTimedOut, StorageError)):
+                return "moving leadership"
+            return None
         if isinstance(exc, StorageError) and self.faults.enabled and "injected" in str(exc):
             return "injected fault"
         if not kept:
             return "the node crashed, paused or lost the partition"
         if isinstance(exc, (LedElsewhere, ShuttingDown, RequestTimedOut, StorageError)) and self.cluster:
             return "moving leadership"  # (a control-plane call given up is a StorageError)
+        if isinstance(exc, OffsetOutOfRange) and exc.start_offset > offset:
+            return "the start offset is past the offset"
         shadow = self.truth.shadow.get(actor.row.pid)
         if shadow is not None and shadow.start_offset > offset:
             return "the start offset moved past the offset"

@@ -9,6 +9,7 @@ import pytest
 
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
+import levelzero.actors.housekeeper as housekeeper_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 import levelzero.actors.cluster as cluster_module
@@ -46,6 +47,10 @@ SEEDS_TO_CATCH_MAX = {
     "gc_idle_backoff_uncapped": 40,
     # the GC's cap: partitions created late and during GC rounds, an empty board (issue 35)
     "gc_snapshot_not_atomic": 150,
+    "gc_cap_at_e": 20,
+    # retention: the start offset moves, reads and reachability honour it (issue 35)
+    "reader_serves_below_start": 40,
+    "retention_bytes_from_oldest": 40,
     # only a cluster exercises these (run with three nodes)
     "appends_ignore_term": 40,
     "gc_takes_local_watermarks": 20,
@@ -113,6 +118,7 @@ def _patch_targets() -> tuple[object, ...]:
         cluster_module.LeaseClock,
         LeaseClock.renewed,
         ClusterMember.leads,
+        housekeeper_module.retention_start,
     )
 
 
