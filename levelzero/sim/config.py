@@ -80,6 +80,8 @@ class SimConfig:
 
     # storage latency and faults (probabilities per operation, scaled per seed)
     fault_scales: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0)
+    swarm_scales: tuple[float, ...] = (0.0, 0.5, 1.0, 1.0, 2.0, 4.0)  # each fault's, per seed
+    swarm_mix: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0)  # each workload interval's, per seed
     # retention, one drawn per seed: none, by age (s), by bytes of valid L1 objects kept
     retentions: tuple[tuple[str, float], ...] = (
         ("none", 0),
@@ -112,7 +114,10 @@ class SimConfig:
     # plus the longest idle pause between GC rounds (with its jitter): a round's time.
     collect_round_s: float = 1.0
     reconcile_copy_s: float = 3.0  # plus two reconciler intervals: a durable record reaches LRO
-    quiet_s_max: float = 30.0  # every L0 object collected within this of the workload's end
+    reconcile_records_per_s: float = 50.0  # ... plus its backlog at this floor of throughput
+    # every L0 object collected within this of the workload's end (it covers a partition whose
+    # reconciliation is failing, retried every RECONCILE_FAILING_RETRY_S = 30 s only)
+    quiet_s_max: float = 45.0
     check_interval_s: float = 0.25  # monotone values and every acknowledged record readable
     trace_lines_max: int = 40
     stall_window_s: float = 1.0  # writes this soon after a new incarnation count for its stall

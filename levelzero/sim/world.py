@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -49,6 +49,7 @@ from levelzero.core.errors import (
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
+from levelzero.core.reconcile_health import RECONCILE_FAILING_RETRY_S
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
@@ -65,6 +66,22 @@ FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
 
+
+# Per-seed rates (scaled by one of `swarm_scales`, 0 turns the fault off) and workload intervals
+# (scaled by one of `swarm_mix`).
+_SWARMED_RATES = (
+    "put_error_p",
+    "get_error_p",
+    "list_error_p",
+    "delete_batch_error_p",
+    "delete_key_error_p",
+    "slow_put_p",
+    "slow_get_p",
+    "slow_log_p",
+    "control_error_p",
+    "control_slow_p",
+)
+_SWARMED_INTERVALS = ("produce_interval_s", "read_interval_s", "crash_interval_s", "bump_interval_s")
 
 # The control-plane calls of a leadership round (`ClusterMember._round`): an error fails it.
 _ROUND_CALLS = frozenset({"renew_node", "renew_leases", "cluster_view", "acquire_leases"})
@@ -88,6 +105,7 @@ class Incarnation:
     ended: bool = False
     change: Change | None = None  # None for the first incarnation
     control_gate: Gate = field(default_factory=Gate)
+    stopping: bool = False  # a graceful stop began
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -165,6 +183,10 @@ class World:
         self.housekeeper_interval_s = rng.choice(cfg.housekeeper_interval_s)
         self.newest_write_p = rng.choice(cfg.newest_partition_write_p)
         self.fault_scale = rng.choice(cfg.fault_scales)
+        # Swarm testing: each fault's rate and the workload's mix drawn apart, some off.
+        swarm = {name: getattr(cfg, name) * rng.choice(cfg.swarm_scales) for name in _SWARMED_RATES}
+        swarm |= {name: getattr(cfg, name) * rng.choice(cfg.swarm_mix) for name in _SWARMED_INTERVALS}
+        cfg = self.cfg = replace(cfg, **swarm)
         retention = rng.choice(cfg.retentions)  # none, by age, or by bytes
         self.retention_s = retention[1] if retention[0] == "s" else None
         self.retention_bytes = int(retention[1]) if retention[0] == "bytes" else None
@@ -188,8 +210,9 @@ class World:
         self.lives: dict[str | None, Incarnation] = {}  # node id -> its live incarnation
         self.phase = "faults"  # then "healing", "healed" (faults stopped, workload on), "quiet"
         self.healed_at: float | None = None
-        self._reconcile_targets: dict[int, tuple[int, float]] = {}  # pid -> (offset, since)
-        self._eligible_since: dict[str, float] = {}  # L0 key -> when first seen at or below M
+        self._reconcile_targets: dict[int, tuple[int, float, float]] = {}  # pid -> (offset, since, bound)
+        self._eligible_since: dict[str, float] = {}
+        self._l0_epochs: dict[str, int] = {}  # parsed once  # L0 key -> when first seen at or below M
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -231,7 +254,9 @@ class World:
 
     def entry(self) -> Incarnation | None:
         """A live node to send a request to (the only one, or one drawn)."""
-        lives = [inc for inc in self.lives.values() if inc.tg is not None and not inc.ended]
+        lives = [
+            inc for inc in self.lives.values() if inc.tg is not None and not inc.ended and not inc.stopping
+        ]
         if len(lives) <= 1:  # no draw: a one-node world's random stream is unchanged
             return lives[0] if lives else None
         return self.rng.choice(lives)
@@ -387,10 +412,11 @@ class World:
 
     def _check_reconciled(self) -> None:
         """Once healed, every durable record is reconciled (at or below LRO) within a bound:
-        two reconciler intervals and the copy's time. (Each partition has one target at a time,
-        its last offset when first seen behind: later writes do not move the goal post.)"""
+        two reconciler intervals, the copy's time, and the backlog at a floor of throughput.
+        (Each partition has one target at a time, its last offset when first seen behind:
+        later writes do not move the goal post.)"""
         now = self.now()
-        bound = 2 * self.reconciler_interval_s + self.cfg.reconcile_copy_s
+        cfg = self.cfg
         for pid, state in self.truth.shadow.items():
             target = self._reconcile_targets.get(pid)
             if target is not None and state.lro >= target[0]:
@@ -398,8 +424,17 @@ class World:
                 self.stats.reconcile_wait_s_max = max(self.stats.reconcile_wait_s_max, now - target[1])
                 target = None
             if target is None and state.lro < state.high_watermark - 1:
-                target = self._reconcile_targets[pid] = (state.high_watermark - 1, now)
-            if target is not None and now - target[1] > bound:
+                behind = state.high_watermark - 1 - state.lro
+                bound = (
+                    2 * self.reconciler_interval_s
+                    + cfg.reconcile_copy_s
+                    + behind / cfg.reconcile_records_per_s
+                )
+                name = self.partition_name(pid)
+                if any(inc.node.reconciler.health.get(name) is not None for inc in self.lives.values()):
+                    bound += RECONCILE_FAILING_RETRY_S  # failing (named): retried that often only
+                target = self._reconcile_targets[pid] = (state.high_watermark - 1, now, bound)
+            if target is not None and now - target[1] > (bound := target[2]):
                 self.fail(
                     "6",
                     f"{self.partition_name(pid)}@{target[0]} durable and not reconciled "
@@ -424,7 +459,11 @@ class World:
             seen.clear()
             return
         m = decision.m
-        keys = [k for k in self.objects.keys() if k.startswith(L0_ROOT) and parse_l0_key(k).epoch <= m]
+        epochs = self._l0_epochs
+        for k in self.objects.keys():
+            if k not in epochs and k.startswith(L0_ROOT):
+                epochs[k] = parse_l0_key(k).epoch
+        keys = [k for k in self.objects.keys() if epochs.get(k, m + 1) <= m]
         for key in list(seen):
             if key not in keys:
                 del seen[key]
@@ -566,6 +605,7 @@ class World:
         assert self.lives[inc.node_id] is inc
         self.note(f"{inc} stops gracefully")
         self.stats.graceful_stops += 1
+        inc.stopping = True  # a balancer sends it no new request (its own drain to finish)
         await inc.node.shutdown()
         with anyio.move_on_after(self.cfg.drain_s_max):
             while not inc.ended:
