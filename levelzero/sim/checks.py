@@ -64,6 +64,7 @@ class Truth:
         # L0 key -> (pid, first data offset, last data offset) of every durable placeholder
         self.refs: dict[str, list[tuple[int, int, int]]] = {}
         self.deleted: set[str] = set()
+        self.dropped = 0  # acknowledged records below the start offset at the last read-back
         self._published: dict[str, int] = {}
 
     def fail(self, invariant: str, message: str) -> None:
@@ -254,7 +255,7 @@ class Truth:
         """Every acknowledged record, byte for byte: L1 up to LRO, L0 above. Returns the count."""
         objects = self.world.objects
         l1_rows = list(self.world.log_store.l1.values())
-        checked = 0
+        checked = dropped = 0
         for pid, acked in self.acked.items():
             name = self.world.partition_name(pid)
             state = self.shadow[pid]
@@ -272,7 +273,8 @@ class Truth:
             cache: dict[str, list[Record]] = {}
             for offset, expected in acked.items():
                 if offset < state.start_offset:
-                    continue  # retention dropped it
+                    dropped += 1  # retention dropped it
+                    continue
                 if offset <= state.lro:
                     i = bisect.bisect_right(bases, offset) - 1
                     if i < 0 or rows[i].last_offset < offset:
@@ -303,6 +305,7 @@ class Truth:
                 if (got.key, got.value) != expected:
                     self.fail("3", f"{name}@{offset} reads {got!r}, acknowledged {expected!r}")
                 checked += 1
+        self.dropped = dropped
         return checked
 
     def _object(self, objects: MemoryObjectStore, key: str, what: str) -> bytes:

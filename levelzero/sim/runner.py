@@ -52,6 +52,7 @@ class SimResult:
     faults: int
     l0_left: int
     records_checked: int
+    records_dropped: int  # acknowledged, then dropped by retention (below the start offset)
     # invariant 6: write stall after a new incarnation takes over (virtual seconds)
     leadership_changes: int
     max_stall_s: float
@@ -205,6 +206,7 @@ def _result(
         faults=world.faults.injected,
         l0_left=sum(1 for k in world.objects.keys() if k.startswith("level_zero/")),
         records_checked=world.records_checked,
+        records_dropped=world.truth.dropped,
         leadership_changes=len(changes),
         max_stall_s=max((c.stall_s for c in changes), default=0.0),
         total_stall_s=sum(c.stall_s for c in changes),
@@ -283,6 +285,7 @@ class Summary:
     faults: int
     l0_left: int
     records_checked: int
+    records_dropped: int
     leadership_changes: int
     total_stall_s: float
     rejections_after_change: int
@@ -319,6 +322,7 @@ _SUMMED = (
     "faults",
     "l0_left",
     "records_checked",
+    "records_dropped",
     "leadership_changes",
     "total_stall_s",
     "rejections_after_change",

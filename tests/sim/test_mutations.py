@@ -59,8 +59,12 @@ SEEDS_TO_CATCH_MAX = {
     "lease_from_reply": 60,
     "leads_ignores_deadline": 20,
 }
-# The single-node table on a three-node cluster: each is caught there too.
-CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items()}
+# The single-node table on a three-node cluster: each is caught there too (but a rule only a
+# single node has: a cluster's GC takes its snapshot from the control plane).
+SINGLE_NODE_ONLY = frozenset({"gc_snapshot_not_atomic"})
+CLUSTER_SEEDS_TO_CATCH_MAX = {
+    name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items() if name not in SINGLE_NODE_ONLY
+}
 
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
@@ -80,7 +84,7 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
     assert caught.invariant in {"1", "2", "3", "4", "5", "6", "epoch-rule", "assert", "read", "lease", "gc"}
 
 
-@pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS - SINGLE_NODE_ONLY))
 def test_each_single_node_mutation_is_caught_on_a_cluster_too(mutation: str) -> None:
     bound = CLUSTER_SEEDS_TO_CATCH_MAX[mutation]
     results = run_many(range(bound), mutation=mutation, stop_on_violation=True, nodes=3)
