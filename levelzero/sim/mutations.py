@@ -154,15 +154,20 @@ def _reader_serves_below_start() -> contextlib.AbstractContextManager[None]:
     return _patched(Reader, "fetch", _fetch_with(below_start=True))
 
 
-def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False) -> Any:
-    """`Reader.fetch` with one of two slips."""
+def _reader_refuses_the_start_offset() -> contextlib.AbstractContextManager[None]:
+    # The reader's range check refuses the start offset itself (`offset <= start`).
+    return _patched(Reader, "fetch", _fetch_with(start_refused=True))
+
+
+def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False, start_refused: bool = False) -> Any:
+    """`Reader.fetch` with one of three slips."""
 
     async def fetch(self: Reader, actor: _Actor, offset: int, max_bytes: int) -> FetchResult:
         if max_bytes < 1:
             raise InvalidInput("max_bytes")
         state = actor.state
         hwm, start, lro = state.high_watermark, state.start_offset, state.lro
-        if (offset < start and not below_start) or offset > hwm:
+        if (offset < start and not below_start) or (offset == start and start_refused) or offset > hwm:
             raise OffsetOutOfRange(offset, start, hwm)
         if offset == hwm:
             return FetchResult([], offset, hwm, start, "none")
@@ -343,6 +348,18 @@ def _retention_bytes_from_oldest() -> contextlib.AbstractContextManager[None]:
     return _patched(housekeeper_module, "retention_start", start)
 
 
+def _l1_collect_ignores_retention() -> contextlib.AbstractContextManager[None]:
+    # The L1 collection keeps objects below the start offset: retention moves the start but
+    # frees nothing.
+    original = l1_module.l1_collect_reason
+
+    def reason(*args: Any, **kwargs: Any) -> str | None:
+        why = original(*args, **kwargs)
+        return None if why is not None and why.startswith("below the start") else why
+
+    return _patched(l1_module, "l1_collect_reason", reason)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -398,6 +415,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "lease_without_margin": ("the local lease deadline has no margin for clock drift", _lease_without_margin),
     "lease_from_reply": ("the local lease deadline counts from the renewal's reply", _lease_from_reply),
     "leads_ignores_deadline": ("leads() ignores the lease's local deadline", _leads_ignores_deadline),
+    "reader_refuses_the_start_offset": (
+        "the reader refuses a fetch at the start offset itself",
+        _reader_refuses_the_start_offset,
+    ),
     "reader_serves_below_start": (
         "the reader serves offsets below the start offset while their objects last",
         _reader_serves_below_start,
@@ -407,6 +428,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         _retention_bytes_from_oldest,
     ),
     "gc_cap_at_e": ("the GC caps M at E instead of E - 1", _gc_cap_at_e),
+    "l1_collect_ignores_retention": (
+        "the L1 collection keeps objects below the start offset",
+        _l1_collect_ignores_retention,
+    ),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,

@@ -51,6 +51,8 @@ from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.reconcile_health import RECONCILE_FAILING_RETRY_S
 from levelzero.core.keys import parse_l0_key
+from levelzero.core.leader import l1_collect_reason
+from levelzero.storage.protocols import L1State
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -212,7 +214,10 @@ class World:
         self.healed_at: float | None = None
         self._reconcile_targets: dict[int, tuple[int, float, float]] = {}  # pid -> (offset, since, bound)
         self._eligible_since: dict[str, float] = {}
-        self._l0_epochs: dict[str, int] = {}  # parsed once  # L0 key -> when first seen at or below M
+        self._l0_epochs: dict[str, int] = {}  # parsed once
+        self._below_start_since: dict[
+            str, float
+        ] = {}  # L1 key -> when first seen below start  # L0 key -> when first seen at or below M
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -409,6 +414,42 @@ class World:
         if self.phase in ("healed", "quiet"):
             self._check_reconciled()
             self._check_collection()
+            self._check_retention_collected()
+
+    def _check_retention_collected(self) -> None:
+        """Once healed, an L1 object entirely below its partition's start offset (retention:
+        `core.leader.l1_collect_reason`) starts being deleted within two housekeeper rounds."""
+        now = self.now()
+        bound = 2 * self.housekeeper_interval_s + self.cfg.collect_round_s
+        seen = self._below_start_since
+        below = set()
+        for row in self.log_store.l1.values():
+            state = self.truth.shadow.get(row.pid)
+            if state is None or row.state != L1State.COPY_FINISHED:
+                continue
+            reason = l1_collect_reason(
+                state,
+                self.log_store.partitions[row.pid].term,
+                row_term=row.term,
+                last_offset=row.last_offset,
+                lineage_valid=state.l1_range_valid(row.term, row.base_offset, row.last_offset),
+                copy_finished=True,
+                delete_started=False,
+                stale_copy=False,
+            )
+            if reason is None or row.last_offset >= state.start_offset:
+                continue  # (out of the lineage: collected at the next start-up only)
+            below.add(row.key)
+            since = seen.setdefault(row.key, now)
+            if now - since > bound:
+                self.fail(
+                    "4",
+                    f"L1 object {row.key} of {self.partition_name(row.pid)} ends at {row.last_offset}, below "
+                    f"the start offset {state.start_offset}, and is still there {now - since:.2f}s later",
+                )
+        for key in list(seen):
+            if key not in below:
+                del seen[key]
 
     def _check_reconciled(self) -> None:
         """Once healed, every durable record is reconciled (at or below LRO) within a bound:

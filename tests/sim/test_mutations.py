@@ -51,6 +51,8 @@ SEEDS_TO_CATCH_MAX = {
     # retention: the start offset moves, reads and reachability honour it (issue 35)
     "reader_serves_below_start": 40,
     "retention_bytes_from_oldest": 40,
+    "l1_collect_ignores_retention": 40,
+    "reader_refuses_the_start_offset": 20,
     # only a cluster exercises these (run with three nodes)
     "appends_ignore_term": 40,
     "gc_takes_local_watermarks": 20,
@@ -68,7 +70,7 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {
 
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
-    assert len(MUTATIONS) >= 27
+    assert len(MUTATIONS) == 28  # 12 of issue 18, 16 of issue 35
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
     assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
@@ -123,6 +125,7 @@ def _patch_targets() -> tuple[object, ...]:
         LeaseClock.renewed,
         ClusterMember.leads,
         housekeeper_module.retention_start,
+        l1_module.l1_collect_reason,
     )
 
 
