@@ -44,7 +44,7 @@ SEEDS_TO_CATCH_MAX = {
     "reader_l1_below_lro_only": 80,
     # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
     "stale_rejection_keeps_cache": 40,
-    "gc_idle_backoff_uncapped": 40,
+    "gc_idle_backoff_uncapped": 150,
     # the GC's cap: partitions created late and during GC rounds, an empty board (issue 35)
     "gc_snapshot_not_atomic": 150,
     "gc_cap_at_e": 20,
