@@ -291,24 +291,19 @@ def _gc_takes_local_watermarks() -> contextlib.AbstractContextManager[None]:
     return _patched(GcActor, "_snapshot", snapshot)
 
 
-def _gc_snapshot_not_atomic() -> contextlib.AbstractContextManager[None]:
-    # A node's GC reads its board, awaits, then reads E: a partition created in between is on
-    # neither side of the cap (not on the board, and its creation epoch may be below E).
-    async def snapshot(self: GcActor) -> tuple[int, dict[str, int | None]]:
-        if self._watermarks is not None:
-            return await self._watermarks()
-        mps = self._board.snapshot()
-        await anyio.sleep(0.02)
-        return self._cluster_epoch(), mps
-
-    return _patched(GcActor, "_snapshot", snapshot)
-
-
 def _lease_without_margin() -> contextlib.AbstractContextManager[None]:
     # The local lease deadline has no margin for clock drift: a node whose clock runs slow
     # serves past the lease the control plane gave it.
     def lease_clock(ttl_s: float, margin_fraction: float = 0.0) -> LeaseClock:  # noqa: ARG001
         return LeaseClock(ttl_s, 0.0)
+
+    return _patched(cluster_module, "LeaseClock", lease_clock)
+
+
+def _lease_margin_typo() -> contextlib.AbstractContextManager[None]:
+    # The lease margin is 0.02 of the TTL, not 0.2: less than a drifting clock needs.
+    def lease_clock(ttl_s: float, margin_fraction: float = 0.02) -> LeaseClock:  # noqa: ARG001
+        return LeaseClock(ttl_s, 0.02)
 
     return _patched(cluster_module, "LeaseClock", lease_clock)
 
@@ -369,10 +364,6 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "admit_below_window": ("the fence admits epochs below the window", _admit_below_window),
     "gc_ignores_cap": ("the GC ignores the cap (M not capped at E - 1)", _gc_ignores_cap),
     "mp_off_by_one": ("M(p) = min_epoch_lower_bound instead of min_epoch_lower_bound - 1", _mp_off_by_one),
-    "gc_snapshot_not_atomic": (
-        "a node's GC reads E after an await that follows its board snapshot",
-        _gc_snapshot_not_atomic,
-    ),
     "gc_deletes_up_to_m_plus_1": ("the GC deletes objects with epoch <= M + 1", _gc_deletes_up_to_m_plus_1),
     "gc_skips_partitions_without_mp": (
         "the GC skips partitions without an M(p) instead of deleting nothing",
@@ -413,6 +404,7 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     ),
     "gc_idle_backoff_uncapped": ("the GC's idle backoff doubles past its cap", _gc_idle_backoff_uncapped),
     "lease_without_margin": ("the local lease deadline has no margin for clock drift", _lease_without_margin),
+    "lease_margin_typo": ("the lease margin is 0.02 of the TTL, not 0.2", _lease_margin_typo),
     "lease_from_reply": ("the local lease deadline counts from the renewal's reply", _lease_from_reply),
     "leads_ignores_deadline": ("leads() ignores the lease's local deadline", _leads_ignores_deadline),
     "reader_refuses_the_start_offset": (
@@ -451,6 +443,7 @@ CLUSTER_MUTATIONS = frozenset(
         "lease_without_margin",
         "lease_from_reply",
         "leads_ignores_deadline",
+        "lease_margin_typo",
     }
 )
 CLUSTER_NODES = 3
