@@ -83,7 +83,19 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
     caught = results[-1].violation
     assert caught is not None, f"{mutation} survived {bound} seeds"
     print(f"\n{mutation}: caught by seed {caught.seed}, invariant {caught.invariant}: {caught.message[:160]}")
-    assert caught.invariant in {"1", "2", "3", "4", "5", "6", "epoch-rule", "assert", "read", "lease", "gc"}
+    assert caught.invariant in {
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "epoch-rule",
+        "assert",
+        "read",
+        "lease",
+        "retention",
+    }
 
 
 @pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS - SINGLE_NODE_ONLY))
