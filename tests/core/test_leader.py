@@ -205,3 +205,22 @@ def test_dispatch_refuses_below_the_window_and_abandons_what_it_holds() -> None:
     assert dispatch.offer(7, "waiter", 1, state.applied_window) == []
     assert sorted(dispatch.abandon()) == ["updater", "waiter"]
     assert fence.updater_epoch is None and dispatch.waiting == 0
+
+
+def test_retention_start_goes_past_old_objects_and_those_beyond_the_newest_bytes() -> None:
+    from dataclasses import dataclass
+
+    from levelzero.core.leader import retention_start
+
+    @dataclass
+    class Row:
+        last_offset: int
+        size: int
+        created_at: float
+
+    rows = [Row(9, 100, 10.0), Row(19, 100, 20.0), Row(29, 100, 30.0)]  # oldest first
+    assert retention_start(rows, 0, 100.0, None, None) == 0
+    assert retention_start(rows, 0, 100.0, 75.0, None) == 20  # the two older than 75 s
+    assert retention_start(rows, 0, 100.0, None, 200) == 10  # the newest 200 bytes are kept
+    assert retention_start(rows, 0, 100.0, None, 150) == 20  # the one crossing the bound goes
+    assert retention_start(rows, 25, 100.0, None, 1000) == 25  # never below the start offset
