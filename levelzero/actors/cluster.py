@@ -47,6 +47,7 @@ ROUND_GAP_MIN_S = 0.05  # rounds never run back to back
 # later leaves less than (1 - margin - this) of the TTL to use it, and one never answered (a
 # blackholed connection) must not keep the round from resigning.
 CALL_TIMEOUT_FRACTION = 0.5
+DEADLINE_WATCH_STEP_MIN_S = 0.001
 
 T = TypeVar("T")
 
@@ -175,7 +176,10 @@ class ClusterMember:
             deadline = self.lease.deadline
             left = None if deadline is None else deadline - self._clock()
             if left is not None and left > 0:
-                await anyio.sleep(left)
+                # (At least a millisecond: `left` is on the member's clock, the sleep on the
+                # loop's; a member clock slower than the loop's made ever shorter steps that
+                # never reached the deadline once they fell below the clock's resolution.)
+                await anyio.sleep(max(left, DEADLINE_WATCH_STEP_MIN_S))
                 continue
             for scope in list(self._serving):
                 scope.cancel()

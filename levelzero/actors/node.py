@@ -82,6 +82,8 @@ class ClusterSettings:
     advertise_url: str
     lease_ttl_s: float = 10.0
     kafka_url: str | None = None
+    # The member's monotonic clock (None: the event loop's); the simulation drifts it.
+    clock: Callable[[], float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +233,7 @@ class Node:
                     resign=self._resign,
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
+                    clock=c.clock or anyio.current_time,
                 )
                 member = self.member
                 self.topic_configs.follow_views(lambda: member.view)

@@ -32,6 +32,10 @@ from .gc import worker_prefixes
 
 MOVES_PER_ROUND_MAX = 8  # hand-overs one node starts per round (a join is absorbed gradually)
 LEASE_MARGIN_FRACTION = 0.2  # of the TTL: the local deadline ends this much before the lease
+# How far a node's monotonic clock may run slow or fast against the control plane's (a rate): a
+# local deadline of (1 - LEASE_MARGIN_FRACTION) TTL on a clock this slow still ends before the
+# lease does (0.8 / 0.9 < 1), with room for the renewal's own latency.
+CLOCK_RATE_DRIFT_MAX = 0.1
 GC_PREFIXES = 1000
 
 

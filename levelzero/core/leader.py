@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -189,6 +189,17 @@ class WatermarkBoard:
 
 
 # ---------------------------------------------------------------- the housekeeper
+
+
+class RetainedObject(Protocol):
+    """What retention reads of a valid L1 object (`L1Row`)."""
+
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def created_at(self) -> float: ...
 
 
 def advance_epoch_needed(state: PartitionState, cluster_epoch: int) -> int | None:

@@ -14,7 +14,8 @@ import bisect
 import traceback
 from typing import TYPE_CHECKING, Protocol
 
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import LogRecord, Placeholder, SetStartOffset
+from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record, decode_extent, read_header
@@ -37,6 +38,10 @@ class World(Protocol):
 
     log_store: SimLogStore
     objects: MemoryObjectStore
+    retention_s: float | None
+    retention_bytes: int | None
+
+    def wall(self) -> float: ...
 
     def note(self, text: str) -> None: ...
 
@@ -59,6 +64,7 @@ class Truth:
         # L0 key -> (pid, first data offset, last data offset) of every durable placeholder
         self.refs: dict[str, list[tuple[int, int, int]]] = {}
         self.deleted: set[str] = set()
+        self.dropped = 0  # acknowledged records below the start offset at the last read-back
         self._published: dict[str, int] = {}
 
     def fail(self, invariant: str, message: str) -> None:
@@ -74,6 +80,8 @@ class Truth:
         name = self.world.partition_name(pid)
         for record in records:
             before = (state.max_applied_epoch, state.mp)
+            if isinstance(record.entry, SetStartOffset):
+                self._check_retention(pid, state, record.entry.offset)
             self._apply(state, record, f"durable log of {name}")
             self._monotone(name, before, state)
             entry = record.entry
@@ -89,6 +97,35 @@ class Truth:
                 self.refs.setdefault(entry.object_key, []).append((pid, record.base_offset, last))
                 self.placeholders.setdefault(pid, []).append(record)
                 self._bases.setdefault(pid, []).append(record.base_offset)
+
+    def _check_retention(self, pid: int, state: PartitionState, start: int) -> None:
+        """A start offset moves no further than retention allows (the housekeeper's rule,
+        `core.topic_configs.retention_start_offset`, over the partition's valid L1 objects now:
+        a bound that only grows with time)."""
+        world = self.world
+        valid = sorted(
+            (
+                r
+                for r in world.log_store.l1.values()
+                if r.pid == pid
+                and r.state == L1State.COPY_FINISHED
+                and state.l1_range_valid(r.term, r.base_offset, r.last_offset)
+            ),
+            key=lambda r: r.base_offset,
+        )
+        allowed = retention_start_offset(
+            [RetainedObject(r.last_offset, r.size, r.created_at) for r in valid],
+            state.start_offset,
+            world.wall(),
+            world.retention_s,
+            world.retention_bytes,
+        )
+        if start > allowed:
+            self.fail(
+                "retention",
+                f"{world.partition_name(pid)}: start offset set to {start}, retention "
+                f"({world.retention_s}s, {world.retention_bytes} bytes) allows {allowed}",
+            )
 
     def _apply(self, state: PartitionState, record: LogRecord, where: str) -> None:
         """`state.apply`, with the state machine's own assertions reported as invariant 5: its
@@ -223,7 +260,7 @@ class Truth:
         """Every acknowledged record, byte for byte: L1 up to LRO, L0 above. Returns the count."""
         objects = self.world.objects
         l1_rows = list(self.world.log_store.l1.values())
-        checked = 0
+        checked = dropped = 0
         for pid, acked in self.acked.items():
             name = self.world.partition_name(pid)
             state = self.shadow[pid]
@@ -240,6 +277,9 @@ class Truth:
             bases = [r.base_offset for r in rows]
             cache: dict[str, list[Record]] = {}
             for offset, expected in acked.items():
+                if offset < state.start_offset:
+                    dropped += 1  # retention dropped it
+                    continue
                 if offset <= state.lro:
                     i = bisect.bisect_right(bases, offset) - 1
                     if i < 0 or rows[i].last_offset < offset:
@@ -270,6 +310,7 @@ class Truth:
                 if (got.key, got.value) != expected:
                     self.fail("3", f"{name}@{offset} reads {got!r}, acknowledged {expected!r}")
                 checked += 1
+        self.dropped = dropped
         return checked
 
     def _object(self, objects: MemoryObjectStore, key: str, what: str) -> bytes:

@@ -17,10 +17,11 @@ Range = tuple[float, float]
 class SimConfig:
     # topics and partitions
     initial_partitions: int = 3
-    first_topic_after_s: Range = (0.0, 1.5)  # the GC runs with no partition at all until then
+    first_topic_after_s: Range = (0.0, 3.0)  # the GC runs with no partition at all until then
     topics_created_max: int = 5  # created while the workload runs (and GC rounds are open)
     partitions_per_created_topic: tuple[int, int] = (1, 3)
     create_interval_s: float = 1.0
+    create_in_gc_round_p: float = 0.5  # a creation waits for an open GC round
     bump_after_create_p: float = 0.5  # an epoch bump right after a creation: E passes it at once
 
     # workload
@@ -29,6 +30,7 @@ class SimConfig:
     records_per_write_max: int = 3
     value_bytes: tuple[int, int] = (4, 24)
     read_interval_s: float = 0.1
+    boundary_read_p: float = 0.3  # reads at LRO, LRO + 1, the start offset or HWM - 1
     tail_read_p: float = 0.7  # reads of the unreconciled tail (from L0, pinning M(p))
     newest_partition_write_p: tuple[float, ...] = (0.0, 0.3, 0.6)  # one drawn per seed
 
@@ -48,7 +50,10 @@ class SimConfig:
 
     # a cluster (`nodes > 1`): leases by the shipping ClusterMember over the memory control plane
     lease_ttl_s: tuple[float, ...] = (1.0, 2.0, 3.0)  # one drawn per seed
-    cluster_fault_weights: tuple[float, float, float] = (0.4, 0.3, 0.3)  # crash, stop, pause
+    cluster_fault_weights: tuple[float, ...] = (0.35, 0.25, 0.2, 0.2)  # crash, stop, pause, cut
+    control_error_p: float = 0.02  # a control-plane call fails (before its effect)
+    control_slow_p: float = 0.05  # ... or takes a share of a lease TTL
+    control_slow_ttls: Range = (0.05, 0.6)
     cluster_restart_s: Range = (0.0, 4.0)  # often within the node's lease TTL, often after it
     pause_ttls: Range = (0.5, 3.0)  # a pause, in lease TTLs: often past the lease
     drain_s_max: float = 60.0  # a graceful stop ends within this (or it is a violation)
@@ -78,6 +83,17 @@ class SimConfig:
 
     # storage latency and faults (probabilities per operation, scaled per seed)
     fault_scales: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0)
+    swarm_scales: tuple[float, ...] = (0.0, 0.5, 1.0, 1.0, 2.0, 4.0)  # each fault's, per seed
+    swarm_mix: tuple[float, ...] = (0.5, 1.0, 1.0, 2.0)  # each workload interval's, per seed
+    # retention, one drawn per seed: none, by age (s), by bytes of valid L1 objects kept
+    retentions: tuple[tuple[str, float], ...] = (
+        ("none", 0),
+        ("none", 0),
+        ("s", 2.0),
+        ("s", 4.0),
+        ("bytes", 300),
+        ("bytes", 900),
+    )
     object_op_s: Range = (0.001, 0.03)
     slow_put_p: float = 0.12
     slow_put_s: Range = (0.3, 2.5)
@@ -92,8 +108,19 @@ class SimConfig:
     delete_batch_error_p: float = 0.06  # half after the effect
     delete_key_error_p: float = 0.08
 
-    # the quiet period and the checks
-    quiet_s_max: float = 120.0
+    # the healed phase (faults stopped, the workload goes on), the quiet period and the checks
+    heal_s_max: float = 80.0  # every node up again within this of the faults' end
+    healed_s: float = 1.5  # the workload runs this long once healed
+    healed_write_s_max: float = 2.0  # a write submitted once healed is acknowledged within this
+    # (plus two lease TTLs in a cluster: a restarted node takes its share of partitions)
+    # Once healed, an L0 object at or below M goes within this much more than a sweep's interval
+    # plus the longest idle pause between GC rounds (with its jitter): a round's time.
+    collect_round_s: float = 1.0
+    reconcile_copy_s: float = 3.0  # plus two reconciler intervals: a durable record reaches LRO
+    reconcile_records_per_s: float = 50.0  # ... plus its backlog at this floor of throughput
+    # every L0 object collected within this of the workload's end (it covers a partition whose
+    # reconciliation is failing, retried every RECONCILE_FAILING_RETRY_S = 30 s only)
+    quiet_s_max: float = 45.0
     check_interval_s: float = 0.25  # monotone values and every acknowledged record readable
     trace_lines_max: int = 40
     stall_window_s: float = 1.0  # writes this soon after a new incarnation count for its stall

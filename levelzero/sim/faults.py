@@ -193,25 +193,47 @@ class Gate:
             await self._resumed.wait()
 
 
+class Gates:
+    """Two gates crossed in turn: a node's link to the control plane is cut by its crash or
+    pause (the database's gate) and by a cut of the control plane alone."""
+
+    def __init__(self, *gates: Gate) -> None:
+        self._gates = gates
+
+    @property
+    def paused(self) -> bool:
+        return any(g.paused for g in self._gates)
+
+    async def cross(self) -> None:
+        while True:
+            for g in self._gates:
+                await g.cross()
+            if not self.paused:
+                return
+
+
 class Link:
     """One node incarnation's connection to a shared store (the `SimLogStore`, the memory
     control plane): every call takes the store's seeded latency and crosses the incarnation's
     `Gate` on the way there and back."""
 
-    def __init__(self, inner: Any, gate: Gate, latency: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self, inner: Any, gate: Gate | Gates, latency: Callable[..., Awaitable[None]], *, named: bool = False
+    ) -> None:
         self._inner = inner
         self._gate = gate
         self._latency = latency
+        self._named = named  # `latency` takes the call's name
 
     def __getattr__(self, attr: str) -> Any:
         target = getattr(self._inner, attr)
         if attr.startswith("_") or not callable(target):
             return target
-        gate, latency = self._gate, self._latency
+        gate, latency, named = self._gate, self._latency, self._named
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if attr not in _UNDELAYED:
-                await latency()
+                await (latency(attr) if named else latency())
             await gate.cross()
             result = await target(*args, **kwargs)
             if gate.paused:  # the reply waits for the resume (a crash alone loses no reply

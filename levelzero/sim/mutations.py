@@ -8,18 +8,35 @@ a class attribute), so the code under test is otherwise the code that ships.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+
+import anyio
+import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
+import levelzero.actors.housekeeper as housekeeper_module
+import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
+import levelzero.actors.cluster as cluster_module
+from levelzero.actors.cluster import ClusterMember
+from levelzero.actors.epochs import EpochCache
+from levelzero.actors.l1 import L1Catalog
+from levelzero.actors.partition import PartitionActor as _Actor
+from levelzero.actors.reader import FetchResult, FetchWindow, Reader
+from levelzero.core.cluster import LeaseClock
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
-from levelzero.core.gc import WatermarkDecision, compute_cluster_watermark
+from levelzero.core.leader import l1_collect_reason
+from levelzero.core.topic_configs import RetainedObject, retention_start_offset
+from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
 
@@ -88,6 +105,118 @@ def _reader_pins_ignored() -> contextlib.AbstractContextManager[None]:
     return _patched(ReaderPins, "register", register)
 
 
+# ---------------------------------------------------------------- the read path
+
+
+def _l1_lookup_bisect_left() -> contextlib.AbstractContextManager[None]:
+    # The L1 read looks up the object holding an offset with bisect_left: at an object's first
+    # offset it lands on the object before, which does not hold it ("no valid L1 object").
+    shim = types.SimpleNamespace(bisect_right=bisect.bisect_left, bisect_left=bisect.bisect_left)
+    return _patched(l1_module, "bisect", shim)
+
+
+def _l1_lineage_never_reread() -> contextlib.AbstractContextManager[None]:
+    # The L1 read keeps the lineage it cached first: offsets reconciled since are in no object.
+    original = L1Catalog.refresh
+
+    async def refresh(self: L1Catalog, actor: _Actor) -> list[Any]:
+        cached = self._valid.get(actor.row.pid)
+        return cached if cached else await original(self, actor)
+
+    return _patched(L1Catalog, "refresh", refresh)
+
+
+def _placeholders_from_base() -> contextlib.AbstractContextManager[None]:
+    # The log store's placeholder read starts at the first placeholder whose base offset is at
+    # or after the offset asked, missing the one that holds it.
+    async def read_placeholders(
+        self: MemoryLogStore, pid: int, from_data_offset: int, limit: int
+    ) -> list[LogRecord]:
+        found = []
+        for record in self.logs[pid]:
+            if isinstance(record.entry, Placeholder) and record.base_offset >= from_data_offset:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    return _patched(MemoryLogStore, "read_placeholders", read_placeholders)
+
+
+def _reader_l1_below_lro_only() -> contextlib.AbstractContextManager[None]:
+    # The reader serves L1 for offsets below the LRO only: the LRO itself is read from L0,
+    # whose object the GC may have collected already.
+    return _patched(Reader, "fetch", _fetch_with(l1_at_lro=False))
+
+
+def _reader_serves_below_start() -> contextlib.AbstractContextManager[None]:
+    # The reader checks the offset against the high watermark only: offsets retention dropped
+    # are served while their objects last.
+    return _patched(Reader, "fetch", _fetch_with(below_start=True))
+
+
+def _reader_refuses_the_start_offset() -> contextlib.AbstractContextManager[None]:
+    # The reader's range check refuses the start offset itself (`offset <= start`).
+    return _patched(Reader, "fetch", _fetch_with(start_refused=True))
+
+
+def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False, start_refused: bool = False) -> Any:
+    """`Reader.fetch` with one of three slips."""
+
+    async def fetch(self: Reader, actor: _Actor, offset: int, max_bytes: int) -> FetchResult:
+        if max_bytes < 1:
+            raise InvalidInput("max_bytes")
+        state = actor.state
+        hwm, start, lro = state.high_watermark, state.start_offset, state.lro
+        if (offset < start and not below_start) or (offset == start and start_refused) or offset > hwm:
+            raise OffsetOutOfRange(offset, start, hwm)
+        if offset == hwm:
+            return FetchResult([], offset, hwm, start, "none")
+        abandoned = state.abandoned_range(offset)
+        if abandoned is not None:
+            raise OffsetsAbandoned(offset, *abandoned, start, hwm)
+        tiers = []
+        if (offset <= lro if l1_at_lro else offset < lro) and self.l1 is not None:
+            tiers.append("l1")
+            window = FetchWindow(offset, lro, max_bytes)
+            await self.l1.fill(actor, window)
+            window.extend_to(hwm - 1)
+        else:
+            window = FetchWindow(offset, hwm - 1, max_bytes)
+        taken = window.count
+        if window.stopped is None:
+            await self._fill_l0(actor, window, hwm)
+            if window.count > taken or not tiers:
+                tiers.append("l0")
+        return FetchResult(window.runs, window.next_offset, hwm, start, "+".join(tiers))
+
+    return fetch
+
+
+# ---------------------------------------------------------------- liveness
+
+
+def _stale_rejection_keeps_cache() -> contextlib.AbstractContextManager[None]:
+    # A stale-epoch rejection does not invalidate the epoch cache: the retries carry the same
+    # stale epoch until the cache's TTL runs out.
+    return _patched(EpochCache, "invalidate_below", lambda self, epoch: None)
+
+
+def _gc_idle_backoff_uncapped() -> contextlib.AbstractContextManager[None]:
+    # The GC's idle backoff doubles without its cap: after an idle stretch the next round may
+    # be minutes away, and the L0 objects of a burst wait for it.
+    original = GcPacer.after_round
+
+    def after_round(self: GcPacer, **kwargs: Any) -> Pace:
+        backoff = self.idle_backoff_s
+        pace = original(self, **kwargs)
+        if self.idle_backoff_s == self.idle_backoff_max_s and pace.reason == PaceReason.IDLE:
+            self.idle_backoff_s = backoff * 2  # the slip: `min(backoff * 2, max)` lost its min
+        return pace
+
+    return _patched(GcPacer, "after_round", after_round)
+
+
 # ---------------------------------------------------------------- the batcher
 
 
@@ -113,6 +242,19 @@ def _gc_ignores_cap() -> contextlib.AbstractContextManager[None]:
             return decision
         known = [mp for mp in mps.values() if mp is not None]
         return replace(decision, m=min(known) if known else UNCAPPED_M)
+
+    return _gc_decision(decide)
+
+
+def _gc_cap_at_e() -> contextlib.AbstractContextManager[None]:
+    # The cap is E, not E - 1: a partition created after the round's snapshot (creation epoch
+    # E) has objects at or below M.
+    def decide(cluster_epoch: int, mps: Mapping[str, int | None]) -> WatermarkDecision:
+        decision = compute_cluster_watermark(cluster_epoch, mps)
+        if decision.m is None or "cap" not in decision.holders:
+            return decision
+        known = [mp for mp in mps.values() if mp is not None]
+        return replace(decision, m=min([*known, cluster_epoch]))
 
     return _gc_decision(decide)
 
@@ -150,6 +292,76 @@ def _gc_takes_local_watermarks() -> contextlib.AbstractContextManager[None]:
     return _patched(GcActor, "_snapshot", snapshot)
 
 
+def _lease_without_margin() -> contextlib.AbstractContextManager[None]:
+    # The local lease deadline has no margin for clock drift: a node whose clock runs slow
+    # serves past the lease the control plane gave it.
+    def lease_clock(ttl_s: float, margin_fraction: float = 0.0) -> LeaseClock:  # noqa: ARG001
+        return LeaseClock(ttl_s, 0.0)
+
+    return _patched(cluster_module, "LeaseClock", lease_clock)
+
+
+def _lease_margin_typo() -> contextlib.AbstractContextManager[None]:
+    # The lease margin is 0.02 of the TTL, not 0.2: less than a drifting clock needs.
+    def lease_clock(ttl_s: float, margin_fraction: float = 0.02) -> LeaseClock:  # noqa: ARG001
+        return LeaseClock(ttl_s, 0.02)
+
+    return _patched(cluster_module, "LeaseClock", lease_clock)
+
+
+def _lease_from_reply() -> contextlib.AbstractContextManager[None]:
+    # The local lease deadline counts from the renewal's reply, not from when it was sent: a
+    # slow control plane stretches it past the lease.
+    original = LeaseClock.renewed
+
+    def renewed(self: LeaseClock, sent_at: float) -> None:  # noqa: ARG001
+        original(self, anyio.current_time())
+
+    return _patched(LeaseClock, "renewed", renewed)
+
+
+def _leads_ignores_deadline() -> contextlib.AbstractContextManager[None]:
+    # `leads` answers from the set of partitions led, not the lease's local deadline: a node
+    # cut off the control plane serves until a round tells it otherwise.
+    return _patched(ClusterMember, "leads", lambda self, pid: pid in self.leading)
+
+
+def _retention_bytes_one_object_too_many() -> contextlib.AbstractContextManager[None]:
+    # Retention by bytes tests what is left before dropping an object, not after: a partition
+    # keeps one object less than its bound says.
+    def start(
+        objects: list[RetainedObject],
+        start_offset: int,
+        now: float,
+        retention_s: float | None,
+        retention_bytes: int | None,
+    ) -> int:
+        new_start = retention_start_offset(objects, start_offset, now, retention_s, None)
+        if retention_bytes is not None:
+            live = [o for o in objects if o.last_offset >= start_offset]
+            remaining = sum(o.size for o in live)
+            for o in live:
+                if remaining < retention_bytes:  # the slip: `remaining - o.size < retention_bytes`
+                    break
+                remaining -= o.size
+                new_start = max(new_start, o.last_offset + 1)
+        return new_start
+
+    return _patched(housekeeper_module, "retention_start_offset", start)
+
+
+def _l1_collect_ignores_retention() -> contextlib.AbstractContextManager[None]:
+    # The L1 collection keeps objects below the start offset: retention moves the start but
+    # frees nothing.
+    original = l1_collect_reason  # the core rule, which the L1 catalog imports
+
+    def reason(*args: Any, **kwargs: Any) -> str | None:
+        why = original(*args, **kwargs)
+        return None if why is not None and why.startswith("below the start") else why
+
+    return _patched(l1_module, "l1_collect_reason", reason)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -177,6 +389,48 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         _catch_up_without_term_check,
     ),
     "reader_pins_ignored": ("L0 readers do not pin M(p)", _reader_pins_ignored),
+    "l1_lookup_bisect_left": (
+        "the L1 read looks an offset up with bisect_left (an object's first offset is missed)",
+        _l1_lookup_bisect_left,
+    ),
+    "l1_lineage_never_reread": (
+        "the L1 read never reads the lineage again after it first cached it",
+        _l1_lineage_never_reread,
+    ),
+    "placeholders_from_base": (
+        "the placeholder read misses the placeholder holding the offset asked",
+        _placeholders_from_base,
+    ),
+    "reader_l1_below_lro_only": (
+        "the reader serves offsets < LRO from L1, LRO from L0",
+        _reader_l1_below_lro_only,
+    ),
+    "stale_rejection_keeps_cache": (
+        "a stale-epoch rejection does not invalidate the epoch cache",
+        _stale_rejection_keeps_cache,
+    ),
+    "gc_idle_backoff_uncapped": ("the GC's idle backoff doubles past its cap", _gc_idle_backoff_uncapped),
+    "lease_without_margin": ("the local lease deadline has no margin for clock drift", _lease_without_margin),
+    "lease_margin_typo": ("the lease margin is 0.02 of the TTL, not 0.2", _lease_margin_typo),
+    "lease_from_reply": ("the local lease deadline counts from the renewal's reply", _lease_from_reply),
+    "leads_ignores_deadline": ("leads() ignores the lease's local deadline", _leads_ignores_deadline),
+    "reader_refuses_the_start_offset": (
+        "the reader refuses a fetch at the start offset itself",
+        _reader_refuses_the_start_offset,
+    ),
+    "reader_serves_below_start": (
+        "the reader serves offsets below the start offset while their objects last",
+        _reader_serves_below_start,
+    ),
+    "retention_bytes_one_object_too_many": (
+        "retention by bytes drops one object more than its bound allows",
+        _retention_bytes_one_object_too_many,
+    ),
+    "gc_cap_at_e": ("the GC caps M at E instead of E - 1", _gc_cap_at_e),
+    "l1_collect_ignores_retention": (
+        "the L1 collection keeps objects below the start offset",
+        _l1_collect_ignores_retention,
+    ),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,
@@ -189,7 +443,16 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
 # Rules only a cluster exercises: `levelzero sim --mutate` runs these with CLUSTER_NODES nodes.
-CLUSTER_MUTATIONS = frozenset({"appends_ignore_term", "gc_takes_local_watermarks"})
+CLUSTER_MUTATIONS = frozenset(
+    {
+        "appends_ignore_term",
+        "gc_takes_local_watermarks",
+        "lease_without_margin",
+        "lease_from_reply",
+        "leads_ignores_deadline",
+        "lease_margin_typo",
+    }
+)
 CLUSTER_NODES = 3
 
 

@@ -52,6 +52,7 @@ class SimResult:
     faults: int
     l0_left: int
     records_checked: int
+    records_dropped: int  # acknowledged, then dropped by retention (below the start offset)
     # invariant 6: write stall after a new incarnation takes over (virtual seconds)
     leadership_changes: int
     max_stall_s: float
@@ -62,6 +63,13 @@ class SimResult:
     stale_cache_max_stall_s: float
     stale_cache_total_stall_s: float
     stale_cache_rejections: int
+    heal_s: float
+    quiet_s: float
+    healed_writes: int
+    healed_attempts_max: int
+    healed_write_s_max: float
+    collect_wait_s_max: float
+    reconcile_wait_s_max: float
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -198,6 +206,7 @@ def _result(
         faults=world.faults.injected,
         l0_left=sum(1 for k in world.objects.keys() if k.startswith("level_zero/")),
         records_checked=world.records_checked,
+        records_dropped=world.truth.dropped,
         leadership_changes=len(changes),
         max_stall_s=max((c.stall_s for c in changes), default=0.0),
         total_stall_s=sum(c.stall_s for c in changes),
@@ -207,6 +216,13 @@ def _result(
         stale_cache_max_stall_s=max((c.stall_s for c in stale), default=0.0),
         stale_cache_total_stall_s=sum(c.stall_s for c in stale),
         stale_cache_rejections=sum(c.rejections for c in stale),
+        heal_s=round(s.heal_s, 6),
+        quiet_s=round(s.quiet_s, 6),
+        healed_writes=s.healed_writes,
+        healed_attempts_max=s.healed_attempts_max,
+        healed_write_s_max=round(s.healed_write_s_max, 6),
+        collect_wait_s_max=round(s.collect_wait_s_max, 6),
+        reconcile_wait_s_max=round(s.reconcile_wait_s_max, 6),
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -269,6 +285,7 @@ class Summary:
     faults: int
     l0_left: int
     records_checked: int
+    records_dropped: int
     leadership_changes: int
     total_stall_s: float
     rejections_after_change: int
@@ -305,6 +322,7 @@ _SUMMED = (
     "faults",
     "l0_left",
     "records_checked",
+    "records_dropped",
     "leadership_changes",
     "total_stall_s",
     "rejections_after_change",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import zlib
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -33,26 +33,33 @@ import anyio.abc
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
     ObjectNotFound,
+    OffsetOutOfRange,
     ShuttingDown,
     StaleClusterEpoch,
+    StorageError,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
+from levelzero.core.reconcile_health import RECONCILE_FAILING_RETRY_S
 from levelzero.core.keys import parse_l0_key
+from levelzero.core.leader import l1_collect_reason
+from levelzero.storage.protocols import L1State
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
 from .checks import L0_ROOT, Truth
 from .config import SimConfig
-from .faults import Gate, Link, SeededFaults, SimLogStore
+from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -60,6 +67,26 @@ WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+
+
+# Per-seed rates (scaled by one of `swarm_scales`, 0 turns the fault off) and workload intervals
+# (scaled by one of `swarm_mix`).
+_SWARMED_RATES = (
+    "put_error_p",
+    "get_error_p",
+    "list_error_p",
+    "delete_batch_error_p",
+    "delete_key_error_p",
+    "slow_put_p",
+    "slow_get_p",
+    "slow_log_p",
+    "control_error_p",
+    "control_slow_p",
+)
+_SWARMED_INTERVALS = ("produce_interval_s", "read_interval_s", "crash_interval_s", "bump_interval_s")
+
+# The control-plane calls of a leadership round (`ClusterMember._round`): an error fails it.
+_ROUND_CALLS = frozenset({"renew_node", "renew_leases", "cluster_view", "acquire_leases"})
 
 
 class RequestTimedOut(LevelZeroError):
@@ -79,6 +106,8 @@ class Incarnation:
     alive: bool = True  # False from the crash on (a zombie until its scope is cancelled)
     ended: bool = False
     change: Change | None = None  # None for the first incarnation
+    control_gate: Gate = field(default_factory=Gate)
+    stopping: bool = False  # a graceful stop began
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -112,6 +141,7 @@ class Stats:
     crashes: int = 0
     graceful_stops: int = 0
     pauses: int = 0
+    cuts: int = 0  # a node cut off the control plane alone
     epoch_bumps: int = 0
     topics_created: int = 0
     partitions_created_during_gc: int = 0
@@ -122,6 +152,13 @@ class Stats:
     l1_written: int = 0
     gc_rounds: int = 0
     objects_deleted: int = 0
+    heal_s: float = 0.0  # from the faults' end until every node is up again
+    quiet_s: float = 0.0  # from the workload's end until every L0 object is collected
+    healed_writes: int = 0
+    healed_attempts_max: int = 0
+    healed_write_s_max: float = 0.0
+    reconcile_wait_s_max: float = 0.0  # the longest a durable record waited for LRO, healed
+    collect_wait_s_max: float = 0.0  # the longest an L0 object at or below M waited, healed
 
 
 class World:
@@ -150,6 +187,13 @@ class World:
         self.fault_scale = rng.choice(cfg.fault_scales)
         # Drawn from a stream of its own: the world's stream (and every seed's draws) unchanged.
         self.reconciler_age_max_s = random.Random(seed + 0x1A6E).choice(cfg.reconciler_object_age_max_s)
+        # Swarm testing: each fault's rate and the workload's mix drawn apart, some off.
+        swarm = {name: getattr(cfg, name) * rng.choice(cfg.swarm_scales) for name in _SWARMED_RATES}
+        swarm |= {name: getattr(cfg, name) * rng.choice(cfg.swarm_mix) for name in _SWARMED_INTERVALS}
+        cfg = self.cfg = replace(cfg, **swarm)
+        retention = rng.choice(cfg.retentions)  # none, by age, or by bytes
+        self.retention_s = retention[1] if retention[0] == "s" else None
+        self.retention_bytes = int(retention[1]) if retention[0] == "bytes" else None
         self.trace: deque[str] = deque(maxlen=cfg.trace_lines_max)
         self.digest = 0
         self.stats = Stats()
@@ -168,7 +212,15 @@ class World:
         self.incarnations: list[Incarnation] = []
         self.changes: list[Change] = []
         self.lives: dict[str | None, Incarnation] = {}  # node id -> its live incarnation
-        self.phase = "workload"
+        self.phase = "faults"  # then "healing", "healed" (faults stopped, workload on), "quiet"
+        self.healed_at: float | None = None
+        self._rounds_at_heal: dict[int, int] = {}  # id(incarnation) -> its reconciler's passes then
+        self._reconcile_targets: dict[int, tuple[int, float, float]] = {}  # pid -> (offset, since, bound)
+        self._eligible_since: dict[str, float] = {}
+        self._l0_epochs: dict[str, int] = {}  # parsed once
+        self._below_start_since: dict[
+            str, float
+        ] = {}  # L1 key -> when first seen below start  # L0 key -> when first seen at or below M
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -210,7 +262,9 @@ class World:
 
     def entry(self) -> Incarnation | None:
         """A live node to send a request to (the only one, or one drawn)."""
-        lives = [inc for inc in self.lives.values() if inc.tg is not None and not inc.ended]
+        lives = [
+            inc for inc in self.lives.values() if inc.tg is not None and not inc.ended and not inc.stopping
+        ]
         if len(lives) <= 1:  # no draw: a one-node world's random stream is unchanged
             return lives[0] if lives else None
         return self.rng.choice(lives)
@@ -258,6 +312,8 @@ class World:
             housekeeper=HousekeeperConfig(
                 interval_s=self.housekeeper_interval_s,
                 idle_after_s=cfg.idle_after_s,
+                retention_s=self.retention_s,
+                retention_bytes=self.retention_bytes,
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
             gc=GcConfig(
@@ -279,11 +335,16 @@ class World:
             self._tg = tg
             for node_id in self.node_ids:
                 await self.start_incarnation(node_id)
-            await anyio.sleep(self.rng.uniform(*cfg.first_topic_after_s))
+            # The GC runs with an empty board (no partition: its cap E - 1 alone binds), epochs
+            # move, and the first topic comes, often while a GC round is open.
+            first_after = self.rng.uniform(*cfg.first_topic_after_s)
+            self._tg.start_soon(self._bumper, self.now() + first_after)
+            await anyio.sleep(first_after)
+            await self._during_gc_round()
             first = self.entry()
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
-            end = self.now() + cfg.workload_s
+            end = self.now() + cfg.workload_s  # the fault phase
             for loop in (
                 self._producer,
                 self._reader,
@@ -294,31 +355,63 @@ class World:
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
+            await self.heal()
+            await anyio.sleep(cfg.healed_s)
             await self.quiet()
             tg.cancel_scope.cancel()
+
+    async def heal(self) -> None:
+        """Faults stop (as in TigerBeetle's VOPR: a fault phase, then a healed one); the
+        workload goes on. Once every node is up again, unpaused, and every dropped incarnation
+        gone, the world is healed: from then on every write must succeed at once or after one
+        stale-epoch retry, within `healed_write_s_max` (invariant 6 as a check, not a figure)."""
+        self.phase = "healing"
+        self.faults.enabled = False
+        self.log_store.slow_enabled = False
+        self.note("faults stop")
+        started = self.now()
+        while not self.whole():
+            if self.now() - started > self.cfg.heal_s_max:
+                self.fail("6", f"the world is not whole {self.cfg.heal_s_max}s after the faults stopped")
+            await anyio.sleep(self.cfg.check_interval_s / 5)
+        self.phase = "healed"
+        self.healed_at = self.now()
+        # A reconciler pass under way at the heal may still wait on faults injected before it
+        # (a slow GET or PUT of the fault phase); the bound starts with its next pass.
+        self._rounds_at_heal = {id(inc): inc.node.reconciler.stats.rounds for inc in self.lives.values()}
+        self.stats.heal_s = self.healed_at - started
+        self.note("healed: every node up")
+
+    def whole(self) -> bool:
+        lives = set(self.lives.values())
+        return (
+            len(lives) == len(self.node_ids)
+            and all(inc.tg is not None and inc.node.accepting for inc in lives)
+            and not any(inc.gate.paused or inc.control_gate.paused for inc in lives)
+            and all(inc.ended or inc in lives for inc in self.incarnations)
+        )
 
     async def quiet(self) -> None:
         """Workload and faults stop; epochs keep bumping, background work runs, until every
         L0 object is collected (invariant 4) or the bound runs out."""
         self.phase = "quiet"
-        self.faults.enabled = False
-        self.log_store.slow_enabled = False
-        self.note("quiet period: workload and faults stop")
+        self.note("quiet period: the workload stops")
         started = self.now()
-        while not self.settled():
+        ticks = 0
+        while not self.settled():  # looked at often: the period ends as soon as it holds
             if self.now() - started > self.cfg.quiet_s_max:
                 self.fail("4", self.explain_leftovers())
-            await anyio.sleep(self.cfg.check_interval_s)
-            self.check()
+            await anyio.sleep(self.cfg.check_interval_s / 5)
+            ticks += 1
+            if ticks % 5 == 0:
+                self.check()
+        self.stats.quiet_s = self.now() - started
         self.records_checked = self.truth.check_readable()
         self.note(f"settled: {self.records_checked} acknowledged records readable")
 
     def settled(self) -> bool:
-        lives = set(self.lives.values())
         return (
-            len(lives) == len(self.node_ids)
-            and not any(inc.gate.paused for inc in lives)
-            and all(inc.ended or inc in lives for inc in self.incarnations)
+            self.whole()
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
         )
@@ -329,6 +422,119 @@ class World:
             if self.cluster:  # what a node's board says of partitions it no longer leads is stale
                 board = {a.name: board.get(a.name) for a in inc.node.partitions() if self.leading(a)}
             self.truth.check_published(board)
+        if self.phase in ("healed", "quiet"):
+            self._check_reconciled()
+            self._check_collection()
+            self._check_retention_collected()
+
+    def _check_retention_collected(self) -> None:
+        """Once healed, an L1 object entirely below its partition's start offset (retention:
+        `core.leader.l1_collect_reason`) starts being deleted within two housekeeper rounds."""
+        if self.retention_s is None and self.retention_bytes is None:
+            return  # no start offset moves
+        now = self.now()
+        bound = 2 * self.housekeeper_interval_s + self.cfg.collect_round_s
+        seen = self._below_start_since
+        below = set()
+        for row in self.log_store.l1.values():
+            state = self.truth.shadow.get(row.pid)
+            if state is None or row.state != L1State.COPY_FINISHED:
+                continue
+            reason = l1_collect_reason(
+                state,
+                self.log_store.partitions[row.pid].term,
+                row_term=row.term,
+                last_offset=row.last_offset,
+                lineage_valid=state.l1_range_valid(row.term, row.base_offset, row.last_offset),
+                copy_finished=True,
+                delete_started=False,
+                stale_copy=False,
+            )
+            if reason is None or row.last_offset >= state.start_offset:
+                continue  # (out of the lineage: collected at the next start-up only)
+            below.add(row.key)
+            since = seen.setdefault(row.key, now)
+            if now - since > bound:
+                self.fail(
+                    "4",
+                    f"L1 object {row.key} of {self.partition_name(row.pid)} ends at {row.last_offset}, below "
+                    f"the start offset {state.start_offset}, and is still there {now - since:.2f}s later",
+                )
+        for key in list(seen):
+            if key not in below:
+                del seen[key]
+
+    def _check_reconciled(self) -> None:
+        """Once healed, every durable record is reconciled (at or below LRO) within a bound
+        from the first reconciler pass begun after the heal: two reconciler intervals, the L1
+        object's age bound, the copy's time, and the backlog at a floor of throughput.
+        (Each partition has one target at a time, its last offset when first seen behind:
+        later writes do not move the goal post.)"""
+        now = self.now()
+        cfg = self.cfg
+        if any(
+            inc.node.reconciler.stats.rounds <= self._rounds_at_heal.get(id(inc), -1)
+            for inc in self.lives.values()
+        ):
+            return  # a pass begun in the fault phase is still running: its slow calls may be too
+        for pid, state in self.truth.shadow.items():
+            target = self._reconcile_targets.get(pid)
+            if target is not None and state.lro >= target[0]:
+                del self._reconcile_targets[pid]
+                self.stats.reconcile_wait_s_max = max(self.stats.reconcile_wait_s_max, now - target[1])
+                target = None
+            if target is None and state.lro < state.high_watermark - 1:
+                behind = state.high_watermark - 1 - state.lro
+                bound = (
+                    2 * self.reconciler_interval_s
+                    + self.reconciler_age_max_s  # small data waits to grow into an object
+                    + cfg.reconcile_copy_s
+                    + behind / cfg.reconcile_records_per_s
+                )
+                name = self.partition_name(pid)
+                if any(inc.node.reconciler.health.get(name) is not None for inc in self.lives.values()):
+                    bound += RECONCILE_FAILING_RETRY_S  # failing (named): retried that often only
+                target = self._reconcile_targets[pid] = (state.high_watermark - 1, now, bound)
+            if target is not None and now - target[1] > (bound := target[2]):
+                self.fail(
+                    "6",
+                    f"{self.partition_name(pid)}@{target[0]} durable and not reconciled "
+                    f"{now - target[1]:.2f}s after the world healed (LRO {state.lro}, bound {bound:.2f}s)",
+                )
+
+    def cluster_board(self) -> dict[str, int | None]:
+        """The M(p) the GC rounds read: the control plane's in a cluster, the node's board."""
+        if self.control is not None:
+            watermarks = self.control.watermarks
+            return {self.partition_name(pid): watermarks.get(pid) for pid in self.log_store.partitions}
+        inc = self.lives.get(None)
+        return inc.node.board.snapshot() if inc is not None else {}
+
+    def _check_collection(self) -> None:
+        """Once healed, an L0 object at or below `M` (DESIGN's rule, `core.gc`) is collected
+        within a GC round's bound: the longest pause between rounds, and one round."""
+        decision = compute_cluster_watermark(self.log_store.cluster_epoch, self.cluster_board())
+        now = self.now()
+        seen = self._eligible_since
+        if decision.m is None:
+            seen.clear()
+            return
+        m = decision.m
+        epochs = self._l0_epochs
+        for k in self.objects.keys():
+            if k not in epochs and k.startswith(L0_ROOT):
+                epochs[k] = parse_l0_key(k).epoch
+        keys = [k for k in self.objects.keys() if epochs.get(k, m + 1) <= m]
+        for key in list(seen):
+            if key not in keys:
+                del seen[key]
+        cfg = self.cfg
+        bound = cfg.gc_sweep_interval_s + cfg.gc_idle_backoff_max_s * 1.1 + cfg.collect_round_s
+        for key in keys:
+            since = seen.setdefault(key, now)
+            self.stats.collect_wait_s_max = max(self.stats.collect_wait_s_max, now - since)
+            if now - since > bound:
+                self.fail("4", f"{key} is at or below M = {m} and still there {now - since:.2f}s later")
 
     # ------------------------------------------------------------------ incarnations
 
@@ -338,10 +544,20 @@ class World:
         gate = Gate()
         log = Link(self.log_store, gate, self.log_store.latency)
         settings = None
+        control_gate = Gate()  # cuts the node off the control plane alone
         if self.control is not None:
             assert node_id is not None
-            control = Link(self.control, gate, self.log_store.latency)
-            settings = ClusterSettings(control, node_id, f"sim://{node_id}", self.lease_ttl_s)
+            control = Link(self.control, Gates(gate, control_gate), self.control_latency, named=True)
+            # Its monotonic clock runs at its own rate, within the bound the lease margin covers.
+            rate = 1 + self.rng.uniform(-CLOCK_RATE_DRIFT_MAX, CLOCK_RATE_DRIFT_MAX)
+            origin = self.now()
+            settings = ClusterSettings(
+                control,
+                node_id,
+                f"sim://{node_id}",
+                self.lease_ttl_s,
+                clock=lambda: origin + (anyio.current_time() - origin) * rate,
+            )
         node = Node(
             self.node_config(),
             log,
@@ -350,7 +566,7 @@ class World:
             wall_clock=self.wall,
             cluster=settings,
         )
-        inc = Incarnation(number, node, gate, node_id)
+        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -362,6 +578,8 @@ class World:
             inc.change = Change(self.now(), number, behind)
             self.changes.append(inc.change)
         await self._tg.start(self._life, inc)
+        if node.member is not None:
+            self._check_leads(inc, node.member)
         self.lives[node_id] = inc
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
@@ -379,6 +597,42 @@ class World:
                     "replay",
                     f"{actor.name} replayed on {inc}: {state!r} != durable {shadow!r}",
                 )
+
+    def _check_leads(self, inc: Incarnation, member: ClusterMember) -> None:
+        """Every `leads(pid)` that answers yes (the node serves a write or a read on it) must
+        fall within the lease the control plane gives this node for pid: a node stops serving
+        by its lease deadline, whatever its clock's drift and the control plane's latency."""
+        control = self.control
+        assert control is not None
+
+        def leads(pid: int) -> bool:
+            answer = ClusterMember.leads(member, pid)  # looked up on the class at each call
+            if answer:
+                holder, expires = control.leases.get(pid, (None, 0.0))
+                if holder != inc.node_id or expires <= self.now():
+                    self.fail(
+                        "lease",
+                        f"{inc} leads {self.partition_name(pid)} at {self.now():.3f}, its lease "
+                        + (f"ran out at {expires:.3f}" if holder == inc.node_id else f"is held by {holder}"),
+                    )
+            return answer
+
+        setattr(member, "leads", leads)  # noqa: B010 - an instance's method, watched
+
+    async def control_latency(self, call: str) -> None:
+        """The control plane's latency: often quick, sometimes a good share of a lease TTL, and
+        sometimes an error (before the effect) of a leadership round's call, while faults run."""
+        cfg = self.cfg
+        if self.faults.enabled:
+            if call in _ROUND_CALLS and self.rng.random() < cfg.control_error_p * self.fault_scale:
+                self.faults.injected += 1
+                await anyio.sleep(self.rng.uniform(*cfg.log_op_s))
+                raise StorageError("injected control-plane failure")
+            if self.rng.random() < cfg.control_slow_p * self.fault_scale:
+                self.faults.injected += 1
+                await anyio.sleep(self.lease_ttl_s * self.rng.uniform(*cfg.control_slow_ttls))
+                return
+        await self.log_store.latency()
 
     async def _life(
         self, inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
@@ -412,6 +666,7 @@ class World:
         assert self.lives[inc.node_id] is inc
         self.note(f"{inc} stops gracefully")
         self.stats.graceful_stops += 1
+        inc.stopping = True  # a balancer sends it no new request (its own drain to finish)
         await inc.node.shutdown()
         with anyio.move_on_after(self.cfg.drain_s_max):
             while not inc.ended:
@@ -436,6 +691,18 @@ class World:
         await anyio.sleep(pause_s)
         inc.gate.resume()
         self.note(f"{inc} resumes")
+
+    async def cut(self, inc: Incarnation) -> None:
+        """Cut the node off the control plane alone, past its lease: it still reaches the
+        database, so it must stop serving by its own lease deadline (another node takes its
+        partitions; the database's term check fences its appends)."""
+        cut_s = self.lease_ttl_s * self.rng.uniform(*self.cfg.pause_ttls)
+        self.stats.cuts += 1
+        self.note(f"{inc} cut off the control plane for {cut_s:.3f}s")
+        inc.control_gate.pause()
+        await anyio.sleep(cut_s)
+        inc.control_gate.resume()
+        self.note(f"{inc} reaches the control plane again")
 
     async def _late_reconciler(self, inc: Incarnation, after_s: float) -> None:
         """A reconciler that read its placeholders under the previous term finishes late: the
@@ -477,11 +744,11 @@ class World:
 
     # ------------------------------------------------------------------ workload
 
-    async def _producer(self, end: float) -> None:
+    async def _producer(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         cfg = self.cfg
         while True:
             await anyio.sleep(self.expo(cfg.produce_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
@@ -512,6 +779,7 @@ class World:
     async def _produce(self, inc: Incarnation, topic: str, partition: int, records: list[Record]) -> None:
         self.stats.writes_submitted += 1
         submitted_at = self.now()
+        healed = self.phase == "healed"
         change = inc.change
         if change is not None and submitted_at - change.at > self.cfg.stall_window_s:
             change = None
@@ -530,9 +798,24 @@ class World:
                 change.writes_over_one_retry += 1
                 change.stall_s = max(change.stall_s, self.now() - submitted_at)
             self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
+            if healed:
+                self.fail("6", f"a write to {topic}/{partition} submitted once healed failed: {exc!r}")
             return
         finally:
             self.produces_in_flight -= 1
+        if healed:
+            took = self.now() - submitted_at
+            s = self.stats
+            s.healed_writes += 1
+            s.healed_attempts_max = max(s.healed_attempts_max, result.attempts)
+            s.healed_write_s_max = max(s.healed_write_s_max, took)
+            bound = self.cfg.healed_write_s_max + 2 * self.lease_ttl_s  # (leaders still moving)
+            if result.attempts > 2 or took > bound:
+                self.fail(
+                    "6",
+                    f"a write to {topic}/{partition} submitted once healed took {result.attempts} "
+                    f"attempts and {took:.3f}s (at most 2 and {bound}s)",
+                )
         self.stats.writes_acked += 1
         self.stats.records_acked += len(records)
         if change is not None:
@@ -578,10 +861,10 @@ class World:
                 await anyio.sleep(self.cfg.not_leader_retry_s)
                 inc = self.entry() or inc
 
-    async def _reader(self, end: float) -> None:
+    async def _reader(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         while True:
             await anyio.sleep(self.expo(self.cfg.read_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
@@ -593,34 +876,69 @@ class World:
             state = actor.state
             if state.high_watermark <= state.start_offset:
                 continue
-            tail = max(state.start_offset, state.lro + 1)
-            if tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
+            start, hwm, lro = state.start_offset, state.high_watermark, state.lro
+            tail = max(start, lro + 1)
+            edges = [o for o in (lro, lro + 1, start, hwm - 1) if start <= o < hwm]
+            if start > 0:
+                edges.append(start - 1)  # retention dropped it: OffsetOutOfRange
+            if self.rng.random() < self.cfg.boundary_read_p:
+                offset = self.rng.choice(edges)  # the L0/L1 boundary, the start, the last record
+            elif tail < state.high_watermark and self.rng.random() < self.cfg.tail_read_p:
                 offset = self.rng.randrange(tail, state.high_watermark)  # a consumer at the tail
             else:
                 offset = self.rng.randrange(state.start_offset, state.high_watermark)
             inc.tg.start_soon(self._read, inc, actor, offset)
 
     async def _read(self, inc: Incarnation, actor: PartitionActor, offset: int) -> None:
+        """A fetch at `offset`: it starts there with at least one record, contiguous, each the
+        acknowledged one; or it fails for a reason the world explains (an injected fault, the
+        node's crash, pause or lost leadership, the start offset moved past `offset`). Any other
+        failure, an empty answer or one that starts later is a violation of the read path."""
         self.stats.reads += 1
         pauses = inc.gate.pauses
+        lro_before, start_before = actor.state.lro, actor.state.start_offset
         try:
             result = await inc.node.fetch(actor.row.topic, actor.row.partition, offset, FETCH_BYTES)
-        except ObjectNotFound as exc:
+        except LevelZeroError as exc:
             # In a cluster, a reader on a node that was paused or lost the partition meanwhile
             # pinned nothing the new leader publishes: its read may fail (the client retries).
-            kept = not self.cluster or (inc.gate.pauses == pauses and self.leading(actor))
-            if inc.alive and kept and exc.key.startswith(L0_ROOT):
+            kept = inc.alive and (not self.cluster or (inc.gate.pauses == pauses and self.leading(actor)))
+            self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
+            why = self._read_failure_explained(exc, actor, offset, kept, start_before)
+            if why is not None:
+                return
+            if isinstance(exc, ObjectNotFound) and exc.key.startswith(L0_ROOT):
                 self.fail(
                     "1",
                     f"an L0 reader of {actor.name} at offset {offset} on {inc} lost {exc.key}: "
                     "deleted while the reader held M(p)",
                 )
-            return
-        except LevelZeroError as exc:
-            self.note(f"{inc} read {actor.name}@{offset} failed: {type(exc).__name__}")
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at offset {offset} on {inc} failed with no injected "
+                f"fault or move to explain it: {type(exc).__name__}: {exc}",
+            )
             return
         records = result.records
-        for fetched in records:
+        if offset < start_before:
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at {offset}, below its start offset {start_before}, "
+                f"answered {len(records)} records ({result.tier})",
+            )
+        # An L0 read the reconciler overtook (LRO moved past `offset` meanwhile; the log may be
+        # truncated under it) answers nothing: the client fetches again, from L1.
+        overtaken = not records and lro_before < offset <= actor.state.lro
+        if offset < result.high_watermark and not overtaken and (not records or records[0].offset != offset):
+            first = records[0].offset if records else None
+            self.fail(
+                "read",
+                f"a fetch of {actor.name} at offset {offset} on {inc} (hwm {result.high_watermark}) "
+                f"starts at {first}, next offset {result.next_offset} ({result.tier})",
+            )
+        for i, fetched in enumerate(records):
+            if fetched.offset != offset + i:
+                self.fail("read", f"a fetch of {actor.name} at {offset} skips to {fetched.offset}")
             expected = self.truth.expected(actor.row.pid, fetched.offset)
             if expected is not None and expected != (fetched.key, fetched.value):
                 self.fail(
@@ -631,19 +949,57 @@ class World:
         self.stats.records_read += len(records)
         self.note(f"{inc} read {actor.name}@{offset}: {len(records)} from {result.tier}")
 
-    async def _creator(self, end: float) -> None:
+    def _read_failure_explained(
+        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool, start_before: int
+    ) -> str | None:
+        """Why a read may fail, or None: an injected fault, a node that crashed, paused or no
+        longer leads (the client asks again), the start offset past `offset` (retention)."""
+        if offset < start_before:  # answered before any I/O: out of range, or led elsewhere
+            if isinstance(exc, OffsetOutOfRange) or not kept:
+                return "below the start offset"
+            if self.cluster and isinstance(exc, (LedElsewhere, ShuttingDown, RequestTimedOut, StorageError)):
+                return "moving leadership"
+            return None
+        if isinstance(exc, StorageError) and self.faults.enabled and "injected" in str(exc):
+            return "injected fault"
+        if not kept:
+            return "the node crashed, paused or lost the partition"
+        if isinstance(exc, (LedElsewhere, ShuttingDown, RequestTimedOut, StorageError)) and self.cluster:
+            return "moving leadership"  # (a control-plane call given up is a StorageError)
+        if isinstance(exc, OffsetOutOfRange) and exc.start_offset > offset:
+            return "the start offset is past the offset"
+        shadow = self.truth.shadow.get(actor.row.pid)
+        if shadow is not None and shadow.start_offset > offset:
+            return "the start offset moved past the offset"
+        return None
+
+    async def _creator(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         cfg = self.cfg
         created = 0
         while created < cfg.topics_created_max:
             await anyio.sleep(self.expo(cfg.create_interval_s))
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
             created += 1
             partitions = self.rng.randint(*cfg.partitions_per_created_topic)
+            await self._during_gc_round()
+            inc = self.entry()
+            if inc is None or inc.tg is None:
+                continue
             inc.tg.start_soon(self._create, inc, f"t{created}", partitions)
+
+    async def _during_gc_round(self) -> None:
+        """Often, wait (a bounded while) until some node's GC round is open: a partition created
+        after its snapshot is what the cap E - 1 protects."""
+        if self.rng.random() >= self.cfg.create_in_gc_round_p:
+            return
+        for _ in range(200):
+            if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
+                return
+            await anyio.sleep(0.005)
 
     async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
         during_gc = inc.node.gc._round_lock.locked()
@@ -653,7 +1009,7 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
-        if self.phase == "workload" and self.rng.random() < self.cfg.bump_after_create_p:
+        if self.phase == "faults" and self.rng.random() < self.cfg.bump_after_create_p:
             await self._bump(inc)
         if during_gc:
             self.stats.partitions_created_during_gc += partitions
@@ -672,15 +1028,18 @@ class World:
                     await self.crash(inc)
                 continue
             # In a cluster, several nodes may be down, stopping or paused at once.
-            up = [i for i in self.lives.values() if i.tg is not None and not i.gate.paused]
+            up = [
+                i
+                for i in self.lives.values()
+                if i.tg is not None and not (i.gate.paused or i.control_gate.paused)
+            ]
             if not up:
                 continue
             inc = self.rng.choice(up)
-            what = self.rng.choices(("crash", "stop", "pause"), cfg.cluster_fault_weights)[0]
+            what = self.rng.choices(("crash", "stop", "pause", "cut"), cfg.cluster_fault_weights)[0]
             assert self._tg is not None
-            self._tg.start_soon(
-                {"crash": self.crash, "stop": self.stop_gracefully, "pause": self.pause}[what], inc
-            )
+            faults = {"crash": self.crash, "stop": self.stop_gracefully, "pause": self.pause, "cut": self.cut}
+            self._tg.start_soon(faults[what], inc)
 
     async def _bumper(self, end: float) -> None:
         while True:
@@ -699,7 +1058,7 @@ class World:
         self.stats.epoch_bumps += 1
         self.note(f"{inc} cluster epoch -> {epoch} (on demand)")
 
-    async def _checker(self, end: float) -> None:
+    async def _checker(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         ticks = 0
         while True:
             await anyio.sleep(self.cfg.check_interval_s)
@@ -707,7 +1066,7 @@ class World:
             ticks += 1
             if ticks % 4 == 0:
                 self.records_checked = self.truth.check_readable()
-            if self.now() >= end:
+            if self.phase == "quiet":  # (on through the healed phase)
                 return
 
     # ------------------------------------------------------------------ invariant 4

@@ -9,8 +9,17 @@ import pytest
 
 import levelzero.actors.batcher as batcher_module
 import levelzero.actors.gc as gc_module
+import levelzero.actors.housekeeper as housekeeper_module
+import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
+import levelzero.actors.cluster as cluster_module
+from levelzero.actors.cluster import ClusterMember
+from levelzero.actors.epochs import EpochCache
+from levelzero.actors.l1 import L1Catalog
+from levelzero.actors.reader import Reader
+from levelzero.core.cluster import LeaseClock
 from levelzero.core.fence import Fence
+from levelzero.core.gc import GcPacer
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.sim import MUTATIONS, run_many, run_seed
 from levelzero.storage.memory_log import MemoryLogStore
@@ -28,18 +37,42 @@ SEEDS_TO_CATCH_MAX = {
     "slide_without_drain": 20,
     "catch_up_without_term_check": 20,
     "reader_pins_ignored": 80,
+    # the read path: a fetch starts at its offset, and every failure is explained (issue 35)
+    "l1_lookup_bisect_left": 20,
+    "l1_lineage_never_reread": 20,
+    "placeholders_from_base": 20,
+    "reader_l1_below_lro_only": 80,
+    # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
+    "stale_rejection_keeps_cache": 40,
+    "gc_idle_backoff_uncapped": 150,
+    # the GC's cap: partitions created late and during GC rounds, an empty board (issue 35)
+    "gc_cap_at_e": 20,
+    # retention: the start offset moves, reads and reachability honour it (issue 35)
+    "reader_serves_below_start": 40,
+    "retention_bytes_one_object_too_many": 40,
+    "l1_collect_ignores_retention": 40,
+    "reader_refuses_the_start_offset": 20,
     # only a cluster exercises these (run with three nodes)
     "appends_ignore_term": 40,
     "gc_takes_local_watermarks": 20,
+    # leases: control-plane latency and errors, a node cut off it, drifting clocks (issue 35)
+    "lease_without_margin": 60,
+    "lease_from_reply": 60,
+    "leads_ignores_deadline": 20,
+    "lease_margin_typo": 100,
 }
-# The single-node table on a three-node cluster: each is caught there too.
-CLUSTER_SEEDS_TO_CATCH_MAX = {name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items()}
+# The single-node table on a three-node cluster: each is caught there too (but a rule only a
+# single node has: a cluster's GC takes its snapshot from the control plane).
+SINGLE_NODE_ONLY: frozenset[str] = frozenset()
+CLUSTER_SEEDS_TO_CATCH_MAX = {
+    name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items() if name not in SINGLE_NODE_ONLY
+}
 
 
-def test_the_table_names_twelve_mutations_each_with_a_bound() -> None:
-    assert len(MUTATIONS) == 12
+def test_the_table_names_every_mutation_with_a_bound() -> None:
+    assert len(MUTATIONS) == 27  # 12 of issue 18, 15 of issue 35
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
-    assert {"appends_ignore_term", "gc_takes_local_watermarks"} == CLUSTER_MUTATIONS
+    assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
@@ -50,10 +83,22 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
     caught = results[-1].violation
     assert caught is not None, f"{mutation} survived {bound} seeds"
     print(f"\n{mutation}: caught by seed {caught.seed}, invariant {caught.invariant}: {caught.message[:160]}")
-    assert caught.invariant in {"1", "2", "3", "4", "5", "epoch-rule", "assert"}
+    assert caught.invariant in {
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "epoch-rule",
+        "assert",
+        "read",
+        "lease",
+        "retention",
+    }
 
 
-@pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS))
+@pytest.mark.parametrize("mutation", sorted(set(MUTATIONS) - CLUSTER_MUTATIONS - SINGLE_NODE_ONLY))
 def test_each_single_node_mutation_is_caught_on_a_cluster_too(mutation: str) -> None:
     bound = CLUSTER_SEEDS_TO_CATCH_MAX[mutation]
     results = run_many(range(bound), mutation=mutation, stop_on_violation=True, nodes=3)
@@ -82,6 +127,17 @@ def _patch_targets() -> tuple[object, ...]:
         gc_module.compute_cluster_watermark,
         MemoryLogStore.__dict__["_check_term"],
         gc_module.GcActor._snapshot,
+        l1_module.bisect,
+        L1Catalog.refresh,
+        MemoryLogStore.read_placeholders,
+        Reader.fetch,
+        EpochCache.invalidate_below,
+        GcPacer.after_round,
+        cluster_module.LeaseClock,
+        LeaseClock.renewed,
+        ClusterMember.leads,
+        housekeeper_module.retention_start_offset,
+        l1_module.l1_collect_reason,
     )
 
 
