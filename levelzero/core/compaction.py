@@ -27,7 +27,10 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .l0format import NO_TIMESTAMP, Record
+import msgspec
+
+from .errors import CorruptData
+from .l0format import NO_TIMESTAMP, Record, build_object, checksum, decode_extent, encode_extent, read_header
 
 # Distinct keys one pass maps, at most (a digest and an offset each: ~100 bytes in a dict).
 KEY_MAP_ENTRIES_MAX = 100_000
@@ -116,7 +119,9 @@ def clean_limit(
     for offset, record, written in zip(offsets, records, written_at_ms, strict=True):
         if offset > reconciled_upto or now_ms - _record_time(record, written) < min_lag_ms:
             break
-        assert record.key is not None, f"a record without a key at {offset} on a compacted topic"
+        if record.key is None:
+            limit = offset  # written before the topic was compacted: dropped, as Kafka's cleaner does
+            continue
         digest = key_digest(record.key)
         if digest not in seen and len(seen) >= key_map_entries_max:
             break
@@ -134,30 +139,35 @@ def retain(
     delete_retention_ms: int,
 ) -> Retained:
     """Keep, of the records at or below `clean_upto`, the latest per key (tombstones until
-    `delete.retention.ms`), and every record above it."""
+    `delete.retention.ms`), and every record above it. The range's last record always stays
+    (as Kafka never cleans its active segment): a compacted object ends on a record, so a
+    fetch inside it always finds one."""
     assert len(offsets) == len(records) == len(written_at_ms)
     assert all(a < b for a, b in zip(offsets, offsets[1:], strict=False)), "offsets must rise"
+    assert offsets, "a pass cleans at least one record"
     latest: dict[bytes, int] = {}
     for offset, record in zip(offsets, records, strict=True):
         if offset > clean_upto:
             break
-        assert record.key is not None, f"a record without a key at {offset} on a compacted topic"
-        latest[key_digest(record.key)] = offset
+        if record.key is not None:
+            latest[key_digest(record.key)] = offset
     kept_offsets: list[int] = []
     kept: list[Record] = []
     tombstones_dropped = 0
     for offset, record, written in zip(offsets, records, written_at_ms, strict=True):
-        if offset <= clean_upto:
-            assert record.key is not None
+        if offset <= clean_upto and offset != offsets[-1]:
+            if record.key is None:
+                continue  # no key (written before the topic was compacted): Kafka's cleaner drops it
             if latest[key_digest(record.key)] != offset:
                 continue  # superseded by a later record of its key
-            if record.value is None and now_ms - _record_time(record, written) >= delete_retention_ms:
+            expired = now_ms - _record_time(record, written) >= delete_retention_ms
+            if record.value is None and expired:
                 tombstones_dropped += 1
                 continue  # a tombstone past delete.retention.ms
         kept_offsets.append(offset)
         kept.append(record)
     assert len(kept) <= len(records)
-    assert len(latest) + sum(1 for o in offsets if o > clean_upto) >= len(kept)
+    assert len(kept) <= len(latest) + sum(1 for o in offsets if o > clean_upto) + 1  # + the last
     return Retained(kept_offsets, kept, clean_upto, len(records) - len(kept), tombstones_dropped)
 
 
@@ -195,3 +205,49 @@ def contiguous_runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
             runs.append((offset, 1))
     assert sum(n for _, n in runs) == len(offsets)
     return runs
+
+
+# ---------------------------------------------------------------------- the compacted L1 object
+
+# A compacted L1 object holds two extents: its records (as any L1 object's single extent), then
+# its runs, `[[first offset, count], ...]`, so each record's offset is known without storing one
+# per record. An object with one extent is a reconciler's: its records are at base, base + 1, ...
+_runs_encoder = msgspec.msgpack.Encoder()
+_runs_decoder = msgspec.msgpack.Decoder(list[tuple[int, int]])
+
+
+def build_compacted_object(term: int, pid: int, offsets: Sequence[int], records: Sequence[Record]) -> bytes:
+    assert offsets and len(offsets) == len(records), (len(offsets), len(records))
+    runs = contiguous_runs(offsets)
+    data, _ = build_object(
+        term, [(pid, encode_extent(records), len(records)), (pid, _runs_encoder.encode(runs), len(runs))]
+    )
+    return data
+
+
+def l1_object_runs(data: bytes, base_offset: int, where: str) -> list[tuple[int, list[Record]]]:
+    """(first offset, records at consecutive offsets) of each run of an L1 object, verified."""
+    header = read_header(data, where)
+    if len(header.extents) not in (1, 2):
+        raise CorruptData(f"{where}: {len(header.extents)} extents, an L1 object holds one or two")
+    first = header.extents[0]
+    raw = data[first.byte_offset : first.byte_offset + first.byte_length]
+    records = decode_extent(raw, first.checksum, first.record_count, where)
+    if len(header.extents) == 1:
+        return [(base_offset, records)]
+    second = header.extents[1]
+    raw = data[second.byte_offset : second.byte_offset + second.byte_length]
+    if checksum(raw) != second.checksum:
+        raise CorruptData(f"{where}: the runs' checksum does not match")
+    try:
+        runs = _runs_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise CorruptData(f"{where}: undecodable runs: {exc}") from exc
+    if len(runs) != second.record_count or sum(n for _, n in runs) != len(records):
+        raise CorruptData(f"{where}: the runs do not add up to its {len(records)} records")
+    result: list[tuple[int, list[Record]]] = []
+    i = 0
+    for start, count in runs:
+        result.append((start, records[i : i + count]))
+        i += count
+    return result

@@ -112,6 +112,7 @@ OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejecti
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
+    "invalid_record": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,

@@ -4,11 +4,13 @@ arrival orders), which records a pass keeps, and when a pass is due."""
 from __future__ import annotations
 
 from levelzero.core.compaction import (
+    build_compacted_object,
     clean_limit,
     cleaner_map_refusal,
     compaction_due,
     contiguous_runs,
     extend_cleaner_map,
+    l1_object_runs,
     retain,
 )
 from levelzero.core.l0format import Record
@@ -84,3 +86,23 @@ def test_compaction_is_due_at_the_dirty_ratio() -> None:
 
 def test_contiguous_runs() -> None:
     assert contiguous_runs([3, 4, 5, 9, 11, 12]) == [(3, 3), (9, 1), (11, 2)]
+
+
+def test_the_last_record_of_a_pass_stays_even_an_expired_tombstone() -> None:
+    records = _records([(b"a", b"1"), (b"a", None)])
+    kept = retain([0, 1], records, [0, 0], 1, now_ms=10_000, delete_retention_ms=0)
+    assert kept.offsets == [1] and kept.records[0].value is None
+
+
+def test_records_without_a_key_are_dropped_by_a_pass() -> None:
+    records = [Record(None, b"x"), Record(b"a", b"1"), Record(b"a", b"2")]
+    assert clean_limit([0, 1, 2], records, [0] * 3, 2, now_ms=0, min_lag_ms=0) == 2
+    kept = retain([0, 1, 2], records, [0] * 3, 2, now_ms=0, delete_retention_ms=10)
+    assert kept.offsets == [2]
+
+
+def test_a_compacted_object_gives_each_record_its_offset() -> None:
+    records = _records([(b"a", b"2"), (b"c", b"1"), (b"b", None)])
+    data = build_compacted_object(3, 7, [12, 13, 20], records)
+    runs = l1_object_runs(data, 10, "test")
+    assert [(base, [r.key for r in rs]) for base, rs in runs] == [(12, [b"a", b"c"]), (20, [b"b"])]
