@@ -172,3 +172,28 @@ async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
             await intake.produce("c", 0, [Record(None, b"x")])
         with anyio.fail_after(5):
             assert (await intake.produce("c", 0, [Record(b"k", b"x")])).base_offset == 0
+
+
+async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them() -> None:
+    log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
+        assert await node.reconciler.run_round() == 1
+        superseded = l1_keys(objects)
+
+        async def crash(_key: str, _partition: str) -> None:
+            return None  # the process died after the commit, before any store delete
+
+        node.l1.finish_superseded = crash  # type: ignore[method-assign]
+        assert await node.compactor.run_round() == 1
+        assert superseded <= l1_keys(objects)  # still stored, no longer read
+        assert await read_all(node) == [(1, b"a", b"2")]
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+        await node.reconciler.run_round()  # start-up collection resumes DELETE_STARTED rows
+        assert not (superseded & l1_keys(objects))
+        assert await read_all(node) == [(1, b"a", b"2")]
+        assert sorted(r.state for r in await log_store.l1_list()) == [
+            L1State.COPY_FINISHED,
+            L1State.DELETE_FINISHED,
+        ]

@@ -2,7 +2,8 @@
 `cleanup.policy=compact`, librdkafka produces keyed values and a tombstone, and after the
 reconciler and the compactor ran, a consumer reading from the beginning sees the latest value
 per key at its original offset (the removed offsets are gaps) and the tombstone, kept for
-`delete.retention.ms`. A record without a key is refused as Kafka refuses it (INVALID_RECORD)."""
+`delete.retention.ms`; the status shows the pass and the cleaner-offset map. A record without
+a key is refused as Kafka refuses it (INVALID_RECORD)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def consume_from_beginning(port: int, wanted: int) -> list[tuple[int, bytes | No
 async def test_a_consumer_of_a_compacted_topic_sees_the_latest_value_per_key(tmp_path: Path) -> None:
     async with daemon_and_client(
         tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
-    ) as (daemon, _client):
+    ) as (daemon, client):
         port = daemon.kafka_port
         assert await anyio.to_thread.run_sync(create_compacted, port) is None
         assert await anyio.to_thread.run_sync(produce, port, PRODUCED) == []
@@ -87,5 +88,10 @@ async def test_a_consumer_of_a_compacted_topic_sees_the_latest_value_per_key(tmp
         assert await node.compactor.run_round() == 1
         got = await anyio.to_thread.run_sync(consume_from_beginning, port, len(LATEST))
         assert got == LATEST
-        status = node.compactor.partitions[f"{TOPIC}/0"]
-        assert status.records_removed == 3 and status.tombstones_dropped == 0
+        compactor = (await client.status()).compactor
+        assert compactor is not None and compactor.passes == 1
+        (status,) = compactor.partitions
+        term = node.partition(TOPIC, 0).term
+        assert (status.partition, status.records_removed, status.tombstones_dropped) == (f"{TOPIC}/0", 3, 0)
+        assert status.cleaner_offsets == {str(term): 5} and status.bytes_reclaimed > 0
+        assert status.dirty_ratio == 0.0 and status.last_compaction_at is not None
