@@ -34,6 +34,7 @@ from levelzero.core.compaction import (
     compaction_due,
     dirty_ratio,
     extend_cleaner_map,
+    key_digests,
     l1_object_runs,
     retain,
 )
@@ -201,6 +202,7 @@ class Compactor:
                 records.extend(run)
                 written.extend([round(row.created_at * 1000)] * len(run))
         now_ms = round(self._wall() * 1000)
+        digests = key_digests(records)  # once, for both steps
         limit = clean_limit(
             offsets,
             records,
@@ -209,11 +211,12 @@ class Compactor:
             now_ms,
             policy.min_compaction_lag_ms,
             self.config.key_map_entries_max,
+            digests,
         )
         if limit <= cleaned:
             status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
             return False
-        kept = retain(offsets, records, written, limit, now_ms, policy.delete_retention_ms)
+        kept = retain(offsets, records, written, limit, now_ms, policy.delete_retention_ms, digests)
         base, last = inputs[0].base_offset, inputs[-1].last_offset
         assert kept.offsets[0] >= base and kept.offsets[-1] == last, (kept.offsets[:1], base, last)
         data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.records)

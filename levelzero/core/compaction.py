@@ -41,6 +41,12 @@ def key_digest(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
 
 
+def key_digests(records: Sequence[Record]) -> list[bytes | None]:
+    """Each record's key digest (None: no key), computed once for a pass's two steps."""
+    blake2b = hashlib.blake2b
+    return [None if r.key is None else blake2b(r.key, digest_size=KEY_DIGEST_BYTES).digest() for r in records]
+
+
 # ---------------------------------------------------------------------- the cleaner-offset map
 
 
@@ -109,20 +115,23 @@ def clean_limit(
     now_ms: int,
     min_lag_ms: int,
     key_map_entries_max: int = KEY_MAP_ENTRIES_MAX,
+    digests: Sequence[bytes | None] | None = None,
 ) -> int:
     """The last offset a pass may clean: at or below the reconciled offset, below the first
     record younger than `min.compaction.lag.ms`, and below the first key the key map cannot
     hold. -1 (or below the range) when nothing may be cleaned."""
-    assert len(offsets) == len(records) == len(written_at_ms)
+    digests = key_digests(records) if digests is None else digests
+    assert len(offsets) == len(records) == len(written_at_ms) == len(digests)
     limit = -1
     seen: set[bytes] = set()
-    for offset, record, written in zip(offsets, records, written_at_ms, strict=True):
-        if offset > reconciled_upto or now_ms - _record_time(record, written) < min_lag_ms:
+    young_from = now_ms - min_lag_ms  # a record whose time is above this is too young
+    for offset, record, written, digest in zip(offsets, records, written_at_ms, digests, strict=True):
+        time_ms = written if record.timestamp_ms == NO_TIMESTAMP else record.timestamp_ms
+        if offset > reconciled_upto or time_ms > young_from:
             break
-        if record.key is None:
+        if digest is None:
             limit = offset  # written before the topic was compacted: dropped, as Kafka's cleaner does
             continue
-        digest = key_digest(record.key)
         if digest not in seen and len(seen) >= key_map_entries_max:
             break
         seen.add(digest)
@@ -137,6 +146,7 @@ def retain(
     clean_upto: int,
     now_ms: int,
     delete_retention_ms: int,
+    digests: Sequence[bytes | None] | None = None,
 ) -> Retained:
     """Keep, of the records at or below `clean_upto`, the latest per key (tombstones until
     `delete.retention.ms`), and every record above it. The range's last record always stays
@@ -145,20 +155,22 @@ def retain(
     assert len(offsets) == len(records) == len(written_at_ms)
     assert all(a < b for a, b in zip(offsets, offsets[1:], strict=False)), "offsets must rise"
     assert offsets, "a pass cleans at least one record"
+    digests = key_digests(records) if digests is None else digests
+    assert len(digests) == len(records)
     latest: dict[bytes, int] = {}
-    for offset, record in zip(offsets, records, strict=True):
+    for offset, digest in zip(offsets, digests, strict=True):
         if offset > clean_upto:
             break
-        if record.key is not None:
-            latest[key_digest(record.key)] = offset
+        if digest is not None:
+            latest[digest] = offset
     kept_offsets: list[int] = []
     kept: list[Record] = []
     tombstones_dropped = 0
-    for offset, record, written in zip(offsets, records, written_at_ms, strict=True):
+    for offset, record, written, digest in zip(offsets, records, written_at_ms, digests, strict=True):
         if offset <= clean_upto and offset != offsets[-1]:
-            if record.key is None:
+            if digest is None:
                 continue  # no key (written before the topic was compacted): Kafka's cleaner drops it
-            if latest[key_digest(record.key)] != offset:
+            if latest[digest] != offset:
                 continue  # superseded by a later record of its key
             expired = now_ms - _record_time(record, written) >= delete_retention_ms
             if record.value is None and expired:
