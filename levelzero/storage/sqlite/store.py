@@ -1086,7 +1086,10 @@ class SqliteLogStore(StoreLifecycle):
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         self._check_readable()
         rows = await self._reader.execute_fetchall(SELECT_TXN_RANGES, (topic, partition))
-        return [TxnRangeRow(*row[:5], bool(row[5])) for row in rows]
+        return [
+            TxnRangeRow(t, p, producer, first, last, bool(aborted))
+            for t, p, producer, first, last, aborted in rows
+        ]
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""
