@@ -245,6 +245,29 @@ CREATE TABLE deleted_partitions (
     collected_at DOUBLE PRECISION
 );
 """,
+    # 9: Kafka transactions: the coordinators' state, partitions' open and aborted ranges
+    """
+CREATE TABLE transactions (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id BIGINT NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    timeout_ms BIGINT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    partitions TEXT NOT NULL,
+    groups TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE txn_ranges (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_id BIGINT NOT NULL,
+    first_offset BIGINT NOT NULL,
+    last_offset BIGINT NOT NULL,
+    aborted BOOLEAN NOT NULL,
+    PRIMARY KEY (topic, partition, first_offset, producer_id)
+);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
