@@ -17,6 +17,7 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import Append
+from levelzero.testing.nodes import submit
 
 EPOCH = 3
 
@@ -75,7 +76,7 @@ async def partitions(store: MemoryLogStore, count: int) -> AsyncIterator[list[Pa
 async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order() -> None:
     store = RecordingStore()
     async with partitions(store, 50) as actors:
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(i)) for i, actor in enumerate(actors)]
         records: list[LogRecord] = [await reply.wait() for reply in replies]
         assert store.calls == [[(actor.row.pid, [1]) for actor in actors]]  # TermStart is 0
         assert [r.log_offset for r in records] == [1] * 50
@@ -88,11 +89,11 @@ async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_
     store = RecordingStore()
     async with partitions(store, 2) as (a, b):
         store.hold = True
-        first = await a.submit(placeholder(1))
+        first = await submit(a, placeholder(1))
         while not store.calls:
             await anyio.sleep(0)
-        later = [await a.submit(placeholder(n)) for n in (2, 3)]
-        other = await b.submit(placeholder(4))
+        later = [await submit(a, placeholder(n)) for n in (2, 3)]
+        other = await submit(b, placeholder(4))
         await anyio.sleep(0.01)
         # a's next batch waits for its first; b goes in a call of its own meanwhile
         assert store.calls == [[(a.row.pid, [1])], [(b.row.pid, [1])]]
@@ -107,7 +108,7 @@ async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.Mon
     store = RecordingStore()
     async with partitions(store, 40) as actors:
         store.hold = True
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(i)) for i, actor in enumerate(actors)]
         while len(store.calls) < 3:
             await anyio.sleep(0)
         store.release()
@@ -123,7 +124,7 @@ async def test_a_partition_refused_by_the_store_is_deposed_and_the_others_go_on(
     store = RecordingStore()
     async with partitions(store, 3) as actors:
         await store.begin_term(actors[1].row.pid, 1, 0)  # another leader's term
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(i)) for i, actor in enumerate(actors)]
         assert (await replies[0].wait()).log_offset == 1
         assert (await replies[2].wait()).log_offset == 1
         with pytest.raises(NotLeader):
