@@ -131,6 +131,11 @@ class PartitionView:
     mp_changed_at: float
     pending_records: int
 
+    @property
+    def reconciler_lag(self) -> int:
+        """Offsets written but not yet reconciled into L1 (status and metrics)."""
+        return max(0, self.state.high_watermark - 1 - self.state.lro)
+
 
 class PartitionActor:
     # Slots, not a __dict__: a node keeps one actor per partition, idle ones included
