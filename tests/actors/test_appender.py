@@ -18,7 +18,7 @@ from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import Append
 from levelzero.testing.entries import placeholder
-from levelzero.testing.nodes import submit
+from levelzero.testing.nodes import submit, wait_until
 
 EPOCH = 3
 
@@ -84,8 +84,8 @@ async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_
             await anyio.sleep(0)
         later = [await submit(a, placeholder(EPOCH, checksum=n)) for n in (2, 3)]
         other = await submit(b, placeholder(EPOCH, checksum=4))
-        await anyio.sleep(0.01)
         # a's next batch waits for its first; b goes in a call of its own meanwhile
+        await wait_until(lambda: len(store.calls) == 2, "b's batch in a call of its own")
         assert store.calls == [[(a.row.pid, [1])], [(b.row.pid, [1])]]
         store.release()
         assert [(await r.wait()).log_offset for r in (first, *later, other)] == [1, 2, 3, 1]
