@@ -13,23 +13,14 @@ import pytest
 from levelzero.actors import appender as appender_module
 from levelzero.actors.appender import Appender
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import Append
+from levelzero.testing.entries import placeholder
+from levelzero.testing.nodes import submit, wait_until
 
 EPOCH = 3
-
-
-def placeholder(n: int) -> Placeholder:
-    return Placeholder(
-        epoch=EPOCH,
-        object_key=f"level_zero/data/000/{EPOCH:018}/{n:032x}",
-        byte_offset=0,
-        byte_length=10,
-        record_count=1,
-        checksum=n,
-    )
 
 
 class RecordingStore(MemoryLogStore):
@@ -75,7 +66,7 @@ async def partitions(store: MemoryLogStore, count: int) -> AsyncIterator[list[Pa
 async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order() -> None:
     store = RecordingStore()
     async with partitions(store, 50) as actors:
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         records: list[LogRecord] = [await reply.wait() for reply in replies]
         assert store.calls == [[(actor.row.pid, [1]) for actor in actors]]  # TermStart is 0
         assert [r.log_offset for r in records] == [1] * 50
@@ -88,13 +79,13 @@ async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_
     store = RecordingStore()
     async with partitions(store, 2) as (a, b):
         store.hold = True
-        first = await a.submit(placeholder(1))
+        first = await submit(a, placeholder(EPOCH, checksum=1))
         while not store.calls:
             await anyio.sleep(0)
-        later = [await a.submit(placeholder(n)) for n in (2, 3)]
-        other = await b.submit(placeholder(4))
-        await anyio.sleep(0.01)
+        later = [await submit(a, placeholder(EPOCH, checksum=n)) for n in (2, 3)]
+        other = await submit(b, placeholder(EPOCH, checksum=4))
         # a's next batch waits for its first; b goes in a call of its own meanwhile
+        await wait_until(lambda: len(store.calls) == 2, "b's batch in a call of its own")
         assert store.calls == [[(a.row.pid, [1])], [(b.row.pid, [1])]]
         store.release()
         assert [(await r.wait()).log_offset for r in (first, *later, other)] == [1, 2, 3, 1]
@@ -107,7 +98,7 @@ async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.Mon
     store = RecordingStore()
     async with partitions(store, 40) as actors:
         store.hold = True
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         while len(store.calls) < 3:
             await anyio.sleep(0)
         store.release()
@@ -123,14 +114,14 @@ async def test_a_partition_refused_by_the_store_is_deposed_and_the_others_go_on(
     store = RecordingStore()
     async with partitions(store, 3) as actors:
         await store.begin_term(actors[1].row.pid, 1, 0)  # another leader's term
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         assert (await replies[0].wait()).log_offset == 1
         assert (await replies[2].wait()).log_offset == 1
         with pytest.raises(NotLeader):
             await replies[1].wait()
         with pytest.raises(NotLeader):
-            await actors[1].write(placeholder(9))
-        assert (await actors[0].write(placeholder(10))).log_offset == 2
+            await actors[1].write(placeholder(EPOCH, checksum=9))
+        assert (await actors[0].write(placeholder(EPOCH, checksum=10))).log_offset == 2
 
 
 async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() -> None:
@@ -142,7 +133,7 @@ async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() 
 
     async def write(actor: PartitionActor) -> None:
         try:
-            await actor.write(placeholder(1))
+            await actor.write(placeholder(EPOCH, checksum=1))
         except ShuttingDown as error:
             answers.append(error)
 
@@ -203,7 +194,7 @@ async def test_a_partitions_own_appender_takes_no_turn_of_the_loop_per_call() ->
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
-            records = [await actor.write(placeholder(n)) for n in range(3)]
+            records = [await actor.write(placeholder(EPOCH, checksum=n)) for n in range(3)]
             await actor.stop()
     assert [r.log_offset for r in records] == [1, 2, 3]
     assert calls.taken == 3

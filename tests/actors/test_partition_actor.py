@@ -29,7 +29,7 @@ from levelzero.core.fence import FenceMode
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import PartitionRow
 from levelzero.testing.entries import placeholder
-from levelzero.testing.nodes import wait_until
+from levelzero.testing.nodes import submit, wait_until
 
 N = 5  # the "current" cluster epoch of the scenarios
 
@@ -474,31 +474,6 @@ async def test_new_actor_recovers_identical_state_from_snapshot_and_log() -> Non
     assert after.lro >= 0 and after.start_offset == 10 and after.min_epoch_lower_bound > N
 
 
-# ----------------------------------------------------------------- fence probes (benchmarks)
-
-
-async def test_fence_probe_takes_and_releases_a_read_unit_without_appending() -> None:
-    store = MemoryLogStore()
-    row = await new_partition(store)
-    async with running(store, row) as (actor, _):
-        log_before = len(store.logs[row.pid])
-        await actor.fence_probe(N)
-        await actor.fence_probe(N)
-        await actor.fence_probe(N + 1)
-        with pytest.raises(StaleClusterEpoch):
-            await actor.fence_probe(N - 1)
-        assert actor.fence.read_units == 0
-        assert window(actor) == (N, N + 1)
-        assert len(store.logs[row.pid]) == log_before, "a probe appends nothing"
-    outcomes = [(e.epoch, e.outcome) for e in store.fence_events for _ in range(e.decisions)]
-    assert outcomes == [
-        (N, "admitted_new_epoch"),
-        (N, "admitted"),
-        (N + 1, "admitted_new_epoch"),
-        (N - 1, "rejected"),
-    ]
-
-
 class _FailingAppends(MemoryLogStore):
     """A log store that fails every append after `ok` of them, as a dead disk would."""
 
@@ -570,12 +545,12 @@ async def test_writes_sent_during_the_replay_are_handled_in_order_before_later_o
     store = MemoryLogStore()
     (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
     actor = PartitionActor(row, store, WatermarkBoard())
-    early = [await actor.submit(placeholder(N, records=n + 1)) for n in range(5)]
+    early = [await submit(actor, placeholder(N, records=n + 1)) for n in range(5)]
     assert not any(reply.done for reply in early)  # nobody handles them before the replay
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
-            late = await actor.submit(placeholder(N, records=9))
+            late = await submit(actor, placeholder(N, records=9))
             records = [await reply.wait() for reply in early] + [await late.wait()]
             await actor.stop()
     offsets = [r.log_offset for r in records]
@@ -592,7 +567,7 @@ async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> N
     row = await new_partition(store)
     async with running(store, row) as (actor, _):
         store.close_gate()
-        reply = await actor.submit(placeholder(N))
+        reply = await submit(actor, placeholder(N))
         assert window(actor) == (N, N)  # no checkpoint between the submit and this line
         assert actor.view().pending_records == 1
         await wait_until(lambda: store.held.is_set(), "the append waits at the gate")
