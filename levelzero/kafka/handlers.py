@@ -43,7 +43,7 @@ class Handlers:
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
         self.producing = ProduceApi(self.intake, auto_create)
-        self.topic_lifecycle = TopicLifecycleApi(node)
+        self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.fetching = FetchApi(node, self.intake)
         self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
         self.group_api = GroupApi(self.groups, cluster)
