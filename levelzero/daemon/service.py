@@ -467,6 +467,9 @@ class Daemon:
                 bound.advertised_port,
                 settings.default_partitions,
                 settings.auto_create_topics,
+                # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+                ("SASL_" if self.config.server.token else "")
+                + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
             ),
             self.intake,
         )

@@ -21,6 +21,7 @@ import anyio.abc
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
+from levelzero.kafka.cluster_admin import ClusterAdminApi
 from levelzero.kafka.configs import ConfigsApi
 from levelzero.kafka.fetch import FetchApi
 from levelzero.kafka.group_api import GroupApi
@@ -45,7 +46,8 @@ class Handlers:
         self.configs = ConfigsApi(node, cluster, settings)
         self.transactions = TransactionCoordinator(self.intake, self.groups, cluster)
         self.producing = ProduceApi(self.intake, auto_create, self.transactions)
-        self.topic_lifecycle = TopicLifecycleApi(node)
+        self.topic_lifecycle = TopicLifecycleApi(node, cluster)
+        self.cluster_admin = ClusterAdminApi(node, cluster)
         self.fetching = FetchApi(node, self.intake, self.transactions.index)
         self.offsets = OffsetsApi(node, self.intake, self.groups, cluster, self.transactions.index)
         self.group_api = GroupApi(self.groups, cluster)
@@ -131,4 +133,14 @@ class Handlers:
                 return await self.topic_lifecycle.delete_records(request)
             case 37:
                 return await self.topic_lifecycle.create_partitions(request)
+            case 43:
+                return self.cluster_admin.elect_leaders(request)
+            case 45:
+                return self.cluster_admin.alter_partition_reassignments(request)
+            case 46:
+                return self.cluster_admin.list_partition_reassignments(request)
+            case 74:
+                return self.cluster_admin.list_config_resources(request)
+            case 75:
+                return self.cluster_admin.describe_topic_partitions(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it
