@@ -19,6 +19,7 @@ from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import Append
 from levelzero.testing.entries import placeholder
 from levelzero.testing.nodes import submit, wait_until
+from levelzero.testing.virtual_time import in_virtual_time
 
 EPOCH = 3
 
@@ -63,6 +64,7 @@ async def partitions(store: MemoryLogStore, count: int) -> AsyncIterator[list[Pa
             tg.cancel_scope.cancel()
 
 
+@in_virtual_time
 async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order() -> None:
     store = RecordingStore()
     async with partitions(store, 50) as actors:
@@ -75,6 +77,7 @@ async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order(
             assert actor.view().pending_records == 0
 
 
+@in_virtual_time
 async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_order() -> None:
     store = RecordingStore()
     async with partitions(store, 2) as (a, b):
@@ -93,6 +96,7 @@ async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_
         assert [r.log_offset for r in store.logs[a.row.pid]] == [0, 1, 2, 3]
 
 
+@in_virtual_time
 async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(appender_module, "PARTITIONS_PER_CALL_MAX", 16)
     store = RecordingStore()
@@ -110,6 +114,7 @@ async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.Mon
         )
 
 
+@in_virtual_time
 async def test_a_partition_refused_by_the_store_is_deposed_and_the_others_go_on() -> None:
     store = RecordingStore()
     async with partitions(store, 3) as actors:
@@ -124,6 +129,7 @@ async def test_a_partition_refused_by_the_store_is_deposed_and_the_others_go_on(
         assert (await actors[0].write(placeholder(EPOCH, checksum=10))).log_offset == 2
 
 
+@in_virtual_time
 async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() -> None:
     store = RecordingStore()
     rows = await store.create_topic("t", 2, 1, 0.0)
@@ -183,6 +189,7 @@ class _NoWaiting:
         self._inner.release()
 
 
+@in_virtual_time
 async def test_a_partitions_own_appender_takes_no_turn_of_the_loop_per_call() -> None:
     # An actor without the node's appender has one call at a time, awaited inline: its
     # semaphore is always free, and waiting for it cost a cancel scope and a loop turn a call.
