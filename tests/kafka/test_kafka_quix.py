@@ -5,15 +5,16 @@ cleanup.policy=compact, which levelzero refuses until it compacts; the applicati
 use_changelog_topics=False, and a second test pins down exactly what the changelog variant
 meets today.
 
-quixstreams is not in the test extra (3.28 requires confluent-kafka < 2.13, older than the
-one the suite uses): these tests run where it is installed. The application runs as a
-subprocess (Quix sets signal handlers, which only the main thread may)."""
+The application runs as a subprocess (Quix sets signal handlers, which only the main thread
+may) on the Python of its own virtual environment, `.venv-apps`, which `make test` builds from
+tests/apps/requirements.txt: Quix Streams 3.28 requires confluent-kafka < 2.13, older than the
+one the suite uses. LEVELZERO_TEST_APPS_PYTHON names another interpreter that has it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -21,7 +22,17 @@ import pytest
 
 from daemon_support import daemon_and_client
 
-pytest.importorskip("quixstreams")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def apps_python() -> str:
+    """The interpreter that has Quix Streams; a one-line instruction where there is none."""
+    python = os.environ.get("LEVELZERO_TEST_APPS_PYTHON") or str(REPO / ".venv-apps" / "bin" / "python")
+    probe = subprocess.run([python, "-c", "import quixstreams"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.fail(f"Quix Streams is not installed for {python}: run `make .venv-apps/.installed`")
+    return python
+
 
 RECORDS = 30
 KEYS = 3
@@ -76,7 +87,7 @@ print(json.dumps({"sums": out, "committed": committed}))
 
 
 def run_app(port: int, variant: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-c", APP, f"127.0.0.1:{port}", variant, str(state_dir), str(RECORDS), str(KEYS)]
+    args = [apps_python(), "-c", APP, f"127.0.0.1:{port}", variant, str(state_dir), str(RECORDS), str(KEYS)]
     return subprocess.run(args, capture_output=True, text=True, timeout=240, check=False)
 
 
