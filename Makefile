@@ -3,6 +3,10 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# Applications the Kafka acceptance tests run on top of levelzero (Quix Streams), in a virtual
+# environment of their own: their pins clash with the suite's (tests/apps/requirements.txt).
+APPS_VENV := .venv-apps
+APPS_STAMP := $(APPS_VENV)/.installed
 # Benchmark results are output, not source: written outside the tree unless told otherwise.
 BENCH_OUT ?= $(HOME)/.cache/levelzero/bench/results.json
 
@@ -15,12 +19,18 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install --quiet -c constraints.txt -e '.[test,analysis]'
 	touch $(STAMP)
 
+$(APPS_STAMP): tests/apps/requirements.txt
+	$(PYTHON) -m venv $(APPS_VENV)
+	$(APPS_VENV)/bin/pip install --quiet --upgrade pip
+	$(APPS_VENV)/bin/pip install --quiet -r tests/apps/requirements.txt
+	touch $(APPS_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/levelzero demo
 
 # The linter and the type checker run first: a finding fails the build (their scope and rules
 # are in pyproject.toml).
-test: lint
+test: lint $(APPS_STAMP)
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 # The formatter checks the layout of the code (`ruff format levelzero tests` rewrites it).
@@ -38,4 +48,4 @@ lock: $(STAMP)
 	  $(VENV)/bin/pip freeze --all --exclude-editable | grep -v '^pip=='; } > constraints.txt
 
 clean:
-	rm -rf $(VENV) levelzero-data
+	rm -rf $(VENV) $(APPS_VENV) levelzero-data

@@ -91,11 +91,11 @@ class Answer(Protocol):
 
 
 class _Write(msgspec.Struct):
-    """Fence `entry`'s epoch, then append it. `entry=None` is a fence probe (benchmarks).
-    (One per placeholder: a msgspec struct is made in C.)"""
+    """Fence `entry`'s epoch, then append it. (One per placeholder: a msgspec struct is made
+    in C.)"""
 
     epoch: int
-    entry: Placeholder | AdvanceEpoch | None
+    entry: Placeholder | AdvanceEpoch
     reply: Answer
 
 
@@ -130,6 +130,11 @@ class PartitionView:
     pinned_mp: int | None
     mp_changed_at: float
     pending_records: int
+
+    @property
+    def reconciler_lag(self) -> int:
+        """Offsets written but not yet reconciled into L1 (status and metrics)."""
+        return max(0, self.state.high_watermark - 1 - self.state.lro)
 
 
 class PartitionActor:
@@ -258,27 +263,19 @@ class PartitionActor:
     # ------------------------------------------------------------------ public API (any task)
 
     async def write(self, entry: Placeholder | AdvanceEpoch) -> LogRecord:
-        """Fence the entry's epoch and append it. Raises StaleClusterEpoch / NotLeader.
-        (`submit`, then wait, written out: this is every placeholder's path.)"""
+        """Fence the entry's epoch and append it; the record once durable. Raises
+        StaleClusterEpoch / NotLeader. (`post_write` with a `Reply`, then wait.)"""
         reply: Reply[LogRecord] = Reply()
-        msg = _Write(entry.epoch, entry, reply)
-        if not self._post(msg):
-            await self._send(msg)
+        if not self.post_write(entry, reply):
+            await self.send_write(entry, reply)
         return await reply.wait()
 
-    async def submit(self, entry: Placeholder | AdvanceEpoch) -> Reply[LogRecord]:
-        """Hand over a write and return its reply without waiting for it (`write` = submit,
-        then wait): one task can have writes to many partitions in flight at once."""
-        reply: Reply[LogRecord] = Reply()
-        msg = _Write(entry.epoch, entry, reply)
-        if not self._post(msg):
-            await self._send(msg)
-        return reply
-
     def post_write(self, entry: Placeholder | AdvanceEpoch, answer: Answer) -> bool:
-        """`submit` without a coroutine or a `Reply`: `answer.set(record)` or `answer.fail(error)`
-        is called once the write is durable or refused (maybe at once). False if the mailbox is
-        full: then `send_write`. (The batcher's path: an object may carry a thousand extents.)"""
+        """Hand over a write without waiting for it: `answer.set(record)` or `answer.fail(error)`
+        is called once the write is durable or refused (maybe at once), so one task can have
+        writes to many partitions in flight. No coroutine, no `Reply` of its own (the batcher's
+        path: an object may carry a thousand extents). False if the mailbox is full: then
+        `send_write`."""
         msg = _Write(entry.epoch, entry, answer)
         if self._inline and not self._mailbox.buffered:
             self._deliver(self._on_write, msg)  # a write: no need to match the message
@@ -288,14 +285,6 @@ class PartitionActor:
     async def send_write(self, entry: Placeholder | AdvanceEpoch, answer: Answer) -> None:
         """`post_write`, waiting for room in the mailbox."""
         await self._send(_Write(entry.epoch, entry, answer))
-
-    async def fence_probe(self, epoch: int) -> None:
-        """Fence an epoch and release at once: the fence's cost alone (benchmarks)."""
-        reply: Reply[None] = Reply()
-        msg = _Write(epoch, None, reply)
-        if not self._post(msg):
-            await self._send(msg)
-        await reply.wait()
 
     async def catch_up(self, lro: int, lrlo: int, term: int | None = None) -> LogRecord:
         """Append `AdvanceReconciledOffset`; `term` is the term the caller expects (None: any)."""
@@ -571,12 +560,7 @@ class PartitionActor:
                     admitted.window,
                     admitted,
                 )
-            if msg.entry is None:  # fence probe
-                self.fence.release()
-                msg.reply.set(None)
-                self._maybe_slide()
-            else:
-                self._reserve(msg.entry, msg.reply, holds_read_unit=True)
+            self._reserve(msg.entry, msg.reply, holds_read_unit=True)
 
     def _on_control(self, msg: _Control) -> None:
         refusal = self._refusal()

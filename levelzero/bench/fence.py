@@ -3,8 +3,10 @@
 - floor: N tasks, each reading a `Mailbox` of the partition mailbox's size (the partition's own
   mailbox and discipline) and answering every message
   through `levelzero.actors.mailbox.Reply`, doing no work;
-- sut:   N PartitionActors answering `fence_probe(epoch)`: the fence decision, a read unit taken
-  and released, a fence event noted and flushed to a log store that drops it.
+- sut:   N PartitionActors taking placeholder writes (`PartitionActor.write`, the batcher's and
+  housekeeper's path): the fence decision, a read unit taken, the log offset reserved, the record
+  appended by the actor's appender to an in-memory log store that drops it, applied, the read
+  unit released, a fence event noted and flushed (dropped as well).
 `callers` tasks spread over the N actors call in a closed loop. Both are counted per CPU second
 of this (single-threaded) process, so other load on the machine does not move the figures.
 Target: fences/s >= 50% of bare round trips/s.
@@ -16,11 +18,14 @@ from collections.abc import Awaitable, Sequence
 
 import anyio
 
+from levelzero.actors.appender import Appender
 from levelzero.actors.mailbox import Mailbox, Reply
 from levelzero.actors.partition import MAILBOX_SIZE, PartitionActor
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import NotLeader
 from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import FenceEventRow
+from levelzero.storage.protocols import Append, FenceEventRow
 
 from .common import Figure, Settings, Target, closed_loop, figure, interleave
 
@@ -32,14 +37,36 @@ TARGET = Target(0.50)
 
 
 class DroppingLogStore(MemoryLogStore):
-    """Counts fence decisions instead of keeping their rows (a long run would hold many)."""
+    """Counts appended records and fence decisions instead of keeping them (a long run would
+    hold millions): the log keeps only each partition's last record, so offsets stay checked."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.records_seen = 0
         self.fence_events_seen = 0
+
+    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+        refused = await super().append_many(appends)
+        for append in appends:
+            log = self.logs[append.pid]
+            self.records_seen += len(append.records)
+            del log[:-1]
+        return refused
 
     async def record_fence_events(self, rows: Sequence[FenceEventRow]) -> None:
         self.fence_events_seen += sum(row.decisions for row in rows)
+
+
+# One placeholder written over and over: the log store keeps nothing, the actor's state counts
+# its records (what a write costs is the fence, the append and the apply, not the entry's making).
+PLACEHOLDER = Placeholder(
+    epoch=FENCE_EPOCH,
+    object_key=f"level_zero/data/000/{FENCE_EPOCH:018}/bench",
+    byte_offset=0,
+    byte_length=4096,
+    record_count=10,
+    checksum=0,
+)
 
 
 async def bare_round_trips(partitions: int, callers: int, seconds: float) -> float:
@@ -73,27 +100,33 @@ async def bare_round_trips(partitions: int, callers: int, seconds: float) -> flo
     return rate
 
 
-async def fence_probes(
+async def fenced_writes(
     partitions: int, callers: int, seconds: float, record_fence_events: bool = True
 ) -> float:
-    """Fence probes per CPU second through `partitions` PartitionActors."""
+    """Placeholder writes per CPU second through `partitions` PartitionActors."""
     store = DroppingLogStore()
     rows = await store.create_topic("bench", partitions, 1, 0.0)
     board = WatermarkBoard()
-    actors = [PartitionActor(row, store, board, record_fence_events=record_fence_events) for row in rows]
+    appender = Appender(store)  # the node's: one for all its partitions
+    actors = [
+        PartitionActor(row, store, board, record_fence_events=record_fence_events, appender=appender)
+        for row in rows
+    ]
     async with anyio.create_task_group() as tg:
+        await tg.start(appender.run)
         for actor in actors:
             await tg.start(actor.run)
         for actor in actors:
-            await actor.fence_probe(FENCE_EPOCH)  # the one slide: the window is [3, 3] after
+            await actor.write(PLACEHOLDER)  # the one slide: the window is [3, 3] after
 
-        def probe(i: int) -> Awaitable[None]:  # the probe itself, not a coroutine around it
-            return actors[i % partitions].fence_probe(FENCE_EPOCH)
+        def write(i: int) -> Awaitable[LogRecord]:  # the write itself, not a coroutine around it
+            return actors[i % partitions].write(PLACEHOLDER)
 
-        rate = await closed_loop(callers, seconds, probe)
+        rate = await closed_loop(callers, seconds, write)
         for actor in actors:
             assert actor.view().fence.window_slides == 1
             await actor.stop()
+        tg.cancel_scope.cancel()  # the appender
     return rate
 
 
@@ -103,7 +136,7 @@ async def fence_figure(
     seconds = settings.pick(settings.seconds, 0.2)
     pairs = await interleave(
         settings.pick(settings.rounds, 1),
-        lambda _: fence_probes(partitions, callers, seconds),
+        lambda _: fenced_writes(partitions, callers, seconds),
         lambda _: bare_round_trips(partitions, callers, seconds),
     )
     return figure(

@@ -41,7 +41,7 @@ from levelzero.storage.local_store import LocalObjectStore
 from levelzero.storage.sqlite import SqliteLogStore
 
 from .common import Figure, Settings, Target, figure, timed_tasks, work_dir
-from .fence import bare_round_trips, fence_probes
+from .fence import bare_round_trips, fenced_writes
 from . import scale_idle
 
 ITEM = "scale"
@@ -153,11 +153,11 @@ async def run(settings: Settings) -> list[Figure]:
             order = counts[r % len(counts) :] + counts[: r % len(counts)]
             for p in order:
                 if r % 2 == 0:
-                    sut = await fence_probes(p, FENCE_CALLERS, fence_seconds)
+                    sut = await fenced_writes(p, FENCE_CALLERS, fence_seconds)
                     bare = await bare_round_trips(p, FENCE_CALLERS, fence_seconds)
                 else:
                     bare = await bare_round_trips(p, FENCE_CALLERS, fence_seconds)
-                    sut = await fence_probes(p, FENCE_CALLERS, fence_seconds)
+                    sut = await fenced_writes(p, FENCE_CALLERS, fence_seconds)
                 fences[p].append((sut, bare))
             # Each run next to its own floor, floor first in even rounds and second in odd
             # ones: this machine's speed drifts by a fifth within a minute, and one floor per

@@ -11,9 +11,9 @@ process, so other load on the machine does not move the figures:
 - bare:      N tasks, each reading a bounded memory object stream (the partition mailbox's size,
              with the partition's `Inbox` / `send_soon` discipline) and answering every message
              through `levelzero.actors.mailbox.Reply`, doing no work;
-- partition: N PartitionActors answering `fence_probe(epoch)` (the fence decision, a read unit
-             taken and released, a fence event noted and flushed to a log store that drops it;
-             the last column with fence events off);
+- partition: N PartitionActors taking placeholder writes (`PartitionActor.write`: the fence
+             decision, a read unit taken, the append to an in-memory log store that drops it,
+             the apply, a fence event noted and flushed; the last column with fence events off);
   `--callers` tasks spread over the N actors call in a closed loop, for N = 1 and N = 64.
 
 Produce (target: node / raw PUT bytes/s >= 70%), wall clock, median of `--rounds` rounds, each
@@ -46,7 +46,7 @@ import anyio
 
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.bench.common import moto_server, raw_s3_client, s3_config
-from levelzero.bench.fence import bare_round_trips, fence_probes
+from levelzero.bench.fence import bare_round_trips, fenced_writes
 from levelzero.bench.upload import (
     PARTITIONS,
     ProduceFigures,
@@ -78,8 +78,8 @@ async def run_fences(args: argparse.Namespace) -> None:
         rounds = []
         for _ in range(args.rounds):
             bare = await bare_round_trips(partitions, args.callers, args.seconds)
-            fences = await fence_probes(partitions, args.callers, args.seconds, True)
-            quiet = await fence_probes(partitions, args.callers, args.seconds, False)
+            fences = await fenced_writes(partitions, args.callers, args.seconds, True)
+            quiet = await fenced_writes(partitions, args.callers, args.seconds, False)
             rounds.append((bare, fences, quiet))
         bare, fences, quiet = (median(r[i] for r in rounds) for i in range(3))
         ratio = median(f / b for b, f, _ in rounds)

@@ -193,10 +193,13 @@ class BrokerConfigs:
     message_max_bytes: int = 4 * 1024 * 1024  # batcher.batch_bytes_max
     num_partitions: int = 1  # kafka.default_partitions
     auto_create_topics: bool = False  # kafka.auto_create_topics
+    advertised_listeners: str = ""  # PROTOCOL://HOST:PORT of the Kafka listener clients are told
 
     def values(self) -> dict[str, str]:
-        """The broker configs levelzero sets (STATIC_BROKER_CONFIG), by Kafka's names."""
+        """The broker configs levelzero sets, by Kafka's names (see `source`)."""
+        listeners = {"advertised.listeners": self.advertised_listeners} if self.advertised_listeners else {}
         return {
+            **listeners,
             "auto.create.topics.enable": "true" if self.auto_create_topics else "false",
             "broker.id": str(self.broker_id),
             "compression.type": "producer",
@@ -211,7 +214,31 @@ class BrokerConfigs:
         }
 
 
+# Kafka's own defaults of the broker configs above: one levelzero leaves at such a value is
+# reported as DEFAULT_CONFIG (as a Kafka broker whose server.properties does not set it), any
+# other as STATIC_BROKER_CONFIG.
+KAFKA_BROKER_DEFAULTS: dict[str, str] = {
+    "auto.create.topics.enable": "true",
+    "compression.type": "producer",
+    "default.replication.factor": "1",
+    "log.cleanup.policy": "delete",
+    "log.message.timestamp.type": "CreateTime",
+    "log.retention.bytes": "-1",
+    "message.max.bytes": "1048588",
+    "min.insync.replicas": "1",
+    "num.partitions": "1",
+}
+
+
+def broker_source(name: str, value: str) -> ConfigSource:
+    """Where a broker config's value comes from, as Kafka reports it."""
+    if KAFKA_BROKER_DEFAULTS.get(name) == value:
+        return ConfigSource.DEFAULT_CONFIG
+    return ConfigSource.STATIC_BROKER_CONFIG
+
+
 _BROKER_TYPES: dict[str, ConfigType] = {
+    "advertised.listeners": ConfigType.LIST,
     "auto.create.topics.enable": ConfigType.BOOLEAN,
     "broker.id": ConfigType.INT,
     "default.replication.factor": ConfigType.INT,
@@ -401,7 +428,7 @@ class ConfigEntry:
 def _broker_value(name: str, broker: BrokerConfigs, fallback: str) -> Synonym:
     values = broker.values()
     if name in values:
-        return Synonym(name, values[name], ConfigSource.STATIC_BROKER_CONFIG)
+        return Synonym(name, values[name], broker_source(name, values[name]))
     return Synonym(name, fallback, ConfigSource.DEFAULT_CONFIG)
 
 
@@ -428,7 +455,7 @@ def describe_broker(broker: BrokerConfigs, names: Iterable[str] | None = None) -
     wanted = sorted(values) if names is None else sorted(set(names) & set(values))
     out = []
     for name in wanted:
-        synonym = Synonym(name, values[name], ConfigSource.STATIC_BROKER_CONFIG)
+        synonym = Synonym(name, values[name], broker_source(name, values[name]))
         kind = _BROKER_TYPES.get(
             name, ConfigType.LONG if name.startswith("log.retention") else ConfigType.STRING
         )

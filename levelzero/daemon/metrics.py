@@ -22,7 +22,6 @@ from prometheus_client.registry import Collector
 
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
-from levelzero.actors.gc import WatermarkReading
 
 from levelzero.daemon.buildinfo import build_labels
 
@@ -31,18 +30,6 @@ Source = Callable[[Node], Iterable[Metric]]
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 OBJECT_SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 27, 2))  # 1 KiB .. 64 MiB
 OBJECT_SIZES_DRAIN_MAX = 100_000
-
-
-def cluster_watermark(node: Node) -> WatermarkReading | None:
-    """`M` as the GC computes it (`GcActor.read_watermark`: in a cluster, over every partition's
-    M(p) in the control plane, read every third of the lease TTL); None before the first read.
-    Status and metrics share this."""
-    return node.gc.watermark()
-
-
-def partition_reconciler_lag(view: PartitionView) -> int:
-    """Offsets of a partition written but not yet reconciled into L1."""
-    return max(0, view.state.high_watermark - 1 - view.state.lro)
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -65,7 +52,7 @@ def epoch_metrics(node: Node) -> Iterable[Metric]:
         "Epoch cache invalidations (a fence showed the cache was stale).",
         node.epoch_cache.invalidations,
     )
-    reading = cluster_watermark(node)
+    reading = node.gc.watermark()
     if reading is None:  # a cluster node before its first read of the control plane
         return
     decision = reading.decision
@@ -153,7 +140,7 @@ def fence_metrics_of(views: Sequence[PartitionView], per_partition: bool) -> Ite
             "lro": v.state.lro,
             "mp": v.published_mp,
             "max_applied_epoch": v.state.max_applied_epoch,
-            "reconciler_lag": partition_reconciler_lag(v),
+            "reconciler_lag": v.reconciler_lag,
         }
         for field, family in state_families.items():
             value = state_values[field]
@@ -207,7 +194,7 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
     yield _gauge(
         "levelzero_reconciler_lag_offsets",
         "Offsets written but not yet reconciled, over every partition.",
-        sum(partition_reconciler_lag(v) for v in node.views()),
+        sum(v.reconciler_lag for v in node.views()),
     )
     failing = node.reconciler.health.failing()
     yield _gauge(

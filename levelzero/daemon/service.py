@@ -175,7 +175,7 @@ def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]
     return source
 
 
-def _readiness_metric(lifecycle: Lifecycle) -> Callable[[Node], Iterable[Metric]]:
+def _readiness_metric(lifecycle: Lifecycle, health: StorageHealth) -> Callable[[Node], Iterable[Metric]]:
     def source(node: Node) -> Iterable[Metric]:
         ready = lifecycle.not_ready_reason() is None
         yield GaugeMetricFamily(
@@ -188,7 +188,7 @@ def _readiness_metric(lifecycle: Lifecycle) -> Callable[[Node], Iterable[Metric]
             "1 while the store takes writes; 0 after repeated storage failures, until writes succeed again.",
             labels=["store"],
         )
-        for store in (lifecycle.storage.object_store, lifecycle.storage.log_store):
+        for store in (health.object_store, health.log_store):
             healthy.add_metric([store.store.replace(" ", "_")], 1 if store.healthy else 0)
         yield healthy
 
@@ -248,7 +248,8 @@ class Daemon:
         self.notifier = notifier or Notifier(environ={})
         self._wrap_object_store = wrap_object_store
         self._freeze_heap_at_start = freeze_heap_at_start
-        self.lifecycle = Lifecycle()
+        self.storage_health = StorageHealth()
+        self.lifecycle = Lifecycle(self.storage_health)
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
         self.node: Node | None = None
@@ -309,7 +310,7 @@ class Daemon:
     ) -> None:
         config = self.config
         stores = StoreMetrics()
-        health = self.lifecycle.storage
+        health = self.storage_health
         health.on_change = self._storage_health_changed
         observed_objects = ObservedObjectStore(object_store, stores, health)
         if isinstance(log_store, PostgresLogStore):
@@ -344,7 +345,7 @@ class Daemon:
         )
         metrics.registry.register(stores)
         metrics.collector.add_source(_log_store_metrics(log_store))
-        metrics.collector.add_source(_readiness_metric(self.lifecycle))
+        metrics.collector.add_source(_readiness_metric(self.lifecycle, self.storage_health))
         settings = ApiSettings(
             token=config.server.token,
             body_bytes_max=config.server.body_bytes_max,
@@ -466,6 +467,9 @@ class Daemon:
                 bound.advertised_port,
                 settings.default_partitions,
                 settings.auto_create_topics,
+                # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
+                ("SASL_" if self.config.server.token else "")
+                + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
             ),
             self.intake,
         )

@@ -31,10 +31,10 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -54,7 +54,6 @@ from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import AlterOp, ConfigSource, describe_topic
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
-from levelzero.daemon.metrics import DaemonMetrics, cluster_watermark, partition_reconciler_lag
 from levelzero.http.schema import (
     RETRY_AFTER_S,
     AbandonRequest,
@@ -91,7 +90,6 @@ from levelzero.http.schema import (
     TopicList,
     UnstorableTopic,
 )
-from levelzero.daemon.storage_health import StorageHealth
 
 log = logging.getLogger("levelzero.api")
 
@@ -143,14 +141,40 @@ class ApiSettings:
     fetch_bytes_default: int = 1 * MiB
 
 
+class ApiMetrics(Protocol):
+    """What the API observes and serves at /metrics; the daemon passes its own
+    (`daemon.metrics.DaemonMetrics`): a front end never imports the daemon."""
+
+    @property
+    def registry(self) -> CollectorRegistry: ...
+
+    @property
+    def requests(self) -> Counter: ...  # by route and status code
+
+    @property
+    def produce_latency(self) -> Histogram: ...
+
+
+class StorageProblem(Protocol):
+    """Whether the storage takes writes (the daemon's `storage_health.StorageHealth`)."""
+
+    def problem(self) -> str | None: ...
+
+
+class _NoStorageProblem:
+    def problem(self) -> str | None:
+        return None
+
+
 class Lifecycle:
     """What the daemon tells the API about itself: ready once listening, stopping at SIGTERM,
-    and whether its storage takes writes (`storage_health.py`)."""
+    and whether its storage takes writes (`storage`: the daemon's storage health; without it the
+    storage is taken as healthy)."""
 
-    def __init__(self, storage: StorageHealth | None = None) -> None:
+    def __init__(self, storage: StorageProblem | None = None) -> None:
         self.ready = False
         self.stopping = False
-        self.storage = storage or StorageHealth()
+        self.storage: StorageProblem = storage or _NoStorageProblem()
 
     def not_ready_reason(self) -> str | None:
         """Why `/readyz` is 503 now, or None when it is 200."""
@@ -237,7 +261,7 @@ class Api:
         self,
         node: Node,
         settings: ApiSettings,
-        metrics: DaemonMetrics,
+        metrics: ApiMetrics,
         lifecycle: Lifecycle,
         intake: ProduceIntake,
     ) -> None:
@@ -559,7 +583,7 @@ class Api:
             last_rejected_gap=v.fence.last_rejected_gap,
             new_epoch_fences=v.fence.new_epoch_fences,
             same_epoch_fences=v.fence.same_epoch_fences,
-            reconciler_lag=partition_reconciler_lag(v),
+            reconciler_lag=v.reconciler_lag,
             l1_objects=len(lineage),
             l1_lineage=[
                 # the lineage rows carry exactly L1ObjectStatus's fields, typed int | str
@@ -573,7 +597,7 @@ class Api:
         not_accepting = self.lifecycle.not_ready_reason() or (
             None if self.node.accepting else "the node is not accepting requests"
         )
-        reading = cluster_watermark(self.node)
+        reading = self.node.gc.watermark()
         decision = None if reading is None else reading.decision
         holders = [] if decision is None else list(decision.holders[:BLOCKED_BY_SHOWN_MAX])
         blocked_by = [] if decision is None else list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])
@@ -733,7 +757,7 @@ def status_outliers(
     unstorable = node.unstorable_topics
     found = []
     for v in views:
-        lag = partition_reconciler_lag(v)
+        lag = v.reconciler_lag
         hits = (
             v.name in holders,
             v.name in failing,
@@ -795,7 +819,7 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
         records_reconciled=stats.records_reconciled,
         catch_ups_rejected=stats.catch_ups_rejected,
         errors=stats.errors,
-        lag_offsets=sum(partition_reconciler_lag(v) for v in node.views()),
+        lag_offsets=sum(v.reconciler_lag for v in node.views()),
         failing=[
             ReconcileFailingStatus(f.partition, f.since, f.failures, f.last_error, f.last_failed_at)
             for f in node.reconciler.health.failing()
@@ -878,7 +902,7 @@ async def _escaped_exception(request: Request, exc: Exception) -> Response:
 
 def build_app(
     node: Node,
-    metrics: DaemonMetrics,
+    metrics: ApiMetrics,
     settings: ApiSettings | None = None,
     lifecycle: Lifecycle | None = None,
     intake: ProduceIntake | None = None,

@@ -102,8 +102,26 @@ class TopicLifecycleApi:
     DELETE /v1/topics/{topic} does: each topic (or partition) answered on its own, with the
     error code Kafka's broker gives."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, cluster: Cluster) -> None:
         self.node = node
+        self.cluster = cluster
+
+    def _assignment_problem(self, assignments: Any, count: int, name: str) -> str | None:
+        """Why CreatePartitions' manual assignment cannot be followed (None: it can). A node
+        alone leads every partition, so an assignment naming only it, one replica each, is
+        what it does anyway (kafka-python's admin tests send one); in a cluster, leases place
+        partitions, so an assignment is refused rather than ignored."""
+        brokers = self.cluster.brokers()
+        me = self.cluster.me().node_id
+        if len(brokers) != 1:
+            return "manual replica assignment is not supported in a cluster (leases place partitions)"
+        current = self.node.topics().get(name)
+        if current is not None and len(assignments) != count - current:
+            return f"{len(assignments)} assignments for {count - current} new partitions"
+        for a in assignments:
+            if list(a.broker_ids) != [me]:
+                return f"assignment {list(a.broker_ids)}: the one broker is {me} and the replication factor 1"
+        return None
 
     async def delete_topics(self, request: Request) -> Any:
         m = request.response_module
@@ -145,9 +163,10 @@ class TopicLifecycleApi:
             error, message = ErrorCode.none, None
             if names.count(topic.name) > 1:
                 error, message = ErrorCode.invalid_request, f"topic {topic.name!r} is named more than once"
-            elif topic.assignments:
-                error = ErrorCode.invalid_replica_assignment
-                message = "manual replica assignment is not supported"
+            elif topic.assignments and (
+                problem := self._assignment_problem(topic.assignments, topic.count, topic.name)
+            ):
+                error, message = ErrorCode.invalid_replica_assignment, problem
             else:
                 try:
                     await self.node.create_partitions(

@@ -47,6 +47,7 @@ def broker_configs(node: Node, cluster: Cluster, settings: KafkaSettings) -> Bro
         broker_id=cluster.me().node_id,
         num_partitions=settings.default_partitions,
         auto_create_topics=settings.auto_create_topics,
+        advertised_listeners=f"{settings.security_protocol}://{cluster.me().host}:{cluster.me().port}",
     )
 
 

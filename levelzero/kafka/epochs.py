@@ -40,7 +40,7 @@ def encode_with_epochs(runs: Sequence[kr.StoredRun], state: PartitionState) -> b
             if following:
                 stop = min(stop, max(start + 1, following[0] - run.base_offset))
             batch = bytearray(kr.encode_run(run.base_offset, run.records, start, stop))
-            batch[12:16] = term.to_bytes(4, "big", signed=True)  # before the CRC's bytes
+            kr.set_leader_epoch(batch, term)  # every batch's (a run of transactions holds several)
             out.append(bytes(batch))
             start = stop
     return b"".join(out)

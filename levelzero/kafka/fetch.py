@@ -18,6 +18,7 @@ from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.epochs import NO_EPOCH, encode_with_epochs, epoch_error
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.protocol import Request, make
+from levelzero.kafka.transactions import PartitionIndex
 
 log = logging.getLogger("levelzero.kafka")
 
@@ -27,9 +28,10 @@ FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wak
 
 
 class FetchApi:
-    def __init__(self, node: Node, intake: ProduceIntake) -> None:
+    def __init__(self, node: Node, intake: ProduceIntake, txns: PartitionIndex | None = None) -> None:
         self.node = node
         self.intake = intake
+        self.txns = txns  # read_committed: each partition's last stable offset, aborted ranges
 
     async def fetch(self, request: Request) -> Any:
         body = request.body
@@ -48,12 +50,20 @@ class FetchApi:
         wait_ms = min(max(int(body.max_wait.total_seconds() * 1000), 0), FETCH_WAIT_MAX_MS)
         deadline = time.monotonic() + wait_ms / 1000
         min_bytes = max(body.min_bytes, 1)
+        committed = getattr(body, "isolation_level", 0) == 1 and self.txns is not None
+        if committed:  # each partition's transactions loaded (from the store after a restart)
+            for topic, partition, _, _, _ in wanted:
+                try:
+                    self.node.partition(topic, partition)
+                    await self.txns.get(topic, partition)  # type: ignore[union-attr]
+                except LevelZeroError:
+                    pass
         seen_hwms: list[int] | None = None
         while True:
-            hwms = [self._high_watermark(t, p) for t, p, _, _, _ in wanted]
+            hwms = [self._high_watermark(t, p, committed) for t, p, _, _, _ in wanted]
             if hwms != seen_hwms:
                 seen_hwms = hwms
-                results = await self._fetch_all(wanted, body.max_bytes)
+                results = await self._fetch_all(wanted, body.max_bytes, committed)
                 size = sum(len(data) for _, _, _, data in results)
                 if size >= min_bytes or any(code != ErrorCode.none for code, _, _, _ in results):
                     break
@@ -63,16 +73,19 @@ class FetchApi:
             await self.intake.wait_appended(min(remaining, FETCH_POLL_S))
         m = request.response_module
         by_topic: dict[str, list[Any]] = {}
-        for (topic, partition, _, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
+        for (topic, partition, offset, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
+            stable, aborted = self._stable(topic, partition, hwm, offset, committed)
             by_topic.setdefault(topic, []).append(
                 make(
                     m.PartitionData,
                     partition_index=partition,
                     error_code=code,
                     high_watermark=hwm,
-                    last_stable_offset=hwm,
+                    last_stable_offset=stable,
                     log_start_offset=start,
-                    aborted_transactions=None,
+                    aborted_transactions=aborted
+                    if aborted is None
+                    else tuple(make(m.AbortedTransaction, producer_id=p, first_offset=f) for p, f in aborted),
                     preferred_read_replica=-1,
                     records=data,
                 )
@@ -85,14 +98,38 @@ class FetchApi:
             m.FetchResponse, throttle_time=0, error_code=ErrorCode.none, session_id=0, responses=responses
         )
 
-    def _high_watermark(self, topic: str, partition: int) -> int:
+    def _stable(
+        self, topic: str, partition: int, hwm: int, offset: int, committed: bool
+    ) -> tuple[int, list[tuple[int, int]] | None]:
+        """The last stable offset, and for read_committed the aborted transactions overlapping
+        what the fetch could return ([offset, LSO))."""
+        txns = None if self.txns is None or hwm < 0 else self.txns.known(topic, partition)
+        if txns is None:
+            return hwm, [] if committed else None
+        stable = txns.last_stable_offset(hwm)
+        if not committed:
+            return stable, None
+        return stable, txns.aborted_between(offset, stable)
+
+    def _limit(self, topic: str, partition: int, committed: bool) -> int | None:
+        """read_committed reads below the last stable offset (None: no limit)."""
+        if not committed or self.txns is None:
+            return None
+        txns = self.txns.known(topic, partition)
+        if txns is None:
+            return None
+        return txns.last_stable_offset(2**62)
+
+    def _high_watermark(self, topic: str, partition: int, committed: bool = False) -> int:
         try:
-            return self.intake.offsets(topic, partition)[1]
+            hwm = self.intake.offsets(topic, partition)[1]
         except LevelZeroError:
             return -1
+        limit = self._limit(topic, partition, committed)
+        return hwm if limit is None else min(hwm, limit)
 
     async def _fetch_all(
-        self, wanted: list[tuple[str, int, int, int, int]], max_bytes: int
+        self, wanted: list[tuple[str, int, int, int, int]], max_bytes: int, committed: bool = False
     ) -> list[tuple[ErrorCode, int, int, bytes]]:
         """As Kafka's fetch: partitions in request order, each up to its own maximum, while the
         response's budget lasts; the budget counts only the bytes a partition returned, so a
@@ -104,12 +141,12 @@ class FetchApi:
         todo = [
             i
             for i, (topic, partition, offset, _, epoch) in enumerate(wanted)
-            if self._has_data(topic, partition, offset, epoch)
+            if self._has_data(topic, partition, offset, epoch, committed)
         ]
 
         async def read(i: int, limit: int) -> None:
             topic, partition, offset, _, epoch = wanted[i]
-            results[i] = await self._fetch_partition(topic, partition, offset, limit, epoch)
+            results[i] = await self._fetch_partition(topic, partition, offset, limit, epoch, committed)
 
         while todo and budget > 0:
             wave: list[tuple[int, int]] = []
@@ -125,7 +162,7 @@ class FetchApi:
             budget -= sum(len(results[i][3]) for i, _ in wave)
         return results
 
-    def _has_data(self, topic: str, partition: int, offset: int, epoch: int) -> bool:
+    def _has_data(self, topic: str, partition: int, offset: int, epoch: int, committed: bool = False) -> bool:
         """Whether reading `offset` answers anything but an empty record set: records, or an error."""
         try:
             state = self.node.partition(topic, partition).state
@@ -133,6 +170,9 @@ class FetchApi:
             return True  # read it to answer its error
         if epoch_error(state.term, epoch) != ErrorCode.none:
             return True
+        limit = self._limit(topic, partition, committed)
+        if limit is not None and offset >= limit and offset <= state.high_watermark:
+            return False
         return offset != state.high_watermark
 
     def _empty(self, topic: str, partition: int) -> tuple[ErrorCode, int, int, bytes]:
@@ -143,7 +183,7 @@ class FetchApi:
         return ErrorCode.none, high_watermark, start, b""
 
     async def _fetch_partition(
-        self, topic: str, partition: int, offset: int, max_bytes: int, epoch: int
+        self, topic: str, partition: int, offset: int, max_bytes: int, epoch: int, committed: bool = False
     ) -> tuple[ErrorCode, int, int, bytes]:
         """One partition's answer. An error carries empty records, as Kafka's does (a null record
         set is a parse failure for librdkafka, which then retries forever)."""
@@ -163,5 +203,13 @@ class FetchApi:
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, b""
-        data = encode_with_epochs(result.runs, state) if result.runs else b""
+        runs = result.runs
+        limit = self._limit(topic, partition, committed)
+        if limit is not None:  # read_committed: nothing at or past the last stable offset
+            runs = [
+                run._replace(stop=min(run.stop, limit - run.base_offset))
+                for run in runs
+                if run.base_offset + run.start < limit
+            ]
+        data = encode_with_epochs(runs, state) if runs else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data

@@ -37,16 +37,7 @@ class GroupApi:
                 for key in body.coordinator_keys
             )
             return make(m.FindCoordinatorResponse, throttle_time=0, coordinators=coordinators)
-        if getattr(body, "key_type", 0) != 0:  # 1: a transaction coordinator
-            return make(
-                m.FindCoordinatorResponse,
-                throttle_time=0,
-                error_code=ErrorCode.coordinator_not_available,
-                error_message="transactions are not supported",
-                node_id=-1,
-                host="",
-                port=-1,
-            )
+        # key_type 1 (a transactional id) is placed as a group id is (rendezvous)
         return make(
             m.FindCoordinatorResponse,
             throttle_time=0,

@@ -21,6 +21,7 @@ import anyio.abc
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
+from levelzero.kafka.cluster_admin import ClusterAdminApi
 from levelzero.kafka.configs import ConfigsApi
 from levelzero.kafka.fetch import FetchApi
 from levelzero.kafka.group_api import GroupApi
@@ -29,6 +30,7 @@ from levelzero.kafka.metadata import Cluster, KafkaSettings, MetadataApi
 from levelzero.kafka.offsets import OffsetsApi
 from levelzero.kafka.produce import ProduceApi
 from levelzero.kafka.protocol import Request, api_versions_response
+from levelzero.kafka.transactions import TransactionCoordinator
 
 
 class Handlers:
@@ -42,15 +44,21 @@ class Handlers:
         auto_create = self.admin.auto_create if settings.auto_create_topics else None
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
-        self.producing = ProduceApi(self.intake, auto_create)
-        self.topic_lifecycle = TopicLifecycleApi(node)
-        self.fetching = FetchApi(node, self.intake)
-        self.offsets = OffsetsApi(node, self.intake, self.groups, cluster)
+        self.transactions = TransactionCoordinator(self.intake, self.groups, cluster)
+        self.producing = ProduceApi(self.intake, auto_create, self.transactions)
+        self.topic_lifecycle = TopicLifecycleApi(node, cluster)
+        self.cluster_admin = ClusterAdminApi(node, cluster)
+        self.fetching = FetchApi(node, self.intake, self.transactions.index)
+        self.offsets = OffsetsApi(node, self.intake, self.groups, cluster, self.transactions.index)
         self.group_api = GroupApi(self.groups, cluster)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        """The intake's lanes (their drain tasks); runs until cancelled."""
-        await self.intake.run(task_status=task_status)
+        """The intake's lanes (their drain tasks) and the transaction coordinator's timeouts;
+        runs until cancelled."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.intake.run)
+            tg.start_soon(self.transactions.run)
+            task_status.started()
 
     async def handle(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
@@ -71,7 +79,17 @@ class Handlers:
             case 2:
                 return await self.offsets.list_offsets(request)
             case 22:
+                if request.body.transactional_id is not None:
+                    return await self.transactions.init_producer_id(request)
                 return self.producing.init_producer_id(request)
+            case 24:
+                return await self.transactions.add_partitions(request)
+            case 25:
+                return await self.transactions.add_offsets(request)
+            case 26:
+                return await self.transactions.end_txn(request)
+            case 28:
+                return await self.transactions.txn_offset_commit(request)
             case 10:
                 return self.group_api.find_coordinator(request)
             case 11:
@@ -105,9 +123,24 @@ class Handlers:
             case 44:
                 return await self.configs.incremental_alter_configs(request)
             case 20:
+                body = request.body
+                names = getattr(body, "topic_names", None) or [t.name for t in getattr(body, "topics", ())]
+                for topic in names:
+                    if topic is not None:
+                        self.transactions.index.forget(topic)
                 return await self.topic_lifecycle.delete_topics(request)
             case 21:
                 return await self.topic_lifecycle.delete_records(request)
             case 37:
                 return await self.topic_lifecycle.create_partitions(request)
+            case 43:
+                return self.cluster_admin.elect_leaders(request)
+            case 45:
+                return self.cluster_admin.alter_partition_reassignments(request)
+            case 46:
+                return self.cluster_admin.list_partition_reassignments(request)
+            case 74:
+                return self.cluster_admin.list_config_resources(request)
+            case 75:
+                return self.cluster_admin.describe_topic_partitions(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

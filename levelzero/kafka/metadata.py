@@ -45,6 +45,8 @@ class KafkaSettings:
     default_partitions: int = 1
     # Metadata and Produce create unknown topics (Kafka's auto.create.topics.enable).
     auto_create_topics: bool = False
+    # Kafka's name of what the listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
+    security_protocol: str = "PLAINTEXT"
 
 
 class Cluster:

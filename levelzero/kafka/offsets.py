@@ -13,6 +13,7 @@ from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.transactions import PartitionIndex
 from levelzero.kafka.epochs import NO_EPOCH, epoch_error
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.groups import METADATA_CHARS_MAX, GroupCoordinator
@@ -27,7 +28,15 @@ LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most t
 
 
 class OffsetsApi:
-    def __init__(self, node: Node, intake: ProduceIntake, groups: GroupCoordinator, cluster: Cluster) -> None:
+    def __init__(
+        self,
+        node: Node,
+        intake: ProduceIntake,
+        groups: GroupCoordinator,
+        cluster: Cluster,
+        txns: PartitionIndex | None = None,
+    ) -> None:
+        self.txns = txns  # ListOffsets latest with read_committed: the last stable offset
         self.node = node
         self.intake = intake
         self.groups = groups
@@ -50,6 +59,9 @@ class OffsetsApi:
                         offset, epoch = start, state.term_at(start)
                     elif p.timestamp == LIST_OFFSETS_LATEST:
                         offset, epoch = high_watermark, state.term
+                        if getattr(request.body, "isolation_level", 0) == 1 and self.txns is not None:
+                            txns = await self.txns.get(topic.name, p.partition_index)
+                            offset = txns.last_stable_offset(high_watermark)
                     elif p.timestamp >= 0:
                         offset, timestamp = await self._offset_for_time(
                             topic.name, p.partition_index, p.timestamp

@@ -16,14 +16,21 @@ from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.metadata import AutoCreate
 from levelzero.kafka.protocol import Request, make
+from levelzero.kafka.transactions import TransactionCoordinator, has_reserved_header, txn_header
 
 log = logging.getLogger("levelzero.kafka")
 
 
 class ProduceApi:
-    def __init__(self, intake: ProduceIntake, auto_create: AutoCreate | None = None) -> None:
+    def __init__(
+        self,
+        intake: ProduceIntake,
+        auto_create: AutoCreate | None = None,
+        transactions: TransactionCoordinator | None = None,
+    ) -> None:
         self.intake = intake
         self.auto_create = auto_create  # kafka.auto_create_topics: unknown topics are made
+        self.transactions = transactions
 
     async def produce(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
@@ -46,9 +53,13 @@ class ProduceApi:
                 targets.setdefault(producer_id, []).append((topic, partition))
         for producer_id, partitions in targets.items():
             await self.intake.prepare_producer(producer_id, partitions)
+        refused = await self._open_transactions(jobs)
         if after is not None:
             await after.wait()
-        outcomes = [self._submit(topic, partition, data) for topic, partition, data in jobs]
+        outcomes = [
+            refused.get(i) or self._submit(topic, partition, data)
+            for i, (topic, partition, data) in enumerate(jobs)
+        ]
         if submitted is not None:
             submitted.set()
         results: list[tuple[ErrorCode, int, str | None]] = []
@@ -83,6 +94,31 @@ class ProduceApi:
         )
         return make(m.ProduceResponse, responses=responses, throttle_time=0)
 
+    async def _open_transactions(
+        self, jobs: list[tuple[str, int, bytes | None]]
+    ) -> dict[int, tuple[ErrorCode, int, str | None]]:
+        """A transactional record set's partition gets its open range (durable) before the
+        records are submitted; a fenced epoch is refused. The refused jobs by index."""
+        refused: dict[int, tuple[ErrorCode, int, str | None]] = {}
+        for i, (topic, partition, data) in enumerate(jobs):
+            head = kr.transactional_head(data or b"")
+            if head is None:
+                continue
+            producer_id, epoch = head
+            if self.transactions is None:
+                refused[i] = (ErrorCode.invalid_txn_state, -1, "transactions are not served here")
+                continue
+            code = self.transactions.produce_error(producer_id, epoch)
+            if code != ErrorCode.none:
+                refused[i] = (code, -1, "the producer's epoch is fenced by a newer one")
+                continue
+            try:
+                _, high_watermark = self.intake.offsets(topic, partition)
+                await self.transactions.index.open_range(topic, partition, producer_id, high_watermark)
+            except LevelZeroError as exc:
+                refused[i] = self._produce_failed(topic, partition, exc)
+        return refused
+
     def _submit(
         self, topic: str, partition: int, data: bytes | None
     ) -> Pending | tuple[ErrorCode, int, str | None]:
@@ -101,7 +137,12 @@ class ProduceApi:
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
+        if has_reserved_header(records):
+            return ErrorCode.invalid_record, -1, "a record header key holds a NUL character"
         first = batches[0]
+        if first.is_transactional:  # stored with the transaction's header (see transactions)
+            header = txn_header(first.producer_id, first.producer_epoch, -1)
+            records = [Record(r.key, r.value, r.timestamp_ms, (*r.headers, header)) for r in records]
         identity = None
         if first.producer_id >= 0 and first.base_sequence >= 0:
             identity = (first.producer_id, first.producer_epoch, topic, partition, first.base_sequence)

@@ -43,6 +43,10 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     18: ("ApiVersions", 0, 3),
     19: ("CreateTopics", 2, 7),
     22: ("InitProducerId", 0, 4),
+    24: ("AddPartitionsToTxn", 0, 3),
+    25: ("AddOffsetsToTxn", 0, 3),
+    26: ("EndTxn", 0, 3),
+    28: ("TxnOffsetCommit", 0, 3),
     15: ("DescribeGroups", 0, 6),
     16: ("ListGroups", 0, 5),
     23: ("OffsetForLeaderEpoch", 2, 4),
@@ -55,6 +59,11 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     20: ("DeleteTopics", 1, 6),
     21: ("DeleteRecords", 0, 2),
     37: ("CreatePartitions", 0, 3),
+    43: ("ElectLeaders", 0, 2),
+    45: ("AlterPartitionReassignments", 0, 0),
+    46: ("ListPartitionReassignments", 0, 0),
+    74: ("ListConfigResources", 0, 1),
+    75: ("DescribeTopicPartitions", 0, 0),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -53,6 +53,10 @@ ATTR_COMPRESSION_MASK = 0x07
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 NO_TIMESTAMP = -1
+# The header a stored record of a Kafka transaction carries last (see kafka.transactions): its
+# producer id, epoch and kind (-1 data, 0 abort marker, 1 commit marker). NUL: no client sends it.
+TXN_HEADER = "\x00levelzero.txn"
+_TXN_VALUE = struct.Struct(">qhb")
 
 
 class CorruptBatch(LevelZeroError):
@@ -94,6 +98,10 @@ class KafkaBatch:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
 
 
 # ------------------------------------------------------------------------------ decompression
@@ -260,6 +268,18 @@ def producer_id_of(data: bytes) -> int:
         return -1
     producer_id: int = _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
     return producer_id
+
+
+def transactional_head(data: bytes) -> tuple[int, int] | None:
+    """(producer id, epoch) of a record set whose first batch is transactional, else None."""
+    if len(data) < BATCH_HEADER_BYTES:
+        return None
+    attributes = int.from_bytes(data[_ATTRIBUTES_AT : _ATTRIBUTES_AT + 2], "big")
+    if not attributes & ATTR_TRANSACTIONAL or attributes & ATTR_CONTROL:
+        return None
+    producer_id: int = _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
+    epoch = int.from_bytes(data[PRODUCER_ID_AT + 8 : PRODUCER_ID_AT + 10], "big", signed=True)
+    return producer_id, epoch
 
 
 def _decode_records(buf: bytes, count: int, base_timestamp: int) -> list[KafkaRecord]:
@@ -500,10 +520,12 @@ def encode_batch(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    attributes: int = 0,
 ) -> bytes:
-    """One batch holding `records` (offset_delta relative to base_offset, in order)."""
+    """One batch holding `records` (offset_delta relative to base_offset, in order);
+    `attributes`: the transactional and control bits."""
     assert records, "a batch holds at least one record"
-    if _AIOKAFKA and compression == COMPRESSION_NONE:
+    if _AIOKAFKA and compression == COMPRESSION_NONE and attributes == 0:
         return _encode_compiled(base_offset, records, producer_id, producer_epoch, base_sequence)
     base_ts = records[0].timestamp_ms
     max_ts = max(r.timestamp_ms for r in records)
@@ -534,7 +556,7 @@ def encode_batch(
         payload = CODECS[compression][1](payload)
     rest = (
         _BATCH_REST.pack(
-            compression,
+            compression | attributes,
             records[-1].offset_delta,
             base_ts,
             max_ts,
@@ -608,6 +630,8 @@ def encode_runs(runs: Sequence[StoredRun]) -> bytes:
 def encode_run(base_offset: int, records: Sequence[Record], start: int, stop: int) -> bytes:
     """One uncompressed batch of `records[start:stop]`, the first at `base_offset + start`."""
     assert 0 <= start < stop <= len(records), (start, stop, len(records))
+    if any(r.headers and r.headers[-1][0] == TXN_HEADER for r in records[start:stop]):
+        return _encode_transactional_run(base_offset, records, start, stop)
     first = base_offset + start
     if not _AIOKAFKA:
         return encode_batch(
@@ -635,6 +659,67 @@ def encode_run(base_offset: int, records: Sequence[Record], start: int, stop: in
     out = builder.build()
     out[0:8] = first.to_bytes(8, "big", signed=True)  # outside the CRC
     return bytes(out)
+
+
+def _encode_transactional_run(base_offset: int, records: Sequence[Record], start: int, stop: int) -> bytes:
+    """A run holding records of transactions: a batch per stretch of one producer's records
+    (transactional, its producer id and epoch, the reserved header dropped), a control batch
+    per marker, plain batches for the records between."""
+    out: list[bytes] = []
+    i = start
+    while i < stop:
+        txn = (
+            records[i].headers[-1][1]
+            if records[i].headers and records[i].headers[-1][0] == TXN_HEADER
+            else None
+        )
+        j = i + 1
+        while j < stop:
+            headers = records[j].headers
+            other = headers[-1][1] if headers and headers[-1][0] == TXN_HEADER else None
+            if other != txn:
+                break
+            j += 1
+        if txn is None:
+            out.append(encode_run(base_offset, records, i, j))
+        else:
+            producer_id, epoch, kind = _TXN_VALUE.unpack(txn)
+            attributes = ATTR_TRANSACTIONAL | (ATTR_CONTROL if kind >= 0 else 0)
+            stretch = [
+                KafkaRecord(n - i, r.timestamp_ms, r.key, r.value, r.headers[:-1])
+                for n, r in enumerate(records[i:j], i)
+            ]
+            if kind >= 0:  # markers: one control batch each
+                for n, record in enumerate(stretch):
+                    out.append(
+                        encode_batch(
+                            base_offset + i + n,
+                            [record._replace(offset_delta=0)],
+                            producer_id=producer_id,
+                            producer_epoch=epoch,
+                            attributes=attributes,
+                        )
+                    )
+            else:
+                out.append(
+                    encode_batch(
+                        base_offset + i,
+                        stretch,
+                        producer_id=producer_id,
+                        producer_epoch=epoch,
+                        attributes=attributes,
+                    )
+                )
+        i = j
+    return b"".join(out)
+
+
+def set_leader_epoch(data: bytearray, epoch: int) -> None:
+    """Every batch's partitionLeaderEpoch in `data` (outside the CRC)."""
+    pos = 0
+    while pos + 12 <= len(data):
+        data[pos + 12 : pos + 16] = epoch.to_bytes(4, "big", signed=True)
+        pos += 12 + int.from_bytes(data[pos + 8 : pos + 12], "big")
 
 
 def _encode_headers(headers: tuple[tuple[str, bytes | None], ...]) -> bytes:

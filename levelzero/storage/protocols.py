@@ -289,6 +289,90 @@ class ProducerBatchStore(Protocol):
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]: ...
 
 
+class TransactionRow(msgspec.Struct, frozen=True):
+    """A Kafka transactional id's coordinator state (Kafka's TransactionMetadata): the producer
+    id and epoch it holds, where its transaction is (`state`: empty, ongoing, prepare_commit,
+    prepare_abort, complete_commit, complete_abort), and what the open one touched."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    timeout_ms: int
+    started_at: float  # when the open transaction began (0: none open)
+    partitions: str  # JSON [[topic, partition], ...] added to the open transaction
+    groups: str  # JSON [group id, ...] whose offsets the open transaction commits
+    updated_at: float
+
+
+class TxnRangeRow(msgspec.Struct, frozen=True):
+    """One transaction's records in one partition: from its first offset, open (last_offset
+    -1: it holds the partition's last stable offset back) or aborted (up to its abort marker,
+    which read_committed fetches list). Committed ranges are forgotten."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+
+
+@runtime_checkable
+class TransactionStore(Protocol):
+    """An optional role (the SQLite and PostgreSQL stores have it; the Kafka listener keeps the
+    same in memory without it): transaction coordinators' state and partitions' open and
+    aborted transaction ranges, durable on return."""
+
+    async def put_transaction(self, row: TransactionRow) -> None: ...
+
+    async def transactions(self) -> list[TransactionRow]: ...
+
+    async def open_txn_range(self, row: TxnRangeRow) -> None:
+        """Insert an open range (a range already there is kept)."""
+        ...
+
+    async def close_txn_range(
+        self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
+    ) -> None:
+        """An aborted range gets its last offset; a committed one is forgotten."""
+        ...
+
+    async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
+        """The partition's open and aborted ranges, by first offset."""
+        ...
+
+
+class MemoryTransactionStore:
+    """`TransactionStore` in memory (the memory log store's, and a store without the role)."""
+
+    def __init__(self) -> None:
+        self._transactions: dict[str, TransactionRow] = {}
+        self._ranges: dict[tuple[str, int, int, int], TxnRangeRow] = {}
+
+    async def put_transaction(self, row: TransactionRow) -> None:
+        self._transactions[row.transactional_id] = row
+
+    async def transactions(self) -> list[TransactionRow]:
+        return [self._transactions[k] for k in sorted(self._transactions)]
+
+    async def open_txn_range(self, row: TxnRangeRow) -> None:
+        self._ranges.setdefault((row.topic, row.partition, row.producer_id, row.first_offset), row)
+
+    async def close_txn_range(
+        self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
+    ) -> None:
+        key = (topic, partition, producer_id, first_offset)
+        if aborted:
+            self._ranges[key] = TxnRangeRow(topic, partition, producer_id, first_offset, last_offset, True)
+        else:
+            self._ranges.pop(key, None)
+
+    async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
+        rows = [r for (t, p, _, _), r in self._ranges.items() if (t, p) == (topic, partition)]
+        return sorted(rows, key=lambda r: (r.first_offset, r.producer_id))
+
+
 @runtime_checkable
 class PartitionLog(Protocol):
     """Partitions, their terms, their logs and snapshots."""

@@ -1,5 +1,6 @@
-"""A running `Node` for tests on stores they give (memory stores, mostly), and a wait that steps
-the event loop instead of sleeping: on memory stores every step is deterministic."""
+"""A running `Node` for tests on stores they give (memory stores, mostly), a wait that steps
+the event loop instead of sleeping (on memory stores every step is deterministic), and a write
+handed to a partition actor without waiting for it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from contextlib import asynccontextmanager
 import anyio
 import anyio.lowlevel
 
+from levelzero.actors.mailbox import Reply
 from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.partition import PartitionActor
+from levelzero.core.entries import AdvanceEpoch, LogRecord, Placeholder
 from levelzero.storage.protocols import LogStore, ObjectStore
 
 STEPS_MAX = 10_000  # event-loop steps a condition may take before the test fails
@@ -45,3 +49,12 @@ async def wait_until(condition: Callable[[], bool], what: str, steps_max: int = 
             return
         await anyio.lowlevel.checkpoint()
     raise AssertionError(f"never happened: {what}")
+
+
+async def submit(actor: PartitionActor, entry: Placeholder | AdvanceEpoch) -> Reply[LogRecord]:
+    """Hand a write to `actor` and return its reply without waiting for it (the batcher's way:
+    writes to many partitions, or many to one, in flight at once)."""
+    reply: Reply[LogRecord] = Reply()
+    if not actor.post_write(entry, reply):
+        await actor.send_write(entry, reply)
+    return reply

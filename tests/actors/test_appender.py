@@ -13,23 +13,15 @@ import pytest
 from levelzero.actors import appender as appender_module
 from levelzero.actors.appender import Appender
 from levelzero.actors.partition import PartitionActor, WatermarkBoard
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import Append
+from levelzero.testing.entries import placeholder
+from levelzero.testing.nodes import submit, wait_until
+from levelzero.testing.virtual_time import in_virtual_time
 
 EPOCH = 3
-
-
-def placeholder(n: int) -> Placeholder:
-    return Placeholder(
-        epoch=EPOCH,
-        object_key=f"level_zero/data/000/{EPOCH:018}/{n:032x}",
-        byte_offset=0,
-        byte_length=10,
-        record_count=1,
-        checksum=n,
-    )
 
 
 class RecordingStore(MemoryLogStore):
@@ -72,10 +64,11 @@ async def partitions(store: MemoryLogStore, count: int) -> AsyncIterator[list[Pa
             tg.cancel_scope.cancel()
 
 
+@in_virtual_time
 async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order() -> None:
     store = RecordingStore()
     async with partitions(store, 50) as actors:
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         records: list[LogRecord] = [await reply.wait() for reply in replies]
         assert store.calls == [[(actor.row.pid, [1]) for actor in actors]]  # TermStart is 0
         assert [r.log_offset for r in records] == [1] * 50
@@ -84,17 +77,18 @@ async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order(
             assert actor.view().pending_records == 0
 
 
+@in_virtual_time
 async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_order() -> None:
     store = RecordingStore()
     async with partitions(store, 2) as (a, b):
         store.hold = True
-        first = await a.submit(placeholder(1))
+        first = await submit(a, placeholder(EPOCH, checksum=1))
         while not store.calls:
             await anyio.sleep(0)
-        later = [await a.submit(placeholder(n)) for n in (2, 3)]
-        other = await b.submit(placeholder(4))
-        await anyio.sleep(0.01)
+        later = [await submit(a, placeholder(EPOCH, checksum=n)) for n in (2, 3)]
+        other = await submit(b, placeholder(EPOCH, checksum=4))
         # a's next batch waits for its first; b goes in a call of its own meanwhile
+        await wait_until(lambda: len(store.calls) == 2, "b's batch in a call of its own")
         assert store.calls == [[(a.row.pid, [1])], [(b.row.pid, [1])]]
         store.release()
         assert [(await r.wait()).log_offset for r in (first, *later, other)] == [1, 2, 3, 1]
@@ -102,12 +96,13 @@ async def test_a_partitions_writes_wait_for_its_batch_on_the_way_and_keep_their_
         assert [r.log_offset for r in store.logs[a.row.pid]] == [0, 1, 2, 3]
 
 
+@in_virtual_time
 async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(appender_module, "PARTITIONS_PER_CALL_MAX", 16)
     store = RecordingStore()
     async with partitions(store, 40) as actors:
         store.hold = True
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         while len(store.calls) < 3:
             await anyio.sleep(0)
         store.release()
@@ -119,20 +114,22 @@ async def test_calls_hold_at_most_their_partitions_bound(monkeypatch: pytest.Mon
         )
 
 
+@in_virtual_time
 async def test_a_partition_refused_by_the_store_is_deposed_and_the_others_go_on() -> None:
     store = RecordingStore()
     async with partitions(store, 3) as actors:
         await store.begin_term(actors[1].row.pid, 1, 0)  # another leader's term
-        replies = [await actor.submit(placeholder(i)) for i, actor in enumerate(actors)]
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
         assert (await replies[0].wait()).log_offset == 1
         assert (await replies[2].wait()).log_offset == 1
         with pytest.raises(NotLeader):
             await replies[1].wait()
         with pytest.raises(NotLeader):
-            await actors[1].write(placeholder(9))
-        assert (await actors[0].write(placeholder(10))).log_offset == 2
+            await actors[1].write(placeholder(EPOCH, checksum=9))
+        assert (await actors[0].write(placeholder(EPOCH, checksum=10))).log_offset == 2
 
 
+@in_virtual_time
 async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() -> None:
     store = RecordingStore()
     rows = await store.create_topic("t", 2, 1, 0.0)
@@ -142,7 +139,7 @@ async def test_a_failing_store_ends_the_appender_and_its_writers_are_answered() 
 
     async def write(actor: PartitionActor) -> None:
         try:
-            await actor.write(placeholder(1))
+            await actor.write(placeholder(EPOCH, checksum=1))
         except ShuttingDown as error:
             answers.append(error)
 
@@ -192,6 +189,7 @@ class _NoWaiting:
         self._inner.release()
 
 
+@in_virtual_time
 async def test_a_partitions_own_appender_takes_no_turn_of_the_loop_per_call() -> None:
     # An actor without the node's appender has one call at a time, awaited inline: its
     # semaphore is always free, and waiting for it cost a cancel scope and a loop turn a call.
@@ -203,7 +201,7 @@ async def test_a_partitions_own_appender_takes_no_turn_of_the_loop_per_call() ->
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
-            records = [await actor.write(placeholder(n)) for n in range(3)]
+            records = [await actor.write(placeholder(EPOCH, checksum=n)) for n in range(3)]
             await actor.stop()
     assert [r.log_offset for r in records] == [1, 2, 3]
     assert calls.taken == 3

@@ -15,6 +15,7 @@ from levelzero.core.errors import NotLeader, StaleClusterEpoch
 from levelzero.core.l0format import ExtentHeader, Record, encode_extent
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.virtual_time import in_virtual_time
 
 KEY = "level_zero/data/000/000000000000000003/k"
 
@@ -40,6 +41,7 @@ def durable(base_offset: int) -> LogRecord:
     return LogRecord(1, 1, base_offset, Placeholder(3, KEY, 0, 10, 1, 0))
 
 
+@in_virtual_time
 async def test_the_wait_lasts_for_every_extent_even_when_the_first_was_answered_at_once() -> None:
     """The count reaches zero between two extents when one is answered before the next is
     handed over; the wait must still last until the later ones are answered (the batcher once
@@ -75,6 +77,7 @@ async def test_the_wait_lasts_for_every_extent_even_when_the_first_was_answered_
     assert refused.value.partition == "t/3"
 
 
+@in_virtual_time
 async def test_with_every_extent_answered_there_is_no_wait() -> None:
     fencing = _Fencing(batcher(), KEY)
     only, reply = extent(fencing, 1, 3)

@@ -13,6 +13,7 @@ import anyio
 from levelzero.actors.cluster import ClusterMember
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.testing.virtual_time import in_virtual_time
 
 TTL_S = 9.0
 PARTITIONS = 60
@@ -82,6 +83,7 @@ def exactly_one_leader(nodes: dict[str, Node]) -> Counter:
     return Counter({name: len(node.led) for name, node in nodes.items()})
 
 
+@in_virtual_time
 async def test_three_members_split_the_partitions_each_led_once() -> None:
     _, clock, control, nodes, members = await cluster(["a", "b", "c"])
     await rounds(members.values(), clock)
@@ -96,6 +98,7 @@ async def test_three_members_split_the_partitions_each_led_once() -> None:
     assert members["a"].partitions_known() == {"t": PARTITIONS}
 
 
+@in_virtual_time
 async def test_a_paused_member_loses_its_partitions_and_learns_it_on_waking() -> None:
     _, clock, _, nodes, members = await cluster(["a", "b", "c"])
     await rounds(members.values(), clock)
@@ -113,6 +116,7 @@ async def test_a_paused_member_loses_its_partitions_and_learns_it_on_waking() ->
     exactly_one_leader(nodes)  # and it gets a fair share back, never a partition led twice
 
 
+@in_virtual_time
 async def test_a_graceful_leave_hands_over_without_waiting_for_the_ttl() -> None:
     _, clock, _, nodes, members = await cluster(["a", "b", "c"])
     await rounds(members.values(), clock)
@@ -123,6 +127,7 @@ async def test_a_graceful_leave_hands_over_without_waiting_for_the_ttl() -> None
     exactly_one_leader({"a": nodes["a"], "b": nodes["b"]})
 
 
+@in_virtual_time
 async def test_a_join_takes_its_share_a_bounded_number_per_round() -> None:
     log, clock, control, nodes, members = await cluster(["a", "b"], moves_max=3)
     await rounds(members.values(), clock)
@@ -140,6 +145,7 @@ async def test_a_join_takes_its_share_a_bounded_number_per_round() -> None:
     assert counts["d"] >= 10, counts
 
 
+@in_virtual_time
 async def test_the_next_round_comes_just_after_another_nodes_lease_runs_out() -> None:
     _, clock, control, nodes, members = await cluster(["a", "b"])
     await rounds(members.values(), clock, count=1, step=0.0)
@@ -156,6 +162,7 @@ async def test_the_next_round_comes_just_after_another_nodes_lease_runs_out() ->
 # ---------------------------------------------------------------- found by the cluster simulation
 
 
+@in_virtual_time
 async def test_a_node_restarted_within_its_ttl_leads_the_leases_its_previous_run_held() -> None:
     """The same node id, restarted before its leases ran out: the control plane renews them for
     it, so nobody else takes them. It must lead them (a new term fences its previous run)."""
@@ -175,6 +182,7 @@ async def test_a_node_restarted_within_its_ttl_leads_the_leases_its_previous_run
     exactly_one_leader(nodes)
 
 
+@in_virtual_time
 async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
     """An acquire whose answer comes after the lease could have run out (the node was paused
     with it in flight) starts nothing: another node may hold the partition by now."""
@@ -202,6 +210,7 @@ async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
     assert member.leading == set()
 
 
+@in_virtual_time
 async def test_a_partition_given_a_newer_term_elsewhere_is_started_again() -> None:
     """A node holding a lease finds the partition's log at a newer term than its actor's (a
     woken zombie started one on a lease that had run out): every append of its term would be
@@ -236,6 +245,7 @@ async def test_a_partition_given_a_newer_term_elsewhere_is_started_again() -> No
     assert nodes["a"].events[-1] == ("lead", (7,))  # once: its term is current again
 
 
+@in_virtual_time
 async def test_a_round_asked_for_after_leaving_does_not_register_the_node_again() -> None:
     _, clock, control, nodes, members = await cluster(["a", "b"])
     await rounds(members.values(), clock)
@@ -268,9 +278,10 @@ class Blackholed:
         return maybe_hang
 
 
+@in_virtual_time
 async def test_a_member_whose_control_calls_hang_resigns_once_its_lease_runs_out() -> None:
     """A round stuck on a dead connection (client timeouts of 30-60 s) must not keep the member
-    from resigning: each call of a round gives up after half the TTL (real time, short TTL)."""
+    from resigning: each call of a round gives up after half the TTL (virtual time)."""
     ttl_s = 0.4
     log = MemoryLogStore()
     await log.create_topic("t", 4, 1, 0.0)
@@ -296,6 +307,7 @@ async def test_a_member_whose_control_calls_hang_resigns_once_its_lease_runs_out
         tg.cancel_scope.cancel()
 
 
+@in_virtual_time
 async def test_a_member_whose_first_round_gets_no_answer_starts_and_leads_later() -> None:
     log = MemoryLogStore()
     await log.create_topic("t", 4, 1, 0.0)

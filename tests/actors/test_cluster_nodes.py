@@ -1,15 +1,15 @@
-"""Two real Nodes in cluster mode over one control plane (memory log store, memory object
-store, memory ClusterControl), in real time with a short lease TTL: the leases split the
-partitions, each produce goes to its partition's leader (another node answers LedElsewhere
-with the leader's URL), a graceful shutdown hands its partitions over without waiting for the
-TTL and the successor begins a new term and serves every acknowledged record; a crashed node's
-partitions move once its leases expire; the GC's `M` is taken over every partition's published
-M(p) in the control plane, not over the partitions one node leads."""
+"""Two real Nodes in cluster mode over one control plane (memory log store, memory object store,
+memory ClusterControl), in virtual time (the simulation's loop) with a short lease TTL: the
+leases split the partitions, each produce goes to its partition's leader (another node answers
+LedElsewhere with the leader's URL), a graceful shutdown hands its partitions over without
+waiting for the TTL and the successor begins a new term and serves every acknowledged record; a
+crashed node's partitions move once its leases expire; the GC's `M` is taken over every
+partition's published M(p) in the control plane, not over the partitions one node leads."""
 
 from __future__ import annotations
 
 import random
-import time
+
 from collections.abc import Callable
 
 import anyio
@@ -29,6 +29,7 @@ from levelzero.core.topic_configs import AlterOp
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.virtual_time import in_virtual_time
 
 TTL_S = 0.6
 TOPIC = "t"
@@ -50,7 +51,7 @@ class Cluster:
     def __init__(self) -> None:
         self.log = MemoryLogStore()
         self.objects = MemoryObjectStore()
-        self.control = MemoryClusterControl(self.log, time.monotonic)
+        self.control = MemoryClusterControl(self.log, anyio.current_time)
         self.nodes: dict[str, Node] = {}
         self.scopes: dict[str, anyio.CancelScope] = {}
 
@@ -125,6 +126,7 @@ async def read_all(node: Node, partition: int) -> list[bytes]:
         offset = fetched.next_offset
 
 
+@in_virtual_time
 async def test_two_nodes_split_hand_over_and_serve_every_acknowledged_record() -> None:
     c = Cluster()
     written: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
@@ -165,10 +167,10 @@ async def test_two_nodes_split_hand_over_and_serve_every_acknowledged_record() -
 
         # b leaves gracefully: a leads everything at once (no TTL to wait), in a new term.
         terms_before = {row.pid: row.term for row in await c.log.list_partitions()}
-        started = time.monotonic()
+        started = anyio.current_time()
         await b.shutdown()
         await wait_for(lambda: all(v == ["a"] for v in c.leaders().values()), "a leads all")
-        assert time.monotonic() - started < TTL_S * 3
+        assert anyio.current_time() - started < TTL_S * 3
         rows = await c.log.list_partitions()
         assert all(row.term > terms_before[row.pid] for row in rows if row.partition == b_led)
         for p in range(PARTITIONS):
@@ -192,6 +194,7 @@ async def test_two_nodes_split_hand_over_and_serve_every_acknowledged_record() -
         tg.cancel_scope.cancel()
 
 
+@in_virtual_time
 async def test_a_fetch_that_outlives_the_lease_deadline_is_refused() -> None:
     """A read admitted before the leader's lease deadline and finished after it is not answered:
     a successor may be serving newer records by then."""
@@ -225,6 +228,7 @@ class NeverRenewed(LeaseClock):
         pass
 
 
+@in_virtual_time
 async def test_a_topic_config_changed_on_one_node_is_enforced_by_the_others() -> None:
     """Topic configs live in the control plane and come with every cluster view a node reads,
     so a partition led elsewhere gets the new limit too."""

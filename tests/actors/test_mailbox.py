@@ -7,12 +7,14 @@ import anyio
 import pytest
 
 from levelzero.actors.mailbox import Mailbox, Reply, Wakeup
+from levelzero.testing.virtual_time import in_virtual_time
 
 
 async def _other_ran(ran: list[str]) -> None:
     ran.append("other")
 
 
+@in_virtual_time
 async def test_send_with_room_does_not_yield() -> None:
     box: Mailbox[int] = Mailbox(2)
     ran: list[str] = []
@@ -26,6 +28,7 @@ async def test_send_with_room_does_not_yield() -> None:
     assert [await box.receive(), await box.receive()] == [1, 2]
 
 
+@in_virtual_time
 async def test_senders_wait_for_room_and_are_let_in_first_come_first_served() -> None:
     box: Mailbox[str] = Mailbox(1)
     await box.send("first")
@@ -48,6 +51,7 @@ async def test_senders_wait_for_room_and_are_let_in_first_come_first_served() ->
     assert order == ["second", "third"]
 
 
+@in_virtual_time
 async def test_a_cancelled_sender_leaves_the_line_and_the_next_gets_the_slot() -> None:
     box: Mailbox[str] = Mailbox(1)
     await box.send("first")
@@ -70,6 +74,7 @@ async def test_a_cancelled_sender_leaves_the_line_and_the_next_gets_the_slot() -
     assert len(box) == 0
 
 
+@in_virtual_time
 async def test_receive_takes_buffered_messages_at_once_and_yields_after_burst_max() -> None:
     box: Mailbox[int] = Mailbox(8, burst_max=2)
     for i in range(5):
@@ -84,6 +89,7 @@ async def test_receive_takes_buffered_messages_at_once_and_yields_after_burst_ma
         assert [await box.receive(), await box.receive()] == [3, 4]
 
 
+@in_virtual_time
 async def test_receive_waits_for_a_message() -> None:
     box: Mailbox[str] = Mailbox(4)
 
@@ -97,6 +103,7 @@ async def test_receive_waits_for_a_message() -> None:
             assert await box.receive() == "late"
 
 
+@in_virtual_time
 async def test_close_returns_the_unreceived_and_refuses_later_sends() -> None:
     box: Mailbox[int] = Mailbox(1)
     box.send_nowait(1)
@@ -120,6 +127,7 @@ async def test_close_returns_the_unreceived_and_refuses_later_sends() -> None:
         await box.receive()
 
 
+@in_virtual_time
 async def test_a_waiting_receiver_ends_when_the_mailbox_closes() -> None:
     box: Mailbox[int] = Mailbox(1)
     with anyio.fail_after(5):
@@ -134,6 +142,7 @@ async def test_a_waiting_receiver_ends_when_the_mailbox_closes() -> None:
             box.close()
 
 
+@in_virtual_time
 async def test_an_answered_reply_is_taken_without_a_turn_of_the_event_loop() -> None:
     ran: list[str] = []
     answered: Reply[int] = Reply()
@@ -153,6 +162,7 @@ async def _wait_into(reply: Reply[str], got: list[str]) -> None:
     got.append(await reply.wait())
 
 
+@in_virtual_time
 async def test_waiters_before_the_answer_all_get_it_and_a_second_answer_is_a_bug() -> None:
     reply: Reply[str] = Reply()
     got: list[str] = []
@@ -169,6 +179,7 @@ async def test_waiters_before_the_answer_all_get_it_and_a_second_answer_is_a_bug
         reply.fail(RuntimeError("late"))
 
 
+@in_virtual_time
 async def test_one_cancelled_waiter_does_not_cancel_the_others() -> None:
     reply: Reply[str] = Reply()
     got: list[str] = []
@@ -185,6 +196,7 @@ async def test_one_cancelled_waiter_does_not_cancel_the_others() -> None:
     assert got == ["kept"]
 
 
+@in_virtual_time
 async def test_wakeup_is_level_triggered() -> None:
     wakeup = Wakeup()
     ran: list[str] = []
@@ -212,6 +224,7 @@ async def test_wakeup_is_level_triggered() -> None:
     await wakeup.wait()
 
 
+@in_virtual_time
 async def test_after_the_senders_end_what_is_buffered_is_received_then_end_of_stream() -> None:
     """`end()` is the senders' close (the batcher's shutdown): nothing buffered is lost, a
     waiting receiver and a waiting sender are woken, later sends are refused."""

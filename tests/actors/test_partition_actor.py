@@ -29,7 +29,8 @@ from levelzero.core.fence import FenceMode
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import PartitionRow
 from levelzero.testing.entries import placeholder
-from levelzero.testing.nodes import wait_until
+from levelzero.testing.nodes import submit, wait_until
+from levelzero.testing.virtual_time import in_virtual_time
 
 N = 5  # the "current" cluster epoch of the scenarios
 
@@ -124,6 +125,7 @@ def window(actor: PartitionActor) -> tuple[int, int] | None:
 # ----------------------------------------------------------------- seed scenario (a): slow writer
 
 
+@in_virtual_time
 async def test_newer_epoch_waits_for_in_flight_write_then_both_succeed() -> None:
     store = GatedLogStore()
     row = await new_partition(store)
@@ -160,6 +162,7 @@ async def test_newer_epoch_waits_for_in_flight_write_then_both_succeed() -> None
     ("mode", "late_write_admitted"),
     [(FenceMode.WINDOWED, True), (FenceMode.STRICT, False)],
 )
+@in_virtual_time
 async def test_previous_epoch_arriving_after_newer_one_completed(
     mode: FenceMode, late_write_admitted: bool
 ) -> None:
@@ -183,6 +186,7 @@ async def test_previous_epoch_arriving_after_newer_one_completed(
     assert actor.state.applied_window == (N, N + 1)
 
 
+@in_virtual_time
 async def test_strict_mode_rejects_previous_epoch_once_slow_write_let_the_window_slide() -> None:
     """Scenario (a) in strict mode: the slow writer A and its successor B both succeed, but a
     second write of A's epoch fencing after B slid the window is rejected."""
@@ -208,6 +212,7 @@ async def test_strict_mode_rejects_previous_epoch_once_slow_write_let_the_window
 # ----------------------------------------------------------------- seed scenario (b): rapid epochs
 
 
+@in_virtual_time
 async def test_rapid_epochs_leave_a_window_of_the_last_two() -> None:
     store = MemoryLogStore()
     row = await new_partition(store)
@@ -233,6 +238,7 @@ async def test_rapid_epochs_leave_a_window_of_the_last_two() -> None:
     assert [e.epoch for e in rejected_events] == [N + 1, N, N - 1]
 
 
+@in_virtual_time
 async def test_epoch_below_creation_epoch_is_rejected_on_a_new_partition() -> None:
     store = MemoryLogStore()
     row = await new_partition(store, creation_epoch=N)
@@ -246,6 +252,7 @@ async def test_epoch_below_creation_epoch_is_rejected_on_a_new_partition() -> No
 # ----------------------------------------------------------------- seed scenario (c): restart
 
 
+@in_virtual_time
 async def test_actor_stopped_during_epoch_transition_recovers_applied_window() -> None:
     store = GatedLogStore()
     row = await new_partition(store)
@@ -283,6 +290,7 @@ async def test_actor_stopped_during_epoch_transition_recovers_applied_window() -
         assert window(second) == (N + 1, N + 2)
 
 
+@in_virtual_time
 async def test_actor_crashed_after_unlogged_slide_recovers_window_from_the_log() -> None:
     """The dead leader slid its in-memory window to [N+1, N+2] but the write that opened it
     never reached the log; the new leader judges by the log's window [N, N+1]."""
@@ -313,6 +321,7 @@ async def test_actor_crashed_after_unlogged_slide_recovers_window_from_the_log()
 # ----------------------------------------------------------------- coalescing, leadership
 
 
+@in_virtual_time
 async def test_ten_concurrent_writes_with_the_same_newer_epoch_slide_once() -> None:
     store = GatedLogStore()
     row = await new_partition(store)
@@ -340,6 +349,7 @@ async def test_ten_concurrent_writes_with_the_same_newer_epoch_slide_once() -> N
     assert offsets == list(range(offsets[0], offsets[0] + 10))
 
 
+@in_virtual_time
 async def test_new_leader_deposes_the_old_one() -> None:
     store = MemoryLogStore()
     row = await new_partition(store)
@@ -363,6 +373,7 @@ async def test_new_leader_deposes_the_old_one() -> None:
     assert terms == sorted(terms)
 
 
+@in_virtual_time
 async def test_a_new_leader_whose_term_start_races_the_old_leaders_append_replays_it() -> None:
     """In a cluster the old leader's last append may land between the new leader's replay and
     its `TermStart` (found by the cluster simulation, seed 18): the store refuses the term start
@@ -392,6 +403,7 @@ async def test_a_new_leader_whose_term_start_races_the_old_leaders_append_replay
 # ----------------------------------------------------------------- M(p), reader pins
 
 
+@in_virtual_time
 async def test_published_mp_rises_with_catch_up_and_is_held_by_a_reader_pin() -> None:
     store = MemoryLogStore()
     row = await new_partition(store)
@@ -424,6 +436,7 @@ async def test_published_mp_rises_with_catch_up_and_is_held_by_a_reader_pin() ->
     assert history == sorted(history)
 
 
+@in_virtual_time
 async def test_published_mp_never_decreases_across_leaders() -> None:
     store = MemoryLogStore()
     row = await new_partition(store)
@@ -442,6 +455,7 @@ async def test_published_mp_never_decreases_across_leaders() -> None:
 # ----------------------------------------------------------------- snapshots and replay
 
 
+@in_virtual_time
 async def test_new_actor_recovers_identical_state_from_snapshot_and_log() -> None:
     store = MemoryLogStore()
     row = await new_partition(store)
@@ -472,31 +486,6 @@ async def test_new_actor_recovers_identical_state_from_snapshot_and_log() -> Non
         term_starts=(*before.term_starts, (before.term + 1, before.high_watermark)),  # its leader epoch
     )
     assert after.lro >= 0 and after.start_offset == 10 and after.min_epoch_lower_bound > N
-
-
-# ----------------------------------------------------------------- fence probes (benchmarks)
-
-
-async def test_fence_probe_takes_and_releases_a_read_unit_without_appending() -> None:
-    store = MemoryLogStore()
-    row = await new_partition(store)
-    async with running(store, row) as (actor, _):
-        log_before = len(store.logs[row.pid])
-        await actor.fence_probe(N)
-        await actor.fence_probe(N)
-        await actor.fence_probe(N + 1)
-        with pytest.raises(StaleClusterEpoch):
-            await actor.fence_probe(N - 1)
-        assert actor.fence.read_units == 0
-        assert window(actor) == (N, N + 1)
-        assert len(store.logs[row.pid]) == log_before, "a probe appends nothing"
-    outcomes = [(e.epoch, e.outcome) for e in store.fence_events for _ in range(e.decisions)]
-    assert outcomes == [
-        (N, "admitted_new_epoch"),
-        (N, "admitted"),
-        (N + 1, "admitted_new_epoch"),
-        (N - 1, "rejected"),
-    ]
 
 
 class _FailingAppends(MemoryLogStore):
@@ -530,6 +519,7 @@ class _BrokenOnDurable(MemoryLogStore):
     ],
     ids=["failing-log-store", "invariant-broken-in-the-actors-task"],
 )
+@in_virtual_time
 async def test_an_actor_crashing_in_its_own_task_leaves_nobody_waiting(
     store_type: Callable[[], MemoryLogStore], error: type[BaseException], match: str
 ) -> None:
@@ -564,18 +554,19 @@ async def test_an_actor_crashing_in_its_own_task_leaves_nobody_waiting(
 # ----------------------------------------------------------------- delivery (handled on the sender)
 
 
+@in_virtual_time
 async def test_writes_sent_during_the_replay_are_handled_in_order_before_later_ones() -> None:
     """Before ready, writes queue in the mailbox; once ready they are handled first, in the
     order sent, and a write sent after ready is handled behind them (log order = send order)."""
     store = MemoryLogStore()
     (row,) = await store.create_topic("t", 1, creation_epoch=1, now=0.0)
     actor = PartitionActor(row, store, WatermarkBoard())
-    early = [await actor.submit(placeholder(N, records=n + 1)) for n in range(5)]
+    early = [await submit(actor, placeholder(N, records=n + 1)) for n in range(5)]
     assert not any(reply.done for reply in early)  # nobody handles them before the replay
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(actor.run)
-            late = await actor.submit(placeholder(N, records=9))
+            late = await submit(actor, placeholder(N, records=9))
             records = [await reply.wait() for reply in early] + [await late.wait()]
             await actor.stop()
     offsets = [r.log_offset for r in records]
@@ -585,6 +576,7 @@ async def test_writes_sent_during_the_replay_are_handled_in_order_before_later_o
     assert bases == [0, 1, 3, 6, 10, 15]  # each continues where the one sent before it ended
 
 
+@in_virtual_time
 async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> None:
     """From ready on, a write is fenced and reserved when it is sent, before the sender's
     next await: the window is there without a turn of the event loop."""
@@ -592,7 +584,7 @@ async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> N
     row = await new_partition(store)
     async with running(store, row) as (actor, _):
         store.close_gate()
-        reply = await actor.submit(placeholder(N))
+        reply = await submit(actor, placeholder(N))
         assert window(actor) == (N, N)  # no checkpoint between the submit and this line
         assert actor.view().pending_records == 1
         await wait_until(lambda: store.held.is_set(), "the append waits at the gate")
@@ -601,6 +593,7 @@ async def test_a_write_after_ready_is_handled_at_once_on_the_senders_task() -> N
         assert record.entry.epoch == N
 
 
+@in_virtual_time
 async def test_a_handler_raising_on_a_senders_task_crashes_the_actor_and_answers_the_sender(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -21,6 +21,7 @@ from levelzero.core.errors import StaleClusterEpoch
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.testing.entries import placeholder
 from levelzero.testing.nodes import wait_until
+from levelzero.testing.virtual_time import in_virtual_time
 
 N = 5
 
@@ -41,6 +42,7 @@ def outcomes(store: MemoryLogStore) -> list[tuple[int, str]]:
     return [(e.epoch, e.outcome) for e in store.fence_events for _ in range(e.decisions)]
 
 
+@in_virtual_time
 async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -54,6 +56,7 @@ async def test_fence_events_wait_for_the_interval_and_are_all_flushed_at_stop(
     assert outcomes(store) == [(N, "admitted_new_epoch"), (N, "admitted"), (N, "admitted")]
 
 
+@in_virtual_time
 async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(appender, "FENCE_EVENTS_FLUSH_INTERVAL_S", 3600.0)
     store = MemoryLogStore()
@@ -70,6 +73,7 @@ async def test_a_rejection_flushes_fence_events_at_once(monkeypatch: pytest.Monk
         ]
 
 
+@in_virtual_time
 async def test_an_idle_partitions_fence_events_follow_within_the_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -85,6 +89,7 @@ async def test_an_idle_partitions_fence_events_follow_within_the_interval(
         assert actor.view().pending_records == 0
 
 
+@in_virtual_time
 async def test_decisions_alike_are_one_row_with_their_count(monkeypatch: pytest.MonkeyPatch) -> None:
     """A row per decision was a second SQLite row per placeholder: decisions with the same term,
     epoch, outcome and window between two flushes are one row, `decisions` counting them, `at`
@@ -119,6 +124,7 @@ class CountingStore(MemoryLogStore):
         await super().record_fence_events(rows)
 
 
+@in_virtual_time
 async def test_one_call_writes_the_fence_events_of_every_partition(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -22,6 +22,7 @@ from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
 from levelzero.testing.nodes import running_node
+from levelzero.testing.virtual_time import in_virtual_time
 
 
 class WallClock:
@@ -67,6 +68,7 @@ def l1_keys(store: MemoryObjectStore) -> set[str]:
     return {k for k in store._objects if k.startswith(L1_ROOT)}
 
 
+@in_virtual_time
 async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_bytes():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -93,6 +95,7 @@ async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_byt
         assert len(l1_keys(objects)) == 1
 
 
+@in_virtual_time
 async def test_mp_rises_after_catch_up_but_never_reaches_an_unreconciled_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -116,6 +119,7 @@ async def test_mp_rises_after_catch_up_but_never_reaches_an_unreconciled_epoch()
 
 
 @pytest.mark.parametrize("zombie_reports_first", [False, True])
+@in_virtual_time
 async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombie_reports_first):
     """Seed 004: the old leader uploads and reports late; its claim never enters the lineage
     and its object is deleted, whatever the order."""
@@ -185,6 +189,7 @@ async def tg_wait(result: dict) -> None:
             await anyio.sleep(0)
 
 
+@in_virtual_time
 async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as old:
@@ -199,6 +204,7 @@ async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
             assert row.key in objects._objects
 
 
+@in_virtual_time
 async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
@@ -223,6 +229,7 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
         assert doomed not in objects._objects and stale not in objects._objects
 
 
+@in_virtual_time
 async def test_an_idle_partition_does_not_hold_m_back():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -242,6 +249,7 @@ async def test_an_idle_partition_does_not_hold_m_back():
         assert idle.state.high_watermark == 0 and idle.state.mp == ms[-1]
 
 
+@in_virtual_time
 async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
@@ -265,6 +273,7 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
         assert values == [b"new2", b"new3"]
 
 
+@in_virtual_time
 async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
     """A topic's retention.ms applies to it alone; with the node's retention set, a topic with
     retention.ms = -1 keeps everything (Kafka: the topic config overrides log.retention.ms)."""
@@ -291,6 +300,7 @@ async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
         assert node.partition("kept", 0).state.start_offset == 0
 
 
+@in_virtual_time
 async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -304,6 +314,7 @@ async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
         assert isinstance(record.entry, Placeholder) and record.entry.epoch >= 4
 
 
+@in_virtual_time
 async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_stays_readable():
     """Liveness end to end: orphans from stale-epoch rejections and reconciled objects alike are
     deleted once the reconciler, housekeeper and GC catch up; every acknowledged record stays
@@ -352,6 +363,7 @@ async def test_after_the_workload_stops_every_l0_object_is_collected_and_data_st
         assert rounds >= 1
 
 
+@in_virtual_time
 async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_reported():
     """The stale-copy deadline fired while the upload hung: the late upload must neither advance
     LRO over a deleted object nor leave the object behind."""
@@ -392,6 +404,7 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
         assert actor.state.lro == 1 and len(l1_keys(objects)) == 1
 
 
+@in_virtual_time
 async def test_l1_and_l0_fetches_share_one_record_bound():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
@@ -408,6 +421,7 @@ async def test_l1_and_l0_fetches_share_one_record_bound():
         assert [r.offset for r in rest.records] == list(range(FETCH_RECORDS_MAX, count))
 
 
+@in_virtual_time
 async def test_l1_keys_take_their_randomness_from_the_injected_rng():
     """A seeded node writes the same L1 keys every time (a simulation's failing seed must
     replay its object keys too), and they come from the rng, not from an unseeded uuid4."""
@@ -426,6 +440,7 @@ async def test_l1_keys_take_their_randomness_from_the_injected_rng():
     assert first == second
 
 
+@in_virtual_time
 async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_the_deadline():
     """A copy killed mid-reconcile stays COPY_STARTED; the running reconciler collects it once
     it is older than `copy_deadline_s` (60 s here) — at most a quarter deadline late — without
@@ -453,6 +468,7 @@ async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_
         assert abandoned not in objects._objects
 
 
+@in_virtual_time
 async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
     """10 single-record produces reconciled into L1 objects of 2 records each, 3 more left in
     L0: one fetch returns all 13 (it returned the 2 of one object). The budget's boundary
@@ -496,6 +512,7 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
         assert ([r.value for r in from_l0.records], from_l0.tier) == (values[11:], "l0")
 
 
+@in_virtual_time
 async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
     """More single-record extents than one read of placeholders (64): the fetch goes on to the
     next page while its budget lasts."""
@@ -513,6 +530,7 @@ async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
         assert cut.next_offset == PLACEHOLDERS_PER_READ + 1
 
 
+@in_virtual_time
 async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
     """An abandoned copy whose clean-up delete fails 3 times: it stays DELETE_STARTED with its
     object in the bucket only until its retries (1, 2, 4 s apart) get through, in the running
@@ -573,6 +591,7 @@ def growing_config(bytes_min: int, age_max_s: float) -> NodeConfig:
     )
 
 
+@in_virtual_time
 async def test_reconciler_waits_until_the_age_bound_then_writes_one_object():
     """Ten single-record produces become one L1 object of ten records, written once the data
     waited `object_age_max_s` (from the pass that first saw it), not one per pass."""
@@ -604,6 +623,7 @@ async def test_reconciler_waits_until_the_age_bound_then_writes_one_object():
         assert await node.reconciler.run_round() == 1
 
 
+@in_virtual_time
 async def test_reconciler_writes_as_soon_as_the_size_bound_is_reached():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
@@ -623,6 +643,7 @@ async def test_reconciler_writes_as_soon_as_the_size_bound_is_reached():
         assert len(l1_keys(objects)) == 1
 
 
+@in_virtual_time
 async def test_a_crash_with_data_waiting_for_its_l1_object_loses_nothing():
     """The node dies while its partition's data waits for the bound: the L0 object stays (M(p)
     has not passed it, so the GC keeps it), the next node reads it from L0, waits again, and

@@ -19,6 +19,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
+from levelzero.testing.virtual_time import in_virtual_time
 
 CONFIG = NodeConfig(
     epoch_bump_interval_s=None,
@@ -29,6 +30,7 @@ CONFIG = NodeConfig(
 
 
 @pytest.mark.parametrize("legacy", [".", "..", ".lz-tmp-x"])
+@in_virtual_time
 async def test_a_stored_topic_with_a_refused_name_starts_read_only_and_says_what_to_do(
     legacy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -54,6 +56,7 @@ async def test_a_stored_topic_with_a_refused_name_starts_read_only_and_says_what
             await node.shutdown()
 
 
+@in_virtual_time
 async def test_an_l1_row_whose_key_no_store_can_hold_is_finished_without_asking_the_store() -> None:
     """An older levelzero recorded COPY_STARTED before the store refused the upload of
     `level_one/./0/...`; collecting that row must not fail on every retry."""

@@ -20,6 +20,9 @@ def test_child_replays_every_partition_and_reports_its_rss(tmp_path: Path) -> No
     full, bare = anyio.run(main)
     assert full["partitions"] == 40 and bare["partitions"] == 0
     assert 0 < full["startup_s"] < 60
-    assert full["rss_bytes"] > bare["rss_bytes"] > 0
+    # Both report their RSS. 40 idle partitions are ~0.3 MiB, within the RSS noise between two
+    # processes (a CI run saw the 40-partition child 32 KiB below the bare one): the figure per
+    # partition is the bench item's, at 10,000 partitions, not this smoke test's.
+    assert full["rss_bytes"] > 0 and bare["rss_bytes"] > 0
     # The first rounds after a start visit every partition (start-up collection, new term).
     assert full["reconciler_visited"] >= 40 and full["housekeeper_tended"] >= 40

@@ -219,14 +219,12 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     results_path = tmp_path / "analysis.json"
     assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
     per_table, records = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
-    assert per_table["target"] == {"bound": 1.5, "higher_is_better": False}
+    assert per_table["target"] == {"bound": 1.2, "higher_is_better": False}
     # The records, read through the data source and from their Parquet export (both counted and
     # summed inside the item): MB/s for each, information only.
-    assert (records["unit"], records["sut_label"], records["verdict"]) == (
-        "MB/s",
-        'format("levelzero")',
-        "info",
-    )
+    assert (records["unit"], records["sut_label"]) == ("MB/s", 'format("levelzero")')
+    assert records["target"] == {"bound": 0.5, "higher_is_better": True}
+    assert records["verdict"] in ("pass", "miss")
     assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
     assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
     assert per_table["sut"] > 0 and per_table["floor"] > 0

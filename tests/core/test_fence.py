@@ -11,11 +11,11 @@ import dataclasses
 
 import pytest
 
+from levelzero.testing.entries import placeholder
 from levelzero.core.entries import (
     AdvanceReconciledOffset,
     Entry,
     LogRecord,
-    Placeholder,
     TermStart,
 )
 from levelzero.core.errors import InvariantViolation, StaleClusterEpoch
@@ -33,10 +33,6 @@ from levelzero.core.state import PartitionState
 
 N = 10
 KEY = "level_zero/data/001/000000000000000010/" + "cd" * 16
-
-
-def placeholder(epoch: int, records: int = 1) -> Placeholder:
-    return Placeholder(epoch, KEY, 0, 10 * records, records, 0)
 
 
 class Leader:

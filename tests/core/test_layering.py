@@ -5,7 +5,8 @@ msgspec and itself. `levelzero/actors` use storage only through protocols: never
 a concrete storage adapter. The front ends (`http/`, `kafka/`) never import each other; `export`
 opens its stores through storage, never through the daemon or a front end; the tests never
 import the benchmarks (but for the benchmarks' own tests); no module imports itself through a
-cycle of modules.
+cycle of modules. The front ends never import the daemon or the CLI either: the daemon wires
+them.
 """
 
 from __future__ import annotations
@@ -68,8 +69,10 @@ CORE_ALLOWED_THIRD_PARTY = frozenset({"msgspec"})
 
 # Where a layer or front end must not reach: (folder, forbidden prefixes).
 FORBIDDEN_BETWEEN = (
-    ("http", ("levelzero.kafka",)),
-    ("kafka", ("levelzero.http",)),
+    # The daemon wires the front ends (it builds their apps and passes what they need); a front
+    # end never imports the daemon or the CLI.
+    ("http", ("levelzero.kafka", "levelzero.daemon", "levelzero.cli")),
+    ("kafka", ("levelzero.http", "levelzero.daemon", "levelzero.cli")),
     ("export", ("levelzero.daemon", "levelzero.http", "levelzero.kafka", "levelzero.cli")),
 )
 
@@ -275,8 +278,12 @@ def test_checker_flags_a_front_end_importing_another_and_export_reaching_the_dae
         {
             "http/app.py": (
                 "from levelzero.kafka.records import KafkaRecord\nfrom levelzero.actors.node import Node\n"
+                "def f():\n    import levelzero.daemon.metrics\n"
             ),
-            "kafka/server.py": "import levelzero.http.schema\nfrom levelzero.kafkaesque import x\n",
+            "kafka/server.py": (
+                "import levelzero.http.schema\nfrom levelzero.kafkaesque import x\n"
+                "import levelzero.cli.client\n"
+            ),
             "export/spark_source.py": (
                 "from levelzero.storage.opening import open_object_store\n"
                 "def f():\n    from levelzero.daemon.service import open_object_store\n"
@@ -288,8 +295,12 @@ def test_checker_flags_a_front_end_importing_another_and_export_reaching_the_dae
         for folder, forbidden in FORBIDDEN_BETWEEN
     }
     assert flagged == {
-        "http": ["levelzero.kafka.records", "levelzero.kafka.records.KafkaRecord"],
-        "kafka": ["levelzero.http.schema"],
+        "http": [
+            "levelzero.kafka.records",
+            "levelzero.kafka.records.KafkaRecord",
+            "levelzero.daemon.metrics",
+        ],
+        "kafka": ["levelzero.http.schema", "levelzero.cli.client"],
         "export": ["levelzero.daemon.service", "levelzero.daemon.service.open_object_store"],
     }
 

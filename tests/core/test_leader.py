@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from levelzero.testing.entries import placeholder
 from levelzero.core.entries import (
     AdvanceEpoch,
     AdvanceReconciledOffset,
     LogRecord,
-    Placeholder,
     SetStartOffset,
     TermStart,
 )
@@ -30,12 +30,6 @@ from levelzero.core.leader import (
 from levelzero.core.state import PartitionState
 
 
-def placeholder(epoch: int, count: int = 2) -> Placeholder:
-    return Placeholder(
-        epoch=epoch, object_key="k", byte_offset=0, byte_length=8, record_count=count, checksum=0
-    )
-
-
 def started(creation_epoch: int = 1) -> PartitionState:
     state = PartitionState(creation_epoch)
     state.apply(LogRecord(0, 1, 0, TermStart(1)))
@@ -55,7 +49,7 @@ def test_reserved_records_get_consecutive_offsets_and_apply_in_log_order() -> No
     assert (queue.next_log_offset, queue.projected_hwm) == (1, 0)
     assert fence.try_fence(2, 1, state.applied_window) == BecomeUpdater(2)
     fence.complete_slide(1, state.applied_window)
-    first = queue.reserve(1, placeholder(2, count=3), "a", holds_read_unit=True)
+    first = queue.reserve(1, placeholder(2, 3), "a", holds_read_unit=True)
     second = queue.reserve(1, AdvanceEpoch(2), "b", holds_read_unit=False)
     assert (first.log_offset, first.base_offset) == (1, 0)
     assert (second.log_offset, second.base_offset) == (2, 3)  # after the placeholder's records
@@ -116,7 +110,7 @@ def test_housekeeping_advances_an_idle_partition_then_catches_it_up() -> None:
     assert catch_up_needed(state) == (-1, 1)
     state.apply(LogRecord(2, 1, 0, AdvanceReconciledOffset(-1, 1)))
     assert catch_up_needed(state) is None  # nothing would move
-    state.apply(LogRecord(3, 1, 0, placeholder(2)))
+    state.apply(LogRecord(3, 1, 0, placeholder(2, 2)))
     assert catch_up_needed(state) is None  # unreconciled data: the reconciler's turn
 
 
@@ -127,11 +121,11 @@ def test_admission_and_reservation_keep_the_old_window_before_the_slide() -> Non
     fence = Fence(1)
     queue: AppendQueue[str] = AppendQueue(state)
     assert isinstance(fence.try_fence(2, 1, state.applied_window), BecomeUpdater)
-    queue.reserve(1, placeholder(2), "first", holds_read_unit=True)
+    queue.reserve(1, placeholder(2, 2), "first", holds_read_unit=True)
     fence.complete_slide(1, state.applied_window)
     old = fence.try_fence(2, 1, state.applied_window)
     assert isinstance(old, Admitted)
-    queue.reserve(1, placeholder(2), "old window", holds_read_unit=True)
+    queue.reserve(1, placeholder(2, 2), "old window", holds_read_unit=True)
     assert isinstance(fence.try_fence(5, 1, state.applied_window), BecomeUpdater)
     assert not fence.drained  # the old window's write still holds its unit
     done = queue.durable(2, state, fence)
@@ -140,7 +134,7 @@ def test_admission_and_reservation_keep_the_old_window_before_the_slide() -> Non
 
 def test_l1_collect_reasons() -> None:
     state = started()
-    state.apply(LogRecord(1, 1, 0, placeholder(1, count=4)))
+    state.apply(LogRecord(1, 1, 0, placeholder(1, 4)))
     state.apply(LogRecord(2, 1, 4, AdvanceReconciledOffset(lro=3, lrlo=1)))
 
     def reason(**row: object) -> str | None:

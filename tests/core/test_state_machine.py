@@ -8,13 +8,13 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from levelzero.testing.entries import placeholder
 from levelzero.core.entries import (
     AbandonUnreconciled,
     AdvanceEpoch,
     AdvanceReconciledOffset,
     Entry,
     LogRecord,
-    Placeholder,
     SetStartOffset,
     TermStart,
 )
@@ -24,17 +24,6 @@ from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.sim.mutations import applied
 
 KEY = "level_zero/data/007/000000000000000005/" + "ab" * 16
-
-
-def placeholder(epoch: int, records: int = 1, nbytes: int = 100) -> Placeholder:
-    return Placeholder(
-        epoch=epoch,
-        object_key=KEY,
-        byte_offset=0,
-        byte_length=nbytes,
-        record_count=records,
-        checksum=0,
-    )
 
 
 def record_for(state: PartitionState, entry: Entry, term: int | None = None) -> LogRecord:
@@ -123,7 +112,7 @@ def test_epoch_inside_applied_window_changes_nothing(epoch: int) -> None:
     apply(state, placeholder(4))
     apply(state, placeholder(6))  # window [4, 6] opened at log offset 2
     before = state.to_snapshot()
-    apply(state, placeholder(epoch, records=2, nbytes=10))
+    apply(state, placeholder(epoch, records=2, byte_length=10))
     assert state.applied_window == (4, 6)
     assert state.epoch_window_offset == 2
     assert state.min_epoch_lower_bound == before.min_epoch_lower_bound == 4
@@ -166,8 +155,8 @@ def test_max_applied_epoch_never_decreases_across_in_window_applies() -> None:
 
 def test_placeholder_advances_high_watermark_and_size() -> None:
     state = new_state()
-    first = apply(state, placeholder(1, records=3, nbytes=300))
-    second = apply(state, placeholder(1, records=2, nbytes=50))
+    first = apply(state, placeholder(1, records=3, byte_length=300))
+    second = apply(state, placeholder(1, records=2, byte_length=50))
     assert (first.base_offset, second.base_offset) == (0, 3)
     assert state.high_watermark == 5
     assert state.size_bytes == 350
@@ -383,19 +372,19 @@ def build_log() -> list[LogRecord]:
     log = [apply(state, TermStart(1), term=1)]
     entries: list[tuple[Entry, int]] = [
         (AdvanceEpoch(2), 1),
-        (placeholder(2, records=4, nbytes=400), 1),
-        (placeholder(3, records=1, nbytes=10), 1),
-        (placeholder(2, records=2, nbytes=20), 1),
+        (placeholder(2, records=4, byte_length=400), 1),
+        (placeholder(3, records=1, byte_length=10), 1),
+        (placeholder(2, records=2, byte_length=20), 1),
         (AdvanceReconciledOffset(lro=4, lrlo=3), 1),
-        (placeholder(3, records=3, nbytes=30), 1),
+        (placeholder(3, records=3, byte_length=30), 1),
         (TermStart(2), 2),
-        (placeholder(6, records=2, nbytes=5), 2),
+        (placeholder(6, records=2, byte_length=5), 2),
         (SetStartOffset(3), 2),
         (AdvanceReconciledOffset(lro=9, lrlo=8), 2),
-        (placeholder(6, records=1, nbytes=7), 2),
+        (placeholder(6, records=1, byte_length=7), 2),
         (AdvanceEpoch(8), 2),
         (AdvanceReconciledOffset(lro=10, lrlo=12), 2),
-        (placeholder(8, records=5, nbytes=50), 2),
+        (placeholder(8, records=5, byte_length=50), 2),
         (SetStartOffset(1), 2),
     ]
     for entry, term in entries:

@@ -121,7 +121,7 @@ def test_a_topics_policy_falls_back_to_the_node_and_delete_policy_alone_retains(
 
 
 def test_describe_reports_the_topic_value_then_the_broker_synonym() -> None:
-    node = BrokerConfigs(broker_id=0, retention_ms=5000)
+    node = BrokerConfigs(broker_id=0, retention_ms=5000, retention_bytes=100)
     entries = {e.name: e for e in describe_topic({"retention.ms": "60000"}, node)}
     set_here, from_node, kafka_default = (
         entries["retention.ms"],
@@ -137,7 +137,14 @@ def test_describe_reports_the_topic_value_then_the_broker_synonym() -> None:
         ("retention.ms", "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG),
         ("log.retention.ms", "5000", ConfigSource.STATIC_BROKER_CONFIG),
     ]
-    assert (from_node.value, from_node.source) == ("-1", ConfigSource.STATIC_BROKER_CONFIG)
+    assert (from_node.value, from_node.source) == ("100", ConfigSource.STATIC_BROKER_CONFIG)
+    # a node setting left at Kafka's own default reads as Kafka's default, as a broker's would
+    unset = {e.name: e for e in describe_topic({}, BrokerConfigs(broker_id=0))}["retention.bytes"]
+    assert (unset.value, unset.source, unset.synonyms[0].name) == (
+        "-1",
+        ConfigSource.DEFAULT_CONFIG,
+        "log.retention.bytes",
+    )
     assert (kafka_default.value, kafka_default.is_default) == ("604800000", True)
     assert [e.name for e in describe_topic({}, node, ["retention.ms", "nope"])] == ["retention.ms"]
 

@@ -141,7 +141,7 @@ def node_config() -> NodeConfig:
         epoch_bump_interval_s=None,
         epoch_cache_ttl_s=0.0,
         batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False),
+        reconciler=ReconcilerConfig(enabled=False, object_age_max_s=0.0),  # an L1 object every pass
         housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0),
     )
 

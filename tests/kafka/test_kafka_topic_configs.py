@@ -88,7 +88,7 @@ async def test_create_topics_stores_configs_and_refuses_what_is_not_enforced(tmp
         }
         configs = {c.name: c for c in (await client.topic_configs("kept")).configs}
         assert (configs["retention.ms"].value, configs["retention.ms"].source) == ("60000", "topic")
-        assert (configs["retention.bytes"].value, configs["retention.bytes"].source) == ("-1", "node")
+        assert (configs["retention.bytes"].value, configs["retention.bytes"].source) == ("-1", "default")
 
 
 def confluent_alter(port: int) -> dict[str, Any]:
@@ -166,7 +166,8 @@ async def test_confluent_describes_and_alters_topic_configs(tmp_path: Path) -> N
         seen = await anyio.to_thread.run_sync(confluent_alter, daemon.kafka_port)
     assert seen["created"] == {
         "retention.ms": ("60000", TOPIC_CONFIG, False, False),
-        "retention.bytes": ("-1", STATIC_BROKER, False, False),  # the node keeps whatever the size
+        # the node keeps whatever the size: Kafka's own default, reported as such
+        "retention.bytes": ("-1", DEFAULT, True, False),
         "segment.bytes": ("1073741824", DEFAULT, True, False),
     }
     assert seen["synonyms"] == [
@@ -182,7 +183,7 @@ async def test_confluent_describes_and_alters_topic_configs(tmp_path: Path) -> N
     assert seen["max.message.bytes"] == str(4 * 1024 * 1024)  # validate_only changed nothing
     assert seen["alter"] is None
     assert seen["after_alter"] == {
-        "retention.bytes": ("-1", STATIC_BROKER),
+        "retention.bytes": ("-1", DEFAULT),
         "min.compaction.lag.ms": ("5", TOPIC_CONFIG),
         "delete.retention.ms": ("7", TOPIC_CONFIG),
     }
@@ -232,9 +233,15 @@ async def test_kafka_python_describes_topic_and_broker_configs(tmp_path: Path) -
     assert seen["modified"]["broker"]["0"] == {}
     assert shown(seen["all"]["topic"]["t"]) == {
         "retention.ms": ("-1", "DYNAMIC_TOPIC_CONFIG", False),
-        "cleanup.policy": ("delete", "STATIC_BROKER_CONFIG", False),
+        "cleanup.policy": ("delete", "DEFAULT_CONFIG", False),  # the node's is Kafka's default
     }
     broker = shown(seen["all"]["broker"]["0"])
+    # what kafka-python's own suite reads of a broker: its advertised listener, set, read-only
+    assert broker["advertised.listeners"] == (
+        f"PLAINTEXT://127.0.0.1:{daemon.kafka_port}",
+        "STATIC_BROKER_CONFIG",
+        True,
+    )
     assert broker["num.partitions"] == ("3", "STATIC_BROKER_CONFIG", True)
     assert broker["auto.create.topics.enable"] == ("false", "STATIC_BROKER_CONFIG", True)
 

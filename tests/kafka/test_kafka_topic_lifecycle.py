@@ -125,7 +125,12 @@ async def test_confluent_admin_grows_a_topic_deletes_records_and_deletes_the_top
 def kafka_python_lifecycle(port: int) -> dict[str, object]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
-    from kafka.errors import InvalidPartitionsError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+    from kafka.errors import (
+        InvalidPartitionsError,
+        InvalidReplicationAssignmentError,
+        OffsetOutOfRangeError,
+        UnknownTopicOrPartitionError,
+    )
 
     bootstrap = f"127.0.0.1:{port}"
     seen: dict[str, object] = {}
@@ -146,6 +151,18 @@ def kafka_python_lifecycle(port: int) -> dict[str, object]:
             seen["shrink"] = None
         except InvalidPartitionsError:
             seen["shrink"] = "INVALID_PARTITIONS"
+        # a manual assignment naming the one broker, one per new partition, is what a node
+        # alone does anyway (kafka-python's own suite sends one); any other is refused
+        admin.create_partitions({"kp": NewPartitions(5, [[0], [0]])})
+        seen["assigned"] = len(admin.describe_topics(["kp"])[0]["partitions"])
+        refused = []
+        for assignment in ([[7]], [[0], [0]], [[0, 0]]):
+            try:
+                admin.create_partitions({"kp": NewPartitions(6, assignment)})
+                refused.append(None)
+            except InvalidReplicationAssignmentError:
+                refused.append("INVALID_REPLICA_ASSIGNMENT")
+        seen["bad_assignments"] = refused
         deleted = admin.delete_records({TopicPartition("kp", 0): 3})
         seen["low_watermark"] = deleted[TopicPartition("kp", 0)]["low_watermark"]
 
@@ -192,6 +209,8 @@ async def test_kafka_python_admin_grows_deletes_records_and_recreates_a_topic_em
     assert seen == {
         "described": 3,
         "shrink": "INVALID_PARTITIONS",
+        "assigned": 5,
+        "bad_assignments": ["INVALID_REPLICA_ASSIGNMENT"] * 3,
         "low_watermark": 3,
         "beginning": 3,
         "fetch_below_start": "OFFSET_OUT_OF_RANGE",

@@ -17,6 +17,7 @@ import anyio.abc
 import asyncpg
 import pytest
 
+from levelzero.testing.entries import placeholder
 from levelzero.core.entries import (
     AdvanceEpoch,
     AdvanceReconciledOffset,
@@ -52,7 +53,7 @@ from levelzero.storage.sqlite import SqliteLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_consumer_offsets import exercise as exercise_consumer_offsets
-from test_sqlite_log import l1_row, placeholder
+from test_sqlite_log import l1_row, placeholder_record
 
 
 @dataclass
@@ -172,7 +173,7 @@ async def test_concurrent_appends_are_durable_ordered_and_group_committed(backen
         async def appender(pid: int) -> None:
             for index in range(appends_per_partition):
                 first = index * records_per_append
-                records = [placeholder(first + i, 0, first + i) for i in range(records_per_append)]
+                records = [placeholder_record(first + i, 0, first + i) for i in range(records_per_append)]
                 await store.append(pid, 0, records)
 
         async with anyio.create_task_group() as tg:
@@ -191,7 +192,9 @@ async def test_concurrent_appends_are_durable_ordered_and_group_committed(backen
     async with await backend.open() as store:
         for row in rows:
             records = await store.read_log(row.pid, 0)
-            expected = [placeholder(o, 0, o) for o in range(appends_per_partition * records_per_append)]
+            expected = [
+                placeholder_record(o, 0, o) for o in range(appends_per_partition * records_per_append)
+            ]
             assert records == expected
 
 
@@ -214,9 +217,9 @@ async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: B
 
         batches_before = store.statistics().batches
         async with anyio.create_task_group() as tg:
-            tg.start_soon(attempt, "a", a.pid, 1, placeholder(1, 1, 0))
-            tg.start_soon(attempt, "b-stale", b.pid, 1, placeholder(2, 1, 0))
-            tg.start_soon(attempt, "b-current", b.pid, 2, placeholder(2, 2, 0))
+            tg.start_soon(attempt, "a", a.pid, 1, placeholder_record(1, 1, 0))
+            tg.start_soon(attempt, "b-stale", b.pid, 1, placeholder_record(2, 1, 0))
+            tg.start_soon(attempt, "b-current", b.pid, 2, placeholder_record(2, 2, 0))
         if backend.name == "sqlite":  # one append per partition in flight on PostgreSQL
             assert store.statistics().batches == batches_before + 1  # all three in one batch
 
@@ -225,7 +228,7 @@ async def test_stale_term_append_is_rejected_while_batch_mates_commit(backend: B
         assert isinstance(stale, NotLeader)
         assert (stale.expected_term, stale.current_term, stale.partition) == (1, 2, "t/1")
         assert store.statistics().rejected_appends == 1
-        assert await store.read_log(a.pid, 0) == [start_a, placeholder(1, 1, 0)]
+        assert await store.read_log(a.pid, 0) == [start_a, placeholder_record(1, 1, 0)]
         assert [r.term for r in await store.read_log(b.pid, 0)] == [1, 2, 2]
         assert {p.pid: p.term for p in await store.list_partitions()} == {a.pid: 1, b.pid: 2}
 
@@ -240,7 +243,7 @@ async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) 
         await store.begin_term(rows[2].pid, 1, 0)  # partition 2 moves on to term 2
         before = store.statistics()
         refused = await store.append_many(
-            [Append(row.pid, 1, [placeholder(1, 1, 0), placeholder(2, 1, 1)]) for row in rows]
+            [Append(row.pid, 1, [placeholder_record(1, 1, 0), placeholder_record(2, 1, 1)]) for row in rows]
         )
         assert [error is None for error in refused] == [True, True, False, True]
         stale = refused[2]
@@ -253,9 +256,9 @@ async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) 
             if row is rows[2]:
                 assert [r.term for r in log] == [1, 2]
             else:
-                assert log == [start, placeholder(1, 1, 0), placeholder(2, 1, 1)]
+                assert log == [start, placeholder_record(1, 1, 0), placeholder_record(2, 1, 1)]
         with pytest.raises(InvariantViolation, match="log offset 7"):
-            await store.append_many([Append(rows[0].pid, 1, [placeholder(7, 1, 2)])])
+            await store.append_many([Append(rows[0].pid, 1, [placeholder_record(7, 1, 2)])])
         assert await store.append_many([]) == []
 
 
@@ -268,7 +271,7 @@ async def test_a_term_start_behind_the_end_of_the_log_is_refused_as_moved_on(
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         await store.begin_term(p.pid, 0, 0)
-        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=2)])
+        await store.append(p.pid, 1, [placeholder_record(1, 1, 0, count=2)])
         with pytest.raises(LogMovedOn) as refused:
             await store.begin_term(p.pid, 1, 0)
         assert refused.value.next_log_offset == 2
@@ -283,18 +286,18 @@ async def test_begin_term_increments_term_and_survives_reopen(backend: Backend) 
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         assert p.term == 0
         first = await store.begin_term(p.pid, 0, 0)
-        await store.append(p.pid, 1, [placeholder(1, 1, 0, count=5)])
+        await store.append(p.pid, 1, [placeholder_record(1, 1, 0, count=5)])
         second = await store.begin_term(p.pid, 2, 5)
         assert (first.term, second.term) == (1, 2)
         assert second == LogRecord(2, 2, 5, TermStart(2))
         with pytest.raises(NotLeader):
-            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
+            await store.append(p.pid, 1, [placeholder_record(3, 1, 5)])
     async with await backend.open() as store:
         (p,) = await store.list_partitions()
         assert p.term == 2
         with pytest.raises(NotLeader):
-            await store.append(p.pid, 1, [placeholder(3, 1, 5)])
-        await store.append(p.pid, 2, [placeholder(3, 2, 5)])
+            await store.append(p.pid, 1, [placeholder_record(3, 1, 5)])
+        await store.append(p.pid, 2, [placeholder_record(3, 2, 5)])
         third = await store.begin_term(p.pid, 4, 6)
         assert third.term == 3
 
@@ -304,35 +307,35 @@ async def test_begin_term_jumps_to_at_least_and_never_goes_back(backend: Backend
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         assert (await store.begin_term(p.pid, 0, 0, at_least=9)) == LogRecord(0, 9, 0, TermStart(9))
-        await store.append(p.pid, 9, [placeholder(1, 9, 0, count=2)])
+        await store.append(p.pid, 9, [placeholder_record(1, 9, 0, count=2)])
         assert (await store.begin_term(p.pid, 2, 2, at_least=4)).term == 10  # term + 1 wins
     async with await backend.open() as store:
         (p,) = await store.list_partitions()
         assert p.term == 10
         with pytest.raises(NotLeader):
-            await store.append(p.pid, 9, [placeholder(3, 9, 2)])
-        await store.append(p.pid, 10, [placeholder(3, 10, 2)])
+            await store.append(p.pid, 9, [placeholder_record(3, 9, 2)])
+        await store.append(p.pid, 10, [placeholder_record(3, 10, 2)])
 
 
 async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(backend: Backend) -> None:
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         with pytest.raises(InvariantViolation, match="continues at 0"):
-            await store.append(p.pid, 0, [placeholder(1, 0, 0)])  # gap
+            await store.append(p.pid, 0, [placeholder_record(1, 0, 0)])  # gap
         with pytest.raises(InvariantViolation, match="carries term 3"):
-            await store.append(p.pid, 0, [placeholder(0, 3, 0)])  # wrong term in record
+            await store.append(p.pid, 0, [placeholder_record(0, 3, 0)])  # wrong term in record
         with pytest.raises(InvariantViolation, match="consecutive log offsets; 3 follows 1"):
-            await store.append(p.pid, 0, [placeholder(o, 0, o) for o in (0, 1, 3)])
+            await store.append(p.pid, 0, [placeholder_record(o, 0, o) for o in (0, 1, 3)])
         with pytest.raises(NotLeader):
             await store.append(p.pid, 4, [])  # an empty append still checks the term
         with pytest.raises(InvariantViolation, match="unknown partition id 999"):
-            await store.append(999, 0, [placeholder(0, 0, 0)])
+            await store.append(999, 0, [placeholder_record(0, 0, 0)])
         with pytest.raises(InvariantViolation, match="continues at 0"):
             await store.begin_term(p.pid, 5, 0)
         # Nothing of the rejected appends landed; the store keeps working.
         assert await store.read_log(p.pid, 0) == []
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
+        assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]
         assert not store.statistics().failed
 
 
@@ -343,7 +346,7 @@ async def test_misuse_of_append_is_an_invariant_violation_for_that_caller_only(b
 async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> None:
     async with await backend.open() as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(10)])
+        await store.append(p.pid, 0, [placeholder_record(o, 0, o) for o in range(10)])
         with pytest.raises(InvariantViolation, match="no snapshot covers"):
             await store.truncate_below(p.pid, 1)
         assert await store.truncate_below(p.pid, 0) == 0
@@ -360,7 +363,7 @@ async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> Non
         with pytest.raises(InvariantViolation, match="the log ends before 10"):
             await store.save_snapshot(Snapshot(p.pid, 10, b"future"))
 
-        await store.append(p.pid, 0, [placeholder(10, 0, 10)])
+        await store.append(p.pid, 0, [placeholder_record(10, 0, 10)])
         await store.save_snapshot(Snapshot(p.pid, 10, b"state@10"))
         assert await store.truncate_below(p.pid, 11) == 5  # the whole log
         assert await store.read_log(p.pid, 0) == []
@@ -369,9 +372,9 @@ async def test_snapshot_truncation_and_reading_continue(backend: Backend) -> Non
     async with await backend.open() as store:
         assert await store.load_snapshot(p.pid) == Snapshot(p.pid, 10, b"state@10")
         with pytest.raises(InvariantViolation, match="continues at 11"):
-            await store.append(p.pid, 0, [placeholder(0, 0, 0)])
-        await store.append(p.pid, 0, [placeholder(11, 0, 11)])
-        assert await store.read_log(p.pid, 0) == [placeholder(11, 0, 11)]
+            await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(11, 0, 11)])
+        assert await store.read_log(p.pid, 0) == [placeholder_record(11, 0, 11)]
         assert await store.load_snapshot(12345) is None
 
 
@@ -387,7 +390,7 @@ async def test_recovery_from_snapshot_and_replay_equals_live_state(backend: Back
             live.apply(record)
 
         def data(epoch: int, count: int) -> Placeholder:
-            return Placeholder(epoch, f"k-{live.next_log_offset}", 0, 10 * count, count, 0)
+            return placeholder(epoch, count, object_key=f"k-{live.next_log_offset}")
 
         for epoch in (1, 1, 2, 3, 3):
             await append(data(epoch, 4))
@@ -417,11 +420,11 @@ async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         # Data ranges: [0,10) [10,15) (epoch marker) [15,30) [30,31)
         records = [
-            placeholder(0, 0, 0, count=10),
-            placeholder(1, 0, 10, count=5),
+            placeholder_record(0, 0, 0, count=10),
+            placeholder_record(1, 0, 10, count=5),
             LogRecord(2, 0, 15, AdvanceEpoch(2)),
-            placeholder(3, 0, 15, epoch=2, count=15),
-            placeholder(4, 0, 30, epoch=2, count=1),
+            placeholder_record(3, 0, 15, epoch=2, count=15),
+            placeholder_record(4, 0, 30, epoch=2, count=1),
         ]
         await store.append(p.pid, 0, records)
 
@@ -505,7 +508,7 @@ async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
         async with anyio.create_task_group() as tg:
 
             async def append(pid: int) -> None:
-                await store.append(pid, 0, [placeholder(0, 0, 0)])
+                await store.append(pid, 0, [placeholder_record(0, 0, 0)])
                 done.append(pid)
 
             for row in rows:
@@ -515,7 +518,7 @@ async def test_aclose_finishes_queued_writes(backend: Backend) -> None:
     assert sorted(done) == [r.pid for r in rows]
     async with await backend.open() as store:
         for row in rows:
-            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+            assert await store.read_log(row.pid, 0) == [placeholder_record(0, 0, 0)]
 
 
 async def test_a_deleted_topic_leaves_the_partition_set_and_its_data_goes(backend: Backend) -> None:
@@ -524,7 +527,7 @@ async def test_a_deleted_topic_leaves_the_partition_set_and_its_data_goes(backen
         (kept,) = await store.create_topic("k", 1, 1, 0.0)
         for row in (*doomed, kept):
             term = await store.begin_term(row.pid, 0, 0)
-            await store.append(row.pid, term.term, [placeholder(1, term.term, 0)])
+            await store.append(row.pid, term.term, [placeholder_record(1, term.term, 0)])
         await store.l1_insert(l1_row("t0-a", doomed[0].pid, 0, state=L1State.COPY_FINISHED))
         await store.commit_offsets([OffsetRow("g", "t", 0, 5, "", 1.0), OffsetRow("g", "k", 0, 7, "", 1.0)])
         deleted = await store.delete_topic("t", 9.0)
@@ -543,11 +546,11 @@ async def test_writes_naming_a_deleted_partition_are_refused_as_not_leader(backe
         (row,) = await store.create_topic("t", 1, 1, 0.0)
         term = (await store.begin_term(row.pid, 0, 0)).term
         await store.delete_topic("t", 1.0)
-        [refused] = await store.append_many([Append(row.pid, term, [placeholder(1, term, 0)])])
+        [refused] = await store.append_many([Append(row.pid, term, [placeholder_record(1, term, 0)])])
         assert isinstance(refused, PartitionDeleted)
         assert isinstance(refused, NotLeader)
         with pytest.raises(PartitionDeleted, match="t/0 was deleted"):
-            await store.append(row.pid, term, [placeholder(1, term, 0)])
+            await store.append(row.pid, term, [placeholder_record(1, term, 0)])
         with pytest.raises(PartitionDeleted):
             await store.begin_term(row.pid, 1, 0)
         with pytest.raises(PartitionDeleted):
@@ -560,19 +563,19 @@ async def test_writes_naming_a_deleted_partition_are_refused_as_not_leader(backe
 async def test_a_recreated_topic_starts_empty_with_new_partition_ids(backend: Backend) -> None:
     async with await backend.open() as store:
         old = await store.create_topic("t", 2, 1, 0.0)
-        await store.append(old[1].pid, 0, [placeholder(0, 0, 0)])
+        await store.append(old[1].pid, 0, [placeholder_record(0, 0, 0)])
         await store.delete_topic("t", 1.0)
         new = await store.create_topic("t", 2, 1, 2.0)
         assert {r.pid for r in new}.isdisjoint({r.pid for r in old})
         assert min(r.pid for r in new) > max(r.pid for r in old)
         for row in new:
             assert await store.read_log(row.pid, 0) == []
-            await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+            await store.append(row.pid, 0, [placeholder_record(0, 0, 0)])
     async with await backend.open() as store:  # the tombstones and the new rows survive reopening
         assert [r.pid for r in await store.deleted_partitions()] == [r.pid for r in old]
         assert [r.pid for r in await store.list_partitions()] == [r.pid for r in new]
         with pytest.raises(PartitionDeleted):
-            await store.append(old[0].pid, 0, [placeholder(0, 0, 0)])
+            await store.append(old[0].pid, 0, [placeholder_record(0, 0, 0)])
 
 
 async def test_a_deleted_partition_is_forgotten_only_once_its_l1_objects_are_deleted(
@@ -603,7 +606,7 @@ async def test_partitions_are_added_never_removed(backend: Backend) -> None:
         added = await store.add_partitions("t", 5, 1, 1.0)
         assert [(r.topic, r.partition) for r in added] == [("t", 2), ("t", 3), ("t", 4)]
         assert min(r.pid for r in added) > max(r.pid for r in first)
-        await store.append(added[0].pid, 0, [placeholder(0, 0, 0)])
+        await store.append(added[0].pid, 0, [placeholder_record(0, 0, 0)])
         for count in (5, 3):
             with pytest.raises(InvalidInput, match="has 5 partitions"):
                 await store.add_partitions("t", count, 1, 2.0)

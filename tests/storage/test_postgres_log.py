@@ -22,7 +22,7 @@ from levelzero.storage.protocols import FenceEventRow, L0ObjectRow, L1Row, Offse
 from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_sqlite_log import placeholder
+from test_sqlite_log import placeholder_record
 
 RACE_ROUNDS = 30
 
@@ -43,7 +43,7 @@ async def test_two_connections_racing_for_one_offset_never_both_append(postgres_
             outcomes: dict[str, BaseException | None], name: str, store: PostgresLogStore, epoch: int, at: int
         ) -> None:
             try:
-                await store.append(p.pid, 1, [placeholder(at, 1, at - 1, epoch=epoch)])
+                await store.append(p.pid, 1, [placeholder_record(at, 1, at - 1, epoch=epoch)])
                 outcomes[name] = None
             except InvariantViolation as error:
                 outcomes[name] = error
@@ -70,10 +70,10 @@ async def test_a_new_term_from_another_connection_fences_the_old_leader(postgres
     ):
         (p,) = await old.create_topic("t", 1, 1, 0.0)
         await old.begin_term(p.pid, 0, 0)
-        await old.append(p.pid, 1, [placeholder(1, 1, 0)])
+        await old.append(p.pid, 1, [placeholder_record(1, 1, 0)])
         await new.begin_term(p.pid, 2, 1)  # the new leader, on its own connection
         with pytest.raises(NotLeader) as refused:
-            await old.append(p.pid, 1, [placeholder(3, 1, 1)])
+            await old.append(p.pid, 1, [placeholder_record(3, 1, 1)])
         assert (refused.value.expected_term, refused.value.current_term) == (1, 2)
         with pytest.raises(LogMovedOn, match="continues at 3"):
             await old.begin_term(p.pid, 2, 1)  # a stale leader cannot start a term at a taken offset
@@ -98,7 +98,7 @@ async def test_a_paused_nodes_open_transaction_stops_blocking_its_successor(
             await connection.execute("SELECT term FROM partitions WHERE pid = $1 FOR UPDATE", p.pid)
             # ... and the node stops here.
             with anyio.fail_after(20):
-                await other.append(p.pid, 0, [placeholder(0, 0, 0)])
+                await other.append(p.pid, 0, [placeholder_record(0, 0, 0)])
             assert [r.log_offset for r in await other.read_log(p.pid, 0)] == [0]
             with pytest.raises(Exception):  # noqa: B017, PT011 (whichever the driver raises)
                 await connection.execute("SELECT 1")  # when it wakes: its session is gone
@@ -122,7 +122,7 @@ async def test_a_paused_nodes_open_write_batch_blocks_no_other_partition(postgre
         await paused.begin_term(mine.pid, 0, 0)
         await other.begin_term(theirs.pid, 0, 0)
         paused_jobs = (
-            paused._append_job(mine.pid, 1, [placeholder(1, 1, 0)]),
+            paused._append_job(mine.pid, 1, [placeholder_record(1, 1, 0)]),
             *(
                 store_module._Job(weight=1, table=table, rows=rows)
                 for table, rows in (
@@ -146,7 +146,7 @@ async def test_a_paused_nodes_open_write_batch_blocks_no_other_partition(postgre
             assert [error for _, error in outcomes] == [None] * 4
             # ... and the node stops here, its batch uncommitted. The other node's writes:
             with anyio.fail_after(30):  # a bound only: before the fix they waited for the COMMIT
-                await other.append(theirs.pid, 1, [placeholder(1, 1, 0)])
+                await other.append(theirs.pid, 1, [placeholder_record(1, 1, 0)])
                 await other.record_l0_object(L0ObjectRow("other-key", 1, 10, 2.0, 1))
                 await other.l1_insert(L1Row("l1-key", theirs.pid, 0, 0, 1, 1, 10, "COPY_STARTED", 2.0, 2.0))
                 await other.record_fence_events([FenceEventRow(2.0, theirs.pid, 1, 1, "admitted", 1, 1)])
@@ -196,6 +196,8 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
             "cluster_identity",
             "topic_configs",
             "deleted_partitions",
+            "transactions",
+            "txn_ranges",
             "cleaner_offsets",
             "l1_compacted",
         ):
@@ -262,7 +264,7 @@ async def test_restart_under_load_loses_nothing_acknowledged_and_reconnects() ->
             async def appender(pid: int) -> None:
                 while not stop.is_set():
                     at = acknowledged[pid]
-                    await store.append(pid, 0, [placeholder(at, 0, at)])
+                    await store.append(pid, 0, [placeholder_record(at, 0, at)])
                     acknowledged[pid] = at + 1
 
             async with anyio.create_task_group() as tg:

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from levelzero.testing.entries import placeholder
 from levelzero.core.entries import (
     LogRecord,
-    Placeholder,
     TermStart,
 )
 from levelzero.core.errors import (
@@ -50,14 +50,11 @@ sys.path.insert(0, str(HERE))
 from sqlite_log_crash_writer import RECORDS_PER_APPEND, expected_record  # noqa: E402
 
 
-def placeholder(log_offset: int, term: int, base_offset: int, epoch: int = 1, count: int = 1) -> LogRecord:
-    entry = Placeholder(
-        epoch=epoch,
-        object_key=f"level_zero/data/000/{epoch:018}/obj-{log_offset}",
-        byte_offset=0,
-        byte_length=10 * count,
-        record_count=count,
-        checksum=log_offset,
+def placeholder_record(
+    log_offset: int, term: int, base_offset: int, epoch: int = 1, count: int = 1
+) -> LogRecord:
+    entry = placeholder(
+        epoch, count, object_key=f"level_zero/data/000/{epoch:018}/obj-{log_offset}", checksum=log_offset
     )
     return LogRecord(log_offset=log_offset, term=term, base_offset=base_offset, entry=entry)
 
@@ -90,7 +87,7 @@ async def test_statistics_is_an_immutable_snapshot(db: Path) -> None:
         with pytest.raises(AttributeError):
             stats.commits = 5  # type: ignore[misc]
         (row,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(row.pid, 0, [placeholder_record(0, 0, 0)])
         assert stats.commits == 0 and stats.appends == 0
         assert store.statistics().commits == 2 and store.statistics().appends == 1
 
@@ -101,7 +98,7 @@ async def test_batch_never_exceeds_group_commit_max_records(db: Path) -> None:
 
         async def appender(pid: int) -> None:
             for index in range(5):
-                await store.append(pid, 0, [placeholder(2 * index + i, 0, 0) for i in range(2)])
+                await store.append(pid, 0, [placeholder_record(2 * index + i, 0, 0) for i in range(2)])
 
         async with anyio.create_task_group() as tg:
             for row in rows:
@@ -110,7 +107,7 @@ async def test_batch_never_exceeds_group_commit_max_records(db: Path) -> None:
         assert stats.records == 100
         assert stats.largest_batch_records == 8
         with pytest.raises(InvalidInput, match="group_commit_max_records"):
-            await store.append(rows[0].pid, 0, [placeholder(10 + i, 0, 0) for i in range(9)])
+            await store.append(rows[0].pid, 0, [placeholder_record(10 + i, 0, 0) for i in range(9)])
 
 
 # ---------------------------------------------------------------------- crash
@@ -196,7 +193,7 @@ def test_random_concurrent_operations_match_a_simple_model(steps) -> None:
             case ("append", count, stale):
                 term = model.term + 1 if stale else model.term
                 first = len(model.records)
-                records = [placeholder(first + i, term, 0) for i in range(count)]
+                records = [placeholder_record(first + i, term, 0) for i in range(count)]
                 if stale:
                     with pytest.raises(NotLeader):
                         await store.append(pid, term, records)
@@ -279,13 +276,13 @@ async def test_unknown_sqlite_database_is_refused(db: Path) -> None:
 async def test_corrupt_entry_blob_raises_corrupt_data_naming_partition_and_offset(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (_, p) = await store.create_topic("t", 2, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(o, 0, o) for o in range(3)])
+        await store.append(p.pid, 0, [placeholder_record(o, 0, o) for o in range(3)])
     with sqlite3.connect(db) as connection:
         connection.execute(
             "UPDATE log SET entry = ? WHERE pid = ? AND log_offset = 1", (b"\xc1garbage", p.pid)
         )
     async with await SqliteLogStore.open(db) as store:
-        assert await store.read_log(p.pid, 2) == [placeholder(2, 0, 2)]
+        assert await store.read_log(p.pid, 2) == [placeholder_record(2, 0, 2)]
         with pytest.raises(CorruptData) as caught:
             await store.read_log(p.pid, 0)
         message = str(caught.value)
@@ -298,7 +295,7 @@ async def test_corrupt_entry_blob_raises_corrupt_data_naming_partition_and_offse
 async def test_entry_blob_of_another_kind_is_corrupt(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
     with sqlite3.connect(db) as connection:
         blob = msgspec.msgpack.encode(TermStart(7))
         connection.execute("UPDATE log SET entry = ?", (blob,))
@@ -328,16 +325,20 @@ async def test_bad_options_are_refused(db: Path) -> None:
 async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
     with sqlite3.connect(db) as connection:  # what the first release wrote: schema 1
         connection.execute("DROP TABLE consumer_offsets")
         connection.execute("DROP TABLE producer_batches")
         connection.execute("DROP TABLE topic_configs")
         connection.execute("DROP TABLE deleted_partitions")
+        connection.execute("DROP TABLE transactions")
+        connection.execute("DROP TABLE txn_ranges")
+        connection.execute("DROP TABLE cleaner_offsets")
+        connection.execute("DROP TABLE l1_compacted")
         connection.execute("DROP INDEX l0_objects_live")
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
         connection.execute("PRAGMA user_version = 1")
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     for _ in range(2):  # the second open finds nothing to migrate
         async with await SqliteLogStore.open(db) as store:
             assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]
@@ -350,6 +351,10 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
                 "l0_objects_live",
                 "topic_configs",
                 "deleted_partitions",
+                "transactions",
+                "txn_ranges",
+                "cleaner_offsets",
+                "l1_compacted",
             } <= names
             columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
             assert "decisions" in columns
@@ -363,7 +368,7 @@ async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Pat
         rows = await store.create_topic("t", 3, 1, 0.0)
         for n in range(4):
             for row in rows:
-                await store.append(row.pid, 0, [placeholder(n, 0, n * 10, count=10)])
+                await store.append(row.pid, 0, [placeholder_record(n, 0, n * 10, count=10)])
         before = {row.pid: await store.read_log(row.pid, 0) for row in rows}
     columns = ", ".join(LOG_COLUMNS)
     with sqlite3.connect(db) as connection:  # the layout of schema 1 and 2
@@ -383,7 +388,7 @@ async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Pat
     async with await SqliteLogStore.open(db) as store:
         assert {row.pid: await store.read_log(row.pid, 0) for row in rows} == before
         assert [r.log_offset for r in await store.read_placeholders(rows[1].pid, 25, 10)] == [2, 3]
-        await store.append(rows[0].pid, 0, [placeholder(4, 0, 40, count=10)])
+        await store.append(rows[0].pid, 0, [placeholder_record(4, 0, 40, count=10)])
         assert [r.log_offset for r in await store.read_log(rows[0].pid, 3)] == [3, 4]
     with sqlite3.connect(db) as connection:
         assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
@@ -400,7 +405,7 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
         rows = await store.create_topic("t", 5, 1, 0.0)
         before = store.statistics()
         refused = await store.append_many(
-            [Append(row.pid, 0, [placeholder(i, 0, i) for i in range(3)]) for row in rows]
+            [Append(row.pid, 0, [placeholder_record(i, 0, i) for i in range(3)]) for row in rows]
         )
         assert refused == [None] * 5
         after = store.statistics()
@@ -410,14 +415,14 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
             assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1, 2]
         with pytest.raises(InvalidInput, match="group_commit_max_records"):
             await store.append_many(
-                [Append(rows[0].pid, 0, [placeholder(3 + i, 0, 3 + i) for i in range(9)])]
+                [Append(rows[0].pid, 0, [placeholder_record(3 + i, 0, 3 + i) for i in range(9)])]
             )
 
 
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
     async with await SqliteLogStore.open(db, synchronous="NORMAL") as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
         assert (await store._writer.execute_fetchall("PRAGMA synchronous"))[0][0] == 1
     with sqlite3.connect(db) as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -439,7 +444,7 @@ def l1_row(key: str, pid: int, base: int, state: str = L1State.COPY_STARTED) -> 
 async def test_event_rows_are_readable_with_plain_sql(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0, epoch=3, count=7)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0, epoch=3, count=7)])
         await store.record_l0_object(L0ObjectRow("obj-a", 3, 500, 1.0, 2))
         await store.record_l0_object(L0ObjectRow("obj-b", 4, 600, 1.5, 1))
         await store.record_l0_object(L0ObjectRow("obj-a", 9, 9, 9.0, 9))  # replay: first wins
@@ -491,10 +496,10 @@ async def test_open_in_runs_the_writer_in_the_callers_task_group(db: Path) -> No
     async with anyio.create_task_group() as tg:
         store = await SqliteLogStore.open_in(tg, db)
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
         await store.aclose()
     async with anyio.create_task_group() as tg, await SqliteLogStore.open_in(tg, db) as store:
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+        assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]
 
 
 async def test_open_then_aclose_without_context_manager(db: Path) -> None:
@@ -505,7 +510,7 @@ async def test_open_then_aclose_without_context_manager(db: Path) -> None:
         await store.aclose()
     await store.aclose()  # idempotent
     with pytest.raises(ShuttingDown):
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
     with pytest.raises(ShuttingDown):
         await store.read_log(p.pid, 0)
 
@@ -513,19 +518,21 @@ async def test_open_then_aclose_without_context_manager(db: Path) -> None:
 async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
         drop_fence_events(db)
         fence = FenceEventRow(1.0, p.pid, 0, 1, "admitted", 1, 1)
         errors: list[BaseException] = []
 
         async with anyio.create_task_group() as tg:  # one batch: the append shares its fate
-            tg.start_soon(storage_error_into, errors, lambda: store.append(p.pid, 0, [placeholder(1, 0, 1)]))
+            tg.start_soon(
+                storage_error_into, errors, lambda: store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
+            )
             tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
         assert len(errors) == 2 and all("refuses writes" in str(e) for e in errors)
         assert store.statistics().failed
         with pytest.raises(StorageError, match="until it is reopened"):
-            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]  # reads still work
+            await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
+        assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]  # reads still work
     with pytest.raises(StorageError, match="lacks tables fence_events"):
         await SqliteLogStore.open(db)
 

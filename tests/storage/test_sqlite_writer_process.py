@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from test_sqlite_log import drop_fence_events, placeholder, storage_error_into
+from test_sqlite_log import drop_fence_events, placeholder_record, storage_error_into
 
 from levelzero.core.errors import ShuttingDown, StorageError
 from levelzero.storage.protocols import FenceEventRow
@@ -37,11 +37,11 @@ async def test_writes_go_through_a_separate_process_that_ends_with_the_store(db:
         pid = store.writer_pid
         assert pid != os.getpid() and _alive(pid)
         (p,) = await store.create_topic("t", 1, 1, 0.0)  # a `run` job: on the store's connection
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])  # staged: in the writer process
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])  # staged: in the writer process
         assert store.statistics().commits >= 2
     assert not _alive(pid)
     async with await SqliteLogStore.open(db) as store:
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]
+        assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]
 
 
 async def test_a_waiting_crowd_is_sent_as_two_batches_so_commits_overlap(db: Path) -> None:
@@ -50,12 +50,12 @@ async def test_a_waiting_crowd_is_sent_as_two_batches_so_commits_overlap(db: Pat
         before = store.statistics()
         async with anyio.create_task_group() as tg:
             for row in rows:
-                tg.start_soon(store.append, row.pid, 0, [placeholder(0, 0, 0)])
+                tg.start_soon(store.append, row.pid, 0, [placeholder_record(0, 0, 0)])
         after = store.statistics()
         assert after.commits - before.commits == 2
         assert after.largest_batch_records == 32
         for row in rows:
-            assert await store.read_log(row.pid, 0) == [placeholder(0, 0, 0)]
+            assert await store.read_log(row.pid, 0) == [placeholder_record(0, 0, 0)]
 
 
 async def test_few_waiting_jobs_stay_one_batch(db: Path) -> None:
@@ -64,23 +64,23 @@ async def test_few_waiting_jobs_stay_one_batch(db: Path) -> None:
         before = store.statistics().commits
         async with anyio.create_task_group() as tg:
             for row in rows:
-                tg.start_soon(store.append, row.pid, 0, [placeholder(0, 0, 0)])
+                tg.start_soon(store.append, row.pid, 0, [placeholder_record(0, 0, 0)])
         assert store.statistics().commits - before == 1
 
 
 async def test_writer_process_death_refuses_writes_with_a_clear_error(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
         os.kill(store.writer_pid, signal.SIGKILL)
         with pytest.raises(StorageError, match="writer process ended"):
-            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+            await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert store.statistics().failed
         with pytest.raises(StorageError, match="until it is reopened"):
-            await store.append(p.pid, 0, [placeholder(1, 0, 1)])
-        assert await store.read_log(p.pid, 0) == [placeholder(0, 0, 0)]  # reads still work
+            await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
+        assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]  # reads still work
     async with await SqliteLogStore.open(db) as store:  # reopening recovers
-        await store.append(p.pid, 0, [placeholder(1, 0, 1)])
+        await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert len(await store.read_log(p.pid, 0)) == 2
 
 
@@ -90,7 +90,7 @@ async def test_signals_for_the_daemon_do_not_stop_the_writer_process(db: Path) -
         for signum in (signal.SIGTERM, signal.SIGINT):
             os.kill(store.writer_pid, signum)
         await anyio.sleep(0.2)  # a signal that killed it would have by now
-        await store.append(p.pid, 0, [placeholder(0, 0, 0)])
+        await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
         assert not store.statistics().failed
 
 
@@ -123,7 +123,7 @@ async def test_a_failed_commit_stops_the_batch_sent_behind_it(db: Path) -> None:
     async with await SqliteLogStore.open(db) as store:
         rows = await store.create_topic("t", 63, 1, 0.0)
         for row in rows:
-            await store.append(row.pid, 0, [placeholder(0, 0, 0)])
+            await store.append(row.pid, 0, [placeholder_record(0, 0, 0)])
         drop_fence_events(db)
         errors: list[BaseException] = []
 
@@ -135,7 +135,7 @@ async def test_a_failed_commit_stops_the_batch_sent_behind_it(db: Path) -> None:
                 tg.start_soon(
                     storage_error_into,
                     errors,
-                    lambda pid=row.pid: store.append(pid, 0, [placeholder(1, 0, 1)]),
+                    lambda pid=row.pid: store.append(pid, 0, [placeholder_record(1, 0, 1)]),
                 )
         assert store.statistics().batches - before.batches == 2
         assert len(errors) == 64 and all("refuses writes" in str(e) for e in errors)
@@ -152,7 +152,7 @@ async def test_cancelling_the_store_with_batches_on_their_way_answers_them_truly
 
     async def append(store: SqliteLogStore, pid: int) -> None:
         try:
-            await store.append(pid, 0, [placeholder(0, 0, 0)])
+            await store.append(pid, 0, [placeholder_record(0, 0, 0)])
             acknowledged.append(pid)
         except (StorageError, ShuttingDown):
             refused.append(pid)
@@ -192,7 +192,7 @@ async def test_a_batch_with_run_jobs_waits_for_the_batches_sent_before_it(db: Pa
                     tg.start_soon(
                         storage_error_into,
                         errors,
-                        lambda pid=row.pid, o=offset: store.append(pid, 0, [placeholder(o, 0, o)]),
+                        lambda pid=row.pid, o=offset: store.append(pid, 0, [placeholder_record(o, 0, o)]),
                     )
             tg.start_soon(storage_error_into, errors, lambda: store.set_cluster_epoch(2))
         assert store.statistics().batches - before.batches == 2

@@ -164,7 +164,7 @@ class PartitionLogRole(PostgresBase):
             )
             for table in ("partition_leases", "partition_watermarks", "log", "snapshots", "partitions"):
                 await connection.execute(f"DELETE FROM {table} WHERE pid = ANY($1::bigint[])", pids)
-            for table in ("consumer_offsets", "producer_batches", "topic_configs"):
+            for table in ("consumer_offsets", "producer_batches", "topic_configs", "txn_ranges"):
                 await connection.execute(f"DELETE FROM {table} WHERE topic = $1", topic)
             return rows
 

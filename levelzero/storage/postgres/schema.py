@@ -247,7 +247,30 @@ CREATE TABLE deleted_partitions (
     collected_at DOUBLE PRECISION
 );
 """,
-    # 9: compaction: each partition's accepted cleaner-offset map (term -> the offset its
+    # 9: Kafka transactions: the coordinators' state, partitions' open and aborted ranges
+    """
+CREATE TABLE transactions (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id BIGINT NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    timeout_ms BIGINT NOT NULL,
+    started_at DOUBLE PRECISION NOT NULL,
+    partitions TEXT NOT NULL,
+    groups TEXT NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE TABLE txn_ranges (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_id BIGINT NOT NULL,
+    first_offset BIGINT NOT NULL,
+    last_offset BIGINT NOT NULL,
+    aborted BOOLEAN NOT NULL,
+    PRIMARY KEY (topic, partition, first_offset, producer_id)
+);
+""",
+    # 10: compaction: each partition's accepted cleaner-offset map (term -> the offset its
     # cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted)
     """
 CREATE TABLE cleaner_offsets (

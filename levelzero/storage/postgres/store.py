@@ -22,7 +22,7 @@ one is wholly there or wholly absent.
 
 The store is one class over one pool and one dispatcher (`base.PostgresBase`: opening and
 closing, retries, group commit), with a module per role: `partition_log`, `epochs`, `l1`,
-`catalog`, `consumer_offsets`, `cluster_control`, `producers`, `topic_configs`.
+`catalog`, `consumer_offsets`, `cluster_control`, `producers`, `topic_configs`, `transactions`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .l1 import L1Role
 from .partition_log import PartitionLogRole
 from .producers import ProducerBatchRole
 from .topic_configs import TopicConfigRole
+from .transactions import TransactionRole
 
 __all__ = ["CONNECTION_ERRORS", "PostgresLogStore", "redacted"]
 
@@ -49,5 +50,6 @@ class PostgresLogStore(
     ClusterRole,
     ProducerBatchRole,
     TopicConfigRole,
+    TransactionRole,
 ):
     """The `LogStore` (and `ClusterControl`, `ProducerBatchStore`) on PostgreSQL."""

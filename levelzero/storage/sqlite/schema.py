@@ -25,11 +25,12 @@ from levelzero.storage.protocols import (
 # producers' batches (the Kafka listener), the live-L0 index, fence_events.decisions. Version 3:
 # the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
 # Version 4: topic_configs (each topic's Kafka topic configs). Version 5: deleted partitions
-# (DeleteTopics), kept until their L1 objects are collected.
+# (DeleteTopics), kept until their L1 objects are collected. Version 6: Kafka transactions
+# (the coordinators' state, partitions' open and aborted transaction ranges).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -80,6 +81,49 @@ SELECT_PRODUCER_BATCHES = (
     "SELECT producer_id, producer_epoch, topic, partition, base_sequence, record_count,"
     " base_offset, stored_at FROM producer_batches WHERE producer_id = ?"
     " ORDER BY topic, partition, stored_at, base_sequence"
+)
+TRANSACTIONS = """CREATE TABLE IF NOT EXISTS transactions (
+    transactional_id TEXT PRIMARY KEY,
+    producer_id INTEGER NOT NULL,
+    producer_epoch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    timeout_ms INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    partitions TEXT NOT NULL,
+    groups TEXT NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID"""
+TXN_RANGES = """CREATE TABLE IF NOT EXISTS txn_ranges (
+    topic TEXT NOT NULL,
+    partition INTEGER NOT NULL,
+    producer_id INTEGER NOT NULL,
+    first_offset INTEGER NOT NULL,
+    last_offset INTEGER NOT NULL,
+    aborted INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition, first_offset, producer_id)
+) WITHOUT ROWID"""
+UPSERT_TRANSACTION = (
+    "INSERT OR REPLACE INTO transactions (transactional_id, producer_id, producer_epoch, state,"
+    " timeout_ms, started_at, partitions, groups, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SELECT_TRANSACTIONS = (
+    "SELECT transactional_id, producer_id, producer_epoch, state, timeout_ms, started_at,"
+    " partitions, groups, updated_at FROM transactions ORDER BY transactional_id"
+)
+INSERT_TXN_RANGE = (
+    "INSERT OR IGNORE INTO txn_ranges (topic, partition, producer_id, first_offset, last_offset,"
+    " aborted) VALUES (?, ?, ?, ?, ?, ?)"
+)
+ABORT_TXN_RANGE = (
+    "UPDATE txn_ranges SET last_offset = ?, aborted = 1"
+    " WHERE topic = ? AND partition = ? AND producer_id = ? AND first_offset = ?"
+)
+DELETE_TXN_RANGE = (
+    "DELETE FROM txn_ranges WHERE topic = ? AND partition = ? AND producer_id = ? AND first_offset = ?"
+)
+SELECT_TXN_RANGES = (
+    "SELECT topic, partition, producer_id, first_offset, last_offset, aborted FROM txn_ranges"
+    " WHERE topic = ? AND partition = ? ORDER BY first_offset, producer_id"
 )
 SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY group_id"
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
@@ -146,7 +190,7 @@ DELETED_PARTITIONS = """CREATE TABLE IF NOT EXISTS deleted_partitions (
     collected_at REAL
 )"""
 
-# Compaction (schema 6): each partition's accepted cleaner-offset map (term -> the offset its
+# Compaction (schema 7): each partition's accepted cleaner-offset map (term -> the offset its
 # cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted).
 CLEANER_OFFSETS = """CREATE TABLE IF NOT EXISTS cleaner_offsets (
     pid INTEGER NOT NULL,
@@ -258,6 +302,10 @@ CREATE TABLE state_samples (
     + ";\n"
     + DELETED_PARTITIONS
     + ";\n"
+    + TRANSACTIONS
+    + ";\n"
+    + TXN_RANGES
+    + ";\n"
     + CLEANER_OFFSETS
     + ";\n"
     + L1_COMPACTED
@@ -286,14 +334,11 @@ SCHEMA_TABLES_OF_VERSION = {
     4: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "topic_configs"},
     5: SCHEMA_TABLES | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"},
     6: SCHEMA_TABLES
-    | {
-        "consumer_offsets",
-        "producer_batches",
-        "topic_configs",
-        "deleted_partitions",
-        "cleaner_offsets",
-        "l1_compacted",
-    },
+    | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
+    | {"transactions", "txn_ranges"},
+    7: SCHEMA_TABLES
+    | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
+    | {"transactions", "txn_ranges", "cleaner_offsets", "l1_compacted"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -388,11 +433,23 @@ async def _migrate_4_to_5(connection: aiosqlite.Connection) -> None:
 
 
 async def _migrate_5_to_6(connection: aiosqlite.Connection) -> None:
+    await connection.execute(TRANSACTIONS)
+    await connection.execute(TXN_RANGES)
+
+
+async def _migrate_6_to_7(connection: aiosqlite.Connection) -> None:
     await connection.execute(CLEANER_OFFSETS)
     await connection.execute(L1_COMPACTED)
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5, _migrate_5_to_6)
+MIGRATIONS = (
+    _migrate_1_to_2,
+    _migrate_2_to_3,
+    _migrate_3_to_4,
+    _migrate_4_to_5,
+    _migrate_5_to_6,
+    _migrate_6_to_7,
+)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 

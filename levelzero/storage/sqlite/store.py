@@ -69,6 +69,8 @@ from levelzero.core.errors import (
     UnknownTopic,
 )
 from levelzero.storage.protocols import (
+    TransactionRow,
+    TxnRangeRow,
     Append,
     CompactionCommit,
     CompactionState,
@@ -106,6 +108,12 @@ from .schema import (
     INSERT_LOG,
     INSERT_STATE_SAMPLE,
     INSERT_PRODUCER_BATCH,
+    ABORT_TXN_RANGE,
+    DELETE_TXN_RANGE,
+    INSERT_TXN_RANGE,
+    SELECT_TRANSACTIONS,
+    SELECT_TXN_RANGES,
+    UPSERT_TRANSACTION,
     PRUNE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
     SELECT_OFFSET_GROUPS,
@@ -673,7 +681,7 @@ class SqliteLogStore(StoreLifecycle):
             )
             for table in ("partitions", "log", "snapshots"):
                 await connection.executemany(f"DELETE FROM {table} WHERE pid = ?", pids)
-            for table in ("consumer_offsets", "producer_batches"):
+            for table in ("consumer_offsets", "producer_batches", "txn_ranges"):
                 await connection.execute(f"DELETE FROM {table} WHERE topic = ?", (topic,))
             await connection.execute(DELETE_TOPIC_CONFIGS, (topic,))
             for row in rows:
@@ -1106,6 +1114,36 @@ class SqliteLogStore(StoreLifecycle):
         self._check_readable()
         rows = await self._reader.execute_fetchall(SELECT_PRODUCER_BATCHES, (producer_id,))
         return [ProducerBatchRow(*row) for row in rows]
+
+    # ------------------------------------------------------------------ transactions
+
+    async def put_transaction(self, row: TransactionRow) -> None:
+        await self._stage_rows(UPSERT_TRANSACTION, [msgspec.structs.astuple(row)])
+
+    async def transactions(self) -> list[TransactionRow]:
+        self._check_readable()
+        return [TransactionRow(*row) for row in await self._reader.execute_fetchall(SELECT_TRANSACTIONS)]
+
+    async def open_txn_range(self, row: TxnRangeRow) -> None:
+        await self._stage_rows(INSERT_TXN_RANGE, [(*msgspec.structs.astuple(row)[:5], int(row.aborted))])
+
+    async def close_txn_range(
+        self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
+    ) -> None:
+        if aborted:
+            await self._stage_rows(
+                ABORT_TXN_RANGE, [(last_offset, topic, partition, producer_id, first_offset)]
+            )
+        else:
+            await self._stage_rows(DELETE_TXN_RANGE, [(topic, partition, producer_id, first_offset)])
+
+    async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
+        self._check_readable()
+        rows = await self._reader.execute_fetchall(SELECT_TXN_RANGES, (topic, partition))
+        return [
+            TxnRangeRow(t, p, producer, first, last, bool(aborted))
+            for t, p, producer, first, last, aborted in rows
+        ]
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""

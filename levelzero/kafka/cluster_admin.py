@@ -1,0 +1,197 @@
+"""The partition-placement admin APIs Kafka 4 tools call, answered from what levelzero is:
+every partition has one replica, its leader (a node alone leads all of them; in a cluster the
+holder of its lease), so there is never a reassignment in progress nor a preferred leader to
+elect.
+
+- DescribeTopicPartitions (KIP-966): Metadata's partitions, paged by a cursor.
+- ElectLeaders: ELECTION_NOT_NEEDED for a partition with a live leader (it is its only
+  replica), ELIGIBLE_LEADERS_NOT_AVAILABLE while its lease moves, UNKNOWN_TOPIC_OR_PARTITION.
+- ListPartitionReassignments: none. AlterPartitionReassignments: a target that is the
+  partition's present replica (its leader) is a no-op, as Kafka answers one; a cancellation
+  NO_REASSIGNMENT_IN_PROGRESS; any other target INVALID_REPLICA_ASSIGNMENT (leases place
+  partitions).
+- ListConfigResources (KIP-1142): the topics and this broker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.node import Node
+from levelzero.kafka.metadata import Cluster
+from levelzero.kafka.protocol import Request, make
+
+TOPIC = 2  # Kafka's ConfigResource.Type
+BROKER = 4
+
+
+class ClusterAdminApi:
+    def __init__(self, node: Node, cluster: Cluster) -> None:
+        self.node = node
+        self.cluster = cluster
+
+    def describe_topic_partitions(self, request: Request) -> Any:
+        """The named topics (none named: every topic), in name order, from the cursor's topic
+        and partition on, at most `response_partition_limit` partitions; `next_cursor` names
+        the first partition left out."""
+        m = request.response_module
+        body = request.body
+        topics = self.node.topics()
+        names = sorted({t.name for t in body.topics}) if body.topics else sorted(topics)
+        cursor = body.cursor
+        if cursor is not None:
+            names = [n for n in names if n >= cursor.topic_name]
+        limit = max(1, body.response_partition_limit)
+        leaders = self.cluster.leaders(self.cluster.brokers())
+        epochs = self.cluster.leader_epochs()
+        out: list[Any] = []
+        next_cursor = None
+        shown = 0
+        for name in names:
+            count = topics.get(name)
+            if count is None:
+                out.append(self._topic(m, name, ErrorCode.unknown_topic_or_partition, ()))
+                continue
+            first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+            partitions = []
+            for p in range(max(0, first), count):
+                if shown == limit:
+                    next_cursor = make(m.Cursor, topic_name=name, partition_index=p)
+                    break
+                leader = leaders.get((name, p))
+                replicas = () if leader is None else (leader,)
+                partitions.append(
+                    make(
+                        m.DescribeTopicPartitionsResponsePartition,
+                        error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
+                        partition_index=p,
+                        leader_id=-1 if leader is None else leader,
+                        leader_epoch=epochs.get((name, p), -1),
+                        replica_nodes=replicas,
+                        isr_nodes=replicas,
+                        eligible_leader_replicas=None,
+                        last_known_elr=None,
+                        offline_replicas=(),
+                    )
+                )
+                shown += 1
+            out.append(self._topic(m, name, ErrorCode.none, tuple(partitions)))
+            if next_cursor is not None:
+                break
+        return make(
+            m.DescribeTopicPartitionsResponse, throttle_time=0, topics=tuple(out), next_cursor=next_cursor
+        )
+
+    @staticmethod
+    def _topic(m: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...]) -> Any:
+        return make(
+            m.DescribeTopicPartitionsResponseTopic,
+            error_code=error,
+            name=name,
+            topic_id=None,
+            is_internal=False,
+            partitions=partitions,
+            topic_authorized_operations=-2147483648,
+        )
+
+    def elect_leaders(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        topics = self.node.topics()
+        if body.topic_partitions is None:  # every partition
+            wanted = [(t, tuple(range(n))) for t, n in sorted(topics.items())]
+        else:
+            wanted = [(t.topic, tuple(t.partitions)) for t in body.topic_partitions]
+        leaders = self.cluster.leaders(self.cluster.brokers())
+        results = []
+        for topic, partitions in wanted:
+            out = []
+            for p in partitions:
+                if not 0 <= p < topics.get(topic, 0):
+                    error, message = ErrorCode.unknown_topic_or_partition, f"unknown partition {topic}/{p}"
+                elif (topic, p) in leaders:
+                    error, message = ErrorCode.election_not_needed, "its leader is its only replica"
+                else:
+                    error, message = ErrorCode.eligible_leaders_not_available, "its lease is moving"
+                out.append(make(m.PartitionResult, partition_id=p, error_code=error, error_message=message))
+            results.append(make(m.ReplicaElectionResult, topic=topic, partition_result=tuple(out)))
+        return make(
+            m.ElectLeadersResponse,
+            throttle_time=0,
+            error_code=ErrorCode.none,
+            replica_election_results=tuple(results),
+        )
+
+    def alter_partition_reassignments(self, request: Request) -> Any:
+        m = request.response_module
+        topics = self.node.topics()
+        leaders = self.cluster.leaders(self.cluster.brokers())
+        responses = []
+        for topic in request.body.topics:
+            out = []
+            for p in topic.partitions:
+                index = p.partition_index
+                leader = leaders.get((topic.name, index))
+                error, message = ErrorCode.none, None
+                if not 0 <= index < topics.get(topic.name, 0):
+                    error, message = (
+                        ErrorCode.unknown_topic_or_partition,
+                        f"unknown partition {topic.name}/{index}",
+                    )
+                elif p.replicas is None:
+                    error, message = ErrorCode.no_reassignment_in_progress, "no reassignment is in progress"
+                elif leader is None or list(p.replicas) != [leader]:
+                    error = ErrorCode.invalid_replica_assignment
+                    message = (
+                        f"replicas {list(p.replicas)}: the one replica is its leader, placed by its lease"
+                    )
+                out.append(
+                    make(
+                        m.ReassignablePartitionResponse,
+                        partition_index=index,
+                        error_code=error,
+                        error_message=message,
+                    )
+                )
+            responses.append(make(m.ReassignableTopicResponse, name=topic.name, partitions=tuple(out)))
+        return make(
+            m.AlterPartitionReassignmentsResponse,
+            throttle_time=0,
+            error_code=ErrorCode.none,
+            error_message=None,
+            responses=tuple(responses),
+        )
+
+    @staticmethod
+    def list_partition_reassignments(request: Request) -> Any:
+        m = request.response_module
+        return make(
+            m.ListPartitionReassignmentsResponse,
+            throttle_time=0,
+            error_code=ErrorCode.none,
+            error_message=None,
+            topics=(),
+        )
+
+    def list_config_resources(self, request: Request) -> Any:
+        """v0 (ListClientMetricsResources) lists client-metrics resources: there are none. v1
+        lists the asked types (none asked: every type); topics and this broker are the ones
+        levelzero has."""
+        m = request.response_module
+        types = tuple(getattr(request.body, "resource_types", ()) or ())
+        resources = []
+        if request.api_version >= 1:
+            if not types or TOPIC in types:
+                resources += [(name, TOPIC) for name in sorted(self.node.topics())]
+            if not types or BROKER in types:
+                resources.append((str(self.cluster.me().node_id), BROKER))
+        return make(
+            m.ListConfigResourcesResponse,
+            throttle_time=0,
+            error_code=ErrorCode.none,
+            config_resources=tuple(
+                make(m.ConfigResource, resource_name=name, resource_type=kind) for name, kind in resources
+            ),
+        )

@@ -1,0 +1,529 @@
+"""Kafka transactions (KIP-98): the transaction coordinator (InitProducerId with a
+transactional id, AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn, timeouts) and
+each partition's transaction index (open ranges: the last stable offset; aborted ranges: what a
+read_committed fetch lists).
+
+How records carry a transaction: a record of a transactional batch is stored with one reserved
+header (`TXN_HEADER`: producer id, epoch, kind) as its last header, and a commit or abort marker
+is a stored record with the same header of kind commit/abort. The L0/L1 format is unchanged (old
+objects read as they are); the fetch encoder strips the header again and emits such records as
+transactional batches of that producer and markers as control batches, as Kafka's log holds them
+(`records.encode_run`). A client cannot send the reserved header (a produce holding it is refused).
+
+Durability (state in the control plane before answering, `TransactionStore`): InitProducerId,
+AddPartitionsToTxn, AddOffsetsToTxn and each state change of EndTxn are stored before the answer;
+a partition's open range is stored before the transaction's first record set is submitted there,
+at the partition's high watermark then (at or below the records' offset: the last stable offset
+never passes an open transaction); an aborted range is stored with its last offset once the
+abort marker is stored. EndTxn answers once every marker is stored (Kafka answers after
+PREPARE_*; answering later is the stronger of the two).
+
+Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
+PREPARE_ABORT is completed (its markers written again: a second marker is harmless); one found
+ONGOING is aborted when its timeout expires, as the coordinator does for a transaction whose
+producer went away.
+
+Limits: the coordinator writes markers through this node, so in a cluster every partition of a
+transaction must be led by the transaction's coordinator node (a marker for a partition led
+elsewhere fails EndTxn with a retriable error); a produce's epoch is checked against the
+coordinator of this node only. KIP-890's server-side verification is not implemented.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record
+from levelzero.kafka.groups import GroupCoordinator
+from levelzero.kafka.metadata import Cluster
+from levelzero.kafka.protocol import Request, make
+from levelzero.kafka.records import TXN_HEADER
+from levelzero.storage.protocols import MemoryTransactionStore, TransactionRow, TransactionStore, TxnRangeRow
+
+log = logging.getLogger("levelzero.kafka")
+
+_TXN_VALUE = struct.Struct(">qhb")  # producer id, producer epoch, kind
+KIND_DATA = -1
+KIND_ABORT = 0  # Kafka's control record types
+KIND_COMMIT = 1
+TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
+EXPIRY_CHECK_S = 1.0
+EPOCH_MAX = 32767
+
+EMPTY, ONGOING = "empty", "ongoing"
+PREPARE_COMMIT, PREPARE_ABORT = "prepare_commit", "prepare_abort"
+COMPLETE_COMMIT, COMPLETE_ABORT = "complete_commit", "complete_abort"
+
+
+def txn_header(producer_id: int, producer_epoch: int, kind: int) -> tuple[str, bytes]:
+    return TXN_HEADER, _TXN_VALUE.pack(producer_id, producer_epoch, kind)
+
+
+def txn_of(record: Record) -> tuple[int, int, int] | None:
+    """(producer id, epoch, kind) of a record stored by a transaction, else None."""
+    headers = record.headers
+    if headers and headers[-1][0] == TXN_HEADER:
+        value = headers[-1][1]
+        assert value is not None and len(value) == _TXN_VALUE.size, "stored by this module"
+        producer_id, epoch, kind = _TXN_VALUE.unpack(value)
+        return producer_id, epoch, kind
+    return None
+
+
+def marker_record(producer_id: int, producer_epoch: int, commit: bool) -> Record:
+    """A commit/abort marker as stored (encoded as Kafka's control record on fetch)."""
+    kind = KIND_COMMIT if commit else KIND_ABORT
+    return Record(
+        struct.pack(">hh", 0, kind),
+        struct.pack(">hi", 0, 0),  # version, coordinator epoch
+        int(time.time() * 1000),
+        (txn_header(producer_id, producer_epoch, kind),),
+    )
+
+
+def has_reserved_header(records: Sequence[Record]) -> bool:
+    return any(r.headers and any(name == TXN_HEADER for name, _ in r.headers) for r in records)
+
+
+@dataclass(slots=True)
+class PartitionTxns:
+    """One partition's transactions: open ranges (producer id -> first offset) and aborted ranges
+    (producer id, first offset, last offset: the abort marker's), by first offset."""
+
+    open: dict[int, int] = field(default_factory=dict)
+    aborted: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        return min(min(self.open.values(), default=high_watermark), high_watermark)
+
+    def aborted_between(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted ranges that overlap [start, stop)."""
+        return [(p, first) for p, first, last in self.aborted if last >= start and first < stop]
+
+
+class PartitionIndex:
+    """Each partition's `PartitionTxns`, loaded from the store on first use."""
+
+    def __init__(self, store: TransactionStore) -> None:
+        self.store = store
+        self._partitions: dict[tuple[str, int], PartitionTxns] = {}
+
+    def known(self, topic: str, partition: int) -> PartitionTxns | None:
+        return self._partitions.get((topic, partition))
+
+    async def get(self, topic: str, partition: int) -> PartitionTxns:
+        found = self._partitions.get((topic, partition))
+        if found is not None:
+            return found
+        rows = await self.store.txn_ranges(topic, partition)
+        found = self._partitions.get((topic, partition))
+        if found is not None:  # loaded meanwhile
+            return found
+        txns = PartitionTxns()
+        for row in rows:
+            if row.aborted:
+                txns.aborted.append((row.producer_id, row.first_offset, row.last_offset))
+            else:
+                txns.open[row.producer_id] = row.first_offset
+        self._partitions[(topic, partition)] = txns
+        return txns
+
+    async def open_range(self, topic: str, partition: int, producer_id: int, at: int) -> None:
+        """Durable before the transaction's first record set there is submitted."""
+        txns = await self.get(topic, partition)
+        if producer_id in txns.open:
+            return
+        txns.open[producer_id] = at  # first: the LSO holds at or below the records from now on
+        try:
+            await self.store.open_txn_range(TxnRangeRow(topic, partition, producer_id, at, -1, False))
+        except BaseException:
+            txns.open.pop(producer_id, None)
+            raise
+
+    async def close_range(
+        self, topic: str, partition: int, producer_id: int, marker: int, commit: bool
+    ) -> None:
+        txns = await self.get(topic, partition)
+        first = txns.open.get(producer_id)
+        if first is None:
+            return
+        await self.store.close_txn_range(topic, partition, producer_id, first, marker, not commit)
+        if not commit:
+            txns.aborted.append((producer_id, first, marker))  # before the open range goes
+            txns.aborted.sort(key=lambda a: a[1])
+        del txns.open[producer_id]
+
+    def forget(self, topic: str) -> None:
+        for key in [k for k in self._partitions if k[0] == topic]:
+            del self._partitions[key]
+
+
+@dataclass(slots=True)
+class TxnState:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    timeout_ms: int
+    started_at: float = 0.0
+    partitions: list[tuple[str, int]] = field(default_factory=list)
+    # group id -> [(topic, partition, offset, metadata)] committed with the transaction
+    groups: dict[str, list[tuple[str, int, int, str]]] = field(default_factory=dict)
+    lock: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def row(self, now: float) -> TransactionRow:
+        return TransactionRow(
+            self.transactional_id,
+            self.producer_id,
+            self.producer_epoch,
+            self.state,
+            self.timeout_ms,
+            self.started_at,
+            json.dumps(self.partitions),
+            json.dumps(self.groups),
+            now,
+        )
+
+    @classmethod
+    def of_row(cls, row: TransactionRow) -> TxnState:
+        groups = json.loads(row.groups) or {}
+        if isinstance(groups, list):
+            groups = {g: [] for g in groups}
+        return cls(
+            row.transactional_id,
+            row.producer_id,
+            row.producer_epoch,
+            row.state,
+            row.timeout_ms,
+            row.started_at,
+            [(t, p) for t, p in json.loads(row.partitions)],
+            {g: [(t, p, o, m) for t, p, o, m in offsets] for g, offsets in groups.items()},
+        )
+
+
+class TransactionCoordinator:
+    """The transaction coordinator of the transactional ids this node coordinates."""
+
+    def __init__(
+        self,
+        intake: ProduceIntake,
+        groups: GroupCoordinator,
+        cluster: Cluster,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.intake = intake
+        self.groups = groups
+        self.cluster = cluster
+        self.clock = clock
+        store = intake.node.log_store
+        self.store: TransactionStore = (
+            store if isinstance(store, TransactionStore) else MemoryTransactionStore()
+        )
+        self.index = PartitionIndex(self.store)
+        self._txns: dict[str, TxnState] = {}
+        self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
+        self._loaded = False
+        self._load_lock = anyio.Lock()
+
+    async def run(self) -> None:
+        """Aborts expired transactions (and completes those a restart left prepared); runs
+        until cancelled."""
+        while True:
+            try:
+                await self.expire()
+            except LevelZeroError as exc:
+                log.warning("transaction coordinator: expiry pass failed: %s", exc)
+            await anyio.sleep(EXPIRY_CHECK_S)
+
+    async def _load(self) -> None:
+        if self._loaded:
+            return
+        async with self._load_lock:
+            if self._loaded:
+                return
+            for row in await self.store.transactions():
+                txn = TxnState.of_row(row)
+                self._txns[txn.transactional_id] = txn
+                self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
+            self._loaded = True
+
+    async def expire(self) -> None:
+        await self._load()
+        now = self.clock()
+        for txn in list(self._txns.values()):
+            if not self.cluster.coordinates(txn.transactional_id):
+                continue
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                async with txn.lock:
+                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                        await self._complete(txn)
+            elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
+                async with txn.lock:
+                    if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
+                        log.info("transaction %r timed out: aborting", txn.transactional_id)
+                        txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
+                        self._epochs[txn.producer_id] = txn.producer_epoch
+                        await self._end(txn, commit=False)
+
+    # ------------------------------------------------------------------ what produce asks
+
+    def produce_error(self, producer_id: int, producer_epoch: int) -> ErrorCode:
+        """A transactional record set of an epoch older than the producer id's: fenced."""
+        current = self._epochs.get(producer_id)
+        if current is not None and producer_epoch < current:
+            return ErrorCode.invalid_producer_epoch
+        return ErrorCode.none
+
+    # ------------------------------------------------------------------ the state machine
+
+    async def _put(self, txn: TxnState) -> None:
+        await self.store.put_transaction(txn.row(self.clock()))
+
+    async def _end(self, txn: TxnState, commit: bool) -> None:
+        txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
+        await self._put(txn)
+        await self._complete(txn)
+
+    async def _complete(self, txn: TxnState) -> None:
+        """Markers in every partition, the offsets committed, then COMPLETE_* stored."""
+        commit = txn.state == PREPARE_COMMIT
+        for topic, partition in txn.partitions:
+            try:
+                await self._write_marker(txn, topic, partition, commit)
+            except LevelZeroError as exc:
+                if exc.code not in ("unknown_topic", "unknown_partition"):
+                    raise  # the transaction stays prepared: retried by the next pass or EndTxn
+        if commit:
+            for group_id, offsets in txn.groups.items():
+                if offsets:
+                    await self.groups.commit(group_id, offsets)
+        txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
+        txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
+        await self._put(txn)
+
+    async def _write_marker(self, txn: TxnState, topic: str, partition: int, commit: bool) -> None:
+        txns = await self.index.get(topic, partition)
+        if txn.producer_id not in txns.open:
+            return  # nothing was produced there, or its marker is stored already
+        result = await self.intake.produce(
+            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)]
+        )
+        await self.index.close_range(topic, partition, txn.producer_id, result.base_offset, commit)
+
+    # ------------------------------------------------------------------ the APIs
+
+    async def init_producer_id(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+
+        def answer(code: ErrorCode, producer_id: int = -1, epoch: int = -1) -> Any:
+            return make(
+                m.InitProducerIdResponse,
+                throttle_time=0,
+                error_code=code,
+                producer_id=producer_id,
+                producer_epoch=epoch,
+            )
+
+        tid = body.transactional_id
+        timeout_ms = int(body.transaction_timeout.total_seconds() * 1000)
+        if not 0 < timeout_ms <= TRANSACTION_TIMEOUT_MAX_MS:
+            return answer(ErrorCode.invalid_transaction_timeout)
+        if not self.cluster.coordinates(tid):
+            return answer(ErrorCode.not_coordinator)
+        try:
+            await self._load()
+            txn = self._txns.get(tid)
+            if txn is None:
+                txn = TxnState(tid, self.intake.new_producer_id(), 0, EMPTY, timeout_ms)
+                self._txns[tid] = txn
+                async with txn.lock:
+                    await self._put(txn)
+                    self._epochs[txn.producer_id] = 0
+                    return answer(ErrorCode.none, txn.producer_id, 0)
+            async with txn.lock:
+                asked_id = getattr(body, "producer_id", -1)
+                asked_epoch = getattr(body, "producer_epoch", -1)
+                if asked_id >= 0 and (asked_id, asked_epoch) != (txn.producer_id, txn.producer_epoch):
+                    # KIP-360: a producer re-initialising names the id and epoch it had
+                    if asked_id != txn.producer_id or asked_epoch > txn.producer_epoch:
+                        return answer(ErrorCode.producer_fenced)
+                    if asked_epoch < txn.producer_epoch - 1:
+                        return answer(ErrorCode.producer_fenced)
+                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                    await self._complete(txn)
+                # A new incarnation: the epoch bumped fences the previous one, whose open
+                # transaction is aborted (with the new epoch, as Kafka's coordinator does).
+                if txn.producer_epoch + 1 >= EPOCH_MAX:
+                    txn.producer_id, txn.producer_epoch = self.intake.new_producer_id(), 0
+                else:
+                    txn.producer_epoch += 1
+                self._epochs[txn.producer_id] = txn.producer_epoch
+                txn.timeout_ms = timeout_ms
+                if txn.state == ONGOING:
+                    await self._end(txn, commit=False)
+                else:
+                    txn.state = EMPTY
+                    await self._put(txn)
+                return answer(ErrorCode.none, txn.producer_id, txn.producer_epoch)
+        except LevelZeroError as exc:
+            log.warning("InitProducerId for %r failed: %s", tid, exc)
+            return answer(ErrorCode.coordinator_not_available)
+
+    async def _checked(self, tid: str, producer_id: int, epoch: int) -> tuple[ErrorCode, TxnState | None]:
+        if not self.cluster.coordinates(tid):
+            return ErrorCode.not_coordinator, None
+        await self._load()
+        txn = self._txns.get(tid)
+        if txn is None or txn.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping, None
+        if epoch != txn.producer_epoch:
+            return ErrorCode.producer_fenced, None
+        return ErrorCode.none, txn
+
+    async def _begin(self, txn: TxnState) -> ErrorCode:
+        """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return ErrorCode.concurrent_transactions
+        if txn.state != ONGOING:
+            txn.state = ONGOING
+            txn.started_at = self.clock()
+            txn.partitions, txn.groups = [], {}
+        return ErrorCode.none
+
+    async def add_partitions(self, request: Request) -> Any:
+        m = request.response_module
+        body = request.body
+        topics = [(t.name, list(t.partitions)) for t in body.v3_and_below_topics]
+        code = await self._add_partitions(
+            body.v3_and_below_transactional_id,
+            body.v3_and_below_producer_id,
+            body.v3_and_below_producer_epoch,
+            [(name, p) for name, parts in topics for p in parts],
+        )
+        results = tuple(
+            make(
+                m.AddPartitionsToTxnTopicResult,
+                name=name,
+                results_by_partition=tuple(
+                    make(m.AddPartitionsToTxnPartitionResult, partition_index=p, partition_error_code=code)
+                    for p in parts
+                ),
+            )
+            for name, parts in topics
+        )
+        return make(m.AddPartitionsToTxnResponse, throttle_time=0, results_by_topic_v3_and_below=results)
+
+    async def _add_partitions(
+        self, tid: str, producer_id: int, epoch: int, partitions: list[tuple[str, int]]
+    ) -> ErrorCode:
+        try:
+            code, txn = await self._checked(tid, producer_id, epoch)
+            if txn is None:
+                return code
+            known = self.intake.node.topics()
+            for topic, partition in partitions:
+                if topic not in known or not 0 <= partition < known[topic]:
+                    return ErrorCode.unknown_topic_or_partition
+            async with txn.lock:
+                code = await self._begin(txn)
+                if code != ErrorCode.none:
+                    return code
+                new = [tp for tp in partitions if tp not in txn.partitions]
+                if new or txn.state != ONGOING:
+                    txn.partitions.extend(new)
+                await self._put(txn)
+            return ErrorCode.none
+        except LevelZeroError as exc:
+            log.warning("AddPartitionsToTxn for %r failed: %s", tid, exc)
+            return ErrorCode.coordinator_not_available
+
+    async def add_offsets(self, request: Request) -> Any:
+        body = request.body
+        try:
+            code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
+            if txn is not None:
+                async with txn.lock:
+                    code = await self._begin(txn)
+                    if code == ErrorCode.none:
+                        txn.groups.setdefault(body.group_id, [])
+                        await self._put(txn)
+        except LevelZeroError as exc:
+            log.warning("AddOffsetsToTxn for %r failed: %s", body.transactional_id, exc)
+            code = ErrorCode.coordinator_not_available
+        return make(request.response_module.AddOffsetsToTxnResponse, throttle_time=0, error_code=code)
+
+    async def txn_offset_commit(self, request: Request) -> Any:
+        """The offsets wait in the transaction (stored with its state) until it commits."""
+        m = request.response_module
+        body = request.body
+        try:
+            code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
+            if txn is not None:
+                async with txn.lock:
+                    if txn.state != ONGOING or body.group_id not in txn.groups:
+                        code = ErrorCode.invalid_txn_state
+                    else:
+                        pending = {(t, p): (t, p, o, mm) for t, p, o, mm in txn.groups[body.group_id]}
+                        for topic in body.topics:
+                            for p in topic.partitions:
+                                pending[(topic.name, p.partition_index)] = (
+                                    topic.name,
+                                    p.partition_index,
+                                    p.committed_offset,
+                                    p.committed_metadata or "",
+                                )
+                        txn.groups[body.group_id] = sorted(pending.values())
+                        await self._put(txn)
+        except LevelZeroError as exc:
+            log.warning("TxnOffsetCommit for %r failed: %s", body.transactional_id, exc)
+            code = ErrorCode.coordinator_not_available
+        topics = tuple(
+            make(
+                m.TxnOffsetCommitResponseTopic,
+                name=topic.name,
+                partitions=tuple(
+                    make(
+                        m.TxnOffsetCommitResponsePartition, partition_index=p.partition_index, error_code=code
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in body.topics
+        )
+        return make(m.TxnOffsetCommitResponse, throttle_time=0, topics=topics)
+
+    async def end_txn(self, request: Request) -> Any:
+        body = request.body
+        try:
+            code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
+            if txn is not None:
+                async with txn.lock:
+                    code = await self._end_checked(txn, body.committed)
+        except LevelZeroError as exc:
+            log.warning("EndTxn for %r failed: %s", body.transactional_id, exc)
+            code = ErrorCode.coordinator_not_available
+        return make(request.response_module.EndTxnResponse, throttle_time=0, error_code=code)
+
+    async def _end_checked(self, txn: TxnState, commit: bool) -> ErrorCode:
+        # Kafka's handleEndTransaction: a retry of an ending that completed is answered as done
+        if txn.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT):
+            return ErrorCode.none
+        if txn.state == (PREPARE_COMMIT if commit else PREPARE_ABORT):
+            await self._complete(txn)
+            return ErrorCode.none
+        if txn.state != ONGOING:
+            return ErrorCode.invalid_txn_state
+        await self._end(txn, commit)
+        return ErrorCode.none

@@ -1,0 +1,194 @@
+"""Kafka transactions against the listener with real clients: confluent-kafka (librdkafka)
+commits and aborts transactions, commits a consumer group's offsets inside one
+(`send_offsets_to_transaction`), and a read_committed consumer sees the committed records only,
+never the aborted ones (a read_uncommitted one sees both); a zombie producer (an older
+incarnation of the same transactional.id) is fenced and cannot commit; aiokafka's transactions
+commit and abort alike. The state survives a restart of the daemon (SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from daemon_support import daemon_and_client
+
+TOPIC = "txn"
+KAFKA = {"kafka__listen": "127.0.0.1:0"}
+POLLS_MAX = 40
+
+
+def producer(port: int, tid: str):
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "transactional.id": tid,
+            "transaction.timeout.ms": 60_000,
+            "linger.ms": 5,
+        }
+    )
+
+
+def consume(port: int, isolation: str, count_max: int) -> list[bytes]:
+    """Values of partition 0 from offset 0, as a consumer of `isolation` reads them (until
+    `count_max` records or a few empty polls)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": f"reader-{isolation}",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+        }
+    )
+    got: list[bytes] = []
+    empty = 0
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        for _ in range(POLLS_MAX):
+            message = consumer.poll(0.5)
+            if message is None:
+                empty += 1
+                if empty >= 4 and got:
+                    break
+                continue
+            assert message.error() is None, message.error()
+            got.append(message.value())
+            if len(got) >= count_max:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+def transactional_session(port: int) -> None:
+    from confluent_kafka import TopicPartition
+
+    p = producer(port, "tx-1")
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(TOPIC, value=b"committed-%d" % i, partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(TOPIC, value=b"aborted-%d" % i, partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"committed-3", partition=0)
+    metadata = _group_metadata(port, "eos-group")
+    p.send_offsets_to_transaction([TopicPartition(TOPIC, 0, 42)], metadata, 30)
+    p.commit_transaction(30)
+
+
+def _group_metadata(port: int, group: str):
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": group})
+    try:
+        return consumer.consumer_group_metadata()
+    finally:
+        consumer.close()
+
+
+def committed_offset(port: int, group: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": group})
+    try:
+        (tp,) = consumer.committed([TopicPartition(TOPIC, 0)], timeout=30)
+        return int(tp.offset)
+    finally:
+        consumer.close()
+
+
+def zombie_is_fenced(port: int) -> str:
+    """An older incarnation cannot commit once a newer one initialised: its error's name."""
+    from confluent_kafka import KafkaException
+
+    zombie = producer(port, "tx-z")
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(TOPIC, value=b"zombie", partition=0)
+    zombie.flush(30)
+    successor = producer(port, "tx-z")
+    successor.init_transactions(30)  # bumps the epoch: the zombie's transaction is aborted
+    try:
+        zombie.produce(TOPIC, value=b"zombie-2", partition=0)
+        zombie.commit_transaction(30)
+    except KafkaException as exc:
+        error = exc.args[0]
+        assert error.fatal() or error.txn_requires_abort(), error
+        name = error.name()
+    else:
+        raise AssertionError("the zombie committed")
+    successor.begin_transaction()
+    successor.produce(TOPIC, value=b"successor", partition=0)
+    successor.commit_transaction(30)
+    return name
+
+
+async def test_confluent_kafka_transactions_read_committed_and_fencing(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        await anyio.to_thread.run_sync(transactional_session, port)
+        committed = await anyio.to_thread.run_sync(consume, port, "read_committed", 10)
+        assert committed == [b"committed-0", b"committed-1", b"committed-2", b"committed-3"]
+        everything = await anyio.to_thread.run_sync(consume, port, "read_uncommitted", 10)
+        assert everything == [
+            b"committed-0",
+            b"committed-1",
+            b"committed-2",
+            b"aborted-0",
+            b"aborted-1",
+            b"committed-3",
+        ]
+        assert await anyio.to_thread.run_sync(committed_offset, port, "eos-group") == 42
+        fenced = await anyio.to_thread.run_sync(zombie_is_fenced, port)
+        assert fenced in ("PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "_FENCED"), fenced
+        after = await anyio.to_thread.run_sync(consume, port, "read_committed", 10)
+        assert after == [*committed, b"successor"]  # no zombie record is ever visible
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):  # from the store
+        again = await anyio.to_thread.run_sync(consume, daemon.kafka_port, "read_committed", 10)
+        assert again == [*committed, b"successor"]
+
+
+async def test_aiokafka_transactions(tmp_path: Path) -> None:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        bootstrap = f"127.0.0.1:{daemon.kafka_port}"
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="aio-tx")
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait(TOPIC, b"kept", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait(TOPIC, b"dropped", partition=0)
+            await producer.abort_transaction()
+            async with producer.transaction():
+                await producer.send_and_wait(TOPIC, b"kept-too", partition=0)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition(TOPIC, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            got: list[bytes] = []
+            with anyio.fail_after(30):
+                while len(got) < 2:
+                    batch = await consumer.getmany(tp, timeout_ms=500)
+                    got.extend(m.value for m in batch.get(tp, []))
+            assert got == [b"kept", b"kept-too"]
+        finally:
+            await consumer.stop()

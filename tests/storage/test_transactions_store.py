@@ -1,0 +1,60 @@
+"""The transaction role (Kafka transactions' coordinator state and partitions' open and aborted
+ranges): the memory, SQLite and PostgreSQL stores answer alike, and SQLite keeps it across
+reopening."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from levelzero.storage.postgres.store import PostgresLogStore
+from levelzero.storage.protocols import (
+    MemoryTransactionStore,
+    TransactionRow,
+    TransactionStore,
+    TxnRangeRow,
+)
+from levelzero.storage.sqlite.store import SqliteLogStore
+
+
+async def exercise(store: TransactionStore) -> None:
+    assert isinstance(store, TransactionStore)
+    first = TransactionRow("tx-a", 7, 0, "ongoing", 60_000, 1.5, '[["t", 0]]', "[]", 1.5)
+    await store.put_transaction(first)
+    await store.put_transaction(TransactionRow("tx-b", 8, 3, "empty", 10_000, 0.0, "[]", "[]", 2.0))
+    bumped = TransactionRow("tx-a", 7, 1, "prepare_abort", 60_000, 1.5, '[["t", 0]]', '["g"]', 3.0)
+    await store.put_transaction(bumped)  # the newer state of one id replaces the older
+    assert [r.transactional_id for r in await store.transactions()] == ["tx-a", "tx-b"]
+    assert (await store.transactions())[0] == bumped
+    await store.open_txn_range(TxnRangeRow("t", 0, 7, 10, -1, False))
+    await store.open_txn_range(TxnRangeRow("t", 0, 8, 4, -1, False))
+    await store.open_txn_range(TxnRangeRow("t", 0, 7, 10, -1, False))  # again: kept once
+    await store.open_txn_range(TxnRangeRow("t", 1, 7, 0, -1, False))
+    assert await store.txn_ranges("t", 0) == [
+        TxnRangeRow("t", 0, 8, 4, -1, False),
+        TxnRangeRow("t", 0, 7, 10, -1, False),
+    ]
+    await store.close_txn_range("t", 0, 8, 4, 12, aborted=False)  # committed: forgotten
+    await store.close_txn_range("t", 0, 7, 10, 14, aborted=True)
+    assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
+    assert await store.txn_ranges("t", 1) == [TxnRangeRow("t", 1, 7, 0, -1, False)]
+    assert await store.txn_ranges("u", 0) == []
+
+
+async def test_memory_transactions() -> None:
+    await exercise(MemoryTransactionStore())
+
+
+async def test_sqlite_keeps_transactions_across_reopening(tmp_path: Path) -> None:
+    db = str(tmp_path / "levelzero.db")
+    async with await SqliteLogStore.open(db) as store:
+        await exercise(store)
+    async with await SqliteLogStore.open(db) as store:
+        assert [r.producer_epoch for r in await store.transactions()] == [1, 3]
+        assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
+
+
+async def test_postgres_keeps_transactions(postgres_dsn: str) -> None:
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await exercise(store)
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
