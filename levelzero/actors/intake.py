@@ -28,7 +28,7 @@ import anyio
 import anyio.abc
 
 from levelzero.core.entries import Placeholder, ProducerSpan
-from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown
+from levelzero.core.errors import InvalidInput, KeylessRecord, LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
@@ -116,10 +116,14 @@ class ProduceIntake:
     # ------------------------------------------------------------------ plain produce
 
     def check_size(self, topic: str, records: Sequence[Record]) -> int | None:
-        """The one size rule for one request's records: at most the topic's
+        """A compacted topic's records have keys (KeylessRecord, Kafka's INVALID_RECORD).
+        The one size rule for one request's records: at most the topic's
         `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
         size by the rule, or None when the batcher's own check is all there is to do."""
-        limit = self.node.topic_configs.policy(topic).max_message_bytes
+        policy = self.node.topic_configs.policy(topic)
+        if policy.compacted and any(r.key is None for r in records):
+            raise KeylessRecord(topic)
+        limit = policy.max_message_bytes
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None

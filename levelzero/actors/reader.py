@@ -55,7 +55,7 @@ def _materialise(runs: list[Run]) -> list[FetchedRecord]:
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
-    runs: list[Run]  # contiguous: each run's first offset follows the previous run's last
+    runs: list[Run]  # ascending; contiguous but for the gaps compaction left (offsets removed)
     next_offset: int
     high_watermark: int
     start_offset: int
@@ -78,9 +78,11 @@ class FetchWindow:
 
     `stopped` says why it takes no more: "full", "upto" (past `upto`; `extend_to` goes on),
     or "gap" (an extent does not follow on from the records taken: the offsets between are
-    elsewhere, and a fetch never skips over offsets)."""
+    elsewhere, and a fetch never skips over offsets). The one exception: the gaps compaction
+    leaves inside a compacted L1 object (`gaps=True`), which a fetch steps over as Kafka's does
+    (a fetch at a removed offset returns the next record present)."""
 
-    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped")
+    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped", "_next")
 
     def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
         assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
@@ -91,6 +93,7 @@ class FetchWindow:
         self.count = 0  # records taken
         self.size = 0
         self.stopped: str | None = None
+        self._next = offset
 
     @property
     def records(self) -> list[FetchedRecord]:
@@ -99,7 +102,7 @@ class FetchWindow:
     @property
     def next_offset(self) -> int:
         """The offset the fetch goes on from."""
-        return self.offset + self.count
+        return self._next
 
     def extend_to(self, upto: int) -> None:
         """Go on past the old `upto` (from L1 into L0), unless stopped for another reason."""
@@ -108,14 +111,21 @@ class FetchWindow:
         if self.stopped == "upto" and self.next_offset <= upto:
             self.stopped = None
 
-    def add_extent(self, base_offset: int, records: list[Record]) -> bool:
+    def add_extent(self, base_offset: int, records: list[Record], *, gaps: bool = False) -> bool:
         """Take what fits from an extent whose first record is at `base_offset`; False once
-        stopped. Hot (every record a fetch returns): no object per record."""
+        stopped. Hot (every record a fetch returns): no object per record. `gaps`: the offsets
+        between the records taken and `base_offset` were removed by compaction."""
         assert self.stopped is None, self.stopped
-        wanted = self.next_offset
+        wanted = self._next
         if base_offset > wanted:
-            self.stopped = "gap"
-            return False
+            if not gaps:
+                self.stopped = "gap"
+                return False
+            if base_offset > self.upto:
+                self._next = self.upto + 1
+                self.stopped = "upto"
+                return False
+            self._next = wanted = base_offset
         start = wanted - base_offset
         stop = min(len(records), self.upto - base_offset + 1)
         if stop < len(records):
@@ -132,12 +142,13 @@ class FetchWindow:
             count += 1
         if count > taken_before:
             self.runs.append(Run(base_offset, records, start, start + count - taken_before))
+            self._next = base_offset + start + count - taken_before
         self.count, self.size = count, size
-        if self.stopped is None and self.next_offset > self.upto:
+        if self.stopped is None and self._next > self.upto:
             self.stopped = "upto"
         last = self.runs[-1] if self.runs else None
-        assert last is None or last.base_offset + last.stop == self.next_offset, (last, self.next_offset)
-        assert not self.runs or self.runs[0].first_offset == self.offset, (self.runs[0], self.offset)
+        assert last is None or last.base_offset + last.stop == self._next, (last, self._next)
+        assert not self.runs or self.runs[0].first_offset >= self.offset, (self.runs[0], self.offset)
         return self.stopped is None
 
 

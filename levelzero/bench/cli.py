@@ -84,6 +84,7 @@ ITEMS: tuple[Item, ...] = (
         "cli_produce",
         "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
     ),
+    Item("compaction", "compaction", "16. compaction vs raw read + write of the same L1 bytes"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

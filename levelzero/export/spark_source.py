@@ -42,7 +42,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
-from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent, read_header
+from levelzero.core.compaction import l1_object_runs
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent
 from levelzero.core.state import PartitionState
 
 from levelzero.core.errors import LevelZeroError, ObjectNotFound
@@ -278,8 +279,14 @@ def _partition_ranges(
             " WHERE pid = ? AND state = ? ORDER BY base_offset",
             (pid, _COPY_FINISHED),
         ).fetchall()
+        compacted = _compacted_keys(db, pid)
         for key, base, last, term, size in rows:
-            if not state.l1_range_valid(term, base, last):
+            if key in compacted:
+                # Valid once its compaction result was accepted (then COPY_FINISHED), as the
+                # node's catalog has it: within the partition's term and reconciled offset.
+                if term > state.term or last > state.lro:
+                    continue
+            elif not state.l1_range_valid(term, base, last):
                 continue
             first, stop = max(base, low), min(last, l1_high)
             if first <= stop:
@@ -317,6 +324,15 @@ def _partition_ranges(
         )
 
 
+def _compacted_keys(db: Any, pid: int) -> set[str]:
+    """The keys of the partition's compacted L1 objects (none in a store file older than
+    schema 6, which has no such table)."""
+    try:
+        return {key for (key,) in db.execute("SELECT key FROM l1_compacted WHERE pid = ?", (pid,))}
+    except sqlite3.OperationalError:
+        return set()
+
+
 def _only_offsets(r: ObjectRange, offsets: frozenset[int] | None) -> Iterator[ObjectRange]:
     """`r` cut down to the runs of consecutive offsets of `offsets` it holds (all of `r`
     without a set)."""
@@ -349,8 +365,9 @@ class ObjectGone(ExportError):
     """An object planned for a read is no longer in the store."""
 
 
-def range_records(config: Config, r: ObjectRange) -> list[Record]:
-    """The records `r.first..r.last` of `r`'s partition, as planned.
+def range_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
+    """The records `r.first..r.last` of `r`'s partition, as planned, with their offsets (a
+    compacted L1 object has gaps: the offsets compaction removed).
 
     A read is a snapshot of the records as of planning, even while the daemon moves on: the
     GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
@@ -363,7 +380,7 @@ def range_records(config: Config, r: ObjectRange) -> list[Record]:
     except ObjectGone as gone:
         missing = gone
     again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
-    records: list[Record] = []
+    records: list[tuple[int, Record]] = []
     expected = r.first
     for a in again:
         if a.first != expected or a.object_key == r.object_key:
@@ -378,24 +395,26 @@ def range_records(config: Config, r: ObjectRange) -> list[Record]:
     return records
 
 
-def _object_records(config: Config, r: ObjectRange) -> list[Record]:
+def _object_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
         raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
-        records = decode_extent(raw, r.checksum, r.record_count, where)
+        runs = [(r.base_offset, decode_extent(raw, r.checksum, r.record_count, where))]
     else:
-        data = _get(config, r.object_key)
-        (extent,) = read_header(data, where).extents
-        raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        records = decode_extent(raw, extent.checksum, extent.record_count, where)
-    return records[r.first - r.base_offset : r.last - r.base_offset + 1]
+        runs = l1_object_runs(_get(config, r.object_key), r.base_offset, where)
+    return [
+        (offset, record)
+        for base, records in runs
+        for offset, record in enumerate(records, base)
+        if r.first <= offset <= r.last
+    ]
 
 
 def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     """The records of one object range, as rows of the data source's schema (timestamps in
     milliseconds)."""
     config = store_config(source) if isinstance(source, str) else source
-    for offset, rec in enumerate(range_records(config, r), r.first):
+    for offset, rec in range_records(config, r):
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
         yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(rec.headers))
 
@@ -408,13 +427,14 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
     config = store_config(source) if isinstance(source, str) else source
-    records = range_records(config, r)
+    pairs = range_records(config, r)
+    records = [rec for _, rec in pairs]
     count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array(range(r.first, r.first + count), pa.int64()),
+            pa.array([offset for offset, _ in pairs], pa.int64()),
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
             pa.array([rec.value for rec in records], pa.binary()),

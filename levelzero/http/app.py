@@ -80,6 +80,8 @@ from levelzero.http.schema import (
     RecordOut,
     ReconcileFailingStatus,
     ReconcilerStatus,
+    CompactorStatus,
+    PartitionCompactionStatus,
     StatusResponse,
     TopicConfigOut,
     TopicConfigs,
@@ -110,6 +112,7 @@ OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejecti
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
+    "invalid_record": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,
@@ -630,6 +633,7 @@ class Api:
                     inflight_bytes=stats.inflight_bytes,
                 ),
                 reconciler=reconciler_status(self.node),
+                compactor=compactor_status(self.node),
                 housekeeper=housekeeper_status(self.node),
                 gc=gc_status(self.node),
                 unstorable_topics=[
@@ -776,6 +780,33 @@ def status_outliers(
         ),
     )
     return shown, len(found)
+
+
+def compactor_status(node: Node) -> CompactorStatus:
+    stats = node.compactor.stats
+    return CompactorStatus(
+        rounds=stats.rounds,
+        passes=stats.passes,
+        refused=stats.refused,
+        bytes_read=stats.bytes_read,
+        bytes_written=stats.bytes_written,
+        errors=stats.errors,
+        partitions=[
+            PartitionCompactionStatus(
+                partition=name,
+                dirty_ratio=round(p.dirty_ratio, 4),
+                last_compaction_at=p.last_compaction_at,
+                bytes_reclaimed=p.bytes_reclaimed,
+                records_removed=p.records_removed,
+                tombstones_dropped=p.tombstones_dropped,
+                cleaner_offsets={str(t): end for t, end in sorted(p.cleaner_offsets.items())},
+                passes=p.passes,
+                refused=p.refused,
+                not_compacted=p.not_compacted,
+            )
+            for name, p in sorted(node.compactor.partitions.items())[:STATUS_PARTITIONS_SHOWN_MAX]
+        ],
+    )
 
 
 def reconciler_status(node: Node) -> ReconcilerStatus:

@@ -190,6 +190,31 @@ class ReconcilerStatus(_Response):
     l1_deletes_pending_shown: list[L1DeletePendingStatus] = []  # the oldest 20
 
 
+class PartitionCompactionStatus(_Response):
+    """One compacted partition led here, as its compactor last saw it."""
+
+    partition: str
+    dirty_ratio: float  # L1 bytes above the cleaner offset over all its L1 bytes
+    last_compaction_at: float | None  # unix time of its last accepted result
+    bytes_reclaimed: int
+    records_removed: int
+    tombstones_dropped: int
+    cleaner_offsets: dict[str, int]  # term -> the offset the cleaning reached under it
+    passes: int
+    refused: int  # results the control plane refused (outside the term lineage)
+    not_compacted: str | None  # why its last visit did not compact
+
+
+class CompactorStatus(_Response):
+    rounds: int
+    passes: int
+    refused: int
+    bytes_read: int
+    bytes_written: int
+    errors: int
+    partitions: list[PartitionCompactionStatus] = []
+
+
 class L1DeletePendingStatus(_Response):
     """An L1 object whose delete failed: tried again at `next_retry_at`, until it goes."""
 
@@ -295,6 +320,7 @@ class StatusResponse(_Response):
     partitions: list[PartitionStatus]
     batcher: BatcherStatus
     reconciler: ReconcilerStatus | None = None
+    compactor: CompactorStatus | None = None
     housekeeper: HousekeeperStatus | None = None
     gc: GcStatus | None = None
     unstorable_topics: list[UnstorableTopic] = []  # stored topics today's name rule refuses

@@ -131,6 +131,24 @@ class L1Row(msgspec.Struct, frozen=True):
     updated_at: float
 
 
+class CompactionCommit(msgspec.Struct, frozen=True):
+    """A compaction result: the new L1 objects (recorded COPY_STARTED, uploaded) that replace
+    the superseded ones (COPY_FINISHED), and the cleaner-offset map its writer claims."""
+
+    pid: int
+    writer_term: int
+    cleaner_offsets: dict[int, int]
+    new_keys: tuple[str, ...]
+    superseded_keys: tuple[str, ...]
+
+
+class CompactionState(msgspec.Struct, frozen=True):
+    """A partition's accepted cleaner-offset map and the L1 objects compaction wrote."""
+
+    cleaner_offsets: dict[int, int]
+    compacted_keys: frozenset[str]
+
+
 class L0ObjectRow(msgspec.Struct, frozen=True):
     key: str
     epoch: int
@@ -455,6 +473,17 @@ class L1Metastore(Protocol):
         ...
 
     async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]: ...
+
+    async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+        """Accept a compaction result in one transaction, or say why not (None: accepted).
+        Accepted only if its cleaner-offset map lies within the term lineage
+        (`core.compaction.cleaner_map_refusal` against the partition's current term and
+        accepted map), its new objects are all COPY_STARTED and the superseded ones all
+        COPY_FINISHED; then the map is the accepted one, the new objects go COPY_FINISHED and
+        the superseded ones DELETE_STARTED together: a reader sees either set, never half."""
+        ...
+
+    async def l1_compaction_state(self, pid: int) -> CompactionState: ...
 
 
 @runtime_checkable

@@ -96,7 +96,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 15
+    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and len(ITEM_NAMES) == 16
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -338,3 +338,15 @@ def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Pa
         line.split("|")[2].strip() for line in markdown.read_text().splitlines() if line.startswith("| scale")
     ]
     assert rows == ["a", "b at 1,024", "c", "d"]
+
+
+def test_quick_compaction_item_reports_the_pass_against_its_floor_and_the_space_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "compaction", "--results", str(results_path)]) == 0
+    (fig,) = json.loads(results_path.read_text())["items"]["compaction"]["figures"]
+    assert fig["sut"] > 0 and fig["floor"] > 0
+    # 1% distinct keys: the compacted object holds about 1% of the records' bytes.
+    assert 0 < fig["notes"]["space_after_over_before"] < 0.05
+    assert "compaction of 20000 records" in capsys.readouterr().out

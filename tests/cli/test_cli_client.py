@@ -151,8 +151,8 @@ def test_topics_config_shows_sets_and_deletes_and_refuses_what_is_not_enforced(
         "source": "node",
         "default": False,
     }
-    refused = daemon_process.cli("topics", "config", "c", "cleanup.policy=compact")
-    assert refused.returncode != 0 and b"cleanup.policy=compact is not supported" in refused.stderr
-    refused = daemon_process.cli("topics", "create", "d", "--config", "cleanup.policy=compact")
+    refused = daemon_process.cli("topics", "config", "c", "message.timestamp.type=LogAppendTime")
+    assert refused.returncode != 0 and b"is not supported by levelzero" in refused.stderr
+    refused = daemon_process.cli("topics", "create", "d", "--config", "message.timestamp.type=LogAppendTime")
     assert refused.returncode != 0 and b"invalid_config" in refused.stderr
     assert b"d " not in daemon_process.cli("topics", "list").stdout

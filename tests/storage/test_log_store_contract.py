@@ -41,6 +41,7 @@ from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.protocols import (
     Append,
+    CompactionCommit,
     L0ObjectRow,
     L1Row,
     L1State,
@@ -612,3 +613,73 @@ async def test_partitions_are_added_never_removed(backend: Backend) -> None:
         with pytest.raises(UnknownTopic):
             await store.add_partitions("missing", 3, 1, 2.0)
         assert [r.partition for r in await store.list_partitions()] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------- compaction (seed 004)
+
+
+async def _compacted_object(store: Any, pid: int, key: str, base: int, last: int, term: int) -> None:
+    """A compaction's new object as its writer records it before the upload: COPY_STARTED."""
+    await store.l1_insert(L1Row(key, pid, base, last, 0, term, 100, L1State.COPY_STARTED, 1.0, 1.0))
+
+
+@pytest.mark.parametrize("zombie_first", [False, True], ids=["new-leader-first", "zombie-first"])
+async def test_seed_004_zombie_compaction_result_is_refused_in_either_arrival_order(
+    backend: Backend, zombie_first: bool
+) -> None:
+    """Seed 004's table. A leads under LE-0 (term 1 here), compacts to 100 (seg-0); B takes over
+    under LE-1 (term 2) and compacts to 155 (seg-2: {LE-0: 100, LE-1: 155}); A, a zombie past
+    its lease, uploads its pending result (seg-1: {LE-0: 123}). Seg-1 and seg-2 arrive in either
+    order; seg-1 is refused either way, and the objects it would have superseded stay."""
+    le0, le1 = 1, 2
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)  # A leads: LE-0
+        for key, base in [("r0", 0), ("r1", 101)]:
+            await store.l1_insert(
+                L1Row(key, p.pid, base, base + 99, 1, le0, 100, L1State.COPY_FINISHED, 1.0, 1.0)
+            )
+        await _compacted_object(store, p.pid, "seg-0", 0, 100, le0)
+        seg0 = CompactionCommit(p.pid, le0, {le0: 100}, ("seg-0",), ("r0",))
+        assert await store.l1_compaction_commit(seg0, 2.0) is None
+        # A's next pass, cut off by its pause: seg-1 uploaded, its result not yet sent.
+        await _compacted_object(store, p.pid, "seg-1", 101, 123, le0)
+        seg1 = CompactionCommit(p.pid, le0, {le0: 123}, ("seg-1",), ("r1",))
+        await store.begin_term(p.pid, 1, 200)  # B leads: LE-1
+        await _compacted_object(store, p.pid, "seg-2", 101, 155, le1)
+        seg2 = CompactionCommit(p.pid, le1, {le0: 100, le1: 155}, ("seg-2",), ("r1",))
+        if zombie_first:
+            zombie_refusal = await store.l1_compaction_commit(seg1, 3.0)
+            assert await store.l1_compaction_commit(seg2, 4.0) is None
+        else:
+            assert await store.l1_compaction_commit(seg2, 3.0) is None
+            zombie_refusal = await store.l1_compaction_commit(seg1, 4.0)
+        assert zombie_refusal is not None and "zombie" in zombie_refusal
+        state = await store.l1_compaction_state(p.pid)
+        assert state.cleaner_offsets == {le0: 100, le1: 155}
+        assert state.compacted_keys == {"seg-0", "seg-2"}
+        rows = {r.key: r.state for r in await store.l1_list(pid=p.pid)}
+        assert rows == {
+            "r0": L1State.DELETE_STARTED,
+            "r1": L1State.DELETE_STARTED,
+            "seg-0": L1State.COPY_FINISHED,
+            "seg-1": L1State.COPY_STARTED,  # never valid: collected as a stale copy
+            "seg-2": L1State.COPY_FINISHED,
+        }
+    async with await backend.open() as store:  # durable
+        assert (await store.l1_compaction_state(p.pid)).cleaner_offsets == {le0: 100, le1: 155}
+
+
+async def test_a_compaction_result_whose_objects_moved_is_refused_whole(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        await store.l1_insert(L1Row("r0", p.pid, 0, 9, 1, 1, 100, L1State.COPY_FINISHED, 1.0, 1.0))
+        await _compacted_object(store, p.pid, "c0", 0, 9, 1)
+        assert await store.l1_transition(
+            "r0", L1State.COPY_FINISHED, L1State.DELETE_STARTED, 2.0
+        )  # retention
+        refusal = await store.l1_compaction_commit(CompactionCommit(p.pid, 1, {1: 9}, ("c0",), ("r0",)), 3.0)
+        assert refusal is not None and "r0" in refusal
+        assert (await store.l1_compaction_state(p.pid)).cleaner_offsets == {}
+        assert {r.key: r.state for r in await store.l1_list(pid=p.pid)}["c0"] == L1State.COPY_STARTED

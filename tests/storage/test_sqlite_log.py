@@ -333,10 +333,12 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
         connection.execute("DROP TABLE deleted_partitions")
         connection.execute("DROP TABLE transactions")
         connection.execute("DROP TABLE txn_ranges")
+        connection.execute("DROP TABLE cleaner_offsets")
+        connection.execute("DROP TABLE l1_compacted")
         connection.execute("DROP INDEX l0_objects_live")
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
         connection.execute("PRAGMA user_version = 1")
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 7
     for _ in range(2):  # the second open finds nothing to migrate
         async with await SqliteLogStore.open(db) as store:
             assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]
@@ -351,6 +353,8 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
                 "deleted_partitions",
                 "transactions",
                 "txn_ranges",
+                "cleaner_offsets",
+                "l1_compacted",
             } <= names
             columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
             assert "decisions" in columns

@@ -51,6 +51,8 @@ SCHEMA_TABLES = frozenset(
         "cluster_identity",
         "topic_configs",
         "deleted_partitions",
+        "cleaner_offsets",
+        "l1_compacted",
     }
 )
 
@@ -266,6 +268,21 @@ CREATE TABLE txn_ranges (
     last_offset BIGINT NOT NULL,
     aborted BOOLEAN NOT NULL,
     PRIMARY KEY (topic, partition, first_offset, producer_id)
+);
+""",
+    # 10: compaction: each partition's accepted cleaner-offset map (term -> the offset its
+    # cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted)
+    """
+CREATE TABLE cleaner_offsets (
+    pid BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    cleaned_to BIGINT NOT NULL,
+    PRIMARY KEY (pid, term)
+);
+CREATE TABLE l1_compacted (
+    key TEXT PRIMARY KEY,
+    pid BIGINT NOT NULL,
+    committed_at DOUBLE PRECISION NOT NULL
 );
 """,
 )

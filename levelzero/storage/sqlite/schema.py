@@ -30,7 +30,7 @@ from levelzero.storage.protocols import (
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -190,6 +190,20 @@ DELETED_PARTITIONS = """CREATE TABLE IF NOT EXISTS deleted_partitions (
     collected_at REAL
 )"""
 
+# Compaction (schema 7): each partition's accepted cleaner-offset map (term -> the offset its
+# cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted).
+CLEANER_OFFSETS = """CREATE TABLE IF NOT EXISTS cleaner_offsets (
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    cleaned_to INTEGER NOT NULL,
+    PRIMARY KEY (pid, term)
+) WITHOUT ROWID"""
+L1_COMPACTED = """CREATE TABLE IF NOT EXISTS l1_compacted (
+    key TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    committed_at REAL NOT NULL
+)"""
+
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
 SCHEMA = (
@@ -292,6 +306,10 @@ CREATE TABLE state_samples (
     + ";\n"
     + TXN_RANGES
     + ";\n"
+    + CLEANER_OFFSETS
+    + ";\n"
+    + L1_COMPACTED
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -318,6 +336,9 @@ SCHEMA_TABLES_OF_VERSION = {
     6: SCHEMA_TABLES
     | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
     | {"transactions", "txn_ranges"},
+    7: SCHEMA_TABLES
+    | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
+    | {"transactions", "txn_ranges", "cleaner_offsets", "l1_compacted"},
 }
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
@@ -416,7 +437,19 @@ async def _migrate_5_to_6(connection: aiosqlite.Connection) -> None:
     await connection.execute(TXN_RANGES)
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5, _migrate_5_to_6)
+async def _migrate_6_to_7(connection: aiosqlite.Connection) -> None:
+    await connection.execute(CLEANER_OFFSETS)
+    await connection.execute(L1_COMPACTED)
+
+
+MIGRATIONS = (
+    _migrate_1_to_2,
+    _migrate_2_to_3,
+    _migrate_3_to_4,
+    _migrate_4_to_5,
+    _migrate_5_to_6,
+    _migrate_6_to_7,
+)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 
