@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import l1_partition_prefix, parse_l1_key
-from levelzero.core.l0format import decode_extent, read_header
+from levelzero.core.l0format import Record, decode_extent, read_header
 from levelzero.core.l1_deletes import PendingDeletes
 from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import (
@@ -311,14 +311,26 @@ class L1Catalog:
 
     async def _fill_from(self, row: L1Row, window: FetchWindow) -> bool:
         try:
-            data = await self._objects.get(row.key)
+            records = await self.read_records(row)
         except ObjectNotFound:
             if not window.count:
                 raise
             return False
+        return window.add_extent(row.base_offset, records)
+
+    async def rows_reaching(self, actor: PartitionActor, offset: int) -> list[L1Row]:
+        """The valid objects by base offset, read again from the metastore when the cached
+        ones end below `offset` (the LRO: a catch-up this node did not make)."""
+        rows = self._valid.get(actor.row.pid)
+        if not rows or rows[-1].last_offset < offset:
+            rows = await self.refresh(actor)
+        return rows
+
+    async def read_records(self, row: L1Row) -> list[Record]:
+        """The object's records, verified (one GET). Raises ObjectNotFound."""
+        data = await self._objects.get(row.key)
         where = f"L1 object {row.key}"
         header = read_header(data, where)
         (extent,) = header.extents
         raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        records = decode_extent(raw, extent.checksum, extent.record_count, where)
-        return window.add_extent(row.base_offset, records)
+        return decode_extent(raw, extent.checksum, extent.record_count, where)
