@@ -84,6 +84,7 @@ ITEMS: tuple[Item, ...] = (
         "cli_produce",
         "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
     ),
+    Item("lookup", "lookup", "16. ListOffsets by time vs one object GET (S3 Express-like latency)"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

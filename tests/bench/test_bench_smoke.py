@@ -96,7 +96,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 15
+    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 16
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -338,3 +338,12 @@ def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Pa
         line.split("|")[2].strip() for line in markdown.read_text().splitlines() if line.startswith("| scale")
     ]
     assert rows == ["a", "b at 1,024", "c", "d"]
+
+
+def test_quick_lookup_item_measures_lookups_beside_one_get(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    code = main(["--quick", "--only", "lookup", "--results", str(results_path), "--loop", "asyncio"])
+    assert code == 0
+    (lookup,) = json.loads(results_path.read_text(encoding="utf-8"))["items"]["lookup"]["figures"]
+    assert (lookup["sut_label"], lookup["floor_label"]) == ("lookup", "one GET")
+    assert lookup["sut"] > 0 and lookup["floor"] > 0 and lookup["target"]["bound"] == 1.5
