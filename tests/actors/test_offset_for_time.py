@@ -5,6 +5,7 @@ counted (at most one object range: the extent that holds the answer)."""
 
 from __future__ import annotations
 
+import anyio
 import msgspec
 
 from levelzero.actors.batcher import BatcherConfig
@@ -126,3 +127,23 @@ async def test_records_below_the_start_offset_are_not_answers():
         assert await lookup(node, objects, 150) == ((2, 200), 1)
         with pytest.raises(InvalidInput, match=">= 0"):
             await node.offset_for_time("t", 0, -1)
+
+
+@in_virtual_time
+async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_all():
+    """Two produce requests cut into one extent give its placeholder the larger of their
+    largest timestamps; two placeholders reconciled into one L1 object give its row theirs."""
+    log_store = MemoryLogStore()
+    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+        await node.create_topic("t", 1)
+        async with anyio.create_task_group() as tg:  # sent together: one batch, one extent
+            tg.start_soon(node.produce, "t", 0, [Record(None, b"a", 700), Record(None, b"b", 50)])
+            tg.start_soon(node.produce, "t", 0, [Record(None, b"c", 90), Record(None, b"d", 900)])
+        await node.produce("t", 0, [Record(None, b"e", 300), Record(None, b"f", NO_TIMESTAMP)])
+        pid = node.partition("t", 0).row.pid
+        placeholders = [r.entry for r in log_store.logs[pid] if isinstance(r.entry, Placeholder)]
+        assert [(p.record_count, p.max_timestamp_ms) for p in placeholders] == [(4, 900), (2, 300)]
+        assert await node.reconciler.run_round() == 1
+        assert [row.max_timestamp_ms for row in log_store.l1.values()] == [900]
+        assert await node.offset_for_time("t", 0, 800) == (3, 900)
+        assert await node.offset_for_time("t", 0, 100) == (0, 700)
