@@ -251,7 +251,11 @@ class Reader:
                         continue
                     records = await self.l1.read_records(row)
                     found = first_at_or_after(
-                        records, row.base_offset, max(start, row.base_offset), timestamp_ms
+                        records,
+                        row.base_offset,
+                        max(start, row.base_offset),
+                        timestamp_ms,
+                        row.max_timestamp_ms,
                     )
                     if found is not None:
                         return found
@@ -267,8 +271,9 @@ class Reader:
                     if not may_hold(p.max_timestamp_ms, timestamp_ms):
                         continue
                     first = max(from_l0, record.base_offset)
+                    records = await self._extent(actor, record)
                     found = first_at_or_after(
-                        await self._extent(actor, record), record.base_offset, first, timestamp_ms
+                        records, record.base_offset, first, timestamp_ms, p.max_timestamp_ms
                     )
                     if found is not None:
                         return found

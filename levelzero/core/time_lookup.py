@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .l0format import Record
+from .l0format import Record, max_timestamp
 
 NOT_FOUND = (-1, -1)
 
@@ -28,12 +28,23 @@ def may_hold(max_timestamp_ms: int | None, timestamp_ms: int) -> bool:
 
 
 def first_at_or_after(
-    records: Sequence[Record], base_offset: int, from_offset: int, timestamp_ms: int
+    records: Sequence[Record],
+    base_offset: int,
+    from_offset: int,
+    timestamp_ms: int,
+    max_timestamp_ms: int | None = None,
 ) -> tuple[int, int] | None:
     """(offset, timestamp) of the first of `records` (the first at `base_offset`) at or above
-    `from_offset` whose timestamp is >= `timestamp_ms`; None if there is none."""
+    `from_offset` whose timestamp is >= `timestamp_ms`; None if there is none.
+    `max_timestamp_ms`: what the extent's placeholder or row says its largest is (None:
+    unknown), which must be the records' own: a lookup trusting a wrong one would skip
+    answers."""
     assert timestamp_ms >= 0, timestamp_ms  # a record without a timestamp (-1) never matches
     assert from_offset >= base_offset, (from_offset, base_offset)
+    assert max_timestamp_ms is None or max_timestamp_ms == max_timestamp(records), (
+        base_offset,
+        max_timestamp_ms,
+    )
     for i in range(from_offset - base_offset, len(records)):
         stamped = records[i].timestamp_ms
         if stamped >= timestamp_ms:
