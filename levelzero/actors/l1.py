@@ -16,6 +16,7 @@ from collections.abc import Callable
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import l1_partition_prefix, parse_l1_key
 from levelzero.core.compaction import l1_object_runs
+from levelzero.core.l0format import Record
 from levelzero.core.l1_deletes import PendingDeletes
 from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import (
@@ -345,13 +346,24 @@ class L1Catalog:
 
     async def _fill_from(self, row: L1Row, window: FetchWindow) -> bool:
         try:
-            data = await self._objects.get(row.key)
+            runs = await self.read_runs(row)
         except ObjectNotFound:
             if not window.count:
                 raise
             return False
         compacted = self.is_compacted(row)
-        for base, records in l1_object_runs(data, row.base_offset, f"L1 object {row.key}"):
-            if not window.add_extent(base, records, gaps=compacted):
-                return False
-        return True
+        return all(window.add_extent(base, records, gaps=compacted) for base, records in runs)
+
+    async def rows_reaching(self, actor: PartitionActor, offset: int) -> list[L1Row]:
+        """The valid objects by base offset, read again from the metastore when the cached
+        ones end below `offset` (the LRO: a catch-up this node did not make)."""
+        rows = self._valid.get(actor.row.pid)
+        if not rows or rows[-1].last_offset < offset:
+            rows = await self.refresh(actor)
+        return rows
+
+    async def read_runs(self, row: L1Row) -> list[tuple[int, list[Record]]]:
+        """The object's runs of records at consecutive offsets, verified (one GET): one run,
+        or several where compaction left gaps. Raises ObjectNotFound."""
+        data = await self._objects.get(row.key)
+        return l1_object_runs(data, row.base_offset, f"L1 object {row.key}")

@@ -652,6 +652,20 @@ class Node:
         self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
         raise LedElsewhere(topic, partition, None)  # renewed just now: the client asks again
 
+    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets by time (`Reader.offset_for_time`), served by the leader as a
+        fetch is: (offset, timestamp) of the first record at or after `timestamp_ms`, or
+        (-1, -1)."""
+        actor = await self.led_partition(topic, partition)
+        if self.member is None:
+            return await self.reader.offset_for_time(actor, timestamp_ms)
+        with self.member.serving():
+            found = await self.reader.offset_for_time(actor, timestamp_ms)
+            if self.member.leads(actor.row.pid):
+                return found
+        self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
+        raise LedElsewhere(topic, partition, None)
+
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first
         (a topic another node just created, a leader that just moved) before it is answered."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
-from levelzero.storage.protocols import ObjectStore, PartitionLog
+from levelzero.core.time_lookup import NOT_FOUND, first_at_or_after, may_hold
+from levelzero.storage.protocols import L1Row, ObjectStore, PartitionLog
 
 from .partition import PartitionActor
 
@@ -155,6 +156,10 @@ class FetchWindow:
 class L1Source(Protocol):
     async def fill(self, actor: PartitionActor, window: FetchWindow) -> None: ...
 
+    async def rows_reaching(self, actor: PartitionActor, offset: int) -> list[L1Row]: ...
+
+    async def read_runs(self, row: L1Row) -> list[tuple[int, list[Record]]]: ...
+
 
 class Reader:
     def __init__(self, object_store: ObjectStore, log_store: PartitionLog) -> None:
@@ -215,12 +220,73 @@ class Reader:
                     if record.base_offset >= hwm:
                         more = False  # durable but not applied yet: not readable
                         break
+                    if not window.add_extent(record.base_offset, await self._extent(actor, record)):
+                        break
+        finally:
+            actor.release_reader(reader_id)
+
+    async def _extent(self, actor: PartitionActor, record: LogRecord) -> list[Record]:
+        """The records of a placeholder's extent, verified (one ranged GET)."""
+        p = record.entry
+        assert isinstance(p, Placeholder), record
+        data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+        where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
+        return decode_extent(data, p.checksum, p.record_count, where)
+
+    async def offset_for_time(self, actor: PartitionActor, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets by time: the first offset at or above the start offset whose
+        record's timestamp is >= `timestamp_ms`, and that timestamp; (-1, -1) if none is.
+
+        The L1 objects up to the LRO, then the L0 extents above it, in offset order: each
+        object's row and each placeholder keeps its records' largest timestamp, so only the
+        first that may hold the answer is read (`core/time_lookup.py`): one GET, whatever the
+        log's length. A row or placeholder written before that was kept says None and is read
+        (a GET each until one holds the answer). The placeholders themselves are read from the
+        log store, page by page: the unreconciled ones only, what the reconciler has not caught
+        up with yet."""
+        if timestamp_ms < 0:
+            raise InvalidInput("a timestamp to look up is >= 0 (ms since the epoch)")
+        # Registered first: M(p) is pinned before the LRO is read, so the L0 extents above it
+        # stay until the lookup is done (as a fetch's).
+        reader_id, _ = actor.register_reader()
+        try:
+            state = actor.state
+            start, lro, hwm = state.start_offset, state.lro, state.high_watermark
+            from_l0 = start
+            if self.l1 is not None and start <= lro:
+                from_l0 = lro + 1
+                for row in await self.l1.rows_reaching(actor, lro):
+                    if row.base_offset > lro:
+                        break
+                    if row.last_offset < start or not may_hold(row.max_timestamp_ms, timestamp_ms):
+                        continue
+                    runs = await self.l1.read_runs(row)
+                    # the row's largest timestamp is one run's own only when there is one run
+                    kept = row.max_timestamp_ms if len(runs) == 1 else None
+                    for base, records in runs:
+                        found = first_at_or_after(records, base, max(start, base), timestamp_ms, kept)
+                        if found is not None:
+                            return found
+            offset = from_l0
+            while offset < hwm:
+                placeholders = await self._log.read_placeholders(actor.row.pid, offset, PLACEHOLDERS_PER_READ)
+                for record in placeholders:
                     p = record.entry
                     assert isinstance(p, Placeholder), record
-                    data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
-                    where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
-                    decoded = decode_extent(data, p.checksum, p.record_count, where)
-                    if not window.add_extent(record.base_offset, decoded):
-                        break
+                    if record.base_offset >= hwm:
+                        return NOT_FOUND  # durable but not applied yet: not readable
+                    offset = record.base_offset + p.record_count
+                    if not may_hold(p.max_timestamp_ms, timestamp_ms):
+                        continue
+                    first = max(from_l0, record.base_offset)
+                    records = await self._extent(actor, record)
+                    found = first_at_or_after(
+                        records, record.base_offset, first, timestamp_ms, p.max_timestamp_ms
+                    )
+                    if found is not None:
+                        return found
+                if len(placeholders) < PLACEHOLDERS_PER_READ:
+                    break
+            return NOT_FOUND
         finally:
             actor.release_reader(reader_id)

@@ -85,6 +85,7 @@ ITEMS: tuple[Item, ...] = (
         "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
     ),
     Item("compaction", "compaction", "16. compaction vs raw read + write of the same L1 bytes"),
+    Item("lookup", "lookup", "17. ListOffsets by time vs one object GET (S3 Express-like latency)"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

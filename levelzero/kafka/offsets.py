@@ -11,7 +11,6 @@ from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
-from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.transactions import PartitionIndex
 from levelzero.kafka.epochs import NO_EPOCH, epoch_error
@@ -24,7 +23,6 @@ log = logging.getLogger("levelzero.kafka")
 
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
-LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
 
 
 class OffsetsApi:
@@ -63,7 +61,7 @@ class OffsetsApi:
                             txns = await self.txns.get(topic.name, p.partition_index)
                             offset = txns.last_stable_offset(high_watermark)
                     elif p.timestamp >= 0:
-                        offset, timestamp = await self._offset_for_time(
+                        offset, timestamp = await self.node.offset_for_time(
                             topic.name, p.partition_index, p.timestamp
                         )
                         epoch = state.term_at(offset) if timestamp >= 0 else -1
@@ -83,26 +81,6 @@ class OffsetsApi:
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
-
-    async def _offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
-        """The first offset whose record timestamp is >= `timestamp_ms` and that timestamp, or
-        (-1, -1) if none. There is no time index: the records are read from the start offset
-        (at most LIST_OFFSETS_SCAN_RECORDS_MAX of them; beyond that the latest offset answers)."""
-        offset, high_watermark = self.intake.offsets(topic, partition)
-        scanned = 0
-        while offset < high_watermark and scanned < LIST_OFFSETS_SCAN_RECORDS_MAX:
-            result = await self.node.fetch(topic, partition, offset, FETCH_BYTES_MAX)
-            if not result.runs:
-                break
-            for base, records, start, stop in result.runs:
-                for i in range(start, stop):
-                    if records[i].timestamp_ms >= timestamp_ms:
-                        return base + i, records[i].timestamp_ms
-            scanned += result.count
-            offset = result.next_offset
-        if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
-            return high_watermark, -1
-        return -1, -1
 
     def offset_for_leader_epoch(self, request: Request) -> Any:
         """OffsetForLeaderEpoch (KIP-320), as Kafka's leader answers a consumer: for the term it

@@ -129,6 +129,11 @@ class L1Row(msgspec.Struct, frozen=True):
     state: str
     created_at: float
     updated_at: float
+    # The largest record timestamp in the object (-1: no record has one): ListOffsets by time
+    # reads only the object that holds its answer. None: a row written before the column
+    # existed (SQLite schema 8, PostgreSQL migration 11), or recovered from the bucket without
+    # reading the object; a lookup reads that object to find out (`core/time_lookup.py`).
+    max_timestamp_ms: int | None = None
 
 
 class CompactionCommit(msgspec.Struct, frozen=True):

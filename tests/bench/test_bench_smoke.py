@@ -96,7 +96,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and len(ITEM_NAMES) == 16
+    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and len(ITEM_NAMES) == 17
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -350,3 +350,12 @@ def test_quick_compaction_item_reports_the_pass_against_its_floor_and_the_space_
     # 1% distinct keys: the compacted object holds about 1% of the records' bytes.
     assert 0 < fig["notes"]["space_after_over_before"] < 0.05
     assert "compaction of 20000 records" in capsys.readouterr().out
+
+
+def test_quick_lookup_item_measures_lookups_beside_one_get(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    code = main(["--quick", "--only", "lookup", "--results", str(results_path), "--loop", "asyncio"])
+    assert code == 0
+    (lookup,) = json.loads(results_path.read_text(encoding="utf-8"))["items"]["lookup"]["figures"]
+    assert (lookup["sut_label"], lookup["floor_label"]) == ("lookup", "one GET")
+    assert lookup["sut"] > 0 and lookup["floor"] > 0 and lookup["target"]["bound"] == 1.5

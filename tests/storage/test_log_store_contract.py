@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import asyncpg
+import msgspec
 import pytest
 
 from levelzero.testing.entries import placeholder
@@ -440,6 +441,44 @@ async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend:
         assert await bases(31) == []
         assert await bases(0, limit=2) == [0, 10]
         assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
+
+
+async def test_placeholders_keep_their_largest_timestamp_or_none(backend: Backend) -> None:
+    """A placeholder's largest record timestamp (ListOffsets by time skips extents by it) comes
+    back from both reads, after reopening too; one written without it (an older levelzero's)
+    reads as None, and -1 (no record has a timestamp) stays -1."""
+    stamped = [
+        LogRecord(0, 0, 0, placeholder(1, 3, max_timestamp_ms=1_700_000_000_123)),
+        LogRecord(1, 0, 3, placeholder(1, 2)),
+        LogRecord(2, 0, 5, placeholder(1, 1, max_timestamp_ms=-1)),
+    ]
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, stamped)
+    async with await backend.open() as store:
+        for records in (await store.read_log(p.pid, 0), await store.read_placeholders(p.pid, 0, 10)):
+            assert records == stamped
+            assert [r.entry.max_timestamp_ms for r in records] == [1_700_000_000_123, None, -1]  # type: ignore[union-attr]
+
+
+async def test_l1_rows_keep_their_largest_timestamp_through_transitions(backend: Backend) -> None:
+    """An L1 row's largest record timestamp is stored with it and kept by every transition;
+    a row without one (recovered without reading its object) stays None: a lookup reads it."""
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        rows = [
+            msgspec.structs.replace(l1_row("a", p.pid, 0), max_timestamp_ms=1_700_000_000_999),
+            l1_row("b", p.pid, 10),
+            msgspec.structs.replace(l1_row("c", p.pid, 20), max_timestamp_ms=-1),
+        ]
+        for row in rows:
+            await store.l1_insert(row)
+        assert await store.l1_list(pid=p.pid) == rows
+        assert await store.l1_transition("a", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
+    async with await backend.open() as store:
+        (finished,) = await store.l1_list(pid=p.pid, states=[L1State.COPY_FINISHED])
+        assert (finished.key, finished.max_timestamp_ms) == ("a", 1_700_000_000_999)
+        assert [r.max_timestamp_ms for r in await store.l1_list(pid=p.pid)] == [1_700_000_000_999, None, -1]
 
 
 async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> None:

@@ -285,6 +285,11 @@ CREATE TABLE l1_compacted (
     committed_at DOUBLE PRECISION NOT NULL
 );
 """,
+    # 11: each L1 object's largest record timestamp, so ListOffsets by time reads only the
+    # object holding its answer; older rows keep NULL and a lookup reads such an object
+    """
+ALTER TABLE l1_objects ADD COLUMN IF NOT EXISTS max_timestamp_ms BIGINT;
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -26,11 +26,14 @@ from levelzero.storage.protocols import (
 # the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
 # Version 4: topic_configs (each topic's Kafka topic configs). Version 5: deleted partitions
 # (DeleteTopics), kept until their L1 objects are collected. Version 6: Kafka transactions
-# (the coordinators' state, partitions' open and aborted transaction ranges).
+# (the coordinators' state, partitions' open and aborted transaction ranges). Version 7:
+# reserved (another change's migration; a no-op here). Version 8: l1_objects.max_timestamp_ms
+# (ListOffsets by time reads only the object holding its answer; rows of older files keep
+# NULL, and a lookup reads such an object to find out).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -203,6 +206,8 @@ L1_COMPACTED = """CREATE TABLE IF NOT EXISTS l1_compacted (
     pid INTEGER NOT NULL,
     committed_at REAL NOT NULL
 )"""
+# Version 8: each L1 object's largest record timestamp (NULL: unknown, the object is read).
+ADD_L1_MAX_TIMESTAMP = "ALTER TABLE l1_objects ADD COLUMN max_timestamp_ms INTEGER"
 
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
@@ -242,7 +247,8 @@ CREATE TABLE l1_objects (
     size INTEGER NOT NULL,
     state TEXT NOT NULL,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    max_timestamp_ms INTEGER
 );
 CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
 CREATE TABLE l0_objects (
@@ -340,6 +346,7 @@ SCHEMA_TABLES_OF_VERSION = {
     | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
     | {"transactions", "txn_ranges", "cleaner_offsets", "l1_compacted"},
 }
+SCHEMA_TABLES_OF_VERSION[8] = SCHEMA_TABLES_OF_VERSION[7]
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
@@ -442,6 +449,12 @@ async def _migrate_6_to_7(connection: aiosqlite.Connection) -> None:
     await connection.execute(L1_COMPACTED)
 
 
+async def _migrate_7_to_8(connection: aiosqlite.Connection) -> None:
+    columns = {name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(l1_objects)")}
+    if "max_timestamp_ms" not in columns:
+        await connection.execute(ADD_L1_MAX_TIMESTAMP)
+
+
 MIGRATIONS = (
     _migrate_1_to_2,
     _migrate_2_to_3,
@@ -449,6 +462,7 @@ MIGRATIONS = (
     _migrate_4_to_5,
     _migrate_5_to_6,
     _migrate_6_to_7,
+    _migrate_7_to_8,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
