@@ -148,7 +148,7 @@ class OffsetsApi:
             allowed = ErrorCode.not_coordinator
         known = self.node.topics()
         codes: dict[tuple[str, int], ErrorCode] = {}
-        to_store: list[tuple[str, int, int, str]] = []
+        to_store: list[tuple[str, int, int, str, int]] = []
         for topic in body.topics:
             for p in topic.partitions:
                 code = allowed
@@ -159,7 +159,13 @@ class OffsetsApi:
                         code = ErrorCode.offset_metadata_too_large
                     else:
                         to_store.append(
-                            (topic.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                            (
+                                topic.name,
+                                p.partition_index,
+                                p.committed_offset,
+                                p.committed_metadata or "",
+                                getattr(p, "committed_leader_epoch", NO_EPOCH),  # v6+
+                            )
                         )
                 codes[(topic.name, p.partition_index)] = code
         if to_store:
@@ -167,7 +173,7 @@ class OffsetsApi:
                 await self.groups.commit(body.group_id, to_store)
             except LevelZeroError as exc:
                 log.warning("kafka offset commit for group %s failed: %s: %s", body.group_id, exc.code, exc)
-                for topic_name, partition, _, _ in to_store:
+                for topic_name, partition, *_ in to_store:
                     codes[(topic_name, partition)] = ErrorCode.coordinator_not_available
         topics = tuple(
             make(
@@ -206,7 +212,7 @@ class OffsetsApi:
                         m.OffsetFetchResponsePartition,
                         partition_index=partition,
                         committed_offset=-1 if row is None else row.committed_offset,
-                        committed_leader_epoch=-1,
+                        committed_leader_epoch=-1 if row is None else row.leader_epoch,
                         metadata="" if row is None else row.metadata,
                         error_code=ErrorCode.none,
                     )

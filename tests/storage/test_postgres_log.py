@@ -209,15 +209,15 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     finally:
         await connection.close()
     async with await PostgresLogStore.open(postgres_dsn) as store:
-        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0)])
-        assert [r.committed_offset for r in await store.committed_offsets("g")] == [7]
+        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0, 3)])
+        assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 7, "", 1.0, 3)]
         assert len(await store.list_partitions()) == 2
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [
             r["version"]
             for r in await connection.fetch("SELECT version FROM levelzero_schema ORDER BY version")
-        ] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        ] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
         # A row from before version 6 keeps xid 0 (the export takes it by seq); new rows get theirs.
         await connection.execute(
             "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('new', 1, 1, 0, 1)"

@@ -268,6 +268,10 @@ CREATE TABLE txn_ranges (
     PRIMARY KEY (topic, partition, first_offset, producer_id)
 );
 """,
+    # 10: the committed leader epoch of each consumer group offset (KIP-320)
+    """
+ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1;
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
