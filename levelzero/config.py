@@ -562,7 +562,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         if self.kafka.enabled and not self.server.token and not is_loopback(kafka_host):
             raise ValueError(
                 f"server.token is required when kafka.listen ({self.kafka.listen}) is not a loopback "
-                "address: Kafka clients then authenticate with SASL/PLAIN, the token as password"
+                "address: Kafka clients then authenticate with SASL (PLAIN or SCRAM-SHA-256/512), "
+                "the token as password"
             )
 
     def node_config(self) -> NodeConfig:

@@ -45,6 +45,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.intake import ProduceIntake
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
+from levelzero.kafka.epochs import NO_EPOCH
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.protocol import Request, make
@@ -178,8 +179,9 @@ class TxnState:
     timeout_ms: int
     started_at: float = 0.0
     partitions: list[tuple[str, int]] = field(default_factory=list)
-    # group id -> [(topic, partition, offset, metadata)] committed with the transaction
-    groups: dict[str, list[tuple[str, int, int, str]]] = field(default_factory=dict)
+    # group id -> [(topic, partition, offset, metadata, leader epoch)] committed with the
+    # transaction
+    groups: dict[str, list[tuple[str, int, int, str, int]]] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def row(self, now: float) -> TransactionRow:
@@ -208,8 +210,15 @@ class TxnState:
             row.timeout_ms,
             row.started_at,
             [(t, p) for t, p in json.loads(row.partitions)],
-            {g: [(t, p, o, m) for t, p, o, m in offsets] for g, offsets in groups.items()},
+            {g: [_pending_offset(entry) for entry in offsets] for g, offsets in groups.items()},
         )
+
+
+def _pending_offset(entry: list[Any]) -> tuple[str, int, int, str, int]:
+    """An offset a transaction holds, as stored: entries stored before the leader epoch was
+    kept have four fields."""
+    topic, partition, offset, metadata, *epoch = entry
+    return topic, partition, offset, metadata, epoch[0] if epoch else NO_EPOCH
 
 
 class TransactionCoordinator:
@@ -475,7 +484,7 @@ class TransactionCoordinator:
                     if txn.state != ONGOING or body.group_id not in txn.groups:
                         code = ErrorCode.invalid_txn_state
                     else:
-                        pending = {(t, p): (t, p, o, mm) for t, p, o, mm in txn.groups[body.group_id]}
+                        pending = {(e[0], e[1]): e for e in txn.groups[body.group_id]}
                         for topic in body.topics:
                             for p in topic.partitions:
                                 pending[(topic.name, p.partition_index)] = (
@@ -483,6 +492,7 @@ class TransactionCoordinator:
                                     p.partition_index,
                                     p.committed_offset,
                                     p.committed_metadata or "",
+                                    getattr(p, "committed_leader_epoch", NO_EPOCH),  # v2+
                                 )
                         txn.groups[body.group_id] = sorted(pending.values())
                         await self._put(txn)

@@ -216,6 +216,9 @@ class OffsetRow(msgspec.Struct, frozen=True):
     committed_offset: int
     metadata: str
     committed_at: float
+    # The leader epoch of the record the offset follows, as the consumer committed it (KIP-320;
+    # -1: not given, or committed before the column existed).
+    leader_epoch: int = -1
 
 
 @runtime_checkable

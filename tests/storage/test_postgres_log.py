@@ -216,8 +216,8 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     finally:
         await connection.close()
     async with await PostgresLogStore.open(postgres_dsn) as store:
-        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0)])
-        assert [r.committed_offset for r in await store.committed_offsets("g")] == [7]
+        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0, 3)])
+        assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 7, "", 1.0, 3)]
         assert len(await store.list_partitions()) == 2
         # An L1 row from before migration 11 has no largest timestamp: a lookup by time reads it.
         (old_l1,) = await store.l1_list(pid=1)

@@ -290,6 +290,10 @@ CREATE TABLE l1_compacted (
     """
 ALTER TABLE l1_objects ADD COLUMN IF NOT EXISTS max_timestamp_ms BIGINT;
 """,
+    # 12: the committed leader epoch of each consumer group offset (KIP-320)
+    """
+ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1;
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -27,13 +27,14 @@ from levelzero.storage.protocols import (
 # Version 4: topic_configs (each topic's Kafka topic configs). Version 5: deleted partitions
 # (DeleteTopics), kept until their L1 objects are collected. Version 6: Kafka transactions
 # (the coordinators' state, partitions' open and aborted transaction ranges). Version 7:
-# reserved (another change's migration; a no-op here). Version 8: l1_objects.max_timestamp_ms
+# cleaner_offsets and l1_compacted (compaction). Version 8: l1_objects.max_timestamp_ms
 # (ListOffsets by time reads only the object holding its answer; rows of older files keep
-# NULL, and a lookup reads such an object to find out).
+# NULL, and a lookup reads such an object to find out). Version 9:
+# consumer_offsets.leader_epoch (the committed leader epoch, KIP-320).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -49,14 +50,16 @@ CONSUMER_OFFSETS = """CREATE TABLE IF NOT EXISTS consumer_offsets (
     committed_offset INTEGER NOT NULL,
     metadata TEXT NOT NULL,
     committed_at REAL NOT NULL,
+    leader_epoch INTEGER NOT NULL DEFAULT -1,
     PRIMARY KEY (group_id, topic, partition)
 ) WITHOUT ROWID"""
 UPSERT_OFFSET = (
     "INSERT INTO consumer_offsets (group_id, topic, partition, committed_offset, metadata,"
-    " committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) DO UPDATE"
-    " SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
-    " committed_at = excluded.committed_at"
+    " committed_at, leader_epoch) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition)"
+    " DO UPDATE SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
+    " committed_at = excluded.committed_at, leader_epoch = excluded.leader_epoch"
 )
+ADD_OFFSET_LEADER_EPOCH = "ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1"
 # Idempotent Kafka producers' last batches (added within schema 1, like consumer_offsets).
 PRODUCER_BATCHES = """CREATE TABLE IF NOT EXISTS producer_batches (
     producer_id INTEGER NOT NULL,
@@ -132,7 +135,7 @@ SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY 
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
 DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
 SELECT_OFFSETS = (
-    "SELECT group_id, topic, partition, committed_offset, metadata, committed_at"
+    "SELECT group_id, topic, partition, committed_offset, metadata, committed_at, leader_epoch"
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"
 )
 
@@ -347,6 +350,7 @@ SCHEMA_TABLES_OF_VERSION = {
     | {"transactions", "txn_ranges", "cleaner_offsets", "l1_compacted"},
 }
 SCHEMA_TABLES_OF_VERSION[8] = SCHEMA_TABLES_OF_VERSION[7]
+SCHEMA_TABLES_OF_VERSION[9] = SCHEMA_TABLES_OF_VERSION[8]
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
@@ -455,6 +459,14 @@ async def _migrate_7_to_8(connection: aiosqlite.Connection) -> None:
         await connection.execute(ADD_L1_MAX_TIMESTAMP)
 
 
+async def _migrate_8_to_9(connection: aiosqlite.Connection) -> None:
+    columns = {
+        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(consumer_offsets)")
+    }
+    if "leader_epoch" not in columns:  # a file migrated from version 1 got the table with it
+        await connection.execute(ADD_OFFSET_LEADER_EPOCH)
+
+
 MIGRATIONS = (
     _migrate_1_to_2,
     _migrate_2_to_3,
@@ -463,6 +475,7 @@ MIGRATIONS = (
     _migrate_5_to_6,
     _migrate_6_to_7,
     _migrate_7_to_8,
+    _migrate_8_to_9,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
