@@ -31,8 +31,8 @@ def producer(port: int, tid: str):
     )
 
 
-def consume(port: int, isolation: str, count_max: int) -> list[bytes]:
-    """Values of partition 0 from offset 0, as a consumer of `isolation` reads them (until
+def consume(port: int, isolation: str, count_max: int, start: int = 0) -> list[bytes]:
+    """Values of partition 0 from offset `start`, as a consumer of `isolation` reads them (until
     `count_max` records or a few empty polls)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -47,7 +47,7 @@ def consume(port: int, isolation: str, count_max: int) -> list[bytes]:
     got: list[bytes] = []
     empty = 0
     try:
-        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        consumer.assign([TopicPartition(TOPIC, 0, start)])
         for _ in range(POLLS_MAX):
             message = consumer.poll(0.5)
             if message is None:
@@ -248,3 +248,55 @@ async def test_http_and_export_readers_never_see_markers_or_the_reserved_header(
     assert [
         (r["offset"], r["value"], [(h["key"], h["value"]) for h in r["headers"]]) for r in table
     ] == expected
+
+
+def aborts_then_commit(port: int) -> None:
+    p = producer(port, "tx-prune")
+    p.init_transactions(30)
+    for name in (b"a", b"b"):
+        p.begin_transaction()
+        p.produce(TOPIC, value=name + b"-0", partition=0)
+        p.produce(TOPIC, value=name + b"-1", partition=0)
+        p.flush(30)
+        p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"c", partition=0)
+    p.commit_transaction(30)
+
+
+async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path: Path) -> None:
+    """Aborted ranges are kept while a fetch can reach them: once DeleteRecords moves the log
+    start offset past a range's abort marker, the range leaves the store (and the index); the
+    range above it stays, and read_committed still skips its records."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        store = daemon.node.log_store
+        await anyio.to_thread.run_sync(aborts_then_commit, port)
+        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7)
+        ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+        assert ranges == [(0, 2), (3, 5)]
+
+        def delete_below(offset: int) -> int:
+            admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+            (future,) = admin.delete_records([TopicPartition(TOPIC, 0, offset)]).values()
+            return future.result(30).low_watermark
+
+        assert await anyio.to_thread.run_sync(delete_below, 3) == 3
+        for _ in range(POLLS_MAX * 5):  # the coordinator's pass, each second
+            ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+            if ranges == [(3, 5)]:
+                break
+            await anyio.sleep(0.1)
+        assert ranges == [(3, 5)]
+        committed = await anyio.to_thread.run_sync(consume, port, "read_committed", 10, 3)
+        assert committed == [b"c"]
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        assert [
+            (r.first_offset, r.last_offset) for r in await daemon.node.log_store.txn_ranges(TOPIC, 0)
+        ] == [(3, 5)]
+        again = await anyio.to_thread.run_sync(consume, daemon.kafka_port, "read_committed", 10, 3)
+        assert again == [b"c"]
