@@ -84,6 +84,7 @@ ITEMS: tuple[Item, ...] = (
         "cli_produce",
         "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
     ),
+    Item("txn", "txn", "16. Kafka transactions of 100 records vs idempotent produce"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

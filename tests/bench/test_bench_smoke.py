@@ -338,3 +338,12 @@ def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Pa
         line.split("|")[2].strip() for line in markdown.read_text().splitlines() if line.startswith("| scale")
     ]
     assert rows == ["a", "b at 1,024", "c", "d"]
+
+
+def test_quick_txn_times_transactions_against_idempotent_produce(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "txn", "--rounds", "1", "--out", str(results_path)]) == 0
+    (row,) = json.loads(results_path.read_text())["items"]["txn"]["figures"]
+    assert row["target"] == {"bound": 0.7, "higher_is_better": True}
+    assert row["sut"] > 0 and row["floor"] > 0
+    assert row["notes"]["records_per_transaction"] == 100
