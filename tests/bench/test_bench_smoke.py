@@ -96,7 +96,7 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 15
+    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and "txn" in ITEM_NAMES and len(ITEM_NAMES) == 16
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
