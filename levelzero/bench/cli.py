@@ -86,6 +86,7 @@ ITEMS: tuple[Item, ...] = (
     ),
     Item("compaction", "compaction", "16. compaction vs raw read + write of the same L1 bytes"),
     Item("lookup", "lookup", "17. ListOffsets by time vs one object GET (S3 Express-like latency)"),
+    Item("txn", "txn", "18. Kafka transactions of 100 records vs idempotent produce"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

@@ -556,7 +556,10 @@ async def _consume_stream(
         result = await client.fetch(args.topic, args.partition, offset, args.max_bytes)
         for record in result.records:
             yield record.offset, record.key, record.value
-        if result.records:
+        # A page of Kafka transaction markers alone has no records but moves on (they are not
+        # returned): read on from its next offset while it is below the high watermark.
+        moved = offset is None or result.next_offset > offset
+        if result.records or (moved and result.next_offset < result.high_watermark):
             offset = result.next_offset
             delay_s = FOLLOW_POLL_MIN_S
             continue

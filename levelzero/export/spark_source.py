@@ -34,6 +34,7 @@ partition; executors read the objects themselves, through the daemon's own objec
 from __future__ import annotations
 
 import itertools
+import msgspec
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -45,6 +46,7 @@ from levelzero.core.entries import LogRecord, Placeholder, decode_entry
 from levelzero.core.compaction import l1_object_runs
 from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent
 from levelzero.core.state import PartitionState
+from levelzero.core.txn_marks import TXN_HEADER, client_headers, delivered
 
 from levelzero.core.errors import LevelZeroError, ObjectNotFound
 
@@ -414,9 +416,9 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     """The records of one object range, as rows of the data source's schema (timestamps in
     milliseconds)."""
     config = store_config(source) if isinstance(source, str) else source
-    for offset, rec in range_records(config, r):
+    for offset, rec in delivered(range_records(config, r)):
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(rec.headers))
+        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(client_headers(rec.headers)))
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
@@ -429,12 +431,18 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     config = store_config(source) if isinstance(source, str) else source
     pairs = range_records(config, r)
     records = [rec for _, rec in pairs]
+    offsets: Any = [offset for offset, _ in pairs]
+    if any(rec.headers and rec.headers[-1][0] == TXN_HEADER for rec in records):
+        # a Kafka transaction's records: markers left out (gaps), the reserved header stripped
+        kept = list(delivered(pairs))
+        offsets = [offset for offset, _ in kept]
+        records = [msgspec.structs.replace(rec, headers=client_headers(rec.headers)) for _, rec in kept]
     count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array([offset for offset, _ in pairs], pa.int64()),
+            pa.array(offsets, pa.int64()),
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
             pa.array([rec.value for rec in records], pa.binary()),

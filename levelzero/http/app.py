@@ -52,6 +52,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import AlterOp, ConfigSource, describe_topic
+from levelzero.core.txn_marks import TXN_HEADER, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.http.schema import (
@@ -477,6 +478,8 @@ class Api:
             raise ApiError(400, "malformed_request", "timestamp_ms must be >= 0 (ms since the epoch)")
         if count == 0:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
+        if any(has_reserved_header(r.headers) for r in body.records):
+            raise ApiError(400, "malformed_request", f"the header name {TXN_HEADER!r} is reserved")
         if count > self.settings.records_per_request_max:
             raise ApiError(
                 413,
@@ -519,6 +522,8 @@ class Api:
             if not 1 <= max_bytes <= FETCH_BYTES_MAX:
                 raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
         result = await self.node.fetch(topic, partition, offset, max_bytes)
+        # As a Kafka consumer reads: no transaction markers (their offsets are gaps), and a
+        # transaction's records without the reserved header (core.txn_marks).
         return _json(
             FetchResponse(
                 records=[
@@ -527,9 +532,10 @@ class Api:
                         r.key,
                         r.value,
                         None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
-                        list(r.headers) if r.headers else None,
+                        list(client_headers(r.headers)) or None,
                     )
                     for r in result.records
+                    if not is_marker(r.headers)
                 ],
                 next_offset=result.next_offset,
                 high_watermark=result.high_watermark,

@@ -114,10 +114,14 @@ class PartitionTxns:
 
 
 class PartitionIndex:
-    """Each partition's `PartitionTxns`, loaded from the store on first use."""
+    """Each partition's `PartitionTxns`, loaded from the store on first use. An aborted range
+    is forgotten (in memory and in the store) once the partition's log start offset passes its
+    abort marker (retention, DeleteRecords): no fetch can reach it any more. `start_offset`
+    says a partition's log start offset, None where this node does not serve it."""
 
-    def __init__(self, store: TransactionStore) -> None:
+    def __init__(self, store: TransactionStore, start_offset: Callable[[str, int], int | None]) -> None:
         self.store = store
+        self.start_offset = start_offset
         self._partitions: dict[tuple[str, int], PartitionTxns] = {}
 
     def known(self, topic: str, partition: int) -> PartitionTxns | None:
@@ -138,7 +142,21 @@ class PartitionIndex:
             else:
                 txns.open[row.producer_id] = row.first_offset
         self._partitions[(topic, partition)] = txns
+        await self.prune(topic, partition)
         return txns
+
+    async def prune(self, topic: str, partition: int) -> None:
+        """Forget the aborted ranges below the partition's log start offset."""
+        txns = self._partitions.get((topic, partition))
+        start = self.start_offset(topic, partition)
+        if txns is None or start is None or not any(last < start for _, _, last in txns.aborted):
+            return
+        await self.store.prune_txn_ranges(topic, partition, start)
+        txns.aborted = [a for a in txns.aborted if a[2] >= start]
+
+    async def prune_all(self) -> None:
+        for topic, partition in list(self._partitions):
+            await self.prune(topic, partition)
 
     async def open_range(self, topic: str, partition: int, producer_id: int, at: int) -> None:
         """Durable before the transaction's first record set there is submitted."""
@@ -239,21 +257,28 @@ class TransactionCoordinator:
         self.store: TransactionStore = (
             store if isinstance(store, TransactionStore) else MemoryTransactionStore()
         )
-        self.index = PartitionIndex(self.store)
+        self.index = PartitionIndex(self.store, self._start_offset)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
         self._loaded = False
         self._load_lock = anyio.Lock()
 
     async def run(self) -> None:
-        """Aborts expired transactions (and completes those a restart left prepared); runs
-        until cancelled."""
+        """Aborts expired transactions (and completes those a restart left prepared), and
+        forgets aborted ranges below partitions' log start offsets; runs until cancelled."""
         while True:
             try:
                 await self.expire()
+                await self.index.prune_all()
             except LevelZeroError as exc:
                 log.warning("transaction coordinator: expiry pass failed: %s", exc)
             await anyio.sleep(EXPIRY_CHECK_S)
+
+    def _start_offset(self, topic: str, partition: int) -> int | None:
+        try:
+            return self.intake.node.partition(topic, partition).state.start_offset
+        except LevelZeroError:
+            return None  # not served here (led elsewhere, deleted): its leader prunes
 
     async def _load(self) -> None:
         if self._loaded:

@@ -350,6 +350,11 @@ class TransactionStore(Protocol):
         """The partition's open and aborted ranges, by first offset."""
         ...
 
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        """Forget the partition's aborted ranges that end below `below` (its log start offset:
+        no fetch reaches them any more)."""
+        ...
+
 
 class MemoryTransactionStore:
     """`TransactionStore` in memory (the memory log store's, and a store without the role)."""
@@ -379,6 +384,11 @@ class MemoryTransactionStore:
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         rows = [r for (t, p, _, _), r in self._ranges.items() if (t, p) == (topic, partition)]
         return sorted(rows, key=lambda r: (r.first_offset, r.producer_id))
+
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        for key, row in list(self._ranges.items()):
+            if (row.topic, row.partition) == (topic, partition) and row.aborted and row.last_offset < below:
+                del self._ranges[key]
 
 
 @runtime_checkable

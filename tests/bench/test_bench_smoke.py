@@ -96,7 +96,8 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and len(ITEM_NAMES) == 17
+    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and "txn" in ITEM_NAMES
+    assert len(ITEM_NAMES) == 18
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -359,3 +360,12 @@ def test_quick_lookup_item_measures_lookups_beside_one_get(tmp_path: Path) -> No
     (lookup,) = json.loads(results_path.read_text(encoding="utf-8"))["items"]["lookup"]["figures"]
     assert (lookup["sut_label"], lookup["floor_label"]) == ("lookup", "one GET")
     assert lookup["sut"] > 0 and lookup["floor"] > 0 and lookup["target"]["bound"] == 1.5
+
+
+def test_quick_txn_times_transactions_against_idempotent_produce(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "txn", "--rounds", "1", "--out", str(results_path)]) == 0
+    (row,) = json.loads(results_path.read_text())["items"]["txn"]["figures"]
+    assert row["target"] == {"bound": 0.7, "higher_is_better": True}
+    assert row["sut"] > 0 and row["floor"] > 0
+    assert row["notes"]["records_per_transaction"] == 100

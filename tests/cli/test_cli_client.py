@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 
-from daemon_support import DaemonProcess
+from confluent_kafka import Producer
+
+from daemon_support import DaemonProcess, free_port
 
 
 def lines(values: list[str]) -> bytes:
@@ -156,3 +158,20 @@ def test_topics_config_shows_sets_and_deletes_and_refuses_what_is_not_enforced(
     refused = daemon_process.cli("topics", "create", "d", "--config", "message.timestamp.type=LogAppendTime")
     assert refused.returncode != 0 and b"invalid_config" in refused.stderr
     assert b"d " not in daemon_process.cli("topics", "list").stdout
+
+
+def test_consume_reads_past_pages_holding_only_transaction_markers(make_daemon_process) -> None:
+    """A Kafka transaction's commit marker is never returned over HTTP: a page of markers alone
+    (one record a page here) is empty, and `levelzero consume` reads on past it to the end."""
+    kafka_port = free_port()
+    process = make_daemon_process({"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"}).start()
+    assert process.cli("topics", "create", "m").returncode == 0
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{kafka_port}", "transactional.id": "cli-m"})
+    producer.init_transactions(30)
+    for value in (b"a", b"b"):
+        producer.begin_transaction()
+        producer.produce("m", value=value, partition=0)
+        producer.commit_transaction(30)  # a at 0, its marker at 1; b at 2, its marker at 3
+    assert process.cli("produce", "m", input=b"c\n").returncode == 0  # at 4
+    out = process.cli("consume", "m", "--format", "offsets", "--max-bytes", "1").stdout
+    assert out == b"0\ta\n2\tb\n4\tc\n"

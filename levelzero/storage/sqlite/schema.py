@@ -127,6 +127,9 @@ ABORT_TXN_RANGE = (
 DELETE_TXN_RANGE = (
     "DELETE FROM txn_ranges WHERE topic = ? AND partition = ? AND producer_id = ? AND first_offset = ?"
 )
+PRUNE_TXN_RANGES = (
+    "DELETE FROM txn_ranges WHERE topic = ? AND partition = ? AND aborted = 1 AND last_offset < ?"
+)
 SELECT_TXN_RANGES = (
     "SELECT topic, partition, producer_id, first_offset, last_offset, aborted FROM txn_ranges"
     " WHERE topic = ? AND partition = ? ORDER BY first_offset, producer_id"

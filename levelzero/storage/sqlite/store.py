@@ -113,6 +113,7 @@ from .schema import (
     INSERT_TXN_RANGE,
     SELECT_TRANSACTIONS,
     SELECT_TXN_RANGES,
+    PRUNE_TXN_RANGES,
     UPSERT_TRANSACTION,
     PRUNE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
@@ -1144,6 +1145,9 @@ class SqliteLogStore(StoreLifecycle):
             TxnRangeRow(t, p, producer, first, last, bool(aborted))
             for t, p, producer, first, last, aborted in rows
         ]
+
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        await self._stage_rows(PRUNE_TXN_RANGES, [(topic, partition, below)])
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""
