@@ -198,9 +198,23 @@ def dirty_ratio(clean_bytes: int, dirty_bytes: int) -> float:
     return dirty_bytes / total if total else 0.0
 
 
-def compaction_due(clean_bytes: int, dirty_bytes: int, min_cleanable_dirty_ratio: float) -> bool:
+def compaction_due(
+    clean_bytes: int,
+    dirty_bytes: int,
+    min_cleanable_dirty_ratio: float,
+    dirty_age_ms: int = 0,
+    max_compaction_lag_ms: int | None = None,
+) -> bool:
+    """Kafka's rule: a pass is due when the dirty ratio reaches `min.cleanable.dirty.ratio`, or,
+    whatever the ratio, when the oldest dirty data (`dirty_age_ms`, from its write to L1) is at
+    least `max.compaction.lag.ms` old (None: no such bound)."""
     assert 0.0 <= min_cleanable_dirty_ratio <= 1.0, min_cleanable_dirty_ratio
-    return dirty_bytes > 0 and dirty_ratio(clean_bytes, dirty_bytes) >= min_cleanable_dirty_ratio
+    assert dirty_age_ms >= 0, dirty_age_ms
+    if dirty_bytes <= 0:
+        return False
+    if max_compaction_lag_ms is not None and dirty_age_ms >= max_compaction_lag_ms:
+        return True
+    return dirty_ratio(clean_bytes, dirty_bytes) >= min_cleanable_dirty_ratio
 
 
 # ---------------------------------------------------------------------- runs

@@ -84,6 +84,13 @@ def test_compaction_is_due_at_the_dirty_ratio() -> None:
     assert not compaction_due(10, 0, 0.0)
 
 
+def test_max_compaction_lag_makes_old_dirty_data_due_whatever_the_ratio() -> None:
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=999, max_compaction_lag_ms=1000)
+    assert compaction_due(90, 10, 0.5, dirty_age_ms=1000, max_compaction_lag_ms=1000)
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=None)
+    assert not compaction_due(90, 0, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=0)  # nothing dirty
+
+
 def test_contiguous_runs() -> None:
     assert contiguous_runs([3, 4, 5, 9, 11, 12]) == [(3, 3), (9, 1), (11, 2)]
 
