@@ -568,9 +568,14 @@ class LevelZeroReader(DataSourceReader):
         return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, _Partition), partition
-        for r in partition.ranges:
-            yield read_batch(self.config, r)
+        return read_partition(self.config, partition)
+
+
+def read_partition(config: Config, partition: InputPartition) -> Iterator[Any]:
+    """One Spark task's records (batch or micro-batch): an Arrow batch per object range."""
+    assert isinstance(partition, _Partition), partition
+    for r in partition.ranges:
+        yield read_batch(config, r)
 
 
 class LevelZeroPushdownReader(LevelZeroReader):
@@ -614,6 +619,18 @@ class LevelZeroDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
+        config, topic = self._store()
+        options = self.options
+        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
+        return reader(config, topic, selection_of(options), _task_bytes(options))
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
+        from .spark_stream import LevelZeroStreamReader
+
+        config, topic = self._store()
+        return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
+
+    def _store(self) -> tuple[Config, str]:
         options = self.options
         topic = options.get("path")
         if not topic:
@@ -621,9 +638,11 @@ class LevelZeroDataSource(DataSource):
         config = store_config(
             options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
         )
-        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        task_bytes = _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
-        return reader(config, topic, selection_of(options), task_bytes)
+        return config, topic
+
+
+def _task_bytes(options: Mapping[str, str]) -> int:
+    return _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
