@@ -630,6 +630,18 @@ class LevelZeroDataSource(DataSource):
         config, topic = self._store()
         return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
 
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from .spark_sink import LevelZeroWriter, sink_target
+
+        _append_only(overwrite)
+        return LevelZeroWriter(sink_target(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
+        from .spark_sink import LevelZeroStreamWriter, sink_target
+
+        _append_only(overwrite)
+        return LevelZeroStreamWriter(sink_target(self.options, schema))
+
     def _store(self) -> tuple[Config, str]:
         options = self.options
         topic = options.get("path")
@@ -639,6 +651,11 @@ class LevelZeroDataSource(DataSource):
             options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
         )
         return config, topic
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise ExportError("the levelzero sink appends records to a topic: mode append, not overwrite")
 
 
 def _task_bytes(options: Mapping[str, str]) -> int:

@@ -110,11 +110,11 @@ class TopicConfigs(_Response):
     configs: list[TopicConfigOut]  # every Kafka topic config, by name
 
 
-class ProduceResponse(_Response):
+class ProduceResponse(_Response, omit_defaults=True):  # duplicate: only when true
     base_offset: int
     last_offset: int
     attempts: int  # 1 unless the fence rejected a stale epoch and the batcher retried
-    duplicate: bool = False  # its idempotency_key was stored before: these are that produce's offsets
+    duplicate: bool = False  # its idempotency_key was stored before: that produce's offsets
 
 
 class RecordOut(_Response, omit_defaults=True):
