@@ -178,13 +178,17 @@ class LevelZeroStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self._ends()
 
     def partitions(self, start: dict, end: dict) -> Sequence[Any]:
-        ranges = []
+        """Each partition's offsets `[start, end)` as the batch read plans them, in tasks of
+        about `task_bytes` that never span two partitions: a micro-batch is a fraction of a
+        batch read, and tasks of 128 MiB across partitions left it one task on one core."""
+        out = []
         for p, stop in sorted(end.items(), key=lambda item: int(item[0])):
             first = start.get(p, 0)
             if stop > first:
                 selection = Selection(first, stop, partitions=frozenset({int(p)}))
-                ranges += plan(self.config, self.topic, selection)
-        return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
+                ranges = plan(self.config, self.topic, selection)
+                out += [_Partition(task) for task in tasks(ranges, self.task_bytes)]
+        return out
 
     def read(self, partition: Any) -> Iterator[Any]:
         return read_partition(self.config, partition)

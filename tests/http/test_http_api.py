@@ -480,8 +480,9 @@ async def test_a_produce_with_an_idempotency_key_is_stored_once_across_a_restart
         assert (elsewhere.base_offset, elsewhere.duplicate) == (0, False)
         plain = await client.produce("t", 0, [b"a"])
         assert (plain.base_offset, plain.duplicate) == (5, False)
+        unkeyed = {"records": [{"value": b64(b"x")}], "idempotency_key": ""}
         assert_error(
-            await raw(client, "POST", RECORDS, json={"records": [{"value": b64(b"x")}], "idempotency_key": ""}),
+            await raw(client, "POST", RECORDS, json=unkeyed),
             400,
             "malformed_request",
             "idempotency_key",
