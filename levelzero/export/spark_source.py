@@ -4,6 +4,9 @@
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
+Also a stream (`spark.readStream.format("levelzero")`: `spark_stream`) and a sink
+(`df.write.format("levelzero")`, `writeStream`: `spark_sink`).
+
 Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
 milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
 
