@@ -182,12 +182,22 @@ class Compactor:
         clean_bytes = sum(r.size for r in rows if r.last_offset <= cleaned)
         dirty_bytes = sum(r.size for r in rows if r.last_offset > cleaned)
         status.dirty_ratio = dirty_ratio(clean_bytes, dirty_bytes)
-        if not compaction_due(clean_bytes, dirty_bytes, policy.min_cleanable_dirty_ratio):
+        dirty_since = min((r.created_at for r in rows if r.last_offset > cleaned), default=self._wall())
+        dirty_age_ms = max(0, round((self._wall() - dirty_since) * 1000))
+        due = compaction_due(
+            clean_bytes,
+            dirty_bytes,
+            policy.min_cleanable_dirty_ratio,
+            dirty_age_ms,
+            policy.max_compaction_lag_ms,
+        )
+        if not due:
             status.not_compacted = (
                 "no reconciled data above the cleaner offset"
                 if not dirty_bytes
                 else f"dirty ratio {status.dirty_ratio:.3f} below min.cleanable.dirty.ratio "
-                f"{policy.min_cleanable_dirty_ratio}"
+                f"{policy.min_cleanable_dirty_ratio} and the oldest dirty data ({dirty_age_ms} ms) "
+                f"younger than max.compaction.lag.ms"
             )
             return False
         inputs = self._inputs(rows)

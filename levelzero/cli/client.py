@@ -175,11 +175,22 @@ class Client:
         self,
         topic: str,
         partition: int,
-        records: Sequence[tuple[bytes | None, bytes | None] | bytes],
+        records: Sequence[tuple[bytes | None, bytes | None] | bytes | RecordIn],
+        *,
+        idempotency_key: str | None = None,
     ) -> ProduceResponse:
-        """`records`: values, or (key, value) pairs (a None value: a null value)."""
+        """`records`: values, (key, value) pairs (a None value: a null value), or RecordIns.
+        With `idempotency_key`, stored once however often it is sent (see ProduceRequest)."""
         body = ProduceRequest(
-            [RecordIn(r) if isinstance(r, bytes) else RecordIn(r[1], r[0]) for r in records]
+            [
+                r
+                if isinstance(r, RecordIn)
+                else RecordIn(r)
+                if isinstance(r, bytes)
+                else RecordIn(r[1], r[0])
+                for r in records
+            ],
+            idempotency_key,
         )
         return await self._call("POST", _records_path(topic, partition), ProduceResponse, body=body)
 

@@ -30,6 +30,7 @@ from levelzero.cli.formats import (
     _cell,
     _json_out,
     _print_record,
+    format_compaction,
     format_explanation,
     format_round,
     format_status,
@@ -580,6 +581,14 @@ async def _consume(args: argparse.Namespace, client: Client) -> None:
         if args.max_records is not None and count >= args.max_records:
             break
     sys.stdout.flush()
+
+
+async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
+    compactor = (await client.status()).compactor
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(compactor)).decode())
+    else:
+        print(format_compaction(compactor, args.partition))
 
 
 async def _status(args: argparse.Namespace, client: Client) -> None:

@@ -23,6 +23,7 @@ cleaner stops where its offset map fills; the next pass goes on from there.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,9 +43,16 @@ def key_digest(key: bytes) -> bytes:
 
 
 def key_digests(records: Sequence[Record]) -> list[bytes | None]:
-    """Each record's key digest (None: no key), computed once for a pass's two steps."""
+    """Each record's key digest (None: no key), computed once for a pass's two steps and once
+    per distinct key (a changelog repeats its keys; the cache holds the keys the records
+    already hold, and a digest each)."""
+    keys = [r.key for r in records]
+    cache: dict[bytes | None, bytes | None] = dict.fromkeys(keys)
     blake2b = hashlib.blake2b
-    return [None if r.key is None else blake2b(r.key, digest_size=KEY_DIGEST_BYTES).digest() for r in records]
+    for key in cache:
+        if key is not None:
+            cache[key] = blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
+    return list(map(cache.__getitem__, keys))
 
 
 # ---------------------------------------------------------------------- the cleaner-offset map
@@ -122,9 +130,34 @@ def clean_limit(
     hold. -1 (or below the range) when nothing may be cleaned."""
     digests = key_digests(records) if digests is None else digests
     assert len(offsets) == len(records) == len(written_at_ms) == len(digests)
+    # The common case at a list's speed: nothing young below the reconciled offset and every
+    # key fits the map; otherwise the walk below finds where the pass must stop.
+    n = bisect.bisect_right(offsets, reconciled_upto)
+    young_from = now_ms - min_lag_ms  # a record whose time is above this is too young
+    if n:
+        times = [r.timestamp_ms for r in records[:n]]
+        old = max(times) <= young_from and (NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from)
+        if old:
+            distinct = set(digests[:n])
+            distinct.discard(None)
+            if len(distinct) <= key_map_entries_max:
+                return offsets[n - 1]
+    return _clean_limit_walk(
+        offsets, records, written_at_ms, reconciled_upto, young_from, key_map_entries_max, digests
+    )
+
+
+def _clean_limit_walk(
+    offsets: Sequence[int],
+    records: Sequence[Record],
+    written_at_ms: Sequence[int],
+    reconciled_upto: int,
+    young_from: int,
+    key_map_entries_max: int,
+    digests: Sequence[bytes | None],
+) -> int:
     limit = -1
     seen: set[bytes] = set()
-    young_from = now_ms - min_lag_ms  # a record whose time is above this is too young
     for offset, record, written, digest in zip(offsets, records, written_at_ms, digests, strict=True):
         time_ms = written if record.timestamp_ms == NO_TIMESTAMP else record.timestamp_ms
         if offset > reconciled_upto or time_ms > young_from:
@@ -153,33 +186,33 @@ def retain(
     (as Kafka never cleans its active segment): a compacted object ends on a record, so a
     fetch inside it always finds one."""
     assert len(offsets) == len(records) == len(written_at_ms)
-    assert all(a < b for a, b in zip(offsets, offsets[1:], strict=False)), "offsets must rise"
+    assert sorted(set(offsets)) == list(offsets), "offsets must rise"
     assert offsets, "a pass cleans at least one record"
     digests = key_digests(records) if digests is None else digests
     assert len(digests) == len(records)
-    latest: dict[bytes, int] = {}
-    for offset, digest in zip(offsets, digests, strict=True):
-        if offset > clean_upto:
-            break
-        if digest is not None:
-            latest[digest] = offset
-    kept_offsets: list[int] = []
-    kept: list[Record] = []
+    # The records at or below clean_upto are the first `cut`; of those, the latest index per key
+    # (dict keeps the last value given for a key). No key: written before the topic was
+    # compacted, dropped as Kafka's cleaner drops it.
+    cut = bisect.bisect_right(offsets, clean_upto)
+    latest = dict(zip(digests[:cut], range(cut), strict=True))
+    latest.pop(None, None)
+    last = len(offsets) - 1
+    keep: list[int] = []
     tombstones_dropped = 0
-    for offset, record, written, digest in zip(offsets, records, written_at_ms, digests, strict=True):
-        if offset <= clean_upto and offset != offsets[-1]:
-            if digest is None:
-                continue  # no key (written before the topic was compacted): Kafka's cleaner drops it
-            if latest[digest] != offset:
-                continue  # superseded by a later record of its key
-            expired = now_ms - _record_time(record, written) >= delete_retention_ms
-            if record.value is None and expired:
-                tombstones_dropped += 1
-                continue  # a tombstone past delete.retention.ms
-        kept_offsets.append(offset)
-        kept.append(record)
+    for i in sorted(latest.values()):
+        record = records[i]
+        expired = record.value is None and i != last
+        if expired and now_ms - _record_time(record, written_at_ms[i]) >= delete_retention_ms:
+            tombstones_dropped += 1
+            continue  # a tombstone past delete.retention.ms
+        keep.append(i)
+    if cut and last < cut and (not keep or keep[-1] != last):
+        keep.append(last)  # the range's last record always stays
+    keep.extend(range(cut, len(offsets)))
+    kept_offsets = [offsets[i] for i in keep]
+    kept = [records[i] for i in keep]
     assert len(kept) <= len(records)
-    assert len(kept) <= len(latest) + sum(1 for o in offsets if o > clean_upto) + 1  # + the last
+    assert len(kept) <= len(latest) + (len(offsets) - cut) + 1  # + the last
     return Retained(kept_offsets, kept, clean_upto, len(records) - len(kept), tombstones_dropped)
 
 
@@ -198,9 +231,23 @@ def dirty_ratio(clean_bytes: int, dirty_bytes: int) -> float:
     return dirty_bytes / total if total else 0.0
 
 
-def compaction_due(clean_bytes: int, dirty_bytes: int, min_cleanable_dirty_ratio: float) -> bool:
+def compaction_due(
+    clean_bytes: int,
+    dirty_bytes: int,
+    min_cleanable_dirty_ratio: float,
+    dirty_age_ms: int = 0,
+    max_compaction_lag_ms: int | None = None,
+) -> bool:
+    """Kafka's rule: a pass is due when the dirty ratio reaches `min.cleanable.dirty.ratio`, or,
+    whatever the ratio, when the oldest dirty data (`dirty_age_ms`, from its write to L1) is at
+    least `max.compaction.lag.ms` old (None: no such bound)."""
     assert 0.0 <= min_cleanable_dirty_ratio <= 1.0, min_cleanable_dirty_ratio
-    return dirty_bytes > 0 and dirty_ratio(clean_bytes, dirty_bytes) >= min_cleanable_dirty_ratio
+    assert dirty_age_ms >= 0, dirty_age_ms
+    if dirty_bytes <= 0:
+        return False
+    if max_compaction_lag_ms is not None and dirty_age_ms >= max_compaction_lag_ms:
+        return True
+    return dirty_ratio(clean_bytes, dirty_bytes) >= min_cleanable_dirty_ratio
 
 
 # ---------------------------------------------------------------------- runs

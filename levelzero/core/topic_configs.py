@@ -8,10 +8,10 @@ back to) is known, in one of four kinds:
 - ENFORCED: `retention.ms`, `retention.bytes` (the housekeeper), `max.message.bytes` (the produce
   intake) and `cleanup.policy` (`delete` applies retention; `compact` runs the compactor,
   `actors/compactor.py`; `COMPACTION_ENABLED` is the switch that accepts it).
-- COMPACTION: the compaction settings: `min.compaction.lag.ms`, `delete.retention.ms` and
-  `min.cleanable.dirty.ratio` govern the compactor of a compacted topic (`TopicPolicy`); the
-  others (`max.compaction.lag.ms`, `min.cleanable.dirty.ratio`'s siblings) are stored and
-  reported. They govern nothing for a topic whose policy is `delete`, as in Kafka.
+- COMPACTION: the compaction settings: `min.compaction.lag.ms`, `delete.retention.ms`,
+  `min.cleanable.dirty.ratio` and `max.compaction.lag.ms` (dirty data older than it is
+  compacted whatever the dirty ratio) govern the compactor of a compacted topic
+  (`TopicPolicy`). They govern nothing for a topic whose policy is `delete`, as in Kafka.
 - NOT_APPLICABLE: settings of a Kafka broker's local log files and replicas (`segment.bytes`,
   `flush.ms`, ...): levelzero has no such files or replicas, so every valid value behaves
   alike. Stored and reported.
@@ -383,6 +383,9 @@ class TopicPolicy:
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000
     min_cleanable_dirty_ratio: float = 0.5
+    # dirty data older than this is compacted whatever the dirty ratio (None: Kafka's default,
+    # Long.MAX_VALUE, no bound)
+    max_compaction_lag_ms: int | None = None
 
 
 def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolicy:
@@ -390,6 +393,7 @@ def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolic
     retention_ms = int(stored.get("retention.ms", broker.retention_ms))
     retention_bytes = int(stored.get("retention.bytes", broker.retention_bytes))
     deletes = "delete" in policy
+    max_lag = int(stored.get("max.compaction.lag.ms", _LONG_MAX))
     return TopicPolicy(
         retention_ms if deletes and retention_ms >= 0 else None,
         retention_bytes if deletes and retention_bytes >= 0 else None,
@@ -398,6 +402,7 @@ def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolic
         min_compaction_lag_ms=int(stored.get("min.compaction.lag.ms", "0")),
         delete_retention_ms=int(stored.get("delete.retention.ms", "86400000")),
         min_cleanable_dirty_ratio=float(stored.get("min.cleanable.dirty.ratio", "0.5")),
+        max_compaction_lag_ms=None if max_lag >= int(_LONG_MAX) else max_lag,
     )
 
 

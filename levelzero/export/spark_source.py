@@ -4,6 +4,9 @@
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
+Also a stream (`spark.readStream.format("levelzero")`: `spark_stream`) and a sink
+(`df.write.format("levelzero")`, `writeStream`: `spark_sink`).
+
 Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
 milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
 
@@ -596,9 +599,14 @@ class LevelZeroReader(DataSourceReader):
         return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, _Partition), partition
-        for r in partition.ranges:
-            yield read_batch(self.config, r)
+        return read_partition(self.config, partition)
+
+
+def read_partition(config: Config, partition: InputPartition) -> Iterator[Any]:
+    """One Spark task's records (batch or micro-batch): an Arrow batch per object range."""
+    assert isinstance(partition, _Partition), partition
+    for r in partition.ranges:
+        yield read_batch(config, r)
 
 
 class LevelZeroPushdownReader(LevelZeroReader):
@@ -642,6 +650,30 @@ class LevelZeroDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
+        config, topic = self._store()
+        options = self.options
+        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
+        return reader(config, topic, selection_of(options), _task_bytes(options))
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
+        from .spark_stream import LevelZeroStreamReader
+
+        config, topic = self._store()
+        return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        from .spark_sink import LevelZeroWriter, sink_target
+
+        _append_only(overwrite)
+        return LevelZeroWriter(sink_target(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
+        from .spark_sink import LevelZeroStreamWriter, sink_target
+
+        _append_only(overwrite)
+        return LevelZeroStreamWriter(sink_target(self.options, schema))
+
+    def _store(self) -> tuple[Config, str]:
         options = self.options
         topic = options.get("path")
         if not topic:
@@ -649,9 +681,16 @@ class LevelZeroDataSource(DataSource):
         config = store_config(
             options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
         )
-        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        task_bytes = _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
-        return reader(config, topic, selection_of(options), task_bytes)
+        return config, topic
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise ExportError("the levelzero sink appends records to a topic: mode append, not overwrite")
+
+
+def _task_bytes(options: Mapping[str, str]) -> int:
+    return _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"

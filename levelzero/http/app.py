@@ -107,6 +107,7 @@ STATUS_PARTITIONS_SHOWN_MAX = 100
 STATUS_OUTLIERS_MAX = 50
 STATUS_PAGE_LIMIT_DEFAULT = 100
 STATUS_PAGE_LIMIT_MAX = 1000
+IDEMPOTENCY_KEY_MAX = 256  # characters of a produce's idempotency_key
 # Why a partition is an outlier, the most pressing first (the order outliers are shown in).
 OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
 
@@ -490,19 +491,26 @@ class Api:
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
-        result = await self.intake.produce(
-            topic,
-            partition,
-            [
-                Record(
-                    r.key,
-                    r.value,
-                    NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
-                    tuple(r.headers) if r.headers else (),
+        records = [
+            Record(
+                r.key,
+                r.value,
+                NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
+                tuple(r.headers) if r.headers else (),
+            )
+            for r in body.records
+        ]
+        if body.idempotency_key is not None:
+            if not 1 <= len(body.idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+                raise ApiError(
+                    400, "malformed_request", f"idempotency_key must hold 1..{IDEMPOTENCY_KEY_MAX} characters"
                 )
-                for r in body.records
-            ],
-        )
+            base, count, duplicate = await self.intake.produce_once(
+                topic, partition, records, body.idempotency_key
+            )
+            self.metrics.produce_latency.observe(time.perf_counter() - started)
+            return _json(ProduceResponse(base, base + count - 1, 1, duplicate))
+        result = await self.intake.produce(topic, partition, records)
         self.metrics.produce_latency.observe(time.perf_counter() - started)
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
 

@@ -53,6 +53,9 @@ class RecordIn(_Request):
 
 class ProduceRequest(_Request):
     records: list[RecordIn]
+    # A produce with a key is stored once: the same key again (a retry) answers the offsets the
+    # first one was stored at, duplicate true, and stores nothing (see intake.produce_once).
+    idempotency_key: str | None = None
 
 
 class GcRunRequest(_Request):
@@ -107,10 +110,11 @@ class TopicConfigs(_Response):
     configs: list[TopicConfigOut]  # every Kafka topic config, by name
 
 
-class ProduceResponse(_Response):
+class ProduceResponse(_Response, omit_defaults=True):  # duplicate: only when true
     base_offset: int
     last_offset: int
     attempts: int  # 1 unless the fence rejected a stale epoch and the batcher retried
+    duplicate: bool = False  # its idempotency_key was stored before: that produce's offsets
 
 
 class RecordOut(_Response, omit_defaults=True):

@@ -132,6 +132,35 @@ async def test_min_compaction_lag_holds_young_records() -> None:
         assert await read_all(node) == [(1, b"a", b"2")]
 
 
+async def test_max_compaction_lag_compacts_old_dirty_data_whatever_the_dirty_ratio() -> None:
+    log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+        config = {**COMPACT, "min.cleanable.dirty.ratio": "0.9", "max.compaction.lag.ms": "30000"}
+        await node.create_topic("c", 1, config)
+        await produce(node, [(k, b"v" * 100) for k in (b"a", b"b", b"c", b"d", b"e", b"f")], wall)
+        assert await node.reconciler.run_round() == 1
+        assert await node.compactor.run_round() == 1  # all of it dirty: ratio 1.0
+        await produce(node, [(b"a", b"w")], wall)
+        assert await node.reconciler.run_round() == 1
+        status = node.compactor.partitions["c/0"]
+        assert await node.compactor.run_round() == 0
+        assert 0 < status.dirty_ratio < 0.9
+        assert "max.compaction.lag.ms" in (status.not_compacted or "")
+        wall.now += 29
+        assert await node.compactor.run_round() == 0  # 29 s old: still within the lag
+        wall.now += 2
+        assert await node.compactor.run_round() == 1  # 31 s old: compacted whatever the ratio
+        assert status.not_compacted is None and status.passes == 2
+        assert [(o, k) for o, k, _ in await read_all(node)] == [
+            (1, b"b"),
+            (2, b"c"),
+            (3, b"d"),
+            (4, b"e"),
+            (5, b"f"),
+            (6, b"a"),
+        ]
+
+
 async def test_a_zombie_leaders_result_is_refused_and_its_object_collected() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
     async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:

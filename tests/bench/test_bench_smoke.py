@@ -219,7 +219,7 @@ def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency
 def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Path) -> None:
     results_path = tmp_path / "analysis.json"
     assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
-    per_table, records = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    per_table, records, streamed = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
     assert per_table["target"] == {"bound": 1.2, "higher_is_better": False}
     # The records, read through the data source and from their Parquet export (both counted and
     # summed inside the item): MB/s for each, information only.
@@ -228,6 +228,10 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     assert records["verdict"] in ("pass", "miss")
     assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
     assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
+    # The same records streamed (four micro-batches, each run checks it read them all) against
+    # one batch read of them: records/s.
+    assert (streamed["unit"], streamed["notes"]["max_records_per_trigger"]) == ("records/s", 2_000)
+    assert streamed["sut"] > 0 and streamed["floor"] > 0 and streamed["ratio"] > 0
     assert per_table["sut"] > 0 and per_table["floor"] > 0
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14

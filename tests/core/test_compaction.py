@@ -3,6 +3,8 @@ arrival orders), which records a pass keeps, and when a pass is due."""
 
 from __future__ import annotations
 
+import random
+
 from levelzero.core.compaction import (
     build_compacted_object,
     clean_limit,
@@ -84,6 +86,13 @@ def test_compaction_is_due_at_the_dirty_ratio() -> None:
     assert not compaction_due(10, 0, 0.0)
 
 
+def test_max_compaction_lag_makes_old_dirty_data_due_whatever_the_ratio() -> None:
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=999, max_compaction_lag_ms=1000)
+    assert compaction_due(90, 10, 0.5, dirty_age_ms=1000, max_compaction_lag_ms=1000)
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=None)
+    assert not compaction_due(90, 0, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=0)  # nothing dirty
+
+
 def test_contiguous_runs() -> None:
     assert contiguous_runs([3, 4, 5, 9, 11, 12]) == [(3, 3), (9, 1), (11, 2)]
 
@@ -106,3 +115,57 @@ def test_a_compacted_object_gives_each_record_its_offset() -> None:
     data = build_compacted_object(3, 7, [12, 13, 20], records)
     runs = l1_object_runs(data, 10, "test")
     assert [(base, [r.key for r in rs]) for base, rs in runs] == [(12, [b"a", b"c"]), (20, [b"b"])]
+
+
+def _reference_retain(offsets, records, written, clean_upto, now_ms, delete_retention_ms):
+    """The rule spelled out record by record: what the pass's faster code must equal."""
+    pairs = zip(offsets, records, strict=True)
+    latest = {r.key: o for o, r in pairs if o <= clean_upto and r.key is not None}
+    kept = []
+    for o, r, w in zip(offsets, records, written, strict=True):
+        if o <= clean_upto and o != offsets[-1]:
+            if r.key is None or latest[r.key] != o:
+                continue
+            time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
+            if r.value is None and now_ms - time_ms >= delete_retention_ms:
+                continue
+        kept.append(o)
+    return kept
+
+
+def _reference_limit(offsets, records, written, reconciled_upto, now_ms, min_lag_ms, key_map_max):
+    limit, seen = -1, set()
+    for o, r, w in zip(offsets, records, written, strict=True):
+        time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
+        if o > reconciled_upto or time_ms > now_ms - min_lag_ms:
+            break
+        if r.key is not None:
+            if r.key not in seen and len(seen) >= key_map_max:
+                break
+            seen.add(r.key)
+        limit = o
+    return limit
+
+
+def test_a_pass_keeps_and_stops_exactly_as_the_rule_spelled_out_record_by_record() -> None:
+    rng = random.Random(34)
+    for _ in range(400):
+        n = rng.randint(1, 40)
+        offsets = sorted(rng.sample(range(100), n))
+        records = [
+            Record(
+                rng.choice([None, b"a", b"b", b"c", b"d"]),
+                rng.choice([None, b"", b"v"]),
+                timestamp_ms=rng.choice([-1, rng.randint(0, 100)]),
+            )
+            for _ in range(n)
+        ]
+        written = [rng.randint(0, 100) for _ in range(n)]
+        now, lag, retention = rng.randint(50, 150), rng.randint(0, 60), rng.randint(0, 80)
+        upto, key_max = rng.choice([-1, *offsets, 200]), rng.randint(1, 5)
+        limit = clean_limit(offsets, records, written, upto, now, lag, key_max)
+        assert limit == _reference_limit(offsets, records, written, upto, now, lag, key_max)
+        clean_upto = rng.choice([-1, *offsets])
+        kept = retain(offsets, records, written, clean_upto, now, retention)
+        assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
+        assert kept.records == [records[offsets.index(o)] for o in kept.offsets]

@@ -83,10 +83,12 @@ def test_a_compacted_topics_policy_carries_its_compaction_settings() -> None:
         "min.compaction.lag.ms": "7",
         "delete.retention.ms": "9",
         "min.cleanable.dirty.ratio": "0.25",
+        "max.compaction.lag.ms": "11",
     }
     policy = topic_policy(stored, node)
-    assert policy == TopicPolicy(None, None, 4096, True, 7, 9, 0.25)
+    assert policy == TopicPolicy(None, None, 4096, True, 7, 9, 0.25, 11)
     assert not topic_policy({}, node).compacted
+    assert topic_policy({"cleanup.policy": "compact"}, node).max_compaction_lag_ms is None  # Long.MAX
 
 
 def test_incremental_ops_set_delete_append_and_subtract() -> None:
