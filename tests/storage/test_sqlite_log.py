@@ -415,24 +415,6 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
             )
 
 
-async def test_append_many_of_many_partitions_into_an_idle_store_goes_out_as_two_batches(
-    db: Path,
-) -> None:
-    """The node's appender brings every partition that queued records in one call: into an idle
-    store it commits as two batches (a job per partition, split by the writer), so the loop
-    answers the first batch's writers while the second commits, not one batch it idles behind."""
-    async with await SqliteLogStore.open(db) as store:
-        rows = await store.create_topic("t", 64, 1, 0.0)
-        before = store.statistics()
-        refused = await store.append_many([Append(row.pid, 0, [placeholder_record(0, 0, 0)]) for row in rows])
-        assert refused == [None] * 64
-        after = store.statistics()
-        assert after.commits - before.commits == 2
-        assert after.appends - before.appends == 64 and after.records - before.records == 64
-        for row in rows:
-            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0]
-
-
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:
     async with await SqliteLogStore.open(db, synchronous="NORMAL") as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)

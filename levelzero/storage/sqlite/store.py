@@ -799,17 +799,12 @@ class SqliteLogStore(StoreLifecycle):
             )
         assert len({part.pid for part in parts}) == len(parts), "append_many: a partition twice"
         # A job per `group_commit_max_records`: more would be refused (one part alone larger
-        # than that is, as a single `append` of it is). Many partitions (the node's appender
-        # brings every partition that queued records): a job each, so that the writer can send
-        # them as two batches (`SPLIT_JOBS_MIN`) and the loop answers the first batch's writers
-        # while the second commits; in one job they were one batch, and the loop idled
-        # through its fsync.
+        # than that is, as a single `append` of it is).
         jobs: list[Job] = []
         chunk: list[_AppendRows] = []
         weight = 0
-        split = len(parts) >= SPLIT_JOBS_MIN
         for part in parts:
-            if chunk and (split or weight + len(part.rows) > self._group_commit_max_records):
+            if chunk and weight + len(part.rows) > self._group_commit_max_records:
                 jobs.append(_appends_job(chunk, weight))
                 chunk, weight = [], 0
             chunk.append(part)
