@@ -198,7 +198,7 @@ def _jvm_peak_rss_bytes(spark: SparkSession) -> int | None:
 
 async def fill_records(data_dir: Path, records: int) -> None:
     """`records` records produced through a daemon on `data_dir`, round robin over partitions."""
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 
@@ -233,7 +233,8 @@ def _scan(frame: DataFrame) -> tuple[int, int]:
 
 async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> list[Figure]:
     from levelzero.export.records import export_records
-    from levelzero.export.spark_source import TASK_BYTES_DEFAULT, register
+    from levelzero.export.spark_datasource import register
+    from levelzero.export.spark_source import TASK_BYTES_DEFAULT
 
     from .arrow_source import FORMAT_NAME, ArrowFileSource
 

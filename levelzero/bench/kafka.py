@@ -173,7 +173,7 @@ async def in_child(*args: str) -> dict[str, float]:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 
@@ -286,14 +286,14 @@ async def run(settings: Settings) -> list[Figure]:
 
 
 async def _http_produce(url: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> float:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
 
     async with Client(url) as client:
         return await http_produce(client, topic, records)
 
 
 async def _http_fetch(url: str, topic: str, count: int) -> float:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
 
     async with Client(url) as client:
         return await http_fetch(client, topic, count)

@@ -95,7 +95,7 @@ async def in_child(*args: str) -> float:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 

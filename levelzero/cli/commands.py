@@ -23,7 +23,7 @@ import msgspec
 
 from levelzero.core.errors import LevelZeroError, StoreRefused
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.cli.client import ApiError, Client, default_url
+from levelzero.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
 from levelzero.daemon.logs import configure_logging
 from levelzero.cli.formats import (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.cli.client import default_url
+from levelzero.client import default_url
 from levelzero.daemon.buildinfo import version
 from levelzero.cli.commands import (
     CLUSTER_DEMO_NODES_MAX,

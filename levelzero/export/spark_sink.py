@@ -100,8 +100,7 @@ def _bytes(value: Any) -> bytes | None:
 async def produce_rows(target: SinkTarget, write: str, task: int, rows: Iterator[Any]) -> tuple[int, int]:
     """Produce `rows` (one Spark task's) to the target topic, each produce keyed
     `<write>/<task>/<partition>/<n>`. Returns (records stored, records found already stored)."""
-    from levelzero.cli.client import ApiError, Client
-    from levelzero.http.schema import RecordIn
+    from levelzero.client import ApiError, Client, RecordIn
 
     stored = duplicates = 0
     columns = target.columns

@@ -1,6 +1,6 @@
 """A PySpark Python Data Source, "levelzero": a topic's records read straight from the store.
 
-    register(spark)
+    register(spark)  # levelzero.export.spark_datasource
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
 
@@ -56,9 +56,7 @@ from levelzero.core.errors import LevelZeroError, ObjectNotFound
 from .errors import ExportError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
     from pyspark.sql.datasource import Filter
-    from pyspark.sql.types import StructType
 
     from levelzero.config import Config
 
@@ -641,54 +639,6 @@ def selection_of(options: Mapping[str, str]) -> Selection:
     )
 
 
-class LevelZeroDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT_NAME
-
-    def schema(self) -> str:
-        return SCHEMA_DDL
-
-    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
-        config, topic = self._store()
-        options = self.options
-        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        return reader(config, topic, selection_of(options), _task_bytes(options))
-
-    def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
-        from .spark_stream import LevelZeroStreamReader
-
-        config, topic = self._store()
-        return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
-
-    def writer(self, schema: StructType, overwrite: bool) -> Any:
-        from .spark_sink import LevelZeroWriter, sink_target
-
-        _append_only(overwrite)
-        return LevelZeroWriter(sink_target(self.options, schema))
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
-        from .spark_sink import LevelZeroStreamWriter, sink_target
-
-        _append_only(overwrite)
-        return LevelZeroStreamWriter(sink_target(self.options, schema))
-
-    def _store(self) -> tuple[Config, str]:
-        options = self.options
-        topic = options.get("path")
-        if not topic:
-            raise ExportError('the levelzero data source needs a topic: load("topic")')
-        config = store_config(
-            options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
-        )
-        return config, topic
-
-
-def _append_only(overwrite: bool) -> None:
-    if overwrite:
-        raise ExportError("the levelzero sink appends records to a topic: mode append, not overwrite")
-
-
 def _task_bytes(options: Mapping[str, str]) -> int:
     return _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
 
@@ -696,13 +646,3 @@ def _task_bytes(options: Mapping[str, str]) -> int:
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 # The object ranges of one Spark task (option task_bytes): as spark.sql.files.maxPartitionBytes.
 TASK_BYTES_DEFAULT = 128 * 1024 * 1024
-
-
-def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
-    scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
-    reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
-    filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
-    if PLAN_SCOPED_TO_SCAN:
-        spark.conf.set(PUSHDOWN_CONF, "true")
-    spark.dataSource.register(LevelZeroDataSource)

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from daemon_support import DaemonProcess
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from test_cluster_daemons import QUIESCE_S, WAIT_S, no_l0_left, produce_until_acknowledged, start_nodes
 from test_cluster_kafka import with_kafka
 

@@ -15,7 +15,7 @@ from test_spark_source import SLOW
 
 JOB = """
 import sys
-from levelzero.export.spark_source import register
+from levelzero.export.spark_datasource import register
 from pyspark import TaskContext
 from pyspark.sql import SparkSession, functions as F
 

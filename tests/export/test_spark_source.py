@@ -15,16 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 from daemon_support import daemon_and_client, postgres_control, postgres_overrides
 
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
+from levelzero.export.spark_datasource import register
 from levelzero.export.spark_source import (
     ObjectRange,
     Selection,
     plan,
     read_batch,
     read_range,
-    register,
     store_config,
     tasks,
 )

@@ -22,7 +22,7 @@ from levelzero.export.spark_source import store_config
 
 QUERY = """
 import sys
-from levelzero.export.spark_source import register
+from levelzero.export.spark_datasource import register
 from pyspark.sql import SparkSession
 
 data_dir, out, checkpoint = sys.argv[1:4]

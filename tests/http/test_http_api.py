@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from levelzero.cli.client import ApiError
+from levelzero.client import ApiError
 from levelzero.cli.demo import UploadGate
 
 from daemon_support import TOKEN, assert_error, daemon_and_client, raw

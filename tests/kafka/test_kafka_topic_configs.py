@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from daemon_support import daemon_and_client
-from levelzero.cli.client import ApiError
+from levelzero.client import ApiError
 from test_kafka_listener import Wire, module_of
 
 TOPIC_CONFIG = 1  # Kafka's ConfigSource values as confluent-kafka reports them

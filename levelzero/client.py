@@ -1,4 +1,6 @@
-"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo and the tests.
+"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo, the Spark sink
+and the tests. Beside the front ends, not in one: the CLI and the export reach the daemon
+through it, and neither imports the HTTP front end itself.
 
 Every failure surfaces as `ApiError`, carrying the server's error code and message (or
 `unreachable` / `bad_response` when there is no usable answer), so callers print one line.
@@ -42,6 +44,10 @@ from levelzero.http.schema import (
     TopicInfo,
     TopicList,
 )
+
+# RecordIn: the record of a produce request, the API's own message (http/schema.py).
+__all__ = ["ApiError", "Client", "RecordIn", "default_url"]
+
 
 DEFAULT_URL = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0
