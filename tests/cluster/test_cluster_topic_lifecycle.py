@@ -112,7 +112,10 @@ async def test_a_topic_deleted_in_a_cluster_leaves_nothing_behind_and_comes_back
                         if caught.value.code == "unknown_topic":
                             break
                         # a leader that has not heard yet: the store refuses its append
-                        assert caught.value.code == "not_leader", caught.value
+                        # (not_leader); one that has heard and is stopping the partition
+                        # answers shutting_down (503, retriable) until it is gone (a busy
+                        # machine makes that stop long enough to be met)
+                        assert caught.value.code in ("not_leader", "shutting_down"), caught.value
                         await anyio.sleep(0.1)
         await leaders_known(nodes, 1)
 
