@@ -48,16 +48,36 @@ def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tupl
     return -1, -1
 
 
-async def fill(node: Node) -> None:
+async def fill(
+    node: Node, l1_extents: list[list[int]] = L1_EXTENTS, l0_extents: list[list[int]] = L0_EXTENTS
+) -> None:
     """Two L1 objects (a reconciler round after each extent), then two L0 extents."""
     await node.create_topic("t", 1)
-    for extent in L1_EXTENTS:
+    for extent in l1_extents:
         await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
         assert await node.reconciler.run_round() == 1
-    for extent in L0_EXTENTS:
+    for extent in l0_extents:
         await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
     state = node.partition("t", 0).state
-    assert (state.lro, state.high_watermark) == (7, len(TIMESTAMPS))
+    assert state.lro == sum(map(len, l1_extents)) - 1
+    assert state.high_watermark == sum(map(len, l1_extents + l0_extents))
+
+
+def brute_force_max(timestamps: list[int], start: int = 0) -> tuple[int, int]:
+    """The first offset carrying the largest timestamp at or above `start`."""
+    best = (-1, -1)
+    for offset in range(start, len(timestamps)):
+        if timestamps[offset] > best[1]:
+            best = (offset, timestamps[offset])
+    return best
+
+
+async def largest(node: Node, objects: CountingObjectStore) -> tuple[tuple[int, int], int]:
+    """ListOffsets' max-timestamp answer and the object GETs it took."""
+    before = objects.snapshot("lookup").gets
+    with CountingObjectStore.role("lookup"):
+        found = await node.max_timestamp("t", 0)
+    return found, objects.snapshot("lookup").gets - before
 
 
 async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> tuple[tuple[int, int], int]:
@@ -147,3 +167,45 @@ async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_
         assert [row.max_timestamp_ms for row in log_store.l1.values()] == [900]
         assert await node.offset_for_time("t", 0, 800) == (3, 900)
         assert await node.offset_for_time("t", 0, 100) == (0, 700)
+
+
+@pytest.mark.parametrize(
+    ("l1_extents", "l0_extents", "start", "answer", "gets"),
+    [
+        (L1_EXTENTS, L0_EXTENTS, 0, (11, 1000), 1),  # in L0's last extent: only it is read
+        ([[100, 3000, 200], [500]], L0_EXTENTS, 0, (1, 3000), 1),  # in L1's first object
+        # the largest (3000, offset 1) is below the start offset: A is read to find what it
+        # holds at or above the start (200), then the largest above it (1000) is read
+        ([[100, 3000, 200], [500]], L0_EXTENTS, 2, (7, 1000), 2),
+        ([[100, 1000], [1000]], [[1000, 5]], 0, (1, 1000), 1),  # a tie: the first record
+        ([[NO_TIMESTAMP]], [[NO_TIMESTAMP, NO_TIMESTAMP]], 0, (-1, -1), 0),  # no timestamps
+    ],
+)
+@in_virtual_time
+async def test_the_largest_timestamp_is_found_reading_only_the_extent_that_holds_it(
+    l1_extents: list[list[int]], l0_extents: list[list[int]], start: int, answer: tuple[int, int], gets: int
+):
+    """ListOffsets -3 (KIP-734) compares the kept largest timestamps of rows and placeholders,
+    then reads one extent: the first holding the largest (not a scan of the partition)."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+        await fill(node, l1_extents, l0_extents)
+        if start:
+            assert await node.delete_records("t", 0, start) == start
+        timestamps = [t for extent in l1_extents + l0_extents for t in extent]
+        assert brute_force_max(timestamps, start) == answer
+        assert await largest(node, objects) == (answer, gets)
+
+
+@in_virtual_time
+async def test_the_largest_timestamp_without_kept_ones_reads_every_extent():
+    """Rows and placeholders without a kept largest timestamp (None) are read: same answer."""
+    log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
+    async with running_node(make_config(), log_store, objects) as node:
+        await fill(node)
+        actor = node.partition("t", 0)
+        for key, row in list(log_store.l1.items()):
+            log_store.l1[key] = msgspec.structs.replace(row, max_timestamp_ms=None)
+        await node.l1.refresh(actor)
+        # A and B read (unknown), then D (kept: 1000 beats B's 500 and C's 900): 3 GETs
+        assert await largest(node, objects) == (brute_force_max(TIMESTAMPS), 3)
