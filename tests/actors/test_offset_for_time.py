@@ -8,17 +8,14 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from levelzero.actors.batcher import BatcherConfig
-from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import Node, NodeConfig
-from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.actors.node import Node
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.testing.nodes import running_node
+from levelzero.testing.nodes import hand_run_config, running_node
 from levelzero.testing.virtual_time import in_virtual_time
 
 import pytest
@@ -29,16 +26,6 @@ L1_EXTENTS = [[100, 300, 200, 150], [500, 400, NO_TIMESTAMP, 450]]
 L0_EXTENTS = [[350, 900, 600], [1000, 700]]
 TIMESTAMPS = [t for extent in L1_EXTENTS + L0_EXTENTS for t in extent]
 PROBES = sorted({t + d for t in TIMESTAMPS if t >= 0 for d in (-1, 0, 1)} | {0, 2000})
-
-
-def make_config() -> NodeConfig:
-    return NodeConfig(
-        epoch_bump_interval_s=None,
-        epoch_cache_ttl_s=0.0,
-        batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
-        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0),
-    )
 
 
 def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tuple[int, int]:
@@ -91,7 +78,7 @@ async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> 
 @in_virtual_time
 async def test_every_time_finds_the_first_offset_at_or_after_it_reading_at_most_one_extent():
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert [row.max_timestamp_ms for row in node.l1._valid[node.partition("t", 0).row.pid]] == [300, 500]
         for probe in PROBES:
@@ -111,7 +98,7 @@ async def test_rows_and_placeholders_without_a_largest_timestamp_are_read_to_fin
     """Rows and placeholders written before the largest timestamp was kept (None) still get
     the exact answer: each such extent is read, in offset order, until one holds it."""
     log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await fill(node)
         actor = node.partition("t", 0)
         for key, row in list(log_store.l1.items()):
@@ -138,7 +125,7 @@ async def test_records_below_the_start_offset_are_not_answers():
     """After DeleteRecords to offset 2, object A's largest timestamp (300, at offset 1) is
     below the start offset: A is read, holds no answer at or above 2, and B answers."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert await node.delete_records("t", 0, 2) == 2
         for probe in PROBES:
@@ -154,7 +141,7 @@ async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_
     """Two produce requests cut into one extent give its placeholder the larger of their
     largest timestamps; two placeholders reconciled into one L1 object give its row theirs."""
     log_store = MemoryLogStore()
-    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+    async with running_node(hand_run_config(), log_store, MemoryObjectStore()) as node:
         await node.create_topic("t", 1)
         async with anyio.create_task_group() as tg:  # sent together: one batch, one extent
             tg.start_soon(node.produce, "t", 0, [Record(None, b"a", 700), Record(None, b"b", 50)])
@@ -188,7 +175,7 @@ async def test_the_largest_timestamp_is_found_reading_only_the_extent_that_holds
     """ListOffsets -3 (KIP-734) compares the kept largest timestamps of rows and placeholders,
     then reads one extent: the first holding the largest (not a scan of the partition)."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
         await fill(node, l1_extents, l0_extents)
         if start:
             assert await node.delete_records("t", 0, start) == start
@@ -201,7 +188,7 @@ async def test_the_largest_timestamp_is_found_reading_only_the_extent_that_holds
 async def test_the_largest_timestamp_without_kept_ones_reads_every_extent():
     """Rows and placeholders without a kept largest timestamp (None) are read: same answer."""
     log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await fill(node)
         actor = node.partition("t", 0)
         for key, row in list(log_store.l1.items()):
