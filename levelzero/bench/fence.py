@@ -45,10 +45,7 @@ class UnfencedActor(PartitionActor):
     fenced ones are, without the fence decision, its read unit and its event (the floor)."""
 
     def _on_write(self, msg: _Write) -> None:
-        if self._deposed is not None or self._stopping is not None:
-            refusal = self._refusal()
-            assert refusal is not None
-            msg.reply.fail(refusal)
+        if self._refused(msg.reply):
             return
         self._reserve(msg.entry, msg.reply, holds_read_unit=False)
 

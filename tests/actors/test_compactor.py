@@ -8,19 +8,14 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from levelzero.actors.batcher import BatcherConfig
-from levelzero.actors.compactor import CompactorConfig
-from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.intake import ProduceIntake
-from levelzero.actors.node import NodeConfig
-from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import KeylessRecord
 from levelzero.core.keys import L1_ROOT
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1State
-from levelzero.testing.nodes import running_node
+from levelzero.testing.nodes import hand_run_config, running_node
 
 
 class WallClock:
@@ -29,17 +24,6 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def make_config() -> NodeConfig:
-    return NodeConfig(
-        epoch_bump_interval_s=None,
-        epoch_cache_ttl_s=0.0,
-        batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
-        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0),
-        compactor=CompactorConfig(enabled=False),
-    )
 
 
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "60000"}
@@ -73,7 +57,7 @@ def l1_keys(store: MemoryObjectStore) -> set[str]:
 
 async def test_compaction_keeps_the_latest_record_per_key_at_its_offset() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -105,7 +89,7 @@ async def test_compaction_keeps_the_latest_record_per_key_at_its_offset() -> Non
 
 async def test_tombstones_stay_until_delete_retention_then_go() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", None), (b"b", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -121,7 +105,7 @@ async def test_tombstones_stay_until_delete_retention_then_go() -> None:
 
 async def test_min_compaction_lag_holds_young_records() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, {**COMPACT, "min.compaction.lag.ms": "10000"})
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
@@ -134,7 +118,7 @@ async def test_min_compaction_lag_holds_young_records() -> None:
 
 async def test_max_compaction_lag_compacts_old_dirty_data_whatever_the_dirty_ratio() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         config = {**COMPACT, "min.cleanable.dirty.ratio": "0.9", "max.compaction.lag.ms": "30000"}
         await node.create_topic("c", 1, config)
         await produce(node, [(k, b"v" * 100) for k in (b"a", b"b", b"c", b"d", b"e", b"f")], wall)
@@ -163,7 +147,7 @@ async def test_max_compaction_lag_compacts_old_dirty_data_whatever_the_dirty_rat
 
 async def test_a_zombie_leaders_result_is_refused_and_its_object_collected() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
@@ -181,7 +165,7 @@ async def test_a_zombie_leaders_result_is_refused_and_its_object_collected() -> 
 
 async def test_a_read_holding_the_old_lineage_reads_the_new_object() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2"), (b"b", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -194,7 +178,7 @@ async def test_a_read_holding_the_old_lineage_reads_the_new_object() -> None:
 
 async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         intake = ProduceIntake(node)
         with pytest.raises(KeylessRecord):
@@ -205,7 +189,7 @@ async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
 
 async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
@@ -218,7 +202,7 @@ async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them(
         assert await node.compactor.run_round() == 1
         assert superseded <= l1_keys(objects)  # still stored, no longer read
         assert await read_all(node) == [(1, b"a", b"2")]
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.reconciler.run_round()  # start-up collection resumes DELETE_STARTED rows
         assert not (superseded & l1_keys(objects))
         assert await read_all(node) == [(1, b"a", b"2")]
