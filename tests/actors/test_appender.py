@@ -16,7 +16,7 @@ from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import Append
+from levelzero.storage.protocols import Append, OnDurable
 from levelzero.testing.entries import placeholder
 from levelzero.testing.nodes import submit, wait_until
 from levelzero.testing.virtual_time import in_virtual_time
@@ -34,13 +34,15 @@ class RecordingStore(MemoryLogStore):
         self._released = anyio.Event()
         self.fail_with: Exception | None = None
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         self.calls.append([(a.pid, [r.log_offset for r in a.records]) for a in appends])
         if self.fail_with is not None:
             raise self.fail_with
         if self.hold:
             await self._released.wait()
-        return await super().append_many(appends)
+        return await super().append_many(appends, on_durable)
 
     def release(self) -> None:
         self.hold = False
