@@ -28,7 +28,7 @@ from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, ObjectOp
-from levelzero.storage.protocols import Append, L1Row, L1State
+from levelzero.storage.protocols import Append, L1Row, L1State, OnDurable
 
 from .config import Range, SimConfig
 
@@ -128,13 +128,18 @@ class SimLogStore(MemoryLogStore):
         self._durable(pid, [record])
         return record
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
-        # (`append` is `append_many` of one.)
-        refused = await super().append_many(appends)
-        for append, error in zip(appends, refused, strict=True):
-            if error is None:
-                self._durable(append.pid, list(append.records))
-        return refused
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
+        # (`append` is `append_many` of one.) Durable records are reported before anyone is
+        # told of them.
+        def report(index: int, refusal: NotLeader | None) -> None:
+            if refusal is None:
+                self._durable(appends[index].pid, list(appends[index].records))
+            if on_durable is not None:
+                on_durable(index, refusal)
+
+        return await super().append_many(appends, report)
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
         await anyio.lowlevel.checkpoint()

@@ -13,8 +13,8 @@ Two stores:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
@@ -102,6 +102,25 @@ class Append(msgspec.Struct, frozen=True):
     pid: int
     expected_term: int
     records: Sequence[LogRecord]
+
+
+# Told that `appends[index]` of an `append_many` is durable (refusal None) or was refused.
+OnDurable: TypeAlias = Callable[[int, NotLeader | None], None]
+
+
+def tell_each(refused: Sequence[NotLeader | None], on_durable: OnDurable | None) -> None:
+    """`append_many`'s `on_durable` for a store that settles the whole call at once: every
+    append, in order, once it all is durable. The first exception is raised after all are told."""
+    if on_durable is None:
+        return
+    failure: Exception | None = None
+    for index, refusal in enumerate(refused):
+        try:
+            on_durable(index, refusal)
+        except Exception as error:  # noqa: BLE001 - raised once all are told
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -447,11 +466,19 @@ class PartitionLog(Protocol):
         Records must continue the log contiguously and carry `expected_term`."""
         ...
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         """`append` for many partitions (distinct ones) at once, durable on return: one call,
         one wait, where a call per partition cost a task wake-up and a group-commit job each.
         A partition whose term moved on gets its `NotLeader` in the list (the others commit);
-        anything else raises, as `append` does."""
+        anything else raises, as `append` does.
+
+        `on_durable(i, refusal)` is told of `appends[i]` as soon as it is durable (or refused
+        with `NotLeader`), once per append, before the call returns: a store that commits one
+        call in several transactions (PostgreSQL's writers) tells each partition at its own
+        COMMIT, so it need not wait for the call's slowest commit. What it raises, the call
+        raises once every append is settled."""
         ...
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]: ...

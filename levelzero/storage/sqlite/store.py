@@ -72,6 +72,8 @@ from levelzero.storage.protocols import (
     TransactionRow,
     TxnRangeRow,
     Append,
+    OnDurable,
+    tell_each,
     CompactionCommit,
     CompactionState,
     L1State,
@@ -789,7 +791,9 @@ class SqliteLogStore(StoreLifecycle):
         if refused is not None:
             raise refused
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         now = self._clock()
         parts: list[_AppendRows] = []
         for append in appends:
@@ -817,7 +821,9 @@ class SqliteLogStore(StoreLifecycle):
             weight += len(part.rows)
         if chunk:
             jobs.append(_appends_job(chunk, weight))
-        return [refused for result in await self._submit_all(jobs) for refused in result]
+        refused = [refusal for result in await self._submit_all(jobs) for refusal in result]
+        tell_each(refused, on_durable)  # one writer: the call's commits are one after another
+        return refused
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:
         """Records at `from_log_offset` and after, in log order; `limit=None` reads to the end."""
