@@ -28,19 +28,19 @@ import anyio
 
 from levelzero.core.compaction import (
     KEY_MAP_ENTRIES_MAX,
+    PassInput,
     build_compacted_object,
     clean_limit,
     cleaned_to,
     compaction_due,
     dirty_ratio,
     extend_cleaner_map,
-    key_digests,
-    l1_object_runs,
+    known_old,
     retain,
 )
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import max_timestamp
 from levelzero.core.topic_configs import TopicPolicy
 from levelzero.storage.protocols import CompactionCommit, L1Row, L1State, LogStore, ObjectStore
 
@@ -201,41 +201,60 @@ class Compactor:
             )
             return False
         inputs = self._inputs(rows)
-        offsets: list[int] = []
-        records: list[Record] = []
-        written: list[int] = []
+        scanned = PassInput()
         for row in inputs:
             data = await self._objects.get(row.key)
             self.stats.bytes_read += len(data)
-            for base, run in l1_object_runs(data, row.base_offset, f"L1 object {row.key}"):
-                offsets.extend(range(base, base + len(run)))
-                records.extend(run)
-                written.extend([round(row.created_at * 1000)] * len(run))
+            written_ms = round(row.created_at * 1000)
+            scanned.add_object(data, row.base_offset, written_ms, row.max_timestamp_ms, f"L1 object {row.key}")
         now_ms = round(self._wall() * 1000)
-        digests = key_digests(records)  # once, for both steps
+        lag_ms = policy.min_compaction_lag_ms
+        # The rows' newest timestamps usually show every record past the lag: no timestamp read.
+        timestamps = None if known_old(scanned.objects, now_ms - lag_ms) else scanned.timestamps_ms()
         limit = clean_limit(
-            offsets,
-            records,
-            written,
+            scanned.offsets,
+            scanned.keys,
+            timestamps,
+            scanned.written_at_ms,
             actor.state.lro,
             now_ms,
-            policy.min_compaction_lag_ms,
+            lag_ms,
             self.config.key_map_entries_max,
-            digests,
         )
         if limit <= cleaned:
             status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
             return False
-        kept = retain(offsets, records, written, limit, now_ms, policy.delete_retention_ms, digests)
+        kept = retain(
+            scanned.offsets,
+            scanned.keys,
+            scanned.written_at_ms,
+            limit,
+            now_ms,
+            policy.delete_retention_ms,
+            scanned.encoded,
+        )
+        del scanned  # the input's bytes, no longer needed
         base, last = inputs[0].base_offset, inputs[-1].last_offset
         assert kept.offsets[0] >= base and kept.offsets[-1] == last, (kept.offsets[:1], base, last)
-        data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.records)
+        data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.extent, len(kept.records))
         key = format_l1_key(
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
         now = self._wall()
         lrlo = inputs[-1].last_log_offset
-        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)
+        row = L1Row(
+            key,
+            actor.row.pid,
+            base,
+            last,
+            lrlo,
+            term,
+            len(data),
+            L1State.COPY_STARTED,
+            now,
+            now,
+            max_timestamp(kept.records),
+        )
         await self._log.l1_insert(row)
         try:
             await self._objects.put(key, data)
