@@ -36,6 +36,7 @@ from levelzero.core.compaction import (
     dirty_ratio,
     extend_cleaner_map,
     known_old,
+    last_index_per_key,
     retain,
 )
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
@@ -211,6 +212,7 @@ class Compactor:
         lag_ms = policy.min_compaction_lag_ms
         # The rows' newest timestamps usually show every record past the lag: no timestamp read.
         timestamps = None if known_old(scanned.objects, now_ms - lag_ms) else scanned.timestamps_ms()
+        latest = last_index_per_key(scanned.keys)  # once, for both steps
         limit = clean_limit(
             scanned.offsets,
             scanned.keys,
@@ -220,6 +222,7 @@ class Compactor:
             now_ms,
             lag_ms,
             self.config.key_map_entries_max,
+            latest,
         )
         if limit <= cleaned:
             status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
@@ -232,6 +235,7 @@ class Compactor:
             now_ms,
             policy.delete_retention_ms,
             scanned.encoded,
+            latest,
         )
         del scanned  # the input's bytes, no longer needed
         base, last = inputs[0].base_offset, inputs[-1].last_offset

@@ -130,6 +130,13 @@ def known_old(objects: Sequence[tuple[int | None, int]], young_from_ms: int) -> 
     )
 
 
+def last_index_per_key(keys: Sequence[bytes | None]) -> dict[bytes | None, int]:
+    """The index of each key's last record (None: the keyless records' last), in one C-level
+    sweep: a dict keeps the last value given for a key. Computed once for both steps of a pass
+    (`clean_limit`, `retain`) when it cleans its whole input, the usual case."""
+    return dict(zip(keys, range(len(keys)), strict=True))
+
+
 def clean_limit(
     offsets: Sequence[int],
     keys: Sequence[bytes | None],
@@ -139,12 +146,14 @@ def clean_limit(
     now_ms: int,
     min_lag_ms: int,
     key_map_entries_max: int = KEY_MAP_ENTRIES_MAX,
+    latest: Mapping[bytes | None, int] | None = None,
 ) -> int:
     """The last offset a pass may clean: at or below the reconciled offset, below the first
     record younger than `min.compaction.lag.ms`, and below the first key the key map cannot
     hold. -1 (or below the range) when nothing may be cleaned. `timestamps_ms`: each record's
     own (NO_TIMESTAMP: none, its object's write time counts); None when the caller knows every
-    record is older than the lag already (`known_old`)."""
+    record is older than the lag already (`known_old`). `latest`: `last_index_per_key(keys)`,
+    if the caller has it."""
     assert len(offsets) == len(keys) == len(written_at_ms), (len(offsets), len(keys), len(written_at_ms))
     assert timestamps_ms is None or len(timestamps_ms) == len(offsets)
     # The common case at a list's speed: nothing young below the reconciled offset and every
@@ -158,9 +167,11 @@ def clean_limit(
             times = timestamps_ms[:n]
             old = max(times) <= young_from and (NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from)
         if old:
-            distinct = set(keys[:n])
-            distinct.discard(None)
-            if len(distinct) <= key_map_entries_max:
+            if latest is not None and n == len(keys):
+                distinct = len(latest) - (None in latest)
+            else:
+                distinct = len(set(keys[:n]) - {None})
+            if distinct <= key_map_entries_max:
                 return offsets[n - 1]
     return _clean_limit_walk(
         offsets, keys, timestamps_ms, written_at_ms, reconciled_upto, young_from, key_map_entries_max
@@ -205,12 +216,14 @@ def retain(
     now_ms: int,
     delete_retention_ms: int,
     encoded_of: EncodedOf,
+    latest: Mapping[bytes | None, int] | None = None,
 ) -> Retained:
     """Keep, of the records at or below `clean_upto`, the latest per key (tombstones until
     `delete.retention.ms`), and every record above it. The range's last record always stays
     (as Kafka never cleans its active segment): a compacted object ends on a record, so a
     fetch inside it always finds one. `encoded_of`: the records' msgpack bytes, asked only for
-    the ones that may stay; offsets rise (`PassInput` asserts it as it grows)."""
+    the ones that may stay; offsets rise (`PassInput` asserts it as it grows). `latest`:
+    `last_index_per_key(keys)`, if the caller has it."""
     assert len(offsets) == len(keys) == len(written_at_ms)
     assert offsets, "a pass cleans at least one record"
     assert offsets[-1] - offsets[0] >= len(offsets) - 1, "offsets must rise"
@@ -218,10 +231,13 @@ def retain(
     # (dict keeps the last value given for a key). No key: written before the topic was
     # compacted, dropped as Kafka's cleaner drops it.
     cut = bisect.bisect_right(offsets, clean_upto)
-    latest = dict(zip(keys[:cut], range(cut), strict=True))
-    latest.pop(None, None)
-    last = len(offsets) - 1
+    if latest is None or cut != len(keys):
+        latest = last_index_per_key(keys[:cut])
     candidates = sorted(latest.values())
+    if None in latest:
+        del candidates[bisect.bisect_left(candidates, latest[None])]
+    keyed = len(candidates)
+    last = len(offsets) - 1
     if cut and last < cut and (not candidates or candidates[-1] != last):
         candidates.append(last)  # the range's last record always stays
     candidates.extend(range(cut, len(offsets)))
@@ -245,7 +261,7 @@ def retain(
         keep.append(j)
         kept.append(record)
     extent = candidate_extent if not tombstones_dropped else extent_of_encoded([encoded[j] for j in keep])
-    assert len(kept) <= len(latest) + (len(offsets) - cut) + 1  # + the last
+    assert len(kept) <= keyed + (len(offsets) - cut) + 1  # + the last
     assert keep, "the range's last record always stays"
     kept_offsets = [offsets[candidates[j]] for j in keep]
     return Retained(kept_offsets, kept, extent, clean_upto, len(offsets) - len(keep), tombstones_dropped)

@@ -20,6 +20,7 @@ from levelzero.core.compaction import (
     contiguous_runs,
     extend_cleaner_map,
     known_old,
+    last_index_per_key,
     l1_object_runs,
     retain,
 )
@@ -268,12 +269,14 @@ def test_a_pass_scanning_keys_and_bytes_keeps_what_whole_records_would() -> None
         now, lag, retention = rng.randint(50, 150), rng.randint(0, 60), rng.randint(0, 80)
         upto, key_max = rng.choice([-1, *offsets, 500]), rng.randint(1, 5)
         want = _reference_limit(offsets, records, written, upto, now, lag, key_max)
-        limit = clean_limit(offsets, scanned.keys, scanned.timestamps_ms(), written, upto, now, lag, key_max)
+        latest = last_index_per_key(scanned.keys)  # the key map, shared by both steps or not
+        given = rng.choice([None, latest])
+        limit = clean_limit(offsets, scanned.keys, scanned.timestamps_ms(), written, upto, now, lag, key_max, given)
         assert limit == want
         if known_old(scanned.objects, now - lag):  # every record past the lag: no timestamp read
-            assert clean_limit(offsets, scanned.keys, None, written, upto, now, lag, key_max) == want
-        clean_upto = rng.choice([-1, *offsets])
-        kept = retain(offsets, scanned.keys, written, clean_upto, now, retention, scanned.encoded)
+            assert clean_limit(offsets, scanned.keys, None, written, upto, now, lag, key_max, given) == want
+        clean_upto = rng.choice([-1, offsets[-1], *offsets])
+        kept = retain(offsets, scanned.keys, written, clean_upto, now, retention, scanned.encoded, given)
         assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
         assert kept.records == [records[offsets.index(o)] for o in kept.offsets]
         assert kept.extent == encode_extent(kept.records)
