@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 
 from levelzero.core.compaction import (
     KEY_MAP_ENTRIES_MAX,
@@ -203,11 +204,15 @@ class Compactor:
             return False
         inputs = self._inputs(rows)
         scanned = PassInput()
-        for row in inputs:
-            data = await self._objects.get(row.key)
+
+        def scan(row: L1Row, data: bytes) -> None:
             self.stats.bytes_read += len(data)
             written_ms = round(row.created_at * 1000)
-            scanned.add_object(data, row.base_offset, written_ms, row.max_timestamp_ms, f"L1 object {row.key}")
+            scanned.add_object(
+                data, row.base_offset, written_ms, row.max_timestamp_ms, f"L1 object {row.key}"
+            )
+
+        await self._read_each(inputs, scan)
         now_ms = round(self._wall() * 1000)
         lag_ms = policy.min_compaction_lag_ms
         # The rows' newest timestamps usually show every record past the lag: no timestamp read.
@@ -237,7 +242,6 @@ class Compactor:
             scanned.encoded,
             latest,
         )
-        del scanned  # the input's bytes, no longer needed
         base, last = inputs[0].base_offset, inputs[-1].last_offset
         assert kept.offsets[0] >= base and kept.offsets[-1] == last, (kept.offsets[:1], base, last)
         data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.extent, len(kept.records))
@@ -278,11 +282,13 @@ class Compactor:
             return False
         # Accepted: the superseded objects are DELETE_STARTED; the new one serves their range.
         await self.catalog.refresh(actor)
-        for old in inputs:
-            try:
-                await self.catalog.finish_superseded(old.key, actor.name)
-            except LevelZeroError as exc:
-                log.warning("deleting superseded %s failed, retried: %s", old.key, exc)
+        try:
+            failed = await self.catalog.finish_superseded([old.key for old in inputs], actor.name)
+        except LevelZeroError as exc:  # the control plane's DELETE_FINISHED: collected later
+            log.warning("finishing the deletes of %s's superseded objects failed: %s", actor.name, exc)
+        else:
+            for key, why in failed.items():
+                log.warning("deleting superseded %s failed, retried: %s", key, why)
         reclaimed = sum(r.size for r in inputs) - len(data)
         self.stats.passes += 1
         status.passes += 1
@@ -303,6 +309,38 @@ class Compactor:
             reclaimed,
         )
         return True
+
+    async def _read_each(self, rows: list[L1Row], take: Callable[[L1Row, bytes], None]) -> None:
+        """Each of `rows`' objects to `take`, in order, the next one read while `take` works on
+        the one before: a GET waits on the store (a worker thread, or S3) while the scan waits
+        on the CPU, so they overlap. One object ahead at most (a stream of size 0); a failure
+        of either side is raised here, as itself, once both stopped."""
+        send, receive = anyio.create_memory_object_stream[tuple[L1Row, bytes]](0)
+        failure: LevelZeroError | None = None
+
+        async def read() -> None:
+            nonlocal failure
+            async with send:
+                for row in rows:
+                    try:
+                        data = await self._objects.get(row.key)
+                    except LevelZeroError as exc:
+                        failure = exc
+                        return
+                    await send.send((row, data))
+
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(read)
+            async for row, data in receive:
+                await anyio.lowlevel.checkpoint()  # the reader starts its next GET first
+                try:
+                    take(row, data)
+                except LevelZeroError as exc:
+                    failure = exc
+                    tg.cancel_scope.cancel()
+                    break
+        if failure is not None:
+            raise failure
 
     def _inputs(self, rows: list[L1Row]) -> list[L1Row]:
         """The valid objects from the partition's start, up to `object_bytes_max` (at least one):

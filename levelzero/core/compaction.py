@@ -165,7 +165,9 @@ def clean_limit(
             old = True
         else:
             times = timestamps_ms[:n]
-            old = max(times) <= young_from and (NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from)
+            old = max(times) <= young_from and (
+                NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from
+            )
         if old:
             if latest is not None and n == len(keys):
                 distinct = len(latest) - (None in latest)
@@ -254,10 +256,10 @@ def retain(
     kept: list[Record] = []
     tombstones_dropped = 0
     for j, (i, record) in enumerate(zip(candidates, records, strict=True)):
-        if record.value is None and i < cut and i != last:
-            if now_ms - _record_time(record, written_at_ms[i]) >= delete_retention_ms:
-                tombstones_dropped += 1
-                continue  # a tombstone past delete.retention.ms
+        expired = record.value is None and i < cut and i != last
+        if expired and now_ms - _record_time(record, written_at_ms[i]) >= delete_retention_ms:
+            tombstones_dropped += 1
+            continue  # a tombstone past delete.retention.ms
         keep.append(j)
         kept.append(record)
     extent = candidate_extent if not tombstones_dropped else extent_of_encoded([encoded[j] for j in keep])
@@ -451,7 +453,9 @@ class PassInput:
                 except msgspec.DecodeError as exc:
                     raise CorruptData(f"{scanned.where}: undecodable extent: {exc}") from exc
                 if len(scanned.encoded) != scanned.count:
-                    raise CorruptData(f"{scanned.where}: {len(scanned.encoded)} records, expected {scanned.count}")
+                    raise CorruptData(
+                        f"{scanned.where}: {len(scanned.encoded)} records, expected {scanned.count}"
+                    )
             encoded, first = scanned.encoded, scanned.first
             assert indices[at] >= first, (indices[at], first)
             result.extend([encoded[i - first] for i in indices[at:end]])

@@ -211,8 +211,8 @@ async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them(
         assert await node.reconciler.run_round() == 1
         superseded = l1_keys(objects)
 
-        async def crash(_key: str, _partition: str) -> None:
-            return None  # the process died after the commit, before any store delete
+        async def crash(_keys: list[str], _partition: str) -> dict[str, str]:
+            return {}  # the process died after the commit, before any store delete
 
         node.l1.finish_superseded = crash  # type: ignore[method-assign]
         assert await node.compactor.run_round() == 1

@@ -88,7 +88,9 @@ def _clean_limit(
     key_map_entries_max: int = KEY_MAP_ENTRIES_MAX,
 ) -> int:
     keys, timestamps = [r.key for r in records], [r.timestamp_ms for r in records]
-    return clean_limit(offsets, keys, timestamps, written, reconciled_upto, now_ms, min_lag_ms, key_map_entries_max)
+    return clean_limit(
+        offsets, keys, timestamps, written, reconciled_upto, now_ms, min_lag_ms, key_map_entries_max
+    )
 
 
 def _records(pairs: list[tuple[bytes, bytes | None]]) -> list[Record]:
@@ -271,7 +273,9 @@ def test_a_pass_scanning_keys_and_bytes_keeps_what_whole_records_would() -> None
         want = _reference_limit(offsets, records, written, upto, now, lag, key_max)
         latest = last_index_per_key(scanned.keys)  # the key map, shared by both steps or not
         given = rng.choice([None, latest])
-        limit = clean_limit(offsets, scanned.keys, scanned.timestamps_ms(), written, upto, now, lag, key_max, given)
+        limit = clean_limit(
+            offsets, scanned.keys, scanned.timestamps_ms(), written, upto, now, lag, key_max, given
+        )
         assert limit == want
         if known_old(scanned.objects, now - lag):  # every record past the lag: no timestamp read
             assert clean_limit(offsets, scanned.keys, None, written, upto, now, lag, key_max, given) == want
@@ -282,7 +286,8 @@ def test_a_pass_scanning_keys_and_bytes_keeps_what_whole_records_would() -> None
         assert kept.extent == encode_extent(kept.records)
         rebuilt = build_compacted_object(2, 7, kept.offsets, kept.extent, len(kept.records))
         runs = l1_object_runs(rebuilt, kept.offsets[0], "test")
-        assert [(b + i, r) for b, rs in runs for i, r in enumerate(rs)] == list(zip(kept.offsets, kept.records))
+        read_back = [(b + i, r) for b, rs in runs for i, r in enumerate(rs)]
+        assert read_back == list(zip(kept.offsets, kept.records, strict=True))
 
 
 def test_known_old_needs_every_objects_newest_timestamp_and_write_time_past_the_lag() -> None:
