@@ -2,15 +2,18 @@
 the latest record per key (seed 004; the rules are `core.compaction`'s).
 
 Per partition pass, under the partition's leader like the reconciler: the valid L1 objects from
-the partition's start, up to `object_bytes_max` of them → the records a pass may clean
+the partition's start, up to `object_bytes_max` of them, each scanned for its keys while the
+next is read (`PassInput`: values are never decoded) → the records a pass may clean
 (`clean_limit`: reconciled, older than `min.compaction.lag.ms`, the key map bounded) → the
-records kept (`retain`), at their offsets → the new object recorded COPY_STARTED, uploaded →
+records kept (`retain`), at their offsets, their stored bytes copied into the new object → the
+new object recorded COPY_STARTED (with its newest timestamp), uploaded →
 `l1_compaction_commit` with the cleaner-offset map extended by this term's entry. The store
 accepts it only if the map lies within the term lineage (a zombie leader's result is refused,
 whatever the arrival order), and then, in the same transaction, the new object goes
 COPY_FINISHED and the superseded ones DELETE_STARTED: a reader sees one set or the other.
-Only then are the superseded objects deleted (DELETE_FINISHED after); a crash before resumes
-from DELETE_STARTED (`L1Catalog.collect`), a refused result's own object is collected.
+Only then are the superseded objects deleted, in one batched request (DELETE_FINISHED after
+each); a crash before resumes from DELETE_STARTED (`L1Catalog.collect`), a refused result's own
+object is collected.
 
 A pass is due when the partition's dirty ratio (bytes above the cleaner offset over all its L1
 bytes) reaches `min.cleanable.dirty.ratio`. L0 data is never touched: the L0 rules (M(p), the
