@@ -23,12 +23,12 @@ not fit, as Kafka's cleaner stops where its offset map fills; the next pass goes
 **Decoding only what the rule needs.** A pass reads up to `object_bytes_max` of L1 records and
 keeps a few of them (a changelog repeats its keys). Decoding every record whole was most of its
 cost, and the rule needs less: each record's key, and its bytes if it is kept. So a pass scans
-each object twice in msgspec's C decoder, never building a value: once into each record's
-encoded bytes (`msgspec.Raw`, a view into the object) and once into its key alone (a struct of
-one field: msgspec skips the fields after it). Only the records a pass may keep (the latest
-per key, and those above the clean limit) are decoded whole, for the tombstone rule and the new
-object's newest timestamp; the new object's extent is their encoded bytes, sliced from the
-input, joined (`extent_of_encoded`): the same bytes re-encoding them would give. A record's
+each object in msgspec's C decoder into its keys alone (a struct of one field: msgspec skips
+the fields after it, never building a value), and splits an object into its records' encoded
+bytes (`msgspec.Raw`, views into the object) only if it holds a record that may stay. Only
+those records (the latest per key, and those above the clean limit) are decoded whole, for the
+tombstone rule and the new object's newest timestamp; the new object's extent is their encoded
+bytes joined (`extent_of_encoded`): the same bytes re-encoding them would give. A record's
 time (for `min.compaction.lag.ms`) is read from its object's row when the row's newest
 timestamp and write time already put every record past the lag (`known_old`); only otherwise
 are the timestamps decoded.
