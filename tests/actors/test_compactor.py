@@ -9,12 +9,14 @@ import anyio
 import pytest
 
 from levelzero.actors.intake import ProduceIntake
-from levelzero.core.errors import KeylessRecord
-from levelzero.core.keys import L1_ROOT
+from levelzero.core.errors import KeylessRecord, StorageError
+from levelzero.core.keys import L1_ROOT, parse_l1_key
 from levelzero.core.l0format import Record
+from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1State
+from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
 from levelzero.testing.nodes import hand_run_config, running_node
 
 
@@ -195,8 +197,8 @@ async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them(
         assert await node.reconciler.run_round() == 1
         superseded = l1_keys(objects)
 
-        async def crash(_key: str, _partition: str) -> None:
-            return None  # the process died after the commit, before any store delete
+        async def crash(_keys: list[str], _partition: str) -> dict[str, str]:
+            return {}  # the process died after the commit, before any store delete
 
         node.l1.finish_superseded = crash  # type: ignore[method-assign]
         assert await node.compactor.run_round() == 1
@@ -210,3 +212,78 @@ async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them(
             L1State.COPY_FINISHED,
             L1State.DELETE_FINISHED,
         ]
+
+
+async def test_a_pass_deletes_its_superseded_objects_in_one_request_and_keeps_its_newest_timestamp() -> None:
+    log_store, objects, wall = MemoryLogStore(), CountingObjectStore(MemoryObjectStore()), WallClock()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2", b"3"):
+            await produce(node, [(b"a", value), (b"b", value)], wall)
+            wall.now += 1
+            assert await node.reconciler.run_round() == 1
+        superseded = {r.key for r in await log_store.l1_list()}
+        before = objects.snapshot()
+        assert await node.compactor.run_round() == 1
+        spent = objects.snapshot() - before
+        assert (spent.delete_requests, spent.deleted_keys, spent.l1_gets) == (1, 3, 3)
+        rows = {r.key: r for r in await log_store.l1_list()}
+        assert {k for k, r in rows.items() if r.state == L1State.DELETE_FINISHED} == superseded
+        (new,) = [r for r in rows.values() if r.state == L1State.COPY_FINISHED]
+        # The kept records are the last two, written at the last produce's time.
+        assert new.max_timestamp_ms == round((wall.now - 1) * 1000)
+        assert await read_all(node) == [(4, b"a", b"3"), (5, b"b", b"3")]
+
+
+async def test_a_failed_delete_of_a_superseded_object_is_retried_alone() -> None:
+    log_store, wall = MemoryLogStore(), WallClock()
+    objects = FaultyObjectStore(MemoryObjectStore(), FaultSpec())
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2"):
+            await produce(node, [(b"a", value)], wall)
+            assert await node.reconciler.run_round() == 1
+        first, second = sorted(
+            (r.key for r in await log_store.l1_list()), key=lambda k: parse_l1_key(k).base_offset
+        )
+        objects.fail_deletes(first, times=1)
+        assert await node.compactor.run_round() == 1
+        states = {r.key: r.state for r in await log_store.l1_list()}
+        assert (states[first], states[second]) == (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
+        pending = node.l1.pending_deletes.get(first)
+        assert pending is not None and pending.last_error.startswith("storage_error: deleting")
+        wall.now += 3600
+        assert await node.l1.retry_deletes() == 1
+        assert {r.key: r.state for r in await log_store.l1_list()}[first] == L1State.DELETE_FINISHED
+        assert await read_all(node) == [(1, b"a", b"2")]
+
+
+class FailingGets(MemoryObjectStore):
+    """GETs of the keys in `failing` fail, as a store's outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[str] = set()
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if key in self.failing:
+            raise StorageError(f"injected: reading {key} failed")
+        return await super().get(key, offset, length)
+
+
+async def test_a_read_failing_mid_pass_fails_only_that_pass() -> None:
+    log_store, objects, wall = MemoryLogStore(), FailingGets(), WallClock()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2", b"3"):
+            await produce(node, [(b"a", value)], wall)
+            assert await node.reconciler.run_round() == 1
+        keys = sorted((r.key for r in await log_store.l1_list()), key=lambda k: parse_l1_key(k).base_offset)
+        objects.failing = {keys[1]}  # the second object, read while the first is scanned
+        assert await node.compactor.run_round() == 0
+        status = node.compactor.partitions["c/0"]
+        assert node.compactor.stats.errors == 1 and "injected: reading" in (status.not_compacted or "")
+        assert {r.key for r in await log_store.l1_list()} == set(keys)  # nothing recorded
+        objects.failing = set()
+        assert await node.compactor.run_round() == 1
+        assert await read_all(node) == [(2, b"a", b"3")]
