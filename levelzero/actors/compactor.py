@@ -37,12 +37,20 @@ from levelzero.core.compaction import (
     key_digests,
     l1_object_runs,
     retain,
+    transaction_digests,
 )
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
 from levelzero.core.l0format import Record
 from levelzero.core.topic_configs import TopicPolicy
-from levelzero.storage.protocols import CompactionCommit, L1Row, L1State, LogStore, ObjectStore
+from levelzero.storage.protocols import (
+    CompactionCommit,
+    L1Row,
+    L1State,
+    LogStore,
+    ObjectStore,
+    TransactionStore,
+)
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
@@ -213,18 +221,29 @@ class Compactor:
                 written.extend([round(row.created_at * 1000)] * len(run))
         now_ms = round(self._wall() * 1000)
         digests = key_digests(records)  # once, for both steps
+        # Kafka transactions (core.compaction): only below the last stable offset; the records of
+        # aborted transactions supersede nothing. Read after the objects were listed: a
+        # transaction opened since starts above them.
+        clean_upto = actor.state.lro
+        if isinstance(self._log, TransactionStore):
+            ranges = await self._log.txn_ranges(actor.row.topic, actor.row.partition)
+            open_from = min((r.first_offset for r in ranges if not r.aborted), default=None)
+            if open_from is not None:
+                clean_upto = min(clean_upto, open_from - 1)
+            aborted = [(r.producer_id, r.first_offset, r.last_offset) for r in ranges if r.aborted]
+            digests = transaction_digests(offsets, records, digests, aborted)
         limit = clean_limit(
             offsets,
             records,
             written,
-            actor.state.lro,
+            clean_upto,
             now_ms,
             policy.min_compaction_lag_ms,
             self.config.key_map_entries_max,
             digests,
         )
         if limit <= cleaned:
-            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
+            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms, or an open transaction)"
             return False
         kept = retain(offsets, records, written, limit, now_ms, policy.delete_retention_ms, digests)
         base, last = inputs[0].base_offset, inputs[-1].last_offset

@@ -19,6 +19,13 @@ dropped. The key map holds a 16-byte BLAKE2b digest per distinct key, at most
 `key_map_entries_max` of them (16 MiB of digests and offsets at the default): a range with more
 distinct keys is cleaned only up to the record before the first key that did not fit, as Kafka's
 cleaner stops where its offset map fills; the next pass goes on from there.
+
+**Transactions** (as Kafka's cleaner treats them). A pass cleans only below the partition's last
+stable offset: a record of an open transaction may still be aborted, so it never supersedes an
+earlier record of its key. A record of an aborted transaction is dropped and supersedes nothing
+(`transaction_digests`): the record of its key that read_committed sees stays. A commit marker
+is dropped (a read_committed consumer needs only the aborted list and the abort markers); an
+abort marker stays, as a consumer stops skipping its producer's records at it.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import msgspec
 
 from .errors import CorruptData
 from .l0format import NO_TIMESTAMP, Record, build_object, checksum, decode_extent, encode_extent, read_header
+from .txn_marks import KIND_ABORT, KIND_DATA, txn_kind
 
 # Distinct keys one pass maps, at most (a digest and an offset each: ~100 bytes in a dict).
 KEY_MAP_ENTRIES_MAX = 100_000
@@ -53,6 +61,32 @@ def key_digests(records: Sequence[Record]) -> list[bytes | None]:
         if key is not None:
             cache[key] = blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
     return list(map(cache.__getitem__, keys))
+
+
+def transaction_digests(
+    offsets: Sequence[int],
+    records: Sequence[Record],
+    digests: Sequence[bytes | None],
+    aborted: Sequence[tuple[int, int, int]],
+) -> list[bytes | None]:
+    """The digests a pass decides on, given the partition's aborted transactions (producer id,
+    first offset, abort marker's offset): a record of an aborted transaction and a commit marker
+    get None (dropped, superseding nothing); an abort marker gets a digest of its own (kept:
+    no other record shares it)."""
+    assert len(offsets) == len(records) == len(digests)
+    out = list(digests)
+    for i, record in enumerate(records):
+        txn = txn_kind(record.headers)
+        if txn is None:
+            continue
+        producer_id, kind = txn
+        if kind == KIND_ABORT:
+            out[i] = b"\x00abort-marker" + offsets[i].to_bytes(8, "big")  # never a 16-byte digest
+        elif kind != KIND_DATA:
+            out[i] = None  # a commit marker
+        elif any(p == producer_id and first <= offsets[i] <= last for p, first, last in aborted):
+            out[i] = None
+    return out
 
 
 # ---------------------------------------------------------------------- the cleaner-offset map

@@ -4,6 +4,7 @@ arrival orders), which records a pass keeps, and when a pass is due."""
 from __future__ import annotations
 
 import random
+import struct
 
 from levelzero.core.compaction import (
     build_compacted_object,
@@ -13,9 +14,12 @@ from levelzero.core.compaction import (
     contiguous_runs,
     extend_cleaner_map,
     l1_object_runs,
+    key_digests,
     retain,
+    transaction_digests,
 )
 from levelzero.core.l0format import Record
+from levelzero.core.txn_marks import TXN_HEADER
 
 A_TERM, B_TERM = 0, 1
 
@@ -169,3 +173,31 @@ def test_a_pass_keeps_and_stops_exactly_as_the_rule_spelled_out_record_by_record
         kept = retain(offsets, records, written, clean_upto, now, retention)
         assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
         assert kept.records == [records[offsets.index(o)] for o in kept.offsets]
+
+
+def _txn(key: bytes, value: bytes, producer_id: int, kind: int) -> Record:
+    header = (TXN_HEADER, struct.pack(">qhb", producer_id, 0, kind))
+    return Record(key, value, 1_000, (header,))
+
+
+def test_aborted_records_supersede_nothing_commit_markers_go_abort_markers_stay() -> None:
+    """Producer 7 commits a=1 (0, marker 1), aborts a=2 b=9 (2, 3, marker 4); producer 8 writes
+    a=3 outside any transaction (5). Cleaned to 4: a=1 is the latest of `a` read_committed sees
+    there, the aborted records and the commit marker go, the abort marker stays; above, a=3."""
+    records = [
+        _txn(b"a", b"1", 7, -1),
+        _txn(b"\x00\x00\x00\x01", b"", 7, 1),
+        _txn(b"a", b"2", 7, -1),
+        _txn(b"b", b"9", 7, -1),
+        _txn(b"\x00\x00\x00\x00", b"", 7, 0),
+        Record(b"a", b"3", 1_000, ()),
+    ]
+    offsets = list(range(6))
+    digests = transaction_digests(offsets, records, key_digests(records), [(7, 2, 4)])
+    assert digests[1] is None and digests[2] is None and digests[3] is None
+    assert digests[0] == digests[5] and digests[4] not in (None, digests[0])
+    kept = retain(offsets, records, [0] * 6, 4, 2_000, 86_400_000, digests)
+    assert kept.offsets == [0, 4, 5]
+    # Without the aborted list the aborted a=2 and b=9 would win over the committed a=1.
+    plain = retain(offsets, records, [0] * 6, 4, 2_000, 86_400_000, key_digests(records))
+    assert plain.offsets == [1, 2, 3, 4, 5]
