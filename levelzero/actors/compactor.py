@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -220,7 +220,7 @@ class Compactor:
                 records.extend(run)
                 written.extend([round(row.created_at * 1000)] * len(run))
         now_ms = round(self._wall() * 1000)
-        digests = key_digests(records)  # once, for both steps
+        digests: Sequence[bytes | None] = key_digests(records)  # once, for both steps
         # Kafka transactions (core.compaction): only below the last stable offset; the records of
         # aborted transactions supersede nothing. Read after the objects were listed: a
         # transaction opened since starts above them.

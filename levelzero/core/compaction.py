@@ -39,7 +39,7 @@ import msgspec
 
 from .errors import CorruptData
 from .l0format import NO_TIMESTAMP, Record, build_object, checksum, decode_extent, encode_extent, read_header
-from .txn_marks import KIND_ABORT, KIND_DATA, txn_kind
+from .txn_marks import KIND_ABORT, KIND_DATA, TXN_HEADER, txn_kind
 
 # Distinct keys one pass maps, at most (a digest and an offset each: ~100 bytes in a dict).
 KEY_MAP_ENTRIES_MAX = 100_000
@@ -68,17 +68,19 @@ def transaction_digests(
     records: Sequence[Record],
     digests: Sequence[bytes | None],
     aborted: Sequence[tuple[int, int, int]],
-) -> list[bytes | None]:
+) -> Sequence[bytes | None]:
     """The digests a pass decides on, given the partition's aborted transactions (producer id,
     first offset, abort marker's offset): a record of an aborted transaction and a commit marker
     get None (dropped, superseding nothing); an abort marker gets a digest of its own (kept:
     no other record shares it)."""
     assert len(offsets) == len(records) == len(digests)
+    stored_by_txn = [i for i, r in enumerate(records) if r.headers and r.headers[-1][0] == TXN_HEADER]
+    if not stored_by_txn:
+        return digests
     out = list(digests)
-    for i, record in enumerate(records):
-        txn = txn_kind(record.headers)
-        if txn is None:
-            continue
+    for i in stored_by_txn:
+        txn = txn_kind(records[i].headers)
+        assert txn is not None
         producer_id, kind = txn
         if kind == KIND_ABORT:
             out[i] = b"\x00abort-marker" + offsets[i].to_bytes(8, "big")  # never a 16-byte digest
