@@ -47,7 +47,14 @@ from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
 from levelzero.core.l0format import max_timestamp
 from levelzero.core.topic_configs import TopicPolicy
-from levelzero.storage.protocols import CompactionCommit, L1Row, L1State, LogStore, ObjectStore
+from levelzero.storage.protocols import (
+    CompactionCommit,
+    L1Row,
+    L1State,
+    LogStore,
+    ObjectStore,
+    TransactionStore,
+)
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
@@ -218,6 +225,18 @@ class Compactor:
         await self._read_each(inputs, scan)
         now_ms = round(self._wall() * 1000)
         lag_ms = policy.min_compaction_lag_ms
+        # Kafka transactions (core.compaction): only below the last stable offset; the records of
+        # aborted transactions supersede nothing. Read after the objects were listed: a
+        # transaction opened since starts above them.
+        clean_upto = actor.state.lro
+        if isinstance(self._log, TransactionStore):
+            ranges = await self._log.txn_ranges(actor.row.topic, actor.row.partition)
+            open_from = min((r.first_offset for r in ranges if not r.aborted), default=None)
+            if open_from is not None:
+                clean_upto = min(clean_upto, open_from - 1)
+            scanned.apply_transactions(
+                [(r.producer_id, r.first_offset, r.last_offset) for r in ranges if r.aborted]
+            )
         # The rows' newest timestamps usually show every record past the lag: no timestamp read.
         timestamps = None if known_old(scanned.objects, now_ms - lag_ms) else scanned.timestamps_ms()
         latest = last_index_per_key(scanned.keys)  # once, for both steps
@@ -226,14 +245,14 @@ class Compactor:
             scanned.keys,
             timestamps,
             scanned.written_at_ms,
-            actor.state.lro,
+            clean_upto,
             now_ms,
             lag_ms,
             self.config.key_map_entries_max,
             latest,
         )
         if limit <= cleaned:
-            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
+            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms, or an open transaction)"
             return False
         kept = retain(
             scanned.offsets,

@@ -32,6 +32,15 @@ bytes joined (`extent_of_encoded`): the same bytes re-encoding them would give. 
 time (for `min.compaction.lag.ms`) is read from its object's row when the row's newest
 timestamp and write time already put every record past the lag (`known_old`); only otherwise
 are the timestamps decoded.
+
+**Transactions** (as Kafka's cleaner treats them). A pass cleans only below the partition's last
+stable offset: a record of an open transaction may still be aborted, so it never supersedes an
+earlier record of its key. A record of an aborted transaction is dropped and supersedes nothing
+(`PassInput.apply_transactions`): the record of its key that read_committed sees stays. A commit marker
+is dropped (a read_committed consumer needs only the aborted list and the abort markers); an
+abort marker stays, as a consumer stops skipping its producer's records at it. Only
+the objects whose bytes hold the reserved header's name are decoded for it (one substring
+search each; the usual object holds none).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 
@@ -52,6 +62,7 @@ from .l0format import (
     extent_of_encoded,
     read_header,
 )
+from .txn_marks import KIND_ABORT, KIND_DATA, TXN_HEADER, txn_kind
 
 # Distinct keys one pass maps, at most (an entry of a dict each, ~100 bytes, the key being the
 # record's own key bytes).
@@ -474,3 +485,41 @@ class PassInput:
             times.extend([r.timestamp_ms for r in records])
         assert len(times) == len(self.offsets)
         return times
+
+    def apply_transactions(self, aborted: Sequence[tuple[int, int, int]]) -> None:
+        """Kafka's cleaner's rule for transactions (see the module), given the partition's
+        aborted transactions (producer id, first offset, abort marker's offset): a record of an
+        aborted transaction and a commit marker get no key (dropped, superseding nothing); an
+        abort marker a key equal to no other (kept). Only the objects whose bytes hold the
+        reserved header's name are decoded for it."""
+        for scanned in self._scanned:
+            if _TXN_HEADER_BYTES not in bytes(scanned.extent):
+                continue
+            try:  # verified as it was added
+                records = _records_decoder.decode(scanned.extent)
+            except msgspec.DecodeError as exc:
+                raise CorruptData(f"{scanned.where}: undecodable extent: {exc}") from exc
+            for i, record in enumerate(records):
+                txn = txn_kind(record.headers)
+                if txn is None:
+                    continue
+                at = scanned.first + i
+                producer_id, kind = txn
+                if kind == KIND_ABORT:
+                    self.keys[at] = cast(bytes, _AbortMarkerKey())
+                elif kind != KIND_DATA:
+                    self.keys[at] = None  # a commit marker
+                elif any(
+                    p == producer_id and first <= self.offsets[at] <= last for p, first, last in aborted
+                ):
+                    self.keys[at] = None
+
+
+class _AbortMarkerKey:
+    """An abort marker's key in a pass's key map: equal to nothing but itself (identity), so the
+    marker is kept and supersedes no record."""
+
+    __slots__ = ()
+
+
+_TXN_HEADER_BYTES = TXN_HEADER.encode()  # as msgpack stores the header's name (a str)

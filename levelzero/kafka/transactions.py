@@ -400,6 +400,13 @@ class TransactionCoordinator:
                 # A new incarnation: the epoch bumped fences the previous one, whose open
                 # transaction is aborted (with the new epoch, as Kafka's coordinator does).
                 if txn.producer_epoch + 1 >= EPOCH_MAX:
+                    if txn.state == ONGOING:
+                        # Its records and open ranges are under this producer id: abort under it
+                        # (fenced at the last epoch) before the id changes, or no marker would
+                        # close those ranges and the LSO would stay below them for ever.
+                        txn.producer_epoch = EPOCH_MAX
+                        self._epochs[txn.producer_id] = EPOCH_MAX
+                        await self._end(txn, commit=False)
                     txn.producer_id, txn.producer_epoch = self.intake.new_producer_id(), 0
                 else:
                     txn.producer_epoch += 1

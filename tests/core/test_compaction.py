@@ -4,6 +4,7 @@ arrival orders), which records a pass keeps, and when a pass is due."""
 from __future__ import annotations
 
 import random
+import struct
 from collections.abc import Sequence
 
 import msgspec
@@ -25,6 +26,7 @@ from levelzero.core.compaction import (
     retain,
 )
 from levelzero.core.l0format import NO_TIMESTAMP, Record, build_object, encode_extent, max_timestamp
+from levelzero.core.txn_marks import TXN_HEADER
 
 A_TERM, B_TERM = 0, 1
 
@@ -295,3 +297,45 @@ def test_known_old_needs_every_objects_newest_timestamp_and_write_time_past_the_
     assert not known_old([(10, 20), (31, 30)], 30)  # a record's timestamp past it
     assert not known_old([(10, 31)], 30)  # a record without a timestamp may count from 31
     assert not known_old([(None, 0)], 30)  # unknown: the records are read
+
+
+def _txn(key: bytes, value: bytes, producer_id: int, kind: int) -> Record:
+    header = (TXN_HEADER, struct.pack(">qhb", producer_id, 0, kind))
+    return Record(key, value, 1_000, (header,))
+
+
+def test_aborted_records_supersede_nothing_commit_markers_go_abort_markers_stay() -> None:
+    """Producer 7 commits a=1 (0, marker 1), aborts a=2 b=9 (2, 3, marker 4); producer 8 writes
+    a=3 outside any transaction (5). Cleaned to 4: a=1 is the latest of `a` read_committed sees
+    there, the aborted records and the commit marker go, the abort marker stays; above, a=3."""
+    records = [
+        _txn(b"a", b"1", 7, -1),
+        _txn(b"\x00\x00\x00\x01", b"", 7, 1),
+        _txn(b"a", b"2", 7, -1),
+        _txn(b"b", b"9", 7, -1),
+        _txn(b"\x00\x00\x00\x00", b"", 7, 0),
+        Record(b"a", b"3", 1_000, ()),
+    ]
+    data, _ = build_object(2, [(7, encode_extent(records), len(records))])
+
+    def scan(aborted: list[tuple[int, int, int]] | None) -> tuple[PassInput, list[int]]:
+        scanned = PassInput()
+        scanned.add_object(data, 0, 0, None, "test")
+        if aborted is not None:
+            scanned.apply_transactions(aborted)
+        kept = retain(scanned.offsets, scanned.keys, [0] * 6, 4, 2_000, 86_400_000, scanned.encoded)
+        return scanned, kept.offsets
+
+    scanned, kept = scan([(7, 2, 4)])
+    keys = scanned.keys
+    assert keys[1] is None and keys[2] is None and keys[3] is None
+    assert keys[0] == keys[5] == b"a" and keys[4] not in (None, b"a", b"\x00\x00\x00\x00")
+    assert kept == [0, 4, 5]
+    # Without the aborted list the aborted a=2 and b=9 would win over the committed a=1.
+    assert scan(None)[1] == [1, 2, 3, 4, 5]
+    # An object without transactional records is not decoded for it: its keys stay.
+    plain = PassInput()
+    plain_data, _ = build_object(2, [(7, encode_extent([Record(b"a", b"1", 1_000, ())]), 1)])
+    plain.add_object(plain_data, 0, 0, None, "test")
+    plain.apply_transactions([(7, 0, 0)])
+    assert plain.keys == [b"a"]

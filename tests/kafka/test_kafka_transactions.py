@@ -8,6 +8,7 @@ commit and abort alike. The state survives a restart of the daemon (SQLite)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -300,3 +301,73 @@ async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path:
         ] == [(3, 5)]
         again = await anyio.to_thread.run_sync(consume, daemon.kafka_port, "read_committed", 10, 3)
         assert again == [b"c"]
+
+
+def last_stable_and_high(port: int) -> tuple[int, int]:
+    """(last stable offset, high watermark) of partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer(
+            {"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "ends", "isolation.level": isolation}
+        )
+        try:
+            ends.append(consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10, cached=False)[1])
+        finally:
+            consumer.close()
+    return ends[0], ends[1]
+
+
+def open_transaction(port: int, tid: str) -> tuple[int, int]:
+    """An incarnation of `tid` leaves a transaction open (three records); (LSO, high watermark)."""
+    stranded = producer(port, tid)
+    stranded.init_transactions(30)
+    stranded.begin_transaction()
+    for i in range(3):
+        stranded.produce(TOPIC, value=b"stranded-%d" % i, partition=0)
+    assert stranded.flush(30) == 0
+    return last_stable_and_high(port)
+
+
+def successor_commits(port: int, tid: str) -> None:
+    successor = producer(port, tid)
+    successor.init_transactions(30)  # the open transaction is aborted
+    successor.begin_transaction()
+    successor.produce(TOPIC, value=b"successor", partition=0)
+    successor.commit_transaction(30)
+
+
+async def test_an_open_transaction_is_aborted_when_a_new_incarnation_exhausts_the_epoch(
+    tmp_path: Path,
+) -> None:
+    """InitProducerId at the last epoch gives the transactional id a new producer id (KIP-360).
+    The open transaction of the old incarnation is aborted under the producer id its records and
+    open ranges carry (fenced at the last epoch), before the id changes: the LSO passes it."""
+    from levelzero.kafka.transactions import EMPTY, EPOCH_MAX, TxnState
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        coordinator = daemon.kafka.handlers.transactions
+        await coordinator._load()
+        # The id has been initialised EPOCH_MAX - 2 times: the next incarnation gets the last
+        # epoch a producer uses, the one after it a new producer id.
+        old_id = coordinator.intake.new_producer_id()
+        coordinator._txns["tx-old"] = TxnState("tx-old", old_id, EPOCH_MAX - 2, EMPTY, 60_000)
+        coordinator._epochs[old_id] = EPOCH_MAX - 2
+        lso, high = await anyio.to_thread.run_sync(open_transaction, port, "tx-old")
+        assert (lso, high) == (0, 3)
+        assert coordinator._txns["tx-old"].producer_epoch == EPOCH_MAX - 1
+        await anyio.to_thread.run_sync(successor_commits, port, "tx-old")
+        txn = coordinator._txns["tx-old"]
+        assert txn.producer_id != old_id and txn.producer_epoch == 0  # a new producer id
+        # abort marker (3), the successor's record (4), its commit marker (5): nothing open
+        assert await anyio.to_thread.run_sync(last_stable_and_high, port) == (6, 6)
+        assert await store_ranges(daemon) == [(old_id, 0, 3, True)]  # aborted; the committed one is gone
+        assert await anyio.to_thread.run_sync(consume, port, "read_committed", 10) == [b"successor"]
+
+
+async def store_ranges(daemon: Any) -> list[tuple[int, int, int, bool]]:
+    rows = await daemon.node.log_store.txn_ranges(TOPIC, 0)
+    return [(r.producer_id, r.first_offset, r.last_offset, r.aborted) for r in rows]
