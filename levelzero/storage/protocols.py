@@ -376,7 +376,9 @@ class MemoryTransactionStore:
         for r in opened:
             await self.open_txn_range(r)
         for r in closed:
-            await self.close_txn_range(r.topic, r.partition, r.producer_id, r.first_offset, r.last_offset, r.aborted)
+            await self.close_txn_range(
+                r.topic, r.partition, r.producer_id, r.first_offset, r.last_offset, r.aborted
+            )
 
     async def transactions(self) -> list[TransactionRow]:
         return [self._transactions[k] for k in sorted(self._transactions)]
