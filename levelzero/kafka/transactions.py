@@ -10,23 +10,33 @@ objects read as they are); the fetch encoder strips the header again and emits s
 transactional batches of that producer and markers as control batches, as Kafka's log holds them
 (`records.encode_run`). A client cannot send the reserved header (a produce holding it is refused).
 
-Durability (state in the control plane before answering, `TransactionStore`): InitProducerId,
-AddPartitionsToTxn, AddOffsetsToTxn and each state change of EndTxn are stored before the answer;
-a partition's open range is stored before the transaction's first record set is submitted there,
-at the partition's high watermark then (at or below the records' offset: the last stable offset
-never passes an open transaction); an aborted range is stored with its last offset once the
-abort marker is stored. EndTxn answers once every marker is stored (Kafka answers after
-PREPARE_*; answering later is the stronger of the two).
+Durability (state in the control plane before answering, `TransactionStore`), as Kafka's
+coordinator stores its transaction log (TransactionCoordinator/TransactionStateManager):
+InitProducerId, AddPartitionsToTxn (only when it adds partitions: one commit per request, which
+also opens the new partitions' ranges, at their high watermarks then: at or below the
+transaction's first records there, so the last stable offset never passes an open
+transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
+before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
+restart completes it); the coordinator then writes the markers (through each partition's lane,
+behind every record set the transaction submitted; a produce of a transaction that is not
+ongoing is refused) and stores COMPLETE_* with the ranges closed, in one commit (an aborted
+range keeps its abort marker's offset). Until that commit the ranges hold the last stable
+offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
+and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
+CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
+markers.
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
-PREPARE_ABORT is completed (its markers written again: a second marker is harmless); one found
-ONGOING is aborted when its timeout expires, as the coordinator does for a transaction whose
-producer went away.
+PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
+second marker is harmless); one found ONGOING is aborted when its timeout expires, as the
+coordinator does for a transaction whose producer went away.
 
 Limits: the coordinator writes markers through this node, so in a cluster every partition of a
 transaction must be led by the transaction's coordinator node (a marker for a partition led
-elsewhere fails EndTxn with a retriable error); a produce's epoch is checked against the
-coordinator of this node only. KIP-890's server-side verification is not implemented.
+elsewhere fails: the transaction stays prepared, completed by the coordinator's pass once the
+partition is led here, and the id's next transaction waits for it, then is answered
+CONCURRENT_TRANSACTIONS); a produce's epoch is checked against the coordinator of this node
+only. KIP-890's server-side verification is not implemented.
 """
 
 from __future__ import annotations
