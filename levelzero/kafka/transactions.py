@@ -376,6 +376,26 @@ class TransactionCoordinator:
             return ErrorCode.invalid_txn_state
         return ErrorCode.none
 
+    async def wait_offsets_stable(self, group_id: str) -> None:
+        """Before OffsetFetch answers: a committed transaction (PREPARE_COMMIT) holding offsets
+        of `group_id` is completed first (or waited for, at most COMPLETION_WAIT_S), so a
+        consumer that reads its group's offsets after the producer's commit was answered gets
+        them, not the ones before (Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and
+        clients retry). After a restart this completes a prepared transaction at once."""
+        await self._load()
+        for txn in list(self._txns.values()):
+            if txn.state != PREPARE_COMMIT or not txn.groups.get(group_id):
+                continue
+            if not self.cluster.coordinates(txn.transactional_id):
+                continue
+            with anyio.move_on_after(COMPLETION_WAIT_S):
+                async with txn.lock:
+                    if txn.state == PREPARE_COMMIT:
+                        try:
+                            await self._complete(txn)
+                        except LevelZeroError as exc:
+                            log.warning("transaction %r: completing it failed: %s", txn.transactional_id, exc)
+
     # ------------------------------------------------------------------ the state machine
 
     async def _put(self, txn: TxnState) -> None:

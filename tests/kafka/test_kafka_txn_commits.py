@@ -133,3 +133,43 @@ async def test_a_transaction_stores_its_ranges_with_its_state_and_refuses_record
             assert daemon.node.partition(TOPIC, 0).state.high_watermark == 3  # plain, txn-0, marker
         finally:
             await wire.aclose()
+
+
+def commit_offsets_in_a_transaction(port: int) -> int:
+    """A transaction commits a record and the group "readers"'s offset 7 (confluent-kafka); the
+    group's committed offset, read right after the commit was answered."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    group = Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "readers"})
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "offsets-tx"})
+    try:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(TOPIC, value=b"out", partition=0)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(TOPIC, 1, 7)], group.consumer_group_metadata(), 30
+        )
+        producer.commit_transaction(30)
+        (committed,) = group.committed([TopicPartition(TOPIC, 1)], timeout=30)
+        return int(committed.offset)
+    finally:
+        group.close()
+
+
+async def test_offset_fetch_after_the_commit_answer_gets_the_transactions_offsets(tmp_path: Path) -> None:
+    """The offsets a transaction commits are stored with its completion, after EndTxn's answer:
+    OffsetFetch completes a committed transaction holding the group's offsets before it
+    answers, so a consumer reading them after the commit gets them (here the completion after
+    the answer never runs: only OffsetFetch completes it)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic(TOPIC, 2)
+        coordinator = daemon.kafka.handlers.transactions
+
+        async def never(txn: Any) -> None:
+            pass
+
+        coordinator._complete_later = never
+        assert await anyio.to_thread.run_sync(commit_offsets_in_a_transaction, daemon.kafka_port) == 7
+        (txn,) = coordinator._txns.values()
+        assert txn.state == "complete_commit"
+        assert await daemon.node.log_store.txn_ranges(TOPIC, 0) == []  # its marker written, range closed
