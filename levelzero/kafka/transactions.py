@@ -211,7 +211,7 @@ class PartitionIndex:
 
     def closed(self, rows: Sequence[TxnRangeRow]) -> None:
         """The ranges `rows` closed in the store (their markers written): an aborted range is
-        listed before the open range goes, so a fetch never sees neither."""
+        listed before the open range goes, so a fetch sees one or the other."""
         for row in rows:
             txns = self._partitions.get((row.topic, row.partition))
             if txns is None or txns.open.get(row.producer_id) != row.first_offset:
@@ -384,7 +384,11 @@ class TransactionCoordinator:
         consumer that reads its group's offsets after the producer's commit was answered gets
         them, not the ones before (Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and
         clients retry). After a restart this completes a prepared transaction at once."""
-        await self._load()
+        try:
+            await self._load()
+        except LevelZeroError as exc:
+            log.warning("OffsetFetch: cannot read the transactions' state: %s", exc)
+            return
         for txn in list(self._txns.values()):
             if txn.state != PREPARE_COMMIT or not txn.groups.get(group_id):
                 continue
