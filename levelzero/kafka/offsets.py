@@ -5,6 +5,7 @@ OffsetFetch: kept by the group coordinator, `groups.py`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -33,8 +34,12 @@ class OffsetsApi:
         groups: GroupCoordinator,
         cluster: Cluster,
         txns: PartitionIndex | None = None,
+        offsets_stable: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.txns = txns  # ListOffsets latest with read_committed: the last stable offset
+        # OffsetFetch: a group's offsets committed by a transaction whose markers are on their
+        # way are stored first (`TransactionCoordinator.wait_offsets_stable`)
+        self.offsets_stable = offsets_stable
         self.node = node
         self.intake = intake
         self.groups = groups
@@ -173,6 +178,8 @@ class OffsetsApi:
     async def offset_fetch(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
+        if self.offsets_stable is not None:
+            await self.offsets_stable(body.group_id)
         committed = await self.groups.committed(body.group_id)
         if body.topics is None:
             wanted: dict[str, list[int]] = {}

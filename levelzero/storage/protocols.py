@@ -351,7 +351,13 @@ class TransactionStore(Protocol):
     same in memory without it): transaction coordinators' state and partitions' open and
     aborted transaction ranges, durable on return."""
 
-    async def put_transaction(self, row: TransactionRow) -> None: ...
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        """Store a transactional id's state, and in the same commit open the ranges `opened`
+        (as `open_txn_range`) and close the ranges `closed` (as `close_txn_range`, each by its
+        first offset, with its last offset and whether it aborted)."""
+        ...
 
     async def transactions(self) -> list[TransactionRow]: ...
 
@@ -382,8 +388,16 @@ class MemoryTransactionStore:
         self._transactions: dict[str, TransactionRow] = {}
         self._ranges: dict[tuple[str, int, int, int], TxnRangeRow] = {}
 
-    async def put_transaction(self, row: TransactionRow) -> None:
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
         self._transactions[row.transactional_id] = row
+        for r in opened:
+            await self.open_txn_range(r)
+        for r in closed:
+            await self.close_txn_range(
+                r.topic, r.partition, r.producer_id, r.first_offset, r.last_offset, r.aborted
+            )
 
     async def transactions(self) -> list[TransactionRow]:
         return [self._transactions[k] for k in sorted(self._transactions)]

@@ -12,6 +12,8 @@ from typing import Any
 
 import anyio
 
+from levelzero.storage.protocols import TransactionStore
+
 from daemon_support import daemon_and_client
 
 TOPIC = "txn"
@@ -84,6 +86,15 @@ def transactional_session(port: int) -> None:
     metadata = _group_metadata(port, "eos-group")
     p.send_offsets_to_transaction([TopicPartition(TOPIC, 0, 42)], metadata, 30)
     p.commit_transaction(30)
+
+
+async def wait_markers_written(store: TransactionStore, topic: str, partition: int) -> None:
+    """EndTxn is answered before the markers are stored: until the partition has no open range."""
+    for _ in range(POLLS_MAX * 5):
+        if all(r.last_offset >= 0 for r in await store.txn_ranges(topic, partition)):
+            return
+        await anyio.sleep(0.1)
+    raise AssertionError(f"a marker of {topic}/{partition} is still not written")
 
 
 def _group_metadata(port: int, group: str):
@@ -226,6 +237,7 @@ async def test_http_and_export_readers_never_see_markers_or_the_reserved_header(
         await client.create_topic(TOPIC, 1)
         await client.produce(TOPIC, 0, [b"plain"])  # offset 0
         await anyio.to_thread.run_sync(transactions_with_headers, daemon.kafka_port)
+        await wait_markers_written(daemon.node.log_store, TOPIC, 0)  # "after" goes behind them
         await client.produce(TOPIC, 0, [b"after"])
         body = (await raw(client, "GET", path, params={"offset": 0})).json()
         got = [(r["offset"], r["value"], r.get("headers")) for r in body["records"]]
@@ -277,8 +289,13 @@ async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path:
         port = daemon.kafka_port
         store = daemon.node.log_store
         await anyio.to_thread.run_sync(aborts_then_commit, port)
-        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7)
-        ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7); EndTxn answers before the commit
+        # marker is written: its range (6) is open until then
+        for _ in range(POLLS_MAX * 5):
+            ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+            if ranges != [(0, 2), (3, 5), (6, -1)]:
+                break
+            await anyio.sleep(0.1)
         assert ranges == [(0, 2), (3, 5)]
 
         def delete_below(offset: int) -> int:

@@ -1124,8 +1124,23 @@ class SqliteLogStore(StoreLifecycle):
 
     # ------------------------------------------------------------------ transactions
 
-    async def put_transaction(self, row: TransactionRow) -> None:
-        await self._stage_rows(UPSERT_TRANSACTION, [msgspec.structs.astuple(row)])
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        """One job: the state and the ranges commit together."""
+        statements: list[tuple[str, list[tuple[Any, ...]]]] = [
+            (UPSERT_TRANSACTION, [msgspec.structs.astuple(row)]),
+            (INSERT_TXN_RANGE, [(*msgspec.structs.astuple(r)[:5], int(r.aborted)) for r in opened]),
+            (ABORT_TXN_RANGE, [_abort_args(r) for r in closed if r.aborted]),
+            (DELETE_TXN_RANGE, [_range_key(r) for r in closed if not r.aborted]),
+        ]
+
+        def stage(batch: Batch) -> None:
+            for sql, rows in statements:
+                if rows:
+                    batch.stage(sql, rows)
+
+        await self._submit(Job(weight=1 + len(opened) + len(closed), stage=stage))
 
     async def transactions(self) -> list[TransactionRow]:
         self._check_readable()
@@ -1137,12 +1152,11 @@ class SqliteLogStore(StoreLifecycle):
     async def close_txn_range(
         self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
     ) -> None:
+        row = TxnRangeRow(topic, partition, producer_id, first_offset, last_offset, aborted)
         if aborted:
-            await self._stage_rows(
-                ABORT_TXN_RANGE, [(last_offset, topic, partition, producer_id, first_offset)]
-            )
+            await self._stage_rows(ABORT_TXN_RANGE, [_abort_args(row)])
         else:
-            await self._stage_rows(DELETE_TXN_RANGE, [(topic, partition, producer_id, first_offset)])
+            await self._stage_rows(DELETE_TXN_RANGE, [_range_key(row)])
 
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         self._check_readable()
@@ -1159,6 +1173,14 @@ class SqliteLogStore(StoreLifecycle):
         """Event rows ride along with the batch's other staged rows."""
         if rows:
             await self._submit(Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
+
+
+def _range_key(row: TxnRangeRow) -> tuple[str, int, int, int]:
+    return row.topic, row.partition, row.producer_id, row.first_offset
+
+
+def _abort_args(row: TxnRangeRow) -> tuple[int, str, int, int, int]:
+    return row.last_offset, *_range_key(row)
 
 
 # ---------------------------------------------------------------------- appends' staging
