@@ -70,6 +70,10 @@ class SimResult:
     healed_write_s_max: float
     collect_wait_s_max: float
     reconcile_wait_s_max: float
+    # compaction (`compaction.py`): accepted and refused results, scans whose rules were checked
+    compaction_passes: int
+    compaction_refused: int
+    compaction_scans: int
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -223,6 +227,9 @@ def _result(
         healed_write_s_max=round(s.healed_write_s_max, 6),
         collect_wait_s_max=round(s.collect_wait_s_max, 6),
         reconcile_wait_s_max=round(s.reconcile_wait_s_max, 6),
+        compaction_passes=world.compaction.stats.passes,
+        compaction_refused=world.compaction.stats.refused,
+        compaction_scans=world.compaction.stats.scans_checked,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -295,6 +302,9 @@ class Summary:
     stale_cache_rejections: int
     max_stall_s: float
     stale_cache_max_stall_s: float
+    compaction_passes: int
+    compaction_refused: int
+    compaction_scans: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -330,6 +340,9 @@ _SUMMED = (
     "stale_cache_changes",
     "stale_cache_total_stall_s",
     "stale_cache_rejections",
+    "compaction_passes",
+    "compaction_refused",
+    "compaction_scans",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 
