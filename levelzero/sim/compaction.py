@@ -28,6 +28,7 @@ The rules, one each:
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,7 @@ class CompactionStats:
     passes: int = 0  # accepted compaction results
     refused: int = 0  # refused ones (zombies, late compactors)
     late_compactors: int = 0
+    interrupted: int = 0  # passes under way when their node crashed or stopped
     superseded: int = 0  # objects accepted results superseded
 
 
@@ -130,10 +132,14 @@ class CompactionSim:
         # pid -> offset -> (key, value) acknowledged; pid -> key -> its latest acknowledged
         self.acked: dict[int, dict[int, tuple[bytes | None, bytes | None]]] = {}
         self.latest: dict[int, dict[bytes, Latest]] = {}
-        # (pid, key) of tombstones whose write failed: they may have landed (unacknowledged)
+        # (pid, key) of tombstones whose write failed (they may have landed, unacknowledged)
+        # or is still under way (durable, its reply held up by a pause)
         self.doubtful_tombstones: set[tuple[int, bytes]] = set()
+        self.tombstones_in_flight: Counter[tuple[int, bytes]] = Counter()
+        self._passes_under_way: dict[int, int] = {}  # id(incarnation) -> passes running
         self.pids: set[int] = set()
         self.superseded: set[str] = set()  # keys accepted results superseded
+        self.accepted: Counter[int] = Counter()  # pid -> compaction results accepted
         self.topic_created = False
         self._values = 0
         if self.enabled:
@@ -183,11 +189,29 @@ class CompactionSim:
         tg.start_soon(self._scanner, end)
 
     def on_incarnation(self, inc: Incarnation) -> None:
-        """After a takeover, a compactor of the previous term sometimes finishes late."""
-        if not self.enabled or inc.number == 1 or self.rng.random() >= self.draw.late_compactor_p:
+        """Its compactor's passes are counted while under way (a crash mid-pass is counted);
+        after a takeover, a compactor of the previous term sometimes finishes late."""
+        if not self.enabled:
+            return
+        self._count_passes(inc)
+        if inc.number == 1 or self.rng.random() >= self.draw.late_compactor_p:
             return
         assert inc.tg is not None
         inc.tg.start_soon(self._late_compactor, inc)
+
+    def _count_passes(self, inc: Incarnation) -> None:
+        compactor = inc.node.compactor
+        compact = compactor.compact_partition  # the bound method of the shipping class
+        under_way = self._passes_under_way
+
+        async def counted(actor: PartitionActor, term: int | None = None) -> bool:
+            under_way[id(inc)] = under_way.get(id(inc), 0) + 1
+            try:
+                return await compact(actor, term)
+            finally:
+                under_way[id(inc)] -= 1
+
+        setattr(compactor, "compact_partition", counted)  # noqa: B010 - the instance's, counted
 
     def absorb(self, inc: Incarnation) -> None:
         if not self.enabled:
@@ -195,6 +219,8 @@ class CompactionSim:
         stats = inc.node.compactor.stats
         self.stats.passes += stats.passes
         self.stats.refused += stats.refused
+        if not inc.alive and self._passes_under_way.get(id(inc), 0) > 0:
+            self.stats.interrupted += 1
 
     def settled(self) -> bool:
         return not self.enabled or not self._leftovers()
@@ -232,7 +258,9 @@ class CompactionSim:
             if refusal is not None:
                 self.world.note(f"compaction of {name} by term {c.writer_term} refused: {refusal[:80]}")
                 return refusal
-            self.world.note(f"compaction of {name} by term {c.writer_term} accepted: {dict(c.cleaner_offsets)}")
+            self.world.note(
+                f"compaction of {name} by term {c.writer_term} accepted: {dict(c.cleaner_offsets)}"
+            )
             if row is not None and row.term != c.writer_term:
                 self.world.fail(
                     "zombie",
@@ -240,6 +268,7 @@ class CompactionSim:
                     f"term {row.term} (map {dict(c.cleaner_offsets)})",
                 )
             self.superseded.update(c.superseded_keys)
+            self.accepted[c.pid] += 1
             self.stats.superseded += len(c.superseded_keys)
             return refusal
 
@@ -251,7 +280,7 @@ class CompactionSim:
         rows = world.log_store.l1
         prefixes = tuple(l1_partition_prefix(TOPIC, p) for p in range(self.draw.partitions))
         left = []
-        for key in world.objects.keys():
+        for key in world.objects.keys():  # noqa: SIM118 - the store's own listing
             if not key.startswith(prefixes):
                 continue
             row = rows.get(key)
@@ -259,7 +288,9 @@ class CompactionSim:
                 left.append(f"{key} ({'no row' if row is None else row.state})")
         return left
 
-    def _check_record(self, pid: int, offset: int, key: bytes | None, value: bytes | None, where: str) -> None:
+    def _check_record(
+        self, pid: int, offset: int, key: bytes | None, value: bytes | None, where: str
+    ) -> None:
         expected = self.acked.get(pid, {}).get(offset)
         if expected is not None and expected != (key, value):
             self.world.fail(
@@ -269,8 +300,16 @@ class CompactionSim:
             )
 
     def _evaluate(
-        self, pid: int, snapshot: dict[bytes, Latest], seen: dict[bytes, tuple[int, bytes | None]], end_ms: int
+        self,
+        pid: int,
+        snapshot: dict[bytes, Latest],
+        seen: dict[bytes, tuple[int, bytes | None]],
+        end_ms: int,
+        atomic: bool,
     ) -> None:
+        """`atomic`: no compaction was accepted while the scan ran (one that was may have
+        dropped a tombstone the scan had not reached, after it read the key's older record
+        from the objects it superseded: as a Kafka consumer slower than delete.retention.ms)."""
         name = self.world.partition_name(pid)
         for key, latest in snapshot.items():
             self.stats.keys_checked += 1
@@ -281,7 +320,8 @@ class CompactionSim:
             # before its commit, which came before this scan's end).
             expired = latest.value is None and latest.timestamp_ms + self.retention_ms <= end_ms + 1
             if got is None:
-                if expired or (pid, key) in self.doubtful_tombstones:
+                doubt = (pid, key) in self.doubtful_tombstones or self.tombstones_in_flight[(pid, key)] > 0
+                if expired or doubt:
                     continue
                 what = "tombstone" if latest.value is None else "value"
                 self.world.fail(
@@ -291,6 +331,8 @@ class CompactionSim:
                     f"delete.retention.ms {self.retention_ms})",
                 )
             elif expired:
+                if not atomic:
+                    continue
                 self.world.fail(
                     "resurrect",
                     f"{name}: key {key!r} came back: its record at {got[0]} reads after its tombstone "
@@ -328,6 +370,8 @@ class CompactionSim:
     async def _produce(self, inc: Incarnation, partition: int, records: list[Record]) -> None:
         world = self.world
         pid = world.pid(TOPIC, partition)
+        tombstones = [(pid, r.key) for r in records if r.value is None and r.key is not None]
+        self.tombstones_in_flight.update(tombstones)
         try:
             if world.cluster:
                 inc, result = await world._routed(inc, TOPIC, partition, "produce", records)
@@ -335,14 +379,12 @@ class CompactionSim:
                 result = await inc.node.produce(TOPIC, partition, records)
         except LevelZeroError as exc:
             self.stats.writes_failed += 1
-            for r in records:
-                if r.value is None:
-                    assert r.key is not None
-                    self.doubtful_tombstones.add((pid, r.key))
+            self.doubtful_tombstones.update(tombstones)
             world.note(f"{inc} produce to {TOPIC}/{partition} failed: {type(exc).__name__}")
             return
         finally:
             world.produces_in_flight -= 1
+            self.tombstones_in_flight.subtract(tombstones)
         self.stats.writes_acked += 1
         acked = self.acked.setdefault(pid, {})
         latest = self.latest.setdefault(pid, {})
@@ -387,6 +429,7 @@ class CompactionSim:
         self.stats.scans += 1
         pauses = inc.gate.pauses
         snapshot = {k: replace(v) for k, v in self.latest.get(pid, {}).items()}
+        accepted = self.accepted[pid]
         start_before = actor.state.start_offset
         offset = start_before
         seen: dict[bytes, tuple[int, bytes | None]] = {}
@@ -434,11 +477,10 @@ class CompactionSim:
         if not (inc.alive and inc.gate.pauses == pauses and world.leading(actor)):
             return False  # a node that lost the partition meanwhile may have served stale data
         end_ms = round(world.wall() * 1000)
-        self._evaluate(pid, snapshot, seen, end_ms)
+        self._evaluate(pid, snapshot, seen, end_ms, atomic=self.accepted[pid] == accepted)
         self.stats.scans_checked += 1
         world.note(
-            f"{inc} scanned {actor.name} to {offset}: {len(seen)} keys"
-            + (" (final)" if final else "")
+            f"{inc} scanned {actor.name} to {offset}: {len(seen)} keys" + (" (final)" if final else "")
         )
         return True
 
@@ -448,9 +490,7 @@ class CompactionSim:
         for _ in range(self.draw.late_compactor_tries):
             await anyio.sleep(self.rng.uniform(0.1, 1.5))
             actors = [
-                a
-                for a in inc.node.partitions()
-                if a.ready.is_set() and a.term > 1 and a.row.topic == TOPIC
+                a for a in inc.node.partitions() if a.ready.is_set() and a.term > 1 and a.row.topic == TOPIC
             ]
             if not actors:
                 continue

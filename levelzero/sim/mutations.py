@@ -438,7 +438,7 @@ def _compaction_deletes_before_commit() -> contextlib.AbstractContextManager[Non
                 await objects.delete_many(list(commit.superseded_keys))
                 return await log.l1_compaction_commit(commit, now)
 
-        self._log = DeletingFirst()  # type: ignore[assignment]
+        self._log = DeletingFirst()
         try:
             return await original(self, actor, term)
         finally:

@@ -74,6 +74,7 @@ class SimResult:
     compaction_passes: int
     compaction_refused: int
     compaction_scans: int
+    compaction_interrupted: int  # passes under way when their node crashed or stopped
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -230,6 +231,7 @@ def _result(
         compaction_passes=world.compaction.stats.passes,
         compaction_refused=world.compaction.stats.refused,
         compaction_scans=world.compaction.stats.scans_checked,
+        compaction_interrupted=world.compaction.stats.interrupted,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -305,6 +307,7 @@ class Summary:
     compaction_passes: int
     compaction_refused: int
     compaction_scans: int
+    compaction_interrupted: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -343,6 +346,7 @@ _SUMMED = (
     "compaction_passes",
     "compaction_refused",
     "compaction_scans",
+    "compaction_interrupted",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 

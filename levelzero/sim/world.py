@@ -766,7 +766,10 @@ class World:
             if inc is None or inc.tg is None:
                 continue
             targets = [
-                (t, p) for t, n in sorted(inc.node.topics().items()) if not self.compaction.owns(t) for p in range(n)
+                (t, p)
+                for t, n in sorted(inc.node.topics().items())
+                if not self.compaction.owns(t)
+                for p in range(n)
             ]
             if not targets:
                 continue
