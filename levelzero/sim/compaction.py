@@ -39,7 +39,7 @@ import anyio.abc
 from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.partition import PartitionActor
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, TopicExists
 from levelzero.core.keys import l1_partition_prefix
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import CompactionCommit, L1State
@@ -173,6 +173,9 @@ class CompactionSim:
             if inc is not None and inc.tg is not None:
                 try:
                     await inc.node.create_topic(TOPIC, self.draw.partitions, self.draw.configs)
+                except TopicExists:  # an earlier try failed after its effect
+                    self.topic_created = True
+                    break
                 except LevelZeroError as exc:
                     world.note(f"{inc} creating {TOPIC} failed: {type(exc).__name__}")
                 else:

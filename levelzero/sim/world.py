@@ -47,6 +47,7 @@ from levelzero.core.errors import (
     ShuttingDown,
     StaleClusterEpoch,
     StorageError,
+    UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
@@ -227,6 +228,7 @@ class World:
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._values = 0
+        self.topics_made: set[str] = set()  # topics whose creation returned
         self.compaction = CompactionSim(self)  # a compacted topic in a share of seeds
 
     # ------------------------------------------------------------------ plumbing
@@ -815,7 +817,10 @@ class World:
                 change.writes_over_one_retry += 1
                 change.stall_s = max(change.stall_s, self.now() - submitted_at)
             self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
-            if healed:
+            # (A topic whose creation has not returned yet may be unknown to the node asked, as
+            # in Kafka: a client learns of a topic from a node's view, before its creator does.)
+            creating = isinstance(exc, UnknownTopic) and topic not in self.topics_made
+            if healed and not creating:
                 self.fail("6", f"a write to {topic}/{partition} submitted once healed failed: {exc!r}")
             return
         finally:
@@ -1028,6 +1033,7 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
+        self.topics_made.add(topic)
         if self.phase == "faults" and self.rng.random() < self.cfg.bump_after_create_p:
             await self._bump(inc)
         if during_gc:
