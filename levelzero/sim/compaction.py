@@ -136,9 +136,8 @@ class CompactionSim:
         # or is still under way (durable, its reply held up by a pause)
         self.doubtful_tombstones: set[tuple[int, bytes]] = set()
         self.tombstones_in_flight: Counter[tuple[int, bytes]] = Counter()
-        self._passes_under_way: dict[int, int] = {}  # id(incarnation) -> passes running
+        self._passes_under_way: Counter[int] = Counter()  # incarnation number -> passes running
         self.pids: set[int] = set()
-        self.superseded: set[str] = set()  # keys accepted results superseded
         self.accepted: Counter[int] = Counter()  # pid -> compaction results accepted
         self.topic_created = False
         self._values = 0
@@ -208,11 +207,11 @@ class CompactionSim:
         under_way = self._passes_under_way
 
         async def counted(actor: PartitionActor, term: int | None = None) -> bool:
-            under_way[id(inc)] = under_way.get(id(inc), 0) + 1
+            under_way[inc.number] += 1
             try:
                 return await compact(actor, term)
             finally:
-                under_way[id(inc)] -= 1
+                under_way[inc.number] -= 1
 
         setattr(compactor, "compact_partition", counted)  # noqa: B010 - the instance's, counted
 
@@ -222,7 +221,7 @@ class CompactionSim:
         stats = inc.node.compactor.stats
         self.stats.passes += stats.passes
         self.stats.refused += stats.refused
-        if not inc.alive and self._passes_under_way.get(id(inc), 0) > 0:
+        if not inc.alive and self._passes_under_way[inc.number] > 0:
             self.stats.interrupted += 1
 
     def settled(self) -> bool:
@@ -270,7 +269,6 @@ class CompactionSim:
                     f"{name}: a compaction result written under term {c.writer_term} was applied at "
                     f"term {row.term} (map {dict(c.cleaner_offsets)})",
                 )
-            self.superseded.update(c.superseded_keys)
             self.accepted[c.pid] += 1
             self.stats.superseded += len(c.superseded_keys)
             return refusal
