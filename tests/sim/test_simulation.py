@@ -69,8 +69,9 @@ def test_seeds_of_the_real_node_keep_every_invariant_and_leave_no_l0_object(
     assert s.records_checked + s.records_dropped == s.records_acked
     # Compaction ran in its share of seeds: results accepted, late ones of an older term
     # refused, passes cut by crashes, and the compacted partitions scanned with every rule.
-    assert s.compaction_passes > 500 and s.compaction_refused > 10 and s.compaction_interrupted > 5
-    assert s.compaction_scans > 1000
+    # (1000 seeds: 1,408 accepted, 143 refused, 147 cut by a crash, 2,622 scans checked)
+    assert s.compaction_passes > 400 and s.compaction_refused > 20 and s.compaction_interrupted > 20
+    assert s.compaction_scans > 800
 
 
 class NoCompaction:
@@ -133,7 +134,8 @@ def test_seeds_of_a_three_node_cluster_keep_every_invariant_and_leave_no_l0_obje
     )
     # Leadership moved for every reason the cluster has: crashes, hand-overs, zombies.
     assert s.crashes > 50 and s.graceful_stops > 50 and s.pauses > 50
-    assert s.compaction_passes > 100 and s.compaction_refused > 5 and s.compaction_scans > 500
+    # (392 accepted, 14 refused, 631 scans checked)
+    assert s.compaction_passes > 200 and s.compaction_refused > 5 and s.compaction_scans > 300
     assert s.writes_acked > 10_000 and s.faults > 1000 and s.orphans > 0
     assert s.records_checked + s.records_dropped == s.records_acked
 
