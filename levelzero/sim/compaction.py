@@ -228,9 +228,8 @@ class CompactionSim:
         return not self.enabled or not self._leftovers()
 
     def leftovers(self) -> list[str]:
-        if not self.enabled:
-            return []
-        return [f"L1 objects of compacted partitions leaked: {self._leftovers()[:5]}"]
+        left = self._leftovers() if self.enabled else []
+        return [f"{len(left)} L1 objects of compacted partitions leaked: {left[:5]}"] if left else []
 
     async def final_scan(self) -> None:
         """Once settled: every partition scanned through its leader, every rule evaluated."""

@@ -447,6 +447,15 @@ def _compaction_deletes_before_commit() -> contextlib.AbstractContextManager[Non
     return _patched(Compactor, "compact_partition", compact_partition)
 
 
+def _compaction_superseded_never_deleted() -> contextlib.AbstractContextManager[None]:
+    # An accepted result's superseded objects are never deleted from the store (their rows go
+    # DELETE_STARTED in the commit and stay): the leak check must see them.
+    async def finish_superseded(self: L1Catalog, key: str, partition: str) -> None:  # noqa: ARG001
+        return None
+
+    return _patched(L1Catalog, "finish_superseded", finish_superseded)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -540,6 +549,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "compaction_deletes_before_commit": (
         "the compactor deletes superseded objects before its result is recorded",
         _compaction_deletes_before_commit,
+    ),
+    "compaction_superseded_never_deleted": (
+        "an accepted compaction's superseded objects are never deleted (left in the store)",
+        _compaction_superseded_never_deleted,
     ),
 }
 

@@ -1122,5 +1122,5 @@ class World:
                 f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
                 f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
-        lines.extend(self.compaction.leftovers())
+        lines[0:0] = self.compaction.leftovers()  # (first: the L0 line says none is left)
         return "\n  ".join(lines)

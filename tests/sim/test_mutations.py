@@ -68,6 +68,7 @@ SEEDS_TO_CATCH_MAX = {
     "compaction_tombstones_dropped_early": 40,  # 6, 29, 39
     "compaction_keeps_first_per_key": 20,  # 0, 5, 6
     "compaction_deletes_before_commit": 20,  # 0, 11, 35
+    "compaction_superseded_never_deleted": 20,  # the leak check (invariant 4)
 }
 # The single-node table on a three-node cluster: each is caught there too (but a rule only a
 # single node has: a cluster's GC takes its snapshot from the control plane).
@@ -78,7 +79,7 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {
 
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
-    assert len(MUTATIONS) == 31  # 12 of issue 18, 15 of issue 35, 4 of issue 34
+    assert len(MUTATIONS) == 32  # 12 of issue 18, 15 of issue 35, 5 of issue 34
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
     assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
@@ -152,6 +153,7 @@ def _patch_targets() -> tuple[object, ...]:
         compactor_module.retain,
         log_rules_module.cleaner_map_refusal,
         Compactor.compact_partition,
+        L1Catalog.finish_superseded,
     )
 
 
