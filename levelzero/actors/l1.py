@@ -36,6 +36,8 @@ log = logging.getLogger("levelzero.l1")
 
 # Failed deletes tried again in one reconciler round, at most (the rest wait for the next).
 DELETE_RETRIES_PER_ROUND_MAX = 100
+# Times one read follows the lineage after its object went (each a compaction committed meanwhile).
+LINEAGE_MOVES_MAX = 4
 
 
 class L1Catalog:
@@ -332,6 +334,7 @@ class L1Catalog:
         if refreshed:
             rows = await self.refresh(actor)
         assert rows is not None
+        moves = 0
         while True:
             offset = window.next_offset
             i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
@@ -340,12 +343,14 @@ class L1Catalog:
                     for row in rows[i:]:
                         if not await self._fill_from(row, window):
                             return
-                except ObjectNotFound:
-                    # Its first object went (a compaction's superseded object deleted after
-                    # this cached lineage was read): the lineage read again has its successor.
-                    if refreshed:
-                        raise
+                except ObjectNotFound as exc:
+                    # Its first object went: a compaction's superseded object deleted after the
+                    # lineage was read (cached, or read just before the GET went out). The lineage
+                    # read again has its successor; if it still names the object, it is lost.
                     rows, refreshed = await self.refresh(actor), True
+                    moves += 1
+                    if moves > LINEAGE_MOVES_MAX or any(r.key == exc.key for r in rows):
+                        raise
                     continue
             elif window.count and refreshed:
                 return  # the lineage goes no further (offsets an operator abandoned)

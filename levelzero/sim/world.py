@@ -47,6 +47,7 @@ from levelzero.core.errors import (
     ShuttingDown,
     StaleClusterEpoch,
     StorageError,
+    UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
@@ -59,6 +60,7 @@ from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
 from .checks import L0_ROOT, Truth
+from .compaction import CompactionSim
 from .config import SimConfig
 from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
 from .violation import SimulationViolation
@@ -226,6 +228,8 @@ class World:
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._values = 0
+        self.topics_made: set[str] = set()  # topics whose creation returned
+        self.compaction = CompactionSim(self)  # a compacted topic in a share of seeds
 
     # ------------------------------------------------------------------ plumbing
 
@@ -290,7 +294,7 @@ class World:
 
     def node_config(self) -> NodeConfig:
         cfg = self.cfg
-        return NodeConfig(
+        config = NodeConfig(
             fencing_mode=self.mode,
             epoch_cache_ttl_s=self.cache_ttl_s,
             epoch_bump_interval_s=self.epoch_bump_interval_s,
@@ -326,9 +330,11 @@ class World:
                 throttle_backoff_s=0.1,
                 sweep_interval_s=cfg.gc_sweep_interval_s,
             ),
-            # The workload has no compacted topic: no compactor task to change the schedule.
+            # No compactor task unless the seed has a compacted topic (`compaction.py`): no
+            # change to the schedule of every other seed.
             compactor=CompactorConfig(enabled=False),
         )
+        return self.compaction.node_config(config)
 
     # ------------------------------------------------------------------ the run
 
@@ -348,6 +354,7 @@ class World:
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
             end = self.now() + cfg.workload_s  # the fault phase
+            await self.compaction.start(tg, end)
             for loop in (
                 self._producer,
                 self._reader,
@@ -361,6 +368,7 @@ class World:
             await self.heal()
             await anyio.sleep(cfg.healed_s)
             await self.quiet()
+            await self.compaction.final_scan()
             tg.cancel_scope.cancel()
 
     async def heal(self) -> None:
@@ -417,6 +425,7 @@ class World:
             self.whole()
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
+            and self.compaction.settled()
         )
 
     def check(self) -> None:
@@ -587,6 +596,7 @@ class World:
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
             inc.tg.start_soon(self._late_reconciler, inc, self.rng.uniform(*self.cfg.late_reconciler_s))
+        self.compaction.on_incarnation(inc)
         self.note(f"{inc} up: epoch {epoch}, its cache {behind} behind")
         for actor in node.partitions():
             shadow = self.truth.shadow.get(actor.row.pid)
@@ -739,6 +749,7 @@ class World:
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted
+        self.compaction.absorb(inc)
 
     def finish(self) -> None:
         for inc in self.lives.values():
@@ -756,7 +767,12 @@ class World:
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
-            targets = [(t, p) for t, n in sorted(inc.node.topics().items()) for p in range(n)]
+            targets = [
+                (t, p)
+                for t, n in sorted(inc.node.topics().items())
+                if not self.compaction.owns(t)
+                for p in range(n)
+            ]
             if not targets:
                 continue
             if self.rng.random() < self.newest_write_p:
@@ -801,7 +817,10 @@ class World:
                 change.writes_over_one_retry += 1
                 change.stall_s = max(change.stall_s, self.now() - submitted_at)
             self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
-            if healed:
+            # (A topic whose creation has not returned yet may be unknown to the node asked, as
+            # in Kafka: a client learns of a topic from a node's view, before its creator does.)
+            creating = isinstance(exc, UnknownTopic) and topic not in self.topics_made
+            if healed and not creating:
                 self.fail("6", f"a write to {topic}/{partition} submitted once healed failed: {exc!r}")
             return
         finally:
@@ -872,7 +891,9 @@ class World:
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
-            actors = [a for a in inc.node.partitions() if a.ready.is_set()]
+            actors = [
+                a for a in inc.node.partitions() if a.ready.is_set() and not self.compaction.owns(a.row.topic)
+            ]
             if not actors:
                 continue
             actor = self.rng.choice(actors)
@@ -1012,6 +1033,7 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
+        self.topics_made.add(topic)
         if self.phase == "faults" and self.rng.random() < self.cfg.bump_after_create_p:
             await self._bump(inc)
         if during_gc:
@@ -1100,4 +1122,5 @@ class World:
                 f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
                 f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
+        lines[0:0] = self.compaction.leftovers()  # (first: the L0 line says none is left)
         return "\n  ".join(lines)

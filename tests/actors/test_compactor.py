@@ -178,6 +178,32 @@ async def test_a_read_holding_the_old_lineage_reads_the_new_object() -> None:
         assert await read_all(node) == [(1, b"a", b"2"), (2, b"b", b"1")]
 
 
+async def test_a_read_whose_fresh_lineage_loses_its_object_before_the_get_reads_the_new_one() -> None:
+    # Found by the simulation (seed 56): a fetch read the lineage afresh, its GET went out slowly,
+    # and meanwhile a compaction committed and deleted the object it named.
+    log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
+    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        await produce(node, [(b"a", b"1"), (b"a", b"2"), (b"b", b"1")], wall)
+        assert await node.reconciler.run_round() == 1
+        actor = node.partition("c", 0)
+        (old,) = l1_keys(objects)
+        get = objects.get
+        compacted: list[int] = []
+        reads: list[str] = []
+
+        async def slow_get(key: str, *args: object, **kwargs: object) -> bytes:
+            reads.append(key)
+            if reads == [old]:  # the fetch's GET lands after the compaction's delete
+                compacted.append(await node.compactor.run_round())
+            return await get(key, *args, **kwargs)  # type: ignore[arg-type]
+
+        objects.get = slow_get  # type: ignore[method-assign]
+        node.l1._valid.pop(actor.row.pid, None)  # the fetch reads the lineage itself
+        assert await read_all(node) == [(1, b"a", b"2"), (2, b"b", b"1")]
+        assert compacted == [1] and old not in l1_keys(objects)
+
+
 async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
     async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
