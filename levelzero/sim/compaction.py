@@ -29,23 +29,76 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
 from levelzero.actors.compactor import CompactorConfig
-from levelzero.actors.node import NodeConfig
+from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.core.errors import LevelZeroError, TopicExists
 from levelzero.core.keys import l1_partition_prefix
 from levelzero.core.l0format import Record
+from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import CompactionCommit, L1State
 
-if TYPE_CHECKING:
-    from .world import Incarnation, World
+from .faults import SimLogStore
+
+
+class Incarnation(Protocol):
+    """What the compaction workload uses of a node's incarnation (`world.Incarnation`): named
+    here so that this module does not import the world that imports it."""
+
+    number: int
+    node: Node
+    gate: Any  # faults.Gate: `pauses`
+    tg: anyio.abc.TaskGroup | None
+    alive: bool
+    ended: bool
+    stopping: bool
+
+
+class World(Protocol):
+    """What the compaction workload uses of the world (`world.World`)."""
+
+    seed: int
+    cfg: Any  # runner.SimConfig: `compaction_share`
+    phase: str
+    produces_in_flight: int
+    log_store: SimLogStore
+    objects: MemoryObjectStore
+
+    @property
+    def cluster(self) -> bool: ...
+
+    @property
+    def lives(self) -> Mapping[str | None, Any]: ...  # node id -> its live `Incarnation`
+
+    def entry(self) -> Any: ...  # a live `Incarnation` a client enters at, or None
+
+    def leading(self, actor: PartitionActor) -> bool: ...
+
+    def pid(self, topic: str, partition: int) -> int: ...
+
+    def partition_name(self, pid: int) -> str: ...
+
+    def wall(self) -> float: ...
+
+    def note(self, text: str) -> None: ...
+
+    def fail(self, invariant: str, message: str) -> None: ...
+
+    async def _routed(
+        self, inc: Any, topic: str, partition: int, op: str, *args: object
+    ) -> tuple[Any, Any]: ...
+
+    def _read_failure_explained(
+        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool, start_before: int
+    ) -> str | None: ...
+
 
 TOPIC = "compacted"
 FETCH_BYTES = 4096

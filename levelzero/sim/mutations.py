@@ -33,13 +33,12 @@ from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.partition import PartitionActor as _Actor
 from levelzero.actors.reader import FetchResult, FetchWindow, Reader
 from levelzero.core.cluster import LeaseClock
-from levelzero.core.compaction import Retained, key_digests, retain
+from levelzero.core.compaction import EncodedOf, Retained, retain
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
-from levelzero.core.l0format import Record
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
@@ -394,29 +393,29 @@ def _compaction_keeps_first_per_key() -> contextlib.AbstractContextManager[None]
     # last record still stays, as the real rule keeps it).
     def first(
         offsets: list[int],
-        records: list[Record],
+        keys: list[bytes | None],
         written_at_ms: list[int],
         clean_upto: int,
         now_ms: int,
         delete_retention_ms: int,
-        digests: list[bytes | None] | None = None,
+        encoded_of: EncodedOf,
+        latest: Mapping[bytes | None, int] | None = None,  # noqa: ARG001 - the real rule's, unused
     ) -> Retained:
-        digests = key_digests(records) if digests is None else digests
         cut = bisect.bisect_right(offsets, clean_upto)
         firsts: dict[bytes | None, int] = {}
-        for i, digest in enumerate(digests[:cut]):
-            firsts.setdefault(digest, i)
+        for i, key in enumerate(keys[:cut]):
+            firsts.setdefault(key, i)
         chosen = sorted({*firsts.values(), len(offsets) - 1, *range(cut, len(offsets))})
         kept = retain(
             [offsets[i] for i in chosen],
-            [records[i] for i in chosen],
+            [keys[i] for i in chosen],
             [written_at_ms[i] for i in chosen],
             clean_upto,
             now_ms,
             delete_retention_ms,
-            [digests[i] for i in chosen],
+            lambda indices: encoded_of([chosen[i] for i in indices]),
         )
-        return replace(kept, removed=len(records) - len(kept.records))
+        return replace(kept, removed=len(offsets) - len(kept.records))
 
     return _patched(compactor_module, "retain", first)
 

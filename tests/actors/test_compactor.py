@@ -182,7 +182,7 @@ async def test_a_read_whose_fresh_lineage_loses_its_object_before_the_get_reads_
     # Found by the simulation (seed 56): a fetch read the lineage afresh, its GET went out slowly,
     # and meanwhile a compaction committed and deleted the object it named.
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2"), (b"b", b"1")], wall)
         assert await node.reconciler.run_round() == 1
