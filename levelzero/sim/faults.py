@@ -241,4 +241,5 @@ class Link:
             return result
 
         call.__name__ = attr
+        setattr(self, attr, call)  # made once: the next lookup finds it without __getattr__
         return call

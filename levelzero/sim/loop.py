@@ -26,6 +26,7 @@ raised (a real finding: something waits for an event nobody will ever set).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -106,10 +107,30 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def _process_events(self, event_list: list[Any]) -> None:
         assert not event_list
 
+    def call_soon(
+        self, callback: Callable[..., Any], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        # BaseEventLoop's, less its debug-mode checks (this loop never runs in debug mode):
+        # the hottest call of a run.
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        return self._call_soon(callback, args, context)
+
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
         handle = asyncio.Handle(callback, args, self, context)
-        self._runnable.append((_owner_rank(callback), next(self._ready_seq), handle))
+        self._make_runnable(callback, handle)
         return handle
+
+    def _make_runnable(self, callback: Callable[..., Any], handle: asyncio.Handle) -> None:
+        """Add `handle` to the ready callbacks, kept in canonical order (the owner's rank, then
+        readiness): a turn picks by index without sorting. Readiness numbers only grow, so a
+        callback of a rank at or above the last one's goes at the end."""
+        item = (_owner_rank(callback), next(self._ready_seq), handle)
+        runnable = self._runnable
+        if not runnable or item[0] >= runnable[-1][0]:
+            runnable.append(item)
+        else:  # (rank, readiness) pairs are unique: the handles are never compared
+            bisect.insort(runnable, item)
 
     def close(self) -> None:
         self._runnable.clear()
@@ -152,22 +173,17 @@ class DeterministicLoop(asyncio.BaseEventLoop):
             if timer._cancelled:
                 self._timer_cancelled_count -= 1
                 continue
-            runnable.append((_owner_rank(timer._callback), next(self._ready_seq), timer))
+            self._make_runnable(timer._callback, timer)
         count = len(runnable)
         if count == 0:
             return
         if count == 1:
             handle = runnable.pop()[2]
-        else:
-            runnable.sort(key=_rank_and_seq)
+        else:  # in canonical order already
             handle = runnable.pop(self._rng.randrange(count))[2]
         if not handle._cancelled:
             self.callbacks_run += 1
             handle._run()
-
-
-def _rank_and_seq(item: tuple[int, int, asyncio.Handle]) -> tuple[int, int]:
-    return item[0], item[1]
 
 
 def run_deterministic(

@@ -67,6 +67,8 @@ WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+GC_ROUND_WAIT_S = 1.0  # a creation waits this long at most for a GC round to open
+GC_ROUND_STEP_S = 0.005  # ... and enters it up to this far in
 
 
 # Per-seed rates (scaled by one of `swarm_scales`, 0 turns the fault off) and workload intervals
@@ -221,6 +223,7 @@ class World:
         self._below_start_since: dict[
             str, float
         ] = {}  # L1 key -> when first seen below start  # L0 key -> when first seen at or below M
+        self._gc_round_began = anyio.Event()  # set (and replaced) as any GC round begins
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -525,8 +528,9 @@ class World:
             if k not in epochs and k.startswith(L0_ROOT):
                 epochs[k] = parse_l0_key(k).epoch
         keys = [k for k in self.objects.keys() if epochs.get(k, m + 1) <= m]
+        eligible = set(keys)
         for key in list(seen):
-            if key not in keys:
+            if key not in eligible:
                 del seen[key]
         cfg = self.cfg
         bound = cfg.gc_sweep_interval_s + cfg.gc_idle_backoff_max_s * 1.1 + cfg.collect_round_s
@@ -566,6 +570,7 @@ class World:
             wall_clock=self.wall,
             cluster=settings,
         )
+        self._watch_gc_rounds(node)
         inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
@@ -993,13 +998,27 @@ class World:
 
     async def _during_gc_round(self) -> None:
         """Often, wait (a bounded while) until some node's GC round is open: a partition created
-        after its snapshot is what the cap E - 1 protects."""
+        after its snapshot is what the cap E - 1 protects. (Woken as a round begins, then a
+        step of up to `GC_ROUND_STEP_S` into it, as a poll at that period would land; no poll.)"""
         if self.rng.random() >= self.cfg.create_in_gc_round_p:
             return
-        for _ in range(200):
-            if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
-                return
-            await anyio.sleep(0.005)
+        with anyio.move_on_after(GC_ROUND_WAIT_S):
+            while True:
+                if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
+                    return
+                await self._gc_round_began.wait()
+                await anyio.sleep(self.rng.uniform(0.0, GC_ROUND_STEP_S))
+
+    def _watch_gc_rounds(self, node: Node) -> None:
+        """Wake `_during_gc_round` as a round of this node's GC begins."""
+        run_round = node.gc.run_round
+
+        async def watched(dry_run: bool = False) -> Any:
+            self._gc_round_began.set()
+            self._gc_round_began = anyio.Event()
+            return await run_round(dry_run)
+
+        setattr(node.gc, "run_round", watched)  # noqa: B010 - an instance's method, watched
 
     async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
         during_gc = inc.node.gc._round_lock.locked()
