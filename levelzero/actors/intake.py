@@ -28,10 +28,15 @@ import anyio
 import anyio.abc
 
 from levelzero.core.entries import Placeholder, ProducerSpan
-from levelzero.core.errors import InvalidInput, LevelZeroError, ShuttingDown
+from levelzero.core.errors import InvalidInput, LevelZeroError, OutOfOrderSequence, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
-from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
+from levelzero.core.producers import (
+    BATCHES_REMEMBERED,
+    PRODUCERS_MAX_DEFAULT,
+    ProducerSequences,
+    following_sequence,
+)
 from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
 from .batcher import ProduceResult
@@ -78,7 +83,8 @@ class ProduceIntake:
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
         self._loaded_producers: dict[int, None] = {}
-        self._recovered: dict[tuple[int, str, int], None] = {}  # (producer, topic, partition) scanned
+        # (producer, topic, partition, the partition's term here) scanned
+        self._recovered: dict[tuple[int, str, int, int], None] = {}
         # identity -> its record set being stored, for a retry that arrives while the first
         # attempt is still under way.
         self._producing: dict[Identity, Pending] = {}
@@ -210,15 +216,20 @@ class ProduceIntake:
         self._mark_loaded(producer_id)
 
     async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
-        """The producer's batches in the partition's recent placeholders, once per process:
-        a batch committed with its data just before a crash, whose row in the sequence table
-        was not committed yet, is recognised from the placeholder (they commit together).
-        After `_load_producer`, so these (the newest) are remembered last."""
-        key = (producer_id, topic, partition)
+        """The producer's batches in the partition's recent placeholders, once per leadership
+        term of the partition here: a batch committed with its data just before a crash, whose
+        row in the sequence table was not committed yet, is recognised from the placeholder
+        (they commit together); so is one another node stored while it led the partition (in a
+        cluster, leadership may move away and back). After `_load_producer`, so these (the
+        newest) are remembered last."""
+        try:
+            actor = self.node.partition(topic, partition)
+        except LevelZeroError:
+            return  # not led here: the produce is refused anyway
+        key = (producer_id, topic, partition, actor.term)
         if key in self._recovered:
             return
         try:
-            actor = self.node.partition(topic, partition)
             recent = await self.node.log_store.read_placeholders(
                 actor.row.pid,
                 max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
@@ -261,6 +272,9 @@ class ProduceIntake:
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
+                taken = self._in_sequence(taken)
+                if not taken:
+                    continue
                 spans, first = [], 0
                 for p in taken:
                     if p.identity is not None:
@@ -291,6 +305,29 @@ class ProduceIntake:
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    def _in_sequence(self, taken: list[Pending]) -> list[Pending]:
+        """The record sets to store, less the idempotent batches that do not follow their
+        producer's last stored one (Kafka's rule; answered OutOfOrderSequence, which a client
+        retries once the earlier batch is stored). Stored in sequence order, a producer's five
+        batches remembered cover its window of five unacknowledged ones."""
+        kept = []
+        expected: dict[tuple[int, int], int | None] = {}
+        for p in taken:
+            if p.identity is not None:
+                producer_id, epoch, topic, partition, base_sequence = p.identity
+                key = (producer_id, epoch)
+                want = (
+                    expected[key]
+                    if key in expected
+                    else self.sequences.next_sequence(producer_id, epoch, topic, partition)
+                )
+                if want is not None and base_sequence != want:
+                    self._finish(p, error=OutOfOrderSequence(producer_id, base_sequence, want))
+                    continue
+                expected[key] = following_sequence(base_sequence, len(p.records))
+            kept.append(p)
+        return kept
 
     async def _keep_sequences(self, taken: list[Pending], offsets: list[int]) -> LevelZeroError | None:
         """Idempotent batches' sequences, durable before they are acknowledged (where the store

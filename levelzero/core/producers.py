@@ -3,6 +3,11 @@ client retries (same producer id, epoch and base sequence) is answered with the 
 stored at instead of being stored twice. Pure and bounded: at most `producers_max` (producer,
 partition) pairs are remembered, the least recently used are forgotten first; for each, the last
 `BATCHES_REMEMBERED` batches (Kafka's broker keeps five, the most a client has in flight).
+
+Five batches are enough only if they are stored in sequence order (a client's window of five
+unacknowledged batches then spans at most five stored ones): a batch that does not follow the
+last one stored is refused (`next_sequence`, Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER), and the
+client sends it again after the earlier one it waits for.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 BATCHES_REMEMBERED = 5
+SEQUENCE_MAX = 2**31 - 1  # a sequence is an int32; past the largest it wraps to 0 (Kafka's rule)
 PRODUCERS_MAX_DEFAULT = 100_000
 
 
@@ -45,6 +51,15 @@ class ProducerSequences:
                 return batch
         return None
 
+    def next_sequence(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> int | None:
+        """The base sequence the producer's next new batch must have, or None when any will do
+        (a producer not known here, or a new epoch: it starts over)."""
+        state = self._states.get((producer_id, topic, partition))
+        if state is None or state[0] != producer_epoch or not state[1]:
+            return None
+        last = state[1][-1]
+        return following_sequence(last.base_sequence, last.record_count)
+
     def record(
         self,
         producer_id: int,
@@ -67,3 +82,9 @@ class ProducerSequences:
         while len(self._states) > self.producers_max:
             self._states.popitem(last=False)
         assert len(self._states) <= self.producers_max
+
+
+def following_sequence(base_sequence: int, record_count: int) -> int:
+    """The sequence after a batch of `record_count` records at `base_sequence` (wrapping)."""
+    following = base_sequence + record_count
+    return following if following <= SEQUENCE_MAX else following - SEQUENCE_MAX - 1

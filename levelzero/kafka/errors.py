@@ -23,6 +23,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "too_large": ErrorCode.message_too_large,
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
+    "out_of_order_sequence": ErrorCode.out_of_order_sequence_number,
 }
 
 

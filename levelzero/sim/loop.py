@@ -107,15 +107,6 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def _process_events(self, event_list: list[Any]) -> None:
         assert not event_list
 
-    def call_soon(
-        self, callback: Callable[..., Any], *args: Any, context: Any = None
-    ) -> asyncio.Handle:
-        # BaseEventLoop's, less its debug-mode checks (this loop never runs in debug mode):
-        # the hottest call of a run.
-        if self._closed:
-            raise RuntimeError("Event loop is closed")
-        return self._call_soon(callback, args, context)
-
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
         handle = asyncio.Handle(callback, args, self, context)
         self._make_runnable(callback, handle)
@@ -177,10 +168,8 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         count = len(runnable)
         if count == 0:
             return
-        if count == 1:
-            handle = runnable.pop()[2]
-        else:  # in canonical order already
-            handle = runnable.pop(self._rng.randrange(count))[2]
+        # (in canonical order already: no sort)
+        handle = runnable.pop()[2] if count == 1 else runnable.pop(self._rng.randrange(count))[2]
         if not handle._cancelled:
             self.callbacks_run += 1
             handle._run()

@@ -23,6 +23,7 @@ import levelzero.actors.housekeeper as housekeeper_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 from levelzero.actors.gc import GcActor
+from levelzero.actors.intake import ProduceIntake
 import levelzero.actors.cluster as cluster_module
 from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.epochs import EpochCache
@@ -36,6 +37,7 @@ from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
+from levelzero.core.producers import ProducerSequences
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
@@ -362,6 +364,17 @@ def _l1_collect_ignores_retention() -> contextlib.AbstractContextManager[None]:
     return _patched(l1_module, "l1_collect_reason", reason)
 
 
+# ---------------------------------------------------------------- Kafka idempotent producers
+
+
+def _idempotent_duplicates_unchecked() -> contextlib.AbstractContextManager[None]:
+    return _patched(ProducerSequences, "duplicate_of", lambda self, *identity: None)
+
+
+def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
+    return _patched(ProduceIntake, "_in_sequence", lambda self, taken: taken)
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -438,6 +451,14 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "gc_takes_local_watermarks": (
         "a node's GC takes M over its own partitions, not every published M(p)",
         _gc_takes_local_watermarks,
+    ),
+    "idempotent_duplicates_unchecked": (
+        "the produce intake does not recognise an idempotent batch already stored",
+        _idempotent_duplicates_unchecked,
+    ),
+    "idempotent_out_of_order_taken": (
+        "the produce intake stores an idempotent batch that does not follow the last one stored",
+        _idempotent_out_of_order_taken,
     ),
 }
 

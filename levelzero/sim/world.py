@@ -33,6 +33,7 @@ import anyio.abc
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
@@ -60,6 +61,7 @@ from levelzero.storage.memory_store import MemoryObjectStore
 from .checks import L0_ROOT, Truth
 from .config import SimConfig
 from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
+from .idempotent import IdempotentProducers
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -110,6 +112,7 @@ class Incarnation:
     change: Change | None = None  # None for the first incarnation
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
+    intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -201,7 +204,8 @@ class World:
         self.stats = Stats()
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
-        self.log_store = SimLogStore(rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started)
+        self.idempotent = IdempotentProducers(self)
+        self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
@@ -243,6 +247,10 @@ class World:
         line = f"{anyio.current_time():9.4f} {text}"
         self.trace.append(line)
         self.digest = zlib.crc32(line.encode(), self.digest)
+
+    def _on_durable(self, pid: int, records: list[Any]) -> None:
+        self.truth.on_durable(pid, records)
+        self.idempotent.on_durable(pid, records)
 
     def fail(self, invariant: str, message: str) -> None:
         """Record the first violation and raise it (whoever catches it, the run reports it)."""
@@ -355,6 +363,7 @@ class World:
                 self._crasher,
                 self._bumper,
                 self._checker,
+                self.idempotent.run,
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
@@ -571,7 +580,7 @@ class World:
             cluster=settings,
         )
         self._watch_gc_rounds(node)
-        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
+        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -645,10 +654,21 @@ class World:
         with inc.scope:
             async with anyio.create_task_group() as tg:
                 inc.tg = tg
-                await tg.start(inc.node.run)
+                await tg.start(self._serve, inc)
                 task_status.started()
         inc.ended = True
         self.note(f"{inc} ended")
+
+    @staticmethod
+    async def _serve(
+        inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The node, and its Kafka produce intake for as long as the node runs."""
+        assert inc.intake is not None
+        async with anyio.create_task_group() as tg:
+            await tg.start(inc.intake.run)
+            await inc.node.run(task_status=task_status)
+            tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
     async def crash(self, inc: Incarnation) -> None:
         assert self.lives[inc.node_id] is inc

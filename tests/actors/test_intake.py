@@ -12,7 +12,7 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.intake import Pending, ProduceIntake
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import InvalidInput, TooLarge, UnknownTopic
+from levelzero.core.errors import InvalidInput, OutOfOrderSequence, TooLarge, UnknownTopic
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -71,6 +71,39 @@ async def test_an_idempotent_batch_is_stored_once_and_a_retry_answers_its_offset
             assert intake.submit(TOPIC, 0, batch, identity) == 1  # stored: its offset
             tg.cancel_scope.cancel()
         assert intake.offsets(TOPIC, 0) == (0, 3)
+
+
+async def test_an_idempotent_batch_out_of_sequence_order_is_refused_until_the_earlier_one_is_stored() -> None:
+    """Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: the intake remembers a producer's last five batches,
+    which covers a client's window of five unacknowledged batches only if they are stored in
+    sequence order. A batch that skips ahead of the last one stored is refused (retriable); the
+    earlier batch, then the refused one again, are stored; a retry of any of them answers its
+    offset."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+
+            async def stored(sequence: int, count: int) -> Pending:
+                records = [Record(None, b"%d" % (sequence + i)) for i in range(count)]
+                pending = intake.submit(TOPIC, 0, records, (7, 0, TOPIC, 0, sequence))
+                assert isinstance(pending, Pending)
+                await pending.done.wait()
+                return pending
+
+            assert (await stored(0, 2)).error is None  # sequences 0, 1 at offsets 0, 1
+            ahead = await stored(3, 1)  # sequence 2 is missing
+            assert isinstance(ahead.error, OutOfOrderSequence) and ahead.error.retriable
+            assert ahead.error.expected == 2
+            assert (await stored(2, 1)).base_offset == 2
+            assert (await stored(3, 1)).base_offset == 3  # its retry, now in order
+            behind = await stored(1, 1)  # not a batch stored (1 is inside the batch at 0)
+            assert isinstance(behind.error, OutOfOrderSequence)
+            assert intake.submit(TOPIC, 0, [Record(None, b"0"), Record(None, b"1")], (7, 0, TOPIC, 0, 0)) == 0
+            assert intake.submit(TOPIC, 0, [Record(None, b"3")], (7, 0, TOPIC, 0, 3)) == 3
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 4)
 
 
 async def test_record_sets_the_batcher_would_refuse_are_refused_at_the_door() -> None:
