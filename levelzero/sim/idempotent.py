@@ -15,6 +15,8 @@ only through what the partition's recent placeholders say (`_recover_spans`).
 Checked:
 - **no batch stored twice**: every durable placeholder's producer spans are looked at as they
   become durable; a batch identity durable a second time is a violation at once;
+- **in order**: from its first stored batch on, a producer's batches are stored in sequence
+  order (Kafka's guarantee; the intake refuses a batch that skips ahead);
 - **none lost**: an acknowledged batch's offset holds a durable placeholder naming that batch,
   and its records join the acknowledged records the checks read back at the end (byte for byte);
 - every batch is acknowledged before the quiet period may end (it counts as a produce in flight),
@@ -34,6 +36,7 @@ from levelzero.actors.intake import Pending, ProduceIntake
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import LedElsewhere, LevelZeroError, OutOfOrderSequence
 from levelzero.core.l0format import Record
+from levelzero.core.producers import following_sequence
 
 if TYPE_CHECKING:
     from .world import Incarnation, World
@@ -80,6 +83,8 @@ class IdempotentProducers:
         self.stats = IdempotentStats()
         # (pid, producer id, epoch, base sequence) -> data offset it is durable at
         self._durable: dict[tuple[int, int, int, int], int] = {}
+        # (pid, producer id, epoch) -> the sequence its next durable batch must have
+        self._next: dict[tuple[int, int, int], int] = {}
 
     # ------------------------------------------------------------------ the check at durability
 
@@ -99,6 +104,16 @@ class IdempotentProducers:
                         f"{span.producer_epoch} batch {span.base_sequence} stored twice, at {first} "
                         f"and at {offset}",
                     )
+                producer = (pid, span.producer_id, span.producer_epoch)
+                expected = self._next.get(producer)
+                if expected is not None and span.base_sequence != expected:
+                    self.world.fail(
+                        "idempotence",
+                        f"{self.world.partition_name(pid)}: producer {span.producer_id} batch "
+                        f"{span.base_sequence} stored at {offset}, out of order (after the batch "
+                        f"ending before {expected})",
+                    )
+                self._next[producer] = following_sequence(span.base_sequence, span.record_count)
 
     # ------------------------------------------------------------------ the workload
 

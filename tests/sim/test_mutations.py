@@ -60,6 +60,9 @@ SEEDS_TO_CATCH_MAX = {
     "lease_from_reply": 60,
     "leads_ignores_deadline": 20,
     "lease_margin_typo": 100,
+    # Kafka idempotent producers: retries across crashes, lost replies, timeouts
+    "idempotent_duplicates_unchecked": 20,  # caught at seeds 0, 1, 2
+    "idempotent_out_of_order_taken": 20,  # caught at seeds 0, 1, 2
 }
 # The single-node table on a three-node cluster: each is caught there too (but a rule only a
 # single node has: a cluster's GC takes its snapshot from the control plane).
