@@ -236,6 +236,13 @@ class IdempotentProducers:
                 f"{batch.topic}/{batch.partition}: producer {batch.producer} batch {batch.base_sequence}, "
                 f"stored at {stored}, sent again and refused as out of order",
             )
+        if self._next.get((pid, batch.producer, 0)) == batch.base_sequence:
+            self.world.fail(
+                "idempotence",
+                f"{batch.topic}/{batch.partition}: producer {batch.producer} batch {batch.base_sequence} "
+                "follows the last one stored, and was refused as out of order (the node's view of the "
+                "producer is stale)",
+            )
 
     def _acked(self, batch: Batch, offset: int) -> None:
         world = self.world

@@ -376,6 +376,21 @@ def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
 
 
 # name -> (what is broken, the patch that breaks it while a seed runs)
+def _idempotent_recovery_once_per_process() -> contextlib.AbstractContextManager[None]:
+    """A node reads a producer's recent placeholders once, not once per leadership term: after
+    leadership moved away and back, it misses the batches another node stored."""
+    original = ProduceIntake._recover_spans
+
+    async def once(self: ProduceIntake, producer_id: int, topic: str, partition: int) -> None:
+        seen: set[tuple[int, str, int]] = self.__dict__.setdefault("_recovered_once", set())
+        if (producer_id, topic, partition) in seen:
+            return
+        await original(self, producer_id, topic, partition)
+        seen.add((producer_id, topic, partition))
+
+    return _patched(ProduceIntake, "_recover_spans", once)
+
+
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
         "min_epoch_lower_bound follows max_applied_epoch on catch-up",
@@ -460,6 +475,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "the produce intake stores an idempotent batch that does not follow the last one stored",
         _idempotent_out_of_order_taken,
     ),
+    "idempotent_recovery_once_per_process": (
+        "a node reads a producer's recent batches once, not again after leadership came back",
+        _idempotent_recovery_once_per_process,
+    ),
 }
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
@@ -472,6 +491,7 @@ CLUSTER_MUTATIONS = frozenset(
         "lease_from_reply",
         "leads_ignores_deadline",
         "lease_margin_typo",
+        "idempotent_recovery_once_per_process",
     }
 )
 CLUSTER_NODES = 3
