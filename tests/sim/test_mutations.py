@@ -74,7 +74,7 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {
 
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
-    assert len(MUTATIONS) == 27  # 12 of issue 18, 15 of issue 35
+    assert len(MUTATIONS) == 30  # 12 of issue 18, 15 of issue 35, 3 of Kafka idempotent producers
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
     assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
@@ -99,6 +99,7 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
         "read",
         "lease",
         "retention",
+        "idempotence",
     }
 
 
