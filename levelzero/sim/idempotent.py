@@ -145,6 +145,7 @@ class IdempotentProducers:
                 batch = Batch(producer, "sim", partition, sequence, records, timeout_s)
                 sequence += len(records)
                 self.stats.batches_sent += 1
+                world.stats.writes_submitted += 1  # (the world's totals count these writes too)
                 world.produces_in_flight += 1
                 tg.start_soon(self._send, batch, window, index)
 
@@ -164,6 +165,7 @@ class IdempotentProducers:
                             # No earlier batch to wait for: as a Kafka client, the producer
                             # gives this batch up (its application is told; nothing acknowledged).
                             self.stats.batches_given_up += 1
+                            world.stats.writes_failed += 1
                             world.note(
                                 f"idempotent {batch.producer}#{batch.base_sequence} given up: out of order"
                             )
@@ -258,6 +260,8 @@ class IdempotentProducers:
         record = world.truth.placeholder_at(pid, offset)
         assert record is not None and isinstance(record.entry, Placeholder)
         self.stats.batches_acked += 1
+        world.stats.writes_acked += 1
+        world.stats.records_acked += len(batch.records)
         world.note(
             f"idempotent {batch.producer}#{batch.base_sequence} acked {batch.topic}/{batch.partition}"
             f"@{offset} after {batch.attempts} attempts"
