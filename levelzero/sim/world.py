@@ -47,6 +47,7 @@ from levelzero.core.errors import (
     ShuttingDown,
     StaleClusterEpoch,
     StorageError,
+    UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
@@ -868,7 +869,12 @@ class World:
                     return inc, await getattr(inc.node, op)(topic, partition, *args)
             except TimeoutError:
                 raise RequestTimedOut(f"{op} to {inc} timed out (the node died?)") from None
-            except (LedElsewhere, ShuttingDown) as exc:
+            except (LedElsewhere, ShuttingDown, UnknownTopic) as exc:
+                # UnknownTopic: in a cluster a node learns a topic another node created from its
+                # next cluster view (every third of the lease TTL); a client that was told of the
+                # topic retries, as a Kafka client does on UNKNOWN_TOPIC_OR_PARTITION.
+                if isinstance(exc, UnknownTopic) and not self.cluster:
+                    raise
                 leader = None
                 if isinstance(exc, LedElsewhere) and exc.leader_url is not None:
                     leader = self.lives.get(exc.leader_url.removeprefix("sim://"))
