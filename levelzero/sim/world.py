@@ -42,6 +42,7 @@ from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
+    NotLeader,
     ObjectNotFound,
     OffsetOutOfRange,
     ShuttingDown,
@@ -869,11 +870,14 @@ class World:
                     return inc, await getattr(inc.node, op)(topic, partition, *args)
             except TimeoutError:
                 raise RequestTimedOut(f"{op} to {inc} timed out (the node died?)") from None
-            except (LedElsewhere, ShuttingDown, UnknownTopic) as exc:
+            except (LedElsewhere, ShuttingDown, UnknownTopic, NotLeader) as exc:
                 # UnknownTopic: in a cluster a node learns a topic another node created from its
                 # next cluster view (every third of the lease TTL); a client that was told of the
-                # topic retries, as a Kafka client does on UNKNOWN_TOPIC_OR_PARTITION.
-                if isinstance(exc, UnknownTopic) and not self.cluster:
+                # topic retries, as a Kafka client does on UNKNOWN_TOPIC_OR_PARTITION. NotLeader:
+                # the node's partition was deposed by a newer term (its lease moved while it
+                # wrote) and has not resigned yet; retriable, as Kafka's NOT_LEADER_OR_FOLLOWER.
+                # A node that never resigns still fails the write once the retries run out.
+                if isinstance(exc, (UnknownTopic, NotLeader)) and not self.cluster:
                     raise
                 leader = None
                 if isinstance(exc, LedElsewhere) and exc.leader_url is not None:
