@@ -36,6 +36,7 @@ from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
+from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.fence import FenceMode
@@ -337,6 +338,21 @@ class ReconcilerSection(_Section):
         return _actor_check("reconciler", lambda: ReconcilerConfig(**msgspec.structs.asdict(self)))
 
 
+class CompactorSection(_Section):
+    """`CompactorConfig`: compacts the L1 data of topics whose cleanup.policy has `compact`."""
+
+    interval_s: float = 15.0  # a pass over the compacted partitions led here this often
+    object_bytes_max: int = 64 * MiB  # the L1 bytes one pass reads, at most
+    key_map_entries_max: int = 100_000  # distinct keys one pass maps (16-byte hashes)
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        self.to_compactor_config()
+
+    def to_compactor_config(self) -> CompactorConfig:
+        return _actor_check("compactor", lambda: CompactorConfig(**msgspec.structs.asdict(self)))
+
+
 class HousekeeperSection(_Section):
     """`HousekeeperConfig`; TOML has no null, so 0 turns a retention limit off (None)."""
 
@@ -515,6 +531,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
     node: NodeSection = msgspec.field(default_factory=NodeSection)
     batcher: BatcherSection = msgspec.field(default_factory=BatcherSection)
     reconciler: ReconcilerSection = msgspec.field(default_factory=ReconcilerSection)
+    compactor: CompactorSection = msgspec.field(default_factory=CompactorSection)
     housekeeper: HousekeeperSection = msgspec.field(default_factory=HousekeeperSection)
     gc: GcSection = msgspec.field(default_factory=GcSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
@@ -545,7 +562,8 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
         if self.kafka.enabled and not self.server.token and not is_loopback(kafka_host):
             raise ValueError(
                 f"server.token is required when kafka.listen ({self.kafka.listen}) is not a loopback "
-                "address: Kafka clients then authenticate with SASL/PLAIN, the token as password"
+                "address: Kafka clients then authenticate with SASL (PLAIN or SCRAM-SHA-256/512), "
+                "the token as password"
             )
 
     def node_config(self) -> NodeConfig:
@@ -557,6 +575,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
             log_keep_records=self.node.log_keep_records,
             batcher=self.batcher.to_batcher_config(),
             reconciler=self.reconciler.to_reconciler_config(),
+            compactor=self.compactor.to_compactor_config(),
             housekeeper=self.housekeeper.to_housekeeper_config(),
             gc=self.gc.to_gc_config(),
         )

@@ -9,8 +9,9 @@ directory, with a Kafka listener on the fixture's loopback port and what the fix
 
 - topic auto-creation and the default partition count of the suite's broker template
   (``auto.create.topics.enable=true``, ``num.partitions=4``);
-- ``transport="SASL_PLAINTEXT"``: ``server.token`` set to the fixture's password (SASL/PLAIN
-  is levelzero's one mechanism; the suite's SCRAM-SHA-256/512 variants fail);
+- ``transport="SASL_PLAINTEXT"``: ``server.token`` set to the fixture's password (the listener
+  takes any user name and the token as password with PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512, so
+  the fixture's SCRAM user needs no ``kafka-configs.sh`` step);
 - ``transport="SSL"``: a CA and a server certificate for ``localhost`` made in the fixture's
   ``ssl_dir`` (``ca-cert``, as the suite's Java keystore step makes it) and
   ``kafka.tls_cert_file`` / ``kafka.tls_key_file``.

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.config import Config, load_config
 from levelzero.daemon.service import Daemon, running_daemon
 from levelzero.testing.loopback import free_local_port

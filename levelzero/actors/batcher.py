@@ -28,9 +28,11 @@ from levelzero.core.produce_size import check_produce_size
 from levelzero.core.l0format import (
     EncodedExtents,
     ExtentHeader,
+    NO_TIMESTAMP,
     Record,
     encode_extent,
     finish_object,
+    max_timestamp,
 )
 from levelzero.storage.protocols import L0Catalog, L0ObjectRow, ObjectStore
 
@@ -88,6 +90,7 @@ class _Request(msgspec.Struct):
     waiter: asyncio.Future[ProduceResult]
     attempts: int = 0
     producers: tuple[ProducerSpan, ...] = ()  # first_record relative to its records
+    max_timestamp_ms: int = NO_TIMESTAMP  # its records' largest (the placeholder keeps it)
 
     def set(self, result: ProduceResult) -> None:
         if not self.waiter.done():
@@ -234,7 +237,7 @@ class Batcher:
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             waiter: asyncio.Future[ProduceResult] = self._loop.create_future()
-            request = _Request(actor, data, len(records), waiter, 0, tuple(producers))
+            request = _Request(actor, data, len(records), waiter, 0, tuple(producers), max_timestamp(records))
             try:
                 try:  # no checkpoint when there is room: the caller waits for the reply next
                     self._requests.send_nowait(request)
@@ -391,6 +394,7 @@ class Batcher:
                     checksum=header.checksum,
                     # (one request: its spans are relative to the extent already)
                     producers=requests[0].producers if len(requests) == 1 else _spans(requests),
+                    max_timestamp_ms=max(request.max_timestamp_ms for request in requests),
                 )
                 extent = _Extent(fencing, header, requests)
                 fencing.left += 1

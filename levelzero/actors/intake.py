@@ -18,6 +18,7 @@ Fetchers waiting for new records (`wait_appended`) are woken by every produce th
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
@@ -28,7 +29,13 @@ import anyio
 import anyio.abc
 
 from levelzero.core.entries import Placeholder, ProducerSpan
-from levelzero.core.errors import InvalidInput, LevelZeroError, OutOfOrderSequence, ShuttingDown
+from levelzero.core.errors import (
+    InvalidInput,
+    KeylessRecord,
+    LevelZeroError,
+    OutOfOrderSequence,
+    ShuttingDown,
+)
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import (
@@ -51,6 +58,16 @@ RECOVER_PLACEHOLDERS_MAX = 1_000
 
 # (producer id, producer epoch, topic, partition, base sequence) of an idempotent record set.
 Identity = tuple[int, int, str, int, int]
+
+
+# Producer ids of HTTP idempotency keys: 62 bits of the key's SHA-256 above 2**62, where ids
+# handed to Kafka producers (milliseconds << 16, counted up) do not reach.
+IDEMPOTENCY_ID_BASE = 1 << 62
+
+
+def idempotency_producer_id(key: str) -> int:
+    digest = hashlib.sha256(key.encode()).digest()
+    return IDEMPOTENCY_ID_BASE | int.from_bytes(digest[:8], "big") & (IDEMPOTENCY_ID_BASE - 1)
 
 
 @dataclass(eq=False, slots=True)
@@ -92,12 +109,20 @@ class ProduceIntake:
         self._lanes: dict[tuple[str, int], deque[Pending]] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
+    @property
+    def running(self) -> bool:
+        return self._tg is not None
+
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        """The task group of the lanes' drain tasks; runs until cancelled."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            task_status.started()
-            await anyio.sleep_forever()
+        """The task group of the lanes' drain tasks; runs until cancelled (once at a time)."""
+        assert self._tg is None, "ProduceIntake.run runs once at a time"
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tg = None
 
     # ------------------------------------------------------------------ what a door asks
 
@@ -122,10 +147,14 @@ class ProduceIntake:
     # ------------------------------------------------------------------ plain produce
 
     def check_size(self, topic: str, records: Sequence[Record]) -> int | None:
-        """The one size rule for one request's records: at most the topic's
+        """A compacted topic's records have keys (KeylessRecord, Kafka's INVALID_RECORD).
+        The one size rule for one request's records: at most the topic's
         `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
         size by the rule, or None when the batcher's own check is all there is to do."""
-        limit = self.node.topic_configs.policy(topic).max_message_bytes
+        policy = self.node.topic_configs.policy(topic)
+        if policy.compacted and any(r.key is None for r in records):
+            raise KeylessRecord(topic)
+        limit = policy.max_message_bytes
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None
@@ -191,6 +220,31 @@ class ProduceIntake:
             self._tg.start_soon(self._drain, topic, partition, lane)
         lane.append(pending)
         return pending
+
+    async def produce_once(
+        self, topic: str, partition: int, records: Sequence[Record], key: str
+    ) -> tuple[int, int, bool]:
+        """HTTP's produce with an idempotency key: stored once. The key names an idempotent
+        producer of its own (`idempotency_producer_id`) whose one batch is sequence 0, so a
+        repeat is recognised as Kafka's retried batches are (in memory, in the store's sequence
+        table across restarts, in the partition's recent placeholders after a crash) while the
+        (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered. Returns
+        (base offset, record count, duplicate): a repeat answers the first produce's offsets
+        and count and stores nothing, whatever records it holds."""
+        producer_id = idempotency_producer_id(key)
+        identity = (producer_id, 0, topic, partition, 0)
+        self.check_led(topic, partition)
+        await self.prepare_producer(producer_id, [(topic, partition)])
+        mine = list(records)
+        outcome = self.submit(topic, partition, mine, identity)
+        if isinstance(outcome, int):
+            stored = self.sequences.duplicate_of(*identity)
+            assert stored is not None, identity
+            return outcome, stored.record_count, True
+        await outcome.done.wait()
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.base_offset, len(outcome.records), outcome.records is not mine
 
     async def _load_producer(self, producer_id: int) -> None:
         """A producer this process has not seen (a retry after a restart): its stored batches."""

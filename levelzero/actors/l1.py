@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import l1_partition_prefix, parse_l1_key
-from levelzero.core.l0format import decode_extent, read_header
+from levelzero.core.compaction import l1_object_runs
+from levelzero.core.l0format import Record
 from levelzero.core.l1_deletes import PendingDeletes
 from levelzero.core.leader import l1_collect_reason
 from levelzero.storage.protocols import (
@@ -52,6 +53,9 @@ class L1Catalog:
         self._wall = wall_clock
         # pid -> valid objects sorted by base offset (a cache; the metastore is the truth)
         self._valid: dict[int, list[L1Row]] = {}
+        # pid -> the keys of the objects compaction wrote (valid once COPY_FINISHED: only an
+        # accepted compaction result moves them there, `l1_compaction_commit`)
+        self._compacted: dict[int, frozenset[str]] = {}
         self.deleted = 0
         self.delete_refusals = 0
         # DELETE_STARTED objects whose store delete failed: retried while running, with backoff.
@@ -61,17 +65,33 @@ class L1Catalog:
 
     # ------------------------------------------------------------------ validity
 
-    @staticmethod
-    def is_valid(actor: PartitionActor, row: L1Row) -> bool:
-        return row.state == L1State.COPY_FINISHED and actor.state.l1_range_valid(
-            row.term, row.base_offset, row.last_offset
-        )
+    def is_compacted(self, row: L1Row) -> bool:
+        return row.key in self._compacted.get(row.pid, frozenset())
+
+    def is_valid(self, actor: PartitionActor, row: L1Row) -> bool:
+        """COPY_FINISHED and within the term lineage: a reconciler's object by the terms'
+        reconciled ranges; a compacted one because its result was accepted against the
+        lineage (it is COPY_FINISHED only then), of a term the partition has reached, and
+        below the reconciled offset."""
+        if row.state != L1State.COPY_FINISHED:
+            return False
+        state = actor.state
+        if self.is_compacted(row):
+            return row.term <= state.term and row.last_offset <= state.lro
+        return state.l1_range_valid(row.term, row.base_offset, row.last_offset)
 
     async def refresh(self, actor: PartitionActor) -> list[L1Row]:
+        # The rows first, the compacted keys after: a compaction committed in between shows its
+        # superseded objects (still stored until their delete), never its new ones unmarked.
         rows = await self._log.l1_list(actor.row.pid, [L1State.COPY_FINISHED])
+        await self.refresh_compacted(actor)
         valid = sorted((r for r in rows if self.is_valid(actor, r)), key=lambda r: r.base_offset)
         self._valid[actor.row.pid] = valid
         return valid
+
+    async def refresh_compacted(self, actor: PartitionActor) -> None:
+        state = await self._log.l1_compaction_state(actor.row.pid)
+        self._compacted[actor.row.pid] = state.compacted_keys
 
     def lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
         return [
@@ -109,6 +129,11 @@ class L1Catalog:
         await self._finish_delete(row.key, actor.name)
         log.info("deleted L1 object %s (%s)", row.key, reason)
         return True
+
+    async def finish_superseded(self, key: str, partition: str) -> None:
+        """The store delete of an object an accepted compaction result superseded: its row went
+        DELETE_STARTED in the result's commit, validated against the lineage there."""
+        await self._finish_delete(key, partition)
 
     async def retry_deletes(self, limit: int = DELETE_RETRIES_PER_ROUND_MAX) -> int:
         """Try again the failed deletes that are due (at most `limit`); returns how many went.
@@ -171,7 +196,9 @@ class L1Catalog:
         now = self._wall()
         deleted = 0
         state = actor.state
-        for row in await self._log.l1_list(actor.row.pid):
+        rows = await self._log.l1_list(actor.row.pid)
+        await self.refresh_compacted(actor)
+        for row in rows:
             reason = l1_collect_reason(
                 state,
                 actor.term,
@@ -298,9 +325,17 @@ class L1Catalog:
             offset = window.next_offset
             i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
             if i >= 0 and rows[i].last_offset >= offset:
-                for row in rows[i:]:
-                    if not await self._fill_from(row, window):
-                        return
+                try:
+                    for row in rows[i:]:
+                        if not await self._fill_from(row, window):
+                            return
+                except ObjectNotFound:
+                    # Its first object went (a compaction's superseded object deleted after
+                    # this cached lineage was read): the lineage read again has its successor.
+                    if refreshed:
+                        raise
+                    rows, refreshed = await self.refresh(actor), True
+                    continue
             elif window.count and refreshed:
                 return  # the lineage goes no further (offsets an operator abandoned)
             elif refreshed:
@@ -311,14 +346,24 @@ class L1Catalog:
 
     async def _fill_from(self, row: L1Row, window: FetchWindow) -> bool:
         try:
-            data = await self._objects.get(row.key)
+            runs = await self.read_runs(row)
         except ObjectNotFound:
             if not window.count:
                 raise
             return False
-        where = f"L1 object {row.key}"
-        header = read_header(data, where)
-        (extent,) = header.extents
-        raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        records = decode_extent(raw, extent.checksum, extent.record_count, where)
-        return window.add_extent(row.base_offset, records)
+        compacted = self.is_compacted(row)
+        return all(window.add_extent(base, records, gaps=compacted) for base, records in runs)
+
+    async def rows_reaching(self, actor: PartitionActor, offset: int) -> list[L1Row]:
+        """The valid objects by base offset, read again from the metastore when the cached
+        ones end below `offset` (the LRO: a catch-up this node did not make)."""
+        rows = self._valid.get(actor.row.pid)
+        if not rows or rows[-1].last_offset < offset:
+            rows = await self.refresh(actor)
+        return rows
+
+    async def read_runs(self, row: L1Row) -> list[tuple[int, list[Record]]]:
+        """The object's runs of records at consecutive offsets, verified (one GET): one run,
+        or several where compaction left gaps. Raises ObjectNotFound."""
+        data = await self._objects.get(row.key)
+        return l1_object_runs(data, row.base_offset, f"L1 object {row.key}")

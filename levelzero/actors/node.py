@@ -49,6 +49,7 @@ from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
 from .reader import FetchResult, Reader
+from .compactor import Compactor, CompactorConfig
 from .reconciler import Reconciler, ReconcilerConfig
 from .topic_configs import TopicConfigs
 
@@ -96,6 +97,7 @@ class NodeConfig:
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
+    compactor: CompactorConfig = field(default_factory=CompactorConfig)
     gc: GcConfig = field(default_factory=GcConfig)
 
 
@@ -176,6 +178,16 @@ class Node:
             index=self.partitions_by_name,
             retention=self.topic_configs,
         )
+        self.compactor = Compactor(
+            config.compactor,
+            object_store,
+            log_store,
+            self.l1,
+            self.partitions,
+            self.topic_configs.policy,
+            wall_clock=self._wall,
+            rng=rng,
+        )
         self.gc = GcActor(
             config.gc,
             object_store,
@@ -221,6 +233,8 @@ class Node:
                 await tg.start(self.reconciler.run)
             if self.config.housekeeper.enabled:
                 await tg.start(self.housekeeper.run)
+            if self.config.compactor.enabled:
+                await tg.start(self.compactor.run)
             await tg.start(self.gc.run)  # GcConfig.enabled=False starts it paused
             if self.cluster is not None:
                 c = self.cluster
@@ -637,6 +651,20 @@ class Node:
         # connection to the control plane): a successor may have newer records.
         self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
         raise LedElsewhere(topic, partition, None)  # renewed just now: the client asks again
+
+    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets by time (`Reader.offset_for_time`), served by the leader as a
+        fetch is: (offset, timestamp) of the first record at or after `timestamp_ms`, or
+        (-1, -1)."""
+        actor = await self.led_partition(topic, partition)
+        if self.member is None:
+            return await self.reader.offset_for_time(actor, timestamp_ms)
+        with self.member.serving():
+            found = await self.reader.offset_for_time(actor, timestamp_ms)
+            if self.member.leads(actor.row.pid):
+                return found
+        self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
+        raise LedElsewhere(topic, partition, None)
 
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
-from levelzero.storage.protocols import ObjectStore, PartitionLog
+from levelzero.core.time_lookup import NOT_FOUND, first_at_or_after, may_hold
+from levelzero.storage.protocols import L1Row, ObjectStore, PartitionLog
 
 from .partition import PartitionActor
 
@@ -55,7 +56,7 @@ def _materialise(runs: list[Run]) -> list[FetchedRecord]:
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
-    runs: list[Run]  # contiguous: each run's first offset follows the previous run's last
+    runs: list[Run]  # ascending; contiguous but for the gaps compaction left (offsets removed)
     next_offset: int
     high_watermark: int
     start_offset: int
@@ -78,9 +79,11 @@ class FetchWindow:
 
     `stopped` says why it takes no more: "full", "upto" (past `upto`; `extend_to` goes on),
     or "gap" (an extent does not follow on from the records taken: the offsets between are
-    elsewhere, and a fetch never skips over offsets)."""
+    elsewhere, and a fetch never skips over offsets). The one exception: the gaps compaction
+    leaves inside a compacted L1 object (`gaps=True`), which a fetch steps over as Kafka's does
+    (a fetch at a removed offset returns the next record present)."""
 
-    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped")
+    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped", "_next")
 
     def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
         assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
@@ -91,6 +94,7 @@ class FetchWindow:
         self.count = 0  # records taken
         self.size = 0
         self.stopped: str | None = None
+        self._next = offset
 
     @property
     def records(self) -> list[FetchedRecord]:
@@ -99,7 +103,7 @@ class FetchWindow:
     @property
     def next_offset(self) -> int:
         """The offset the fetch goes on from."""
-        return self.offset + self.count
+        return self._next
 
     def extend_to(self, upto: int) -> None:
         """Go on past the old `upto` (from L1 into L0), unless stopped for another reason."""
@@ -108,14 +112,21 @@ class FetchWindow:
         if self.stopped == "upto" and self.next_offset <= upto:
             self.stopped = None
 
-    def add_extent(self, base_offset: int, records: list[Record]) -> bool:
+    def add_extent(self, base_offset: int, records: list[Record], *, gaps: bool = False) -> bool:
         """Take what fits from an extent whose first record is at `base_offset`; False once
-        stopped. Hot (every record a fetch returns): no object per record."""
+        stopped. Hot (every record a fetch returns): no object per record. `gaps`: the offsets
+        between the records taken and `base_offset` were removed by compaction."""
         assert self.stopped is None, self.stopped
-        wanted = self.next_offset
+        wanted = self._next
         if base_offset > wanted:
-            self.stopped = "gap"
-            return False
+            if not gaps:
+                self.stopped = "gap"
+                return False
+            if base_offset > self.upto:
+                self._next = self.upto + 1
+                self.stopped = "upto"
+                return False
+            self._next = wanted = base_offset
         start = wanted - base_offset
         stop = min(len(records), self.upto - base_offset + 1)
         if stop < len(records):
@@ -132,17 +143,22 @@ class FetchWindow:
             count += 1
         if count > taken_before:
             self.runs.append(Run(base_offset, records, start, start + count - taken_before))
+            self._next = base_offset + start + count - taken_before
         self.count, self.size = count, size
-        if self.stopped is None and self.next_offset > self.upto:
+        if self.stopped is None and self._next > self.upto:
             self.stopped = "upto"
         last = self.runs[-1] if self.runs else None
-        assert last is None or last.base_offset + last.stop == self.next_offset, (last, self.next_offset)
-        assert not self.runs or self.runs[0].first_offset == self.offset, (self.runs[0], self.offset)
+        assert last is None or last.base_offset + last.stop == self._next, (last, self._next)
+        assert not self.runs or self.runs[0].first_offset >= self.offset, (self.runs[0], self.offset)
         return self.stopped is None
 
 
 class L1Source(Protocol):
     async def fill(self, actor: PartitionActor, window: FetchWindow) -> None: ...
+
+    async def rows_reaching(self, actor: PartitionActor, offset: int) -> list[L1Row]: ...
+
+    async def read_runs(self, row: L1Row) -> list[tuple[int, list[Record]]]: ...
 
 
 class Reader:
@@ -204,12 +220,73 @@ class Reader:
                     if record.base_offset >= hwm:
                         more = False  # durable but not applied yet: not readable
                         break
+                    if not window.add_extent(record.base_offset, await self._extent(actor, record)):
+                        break
+        finally:
+            actor.release_reader(reader_id)
+
+    async def _extent(self, actor: PartitionActor, record: LogRecord) -> list[Record]:
+        """The records of a placeholder's extent, verified (one ranged GET)."""
+        p = record.entry
+        assert isinstance(p, Placeholder), record
+        data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+        where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
+        return decode_extent(data, p.checksum, p.record_count, where)
+
+    async def offset_for_time(self, actor: PartitionActor, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets by time: the first offset at or above the start offset whose
+        record's timestamp is >= `timestamp_ms`, and that timestamp; (-1, -1) if none is.
+
+        The L1 objects up to the LRO, then the L0 extents above it, in offset order: each
+        object's row and each placeholder keeps its records' largest timestamp, so only the
+        first that may hold the answer is read (`core/time_lookup.py`): one GET, whatever the
+        log's length. A row or placeholder written before that was kept says None and is read
+        (a GET each until one holds the answer). The placeholders themselves are read from the
+        log store, page by page: the unreconciled ones only, what the reconciler has not caught
+        up with yet."""
+        if timestamp_ms < 0:
+            raise InvalidInput("a timestamp to look up is >= 0 (ms since the epoch)")
+        # Registered first: M(p) is pinned before the LRO is read, so the L0 extents above it
+        # stay until the lookup is done (as a fetch's).
+        reader_id, _ = actor.register_reader()
+        try:
+            state = actor.state
+            start, lro, hwm = state.start_offset, state.lro, state.high_watermark
+            from_l0 = start
+            if self.l1 is not None and start <= lro:
+                from_l0 = lro + 1
+                for row in await self.l1.rows_reaching(actor, lro):
+                    if row.base_offset > lro:
+                        break
+                    if row.last_offset < start or not may_hold(row.max_timestamp_ms, timestamp_ms):
+                        continue
+                    runs = await self.l1.read_runs(row)
+                    # the row's largest timestamp is one run's own only when there is one run
+                    kept = row.max_timestamp_ms if len(runs) == 1 else None
+                    for base, records in runs:
+                        found = first_at_or_after(records, base, max(start, base), timestamp_ms, kept)
+                        if found is not None:
+                            return found
+            offset = from_l0
+            while offset < hwm:
+                placeholders = await self._log.read_placeholders(actor.row.pid, offset, PLACEHOLDERS_PER_READ)
+                for record in placeholders:
                     p = record.entry
                     assert isinstance(p, Placeholder), record
-                    data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
-                    where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
-                    decoded = decode_extent(data, p.checksum, p.record_count, where)
-                    if not window.add_extent(record.base_offset, decoded):
-                        break
+                    if record.base_offset >= hwm:
+                        return NOT_FOUND  # durable but not applied yet: not readable
+                    offset = record.base_offset + p.record_count
+                    if not may_hold(p.max_timestamp_ms, timestamp_ms):
+                        continue
+                    first = max(from_l0, record.base_offset)
+                    records = await self._extent(actor, record)
+                    found = first_at_or_after(
+                        records, record.base_offset, first, timestamp_ms, p.max_timestamp_ms
+                    )
+                    if found is not None:
+                        return found
+                if len(placeholders) < PLACEHOLDERS_PER_READ:
+                    break
+            return NOT_FOUND
         finally:
             actor.release_reader(reader_id)

@@ -25,7 +25,7 @@ from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, No
 from levelzero.core.keys import format_l1_key, new_uuid
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
 from levelzero.core.reconcile_health import ReconcileHealth
-from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent
+from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent, max_timestamp
 from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
 from .l1 import L1Catalog
@@ -316,7 +316,19 @@ class Reconciler:
         )
         data, _ = build_object(term, [(actor.row.pid, encode_extent(records), len(records))])
         now = self._wall()
-        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)
+        row = L1Row(
+            key,
+            actor.row.pid,
+            base,
+            last,
+            lrlo,
+            term,
+            len(data),
+            L1State.COPY_STARTED,
+            now,
+            now,
+            max_timestamp(records),
+        )
         await self._log.l1_insert(row)
         try:
             await self._objects.put(key, data)

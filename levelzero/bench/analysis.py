@@ -19,6 +19,9 @@ then counts them and sums their value lengths through the "levelzero" data sourc
 the Parquet file `levelzero export --records` wrote of the same records (ABBA rounds after a
 warm-up of both); target >= 50%. MB/s = value bytes / wall time; ratio = data source over
 Parquet. A note gives the ceiling of any Python data source of this schema (arrow_source.py).
+
+A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches,
+the noop sink), records/s against one batch read of them into the same sink; target >= 50%.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ RECORD_PARTITIONS = 4
 RECORD_VALUE_BYTES = 512
 RECORDS_PER_PRODUCE = 1_000
 BYTES_PER_MB = 1_000_000
+STREAM_BATCHES_PER_READ = 4  # the streaming figure's micro-batches
+STREAM_RATIO_MIN = 0.5  # a stream's records/s against one batch read of the same records
 
 
 def _spark_to_export(frame: DataFrame, out: str, table: str, time_column: str) -> None:
@@ -193,7 +198,7 @@ def _jvm_peak_rss_bytes(spark: SparkSession) -> int | None:
 
 async def fill_records(data_dir: Path, records: int) -> None:
     """`records` records produced through a daemon on `data_dir`, round robin over partitions."""
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 
@@ -226,9 +231,10 @@ def _scan(frame: DataFrame) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> Figure:
+async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> list[Figure]:
     from levelzero.export.records import export_records
-    from levelzero.export.spark_source import TASK_BYTES_DEFAULT, register
+    from levelzero.export.spark_datasource import register
+    from levelzero.export.spark_source import TASK_BYTES_DEFAULT
 
     from .arrow_source import FORMAT_NAME, ArrowFileSource
 
@@ -271,23 +277,97 @@ async def records_figure(spark: SparkSession, root: Path, settings: Settings) ->
             a = timed(source)
         pairs.append((a, b))
         ceilings.append(timed(ceiling))
+    streaming = stream_figure(spark, root, data_dir, records, settings)
+    return [
+        figure(
+            ITEM,
+            f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
+            "MB/s",
+            pairs,
+            target=Target(DATA_SOURCE_RATIO_MIN, higher_is_better=True),
+            sut_label='format("levelzero")',
+            floor_label="export --records Parquet",
+            notes={
+                "records": records,
+                "object_ranges": exported.ranges,
+                "value_mb": mb,
+                "task_bytes": TASK_BYTES_DEFAULT,
+                "python_source_ceiling_mb_s": [round(c, 1) for c in ceilings],
+                "python_source_ceiling_ratio": statistics.median(
+                    c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
+                ),
+            },
+        ),
+        streaming,
+    ]
+
+
+def stream_figure(
+    spark: SparkSession, root: Path, data_dir: Path, records: int, settings: Settings
+) -> Figure:
+    """Records/s of a streaming query (`readStream`, Trigger.AvailableNow, micro-batches of
+    STREAM_BATCHES_PER_READ-th of the records, a fresh checkpoint each run, the noop sink)
+    against the batch read of the same records into the same sink (the floor: the same
+    planning, reading and writing in one job)."""
+    rounds = settings.pick(5, 1)
+    per_trigger = max(1, records // STREAM_BATCHES_PER_READ)
+    spent_ms: dict[str, int] = {}  # Spark's progress reports, summed over the measured runs
+
+    def streamed(run: int) -> float:
+        checkpoint = root / f"stream-checkpoint-{run}"
+        started = time.monotonic()
+        query = (
+            spark.readStream.format("levelzero")
+            .option("data_dir", str(data_dir))
+            .option("maxRecordsPerTrigger", str(per_trigger))
+            .load(RECORDS_TOPIC)
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.monotonic() - started
+        assert query.exception() is None, query.exception()
+        progress = query.recentProgress
+        read = sum(p["numInputRows"] for p in progress)
+        assert read == records, (read, records)
+        for phase in ("addBatch", "walCommit", "commitOffsets", "triggerExecution"):
+            spent_ms[phase] = spent_ms.get(phase, 0) + sum(p["durationMs"].get(phase, 0) for p in progress)
+        spent_ms["wall"] = spent_ms.get("wall", 0) + int(elapsed * 1000)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        return records / elapsed
+
+    def batch() -> float:
+        started = time.monotonic()
+        frame = spark.read.format("levelzero").option("data_dir", str(data_dir)).load(RECORDS_TOPIC)
+        frame.write.format("noop").mode("overwrite").save()
+        return records / (time.monotonic() - started)
+
+    streamed(-1)  # warm-up
+    spent_ms.clear()
+    pairs = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            pairs.append((streamed(i), batch()))
+        else:
+            b = batch()
+            pairs.append((streamed(i), b))
     return figure(
         ITEM,
-        f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
-        "MB/s",
+        f"records streamed, {records:,} in {STREAM_BATCHES_PER_READ} micro-batches (local[2])",
+        "records/s",
         pairs,
-        target=Target(DATA_SOURCE_RATIO_MIN, higher_is_better=True),
-        sut_label='format("levelzero")',
-        floor_label="export --records Parquet",
+        target=Target(STREAM_RATIO_MIN, higher_is_better=True),
+        sut_label='readStream.format("levelzero"), AvailableNow',
+        floor_label='read.format("levelzero"), one job',
         notes={
             "records": records,
-            "object_ranges": exported.ranges,
-            "value_mb": mb,
-            "task_bytes": TASK_BYTES_DEFAULT,
-            "python_source_ceiling_mb_s": [round(c, 1) for c in ceilings],
-            "python_source_ceiling_ratio": statistics.median(
-                c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
-            ),
+            "max_records_per_trigger": per_trigger,
+            # Where a stream's wall time goes (ms over all measured runs): the micro-batches'
+            # jobs (addBatch), their checkpoint writes (walCommit, commitOffsets), and what no
+            # trigger holds (wall - triggerExecution: starting and stopping the query).
+            "spent_ms": spent_ms,
         },
     )
 
@@ -370,5 +450,5 @@ async def run(settings: Settings) -> list[Figure]:
                 "driver_python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             },
         ),
-        records,
+        *records,
     ]

@@ -84,6 +84,9 @@ ITEMS: tuple[Item, ...] = (
         "cli_produce",
         "15. levelzero produce from stdin at its defaults vs the 30,000 records/s target",
     ),
+    Item("compaction", "compaction", "16. compaction vs raw read + write of the same L1 bytes"),
+    Item("lookup", "lookup", "17. ListOffsets by time vs one object GET (S3 Express-like latency)"),
+    Item("txn", "txn", "18. Kafka transactions of 100 records vs idempotent produce"),
 )
 ITEM_NAMES = tuple(item.name for item in ITEMS)
 

@@ -61,7 +61,7 @@ async def client_round(url: str, topic: str, lines: Path) -> float:
 
 
 async def _client_side(url: str, topic: str, lines: Path) -> int:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
 
     values = lines.read_bytes().splitlines()
     async with Client(url) as client:
@@ -71,7 +71,7 @@ async def _client_side(url: str, topic: str, lines: Path) -> int:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.config import load_config
     from levelzero.daemon.service import running_daemon
 

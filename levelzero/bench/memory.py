@@ -66,7 +66,7 @@ def bench_config(data_dir: str):  # noqa: ANN201 - a daemon Config (lazy import)
 
 async def drive(records_target: int, seconds_min: float) -> dict[str, Any]:
     """Run the daemon and the load until both bounds are reached; return the samples."""
-    from levelzero.cli.client import Client
+    from levelzero.client import Client
     from levelzero.daemon.service import running_daemon
 
     samples: list[tuple[float, int]] = []

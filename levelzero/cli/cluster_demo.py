@@ -40,7 +40,7 @@ from levelzero.core.keys import L0_ROOT
 from levelzero.testing.loopback import free_local_port
 from levelzero.testing.postgres import SUPERUSER_PASSWORD, ServerUnavailable, start_throwaway
 
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 
 TOPIC = "orders"
 PARTITIONS = 12

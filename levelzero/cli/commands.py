@@ -23,13 +23,14 @@ import msgspec
 
 from levelzero.core.errors import LevelZeroError, StoreRefused
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.cli.client import ApiError, Client, default_url
+from levelzero.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
 from levelzero.daemon.logs import configure_logging
 from levelzero.cli.formats import (
     _cell,
     _json_out,
     _print_record,
+    format_compaction,
     format_explanation,
     format_round,
     format_status,
@@ -556,7 +557,10 @@ async def _consume_stream(
         result = await client.fetch(args.topic, args.partition, offset, args.max_bytes)
         for record in result.records:
             yield record.offset, record.key, record.value
-        if result.records:
+        # A page of Kafka transaction markers alone has no records but moves on (they are not
+        # returned): read on from its next offset while it is below the high watermark.
+        moved = offset is None or result.next_offset > offset
+        if result.records or (moved and result.next_offset < result.high_watermark):
             offset = result.next_offset
             delay_s = FOLLOW_POLL_MIN_S
             continue
@@ -577,6 +581,14 @@ async def _consume(args: argparse.Namespace, client: Client) -> None:
         if args.max_records is not None and count >= args.max_records:
             break
     sys.stdout.flush()
+
+
+async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
+    compactor = (await client.status()).compactor
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(compactor)).decode())
+    else:
+        print(format_compaction(compactor, args.partition))
 
 
 async def _status(args: argparse.Namespace, client: Client) -> None:

@@ -42,7 +42,7 @@ from levelzero.core.keys import L0_ROOT
 from levelzero.core.l0format import read_header
 from levelzero.storage.protocols import LIST_PAGE_KEYS_MAX, DeleteResult, ListPage, ObjectInfo, ObjectStore
 
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from levelzero.config import load_config
 from levelzero.http.schema import ProduceResponse
 from levelzero.daemon.service import running_daemon

@@ -283,3 +283,40 @@ def format_explanation(explanation) -> str:  # noqa: ANN001 - Explanation
     if e.holders_total > len(e.holders):
         lines.append(f"  ... and {e.holders_total - len(e.holders)} more")
     return "\n".join(lines)
+
+
+def format_compaction(compactor, partition: str | None = None) -> str:  # noqa: ANN001 - CompactorStatus
+    """`levelzero compaction explain`: per compacted partition led by the node answering, its
+    dirty ratio, last compaction, bytes reclaimed, cleaner-offset map and why it was not
+    compacted on its last visit; `partition` ("topic/p") shows that one only."""
+    if compactor is None:
+        return "the answering node runs no compactor"
+    shown = [p for p in compactor.partitions if partition is None or p.partition == partition]
+    if partition is not None and not shown:
+        return (
+            f"{partition}: not seen by this node's compactor (not a compacted topic, not led "
+            "here, or not visited yet)"
+        )
+    lines = [
+        f"compactor: {plural(compactor.rounds, 'round')}, {compactor.passes} accepted passes,"
+        f" {compactor.refused} refused, {compactor.errors} failed;"
+        f" {compactor.bytes_read} bytes read, {compactor.bytes_written} written"
+    ]
+    for p in shown:
+        last = (
+            "never"
+            if p.last_compaction_at is None
+            else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.last_compaction_at))
+        )
+        cleaner = ", ".join(f"term {t} -> {end}" for t, end in p.cleaner_offsets.items()) or "empty"
+        lines.append(f"{p.partition}")
+        lines.append(f"  dirty ratio {p.dirty_ratio:.4f}; last compaction {last}; passes {p.passes}")
+        lines.append(
+            f"  reclaimed {p.bytes_reclaimed} bytes, {p.records_removed} records removed,"
+            f" {p.tombstones_dropped} tombstones dropped; {p.refused} results refused"
+        )
+        lines.append(f"  cleaner-offset map: {cleaner}")
+        lines.append(
+            f"  not compacted: {p.not_compacted}" if p.not_compacted else "  compacted on its last visit"
+        )
+    return "\n".join(lines)

@@ -10,6 +10,7 @@
     levelzero backup DEST | restore BACKUP [--config FILE] [--data-dir DIR]
     levelzero recover --from-bucket [--config FILE] [--data-dir DIR]
     levelzero gc run | dry-run | pause | resume | explain (--key K | --epoch N)
+    levelzero compaction explain [TOPIC/P] [--json]
     levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 

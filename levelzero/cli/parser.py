@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.cli.client import default_url
+from levelzero.client import default_url
 from levelzero.daemon.buildinfo import version
 from levelzero.cli.commands import (
     CLUSTER_DEMO_NODES_MAX,
@@ -19,6 +19,7 @@ from levelzero.cli.commands import (
     TOOLS,
     _client_command,
     _cluster,
+    _compaction_explain,
     _consume,
     _default_operator,
     _epoch_advance,
@@ -333,6 +334,20 @@ def add_gc(sub: argparse._SubParsersAction) -> None:
     explain.set_defaults(handler=_client_command(_gc_explain))
 
 
+def add_compaction(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compaction", help="compacted topics: what the compactor did and why not")
+    compaction_sub = p.add_subparsers(dest="compaction_command", required=True, metavar="COMMAND")
+    explain = compaction_sub.add_parser(
+        "explain",
+        help="per compacted partition led here: dirty ratio, last compaction, bytes reclaimed,"
+        " the cleaner-offset map, why it was not compacted",
+    )
+    explain.add_argument("partition", nargs="?", metavar="TOPIC/P", help="this partition only")
+    explain.add_argument("--json", action="store_true")
+    _add_client_options(explain)
+    explain.set_defaults(handler=_client_command(_compaction_explain))
+
+
 def add_partition(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("partition", help="operator actions on one partition")
     partition_sub = p.add_subparsers(dest="partition_command", required=True, metavar="COMMAND")
@@ -373,6 +388,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_cluster,
     add_epoch,
     add_gc,
+    add_compaction,
     add_partition,
     add_config,
     add_backup,

@@ -34,6 +34,10 @@ class Placeholder(msgspec.Struct, frozen=True, tag="placeholder", omit_defaults=
     checksum: int
     # Idempotent producers' batches in the extent (entries written before this field have none).
     producers: tuple[ProducerSpan, ...] = ()
+    # The largest record timestamp in the extent (-1: no record has one), so ListOffsets by
+    # time reads only the extent that holds its answer. None: written before the field
+    # existed; a lookup then reads the extent to find out (`core/time_lookup.py`).
+    max_timestamp_ms: int | None = None
 
 
 class AdvanceEpoch(msgspec.Struct, frozen=True, tag="advance_epoch"):

@@ -132,6 +132,15 @@ class TooLarge(LevelZeroError):
         self.size, self.limit = size, limit
 
 
+class KeylessRecord(LevelZeroError):
+    """A record without a key produced to a compacted topic (Kafka's INVALID_RECORD)."""
+
+    code = "invalid_record"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"compacted topic {topic!r} cannot accept a record without a key")
+
+
 class UnknownTopic(LevelZeroError, KeyError):
     code = "unknown_topic"
 

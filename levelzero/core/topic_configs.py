@@ -6,11 +6,12 @@ Every topic config of Kafka 3.x (LogConfig: name, type, default, the broker conf
 back to) is known, in one of four kinds:
 
 - ENFORCED: `retention.ms`, `retention.bytes` (the housekeeper), `max.message.bytes` (the produce
-  intake) and `cleanup.policy` (`delete` applies retention; `compact` is refused until
-  compaction exists: `COMPACTION_ENABLED`).
-- COMPACTION: the compaction settings (`min.compaction.lag.ms`, `delete.retention.ms`, ...):
-  stored and reported. They govern nothing while no topic is compacted, as in Kafka for a topic
-  whose policy is `delete`.
+  intake) and `cleanup.policy` (`delete` applies retention; `compact` runs the compactor,
+  `actors/compactor.py`; `COMPACTION_ENABLED` is the switch that accepts it).
+- COMPACTION: the compaction settings: `min.compaction.lag.ms`, `delete.retention.ms`,
+  `min.cleanable.dirty.ratio` and `max.compaction.lag.ms` (dirty data older than it is
+  compacted whatever the dirty ratio) govern the compactor of a compacted topic
+  (`TopicPolicy`). They govern nothing for a topic whose policy is `delete`, as in Kafka.
 - NOT_APPLICABLE: settings of a Kafka broker's local log files and replicas (`segment.bytes`,
   `flush.ms`, ...): levelzero has no such files or replicas, so every valid value behaves
   alike. Stored and reported.
@@ -31,8 +32,8 @@ from dataclasses import dataclass
 
 from .errors import InvalidConfig
 
-# The one switch compaction flips: with it, `cleanup.policy=compact` is accepted.
-COMPACTION_ENABLED = False
+# The switch compaction flipped: with it, `cleanup.policy=compact` is accepted.
+COMPACTION_ENABLED = True
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -376,6 +377,15 @@ class TopicPolicy:
     retention_ms: int | None  # None: records are kept whatever their age
     retention_bytes: int | None  # None: whatever the partition's size
     max_message_bytes: int  # one produce's records, by the one size rule
+    # cleanup.policy has `compact`: the compactor keeps the latest record per key, and a
+    # record without a key is refused (Kafka's INVALID_RECORD)
+    compacted: bool = False
+    min_compaction_lag_ms: int = 0
+    delete_retention_ms: int = 86_400_000
+    min_cleanable_dirty_ratio: float = 0.5
+    # dirty data older than this is compacted whatever the dirty ratio (None: Kafka's default,
+    # Long.MAX_VALUE, no bound)
+    max_compaction_lag_ms: int | None = None
 
 
 def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolicy:
@@ -383,10 +393,16 @@ def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolic
     retention_ms = int(stored.get("retention.ms", broker.retention_ms))
     retention_bytes = int(stored.get("retention.bytes", broker.retention_bytes))
     deletes = "delete" in policy
+    max_lag = int(stored.get("max.compaction.lag.ms", _LONG_MAX))
     return TopicPolicy(
         retention_ms if deletes and retention_ms >= 0 else None,
         retention_bytes if deletes and retention_bytes >= 0 else None,
         min(int(stored.get("max.message.bytes", broker.message_max_bytes)), broker.message_max_bytes),
+        compacted="compact" in policy,
+        min_compaction_lag_ms=int(stored.get("min.compaction.lag.ms", "0")),
+        delete_retention_ms=int(stored.get("delete.retention.ms", "86400000")),
+        min_cleanable_dirty_ratio=float(stored.get("min.cleanable.dirty.ratio", "0.5")),
+        max_compaction_lag_ms=None if max_lag >= int(_LONG_MAX) else max_lag,
     )
 
 

@@ -323,10 +323,49 @@ def gc_metrics(node: Node) -> Iterable[Metric]:
         )
 
 
+def compactor_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.compactor.stats
+    counters = {
+        "rounds": "Compactor passes over the compacted partitions led here.",
+        "passes": "Compaction results accepted.",
+        "refused": "Compaction results the control plane refused (outside the term lineage).",
+        "bytes_read": "L1 bytes compaction read.",
+        "bytes_written": "Bytes of compacted L1 objects written.",
+        "errors": "Failed compaction passes (retried next round).",
+    }
+    for field, doc in counters.items():
+        yield _counter(f"levelzero_compactor_{field}", doc, getattr(stats, field))
+    per_partition: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "dirty_ratio": GaugeMetricFamily(
+            "levelzero_partition_compaction_dirty_ratio",
+            "A compacted partition's L1 bytes above its cleaner offset over all its L1 bytes.",
+            labels=["topic", "partition"],
+        ),
+        "bytes_reclaimed": CounterMetricFamily(
+            "levelzero_partition_compaction_bytes_reclaimed",
+            "L1 bytes compaction reclaimed in a compacted partition (since this node led it).",
+            labels=["topic", "partition"],
+        ),
+        "last_compaction_at": GaugeMetricFamily(
+            "levelzero_partition_compaction_last_seconds",
+            "Unix time of a compacted partition's last accepted compaction (absent: none yet).",
+            labels=["topic", "partition"],
+        ),
+    }
+    for name, status in sorted(node.compactor.partitions.items()):
+        topic, _, partition = name.rpartition("/")
+        per_partition["dirty_ratio"].add_metric([topic, partition], status.dirty_ratio)
+        per_partition["bytes_reclaimed"].add_metric([topic, partition], status.bytes_reclaimed)
+        if status.last_compaction_at is not None:
+            per_partition["last_compaction_at"].add_metric([topic, partition], status.last_compaction_at)
+    yield from per_partition.values()
+
+
 DEFAULT_SOURCES: tuple[Source, ...] = (
     epoch_metrics,
     batcher_metrics,
     reconciler_metrics,
+    compactor_metrics,
     housekeeper_metrics,
     gc_metrics,
 )

@@ -67,6 +67,7 @@ from levelzero.core.l0format import (
     build_object,
     decode_single_extent,
     encode_extent,
+    max_timestamp,
     records_match_extent,
 )
 from levelzero.core.names import topic_name_problem
@@ -323,6 +324,7 @@ async def adopt_partition(
                 L1State.COPY_FINISHED,
                 now,
                 now,
+                max_timestamp(item.records),
             )
         )
     last = plan[-1]
@@ -390,14 +392,14 @@ async def _rebuild_partition(
     store: LogStore, objects: ObjectStore, row: PartitionRow, keys: list[L1Key], epoch: int, now: float
 ) -> PartitionRecovery:
     kept = lineage(keys)
-    chosen: list[tuple[L1Key, int]] = []
+    chosen: list[tuple[L1Key, int, int]] = []  # key, size, largest timestamp
     gaps: list[tuple[int, int]] = []
     offset: int | None = kept[0].base_offset if kept else None
     while offset is not None:
         for key in starting_at(kept, offset):
             read = await _read_records(objects, key)
             if read is not None:
-                chosen.append((key, read[1]))
+                chosen.append((key, read[1], max_timestamp(read[0])))
                 offset = key.last_offset + 1
                 break
         else:
@@ -411,7 +413,7 @@ async def _rebuild_partition(
         return result
     term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
     term = result.term = term_start.term
-    for key, size in chosen:
+    for key, size, max_timestamp_ms in chosen:
         await store.l1_insert(
             L1Row(
                 str(key),
@@ -424,6 +426,7 @@ async def _rebuild_partition(
                 L1State.COPY_FINISHED,
                 now,
                 now,
+                max_timestamp_ms,
             )
         )
     result.adopted = len(chosen)
@@ -444,13 +447,13 @@ async def _rebuild_partition(
             start_offset=chosen[0][0].base_offset,
             high_watermark=last + 1,
             term_starts=((term, last + 1),),
-            size_bytes=sum(size for _, size in chosen),
+            size_bytes=sum(size for _, size, _ in chosen),
             reconciled_by_term={term: last},
             abandoned=tuple(gaps),
         )
     )
     assert row.creation_epoch <= epoch and not state.has_unreconciled_data
-    assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _ in chosen)
+    assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _, _ in chosen)
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
     result.lro_after, result.high_watermark = last, last + 1
     return result

@@ -399,6 +399,8 @@ class Daemon:
             await replaying.start(self.notifier.extend_start_timeout)
             await tg.start(node.run)
             replaying.cancel_scope.cancel()
+        assert self.intake is not None
+        await tg.start(self.intake.run)  # idempotent produces' lanes (HTTP's keyed, Kafka's)
 
         sock = bind_listener(config.server.host, config.server.port)
         self.port = sock.getsockname()[1]

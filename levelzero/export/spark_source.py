@@ -1,8 +1,11 @@
 """A PySpark Python Data Source, "levelzero": a topic's records read straight from the store.
 
-    register(spark)
+    register(spark)  # levelzero.export.spark_datasource
     spark.read.format("levelzero").option("data_dir", "/var/lib/levelzero").load("orders")
     spark.read.format("levelzero").option("config", "/etc/levelzero/levelzero.toml").load("orders")
+
+Also a stream (`spark.readStream.format("levelzero")`: `spark_stream`) and a sink
+(`df.write.format("levelzero")`, `writeStream`: `spark_sink`).
 
 Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
 milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
@@ -34,6 +37,7 @@ partition; executors read the objects themselves, through the daemon's own objec
 from __future__ import annotations
 
 import itertools
+import msgspec
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -42,17 +46,17 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
-from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent, read_header
+from levelzero.core.compaction import l1_object_runs
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent
 from levelzero.core.state import PartitionState
+from levelzero.core.txn_marks import TXN_HEADER, client_headers, delivered
 
 from levelzero.core.errors import LevelZeroError, ObjectNotFound
 
 from .errors import ExportError
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
     from pyspark.sql.datasource import Filter
-    from pyspark.sql.types import StructType
 
     from levelzero.config import Config
 
@@ -278,8 +282,14 @@ def _partition_ranges(
             " WHERE pid = ? AND state = ? ORDER BY base_offset",
             (pid, _COPY_FINISHED),
         ).fetchall()
+        compacted = _compacted_keys(db, pid)
         for key, base, last, term, size in rows:
-            if not state.l1_range_valid(term, base, last):
+            if key in compacted:
+                # Valid once its compaction result was accepted (then COPY_FINISHED), as the
+                # node's catalog has it: within the partition's term and reconciled offset.
+                if term > state.term or last > state.lro:
+                    continue
+            elif not state.l1_range_valid(term, base, last):
                 continue
             first, stop = max(base, low), min(last, l1_high)
             if first <= stop:
@@ -317,6 +327,15 @@ def _partition_ranges(
         )
 
 
+def _compacted_keys(db: Any, pid: int) -> set[str]:
+    """The keys of the partition's compacted L1 objects (none in a store file older than
+    schema 6, which has no such table)."""
+    try:
+        return {key for (key,) in db.execute("SELECT key FROM l1_compacted WHERE pid = ?", (pid,))}
+    except sqlite3.OperationalError:
+        return set()
+
+
 def _only_offsets(r: ObjectRange, offsets: frozenset[int] | None) -> Iterator[ObjectRange]:
     """`r` cut down to the runs of consecutive offsets of `offsets` it holds (all of `r`
     without a set)."""
@@ -349,8 +368,9 @@ class ObjectGone(ExportError):
     """An object planned for a read is no longer in the store."""
 
 
-def range_records(config: Config, r: ObjectRange) -> list[Record]:
-    """The records `r.first..r.last` of `r`'s partition, as planned.
+def range_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
+    """The records `r.first..r.last` of `r`'s partition, as planned, with their offsets (a
+    compacted L1 object has gaps: the offsets compaction removed).
 
     A read is a snapshot of the records as of planning, even while the daemon moves on: the
     GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
@@ -363,7 +383,7 @@ def range_records(config: Config, r: ObjectRange) -> list[Record]:
     except ObjectGone as gone:
         missing = gone
     again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
-    records: list[Record] = []
+    records: list[tuple[int, Record]] = []
     expected = r.first
     for a in again:
         if a.first != expected or a.object_key == r.object_key:
@@ -378,26 +398,28 @@ def range_records(config: Config, r: ObjectRange) -> list[Record]:
     return records
 
 
-def _object_records(config: Config, r: ObjectRange) -> list[Record]:
+def _object_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
         raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
-        records = decode_extent(raw, r.checksum, r.record_count, where)
+        runs = [(r.base_offset, decode_extent(raw, r.checksum, r.record_count, where))]
     else:
-        data = _get(config, r.object_key)
-        (extent,) = read_header(data, where).extents
-        raw = data[extent.byte_offset : extent.byte_offset + extent.byte_length]
-        records = decode_extent(raw, extent.checksum, extent.record_count, where)
-    return records[r.first - r.base_offset : r.last - r.base_offset + 1]
+        runs = l1_object_runs(_get(config, r.object_key), r.base_offset, where)
+    return [
+        (offset, record)
+        for base, records in runs
+        for offset, record in enumerate(records, base)
+        if r.first <= offset <= r.last
+    ]
 
 
 def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
     """The records of one object range, as rows of the data source's schema (timestamps in
     milliseconds)."""
     config = store_config(source) if isinstance(source, str) else source
-    for offset, rec in enumerate(range_records(config, r), r.first):
+    for offset, rec in delivered(range_records(config, r)):
         ts = None if rec.timestamp_ms == NO_TIMESTAMP else rec.timestamp_ms
-        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(rec.headers))
+        yield (r.topic, r.partition, offset, ts, rec.key, rec.value, list(client_headers(rec.headers)))
 
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
@@ -408,13 +430,20 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
     config = store_config(source) if isinstance(source, str) else source
-    records = range_records(config, r)
+    pairs = range_records(config, r)
+    records = [rec for _, rec in pairs]
+    offsets: Any = [offset for offset, _ in pairs]
+    if any(rec.headers and rec.headers[-1][0] == TXN_HEADER for rec in records):
+        # a Kafka transaction's records: markers left out (gaps), the reserved header stripped
+        kept = list(delivered(pairs))
+        offsets = [offset for offset, _ in kept]
+        records = [msgspec.structs.replace(rec, headers=client_headers(rec.headers)) for _, rec in kept]
     count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array(range(r.first, r.first + count), pa.int64()),
+            pa.array(offsets, pa.int64()),
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
             pa.array([rec.value for rec in records], pa.binary()),
@@ -568,9 +597,14 @@ class LevelZeroReader(DataSourceReader):
         return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, _Partition), partition
-        for r in partition.ranges:
-            yield read_batch(self.config, r)
+        return read_partition(self.config, partition)
+
+
+def read_partition(config: Config, partition: InputPartition) -> Iterator[Any]:
+    """One Spark task's records (batch or micro-batch): an Arrow batch per object range."""
+    assert isinstance(partition, _Partition), partition
+    for r in partition.ranges:
+        yield read_batch(config, r)
 
 
 class LevelZeroPushdownReader(LevelZeroReader):
@@ -605,37 +639,10 @@ def selection_of(options: Mapping[str, str]) -> Selection:
     )
 
 
-class LevelZeroDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return FORMAT_NAME
-
-    def schema(self) -> str:
-        return SCHEMA_DDL
-
-    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
-        options = self.options
-        topic = options.get("path")
-        if not topic:
-            raise ExportError('the levelzero data source needs a topic: load("topic")')
-        config = store_config(
-            options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
-        )
-        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        task_bytes = _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
-        return reader(config, topic, selection_of(options), task_bytes)
+def _task_bytes(options: Mapping[str, str]) -> int:
+    return _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 # The object ranges of one Spark task (option task_bytes): as spark.sql.files.maxPartitionBytes.
 TASK_BYTES_DEFAULT = 128 * 1024 * 1024
-
-
-def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
-    scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
-    reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
-    filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
-    if PLAN_SCOPED_TO_SCAN:
-        spark.conf.set(PUSHDOWN_CONF, "true")
-    spark.dataSource.register(LevelZeroDataSource)

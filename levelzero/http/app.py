@@ -52,6 +52,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import AlterOp, ConfigSource, describe_topic
+from levelzero.core.txn_marks import TXN_HEADER, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.http.schema import (
@@ -80,6 +81,8 @@ from levelzero.http.schema import (
     RecordOut,
     ReconcileFailingStatus,
     ReconcilerStatus,
+    CompactorStatus,
+    PartitionCompactionStatus,
     StatusResponse,
     TopicConfigOut,
     TopicConfigs,
@@ -104,12 +107,14 @@ STATUS_PARTITIONS_SHOWN_MAX = 100
 STATUS_OUTLIERS_MAX = 50
 STATUS_PAGE_LIMIT_DEFAULT = 100
 STATUS_PAGE_LIMIT_MAX = 1000
+IDEMPOTENCY_KEY_MAX = 256  # characters of a produce's idempotency_key
 # Why a partition is an outlier, the most pressing first (the order outliers are shown in).
 OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
+    "invalid_record": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,
@@ -474,6 +479,8 @@ class Api:
             raise ApiError(400, "malformed_request", "timestamp_ms must be >= 0 (ms since the epoch)")
         if count == 0:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
+        if any(has_reserved_header(r.headers) for r in body.records):
+            raise ApiError(400, "malformed_request", f"the header name {TXN_HEADER!r} is reserved")
         if count > self.settings.records_per_request_max:
             raise ApiError(
                 413,
@@ -484,19 +491,26 @@ class Api:
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
-        result = await self.intake.produce(
-            topic,
-            partition,
-            [
-                Record(
-                    r.key,
-                    r.value,
-                    NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
-                    tuple(r.headers) if r.headers else (),
+        records = [
+            Record(
+                r.key,
+                r.value,
+                NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
+                tuple(r.headers) if r.headers else (),
+            )
+            for r in body.records
+        ]
+        if body.idempotency_key is not None:
+            if not 1 <= len(body.idempotency_key) <= IDEMPOTENCY_KEY_MAX:
+                raise ApiError(
+                    400, "malformed_request", f"idempotency_key must hold 1..{IDEMPOTENCY_KEY_MAX} characters"
                 )
-                for r in body.records
-            ],
-        )
+            base, count, duplicate = await self.intake.produce_once(
+                topic, partition, records, body.idempotency_key
+            )
+            self.metrics.produce_latency.observe(time.perf_counter() - started)
+            return _json(ProduceResponse(base, base + count - 1, 1, duplicate))
+        result = await self.intake.produce(topic, partition, records)
         self.metrics.produce_latency.observe(time.perf_counter() - started)
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
 
@@ -516,6 +530,8 @@ class Api:
             if not 1 <= max_bytes <= FETCH_BYTES_MAX:
                 raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
         result = await self.node.fetch(topic, partition, offset, max_bytes)
+        # As a Kafka consumer reads: no transaction markers (their offsets are gaps), and a
+        # transaction's records without the reserved header (core.txn_marks).
         return _json(
             FetchResponse(
                 records=[
@@ -524,9 +540,10 @@ class Api:
                         r.key,
                         r.value,
                         None if r.timestamp_ms == NO_TIMESTAMP else r.timestamp_ms,
-                        list(r.headers) if r.headers else None,
+                        list(client_headers(r.headers)) or None,
                     )
                     for r in result.records
+                    if not is_marker(r.headers)
                 ],
                 next_offset=result.next_offset,
                 high_watermark=result.high_watermark,
@@ -630,6 +647,7 @@ class Api:
                     inflight_bytes=stats.inflight_bytes,
                 ),
                 reconciler=reconciler_status(self.node),
+                compactor=compactor_status(self.node),
                 housekeeper=housekeeper_status(self.node),
                 gc=gc_status(self.node),
                 unstorable_topics=[
@@ -776,6 +794,33 @@ def status_outliers(
         ),
     )
     return shown, len(found)
+
+
+def compactor_status(node: Node) -> CompactorStatus:
+    stats = node.compactor.stats
+    return CompactorStatus(
+        rounds=stats.rounds,
+        passes=stats.passes,
+        refused=stats.refused,
+        bytes_read=stats.bytes_read,
+        bytes_written=stats.bytes_written,
+        errors=stats.errors,
+        partitions=[
+            PartitionCompactionStatus(
+                partition=name,
+                dirty_ratio=round(p.dirty_ratio, 4),
+                last_compaction_at=p.last_compaction_at,
+                bytes_reclaimed=p.bytes_reclaimed,
+                records_removed=p.records_removed,
+                tombstones_dropped=p.tombstones_dropped,
+                cleaner_offsets={str(t): end for t, end in sorted(p.cleaner_offsets.items())},
+                passes=p.passes,
+                refused=p.refused,
+                not_compacted=p.not_compacted,
+            )
+            for name, p in sorted(node.compactor.partitions.items())[:STATUS_PARTITIONS_SHOWN_MAX]
+        ],
+    )
 
 
 def reconciler_status(node: Node) -> ReconcilerStatus:

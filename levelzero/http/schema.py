@@ -53,6 +53,9 @@ class RecordIn(_Request):
 
 class ProduceRequest(_Request):
     records: list[RecordIn]
+    # A produce with a key is stored once: the same key again (a retry) answers the offsets the
+    # first one was stored at, duplicate true, and stores nothing (see intake.produce_once).
+    idempotency_key: str | None = None
 
 
 class GcRunRequest(_Request):
@@ -107,10 +110,11 @@ class TopicConfigs(_Response):
     configs: list[TopicConfigOut]  # every Kafka topic config, by name
 
 
-class ProduceResponse(_Response):
+class ProduceResponse(_Response, omit_defaults=True):  # duplicate: only when true
     base_offset: int
     last_offset: int
     attempts: int  # 1 unless the fence rejected a stale epoch and the batcher retried
+    duplicate: bool = False  # its idempotency_key was stored before: that produce's offsets
 
 
 class RecordOut(_Response, omit_defaults=True):
@@ -188,6 +192,31 @@ class ReconcilerStatus(_Response):
     # L1 objects whose delete failed (DELETE_STARTED, still in the bucket), retried with backoff
     l1_deletes_pending: int = 0
     l1_deletes_pending_shown: list[L1DeletePendingStatus] = []  # the oldest 20
+
+
+class PartitionCompactionStatus(_Response):
+    """One compacted partition led here, as its compactor last saw it."""
+
+    partition: str
+    dirty_ratio: float  # L1 bytes above the cleaner offset over all its L1 bytes
+    last_compaction_at: float | None  # unix time of its last accepted result
+    bytes_reclaimed: int
+    records_removed: int
+    tombstones_dropped: int
+    cleaner_offsets: dict[str, int]  # term -> the offset the cleaning reached under it
+    passes: int
+    refused: int  # results the control plane refused (outside the term lineage)
+    not_compacted: str | None  # why its last visit did not compact
+
+
+class CompactorStatus(_Response):
+    rounds: int
+    passes: int
+    refused: int
+    bytes_read: int
+    bytes_written: int
+    errors: int
+    partitions: list[PartitionCompactionStatus] = []
 
 
 class L1DeletePendingStatus(_Response):
@@ -295,6 +324,7 @@ class StatusResponse(_Response):
     partitions: list[PartitionStatus]
     batcher: BatcherStatus
     reconciler: ReconcilerStatus | None = None
+    compactor: CompactorStatus | None = None
     housekeeper: HousekeeperStatus | None = None
     gc: GcStatus | None = None
     unstorable_topics: list[UnstorableTopic] = []  # stored topics today's name rule refuses

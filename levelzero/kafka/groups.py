@@ -398,10 +398,10 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
-    async def commit(self, group_id: str, offsets: Sequence[tuple[str, int, int, str]]) -> None:
-        """Durable on return: (topic, partition, offset, metadata) for `group_id`."""
+    async def commit(self, group_id: str, offsets: Sequence[tuple[str, int, int, str, int]]) -> None:
+        """Durable on return: (topic, partition, offset, metadata, leader epoch) for `group_id`."""
         now = self._wall()
-        rows = [OffsetRow(group_id, t, p, o, m, now) for t, p, o, m in offsets]
+        rows = [OffsetRow(group_id, t, p, o, m, now, e) for t, p, o, m, e in offsets]
         deletes = self._deletes
         await self.store.commit_offsets(rows)
         if self._deletes != deletes:  # which came first in the store, the store knows

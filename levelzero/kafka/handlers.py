@@ -56,7 +56,8 @@ class Handlers:
         """The intake's lanes (their drain tasks) and the transaction coordinator's timeouts;
         runs until cancelled."""
         async with anyio.create_task_group() as tg:
-            await tg.start(self.intake.run)
+            if not self.intake.running:  # the daemon runs the intake both front ends share
+                await tg.start(self.intake.run)
             tg.start_soon(self.transactions.run)
             task_status.started()
 

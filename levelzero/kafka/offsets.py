@@ -11,7 +11,6 @@ from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
-from levelzero.actors.reader import FETCH_BYTES_MAX
 from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.transactions import PartitionIndex
 from levelzero.kafka.epochs import NO_EPOCH, epoch_error
@@ -24,7 +23,6 @@ log = logging.getLogger("levelzero.kafka")
 
 LIST_OFFSETS_LATEST = -1
 LIST_OFFSETS_EARLIEST = -2
-LIST_OFFSETS_SCAN_RECORDS_MAX = 1_000_000  # ListOffsets by time reads at most this many records
 
 
 class OffsetsApi:
@@ -63,12 +61,16 @@ class OffsetsApi:
                             txns = await self.txns.get(topic.name, p.partition_index)
                             offset = txns.last_stable_offset(high_watermark)
                     elif p.timestamp >= 0:
-                        offset, timestamp = await self._offset_for_time(
+                        offset, timestamp = await self.node.offset_for_time(
                             topic.name, p.partition_index, p.timestamp
                         )
                         epoch = state.term_at(offset) if timestamp >= 0 else -1
+                    elif p.timestamp in SPECIAL_TIMESTAMP_VERSIONS:
+                        error, offset, timestamp, epoch = await self._special_offset(
+                            request.api_version, topic.name, p.partition_index, p.timestamp
+                        )
                     else:
-                        error = ErrorCode.invalid_request  # -3 (max timestamp) and others
+                        error = ErrorCode.invalid_request
                 except LevelZeroError as exc:
                     error = error_code_for(exc)
                 parts.append(
@@ -83,26 +85,6 @@ class OffsetsApi:
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
-
-    async def _offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
-        """The first offset whose record timestamp is >= `timestamp_ms` and that timestamp, or
-        (-1, -1) if none. There is no time index: the records are read from the start offset
-        (at most LIST_OFFSETS_SCAN_RECORDS_MAX of them; beyond that the latest offset answers)."""
-        offset, high_watermark = self.intake.offsets(topic, partition)
-        scanned = 0
-        while offset < high_watermark and scanned < LIST_OFFSETS_SCAN_RECORDS_MAX:
-            result = await self.node.fetch(topic, partition, offset, FETCH_BYTES_MAX)
-            if not result.runs:
-                break
-            for base, records, start, stop in result.runs:
-                for i in range(start, stop):
-                    if records[i].timestamp_ms >= timestamp_ms:
-                        return base + i, records[i].timestamp_ms
-            scanned += result.count
-            offset = result.next_offset
-        if scanned >= LIST_OFFSETS_SCAN_RECORDS_MAX:
-            return high_watermark, -1
-        return -1, -1
 
     def offset_for_leader_epoch(self, request: Request) -> Any:
         """OffsetForLeaderEpoch (KIP-320), as Kafka's leader answers a consumer: for the term it
@@ -144,7 +126,7 @@ class OffsetsApi:
             allowed = ErrorCode.not_coordinator
         known = self.node.topics()
         codes: dict[tuple[str, int], ErrorCode] = {}
-        to_store: list[tuple[str, int, int, str]] = []
+        to_store: list[tuple[str, int, int, str, int]] = []
         for topic in body.topics:
             for p in topic.partitions:
                 code = allowed
@@ -155,7 +137,13 @@ class OffsetsApi:
                         code = ErrorCode.offset_metadata_too_large
                     else:
                         to_store.append(
-                            (topic.name, p.partition_index, p.committed_offset, p.committed_metadata or "")
+                            (
+                                topic.name,
+                                p.partition_index,
+                                p.committed_offset,
+                                p.committed_metadata or "",
+                                getattr(p, "committed_leader_epoch", NO_EPOCH),  # v6+
+                            )
                         )
                 codes[(topic.name, p.partition_index)] = code
         if to_store:
@@ -163,7 +151,7 @@ class OffsetsApi:
                 await self.groups.commit(body.group_id, to_store)
             except LevelZeroError as exc:
                 log.warning("kafka offset commit for group %s failed: %s: %s", body.group_id, exc.code, exc)
-                for topic_name, partition, _, _ in to_store:
+                for topic_name, partition, *_ in to_store:
                     codes[(topic_name, partition)] = ErrorCode.coordinator_not_available
         topics = tuple(
             make(
@@ -202,10 +190,59 @@ class OffsetsApi:
                         m.OffsetFetchResponsePartition,
                         partition_index=partition,
                         committed_offset=-1 if row is None else row.committed_offset,
-                        committed_leader_epoch=-1,
+                        committed_leader_epoch=-1 if row is None else row.leader_epoch,
                         metadata="" if row is None else row.metadata,
                         error_code=ErrorCode.none,
                     )
                 )
             topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))
         return make(m.OffsetFetchResponse, throttle_time=0, topics=tuple(topics), error_code=ErrorCode.none)
+
+    async def _special_offset(
+        self, api_version: int, topic: str, partition: int, timestamp_ms: int
+    ) -> tuple[ErrorCode, int, int, int]:
+        """(error, offset, timestamp, leader epoch) for Kafka's special timestamps below -2, as
+        a Kafka broker answers them for a topic without tiered storage (levelzero has no split
+        between local and remote logs: every record is served the same way). Below the version
+        that introduced one, Kafka refuses it for the partition: UNSUPPORTED_VERSION."""
+        if api_version < SPECIAL_TIMESTAMP_VERSIONS[timestamp_ms]:
+            return ErrorCode.unsupported_version, -1, -1, -1
+        state = self.node.partition(topic, partition).state
+        if timestamp_ms == LIST_OFFSETS_EARLIEST_LOCAL:  # the local log starts at the start offset
+            return ErrorCode.none, state.start_offset, -1, state.term_at(state.start_offset)
+        if timestamp_ms == LIST_OFFSETS_MAX_TIMESTAMP:
+            offset, timestamp = await self._max_timestamp(topic, partition)
+            return ErrorCode.none, offset, timestamp, state.term_at(offset) if offset >= 0 else -1
+        return ErrorCode.none, -1, -1, -1  # latest tiered, earliest pending upload: nothing tiered
+
+    async def _max_timestamp(self, topic: str, partition: int) -> tuple[int, int]:
+        """The offset and timestamp of the first record carrying the partition's largest
+        timestamp (KIP-734), or (-1, -1) when it holds no record. The records are read from the
+        start offset to the high watermark: the cost grows with the partition."""
+        offset, high_watermark = self.intake.offsets(topic, partition)
+        best_offset, best_timestamp = -1, -1
+        while offset < high_watermark:
+            result = await self.node.fetch(topic, partition, offset, MAX_TIMESTAMP_READ_BYTES)
+            if not result.runs:
+                break
+            for base, records, start, stop in result.runs:
+                for i in range(start, stop):
+                    if records[i].timestamp_ms > best_timestamp:
+                        best_offset, best_timestamp = base + i, records[i].timestamp_ms
+            offset = result.next_offset
+        return best_offset, best_timestamp
+
+
+# Kafka's special ListOffsets timestamps beyond latest (-1) and earliest (-2), each with the
+# request version that introduced it.
+LIST_OFFSETS_MAX_TIMESTAMP = -3  # v7 (KIP-734): the record with the largest timestamp
+LIST_OFFSETS_EARLIEST_LOCAL = -4  # v8 (KIP-405): the local log's start offset
+LIST_OFFSETS_LATEST_TIERED = -5  # v9 (KIP-1005): the last offset in remote storage
+LIST_OFFSETS_EARLIEST_PENDING_UPLOAD = -6  # v11 (KIP-1023): the first offset not yet tiered
+SPECIAL_TIMESTAMP_VERSIONS = {
+    LIST_OFFSETS_MAX_TIMESTAMP: 7,
+    LIST_OFFSETS_EARLIEST_LOCAL: 8,
+    LIST_OFFSETS_LATEST_TIERED: 9,
+    LIST_OFFSETS_EARLIEST_PENDING_UPLOAD: 11,
+}
+MAX_TIMESTAMP_READ_BYTES = 16 * 1024 * 1024  # one read of the max-timestamp scan

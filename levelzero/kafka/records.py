@@ -31,6 +31,7 @@ from typing import NamedTuple, Protocol
 import cramjam
 from crc32c import crc32c
 
+from levelzero.core.txn_marks import TXN_HEADER
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
 
@@ -53,9 +54,8 @@ ATTR_COMPRESSION_MASK = 0x07
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 NO_TIMESTAMP = -1
-# The header a stored record of a Kafka transaction carries last (see kafka.transactions): its
+# The header a stored record of a Kafka transaction carries last (core.txn_marks): its
 # producer id, epoch and kind (-1 data, 0 abort marker, 1 commit marker). NUL: no client sends it.
-TXN_HEADER = "\x00levelzero.txn"
 _TXN_VALUE = struct.Struct(">qhb")
 
 

@@ -30,7 +30,6 @@ UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +55,7 @@ from levelzero.kafka.protocol import (
     parse_prefix,
     parse_request,
 )
+from levelzero.kafka.sasl import MECHANISMS, SaslAuthenticator, SaslState
 
 log = logging.getLogger("levelzero.kafka")
 
@@ -66,6 +66,11 @@ FRAME_CHUNK_BYTES = 64 * 1024
 # The largest frame of a connection that has not authenticated yet (Kafka's SASL server bounds
 # its receive size the same: 512 KiB).
 UNAUTHENTICATED_FRAME_BYTES_MAX = 512 * 1024
+# After a failed authentication the answer goes out at once and the connection is closed this
+# much later (Kafka's connection.failed.authentication.delay.ms, 100 ms by default): a client
+# that reads the answer and the end of the stream in one wake-up may drop the answer
+# (kafka-python 3.0 then sees only "socket disconnected" and never the failure's cause).
+FAILED_AUTHENTICATION_CLOSE_DELAY_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,8 @@ class ListenerSettings:
     frame_bytes_max: int = 100 * 1024 * 1024
     connections_max: int = 1024
     inflight_bytes_max: int = 256 * 1024 * 1024
-    # Non-empty: every connection authenticates first with SASL/PLAIN, this token as password.
+    # Non-empty: every connection authenticates first with SASL (PLAIN or SCRAM-SHA-256/512),
+    # this token as password.
     token: str = ""
     # How long a connection may stay silent between requests (Kafka's connections.max.idle.ms).
     idle_timeout_s: float = 600.0
@@ -104,6 +110,7 @@ class _Slot:
     response: bytes | None = None
     close: bool = False
     close_after_response: bool = False
+    close_delay_s: float = 0.0  # after the response, before closing (close_after_response)
     budget_bytes: int = 0  # taken from both the connection's and the listener's budget
     connection_budget: ByteBudget | None = None
     submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
@@ -111,7 +118,6 @@ class _Slot:
 
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
-SASL_MECHANISM = "PLAIN"
 BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
 
 
@@ -119,7 +125,7 @@ BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AU
 class _Session:
     """One connection's SASL state."""
 
-    mechanism: str | None = None
+    sasl: SaslState = field(default_factory=SaslState)
     authenticated: bool = False
     requests: int = 0  # frames read so far
     client_host: str = ""  # "/address", as Kafka names a member's host
@@ -143,6 +149,7 @@ class KafkaListener:
         self.settings = settings
         self.stats = ListenerStats()
         self.budget = ByteBudget(settings.inflight_bytes_max)
+        self.sasl = SaslAuthenticator(settings.token)
 
     async def serve(
         self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
@@ -305,6 +312,7 @@ class KafkaListener:
                             except _GONE:
                                 break
                         if slot.close_after_response:
+                            await anyio.sleep(slot.close_delay_s)
                             break
                     finally:
                         self._release(slot)
@@ -346,9 +354,7 @@ class KafkaListener:
             return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
         if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
             self.stats.authentications_failed += 1
-            raise BadRequest(
-                f"api key {api_key} before SASL authentication (the listener requires SASL/PLAIN)"
-            )
+            raise BadRequest(f"api key {api_key} before SASL authentication (the listener requires SASL)")
         request = dataclasses.replace(parse_request(frame), client_host=session.client_host)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
             return encode_response(request.correlation_id, self._sasl(request, session, slot))
@@ -358,47 +364,30 @@ class KafkaListener:
         return encode_response(request.correlation_id, response)
 
     def _sasl(self, request: Request, session: _Session, slot: _Slot) -> Any:
-        """SaslHandshake (PLAIN only) and SaslAuthenticate (`\\0user\\0password`; any user, the
-        token as password). A failed authentication is answered, then the connection closed."""
+        """SaslHandshake and SaslAuthenticate (`sasl.py`: PLAIN, SCRAM-SHA-256/512; any user,
+        the token as password). A failed authentication is answered, then the connection closed."""
         m = request.response_module
         body = request.body
         if request.api_key == SASL_HANDSHAKE_KEY:
-            ok = body.mechanism == SASL_MECHANISM
-            if ok:
-                session.mechanism = SASL_MECHANISM
+            ok = self.sasl.handshake(session.sasl, body.mechanism)
             return make(
                 m.SaslHandshakeResponse,
-                mechanisms=(SASL_MECHANISM,),
+                mechanisms=MECHANISMS,
                 error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism,
             )
-        if session.mechanism != SASL_MECHANISM:
+        step = self.sasl.authenticate(session.sasl, bytes(body.auth_bytes))
+        if step.error != ErrorCode.none:
+            if step.error == ErrorCode.sasl_authentication_failed:
+                self.stats.authentications_failed += 1
             slot.close_after_response = True
-            return make(
-                m.SaslAuthenticateResponse,
-                error_code=ErrorCode.illegal_sasl_state,
-                error_message="SaslHandshake with mechanism PLAIN comes first",
-                auth_bytes=b"",
-                session_lifetime=0,
-            )
-        parts = bytes(body.auth_bytes).split(b"\0")
-        password = parts[2] if len(parts) == 3 else b""
-        if self.settings.token and not hmac.compare_digest(password, self.settings.token.encode()):
-            self.stats.authentications_failed += 1
-            log.warning("kafka: SASL/PLAIN authentication failed; closing the connection")
-            slot.close_after_response = True
-            return make(
-                m.SaslAuthenticateResponse,
-                error_code=ErrorCode.sasl_authentication_failed,
-                error_message="invalid credentials (the password is the daemon's token)",
-                auth_bytes=b"",
-                session_lifetime=0,
-            )
-        session.authenticated = True
+            slot.close_delay_s = FAILED_AUTHENTICATION_CLOSE_DELAY_S
+        elif step.done:
+            session.authenticated = True
         return make(
             m.SaslAuthenticateResponse,
-            error_code=ErrorCode.none,
-            error_message=None,
-            auth_bytes=b"",
+            error_code=step.error,
+            error_message=step.message,
+            auth_bytes=step.auth_bytes,
             session_lifetime=0,
         )
 

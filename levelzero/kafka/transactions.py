@@ -45,6 +45,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.intake import ProduceIntake
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
+from levelzero.kafka.epochs import NO_EPOCH
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.protocol import Request, make
@@ -113,10 +114,14 @@ class PartitionTxns:
 
 
 class PartitionIndex:
-    """Each partition's `PartitionTxns`, loaded from the store on first use."""
+    """Each partition's `PartitionTxns`, loaded from the store on first use. An aborted range
+    is forgotten (in memory and in the store) once the partition's log start offset passes its
+    abort marker (retention, DeleteRecords): no fetch can reach it any more. `start_offset`
+    says a partition's log start offset, None where this node does not serve it."""
 
-    def __init__(self, store: TransactionStore) -> None:
+    def __init__(self, store: TransactionStore, start_offset: Callable[[str, int], int | None]) -> None:
         self.store = store
+        self.start_offset = start_offset
         self._partitions: dict[tuple[str, int], PartitionTxns] = {}
 
     def known(self, topic: str, partition: int) -> PartitionTxns | None:
@@ -137,7 +142,21 @@ class PartitionIndex:
             else:
                 txns.open[row.producer_id] = row.first_offset
         self._partitions[(topic, partition)] = txns
+        await self.prune(topic, partition)
         return txns
+
+    async def prune(self, topic: str, partition: int) -> None:
+        """Forget the aborted ranges below the partition's log start offset."""
+        txns = self._partitions.get((topic, partition))
+        start = self.start_offset(topic, partition)
+        if txns is None or start is None or not any(last < start for _, _, last in txns.aborted):
+            return
+        await self.store.prune_txn_ranges(topic, partition, start)
+        txns.aborted = [a for a in txns.aborted if a[2] >= start]
+
+    async def prune_all(self) -> None:
+        for topic, partition in list(self._partitions):
+            await self.prune(topic, partition)
 
     async def open_range(self, topic: str, partition: int, producer_id: int, at: int) -> None:
         """Durable before the transaction's first record set there is submitted."""
@@ -178,8 +197,9 @@ class TxnState:
     timeout_ms: int
     started_at: float = 0.0
     partitions: list[tuple[str, int]] = field(default_factory=list)
-    # group id -> [(topic, partition, offset, metadata)] committed with the transaction
-    groups: dict[str, list[tuple[str, int, int, str]]] = field(default_factory=dict)
+    # group id -> [(topic, partition, offset, metadata, leader epoch)] committed with the
+    # transaction
+    groups: dict[str, list[tuple[str, int, int, str, int]]] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def row(self, now: float) -> TransactionRow:
@@ -208,8 +228,15 @@ class TxnState:
             row.timeout_ms,
             row.started_at,
             [(t, p) for t, p in json.loads(row.partitions)],
-            {g: [(t, p, o, m) for t, p, o, m in offsets] for g, offsets in groups.items()},
+            {g: [_pending_offset(entry) for entry in offsets] for g, offsets in groups.items()},
         )
+
+
+def _pending_offset(entry: list[Any]) -> tuple[str, int, int, str, int]:
+    """An offset a transaction holds, as stored: entries stored before the leader epoch was
+    kept have four fields."""
+    topic, partition, offset, metadata, *epoch = entry
+    return topic, partition, offset, metadata, epoch[0] if epoch else NO_EPOCH
 
 
 class TransactionCoordinator:
@@ -230,21 +257,28 @@ class TransactionCoordinator:
         self.store: TransactionStore = (
             store if isinstance(store, TransactionStore) else MemoryTransactionStore()
         )
-        self.index = PartitionIndex(self.store)
+        self.index = PartitionIndex(self.store, self._start_offset)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
         self._loaded = False
         self._load_lock = anyio.Lock()
 
     async def run(self) -> None:
-        """Aborts expired transactions (and completes those a restart left prepared); runs
-        until cancelled."""
+        """Aborts expired transactions (and completes those a restart left prepared), and
+        forgets aborted ranges below partitions' log start offsets; runs until cancelled."""
         while True:
             try:
                 await self.expire()
+                await self.index.prune_all()
             except LevelZeroError as exc:
                 log.warning("transaction coordinator: expiry pass failed: %s", exc)
             await anyio.sleep(EXPIRY_CHECK_S)
+
+    def _start_offset(self, topic: str, partition: int) -> int | None:
+        try:
+            return self.intake.node.partition(topic, partition).state.start_offset
+        except LevelZeroError:
+            return None  # not served here (led elsewhere, deleted): its leader prunes
 
     async def _load(self) -> None:
         if self._loaded:
@@ -475,7 +509,7 @@ class TransactionCoordinator:
                     if txn.state != ONGOING or body.group_id not in txn.groups:
                         code = ErrorCode.invalid_txn_state
                     else:
-                        pending = {(t, p): (t, p, o, mm) for t, p, o, mm in txn.groups[body.group_id]}
+                        pending = {(e[0], e[1]): e for e in txn.groups[body.group_id]}
                         for topic in body.topics:
                             for p in topic.partitions:
                                 pending[(topic.name, p.partition_index)] = (
@@ -483,6 +517,7 @@ class TransactionCoordinator:
                                     p.partition_index,
                                     p.committed_offset,
                                     p.committed_metadata or "",
+                                    getattr(p, "committed_leader_epoch", NO_EPOCH),  # v2+
                                 )
                         txn.groups[body.group_id] = sorted(pending.values())
                         await self._put(txn)

@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 
 from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.intake import ProduceIntake
@@ -338,6 +339,8 @@ class World:
                 throttle_backoff_s=0.1,
                 sweep_interval_s=cfg.gc_sweep_interval_s,
             ),
+            # The workload has no compacted topic: no compactor task to change the schedule.
+            compactor=CompactorConfig(enabled=False),
         )
 
     # ------------------------------------------------------------------ the run

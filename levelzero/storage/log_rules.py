@@ -3,12 +3,13 @@ database, with the same messages: one rule, whichever backend holds the log."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from levelzero.core.compaction import cleaner_map_refusal
 from levelzero.core.entries import ENTRY_KINDS, LogRecord, Placeholder, encode_entry
 from levelzero.core.errors import InvalidInput, InvariantViolation
-from levelzero.storage.protocols import L1State
+from levelzero.storage.protocols import CompactionCommit, L1State
 
 TOPIC_PARTITIONS_MAX = 10_000
 
@@ -85,3 +86,29 @@ def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
 
 
 _PLACEHOLDER = ENTRY_KINDS[Placeholder]
+
+
+def compaction_commit_refusal(
+    commit: CompactionCommit,
+    current_term: int | None,
+    accepted: Mapping[int, int],
+    rows: Mapping[str, tuple[int, str]],
+) -> str | None:
+    """Why a store refuses `commit` (None: it applies), one rule for every backend: the
+    partition is live, the cleaner-offset map lies within the term lineage, each new object is
+    the partition's and COPY_STARTED, each superseded one the partition's and COPY_FINISHED.
+    `rows` maps the keys the commit names to their (pid, state)."""
+    if current_term is None:
+        return f"partition {commit.pid} is deleted"
+    lineage = cleaner_map_refusal(accepted, current_term, commit.writer_term, commit.cleaner_offsets)
+    if lineage is not None:
+        return lineage
+    if not commit.new_keys or set(commit.new_keys) & set(commit.superseded_keys):
+        return "a result names no new object, or one both new and superseded"
+    for key, wanted in [(k, L1State.COPY_STARTED) for k in commit.new_keys] + [
+        (k, L1State.COPY_FINISHED) for k in commit.superseded_keys
+    ]:
+        found = rows.get(key)
+        if found != (commit.pid, wanted):
+            return f"L1 object {key} is {found}, not ({commit.pid}, {wanted})"
+    return None

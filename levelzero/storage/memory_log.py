@@ -25,8 +25,11 @@ from levelzero.core.errors import (
     TopicExists,
     UnknownTopic,
 )
+from levelzero.storage.log_rules import compaction_commit_refusal
 from levelzero.storage.protocols import (
     Append,
+    CompactionCommit,
+    CompactionState,
     L1State,
     FenceEventRow,
     GcRoundRow,
@@ -47,6 +50,8 @@ class MemoryLogStore:
         self.snapshots: dict[int, Snapshot] = {}
         self.cluster_epoch = 1
         self.l1: dict[str, L1Row] = {}
+        self.cleaner_offsets: dict[int, dict[int, int]] = {}
+        self.l1_compacted: dict[str, int] = {}  # key -> pid
         self.l0_objects: dict[str, L0ObjectRow] = {}
         self.gc_rounds: list[GcRoundRow] = []
         self.fence_events: list[FenceEventRow] = []
@@ -133,6 +138,8 @@ class MemoryLogStore:
             return False
         for key in rows:
             del self.l1[key]
+            self.l1_compacted.pop(key, None)
+        self.cleaner_offsets.pop(pid, None)
         self.collected.add(pid)
         return True
 
@@ -300,6 +307,32 @@ class MemoryLogStore:
         return sorted(rows, key=lambda r: (r.pid, r.base_offset, r.key))
 
     # -- events
+    async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+        await anyio.lowlevel.checkpoint()
+        live = self.partitions.get(commit.pid) if commit.pid not in self.deleted else None
+        accepted = self.cleaner_offsets.get(commit.pid, {})
+        rows = {
+            key: (self.l1[key].pid, self.l1[key].state)
+            for key in (*commit.new_keys, *commit.superseded_keys)
+            if key in self.l1
+        }
+        refusal = compaction_commit_refusal(commit, None if live is None else live.term, accepted, rows)
+        if refusal is not None:
+            return refusal
+        self.cleaner_offsets[commit.pid] = dict(commit.cleaner_offsets)
+        for key in commit.new_keys:
+            self.l1[key] = msgspec.structs.replace(self.l1[key], state=L1State.COPY_FINISHED, updated_at=now)
+            self.l1_compacted[key] = commit.pid
+        for key in commit.superseded_keys:
+            self.l1[key] = msgspec.structs.replace(self.l1[key], state=L1State.DELETE_STARTED, updated_at=now)
+        return None
+
+    async def l1_compaction_state(self, pid: int) -> CompactionState:
+        # No checkpoint: every L1 lineage read asks this after l1_list, and a scheduling point
+        # more would change every seeded simulation's schedule for topics that never compact.
+        keys = frozenset(k for k, p in self.l1_compacted.items() if p == pid)
+        return CompactionState(dict(self.cleaner_offsets.get(pid, {})), keys)
+
     async def record_l0_object(self, row: L0ObjectRow) -> None:
         self.l0_objects[row.key] = row
 

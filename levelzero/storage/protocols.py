@@ -129,6 +129,29 @@ class L1Row(msgspec.Struct, frozen=True):
     state: str
     created_at: float
     updated_at: float
+    # The largest record timestamp in the object (-1: no record has one): ListOffsets by time
+    # reads only the object that holds its answer. None: a row written before the column
+    # existed (SQLite schema 8, PostgreSQL migration 11), or recovered from the bucket without
+    # reading the object; a lookup reads that object to find out (`core/time_lookup.py`).
+    max_timestamp_ms: int | None = None
+
+
+class CompactionCommit(msgspec.Struct, frozen=True):
+    """A compaction result: the new L1 objects (recorded COPY_STARTED, uploaded) that replace
+    the superseded ones (COPY_FINISHED), and the cleaner-offset map its writer claims."""
+
+    pid: int
+    writer_term: int
+    cleaner_offsets: dict[int, int]
+    new_keys: tuple[str, ...]
+    superseded_keys: tuple[str, ...]
+
+
+class CompactionState(msgspec.Struct, frozen=True):
+    """A partition's accepted cleaner-offset map and the L1 objects compaction wrote."""
+
+    cleaner_offsets: dict[int, int]
+    compacted_keys: frozenset[str]
 
 
 class L0ObjectRow(msgspec.Struct, frozen=True):
@@ -193,6 +216,9 @@ class OffsetRow(msgspec.Struct, frozen=True):
     committed_offset: int
     metadata: str
     committed_at: float
+    # The leader epoch of the record the offset follows, as the consumer committed it (KIP-320;
+    # -1: not given, or committed before the column existed).
+    leader_epoch: int = -1
 
 
 @runtime_checkable
@@ -324,6 +350,11 @@ class TransactionStore(Protocol):
         """The partition's open and aborted ranges, by first offset."""
         ...
 
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        """Forget the partition's aborted ranges that end below `below` (its log start offset:
+        no fetch reaches them any more)."""
+        ...
+
 
 class MemoryTransactionStore:
     """`TransactionStore` in memory (the memory log store's, and a store without the role)."""
@@ -353,6 +384,11 @@ class MemoryTransactionStore:
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         rows = [r for (t, p, _, _), r in self._ranges.items() if (t, p) == (topic, partition)]
         return sorted(rows, key=lambda r: (r.first_offset, r.producer_id))
+
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        for key, row in list(self._ranges.items()):
+            if (row.topic, row.partition) == (topic, partition) and row.aborted and row.last_offset < below:
+                del self._ranges[key]
 
 
 @runtime_checkable
@@ -455,6 +491,17 @@ class L1Metastore(Protocol):
         ...
 
     async def l1_list(self, pid: int | None = None, states: Sequence[str] | None = None) -> list[L1Row]: ...
+
+    async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+        """Accept a compaction result in one transaction, or say why not (None: accepted).
+        Accepted only if its cleaner-offset map lies within the term lineage
+        (`core.compaction.cleaner_map_refusal` against the partition's current term and
+        accepted map), its new objects are all COPY_STARTED and the superseded ones all
+        COPY_FINISHED; then the map is the accepted one, the new objects go COPY_FINISHED and
+        the superseded ones DELETE_STARTED together: a reader sees either set, never half."""
+        ...
+
+    async def l1_compaction_state(self, pid: int) -> CompactionState: ...
 
 
 @runtime_checkable

@@ -13,6 +13,7 @@ def placeholder(
     object_key: str | None = None,
     byte_length: int | None = None,
     checksum: int = 0,
+    max_timestamp_ms: int | None = None,
 ) -> Placeholder:
     """A placeholder of `records` records in an object of `epoch` (its key made from the epoch
     unless given; 10 bytes a record unless `byte_length` says otherwise)."""
@@ -24,4 +25,5 @@ def placeholder(
         byte_length=10 * records if byte_length is None else byte_length,
         record_count=records,
         checksum=checksum,
+        max_timestamp_ms=max_timestamp_ms,
     )

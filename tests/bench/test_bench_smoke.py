@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import anyio
 import pytest
 
 from levelzero.bench import ITEM_NAMES, main
@@ -15,6 +16,7 @@ from levelzero.cli import commands
 from levelzero.cli import main as cli
 from levelzero.bench.common import Target, figure
 from levelzero.bench.cli import _with_spread_cell
+from levelzero.bench.fence import DroppingLogStore, fenced_writes
 
 FIGURE_KEYS = {
     "judged_ratio",
@@ -87,7 +89,7 @@ def test_quick_fence_and_stall_write_results_with_positive_figures(
     assert "| fence |" in text and "| stall |" in text
 
     printed = capsys.readouterr().out
-    assert "fences/s vs bare actor round trips/s" in printed
+    assert "fenced writes/s vs the same writes unfenced" in printed
     assert f"wrote {results_path}" in printed
 
 
@@ -96,7 +98,8 @@ def test_unknown_item_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> No
         main(["--only", "nonsense"])
     assert exited.value.code == 2
     assert "unknown item nonsense" in capsys.readouterr().err
-    assert "fence" in ITEM_NAMES and "cluster" in ITEM_NAMES and len(ITEM_NAMES) == 15
+    assert "fence" in ITEM_NAMES and "compaction" in ITEM_NAMES and "txn" in ITEM_NAMES
+    assert len(ITEM_NAMES) == 18
 
 
 def test_markdown_section_is_replaced_not_appended(tmp_path: Path) -> None:
@@ -218,7 +221,7 @@ def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency
 def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Path) -> None:
     results_path = tmp_path / "analysis.json"
     assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
-    per_table, records = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    per_table, records, streamed = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
     assert per_table["target"] == {"bound": 1.2, "higher_is_better": False}
     # The records, read through the data source and from their Parquet export (both counted and
     # summed inside the item): MB/s for each, information only.
@@ -227,6 +230,10 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     assert records["verdict"] in ("pass", "miss")
     assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
     assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
+    # The same records streamed (four micro-batches, each run checks it read them all) against
+    # one batch read of them: records/s.
+    assert (streamed["unit"], streamed["notes"]["max_records_per_trigger"]) == ("records/s", 2_000)
+    assert streamed["sut"] > 0 and streamed["floor"] > 0 and streamed["ratio"] > 0
     assert per_table["sut"] > 0 and per_table["floor"] > 0
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
@@ -338,3 +345,51 @@ def test_a_rerun_of_an_item_replaces_all_its_rows_even_renamed_ones(tmp_path: Pa
         line.split("|")[2].strip() for line in markdown.read_text().splitlines() if line.startswith("| scale")
     ]
     assert rows == ["a", "b at 1,024", "c", "d"]
+
+
+def test_quick_compaction_item_reports_the_pass_against_its_floor_and_the_space_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "compaction", "--results", str(results_path)]) == 0
+    (fig,) = json.loads(results_path.read_text())["items"]["compaction"]["figures"]
+    assert fig["sut"] > 0 and fig["floor"] > 0
+    # 1% distinct keys: the compacted object holds about 1% of the records' bytes.
+    assert 0 < fig["notes"]["space_after_over_before"] < 0.05
+    assert "compaction of 20000 records" in capsys.readouterr().out
+
+
+def test_quick_lookup_item_measures_lookups_beside_one_get(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    code = main(["--quick", "--only", "lookup", "--results", str(results_path), "--loop", "asyncio"])
+    assert code == 0
+    (lookup,) = json.loads(results_path.read_text(encoding="utf-8"))["items"]["lookup"]["figures"]
+    assert (lookup["sut_label"], lookup["floor_label"]) == ("lookup", "one GET")
+    assert lookup["sut"] > 0 and lookup["floor"] > 0 and lookup["target"]["bound"] == 1.5
+
+
+def test_quick_txn_times_transactions_against_idempotent_produce(tmp_path: Path) -> None:
+    results_path = tmp_path / "results.json"
+    assert main(["--quick", "--only", "txn", "--rounds", "1", "--out", str(results_path)]) == 0
+    (row,) = json.loads(results_path.read_text())["items"]["txn"]["figures"]
+    assert row["target"] == {"bound": 0.7, "higher_is_better": True}
+    assert row["sut"] > 0 and row["floor"] > 0
+    assert row["notes"]["records_per_transaction"] == 100
+
+
+@pytest.mark.parametrize("fenced", [True, False])
+def test_fence_floor_does_the_same_writes_without_the_fence(fenced: bool) -> None:
+    """The fence item's floor appends and applies what the fenced writes do; only the fence
+    decisions (and their events) are missing from it."""
+    store = DroppingLogStore()
+    rate = anyio.run(lambda: fenced_writes(4, 8, 0.05, fenced=fenced, store=store))
+
+    assert rate > 0
+    assert store.records_seen > 4  # the one write per actor before the loop, and the loop's
+    for pid in range(1, 5):
+        (last,) = store.logs[pid]  # the log keeps its last record: offsets were checked
+        assert last.entry.epoch == 3
+    if fenced:
+        assert store.fence_events_seen > 0
+    else:
+        assert store.fence_events_seen == 0

@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, postgres_control, s3_environ
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from levelzero.cli.cluster_demo import read_partition
 
 pytestmark = pytest.mark.s3

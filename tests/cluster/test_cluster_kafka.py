@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from test_cluster_daemons import start_nodes
 
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.kafka.metadata import broker_id
 
 from daemon_support import DaemonProcess, free_port

@@ -15,7 +15,7 @@ import httpx
 
 from daemon_support import BlackholeProxy, daemon_config, free_port, postgres_overrides
 from levelzero.core.cluster import LeaseClock
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.cli.cluster_demo import read_partition
 from levelzero.daemon.service import Daemon, running_daemon
 

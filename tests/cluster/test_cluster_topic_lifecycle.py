@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from daemon_support import DaemonProcess
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from test_cluster_daemons import QUIESCE_S, WAIT_S, no_l0_left, produce_until_acknowledged, start_nodes
 from test_cluster_kafka import with_kafka
 
@@ -112,7 +112,10 @@ async def test_a_topic_deleted_in_a_cluster_leaves_nothing_behind_and_comes_back
                         if caught.value.code == "unknown_topic":
                             break
                         # a leader that has not heard yet: the store refuses its append
-                        assert caught.value.code == "not_leader", caught.value
+                        # (not_leader); one that has heard and is stopping the partition
+                        # answers shutting_down (503, retriable) until it is gone (a busy
+                        # machine makes that stop long enough to be met)
+                        assert caught.value.code in ("not_leader", "shutting_down"), caught.value
                         await anyio.sleep(0.1)
         await leaders_known(nodes, 1)
 

@@ -51,8 +51,6 @@ def test_enforced_and_stored_configs_are_taken_and_normalised() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
-        ("cleanup.policy", "compact", "cleanup.policy=compact is not supported"),
-        ("cleanup.policy", "delete,compact", "cleanup.policy=compact is not supported"),
         ("cleanup.policy", "shred", "String must be one of: compact, delete"),
         ("retention.ms", "-2", "Value must be at least -1"),
         ("retention.ms", "soon", "Not a number of type LONG"),
@@ -72,8 +70,25 @@ def test_unknown_malformed_or_unenforced_configs_are_refused(
 
 
 def test_compaction_is_one_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tc, "COMPACTION_ENABLED", True)
     assert check_configs([("cleanup.policy", "compact")], BROKER) == {"cleanup.policy": "compact"}
+    monkeypatch.setattr(tc, "COMPACTION_ENABLED", False)
+    with pytest.raises(InvalidConfig, match="cleanup.policy=compact is not supported"):
+        check_configs([("cleanup.policy", "delete,compact")], BROKER)
+
+
+def test_a_compacted_topics_policy_carries_its_compaction_settings() -> None:
+    node = BrokerConfigs(broker_id=0, retention_ms=5000, retention_bytes=-1, message_max_bytes=4096)
+    stored = {
+        "cleanup.policy": "compact",
+        "min.compaction.lag.ms": "7",
+        "delete.retention.ms": "9",
+        "min.cleanable.dirty.ratio": "0.25",
+        "max.compaction.lag.ms": "11",
+    }
+    policy = topic_policy(stored, node)
+    assert policy == TopicPolicy(None, None, 4096, True, 7, 9, 0.25, 11)
+    assert not topic_policy({}, node).compacted
+    assert topic_policy({"cleanup.policy": "compact"}, node).max_compaction_lag_ms is None  # Long.MAX
 
 
 def test_incremental_ops_set_delete_append_and_subtract() -> None:
@@ -93,9 +108,10 @@ def test_incremental_ops_set_delete_append_and_subtract() -> None:
         InvalidConfig, match="Config value append is not allowed for config key: retention.ms"
     ):
         altered({}, [(AlterOp.APPEND, "retention.ms", "5")], BROKER)
-    # APPEND works on the default when unset: delete + compact, refused until compaction exists
-    with pytest.raises(InvalidConfig, match="compact is not supported"):
-        altered({}, [(AlterOp.APPEND, "cleanup.policy", "compact")], BROKER)
+    # APPEND works on the default when unset: delete + compact
+    assert altered({}, [(AlterOp.APPEND, "cleanup.policy", "compact")], BROKER) == {
+        "cleanup.policy": "delete,compact"
+    }
 
 
 def test_a_topics_policy_falls_back_to_the_node_and_delete_policy_alone_retains() -> None:

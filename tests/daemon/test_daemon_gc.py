@@ -21,7 +21,7 @@ from daemon_support import TOKEN, DaemonProcess, daemon_and_client
 
 from levelzero.core.keys import L0_ROOT
 from levelzero.cli import main as cli
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.cli.demo import count_l0_objects
 
 WAIT_S = 15.0

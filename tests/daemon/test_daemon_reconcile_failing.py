@@ -13,7 +13,7 @@ import pytest
 
 from levelzero.cli import commands, formats
 from levelzero.cli import main as cli
-from levelzero.cli.client import ApiError
+from levelzero.client import ApiError
 from levelzero.core.reconcile_health import RECONCILE_FAILURES_BEFORE_FAILING
 from levelzero.storage.protocols import L1Row, L1State
 from levelzero.storage.sqlite import SqliteLogStore

@@ -25,7 +25,7 @@ from daemon_support import daemon_and_client, postgres_control, postgres_overrid
 
 from levelzero.core.keys import L0_ROOT
 from levelzero.cli.main import main
-from levelzero.cli.client import Client
+from levelzero.client import Client
 
 pytestmark = pytest.mark.s3
 

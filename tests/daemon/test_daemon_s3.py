@@ -12,7 +12,7 @@ from daemon_support import s3_environ
 
 from levelzero.core.errors import StorageError
 from levelzero.cli.commands import leaf_errors
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from levelzero.config import load_config
 from levelzero.daemon.service import running_daemon
 from levelzero.daemon.storage_health import STORAGE_FAILURES_TO_UNHEALTHY

@@ -15,7 +15,7 @@ import pytest
 from daemon_support import daemon_config
 
 from levelzero.core.errors import ObjectNotFound, StorageError
-from levelzero.cli.client import ApiError, Client
+from levelzero.client import ApiError, Client
 from levelzero.daemon.observed import ObservedObjectStore, StoreMetrics
 from levelzero.daemon.service import Daemon
 from levelzero.daemon.storage_health import (

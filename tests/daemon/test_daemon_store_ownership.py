@@ -10,7 +10,7 @@ import pytest
 from daemon_support import daemon_config
 from levelzero.core.errors import InvalidInput
 from levelzero.cli.commands import leaf_errors
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.config import ConfigError, load_config
 from levelzero.daemon.ownership import (
     MARKER_KEY,

@@ -15,15 +15,16 @@ import pyarrow.parquet as pq
 import pytest
 from daemon_support import daemon_and_client, postgres_control, postgres_overrides
 
-from levelzero.cli.client import Client
+from levelzero.client import Client
 from levelzero.export.cli import export_main
 from levelzero.export.errors import ExportError
+from levelzero.export.spark_datasource import register
 from levelzero.export.spark_source import (
     ObjectRange,
     Selection,
     plan,
     read_batch,
-    register,
+    read_range,
     store_config,
     tasks,
 )
@@ -529,3 +530,31 @@ def test_a_batch_carries_timestamps_headers_and_null_keys_column_by_column(tmp_p
     )
     assert first.to_pylist()[0]["headers"] == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
     assert first.to_pylist()[0]["timestamp"] == utc(1_700_000_000_123)
+
+
+def test_a_compacted_partition_is_planned_and_read_with_its_gaps(tmp_path: Path) -> None:
+    """After compaction the data source plans the compacted object (valid because its result
+    was accepted) and reads each kept record at its own offset, row by row and as a batch."""
+    from levelzero.core.l0format import Record
+
+    async def scenario() -> None:
+        async with daemon_and_client(
+            tmp_path, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
+        ) as (daemon, _):
+            node = daemon.node
+            await node.create_topic(
+                "c", 1, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+            )
+            for key, value in [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"b", None), (b"c", b"1")]:
+                await node.produce("c", 0, [Record(key, value)])
+            await node.reconciler.run_round()
+            assert await node.compactor.run_round() == 1
+
+    anyio.run(scenario)
+    (r,) = plan(str(tmp_path), "c")
+    assert (r.tier, r.first, r.last) == ("l1", 0, 4)
+    rows = [(offset, key, value) for _, _, offset, _, key, value, _ in read_range(str(tmp_path), r)]
+    assert rows == [(2, b"a", b"2"), (3, b"b", None), (4, b"c", b"1")]
+    batch = read_batch(str(tmp_path), r)
+    assert batch.column("offset").to_pylist() == [2, 3, 4]
+    assert batch.column("value").to_pylist() == [b"2", None, b"1"]

@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 
-from levelzero.cli.client import ApiError
+from levelzero.client import ApiError
 from levelzero.cli.demo import UploadGate
 
 from daemon_support import TOKEN, assert_error, daemon_and_client, raw
@@ -461,3 +461,34 @@ async def test_deleting_a_topic_over_http(tmp_path: Path) -> None:
         await client.create_topic("t", 1)  # made again: it starts empty
         assert (await client.fetch("t", 0, 0)).records == []
         assert (await client.fetch("t", 0, 0)).high_watermark == 0
+
+
+async def test_a_produce_with_an_idempotency_key_is_stored_once_across_a_restart(tmp_path: Path) -> None:
+    """A repeat of a keyed produce (a client's retry, a Spark task's retry) answers the first
+    one's offsets and stores nothing, also after the daemon restarted; another key, another
+    partition or no key store again."""
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 2)
+        await client.produce("t", 0, [b"before"])
+        first = await client.produce("t", 0, [b"a", b"b", b"c"], idempotency_key="job-1/task-3/0")
+        assert (first.base_offset, first.last_offset, first.duplicate) == (1, 3, False)
+        again = await client.produce("t", 0, [b"a", b"b", b"c"], idempotency_key="job-1/task-3/0")
+        assert (again.base_offset, again.last_offset, again.duplicate) == (1, 3, True)
+        other = await client.produce("t", 0, [b"d"], idempotency_key="job-1/task-3/1")
+        assert (other.base_offset, other.duplicate) == (4, False)
+        elsewhere = await client.produce("t", 1, [b"a"], idempotency_key="job-1/task-3/0")
+        assert (elsewhere.base_offset, elsewhere.duplicate) == (0, False)
+        plain = await client.produce("t", 0, [b"a"])
+        assert (plain.base_offset, plain.duplicate) == (5, False)
+        unkeyed = {"records": [{"value": b64(b"x")}], "idempotency_key": ""}
+        assert_error(
+            await raw(client, "POST", RECORDS, json=unkeyed),
+            400,
+            "malformed_request",
+            "idempotency_key",
+        )
+    async with daemon_and_client(tmp_path) as (_, client):
+        repeat = await client.produce("t", 0, [b"a", b"b", b"c"], idempotency_key="job-1/task-3/0")
+        assert (repeat.base_offset, repeat.last_offset, repeat.duplicate) == (1, 3, True)
+        fetched = await client.fetch("t", 0, 0)
+        assert [r.value for r in fetched.records] == [b"before", b"a", b"b", b"c", b"d", b"a"]

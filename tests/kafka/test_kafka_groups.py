@@ -213,8 +213,9 @@ async def test_members_generations_and_session_expiry() -> None:
     assert coordinator.heartbeat("g", me, 1) == ErrorCode.unknown_member_id
     assert coordinator.groups["g"].state == "empty"
     assert coordinator.leave("g", [me]) == {me: ErrorCode.unknown_member_id}
-    await coordinator.commit("g", [("t", 0, 5, "m")])
+    await coordinator.commit("g", [("t", 0, 5, "m", 2)])
     assert (await coordinator.committed("g"))[("t", 0)].committed_offset == 5
+    assert (await coordinator.committed("g"))[("t", 0)].leader_epoch == 2
 
 
 async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:

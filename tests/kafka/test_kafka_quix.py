@@ -1,9 +1,8 @@
-"""A Quix Streams application (stateful, processing_guarantee="at-least-once", its topics
-created by the library through CreateTopics) against a levelzero listener: a running sum per
-key, checked against the arithmetic. Quix keeps its state in changelog topics created with
-cleanup.policy=compact, which levelzero refuses until it compacts; the application runs with
-use_changelog_topics=False, and a second test pins down exactly what the changelog variant
-meets today.
+"""Quix Streams applications (stateful, their topics created by the library through
+CreateTopics) against a levelzero listener: a running sum per key, checked against the
+arithmetic.
+- at-least-once with local state only, and with Quix's default changelog topics (its state
+  store's changelog is created with cleanup.policy=compact: a compacted topic);
 
 The application runs as a subprocess (Quix sets signal handlers, which only the main thread
 may) on the Python of its own virtual environment, `.venv-apps`, which `make test` builds from
@@ -98,22 +97,28 @@ async def test_quix_stateful_at_least_once_app_sums_each_key(tmp_path: Path) -> 
         topics = await client.list_topics()
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    expected = []
-    totals = dict.fromkeys(range(KEYS), 0)
-    for i in range(RECORDS):
-        totals[i % KEYS] += i
-        expected.append([f"k{i % KEYS}", totals[i % KEYS]])
-    assert seen["sums"] == expected  # one partition: in order, each running sum exact
+    assert seen["sums"] == expected_sums(RECORDS)  # one partition: in order, each running sum exact
     assert seen["committed"] == RECORDS  # at-least-once: the group's offset follows what was processed
     assert {"numbers", "sums"} <= {t.name for t in topics}  # made by the library
 
 
-async def test_quix_changelog_topics_are_refused_until_compaction(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path / "d", kafka__listen="127.0.0.1:0") as (daemon, _client):
+async def test_quix_changelog_topics_are_compacted_topics_and_the_sums_are_exact(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path / "d", kafka__listen="127.0.0.1:0") as (daemon, client):
         assert daemon.kafka_port is not None
         done = await anyio.to_thread.run_sync(run_app, daemon.kafka_port, "changelog", tmp_path / "state")
-    assert done.returncode != 0
-    # the changelog topic Quix makes for the state store, refused by CreateTopics (INVALID_CONFIG)
-    assert "CreateTopicFailure" in done.stderr
-    assert "changelog__summing--numbers--default" in done.stderr
-    assert "cleanup.policy=compact is not supported" in done.stderr
+        changelog = "changelog__summing--numbers--default"
+        configs = {c.name: c.value for c in (await client.topic_configs(changelog)).configs}
+    assert done.returncode == 0, done.stderr[-4000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["sums"] == expected_sums(RECORDS)
+    assert seen["committed"] == RECORDS
+    assert configs["cleanup.policy"] == "compact"  # the state store's changelog, made by Quix
+
+
+def expected_sums(records: int) -> list[list[object]]:
+    expected: list[list[object]] = []
+    totals = dict.fromkeys(range(KEYS), 0)
+    for i in range(records):
+        totals[i % KEYS] += i
+        expected.append([f"k{i % KEYS}", totals[i % KEYS]])
+    return expected

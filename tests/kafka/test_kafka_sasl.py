@@ -1,5 +1,6 @@
-"""SASL/PLAIN on the Kafka listener whenever the daemon has a token: real clients authenticate
-with the token as password; a wrong password or no SASL at all gets nowhere."""
+"""SASL/PLAIN on the Kafka listener whenever the daemon has a token (SCRAM: test_kafka_scram.py):
+real clients authenticate with the token as password; a wrong password or no SASL at all gets
+nowhere."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from daemon_support import TOKEN, daemon_and_client
 from test_kafka_listener import Wire
 
 
-def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
+def sasl_round_trip(port: int, password: str, mechanism: str = "PLAIN") -> list[tuple[int, bytes]]:
     common = {
         "bootstrap.servers": f"127.0.0.1:{port}",
         "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanisms": "PLAIN",
+        "sasl.mechanisms": mechanism,
         "sasl.username": "app",
         "sasl.password": password,
     }
@@ -46,13 +47,13 @@ def sasl_round_trip(port: int, password: str) -> list[tuple[int, bytes]]:
     return got
 
 
-def wrong_password_fails(port: int) -> str:
+def wrong_password_fails(port: int, mechanism: str = "PLAIN") -> str:
     errors: list[str] = []
     admin = AdminClient(
         {
             "bootstrap.servers": f"127.0.0.1:{port}",
             "security.protocol": "SASL_PLAINTEXT",
-            "sasl.mechanisms": "PLAIN",
+            "sasl.mechanisms": mechanism,
             "sasl.username": "app",
             "sasl.password": "wrong-password",
             "error_cb": lambda err: errors.append(str(err)),
@@ -119,9 +120,9 @@ async def test_requests_before_authentication_close_the_connection(tmp_path: Pat
             await wire.aclose()
         wire = await Wire.connect(daemon.kafka_port)
         try:
-            handshake = await wire.request(17, 1, mechanism="SCRAM-SHA-256")
+            handshake = await wire.request(17, 1, mechanism="GSSAPI")
             assert handshake.error_code == ErrorCode.unsupported_sasl_mechanism
-            assert handshake.mechanisms == ("PLAIN",)
+            assert handshake.mechanisms == ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
             assert (await wire.request(17, 1, mechanism="PLAIN")).error_code == ErrorCode.none
             refused = await wire.request(36, 2, auth_bytes=b"\0app\0not-the-token")
             assert refused.error_code == ErrorCode.sasl_authentication_failed

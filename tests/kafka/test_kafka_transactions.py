@@ -31,8 +31,8 @@ def producer(port: int, tid: str):
     )
 
 
-def consume(port: int, isolation: str, count_max: int) -> list[bytes]:
-    """Values of partition 0 from offset 0, as a consumer of `isolation` reads them (until
+def consume(port: int, isolation: str, count_max: int, start: int = 0) -> list[bytes]:
+    """Values of partition 0 from offset `start`, as a consumer of `isolation` reads them (until
     `count_max` records or a few empty polls)."""
     from confluent_kafka import Consumer, TopicPartition
 
@@ -47,7 +47,7 @@ def consume(port: int, isolation: str, count_max: int) -> list[bytes]:
     got: list[bytes] = []
     empty = 0
     try:
-        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        consumer.assign([TopicPartition(TOPIC, 0, start)])
         for _ in range(POLLS_MAX):
             message = consumer.poll(0.5)
             if message is None:
@@ -192,3 +192,111 @@ async def test_aiokafka_transactions(tmp_path: Path) -> None:
             assert got == [b"kept", b"kept-too"]
         finally:
             await consumer.stop()
+
+
+def transactions_with_headers(port: int) -> None:
+    p = producer(port, "tx-h")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"kept", partition=0, headers=[("h", b"1")])
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"dropped", partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+
+
+async def test_http_and_export_readers_never_see_markers_or_the_reserved_header(tmp_path: Path) -> None:
+    """As Kafka delivers no control record to a consumer: HTTP GET records, the Spark data
+    source's reads and `export --records` leave the commit and abort markers out (their offsets
+    are gaps) and give a transaction's records with the headers the client wrote. Like a Kafka
+    consumer's default (read_uncommitted) they include the aborted record. A client cannot
+    produce the reserved header over HTTP."""
+    import pyarrow.parquet as pq
+
+    from levelzero.core.txn_marks import TXN_HEADER
+    from levelzero.export.records import export_records
+    from levelzero.export.spark_source import plan, read_range
+
+    from daemon_support import assert_error, raw
+
+    path = f"/v1/topics/{TOPIC}/partitions/0/records"
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        await client.produce(TOPIC, 0, [b"plain"])  # offset 0
+        await anyio.to_thread.run_sync(transactions_with_headers, daemon.kafka_port)
+        await client.produce(TOPIC, 0, [b"after"])
+        body = (await raw(client, "GET", path, params={"offset": 0})).json()
+        got = [(r["offset"], r["value"], r.get("headers")) for r in body["records"]]
+        # 0 plain, 1 kept, 2 its commit marker, 3 dropped, 4 its abort marker, 5 after
+        assert got == [
+            (0, "cGxhaW4=", None),
+            (1, "a2VwdA==", [["h", "MQ=="]]),
+            (3, "ZHJvcHBlZA==", None),
+            (5, "YWZ0ZXI=", None),
+        ]
+        assert body["next_offset"] == body["high_watermark"] == 6
+        refused = await raw(
+            client, "POST", path, json={"records": [{"value": "eA==", "headers": [[TXN_HEADER, "eA=="]]}]}
+        )
+        assert_error(refused, 400, "malformed_request", "reserved")
+    expected = [(0, b"plain", []), (1, b"kept", [("h", b"1")]), (3, b"dropped", []), (5, b"after", [])]
+    rows = [row for r in plan(str(tmp_path), TOPIC) for row in read_range(str(tmp_path), r)]
+    assert [(offset, value, headers) for _, _, offset, _, _, value, headers in rows] == expected
+    report = export_records(str(tmp_path), str(tmp_path / "out"), TOPIC)
+    table = pq.read_table(report.path).to_pylist()
+    assert [
+        (r["offset"], r["value"], [(h["key"], h["value"]) for h in r["headers"]]) for r in table
+    ] == expected
+
+
+def aborts_then_commit(port: int) -> None:
+    p = producer(port, "tx-prune")
+    p.init_transactions(30)
+    for name in (b"a", b"b"):
+        p.begin_transaction()
+        p.produce(TOPIC, value=name + b"-0", partition=0)
+        p.produce(TOPIC, value=name + b"-1", partition=0)
+        p.flush(30)
+        p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(TOPIC, value=b"c", partition=0)
+    p.commit_transaction(30)
+
+
+async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path: Path) -> None:
+    """Aborted ranges are kept while a fetch can reach them: once DeleteRecords moves the log
+    start offset past a range's abort marker, the range leaves the store (and the index); the
+    range above it stays, and read_committed still skips its records."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        store = daemon.node.log_store
+        await anyio.to_thread.run_sync(aborts_then_commit, port)
+        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7)
+        ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+        assert ranges == [(0, 2), (3, 5)]
+
+        def delete_below(offset: int) -> int:
+            admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+            (future,) = admin.delete_records([TopicPartition(TOPIC, 0, offset)]).values()
+            return future.result(30).low_watermark
+
+        assert await anyio.to_thread.run_sync(delete_below, 3) == 3
+        for _ in range(POLLS_MAX * 5):  # the coordinator's pass, each second
+            ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+            if ranges == [(3, 5)]:
+                break
+            await anyio.sleep(0.1)
+        assert ranges == [(3, 5)]
+        committed = await anyio.to_thread.run_sync(consume, port, "read_committed", 10, 3)
+        assert committed == [b"c"]
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        assert [
+            (r.first_offset, r.last_offset) for r in await daemon.node.log_store.txn_ranges(TOPIC, 0)
+        ] == [(3, 5)]
+        again = await anyio.to_thread.run_sync(consume, daemon.kafka_port, "read_committed", 10, 3)
+        assert again == [b"c"]

@@ -16,11 +16,13 @@ from levelzero.storage.sqlite.store import SqliteLogStore
 
 async def exercise(store: ConsumerOffsetStore) -> None:
     assert isinstance(store, ConsumerOffsetStore)
-    await store.commit_offsets([OffsetRow("g", "t", 1, 10, "a", 1.0), OffsetRow("g", "t", 0, 5, "", 1.0)])
+    await store.commit_offsets(
+        [OffsetRow("g", "t", 1, 10, "a", 1.0, 3), OffsetRow("g", "t", 0, 5, "", 1.0, 2)]
+    )
     await store.commit_offsets([OffsetRow("g", "t", 1, 12, "b", 2.0), OffsetRow("h", "t", 0, 99, "", 2.0)])
     assert await store.committed_offsets("g") == [
-        OffsetRow("g", "t", 0, 5, "", 1.0),
-        OffsetRow("g", "t", 1, 12, "b", 2.0),
+        OffsetRow("g", "t", 0, 5, "", 1.0, 2),  # the committed leader epoch is kept
+        OffsetRow("g", "t", 1, 12, "b", 2.0, -1),  # and replaced with the rest
     ]
     assert await store.committed_offsets("h") == [OffsetRow("h", "t", 0, 99, "", 2.0)]
     assert await store.committed_offsets("nobody") == []
@@ -43,6 +45,20 @@ async def test_sqlite_store_keeps_committed_offsets_across_reopening(tmp_path: P
         await exercise(store)
     async with await SqliteLogStore.open(str(db)) as store:
         assert [r.committed_offset for r in await store.committed_offsets("g")] == [12]
+
+
+async def test_a_file_of_schema_6_gets_the_committed_leader_epoch(tmp_path: Path) -> None:
+    """Schema 7 keeps each committed offset's leader epoch; offsets committed before it read -1."""
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        await store.commit_offsets([OffsetRow("g", "t", 0, 3, "m", 1.0, 4)])
+    with sqlite3.connect(db) as connection:  # what schema 6 wrote
+        connection.execute("ALTER TABLE consumer_offsets DROP COLUMN leader_epoch")
+        connection.execute("PRAGMA user_version = 6")
+    async with await SqliteLogStore.open(str(db)) as store:
+        assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 3, "m", 1.0, -1)]
+        await store.commit_offsets([OffsetRow("g", "t", 0, 5, "m", 2.0, 7)])
+        assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 5, "m", 2.0, 7)]
 
 
 async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import asyncpg
+import msgspec
 import pytest
 
 from levelzero.testing.entries import placeholder
@@ -41,6 +42,7 @@ from levelzero.core.state import PartitionState
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.protocols import (
     Append,
+    CompactionCommit,
     L0ObjectRow,
     L1Row,
     L1State,
@@ -441,6 +443,44 @@ async def test_read_placeholders_returns_ranges_ending_above_the_offset(backend:
         assert (await store.read_placeholders(p.pid, 16, 1)) == [records[3]]
 
 
+async def test_placeholders_keep_their_largest_timestamp_or_none(backend: Backend) -> None:
+    """A placeholder's largest record timestamp (ListOffsets by time skips extents by it) comes
+    back from both reads, after reopening too; one written without it (an older levelzero's)
+    reads as None, and -1 (no record has a timestamp) stays -1."""
+    stamped = [
+        LogRecord(0, 0, 0, placeholder(1, 3, max_timestamp_ms=1_700_000_000_123)),
+        LogRecord(1, 0, 3, placeholder(1, 2)),
+        LogRecord(2, 0, 5, placeholder(1, 1, max_timestamp_ms=-1)),
+    ]
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.append(p.pid, 0, stamped)
+    async with await backend.open() as store:
+        for records in (await store.read_log(p.pid, 0), await store.read_placeholders(p.pid, 0, 10)):
+            assert records == stamped
+            assert [r.entry.max_timestamp_ms for r in records] == [1_700_000_000_123, None, -1]  # type: ignore[union-attr]
+
+
+async def test_l1_rows_keep_their_largest_timestamp_through_transitions(backend: Backend) -> None:
+    """An L1 row's largest record timestamp is stored with it and kept by every transition;
+    a row without one (recovered without reading its object) stays None: a lookup reads it."""
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        rows = [
+            msgspec.structs.replace(l1_row("a", p.pid, 0), max_timestamp_ms=1_700_000_000_999),
+            l1_row("b", p.pid, 10),
+            msgspec.structs.replace(l1_row("c", p.pid, 20), max_timestamp_ms=-1),
+        ]
+        for row in rows:
+            await store.l1_insert(row)
+        assert await store.l1_list(pid=p.pid) == rows
+        assert await store.l1_transition("a", L1State.COPY_STARTED, L1State.COPY_FINISHED, 2.0)
+    async with await backend.open() as store:
+        (finished,) = await store.l1_list(pid=p.pid, states=[L1State.COPY_FINISHED])
+        assert (finished.key, finished.max_timestamp_ms) == ("a", 1_700_000_000_999)
+        assert [r.max_timestamp_ms for r in await store.l1_list(pid=p.pid)] == [1_700_000_000_999, None, -1]
+
+
 async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> None:
     async with await backend.open() as store:
         assert await store.get_cluster_epoch() == 1
@@ -612,3 +652,73 @@ async def test_partitions_are_added_never_removed(backend: Backend) -> None:
         with pytest.raises(UnknownTopic):
             await store.add_partitions("missing", 3, 1, 2.0)
         assert [r.partition for r in await store.list_partitions()] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------- compaction (seed 004)
+
+
+async def _compacted_object(store: Any, pid: int, key: str, base: int, last: int, term: int) -> None:
+    """A compaction's new object as its writer records it before the upload: COPY_STARTED."""
+    await store.l1_insert(L1Row(key, pid, base, last, 0, term, 100, L1State.COPY_STARTED, 1.0, 1.0))
+
+
+@pytest.mark.parametrize("zombie_first", [False, True], ids=["new-leader-first", "zombie-first"])
+async def test_seed_004_zombie_compaction_result_is_refused_in_either_arrival_order(
+    backend: Backend, zombie_first: bool
+) -> None:
+    """Seed 004's table. A leads under LE-0 (term 1 here), compacts to 100 (seg-0); B takes over
+    under LE-1 (term 2) and compacts to 155 (seg-2: {LE-0: 100, LE-1: 155}); A, a zombie past
+    its lease, uploads its pending result (seg-1: {LE-0: 123}). Seg-1 and seg-2 arrive in either
+    order; seg-1 is refused either way, and the objects it would have superseded stay."""
+    le0, le1 = 1, 2
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)  # A leads: LE-0
+        for key, base in [("r0", 0), ("r1", 101)]:
+            await store.l1_insert(
+                L1Row(key, p.pid, base, base + 99, 1, le0, 100, L1State.COPY_FINISHED, 1.0, 1.0)
+            )
+        await _compacted_object(store, p.pid, "seg-0", 0, 100, le0)
+        seg0 = CompactionCommit(p.pid, le0, {le0: 100}, ("seg-0",), ("r0",))
+        assert await store.l1_compaction_commit(seg0, 2.0) is None
+        # A's next pass, cut off by its pause: seg-1 uploaded, its result not yet sent.
+        await _compacted_object(store, p.pid, "seg-1", 101, 123, le0)
+        seg1 = CompactionCommit(p.pid, le0, {le0: 123}, ("seg-1",), ("r1",))
+        await store.begin_term(p.pid, 1, 200)  # B leads: LE-1
+        await _compacted_object(store, p.pid, "seg-2", 101, 155, le1)
+        seg2 = CompactionCommit(p.pid, le1, {le0: 100, le1: 155}, ("seg-2",), ("r1",))
+        if zombie_first:
+            zombie_refusal = await store.l1_compaction_commit(seg1, 3.0)
+            assert await store.l1_compaction_commit(seg2, 4.0) is None
+        else:
+            assert await store.l1_compaction_commit(seg2, 3.0) is None
+            zombie_refusal = await store.l1_compaction_commit(seg1, 4.0)
+        assert zombie_refusal is not None and "zombie" in zombie_refusal
+        state = await store.l1_compaction_state(p.pid)
+        assert state.cleaner_offsets == {le0: 100, le1: 155}
+        assert state.compacted_keys == {"seg-0", "seg-2"}
+        rows = {r.key: r.state for r in await store.l1_list(pid=p.pid)}
+        assert rows == {
+            "r0": L1State.DELETE_STARTED,
+            "r1": L1State.DELETE_STARTED,
+            "seg-0": L1State.COPY_FINISHED,
+            "seg-1": L1State.COPY_STARTED,  # never valid: collected as a stale copy
+            "seg-2": L1State.COPY_FINISHED,
+        }
+    async with await backend.open() as store:  # durable
+        assert (await store.l1_compaction_state(p.pid)).cleaner_offsets == {le0: 100, le1: 155}
+
+
+async def test_a_compaction_result_whose_objects_moved_is_refused_whole(backend: Backend) -> None:
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        await store.l1_insert(L1Row("r0", p.pid, 0, 9, 1, 1, 100, L1State.COPY_FINISHED, 1.0, 1.0))
+        await _compacted_object(store, p.pid, "c0", 0, 9, 1)
+        assert await store.l1_transition(
+            "r0", L1State.COPY_FINISHED, L1State.DELETE_STARTED, 2.0
+        )  # retention
+        refusal = await store.l1_compaction_commit(CompactionCommit(p.pid, 1, {1: 9}, ("c0",), ("r0",)), 3.0)
+        assert refusal is not None and "r0" in refusal
+        assert (await store.l1_compaction_state(p.pid)).cleaner_offsets == {}
+        assert {r.key: r.state for r in await store.l1_list(pid=p.pid)}["c0"] == L1State.COPY_STARTED

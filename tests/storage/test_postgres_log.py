@@ -198,26 +198,36 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
             "deleted_partitions",
             "transactions",
             "txn_ranges",
+            "cleaner_offsets",
+            "l1_compacted",
         ):
             await connection.execute(f"DROP TABLE {table}")
         for table in ("l0_objects", "l1_objects", "fence_events", "state_samples"):
             await connection.execute(f"ALTER TABLE {table} DROP COLUMN xid")
+        await connection.execute("ALTER TABLE l1_objects DROP COLUMN max_timestamp_ms")
         await connection.execute(
             "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('old', 1, 1, 0, 1)"
+        )
+        await connection.execute(
+            "INSERT INTO l1_objects (key, pid, base_offset, last_offset, last_log_offset, term, size,"
+            " state, created_at, updated_at) VALUES ('old-l1', 1, 0, 9, 3, 1, 100, 'COPY_FINISHED', 0, 0)"
         )
         await connection.execute("DELETE FROM levelzero_schema WHERE version >= 2")
     finally:
         await connection.close()
     async with await PostgresLogStore.open(postgres_dsn) as store:
-        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0)])
-        assert [r.committed_offset for r in await store.committed_offsets("g")] == [7]
+        await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0, 3)])
+        assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 7, "", 1.0, 3)]
         assert len(await store.list_partitions()) == 2
+        # An L1 row from before migration 11 has no largest timestamp: a lookup by time reads it.
+        (old_l1,) = await store.l1_list(pid=1)
+        assert (old_l1.key, old_l1.last_offset, old_l1.max_timestamp_ms) == ("old-l1", 9, None)
     connection = await asyncpg.connect(postgres_dsn)
     try:
         assert [
             r["version"]
             for r in await connection.fetch("SELECT version FROM levelzero_schema ORDER BY version")
-        ] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+        ] == list(range(1, SCHEMA_VERSION + 1))
         # A row from before version 6 keeps xid 0 (the export takes it by seq); new rows get theirs.
         await connection.execute(
             "INSERT INTO l0_objects (key, epoch, size, created_at, extents) VALUES ('new', 1, 1, 0, 1)"

@@ -326,6 +326,7 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
     async with await SqliteLogStore.open(db) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         await store.append(p.pid, 0, [placeholder_record(0, 0, 0)])
+        await store.l1_insert(l1_row("old-l1", p.pid, 0, L1State.COPY_FINISHED))
     with sqlite3.connect(db) as connection:  # what the first release wrote: schema 1
         connection.execute("DROP TABLE consumer_offsets")
         connection.execute("DROP TABLE producer_batches")
@@ -333,13 +334,19 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
         connection.execute("DROP TABLE deleted_partitions")
         connection.execute("DROP TABLE transactions")
         connection.execute("DROP TABLE txn_ranges")
+        connection.execute("DROP TABLE cleaner_offsets")
+        connection.execute("DROP TABLE l1_compacted")
         connection.execute("DROP INDEX l0_objects_live")
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
+        connection.execute("ALTER TABLE l1_objects DROP COLUMN max_timestamp_ms")
         connection.execute("PRAGMA user_version = 1")
-    assert SCHEMA_VERSION == 6
+    assert SCHEMA_VERSION == 9
     for _ in range(2):  # the second open finds nothing to migrate
         async with await SqliteLogStore.open(db) as store:
             assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]
+            # An L1 row from before schema 8 has no largest timestamp: a lookup by time reads it.
+            (old_l1,) = await store.l1_list(pid=p.pid)
+            assert (old_l1.key, old_l1.max_timestamp_ms) == ("old-l1", None)
         with sqlite3.connect(db) as connection:
             assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
             names = {n for (n,) in connection.execute("SELECT name FROM sqlite_master")}
@@ -351,9 +358,13 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
                 "deleted_partitions",
                 "transactions",
                 "txn_ranges",
+                "cleaner_offsets",
+                "l1_compacted",
             } <= names
             columns = {row[1] for row in connection.execute("PRAGMA table_info(fence_events)")}
             assert "decisions" in columns
+            columns = {row[1] for row in connection.execute("PRAGMA table_info(consumer_offsets)")}
+            assert "leader_epoch" in columns
 
 
 async def test_a_file_of_schema_2_gets_its_log_table_in_order_of_appends(db: Path) -> None:

@@ -38,6 +38,17 @@ async def exercise(store: TransactionStore) -> None:
     assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
     assert await store.txn_ranges("t", 1) == [TxnRangeRow("t", 1, 7, 0, -1, False)]
     assert await store.txn_ranges("u", 0) == []
+    # Aborted ranges ending below a log start offset are pruned; open ones and others stay.
+    for first, last in ((0, 3), (5, 8)):
+        await store.open_txn_range(TxnRangeRow("t", 2, 9, first, -1, False))
+        await store.close_txn_range("t", 2, 9, first, last, aborted=True)
+    await store.open_txn_range(TxnRangeRow("t", 2, 10, 1, -1, False))
+    await store.prune_txn_ranges("t", 2, 8)
+    assert await store.txn_ranges("t", 2) == [
+        TxnRangeRow("t", 2, 10, 1, -1, False),
+        TxnRangeRow("t", 2, 9, 5, 8, True),
+    ]
+    assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
 
 
 async def test_memory_transactions() -> None:

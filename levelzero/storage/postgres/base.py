@@ -154,10 +154,10 @@ _PRODUCER_BATCH_PRUNE = (
     " AND topic = $2 AND partition = $3 ORDER BY stored_at DESC, base_sequence DESC LIMIT $4)"
 )
 _OFFSET_UPSERT = (
-    f"INSERT INTO consumer_offsets ({_OFFSET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+    f"INSERT INTO consumer_offsets ({_OFFSET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
     " ON CONFLICT (group_id, topic, partition) DO UPDATE SET"
     " committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
-    " committed_at = excluded.committed_at"
+    " committed_at = excluded.committed_at, leader_epoch = excluded.leader_epoch"
 )
 _L1_COLUMNS = ", ".join(L1Row.__struct_fields__)
 _SELECT_PLACEHOLDERS = f"""SELECT {_LOG_COLUMNS} FROM log

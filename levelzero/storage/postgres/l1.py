@@ -8,8 +8,8 @@ import asyncpg
 import msgspec
 
 from levelzero.core.errors import InvariantViolation, PartitionDeleted
-from levelzero.storage.log_rules import check_l1_state
-from levelzero.storage.protocols import L1Row
+from levelzero.storage.log_rules import check_l1_state, compaction_commit_refusal
+from levelzero.storage.protocols import CompactionCommit, CompactionState, L1Row, L1State
 from .base import PostgresBase, _L1_COLUMNS, unknown_partition
 
 
@@ -70,3 +70,67 @@ class L1Role(PostgresBase):
             None if states is None else list(states),
         )
         return [L1Row(*row) for row in rows]
+
+    async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+        async def work(connection: asyncpg.Connection) -> str | None:
+            # The partition's row is locked first: a new leader's begin_term (which raises the
+            # term) waits for this commit, or has committed and the lineage check sees its term.
+            term = await connection.fetchval(
+                "SELECT term FROM partitions WHERE pid = $1 FOR UPDATE", commit.pid
+            )
+            accepted = {
+                r["term"]: r["cleaned_to"]
+                for r in await connection.fetch(
+                    "SELECT term, cleaned_to FROM cleaner_offsets WHERE pid = $1", commit.pid
+                )
+            }
+            keys = [*commit.new_keys, *commit.superseded_keys]
+            rows = {
+                r["key"]: (r["pid"], r["state"])
+                for r in await connection.fetch(
+                    "SELECT key, pid, state FROM l1_objects WHERE key = ANY($1::text[]) FOR UPDATE", keys
+                )
+            }
+            refusal = compaction_commit_refusal(commit, term, accepted, rows)
+            if refusal is not None:
+                return refusal
+            await connection.execute("DELETE FROM cleaner_offsets WHERE pid = $1", commit.pid)
+            await connection.executemany(
+                "INSERT INTO cleaner_offsets (pid, term, cleaned_to) VALUES ($1, $2, $3)",
+                [(commit.pid, t, end) for t, end in commit.cleaner_offsets.items()],
+            )
+            await connection.execute(
+                "UPDATE l1_objects SET state = $1, updated_at = $2 WHERE key = ANY($3::text[])",
+                L1State.COPY_FINISHED,
+                now,
+                list(commit.new_keys),
+            )
+            await connection.execute(
+                "UPDATE l1_objects SET state = $1, updated_at = $2 WHERE key = ANY($3::text[])",
+                L1State.DELETE_STARTED,
+                now,
+                list(commit.superseded_keys),
+            )
+            await connection.executemany(
+                "INSERT INTO l1_compacted (key, pid, committed_at) VALUES ($1, $2, $3)",
+                [(key, commit.pid, now) for key in commit.new_keys],
+            )
+            return None
+
+        async def resolve(connection: asyncpg.Connection) -> str | None:
+            # The commit's fate after a lost connection: applied if its first new key is recorded.
+            found = await connection.fetchval("SELECT 1 FROM l1_compacted WHERE key = $1", commit.new_keys[0])
+            return None if found else "the connection was lost before the result was committed"
+
+        return await self._transact("committing a compaction", work, resolve)
+
+    async def l1_compaction_state(self, pid: int) -> CompactionState:
+        offsets = await self._read(
+            "reading the cleaner-offset map",
+            "SELECT term, cleaned_to FROM cleaner_offsets WHERE pid = $1",
+            pid,
+        )
+        keys = await self._read(
+            "listing compacted L1 objects", "SELECT key FROM l1_compacted WHERE pid = $1", pid
+        )
+        return CompactionState({r[0]: r[1] for r in offsets}, frozenset(r[0] for r in keys))

@@ -202,6 +202,8 @@ class PartitionLogRole(PostgresBase):
             if pending is None or unfinished is not None:
                 return False
             await connection.execute("DELETE FROM l1_objects WHERE pid = $1", pid)
+            await connection.execute("DELETE FROM l1_compacted WHERE pid = $1", pid)
+            await connection.execute("DELETE FROM cleaner_offsets WHERE pid = $1", pid)
             await connection.execute(
                 "UPDATE deleted_partitions SET collected_at = $2 WHERE pid = $1", pid, now
             )

@@ -51,6 +51,8 @@ SCHEMA_TABLES = frozenset(
         "cluster_identity",
         "topic_configs",
         "deleted_partitions",
+        "cleaner_offsets",
+        "l1_compacted",
     }
 )
 
@@ -267,6 +269,30 @@ CREATE TABLE txn_ranges (
     aborted BOOLEAN NOT NULL,
     PRIMARY KEY (topic, partition, first_offset, producer_id)
 );
+""",
+    # 10: compaction: each partition's accepted cleaner-offset map (term -> the offset its
+    # cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted)
+    """
+CREATE TABLE cleaner_offsets (
+    pid BIGINT NOT NULL,
+    term BIGINT NOT NULL,
+    cleaned_to BIGINT NOT NULL,
+    PRIMARY KEY (pid, term)
+);
+CREATE TABLE l1_compacted (
+    key TEXT PRIMARY KEY,
+    pid BIGINT NOT NULL,
+    committed_at DOUBLE PRECISION NOT NULL
+);
+""",
+    # 11: each L1 object's largest record timestamp, so ListOffsets by time reads only the
+    # object holding its answer; older rows keep NULL and a lookup reads such an object
+    """
+ALTER TABLE l1_objects ADD COLUMN IF NOT EXISTS max_timestamp_ms BIGINT;
+""",
+    # 12: the committed leader epoch of each consumer group offset (KIP-320)
+    """
+ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1;
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -80,3 +80,14 @@ class TransactionRole(PostgresBase):
             partition,
         )
         return [TxnRangeRow(*row) for row in rows]
+
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "DELETE FROM txn_ranges WHERE topic = $1 AND partition = $2 AND aborted AND last_offset < $3",
+                topic,
+                partition,
+                below,
+            )
+
+        await self._transact("pruning transaction ranges", work)

@@ -26,11 +26,15 @@ from levelzero.storage.protocols import (
 # the log table in order of appends (a rowid table), (pid, log_offset) a unique index.
 # Version 4: topic_configs (each topic's Kafka topic configs). Version 5: deleted partitions
 # (DeleteTopics), kept until their L1 objects are collected. Version 6: Kafka transactions
-# (the coordinators' state, partitions' open and aborted transaction ranges).
+# (the coordinators' state, partitions' open and aborted transaction ranges). Version 7:
+# cleaner_offsets and l1_compacted (compaction). Version 8: l1_objects.max_timestamp_ms
+# (ListOffsets by time reads only the object holding its answer; rows of older files keep
+# NULL, and a lookup reads such an object to find out). Version 9:
+# consumer_offsets.leader_epoch (the committed leader epoch, KIP-320).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 9
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -46,14 +50,16 @@ CONSUMER_OFFSETS = """CREATE TABLE IF NOT EXISTS consumer_offsets (
     committed_offset INTEGER NOT NULL,
     metadata TEXT NOT NULL,
     committed_at REAL NOT NULL,
+    leader_epoch INTEGER NOT NULL DEFAULT -1,
     PRIMARY KEY (group_id, topic, partition)
 ) WITHOUT ROWID"""
 UPSERT_OFFSET = (
     "INSERT INTO consumer_offsets (group_id, topic, partition, committed_offset, metadata,"
-    " committed_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition) DO UPDATE"
-    " SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
-    " committed_at = excluded.committed_at"
+    " committed_at, leader_epoch) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, topic, partition)"
+    " DO UPDATE SET committed_offset = excluded.committed_offset, metadata = excluded.metadata,"
+    " committed_at = excluded.committed_at, leader_epoch = excluded.leader_epoch"
 )
+ADD_OFFSET_LEADER_EPOCH = "ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1"
 # Idempotent Kafka producers' last batches (added within schema 1, like consumer_offsets).
 PRODUCER_BATCHES = """CREATE TABLE IF NOT EXISTS producer_batches (
     producer_id INTEGER NOT NULL,
@@ -121,6 +127,9 @@ ABORT_TXN_RANGE = (
 DELETE_TXN_RANGE = (
     "DELETE FROM txn_ranges WHERE topic = ? AND partition = ? AND producer_id = ? AND first_offset = ?"
 )
+PRUNE_TXN_RANGES = (
+    "DELETE FROM txn_ranges WHERE topic = ? AND partition = ? AND aborted = 1 AND last_offset < ?"
+)
 SELECT_TXN_RANGES = (
     "SELECT topic, partition, producer_id, first_offset, last_offset, aborted FROM txn_ranges"
     " WHERE topic = ? AND partition = ? ORDER BY first_offset, producer_id"
@@ -129,7 +138,7 @@ SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY 
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
 DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
 SELECT_OFFSETS = (
-    "SELECT group_id, topic, partition, committed_offset, metadata, committed_at"
+    "SELECT group_id, topic, partition, committed_offset, metadata, committed_at, leader_epoch"
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"
 )
 
@@ -190,6 +199,22 @@ DELETED_PARTITIONS = """CREATE TABLE IF NOT EXISTS deleted_partitions (
     collected_at REAL
 )"""
 
+# Compaction (schema 7): each partition's accepted cleaner-offset map (term -> the offset its
+# cleaning reached), and the L1 objects compaction wrote (valid once their result is accepted).
+CLEANER_OFFSETS = """CREATE TABLE IF NOT EXISTS cleaner_offsets (
+    pid INTEGER NOT NULL,
+    term INTEGER NOT NULL,
+    cleaned_to INTEGER NOT NULL,
+    PRIMARY KEY (pid, term)
+) WITHOUT ROWID"""
+L1_COMPACTED = """CREATE TABLE IF NOT EXISTS l1_compacted (
+    key TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    committed_at REAL NOT NULL
+)"""
+# Version 8: each L1 object's largest record timestamp (NULL: unknown, the object is read).
+ADD_L1_MAX_TIMESTAMP = "ALTER TABLE l1_objects ADD COLUMN max_timestamp_ms INTEGER"
+
 ADD_FENCE_DECISIONS = "ALTER TABLE fence_events ADD COLUMN decisions INTEGER NOT NULL DEFAULT 1"
 
 SCHEMA = (
@@ -228,7 +253,8 @@ CREATE TABLE l1_objects (
     size INTEGER NOT NULL,
     state TEXT NOT NULL,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    max_timestamp_ms INTEGER
 );
 CREATE INDEX l1_objects_by_partition ON l1_objects (pid, base_offset);
 CREATE TABLE l0_objects (
@@ -292,6 +318,10 @@ CREATE TABLE state_samples (
     + ";\n"
     + TXN_RANGES
     + ";\n"
+    + CLEANER_OFFSETS
+    + ";\n"
+    + L1_COMPACTED
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -318,7 +348,12 @@ SCHEMA_TABLES_OF_VERSION = {
     6: SCHEMA_TABLES
     | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
     | {"transactions", "txn_ranges"},
+    7: SCHEMA_TABLES
+    | {"consumer_offsets", "producer_batches", "topic_configs", "deleted_partitions"}
+    | {"transactions", "txn_ranges", "cleaner_offsets", "l1_compacted"},
 }
+SCHEMA_TABLES_OF_VERSION[8] = SCHEMA_TABLES_OF_VERSION[7]
+SCHEMA_TABLES_OF_VERSION[9] = SCHEMA_TABLES_OF_VERSION[8]
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
@@ -416,7 +451,35 @@ async def _migrate_5_to_6(connection: aiosqlite.Connection) -> None:
     await connection.execute(TXN_RANGES)
 
 
-MIGRATIONS = (_migrate_1_to_2, _migrate_2_to_3, _migrate_3_to_4, _migrate_4_to_5, _migrate_5_to_6)
+async def _migrate_6_to_7(connection: aiosqlite.Connection) -> None:
+    await connection.execute(CLEANER_OFFSETS)
+    await connection.execute(L1_COMPACTED)
+
+
+async def _migrate_7_to_8(connection: aiosqlite.Connection) -> None:
+    columns = {name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(l1_objects)")}
+    if "max_timestamp_ms" not in columns:
+        await connection.execute(ADD_L1_MAX_TIMESTAMP)
+
+
+async def _migrate_8_to_9(connection: aiosqlite.Connection) -> None:
+    columns = {
+        name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(consumer_offsets)")
+    }
+    if "leader_epoch" not in columns:  # a file migrated from version 1 got the table with it
+        await connection.execute(ADD_OFFSET_LEADER_EPOCH)
+
+
+MIGRATIONS = (
+    _migrate_1_to_2,
+    _migrate_2_to_3,
+    _migrate_3_to_4,
+    _migrate_4_to_5,
+    _migrate_5_to_6,
+    _migrate_6_to_7,
+    _migrate_7_to_8,
+    _migrate_8_to_9,
+)
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 
 

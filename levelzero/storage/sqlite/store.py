@@ -72,6 +72,8 @@ from levelzero.storage.protocols import (
     TransactionRow,
     TxnRangeRow,
     Append,
+    CompactionCommit,
+    CompactionState,
     L1State,
     FenceEventRow,
     GcRoundRow,
@@ -93,6 +95,7 @@ from levelzero.storage.log_rules import (
     check_cluster_epoch,
     check_create_topic,
     check_l1_state,
+    compaction_commit_refusal,
     log_row,
 )
 
@@ -110,6 +113,7 @@ from .schema import (
     INSERT_TXN_RANGE,
     SELECT_TRANSACTIONS,
     SELECT_TXN_RANGES,
+    PRUNE_TXN_RANGES,
     UPSERT_TRANSACTION,
     PRUNE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
@@ -710,6 +714,8 @@ class SqliteLogStore(StoreLifecycle):
             if not pending or unfinished:
                 return False
             await connection.execute("DELETE FROM l1_objects WHERE pid = ?", (pid,))
+            await connection.execute("DELETE FROM l1_compacted WHERE pid = ?", (pid,))
+            await connection.execute("DELETE FROM cleaner_offsets WHERE pid = ?", (pid,))
             await connection.execute(
                 "UPDATE deleted_partitions SET collected_at = ? WHERE pid = ?", (now, pid)
             )
@@ -974,6 +980,55 @@ class SqliteLogStore(StoreLifecycle):
         rows = await self._reader.execute_fetchall(sql + " ORDER BY pid, base_offset, key", params)
         return [L1Row(*row) for row in rows]
 
+    async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> str | None:
+            terms = [
+                term
+                for (term,) in await connection.execute_fetchall(
+                    "SELECT term FROM partitions WHERE pid = ?", (commit.pid,)
+                )
+            ]
+            accepted: dict[int, int] = {
+                term: end
+                for term, end in await connection.execute_fetchall(
+                    "SELECT term, cleaned_to FROM cleaner_offsets WHERE pid = ?", (commit.pid,)
+                )
+            }
+            keys = (*commit.new_keys, *commit.superseded_keys)
+            found = await connection.execute_fetchall(
+                f"SELECT key, pid, state FROM l1_objects WHERE key IN ({', '.join('?' * len(keys))})", keys
+            )
+            rows = {key: (pid, state) for key, pid, state in found}
+            refusal = compaction_commit_refusal(commit, terms[0] if terms else None, accepted, rows)
+            if refusal is not None:
+                return refusal
+            await connection.execute("DELETE FROM cleaner_offsets WHERE pid = ?", (commit.pid,))
+            await connection.executemany(
+                "INSERT INTO cleaner_offsets (pid, term, cleaned_to) VALUES (?, ?, ?)",
+                [(commit.pid, term, end) for term, end in commit.cleaner_offsets.items()],
+            )
+            for key, to_state in [(k, L1State.COPY_FINISHED) for k in commit.new_keys] + [
+                (k, L1State.DELETE_STARTED) for k in commit.superseded_keys
+            ]:
+                await connection.execute(
+                    "UPDATE l1_objects SET state = ?, updated_at = ? WHERE key = ?", (to_state, now, key)
+                )
+            await connection.executemany(
+                "INSERT INTO l1_compacted (key, pid, committed_at) VALUES (?, ?, ?)",
+                [(key, commit.pid, now) for key in commit.new_keys],
+            )
+            return None
+
+        return await self._submit(Job(run=run))
+
+    async def l1_compaction_state(self, pid: int) -> CompactionState:
+        self._check_readable()
+        offsets = await self._reader.execute_fetchall(
+            "SELECT term, cleaned_to FROM cleaner_offsets WHERE pid = ?", (pid,)
+        )
+        keys = await self._reader.execute_fetchall("SELECT key FROM l1_compacted WHERE pid = ?", (pid,))
+        return CompactionState({term: end for term, end in offsets}, frozenset(key for (key,) in keys))
+
     # ------------------------------------------------------------------ events
 
     async def record_l0_object(self, row: L0ObjectRow) -> None:
@@ -1090,6 +1145,9 @@ class SqliteLogStore(StoreLifecycle):
             TxnRangeRow(t, p, producer, first, last, bool(aborted))
             for t, p, producer, first, last, aborted in rows
         ]
+
+    async def prune_txn_ranges(self, topic: str, partition: int, below: int) -> None:
+        await self._stage_rows(PRUNE_TXN_RANGES, [(topic, partition, below)])
 
     async def _stage_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Event rows ride along with the batch's other staged rows."""

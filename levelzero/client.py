@@ -1,4 +1,6 @@
-"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo and the tests.
+"""An async client of the levelzero HTTP API (httpx), used by the CLI, the demo, the Spark sink
+and the tests. Beside the front ends, not in one: the CLI and the export reach the daemon
+through it, and neither imports the HTTP front end itself.
 
 Every failure surfaces as `ApiError`, carrying the server's error code and message (or
 `unreachable` / `bad_response` when there is no usable answer), so callers print one line.
@@ -42,6 +44,10 @@ from levelzero.http.schema import (
     TopicInfo,
     TopicList,
 )
+
+# RecordIn: the record of a produce request, the API's own message (http/schema.py).
+__all__ = ["ApiError", "Client", "RecordIn", "default_url"]
+
 
 DEFAULT_URL = "http://127.0.0.1:8420"
 DEFAULT_TIMEOUT_S = 60.0
@@ -175,11 +181,22 @@ class Client:
         self,
         topic: str,
         partition: int,
-        records: Sequence[tuple[bytes | None, bytes | None] | bytes],
+        records: Sequence[tuple[bytes | None, bytes | None] | bytes | RecordIn],
+        *,
+        idempotency_key: str | None = None,
     ) -> ProduceResponse:
-        """`records`: values, or (key, value) pairs (a None value: a null value)."""
+        """`records`: values, (key, value) pairs (a None value: a null value), or RecordIns.
+        With `idempotency_key`, stored once however often it is sent (see ProduceRequest)."""
         body = ProduceRequest(
-            [RecordIn(r) if isinstance(r, bytes) else RecordIn(r[1], r[0]) for r in records]
+            [
+                r
+                if isinstance(r, RecordIn)
+                else RecordIn(r)
+                if isinstance(r, bytes)
+                else RecordIn(r[1], r[0])
+                for r in records
+            ],
+            idempotency_key,
         )
         return await self._call("POST", _records_path(topic, partition), ProduceResponse, body=body)
 

@@ -1,0 +1,84 @@
+"""The levelzero data source as Spark sees it: `spark.read.format("levelzero")` (the batch reader,
+spark_source.py), `spark.readStream` (the stream reader, spark_stream.py), `df.write` and
+`writeStream` (the sink, spark_sink.py). Apart from them so that they need not import each
+other: each of the three imports only what it shares from spark_source."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+from .errors import ExportError
+from .spark_sink import LevelZeroStreamWriter, LevelZeroWriter, sink_target
+from .spark_source import (
+    FORMAT_NAME,
+    PLAN_SCOPED_TO_SCAN,
+    PUSHDOWN_CONF,
+    SCHEMA_DDL,
+    LevelZeroPushdownReader,
+    LevelZeroReader,
+    _task_bytes,
+    secrets_of,
+    selection_of,
+    store_config,
+)
+from .spark_stream import LevelZeroStreamReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
+
+    from levelzero.config import Config
+
+
+class LevelZeroDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
+        config, topic = self._store()
+        options = self.options
+        reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
+        return reader(config, topic, selection_of(options), _task_bytes(options))
+
+    def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
+        config, topic = self._store()
+        return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> Any:
+        _append_only(overwrite)
+        return LevelZeroWriter(sink_target(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
+        _append_only(overwrite)
+        return LevelZeroStreamWriter(sink_target(self.options, schema))
+
+    def _store(self) -> tuple[Config, str]:
+        options = self.options
+        topic = options.get("path")
+        if not topic:
+            raise ExportError('the levelzero data source needs a topic: load("topic")')
+        config = store_config(
+            options.get("data_dir") or None, options.get("config") or None, secrets_of(options)
+        )
+        return config, topic
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise ExportError("the levelzero sink appends records to a topic: mode append, not overwrite")
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
+    scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
+    reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
+    filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
+    if PLAN_SCOPED_TO_SCAN:
+        spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(LevelZeroDataSource)

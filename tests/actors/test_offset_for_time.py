@@ -1,0 +1,149 @@
+"""ListOffsets by time without a scan (`Reader.offset_for_time`): the first offset whose record
+timestamp is >= T, checked against a brute-force answer for every T over a log whose timestamps
+are not monotonic, across L1 objects and L0 extents, with the object reads of each lookup
+counted (at most one object range: the extent that holds the answer)."""
+
+from __future__ import annotations
+
+import anyio
+import msgspec
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import InvalidInput
+from levelzero.core.l0format import NO_TIMESTAMP, Record
+from levelzero.storage.counting_store import CountingObjectStore
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.nodes import running_node
+from levelzero.testing.virtual_time import in_virtual_time
+
+import pytest
+
+# One list per produce request (one extent each): L1 objects A and B, then L0 extents C and D.
+# Timestamps go back and forth within and across extents; offset 6 has none.
+L1_EXTENTS = [[100, 300, 200, 150], [500, 400, NO_TIMESTAMP, 450]]
+L0_EXTENTS = [[350, 900, 600], [1000, 700]]
+TIMESTAMPS = [t for extent in L1_EXTENTS + L0_EXTENTS for t in extent]
+PROBES = sorted({t + d for t in TIMESTAMPS if t >= 0 for d in (-1, 0, 1)} | {0, 2000})
+
+
+def make_config() -> NodeConfig:
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=0.0,
+        batcher=BatcherConfig(linger_ms=1),
+        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
+        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0),
+    )
+
+
+def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tuple[int, int]:
+    for offset in range(start, len(timestamps)):
+        if timestamps[offset] >= at_or_after:
+            return offset, timestamps[offset]
+    return -1, -1
+
+
+async def fill(node: Node) -> None:
+    """Two L1 objects (a reconciler round after each extent), then two L0 extents."""
+    await node.create_topic("t", 1)
+    for extent in L1_EXTENTS:
+        await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
+        assert await node.reconciler.run_round() == 1
+    for extent in L0_EXTENTS:
+        await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
+    state = node.partition("t", 0).state
+    assert (state.lro, state.high_watermark) == (7, len(TIMESTAMPS))
+
+
+async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> tuple[tuple[int, int], int]:
+    """The answer and the object GETs it took."""
+    before = objects.snapshot("lookup").gets
+    with CountingObjectStore.role("lookup"):
+        found = await node.offset_for_time("t", 0, at_or_after)
+    return found, objects.snapshot("lookup").gets - before
+
+
+@in_virtual_time
+async def test_every_time_finds_the_first_offset_at_or_after_it_reading_at_most_one_extent():
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+        await fill(node)
+        assert [row.max_timestamp_ms for row in node.l1._valid[node.partition("t", 0).row.pid]] == [300, 500]
+        for probe in PROBES:
+            found, gets = await lookup(node, objects, probe)
+            assert found == brute_force(TIMESTAMPS, probe), probe
+            # The one extent holding the answer; none when no record is that recent.
+            assert gets == (0 if found == (-1, -1) else 1), (probe, gets)
+        # Non-monotonic: 250 is first passed at offset 1 (300), not at the later 350 of L0;
+        # 501 skips L1 entirely and lands on 900 at offset 9, inside L0's first extent.
+        assert (await lookup(node, objects, 250))[0] == (1, 300)
+        assert (await lookup(node, objects, 501))[0] == (9, 900)
+        assert (await lookup(node, objects, 1001))[0] == (-1, -1)
+
+
+@in_virtual_time
+async def test_rows_and_placeholders_without_a_largest_timestamp_are_read_to_find_out():
+    """Rows and placeholders written before the largest timestamp was kept (None) still get
+    the exact answer: each such extent is read, in offset order, until one holds it."""
+    log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
+    async with running_node(make_config(), log_store, objects) as node:
+        await fill(node)
+        actor = node.partition("t", 0)
+        for key, row in list(log_store.l1.items()):
+            log_store.l1[key] = msgspec.structs.replace(row, max_timestamp_ms=None)
+        log_store.logs[actor.row.pid] = [
+            LogRecord(
+                r.log_offset, r.term, r.base_offset, msgspec.structs.replace(r.entry, max_timestamp_ms=None)
+            )
+            if isinstance(r.entry, Placeholder)
+            else r
+            for r in log_store.logs[actor.row.pid]
+        ]
+        await node.l1.refresh(actor)
+        for probe in PROBES:
+            found, gets = await lookup(node, objects, probe)
+            assert found == brute_force(TIMESTAMPS, probe), probe
+        assert await lookup(node, objects, 450) == ((4, 500), 2)  # A read for nothing, then B
+        assert await lookup(node, objects, 950) == ((11, 1000), 4)  # every extent up to D
+        assert await lookup(node, objects, 2000) == ((-1, -1), 4)
+
+
+@in_virtual_time
+async def test_records_below_the_start_offset_are_not_answers():
+    """After DeleteRecords to offset 2, object A's largest timestamp (300, at offset 1) is
+    below the start offset: A is read, holds no answer at or above 2, and B answers."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+        await fill(node)
+        assert await node.delete_records("t", 0, 2) == 2
+        for probe in PROBES:
+            assert (await lookup(node, objects, probe))[0] == brute_force(TIMESTAMPS, probe, start=2), probe
+        assert await lookup(node, objects, 250) == ((4, 500), 2)
+        assert await lookup(node, objects, 150) == ((2, 200), 1)
+        with pytest.raises(InvalidInput, match=">= 0"):
+            await node.offset_for_time("t", 0, -1)
+
+
+@in_virtual_time
+async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_all():
+    """Two produce requests cut into one extent give its placeholder the larger of their
+    largest timestamps; two placeholders reconciled into one L1 object give its row theirs."""
+    log_store = MemoryLogStore()
+    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+        await node.create_topic("t", 1)
+        async with anyio.create_task_group() as tg:  # sent together: one batch, one extent
+            tg.start_soon(node.produce, "t", 0, [Record(None, b"a", 700), Record(None, b"b", 50)])
+            tg.start_soon(node.produce, "t", 0, [Record(None, b"c", 90), Record(None, b"d", 900)])
+        await node.produce("t", 0, [Record(None, b"e", 300), Record(None, b"f", NO_TIMESTAMP)])
+        pid = node.partition("t", 0).row.pid
+        placeholders = [r.entry for r in log_store.logs[pid] if isinstance(r.entry, Placeholder)]
+        assert [(p.record_count, p.max_timestamp_ms) for p in placeholders] == [(4, 900), (2, 300)]
+        assert await node.reconciler.run_round() == 1
+        assert [row.max_timestamp_ms for row in log_store.l1.values()] == [900]
+        assert await node.offset_for_time("t", 0, 800) == (3, 900)
+        assert await node.offset_for_time("t", 0, 100) == (0, 700)

@@ -1,0 +1,171 @@
+"""The pure rules of compaction: the cleaner-offset map's lineage check (seed 004's table, both
+arrival orders), which records a pass keeps, and when a pass is due."""
+
+from __future__ import annotations
+
+import random
+
+from levelzero.core.compaction import (
+    build_compacted_object,
+    clean_limit,
+    cleaner_map_refusal,
+    compaction_due,
+    contiguous_runs,
+    extend_cleaner_map,
+    l1_object_runs,
+    retain,
+)
+from levelzero.core.l0format import Record
+
+A_TERM, B_TERM = 0, 1
+
+
+def _apply(accepted: dict[int, int], current: int, writer: int, claim: dict[int, int]) -> dict[int, int]:
+    return accepted if cleaner_map_refusal(accepted, current, writer, claim) else dict(claim)
+
+
+def test_seed_table_zombie_result_is_refused_in_either_arrival_order() -> None:
+    accepted = _apply({}, A_TERM, A_TERM, {A_TERM: 100})  # A compacts under LE-0
+    assert accepted == {0: 100}
+    b_claim = extend_cleaner_map(accepted, B_TERM, 155)  # B leads (LE-1) and compacts
+    assert b_claim == {0: 100, 1: 155}
+    zombie = {A_TERM: 123}  # A, back from a pause, uploads its pending result
+    b_first = _apply(_apply(accepted, B_TERM, B_TERM, b_claim), B_TERM, A_TERM, zombie)
+    zombie_first = _apply(_apply(accepted, B_TERM, A_TERM, zombie), B_TERM, B_TERM, b_claim)
+    assert b_first == zombie_first == {0: 100, 1: 155}
+    assert "zombie" in (cleaner_map_refusal({0: 100}, B_TERM, A_TERM, zombie) or "")
+
+
+def test_a_map_rewriting_an_earlier_terms_end_is_refused() -> None:
+    assert cleaner_map_refusal({0: 100}, 1, 1, {0: 123, 1: 155}) is not None
+    assert cleaner_map_refusal({0: 100}, 1, 1, {1: 155}) is not None  # drops term 0's end
+    assert cleaner_map_refusal({}, 1, 1, {0: 5, 1: 155}) is not None  # invents term 0's
+    assert cleaner_map_refusal({0: 100, 1: 155}, 1, 1, {0: 100, 1: 120}) is not None  # goes back
+    assert cleaner_map_refusal({0: 100, 1: 155}, 1, 1, {0: 100, 1: 200}) is None
+
+
+def _records(pairs: list[tuple[bytes, bytes | None]]) -> list[Record]:
+    return [Record(k, v, timestamp_ms=1_000) for k, v in pairs]
+
+
+def test_retain_keeps_the_latest_record_per_key_at_its_offset() -> None:
+    records = _records([(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", b"2")])
+    offsets = [10, 11, 12, 13, 14]
+    kept = retain(offsets, records, [0] * 5, 14, now_ms=2_000, delete_retention_ms=10_000)
+    assert kept.offsets == [12, 13, 14]
+    assert [(r.key, r.value) for r in kept.records] == [(b"a", b"2"), (b"c", b"1"), (b"b", b"2")]
+    assert kept.removed == 2
+
+
+def test_tombstones_stay_until_delete_retention_then_go() -> None:
+    records = _records([(b"a", b"1"), (b"a", None), (b"b", b"1")])
+    young = retain([0, 1, 2], records, [0] * 3, 2, now_ms=1_500, delete_retention_ms=1_000)
+    assert young.offsets == [1, 2] and young.records[0].value is None
+    old = retain([0, 1, 2], records, [0] * 3, 2, now_ms=2_000, delete_retention_ms=1_000)
+    assert old.offsets == [2] and old.tombstones_dropped == 1
+
+
+def test_records_above_the_clean_limit_are_untouched() -> None:
+    records = _records([(b"a", b"1"), (b"a", b"2"), (b"a", b"3")])
+    kept = retain([0, 1, 2], records, [0] * 3, 0, now_ms=2_000, delete_retention_ms=0)
+    assert kept.offsets == [0, 1, 2]
+
+
+def test_clean_limit_stops_at_the_reconciled_offset_the_lag_and_a_full_key_map() -> None:
+    records = [Record(bytes([i]), b"v", timestamp_ms=t) for i, t in enumerate([100, 200, 300, 400])]
+    offsets, written = [0, 1, 2, 3], [0] * 4
+    assert clean_limit(offsets, records, written, 2, now_ms=1_000, min_lag_ms=0) == 2
+    assert clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=750) == 1
+    assert clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=0, key_map_entries_max=3) == 2
+
+
+def test_compaction_is_due_at_the_dirty_ratio() -> None:
+    assert compaction_due(0, 10, 0.5)
+    assert compaction_due(50, 50, 0.5)
+    assert not compaction_due(60, 40, 0.5)
+    assert not compaction_due(10, 0, 0.0)
+
+
+def test_max_compaction_lag_makes_old_dirty_data_due_whatever_the_ratio() -> None:
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=999, max_compaction_lag_ms=1000)
+    assert compaction_due(90, 10, 0.5, dirty_age_ms=1000, max_compaction_lag_ms=1000)
+    assert not compaction_due(90, 10, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=None)
+    assert not compaction_due(90, 0, 0.5, dirty_age_ms=10**12, max_compaction_lag_ms=0)  # nothing dirty
+
+
+def test_contiguous_runs() -> None:
+    assert contiguous_runs([3, 4, 5, 9, 11, 12]) == [(3, 3), (9, 1), (11, 2)]
+
+
+def test_the_last_record_of_a_pass_stays_even_an_expired_tombstone() -> None:
+    records = _records([(b"a", b"1"), (b"a", None)])
+    kept = retain([0, 1], records, [0, 0], 1, now_ms=10_000, delete_retention_ms=0)
+    assert kept.offsets == [1] and kept.records[0].value is None
+
+
+def test_records_without_a_key_are_dropped_by_a_pass() -> None:
+    records = [Record(None, b"x"), Record(b"a", b"1"), Record(b"a", b"2")]
+    assert clean_limit([0, 1, 2], records, [0] * 3, 2, now_ms=0, min_lag_ms=0) == 2
+    kept = retain([0, 1, 2], records, [0] * 3, 2, now_ms=0, delete_retention_ms=10)
+    assert kept.offsets == [2]
+
+
+def test_a_compacted_object_gives_each_record_its_offset() -> None:
+    records = _records([(b"a", b"2"), (b"c", b"1"), (b"b", None)])
+    data = build_compacted_object(3, 7, [12, 13, 20], records)
+    runs = l1_object_runs(data, 10, "test")
+    assert [(base, [r.key for r in rs]) for base, rs in runs] == [(12, [b"a", b"c"]), (20, [b"b"])]
+
+
+def _reference_retain(offsets, records, written, clean_upto, now_ms, delete_retention_ms):
+    """The rule spelled out record by record: what the pass's faster code must equal."""
+    pairs = zip(offsets, records, strict=True)
+    latest = {r.key: o for o, r in pairs if o <= clean_upto and r.key is not None}
+    kept = []
+    for o, r, w in zip(offsets, records, written, strict=True):
+        if o <= clean_upto and o != offsets[-1]:
+            if r.key is None or latest[r.key] != o:
+                continue
+            time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
+            if r.value is None and now_ms - time_ms >= delete_retention_ms:
+                continue
+        kept.append(o)
+    return kept
+
+
+def _reference_limit(offsets, records, written, reconciled_upto, now_ms, min_lag_ms, key_map_max):
+    limit, seen = -1, set()
+    for o, r, w in zip(offsets, records, written, strict=True):
+        time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
+        if o > reconciled_upto or time_ms > now_ms - min_lag_ms:
+            break
+        if r.key is not None:
+            if r.key not in seen and len(seen) >= key_map_max:
+                break
+            seen.add(r.key)
+        limit = o
+    return limit
+
+
+def test_a_pass_keeps_and_stops_exactly_as_the_rule_spelled_out_record_by_record() -> None:
+    rng = random.Random(34)
+    for _ in range(400):
+        n = rng.randint(1, 40)
+        offsets = sorted(rng.sample(range(100), n))
+        records = [
+            Record(
+                rng.choice([None, b"a", b"b", b"c", b"d"]),
+                rng.choice([None, b"", b"v"]),
+                timestamp_ms=rng.choice([-1, rng.randint(0, 100)]),
+            )
+            for _ in range(n)
+        ]
+        written = [rng.randint(0, 100) for _ in range(n)]
+        now, lag, retention = rng.randint(50, 150), rng.randint(0, 60), rng.randint(0, 80)
+        upto, key_max = rng.choice([-1, *offsets, 200]), rng.randint(1, 5)
+        limit = clean_limit(offsets, records, written, upto, now, lag, key_max)
+        assert limit == _reference_limit(offsets, records, written, upto, now, lag, key_max)
+        clean_upto = rng.choice([-1, *offsets])
+        kept = retain(offsets, records, written, clean_upto, now, retention)
+        assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
+        assert kept.records == [records[offsets.index(o)] for o in kept.offsets]

@@ -1,0 +1,97 @@
+"""A compacted topic through real Kafka clients: confluent-kafka's AdminClient creates it with
+`cleanup.policy=compact`, librdkafka produces keyed values and a tombstone, and after the
+reconciler and the compactor ran, a consumer reading from the beginning sees the latest value
+per key at its original offset (the removed offsets are gaps) and the tombstone, kept for
+`delete.retention.ms`; the status shows the pass and the cleaner-offset map. A record without
+a key is refused as Kafka refuses it (INVALID_RECORD)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from daemon_support import daemon_and_client
+
+TOPIC = "changelog"
+POLLS_MAX = 60  # each poll waits at most a second
+KAFKA = {"kafka__listen": "127.0.0.1:0"}
+PRODUCED = [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", None), (b"a", b"3")]
+# The latest per key at its offset: a@5, b's tombstone@4, c@3.
+LATEST = [(3, b"c", b"1"), (4, b"b", None), (5, b"a", b"3")]
+
+
+def create_compacted(port: int) -> str | None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+    (future,) = admin.create_topics([NewTopic(TOPIC, 1, config=config)], request_timeout=20).values()
+    try:
+        future.result()
+    except KafkaException as exc:
+        return str(exc.args[0].name())
+    return None
+
+
+def produce(port: int, records: list[tuple[bytes | None, bytes | None]]) -> list[str]:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 0, "retries": 0})
+    errors: list[str] = []
+
+    def on_delivery(err, _message) -> None:
+        if err is not None:
+            errors.append(err.name())
+
+    for key, value in records:
+        producer.produce(TOPIC, key=key, value=value, partition=0, on_delivery=on_delivery)
+        producer.flush(30)  # one by one: each its own batch, its own offset order
+    assert producer.flush(30) == 0
+    return errors
+
+
+def consume_from_beginning(port: int, wanted: int) -> list[tuple[int, bytes | None, bytes | None]]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "reader", "enable.auto.commit": False}
+    )
+    got: list[tuple[int, bytes | None, bytes | None]] = []
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        for _ in range(POLLS_MAX):
+            message = consumer.poll(1.0)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append((message.offset(), message.key(), message.value()))
+            if len(got) >= wanted:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+async def test_a_consumer_of_a_compacted_topic_sees_the_latest_value_per_key(tmp_path: Path) -> None:
+    async with daemon_and_client(
+        tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
+    ) as (daemon, client):
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(create_compacted, port) is None
+        assert await anyio.to_thread.run_sync(produce, port, PRODUCED) == []
+        assert await anyio.to_thread.run_sync(produce, port, [(None, b"keyless")]) == ["INVALID_RECORD"]
+        node = daemon.node
+        await node.reconciler.run_round()
+        assert node.partition(TOPIC, 0).state.lro == len(PRODUCED) - 1
+        assert await node.compactor.run_round() == 1
+        got = await anyio.to_thread.run_sync(consume_from_beginning, port, len(LATEST))
+        assert got == LATEST
+        compactor = (await client.status()).compactor
+        assert compactor is not None and compactor.passes == 1
+        (status,) = compactor.partitions
+        term = node.partition(TOPIC, 0).term
+        assert (status.partition, status.records_removed, status.tombstones_dropped) == (f"{TOPIC}/0", 3, 0)
+        assert status.cleaner_offsets == {str(term): 5} and status.bytes_reclaimed > 0
+        assert status.dirty_ratio == 0.0 and status.last_compaction_at is not None

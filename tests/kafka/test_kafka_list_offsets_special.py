@@ -1,0 +1,119 @@
+"""ListOffsets v7-v11 and Kafka's special timestamps below earliest (-2): the record with the
+largest timestamp (-3, v7), the local log's start (-4, v8), the last tiered offset (-5, v9) and
+the first offset pending upload (-6, v11), answered as a Kafka broker answers them for a topic
+without tiered storage; below the version that introduced one, UNSUPPORTED_VERSION."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.kafka.protocol import make
+
+from daemon_support import daemon_and_client
+from test_kafka_listener import Wire, module_of
+
+TOPIC = "special"
+# out of order: the largest (9000) first appears at offset 2, again at 4
+TIMESTAMPS = (1000, 4000, 9000, 2000, 9000, 3000)
+
+
+def produce_and_list(port: int) -> dict[str, Any]:
+    from kafka import KafkaAdminClient, KafkaProducer, TopicPartition
+    from kafka.admin import OffsetSpec
+
+    bootstrap = f"127.0.0.1:{port}"
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    try:
+        for i, ts in enumerate(TIMESTAMPS):
+            producer.send(TOPIC, b"v%d" % i, partition=0, timestamp_ms=ts).get(30)
+    finally:
+        producer.close()
+    tp = TopicPartition(TOPIC, 0)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.delete_records({tp: 1})  # the start offset (and so the local log's start) moves to 1
+        found = {
+            spec.name: admin.list_partition_offsets({tp: spec})[tp]
+            for spec in (
+                OffsetSpec.MAX_TIMESTAMP,
+                OffsetSpec.EARLIEST_LOCAL,
+                OffsetSpec.LATEST_TIERED,
+                OffsetSpec.EARLIEST,
+                OffsetSpec.LATEST,
+            )
+        }
+    finally:
+        admin.close()
+    return {name: (r.offset, r.timestamp) for name, r in found.items()}
+
+
+def confluent_max_timestamp(port: int) -> tuple[int, int]:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    tp = TopicPartition(TOPIC, 0)
+    result = admin.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(30)
+    return result.offset, result.timestamp
+
+
+async def test_special_timestamps_with_real_clients(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        found = await anyio.to_thread.run_sync(produce_and_list, daemon.kafka_port)
+        assert found == {
+            "MAX_TIMESTAMP": (2, 9000),
+            "EARLIEST_LOCAL": (1, -1),
+            "LATEST_TIERED": (-1, -1),
+            "EARLIEST": (1, -1),
+            "LATEST": (6, -1),
+        }
+        assert await anyio.to_thread.run_sync(confluent_max_timestamp, daemon.kafka_port) == (2, 9000)
+
+
+async def list_offsets(wire: Wire, version: int, topic: str, timestamp: int) -> Any:
+    m = module_of(2, version)
+    part = make_partition(m, timestamp)
+    fields: dict[str, Any] = {
+        "replica_id": -1,
+        "isolation_level": 0,
+        "topics": (make(m.ListOffsetsTopic, name=topic, partitions=(part,)),),
+    }
+    if version >= 10:
+        fields["timeout"] = 1000
+    response = await wire.request(2, version, **fields)
+    return response.topics[0].partitions[0]
+
+
+def make_partition(m: Any, timestamp: int) -> Any:
+    return make(m.ListOffsetsPartition, partition_index=0, current_leader_epoch=-1, timestamp=timestamp)
+
+
+async def test_versions_and_refusals_on_the_wire(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("empty", 1)
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            versions = await wire.request(18, 3, client_software_name="t", client_software_version="1")
+            listed = {k.api_key: (k.min_version, k.max_version) for k in versions.api_keys}
+            assert listed[2] == (1, 11)
+            # each special timestamp from the version that introduced it, refused below it
+            for timestamp, first in ((-3, 7), (-4, 8), (-5, 9), (-6, 11)):
+                below = await list_offsets(wire, first - 1, "empty", timestamp)
+                assert below.error_code == ErrorCode.unsupported_version, timestamp
+                assert (below.offset, below.timestamp) == (-1, -1)
+                at = await list_offsets(wire, first, "empty", timestamp)
+                assert at.error_code == ErrorCode.none, timestamp
+            # an empty partition: no record has a largest timestamp
+            assert (await list_offsets(wire, 11, "empty", -3)).offset == -1
+            assert (await list_offsets(wire, 11, "empty", -4)).offset == 0
+            pending = await list_offsets(wire, 11, "empty", -6)
+            assert (pending.offset, pending.timestamp, pending.leader_epoch) == (-1, -1, -1)
+            assert (await list_offsets(wire, 10, "empty", -1)).offset == 0
+            assert (await list_offsets(wire, 11, "empty", -7)).error_code == ErrorCode.invalid_request
+        finally:
+            await wire.aclose()
