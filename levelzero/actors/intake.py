@@ -4,9 +4,19 @@ A door decodes its own wire format into `Record`s and maps errors back to its ow
 rules of taking records in live here and below: validation (the partition is led here, a request
 holds records), the one size rule (`core.produce_size`, which the batcher applies again to every
 request it is given), idempotence bookkeeping (an idempotent producer's batch already stored is
-answered with its offset, one being stored shares that attempt, stored batches are kept durably
-where the log store can and recovered after a restart from the store and the partition's recent
-placeholders), and the hand-off to the node (which encodes the records, in the batcher, once).
+answered with its offset, one being stored shares that attempt, a batch that does not follow its
+producer's last stored one is refused, stored batches are kept durably where the log store can),
+and the hand-off to the node (which encodes the records, in the batcher, once).
+
+What the intake knows of a partition's producers (as Kafka's ProducerStateManager, rebuilt from
+the log when a broker becomes leader) is rebuilt from the partition's durable placeholders
+whenever the partition's term here changes (`_view`): a new term starts after every record of
+the earlier ones is durable (the partition replays them first), and within the term only this
+node appends, and only the lane appends idempotent batches. The lane checks a batch (already
+stored, in order) against that view and appends it under the same term (`Node.produce`'s
+`term`): no batch stored by another node, or by this one before a crash, is missed, so a batch
+that follows the last one stored is never refused as out of order and a retry is never stored
+twice.
 
 Idempotent record sets (Kafka's) go through a lane per partition: queued without an await, in the
 order a connection submitted them, and stored by the lane's drain task, as many at once as one
@@ -42,17 +52,19 @@ from levelzero.core.producers import (
     BATCHES_REMEMBERED,
     PRODUCERS_MAX_DEFAULT,
     ProducerSequences,
+    StoredBatch,
     following_sequence,
 )
 from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
 from .batcher import ProduceResult
 from .node import Node
+from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.intake")
 
-# A producer's first idempotent batch to a partition after a start reads the partition's recent
-# placeholders (the batches a crash may have left out of the sequence table) this far back.
+# The first idempotent batch to a partition in a term of it here reads the partition's durable
+# placeholders this far back (records), a page of placeholders at a time.
 RECOVER_RECORDS_MAX = 100_000
 RECOVER_PLACEHOLDERS_MAX = 1_000
 
@@ -82,6 +94,7 @@ class Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     base_offset: int = -1
     error: LevelZeroError | None = None
+    stored: StoredBatch | None = None  # answered as a repeat of this batch, stored before
 
 
 class ProduceIntake:
@@ -100,8 +113,9 @@ class ProduceIntake:
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
         self._loaded_producers: dict[int, None] = {}
-        # (producer, topic, partition, the partition's term here) scanned
-        self._recovered: dict[tuple[int, str, int, int], None] = {}
+        # (topic, partition) -> the partition's term here whose durable placeholders are in
+        # `sequences` (with every idempotent batch the lane stored in that term since).
+        self._view_terms: dict[tuple[str, int], int] = {}
         # identity -> its record set being stored, for a retry that arrives while the first
         # attempt is still under way.
         self._producing: dict[Identity, Pending] = {}
@@ -180,11 +194,10 @@ class ProduceIntake:
 
     async def prepare_producer(self, producer_id: int, targets: Sequence[tuple[str, int]]) -> None:
         """Before an idempotent producer's record sets are submitted: what this process knows of
-        its stored batches (after a restart: the store's sequence table, then the partitions'
-        recent placeholders)."""
+        its stored batches (after a restart: the store's sequence table; the partitions' durable
+        placeholders are read by their lanes, once per term)."""
+        del targets  # (read by the lanes)
         await self._load_producer(producer_id)
-        for topic, partition in targets:
-            await self._recover_spans(producer_id, topic, partition)
 
     def submit(
         self, topic: str, partition: int, records: list[Record], identity: Identity | None
@@ -244,6 +257,8 @@ class ProduceIntake:
         await outcome.done.wait()
         if outcome.error is not None:
             raise outcome.error
+        if outcome.stored is not None:  # the lane found it stored (another node, a crash)
+            return outcome.base_offset, outcome.stored.record_count, True
         return outcome.base_offset, len(outcome.records), outcome.records is not mine
 
     async def _load_producer(self, producer_id: int) -> None:
@@ -269,36 +284,37 @@ class ProduceIntake:
             )
         self._mark_loaded(producer_id)
 
-    async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
-        """The producer's batches in the partition's recent placeholders, once per leadership
-        term of the partition here: a batch committed with its data just before a crash, whose
-        row in the sequence table was not committed yet, is recognised from the placeholder
-        (they commit together); so is one another node stored while it led the partition (in a
-        cluster, leadership may move away and back). After `_load_producer`, so these (the
-        newest) are remembered last."""
-        try:
+    async def _view(self, topic: str, partition: int) -> PartitionActor:
+        """The partition's actor, its producers' durable batches in `sequences` for its term
+        (read from its placeholders when the term is new here). Raises LevelZeroError (not led
+        here, the log store's)."""
+        while True:
             actor = self.node.partition(topic, partition)
-        except LevelZeroError:
-            return  # not led here: the produce is refused anyway
-        key = (producer_id, topic, partition, actor.term)
-        if key in self._recovered:
-            return
-        try:
-            recent = await self.node.log_store.read_placeholders(
-                actor.row.pid,
-                max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
-                RECOVER_PLACEHOLDERS_MAX,
+            if self._view_terms.get((topic, partition)) == actor.term:
+                return actor
+            await self._read_durable_batches(actor)
+            if self.node.partition(topic, partition) is actor:
+                self._view_terms[(topic, partition)] = actor.term
+                return actor
+            # (another term began while reading: read again under it)
+
+    async def _read_durable_batches(self, actor: PartitionActor) -> None:
+        """Every idempotent batch in the partition's durable placeholders of its last
+        RECOVER_RECORDS_MAX records into `sequences` (they are facts: `record` keeps each
+        producer's batches in offset order whatever it knew before)."""
+        topic, partition = actor.row.topic, actor.row.partition
+        end = actor.state.high_watermark  # every record of earlier terms is below it
+        offset = max(0, end - RECOVER_RECORDS_MAX)
+        while offset < end:
+            page = await self.node.log_store.read_placeholders(
+                actor.row.pid, offset, RECOVER_PLACEHOLDERS_MAX
             )
-        except LevelZeroError as exc:
-            log.warning("intake: cannot read %s/%d's recent placeholders: %s", topic, partition, exc)
-            return
-        for record in recent:
-            entry = record.entry
-            assert isinstance(entry, Placeholder), entry
-            for span in entry.producers:
-                if span.producer_id == producer_id:
+            for record in page:
+                entry = record.entry
+                assert isinstance(entry, Placeholder), entry
+                for span in entry.producers:
                     self.sequences.record(
-                        producer_id,
+                        span.producer_id,
                         span.producer_epoch,
                         topic,
                         partition,
@@ -306,9 +322,13 @@ class ProduceIntake:
                         span.record_count,
                         record.base_offset + span.first_record,
                     )
-        self._recovered[key] = None
-        while len(self._recovered) > PRODUCERS_MAX_DEFAULT:
-            del self._recovered[next(iter(self._recovered))]
+            if len(page) < RECOVER_PLACEHOLDERS_MAX:
+                return
+            last = page[-1]
+            assert isinstance(last.entry, Placeholder)
+            following = last.base_offset + last.entry.record_count
+            assert following > offset, (following, offset)  # each page moves on
+            offset = following
 
     def _mark_loaded(self, producer_id: int) -> None:
         self._loaded_producers[producer_id] = None
@@ -326,9 +346,19 @@ class ProduceIntake:
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
-                taken = self._in_sequence(taken)
-                if not taken:
-                    continue
+                term = None
+                if any(p.identity is not None for p in taken):
+                    # Checked against what is durable, then appended under the same term.
+                    try:
+                        term = (await self._view(topic, partition)).term
+                    except LevelZeroError as exc:
+                        for p in taken:
+                            self._finish(p, error=exc)
+                        taken = []
+                        continue
+                    taken = self._in_sequence(self._without_repeats(taken))
+                    if not taken:
+                        continue
                 spans, first = [], 0
                 for p in taken:
                     if p.identity is not None:
@@ -338,9 +368,14 @@ class ProduceIntake:
                     first += len(p.records)
                 try:
                     result = await self.node.produce(
-                        topic, partition, [r for p in taken for r in p.records], spans
+                        topic, partition, [r for p in taken for r in p.records], spans, term
                     )
                 except LevelZeroError as exc:
+                    if term is not None:
+                        # Read the placeholders again before the next batch. (An append that
+                        # failed cannot land later in a term that goes on: its actor ends,
+                        # deposed or crashed, and the next term is read anew anyway.)
+                        self._view_terms.pop((topic, partition), None)
                     for p in taken:
                         self._finish(p, error=exc)
                 else:
@@ -359,6 +394,19 @@ class ProduceIntake:
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    def _without_repeats(self, taken: list[Pending]) -> list[Pending]:
+        """The record sets to store, less the idempotent batches stored already (a retry whose
+        first attempt's answer was lost, stored by this node before a crash or by another):
+        answered with the offset they were stored at."""
+        kept = []
+        for p in taken:
+            stored = None if p.identity is None else self.sequences.duplicate_of(*p.identity)
+            if stored is None:
+                kept.append(p)
+            else:
+                self._finish(p, base_offset=stored.base_offset, stored=stored)
+        return kept
 
     def _in_sequence(self, taken: list[Pending]) -> list[Pending]:
         """The record sets to store, less the idempotent batches that do not follow their
@@ -414,12 +462,18 @@ class ProduceIntake:
         return None
 
     def _finish(
-        self, pending: Pending, *, base_offset: int = -1, error: LevelZeroError | None = None
+        self,
+        pending: Pending,
+        *,
+        base_offset: int = -1,
+        error: LevelZeroError | None = None,
+        stored: StoredBatch | None = None,
     ) -> None:
         pending.base_offset = base_offset
         pending.error = error
+        pending.stored = stored
         if pending.identity is not None:
             self._producing.pop(pending.identity, None)
-            if error is None:
+            if error is None and stored is None:
                 self.sequences.record(*pending.identity, len(pending.records), base_offset)
         pending.done.set()

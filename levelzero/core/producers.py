@@ -8,6 +8,12 @@ Five batches are enough only if they are stored in sequence order (a client's wi
 unacknowledged batches then spans at most five stored ones): a batch that does not follow the
 last one stored is refused (`next_sequence`, Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER), and the
 client sends it again after the earlier one it waits for.
+
+Every batch recorded is a fact about the log (stored at `base_offset`), learnt from wherever: an
+append just made, the partition's durable placeholders, the log store's sequence table. Facts may
+arrive in any order, so a producer's batches are kept in offset order and "the last one stored" is
+the one at the highest offset, not the one recorded last; a batch of an older producer epoch,
+below the newest batch known, changes nothing.
 """
 
 from __future__ import annotations
@@ -75,13 +81,34 @@ class ProducerSequences:
         assert record_count >= 1 and base_offset >= 0
         key = (producer_id, topic, partition)
         state = self._states.pop(key, None)
-        batches = [] if state is None or state[0] != producer_epoch else state[1]
-        batches = [b for b in batches if b.base_sequence != base_sequence]  # recorded again: once
-        batches = [*batches, StoredBatch(base_sequence, record_count, base_offset)][-BATCHES_REMEMBERED:]
+        batch = StoredBatch(base_sequence, record_count, base_offset)
+        if state is None:
+            batches = [batch]
+        elif state[0] != producer_epoch:
+            if state[1] and base_offset < state[1][-1].base_offset:
+                # An older epoch's batch (the producer moved on since): nothing to remember.
+                self._states[key] = state
+                return
+            batches = [batch]  # a new epoch: its sequences start over
+        else:
+            batches = [b for b in state[1] if b.base_sequence != base_sequence]  # recorded again: once
+            batches.append(batch)
+            if len(batches) > 1 and base_offset < batches[-2].base_offset:
+                batches.sort(key=_offset)  # an older fact learnt late: in offset order
+            batches = batches[-BATCHES_REMEMBERED:]
         self._states[key] = (producer_epoch, batches)
         while len(self._states) > self.producers_max:
             self._states.popitem(last=False)
         assert len(self._states) <= self.producers_max
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Forget every producer's batches in one partition (its view is rebuilt from the log)."""
+        for key in [k for k in self._states if k[1] == topic and k[2] == partition]:
+            del self._states[key]
+
+
+def _offset(batch: StoredBatch) -> int:
+    return batch.base_offset
 
 
 def following_sequence(base_sequence: int, record_count: int) -> int:

@@ -377,18 +377,19 @@ def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
 
 # name -> (what is broken, the patch that breaks it while a seed runs)
 def _idempotent_recovery_once_per_process() -> contextlib.AbstractContextManager[None]:
-    """A node reads a producer's recent placeholders once, not once per leadership term: after
-    leadership moved away and back, it misses the batches another node stored."""
-    original = ProduceIntake._recover_spans
+    """The intake reads a partition's producers from its placeholders once per process, not
+    again when the partition's term here changes: after leadership moved away and back, it
+    misses the batches another node stored."""
 
-    async def once(self: ProduceIntake, producer_id: int, topic: str, partition: int) -> None:
-        seen: set[tuple[int, str, int]] = self.__dict__.setdefault("_recovered_once", set())
-        if (producer_id, topic, partition) in seen:
-            return
-        await original(self, producer_id, topic, partition)
-        seen.add((producer_id, topic, partition))
+    async def once(self: ProduceIntake, topic: str, partition: int) -> PartitionActor:
+        seen: set[tuple[str, int]] = self.__dict__.setdefault("_viewed_once", set())
+        actor = self.node.partition(topic, partition)
+        if (topic, partition) not in seen:
+            await self._read_durable_batches(actor)
+            seen.add((topic, partition))
+        return actor
 
-    return _patched(ProduceIntake, "_recover_spans", once)
+    return _patched(ProduceIntake, "_view", once)
 
 
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
