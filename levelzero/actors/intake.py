@@ -8,15 +8,17 @@ answered with its offset, one being stored shares that attempt, a batch that doe
 producer's last stored one is refused, stored batches are kept durably where the log store can),
 and the hand-off to the node (which encodes the records, in the batcher, once).
 
-What the intake knows of a partition's producers (as Kafka's ProducerStateManager, rebuilt from
-the log when a broker becomes leader) is rebuilt from the partition's durable placeholders
-whenever the partition's term here changes (`_view`): a new term starts after every record of
-the earlier ones is durable (the partition replays them first), and within the term only this
-node appends, and only the lane appends idempotent batches. The lane checks a batch (already
-stored, in order) against that view and appends it under the same term (`Node.produce`'s
-`term`): no batch stored by another node, or by this one before a crash, is missed, so a batch
-that follows the last one stored is never refused as out of order and a retry is never stored
-twice.
+A partition's producers as its log says are part of its state (`PartitionState.producers`, as
+Kafka's ProducerStateManager): applied from every durable placeholder's producer spans, kept in
+its snapshots, so rebuilt from the snapshot and the log each time a term of the partition
+begins on a node, and holding exactly what is durable. Within a term only this node appends,
+and only the partition's lane appends idempotent batches, one produce at a time: the lane
+checks a batch against that state (already stored: its offset; not following its producer's
+last stored batch: refused) and appends it under the same term (`Node.produce`'s `term`). A
+batch stored by another node or by this one before a crash is never missed, so the one after
+it is never refused as out of order and a retry is never stored twice. What the intake keeps
+itself (`sequences`, and the log store's sequence table) only answers retries sooner, and
+recognises those of producers the partition's state no longer remembers.
 
 Idempotent record sets (Kafka's) go through a lane per partition: queued without an await, in the
 order a connection submitted them, and stored by the lane's drain task, as many at once as one
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from levelzero.core.entries import Placeholder, ProducerSpan
+from levelzero.core.entries import ProducerSpan
 from levelzero.core.errors import (
     InvalidInput,
     KeylessRecord,
@@ -51,6 +53,7 @@ from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import (
     BATCHES_REMEMBERED,
     PRODUCERS_MAX_DEFAULT,
+    PartitionProducers,
     ProducerSequences,
     StoredBatch,
     following_sequence,
@@ -59,14 +62,8 @@ from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
 
 from .batcher import ProduceResult
 from .node import Node
-from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.intake")
-
-# The first idempotent batch to a partition in a term of it here reads the partition's durable
-# placeholders this far back (records), a page of placeholders at a time.
-RECOVER_RECORDS_MAX = 100_000
-RECOVER_PLACEHOLDERS_MAX = 1_000
 
 # (producer id, producer epoch, topic, partition, base sequence) of an idempotent record set.
 Identity = tuple[int, int, str, int, int]
@@ -113,9 +110,6 @@ class ProduceIntake:
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
         self._loaded_producers: dict[int, None] = {}
-        # (topic, partition) -> the partition's term here whose durable placeholders are in
-        # `sequences` (with every idempotent batch the lane stored in that term since).
-        self._view_terms: dict[tuple[str, int], int] = {}
         # identity -> its record set being stored, for a retry that arrives while the first
         # attempt is still under way.
         self._producing: dict[Identity, Pending] = {}
@@ -194,9 +188,9 @@ class ProduceIntake:
 
     async def prepare_producer(self, producer_id: int, targets: Sequence[tuple[str, int]]) -> None:
         """Before an idempotent producer's record sets are submitted: what this process knows of
-        its stored batches (after a restart: the store's sequence table; the partitions' durable
-        placeholders are read by their lanes, once per term)."""
-        del targets  # (read by the lanes)
+        its stored batches after a restart (the store's sequence table; the partitions' own
+        state is what the lanes check against)."""
+        del targets  # (the lanes look at the partitions)
         await self._load_producer(producer_id)
 
     def submit(
@@ -284,52 +278,6 @@ class ProduceIntake:
             )
         self._mark_loaded(producer_id)
 
-    async def _view(self, topic: str, partition: int) -> PartitionActor:
-        """The partition's actor, its producers' durable batches in `sequences` for its term
-        (read from its placeholders when the term is new here). Raises LevelZeroError (not led
-        here, the log store's)."""
-        while True:
-            actor = self.node.partition(topic, partition)
-            if self._view_terms.get((topic, partition)) == actor.term:
-                return actor
-            await self._read_durable_batches(actor)
-            if self.node.partition(topic, partition) is actor:
-                self._view_terms[(topic, partition)] = actor.term
-                return actor
-            # (another term began while reading: read again under it)
-
-    async def _read_durable_batches(self, actor: PartitionActor) -> None:
-        """Every idempotent batch in the partition's durable placeholders of its last
-        RECOVER_RECORDS_MAX records into `sequences` (they are facts: `record` keeps each
-        producer's batches in offset order whatever it knew before)."""
-        topic, partition = actor.row.topic, actor.row.partition
-        end = actor.state.high_watermark  # every record of earlier terms is below it
-        offset = max(0, end - RECOVER_RECORDS_MAX)
-        while offset < end:
-            page = await self.node.log_store.read_placeholders(
-                actor.row.pid, offset, RECOVER_PLACEHOLDERS_MAX
-            )
-            for record in page:
-                entry = record.entry
-                assert isinstance(entry, Placeholder), entry
-                for span in entry.producers:
-                    self.sequences.record(
-                        span.producer_id,
-                        span.producer_epoch,
-                        topic,
-                        partition,
-                        span.base_sequence,
-                        span.record_count,
-                        record.base_offset + span.first_record,
-                    )
-            if len(page) < RECOVER_PLACEHOLDERS_MAX:
-                return
-            last = page[-1]
-            assert isinstance(last.entry, Placeholder)
-            following = last.base_offset + last.entry.record_count
-            assert following > offset, (following, offset)  # each page moves on
-            offset = following
-
     def _mark_loaded(self, producer_id: int) -> None:
         self._loaded_producers[producer_id] = None
         while len(self._loaded_producers) > PRODUCERS_MAX_DEFAULT:
@@ -350,13 +298,15 @@ class ProduceIntake:
                 if any(p.identity is not None for p in taken):
                     # Checked against what is durable, then appended under the same term.
                     try:
-                        term = (await self._view(topic, partition)).term
+                        actor = self.node.partition(topic, partition)
                     except LevelZeroError as exc:
                         for p in taken:
                             self._finish(p, error=exc)
                         taken = []
                         continue
-                    taken = self._in_sequence(self._without_repeats(taken))
+                    term = actor.term
+                    producers = actor.state.producers
+                    taken = self._in_sequence(self._without_repeats(taken, producers), producers)
                     if not taken:
                         continue
                 spans, first = [], 0
@@ -371,11 +321,6 @@ class ProduceIntake:
                         topic, partition, [r for p in taken for r in p.records], spans, term
                     )
                 except LevelZeroError as exc:
-                    if term is not None:
-                        # Read the placeholders again before the next batch. (An append that
-                        # failed cannot land later in a term that goes on: its actor ends,
-                        # deposed or crashed, and the next term is read anew anyway.)
-                        self._view_terms.pop((topic, partition), None)
                     for p in taken:
                         self._finish(p, error=exc)
                 else:
@@ -395,35 +340,38 @@ class ProduceIntake:
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
 
-    def _without_repeats(self, taken: list[Pending]) -> list[Pending]:
+    def _without_repeats(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
         """The record sets to store, less the idempotent batches stored already (a retry whose
         first attempt's answer was lost, stored by this node before a crash or by another):
-        answered with the offset they were stored at."""
+        answered with the offset they were stored at. The partition's state knows every recent
+        producer's last batches; the intake's memory, older producers' too."""
         kept = []
         for p in taken:
-            stored = None if p.identity is None else self.sequences.duplicate_of(*p.identity)
+            stored = None
+            if p.identity is not None:
+                producer_id, epoch, _, _, base_sequence = p.identity
+                stored = producers.duplicate_of(producer_id, epoch, base_sequence)
+                if stored is None:
+                    stored = self.sequences.duplicate_of(*p.identity)
             if stored is None:
                 kept.append(p)
             else:
                 self._finish(p, base_offset=stored.base_offset, stored=stored)
         return kept
 
-    def _in_sequence(self, taken: list[Pending]) -> list[Pending]:
+    def _in_sequence(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
         """The record sets to store, less the idempotent batches that do not follow their
-        producer's last stored one (Kafka's rule; answered OutOfOrderSequence, which a client
-        retries once the earlier batch is stored). Stored in sequence order, a producer's five
-        batches remembered cover its window of five unacknowledged ones."""
+        producer's last stored one in the partition's state (Kafka's rule; answered
+        OutOfOrderSequence, which a client retries once the earlier batch is stored). Stored in
+        sequence order, a producer's five batches remembered cover its window of five
+        unacknowledged ones. A producer the state does not know may start anywhere."""
         kept = []
         expected: dict[tuple[int, int], int | None] = {}
         for p in taken:
             if p.identity is not None:
-                producer_id, epoch, topic, partition, base_sequence = p.identity
+                producer_id, epoch, _, _, base_sequence = p.identity
                 key = (producer_id, epoch)
-                want = (
-                    expected[key]
-                    if key in expected
-                    else self.sequences.next_sequence(producer_id, epoch, topic, partition)
-                )
+                want = expected[key] if key in expected else producers.next_sequence(producer_id, epoch)
                 if want is not None and base_sequence != want:
                     self._finish(p, error=OutOfOrderSequence(producer_id, base_sequence, want))
                     continue

@@ -115,3 +115,78 @@ def following_sequence(base_sequence: int, record_count: int) -> int:
     """The sequence after a batch of `record_count` records at `base_sequence` (wrapping)."""
     following = base_sequence + record_count
     return following if following <= SEQUENCE_MAX else following - SEQUENCE_MAX - 1
+
+
+# A partition's state remembers this many producers (the least recently appended forgotten
+# first): their batches ride in its snapshots.
+PARTITION_PRODUCERS_MAX = 1_000
+
+# A producer's row in a partition snapshot: (producer id, epoch, ((base sequence, record count,
+# base offset), ...) oldest first).
+ProducerRow = tuple[int, int, tuple[tuple[int, int, int], ...]]
+
+
+class PartitionProducers:
+    """One partition's idempotent producers as its log says (Kafka's ProducerStateManager): fed
+    every placeholder's producer spans in log order by the partition state, so it is rebuilt
+    from the snapshot and the log whenever a term begins, and holds exactly what is durable.
+    Per producer its epoch and last `BATCHES_REMEMBERED` batches; at most `producers_max`
+    producers, the least recently appended forgotten first (deterministic: log order)."""
+
+    __slots__ = ("producers_max", "_states")
+
+    def __init__(self, producers_max: int = PARTITION_PRODUCERS_MAX) -> None:
+        assert producers_max >= 1
+        self.producers_max = producers_max
+        self._states: dict[int, tuple[int, tuple[StoredBatch, ...]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def append(
+        self, producer_id: int, producer_epoch: int, base_sequence: int, record_count: int, base_offset: int
+    ) -> None:
+        """A batch stored at `base_offset`, above every batch appended before."""
+        assert record_count >= 1 and base_offset >= 0
+        state = self._states.pop(producer_id, None)
+        batch = StoredBatch(base_sequence, record_count, base_offset)
+        if state is None or state[0] != producer_epoch:
+            batches: tuple[StoredBatch, ...] = (batch,)  # new, or a new epoch: starts over
+        else:
+            assert not state[1] or state[1][-1].base_offset < base_offset, (state, batch)
+            batches = (*state[1], batch)[-BATCHES_REMEMBERED:]
+        self._states[producer_id] = (producer_epoch, batches)
+        if len(self._states) > self.producers_max:
+            del self._states[next(iter(self._states))]
+
+    def duplicate_of(self, producer_id: int, producer_epoch: int, base_sequence: int) -> StoredBatch | None:
+        """The stored batch this one repeats, or None."""
+        state = self._states.get(producer_id)
+        if state is None or state[0] != producer_epoch:
+            return None
+        for batch in state[1]:
+            if batch.base_sequence == base_sequence:
+                return batch
+        return None
+
+    def next_sequence(self, producer_id: int, producer_epoch: int) -> int | None:
+        """The base sequence the producer's next new batch must have, or None when any will do
+        (a producer not known here, or a new epoch: it starts over)."""
+        state = self._states.get(producer_id)
+        if state is None or state[0] != producer_epoch:
+            return None
+        last = state[1][-1]
+        return following_sequence(last.base_sequence, last.record_count)
+
+    def rows(self) -> tuple[ProducerRow, ...]:
+        return tuple(
+            (producer_id, epoch, tuple((b.base_sequence, b.record_count, b.base_offset) for b in batches))
+            for producer_id, (epoch, batches) in self._states.items()
+        )
+
+    @classmethod
+    def from_rows(cls, rows: tuple[ProducerRow, ...]) -> PartitionProducers:
+        producers = cls()
+        for producer_id, epoch, batches in rows:
+            producers._states[producer_id] = (epoch, tuple(StoredBatch(*b) for b in batches))
+        return producers

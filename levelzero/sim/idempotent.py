@@ -10,7 +10,8 @@ memory of five batches per producer and partition relies on). It retries a batch
 answer (a crash, a pause, a node that lost the partition, its request timeout), and a reply may
 be lost after the batch was stored (the connection dropped): the retry repeats the batch exactly.
 Every incarnation has its own intake, so a retry after a crash or on another node is recognised
-only through what the partition's recent placeholders say (`_recover_spans`).
+only through the partition's durable placeholders, which an intake reads each time the
+partition's term on its node begins (`ProduceIntake._view`).
 
 Checked:
 - **no batch stored twice**: every durable placeholder's producer spans are looked at as they
@@ -28,18 +29,51 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import anyio
 
 from levelzero.actors.intake import Pending, ProduceIntake
+from levelzero.actors.node import Node
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import LedElsewhere, LevelZeroError, OutOfOrderSequence
 from levelzero.core.l0format import Record
 from levelzero.core.producers import following_sequence
 
-if TYPE_CHECKING:
-    from .world import Incarnation, World
+from .checks import Truth
+
+
+class Incarnation(Protocol):
+    """What the producers use of a node's incarnation (`world.Incarnation`): named here so
+    that this module does not import the world that imports it."""
+
+    node: Node
+    intake: ProduceIntake | None
+
+
+class World(Protocol):
+    """What the producers use of the world (`world.World`)."""
+
+    seed: int
+    phase: str
+    stats: Any  # world.Stats: the writes' totals
+    faults: Any  # faults.SeededFaults: `enabled`
+    truth: Truth
+    produces_in_flight: int
+
+    @property
+    def lives(self) -> dict[str | None, Any]: ...  # node id -> its live `Incarnation`
+
+    def entry(self) -> Any: ...  # a live `Incarnation` a client enters at, or None
+
+    def pid(self, topic: str, partition: int) -> int: ...
+
+    def partition_name(self, pid: int) -> str: ...
+
+    def note(self, text: str) -> None: ...
+
+    def fail(self, invariant: str, message: str) -> None: ...
+
 
 PRODUCER_ID_BASE = 7_000  # the simulated producers' ids: 7000, 7001, ...
 PRODUCERS = (1, 3)  # how many idempotent producers a seed has

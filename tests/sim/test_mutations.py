@@ -63,7 +63,7 @@ SEEDS_TO_CATCH_MAX = {
     # Kafka idempotent producers: retries across crashes, lost replies, timeouts
     "idempotent_duplicates_unchecked": 20,  # caught at seeds 0, 1, 2
     "idempotent_out_of_order_taken": 20,  # caught at seeds 0, 1, 2
-    "idempotent_recovery_once_per_process": 30,  # three nodes: caught at seeds 0, 5, 7
+    "idempotent_state_per_process": 30,  # three nodes
 }
 # The single-node table on a three-node cluster: each is caught there too (but a rule only a
 # single node has: a cluster's GC takes its snapshot from the control plane).
