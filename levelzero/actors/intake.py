@@ -298,7 +298,7 @@ class ProduceIntake:
                 if any(p.identity is not None for p in taken):
                     # Checked against what is durable, then appended under the same term.
                     try:
-                        actor = self.node.partition(topic, partition)
+                        actor = await self.node.led_partition(topic, partition)
                     except LevelZeroError as exc:
                         for p in taken:
                             self._finish(p, error=exc)
