@@ -10,8 +10,8 @@ memory of five batches per producer and partition relies on). It retries a batch
 answer (a crash, a pause, a node that lost the partition, its request timeout), and a reply may
 be lost after the batch was stored (the connection dropped): the retry repeats the batch exactly.
 Every incarnation has its own intake, so a retry after a crash or on another node is recognised
-only through the partition's durable placeholders, which an intake reads each time the
-partition's term on its node begins (`ProduceIntake._view`).
+only through the partition's state, which each term rebuilds from the snapshot and the log
+(`PartitionState.producers`, applied from the placeholders' producer spans).
 
 Checked:
 - **no batch stored twice**: every durable placeholder's producer spans are looked at as they
