@@ -26,6 +26,7 @@ from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
+    NotLeader,
     OffsetOutOfRange,
     ShuttingDown,
     TopicExists,
@@ -629,11 +630,16 @@ class Node:
         partition: int,
         records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
+        term: int | None = None,
     ) -> ProduceResult:
+        """`term`: the partition's term here the caller checked the records against (the
+        intake's idempotent batches): under another term they are refused (NotLeader)."""
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
         if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
             actor = await self.led_partition(topic, partition)
+        if term is not None and actor.term != term:
+            raise NotLeader(actor.name, term, actor.term)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
             raise InvalidInput(

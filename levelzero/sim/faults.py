@@ -28,7 +28,7 @@ from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, ObjectOp
-from levelzero.storage.protocols import Append, L1Row, L1State, OnDurable
+from levelzero.storage.protocols import Append, L1Row, L1State, OnDurable, ProducerBatchRow
 
 from .config import Range, SimConfig
 
@@ -115,6 +115,8 @@ class SimLogStore(MemoryLogStore):
         self._durable = durable
         self._delete_started = delete_started
         self.slow_enabled = True
+        # (producer id, topic, partition) -> its last batches, oldest first
+        self.producer_rows: dict[tuple[int, str, int], list[ProducerBatchRow]] = {}
 
     async def latency(self) -> None:
         cfg = self._cfg
@@ -122,6 +124,25 @@ class SimLogStore(MemoryLogStore):
             await anyio.sleep(self._rng.uniform(*cfg.slow_log_s))
         else:
             await anyio.sleep(self._rng.uniform(*cfg.log_op_s))
+
+    # -- idempotent producers' last batches (the `ProducerBatchStore` role SQLite and
+    # PostgreSQL have, in memory in insertion order: the daemon's intake keeps them durably, and
+    # after a restart recognises a retry of a batch whose placeholder the log already dropped)
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        assert keep >= 1
+        for row in rows:
+            key = (row.producer_id, row.topic, row.partition)
+            kept = [r for r in self.producer_rows.get(key, []) if r.base_sequence != row.base_sequence]
+            self.producer_rows[key] = [*kept, row][-keep:]
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
+        return [
+            row
+            for (pid, _, _), rows in sorted(self.producer_rows.items())
+            if pid == producer_id
+            for row in rows
+        ]
 
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         record = await super().begin_term(pid, log_offset, base_offset, at_least)
@@ -246,4 +267,5 @@ class Link:
             return result
 
         call.__name__ = attr
+        setattr(self, attr, call)  # made once: the next lookup finds it without __getattr__
         return call

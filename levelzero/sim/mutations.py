@@ -25,6 +25,7 @@ import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
 import levelzero.storage.log_rules as log_rules_module
 from levelzero.actors.gc import GcActor
+from levelzero.actors.intake import ProduceIntake
 import levelzero.actors.cluster as cluster_module
 from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.compactor import Compactor
@@ -40,6 +41,7 @@ from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
+from levelzero.core.producers import PartitionProducers, ProducerSequences
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
@@ -455,6 +457,62 @@ def _compaction_superseded_never_deleted() -> contextlib.AbstractContextManager[
     return _patched(L1Catalog, "finish_superseded", finish_superseded)
 
 
+# ---------------------------------------------------------------- Kafka idempotent producers
+
+
+def _idempotent_duplicates_unchecked() -> contextlib.AbstractContextManager[None]:
+    return _both(
+        _patched(ProducerSequences, "duplicate_of", lambda self, *identity: None),
+        _patched(PartitionProducers, "duplicate_of", lambda self, *identity: None),
+    )
+
+
+def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
+    return _patched(ProduceIntake, "_in_sequence", lambda self, taken, producers: taken)
+
+
+class _ProcessMemory:
+    """What one intake learnt itself of a partition's producers, in `PartitionProducers`' shape."""
+
+    def __init__(self, intake: ProduceIntake, taken: list[Any]) -> None:
+        self.sequences = intake.sequences
+        self.topic: str = taken[0].topic if taken else ""
+        self.partition: int = taken[0].partition if taken else -1
+
+    def duplicate_of(self, producer_id: int, epoch: int, base_sequence: int) -> Any:
+        return self.sequences.duplicate_of(producer_id, epoch, self.topic, self.partition, base_sequence)
+
+    def next_sequence(self, producer_id: int, epoch: int) -> int | None:
+        return self.sequences.next_sequence(producer_id, epoch, self.topic, self.partition)
+
+
+def _idempotent_state_per_process() -> contextlib.AbstractContextManager[None]:
+    """The intake checks a producer's batches against what its own process learnt (its answers,
+    the sequence table), not the partition's state, which each term rebuilds from the log: it
+    misses the batches another node, or an earlier run, stored."""
+    repeats, in_sequence = ProduceIntake._without_repeats, ProduceIntake._in_sequence
+    return _both(
+        _patched(
+            ProduceIntake,
+            "_without_repeats",
+            lambda self, taken, producers: repeats(self, taken, _ProcessMemory(self, taken)),  # type: ignore[arg-type]
+        ),
+        _patched(
+            ProduceIntake,
+            "_in_sequence",
+            lambda self, taken, producers: in_sequence(self, taken, _ProcessMemory(self, taken)),  # type: ignore[arg-type]
+        ),
+    )
+
+
+@contextlib.contextmanager
+def _both(
+    first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
+) -> Iterator[None]:
+    with first, second:
+        yield
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -553,6 +611,19 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "an accepted compaction's superseded objects are never deleted (left in the store)",
         _compaction_superseded_never_deleted,
     ),
+    "idempotent_duplicates_unchecked": (
+        "the produce intake does not recognise an idempotent batch already stored",
+        _idempotent_duplicates_unchecked,
+    ),
+    "idempotent_out_of_order_taken": (
+        "the produce intake stores an idempotent batch that does not follow the last one stored",
+        _idempotent_out_of_order_taken,
+    ),
+    "idempotent_state_per_process": (
+        "the produce intake checks idempotent batches against its own process's memory, not the "
+        "partition's state (rebuilt from the log at every term start)",
+        _idempotent_state_per_process,
+    ),
 }
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
@@ -565,6 +636,7 @@ CLUSTER_MUTATIONS = frozenset(
         "lease_from_reply",
         "leads_ignores_deadline",
         "lease_margin_typo",
+        "idempotent_state_per_process",
     }
 )
 CLUSTER_NODES = 3

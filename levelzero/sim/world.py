@@ -34,6 +34,7 @@ from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
@@ -42,6 +43,7 @@ from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
+    NotLeader,
     ObjectNotFound,
     OffsetOutOfRange,
     ShuttingDown,
@@ -63,6 +65,7 @@ from .checks import L0_ROOT, Truth
 from .compaction import CompactionSim
 from .config import SimConfig
 from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
+from .idempotent import IdempotentProducers
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -70,6 +73,8 @@ WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+GC_ROUND_WAIT_S = 1.0  # a creation waits this long at most for a GC round to open
+GC_ROUND_STEP_S = 0.005  # ... and enters it up to this far in
 
 
 # Per-seed rates (scaled by one of `swarm_scales`, 0 turns the fault off) and workload intervals
@@ -111,6 +116,7 @@ class Incarnation:
     change: Change | None = None  # None for the first incarnation
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
+    intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -202,7 +208,8 @@ class World:
         self.stats = Stats()
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
-        self.log_store = SimLogStore(rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started)
+        self.idempotent = IdempotentProducers(self)
+        self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
@@ -224,6 +231,7 @@ class World:
         self._below_start_since: dict[
             str, float
         ] = {}  # L1 key -> when first seen below start  # L0 key -> when first seen at or below M
+        self._gc_round_began = anyio.Event()  # set (and replaced) as any GC round begins
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
@@ -245,6 +253,10 @@ class World:
         line = f"{anyio.current_time():9.4f} {text}"
         self.trace.append(line)
         self.digest = zlib.crc32(line.encode(), self.digest)
+
+    def _on_durable(self, pid: int, records: list[Any]) -> None:
+        self.truth.on_durable(pid, records)
+        self.idempotent.on_durable(pid, records)
 
     def fail(self, invariant: str, message: str) -> None:
         """Record the first violation and raise it (whoever catches it, the run reports it)."""
@@ -362,6 +374,7 @@ class World:
                 self._crasher,
                 self._bumper,
                 self._checker,
+                self.idempotent.run,
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
@@ -537,8 +550,9 @@ class World:
             if k not in epochs and k.startswith(L0_ROOT):
                 epochs[k] = parse_l0_key(k).epoch
         keys = [k for k in self.objects.keys() if epochs.get(k, m + 1) <= m]
+        eligible = set(keys)
         for key in list(seen):
-            if key not in keys:
+            if key not in eligible:
                 del seen[key]
         cfg = self.cfg
         bound = cfg.gc_sweep_interval_s + cfg.gc_idle_backoff_max_s * 1.1 + cfg.collect_round_s
@@ -578,7 +592,8 @@ class World:
             wall_clock=self.wall,
             cluster=settings,
         )
-        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
+        self._watch_gc_rounds(node)
+        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -653,10 +668,21 @@ class World:
         with inc.scope:
             async with anyio.create_task_group() as tg:
                 inc.tg = tg
-                await tg.start(inc.node.run)
+                await tg.start(self._serve, inc)
                 task_status.started()
         inc.ended = True
         self.note(f"{inc} ended")
+
+    @staticmethod
+    async def _serve(
+        inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The node, and its Kafka produce intake for as long as the node runs."""
+        assert inc.intake is not None
+        async with anyio.create_task_group() as tg:
+            await tg.start(inc.intake.run)
+            await inc.node.run(task_status=task_status)
+            tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
     async def crash(self, inc: Incarnation) -> None:
         assert self.lives[inc.node_id] is inc
@@ -865,7 +891,15 @@ class World:
                     return inc, await getattr(inc.node, op)(topic, partition, *args)
             except TimeoutError:
                 raise RequestTimedOut(f"{op} to {inc} timed out (the node died?)") from None
-            except (LedElsewhere, ShuttingDown) as exc:
+            except (LedElsewhere, ShuttingDown, UnknownTopic, NotLeader) as exc:
+                # UnknownTopic: in a cluster a node learns a topic another node created from its
+                # next cluster view (every third of the lease TTL); a client that was told of the
+                # topic retries, as a Kafka client does on UNKNOWN_TOPIC_OR_PARTITION. NotLeader:
+                # the node's partition was deposed by a newer term (its lease moved while it
+                # wrote) and has not resigned yet; retriable, as Kafka's NOT_LEADER_OR_FOLLOWER.
+                # A node that never resigns still fails the write once the retries run out.
+                if isinstance(exc, (UnknownTopic, NotLeader)) and not self.cluster:
+                    raise
                 leader = None
                 if isinstance(exc, LedElsewhere) and exc.leader_url is not None:
                     leader = self.lives.get(exc.leader_url.removeprefix("sim://"))
@@ -1017,13 +1051,27 @@ class World:
 
     async def _during_gc_round(self) -> None:
         """Often, wait (a bounded while) until some node's GC round is open: a partition created
-        after its snapshot is what the cap E - 1 protects."""
+        after its snapshot is what the cap E - 1 protects. (Woken as a round begins, then a
+        step of up to `GC_ROUND_STEP_S` into it, as a poll at that period would land; no poll.)"""
         if self.rng.random() >= self.cfg.create_in_gc_round_p:
             return
-        for _ in range(200):
-            if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
-                return
-            await anyio.sleep(0.005)
+        with anyio.move_on_after(GC_ROUND_WAIT_S):
+            while True:
+                if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
+                    return
+                await self._gc_round_began.wait()
+                await anyio.sleep(self.rng.uniform(0.0, GC_ROUND_STEP_S))
+
+    def _watch_gc_rounds(self, node: Node) -> None:
+        """Wake `_during_gc_round` as a round of this node's GC begins."""
+        run_round = node.gc.run_round
+
+        async def watched(dry_run: bool = False) -> Any:
+            self._gc_round_began.set()
+            self._gc_round_began = anyio.Event()
+            return await run_round(dry_run)
+
+        setattr(node.gc, "run_round", watched)  # noqa: B010 - an instance's method, watched
 
     async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
         during_gc = inc.node.gc._round_lock.locked()
