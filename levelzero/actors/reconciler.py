@@ -248,7 +248,8 @@ class Reconciler:
         round knows which extents each L0 object gives (`RoundReads`), and handed to the copy."""
         state = actor.state
         if (
-            not state.has_unreconciled_data
+            reads.full  # the round plans no more than its spans could hold: the rest read alone
+            or not state.has_unreconciled_data
             or not self.health.retry_due(actor.name, self._wall())
             or not self._due_for_object(actor)
             or topic_name_problem(actor.row.topic) is not None
@@ -263,7 +264,7 @@ class Reconciler:
             return  # the copy reads them again, and says what fails
         batch = self._batch_of(placeholders, hwm)
         reads.plan(record.entry for record in batch if isinstance(record.entry, Placeholder))
-        self._planned[actor.row.pid] = (start, placeholders)
+        self._planned[actor.row.pid] = (start, batch)  # a batch at most: bounded with the plan
 
     def _due_for_object(self, actor: PartitionActor) -> bool:
         """Whether `actor`'s unreconciled data is to be written now: it reached

@@ -50,12 +50,22 @@ class RoundReads:
         self._planned: dict[str, set[_Extent]] = {}
         self._spans: dict[str, _Span] = {}
         self._held = 0  # bytes of the spans in `_spans`
+        self._planned_bytes = 0
         self.stats = RoundReadStatistics()
 
     def plan(self, placeholders: Iterable[Placeholder]) -> None:
         """Extents a partition of this round will read."""
         for p in placeholders:
             self._planned.setdefault(p.object_key, set()).add((p.byte_offset, p.byte_length))
+            self._planned_bytes += p.byte_length
+
+    @property
+    def full(self) -> bool:
+        """The extents planned add up to the budget: planning more could not share more GETs
+        (the spans held at once stay within it), and would only hold more placeholders in
+        memory. (Checked before each partition's plan: the partitions planned concurrently may
+        pass it by a batch each.)"""
+        return self._planned_bytes >= self._budget
 
     @property
     def held_bytes(self) -> int:

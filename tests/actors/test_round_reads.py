@@ -87,6 +87,16 @@ async def test_a_span_beyond_the_budget_an_unplanned_extent_and_a_lone_one_are_r
     assert (reads.stats.span_gets, reads.stats.extent_gets) == (0, 4)
 
 
+def test_planning_stops_at_the_budget():
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=100)
+    assert not reads.full
+    reads.plan([extent(0, 60), extent(60, 30)])
+    assert not reads.full
+    reads.plan([extent(90, 10)])
+    assert reads.full
+    assert RoundReads(MemoryObjectStore(), budget_bytes=0).full  # shared reads off: no plan
+
+
 @in_virtual_time
 async def test_copies_waiting_for_a_span_share_its_get_and_fall_back_when_it_fails():
     store = await store_with_body()
