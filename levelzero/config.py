@@ -326,6 +326,7 @@ class ReconcilerSection(_Section):
     object_age_max_s: float = 30.0  # ... once they waited this long (0 and 0: every pass)
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
+    read_buffer_bytes_max: int = 64 * MiB  # a round's shared L0 reads hold at most this at once
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
     delete_retry_first_s: float = 1.0  # a failed L1 delete is tried again after this, doubling
     delete_retry_max_s: float = 300.0  # ... up to this
