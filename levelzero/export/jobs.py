@@ -133,7 +133,7 @@ class SparkAnalysis:
     def run(self) -> Results:
         try:
             frames = {table: self._table(table) for table in TABLES}
-            rows = {table: frame.count() for table, frame in frames.items()}
+            rows = self._rows(frames)
             self.results = self._time_grid(frames, rows)
             self.results.figures.update(
                 spark_master=self.spark.sparkContext.master,
@@ -174,6 +174,15 @@ class SparkAnalysis:
             # shuffle: do it once, not in every result that reads the table.
             frame = self._cache(frame.dropDuplicates(list(TABLES[table].key)))
         return frame
+
+    def _rows(self, frames: dict[str, DataFrame]) -> dict[str, int]:
+        """Input rows per table. One directory's are its files' footers' (no Spark job: the
+        footers were read by the input checks); several directories' are counted after
+        deduplication (which fills the cache the results read from)."""
+        if len(self.inputs) == 1:
+            (found,) = self.inputs
+            return {table: found.rows[table] for table in frames}
+        return {table: frame.count() for table, frame in frames.items()}
 
     @contextmanager
     def _timestamps_as_micros(self) -> Iterator[None]:
@@ -379,21 +388,18 @@ class SparkAnalysis:
         self._keep(name, histogram, order=["bin_lo_s"])
 
     def _gc_rounds_over_time(self, rounds: DataFrame) -> None:
-        totals = rounds.agg(
-            _count().alias("rounds"),
-            _count(F.col("dry_run")).alias("dry_runs"),
-            _count(F.col("m").isNull()).alias("blocked"),
-            F.max("m").alias("m_max"),
-            F.max("cluster_epoch").alias("epoch_max"),
-        ).collect()[0]
-        self.results.figures.update(
-            gc_rounds=totals["rounds"],
-            gc_dry_runs=totals["dry_runs"],
-            gc_blocked_rounds=totals["blocked"],
-            gc_m_max=totals["m_max"],
-            cluster_epoch_max=totals["epoch_max"],
-        )
+        """Rounds per bucket; the totals are sums and maxima over the buckets, collected with
+        them (one job)."""
         real = ~F.col("dry_run")
+        columns = [
+            "bucket_start",
+            "rounds",
+            "cluster_epoch",
+            "m",
+            "cluster_lag_epochs",
+            "deleted",
+            "deleted_bytes",
+        ]
         per_bucket = (
             rounds.withColumn("b", self._bucket("started_at"))
             .groupBy("b")
@@ -403,6 +409,8 @@ class SparkAnalysis:
                 F.max("m").alias("m"),
                 F.sum(F.when(real, F.col("deleted")).otherwise(0)).alias("deleted"),
                 F.sum(F.when(real, F.col("deleted_bytes")).otherwise(0)).alias("deleted_bytes"),
+                _count(F.col("dry_run")).alias("dry_runs"),
+                _count(F.col("m").isNull()).alias("blocked"),
             )
             .select(
                 self._bucket_start(),
@@ -412,9 +420,24 @@ class SparkAnalysis:
                 (F.col("cluster_epoch") - F.col("m")).alias("cluster_lag_epochs"),
                 "deleted",
                 "deleted_bytes",
+                "dry_runs",
+                "blocked",
             )
         )
-        self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
+        collected = self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
+        rows = collected.rows
+        self.results.tables["gc_rounds_over_time"] = ResultTable(
+            columns, [{c: row[c] for c in columns} for row in rows]
+        )
+        self.results.figures.update(
+            gc_rounds=sum(r["rounds"] for r in rows),
+            gc_dry_runs=sum(r["dry_runs"] for r in rows),
+            gc_blocked_rounds=sum(r["blocked"] for r in rows),
+            gc_m_max=max((r["m"] for r in rows if r["m"] is not None), default=None),
+            cluster_epoch_max=max(
+                (r["cluster_epoch"] for r in rows if r["cluster_epoch"] is not None), default=None
+            ),
+        )
 
     # ------------------------------------------------------------------ storage
 
