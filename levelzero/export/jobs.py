@@ -11,7 +11,7 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -129,8 +129,12 @@ class SparkAnalysis:
         self.out_dir = out_dir
         self.requested_bucket_s = bucket_s
         self._cached: list[DataFrame] = []
+        self._large_writes: list[Callable[[], None]] = []
 
     def run(self) -> Results:
+        """Every collected result. The large results' writes wait for `write_large_results`
+        (they read cached frames: `release` only after them), so that they can run beside
+        the report's drawing."""
         try:
             frames = {table: self._table(table) for table in TABLES}
             rows = self._rows(frames)
@@ -149,9 +153,20 @@ class SparkAnalysis:
             self._fence(frames["fence_events"])
             self._throughput(frames["log_entries"])
             return self.results
-        finally:
-            for frame in self._cached:
-                frame.unpersist()
+        except BaseException:
+            self.release()
+            raise
+
+    def write_large_results(self) -> None:
+        """The results Spark writes itself (never collected), into `out_dir`."""
+        for write in self._large_writes:
+            write()
+
+    def release(self) -> None:
+        """The cached frames, unpersisted."""
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached.clear()
 
     # ------------------------------------------------------------------ inputs and time grid
 
@@ -701,17 +716,22 @@ class SparkAnalysis:
         )
         per_bucket = self._cache(per_bucket)
         path = join(self.out_dir, "tables", "throughput_partition_buckets")
-        with self._timestamps_as_micros():
-            per_bucket.select(
-                "topic",
-                "partition",
-                self._bucket_start(),
-                "records",
-                "bytes",
-                "placeholders",
-                (F.col("records") / bucket_s).alias("records_per_s"),
-                (F.col("bytes") / bucket_s).alias("bytes_per_s"),
-            ).write.mode("overwrite").parquet(spark_uri(path))
+        per_partition_buckets = per_bucket.select(
+            "topic",
+            "partition",
+            self._bucket_start(),
+            "records",
+            "bytes",
+            "placeholders",
+            (F.col("records") / bucket_s).alias("records_per_s"),
+            (F.col("bytes") / bucket_s).alias("bytes_per_s"),
+        )
+
+        def write() -> None:
+            with self._timestamps_as_micros():
+                per_partition_buckets.write.mode("overwrite").parquet(spark_uri(path))
+
+        self._large_writes.append(write)
         self.results.spark_tables["throughput_partition_buckets"] = path
         totals = per_bucket.groupBy("b").agg(
             F.sum("records").alias("records"),
