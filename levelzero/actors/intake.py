@@ -58,7 +58,7 @@ from levelzero.core.producers import (
     StoredBatch,
     following_sequence,
 )
-from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
+from levelzero.storage.protocols import ProducerBatchExpiry, ProducerBatchRow, ProducerBatchStore
 
 from .batcher import ProduceResult
 from .node import Node
@@ -72,6 +72,14 @@ Identity = tuple[int, int, str, int, int]
 # Producer ids of HTTP idempotency keys: 62 bits of the key's SHA-256 above 2**62, where ids
 # handed to Kafka producers (milliseconds << 16, counted up) do not reach.
 IDEMPOTENCY_ID_BASE = 1 << 62
+
+
+# How long an idempotency key's stored batch is kept at least (a repeat within it is answered
+# the first produce's offsets; later, its records may be stored again), and how its expiry runs:
+# a pass this often, forgetting at most this many keys' batches (the oldest first).
+IDEMPOTENCY_KEY_RETENTION_S_DEFAULT = 7 * 86_400.0  # as Kafka's transactional.id.expiration.ms
+KEY_EXPIRY_INTERVAL_S = 60.0
+KEY_EXPIRY_ROWS_MAX = 10_000
 
 
 def idempotency_producer_id(key: str) -> int:
@@ -95,8 +103,12 @@ class Pending:
 
 
 class ProduceIntake:
-    def __init__(self, node: Node) -> None:
+    def __init__(
+        self, node: Node, *, key_retention_s: float | None = IDEMPOTENCY_KEY_RETENTION_S_DEFAULT
+    ) -> None:
+        assert key_retention_s is None or key_retention_s > 0, key_retention_s
         self.node = node
+        self.key_retention_s = key_retention_s  # None: idempotency keys are kept forever
         # Set (and replaced) whenever a produce through here is acknowledged, so long polls
         # wake at once.
         self._appended = anyio.Event()
@@ -109,6 +121,7 @@ class ProduceIntake:
         # only), and the producers whose stored batches are already in `sequences`.
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
+        self._key_expiry = store if isinstance(store, ProducerBatchExpiry) else None
         self._loaded_producers: dict[int, None] = {}
         # identity -> its record set being stored, for a retry that arrives while the first
         # attempt is still under way.
@@ -127,10 +140,34 @@ class ProduceIntake:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self._key_expiry is not None and self.key_retention_s is not None:
+                    await tg.start(self._expire_keys_periodically)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._tg = None
+
+    async def expire_keys(self, now: float) -> None:
+        """Forget idempotency keys' batches stored more than `key_retention_s` before `now`
+        (at most KEY_EXPIRY_ROWS_MAX of them, the oldest first)."""
+        if self._key_expiry is None or self.key_retention_s is None:
+            return
+        await self._key_expiry.expire_producer_batches(
+            IDEMPOTENCY_ID_BASE, now - self.key_retention_s, KEY_EXPIRY_ROWS_MAX
+        )
+
+    async def _expire_keys_periodically(
+        self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """A pass every KEY_EXPIRY_INTERVAL_S, the first before the intake is started."""
+        while True:
+            try:
+                await self.expire_keys(time.time())
+            except LevelZeroError as exc:  # the store is down: the next pass tries again
+                log.warning("intake: cannot expire idempotency keys' batches: %s", exc)
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            await anyio.sleep(KEY_EXPIRY_INTERVAL_S)
 
     # ------------------------------------------------------------------ what a door asks
 
@@ -235,7 +272,8 @@ class ProduceIntake:
         producer of its own (`idempotency_producer_id`) whose one batch is sequence 0, so a
         repeat is recognised as Kafka's retried batches are (in memory, in the store's sequence
         table across restarts, in the partition's recent placeholders after a crash) while the
-        (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered. Returns
+        (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered and for at
+        least `key_retention_s` in the store (then `expire_keys` forgets it there). Returns
         (base offset, record count, duplicate): a repeat answers the first produce's offsets
         and count and stores nothing, whatever records it holds."""
         producer_id = idempotency_producer_id(key)

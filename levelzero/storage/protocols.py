@@ -316,6 +316,20 @@ class ProducerBatchStore(Protocol):
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]: ...
 
 
+@runtime_checkable
+class ProducerBatchExpiry(Protocol):
+    """An optional role beside ProducerBatchStore (the SQLite and PostgreSQL stores have it):
+    batches of producers whose ids start at a bound (HTTP idempotency keys' producers, one per
+    key) forgotten once old, so the table does not grow with every key ever used."""
+
+    async def expire_producer_batches(
+        self, producer_id_min: int, stored_before: float, rows_max: int
+    ) -> None:
+        """Durable on return: batches of producers `producer_id_min` and up stored before
+        `stored_before` are gone, the oldest first, at most `rows_max` of them."""
+        ...
+
+
 class TransactionRow(msgspec.Struct, frozen=True):
     """A Kafka transactional id's coordinator state (Kafka's TransactionMetadata): the producer
     id and epoch it holds, where its transaction is (`state`: empty, ongoing, prepare_commit,

@@ -4,12 +4,15 @@ batch is stored once; a record set is refused as the batcher would refuse it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.intake import Pending, ProduceIntake
+from levelzero.actors.intake import Pending, ProduceIntake, idempotency_producer_id
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import Placeholder
@@ -17,6 +20,8 @@ from levelzero.core.errors import InvalidInput, OutOfOrderSequence, TooLarge, Un
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import ProducerBatchRow
+from levelzero.storage.sqlite.store import SqliteLogStore
 from levelzero.testing.nodes import running_node, wait_until
 from levelzero.testing.virtual_time import in_virtual_time
 
@@ -181,3 +186,48 @@ async def test_a_batch_whose_placeholder_left_the_log_is_recognised_by_the_next_
         fetched = await node.fetch(TOPIC, 0, 0, 1 << 20)
         values = [r.value for r in fetched.records]
         assert values == [b"0", b"1", b"2", *(b"plain %d" % i for i in range(6)), b"3"]
+
+
+async def test_idempotency_keys_batches_expire_after_the_retention(tmp_path: Path) -> None:
+    """A keyed produce's stored batch is forgotten once older than `key_retention_s` (the
+    first expiry pass runs as the intake starts); a younger key's stays."""
+    retention_s = 3_600.0
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node, key_retention_s=retention_s)
+        old, young = idempotency_producer_id("old-key"), idempotency_producer_id("young-key")
+        now = time.time()
+        await store.record_producer_batches(
+            [
+                ProducerBatchRow(old, 0, TOPIC, 0, 0, 1, 0, now - retention_s - 60),
+                ProducerBatchRow(young, 0, TOPIC, 0, 0, 1, 1, now - retention_s + 60),
+            ],
+            keep=1,
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            assert await store.producer_batches(old) == []
+            assert [r.base_offset for r in await store.producer_batches(young)] == [1]
+            base_offset, count, duplicate = await intake.produce_once(TOPIC, 0, [Record(None, b"v")], "k")
+            keyed = idempotency_producer_id("k")
+            assert [r.base_offset for r in await store.producer_batches(keyed)] == [base_offset]
+            await intake.expire_keys(time.time() + retention_s + 1)
+            assert await store.producer_batches(keyed) == []
+            assert await store.producer_batches(young) == []
+            tg.cancel_scope.cancel()
+        assert (count, duplicate) == (1, False)
+
+
+async def test_without_a_retention_idempotency_keys_are_kept(tmp_path: Path) -> None:
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        intake = ProduceIntake(node, key_retention_s=None)
+        key = idempotency_producer_id("old-key")
+        await store.record_producer_batches([ProducerBatchRow(key, 0, TOPIC, 0, 0, 1, 0, 1.0)], keep=1)
+        await intake.expire_keys(time.time())
+        assert [r.base_offset for r in await store.producer_batches(key)] == [0]

@@ -118,6 +118,7 @@ from .schema import (
     PRUNE_TXN_RANGES,
     UPSERT_TRANSACTION,
     PRUNE_PRODUCER_BATCHES,
+    EXPIRE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
     SELECT_OFFSET_GROUPS,
     DELETE_GROUP_OFFSETS,
@@ -1116,6 +1117,12 @@ class SqliteLogStore(StoreLifecycle):
             batch.stage(PRUNE_PRODUCER_BATCHES, prune)
 
         await self._submit(Job(weight=len(rows), stage=stage))
+
+    async def expire_producer_batches(
+        self, producer_id_min: int, stored_before: float, rows_max: int
+    ) -> None:
+        assert rows_max >= 1, rows_max
+        await self._stage_rows(EXPIRE_PRODUCER_BATCHES, [(producer_id_min, stored_before, rows_max)])
 
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
         self._check_readable()
