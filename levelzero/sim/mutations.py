@@ -13,7 +13,7 @@ import contextlib
 
 import anyio
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -36,7 +36,7 @@ from levelzero.actors.reader import FetchResult, FetchWindow, Reader
 from levelzero.core.cluster import LeaseClock
 from levelzero.core.compaction import EncodedOf, Retained, retain
 from levelzero.core.entries import LogRecord, Placeholder
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
+from levelzero.core.errors import InvalidInput, LevelZeroError, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
@@ -451,8 +451,12 @@ def _compaction_deletes_before_commit() -> contextlib.AbstractContextManager[Non
 def _compaction_superseded_never_deleted() -> contextlib.AbstractContextManager[None]:
     # An accepted result's superseded objects are never deleted from the store (their rows go
     # DELETE_STARTED in the commit and stay): the leak check must see them.
-    async def finish_superseded(self: L1Catalog, key: str, partition: str) -> None:  # noqa: ARG001
-        return None
+    async def finish_superseded(
+        self: L1Catalog,  # noqa: ARG001
+        keys: Sequence[str],  # noqa: ARG001
+        partition: str,  # noqa: ARG001
+    ) -> dict[str, LevelZeroError]:
+        return {}  # "all deleted"
 
     return _patched(L1Catalog, "finish_superseded", finish_superseded)
 
