@@ -37,6 +37,7 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.compactor import CompactorConfig
+from levelzero.actors.intake import IDEMPOTENCY_KEY_RETENTION_S_DEFAULT
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, LevelZeroError
 from levelzero.core.fence import FenceMode
@@ -131,6 +132,9 @@ class ServerSection(_Section):
     keepalive_timeout_s: float = 5.0  # an idle kept-alive connection is closed after this
     shutdown_timeout_s: float = 30.0
     access_log: bool = False
+    # A produce's idempotency_key is honoured at least this long (its stored batch is then
+    # forgotten, so the keys table does not grow forever); 0 keeps every key.
+    idempotency_key_retention_s: float = IDEMPOTENCY_KEY_RETENTION_S_DEFAULT
 
     def __post_init__(self) -> None:
         host, _ = parse_listen(self.listen)
@@ -144,6 +148,11 @@ class ServerSection(_Section):
                 f"token is required when listen ({self.listen}) is not a loopback address: "
                 "set server.token, or LEVELZERO_TOKEN in the environment file"
             )
+        if not (
+            self.idempotency_key_retention_s == 0
+            or 60 <= self.idempotency_key_retention_s <= 10 * 365 * 86_400
+        ):
+            raise ValueError("idempotency_key_retention_s must be 0 (keep every key) or in 60..315360000 s")
         if not 1024 <= self.body_bytes_max <= BODY_BYTES_MAX_LIMIT:
             raise ValueError(f"body_bytes_max must be in 1024..{BODY_BYTES_MAX_LIMIT}")
         if not 1 <= self.records_per_request_max <= RECORDS_PER_REQUEST_LIMIT:
@@ -326,6 +335,7 @@ class ReconcilerSection(_Section):
     object_age_max_s: float = 30.0  # ... once they waited this long (0 and 0: every pass)
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
+    read_buffer_bytes_max: int = 64 * MiB  # a round's shared L0 reads hold at most this at once
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
     delete_retry_first_s: float = 1.0  # a failed L1 delete is tried again after this, doubling
     delete_retry_max_s: float = 300.0  # ... up to this

@@ -4,11 +4,12 @@ call, and applies it once durable.
 A partition actor reserves log offsets and queues its records (`PartitionActor._to_append`);
 when it has some and none on their way, it asks the appender (`request`). The appender takes
 every partition that asked, up to `records_per_call_max` records, and appends them all with one
-`LogStore.append_many` (one partition: `append`), at most `calls_max` calls at once. When the
-call returns, each partition is told (`PartitionActor.appended`): it applies its records in log
-order and answers their writers, on the appender's task. A partition has at most one batch on
-its way, so its records reach the log in the order reserved; it asks again for what queued
-meanwhile.
+`LogStore.append_many` (one partition: `append`), at most `calls_max` calls at once. When a
+partition's records are durable, it is told (`PartitionActor.appended`, from `append_many`'s
+`on_durable`, which a store with several writers calls at each batch's COMMIT, before the whole
+call returns): it applies its records in log order and answers their writers. A partition has
+at most one batch on its way, so its records reach the log in the order reserved; it asks again
+for what queued meanwhile.
 
 An object of the batcher carries an extent for each of its partitions; all their placeholders
 are reserved on the batcher's task, one after another, and then appended in one call: a call
@@ -139,24 +140,31 @@ class Appender:
         return taken
 
     async def _append(self, appends: list[tuple[PartitionActor, list[LogRecord]]]) -> None:
+        def tell(index: int, refusal: NotLeader | None) -> None:
+            actor, batch = appends[index]
+            actor.appended(batch[-1].log_offset, refusal)
+
         try:
             if len(appends) == 1:
                 actor, batch = appends[0]
                 try:
                     await self._store.append(actor.row.pid, batch[0].term, batch)
-                    refused: list[NotLeader | None] = [None]
+                    refusal = None
                 except NotLeader as error:
-                    refused = [error]
+                    refusal = error
+                tell(0, refusal)
             else:
-                refused = await self._store.append_many(
-                    [Append(actor.row.pid, batch[0].term, batch) for actor, batch in appends]
+                # Each partition is told as its records become durable: a store that commits
+                # the call as several transactions (PostgreSQL's two writers) answers the
+                # first's partitions at its COMMIT, and their writers write again while the
+                # second commits, instead of every partition waiting for the slower commit.
+                await self._store.append_many(
+                    [Append(actor.row.pid, batch[0].term, batch) for actor, batch in appends], tell
                 )
         finally:
             self._calls.release()
         self.calls += 1
         self.batches += len(appends)
-        for (actor, batch), refusal in zip(appends, refused, strict=True):
-            actor.appended(batch[-1].log_offset, refusal)
 
     async def _write_fence_events(self) -> None:
         """Every partition's buffered fence events, one call per interval (or sooner if asked)."""

@@ -309,9 +309,15 @@ class ClusterMember:
 
     async def leave(self) -> None:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its
-        lease released at once, the node's row removed."""
+        lease released at once, the node's row removed. Once: a second call (a second stop)
+        sends nothing, so no late `leave_node` of this run can land after the node's next run
+        registered and took leases (three-node simulation seed 137)."""
+        if self.left:
+            return
         self.draining = True
         async with self._round_lock:  # a round under way (a topic's creation) finishes first
+            if self.left:
+                return
             await self.control.set_draining(self.node_id)
             await self._give_up(sorted(self.leading))
             await self.control.leave_node(self.node_id)

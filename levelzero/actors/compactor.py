@@ -2,15 +2,18 @@
 the latest record per key (seed 004; the rules are `core.compaction`'s).
 
 Per partition pass, under the partition's leader like the reconciler: the valid L1 objects from
-the partition's start, up to `object_bytes_max` of them → the records a pass may clean
+the partition's start, up to `object_bytes_max` of them, each scanned for its keys while the
+next is read (`PassInput`: values are never decoded) → the records a pass may clean
 (`clean_limit`: reconciled, older than `min.compaction.lag.ms`, the key map bounded) → the
-records kept (`retain`), at their offsets → the new object recorded COPY_STARTED, uploaded →
+records kept (`retain`), at their offsets, their stored bytes copied into the new object → the
+new object recorded COPY_STARTED (with its newest timestamp), uploaded →
 `l1_compaction_commit` with the cleaner-offset map extended by this term's entry. The store
 accepts it only if the map lies within the term lineage (a zombie leader's result is refused,
 whatever the arrival order), and then, in the same transaction, the new object goes
 COPY_FINISHED and the superseded ones DELETE_STARTED: a reader sees one set or the other.
-Only then are the superseded objects deleted (DELETE_FINISHED after); a crash before resumes
-from DELETE_STARTED (`L1Catalog.collect`), a refused result's own object is collected.
+Only then are the superseded objects deleted, in one batched request (DELETE_FINISHED after
+each); a crash before resumes from DELETE_STARTED (`L1Catalog.collect`), a refused result's own
+object is collected.
 
 A pass is due when the partition's dirty ratio (bytes above the cleaner offset over all its L1
 bytes) reaches `min.cleanable.dirty.ratio`. L0 data is never touched: the L0 rules (M(p), the
@@ -25,24 +28,33 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 
 from levelzero.core.compaction import (
     KEY_MAP_ENTRIES_MAX,
+    PassInput,
     build_compacted_object,
     clean_limit,
     cleaned_to,
     compaction_due,
     dirty_ratio,
     extend_cleaner_map,
-    key_digests,
-    l1_object_runs,
+    known_old,
+    last_index_per_key,
     retain,
 )
 from levelzero.core.errors import InvalidInput, LevelZeroError, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import max_timestamp
 from levelzero.core.topic_configs import TopicPolicy
-from levelzero.storage.protocols import CompactionCommit, L1Row, L1State, LogStore, ObjectStore
+from levelzero.storage.protocols import (
+    CompactionCommit,
+    L1Row,
+    L1State,
+    LogStore,
+    ObjectStore,
+    TransactionStore,
+)
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
@@ -201,41 +213,78 @@ class Compactor:
             )
             return False
         inputs = self._inputs(rows)
-        offsets: list[int] = []
-        records: list[Record] = []
-        written: list[int] = []
-        for row in inputs:
-            data = await self._objects.get(row.key)
+        scanned = PassInput()
+
+        def scan(row: L1Row, data: bytes) -> None:
             self.stats.bytes_read += len(data)
-            for base, run in l1_object_runs(data, row.base_offset, f"L1 object {row.key}"):
-                offsets.extend(range(base, base + len(run)))
-                records.extend(run)
-                written.extend([round(row.created_at * 1000)] * len(run))
+            written_ms = round(row.created_at * 1000)
+            scanned.add_object(
+                data, row.base_offset, written_ms, row.max_timestamp_ms, f"L1 object {row.key}"
+            )
+
+        await self._read_each(inputs, scan)
         now_ms = round(self._wall() * 1000)
-        digests = key_digests(records)  # once, for both steps
+        lag_ms = policy.min_compaction_lag_ms
+        # Kafka transactions (core.compaction): only below the last stable offset; the records of
+        # aborted transactions supersede nothing. Read after the objects were listed: a
+        # transaction opened since starts above them.
+        clean_upto = actor.state.lro
+        if isinstance(self._log, TransactionStore):
+            ranges = await self._log.txn_ranges(actor.row.topic, actor.row.partition)
+            open_from = min((r.first_offset for r in ranges if not r.aborted), default=None)
+            if open_from is not None:
+                clean_upto = min(clean_upto, open_from - 1)
+            scanned.apply_transactions(
+                [(r.producer_id, r.first_offset, r.last_offset) for r in ranges if r.aborted]
+            )
+        # The rows' newest timestamps usually show every record past the lag: no timestamp read.
+        timestamps = None if known_old(scanned.objects, now_ms - lag_ms) else scanned.timestamps_ms()
+        latest = last_index_per_key(scanned.keys)  # once, for both steps
         limit = clean_limit(
-            offsets,
-            records,
-            written,
-            actor.state.lro,
+            scanned.offsets,
+            scanned.keys,
+            timestamps,
+            scanned.written_at_ms,
+            clean_upto,
             now_ms,
-            policy.min_compaction_lag_ms,
+            lag_ms,
             self.config.key_map_entries_max,
-            digests,
+            latest,
         )
         if limit <= cleaned:
-            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms)"
+            status.not_compacted = "nothing cleanable yet (min.compaction.lag.ms, or an open transaction)"
             return False
-        kept = retain(offsets, records, written, limit, now_ms, policy.delete_retention_ms, digests)
+        kept = retain(
+            scanned.offsets,
+            scanned.keys,
+            scanned.written_at_ms,
+            limit,
+            now_ms,
+            policy.delete_retention_ms,
+            scanned.encoded,
+            latest,
+        )
         base, last = inputs[0].base_offset, inputs[-1].last_offset
         assert kept.offsets[0] >= base and kept.offsets[-1] == last, (kept.offsets[:1], base, last)
-        data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.records)
+        data = build_compacted_object(term, actor.row.pid, kept.offsets, kept.extent, len(kept.records))
         key = format_l1_key(
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
         now = self._wall()
         lrlo = inputs[-1].last_log_offset
-        row = L1Row(key, actor.row.pid, base, last, lrlo, term, len(data), L1State.COPY_STARTED, now, now)
+        row = L1Row(
+            key,
+            actor.row.pid,
+            base,
+            last,
+            lrlo,
+            term,
+            len(data),
+            L1State.COPY_STARTED,
+            now,
+            now,
+            max_timestamp(kept.records),
+        )
         await self._log.l1_insert(row)
         try:
             await self._objects.put(key, data)
@@ -255,11 +304,13 @@ class Compactor:
             return False
         # Accepted: the superseded objects are DELETE_STARTED; the new one serves their range.
         await self.catalog.refresh(actor)
-        for old in inputs:
-            try:
-                await self.catalog.finish_superseded(old.key, actor.name)
-            except LevelZeroError as exc:
-                log.warning("deleting superseded %s failed, retried: %s", old.key, exc)
+        try:
+            failed = await self.catalog.finish_superseded([old.key for old in inputs], actor.name)
+        except LevelZeroError as exc:  # the control plane's DELETE_FINISHED: collected later
+            log.warning("finishing the deletes of %s's superseded objects failed: %s", actor.name, exc)
+        else:
+            for key, why in failed.items():
+                log.warning("deleting superseded %s failed, retried: %s", key, why)
         reclaimed = sum(r.size for r in inputs) - len(data)
         self.stats.passes += 1
         status.passes += 1
@@ -280,6 +331,38 @@ class Compactor:
             reclaimed,
         )
         return True
+
+    async def _read_each(self, rows: list[L1Row], take: Callable[[L1Row, bytes], None]) -> None:
+        """Each of `rows`' objects to `take`, in order, the next one read while `take` works on
+        the one before: a GET waits on the store (a worker thread, or S3) while the scan waits
+        on the CPU, so they overlap. One object ahead at most (a stream of size 0); a failure
+        of either side is raised here, as itself, once both stopped."""
+        send, receive = anyio.create_memory_object_stream[tuple[L1Row, bytes]](0)
+        failure: LevelZeroError | None = None
+
+        async def read() -> None:
+            nonlocal failure
+            async with send:
+                for row in rows:
+                    try:
+                        data = await self._objects.get(row.key)
+                    except LevelZeroError as exc:
+                        failure = exc
+                        return
+                    await send.send((row, data))
+
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(read)
+            async for row, data in receive:
+                await anyio.lowlevel.checkpoint()  # the reader starts its next GET first
+                try:
+                    take(row, data)
+                except LevelZeroError as exc:
+                    failure = exc
+                    tg.cancel_scope.cancel()
+                    break
+        if failure is not None:
+            raise failure
 
     def _inputs(self, rows: list[L1Row]) -> list[L1Row]:
         """The valid objects from the partition's start, up to `object_bytes_max` (at least one):

@@ -4,9 +4,21 @@ A door decodes its own wire format into `Record`s and maps errors back to its ow
 rules of taking records in live here and below: validation (the partition is led here, a request
 holds records), the one size rule (`core.produce_size`, which the batcher applies again to every
 request it is given), idempotence bookkeeping (an idempotent producer's batch already stored is
-answered with its offset, one being stored shares that attempt, stored batches are kept durably
-where the log store can and recovered after a restart from the store and the partition's recent
-placeholders), and the hand-off to the node (which encodes the records, in the batcher, once).
+answered with its offset, one being stored shares that attempt, a batch that does not follow its
+producer's last stored one is refused, stored batches are kept durably where the log store can),
+and the hand-off to the node (which encodes the records, in the batcher, once).
+
+A partition's producers as its log says are part of its state (`PartitionState.producers`, as
+Kafka's ProducerStateManager): applied from every durable placeholder's producer spans, kept in
+its snapshots, so rebuilt from the snapshot and the log each time a term of the partition
+begins on a node, and holding exactly what is durable. Within a term only this node appends,
+and only the partition's lane appends idempotent batches, one produce at a time: the lane
+checks a batch against that state (already stored: its offset; not following its producer's
+last stored batch: refused) and appends it under the same term (`Node.produce`'s `term`). A
+batch stored by another node or by this one before a crash is never missed, so the one after
+it is never refused as out of order and a retry is never stored twice. What the intake keeps
+itself (`sequences`, and the log store's sequence table) only answers retries sooner, and
+recognises those of producers the partition's state no longer remembers.
 
 Idempotent record sets (Kafka's) go through a lane per partition: queued without an await, in the
 order a connection submitted them, and stored by the lane's drain task, as many at once as one
@@ -28,22 +40,30 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from levelzero.core.entries import Placeholder, ProducerSpan
-from levelzero.core.errors import InvalidInput, KeylessRecord, LevelZeroError, ShuttingDown
+from levelzero.core.entries import ProducerSpan
+from levelzero.core.errors import (
+    InvalidInput,
+    KeylessRecord,
+    LevelZeroError,
+    OutOfOrderSequence,
+    ShuttingDown,
+)
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
-from levelzero.core.producers import BATCHES_REMEMBERED, PRODUCERS_MAX_DEFAULT, ProducerSequences
-from levelzero.storage.protocols import ProducerBatchRow, ProducerBatchStore
+from levelzero.core.producers import (
+    BATCHES_REMEMBERED,
+    PRODUCERS_MAX_DEFAULT,
+    PartitionProducers,
+    ProducerSequences,
+    StoredBatch,
+    following_sequence,
+)
+from levelzero.storage.protocols import ProducerBatchExpiry, ProducerBatchRow, ProducerBatchStore
 
 from .batcher import ProduceResult
 from .node import Node
 
 log = logging.getLogger("levelzero.intake")
-
-# A producer's first idempotent batch to a partition after a start reads the partition's recent
-# placeholders (the batches a crash may have left out of the sequence table) this far back.
-RECOVER_RECORDS_MAX = 100_000
-RECOVER_PLACEHOLDERS_MAX = 1_000
 
 # (producer id, producer epoch, topic, partition, base sequence) of an idempotent record set.
 Identity = tuple[int, int, str, int, int]
@@ -52,6 +72,14 @@ Identity = tuple[int, int, str, int, int]
 # Producer ids of HTTP idempotency keys: 62 bits of the key's SHA-256 above 2**62, where ids
 # handed to Kafka producers (milliseconds << 16, counted up) do not reach.
 IDEMPOTENCY_ID_BASE = 1 << 62
+
+
+# How long an idempotency key's stored batch is kept at least (a repeat within it is answered
+# the first produce's offsets; later, its records may be stored again), and how its expiry runs:
+# a pass this often, forgetting at most this many keys' batches (the oldest first).
+IDEMPOTENCY_KEY_RETENTION_S_DEFAULT = 7 * 86_400.0  # as Kafka's transactional.id.expiration.ms
+KEY_EXPIRY_INTERVAL_S = 60.0
+KEY_EXPIRY_ROWS_MAX = 10_000
 
 
 def idempotency_producer_id(key: str) -> int:
@@ -71,11 +99,16 @@ class Pending:
     done: anyio.Event = field(default_factory=anyio.Event)
     base_offset: int = -1
     error: LevelZeroError | None = None
+    stored: StoredBatch | None = None  # answered as a repeat of this batch, stored before
 
 
 class ProduceIntake:
-    def __init__(self, node: Node) -> None:
+    def __init__(
+        self, node: Node, *, key_retention_s: float | None = IDEMPOTENCY_KEY_RETENTION_S_DEFAULT
+    ) -> None:
+        assert key_retention_s is None or key_retention_s > 0, key_retention_s
         self.node = node
+        self.key_retention_s = key_retention_s  # None: idempotency keys are kept forever
         # Set (and replaced) whenever a produce through here is acknowledged, so long polls
         # wake at once.
         self._appended = anyio.Event()
@@ -88,8 +121,8 @@ class ProduceIntake:
         # only), and the producers whose stored batches are already in `sequences`.
         store = node.log_store
         self._producer_store = store if isinstance(store, ProducerBatchStore) else None
+        self._key_expiry = store if isinstance(store, ProducerBatchExpiry) else None
         self._loaded_producers: dict[int, None] = {}
-        self._recovered: dict[tuple[int, str, int], None] = {}  # (producer, topic, partition) scanned
         # identity -> its record set being stored, for a retry that arrives while the first
         # attempt is still under way.
         self._producing: dict[Identity, Pending] = {}
@@ -107,10 +140,34 @@ class ProduceIntake:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                if self._key_expiry is not None and self.key_retention_s is not None:
+                    await tg.start(self._expire_keys_periodically)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._tg = None
+
+    async def expire_keys(self, now: float) -> None:
+        """Forget idempotency keys' batches stored more than `key_retention_s` before `now`
+        (at most KEY_EXPIRY_ROWS_MAX of them, the oldest first)."""
+        if self._key_expiry is None or self.key_retention_s is None:
+            return
+        await self._key_expiry.expire_producer_batches(
+            IDEMPOTENCY_ID_BASE, now - self.key_retention_s, KEY_EXPIRY_ROWS_MAX
+        )
+
+    async def _expire_keys_periodically(
+        self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """A pass every KEY_EXPIRY_INTERVAL_S, the first before the intake is started."""
+        while True:
+            try:
+                await self.expire_keys(time.time())
+            except LevelZeroError as exc:  # the store is down: the next pass tries again
+                log.warning("intake: cannot expire idempotency keys' batches: %s", exc)
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            await anyio.sleep(KEY_EXPIRY_INTERVAL_S)
 
     # ------------------------------------------------------------------ what a door asks
 
@@ -168,11 +225,10 @@ class ProduceIntake:
 
     async def prepare_producer(self, producer_id: int, targets: Sequence[tuple[str, int]]) -> None:
         """Before an idempotent producer's record sets are submitted: what this process knows of
-        its stored batches (after a restart: the store's sequence table, then the partitions'
-        recent placeholders)."""
+        its stored batches after a restart (the store's sequence table; the partitions' own
+        state is what the lanes check against)."""
+        del targets  # (the lanes look at the partitions)
         await self._load_producer(producer_id)
-        for topic, partition in targets:
-            await self._recover_spans(producer_id, topic, partition)
 
     def submit(
         self, topic: str, partition: int, records: list[Record], identity: Identity | None
@@ -216,7 +272,8 @@ class ProduceIntake:
         producer of its own (`idempotency_producer_id`) whose one batch is sequence 0, so a
         repeat is recognised as Kafka's retried batches are (in memory, in the store's sequence
         table across restarts, in the partition's recent placeholders after a crash) while the
-        (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered. Returns
+        (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered and for at
+        least `key_retention_s` in the store (then `expire_keys` forgets it there). Returns
         (base offset, record count, duplicate): a repeat answers the first produce's offsets
         and count and stores nothing, whatever records it holds."""
         producer_id = idempotency_producer_id(key)
@@ -232,6 +289,8 @@ class ProduceIntake:
         await outcome.done.wait()
         if outcome.error is not None:
             raise outcome.error
+        if outcome.stored is not None:  # the lane found it stored (another node, a crash)
+            return outcome.base_offset, outcome.stored.record_count, True
         return outcome.base_offset, len(outcome.records), outcome.records is not mine
 
     async def _load_producer(self, producer_id: int) -> None:
@@ -257,42 +316,6 @@ class ProduceIntake:
             )
         self._mark_loaded(producer_id)
 
-    async def _recover_spans(self, producer_id: int, topic: str, partition: int) -> None:
-        """The producer's batches in the partition's recent placeholders, once per process:
-        a batch committed with its data just before a crash, whose row in the sequence table
-        was not committed yet, is recognised from the placeholder (they commit together).
-        After `_load_producer`, so these (the newest) are remembered last."""
-        key = (producer_id, topic, partition)
-        if key in self._recovered:
-            return
-        try:
-            actor = self.node.partition(topic, partition)
-            recent = await self.node.log_store.read_placeholders(
-                actor.row.pid,
-                max(0, actor.state.high_watermark - RECOVER_RECORDS_MAX),
-                RECOVER_PLACEHOLDERS_MAX,
-            )
-        except LevelZeroError as exc:
-            log.warning("intake: cannot read %s/%d's recent placeholders: %s", topic, partition, exc)
-            return
-        for record in recent:
-            entry = record.entry
-            assert isinstance(entry, Placeholder), entry
-            for span in entry.producers:
-                if span.producer_id == producer_id:
-                    self.sequences.record(
-                        producer_id,
-                        span.producer_epoch,
-                        topic,
-                        partition,
-                        span.base_sequence,
-                        span.record_count,
-                        record.base_offset + span.first_record,
-                    )
-        self._recovered[key] = None
-        while len(self._recovered) > PRODUCERS_MAX_DEFAULT:
-            del self._recovered[next(iter(self._recovered))]
-
     def _mark_loaded(self, producer_id: int) -> None:
         self._loaded_producers[producer_id] = None
         while len(self._loaded_producers) > PRODUCERS_MAX_DEFAULT:
@@ -309,6 +332,21 @@ class ProduceIntake:
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
+                term = None
+                if any(p.identity is not None for p in taken):
+                    # Checked against what is durable, then appended under the same term.
+                    try:
+                        actor = await self.node.led_partition(topic, partition)
+                    except LevelZeroError as exc:
+                        for p in taken:
+                            self._finish(p, error=exc)
+                        taken = []
+                        continue
+                    term = actor.term
+                    producers = actor.state.producers
+                    taken = self._in_sequence(self._without_repeats(taken, producers), producers)
+                    if not taken:
+                        continue
                 spans, first = [], 0
                 for p in taken:
                     if p.identity is not None:
@@ -318,7 +356,7 @@ class ProduceIntake:
                     first += len(p.records)
                 try:
                     result = await self.node.produce(
-                        topic, partition, [r for p in taken for r in p.records], spans
+                        topic, partition, [r for p in taken for r in p.records], spans, term
                     )
                 except LevelZeroError as exc:
                     for p in taken:
@@ -339,6 +377,45 @@ class ProduceIntake:
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    def _without_repeats(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
+        """The record sets to store, less the idempotent batches stored already (a retry whose
+        first attempt's answer was lost, stored by this node before a crash or by another):
+        answered with the offset they were stored at. The partition's state knows every recent
+        producer's last batches; the intake's memory, older producers' too."""
+        kept = []
+        for p in taken:
+            stored = None
+            if p.identity is not None:
+                producer_id, epoch, _, _, base_sequence = p.identity
+                stored = producers.duplicate_of(producer_id, epoch, base_sequence)
+                if stored is None:
+                    stored = self.sequences.duplicate_of(*p.identity)
+            if stored is None:
+                kept.append(p)
+            else:
+                self._finish(p, base_offset=stored.base_offset, stored=stored)
+        return kept
+
+    def _in_sequence(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
+        """The record sets to store, less the idempotent batches that do not follow their
+        producer's last stored one in the partition's state (Kafka's rule; answered
+        OutOfOrderSequence, which a client retries once the earlier batch is stored). Stored in
+        sequence order, a producer's five batches remembered cover its window of five
+        unacknowledged ones. A producer the state does not know may start anywhere."""
+        kept = []
+        expected: dict[tuple[int, int], int | None] = {}
+        for p in taken:
+            if p.identity is not None:
+                producer_id, epoch, _, _, base_sequence = p.identity
+                key = (producer_id, epoch)
+                want = expected[key] if key in expected else producers.next_sequence(producer_id, epoch)
+                if want is not None and base_sequence != want:
+                    self._finish(p, error=OutOfOrderSequence(producer_id, base_sequence, want))
+                    continue
+                expected[key] = following_sequence(base_sequence, len(p.records))
+            kept.append(p)
+        return kept
 
     async def _keep_sequences(self, taken: list[Pending], offsets: list[int]) -> LevelZeroError | None:
         """Idempotent batches' sequences, durable before they are acknowledged (where the store
@@ -371,12 +448,18 @@ class ProduceIntake:
         return None
 
     def _finish(
-        self, pending: Pending, *, base_offset: int = -1, error: LevelZeroError | None = None
+        self,
+        pending: Pending,
+        *,
+        base_offset: int = -1,
+        error: LevelZeroError | None = None,
+        stored: StoredBatch | None = None,
     ) -> None:
         pending.base_offset = base_offset
         pending.error = error
+        pending.stored = stored
         if pending.identity is not None:
             self._producing.pop(pending.identity, None)
-            if error is None:
+            if error is None and stored is None:
                 self.sequences.record(*pending.identity, len(pending.records), base_offset)
         pending.done.set()

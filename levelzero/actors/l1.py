@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import l1_partition_prefix, parse_l1_key
@@ -36,6 +36,8 @@ log = logging.getLogger("levelzero.l1")
 
 # Failed deletes tried again in one reconciler round, at most (the rest wait for the next).
 DELETE_RETRIES_PER_ROUND_MAX = 100
+# Times one read follows the lineage after its object went (each a compaction committed meanwhile).
+LINEAGE_MOVES_MAX = 4
 
 
 class L1Catalog:
@@ -130,10 +132,11 @@ class L1Catalog:
         log.info("deleted L1 object %s (%s)", row.key, reason)
         return True
 
-    async def finish_superseded(self, key: str, partition: str) -> None:
-        """The store delete of an object an accepted compaction result superseded: its row went
-        DELETE_STARTED in the result's commit, validated against the lineage there."""
-        await self._finish_delete(key, partition)
+    async def finish_superseded(self, keys: Sequence[str], partition: str) -> dict[str, LevelZeroError]:
+        """The store deletes of the objects an accepted compaction result superseded: their rows
+        went DELETE_STARTED in the result's commit, validated against the lineage there.
+        Returns the keys whose delete failed, each noted for a retry, with its error."""
+        return await self._finish_deletes(keys, partition)
 
     async def retry_deletes(self, limit: int = DELETE_RETRIES_PER_ROUND_MAX) -> int:
         """Try again the failed deletes that are due (at most `limit`); returns how many went.
@@ -162,28 +165,38 @@ class L1Catalog:
 
     async def _finish_delete(self, key: str, partition: str) -> None:
         """The store delete, then DELETE_FINISHED; a failure is noted for a retry and raised."""
-        try:
-            await self._delete_object(key)
-        except LevelZeroError as exc:
-            self.delete_failures += 1
-            self.pending_deletes.note_failure(key, partition, f"{exc.code}: {exc}", self._wall())
-            raise
-        self.pending_deletes.note_done(key)
-        self.deleted += 1
+        failed = await self._finish_deletes([key], partition)
+        if key in failed:
+            raise failed[key]
 
-    async def _delete_object(self, key: str) -> None:
-        try:
-            parse_l1_key(key)
-        except MalformedKey:
-            # Recorded before its upload was refused (a topic name an older levelzero accepted):
-            # no store can hold this key, so there is no object to delete, and asking the store
-            # would fail on every retry.
-            log.info("L1 object %s was never stored (no store can hold its key)", key)
-        else:
-            result = await self._objects.delete_many([key])
-            if key in result.errors:
-                raise StorageError(f"deleting {key} failed: {result.errors[key]}")
-        await self._log.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, self._wall())
+    async def _finish_deletes(self, keys: Sequence[str], partition: str) -> dict[str, LevelZeroError]:
+        """The store deletes, one request per `DELETE_BATCH_KEYS_MAX` keys (S3's DeleteObjects),
+        then DELETE_FINISHED for each that went; each failure is noted for a retry and
+        returned. A failure of the control plane is raised (the rows stay DELETE_STARTED: the
+        next collection resumes them)."""
+        failed: dict[str, LevelZeroError] = {}
+        for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
+            batch = list(keys[start : start + DELETE_BATCH_KEYS_MAX])
+            stored = [key for key in batch if _storable(key)]
+            try:
+                result = await self._objects.delete_many(stored) if stored else None
+            except LevelZeroError as exc:
+                failed.update(dict.fromkeys(stored, exc))
+            else:
+                for key, why in (result.errors if result else {}).items():
+                    failed[key] = StorageError(f"deleting {key} failed: {why}")
+            for key in batch:
+                error = failed.get(key)
+                if error is not None:
+                    self.delete_failures += 1
+                    self.pending_deletes.note_failure(key, partition, f"{error.code}: {error}", self._wall())
+                    continue
+                await self._log.l1_transition(
+                    key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, self._wall()
+                )
+                self.pending_deletes.note_done(key)
+                self.deleted += 1
+        return failed
 
     def _drop_cached(self, pid: int, key: str) -> None:
         rows = self._valid.get(pid)
@@ -321,6 +334,7 @@ class L1Catalog:
         if refreshed:
             rows = await self.refresh(actor)
         assert rows is not None
+        moves = 0
         while True:
             offset = window.next_offset
             i = bisect.bisect_right([r.base_offset for r in rows], offset) - 1
@@ -329,12 +343,14 @@ class L1Catalog:
                     for row in rows[i:]:
                         if not await self._fill_from(row, window):
                             return
-                except ObjectNotFound:
-                    # Its first object went (a compaction's superseded object deleted after
-                    # this cached lineage was read): the lineage read again has its successor.
-                    if refreshed:
-                        raise
+                except ObjectNotFound as exc:
+                    # Its first object went: a compaction's superseded object deleted after the
+                    # lineage was read (cached, or read just before the GET went out). The lineage
+                    # read again has its successor; if it still names the object, it is lost.
                     rows, refreshed = await self.refresh(actor), True
+                    moves += 1
+                    if moves > LINEAGE_MOVES_MAX or any(r.key == exc.key for r in rows):
+                        raise
                     continue
             elif window.count and refreshed:
                 return  # the lineage goes no further (offsets an operator abandoned)
@@ -367,3 +383,15 @@ class L1Catalog:
         or several where compaction left gaps. Raises ObjectNotFound."""
         data = await self._objects.get(row.key)
         return l1_object_runs(data, row.base_offset, f"L1 object {row.key}")
+
+
+def _storable(key: str) -> bool:
+    """Can a store hold `key`? Not one recorded before its upload was refused (a topic name an
+    older levelzero accepted): there is no object to delete, and asking the store would fail
+    on every retry."""
+    try:
+        parse_l1_key(key)
+    except MalformedKey:
+        log.info("L1 object %s was never stored (no store can hold its key)", key)
+        return False
+    return True

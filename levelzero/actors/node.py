@@ -11,7 +11,8 @@ import functools
 import logging
 import time
 import random
-from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
+    NotLeader,
     OffsetOutOfRange,
     ShuttingDown,
     TopicExists,
@@ -54,6 +56,7 @@ from .reconciler import Reconciler, ReconcilerConfig
 from .topic_configs import TopicConfigs
 
 log = logging.getLogger("levelzero.node")
+_T = TypeVar("_T")
 
 # A new topic's configs: name -> value, or (name, value) pairs as a request lists them.
 TopicConfigsGiven = Mapping[str, str | None] | Sequence[tuple[str, str | None]] | None
@@ -627,11 +630,16 @@ class Node:
         partition: int,
         records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
+        term: int | None = None,
     ) -> ProduceResult:
+        """`term`: the partition's term here the caller checked the records against (the
+        intake's idempotent batches): under another term they are refused (NotLeader)."""
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
         if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
             actor = await self.led_partition(topic, partition)
+        if term is not None and actor.term != term:
+            raise NotLeader(actor.name, term, actor.term)
         problem = self.unstorable_topics.get(topic)
         if problem is not None:
             raise InvalidInput(
@@ -640,31 +648,36 @@ class Node:
         return await self.batcher.produce(actor, records, producers)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
+        read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes)
+        return await self._led_read(topic, partition, read)
+
+    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
+        """Kafka's ListOffsets by time (`Reader.offset_for_time`), served by the leader as a
+        fetch is: (offset, timestamp) of the first record at or after `timestamp_ms`, or
+        (-1, -1)."""
+        read = functools.partial(self.reader.offset_for_time, timestamp_ms=timestamp_ms)
+        return await self._led_read(topic, partition, read)
+
+    async def max_timestamp(self, topic: str, partition: int) -> tuple[int, int]:
+        """Kafka's ListOffsets for the largest timestamp (`Reader.max_timestamp`), served by
+        the leader as a fetch is: (offset, timestamp), or (-1, -1)."""
+        return await self._led_read(topic, partition, self.reader.max_timestamp)
+
+    async def _led_read(
+        self, topic: str, partition: int, read: Callable[[PartitionActor], Awaitable[_T]]
+    ) -> _T:
+        """`read` of the partition's actor, served only while this node leads it."""
         actor = await self.led_partition(topic, partition)
         if self.member is None:
-            return await self.reader.fetch(actor, offset, max_bytes)
+            return await read(actor)
         with self.member.serving():
-            result = await self.reader.fetch(actor, offset, max_bytes)
+            result = await read(actor)
             if self.member.leads(actor.row.pid):
                 return result
         # The lease's deadline passed while reading (the read may be waiting on a dead
         # connection to the control plane): a successor may have newer records.
         self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
         raise LedElsewhere(topic, partition, None)  # renewed just now: the client asks again
-
-    async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
-        """Kafka's ListOffsets by time (`Reader.offset_for_time`), served by the leader as a
-        fetch is: (offset, timestamp) of the first record at or after `timestamp_ms`, or
-        (-1, -1)."""
-        actor = await self.led_partition(topic, partition)
-        if self.member is None:
-            return await self.reader.offset_for_time(actor, timestamp_ms)
-        with self.member.serving():
-            found = await self.reader.offset_for_time(actor, timestamp_ms)
-            if self.member.leads(actor.row.pid):
-                return found
-        self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known
-        raise LedElsewhere(topic, partition, None)
 
     async def led_partition(self, topic: str, partition: int) -> PartitionActor:
         """The partition's actor here; in a cluster, a miss reads the cluster view again first

@@ -522,11 +522,17 @@ class PartitionActor:
             return ShuttingDown(f"partition {self.name} is stopping")
         return None
 
+    def _refused(self, reply: Answer) -> bool:
+        """A deposed or stopping partition fails `reply` at once: True when it did."""
+        if self._deposed is None and self._stopping is None:
+            return False
+        refusal = self._refusal()
+        assert refusal is not None
+        reply.fail(refusal)
+        return True
+
     def _on_write(self, msg: _Write) -> None:
-        if self._deposed is not None or self._stopping is not None:
-            refusal = self._refusal()
-            assert refusal is not None
-            msg.reply.fail(refusal)
+        if self._refused(msg.reply):
             return
         self._carry_out(self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window))
 
@@ -563,9 +569,7 @@ class PartitionActor:
             self._reserve(msg.entry, msg.reply, holds_read_unit=True)
 
     def _on_control(self, msg: _Control) -> None:
-        refusal = self._refusal()
-        if refusal is not None:
-            msg.reply.fail(refusal)
+        if self._refused(msg.reply):
             return
         error = control_refusal(self.name, msg.term, self.term) or validate_control(
             self.name, msg.entry, self._appends.projected_hwm, self._appends.next_log_offset

@@ -6,7 +6,9 @@ done, so the GC cannot delete an object it is about to range-read.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple, Protocol
 
 from levelzero.core.entries import LogRecord, Placeholder
@@ -161,6 +163,17 @@ class L1Source(Protocol):
     async def read_runs(self, row: L1Row) -> list[tuple[int, list[Record]]]: ...
 
 
+class _Extent(NamedTuple):
+    """One L1 object or L0 extent as the lookups by time see it: where it begins, the lowest
+    offset a lookup may answer in it (the start offset, or above the LRO for L0), its records'
+    kept largest timestamp (None: not kept), and how to read its runs (one GET)."""
+
+    base_offset: int
+    first_offset: int
+    max_timestamp_ms: int | None
+    read: Callable[[], Awaitable[list[tuple[int, list[Record]]]]]
+
+
 class Reader:
     def __init__(self, object_store: ObjectStore, log_store: PartitionLog) -> None:
         self._objects = object_store
@@ -237,56 +250,93 @@ class Reader:
         """Kafka's ListOffsets by time: the first offset at or above the start offset whose
         record's timestamp is >= `timestamp_ms`, and that timestamp; (-1, -1) if none is.
 
-        The L1 objects up to the LRO, then the L0 extents above it, in offset order: each
-        object's row and each placeholder keeps its records' largest timestamp, so only the
-        first that may hold the answer is read (`core/time_lookup.py`): one GET, whatever the
-        log's length. A row or placeholder written before that was kept says None and is read
-        (a GET each until one holds the answer). The placeholders themselves are read from the
-        log store, page by page: the unreconciled ones only, what the reconciler has not caught
-        up with yet."""
+        The extents in offset order (`_extents`): each object's row and each placeholder keeps
+        its records' largest timestamp, so only the first that may hold the answer is read
+        (`core/time_lookup.py`): one GET, whatever the log's length. A row or placeholder
+        written before that was kept says None and is read (a GET each until one holds the
+        answer)."""
         if timestamp_ms < 0:
             raise InvalidInput("a timestamp to look up is >= 0 (ms since the epoch)")
         # Registered first: M(p) is pinned before the LRO is read, so the L0 extents above it
         # stay until the lookup is done (as a fetch's).
         reader_id, _ = actor.register_reader()
         try:
-            state = actor.state
-            start, lro, hwm = state.start_offset, state.lro, state.high_watermark
-            from_l0 = start
-            if self.l1 is not None and start <= lro:
-                from_l0 = lro + 1
-                for row in await self.l1.rows_reaching(actor, lro):
-                    if row.base_offset > lro:
-                        break
-                    if row.last_offset < start or not may_hold(row.max_timestamp_ms, timestamp_ms):
-                        continue
-                    runs = await self.l1.read_runs(row)
-                    # the row's largest timestamp is one run's own only when there is one run
-                    kept = row.max_timestamp_ms if len(runs) == 1 else None
-                    for base, records in runs:
-                        found = first_at_or_after(records, base, max(start, base), timestamp_ms, kept)
-                        if found is not None:
-                            return found
-            offset = from_l0
-            while offset < hwm:
-                placeholders = await self._log.read_placeholders(actor.row.pid, offset, PLACEHOLDERS_PER_READ)
-                for record in placeholders:
-                    p = record.entry
-                    assert isinstance(p, Placeholder), record
-                    if record.base_offset >= hwm:
-                        return NOT_FOUND  # durable but not applied yet: not readable
-                    offset = record.base_offset + p.record_count
-                    if not may_hold(p.max_timestamp_ms, timestamp_ms):
-                        continue
-                    first = max(from_l0, record.base_offset)
-                    records = await self._extent(actor, record)
-                    found = first_at_or_after(
-                        records, record.base_offset, first, timestamp_ms, p.max_timestamp_ms
-                    )
+            async for extent in self._extents(actor):
+                if may_hold(extent.max_timestamp_ms, timestamp_ms):
+                    found = await self._first_at_or_after(extent, timestamp_ms)
                     if found is not None:
                         return found
-                if len(placeholders) < PLACEHOLDERS_PER_READ:
-                    break
             return NOT_FOUND
         finally:
             actor.release_reader(reader_id)
+
+    async def max_timestamp(self, actor: PartitionActor) -> tuple[int, int]:
+        """Kafka's ListOffsets for the largest timestamp (KIP-734): the offset and timestamp of
+        the first record at or above the start offset carrying the partition's largest
+        timestamp; (-1, -1) when no record has one. The extents' kept largest timestamps are
+        compared without reading them; one extent is read at the end, the first holding the
+        largest (plus those whose largest is unknown, or that begin below the start offset and
+        may hold it there)."""
+        reader_id, _ = actor.register_reader()
+        try:
+            best_offset, best_timestamp = NOT_FOUND
+            holder: _Extent | None = None  # the first extent keeping the largest, not read yet
+            async for extent in self._extents(actor):
+                kept = extent.max_timestamp_ms
+                if kept is not None and extent.base_offset >= extent.first_offset:
+                    if kept > best_timestamp:
+                        holder, best_timestamp = extent, kept
+                    continue
+                for base, records in await extent.read():
+                    for i in range(max(extent.first_offset, base) - base, len(records)):
+                        if records[i].timestamp_ms > best_timestamp:
+                            holder, best_offset, best_timestamp = None, base + i, records[i].timestamp_ms
+            if holder is not None:
+                found = await self._first_at_or_after(holder, best_timestamp)
+                assert found is not None and found[1] == best_timestamp, (holder, found)
+                return found
+            return best_offset, best_timestamp
+        finally:
+            actor.release_reader(reader_id)
+
+    async def _first_at_or_after(self, extent: _Extent, timestamp_ms: int) -> tuple[int, int] | None:
+        runs = await extent.read()
+        # the extent's largest timestamp is one run's own only when there is one run
+        kept = extent.max_timestamp_ms if len(runs) == 1 else None
+        for base, records in runs:
+            found = first_at_or_after(records, base, max(extent.first_offset, base), timestamp_ms, kept)
+            if found is not None:
+                return found
+        return None
+
+    async def _extents(self, actor: PartitionActor) -> AsyncIterator[_Extent]:
+        """The partition's readable extents in offset order, for the lookups by time: the L1
+        objects up to the LRO, then the L0 extents above it, read page by page from the log
+        store (the unreconciled placeholders only). The caller holds a reader registration."""
+        state = actor.state
+        start, lro, hwm = state.start_offset, state.lro, state.high_watermark
+        from_l0 = start
+        if self.l1 is not None and start <= lro:
+            l1 = self.l1
+            from_l0 = lro + 1
+            for row in await l1.rows_reaching(actor, lro):
+                if row.base_offset > lro:
+                    break
+                if row.last_offset >= start:
+                    yield _Extent(row.base_offset, start, row.max_timestamp_ms, partial(l1.read_runs, row))
+        offset = from_l0
+        while offset < hwm:
+            placeholders = await self._log.read_placeholders(actor.row.pid, offset, PLACEHOLDERS_PER_READ)
+            for record in placeholders:
+                p = record.entry
+                assert isinstance(p, Placeholder), record
+                if record.base_offset >= hwm:
+                    return  # durable but not applied yet: not readable
+                offset = record.base_offset + p.record_count
+                read = partial(self._run, actor, record)
+                yield _Extent(record.base_offset, from_l0, p.max_timestamp_ms, read)
+            if len(placeholders) < PLACEHOLDERS_PER_READ:
+                return
+
+    async def _run(self, actor: PartitionActor, record: LogRecord) -> list[tuple[int, list[Record]]]:
+        return [(record.base_offset, await self._extent(actor, record))]

@@ -11,9 +11,10 @@ would have covered is then outside the lineage and is deleted through the two-ph
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass, field
 
 import anyio
@@ -30,6 +31,7 @@ from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
+from .round_reads import RoundReads
 
 log = logging.getLogger("levelzero.reconciler")
 
@@ -50,6 +52,9 @@ class ReconcilerConfig:
     object_age_max_s: float = 30.0
     placeholders_per_object_max: int = 4096
     partitions_in_flight_max: int = 4
+    # A round reads each L0 object once for all the partitions it copies (`round_reads.py`),
+    # holding at most this many bytes of such spans at once; 0: one GET per extent.
+    read_buffer_bytes_max: int = 64 * 1024 * 1024
     copy_deadline_s: float = 600.0  # COPY_STARTED older than this is collected
     # A failed L1 delete is tried again after this, doubling up to delete_retry_max_s.
     delete_retry_first_s: float = 1.0
@@ -71,6 +76,8 @@ class ReconcilerConfig:
             raise InvalidInput("reconciler object_bytes_min must be in 0..object_bytes_max")
         if not 0 <= self.object_age_max_s <= 3600:
             raise InvalidInput("reconciler object_age_max_s must be in 0..3600")
+        if not 0 <= self.read_buffer_bytes_max <= 4 * 1024 * 1024 * 1024:
+            raise InvalidInput("reconciler read_buffer_bytes_max must be in 0..4 GiB")
 
 
 @dataclass(slots=True)
@@ -82,6 +89,9 @@ class ReconcilerStatistics:
     records_reconciled: int = 0
     catch_ups_rejected: int = 0
     errors: int = 0
+    l0_span_gets: int = 0  # GETs of an L0 object's span shared by several partitions' extents
+    l0_extent_gets: int = 0  # GETs of one extent
+    l0_extents_from_spans: int = 0  # extents sliced from a shared span
     lag_offsets: dict[str, int] = field(default_factory=dict)
     lag_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -124,6 +134,8 @@ class Reconciler:
         # pass first saw it, the partition's `size_bytes` then). Memory only: after a restart
         # the wait starts again, the L0 data staying until it is reconciled.
         self._waiting: dict[str, tuple[float, int]] = {}
+        # What this round's plan read for each partition: pid -> (from data offset, placeholders).
+        self._planned: dict[int, tuple[int, list[LogRecord]]] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -179,7 +191,7 @@ class Reconciler:
                     self._note_lag(actor)
                     return  # growing: its L0 data stays until it is reconciled
                 while actor.state.has_unreconciled_data:
-                    if not await self.reconcile_partition(actor):
+                    if not await self.reconcile_partition(actor, reads=reads):
                         break
                     written += 1
                 if not actor.state.has_unreconciled_data:
@@ -204,18 +216,55 @@ class Reconciler:
                 ready.append(actor)
             else:
                 self._unfinished.add(actor.name)
-        # `partitions_in_flight_max` workers take the partitions in turn: a task per partition
-        # waiting for its turn was 1.2 KiB each, 10,000 of them in a start-up round.
-        queue = iter(ready)
+        reads = RoundReads(self._objects, self.config.read_buffer_bytes_max)
+        self._planned.clear()
+        await self._for_each(ready, functools.partial(self._plan, reads))
+        try:
+            await self._for_each(ready, one)
+        finally:
+            self._planned.clear()  # a partition the round did not copy after all
+        self.stats.l0_span_gets += reads.stats.span_gets
+        self.stats.l0_extent_gets += reads.stats.extent_gets
+        self.stats.l0_extents_from_spans += reads.stats.extents_from_spans
+        return written
+
+    async def _for_each(
+        self, actors: list[PartitionActor], work: Callable[[PartitionActor], Awaitable[None]]
+    ) -> None:
+        """`work` on each of `actors`: `partitions_in_flight_max` workers take them in turn (a
+        task per partition waiting for its turn was 1.2 KiB each, 10,000 in a start-up round)."""
+        queue = iter(actors)
 
         async def worker() -> None:
             for actor in queue:
-                await one(actor)
+                await work(actor)
 
         async with anyio.create_task_group() as tg:
-            for _ in range(min(self.config.partitions_in_flight_max, len(ready))):
+            for _ in range(min(self.config.partitions_in_flight_max, len(actors))):
                 tg.start_soon(worker)
-        return written
+
+    async def _plan(self, reads: RoundReads, actor: PartitionActor) -> None:
+        """The placeholders `actor` will copy first this round, when it is due: read now, so the
+        round knows which extents each L0 object gives (`RoundReads`), and handed to the copy."""
+        state = actor.state
+        if (
+            reads.full  # the round plans no more than its spans could hold: the rest read alone
+            or not state.has_unreconciled_data
+            or not self.health.retry_due(actor.name, self._wall())
+            or not self._due_for_object(actor)
+            or topic_name_problem(actor.row.topic) is not None
+        ):
+            return
+        start, hwm = state.lro + 1, state.high_watermark
+        try:
+            placeholders = await self._log.read_placeholders(
+                actor.row.pid, start, self.config.placeholders_per_object_max
+            )
+        except LevelZeroError:
+            return  # the copy reads them again, and says what fails
+        batch = self._batch_of(placeholders, hwm)
+        reads.plan(record.entry for record in batch if isinstance(record.entry, Placeholder))
+        self._planned[actor.row.pid] = (start, batch)  # a batch at most: bounded with the plan
 
     def _due_for_object(self, actor: PartitionActor) -> bool:
         """Whether `actor`'s unreconciled data is to be written now: it reached
@@ -278,10 +327,13 @@ class Reconciler:
         state = actor.state
         self.stats.lag_offsets[actor.name] = max(0, state.high_watermark - 1 - state.lro)
 
-    async def reconcile_partition(self, actor: PartitionActor, term: int | None = None) -> bool:
+    async def reconcile_partition(
+        self, actor: PartitionActor, term: int | None = None, reads: RoundReads | None = None
+    ) -> bool:
         """Reconcile one batch of `actor`'s unreconciled placeholders into one L1 object.
 
         `term` defaults to the actor's current term; a test passes an old one to play a zombie.
+        `reads`: the round's shared reads of L0 objects (none: a GET per extent).
         Returns False when there was nothing to do or the catch-up was rejected."""
         term = actor.term if term is None else term
         state = actor.state
@@ -293,7 +345,7 @@ class Reconciler:
             raise MalformedKey(unstorable_topic_advice(actor.row.topic, problem))
         reader_id, _ = actor.register_reader()
         try:
-            batch, records = await self._read_batch(actor, lro + 1, hwm)
+            batch, records = await self._read_batch(actor, lro + 1, hwm, reads)
         finally:
             actor.release_reader(reader_id)
         if not batch:
@@ -368,14 +420,33 @@ class Reconciler:
             log.warning("deleting rejected L1 object %s failed, collected later: %s", row.key, exc)
 
     async def _read_batch(
-        self, actor: PartitionActor, start: int, hwm: int
+        self, actor: PartitionActor, start: int, hwm: int, reads: RoundReads | None
     ) -> tuple[list[LogRecord], list[Record]]:
-        """Placeholders from data offset `start` (below `hwm`) up to the byte budget."""
-        placeholders = await self._log.read_placeholders(
-            actor.row.pid, start, self.config.placeholders_per_object_max
-        )
-        batch: list[LogRecord] = []
+        """Placeholders from data offset `start` (below `hwm`) up to the byte budget, and their
+        records."""
+        planned = self._planned.pop(actor.row.pid, None)
+        if planned is not None and planned[0] == start:
+            placeholders = planned[1]  # read by this round's plan (the log below HWM is fixed)
+        else:
+            placeholders = await self._log.read_placeholders(
+                actor.row.pid, start, self.config.placeholders_per_object_max
+            )
+        batch = self._batch_of(placeholders, hwm)
         records: list[Record] = []
+        for record in batch:
+            p = record.entry
+            assert isinstance(p, Placeholder)
+            if reads is None:
+                data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+            else:
+                data = await reads.get(p)
+            where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
+            records.extend(decode_extent(data, p.checksum, p.record_count, where))
+        return batch, records
+
+    def _batch_of(self, placeholders: list[LogRecord], hwm: int) -> list[LogRecord]:
+        """The placeholders below `hwm` one L1 object takes: up to `object_bytes_max`."""
+        batch: list[LogRecord] = []
         size = 0
         for record in placeholders:
             p = record.entry
@@ -384,9 +455,6 @@ class Reconciler:
                 break
             if batch and size + p.byte_length > self.config.object_bytes_max:
                 break
-            data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
-            where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
-            records.extend(decode_extent(data, p.checksum, p.record_count, where))
             batch.append(record)
             size += p.byte_length
-        return batch, records
+        return batch

@@ -41,7 +41,7 @@ from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
-from levelzero.storage.protocols import Append, L0ObjectRow
+from levelzero.storage.protocols import Append, L0ObjectRow, OnDurable
 from levelzero.storage.postgres.base import APPEND_BATCH, WRITERS
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.testing.postgres import start_throwaway
@@ -70,9 +70,11 @@ class _TimedAppends:
         await self._inner.append(pid, expected_term, records)
         self.durations_s.append(time.perf_counter() - started)
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         started = time.perf_counter()
-        refused = await self._inner.append_many(appends)
+        refused = await self._inner.append_many(appends, on_durable)
         self.durations_s.append(time.perf_counter() - started)
         return refused
 

@@ -29,7 +29,7 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import NotLeader
 from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import Append, FenceEventRow
+from levelzero.storage.protocols import Append, FenceEventRow, OnDurable
 
 from .common import Figure, Settings, Target, closed_loop, figure, interleave
 
@@ -45,10 +45,7 @@ class UnfencedActor(PartitionActor):
     fenced ones are, without the fence decision, its read unit and its event (the floor)."""
 
     def _on_write(self, msg: _Write) -> None:
-        if self._deposed is not None or self._stopping is not None:
-            refusal = self._refusal()
-            assert refusal is not None
-            msg.reply.fail(refusal)
+        if self._refused(msg.reply):
             return
         self._reserve(msg.entry, msg.reply, holds_read_unit=False)
 
@@ -62,8 +59,10 @@ class DroppingLogStore(MemoryLogStore):
         self.records_seen = 0
         self.fence_events_seen = 0
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
-        refused = await super().append_many(appends)
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
+        refused = await super().append_many(appends, on_durable)
         for append in appends:
             log = self.logs[append.pid]
             self.records_seen += len(append.records)

@@ -30,7 +30,7 @@ import anyio
 from levelzero.actors.node import Node, NodeConfig
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.protocols import Append, LogStore
+from levelzero.storage.protocols import Append, LogStore, OnDurable
 from levelzero.storage.sqlite import SqliteLogStore
 from levelzero.testing.latency_store import S3_EXPRESS, S3_STANDARD, Latency, LatencyObjectStore
 
@@ -59,9 +59,9 @@ class TimedLogStore:
         await self._inner.append(pid, expected_term, records)
         self.commit_s.append(time.perf_counter() - started)
 
-    async def append_many(self, appends: Sequence[Append]) -> list[Any]:
+    async def append_many(self, appends: Sequence[Append], on_durable: OnDurable | None = None) -> list[Any]:
         started = time.perf_counter()
-        result = await self._inner.append_many(appends)
+        result = await self._inner.append_many(appends, on_durable)
         self.commit_s.append(time.perf_counter() - started)
         return result
 

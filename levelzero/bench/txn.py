@@ -6,11 +6,15 @@ writes RECORDS records (16-byte keys, 100-byte values) into a fresh topic of PRO
 per side, from PRODUCERS confluent-kafka producers (threads of one child process), each writing
 its own partition (as stream tasks do):
 - sut (transactions): each producer has its own transactional.id; begin, TXN_RECORDS records,
-                      commit, again (every commit: AddPartitionsToTxn, the records, EndTxn with
-                      its marker, each durable before its answer);
+                      commit, again (every transaction: AddPartitionsToTxn, one commit after
+                      the previous transaction's marker; the records; EndTxn, answered once
+                      its prepared state is durable, the marker written after);
 - floor (idempotent): each producer (enable.idempotence) produces the same records, then flushes.
-Records are generated before the clock starts; wall clock from the first produce to the last
-commit (or flush). Target: transactions at least 70% of idempotent produce's records/s.
+Both sides' producers differ only in what makes them transactional or idempotent: linger.ms 5,
+librdkafka's default batch size, acks=all (implied by both); the idempotent side's queue is
+sized to hold its share. Records are generated before the clock starts; wall clock from the
+first produce to the last commit (or flush). Target: transactions at least 70% of idempotent
+produce's records/s.
 """
 
 from __future__ import annotations

@@ -15,44 +15,58 @@ A's late `{0: 123}` is refused before or after it.
 range it cleans, the latest record per key (a later offset wins), drops the rest, and leaves
 gaps where they were (a fetch at a removed offset returns the next record present, as in
 Kafka). A tombstone (a null value) is kept until it is older than `delete.retention.ms`, then
-dropped. The key map holds a 16-byte BLAKE2b digest per distinct key, at most
-`key_map_entries_max` of them (16 MiB of digests and offsets at the default): a range with more
-distinct keys is cleaned only up to the record before the first key that did not fit, as Kafka's
-cleaner stops where its offset map fills; the next pass goes on from there.
+dropped. The key map holds an index per distinct key, at most `key_map_entries_max` of them,
+keyed by the key bytes the pass decoded already (no copy, and no hash that could collide): a
+range with more distinct keys is cleaned only up to the record before the first key that did
+not fit, as Kafka's cleaner stops where its offset map fills; the next pass goes on from there.
+
+**Decoding only what the rule needs.** A pass reads up to `object_bytes_max` of L1 records and
+keeps a few of them (a changelog repeats its keys). Decoding every record whole was most of its
+cost, and the rule needs less: each record's key, and its bytes if it is kept. So a pass scans
+each object in msgspec's C decoder into its keys alone (a struct of one field: msgspec skips
+the fields after it, never building a value), and splits an object into its records' encoded
+bytes (`msgspec.Raw`, views into the object) only if it holds a record that may stay. Only
+those records (the latest per key, and those above the clean limit) are decoded whole, for the
+tombstone rule and the new object's newest timestamp; the new object's extent is their encoded
+bytes joined (`extent_of_encoded`): the same bytes re-encoding them would give. A record's
+time (for `min.compaction.lag.ms`) is read from its object's row when the row's newest
+timestamp and write time already put every record past the lag (`known_old`); only otherwise
+are the timestamps decoded.
+
+**Transactions** (as Kafka's cleaner treats them). A pass cleans only below the partition's last
+stable offset: a record of an open transaction may still be aborted, so it never supersedes an
+earlier record of its key. A record of an aborted transaction is dropped and supersedes nothing
+(`PassInput.apply_transactions`): the record of its key that read_committed sees stays. A commit marker
+is dropped (a read_committed consumer needs only the aborted list and the abort markers); an
+abort marker stays, as a consumer stops skipping its producer's records at it. Only
+the objects whose bytes hold the reserved header's name are decoded for it (one substring
+search each; the usual object holds none).
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 import msgspec
 
 from .errors import CorruptData
-from .l0format import NO_TIMESTAMP, Record, build_object, checksum, decode_extent, encode_extent, read_header
+from .l0format import (
+    NO_TIMESTAMP,
+    Record,
+    build_object,
+    checksum,
+    decode_extent,
+    extent_of_encoded,
+    read_header,
+)
+from .txn_marks import KIND_ABORT, KIND_DATA, TXN_HEADER, txn_kind
 
-# Distinct keys one pass maps, at most (a digest and an offset each: ~100 bytes in a dict).
+# Distinct keys one pass maps, at most (an entry of a dict each, ~100 bytes, the key being the
+# record's own key bytes).
 KEY_MAP_ENTRIES_MAX = 100_000
-KEY_DIGEST_BYTES = 16
-
-
-def key_digest(key: bytes) -> bytes:
-    return hashlib.blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
-
-
-def key_digests(records: Sequence[Record]) -> list[bytes | None]:
-    """Each record's key digest (None: no key), computed once for a pass's two steps and once
-    per distinct key (a changelog repeats its keys; the cache holds the keys the records
-    already hold, and a digest each)."""
-    keys = [r.key for r in records]
-    cache: dict[bytes | None, bytes | None] = dict.fromkeys(keys)
-    blake2b = hashlib.blake2b
-    for key in cache:
-        if key is not None:
-            cache[key] = blake2b(key, digest_size=KEY_DIGEST_BYTES).digest()
-    return list(map(cache.__getitem__, keys))
 
 
 # ---------------------------------------------------------------------- the cleaner-offset map
@@ -110,110 +124,160 @@ class Retained:
 
     offsets: list[int]
     records: list[Record]
+    extent: bytes  # the kept records as one extent: their encoded bytes, sliced from the input
     clean_upto: int  # the last offset the pass decided on (records above it were not looked at)
     removed: int
     tombstones_dropped: int
 
 
+def known_old(objects: Sequence[tuple[int | None, int]], young_from_ms: int) -> bool:
+    """Is every record of `objects` — each `(its records' newest timestamp, None: unknown; its
+    write time in ms)` — at or before `young_from_ms`? A record's time is its timestamp, or its
+    object's write time when it has none: both bounds at or before it put every record there.
+    True lets a pass skip decoding timestamps; False says only "look at the records"."""
+    return all(
+        newest is not None and newest <= young_from_ms and written <= young_from_ms
+        for newest, written in objects
+    )
+
+
+def last_index_per_key(keys: Sequence[bytes | None]) -> dict[bytes | None, int]:
+    """The index of each key's last record (None: the keyless records' last), in one C-level
+    sweep: a dict keeps the last value given for a key. Computed once for both steps of a pass
+    (`clean_limit`, `retain`) when it cleans its whole input, the usual case."""
+    return dict(zip(keys, range(len(keys)), strict=True))
+
+
 def clean_limit(
     offsets: Sequence[int],
-    records: Sequence[Record],
+    keys: Sequence[bytes | None],
+    timestamps_ms: Sequence[int] | None,
     written_at_ms: Sequence[int],
     reconciled_upto: int,
     now_ms: int,
     min_lag_ms: int,
     key_map_entries_max: int = KEY_MAP_ENTRIES_MAX,
-    digests: Sequence[bytes | None] | None = None,
+    latest: Mapping[bytes | None, int] | None = None,
 ) -> int:
     """The last offset a pass may clean: at or below the reconciled offset, below the first
     record younger than `min.compaction.lag.ms`, and below the first key the key map cannot
-    hold. -1 (or below the range) when nothing may be cleaned."""
-    digests = key_digests(records) if digests is None else digests
-    assert len(offsets) == len(records) == len(written_at_ms) == len(digests)
+    hold. -1 (or below the range) when nothing may be cleaned. `timestamps_ms`: each record's
+    own (NO_TIMESTAMP: none, its object's write time counts); None when the caller knows every
+    record is older than the lag already (`known_old`). `latest`: `last_index_per_key(keys)`,
+    if the caller has it."""
+    assert len(offsets) == len(keys) == len(written_at_ms), (len(offsets), len(keys), len(written_at_ms))
+    assert timestamps_ms is None or len(timestamps_ms) == len(offsets)
     # The common case at a list's speed: nothing young below the reconciled offset and every
     # key fits the map; otherwise the walk below finds where the pass must stop.
     n = bisect.bisect_right(offsets, reconciled_upto)
     young_from = now_ms - min_lag_ms  # a record whose time is above this is too young
     if n:
-        times = [r.timestamp_ms for r in records[:n]]
-        old = max(times) <= young_from and (NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from)
+        if timestamps_ms is None:
+            old = True
+        else:
+            times = timestamps_ms[:n]
+            old = max(times) <= young_from and (
+                NO_TIMESTAMP not in times or max(written_at_ms[:n]) <= young_from
+            )
         if old:
-            distinct = set(digests[:n])
-            distinct.discard(None)
-            if len(distinct) <= key_map_entries_max:
+            if latest is not None and n == len(keys):
+                distinct = len(latest) - (None in latest)
+            else:
+                distinct = len(set(keys[:n]) - {None})
+            if distinct <= key_map_entries_max:
                 return offsets[n - 1]
     return _clean_limit_walk(
-        offsets, records, written_at_ms, reconciled_upto, young_from, key_map_entries_max, digests
+        offsets, keys, timestamps_ms, written_at_ms, reconciled_upto, young_from, key_map_entries_max
     )
 
 
 def _clean_limit_walk(
     offsets: Sequence[int],
-    records: Sequence[Record],
+    keys: Sequence[bytes | None],
+    timestamps_ms: Sequence[int] | None,
     written_at_ms: Sequence[int],
     reconciled_upto: int,
     young_from: int,
     key_map_entries_max: int,
-    digests: Sequence[bytes | None],
 ) -> int:
     limit = -1
     seen: set[bytes] = set()
-    for offset, record, written, digest in zip(offsets, records, written_at_ms, digests, strict=True):
-        time_ms = written if record.timestamp_ms == NO_TIMESTAMP else record.timestamp_ms
-        if offset > reconciled_upto or time_ms > young_from:
+    times = [NO_TIMESTAMP] * len(offsets) if timestamps_ms is None else timestamps_ms
+    for offset, key, timestamp, written in zip(offsets, keys, times, written_at_ms, strict=True):
+        time_ms = written if timestamp == NO_TIMESTAMP else timestamp
+        if offset > reconciled_upto or (timestamps_ms is not None and time_ms > young_from):
             break
-        if digest is None:
+        if key is None:
             limit = offset  # written before the topic was compacted: dropped, as Kafka's cleaner does
             continue
-        if digest not in seen and len(seen) >= key_map_entries_max:
+        if key not in seen and len(seen) >= key_map_entries_max:
             break
-        seen.add(digest)
+        seen.add(key)
         limit = offset
     return limit
 
 
+# The encoded bytes of the records at some indices of a pass's input (rising): `PassInput.encoded`.
+EncodedOf = Callable[[Sequence[int]], Sequence[bytes | msgspec.Raw]]
+
+
 def retain(
     offsets: Sequence[int],
-    records: Sequence[Record],
+    keys: Sequence[bytes | None],
     written_at_ms: Sequence[int],
     clean_upto: int,
     now_ms: int,
     delete_retention_ms: int,
-    digests: Sequence[bytes | None] | None = None,
+    encoded_of: EncodedOf,
+    latest: Mapping[bytes | None, int] | None = None,
 ) -> Retained:
     """Keep, of the records at or below `clean_upto`, the latest per key (tombstones until
     `delete.retention.ms`), and every record above it. The range's last record always stays
     (as Kafka never cleans its active segment): a compacted object ends on a record, so a
-    fetch inside it always finds one."""
-    assert len(offsets) == len(records) == len(written_at_ms)
-    assert sorted(set(offsets)) == list(offsets), "offsets must rise"
+    fetch inside it always finds one. `encoded_of`: the records' msgpack bytes, asked only for
+    the ones that may stay; offsets rise (`PassInput` asserts it as it grows). `latest`:
+    `last_index_per_key(keys)`, if the caller has it."""
+    assert len(offsets) == len(keys) == len(written_at_ms)
     assert offsets, "a pass cleans at least one record"
-    digests = key_digests(records) if digests is None else digests
-    assert len(digests) == len(records)
+    assert offsets[-1] - offsets[0] >= len(offsets) - 1, "offsets must rise"
     # The records at or below clean_upto are the first `cut`; of those, the latest index per key
     # (dict keeps the last value given for a key). No key: written before the topic was
     # compacted, dropped as Kafka's cleaner drops it.
     cut = bisect.bisect_right(offsets, clean_upto)
-    latest = dict(zip(digests[:cut], range(cut), strict=True))
-    latest.pop(None, None)
+    if latest is None or cut != len(keys):
+        latest = last_index_per_key(keys[:cut])
+    candidates = sorted(latest.values())
+    if None in latest:
+        del candidates[bisect.bisect_left(candidates, latest[None])]
+    keyed = len(candidates)
     last = len(offsets) - 1
-    keep: list[int] = []
+    if cut and last < cut and (not candidates or candidates[-1] != last):
+        candidates.append(last)  # the range's last record always stays
+    candidates.extend(range(cut, len(offsets)))
+    # Only the candidates are decoded whole: the tombstone rule needs their values and times.
+    encoded = encoded_of(candidates)
+    assert len(encoded) == len(candidates), (len(encoded), len(candidates))
+    candidate_extent = extent_of_encoded(encoded)
+    try:
+        records = _records_decoder.decode(candidate_extent)
+    except msgspec.DecodeError as exc:
+        raise CorruptData(f"a record kept by compaction is undecodable: {exc}") from exc
+    assert len(records) == len(candidates)
+    keep: list[int] = []  # positions in candidates
+    kept: list[Record] = []
     tombstones_dropped = 0
-    for i in sorted(latest.values()):
-        record = records[i]
-        expired = record.value is None and i != last
+    for j, (i, record) in enumerate(zip(candidates, records, strict=True)):
+        expired = record.value is None and i < cut and i != last
         if expired and now_ms - _record_time(record, written_at_ms[i]) >= delete_retention_ms:
             tombstones_dropped += 1
             continue  # a tombstone past delete.retention.ms
-        keep.append(i)
-    if cut and last < cut and (not keep or keep[-1] != last):
-        keep.append(last)  # the range's last record always stays
-    keep.extend(range(cut, len(offsets)))
-    kept_offsets = [offsets[i] for i in keep]
-    kept = [records[i] for i in keep]
-    assert len(kept) <= len(records)
-    assert len(kept) <= len(latest) + (len(offsets) - cut) + 1  # + the last
-    return Retained(kept_offsets, kept, clean_upto, len(records) - len(kept), tombstones_dropped)
+        keep.append(j)
+        kept.append(record)
+    extent = candidate_extent if not tombstones_dropped else extent_of_encoded([encoded[j] for j in keep])
+    assert len(kept) <= keyed + (len(offsets) - cut) + 1  # + the last
+    assert keep, "the range's last record always stays"
+    kept_offsets = [offsets[candidates[j]] for j in keep]
+    return Retained(kept_offsets, kept, extent, clean_upto, len(offsets) - len(keep), tombstones_dropped)
 
 
 def _record_time(record: Record, written_at_ms: int) -> int:
@@ -273,40 +337,189 @@ def contiguous_runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
 # per record. An object with one extent is a reconciler's: its records are at base, base + 1, ...
 _runs_encoder = msgspec.msgpack.Encoder()
 _runs_decoder = msgspec.msgpack.Decoder(list[tuple[int, int]])
+_records_decoder = msgspec.msgpack.Decoder(list[Record])
+_encoded_records_decoder = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 
-def build_compacted_object(term: int, pid: int, offsets: Sequence[int], records: Sequence[Record]) -> bytes:
-    assert offsets and len(offsets) == len(records), (len(offsets), len(records))
+class _RecordKey(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A stored record decoded only as far as its key: msgspec skips the fields after it (value,
+    timestamp, headers) without building them. Untracked by the GC: it holds bytes or None,
+    never a cycle, and a pass makes one per record."""
+
+    key: bytes | None
+
+
+_record_keys_decoder = msgspec.msgpack.Decoder(list[_RecordKey])
+
+
+def build_compacted_object(term: int, pid: int, offsets: Sequence[int], extent: bytes, count: int) -> bytes:
+    """The object of `count` records at `offsets`, `extent` their encoded records (`Retained`)."""
+    assert offsets and len(offsets) == count, (len(offsets), count)
     runs = contiguous_runs(offsets)
-    data, _ = build_object(
-        term, [(pid, encode_extent(records), len(records)), (pid, _runs_encoder.encode(runs), len(runs))]
-    )
+    data, _ = build_object(term, [(pid, extent, count), (pid, _runs_encoder.encode(runs), len(runs))])
     return data
 
 
-def l1_object_runs(data: bytes, base_offset: int, where: str) -> list[tuple[int, list[Record]]]:
-    """(first offset, records at consecutive offsets) of each run of an L1 object, verified."""
+def _l1_layout(data: bytes, where: str) -> tuple[memoryview, int, int, list[tuple[int, int]] | None]:
+    """An L1 object's record extent (a view: no copy), its checksum and record count, and its
+    runs (None: one run from the object's base offset), the runs verified."""
     header = read_header(data, where)
     if len(header.extents) not in (1, 2):
         raise CorruptData(f"{where}: {len(header.extents)} extents, an L1 object holds one or two")
     first = header.extents[0]
-    raw = data[first.byte_offset : first.byte_offset + first.byte_length]
-    records = decode_extent(raw, first.checksum, first.record_count, where)
+    raw = memoryview(data)[first.byte_offset : first.byte_offset + first.byte_length]
     if len(header.extents) == 1:
-        return [(base_offset, records)]
+        return raw, first.checksum, first.record_count, None
     second = header.extents[1]
-    raw = data[second.byte_offset : second.byte_offset + second.byte_length]
-    if checksum(raw) != second.checksum:
+    runs_bytes = data[second.byte_offset : second.byte_offset + second.byte_length]
+    if checksum(runs_bytes) != second.checksum:
         raise CorruptData(f"{where}: the runs' checksum does not match")
     try:
-        runs = _runs_decoder.decode(raw)
+        runs = _runs_decoder.decode(runs_bytes)
     except msgspec.DecodeError as exc:
         raise CorruptData(f"{where}: undecodable runs: {exc}") from exc
-    if len(runs) != second.record_count or sum(n for _, n in runs) != len(records):
-        raise CorruptData(f"{where}: the runs do not add up to its {len(records)} records")
-    result: list[tuple[int, list[Record]]] = []
+    if len(runs) != second.record_count or sum(n for _, n in runs) != first.record_count:
+        raise CorruptData(f"{where}: the runs do not add up to its {first.record_count} records")
+    return raw, first.checksum, first.record_count, runs
+
+
+def _split(runs: list[tuple[int, int]] | None, base_offset: int, count: int) -> list[tuple[int, int, int]]:
+    """(first offset, first index, count) of each run."""
+    if runs is None:
+        return [(base_offset, 0, count)]
+    result: list[tuple[int, int, int]] = []
     i = 0
-    for start, count in runs:
-        result.append((start, records[i : i + count]))
-        i += count
+    for start, n in runs:
+        result.append((start, i, n))
+        i += n
     return result
+
+
+def l1_object_runs(data: bytes, base_offset: int, where: str) -> list[tuple[int, list[Record]]]:
+    """(first offset, records at consecutive offsets) of each run of an L1 object, verified."""
+    raw, crc, count, runs = _l1_layout(data, where)
+    records = decode_extent(raw, crc, count, where)  # type: ignore[arg-type]  # a view decodes as bytes
+    return [(start, records[i : i + n]) for start, i, n in _split(runs, base_offset, count)]
+
+
+@dataclass(slots=True)
+class _ScannedObject:
+    extent: memoryview  # its records' extent, verified
+    first: int  # the index of its first record in the pass's input
+    count: int
+    where: str
+    encoded: list[msgspec.Raw] | None = None  # each record's bytes, once asked for
+
+
+@dataclass(slots=True)
+class PassInput:
+    """A pass's input records, decoded only as far as the rule needs (see the module's
+    docstring), in offset order: each record's offset, key and object's write time, and each
+    object's newest timestamp (for `known_old`). A record's encoded bytes are found when asked
+    for (`encoded`), an object at a time: the objects holding no record that may stay are
+    never split into records."""
+
+    offsets: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    written_at_ms: list[int] = field(default_factory=list)
+    objects: list[tuple[int | None, int]] = field(default_factory=list)  # (newest timestamp, written)
+    _scanned: list[_ScannedObject] = field(default_factory=list)
+
+    def add_object(
+        self, data: bytes, base_offset: int, written_at_ms: int, max_timestamp_ms: int | None, where: str
+    ) -> None:
+        """Add an L1 object's records (verified against its checksum); its offsets come after
+        the ones added before."""
+        raw, crc, count, runs = _l1_layout(data, where)
+        actual = checksum(raw)  # type: ignore[arg-type]  # a view is a buffer
+        if actual != crc:
+            raise CorruptData(f"{where}: checksum mismatch (expected {crc:08x}, got {actual:08x})")
+        try:
+            keys = [r.key for r in _record_keys_decoder.decode(raw)]
+        except msgspec.DecodeError as exc:
+            raise CorruptData(f"{where}: undecodable extent: {exc}") from exc
+        if len(keys) != count:
+            raise CorruptData(f"{where}: {len(keys)} records, expected {count}")
+        for start, _, n in _split(runs, base_offset, count):
+            if self.offsets and start <= self.offsets[-1]:
+                raise CorruptData(f"{where}: a run at offset {start}, not after {self.offsets[-1]}")
+            self.offsets.extend(range(start, start + n))
+        self._scanned.append(_ScannedObject(raw, len(self.keys), count, where))
+        self.keys.extend(keys)
+        self.written_at_ms.extend([written_at_ms] * count)
+        self.objects.append((max_timestamp_ms, written_at_ms))
+        assert len(self.offsets) == len(self.keys) == len(self.written_at_ms)
+
+    def encoded(self, indices: Sequence[int]) -> list[msgspec.Raw]:
+        """The encoded bytes of the records at `indices` (rising): views into their objects."""
+        result: list[msgspec.Raw] = []
+        at = 0
+        for scanned in self._scanned:
+            end = bisect.bisect_left(indices, scanned.first + scanned.count, at)
+            if end == at:
+                continue
+            if scanned.encoded is None:
+                try:
+                    scanned.encoded = _encoded_records_decoder.decode(scanned.extent)
+                except msgspec.DecodeError as exc:
+                    raise CorruptData(f"{scanned.where}: undecodable extent: {exc}") from exc
+                if len(scanned.encoded) != scanned.count:
+                    raise CorruptData(
+                        f"{scanned.where}: {len(scanned.encoded)} records, expected {scanned.count}"
+                    )
+            encoded, first = scanned.encoded, scanned.first
+            assert indices[at] >= first, (indices[at], first)
+            result.extend([encoded[i - first] for i in indices[at:end]])
+            at = end
+        assert at == len(indices), "indices rise, each within the input"
+        return result
+
+    def timestamps_ms(self) -> list[int]:
+        """Each record's own timestamp (NO_TIMESTAMP: none): its objects decoded whole."""
+        times: list[int] = []
+        for scanned in self._scanned:
+            try:  # verified as it was added
+                records = _records_decoder.decode(scanned.extent)
+            except msgspec.DecodeError as exc:
+                raise CorruptData(f"{scanned.where}: undecodable extent: {exc}") from exc
+            times.extend([r.timestamp_ms for r in records])
+        assert len(times) == len(self.offsets)
+        return times
+
+    def apply_transactions(self, aborted: Sequence[tuple[int, int, int]]) -> None:
+        """Kafka's cleaner's rule for transactions (see the module), given the partition's
+        aborted transactions (producer id, first offset, abort marker's offset): a record of an
+        aborted transaction and a commit marker get no key (dropped, superseding nothing); an
+        abort marker a key equal to no other (kept). Only the objects whose bytes hold the
+        reserved header's name are decoded for it."""
+        for scanned in self._scanned:
+            if _TXN_HEADER_BYTES not in bytes(scanned.extent):
+                continue
+            try:  # verified as it was added
+                records = _records_decoder.decode(scanned.extent)
+            except msgspec.DecodeError as exc:
+                raise CorruptData(f"{scanned.where}: undecodable extent: {exc}") from exc
+            for i, record in enumerate(records):
+                txn = txn_kind(record.headers)
+                if txn is None:
+                    continue
+                at = scanned.first + i
+                producer_id, kind = txn
+                if kind == KIND_ABORT:
+                    self.keys[at] = cast(bytes, _AbortMarkerKey())
+                elif kind != KIND_DATA:
+                    self.keys[at] = None  # a commit marker
+                elif any(
+                    p == producer_id and first <= self.offsets[at] <= last for p, first, last in aborted
+                ):
+                    self.keys[at] = None
+
+
+class _AbortMarkerKey:
+    """An abort marker's key in a pass's key map: equal to nothing but itself (identity), so the
+    marker is kept and supersedes no record."""
+
+    __slots__ = ()
+
+
+_TXN_HEADER_BYTES = TXN_HEADER.encode()  # as msgpack stores the header's name (a str)

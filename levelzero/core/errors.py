@@ -230,6 +230,23 @@ class ShuttingDown(LevelZeroError):
     retriable = True
 
 
+class OutOfOrderSequence(LevelZeroError):
+    """An idempotent producer's batch does not follow the last one stored for its partition
+    (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER): an earlier batch is still to come (its retry)."""
+
+    code = "out_of_order_sequence"
+    retriable = True
+
+    def __init__(self, producer_id: int, base_sequence: int, expected: int) -> None:
+        super().__init__(
+            f"producer {producer_id}'s batch at sequence {base_sequence} is out of order: "
+            f"the next stored must be {expected}"
+        )
+        self.producer_id = producer_id
+        self.base_sequence = base_sequence
+        self.expected = expected
+
+
 class ObjectNotFound(LevelZeroError):
     """An object store has no object under the key."""
 

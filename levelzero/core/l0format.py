@@ -189,6 +189,14 @@ class EncodedExtents:
                 start = end
 
 
+def extent_of_encoded(records: Sequence[bytes | msgspec.Raw]) -> bytes:
+    """One extent of records each already encoded on its own (slices of other extents, as a
+    compaction keeps them): the msgpack array they make together, one copy of their bytes.
+    The same bytes as `encode_extent` of the records they encode."""
+    assert records, "an extent holds at least one record"
+    return b"".join([_array_header(len(records)), *records])
+
+
 def _array_header(count: int) -> bytes:
     """The msgpack array header msgspec writes for `count` items (the shortest form)."""
     if count <= 15:

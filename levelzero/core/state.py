@@ -22,6 +22,7 @@ from .entries import (
     TermStart,
 )
 from .errors import InvariantViolation
+from .producers import PartitionProducers, ProducerRow
 
 
 class PartitionSnapshot(msgspec.Struct, frozen=True):
@@ -50,6 +51,9 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     # leader-epoch cache, the partition's term being its leader epoch (KIP-320). Empty in
     # snapshots written before it existed (records before its first entry have no epoch).
     term_starts: tuple[tuple[int, int], ...] = ()
+    # Idempotent producers' last batches, from the placeholders' producer spans
+    # (`core.producers.PartitionProducers.rows`). Empty in snapshots written before it existed.
+    producers: tuple[ProducerRow, ...] = ()
 
 
 # The oldest term starts beyond this many are forgotten (their records read with no epoch).
@@ -86,6 +90,7 @@ class PartitionState:
         "reconciled_by_term",
         "abandoned",
         "term_starts",
+        "producers",
     )
     # Set by _restore from a PartitionSnapshot, whose fields these are.
     creation_epoch: int
@@ -103,6 +108,7 @@ class PartitionState:
     reconciled_by_term: dict[int, int]
     abandoned: tuple[tuple[int, int], ...]
     term_starts: tuple[tuple[int, int], ...]
+    producers: PartitionProducers
 
     def __init__(self, creation_epoch: int) -> None:
         assert creation_epoch >= 1, creation_epoch
@@ -178,6 +184,14 @@ class PartitionState:
                 assert p.byte_length >= 0 and p.byte_offset >= 0, p
                 if p.epoch != self.max_applied_epoch:  # (at the window's top: nothing moves)
                     self._advance_applied_epoch(p.epoch, offset)
+                for span in p.producers:
+                    self.producers.append(
+                        span.producer_id,
+                        span.producer_epoch,
+                        span.base_sequence,
+                        span.record_count,
+                        self.high_watermark + span.first_record,
+                    )
                 self.high_watermark += p.record_count
                 self.size_bytes += p.byte_length
             case AdvanceEpoch(epoch=epoch):
@@ -313,6 +327,7 @@ class PartitionState:
             reconciled_by_term=dict(self.reconciled_by_term),
             abandoned=self.abandoned,
             term_starts=self.term_starts,
+            producers=self.producers.rows(),
         )
 
     @classmethod
@@ -325,6 +340,7 @@ class PartitionState:
         for name in PartitionSnapshot.__struct_fields__:
             setattr(self, name, getattr(s, name))
         self.reconciled_by_term = dict(s.reconciled_by_term)
+        self.producers = PartitionProducers.from_rows(s.producers)
 
     def encode_snapshot(self) -> bytes:
         return _snapshot_encoder.encode(self.to_snapshot())

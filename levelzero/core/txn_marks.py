@@ -11,11 +11,14 @@ consumer's default (read_uncommitted), they see records of open and aborted tran
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 TXN_HEADER = "\x00levelzero.txn"
 KIND_DATA = -1
+KIND_ABORT = 0
+_TXN_VALUE = struct.Struct(">qhb")  # producer id, producer epoch, kind
 
 
 class HasHeaders(Protocol):
@@ -34,6 +37,16 @@ def is_marker(headers: tuple[tuple[str, bytes | None], ...]) -> bool:
     value = headers[-1][1]
     assert value is not None and len(value) == 11, "stored by kafka.transactions"
     return value[-1] != KIND_DATA & 0xFF
+
+
+def txn_kind(headers: tuple[tuple[str, bytes | None], ...]) -> tuple[int, int] | None:
+    """(producer id, kind) of a record stored by a transaction, else None."""
+    if not headers or headers[-1][0] != TXN_HEADER:
+        return None
+    value = headers[-1][1]
+    assert value is not None and len(value) == _TXN_VALUE.size, "stored by kafka.transactions"
+    producer_id, _, kind = _TXN_VALUE.unpack(value)
+    return producer_id, kind
 
 
 def client_headers(headers: tuple[tuple[str, bytes | None], ...]) -> tuple[tuple[str, bytes | None], ...]:

@@ -49,6 +49,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,7 @@ def analyze(
     from pyspark.errors import PySparkException
 
     from .jobs import SparkAnalysis
-    from .report import write_report  # matplotlib only when reporting
+    from .report import load_plotting, write_report
 
     spark, owned = _session(master, dict(conf or {}))
     staging: str | None = None
@@ -151,12 +152,27 @@ def analyze(
                     raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
                 hadoop.make_dirs(join(out_dir, "tables"))
                 staging = tempfile.mkdtemp(prefix="levelzero-report-")
-        results = SparkAnalysis(spark, inputs, out_dir, bucket_s).run()
-        if staging is None:
-            written = write_report(results, out_dir)
-        else:
+        # Work of this process beside Spark's (a Spark job holds this thread only to wait on
+        # the JVM): matplotlib's imports while the jobs run, the report's drawing while Spark
+        # writes the large results.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="levelzero-analysis") as pool:
+            pool.submit(load_plotting)  # a failure shows again where the plots are drawn
+            analysis = SparkAnalysis(spark, inputs, out_dir, bucket_s)
+            results = analysis.run()
+            try:
+                large_written = pool.submit(analysis.write_large_results)
+                try:
+                    if staging is None:
+                        written = write_report(results, out_dir)
+                    else:
+                        assert hadoop is not None
+                        written = write_report(results, staging, link_root=out_dir)
+                finally:
+                    large_written.result()
+            finally:
+                analysis.release()
+        if staging is not None:
             assert hadoop is not None
-            written = write_report(results, staging, link_root=out_dir)
             hadoop.upload_dir(staging, out_dir)
             written = written.moved(staging, out_dir)
     except (PySparkException, Py4JError) as error:

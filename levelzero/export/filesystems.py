@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -29,6 +29,21 @@ PARQUET_MAGIC = b"PAR1"
 PARQUET_TAIL = struct.Struct("<I4s")  # footer length, magic
 FOOTER_BYTES_MAX = 64 * 1024 * 1024  # a footer beyond this is not one of ours
 MANIFEST_BYTES_MAX = 64 * 1024 * 1024
+
+
+class ParquetFooter(NamedTuple):
+    """What a Parquet file's footer says without reading its data: the schema and the rows."""
+
+    schema: pa.Schema
+    rows: int
+
+
+def _footer(source: Any, path: str) -> ParquetFooter:
+    try:
+        parquet = pq.ParquetFile(source)
+        return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows)
+    except (pa.ArrowException, OSError) as error:
+        raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
 
 
 def is_local(location: str) -> bool:
@@ -62,7 +77,7 @@ class Files(Protocol):
         """The whole file (None when it does not exist); refused beyond `limit` bytes."""
         ...
 
-    def parquet_schema(self, path: str) -> pa.Schema: ...
+    def parquet_footer(self, path: str) -> ParquetFooter: ...
 
 
 class LocalFiles:
@@ -87,11 +102,8 @@ class LocalFiles:
             raise AnalysisError(f"{path} is larger than {limit} bytes: not a levelzero file")
         return data
 
-    def parquet_schema(self, path: str) -> pa.Schema:
-        try:
-            return pq.read_schema(path)
-        except (pa.ArrowException, OSError) as error:
-            raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
+    def parquet_footer(self, path: str) -> ParquetFooter:
+        return _footer(path, path)
 
 
 class HadoopFiles:
@@ -181,8 +193,8 @@ class HadoopFiles:
             raise AnalysisError(f"{path} is larger than {limit} bytes: not a levelzero file")
         return self._read(path, 0, size)
 
-    def parquet_schema(self, path: str) -> pa.Schema:
-        """The schema in the file's footer, reading only the footer (not the data)."""
+    def parquet_footer(self, path: str) -> ParquetFooter:
+        """The file's footer (schema, rows), reading only the footer (not the data)."""
         size = self._size(path)
         if size < len(PARQUET_MAGIC) + PARQUET_TAIL.size:
             raise AnalysisError(f"{path} is not a readable Parquet file: {size} bytes")
@@ -194,10 +206,7 @@ class HadoopFiles:
         # The footer's metadata does not depend on where the data pages are: a buffer of the
         # magic, the footer and its tail reads as the file's schema.
         shell = PARQUET_MAGIC + footer + PARQUET_TAIL.pack(footer_length, PARQUET_MAGIC)
-        try:
-            return pq.read_schema(pa.BufferReader(shell))
-        except (pa.ArrowException, OSError) as error:
-            raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
+        return _footer(pa.BufferReader(shell), path)
 
     # ------------------------------------------------------------------ writing
 

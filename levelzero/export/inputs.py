@@ -34,6 +34,7 @@ class ExportInput:
     path: str
     manifest: Manifest
     files: dict[str, list[str]]  # table -> committed Parquet files, every one schema-checked
+    rows: dict[str, int]  # table -> rows of those files, from their footers (no data read)
 
     @property
     def file_count(self) -> int:
@@ -91,14 +92,20 @@ def _load_one(path: str, files: Files) -> ExportInput:
         raise AnalysisError(str(error)) from None
     skip = set(manifest.superseded)
     found = {table: _table_files(files, path, table, manifest.last_seq, skip) for table in TABLES}
-    return ExportInput(path, manifest, found)
+    return ExportInput(
+        path,
+        manifest,
+        {table: list(paths) for table, paths in found.items()},
+        {table: sum(paths.values()) for table, paths in found.items()},
+    )
 
 
-def _table_files(files: Files, path: str, table: str, last_seq: int, superseded: set[str]) -> list[str]:
+def _table_files(files: Files, path: str, table: str, last_seq: int, superseded: set[str]) -> dict[str, int]:
+    """The table's committed files, each checked, and the rows in each."""
     table_dir = join(path, table)
     if not (files.exists(table_dir) and files.is_dir(table_dir)):
-        return []
-    found = []
+        return {}
+    found = {}
     for partition in files.list_names(table_dir):
         partition_dir = join(table_dir, partition)
         if not (partition.startswith("date=") and files.is_dir(partition_dir)):
@@ -110,17 +117,19 @@ def _table_files(files: Files, path: str, table: str, last_seq: int, superseded:
             if "/".join((table, partition, name)) in superseded:  # as compact.py names them
                 continue  # folded into a later file by compaction
             file_path = join(partition_dir, name)
-            _check_schema(files, file_path, table)
-            found.append(file_path)
+            found[file_path] = _checked_rows(files, file_path, table)
     return found
 
 
-def _check_schema(files: Files, file_path: str, table: str) -> None:
-    why = schema_mismatch(table, files.parquet_schema(file_path))
+def _checked_rows(files: Files, file_path: str, table: str) -> int:
+    """The file's rows, once its footer shows the table's schema."""
+    footer = files.parquet_footer(file_path)
+    why = schema_mismatch(table, footer.schema)
     if why is not None:
         raise AnalysisError(
             f"{file_path} does not have the {table} schema: {why} (see levelzero/export/SCHEMAS.md)"
         )
+    return footer.rows
 
 
 def check_java() -> str:

@@ -11,7 +11,7 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -129,11 +129,15 @@ class SparkAnalysis:
         self.out_dir = out_dir
         self.requested_bucket_s = bucket_s
         self._cached: list[DataFrame] = []
+        self._large_writes: list[Callable[[], None]] = []
 
     def run(self) -> Results:
+        """Every collected result. The large results' writes wait for `write_large_results`
+        (they read cached frames: `release` only after them), so that they can run beside
+        the report's drawing."""
         try:
             frames = {table: self._table(table) for table in TABLES}
-            rows = {table: frame.count() for table, frame in frames.items()}
+            rows = self._rows(frames)
             self.results = self._time_grid(frames, rows)
             self.results.figures.update(
                 spark_master=self.spark.sparkContext.master,
@@ -149,9 +153,20 @@ class SparkAnalysis:
             self._fence(frames["fence_events"])
             self._throughput(frames["log_entries"])
             return self.results
-        finally:
-            for frame in self._cached:
-                frame.unpersist()
+        except BaseException:
+            self.release()
+            raise
+
+    def write_large_results(self) -> None:
+        """The results Spark writes itself (never collected), into `out_dir`."""
+        for write in self._large_writes:
+            write()
+
+    def release(self) -> None:
+        """The cached frames, unpersisted."""
+        for frame in self._cached:
+            frame.unpersist()
+        self._cached.clear()
 
     # ------------------------------------------------------------------ inputs and time grid
 
@@ -174,6 +189,15 @@ class SparkAnalysis:
             # shuffle: do it once, not in every result that reads the table.
             frame = self._cache(frame.dropDuplicates(list(TABLES[table].key)))
         return frame
+
+    def _rows(self, frames: dict[str, DataFrame]) -> dict[str, int]:
+        """Input rows per table. One directory's are its files' footers' (no Spark job: the
+        footers were read by the input checks); several directories' are counted after
+        deduplication (which fills the cache the results read from)."""
+        if len(self.inputs) == 1:
+            (found,) = self.inputs
+            return {table: found.rows[table] for table in frames}
+        return {table: frame.count() for table, frame in frames.items()}
 
     @contextmanager
     def _timestamps_as_micros(self) -> Iterator[None]:
@@ -379,21 +403,18 @@ class SparkAnalysis:
         self._keep(name, histogram, order=["bin_lo_s"])
 
     def _gc_rounds_over_time(self, rounds: DataFrame) -> None:
-        totals = rounds.agg(
-            _count().alias("rounds"),
-            _count(F.col("dry_run")).alias("dry_runs"),
-            _count(F.col("m").isNull()).alias("blocked"),
-            F.max("m").alias("m_max"),
-            F.max("cluster_epoch").alias("epoch_max"),
-        ).collect()[0]
-        self.results.figures.update(
-            gc_rounds=totals["rounds"],
-            gc_dry_runs=totals["dry_runs"],
-            gc_blocked_rounds=totals["blocked"],
-            gc_m_max=totals["m_max"],
-            cluster_epoch_max=totals["epoch_max"],
-        )
+        """Rounds per bucket; the totals are sums and maxima over the buckets, collected with
+        them (one job)."""
         real = ~F.col("dry_run")
+        columns = [
+            "bucket_start",
+            "rounds",
+            "cluster_epoch",
+            "m",
+            "cluster_lag_epochs",
+            "deleted",
+            "deleted_bytes",
+        ]
         per_bucket = (
             rounds.withColumn("b", self._bucket("started_at"))
             .groupBy("b")
@@ -403,6 +424,8 @@ class SparkAnalysis:
                 F.max("m").alias("m"),
                 F.sum(F.when(real, F.col("deleted")).otherwise(0)).alias("deleted"),
                 F.sum(F.when(real, F.col("deleted_bytes")).otherwise(0)).alias("deleted_bytes"),
+                _count(F.col("dry_run")).alias("dry_runs"),
+                _count(F.col("m").isNull()).alias("blocked"),
             )
             .select(
                 self._bucket_start(),
@@ -412,9 +435,24 @@ class SparkAnalysis:
                 (F.col("cluster_epoch") - F.col("m")).alias("cluster_lag_epochs"),
                 "deleted",
                 "deleted_bytes",
+                "dry_runs",
+                "blocked",
             )
         )
-        self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
+        collected = self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
+        rows = collected.rows
+        self.results.tables["gc_rounds_over_time"] = ResultTable(
+            columns, [{c: row[c] for c in columns} for row in rows]
+        )
+        self.results.figures.update(
+            gc_rounds=sum(r["rounds"] for r in rows),
+            gc_dry_runs=sum(r["dry_runs"] for r in rows),
+            gc_blocked_rounds=sum(r["blocked"] for r in rows),
+            gc_m_max=max((r["m"] for r in rows if r["m"] is not None), default=None),
+            cluster_epoch_max=max(
+                (r["cluster_epoch"] for r in rows if r["cluster_epoch"] is not None), default=None
+            ),
+        )
 
     # ------------------------------------------------------------------ storage
 
@@ -678,17 +716,22 @@ class SparkAnalysis:
         )
         per_bucket = self._cache(per_bucket)
         path = join(self.out_dir, "tables", "throughput_partition_buckets")
-        with self._timestamps_as_micros():
-            per_bucket.select(
-                "topic",
-                "partition",
-                self._bucket_start(),
-                "records",
-                "bytes",
-                "placeholders",
-                (F.col("records") / bucket_s).alias("records_per_s"),
-                (F.col("bytes") / bucket_s).alias("bytes_per_s"),
-            ).write.mode("overwrite").parquet(spark_uri(path))
+        per_partition_buckets = per_bucket.select(
+            "topic",
+            "partition",
+            self._bucket_start(),
+            "records",
+            "bytes",
+            "placeholders",
+            (F.col("records") / bucket_s).alias("records_per_s"),
+            (F.col("bytes") / bucket_s).alias("bytes_per_s"),
+        )
+
+        def write() -> None:
+            with self._timestamps_as_micros():
+                per_partition_buckets.write.mode("overwrite").parquet(spark_uri(path))
+
+        self._large_writes.append(write)
         self.results.spark_tables["throughput_partition_buckets"] = path
         totals = per_bucket.groupBy("b").agg(
             F.sum("records").alias("records"),

@@ -98,10 +98,17 @@ def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
     return [r["bucket_start"] + timedelta(seconds=bucket_s) for r in rows]
 
 
-def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
+def load_plotting() -> None:
+    """matplotlib's imports (half a second; the caller may run them ahead, in a thread)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates
+    import matplotlib.pyplot
+
+
+def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
+    load_plotting()
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 

@@ -250,12 +250,7 @@ def plan(source: str | Config, topic: str, selection: Selection | None = None) -
     config = store_config(source) if isinstance(source, str) else source
     selection = Selection() if selection is None else selection
     with _catalog(config) as db:
-        parts = db.execute(
-            "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
-            (topic,),
-        ).fetchall()
-        if not parts:
-            raise ExportError(f"topic {topic!r} not found in {_where(config)}")
+        parts = topic_partitions(db, config, topic)
         if selection.empty(topic):
             return []
         ranges: list[ObjectRange] = []
@@ -268,6 +263,18 @@ def plan(source: str | Config, topic: str, selection: Selection | None = None) -
             for r in _partition_ranges(db, topic, partition, pid, state, low, end - 1):
                 ranges.extend(_only_offsets(r, selection.offsets))
         return ranges
+
+
+def topic_partitions(db: Any, config: Config, topic: str) -> list[tuple[int, int, int]]:
+    """(pid, partition, creation epoch) of each of `topic`'s partitions, by partition, from the
+    open catalog `db`; ExportError when the topic does not exist."""
+    parts = db.execute(
+        "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
+        (topic,),
+    ).fetchall()
+    if not parts:
+        raise ExportError(f"topic {topic!r} not found in {_where(config)}")
+    return [tuple(part) for part in parts]
 
 
 def _partition_ranges(

@@ -38,10 +38,10 @@ from .spark_source import (
     Selection,
     _Partition,
     _replay,
-    _where,
     plan,
     read_partition,
     tasks,
+    topic_partitions,
 )
 
 if TYPE_CHECKING:
@@ -54,14 +54,8 @@ def partition_bounds(config: Config, topic: str) -> dict[int, tuple[int, int]]:
     """Each partition's readable range now: (start offset, high watermark), from one snapshot of
     the control plane (as the batch source plans)."""
     with _catalog(config) as db:
-        parts = db.execute(
-            "SELECT pid, partition, creation_epoch FROM partitions WHERE topic = ? ORDER BY partition",
-            (topic,),
-        ).fetchall()
-        if not parts:
-            raise ExportError(f"topic {topic!r} not found in {_where(config)}")
         bounds = {}
-        for pid, partition, creation_epoch in parts:
+        for pid, partition, creation_epoch in topic_partitions(db, config, topic):
             state = _replay(db, pid, creation_epoch)
             bounds[partition] = (state.start_offset, state.high_watermark)
         return bounds

@@ -20,7 +20,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
-from levelzero.kafka.metadata import Cluster
+from levelzero.kafka.metadata import Cluster, partition_row, topic_row
 from levelzero.kafka.protocol import Request, make
 
 TOPIC = 2  # Kafka's ConfigResource.Type
@@ -47,12 +47,13 @@ class ClusterAdminApi:
         leaders = self.cluster.leaders(self.cluster.brokers())
         epochs = self.cluster.leader_epochs()
         out: list[Any] = []
+        topic_cls = m.DescribeTopicPartitionsResponseTopic
         next_cursor = None
         shown = 0
         for name in names:
             count = topics.get(name)
             if count is None:
-                out.append(self._topic(m, name, ErrorCode.unknown_topic_or_partition, ()))
+                out.append(topic_row(topic_cls, name, ErrorCode.unknown_topic_or_partition, ()))
                 continue
             first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
             partitions = []
@@ -60,40 +61,23 @@ class ClusterAdminApi:
                 if shown == limit:
                     next_cursor = make(m.Cursor, topic_name=name, partition_index=p)
                     break
-                leader = leaders.get((name, p))
-                replicas = () if leader is None else (leader,)
                 partitions.append(
-                    make(
+                    partition_row(
                         m.DescribeTopicPartitionsResponsePartition,
-                        error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
-                        partition_index=p,
-                        leader_id=-1 if leader is None else leader,
-                        leader_epoch=epochs.get((name, p), -1),
-                        replica_nodes=replicas,
-                        isr_nodes=replicas,
+                        name,
+                        p,
+                        leaders,
+                        epochs,
                         eligible_leader_replicas=None,
                         last_known_elr=None,
-                        offline_replicas=(),
                     )
                 )
                 shown += 1
-            out.append(self._topic(m, name, ErrorCode.none, tuple(partitions)))
+            out.append(topic_row(topic_cls, name, ErrorCode.none, tuple(partitions)))
             if next_cursor is not None:
                 break
         return make(
             m.DescribeTopicPartitionsResponse, throttle_time=0, topics=tuple(out), next_cursor=next_cursor
-        )
-
-    @staticmethod
-    def _topic(m: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...]) -> Any:
-        return make(
-            m.DescribeTopicPartitionsResponseTopic,
-            error_code=error,
-            name=name,
-            topic_id=None,
-            is_internal=False,
-            partitions=partitions,
-            topic_authorized_operations=-2147483648,
         )
 
     def elect_leaders(self, request: Request) -> Any:

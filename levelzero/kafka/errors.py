@@ -24,6 +24,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "invalid_record": ErrorCode.invalid_record,
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
+    "out_of_order_sequence": ErrorCode.out_of_order_sequence_number,
 }
 
 

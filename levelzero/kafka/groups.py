@@ -7,7 +7,10 @@ joins, leaves or misses its session timeout. A round ends when every known membe
 (or, for a group that was empty, after INITIAL_REBALANCE_DELAY_S, so members starting together
 land in one generation) or at the largest rebalance timeout, when members that did not rejoin
 are dropped. Nothing runs in the background: session timeouts are checked whenever the group is
-spoken to (a live member heartbeats, so a dead one is noticed within a heartbeat interval).
+spoken to (a live member heartbeats, so a dead one is noticed within a heartbeat interval), and a
+JoinGroup waiting in a round wakes at the next session expiry of a member that has not rejoined:
+a member killed without a LeaveGroup is dropped at its session timeout and the round ends then,
+not at the rebalance timeout (Kafka's heartbeat expiry completes the pending join the same way).
 
 Group membership lives in memory (members rejoin after a restart, as they do when a Kafka
 coordinator moves); committed offsets are durable in the log store's consumer-offsets role
@@ -165,16 +168,31 @@ class GroupCoordinator:
         gone = [
             m.member_id
             for m in group.members.values()
-            if m.member_id not in group.joining and now - m.last_seen > m.session_timeout_s
+            if m.member_id not in group.joining and now - m.last_seen >= m.session_timeout_s
         ]
         if gone:
             for member_id in gone:
                 del group.members[member_id]
             self._members_changed(group)
 
+    def _next_expiry(self, group: Group) -> float:
+        """When the first member that has not joined the round in progress misses its session."""
+        return min(
+            (
+                m.last_seen + m.session_timeout_s
+                for m in group.members.values()
+                if m.member_id not in group.joining
+            ),
+            default=float("inf"),
+        )
+
     def _members_changed(self, group: Group) -> None:
         if group.state == "preparing":
-            return  # the round in progress takes the change into account
+            # The round in progress takes the change into account: it ends now if every member
+            # left has joined it (the initial round waits out its delay all the same).
+            if group.members and not group.initial_round and group.joining >= set(group.members):
+                self._complete_round(group)
+            return
         if not group.members:
             group.state = "empty"
             group.synced.set()  # SyncGroup waiters of the old generation: rebalance
@@ -200,6 +218,9 @@ class GroupCoordinator:
             del group.members[member_id]
         group.joining.clear()
         group.generation += 1
+        now = self._clock()
+        for member in group.members.values():
+            member.last_seen = now  # a session runs from the round's end (a round can outlast it)
         if not group.members:
             group.state = "empty"
             current.generation = group.generation
@@ -283,12 +304,16 @@ class GroupCoordinator:
         if not group.initial_round and group.joining >= set(group.members):
             self._complete_round(group)
         while not current.done.is_set():
-            remaining = group.round_deadline - self._clock()
+            self._expire(group)  # a member gone without a word is dropped: the round may end here
+            if current.done.is_set():
+                break
+            now = self._clock()
+            remaining = group.round_deadline - now
             if remaining <= 0:
                 if group.round is current and group.state == "preparing":
                     self._complete_round(group)
                 break
-            with anyio.move_on_after(remaining):
+            with anyio.move_on_after(min(remaining, self._next_expiry(group) - now)):
                 await current.done.wait()
         if member_id not in current.members and current.error == ErrorCode.none:
             return refused(ErrorCode.unknown_member_id)
@@ -359,15 +384,7 @@ class GroupCoordinator:
                 group.joining.discard(member_id)
                 out[member_id] = ErrorCode.none
         if any(code == ErrorCode.none for code in out.values()):
-            if (
-                group.state == "preparing"
-                and group.joining >= set(group.members)
-                and group.members
-                and not group.initial_round
-            ):
-                self._complete_round(group)
-            else:
-                self._members_changed(group)
+            self._members_changed(group)
         return out
 
     # ------------------------------------------------------------------ offsets

@@ -49,7 +49,14 @@ class Handlers:
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)
         self.fetching = FetchApi(node, self.intake, self.transactions.index)
-        self.offsets = OffsetsApi(node, self.intake, self.groups, cluster, self.transactions.index)
+        self.offsets = OffsetsApi(
+            node,
+            self.intake,
+            self.groups,
+            cluster,
+            self.transactions.index,
+            self.transactions.wait_offsets_stable,
+        )
         self.group_api = GroupApi(self.groups, cluster)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,35 +171,14 @@ class MetadataApi:
         out = []
         for name in names:
             count = topics.get(name)
-            partitions = []
-            for p in range(count or 0):
-                leader = leaders.get((name, p))
-                partitions.append(
-                    make(
-                        m.MetadataResponsePartition,
-                        error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
-                        partition_index=p,
-                        leader_id=-1 if leader is None else leader,
-                        leader_epoch=epochs.get((name, p), -1),
-                        replica_nodes=() if leader is None else (leader,),
-                        isr_nodes=() if leader is None else (leader,),
-                        offline_replicas=(),
-                    )
-                )
+            partitions = tuple(
+                partition_row(m.MetadataResponsePartition, name, p, leaders, epochs)
+                for p in range(count or 0)
+            )
             error = ErrorCode.none
             if count is None:
                 error = refused.get(name, ErrorCode.unknown_topic_or_partition)
-            out.append(
-                make(
-                    m.MetadataResponseTopic,
-                    error_code=error,
-                    name=name,
-                    topic_id=None,
-                    is_internal=False,
-                    partitions=tuple(partitions),
-                    topic_authorized_operations=-2147483648,
-                )
-            )
+            out.append(topic_row(m.MetadataResponseTopic, name, error, partitions))
         shown = tuple(
             make(m.MetadataResponseBroker, node_id=b.node_id, host=b.host, port=b.port, rack=None)
             for b in sorted(brokers.values(), key=lambda b: b.node_id)
@@ -245,3 +224,41 @@ class MetadataApi:
             ),
             cluster_authorized_operations=-2147483648,
         )
+
+
+def partition_row(
+    cls: Any,
+    topic: str,
+    partition: int,
+    leaders: Mapping[tuple[str, int], int],
+    epochs: Mapping[tuple[str, int], int],
+    **extra: Any,
+) -> Any:
+    """A partition of a Metadata or DescribeTopicPartitions answer: its leader, the only
+    replica and in-sync replica (the data is in object storage), or LEADER_NOT_AVAILABLE."""
+    leader = leaders.get((topic, partition))
+    replicas = () if leader is None else (leader,)
+    return make(
+        cls,
+        error_code=ErrorCode.none if leader is not None else ErrorCode.leader_not_available,
+        partition_index=partition,
+        leader_id=-1 if leader is None else leader,
+        leader_epoch=epochs.get((topic, partition), -1),
+        replica_nodes=replicas,
+        isr_nodes=replicas,
+        offline_replicas=(),
+        **extra,
+    )
+
+
+def topic_row(cls: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...]) -> Any:
+    """A topic of a Metadata or DescribeTopicPartitions answer (no topic ids, no ACLs)."""
+    return make(
+        cls,
+        error_code=error,
+        name=name,
+        topic_id=None,
+        is_internal=False,
+        partitions=partitions,
+        topic_authorized_operations=-2147483648,
+    )

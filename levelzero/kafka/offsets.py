@@ -5,6 +5,7 @@ OffsetFetch: kept by the group coordinator, `groups.py`)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -33,8 +34,12 @@ class OffsetsApi:
         groups: GroupCoordinator,
         cluster: Cluster,
         txns: PartitionIndex | None = None,
+        offsets_stable: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.txns = txns  # ListOffsets latest with read_committed: the last stable offset
+        # OffsetFetch: a group's offsets committed by a transaction whose markers are on their
+        # way are stored first (`TransactionCoordinator.wait_offsets_stable`)
+        self.offsets_stable = offsets_stable
         self.node = node
         self.intake = intake
         self.groups = groups
@@ -173,6 +178,8 @@ class OffsetsApi:
     async def offset_fetch(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
+        if self.offsets_stable is not None:
+            await self.offsets_stable(body.group_id)
         committed = await self.groups.committed(body.group_id)
         if body.topics is None:
             wanted: dict[str, list[int]] = {}
@@ -211,26 +218,9 @@ class OffsetsApi:
         if timestamp_ms == LIST_OFFSETS_EARLIEST_LOCAL:  # the local log starts at the start offset
             return ErrorCode.none, state.start_offset, -1, state.term_at(state.start_offset)
         if timestamp_ms == LIST_OFFSETS_MAX_TIMESTAMP:
-            offset, timestamp = await self._max_timestamp(topic, partition)
+            offset, timestamp = await self.node.max_timestamp(topic, partition)
             return ErrorCode.none, offset, timestamp, state.term_at(offset) if offset >= 0 else -1
         return ErrorCode.none, -1, -1, -1  # latest tiered, earliest pending upload: nothing tiered
-
-    async def _max_timestamp(self, topic: str, partition: int) -> tuple[int, int]:
-        """The offset and timestamp of the first record carrying the partition's largest
-        timestamp (KIP-734), or (-1, -1) when it holds no record. The records are read from the
-        start offset to the high watermark: the cost grows with the partition."""
-        offset, high_watermark = self.intake.offsets(topic, partition)
-        best_offset, best_timestamp = -1, -1
-        while offset < high_watermark:
-            result = await self.node.fetch(topic, partition, offset, MAX_TIMESTAMP_READ_BYTES)
-            if not result.runs:
-                break
-            for base, records, start, stop in result.runs:
-                for i in range(start, stop):
-                    if records[i].timestamp_ms > best_timestamp:
-                        best_offset, best_timestamp = base + i, records[i].timestamp_ms
-            offset = result.next_offset
-        return best_offset, best_timestamp
 
 
 # Kafka's special ListOffsets timestamps beyond latest (-1) and earliest (-2), each with the
@@ -245,4 +235,3 @@ SPECIAL_TIMESTAMP_VERSIONS = {
     LIST_OFFSETS_LATEST_TIERED: 9,
     LIST_OFFSETS_EARLIEST_PENDING_UPLOAD: 11,
 }
-MAX_TIMESTAMP_READ_BYTES = 16 * 1024 * 1024  # one read of the max-timestamp scan

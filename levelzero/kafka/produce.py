@@ -140,6 +140,12 @@ class ProduceApi:
         if has_reserved_header(records):
             return ErrorCode.invalid_record, -1, "a record header key holds a NUL character"
         first = batches[0]
+        if first.is_transactional and self.transactions is not None:
+            # Checked again with no await before the submit: a record set submitted while its
+            # transaction is ongoing is ahead of the transaction's markers in the lane.
+            code = self.transactions.produce_error(first.producer_id, first.producer_epoch)
+            if code != ErrorCode.none:
+                return code, -1, "the producer's transaction is fenced or not ongoing"
         if first.is_transactional:  # stored with the transaction's header (see transactions)
             header = txn_header(first.producer_id, first.producer_epoch, -1)
             records = [Record(r.key, r.value, r.timestamp_ms, (*r.headers, header)) for r in records]

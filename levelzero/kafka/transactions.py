@@ -10,29 +10,42 @@ objects read as they are); the fetch encoder strips the header again and emits s
 transactional batches of that producer and markers as control batches, as Kafka's log holds them
 (`records.encode_run`). A client cannot send the reserved header (a produce holding it is refused).
 
-Durability (state in the control plane before answering, `TransactionStore`): InitProducerId,
-AddPartitionsToTxn, AddOffsetsToTxn and each state change of EndTxn are stored before the answer;
-a partition's open range is stored before the transaction's first record set is submitted there,
-at the partition's high watermark then (at or below the records' offset: the last stable offset
-never passes an open transaction); an aborted range is stored with its last offset once the
-abort marker is stored. EndTxn answers once every marker is stored (Kafka answers after
-PREPARE_*; answering later is the stronger of the two).
+Durability (state in the control plane before answering, `TransactionStore`), as Kafka's
+coordinator stores its transaction log (TransactionCoordinator/TransactionStateManager):
+InitProducerId, AddPartitionsToTxn (only when it adds partitions: one commit per request, which
+also opens the new partitions' ranges, at their high watermarks then: at or below the
+transaction's first records there, so the last stable offset never passes an open
+transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
+before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
+restart completes it); the coordinator then writes the markers (through each partition's lane,
+behind every record set the transaction submitted; a produce of a transaction that is not
+ongoing is refused) and stores COMPLETE_* with the ranges closed, in one commit (an aborted
+range keeps its abort marker's offset). Until that commit the ranges hold the last stable
+offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
+and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
+CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
+markers. The offsets a transaction commits are stored with its completion too: OffsetFetch
+completes a committed transaction holding the group's offsets before it answers
+(`wait_offsets_stable`; Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
-PREPARE_ABORT is completed (its markers written again: a second marker is harmless); one found
-ONGOING is aborted when its timeout expires, as the coordinator does for a transaction whose
-producer went away.
+PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
+second marker is harmless); one found ONGOING is aborted when its timeout expires, as the
+coordinator does for a transaction whose producer went away.
 
 Limits: the coordinator writes markers through this node, so in a cluster every partition of a
 transaction must be led by the transaction's coordinator node (a marker for a partition led
-elsewhere fails EndTxn with a retriable error); a produce's epoch is checked against the
-coordinator of this node only. KIP-890's server-side verification is not implemented.
+elsewhere fails: the transaction stays prepared, completed by the coordinator's pass once the
+partition is led here, and the id's next transaction waits for it, then is answered
+CONCURRENT_TRANSACTIONS); a produce's epoch is checked against the coordinator of this node
+only. KIP-890's server-side verification is not implemented.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import ProduceIntake
@@ -60,6 +74,13 @@ KIND_ABORT = 0  # Kafka's control record types
 KIND_COMMIT = 1
 TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 EXPIRY_CHECK_S = 1.0
+# AddPartitionsToTxn, AddOffsetsToTxn wait at most this long for the previous transaction's
+# markers (EndTxn answers before they are written), then answer CONCURRENT_TRANSACTIONS, which
+# clients retry, as Kafka's coordinator answers at once.
+COMPLETION_WAIT_S = 10.0
+# Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
+# transactions stay prepared until a restart without it completes them).
+HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -170,18 +191,35 @@ class PartitionIndex:
             txns.open.pop(producer_id, None)
             raise
 
-    async def close_range(
-        self, topic: str, partition: int, producer_id: int, marker: int, commit: bool
-    ) -> None:
-        txns = await self.get(topic, partition)
-        first = txns.open.get(producer_id)
-        if first is None:
-            return
-        await self.store.close_txn_range(topic, partition, producer_id, first, marker, not commit)
-        if not commit:
-            txns.aborted.append((producer_id, first, marker))  # before the open range goes
-            txns.aborted.sort(key=lambda a: a[1])
-        del txns.open[producer_id]
+    async def holding(self, rows: Sequence[TxnRangeRow]) -> list[TxnRangeRow]:
+        """Open `rows` in memory (those of a producer not open there already), before the store
+        has them: the LSO holds at their first offsets from now on. The rows opened; the
+        caller stores them (`TransactionStore.put_transaction`) or calls `release` on failure."""
+        opened = []
+        for row in rows:
+            txns = await self.get(row.topic, row.partition)
+            if row.producer_id not in txns.open:
+                txns.open[row.producer_id] = row.first_offset
+                opened.append(row)
+        return opened
+
+    def release(self, rows: Sequence[TxnRangeRow]) -> None:
+        for row in rows:
+            txns = self._partitions.get((row.topic, row.partition))
+            if txns is not None and txns.open.get(row.producer_id) == row.first_offset:
+                del txns.open[row.producer_id]
+
+    def closed(self, rows: Sequence[TxnRangeRow]) -> None:
+        """The ranges `rows` closed in the store (their markers written): an aborted range is
+        listed before the open range goes, so a fetch sees one or the other."""
+        for row in rows:
+            txns = self._partitions.get((row.topic, row.partition))
+            if txns is None or txns.open.get(row.producer_id) != row.first_offset:
+                continue
+            if row.aborted:
+                txns.aborted.append((row.producer_id, row.first_offset, row.last_offset))
+                txns.aborted.sort(key=lambda a: a[1])
+            del txns.open[row.producer_id]
 
     def forget(self, topic: str) -> None:
         for key in [k for k in self._partitions if k[0] == topic]:
@@ -201,6 +239,9 @@ class TxnState:
     # transaction
     groups: dict[str, list[tuple[str, int, int, str, int]]] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # Set once the prepared transaction's markers are written and it is complete (None: no
+    # completion under way in this process).
+    completed: anyio.Event | None = None
 
     def row(self, now: float) -> TransactionRow:
         return TransactionRow(
@@ -260,19 +301,30 @@ class TransactionCoordinator:
         self.index = PartitionIndex(self.store, self._start_offset)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
+        self._producers: dict[int, TxnState] = {}  # producer id -> its transactional id's state
         self._loaded = False
         self._load_lock = anyio.Lock()
+        self._tg: anyio.abc.TaskGroup | None = None  # completions of ended transactions
+        self.hold_markers = os.environ.get(HOLD_MARKERS_ENV) == "1"
+        if self.hold_markers:
+            log.warning("%s is set: transactions' markers are never written; test use only", HOLD_MARKERS_ENV)
 
     async def run(self) -> None:
         """Aborts expired transactions (and completes those a restart left prepared), and
-        forgets aborted ranges below partitions' log start offsets; runs until cancelled."""
-        while True:
+        forgets aborted ranges below partitions' log start offsets; runs until cancelled. Ended
+        transactions are completed (their markers written) in its task group."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
             try:
-                await self.expire()
-                await self.index.prune_all()
-            except LevelZeroError as exc:
-                log.warning("transaction coordinator: expiry pass failed: %s", exc)
-            await anyio.sleep(EXPIRY_CHECK_S)
+                while True:
+                    try:
+                        await self.expire()
+                        await self.index.prune_all()
+                    except LevelZeroError as exc:
+                        log.warning("transaction coordinator: expiry pass failed: %s", exc)
+                    await anyio.sleep(EXPIRY_CHECK_S)
+            finally:
+                self._tg = None
 
     def _start_offset(self, topic: str, partition: int) -> int | None:
         try:
@@ -289,6 +341,7 @@ class TransactionCoordinator:
             for row in await self.store.transactions():
                 txn = TxnState.of_row(row)
                 self._txns[txn.transactional_id] = txn
+                self._producers[txn.producer_id] = txn
                 self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
             self._loaded = True
 
@@ -313,47 +366,141 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ what produce asks
 
     def produce_error(self, producer_id: int, producer_epoch: int) -> ErrorCode:
-        """A transactional record set of an epoch older than the producer id's: fenced."""
+        """A transactional record set of an epoch older than the producer id's: fenced. One of
+        a producer whose transaction is not ongoing here (ended: its markers may still be on
+        their way, and records after them must open a range of their own, which only
+        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE."""
         current = self._epochs.get(producer_id)
         if current is not None and producer_epoch < current:
             return ErrorCode.invalid_producer_epoch
+        txn = self._producers.get(producer_id)
+        if txn is not None and txn.producer_id == producer_id and txn.state != ONGOING:
+            return ErrorCode.invalid_txn_state
         return ErrorCode.none
+
+    async def wait_offsets_stable(self, group_id: str) -> None:
+        """Before OffsetFetch answers: a committed transaction (PREPARE_COMMIT) holding offsets
+        of `group_id` is completed first (or waited for, at most COMPLETION_WAIT_S), so a
+        consumer that reads its group's offsets after the producer's commit was answered gets
+        them, not the ones before (Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and
+        clients retry). After a restart this completes a prepared transaction at once."""
+        try:
+            await self._load()
+        except LevelZeroError as exc:
+            log.warning("OffsetFetch: cannot read the transactions' state: %s", exc)
+            return
+        for txn in list(self._txns.values()):
+            if txn.state != PREPARE_COMMIT or not txn.groups.get(group_id):
+                continue
+            if not self.cluster.coordinates(txn.transactional_id):
+                continue
+            with anyio.move_on_after(COMPLETION_WAIT_S):
+                async with txn.lock:
+                    if txn.state == PREPARE_COMMIT:
+                        try:
+                            await self._complete(txn)
+                        except LevelZeroError as exc:
+                            log.warning("transaction %r: completing it failed: %s", txn.transactional_id, exc)
 
     # ------------------------------------------------------------------ the state machine
 
     async def _put(self, txn: TxnState) -> None:
         await self.store.put_transaction(txn.row(self.clock()))
 
-    async def _end(self, txn: TxnState, commit: bool) -> None:
+    async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> None:
+        """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
+        task of the coordinator (EndTxn answers once PREPARE_* is durable, as Kafka's does; a
+        restart completes a prepared transaction; requests that start the next transaction
+        wait for the completion, `_wait_completed`)."""
         txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
         await self._put(txn)
-        await self._complete(txn)
+        txn.completed = anyio.Event()
+        if wait or self._tg is None:
+            await self._complete(txn)
+        else:
+            self._tg.start_soon(self._complete_later, txn)
+
+    async def _complete_later(self, txn: TxnState) -> None:
+        async with txn.lock:
+            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                try:
+                    await self._complete(txn)
+                except LevelZeroError as exc:
+                    log.warning(
+                        "transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc
+                    )
+
+    async def _wait_completed(self, txn: TxnState) -> None:
+        """Until the transaction's completion under way (if any) is done, at most
+        COMPLETION_WAIT_S."""
+        event = txn.completed
+        if event is not None:
+            with anyio.move_on_after(COMPLETION_WAIT_S):
+                await event.wait()
 
     async def _complete(self, txn: TxnState) -> None:
-        """Markers in every partition, the offsets committed, then COMPLETE_* stored."""
+        """Markers in every partition (at once), the offsets committed, then COMPLETE_* stored
+        with the partitions' ranges closed, in one commit: until then the ranges hold the
+        last stable offsets, so read_committed readers see the transaction whole or not at all
+        (a crash before the commit: the restart writes the markers again, a second marker is
+        harmless)."""
+        assert txn.state in (PREPARE_COMMIT, PREPARE_ABORT), txn.state
+        if self.hold_markers:
+            await anyio.sleep_forever()
         commit = txn.state == PREPARE_COMMIT
-        for topic, partition in txn.partitions:
+        closed: list[TxnRangeRow] = []
+        failed: list[LevelZeroError] = []
+
+        async def marker(topic: str, partition: int) -> None:
             try:
-                await self._write_marker(txn, topic, partition, commit)
+                row = await self._write_marker(txn, topic, partition, commit)
             except LevelZeroError as exc:
                 if exc.code not in ("unknown_topic", "unknown_partition"):
-                    raise  # the transaction stays prepared: retried by the next pass or EndTxn
+                    failed.append(exc)  # the transaction stays prepared: retried
+                return
+            if row is not None:
+                closed.append(row)
+
+        async with anyio.create_task_group() as tg:
+            for topic, partition in txn.partitions:
+                tg.start_soon(marker, topic, partition)
+        if failed:
+            raise failed[0]
         if commit:
             for group_id, offsets in txn.groups.items():
                 if offsets:
                     await self.groups.commit(group_id, offsets)
+        prepared = txn.state, txn.partitions, txn.groups, txn.started_at
         txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
         txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
-        await self._put(txn)
+        try:
+            await self.store.put_transaction(txn.row(self.clock()), closed=closed)
+        except BaseException:
+            txn.state, txn.partitions, txn.groups, txn.started_at = prepared
+            raise
+        self.index.closed(closed)
+        completed, txn.completed = txn.completed, None
+        if completed is not None:
+            completed.set()
 
-    async def _write_marker(self, txn: TxnState, topic: str, partition: int, commit: bool) -> None:
+    async def _write_marker(
+        self, txn: TxnState, topic: str, partition: int, commit: bool
+    ) -> TxnRangeRow | None:
+        """The marker stored; the range it closes (None: nothing open there)."""
         txns = await self.index.get(topic, partition)
-        if txn.producer_id not in txns.open:
-            return  # nothing was produced there, or its marker is stored already
-        result = await self.intake.produce(
-            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)]
+        first = txns.open.get(txn.producer_id)
+        if first is None:
+            return None  # nothing was produced there, or its marker is stored already
+        # Through the partition's lane: after every record set of the transaction submitted
+        # before it ended (a produce is refused once the transaction is not ongoing).
+        pending = self.intake.submit(
+            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)], None
         )
-        await self.index.close_range(topic, partition, txn.producer_id, result.base_offset, commit)
+        assert not isinstance(pending, int), "a marker has no producer identity"
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return TxnRangeRow(topic, partition, txn.producer_id, first, pending.base_offset, not commit)
 
     # ------------------------------------------------------------------ the APIs
 
@@ -382,6 +529,7 @@ class TransactionCoordinator:
             if txn is None:
                 txn = TxnState(tid, self.intake.new_producer_id(), 0, EMPTY, timeout_ms)
                 self._txns[tid] = txn
+                self._producers[txn.producer_id] = txn
                 async with txn.lock:
                     await self._put(txn)
                     self._epochs[txn.producer_id] = 0
@@ -400,7 +548,15 @@ class TransactionCoordinator:
                 # A new incarnation: the epoch bumped fences the previous one, whose open
                 # transaction is aborted (with the new epoch, as Kafka's coordinator does).
                 if txn.producer_epoch + 1 >= EPOCH_MAX:
+                    if txn.state == ONGOING:
+                        # Its records and open ranges are under this producer id: abort under it
+                        # (fenced at the last epoch) before the id changes, or no marker would
+                        # close those ranges and the LSO would stay below them for ever.
+                        txn.producer_epoch = EPOCH_MAX
+                        self._epochs[txn.producer_id] = EPOCH_MAX
+                        await self._end(txn, commit=False)
                     txn.producer_id, txn.producer_epoch = self.intake.new_producer_id(), 0
+                    self._producers[txn.producer_id] = txn
                 else:
                     txn.producer_epoch += 1
                 self._epochs[txn.producer_id] = txn.producer_epoch
@@ -470,24 +626,48 @@ class TransactionCoordinator:
             for topic, partition in partitions:
                 if topic not in known or not 0 <= partition < known[topic]:
                     return ErrorCode.unknown_topic_or_partition
+            await self._wait_completed(txn)
             async with txn.lock:
-                code = await self._begin(txn)
-                if code != ErrorCode.none:
-                    return code
-                new = [tp for tp in partitions if tp not in txn.partitions]
-                if new or txn.state != ONGOING:
-                    txn.partitions.extend(new)
-                await self._put(txn)
-            return ErrorCode.none
+                return await self._add_partitions_locked(txn, partitions)
         except LevelZeroError as exc:
             log.warning("AddPartitionsToTxn for %r failed: %s", tid, exc)
             return ErrorCode.coordinator_not_available
+
+    async def _add_partitions_locked(self, txn: TxnState, partitions: list[tuple[str, int]]) -> ErrorCode:
+        """The partitions join the transaction, their ranges opened at their high watermarks
+        (the last stable offset holds there from now on, at or below the transaction's first
+        records), stored with the state in one commit. Partitions already in an ongoing
+        transaction need nothing stored (as Kafka's coordinator answers at once)."""
+        before = txn.state, txn.started_at, list(txn.partitions), dict(txn.groups)
+        code = await self._begin(txn)
+        if code != ErrorCode.none:
+            return code
+        new = [tp for tp in dict.fromkeys(partitions) if tp not in txn.partitions]
+        if not new and before[0] == ONGOING:
+            return ErrorCode.none
+        ranges = []
+        for topic, partition in new:
+            try:
+                _, high_watermark = self.intake.offsets(topic, partition)
+            except LevelZeroError:
+                continue  # led elsewhere: its first produce there opens its range
+            ranges.append(TxnRangeRow(topic, partition, txn.producer_id, high_watermark, -1, False))
+        opened = await self.index.holding(ranges)
+        txn.partitions.extend(new)
+        try:
+            await self.store.put_transaction(txn.row(self.clock()), opened=opened)
+        except BaseException:
+            self.index.release(opened)
+            txn.state, txn.started_at, txn.partitions, txn.groups = before
+            raise
+        return ErrorCode.none
 
     async def add_offsets(self, request: Request) -> Any:
         body = request.body
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
+                await self._wait_completed(txn)
                 async with txn.lock:
                     code = await self._begin(txn)
                     if code == ErrorCode.none:
@@ -560,5 +740,5 @@ class TransactionCoordinator:
             return ErrorCode.none
         if txn.state != ONGOING:
             return ErrorCode.invalid_txn_state
-        await self._end(txn, commit)
+        await self._end(txn, commit, wait=False)
         return ErrorCode.none

@@ -188,6 +188,12 @@ def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace,
         _row(out, "graceful stops / pauses past the lease", f"{s.graceful_stops} / {s.pauses}")
     _row(out, "partitions created during GC rounds", s.partitions_created_during_gc)
     _row(out, "faults injected", s.faults)
+    _row(
+        out,
+        "compactions accepted / refused / cut by a crash",
+        f"{s.compaction_passes} / {s.compaction_refused} / {s.compaction_interrupted}",
+    )
+    _row(out, "compacted-partition scans checked", s.compaction_scans)
     _row(out, "acknowledged records read back at the end", s.records_checked)
     _row(out, "acknowledged records dropped by retention", s.records_dropped)
     _row(out, "wall time (s) / seeds per s", f"{s.wall_s:.2f} / {s.seeds_per_s:.1f}")

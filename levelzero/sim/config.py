@@ -33,6 +33,8 @@ class SimConfig:
     boundary_read_p: float = 0.3  # reads at LRO, LRO + 1, the start offset or HWM - 1
     tail_read_p: float = 0.7  # reads of the unreconciled tail (from L0, pinning M(p))
     newest_partition_write_p: tuple[float, ...] = (0.0, 0.3, 0.6)  # one drawn per seed
+    # seeds with a compacted topic and the compactor running (`compaction.py`, drawn apart)
+    compaction_share: float = 0.4
 
     # epochs: the node's timer, and bumps on demand (in bursts) at any time
     epoch_bump_interval_s: tuple[float, ...] = (0.5, 1.0, 2.0)  # one drawn per seed

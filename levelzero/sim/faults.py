@@ -28,7 +28,7 @@ from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, ObjectOp
-from levelzero.storage.protocols import Append, L1Row, L1State
+from levelzero.storage.protocols import Append, L1Row, L1State, OnDurable, ProducerBatchRow
 
 from .config import Range, SimConfig
 
@@ -115,6 +115,8 @@ class SimLogStore(MemoryLogStore):
         self._durable = durable
         self._delete_started = delete_started
         self.slow_enabled = True
+        # (producer id, topic, partition) -> its last batches, oldest first
+        self.producer_rows: dict[tuple[int, str, int], list[ProducerBatchRow]] = {}
 
     async def latency(self) -> None:
         cfg = self._cfg
@@ -123,18 +125,42 @@ class SimLogStore(MemoryLogStore):
         else:
             await anyio.sleep(self._rng.uniform(*cfg.log_op_s))
 
+    # -- idempotent producers' last batches (the `ProducerBatchStore` role SQLite and
+    # PostgreSQL have, in memory in insertion order: the daemon's intake keeps them durably, and
+    # after a restart recognises a retry of a batch whose placeholder the log already dropped)
+
+    async def record_producer_batches(self, rows: Sequence[ProducerBatchRow], keep: int) -> None:
+        assert keep >= 1
+        for row in rows:
+            key = (row.producer_id, row.topic, row.partition)
+            kept = [r for r in self.producer_rows.get(key, []) if r.base_sequence != row.base_sequence]
+            self.producer_rows[key] = [*kept, row][-keep:]
+
+    async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
+        return [
+            row
+            for (pid, _, _), rows in sorted(self.producer_rows.items())
+            if pid == producer_id
+            for row in rows
+        ]
+
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
         record = await super().begin_term(pid, log_offset, base_offset, at_least)
         self._durable(pid, [record])
         return record
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
-        # (`append` is `append_many` of one.)
-        refused = await super().append_many(appends)
-        for append, error in zip(appends, refused, strict=True):
-            if error is None:
-                self._durable(append.pid, list(append.records))
-        return refused
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
+        # (`append` is `append_many` of one.) Durable records are reported before anyone is
+        # told of them.
+        def report(index: int, refusal: NotLeader | None) -> None:
+            if refusal is None:
+                self._durable(appends[index].pid, list(appends[index].records))
+            if on_durable is not None:
+                on_durable(index, refusal)
+
+        return await super().append_many(appends, report)
 
     async def l1_transition(self, key: str, from_state: str, to_state: str, now: float) -> bool:
         await anyio.lowlevel.checkpoint()
@@ -241,4 +267,5 @@ class Link:
             return result
 
         call.__name__ = attr
+        setattr(self, attr, call)  # made once: the next lookup finds it without __getattr__
         return call

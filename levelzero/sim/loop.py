@@ -26,6 +26,7 @@ raised (a real finding: something waits for an event nobody will ever set).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import heapq
 import itertools
@@ -108,8 +109,19 @@ class DeterministicLoop(asyncio.BaseEventLoop):
 
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
         handle = asyncio.Handle(callback, args, self, context)
-        self._runnable.append((_owner_rank(callback), next(self._ready_seq), handle))
+        self._make_runnable(callback, handle)
         return handle
+
+    def _make_runnable(self, callback: Callable[..., Any], handle: asyncio.Handle) -> None:
+        """Add `handle` to the ready callbacks, kept in canonical order (the owner's rank, then
+        readiness): a turn picks by index without sorting. Readiness numbers only grow, so a
+        callback of a rank at or above the last one's goes at the end."""
+        item = (_owner_rank(callback), next(self._ready_seq), handle)
+        runnable = self._runnable
+        if not runnable or item[0] >= runnable[-1][0]:
+            runnable.append(item)
+        else:  # (rank, readiness) pairs are unique: the handles are never compared
+            bisect.insort(runnable, item)
 
     def close(self) -> None:
         self._runnable.clear()
@@ -152,22 +164,15 @@ class DeterministicLoop(asyncio.BaseEventLoop):
             if timer._cancelled:
                 self._timer_cancelled_count -= 1
                 continue
-            runnable.append((_owner_rank(timer._callback), next(self._ready_seq), timer))
+            self._make_runnable(timer._callback, timer)
         count = len(runnable)
         if count == 0:
             return
-        if count == 1:
-            handle = runnable.pop()[2]
-        else:
-            runnable.sort(key=_rank_and_seq)
-            handle = runnable.pop(self._rng.randrange(count))[2]
+        # (in canonical order already: no sort)
+        handle = runnable.pop()[2] if count == 1 else runnable.pop(self._rng.randrange(count))[2]
         if not handle._cancelled:
             self.callbacks_run += 1
             handle._run()
-
-
-def _rank_and_seq(item: tuple[int, int, asyncio.Handle]) -> tuple[int, int]:
-    return item[0], item[1]
 
 
 def run_deterministic(

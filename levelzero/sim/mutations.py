@@ -13,32 +13,39 @@ import contextlib
 
 import anyio
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import levelzero.actors.batcher as batcher_module
+import levelzero.actors.compactor as compactor_module
 import levelzero.actors.gc as gc_module
 import levelzero.actors.housekeeper as housekeeper_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
+import levelzero.storage.log_rules as log_rules_module
 from levelzero.actors.gc import GcActor
+from levelzero.actors.intake import ProduceIntake
 import levelzero.actors.cluster as cluster_module
 from levelzero.actors.cluster import ClusterMember
+from levelzero.actors.compactor import Compactor
 from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.partition import PartitionActor as _Actor
 from levelzero.actors.reader import FetchResult, FetchWindow, Reader
 from levelzero.core.cluster import LeaseClock
+from levelzero.core.compaction import EncodedOf, Retained, retain
 from levelzero.core.entries import LogRecord, Placeholder
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
+from levelzero.core.errors import InvalidInput, LevelZeroError, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
+from levelzero.core.producers import PartitionProducers, ProducerSequences
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.protocols import CompactionCommit
 
 
 @contextlib.contextmanager
@@ -362,6 +369,154 @@ def _l1_collect_ignores_retention() -> contextlib.AbstractContextManager[None]:
     return _patched(l1_module, "l1_collect_reason", reason)
 
 
+# ---------------------------------------------------------------- compaction (issue 34)
+
+
+def _compaction_lineage_unchecked() -> contextlib.AbstractContextManager[None]:
+    # The store takes a compaction result whatever cleaner-offset map it carries: a zombie
+    # leader's result (an older term) is applied.
+    return _patched(log_rules_module, "cleaner_map_refusal", lambda *args: None)
+
+
+def _compaction_tombstones_dropped_early() -> contextlib.AbstractContextManager[None]:
+    # A pass drops tombstones at once, not after delete.retention.ms.
+    def early(*args: Any, **kwargs: Any) -> Retained:
+        if len(args) >= 6:
+            args = (*args[:5], 0, *args[6:])
+        else:
+            kwargs["delete_retention_ms"] = 0
+        return retain(*args, **kwargs)
+
+    return _patched(compactor_module, "retain", early)
+
+
+def _compaction_keeps_first_per_key() -> contextlib.AbstractContextManager[None]:
+    # A pass keeps the first record per key of the range it cleans, not the last (the range's
+    # last record still stays, as the real rule keeps it).
+    def first(
+        offsets: list[int],
+        keys: list[bytes | None],
+        written_at_ms: list[int],
+        clean_upto: int,
+        now_ms: int,
+        delete_retention_ms: int,
+        encoded_of: EncodedOf,
+        latest: Mapping[bytes | None, int] | None = None,  # noqa: ARG001 - the real rule's, unused
+    ) -> Retained:
+        cut = bisect.bisect_right(offsets, clean_upto)
+        firsts: dict[bytes | None, int] = {}
+        for i, key in enumerate(keys[:cut]):
+            firsts.setdefault(key, i)
+        chosen = sorted({*firsts.values(), len(offsets) - 1, *range(cut, len(offsets))})
+        kept = retain(
+            [offsets[i] for i in chosen],
+            [keys[i] for i in chosen],
+            [written_at_ms[i] for i in chosen],
+            clean_upto,
+            now_ms,
+            delete_retention_ms,
+            lambda indices: encoded_of([chosen[i] for i in indices]),
+        )
+        return replace(kept, removed=len(offsets) - len(kept.records))
+
+    return _patched(compactor_module, "retain", first)
+
+
+def _compaction_deletes_before_commit() -> contextlib.AbstractContextManager[None]:
+    # The compactor deletes the objects it supersedes before its result is recorded (accepted
+    # or not): a refused result, a crash or a reader in between loses them.
+    original = Compactor.compact_partition
+
+    async def compact_partition(self: Compactor, actor: _Actor, term: int | None = None) -> bool:
+        log = self._log
+        objects = self._objects
+
+        class DeletingFirst:
+            def __getattr__(self, attr: str) -> Any:
+                return getattr(log, attr)
+
+            async def l1_compaction_commit(self, commit: CompactionCommit, now: float) -> str | None:
+                await objects.delete_many(list(commit.superseded_keys))
+                return await log.l1_compaction_commit(commit, now)
+
+        self._log = DeletingFirst()
+        try:
+            return await original(self, actor, term)
+        finally:
+            self._log = log
+
+    return _patched(Compactor, "compact_partition", compact_partition)
+
+
+def _compaction_superseded_never_deleted() -> contextlib.AbstractContextManager[None]:
+    # An accepted result's superseded objects are never deleted from the store (their rows go
+    # DELETE_STARTED in the commit and stay): the leak check must see them.
+    async def finish_superseded(
+        self: L1Catalog,  # noqa: ARG001
+        keys: Sequence[str],  # noqa: ARG001
+        partition: str,  # noqa: ARG001
+    ) -> dict[str, LevelZeroError]:
+        return {}  # "all deleted"
+
+    return _patched(L1Catalog, "finish_superseded", finish_superseded)
+
+
+# ---------------------------------------------------------------- Kafka idempotent producers
+
+
+def _idempotent_duplicates_unchecked() -> contextlib.AbstractContextManager[None]:
+    return _both(
+        _patched(ProducerSequences, "duplicate_of", lambda self, *identity: None),
+        _patched(PartitionProducers, "duplicate_of", lambda self, *identity: None),
+    )
+
+
+def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
+    return _patched(ProduceIntake, "_in_sequence", lambda self, taken, producers: taken)
+
+
+class _ProcessMemory:
+    """What one intake learnt itself of a partition's producers, in `PartitionProducers`' shape."""
+
+    def __init__(self, intake: ProduceIntake, taken: list[Any]) -> None:
+        self.sequences = intake.sequences
+        self.topic: str = taken[0].topic if taken else ""
+        self.partition: int = taken[0].partition if taken else -1
+
+    def duplicate_of(self, producer_id: int, epoch: int, base_sequence: int) -> Any:
+        return self.sequences.duplicate_of(producer_id, epoch, self.topic, self.partition, base_sequence)
+
+    def next_sequence(self, producer_id: int, epoch: int) -> int | None:
+        return self.sequences.next_sequence(producer_id, epoch, self.topic, self.partition)
+
+
+def _idempotent_state_per_process() -> contextlib.AbstractContextManager[None]:
+    """The intake checks a producer's batches against what its own process learnt (its answers,
+    the sequence table), not the partition's state, which each term rebuilds from the log: it
+    misses the batches another node, or an earlier run, stored."""
+    repeats, in_sequence = ProduceIntake._without_repeats, ProduceIntake._in_sequence
+    return _both(
+        _patched(
+            ProduceIntake,
+            "_without_repeats",
+            lambda self, taken, producers: repeats(self, taken, _ProcessMemory(self, taken)),  # type: ignore[arg-type]
+        ),
+        _patched(
+            ProduceIntake,
+            "_in_sequence",
+            lambda self, taken, producers: in_sequence(self, taken, _ProcessMemory(self, taken)),  # type: ignore[arg-type]
+        ),
+    )
+
+
+@contextlib.contextmanager
+def _both(
+    first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
+) -> Iterator[None]:
+    with first, second:
+        yield
+
+
 # name -> (what is broken, the patch that breaks it while a seed runs)
 _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[None]]]] = {
     "lower_bound_follows_max": (
@@ -439,6 +594,40 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "a node's GC takes M over its own partitions, not every published M(p)",
         _gc_takes_local_watermarks,
     ),
+    # compaction (issue 34): only seeds with a compacted topic exercise these
+    "compaction_lineage_unchecked": (
+        "the store accepts a compaction result whatever its cleaner-offset map (zombies applied)",
+        _compaction_lineage_unchecked,
+    ),
+    "compaction_tombstones_dropped_early": (
+        "a compaction drops tombstones at once, not after delete.retention.ms",
+        _compaction_tombstones_dropped_early,
+    ),
+    "compaction_keeps_first_per_key": (
+        "a compaction keeps the first record per key instead of the last",
+        _compaction_keeps_first_per_key,
+    ),
+    "compaction_deletes_before_commit": (
+        "the compactor deletes superseded objects before its result is recorded",
+        _compaction_deletes_before_commit,
+    ),
+    "compaction_superseded_never_deleted": (
+        "an accepted compaction's superseded objects are never deleted (left in the store)",
+        _compaction_superseded_never_deleted,
+    ),
+    "idempotent_duplicates_unchecked": (
+        "the produce intake does not recognise an idempotent batch already stored",
+        _idempotent_duplicates_unchecked,
+    ),
+    "idempotent_out_of_order_taken": (
+        "the produce intake stores an idempotent batch that does not follow the last one stored",
+        _idempotent_out_of_order_taken,
+    ),
+    "idempotent_state_per_process": (
+        "the produce intake checks idempotent batches against its own process's memory, not the "
+        "partition's state (rebuilt from the log at every term start)",
+        _idempotent_state_per_process,
+    ),
 }
 
 MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
@@ -451,6 +640,7 @@ CLUSTER_MUTATIONS = frozenset(
         "lease_from_reply",
         "leads_ignores_deadline",
         "lease_margin_typo",
+        "idempotent_state_per_process",
     }
 )
 CLUSTER_NODES = 3

@@ -70,6 +70,11 @@ class SimResult:
     healed_write_s_max: float
     collect_wait_s_max: float
     reconcile_wait_s_max: float
+    # compaction (`compaction.py`): accepted and refused results, scans whose rules were checked
+    compaction_passes: int
+    compaction_refused: int
+    compaction_scans: int
+    compaction_interrupted: int  # passes under way when their node crashed or stopped
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -223,6 +228,10 @@ def _result(
         healed_write_s_max=round(s.healed_write_s_max, 6),
         collect_wait_s_max=round(s.collect_wait_s_max, 6),
         reconcile_wait_s_max=round(s.reconcile_wait_s_max, 6),
+        compaction_passes=world.compaction.stats.passes,
+        compaction_refused=world.compaction.stats.refused,
+        compaction_scans=world.compaction.stats.scans_checked,
+        compaction_interrupted=world.compaction.stats.interrupted,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -295,6 +304,10 @@ class Summary:
     stale_cache_rejections: int
     max_stall_s: float
     stale_cache_max_stall_s: float
+    compaction_passes: int
+    compaction_refused: int
+    compaction_scans: int
+    compaction_interrupted: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -330,6 +343,10 @@ _SUMMED = (
     "stale_cache_changes",
     "stale_cache_total_stall_s",
     "stale_cache_rejections",
+    "compaction_passes",
+    "compaction_refused",
+    "compaction_scans",
+    "compaction_interrupted",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 

@@ -16,6 +16,11 @@ INVARIANTS = {
     "replay": "a leader replayed from snapshot + log equals the state of the durable log",
     "assert": "an assertion of the core or of the actors failed",
     "deadlock": "the world waits for something nothing will ever do",
+    # compaction (issue 34, `compaction.py`)
+    "latest": "a compacted partition serves each key's latest acknowledged record (a tombstone "
+    "until delete.retention.ms)",
+    "resurrect": "no key comes back after its tombstone was removed",
+    "zombie": "no compaction result written under an older term is applied",
 }
 
 

@@ -34,6 +34,7 @@ from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.cluster import ClusterMember
 from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
@@ -42,11 +43,13 @@ from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
+    NotLeader,
     ObjectNotFound,
     OffsetOutOfRange,
     ShuttingDown,
     StaleClusterEpoch,
     StorageError,
+    UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import compute_cluster_watermark
@@ -59,8 +62,10 @@ from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
 from .checks import L0_ROOT, Truth
+from .compaction import CompactionSim
 from .config import SimConfig
 from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
+from .idempotent import IdempotentProducers
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -68,6 +73,8 @@ WALL_START_S = 1_700_000_000.0
 FETCH_BYTES = 4096
 NODE_IDS = "abcdefgh"  # a cluster's node ids, in order
 REDIRECTS_MAX = 3  # as the bundled client: hops to the leader a request follows
+GC_ROUND_WAIT_S = 1.0  # a creation waits this long at most for a GC round to open
+GC_ROUND_STEP_S = 0.005  # ... and enters it up to this far in
 
 
 # Per-seed rates (scaled by one of `swarm_scales`, 0 turns the fault off) and workload intervals
@@ -109,6 +116,7 @@ class Incarnation:
     change: Change | None = None  # None for the first incarnation
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
+    intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -200,7 +208,8 @@ class World:
         self.stats = Stats()
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
-        self.log_store = SimLogStore(rng, cfg, self.truth.on_durable, self.truth.on_l1_delete_started)
+        self.idempotent = IdempotentProducers(self)
+        self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
@@ -222,10 +231,13 @@ class World:
         self._below_start_since: dict[
             str, float
         ] = {}  # L1 key -> when first seen below start  # L0 key -> when first seen at or below M
+        self._gc_round_began = anyio.Event()  # set (and replaced) as any GC round begins
         self.produces_in_flight = 0
         self.records_checked = 0
         self._tg: anyio.abc.TaskGroup | None = None
         self._values = 0
+        self.topics_made: set[str] = set()  # topics whose creation returned
+        self.compaction = CompactionSim(self)  # a compacted topic in a share of seeds
 
     # ------------------------------------------------------------------ plumbing
 
@@ -241,6 +253,10 @@ class World:
         line = f"{anyio.current_time():9.4f} {text}"
         self.trace.append(line)
         self.digest = zlib.crc32(line.encode(), self.digest)
+
+    def _on_durable(self, pid: int, records: list[Any]) -> None:
+        self.truth.on_durable(pid, records)
+        self.idempotent.on_durable(pid, records)
 
     def fail(self, invariant: str, message: str) -> None:
         """Record the first violation and raise it (whoever catches it, the run reports it)."""
@@ -290,7 +306,7 @@ class World:
 
     def node_config(self) -> NodeConfig:
         cfg = self.cfg
-        return NodeConfig(
+        config = NodeConfig(
             fencing_mode=self.mode,
             epoch_cache_ttl_s=self.cache_ttl_s,
             epoch_bump_interval_s=self.epoch_bump_interval_s,
@@ -326,9 +342,11 @@ class World:
                 throttle_backoff_s=0.1,
                 sweep_interval_s=cfg.gc_sweep_interval_s,
             ),
-            # The workload has no compacted topic: no compactor task to change the schedule.
+            # No compactor task unless the seed has a compacted topic (`compaction.py`): no
+            # change to the schedule of every other seed.
             compactor=CompactorConfig(enabled=False),
         )
+        return self.compaction.node_config(config)
 
     # ------------------------------------------------------------------ the run
 
@@ -348,6 +366,7 @@ class World:
             assert first is not None
             await self._create(first, "sim", cfg.initial_partitions)
             end = self.now() + cfg.workload_s  # the fault phase
+            await self.compaction.start(tg, end)
             for loop in (
                 self._producer,
                 self._reader,
@@ -355,12 +374,14 @@ class World:
                 self._crasher,
                 self._bumper,
                 self._checker,
+                self.idempotent.run,
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
             await self.heal()
             await anyio.sleep(cfg.healed_s)
             await self.quiet()
+            await self.compaction.final_scan()
             tg.cancel_scope.cancel()
 
     async def heal(self) -> None:
@@ -417,6 +438,7 @@ class World:
             self.whole()
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
+            and self.compaction.settled()
         )
 
     def check(self) -> None:
@@ -528,8 +550,9 @@ class World:
             if k not in epochs and k.startswith(L0_ROOT):
                 epochs[k] = parse_l0_key(k).epoch
         keys = [k for k in self.objects.keys() if epochs.get(k, m + 1) <= m]
+        eligible = set(keys)
         for key in list(seen):
-            if key not in keys:
+            if key not in eligible:
                 del seen[key]
         cfg = self.cfg
         bound = cfg.gc_sweep_interval_s + cfg.gc_idle_backoff_max_s * 1.1 + cfg.collect_round_s
@@ -569,7 +592,8 @@ class World:
             wall_clock=self.wall,
             cluster=settings,
         )
-        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate)
+        self._watch_gc_rounds(node)
+        inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -587,6 +611,7 @@ class World:
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
             inc.tg.start_soon(self._late_reconciler, inc, self.rng.uniform(*self.cfg.late_reconciler_s))
+        self.compaction.on_incarnation(inc)
         self.note(f"{inc} up: epoch {epoch}, its cache {behind} behind")
         for actor in node.partitions():
             shadow = self.truth.shadow.get(actor.row.pid)
@@ -610,7 +635,11 @@ class World:
 
         def leads(pid: int) -> bool:
             answer = ClusterMember.leads(member, pid)  # looked up on the class at each call
-            if answer:
+            # A crashed incarnation (a zombie until it is reaped: work it had begun still runs,
+            # as requests on the wire still land) is judged by terms, not leases: its node's
+            # next incarnation may already have released what it held (three-node seed 79: a
+            # batch queued in the crashed node's Kafka intake asked `leads` after the restart).
+            if answer and inc.alive:
                 holder, expires = control.leases.get(pid, (None, 0.0))
                 if holder != inc.node_id or expires <= self.now():
                     self.fail(
@@ -643,10 +672,21 @@ class World:
         with inc.scope:
             async with anyio.create_task_group() as tg:
                 inc.tg = tg
-                await tg.start(inc.node.run)
+                await tg.start(self._serve, inc)
                 task_status.started()
         inc.ended = True
         self.note(f"{inc} ended")
+
+    @staticmethod
+    async def _serve(
+        inc: Incarnation, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The node, and its Kafka produce intake for as long as the node runs."""
+        assert inc.intake is not None
+        async with anyio.create_task_group() as tg:
+            await tg.start(inc.intake.run)
+            await inc.node.run(task_status=task_status)
+            tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
     async def crash(self, inc: Incarnation) -> None:
         assert self.lives[inc.node_id] is inc
@@ -739,6 +779,7 @@ class World:
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted
+        self.compaction.absorb(inc)
 
     def finish(self) -> None:
         for inc in self.lives.values():
@@ -756,7 +797,12 @@ class World:
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
-            targets = [(t, p) for t, n in sorted(inc.node.topics().items()) for p in range(n)]
+            targets = [
+                (t, p)
+                for t, n in sorted(inc.node.topics().items())
+                if not self.compaction.owns(t)
+                for p in range(n)
+            ]
             if not targets:
                 continue
             if self.rng.random() < self.newest_write_p:
@@ -801,7 +847,10 @@ class World:
                 change.writes_over_one_retry += 1
                 change.stall_s = max(change.stall_s, self.now() - submitted_at)
             self.note(f"{inc} produce to {topic}/{partition} failed: {type(exc).__name__}")
-            if healed:
+            # (A topic whose creation has not returned yet may be unknown to the node asked, as
+            # in Kafka: a client learns of a topic from a node's view, before its creator does.)
+            creating = isinstance(exc, UnknownTopic) and topic not in self.topics_made
+            if healed and not creating:
                 self.fail("6", f"a write to {topic}/{partition} submitted once healed failed: {exc!r}")
             return
         finally:
@@ -846,7 +895,15 @@ class World:
                     return inc, await getattr(inc.node, op)(topic, partition, *args)
             except TimeoutError:
                 raise RequestTimedOut(f"{op} to {inc} timed out (the node died?)") from None
-            except (LedElsewhere, ShuttingDown) as exc:
+            except (LedElsewhere, ShuttingDown, UnknownTopic, NotLeader) as exc:
+                # UnknownTopic: in a cluster a node learns a topic another node created from its
+                # next cluster view (every third of the lease TTL); a client that was told of the
+                # topic retries, as a Kafka client does on UNKNOWN_TOPIC_OR_PARTITION. NotLeader:
+                # the node's partition was deposed by a newer term (its lease moved while it
+                # wrote) and has not resigned yet; retriable, as Kafka's NOT_LEADER_OR_FOLLOWER.
+                # A node that never resigns still fails the write once the retries run out.
+                if isinstance(exc, (UnknownTopic, NotLeader)) and not self.cluster:
+                    raise
                 leader = None
                 if isinstance(exc, LedElsewhere) and exc.leader_url is not None:
                     leader = self.lives.get(exc.leader_url.removeprefix("sim://"))
@@ -872,7 +929,9 @@ class World:
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
-            actors = [a for a in inc.node.partitions() if a.ready.is_set()]
+            actors = [
+                a for a in inc.node.partitions() if a.ready.is_set() and not self.compaction.owns(a.row.topic)
+            ]
             if not actors:
                 continue
             actor = self.rng.choice(actors)
@@ -996,13 +1055,27 @@ class World:
 
     async def _during_gc_round(self) -> None:
         """Often, wait (a bounded while) until some node's GC round is open: a partition created
-        after its snapshot is what the cap E - 1 protects."""
+        after its snapshot is what the cap E - 1 protects. (Woken as a round begins, then a
+        step of up to `GC_ROUND_STEP_S` into it, as a poll at that period would land; no poll.)"""
         if self.rng.random() >= self.cfg.create_in_gc_round_p:
             return
-        for _ in range(200):
-            if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
-                return
-            await anyio.sleep(0.005)
+        with anyio.move_on_after(GC_ROUND_WAIT_S):
+            while True:
+                if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
+                    return
+                await self._gc_round_began.wait()
+                await anyio.sleep(self.rng.uniform(0.0, GC_ROUND_STEP_S))
+
+    def _watch_gc_rounds(self, node: Node) -> None:
+        """Wake `_during_gc_round` as a round of this node's GC begins."""
+        run_round = node.gc.run_round
+
+        async def watched(dry_run: bool = False) -> Any:
+            self._gc_round_began.set()
+            self._gc_round_began = anyio.Event()
+            return await run_round(dry_run)
+
+        setattr(node.gc, "run_round", watched)  # noqa: B010 - an instance's method, watched
 
     async def _create(self, inc: Incarnation, topic: str, partitions: int) -> None:
         during_gc = inc.node.gc._round_lock.locked()
@@ -1012,6 +1085,7 @@ class World:
             self.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
             return
         self.stats.topics_created += 1
+        self.topics_made.add(topic)
         if self.phase == "faults" and self.rng.random() < self.cfg.bump_after_create_p:
             await self._bump(inc)
         if during_gc:
@@ -1100,4 +1174,5 @@ class World:
                 f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
                 f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
+        lines[0:0] = self.compaction.leftovers()  # (first: the L0 line says none is left)
         return "\n  ".join(lines)

@@ -28,6 +28,8 @@ from levelzero.core.errors import (
 from levelzero.storage.log_rules import compaction_commit_refusal
 from levelzero.storage.protocols import (
     Append,
+    OnDurable,
+    tell_each,
     CompactionCommit,
     CompactionState,
     L1State,
@@ -192,7 +194,9 @@ class MemoryLogStore:
         if refused is not None:
             raise refused
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         """All at once (one checkpoint), as one transaction would: a broken log raises before
         any partition's records are added."""
         await anyio.lowlevel.checkpoint()
@@ -215,6 +219,7 @@ class MemoryLogStore:
             if refusal is None:
                 self.logs[append.pid].extend(append.records)
                 self.appends += 1
+        tell_each(refused, on_durable)
         return refused
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:

@@ -13,8 +13,8 @@ Two stores:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
@@ -102,6 +102,25 @@ class Append(msgspec.Struct, frozen=True):
     pid: int
     expected_term: int
     records: Sequence[LogRecord]
+
+
+# Told that `appends[index]` of an `append_many` is durable (refusal None) or was refused.
+OnDurable: TypeAlias = Callable[[int, NotLeader | None], None]
+
+
+def tell_each(refused: Sequence[NotLeader | None], on_durable: OnDurable | None) -> None:
+    """`append_many`'s `on_durable` for a store that settles the whole call at once: every
+    append, in order, once it all is durable. The first exception is raised after all are told."""
+    if on_durable is None:
+        return
+    failure: Exception | None = None
+    for index, refusal in enumerate(refused):
+        try:
+            on_durable(index, refusal)
+        except Exception as error:  # noqa: BLE001 - raised once all are told
+            failure = failure or error
+    if failure is not None:
+        raise failure
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -297,6 +316,20 @@ class ProducerBatchStore(Protocol):
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]: ...
 
 
+@runtime_checkable
+class ProducerBatchExpiry(Protocol):
+    """An optional role beside ProducerBatchStore (the SQLite and PostgreSQL stores have it):
+    batches of producers whose ids start at a bound (HTTP idempotency keys' producers, one per
+    key) forgotten once old, so the table does not grow with every key ever used."""
+
+    async def expire_producer_batches(
+        self, producer_id_min: int, stored_before: float, rows_max: int
+    ) -> None:
+        """Durable on return: batches of producers `producer_id_min` and up stored before
+        `stored_before` are gone, the oldest first, at most `rows_max` of them."""
+        ...
+
+
 class TransactionRow(msgspec.Struct, frozen=True):
     """A Kafka transactional id's coordinator state (Kafka's TransactionMetadata): the producer
     id and epoch it holds, where its transaction is (`state`: empty, ongoing, prepare_commit,
@@ -332,7 +365,13 @@ class TransactionStore(Protocol):
     same in memory without it): transaction coordinators' state and partitions' open and
     aborted transaction ranges, durable on return."""
 
-    async def put_transaction(self, row: TransactionRow) -> None: ...
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        """Store a transactional id's state, and in the same commit open the ranges `opened`
+        (as `open_txn_range`) and close the ranges `closed` (as `close_txn_range`, each by its
+        first offset, with its last offset and whether it aborted)."""
+        ...
 
     async def transactions(self) -> list[TransactionRow]: ...
 
@@ -363,8 +402,16 @@ class MemoryTransactionStore:
         self._transactions: dict[str, TransactionRow] = {}
         self._ranges: dict[tuple[str, int, int, int], TxnRangeRow] = {}
 
-    async def put_transaction(self, row: TransactionRow) -> None:
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
         self._transactions[row.transactional_id] = row
+        for r in opened:
+            await self.open_txn_range(r)
+        for r in closed:
+            await self.close_txn_range(
+                r.topic, r.partition, r.producer_id, r.first_offset, r.last_offset, r.aborted
+            )
 
     async def transactions(self) -> list[TransactionRow]:
         return [self._transactions[k] for k in sorted(self._transactions)]
@@ -447,11 +494,19 @@ class PartitionLog(Protocol):
         Records must continue the log contiguously and carry `expected_term`."""
         ...
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         """`append` for many partitions (distinct ones) at once, durable on return: one call,
         one wait, where a call per partition cost a task wake-up and a group-commit job each.
         A partition whose term moved on gets its `NotLeader` in the list (the others commit);
-        anything else raises, as `append` does."""
+        anything else raises, as `append` does.
+
+        `on_durable(i, refusal)` is told of `appends[i]` as soon as it is durable (or refused
+        with `NotLeader`), once per append, before the call returns: a store that commits one
+        call in several transactions (PostgreSQL's writers) tells each partition at its own
+        COMMIT, so it need not wait for the call's slowest commit. What it raises, the call
+        raises once every append is settled."""
         ...
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]: ...

@@ -7,18 +7,37 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.compactor import CompactorConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.mailbox import Reply
 from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.core.entries import AdvanceEpoch, LogRecord, Placeholder
 from levelzero.storage.protocols import LogStore, ObjectStore
 
 STEPS_MAX = 10_000  # event-loop steps a condition may take before the test fails
 RUNNING_NODE_TIMEOUT_S = 30.0  # a hung test fails instead of hanging the suite
+
+
+def hand_run_config(**housekeeper: Any) -> NodeConfig:
+    """A node whose reconciler, housekeeper and compactor run only when a test calls them (an
+    L1 object on every reconciler pass, whatever its size or age), with no epoch bumps and the
+    epoch read fresh every time; `housekeeper`: HousekeeperConfig fields to set."""
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=0.0,
+        batcher=BatcherConfig(linger_ms=1),
+        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
+        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0, **housekeeper),
+        compactor=CompactorConfig(enabled=False),
+    )
 
 
 @asynccontextmanager

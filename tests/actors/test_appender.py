@@ -16,7 +16,7 @@ from levelzero.actors.partition import PartitionActor, WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, ShuttingDown, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
-from levelzero.storage.protocols import Append
+from levelzero.storage.protocols import Append, OnDurable
 from levelzero.testing.entries import placeholder
 from levelzero.testing.nodes import submit, wait_until
 from levelzero.testing.virtual_time import in_virtual_time
@@ -34,13 +34,15 @@ class RecordingStore(MemoryLogStore):
         self._released = anyio.Event()
         self.fail_with: Exception | None = None
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         self.calls.append([(a.pid, [r.log_offset for r in a.records]) for a in appends])
         if self.fail_with is not None:
             raise self.fail_with
         if self.hold:
             await self._released.wait()
-        return await super().append_many(appends)
+        return await super().append_many(appends, on_durable)
 
     def release(self) -> None:
         self.hold = False
@@ -74,6 +76,50 @@ async def test_writes_to_many_partitions_are_one_call_and_answered_in_log_order(
         assert [r.log_offset for r in records] == [1] * 50
         for actor in actors:
             assert actor.state.next_log_offset == 2
+            assert actor.view().pending_records == 0
+
+
+class TwoCommitStore(MemoryLogStore):
+    """Commits a call's first half, tells its partitions (`on_durable`), and holds the second
+    half until `release`: a store with two writers whose second batch commits later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = anyio.Event()
+        self.returned = 0
+
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
+        half = len(appends) // 2
+
+        def shifted(index: int, refusal: NotLeader | None) -> None:
+            assert on_durable is not None
+            on_durable(half + index, refusal)
+
+        first = await super().append_many(appends[:half], on_durable)
+        await self.released.wait()
+        second = await super().append_many(appends[half:], shifted if on_durable else None)
+        self.returned += 1
+        return first + second
+
+
+@in_virtual_time
+async def test_partitions_are_answered_as_their_batch_commits_not_when_the_call_returns() -> None:
+    # The node's appender hands every waiting partition to one `append_many`; PostgreSQL
+    # commits it as two batches on its two writers. The first batch's writers are answered at
+    # its COMMIT and write again while the second batch commits (they waited for the slower
+    # commit, and the two writers' overlap was lost).
+    store = TwoCommitStore()
+    async with partitions(store, 4) as actors:
+        replies = [await submit(actor, placeholder(EPOCH, checksum=i)) for i, actor in enumerate(actors)]
+        await wait_until(lambda: replies[0].done and replies[1].done, "the first batch's writers answered")
+        assert [reply.done for reply in replies] == [True, True, False, False]
+        assert store.returned == 0
+        again = await submit(actors[0], placeholder(EPOCH, checksum=9))  # while the second commits
+        store.released.set()
+        assert [(await reply.wait()).log_offset for reply in (*replies, again)] == [1, 1, 1, 1, 2]
+        for actor in actors:
             assert actor.view().pending_records == 0
 
 

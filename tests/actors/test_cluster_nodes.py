@@ -246,3 +246,51 @@ async def test_a_topic_config_changed_on_one_node_is_enforced_by_the_others() ->
             ProduceIntake(b).check_size(TOPIC, [Record(None, b"x" * 100)])
         assert await b.topic_configs.stored(TOPIC) == {"retention.ms": "60000", "max.message.bytes": "100"}
         tg.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_an_idempotent_producer_is_known_again_when_its_partition_comes_back() -> None:
+    """Leadership of a partition moves from a to b, b stores a producer's batches, b crashes and
+    the partition comes back to a (a new term, the same process and intake). The partition's
+    state, rebuilt from the log as the term begins, holds b's batches: a retry of b's last batch
+    answers the offset b stored it at (not stored twice, not refused), and the producer's next
+    batch follows it (not refused as out of order)."""
+    c = Cluster()
+    producer = 7
+
+    async def send(intake: ProduceIntake, partition: int, sequence: int) -> tuple[int, bool]:
+        """(base offset, answered as a repeat) of the producer's one-record batch."""
+        value = f"{partition}-{sequence}".encode()
+        await intake.prepare_producer(producer, [(TOPIC, partition)])
+        identity = (producer, 0, TOPIC, partition, sequence)
+        outcome = intake.submit(TOPIC, partition, [Record(None, value)], identity)
+        if isinstance(outcome, int):
+            return outcome, True
+        await outcome.done.wait()
+        assert outcome.error is None, outcome.error
+        return outcome.base_offset, outcome.stored is not None
+
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        await a.create_topic(TOPIC, PARTITIONS)
+        await wait_for(lambda: all(v == ["a"] for v in c.leaders().values()), "a leads all")
+        at_a = ProduceIntake(a)
+        await tg.start(at_a.run)
+        for p in range(PARTITIONS):
+            assert await send(at_a, p, 0) == (0, False)
+
+        b = await c.start(tg, "b")
+        await wait_for(lambda: any(v == ["b"] for v in c.leaders().values()), "b takes some")
+        p = next(p for p, names in c.leaders().items() if names == ["b"])
+        at_b = ProduceIntake(b)
+        await tg.start(at_b.run)
+        for sequence in range(1, 6):
+            assert await send(at_b, p, sequence) == (sequence, False)
+
+        c.scopes["b"].cancel()  # b crashes: the partition comes back to a once its lease expires
+        b.accepting = False
+        await wait_for(lambda: c.leaders()[p] == ["a"], "a leads the partition again")
+        assert await send(at_a, p, 5) == (5, True)  # b's last batch, retried: its offset
+        assert await send(at_a, p, 6) == (6, False)  # the next one follows it
+        assert await read_all(a, p) == [f"{p}-{s}".encode() for s in range(7)]
+        tg.cancel_scope.cancel()

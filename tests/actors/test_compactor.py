@@ -8,19 +8,16 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from levelzero.actors.batcher import BatcherConfig
-from levelzero.actors.compactor import CompactorConfig
-from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.intake import ProduceIntake
-from levelzero.actors.node import NodeConfig
-from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import KeylessRecord
-from levelzero.core.keys import L1_ROOT
+from levelzero.core.errors import KeylessRecord, StorageError
+from levelzero.core.keys import L1_ROOT, parse_l1_key
 from levelzero.core.l0format import Record
+from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1State
-from levelzero.testing.nodes import running_node
+from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
+from levelzero.testing.nodes import hand_run_config, running_node
 
 
 class WallClock:
@@ -29,17 +26,6 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def make_config() -> NodeConfig:
-    return NodeConfig(
-        epoch_bump_interval_s=None,
-        epoch_cache_ttl_s=0.0,
-        batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
-        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0),
-        compactor=CompactorConfig(enabled=False),
-    )
 
 
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "60000"}
@@ -73,7 +59,7 @@ def l1_keys(store: MemoryObjectStore) -> set[str]:
 
 async def test_compaction_keeps_the_latest_record_per_key_at_its_offset() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -105,7 +91,7 @@ async def test_compaction_keeps_the_latest_record_per_key_at_its_offset() -> Non
 
 async def test_tombstones_stay_until_delete_retention_then_go() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", None), (b"b", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -121,7 +107,7 @@ async def test_tombstones_stay_until_delete_retention_then_go() -> None:
 
 async def test_min_compaction_lag_holds_young_records() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, {**COMPACT, "min.compaction.lag.ms": "10000"})
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
@@ -134,7 +120,7 @@ async def test_min_compaction_lag_holds_young_records() -> None:
 
 async def test_max_compaction_lag_compacts_old_dirty_data_whatever_the_dirty_ratio() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         config = {**COMPACT, "min.cleanable.dirty.ratio": "0.9", "max.compaction.lag.ms": "30000"}
         await node.create_topic("c", 1, config)
         await produce(node, [(k, b"v" * 100) for k in (b"a", b"b", b"c", b"d", b"e", b"f")], wall)
@@ -163,7 +149,7 @@ async def test_max_compaction_lag_compacts_old_dirty_data_whatever_the_dirty_rat
 
 async def test_a_zombie_leaders_result_is_refused_and_its_object_collected() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
@@ -181,7 +167,7 @@ async def test_a_zombie_leaders_result_is_refused_and_its_object_collected() -> 
 
 async def test_a_read_holding_the_old_lineage_reads_the_new_object() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2"), (b"b", b"1")], wall)
         assert await node.reconciler.run_round() == 1
@@ -192,9 +178,35 @@ async def test_a_read_holding_the_old_lineage_reads_the_new_object() -> None:
         assert await read_all(node) == [(1, b"a", b"2"), (2, b"b", b"1")]
 
 
+async def test_a_read_whose_fresh_lineage_loses_its_object_before_the_get_reads_the_new_one() -> None:
+    # Found by the simulation (seed 56): a fetch read the lineage afresh, its GET went out slowly,
+    # and meanwhile a compaction committed and deleted the object it named.
+    log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        await produce(node, [(b"a", b"1"), (b"a", b"2"), (b"b", b"1")], wall)
+        assert await node.reconciler.run_round() == 1
+        actor = node.partition("c", 0)
+        (old,) = l1_keys(objects)
+        get = objects.get
+        compacted: list[int] = []
+        reads: list[str] = []
+
+        async def slow_get(key: str, *args: object, **kwargs: object) -> bytes:
+            reads.append(key)
+            if reads == [old]:  # the fetch's GET lands after the compaction's delete
+                compacted.append(await node.compactor.run_round())
+            return await get(key, *args, **kwargs)  # type: ignore[arg-type]
+
+        objects.get = slow_get  # type: ignore[method-assign]
+        node.l1._valid.pop(actor.row.pid, None)  # the fetch reads the lineage itself
+        assert await read_all(node) == [(1, b"a", b"2"), (2, b"b", b"1")]
+        assert compacted == [1] and old not in l1_keys(objects)
+
+
 async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         intake = ProduceIntake(node)
         with pytest.raises(KeylessRecord):
@@ -205,20 +217,20 @@ async def test_a_record_without_a_key_is_refused_on_a_compacted_topic() -> None:
 
 async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them() -> None:
     log_store, objects, wall = MemoryLogStore(), MemoryObjectStore(), WallClock()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("c", 1, COMPACT)
         await produce(node, [(b"a", b"1"), (b"a", b"2")], wall)
         assert await node.reconciler.run_round() == 1
         superseded = l1_keys(objects)
 
-        async def crash(_key: str, _partition: str) -> None:
-            return None  # the process died after the commit, before any store delete
+        async def crash(_keys: list[str], _partition: str) -> dict[str, str]:
+            return {}  # the process died after the commit, before any store delete
 
         node.l1.finish_superseded = crash  # type: ignore[method-assign]
         assert await node.compactor.run_round() == 1
         assert superseded <= l1_keys(objects)  # still stored, no longer read
         assert await read_all(node) == [(1, b"a", b"2")]
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.reconciler.run_round()  # start-up collection resumes DELETE_STARTED rows
         assert not (superseded & l1_keys(objects))
         assert await read_all(node) == [(1, b"a", b"2")]
@@ -226,3 +238,78 @@ async def test_a_crash_between_the_accepted_result_and_the_deletes_resumes_them(
             L1State.COPY_FINISHED,
             L1State.DELETE_FINISHED,
         ]
+
+
+async def test_a_pass_deletes_its_superseded_objects_in_one_request_and_keeps_its_newest_timestamp() -> None:
+    log_store, objects, wall = MemoryLogStore(), CountingObjectStore(MemoryObjectStore()), WallClock()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2", b"3"):
+            await produce(node, [(b"a", value), (b"b", value)], wall)
+            wall.now += 1
+            assert await node.reconciler.run_round() == 1
+        superseded = {r.key for r in await log_store.l1_list()}
+        before = objects.snapshot()
+        assert await node.compactor.run_round() == 1
+        spent = objects.snapshot() - before
+        assert (spent.delete_requests, spent.deleted_keys, spent.l1_gets) == (1, 3, 3)
+        rows = {r.key: r for r in await log_store.l1_list()}
+        assert {k for k, r in rows.items() if r.state == L1State.DELETE_FINISHED} == superseded
+        (new,) = [r for r in rows.values() if r.state == L1State.COPY_FINISHED]
+        # The kept records are the last two, written at the last produce's time.
+        assert new.max_timestamp_ms == round((wall.now - 1) * 1000)
+        assert await read_all(node) == [(4, b"a", b"3"), (5, b"b", b"3")]
+
+
+async def test_a_failed_delete_of_a_superseded_object_is_retried_alone() -> None:
+    log_store, wall = MemoryLogStore(), WallClock()
+    objects = FaultyObjectStore(MemoryObjectStore(), FaultSpec())
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2"):
+            await produce(node, [(b"a", value)], wall)
+            assert await node.reconciler.run_round() == 1
+        first, second = sorted(
+            (r.key for r in await log_store.l1_list()), key=lambda k: parse_l1_key(k).base_offset
+        )
+        objects.fail_deletes(first, times=1)
+        assert await node.compactor.run_round() == 1
+        states = {r.key: r.state for r in await log_store.l1_list()}
+        assert (states[first], states[second]) == (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
+        pending = node.l1.pending_deletes.get(first)
+        assert pending is not None and pending.last_error.startswith("storage_error: deleting")
+        wall.now += 3600
+        assert await node.l1.retry_deletes() == 1
+        assert {r.key: r.state for r in await log_store.l1_list()}[first] == L1State.DELETE_FINISHED
+        assert await read_all(node) == [(1, b"a", b"2")]
+
+
+class FailingGets(MemoryObjectStore):
+    """GETs of the keys in `failing` fail, as a store's outage would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing: set[str] = set()
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if key in self.failing:
+            raise StorageError(f"injected: reading {key} failed")
+        return await super().get(key, offset, length)
+
+
+async def test_a_read_failing_mid_pass_fails_only_that_pass() -> None:
+    log_store, objects, wall = MemoryLogStore(), FailingGets(), WallClock()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("c", 1, COMPACT)
+        for value in (b"1", b"2", b"3"):
+            await produce(node, [(b"a", value)], wall)
+            assert await node.reconciler.run_round() == 1
+        keys = sorted((r.key for r in await log_store.l1_list()), key=lambda k: parse_l1_key(k).base_offset)
+        objects.failing = {keys[1]}  # the second object, read while the first is scanned
+        assert await node.compactor.run_round() == 0
+        status = node.compactor.partitions["c/0"]
+        assert node.compactor.stats.errors == 1 and "injected: reading" in (status.not_compacted or "")
+        assert {r.key for r in await log_store.l1_list()} == set(keys)  # nothing recorded
+        objects.failing = set()
+        assert await node.compactor.run_round() == 1
+        assert await read_all(node) == [(2, b"a", b"3")]

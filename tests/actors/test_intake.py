@@ -4,19 +4,26 @@ batch is stored once; a record set is refused as the batcher would refuse it."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.intake import Pending, ProduceIntake
+from levelzero.actors.intake import Pending, ProduceIntake, idempotency_producer_id
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import InvalidInput, TooLarge, UnknownTopic
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import InvalidInput, OutOfOrderSequence, TooLarge, UnknownTopic
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import ProducerBatchRow
+from levelzero.storage.sqlite.store import SqliteLogStore
 from levelzero.testing.nodes import running_node, wait_until
+from levelzero.testing.virtual_time import in_virtual_time
 
 TOPIC = "t"
 WAIT_FOREVER_S = 3600.0  # a fetcher that is not woken never returns within the test
@@ -73,6 +80,39 @@ async def test_an_idempotent_batch_is_stored_once_and_a_retry_answers_its_offset
         assert intake.offsets(TOPIC, 0) == (0, 3)
 
 
+async def test_an_idempotent_batch_out_of_sequence_order_is_refused_until_the_earlier_one_is_stored() -> None:
+    """Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER: the intake remembers a producer's last five batches,
+    which covers a client's window of five unacknowledged batches only if they are stored in
+    sequence order. A batch that skips ahead of the last one stored is refused (retriable); the
+    earlier batch, then the refused one again, are stored; a retry of any of them answers its
+    offset."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+
+            async def stored(sequence: int, count: int) -> Pending:
+                records = [Record(None, b"%d" % (sequence + i)) for i in range(count)]
+                pending = intake.submit(TOPIC, 0, records, (7, 0, TOPIC, 0, sequence))
+                assert isinstance(pending, Pending)
+                await pending.done.wait()
+                return pending
+
+            assert (await stored(0, 2)).error is None  # sequences 0, 1 at offsets 0, 1
+            ahead = await stored(3, 1)  # sequence 2 is missing
+            assert isinstance(ahead.error, OutOfOrderSequence) and ahead.error.retriable
+            assert ahead.error.expected == 2
+            assert (await stored(2, 1)).base_offset == 2
+            assert (await stored(3, 1)).base_offset == 3  # its retry, now in order
+            behind = await stored(1, 1)  # not a batch stored (1 is inside the batch at 0)
+            assert isinstance(behind.error, OutOfOrderSequence)
+            assert intake.submit(TOPIC, 0, [Record(None, b"0"), Record(None, b"1")], (7, 0, TOPIC, 0, 0)) == 0
+            assert intake.submit(TOPIC, 0, [Record(None, b"3")], (7, 0, TOPIC, 0, 3)) == 3
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 4)
+
+
 async def test_record_sets_the_batcher_would_refuse_are_refused_at_the_door() -> None:
     async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
         await node.create_topic(TOPIC, 1)
@@ -86,3 +126,108 @@ async def test_record_sets_the_batcher_would_refuse_are_refused_at_the_door() ->
         with pytest.raises(UnknownTopic):
             intake.submit("nope", 0, [Record(None, b"x")], None)
         assert intake.offsets(TOPIC, 0) == (0, 0)
+
+
+@in_virtual_time
+async def test_a_batch_whose_placeholder_left_the_log_is_recognised_by_the_next_run() -> None:
+    """A producer's batches are stored, reconciled, and the log is truncated below a snapshot
+    (their placeholders gone; a memory log store keeps no sequence table), then the node stops
+    and a new one starts on the same stores. The partition's state, restored from the snapshot,
+    still holds the producer's batches: a retry of the last one answers its offset (not stored
+    twice), and the next one follows it (not refused)."""
+    log, objects = MemoryLogStore(), MemoryObjectStore()
+    config = NodeConfig(
+        epoch_bump_interval_s=None,
+        batcher=BatcherConfig(linger_ms=1.0),
+        reconciler=ReconcilerConfig(interval_s=0.05, object_bytes_min=1, object_age_max_s=0.0),
+        housekeeper=HousekeeperConfig(enabled=False),
+        snapshot_every_records=2,
+        log_keep_records=0,
+    )
+
+    async def send(intake: ProduceIntake, sequence: int) -> tuple[int, bool]:
+        """(base offset, answered as a repeat) of producer 7's one-record batch."""
+        await intake.prepare_producer(7, [(TOPIC, 0)])
+        outcome = intake.submit(TOPIC, 0, [Record(None, b"%d" % sequence)], (7, 0, TOPIC, 0, sequence))
+        if isinstance(outcome, int):
+            return outcome, True
+        await outcome.done.wait()
+        assert outcome.error is None, outcome.error
+        return outcome.base_offset, outcome.stored is not None
+
+    def spans_in_log() -> int:
+        return sum(
+            len(r.entry.producers)
+            for records in log.logs.values()
+            for r in records
+            if isinstance(r.entry, Placeholder)
+        )
+
+    async with running_node(config, log, objects) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            for sequence in range(3):
+                assert await send(intake, sequence) == (sequence, False)
+            for i in range(6):  # plain records: snapshots and truncation go on
+                await intake.produce(TOPIC, 0, [Record(None, b"plain %d" % i)])
+                await anyio.sleep(0.2)
+            await wait_until(lambda: spans_in_log() == 0, "the producer's placeholders truncated")
+            tg.cancel_scope.cancel()
+
+    async with running_node(config, log, objects) as node:
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            assert await send(intake, 2) == (2, True)  # stored by the previous run: its offset
+            assert await send(intake, 3) == (9, False)  # follows it
+            tg.cancel_scope.cancel()
+        fetched = await node.fetch(TOPIC, 0, 0, 1 << 20)
+        values = [r.value for r in fetched.records]
+        assert values == [b"0", b"1", b"2", *(b"plain %d" % i for i in range(6)), b"3"]
+
+
+async def test_idempotency_keys_batches_expire_after_the_retention(tmp_path: Path) -> None:
+    """A keyed produce's stored batch is forgotten once older than `key_retention_s` (the
+    first expiry pass runs as the intake starts); a younger key's stays."""
+    retention_s = 3_600.0
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node, key_retention_s=retention_s)
+        old, young = idempotency_producer_id("old-key"), idempotency_producer_id("young-key")
+        now = time.time()
+        await store.record_producer_batches(
+            [
+                ProducerBatchRow(old, 0, TOPIC, 0, 0, 1, 0, now - retention_s - 60),
+                ProducerBatchRow(young, 0, TOPIC, 0, 0, 1, 1, now - retention_s + 60),
+            ],
+            keep=1,
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            assert await store.producer_batches(old) == []
+            assert [r.base_offset for r in await store.producer_batches(young)] == [1]
+            base_offset, count, duplicate = await intake.produce_once(TOPIC, 0, [Record(None, b"v")], "k")
+            keyed = idempotency_producer_id("k")
+            assert [r.base_offset for r in await store.producer_batches(keyed)] == [base_offset]
+            await intake.expire_keys(time.time() + retention_s + 1)
+            assert await store.producer_batches(keyed) == []
+            assert await store.producer_batches(young) == []
+            tg.cancel_scope.cancel()
+        assert (count, duplicate) == (1, False)
+
+
+async def test_without_a_retention_idempotency_keys_are_kept(tmp_path: Path) -> None:
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        intake = ProduceIntake(node, key_retention_s=None)
+        key = idempotency_producer_id("old-key")
+        await store.record_producer_batches([ProducerBatchRow(key, 0, TOPIC, 0, 0, 1, 0, 1.0)], keep=1)
+        await intake.expire_keys(time.time())
+        assert [r.base_offset for r in await store.producer_batches(key)] == [0]

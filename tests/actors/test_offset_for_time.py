@@ -8,17 +8,14 @@ from __future__ import annotations
 import anyio
 import msgspec
 
-from levelzero.actors.batcher import BatcherConfig
-from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import Node, NodeConfig
-from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.actors.node import Node
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.testing.nodes import running_node
+from levelzero.testing.nodes import hand_run_config, running_node
 from levelzero.testing.virtual_time import in_virtual_time
 
 import pytest
@@ -31,16 +28,6 @@ TIMESTAMPS = [t for extent in L1_EXTENTS + L0_EXTENTS for t in extent]
 PROBES = sorted({t + d for t in TIMESTAMPS if t >= 0 for d in (-1, 0, 1)} | {0, 2000})
 
 
-def make_config() -> NodeConfig:
-    return NodeConfig(
-        epoch_bump_interval_s=None,
-        epoch_cache_ttl_s=0.0,
-        batcher=BatcherConfig(linger_ms=1),
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
-        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0),
-    )
-
-
 def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tuple[int, int]:
     for offset in range(start, len(timestamps)):
         if timestamps[offset] >= at_or_after:
@@ -48,16 +35,36 @@ def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tupl
     return -1, -1
 
 
-async def fill(node: Node) -> None:
+async def fill(
+    node: Node, l1_extents: list[list[int]] = L1_EXTENTS, l0_extents: list[list[int]] = L0_EXTENTS
+) -> None:
     """Two L1 objects (a reconciler round after each extent), then two L0 extents."""
     await node.create_topic("t", 1)
-    for extent in L1_EXTENTS:
+    for extent in l1_extents:
         await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
         assert await node.reconciler.run_round() == 1
-    for extent in L0_EXTENTS:
+    for extent in l0_extents:
         await node.produce("t", 0, [Record(None, b"v%d" % t, t) for t in extent])
     state = node.partition("t", 0).state
-    assert (state.lro, state.high_watermark) == (7, len(TIMESTAMPS))
+    assert state.lro == sum(map(len, l1_extents)) - 1
+    assert state.high_watermark == sum(map(len, l1_extents + l0_extents))
+
+
+def brute_force_max(timestamps: list[int], start: int = 0) -> tuple[int, int]:
+    """The first offset carrying the largest timestamp at or above `start`."""
+    best = (-1, -1)
+    for offset in range(start, len(timestamps)):
+        if timestamps[offset] > best[1]:
+            best = (offset, timestamps[offset])
+    return best
+
+
+async def largest(node: Node, objects: CountingObjectStore) -> tuple[tuple[int, int], int]:
+    """ListOffsets' max-timestamp answer and the object GETs it took."""
+    before = objects.snapshot("lookup").gets
+    with CountingObjectStore.role("lookup"):
+        found = await node.max_timestamp("t", 0)
+    return found, objects.snapshot("lookup").gets - before
 
 
 async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> tuple[tuple[int, int], int]:
@@ -71,7 +78,7 @@ async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> 
 @in_virtual_time
 async def test_every_time_finds_the_first_offset_at_or_after_it_reading_at_most_one_extent():
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert [row.max_timestamp_ms for row in node.l1._valid[node.partition("t", 0).row.pid]] == [300, 500]
         for probe in PROBES:
@@ -91,7 +98,7 @@ async def test_rows_and_placeholders_without_a_largest_timestamp_are_read_to_fin
     """Rows and placeholders written before the largest timestamp was kept (None) still get
     the exact answer: each such extent is read, in offset order, until one holds it."""
     log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await fill(node)
         actor = node.partition("t", 0)
         for key, row in list(log_store.l1.items()):
@@ -111,6 +118,8 @@ async def test_rows_and_placeholders_without_a_largest_timestamp_are_read_to_fin
         assert await lookup(node, objects, 450) == ((4, 500), 2)  # A read for nothing, then B
         assert await lookup(node, objects, 950) == ((11, 1000), 4)  # every extent up to D
         assert await lookup(node, objects, 2000) == ((-1, -1), 4)
+        # ListOffsets -3 reads every extent to know its largest: the same answer
+        assert await largest(node, objects) == (brute_force_max(TIMESTAMPS), 4)
 
 
 @in_virtual_time
@@ -118,7 +127,7 @@ async def test_records_below_the_start_offset_are_not_answers():
     """After DeleteRecords to offset 2, object A's largest timestamp (300, at offset 1) is
     below the start offset: A is read, holds no answer at or above 2, and B answers."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert await node.delete_records("t", 0, 2) == 2
         for probe in PROBES:
@@ -134,7 +143,7 @@ async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_
     """Two produce requests cut into one extent give its placeholder the larger of their
     largest timestamps; two placeholders reconciled into one L1 object give its row theirs."""
     log_store = MemoryLogStore()
-    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+    async with running_node(hand_run_config(), log_store, MemoryObjectStore()) as node:
         await node.create_topic("t", 1)
         async with anyio.create_task_group() as tg:  # sent together: one batch, one extent
             tg.start_soon(node.produce, "t", 0, [Record(None, b"a", 700), Record(None, b"b", 50)])
@@ -147,3 +156,31 @@ async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_
         assert [row.max_timestamp_ms for row in log_store.l1.values()] == [900]
         assert await node.offset_for_time("t", 0, 800) == (3, 900)
         assert await node.offset_for_time("t", 0, 100) == (0, 700)
+
+
+@pytest.mark.parametrize(
+    ("l1_extents", "l0_extents", "start", "answer", "gets"),
+    [
+        (L1_EXTENTS, L0_EXTENTS, 0, (11, 1000), 1),  # in L0's last extent: only it is read
+        ([[100, 3000, 200], [500]], L0_EXTENTS, 0, (1, 3000), 1),  # in L1's first object
+        # the largest (3000, offset 1) is below the start offset: A is read to find what it
+        # holds at or above the start (200), then the largest above it (1000) is read
+        ([[100, 3000, 200], [500]], L0_EXTENTS, 2, (7, 1000), 2),
+        ([[100, 1000], [1000]], [[1000, 5]], 0, (1, 1000), 1),  # a tie: the first record
+        ([[NO_TIMESTAMP]], [[NO_TIMESTAMP, NO_TIMESTAMP]], 0, (-1, -1), 0),  # no timestamps
+    ],
+)
+@in_virtual_time
+async def test_the_largest_timestamp_is_found_reading_only_the_extent_that_holds_it(
+    l1_extents: list[list[int]], l0_extents: list[list[int]], start: int, answer: tuple[int, int], gets: int
+):
+    """ListOffsets -3 (KIP-734) compares the kept largest timestamps of rows and placeholders,
+    then reads one extent: the first holding the largest (not a scan of the partition)."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
+        await fill(node, l1_extents, l0_extents)
+        if start:
+            assert await node.delete_records("t", 0, start) == start
+        timestamps = [t for extent in l1_extents + l0_extents for t in extent]
+        assert brute_force_max(timestamps, start) == answer
+        assert await largest(node, objects) == (answer, gets)

@@ -21,7 +21,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
-from levelzero.testing.nodes import running_node
+from levelzero.testing.nodes import hand_run_config, running_node
 from levelzero.testing.virtual_time import in_virtual_time
 
 
@@ -31,17 +31,6 @@ class WallClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def make_config(**housekeeper) -> NodeConfig:
-    return NodeConfig(
-        epoch_bump_interval_s=None,
-        epoch_cache_ttl_s=0.0,  # always fresh: these tests are about reconciliation
-        batcher=BatcherConfig(linger_ms=1),
-        # An L1 object every pass: these tests count objects per pass.
-        reconciler=ReconcilerConfig(enabled=False, copy_deadline_s=60.0, object_age_max_s=0.0),
-        housekeeper=HousekeeperConfig(enabled=False, idle_after_s=0.0, copy_deadline_s=60.0, **housekeeper),
-    )
 
 
 async def produce_values(node, topic, partition, values):
@@ -71,7 +60,7 @@ def l1_keys(store: MemoryObjectStore) -> set[str]:
 @in_virtual_time
 async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_bytes():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         first = [f"a{i}".encode() * (i + 1) for i in range(12)]
         await produce_values(node, "t", 0, first)
@@ -98,7 +87,7 @@ async def test_reads_below_lro_come_from_l1_and_above_from_l0_with_identical_byt
 @in_virtual_time
 async def test_mp_rises_after_catch_up_but_never_reaches_an_unreconciled_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         history = []
@@ -137,7 +126,7 @@ async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombi
     gated = GatedStore()
     gated._objects = objects._objects  # one bucket, two clients
 
-    async with running_node(make_config(), log_store, gated) as old:
+    async with running_node(hand_run_config(), log_store, gated) as old:
         await old.create_topic("t", 1)
         await produce_values(old, "t", 0, [b"x0", b"x1", b"x2"])
         gate.set()
@@ -154,7 +143,7 @@ async def test_zombie_reconciler_claim_is_rejected_in_either_arrival_order(zombi
         async with anyio.create_task_group() as tg:
             tg.start_soon(zombie)
             await uploaded.wait()  # the old leader's L1 object for 3..4 is uploaded, not reported
-            async with running_node(make_config(), log_store, objects) as new:  # new leader: term 2
+            async with running_node(hand_run_config(), log_store, objects) as new:  # new leader: term 2
                 new_actor = new.partition("t", 0)
                 assert new_actor.term > old_actor.term
                 if zombie_reports_first:
@@ -192,10 +181,10 @@ async def tg_wait(result: dict) -> None:
 @in_virtual_time
 async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as old:
+    async with running_node(hand_run_config(), log_store, objects) as old:
         await old.create_topic("t", 1)
         old_actor = old.partition("t", 0)
-        async with running_node(make_config(), log_store, objects) as new:
+        async with running_node(hand_run_config(), log_store, objects) as new:
             await produce_values(new, "t", 0, [b"a", b"b"])
             await new.reconciler.run_round()
             (row,) = await log_store.l1_list(new.partition("t", 0).row.pid)
@@ -208,7 +197,7 @@ async def test_a_zombie_cannot_delete_an_object_of_a_newer_term():
 async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid
         # Crash between DELETE_STARTED and the object-store delete:
@@ -222,7 +211,7 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
         await objects.put(stale, b"half")
         await log_store.l1_insert(L1Row(stale, pid, 0, 1, 2, 1, 4, L1State.COPY_STARTED, wall.now, wall.now))
     wall.now += 3600  # past copy_deadline_s
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.reconciler.run_round()  # its first pass per partition is recovery
         states = {r.key: r.state for r in await log_store.l1_list(pid)}
         assert states == {doomed: L1State.DELETE_FINISHED, stale: L1State.DELETE_FINISHED}
@@ -232,7 +221,7 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
 @in_virtual_time
 async def test_an_idle_partition_does_not_hold_m_back():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await node.create_topic("busy", 1)
         await node.create_topic("idle", 1)
         ms = []
@@ -253,7 +242,7 @@ async def test_an_idle_partition_does_not_hold_m_back():
 async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    config = make_config(retention_s=100.0)
+    config = hand_run_config(retention_s=100.0)
     async with running_node(config, log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         await produce_values(node, "t", 0, [b"old0", b"old1"])
@@ -279,7 +268,7 @@ async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
     retention.ms = -1 keeps everything (Kafka: the topic config overrides log.retention.ms)."""
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(retention_s=1000.0), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(retention_s=1000.0), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("short", 1, {"retention.ms": "100000"})
         await node.create_topic("kept", 1, {"retention.ms": "-1"})
         await node.create_topic("node", 1)
@@ -303,7 +292,7 @@ async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
 @in_virtual_time
 async def test_placeholders_carry_object_epochs_at_or_above_creation_epoch():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         for _ in range(3):
             await node.epochs.advance()
         await node.create_topic("late", 1)
@@ -380,7 +369,7 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
 
     slow = SlowL1Store()
     slow._objects = objects._objects
-    async with running_node(make_config(), log_store, slow, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, slow, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         actor = node.partition("t", 0)
         await produce_values(node, "t", 0, [b"a", b"b"])
@@ -407,7 +396,7 @@ async def test_a_copy_collected_as_stale_during_a_slow_upload_is_abandoned_not_r
 @in_virtual_time
 async def test_l1_and_l0_fetches_share_one_record_bound():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         count = FETCH_RECORDS_MAX + 5
         await node.produce("t", 0, [Record(None, b"x")] * count)
@@ -428,7 +417,7 @@ async def test_l1_keys_take_their_randomness_from_the_injected_rng():
 
     async def l1_keys_of_one_run() -> list[str]:
         objects = MemoryObjectStore()
-        async with running_node(make_config(), MemoryLogStore(), objects) as node:
+        async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
             await node.create_topic("t", 2)
             for partition in (0, 1):
                 await produce_values(node, "t", partition, [b"x" * 10, b"y" * 20])
@@ -447,7 +436,7 @@ async def test_a_copy_abandoned_by_a_crash_is_collected_while_running_once_past_
     waiting for a restart."""
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects, wall_clock=wall) as node:
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
         await node.create_topic("t", 1)
         pid = node.partition("t", 0).row.pid
         await node.reconciler.run_round()  # the start-up recovery pass is behind us
@@ -474,7 +463,7 @@ async def test_a_fetch_fills_its_budget_across_l1_objects_and_on_into_l0():
     L0: one fetch returns all 13 (it returned the 2 of one object). The budget's boundary
     (key and value bytes) falls inside an object, and across the tiers."""
 
-    config = make_config()
+    config = hand_run_config()
     config = replace(config, reconciler=replace(config.reconciler, placeholders_per_object_max=2))
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(config, log_store, objects) as node:
@@ -518,7 +507,7 @@ async def test_an_l0_fetch_reads_past_one_page_of_placeholders():
     next page while its budget lasts."""
 
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    async with running_node(make_config(), log_store, objects) as node:
+    async with running_node(hand_run_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
         count = PLACEHOLDERS_PER_READ * 2 + 3
         values = [b"v%d" % i for i in range(count)]
@@ -538,7 +527,7 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
 
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
-    config = make_config()
+    config = hand_run_config()
     config = replace(
         config, reconciler=replace(config.reconciler, delete_retry_first_s=1.0, delete_retry_max_s=300.0)
     )
@@ -584,7 +573,7 @@ async def test_a_failed_clean_up_delete_is_retried_with_backoff_while_running():
 
 
 def growing_config(bytes_min: int, age_max_s: float) -> NodeConfig:
-    config = make_config()
+    config = hand_run_config()
     return replace(
         config,
         reconciler=replace(config.reconciler, object_bytes_min=bytes_min, object_age_max_s=age_max_s),

@@ -54,8 +54,13 @@ def test_quick_cost_counts_requests_at_the_object_store(tmp_path: Path) -> None:
     assert l0["name"].startswith("L0 PUTs per GiB") and 0 < acknowledged <= 1.1
     assert l0["floor"] == pytest.approx(window_floor_puts_per_gib(acknowledged, BatcherConfig()), rel=0.01)
     counts = l0["notes"]["window_counts"]
-    # payload_mib is rounded to 0.1 MiB: the bytes PUT are at least the payload, less that rounding.
-    assert counts["l0_puts"] >= 1 and counts["l0_put_bytes"] >= (l0["notes"]["payload_mib"] - 0.05) * 2**20
+    assert counts["l0_puts"] >= 1
+    # Every record acknowledged in the window was PUT during the run (warm-up and window): a
+    # record acknowledged early in the window may have been PUT just before it, so the window's
+    # own PUT bytes can fall short of its payload on a loaded machine. payload_mib is rounded to
+    # 0.1 MiB: the bytes PUT are at least the payload, less that rounding.
+    run = l0["notes"]["run_counts"]
+    assert run["l0_put_bytes"] >= (l0["notes"]["payload_mib"] - 0.05) * 2**20
     readers = l0["notes"]["reader_counts"]
     assert readers["l0_puts"] == readers["l1_puts"] == 0 and readers["l0_gets"] + readers["l1_gets"] >= 1
     assert l0["notes"]["dollars_per_month_requests"] > 0

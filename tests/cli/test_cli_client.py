@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import time
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from daemon_support import QUIESCENT_ENVIRON, DaemonProcess, free_port
+
+MARKER_POLLS_MAX = 600  # of 50 ms: a transaction's marker stored after its commit's answer
 
 
 def lines(values: list[str]) -> bytes:
@@ -173,6 +175,19 @@ def test_consume_reads_past_pages_holding_only_transaction_markers(make_daemon_p
         producer.begin_transaction()
         producer.produce("m", value=value, partition=0)
         producer.commit_transaction(30)  # a at 0, its marker at 1; b at 2, its marker at 3
+    # EndTxn is answered before the marker is written: c goes after b's marker once the last
+    # stable offset (read_committed's end) shows it stored.
+    reader = Consumer(
+        {"bootstrap.servers": f"127.0.0.1:{kafka_port}", "group.id": "m", "isolation.level": "read_committed"}
+    )
+    try:
+        for _ in range(MARKER_POLLS_MAX):
+            if reader.get_watermark_offsets(TopicPartition("m", 0), timeout=10)[1] == 4:
+                break
+            time.sleep(0.05)
+        assert reader.get_watermark_offsets(TopicPartition("m", 0), timeout=10)[1] == 4
+    finally:
+        reader.close()
     assert process.cli("produce", "m", input=b"c\n").returncode == 0  # at 4
     out = process.cli("consume", "m", "--format", "offsets", "--max-bytes", "1").stdout
     assert out == b"0\ta\n2\tb\n4\tc\n"

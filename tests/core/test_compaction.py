@@ -4,18 +4,29 @@ arrival orders), which records a pass keeps, and when a pass is due."""
 from __future__ import annotations
 
 import random
+import struct
+from collections.abc import Sequence
+
+import msgspec
 
 from levelzero.core.compaction import (
+    KEY_MAP_ENTRIES_MAX,
+    PassInput,
+    EncodedOf,
+    Retained,
     build_compacted_object,
     clean_limit,
     cleaner_map_refusal,
     compaction_due,
     contiguous_runs,
     extend_cleaner_map,
+    known_old,
+    last_index_per_key,
     l1_object_runs,
     retain,
 )
-from levelzero.core.l0format import Record
+from levelzero.core.l0format import NO_TIMESTAMP, Record, build_object, encode_extent, max_timestamp
+from levelzero.core.txn_marks import TXN_HEADER
 
 A_TERM, B_TERM = 0, 1
 
@@ -44,6 +55,46 @@ def test_a_map_rewriting_an_earlier_terms_end_is_refused() -> None:
     assert cleaner_map_refusal({0: 100, 1: 155}, 1, 1, {0: 100, 1: 200}) is None
 
 
+def _retain(
+    offsets: list[int],
+    records: list[Record],
+    written: list[int],
+    clean_upto: int,
+    now_ms: int,
+    delete_retention_ms: int,
+) -> Retained:
+    """`retain` given whole records: their keys and each one encoded on its own, as a pass's
+    input holds them (`PassInput`)."""
+    keys = [r.key for r in records]
+    encoded = [msgspec.msgpack.encode(r) for r in records]
+    kept = retain(offsets, keys, written, clean_upto, now_ms, delete_retention_ms, _encoded_of(encoded))
+    assert kept.extent == encode_extent(kept.records)  # the kept bytes are the records' own
+    return kept
+
+
+def _encoded_of(encoded: list[bytes]) -> EncodedOf:
+    def of(indices: Sequence[int]) -> list[bytes]:
+        assert list(indices) == sorted(set(indices)), indices
+        return [encoded[i] for i in indices]
+
+    return of
+
+
+def _clean_limit(
+    offsets: list[int],
+    records: list[Record],
+    written: list[int],
+    reconciled_upto: int,
+    now_ms: int,
+    min_lag_ms: int,
+    key_map_entries_max: int = KEY_MAP_ENTRIES_MAX,
+) -> int:
+    keys, timestamps = [r.key for r in records], [r.timestamp_ms for r in records]
+    return clean_limit(
+        offsets, keys, timestamps, written, reconciled_upto, now_ms, min_lag_ms, key_map_entries_max
+    )
+
+
 def _records(pairs: list[tuple[bytes, bytes | None]]) -> list[Record]:
     return [Record(k, v, timestamp_ms=1_000) for k, v in pairs]
 
@@ -51,7 +102,7 @@ def _records(pairs: list[tuple[bytes, bytes | None]]) -> list[Record]:
 def test_retain_keeps_the_latest_record_per_key_at_its_offset() -> None:
     records = _records([(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", b"2")])
     offsets = [10, 11, 12, 13, 14]
-    kept = retain(offsets, records, [0] * 5, 14, now_ms=2_000, delete_retention_ms=10_000)
+    kept = _retain(offsets, records, [0] * 5, 14, now_ms=2_000, delete_retention_ms=10_000)
     assert kept.offsets == [12, 13, 14]
     assert [(r.key, r.value) for r in kept.records] == [(b"a", b"2"), (b"c", b"1"), (b"b", b"2")]
     assert kept.removed == 2
@@ -59,24 +110,24 @@ def test_retain_keeps_the_latest_record_per_key_at_its_offset() -> None:
 
 def test_tombstones_stay_until_delete_retention_then_go() -> None:
     records = _records([(b"a", b"1"), (b"a", None), (b"b", b"1")])
-    young = retain([0, 1, 2], records, [0] * 3, 2, now_ms=1_500, delete_retention_ms=1_000)
+    young = _retain([0, 1, 2], records, [0] * 3, 2, now_ms=1_500, delete_retention_ms=1_000)
     assert young.offsets == [1, 2] and young.records[0].value is None
-    old = retain([0, 1, 2], records, [0] * 3, 2, now_ms=2_000, delete_retention_ms=1_000)
+    old = _retain([0, 1, 2], records, [0] * 3, 2, now_ms=2_000, delete_retention_ms=1_000)
     assert old.offsets == [2] and old.tombstones_dropped == 1
 
 
 def test_records_above_the_clean_limit_are_untouched() -> None:
     records = _records([(b"a", b"1"), (b"a", b"2"), (b"a", b"3")])
-    kept = retain([0, 1, 2], records, [0] * 3, 0, now_ms=2_000, delete_retention_ms=0)
+    kept = _retain([0, 1, 2], records, [0] * 3, 0, now_ms=2_000, delete_retention_ms=0)
     assert kept.offsets == [0, 1, 2]
 
 
 def test_clean_limit_stops_at_the_reconciled_offset_the_lag_and_a_full_key_map() -> None:
     records = [Record(bytes([i]), b"v", timestamp_ms=t) for i, t in enumerate([100, 200, 300, 400])]
     offsets, written = [0, 1, 2, 3], [0] * 4
-    assert clean_limit(offsets, records, written, 2, now_ms=1_000, min_lag_ms=0) == 2
-    assert clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=750) == 1
-    assert clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=0, key_map_entries_max=3) == 2
+    assert _clean_limit(offsets, records, written, 2, now_ms=1_000, min_lag_ms=0) == 2
+    assert _clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=750) == 1
+    assert _clean_limit(offsets, records, written, 3, now_ms=1_000, min_lag_ms=0, key_map_entries_max=3) == 2
 
 
 def test_compaction_is_due_at_the_dirty_ratio() -> None:
@@ -99,20 +150,20 @@ def test_contiguous_runs() -> None:
 
 def test_the_last_record_of_a_pass_stays_even_an_expired_tombstone() -> None:
     records = _records([(b"a", b"1"), (b"a", None)])
-    kept = retain([0, 1], records, [0, 0], 1, now_ms=10_000, delete_retention_ms=0)
+    kept = _retain([0, 1], records, [0, 0], 1, now_ms=10_000, delete_retention_ms=0)
     assert kept.offsets == [1] and kept.records[0].value is None
 
 
 def test_records_without_a_key_are_dropped_by_a_pass() -> None:
     records = [Record(None, b"x"), Record(b"a", b"1"), Record(b"a", b"2")]
-    assert clean_limit([0, 1, 2], records, [0] * 3, 2, now_ms=0, min_lag_ms=0) == 2
-    kept = retain([0, 1, 2], records, [0] * 3, 2, now_ms=0, delete_retention_ms=10)
+    assert _clean_limit([0, 1, 2], records, [0] * 3, 2, now_ms=0, min_lag_ms=0) == 2
+    kept = _retain([0, 1, 2], records, [0] * 3, 2, now_ms=0, delete_retention_ms=10)
     assert kept.offsets == [2]
 
 
 def test_a_compacted_object_gives_each_record_its_offset() -> None:
     records = _records([(b"a", b"2"), (b"c", b"1"), (b"b", None)])
-    data = build_compacted_object(3, 7, [12, 13, 20], records)
+    data = build_compacted_object(3, 7, [12, 13, 20], encode_extent(records), 3)
     runs = l1_object_runs(data, 10, "test")
     assert [(base, [r.key for r in rs]) for base, rs in runs] == [(12, [b"a", b"c"]), (20, [b"b"])]
 
@@ -163,9 +214,128 @@ def test_a_pass_keeps_and_stops_exactly_as_the_rule_spelled_out_record_by_record
         written = [rng.randint(0, 100) for _ in range(n)]
         now, lag, retention = rng.randint(50, 150), rng.randint(0, 60), rng.randint(0, 80)
         upto, key_max = rng.choice([-1, *offsets, 200]), rng.randint(1, 5)
-        limit = clean_limit(offsets, records, written, upto, now, lag, key_max)
+        limit = _clean_limit(offsets, records, written, upto, now, lag, key_max)
         assert limit == _reference_limit(offsets, records, written, upto, now, lag, key_max)
         clean_upto = rng.choice([-1, *offsets])
-        kept = retain(offsets, records, written, clean_upto, now, retention)
+        kept = _retain(offsets, records, written, clean_upto, now, retention)
         assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
         assert kept.records == [records[offsets.index(o)] for o in kept.offsets]
+
+
+def _l1_object(records: list[Record], offsets: list[int], compacted: bool) -> bytes:
+    """An L1 object as the reconciler writes it (one run) or as a compaction does (its runs)."""
+    if compacted:
+        return build_compacted_object(2, 7, offsets, encode_extent(records), len(records))
+    assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    data, _ = build_object(2, [(7, encode_extent(records), len(records))])
+    return data
+
+
+def test_a_pass_scanning_keys_and_bytes_keeps_what_whole_records_would() -> None:
+    """The pass's input, decoded only as far as keys and each record's bytes, from objects
+    both the reconciler's and a compaction's: the same offsets, keys, timestamps and bytes as
+    whole records, and the pass over it keeps, record by record, what the rule says; the new
+    object's extent is the kept records' own bytes, and its newest timestamp theirs."""
+    rng = random.Random(3434)
+    for _ in range(200):
+        scanned, offsets, records, written = PassInput(), [], [], []
+        offset = rng.randint(0, 5)
+        for _ in range(rng.randint(1, 4)):
+            n = rng.randint(1, 12)
+            compacted = rng.random() < 0.5
+            if compacted:
+                at = sorted(rng.sample(range(offset, offset + 3 * n), n))
+            else:
+                at = list(range(offset, offset + n))
+            chunk = [
+                Record(
+                    rng.choice([None, b"a", b"b", b"c", b"\x00" * 300]),
+                    rng.choice([None, b"", b"v", b"w" * 70_000]),
+                    timestamp_ms=rng.choice([NO_TIMESTAMP, rng.randint(0, 100)]),
+                    headers=rng.choice([(), (("h", b"x"), ("n", None))]),
+                )
+                for _ in range(n)
+            ]
+            when = rng.randint(0, 100)
+            newest = rng.choice([None, max_timestamp(chunk), max_timestamp(chunk) + 5])
+            scanned.add_object(_l1_object(chunk, at, compacted), at[0], when, newest, "test")
+            offsets += at
+            records += chunk
+            written += [when] * n
+            offset = at[-1] + rng.randint(1, 4)
+        assert scanned.offsets == offsets
+        assert scanned.keys == [r.key for r in records]
+        some = sorted(rng.sample(range(len(records)), rng.randint(0, len(records))))  # some objects only
+        assert [bytes(e) for e in scanned.encoded(some)] == [msgspec.msgpack.encode(records[i]) for i in some]
+        everyone = range(len(records))
+        assert [bytes(e) for e in scanned.encoded(everyone)] == [msgspec.msgpack.encode(r) for r in records]
+        assert scanned.timestamps_ms() == [r.timestamp_ms for r in records]
+        now, lag, retention = rng.randint(50, 150), rng.randint(0, 60), rng.randint(0, 80)
+        upto, key_max = rng.choice([-1, *offsets, 500]), rng.randint(1, 5)
+        want = _reference_limit(offsets, records, written, upto, now, lag, key_max)
+        latest = last_index_per_key(scanned.keys)  # the key map, shared by both steps or not
+        given = rng.choice([None, latest])
+        limit = clean_limit(
+            offsets, scanned.keys, scanned.timestamps_ms(), written, upto, now, lag, key_max, given
+        )
+        assert limit == want
+        if known_old(scanned.objects, now - lag):  # every record past the lag: no timestamp read
+            assert clean_limit(offsets, scanned.keys, None, written, upto, now, lag, key_max, given) == want
+        clean_upto = rng.choice([-1, offsets[-1], *offsets])
+        kept = retain(offsets, scanned.keys, written, clean_upto, now, retention, scanned.encoded, given)
+        assert kept.offsets == _reference_retain(offsets, records, written, clean_upto, now, retention)
+        assert kept.records == [records[offsets.index(o)] for o in kept.offsets]
+        assert kept.extent == encode_extent(kept.records)
+        rebuilt = build_compacted_object(2, 7, kept.offsets, kept.extent, len(kept.records))
+        runs = l1_object_runs(rebuilt, kept.offsets[0], "test")
+        read_back = [(b + i, r) for b, rs in runs for i, r in enumerate(rs)]
+        assert read_back == list(zip(kept.offsets, kept.records, strict=True))
+
+
+def test_known_old_needs_every_objects_newest_timestamp_and_write_time_past_the_lag() -> None:
+    assert known_old([(10, 20), (NO_TIMESTAMP, 30)], 30)
+    assert not known_old([(10, 20), (31, 30)], 30)  # a record's timestamp past it
+    assert not known_old([(10, 31)], 30)  # a record without a timestamp may count from 31
+    assert not known_old([(None, 0)], 30)  # unknown: the records are read
+
+
+def _txn(key: bytes, value: bytes, producer_id: int, kind: int) -> Record:
+    header = (TXN_HEADER, struct.pack(">qhb", producer_id, 0, kind))
+    return Record(key, value, 1_000, (header,))
+
+
+def test_aborted_records_supersede_nothing_commit_markers_go_abort_markers_stay() -> None:
+    """Producer 7 commits a=1 (0, marker 1), aborts a=2 b=9 (2, 3, marker 4); producer 8 writes
+    a=3 outside any transaction (5). Cleaned to 4: a=1 is the latest of `a` read_committed sees
+    there, the aborted records and the commit marker go, the abort marker stays; above, a=3."""
+    records = [
+        _txn(b"a", b"1", 7, -1),
+        _txn(b"\x00\x00\x00\x01", b"", 7, 1),
+        _txn(b"a", b"2", 7, -1),
+        _txn(b"b", b"9", 7, -1),
+        _txn(b"\x00\x00\x00\x00", b"", 7, 0),
+        Record(b"a", b"3", 1_000, ()),
+    ]
+    data, _ = build_object(2, [(7, encode_extent(records), len(records))])
+
+    def scan(aborted: list[tuple[int, int, int]] | None) -> tuple[PassInput, list[int]]:
+        scanned = PassInput()
+        scanned.add_object(data, 0, 0, None, "test")
+        if aborted is not None:
+            scanned.apply_transactions(aborted)
+        kept = retain(scanned.offsets, scanned.keys, [0] * 6, 4, 2_000, 86_400_000, scanned.encoded)
+        return scanned, kept.offsets
+
+    scanned, kept = scan([(7, 2, 4)])
+    keys = scanned.keys
+    assert keys[1] is None and keys[2] is None and keys[3] is None
+    assert keys[0] == keys[5] == b"a" and keys[4] not in (None, b"a", b"\x00\x00\x00\x00")
+    assert kept == [0, 4, 5]
+    # Without the aborted list the aborted a=2 and b=9 would win over the committed a=1.
+    assert scan(None)[1] == [1, 2, 3, 4, 5]
+    # An object without transactional records is not decoded for it: its keys stay.
+    plain = PassInput()
+    plain_data, _ = build_object(2, [(7, encode_extent([Record(b"a", b"1", 1_000, ())]), 1)])
+    plain.add_object(plain_data, 0, 0, None, "test")
+    plain.apply_transactions([(7, 0, 0)])
+    assert plain.keys == [b"a"]

@@ -15,11 +15,13 @@ from levelzero.core.entries import (
     AdvanceReconciledOffset,
     Entry,
     LogRecord,
+    ProducerSpan,
     SetStartOffset,
     TermStart,
 )
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.fence import Admitted, BecomeUpdater, Fence
+from levelzero.core.producers import PartitionProducers
 from levelzero.core.state import PartitionSnapshot, PartitionState, ReaderPins
 from levelzero.sim.mutations import applied
 
@@ -651,3 +653,41 @@ def test_term_starts_are_kafkas_leader_epoch_cache() -> None:
     apply(state, SetStartOffset(7))
     assert state.term_starts == ((3, 7),)
     assert state.term_at(7) == 3
+
+
+# ---------------------------------------------------------------- idempotent producers
+
+
+def test_the_state_holds_each_producers_last_batches_from_the_placeholders_and_its_snapshots() -> None:
+    """Kafka's ProducerStateManager: a placeholder's producer spans are applied at their data
+    offsets; the last five batches per producer and epoch are kept, and ride in the snapshot (a
+    snapshot written before the field existed restores none)."""
+    state = new_state()
+    apply(state, placeholder(1, 3))  # offsets 0..2, no producer
+    spans = (ProducerSpan(7, 0, 0, 2, 0), ProducerSpan(8, 0, 10, 1, 2))
+    apply(state, msgspec.structs.replace(placeholder(1, 3), producers=spans))  # offsets 3..5
+    for sequence in range(2, 8):  # producer 7: six more one-record batches at 6..11
+        apply(state, msgspec.structs.replace(placeholder(1), producers=(ProducerSpan(7, 0, sequence, 1, 0),)))
+    producers = state.producers
+    assert producers.next_sequence(7, 0) == 8
+    assert producers.next_sequence(8, 0) == 11
+    assert producers.next_sequence(7, 1) is None  # another epoch: it starts over
+    assert producers.duplicate_of(8, 0, 10).base_offset == 5
+    assert producers.duplicate_of(7, 0, 7).base_offset == 11
+    assert producers.duplicate_of(7, 0, 3).base_offset == 7  # the oldest of the last five
+    assert producers.duplicate_of(7, 0, 2) is None  # pushed out by five later ones
+    restored = PartitionState.decode_snapshot(state.encode_snapshot())
+    assert restored == state
+    assert restored.producers.rows() == producers.rows()
+    assert restored.producers.duplicate_of(8, 0, 10).base_offset == 5
+    old = PartitionSnapshot(creation_epoch=1, last_applied_log_offset=0, term=1)  # before the field
+    assert len(PartitionState.decode_snapshot(msgspec.msgpack.encode(old)).producers) == 0
+
+
+def test_the_state_forgets_the_least_recently_appended_producer_past_its_bound() -> None:
+    producers = PartitionProducers(producers_max=2)
+    producers.append(1, 0, 0, 1, 0)
+    producers.append(2, 0, 0, 1, 1)
+    producers.append(1, 0, 1, 1, 2)  # producer 1 appended again: 2 is the least recent
+    producers.append(3, 0, 0, 1, 3)
+    assert [row[0] for row in producers.rows()] == [1, 3]

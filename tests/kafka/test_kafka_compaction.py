@@ -95,3 +95,81 @@ async def test_a_consumer_of_a_compacted_topic_sees_the_latest_value_per_key(tmp
         assert (status.partition, status.records_removed, status.tombstones_dropped) == (f"{TOPIC}/0", 3, 0)
         assert status.cleaner_offsets == {str(term): 5} and status.bytes_reclaimed > 0
         assert status.dirty_ratio == 0.0 and status.last_compaction_at is not None
+
+
+def transactions_on_a_compacted_topic(port: int) -> None:
+    """a=1 b=1 committed (offsets 0, 1, commit marker 2); a=2 aborted (3, abort marker 4); b=2
+    in a transaction left open (5)."""
+    from confluent_kafka import Producer
+
+    def producer(tid: str) -> Producer:
+        p = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": tid, "linger.ms": 0})
+        p.init_transactions(30)
+        return p
+
+    first = producer("compacting-1")
+    first.begin_transaction()
+    first.produce(TOPIC, key=b"a", value=b"1", partition=0)
+    first.produce(TOPIC, key=b"b", value=b"1", partition=0)
+    first.commit_transaction(30)
+    first.begin_transaction()
+    first.produce(TOPIC, key=b"a", value=b"2", partition=0)
+    assert first.flush(30) == 0
+    first.abort_transaction(30)
+    left_open = producer("compacting-2")
+    left_open.begin_transaction()
+    left_open.produce(TOPIC, key=b"b", value=b"2", partition=0)
+    assert left_open.flush(30) == 0
+
+
+def read_committed_to(port: int, end: int) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Partition 0 read with read_committed from the beginning until the position reaches `end`."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"127.0.0.1:{port}",
+            "group.id": "committed-reader",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    got: list[tuple[int, bytes | None, bytes | None]] = []
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        for _ in range(POLLS_MAX * 5):
+            message = consumer.poll(0.2)
+            if message is not None:
+                assert message.error() is None, message.error()
+                got.append((message.offset(), message.key(), message.value()))
+            (position,) = consumer.position([TopicPartition(TOPIC, 0)])
+            if position.offset >= end:
+                break
+    finally:
+        consumer.close()
+    return got
+
+
+async def test_compaction_keeps_what_read_committed_sees_under_aborted_and_open_transactions(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's cleaner: a record of an aborted transaction supersedes nothing (it is dropped),
+    and nothing at or above the last stable offset is cleaned (an open transaction's record may
+    still be aborted). Otherwise a changelog (Quix Streams, Kafka Streams under exactly-once)
+    read with read_committed loses keys: their committed record was removed for one that never
+    becomes visible."""
+    async with daemon_and_client(
+        tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
+    ) as (daemon, client):
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(create_compacted, port) is None
+        await anyio.to_thread.run_sync(transactions_on_a_compacted_topic, port)
+        node = daemon.node
+        await node.reconciler.run_round()
+        assert node.partition(TOPIC, 0).state.lro == 5
+        assert await node.compactor.run_round() == 1
+        (status,) = (await client.status()).compactor.partitions  # type: ignore[union-attr]
+        # cleaned to 4 (below the LSO, 5): the commit marker (2) and the aborted a=2 (3) removed
+        assert status.records_removed == 2
+        got = await anyio.to_thread.run_sync(read_committed_to, port, 5)
+        assert got == [(0, b"a", b"1"), (1, b"b", b"1")]

@@ -248,6 +248,48 @@ async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
     assert coordinator.check_commit("g", me, 2) == ErrorCode.rebalance_in_progress
 
 
+async def test_a_killed_member_is_dropped_at_its_session_timeout_not_the_rebalance_timeout() -> None:
+    """A consumer SIGKILLed sends no LeaveGroup. Its successor's JoinGroup opens a round that
+    waits for the dead member; Kafka's heartbeat expiry drops it at its session timeout and the
+    round ends then. The round must not wait out the rebalance timeout (max.poll.interval.ms,
+    300 s for Quix Streams and Kafka's clients): the successor would get no partitions for
+    minutes."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    protocols = [("range", b"meta")]
+    session_ms, rebalance_ms = 500, 300_000
+    results = []
+
+    async def join(member: str) -> None:
+        results.append(
+            await coordinator.join("g", member, "c", session_ms, rebalance_ms, "consumer", protocols)
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "")
+        await anyio.sleep(0)
+        clock.now += 0.5  # the initial round's delay
+    dead = results[0].member_id
+    await coordinator.sync("g", dead, 1, [(dead, b"parts")])
+    assert coordinator.groups["g"].state == "stable"
+    # The member is killed. Its successor joins before the session has run out: the round waits.
+    with anyio.fail_after(30):  # a bound, never reached with the fix (the wait is 0.5 s)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(join, "")
+            await anyio.sleep(0)
+            assert coordinator.groups["g"].state == "preparing"
+            clock.now += 0.6  # past the dead member's session, far short of the rebalance timeout
+    successor = results[1]
+    assert successor.error == ErrorCode.none and successor.generation == 2
+    assert successor.leader == successor.member_id
+    assert successor.members == [(successor.member_id, b"meta")]  # the dead member is gone
+    assert coordinator.heartbeat("g", dead, 1) == ErrorCode.unknown_member_id
+    error, assignment, _, _ = await coordinator.sync(
+        "g", successor.member_id, 2, [(successor.member_id, b"all")]
+    )
+    assert (error, assignment) == (ErrorCode.none, b"all")
+
+
 def commit_on_revoke(port: int) -> tuple[list[str], dict[int, int], int]:
     """Consumer A reads everything, then B joins; A commits its position in on_revoke.
     Returns the errors A's commits raised, the offsets committed, and records A read."""

@@ -11,7 +11,7 @@ import pytest
 from crc32c import crc32c
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from levelzero.core.producers import BATCHES_REMEMBERED, ProducerSequences
+from levelzero.core.producers import BATCHES_REMEMBERED, SEQUENCE_MAX, ProducerSequences, following_sequence
 from levelzero.kafka import records as kr
 
 
@@ -246,3 +246,34 @@ def test_the_compiled_codec_is_used_and_agrees_with_the_python_one() -> None:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(kr, "_AIOKAFKA", False)
         assert kr.decode_batches(compiled, stored=True)[0].records == stored.records
+
+
+def test_the_next_sequence_follows_the_last_stored_batch_and_wraps() -> None:
+    seqs = ProducerSequences()
+    assert seqs.next_sequence(7, 0, "t", 1) is None  # not known here: any sequence will do
+    seqs.record(7, 0, "t", 1, base_sequence=0, record_count=10, base_offset=100)
+    seqs.record(7, 0, "t", 1, base_sequence=10, record_count=5, base_offset=110)
+    assert seqs.next_sequence(7, 0, "t", 1) == 15
+    assert seqs.next_sequence(7, 1, "t", 1) is None  # a new epoch starts over
+    assert seqs.next_sequence(7, 0, "t", 2) is None  # another partition
+    assert following_sequence(SEQUENCE_MAX - 2, 5) == 2  # an int32 sequence wraps to 0
+    assert following_sequence(SEQUENCE_MAX - 4, 5) == 0
+    assert following_sequence(SEQUENCE_MAX - 5, 5) == SEQUENCE_MAX
+
+
+def test_a_producers_last_batch_is_the_one_at_the_highest_offset_whatever_order_it_was_learnt_in() -> None:
+    """Batches are facts learnt from the log, the sequence table and appends, in any order: an
+    older one learnt last neither becomes the last stored nor pushes a newer one out; an older
+    epoch's batch below the newest known changes nothing."""
+    seqs = ProducerSequences()
+    for sequence in (5, 6, 7, 8, 9):
+        seqs.record(7, 0, "t", 1, base_sequence=sequence, record_count=1, base_offset=100 + sequence)
+    seqs.record(7, 0, "t", 1, base_sequence=4, record_count=1, base_offset=104)  # (the table's, late)
+    assert seqs.next_sequence(7, 0, "t", 1) == 10
+    assert seqs.duplicate_of(7, 0, "t", 1, 4) is None  # older than the five kept
+    assert seqs.duplicate_of(7, 0, "t", 1, 5).base_offset == 105
+    seqs.record(7, 1, "t", 1, base_sequence=0, record_count=2, base_offset=200)  # a new epoch
+    seqs.record(7, 0, "t", 1, base_sequence=10, record_count=1, base_offset=110)  # the old one's, late
+    assert seqs.next_sequence(7, 1, "t", 1) == 2
+    assert seqs.duplicate_of(7, 1, "t", 1, 0).base_offset == 200
+    assert seqs.next_sequence(7, 0, "t", 1) is None

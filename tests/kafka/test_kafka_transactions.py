@@ -8,8 +8,11 @@ commit and abort alike. The state survives a restart of the daemon (SQLite)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
+
+from levelzero.storage.protocols import TransactionStore
 
 from daemon_support import daemon_and_client
 
@@ -83,6 +86,15 @@ def transactional_session(port: int) -> None:
     metadata = _group_metadata(port, "eos-group")
     p.send_offsets_to_transaction([TopicPartition(TOPIC, 0, 42)], metadata, 30)
     p.commit_transaction(30)
+
+
+async def wait_markers_written(store: TransactionStore, topic: str, partition: int) -> None:
+    """EndTxn is answered before the markers are stored: until the partition has no open range."""
+    for _ in range(POLLS_MAX * 5):
+        if all(r.last_offset >= 0 for r in await store.txn_ranges(topic, partition)):
+            return
+        await anyio.sleep(0.1)
+    raise AssertionError(f"a marker of {topic}/{partition} is still not written")
 
 
 def _group_metadata(port: int, group: str):
@@ -225,6 +237,7 @@ async def test_http_and_export_readers_never_see_markers_or_the_reserved_header(
         await client.create_topic(TOPIC, 1)
         await client.produce(TOPIC, 0, [b"plain"])  # offset 0
         await anyio.to_thread.run_sync(transactions_with_headers, daemon.kafka_port)
+        await wait_markers_written(daemon.node.log_store, TOPIC, 0)  # "after" goes behind them
         await client.produce(TOPIC, 0, [b"after"])
         body = (await raw(client, "GET", path, params={"offset": 0})).json()
         got = [(r["offset"], r["value"], r.get("headers")) for r in body["records"]]
@@ -276,8 +289,13 @@ async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path:
         port = daemon.kafka_port
         store = daemon.node.log_store
         await anyio.to_thread.run_sync(aborts_then_commit, port)
-        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7)
-        ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+        # a-0 a-1 abort(2) b-0 b-1 abort(5) c commit(7); EndTxn answers before the commit
+        # marker is written: its range (6) is open until then
+        for _ in range(POLLS_MAX * 5):
+            ranges = [(r.first_offset, r.last_offset) for r in await store.txn_ranges(TOPIC, 0)]
+            if ranges != [(0, 2), (3, 5), (6, -1)]:
+                break
+            await anyio.sleep(0.1)
         assert ranges == [(0, 2), (3, 5)]
 
         def delete_below(offset: int) -> int:
@@ -300,3 +318,78 @@ async def test_aborted_ranges_below_the_log_start_offset_are_forgotten(tmp_path:
         ] == [(3, 5)]
         again = await anyio.to_thread.run_sync(consume, daemon.kafka_port, "read_committed", 10, 3)
         assert again == [b"c"]
+
+
+def last_stable_and_high(port: int) -> tuple[int, int]:
+    """(last stable offset, high watermark) of partition 0."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer(
+            {"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "ends", "isolation.level": isolation}
+        )
+        try:
+            ends.append(consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10, cached=False)[1])
+        finally:
+            consumer.close()
+    return ends[0], ends[1]
+
+
+def open_transaction(port: int, tid: str) -> tuple[int, int]:
+    """An incarnation of `tid` leaves a transaction open (three records); (LSO, high watermark)."""
+    stranded = producer(port, tid)
+    stranded.init_transactions(30)
+    stranded.begin_transaction()
+    for i in range(3):
+        stranded.produce(TOPIC, value=b"stranded-%d" % i, partition=0)
+    assert stranded.flush(30) == 0
+    return last_stable_and_high(port)
+
+
+def successor_commits(port: int, tid: str) -> None:
+    successor = producer(port, tid)
+    successor.init_transactions(30)  # the open transaction is aborted
+    successor.begin_transaction()
+    successor.produce(TOPIC, value=b"successor", partition=0)
+    successor.commit_transaction(30)
+
+
+async def test_an_open_transaction_is_aborted_when_a_new_incarnation_exhausts_the_epoch(
+    tmp_path: Path,
+) -> None:
+    """InitProducerId at the last epoch gives the transactional id a new producer id (KIP-360).
+    The open transaction of the old incarnation is aborted under the producer id its records and
+    open ranges carry (fenced at the last epoch), before the id changes: the LSO passes it."""
+    from levelzero.kafka.transactions import EMPTY, EPOCH_MAX, TxnState
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        coordinator = daemon.kafka.handlers.transactions
+        await coordinator._load()
+        # The id has been initialised EPOCH_MAX - 2 times: the next incarnation gets the last
+        # epoch a producer uses, the one after it a new producer id.
+        old_id = coordinator.intake.new_producer_id()
+        coordinator._txns["tx-old"] = TxnState("tx-old", old_id, EPOCH_MAX - 2, EMPTY, 60_000)
+        coordinator._epochs[old_id] = EPOCH_MAX - 2
+        lso, high = await anyio.to_thread.run_sync(open_transaction, port, "tx-old")
+        assert (lso, high) == (0, 3)
+        assert coordinator._txns["tx-old"].producer_epoch == EPOCH_MAX - 1
+        await anyio.to_thread.run_sync(successor_commits, port, "tx-old")
+        txn = coordinator._txns["tx-old"]
+        assert txn.producer_id != old_id and txn.producer_epoch == 0  # a new producer id
+        # abort marker (3), the successor's record (4), its commit marker (5): nothing open once
+        # the successor's completion (written after its commit's answer, as Kafka does) is done
+        for _ in range(200):
+            if await anyio.to_thread.run_sync(last_stable_and_high, port) == (6, 6):
+                break
+            await anyio.sleep(0.05)
+        assert await anyio.to_thread.run_sync(last_stable_and_high, port) == (6, 6)
+        assert await store_ranges(daemon) == [(old_id, 0, 3, True)]  # aborted; the committed one is gone
+        assert await anyio.to_thread.run_sync(consume, port, "read_committed", 10) == [b"successor"]
+
+
+async def store_ranges(daemon: Any) -> list[tuple[int, int, int, bool]]:
+    rows = await daemon.node.log_store.txn_ranges(TOPIC, 0)
+    return [(r.producer_id, r.first_offset, r.last_offset, r.aborted) for r in rows]

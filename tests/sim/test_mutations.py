@@ -8,12 +8,15 @@ from __future__ import annotations
 import pytest
 
 import levelzero.actors.batcher as batcher_module
+import levelzero.actors.compactor as compactor_module
 import levelzero.actors.gc as gc_module
 import levelzero.actors.housekeeper as housekeeper_module
 import levelzero.actors.l1 as l1_module
 import levelzero.core.state as state_module
+import levelzero.storage.log_rules as log_rules_module
 import levelzero.actors.cluster as cluster_module
 from levelzero.actors.cluster import ClusterMember
+from levelzero.actors.compactor import Compactor
 from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.reader import Reader
@@ -32,16 +35,16 @@ SEEDS_TO_CATCH_MAX = {
     "gc_ignores_cap": 20,
     "mp_off_by_one": 20,
     "gc_deletes_up_to_m_plus_1": 20,
-    "gc_skips_partitions_without_mp": 450,  # first caught at seed 394 since the issue-35 workloads
+    "gc_skips_partitions_without_mp": 550,  # first caught at seed 491 (394 before the producer state)
     "batcher_ignores_creation_epochs": 40,
     "slide_without_drain": 20,
     "catch_up_without_term_check": 20,
-    "reader_pins_ignored": 80,
+    "reader_pins_ignored": 160,  # first caught at seeds 130, 182, 295 since the compacted topics
     # the read path: a fetch starts at its offset, and every failure is explained (issue 35)
     "l1_lookup_bisect_left": 20,
     "l1_lineage_never_reread": 20,
     "placeholders_from_base": 20,
-    "reader_l1_below_lro_only": 80,
+    "reader_l1_below_lro_only": 100,  # first caught at seed 69 since the compacted topics (issue 34)
     # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
     "stale_rejection_keeps_cache": 40,
     "gc_idle_backoff_uncapped": 150,
@@ -60,17 +63,32 @@ SEEDS_TO_CATCH_MAX = {
     "lease_from_reply": 60,
     "leads_ignores_deadline": 20,
     "lease_margin_typo": 100,
+    # compaction (issue 34): only the seeds with a compacted topic (40%) exercise these
+    "compaction_lineage_unchecked": 40,  # caught at seeds 0, 35, 76
+    "compaction_tombstones_dropped_early": 40,  # 6, 29, 39
+    "compaction_keeps_first_per_key": 20,  # 0, 5, 6
+    "compaction_deletes_before_commit": 20,  # 0, 11, 35
+    "compaction_superseded_never_deleted": 20,  # the leak check (invariant 4)
+    # Kafka idempotent producers: retries across crashes, lost replies, timeouts
+    "idempotent_duplicates_unchecked": 20,  # caught at seeds 0, 1, 2
+    "idempotent_out_of_order_taken": 20,  # caught at seeds 0, 1, 2
+    "idempotent_state_per_process": 30,  # three nodes
 }
 # The single-node table on a three-node cluster: each is caught there too (but a rule only a
 # single node has: a cluster's GC takes its snapshot from the control plane).
 SINGLE_NODE_ONLY: frozenset[str] = frozenset()
 CLUSTER_SEEDS_TO_CATCH_MAX = {
     name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items() if name not in SINGLE_NODE_ONLY
-} | {"reader_pins_ignored": 200}  # first caught at three-node seed 154
+} | {
+    "reader_pins_ignored": 200,  # first caught at three-node seed 154
+    "reader_l1_below_lro_only": 150,  # first caught at three-node seed 100
+}
 
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
-    assert len(MUTATIONS) == 27  # 12 of issue 18, 15 of issue 35
+    assert (
+        len(MUTATIONS) == 35
+    )  # 12 of issue 18, 15 of issue 35, 5 of issue 34, 3 of Kafka idempotent producers
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
     assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
@@ -95,6 +113,10 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
         "read",
         "lease",
         "retention",
+        "latest",
+        "resurrect",
+        "zombie",
+        "idempotence",
     }
 
 
@@ -138,6 +160,10 @@ def _patch_targets() -> tuple[object, ...]:
         ClusterMember.leads,
         housekeeper_module.retention_start_offset,
         l1_module.l1_collect_reason,
+        compactor_module.retain,
+        log_rules_module.cleaner_map_refusal,
+        Compactor.compact_partition,
+        L1Catalog.finish_superseded,
     )
 
 

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.postgres.store import PostgresLogStore
-from levelzero.storage.protocols import ConsumerOffsetStore, OffsetRow, ProducerBatchRow, ProducerBatchStore
+from levelzero.storage.protocols import (
+    ConsumerOffsetStore,
+    OffsetRow,
+    ProducerBatchExpiry,
+    ProducerBatchRow,
+    ProducerBatchStore,
+)
 from levelzero.storage.sqlite.store import SqliteLogStore
 
 
@@ -118,3 +124,35 @@ async def test_postgres_keeps_the_newest_producer_batches_durably(postgres_dsn: 
 async def test_postgres_keeps_committed_offsets(postgres_dsn: str) -> None:
     async with await PostgresLogStore.open(postgres_dsn) as store:
         await exercise(store)
+
+
+KEYED = 1 << 62  # HTTP idempotency keys' producers (actors/intake.py: IDEMPOTENCY_ID_BASE)
+
+
+async def expire_keyed_batches(store: ProducerBatchStore) -> None:
+    """Keys' batches stored before the bound go, the oldest first and at most `rows_max` a
+    call; a Kafka producer's (an id below the keys') stay whatever their age."""
+    assert isinstance(store, ProducerBatchExpiry)
+    rows = [ProducerBatchRow(KEYED + key, 0, "t", 0, 0, 1, key, 100.0 + key) for key in range(5)]
+    rows.append(ProducerBatchRow(9, 0, "t", 0, 0, 1, 50, 1.0))  # a Kafka producer's, old
+    await store.record_producer_batches(rows, keep=5)
+    await store.expire_producer_batches(KEYED, 103.0, rows_max=2)  # keys 0..2 are old: two go
+    assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [2, 3, 4]
+    await store.expire_producer_batches(KEYED, 103.0, rows_max=10)
+    assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [3, 4]
+    assert [r.base_offset for r in await store.producer_batches(9)] == [50]
+
+
+async def test_sqlite_expires_idempotency_keys_batches(tmp_path: Path) -> None:
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        await expire_keyed_batches(store)
+    async with await SqliteLogStore.open(str(db)) as store:  # durable
+        assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [3, 4]
+
+
+async def test_postgres_expires_idempotency_keys_batches(postgres_dsn: str) -> None:
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        await expire_keyed_batches(store)
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [3, 4]

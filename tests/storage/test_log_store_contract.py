@@ -263,6 +263,39 @@ async def test_append_many_refuses_a_moved_on_partition_alone(backend: Backend) 
         assert await store.append_many([]) == []
 
 
+async def test_append_many_tells_each_append_once_as_it_becomes_durable(backend: Backend) -> None:
+    """`on_durable(i, refusal)`: each append of the call once, before the call returns, with
+    what the call's answer says of it; what it raises, the call raises once every append is
+    settled (and told)."""
+    async with await backend.open() as store:
+        rows = await store.create_topic("t", 4, 1, 0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+        await store.begin_term(rows[2].pid, 1, 0)  # partition 2 moves on to term 2
+        told: list[tuple[int, NotLeader | None]] = []
+        refused = await store.append_many(
+            [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in rows],
+            lambda index, refusal: told.append((index, refusal)),
+        )
+        assert sorted(told, key=lambda item: item[0]) == list(enumerate(refused))
+        assert [refusal is None for refusal in refused] == [True, True, False, True]
+
+        def fail_on_first(index: int, refusal: NotLeader | None) -> None:
+            told.append((index, refusal))
+            if index == 0:
+                raise RuntimeError("the listener broke")
+
+        told.clear()
+        with pytest.raises(RuntimeError, match="the listener broke"):
+            await store.append_many(
+                [Append(row.pid, 1, [placeholder_record(2, 1, 1)]) for row in (rows[0], rows[1], rows[3])],
+                fail_on_first,
+            )
+        assert sorted(index for index, _ in told) == [0, 1, 2]
+        for row in (rows[0], rows[1], rows[3]):  # durable, whatever the listener did
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1, 2]
+
+
 async def test_a_term_start_behind_the_end_of_the_log_is_refused_as_moved_on(
     backend: Backend,
 ) -> None:

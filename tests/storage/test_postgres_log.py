@@ -18,7 +18,7 @@ from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, Sto
 from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
-from levelzero.storage.protocols import FenceEventRow, L0ObjectRow, L1Row, OffsetRow, StateSampleRow
+from levelzero.storage.protocols import Append, FenceEventRow, L0ObjectRow, L1Row, OffsetRow, StateSampleRow
 from levelzero.testing.postgres import ServerUnavailable, start_throwaway
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -159,6 +159,50 @@ async def test_a_paused_nodes_open_write_batch_blocks_no_other_partition(postgre
         assert keys == ["other-key", "paused-key"]
         assert [r.log_offset for r in await other.read_log(mine.pid, 0)] == [0, 1]
         assert [r.log_offset for r in await other.read_log(theirs.pid, 0)] == [0, 1]
+
+
+async def test_append_many_tells_each_partition_at_its_own_batchs_commit(postgres_dsn: str) -> None:
+    """A crowd of appends goes out as two batches on the two writers; the partitions of the
+    batch that commits are told then, while the other batch waits (here on a row lock another
+    session holds), and the call returns when both are settled."""
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        count = 2 * store_module.SPLIT_JOBS_MIN
+        rows = await store.create_topic("t", count, 1, 0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+        blocker = await asyncpg.connect(postgres_dsn)
+        try:
+            transaction = blocker.transaction()
+            await transaction.start()
+            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", rows[-1].pid)
+            told: list[int] = []
+            answered: list[list[NotLeader | None]] = []
+            before = store.statistics().commits
+
+            async def call() -> None:
+                answered.append(
+                    await store.append_many(
+                        [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in rows],
+                        lambda index, refusal: told.append(index),
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                for _ in range(2_000):  # bounded: the first batch's commit needs no lock
+                    if store.statistics().commits > before:
+                        break
+                    await anyio.sleep(0.01)
+                assert store.statistics().commits == before + 1
+                assert sorted(told) == list(range(count // 2))  # the first half, at its COMMIT
+                assert not answered
+                await transaction.rollback()
+        finally:
+            await blocker.close()
+        assert answered == [[None] * count]
+        assert sorted(told) == list(range(count))
+        for row in rows:
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1]
 
 
 async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:

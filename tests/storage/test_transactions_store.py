@@ -49,6 +49,21 @@ async def exercise(store: TransactionStore) -> None:
         TxnRangeRow("t", 2, 9, 5, 8, True),
     ]
     assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
+    # The state with ranges opened (AddPartitionsToTxn) and closed (the markers written) in one
+    # call: a committed range is forgotten, an aborted one keeps its abort marker's offset.
+    ongoing = TransactionRow("tx-c", 11, 0, "ongoing", 60_000, 4.0, '[["t", 3], ["t", 4]]', "{}", 4.0)
+    opened = [TxnRangeRow("t", 3, 11, 20, -1, False), TxnRangeRow("t", 4, 11, 5, -1, False)]
+    await store.put_transaction(ongoing, opened=opened)
+    assert (await store.transactions())[2] == ongoing
+    assert await store.txn_ranges("t", 3) == [opened[0]]
+    assert await store.txn_ranges("t", 4) == [opened[1]]
+    done = TransactionRow("tx-c", 11, 0, "complete_abort", 60_000, 0.0, "[]", "{}", 5.0)
+    await store.put_transaction(
+        done, closed=[TxnRangeRow("t", 3, 11, 20, 25, True), TxnRangeRow("t", 4, 11, 5, 9, False)]
+    )
+    assert (await store.transactions())[2] == done
+    assert await store.txn_ranges("t", 3) == [TxnRangeRow("t", 3, 11, 20, 25, True)]
+    assert await store.txn_ranges("t", 4) == []
 
 
 async def test_memory_transactions() -> None:
@@ -60,7 +75,7 @@ async def test_sqlite_keeps_transactions_across_reopening(tmp_path: Path) -> Non
     async with await SqliteLogStore.open(db) as store:
         await exercise(store)
     async with await SqliteLogStore.open(db) as store:
-        assert [r.producer_epoch for r in await store.transactions()] == [1, 3]
+        assert [r.producer_epoch for r in await store.transactions()] == [1, 3, 0]
         assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
 
 

@@ -197,7 +197,19 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
 class _Job:
     """One write call waiting for a batch: an append (`pid` set) or rows for a table."""
 
-    __slots__ = ("weight", "pid", "term", "records", "log_rows", "table", "rows", "done", "result", "error")
+    __slots__ = (
+        "weight",
+        "pid",
+        "term",
+        "records",
+        "log_rows",
+        "table",
+        "rows",
+        "done",
+        "result",
+        "error",
+        "notify",
+    )
 
     def __init__(
         self,
@@ -221,6 +233,9 @@ class _Job:
         self.done = anyio.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        # Called (on the batch's task) when the job's batch has committed, before its caller
+        # wakes: `append_many` tells each partition at its own batch's COMMIT through it.
+        self.notify: Callable[[_Job], None] | None = None
 
 
 class _InDoubt(Exception):
@@ -619,6 +634,8 @@ class PostgresBase(StoreLifecycle):
                 else:
                     self._rejected_appends += 1
             job.done.set()
+            if job.notify is not None:
+                job.notify(job)
         self._records += records
         self._largest_batch_records = max(self._largest_batch_records, records)
 

@@ -22,7 +22,7 @@ from levelzero.core.errors import (
     UnknownTopic,
 )
 from levelzero.storage.log_rules import check_append_records, check_create_topic, log_row
-from levelzero.storage.protocols import Append, L1State, PartitionRow, Snapshot
+from levelzero.storage.protocols import Append, L1State, OnDurable, PartitionRow, Snapshot
 from .base import (
     PostgresBase,
     _Job,
@@ -268,17 +268,37 @@ class PartitionLogRole(PostgresBase):
     async def append(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> None:
         await self._submit(self._append_job(pid, expected_term, records))
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         # A job per partition, all sent before the first wait: the writers batch them together
-        # (a partition's job is one statement's rows; the batch is one round trip).
+        # (a partition's job is one statement's rows; the batch is one round trip). A crowd of
+        # them may go out as two batches on two writers (`_pick`); `on_durable` tells each
+        # partition at its own batch's COMMIT, so the first batch's callers write again while
+        # the second commits, as a writer per half of the partitions would.
         jobs = [self._append_job(a.pid, a.expected_term, a.records) for a in appends]
         assert len({job.pid for job in jobs}) == len(jobs), "append_many: a partition twice"
+        failures: list[Exception] = []
+        if on_durable is not None:
+            index_of = {job.pid: index for index, job in enumerate(jobs)}
+
+            def notify(job: _Job) -> None:
+                if job.error is None or isinstance(job.error, NotLeader):
+                    try:
+                        on_durable(index_of[job.pid], job.error)
+                    except Exception as error:  # noqa: BLE001 - raised from this call, not the batch task
+                        failures.append(error)
+
+            for job in jobs:
+                job.notify = notify
         await self._send_all(jobs)
         for job in jobs:
             await job.done.wait()
         for job in jobs:
             if job.error is not None and not isinstance(job.error, NotLeader):
                 raise job.error
+        if failures:
+            raise failures[0]
         return [job.error if isinstance(job.error, NotLeader) else None for job in jobs]
 
     def _append_job(self, pid: int, expected_term: int, records: Sequence[LogRecord]) -> _Job:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import asyncpg
 import msgspec
 
 from levelzero.storage.protocols import ProducerBatchRow
@@ -18,6 +19,23 @@ class ProducerBatchRole(PostgresBase):
         """Durable on return; per (producer, topic, partition) only the `keep` newest remain."""
         assert keep >= 1, keep
         await self._stage("producer_batches", [(*msgspec.structs.astuple(r), keep) for r in rows])
+
+    async def expire_producer_batches(
+        self, producer_id_min: int, stored_before: float, rows_max: int
+    ) -> None:
+        assert rows_max >= 1, rows_max
+
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "DELETE FROM producer_batches WHERE (producer_id, topic, partition, base_sequence) IN"
+                " (SELECT producer_id, topic, partition, base_sequence FROM producer_batches"
+                " WHERE producer_id >= $1 AND stored_at < $2 ORDER BY stored_at LIMIT $3)",
+                producer_id_min,
+                stored_before,
+                rows_max,
+            )
+
+        await self._transact("expiring idempotency keys' batches", work)
 
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
         rows = await self._read(

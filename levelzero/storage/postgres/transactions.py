@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import asyncpg
 import msgspec
 
@@ -10,12 +12,25 @@ from .base import PostgresBase
 
 _TRANSACTION_COLUMNS = ", ".join(TransactionRow.__struct_fields__)
 _RANGE_COLUMNS = ", ".join(TxnRangeRow.__struct_fields__)
+_OPEN_RANGE = (
+    f"INSERT INTO txn_ranges ({_RANGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING"
+)
+_RANGE_WHERE = "WHERE topic = $1 AND partition = $2 AND producer_id = $3 AND first_offset = $4"
+_ABORT_RANGE = f"UPDATE txn_ranges SET last_offset = $5, aborted = TRUE {_RANGE_WHERE}"
+_DELETE_RANGE = f"DELETE FROM txn_ranges {_RANGE_WHERE}"
+
+
+def _range_key(row: TxnRangeRow) -> tuple[str, int, int, int]:
+    return row.topic, row.partition, row.producer_id, row.first_offset
 
 
 class TransactionRole(PostgresBase):
     # ------------------------------------------------------------------ transactions
 
-    async def put_transaction(self, row: TransactionRow) -> None:
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        """One database transaction: the state and the ranges commit together."""
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
@@ -28,6 +43,14 @@ class TransactionRole(PostgresBase):
                 " groups = excluded.groups, updated_at = excluded.updated_at",
                 *values,
             )
+            if opened:
+                await connection.executemany(_OPEN_RANGE, [msgspec.structs.astuple(r) for r in opened])
+            aborted = [(*_range_key(r), r.last_offset) for r in closed if r.aborted]
+            if aborted:
+                await connection.executemany(_ABORT_RANGE, aborted)
+            committed = [_range_key(r) for r in closed if not r.aborted]
+            if committed:
+                await connection.executemany(_DELETE_RANGE, committed)
 
         await self._transact(f"storing transaction {row.transactional_id!r}", work)
 
@@ -42,32 +65,20 @@ class TransactionRole(PostgresBase):
         values = msgspec.structs.astuple(row)
 
         async def work(connection: asyncpg.Connection) -> None:
-            await connection.execute(
-                f"INSERT INTO txn_ranges ({_RANGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
-                " ON CONFLICT DO NOTHING",
-                *values,
-            )
+            await connection.execute(_OPEN_RANGE, *values)
 
         await self._transact("opening a transaction range", work)
 
     async def close_txn_range(
         self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
     ) -> None:
+        key = (topic, partition, producer_id, first_offset)
+
         async def work(connection: asyncpg.Connection) -> None:
-            where = "WHERE topic = $1 AND partition = $2 AND producer_id = $3 AND first_offset = $4"
             if aborted:
-                await connection.execute(
-                    f"UPDATE txn_ranges SET last_offset = $5, aborted = TRUE {where}",
-                    topic,
-                    partition,
-                    producer_id,
-                    first_offset,
-                    last_offset,
-                )
+                await connection.execute(_ABORT_RANGE, *key, last_offset)
             else:
-                await connection.execute(
-                    f"DELETE FROM txn_ranges {where}", topic, partition, producer_id, first_offset
-                )
+                await connection.execute(_DELETE_RANGE, *key)
 
         await self._transact("closing a transaction range", work)
 

@@ -72,6 +72,8 @@ from levelzero.storage.protocols import (
     TransactionRow,
     TxnRangeRow,
     Append,
+    OnDurable,
+    tell_each,
     CompactionCommit,
     CompactionState,
     L1State,
@@ -116,6 +118,7 @@ from .schema import (
     PRUNE_TXN_RANGES,
     UPSERT_TRANSACTION,
     PRUNE_PRODUCER_BATCHES,
+    EXPIRE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
     SELECT_OFFSET_GROUPS,
     DELETE_GROUP_OFFSETS,
@@ -789,7 +792,9 @@ class SqliteLogStore(StoreLifecycle):
         if refused is not None:
             raise refused
 
-    async def append_many(self, appends: Sequence[Append]) -> list[NotLeader | None]:
+    async def append_many(
+        self, appends: Sequence[Append], on_durable: OnDurable | None = None
+    ) -> list[NotLeader | None]:
         now = self._clock()
         parts: list[_AppendRows] = []
         for append in appends:
@@ -817,7 +822,9 @@ class SqliteLogStore(StoreLifecycle):
             weight += len(part.rows)
         if chunk:
             jobs.append(_appends_job(chunk, weight))
-        return [refused for result in await self._submit_all(jobs) for refused in result]
+        refused = [refusal for result in await self._submit_all(jobs) for refusal in result]
+        tell_each(refused, on_durable)  # one writer: the call's commits are one after another
+        return refused
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:
         """Records at `from_log_offset` and after, in log order; `limit=None` reads to the end."""
@@ -1111,6 +1118,12 @@ class SqliteLogStore(StoreLifecycle):
 
         await self._submit(Job(weight=len(rows), stage=stage))
 
+    async def expire_producer_batches(
+        self, producer_id_min: int, stored_before: float, rows_max: int
+    ) -> None:
+        assert rows_max >= 1, rows_max
+        await self._stage_rows(EXPIRE_PRODUCER_BATCHES, [(producer_id_min, stored_before, rows_max)])
+
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
         self._check_readable()
         rows = await self._reader.execute_fetchall(SELECT_PRODUCER_BATCHES, (producer_id,))
@@ -1118,8 +1131,23 @@ class SqliteLogStore(StoreLifecycle):
 
     # ------------------------------------------------------------------ transactions
 
-    async def put_transaction(self, row: TransactionRow) -> None:
-        await self._stage_rows(UPSERT_TRANSACTION, [msgspec.structs.astuple(row)])
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        """One job: the state and the ranges commit together."""
+        statements: list[tuple[str, list[tuple[Any, ...]]]] = [
+            (UPSERT_TRANSACTION, [msgspec.structs.astuple(row)]),
+            (INSERT_TXN_RANGE, [(*msgspec.structs.astuple(r)[:5], int(r.aborted)) for r in opened]),
+            (ABORT_TXN_RANGE, [_abort_args(r) for r in closed if r.aborted]),
+            (DELETE_TXN_RANGE, [_range_key(r) for r in closed if not r.aborted]),
+        ]
+
+        def stage(batch: Batch) -> None:
+            for sql, rows in statements:
+                if rows:
+                    batch.stage(sql, rows)
+
+        await self._submit(Job(weight=1 + len(opened) + len(closed), stage=stage))
 
     async def transactions(self) -> list[TransactionRow]:
         self._check_readable()
@@ -1131,12 +1159,11 @@ class SqliteLogStore(StoreLifecycle):
     async def close_txn_range(
         self, topic: str, partition: int, producer_id: int, first_offset: int, last_offset: int, aborted: bool
     ) -> None:
+        row = TxnRangeRow(topic, partition, producer_id, first_offset, last_offset, aborted)
         if aborted:
-            await self._stage_rows(
-                ABORT_TXN_RANGE, [(last_offset, topic, partition, producer_id, first_offset)]
-            )
+            await self._stage_rows(ABORT_TXN_RANGE, [_abort_args(row)])
         else:
-            await self._stage_rows(DELETE_TXN_RANGE, [(topic, partition, producer_id, first_offset)])
+            await self._stage_rows(DELETE_TXN_RANGE, [_range_key(row)])
 
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         self._check_readable()
@@ -1153,6 +1180,14 @@ class SqliteLogStore(StoreLifecycle):
         """Event rows ride along with the batch's other staged rows."""
         if rows:
             await self._submit(Job(weight=len(rows), stage=lambda batch: batch.stage(sql, rows)))
+
+
+def _range_key(row: TxnRangeRow) -> tuple[str, int, int, int]:
+    return row.topic, row.partition, row.producer_id, row.first_offset
+
+
+def _abort_args(row: TxnRangeRow) -> tuple[int, str, int, int, int]:
+    return row.last_offset, *_range_key(row)
 
 
 # ---------------------------------------------------------------------- appends' staging

@@ -1,0 +1,118 @@
+"""One reconciler round's reads of L0 objects: one GET per object for every partition due.
+
+An L0 object holds one extent for each partition written in its batch window, and each
+partition's L1 object is built from its own extents, so a reconciler reading extent by extent
+makes one ranged GET per partition per L0 object: 64 GETs for an object of 64 partitions, five
+times the PUTs' price on S3 at 1 MiB/s (BENCHMARKS.md, item 13). A round first plans: the
+placeholders each due partition will copy (read from the log store once, handed on to the copy).
+Then the first copy needing an extent of an object planned for two or more fetches the span
+holding every planned extent of it, one GET; the others slice it. A span is dropped once its last
+planned extent is taken, and spans held at once stay within `budget_bytes` (a span that would
+not fit, an extent that was not planned, or a span whose GET failed for another copy: read with
+its own ranged GET, as before). L0 objects are immutable, so a slice is the bytes a ranged GET
+would return; the partitions reading them have unreconciled data in the object, so `M(p)` keeps
+the object from the GC while they do (as for their own reads)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import anyio
+
+from levelzero.core.entries import Placeholder
+from levelzero.storage.protocols import ObjectStore
+
+_Extent = tuple[int, int]  # byte offset, byte length
+
+
+@dataclass(slots=True)
+class _Span:
+    first: int  # the byte offset of the span's first byte in its object
+    size: int
+    pending: set[_Extent]  # planned extents not taken yet
+    loaded: anyio.Event = field(default_factory=anyio.Event)
+    data: bytes | None = None  # None once loaded: the GET failed
+
+
+@dataclass(slots=True)
+class RoundReadStatistics:
+    span_gets: int = 0  # GETs of spans shared by several extents
+    extent_gets: int = 0  # GETs of one extent
+    extents_from_spans: int = 0  # extents sliced from a span
+
+
+class RoundReads:
+    def __init__(self, objects: ObjectStore, budget_bytes: int) -> None:
+        assert budget_bytes >= 0, budget_bytes
+        self._objects = objects
+        self._budget = budget_bytes
+        self._planned: dict[str, set[_Extent]] = {}
+        self._spans: dict[str, _Span] = {}
+        self._held = 0  # bytes of the spans in `_spans`
+        self._planned_bytes = 0
+        self.stats = RoundReadStatistics()
+
+    def plan(self, placeholders: Iterable[Placeholder]) -> None:
+        """Extents a partition of this round will read."""
+        for p in placeholders:
+            self._planned.setdefault(p.object_key, set()).add((p.byte_offset, p.byte_length))
+            self._planned_bytes += p.byte_length
+
+    @property
+    def full(self) -> bool:
+        """The extents planned add up to the budget: planning more could not share more GETs
+        (the spans held at once stay within it), and would only hold more placeholders in
+        memory. (Checked before each partition's plan: the partitions planned concurrently may
+        pass it by a batch each.)"""
+        return self._planned_bytes >= self._budget
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    async def get(self, p: Placeholder) -> bytes:
+        """The bytes of `p`'s extent, unverified (the caller checks its checksum)."""
+        extent = (p.byte_offset, p.byte_length)
+        span = self._spans.get(p.object_key)
+        if span is None:
+            span = await self._load(p.object_key, extent)
+        else:
+            await span.loaded.wait()
+        if span is None or span.data is None or extent not in span.pending:
+            self.stats.extent_gets += 1
+            return await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+        span.pending.discard(extent)
+        if not span.pending:
+            self._drop(p.object_key, span)
+        self.stats.extents_from_spans += 1
+        start = p.byte_offset - span.first
+        return span.data[start : start + p.byte_length]
+
+    async def _load(self, key: str, extent: _Extent) -> _Span | None:
+        """The span of `key`'s planned extents, fetched now; None when the extent is to be read
+        alone (not planned, the only one planned in its object, or no room for the span)."""
+        planned = self._planned.pop(key, None)
+        if planned is None or extent not in planned or len(planned) < 2:
+            return None
+        first = min(offset for offset, _ in planned)
+        size = max(offset + length for offset, length in planned) - first
+        if self._held + size > self._budget:
+            return None
+        span = _Span(first, size, planned)
+        self._spans[key] = span
+        self._held += size
+        try:
+            span.data = await self._objects.get(key, first, size)
+            self.stats.span_gets += 1
+        finally:
+            span.loaded.set()
+            if span.data is None:  # failed or cancelled: each copy reads its own extent
+                self._drop(key, span)
+        return span
+
+    def _drop(self, key: str, span: _Span) -> None:
+        if self._spans.get(key) is span:
+            del self._spans[key]
+            self._held -= span.size
+            assert self._held >= 0, self._held

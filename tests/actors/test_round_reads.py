@@ -1,0 +1,190 @@
+"""A reconciler round reads each L0 object once for all the partitions it copies
+(`actors/round_reads.py`): the spans, their memory bound, the fall-backs, and a node's round
+counted at the object store (one GET per L0 object where it made one per extent)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import anyio
+import pytest
+
+from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.compactor import CompactorConfig
+from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.node import NodeConfig
+from levelzero.actors.reconciler import ReconcilerConfig
+from levelzero.actors.round_reads import RoundReads
+from levelzero.core.entries import Placeholder
+from levelzero.core.errors import StorageError
+from levelzero.core.l0format import Record
+from levelzero.storage.counting_store import CountingObjectStore
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.nodes import running_node
+from levelzero.testing.virtual_time import in_virtual_time
+
+KEY = "l0/000/e1/object"
+BODY = bytes(range(256)) * 4  # 1 KiB, every byte told apart by its place
+
+
+def extent(offset: int, length: int, key: str = KEY) -> Placeholder:
+    return Placeholder(
+        epoch=1, object_key=key, byte_offset=offset, byte_length=length, checksum=0, record_count=1
+    )
+
+
+class GatedStore(CountingObjectStore):
+    """Counts GETs; a GET can be made to wait for `gate`, or to fail."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryObjectStore())
+        self.gate: anyio.Event | None = None
+        self.fail_next = 0
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise StorageError("injected: the GET failed")
+        return await super().get(key, offset, length)
+
+
+async def store_with_body() -> GatedStore:
+    store = GatedStore()
+    await store.put(KEY, BODY)
+    return store
+
+
+@in_virtual_time
+async def test_the_planned_extents_of_an_object_come_from_one_get_of_their_span():
+    store = await store_with_body()
+    reads = RoundReads(store, budget_bytes=1024)
+    planned = [extent(100, 10), extent(300, 50), extent(900, 24)]
+    reads.plan(planned)
+    before = store.snapshot().gets
+    for p in planned:
+        assert await reads.get(p) == BODY[p.byte_offset : p.byte_offset + p.byte_length]
+    assert store.snapshot().gets - before == 1
+    assert (reads.stats.span_gets, reads.stats.extents_from_spans, reads.stats.extent_gets) == (1, 3, 0)
+    assert reads.held_bytes == 0  # the span went with its last extent
+
+
+@in_virtual_time
+async def test_a_span_beyond_the_budget_an_unplanned_extent_and_a_lone_one_are_read_alone():
+    store = await store_with_body()
+    reads = RoundReads(store, budget_bytes=100)
+    reads.plan([extent(0, 10), extent(500, 10)])  # a span of 510 bytes: over the budget
+    reads.plan([extent(0, 8, key="other")])  # the only extent planned in its object
+    await store.put("other", b"x" * 64)
+    before = store.snapshot().gets
+    assert await reads.get(extent(0, 10)) == BODY[:10]
+    assert await reads.get(extent(500, 10)) == BODY[500:510]
+    assert await reads.get(extent(0, 8, key="other")) == b"x" * 8
+    assert await reads.get(extent(700, 5)) == BODY[700:705]  # never planned
+    assert store.snapshot().gets - before == 4
+    assert (reads.stats.span_gets, reads.stats.extent_gets) == (0, 4)
+
+
+def test_planning_stops_at_the_budget():
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=100)
+    assert not reads.full
+    reads.plan([extent(0, 60), extent(60, 30)])
+    assert not reads.full
+    reads.plan([extent(90, 10)])
+    assert reads.full
+    assert RoundReads(MemoryObjectStore(), budget_bytes=0).full  # shared reads off: no plan
+
+
+@in_virtual_time
+async def test_copies_waiting_for_a_span_share_its_get_and_fall_back_when_it_fails():
+    store = await store_with_body()
+    planned = [extent(0, 4), extent(10, 4), extent(20, 4)]
+
+    async def read_all(reads: RoundReads) -> list[bytes | BaseException]:
+        out: list[bytes | BaseException] = [b""] * len(planned)
+
+        async def one(i: int) -> None:
+            try:
+                out[i] = await reads.get(planned[i])
+            except StorageError as exc:
+                out[i] = exc
+
+        store.gate = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            for i in range(len(planned)):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.01)  # all three wait on the one span GET
+            store.gate.set()
+        store.gate = None
+        return out
+
+    reads = RoundReads(store, budget_bytes=1024)
+    reads.plan(planned)
+    before = store.snapshot().gets
+    assert await read_all(reads) == [BODY[0:4], BODY[10:14], BODY[20:24]]
+    assert store.snapshot().gets - before == 1
+
+    # The span's GET fails: its copy gets the error (as its own GET's), the others read alone.
+    reads = RoundReads(store, budget_bytes=1024)
+    reads.plan(planned)
+    store.fail_next = 1
+    results = await read_all(reads)
+    failed = [i for i, r in enumerate(results) if isinstance(r, StorageError)]
+    assert len(failed) == 1  # the copy whose GET it was (whichever of the three came first)
+    expected = [BODY[0:4], BODY[10:14], BODY[20:24]]
+    assert [r for i, r in enumerate(results) if i not in failed] == [
+        e for i, e in enumerate(expected) if i not in failed
+    ]
+    assert reads.held_bytes == 0 and reads.stats.extent_gets == 2
+
+
+def config(read_buffer_bytes_max: int) -> NodeConfig:
+    return NodeConfig(
+        epoch_bump_interval_s=None,
+        epoch_cache_ttl_s=0.0,
+        batcher=BatcherConfig(linger_ms=20),
+        reconciler=ReconcilerConfig(
+            enabled=False, object_age_max_s=0.0, read_buffer_bytes_max=read_buffer_bytes_max
+        ),
+        housekeeper=HousekeeperConfig(enabled=False),
+        compactor=CompactorConfig(enabled=False),
+    )
+
+
+PARTITIONS = 8
+WINDOWS = 5
+
+
+@pytest.mark.parametrize(("budget", "gets"), [(64 * 1024 * 1024, WINDOWS), (0, WINDOWS * PARTITIONS)])
+@in_virtual_time
+async def test_a_round_reads_each_l0_object_once_for_every_partition_it_copies(budget: int, gets: int):
+    """8 partitions written in the same 5 batch windows: 5 L0 objects of 8 extents. The round
+    copying all 8 makes 5 GETs (one per object); with the shared reads off, 40 (one per
+    extent). What it copies is the same: every record reads back from L1."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(config(budget), MemoryLogStore(), objects) as node:
+        await node.create_topic("t", PARTITIONS)
+        for window in range(WINDOWS):
+            async with anyio.create_task_group() as tg:
+                for p in range(PARTITIONS):
+                    records = [Record(None, b"%d/%d/%d" % (window, p, i)) for i in range(3)]
+                    tg.start_soon(node.produce, "t", p, records)
+        assert objects.snapshot().l0_puts == WINDOWS
+        before = objects.snapshot()
+        assert await node.reconciler.run_round() == PARTITIONS
+        assert (objects.snapshot() - before).l0_gets == gets
+        stats = node.reconciler.stats
+        assert stats.l0_span_gets + stats.l0_extent_gets == gets
+        for p in range(PARTITIONS):
+            actor = node.partition("t", p)
+            assert actor.state.lro == WINDOWS * 3 - 1
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            values = [r.value for r in fetched.records]
+            assert values == [b"%d/%d/%d" % (w, p, i) for w in range(WINDOWS) for i in range(3)]
+
+
+def test_the_read_buffer_bound_is_checked():
+    with pytest.raises(Exception, match="read_buffer_bytes_max"):
+        replace(ReconcilerConfig(), read_buffer_bytes_max=-1)
