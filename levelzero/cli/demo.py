@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 import anyio
+import anyio.abc
 
 from levelzero.actors.node import Node
 from levelzero.core.errors import CorruptData
@@ -316,11 +317,34 @@ class _Workload:
             seq += 1
 
 
-async def _bump_epochs(client: Client, lock: anyio.Lock, interval_s: float) -> None:
-    while True:
-        await anyio.sleep(interval_s)
-        async with lock:
-            await client.advance_epoch()
+class EpochBumper:
+    """Advances the cluster epoch every `interval_s` until stopped.
+
+    `stop()` waits out an advance in flight before cancelling: an advance cancelled on the
+    client side may still land on the server afterwards, moving the epoch under the scenarios
+    that follow (they count the epochs they advance themselves)."""
+
+    def __init__(self, client: Client, interval_s: float) -> None:
+        self._client = client
+        self._interval_s = interval_s
+        self._lock = anyio.Lock()
+        self._scope: anyio.CancelScope | None = None
+        self.advances = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            task_status.started()
+            while True:
+                await anyio.sleep(self._interval_s)
+                async with self._lock:
+                    await self._client.advance_epoch()
+                    self.advances += 1
+
+    async def stop(self) -> None:
+        assert self._scope is not None, "stop() before run() started"
+        async with self._lock:  # no advance is in flight while the lock is held
+            self._scope.cancel()
 
 
 async def _progress(client: Client, workload: _Workload, started: float, out: TextIO) -> None:
@@ -337,15 +361,16 @@ async def _progress(client: Client, workload: _Workload, started: float, out: Te
 
 async def _held_write_scenario(
     client: Client, node: Node, gate: UploadGate, workload: _Workload, advances: int
-) -> tuple[int, int, int, tuple[int, int] | None]:
+) -> tuple[int, list[int], int, tuple[int, int] | None]:
     """Hold one write's upload (epoch N) while the epoch advances `advances` times and a write
     of each new epoch is admitted at the same partition; then let it finish.
-    Returns (N, attempts of the held write, its base offset, the window afterwards)."""
+    Returns (N, the epochs advanced to, attempts of the held write, the window afterwards)."""
     pid = node.partition(FENCE_TOPIC, 0).row.pid
     epoch = await node.epoch_cache.refresh()
     await workload.produce(FENCE_TOPIC, 0, [(None, b"prime")])  # the window now ends at N
     gate.arm(pid)
     held: list[ProduceResponse] = []
+    advanced: list[int] = []
 
     async def held_write() -> None:
         held.append(
@@ -357,12 +382,13 @@ async def _held_write_scenario(
         await gate.arrived.wait()  # the object (epoch N) is uploaded but not fenced yet
         for _ in range(advances):
             new_epoch = await client.advance_epoch()
+            advanced.append(new_epoch)
             await node.epoch_cache.refresh()  # the node sees it (in production: TTL expiry)
             await workload.produce(FENCE_TOPIC, 0, [(None, f"epoch {new_epoch}".encode())])
         gate.release()
     status = await client.status()
     window = next(p.window for p in status.partitions if p.topic == FENCE_TOPIC)
-    return epoch, held[0].attempts, held[0].base_offset, window
+    return epoch, advanced, held[0].attempts, window
 
 
 def _window(window: tuple[int, int] | None) -> str:
@@ -373,28 +399,35 @@ async def _scenarios(
     client: Client, node: Node, gate: UploadGate, workload: _Workload
 ) -> list[ScenarioResult]:
     results = []
-    epoch, attempts, _, window = await _held_write_scenario(client, node, gate, workload, advances=1)
+    epoch, advanced, attempts, window = await _held_write_scenario(client, node, gate, workload, advances=1)
     results.append(
         ScenarioResult(
             "in-flight old epoch",
-            attempts == 1,
-            f"upload under epoch {epoch} acknowledged after epoch {epoch + 1} was admitted; "
+            attempts == 1 and advanced == [epoch + 1],
+            f"upload under epoch {epoch} acknowledged after epoch {_epochs(advanced)} was admitted; "
             f"window {_window(window)}, attempts {attempts}",
         )
     )
     before = (await client.status()).batcher
-    epoch, attempts, _, window = await _held_write_scenario(client, node, gate, workload, advances=2)
+    epoch, advanced, attempts, window = await _held_write_scenario(client, node, gate, workload, advances=2)
     after = (await client.status()).batcher
     rejected = after.stale_rejections - before.stale_rejections
     results.append(
         ScenarioResult(
             "too-old in-flight write",
-            attempts == 2 and rejected == 1,
-            f"upload under epoch {epoch} rejected by window {_window(window)}, retried with a fresh "
-            f"epoch and acknowledged (attempts {attempts}); its first object is an orphan",
+            attempts == 2 and rejected == 1 and advanced == [epoch + 1, epoch + 2],
+            f"upload under epoch {epoch} rejected by window {_window(window)} (epochs "
+            f"{_epochs(advanced)} admitted meanwhile), retried with a fresh epoch and acknowledged "
+            f"(attempts {attempts}); its first object is an orphan",
         )
     )
     return results
+
+
+def _epochs(epochs: list[int]) -> str:
+    """The epochs a scenario advanced to; one not following its predecessor means something else
+    advanced the epoch during the scenario."""
+    return ", ".join(str(e) for e in epochs)
 
 
 async def _verify(client: Client, expected: Expected) -> Verification:
@@ -529,8 +562,8 @@ async def run_demo(
                 summary.epoch_first = (await client.status()).cluster_epoch
                 workload = _Workload(client, rng)
                 targets = [(name, p) for name, count in TOPICS for p in range(count)]
-                bump_lock = anyio.Lock()
                 bump_interval_s = min(BUMP_INTERVAL_S, max(0.5, duration_s / 5))
+                bumper = EpochBumper(client, bump_interval_s)
                 print(
                     f"producing for {duration_s:.0f} s with {producers} producers on {partitions} "
                     f"partitions, advancing the epoch every {bump_interval_s:.1f} s",
@@ -541,11 +574,12 @@ async def run_demo(
                 async with anyio.create_task_group() as sampler:
                     sampler.start_soon(_sample, client, started, summary.samples)
                     async with anyio.create_task_group() as background:
-                        background.start_soon(_bump_epochs, client, bump_lock, bump_interval_s)
+                        await background.start(bumper.run)
                         background.start_soon(_progress, client, workload, started, out)
                         async with anyio.create_task_group() as load:
                             for producer in range(producers):
                                 load.start_soon(workload.producer, producer, targets, started + duration_s)
+                        await bumper.stop()
                         background.cancel_scope.cancel()
                     print("in-flight old-epoch scenarios ...", file=out, flush=True)
                     summary.scenarios = await _scenarios(client, daemon.node, gates[0], workload)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import anyio
 import msgspec
 
 from levelzero.cli.formats import format_status
-from levelzero.cli.demo import run_demo
+from levelzero.cli.demo import EpochBumper, run_demo
 from levelzero.http.schema import (
     BatcherStatus,
     GcStatus,
@@ -169,3 +170,32 @@ def test_status_table_is_readable() -> None:
     )
     assert lines[4] == "GC: PAUSED, M 3 (epoch lag 3), 5 rounds, deleted 4 objects (1.0 MiB), backlog 0"
     assert lines[6].split()[0] == "PARTITION"
+
+
+class _SlowAdvances:
+    """A client whose epoch advances take a while; counts those started and those finished."""
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.finished = 0
+        self.in_flight = anyio.Event()
+
+    async def advance_epoch(self) -> int:
+        self.started += 1
+        self.in_flight.set()
+        await anyio.sleep(0.05)
+        self.finished += 1
+        return self.finished
+
+
+async def test_stopping_the_epoch_bumper_waits_out_an_advance_in_flight() -> None:
+    # An advance cancelled on the client side can still land on the server afterwards and move
+    # the epoch under the in-flight scenarios (CI: "window [6, 7], attempts 2"): stop() waits.
+    client = _SlowAdvances()
+    bumper = EpochBumper(client, 0.001)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        await tg.start(bumper.run)
+        await client.in_flight.wait()
+        await bumper.stop()
+        assert client.started == client.finished == bumper.advances == 1
+    assert client.started == client.finished  # nothing started after stop()
