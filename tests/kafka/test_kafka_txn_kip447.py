@@ -172,18 +172,32 @@ async def test_offset_fetch_require_stable_answers_unstable_while_a_transaction_
                 0: (ErrorCode.none, 3),
                 1: (ErrorCode.none, 4),
             }
-            # Prepared, its markers held back: still unstable (answered at once, not waited for)
+            # Prepared, its completion held back (neither the task after EndTxn's answer nor the
+            # coordinator's pass runs it): unstable, answered at once (not waited for)
             completions: list[Any] = []
 
             async def held(txn: Any) -> None:
                 completions.append(txn)
 
-            coordinator._complete_later = held
+            async def no_pass() -> None:
+                pass
+
+            coordinator._complete_later, coordinator.expire = held, no_pass
             await end_txn(wire, producer, commit=True)
             assert [t.state for t in completions] == ["prepare_commit"]
             assert await offset_fetch(wire, require_stable=True) == {0: unstable, 1: (ErrorCode.none, 4)}
-            del coordinator._complete_later  # the expiry pass completes it
-            assert await stable_offset(wire, 0) == 10
+            # A client that does not ask for stable offsets: OffsetFetch completes the committed
+            # transaction first, so it never reads the offset from before a commit answered
+            assert await offset_fetch(wire, require_stable=False) == {
+                0: (ErrorCode.none, 10),
+                1: (ErrorCode.none, 4),
+            }
+            assert completions[0].state == "complete_commit"
+            assert await offset_fetch(wire, require_stable=True) == {
+                0: (ErrorCode.none, 10),
+                1: (ErrorCode.none, 4),
+            }
+            del coordinator._complete_later, coordinator.expire
             # An aborted transaction's offset is unstable until its abort completes, then the
             # offset before it stands
             await add_offsets(wire, producer)
