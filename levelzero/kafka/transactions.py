@@ -24,9 +24,11 @@ range keeps its abort marker's offset). Until that commit the ranges hold the la
 offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
 and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
 CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
-markers. The offsets a transaction commits are stored with its completion too: OffsetFetch
-completes a committed transaction holding the group's offsets before it answers
-(`wait_offsets_stable`; Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447).
+markers. The offsets a transaction commits are stored with its completion too: until then
+OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`,
+KIP-447, as Kafka), and one without completes a committed transaction holding the group's
+offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is fenced by the
+consumer's group metadata as an offset commit is (`GroupCoordinator.check_txn_commit`).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
 PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
