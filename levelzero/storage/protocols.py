@@ -504,8 +504,9 @@ class PartitionLog(Protocol):
 
         `on_durable(i, refusal)` is told of `appends[i]` as soon as it is durable (or refused
         with `NotLeader`), once per append, before the call returns: a store that commits one
-        call in several transactions (PostgreSQL's writers) tells each partition at its own
-        COMMIT, so it need not wait for the call's slowest commit. What it raises, the call
+        call in several transactions (PostgreSQL's two writers; SQLite's writer, which sends a
+        crowd of partitions as two batches) tells each partition at its own COMMIT, so it need
+        not wait for the call's slowest commit. What it raises, the call
         raises once every append is settled."""
         ...
 
