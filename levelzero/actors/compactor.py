@@ -58,6 +58,7 @@ from levelzero.storage.protocols import (
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
+from .wake_loop import WakeLoop
 
 log = logging.getLogger("levelzero.compactor")
 
@@ -140,18 +141,14 @@ class Compactor:
         self._rng = rng or random.Random()
         self.stats = CompactorStatistics()
         self.partitions: dict[str, PartitionCompaction] = {}
-        self._wake = anyio.Event()
+        self._loop = WakeLoop()
 
     def wake(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            with anyio.move_on_after(self.config.interval_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.run_round()
+        await self._loop.run(self.config.interval_s, self.run_round)
 
     async def run_round(self) -> int:
         """One pass over every compacted partition led here; returns the passes that committed."""

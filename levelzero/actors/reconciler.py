@@ -32,6 +32,7 @@ from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 from .l1 import L1Catalog
 from .partition import PartitionActor
 from .round_reads import RoundReads
+from .wake_loop import WakeLoop
 
 log = logging.getLogger("levelzero.reconciler")
 
@@ -120,7 +121,7 @@ class Reconciler:
         self._rng = rng or random.Random()  # injected: a simulation's L1 keys replay exactly
         self.stats = ReconcilerStatistics()
         self.health = ReconcileHealth()  # which partitions keep failing (status, explain, metrics)
-        self._wake = anyio.Event()
+        self._loop = WakeLoop()
         self._recovered: set[int] = set()
         self._stale_copies_checked_at: float | None = None
         # Proportional to active partitions (core.activity): a round visits the partitions that
@@ -138,15 +139,11 @@ class Reconciler:
         self._planned: dict[int, tuple[int, list[LogRecord]]] = {}
 
     def wake(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            with anyio.move_on_after(self.config.interval_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.run_round()
+        await self._loop.run(self.config.interval_s, self.run_round)
 
     async def run_round(self) -> int:
         """One pass over every partition; returns the number of L1 objects written."""
