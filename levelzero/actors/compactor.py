@@ -50,7 +50,6 @@ from levelzero.core.topic_configs import TopicPolicy
 from levelzero.storage.protocols import (
     CompactionCommit,
     L1Row,
-    L1State,
     LogStore,
     ObjectStore,
     TransactionStore,
@@ -267,20 +266,9 @@ class Compactor:
         key = format_l1_key(
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
-        now = self._wall()
         lrlo = inputs[-1].last_log_offset
-        row = L1Row(
-            key,
-            actor.row.pid,
-            base,
-            last,
-            lrlo,
-            term,
-            len(data),
-            L1State.COPY_STARTED,
-            now,
-            now,
-            max_timestamp(kept.records),
+        row = L1Row.copy_started(
+            key, actor.row.pid, base, last, lrlo, term, len(data), self._wall(), max_timestamp(kept.records)
         )
         await self._log.l1_insert(row)
         try:

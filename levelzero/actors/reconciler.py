@@ -359,19 +359,8 @@ class Reconciler:
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
         data, _ = build_object(term, [(actor.row.pid, encode_extent(records), len(records))])
-        now = self._wall()
-        row = L1Row(
-            key,
-            actor.row.pid,
-            base,
-            last,
-            lrlo,
-            term,
-            len(data),
-            L1State.COPY_STARTED,
-            now,
-            now,
-            max_timestamp(records),
+        row = L1Row.copy_started(
+            key, actor.row.pid, base, last, lrlo, term, len(data), self._wall(), max_timestamp(records)
         )
         await self._log.l1_insert(row)
         try:
