@@ -4,64 +4,64 @@ intervals pass without waiting."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import anyio
 
 from levelzero.actors.wake_loop import WakeLoop
 from levelzero.testing.virtual_time import in_virtual_time
 
+INTERVAL_S = 10.0
+
+
+async def round_starts(
+    drive: Callable[[WakeLoop, anyio.Event], Awaitable[None]], first_round_s: float = 0.0
+) -> list[float]:
+    """The (virtual) seconds after its start at which a loop of INTERVAL_S started its rounds
+    while `drive` acted on it (given the loop and an event set when the first round starts;
+    that round lasts `first_round_s`)."""
+    loop = WakeLoop()
+    started: list[float] = []
+    in_first_round = anyio.Event()
+    t0 = anyio.current_time()
+
+    async def one_round() -> None:
+        started.append(round(anyio.current_time() - t0, 6))
+        if len(started) == 1:
+            in_first_round.set()
+            await anyio.sleep(first_round_s)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop.run, INTERVAL_S, one_round)
+        await drive(loop, in_first_round)
+        tg.cancel_scope.cancel()
+    return started
+
 
 @in_virtual_time
 async def test_rounds_run_each_interval_without_a_wake():
-    loop = WakeLoop()
-    started: list[float] = []
-
-    async def one_round() -> None:
-        started.append(anyio.current_time())
-
-    async with anyio.create_task_group() as tg:
-        t0 = anyio.current_time()
-        tg.start_soon(loop.run, 10.0, one_round)
+    async def drive(loop: WakeLoop, in_first_round: anyio.Event) -> None:
         await anyio.sleep(35.0)
-        tg.cancel_scope.cancel()
-    assert [round(t - t0, 6) for t in started] == [10.0, 20.0, 30.0]
+
+    assert await round_starts(drive) == [10.0, 20.0, 30.0]
 
 
 @in_virtual_time
 async def test_a_wake_starts_a_round_at_once_and_the_interval_again_from_its_end():
-    loop = WakeLoop()
-    started: list[float] = []
-
-    async def one_round() -> None:
-        started.append(anyio.current_time())
-
-    async with anyio.create_task_group() as tg:
-        t0 = anyio.current_time()
-        tg.start_soon(loop.run, 10.0, one_round)
+    async def drive(loop: WakeLoop, in_first_round: anyio.Event) -> None:
         await anyio.sleep(3.0)
         loop.wake()
         await anyio.sleep(15.0)
-        tg.cancel_scope.cancel()
-    assert [round(t - t0, 6) for t in started] == [3.0, 13.0]
+
+    assert await round_starts(drive) == [3.0, 13.0]
 
 
 @in_virtual_time
 async def test_a_wake_during_a_round_runs_the_next_round_right_after_it():
-    loop = WakeLoop()
-    started: list[float] = []
-    in_round = anyio.Event()
-
-    async def one_round() -> None:
-        started.append(anyio.current_time())
-        if len(started) == 1:
-            in_round.set()
-            await anyio.sleep(2.0)  # a round that takes a while; woken meanwhile
-
-    async with anyio.create_task_group() as tg:
-        t0 = anyio.current_time()
-        tg.start_soon(loop.run, 10.0, one_round)
+    async def drive(loop: WakeLoop, in_first_round: anyio.Event) -> None:
         loop.wake()
-        await in_round.wait()
-        loop.wake()
+        await in_first_round.wait()
+        loop.wake()  # during the first round, which lasts 2 s
         await anyio.sleep(5.0)
-        tg.cancel_scope.cancel()
-    assert [round(t - t0, 6) for t in started] == [0.0, 2.0]
+
+    assert await round_starts(drive, first_round_s=2.0) == [0.0, 2.0]
