@@ -3,16 +3,16 @@
 An L0 object holds one extent for each partition written in its batch window, and each
 partition's L1 object is built from its own extents, so a reconciler reading extent by extent
 makes one ranged GET per partition per L0 object: 64 GETs for an object of 64 partitions, five
-times the PUTs' price on S3 at 1 MiB/s (BENCHMARKS.md, item 13). A round first plans: the
-batch of placeholders each due partition will copy first (read from the log store once, kept here
-and handed on to that partition's copy: the plan belongs to the round, so a copy made outside
-it reads its own). Then the first copy needing an extent of an object planned for two or more fetches the span
-holding every planned extent of it, one GET; the others slice it. A span is dropped once its last
-planned extent is taken, and spans held at once stay within `budget_bytes` (a span that would
-not fit, an extent that was not planned, or a span whose GET failed for another copy: read with
-its own ranged GET, as before). L0 objects are immutable, so a slice is the bytes a ranged GET
-would return; the partitions reading them have unreconciled data in the object, so `M(p)` keeps
-the object from the GC while they do (as for their own reads)."""
+times the PUTs' price on S3 at 1 MiB/s (BENCHMARKS.md, item 13). A round first plans: the batch
+of placeholders each due partition will copy first (read from the log store once, kept here and
+handed on to that partition's copy: the plan belongs to the round, so a copy made outside it
+reads its own). Then the first copy needing an extent of an object planned for two or more
+fetches the span holding every planned extent of it, one GET; the others slice it. A span is
+dropped once its last planned extent is taken, and spans held at once stay within `budget_bytes`
+(a span that would not fit, an extent that was not planned, or a span whose GET failed for
+another copy: read with its own ranged GET, as before). L0 objects are immutable, so a slice is
+the bytes a ranged GET would return; the partitions reading them have unreconciled data in the
+object, so `M(p)` keeps the object from the GC while they do (as for their own reads)."""
 
 from __future__ import annotations
 
