@@ -10,8 +10,10 @@ object being fetched wait for that GET instead of making their own, so the parti
 Kafka fetch, read concurrently, share it; so do consumers of different partitions close in
 time, while the object stays among the most recently used.
 
-Bounds: the objects held plus the GETs in flight (each counted at `object_bytes_max` until it
-answers, then at its size) stay within `bytes_max`; the least recently used objects go first.
+Bounds: the objects held plus the GETs in flight stay within `bytes_max`; the least recently
+used objects go first. A GET in flight is counted at the largest of the objects loaded lately
+until it answers (`object_bytes_max` before any), then at its size; an object that does not fit
+then is handed to the reads waiting for it and not kept.
 A read that finds no room, an extent past the bytes loaded, or a GET that failed for another
 read: the extent is read alone with its own ranged GET, as without the cache.
 
@@ -24,12 +26,15 @@ for its own GET; an object the GC deleted is named by no placeholder a reader ca
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import anyio
 
 from levelzero.storage.protocols import ObjectStore
+
+
+SIZES_KEPT = 16  # a load is counted at the largest of the last this many objects loaded
 
 
 def l0_object_bytes_bound(batch_bytes_max: int) -> int:
@@ -45,7 +50,7 @@ class L0CacheStatistics:
 
     bytes_max: int
     held_bytes: int  # objects held
-    inflight_bytes: int  # GETs in flight, each at `object_bytes_max`
+    inflight_bytes: int  # GETs in flight, each at the largest object loaded lately
     objects: int
     hits: int  # extents sliced from a held object
     shared: int  # extents sliced from a GET another read had in flight
@@ -78,6 +83,7 @@ class L0ObjectCache:
         self._held_bytes = 0
         self._loading: dict[str, _Load] = {}
         self._inflight_bytes = 0
+        self._sizes_lately: deque[int] = deque(maxlen=SIZES_KEPT)  # of the objects loaded
         self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
 
     async def get(self, key: str, offset: int, length: int) -> bytes:
@@ -96,31 +102,42 @@ class L0ObjectCache:
             if load.data is not None and end <= len(load.data):
                 self._shared += 1
                 return load.data[offset:end]
-        elif self._load_bytes and self._make_room(self._load_bytes):
-            data = await self._load(key)
+        elif self._load_bytes and self._make_room(reserve := self._reservation(end)):
+            data = await self._load(key, reserve)
             if end <= len(data):
                 return data[offset:end]
         self._uncached += 1
         return await self._objects.get(key, offset, length)
 
-    async def _load(self, key: str) -> bytes:
-        """GET the object (its first `_load_bytes`), counted as in flight until it answers, and
-        keep it. The room was made by the caller, with no await since."""
+    def _reservation(self, end: int) -> int:
+        """What a load is counted at until it answers: the largest of the objects loaded
+        lately (the batcher's objects are alike), and at least the extent's end; at most what
+        a load asks for. An object larger than its reservation makes room when it lands."""
+        lately = max(self._sizes_lately, default=self._load_bytes)
+        return min(self._load_bytes, max(lately, end))
+
+    async def _load(self, key: str, reserve: int) -> bytes:
+        """GET the object (its first `_load_bytes`), counted at `reserve` until it answers,
+        and keep it if there is room for it then. The room for `reserve` was made by the
+        caller, with no await since."""
         assert key not in self._held and key not in self._loading, key
         load = _Load()
         self._loading[key] = load
-        self._inflight_bytes += self._load_bytes
+        self._inflight_bytes += reserve
         self._check_bound()
         try:
             data = load.data = await self._objects.get(key, 0, self._load_bytes)
             self._loads += 1
         finally:
             del self._loading[key]
-            self._inflight_bytes -= self._load_bytes
+            self._inflight_bytes -= reserve
             if load.data is not None:
-                assert len(load.data) <= self._load_bytes, (key, len(load.data))
-                self._held[key] = load.data
-                self._held_bytes += len(load.data)
+                size = len(load.data)
+                assert size <= self._load_bytes, (key, size)
+                self._sizes_lately.append(size)
+                if self._make_room(size):
+                    self._held[key] = load.data
+                    self._held_bytes += size
             load.done.set()
             self._check_bound()
         return data

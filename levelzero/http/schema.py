@@ -185,7 +185,7 @@ class L0CacheStatus(_Response):
 
     bytes_max: int
     held_bytes: int  # objects held
-    inflight_bytes: int  # GETs of objects in flight, each counted at the most a load asks for
+    inflight_bytes: int  # GETs of objects in flight, each counted at the largest object loaded lately
     objects: int
     hits: int  # extents sliced from a held object
     shared: int  # extents sliced from a GET another read had in flight

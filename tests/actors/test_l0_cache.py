@@ -227,3 +227,30 @@ async def test_partitions_read_one_after_another_share_the_gets_of_their_objects
                 (w * 3 + i, b"k", b"%d/%d/%d" % (w, p, i)) for w in range(WINDOWS) for i in range(3)
             ]
         assert (objects.snapshot() - before).l0_gets == gets
+
+
+@in_virtual_time
+async def test_a_load_is_counted_at_the_objects_loaded_lately_and_a_larger_one_makes_room():
+    """Before any load, a GET in flight counts at the most a load asks for; after, at the
+    largest object loaded lately (so more loads fit beside the objects held). An object larger
+    than its reservation evicts the least recently used when it lands; the bound holds."""
+    store = await store_with(3)
+    await store.put(key(9), bytes(3 * SIZE))  # three times the others
+    cache = L0ObjectCache(store, bytes_max=4 * SIZE, object_bytes_max=4 * SIZE)
+    store.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.get, key(0), 0, 10)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 4 * SIZE  # nothing known yet
+        store.gate.set()
+    store.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.get, key(1), 0, 10)
+        tg.start_soon(cache.get, key(9), 0, 10)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 2 * SIZE and held(cache) == SIZE
+        store.gate.set()
+    stats = cache.statistics()
+    assert held(cache) == 4 * SIZE and stats.objects == 2 and stats.evictions == 1
+    assert await cache.get(key(9), 5, 5) == bytes(5)  # kept
+    assert cache.statistics().hits == 1
