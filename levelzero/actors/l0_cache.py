@@ -15,7 +15,11 @@ used objects go first. A GET in flight is counted at the largest of the objects 
 until it answers (`object_bytes_max` before any), then at its size; an object that does not fit
 then is handed to the reads waiting for it and not kept.
 A read that finds no room, an extent past the bytes loaded, or a GET that failed for another
-read: the extent is read alone with its own ranged GET, as without the cache.
+read: the extent is read alone with its own ranged GET, as without the cache. So is a miss
+while the cache thrashes (readers spread over more objects than fit, so that objects are
+evicted before a second read: a whole-object GET would then cost as many GETs as ranged ones
+and many times the bytes), but for one in SAMPLE_EVERY, which loads to find out whether
+objects are shared again.
 
 Why serving cached bytes is safe: L0 objects are written once and never rewritten, so a slice
 is the bytes a ranged GET would return. The cache decides nothing about which objects may be
@@ -35,6 +39,10 @@ from levelzero.storage.protocols import ObjectStore
 
 
 SIZES_KEPT = 16  # a load is counted at the largest of the last this many objects loaded
+# Thrashing: fewer than a quarter of the last EVICTIONS_WATCHED objects evicted served a read
+# besides the one that loaded them; then one miss in SAMPLE_EVERY loads its object.
+EVICTIONS_WATCHED = 32
+SAMPLE_EVERY = 8
 
 
 def l0_object_bytes_bound(batch_bytes_max: int) -> int:
@@ -55,7 +63,7 @@ class L0CacheStatistics:
     hits: int  # extents sliced from a held object
     shared: int  # extents sliced from a GET another read had in flight
     loads: int  # GETs of an object
-    uncached_gets: int  # extents read alone (cache off, no room, past the bytes loaded, failed load)
+    uncached_gets: int  # extents read alone (off, no room, thrashing, past the bytes loaded, failed)
     evictions: int  # objects dropped for room
 
     @property
@@ -84,6 +92,9 @@ class L0ObjectCache:
         self._loading: dict[str, _Load] = {}
         self._inflight_bytes = 0
         self._sizes_lately: deque[int] = deque(maxlen=SIZES_KEPT)  # of the objects loaded
+        self._used: set[str] = set()  # objects (held or loading) that served another read
+        self._evicted_useful: deque[bool] = deque(maxlen=EVICTIONS_WATCHED)  # per eviction
+        self._declined = 0  # misses not loaded while thrashing
         self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
 
     async def get(self, key: str, offset: int, length: int) -> bytes:
@@ -96,18 +107,32 @@ class L0ObjectCache:
             self._held.move_to_end(key)
             if end <= len(data):
                 self._hits += 1
+                self._used.add(key)
                 return data[offset:end]
         elif (load := self._loading.get(key)) is not None:
+            self._used.add(key)
             await load.done.wait()
             if load.data is not None and end <= len(load.data):
                 self._shared += 1
                 return load.data[offset:end]
-        elif self._load_bytes and self._make_room(reserve := self._reservation(end)):
+        elif self._load_bytes and self._admits() and self._make_room(reserve := self._reservation(end)):
             data = await self._load(key, reserve)
             if end <= len(data):
                 return data[offset:end]
         self._uncached += 1
         return await self._objects.get(key, offset, length)
+
+    def _admits(self) -> bool:
+        """Whether a miss loads its whole object. Not while the cache thrashes — most objects
+        evicted lately served no read but the one that loaded them (readers spread over more
+        objects than fit: a whole-object GET then costs as many GETs as ranged ones, and far
+        more bytes) — but for one miss in SAMPLE_EVERY, so the cache takes up again once
+        objects are shared."""
+        useful = self._evicted_useful
+        if len(useful) < EVICTIONS_WATCHED or sum(useful) * 4 >= EVICTIONS_WATCHED:
+            return True
+        self._declined += 1
+        return self._declined % SAMPLE_EVERY == 0
 
     def _reservation(self, end: int) -> int:
         """What a load is counted at until it answers: the largest of the objects loaded
@@ -138,6 +163,8 @@ class L0ObjectCache:
                 if self._make_room(size):
                     self._held[key] = load.data
                     self._held_bytes += size
+                else:
+                    self._used.discard(key)
             load.done.set()
             self._check_bound()
         return data
@@ -146,9 +173,11 @@ class L0ObjectCache:
         """Drop the least recently used objects until `size` more bytes fit; False if they
         cannot (the GETs in flight hold the rest)."""
         while self._held and self._held_bytes + self._inflight_bytes + size > self.bytes_max:
-            _, dropped = self._held.popitem(last=False)
+            dropped_key, dropped = self._held.popitem(last=False)
             self._held_bytes -= len(dropped)
             self._evictions += 1
+            self._evicted_useful.append(dropped_key in self._used)
+            self._used.discard(dropped_key)
         return self._held_bytes + self._inflight_bytes + size <= self.bytes_max
 
     def _check_bound(self) -> None:

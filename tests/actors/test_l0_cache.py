@@ -254,3 +254,26 @@ async def test_a_load_is_counted_at_the_objects_loaded_lately_and_a_larger_one_m
     assert held(cache) == 4 * SIZE and stats.objects == 2 and stats.evictions == 1
     assert await cache.get(key(9), 5, 5) == bytes(5)  # kept
     assert cache.statistics().hits == 1
+
+
+@in_virtual_time
+async def test_while_the_cache_thrashes_a_miss_reads_its_extent_alone_but_one_in_eight():
+    """Readers cycling over three objects with room for two: each load is evicted before a
+    second read. Once 32 evictions served nothing, a miss reads its extent alone (a ranged GET,
+    not the whole object) but for one in eight, which loads to find out whether objects are
+    shared again. Objects held still answer."""
+    store = await store_with(3)
+    cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
+    for i in range(34):
+        assert await cache.get(key(i % 3), 0, 10) == body(i % 3)[:10]
+    stats = cache.statistics()
+    assert (stats.loads, stats.evictions, stats.hits, stats.uncached_gets) == (34, 32, 0, 0)
+    assert all(r == (key(i % 3), 0, SIZE) for i, r in enumerate(store.ranges))
+    del store.ranges[:]
+    for k in range(8):  # object 1 is not held (objects 2 and 0 are)
+        assert await cache.get(key(1), 10 * k, 10) == body(1)[10 * k : 10 * k + 10]
+    assert store.ranges == [(key(1), 10 * k, 10) for k in range(7)] + [(key(1), 0, SIZE)]
+    assert await cache.get(key(0), 500, 10) == body(0)[500:510]  # held: a hit
+    stats = cache.statistics()
+    assert (stats.loads, stats.uncached_gets, stats.evictions, stats.hits) == (35, 7, 33, 1)
+    assert held(cache) == 2 * SIZE
