@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -109,8 +110,8 @@ def test_the_two_halves_of_the_results_run_at_once(
     meeting = threading.Barrier(2, timeout=120)
     threads: dict[str, str] = {}
 
-    def meeting_first(name: str, original):  # noqa: ANN202 - a test's wrapper
-        def wrapped(self, *args):  # noqa: ANN001, ANN202
+    def meeting_first(name: str, original: Callable[..., None]) -> Callable[..., None]:
+        def wrapped(self: jobs.SparkAnalysis, *args: object) -> None:
             threads[name] = threading.current_thread().name
             meeting.wait()
             return original(self, *args)
