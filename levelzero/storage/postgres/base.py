@@ -5,7 +5,6 @@ in store.py).
 
 from __future__ import annotations
 
-import asyncio
 import time
 import urllib.parse
 from collections import deque
@@ -27,6 +26,7 @@ from levelzero.core.errors import (
     StorageError,
     StoreRefused,
 )
+from levelzero.storage.done import Done
 from levelzero.storage.lifecycle import StoreLifecycle
 from levelzero.storage.log_rules import check_call_records
 from levelzero.storage.protocols import GcRoundRow, L1Row, LogStoreStatistics, OffsetRow
@@ -195,40 +195,6 @@ def _columns(rows: Sequence[tuple[Any, ...]], width: int) -> list[list[Any]]:
     return [[row[i] for row in rows] for i in range(width)] if rows else [[] for _ in range(width)]
 
 
-class _Done:
-    """A job's answer is in: a one-shot flag its caller waits on. `anyio.Event` costs ~25 times
-    as much to make (a backend lookup, then two asyncio events) and a job is made per partition
-    per append; this waits on a bare future of the running loop, made only if the caller waits
-    before the answer (levelzero runs on asyncio or uvloop, through anyio; cancellation by
-    anyio's cancel scopes reaches the awaited future as it does any other)."""
-
-    __slots__ = ("_set", "_waiter")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():  # a cancelled waiter is done already
-            waiter.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._set
-
-    async def wait(self) -> None:
-        """Until set (at once if it is); one waiter: the job's caller."""
-        if self._set:
-            return
-        assert self._waiter is None, "a job has one waiter"
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-
 class _Job:
     """One write call waiting for a batch: an append (`pid` set) or rows for a table."""
 
@@ -265,7 +231,7 @@ class _Job:
         self.log_rows = log_rows or []
         self.table = table
         self.rows = rows or []
-        self.done = _Done()
+        self.done = Done()
         self.result: Any = None
         self.error: BaseException | None = None
         # Called (on the batch's task) when the job's batch has committed, before its caller

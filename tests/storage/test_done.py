@@ -1,14 +1,15 @@
-"""The PostgreSQL store's job flag (`_Done`): what a caller waiting for its write's batch sees."""
+"""The log stores' job flag (`Done`, SQLite and PostgreSQL): what a caller waiting for its
+write's batch sees."""
 
 from __future__ import annotations
 
 import anyio
 
-from levelzero.storage.postgres.base import _Done
+from levelzero.storage.done import Done
 
 
 async def test_a_job_flag_set_before_the_wait_returns_at_once() -> None:
-    done = _Done()
+    done = Done()
     done.set()
     with anyio.fail_after(1):  # a bound only
         await done.wait()
@@ -16,7 +17,7 @@ async def test_a_job_flag_set_before_the_wait_returns_at_once() -> None:
 
 
 async def test_a_job_flag_wakes_its_waiter_and_survives_a_cancelled_wait() -> None:
-    done = _Done()
+    done = Done()
     woke: list[str] = []
     async with anyio.create_task_group() as tg:  # the caller is cancelled while it waits
         tg.start_soon(done.wait)
