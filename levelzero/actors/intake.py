@@ -100,6 +100,9 @@ class Pending:
     base_offset: int = -1
     error: LevelZeroError | None = None
     stored: StoredBatch | None = None  # answered as a repeat of this batch, stored before
+    # A record set earlier in the same lane this one must not be stored without (a Kafka
+    # transaction's records behind the previous transaction's marker): refused if it failed.
+    after: Pending | None = None
 
 
 class ProduceIntake:
@@ -231,12 +234,19 @@ class ProduceIntake:
         await self._load_producer(producer_id)
 
     def submit(
-        self, topic: str, partition: int, records: list[Record], identity: Identity | None
+        self,
+        topic: str,
+        partition: int,
+        records: list[Record],
+        identity: Identity | None,
+        after: Pending | None = None,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
-        offset; one being stored answers that attempt. Raises LevelZeroError (InvalidInput,
-        TooLarge, the partition's) for a record set that is not taken."""
+        offset; one being stored answers that attempt. `after`: a record set of this lane
+        submitted before; if it fails, this one fails with its error instead of being stored
+        after it. Raises LevelZeroError (InvalidInput, TooLarge, the partition's) for a record
+        set that is not taken."""
         self.check_led(topic, partition)
         if not records:
             raise InvalidInput("the produce request holds no records")
@@ -254,7 +264,8 @@ class ProduceIntake:
             pending = self._producing.get(identity)
             if pending is not None:
                 return pending  # a retry (on another connection) of a batch being stored
-        pending = Pending(topic, partition, records, size, identity)
+        assert after is None or (after.topic, after.partition) == (topic, partition), after
+        pending = Pending(topic, partition, records, size, identity, after=after)
         if identity is not None:
             self._producing[identity] = pending
         lane = self._lanes.get((topic, partition))
@@ -332,6 +343,9 @@ class ProduceIntake:
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
+                taken = self._after_stored(taken)
+                if not taken:
+                    continue
                 term = None
                 if any(p.identity is not None for p in taken):
                     # Checked against what is durable, then appended under the same term.
@@ -377,6 +391,18 @@ class ProduceIntake:
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    def _after_stored(self, taken: list[Pending]) -> list[Pending]:
+        """The record sets to store, less those whose `after` failed (failed with its error).
+        An `after` is ahead in the lane: stored in an earlier round (done), or in this one."""
+        kept = []
+        for p in taken:
+            before = p.after
+            if before is not None and before.done.is_set() and before.error is not None:
+                self._finish(p, error=before.error)
+            else:
+                kept.append(p)
+        return kept
 
     def _without_repeats(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
         """The record sets to store, less the idempotent batches stored already (a retry whose

@@ -56,9 +56,10 @@ import anyio
 import anyio.abc
 from kio.schema.errors import ErrorCode
 
-from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.intake import Pending, ProduceIntake
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
+from levelzero.core.txn_marks import txn_kind
 from levelzero.kafka.epochs import NO_EPOCH
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.kafka.metadata import Cluster
@@ -78,6 +79,7 @@ EXPIRY_CHECK_S = 1.0
 # markers (EndTxn answers before they are written), then answer CONCURRENT_TRANSACTIONS, which
 # clients retry, as Kafka's coordinator answers at once.
 COMPLETION_WAIT_S = 10.0
+MARKER_SCAN_BYTES = 1 << 20  # a read's size looking for a marker that may be stored
 # Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
 # transactions stay prepared until a restart without it completes them).
 HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
@@ -221,9 +223,78 @@ class PartitionIndex:
                 txns.aborted.sort(key=lambda a: a[1])
             del txns.open[row.producer_id]
 
+    def handed_over(self, closed: Sequence[TxnRangeRow], opened: Sequence[TxnRangeRow]) -> None:
+        """A transaction's ranges `closed` and its producer's next transaction's ranges `opened`
+        just after its markers, in the store (one commit): in memory with no await between."""
+        self.closed(closed)
+        for row in opened:
+            txns = self._partitions.get((row.topic, row.partition))
+            if txns is not None:
+                txns.open.setdefault(row.producer_id, row.first_offset)
+
     def forget(self, topic: str) -> None:
         for key in [k for k in self._partitions if k[0] == topic]:
             del self._partitions[key]
+
+
+Partition = tuple[str, int]
+PendingOffset = tuple[str, int, int, str, int]  # topic, partition, offset, metadata, leader epoch
+
+
+@dataclass(eq=False, slots=True)
+class Prepared:
+    """An ended transaction (PREPARE_* durable) whose markers are being written. Its producer's
+    next transaction may begin beside it once the markers are queued in the partitions' lanes
+    (ahead of any record of the next one there); its completion (COMPLETE_*, its ranges closed
+    at the markers, the next transaction's ranges in those partitions opened just after them)
+    is stored in one commit once the markers are."""
+
+    commit: bool
+    producer_epoch: int
+    partitions: list[Partition]
+    groups: dict[str, list[PendingOffset]]
+    # Each partition's open range the marker closes (its first offset); partitions without one
+    # get no marker.
+    firsts: dict[Partition, int]
+    # Prepared in this process and its markers never queued: none of them can be stored yet.
+    # Otherwise (after a restart, or a marker that failed) a partition's log is read for the
+    # marker before another is written (a second one would land after the next transaction's
+    # records).
+    fresh: bool
+    # A partition's marker: queued (its record set in the lane), or found stored (its offset).
+    markers: dict[Partition, Pending | int] = field(default_factory=dict)
+    completed: anyio.Event = field(default_factory=anyio.Event)
+    attempting: bool = False  # a completion task is waiting on the markers
+
+    def queued(self, tp: Partition) -> Pending | int | None:
+        """The partition's marker, queued or stored (None: not queued, or it failed)."""
+        marker = self.markers.get(tp)
+        if isinstance(marker, Pending) and marker.done.is_set() and marker.error is not None:
+            return None
+        return marker
+
+    def json(self) -> str:
+        return json.dumps(
+            {
+                "state": PREPARE_COMMIT if self.commit else PREPARE_ABORT,
+                "epoch": self.producer_epoch,
+                "partitions": self.partitions,
+                "groups": self.groups,
+                "firsts": [[t, p, first] for (t, p), first in self.firsts.items()],
+            }
+        )
+
+    @classmethod
+    def of_json(cls, text: str) -> Prepared:
+        found = json.loads(text)
+        return cls(
+            found["state"] == PREPARE_COMMIT,
+            found["epoch"],
+            [(t, p) for t, p in found["partitions"]],
+            {g: [_pending_offset(e) for e in offsets] for g, offsets in found["groups"].items()},
+            {(t, p): first for t, p, first in found["firsts"]},
+            fresh=False,
+        )
 
 
 @dataclass(slots=True)
@@ -234,14 +305,16 @@ class TxnState:
     state: str
     timeout_ms: int
     started_at: float = 0.0
-    partitions: list[tuple[str, int]] = field(default_factory=list)
+    partitions: list[Partition] = field(default_factory=list)
     # group id -> [(topic, partition, offset, metadata, leader epoch)] committed with the
     # transaction
-    groups: dict[str, list[tuple[str, int, int, str, int]]] = field(default_factory=dict)
+    groups: dict[str, list[PendingOffset]] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    # Set once the prepared transaction's markers are written and it is complete (None: no
-    # completion under way in this process).
-    completed: anyio.Event | None = None
+    # The previous transaction, its markers being written (`Prepared`); `state` is then
+    # COMPLETE_* (in memory: the next transaction may begin) or the next one's.
+    prepared: Prepared | None = None
+    # The PREPARE_* state was stored by this process (its markers cannot have been written).
+    prepared_here: bool = False
 
     def row(self, now: float) -> TransactionRow:
         return TransactionRow(
@@ -254,6 +327,7 @@ class TxnState:
             json.dumps(self.partitions),
             json.dumps(self.groups),
             now,
+            "" if self.prepared is None else self.prepared.json(),
         )
 
     @classmethod
@@ -270,6 +344,7 @@ class TxnState:
             row.started_at,
             [(t, p) for t, p in json.loads(row.partitions)],
             {g: [_pending_offset(entry) for entry in offsets] for g, offsets in groups.items()},
+            prepared=Prepared.of_json(row.prepared) if row.prepared else None,
         )
 
 
@@ -351,9 +426,9 @@ class TransactionCoordinator:
         for txn in list(self._txns.values()):
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
-            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            if self._completing(txn):
                 async with txn.lock:
-                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                    if self._completing(txn):
                         await self._complete(txn)
             elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
                 async with txn.lock:
@@ -363,44 +438,76 @@ class TransactionCoordinator:
                         self._epochs[txn.producer_id] = txn.producer_epoch
                         await self._end(txn, commit=False)
 
+    @staticmethod
+    def _completing(txn: TxnState) -> bool:
+        """A prepared transaction no completion task is waiting on (a restart left it, or its
+        markers failed)."""
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return True
+        return txn.prepared is not None and not txn.prepared.attempting
+
     # ------------------------------------------------------------------ what produce asks
 
-    def produce_error(self, producer_id: int, producer_epoch: int) -> ErrorCode:
+    def produce_error(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
         """A transactional record set of an epoch older than the producer id's: fenced. One of
         a producer whose transaction is not ongoing here (ended: its markers may still be on
         their way, and records after them must open a range of their own, which only
-        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE."""
+        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE. One in a partition
+        where the previous transaction's marker is not queued (after a restart, or it failed):
+        NOT_ENOUGH_REPLICAS, which clients retry (the records must follow the marker)."""
         current = self._epochs.get(producer_id)
         if current is not None and producer_epoch < current:
             return ErrorCode.invalid_producer_epoch
         txn = self._producers.get(producer_id)
-        if txn is not None and txn.producer_id == producer_id and txn.state != ONGOING:
-            return ErrorCode.invalid_txn_state
+        if txn is not None and txn.producer_id == producer_id:
+            if txn.state != ONGOING:
+                return ErrorCode.invalid_txn_state
+            prepared, tp = txn.prepared, (topic, partition)
+            if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
+                return ErrorCode.not_enough_replicas
         return ErrorCode.none
 
+    def marker_ahead(self, producer_id: int, topic: str, partition: int) -> Pending | None:
+        """The previous transaction's marker queued in the partition's lane, which the
+        producer's records there must not be stored without (`ProduceIntake.submit`'s
+        `after`)."""
+        txn = self._producers.get(producer_id)
+        if txn is None or txn.prepared is None:
+            return None
+        marker = txn.prepared.markers.get((topic, partition))
+        return marker if isinstance(marker, Pending) else None
+
     async def wait_offsets_stable(self, group_id: str) -> None:
-        """Before OffsetFetch answers: a committed transaction (PREPARE_COMMIT) holding offsets
-        of `group_id` is completed first (or waited for, at most COMPLETION_WAIT_S), so a
-        consumer that reads its group's offsets after the producer's commit was answered gets
-        them, not the ones before (Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and
-        clients retry). After a restart this completes a prepared transaction at once."""
+        """Before OffsetFetch answers: a committed transaction (PREPARE_COMMIT, or completing)
+        holding offsets of `group_id` is completed first (or waited for, at most
+        COMPLETION_WAIT_S), so a consumer that reads its group's offsets after the producer's
+        commit was answered gets them, not the ones before (Kafka answers
+        UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and clients retry). After a restart this
+        completes a prepared transaction at once."""
         try:
             await self._load()
         except LevelZeroError as exc:
             log.warning("OffsetFetch: cannot read the transactions' state: %s", exc)
             return
         for txn in list(self._txns.values()):
-            if txn.state != PREPARE_COMMIT or not txn.groups.get(group_id):
+            if not self._holds_offsets(txn, group_id):
                 continue
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
             with anyio.move_on_after(COMPLETION_WAIT_S):
                 async with txn.lock:
-                    if txn.state == PREPARE_COMMIT:
+                    if self._holds_offsets(txn, group_id):
                         try:
                             await self._complete(txn)
                         except LevelZeroError as exc:
                             log.warning("transaction %r: completing it failed: %s", txn.transactional_id, exc)
+
+    @staticmethod
+    def _holds_offsets(txn: TxnState, group_id: str) -> bool:
+        if txn.state == PREPARE_COMMIT and txn.groups.get(group_id):
+            return True
+        prepared = txn.prepared
+        return prepared is not None and prepared.commit and bool(prepared.groups.get(group_id))
 
     # ------------------------------------------------------------------ the state machine
 
@@ -410,97 +517,173 @@ class TransactionCoordinator:
     async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> None:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
         task of the coordinator (EndTxn answers once PREPARE_* is durable, as Kafka's does; a
-        restart completes a prepared transaction; requests that start the next transaction
-        wait for the completion, `_wait_completed`)."""
+        restart completes a prepared transaction). The previous transaction, if still
+        completing, completes in the same commit as this one's PREPARE_* (its markers are
+        stored: this one's records followed them in the lanes)."""
+        previous = txn.prepared
+        if previous is not None:
+            await self._queue_markers(txn, previous)
+            await self._markers_stored(previous)
         txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
-        await self._put(txn)
-        txn.completed = anyio.Event()
+        if previous is not None:
+            await self._store_completion(txn, previous)
+        else:
+            await self._put(txn)
+        txn.prepared_here = True
         if wait or self._tg is None:
             await self._complete(txn)
         else:
             self._tg.start_soon(self._complete_later, txn)
 
     async def _complete_later(self, txn: TxnState) -> None:
-        async with txn.lock:
-            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                try:
-                    await self._complete(txn)
-                except LevelZeroError as exc:
-                    log.warning(
-                        "transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc
-                    )
-
-    async def _wait_completed(self, txn: TxnState) -> None:
-        """Until the transaction's completion under way (if any) is done, at most
-        COMPLETION_WAIT_S."""
-        event = txn.completed
-        if event is not None:
-            with anyio.move_on_after(COMPLETION_WAIT_S):
-                await event.wait()
+        """The markers queued (under the lock), waited for (without it: the producer's next
+        transaction may begin meanwhile), then the completion stored (under it)."""
+        try:
+            async with txn.lock:
+                prepared = await self._prepare(txn)
+            if prepared is None:
+                return
+            prepared.attempting = True
+            try:
+                await self._markers_stored(prepared)
+            finally:
+                prepared.attempting = False
+            async with txn.lock:
+                await self._store_completion(txn, prepared)
+        except LevelZeroError as exc:
+            log.warning("transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc)
 
     async def _complete(self, txn: TxnState) -> None:
-        """Markers in every partition (at once), the offsets committed, then COMPLETE_* stored
-        with the partitions' ranges closed, in one commit: until then the ranges hold the
-        last stable offsets, so read_committed readers see the transaction whole or not at all
-        (a crash before the commit: the restart writes the markers again, a second marker is
-        harmless)."""
-        assert txn.state in (PREPARE_COMMIT, PREPARE_ABORT), txn.state
+        """(The lock held.) The prepared transaction (PREPARE_*, or the one completing beside
+        the next) completed: markers queued, stored, then its completion stored."""
+        prepared = await self._prepare(txn)
+        if prepared is None:
+            return
+        await self._markers_stored(prepared)
+        await self._store_completion(txn, prepared)
+
+    async def _prepare(self, txn: TxnState) -> Prepared | None:
+        """(The lock held.) A PREPARE_* transaction becomes `txn.prepared` and its markers are
+        queued in the partitions' lanes (each behind every record set the transaction
+        submitted: a produce is refused once it is not ongoing); then the state is COMPLETE_*
+        in memory, so the producer's next transaction may begin (its records queue behind the
+        markers). The prepared transaction (None: nothing to complete)."""
         if self.hold_markers:
             await anyio.sleep_forever()
-        commit = txn.state == PREPARE_COMMIT
-        closed: list[TxnRangeRow] = []
-        failed: list[LevelZeroError] = []
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and txn.prepared is None:
+            firsts = {}
+            for topic, partition in dict.fromkeys(txn.partitions):
+                try:
+                    first = (await self.index.get(topic, partition)).open.get(txn.producer_id)
+                except LevelZeroError as exc:
+                    if exc.code in ("unknown_topic", "unknown_partition"):
+                        continue
+                    raise
+                if first is not None:  # else nothing was produced there
+                    firsts[(topic, partition)] = first
+            txn.prepared = Prepared(
+                txn.state == PREPARE_COMMIT,
+                txn.producer_epoch,
+                list(txn.partitions),
+                dict(txn.groups),
+                firsts,
+                fresh=txn.prepared_here,
+            )
+        prepared = txn.prepared
+        if prepared is None:
+            return None
+        await self._queue_markers(txn, prepared)
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            txn.state = COMPLETE_COMMIT if prepared.commit else COMPLETE_ABORT
+            txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
+        return prepared
 
-        async def marker(topic: str, partition: int) -> None:
+    async def _queue_markers(self, txn: TxnState, prepared: Prepared) -> None:
+        """Each partition's marker queued in its lane, unless queued already or found stored:
+        a marker that may have been stored (by the previous run, or by a produce that failed)
+        is looked for in the log first, since another would land after the next transaction's
+        records."""
+        for tp, first in list(prepared.firsts.items()):
+            if prepared.queued(tp) is not None:
+                continue
+            topic, partition = tp
             try:
-                row = await self._write_marker(txn, topic, partition, commit)
+                if not prepared.fresh or tp in prepared.markers:
+                    found = await self._stored_marker(txn.producer_id, topic, partition, first)
+                    if found is not None:
+                        prepared.markers[tp] = found
+                        continue
+                pending = self.intake.submit(
+                    topic,
+                    partition,
+                    [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit)],
+                    None,
+                )
             except LevelZeroError as exc:
-                if exc.code not in ("unknown_topic", "unknown_partition"):
-                    failed.append(exc)  # the transaction stays prepared: retried
-                return
-            if row is not None:
-                closed.append(row)
+                if exc.code in ("unknown_topic", "unknown_partition"):
+                    del prepared.firsts[tp]  # deleted: its ranges went with it
+                    continue
+                raise
+            assert not isinstance(pending, int), "a marker has no producer identity"
+            prepared.markers[tp] = pending
+        prepared.fresh = False
 
-        async with anyio.create_task_group() as tg:
-            for topic, partition in txn.partitions:
-                tg.start_soon(marker, topic, partition)
-        if failed:
-            raise failed[0]
-        if commit:
-            for group_id, offsets in txn.groups.items():
+    async def _stored_marker(self, producer_id: int, topic: str, partition: int, first: int) -> int | None:
+        """The offset of the producer's first marker at or after `first` (its range's first
+        offset: the marker found is the one closing it), or None: read up to the high
+        watermark as it is now (a marker stored before is below it)."""
+        _, high_watermark = self.intake.offsets(topic, partition)
+        offset = first
+        while offset < high_watermark:
+            result = await self.intake.node.fetch(topic, partition, offset, MARKER_SCAN_BYTES)
+            for record in result.records:
+                mark = txn_kind(record.headers)
+                if mark is not None and mark[0] == producer_id and mark[1] != KIND_DATA:
+                    return record.offset
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        return None
+
+    async def _markers_stored(self, prepared: Prepared) -> None:
+        """Until every queued marker is stored; raises the first failure (the completion is
+        tried again: the expiry pass, the next request)."""
+        for marker in list(prepared.markers.values()):
+            if isinstance(marker, Pending):
+                await marker.done.wait()
+                if marker.error is not None:
+                    raise marker.error
+
+    async def _store_completion(self, txn: TxnState, prepared: Prepared) -> None:
+        """(The lock held, the markers stored.) The offsets committed (a commit), then in one
+        commit: the state as it is now (COMPLETE_*, or the next transaction's) without the
+        prepared one, its ranges closed at its markers (an aborted range keeps its abort
+        marker's offset), and the next transaction's ranges in those partitions opened just
+        after the markers. Until then the ranges hold the last stable offsets, so
+        read_committed readers see the transaction whole or not at all."""
+        if txn.prepared is not prepared:
+            return  # completed meanwhile
+        if prepared.commit:
+            for group_id, offsets in prepared.groups.items():
                 if offsets:
                     await self.groups.commit(group_id, offsets)
-        prepared = txn.state, txn.partitions, txn.groups, txn.started_at
-        txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
-        txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
+        closed, opened = [], []
+        following = txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+        for (topic, partition), first in prepared.firsts.items():
+            marker = prepared.markers[(topic, partition)]
+            at = marker if isinstance(marker, int) else marker.base_offset
+            assert at >= first, (topic, partition, first, at)
+            closed.append(TxnRangeRow(topic, partition, txn.producer_id, first, at, not prepared.commit))
+            if following and (topic, partition) in txn.partitions:
+                opened.append(TxnRangeRow(topic, partition, txn.producer_id, at + 1, -1, False))
+        txn.prepared = None
         try:
-            await self.store.put_transaction(txn.row(self.clock()), closed=closed)
+            await self.store.put_transaction(txn.row(self.clock()), opened=opened, closed=closed)
         except BaseException:
-            txn.state, txn.partitions, txn.groups, txn.started_at = prepared
+            txn.prepared = prepared
             raise
-        self.index.closed(closed)
-        completed, txn.completed = txn.completed, None
-        if completed is not None:
-            completed.set()
-
-    async def _write_marker(
-        self, txn: TxnState, topic: str, partition: int, commit: bool
-    ) -> TxnRangeRow | None:
-        """The marker stored; the range it closes (None: nothing open there)."""
-        txns = await self.index.get(topic, partition)
-        first = txns.open.get(txn.producer_id)
-        if first is None:
-            return None  # nothing was produced there, or its marker is stored already
-        # Through the partition's lane: after every record set of the transaction submitted
-        # before it ended (a produce is refused once the transaction is not ongoing).
-        pending = self.intake.submit(
-            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)], None
-        )
-        assert not isinstance(pending, int), "a marker has no producer identity"
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return TxnRangeRow(topic, partition, txn.producer_id, first, pending.base_offset, not commit)
+        self.index.handed_over(closed, opened)
+        prepared.completed.set()
 
     # ------------------------------------------------------------------ the APIs
 
@@ -543,7 +726,7 @@ class TransactionCoordinator:
                         return answer(ErrorCode.producer_fenced)
                     if asked_epoch < txn.producer_epoch - 1:
                         return answer(ErrorCode.producer_fenced)
-                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) or txn.prepared is not None:
                     await self._complete(txn)
                 # A new incarnation: the epoch bumped fences the previous one, whose open
                 # transaction is aborted (with the new epoch, as Kafka's coordinator does).
@@ -581,6 +764,14 @@ class TransactionCoordinator:
         if epoch != txn.producer_epoch:
             return ErrorCode.producer_fenced, None
         return ErrorCode.none, txn
+
+    async def _markers_queued(self, txn: TxnState) -> None:
+        """(The lock held.) Before the next transaction begins: the previous one's markers
+        queued in the lanes (by its completion task, or here if that has not run yet), so the
+        next one's records follow them. Markers held (test use): it stays prepared, and the
+        next transaction is answered CONCURRENT_TRANSACTIONS."""
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and not self.hold_markers:
+            await self._prepare(txn)
 
     async def _begin(self, txn: TxnState) -> ErrorCode:
         """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
@@ -626,8 +817,8 @@ class TransactionCoordinator:
             for topic, partition in partitions:
                 if topic not in known or not 0 <= partition < known[topic]:
                     return ErrorCode.unknown_topic_or_partition
-            await self._wait_completed(txn)
             async with txn.lock:
+                await self._markers_queued(txn)
                 return await self._add_partitions_locked(txn, partitions)
         except LevelZeroError as exc:
             log.warning("AddPartitionsToTxn for %r failed: %s", tid, exc)
@@ -667,8 +858,8 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                await self._wait_completed(txn)
                 async with txn.lock:
+                    await self._markers_queued(txn)
                     code = await self._begin(txn)
                     if code == ErrorCode.none:
                         txn.groups.setdefault(body.group_id, [])
