@@ -103,6 +103,10 @@ class Pending:
     # A record set earlier in the same lane this one must not be stored without (a Kafka
     # transaction's records behind the previous transaction's marker): refused if it failed.
     after: Pending | None = None
+    # How long it may wait in the lane, alone, for other record sets to share its round (a
+    # transaction's marker: the producer's next transaction's records), from `queued_at`.
+    gather_s: float = 0.0
+    queued_at: float = 0.0
 
 
 class ProduceIntake:
@@ -131,6 +135,8 @@ class ProduceIntake:
         self._producing: dict[Identity, Pending] = {}
         # (topic, partition) -> record sets waiting to be stored, while a drain task runs.
         self._lanes: dict[tuple[str, int], deque[Pending]] = {}
+        # Set when a record set joins the lane, while its drain task waits (`gather_s`).
+        self._lane_grew: dict[tuple[str, int], anyio.Event] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
     @property
@@ -240,13 +246,16 @@ class ProduceIntake:
         records: list[Record],
         identity: Identity | None,
         after: Pending | None = None,
+        gather_s: float = 0.0,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
         offset; one being stored answers that attempt. `after`: a record set of this lane
         submitted before; if it fails, this one fails with its error instead of being stored
-        after it. Raises LevelZeroError (InvalidInput, TooLarge, the partition's) for a record
-        set that is not taken."""
+        after it. `gather_s`: how long this record set may wait for others while it is all the
+        lane holds (then it is stored in their round, not in one before it). Raises
+        LevelZeroError (InvalidInput, TooLarge, the partition's) for a record set that is not
+        taken."""
         self.check_led(topic, partition)
         if not records:
             raise InvalidInput("the produce request holds no records")
@@ -265,7 +274,8 @@ class ProduceIntake:
             if pending is not None:
                 return pending  # a retry (on another connection) of a batch being stored
         assert after is None or (after.topic, after.partition) == (topic, partition), after
-        pending = Pending(topic, partition, records, size, identity, after=after)
+        now = anyio.current_time()
+        pending = Pending(topic, partition, records, size, identity, after=after, gather_s=gather_s, queued_at=now)
         if identity is not None:
             self._producing[identity] = pending
         lane = self._lanes.get((topic, partition))
@@ -274,6 +284,9 @@ class ProduceIntake:
             assert self._tg is not None, "ProduceIntake.run is not running"
             self._tg.start_soon(self._drain, topic, partition, lane)
         lane.append(pending)
+        grew = self._lane_grew.pop((topic, partition), None)
+        if grew is not None:
+            grew.set()
         return pending
 
     async def produce_once(
@@ -339,6 +352,7 @@ class ProduceIntake:
         taken: list[Pending] = []
         try:
             while lane:
+                await self._gather(topic, partition, lane)
                 size = 0
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
@@ -388,9 +402,21 @@ class ProduceIntake:
                 taken = []
         finally:
             del self._lanes[(topic, partition)]
+            self._lane_grew.pop((topic, partition), None)
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    async def _gather(self, topic: str, partition: int, lane: deque[Pending]) -> None:
+        """While every record set queued may wait for others (`gather_s`), until another joins
+        or the first one's time is up."""
+        while lane and all(p.gather_s > 0 for p in lane):
+            left = min(p.queued_at + p.gather_s for p in lane) - anyio.current_time()
+            if left <= 0:
+                return
+            grew = self._lane_grew[(topic, partition)] = anyio.Event()
+            with anyio.move_on_after(left):
+                await grew.wait()
 
     def _after_stored(self, taken: list[Pending]) -> list[Pending]:
         """The record sets to store, less those whose `after` failed (failed with its error).

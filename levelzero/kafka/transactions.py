@@ -79,6 +79,10 @@ EXPIRY_CHECK_S = 1.0
 # markers (EndTxn answers before they are written), then answer CONCURRENT_TRANSACTIONS, which
 # clients retry, as Kafka's coordinator answers at once.
 COMPLETION_WAIT_S = 10.0
+# A marker alone in its partition's lane waits this long for the producer's next transaction's
+# records to share their write (one data write a transaction, not two; the next transaction's
+# records queue behind the marker in any case).
+MARKER_GATHER_S = 0.05
 MARKER_SCAN_BYTES = 1 << 20  # a read's size looking for a marker that may be stored
 # Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
 # transactions stay prepared until a restart without it completes them).
@@ -618,6 +622,7 @@ class TransactionCoordinator:
                     partition,
                     [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit)],
                     None,
+                    gather_s=MARKER_GATHER_S,
                 )
             except LevelZeroError as exc:
                 if exc.code in ("unknown_topic", "unknown_partition"):
