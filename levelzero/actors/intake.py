@@ -275,7 +275,9 @@ class ProduceIntake:
                 return pending  # a retry (on another connection) of a batch being stored
         assert after is None or (after.topic, after.partition) == (topic, partition), after
         now = anyio.current_time()
-        pending = Pending(topic, partition, records, size, identity, after=after, gather_s=gather_s, queued_at=now)
+        pending = Pending(
+            topic, partition, records, size, identity, after=after, gather_s=gather_s, queued_at=now
+        )
         if identity is not None:
             self._producing[identity] = pending
         lane = self._lanes.get((topic, partition))

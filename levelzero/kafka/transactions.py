@@ -83,6 +83,10 @@ COMPLETION_WAIT_S = 10.0
 # records to share their write (one data write a transaction, not two; the next transaction's
 # records queue behind the marker in any case).
 MARKER_GATHER_S = 0.05
+# Once its markers are stored, a transaction whose producer's next one is ongoing waits this
+# long for that one's EndTxn to store its completion (its ranges closing, so read_committed
+# readers see it, at most this much later than its markers).
+COMPLETION_DEFER_S = 0.05
 MARKER_SCAN_BYTES = 1 << 20  # a read's size looking for a marker that may be stored
 # Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
 # transactions stay prepared until a restart without it completes them).
@@ -550,6 +554,11 @@ class TransactionCoordinator:
             prepared.attempting = True
             try:
                 await self._markers_stored(prepared)
+                if txn.state == ONGOING:
+                    # The next transaction's EndTxn stores this completion with its PREPARE_*,
+                    # in one commit, if it comes soon (else two commits in a row for it).
+                    with anyio.move_on_after(COMPLETION_DEFER_S):
+                        await prepared.completed.wait()
             finally:
                 prepared.attempting = False
             async with txn.lock:
