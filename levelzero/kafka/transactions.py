@@ -91,6 +91,10 @@ MARKER_SCAN_BYTES = 1 << 20  # a read's size looking for a marker that may be st
 # Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
 # transactions stay prepared until a restart without it completes them).
 HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
+# Test use only: with this set to 1 a completion task never stores the completion once the
+# markers are (the transaction stays prepared beside the producer's next one, unless that one's
+# EndTxn stores it).
+HOLD_COMPLETION_ENV = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -391,6 +395,9 @@ class TransactionCoordinator:
         self.hold_markers = os.environ.get(HOLD_MARKERS_ENV) == "1"
         if self.hold_markers:
             log.warning("%s is set: transactions' markers are never written; test use only", HOLD_MARKERS_ENV)
+        self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
+        if self.hold_completion:
+            log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
 
     async def run(self) -> None:
         """Aborts expired transactions (and completes those a restart left prepared), and
@@ -554,6 +561,8 @@ class TransactionCoordinator:
             prepared.attempting = True
             try:
                 await self._markers_stored(prepared)
+                if self.hold_completion:
+                    await anyio.sleep_forever()
                 if txn.state == ONGOING:
                     # The next transaction's EndTxn stores this completion with its PREPARE_*,
                     # in one commit, if it comes soon (else two commits in a row for it).
