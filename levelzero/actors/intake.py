@@ -375,6 +375,7 @@ class ProduceIntake:
                     term = actor.term
                     producers = actor.state.producers
                     taken = self._in_sequence(self._without_repeats(taken, producers), producers)
+                    taken = self._after_stored(taken)  # behind one refused just now
                     if not taken:
                         continue
                 spans, first = [], 0
@@ -422,7 +423,8 @@ class ProduceIntake:
 
     def _after_stored(self, taken: list[Pending]) -> list[Pending]:
         """The record sets to store, less those whose `after` failed (failed with its error).
-        An `after` is ahead in the lane: stored in an earlier round (done), or in this one."""
+        An `after` is ahead in the lane: stored in an earlier round (done), or taken in this
+        one (checked again once this round's refusals are done)."""
         kept = []
         for p in taken:
             before = p.after
