@@ -17,28 +17,40 @@ also opens the new partitions' ranges, at their high watermarks then: at or belo
 transaction's first records there, so the last stable offset never passes an open
 transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
 before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
-restart completes it); the coordinator then writes the markers (through each partition's lane,
-behind every record set the transaction submitted; a produce of a transaction that is not
-ongoing is refused) and stores COMPLETE_* with the ranges closed, in one commit (an aborted
-range keeps its abort marker's offset). Until that commit the ranges hold the last stable
-offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
-and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
-CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
-markers. The offsets a transaction commits are stored with its completion too: OffsetFetch
-completes a committed transaction holding the group's offsets before it answers
+restart completes it); the coordinator then queues the markers in the partitions' lanes (behind
+every record set the transaction submitted; a produce of a transaction that is not ongoing is
+refused).
+
+Pipelining (where Kafka's coordinator answers CONCURRENT_TRANSACTIONS until the markers are
+written): once the markers are queued, the producer's next transaction may begin. Its records in
+a partition queue behind the marker there (each refused if the marker failed: `after`), and a
+marker alone in its lane waits for them briefly (MARKER_GATHER_S) so both share one write. The
+prepared transaction stays in memory and in the store beside the next one's state
+(`TransactionRow.prepared`, stored by the next one's AddPartitionsToTxn); a partition keeps one
+open range per producer, the prepared one's, which holds the last stable offset below both
+transactions' records. Once the markers are stored, the completion is stored in one commit:
+COMPLETE_* (or the next transaction's state) without the prepared one, its ranges closed at its
+markers (an aborted range keeps its abort marker's offset), and the next transaction's ranges in
+those partitions opened just after the markers; the next transaction's EndTxn stores it with
+its own PREPARE_* if it comes first (a completion waits COMPLETION_DEFER_S for that). Until that
+commit the ranges hold the last stable offsets, so read_committed readers see a transaction
+whole or not at all. The offsets a transaction commits are stored with its completion too:
+OffsetFetch completes a committed transaction holding the group's offsets before it answers
 (`wait_offsets_stable`; Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
-PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
-second marker is harmless); one found ONGOING is aborted when its timeout expires, as the
-coordinator does for a transaction whose producer went away.
+PREPARE_ABORT, or prepared beside the next one, is completed: a marker that may have been stored
+(by the previous run, or by a write that failed) is looked for in the partition's log from its
+range's first offset, and written only if it is not there (another would land after the next
+transaction's records, taking them into the range it closes). One found ONGOING is aborted
+when its timeout expires, as the coordinator does for a transaction whose producer went away.
 
 Limits: the coordinator writes markers through this node, so in a cluster every partition of a
 transaction must be led by the transaction's coordinator node (a marker for a partition led
 elsewhere fails: the transaction stays prepared, completed by the coordinator's pass once the
-partition is led here, and the id's next transaction waits for it, then is answered
-CONCURRENT_TRANSACTIONS); a produce's epoch is checked against the coordinator of this node
-only. KIP-890's server-side verification is not implemented.
+partition is led here, and the id's next transaction is answered CONCURRENT_TRANSACTIONS, or,
+begun already, its records there NOT_ENOUGH_REPLICAS); a produce's epoch is checked against the
+coordinator of this node only. KIP-890's server-side verification is not implemented.
 """
 
 from __future__ import annotations
@@ -791,10 +803,14 @@ class TransactionCoordinator:
     async def _markers_queued(self, txn: TxnState) -> None:
         """(The lock held.) Before the next transaction begins: the previous one's markers
         queued in the lanes (by its completion task, or here if that has not run yet), so the
-        next one's records follow them. Markers held (test use): it stays prepared, and the
-        next transaction is answered CONCURRENT_TRANSACTIONS."""
+        next one's records follow them. Markers that cannot be queued (a partition led elsewhere)
+        or held (test use): it stays prepared, and the next transaction is answered
+        CONCURRENT_TRANSACTIONS (as Kafka's coordinator answers while PREPARE_*)."""
         if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and not self.hold_markers:
-            await self._prepare(txn)
+            try:
+                await self._prepare(txn)
+            except LevelZeroError as exc:  # still prepared: CONCURRENT_TRANSACTIONS, retried
+                log.warning("transaction %r: queueing its markers failed: %s", txn.transactional_id, exc)
 
     async def _begin(self, txn: TxnState) -> ErrorCode:
         """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
