@@ -551,11 +551,17 @@ class TransactionCoordinator:
         if previous is not None:
             await self._queue_markers(txn, previous)
             await self._markers_stored(previous)
-        txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
-        if previous is not None:
-            await self._store_completion(txn, previous)
-        else:
-            await self._put(txn)
+        ongoing, txn.state = txn.state, PREPARE_COMMIT if commit else PREPARE_ABORT
+        try:
+            if previous is not None:
+                await self._store_completion(txn, previous)
+            else:
+                await self._put(txn)
+        except BaseException:
+            # Not stored: still ongoing, EndTxn is retried (left prepared in memory beside the
+            # previous transaction, the completion would take it for that one's).
+            txn.state = ongoing
+            raise
         txn.prepared_here = True
         if wait or self._tg is None:
             await self._complete(txn)
