@@ -87,9 +87,8 @@ KIND_ABORT = 0  # Kafka's control record types
 KIND_COMMIT = 1
 TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 EXPIRY_CHECK_S = 1.0
-# AddPartitionsToTxn, AddOffsetsToTxn wait at most this long for the previous transaction's
-# markers (EndTxn answers before they are written), then answer CONCURRENT_TRANSACTIONS, which
-# clients retry, as Kafka's coordinator answers at once.
+# OffsetFetch waits at most this long for a committed transaction holding the group's offsets
+# to complete (EndTxn answers before its markers are written).
 COMPLETION_WAIT_S = 10.0
 # A marker alone in its partition's lane waits this long for the producer's next transaction's
 # records to share their write (one data write a transaction, not two; the next transaction's
