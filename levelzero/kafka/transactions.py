@@ -41,8 +41,11 @@ OffsetFetch completes a committed transaction holding the group's offsets before
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
 PREPARE_ABORT, or prepared beside the next one, is completed: a marker that may have been stored
 (by the previous run, or by a write that failed) is looked for in the partition's log from its
-range's first offset, and written only if it is not there (another would land after the next
-transaction's records, taking them into the range it closes). One found ONGOING is aborted
+range's first offset (or the log start offset, if retention has passed it), and written only if
+it is not there (another would land after the next transaction's records, taking them into the
+range it closes; where retention may have removed it, `_queue_markers` says what is done). A
+transaction the expiry pass cannot complete (a partition not writable now) is left for its next
+pass without holding up the others. One found ONGOING is aborted
 when its timeout expires, as the coordinator does for a transaction whose producer went away.
 
 Limits: the coordinator writes markers through this node, so in a cluster every partition of a
@@ -452,17 +455,25 @@ class TransactionCoordinator:
         for txn in list(self._txns.values()):
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
-            if self._completing(txn):
-                async with txn.lock:
-                    if self._completing(txn):
-                        await self._complete(txn)
-            elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
-                async with txn.lock:
-                    if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
-                        log.info("transaction %r timed out: aborting", txn.transactional_id)
-                        txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
-                        self._epochs[txn.producer_id] = txn.producer_epoch
-                        await self._end(txn, commit=False)
+            try:
+                await self._expire_one(txn, now)
+            except LevelZeroError as exc:
+                # One transaction's failure (a partition not writable now) leaves the others'
+                # completions and timeouts to this pass; it is tried again at the next.
+                log.warning("transaction %r: completing or expiring it failed: %s", txn.transactional_id, exc)
+
+    async def _expire_one(self, txn: TxnState, now: float) -> None:
+        if self._completing(txn):
+            async with txn.lock:
+                if self._completing(txn):
+                    await self._complete(txn)
+        elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
+            async with txn.lock:
+                if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
+                    log.info("transaction %r timed out: aborting", txn.transactional_id)
+                    txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
+                    self._epochs[txn.producer_id] = txn.producer_epoch
+                    await self._end(txn, commit=False)
 
     @staticmethod
     def _completing(txn: TxnState) -> bool:
@@ -540,16 +551,19 @@ class TransactionCoordinator:
     async def _put(self, txn: TxnState) -> None:
         await self.store.put_transaction(txn.row(self.clock()))
 
-    async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> None:
+    async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> bool:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
         task of the coordinator (EndTxn answers once PREPARE_* is durable, as Kafka's does; a
         restart completes a prepared transaction). The previous transaction, if still
         completing, completes in the same commit as this one's PREPARE_* (its markers are
-        stored: this one's records followed them in the lanes)."""
-        previous = txn.prepared
+        stored: this one's records followed them in the lanes). False: the previous one's
+        completion fenced this one (`_queue_markers`), which is aborted instead of committed."""
+        previous, epoch = txn.prepared, txn.producer_epoch
         if previous is not None:
             await self._queue_markers(txn, previous)
             await self._markers_stored(previous)
+        fenced = txn.producer_epoch != epoch
+        commit = commit and not fenced
         ongoing, txn.state = txn.state, PREPARE_COMMIT if commit else PREPARE_ABORT
         try:
             if previous is not None:
@@ -566,6 +580,7 @@ class TransactionCoordinator:
             await self._complete(txn)
         else:
             self._tg.start_soon(self._complete_later, txn)
+        return not fenced
 
     async def _complete_later(self, txn: TxnState) -> None:
         """The markers queued (under the lock), waited for (without it: the producer's next
@@ -641,16 +656,57 @@ class TransactionCoordinator:
         """Each partition's marker queued in its lane, unless queued already or found stored:
         a marker that may have been stored (by the previous run, or by a produce that failed)
         is looked for in the log first, since another would land after the next transaction's
-        records."""
+        records.
+
+        The log is read from the range's first offset or the partition's log start offset,
+        whichever is later. When retention (or DeleteRecords) has moved the start past the
+        range's first offset and no marker is found, the marker was either never stored or
+        stored and removed. By the branch's rules, records of the producer's next transaction
+        are stored in the partition only behind a stored marker (behind one that failed they
+        are refused; after a restart they are refused while this marker is not queued), so:
+        - if the producer has no transactional record from the start offset on, or its next
+          transaction has not added the partition, every record of the producer there is this
+          transaction's (or none is): the marker is written (a second one, if the first was
+          removed, closes nothing of another transaction);
+        - otherwise those records may be the next transaction's (the marker removed) or this
+          one's (never stored); a marker written now would take the next one's into this
+          range. The range is closed at the start offset minus one, without a marker (the
+          next transaction's range opens at the start offset, holding the last stable offset
+          there: it never moves back). Its records, if they are this transaction's, then fall
+          in the next one's range: for a commit they are read when (and if) the next commits;
+          for an abort the next transaction is fenced (its epoch bumped, its EndTxn answered
+          PRODUCER_FENCED, aborted by the expiry pass), so they are aborted with it and
+          read_committed never returns an aborted record."""
         for tp, first in list(prepared.firsts.items()):
             if prepared.queued(tp) is not None:
                 continue
             topic, partition = tp
             try:
                 if not prepared.fresh or tp in prepared.markers:
-                    found = await self._stored_marker(txn.producer_id, topic, partition, first)
+                    start = self._start_offset(topic, partition)
+                    start = first if start is None else start
+                    found, seen = await self._stored_marker(
+                        txn.producer_id, topic, partition, max(first, start)
+                    )
                     if found is not None:
                         prepared.markers[tp] = found
+                        continue
+                    if start > first and seen and txn.state == ONGOING and tp in txn.partitions:
+                        log.warning(
+                            "transaction %r: no marker in %s/%d from its start offset %d"
+                            " (its range began at %d): closed there%s",
+                            txn.transactional_id,
+                            topic,
+                            partition,
+                            start,
+                            first,
+                            "" if prepared.commit else "; the next transaction is fenced",
+                        )
+                        prepared.markers[tp] = start - 1
+                        if not prepared.commit:
+                            txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
+                            self._epochs[txn.producer_id] = txn.producer_epoch
+                            txn.started_at = 0.0  # the expiry pass aborts it
                         continue
                 pending = self.intake.submit(
                     topic,
@@ -668,22 +724,27 @@ class TransactionCoordinator:
             prepared.markers[tp] = pending
         prepared.fresh = False
 
-    async def _stored_marker(self, producer_id: int, topic: str, partition: int, first: int) -> int | None:
+    async def _stored_marker(
+        self, producer_id: int, topic: str, partition: int, first: int
+    ) -> tuple[int | None, bool]:
         """The offset of the producer's first marker at or after `first` (its range's first
-        offset: the marker found is the one closing it), or None: read up to the high
-        watermark as it is now (a marker stored before is below it)."""
+        offset, or the log start offset if later: the marker found is the one closing it), or
+        None: read up to the high watermark as it is now (a marker stored before is below it);
+        and whether a transactional record of the producer was read before it."""
         _, high_watermark = self.intake.offsets(topic, partition)
-        offset = first
+        offset, seen = first, False
         while offset < high_watermark:
             result = await self.intake.node.fetch(topic, partition, offset, MARKER_SCAN_BYTES)
             for record in result.records:
                 mark = txn_kind(record.headers)
-                if mark is not None and mark[0] == producer_id and mark[1] != KIND_DATA:
-                    return record.offset
+                if mark is not None and mark[0] == producer_id:
+                    if mark[1] != KIND_DATA:
+                        return record.offset, seen
+                    seen = True
             if result.next_offset <= offset:
                 break
             offset = result.next_offset
-        return None
+        return None, seen
 
     async def _markers_stored(self, prepared: Prepared) -> None:
         """Until every queued marker is stored; raises the first failure (the completion is
@@ -975,5 +1036,6 @@ class TransactionCoordinator:
             return ErrorCode.none
         if txn.state != ONGOING:
             return ErrorCode.invalid_txn_state
-        await self._end(txn, commit, wait=False)
+        if not await self._end(txn, commit, wait=False):
+            return ErrorCode.producer_fenced
         return ErrorCode.none
