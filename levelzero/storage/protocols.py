@@ -373,6 +373,9 @@ class TransactionRow(msgspec.Struct, frozen=True):
     partitions: str  # JSON [[topic, partition], ...] added to the open transaction
     groups: str  # JSON [group id, ...] whose offsets the open transaction commits
     updated_at: float
+    # JSON of the previous transaction, prepared, whose markers are being written while this
+    # one is ongoing ({"state", "epoch", "partitions", "groups", "firsts"}); "" when none
+    prepared: str = ""
 
 
 class TxnRangeRow(msgspec.Struct, frozen=True):

@@ -294,6 +294,10 @@ ALTER TABLE l1_objects ADD COLUMN IF NOT EXISTS max_timestamp_ms BIGINT;
     """
 ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1;
 """,
+    # 13: a prepared transaction completing beside its successor (JSON; '' when none)
+    """
+ALTER TABLE transactions ADD COLUMN prepared TEXT NOT NULL DEFAULT '';
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
