@@ -103,13 +103,14 @@ def txn_of(record: Record) -> tuple[int, int, int] | None:
     return None
 
 
-def marker_record(producer_id: int, producer_epoch: int, commit: bool) -> Record:
-    """A commit/abort marker as stored (encoded as Kafka's control record on fetch)."""
+def marker_record(producer_id: int, producer_epoch: int, commit: bool, now: float | None = None) -> Record:
+    """A commit/abort marker as stored (encoded as Kafka's control record on fetch), stamped
+    `now` (seconds; the wall clock when None)."""
     kind = KIND_COMMIT if commit else KIND_ABORT
     return Record(
         struct.pack(">hh", 0, kind),
         struct.pack(">hi", 0, 0),  # version, coordinator epoch
-        int(time.time() * 1000),
+        int((time.time() if now is None else now) * 1000),
         (txn_header(producer_id, producer_epoch, kind),),
     )
 
@@ -494,7 +495,7 @@ class TransactionCoordinator:
         # Through the partition's lane: after every record set of the transaction submitted
         # before it ended (a produce is refused once the transaction is not ongoing).
         pending = self.intake.submit(
-            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)], None
+            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit, self.clock())], None
         )
         assert not isinstance(pending, int), "a marker has no producer identity"
         await pending.done.wait()
