@@ -73,6 +73,7 @@ TIMEOUTS_MS = (1_500, 3_000, 8_000)  # one drawn per producer
 REQUEST_TIMEOUTS_S = (0.4, 1.0, 3.0)  # one drawn per producer: often shorter than a slow store
 TXN_INTERVAL_S = 0.15  # mean, exponential: between a producer's transactions
 RESTART_P = 0.08  # a producer restarts in mid-transaction (InitProducerId again)
+RESTART_IN_FLIGHT_P = 0.08  # ... with its batches still on the wire
 STALL_P = 0.04  # ... or stalls past its transaction timeout before EndTxn
 CRASH_BEFORE_END_P = 0.05  # the node crashes right before EndTxn is sent
 CRASH_AFTER_PREPARE_P = 0.15  # ... or right after PREPARE_* is durable (before the markers)
@@ -170,6 +171,7 @@ class Txn:
     epoch: int
     partitions: list[int]
     values: list[bytes] = field(default_factory=list)  # of the produce requests answered
+    sent: int = 0  # records sent (each value is unique)
     answered: bool | None = None  # EndTxn answered: commit (True) or abort (False)
 
 
@@ -196,6 +198,7 @@ class TransactionSim:
         self.truth: dict[int, PartitionTruth] = {}  # pid -> what its durable log holds
         self.txns: list[Txn] = []
         self._producing = 0  # producers still running
+        self._tg: anyio.abc.TaskGroup | None = None  # the workload's: requests on the wire
 
     # ------------------------------------------------------------------ the world's hooks
 
@@ -282,8 +285,16 @@ class TransactionSim:
 
     # ------------------------------------------------------------------ requests
 
-    async def _call(self, api_key: int, version: int, timeout_s: float, **body: Any) -> Any | None:
-        """One request through a live node's Kafka API (None: no answer within `timeout_s`)."""
+    async def _call(
+        self,
+        api_key: int,
+        version: int,
+        timeout_s: float,
+        order: tuple[anyio.Event | None, anyio.Event] | None = None,
+        **body: Any,
+    ) -> Any | None:
+        """One request through a live node's Kafka API (None: no answer within `timeout_s`).
+        `order`: a produce's (after, submitted), as the listener orders one connection's."""
         inc = self.world.entry()
         if inc is None or inc.kafka is None:
             return None
@@ -291,7 +302,9 @@ class TransactionSim:
         request = Request(api_key, version, 0, "sim", make(cls, **body))
         with anyio.move_on_after(timeout_s):
             try:
-                return await inc.kafka.handle(request)
+                if order is None:
+                    return await inc.kafka.handle(request)
+                return await inc.kafka.handle(request, *order)
             except LevelZeroError as exc:
                 self.world.note(f"{inc} api {api_key} failed: {type(exc).__name__}")
                 return None
@@ -309,6 +322,7 @@ class TransactionSim:
         if partitions == 0:
             return
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             tg.start_soon(self._reader)
             for i in range(self.rng.randint(*PRODUCERS)):
                 self._producing += 1
@@ -359,17 +373,41 @@ class TransactionSim:
                 if ready:  # the transaction may be ongoing: end it (an abort)
                     ready = await self._end(txn, False, request_s)
                 continue
-            ok = True
+            # The batches pipelined (a client keeps up to five requests on the wire), submitted
+            # in order (as one connection's produce requests are); the producer waits for their
+            # answers, or, sometimes, restarts at once with them still on the wire.
+            answered: list[anyio.Event] = []
+            results: list[bool] = []
+            after: anyio.Event | None = None
+            assert self._tg is not None
             for _ in range(rng.randint(*BATCHES_PER_TXN)):
-                p = rng.choice(txn.partitions)
-                if not await self._produce(txn, p, sequences, request_s):
-                    ok = False
-                    break
-            if not ok or rng.random() < RESTART_P:
-                # The producer restarts (or gives up a produce still queued on the node):
-                # InitProducerId bumps the epoch, fences this one, aborts the transaction.
+                done, submitted = anyio.Event(), anyio.Event()
+                answered.append(done)
+                self._tg.start_soon(
+                    self._produce,
+                    txn,
+                    rng.choice(txn.partitions),
+                    sequences,
+                    request_s,
+                    after,
+                    submitted,
+                    done,
+                    results,
+                )
+                after = submitted
+            in_flight = rng.random() < RESTART_IN_FLIGHT_P
+            if not in_flight:
+                for done in answered:
+                    await done.wait()
+            if in_flight or not all(results) or rng.random() < RESTART_P:
+                # The producer restarts (after a produce failed or went unanswered, or with its
+                # batches on the wire): InitProducerId bumps the epoch, fences this one, and
+                # aborts the transaction.
                 self.stats.restarts += 1
-                world.note(f"{tid} restarts in transaction {number}")
+                world.note(
+                    f"{tid} restarts in transaction {number}"
+                    + (" (batches on the wire)" if in_flight else "")
+                )
                 ready = False
                 continue
             commit = rng.random() < COMMIT_P
@@ -443,12 +481,41 @@ class TransactionSim:
                 continue
             return code
 
-    async def _produce(self, txn: Txn, partition: int, sequences: dict[int, int], request_s: float) -> bool:
-        """One transactional batch (acknowledged: True)."""
+    async def _produce(
+        self,
+        txn: Txn,
+        partition: int,
+        sequences: dict[int, int],
+        request_s: float,
+        after: anyio.Event | None,
+        submitted: anyio.Event,
+        done: anyio.Event,
+        results: list[bool],
+    ) -> None:
+        """One transactional batch, submitted once `after` is (then `submitted`); its result
+        (acknowledged: True) in `results`, then `done`."""
+        ok = False
+        try:
+            ok = await self._produce_batch(txn, partition, sequences, request_s, after, submitted)
+        finally:
+            submitted.set()
+            results.append(ok)
+            done.set()
+
+    async def _produce_batch(
+        self,
+        txn: Txn,
+        partition: int,
+        sequences: dict[int, int],
+        request_s: float,
+        after: anyio.Event | None,
+        submitted: anyio.Event,
+    ) -> bool:
         world = self.world
         _, module = _schema(0, 8)
         count = self.rng.randint(*RECORDS_PER_BATCH)
-        first = len(txn.values)
+        first = txn.sent
+        txn.sent += count
         values = [
             VALUE.format(
                 seed=world.seed, producer=txn.tid, txn=f"{txn.epoch}.{txn.number}", k=first + k
@@ -471,6 +538,7 @@ class TransactionSim:
                 0,
                 8,
                 request_s,
+                (after, submitted),
                 transactional_id=txn.tid,
                 acks=-1,
                 timeout=30_000,
@@ -634,6 +702,7 @@ class TransactionSim:
                 "whose marker is not durable",
             )
         aborted = sorted((int(a.first_offset), int(a.producer_id)) for a in data.aborted_transactions or ())
+        listed = list(aborted)
         delivered: list[bytes] = []
         next_offset = offset
         skipping: set[int] = set()
@@ -673,7 +742,8 @@ class TransactionSim:
                             if run.outcome == KIND_ABORT
                             else "an unfinished transaction"
                         )
-                        + f" (producer {run.producer_id}, last stable offset {lso})",
+                        + f" (producer {run.producer_id}; read at {offset}, last stable offset {lso}, "
+                        f"aborted transactions {listed})",
                     )
                 delivered.append(r.value or b"")
         self.stats.records_read += len(delivered)

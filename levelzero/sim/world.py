@@ -702,8 +702,17 @@ class World:
         assert inc.intake is not None
         async with anyio.create_task_group() as tg:
             await tg.start(inc.intake.run)
-            if inc.kafka is not None:  # the transaction coordinator's timeouts and completions
+            if inc.kafka is not None:
+                # As the daemon does: the Kafka API (the transaction coordinator's timeouts and
+                # completions) once the node has replayed its partitions.
+                async def node(*, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+                    await inc.node.run(task_status=task_status)
+                    tg.cancel_scope.cancel()  # the node stopped (a graceful stop): the rest too
+
+                await tg.start(node)
                 await tg.start(inc.kafka.run)
+                task_status.started()
+                return
             await inc.node.run(task_status=task_status)
             tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
