@@ -110,6 +110,7 @@ class Incarnation(Protocol):
     intake: ProduceIntake | None
     kafka: Any  # its `Handlers`, or None
     alive: bool
+    tg: anyio.abc.TaskGroup | None
 
 
 class World(Protocol):
@@ -296,19 +297,27 @@ class TransactionSim:
         """One request through a live node's Kafka API (None: no answer within `timeout_s`).
         `order`: a produce's (after, submitted), as the listener orders one connection's."""
         inc = self.world.entry()
-        if inc is None or inc.kafka is None:
+        if inc is None or inc.kafka is None or inc.tg is None:
             return None
         cls, _ = _schema(api_key, version)
         request = Request(api_key, version, 0, "sim", make(cls, **body))
-        with anyio.move_on_after(timeout_s):
+        answers: list[Any] = []
+        answered = anyio.Event()
+
+        async def serve() -> None:
+            # In the incarnation's task group: a crash ends the request with the process (a
+            # request the client gave up on goes on, as on a real node).
             try:
-                if order is None:
-                    return await inc.kafka.handle(request)
-                return await inc.kafka.handle(request, *order)
+                answers.append(await inc.kafka.handle(request, *(order or ())))
             except LevelZeroError as exc:
                 self.world.note(f"{inc} api {api_key} failed: {type(exc).__name__}")
-                return None
-        return None
+            finally:
+                answered.set()
+
+        inc.tg.start_soon(serve)
+        with anyio.move_on_after(timeout_s):
+            await answered.wait()
+        return answers[0] if answers else None
 
     # ------------------------------------------------------------------ the producers
 
