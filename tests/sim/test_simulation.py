@@ -15,6 +15,8 @@ import pytest
 from levelzero.sim import SimConfig, SimResult, Summary, run_many, run_seed, summarize
 from levelzero.sim.cli import main
 from levelzero.sim.compaction import CompactionStats, draw
+from levelzero.sim.transactions import TxnStats
+from levelzero.sim.transactions import drawn as transactions_drawn
 import levelzero.sim.world as world_module
 
 SEEDS = range(500)  # the real code, under a deterministic loop: the CI's share of seeds
@@ -124,6 +126,66 @@ def test_a_seed_without_a_compacted_topic_runs_as_if_compaction_did_not_exist(
     monkeypatch.setattr(world_module, "CompactionSim", NoCompaction)
     without = run_seed(seed)
     assert with_hooks == without and with_hooks.writes_acked > 0
+
+
+class NoTransactions:
+    """The world's transaction hooks doing nothing: the world as it was before transactions."""
+
+    def __init__(self, world: object, enabled: bool) -> None:
+        self.enabled = False
+        self.stats = TxnStats()
+
+    def on_incarnation(self, inc: object) -> None:
+        pass
+
+    def on_transaction(self, row: object) -> None:
+        pass
+
+    def on_durable(self, pid: int, records: object) -> None:
+        pass
+
+    async def run(self, end: float) -> None:
+        pass
+
+    def settled(self) -> bool:
+        return True
+
+    def leftovers(self) -> list[str]:
+        return []
+
+    async def final_scan(self) -> None:
+        pass
+
+
+def test_a_seed_without_transactions_runs_as_if_they_did_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The seeds with transactional producers are drawn from a stream of their own, and the
+    # others get neither the Kafka API nor the transaction tables: their schedule is unchanged.
+    seed = next(s for s in range(100) if not transactions_drawn(s, 1))
+    with_hooks = run_seed(seed)
+    monkeypatch.setattr(world_module, "TransactionSim", NoTransactions)
+    without = run_seed(seed)
+    assert with_hooks == without and with_hooks.writes_acked > 0
+
+
+def test_a_seed_with_transactions_replays_exactly_in_a_fresh_process() -> None:
+    seed = next(s for s in range(100) if transactions_drawn(s, 1))
+    script = (
+        "import sys; from levelzero.sim import run_seed; r = run_seed(int(sys.argv[1])); "
+        "print(r.trace_digest, r.txn_committed, r.txn_aborted, r.txn_records_read, r.txn_records_skipped)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={"PYTHONHASHSEED": "3", "PATH": ""},
+    )
+    here = run_seed(seed)
+    assert here.txn_committed > 0 and here.violation is None
+    expected = (here.trace_digest, here.txn_committed, here.txn_aborted)
+    assert done.stdout.split()[:3] == [str(v) for v in expected]
+    assert done.stdout.split()[3:] == [str(here.txn_records_read), str(here.txn_records_skipped)]
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
