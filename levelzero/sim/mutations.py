@@ -668,7 +668,7 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "partition's state (rebuilt from the log at every term start)",
         _idempotent_state_per_process,
     ),
-    # Kafka transactions (issues 35, 36): only the seeds with transactional producers (30% of
+    # Kafka transactions (issues 35, 36): only the seeds with transactional producers (20% of
     # the single-node seeds) exercise these
     "txn_marker_before_data": (
         "a transaction's marker bypasses the partition's lane: records still queued land after it",
