@@ -646,6 +646,8 @@ class TransactionCoordinator:
         new = [tp for tp in dict.fromkeys(partitions) if tp not in txn.partitions]
         if not new and before[0] == ONGOING:
             return ErrorCode.none
+        for topic, partition in new:  # loaded first: no await between reading a high
+            await self.index.get(topic, partition)  # watermark and opening a range there
         ranges = []
         for topic, partition in new:
             try:
