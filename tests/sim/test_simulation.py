@@ -25,7 +25,9 @@ SEEDS = range(500)  # the real code, under a deterministic loop: the CI's share 
 # was lost, and its producer waited forever.
 # Within it too, 6 found a read_committed fetch that retention overtook: the start offset moved
 # during a slow read, the aborted ranges below it were forgotten, and the answer listed none of
-# those its records belonged to (the consumer took aborted records).
+# those its records belonged to (the consumer took aborted records); 135 and 238 a transaction's
+# range opened at a high watermark read before an await, stale by then (the last stable offset
+# moved back).
 # Seeds beyond that range that once found a bug, kept as regressions:
 # 639: a reconciler of the previous term read placeholders after the current one had caught up
 #      and the log was truncated below them; its assert crashed the node.
@@ -79,8 +81,8 @@ def test_seeds_of_the_real_node_keep_every_invariant_and_leave_no_l0_object(
     assert s.compaction_scans > 800
     # Transactions ran in their share of seeds: commits and aborts answered, transactions given
     # up (restarts, timeouts), and read_committed consumers skipping aborted records.
-    assert s.txn_committed > 500 and s.txn_aborted > 100 and s.txn_given_up > 300
-    assert s.txn_records_read > 1000 and s.txn_records_skipped > 1000
+    assert s.txn_committed > 250 and s.txn_aborted > 100 and s.txn_given_up > 300
+    assert s.txn_records_read > 500 and s.txn_records_skipped > 1000
 
 
 class NoCompaction:
