@@ -120,6 +120,7 @@ class World(Protocol):
     truth: Any  # checks.Truth: acknowledged records
     log_store: Any  # faults.SimLogStore (with the transaction tables here)
     produces_in_flight: int
+    stats: Any  # world.Stats: the writes' totals
 
     @property
     def lives(self) -> Mapping[str | None, Any]: ...
@@ -548,6 +549,7 @@ class TransactionSim:
             attributes=kr.ATTR_TRANSACTIONAL,
         )
         sequences[partition] = sequence + count  # (a batch not answered ends this epoch)
+        world.stats.writes_submitted += 1
         world.produces_in_flight += 1
         try:
             answer = await self._call(
@@ -569,10 +571,12 @@ class TransactionSim:
         finally:
             world.produces_in_flight -= 1
         if answer is None:
+            world.stats.writes_failed += 1
             world.note(f"{txn.tid} produce to {TOPIC}/{partition} unanswered")
             return False
         (result,) = answer.responses[0].partition_responses
         if result.error_code != ErrorCode.none:
+            world.stats.writes_failed += 1
             world.note(f"{txn.tid} produce to {TOPIC}/{partition}: {result.error_code.name}")
             return False
         pid = world.pid(TOPIC, partition)
@@ -585,6 +589,8 @@ class TransactionSim:
             )
         assert placeholder is not None and isinstance(placeholder.entry, Placeholder)
         world.truth.ack(pid, offset, [Record(None, v) for v in values], placeholder.entry.object_key)
+        world.stats.writes_acked += 1  # (the world's totals count these writes too)
+        world.stats.records_acked += len(values)
         txn.values.extend(values)
         return True
 
