@@ -49,6 +49,7 @@ class Incarnation(Protocol):
 
     node: Node
     intake: ProduceIntake | None
+    alive: bool  # False from its crash on (a zombie until reaped)
 
 
 class World(Protocol):
