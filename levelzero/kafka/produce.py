@@ -113,6 +113,9 @@ class ProduceApi:
                 refused[i] = (code, -1, "the producer's epoch is fenced by a newer one")
                 continue
             try:
+                # Loaded first: the high watermark read next is the one the range opens at (one
+                # read before an await could be stale, and the last stable offset move back).
+                await self.transactions.index.get(topic, partition)
                 _, high_watermark = self.intake.offsets(topic, partition)
                 await self.transactions.index.open_range(topic, partition, producer_id, high_watermark)
             except LevelZeroError as exc:

@@ -134,13 +134,14 @@ def txn_of(record: Record) -> tuple[int, int, int] | None:
     return None
 
 
-def marker_record(producer_id: int, producer_epoch: int, commit: bool) -> Record:
-    """A commit/abort marker as stored (encoded as Kafka's control record on fetch)."""
+def marker_record(producer_id: int, producer_epoch: int, commit: bool, now: float | None = None) -> Record:
+    """A commit/abort marker as stored (encoded as Kafka's control record on fetch), stamped
+    `now` (seconds; the wall clock when None)."""
     kind = KIND_COMMIT if commit else KIND_ABORT
     return Record(
         struct.pack(">hh", 0, kind),
         struct.pack(">hi", 0, 0),  # version, coordinator epoch
-        int(time.time() * 1000),
+        int((time.time() if now is None else now) * 1000),
         (txn_header(producer_id, producer_epoch, kind),),
     )
 
@@ -737,7 +738,7 @@ class TransactionCoordinator:
                 pending = self.intake.submit(
                     topic,
                     partition,
-                    [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit)],
+                    [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit, self.clock())],
                     None,
                     gather_s=MARKER_GATHER_S,
                 )
@@ -967,6 +968,8 @@ class TransactionCoordinator:
         new = [tp for tp in dict.fromkeys(partitions) if tp not in txn.partitions]
         if not new and before[0] == ONGOING:
             return ErrorCode.none
+        for topic, partition in new:  # loaded first: no await between reading a high
+            await self.index.get(topic, partition)  # watermark and opening a range there
         ranges = []
         for topic, partition in new:
             try:

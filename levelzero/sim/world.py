@@ -64,8 +64,9 @@ from levelzero.storage.memory_store import MemoryObjectStore
 from .checks import L0_ROOT, Truth
 from .compaction import CompactionSim
 from .config import SimConfig
-from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
+from .faults import Gate, Gates, Link, SeededFaults, SimLogStore, SimTxnLogStore
 from .idempotent import IdempotentProducers
+from .transactions import TransactionSim, drawn
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -117,6 +118,7 @@ class Incarnation:
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
     intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
+    kafka: Any = None  # the shipping Kafka API on it (`kafka.handlers.Handlers`): transactions' seeds
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -209,7 +211,17 @@ class World:
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
         self.idempotent = IdempotentProducers(self)
-        self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
+        self.transactions = TransactionSim(self, drawn(seed, nodes))  # in a share of seeds
+        if self.transactions.enabled:
+            self.log_store: SimLogStore = SimTxnLogStore(
+                rng,
+                cfg,
+                self._on_durable,
+                self.truth.on_l1_delete_started,
+                self.transactions.on_transaction,
+            )
+        else:
+            self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
@@ -257,6 +269,7 @@ class World:
     def _on_durable(self, pid: int, records: list[Any]) -> None:
         self.truth.on_durable(pid, records)
         self.idempotent.on_durable(pid, records)
+        self.transactions.on_durable(pid, records)
 
     def fail(self, invariant: str, message: str) -> None:
         """Record the first violation and raise it (whoever catches it, the run reports it)."""
@@ -375,6 +388,7 @@ class World:
                 self._bumper,
                 self._checker,
                 self.idempotent.run,
+                self.transactions.run,
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
@@ -382,6 +396,7 @@ class World:
             await anyio.sleep(cfg.healed_s)
             await self.quiet()
             await self.compaction.final_scan()
+            await self.transactions.final_scan()
             tg.cancel_scope.cancel()
 
     async def heal(self) -> None:
@@ -439,6 +454,7 @@ class World:
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
             and self.compaction.settled()
+            and self.transactions.settled()
         )
 
     def check(self) -> None:
@@ -594,6 +610,7 @@ class World:
         )
         self._watch_gc_rounds(node)
         inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
+        self.transactions.on_incarnation(inc)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -685,6 +702,17 @@ class World:
         assert inc.intake is not None
         async with anyio.create_task_group() as tg:
             await tg.start(inc.intake.run)
+            if inc.kafka is not None:
+                # As the daemon does: the Kafka API (the transaction coordinator's timeouts and
+                # completions) once the node has replayed its partitions.
+                async def node(*, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+                    await inc.node.run(task_status=task_status)
+                    tg.cancel_scope.cancel()  # the node stopped (a graceful stop): the rest too
+
+                await tg.start(node)
+                await tg.start(inc.kafka.run)
+                task_status.started()
+                return
             await inc.node.run(task_status=task_status)
             tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
@@ -1174,5 +1202,7 @@ class World:
                 f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
                 f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
-        lines[0:0] = self.compaction.leftovers()  # (first: the L0 line says none is left)
+        lines[0:0] = (
+            self.compaction.leftovers() + self.transactions.leftovers()
+        )  # (first: the L0 line says none is left)
         return "\n  ".join(lines)

@@ -24,6 +24,7 @@ from levelzero.core.cluster import LeaseClock
 from levelzero.core.fence import Fence
 from levelzero.core.gc import GcPacer
 from levelzero.core.state import PartitionState, ReaderPins
+from levelzero.kafka.transactions import PartitionTxns, TransactionCoordinator
 from levelzero.sim import MUTATIONS, run_many, run_seed
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.sim.mutations import CLUSTER_MUTATIONS, CLUSTER_NODES, applied
@@ -73,10 +74,18 @@ SEEDS_TO_CATCH_MAX = {
     "idempotent_duplicates_unchecked": 20,  # caught at seeds 0, 1, 2
     "idempotent_out_of_order_taken": 20,  # caught at seeds 0, 1, 2
     "idempotent_state_per_process": 30,  # three nodes
+    # Kafka transactions (issues 35, 36): only single-node seeds with transactional producers
+    # (20% of them) exercise these
+    "txn_marker_before_data": 80,  # first caught at seed 41 (35 too at a 30% share)
+    "txn_lso_past_open_transaction": 20,  # 2, 6, 9
+    "txn_aborted_list_misses_a_range": 20,  # 2, 6, 9
 }
 # The single-node table on a three-node cluster: each is caught there too (but a rule only a
-# single node has: a cluster's GC takes its snapshot from the control plane).
-SINGLE_NODE_ONLY: frozenset[str] = frozenset()
+# single node has: a cluster's GC takes its snapshot from the control plane; the simulated
+# transactions run on a single node, as the coordinator writes markers through its own node).
+SINGLE_NODE_ONLY: frozenset[str] = frozenset(
+    {"txn_marker_before_data", "txn_lso_past_open_transaction", "txn_aborted_list_misses_a_range"}
+)
 CLUSTER_SEEDS_TO_CATCH_MAX = {
     name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items() if name not in SINGLE_NODE_ONLY
 } | {
@@ -87,8 +96,8 @@ CLUSTER_SEEDS_TO_CATCH_MAX = {
 
 def test_the_table_names_every_mutation_with_a_bound() -> None:
     assert (
-        len(MUTATIONS) == 35
-    )  # 12 of issue 18, 15 of issue 35, 5 of issue 34, 3 of Kafka idempotent producers
+        len(MUTATIONS) == 38
+    )  # 12 of issue 18, 15 of issue 35, 5 of issue 34, 3 of Kafka idempotent producers, 3 of transactions
     assert set(SEEDS_TO_CATCH_MAX) == set(MUTATIONS)
     assert {"appends_ignore_term", "gc_takes_local_watermarks", "leads_ignores_deadline"} <= CLUSTER_MUTATIONS
 
@@ -117,6 +126,7 @@ def test_each_mutation_is_caught_within_its_bound(mutation: str) -> None:
         "resurrect",
         "zombie",
         "idempotence",
+        "txn",
     }
 
 
@@ -164,6 +174,9 @@ def _patch_targets() -> tuple[object, ...]:
         log_rules_module.cleaner_map_refusal,
         Compactor.compact_partition,
         L1Catalog.finish_superseded,
+        TransactionCoordinator._write_marker,
+        PartitionTxns.last_stable_offset,
+        PartitionTxns.aborted_between,
     )
 
 
