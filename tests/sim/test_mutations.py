@@ -66,7 +66,7 @@ SEEDS_TO_CATCH_MAX = {
     "lease_margin_typo": 100,
     # compaction (issue 34): only the seeds with a compacted topic (40%) exercise these
     "compaction_lineage_unchecked": 40,  # caught at seeds 0, 35, 76
-    "compaction_tombstones_dropped_early": 40,  # 6, 29, 39
+    "compaction_tombstones_dropped_early": 160,  # 6, 29, 39; 132 once transactions were pipelined
     "compaction_keeps_first_per_key": 20,  # 0, 5, 6
     "compaction_deletes_before_commit": 20,  # 0, 11, 35
     "compaction_superseded_never_deleted": 20,  # the leak check (invariant 4)
@@ -174,7 +174,7 @@ def _patch_targets() -> tuple[object, ...]:
         log_rules_module.cleaner_map_refusal,
         Compactor.compact_partition,
         L1Catalog.finish_superseded,
-        TransactionCoordinator._write_marker,
+        TransactionCoordinator._queue_markers,
         PartitionTxns.last_stable_offset,
         PartitionTxns.aborted_between,
     )
