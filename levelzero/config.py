@@ -285,6 +285,7 @@ class NodeSection(_Section):
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
     drain_timeout_s: float = 20.0  # in-flight produces get this long at shutdown
+    l0_cache_bytes_max: int = 64 * MiB  # L0 objects held for readers (0: a GET per extent)
 
     def __post_init__(self) -> None:
         if not 0 <= self.epoch_cache_ttl_s <= 3600:
@@ -297,6 +298,8 @@ class NodeSection(_Section):
             raise ValueError("log_keep_records must be in 0..100000000")
         if not 0 < self.drain_timeout_s <= 3600:
             raise ValueError("drain_timeout_s must be in (0, 3600]")
+        if not 0 <= self.l0_cache_bytes_max <= 64 * 1024 * MiB:
+            raise ValueError("l0_cache_bytes_max must be in 0..64 GiB")
 
 
 class BatcherSection(_Section):
@@ -583,6 +586,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
             epoch_bump_interval_s=self.node.epoch_bump_interval_s or None,
             snapshot_every_records=self.node.snapshot_every_records,
             log_keep_records=self.node.log_keep_records,
+            l0_cache_bytes_max=self.node.l0_cache_bytes_max,
             batcher=self.batcher.to_batcher_config(),
             reconciler=self.reconciler.to_reconciler_config(),
             compactor=self.compactor.to_compactor_config(),

@@ -6,10 +6,10 @@ when it has some and none on their way, it asks the appender (`request`). The ap
 every partition that asked, up to `records_per_call_max` records, and appends them all with one
 `LogStore.append_many` (one partition: `append`), at most `calls_max` calls at once. When a
 partition's records are durable, it is told (`PartitionActor.appended`, from `append_many`'s
-`on_durable`, which a store with several writers calls at each batch's COMMIT, before the whole
-call returns): it applies its records in log order and answers their writers. A partition has
-at most one batch on its way, so its records reach the log in the order reserved; it asks again
-for what queued meanwhile.
+`on_durable`, which a store that commits the call as several batches calls at each batch's
+COMMIT, before the whole call returns): it applies its records in log order and answers their
+writers. A partition has at most one batch on its way, so its records reach the log in the order
+reserved; it asks again for what queued meanwhile.
 
 An object of the batcher carries an extent for each of its partitions; all their placeholders
 are reserved on the batcher's task, one after another, and then appended in one call: a call

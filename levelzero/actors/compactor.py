@@ -50,7 +50,6 @@ from levelzero.core.topic_configs import TopicPolicy
 from levelzero.storage.protocols import (
     CompactionCommit,
     L1Row,
-    L1State,
     LogStore,
     ObjectStore,
     TransactionStore,
@@ -58,6 +57,7 @@ from levelzero.storage.protocols import (
 
 from .l1 import L1Catalog
 from .partition import PartitionActor
+from .wake_loop import WakeLoop
 
 log = logging.getLogger("levelzero.compactor")
 
@@ -140,18 +140,14 @@ class Compactor:
         self._rng = rng or random.Random()
         self.stats = CompactorStatistics()
         self.partitions: dict[str, PartitionCompaction] = {}
-        self._wake = anyio.Event()
+        self._loop = WakeLoop()
 
     def wake(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            with anyio.move_on_after(self.config.interval_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.run_round()
+        await self._loop.run(self.config.interval_s, self.run_round)
 
     async def run_round(self) -> int:
         """One pass over every compacted partition led here; returns the passes that committed."""
@@ -270,20 +266,9 @@ class Compactor:
         key = format_l1_key(
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
-        now = self._wall()
         lrlo = inputs[-1].last_log_offset
-        row = L1Row(
-            key,
-            actor.row.pid,
-            base,
-            last,
-            lrlo,
-            term,
-            len(data),
-            L1State.COPY_STARTED,
-            now,
-            now,
-            max_timestamp(kept.records),
+        row = L1Row.copy_started(
+            key, actor.row.pid, base, last, lrlo, term, len(data), self._wall(), max_timestamp(kept.records)
         )
         await self._log.l1_insert(row)
         try:

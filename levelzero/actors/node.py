@@ -50,6 +50,7 @@ from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
+from .l0_cache import L0ObjectCache, l0_object_bytes_bound
 from .reader import FetchResult, Reader
 from .compactor import Compactor, CompactorConfig
 from .reconciler import Reconciler, ReconcilerConfig
@@ -97,6 +98,8 @@ class NodeConfig:
     epoch_bump_interval_s: float | None = 60.0
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
+    # L0 objects held for readers (l0_cache.py): one GET per object for all its partitions' reads
+    l0_cache_bytes_max: int = 64 * 1024 * 1024
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
@@ -136,7 +139,12 @@ class Node:
         self.batcher = Batcher(
             object_store, log_store, self.epoch_cache, config.batcher, rng=rng, wall_clock=self._wall
         )
-        self.reader = Reader(object_store, log_store)
+        self.l0_cache = L0ObjectCache(
+            object_store,
+            config.l0_cache_bytes_max,
+            object_bytes_max=l0_object_bytes_bound(config.batcher.batch_bytes_max),
+        )
+        self.reader = Reader(log_store, self.l0_cache)
         self.l1 = L1Catalog(
             object_store,
             log_store,

@@ -15,8 +15,9 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
 from levelzero.core.time_lookup import NOT_FOUND, first_at_or_after, may_hold
-from levelzero.storage.protocols import L1Row, ObjectStore, PartitionLog
+from levelzero.storage.protocols import L1Row, PartitionLog
 
+from .l0_cache import L0ObjectCache
 from .partition import PartitionActor
 
 FETCH_RECORDS_MAX = 10_000
@@ -175,9 +176,9 @@ class _Extent(NamedTuple):
 
 
 class Reader:
-    def __init__(self, object_store: ObjectStore, log_store: PartitionLog) -> None:
-        self._objects = object_store
+    def __init__(self, log_store: PartitionLog, l0_cache: L0ObjectCache) -> None:
         self._log = log_store
+        self.l0_cache = l0_cache  # L0 extents are read through it: one GET per object, shared
         self.l1: L1Source | None = None  # set by the reconciler issue's wiring
         self.l0_reads = 0
         self.l1_reads = 0
@@ -239,10 +240,12 @@ class Reader:
             actor.release_reader(reader_id)
 
     async def _extent(self, actor: PartitionActor, record: LogRecord) -> list[Record]:
-        """The records of a placeholder's extent, verified (one ranged GET)."""
+        """The records of a placeholder's extent, verified: sliced from the L0 object the cache
+        holds or fetches (one GET for the extents of all partitions in it), or one ranged GET.
+        The caller holds a reader registration, which keeps the object from the GC."""
         p = record.entry
         assert isinstance(p, Placeholder), record
-        data = await self._objects.get(p.object_key, p.byte_offset, p.byte_length)
+        data = await self.l0_cache.get(p.object_key, p.byte_offset, p.byte_length)
         where = f"{actor.name} log offset {record.log_offset} ({p.object_key})"
         return decode_extent(data, p.checksum, p.record_count, where)
 

@@ -32,6 +32,7 @@ from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 from .l1 import L1Catalog
 from .partition import PartitionActor
 from .round_reads import RoundReads
+from .wake_loop import WakeLoop
 
 log = logging.getLogger("levelzero.reconciler")
 
@@ -120,7 +121,7 @@ class Reconciler:
         self._rng = rng or random.Random()  # injected: a simulation's L1 keys replay exactly
         self.stats = ReconcilerStatistics()
         self.health = ReconcileHealth()  # which partitions keep failing (status, explain, metrics)
-        self._wake = anyio.Event()
+        self._loop = WakeLoop()
         self._recovered: set[int] = set()
         self._stale_copies_checked_at: float | None = None
         # Proportional to active partitions (core.activity): a round visits the partitions that
@@ -134,19 +135,13 @@ class Reconciler:
         # pass first saw it, the partition's `size_bytes` then). Memory only: after a restart
         # the wait starts again, the L0 data staying until it is reconciled.
         self._waiting: dict[str, tuple[float, int]] = {}
-        # What this round's plan read for each partition: pid -> (from data offset, placeholders).
-        self._planned: dict[int, tuple[int, list[LogRecord]]] = {}
 
     def wake(self) -> None:
-        self._wake.set()
+        self._loop.wake()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            with anyio.move_on_after(self.config.interval_s):
-                await self._wake.wait()
-            self._wake = anyio.Event()
-            await self.run_round()
+        await self._loop.run(self.config.interval_s, self.run_round)
 
     async def run_round(self) -> int:
         """One pass over every partition; returns the number of L1 objects written."""
@@ -216,13 +211,11 @@ class Reconciler:
                 ready.append(actor)
             else:
                 self._unfinished.add(actor.name)
+        # The round's plan and shared reads: a batch a partition did not copy after all goes
+        # with the round.
         reads = RoundReads(self._objects, self.config.read_buffer_bytes_max)
-        self._planned.clear()
         await self._for_each(ready, functools.partial(self._plan, reads))
-        try:
-            await self._for_each(ready, one)
-        finally:
-            self._planned.clear()  # a partition the round did not copy after all
+        await self._for_each(ready, one)
         self.stats.l0_span_gets += reads.stats.span_gets
         self.stats.l0_extent_gets += reads.stats.extent_gets
         self.stats.l0_extents_from_spans += reads.stats.extents_from_spans
@@ -262,9 +255,7 @@ class Reconciler:
             )
         except LevelZeroError:
             return  # the copy reads them again, and says what fails
-        batch = self._batch_of(placeholders, hwm)
-        reads.plan(record.entry for record in batch if isinstance(record.entry, Placeholder))
-        self._planned[actor.row.pid] = (start, batch)  # a batch at most: bounded with the plan
+        reads.plan_batch(actor.row.pid, start, self._batch_of(placeholders, hwm))
 
     def _due_for_object(self, actor: PartitionActor) -> bool:
         """Whether `actor`'s unreconciled data is to be written now: it reached
@@ -333,7 +324,8 @@ class Reconciler:
         """Reconcile one batch of `actor`'s unreconciled placeholders into one L1 object.
 
         `term` defaults to the actor's current term; a test passes an old one to play a zombie.
-        `reads`: the round's shared reads of L0 objects (none: a GET per extent).
+        `reads`: the round's plan and shared reads of L0 objects (none: the placeholders read
+        here, a GET per extent).
         Returns False when there was nothing to do or the catch-up was rejected."""
         term = actor.term if term is None else term
         state = actor.state
@@ -367,19 +359,8 @@ class Reconciler:
             actor.row.topic, actor.row.partition, base, last, term, new_uuid(self._rng.getrandbits(128))
         )
         data, _ = build_object(term, [(actor.row.pid, encode_extent(records), len(records))])
-        now = self._wall()
-        row = L1Row(
-            key,
-            actor.row.pid,
-            base,
-            last,
-            lrlo,
-            term,
-            len(data),
-            L1State.COPY_STARTED,
-            now,
-            now,
-            max_timestamp(records),
+        row = L1Row.copy_started(
+            key, actor.row.pid, base, last, lrlo, term, len(data), self._wall(), max_timestamp(records)
         )
         await self._log.l1_insert(row)
         try:
@@ -424,9 +405,9 @@ class Reconciler:
     ) -> tuple[list[LogRecord], list[Record]]:
         """Placeholders from data offset `start` (below `hwm`) up to the byte budget, and their
         records."""
-        planned = self._planned.pop(actor.row.pid, None)
-        if planned is not None and planned[0] == start:
-            placeholders = planned[1]  # read by this round's plan (the log below HWM is fixed)
+        planned = None if reads is None else reads.take_batch(actor.row.pid, start)
+        if planned is not None:
+            placeholders = planned  # read by this round's plan (the log below HWM is fixed)
         else:
             placeholders = await self._log.read_placeholders(
                 actor.row.pid, start, self.config.placeholders_per_object_max

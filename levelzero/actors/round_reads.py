@@ -3,15 +3,16 @@
 An L0 object holds one extent for each partition written in its batch window, and each
 partition's L1 object is built from its own extents, so a reconciler reading extent by extent
 makes one ranged GET per partition per L0 object: 64 GETs for an object of 64 partitions, five
-times the PUTs' price on S3 at 1 MiB/s (BENCHMARKS.md, item 13). A round first plans: the
-placeholders each due partition will copy (read from the log store once, handed on to the copy).
-Then the first copy needing an extent of an object planned for two or more fetches the span
-holding every planned extent of it, one GET; the others slice it. A span is dropped once its last
-planned extent is taken, and spans held at once stay within `budget_bytes` (a span that would
-not fit, an extent that was not planned, or a span whose GET failed for another copy: read with
-its own ranged GET, as before). L0 objects are immutable, so a slice is the bytes a ranged GET
-would return; the partitions reading them have unreconciled data in the object, so `M(p)` keeps
-the object from the GC while they do (as for their own reads)."""
+times the PUTs' price on S3 at 1 MiB/s (BENCHMARKS.md, item 13). A round first plans: the batch
+of placeholders each due partition will copy first (read from the log store once, kept here and
+handed on to that partition's copy: the plan belongs to the round, so a copy made outside it
+reads its own). Then the first copy needing an extent of an object planned for two or more
+fetches the span holding every planned extent of it, one GET; the others slice it. A span is
+dropped once its last planned extent is taken, and spans held at once stay within `budget_bytes`
+(a span that would not fit, an extent that was not planned, or a span whose GET failed for
+another copy: read with its own ranged GET, as before). L0 objects are immutable, so a slice is
+the bytes a ranged GET would return; the partitions reading them have unreconciled data in the
+object, so `M(p)` keeps the object from the GC while they do (as for their own reads)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.storage.protocols import ObjectStore
 
 _Extent = tuple[int, int]  # byte offset, byte length
@@ -51,6 +52,9 @@ class RoundReads:
         self._spans: dict[str, _Span] = {}
         self._held = 0  # bytes of the spans in `_spans`
         self._planned_bytes = 0
+        # The batch each partition planned copies first: pid -> (its first data offset, the
+        # batch's placeholders). One batch per partition: bounded with the plan (`full`).
+        self._batches: dict[int, tuple[int, list[LogRecord]]] = {}
         self.stats = RoundReadStatistics()
 
     def plan(self, placeholders: Iterable[Placeholder]) -> None:
@@ -58,6 +62,18 @@ class RoundReads:
         for p in placeholders:
             self._planned.setdefault(p.object_key, set()).add((p.byte_offset, p.byte_length))
             self._planned_bytes += p.byte_length
+
+    def plan_batch(self, pid: int, start: int, batch: list[LogRecord]) -> None:
+        """The placeholders partition `pid` will copy first, from data offset `start`: their
+        extents planned, the batch kept for the copy (`take_batch`)."""
+        self.plan(record.entry for record in batch if isinstance(record.entry, Placeholder))
+        self._batches[pid] = (start, batch)
+
+    def take_batch(self, pid: int, start: int) -> list[LogRecord] | None:
+        """The batch planned for `pid` if it starts at `start` (the log below the HWM is fixed,
+        so it is what a read would return), once; None otherwise: the copy reads its own."""
+        planned = self._batches.pop(pid, None)
+        return planned[1] if planned is not None and planned[0] == start else None
 
     @property
     def full(self) -> bool:

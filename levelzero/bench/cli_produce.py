@@ -21,7 +21,7 @@ from pathlib import Path
 
 import anyio
 
-from .common import Figure, Settings, Target, figure, interleave, work_dir
+from .common import Figure, Settings, Target, figure, interleave, kafka_bench_daemon, work_dir
 
 ITEM = "cli"
 RECORDS = 300_000
@@ -71,25 +71,12 @@ async def _client_side(url: str, topic: str, lines: Path) -> int:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.client import Client
-    from levelzero.config import load_config
-    from levelzero.daemon.service import running_daemon
-
     count = settings.pick(RECORDS, 20_000)
     with work_dir(settings, ITEM) as tmp:
         lines = Path(tmp) / "lines.txt"
         write_lines(lines, count)
-        config = load_config(
-            None,
-            environ={},
-            overrides={
-                ("storage", "data_dir"): str(Path(tmp) / "data"),
-                ("server", "listen"): "127.0.0.1:0",
-                ("batcher", "linger_ms"): 5.0,
-                ("node", "epoch_bump_interval_s"): 0.0,
-            },
-        )
-        async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        data_dir = Path(tmp) / "data"
+        async with kafka_bench_daemon(data_dir, kafka=False, l1_every_pass=False) as (daemon, client):
             assert daemon.url is not None
             url = daemon.url
 

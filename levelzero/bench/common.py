@@ -17,17 +17,23 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
 from levelzero.testing.moto import moto_process
+
+if TYPE_CHECKING:
+    from levelzero.actors.node import Node
+    from levelzero.client import Client
+    from levelzero.daemon.service import Daemon
 
 T = TypeVar("T")
 U = TypeVar("U")
 
 MOTO_ACCESS_KEY = "levelzero-bench"
 MOTO_SECRET_KEY = "levelzero-bench-secret"  # noqa: S105 - a local moto server's, no secret
+SETTLE_STEPS_MAX = 1200  # of 50 ms: a minute for the reconciler to catch up before a round
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -281,6 +287,50 @@ def work_dir(settings: Settings, name: str) -> Any:
     """A fresh directory for one item, removed afterwards."""
     with tempfile.TemporaryDirectory(prefix=f"lz-bench-{name}-", dir=settings.work_dir) as tmp:
         yield Path(tmp)
+
+
+# ------------------------------------------------------------------------------------ daemon
+
+
+@contextlib.asynccontextmanager
+async def kafka_bench_daemon(
+    data_dir: Path, *, kafka: bool = True, l1_every_pass: bool = True
+) -> AsyncIterator[tuple[Daemon, Client]]:
+    """The daemon the front-end items measure (9 Kafka, 15 CLI produce, 16 transactions), and a
+    client of its HTTP API: local object store in `data_dir`, the daemon's defaults but
+    `batcher.linger_ms` 5 (as the test helpers use) and no epoch bumper; HTTP on a loopback port,
+    and the Kafka listener too with `kafka`. `l1_every_pass`: an L1 object every reconciler pass,
+    so a round can start once the last one's data is reconciled (`wait_reconciled`), not 30 s
+    later."""
+    from levelzero.client import Client
+    from levelzero.config import load_config
+    from levelzero.daemon.service import running_daemon
+
+    overrides: dict[tuple[str, str], object] = {
+        ("storage", "data_dir"): str(data_dir),
+        ("server", "listen"): "127.0.0.1:0",
+        ("batcher", "linger_ms"): 5.0,
+        ("node", "epoch_bump_interval_s"): 0.0,
+    }
+    if kafka:
+        overrides["kafka", "listen"] = "127.0.0.1:0"
+    if l1_every_pass:
+        overrides["reconciler", "object_age_max_s"] = 0.0
+    config = load_config(None, environ={}, overrides=overrides)
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        assert daemon.url is not None and daemon.node is not None
+        assert (daemon.kafka_port is not None) == kafka
+        yield daemon, client
+
+
+async def wait_reconciled(node: Node) -> None:
+    """Until `node` holds no unreconciled data, for a minute at most (SETTLE_STEPS_MAX steps of
+    50 ms): a round starts after the previous round's copy, which would otherwise run inside it,
+    on the CPUs its clients and the daemon share."""
+    for _ in range(SETTLE_STEPS_MAX):
+        if not any(a.state.has_unreconciled_data for a in node.partitions()):
+            return
+        await anyio.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------ moto

@@ -7,12 +7,16 @@ beside SQLite's at the same load.
          node's partitions do (one `append_many` for every partition with records queued);
          `CALLERS` tasks write `Placeholder`s in a closed loop, as item 4 does on SQLite;
 - floor: the database work of the same appends with the driver alone: `WRITERS` asyncpg
-         connections (the store's writers), each doing BEGIN; <the store's fence-and-append
-         statement: lock the batch's partition rows, advance those whose term and offset match,
-         insert their log rows>; COMMIT back to back on its own half of the partitions, in the
-         batch shape the group commit reached in the SUT run before it (records and partitions
-         per commit), rows encoded up front. Nothing of levelzero runs: no actors, no batching,
-         no Python per record beyond building the arrays.
+         connections (the store's writers), each sending the store's fence-and-append statement
+         (lock the batch's partition rows, advance those whose term and offset match, insert
+         their log rows) back to back on its own half of the partitions, as the store sends an
+         append-only batch: the statement alone, a transaction by itself. Once a second each
+         writer's batch also carries a fence-event row per partition of its half, as the SUT's
+         appender writes the partitions' buffered fence events once a second (the batch is then
+         BEGIN; the statement; the events' insert; COMMIT, as the store's mixed batches are).
+         In the batch shape the group commit reached in the SUT run before it (records and
+         partitions per commit), rows encoded up front. Nothing of levelzero runs: no actors,
+         no batching, no Python per record beyond building the arrays.
 The server: a throwaway one started for the run (initdb + pg_ctl, default settings except the
 port; fsync stays on, so a commit costs what it costs in production on this disk), or the one
 named by LEVELZERO_BENCH_POSTGRES_DSN (a user that may create databases). Each run gets a fresh
@@ -35,14 +39,14 @@ import anyio.to_process
 import asyncpg
 import msgspec
 
-from levelzero.actors.appender import Appender
+from levelzero.actors.appender import FENCE_EVENTS_FLUSH_INTERVAL_S, Appender
 from levelzero.actors.partition import PartitionActor
 from levelzero.core.leader import WatermarkBoard
 from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader
 from levelzero.storage.log_rules import log_row
 from levelzero.storage.protocols import Append, L0ObjectRow, OnDurable
-from levelzero.storage.postgres.base import APPEND_BATCH, WRITERS
+from levelzero.storage.postgres.base import _FENCE_INSERT, APPEND_BATCH, WRITERS
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.testing.postgres import start_throwaway
 from levelzero.storage.sqlite import SqliteLogStore
@@ -207,6 +211,7 @@ async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, second
         connection = await asyncpg.connect(dsn)
         try:
             turn = 0
+            events_due = start + FENCE_EVENTS_FLUSH_INTERVAL_S
             while time.perf_counter() < deadline:
                 chosen = [own[(turn + i) % len(own)] for i in range(per_batch)]
                 turn += per_batch
@@ -222,8 +227,15 @@ async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, second
                         row = pool[(done + len(log_rows)) % ROW_POOL]
                         log_rows.append((pid, offset, *row[2:]))
                     next_offset[pid] = first + count
-                async with connection.transaction():
-                    answer = await connection.fetch(APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11))
+                columns = (*_columns(asks, 4), *_columns(log_rows, 11))
+                if time.perf_counter() < events_due:
+                    answer = await connection.fetch(APPEND_BATCH, *columns)
+                else:
+                    events_due += FENCE_EVENTS_FLUSH_INTERVAL_S
+                    events = [(time.time(), pid, 1, EPOCH, "admitted", EPOCH, EPOCH, 4) for pid in own]
+                    async with connection.transaction():
+                        answer = await connection.fetch(APPEND_BATCH, *columns)
+                        await connection.execute(_FENCE_INSERT, *_columns(events, 8))
                 assert all(r["accepted"] for r in answer), answer
                 done += len(log_rows)
         finally:

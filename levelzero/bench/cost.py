@@ -12,9 +12,13 @@ it. Open-loop producers offer a fixed rate of 1 KiB records (one produce call pe
   are counted per GiB acknowledged in the window; the reconciler's (L1 PUTs, its GETs of L0
   extents), per GiB it reconciled in warm-up and window: an L1 object waits up to
   `reconciler.object_age_max_s`, so they come in bursts a window would catch or miss;
-- readers: production stops, and one reader per partition reads the window's records once
-  (max_bytes 1 MiB, as Kafka's max.partition.fetch.bytes), counted apart
-  (`CountingObjectStore.role`): from L1 what is reconciled, from L0 extents what waits.
+- readers: production stops, and one consumer of every partition reads the window's records
+  once: round after round, a fetch of every partition not at its end yet, all at once (as one
+  Kafka Fetch carries them), each up to 1 MiB (Kafka's max.partition.fetch.bytes), counted
+  apart (`CountingObjectStore.role`): from L1 what is reconciled, from L0 what waits. Read
+  twice: first each L0 extent alone (a reader without the cache: one ranged GET per partition
+  per L0 object, as before the cache), then through the node's reader and its cache of L0
+  objects (`actors/l0_cache.py`); the second is what the dollars count.
 Rates, floors and dollars are taken at the rate acknowledged in the window: a loaded machine
 may fall behind the offered rate (the notes give both).
 
@@ -38,13 +42,16 @@ import math
 import os
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import anyio
 
 from levelzero.actors.batcher import BatcherConfig
+from levelzero.actors.l0_cache import L0ObjectCache
 from levelzero.actors.node import Node, NodeConfig
+from levelzero.actors.reader import FetchResult, Reader
 from levelzero.core.errors import InvalidInput
 from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore, RequestCounts
@@ -62,6 +69,7 @@ SECONDS_PER_MONTH = 30 * 86_400
 TARGET_L0 = Target(1.10, higher_is_better=False)
 KEPT_UP = 0.9  # of the offered rate acknowledged, or the L0 row gets no verdict
 READ_BYTES = 1024 * 1024
+ROUNDS_MAX = 100_000  # of the readers' fetches (a round reads up to READ_BYTES a partition)
 PRICES_ENV = "LEVELZERO_BENCH_S3_PRICES"
 _RUNS = itertools.count()  # a fresh log store per measurement
 
@@ -166,7 +174,8 @@ class Measured:
     window: RequestCounts
     run: RequestCounts  # warm-up and window: the reconciler's requests come in bursts
     reconciled_bytes: int  # record values the reconciler copied in warm-up and window
-    readers: RequestCounts
+    readers: RequestCounts  # through the node's reader (its cache of L0 objects)
+    readers_uncached: RequestCounts  # each L0 extent read alone (as before the cache)
     read_bytes: int
     sweep: RequestCounts  # the GC's first round (a sweep over every prefix)
     sweep_interval_s: float
@@ -178,7 +187,8 @@ class Measured:
         """The rate acknowledged in the window: the offered one unless the machine fell behind."""
         return self.payload_bytes / MIB / self.window_s
 
-    def per_gib(self) -> PerGib:
+    def per_gib(self, *, uncached: bool = False) -> PerGib:
+        """`uncached`: the readers' GETs of the pass that read each L0 extent alone."""
         gib = self.payload_bytes / GIB
         seconds_per_gib = GIB / (self.mib_per_s * MIB)
         sweeps_per_gib = seconds_per_gib / self.sweep_interval_s if self.sweep_interval_s else 0.0
@@ -190,7 +200,7 @@ class Measured:
             l0_puts=self.window.l0_puts / gib,
             l1_puts=self.run.l1_puts / reconciled_gib if reconciled_gib else 0.0,
             reconciler_gets=self.run.gets / reconciled_gib if reconciled_gib else 0.0,
-            reader_gets=self.readers.gets / read_gib,
+            reader_gets=(self.readers_uncached if uncached else self.readers).gets / read_gib,
             lists=self.sweep.lists * sweeps_per_gib,
             delete_requests=self.window.delete_requests / gib,
             heads=self.window.heads / gib,
@@ -275,18 +285,27 @@ async def measure(
                     stop.set()
                 counting = False
             offsets_at_end = {a.row.partition: a.state.high_watermark for a in node.partitions()}
-            # Readers: each partition's window read once, from the L1 objects the reconciler
-            # wrote (and the unreconciled L0 tail, if any).
-            # (Counted under a role of their own: the reconciler may still be catching up.)
-            read_bytes = 0
+            # Readers: one consumer of every partition reads the window once (from the L1
+            # objects the reconciler wrote, and the unreconciled L0 tail, if any): first
+            # reading each L0 extent alone, as before the readers' cache, then through the
+            # node's reader and its cache. (Counted under roles of their own: the reconciler
+            # may still be catching up.)
+            uncached = Reader(log_store, L0ObjectCache(store, 0, 1))
+            uncached.l1 = node.l1
+
+            async def fetch_uncached(partition: int, offset: int) -> FetchResult:
+                return await uncached.fetch(node.partition(topic, partition), offset, READ_BYTES)
+
+            async def fetch_cached(partition: int, offset: int) -> FetchResult:
+                return await node.fetch(topic, partition, offset, READ_BYTES)
+
+            span = {p: (first, offsets_at_end[p]) for p, first in offsets_at_start.items()}
+            with store.role("reader_uncached"):
+                read_bytes_uncached = await _read_once(fetch_uncached, span)
             with store.role("reader"):
-                for partition, first in offsets_at_start.items():
-                    offset, end = first, offsets_at_end[partition]
-                    while offset < end:
-                        result = await node.fetch(topic, partition, offset, READ_BYTES)
-                        assert result.records, (partition, offset, end)
-                        read_bytes += sum(len(r.value or b"") for r in result.records)
-                        offset = result.next_offset
+                read_bytes = await _read_once(fetch_cached, span)
+            assert read_bytes == read_bytes_uncached, (read_bytes, read_bytes_uncached)
+            readers_uncached = store.snapshot("reader_uncached")
             readers = store.snapshot("reader")
             stats = node.reconciler.stats
             per_object = stats.records_reconciled / max(1, stats.objects_written)
@@ -300,12 +319,45 @@ async def measure(
         run=run,
         reconciled_bytes=reconciled * VALUE_BYTES,
         readers=readers,
+        readers_uncached=readers_uncached,
         read_bytes=read_bytes,
         sweep=sweep,
         sweep_interval_s=config.gc.sweep_interval_s,
         unreconciled_s=(sum(unreconciled) / max(1, len(unreconciled))) / acked_per_s,
         l1_records_per_object=per_object,
     )
+
+
+async def _read_once(
+    fetch: Callable[[int, int], Awaitable[FetchResult]], span: dict[int, tuple[int, int]]
+) -> int:
+    """One consumer of every partition reads each partition's [first, end) once: round after
+    round, one fetch of each partition not read to its end yet, all at once (as one Kafka Fetch
+    carries every partition, each up to READ_BYTES). The record bytes read."""
+    positions = {p: first for p, (first, _) in span.items()}
+    read = 0
+
+    async def one(partition: int) -> None:
+        nonlocal read
+        result = await fetch(partition, positions[partition])
+        assert result.records, (partition, positions[partition], span[partition])
+        read += sum(len(r.value or b"") for r in result.records)
+        positions[partition] = result.next_offset
+
+    for _ in range(ROUNDS_MAX):
+        due = [p for p, (_, end) in span.items() if positions[p] < end]
+        if not due:
+            return read
+        async with anyio.create_task_group() as tg:
+            for p in due:
+                tg.start_soon(one, p)
+    raise AssertionError(f"not read in {ROUNDS_MAX} rounds")
+
+
+def _reader_dollars(m: Measured, prices: S3Prices, *, uncached: bool = False) -> float:
+    """The readers' GETs a month at the acknowledged rate (the window read once)."""
+    gets = m.per_gib(uncached=uncached).reader_gets
+    return monthly_dollars(PerGib(0, 0, 0, gets, 0, 0, 0), m.mib_per_s, prices)[0]
 
 
 def _round(value: float) -> float:
@@ -324,6 +376,10 @@ def _notes(m: Measured, per_gib: PerGib, prices: S3Prices, config: NodeConfig) -
         "window_counts": m.window.as_dict(),
         "run_counts": m.run.as_dict(),
         "reader_counts": m.readers.as_dict(),
+        "reader_counts_uncached": m.readers_uncached.as_dict(),
+        "reader_gets_per_gib_uncached": _round(m.per_gib(uncached=True).reader_gets),
+        "reader_dollars_per_month": round(_reader_dollars(m, prices), 2),
+        "reader_dollars_per_month_uncached": round(_reader_dollars(m, prices, uncached=True), 2),
         "sweep_counts": m.sweep.as_dict(),
         "l0_mean_object_kib": round(m.window.l0_put_bytes / max(1, m.window.l0_puts) / 1024, 1),
         "l1_mean_object_kib": round(m.run.l1_put_bytes / max(1, m.run.l1_puts) / 1024, 1),
@@ -392,6 +448,17 @@ async def run(settings: Settings) -> list[Figure]:
                     [(requests_usd, floor_usd)],
                     sut_label="all requests",
                     floor_label="L0 floor",
+                )
+            )
+            figures.append(
+                figure(
+                    ITEM,
+                    f"readers' GETs per GiB through the L0 cache vs each L0 extent read alone, "
+                    f"{workload.label} (one consumer of every partition, read once)",
+                    "GETs/GiB",
+                    [(per_gib.reader_gets, m.per_gib(uncached=True).reader_gets)],
+                    sut_label="cached",
+                    floor_label="alone",
                 )
             )
         if not settings.quick:

@@ -34,7 +34,16 @@ from pathlib import Path
 
 import anyio
 
-from .common import Figure, Settings, Target, figure, interleave, work_dir
+from .common import (
+    Figure,
+    Settings,
+    Target,
+    figure,
+    interleave,
+    kafka_bench_daemon,
+    wait_reconciled,
+    work_dir,
+)
 
 ITEM = "kafka"
 PARTITIONS = 6
@@ -51,7 +60,6 @@ CONSUME_POLLS_MAX = 100_000
 # `poll(0)` after every `produce()` was a second call per record in the client's Python loop,
 # a third of its enqueue time, on the Kafka side only (the HTTP client makes no call per record).
 POLL_EVERY = 1_000
-SETTLE_STEPS_MAX = 1200  # of 50 ms: a minute for the reconciler to catch up before a round
 
 
 # Where a Kafka round's produce time went (printed with the rates, kept in the notes).
@@ -173,27 +181,11 @@ async def in_child(*args: str) -> dict[str, float]:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.client import Client
-    from levelzero.config import load_config
-    from levelzero.daemon.service import running_daemon
-
     count = settings.pick(300_000, 6_000)  # a round of ~1 s a side: shorter ones scattered 66-173%
     with work_dir(settings, ITEM) as tmp:
-        config = load_config(
-            None,
-            environ={},
-            overrides={
-                ("storage", "data_dir"): str(Path(tmp) / "data"),
-                ("server", "listen"): "127.0.0.1:0",
-                ("kafka", "listen"): "127.0.0.1:0",
-                ("batcher", "linger_ms"): 5.0,
-                ("node", "epoch_bump_interval_s"): 0.0,
-                # An L1 object every pass: each round starts once the last one's data is
-                # reconciled (see `observed`), not 30 s later.
-                ("reconciler", "object_age_max_s"): 0.0,
-            },
-        )
-        async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        # An L1 object every pass: each round starts once the last one's data is reconciled
+        # (see `observed`), not 30 s later.
+        async with kafka_bench_daemon(Path(tmp) / "data") as (daemon, client):
             assert daemon.kafka_port is not None and daemon.url is not None and daemon.node is not None
             port, url, node = str(daemon.kafka_port), daemon.url, daemon.node
             background: dict[str, list[dict[str, float]]] = {"kafka": [], "http": []}
@@ -206,10 +198,7 @@ async def run(settings: Settings) -> list[Figure]:
                 # The previous round's data reconciled first: otherwise its copy runs inside
                 # this round, on the CPUs this side's client and the daemon share, and which
                 # side pays for it depends on the order (it swung the produce figure 67-226%).
-                for _ in range(SETTLE_STEPS_MAX):
-                    if not any(a.state.has_unreconciled_data for a in node.partitions()):
-                        break
-                    await anyio.sleep(0.05)
+                await wait_reconciled(node)
                 reconciled = node.reconciler.stats.records_reconciled
                 cpu, wall = time.process_time(), time.perf_counter()
                 answer = await in_child(side, "produce", where, topic, str(count), seed)

@@ -28,7 +28,16 @@ from pathlib import Path
 
 import anyio
 
-from .common import Figure, Settings, Target, figure, interleave, work_dir
+from .common import (
+    Figure,
+    Settings,
+    Target,
+    figure,
+    interleave,
+    kafka_bench_daemon,
+    wait_reconciled,
+    work_dir,
+)
 
 ITEM = "txn"
 PRODUCERS = 4
@@ -36,7 +45,6 @@ TXN_RECORDS = 100
 KEY_BYTES = 16
 VALUE_BYTES = 100
 TARGET = Target(0.7)
-SETTLE_STEPS_MAX = 1200  # of 50 ms: the previous round's data reconciled before a round
 
 
 def make_records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
@@ -99,33 +107,14 @@ async def in_child(*args: str) -> float:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    from levelzero.client import Client
-    from levelzero.config import load_config
-    from levelzero.daemon.service import running_daemon
-
     count = settings.pick(40_000, 2_000)
     with work_dir(settings, ITEM) as tmp:
-        config = load_config(
-            None,
-            environ={},
-            overrides={
-                ("storage", "data_dir"): str(Path(tmp) / "data"),
-                ("server", "listen"): "127.0.0.1:0",
-                ("kafka", "listen"): "127.0.0.1:0",
-                ("batcher", "linger_ms"): 5.0,
-                ("node", "epoch_bump_interval_s"): 0.0,
-                ("reconciler", "object_age_max_s"): 0.0,
-            },
-        )
-        async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        async with kafka_bench_daemon(Path(tmp) / "data") as (daemon, client):
             assert daemon.kafka_port is not None and daemon.node is not None
             port, node = str(daemon.kafka_port), daemon.node
 
             async def side(name: str, i: int) -> float:
-                for _ in range(SETTLE_STEPS_MAX):
-                    if not any(a.state.has_unreconciled_data for a in node.partitions()):
-                        break
-                    await anyio.sleep(0.05)
+                await wait_reconciled(node)
                 topic = f"{name}-{i}"
                 await client.create_topic(topic, PRODUCERS)
                 return await in_child(name, port, topic, str(count), str(i))

@@ -90,6 +90,13 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
                 f"    {d.partition} {d.key}: failing since {_ago(d.since)} ({d.failures} tries), "
                 f"next in {max(0.0, d.next_retry_at - time.time()):.0f} s: {d.last_error}"
             )
+    c = status.l0_cache
+    if c is not None:
+        lines.append(
+            f"L0 cache: {c.objects} objects ({_mib(c.held_bytes)} of {_mib(c.bytes_max)}), "
+            f"extents without a GET of their own {c.hits + c.shared} ({c.hit_ratio:.0%}), "
+            f"object GETs {c.loads}, extent GETs {c.uncached_gets}, evictions {c.evictions}"
+        )
     h = status.housekeeper
     if h is not None:
         lines.append(

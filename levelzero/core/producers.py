@@ -19,6 +19,7 @@ below the newest batch known, changes nothing.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 BATCHES_REMEMBERED = 5
@@ -31,6 +32,15 @@ class StoredBatch:
     base_sequence: int
     record_count: int
     base_offset: int
+
+
+def batch_with_sequence(batches: Sequence[StoredBatch], base_sequence: int) -> StoredBatch | None:
+    """The one of a producer's last `batches` (of its current epoch) that began at
+    `base_sequence`: the batch a retry with that sequence repeats; None if it is new."""
+    for batch in batches:
+        if batch.base_sequence == base_sequence:
+            return batch
+    return None
 
 
 class ProducerSequences:
@@ -52,10 +62,7 @@ class ProducerSequences:
         state = self._states.get((producer_id, topic, partition))
         if state is None or state[0] != producer_epoch:
             return None
-        for batch in state[1]:
-            if batch.base_sequence == base_sequence:
-                return batch
-        return None
+        return batch_with_sequence(state[1], base_sequence)
 
     def next_sequence(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> int | None:
         """The base sequence the producer's next new batch must have, or None when any will do
@@ -164,10 +171,7 @@ class PartitionProducers:
         state = self._states.get(producer_id)
         if state is None or state[0] != producer_epoch:
             return None
-        for batch in state[1]:
-            if batch.base_sequence == base_sequence:
-                return batch
-        return None
+        return batch_with_sequence(state[1], base_sequence)
 
     def next_sequence(self, producer_id: int, producer_epoch: int) -> int | None:
         """The base sequence the producer's next new batch must have, or None when any will do

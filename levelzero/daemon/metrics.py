@@ -177,6 +177,27 @@ def batcher_metrics(node: Node) -> Iterable[Metric]:
     )
     yield _counter("levelzero_reader_l0_reads", "Fetches served from L0.", node.reader.l0_reads)
     yield _counter("levelzero_reader_l1_reads", "Fetches served from L1.", node.reader.l1_reads)
+    yield from l0_cache_metrics(node)
+
+
+def l0_cache_metrics(node: Node) -> Iterable[Metric]:
+    stats = node.l0_cache.statistics()
+    counters = {
+        "hits": "L0 extents read from an object the readers' cache held.",
+        "shared": "L0 extents read from an object GET another read had in flight.",
+        "loads": "GETs of whole L0 objects by the readers' cache.",
+        "uncached_gets": "L0 extents read with a ranged GET of their own (cache off or full).",
+        "evictions": "L0 objects dropped from the readers' cache for room.",
+    }
+    for name, doc in counters.items():
+        yield _counter(f"levelzero_l0_cache_{name}", doc, getattr(stats, name))
+    gauges = {
+        "held_bytes": "Bytes of L0 objects the readers' cache holds.",
+        "objects": "L0 objects the readers' cache holds.",
+        "bytes_max": "The readers' cache bound (node.l0_cache_bytes_max).",
+    }
+    for name, doc in gauges.items():
+        yield _gauge(f"levelzero_l0_cache_{name}", doc, getattr(stats, name))
 
 
 def reconciler_metrics(node: Node) -> Iterable[Metric]:

@@ -80,6 +80,7 @@ from levelzero.http.schema import (
     ProduceResponse,
     RecordOut,
     ReconcileFailingStatus,
+    L0CacheStatus,
     ReconcilerStatus,
     CompactorStatus,
     PartitionCompactionStatus,
@@ -647,6 +648,7 @@ class Api:
                     inflight_bytes=stats.inflight_bytes,
                 ),
                 reconciler=reconciler_status(self.node),
+                l0_cache=l0_cache_status(self.node),
                 compactor=compactor_status(self.node),
                 housekeeper=housekeeper_status(self.node),
                 gc=gc_status(self.node),
@@ -820,6 +822,22 @@ def compactor_status(node: Node) -> CompactorStatus:
             )
             for name, p in sorted(node.compactor.partitions.items())[:STATUS_PARTITIONS_SHOWN_MAX]
         ],
+    )
+
+
+def l0_cache_status(node: Node) -> L0CacheStatus:
+    stats = node.l0_cache.statistics()
+    return L0CacheStatus(
+        bytes_max=stats.bytes_max,
+        held_bytes=stats.held_bytes,
+        inflight_bytes=stats.inflight_bytes,
+        objects=stats.objects,
+        hits=stats.hits,
+        shared=stats.shared,
+        loads=stats.loads,
+        uncached_gets=stats.uncached_gets,
+        evictions=stats.evictions,
+        hit_ratio=round(stats.hit_ratio, 4),
     )
 
 

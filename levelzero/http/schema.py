@@ -180,6 +180,21 @@ class BatcherStatus(_Response):
     inflight_bytes: int
 
 
+class L0CacheStatus(_Response):
+    """The readers' cache of L0 objects (`node.l0_cache_bytes_max`): one GET per object."""
+
+    bytes_max: int
+    held_bytes: int  # objects held
+    inflight_bytes: int  # GETs of objects in flight, each counted at the largest object loaded lately
+    objects: int
+    hits: int  # extents sliced from a held object
+    shared: int  # extents sliced from a GET another read had in flight
+    loads: int  # GETs of an object
+    uncached_gets: int  # extents read with a GET of their own (off, no room, failed load)
+    evictions: int  # objects dropped for room
+    hit_ratio: float  # (hits + shared) / extents read
+
+
 class ReconcilerStatus(_Response):
     rounds: int
     objects_written: int  # L1 objects
@@ -324,6 +339,7 @@ class StatusResponse(_Response):
     partitions: list[PartitionStatus]
     batcher: BatcherStatus
     reconciler: ReconcilerStatus | None = None
+    l0_cache: L0CacheStatus | None = None
     compactor: CompactorStatus | None = None
     housekeeper: HousekeeperStatus | None = None
     gc: GcStatus | None = None

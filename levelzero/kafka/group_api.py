@@ -74,6 +74,7 @@ class GroupApi:
             body.protocol_type,
             [(p.name, bytes(p.metadata)) for p in body.protocols],
             request.client_host,
+            getattr(body, "group_instance_id", None),  # v5+
         )
         members = tuple(
             make(m.JoinGroupResponseMember, member_id=mid, group_instance_id=None, metadata=meta)

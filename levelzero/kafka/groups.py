@@ -65,6 +65,7 @@ class Member:
     last_seen: float
     assignment: bytes = b""
     client_host: str = ""
+    instance_id: str | None = None  # group.instance.id (KIP-345), as given at JoinGroup
 
 
 @dataclass(slots=True)
@@ -265,6 +266,7 @@ class GroupCoordinator:
         protocol_type: str,
         protocols: Sequence[tuple[str, bytes]],
         client_host: str = "",
+        instance_id: str | None = None,
     ) -> JoinResult:
         def refused(code: ErrorCode) -> JoinResult:
             return JoinResult(code, -1, None, None, "", member_id, [])
@@ -296,6 +298,7 @@ class GroupCoordinator:
             list(protocols),
             now,
             client_host=client_host,
+            instance_id=instance_id,
         )
         if group.state != "preparing":
             self._start_round(group, initial=group.state == "empty")
@@ -413,6 +416,39 @@ class GroupCoordinator:
         # revoked); between JoinGroup's answer and SyncGroup it has no assignment to commit for.
         if group.state == "completing":
             return ErrorCode.rebalance_in_progress
+        return ErrorCode.none
+
+    def check_txn_commit(
+        self, group_id: str, member_id: str, generation: int, instance_id: str | None
+    ) -> ErrorCode:
+        """May a transaction commit offsets for this member (TxnOffsetCommit v3+, KIP-447)? As
+        Kafka's coordinator validates a transactional offset commit: generation -1 with an empty
+        member id and no instance id is not checked (a producer naming only the group, or an
+        older request); generation -1 to an empty group is not either; otherwise the member
+        must be in the group (UNKNOWN_MEMBER_ID: a member dropped at its session timeout, or a
+        group this node knows no members of, as after a restart) at the group's generation
+        (ILLEGAL_GENERATION: a zombie of an older generation). A member whose group.instance.id
+        a newer member joined with is FENCED_INSTANCE_ID (static members are otherwise served
+        as dynamic ones). Unlike OffsetCommit, a group completing a rebalance does not refuse
+        it."""
+        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+            return ErrorCode.invalid_group_id
+        group = self.groups.get(group_id)
+        if group is not None:
+            self._expire(group)
+        if generation < 0 and (group is None or group.state == "empty"):
+            return ErrorCode.none
+        if generation < 0 and not member_id and instance_id is None:
+            return ErrorCode.none
+        members = {} if group is None else group.members
+        if instance_id is not None:
+            holders = [m.member_id for m in members.values() if m.instance_id == instance_id]
+            if holders and holders[-1] != member_id:  # the latest to join with it holds it
+                return ErrorCode.fenced_instance_id
+        if group is None or member_id not in members:
+            return ErrorCode.unknown_member_id
+        if generation != group.generation:
+            return ErrorCode.illegal_generation
         return ErrorCode.none
 
     async def commit(self, group_id: str, offsets: Sequence[tuple[str, int, int, str, int]]) -> None:

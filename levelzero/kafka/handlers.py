@@ -56,6 +56,7 @@ class Handlers:
             cluster,
             self.transactions.index,
             self.transactions.wait_offsets_stable,
+            self.transactions.pending_offsets,
         )
         self.group_api = GroupApi(self.groups, cluster)
 

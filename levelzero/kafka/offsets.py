@@ -35,11 +35,15 @@ class OffsetsApi:
         cluster: Cluster,
         txns: PartitionIndex | None = None,
         offsets_stable: Callable[[str], Awaitable[None]] | None = None,
+        pending_offsets: Callable[[str], Awaitable[set[tuple[str, int]]]] | None = None,
     ) -> None:
         self.txns = txns  # ListOffsets latest with read_committed: the last stable offset
-        # OffsetFetch: a group's offsets committed by a transaction whose markers are on their
-        # way are stored first (`TransactionCoordinator.wait_offsets_stable`)
+        # OffsetFetch without require_stable: a group's offsets committed by a transaction whose
+        # markers are on their way are stored first (`TransactionCoordinator.wait_offsets_stable`)
         self.offsets_stable = offsets_stable
+        # OffsetFetch with require_stable (v7+, KIP-447): the partitions whose offsets an
+        # unfinished transaction holds (`TransactionCoordinator.pending_offsets`)
+        self.pending_offsets = pending_offsets
         self.node = node
         self.intake = intake
         self.groups = groups
@@ -176,9 +180,27 @@ class OffsetsApi:
         return make(m.OffsetCommitResponse, throttle_time=0, topics=topics)
 
     async def offset_fetch(self, request: Request) -> Any:
+        """A group's committed offsets. With require_stable (v7+, KIP-447), a partition whose
+        offset an unfinished transaction holds is answered UNSTABLE_OFFSET_COMMIT (retriable)
+        at once, as Kafka's group coordinator answers it, so a read_committed consumer never
+        starts from the offset before a transaction that may commit a newer one. Without it,
+        a committed transaction's offsets are stored before the answer (`offsets_stable`)."""
         m = request.response_module
         body = request.body
-        if self.offsets_stable is not None:
+        pending: set[tuple[str, int]] = set()
+        if getattr(body, "require_stable", False):
+            if self.pending_offsets is not None:
+                try:
+                    pending = await self.pending_offsets(body.group_id)
+                except LevelZeroError as exc:
+                    log.warning("OffsetFetch for group %s: %s: %s", body.group_id, exc.code, exc)
+                    return make(
+                        m.OffsetFetchResponse,
+                        throttle_time=0,
+                        topics=(),
+                        error_code=ErrorCode.coordinator_not_available,
+                    )
+        elif self.offsets_stable is not None:
             await self.offsets_stable(body.group_id)
         committed = await self.groups.committed(body.group_id)
         if body.topics is None:
@@ -192,6 +214,9 @@ class OffsetsApi:
             parts = []
             for partition in partitions:
                 row = committed.get((name, partition))
+                code = ErrorCode.none
+                if (name, partition) in pending:
+                    row, code = None, ErrorCode.unstable_offset_commit
                 parts.append(
                     make(
                         m.OffsetFetchResponsePartition,
@@ -199,7 +224,7 @@ class OffsetsApi:
                         committed_offset=-1 if row is None else row.committed_offset,
                         committed_leader_epoch=-1 if row is None else row.leader_epoch,
                         metadata="" if row is None else row.metadata,
-                        error_code=ErrorCode.none,
+                        error_code=code,
                     )
                 )
             topics.append(make(m.OffsetFetchResponseTopic, name=name, partitions=tuple(parts)))

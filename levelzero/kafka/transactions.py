@@ -24,9 +24,11 @@ range keeps its abort marker's offset). Until that commit the ranges hold the la
 offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
 and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
 CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
-markers. The offsets a transaction commits are stored with its completion too: OffsetFetch
-completes a committed transaction holding the group's offsets before it answers
-(`wait_offsets_stable`; Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447).
+markers. The offsets a transaction commits are stored with its completion too: until then
+OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`,
+KIP-447, as Kafka), and one without completes a committed transaction holding the group's
+offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is fenced by the
+consumer's group metadata as an offset commit is (`GroupCoordinator.check_txn_commit`).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
 PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
@@ -378,12 +380,32 @@ class TransactionCoordinator:
             return ErrorCode.invalid_txn_state
         return ErrorCode.none
 
+    async def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The partitions of `group_id` whose offsets a transaction this node coordinates holds
+        and has not completed (ongoing, or prepared with its markers on their way): OffsetFetch
+        with require_stable answers UNSTABLE_OFFSET_COMMIT for them (KIP-447), as Kafka's group
+        coordinator does while a transactional offset commit is pending (its marker not yet
+        written). Raises LevelZeroError when the transactions' state cannot be read."""
+        await self._load()
+        pending: set[tuple[str, int]] = set()
+        for txn in list(self._txns.values()):
+            if txn.state not in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
+                continue
+            if not self.cluster.coordinates(txn.transactional_id):
+                continue
+            pending.update((topic, partition) for topic, partition, *_ in txn.groups.get(group_id, ()))
+        return pending
+
     async def wait_offsets_stable(self, group_id: str) -> None:
-        """Before OffsetFetch answers: a committed transaction (PREPARE_COMMIT) holding offsets
-        of `group_id` is completed first (or waited for, at most COMPLETION_WAIT_S), so a
-        consumer that reads its group's offsets after the producer's commit was answered gets
-        them, not the ones before (Kafka answers UNSTABLE_OFFSET_COMMIT meanwhile, KIP-447, and
-        clients retry). After a restart this completes a prepared transaction at once."""
+        """Before OffsetFetch answers a client that does not ask for stable offsets
+        (require_stable false, or OffsetFetch before v7: kafka-python, aiokafka): a committed
+        transaction (PREPARE_COMMIT) holding offsets of `group_id` is completed first (or waited
+        for, at most COMPLETION_WAIT_S), so a consumer that reads its group's offsets after the
+        producer's commit was answered gets them, not the ones before. Kafka answers such a
+        client the offsets before the commit until its markers are written; a client that asks
+        for stable offsets is answered UNSTABLE_OFFSET_COMMIT at once instead
+        (`pending_offsets`) and retries. After a restart this completes a prepared transaction
+        at once."""
         try:
             await self._load()
         except LevelZeroError as exc:
@@ -685,6 +707,15 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
+                # v3+ (KIP-447): the consumer's group metadata, fenced as Kafka's group
+                # coordinator fences a transactional offset commit (defaults: not checked)
+                code = self.groups.check_txn_commit(
+                    body.group_id,
+                    getattr(body, "member_id", ""),
+                    getattr(body, "generation_id", -1),
+                    getattr(body, "group_instance_id", None),
+                )
+            if txn is not None and code == ErrorCode.none:
                 async with txn.lock:
                     if txn.state != ONGOING or body.group_id not in txn.groups:
                         code = ErrorCode.invalid_txn_state

@@ -154,6 +154,35 @@ class L1Row(msgspec.Struct, frozen=True):
     # reading the object; a lookup reads that object to find out (`core/time_lookup.py`).
     max_timestamp_ms: int | None = None
 
+    @classmethod
+    def copy_started(
+        cls,
+        key: str,
+        pid: int,
+        base_offset: int,
+        last_offset: int,
+        last_log_offset: int,
+        term: int,
+        size: int,
+        now: float,
+        max_timestamp_ms: int,
+    ) -> L1Row:
+        """The row of a new L1 object about to be uploaded (a reconciler's copy, a compaction
+        result): COPY_STARTED, created and updated `now`."""
+        return cls(
+            key,
+            pid,
+            base_offset,
+            last_offset,
+            last_log_offset,
+            term,
+            size,
+            L1State.COPY_STARTED,
+            now,
+            now,
+            max_timestamp_ms,
+        )
+
 
 class CompactionCommit(msgspec.Struct, frozen=True):
     """A compaction result: the new L1 objects (recorded COPY_STARTED, uploaded) that replace
@@ -504,8 +533,9 @@ class PartitionLog(Protocol):
 
         `on_durable(i, refusal)` is told of `appends[i]` as soon as it is durable (or refused
         with `NotLeader`), once per append, before the call returns: a store that commits one
-        call in several transactions (PostgreSQL's writers) tells each partition at its own
-        COMMIT, so it need not wait for the call's slowest commit. What it raises, the call
+        call in several transactions (PostgreSQL's two writers; SQLite's writer, which sends a
+        crowd of partitions as two batches) tells each partition at its own COMMIT, so it need
+        not wait for the call's slowest commit. What it raises, the call
         raises once every append is settled."""
         ...
 

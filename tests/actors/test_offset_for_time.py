@@ -5,10 +5,12 @@ counted (at most one object range: the extent that holds the answer)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 import msgspec
 
-from levelzero.actors.node import Node
+from levelzero.actors.node import Node, NodeConfig
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput
 from levelzero.core.l0format import NO_TIMESTAMP, Record
@@ -26,6 +28,12 @@ L1_EXTENTS = [[100, 300, 200, 150], [500, 400, NO_TIMESTAMP, 450]]
 L0_EXTENTS = [[350, 900, 600], [1000, 700]]
 TIMESTAMPS = [t for extent in L1_EXTENTS + L0_EXTENTS for t in extent]
 PROBES = sorted({t + d for t in TIMESTAMPS if t >= 0 for d in (-1, 0, 1)} | {0, 2000})
+
+
+def uncached_config() -> NodeConfig:
+    """The GETs counted here are the extents a lookup reads: without the readers' cache of L0
+    objects, which would answer a second read of an L0 object from memory."""
+    return replace(hand_run_config(), l0_cache_bytes_max=0)
 
 
 def brute_force(timestamps: list[int], at_or_after: int, start: int = 0) -> tuple[int, int]:
@@ -78,7 +86,7 @@ async def lookup(node: Node, objects: CountingObjectStore, at_or_after: int) -> 
 @in_virtual_time
 async def test_every_time_finds_the_first_offset_at_or_after_it_reading_at_most_one_extent():
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
+    async with running_node(uncached_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert [row.max_timestamp_ms for row in node.l1._valid[node.partition("t", 0).row.pid]] == [300, 500]
         for probe in PROBES:
@@ -98,7 +106,7 @@ async def test_rows_and_placeholders_without_a_largest_timestamp_are_read_to_fin
     """Rows and placeholders written before the largest timestamp was kept (None) still get
     the exact answer: each such extent is read, in offset order, until one holds it."""
     log_store, objects = MemoryLogStore(), CountingObjectStore(MemoryObjectStore())
-    async with running_node(hand_run_config(), log_store, objects) as node:
+    async with running_node(uncached_config(), log_store, objects) as node:
         await fill(node)
         actor = node.partition("t", 0)
         for key, row in list(log_store.l1.items()):
@@ -127,7 +135,7 @@ async def test_records_below_the_start_offset_are_not_answers():
     """After DeleteRecords to offset 2, object A's largest timestamp (300, at offset 1) is
     below the start offset: A is read, holds no answer at or above 2, and B answers."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
+    async with running_node(uncached_config(), MemoryLogStore(), objects) as node:
         await fill(node)
         assert await node.delete_records("t", 0, 2) == 2
         for probe in PROBES:
@@ -177,7 +185,7 @@ async def test_the_largest_timestamp_is_found_reading_only_the_extent_that_holds
     """ListOffsets -3 (KIP-734) compares the kept largest timestamps of rows and placeholders,
     then reads one extent: the first holding the largest (not a scan of the partition)."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(hand_run_config(), MemoryLogStore(), objects) as node:
+    async with running_node(uncached_config(), MemoryLogStore(), objects) as node:
         await fill(node, l1_extents, l0_extents)
         if start:
             assert await node.delete_records("t", 0, start) == start

@@ -12,16 +12,16 @@ import pytest
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.compactor import CompactorConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
-from levelzero.actors.node import NodeConfig
+from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.actors.round_reads import RoundReads
-from levelzero.core.entries import Placeholder
+from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import StorageError
 from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.testing.nodes import running_node
+from levelzero.testing.nodes import running_node, wait_until
 from levelzero.testing.virtual_time import in_virtual_time
 
 KEY = "l0/000/e1/object"
@@ -157,6 +157,29 @@ PARTITIONS = 8
 WINDOWS = 5
 
 
+class CountingLogStore(MemoryLogStore):
+    """Counts the placeholder reads of each partition."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.placeholder_reads: dict[int, int] = {}
+
+    async def read_placeholders(self, pid: int, from_data_offset: int, limit: int) -> list[LogRecord]:
+        self.placeholder_reads[pid] = self.placeholder_reads.get(pid, 0) + 1
+        return await super().read_placeholders(pid, from_data_offset, limit)
+
+
+async def produce_in_windows(node: Node, partitions: int) -> None:
+    """`partitions` partitions of topic "t", written in the same `WINDOWS` batch windows: each
+    L0 object holds an extent of each."""
+    await node.create_topic("t", partitions)
+    for window in range(WINDOWS):
+        async with anyio.create_task_group() as tg:
+            for p in range(partitions):
+                records = [Record(None, b"%d/%d/%d" % (window, p, i)) for i in range(3)]
+                tg.start_soon(node.produce, "t", p, records)
+
+
 @pytest.mark.parametrize(("budget", "gets"), [(64 * 1024 * 1024, WINDOWS), (0, WINDOWS * PARTITIONS)])
 @in_virtual_time
 async def test_a_round_reads_each_l0_object_once_for_every_partition_it_copies(budget: int, gets: int):
@@ -164,17 +187,16 @@ async def test_a_round_reads_each_l0_object_once_for_every_partition_it_copies(b
     copying all 8 makes 5 GETs (one per object); with the shared reads off, 40 (one per
     extent). What it copies is the same: every record reads back from L1."""
     objects = CountingObjectStore(MemoryObjectStore())
-    async with running_node(config(budget), MemoryLogStore(), objects) as node:
-        await node.create_topic("t", PARTITIONS)
-        for window in range(WINDOWS):
-            async with anyio.create_task_group() as tg:
-                for p in range(PARTITIONS):
-                    records = [Record(None, b"%d/%d/%d" % (window, p, i)) for i in range(3)]
-                    tg.start_soon(node.produce, "t", p, records)
+    log_store = CountingLogStore()
+    async with running_node(config(budget), log_store, objects) as node:
+        await produce_in_windows(node, PARTITIONS)
         assert objects.snapshot().l0_puts == WINDOWS
         before = objects.snapshot()
+        log_store.placeholder_reads.clear()
         assert await node.reconciler.run_round() == PARTITIONS
         assert (objects.snapshot() - before).l0_gets == gets
+        # Each partition's placeholders read once: the plan's batch is the copy's.
+        assert sorted(log_store.placeholder_reads.values()) == [1] * PARTITIONS
         stats = node.reconciler.stats
         assert stats.l0_span_gets + stats.l0_extent_gets == gets
         for p in range(PARTITIONS):
@@ -183,6 +205,50 @@ async def test_a_round_reads_each_l0_object_once_for_every_partition_it_copies(b
             fetched = await node.fetch("t", p, 0, 1 << 20)
             values = [r.value for r in fetched.records]
             assert values == [b"%d/%d/%d" % (w, p, i) for w in range(WINDOWS) for i in range(3)]
+
+
+@in_virtual_time
+async def test_a_copy_made_outside_a_round_reads_its_own_placeholders_not_the_rounds_plan():
+    """A round planned partitions 0 and 1 and waits in partition 0's copy (one partition at a
+    time); a direct `reconcile_partition` of partition 1 then (the simulation's late
+    reconciler) reads partition 1's placeholders itself: the round's plan stays the round's."""
+    objects = GatedStore()
+    log_store = CountingLogStore()
+    node_config = config(64 * 1024 * 1024)
+    node_config = replace(node_config, reconciler=replace(node_config.reconciler, partitions_in_flight_max=1))
+    async with running_node(node_config, log_store, objects) as node:
+        await produce_in_windows(node, 2)
+        second = node.partition("t", 1)
+        log_store.placeholder_reads.clear()
+        objects.gate = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node.reconciler.run_round)
+            await wait_until(lambda: len(log_store.placeholder_reads) == 2, "the round planned both")
+            tg.start_soon(node.reconciler.reconcile_partition, second)
+            await wait_until(
+                lambda: log_store.placeholder_reads[second.row.pid] == 2,
+                "the direct copy read its own placeholders",
+            )
+            objects.gate.set()
+        objects.gate = None
+        for p in range(2):
+            assert node.partition("t", p).state.lro == WINDOWS * 3 - 1
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            values = [r.value for r in fetched.records]
+            assert values == [b"%d/%d/%d" % (w, p, i) for w in range(WINDOWS) for i in range(3)]
+
+
+def test_a_planned_batch_is_taken_once_and_only_from_its_start():
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=1024)
+    batch = [LogRecord(log_offset=4, term=1, base_offset=10, entry=extent(0, 10))]
+    reads.plan_batch(7, 10, batch)
+    assert reads.full is False
+    assert reads.take_batch(7, 10) == batch
+    assert reads.take_batch(7, 10) is None  # once: a second copy reads its own
+    reads.plan_batch(7, 10, batch)
+    assert reads.take_batch(7, 11) is None  # the partition moved on since: not this batch
+    assert reads.take_batch(7, 10) is None
+    assert reads.take_batch(8, 10) is None  # never planned
 
 
 def test_the_read_buffer_bound_is_checked():

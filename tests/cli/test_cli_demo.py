@@ -15,6 +15,7 @@ from levelzero.http.schema import (
     GcStatus,
     HousekeeperStatus,
     PartitionStatus,
+    L0CacheStatus,
     ReconcilerStatus,
     StatusResponse,
 )
@@ -141,6 +142,18 @@ def test_status_table_is_readable() -> None:
             errors=0,
             lag_offsets=0,
         ),
+        l0_cache=L0CacheStatus(
+            bytes_max=64 * 1024 * 1024,
+            held_bytes=3 * 1024 * 1024,
+            inflight_bytes=0,
+            objects=12,
+            hits=70,
+            shared=20,
+            loads=8,
+            uncached_gets=2,
+            evictions=1,
+            hit_ratio=0.9,
+        ),
         housekeeper=HousekeeperStatus(
             rounds=3, epochs_advanced=4, catch_ups=2, start_offsets_set=0, l1_deleted=0, errors=0
         ),
@@ -165,11 +178,15 @@ def test_status_table_is_readable() -> None:
     assert lines[2] == (
         "reconciler: 2 L1 objects (2.0 MiB), 10 records, lag 0 offsets, rejected catch-ups 0, errors 0"
     )
-    assert (
-        lines[3] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
+    assert lines[3] == (
+        "L0 cache: 12 objects (3.0 MiB of 64.0 MiB), extents without a GET of their own 90 (90%), "
+        "object GETs 8, extent GETs 2, evictions 1"
     )
-    assert lines[4] == "GC: PAUSED, M 3 (epoch lag 3), 5 rounds, deleted 4 objects (1.0 MiB), backlog 0"
-    assert lines[6].split()[0] == "PARTITION"
+    assert (
+        lines[4] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
+    )
+    assert lines[5] == "GC: PAUSED, M 3 (epoch lag 3), 5 rounds, deleted 4 objects (1.0 MiB), backlog 0"
+    assert lines[7].split()[0] == "PARTITION"
 
 
 class _SlowAdvances:

@@ -89,6 +89,7 @@ def test_actor_sections_reach_the_node_config(tmp_path: Path) -> None:
             "[reconciler]\nobject_bytes_max = 10\n",
             r"reconciler: object_bytes_max must be in 1 KiB\.\.256 MiB",
         ),
+        ("[node]\nl0_cache_bytes_max = -1\n", r"node: l0_cache_bytes_max must be in 0\.\.64 GiB"),
         ("[housekeeper]\nretention_s = -5.0\n", r"housekeeper: retention_s must be >= 0 \(0 turns it off\)"),
         ("[housekeeper]\nretention_bytes = -1\n", r"housekeeper: retention_bytes must be >= 0"),
         (

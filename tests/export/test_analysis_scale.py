@@ -8,6 +8,8 @@ and partitions whose M(p) are tied or not at chosen times.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from export_support import T0, sample, write_table
 
 from levelzero.export import AnalysisError, AnalysisReport, analyze, analyze_main
+from levelzero.export import jobs
 from levelzero.export.cli import export_main
 from levelzero.export.locations import local_path
 from levelzero.export.manifest import Manifest, save
@@ -96,6 +99,37 @@ def test_only_a_partition_behind_the_others_holds_m(local_report: AnalysisReport
     assert holding == {"a/0": 10.0, "a/1": 0.0, "a/2": 0.0}
     assert local_report.figures["top_m_holder"] == HOLDER
     assert "watermark_holders" in local_report.plots
+
+
+def test_the_two_halves_of_the_results_run_at_once(
+    export_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The L0/GC results and the partition-state results are computed concurrently: each
+    half's first job waits at a barrier only the other half can pass (a bounded wait: one
+    after the other, the barrier breaks), and the report still lists its tables in order."""
+    meeting = threading.Barrier(2, timeout=120)
+    threads: dict[str, str] = {}
+
+    def meeting_first(name: str, original: Callable[..., None]) -> Callable[..., None]:
+        def wrapped(self: jobs.SparkAnalysis, *args: object) -> None:
+            threads[name] = threading.current_thread().name
+            meeting.wait()
+            return original(self, *args)
+
+        return wrapped
+
+    monkeypatch.setattr(jobs.SparkAnalysis, "_gc_lag", meeting_first("gc", jobs.SparkAnalysis._gc_lag))
+    monkeypatch.setattr(
+        jobs.SparkAnalysis,
+        "_partition_states",
+        meeting_first("states", jobs.SparkAnalysis._partition_states),
+    )
+    report = analyze([str(export_dir)], str(tmp_path / "report"), master="local[2]", bucket_s=1.0)
+    assert threads["gc"] != threads["states"]
+    collected = [name for name in report.tables if name != "throughput_partition_buckets"]
+    assert collected == list(jobs.RESULT_ORDER)
+    rows = pq.read_table(report.tables["partition_watermarks"]).to_pylist()
+    assert {f"{r['topic']}/{r['partition']}": r["seconds_holding_m"] for r in rows}[HOLDER] == 10.0
 
 
 def test_the_callers_master_and_settings_are_used(local_report: AnalysisReport) -> None:

@@ -492,3 +492,32 @@ async def test_a_produce_with_an_idempotency_key_is_stored_once_across_a_restart
         assert (repeat.base_offset, repeat.last_offset, repeat.duplicate) == (1, 3, True)
         fetched = await client.fetch("t", 0, 0)
         assert [r.value for r in fetched.records] == [b"before", b"a", b"b", b"c", b"d", b"a"]
+
+
+async def test_the_l0_caches_loads_hits_and_evictions_are_in_status_and_metrics(tmp_path: Path) -> None:
+    """Room for one of the two objects (600-byte records): reading the two partitions' objects
+    in turn evicts the other each time; reading one again hits."""
+    settings = {"reconciler__enabled": False, "node__l0_cache_bytes_max": 1024}
+    async with daemon_and_client(tmp_path, **settings) as (_, client):
+        await client.create_topic("t", 2)
+        zero, one = b"0" * 600, b"1" * 600
+        await client.produce("t", 0, [zero])
+        await client.produce("t", 1, [one])
+        for partition, value in [(0, zero), (1, one), (0, zero), (0, zero)]:
+            fetched = await client.fetch("t", partition, 0)
+            assert ([r.value for r in fetched.records], fetched.tier) == ([value], "l0")
+        cache = (await client.status()).l0_cache
+        assert cache is not None
+        counts = (cache.loads, cache.hits, cache.shared, cache.uncached_gets, cache.evictions)
+        assert counts == (3, 1, 0, 0, 2)
+        assert (cache.objects, cache.bytes_max, cache.inflight_bytes, cache.hit_ratio) == (1, 1024, 0, 0.25)
+        assert 600 < cache.held_bytes <= 1024
+        text = await client.metrics()
+        for line in (
+            "levelzero_l0_cache_loads_total 3.0",
+            "levelzero_l0_cache_hits_total 1.0",
+            "levelzero_l0_cache_evictions_total 2.0",
+            "levelzero_l0_cache_bytes_max 1024.0",
+            "levelzero_l0_cache_objects 1.0",
+        ):
+            assert line in text.splitlines(), line

@@ -158,9 +158,10 @@ def commit_offsets_in_a_transaction(port: int) -> int:
 
 async def test_offset_fetch_after_the_commit_answer_gets_the_transactions_offsets(tmp_path: Path) -> None:
     """The offsets a transaction commits are stored with its completion, after EndTxn's answer:
-    OffsetFetch completes a committed transaction holding the group's offsets before it
-    answers, so a consumer reading them after the commit gets them (here the completion after
-    the answer never runs: only OffsetFetch completes it)."""
+    a consumer reading them after the commit gets them, never the offsets before (here the
+    completion after the answer never runs: confluent-kafka asks for stable offsets, is
+    answered UNSTABLE_OFFSET_COMMIT and retries until the coordinator's pass completes it; a
+    client that does not ask has OffsetFetch complete it, `test_kafka_txn_kip447.py`)."""
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic(TOPIC, 2)
         coordinator = daemon.kafka.handlers.transactions

@@ -494,6 +494,11 @@ async def test_placeholders_keep_their_largest_timestamp_or_none(backend: Backen
             assert [r.entry.max_timestamp_ms for r in records] == [1_700_000_000_123, None, -1]  # type: ignore[union-attr]
 
 
+def test_a_new_copys_row_is_copy_started_created_and_updated_at_once() -> None:
+    row = L1Row.copy_started("k", 3, 10, 19, 7, 2, 4096, 1_234.5, 1_700_000_000_999)
+    assert row == L1Row("k", 3, 10, 19, 7, 2, 4096, L1State.COPY_STARTED, 1_234.5, 1_234.5, 1_700_000_000_999)
+
+
 async def test_l1_rows_keep_their_largest_timestamp_through_transitions(backend: Backend) -> None:
     """An L1 row's largest record timestamp is stored with it and kept by every transition;
     a row without one (recovered without reading its object) stays None: a lookup reads it."""

@@ -335,3 +335,125 @@ async def test_restart_under_load_loses_nothing_acknowledged_and_reconnects() ->
                 assert [r.log_offset for r in log] == list(range(acknowledged[row.pid]))
     finally:
         await anyio.to_thread.run_sync(server.close)
+
+
+async def test_an_append_batch_is_one_round_trip(postgres_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of appends is its fence-and-append statement alone (a transaction by itself):
+    no BEGIN and no COMMIT of their own on the wire."""
+    sent: list[str] = []
+    execute, fetch = asyncpg.Connection.execute, asyncpg.Connection.fetch
+
+    async def logged_execute(self: asyncpg.Connection, query: str, *args: object, **kw: object) -> str:
+        sent.append(query.split()[0])
+        return await execute(self, query, *args, **kw)
+
+    async def logged_fetch(self: asyncpg.Connection, query: str, *args: object, **kw: object) -> list[object]:
+        sent.append("APPEND_BATCH" if query == store_module.APPEND_BATCH else query.split()[0])
+        return await fetch(self, query, *args, **kw)
+
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        a, b = await store.create_topic("t", 2, 1, 0.0)
+        await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        monkeypatch.setattr(asyncpg.Connection, "execute", logged_execute)
+        monkeypatch.setattr(asyncpg.Connection, "fetch", logged_fetch)
+        refused = await store.append_many(
+            [Append(a.pid, 1, [placeholder_record(1, 1, 0)]), Append(b.pid, 1, [placeholder_record(1, 1, 0)])]
+        )
+        assert refused == [None, None]
+        assert sent == ["APPEND_BATCH"]
+        monkeypatch.undo()
+        assert [r.log_offset for r in await store.read_log(a.pid, 0)] == [0, 1]
+        assert [r.log_offset for r in await store.read_log(b.pid, 0)] == [0, 1]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_an_append_batch_whose_answer_is_lost_is_settled_once(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch, committed: bool
+) -> None:
+    """The connection fails after an append batch's statement committed (or before it ran):
+    the batch runs again, the appends already in the log are accepted as they are, the others
+    are appended; nothing is appended twice or refused for having been appended."""
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        a, b = await store.create_topic("t", 2, 1, 0.0)
+        await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        run_batch = store._run_batch
+        resolved: list[bool] = []
+
+        async def losing(
+            connection: asyncpg.Connection, jobs: list[store_module._Job], *, resolve: bool = False
+        ):  # type: ignore[no-untyped-def]
+            resolved.append(resolve)
+            if not resolve:
+                if committed:
+                    await run_batch(connection, jobs)
+                raise asyncpg.exceptions.ConnectionDoesNotExistError("the answer is lost (test)")
+            return await run_batch(connection, jobs, resolve=resolve)
+
+        monkeypatch.setattr(store, "_run_batch", losing)
+        refused = await store.append_many(
+            [Append(a.pid, 1, [placeholder_record(1, 1, 0)]), Append(b.pid, 1, [placeholder_record(1, 1, 0)])]
+        )
+        assert refused == [None, None]
+        assert resolved == [False, True]
+        monkeypatch.undo()
+        for pid in (a.pid, b.pid):
+            assert [(r.log_offset, r.term) for r in await store.read_log(pid, 0)] == [(0, 1), (1, 1)]
+            await store.append(pid, 1, [placeholder_record(2, 1, 1)])  # the log goes on from 2
+            assert [r.log_offset for r in await store.read_log(pid, 0)] == [0, 1, 2]
+
+
+async def test_a_lost_append_batch_still_running_is_waited_out(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost session's statement is still waiting for a row lock when the batch runs again:
+    the second run waits for it to finish (locking the same rows) and accepts what it committed."""
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        blocker = await asyncpg.connect(postgres_dsn)
+        lost = await asyncpg.connect(postgres_dsn)  # the session whose answer goes missing
+        try:
+            transaction = blocker.transaction()
+            await transaction.start()
+            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", p.pid)
+            run_batch = store._run_batch
+
+            async def losing(
+                connection: asyncpg.Connection, jobs: list[store_module._Job], *, resolve: bool = False
+            ):  # type: ignore[no-untyped-def]
+                if not resolve:
+                    tg.start_soon(run_batch, lost, jobs)  # on its way, behind the blocker's lock
+                    await wait_for_lock_waiters(blocker, 1)
+                    raise asyncpg.exceptions.ConnectionDoesNotExistError("the answer is lost (test)")
+                return await run_batch(connection, jobs, resolve=resolve)
+
+            monkeypatch.setattr(store, "_run_batch", losing)
+            answered: list[None] = []
+
+            async def append() -> None:
+                answered.append(await store.append(p.pid, 1, [placeholder_record(1, 1, 0)]))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(append)
+                await wait_for_lock_waiters(blocker, 2)  # the lost statement, then the second run
+                assert not answered
+                await transaction.rollback()
+            assert answered == [None]
+        finally:
+            await blocker.close()
+            await lost.close()
+        assert [(r.log_offset, r.term) for r in await store.read_log(p.pid, 0)] == [(0, 1), (1, 1)]
+
+
+async def wait_for_lock_waiters(connection: asyncpg.Connection, count: int) -> None:
+    for _ in range(2_000):  # bounded
+        waiting = await connection.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        if waiting >= count:
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError(f"fewer than {count} sessions wait for a lock")

@@ -42,6 +42,7 @@ from levelzero.storage.protocols import (
     StateSampleRow,
 )
 from levelzero.storage.sqlite import SCHEMA_VERSION, SqliteLogStore
+from levelzero.storage.sqlite import store as store_module
 from levelzero.storage.protocols import Append
 from levelzero.storage.sqlite.schema import LOG_COLUMNS, LOG_PLACEHOLDERS_INDEX, LOG_TABLE
 
@@ -424,6 +425,73 @@ async def test_append_many_past_the_group_commit_bound_is_split_into_jobs(db: Pa
             await store.append_many(
                 [Append(rows[0].pid, 0, [placeholder_record(3 + i, 0, 3 + i) for i in range(9)])]
             )
+
+
+async def test_append_many_of_a_crowd_tells_each_partition_at_its_own_batchs_commit(db: Path) -> None:
+    """A call of 2 * SPLIT_JOBS_MIN partitions (the node's appender sends every waiting partition
+    in one) goes to the writer as two batches, and the first batch's partitions are told when it
+    committed, while the second is still on its way: so their writers write again meanwhile.
+    (Held here by keeping the writer process's second answer from the store.)"""
+    count = 2 * store_module.SPLIT_JOBS_MIN
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", count, 1, 0.0)
+        process = store._process
+        receive = process.receive
+        answers = 0
+        second_answer = anyio.Event()
+
+        async def held_receive() -> str | None:
+            nonlocal answers
+            answers += 1
+            if answers == 2:
+                await second_answer.wait()
+            return await receive()
+
+        process.receive = held_receive  # type: ignore[method-assign]
+        before = store.statistics()
+        told: list[tuple[int, int]] = []  # (index, commits when told)
+        answered: list[list[NotLeader | None]] = []
+
+        async def call() -> None:
+            answered.append(
+                await store.append_many(
+                    [Append(row.pid, 0, [placeholder_record(0, 0, 0)]) for row in rows],
+                    lambda index, refusal: told.append((index, store.statistics().commits)),
+                )
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            for _ in range(2_000):  # bounded: the first batch commits without the second
+                if told:
+                    break
+                await anyio.sleep(0.01)
+            assert told == [(i, before.commits + 1) for i in range(count // 2)]
+            assert not answered
+            second_answer.set()
+        assert answered == [[None] * count]
+        assert told[count // 2 :] == [(i, before.commits + 2) for i in range(count // 2, count)]
+        after = store.statistics()
+        assert after.commits - before.commits == 2 and after.records - before.records == count
+        for row in rows:
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0]
+
+
+async def test_append_many_of_fewer_partitions_is_one_commit(db: Path) -> None:
+    """Below 2 * SPLIT_JOBS_MIN partitions a call is one batch: halves of fewer partitions are
+    not worth a second fsync (and a closed loop's halves then stay two batches)."""
+    count = 2 * store_module.SPLIT_JOBS_MIN - 1
+    async with await SqliteLogStore.open(db) as store:
+        rows = await store.create_topic("t", count, 1, 0.0)
+        before = store.statistics()
+        told: list[int] = []
+        refused = await store.append_many(
+            [Append(row.pid, 0, [placeholder_record(0, 0, 0)]) for row in rows],
+            lambda index, refusal: told.append(index),
+        )
+        assert refused == [None] * count and told == list(range(count))
+        after = store.statistics()
+        assert after.commits - before.commits == 1 and after.records - before.records == count
 
 
 async def test_synchronous_mode_and_wal_are_applied(db: Path) -> None:

@@ -26,6 +26,7 @@ from levelzero.core.errors import (
     StorageError,
     StoreRefused,
 )
+from levelzero.storage.done import Done
 from levelzero.storage.lifecycle import StoreLifecycle
 from levelzero.storage.log_rules import check_call_records
 from levelzero.storage.protocols import GcRoundRow, L1Row, LogStoreStatistics, OffsetRow
@@ -230,7 +231,7 @@ class _Job:
         self.log_rows = log_rows or []
         self.table = table
         self.rows = rows or []
-        self.done = anyio.Event()
+        self.done = Done()
         self.result: Any = None
         self.error: BaseException | None = None
         # Called (on the batch's task) when the job's batch has committed, before its caller
@@ -596,12 +597,15 @@ class PostgresBase(StoreLifecycle):
         try:
             self._batches += 1
             try:
-                outcomes = await self._transact(
-                    "a write batch",
-                    lambda c: self._run_batch(c, jobs),
-                    check_open=False,
-                    work_returns_txid=True,
-                )
+                if all(job.pid is not None for job in jobs):
+                    outcomes = await self._append_batch(jobs)
+                else:
+                    outcomes = await self._transact(
+                        "a write batch",
+                        lambda c: self._run_batch(c, jobs),
+                        check_open=False,
+                        work_returns_txid=True,
+                    )
                 if outcomes is None:  # committed, answer lost: what was decided then stands
                     outcomes = [(job.result, job.error) for job in jobs]
             except Exception as error:
@@ -639,14 +643,66 @@ class PostgresBase(StoreLifecycle):
         self._records += records
         self._largest_batch_records = max(self._largest_batch_records, records)
 
+    async def _append_batch(self, jobs: list[_Job]) -> list[tuple[Any, BaseException | None]] | None:
+        """A batch of appends only (the hot path): the fence-and-append statement alone, a
+        transaction by itself, so that the batch is one round trip; BEGIN, the statement and
+        COMMIT were three, and on a busy event loop each answer waits its turn to be read. The
+        answer comes after the COMMIT (its WAL flushed: the same durability), and the statement
+        is atomic as the explicit transaction was.
+
+        If that answer is lost (the connection failed, the server restarted, a conflict), no
+        txid says whether it committed: the batch runs again as an explicit transaction that
+        first locks its partitions' rows, in pid order as the statement does (a statement still
+        running on the lost session finishes first), then counts as accepted each append whose
+        first record is in the log under its term (nothing else writes it: a partition has one
+        append on its way), and appends the rest. A lost statement that had not locked them yet
+        is refused by the fence when it does (the partition's next offset moved on)."""
+        lost = False
+
+        async def attempt() -> list[tuple[Any, BaseException | None]] | None:
+            nonlocal lost
+            if lost:
+                outcomes: list[tuple[Any, BaseException | None]] | None = await self._transact(
+                    "a write batch",
+                    lambda c: self._run_batch(c, jobs, resolve=True),
+                    check_open=False,
+                    work_returns_txid=True,
+                )
+                return outcomes
+            async with self._pool.acquire() as connection:
+                lost = True  # from here, a failure may come after the COMMIT
+                outcomes, _ = await self._run_batch(connection, jobs)
+                return outcomes
+
+        result: list[tuple[Any, BaseException | None]] | None = await self._retrying(attempt, "a write batch")
+        return result
+
     async def _run_batch(
-        self, connection: asyncpg.Connection, jobs: list[_Job]
+        self, connection: asyncpg.Connection, jobs: list[_Job], *, resolve: bool = False
     ) -> tuple[list[tuple[Any, BaseException | None]], int]:
-        """One transaction for the whole batch; decides every call's outcome (kept on the job
-        too, for a batch whose COMMIT answer is lost)."""
+        """The batch's statements; decides every call's outcome (kept on the job too, for a
+        batch whose COMMIT answer is lost). In one transaction, or (appends only) outside any:
+        its one statement is then a transaction by itself. `resolve`: the batch ran before and
+        its answer was lost (`_append_batch`): appends already in the log are accepted."""
         outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * len(jobs)
         appends = [(index, job) for index, job in enumerate(jobs) if job.pid is not None]
         txid: int | None = None
+        if resolve and appends:
+            await connection.execute(
+                "SELECT 1 FROM partitions WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE",
+                [job.pid for _, job in appends],
+            )
+            firsts = [(job.pid, job.records[0].log_offset, job.term) for _, job in appends if job.records]
+            present = {
+                row["pid"]
+                for row in await connection.fetch(
+                    "SELECT l.pid FROM log l JOIN unnest($1::bigint[], $2::bigint[], $3::bigint[])"
+                    " AS a (pid, log_offset, term) ON l.pid = a.pid AND l.log_offset = a.log_offset"
+                    " AND l.term = a.term",
+                    *_columns(firsts, 3),
+                )
+            }
+            appends = [(index, job) for index, job in appends if job.pid not in present]
         if appends:
             asks = [
                 (

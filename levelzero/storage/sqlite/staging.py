@@ -7,7 +7,6 @@ offset that does not continue the log) is that caller's alone, and its batch mat
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ import aiosqlite
 import msgspec
 
 from levelzero.core.errors import InvariantViolation, LevelZeroError
+from levelzero.storage.done import Done
 
 
 class Cursor(msgspec.Struct, frozen=True):
@@ -83,34 +83,6 @@ class Job:
         self.done = Done()
         self.result: Any = None
         self.error: BaseException | None = None
-
-
-class Done:
-    """A job's "its batch committed (or failed)": set once by the writer, awaited by the one
-    caller. A bare future of the running loop, made only if the caller has to wait (an
-    `anyio.Event` per job was 6% of the event loop's time per placeholder)."""
-
-    __slots__ = ("_set", "_waiter")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def set(self) -> None:
-        self._set = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():  # a cancelled waiter is done already
-            waiter.set_result(None)
-
-    def is_set(self) -> bool:
-        return self._set
-
-    async def wait(self) -> None:
-        if self._set:
-            return
-        assert self._waiter is None, "a job has one waiter"
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
 
 
 def stage_job(job: Job, batch: Batch) -> None:

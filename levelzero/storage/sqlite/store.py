@@ -73,7 +73,6 @@ from levelzero.storage.protocols import (
     TxnRangeRow,
     Append,
     OnDurable,
-    tell_each,
     CompactionCommit,
     CompactionState,
     L1State,
@@ -599,6 +598,16 @@ class SqliteLogStore(StoreLifecycle):
     async def _submit_all(self, jobs: Sequence[Job]) -> list[Any]:
         """Hand jobs to the writer in order, then wait until each one's batch committed (or
         failed); their results, or the first job's error."""
+        await self._send_jobs(jobs)
+        for job in jobs:
+            await job.done.wait()
+        for job in jobs:
+            if job.error is not None:
+                raise job.error
+        return [job.result for job in jobs]
+
+    async def _send_jobs(self, jobs: Sequence[Job]) -> None:
+        """Hand jobs to the writer in order (refused at once if the store stopped writing)."""
         for job in jobs:
             check_call_records(job.weight, self._group_commit_max_records)
         for job in jobs:
@@ -611,12 +620,6 @@ class SqliteLogStore(StoreLifecycle):
                     await self._job_send.send(job)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise self._write_refused() from None
-        for job in jobs:
-            await job.done.wait()
-        for job in jobs:
-            if job.error is not None:
-                raise job.error
-        return [job.result for job in jobs]
 
     def _check_readable(self) -> None:
         if self._closed:
@@ -809,21 +812,51 @@ class SqliteLogStore(StoreLifecycle):
                 )
             )
         assert len({part.pid for part in parts}) == len(parts), "append_many: a partition twice"
-        # A job per `group_commit_max_records`: more would be refused (one part alone larger
-        # than that is, as a single `append` of it is).
+        # A crowd of partitions goes to the writer as a crowd of jobs (`SPLIT_JOBS_MIN` or
+        # more), so that with nothing on its way the writer sends it as two batches, and each
+        # partition is told at its own batch's COMMIT: the first batch's writers then write
+        # again while the second one commits. As one job, the node's appender made every
+        # partition of the closed loop meet in one commit, and the event loop idled through
+        # each fsync while the writer process idled through the loop's work (BENCHMARKS.md,
+        # item 4). A job also never holds more than `group_commit_max_records` (more would be
+        # refused; one part alone larger than that is, as a single `append` of it is).
+        # Only a crowd whose halves are crowds themselves: a call of fewer partitions goes as
+        # one job, so the halves of a closed loop's crowd stay two batches, not ever smaller.
+        per_job = len(parts) // SPLIT_JOBS_MIN if len(parts) >= 2 * SPLIT_JOBS_MIN else len(parts)
         jobs: list[Job] = []
         chunk: list[_AppendRows] = []
         weight = 0
         for part in parts:
-            if chunk and weight + len(part.rows) > self._group_commit_max_records:
+            if chunk and (len(chunk) == per_job or weight + len(part.rows) > self._group_commit_max_records):
                 jobs.append(_appends_job(chunk, weight))
                 chunk, weight = [], 0
             chunk.append(part)
             weight += len(part.rows)
         if chunk:
             jobs.append(_appends_job(chunk, weight))
-        refused = [refusal for result in await self._submit_all(jobs) for refusal in result]
-        tell_each(refused, on_durable)  # one writer: the call's commits are one after another
+        await self._send_jobs(jobs)
+        # Batches commit in order, so the jobs finish in order: each job's partitions are told
+        # as it finishes (a failed job's are not). A job's error, then what `on_durable`
+        # raised, is raised once every job settled.
+        refused: list[NotLeader | None] = []
+        failures: list[BaseException] = []
+        told: list[Exception] = []
+        base = 0  # index of the job's first append in `appends`
+        for job in jobs:
+            await job.done.wait()
+            if job.error is not None:
+                failures.append(job.error)
+            else:
+                refused.extend(job.result)
+                if on_durable is not None:
+                    for index, refusal in enumerate(job.result, base):
+                        try:
+                            on_durable(index, refusal)
+                        except Exception as error:  # noqa: BLE001 - raised once every job settled
+                            told.append(error)
+            base += job.appends
+        if failures or told:
+            raise (failures or told)[0]
         return refused
 
     async def read_log(self, pid: int, from_log_offset: int, limit: int | None = None) -> list[LogRecord]:

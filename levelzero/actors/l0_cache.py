@@ -1,0 +1,202 @@
+"""A bounded cache of whole L0 objects, shared by every read of the node: one GET per L0 object
+for the readers of all its partitions.
+
+An L0 object holds one extent per partition written in its batch window, so a reader that
+range-reads its own extent makes one GET per partition per object: a Kafka fetch of 64
+partitions tailing the same objects, 64 GETs per object (BENCHMARKS.md, item 13). Here the first
+read of an extent of an object GETs the object (its first `object_bytes_max` bytes: an object
+is at most about two batches) and keeps it; reads of its other extents slice it. Reads of an
+object being fetched wait for that GET instead of making their own, so the partitions of one
+Kafka fetch, read concurrently, share it; so do consumers of different partitions close in
+time, while the object stays among the most recently used.
+
+Bounds: the objects held plus the GETs in flight stay within `bytes_max`; the least recently
+used objects go first. A GET in flight is counted at the largest of the objects loaded lately
+until it answers (`object_bytes_max` before any), then at its size; an object that does not fit
+then is handed to the reads waiting for it and not kept.
+A read that finds no room, an extent past the bytes loaded, or a GET that failed for another
+read: the extent is read alone with its own ranged GET, as without the cache. So is a miss
+while the cache thrashes (readers spread over more objects than fit, so that objects are
+evicted before a second read: a whole-object GET would then cost as many GETs as ranged ones
+and many times the bytes), but for one in SAMPLE_EVERY, which loads to find out whether
+objects are shared again.
+
+Why serving cached bytes is safe: L0 objects are written once and never rewritten, so a slice
+is the bytes a ranged GET would return. The cache decides nothing about which objects may be
+read: a reader asks for an extent only through a placeholder it read while registered with its
+partition (`Reader`), whose pin keeps the object from the GC as long as it reads, exactly as
+for its own GET; an object the GC deleted is named by no placeholder a reader can still read
+(it is below the LRO), so its bytes, if still held, are never asked for and age out."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import anyio
+
+from levelzero.storage.protocols import ObjectStore
+
+
+SIZES_KEPT = 16  # a load is counted at the largest of the last this many objects loaded
+# Thrashing: fewer than a quarter of the last EVICTIONS_WATCHED objects evicted served a read
+# besides the one that loaded them; then one miss in SAMPLE_EVERY loads its object.
+EVICTIONS_WATCHED = 32
+SAMPLE_EVERY = 8
+
+
+def l0_object_bytes_bound(batch_bytes_max: int) -> int:
+    """The most of an L0 object a load asks for: the batcher cuts a batch once it reaches
+    `batch_bytes_max`, and the request that reached it is at most that big (an object's header
+    adds a few bytes per extent; an extent past what was loaded is read alone)."""
+    return 2 * batch_bytes_max
+
+
+@dataclass(frozen=True, slots=True)
+class L0CacheStatistics:
+    """A snapshot: what the cache served and what it cost."""
+
+    bytes_max: int
+    held_bytes: int  # objects held
+    inflight_bytes: int  # GETs in flight, each at the largest object loaded lately
+    objects: int
+    hits: int  # extents sliced from a held object
+    shared: int  # extents sliced from a GET another read had in flight
+    loads: int  # GETs of an object
+    uncached_gets: int  # extents read alone (off, no room, thrashing, past the bytes loaded, failed)
+    evictions: int  # objects dropped for room
+
+    @property
+    def hit_ratio(self) -> float:
+        """Extents served without a GET of their own, out of all extents read."""
+        served = self.hits + self.shared
+        total = served + self.loads + self.uncached_gets
+        return served / total if total else 0.0
+
+
+@dataclass(slots=True)
+class _Load:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    data: bytes | None = None  # None once done: the GET failed or was cancelled
+
+
+class L0ObjectCache:
+    def __init__(self, objects: ObjectStore, bytes_max: int, object_bytes_max: int) -> None:
+        assert bytes_max >= 0 and object_bytes_max >= 1, (bytes_max, object_bytes_max)
+        self._objects = objects
+        self.bytes_max = bytes_max
+        # A GET asks for this much of an object (all of it, for objects the batcher writes).
+        self._load_bytes = min(bytes_max, object_bytes_max)
+        self._held: OrderedDict[str, bytes] = OrderedDict()  # least recently used first
+        self._held_bytes = 0
+        self._loading: dict[str, _Load] = {}
+        self._inflight_bytes = 0
+        self._sizes_lately: deque[int] = deque(maxlen=SIZES_KEPT)  # of the objects loaded
+        self._used: set[str] = set()  # objects (held or loading) that served another read
+        self._evicted_useful: deque[bool] = deque(maxlen=EVICTIONS_WATCHED)  # per eviction
+        self._declined = 0  # misses not loaded while thrashing
+        self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
+
+    async def get(self, key: str, offset: int, length: int) -> bytes:
+        """`length` bytes of the L0 object `key` from `offset` (an extent), unverified (the
+        caller checks its checksum). Raises what the store's GET raises."""
+        assert offset >= 0 and length >= 0, (key, offset, length)
+        end = offset + length
+        data = self._held.get(key)
+        if data is not None:
+            self._held.move_to_end(key)
+            if end <= len(data):
+                self._hits += 1
+                self._used.add(key)
+                return data[offset:end]
+        elif (load := self._loading.get(key)) is not None:
+            self._used.add(key)
+            await load.done.wait()
+            if load.data is not None and end <= len(load.data):
+                self._shared += 1
+                return load.data[offset:end]
+        elif self._load_bytes and self._admits() and self._make_room(reserve := self._reservation(end)):
+            data = await self._load(key, reserve)
+            if end <= len(data):
+                return data[offset:end]
+        self._uncached += 1
+        return await self._objects.get(key, offset, length)
+
+    def _admits(self) -> bool:
+        """Whether a miss loads its whole object. Not while the cache thrashes — most objects
+        evicted lately served no read but the one that loaded them (readers spread over more
+        objects than fit: a whole-object GET then costs as many GETs as ranged ones, and far
+        more bytes) — but for one miss in SAMPLE_EVERY, so the cache takes up again once
+        objects are shared."""
+        useful = self._evicted_useful
+        if len(useful) < EVICTIONS_WATCHED or sum(useful) * 4 >= EVICTIONS_WATCHED:
+            return True
+        self._declined += 1
+        return self._declined % SAMPLE_EVERY == 0
+
+    def _reservation(self, end: int) -> int:
+        """What a load is counted at until it answers: the largest of the objects loaded
+        lately (the batcher's objects are alike), and at least the extent's end; at most what
+        a load asks for. An object larger than its reservation makes room when it lands."""
+        lately = max(self._sizes_lately, default=self._load_bytes)
+        return min(self._load_bytes, max(lately, end))
+
+    async def _load(self, key: str, reserve: int) -> bytes:
+        """GET the object (its first `_load_bytes`), counted at `reserve` until it answers,
+        and keep it if there is room for it then. The room for `reserve` was made by the
+        caller, with no await since."""
+        assert key not in self._held and key not in self._loading, key
+        load = _Load()
+        self._loading[key] = load
+        self._inflight_bytes += reserve
+        self._check_bound()
+        try:
+            data = load.data = await self._objects.get(key, 0, self._load_bytes)
+            self._loads += 1
+        finally:
+            del self._loading[key]
+            self._inflight_bytes -= reserve
+            if load.data is not None:
+                size = len(load.data)
+                assert size <= self._load_bytes, (key, size)
+                self._sizes_lately.append(size)
+                if self._make_room(size):
+                    self._held[key] = load.data
+                    self._held_bytes += size
+                else:
+                    self._used.discard(key)
+            load.done.set()
+            self._check_bound()
+        return data
+
+    def _make_room(self, size: int) -> bool:
+        """Drop the least recently used objects until `size` more bytes fit; False if they
+        cannot (the GETs in flight hold the rest)."""
+        while self._held and self._held_bytes + self._inflight_bytes + size > self.bytes_max:
+            dropped_key, dropped = self._held.popitem(last=False)
+            self._held_bytes -= len(dropped)
+            self._evictions += 1
+            self._evicted_useful.append(dropped_key in self._used)
+            self._used.discard(dropped_key)
+        return self._held_bytes + self._inflight_bytes + size <= self.bytes_max
+
+    def _check_bound(self) -> None:
+        assert self._held_bytes >= 0 and self._inflight_bytes >= 0, (self._held_bytes, self._inflight_bytes)
+        assert self._held_bytes + self._inflight_bytes <= self.bytes_max, (
+            self._held_bytes,
+            self._inflight_bytes,
+            self.bytes_max,
+        )
+
+    def statistics(self) -> L0CacheStatistics:
+        return L0CacheStatistics(
+            bytes_max=self.bytes_max,
+            held_bytes=self._held_bytes,
+            inflight_bytes=self._inflight_bytes,
+            objects=len(self._held),
+            hits=self._hits,
+            shared=self._shared,
+            loads=self._loads,
+            uncached_gets=self._uncached,
+            evictions=self._evictions,
+        )

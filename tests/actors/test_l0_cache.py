@@ -1,0 +1,279 @@
+"""The readers' cache of whole L0 objects (`actors/l0_cache.py`): one GET per object for the
+extents of all its partitions, shared by reads in flight at once; the memory bound (objects
+held plus GETs in flight) at every step; least-recently-used eviction; the fall-backs to a
+ranged GET of one extent; and a node's reads through it (partitions read one after another
+share the GETs of the objects they have in common)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import anyio
+import pytest
+
+from levelzero.actors.l0_cache import L0ObjectCache, l0_object_bytes_bound
+from levelzero.core.errors import ObjectNotFound, StorageError
+from levelzero.core.l0format import Record
+from levelzero.storage.counting_store import CountingObjectStore
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.nodes import hand_run_config, running_node
+from levelzero.testing.virtual_time import in_virtual_time
+
+SIZE = 1000  # bytes of each object
+
+
+def key(i: int) -> str:
+    return f"level_zero/data/{i:03}/{1:018}/object-{i}"
+
+
+def body(i: int) -> bytes:
+    return bytes((i * 7 + b) % 256 for b in range(SIZE))
+
+
+class GatedStore(CountingObjectStore):
+    """Counts GETs (and their ranges); a GET can be made to wait for `gate`, or to fail."""
+
+    def __init__(self) -> None:
+        super().__init__(MemoryObjectStore())
+        self.gate: anyio.Event | None = None
+        self.fail_next = 0
+        self.ranges: list[tuple[str, int, int | None]] = []
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.ranges.append((key, offset, length))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise StorageError("injected: the GET failed")
+        return await super().get(key, offset, length)
+
+
+async def store_with(objects: int) -> GatedStore:
+    store = GatedStore()
+    for i in range(objects):
+        await store.put(key(i), body(i))
+    return store
+
+
+def held(cache: L0ObjectCache) -> int:
+    stats = cache.statistics()
+    assert stats.held_bytes + stats.inflight_bytes <= stats.bytes_max, stats
+    return stats.held_bytes
+
+
+@in_virtual_time
+async def test_extents_of_one_object_are_sliced_from_one_get():
+    store = await store_with(1)
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=2 * SIZE)
+    extents = [(0, 100), (100, 250), (350, 650), (990, 10)]
+    for offset, length in extents:
+        assert await cache.get(key(0), offset, length) == body(0)[offset : offset + length]
+    assert store.ranges == [(key(0), 0, 2 * SIZE)]  # the object, whole: no ranged GETs
+    stats = cache.statistics()
+    assert (stats.loads, stats.hits, stats.shared, stats.uncached_gets) == (1, 3, 0, 0)
+    assert stats.hit_ratio == 0.75 and held(cache) == SIZE and stats.objects == 1
+
+
+@in_virtual_time
+async def test_reads_in_flight_at_once_share_the_objects_get():
+    """As the partitions of one Kafka fetch, read concurrently: 8 reads of 8 extents of one
+    object wait for the first one's GET instead of making their own."""
+    store = await store_with(1)
+    store.gate = anyio.Event()
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=2 * SIZE)
+    got: dict[int, bytes] = {}
+
+    async def read(p: int) -> None:
+        got[p] = await cache.get(key(0), p * 100, 100)
+
+    async with anyio.create_task_group() as tg:
+        for p in range(8):
+            tg.start_soon(read, p)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 2 * SIZE and held(cache) == 0
+        store.gate.set()
+    assert got == {p: body(0)[p * 100 : p * 100 + 100] for p in range(8)}
+    assert len(store.ranges) == 1
+    stats = cache.statistics()
+    assert (stats.loads, stats.shared, stats.hits, stats.inflight_bytes) == (1, 7, 0, 0)
+
+
+@in_virtual_time
+async def test_the_bound_holds_and_the_least_recently_used_object_goes_first():
+    """Room for three objects' loads: a fourth evicts the least recently used (object 1, since
+    object 0 was read again), and every step keeps held + in flight within the bound."""
+    store = await store_with(5)
+    cache = L0ObjectCache(store, bytes_max=3 * SIZE, object_bytes_max=SIZE)
+    for i in range(3):
+        await cache.get(key(i), 0, 10)
+        assert held(cache) == (i + 1) * SIZE
+    await cache.get(key(0), 10, 10)  # object 0 is now the most recently used
+    await cache.get(key(3), 0, 10)
+    assert held(cache) == 3 * SIZE
+    stats = cache.statistics()
+    assert (stats.evictions, stats.loads, stats.hits) == (1, 4, 1)
+    loads = len(store.ranges)
+    assert await cache.get(key(0), 20, 5) == body(0)[20:25]  # kept
+    assert await cache.get(key(2), 20, 5) == body(2)[20:25]  # kept
+    assert len(store.ranges) == loads
+    assert await cache.get(key(1), 20, 5) == body(1)[20:25]  # evicted: loaded again
+    assert len(store.ranges) == loads + 1
+    assert cache.statistics().evictions == 2 and held(cache) == 3 * SIZE
+
+
+@in_virtual_time
+async def test_without_room_beside_the_gets_in_flight_an_extent_is_read_alone():
+    """Two loads in flight fill the bound (each counted at `object_bytes_max` until it
+    answers): a read of a third object gets its own ranged GET and holds nothing."""
+    store = await store_with(3)
+    store.gate = anyio.Event()
+    cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.get, key(0), 0, 10)
+        tg.start_soon(cache.get, key(1), 0, 10)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 2 * SIZE
+        store.gate.set()
+        assert await cache.get(key(2), 5, 10) == body(2)[5:15]
+    assert (key(2), 5, 10) in store.ranges
+    stats = cache.statistics()
+    assert (stats.loads, stats.uncached_gets, stats.objects) == (2, 1, 2) and held(cache) == 2 * SIZE
+
+
+@in_virtual_time
+async def test_an_extent_past_the_bytes_loaded_is_read_alone():
+    """An object larger than a load asks for: its first bytes are kept, an extent beyond them
+    is read with its own ranged GET."""
+    store = await store_with(1)
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=SIZE // 2)
+    assert await cache.get(key(0), 100, 50) == body(0)[100:150]
+    assert await cache.get(key(0), 600, 50) == body(0)[600:650]
+    assert store.ranges == [(key(0), 0, SIZE // 2), (key(0), 600, 50)]
+    assert held(cache) == SIZE // 2
+
+
+@in_virtual_time
+async def test_a_failed_load_fails_its_read_and_the_waiting_reads_get_their_own():
+    store = await store_with(1)
+    store.gate = anyio.Event()
+    store.fail_next = 1
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=SIZE)
+    outcomes: dict[int, object] = {}
+
+    async def read(p: int) -> None:
+        try:
+            outcomes[p] = await cache.get(key(0), p * 10, 10)
+        except StorageError as exc:
+            outcomes[p] = exc
+
+    async with anyio.create_task_group() as tg:
+        for p in range(3):
+            tg.start_soon(read, p)
+        await anyio.wait_all_tasks_blocked()
+        store.gate.set()
+    failed = [p for p, outcome in outcomes.items() if isinstance(outcome, StorageError)]
+    assert len(failed) == 1  # the read whose load failed (whichever started first)
+    assert {p: outcomes[p] for p in range(3) if p not in failed} == {
+        p: body(0)[p * 10 : p * 10 + 10] for p in range(3) if p not in failed
+    }
+    stats = cache.statistics()
+    assert (stats.loads, stats.uncached_gets, stats.objects, stats.inflight_bytes) == (0, 2, 0, 0)
+    with pytest.raises(ObjectNotFound):
+        await cache.get(key(9), 0, 10)  # a missing object: as its ranged GET would
+    assert cache.statistics().inflight_bytes == 0 and held(cache) == 0
+
+
+@in_virtual_time
+async def test_a_cache_of_zero_bytes_reads_each_extent_alone():
+    store = await store_with(1)
+    cache = L0ObjectCache(store, bytes_max=0, object_bytes_max=SIZE)
+    for p in range(4):
+        assert await cache.get(key(0), p * 10, 10) == body(0)[p * 10 : p * 10 + 10]
+    assert store.ranges == [(key(0), p * 10, 10) for p in range(4)]
+    assert cache.statistics().uncached_gets == 4 and held(cache) == 0
+
+
+def test_a_load_asks_for_two_batches():
+    assert l0_object_bytes_bound(4 << 20) == 8 << 20
+
+
+PARTITIONS = 8
+WINDOWS = 5
+
+
+@pytest.mark.parametrize(("cache_bytes", "gets"), [(64 << 20, WINDOWS), (0, WINDOWS * PARTITIONS)])
+@in_virtual_time
+async def test_partitions_read_one_after_another_share_the_gets_of_their_objects(cache_bytes: int, gets: int):
+    """Consumers of different partitions close in time: 8 partitions written in the same 5
+    batch windows, fetched one partition after another, make 5 GETs (40 without the cache);
+    every record reads back as written."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    config = replace(hand_run_config(), l0_cache_bytes_max=cache_bytes)
+    async with running_node(config, MemoryLogStore(), objects) as node:
+        await node.create_topic("t", PARTITIONS)
+        for w in range(WINDOWS):
+            async with anyio.create_task_group() as tg:
+                for p in range(PARTITIONS):
+                    records = [Record(b"k", b"%d/%d/%d" % (w, p, i)) for i in range(3)]
+                    tg.start_soon(node.produce, "t", p, records)
+        assert objects.snapshot().l0_puts == WINDOWS
+        before = objects.snapshot()
+        for p in range(PARTITIONS):
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            assert fetched.tier == "l0"
+            assert [(r.offset, r.key, r.value) for r in fetched.records] == [
+                (w * 3 + i, b"k", b"%d/%d/%d" % (w, p, i)) for w in range(WINDOWS) for i in range(3)
+            ]
+        assert (objects.snapshot() - before).l0_gets == gets
+
+
+@in_virtual_time
+async def test_a_load_is_counted_at_the_objects_loaded_lately_and_a_larger_one_makes_room():
+    """Before any load, a GET in flight counts at the most a load asks for; after, at the
+    largest object loaded lately (so more loads fit beside the objects held). An object larger
+    than its reservation evicts the least recently used when it lands; the bound holds."""
+    store = await store_with(3)
+    await store.put(key(9), bytes(3 * SIZE))  # three times the others
+    cache = L0ObjectCache(store, bytes_max=4 * SIZE, object_bytes_max=4 * SIZE)
+    store.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.get, key(0), 0, 10)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 4 * SIZE  # nothing known yet
+        store.gate.set()
+    store.gate = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.get, key(1), 0, 10)
+        tg.start_soon(cache.get, key(9), 0, 10)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.statistics().inflight_bytes == 2 * SIZE and held(cache) == SIZE
+        store.gate.set()
+    stats = cache.statistics()
+    assert held(cache) == 4 * SIZE and stats.objects == 2 and stats.evictions == 1
+    assert await cache.get(key(9), 5, 5) == bytes(5)  # kept
+    assert cache.statistics().hits == 1
+
+
+@in_virtual_time
+async def test_while_the_cache_thrashes_a_miss_reads_its_extent_alone_but_one_in_eight():
+    """Readers cycling over three objects with room for two: each load is evicted before a
+    second read. Once 32 evictions served nothing, a miss reads its extent alone (a ranged GET,
+    not the whole object) but for one in eight, which loads to find out whether objects are
+    shared again. Objects held still answer."""
+    store = await store_with(3)
+    cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
+    for i in range(34):
+        assert await cache.get(key(i % 3), 0, 10) == body(i % 3)[:10]
+    stats = cache.statistics()
+    assert (stats.loads, stats.evictions, stats.hits, stats.uncached_gets) == (34, 32, 0, 0)
+    assert all(r == (key(i % 3), 0, SIZE) for i, r in enumerate(store.ranges))
+    del store.ranges[:]
+    for k in range(8):  # object 1 is not held (objects 2 and 0 are)
+        assert await cache.get(key(1), 10 * k, 10) == body(1)[10 * k : 10 * k + 10]
+    assert store.ranges == [(key(1), 10 * k, 10) for k in range(7)] + [(key(1), 0, SIZE)]
+    assert await cache.get(key(0), 500, 10) == body(0)[500:510]  # held: a hit
+    stats = cache.statistics()
+    assert (stats.loads, stats.uncached_gets, stats.evictions, stats.hits) == (35, 7, 33, 1)
+    assert held(cache) == 2 * SIZE
