@@ -321,6 +321,10 @@ class World:
         cfg = self.cfg
         config = NodeConfig(
             fencing_mode=self.mode,
+            # Readers GET each extent: the L0 cache serves an object's (immutable) bytes after
+            # the GC deleted it, which hides from the read checks a GC that ignores reader pins
+            # (the mutation reader_pins_ignored); the cache has its own tests.
+            l0_cache_bytes_max=0,
             epoch_cache_ttl_s=self.cache_ttl_s,
             epoch_bump_interval_s=self.epoch_bump_interval_s,
             snapshot_every_records=cfg.snapshot_every_records,
