@@ -220,10 +220,12 @@ class Fence:
         assert self.updater_epoch is not None
         self.updater_epoch = None
 
-    def release(self) -> None:
-        """A write's placeholder is durable and applied (or its append failed)."""
-        assert self.read_units > 0, "release without a read unit"
-        self.read_units -= 1
+    def release(self, units: int = 1) -> None:
+        """`units` writes' placeholders are durable and applied (or their appends failed)."""
+        assert 0 < units <= self.read_units, (
+            f"release without a read unit ({units} released, {self.read_units} held)"
+        )
+        self.read_units -= units
 
     # ------------------------------------------------------------------ observability
 
