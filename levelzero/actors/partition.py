@@ -281,7 +281,7 @@ class PartitionActor:
             # `_deliver(self._on_write, msg)`, inline (per write): a write needs no match
             try:
                 self._on_write(msg)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - `_crashed` raises
                 self._crashed(exc)
             if self._stopping is not None and self._finished():
                 self._wakeup.set()  # the actor's task ends
@@ -388,7 +388,7 @@ class PartitionActor:
         partition stopped."""
         try:
             handler(msg)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - `_crashed` raises
             self._crashed(exc)
         if self._stopping is not None and self._finished():  # (no call per write)
             self._wakeup.set()  # the actor's task ends
