@@ -166,7 +166,9 @@ class Fence:
         assert epoch >= 1, epoch
         if self.updater_epoch is not None:
             return Wait(self.updater_epoch)
-        window = self.effective_window(term, applied_window)
+        window = self._seen_window  # `effective_window`'s common case, without the call
+        if window is None or self.seen_term != term or self.mode is FenceMode.STRICT:
+            window = self.effective_window(term, applied_window)
         if window is None:
             if epoch < self.creation_epoch:
                 return self._reject(epoch, (self.creation_epoch, self.creation_epoch))
