@@ -107,6 +107,7 @@ class Truth:
         # L0 key -> (pid, first data offset, last data offset) of every durable placeholder
         self.refs: dict[str, list[tuple[int, int, int]]] = {}
         self.deleted: set[str] = set()
+        self.deletes_under_pins = 0  # L0 deletes while a live reader held a pin (each checked)
         self.dropped = 0  # acknowledged records below the start offset at the last read-back
         self._published: dict[str, int] = {}
 
@@ -280,17 +281,20 @@ class Truth:
         here, as the delete lands, and not by a later read's failure: the node's L0 cache may
         still serve the deleted object's bytes."""
         epoch = parse_l0_key(key).epoch
+        pinned = False
         for actor in self.world.live_actors():
             pins = actor.pins
             if not isinstance(pins, ObservedPins):
                 continue  # (an actor made outside a run)
             low = pins.lowest_claim()
+            pinned = pinned or low is not None
             if low is not None and epoch > low:
                 self.fail(
                     "1",
                     f"deleted {key} (epoch {epoch}) while {len(pins.claims)} reader(s) of "
                     f"{actor.name} held M(p) = {low} (published {self._published.get(actor.name)})",
                 )
+        self.deletes_under_pins += pinned
 
     def on_l1_delete_started(self, row: L1Row) -> None:
         """A valid L1 object of the durable lineage must never start being deleted."""

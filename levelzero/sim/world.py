@@ -163,6 +163,8 @@ class Stats:
     l1_written: int = 0
     gc_rounds: int = 0
     objects_deleted: int = 0
+    l0_cache_served: int = 0  # extents the readers' L0 cache sliced from an object it held or loaded
+    l0_cache_loads: int = 0  # whole-object GETs it made
     heal_s: float = 0.0  # from the faults' end until every node is up again
     quiet_s: float = 0.0  # from the workload's end until every L0 object is collected
     healed_writes: int = 0
@@ -816,6 +818,9 @@ class World:
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted
+        cache = inc.node.l0_cache.statistics()
+        self.stats.l0_cache_served += cache.hits + cache.shared
+        self.stats.l0_cache_loads += cache.loads
         self.compaction.absorb(inc)
 
     def finish(self) -> None:
