@@ -301,8 +301,8 @@ ALTER TABLE transactions ADD COLUMN prepared TEXT NOT NULL DEFAULT '';
     # 14: each node row's incarnation (every registration takes a new one from the sequence):
     # the calls about a node's row and leases name it, and a late one of a previous run is void
     """
-CREATE SEQUENCE cluster_node_incarnations;
-ALTER TABLE cluster_nodes ADD COLUMN incarnation BIGINT NOT NULL DEFAULT 0;
+CREATE SEQUENCE IF NOT EXISTS cluster_node_incarnations;
+ALTER TABLE cluster_nodes ADD COLUMN IF NOT EXISTS incarnation BIGINT NOT NULL DEFAULT 0;
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
