@@ -11,6 +11,7 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -140,13 +141,18 @@ class SparkAnalysis:
         inputs: list[ExportInput],
         out_dir: str,
         bucket_s: float | None,
+        on_ready: Callable[[Results, list[str]], None] | None = None,
     ) -> None:
+        """`on_ready(results, names)` is called from the jobs' threads after each step of the
+        analysis with the result tables that step made (and the figures it set)."""
         self.spark = spark
         self.inputs = inputs
         self.out_dir = out_dir
         self.requested_bucket_s = bucket_s
         self._cached: list[DataFrame] = []
         self._large_writes: list[Callable[[], None]] = []
+        self._on_ready = on_ready
+        self._made = threading.local()  # per jobs' thread: the tables its current step made
 
     def run(self) -> Results:
         """Every collected result. The large results' writes wait for `write_large_results`
@@ -165,14 +171,14 @@ class SparkAnalysis:
             objects, deletions = frames["l0_objects"], frames["l0_deletions"]
 
             def objects_side() -> None:
-                self._gc_lag(objects, deletions, frames["gc_rounds"])
-                self._gc_rounds_over_time(frames["gc_rounds"])
-                self._storage(objects, deletions, frames["l1_objects"])
+                self._step(self._gc_lag, objects, deletions, frames["gc_rounds"])
+                self._step(self._gc_rounds_over_time, frames["gc_rounds"])
+                self._step(self._storage, objects, deletions, frames["l1_objects"])
 
             def partitions_side() -> None:
-                self._partition_states(frames["state_samples"])
-                self._fence(frames["fence_events"])
-                self._throughput(frames["log_entries"])
+                self._step(self._partition_states, frames["state_samples"])
+                self._step(self._fence, frames["fence_events"])
+                self._step(self._throughput, frames["log_entries"])
 
             # Two independent halves of the results, each a sequence of Spark jobs, from two
             # threads: most of their stages are one or two tasks, and between two jobs the
@@ -191,6 +197,19 @@ class SparkAnalysis:
             self.release()
             raise
 
+    def _step(self, step: Callable[..., None], *frames: DataFrame) -> None:
+        """One step of the results, then `on_ready` with the tables it made."""
+        self._made.names = []
+        step(*frames)
+        if self._on_ready is not None:
+            self._on_ready(self.results, self._made.names)
+
+    def _put(self, name: str, table: ResultTable) -> None:
+        self.results.tables[name] = table
+        made = getattr(self._made, "names", None)
+        if made is not None and name not in made:
+            made.append(name)
+
     def write_large_results(self) -> None:
         """The results Spark writes itself (never collected), into `out_dir`."""
         for write in self._large_writes:
@@ -208,7 +227,12 @@ class SparkAnalysis:
         files = [path for found in self.inputs for path in found.files[table]]
         schema = spark_schema(table)
         if not files:
-            return self.spark.createDataFrame([], seconds_schema(schema))
+            # An empty relation the optimizer sees as empty (a filter that is always false
+            # becomes one): the unions, joins and aggregates over it drop it from the plans.
+            # `createDataFrame([])` is a scan of a Python RDD that every query reading the
+            # table ran as tasks (and a shuffle, where it was grouped).
+            nothing = [F.lit(None).cast(f.dataType).alias(f.name) for f in seconds_schema(schema).fields]
+            return self.spark.range(1).where(F.lit(False)).select(*nothing)
         uris = [spark_uri(path) for path in files]
         # The jobs compute on unix seconds (float): every TIMESTAMP column becomes one here.
         seconds = [
@@ -300,7 +324,7 @@ class SparkAnalysis:
             frame = frame.orderBy(*order)
         rows = [{k: _utc(v) for k, v in row.asDict().items()} for row in frame.collect()]
         table = ResultTable(list(frame.columns), rows)
-        self.results.tables[name] = table
+        self._put(name, table)
         return table
 
     # ------------------------------------------------------------------ GC lag
@@ -399,7 +423,7 @@ class SparkAnalysis:
                 "l0_deleted_unexplained",
             )
         ]
-        self.results.tables["gc_lag_summary"] = ResultTable(["figure", "value"], summary_rows)
+        self._put("gc_lag_summary", ResultTable(["figure", "value"], summary_rows))
         self._histogram("gc_lag_histogram", lags.where(F.col("explained")), "lag_s", summary["lag_max"])
         self._histogram(
             "l0_age_histogram", lags.where(F.col("age_s").isNotNull()), "age_s", summary["age_max"]
@@ -409,7 +433,7 @@ class SparkAnalysis:
         """HISTOGRAM_BINS equal bins from 0 to `top` of `column` (objects per bin)."""
         columns = ["bin_lo_s", "bin_hi_s", "objects"]
         if top is None:
-            self.results.tables[name] = ResultTable(columns, [])
+            self._put(name, ResultTable(columns, []))
             return
         lag_max = max(top, 0.0)
         bins = HISTOGRAM_BINS if lag_max > 0 else 1
@@ -475,9 +499,7 @@ class SparkAnalysis:
         )
         collected = self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
         rows = collected.rows
-        self.results.tables["gc_rounds_over_time"] = ResultTable(
-            columns, [{c: row[c] for c in columns} for row in rows]
-        )
+        self._put("gc_rounds_over_time", ResultTable(columns, [{c: row[c] for c in columns} for row in rows]))
         self.results.figures.update(
             gc_rounds=sum(r["rounds"] for r in rows),
             gc_dry_runs=sum(r["dry_runs"] for r in rows),
@@ -701,17 +723,20 @@ class SparkAnalysis:
             self._keep("fence_by_window", by_window, order=["window_max_from"])
             self.results.figures["fence_epochs_per_range"] = width
         else:
-            self.results.tables["fence_by_window"] = ResultTable(
-                [
-                    "window_max_from",
-                    "window_max_to",
-                    "events",
-                    "rejected",
-                    "slides",
-                    "partitions",
-                    "rejection_rate",
-                ],
-                [],
+            self._put(
+                "fence_by_window",
+                ResultTable(
+                    [
+                        "window_max_from",
+                        "window_max_to",
+                        "events",
+                        "rejected",
+                        "slides",
+                        "partitions",
+                        "rejection_rate",
+                    ],
+                    [],
+                ),
             )
         window_size = F.col("window_max") - F.col("window_min") + 1
         sizes = (
