@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from .errors import AnalysisError
 from .inputs import ExportInput
-from .filesystems import join
+from .filesystems import NO_TIMES, join, widen
 from .locations import spark_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
@@ -277,16 +277,31 @@ class SparkAnalysis:
         self._cached.append(frame)
         return frame
 
-    def _time_grid(self, frames: dict[str, DataFrame], rows: dict[str, int]) -> Results:
+    def _time_bounds(self, frames: dict[str, DataFrame]) -> tuple[float | None, float | None]:
+        """The earliest and latest time of any table (unix seconds), as the jobs compute
+        times: from the input files' footers (their statistics: no Spark job) when every
+        file's tell it, else a scan of every table's time column. Deduplication does not move
+        them (a duplicate row has the same time)."""
+        known: tuple[int, int] | None = NO_TIMES
+        for found in self.inputs:
+            for table in TABLES:
+                known = widen(known, found.time_ranges[table])
+        if known is not None:
+            lo, hi = known
+            return (None, None) if lo > hi else (lo / MICROS_PER_S, hi / MICROS_PER_S)
         times = None
         for table, frame in frames.items():
             part = frame.select(F.col(TABLES[table].time_column).alias("t"))
             times = part if times is None else times.unionByName(part)
         assert times is not None
         bounds = times.agg(F.min("t").alias("lo"), F.max("t").alias("hi")).collect()[0]
-        if bounds["lo"] is None:
+        return bounds["lo"], bounds["hi"]
+
+    def _time_grid(self, frames: dict[str, DataFrame], rows: dict[str, int]) -> Results:
+        lo, hi = self._time_bounds(frames)
+        if lo is None or hi is None:
             raise AnalysisError("the export directories hold no rows: nothing to analyse")
-        t_min, t_max = float(bounds["lo"]), float(bounds["hi"])
+        t_min, t_max = float(lo), float(hi)
         span = t_max - t_min
         bucket_s = float(self.requested_bucket_s or nice_bucket_s(span))
         t0 = math.floor(t_min / bucket_s) * bucket_s
