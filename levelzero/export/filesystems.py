@@ -32,18 +32,19 @@ MANIFEST_BYTES_MAX = 64 * 1024 * 1024
 
 
 MICROS_PER_UNIT = {"ms": 1_000, "us": 1}  # TIMESTAMP units whose statistics are read as micros
-NO_TIMES = (2**63, -(2**63))  # a time range of no values: lo > hi, the identity of widening
+NO_VALUES = (2**63, -(2**63))  # the range of no values: lo > hi, the identity of widening
 
 
 class ParquetFooter(NamedTuple):
     """What a Parquet file's footer says without reading its data: the schema, the rows, and
-    each TIMESTAMP column's range from the row groups' statistics."""
+    each 64-bit integer and TIMESTAMP column's range from the row groups' statistics."""
 
     schema: pa.Schema
     rows: int
-    # column -> (min, max) in microseconds since the epoch (NO_TIMES: no value in the file);
-    # None when the statistics cannot tell (missing in a row group, another unit or storage).
-    time_ranges: dict[str, tuple[int, int] | None]
+    # column -> (min, max) of its non-null values, TIMESTAMPs in microseconds since the epoch
+    # (NO_VALUES: none in the file); None when the statistics cannot tell (missing in a row
+    # group, a TIMESTAMP of another unit or storage).
+    ranges: dict[str, tuple[int, int] | None]
 
 
 def widen(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
@@ -53,13 +54,15 @@ def widen(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, in
     return min(a[0], b[0]), max(a[1], b[1])
 
 
-def _time_ranges(parquet: pq.ParquetFile) -> dict[str, tuple[int, int] | None]:
+def _ranges(parquet: pq.ParquetFile) -> dict[str, tuple[int, int] | None]:
     ranges: dict[str, tuple[int, int] | None] = {}
     scales: dict[str, int] = {}
     for field in parquet.schema_arrow:
-        if pa.types.is_timestamp(field.type):
+        if pa.types.is_int64(field.type):
+            ranges[field.name], scales[field.name] = NO_VALUES, 1
+        elif pa.types.is_timestamp(field.type):
             scale = MICROS_PER_UNIT.get(field.type.unit)
-            ranges[field.name] = None if scale is None else NO_TIMES
+            ranges[field.name] = None if scale is None else NO_VALUES
             if scale is not None:
                 scales[field.name] = scale
     metadata = parquet.metadata
@@ -85,7 +88,7 @@ def _time_ranges(parquet: pq.ParquetFile) -> dict[str, tuple[int, int] | None]:
 def _footer(source: Any, path: str) -> ParquetFooter:
     try:
         parquet = pq.ParquetFile(source)
-        return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows, _time_ranges(parquet))
+        return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows, _ranges(parquet))
     except (pa.ArrowException, OSError) as error:
         raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
 

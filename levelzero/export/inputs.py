@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from . import manifest as manifest_file
 from .errors import AnalysisError, ExportError, JavaNotFound
-from .filesystems import MANIFEST_BYTES_MAX, NO_TIMES, Files, LocalFiles, ParquetFooter, is_local, join, widen
+from .filesystems import (
+    MANIFEST_BYTES_MAX,
+    NO_VALUES,
+    Files,
+    LocalFiles,
+    ParquetFooter,
+    is_local,
+    join,
+    widen,
+)
 from .locations import local_path
 from .manifest import MANIFEST_NAME, Manifest
 from .schemas import TABLES, schema_mismatch
@@ -35,9 +44,12 @@ class ExportInput:
     manifest: Manifest
     files: dict[str, list[str]]  # table -> committed Parquet files, every one schema-checked
     rows: dict[str, int]  # table -> rows of those files, from their footers (no data read)
-    # table -> its time column's (min, max) in microseconds over those files, from the
-    # footers' statistics (NO_TIMES: no value; None: the statistics cannot tell)
-    time_ranges: dict[str, tuple[int, int] | None]
+    # table -> column -> (min, max) over those files from the footers' statistics, for the
+    # 64-bit integer and TIMESTAMP (microseconds) columns: see ParquetFooter.ranges
+    ranges: dict[str, dict[str, tuple[int, int] | None]]
+
+    def range_of(self, table: str, column: str) -> tuple[int, int] | None:
+        return self.ranges[table].get(column)
 
     @property
     def file_count(self) -> int:
@@ -95,18 +107,19 @@ def _load_one(path: str, files: Files) -> ExportInput:
         raise AnalysisError(str(error)) from None
     skip = set(manifest.superseded)
     found = {table: _table_files(files, path, table, manifest.last_seq, skip) for table in TABLES}
-    time_ranges: dict[str, tuple[int, int] | None] = {}
+    ranges: dict[str, dict[str, tuple[int, int] | None]] = {}
     for table, footers in found.items():
-        time_range: tuple[int, int] | None = NO_TIMES
+        columns: dict[str, tuple[int, int] | None] = {}
         for footer in footers.values():
-            time_range = widen(time_range, footer.time_ranges.get(TABLES[table].time_column))
-        time_ranges[table] = time_range
+            for column, known in footer.ranges.items():
+                columns[column] = widen(columns.get(column, NO_VALUES), known)
+        ranges[table] = columns
     return ExportInput(
         path,
         manifest,
         {table: list(paths) for table, paths in found.items()},
         {table: sum(footer.rows for footer in footers.values()) for table, footers in found.items()},
-        time_ranges,
+        ranges,
     )
 
 

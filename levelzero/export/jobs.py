@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from .errors import AnalysisError
 from .inputs import ExportInput
-from .filesystems import NO_TIMES, join, widen
+from .filesystems import NO_VALUES, join, widen
 from .locations import spark_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
@@ -277,15 +277,23 @@ class SparkAnalysis:
         self._cached.append(frame)
         return frame
 
+    def _footer_range(self, *columns: tuple[str, str]) -> tuple[int, int] | None:
+        """The (min, max) of the non-null values of the tables' `columns`, as the input files'
+        footers tell them (TIMESTAMPs in microseconds; lo > hi: no value); None when they
+        cannot (a file without statistics). A table without files has no values."""
+        known: tuple[int, int] | None = NO_VALUES
+        for found in self.inputs:
+            for table, column in columns:
+                if found.files[table]:
+                    known = widen(known, found.range_of(table, column))
+        return known
+
     def _time_bounds(self, frames: dict[str, DataFrame]) -> tuple[float | None, float | None]:
         """The earliest and latest time of any table (unix seconds), as the jobs compute
         times: from the input files' footers (their statistics: no Spark job) when every
         file's tell it, else a scan of every table's time column. Deduplication does not move
         them (a duplicate row has the same time)."""
-        known: tuple[int, int] | None = NO_TIMES
-        for found in self.inputs:
-            for table in TABLES:
-                known = widen(known, found.time_ranges[table])
+        known = self._footer_range(*[(table, TABLES[table].time_column) for table in TABLES])
         if known is not None:
             lo, hi = known
             return (None, None) if lo > hi else (lo / MICROS_PER_S, hi / MICROS_PER_S)
@@ -363,16 +371,20 @@ class SparkAnalysis:
         return epochs.join(F.broadcast(steps), covers, "left").select("epoch", "reached_at")
 
     def _gc_lag(self, objects: DataFrame, deletions: DataFrame, rounds: DataFrame) -> None:
+        eligible_at = F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at"))
+        lag_s = F.col("deleted_at") - eligible_at
         lags = (
             objects.join(deletions, "key", "left")
             .join(F.broadcast(self._eligible_since(objects, rounds)), "epoch", "left")
-            .withColumn(
-                "eligible_at",
-                F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at")),
+            # One projection (each withColumn is a new plan the driver analyses again).
+            .withColumns(
+                {
+                    "eligible_at": eligible_at,
+                    "lag_s": lag_s,
+                    "age_s": F.col("deleted_at") - F.col("created_at"),
+                    "explained": lag_s.isNotNull() & (lag_s >= 0),
+                }
             )
-            .withColumn("lag_s", F.col("deleted_at") - F.col("eligible_at"))
-            .withColumn("age_s", F.col("deleted_at") - F.col("created_at"))
-            .withColumn("explained", F.col("lag_s").isNotNull() & (F.col("lag_s") >= 0))
         )
         lags = self._cache(lags)
         deleted = F.col("deleted_at").isNotNull()
@@ -613,10 +625,15 @@ class SparkAnalysis:
             .withColumn("s", F.last("s", ignorenulls=True).over(as_of))
             .where(F.col("s").isNotNull())
             .select("topic", "partition", "b", *[F.col(f"s.{c}").alias(c) for c in state])
-            .withColumn("lag_epochs", F.col("max_applied_epoch") - F.col("mp"))
-            .withColumn("unreconciled", F.col("high_watermark") - 1 - F.col("lro"))
+            .withColumns(
+                {
+                    "lag_epochs": F.col("max_applied_epoch") - F.col("mp"),
+                    "unreconciled": F.col("high_watermark") - 1 - F.col("lro"),
+                }
+            )
         )
         filled = self._cache(filled)
+        m = F.when(F.col("without_mp") == 0, F.col("mp_min"))
         per_bucket = (
             filled.groupBy("b")
             .agg(
@@ -629,8 +646,7 @@ class SparkAnalysis:
                 F.sum("unreconciled").alias("unreconciled_total"),
                 F.max("unreconciled").alias("unreconciled_max"),
             )
-            .withColumn("m", F.when(F.col("without_mp") == 0, F.col("mp_min")))
-            .withColumn("cluster_lag_epochs", F.col("max_applied_epoch") - F.col("m"))
+            .withColumns({"m": m, "cluster_lag_epochs": F.col("max_applied_epoch") - m})
         )
         per_bucket = self._cache(per_bucket)
         watermarks = self._keep(
@@ -668,6 +684,7 @@ class SparkAnalysis:
         )
         bucket_s = self.results.bucket_s
         sampled_buckets = max(1, len(watermarks.rows))
+        holding = F.coalesce("buckets_holding_m", F.lit(0))
         per_partition = (
             filled.groupBy("topic", "partition")
             .agg(
@@ -678,9 +695,13 @@ class SparkAnalysis:
                 F.max_by("max_applied_epoch", "b").alias("max_applied_epoch_end"),
             )
             .join(held, ["topic", "partition"], "left")
-            .withColumn("buckets_holding_m", F.coalesce("buckets_holding_m", F.lit(0)))
-            .withColumn("seconds_holding_m", F.col("buckets_holding_m") * F.lit(bucket_s))
-            .withColumn("share_holding_m", F.col("buckets_holding_m") / F.lit(sampled_buckets))
+            .withColumns(
+                {
+                    "buckets_holding_m": holding,
+                    "seconds_holding_m": holding * F.lit(bucket_s),
+                    "share_holding_m": holding / F.lit(sampled_buckets),
+                }
+            )
         )
         holders = self._keep(
             "partition_watermarks",
@@ -705,8 +726,12 @@ class SparkAnalysis:
     def _fence(self, events: DataFrame) -> None:
         rejected = F.col("outcome") == "rejected"
         windowed = events.where(F.col("window_max").isNotNull())
-        bounds = windowed.agg(F.min("window_max").alias("lo"), F.max("window_max").alias("hi"))
-        lo, hi = bounds.collect()[0]
+        known = self._footer_range(("fence_events", "window_max"))  # no job where they tell
+        if known is None:
+            bounds = windowed.agg(F.min("window_max").alias("lo"), F.max("window_max").alias("hi"))
+            lo, hi = bounds.collect()[0]
+        else:
+            lo, hi = known if known[0] <= known[1] else (None, None)
         if lo is not None:
             # Epoch ranges of equal width, at most FENCE_RANGES_MAX of them, whatever the history.
             width = max(1, math.ceil((hi - lo + 1) / FENCE_RANGES_MAX))
@@ -820,8 +845,12 @@ class SparkAnalysis:
                 F.coalesce("bytes", F.lit(0)).alias("bytes"),
                 F.coalesce("active_partitions", F.lit(0)).alias("active_partitions"),
             )
-            .withColumn("records_per_s", F.col("records") / bucket_s)
-            .withColumn("bytes_per_s", F.col("bytes") / bucket_s)
+            .withColumns(
+                {
+                    "records_per_s": F.col("records") / bucket_s,
+                    "bytes_per_s": F.col("bytes") / bucket_s,
+                }
+            )
         )
         series = self._keep("throughput_over_time", over_time, order=["bucket_start"])
         by_partition = per_bucket.groupBy("topic", "partition").agg(

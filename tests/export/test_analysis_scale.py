@@ -251,29 +251,40 @@ def test_inputs_and_report_go_through_sparks_filesystems(
     assert sorted(os.listdir(tmp_path)) == ["shared"]  # nothing named viewfs: or s3a:
 
 
-def test_the_time_grid_comes_from_the_footers_without_a_spark_job(export_dir: Path) -> None:
-    """The earliest and latest time of any table are the input files' footer statistics (the
-    input checks read them anyway): no Spark job scans the tables for them (the analysis below
-    has no session at all)."""
+def test_the_time_grid_and_the_fence_ranges_come_from_the_footers_without_a_spark_job(
+    export_dir: Path,
+) -> None:
+    """The earliest and latest time of any table, and the fence windows' epochs, are the input
+    files' footer statistics (the input checks read them anyway): no Spark job scans the
+    tables for them (the analysis below has no session at all)."""
     from levelzero.export.inputs import load_inputs
 
     (found,) = load_inputs([str(export_dir)])
     for table, column in (("state_samples", "sampled_at"), ("fence_events", "decided_at")):
         (path,) = found.files[table]
         micros = pq.read_table(path).column(column).cast("int64").to_pylist()
-        assert found.time_ranges[table] == (min(micros), max(micros)), table
-    assert found.time_ranges["log_entries"] == (2**63, -(2**63))  # no file: no time
+        assert found.range_of(table, column) == (min(micros), max(micros)), table
+    assert found.range_of("fence_events", "window_max") == (1, EPOCHS)
+    assert found.files["log_entries"] == []  # no file: no times to widen the grid with
     analysis = jobs.SparkAnalysis(None, [found], "unused", None)  # type: ignore[arg-type]
     lo, hi = analysis._time_bounds({})
     assert lo == T0
-    assert hi == max(found.time_ranges[t][1] for t in ("state_samples", "fence_events")) / 1e6
+    assert (
+        hi
+        == max(
+            found.range_of(t, c)[1]
+            for t, c in (("state_samples", "sampled_at"), ("fence_events", "decided_at"))
+        )
+        / 1e6
+    )  # type: ignore[index]
+    assert analysis._footer_range(("fence_events", "window_max")) == (1, EPOCHS)
 
 
 def test_files_without_statistics_get_their_time_grid_from_a_scan(
     export_dir: Path, local_report: AnalysisReport, tmp_path: Path
 ) -> None:
-    """Footers that cannot tell a time range (written without statistics): the grid comes from
-    a scan of the tables, and it is the grid the statistics gave."""
+    """Footers that cannot tell a range (written without statistics): the time grid and the
+    fence's epoch ranges come from scans of the tables, and they are what the statistics gave."""
     from levelzero.export.inputs import load_inputs
 
     bare = tmp_path / "bare"
@@ -286,13 +297,13 @@ def test_files_without_statistics_get_their_time_grid_from_a_scan(
         else:
             target.write_bytes(source.read_bytes())
     (found,) = load_inputs([str(bare)])
-    assert found.time_ranges["state_samples"] is None
+    assert found.range_of("state_samples", "sampled_at") is None
+    assert found.range_of("fence_events", "window_max") is None
     report = analyze([str(bare)], str(tmp_path / "report"), master="local[2]", bucket_s=1.0)
     for figure in ("time_start", "time_end", "buckets"):
         assert report.figures[figure] == local_report.figures[figure], figure
-    assert pq.read_table(report.tables["watermark_over_time"]).equals(
-        pq.read_table(local_report.tables["watermark_over_time"])
-    )
+    for name in ("watermark_over_time", "fence_by_window"):
+        assert pq.read_table(report.tables[name]).equals(pq.read_table(local_report.tables[name])), name
 
 
 def test_a_table_without_files_is_an_empty_relation_the_plans_drop(export_dir: Path) -> None:
