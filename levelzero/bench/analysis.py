@@ -14,7 +14,10 @@ before the clock: neither side inherits the other's JIT, cached plans or shuffle
 in one shared session made whoever ran first in a round pay for both (per-round ratios of 80
 and 165%). The sides alternate (ABBA) over `--rounds` pairs; the figure is the wall time of
 the whole analysis over the floor's, judged on the worst quartile of the rounds' ratios;
-target <= 1.2. Notes: input rows, every run's seconds, and the children's peak RSS.
+target <= 1.2. Notes: input rows, every run's seconds, the CPU seconds each run's driver Python
+and JVM (driver and local executors) spent in the timed part, the load average before and after
+each run (the machine is shared: compare wall times at like loads, CPU seconds at any), and the
+children's peak RSS.
 
 A second figure: the records themselves. A daemon (local object store) takes `records`
 records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; the same Spark session
