@@ -649,25 +649,29 @@ class SparkAnalysis:
             .withColumns({"m": m, "cluster_lag_epochs": F.col("max_applied_epoch") - m})
         )
         per_bucket = self._cache(per_bucket)
-        watermarks = self._keep(
+        watermark_columns = [
+            "bucket_start",
+            "partitions",
+            "without_mp",
+            "m",
+            "max_applied_epoch",
+            "cluster_lag_epochs",
+            "partition_lag_max",
+            "partition_lag_mean",
+        ]
+        reconciler_columns = ["bucket_start", "partitions", "unreconciled_total", "unreconciled_max"]
+        # Both per-bucket results in one collect (one job), split here.
+        both = self._keep(
             "watermark_over_time",
-            per_bucket.select(
-                self._bucket_start(),
-                "partitions",
-                "without_mp",
-                "m",
-                "max_applied_epoch",
-                "cluster_lag_epochs",
-                "partition_lag_max",
-                "partition_lag_mean",
-            ),
+            per_bucket.select(self._bucket_start(), *watermark_columns[1:], *reconciler_columns[2:]),
             order=["bucket_start"],
         )
-        reconciler = self._keep(
-            "reconciler_lag_over_time",
-            per_bucket.select(self._bucket_start(), "partitions", "unreconciled_total", "unreconciled_max"),
-            order=["bucket_start"],
+        watermarks = ResultTable(watermark_columns, [{c: r[c] for c in watermark_columns} for r in both.rows])
+        reconciler = ResultTable(
+            reconciler_columns, [{c: r[c] for c in reconciler_columns} for r in both.rows]
         )
+        self._put("watermark_over_time", watermarks)
+        self._put("reconciler_lag_over_time", reconciler)
         holds_m = F.when(F.col("without_mp") > 0, F.col("mp").isNull()).otherwise(
             F.col("mp") == F.col("mp_min")
         )
