@@ -306,13 +306,16 @@ def test_files_without_statistics_get_their_time_grid_from_a_scan(
         assert pq.read_table(report.tables[name]).equals(pq.read_table(local_report.tables[name])), name
 
 
-def test_a_table_without_files_is_an_empty_relation_the_plans_drop(export_dir: Path) -> None:
+def test_a_table_without_files_is_an_empty_relation_the_plans_drop(
+    export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An input table with no files (this export has no L1 objects) is an empty relation the
     optimizer removes from the queries over it, not a scan of an empty Python RDD."""
     from pyspark.sql import SparkSession
 
     from levelzero.export.inputs import load_inputs
 
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     try:
         analysis = jobs.SparkAnalysis(spark, load_inputs([str(export_dir)]), "unused", None)
