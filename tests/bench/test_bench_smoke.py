@@ -265,6 +265,12 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
     assert notes["driver_jvm_peak_rss_bytes"] > 0 and notes["driver_python_peak_rss_bytes"] > 0
+    # Each run's CPU seconds in the timed part (the JVM's: planning and the local executors'
+    # tasks) and the machine's load average before and after it.
+    for side in ("analysis", "floor"):
+        assert len(notes[f"{side}_jvm_cpu_s"]) == 1 and notes[f"{side}_jvm_cpu_s"][0] > 0
+        assert notes[f"{side}_python_cpu_s"][0] > 0
+        assert len(notes[f"{side}_load"][0]) == 2 and min(notes[f"{side}_load"][0]) >= 0
 
 
 def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nodes(tmp_path: Path) -> None:
