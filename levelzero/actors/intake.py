@@ -100,6 +100,13 @@ class Pending:
     base_offset: int = -1
     error: LevelZeroError | None = None
     stored: StoredBatch | None = None  # answered as a repeat of this batch, stored before
+    # A record set earlier in the same lane this one must not be stored without (a Kafka
+    # transaction's records behind the previous transaction's marker): refused if it failed.
+    after: Pending | None = None
+    # How long it may wait in the lane, alone, for other record sets to share its round (a
+    # transaction's marker: the producer's next transaction's records), from `queued_at`.
+    gather_s: float = 0.0
+    queued_at: float = 0.0
 
 
 class ProduceIntake:
@@ -128,6 +135,8 @@ class ProduceIntake:
         self._producing: dict[Identity, Pending] = {}
         # (topic, partition) -> record sets waiting to be stored, while a drain task runs.
         self._lanes: dict[tuple[str, int], deque[Pending]] = {}
+        # Set when a record set joins the lane, while its drain task waits (`gather_s`).
+        self._lane_grew: dict[tuple[str, int], anyio.Event] = {}
         self._tg: anyio.abc.TaskGroup | None = None
 
     @property
@@ -231,12 +240,22 @@ class ProduceIntake:
         await self._load_producer(producer_id)
 
     def submit(
-        self, topic: str, partition: int, records: list[Record], identity: Identity | None
+        self,
+        topic: str,
+        partition: int,
+        records: list[Record],
+        identity: Identity | None,
+        after: Pending | None = None,
+        gather_s: float = 0.0,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
-        offset; one being stored answers that attempt. Raises LevelZeroError (InvalidInput,
-        TooLarge, the partition's) for a record set that is not taken."""
+        offset; one being stored answers that attempt. `after`: a record set of this lane
+        submitted before; if it fails, this one fails with its error instead of being stored
+        after it. `gather_s`: how long this record set may wait for others while it is all the
+        lane holds (then it is stored in their round, not in one before it). Raises
+        LevelZeroError (InvalidInput, TooLarge, the partition's) for a record set that is not
+        taken."""
         self.check_led(topic, partition)
         if not records:
             raise InvalidInput("the produce request holds no records")
@@ -254,7 +273,11 @@ class ProduceIntake:
             pending = self._producing.get(identity)
             if pending is not None:
                 return pending  # a retry (on another connection) of a batch being stored
-        pending = Pending(topic, partition, records, size, identity)
+        assert after is None or (after.topic, after.partition) == (topic, partition), after
+        now = anyio.current_time()
+        pending = Pending(
+            topic, partition, records, size, identity, after=after, gather_s=gather_s, queued_at=now
+        )
         if identity is not None:
             self._producing[identity] = pending
         lane = self._lanes.get((topic, partition))
@@ -263,6 +286,9 @@ class ProduceIntake:
             assert self._tg is not None, "ProduceIntake.run is not running"
             self._tg.start_soon(self._drain, topic, partition, lane)
         lane.append(pending)
+        grew = self._lane_grew.pop((topic, partition), None)
+        if grew is not None:
+            grew.set()
         return pending
 
     async def produce_once(
@@ -328,10 +354,14 @@ class ProduceIntake:
         taken: list[Pending] = []
         try:
             while lane:
+                await self._gather(topic, partition, lane)
                 size = 0
                 while lane and (not taken or size + lane[0].size <= batch_bytes_max):
                     size += lane[0].size
                     taken.append(lane.popleft())
+                taken = self._after_stored(taken)
+                if not taken:
+                    continue
                 term = None
                 if any(p.identity is not None for p in taken):
                     # Checked against what is durable, then appended under the same term.
@@ -345,6 +375,7 @@ class ProduceIntake:
                     term = actor.term
                     producers = actor.state.producers
                     taken = self._in_sequence(self._without_repeats(taken, producers), producers)
+                    taken = self._after_stored(taken)  # behind one refused just now
                     if not taken:
                         continue
                 spans, first = [], 0
@@ -374,9 +405,34 @@ class ProduceIntake:
                 taken = []
         finally:
             del self._lanes[(topic, partition)]
+            self._lane_grew.pop((topic, partition), None)
             for p in [*taken, *lane]:  # cancelled (shutting down): nothing more is stored
                 if not p.done.is_set():
                     self._finish(p, error=ShuttingDown("the produce intake is stopping"))
+
+    async def _gather(self, topic: str, partition: int, lane: deque[Pending]) -> None:
+        """While every record set queued may wait for others (`gather_s`), until another joins
+        or the first one's time is up."""
+        while lane and all(p.gather_s > 0 for p in lane):
+            left = min(p.queued_at + p.gather_s for p in lane) - anyio.current_time()
+            if left <= 0:
+                return
+            grew = self._lane_grew[(topic, partition)] = anyio.Event()
+            with anyio.move_on_after(left):
+                await grew.wait()
+
+    def _after_stored(self, taken: list[Pending]) -> list[Pending]:
+        """The record sets to store, less those whose `after` failed (failed with its error).
+        An `after` is ahead in the lane: stored in an earlier round (done), or taken in this
+        one (checked again once this round's refusals are done)."""
+        kept = []
+        for p in taken:
+            before = p.after
+            if before is not None and before.done.is_set() and before.error is not None:
+                self._finish(p, error=before.error)
+            else:
+                kept.append(p)
+        return kept
 
     def _without_repeats(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
         """The record sets to store, less the idempotent batches stored already (a retry whose

@@ -120,6 +120,12 @@ class FetchApi:
             return None
         return txns.last_stable_offset(2**62)
 
+    def _start_offset(self, topic: str, partition: int, default: int) -> int:
+        try:
+            return self.node.partition(topic, partition).state.start_offset
+        except LevelZeroError:
+            return default
+
     def _high_watermark(self, topic: str, partition: int, committed: bool = False) -> int:
         try:
             hwm = self.intake.offsets(topic, partition)[1]
@@ -205,11 +211,18 @@ class FetchApi:
             return code, -1, -1, b""
         runs = result.runs
         limit = self._limit(topic, partition, committed)
-        if limit is not None:  # read_committed: nothing at or past the last stable offset
+        if limit is not None:
+            # read_committed: nothing at or past the last stable offset, nor below the log
+            # start offset as it is now: retention may have moved it while the read was under
+            # way, and the aborted ranges below it are forgotten (`PartitionIndex.prune`), so
+            # the answer would list none of theirs (the client is told out of range next).
+            floor = self._start_offset(topic, partition, state.start_offset)
             runs = [
-                run._replace(stop=min(run.stop, limit - run.base_offset))
+                run._replace(
+                    start=max(run.start, floor - run.base_offset), stop=min(run.stop, limit - run.base_offset)
+                )
                 for run in runs
-                if run.base_offset + run.start < limit
+                if run.base_offset + run.start < limit and run.base_offset + run.stop > floor
             ]
         data = encode_with_epochs(runs, state) if runs else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data

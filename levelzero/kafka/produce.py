@@ -108,11 +108,14 @@ class ProduceApi:
             if self.transactions is None:
                 refused[i] = (ErrorCode.invalid_txn_state, -1, "transactions are not served here")
                 continue
-            code = self.transactions.produce_error(producer_id, epoch)
+            code = self.transactions.produce_error(producer_id, epoch, topic, partition)
             if code != ErrorCode.none:
                 refused[i] = (code, -1, "the producer's epoch is fenced by a newer one")
                 continue
             try:
+                # Loaded first: the high watermark read next is the one the range opens at (one
+                # read before an await could be stale, and the last stable offset move back).
+                await self.transactions.index.get(topic, partition)
                 _, high_watermark = self.intake.offsets(topic, partition)
                 await self.transactions.index.open_range(topic, partition, producer_id, high_watermark)
             except LevelZeroError as exc:
@@ -143,17 +146,21 @@ class ProduceApi:
         if first.is_transactional and self.transactions is not None:
             # Checked again with no await before the submit: a record set submitted while its
             # transaction is ongoing is ahead of the transaction's markers in the lane.
-            code = self.transactions.produce_error(first.producer_id, first.producer_epoch)
+            code = self.transactions.produce_error(first.producer_id, first.producer_epoch, topic, partition)
             if code != ErrorCode.none:
-                return code, -1, "the producer's transaction is fenced or not ongoing"
+                return code, -1, "the producer's transaction is fenced, not ongoing, or behind a marker"
         if first.is_transactional:  # stored with the transaction's header (see transactions)
             header = txn_header(first.producer_id, first.producer_epoch, -1)
             records = [Record(r.key, r.value, r.timestamp_ms, (*r.headers, header)) for r in records]
         identity = None
         if first.producer_id >= 0 and first.base_sequence >= 0:
             identity = (first.producer_id, first.producer_epoch, topic, partition, first.base_sequence)
+        after = None
+        if first.is_transactional and self.transactions is not None:
+            # the previous transaction's marker, ahead in the lane: not stored without it
+            after = self.transactions.marker_ahead(first.producer_id, topic, partition)
         try:
-            outcome = self.intake.submit(topic, partition, records, identity)
+            outcome = self.intake.submit(topic, partition, records, identity, after)
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
         if isinstance(outcome, int):  # an idempotent batch already stored: its offset

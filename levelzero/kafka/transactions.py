@@ -17,30 +17,46 @@ also opens the new partitions' ranges, at their high watermarks then: at or belo
 transaction's first records there, so the last stable offset never passes an open
 transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
 before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
-restart completes it); the coordinator then writes the markers (through each partition's lane,
-behind every record set the transaction submitted; a produce of a transaction that is not
-ongoing is refused) and stores COMPLETE_* with the ranges closed, in one commit (an aborted
-range keeps its abort marker's offset). Until that commit the ranges hold the last stable
-offsets, so read_committed readers see the transaction whole or not at all. AddPartitionsToTxn
-and AddOffsetsToTxn of the next transaction wait for the completion (Kafka's coordinator answers
-CONCURRENT_TRANSACTIONS, which clients retry after a backoff), so its ranges open above the
-markers. The offsets a transaction commits are stored with its completion too: until then
-OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them (`pending_offsets`,
-KIP-447, as Kafka), and one without completes a committed transaction holding the group's
-offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is fenced by the
-consumer's group metadata as an offset commit is (`GroupCoordinator.check_txn_commit`).
+restart completes it); the coordinator then queues the markers in the partitions' lanes (behind
+every record set the transaction submitted; a produce of a transaction that is not ongoing is
+refused).
+
+Pipelining (where Kafka's coordinator answers CONCURRENT_TRANSACTIONS until the markers are
+written): once the markers are queued, the producer's next transaction may begin. Its records in
+a partition queue behind the marker there (each refused if the marker failed: `after`), and a
+marker alone in its lane waits for them briefly (MARKER_GATHER_S) so both share one write. The
+prepared transaction stays in memory and in the store beside the next one's state
+(`TransactionRow.prepared`, stored by the next one's AddPartitionsToTxn); a partition keeps one
+open range per producer, the prepared one's, which holds the last stable offset below both
+transactions' records. Once the markers are stored, the completion is stored in one commit:
+COMPLETE_* (or the next transaction's state) without the prepared one, its ranges closed at its
+markers (an aborted range keeps its abort marker's offset), and the next transaction's ranges in
+those partitions opened just after the markers; the next transaction's EndTxn stores it with
+its own PREPARE_* if it comes first (a completion waits COMPLETION_DEFER_S for that). Until that
+commit the ranges hold the last stable offsets, so read_committed readers see a transaction
+whole or not at all. The offsets a transaction commits are stored with its completion too:
+until then OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them
+(`pending_offsets`, KIP-447, as Kafka), and one without completes a committed transaction
+holding the group's offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is
+fenced by the consumer's group metadata as an offset commit is
+(`GroupCoordinator.check_txn_commit`).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
-PREPARE_ABORT is completed (its markers written again where its ranges are still open: a
-second marker is harmless); one found ONGOING is aborted when its timeout expires, as the
-coordinator does for a transaction whose producer went away.
+PREPARE_ABORT, or prepared beside the next one, is completed: a marker that may have been stored
+(by the previous run, or by a write that failed) is looked for in the partition's log from its
+range's first offset (or the log start offset, if retention has passed it), and written only if
+it is not there (another would land after the next transaction's records, taking them into the
+range it closes; where retention may have removed it, `_queue_markers` says what is done). A
+transaction the expiry pass cannot complete (a partition not writable now) is left for its next
+pass without holding up the others. One found ONGOING is aborted
+when its timeout expires, as the coordinator does for a transaction whose producer went away.
 
 Limits: the coordinator writes markers through this node, so in a cluster every partition of a
 transaction must be led by the transaction's coordinator node (a marker for a partition led
 elsewhere fails: the transaction stays prepared, completed by the coordinator's pass once the
-partition is led here, and the id's next transaction waits for it, then is answered
-CONCURRENT_TRANSACTIONS); a produce's epoch is checked against the coordinator of this node
-only. KIP-890's server-side verification is not implemented.
+partition is led here, and the id's next transaction is answered CONCURRENT_TRANSACTIONS, or,
+begun already, its records there NOT_ENOUGH_REPLICAS); a produce's epoch is checked against the
+coordinator of this node only. KIP-890's server-side verification is not implemented.
 """
 
 from __future__ import annotations
@@ -58,9 +74,10 @@ import anyio
 import anyio.abc
 from kio.schema.errors import ErrorCode
 
-from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.intake import Pending, ProduceIntake
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
+from levelzero.core.txn_marks import txn_kind
 from levelzero.kafka.epochs import NO_EPOCH
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.kafka.metadata import Cluster
@@ -76,13 +93,25 @@ KIND_ABORT = 0  # Kafka's control record types
 KIND_COMMIT = 1
 TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 EXPIRY_CHECK_S = 1.0
-# AddPartitionsToTxn, AddOffsetsToTxn wait at most this long for the previous transaction's
-# markers (EndTxn answers before they are written), then answer CONCURRENT_TRANSACTIONS, which
-# clients retry, as Kafka's coordinator answers at once.
+# OffsetFetch waits at most this long for a committed transaction holding the group's offsets
+# to complete (EndTxn answers before its markers are written).
 COMPLETION_WAIT_S = 10.0
+# A marker alone in its partition's lane waits this long for the producer's next transaction's
+# records to share their write (one data write a transaction, not two; the next transaction's
+# records queue behind the marker in any case).
+MARKER_GATHER_S = 0.05
+# Once its markers are stored, a transaction whose producer's next one is ongoing waits this
+# long for that one's EndTxn to store its completion (its ranges closing, so read_committed
+# readers see it, at most this much later than its markers).
+COMPLETION_DEFER_S = 0.05
+MARKER_SCAN_BYTES = 1 << 20  # a read's size looking for a marker that may be stored
 # Test use only: a daemon started with this set to 1 never writes a transaction's markers (its
 # transactions stay prepared until a restart without it completes them).
 HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
+# Test use only: with this set to 1 a completion task never stores the completion once the
+# markers are (the transaction stays prepared beside the producer's next one, unless that one's
+# EndTxn stores it).
+HOLD_COMPLETION_ENV = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -105,13 +134,14 @@ def txn_of(record: Record) -> tuple[int, int, int] | None:
     return None
 
 
-def marker_record(producer_id: int, producer_epoch: int, commit: bool) -> Record:
-    """A commit/abort marker as stored (encoded as Kafka's control record on fetch)."""
+def marker_record(producer_id: int, producer_epoch: int, commit: bool, now: float | None = None) -> Record:
+    """A commit/abort marker as stored (encoded as Kafka's control record on fetch), stamped
+    `now` (seconds; the wall clock when None)."""
     kind = KIND_COMMIT if commit else KIND_ABORT
     return Record(
         struct.pack(">hh", 0, kind),
         struct.pack(">hi", 0, 0),  # version, coordinator epoch
-        int(time.time() * 1000),
+        int((time.time() if now is None else now) * 1000),
         (txn_header(producer_id, producer_epoch, kind),),
     )
 
@@ -223,9 +253,78 @@ class PartitionIndex:
                 txns.aborted.sort(key=lambda a: a[1])
             del txns.open[row.producer_id]
 
+    def handed_over(self, closed: Sequence[TxnRangeRow], opened: Sequence[TxnRangeRow]) -> None:
+        """A transaction's ranges `closed` and its producer's next transaction's ranges `opened`
+        just after its markers, in the store (one commit): in memory with no await between."""
+        self.closed(closed)
+        for row in opened:
+            txns = self._partitions.get((row.topic, row.partition))
+            if txns is not None:
+                txns.open.setdefault(row.producer_id, row.first_offset)
+
     def forget(self, topic: str) -> None:
         for key in [k for k in self._partitions if k[0] == topic]:
             del self._partitions[key]
+
+
+Partition = tuple[str, int]
+PendingOffset = tuple[str, int, int, str, int]  # topic, partition, offset, metadata, leader epoch
+
+
+@dataclass(eq=False, slots=True)
+class Prepared:
+    """An ended transaction (PREPARE_* durable) whose markers are being written. Its producer's
+    next transaction may begin beside it once the markers are queued in the partitions' lanes
+    (ahead of any record of the next one there); its completion (COMPLETE_*, its ranges closed
+    at the markers, the next transaction's ranges in those partitions opened just after them)
+    is stored in one commit once the markers are."""
+
+    commit: bool
+    producer_epoch: int
+    partitions: list[Partition]
+    groups: dict[str, list[PendingOffset]]
+    # Each partition's open range the marker closes (its first offset); partitions without one
+    # get no marker.
+    firsts: dict[Partition, int]
+    # Prepared in this process and its markers never queued: none of them can be stored yet.
+    # Otherwise (after a restart, or a marker that failed) a partition's log is read for the
+    # marker before another is written (a second one would land after the next transaction's
+    # records).
+    fresh: bool
+    # A partition's marker: queued (its record set in the lane), or found stored (its offset).
+    markers: dict[Partition, Pending | int] = field(default_factory=dict)
+    completed: anyio.Event = field(default_factory=anyio.Event)
+    attempting: bool = False  # a completion task is waiting on the markers
+
+    def queued(self, tp: Partition) -> Pending | int | None:
+        """The partition's marker, queued or stored (None: not queued, or it failed)."""
+        marker = self.markers.get(tp)
+        if isinstance(marker, Pending) and marker.done.is_set() and marker.error is not None:
+            return None
+        return marker
+
+    def json(self) -> str:
+        return json.dumps(
+            {
+                "state": PREPARE_COMMIT if self.commit else PREPARE_ABORT,
+                "epoch": self.producer_epoch,
+                "partitions": self.partitions,
+                "groups": self.groups,
+                "firsts": [[t, p, first] for (t, p), first in self.firsts.items()],
+            }
+        )
+
+    @classmethod
+    def of_json(cls, text: str) -> Prepared:
+        found = json.loads(text)
+        return cls(
+            found["state"] == PREPARE_COMMIT,
+            found["epoch"],
+            [(t, p) for t, p in found["partitions"]],
+            {g: [_pending_offset(e) for e in offsets] for g, offsets in found["groups"].items()},
+            {(t, p): first for t, p, first in found["firsts"]},
+            fresh=False,
+        )
 
 
 @dataclass(slots=True)
@@ -236,14 +335,16 @@ class TxnState:
     state: str
     timeout_ms: int
     started_at: float = 0.0
-    partitions: list[tuple[str, int]] = field(default_factory=list)
+    partitions: list[Partition] = field(default_factory=list)
     # group id -> [(topic, partition, offset, metadata, leader epoch)] committed with the
     # transaction
-    groups: dict[str, list[tuple[str, int, int, str, int]]] = field(default_factory=dict)
+    groups: dict[str, list[PendingOffset]] = field(default_factory=dict)
     lock: anyio.Lock = field(default_factory=anyio.Lock)
-    # Set once the prepared transaction's markers are written and it is complete (None: no
-    # completion under way in this process).
-    completed: anyio.Event | None = None
+    # The previous transaction, its markers being written (`Prepared`); `state` is then
+    # COMPLETE_* (in memory: the next transaction may begin) or the next one's.
+    prepared: Prepared | None = None
+    # The PREPARE_* state was stored by this process (its markers cannot have been written).
+    prepared_here: bool = False
 
     def row(self, now: float) -> TransactionRow:
         return TransactionRow(
@@ -256,6 +357,7 @@ class TxnState:
             json.dumps(self.partitions),
             json.dumps(self.groups),
             now,
+            "" if self.prepared is None else self.prepared.json(),
         )
 
     @classmethod
@@ -272,6 +374,7 @@ class TxnState:
             row.started_at,
             [(t, p) for t, p in json.loads(row.partitions)],
             {g: [_pending_offset(entry) for entry in offsets] for g, offsets in groups.items()},
+            prepared=Prepared.of_json(row.prepared) if row.prepared else None,
         )
 
 
@@ -310,6 +413,9 @@ class TransactionCoordinator:
         self.hold_markers = os.environ.get(HOLD_MARKERS_ENV) == "1"
         if self.hold_markers:
             log.warning("%s is set: transactions' markers are never written; test use only", HOLD_MARKERS_ENV)
+        self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
+        if self.hold_completion:
+            log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
 
     async def run(self) -> None:
         """Aborts expired transactions (and completes those a restart left prepared), and
@@ -353,32 +459,64 @@ class TransactionCoordinator:
         for txn in list(self._txns.values()):
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
-            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                async with txn.lock:
-                    if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                        await self._complete(txn)
-            elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
-                async with txn.lock:
-                    if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
-                        log.info("transaction %r timed out: aborting", txn.transactional_id)
-                        txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
-                        self._epochs[txn.producer_id] = txn.producer_epoch
-                        await self._end(txn, commit=False)
+            try:
+                await self._expire_one(txn, now)
+            except LevelZeroError as exc:
+                # One transaction's failure (a partition not writable now) leaves the others'
+                # completions and timeouts to this pass; it is tried again at the next.
+                log.warning("transaction %r: completing or expiring it failed: %s", txn.transactional_id, exc)
+
+    async def _expire_one(self, txn: TxnState, now: float) -> None:
+        if self._completing(txn):
+            async with txn.lock:
+                if self._completing(txn):
+                    await self._complete(txn)
+        elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
+            async with txn.lock:
+                if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
+                    log.info("transaction %r timed out: aborting", txn.transactional_id)
+                    txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
+                    self._epochs[txn.producer_id] = txn.producer_epoch
+                    await self._end(txn, commit=False)
+
+    @staticmethod
+    def _completing(txn: TxnState) -> bool:
+        """A prepared transaction no completion task is waiting on (a restart left it, or its
+        markers failed)."""
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return True
+        return txn.prepared is not None and not txn.prepared.attempting
 
     # ------------------------------------------------------------------ what produce asks
 
-    def produce_error(self, producer_id: int, producer_epoch: int) -> ErrorCode:
+    def produce_error(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
         """A transactional record set of an epoch older than the producer id's: fenced. One of
         a producer whose transaction is not ongoing here (ended: its markers may still be on
         their way, and records after them must open a range of their own, which only
-        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE."""
+        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE. One in a partition
+        where the previous transaction's marker is not queued (after a restart, or it failed):
+        NOT_ENOUGH_REPLICAS, which clients retry (the records must follow the marker)."""
         current = self._epochs.get(producer_id)
         if current is not None and producer_epoch < current:
             return ErrorCode.invalid_producer_epoch
         txn = self._producers.get(producer_id)
-        if txn is not None and txn.producer_id == producer_id and txn.state != ONGOING:
-            return ErrorCode.invalid_txn_state
+        if txn is not None and txn.producer_id == producer_id:
+            if txn.state != ONGOING:
+                return ErrorCode.invalid_txn_state
+            prepared, tp = txn.prepared, (topic, partition)
+            if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
+                return ErrorCode.not_enough_replicas
         return ErrorCode.none
+
+    def marker_ahead(self, producer_id: int, topic: str, partition: int) -> Pending | None:
+        """The previous transaction's marker queued in the partition's lane, which the
+        producer's records there must not be stored without (`ProduceIntake.submit`'s
+        `after`)."""
+        txn = self._producers.get(producer_id)
+        if txn is None or txn.prepared is None:
+            return None
+        marker = txn.prepared.markers.get((topic, partition))
+        return marker if isinstance(marker, Pending) else None
 
     async def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
         """The partitions of `group_id` whose offsets a transaction this node coordinates holds
@@ -389,140 +527,291 @@ class TransactionCoordinator:
         await self._load()
         pending: set[tuple[str, int]] = set()
         for txn in list(self._txns.values()):
-            if txn.state not in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
-                continue
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
-            pending.update((topic, partition) for topic, partition, *_ in txn.groups.get(group_id, ()))
+            if txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT):
+                pending.update((topic, partition) for topic, partition, *_ in txn.groups.get(group_id, ()))
+            prepared = txn.prepared  # completing (beside the next one): its markers on their way
+            if prepared is not None:
+                pending.update(
+                    (topic, partition) for topic, partition, *_ in prepared.groups.get(group_id, ())
+                )
         return pending
 
     async def wait_offsets_stable(self, group_id: str) -> None:
         """Before OffsetFetch answers a client that does not ask for stable offsets
         (require_stable false, or OffsetFetch before v7: kafka-python, aiokafka): a committed
-        transaction (PREPARE_COMMIT) holding offsets of `group_id` is completed first (or waited
-        for, at most COMPLETION_WAIT_S), so a consumer that reads its group's offsets after the
-        producer's commit was answered gets them, not the ones before. Kafka answers such a
-        client the offsets before the commit until its markers are written; a client that asks
-        for stable offsets is answered UNSTABLE_OFFSET_COMMIT at once instead
-        (`pending_offsets`) and retries. After a restart this completes a prepared transaction
-        at once."""
+        transaction (PREPARE_COMMIT, or completing beside the next one) holding offsets of
+        `group_id` is completed first (or waited for, at most COMPLETION_WAIT_S), so a consumer
+        that reads its group's offsets after the producer's commit was answered gets them, not
+        the ones before. Kafka answers such a client the offsets before the commit until its
+        markers are written; a client that asks for stable offsets is answered
+        UNSTABLE_OFFSET_COMMIT at once instead (`pending_offsets`) and retries. After a restart
+        this completes a prepared transaction at once."""
         try:
             await self._load()
         except LevelZeroError as exc:
             log.warning("OffsetFetch: cannot read the transactions' state: %s", exc)
             return
         for txn in list(self._txns.values()):
-            if txn.state != PREPARE_COMMIT or not txn.groups.get(group_id):
+            if not self._holds_offsets(txn, group_id):
                 continue
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
             with anyio.move_on_after(COMPLETION_WAIT_S):
                 async with txn.lock:
-                    if txn.state == PREPARE_COMMIT:
+                    if self._holds_offsets(txn, group_id):
                         try:
                             await self._complete(txn)
                         except LevelZeroError as exc:
                             log.warning("transaction %r: completing it failed: %s", txn.transactional_id, exc)
+
+    @staticmethod
+    def _holds_offsets(txn: TxnState, group_id: str) -> bool:
+        if txn.state == PREPARE_COMMIT and txn.groups.get(group_id):
+            return True
+        prepared = txn.prepared
+        return prepared is not None and prepared.commit and bool(prepared.groups.get(group_id))
 
     # ------------------------------------------------------------------ the state machine
 
     async def _put(self, txn: TxnState) -> None:
         await self.store.put_transaction(txn.row(self.clock()))
 
-    async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> None:
+    async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> bool:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
         task of the coordinator (EndTxn answers once PREPARE_* is durable, as Kafka's does; a
-        restart completes a prepared transaction; requests that start the next transaction
-        wait for the completion, `_wait_completed`)."""
-        txn.state = PREPARE_COMMIT if commit else PREPARE_ABORT
-        await self._put(txn)
-        txn.completed = anyio.Event()
+        restart completes a prepared transaction). The previous transaction, if still
+        completing, completes in the same commit as this one's PREPARE_* (its markers are
+        stored: this one's records followed them in the lanes). False: the previous one's
+        completion fenced this one (`_queue_markers`), which is aborted instead of committed."""
+        previous, epoch = txn.prepared, txn.producer_epoch
+        if previous is not None:
+            await self._queue_markers(txn, previous)
+            await self._markers_stored(previous)
+        fenced = txn.producer_epoch != epoch
+        commit = commit and not fenced
+        ongoing, txn.state = txn.state, PREPARE_COMMIT if commit else PREPARE_ABORT
+        try:
+            if previous is not None:
+                await self._store_completion(txn, previous)
+            else:
+                await self._put(txn)
+        except BaseException:
+            # Not stored: still ongoing, EndTxn is retried (left prepared in memory beside the
+            # previous transaction, the completion would take it for that one's).
+            txn.state = ongoing
+            raise
+        txn.prepared_here = True
         if wait or self._tg is None:
             await self._complete(txn)
         else:
             self._tg.start_soon(self._complete_later, txn)
+        return not fenced
 
     async def _complete_later(self, txn: TxnState) -> None:
-        async with txn.lock:
-            if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                try:
-                    await self._complete(txn)
-                except LevelZeroError as exc:
-                    log.warning(
-                        "transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc
-                    )
-
-    async def _wait_completed(self, txn: TxnState) -> None:
-        """Until the transaction's completion under way (if any) is done, at most
-        COMPLETION_WAIT_S."""
-        event = txn.completed
-        if event is not None:
-            with anyio.move_on_after(COMPLETION_WAIT_S):
-                await event.wait()
+        """The markers queued (under the lock), waited for (without it: the producer's next
+        transaction may begin meanwhile), then the completion stored (under it)."""
+        try:
+            async with txn.lock:
+                prepared = await self._prepare(txn)
+            if prepared is None:
+                return
+            prepared.attempting = True
+            try:
+                await self._markers_stored(prepared)
+                if self.hold_completion:
+                    await anyio.sleep_forever()
+                if txn.state == ONGOING:
+                    # The next transaction's EndTxn stores this completion with its PREPARE_*,
+                    # in one commit, if it comes soon (else two commits in a row for it).
+                    with anyio.move_on_after(COMPLETION_DEFER_S):
+                        await prepared.completed.wait()
+            finally:
+                prepared.attempting = False
+            async with txn.lock:
+                await self._store_completion(txn, prepared)
+        except LevelZeroError as exc:
+            log.warning("transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc)
 
     async def _complete(self, txn: TxnState) -> None:
-        """Markers in every partition (at once), the offsets committed, then COMPLETE_* stored
-        with the partitions' ranges closed, in one commit: until then the ranges hold the
-        last stable offsets, so read_committed readers see the transaction whole or not at all
-        (a crash before the commit: the restart writes the markers again, a second marker is
-        harmless)."""
-        assert txn.state in (PREPARE_COMMIT, PREPARE_ABORT), txn.state
+        """(The lock held.) The prepared transaction (PREPARE_*, or the one completing beside
+        the next) completed: markers queued, stored, then its completion stored."""
+        prepared = await self._prepare(txn)
+        if prepared is None:
+            return
+        await self._markers_stored(prepared)
+        await self._store_completion(txn, prepared)
+
+    async def _prepare(self, txn: TxnState) -> Prepared | None:
+        """(The lock held.) A PREPARE_* transaction becomes `txn.prepared` and its markers are
+        queued in the partitions' lanes (each behind every record set the transaction
+        submitted: a produce is refused once it is not ongoing); then the state is COMPLETE_*
+        in memory, so the producer's next transaction may begin (its records queue behind the
+        markers). The prepared transaction (None: nothing to complete)."""
         if self.hold_markers:
             await anyio.sleep_forever()
-        commit = txn.state == PREPARE_COMMIT
-        closed: list[TxnRangeRow] = []
-        failed: list[LevelZeroError] = []
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and txn.prepared is None:
+            firsts = {}
+            for topic, partition in dict.fromkeys(txn.partitions):
+                try:
+                    first = (await self.index.get(topic, partition)).open.get(txn.producer_id)
+                except LevelZeroError as exc:
+                    if exc.code in ("unknown_topic", "unknown_partition"):
+                        continue
+                    raise
+                if first is not None:  # else nothing was produced there
+                    firsts[(topic, partition)] = first
+            txn.prepared = Prepared(
+                txn.state == PREPARE_COMMIT,
+                txn.producer_epoch,
+                list(txn.partitions),
+                dict(txn.groups),
+                firsts,
+                fresh=txn.prepared_here,
+            )
+        prepared = txn.prepared
+        if prepared is None:
+            return None
+        await self._queue_markers(txn, prepared)
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            txn.state = COMPLETE_COMMIT if prepared.commit else COMPLETE_ABORT
+            txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
+        return prepared
 
-        async def marker(topic: str, partition: int) -> None:
+    async def _queue_markers(self, txn: TxnState, prepared: Prepared) -> None:
+        """Each partition's marker queued in its lane, unless queued already or found stored:
+        a marker that may have been stored (by the previous run, or by a produce that failed)
+        is looked for in the log first, since another would land after the next transaction's
+        records.
+
+        The log is read from the range's first offset or the partition's log start offset,
+        whichever is later. When retention (or DeleteRecords) has moved the start past the
+        range's first offset and no marker is found, the marker was either never stored or
+        stored and removed. By the branch's rules, records of the producer's next transaction
+        are stored in the partition only behind a stored marker (behind one that failed they
+        are refused; after a restart they are refused while this marker is not queued), so:
+        - if the producer has no transactional record from the start offset on, or its next
+          transaction has not added the partition, every record of the producer there is this
+          transaction's (or none is): the marker is written (a second one, if the first was
+          removed, closes nothing of another transaction);
+        - otherwise those records may be the next transaction's (the marker removed) or this
+          one's (never stored); a marker written now would take the next one's into this
+          range. The range is closed at the start offset minus one, without a marker (the
+          next transaction's range opens at the start offset, holding the last stable offset
+          there: it never moves back). Its records, if they are this transaction's, then fall
+          in the next one's range: for a commit they are read when (and if) the next commits;
+          for an abort the next transaction is fenced (its epoch bumped, its EndTxn answered
+          PRODUCER_FENCED, aborted by the expiry pass), so they are aborted with it and
+          read_committed never returns an aborted record."""
+        for tp, first in list(prepared.firsts.items()):
+            if prepared.queued(tp) is not None:
+                continue
+            topic, partition = tp
             try:
-                row = await self._write_marker(txn, topic, partition, commit)
+                if not prepared.fresh or tp in prepared.markers:
+                    start = self._start_offset(topic, partition)
+                    start = first if start is None else start
+                    found, seen = await self._stored_marker(
+                        txn.producer_id, topic, partition, max(first, start)
+                    )
+                    if found is not None:
+                        prepared.markers[tp] = found
+                        continue
+                    if start > first and seen and txn.state == ONGOING and tp in txn.partitions:
+                        log.warning(
+                            "transaction %r: no marker in %s/%d from its start offset %d"
+                            " (its range began at %d): closed there%s",
+                            txn.transactional_id,
+                            topic,
+                            partition,
+                            start,
+                            first,
+                            "" if prepared.commit else "; the next transaction is fenced",
+                        )
+                        prepared.markers[tp] = start - 1
+                        if not prepared.commit:
+                            txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
+                            self._epochs[txn.producer_id] = txn.producer_epoch
+                            txn.started_at = 0.0  # the expiry pass aborts it
+                        continue
+                pending = self.intake.submit(
+                    topic,
+                    partition,
+                    [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit, self.clock())],
+                    None,
+                    gather_s=MARKER_GATHER_S,
+                )
             except LevelZeroError as exc:
-                if exc.code not in ("unknown_topic", "unknown_partition"):
-                    failed.append(exc)  # the transaction stays prepared: retried
-                return
-            if row is not None:
-                closed.append(row)
+                if exc.code in ("unknown_topic", "unknown_partition"):
+                    del prepared.firsts[tp]  # deleted: its ranges went with it
+                    continue
+                raise
+            assert not isinstance(pending, int), "a marker has no producer identity"
+            prepared.markers[tp] = pending
+        prepared.fresh = False
 
-        async with anyio.create_task_group() as tg:
-            for topic, partition in txn.partitions:
-                tg.start_soon(marker, topic, partition)
-        if failed:
-            raise failed[0]
-        if commit:
-            for group_id, offsets in txn.groups.items():
+    async def _stored_marker(
+        self, producer_id: int, topic: str, partition: int, first: int
+    ) -> tuple[int | None, bool]:
+        """The offset of the producer's first marker at or after `first` (its range's first
+        offset, or the log start offset if later: the marker found is the one closing it), or
+        None: read up to the high watermark as it is now (a marker stored before is below it);
+        and whether a transactional record of the producer was read before it."""
+        _, high_watermark = self.intake.offsets(topic, partition)
+        offset, seen = first, False
+        while offset < high_watermark:
+            result = await self.intake.node.fetch(topic, partition, offset, MARKER_SCAN_BYTES)
+            for record in result.records:
+                mark = txn_kind(record.headers)
+                if mark is not None and mark[0] == producer_id:
+                    if mark[1] != KIND_DATA:
+                        return record.offset, seen
+                    seen = True
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        return None, seen
+
+    async def _markers_stored(self, prepared: Prepared) -> None:
+        """Until every queued marker is stored; raises the first failure (the completion is
+        tried again: the expiry pass, the next request)."""
+        for marker in list(prepared.markers.values()):
+            if isinstance(marker, Pending):
+                await marker.done.wait()
+                if marker.error is not None:
+                    raise marker.error
+
+    async def _store_completion(self, txn: TxnState, prepared: Prepared) -> None:
+        """(The lock held, the markers stored.) The offsets committed (a commit), then in one
+        commit: the state as it is now (COMPLETE_*, or the next transaction's) without the
+        prepared one, its ranges closed at its markers (an aborted range keeps its abort
+        marker's offset), and the next transaction's ranges in those partitions opened just
+        after the markers. Until then the ranges hold the last stable offsets, so
+        read_committed readers see the transaction whole or not at all."""
+        if txn.prepared is not prepared:
+            return  # completed meanwhile
+        if prepared.commit:
+            for group_id, offsets in prepared.groups.items():
                 if offsets:
                     await self.groups.commit(group_id, offsets)
-        prepared = txn.state, txn.partitions, txn.groups, txn.started_at
-        txn.state = COMPLETE_COMMIT if commit else COMPLETE_ABORT
-        txn.partitions, txn.groups, txn.started_at = [], {}, 0.0
+        closed, opened = [], []
+        following = txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+        for (topic, partition), first in prepared.firsts.items():
+            marker = prepared.markers[(topic, partition)]
+            at = marker if isinstance(marker, int) else marker.base_offset
+            assert at >= first, (topic, partition, first, at)
+            closed.append(TxnRangeRow(topic, partition, txn.producer_id, first, at, not prepared.commit))
+            if following and (topic, partition) in txn.partitions:
+                opened.append(TxnRangeRow(topic, partition, txn.producer_id, at + 1, -1, False))
+        txn.prepared = None
         try:
-            await self.store.put_transaction(txn.row(self.clock()), closed=closed)
+            await self.store.put_transaction(txn.row(self.clock()), opened=opened, closed=closed)
         except BaseException:
-            txn.state, txn.partitions, txn.groups, txn.started_at = prepared
+            txn.prepared = prepared
             raise
-        self.index.closed(closed)
-        completed, txn.completed = txn.completed, None
-        if completed is not None:
-            completed.set()
-
-    async def _write_marker(
-        self, txn: TxnState, topic: str, partition: int, commit: bool
-    ) -> TxnRangeRow | None:
-        """The marker stored; the range it closes (None: nothing open there)."""
-        txns = await self.index.get(topic, partition)
-        first = txns.open.get(txn.producer_id)
-        if first is None:
-            return None  # nothing was produced there, or its marker is stored already
-        # Through the partition's lane: after every record set of the transaction submitted
-        # before it ended (a produce is refused once the transaction is not ongoing).
-        pending = self.intake.submit(
-            topic, partition, [marker_record(txn.producer_id, txn.producer_epoch, commit)], None
-        )
-        assert not isinstance(pending, int), "a marker has no producer identity"
-        await pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return TxnRangeRow(topic, partition, txn.producer_id, first, pending.base_offset, not commit)
+        self.index.handed_over(closed, opened)
+        prepared.completed.set()
 
     # ------------------------------------------------------------------ the APIs
 
@@ -565,7 +854,7 @@ class TransactionCoordinator:
                         return answer(ErrorCode.producer_fenced)
                     if asked_epoch < txn.producer_epoch - 1:
                         return answer(ErrorCode.producer_fenced)
-                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) or txn.prepared is not None:
                     await self._complete(txn)
                 # A new incarnation: the epoch bumped fences the previous one, whose open
                 # transaction is aborted (with the new epoch, as Kafka's coordinator does).
@@ -603,6 +892,18 @@ class TransactionCoordinator:
         if epoch != txn.producer_epoch:
             return ErrorCode.producer_fenced, None
         return ErrorCode.none, txn
+
+    async def _markers_queued(self, txn: TxnState) -> None:
+        """(The lock held.) Before the next transaction begins: the previous one's markers
+        queued in the lanes (by its completion task, or here if that has not run yet), so the
+        next one's records follow them. Markers that cannot be queued (a partition led elsewhere)
+        or held (test use): it stays prepared, and the next transaction is answered
+        CONCURRENT_TRANSACTIONS (as Kafka's coordinator answers while PREPARE_*)."""
+        if txn.state in (PREPARE_COMMIT, PREPARE_ABORT) and not self.hold_markers:
+            try:
+                await self._prepare(txn)
+            except LevelZeroError as exc:  # still prepared: CONCURRENT_TRANSACTIONS, retried
+                log.warning("transaction %r: queueing its markers failed: %s", txn.transactional_id, exc)
 
     async def _begin(self, txn: TxnState) -> ErrorCode:
         """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
@@ -648,8 +949,8 @@ class TransactionCoordinator:
             for topic, partition in partitions:
                 if topic not in known or not 0 <= partition < known[topic]:
                     return ErrorCode.unknown_topic_or_partition
-            await self._wait_completed(txn)
             async with txn.lock:
+                await self._markers_queued(txn)
                 return await self._add_partitions_locked(txn, partitions)
         except LevelZeroError as exc:
             log.warning("AddPartitionsToTxn for %r failed: %s", tid, exc)
@@ -667,6 +968,8 @@ class TransactionCoordinator:
         new = [tp for tp in dict.fromkeys(partitions) if tp not in txn.partitions]
         if not new and before[0] == ONGOING:
             return ErrorCode.none
+        for topic, partition in new:  # loaded first: no await between reading a high
+            await self.index.get(topic, partition)  # watermark and opening a range there
         ranges = []
         for topic, partition in new:
             try:
@@ -689,8 +992,8 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                await self._wait_completed(txn)
                 async with txn.lock:
+                    await self._markers_queued(txn)
                     code = await self._begin(txn)
                     if code == ErrorCode.none:
                         txn.groups.setdefault(body.group_id, [])
@@ -771,5 +1074,6 @@ class TransactionCoordinator:
             return ErrorCode.none
         if txn.state != ONGOING:
             return ErrorCode.invalid_txn_state
-        await self._end(txn, commit, wait=False)
+        if not await self._end(txn, commit, wait=False):
+            return ErrorCode.producer_fenced
         return ErrorCode.none

@@ -183,6 +183,8 @@ def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace,
     )
     _row(out, "orphan objects (rejected everywhere)", s.orphans)
     _row(out, "L1 objects written", s.l1_written)
+    _row(out, "L0 cache: extents served / object loads", f"{s.l0_cache_served} / {s.l0_cache_loads}")
+    _row(out, "L0 deletes checked against readers' pins", s.deletes_under_pins)
     _row(out, "crashes / epoch bumps / GC rounds", f"{s.crashes} / {s.epoch_bumps} / {s.gc_rounds}")
     if args.nodes > 1:
         _row(out, "graceful stops / pauses past the lease", f"{s.graceful_stops} / {s.pauses}")
@@ -194,6 +196,16 @@ def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace,
         f"{s.compaction_passes} / {s.compaction_refused} / {s.compaction_interrupted}",
     )
     _row(out, "compacted-partition scans checked", s.compaction_scans)
+    _row(
+        out,
+        "transactions committed / aborted / given up",
+        f"{s.txn_committed} / {s.txn_aborted} / {s.txn_given_up}",
+    )
+    _row(
+        out,
+        "read_committed records read / aborted skipped",
+        f"{s.txn_records_read} / {s.txn_records_skipped}",
+    )
     _row(out, "acknowledged records read back at the end", s.records_checked)
     _row(out, "acknowledged records dropped by retention", s.records_dropped)
     _row(out, "wall time (s) / seeds per s", f"{s.wall_s:.2f} / {s.seeds_per_s:.1f}")

@@ -28,7 +28,16 @@ from levelzero.core.entries import LogRecord
 from levelzero.core.errors import NotLeader, StorageError
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import FaultPlan, ObjectOp
-from levelzero.storage.protocols import Append, L1Row, L1State, OnDurable, ProducerBatchRow
+from levelzero.storage.protocols import (
+    Append,
+    L1Row,
+    L1State,
+    MemoryTransactionStore,
+    OnDurable,
+    ProducerBatchRow,
+    TransactionRow,
+    TxnRangeRow,
+)
 
 from .config import Range, SimConfig
 
@@ -171,6 +180,31 @@ class SimLogStore(MemoryLogStore):
             self._delete_started(row)  # checked at the compare-and-set, nothing in between
         self.l1[key] = msgspec.structs.replace(row, state=to_state, updated_at=now)
         return True
+
+
+class SimTxnLogStore(SimLogStore, MemoryTransactionStore):
+    """`SimLogStore` with the control plane's transaction tables (the `TransactionStore` role
+    SQLite and PostgreSQL have), for the seeds with transactional producers only: a store with
+    the role changes what other actors do (the compactor reads the partitions' ranges).
+    `stored` is told of every coordinator state as it becomes durable."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        cfg: SimConfig,
+        durable: Callable[[int, list[LogRecord]], None],
+        delete_started: Callable[[L1Row], None],
+        stored: Callable[[TransactionRow], None],
+    ) -> None:
+        SimLogStore.__init__(self, rng, cfg, durable, delete_started)
+        MemoryTransactionStore.__init__(self)
+        self._stored = stored
+
+    async def put_transaction(
+        self, row: TransactionRow, opened: Sequence[TxnRangeRow] = (), closed: Sequence[TxnRangeRow] = ()
+    ) -> None:
+        await MemoryTransactionStore.put_transaction(self, row, opened, closed)
+        self._stored(row)
 
 
 # The methods that take no time in a simulation (event tables, reads of the catalog are still

@@ -49,6 +49,7 @@ class Incarnation(Protocol):
 
     node: Node
     intake: ProduceIntake | None
+    alive: bool  # False from its crash on (a zombie until reaped)
 
 
 class World(Protocol):
@@ -234,9 +235,13 @@ class IdempotentProducers:
             assert intake is not None
             try:
                 with anyio.fail_after(batch.timeout_s):
-                    return await self._produce(intake, batch, identity)
+                    offset = await self._produce(intake, batch, identity)
             except TimeoutError:
                 raise _TimedOut(f"idempotent produce to {inc} timed out") from None
+            except OutOfOrderSequence:
+                if not inc.alive:
+                    raise _Unanswered(f"{inc} crashed before it answered") from None
+                raise
             except LedElsewhere as exc:
                 leader = None
                 if exc.leader_url is not None:
@@ -245,6 +250,13 @@ class IdempotentProducers:
                     raise
                 hops += 1
                 inc = leader
+                continue
+            if not inc.alive:
+                # A crashed process answers nobody: what its tasks decide while they run on as
+                # a zombie (until reaped) never reaches the client (judged from its state, which
+                # stopped at the crash, a refusal would be a stale one).
+                raise _Unanswered(f"{inc} crashed before it answered")
+            return offset
 
     async def _produce(
         self, intake: ProduceIntake, batch: Batch, identity: tuple[int, int, str, int, int]
@@ -332,3 +344,7 @@ class _Window:
 
 class _TimedOut(LevelZeroError):
     """The producer gave up on one attempt (a node that died holds its request forever)."""
+
+
+class _Unanswered(LevelZeroError):
+    """The incarnation that took the attempt crashed before answering: no answer arrives."""

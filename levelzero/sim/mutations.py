@@ -44,6 +44,13 @@ from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.core.producers import PartitionProducers, ProducerSequences
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
+from levelzero.kafka.transactions import (
+    PartitionTxns,
+    Prepared,
+    TransactionCoordinator,
+    TxnState,
+    marker_record,
+)
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import CompactionCommit
 
@@ -509,6 +516,44 @@ def _idempotent_state_per_process() -> contextlib.AbstractContextManager[None]:
     )
 
 
+# ---------------------------------------------------------------- Kafka transactions
+
+
+def _txn_marker_before_data() -> contextlib.AbstractContextManager[None]:
+    """The coordinator writes a marker straight to the node (`ProduceIntake.produce`, HTTP's
+    path), not through the partition's lane: record sets of the transaction still queued there
+    are stored after it, outside the range it closed."""
+
+    async def queue_markers(self: TransactionCoordinator, txn: TxnState, prepared: Prepared) -> None:
+        for tp in list(prepared.firsts):
+            if prepared.queued(tp) is not None:
+                continue
+            topic, partition = tp
+            marker = marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit, self.clock())
+            result = await self.intake.produce(topic, partition, [marker])
+            prepared.markers[tp] = result.base_offset
+        prepared.fresh = False
+
+    return _patched(TransactionCoordinator, "_queue_markers", queue_markers)
+
+
+def _txn_lso_past_open_transaction() -> contextlib.AbstractContextManager[None]:
+    def last_stable_offset(self: PartitionTxns, high_watermark: int) -> int:
+        oldest = min(self.open.values(), default=high_watermark)
+        return min(oldest + 1, high_watermark)  # should be `oldest`
+
+    return _patched(PartitionTxns, "last_stable_offset", last_stable_offset)
+
+
+def _txn_aborted_list_misses_a_range() -> contextlib.AbstractContextManager[None]:
+    original = PartitionTxns.aborted_between
+
+    def aborted_between(self: PartitionTxns, start: int, stop: int) -> list[tuple[int, int]]:
+        return original(self, start, stop)[1:]  # the oldest overlapping range left out
+
+    return _patched(PartitionTxns, "aborted_between", aborted_between)
+
+
 @contextlib.contextmanager
 def _both(
     first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
@@ -627,6 +672,20 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "the produce intake checks idempotent batches against its own process's memory, not the "
         "partition's state (rebuilt from the log at every term start)",
         _idempotent_state_per_process,
+    ),
+    # Kafka transactions (issues 35, 36): only the seeds with transactional producers (20% of
+    # the single-node seeds) exercise these
+    "txn_marker_before_data": (
+        "a transaction's marker bypasses the partition's lane: records still queued land after it",
+        _txn_marker_before_data,
+    ),
+    "txn_lso_past_open_transaction": (
+        "the last stable offset is one past the oldest open transaction's first offset",
+        _txn_lso_past_open_transaction,
+    ),
+    "txn_aborted_list_misses_a_range": (
+        "a read_committed fetch's aborted-transactions list leaves out the oldest range",
+        _txn_aborted_list_misses_a_range,
     ),
 }
 

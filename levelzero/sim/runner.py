@@ -42,6 +42,9 @@ class SimResult:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l0_cache_served: int  # extents the readers' L0 cache served without a GET of their own
+    l0_cache_loads: int
+    deletes_under_pins: int  # L0 deletes while a live reader held a pin (checked against it)
     crashes: int
     graceful_stops: int
     pauses: int
@@ -75,6 +78,13 @@ class SimResult:
     compaction_refused: int
     compaction_scans: int
     compaction_interrupted: int  # passes under way when their node crashed or stopped
+    # transactions (`transactions.py`): ended by EndTxn commit / abort, given up (a restart, a
+    # timeout), and the records read_committed consumers were given and skipped (aborted)
+    txn_committed: int
+    txn_aborted: int
+    txn_given_up: int
+    txn_records_read: int
+    txn_records_skipped: int
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -180,6 +190,7 @@ def _result(
     world: World, violation: Violation | None, callbacks: int, virtual_s: float, wall_s: float
 ) -> SimResult:
     s = world.stats
+    t = world.transactions.stats
     changes = world.changes
     stale = [c for c in changes if c.stale]
     return SimResult(
@@ -201,6 +212,9 @@ def _result(
         objects_deleted=s.objects_deleted,
         orphans=s.orphans,
         l1_written=s.l1_written,
+        l0_cache_served=s.l0_cache_served,
+        l0_cache_loads=s.l0_cache_loads,
+        deletes_under_pins=world.truth.deletes_under_pins,
         crashes=s.crashes,
         graceful_stops=s.graceful_stops,
         pauses=s.pauses,
@@ -232,6 +246,11 @@ def _result(
         compaction_refused=world.compaction.stats.refused,
         compaction_scans=world.compaction.stats.scans_checked,
         compaction_interrupted=world.compaction.stats.interrupted,
+        txn_committed=world.transactions.stats.committed,
+        txn_aborted=world.transactions.stats.aborted,
+        txn_given_up=t.transactions - t.committed - t.aborted,
+        txn_records_read=t.records_read,
+        txn_records_skipped=t.aborted_skipped,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -285,6 +304,9 @@ class Summary:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l0_cache_served: int
+    l0_cache_loads: int
+    deletes_under_pins: int
     crashes: int
     graceful_stops: int
     pauses: int
@@ -308,6 +330,11 @@ class Summary:
     compaction_refused: int
     compaction_scans: int
     compaction_interrupted: int
+    txn_committed: int
+    txn_aborted: int
+    txn_given_up: int
+    txn_records_read: int
+    txn_records_skipped: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -326,6 +353,9 @@ _SUMMED = (
     "objects_deleted",
     "orphans",
     "l1_written",
+    "l0_cache_served",
+    "l0_cache_loads",
+    "deletes_under_pins",
     "crashes",
     "graceful_stops",
     "pauses",
@@ -347,6 +377,11 @@ _SUMMED = (
     "compaction_refused",
     "compaction_scans",
     "compaction_interrupted",
+    "txn_committed",
+    "txn_aborted",
+    "txn_given_up",
+    "txn_records_read",
+    "txn_records_skipped",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 

@@ -21,6 +21,9 @@ INVARIANTS = {
     "until delete.retention.ms)",
     "resurrect": "no key comes back after its tombstone was removed",
     "zombie": "no compaction result written under an older term is applied",
+    # Kafka transactions (issues 35, 36, `transactions.py`)
+    "txn": "read_committed never returns an aborted or unfinished transaction's record, the last "
+    "stable offset never moves back, and every transaction ends whole, as its EndTxn answered",
 }
 
 

@@ -61,11 +61,12 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
-from .checks import L0_ROOT, Truth
+from .checks import L0_ROOT, Truth, observed_pins
 from .compaction import CompactionSim
 from .config import SimConfig
-from .faults import Gate, Gates, Link, SeededFaults, SimLogStore
+from .faults import Gate, Gates, Link, SeededFaults, SimLogStore, SimTxnLogStore
 from .idempotent import IdempotentProducers
+from .transactions import TransactionSim, drawn
 from .violation import SimulationViolation
 
 # The wall clock of the simulated world: virtual seconds after a fixed instant.
@@ -117,6 +118,7 @@ class Incarnation:
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
     intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
+    kafka: Any = None  # the shipping Kafka API on it (`kafka.handlers.Handlers`): transactions' seeds
 
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
@@ -161,6 +163,8 @@ class Stats:
     l1_written: int = 0
     gc_rounds: int = 0
     objects_deleted: int = 0
+    l0_cache_served: int = 0  # extents the readers' L0 cache sliced from an object it held or loaded
+    l0_cache_loads: int = 0  # whole-object GETs it made
     heal_s: float = 0.0  # from the faults' end until every node is up again
     quiet_s: float = 0.0  # from the workload's end until every L0 object is collected
     healed_writes: int = 0
@@ -196,6 +200,7 @@ class World:
         self.fault_scale = rng.choice(cfg.fault_scales)
         # Drawn from a stream of its own: the world's stream (and every seed's draws) unchanged.
         self.reconciler_age_max_s = random.Random(seed + 0x1A6E).choice(cfg.reconciler_object_age_max_s)
+        self.l0_cache_bytes_max = random.Random(seed + 0xCAC4E).choice(cfg.l0_cache_bytes_max)
         # Swarm testing: each fault's rate and the workload's mix drawn apart, some off.
         swarm = {name: getattr(cfg, name) * rng.choice(cfg.swarm_scales) for name in _SWARMED_RATES}
         swarm |= {name: getattr(cfg, name) * rng.choice(cfg.swarm_mix) for name in _SWARMED_INTERVALS}
@@ -209,7 +214,17 @@ class World:
         self.violation: SimulationViolation | None = None
         self.truth = Truth(self)
         self.idempotent = IdempotentProducers(self)
-        self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
+        self.transactions = TransactionSim(self, drawn(seed, nodes))  # in a share of seeds
+        if self.transactions.enabled:
+            self.log_store: SimLogStore = SimTxnLogStore(
+                rng,
+                cfg,
+                self._on_durable,
+                self.truth.on_l1_delete_started,
+                self.transactions.on_transaction,
+            )
+        else:
+            self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
         self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
@@ -257,6 +272,7 @@ class World:
     def _on_durable(self, pid: int, records: list[Any]) -> None:
         self.truth.on_durable(pid, records)
         self.idempotent.on_durable(pid, records)
+        self.transactions.on_durable(pid, records)
 
     def fail(self, invariant: str, message: str) -> None:
         """Record the first violation and raise it (whoever catches it, the run reports it)."""
@@ -308,10 +324,10 @@ class World:
         cfg = self.cfg
         config = NodeConfig(
             fencing_mode=self.mode,
-            # Readers GET each extent: the L0 cache serves an object's (immutable) bytes after
-            # the GC deleted it, which hides from the read checks a GC that ignores reader pins
-            # (the mutation reader_pins_ignored); the cache has its own tests.
-            l0_cache_bytes_max=0,
+            # Off, tiny (evicting at every load) or large, per seed. A cached object's bytes
+            # outlive its delete, so a read served from the cache cannot show a GC that ignored
+            # the reader's pin: the check of pins is at every delete (`Truth.on_delete`).
+            l0_cache_bytes_max=self.l0_cache_bytes_max,
             epoch_cache_ttl_s=self.cache_ttl_s,
             epoch_bump_interval_s=self.epoch_bump_interval_s,
             snapshot_every_records=cfg.snapshot_every_records,
@@ -356,6 +372,10 @@ class World:
 
     async def run(self) -> None:
         cfg = self.cfg
+        with observed_pins():  # every actor's readers' claims, for the check at every delete
+            await self._run(cfg)
+
+    async def _run(self, cfg: SimConfig) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for node_id in self.node_ids:
@@ -379,6 +399,7 @@ class World:
                 self._bumper,
                 self._checker,
                 self.idempotent.run,
+                self.transactions.run,
             ):
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
@@ -386,6 +407,7 @@ class World:
             await anyio.sleep(cfg.healed_s)
             await self.quiet()
             await self.compaction.final_scan()
+            await self.transactions.final_scan()
             tg.cancel_scope.cancel()
 
     async def heal(self) -> None:
@@ -443,6 +465,7 @@ class World:
             and self.produces_in_flight == 0
             and not any(k.startswith(L0_ROOT) for k in self.objects.keys())
             and self.compaction.settled()
+            and self.transactions.settled()
         )
 
     def check(self) -> None:
@@ -598,6 +621,7 @@ class World:
         )
         self._watch_gc_rounds(node)
         inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
+        self.transactions.on_incarnation(inc)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
         behind = self.rng.randint(0, self.cfg.stale_cache_epochs_max) if number > 1 else 0
@@ -689,6 +713,17 @@ class World:
         assert inc.intake is not None
         async with anyio.create_task_group() as tg:
             await tg.start(inc.intake.run)
+            if inc.kafka is not None:
+                # As the daemon does: the Kafka API (the transaction coordinator's timeouts and
+                # completions) once the node has replayed its partitions.
+                async def node(*, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
+                    await inc.node.run(task_status=task_status)
+                    tg.cancel_scope.cancel()  # the node stopped (a graceful stop): the rest too
+
+                await tg.start(node)
+                await tg.start(inc.kafka.run)
+                task_status.started()
+                return
             await inc.node.run(task_status=task_status)
             tg.cancel_scope.cancel()  # the node stopped (a graceful stop): its intake too
 
@@ -783,6 +818,9 @@ class World:
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted
+        cache = inc.node.l0_cache.statistics()
+        self.stats.l0_cache_served += cache.hits + cache.shared
+        self.stats.l0_cache_loads += cache.loads
         self.compaction.absorb(inc)
 
     def finish(self) -> None:
@@ -1178,5 +1216,7 @@ class World:
                 f"lro {state.lro} hwm {state.high_watermark} lrlo {state.lrlo} "
                 f"window@{state.epoch_window_offset} published {board.get(name)}"
             )
-        lines[0:0] = self.compaction.leftovers()  # (first: the L0 line says none is left)
+        lines[0:0] = (
+            self.compaction.leftovers() + self.transactions.leftovers()
+        )  # (first: the L0 line says none is left)
         return "\n  ".join(lines)

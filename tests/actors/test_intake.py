@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -231,3 +232,61 @@ async def test_without_a_retention_idempotency_keys_are_kept(tmp_path: Path) -> 
         await store.record_producer_batches([ProducerBatchRow(key, 0, TOPIC, 0, 0, 1, 0, 1.0)], keep=1)
         await intake.expire_keys(time.time())
         assert [r.base_offset for r in await store.producer_batches(key)] == [0]
+
+
+async def test_a_record_set_is_not_stored_behind_one_it_must_follow_that_failed() -> None:
+    """`after`: a record set (a transaction's records) is refused with the error of the one
+    ahead of it that it must follow (the previous transaction's marker), whether that one
+    failed in an earlier round or in the same one."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            stored = intake.submit(TOPIC, 0, [Record(None, b"a")], (7, 0, TOPIC, 0, 0))
+            assert isinstance(stored, Pending)
+            await stored.done.wait()
+            # Out of sequence (the producer's next is 1): refused by the lane, in the round that
+            # also takes the record set behind it.
+            ahead = intake.submit(TOPIC, 0, [Record(None, b"b")], (7, 0, TOPIC, 0, 5))
+            behind = intake.submit(TOPIC, 0, [Record(None, b"c")], None, after=ahead)
+            assert isinstance(ahead, Pending) and isinstance(behind, Pending)
+            await behind.done.wait()
+            assert isinstance(ahead.error, OutOfOrderSequence)
+            assert behind.error is ahead.error
+            # Failed in an earlier round: refused too.
+            later = intake.submit(TOPIC, 0, [Record(None, b"d")], None, after=ahead)
+            assert isinstance(later, Pending)
+            await later.done.wait()
+            assert later.error is ahead.error
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 1)  # only "a"
+
+
+async def test_a_gathering_record_set_waits_for_the_next_and_shares_its_round() -> None:
+    """`gather_s`: a record set alone in its lane waits for another to share its round (a
+    transaction's marker, for the next transaction's records) rather than being stored alone."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        rounds: list[int] = []
+        produce = node.produce
+
+        async def counted(topic: str, partition: int, records: list[Record], *args: Any) -> Any:
+            rounds.append(len(records))
+            return await produce(topic, partition, records, *args)
+
+        node.produce = counted  # type: ignore[method-assign]
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            marker = intake.submit(TOPIC, 0, [Record(None, b"m")], None, gather_s=WAIT_FOREVER_S)
+            assert isinstance(marker, Pending)
+            await wait_until(lambda: (TOPIC, 0) in intake._lane_grew, "the lane waits for more")
+            assert not marker.done.is_set() and rounds == []
+            data = intake.submit(TOPIC, 0, [Record(None, b"d1"), Record(None, b"d2")], None)
+            assert isinstance(data, Pending)
+            await data.done.wait()
+            assert (marker.error, data.error) == (None, None)
+            assert (marker.base_offset, data.base_offset) == (0, 1)
+            assert rounds == [3]  # one write for both
+            tg.cancel_scope.cancel()

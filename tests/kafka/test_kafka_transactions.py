@@ -393,3 +393,41 @@ async def test_an_open_transaction_is_aborted_when_a_new_incarnation_exhausts_th
 async def store_ranges(daemon: Any) -> list[tuple[int, int, int, bool]]:
     rows = await daemon.node.log_store.txn_ranges(TOPIC, 0)
     return [(r.producer_id, r.first_offset, r.last_offset, r.aborted) for r in rows]
+
+
+async def test_one_transaction_failing_does_not_stop_the_expiry_pass_for_the_others(tmp_path: Path) -> None:
+    """Two timed-out transactions: aborting the first fails (a partition not writable, here
+    injected); the pass goes on, aborts the second, and does not raise."""
+    from confluent_kafka import Producer
+
+    from levelzero.core.errors import LevelZeroError
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        coordinator = daemon.kafka.handlers.transactions
+
+        def begin(tid: str) -> Any:
+            p = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": tid})
+            p.init_transactions(30)
+            p.begin_transaction()
+            p.produce(TOPIC, value=tid.encode(), partition=0)
+            assert p.flush(30) == 0
+            return p
+
+        producers = [await anyio.to_thread.run_sync(begin, tid) for tid in ("first", "second")]
+        assert list(coordinator._txns) == ["first", "second"]
+        end = coordinator._end
+
+        async def failing_end(txn: Any, commit: bool, *, wait: bool = True) -> bool:
+            if txn.transactional_id == "first":
+                raise LevelZeroError("partition not writable")
+            return await end(txn, commit, wait=wait)
+
+        coordinator._end = failing_end
+        for txn in coordinator._txns.values():
+            txn.started_at = 0.0  # timed out
+        await coordinator.expire()  # raised out at "first" before
+        assert coordinator._txns["first"].state == "ongoing"
+        assert coordinator._txns["second"].state in ("prepare_abort", "complete_abort")
+        del producers

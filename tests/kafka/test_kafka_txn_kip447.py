@@ -209,6 +209,35 @@ async def test_offset_fetch_require_stable_answers_unstable_while_a_transaction_
             await wire.aclose()
 
 
+async def test_offset_fetch_require_stable_answers_unstable_while_the_completion_is_on_its_way(
+    tmp_path: Path,
+) -> None:
+    """Between the markers queued and the completion stored the transaction is COMPLETE_* in
+    memory, kept as the prepared one beside its producer's next: its offsets are still pending
+    (answered before, OffsetFetch read the group's older offset in that window)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic(TOPIC, 2)
+        coordinator = daemon.kafka.handlers.transactions
+        coordinator.hold_completion = True  # markers queued and stored, the completion never
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await offset_commit(wire, 0, 3)
+            producer = await init_producer(wire)
+            await add_offsets(wire, producer)
+            assert await txn_offset_commit(wire, producer, 10) == ErrorCode.none
+            await end_txn(wire, producer, commit=True)
+            (txn,) = coordinator._txns.values()
+            for _ in range(STABLE_POLLS_MAX):
+                if txn.state == "complete_commit" and txn.prepared is not None:
+                    break
+                await anyio.sleep(0.05)
+            assert txn.state == "complete_commit" and txn.prepared is not None
+            code, offset = (await offset_fetch(wire, require_stable=True))[0]
+            assert (code, offset) == (ErrorCode.unstable_offset_commit, -1)
+        finally:
+            await wire.aclose()
+
+
 # ---------------------------------------------------------------------- group membership
 
 

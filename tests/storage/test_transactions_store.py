@@ -4,6 +4,7 @@ reopening."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from levelzero.storage.postgres.store import PostgresLogStore
@@ -64,6 +65,29 @@ async def exercise(store: TransactionStore) -> None:
     assert (await store.transactions())[2] == done
     assert await store.txn_ranges("t", 3) == [TxnRangeRow("t", 3, 11, 20, 25, True)]
     assert await store.txn_ranges("t", 4) == []
+    # The next transaction stored beside a prepared one (`prepared`), then the prepared one's
+    # completion: its range closed at its marker, the next one's opened just after, one commit.
+    prepared = json.dumps(
+        {
+            "state": "prepare_commit",
+            "epoch": 0,
+            "partitions": [["t", 5]],
+            "groups": {},
+            "firsts": [["t", 5, 30]],
+        }
+    )
+    beside = TransactionRow("tx-d", 12, 0, "ongoing", 60_000, 6.0, '[["t", 5]]', "{}", 6.0, prepared)
+    await store.put_transaction(beside, opened=[TxnRangeRow("t", 5, 12, 30, -1, False)])
+    assert (await store.transactions())[3] == beside
+    handed = TransactionRow("tx-d", 12, 0, "ongoing", 60_000, 6.0, '[["t", 5]]', "{}", 7.0)
+    await store.put_transaction(
+        handed,
+        opened=[TxnRangeRow("t", 5, 12, 41, -1, False)],
+        closed=[TxnRangeRow("t", 5, 12, 30, 40, False)],
+    )
+    assert (await store.transactions())[3] == handed
+    assert (await store.transactions())[3].prepared == ""
+    assert await store.txn_ranges("t", 5) == [TxnRangeRow("t", 5, 12, 41, -1, False)]
 
 
 async def test_memory_transactions() -> None:
@@ -75,7 +99,7 @@ async def test_sqlite_keeps_transactions_across_reopening(tmp_path: Path) -> Non
     async with await SqliteLogStore.open(db) as store:
         await exercise(store)
     async with await SqliteLogStore.open(db) as store:
-        assert [r.producer_epoch for r in await store.transactions()] == [1, 3, 0]
+        assert [r.producer_epoch for r in await store.transactions()] == [1, 3, 0, 0]
         assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
 
 

@@ -36,11 +36,12 @@ class TransactionRole(PostgresBase):
         async def work(connection: asyncpg.Connection) -> None:
             await connection.execute(
                 f"INSERT INTO transactions ({_TRANSACTION_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6,"
-                " $7, $8, $9) ON CONFLICT (transactional_id) DO UPDATE SET"
+                " $7, $8, $9, $10) ON CONFLICT (transactional_id) DO UPDATE SET"
                 " producer_id = excluded.producer_id, producer_epoch = excluded.producer_epoch,"
                 " state = excluded.state, timeout_ms = excluded.timeout_ms,"
                 " started_at = excluded.started_at, partitions = excluded.partitions,"
-                " groups = excluded.groups, updated_at = excluded.updated_at",
+                " groups = excluded.groups, updated_at = excluded.updated_at,"
+                " prepared = excluded.prepared",
                 *values,
             )
             if opened:

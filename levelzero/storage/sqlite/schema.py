@@ -30,11 +30,12 @@ from levelzero.storage.protocols import (
 # cleaner_offsets and l1_compacted (compaction). Version 8: l1_objects.max_timestamp_ms
 # (ListOffsets by time reads only the object holding its answer; rows of older files keep
 # NULL, and a lookup reads such an object to find out). Version 9:
-# consumer_offsets.leader_epoch (the committed leader epoch, KIP-320).
+# consumer_offsets.leader_epoch (the committed leader epoch, KIP-320). Version 10:
+# transactions.prepared (a prepared transaction completing beside its successor).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -103,8 +104,10 @@ TRANSACTIONS = """CREATE TABLE IF NOT EXISTS transactions (
     started_at REAL NOT NULL,
     partitions TEXT NOT NULL,
     groups TEXT NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    prepared TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID"""
+ADD_TRANSACTION_PREPARED = "ALTER TABLE transactions ADD COLUMN prepared TEXT NOT NULL DEFAULT ''"
 TXN_RANGES = """CREATE TABLE IF NOT EXISTS txn_ranges (
     topic TEXT NOT NULL,
     partition INTEGER NOT NULL,
@@ -116,11 +119,12 @@ TXN_RANGES = """CREATE TABLE IF NOT EXISTS txn_ranges (
 ) WITHOUT ROWID"""
 UPSERT_TRANSACTION = (
     "INSERT OR REPLACE INTO transactions (transactional_id, producer_id, producer_epoch, state,"
-    " timeout_ms, started_at, partitions, groups, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " timeout_ms, started_at, partitions, groups, updated_at, prepared)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 SELECT_TRANSACTIONS = (
     "SELECT transactional_id, producer_id, producer_epoch, state, timeout_ms, started_at,"
-    " partitions, groups, updated_at FROM transactions ORDER BY transactional_id"
+    " partitions, groups, updated_at, prepared FROM transactions ORDER BY transactional_id"
 )
 INSERT_TXN_RANGE = (
     "INSERT OR IGNORE INTO txn_ranges (topic, partition, producer_id, first_offset, last_offset,"
@@ -360,6 +364,7 @@ SCHEMA_TABLES_OF_VERSION = {
 }
 SCHEMA_TABLES_OF_VERSION[8] = SCHEMA_TABLES_OF_VERSION[7]
 SCHEMA_TABLES_OF_VERSION[9] = SCHEMA_TABLES_OF_VERSION[8]
+SCHEMA_TABLES_OF_VERSION[10] = SCHEMA_TABLES_OF_VERSION[9]
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
@@ -476,6 +481,12 @@ async def _migrate_8_to_9(connection: aiosqlite.Connection) -> None:
         await connection.execute(ADD_OFFSET_LEADER_EPOCH)
 
 
+async def _migrate_9_to_10(connection: aiosqlite.Connection) -> None:
+    columns = {name for _, name, *_ in await connection.execute_fetchall("PRAGMA table_info(transactions)")}
+    if "prepared" not in columns:  # a file migrated from version 5 got the table with it
+        await connection.execute(ADD_TRANSACTION_PREPARED)
+
+
 MIGRATIONS = (
     _migrate_1_to_2,
     _migrate_2_to_3,
@@ -485,6 +496,7 @@ MIGRATIONS = (
     _migrate_6_to_7,
     _migrate_7_to_8,
     _migrate_8_to_9,
+    _migrate_9_to_10,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 

@@ -1,0 +1,829 @@
+"""Kafka transactions in the simulation (issues 35 and 36): transactional producers driving the
+shipping transaction coordinator, and read_committed consumers checking what it promises.
+
+In a share of single-node seeds (drawn from a stream of their own, so that every other seed runs
+exactly as before) each incarnation of the node gets the shipping Kafka API (`kafka.handlers.
+Handlers` over the node and its produce intake: the transaction coordinator, the Produce and
+Fetch APIs, each partition's transaction index) with the coordinator's clock on the virtual wall
+clock, and the world's log store gets the control plane's transaction tables (the
+`TransactionStore` role, behind the incarnation's gate like the rest of the database). One or
+two transactional producers send what a Kafka client sends, as kio requests handed to the
+handlers (the one layer left out is the frame codec): InitProducerId with a transactional id,
+AddPartitionsToTxn over 1-3 partitions of the first topic, transactional Produce batches (idempotent,
+sequence per partition), EndTxn commit or abort. Around them: producer restarts (InitProducerId
+again: the epoch bumps, the previous incarnation is fenced and its open transaction aborted),
+produce requests given up while still queued (the restart races them), a producer stalled past its
+transaction timeout (the coordinator aborts), crashes of the node right before EndTxn and right
+after PREPARE_COMMIT/PREPARE_ABORT is durable (before the markers), on top of the world's
+crashes and faults.
+
+The truth is the partitions' durable logs: every placeholder of a partition a transaction touched
+is decoded from its object as it becomes durable, so each transactional record is known with the
+marker that ends it (the first marker of its producer after it in the partition: a commit, an
+abort, or none yet). Checked:
+
+- **read_committed** — a read_committed Fetch (from any offset, boundary offsets often), its
+  aborted-transactions list applied as a Kafka consumer applies it, never delivers a record of
+  an aborted transaction nor of one whose marker is not durable yet; the last stable offset it
+  reports never passes the first record of an unfinished transaction, and never moves back;
+- **outcome** — after the quiet period (every transaction ended: its producer's EndTxn, a
+  restart or its timeout), a read_committed scan of each partition from its start offset
+  delivers every record of every committed transaction and none of an aborted one; a
+  transaction whose EndTxn was answered commit (abort) is committed (aborted);
+- **4** — nothing is left open: no open range in the store, no transaction prepared, no
+  record without its marker.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
+
+from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.node import Node
+from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.errors import LevelZeroError
+from levelzero.core.l0format import Record, decode_extent
+from levelzero.core.txn_marks import txn_kind
+from levelzero.kafka import records as kr
+from levelzero.kafka.handlers import Handlers
+from levelzero.kafka.metadata import KafkaSettings
+from levelzero.kafka.protocol import Request, make
+from levelzero.kafka.transactions import KIND_ABORT, KIND_COMMIT, KIND_DATA, PREPARE_ABORT, PREPARE_COMMIT
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import TransactionRow
+
+SHARE = 0.2  # of single-node seeds (a transactional seed costs ~40% more CPU)
+TOPIC = "sim"
+PRODUCERS = (1, 2)
+PARTITIONS_PER_TXN = (1, 3)
+BATCHES_PER_TXN = (1, 4)
+RECORDS_PER_BATCH = (1, 3)
+COMMIT_P = 0.7
+TIMEOUTS_MS = (1_500, 3_000, 8_000)  # one drawn per producer
+REQUEST_TIMEOUTS_S = (0.4, 1.0, 3.0)  # one drawn per producer: often shorter than a slow store
+TXN_INTERVAL_S = 0.15  # mean, exponential: between a producer's transactions
+RESTART_P = 0.08  # a producer restarts in mid-transaction (InitProducerId again)
+RESTART_IN_FLIGHT_P = 0.08  # ... with its batches still on the wire
+STALL_P = 0.04  # ... or stalls past its transaction timeout before EndTxn
+CRASH_BEFORE_END_P = 0.05  # the node crashes right before EndTxn is sent
+CRASH_AFTER_PREPARE_P = 0.15  # ... or right after PREPARE_* is durable (before the markers)
+BACKOFF_S = 0.1  # Kafka's retry.backoff.ms
+END_ATTEMPTS_MAX = 6
+READ_INTERVAL_S = 0.1
+READ_BYTES = 4096
+PRODUCER_ID_SPACING = 1_000_000  # a node incarnation's producer ids begin at number * this
+VALUE = "t{seed}.{producer}.{txn}.{k}"
+
+_REQUESTS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def _schema(api_key: int, version: int) -> tuple[Any, Any]:
+    """(request class, its module) of a kio request schema."""
+    found = _REQUESTS.get((api_key, version))
+    if found is None:
+        cls = load_request_schema(api_key, version)
+        found = _REQUESTS[(api_key, version)] = (cls, sys.modules[cls.__module__])
+    return found
+
+
+def drawn(seed: int, nodes: int) -> bool:
+    """Whether the seed has transactional producers (a stream of its own)."""
+    return nodes == 1 and random.Random(f"transactions-{seed}").random() < SHARE
+
+
+class Incarnation(Protocol):
+    """What the workload uses of a node's incarnation (`world.Incarnation`): named here so that
+    this module does not import the world that imports it."""
+
+    number: int
+    node: Node
+    intake: ProduceIntake | None
+    kafka: Any  # its `Handlers`, or None
+    alive: bool
+    tg: anyio.abc.TaskGroup | None
+
+
+class World(Protocol):
+    seed: int
+    phase: str
+    objects: MemoryObjectStore
+    truth: Any  # checks.Truth: acknowledged records
+    log_store: Any  # faults.SimLogStore (with the transaction tables here)
+    produces_in_flight: int
+    stats: Any  # world.Stats: the writes' totals
+
+    @property
+    def lives(self) -> Mapping[str | None, Any]: ...
+
+    def entry(self) -> Any: ...
+
+    def pid(self, topic: str, partition: int) -> int: ...
+
+    def partition_name(self, pid: int) -> str: ...
+
+    def wall(self) -> float: ...
+
+    def note(self, text: str) -> None: ...
+
+    def fail(self, invariant: str, message: str) -> None: ...
+
+    async def crash(self, inc: Any) -> None: ...
+
+
+@dataclass(slots=True)
+class Run:
+    """One transaction's records in one partition as the durable log holds them: from its
+    producer's first record after its previous marker up to its marker (none yet: unfinished)."""
+
+    producer_id: int
+    offsets: list[int] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    outcome: int | None = None  # KIND_COMMIT or KIND_ABORT once its marker is durable
+    marker: int = -1
+
+
+@dataclass(slots=True)
+class PartitionTruth:
+    runs: list[Run] = field(default_factory=list)
+    current: dict[int, Run] = field(default_factory=dict)  # producer id -> its unfinished run
+    by_offset: dict[int, Run] = field(default_factory=dict)
+    lso: int = -1  # the highest last stable offset a fetch reported
+
+    def first_unfinished(self) -> int | None:
+        return min((r.offsets[0] for r in self.current.values()), default=None)
+
+
+@dataclass(slots=True)
+class Txn:
+    """One transaction as its producer saw it."""
+
+    tid: str
+    number: int
+    producer_id: int
+    epoch: int
+    partitions: list[int]
+    values: list[bytes] = field(default_factory=list)  # of the produce requests answered
+    sent: int = 0  # records sent (each value is unique)
+    answered: bool | None = None  # EndTxn answered: commit (True) or abort (False)
+
+
+@dataclass(slots=True)
+class TxnStats:
+    transactions: int = 0
+    committed: int = 0  # EndTxn commit answered
+    aborted: int = 0  # EndTxn abort answered
+    restarts: int = 0
+    stalls: int = 0
+    fenced: int = 0
+    crashes: int = 0
+    reads: int = 0
+    records_read: int = 0
+    aborted_skipped: int = 0  # records a read_committed consumer skipped (aborted list)
+
+
+class TransactionSim:
+    def __init__(self, world: World, enabled: bool) -> None:
+        self.world = world
+        self.enabled = enabled
+        self.rng = random.Random(f"transactions-workload-{world.seed}")
+        self.stats = TxnStats()
+        self.truth: dict[int, PartitionTruth] = {}  # pid -> what its durable log holds
+        self.txns: list[Txn] = []
+        self._producing = 0  # producers still running
+        self._tg: anyio.abc.TaskGroup | None = None  # the workload's: requests on the wire
+
+    # ------------------------------------------------------------------ the world's hooks
+
+    def on_incarnation(self, inc: Incarnation) -> None:
+        """The shipping Kafka API on the incarnation (its producer ids its own, as a real
+        node's are by its start time)."""
+        if not self.enabled:
+            return
+        assert inc.intake is not None
+        inc.intake._next_producer_id = inc.number * PRODUCER_ID_SPACING
+        handlers = Handlers(inc.node, KafkaSettings("sim", 9092), inc.intake)
+        handlers.transactions.clock = self.world.wall
+        inc.kafka = handlers
+
+    def on_transaction(self, row: TransactionRow) -> None:
+        """A coordinator's state became durable: right after PREPARE_*, sometimes the node
+        crashes (before the markers are written)."""
+        if row.state in (PREPARE_COMMIT, PREPARE_ABORT) and self.rng.random() < CRASH_AFTER_PREPARE_P:
+            self._crash(f"{row.transactional_id} {row.state} durable")
+
+    def on_durable(self, pid: int, records: list[LogRecord]) -> None:
+        truth = self.truth.get(pid)
+        if truth is None:
+            return  # no transaction touched it
+        world = self.world
+        for record in records:
+            entry = record.entry
+            if not isinstance(entry, Placeholder):
+                continue
+            stored = world.objects._objects.get(entry.object_key)
+            if stored is None:
+                continue  # (the leak and reachability checks speak of it)
+            raw = stored[0][entry.byte_offset : entry.byte_offset + entry.byte_length]
+            decoded = decode_extent(raw, entry.checksum, entry.record_count, entry.object_key)
+            for i, r in enumerate(decoded):
+                found = txn_kind(r.headers)
+                if found is None:
+                    continue
+                producer_id, kind = found
+                offset = record.base_offset + i
+                if kind == KIND_DATA:
+                    run = truth.current.get(producer_id)
+                    if run is None:
+                        run = truth.current[producer_id] = Run(producer_id)
+                        truth.runs.append(run)
+                    run.offsets.append(offset)
+                    run.values.append(r.value or b"")
+                    truth.by_offset[offset] = run
+                else:
+                    run = truth.current.pop(producer_id, None)
+                    if run is not None:  # (else a second marker: harmless)
+                        run.outcome, run.marker = kind, offset
+                    world.note(
+                        f"txn marker {'commit' if kind == KIND_COMMIT else 'abort'} of {producer_id} "
+                        f"at {world.partition_name(pid)}@{offset}"
+                    )
+
+    def settled(self) -> bool:
+        if not self.enabled:
+            return True
+        store = self.world.log_store
+        return (
+            self._producing == 0
+            and not any(t.current for t in self.truth.values())
+            and not any(not r.aborted for r in store._ranges.values())
+            and not any(r.state in (PREPARE_COMMIT, PREPARE_ABORT) for r in store._transactions.values())
+        )
+
+    def leftovers(self) -> list[str]:
+        if not self.enabled or self.settled():
+            return []
+        store = self.world.log_store
+        open_ranges = [r for r in store._ranges.values() if not r.aborted]
+        unfinished = {
+            self.world.partition_name(pid): sorted(r.offsets[0] for r in t.current.values())
+            for pid, t in self.truth.items()
+            if t.current
+        }
+        return [
+            f"transactions: {self._producing} producers running, open ranges {open_ranges}, "
+            f"records without a marker from {unfinished}, coordinator states "
+            f"{[(r.transactional_id, r.state) for r in store._transactions.values()]}"
+        ]
+
+    # ------------------------------------------------------------------ requests
+
+    async def _call(
+        self,
+        api_key: int,
+        version: int,
+        timeout_s: float,
+        order: tuple[anyio.Event | None, anyio.Event] | None = None,
+        **body: Any,
+    ) -> Any | None:
+        """One request through a live node's Kafka API (None: no answer within `timeout_s`).
+        `order`: a produce's (after, submitted), as the listener orders one connection's."""
+        inc = self.world.entry()
+        if inc is None or inc.kafka is None or inc.tg is None:
+            return None
+        cls, _ = _schema(api_key, version)
+        request = Request(api_key, version, 0, "sim", make(cls, **body))
+        answers: list[Any] = []
+        answered = anyio.Event()
+
+        async def serve() -> None:
+            # In the incarnation's task group: a crash ends the request with the process (a
+            # request the client gave up on goes on, as on a real node).
+            try:
+                answers.append(await inc.kafka.handle(request, *(order or ())))
+            except LevelZeroError as exc:
+                self.world.note(f"{inc} api {api_key} failed: {type(exc).__name__}")
+            finally:
+                answered.set()
+
+        inc.tg.start_soon(serve)
+        with anyio.move_on_after(timeout_s):
+            await answered.wait()
+        return answers[0] if answers else None
+
+    # ------------------------------------------------------------------ the producers
+
+    async def run(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
+        if not self.enabled:
+            return
+        world = self.world
+        partitions = max(
+            (n for inc in world.lives.values() for t, n in inc.node.topics().items() if t == TOPIC), default=0
+        )
+        if partitions == 0:
+            return
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._reader)
+            for i in range(self.rng.randint(*PRODUCERS)):
+                self._producing += 1
+                tg.start_soon(self._producer, i, partitions)
+
+    async def _producer(self, index: int, partitions: int) -> None:
+        try:
+            await self._produce_transactions(index, partitions)
+        finally:
+            self._producing -= 1
+
+    async def _produce_transactions(self, index: int, partitions: int) -> None:
+        world = self.world
+        rng = self.rng
+        tid = f"sim-txn-{index}"
+        timeout_ms = rng.choice(TIMEOUTS_MS)
+        request_s = rng.choice(REQUEST_TIMEOUTS_S)
+        ident = (-1, -1)  # the producer id and epoch it holds (KIP-360 re-initialisation)
+        ready = False
+        number = 0
+        while world.phase != "quiet":
+            await anyio.sleep(rng.expovariate(1.0 / TXN_INTERVAL_S))
+            if not ready:
+                got = await self._init(tid, timeout_ms, request_s, ident)
+                if got is None:
+                    continue
+                ident, ready = got, True
+                sequences: dict[int, int] = {}
+            number += 1
+            txn = Txn(
+                tid,
+                number,
+                ident[0],
+                ident[1],
+                sorted(rng.sample(range(partitions), rng.randint(*PARTITIONS_PER_TXN))),
+            )
+            self.txns.append(txn)
+            self.stats.transactions += 1
+            for p in txn.partitions:
+                self.truth.setdefault(world.pid(TOPIC, p), PartitionTruth())
+            code = await self._add_partitions(txn, request_s)
+            if code != ErrorCode.none:
+                ready = code not in (
+                    ErrorCode.producer_fenced,
+                    ErrorCode.invalid_producer_epoch,
+                    ErrorCode.invalid_producer_id_mapping,
+                )
+                if ready:  # the transaction may be ongoing: end it (an abort)
+                    ready = await self._end(txn, False, request_s)
+                continue
+            # The batches pipelined (a client keeps up to five requests on the wire), submitted
+            # in order (as one connection's produce requests are); the producer waits for their
+            # answers, or, sometimes, restarts at once with them still on the wire.
+            answered: list[anyio.Event] = []
+            results: list[bool] = []
+            after: anyio.Event | None = None
+            assert self._tg is not None
+            for _ in range(rng.randint(*BATCHES_PER_TXN)):
+                done, submitted = anyio.Event(), anyio.Event()
+                answered.append(done)
+                self._tg.start_soon(
+                    self._produce,
+                    txn,
+                    rng.choice(txn.partitions),
+                    sequences,
+                    request_s,
+                    after,
+                    submitted,
+                    done,
+                    results,
+                )
+                after = submitted
+            in_flight = rng.random() < RESTART_IN_FLIGHT_P
+            if not in_flight:
+                for done in answered:
+                    await done.wait()
+            if in_flight or not all(results) or rng.random() < RESTART_P:
+                # The producer restarts (after a produce failed or went unanswered, or with its
+                # batches on the wire): InitProducerId bumps the epoch, fences this one, and
+                # aborts the transaction.
+                self.stats.restarts += 1
+                world.note(
+                    f"{tid} restarts in transaction {number}"
+                    + (" (batches on the wire)" if in_flight else "")
+                )
+                ready = False
+                continue
+            commit = rng.random() < COMMIT_P
+            if world.phase == "faults" and rng.random() < STALL_P:
+                self.stats.stalls += 1
+                world.note(f"{tid} stalls past its transaction timeout")
+                await anyio.sleep(timeout_ms / 1000 + 1.5)
+            if rng.random() < CRASH_BEFORE_END_P:
+                self._crash(f"{tid} about to end transaction {number}")
+            ready = await self._end(txn, commit, request_s)
+        # The workload ends: a producer that last restarted (or gave up an ending) starts once
+        # more, as its next run would, which aborts what it left open (else the coordinator's
+        # timeout does, later).
+        for _ in range(3 if number and not ready else 0):
+            if await self._init(tid, timeout_ms, request_s, ident) is not None:
+                break
+            await anyio.sleep(BACKOFF_S)
+
+    async def _init(
+        self, tid: str, timeout_ms: int, request_s: float, ident: tuple[int, int]
+    ) -> tuple[int, int] | None:
+        answer = await self._call(
+            22,
+            3,
+            request_s,
+            transactional_id=tid,
+            transaction_timeout=timeout_ms,
+            producer_id=ident[0],
+            producer_epoch=ident[1],
+        )
+        if answer is None:
+            return None
+        if answer.error_code == ErrorCode.producer_fenced:
+            self.stats.fenced += 1
+            answer = await self._call(
+                22,
+                3,
+                request_s,
+                transactional_id=tid,
+                transaction_timeout=timeout_ms,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+            if answer is None:
+                return None
+        if answer.error_code != ErrorCode.none:
+            self.world.note(f"{tid} InitProducerId: {answer.error_code.name}")
+            return None
+        self.world.note(f"{tid} initialised: producer {answer.producer_id} epoch {answer.producer_epoch}")
+        return int(answer.producer_id), int(answer.producer_epoch)
+
+    async def _add_partitions(self, txn: Txn, request_s: float) -> ErrorCode:
+        _, module = _schema(24, 3)
+        while True:
+            answer = await self._call(
+                24,
+                3,
+                request_s,
+                v3_and_below_transactional_id=txn.tid,
+                v3_and_below_producer_id=txn.producer_id,
+                v3_and_below_producer_epoch=txn.epoch,
+                v3_and_below_topics=(
+                    make(module.AddPartitionsToTxnTopic, name=TOPIC, partitions=tuple(txn.partitions)),
+                ),
+            )
+            if answer is None:
+                return ErrorCode.request_timed_out
+            codes = {
+                p.partition_error_code
+                for t in answer.results_by_topic_v3_and_below
+                for p in t.results_by_partition
+            }
+            code = next(iter(codes)) if len(codes) == 1 else ErrorCode.unknown_server_error
+            if code in (ErrorCode.concurrent_transactions, ErrorCode.coordinator_not_available):
+                await anyio.sleep(BACKOFF_S)
+                if self.world.phase == "quiet":
+                    return code
+                continue
+            return code
+
+    async def _produce(
+        self,
+        txn: Txn,
+        partition: int,
+        sequences: dict[int, int],
+        request_s: float,
+        after: anyio.Event | None,
+        submitted: anyio.Event,
+        done: anyio.Event,
+        results: list[bool],
+    ) -> None:
+        """One transactional batch, submitted once `after` is (then `submitted`); its result
+        (acknowledged: True) in `results`, then `done`."""
+        ok = False
+        try:
+            ok = await self._produce_batch(txn, partition, sequences, request_s, after, submitted)
+        finally:
+            submitted.set()
+            results.append(ok)
+            done.set()
+
+    async def _produce_batch(
+        self,
+        txn: Txn,
+        partition: int,
+        sequences: dict[int, int],
+        request_s: float,
+        after: anyio.Event | None,
+        submitted: anyio.Event,
+    ) -> bool:
+        world = self.world
+        _, module = _schema(0, 8)
+        count = self.rng.randint(*RECORDS_PER_BATCH)
+        first = txn.sent
+        txn.sent += count
+        values = [
+            VALUE.format(
+                seed=world.seed, producer=txn.tid, txn=f"{txn.epoch}.{txn.number}", k=first + k
+            ).encode()
+            for k in range(count)
+        ]
+        sequence = sequences.get(partition, 0)
+        data = kr.encode_batch(
+            0,
+            [kr.KafkaRecord(k, int(world.wall() * 1000), None, v) for k, v in enumerate(values)],
+            producer_id=txn.producer_id,
+            producer_epoch=txn.epoch,
+            base_sequence=sequence,
+            attributes=kr.ATTR_TRANSACTIONAL,
+        )
+        sequences[partition] = sequence + count  # (a batch not answered ends this epoch)
+        world.stats.writes_submitted += 1
+        world.produces_in_flight += 1
+        try:
+            answer = await self._call(
+                0,
+                8,
+                request_s,
+                (after, submitted),
+                transactional_id=txn.tid,
+                acks=-1,
+                timeout=30_000,
+                topic_data=(
+                    make(
+                        module.TopicProduceData,
+                        name=TOPIC,
+                        partition_data=(make(module.PartitionProduceData, index=partition, records=data),),
+                    ),
+                ),
+            )
+        finally:
+            world.produces_in_flight -= 1
+        if answer is None:
+            world.stats.writes_failed += 1
+            world.note(f"{txn.tid} produce to {TOPIC}/{partition} unanswered")
+            return False
+        (result,) = answer.responses[0].partition_responses
+        if result.error_code != ErrorCode.none:
+            world.stats.writes_failed += 1
+            world.note(f"{txn.tid} produce to {TOPIC}/{partition}: {result.error_code.name}")
+            return False
+        pid = world.pid(TOPIC, partition)
+        offset = int(result.base_offset)
+        placeholder = world.truth.placeholder_at(pid, offset)
+        if placeholder is None:
+            world.fail(
+                "3",
+                f"{txn.tid}: transactional records acknowledged at {TOPIC}/{partition}@{offset}, not durable",
+            )
+        assert placeholder is not None and isinstance(placeholder.entry, Placeholder)
+        world.truth.ack(pid, offset, [Record(None, v) for v in values], placeholder.entry.object_key)
+        world.stats.writes_acked += 1  # (the world's totals count these writes too)
+        world.stats.records_acked += len(values)
+        txn.values.extend(values)
+        return True
+
+    async def _end(self, txn: Txn, commit: bool, request_s: float) -> bool:
+        """EndTxn until answered (the producer keeps its id and epoch: True), fenced, or given up
+        (the coordinator's timeout aborts the transaction)."""
+        for _ in range(END_ATTEMPTS_MAX):
+            answer = await self._call(
+                26,
+                3,
+                request_s,
+                transactional_id=txn.tid,
+                producer_id=txn.producer_id,
+                producer_epoch=txn.epoch,
+                committed=commit,
+            )
+            if answer is None or answer.error_code in (
+                ErrorCode.coordinator_not_available,
+                ErrorCode.concurrent_transactions,
+            ):
+                await anyio.sleep(BACKOFF_S)
+                continue
+            if answer.error_code == ErrorCode.none:
+                txn.answered = commit
+                if commit:
+                    self.stats.committed += 1
+                else:
+                    self.stats.aborted += 1
+                self.world.note(f"{txn.tid} transaction {txn.number} {'committed' if commit else 'aborted'}")
+                return True
+            self.world.note(f"{txn.tid} EndTxn: {answer.error_code.name}")
+            if answer.error_code in (ErrorCode.producer_fenced, ErrorCode.invalid_producer_epoch):
+                self.stats.fenced += 1
+            return False
+        return False
+
+    def _crash(self, why: str) -> None:
+        world = self.world
+        if world.phase != "faults":
+            return
+        inc = world.lives.get(None)
+        if inc is None or inc.kafka is None or not inc.alive:
+            return
+        world.note(f"crash injected: {why}")
+        self.stats.crashes += 1
+
+        async def crash() -> None:
+            if world.lives.get(None) is inc and inc is not None and inc.alive:
+                await world.crash(inc)
+
+        tg = world._tg  # type: ignore[attr-defined]
+        assert tg is not None
+        tg.start_soon(crash)
+
+    # ------------------------------------------------------------------ the reads
+
+    async def _reader(self) -> None:
+        world = self.world
+        while world.phase != "quiet":
+            await anyio.sleep(self.rng.expovariate(1.0 / READ_INTERVAL_S))
+            if not self.truth:
+                continue
+            pid = self.rng.choice(sorted(self.truth))
+            truth = self.truth[pid]
+            state = world.truth.shadow.get(pid)
+            if state is None:
+                continue
+            choices = [state.start_offset, state.high_watermark - 1, max(truth.lso, state.start_offset)]
+            for run in truth.current.values():
+                choices.append(run.offsets[0])
+            offset = (
+                self.rng.choice(choices)
+                if self.rng.random() < 0.6
+                else self.rng.randint(state.start_offset, max(state.high_watermark - 1, state.start_offset))
+            )
+            await self._read(pid, max(offset, 0))
+
+    async def _read(self, pid: int, offset: int) -> tuple[int, int, list[bytes]] | None:
+        """One read_committed Fetch at `offset`, checked: (next offset, last stable offset,
+        the transactional values delivered), or None (no answer, an error)."""
+        world = self.world
+        row = world.log_store.partitions[pid]
+        _, module = _schema(1, 11)
+        answer = await self._call(
+            1,
+            11,
+            5.0,
+            replica_id=-1,
+            max_wait=0,
+            min_bytes=1,
+            max_bytes=READ_BYTES,
+            isolation_level=1,
+            session_id=0,
+            session_epoch=-1,
+            rack_id="",
+            topics=(
+                make(
+                    module.FetchTopic,
+                    topic=row.topic,
+                    partitions=(
+                        make(
+                            module.FetchPartition,
+                            partition=row.partition,
+                            current_leader_epoch=-1,
+                            fetch_offset=offset,
+                            log_start_offset=-1,
+                            partition_max_bytes=READ_BYTES,
+                        ),
+                    ),
+                ),
+            ),
+            forgotten_topics_data=(),
+        )
+        if answer is None:
+            return None
+        (data,) = answer.responses[0].partitions
+        if data.error_code != ErrorCode.none:
+            return None
+        self.stats.reads += 1
+        name = world.partition_name(pid)
+        truth = self.truth[pid]
+        lso = int(data.last_stable_offset)
+        if lso < truth.lso:
+            world.fail("txn", f"{name}: the last stable offset moved back from {truth.lso} to {lso}")
+        truth.lso = lso
+        unfinished = truth.first_unfinished()
+        if unfinished is not None and lso > unfinished:
+            world.fail(
+                "txn",
+                f"{name}: last stable offset {lso} passes {unfinished}, a record of a transaction "
+                "whose marker is not durable",
+            )
+        aborted = sorted((int(a.first_offset), int(a.producer_id)) for a in data.aborted_transactions or ())
+        listed = list(aborted)
+        delivered: list[bytes] = []
+        next_offset = offset
+        skipping: set[int] = set()
+        for batch in kr.decode_batches(data.records or b""):
+            last = batch.base_offset + batch.last_offset_delta
+            next_offset = max(next_offset, last + 1)
+            while aborted and aborted[0][0] <= last:  # as a Kafka consumer applies the list
+                skipping.add(aborted.pop(0)[1])
+            if batch.is_control:
+                key = batch.records[0].key or b""
+                if len(key) == 4 and struct.unpack(">hh", key)[1] == KIND_ABORT:
+                    skipping.discard(batch.producer_id)
+                continue
+            if not batch.is_transactional:
+                continue
+            if batch.producer_id in skipping:
+                self.stats.aborted_skipped += len(batch.records)
+                continue
+            for r in batch.records:
+                assert isinstance(r, kr.KafkaRecord)  # (decoded as a client reads them)
+                at = batch.base_offset + r.offset_delta
+                if at < offset:
+                    continue
+                run = truth.by_offset.get(at)
+                if run is None:
+                    world.fail(
+                        "txn",
+                        f"{name}@{at}: read_committed delivered a transactional record the log does not hold",
+                    )
+                assert run is not None
+                if run.outcome != KIND_COMMIT:
+                    world.fail(
+                        "txn",
+                        f"{name}@{at}: read_committed delivered a record of "
+                        + (
+                            "an aborted transaction"
+                            if run.outcome == KIND_ABORT
+                            else "an unfinished transaction"
+                        )
+                        + f" (producer {run.producer_id}; read at {offset}, last stable offset {lso}, "
+                        f"aborted transactions {listed})",
+                    )
+                delivered.append(r.value or b"")
+        self.stats.records_read += len(delivered)
+        return next_offset, lso, delivered
+
+    async def final_scan(self) -> None:
+        """After the quiet period: each partition read with read_committed from its start
+        offset to its high watermark; every committed transaction's records delivered, none of
+        an aborted one; what EndTxn answered holds."""
+        if not self.enabled:
+            return
+        world = self.world
+        committed_values: set[bytes] = set()
+        for pid in sorted(self.truth):
+            state = world.truth.shadow[pid]
+            name = world.partition_name(pid)
+            offset = state.start_offset
+            delivered: set[bytes] = set()
+            for _ in range(10_000):
+                if offset >= state.high_watermark:
+                    break
+                got = await self._read(pid, offset)
+                if got is None:
+                    world.fail("txn", f"{name}: the final read_committed scan failed at {offset}")
+                assert got is not None
+                next_offset, lso, values = got
+                delivered.update(values)
+                if next_offset == offset:
+                    if state.start_offset > offset:  # retention moved the start during the scan
+                        offset = state.start_offset
+                        continue
+                    world.fail(
+                        "txn", f"{name}: the final read_committed scan is stuck at {offset} (LSO {lso})"
+                    )
+                offset = next_offset
+            for run in self.truth[pid].runs:
+                kept = [v for o, v in zip(run.offsets, run.values, strict=True) if o >= state.start_offset]
+                if run.outcome == KIND_COMMIT:
+                    committed_values.update(run.values)
+                    missing = [v for v in kept if v not in delivered]
+                    if missing:
+                        world.fail(
+                            "txn", f"{name}: committed records {missing[:3]} not delivered to read_committed"
+                        )
+                else:
+                    shown = [v for v in kept if v in delivered]
+                    if shown:
+                        world.fail("txn", f"{name}: aborted records {shown[:3]} delivered to read_committed")
+        for txn in self.txns:
+            if txn.answered is None or not txn.values:
+                continue
+            inside = [v in committed_values for v in txn.values]
+            if txn.answered and not all(inside):
+                world.fail(
+                    "txn",
+                    f"{txn.tid} transaction {txn.number}: EndTxn answered commit, records not committed",
+                )
+            if not txn.answered and any(inside):
+                world.fail(
+                    "txn", f"{txn.tid} transaction {txn.number}: EndTxn answered abort, records committed"
+                )
