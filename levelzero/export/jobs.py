@@ -59,6 +59,16 @@ NICE_BUCKETS_S = (
 )
 HISTOGRAM_BINS = 20
 FENCE_RANGES_MAX = 200  # epoch ranges of the fence results, however many epochs the data spans
+# the fence_by_window table's columns, scanned or (no windowed decision) empty
+FENCE_BY_WINDOW_COLUMNS = (
+    "window_max_from",
+    "window_max_to",
+    "events",
+    "rejected",
+    "slides",
+    "partitions",
+    "rejection_rate",
+)
 LAG_PERCENTILES = (0.5, 0.9, 0.99)
 MICROS_PER_S = 1_000_000
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: rank error <= rows / accuracy
@@ -754,34 +764,12 @@ class SparkAnalysis:
                     F.least(F.col("window_max_from") + F.lit(width - 1), F.lit(hi)).cast("long"),
                 )
                 .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
-                .select(
-                    "window_max_from",
-                    "window_max_to",
-                    "events",
-                    "rejected",
-                    "slides",
-                    "partitions",
-                    "rejection_rate",
-                )
+                .select(*FENCE_BY_WINDOW_COLUMNS)
             )
             self._keep("fence_by_window", by_window, order=["window_max_from"])
             self.results.figures["fence_epochs_per_range"] = width
         else:
-            self._put(
-                "fence_by_window",
-                ResultTable(
-                    [
-                        "window_max_from",
-                        "window_max_to",
-                        "events",
-                        "rejected",
-                        "slides",
-                        "partitions",
-                        "rejection_rate",
-                    ],
-                    [],
-                ),
-            )
+            self._put("fence_by_window", ResultTable(list(FENCE_BY_WINDOW_COLUMNS), []))
         window_size = F.col("window_max") - F.col("window_min") + 1
         sizes = (
             events.where(F.col("window_min").isNotNull() & F.col("window_max").isNotNull())
