@@ -14,7 +14,9 @@ import asyncpg
 import msgspec
 import pytest
 
+from levelzero.core.entries import AdvanceReconciledOffset, LogRecord
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
+from levelzero.storage.log_rules import log_row
 from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
@@ -457,3 +459,35 @@ async def wait_for_lock_waiters(connection: asyncpg.Connection, count: int) -> N
             return
         await anyio.sleep(0.01)
     raise AssertionError(f"fewer than {count} sessions wait for a lock")
+
+
+async def test_the_log_table_holds_the_rows_the_append_statement_sends(postgres_dsn: str) -> None:
+    """APPEND_BATCH sends its log rows as one array of the `log` table's row type: the table's
+    columns are `log_row`'s, in its order, and every column of an appended row reads back as
+    `log_row` made it (the NULLs of an entry that is not a placeholder included)."""
+    async with await PostgresLogStore.open(postgres_dsn, clock=lambda: 1234.5) as store:
+        a, b = await store.create_topic("t", 2, 1, 0.0)
+        await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        records = {
+            a.pid: [
+                placeholder_record(1, 1, 0),
+                LogRecord(2, 1, 1, AdvanceReconciledOffset(1, 1)),
+                placeholder_record(3, 1, 1, epoch=3),
+            ],
+            b.pid: [placeholder_record(1, 1, 0, epoch=2, count=7)],
+        }
+        assert await store.append_many([Append(pid, 1, rs) for pid, rs in records.items()]) == [None, None]
+        connection = await asyncpg.connect(postgres_dsn)
+        try:
+            columns = await connection.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'log'"
+                " AND table_schema = current_schema() ORDER BY ordinal_position"
+            )
+            stored = await connection.fetch("SELECT * FROM log WHERE log_offset > 0 ORDER BY pid, log_offset")
+        finally:
+            await connection.close()
+    assert tuple(row["column_name"] for row in columns) == store_module.LOG_ROW_COLUMNS
+    expected = [log_row(pid, r, 1234.5) for pid, rs in sorted(records.items()) for r in rs]
+    assert [tuple(row) for row in stored] == expected
+    assert expected[1][4:9] == ("advance_reconciled_offset", None, 0, 0, None)

@@ -87,6 +87,21 @@ async def unknown_partition(
 
 _PARTITION_COLUMNS = "pid, topic, partition, creation_epoch, term, created_at"
 _LOG_COLUMNS = "log_offset, term, base_offset, kind, entry"
+# The `log` table's columns in their order: a `log_row` tuple, which APPEND_BATCH sends as a
+# value of the table's row type (tests/storage check the table against it).
+LOG_ROW_COLUMNS = (
+    "pid",
+    "log_offset",
+    "term",
+    "base_offset",
+    "kind",
+    "epoch",
+    "record_count",
+    "byte_length",
+    "object_key",
+    "entry",
+    "appended_at",
+)
 _LOG_INSERT = """INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,
     byte_length, object_key, entry, appended_at)
 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
@@ -94,6 +109,10 @@ SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5:
 # The fence and the append in one statement: lock the batch's partitions in pid order (two
 # batches never deadlock), advance only those whose term and next offset are still the caller's,
 # insert the log rows of exactly those. Returns every locked partition: accepted or why not.
+# The log rows are one array of the `log` table's row type ($5), each a `log_row` tuple (its
+# columns in the table's order, LOG_ROW_COLUMNS): asyncpg encodes a tuple as a record with
+# one type check a row, where eleven arrays of columns took one per value (and a transposition
+# in Python): half the client's CPU a row (3.5 -> 1.8 us at 111 rows a batch).
 APPEND_BATCH = """WITH locked AS MATERIALIZED (
     SELECT pid, term, next_log_offset FROM partitions
     WHERE pid = ANY($1::bigint[]) ORDER BY pid FOR UPDATE
@@ -109,10 +128,9 @@ APPEND_BATCH = """WITH locked AS MATERIALIZED (
 ), inserted AS (
     INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length,
         object_key, entry, appended_at)
-    SELECT r.* FROM unnest($5::bigint[], $6::bigint[], $7::bigint[], $8::bigint[], $9::text[],
-        $10::bigint[], $11::bigint[], $12::bigint[], $13::text[], $14::bytea[], $15::float8[])
-        AS r (pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length,
-              object_key, entry, appended_at)
+    SELECT r.pid, r.log_offset, r.term, r.base_offset, r.kind, r.epoch, r.record_count,
+        r.byte_length, r.object_key, r.entry, r.appended_at
+    FROM unnest($5::log[]) AS r
     WHERE r.pid IN (SELECT pid FROM advanced)
     RETURNING 1
 )
@@ -268,10 +286,12 @@ class PostgresBase(StoreLifecycle):
         self._reconnect_timeout_s = reconnect_timeout_s
         self._clock = clock
         self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
-        self._slots = anyio.Semaphore(writers)
+        # fast_acquire: a free slot is taken without a turn of the event loop (the dispatcher
+        # then sends the batch in the same turn as it took the calls).
+        self._slots = anyio.Semaphore(writers, fast_acquire=True)
         self._busy_pids: set[int] = set()
         self._in_flight = 0  # batches on their way
-        self._batch_done = anyio.Event()
+        self._batch_done = Done()  # one waiter: the dispatcher
         self._writer_done = anyio.Event()
         self._writer_started = False
         self._owned_task_group: anyio.abc.TaskGroup | None = None
@@ -539,7 +559,11 @@ class PostgresBase(StoreLifecycle):
                 while open_ or waiting:
                     if not waiting:
                         try:
-                            waiting.append(await self._job_receive.receive())
+                            # A call queued meanwhile is taken without a turn of the loop.
+                            try:
+                                waiting.append(self._job_receive.receive_nowait())
+                            except anyio.WouldBlock:
+                                waiting.append(await self._job_receive.receive())
                         except anyio.EndOfStream:
                             open_ = False
                             continue
@@ -623,7 +647,7 @@ class PostgresBase(StoreLifecycle):
             self._in_flight -= 1
             self._slots.release()
             self._batch_done.set()
-            self._batch_done = anyio.Event()
+            self._batch_done = Done()
 
     def _complete(self, jobs: list[_Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
         self._commits += 1
@@ -716,7 +740,7 @@ class PostgresBase(StoreLifecycle):
             log_rows = [row for _, job in appends for row in job.log_rows]
             # One round trip: lock, fence, advance and insert (the log rows of refused appends
             # are filtered out by the statement itself).
-            rows = await connection.fetch(APPEND_BATCH, *_columns(asks, 4), *_columns(log_rows, 11))
+            rows = await connection.fetch(APPEND_BATCH, *_columns(asks, 4), log_rows)
             locked = {row["pid"]: row for row in rows}
             txid = rows[0]["txid"] if rows else None
             for index, job in appends:
