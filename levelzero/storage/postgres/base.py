@@ -618,11 +618,21 @@ class PostgresBase(StoreLifecycle):
         return batch
 
     async def _execute_batch(self, jobs: list[_Job]) -> None:
+        freed = False
+
+        def answer(outcomes: list[tuple[Any, BaseException | None]]) -> None:
+            """Tell the batch's callers and free its partitions and its slot (once)."""
+            nonlocal freed
+            self._complete(jobs, outcomes)
+            freed = True
+            self._free(jobs)
+
         try:
             self._batches += 1
             try:
                 if all(job.pid is not None for job in jobs):
-                    outcomes = await self._append_batch(jobs)
+                    # Answered by `_append_batch` itself as soon as the statement's answer is in.
+                    outcomes = await self._append_batch(jobs, answer)
                 else:
                     outcomes = await self._transact(
                         "a write batch",
@@ -630,24 +640,33 @@ class PostgresBase(StoreLifecycle):
                         check_open=False,
                         work_returns_txid=True,
                     )
+                if freed:
+                    return
                 if outcomes is None:  # committed, answer lost: what was decided then stands
                     outcomes = [(job.result, job.error) for job in jobs]
             except Exception as error:
-                for job in jobs:
-                    job.error = StorageError(f"{self._where}: a write batch failed: {error!r}")
-                    job.done.set()
+                if not freed:
+                    for job in jobs:
+                        job.error = StorageError(f"{self._where}: a write batch failed: {error!r}")
+                        job.done.set()
                 if not isinstance(error, LevelZeroError):
                     raise  # a bug: crash loudly (the callers got StorageError)
                 return
-            self._complete(jobs, outcomes)
+            answer(outcomes)
         finally:
-            for job in jobs:
-                if job.pid is not None:
-                    self._busy_pids.discard(job.pid)
-            self._in_flight -= 1
-            self._slots.release()
-            self._batch_done.set()
-            self._batch_done = Done()
+            if not freed:
+                freed = True
+                self._free(jobs)
+
+    def _free(self, jobs: list[_Job]) -> None:
+        """A batch is over: its partitions may append again, its writer slot takes another."""
+        for job in jobs:
+            if job.pid is not None:
+                self._busy_pids.discard(job.pid)
+        self._in_flight -= 1
+        self._slots.release()
+        self._batch_done.set()
+        self._batch_done = Done()
 
     def _complete(self, jobs: list[_Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
         self._commits += 1
@@ -667,7 +686,11 @@ class PostgresBase(StoreLifecycle):
         self._records += records
         self._largest_batch_records = max(self._largest_batch_records, records)
 
-    async def _append_batch(self, jobs: list[_Job]) -> list[tuple[Any, BaseException | None]] | None:
+    async def _append_batch(
+        self,
+        jobs: list[_Job],
+        answer: Callable[[list[tuple[Any, BaseException | None]]], None],
+    ) -> list[tuple[Any, BaseException | None]] | None:
         """A batch of appends only (the hot path): the fence-and-append statement alone, a
         transaction by itself, so that the batch is one round trip; BEGIN, the statement and
         COMMIT were three, and on a busy event loop each answer waits its turn to be read. The
@@ -680,11 +703,21 @@ class PostgresBase(StoreLifecycle):
         running on the lost session finishes first), then counts as accepted each append whose
         first record is in the log under its term (nothing else writes it: a partition has one
         append on its way), and appends the rest. A lost statement that had not locked them yet
-        is refused by the fence when it does (the partition's next offset moved on)."""
+        is refused by the fence when it does (the partition's next offset moved on).
+
+        The batch is answered (`answer`) as soon as the statement's answer is in, before its
+        connection goes back to the pool: asyncpg's release runs in a shielded task of its
+        own, two turns of the event loop during which the batch's callers waited to be told
+        and its partitions and writer slot were held. A release that fails after that (the
+        pool then drops the connection) runs nothing again: the batch was decided. Returns
+        None once answered; otherwise (the answer lost, the batch resolved) its outcomes."""
         lost = False
+        answered = False
 
         async def attempt() -> list[tuple[Any, BaseException | None]] | None:
-            nonlocal lost
+            nonlocal lost, answered
+            if answered:  # the release failed after the answer: nothing to run again
+                return None
             if lost:
                 outcomes: list[tuple[Any, BaseException | None]] | None = await self._transact(
                     "a write batch",
@@ -696,7 +729,9 @@ class PostgresBase(StoreLifecycle):
             async with self._pool.acquire() as connection:
                 lost = True  # from here, a failure may come after the COMMIT
                 outcomes, _ = await self._run_batch(connection, jobs)
-                return outcomes
+                answered = True
+                answer(outcomes)
+            return None
 
         result: list[tuple[Any, BaseException | None]] | None = await self._retrying(attempt, "a write batch")
         return result
