@@ -71,7 +71,7 @@ class Appender:
         self._store = log_store
         self._records_max = records_per_call_max
         self._calls_max = calls_max
-        self._calls = anyio.Semaphore(calls_max, fast_acquire=True)  # a free one: no turn of the loop
+        self._calls = anyio.Semaphore(calls_max)
         # Partitions that asked (each at most once until it is taken: see `request`).
         self._waiting: deque[PartitionActor] = deque()
         self._wakeup = Wakeup()
