@@ -61,12 +61,13 @@ coordinator of this node only. KIP-890's server-side verification is not impleme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +113,9 @@ HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
 # markers are (the transaction stays prepared beside the producer's next one, unless that one's
 # EndTxn stores it).
 HOLD_COMPLETION_ENV = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
+# Test use only: with this set to 1 an AddPartitionsToTxn that adds partitions is answered but
+# its commit never completes (the transaction's records there are never submitted).
+HOLD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_REGISTRATION"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -327,6 +331,24 @@ class Prepared:
         )
 
 
+@dataclass(eq=False, slots=True)
+class Registration:
+    """An AddPartitionsToTxn commit (the state with the new partitions, their ranges opened)
+    answered before it is durable. Until it is: the transaction's records in `partitions` are
+    not submitted (a produce waits for it), and nothing else of the transaction is stored
+    (every holder of the transaction's lock waits for it first: its row, taken when it was
+    answered, is the transaction's latest). If it fails, the partitions leave the transaction
+    again and the producer is fenced (`failed`): none of their records was stored."""
+
+    partitions: frozenset[Partition]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    failed: bool = False
+
+    def holds(self, tp: Partition) -> bool:
+        """The partition's records must wait (or, failed, be refused)."""
+        return tp in self.partitions and (self.failed or not self.done.is_set())
+
+
 @dataclass(slots=True)
 class TxnState:
     transactional_id: str
@@ -345,6 +367,8 @@ class TxnState:
     prepared: Prepared | None = None
     # The PREPARE_* state was stored by this process (its markers cannot have been written).
     prepared_here: bool = False
+    # The last AddPartitionsToTxn's commit, answered before it is durable (`Registration`).
+    registering: Registration | None = None
 
     def row(self, now: float) -> TransactionRow:
         return TransactionRow(
@@ -413,6 +437,9 @@ class TransactionCoordinator:
         self.hold_markers = os.environ.get(HOLD_MARKERS_ENV) == "1"
         if self.hold_markers:
             log.warning("%s is set: transactions' markers are never written; test use only", HOLD_MARKERS_ENV)
+        self.hold_registration = os.environ.get(HOLD_REGISTRATION_ENV) == "1"
+        if self.hold_registration:
+            log.warning("%s is set: AddPartitionsToTxn never commits; test use only", HOLD_REGISTRATION_ENV)
         self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
         if self.hold_completion:
             log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
@@ -468,11 +495,11 @@ class TransactionCoordinator:
 
     async def _expire_one(self, txn: TxnState, now: float) -> None:
         if self._completing(txn):
-            async with txn.lock:
+            async with self._locked(txn):
                 if self._completing(txn):
                     await self._complete(txn)
         elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
-            async with txn.lock:
+            async with self._locked(txn):
                 if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
                     log.info("transaction %r timed out: aborting", txn.transactional_id)
                     txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
@@ -506,7 +533,21 @@ class TransactionCoordinator:
             prepared, tp = txn.prepared, (topic, partition)
             if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
                 return ErrorCode.not_enough_replicas
+            if txn.registering is not None and txn.registering.holds(tp):
+                return ErrorCode.not_enough_replicas  # (`registered` is awaited first)
         return ErrorCode.none
+
+    async def registered(self, producer_id: int, topic: str, partition: int) -> None:
+        """Before a transactional record set is submitted: until the AddPartitionsToTxn commit
+        that added its partition is durable (or failed: the producer is fenced, and
+        `produce_error` says so), so no record of a transaction is stored before the transaction
+        knows the partition and its range holds the last stable offset."""
+        txn = self._producers.get(producer_id)
+        if txn is None or txn.producer_id != producer_id:
+            return
+        registration = txn.registering
+        if registration is not None and (topic, partition) in registration.partitions:
+            await registration.done.wait()
 
     def marker_ahead(self, producer_id: int, topic: str, partition: int) -> Pending | None:
         """The previous transaction's marker queued in the partition's lane, which the
@@ -559,7 +600,7 @@ class TransactionCoordinator:
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
             with anyio.move_on_after(COMPLETION_WAIT_S):
-                async with txn.lock:
+                async with self._locked(txn):
                     if self._holds_offsets(txn, group_id):
                         try:
                             await self._complete(txn)
@@ -577,6 +618,49 @@ class TransactionCoordinator:
 
     async def _put(self, txn: TxnState) -> None:
         await self.store.put_transaction(txn.row(self.clock()))
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, txn: TxnState) -> AsyncIterator[None]:
+        """The transaction's lock, once its last AddPartitionsToTxn commit is done: every write
+        of its state follows that one's (whose row was taken when it was answered)."""
+        async with txn.lock:
+            registration = txn.registering
+            if registration is not None:
+                await registration.done.wait()
+            yield
+
+    async def _register(
+        self,
+        txn: TxnState,
+        registration: Registration,
+        row: TransactionRow,
+        opened: list[TxnRangeRow],
+        before: tuple[str, float, list[Partition], dict[str, list[PendingOffset]]],
+    ) -> None:
+        """AddPartitionsToTxn's commit, after its answer (the records wait for it). A failure:
+        the partitions leave the transaction again (their ranges released: no record of the
+        transaction was stored there) and the producer is fenced, as the expiry pass fences it
+        (its next request is answered PRODUCER_FENCED or INVALID_PRODUCER_EPOCH; InitProducerId
+        then aborts what the transaction had stored)."""
+        try:
+            if self.hold_registration:
+                await anyio.sleep_forever()
+            await self.store.put_transaction(row, opened=opened)
+        except BaseException as exc:
+            registration.failed = True
+            self.index.release(opened)
+            txn.state, txn.started_at, txn.partitions, txn.groups = before
+            txn.producer_epoch += 1
+            self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
+            if not isinstance(exc, LevelZeroError):
+                raise
+            log.warning(
+                "transaction %r: storing AddPartitionsToTxn failed (the producer is fenced): %s",
+                txn.transactional_id,
+                exc,
+            )
+        finally:
+            registration.done.set()
 
     async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> bool:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
@@ -613,7 +697,7 @@ class TransactionCoordinator:
         """The markers queued (under the lock), waited for (without it: the producer's next
         transaction may begin meanwhile), then the completion stored (under it)."""
         try:
-            async with txn.lock:
+            async with self._locked(txn):
                 prepared = await self._prepare(txn)
             if prepared is None:
                 return
@@ -629,7 +713,7 @@ class TransactionCoordinator:
                         await prepared.completed.wait()
             finally:
                 prepared.attempting = False
-            async with txn.lock:
+            async with self._locked(txn):
                 await self._store_completion(txn, prepared)
         except LevelZeroError as exc:
             log.warning("transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc)
@@ -841,11 +925,11 @@ class TransactionCoordinator:
                 txn = TxnState(tid, self.intake.new_producer_id(), 0, EMPTY, timeout_ms)
                 self._txns[tid] = txn
                 self._producers[txn.producer_id] = txn
-                async with txn.lock:
+                async with self._locked(txn):
                     await self._put(txn)
                     self._epochs[txn.producer_id] = 0
                     return answer(ErrorCode.none, txn.producer_id, 0)
-            async with txn.lock:
+            async with self._locked(txn):
                 asked_id = getattr(body, "producer_id", -1)
                 asked_epoch = getattr(body, "producer_epoch", -1)
                 if asked_id >= 0 and (asked_id, asked_epoch) != (txn.producer_id, txn.producer_epoch):
@@ -905,6 +989,12 @@ class TransactionCoordinator:
             except LevelZeroError as exc:  # still prepared: CONCURRENT_TRANSACTIONS, retried
                 log.warning("transaction %r: queueing its markers failed: %s", txn.transactional_id, exc)
 
+    @staticmethod
+    def _fenced(txn: TxnState, epoch: int) -> ErrorCode | None:
+        """PRODUCER_FENCED if the epoch was bumped since `_checked` (the transaction's last
+        AddPartitionsToTxn commit failed), else None."""
+        return ErrorCode.producer_fenced if txn.producer_epoch != epoch else None
+
     async def _begin(self, txn: TxnState) -> ErrorCode:
         """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
         if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
@@ -949,7 +1039,9 @@ class TransactionCoordinator:
             for topic, partition in partitions:
                 if topic not in known or not 0 <= partition < known[topic]:
                     return ErrorCode.unknown_topic_or_partition
-            async with txn.lock:
+            async with self._locked(txn):
+                if txn.producer_epoch != epoch:  # fenced meanwhile (its last commit failed)
+                    return ErrorCode.producer_fenced
                 await self._markers_queued(txn)
                 return await self._add_partitions_locked(txn, partitions)
         except LevelZeroError as exc:
@@ -979,12 +1071,19 @@ class TransactionCoordinator:
             ranges.append(TxnRangeRow(topic, partition, txn.producer_id, high_watermark, -1, False))
         opened = await self.index.holding(ranges)
         txn.partitions.extend(new)
-        try:
-            await self.store.put_transaction(txn.row(self.clock()), opened=opened)
-        except BaseException:
-            self.index.release(opened)
-            txn.state, txn.started_at, txn.partitions, txn.groups = before
-            raise
+        if self._tg is None:  # (not running: stored before the answer)
+            try:
+                await self.store.put_transaction(txn.row(self.clock()), opened=opened)
+            except BaseException:
+                self.index.release(opened)
+                txn.state, txn.started_at, txn.partitions, txn.groups = before
+                raise
+            return ErrorCode.none
+        # Answered now, stored by a task: the client's records (which wait for it before they
+        # are submitted) are on their way meanwhile; see `Registration`.
+        registration = Registration(frozenset(new))
+        txn.registering = registration
+        self._tg.start_soon(self._register, txn, registration, txn.row(self.clock()), opened, before)
         return ErrorCode.none
 
     async def add_offsets(self, request: Request) -> Any:
@@ -992,9 +1091,9 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                async with txn.lock:
+                async with self._locked(txn):
                     await self._markers_queued(txn)
-                    code = await self._begin(txn)
+                    code = self._fenced(txn, body.producer_epoch) or await self._begin(txn)
                     if code == ErrorCode.none:
                         txn.groups.setdefault(body.group_id, [])
                         await self._put(txn)
@@ -1019,8 +1118,10 @@ class TransactionCoordinator:
                     getattr(body, "group_instance_id", None),
                 )
             if txn is not None and code == ErrorCode.none:
-                async with txn.lock:
-                    if txn.state != ONGOING or body.group_id not in txn.groups:
+                async with self._locked(txn):
+                    if txn.producer_epoch != body.producer_epoch:
+                        code = ErrorCode.producer_fenced
+                    elif txn.state != ONGOING or body.group_id not in txn.groups:
                         code = ErrorCode.invalid_txn_state
                     else:
                         pending = {(e[0], e[1]): e for e in txn.groups[body.group_id]}
@@ -1058,8 +1159,10 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                async with txn.lock:
-                    code = await self._end_checked(txn, body.committed)
+                async with self._locked(txn):
+                    code = self._fenced(txn, body.producer_epoch) or await self._end_checked(
+                        txn, body.committed
+                    )
         except LevelZeroError as exc:
             log.warning("EndTxn for %r failed: %s", body.transactional_id, exc)
             code = ErrorCode.coordinator_not_available
