@@ -12,11 +12,15 @@ transactional batches of that producer and markers as control batches, as Kafka'
 
 Durability (state in the control plane before answering, `TransactionStore`), as Kafka's
 coordinator stores its transaction log (TransactionCoordinator/TransactionStateManager):
-InitProducerId, AddPartitionsToTxn (only when it adds partitions: one commit per request, which
-also opens the new partitions' ranges, at their high watermarks then: at or below the
+InitProducerId, AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
+before the answer. AddPartitionsToTxn (only when it adds partitions: one commit per request,
+which also opens the new partitions' ranges, at their high watermarks then: at or below the
 transaction's first records there, so the last stable offset never passes an open
-transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
-before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
+transaction) is answered once its commit is on its way, and the transaction's records in
+those partitions are submitted only once it is durable (`Registration`: what must hold is
+that no record of a transaction is durable before the transaction knows its partition, and
+the commit overlaps the client's linger); every later write of the transaction's state waits
+for it too. If it fails, the partitions leave the transaction and the producer is fenced. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
 restart completes it); the coordinator then queues the markers in the partitions' lanes (behind
 every record set the transaction submitted; a produce of a transaction that is not ongoing is
 refused).
