@@ -20,10 +20,10 @@ transaction) is answered once its commit is on its way, and the transaction's re
 those partitions are submitted only once it is durable (`Registration`: what must hold is
 that no record of a transaction is durable before the transaction knows its partition, and
 the commit overlaps the client's linger); every later write of the transaction's state waits
-for it too. If it fails, the partitions leave the transaction and the producer is fenced. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
-restart completes it); the coordinator then queues the markers in the partitions' lanes (behind
-every record set the transaction submitted; a produce of a transaction that is not ongoing is
-refused).
+for it too. If it fails, the partitions leave the transaction and the producer is fenced.
+EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a restart completes it);
+the coordinator then queues the markers in the partitions' lanes (behind every record set the
+transaction submitted; a produce of a transaction that is not ongoing is refused).
 
 Pipelining (where Kafka's coordinator answers CONCURRENT_TRANSACTIONS until the markers are
 written): once the markers are queued, the producer's next transaction may begin. Its records in
@@ -342,15 +342,15 @@ class Registration:
     not submitted (a produce waits for it), and nothing else of the transaction is stored
     (every holder of the transaction's lock waits for it first: its row, taken when it was
     answered, is the transaction's latest). If it fails, the partitions leave the transaction
-    again and the producer is fenced (`failed`): none of their records was stored."""
+    again and the producer is fenced (its epoch bumped: the records waiting are refused as a
+    fenced producer's): none of them was stored."""
 
     partitions: frozenset[Partition]
     done: anyio.Event = field(default_factory=anyio.Event)
-    failed: bool = False
 
     def holds(self, tp: Partition) -> bool:
-        """The partition's records must wait (or, failed, be refused)."""
-        return tp in self.partitions and (self.failed or not self.done.is_set())
+        """The partition's records must wait."""
+        return tp in self.partitions and not self.done.is_set()
 
 
 @dataclass(slots=True)
@@ -651,7 +651,6 @@ class TransactionCoordinator:
                 await anyio.sleep_forever()
             await self.store.put_transaction(row, opened=opened)
         except BaseException as exc:
-            registration.failed = True
             self.index.release(opened)
             txn.state, txn.started_at, txn.partitions, txn.groups = before
             txn.producer_epoch += 1
@@ -665,6 +664,8 @@ class TransactionCoordinator:
             )
         finally:
             registration.done.set()
+            if txn.registering is registration:
+                txn.registering = None
 
     async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> bool:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
