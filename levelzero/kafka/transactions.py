@@ -1056,8 +1056,10 @@ class TransactionCoordinator:
     async def _add_partitions_locked(self, txn: TxnState, partitions: list[tuple[str, int]]) -> ErrorCode:
         """The partitions join the transaction, their ranges opened at their high watermarks
         (the last stable offset holds there from now on, at or below the transaction's first
-        records), stored with the state in one commit. Partitions already in an ongoing
-        transaction need nothing stored (as Kafka's coordinator answers at once)."""
+        records), stored with the state in one commit: answered before it is durable, the
+        records there waiting for it (`Registration`), unless a partition is led elsewhere.
+        Partitions already in an ongoing transaction need nothing stored (as Kafka's
+        coordinator answers at once)."""
         before = txn.state, txn.started_at, list(txn.partitions), dict(txn.groups)
         code = await self._begin(txn)
         if code != ErrorCode.none:
@@ -1076,7 +1078,9 @@ class TransactionCoordinator:
             ranges.append(TxnRangeRow(topic, partition, txn.producer_id, high_watermark, -1, False))
         opened = await self.index.holding(ranges)
         txn.partitions.extend(new)
-        if self._tg is None:  # (not running: stored before the answer)
+        if self._tg is None or len(ranges) < len(new):
+            # (Not running, or a partition led elsewhere, whose records do not wait here:
+            # stored before the answer.)
             try:
                 await self.store.put_transaction(txn.row(self.clock()), opened=opened)
             except BaseException:
