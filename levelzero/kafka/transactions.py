@@ -303,6 +303,10 @@ class Prepared:
     markers: dict[Partition, Pending | int] = field(default_factory=dict)
     completed: anyio.Event = field(default_factory=anyio.Event)
     attempting: bool = False  # a completion task is waiting on the markers
+    # A partition's first record of the producer after the marker found stored (after a
+    # restart): a next transaction's records whose AddPartitionsToTxn commit never became
+    # durable (`_store_completion` takes that transaction up and aborts it).
+    strays: dict[Partition, int] = field(default_factory=dict)
 
     def queued(self, tp: Partition) -> Pending | int | None:
         """The partition's marker, queued or stored (None: not queued, or it failed)."""
@@ -346,6 +350,10 @@ class Registration:
     fenced producer's): none of them was stored."""
 
     partitions: frozenset[Partition]
+    # Partitions added that the previous transaction's open range holds, its marker queued
+    # ahead in the lane: their records do not wait (see `_add_partitions_locked`). If the
+    # commit fails they stay in the transaction, which is aborted.
+    held: frozenset[Partition] = frozenset()
     done: anyio.Event = field(default_factory=anyio.Event)
 
     def holds(self, tp: Partition) -> bool:
@@ -645,14 +653,20 @@ class TransactionCoordinator:
         the partitions leave the transaction again (their ranges released: no record of the
         transaction was stored there) and the producer is fenced, as the expiry pass fences it
         (its next request is answered PRODUCER_FENCED or INVALID_PRODUCER_EPOCH; InitProducerId
-        then aborts what the transaction had stored)."""
+        then aborts what the transaction had stored). Partitions whose records did not wait
+        (`Registration.held`) stay: the transaction stays ongoing with them, expired now, so the
+        expiry pass aborts what it stored there."""
         try:
             if self.hold_registration:
                 await anyio.sleep_forever()
             await self.store.put_transaction(row, opened=opened)
         except BaseException as exc:
             self.index.release(opened)
-            txn.state, txn.started_at, txn.partitions, txn.groups = before
+            if registration.held:
+                kept = [tp for tp in txn.partitions if tp in before[2] or tp in registration.held]
+                txn.partitions, txn.started_at = kept, 0.0
+            else:
+                txn.state, txn.started_at, txn.partitions, txn.groups = before
             txn.producer_epoch += 1
             self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
             if not isinstance(exc, LevelZeroError):
@@ -806,6 +820,10 @@ class TransactionCoordinator:
                     )
                     if found is not None:
                         prepared.markers[tp] = found
+                        if not (txn.state == ONGOING and tp in txn.partitions):
+                            stray = await self._first_record_after(txn.producer_id, topic, partition, found)
+                            if stray is not None:
+                                prepared.strays[tp] = stray
                         continue
                     if start > first and seen and txn.state == ONGOING and tp in txn.partitions:
                         log.warning(
@@ -862,6 +880,24 @@ class TransactionCoordinator:
             offset = result.next_offset
         return None, seen
 
+    async def _first_record_after(
+        self, producer_id: int, topic: str, partition: int, marker: int
+    ) -> int | None:
+        """The offset of the producer's first transactional record after its marker at
+        `marker`, up to the high watermark as it is now, or None."""
+        _, high_watermark = self.intake.offsets(topic, partition)
+        offset = marker + 1
+        while offset < high_watermark:
+            result = await self.intake.node.fetch(topic, partition, offset, MARKER_SCAN_BYTES)
+            for record in result.records:
+                mark = txn_kind(record.headers)
+                if mark is not None and mark[0] == producer_id and record.offset > marker:
+                    return record.offset
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        return None
+
     async def _markers_stored(self, prepared: Prepared) -> None:
         """Until every queued marker is stored; raises the first failure (the completion is
         tried again: the expiry pass, the next request)."""
@@ -886,6 +922,25 @@ class TransactionCoordinator:
                     await self.groups.commit(group_id, offsets)
         closed, opened = [], []
         following = txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+        before = txn.state, txn.started_at, list(txn.partitions), dict(txn.groups), txn.producer_epoch
+        strays = [tp for tp in prepared.strays if not (following and tp in txn.partitions)]
+        if strays:
+            # Records of the producer's next transaction after the markers, its
+            # AddPartitionsToTxn never durable (a crash between its answer and its commit):
+            # that transaction is taken up from the data, its ranges opened after the markers in
+            # this commit, its producer fenced, and it is aborted (expired: the expiry pass, or
+            # the producer's InitProducerId).
+            log.warning(
+                "transaction %r: records after its markers in %s of a transaction never registered: aborted",
+                txn.transactional_id,
+                strays,
+            )
+            if not following:
+                txn.state, txn.partitions, txn.groups = ONGOING, [], {}
+            txn.partitions.extend(strays)
+            txn.started_at = 0.0
+            txn.producer_epoch += 1
+            following = True
         for (topic, partition), first in prepared.firsts.items():
             marker = prepared.markers[(topic, partition)]
             at = marker if isinstance(marker, int) else marker.base_offset
@@ -898,7 +953,9 @@ class TransactionCoordinator:
             await self.store.put_transaction(txn.row(self.clock()), opened=opened, closed=closed)
         except BaseException:
             txn.prepared = prepared
+            txn.state, txn.started_at, txn.partitions, txn.groups, txn.producer_epoch = before
             raise
+        self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
         self.index.handed_over(closed, opened)
         prepared.completed.set()
 
@@ -1090,7 +1147,19 @@ class TransactionCoordinator:
             return ErrorCode.none
         # Answered now, stored by a task: the client's records (which wait for it before they
         # are submitted) are on their way meanwhile; see `Registration`.
-        registration = Registration(frozenset(new))
+        # A partition where the previous transaction's range is still open (it completes only
+        # once this commit is durable) and its marker queued ahead in the lane: the LSO holds
+        # below the records anyway and they follow the marker, so they need not wait (KIP-890's
+        # idea: the partition reaches durability with the records). A crash before this commit
+        # leaves them after the previous transaction's marker, taken up from the data and
+        # aborted by the restart (`_queue_markers`, `_store_completion`).
+        prepared = txn.prepared
+        held = frozenset(
+            tp
+            for tp in new
+            if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is not None
+        )
+        registration = Registration(frozenset(new) - held, held)
         txn.registering = registration
         self._tg.start_soon(self._register, txn, registration, txn.row(self.clock()), opened, before)
         return ErrorCode.none
