@@ -20,7 +20,14 @@ transaction) is answered once its commit is on its way, and the transaction's re
 those partitions are submitted only once it is durable (`Registration`: what must hold is
 that no record of a transaction is durable before the transaction knows its partition, and
 the commit overlaps the client's linger); every later write of the transaction's state waits
-for it too. If it fails, the partitions leave the transaction and the producer is fenced.
+for it too. If it fails, the partitions leave the transaction and the producer is fenced. A
+partition the producer's previous transaction still holds (prepared, its range open, its marker
+queued in the lane) is the exception (`Registration.held`): the LSO holds below the records
+there and they follow the marker, so they are submitted at once and the partition reaches
+durability with them (KIP-890's idea); if the commit fails such partitions stay in the
+transaction, which is fenced and aborted; after a crash before it, the restart finds the records
+after the previous transaction's marker, takes their transaction up from the data (its ranges
+opened just after the marker in the previous one's completion) and aborts it.
 EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a restart completes it);
 the coordinator then queues the markers in the partitions' lanes (behind every record set the
 transaction submitted; a produce of a transaction that is not ongoing is refused).
@@ -120,6 +127,9 @@ HOLD_COMPLETION_ENV = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
 # Test use only: with this set to 1 an AddPartitionsToTxn that adds partitions is answered but
 # its commit never completes (the transaction's records there are never submitted).
 HOLD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_REGISTRATION"
+# Test use only: with this set to 1 an AddPartitionsToTxn whose records do not wait for its
+# commit (`Registration.held`) is answered but its commit never completes.
+HOLD_HELD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -452,6 +462,12 @@ class TransactionCoordinator:
         self.hold_registration = os.environ.get(HOLD_REGISTRATION_ENV) == "1"
         if self.hold_registration:
             log.warning("%s is set: AddPartitionsToTxn never commits; test use only", HOLD_REGISTRATION_ENV)
+        self.hold_held_registration = os.environ.get(HOLD_HELD_REGISTRATION_ENV) == "1"
+        if self.hold_held_registration:
+            log.warning(
+                "%s is set: AddPartitionsToTxn with held partitions never commits; test use only",
+                HOLD_HELD_REGISTRATION_ENV,
+            )
         self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
         if self.hold_completion:
             log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
@@ -657,7 +673,7 @@ class TransactionCoordinator:
         (`Registration.held`) stay: the transaction stays ongoing with them, expired now, so the
         expiry pass aborts what it stored there."""
         try:
-            if self.hold_registration:
+            if self.hold_registration or (self.hold_held_registration and registration.held):
                 await anyio.sleep_forever()
             await self.store.put_transaction(row, opened=opened)
         except BaseException as exc:

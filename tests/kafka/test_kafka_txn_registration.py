@@ -7,7 +7,12 @@ Proved with confluent-kafka: while the commit is held, the producer's records re
 (so AddPartitionsToTxn was answered) and nothing is stored; once it is durable they are, and the
 transaction commits whole. A commit that fails fences the producer and stores none of its
 records. A daemon SIGKILLed between the answer and the commit stores none of the records, and
-the next incarnation's transaction is read whole."""
+the next incarnation's transaction is read whole.
+
+A partition the producer's previous transaction still holds (prepared, its marker queued ahead)
+is the exception: the next transaction's records there are stored before the commit. If that
+commit fails they are aborted; SIGKILLed before it, the restart finds them after the marker and
+aborts them; either way read_committed never returns them."""
 
 from __future__ import annotations
 
@@ -194,5 +199,107 @@ def test_sigkill_between_add_partitions_answer_and_its_commit(tmp_path: Path) ->
         assert [v for _, v in stored] == [value(1, i) for i in range(RECORDS)]
         assert read(kafka_port, "read_committed") == stored
         assert end(kafka_port, "read_committed") == end(kafka_port, "read_uncommitted") == RECORDS + 1
+    finally:
+        daemon.cleanup()
+
+
+def begin_next(producer: Producer, n: int) -> None:
+    """The producer's next transaction: begun, RECORDS records produced and acknowledged."""
+    producer.begin_transaction()
+    for i in range(RECORDS):
+        producer.produce(TOPIC, value=value(n, i), partition=0)
+    assert producer.flush(WAIT_S) == 0
+
+
+async def test_a_failed_commit_of_a_held_partition_aborts_the_records_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous transaction still prepared (its completion held), the next one's records
+    in its partition are stored before AddPartitionsToTxn's commit; that commit fails: the
+    producer is fenced and the records stored are aborted, never read committed."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=5.0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic(TOPIC, 1)
+        port = daemon.kafka_port
+        coordinator = daemon.kafka.handlers.transactions
+        monkeypatch.setattr(coordinator, "hold_completion", True)
+        put = coordinator.store.put_transaction
+        failures = []
+
+        async def failing(row: Any, opened: Any = (), closed: Any = ()) -> None:
+            if row.state == "ongoing" and row.prepared and not failures:
+                failures.append(row.transactional_id)
+                with anyio.fail_after(WAIT_S):  # fails once the records it held are stored
+                    while daemon.node.partition(TOPIC, 0).state.high_watermark < 2 * RECORDS + 1:
+                        await anyio.sleep(0.01)
+                raise StorageError("simulated: AddPartitionsToTxn's commit failed")
+            await put(row, opened, closed)
+
+        monkeypatch.setattr(coordinator.store, "put_transaction", failing)
+
+        def first_two() -> None:
+            producer = Producer(
+                {"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "held-tx", "linger.ms": 5}
+            )
+            producer.init_transactions(WAIT_S)
+            producer.begin_transaction()
+            for i in range(RECORDS):
+                producer.produce(TOPIC, value=value(0, i), partition=0)
+            producer.commit_transaction(WAIT_S)
+            begin_next(producer, 1)  # stored, although their registration failed
+            with pytest.raises(KafkaException):
+                producer.commit_transaction(10.0)
+
+        await anyio.to_thread.run_sync(first_two)
+        assert failures == ["held-tx"]
+        assert daemon.node.partition(TOPIC, 0).state.high_watermark == 2 * RECORDS + 1
+        monkeypatch.setattr(coordinator, "hold_completion", False)
+        await anyio.to_thread.run_sync(transaction, port, "held-tx", 2)  # the next incarnation
+        await anyio.to_thread.run_sync(settled, port)
+        stored = [v for _, v in await anyio.to_thread.run_sync(read, port, "read_uncommitted")]
+        assert stored == [value(n, i) for n in range(3) for i in range(RECORDS)]
+        committed = [v for _, v in await anyio.to_thread.run_sync(read, port, "read_committed")]
+        assert committed == [value(n, i) for n in (0, 2) for i in range(RECORDS)]
+
+
+def test_sigkill_after_held_records_before_their_registration(tmp_path: Path) -> None:
+    """The next transaction's records in a partition the previous one holds are stored (and
+    acknowledged) before AddPartitionsToTxn's commit, which never happens: SIGKILLed then, the
+    restart finds them after the previous transaction's marker, takes their transaction up
+    from the data and aborts it; the previous transaction is committed whole."""
+    kafka_port = free_port()
+    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"}
+    held = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
+    daemon = DaemonProcess(tmp_path / "data", tmp_path, env={**env, **held})
+    try:
+        daemon.start()
+        with daemon.http() as http:
+            created = http.post("/v1/topics", json={"name": TOPIC, "partitions": 1})
+            assert created.status_code == 201, created.text
+        producer = Producer(
+            {"bootstrap.servers": f"127.0.0.1:{kafka_port}", "transactional.id": "kill-tx", "linger.ms": 5}
+        )
+        producer.init_transactions(WAIT_S)
+        producer.begin_transaction()
+        for i in range(RECORDS):
+            producer.produce(TOPIC, value=value(0, i), partition=0)
+        producer.commit_transaction(WAIT_S)
+        begin_next(producer, 1)  # acknowledged: stored, their registration held
+        assert end(kafka_port, "read_uncommitted") == 2 * RECORDS + 1
+        assert end(kafka_port, "read_committed") == 0  # the first one's completion is held
+
+        daemon.proc.kill()
+        daemon.proc.wait()
+        for name in held:
+            daemon.env.pop(name)
+        daemon.start()
+        transaction(kafka_port, "kill-tx", 2)  # fences the first incarnation
+        settled(kafka_port)
+        stored = [v for _, v in read(kafka_port, "read_uncommitted")]
+        assert stored == [value(n, i) for n in range(3) for i in range(RECORDS)]
+        committed = [v for _, v in read(kafka_port, "read_committed")]
+        assert committed == [value(n, i) for n in (0, 2) for i in range(RECORDS)]
     finally:
         daemon.cleanup()
