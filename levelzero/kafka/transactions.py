@@ -216,6 +216,12 @@ class PartitionIndex:
         await self.prune(topic, partition)
         return txns
 
+    async def oldest_open(self, topic: str, partition: int) -> int | None:
+        """The first offset of the oldest transaction open in the partition, or None: retention
+        keeps the log start offset at or below it (`Housekeeper.open_transactions`), so a
+        restart completing a transaction finds its records and its marker where it left them."""
+        return min((await self.get(topic, partition)).open.values(), default=None)
+
     async def prune(self, topic: str, partition: int) -> None:
         """Forget the aborted ranges below the partition's log start offset."""
         txns = self._partitions.get((topic, partition))
