@@ -10,13 +10,15 @@ Retention (by age and bytes of reconciled data, per topic: its `retention.ms` an
 `retention.bytes`, else the node's `retention_s` and `retention_bytes`): the start offset moves
 over whole L1 objects as Kafka's log start offset moves over whole segments
 (`core.topic_configs.retention_start_offset`), `SetStartOffset`, then two-phase deletion of the
-L1 objects entirely below the new start offset.
+L1 objects entirely below the new start offset. Never past the first offset of a Kafka
+transaction still open in the partition (`open_transactions`): its records, and the marker a
+restart looks for before writing one, stay until it completes.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -107,6 +109,9 @@ class Housekeeper:
     ) -> None:
         assert (activity is None) == (index is None), "activity needs the index to find names"
         self.config = config
+        # The first offset of the oldest Kafka transaction open in a partition, or None (set by
+        # the Kafka front end): retention keeps the start offset at or below it.
+        self.open_transactions: Callable[[str, int], Awaitable[int | None]] | None = None
         self._retention = NodeRetention(config) if retention is None else retention
         self._epochs = epochs
         self._catalog = catalog
@@ -251,6 +256,10 @@ class Housekeeper:
             retention_s,
             retention_bytes,
         )
+        if new_start > actor.state.start_offset and self.open_transactions is not None:
+            oldest = await self.open_transactions(actor.row.topic, actor.row.partition)
+            if oldest is not None:
+                new_start = min(new_start, oldest)
         if new_start > actor.state.start_offset:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1
