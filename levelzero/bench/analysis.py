@@ -26,8 +26,13 @@ the Parquet file `levelzero export --records` wrote of the same records (ABBA ro
 warm-up of both); target >= 50%. MB/s = value bytes / wall time; ratio = data source over
 Parquet. A note gives the ceiling of any Python data source of this schema (arrow_source.py).
 
-A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches,
-the noop sink), records/s against one batch read of them into the same sink; target >= 50%.
+A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches, a
+fresh checkpoint, the noop sink), records/s against Spark's own file stream source doing the
+same work: the same records as Parquet, one file per micro-batch, `maxFilesPerTrigger` 1,
+AvailableNow, a fresh checkpoint, the noop sink (both sides must count the records in four
+micro-batches); target >= 50%. Beside it, for information, the stream against one batch read of
+the records (no micro-batches, checkpoint or query start). `python -m levelzero.bench.analysis
+stream` runs these two alone.
 """
 
 from __future__ import annotations
