@@ -371,6 +371,8 @@ def stream_figure(
     up to the records, in STREAM_BATCHES_PER_READ micro-batches. An information row beside it:
     the stream against one batch read of the records (`read.format("levelzero")`) into the same
     sink, which has no micro-batches, checkpoint or query start to pay for."""
+    from .arrow_source import FORMAT_NAME as ARROW_FORMAT
+
     rounds = settings.pick(settings.rounds, 1)
     per_trigger = max(1, records // STREAM_BATCHES_PER_READ)
     files = root / "stream-parquet"
@@ -379,8 +381,8 @@ def stream_figure(
     parquet_schema = spark.read.parquet(f"file://{files}").schema
     # Spark's progress reports, ms summed over the measured runs, by side; "outside" is the wall
     # time no trigger holds (starting and stopping the query).
-    spent_ms: dict[str, dict[str, int]] = {"levelzero": {}, "parquet": {}}
-    counted: dict[str, list[list[int]]] = {"levelzero": [], "parquet": []}  # rows per micro-batch
+    spent_ms: dict[str, dict[str, int]] = {"levelzero": {}, "parquet": {}, "ceiling": {}}
+    counted: dict[str, list[list[int]]] = {side: [] for side in spent_ms}  # rows per micro-batch
     run_ids = itertools.count()
 
     def levelzero_stream() -> Any:
@@ -423,6 +425,14 @@ def stream_figure(
         shutil.rmtree(checkpoint, ignore_errors=True)
         return records / elapsed
 
+    def ceiling_stream() -> Any:
+        return (
+            spark.readStream.format(ARROW_FORMAT)
+            .option("path", str(files))
+            .option("tasks", str(RECORD_PARTITIONS))
+            .load()
+        )
+
     def batch() -> float:
         started = time.monotonic()
         frame = spark.read.format("levelzero").option("data_dir", str(data_dir)).load(RECORDS_TOPIC)
@@ -431,11 +441,13 @@ def stream_figure(
 
     streamed("levelzero", levelzero_stream)  # warm-up: both sources' first query
     streamed("parquet", parquet_stream)
+    streamed("ceiling", ceiling_stream)
     for side in spent_ms:
         spent_ms[side].clear()
         counted[side].clear()
     pairs: list[tuple[float, float]] = []
     batches: list[float] = []
+    ceilings: list[float] = []
     loads: list[float] = []
     for i in range(rounds):
         loads.append(round(os.getloadavg()[0], 1))
@@ -448,6 +460,7 @@ def stream_figure(
             b = streamed("parquet", parquet_stream)
             a = streamed("levelzero", levelzero_stream)
         pairs.append((a, b))
+        ceilings.append(streamed("ceiling", ceiling_stream))
     loads.append(round(os.getloadavg()[0], 1))
     name = f"records streamed, {records:,} in {STREAM_BATCHES_PER_READ} micro-batches (local[2])"
     return [
@@ -463,7 +476,15 @@ def stream_figure(
                 "records": records,
                 "max_records_per_trigger": per_trigger,
                 "parquet_file_records": file_records,
-                # Every measured run's rows per micro-batch (numInputRows), by side.
+                # Any Python stream source of this schema, decoding nothing (arrow_source: the
+                # Parquet files' own Arrow batches, a file per micro-batch, as many tasks): what
+                # Spark's Python data source machinery costs, against the Parquet stream.
+                "python_source_ceiling_records_s": [round(c) for c in ceilings],
+                "python_source_ceiling_ratio": statistics.median(
+                    c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
+                ),
+                # Every measured run's rows per micro-batch (numInputRows), by side (ceiling:
+                # the Python source above).
                 "micro_batch_records": counted,
                 # Where each side's wall time goes (ms over all measured runs, Spark's progress
                 # reports): the source's offsets and planning (latestOffset, queryPlanning,
@@ -488,15 +509,18 @@ def stream_figure(
 async def stream_only(settings: Settings) -> list[Figure]:
     """The streaming figures alone (the records filled as the item fills them), without the
     analysis runs and the batch read that come first in the item."""
+    from levelzero.export.spark_datasource import register
+
+    from .arrow_source import ArrowFileSource
+
     spark = _session("levelzero-bench-analysis-stream")
     try:
         with work_dir(settings, ITEM) as root:
             records = settings.pick(400_000, 8_000)
             data_dir = root / "records-data"
             await fill_records(data_dir, records)
-            from levelzero.export.spark_datasource import register
-
             register(spark)
+            spark.dataSource.register(ArrowFileSource)
             return stream_figure(spark, root, data_dir, records, settings)
     finally:
         spark.stop()
