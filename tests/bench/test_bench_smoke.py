@@ -289,8 +289,12 @@ def test_quick_stream_figure_streams_both_sides_in_the_same_micro_batches(tmp_pa
     assert streamed["sut"] > 0 and streamed["floor"] > 0 and streamed["ratio"] > 0
     notes = streamed["notes"]
     assert notes["records"] == 8_000 and notes["parquet_file_records"] == [2_000] * 4
-    assert notes["micro_batch_records"] == {"levelzero": [[2_000] * 4], "parquet": [[2_000] * 4]}
-    for side in ("levelzero", "parquet"):
+    # ... and so does the ceiling of any Python stream source (the files' own Arrow batches).
+    assert notes["micro_batch_records"] == {
+        side: [[2_000] * 4] for side in ("levelzero", "parquet", "ceiling")
+    }
+    assert notes["python_source_ceiling_records_s"][0] > 0 and notes["python_source_ceiling_ratio"] > 0
+    for side in ("levelzero", "parquet", "ceiling"):
         assert notes["spent_ms"][side]["addBatch"] > 0 and notes["spent_ms"][side]["outside"] >= 0
     assert (streamed_vs_job["floor_label"], streamed_vs_job["verdict"]) == (
         'read.format("levelzero"), one job',
