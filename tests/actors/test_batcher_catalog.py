@@ -29,9 +29,7 @@ class CatalogWatch(MemoryLogStore):
         self.most_on_their_way = 0
         self.hold: anyio.Event | None = None
 
-    async def append_many(
-        self, appends: Sequence[Append], on_durable: OnDurable | None = None
-    ) -> list:  # type: ignore[type-arg]
+    async def append_many(self, appends: Sequence[Append], on_durable: OnDurable | None = None) -> list:  # type: ignore[type-arg]
         refused = await super().append_many(appends, on_durable)
         for append in appends:
             for record in append.records:
