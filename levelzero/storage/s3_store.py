@@ -171,6 +171,19 @@ def map_s3_error(
     return StorageError(f"S3 {op} at {where} failed: {type(exc).__name__}: {exc}")
 
 
+def client_config(cfg: S3Config) -> AioConfig:
+    """The aiobotocore client settings for `cfg` (the benchmarks' raw clients use the same)."""
+    return AioConfig(
+        region_name=cfg.region,
+        # botocore's own "max_attempts" counts retries only; "total_max_attempts" counts all.
+        retries={"total_max_attempts": cfg.max_attempts, "mode": cfg.retry_mode},
+        max_pool_connections=cfg.concurrency,
+        connect_timeout=cfg.connect_timeout_s,
+        read_timeout=cfg.read_timeout_s,
+        s3={"addressing_style": "path" if cfg.path_style else "auto"},
+    )
+
+
 def _permanent(error: StorageError) -> StorageError:
     """Configuration problems do not heal by retrying."""
     error.retriable = False
@@ -236,15 +249,6 @@ class S3ObjectStore:
                 "aws_secret_access_key": cfg.secret_key,
                 "aws_session_token": cfg.session_token,
             }
-        client_config = AioConfig(
-            region_name=cfg.region,
-            # botocore's own "max_attempts" counts retries only; "total_max_attempts" counts all.
-            retries={"total_max_attempts": cfg.max_attempts, "mode": cfg.retry_mode},
-            max_pool_connections=cfg.concurrency,
-            connect_timeout=cfg.connect_timeout_s,
-            read_timeout=cfg.read_timeout_s,
-            s3={"addressing_style": "path" if cfg.path_style else "auto"},
-        )
         session = get_session()
         session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         stack = AsyncExitStack()
@@ -252,7 +256,7 @@ class S3ObjectStore:
             try:
                 client = await stack.enter_async_context(
                     session.create_client(
-                        "s3", endpoint_url=cfg.endpoint_url, config=client_config, **credentials
+                        "s3", endpoint_url=cfg.endpoint_url, config=client_config(cfg), **credentials
                     )
                 )
             except ValueError as exc:  # botocore: "Invalid endpoint: ..."
