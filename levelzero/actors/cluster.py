@@ -20,6 +20,10 @@ of a round gives up after `call_timeout_s` (half the TTL): a round stuck on a de
 failed round. The database fences what matters anyway (appends and term starts are
 term-checked).
 
+Each registration gets an incarnation from the control plane, which every later call about the
+node's row and leases names: a request of a previous run of the same node id (sent before that
+process died, arriving after this one registered) changes nothing.
+
 What `lead` and `resign` do is the node's business (start or stop partition actors); this actor
 only decides, so it runs the same over PostgreSQL and over the simulation's memory control plane.
 """
@@ -81,6 +85,7 @@ class ClusterMember:
         self._term_of = term_of
         self._clock = clock
         self.lease = LeaseClock(ttl_s)
+        self.incarnation: int | None = None  # the control plane's, from the last registration
         self.call_timeout_s = ttl_s * CALL_TIMEOUT_FRACTION
         self.leading: set[int] = set()
         self.view: ClusterView | None = None
@@ -149,7 +154,7 @@ class ClusterMember:
     # ------------------------------------------------------------------ the loop
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.control.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s)
+        await self.register()
         try:
             await self.round()
         except LevelZeroError as exc:  # e.g. a call past `call_timeout_s`: the loop tries again
@@ -185,6 +190,18 @@ class ClusterMember:
                 scope.cancel()
             await renewed.wait()
 
+    async def register(self) -> None:
+        """Register (again): a new incarnation, which the calls about this node's row and its
+        leases name from then on (the control plane ignores those naming an older one)."""
+        self.incarnation = await self.control.register_node(
+            self.node_id, self.advertise_url, self.kafka_url, self.ttl_s
+        )
+
+    @property
+    def _life(self) -> int:
+        assert self.incarnation is not None, "a call about the node before its registration"
+        return self.incarnation
+
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """One control-plane call of a round, given up after `call_timeout_s` (a retriable
         StorageError: the round fails, the lease runs out locally, `_self_fence` resigns)."""
@@ -215,13 +232,14 @@ class ClusterMember:
         self.rounds += 1
         sent_at = self._clock()
         c = self.control
-        if not await self._call("renewing the node", lambda: c.renew_node(self.node_id, self.ttl_s)):
+        if not await self._call(
+            "renewing the node", lambda: c.renew_node(self.node_id, self._life, self.ttl_s)
+        ):
             log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
-            await self._call(
-                "registering the node",
-                lambda: c.register_node(self.node_id, self.advertise_url, self.kafka_url, self.ttl_s),
-            )
-        held = set(await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self.ttl_s)))
+            await self._call("registering the node", self.register)
+        held = set(
+            await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self._life, self.ttl_s))
+        )
         self.lease.renewed(sent_at)
         self._renewed.set()
         self._renewed = anyio.Event()
@@ -258,12 +276,14 @@ class ClusterMember:
         hand_over = [by_name[name].pid for name in planned.hand_over]
         if hand_over:
             await self._give_up(hand_over)
-            await self._call("releasing leases", lambda: c.release_leases(self.node_id, hand_over))
+            await self._call(
+                "releasing leases", lambda: c.release_leases(self.node_id, self._life, hand_over)
+            )
         wanted = [by_name[name].pid for name in planned.take]
         if wanted and not self.draining:
             sent_at = self._clock()
             granted = await self._call(
-                "acquiring leases", lambda: c.acquire_leases(self.node_id, wanted, self.ttl_s)
+                "acquiring leases", lambda: c.acquire_leases(self.node_id, self._life, wanted, self.ttl_s)
             )
             taken = [p for p in granted if p not in self.leading]
             if taken and self._clock() - sent_at >= self.ttl_s - self.lease.margin_s:
@@ -310,17 +330,22 @@ class ClusterMember:
     async def leave(self) -> None:
         """A graceful exit: no new partitions, every one resigned (drained by `resign`) and its
         lease released at once, the node's row removed. Once: a second call (a second stop)
-        sends nothing, so no late `leave_node` of this run can land after the node's next run
-        registered and took leases (three-node simulation seed 137)."""
+        sends nothing (three-node simulation seed 137); and a `leave_node` of this run that
+        lands after the node's next run registered names this run's incarnation, which the
+        control plane no longer acts on."""
         if self.left:
             return
         self.draining = True
         async with self._round_lock:  # a round under way (a topic's creation) finishes first
             if self.left:
                 return
-            await self.control.set_draining(self.node_id)
+            if self.incarnation is None:  # never registered: no row, no lease
+                self.left = True
+                self.lease.lost()
+                return
+            await self.control.set_draining(self.node_id, self._life)
             await self._give_up(sorted(self.leading))
-            await self.control.leave_node(self.node_id)
+            await self.control.leave_node(self.node_id, self._life)
             self.left = True
             self.lease.lost()
 

@@ -56,7 +56,14 @@ class Reply(Generic[T]):
     def set(self, value: T) -> None:
         assert not self._answered, "reply answered twice"
         self._value = value
-        self._answer()
+        # `_answer`, inline (a reply per placeholder): most often one waiter, or none yet
+        self._answered = True
+        waiters = self._waiters
+        if waiters is not None:
+            self._waiters = None
+            for waiter in waiters:
+                if not waiter.done():  # `_wake`, inline: a cancelled waiter is done already
+                    waiter.set_result(None)
 
     def fail(self, error: BaseException) -> None:
         assert not self._answered, "reply answered twice"

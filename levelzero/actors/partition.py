@@ -27,7 +27,7 @@ import time
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import anyio
 import msgspec
@@ -278,7 +278,13 @@ class PartitionActor:
         `send_write`."""
         msg = _Write(entry.epoch, entry, answer)
         if self._inline and not self._mailbox.buffered:
-            self._deliver(self._on_write, msg)  # a write: no need to match the message
+            # `_deliver(self._on_write, msg)`, inline (per write): a write needs no match
+            try:
+                self._on_write(msg)
+            except BaseException as exc:  # noqa: BLE001 - `_crashed` raises
+                self._crashed(exc)
+            if self._stopping is not None and self._finished():
+                self._wakeup.set()  # the actor's task ends
             return True
         return self._post(msg)
 
@@ -382,13 +388,17 @@ class PartitionActor:
         partition stopped."""
         try:
             handler(msg)
-        except BaseException as exc:
-            self._inline = False  # what is sent after this queues, and is refused at the end
-            self._crash = exc
-            self._wakeup.set()
-            raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
+        except BaseException as exc:  # noqa: BLE001 - `_crashed` raises
+            self._crashed(exc)
         if self._stopping is not None and self._finished():  # (no call per write)
             self._wakeup.set()  # the actor's task ends
+
+    def _crashed(self, exc: BaseException) -> NoReturn:
+        """A handler run on a sender's task raised (see `_deliver`)."""
+        self._inline = False  # what is sent after this queues, and is refused at the end
+        self._crash = exc
+        self._wakeup.set()
+        raise ShuttingDown(f"partition {self.name} failed: {exc!r}") from exc
 
     def _handle_queued(self) -> None:
         """Handle what queued in the mailbox (sent during the replay, or while it was full),
@@ -532,9 +542,14 @@ class PartitionActor:
         return True
 
     def _on_write(self, msg: _Write) -> None:
-        if self._refused(msg.reply):
+        if self._deposed is not None or self._stopping is not None:  # `_refused`, inline
+            self._refused(msg.reply)
             return
-        self._carry_out(self._dispatch.offer(msg.epoch, msg, self.term, self.state.applied_window))
+        decided = self._dispatch.admit(msg.epoch, msg, self.term, self.state.applied_window)
+        if type(decided) is Admitted:  # admitted at once: no outcome, no list (per write)
+            self._admit(msg, decided)
+        else:
+            self._carry_out(decided)  # type: ignore[arg-type]  # (the other case: a list)
 
     def _maybe_slide(self) -> None:
         """Read units were released: the updater slides if the old window is drained."""
@@ -549,24 +564,30 @@ class PartitionActor:
                 self._note_fence(outcome.epoch, "rejected", (error.window_min, error.window_max))
                 outcome.token.reply.fail(error)
                 continue
-            # Admitted (one per write: no call for it).
-            msg, admitted = outcome.token, outcome.admitted
-            if admitted is self._noted_admission:
-                # The fence hands out the same `Admitted` for the same epoch, term and window:
-                # the same tally as the last admission noted (no key to build and look up).
-                tally = self._noted_tally
-                assert tally is not None  # noted with the admission
-                tally[1] += 1
-            else:
-                if admitted.new_epoch:
-                    log.debug("partition %s window slid to %s", self.name, admitted.window)
-                self._note_fence(
-                    msg.epoch,
-                    "admitted_new_epoch" if admitted.new_epoch else "admitted",
-                    admitted.window,
-                    admitted,
-                )
-            self._reserve(msg.entry, msg.reply, holds_read_unit=True)
+            self._admit(outcome.token, outcome.admitted)
+
+    def _admit(self, msg: _Write, admitted: Admitted) -> None:
+        """`msg` was admitted: tally the decision and reserve its log offset."""
+        if admitted is self._noted_admission:
+            # The fence hands out the same `Admitted` for the same epoch, term and window:
+            # the same tally as the last admission noted (no key to build and look up).
+            tally = self._noted_tally
+            assert tally is not None  # noted with the admission
+            tally[1] += 1
+        else:
+            if admitted.new_epoch:
+                log.debug("partition %s window slid to %s", self.name, admitted.window)
+            self._note_fence(
+                msg.epoch,
+                "admitted_new_epoch" if admitted.new_epoch else "admitted",
+                admitted.window,
+                admitted,
+            )
+        # `_reserve`, inline (per write)
+        self._to_append.append(self._appends.reserve(self.term, msg.entry, msg.reply, holds_read_unit=True))
+        if not self._append_asked and not self._appending:  # `_kick`, inline
+            self._append_asked = True
+            self._appender.request(self)
 
     def _on_control(self, msg: _Control) -> None:
         if self._refused(msg.reply):

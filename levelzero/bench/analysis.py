@@ -14,7 +14,10 @@ before the clock: neither side inherits the other's JIT, cached plans or shuffle
 in one shared session made whoever ran first in a round pay for both (per-round ratios of 80
 and 165%). The sides alternate (ABBA) over `--rounds` pairs; the figure is the wall time of
 the whole analysis over the floor's, judged on the worst quartile of the rounds' ratios;
-target <= 1.2. Notes: input rows, every run's seconds, and the children's peak RSS.
+target <= 1.2. Notes: input rows, every run's seconds, the CPU seconds each run's driver Python
+and JVM (driver and local executors) spent in the timed part, the load average before and after
+each run (the machine is shared: compare wall times at like loads, CPU seconds at any), and the
+children's peak RSS.
 
 A second figure: the records themselves. A daemon (local object store) takes `records`
 records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; the same Spark session
@@ -403,24 +406,52 @@ def _session(app_name: str) -> SparkSession:
     return spark
 
 
+def _jvm_pid(spark: SparkSession) -> int:
+    jvm = spark.sparkContext._jvm  # noqa: SLF001 - py4j reaches the JVM only through it
+    assert jvm is not None, "a running session has a JVM"
+    return int(jvm.java.lang.ProcessHandle.current().pid())
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process `pid` has used so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _python_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def analysis_run(side: str, export_dir: str, out_dir: str) -> dict[str, Any]:
     """One timed run of `side` ("sut": analyze(); "floor": the hand-written job) on a session
-    of its own, started before the clock: seconds, the tables made, peak RSS."""
+    of its own, started before the clock: seconds, the tables made, the CPU seconds the
+    driver's Python and the JVM (driver and local executors) spent in the timed part, the
+    machine's load average before and after, peak RSS."""
     spark = _session(f"levelzero-bench-analysis-{side}")
     try:
         os.makedirs(out_dir)
+        jvm_pid = _jvm_pid(spark)
+        load_before = os.getloadavg()[0]
+        python_cpu, jvm_cpu = _python_cpu_s(), _cpu_s(jvm_pid)
         started = time.monotonic()
         if side == "sut":
             tables = set(analyze([export_dir], out_dir).tables)
         else:
             tables = set(floor_tables(spark, export_dir, out_dir))
         seconds = time.monotonic() - started
+        python_cpu, jvm_cpu = _python_cpu_s() - python_cpu, _cpu_s(jvm_pid) - jvm_cpu
+        load_after = os.getloadavg()[0]
         jvm_peak = _jvm_peak_rss_bytes(spark)
     finally:
         spark.stop()
     return {
         "seconds": seconds,
         "tables": sorted(tables),
+        "python_cpu_s": python_cpu,
+        "jvm_cpu_s": jvm_cpu,
+        "load": [load_before, load_after],
         "jvm_peak_rss_bytes": jvm_peak,
         "python_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
@@ -478,6 +509,15 @@ async def analysis_figure(root: Path, export_dir: str, rows: int, rounds: int) -
             "rounds": rounds,
             "analysis_s": [round(run["seconds"], 2) for run in runs["sut"]],
             "floor_s": [round(run["seconds"], 2) for run in runs["floor"]],
+            # CPU seconds in the timed part: the driver's Python, and the JVM (the driver's
+            # planning and the local executors' tasks); the load average before and after each
+            # run (the machine is shared: wall times are only comparable at like loads).
+            "analysis_python_cpu_s": [round(run["python_cpu_s"], 2) for run in runs["sut"]],
+            "floor_python_cpu_s": [round(run["python_cpu_s"], 2) for run in runs["floor"]],
+            "analysis_jvm_cpu_s": [round(run["jvm_cpu_s"], 1) for run in runs["sut"]],
+            "floor_jvm_cpu_s": [round(run["jvm_cpu_s"], 1) for run in runs["floor"]],
+            "analysis_load": [[round(x, 1) for x in run["load"]] for run in runs["sut"]],
+            "floor_load": [[round(x, 1) for x in run["load"]] for run in runs["floor"]],
             "driver_jvm_peak_rss_bytes": max(run["jvm_peak_rss_bytes"] or 0 for run in runs["sut"]),
             "driver_python_peak_rss_bytes": max(run["python_peak_rss_bytes"] for run in runs["sut"]),
         },

@@ -170,7 +170,7 @@ def monthly_dollars(per_gib: PerGib, mib_per_s: float, prices: S3Prices) -> tupl
 class Measured:
     workload: Workload
     window_s: float
-    payload_bytes: int  # record values acknowledged in the window
+    payload_bytes: int  # record values offered in the window (each acknowledged)
     window: RequestCounts
     run: RequestCounts  # warm-up and window: the reconciler's requests come in bursts
     reconciled_bytes: int  # record values the reconciler copied in warm-up and window
@@ -184,7 +184,8 @@ class Measured:
 
     @property
     def mib_per_s(self) -> float:
-        """The rate acknowledged in the window: the offered one unless the machine fell behind."""
+        """The rate offered in the window and acknowledged: the workload's unless the machine fell
+        behind (a late tick stretches the window)."""
         return self.payload_bytes / MIB / self.window_s
 
     def per_gib(self, *, uncached: bool = False) -> PerGib:
@@ -224,10 +225,12 @@ async def measure(
             await tg.start(node.run)
             await node.create_topic(topic, workload.partitions)
 
-            async def send(partition: int, count: int) -> None:
+            async def send(partition: int, count: int, in_window: bool) -> None:
+                # Counted by when the records were offered, not when acknowledged: a warm-up
+                # produce still in its batch window when the window opens is not the window's.
                 nonlocal acked
                 await node.produce(topic, partition, [Record(None, value)] * count)
-                if counting:
+                if in_window:
                     acked += count * VALUE_BYTES
 
             async def offer(seconds: float, producers: anyio.abc.TaskGroup) -> None:
@@ -246,7 +249,7 @@ async def measure(
                         per_partition[next_partition] = per_partition.get(next_partition, 0) + 1
                         next_partition = (next_partition + 1) % workload.partitions
                     for partition, count in per_partition.items():
-                        producers.start_soon(send, partition, count)
+                        producers.start_soon(send, partition, count, counting)
                     await anyio.sleep(max(0.0, started + (tick + 1) * TICK_S - time.perf_counter()))
 
             unreconciled: list[int] = []

@@ -7,7 +7,11 @@ beside raw aiosqlite group commit at the same batch size.
          `append_many` for every partition with records queued — into the store's group commit,
          apply, answer). Records per commit come out of the group commit itself;
 - floor: one task doing `executemany(<that many rows>)` + `commit` back to back into the same
-         `log` table (rows encoded up front): SQLite and aiosqlite's thread hops, nothing else.
+         `log` table (rows encoded up front), in the shape the group commit reached in the SUT
+         run before it: as many rows a commit, over as many partitions, each partition's rows
+         at consecutive offsets after its last ones (the SUT's index pages: a commit touches
+         the index leaves of every partition in it). SQLite and aiosqlite's thread hops,
+         nothing else.
 Wall clock (fsync is most of it), rounds alternating. Target: sut >= 50% of raw rows/s.
 
 `python -m levelzero.bench.sweep_log_store` uses `raw_rows_per_s` and `store_appends` for its batch-size
@@ -19,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 import anyio
+import msgspec
 
 from levelzero.actors.appender import Appender
 from levelzero.actors.partition import PartitionActor
@@ -59,8 +65,20 @@ def make_record(log_offset: int) -> LogRecord:
     return LogRecord(log_offset=log_offset, term=1, base_offset=log_offset * 10, entry=entry)
 
 
-async def raw_rows_per_s(path: Path, batch: int, seconds: float, synchronous: str = "FULL") -> float:
-    """Rows/s for executemany(batch rows) + commit in a loop, rows encoded up front."""
+async def raw_rows_per_s(
+    path: Path,
+    batch: int,
+    seconds: float,
+    synchronous: str = "FULL",
+    *,
+    partitions: int = 1,
+    partitions_per_batch: int = 1,
+) -> float:
+    """Rows/s for executemany(batch rows) + commit in a loop, rows encoded up front; the rows
+    of a commit go to `partitions_per_batch` of `partitions` partitions (taken in turn), each
+    partition's at consecutive log offsets after its previous ones, grouped by partition as
+    the store stages an `append_many`."""
+    assert 1 <= partitions_per_batch <= partitions, (partitions_per_batch, partitions)
     setup = await aiosqlite.connect(path, isolation_level=None)
     await setup.execute("PRAGMA journal_mode = WAL")
     await setup.executescript(SCHEMA)
@@ -69,18 +87,27 @@ async def raw_rows_per_s(path: Path, batch: int, seconds: float, synchronous: st
     try:
         await connection.execute(f"PRAGMA synchronous = {synchronous}")
         pool = [log_row(1, make_record(o), 0.0) for o in range(ROW_POOL)]
-        next_offset = 0
+        per_batch = min(partitions_per_batch, batch)
+        counts = [batch // per_batch + (i < batch % per_batch) for i in range(per_batch)]
+        next_offset = [0] * partitions
+        done = turn = 0
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            rows = [
-                (1, offset, *pool[offset % ROW_POOL][2:])
-                for offset in range(next_offset, next_offset + batch)
-            ]
+            rows: list[tuple[Any, ...]] = []
+            for i, count in enumerate(counts):
+                pid = (turn + i) % partitions
+                first = next_offset[pid]
+                for offset in range(first, first + count):
+                    row = pool[(done + len(rows)) % ROW_POOL]
+                    # (the SUT's base offsets grow with each partition's log, as do these)
+                    rows.append((pid + 1, offset, row[2], offset * 10, *row[4:]))
+                next_offset[pid] = first + count
+            turn += per_batch
             await connection.executemany(INSERT_LOG, rows)
             await connection.commit()
-            next_offset += batch
-        return next_offset / (time.perf_counter() - start)
+            done += batch
+        return done / (time.perf_counter() - start)
     finally:
         await connection.close()
 
@@ -118,13 +145,20 @@ async def store_appends(
     return done / elapsed, done / max(1, commits)
 
 
+class Shape(msgspec.Struct, frozen=True):
+    """What the group commit made of a run: records and appends (partitions) per commit."""
+
+    records: float
+    appends: float
+
+
 async def actor_placeholders(
     path: Path | None, partitions: int, callers: int, seconds: float
-) -> tuple[float, float, float]:
+) -> tuple[float, Shape, float]:
     """Placeholders/s written through PartitionActors on a SqliteLogStore at `path` (None: on a
-    MemoryLogStore, which costs the loop next to nothing); the log records per commit (the group
-    commit's batch size, which the floor then uses; 0 in memory); and the event-loop thread's
-    CPU microseconds per placeholder."""
+    MemoryLogStore, which costs the loop next to nothing); the commits' shape (records and
+    partitions per commit, which the floor then uses; 0 in memory); and the event-loop
+    thread's CPU microseconds per placeholder."""
     async with contextlib.AsyncExitStack() as stack:
         if path is None:
             store: SqliteLogStore | MemoryLogStore = MemoryLogStore()
@@ -166,22 +200,22 @@ async def actor_placeholders(
             for actor in actors:
                 await actor.stop()
             tg.cancel_scope.cancel()  # the appender
-    records, commits = after[0] - before[0], after[1] - before[1]
-    per_commit = records / commits if commits else 0.0
-    return done / elapsed, per_commit, cpu / max(1, done) * 1e6
+    records, appends, commits = (a - b for a, b in zip(after, before, strict=True))
+    shape = Shape(records / commits, appends / commits) if commits else Shape(0.0, 0.0)
+    return done / elapsed, shape, cpu / max(1, done) * 1e6
 
 
-def _records_and_commits(store: SqliteLogStore | MemoryLogStore) -> tuple[int, int]:
+def _records_and_commits(store: SqliteLogStore | MemoryLogStore) -> tuple[int, int, int]:
     if isinstance(store, SqliteLogStore):
         statistics = store.statistics()
-        return statistics.records, statistics.commits
-    return 0, 0
+        return statistics.records, statistics.appends, statistics.commits
+    return 0, 0, 0
 
 
 async def run(settings: Settings) -> list[Figure]:
     seconds = settings.pick(max(2.0, settings.seconds), 0.5)
     rounds = settings.pick(settings.rounds, 1)
-    per_commit: list[float] = []
+    per_commit: list[Shape] = []
     loop_us: list[float] = []
     in_memory: list[tuple[float, float]] = []  # (placeholders/s, loop CPU µs each)
     with work_dir(settings, ITEM) as root:
@@ -195,11 +229,18 @@ async def run(settings: Settings) -> list[Figure]:
             return rate
 
         async def floor(i: int) -> float:
-            # The batch size the group commit reached in the latest SUT run (round 0 runs the
-            # SUT first, so there always is one; with ABBA it is at most one run old).
+            # The commits' shape the group commit reached in the latest SUT run (round 0 runs
+            # the SUT first, so there always is one; with ABBA it is at most one run old).
             assert per_commit
-            batch = max(1, round(per_commit[-1]))
-            raw = await raw_rows_per_s(root / f"raw-{i}.db", batch, seconds)
+            shape = per_commit[-1]
+            batch = max(1, round(shape.records))
+            raw = await raw_rows_per_s(
+                root / f"raw-{i}.db",
+                batch,
+                seconds,
+                partitions=PARTITIONS,
+                partitions_per_batch=max(1, min(PARTITIONS, round(shape.appends))),
+            )
             # The same actors on a log store that costs nothing: the actor path's own ceiling.
             # Run after the floor, so the SQLite run and its floor stay neighbours either way.
             memory_rate, _, memory_us = await actor_placeholders(None, PARTITIONS, CALLERS, seconds)
@@ -221,7 +262,8 @@ async def run(settings: Settings) -> list[Figure]:
                 "partitions": PARTITIONS,
                 "callers": CALLERS,
                 "seconds": seconds,
-                "records_per_commit": [round(x, 1) for x in per_commit],
+                "records_per_commit": [round(x.records, 1) for x in per_commit],
+                "partitions_per_commit": [round(x.appends, 1) for x in per_commit],
                 "loop_cpu_us_per_placeholder": [round(x, 1) for x in loop_us],
                 "synchronous": "FULL",
             },

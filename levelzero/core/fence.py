@@ -166,7 +166,9 @@ class Fence:
         assert epoch >= 1, epoch
         if self.updater_epoch is not None:
             return Wait(self.updater_epoch)
-        window = self.effective_window(term, applied_window)
+        window = self._seen_window  # `effective_window`'s common case, without the call
+        if window is None or self.seen_term != term or self.mode is FenceMode.STRICT:
+            window = self.effective_window(term, applied_window)
         if window is None:
             if epoch < self.creation_epoch:
                 return self._reject(epoch, (self.creation_epoch, self.creation_epoch))
@@ -220,10 +222,12 @@ class Fence:
         assert self.updater_epoch is not None
         self.updater_epoch = None
 
-    def release(self) -> None:
-        """A write's placeholder is durable and applied (or its append failed)."""
-        assert self.read_units > 0, "release without a read unit"
-        self.read_units -= 1
+    def release(self, units: int = 1) -> None:
+        """`units` writes' placeholders are durable and applied (or their appends failed)."""
+        assert 0 < units <= self.read_units, (
+            f"release without a read unit ({units} released, {self.read_units} held)"
+        )
+        self.read_units -= units
 
     # ------------------------------------------------------------------ observability
 

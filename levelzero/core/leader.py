@@ -106,13 +106,17 @@ class AppendQueue(Generic[T]):
         release its read units, and return it (to be answered) in that order."""
         done: list[Reserved[T]] = []
         pending = self._pending
-        while pending and pending[0].record.log_offset <= upto:
-            reserved = pending.popleft()
-            applied = state.apply(reserved.record)
-            assert applied, reserved.record
-            if reserved.holds_read_unit:
-                fence.release()
-            done.append(reserved)
+        units = 0  # read units to release: once for the batch, not a call per record
+        try:
+            while pending and pending[0].record.log_offset <= upto:
+                reserved = pending.popleft()
+                applied = state.apply(reserved.record)
+                assert applied, reserved.record
+                units += reserved.holds_read_unit
+                done.append(reserved)
+        finally:
+            if units:
+                fence.release(units)
         if not pending:
             self._pending = ()
         return done
@@ -304,9 +308,20 @@ class FenceDispatch(Generic[T]):
         return len(self._waiting) + (self._updater is not None)
 
     def offer(self, epoch: int, token: T, term: int, applied_window: Window | None) -> list[Outcome[T]]:
+        decided = self.admit(epoch, token, term, applied_window)
+        if type(decided) is Admitted:
+            return [Admit(token, epoch, decided)]
+        assert type(decided) is list, decided
+        return decided
+
+    def admit(
+        self, epoch: int, token: T, term: int, applied_window: Window | None
+    ) -> Admitted | list[Outcome[T]]:
+        """`offer`, with the common case (`token` admitted at once, nothing else moving) as
+        the fence's `Admitted` itself: no outcome and no list to build for each write."""
         decision = self.fence.try_fence(epoch, term, applied_window)
         if type(decision) is Admitted:  # the common case, before the match's checks
-            return [Admit(token, epoch, decision)]
+            return decision
         match decision:
             case Admitted():
                 return [Admit(token, epoch, decision)]

@@ -136,7 +136,7 @@ def analyze(
     from pyspark.errors import PySparkException
 
     from .jobs import SparkAnalysis
-    from .report import load_plotting, write_report
+    from .report import PlotDrawer, plots_dir, write_report
 
     spark, owned = _session(master, dict(conf or {}))
     staging: str | None = None
@@ -152,25 +152,24 @@ def analyze(
                     raise AnalysisError(f"the report directory {out_dir} must not be an input directory")
                 hadoop.make_dirs(join(out_dir, "tables"))
                 staging = tempfile.mkdtemp(prefix="levelzero-report-")
-        # Work of this process beside Spark's (a Spark job holds this thread only to wait on
-        # the JVM): matplotlib's imports while the jobs run, the report's drawing while Spark
-        # writes the large results.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="levelzero-analysis") as pool:
-            pool.submit(load_plotting)  # a failure shows again where the plots are drawn
-            analysis = SparkAnalysis(spark, inputs, out_dir, bucket_s)
+        # Work of this process beside Spark's (a Spark job holds its thread only to wait on the
+        # JVM): matplotlib's imports while the jobs start, and each plot drawn as soon as the
+        # step that makes its tables is done, in one thread of its own, while the other steps'
+        # jobs run; the last ones while Spark writes the large results.
+        report_dir = out_dir if staging is None else staging
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="levelzero-plots") as pool:
+            drawer = PlotDrawer(plots_dir(report_dir), pool)
+            analysis = SparkAnalysis(spark, inputs, out_dir, bucket_s, on_ready=drawer.ready)
             results = analysis.run()
             try:
-                large_written = pool.submit(analysis.write_large_results)
-                try:
-                    if staging is None:
-                        written = write_report(results, out_dir)
-                    else:
-                        assert hadoop is not None
-                        written = write_report(results, staging, link_root=out_dir)
-                finally:
-                    large_written.result()
+                analysis.write_large_results()
             finally:
                 analysis.release()
+            plots = drawer.finish()
+        if staging is None:
+            written = write_report(results, out_dir, plots=plots)
+        else:
+            written = write_report(results, staging, link_root=out_dir, plots=plots)
         if staging is not None:
             assert hadoop is not None
             hadoop.upload_dir(staging, out_dir)

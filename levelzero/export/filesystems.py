@@ -31,17 +31,64 @@ FOOTER_BYTES_MAX = 64 * 1024 * 1024  # a footer beyond this is not one of ours
 MANIFEST_BYTES_MAX = 64 * 1024 * 1024
 
 
+MICROS_PER_UNIT = {"ms": 1_000, "us": 1}  # TIMESTAMP units whose statistics are read as micros
+NO_VALUES = (2**63, -(2**63))  # the range of no values: lo > hi, the identity of widening
+
+
 class ParquetFooter(NamedTuple):
-    """What a Parquet file's footer says without reading its data: the schema and the rows."""
+    """What a Parquet file's footer says without reading its data: the schema, the rows, and
+    each 64-bit integer and TIMESTAMP column's range from the row groups' statistics."""
 
     schema: pa.Schema
     rows: int
+    # column -> (min, max) of its non-null values, TIMESTAMPs in microseconds since the epoch
+    # (NO_VALUES: none in the file); None when the statistics cannot tell (missing in a row
+    # group, a TIMESTAMP of another unit or storage).
+    ranges: dict[str, tuple[int, int] | None]
+
+
+def widen(a: tuple[int, int] | None, b: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The range covering both (None, unknown, if either is)."""
+    if a is None or b is None:
+        return None
+    return min(a[0], b[0]), max(a[1], b[1])
+
+
+def _ranges(parquet: pq.ParquetFile) -> dict[str, tuple[int, int] | None]:
+    ranges: dict[str, tuple[int, int] | None] = {}
+    scales: dict[str, int] = {}
+    for field in parquet.schema_arrow:
+        if pa.types.is_int64(field.type):
+            ranges[field.name], scales[field.name] = NO_VALUES, 1
+        elif pa.types.is_timestamp(field.type):
+            scale = MICROS_PER_UNIT.get(field.type.unit)
+            ranges[field.name] = None if scale is None else NO_VALUES
+            if scale is not None:
+                scales[field.name] = scale
+    metadata = parquet.metadata
+    for group_index in range(metadata.num_row_groups):
+        group = metadata.row_group(group_index)
+        for column_index in range(group.num_columns):
+            column = group.column(column_index)
+            name = column.path_in_schema
+            known = ranges.get(name)
+            if known is None:
+                continue
+            stats = column.statistics
+            if column.physical_type != "INT64" or stats is None:
+                ranges[name] = None
+            elif stats.has_min_max:
+                scale = scales[name]
+                ranges[name] = widen(known, (int(stats.min_raw) * scale, int(stats.max_raw) * scale))
+            elif not (stats.has_null_count and stats.null_count >= group.num_rows):
+                ranges[name] = None  # values without statistics
+    return ranges
 
 
 def _footer(source: Any, path: str) -> ParquetFooter:
     try:
         parquet = pq.ParquetFile(source)
-        return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows)
+        return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows, _ranges(parquet))
     except (pa.ArrowException, OSError) as error:
         raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
 

@@ -15,7 +15,16 @@ from dataclasses import dataclass
 
 from . import manifest as manifest_file
 from .errors import AnalysisError, ExportError, JavaNotFound
-from .filesystems import MANIFEST_BYTES_MAX, Files, LocalFiles, is_local, join
+from .filesystems import (
+    MANIFEST_BYTES_MAX,
+    NO_VALUES,
+    Files,
+    LocalFiles,
+    ParquetFooter,
+    is_local,
+    join,
+    widen,
+)
 from .locations import local_path
 from .manifest import MANIFEST_NAME, Manifest
 from .schemas import TABLES, schema_mismatch
@@ -35,6 +44,12 @@ class ExportInput:
     manifest: Manifest
     files: dict[str, list[str]]  # table -> committed Parquet files, every one schema-checked
     rows: dict[str, int]  # table -> rows of those files, from their footers (no data read)
+    # table -> column -> (min, max) over those files from the footers' statistics, for the
+    # 64-bit integer and TIMESTAMP (microseconds) columns: see ParquetFooter.ranges
+    ranges: dict[str, dict[str, tuple[int, int] | None]]
+
+    def range_of(self, table: str, column: str) -> tuple[int, int] | None:
+        return self.ranges[table].get(column)
 
     @property
     def file_count(self) -> int:
@@ -92,16 +107,26 @@ def _load_one(path: str, files: Files) -> ExportInput:
         raise AnalysisError(str(error)) from None
     skip = set(manifest.superseded)
     found = {table: _table_files(files, path, table, manifest.last_seq, skip) for table in TABLES}
+    ranges: dict[str, dict[str, tuple[int, int] | None]] = {}
+    for table, footers in found.items():
+        columns: dict[str, tuple[int, int] | None] = {}
+        for footer in footers.values():
+            for column, known in footer.ranges.items():
+                columns[column] = widen(columns.get(column, NO_VALUES), known)
+        ranges[table] = columns
     return ExportInput(
         path,
         manifest,
         {table: list(paths) for table, paths in found.items()},
-        {table: sum(paths.values()) for table, paths in found.items()},
+        {table: sum(footer.rows for footer in footers.values()) for table, footers in found.items()},
+        ranges,
     )
 
 
-def _table_files(files: Files, path: str, table: str, last_seq: int, superseded: set[str]) -> dict[str, int]:
-    """The table's committed files, each checked, and the rows in each."""
+def _table_files(
+    files: Files, path: str, table: str, last_seq: int, superseded: set[str]
+) -> dict[str, ParquetFooter]:
+    """The table's committed files, each checked, and each one's footer."""
     table_dir = join(path, table)
     if not (files.exists(table_dir) and files.is_dir(table_dir)):
         return {}
@@ -117,19 +142,19 @@ def _table_files(files: Files, path: str, table: str, last_seq: int, superseded:
             if "/".join((table, partition, name)) in superseded:  # as compact.py names them
                 continue  # folded into a later file by compaction
             file_path = join(partition_dir, name)
-            found[file_path] = _checked_rows(files, file_path, table)
+            found[file_path] = _checked_footer(files, file_path, table)
     return found
 
 
-def _checked_rows(files: Files, file_path: str, table: str) -> int:
-    """The file's rows, once its footer shows the table's schema."""
+def _checked_footer(files: Files, file_path: str, table: str) -> ParquetFooter:
+    """The file's footer, once it shows the table's schema."""
     footer = files.parquet_footer(file_path)
     why = schema_mismatch(table, footer.schema)
     if why is not None:
         raise AnalysisError(
             f"{file_path} does not have the {table} schema: {why} (see levelzero/export/SCHEMAS.md)"
         )
-    return footer.rows
+    return footer
 
 
 def check_java() -> str:

@@ -11,6 +11,7 @@ Definitions are in `analyze.py`'s docstring (and in the report).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ import pyarrow as pa
 
 from .errors import AnalysisError
 from .inputs import ExportInput
-from .filesystems import join
+from .filesystems import NO_VALUES, join, widen
 from .locations import spark_uri
 from .results import Results, ResultTable
 from .schemas import TABLES
@@ -58,6 +59,16 @@ NICE_BUCKETS_S = (
 )
 HISTOGRAM_BINS = 20
 FENCE_RANGES_MAX = 200  # epoch ranges of the fence results, however many epochs the data spans
+# the fence_by_window table's columns, scanned or (no windowed decision) empty
+FENCE_BY_WINDOW_COLUMNS = (
+    "window_max_from",
+    "window_max_to",
+    "events",
+    "rejected",
+    "slides",
+    "partitions",
+    "rejection_rate",
+)
 LAG_PERCENTILES = (0.5, 0.9, 0.99)
 MICROS_PER_S = 1_000_000
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: rank error <= rows / accuracy
@@ -140,13 +151,18 @@ class SparkAnalysis:
         inputs: list[ExportInput],
         out_dir: str,
         bucket_s: float | None,
+        on_ready: Callable[[Results, list[str]], None] | None = None,
     ) -> None:
+        """`on_ready(results, names)` is called from the jobs' threads after each step of the
+        analysis with the result tables that step made (and the figures it set)."""
         self.spark = spark
         self.inputs = inputs
         self.out_dir = out_dir
         self.requested_bucket_s = bucket_s
         self._cached: list[DataFrame] = []
         self._large_writes: list[Callable[[], None]] = []
+        self._on_ready = on_ready
+        self._made = threading.local()  # per jobs' thread: the tables its current step made
 
     def run(self) -> Results:
         """Every collected result. The large results' writes wait for `write_large_results`
@@ -165,14 +181,14 @@ class SparkAnalysis:
             objects, deletions = frames["l0_objects"], frames["l0_deletions"]
 
             def objects_side() -> None:
-                self._gc_lag(objects, deletions, frames["gc_rounds"])
-                self._gc_rounds_over_time(frames["gc_rounds"])
-                self._storage(objects, deletions, frames["l1_objects"])
+                self._step(self._gc_lag, objects, deletions, frames["gc_rounds"])
+                self._step(self._gc_rounds_over_time, frames["gc_rounds"])
+                self._step(self._storage, objects, deletions, frames["l1_objects"])
 
             def partitions_side() -> None:
-                self._partition_states(frames["state_samples"])
-                self._fence(frames["fence_events"])
-                self._throughput(frames["log_entries"])
+                self._step(self._partition_states, frames["state_samples"])
+                self._step(self._fence, frames["fence_events"])
+                self._step(self._throughput, frames["log_entries"])
 
             # Two independent halves of the results, each a sequence of Spark jobs, from two
             # threads: most of their stages are one or two tasks, and between two jobs the
@@ -191,6 +207,19 @@ class SparkAnalysis:
             self.release()
             raise
 
+    def _step(self, step: Callable[..., None], *frames: DataFrame) -> None:
+        """One step of the results, then `on_ready` with the tables it made."""
+        self._made.names = []
+        step(*frames)
+        if self._on_ready is not None:
+            self._on_ready(self.results, self._made.names)
+
+    def _put(self, name: str, table: ResultTable) -> None:
+        self.results.tables[name] = table
+        made = getattr(self._made, "names", None)
+        if made is not None and name not in made:
+            made.append(name)
+
     def write_large_results(self) -> None:
         """The results Spark writes itself (never collected), into `out_dir`."""
         for write in self._large_writes:
@@ -208,7 +237,12 @@ class SparkAnalysis:
         files = [path for found in self.inputs for path in found.files[table]]
         schema = spark_schema(table)
         if not files:
-            return self.spark.createDataFrame([], seconds_schema(schema))
+            # An empty relation the optimizer sees as empty (a filter that is always false
+            # becomes one): the unions, joins and aggregates over it drop it from the plans.
+            # `createDataFrame([])` is a scan of a Python RDD that every query reading the
+            # table ran as tasks (and a shuffle, where it was grouped).
+            nothing = [F.lit(None).cast(f.dataType).alias(f.name) for f in seconds_schema(schema).fields]
+            return self.spark.range(1).where(F.lit(False)).select(*nothing)
         uris = [spark_uri(path) for path in files]
         # The jobs compute on unix seconds (float): every TIMESTAMP column becomes one here.
         seconds = [
@@ -253,16 +287,39 @@ class SparkAnalysis:
         self._cached.append(frame)
         return frame
 
-    def _time_grid(self, frames: dict[str, DataFrame], rows: dict[str, int]) -> Results:
+    def _footer_range(self, *columns: tuple[str, str]) -> tuple[int, int] | None:
+        """The (min, max) of the non-null values of the tables' `columns`, as the input files'
+        footers tell them (TIMESTAMPs in microseconds; lo > hi: no value); None when they
+        cannot (a file without statistics). A table without files has no values."""
+        known: tuple[int, int] | None = NO_VALUES
+        for found in self.inputs:
+            for table, column in columns:
+                if found.files[table]:
+                    known = widen(known, found.range_of(table, column))
+        return known
+
+    def _time_bounds(self, frames: dict[str, DataFrame]) -> tuple[float | None, float | None]:
+        """The earliest and latest time of any table (unix seconds), as the jobs compute
+        times: from the input files' footers (their statistics: no Spark job) when every
+        file's tell it, else a scan of every table's time column. Deduplication does not move
+        them (a duplicate row has the same time)."""
+        known = self._footer_range(*[(table, TABLES[table].time_column) for table in TABLES])
+        if known is not None:
+            lo, hi = known
+            return (None, None) if lo > hi else (lo / MICROS_PER_S, hi / MICROS_PER_S)
         times = None
         for table, frame in frames.items():
             part = frame.select(F.col(TABLES[table].time_column).alias("t"))
             times = part if times is None else times.unionByName(part)
         assert times is not None
         bounds = times.agg(F.min("t").alias("lo"), F.max("t").alias("hi")).collect()[0]
-        if bounds["lo"] is None:
+        return bounds["lo"], bounds["hi"]
+
+    def _time_grid(self, frames: dict[str, DataFrame], rows: dict[str, int]) -> Results:
+        lo, hi = self._time_bounds(frames)
+        if lo is None or hi is None:
             raise AnalysisError("the export directories hold no rows: nothing to analyse")
-        t_min, t_max = float(bounds["lo"]), float(bounds["hi"])
+        t_min, t_max = float(lo), float(hi)
         span = t_max - t_min
         bucket_s = float(self.requested_bucket_s or nice_bucket_s(span))
         t0 = math.floor(t_min / bucket_s) * bucket_s
@@ -300,7 +357,7 @@ class SparkAnalysis:
             frame = frame.orderBy(*order)
         rows = [{k: _utc(v) for k, v in row.asDict().items()} for row in frame.collect()]
         table = ResultTable(list(frame.columns), rows)
-        self.results.tables[name] = table
+        self._put(name, table)
         return table
 
     # ------------------------------------------------------------------ GC lag
@@ -324,16 +381,20 @@ class SparkAnalysis:
         return epochs.join(F.broadcast(steps), covers, "left").select("epoch", "reached_at")
 
     def _gc_lag(self, objects: DataFrame, deletions: DataFrame, rounds: DataFrame) -> None:
+        eligible_at = F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at"))
+        lag_s = F.col("deleted_at") - eligible_at
         lags = (
             objects.join(deletions, "key", "left")
             .join(F.broadcast(self._eligible_since(objects, rounds)), "epoch", "left")
-            .withColumn(
-                "eligible_at",
-                F.when(F.col("reached_at").isNotNull(), F.greatest("created_at", "reached_at")),
+            # One projection (each withColumn is a new plan the driver analyses again).
+            .withColumns(
+                {
+                    "eligible_at": eligible_at,
+                    "lag_s": lag_s,
+                    "age_s": F.col("deleted_at") - F.col("created_at"),
+                    "explained": lag_s.isNotNull() & (lag_s >= 0),
+                }
             )
-            .withColumn("lag_s", F.col("deleted_at") - F.col("eligible_at"))
-            .withColumn("age_s", F.col("deleted_at") - F.col("created_at"))
-            .withColumn("explained", F.col("lag_s").isNotNull() & (F.col("lag_s") >= 0))
         )
         lags = self._cache(lags)
         deleted = F.col("deleted_at").isNotNull()
@@ -399,7 +460,7 @@ class SparkAnalysis:
                 "l0_deleted_unexplained",
             )
         ]
-        self.results.tables["gc_lag_summary"] = ResultTable(["figure", "value"], summary_rows)
+        self._put("gc_lag_summary", ResultTable(["figure", "value"], summary_rows))
         self._histogram("gc_lag_histogram", lags.where(F.col("explained")), "lag_s", summary["lag_max"])
         self._histogram(
             "l0_age_histogram", lags.where(F.col("age_s").isNotNull()), "age_s", summary["age_max"]
@@ -409,7 +470,7 @@ class SparkAnalysis:
         """HISTOGRAM_BINS equal bins from 0 to `top` of `column` (objects per bin)."""
         columns = ["bin_lo_s", "bin_hi_s", "objects"]
         if top is None:
-            self.results.tables[name] = ResultTable(columns, [])
+            self._put(name, ResultTable(columns, []))
             return
         lag_max = max(top, 0.0)
         bins = HISTOGRAM_BINS if lag_max > 0 else 1
@@ -475,9 +536,7 @@ class SparkAnalysis:
         )
         collected = self._keep("gc_rounds_over_time", per_bucket, order=["bucket_start"])
         rows = collected.rows
-        self.results.tables["gc_rounds_over_time"] = ResultTable(
-            columns, [{c: row[c] for c in columns} for row in rows]
-        )
+        self._put("gc_rounds_over_time", ResultTable(columns, [{c: row[c] for c in columns} for row in rows]))
         self.results.figures.update(
             gc_rounds=sum(r["rounds"] for r in rows),
             gc_dry_runs=sum(r["dry_runs"] for r in rows),
@@ -576,10 +635,15 @@ class SparkAnalysis:
             .withColumn("s", F.last("s", ignorenulls=True).over(as_of))
             .where(F.col("s").isNotNull())
             .select("topic", "partition", "b", *[F.col(f"s.{c}").alias(c) for c in state])
-            .withColumn("lag_epochs", F.col("max_applied_epoch") - F.col("mp"))
-            .withColumn("unreconciled", F.col("high_watermark") - 1 - F.col("lro"))
+            .withColumns(
+                {
+                    "lag_epochs": F.col("max_applied_epoch") - F.col("mp"),
+                    "unreconciled": F.col("high_watermark") - 1 - F.col("lro"),
+                }
+            )
         )
         filled = self._cache(filled)
+        m = F.when(F.col("without_mp") == 0, F.col("mp_min"))
         per_bucket = (
             filled.groupBy("b")
             .agg(
@@ -592,29 +656,32 @@ class SparkAnalysis:
                 F.sum("unreconciled").alias("unreconciled_total"),
                 F.max("unreconciled").alias("unreconciled_max"),
             )
-            .withColumn("m", F.when(F.col("without_mp") == 0, F.col("mp_min")))
-            .withColumn("cluster_lag_epochs", F.col("max_applied_epoch") - F.col("m"))
+            .withColumns({"m": m, "cluster_lag_epochs": F.col("max_applied_epoch") - m})
         )
         per_bucket = self._cache(per_bucket)
-        watermarks = self._keep(
+        watermark_columns = [
+            "bucket_start",
+            "partitions",
+            "without_mp",
+            "m",
+            "max_applied_epoch",
+            "cluster_lag_epochs",
+            "partition_lag_max",
+            "partition_lag_mean",
+        ]
+        reconciler_columns = ["bucket_start", "partitions", "unreconciled_total", "unreconciled_max"]
+        # Both per-bucket results in one collect (one job), split here.
+        both = self._keep(
             "watermark_over_time",
-            per_bucket.select(
-                self._bucket_start(),
-                "partitions",
-                "without_mp",
-                "m",
-                "max_applied_epoch",
-                "cluster_lag_epochs",
-                "partition_lag_max",
-                "partition_lag_mean",
-            ),
+            per_bucket.select(self._bucket_start(), *watermark_columns[1:], *reconciler_columns[2:]),
             order=["bucket_start"],
         )
-        reconciler = self._keep(
-            "reconciler_lag_over_time",
-            per_bucket.select(self._bucket_start(), "partitions", "unreconciled_total", "unreconciled_max"),
-            order=["bucket_start"],
+        watermarks = ResultTable(watermark_columns, [{c: r[c] for c in watermark_columns} for r in both.rows])
+        reconciler = ResultTable(
+            reconciler_columns, [{c: r[c] for c in reconciler_columns} for r in both.rows]
         )
+        self._put("watermark_over_time", watermarks)
+        self._put("reconciler_lag_over_time", reconciler)
         holds_m = F.when(F.col("without_mp") > 0, F.col("mp").isNull()).otherwise(
             F.col("mp") == F.col("mp_min")
         )
@@ -631,6 +698,7 @@ class SparkAnalysis:
         )
         bucket_s = self.results.bucket_s
         sampled_buckets = max(1, len(watermarks.rows))
+        holding = F.coalesce("buckets_holding_m", F.lit(0))
         per_partition = (
             filled.groupBy("topic", "partition")
             .agg(
@@ -641,9 +709,13 @@ class SparkAnalysis:
                 F.max_by("max_applied_epoch", "b").alias("max_applied_epoch_end"),
             )
             .join(held, ["topic", "partition"], "left")
-            .withColumn("buckets_holding_m", F.coalesce("buckets_holding_m", F.lit(0)))
-            .withColumn("seconds_holding_m", F.col("buckets_holding_m") * F.lit(bucket_s))
-            .withColumn("share_holding_m", F.col("buckets_holding_m") / F.lit(sampled_buckets))
+            .withColumns(
+                {
+                    "buckets_holding_m": holding,
+                    "seconds_holding_m": holding * F.lit(bucket_s),
+                    "share_holding_m": holding / F.lit(sampled_buckets),
+                }
+            )
         )
         holders = self._keep(
             "partition_watermarks",
@@ -668,8 +740,12 @@ class SparkAnalysis:
     def _fence(self, events: DataFrame) -> None:
         rejected = F.col("outcome") == "rejected"
         windowed = events.where(F.col("window_max").isNotNull())
-        bounds = windowed.agg(F.min("window_max").alias("lo"), F.max("window_max").alias("hi"))
-        lo, hi = bounds.collect()[0]
+        known = self._footer_range(("fence_events", "window_max"))  # no job where they tell
+        if known is None:
+            bounds = windowed.agg(F.min("window_max").alias("lo"), F.max("window_max").alias("hi"))
+            lo, hi = bounds.collect()[0]
+        else:
+            lo, hi = known if known[0] <= known[1] else (None, None)
         if lo is not None:
             # Epoch ranges of equal width, at most FENCE_RANGES_MAX of them, whatever the history.
             width = max(1, math.ceil((hi - lo + 1) / FENCE_RANGES_MAX))
@@ -688,31 +764,12 @@ class SparkAnalysis:
                     F.least(F.col("window_max_from") + F.lit(width - 1), F.lit(hi)).cast("long"),
                 )
                 .withColumn("rejection_rate", F.col("rejected") / F.col("events"))
-                .select(
-                    "window_max_from",
-                    "window_max_to",
-                    "events",
-                    "rejected",
-                    "slides",
-                    "partitions",
-                    "rejection_rate",
-                )
+                .select(*FENCE_BY_WINDOW_COLUMNS)
             )
             self._keep("fence_by_window", by_window, order=["window_max_from"])
             self.results.figures["fence_epochs_per_range"] = width
         else:
-            self.results.tables["fence_by_window"] = ResultTable(
-                [
-                    "window_max_from",
-                    "window_max_to",
-                    "events",
-                    "rejected",
-                    "slides",
-                    "partitions",
-                    "rejection_rate",
-                ],
-                [],
-            )
+            self._put("fence_by_window", ResultTable(list(FENCE_BY_WINDOW_COLUMNS), []))
         window_size = F.col("window_max") - F.col("window_min") + 1
         sizes = (
             events.where(F.col("window_min").isNotNull() & F.col("window_max").isNotNull())
@@ -780,8 +837,12 @@ class SparkAnalysis:
                 F.coalesce("bytes", F.lit(0)).alias("bytes"),
                 F.coalesce("active_partitions", F.lit(0)).alias("active_partitions"),
             )
-            .withColumn("records_per_s", F.col("records") / bucket_s)
-            .withColumn("bytes_per_s", F.col("bytes") / bucket_s)
+            .withColumns(
+                {
+                    "records_per_s": F.col("records") / bucket_s,
+                    "bytes_per_s": F.col("bytes") / bucket_s,
+                }
+            )
         )
         series = self._keep("throughput_over_time", over_time, order=["bucket_start"])
         by_partition = per_bucket.groupBy("topic", "partition").agg(

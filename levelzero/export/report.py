@@ -12,6 +12,9 @@ import base64
 import html
 import io
 import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -54,14 +57,23 @@ def _rebased(path: str, old_root: str, new_root: str) -> str:
     return path
 
 
-def write_report(results: Results, out_dir: str, *, link_root: str | None = None) -> WrittenReport:
+def write_report(
+    results: Results,
+    out_dir: str,
+    *,
+    link_root: str | None = None,
+    plots: dict[str, str] | None = None,
+) -> WrittenReport:
     """Result tables, plots and report.html in the local directory `out_dir`. With `link_root`,
     `out_dir` is a staging copy of that URI: the tables Spark wrote there are linked as if
-    they were in `out_dir` (the links are relative, so they hold once it is copied up)."""
+    they were in `out_dir` (the links are relative, so they hold once it is copied up). The
+    plots are drawn here unless `plots` names them (a `PlotDrawer` drew them into
+    `out_dir`/plots while the jobs ran)."""
     tables = _write_tables(results, os.path.join(out_dir, "tables"))
     if link_root is not None:
         tables = {name: _rebased(path, link_root, out_dir) for name, path in tables.items()}
-    plots = _write_plots(results, os.path.join(out_dir, "plots"))
+    if plots is None:
+        plots = _write_plots(results, plots_dir(out_dir))
     report_path = os.path.join(out_dir, "report.html")
     temp = report_path + ".tmp"
     with open(temp, "w", encoding="utf-8") as file:
@@ -98,6 +110,10 @@ def _times(rows: list[dict[str, Any]], bucket_s: float) -> list[datetime]:
     return [r["bucket_start"] + timedelta(seconds=bucket_s) for r in rows]
 
 
+def plots_dir(out_dir: str) -> str:
+    return os.path.join(out_dir, "plots")
+
+
 def load_plotting() -> None:
     """matplotlib's imports (half a second; the caller may run them ahead, in a thread)."""
     import matplotlib
@@ -107,40 +123,49 @@ def load_plotting() -> None:
     import matplotlib.pyplot
 
 
-def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
-    load_plotting()
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
+class _Canvas:
+    """matplotlib for one report's plots: pyplot's figures, the common axes, and saving (every
+    plot of a report is drawn in one thread: pyplot is not thread-safe)."""
 
-    from matplotlib.ticker import FuncFormatter
+    def __init__(self, plots_dir: str) -> None:
+        load_plotting()
+        import matplotlib.dates as mdates
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
 
-    bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
-    os.makedirs(plots_dir, exist_ok=True)
-    for name in os.listdir(plots_dir):  # a previous report's plots this one may not redraw
-        if name.endswith(".png"):
-            os.unlink(os.path.join(plots_dir, name))
-    tables = results.tables
-    bucket_s = results.bucket_s
-    written: dict[str, str] = {}
+        self.plt = plt
+        self.mdates = mdates
+        self.formatter = FuncFormatter
+        self.bytes_axis = FuncFormatter(lambda value, _: human_bytes(value))
+        self.plots_dir = plots_dir
+        self.written: dict[str, str] = {}
+        os.makedirs(plots_dir, exist_ok=True)
+        for name in os.listdir(plots_dir):  # a previous report's plots this one may not redraw
+            if name.endswith(".png"):
+                os.unlink(os.path.join(plots_dir, name))
 
-    def save(name: str, figure: Figure) -> None:
+    def save(self, name: str, figure: Figure) -> None:
         figure.tight_layout()
-        path = os.path.join(plots_dir, f"{name}.png")
+        path = os.path.join(self.plots_dir, f"{name}.png")
         figure.savefig(path, dpi=PLOT_DPI)
-        plt.close(figure)
-        written[name] = path
+        self.plt.close(figure)
+        self.written[name] = path
 
     # The axes as Any: matplotlib's stubs refuse the datetime x values its date units plot.
-    def time_figure(title: str) -> tuple[Figure, Any]:
-        figure, axis = plt.subplots(figsize=(9, 3.6))
-        locator = mdates.AutoDateLocator()
+    def time_figure(self, title: str) -> tuple[Figure, Any]:
+        figure, axis = self.plt.subplots(figsize=(9, 3.6))
+        locator = self.mdates.AutoDateLocator()
         axis.xaxis.set_major_locator(locator)
-        axis.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
+        axis.xaxis.set_major_formatter(self.mdates.ConciseDateFormatter(locator, tz=UTC))
         axis.set_title(title)
         axis.set_xlabel("time (UTC)")
         axis.grid(alpha=0.3)
         return figure, axis
 
+
+def _plot_gc_lag_histogram(canvas: _Canvas, results: Results) -> None:
+    plt = canvas.plt
+    tables = results.tables
     panels = [
         ("gc_lag", "GC lag: eligible (M >= epoch) → deleted", tables["gc_lag_histogram"].rows),
         ("l0_age", "L0 age at deletion: created → deleted", tables["l0_age_histogram"].rows),
@@ -167,8 +192,14 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
             axis.set_ylabel("L0 objects")
             axis.legend()
             axis.grid(alpha=0.3)
-        save("gc_lag_histogram", figure)
+        canvas.save("gc_lag_histogram", figure)
 
+
+def _plot_storage_over_time(canvas: _Canvas, results: Results) -> None:
+    time_figure = canvas.time_figure
+    bytes_axis = canvas.bytes_axis
+    tables = results.tables
+    bucket_s = results.bucket_s
     storage = tables["storage_over_time"].rows
     if storage:
         figure, axis = time_figure("Live bytes: L0 vs L1, and storage amplification")
@@ -185,8 +216,13 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         twin.set_ylim(*y_limits(amplification))
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
-        save("storage_over_time", figure)
+        canvas.save("storage_over_time", figure)
 
+
+def _plot_watermark_over_time(canvas: _Canvas, results: Results) -> None:
+    time_figure = canvas.time_figure
+    tables = results.tables
+    bucket_s = results.bucket_s
     watermark = tables["watermark_over_time"].rows
     gc_rounds = tables["gc_rounds_over_time"].rows
     if watermark or gc_rounds:
@@ -212,8 +248,14 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         epochs = [r[c] for r in watermark for c in ("max_applied_epoch", "m")] + [r["m"] for r in gc_rounds]
         axis.set_ylim(*y_limits(epochs, span_min=EPOCH_AXIS_SPAN_MIN))
         axis.legend(loc="upper left")
-        save("watermark_over_time", figure)
+        canvas.save("watermark_over_time", figure)
 
+
+def _plot_cluster_lag(canvas: _Canvas, results: Results) -> None:
+    time_figure = canvas.time_figure
+    bucket_s = results.bucket_s
+    watermark = results.tables["watermark_over_time"].rows
+    gc_rounds = results.tables["gc_rounds_over_time"].rows
     cluster_lags = [r for r in watermark if r["cluster_lag_epochs"] is not None]
     round_lags = [r for r in gc_rounds if r["cluster_lag_epochs"] is not None]
     if cluster_lags or round_lags:
@@ -244,8 +286,12 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         lags = [r[c] for r in cluster_lags for c in ("cluster_lag_epochs", "partition_lag_max")]
         axis.set_ylim(*y_limits(lags + [r["cluster_lag_epochs"] for r in round_lags]))
         axis.legend(loc="upper left")
-        save("cluster_lag", figure)
+        canvas.save("cluster_lag", figure)
 
+
+def _plot_watermark_holders(canvas: _Canvas, results: Results) -> None:
+    plt = canvas.plt
+    tables = results.tables
     holders = [r for r in tables["partition_watermarks"].rows if r["buckets_holding_m"]]
     holders = holders[:TOP_ROWS_SHOWN]
     if holders:
@@ -258,8 +304,12 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         axis.set_xlabel(f"time ({unit}) at the minimum M(p) while another partition was above it")
         axis.set_title("Partitions that held the GC watermark back")
         axis.grid(alpha=0.3, axis="x")
-        save("watermark_holders", figure)
+        canvas.save("watermark_holders", figure)
 
+
+def _plot_fence(canvas: _Canvas, results: Results) -> None:
+    plt = canvas.plt
+    tables = results.tables
     by_window = tables["fence_by_window"].rows
     sizes = tables["fence_window_sizes"].rows
     if by_window or sizes:
@@ -272,7 +322,7 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         )
         left.set_title("Stale rejections / fence decisions")
         left.set_xlabel("window upper edge (epoch range)")
-        left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
+        left.yaxis.set_major_formatter(canvas.formatter(lambda v, _: human_number(v)))
         left.set_ylabel("rejection rate")
         left.set_ylim(*y_limits([r["rejection_rate"] for r in by_window]))
         right.bar([str(r["window_size"]) for r in sizes], [r["events"] for r in sizes])
@@ -281,8 +331,13 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         right.set_ylabel("fence events")
         for axis in (left, right):
             axis.grid(alpha=0.3, axis="y")
-        save("fence", figure)
+        canvas.save("fence", figure)
 
+
+def _plot_reconciler_lag(canvas: _Canvas, results: Results) -> None:
+    time_figure = canvas.time_figure
+    tables = results.tables
+    bucket_s = results.bucket_s
     reconciler = tables["reconciler_lag_over_time"].rows
     if reconciler:
         figure, axis = time_figure("Reconciler lag: records not yet in L1")
@@ -297,15 +352,21 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
             *y_limits([r[c] for r in reconciler for c in ("unreconciled_total", "unreconciled_max")])
         )
         axis.legend(loc="upper left")
-        save("reconciler_lag", figure)
+        canvas.save("reconciler_lag", figure)
 
+
+def _plot_throughput(canvas: _Canvas, results: Results) -> None:
+    time_figure = canvas.time_figure
+    bytes_axis = canvas.bytes_axis
+    tables = results.tables
+    bucket_s = results.bucket_s
     throughput = tables["throughput_over_time"].rows
     if throughput and results.figures.get("records_total"):
         figure, axis = time_figure("Throughput (placeholders appended)")
         times = _times(throughput, bucket_s)
         axis.plot(times, [r["records_per_s"] for r in throughput], label="records/s")
         axis.set_ylabel("records/s")
-        axis.yaxis.set_major_formatter(FuncFormatter(lambda v, _: human_number(v)))
+        axis.yaxis.set_major_formatter(canvas.formatter(lambda v, _: human_number(v)))
         axis.set_ylim(*y_limits([r["records_per_s"] for r in throughput]))
         twin = axis.twinx()
         bytes_per_s = [r["bytes_per_s"] for r in throughput]
@@ -315,9 +376,73 @@ def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
         twin.yaxis.set_major_formatter(bytes_axis)
         lines = axis.get_lines() + twin.get_lines()
         axis.legend(lines, [line.get_label() for line in lines], loc="upper left")
-        save("throughput", figure)
+        canvas.save("throughput", figure)
 
-    return written
+
+# The plots in the report's order: a plot is drawn once the steps that make its tables (and
+# the figures they set) are done.
+_PLOTS: tuple[tuple[str, tuple[str, ...], Callable[[_Canvas, Results], None]], ...] = (
+    ("gc_lag_histogram", ("gc_lag_histogram", "l0_age_histogram"), _plot_gc_lag_histogram),
+    ("storage_over_time", ("storage_over_time",), _plot_storage_over_time),
+    ("watermark_over_time", ("watermark_over_time", "gc_rounds_over_time"), _plot_watermark_over_time),
+    ("cluster_lag", ("watermark_over_time", "gc_rounds_over_time"), _plot_cluster_lag),
+    ("watermark_holders", ("partition_watermarks",), _plot_watermark_holders),
+    ("fence", ("fence_by_window", "fence_window_sizes"), _plot_fence),
+    ("reconciler_lag", ("reconciler_lag_over_time",), _plot_reconciler_lag),
+    ("throughput", ("throughput_over_time", "throughput_by_partition"), _plot_throughput),
+)
+
+
+def _write_plots(results: Results, plots_dir: str) -> dict[str, str]:
+    """Every plot of `results`, drawn now in this thread."""
+    canvas = _Canvas(plots_dir)
+    for _, _, draw in _PLOTS:
+        draw(canvas, results)
+    return canvas.written
+
+
+class PlotDrawer:
+    """Draws each plot as soon as the results it shows are in, while the Spark jobs run: in
+    the one thread of `pool` (every plot of the report in that thread; pyplot is not
+    thread-safe), from the collected rows, off the jobs' critical path. `ready` is called
+    from the jobs' threads after each step of the analysis with the tables that step made;
+    `finish` waits for the drawing and returns the plots in the report's order."""
+
+    def __init__(self, plots_dir: str, pool: Executor) -> None:
+        self._pool = pool
+        self._plots_dir = plots_dir
+        self._canvas: _Canvas | None = None
+        self._ready: set[str] = set()
+        self._drawn: set[str] = set()
+        self._lock = threading.Lock()
+        self._pending: list[Future[None]] = [pool.submit(self._start)]
+
+    def _start(self) -> None:
+        self._canvas = _Canvas(self._plots_dir)  # matplotlib's imports while the jobs start
+
+    def ready(self, results: Results, tables: Iterable[str]) -> None:
+        names = frozenset(tables)
+        with self._lock:
+            self._pending.append(self._pool.submit(self._draw, results, names))
+
+    def _draw(self, results: Results, names: frozenset[str]) -> None:
+        assert self._canvas is not None, "_start runs first in the pool's one thread"
+        self._ready |= names
+        for name, needs, draw in _PLOTS:
+            if name not in self._drawn and self._ready.issuperset(needs):
+                self._drawn.add(name)
+                draw(self._canvas, results)
+
+    def finish(self) -> dict[str, str]:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+        assert self._canvas is not None
+        missing = [name for name, _, _ in _PLOTS if name not in self._drawn]
+        assert not missing, f"plots never drawn: {missing} (tables ready: {sorted(self._ready)})"
+        written = self._canvas.written
+        return {name: written[name] for name, _, _ in _PLOTS if name in written}
 
 
 # ------------------------------------------------------------------------ HTML

@@ -11,15 +11,19 @@ record readable), and at the end (no leaks).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import traceback
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
+
+import levelzero.actors.partition as partition_module
 
 from levelzero.core.entries import LogRecord, Placeholder, SetStartOffset
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.core.errors import InvariantViolation
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.l0format import Record, decode_extent, read_header
-from levelzero.core.state import PartitionState
+from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.storage.protocols import L1Row, L1State
 
 
@@ -30,6 +34,45 @@ if TYPE_CHECKING:
     from .faults import SimLogStore
 
 L0_ROOT = "level_zero/"
+
+
+class ObservedPins(ReaderPins):
+    """A simulated partition's reader pins, keeping apart what each registered reader was told
+    it pinned (`register`'s answer) from the pin set the published `M(p)` is computed from.
+    The check at every delete (`Truth.on_delete`) holds the deleted key against these claims:
+    a GC that ignores pins is caught when it deletes, whether or not a reader then misses the
+    object (its bytes may still be in the node's L0 cache, or nobody reads them again)."""
+
+    __slots__ = ("claims",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims: dict[int, int] = {}  # reader id -> the M(p) it was told it pinned
+
+    def register(self, state_mp: int | None) -> tuple[int, int | None]:
+        reader_id, pinned = super().register(state_mp)
+        if pinned is not None:
+            self.claims[reader_id] = pinned
+        return reader_id, pinned
+
+    def release(self, reader_id: int) -> None:
+        self.claims.pop(reader_id, None)
+        super().release(reader_id)
+
+    def lowest_claim(self) -> int | None:
+        return min(self.claims.values()) if self.claims else None
+
+
+@contextlib.contextmanager
+def observed_pins() -> Iterator[None]:
+    """Partition actors made meanwhile keep `ObservedPins` (where the actor module looks the
+    class up; the pins behave exactly as the shipping ones, or as a mutation makes them)."""
+    original = partition_module.__dict__["ReaderPins"]
+    setattr(partition_module, "ReaderPins", ObservedPins)  # noqa: B010 - a module global, patched
+    try:
+        yield
+    finally:
+        setattr(partition_module, "ReaderPins", original)  # noqa: B010
 
 
 class World(Protocol):
@@ -64,6 +107,7 @@ class Truth:
         # L0 key -> (pid, first data offset, last data offset) of every durable placeholder
         self.refs: dict[str, list[tuple[int, int, int]]] = {}
         self.deleted: set[str] = set()
+        self.deletes_under_pins = 0  # L0 deletes while a live reader held a pin (each checked)
         self.dropped = 0  # acknowledged records below the start offset at the last read-back
         self._published: dict[str, int] = {}
 
@@ -207,6 +251,7 @@ class Truth:
         self.world.note(f"delete {key}")
         if not key.startswith(L0_ROOT):
             return
+        self._check_reader_pins(key)
         for pid, base, last in self.refs.get(key, ()):
             state = self.shadow[pid]
             if last > state.lro:
@@ -226,6 +271,30 @@ class Truth:
                         f"offset {pending.record.log_offset}, epoch {entry.epoch}), not durable yet",
                     )
         self.deleted.add(key)
+
+    def _check_reader_pins(self, key: str) -> None:
+        """Invariant 1's reader half: no L0 object above a pin an active reader holds is
+        deleted. A reader of a partition (on a node whose term for it is current) told it pinned
+        `M(p) = m` keeps the published `M(p)`, and so the GC's `M`, at or below `m` until it
+        releases: published values never exceed the state's `M(p)`, which never falls, so
+        even a round that read the board before the reader registered has `M <= m`. Checked
+        here, as the delete lands, and not by a later read's failure: the node's L0 cache may
+        still serve the deleted object's bytes."""
+        epoch = parse_l0_key(key).epoch
+        pinned = False
+        for actor in self.world.live_actors():
+            pins = actor.pins
+            if not isinstance(pins, ObservedPins):
+                continue  # (an actor made outside a run)
+            low = pins.lowest_claim()
+            pinned = pinned or low is not None
+            if low is not None and epoch > low:
+                self.fail(
+                    "1",
+                    f"deleted {key} (epoch {epoch}) while {len(pins.claims)} reader(s) of "
+                    f"{actor.name} held M(p) = {low} (published {self._published.get(actor.name)})",
+                )
+        self.deletes_under_pins += pinned
 
     def on_l1_delete_started(self, row: L1Row) -> None:
         """A valid L1 object of the durable lineage must never start being deleted."""

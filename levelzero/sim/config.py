@@ -35,6 +35,10 @@ class SimConfig:
     newest_partition_write_p: tuple[float, ...] = (0.0, 0.3, 0.6)  # one drawn per seed
     # seeds with a compacted topic and the compactor running (`compaction.py`, drawn apart)
     compaction_share: float = 0.4
+    # the readers' L0 cache (`actors/l0_cache.py`), one size drawn per seed (a stream of its
+    # own): off; one object (an L0 object is at most two batches: 2 * batch_bytes_max), every
+    # load evicts; three objects; room for all
+    l0_cache_bytes_max: tuple[int, ...] = (0, 2048, 6144, 1 << 20)
 
     # epochs: the node's timer, and bumps on demand (in bursts) at any time
     epoch_bump_interval_s: tuple[float, ...] = (0.5, 1.0, 2.0)  # one drawn per seed

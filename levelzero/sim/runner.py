@@ -42,6 +42,9 @@ class SimResult:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l0_cache_served: int  # extents the readers' L0 cache served without a GET of their own
+    l0_cache_loads: int
+    deletes_under_pins: int  # L0 deletes while a live reader held a pin (checked against it)
     crashes: int
     graceful_stops: int
     pauses: int
@@ -209,6 +212,9 @@ def _result(
         objects_deleted=s.objects_deleted,
         orphans=s.orphans,
         l1_written=s.l1_written,
+        l0_cache_served=s.l0_cache_served,
+        l0_cache_loads=s.l0_cache_loads,
+        deletes_under_pins=world.truth.deletes_under_pins,
         crashes=s.crashes,
         graceful_stops=s.graceful_stops,
         pauses=s.pauses,
@@ -298,6 +304,9 @@ class Summary:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l0_cache_served: int
+    l0_cache_loads: int
+    deletes_under_pins: int
     crashes: int
     graceful_stops: int
     pauses: int
@@ -344,6 +353,9 @@ _SUMMED = (
     "objects_deleted",
     "orphans",
     "l1_written",
+    "l0_cache_served",
+    "l0_cache_loads",
+    "deletes_under_pins",
     "crashes",
     "graceful_stops",
     "pauses",

@@ -61,7 +61,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_store import MemoryObjectStore
 
-from .checks import L0_ROOT, Truth
+from .checks import L0_ROOT, Truth, observed_pins
 from .compaction import CompactionSim
 from .config import SimConfig
 from .faults import Gate, Gates, Link, SeededFaults, SimLogStore, SimTxnLogStore
@@ -163,6 +163,8 @@ class Stats:
     l1_written: int = 0
     gc_rounds: int = 0
     objects_deleted: int = 0
+    l0_cache_served: int = 0  # extents the readers' L0 cache sliced from an object it held or loaded
+    l0_cache_loads: int = 0  # whole-object GETs it made
     heal_s: float = 0.0  # from the faults' end until every node is up again
     quiet_s: float = 0.0  # from the workload's end until every L0 object is collected
     healed_writes: int = 0
@@ -198,6 +200,7 @@ class World:
         self.fault_scale = rng.choice(cfg.fault_scales)
         # Drawn from a stream of its own: the world's stream (and every seed's draws) unchanged.
         self.reconciler_age_max_s = random.Random(seed + 0x1A6E).choice(cfg.reconciler_object_age_max_s)
+        self.l0_cache_bytes_max = random.Random(seed + 0xCAC4E).choice(cfg.l0_cache_bytes_max)
         # Swarm testing: each fault's rate and the workload's mix drawn apart, some off.
         swarm = {name: getattr(cfg, name) * rng.choice(cfg.swarm_scales) for name in _SWARMED_RATES}
         swarm |= {name: getattr(cfg, name) * rng.choice(cfg.swarm_mix) for name in _SWARMED_INTERVALS}
@@ -321,10 +324,10 @@ class World:
         cfg = self.cfg
         config = NodeConfig(
             fencing_mode=self.mode,
-            # Readers GET each extent: the L0 cache serves an object's (immutable) bytes after
-            # the GC deleted it, which hides from the read checks a GC that ignores reader pins
-            # (the mutation reader_pins_ignored); the cache has its own tests.
-            l0_cache_bytes_max=0,
+            # Off, tiny (evicting at every load) or large, per seed. A cached object's bytes
+            # outlive its delete, so a read served from the cache cannot show a GC that ignored
+            # the reader's pin: the check of pins is at every delete (`Truth.on_delete`).
+            l0_cache_bytes_max=self.l0_cache_bytes_max,
             epoch_cache_ttl_s=self.cache_ttl_s,
             epoch_bump_interval_s=self.epoch_bump_interval_s,
             snapshot_every_records=cfg.snapshot_every_records,
@@ -369,6 +372,10 @@ class World:
 
     async def run(self) -> None:
         cfg = self.cfg
+        with observed_pins():  # every actor's readers' claims, for the check at every delete
+            await self._run(cfg)
+
+    async def _run(self, cfg: SimConfig) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for node_id in self.node_ids:
@@ -811,6 +818,9 @@ class World:
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted
+        cache = inc.node.l0_cache.statistics()
+        self.stats.l0_cache_served += cache.hits + cache.shared
+        self.stats.l0_cache_loads += cache.loads
         self.compaction.absorb(inc)
 
     def finish(self) -> None:

@@ -1,6 +1,7 @@
 """An in-memory `ClusterControl` over a `MemoryLogStore`, with the PostgreSQL one's rules:
 leases timed by one injected clock (the control plane's, not a node's), taken only when free,
-expired or already held, released at once on a hand-over; published `M(p)` only rising; a
+expired or already held, released at once on a hand-over; a node's calls fenced by the
+incarnation its last registration got; published `M(p)` only rising; a
 watermark snapshot of every partition and the cluster epoch read at one instant. For tests and
 the simulation (several real nodes over one control plane, in virtual time).
 """
@@ -8,6 +9,8 @@ the simulation (several real nodes over one control plane, in virtual time).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+
+from msgspec.structs import replace
 
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import ClusterView, LeaseRow, NodeRow
@@ -21,6 +24,7 @@ class MemoryClusterControl:
         self.leases: dict[int, tuple[str, float]] = {}  # pid -> (node, expires at)
         self.watermarks: dict[int, int] = {}
         self.identity: str | None = None
+        self._incarnations = 0  # the last incarnation given (to any node)
 
     async def advance_cluster_epoch(self) -> int:
         """The stored epoch plus one (the PostgreSQL store's atomic increment)."""
@@ -36,10 +40,11 @@ class MemoryClusterControl:
 
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
-    ) -> None:
+    ) -> int:
         assert ttl_s > 0, ttl_s
         now = self._clock()
         old = self.nodes.get(node_id)
+        self._incarnations += 1
         self.nodes[node_id] = NodeRow(
             node_id,
             advertise_url,
@@ -47,37 +52,34 @@ class MemoryClusterControl:
             old.registered_at if old is not None else now,
             now + ttl_s,
             False,
+            self._incarnations,
         )
+        return self._incarnations
 
-    async def renew_node(self, node_id: str, ttl_s: float) -> bool:
-        now = self._clock()
+    def _ours(self, node_id: str, incarnation: int) -> NodeRow | None:
+        """The node's row, if `incarnation` is its current one."""
         row = self.nodes.get(node_id)
+        return row if row is not None and row.incarnation == incarnation else None
+
+    async def renew_node(self, node_id: str, incarnation: int, ttl_s: float) -> bool:
+        now = self._clock()
+        row = self._ours(node_id, incarnation)
         if row is None or row.lease_expires_at <= now:
             return False
-        self.nodes[node_id] = NodeRow(
-            row.node_id,
-            row.advertise_url,
-            row.kafka_url,
-            row.registered_at,
-            now + ttl_s,
-            row.draining,
-        )
+        self.nodes[node_id] = replace(row, lease_expires_at=now + ttl_s)
         return True
 
-    async def set_draining(self, node_id: str) -> None:
-        row = self.nodes.get(node_id)
+    async def set_draining(self, node_id: str, incarnation: int) -> None:
+        row = self._ours(node_id, incarnation)
         if row is not None:
-            self.nodes[node_id] = NodeRow(
-                row.node_id,
-                row.advertise_url,
-                row.kafka_url,
-                row.registered_at,
-                row.lease_expires_at,
-                True,
-            )
+            self.nodes[node_id] = replace(row, draining=True)
 
-    async def leave_node(self, node_id: str) -> None:
-        await self.release_leases(node_id, [pid for pid, (n, _) in self.leases.items() if n == node_id])
+    async def leave_node(self, node_id: str, incarnation: int) -> None:
+        if self._ours(node_id, incarnation) is None:
+            return
+        await self.release_leases(
+            node_id, incarnation, [pid for pid, (n, _) in self.leases.items() if n == node_id]
+        )
         self.nodes.pop(node_id, None)
 
     async def cluster_view(self) -> ClusterView:
@@ -92,10 +94,14 @@ class MemoryClusterControl:
 
     # ------------------------------------------------------------------ partition leases
 
-    async def acquire_leases(self, node_id: str, pids: Sequence[int], ttl_s: float) -> list[int]:
+    async def acquire_leases(
+        self, node_id: str, incarnation: int, pids: Sequence[int], ttl_s: float
+    ) -> list[int]:
         assert ttl_s > 0, ttl_s
         now = self._clock()
-        taken = []
+        taken: list[int] = []
+        if self._ours(node_id, incarnation) is None:
+            return taken
         for pid in pids:
             if pid not in self._log.partitions:
                 continue
@@ -105,19 +111,23 @@ class MemoryClusterControl:
                 taken.append(pid)
         return taken
 
-    async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
+    async def renew_leases(self, node_id: str, incarnation: int, ttl_s: float) -> list[int]:
         now = self._clock()
-        held = []
+        held: list[int] = []
         for pid in [pid for pid in self.leases if pid not in self._log.partitions]:
             del self.leases[pid]  # a deleted topic's partition (PostgreSQL deletes them together)
             self.watermarks.pop(pid, None)
+        if self._ours(node_id, incarnation) is None:
+            return held
         for pid, (holder, expires) in self.leases.items():
             if holder == node_id and expires > now:
                 self.leases[pid] = (node_id, now + ttl_s)
                 held.append(pid)
         return sorted(held)
 
-    async def release_leases(self, node_id: str, pids: Sequence[int]) -> None:
+    async def release_leases(self, node_id: str, incarnation: int, pids: Sequence[int]) -> None:
+        if self._ours(node_id, incarnation) is None:
+            return
         for pid in pids:
             holder, _ = self.leases.get(pid, (None, 0.0))
             if holder == node_id:

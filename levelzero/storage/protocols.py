@@ -651,6 +651,7 @@ class NodeRow(msgspec.Struct, frozen=True):
     registered_at: float
     lease_expires_at: float  # live while the control plane's now < this
     draining: bool  # shutting down: gets no new partitions
+    incarnation: int = 0  # given by its last registration; calls naming another change nothing
 
 
 class LeaseRow(msgspec.Struct, frozen=True):
@@ -689,31 +690,40 @@ class ClusterControl(Protocol):
 
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
-    ) -> None:
-        """Insert or refresh the node's row (a restarted node takes its row back)."""
+    ) -> int:
+        """Insert or refresh the node's row (a restarted node takes its row back) under a new
+        incarnation, returned: larger than any the control plane gave before, to any node.
+        Every later call about the node's row or its leases names it, and one naming an older
+        incarnation changes nothing (a request of the node's previous life, or of this life
+        before it registered again, that arrives late)."""
         ...
 
-    async def renew_node(self, node_id: str, ttl_s: float) -> bool:
-        """Extend the node's lease; False when its row is gone or expired (re-register)."""
+    async def renew_node(self, node_id: str, incarnation: int, ttl_s: float) -> bool:
+        """Extend the node's lease; False when its row is gone, expired or another
+        incarnation's (register again)."""
         ...
 
-    async def set_draining(self, node_id: str) -> None: ...
+    async def set_draining(self, node_id: str, incarnation: int) -> None: ...
 
-    async def leave_node(self, node_id: str) -> None:
+    async def leave_node(self, node_id: str, incarnation: int) -> None:
         """A graceful exit: its partition leases released now, its row removed."""
         ...
 
     async def cluster_view(self) -> ClusterView: ...
 
-    async def acquire_leases(self, node_id: str, pids: Sequence[int], ttl_s: float) -> list[int]:
-        """Take each of `pids` that is free, expired or already ours; the pids now ours."""
+    async def acquire_leases(
+        self, node_id: str, incarnation: int, pids: Sequence[int], ttl_s: float
+    ) -> list[int]:
+        """Take each of `pids` that is free, expired or already ours; the pids now ours
+        (none for an incarnation that is not the node's current one)."""
         ...
 
-    async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
-        """Extend every unexpired lease the node holds; the pids it still holds."""
+    async def renew_leases(self, node_id: str, incarnation: int, ttl_s: float) -> list[int]:
+        """Extend every unexpired lease the node holds; the pids it still holds (none for an
+        incarnation that is not the node's current one: nothing extended)."""
         ...
 
-    async def release_leases(self, node_id: str, pids: Sequence[int]) -> None:
+    async def release_leases(self, node_id: str, incarnation: int, pids: Sequence[int]) -> None:
         """Expire now those of `pids` the node holds (a hand-over without waiting)."""
         ...
 

@@ -65,7 +65,7 @@ async def cluster(names: list[str], moves_max: int = 100):
         for name in names
     }
     for member in members.values():
-        await control.register_node(member.node_id, member.advertise_url, None, TTL_S)
+        await member.register()
     return log, clock, control, nodes, members
 
 
@@ -135,7 +135,7 @@ async def test_a_join_takes_its_share_a_bounded_number_per_round() -> None:
     joining = ClusterMember(
         control, "d", "http://d", ttl_s=TTL_S, lead=d.lead, resign=d.resign, moves_max=3, clock=clock
     )
-    await control.register_node("d", "http://d", None, TTL_S)
+    await joining.register()
     nodes["d"], members["d"] = d, joining
     await rounds(members.values(), clock, count=1)
     handed = [e for name in ("a", "b") for e in nodes[name].events if e[0] == "resign"]
@@ -175,6 +175,7 @@ async def test_a_node_restarted_within_its_ttl_leads_the_leases_its_previous_run
         control, "b", "http://b", ttl_s=TTL_S, lead=again.lead, resign=again.resign, clock=clock
     )
     clock.now += 1.0  # well within the TTL
+    await restarted.register()
     await restarted.round()
     assert again.led == had  # before: renewed forever and led by nobody
     nodes["b"], members["b"] = again, restarted
@@ -196,15 +197,15 @@ async def test_a_lease_granted_too_late_to_use_is_not_acted_on() -> None:
         def __getattr__(self, name: str):
             return getattr(control, name)
 
-        async def acquire_leases(self, node_id: str, pids, ttl_s: float) -> list[int]:
-            taken = await control.acquire_leases(node_id, pids, ttl_s)
+        async def acquire_leases(self, node_id: str, incarnation: int, pids, ttl_s: float) -> list[int]:
+            taken = await control.acquire_leases(node_id, incarnation, pids, ttl_s)
             clock.now += TTL_S  # the answer arrives a TTL later
             return taken
 
     member = ClusterMember(
         LateAnswers(), "a", "http://a", ttl_s=TTL_S, lead=slow.lead, resign=slow.resign, clock=clock
     )
-    await control.register_node("a", "http://a", None, TTL_S)
+    await member.register()
     await member.round()
     assert slow.led == set()
     assert member.leading == set()
@@ -233,6 +234,7 @@ async def test_a_partition_given_a_newer_term_elsewhere_is_started_again() -> No
         term_of=terms.get,
         clock=clock,
     )
+    await member.register()
     await member.round()
     assert set(terms) == set(range(1, PARTITIONS + 1))
     assert set(terms.values()) == {1}
@@ -321,3 +323,42 @@ async def test_a_member_whose_first_round_gets_no_answer_starts_and_leads_later(
             while len(node.led) < 4:  # the next rounds take the leases
                 await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_late_requests_of_a_nodes_previous_run_change_nothing_for_its_next_run() -> None:
+    """Node b dies during a graceful stop with its `set_draining`, a hand-over's
+    `release_leases` and its `leave_node` on the wire; it restarts under the same id and
+    leads its partitions again; then those requests arrive. They name the dead run's
+    incarnation: the new run is not marked draining, keeps its leases and its row, and goes on
+    leading its share (before: drained by the others and its leases released under it)."""
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock)
+    old = members["b"]
+    had = set(nodes["b"].led)
+    assert had and old.incarnation is not None
+    dead_life = old.incarnation
+    again = Node()
+    restarted = ClusterMember(
+        control, "b", "http://b2", ttl_s=TTL_S, lead=again.lead, resign=again.resign, clock=clock
+    )
+    clock.now += 1.0
+    await restarted.register()
+    await restarted.round()
+    assert again.led == had and restarted.incarnation != dead_life
+    nodes["b"], members["b"] = again, restarted
+
+    await control.set_draining("b", dead_life)  # the dead run's requests, arriving late
+    await control.release_leases("b", dead_life, sorted(had))
+    await control.leave_node("b", dead_life)
+    assert await control.acquire_leases("b", dead_life, [1], TTL_S) == []
+    assert await control.renew_leases("b", dead_life, TTL_S) == []
+    assert not await control.renew_node("b", dead_life, TTL_S)
+
+    row = control.nodes["b"]
+    assert (row.advertise_url, row.draining, row.incarnation) == ("http://b2", False, restarted.incarnation)
+    assert {pid for pid, (holder, _) in control.leases.items() if holder == "b"} == had
+    await rounds(members.values(), clock, count=3)
+    assert again.led == had  # nothing handed over, nothing lost
+    assert [e for e in again.events if e[0] == "resign"] == []
+    exactly_one_leader(nodes)

@@ -17,6 +17,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.gated_store import GatedStore
 from levelzero.testing.nodes import hand_run_config, running_node
 from levelzero.testing.virtual_time import in_virtual_time
 
@@ -29,25 +30,6 @@ def key(i: int) -> str:
 
 def body(i: int) -> bytes:
     return bytes((i * 7 + b) % 256 for b in range(SIZE))
-
-
-class GatedStore(CountingObjectStore):
-    """Counts GETs (and their ranges); a GET can be made to wait for `gate`, or to fail."""
-
-    def __init__(self) -> None:
-        super().__init__(MemoryObjectStore())
-        self.gate: anyio.Event | None = None
-        self.fail_next = 0
-        self.ranges: list[tuple[str, int, int | None]] = []
-
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
-        self.ranges.append((key, offset, length))
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_next:
-            self.fail_next -= 1
-            raise StorageError("injected: the GET failed")
-        return await super().get(key, offset, length)
 
 
 async def store_with(objects: int) -> GatedStore:

@@ -21,6 +21,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.testing.gated_store import GatedStore
 from levelzero.testing.nodes import running_node, wait_until
 from levelzero.testing.virtual_time import in_virtual_time
 
@@ -32,23 +33,6 @@ def extent(offset: int, length: int, key: str = KEY) -> Placeholder:
     return Placeholder(
         epoch=1, object_key=key, byte_offset=offset, byte_length=length, checksum=0, record_count=1
     )
-
-
-class GatedStore(CountingObjectStore):
-    """Counts GETs; a GET can be made to wait for `gate`, or to fail."""
-
-    def __init__(self) -> None:
-        super().__init__(MemoryObjectStore())
-        self.gate: anyio.Event | None = None
-        self.fail_next = 0
-
-    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_next:
-            self.fail_next -= 1
-            raise StorageError("injected: the GET failed")
-        return await super().get(key, offset, length)
 
 
 async def store_with_body() -> GatedStore:

@@ -50,15 +50,17 @@ def test_quick_cost_counts_requests_at_the_object_store(tmp_path: Path) -> None:
     figures = json.loads(results_path.read_text())["items"]["cost"]["figures"]
     l0 = figures[0]
     # The floor at the rate acknowledged (a loaded machine may fall behind the 1 MiB/s offered).
+    # Records count by the tick that offered them, so no warm-up produce still in its batch
+    # window when the window opens adds to it: it never exceeds the rate offered.
     acknowledged = l0["notes"]["acknowledged_mib_per_s"]
-    assert l0["name"].startswith("L0 PUTs per GiB") and 0 < acknowledged <= 1.1
+    assert l0["name"].startswith("L0 PUTs per GiB") and 0 < acknowledged <= 1.0
     assert l0["floor"] == pytest.approx(window_floor_puts_per_gib(acknowledged, BatcherConfig()), rel=0.01)
     counts = l0["notes"]["window_counts"]
     assert counts["l0_puts"] >= 1
-    # Every record acknowledged in the window was PUT during the run (warm-up and window): a
-    # record acknowledged early in the window may have been PUT just before it, so the window's
-    # own PUT bytes can fall short of its payload on a loaded machine. payload_mib is rounded to
-    # 0.1 MiB: the bytes PUT are at least the payload, less that rounding.
+    # The run (warm-up and window) PUT at least the window's payload: the window's last records
+    # may be PUT after it ends, but the warm-up's records, offered for 2 s before it, were PUT in
+    # the run. payload_mib is rounded to 0.1 MiB: the bytes PUT are at least the payload, less
+    # that rounding.
     run = l0["notes"]["run_counts"]
     assert run["l0_put_bytes"] >= (l0["notes"]["payload_mib"] - 0.05) * 2**20
     readers = l0["notes"]["reader_counts"]

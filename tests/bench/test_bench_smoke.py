@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,7 @@ from levelzero.cli import commands
 from levelzero.cli import main as cli
 from levelzero.bench.common import Target, figure
 from levelzero.bench.cli import _with_spread_cell
+from levelzero.bench.durable import raw_rows_per_s
 from levelzero.bench.fence import DroppingLogStore, fenced_writes
 
 FIGURE_KEYS = {
@@ -183,8 +185,33 @@ def test_quick_durable_reports_the_sqlite_path_and_the_in_memory_ceiling(tmp_pat
     assert sqlite_figure["floor"] == memory_figure["floor"] > 0
     assert sqlite_figure["sut"] > 0 and memory_figure["sut"] > 0
     assert sqlite_figure["notes"]["records_per_commit"][0] >= 1
+    assert sqlite_figure["notes"]["partitions_per_commit"][0] >= 1  # the floor's shape too
     assert all(us > 0 for us in sqlite_figure["notes"]["loop_cpu_us_per_placeholder"])
     assert all(us > 0 for us in memory_figure["notes"]["loop_cpu_us_per_placeholder"])
+
+
+def test_durable_floor_writes_each_commit_over_as_many_partitions_as_the_actors_did(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "raw.db"
+    # 10 rows a commit over 4 of 6 partitions (3, 3, 2, 2 rows), partitions taken in turn
+    assert anyio.run(lambda: raw_rows_per_s(path, 10, 0.05, partitions=6, partitions_per_batch=4)) > 0
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT pid, log_offset, base_offset FROM log ORDER BY rowid").fetchall()
+    commits = len(rows) // 10
+    assert commits >= 1 and len(rows) == commits * 10
+    first = rows[:10]  # grouped by partition, each at its log's next offsets
+    assert first == [(1, 0, 0), (1, 1, 10), (1, 2, 20), (2, 0, 0), (2, 1, 10), (2, 2, 20)] + [
+        (3, 0, 0),
+        (3, 1, 10),
+        (4, 0, 0),
+        (4, 1, 10),
+    ]
+    for pid in range(1, 7):  # every partition's log: consecutive offsets from 0, no gap
+        offsets = [offset for p, offset, _ in rows if p == pid]
+        assert offsets == list(range(len(offsets)))
+    if commits >= 2:  # the next commit starts where the turn stopped: partitions 5, 6, 1, 2
+        assert [pid for pid, _, _ in rows[10:20]] == [5, 5, 5, 6, 6, 6, 1, 1, 2, 2]
 
 
 def test_bench_without_its_extra_names_the_extra(
@@ -238,6 +265,12 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
     assert notes["driver_jvm_peak_rss_bytes"] > 0 and notes["driver_python_peak_rss_bytes"] > 0
+    # Each run's CPU seconds in the timed part (the JVM's: planning and the local executors'
+    # tasks) and the machine's load average before and after it.
+    for side in ("analysis", "floor"):
+        assert len(notes[f"{side}_jvm_cpu_s"]) == 1 and notes[f"{side}_jvm_cpu_s"][0] > 0
+        assert notes[f"{side}_python_cpu_s"][0] > 0
+        assert len(notes[f"{side}_load"][0]) == 2 and min(notes[f"{side}_load"][0]) >= 0
 
 
 def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nodes(tmp_path: Path) -> None:

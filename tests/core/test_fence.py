@@ -485,6 +485,11 @@ def test_release_and_slide_without_a_unit_or_updater_are_bugs() -> None:
     fence = Fence(1)
     with pytest.raises(AssertionError, match="release without a read unit"):
         fence.release()
+    fence.read_units = 2  # two writes admitted
+    with pytest.raises(AssertionError, match=r"release without a read unit \(3 released, 2 held\)"):
+        fence.release(3)  # a batch of durable records releases what its writes hold, no more
+    fence.release(2)
+    assert fence.drained
     with pytest.raises(AssertionError, match="complete_slide without an updater"):
         fence.complete_slide(1, None)
 

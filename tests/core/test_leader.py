@@ -62,6 +62,56 @@ def test_reserved_records_get_consecutive_offsets_and_apply_in_log_order() -> No
     assert len(queue) == 0 and state.last_applied_log_offset == 2
 
 
+class CountingFence(Fence):
+    __slots__ = ("releases",)
+
+    def __init__(self, creation_epoch: int) -> None:
+        super().__init__(creation_epoch)
+        self.releases: list[int] = []
+
+    def release(self, units: int = 1) -> None:
+        self.releases.append(units)
+        super().release(units)
+
+
+def test_a_durable_batch_applies_in_order_and_releases_exactly_its_writes_read_units() -> None:
+    state = started()
+    fence = CountingFence(1)
+    queue: AppendQueue[str] = AppendQueue(state)
+    assert fence.try_fence(2, 1, state.applied_window) == BecomeUpdater(2)
+    fence.complete_slide(1, state.applied_window)  # "a"'s unit
+    for _ in range(2):
+        assert isinstance(fence.try_fence(2, 1, state.applied_window), Admitted)  # "b", "d"
+    assert fence.read_units == 3
+    queue.reserve(1, placeholder(2, 3), "a", holds_read_unit=True)
+    queue.reserve(1, placeholder(2, 1), "b", holds_read_unit=True)
+    queue.reserve(1, AdvanceEpoch(2), "c", holds_read_unit=False)  # a control entry: no unit
+    queue.reserve(1, placeholder(2, 2), "d", holds_read_unit=True)
+    done = queue.durable(3, state, fence)  # one batch: "a", "b", "c"
+    assert [r.token for r in done] == ["a", "b", "c"]
+    assert [r.record.log_offset for r in done] == [1, 2, 3]
+    assert state.high_watermark == 4 and state.last_applied_log_offset == 3
+    assert fence.read_units == 1  # "a" and "b" released, "c" held none; "d" still out
+    assert fence.releases == [2]  # one call for the batch, not one per record
+    assert [r.token for r in queue.durable(4, state, fence)] == ["d"]
+    assert fence.read_units == 0 and fence.drained and fence.releases == [2, 1]
+
+
+def test_a_durable_record_that_breaks_the_state_still_releases_what_was_applied() -> None:
+    state = started()
+    fence = Fence(1)
+    queue: AppendQueue[str] = AppendQueue(state)
+    fence.try_fence(2, 1, state.applied_window)
+    fence.complete_slide(1, state.applied_window)
+    fence.try_fence(2, 1, state.applied_window)
+    queue.reserve(1, placeholder(2, 3), "a", holds_read_unit=True)
+    queue.projected_hwm += 1  # a bug: "b" claims a base offset one past where "a" ends
+    queue.reserve(1, placeholder(2, 1), "b", holds_read_unit=True)
+    with pytest.raises(Exception, match="claims base offset"):
+        queue.durable(2, state, fence)
+    assert fence.read_units == 1  # "a" was applied and released; "b" was not applied
+
+
 def test_dropped_reservations_come_back_oldest_first() -> None:
     state = started()
     queue: AppendQueue[int] = AppendQueue(state)
@@ -186,6 +236,23 @@ def test_dispatch_queues_writes_behind_the_updater_until_the_old_window_drains()
     # below the applied window (the fence's landing-order rule); it retries with a fresh epoch
     assert [(type(o).__name__, o.token) for o in outcomes] == [("Admit", "newer"), ("Refuse", "same")]
     assert dispatch.waiting == 0 and fence.updater_epoch is None
+
+
+def test_dispatch_admits_the_common_write_as_the_fences_own_admission() -> None:
+    state = started()
+    fence = Fence(1)
+    dispatch: FenceDispatch[str] = FenceDispatch(fence)
+    (first,) = dispatch.admit(2, "first", 1, state.applied_window)  # type: ignore[misc]
+    assert isinstance(first, Admit) and first.admitted.new_epoch  # a slide: an outcome list
+    second = dispatch.admit(2, "second", 1, state.applied_window)
+    assert second == Admitted(2, 1, (2, 2), new_epoch=False)  # no outcome, no list
+    assert dispatch.admit(2, "third", 1, state.applied_window) is second  # the same object
+    assert fence.read_units == 3
+    assert dispatch.admit(4, "updater", 1, state.applied_window) == []  # held: the updater
+    assert dispatch.admit(4, "waiter", 1, state.applied_window) == []  # held behind it
+    assert dispatch.waiting == 2
+    (refused,) = FenceDispatch(Fence(3)).admit(2, "old", 1, None)  # type: ignore[misc]
+    assert isinstance(refused, Refuse) and refused.token == "old"
 
 
 def test_dispatch_refuses_below_the_window_and_abandons_what_it_holds() -> None:

@@ -249,3 +249,123 @@ def test_inputs_and_report_go_through_sparks_filesystems(
     assert "\n" not in message
     assert "s3a://bucket/r1" in message and "org.apache.hadoop:hadoop-aws:" in message
     assert sorted(os.listdir(tmp_path)) == ["shared"]  # nothing named viewfs: or s3a:
+
+
+def test_the_time_grid_and_the_fence_ranges_come_from_the_footers_without_a_spark_job(
+    export_dir: Path,
+) -> None:
+    """The earliest and latest time of any table, and the fence windows' epochs, are the input
+    files' footer statistics (the input checks read them anyway): no Spark job scans the
+    tables for them (the analysis below has no session at all)."""
+    from levelzero.export.inputs import load_inputs
+
+    (found,) = load_inputs([str(export_dir)])
+    for table, column in (("state_samples", "sampled_at"), ("fence_events", "decided_at")):
+        (path,) = found.files[table]
+        micros = pq.read_table(path).column(column).cast("int64").to_pylist()
+        assert found.range_of(table, column) == (min(micros), max(micros)), table
+    assert found.range_of("fence_events", "window_max") == (1, EPOCHS)
+    assert found.files["log_entries"] == []  # no file: no times to widen the grid with
+    analysis = jobs.SparkAnalysis(None, [found], "unused", None)  # type: ignore[arg-type]
+    lo, hi = analysis._time_bounds({})
+    assert lo == T0
+    assert (
+        hi
+        == max(
+            found.range_of(t, c)[1]
+            for t, c in (("state_samples", "sampled_at"), ("fence_events", "decided_at"))
+        )
+        / 1e6
+    )  # type: ignore[index]
+    assert analysis._footer_range(("fence_events", "window_max")) == (1, EPOCHS)
+
+
+def test_files_without_statistics_get_their_time_grid_from_a_scan(
+    export_dir: Path, local_report: AnalysisReport, tmp_path: Path
+) -> None:
+    """Footers that cannot tell a range (written without statistics): the time grid and the
+    fence's epoch ranges come from scans of the tables, and they are what the statistics gave."""
+    from levelzero.export.inputs import load_inputs
+
+    bare = tmp_path / "bare"
+    for source in export_dir.rglob("*"):
+        target = bare / source.relative_to(export_dir)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif source.suffix == ".parquet":
+            pq.write_table(pq.read_table(source), target, write_statistics=False)
+        else:
+            target.write_bytes(source.read_bytes())
+    (found,) = load_inputs([str(bare)])
+    assert found.range_of("state_samples", "sampled_at") is None
+    assert found.range_of("fence_events", "window_max") is None
+    report = analyze([str(bare)], str(tmp_path / "report"), master="local[2]", bucket_s=1.0)
+    for figure in ("time_start", "time_end", "buckets"):
+        assert report.figures[figure] == local_report.figures[figure], figure
+    for name in ("watermark_over_time", "fence_by_window"):
+        assert pq.read_table(report.tables[name]).equals(pq.read_table(local_report.tables[name])), name
+
+
+def test_a_table_without_files_is_an_empty_relation_the_plans_drop(
+    export_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input table with no files (this export has no L1 objects) is an empty relation the
+    optimizer removes from the queries over it, not a scan of an empty Python RDD."""
+    from pyspark.sql import SparkSession
+
+    from levelzero.export.inputs import load_inputs
+
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    try:
+        analysis = jobs.SparkAnalysis(spark, load_inputs([str(export_dir)]), "unused", None)
+        l1 = analysis._table("l1_objects")
+        assert l1.schema == jobs.seconds_schema(jobs.spark_schema("l1_objects"))
+        lifetimes = l1.groupBy("key").agg({"size": "max"})
+        plan = lifetimes._jdf.queryExecution().optimizedPlan().toString()
+        assert plan.startswith("LocalRelation <empty>"), plan
+        assert lifetimes.collect() == []
+    finally:
+        spark.stop()
+
+
+def test_each_plot_is_drawn_while_the_other_jobs_run(
+    export_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plot is drawn as soon as the step making its tables is done, in the drawing thread,
+    while later steps' jobs run: the throughput step (the last of its half) waits until the
+    holders' plot (its half's first step) is drawn — a bounded wait that a report drawn only
+    after the jobs never ends."""
+    from levelzero.export import report as report_module
+
+    drawn = threading.Event()
+    drawn_in: list[str] = []
+    seen: list[bool] = []
+    holders_plot = report_module._plot_watermark_holders
+
+    def holders_then_signal(canvas: object, results: object) -> None:
+        holders_plot(canvas, results)  # type: ignore[arg-type]
+        drawn_in.append(threading.current_thread().name)
+        drawn.set()
+
+    throughput = jobs.SparkAnalysis._throughput
+
+    def throughput_after_the_plot(self: jobs.SparkAnalysis, *args: object) -> None:
+        seen.append(drawn.wait(timeout=120))
+        throughput(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(
+        report_module,
+        "_PLOTS",
+        tuple(
+            (name, needs, holders_then_signal if name == "watermark_holders" else draw)
+            for name, needs, draw in report_module._PLOTS
+        ),
+    )
+    monkeypatch.setattr(jobs.SparkAnalysis, "_throughput", throughput_after_the_plot)
+    report = analyze([str(export_dir)], str(tmp_path / "report"), master="local[2]", bucket_s=1.0)
+    assert seen == [True]
+    assert drawn_in and drawn_in[0].startswith("levelzero-plots")
+    assert list(report.plots) == [name for name, _, _ in report_module._PLOTS if name in report.plots]
+    assert {"watermark_holders", "fence", "watermark_over_time"} <= set(report.plots)
+    assert Path(report.plots["watermark_holders"]).stat().st_size > 5_000

@@ -67,28 +67,29 @@ async def test_node_leases_expire_by_the_control_planes_clock(
     async with backend(kind, request) as b:
         c = b.control
         assert isinstance(c, ClusterControl)
-        await c.register_node("a", "http://a:7070", None, SHORT_TTL_S)
-        await c.register_node("b", "http://b:7070", "b:9092", 60.0)
+        a = await c.register_node("a", "http://a:7070", None, SHORT_TTL_S)
+        b_ = await c.register_node("b", "http://b:7070", "b:9092", 60.0)
+        assert b_ > a
         view = await c.cluster_view()
         assert [(n.node_id, n.advertise_url, n.kafka_url, n.draining) for n in view.nodes] == [
             ("a", "http://a:7070", None, False),
             ("b", "http://b:7070", "b:9092", False),
         ]
         assert all(n.lease_expires_at > view.now for n in view.nodes)
-        assert await c.renew_node("a", SHORT_TTL_S)
+        assert await c.renew_node("a", a, SHORT_TTL_S)
         await b.pass_time(SHORT_TTL_S + 0.2)
-        assert not await c.renew_node("a", SHORT_TTL_S)  # expired: register again
-        assert await c.renew_node("b", 60.0)
+        assert not await c.renew_node("a", a, SHORT_TTL_S)  # expired: register again
+        assert await c.renew_node("b", b_, 60.0)
         view = await c.cluster_view()
         assert {n.node_id for n in view.nodes if n.lease_expires_at > view.now} == {"b"}
-        await c.register_node("a", "http://a2:7070", None, 60.0)  # a restart takes the row back
-        await c.set_draining("b")
+        assert await c.register_node("a", "http://a2:7070", None, 60.0) > b_  # a restart takes the row back
+        await c.set_draining("b", b_)
         view = await c.cluster_view()
         assert [(n.node_id, n.advertise_url, n.draining) for n in view.nodes] == [
             ("a", "http://a2:7070", False),
             ("b", "http://b:7070", True),
         ]
-        assert await c.renew_node("ghost", 60.0) is False
+        assert await c.renew_node("ghost", b_, 60.0) is False
 
 
 async def test_partition_leases_are_taken_only_free_expired_or_own(
@@ -98,30 +99,66 @@ async def test_partition_leases_are_taken_only_free_expired_or_own(
         c = b.control
         rows = await b.log.create_topic("t", 3, 1, 0.0)
         p0, p1, p2 = (row.pid for row in rows)
-        await c.register_node("a", "http://a", None, 60.0)
-        await c.register_node("b", "http://b", None, 60.0)
-        assert await c.acquire_leases("a", [p0, p1], SHORT_TTL_S) == [p0, p1]
-        assert await c.acquire_leases("b", [p0, p1, p2], 60.0) == [p2]  # a holds p0 and p1
-        assert await c.acquire_leases("a", [p0, 999_999], SHORT_TTL_S) == [p0]  # own; unknown pid ignored
+        a = await c.register_node("a", "http://a", None, 60.0)
+        b_ = await c.register_node("b", "http://b", None, 60.0)
+        assert await c.acquire_leases("a", a, [p0, p1], SHORT_TTL_S) == [p0, p1]
+        assert await c.acquire_leases("b", b_, [p0, p1, p2], 60.0) == [p2]  # a holds p0 and p1
+        assert await c.acquire_leases("a", a, [p0, 999_999], SHORT_TTL_S) == [p0]  # own; unknown pid ignored
         view = await c.cluster_view()
         assert [(lease.topic, lease.partition, lease.node_id) for lease in view.leases] == [
             ("t", 0, "a"),
             ("t", 1, "a"),
             ("t", 2, "b"),
         ]
-        assert await c.renew_leases("a", SHORT_TTL_S) == [p0, p1]
-        await c.release_leases("a", [p1])  # a hand-over: b may take it at once
-        await c.release_leases("b", [p0])  # not b's: nothing happens
-        assert await c.acquire_leases("b", [p0, p1], 60.0) == [p1]
+        assert await c.renew_leases("a", a, SHORT_TTL_S) == [p0, p1]
+        await c.release_leases("a", a, [p1])  # a hand-over: b may take it at once
+        await c.release_leases("b", b_, [p0])  # not b's: nothing happens
+        assert await c.acquire_leases("b", b_, [p0, p1], 60.0) == [p1]
         await b.pass_time(SHORT_TTL_S + 0.2)  # a's lease on p0 expires (a paused, say)
-        assert await c.renew_leases("a", SHORT_TTL_S) == []  # a zombie learns it holds nothing
-        assert await c.acquire_leases("b", [p0], 60.0) == [p0]
-        assert await c.renew_leases("b", 60.0) == [p0, p1, p2]
-        await c.leave_node("b")  # graceful: everything released, the row gone
+        assert await c.renew_leases("a", a, SHORT_TTL_S) == []  # a zombie learns it holds nothing
+        assert await c.acquire_leases("b", b_, [p0], 60.0) == [p0]
+        assert await c.renew_leases("b", b_, 60.0) == [p0, p1, p2]
+        await c.leave_node("b", b_)  # graceful: everything released, the row gone
         view = await c.cluster_view()
         assert [n.node_id for n in view.nodes] == ["a"]
         assert all(lease.node_id is None for lease in view.leases)
-        assert await c.acquire_leases("a", [p0, p1, p2], 60.0) == [p0, p1, p2]
+        assert await c.acquire_leases("a", a, [p0, p1, p2], 60.0) == [p0, p1, p2]
+
+
+async def test_a_late_request_of_a_nodes_previous_incarnation_changes_nothing(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Node a restarts under its id (a new registration, a new incarnation) while requests its
+    previous run sent before it died are still on their way. When they land, each names the
+    old incarnation: no draining flag, no lease released, taken or renewed, no row removed or
+    renewed for the new run (before: every one of them acted on the new run's row and leases)."""
+    async with backend(kind, request) as b:
+        c = b.control
+        rows = await b.log.create_topic("t", 3, 1, 0.0)
+        p0, p1, p2 = (row.pid for row in rows)
+        old = await c.register_node("a", "http://a:7070", None, 60.0)
+        assert await c.acquire_leases("a", old, [p0, p1], 60.0) == [p0, p1]
+        new = await c.register_node("a", "http://a:7071", None, 60.0)  # the restart
+        assert new > old
+        assert await c.renew_leases("a", new, 60.0) == [p0, p1]  # its previous run's: adopted
+        held = {lease.pid: lease.lease_expires_at for lease in (await c.cluster_view()).leases}
+
+        await c.set_draining("a", old)
+        await c.release_leases("a", old, [p0])
+        assert await c.acquire_leases("a", old, [p2], 60.0) == []
+        assert await c.renew_leases("a", old, 60.0) == []
+        assert await c.renew_node("a", old, 60.0) is False
+        await c.leave_node("a", old)
+
+        view = await c.cluster_view()
+        assert [(n.node_id, n.advertise_url, n.draining, n.incarnation) for n in view.nodes] == [
+            ("a", "http://a:7071", False, new)
+        ]
+        assert [(lease.pid, lease.node_id) for lease in view.leases] == [(p0, "a"), (p1, "a"), (p2, None)]
+        assert {lease.pid: lease.lease_expires_at for lease in view.leases} == held  # none renewed
+        assert await c.renew_node("a", new, 60.0)
+        await c.leave_node("a", new)  # the new run's own requests still act
+        assert (await c.cluster_view()).nodes == []
 
 
 async def test_watermarks_only_rise_and_the_snapshot_names_every_partition(

@@ -30,57 +30,88 @@ class ClusterRole(PostgresBase):
 
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
-    ) -> None:
+    ) -> int:
         assert ttl_s > 0, ttl_s
 
-        async def work(connection: asyncpg.Connection) -> None:
-            await connection.execute(
-                "INSERT INTO cluster_nodes (node_id, advertise_url, kafka_url, registered_at,"
-                f" lease_expires_at, draining) VALUES ($1, $2, $3, {_NOW}, {_NOW} + $4, false)"
-                " ON CONFLICT (node_id) DO UPDATE SET advertise_url = excluded.advertise_url,"
-                " kafka_url = excluded.kafka_url, lease_expires_at = excluded.lease_expires_at,"
-                " draining = false",
-                node_id,
-                advertise_url,
-                kafka_url,
-                ttl_s,
+        async def work(connection: asyncpg.Connection) -> int:
+            return int(
+                await connection.fetchval(
+                    "INSERT INTO cluster_nodes (node_id, advertise_url, kafka_url, registered_at,"
+                    f" lease_expires_at, draining, incarnation) VALUES ($1, $2, $3, {_NOW}, {_NOW} + $4,"
+                    " false, nextval('cluster_node_incarnations'))"
+                    " ON CONFLICT (node_id) DO UPDATE SET advertise_url = excluded.advertise_url,"
+                    " kafka_url = excluded.kafka_url, lease_expires_at = excluded.lease_expires_at,"
+                    " draining = false, incarnation = excluded.incarnation RETURNING incarnation",
+                    node_id,
+                    advertise_url,
+                    kafka_url,
+                    ttl_s,
+                )
             )
 
-        await self._transact(f"registering node {node_id}", work)
+        async def resolve(connection: asyncpg.Connection) -> int:
+            return int(
+                await connection.fetchval("SELECT incarnation FROM cluster_nodes WHERE node_id = $1", node_id)
+            )
 
-    async def renew_node(self, node_id: str, ttl_s: float) -> bool:
+        return int(await self._transact(f"registering node {node_id}", work, resolve))
+
+    @staticmethod
+    async def _ours(connection: asyncpg.Connection, node_id: str, incarnation: int) -> bool:
+        """Whether `incarnation` is the node's current one; the row stays so (share-locked)
+        until the transaction ends: a registration meanwhile waits, and is ordered after."""
+        row = await connection.fetchrow(
+            "SELECT 1 FROM cluster_nodes WHERE node_id = $1 AND incarnation = $2 FOR SHARE",
+            node_id,
+            incarnation,
+        )
+        return row is not None
+
+    async def renew_node(self, node_id: str, incarnation: int, ttl_s: float) -> bool:
         async def work(connection: asyncpg.Connection) -> bool:
             row = await connection.fetchrow(
                 f"UPDATE cluster_nodes SET lease_expires_at = {_NOW} + $2"
-                f" WHERE node_id = $1 AND lease_expires_at > {_NOW} RETURNING node_id",
+                f" WHERE node_id = $1 AND incarnation = $3 AND lease_expires_at > {_NOW} RETURNING node_id",
                 node_id,
                 ttl_s,
+                incarnation,
             )
             return row is not None
 
         async def resolve(connection: asyncpg.Connection) -> bool:
             return (
                 await connection.fetchval(
-                    f"SELECT lease_expires_at > {_NOW} FROM cluster_nodes WHERE node_id = $1", node_id
+                    f"SELECT lease_expires_at > {_NOW} FROM cluster_nodes"
+                    " WHERE node_id = $1 AND incarnation = $2",
+                    node_id,
+                    incarnation,
                 )
                 is True
             )
 
         return bool(await self._transact(f"renewing node {node_id}", work, resolve))
 
-    async def set_draining(self, node_id: str) -> None:
+    async def set_draining(self, node_id: str, incarnation: int) -> None:
         async def work(connection: asyncpg.Connection) -> None:
-            await connection.execute("UPDATE cluster_nodes SET draining = true WHERE node_id = $1", node_id)
+            await connection.execute(
+                "UPDATE cluster_nodes SET draining = true WHERE node_id = $1 AND incarnation = $2",
+                node_id,
+                incarnation,
+            )
 
         await self._transact(f"draining node {node_id}", work)
 
-    async def leave_node(self, node_id: str) -> None:
+    async def leave_node(self, node_id: str, incarnation: int) -> None:
         async def work(connection: asyncpg.Connection) -> None:
+            if not await self._ours(connection, node_id, incarnation):
+                return
             await connection.execute(
                 "UPDATE partition_leases SET node_id = NULL, lease_expires_at = 0 WHERE node_id = $1",
                 node_id,
             )
-            await connection.execute("DELETE FROM cluster_nodes WHERE node_id = $1", node_id)
+            await connection.execute(
+                "DELETE FROM cluster_nodes WHERE node_id = $1 AND incarnation = $2", node_id, incarnation
+            )
 
         await self._transact(f"node {node_id} leaving", work)
 
@@ -93,7 +124,7 @@ class ClusterRole(PostgresBase):
                 now = await connection.fetchval(f"SELECT {_NOW}")
                 nodes = await connection.fetch(
                     "SELECT node_id, advertise_url, kafka_url, registered_at, lease_expires_at,"
-                    " draining FROM cluster_nodes ORDER BY node_id"
+                    " draining, incarnation FROM cluster_nodes ORDER BY node_id"
                 )
                 leases = await connection.fetch(
                     "SELECT p.pid, p.topic, p.partition, l.node_id,"
@@ -114,8 +145,10 @@ class ClusterRole(PostgresBase):
         return await self._retrying(attempt, "reading the cluster view")
 
     async def _held(
-        self, connection: asyncpg.Connection, node_id: str, pids: Sequence[int] | None
+        self, connection: asyncpg.Connection, node_id: str, incarnation: int, pids: Sequence[int] | None
     ) -> list[int]:
+        if not await self._ours(connection, node_id, incarnation):
+            return []
         rows = await connection.fetch(
             f"SELECT pid FROM partition_leases WHERE node_id = $1 AND lease_expires_at > {_NOW}"
             " AND ($2::bigint[] IS NULL OR pid = ANY($2::bigint[])) ORDER BY pid",
@@ -124,13 +157,17 @@ class ClusterRole(PostgresBase):
         )
         return [row["pid"] for row in rows]
 
-    async def acquire_leases(self, node_id: str, pids: Sequence[int], ttl_s: float) -> list[int]:
+    async def acquire_leases(
+        self, node_id: str, incarnation: int, pids: Sequence[int], ttl_s: float
+    ) -> list[int]:
         assert ttl_s > 0, ttl_s
         if not pids:
             return []
         wanted = sorted(set(pids))
 
         async def work(connection: asyncpg.Connection) -> list[int]:
+            if not await self._ours(connection, node_id, incarnation):
+                return []
             # A row per partition first (existing ones untouched), then take those free,
             # expired or ours, in pid order (concurrent acquirers never deadlock).
             await connection.execute(
@@ -151,12 +188,14 @@ class ClusterRole(PostgresBase):
             return sorted(row["pid"] for row in rows)
 
         async def resolve(connection: asyncpg.Connection) -> list[int]:
-            return await self._held(connection, node_id, wanted)
+            return await self._held(connection, node_id, incarnation, wanted)
 
         return await self._transact(f"node {node_id} acquiring leases", work, resolve)
 
-    async def renew_leases(self, node_id: str, ttl_s: float) -> list[int]:
+    async def renew_leases(self, node_id: str, incarnation: int, ttl_s: float) -> list[int]:
         async def work(connection: asyncpg.Connection) -> list[int]:
+            if not await self._ours(connection, node_id, incarnation):
+                return []
             rows = await connection.fetch(
                 f"UPDATE partition_leases SET lease_expires_at = {_NOW} + $2"
                 f" WHERE node_id = $1 AND lease_expires_at > {_NOW} RETURNING pid",
@@ -166,15 +205,17 @@ class ClusterRole(PostgresBase):
             return sorted(row["pid"] for row in rows)
 
         async def resolve(connection: asyncpg.Connection) -> list[int]:
-            return await self._held(connection, node_id, None)
+            return await self._held(connection, node_id, incarnation, None)
 
         return await self._transact(f"node {node_id} renewing leases", work, resolve)
 
-    async def release_leases(self, node_id: str, pids: Sequence[int]) -> None:
+    async def release_leases(self, node_id: str, incarnation: int, pids: Sequence[int]) -> None:
         if not pids:
             return
 
         async def work(connection: asyncpg.Connection) -> None:
+            if not await self._ours(connection, node_id, incarnation):
+                return
             await connection.execute(
                 "UPDATE partition_leases SET node_id = NULL, lease_expires_at = 0"
                 " WHERE node_id = $1 AND pid = ANY($2::bigint[])",

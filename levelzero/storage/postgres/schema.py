@@ -298,6 +298,12 @@ ALTER TABLE consumer_offsets ADD COLUMN leader_epoch INTEGER NOT NULL DEFAULT -1
     """
 ALTER TABLE transactions ADD COLUMN prepared TEXT NOT NULL DEFAULT '';
 """,
+    # 14: each node row's incarnation (every registration takes a new one from the sequence):
+    # the calls about a node's row and leases name it, and a late one of a previous run is void
+    """
+CREATE SEQUENCE IF NOT EXISTS cluster_node_incarnations;
+ALTER TABLE cluster_nodes ADD COLUMN IF NOT EXISTS incarnation BIGINT NOT NULL DEFAULT 0;
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
