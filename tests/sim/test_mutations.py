@@ -47,7 +47,10 @@ SEEDS_TO_CATCH_MAX = {
     "l1_lookup_bisect_left": 20,
     "l1_lineage_never_reread": 20,
     "placeholders_from_base": 20,
-    "reader_l1_below_lro_only": 100,  # first caught at seed 69 since the compacted topics (issue 34)
+    # First caught at seed 69 since the compacted topics (issue 34); at 33 (then 62, 88) on main
+    # before the batcher's catalog recorder, whose task moved the schedules: at 118 since (9
+    # catches in seeds 100..249, as often as before; none in 0..99).
+    "reader_l1_below_lro_only": 200,
     # liveness once healed: writes, reconciliation, collection within bounds (issue 35)
     "stale_rejection_keeps_cache": 40,
     "gc_idle_backoff_uncapped": 150,
