@@ -35,6 +35,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from anyio._backends import _asyncio as anyio_asyncio
+from anyio._core import _eventloop as anyio_eventloop
 
 T = TypeVar("T")
 
@@ -53,7 +54,9 @@ class SimTask(asyncio.Task):
     """An asyncio task that knows its creation number on its loop (its canonical rank), and
     hashes by it: anyio's sets of tasks iterate in an order the seed decides, not the heap's."""
 
-    sim_rank: int
+    # Set by the loop's factory once the task is made: the task's first step, scheduled while it
+    # is made, still sorts with the callbacks of no task.
+    sim_rank: int = NO_TASK
 
     def __init__(self, coro: Any, *, loop: asyncio.AbstractEventLoop, hash_key: int, **kwargs: Any) -> None:
         self._hash_key = hash_key  # before Task.__init__, which adds the task to a WeakSet
@@ -63,10 +66,14 @@ class SimTask(asyncio.Task):
         return self._hash_key
 
 
-def _owner_rank(callback: Callable[..., Any]) -> int:
-    owner = getattr(callback, "__self__", None)
-    rank = getattr(owner, "sim_rank", None)
-    return NO_TASK if rank is None else rank
+class _Timer(asyncio.TimerHandle):
+    """A timer of this loop's heap. The heap holds nothing else, so it compares by `_when` alone
+    without asyncio's type check: the same comparisons, so the same heap order, as TimerHandle's."""
+
+    __slots__ = ()
+
+    def __lt__(self, other: Any) -> bool:
+        return bool(self._when < other._when)  # type: ignore[attr-defined]
 
 
 class DeterministicLoop(asyncio.BaseEventLoop):
@@ -78,6 +85,7 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     _scheduled: list[Any]
     _timer_cancelled_count: int
     _stopping: bool
+    _closed: bool
 
     def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
         super().__init__()
@@ -107,18 +115,50 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def _process_events(self, event_list: list[Any]) -> None:
         assert not event_list
 
+    # The scheduling calls, without BaseEventLoop's layers for debug mode and threads (a
+    # simulation runs neither); the same handles, in the same order.
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> asyncio.Handle:
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = asyncio.Handle(callback, args, self, context)
+        self._make_runnable(callback, handle)
+        return handle
+
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
         handle = asyncio.Handle(callback, args, self, context)
         self._make_runnable(callback, handle)
         return handle
 
+    def call_at(
+        self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _Timer(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True  # type: ignore[attr-defined]
+        return timer
+
+    def call_later(
+        self, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None
+    ) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._virtual_now + delay, callback, *args, context=context)
+
     def _make_runnable(self, callback: Callable[..., Any], handle: asyncio.Handle) -> None:
         """Add `handle` to the ready callbacks, kept in canonical order (the owner's rank, then
         readiness): a turn picks by index without sorting. Readiness numbers only grow, so a
-        callback of a rank at or above the last one's goes at the end."""
-        item = (_owner_rank(callback), next(self._ready_seq), handle)
+        callback of a rank at or above the last one's goes at the end. (A task's steps are its
+        bound methods: their owner is the task.)"""
+        owner = getattr(callback, "__self__", None)
+        rank = owner.sim_rank if type(owner) is SimTask else NO_TASK
+        item = (rank, next(self._ready_seq), handle)
         runnable = self._runnable
-        if not runnable or item[0] >= runnable[-1][0]:
+        if not runnable or rank >= runnable[-1][0]:
             runnable.append(item)
         else:  # (rank, readiness) pairs are unique: the handles are never compared
             bisect.insort(runnable, item)
@@ -181,7 +221,7 @@ def run_deterministic(
     """Run `main` to completion on a fresh deterministic loop (or `loop`) and close the loop."""
     loop = loop if loop is not None else DeterministicLoop(rng)
     asyncio.set_event_loop(loop)
-    with _cancel_scopes_hashed_by_creation():
+    with _cancel_scopes_hashed_by_creation(), _asyncio_known():
         try:
             return loop.run_until_complete(main)
         finally:
@@ -191,6 +231,24 @@ def run_deterministic(
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
+
+
+@contextlib.contextmanager
+def _asyncio_known() -> Iterator[None]:
+    """anyio asks which library runs the loop at every sleep, checkpoint, cancel scope and
+    event (`current_async_library`: an import statement and a look-up of the running loop, or
+    sniffio's): a simulation runs on asyncio alone, so while it runs the answer is a constant."""
+    module = anyio_eventloop
+    original = module.current_async_library
+
+    def asyncio_library() -> str:
+        return "asyncio"
+
+    setattr(module, "current_async_library", asyncio_library)  # noqa: B010 - see above
+    try:
+        yield
+    finally:
+        setattr(module, "current_async_library", original)  # noqa: B010 - see above
 
 
 @contextlib.contextmanager
