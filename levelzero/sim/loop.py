@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import heapq
 import itertools
 import random
@@ -66,11 +67,39 @@ class SimTask(asyncio.Task):
         return self._hash_key
 
 
-class _Timer(asyncio.TimerHandle):
-    """A timer of this loop's heap. The heap holds nothing else, so it compares by `_when` alone
-    without asyncio's type check: the same comparisons, so the same heap order, as TimerHandle's."""
+class _Handle(asyncio.Handle):
+    """A ready callback of this loop: asyncio's Handle, made without its debug-mode branch (the
+    loop never runs in debug mode)."""
 
     __slots__ = ()
+
+    def __init__(self, callback: Callable[..., Any], args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer of this loop's heap, made as `_Handle` is. The heap holds nothing else, so it
+    compares by `_when` alone without asyncio's type check: the same comparisons, so the same
+    heap order, as TimerHandle's."""
+
+    __slots__ = ()
+
+    def __init__(self, when: float, callback: Callable[..., Any], args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = False
 
     def __lt__(self, other: Any) -> bool:
         return bool(self._when < other._when)  # type: ignore[attr-defined]
@@ -90,6 +119,7 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
         super().__init__()
         self._rng = rng
+        self._randbelow: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
         self._virtual_now = start_s
         self._ready_seq = itertools.count()
         self._task_ranks = itertools.count()
@@ -121,12 +151,12 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def call_soon(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> asyncio.Handle:
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        handle = asyncio.Handle(callback, args, self, context)
+        handle = _Handle(callback, args, self, context)
         self._make_runnable(callback, handle)
         return handle
 
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
-        handle = asyncio.Handle(callback, args, self, context)
+        handle = _Handle(callback, args, self, context)
         self._make_runnable(callback, handle)
         return handle
 
@@ -170,49 +200,56 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     # -- the turn
 
     def _run_once(self) -> None:
+        """Turns until the loop is told to stop (run_forever's own loop calls this once per
+        iteration and checks `_stopping` after it: the same turns, one call less each)."""
         scheduled = self._scheduled
-        if (
-            self._timer_cancelled_count > CANCELLED_TIMERS_REBUILD_AT
-            and self._timer_cancelled_count * 2 > len(scheduled)
-        ):
-            live = []
-            for timer in scheduled:
-                if timer._cancelled:
-                    timer._scheduled = False
-                else:
-                    live.append(timer)
-            heapq.heapify(live)
-            self._scheduled = scheduled = live
-            self._timer_cancelled_count = 0
-        while scheduled and scheduled[0]._cancelled:
-            timer = heapq.heappop(scheduled)
-            timer._scheduled = False
-            self._timer_cancelled_count -= 1
         runnable = self._runnable
-        if not runnable:
-            if not scheduled:
-                if self._stopping:
-                    return
-                raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s")
-            when = scheduled[0]._when
-            if when > self._virtual_now:
-                self._virtual_now = when  # the clock jumps to the next timer
-        now = self._virtual_now
-        while scheduled and scheduled[0]._when <= now:
-            timer = heapq.heappop(scheduled)
-            timer._scheduled = False
-            if timer._cancelled:
+        randbelow = self._randbelow
+        heappop = heapq.heappop
+        while True:
+            if (
+                self._timer_cancelled_count > CANCELLED_TIMERS_REBUILD_AT
+                and self._timer_cancelled_count * 2 > len(scheduled)
+            ):
+                live = []
+                for timer in scheduled:
+                    if timer._cancelled:
+                        timer._scheduled = False
+                    else:
+                        live.append(timer)
+                heapq.heapify(live)
+                self._scheduled = scheduled = live
+                self._timer_cancelled_count = 0
+            while scheduled and scheduled[0]._cancelled:
+                timer = heappop(scheduled)
+                timer._scheduled = False
                 self._timer_cancelled_count -= 1
-                continue
-            self._make_runnable(timer._callback, timer)
-        count = len(runnable)
-        if count == 0:
-            return
-        # (in canonical order already: no sort)
-        handle = runnable.pop()[2] if count == 1 else runnable.pop(self._rng.randrange(count))[2]
-        if not handle._cancelled:
-            self.callbacks_run += 1
-            handle._run()
+            if not runnable:
+                if not scheduled:
+                    if self._stopping:
+                        return
+                    raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s")
+                when = scheduled[0]._when
+                if when > self._virtual_now:
+                    self._virtual_now = when  # the clock jumps to the next timer
+            now = self._virtual_now
+            while scheduled and scheduled[0]._when <= now:
+                timer = heappop(scheduled)
+                timer._scheduled = False
+                if timer._cancelled:
+                    self._timer_cancelled_count -= 1
+                    continue
+                self._make_runnable(timer._callback, timer)
+            count = len(runnable)
+            if count:
+                # (in canonical order already: no sort; `randrange(count)` is
+                # `_randbelow(count)`, the same draws with one call less)
+                handle = runnable.pop()[2] if count == 1 else runnable.pop(randbelow(count))[2]
+                if not handle._cancelled:
+                    self.callbacks_run += 1
+                    handle._run()
+            if self._stopping:
+                return
 
 
 def run_deterministic(
@@ -221,7 +258,7 @@ def run_deterministic(
     """Run `main` to completion on a fresh deterministic loop (or `loop`) and close the loop."""
     loop = loop if loop is not None else DeterministicLoop(rng)
     asyncio.set_event_loop(loop)
-    with _cancel_scopes_hashed_by_creation(), _asyncio_known():
+    with _cancel_scopes_hashed_by_creation(), _asyncio_known(), _current_task_of(loop):
         try:
             return loop.run_until_complete(main)
         finally:
@@ -249,6 +286,26 @@ def _asyncio_known() -> Iterator[None]:
         yield
     finally:
         setattr(module, "current_async_library", original)  # noqa: B010 - see above
+
+
+@contextlib.contextmanager
+def _current_task_of(loop: DeterministicLoop) -> Iterator[None]:
+    """anyio's asyncio backend asks `asyncio.current_task()` at every cancel scope, checkpoint
+    and spawn; in Python 3.11 that is a Python function that looks the running loop up first.
+    While a simulation runs, the loop is known: the same answer from asyncio's own table."""
+    module = anyio_asyncio
+    original = module.current_task
+    current_tasks = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+
+    def current_task(of: asyncio.AbstractEventLoop | None = None) -> asyncio.Task[Any] | None:
+        task: asyncio.Task[Any] | None = current_tasks.get(loop if of is None else of)
+        return task
+
+    setattr(module, "current_task", current_task)  # noqa: B010 - see above
+    try:
+        yield
+    finally:
+        setattr(module, "current_task", original)  # noqa: B010 - see above
 
 
 @contextlib.contextmanager
