@@ -33,12 +33,14 @@ import heapq
 import itertools
 import random
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from contextvars import Context
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from anyio._backends import _asyncio as anyio_asyncio
 from anyio._core import _eventloop as anyio_eventloop
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 
 # Cancelled timers are dropped lazily from the heap's top; past this many (and half the heap),
 # the heap is rebuilt without them, as asyncio's own loop does.
@@ -102,7 +104,7 @@ class _Timer(asyncio.TimerHandle):
         self._scheduled = False
 
     def __lt__(self, other: Any) -> bool:
-        return bool(self._when < other._when)  # type: ignore[attr-defined]
+        return bool(self._when < other._when)
 
 
 class DeterministicLoop(asyncio.BaseEventLoop):
@@ -148,7 +150,9 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     # The scheduling calls, without BaseEventLoop's layers for debug mode and threads (a
     # simulation runs neither); the same handles, in the same order.
 
-    def call_soon(self, callback: Callable[..., Any], *args: Any, context: Any = None) -> asyncio.Handle:
+    def call_soon(
+        self, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts], context: Context | None = None
+    ) -> asyncio.Handle:
         if self._closed:
             raise RuntimeError("Event loop is closed")
         handle = _Handle(callback, args, self, context)
@@ -161,7 +165,11 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         return handle
 
     def call_at(
-        self, when: float, callback: Callable[..., Any], *args: Any, context: Any = None
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: Unpack[_Ts],
+        context: Context | None = None,
     ) -> asyncio.TimerHandle:
         if when is None:
             raise TypeError("when cannot be None")
@@ -169,11 +177,15 @@ class DeterministicLoop(asyncio.BaseEventLoop):
             raise RuntimeError("Event loop is closed")
         timer = _Timer(when, callback, args, self, context)
         heapq.heappush(self._scheduled, timer)
-        timer._scheduled = True  # type: ignore[attr-defined]
+        timer._scheduled = True
         return timer
 
     def call_later(
-        self, delay: float, callback: Callable[..., Any], *args: Any, context: Any = None
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: Unpack[_Ts],
+        context: Context | None = None,
     ) -> asyncio.TimerHandle:
         if delay is None:
             raise TypeError("delay must not be None")

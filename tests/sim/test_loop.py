@@ -11,6 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio._backends import _asyncio as anyio_asyncio
+from anyio._core import _eventloop as anyio_eventloop
 
 from levelzero.sim import loop as loop_module
 from levelzero.sim.loop import Deadlock, DeterministicLoop, run_deterministic
@@ -213,9 +215,6 @@ def test_the_lean_scheduling_paths_make_the_picks_asyncio_s_own_paths_make() -> 
 
 
 def test_anyio_and_asyncio_answer_as_before_once_a_run_ends() -> None:
-    from anyio._backends import _asyncio as anyio_asyncio
-    from anyio._core import _eventloop as anyio_eventloop
-
     library, current_task = anyio_eventloop.current_async_library, anyio_asyncio.current_task
 
     async def main() -> tuple[str | None, bool]:
