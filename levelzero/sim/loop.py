@@ -286,12 +286,15 @@ def run_deterministic(
 def _asyncio_known() -> Iterator[None]:
     """anyio asks which library runs the loop at every sleep, checkpoint, cancel scope and
     event (`current_async_library`: an import statement and a look-up of the running loop, or
-    sniffio's): a simulation runs on asyncio alone, so while it runs the answer is a constant."""
+    sniffio's): a simulation runs on asyncio alone, so while it runs a thread running a loop
+    is told asyncio at once."""
     module = anyio_eventloop
     original = module.current_async_library
+    running_loop = asyncio.events._get_running_loop
 
-    def asyncio_library() -> str:
-        return "asyncio"
+    def asyncio_library() -> str | None:
+        # (another thread's answer stays its own: asyncio's, or none without a loop)
+        return "asyncio" if running_loop() is not None else original()
 
     setattr(module, "current_async_library", asyncio_library)  # noqa: B010 - see above
     try:
@@ -304,14 +307,18 @@ def _asyncio_known() -> Iterator[None]:
 def _current_task_of(loop: DeterministicLoop) -> Iterator[None]:
     """anyio's asyncio backend asks `asyncio.current_task()` at every cancel scope, checkpoint
     and spawn; in Python 3.11 that is a Python function that looks the running loop up first.
-    While a simulation runs, the loop is known: the same answer from asyncio's own table."""
+    While a simulation runs, its thread's loop is known: the same answer from asyncio's own
+    table (another thread, running a loop of its own or none, is answered as before)."""
     module = anyio_asyncio
     original = module.current_task
     current_tasks = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+    running_loop = asyncio.events._get_running_loop
 
     def current_task(of: asyncio.AbstractEventLoop | None = None) -> asyncio.Task[Any] | None:
-        task: asyncio.Task[Any] | None = current_tasks.get(loop if of is None else of)
-        return task
+        if of is None and running_loop() is loop:
+            task: asyncio.Task[Any] | None = current_tasks.get(loop)
+            return task
+        return original(of)  # another thread's loop, or none
 
     setattr(module, "current_task", current_task)  # noqa: B010 - see above
     try:

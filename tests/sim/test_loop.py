@@ -7,6 +7,7 @@ import asyncio
 import random
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import anyio
@@ -224,3 +225,23 @@ def test_anyio_and_asyncio_answer_as_before_once_a_run_ends() -> None:
     assert anyio_eventloop.current_async_library is library
     assert anyio_asyncio.current_task is current_task
     assert anyio_eventloop.current_async_library() is None  # no loop runs here
+
+
+def test_another_thread_is_answered_for_its_own_loop_while_a_simulation_runs() -> None:
+    answers: dict[str, object] = {}
+
+    def in_a_thread() -> None:
+        async def own_loop() -> None:
+            answers["own task"] = anyio_asyncio.current_task() is asyncio.current_task()
+            answers["own library"] = anyio_eventloop.current_async_library()
+
+        asyncio.run(own_loop())
+        answers["no loop"] = anyio_eventloop.current_async_library()
+
+    async def main() -> None:
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()  # (the simulated world waits: nothing else runs meanwhile)
+
+    run_deterministic(main(), random.Random(1))
+    assert answers == {"own task": True, "own library": "asyncio", "no loop": None}
