@@ -16,7 +16,7 @@ import pytest
 
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
-from levelzero.storage.log_rules import log_row
+from levelzero.storage.log_rules import LOG_ROW_COLUMNS, log_row
 from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
@@ -487,7 +487,7 @@ async def test_the_log_table_holds_the_rows_the_append_statement_sends(postgres_
             stored = await connection.fetch("SELECT * FROM log WHERE log_offset > 0 ORDER BY pid, log_offset")
         finally:
             await connection.close()
-    assert tuple(row["column_name"] for row in columns) == store_module.LOG_ROW_COLUMNS
+    assert tuple(row["column_name"] for row in columns) == LOG_ROW_COLUMNS
     expected = [log_row(pid, r, 1234.5) for pid, rs in sorted(records.items()) for r in rs]
     assert [tuple(row) for row in stored] == expected
     assert expected[1][4:9] == ("advance_reconciled_offset", None, 0, 0, None)

@@ -87,21 +87,6 @@ async def unknown_partition(
 
 _PARTITION_COLUMNS = "pid, topic, partition, creation_epoch, term, created_at"
 _LOG_COLUMNS = "log_offset, term, base_offset, kind, entry"
-# The `log` table's columns in their order: a `log_row` tuple, which APPEND_BATCH sends as a
-# value of the table's row type (tests/storage check the table against it).
-LOG_ROW_COLUMNS = (
-    "pid",
-    "log_offset",
-    "term",
-    "base_offset",
-    "kind",
-    "epoch",
-    "record_count",
-    "byte_length",
-    "object_key",
-    "entry",
-    "appended_at",
-)
 _LOG_INSERT = """INSERT INTO log (pid, log_offset, term, base_offset, kind, epoch, record_count,
     byte_length, object_key, entry, appended_at)
 SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[],
