@@ -36,14 +36,37 @@ def value(n: int, i: int) -> bytes:
     return b"t%d-%d" % (n, i)
 
 
-def transaction(port: int, tid: str, n: int, timeout_s: float = WAIT_S) -> None:
-    """One committed transaction of RECORDS records in partition 0 (a new incarnation of `tid`)."""
+def transactional(port: int, tid: str, n: int, timeout_s: float = WAIT_S) -> Producer:
+    """A new incarnation of `tid` with transaction `n` begun: RECORDS records in partition 0
+    produced (not yet flushed)."""
     producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": tid, "linger.ms": 5})
     producer.init_transactions(timeout_s)
     producer.begin_transaction()
     for i in range(RECORDS):
         producer.produce(TOPIC, value=value(n, i), partition=0)
-    producer.commit_transaction(timeout_s)
+    return producer
+
+
+def transaction(port: int, tid: str, n: int, timeout_s: float = WAIT_S) -> None:
+    """One committed transaction of RECORDS records in partition 0 (a new incarnation of `tid`)."""
+    transactional(port, tid, n, timeout_s).commit_transaction(timeout_s)
+
+
+def started(tmp_path: Path, held: dict[str, str]) -> tuple[DaemonProcess, int]:
+    """A daemon process with a Kafka listener and TOPIC (one partition), the `held` switches
+    in its environment; and its Kafka port."""
+    kafka_port = free_port()
+    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}", **held}
+    daemon = DaemonProcess(tmp_path / "data", tmp_path, env=env)
+    try:
+        daemon.start()
+        with daemon.http() as http:
+            created = http.post("/v1/topics", json={"name": TOPIC, "partitions": 1})
+            assert created.status_code == 201, created.text
+    except BaseException:
+        daemon.cleanup()
+        raise
+    return daemon, kafka_port
 
 
 def read(port: int, isolation: str) -> list[tuple[int, bytes]]:
@@ -169,23 +192,9 @@ async def test_a_failed_add_partitions_commit_fences_the_producer_and_stores_not
 
 
 def test_sigkill_between_add_partitions_answer_and_its_commit(tmp_path: Path) -> None:
-    kafka_port = free_port()
-    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"}
-    daemon = DaemonProcess(
-        tmp_path / "data", tmp_path, env={**env, "LEVELZERO_TEST_HOLD_TXN_REGISTRATION": "1"}
-    )
+    daemon, kafka_port = started(tmp_path, {"LEVELZERO_TEST_HOLD_TXN_REGISTRATION": "1"})
     try:
-        daemon.start()
-        with daemon.http() as http:
-            created = http.post("/v1/topics", json={"name": TOPIC, "partitions": 1})
-            assert created.status_code == 201, created.text
-        producer = Producer(
-            {"bootstrap.servers": f"127.0.0.1:{kafka_port}", "transactional.id": "kill-tx", "linger.ms": 5}
-        )
-        producer.init_transactions(WAIT_S)
-        producer.begin_transaction()
-        for i in range(RECORDS):
-            producer.produce(TOPIC, value=value(0, i), partition=0)
+        producer = transactional(kafka_port, "kill-tx", 0)
         assert producer.flush(3) == RECORDS  # answered AddPartitionsToTxn; records held
         assert end(kafka_port, "read_uncommitted") == 0
 
@@ -240,13 +249,7 @@ async def test_a_failed_commit_of_a_held_partition_aborts_the_records_stored(
         monkeypatch.setattr(coordinator.store, "put_transaction", failing)
 
         def first_two() -> None:
-            producer = Producer(
-                {"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "held-tx", "linger.ms": 5}
-            )
-            producer.init_transactions(WAIT_S)
-            producer.begin_transaction()
-            for i in range(RECORDS):
-                producer.produce(TOPIC, value=value(0, i), partition=0)
+            producer = transactional(port, "held-tx", 0)
             producer.commit_transaction(WAIT_S)
             begin_next(producer, 1)  # stored, although their registration failed
             with pytest.raises(KafkaException):
@@ -269,22 +272,10 @@ def test_sigkill_after_held_records_before_their_registration(tmp_path: Path) ->
     acknowledged) before AddPartitionsToTxn's commit, which never happens: SIGKILLed then, the
     restart finds them after the previous transaction's marker, takes their transaction up
     from the data and aborts it; the previous transaction is committed whole."""
-    kafka_port = free_port()
-    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{kafka_port}"}
     held = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
-    daemon = DaemonProcess(tmp_path / "data", tmp_path, env={**env, **held})
+    daemon, kafka_port = started(tmp_path, held)
     try:
-        daemon.start()
-        with daemon.http() as http:
-            created = http.post("/v1/topics", json={"name": TOPIC, "partitions": 1})
-            assert created.status_code == 201, created.text
-        producer = Producer(
-            {"bootstrap.servers": f"127.0.0.1:{kafka_port}", "transactional.id": "kill-tx", "linger.ms": 5}
-        )
-        producer.init_transactions(WAIT_S)
-        producer.begin_transaction()
-        for i in range(RECORDS):
-            producer.produce(TOPIC, value=value(0, i), partition=0)
+        producer = transactional(kafka_port, "kill-tx", 0)
         producer.commit_transaction(WAIT_S)
         begin_next(producer, 1)  # acknowledged: stored, their registration held
         assert end(kafka_port, "read_uncommitted") == 2 * RECORDS + 1
