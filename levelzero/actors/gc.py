@@ -5,7 +5,8 @@ asserted monotone), which listed objects may go (`RangeScan`), when the next rou
 (`GcPacer`), what is throttling, and explain. This module lists, deletes, sleeps and records.
 
 Where the keys come from. The batcher records every L0 object this node uploads in the log
-store's catalog (`l0_objects`, written in the same group commit as the placeholders); each round
+store's catalog (`l0_objects`, written once the object's placeholders are durable, the rows of
+objects fenced meanwhile together: `Batcher._record_objects`); each round
 deletes the catalog's objects with epoch <= `M` straight away, without listing: on S3 a LIST
 costs as much as a PUT and is slower than a DELETE of 1,000 keys. The catalog misses strays —
 an object whose upload finished but whose row never landed (a crash in between), objects of

@@ -398,9 +398,16 @@ class ProduceIntake:
                     for p in taken:
                         offsets.append(offset)
                         offset += len(p.records)
-                    error = await self._keep_sequences(taken, offsets)
-                    for p, base_offset in zip(taken, offsets, strict=True):
-                        self._finish(p, base_offset=base_offset, error=error)
+                    if any(p.identity is not None and p.identity[0] >= IDEMPOTENCY_ID_BASE for p in taken):
+                        # an idempotency key's row is its record for the retention: first
+                        error = await self._keep_sequences(taken, offsets)
+                        for p, base_offset in zip(taken, offsets, strict=True):
+                            self._finish(p, base_offset=base_offset, error=error)
+                    else:
+                        for p, base_offset in zip(taken, offsets, strict=True):
+                            self._finish(p, base_offset=base_offset)
+                        # After the acknowledgement, before the lane's next round (in order).
+                        await self._keep_sequences(taken, offsets)
                     self._wake_fetchers()
                 taken = []
         finally:
@@ -474,9 +481,17 @@ class ProduceIntake:
         return kept
 
     async def _keep_sequences(self, taken: list[Pending], offsets: list[int]) -> LevelZeroError | None:
-        """Idempotent batches' sequences, durable before they are acknowledged (where the store
-        keeps them), so a retry after a restart is recognised. A failure here fails the
-        acknowledgement: the client retries and the batch (stored) is recognised in memory."""
+        """Idempotent batches' sequences kept in the store's table (where it has one). A Kafka
+        producer's are written after its batches are acknowledged (as Kafka keeps producer state
+        in the log alone): what recognises its retry after a restart is durable already, in the
+        commit that stored the records (each placeholder carries its producer spans, which
+        rebuild the partition's producers; its snapshots keep the last
+        PARTITION_PRODUCERS_MAX), and a retry comes within the client's delivery timeout; the
+        table serves a producer the partition has forgotten since. An idempotency key's
+        (HTTP), which may be repeated for `key_retention_s` after thousands of other keys, is
+        durable before the produce is acknowledged: a failure here fails the acknowledgement
+        (the client retries; the batch, stored, is recognised in memory). The failure, if any
+        (logged)."""
         rows = [
             ProducerBatchRow(
                 p.identity[0],

@@ -381,17 +381,22 @@ def s3_config(url: str, bucket: str, **overrides: Any):  # noqa: ANN201 - S3Conf
 
 
 @contextlib.asynccontextmanager
-async def raw_s3_client(url: str, pool: int = 64) -> AsyncIterator[Any]:
-    """A bare aiobotocore client: the floor the S3 adapter is measured against."""
-    from aiobotocore.config import AioConfig
+async def raw_s3_client(url: str) -> AsyncIterator[Any]:
+    """A bare aiobotocore client: the floor the S3 adapter is measured against. Its settings
+    are the adapter's for `s3_config(url, ...)` (`s3_store.client_config`: connection pool,
+    retries, timeouts, path-style addressing), so a floor differs from the adapter only in
+    what the adapter does around its requests. (Before, the floor's client had botocore's
+    default retries and timeouts; measured alternating, that moved raw PUTs to moto by less
+    than their spread.)"""
     from aiobotocore.session import get_session
 
-    config = AioConfig(region_name="us-east-1", s3={"addressing_style": "path"}, max_pool_connections=pool)
+    from levelzero.storage.s3_store import client_config
+
     async with get_session().create_client(
         "s3",
         endpoint_url=url,
         aws_access_key_id=MOTO_ACCESS_KEY,
         aws_secret_access_key=MOTO_SECRET_KEY,
-        config=config,
+        config=client_config(s3_config(url, "levelzero-bench-raw")),
     ) as client:
         yield client

@@ -227,7 +227,7 @@ async def raw_rows_per_s(dsn: str, batch: int, partitions_per_batch: int, second
                         row = pool[(done + len(log_rows)) % ROW_POOL]
                         log_rows.append((pid, offset, *row[2:]))
                     next_offset[pid] = first + count
-                columns = (*_columns(asks, 4), *_columns(log_rows, 11))
+                columns = (*_columns(asks, 4), log_rows)  # the store's arguments
                 if time.perf_counter() < events_due:
                     answer = await connection.fetch(APPEND_BATCH, *columns)
                 else:

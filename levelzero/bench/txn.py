@@ -6,10 +6,11 @@ writes RECORDS records (16-byte keys, 100-byte values) into a fresh topic of PRO
 per side, from PRODUCERS confluent-kafka producers (threads of one child process), each writing
 its own partition (as stream tasks do):
 - sut (transactions): each producer has its own transactional.id; begin, TXN_RECORDS records,
-                      commit, again (every transaction: AddPartitionsToTxn, one commit, once
-                      the previous transaction's marker is queued; the records, written with
-                      that marker; EndTxn, answered once its prepared state is durable, with
-                      the previous transaction's completion in the same commit);
+                      commit, again (every transaction: AddPartitionsToTxn, answered once the
+                      previous transaction's marker is queued, its commit on its way; the
+                      records, submitted once that commit is durable, written with that
+                      marker; EndTxn, answered once its prepared state is durable, with the
+                      previous transaction's completion in the same commit);
 - floor (idempotent): each producer (enable.idempotence) produces the same records, then flushes.
 Both sides' producers differ only in what makes them transactional or idempotent: linger.ms 5,
 librdkafka's default batch size, acks=all (implied by both); the idempotent side's queue is

@@ -4,7 +4,8 @@
          `VALUE_BYTES` each per call, `PARTITIONS` partitions) until `produce_mib` of payload is
          acknowledged; SQLite log store (synchronous FULL), the default batcher (linger 250 ms,
          4 MiB objects, 8 uploads at once, 64 MiB in flight), S3ObjectStore on a moto server;
-         reconciler, housekeeper and GC off (they would compete for the same store);
+         reconciler, housekeeper and GC off (they would compete for the same store); the
+         garbage collector set as `levelzero run` sets it (thresholds, heap frozen);
 - floor: as many objects of the node's mean object size, PUT through a bare aiobotocore client
          with the batcher's upload concurrency, against the same moto server.
 The ratio compares bytes/s of uploaded objects (same objects, same server): what the node's
@@ -28,6 +29,7 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import Node, NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.keys import format_l0_key, new_uuid
+from levelzero.daemon.gc_tuning import tuned_gc
 from levelzero.core.l0format import Record
 from levelzero.storage.protocols import ObjectStore
 from levelzero.storage.s3_store import S3ObjectStore
@@ -38,6 +40,7 @@ from .common import (
     Settings,
     Target,
     figure,
+    frozen_heap,
     interleave,
     moto_server,
     raw_s3_client,
@@ -193,12 +196,18 @@ async def run(settings: Settings) -> list[Figure]:
                 await empty_bucket(s3)
                 return rate / 1e6
 
-            # One unmeasured pair first: moto's first large PUTs and the first SQLite files of
-            # the run are slower than the rest, and would land in round 0 only.
-            await interleave(1, sut, floor)
-            nodes.clear()
-            raw_cpu.clear()
-            pairs = await interleave(rounds, sut, floor)
+            # The garbage collector as `levelzero run` sets it: its thresholds
+            # (`daemon/gc_tuning.py`), and the heap frozen once the stores are open
+            # (`freeze_heap`). The item's node ran with Python's defaults, which the daemon
+            # does not: a full collection walked the S3 clients' service models about once a
+            # round (~70 ms of a stopped event loop). The floor runs under the same settings.
+            with tuned_gc(), frozen_heap():
+                # One unmeasured pair first: moto's first large PUTs and the first SQLite
+                # files of the run are slower than the rest, and would land in round 0 only.
+                await interleave(1, sut, floor)
+                nodes.clear()
+                raw_cpu.clear()
+                pairs = await interleave(rounds, sut, floor)
     middle = sorted(nodes, key=lambda n: n.object_bytes_per_s)[len(nodes) // 2]
     return [
         figure(

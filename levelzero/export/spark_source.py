@@ -377,7 +377,17 @@ class ObjectGone(ExportError):
 
 def range_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
     """The records `r.first..r.last` of `r`'s partition, as planned, with their offsets (a
-    compacted L1 object has gaps: the offsets compaction removed).
+    compacted L1 object has gaps: the offsets compaction removed). See `range_runs`."""
+    return [
+        (offset, record)
+        for base, records in range_runs(config, r)
+        for offset, record in enumerate(records, base)
+    ]
+
+
+def range_runs(config: Config, r: ObjectRange) -> list[tuple[int, list[Record]]]:
+    """The records `r.first..r.last` of `r`'s partition as runs: (first offset, records at
+    consecutive offsets) — one run for an extent, one per stretch between compaction's gaps.
 
     A read is a snapshot of the records as of planning, even while the daemon moves on: the
     GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
@@ -386,38 +396,40 @@ def range_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
     are now: the same records, from L1. Only if they are not in the store any more (deleted by
     retention since) does the read fail, saying so."""
     try:
-        return _object_records(config, r)
+        return _object_runs(config, r)
     except ObjectGone as gone:
         missing = gone
     again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
-    records: list[tuple[int, Record]] = []
+    runs: list[tuple[int, list[Record]]] = []
     expected = r.first
     for a in again:
         if a.first != expected or a.object_key == r.object_key:
             break  # a gap, or the same object still planned: the records are not there
-        records += _object_records(config, a)
+        runs += _object_runs(config, a)
         expected = a.last + 1
     if expected != r.last + 1:
         raise ExportError(
             f"{r.topic}/{r.partition} offsets {r.first}..{r.last}: {missing}, and the offsets are"
             " no longer in the store (deleted since planning?)"
         )
-    return records
+    return runs
 
 
-def _object_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
+def _object_runs(config: Config, r: ObjectRange) -> list[tuple[int, list[Record]]]:
+    """The runs of `r`'s object cut to `r.first..r.last` (slices, no test per record)."""
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
         raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
         runs = [(r.base_offset, decode_extent(raw, r.checksum, r.record_count, where))]
     else:
         runs = l1_object_runs(_get(config, r.object_key), r.base_offset, where)
-    return [
-        (offset, record)
-        for base, records in runs
-        for offset, record in enumerate(records, base)
-        if r.first <= offset <= r.last
-    ]
+    cut: list[tuple[int, list[Record]]] = []
+    for base, records in runs:
+        start, stop = max(base, r.first), min(base + len(records), r.last + 1)
+        if start < stop:
+            whole = start == base and stop == base + len(records)
+            cut.append((start, records if whole else records[start - base : stop - base]))
+    return cut
 
 
 def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
@@ -437,24 +449,30 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
     config = store_config(source) if isinstance(source, str) else source
-    pairs = range_records(config, r)
-    records = [rec for _, rec in pairs]
-    offsets: Any = [offset for offset, _ in pairs]
-    if any(rec.headers and rec.headers[-1][0] == TXN_HEADER for rec in records):
+    runs = range_runs(config, r)
+    records = runs[0][1] if len(runs) == 1 else [rec for _, rs in runs for rec in rs]
+    headers = [rec.headers for rec in records]
+    offsets: Any
+    if any(headers) and any(h and h[-1][0] == TXN_HEADER for h in headers):
         # a Kafka transaction's records: markers left out (gaps), the reserved header stripped
-        kept = list(delivered(pairs))
-        offsets = [offset for offset, _ in kept]
+        kept = list(delivered((offset, rec) for base, rs in runs for offset, rec in enumerate(rs, base)))
+        offsets = pa.array([offset for offset, _ in kept], pa.int64())
         records = [msgspec.structs.replace(rec, headers=client_headers(rec.headers)) for _, rec in kept]
+        headers = [rec.headers for rec in records]
+    elif len(runs) == 1:
+        offsets = pa.array(range(runs[0][0], runs[0][0] + len(records)), pa.int64())
+    else:
+        offsets = pa.array([o for base, rs in runs for o in range(base, base + len(rs))], pa.int64())
     count = len(records)
     return pa.RecordBatch.from_arrays(
         [
             pa.array([r.topic] * count, pa.string()),
             pa.array([r.partition] * count, pa.int32()),
-            pa.array(offsets, pa.int64()),
+            offsets,
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
             pa.array([rec.value for rec in records], pa.binary()),
-            _headers([rec.headers for rec in records], SCHEMA.field("headers").type),
+            _headers(headers, SCHEMA.field("headers").type),
         ],
         schema=SCHEMA,
     )

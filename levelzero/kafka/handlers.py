@@ -45,6 +45,8 @@ class Handlers:
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
         self.transactions = TransactionCoordinator(self.intake, self.groups, cluster)
+        # retention never passes an open transaction's first offset
+        node.housekeeper.open_transactions = self.transactions.index.oldest_open
         self.producing = ProduceApi(self.intake, auto_create, self.transactions)
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)

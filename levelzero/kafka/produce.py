@@ -109,6 +109,10 @@ class ProduceApi:
                 refused[i] = (ErrorCode.invalid_txn_state, -1, "transactions are not served here")
                 continue
             code = self.transactions.produce_error(producer_id, epoch, topic, partition)
+            if code == ErrorCode.not_enough_replicas:
+                # the AddPartitionsToTxn that added it, answered, not yet durable: waited for
+                await self.transactions.registered(producer_id, topic, partition)
+                code = self.transactions.produce_error(producer_id, epoch, topic, partition)
             if code != ErrorCode.none:
                 refused[i] = (code, -1, "the producer's epoch is fenced by a newer one")
                 continue

@@ -12,14 +12,25 @@ transactional batches of that producer and markers as control batches, as Kafka'
 
 Durability (state in the control plane before answering, `TransactionStore`), as Kafka's
 coordinator stores its transaction log (TransactionCoordinator/TransactionStateManager):
-InitProducerId, AddPartitionsToTxn (only when it adds partitions: one commit per request, which
-also opens the new partitions' ranges, at their high watermarks then: at or below the
+InitProducerId, AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
+before the answer. AddPartitionsToTxn (only when it adds partitions: one commit per request,
+which also opens the new partitions' ranges, at their high watermarks then: at or below the
 transaction's first records there, so the last stable offset never passes an open
-transaction), AddOffsetsToTxn, TxnOffsetCommit and PREPARE_COMMIT/PREPARE_ABORT are stored
-before the answer. EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a
-restart completes it); the coordinator then queues the markers in the partitions' lanes (behind
-every record set the transaction submitted; a produce of a transaction that is not ongoing is
-refused).
+transaction) is answered once its commit is on its way, and the transaction's records in
+those partitions are submitted only once it is durable (`Registration`: what must hold is
+that no record of a transaction is durable before the transaction knows its partition, and
+the commit overlaps the client's linger); every later write of the transaction's state waits
+for it too. If it fails, the partitions leave the transaction and the producer is fenced. A
+partition the producer's previous transaction still holds (prepared, its range open, its marker
+queued in the lane) is the exception (`Registration.held`): the LSO holds below the records
+there and they follow the marker, so they are submitted at once and the partition reaches
+durability with them (KIP-890's idea); if the commit fails such partitions stay in the
+transaction, which is fenced and aborted; after a crash before it, the restart finds the records
+after the previous transaction's marker, takes their transaction up from the data (its ranges
+opened just after the marker in the previous one's completion) and aborts it.
+EndTxn answers once PREPARE_* is durable (the decision cannot be lost: a restart completes it);
+the coordinator then queues the markers in the partitions' lanes (behind every record set the
+transaction submitted; a produce of a transaction that is not ongoing is refused).
 
 Pipelining (where Kafka's coordinator answers CONCURRENT_TRANSACTIONS until the markers are
 written): once the markers are queued, the producer's next transaction may begin. Its records in
@@ -61,12 +72,13 @@ coordinator of this node only. KIP-890's server-side verification is not impleme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +124,12 @@ HOLD_MARKERS_ENV = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
 # markers are (the transaction stays prepared beside the producer's next one, unless that one's
 # EndTxn stores it).
 HOLD_COMPLETION_ENV = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
+# Test use only: with this set to 1 an AddPartitionsToTxn that adds partitions is answered but
+# its commit never completes (the transaction's records there are never submitted).
+HOLD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_REGISTRATION"
+# Test use only: with this set to 1 an AddPartitionsToTxn whose records do not wait for its
+# commit (`Registration.held`) is answered but its commit never completes.
+HOLD_HELD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -197,6 +215,12 @@ class PartitionIndex:
         self._partitions[(topic, partition)] = txns
         await self.prune(topic, partition)
         return txns
+
+    async def oldest_open(self, topic: str, partition: int) -> int | None:
+        """The first offset of the oldest transaction open in the partition, or None: retention
+        keeps the log start offset at or below it (`Housekeeper.open_transactions`), so a
+        restart completing a transaction finds its records and its marker where it left them."""
+        return min((await self.get(topic, partition)).open.values(), default=None)
 
     async def prune(self, topic: str, partition: int) -> None:
         """Forget the aborted ranges below the partition's log start offset."""
@@ -295,6 +319,10 @@ class Prepared:
     markers: dict[Partition, Pending | int] = field(default_factory=dict)
     completed: anyio.Event = field(default_factory=anyio.Event)
     attempting: bool = False  # a completion task is waiting on the markers
+    # A partition's first record of the producer after the marker found stored (after a
+    # restart): a next transaction's records whose AddPartitionsToTxn commit never became
+    # durable (`_store_completion` takes that transaction up and aborts it).
+    strays: dict[Partition, int] = field(default_factory=dict)
 
     def queued(self, tp: Partition) -> Pending | int | None:
         """The partition's marker, queued or stored (None: not queued, or it failed)."""
@@ -327,6 +355,28 @@ class Prepared:
         )
 
 
+@dataclass(eq=False, slots=True)
+class Registration:
+    """An AddPartitionsToTxn commit (the state with the new partitions, their ranges opened)
+    answered before it is durable. Until it is: the transaction's records in `partitions` are
+    not submitted (a produce waits for it), and nothing else of the transaction is stored
+    (every holder of the transaction's lock waits for it first: its row, taken when it was
+    answered, is the transaction's latest). If it fails, the partitions leave the transaction
+    again and the producer is fenced (its epoch bumped: the records waiting are refused as a
+    fenced producer's): none of them was stored."""
+
+    partitions: frozenset[Partition]
+    # Partitions added that the previous transaction's open range holds, its marker queued
+    # ahead in the lane: their records do not wait (see `_add_partitions_locked`). If the
+    # commit fails they stay in the transaction, which is aborted.
+    held: frozenset[Partition] = frozenset()
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    def holds(self, tp: Partition) -> bool:
+        """The partition's records must wait."""
+        return tp in self.partitions and not self.done.is_set()
+
+
 @dataclass(slots=True)
 class TxnState:
     transactional_id: str
@@ -345,6 +395,8 @@ class TxnState:
     prepared: Prepared | None = None
     # The PREPARE_* state was stored by this process (its markers cannot have been written).
     prepared_here: bool = False
+    # The last AddPartitionsToTxn's commit, answered before it is durable (`Registration`).
+    registering: Registration | None = None
 
     def row(self, now: float) -> TransactionRow:
         return TransactionRow(
@@ -413,6 +465,15 @@ class TransactionCoordinator:
         self.hold_markers = os.environ.get(HOLD_MARKERS_ENV) == "1"
         if self.hold_markers:
             log.warning("%s is set: transactions' markers are never written; test use only", HOLD_MARKERS_ENV)
+        self.hold_registration = os.environ.get(HOLD_REGISTRATION_ENV) == "1"
+        if self.hold_registration:
+            log.warning("%s is set: AddPartitionsToTxn never commits; test use only", HOLD_REGISTRATION_ENV)
+        self.hold_held_registration = os.environ.get(HOLD_HELD_REGISTRATION_ENV) == "1"
+        if self.hold_held_registration:
+            log.warning(
+                "%s is set: AddPartitionsToTxn with held partitions never commits; test use only",
+                HOLD_HELD_REGISTRATION_ENV,
+            )
         self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
         if self.hold_completion:
             log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
@@ -468,11 +529,11 @@ class TransactionCoordinator:
 
     async def _expire_one(self, txn: TxnState, now: float) -> None:
         if self._completing(txn):
-            async with txn.lock:
+            async with self._locked(txn):
                 if self._completing(txn):
                     await self._complete(txn)
         elif txn.state == ONGOING and now > txn.started_at + txn.timeout_ms / 1000:
-            async with txn.lock:
+            async with self._locked(txn):
                 if txn.state == ONGOING and self.clock() > txn.started_at + txn.timeout_ms / 1000:
                     log.info("transaction %r timed out: aborting", txn.transactional_id)
                     txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
@@ -506,7 +567,21 @@ class TransactionCoordinator:
             prepared, tp = txn.prepared, (topic, partition)
             if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
                 return ErrorCode.not_enough_replicas
+            if txn.registering is not None and txn.registering.holds(tp):
+                return ErrorCode.not_enough_replicas  # (`registered` is awaited first)
         return ErrorCode.none
+
+    async def registered(self, producer_id: int, topic: str, partition: int) -> None:
+        """Before a transactional record set is submitted: until the AddPartitionsToTxn commit
+        that added its partition is durable (or failed: the producer is fenced, and
+        `produce_error` says so), so no record of a transaction is stored before the transaction
+        knows the partition and its range holds the last stable offset."""
+        txn = self._producers.get(producer_id)
+        if txn is None or txn.producer_id != producer_id:
+            return
+        registration = txn.registering
+        if registration is not None and (topic, partition) in registration.partitions:
+            await registration.done.wait()
 
     def marker_ahead(self, producer_id: int, topic: str, partition: int) -> Pending | None:
         """The previous transaction's marker queued in the partition's lane, which the
@@ -559,7 +634,7 @@ class TransactionCoordinator:
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
             with anyio.move_on_after(COMPLETION_WAIT_S):
-                async with txn.lock:
+                async with self._locked(txn):
                     if self._holds_offsets(txn, group_id):
                         try:
                             await self._complete(txn)
@@ -577,6 +652,56 @@ class TransactionCoordinator:
 
     async def _put(self, txn: TxnState) -> None:
         await self.store.put_transaction(txn.row(self.clock()))
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, txn: TxnState) -> AsyncIterator[None]:
+        """The transaction's lock, once its last AddPartitionsToTxn commit is done: every write
+        of its state follows that one's (whose row was taken when it was answered)."""
+        async with txn.lock:
+            registration = txn.registering
+            if registration is not None:
+                await registration.done.wait()
+            yield
+
+    async def _register(
+        self,
+        txn: TxnState,
+        registration: Registration,
+        row: TransactionRow,
+        opened: list[TxnRangeRow],
+        before: tuple[str, float, list[Partition], dict[str, list[PendingOffset]]],
+    ) -> None:
+        """AddPartitionsToTxn's commit, after its answer (the records wait for it). A failure:
+        the partitions leave the transaction again (their ranges released: no record of the
+        transaction was stored there) and the producer is fenced, as the expiry pass fences it
+        (its next request is answered PRODUCER_FENCED or INVALID_PRODUCER_EPOCH; InitProducerId
+        then aborts what the transaction had stored). Partitions whose records did not wait
+        (`Registration.held`) stay: the transaction stays ongoing with them, expired now, so the
+        expiry pass aborts what it stored there."""
+        try:
+            if self.hold_registration or (self.hold_held_registration and registration.held):
+                await anyio.sleep_forever()
+            await self.store.put_transaction(row, opened=opened)
+        except BaseException as exc:
+            self.index.release(opened)
+            if registration.held:
+                kept = [tp for tp in txn.partitions if tp in before[2] or tp in registration.held]
+                txn.partitions, txn.started_at = kept, 0.0
+            else:
+                txn.state, txn.started_at, txn.partitions, txn.groups = before
+            txn.producer_epoch += 1
+            self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
+            if not isinstance(exc, LevelZeroError):
+                raise
+            log.warning(
+                "transaction %r: storing AddPartitionsToTxn failed (the producer is fenced): %s",
+                txn.transactional_id,
+                exc,
+            )
+        finally:
+            registration.done.set()
+            if txn.registering is registration:
+                txn.registering = None
 
     async def _end(self, txn: TxnState, commit: bool, *, wait: bool = True) -> bool:
         """PREPARE_* durable, then the markers: written before returning (`wait`), else by a
@@ -613,7 +738,7 @@ class TransactionCoordinator:
         """The markers queued (under the lock), waited for (without it: the producer's next
         transaction may begin meanwhile), then the completion stored (under it)."""
         try:
-            async with txn.lock:
+            async with self._locked(txn):
                 prepared = await self._prepare(txn)
             if prepared is None:
                 return
@@ -629,7 +754,7 @@ class TransactionCoordinator:
                         await prepared.completed.wait()
             finally:
                 prepared.attempting = False
-            async with txn.lock:
+            async with self._locked(txn):
                 await self._store_completion(txn, prepared)
         except LevelZeroError as exc:
             log.warning("transaction %r: writing its markers failed (retried): %s", txn.transactional_id, exc)
@@ -717,6 +842,10 @@ class TransactionCoordinator:
                     )
                     if found is not None:
                         prepared.markers[tp] = found
+                        if not (txn.state == ONGOING and tp in txn.partitions):
+                            stray = await self._first_record_after(txn.producer_id, topic, partition, found)
+                            if stray is not None:
+                                prepared.strays[tp] = stray
                         continue
                     if start > first and seen and txn.state == ONGOING and tp in txn.partitions:
                         log.warning(
@@ -773,6 +902,24 @@ class TransactionCoordinator:
             offset = result.next_offset
         return None, seen
 
+    async def _first_record_after(
+        self, producer_id: int, topic: str, partition: int, marker: int
+    ) -> int | None:
+        """The offset of the producer's first transactional record after its marker at
+        `marker`, up to the high watermark as it is now, or None."""
+        _, high_watermark = self.intake.offsets(topic, partition)
+        offset = marker + 1
+        while offset < high_watermark:
+            result = await self.intake.node.fetch(topic, partition, offset, MARKER_SCAN_BYTES)
+            for record in result.records:
+                mark = txn_kind(record.headers)
+                if mark is not None and mark[0] == producer_id and record.offset > marker:
+                    return record.offset
+            if result.next_offset <= offset:
+                break
+            offset = result.next_offset
+        return None
+
     async def _markers_stored(self, prepared: Prepared) -> None:
         """Until every queued marker is stored; raises the first failure (the completion is
         tried again: the expiry pass, the next request)."""
@@ -797,6 +944,25 @@ class TransactionCoordinator:
                     await self.groups.commit(group_id, offsets)
         closed, opened = [], []
         following = txn.state in (ONGOING, PREPARE_COMMIT, PREPARE_ABORT)
+        before = txn.state, txn.started_at, list(txn.partitions), dict(txn.groups), txn.producer_epoch
+        strays = [tp for tp in prepared.strays if not (following and tp in txn.partitions)]
+        if strays:
+            # Records of the producer's next transaction after the markers, its
+            # AddPartitionsToTxn never durable (a crash between its answer and its commit):
+            # that transaction is taken up from the data, its ranges opened after the markers in
+            # this commit, its producer fenced, and it is aborted (expired: the expiry pass, or
+            # the producer's InitProducerId).
+            log.warning(
+                "transaction %r: records after its markers in %s of a transaction never registered: aborted",
+                txn.transactional_id,
+                strays,
+            )
+            if not following:
+                txn.state, txn.partitions, txn.groups = ONGOING, [], {}
+            txn.partitions.extend(strays)
+            txn.started_at = 0.0
+            txn.producer_epoch += 1
+            following = True
         for (topic, partition), first in prepared.firsts.items():
             marker = prepared.markers[(topic, partition)]
             at = marker if isinstance(marker, int) else marker.base_offset
@@ -809,7 +975,9 @@ class TransactionCoordinator:
             await self.store.put_transaction(txn.row(self.clock()), opened=opened, closed=closed)
         except BaseException:
             txn.prepared = prepared
+            txn.state, txn.started_at, txn.partitions, txn.groups, txn.producer_epoch = before
             raise
+        self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
         self.index.handed_over(closed, opened)
         prepared.completed.set()
 
@@ -841,11 +1009,11 @@ class TransactionCoordinator:
                 txn = TxnState(tid, self.intake.new_producer_id(), 0, EMPTY, timeout_ms)
                 self._txns[tid] = txn
                 self._producers[txn.producer_id] = txn
-                async with txn.lock:
+                async with self._locked(txn):
                     await self._put(txn)
                     self._epochs[txn.producer_id] = 0
                     return answer(ErrorCode.none, txn.producer_id, 0)
-            async with txn.lock:
+            async with self._locked(txn):
                 asked_id = getattr(body, "producer_id", -1)
                 asked_epoch = getattr(body, "producer_epoch", -1)
                 if asked_id >= 0 and (asked_id, asked_epoch) != (txn.producer_id, txn.producer_epoch):
@@ -905,6 +1073,12 @@ class TransactionCoordinator:
             except LevelZeroError as exc:  # still prepared: CONCURRENT_TRANSACTIONS, retried
                 log.warning("transaction %r: queueing its markers failed: %s", txn.transactional_id, exc)
 
+    @staticmethod
+    def _fenced(txn: TxnState, epoch: int) -> ErrorCode | None:
+        """PRODUCER_FENCED if the epoch was bumped since `_checked` (the transaction's last
+        AddPartitionsToTxn commit failed), else None."""
+        return ErrorCode.producer_fenced if txn.producer_epoch != epoch else None
+
     async def _begin(self, txn: TxnState) -> ErrorCode:
         """The transaction is (or becomes) ongoing; errors for a state that cannot take more."""
         if txn.state in (PREPARE_COMMIT, PREPARE_ABORT):
@@ -949,7 +1123,9 @@ class TransactionCoordinator:
             for topic, partition in partitions:
                 if topic not in known or not 0 <= partition < known[topic]:
                     return ErrorCode.unknown_topic_or_partition
-            async with txn.lock:
+            async with self._locked(txn):
+                if txn.producer_epoch != epoch:  # fenced meanwhile (its last commit failed)
+                    return ErrorCode.producer_fenced
                 await self._markers_queued(txn)
                 return await self._add_partitions_locked(txn, partitions)
         except LevelZeroError as exc:
@@ -959,8 +1135,10 @@ class TransactionCoordinator:
     async def _add_partitions_locked(self, txn: TxnState, partitions: list[tuple[str, int]]) -> ErrorCode:
         """The partitions join the transaction, their ranges opened at their high watermarks
         (the last stable offset holds there from now on, at or below the transaction's first
-        records), stored with the state in one commit. Partitions already in an ongoing
-        transaction need nothing stored (as Kafka's coordinator answers at once)."""
+        records), stored with the state in one commit: answered before it is durable, the
+        records there waiting for it (`Registration`), unless a partition is led elsewhere.
+        Partitions already in an ongoing transaction need nothing stored (as Kafka's
+        coordinator answers at once)."""
         before = txn.state, txn.started_at, list(txn.partitions), dict(txn.groups)
         code = await self._begin(txn)
         if code != ErrorCode.none:
@@ -979,12 +1157,33 @@ class TransactionCoordinator:
             ranges.append(TxnRangeRow(topic, partition, txn.producer_id, high_watermark, -1, False))
         opened = await self.index.holding(ranges)
         txn.partitions.extend(new)
-        try:
-            await self.store.put_transaction(txn.row(self.clock()), opened=opened)
-        except BaseException:
-            self.index.release(opened)
-            txn.state, txn.started_at, txn.partitions, txn.groups = before
-            raise
+        if self._tg is None or len(ranges) < len(new):
+            # (Not running, or a partition led elsewhere, whose records do not wait here:
+            # stored before the answer.)
+            try:
+                await self.store.put_transaction(txn.row(self.clock()), opened=opened)
+            except BaseException:
+                self.index.release(opened)
+                txn.state, txn.started_at, txn.partitions, txn.groups = before
+                raise
+            return ErrorCode.none
+        # Answered now, stored by a task: the client's records (which wait for it before they
+        # are submitted) are on their way meanwhile; see `Registration`.
+        # A partition where the previous transaction's range is still open (it completes only
+        # once this commit is durable) and its marker queued ahead in the lane: the LSO holds
+        # below the records anyway and they follow the marker, so they need not wait (KIP-890's
+        # idea: the partition reaches durability with the records). A crash before this commit
+        # leaves them after the previous transaction's marker, taken up from the data and
+        # aborted by the restart (`_queue_markers`, `_store_completion`).
+        prepared = txn.prepared
+        held = frozenset(
+            tp
+            for tp in new
+            if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is not None
+        )
+        registration = Registration(frozenset(new) - held, held)
+        txn.registering = registration
+        self._tg.start_soon(self._register, txn, registration, txn.row(self.clock()), opened, before)
         return ErrorCode.none
 
     async def add_offsets(self, request: Request) -> Any:
@@ -992,9 +1191,9 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                async with txn.lock:
+                async with self._locked(txn):
                     await self._markers_queued(txn)
-                    code = await self._begin(txn)
+                    code = self._fenced(txn, body.producer_epoch) or await self._begin(txn)
                     if code == ErrorCode.none:
                         txn.groups.setdefault(body.group_id, [])
                         await self._put(txn)
@@ -1019,8 +1218,10 @@ class TransactionCoordinator:
                     getattr(body, "group_instance_id", None),
                 )
             if txn is not None and code == ErrorCode.none:
-                async with txn.lock:
-                    if txn.state != ONGOING or body.group_id not in txn.groups:
+                async with self._locked(txn):
+                    if txn.producer_epoch != body.producer_epoch:
+                        code = ErrorCode.producer_fenced
+                    elif txn.state != ONGOING or body.group_id not in txn.groups:
                         code = ErrorCode.invalid_txn_state
                     else:
                         pending = {(e[0], e[1]): e for e in txn.groups[body.group_id]}
@@ -1058,8 +1259,10 @@ class TransactionCoordinator:
         try:
             code, txn = await self._checked(body.transactional_id, body.producer_id, body.producer_epoch)
             if txn is not None:
-                async with txn.lock:
-                    code = await self._end_checked(txn, body.committed)
+                async with self._locked(txn):
+                    code = self._fenced(txn, body.producer_epoch) or await self._end_checked(
+                        txn, body.committed
+                    )
         except LevelZeroError as exc:
             log.warning("EndTxn for %r failed: %s", body.transactional_id, exc)
             code = ErrorCode.coordinator_not_available

@@ -188,6 +188,11 @@ def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace,
     _row(out, "crashes / epoch bumps / GC rounds", f"{s.crashes} / {s.epoch_bumps} / {s.gc_rounds}")
     if args.nodes > 1:
         _row(out, "graceful stops / pauses past the lease", f"{s.graceful_stops} / {s.pauses}")
+        _row(
+            out,
+            "stops killed mid-drain / control requests landing late",
+            f"{s.stops_killed} / {s.late_control_requests}",
+        )
     _row(out, "partitions created during GC rounds", s.partitions_created_during_gc)
     _row(out, "faults injected", s.faults)
     _row(

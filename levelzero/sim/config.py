@@ -63,6 +63,12 @@ class SimConfig:
     cluster_restart_s: Range = (0.0, 4.0)  # often within the node's lease TTL, often after it
     pause_ttls: Range = (0.5, 3.0)  # a pause, in lease TTLs: often past the lease
     drain_s_max: float = 60.0  # a graceful stop ends within this (or it is a violation)
+    # a graceful stop killed (a stop timeout's SIGKILL) just after it sent its drain's
+    # set_draining or leave_node; a killed node's control-plane requests on the wire land up to
+    # the longest restart plus two lease TTLs later (held behind a row lock, retransmitted),
+    # often after its next run registered and took leases: they name the old incarnation and
+    # must change nothing
+    stop_killed_p: float = 0.5
     request_timeout_s: float = 15.0  # a client gives up on a request to a node that died
     not_leader_retries: int = 8  # a client retries `not_leader` with no leader named ...
     not_leader_retry_s: float = 0.25  # ... after this (the API's Retry-After)

@@ -18,10 +18,12 @@ and a gate per node incarnation that models a crash.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 
 from levelzero.core.entries import LogRecord
@@ -252,6 +254,12 @@ class Gate:
                 return
             await self._resumed.wait()
 
+    async def arrive(self) -> None:
+        """A request already sent: held while the link is paused, landing even if its sender
+        has crashed since (what is on the wire is not recalled)."""
+        while self._resumed is not None:
+            await self._resumed.wait()
+
 
 class Gates:
     """Two gates crossed in turn: a node's link to the control plane is cut by its crash or
@@ -264,6 +272,10 @@ class Gates:
     def paused(self) -> bool:
         return any(g.paused for g in self._gates)
 
+    @property
+    def closed(self) -> bool:
+        return any(g.closed for g in self._gates)
+
     async def cross(self) -> None:
         while True:
             for g in self._gates:
@@ -271,34 +283,105 @@ class Gates:
             if not self.paused:
                 return
 
+    async def arrive(self) -> None:
+        while self.paused:
+            for g in self._gates:
+                await g.arrive()
+
+
+@dataclass(slots=True)
+class Wire:
+    """The network between the nodes and the control plane: requests in flight belong to it,
+    not to their sender (`tg`, the world's task group). `sent(call)` is told of each request as
+    it leaves; `held()` returns when a request whose sender died on the way lands (a statement
+    queued behind a row lock, a retransmission: it lands when it lands); `landed(call)` is told
+    once a request has taken effect."""
+
+    tg: anyio.abc.TaskGroup
+    sent: Callable[[str], None]
+    held: Callable[[], Awaitable[None]]
+    landed: Callable[[str], None]
+
 
 class Link:
     """One node incarnation's connection to a shared store (the `SimLogStore`, the memory
     control plane): every call takes the store's seeded latency and crosses the incarnation's
-    `Gate` on the way there and back."""
+    `Gate` on the way there and back.
+
+    With a `Wire` (the control plane's link has one) a call is a request on the network: once
+    sent it lands after its latency whatever becomes of its sender. A request the node sent
+    just before it was killed, or gave up waiting for (a timeout), still reaches the control
+    plane, maybe after the node's next run registered: the late request of a previous
+    incarnation, which must change nothing. Without a wire a call still in its latency when
+    its node crashes never arrives (the log store's link: a zombie's late appends are drawn by
+    pauses)."""
 
     def __init__(
-        self, inner: Any, gate: Gate | Gates, latency: Callable[..., Awaitable[None]], *, named: bool = False
+        self,
+        inner: Any,
+        gate: Gate | Gates,
+        latency: Callable[..., Awaitable[None]],
+        *,
+        named: bool = False,
+        wire: Wire | None = None,
     ) -> None:
         self._inner = inner
         self._gate = gate
         self._latency = latency
         self._named = named  # `latency` takes the call's name
+        self._wire = wire
+        self.late = 0  # requests that landed after their sender died
 
     def __getattr__(self, attr: str) -> Any:
         target = getattr(self._inner, attr)
         if attr.startswith("_") or not callable(target):
             return target
-        gate, latency, named = self._gate, self._latency, self._named
+        gate, latency, named, wire = self._gate, self._latency, self._named, self._wire
 
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if attr not in _UNDELAYED:
-                await (latency(attr) if named else latency())
-            await gate.cross()
-            result = await target(*args, **kwargs)
-            if gate.paused:  # the reply waits for the resume (a crash alone loses no reply
-                await gate.cross()  # already sent: the zombie's work goes on)
-            return result
+        if wire is not None and attr not in _UNDELAYED:
+
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                if gate.closed:
+                    await anyio.sleep_forever()  # the process is gone: it sends nothing
+                landed = anyio.Event()
+                outcome: list[tuple[bool, Any]] = []
+
+                async def deliver() -> None:
+                    try:
+                        await latency(attr)
+                        await gate.arrive()
+                        if gate.closed:  # its sender died on the way
+                            await wire.held()
+                            self.late += 1
+                        outcome.append((True, await target(*args, **kwargs)))
+                        wire.landed(attr)
+                    except Exception as error:  # noqa: BLE001 - handed to the caller
+                        outcome.append((False, error))
+                    finally:
+                        landed.set()
+
+                wire.tg.start_soon(deliver)
+                wire.sent(attr)
+                await landed.wait()
+                if not outcome:  # the world stopped before it landed
+                    await anyio.sleep_forever()
+                if gate.paused:  # the reply waits for the resume
+                    await gate.cross()
+                ok, value = outcome[0]
+                if not ok:
+                    raise value
+                return value
+
+        else:
+
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                if attr not in _UNDELAYED:
+                    await (latency(attr) if named else latency())
+                await gate.cross()
+                result = await target(*args, **kwargs)
+                if gate.paused:  # the reply waits for the resume (a crash alone loses no reply
+                    await gate.cross()  # already sent: the zombie's work goes on)
+                return result
 
         call.__name__ = attr
         setattr(self, attr, call)  # made once: the next lookup finds it without __getattr__

@@ -28,15 +28,19 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import contextvars
 import heapq
 import itertools
 import random
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from contextvars import Context
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from anyio._backends import _asyncio as anyio_asyncio
+from anyio._core import _eventloop as anyio_eventloop
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 
 # Cancelled timers are dropped lazily from the heap's top; past this many (and half the heap),
 # the heap is rebuilt without them, as asyncio's own loop does.
@@ -53,7 +57,9 @@ class SimTask(asyncio.Task):
     """An asyncio task that knows its creation number on its loop (its canonical rank), and
     hashes by it: anyio's sets of tasks iterate in an order the seed decides, not the heap's."""
 
-    sim_rank: int
+    # Set by the loop's factory once the task is made: the task's first step, scheduled while it
+    # is made, still sorts with the callbacks of no task.
+    sim_rank: int = NO_TASK
 
     def __init__(self, coro: Any, *, loop: asyncio.AbstractEventLoop, hash_key: int, **kwargs: Any) -> None:
         self._hash_key = hash_key  # before Task.__init__, which adds the task to a WeakSet
@@ -63,10 +69,42 @@ class SimTask(asyncio.Task):
         return self._hash_key
 
 
-def _owner_rank(callback: Callable[..., Any]) -> int:
-    owner = getattr(callback, "__self__", None)
-    rank = getattr(owner, "sim_rank", None)
-    return NO_TASK if rank is None else rank
+class _Handle(asyncio.Handle):
+    """A ready callback of this loop: asyncio's Handle, made without its debug-mode branch (the
+    loop never runs in debug mode)."""
+
+    __slots__ = ()
+
+    def __init__(self, callback: Callable[..., Any], args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+
+
+class _Timer(asyncio.TimerHandle):
+    """A timer of this loop's heap, made as `_Handle` is. The heap holds nothing else, so it
+    compares by `_when` alone without asyncio's type check: the same comparisons, so the same
+    heap order, as TimerHandle's."""
+
+    __slots__ = ()
+
+    def __init__(self, when: float, callback: Callable[..., Any], args: Any, loop: Any, context: Any) -> None:
+        self._context = context if context is not None else contextvars.copy_context()
+        self._loop = loop
+        self._callback = callback
+        self._args = args
+        self._cancelled = False
+        self._repr = None
+        self._source_traceback = None
+        self._when = when
+        self._scheduled = False
+
+    def __lt__(self, other: Any) -> bool:
+        return bool(self._when < other._when)
 
 
 class DeterministicLoop(asyncio.BaseEventLoop):
@@ -78,10 +116,12 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     _scheduled: list[Any]
     _timer_cancelled_count: int
     _stopping: bool
+    _closed: bool
 
     def __init__(self, rng: random.Random, *, start_s: float = 0.0) -> None:
         super().__init__()
         self._rng = rng
+        self._randbelow: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
         self._virtual_now = start_s
         self._ready_seq = itertools.count()
         self._task_ranks = itertools.count()
@@ -107,18 +147,60 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     def _process_events(self, event_list: list[Any]) -> None:
         assert not event_list
 
-    def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
-        handle = asyncio.Handle(callback, args, self, context)
+    # The scheduling calls, without BaseEventLoop's layers for debug mode and threads (a
+    # simulation runs neither); the same handles, in the same order.
+
+    def call_soon(
+        self, callback: Callable[[Unpack[_Ts]], object], *args: Unpack[_Ts], context: Context | None = None
+    ) -> asyncio.Handle:
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = _Handle(callback, args, self, context)
         self._make_runnable(callback, handle)
         return handle
+
+    def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
+        handle = _Handle(callback, args, self, context)
+        self._make_runnable(callback, handle)
+        return handle
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: Unpack[_Ts],
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        if when is None:
+            raise TypeError("when cannot be None")
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = _Timer(when, callback, args, self, context)
+        heapq.heappush(self._scheduled, timer)
+        timer._scheduled = True
+        return timer
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[[Unpack[_Ts]], object],
+        *args: Unpack[_Ts],
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        if delay is None:
+            raise TypeError("delay must not be None")
+        return self.call_at(self._virtual_now + delay, callback, *args, context=context)
 
     def _make_runnable(self, callback: Callable[..., Any], handle: asyncio.Handle) -> None:
         """Add `handle` to the ready callbacks, kept in canonical order (the owner's rank, then
         readiness): a turn picks by index without sorting. Readiness numbers only grow, so a
-        callback of a rank at or above the last one's goes at the end."""
-        item = (_owner_rank(callback), next(self._ready_seq), handle)
+        callback of a rank at or above the last one's goes at the end. (A task's steps are its
+        bound methods: their owner is the task.)"""
+        owner = getattr(callback, "__self__", None)
+        rank = owner.sim_rank if type(owner) is SimTask else NO_TASK
+        item = (rank, next(self._ready_seq), handle)
         runnable = self._runnable
-        if not runnable or item[0] >= runnable[-1][0]:
+        if not runnable or rank >= runnable[-1][0]:
             runnable.append(item)
         else:  # (rank, readiness) pairs are unique: the handles are never compared
             bisect.insort(runnable, item)
@@ -130,49 +212,56 @@ class DeterministicLoop(asyncio.BaseEventLoop):
     # -- the turn
 
     def _run_once(self) -> None:
+        """Turns until the loop is told to stop (run_forever's own loop calls this once per
+        iteration and checks `_stopping` after it: the same turns, one call less each)."""
         scheduled = self._scheduled
-        if (
-            self._timer_cancelled_count > CANCELLED_TIMERS_REBUILD_AT
-            and self._timer_cancelled_count * 2 > len(scheduled)
-        ):
-            live = []
-            for timer in scheduled:
-                if timer._cancelled:
-                    timer._scheduled = False
-                else:
-                    live.append(timer)
-            heapq.heapify(live)
-            self._scheduled = scheduled = live
-            self._timer_cancelled_count = 0
-        while scheduled and scheduled[0]._cancelled:
-            timer = heapq.heappop(scheduled)
-            timer._scheduled = False
-            self._timer_cancelled_count -= 1
         runnable = self._runnable
-        if not runnable:
-            if not scheduled:
-                if self._stopping:
-                    return
-                raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s")
-            when = scheduled[0]._when
-            if when > self._virtual_now:
-                self._virtual_now = when  # the clock jumps to the next timer
-        now = self._virtual_now
-        while scheduled and scheduled[0]._when <= now:
-            timer = heapq.heappop(scheduled)
-            timer._scheduled = False
-            if timer._cancelled:
+        randbelow = self._randbelow
+        heappop = heapq.heappop
+        while True:
+            if (
+                self._timer_cancelled_count > CANCELLED_TIMERS_REBUILD_AT
+                and self._timer_cancelled_count * 2 > len(scheduled)
+            ):
+                live = []
+                for timer in scheduled:
+                    if timer._cancelled:
+                        timer._scheduled = False
+                    else:
+                        live.append(timer)
+                heapq.heapify(live)
+                self._scheduled = scheduled = live
+                self._timer_cancelled_count = 0
+            while scheduled and scheduled[0]._cancelled:
+                timer = heappop(scheduled)
+                timer._scheduled = False
                 self._timer_cancelled_count -= 1
-                continue
-            self._make_runnable(timer._callback, timer)
-        count = len(runnable)
-        if count == 0:
-            return
-        # (in canonical order already: no sort)
-        handle = runnable.pop()[2] if count == 1 else runnable.pop(self._rng.randrange(count))[2]
-        if not handle._cancelled:
-            self.callbacks_run += 1
-            handle._run()
+            if not runnable:
+                if not scheduled:
+                    if self._stopping:
+                        return
+                    raise Deadlock(f"nothing ready and no timer at virtual time {self._virtual_now:.6f}s")
+                when = scheduled[0]._when
+                if when > self._virtual_now:
+                    self._virtual_now = when  # the clock jumps to the next timer
+            now = self._virtual_now
+            while scheduled and scheduled[0]._when <= now:
+                timer = heappop(scheduled)
+                timer._scheduled = False
+                if timer._cancelled:
+                    self._timer_cancelled_count -= 1
+                    continue
+                self._make_runnable(timer._callback, timer)
+            count = len(runnable)
+            if count:
+                # (in canonical order already: no sort; `randrange(count)` is
+                # `_randbelow(count)`, the same draws with one call less)
+                handle = runnable.pop()[2] if count == 1 else runnable.pop(randbelow(count))[2]
+                if not handle._cancelled:
+                    self.callbacks_run += 1
+                    handle._run()
+            if self._stopping:
+                return
 
 
 def run_deterministic(
@@ -181,7 +270,7 @@ def run_deterministic(
     """Run `main` to completion on a fresh deterministic loop (or `loop`) and close the loop."""
     loop = loop if loop is not None else DeterministicLoop(rng)
     asyncio.set_event_loop(loop)
-    with _cancel_scopes_hashed_by_creation():
+    with _cancel_scopes_hashed_by_creation(), _asyncio_known(), _current_task_of(loop):
         try:
             return loop.run_until_complete(main)
         finally:
@@ -191,6 +280,51 @@ def run_deterministic(
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
+
+
+@contextlib.contextmanager
+def _asyncio_known() -> Iterator[None]:
+    """anyio asks which library runs the loop at every sleep, checkpoint, cancel scope and
+    event (`current_async_library`: an import statement and a look-up of the running loop, or
+    sniffio's): a simulation runs on asyncio alone, so while it runs a thread running a loop
+    is told asyncio at once."""
+    module = anyio_eventloop
+    original = module.current_async_library
+    running_loop = asyncio.events._get_running_loop
+
+    def asyncio_library() -> str | None:
+        # (another thread's answer stays its own: asyncio's, or none without a loop)
+        return "asyncio" if running_loop() is not None else original()
+
+    setattr(module, "current_async_library", asyncio_library)  # noqa: B010 - see above
+    try:
+        yield
+    finally:
+        setattr(module, "current_async_library", original)  # noqa: B010 - see above
+
+
+@contextlib.contextmanager
+def _current_task_of(loop: DeterministicLoop) -> Iterator[None]:
+    """anyio's asyncio backend asks `asyncio.current_task()` at every cancel scope, checkpoint
+    and spawn; in Python 3.11 that is a Python function that looks the running loop up first.
+    While a simulation runs, its thread's loop is known: the same answer from asyncio's own
+    table (another thread, running a loop of its own or none, is answered as before)."""
+    module = anyio_asyncio
+    original = module.current_task
+    current_tasks = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+    running_loop = asyncio.events._get_running_loop
+
+    def current_task(of: asyncio.AbstractEventLoop | None = None) -> asyncio.Task[Any] | None:
+        if of is None and running_loop() is loop:
+            task: asyncio.Task[Any] | None = current_tasks.get(loop)
+            return task
+        return original(of)  # another thread's loop, or none
+
+    setattr(module, "current_task", current_task)  # noqa: B010 - see above
+    try:
+        yield
+    finally:
+        setattr(module, "current_task", original)  # noqa: B010 - see above
 
 
 @contextlib.contextmanager

@@ -51,6 +51,7 @@ from levelzero.kafka.transactions import (
     TxnState,
     marker_record,
 )
+from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import CompactionCommit
 
@@ -554,6 +555,13 @@ def _txn_aborted_list_misses_a_range() -> contextlib.AbstractContextManager[None
     return _patched(PartitionTxns, "aborted_between", aborted_between)
 
 
+def _control_plane_ignores_incarnation() -> contextlib.AbstractContextManager[None]:
+    def ours(self: MemoryClusterControl, node_id: str, incarnation: int) -> Any:  # noqa: ARG001
+        return self.nodes.get(node_id)  # whichever run of the node sent it
+
+    return _patched(MemoryClusterControl, "_ours", ours)
+
+
 @contextlib.contextmanager
 def _both(
     first: contextlib.AbstractContextManager[None], second: contextlib.AbstractContextManager[None]
@@ -631,6 +639,11 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
         "the L1 collection keeps objects below the start offset",
         _l1_collect_ignores_retention,
     ),
+    "control_plane_ignores_incarnation": (
+        "the control plane takes a node's calls whatever incarnation they name (a late request of "
+        "the node's previous run applied to its next)",
+        _control_plane_ignores_incarnation,
+    ),
     "appends_ignore_term": (
         "the log store takes appends of any term (zombie leaders unfenced)",
         _appends_ignore_term,
@@ -694,6 +707,7 @@ MUTATIONS: dict[str, str] = {name: what for name, (what, _) in _MUTANTS.items()}
 CLUSTER_MUTATIONS = frozenset(
     {
         "appends_ignore_term",
+        "control_plane_ignores_incarnation",
         "gc_takes_local_watermarks",
         "lease_without_margin",
         "lease_from_reply",

@@ -47,6 +47,8 @@ class SimResult:
     deletes_under_pins: int  # L0 deletes while a live reader held a pin (checked against it)
     crashes: int
     graceful_stops: int
+    stops_killed: int  # graceful stops killed just after a drain's control-plane call
+    late_control_requests: int  # control-plane requests that landed after their sender died
     pauses: int
     epoch_bumps: int
     gc_rounds: int
@@ -217,6 +219,8 @@ def _result(
         deletes_under_pins=world.truth.deletes_under_pins,
         crashes=s.crashes,
         graceful_stops=s.graceful_stops,
+        stops_killed=s.stops_killed,
+        late_control_requests=sum(link.late for link in world.control_links),
         pauses=s.pauses,
         epoch_bumps=world.log_store.cluster_epoch - 1,
         gc_rounds=s.gc_rounds,
@@ -309,6 +313,8 @@ class Summary:
     deletes_under_pins: int
     crashes: int
     graceful_stops: int
+    stops_killed: int  # graceful stops killed just after a drain's control-plane call
+    late_control_requests: int  # control-plane requests that landed after their sender died
     pauses: int
     epoch_bumps: int
     gc_rounds: int
@@ -358,6 +364,8 @@ _SUMMED = (
     "deletes_under_pins",
     "crashes",
     "graceful_stops",
+    "stops_killed",
+    "late_control_requests",
     "pauses",
     "epoch_bumps",
     "gc_rounds",

@@ -40,6 +40,7 @@ from levelzero.actors.node import ClusterSettings, Node, NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.cluster import CLOCK_RATE_DRIFT_MAX
+from levelzero.core.entries import TermStart
 from levelzero.core.errors import (
     LedElsewhere,
     LevelZeroError,
@@ -64,7 +65,7 @@ from levelzero.storage.memory_store import MemoryObjectStore
 from .checks import L0_ROOT, Truth, observed_pins
 from .compaction import CompactionSim
 from .config import SimConfig
-from .faults import Gate, Gates, Link, SeededFaults, SimLogStore, SimTxnLogStore
+from .faults import Gate, Gates, Link, SeededFaults, SimLogStore, SimTxnLogStore, Wire
 from .idempotent import IdempotentProducers
 from .transactions import TransactionSim, drawn
 from .violation import SimulationViolation
@@ -117,6 +118,7 @@ class Incarnation:
     change: Change | None = None  # None for the first incarnation
     control_gate: Gate = field(default_factory=Gate)
     stopping: bool = False  # a graceful stop began
+    kill_after: str | None = None  # a stop killed just after this control-plane call is sent
     intake: ProduceIntake | None = None  # Kafka's produce intake on this node (idempotent producers)
     kafka: Any = None  # the shipping Kafka API on it (`kafka.handlers.Handlers`): transactions' seeds
 
@@ -151,6 +153,7 @@ class Stats:
     records_read: int = 0
     crashes: int = 0
     graceful_stops: int = 0
+    stops_killed: int = 0  # graceful stops killed mid-drain (just after a control-plane call)
     pauses: int = 0
     cuts: int = 0  # a node cut off the control plane alone
     epoch_bumps: int = 0
@@ -235,12 +238,15 @@ class World:
             self.control = MemoryClusterControl(self.log_store, clock=anyio.current_time)
             self.node_ids = list(NODE_IDS[:nodes])
         self.incarnations: list[Incarnation] = []
+        self.control_links: list[Link] = []  # each incarnation's, in a cluster
+        self._runs_up: dict[str | None, anyio.Event] = {}  # node id -> set when its next run is up
         self.changes: list[Change] = []
         self.lives: dict[str | None, Incarnation] = {}  # node id -> its live incarnation
         self.phase = "faults"  # then "healing", "healed" (faults stopped, workload on), "quiet"
         self.healed_at: float | None = None
         self._rounds_at_heal: dict[int, int] = {}  # id(incarnation) -> its reconciler's passes then
         self._reconcile_targets: dict[int, tuple[int, float, float]] = {}  # pid -> (offset, since, bound)
+        self._led_since: dict[int, float] = {}  # pid -> when its latest TermStart became durable
         self._eligible_since: dict[str, float] = {}
         self._l0_epochs: dict[str, int] = {}  # parsed once
         self._below_start_since: dict[
@@ -270,6 +276,8 @@ class World:
         self.digest = zlib.crc32(line.encode(), self.digest)
 
     def _on_durable(self, pid: int, records: list[Any]) -> None:
+        if any(isinstance(record.entry, TermStart) for record in records):
+            self._led_since[pid] = self.now()
         self.truth.on_durable(pid, records)
         self.idempotent.on_durable(pid, records)
         self.transactions.on_durable(pid, records)
@@ -521,7 +529,18 @@ class World:
         from the first reconciler pass begun after the heal: two reconciler intervals, the L1
         object's age bound, the copy's time, and the backlog at a floor of throughput.
         (Each partition has one target at a time, its last offset when first seen behind:
-        later writes do not move the goal post.)"""
+        later writes do not move the goal post.)
+
+        The age bound is waited from the pass that first saw the data on the node that leads
+        the partition (`Reconciler._due_for_object`): a new leader waits it afresh. Leadership
+        still moves after the heal (a node whose graceful stop or crash began in the fault
+        phase comes back, and the balancer gives it its share), so the bound is counted from
+        the later of the target and the partition's latest term start. Three-node seed 124 of
+        one schedule: the target set at 10.44 s; the leader of term 3 first saw the data at
+        11.00 s, due at 15.00 s; at 14.61 s the restarted node took the partition back (term
+        4), first saw it at 14.82 s, due at 18.82 s: past 10.44 + 7.62 s though no pass was
+        late. Each node comes back at most once after the heal, so the goal post moves a
+        bounded number of times."""
         now = self.now()
         cfg = self.cfg
         if any(
@@ -531,6 +550,9 @@ class World:
             return  # a pass begun in the fault phase is still running: its slow calls may be too
         for pid, state in self.truth.shadow.items():
             target = self._reconcile_targets.get(pid)
+            led_since = self._led_since.get(pid)
+            if target is not None and led_since is not None and led_since > target[1]:
+                target = self._reconcile_targets[pid] = (target[0], led_since, target[2])  # a new leader
             if target is not None and state.lro >= target[0]:
                 del self._reconcile_targets[pid]
                 self.stats.reconcile_wait_s_max = max(self.stats.reconcile_wait_s_max, now - target[1])
@@ -551,7 +573,8 @@ class World:
                 self.fail(
                     "6",
                     f"{self.partition_name(pid)}@{target[0]} durable and not reconciled "
-                    f"{now - target[1]:.2f}s after the world healed (LRO {state.lro}, bound {bound:.2f}s)",
+                    f"{now - target[1]:.2f}s after the world healed or its leader's term began "
+                    f"(LRO {state.lro}, bound {bound:.2f}s)",
                 )
 
     def cluster_board(self) -> dict[str, int | None]:
@@ -600,7 +623,17 @@ class World:
         control_gate = Gate()  # cuts the node off the control plane alone
         if self.control is not None:
             assert node_id is not None
-            control = Link(self.control, Gates(gate, control_gate), self.control_latency, named=True)
+            sender: list[Incarnation] = []  # the incarnation, once made
+            wire = Wire(
+                self._tg,
+                lambda call: self._control_sent(sender[0], call),
+                lambda: self._held(node_id),
+                self._control_landed,
+            )
+            control = Link(
+                self.control, Gates(gate, control_gate), self.control_latency, named=True, wire=wire
+            )
+            self.control_links.append(control)
             # Its monotonic clock runs at its own rate, within the bound the lease margin covers.
             rate = 1 + self.rng.uniform(-CLOCK_RATE_DRIFT_MAX, CLOCK_RATE_DRIFT_MAX)
             origin = self.now()
@@ -621,6 +654,8 @@ class World:
         )
         self._watch_gc_rounds(node)
         inc = Incarnation(number, node, gate, node_id, control_gate=control_gate, intake=ProduceIntake(node))
+        if self.control is not None:
+            sender.append(inc)
         self.transactions.on_incarnation(inc)
         self.incarnations.append(inc)
         epoch = self.log_store.cluster_epoch
@@ -636,6 +671,7 @@ class World:
         if node.member is not None:
             self._check_leads(inc, node.member)
         self.lives[node_id] = inc
+        self._runs_up.pop(node_id, anyio.Event()).set()
         if number > 1 and self.rng.random() < self.cfg.late_reconciler_p:
             assert inc.tg is not None
             inc.tg.start_soon(self._late_reconciler, inc, self.rng.uniform(*self.cfg.late_reconciler_s))
@@ -749,6 +785,8 @@ class World:
         self.note(f"{inc} stops gracefully")
         self.stats.graceful_stops += 1
         inc.stopping = True  # a balancer sends it no new request (its own drain to finish)
+        if self.rng.random() < self.cfg.stop_killed_p:
+            inc.kill_after = self.rng.choice(("set_draining", "leave_node"))
         await inc.node.shutdown()
         with anyio.move_on_after(self.cfg.drain_s_max):
             while not inc.ended:
@@ -762,6 +800,40 @@ class World:
         self._absorb(inc)
         await anyio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
         await self.start_incarnation(inc.node_id)
+
+    async def _held(self, node_id: str | None) -> None:
+        """How long a request of a dead incarnation stays on the wire: half of them until the
+        node's next run is up, then up to two lease TTLs more (it has registered and taken
+        leases by then: the late request lands on them); the others up to a restart's length."""
+        if self.rng.random() < 0.5:
+            await self._next_run(node_id).wait()
+            await anyio.sleep(self.rng.uniform(0.0, 2 * self.lease_ttl_s))
+        else:
+            await anyio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
+
+    def _next_run(self, node_id: str | None) -> anyio.Event:
+        """Set when the node's next incarnation is up."""
+        return self._runs_up.setdefault(node_id, anyio.Event())
+
+    def _control_landed(self, call: str) -> None:  # noqa: ARG002 - any call may change leases
+        """After every change at the control plane (a late request of a dead incarnation
+        among them), every live node's leadership is checked against the leases at once, not
+        only when it next serves a request."""
+        for inc in self.lives.values():
+            member = inc.node.member
+            if inc.alive and member is not None:
+                for pid in sorted(member.leading):
+                    member.leads(pid)  # `_check_leads`' watch fails a lead outside its lease
+
+    def _control_sent(self, inc: Incarnation, call: str) -> None:
+        """A request of `inc` to the control plane has left: if its stop is to be killed just
+        after this call, kill it now (the request is on the wire and lands anyway)."""
+        if inc.kill_after == call and self.lives.get(inc.node_id) is inc:
+            inc.kill_after = None
+            self.stats.stops_killed += 1
+            self.note(f"{inc} killed just after it sent {call}")
+            assert self._tg is not None
+            self._tg.start_soon(self.crash, inc)
 
     async def pause(self, inc: Incarnation) -> None:
         """Cut the node off from the database and the control plane, past its lease: other

@@ -54,6 +54,23 @@ def check_l1_state(state: str) -> None:
         raise InvalidInput(f"unknown L1 state {state!r}; expected one of {', '.join(L1State.ALL)}")
 
 
+# The `log` table's columns in their order, in every backend: what `log_row` returns (SQLite
+# inserts them by name; PostgreSQL sends each row as a value of the table's row type).
+LOG_ROW_COLUMNS = (
+    "pid",
+    "log_offset",
+    "term",
+    "base_offset",
+    "kind",
+    "epoch",
+    "record_count",
+    "byte_length",
+    "object_key",
+    "entry",
+    "appended_at",
+)
+
+
 def log_row(pid: int, record: LogRecord, now: float) -> tuple[Any, ...]:
     """(pid, log_offset, term, base_offset, kind, epoch, record_count, byte_length, object_key,
     entry, appended_at): a `log` row, in every backend: the columns plain SQL reads, plus the

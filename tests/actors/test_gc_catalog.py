@@ -199,8 +199,10 @@ async def test_a_node_s_uploads_are_collected_from_its_catalog() -> None:
         await settle(node, actors)
         assert (await gc.run_round()).swept  # the first round lists
         keys = [await produce(node, "t", p, b"v%d" % p) for p in range(2)]
-        assert set(keys) <= set(log_store.l0_objects)
         await settle(node, actors)
+        # (A row is written once its object's placeholders are durable, after its producers
+        # were answered: settled by now.)
+        assert set(keys) <= set(log_store.l0_objects)
         report = await gc.run_round()
         assert not report.swept and report.list_requests == 0
         assert report.deleted >= len(set(keys))
@@ -357,3 +359,32 @@ async def test_marks_failing_together_fail_the_round_with_the_storage_error() ->
     with pytest.raises(StorageError, match="disk I/O error"):  # one error, not a group
         await gc.run_round()
     assert gc.statistics().failed_rounds == 1
+
+
+class RowsLost(MemoryLogStore):
+    """A log store whose catalog writes fail: the node stopped (or the write failed) after its
+    objects' placeholders committed and before their rows did."""
+
+    async def record_l0_object(self, row: L0ObjectRow) -> None:
+        raise StorageError("injected: the catalog row never lands")
+
+
+async def test_an_upload_whose_row_never_landed_is_a_stray_the_sweep_deletes() -> None:
+    wall = WallClock()
+    store, log_store = MemoryObjectStore(clock=wall), RowsLost()
+    async with running_node(node_config(), log_store, store, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        actors = [node.partition("t", 0)]
+        gc = node_gc(node, wall, sweep_interval_s=SWEEP_S)
+        first = await produce(node, "t", 0, b"before")
+        await settle(node, actors)
+        assert (await gc.run_round()).swept  # the first round lists (and deletes `first`)
+        assert first not in store.keys()
+        key = await produce(node, "t", 0, b"v")  # acknowledged: its placeholder is durable
+        await settle(node, actors)
+        assert log_store.l0_objects == {} and key in store.keys()
+        report = await gc.run_round()  # a catalog round: the object is no row of it
+        assert not report.swept and report.deleted == 0 and key in store.keys()
+        wall.now += SWEEP_S
+        report = await gc.run_round()  # the sweep lists the prefixes and finds it
+        assert report.swept and report.deleted == 1 and key not in store.keys()

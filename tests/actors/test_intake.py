@@ -17,7 +17,7 @@ from levelzero.actors.intake import Pending, ProduceIntake, idempotency_producer
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import Placeholder
-from levelzero.core.errors import InvalidInput, OutOfOrderSequence, TooLarge, UnknownTopic
+from levelzero.core.errors import InvalidInput, OutOfOrderSequence, StorageError, TooLarge, UnknownTopic
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -220,6 +220,35 @@ async def test_idempotency_keys_batches_expire_after_the_retention(tmp_path: Pat
             assert await store.producer_batches(young) == []
             tg.cancel_scope.cancel()
         assert (count, duplicate) == (1, False)
+
+
+async def test_a_kafka_batch_is_answered_before_its_sequence_row_a_keyed_one_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Kafka producer's batch is acknowledged once it is stored (its producer span commits
+    with it): the sequence table's row follows, and its failure fails nothing. An idempotency
+    key's row is its record for the retention: the produce is answered after it, and fails
+    with it."""
+
+    async def lost(rows: Any, keep: int) -> None:
+        raise StorageError("simulated: the sequence table's commit failed")
+
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        monkeypatch.setattr(store, "record_producer_batches", lost)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            pending = intake.submit(TOPIC, 0, [Record(None, b"a"), Record(None, b"b")], (7, 0, TOPIC, 0, 0))
+            assert isinstance(pending, Pending)
+            await pending.done.wait()
+            assert (pending.error, pending.base_offset) == (None, 0)
+            with pytest.raises(StorageError):
+                await intake.produce_once(TOPIC, 0, [Record(None, b"v")], "k")
+            tg.cancel_scope.cancel()
 
 
 async def test_without_a_retention_idempotency_keys_are_kept(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import msgspec
 from levelzero.actors.node import Node, NodeConfig
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput
-from levelzero.core.l0format import NO_TIMESTAMP, Record
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -150,8 +150,8 @@ async def test_records_below_the_start_offset_are_not_answers():
 async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_all():
     """Two produce requests cut into one extent give its placeholder the larger of their
     largest timestamps; two placeholders reconciled into one L1 object give its row theirs."""
-    log_store = MemoryLogStore()
-    async with running_node(hand_run_config(), log_store, MemoryObjectStore()) as node:
+    log_store, object_store = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(hand_run_config(), log_store, object_store) as node:
         await node.create_topic("t", 1)
         async with anyio.create_task_group() as tg:  # sent together: one batch, one extent
             tg.start_soon(node.produce, "t", 0, [Record(None, b"a", 700), Record(None, b"b", 50)])
@@ -160,10 +160,18 @@ async def test_merged_requests_and_merged_extents_keep_the_largest_timestamp_of_
         pid = node.partition("t", 0).row.pid
         placeholders = [r.entry for r in log_store.logs[pid] if isinstance(r.entry, Placeholder)]
         assert [(p.record_count, p.max_timestamp_ms) for p in placeholders] == [(4, 900), (2, 300)]
+        # Which of the two requests went first is the loop's choice (the deterministic loop
+        # draws the order of tasks ready together): the extent says.
+        first = placeholders[0]
+        data = await object_store.get(first.object_key, first.byte_offset, first.byte_length)
+        values = [r.value for r in decode_extent(data, first.checksum, first.record_count, "t/0")]
+        assert sorted([values[:2], values[2:]]) == [[b"a", b"b"], [b"c", b"d"]]
         assert await node.reconciler.run_round() == 1
         assert [row.max_timestamp_ms for row in log_store.l1.values()] == [900]
-        assert await node.offset_for_time("t", 0, 800) == (3, 900)
-        assert await node.offset_for_time("t", 0, 100) == (0, 700)
+        assert await node.offset_for_time("t", 0, 800) == (values.index(b"d"), 900)
+        # The first record at or after 100: a (700) if its request went first, else d (900).
+        expected = (0, 700) if values[0] == b"a" else (1, 900)
+        assert await node.offset_for_time("t", 0, 100) == expected
 
 
 @pytest.mark.parametrize(

@@ -680,3 +680,32 @@ def test_reconciler_bounds_are_checked():
         ReconcilerConfig(object_bytes_min=9 * 1024 * 1024)
     with pytest.raises(InvalidInput, match="object_age_max_s must be in 0..3600"):
         ReconcilerConfig(object_age_max_s=-1.0)
+
+
+class CountingLogStore(MemoryLogStore):
+    """Counts the log-store calls that append (each one commit on a durable store)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.append_calls = 0
+
+    async def append_many(self, appends, on_durable=None):
+        self.append_calls += 1
+        return await super().append_many(appends, on_durable)
+
+
+@in_virtual_time
+async def test_a_housekeeper_round_over_many_new_partitions_shares_commits():
+    """A round over 256 new partitions (no M(p) yet) appends an AdvanceEpoch and a catch-up to
+    each; tended together, their appends meet in the node's appender: a few commits, not one
+    or two per partition that every producer's placeholder would queue behind."""
+    log_store, objects = CountingLogStore(), MemoryObjectStore()
+    async with running_node(hand_run_config(), log_store, objects) as node:
+        await node.create_topic("many", 256)
+        assert all(node.partition("many", p).state.mp is None for p in range(256))
+        before = log_store.append_calls
+        await node.housekeeper.run_round()
+        assert node.housekeeper.stats.epochs_advanced == 256
+        assert node.housekeeper.stats.catch_ups == 256
+        assert {node.partition("many", p).state.mp for p in range(256)} == {node.epochs.current - 1}
+        assert log_store.append_calls - before <= 32, log_store.append_calls - before  # was 512

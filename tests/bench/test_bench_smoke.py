@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from levelzero.bench import ITEM_NAMES, main
+from levelzero.bench.analysis import main as analysis_main
 from levelzero.bench.cli import MARK_BEGIN, MARK_END, update_markdown
 from levelzero.cli import commands
 from levelzero.cli import main as cli
@@ -248,7 +249,8 @@ def test_quick_control_reports_postgres_beside_the_raw_driver_and_sqlite_latency
 def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Path) -> None:
     results_path = tmp_path / "analysis.json"
     assert main(["--quick", "--only", "analysis", "--out", str(results_path)]) == 0
-    per_table, records, streamed = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    figures = json.loads(results_path.read_text())["items"]["analysis"]["figures"]
+    per_table, records, streamed, streamed_vs_job = figures
     assert per_table["target"] == {"bound": 1.2, "higher_is_better": False}
     # The records, read through the data source and from their Parquet export (both counted and
     # summed inside the item): MB/s for each, information only.
@@ -257,10 +259,12 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
     assert records["verdict"] in ("pass", "miss")
     assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
     assert records["notes"]["records"] == 8_000 and records["notes"]["object_ranges"] >= 4
-    # The same records streamed (four micro-batches, each run checks it read them all) against
-    # one batch read of them: records/s.
+    # The same records streamed in four micro-batches against Parquet streamed the same way
+    # (test_quick_stream_figure_streams_both_sides_in_the_same_micro_batches), and against one
+    # batch read of them (information).
     assert (streamed["unit"], streamed["notes"]["max_records_per_trigger"]) == ("records/s", 2_000)
     assert streamed["sut"] > 0 and streamed["floor"] > 0 and streamed["ratio"] > 0
+    assert streamed_vs_job["verdict"] == "info" and streamed_vs_job["sut"] == streamed["sut"]
     assert per_table["sut"] > 0 and per_table["floor"] > 0
     notes = per_table["notes"]
     assert notes["log_rows"] == 50_000 and notes["result_tables"] == 14
@@ -271,6 +275,33 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
         assert len(notes[f"{side}_jvm_cpu_s"]) == 1 and notes[f"{side}_jvm_cpu_s"][0] > 0
         assert notes[f"{side}_python_cpu_s"][0] > 0
         assert len(notes[f"{side}_load"][0]) == 2 and min(notes[f"{side}_load"][0]) >= 0
+
+
+def test_quick_stream_figure_streams_both_sides_in_the_same_micro_batches(tmp_path: Path) -> None:
+    """The streaming figure's floor does the stream's work: Spark's Parquet stream over the same
+    records, one file per micro-batch, read in as many micro-batches of as many records as the
+    levelzero stream's (each run counts its progress reports' numInputRows)."""
+    results_path = tmp_path / "stream.json"
+    assert analysis_main(["stream", "--quick", "--out", str(results_path)]) == 0
+    streamed, streamed_vs_job = json.loads(results_path.read_text())
+    assert streamed["floor_label"] == "readStream Parquet, maxFilesPerTrigger 1, AvailableNow"
+    # No target: a Python stream source decoding nothing is below 50% of Parquet's stream.
+    assert (streamed["target"], streamed["verdict"]) == (None, "info")
+    assert streamed["sut"] > 0 and streamed["floor"] > 0 and streamed["ratio"] > 0
+    notes = streamed["notes"]
+    assert notes["records"] == 8_000 and notes["parquet_file_records"] == [2_000] * 4
+    # ... and so does the ceiling of any Python stream source (the files' own Arrow batches).
+    assert notes["micro_batch_records"] == {
+        side: [[2_000] * 4] for side in ("levelzero", "parquet", "ceiling")
+    }
+    assert notes["python_source_ceiling_records_s"][0] > 0 and notes["python_source_ceiling_ratio"] > 0
+    for side in ("levelzero", "parquet", "ceiling"):
+        assert notes["spent_ms"][side]["addBatch"] > 0 and notes["spent_ms"][side]["outside"] >= 0
+    assert (streamed_vs_job["floor_label"], streamed_vs_job["verdict"]) == (
+        'read.format("levelzero"), one job',
+        "info",
+    )
+    assert streamed_vs_job["sut"] == streamed["sut"] and streamed_vs_job["floor"] > 0
 
 
 def test_quick_cluster_times_a_failover_a_stale_cache_move_and_throughput_by_nodes(tmp_path: Path) -> None:

@@ -125,3 +125,49 @@ def test_stream_offsets_starting_offsets_and_the_per_trigger_limit(tmp_path: Pat
     assert limited({"0": 0, "1": 29}, {"0": 30, "1": 30}, 2) == {"0": 1, "1": 30}
     assert limited({"0": 30}, {"0": 30, "1": 30}, 5) == {"0": 30, "1": 5}  # a new partition: from 0
     assert limited({"0": 30, "1": 30}, {"0": 30, "1": 30}, 5) == {"0": 30, "1": 30}
+
+
+IMPORTS = """
+import sys
+before = set(sys.modules)
+import levelzero.export.spark_datasource
+print(" ".join(sorted(set(sys.modules) - before)))
+"""
+
+
+def test_the_data_source_imports_none_of_the_exports_or_the_analysis_modules() -> None:
+    """Each Python process Spark starts for the data source (a streaming query's source process,
+    every worker) imports it to unpickle it: the package's own modules for export and analysis,
+    pyarrow and the stores' drivers are not loaded with it (they took seconds of a loaded
+    machine before a query's first micro-batch)."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", IMPORTS], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert "levelzero.export.spark_stream" in loaded and "levelzero.export.spark_sink" in loaded
+    heavy = [m for m in loaded if m.split(".")[0] in ("pyarrow", "asyncpg", "aiosqlite", "numpy")]
+    assert heavy == []
+    package = sorted(m for m in loaded if m.startswith("levelzero.export."))
+    assert package == [
+        "levelzero.export.errors",
+        "levelzero.export.spark_datasource",
+        "levelzero.export.spark_sink",
+        "levelzero.export.spark_source",
+        "levelzero.export.spark_stream",
+    ]
+
+
+def test_the_package_names_load_when_used_and_the_functions_shadow_their_modules() -> None:
+    code = """
+import levelzero.export.export, levelzero.export.analyze  # the modules first
+import levelzero.export as package
+from levelzero.export import SCHEMAS, ExportError, analyze, export
+from levelzero.export.errors import ExportError as defined
+assert callable(export) and callable(analyze), (export, analyze)
+assert package.export is export and package.analyze is analyze
+assert ExportError is defined and "log_entries" in SCHEMAS
+print("ok")
+"""
+    assert (
+        subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+        == "ok\n"
+    )

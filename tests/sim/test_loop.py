@@ -3,13 +3,19 @@ callbacks, and exact replay of an anyio program in fresh processes."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import subprocess
 import sys
+import threading
+from typing import Any
 
 import anyio
 import pytest
+from anyio._backends import _asyncio as anyio_asyncio
+from anyio._core import _eventloop as anyio_eventloop
 
+from levelzero.sim import loop as loop_module
 from levelzero.sim.loop import Deadlock, DeterministicLoop, run_deterministic
 
 # An anyio program with timers, events, a memory stream and a task group cancelled while eight
@@ -123,3 +129,119 @@ def test_the_loop_counts_what_it_ran() -> None:
         assert loop.callbacks_run >= 2
     finally:
         loop.close()
+
+
+class ReferenceLoop(DeterministicLoop):
+    """The deterministic loop scheduling through asyncio's own paths: BaseEventLoop's call_soon,
+    call_at and call_later with asyncio's Handle and TimerHandle, and `randrange` for the pick."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(rng)
+        self._randbelow = rng.randrange
+
+    call_soon = asyncio.BaseEventLoop.call_soon  # type: ignore[assignment]
+    call_at = asyncio.BaseEventLoop.call_at  # type: ignore[assignment]
+    call_later = asyncio.BaseEventLoop.call_later  # type: ignore[assignment]
+
+    def _call_soon(self, callback: Any, args: Any, context: Any) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        self._make_runnable(callback, handle)
+        return handle
+
+
+async def busy_world() -> list[str]:
+    """Tasks that sleep, time out, lock, signal, stream and get cancelled, with the clock and
+    the current task in every line."""
+    trace: list[str] = []
+    lock = anyio.Lock()
+    ev = anyio.Event()
+    tx, rx = anyio.create_memory_object_stream[int](2)
+
+    def note(what: str) -> None:
+        rank = getattr(asyncio.current_task(), "sim_rank", None)  # (names count across runs)
+        trace.append(f"{anyio.current_time():.4f} task {rank} {what}")
+
+    async def worker(i: int) -> None:
+        for k in range(4):
+            with anyio.move_on_after(0.07 * (i % 3 + 1)):
+                await anyio.sleep(0.05 * ((i + k) % 4))
+                note(f"w{i} slept {k}")
+            async with lock:
+                await anyio.sleep(0)
+                note(f"w{i} locked {k}")
+        await tx.send(i)
+        await ev.wait()
+        note(f"w{i} saw the event")
+
+    async def sleeper(i: int) -> None:
+        try:
+            await anyio.sleep(100)
+        finally:
+            note(f"s{i} cancelled")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(worker, i)
+        async with anyio.create_task_group() as inner:
+            for i in range(5):
+                inner.start_soon(sleeper, i)
+            await anyio.sleep(0.3)
+            inner.cancel_scope.cancel()
+        for _ in range(6):
+            note(f"got {await rx.receive()}")
+        ev.set()
+    return trace
+
+
+def test_the_lean_scheduling_paths_make_the_picks_asyncio_s_own_paths_make() -> None:
+    timed_out = 0
+    for seed in range(8):
+        lean = DeterministicLoop(random.Random(seed))
+        ours = run_deterministic(busy_world(), random.Random(seed), loop=lean)
+        reference = ReferenceLoop(random.Random(seed))
+        asyncio.set_event_loop(reference)
+        try:
+            with loop_module._cancel_scopes_hashed_by_creation():
+                theirs = reference.run_until_complete(busy_world())
+                reference.run_until_complete(reference.shutdown_asyncgens())  # as run_deterministic
+        finally:
+            asyncio.set_event_loop(None)
+            reference.close()
+        assert ours == theirs, f"seed {seed}"
+        assert (lean.callbacks_run, lean.time()) == (reference.callbacks_run, reference.time())
+        kinds = [line.split()[-2] if line.split()[-1].isdigit() else line.split()[-1] for line in ours]
+        assert [kinds.count(k) for k in ("locked", "cancelled", "got", "event")] == [24, 5, 6, 6]
+        timed_out += 24 - kinds.count("slept")
+    assert timed_out > 0  # the timeouts fired too
+
+
+def test_anyio_and_asyncio_answer_as_before_once_a_run_ends() -> None:
+    library, current_task = anyio_eventloop.current_async_library, anyio_asyncio.current_task
+
+    async def main() -> tuple[str | None, bool]:
+        return anyio_eventloop.current_async_library(), anyio_asyncio.current_task() is asyncio.current_task()
+
+    assert run_deterministic(main(), random.Random(1)) == ("asyncio", True)
+    assert anyio_eventloop.current_async_library is library
+    assert anyio_asyncio.current_task is current_task
+    assert anyio_eventloop.current_async_library() is None  # no loop runs here
+
+
+def test_another_thread_is_answered_for_its_own_loop_while_a_simulation_runs() -> None:
+    answers: dict[str, object] = {}
+
+    def in_a_thread() -> None:
+        async def own_loop() -> None:
+            answers["own task"] = anyio_asyncio.current_task() is asyncio.current_task()
+            answers["own library"] = anyio_eventloop.current_async_library()
+
+        asyncio.run(own_loop())
+        answers["no loop"] = anyio_eventloop.current_async_library()
+
+    async def main() -> None:
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join()  # (the simulated world waits: nothing else runs meanwhile)
+
+    run_deterministic(main(), random.Random(1))
+    assert answers == {"own task": True, "own library": "asyncio", "no loop": None}

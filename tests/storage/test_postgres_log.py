@@ -14,7 +14,9 @@ import asyncpg
 import msgspec
 import pytest
 
+from levelzero.core.entries import AdvanceReconciledOffset, LogRecord
 from levelzero.core.errors import InvariantViolation, LogMovedOn, NotLeader, StorageError, StoreRefused
+from levelzero.storage.log_rules import LOG_ROW_COLUMNS, log_row
 from levelzero.storage.postgres import base as store_module
 from levelzero.storage.postgres.schema import SCHEMA_VERSION
 from levelzero.storage.postgres.store import PostgresLogStore, redacted
@@ -457,3 +459,102 @@ async def wait_for_lock_waiters(connection: asyncpg.Connection, count: int) -> N
             return
         await anyio.sleep(0.01)
     raise AssertionError(f"fewer than {count} sessions wait for a lock")
+
+
+async def test_the_log_table_holds_the_rows_the_append_statement_sends(postgres_dsn: str) -> None:
+    """APPEND_BATCH sends its log rows as one array of the `log` table's row type: the table's
+    columns are `log_row`'s, in its order, and every column of an appended row reads back as
+    `log_row` made it (the NULLs of an entry that is not a placeholder included)."""
+    async with await PostgresLogStore.open(postgres_dsn, clock=lambda: 1234.5) as store:
+        a, b = await store.create_topic("t", 2, 1, 0.0)
+        await store.begin_term(a.pid, 0, 0)
+        await store.begin_term(b.pid, 0, 0)
+        records = {
+            a.pid: [
+                placeholder_record(1, 1, 0),
+                LogRecord(2, 1, 1, AdvanceReconciledOffset(1, 1)),
+                placeholder_record(3, 1, 1, epoch=3),
+            ],
+            b.pid: [placeholder_record(1, 1, 0, epoch=2, count=7)],
+        }
+        assert await store.append_many([Append(pid, 1, rs) for pid, rs in records.items()]) == [None, None]
+        connection = await asyncpg.connect(postgres_dsn)
+        try:
+            columns = await connection.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'log'"
+                " AND table_schema = current_schema() ORDER BY ordinal_position"
+            )
+            stored = await connection.fetch("SELECT * FROM log WHERE log_offset > 0 ORDER BY pid, log_offset")
+        finally:
+            await connection.close()
+    assert tuple(row["column_name"] for row in columns) == LOG_ROW_COLUMNS
+    expected = [log_row(pid, r, 1234.5) for pid, rs in sorted(records.items()) for r in rs]
+    assert [tuple(row) for row in stored] == expected
+    assert expected[1][4:9] == ("advance_reconciled_offset", None, 0, 0, None)
+
+
+async def test_a_batch_is_answered_before_its_connection_goes_back_to_the_pool(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The callers of a batch of appends are told at the statement's answer, and its partition
+    and writer slot are free again, while the connection's release (asyncpg: a shielded task)
+    is still under way: here held until both appends of the partition returned."""
+    release = asyncpg.pool.Pool.release
+    gate = anyio.Event()
+    held: list[int] = []
+
+    async def held_release(self: asyncpg.pool.Pool, connection: object, **kw: object) -> None:
+        if not held:
+            held.append(1)
+            await gate.wait()
+        await release(self, connection, **kw)
+
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", held_release)
+        try:
+            with anyio.fail_after(30):  # a bound on a hang, not a timing: answered after the release, never
+                await store.append(p.pid, 1, [placeholder_record(1, 1, 0)])
+                assert held == [1] and not gate.is_set()
+                await store.append(p.pid, 1, [placeholder_record(2, 1, 1)])
+        finally:
+            gate.set()
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0, 1, 2]
+
+
+async def test_a_release_that_fails_after_the_answer_runs_nothing_again(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch answered at its statement's answer is decided: a failure of the connection's
+    release afterwards is not a lost answer (no resolution, no second answer)."""
+    release = asyncpg.pool.Pool.release
+    failed: list[int] = []
+
+    async def failing_release(self: asyncpg.pool.Pool, connection: asyncpg.Connection, **kw: object) -> None:
+        await release(self, connection, **kw)
+        if not failed:
+            failed.append(1)
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("gone after the answer")
+
+    resolutions: list[str] = []
+    execute = asyncpg.Connection.execute
+
+    async def logged_execute(self: asyncpg.Connection, query: str, *args: object, **kw: object) -> str:
+        if "FOR UPDATE" in query:  # a lost answer's resolution locks the batch's partitions first
+            resolutions.append(query)
+        return await execute(self, query, *args, **kw)
+
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        commits = store.statistics().commits
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", failing_release)
+        monkeypatch.setattr(asyncpg.Connection, "execute", logged_execute)
+        await store.append(p.pid, 1, [placeholder_record(1, 1, 0)])
+        await store.append(p.pid, 1, [placeholder_record(2, 1, 1)])
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0, 1, 2]
+    # Closed: every batch task has ended, a retry of the first one included.
+    assert failed == [1]
+    assert resolutions == []
+    assert store.statistics().commits - commits == 2  # each batch answered once

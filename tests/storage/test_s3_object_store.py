@@ -6,8 +6,13 @@ Against moto, credentials are only checked while IAM authentication is switched 
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import random
 import socket
+import threading
 import urllib.request
+import zlib
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -16,6 +21,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
 from levelzero.core.errors import InvalidInput, ObjectNotFound, StorageError, StoreRefused
+from levelzero.storage import s3_store
 from levelzero.storage.s3_store import S3Config, S3ObjectStore, map_s3_error
 
 if TYPE_CHECKING:
@@ -279,3 +285,66 @@ async def test_open_rejects_an_endpoint_that_is_not_a_url() -> None:
     config = S3Config(bucket="b", endpoint_url="not a url", access_key="k", secret_key="s")
     with pytest.raises(StoreRefused, match="S3 endpoint 'not a url' is not usable"):
         await S3ObjectStore.open(config)
+
+
+# ------------------------------------------------------------- a large PUT's checksums
+
+
+class SentHeaders:
+    """The payload hash and CRC-32 headers of every PutObject as it is sent."""
+
+    def __init__(self, store: S3ObjectStore) -> None:
+        self.sent: list[tuple[str | None, str | None]] = []
+        store._client.meta.events.register("before-send.s3.PutObject", self._note)
+
+    def _note(self, request: Any, **_: Any) -> None:
+        headers = {name.lower(): value for name, value in request.headers.items()}
+        as_text = [headers.get(n) for n in ("x-amz-content-sha256", "x-amz-checksum-crc32")]
+        self.sent.append(tuple(v.decode() if isinstance(v, bytes) else v for v in as_text))  # type: ignore[arg-type]
+
+
+def true_checksums(data: bytes | bytearray) -> tuple[str, str]:
+    crc = base64.b64encode((zlib.crc32(data) & 0xFFFFFFFF).to_bytes(4, "big")).decode()
+    return hashlib.sha256(data).hexdigest(), crc
+
+
+@pytest.mark.s3
+async def test_a_large_put_is_hashed_on_a_worker_thread_and_signed_with_that_hash(
+    s3_config: S3Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[int] = []
+    checksums = s3_store.put_checksums
+
+    def watched(data: bytes | bytearray) -> tuple[str, str]:
+        threads.append(threading.get_ident())
+        return checksums(data)
+
+    data = bytearray(random.Random(38).randbytes(s3_store.CHECKSUMS_OFF_LOOP_BYTES_MIN + 1))
+    async with S3ObjectStore(s3_config) as store:
+        headers = SentHeaders(store)
+        monkeypatch.setattr(s3_store, "put_checksums", watched)
+        await store.put("big", data)
+        assert await store.get("big") == data
+        # The headers sent are the body's own, computed once, off the loop's thread.
+        assert headers.sent == [true_checksums(data)]
+        assert len(threads) == 1 and threads[0] != threading.get_ident()
+        # botocore signs the digest it is given (it computes none of its own): a digest
+        # that is not the body's goes out as it is, for S3 to refuse (moto does not check).
+        monkeypatch.setattr(s3_store, "put_checksums", lambda body: ("AAAAAA==", "0" * 64))
+        await store.put("big-2", data)
+        assert headers.sent[-1] == ("0" * 64, "AAAAAA==")
+
+
+@pytest.mark.s3
+async def test_a_small_put_is_hashed_by_botocore_on_the_loop(
+    s3_config: S3Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(s3_store, "put_checksums", lambda body: calls.append(len(body)))
+    data = b"x" * (s3_store.CHECKSUMS_OFF_LOOP_BYTES_MIN - 1)
+    async with S3ObjectStore(s3_config) as store:
+        headers = SentHeaders(store)
+        await store.put("small", data)
+        assert await store.get("small") == data
+    assert calls == []
+    assert headers.sent == [true_checksums(data)]  # botocore's own, the same values

@@ -13,6 +13,7 @@ import aiosqlite
 import msgspec
 
 from levelzero.core.errors import StorageError, StoreRefused
+from levelzero.storage.log_rules import LOG_ROW_COLUMNS
 from levelzero.storage.protocols import (
     FenceEventRow,
     GcRoundRow,
@@ -155,19 +156,7 @@ SELECT_OFFSETS = (
 # The log in order of appends, and each partition's entries found through an index. Clustered on
 # (pid, log_offset) (schema 1 and 2), a commit holding one entry of each of 1,024 partitions
 # rewrote a table page per partition: 29 ms a commit where this layout takes 5.5 (issue 24).
-LOG_COLUMNS = (
-    "pid",
-    "log_offset",
-    "term",
-    "base_offset",
-    "kind",
-    "epoch",
-    "record_count",
-    "byte_length",
-    "object_key",
-    "entry",
-    "appended_at",
-)
+LOG_COLUMNS = LOG_ROW_COLUMNS
 LOG_TABLE = """CREATE TABLE log (
     pid INTEGER NOT NULL,
     log_offset INTEGER NOT NULL,
