@@ -22,8 +22,9 @@ from typing import Any
 
 import anyio
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
+import kafka_txn_reads
 from daemon_support import DaemonProcess, daemon_and_client, free_port
 
 TOPIC = "pipelined"
@@ -59,49 +60,15 @@ def confluent_transactions(port: int, count: int) -> None:
 
 
 def read(port: int, isolation: str, partition: int) -> list[tuple[int, bytes]]:
-    """(offset, value) of the partition's records up to its end as `isolation` sees it."""
-    reader = Consumer(
-        {
-            "bootstrap.servers": f"127.0.0.1:{port}",
-            "group.id": f"pipelined-{isolation}",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
-    got: list[tuple[int, bytes]] = []
-    try:
-        end = reader.get_watermark_offsets(TopicPartition(TOPIC, partition), timeout=10)[1]
-        reader.assign([TopicPartition(TOPIC, partition, 0)])
-        deadline = time.monotonic() + WAIT_S
-        while reader.position([TopicPartition(TOPIC, partition)])[0].offset < end:
-            assert time.monotonic() < deadline, (isolation, partition, end, got)
-            message = reader.poll(0.2)
-            if message is not None:
-                assert message.error() is None, message.error()
-                got.append((message.offset(), message.value()))
-    finally:
-        reader.close()
-    return got
+    return kafka_txn_reads.read(port, TOPIC, isolation, partition, WAIT_S)
 
 
 def ends(port: int, isolation: str) -> list[int]:
-    reader = Consumer(
-        {"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "e", "isolation.level": isolation}
-    )
-    try:
-        return [
-            reader.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)
-        ]
-    finally:
-        reader.close()
+    return kafka_txn_reads.ends(port, TOPIC, PARTITIONS, isolation)
 
 
 def settled(port: int) -> None:
-    """Until every transaction is complete: the last stable offsets reach the high watermarks."""
-    deadline = time.monotonic() + WAIT_S
-    while ends(port, "read_committed") != ends(port, "read_uncommitted"):
-        assert time.monotonic() < deadline, (ends(port, "read_committed"), ends(port, "read_uncommitted"))
-        time.sleep(0.1)
+    kafka_txn_reads.settled(port, TOPIC, PARTITIONS, WAIT_S)
 
 
 def check_reads(port: int, count: int, samples: dict[int, list[int]] | None = None) -> None:

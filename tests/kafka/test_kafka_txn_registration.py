@@ -16,14 +16,14 @@ aborts them; either way read_committed never returns them."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
+import kafka_txn_reads
 from daemon_support import DaemonProcess, daemon_and_client, free_port
 from levelzero.core.errors import StorageError
 
@@ -70,47 +70,15 @@ def started(tmp_path: Path, held: dict[str, str]) -> tuple[DaemonProcess, int]:
 
 
 def read(port: int, isolation: str) -> list[tuple[int, bytes]]:
-    reader = Consumer(
-        {
-            "bootstrap.servers": f"127.0.0.1:{port}",
-            "group.id": f"registration-{isolation}",
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-        }
-    )
-    got: list[tuple[int, bytes]] = []
-    try:
-        end = reader.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)[1]
-        reader.assign([TopicPartition(TOPIC, 0, 0)])
-        deadline = time.monotonic() + WAIT_S
-        while reader.position([TopicPartition(TOPIC, 0)])[0].offset < end:
-            assert time.monotonic() < deadline, (isolation, end, got)
-            message = reader.poll(0.2)
-            if message is not None:
-                assert message.error() is None, message.error()
-                got.append((message.offset(), message.value()))
-    finally:
-        reader.close()
-    return got
+    return kafka_txn_reads.read(port, TOPIC, isolation, 0, WAIT_S)
 
 
 def end(port: int, isolation: str) -> int:
-    reader = Consumer(
-        {"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "e", "isolation.level": isolation}
-    )
-    try:
-        return reader.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)[1]
-    finally:
-        reader.close()
+    return kafka_txn_reads.ends(port, TOPIC, 1, isolation)[0]
 
 
 def settled(port: int) -> None:
-    """Until the transactions are complete (EndTxn is answered before the markers are stored):
-    the last stable offset reaches the high watermark."""
-    deadline = time.monotonic() + WAIT_S
-    while end(port, "read_committed") != end(port, "read_uncommitted"):
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    kafka_txn_reads.settled(port, TOPIC, 1, WAIT_S)
 
 
 def holding_registrations(
