@@ -16,6 +16,8 @@ aborts them; either way read_committed never returns them."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,17 @@ def settled(port: int) -> None:
     kafka_txn_reads.settled(port, TOPIC, 1, WAIT_S)
 
 
+@contextlib.asynccontextmanager
+async def in_process(tmp_path: Path) -> AsyncIterator[Any]:
+    """A daemon in this process with a Kafka listener and TOPIC (one partition)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=5.0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic(TOPIC, 1)
+        yield daemon
+
+
 def holding_registrations(
     monkeypatch: pytest.MonkeyPatch, coordinator: Any
 ) -> tuple[anyio.Event, anyio.Event]:
@@ -106,11 +119,7 @@ def holding_registrations(
 async def test_records_wait_for_the_answered_add_partitions_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=5.0) as (
-        daemon,
-        client,
-    ):
-        await client.create_topic(TOPIC, 1)
+    async with in_process(tmp_path) as daemon:
         port = daemon.kafka_port
         release, waiting = holding_registrations(monkeypatch, daemon.kafka.handlers.transactions)
         async with anyio.create_task_group() as tg:
@@ -131,11 +140,7 @@ async def test_records_wait_for_the_answered_add_partitions_commit(
 async def test_a_failed_add_partitions_commit_fences_the_producer_and_stores_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=5.0) as (
-        daemon,
-        client,
-    ):
-        await client.create_topic(TOPIC, 1)
+    async with in_process(tmp_path) as daemon:
         port = daemon.kafka_port
         coordinator = daemon.kafka.handlers.transactions
         put = coordinator.store.put_transaction
@@ -194,11 +199,7 @@ async def test_a_failed_commit_of_a_held_partition_aborts_the_records_stored(
     """The previous transaction still prepared (its completion held), the next one's records
     in its partition are stored before AddPartitionsToTxn's commit; that commit fails: the
     producer is fenced and the records stored are aborted, never read committed."""
-    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=5.0) as (
-        daemon,
-        client,
-    ):
-        await client.create_topic(TOPIC, 1)
+    async with in_process(tmp_path) as daemon:
         port = daemon.kafka_port
         coordinator = daemon.kafka.handlers.transactions
         monkeypatch.setattr(coordinator, "hold_completion", True)
