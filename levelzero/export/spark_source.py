@@ -30,8 +30,9 @@ Planning (driver) reads the control plane in one read-only snapshot (SQLite read
 PostgreSQL REPEATABLE READ) and replays each partition's snapshot plus log with the pure state
 machine: that gives the readable range (start offset to high watermark), the LRO and the term
 lineage. Offsets up to the LRO come from valid L1 objects (the L1 metastore), the unreconciled
-tail from the L0 extents the placeholders point at. Each object range becomes one Spark
-partition; executors read the objects themselves, through the daemon's own object-store code.
+tail from the L0 extents the placeholders point at. The object ranges are grouped into Spark
+partitions (tasks) of about equal bytes (`tasks`); executors read the objects themselves, through
+the daemon's own object-store code, an Arrow batch per range.
 """
 
 from __future__ import annotations
