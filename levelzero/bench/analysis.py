@@ -392,6 +392,10 @@ def batch_records_figure(
                 }
                 for side, spent in cpu.items()
             },
+            # Parquet's CPU per scan over the data source's (JVM and workers, medians): the
+            # ratio the figure would show if the session had the cores to itself.
+            "cpu_ratio": statistics.median(sum(c) for c in cpu["parquet"])
+            / statistics.median(sum(c) for c in cpu["levelzero"]),
             "load": round_loads,
         },
     )

@@ -294,6 +294,7 @@ def test_quick_records_figure_alone_scans_both_sides_in_as_many_tasks(tmp_path: 
     cpu = notes["cpu_s_per_scan"]
     assert all(cpu[side]["jvm"] > 0 for side in ("levelzero", "parquet", "ceiling"))
     assert cpu["levelzero"]["python_workers"] > 0 and cpu["ceiling"]["python_workers"] > 0
+    assert notes["cpu_ratio"] > 0
     assert len(notes["load"]) == 2 and min(notes["load"]) >= 0  # before the round, after the last
 
 
