@@ -6,6 +6,7 @@ in store.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import urllib.parse
 from collections import deque
@@ -596,11 +597,12 @@ class PostgresBase(StoreLifecycle):
     async def _give_back(self, connection: asyncpg.Connection) -> None:
         """A writer's connection back to the pool, whatever happens (a broken one is dropped):
         its batches were answered or failed already."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(CONNECT_TIMEOUT_S):
-            try:
-                await self._pool.release(connection)
-            except CONNECTION_ERRORS:
-                pass  # the pool dropped it
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CONNECT_TIMEOUT_S),
+            contextlib.suppress(*CONNECTION_ERRORS),  # the pool dropped it
+        ):
+            await self._pool.release(connection)
 
     def _take_queued(self) -> None:
         """Every call queued, into `_waiting` (no turn of the loop)."""
