@@ -652,9 +652,11 @@ class Node:
         records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
         term: int | None = None,
+        linger_s: float | None = None,
     ) -> ProduceResult:
         """`term`: the partition's term here the caller checked the records against (the
-        intake's idempotent batches): under another term they are refused (NotLeader)."""
+        intake's idempotent batches): under another term they are refused (NotLeader).
+        `linger_s`: the batch window cut this long after the records arrive, if sooner."""
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
         if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
@@ -666,7 +668,7 @@ class Node:
             raise InvalidInput(
                 f"topic {topic!r} takes no new records: its name {problem} (levelzero status says what to do)"
             )
-        return await self.batcher.produce(actor, records, producers)
+        return await self.batcher.produce(actor, records, producers, linger_s)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes)
