@@ -15,7 +15,8 @@ again: the epoch bumps, the previous incarnation is fenced and its open transact
 produce requests given up while still queued (the restart races them), a producer stalled past its
 transaction timeout (the coordinator aborts), crashes of the node right before EndTxn and right
 after PREPARE_COMMIT/PREPARE_ABORT is durable (before the markers), on top of the world's
-crashes and faults.
+crashes and faults. In half of these seeds (a stream of their own) a client sends DeleteRecords,
+often just past an unfinished transaction's first record or a recent marker.
 
 The truth is the partitions' durable logs: every placeholder of a partition a transaction touched
 is decoded from its object as it becomes durable, so each transactional record is known with the
@@ -31,7 +32,10 @@ abort, or none yet). Checked:
   delivers every record of every committed transaction and none of an aborted one; a
   transaction whose EndTxn was answered commit (abort) is committed (aborted);
 - **4** — nothing is left open: no open range in the store, no transaction prepared, no
-  record without its marker.
+  record without its marker;
+- **DeleteRecords** — the start offset it answers never passes the first record of a
+  transaction whose marker is not durable (a restart completing it reads its range for the
+  marker).
 """
 
 from __future__ import annotations
