@@ -304,6 +304,7 @@ class NodeSection(_Section):
 
 class BatcherSection(_Section):
     linger_ms: float = 250.0
+    transaction_linger_ms: float = 0.0
     batch_bytes_max: int = 4 * MiB
     inflight_bytes_max: int = 64 * MiB
     uploads_max: int = 8
