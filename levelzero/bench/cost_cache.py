@@ -44,7 +44,7 @@ def _one(workload: Workload, cache_mib: int, warm_up_s: float, window_s: float) 
         cache_stats.update(asdict(node.l0_cache.statistics()))
         await shutdown(node)
 
-    Node.shutdown = capture  # type: ignore[method-assign]
+    Node.shutdown = capture  # type: ignore[method-assign,assignment]
 
     async def main() -> Any:
         with tempfile.TemporaryDirectory(prefix="lz-cost-cache-") as tmp:
