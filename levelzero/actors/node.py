@@ -98,8 +98,10 @@ class NodeConfig:
     epoch_bump_interval_s: float | None = 60.0
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
-    # L0 objects held for readers (l0_cache.py): one GET per object for all its partitions' reads
-    l0_cache_bytes_max: int = 64 * 1024 * 1024
+    # L0 objects held for readers (l0_cache.py): one GET per object for all its partitions' reads.
+    # 128 MiB: a catch-up of 64 partitions at 1 MiB a fetch thrashed 64 MiB (BENCHMARKS.md, "The
+    # L0 cache's size"); a tailing reader holds only the few newest objects whatever the bound.
+    l0_cache_bytes_max: int = 128 * 1024 * 1024
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
