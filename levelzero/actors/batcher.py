@@ -284,14 +284,16 @@ class Batcher:
             deadline = float("inf")
             try:
                 while True:
-                    timeout = deadline - anyio.current_time() if batch else None
                     request = None
                     closed = False
-                    with anyio.move_on_after(timeout):
-                        try:
+                    try:
+                        if batch:
+                            with anyio.move_on_after(deadline - anyio.current_time()):
+                                request = await self._requests.receive()
+                        else:  # nothing lingers: no deadline, and no cancel scope to enter
                             request = await self._requests.receive()
-                        except anyio.EndOfStream:
-                            closed = True
+                    except anyio.EndOfStream:
+                        closed = True
                     if request is not None:
                         if not batch:
                             deadline = anyio.current_time() + linger_s
@@ -403,6 +405,9 @@ class Batcher:
                 await self._unrecorded_wakeup.wait()
                 self._unrecorded_wakeup.clear()
             rows, self._unrecorded = self._unrecorded, []
+            if len(rows) == 1:  # the common case: no task group and task for one write
+                await self._record_object(rows[0])
+                continue
             async with anyio.create_task_group() as tg:
                 for row in rows:
                     tg.start_soon(self._record_object, row)
