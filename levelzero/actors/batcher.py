@@ -280,45 +280,45 @@ class Batcher:
         async with anyio.create_task_group() as tg:
             task_status.started()
             batch: list[_Request] = []
-            batch_bytes = 0
-            deadline = float("inf")
+            batch_bytes_max = self.config.batch_bytes_max
             try:
                 while True:
-                    request = None
-                    closed = False
                     try:
-                        if batch:
-                            with anyio.move_on_after(deadline - anyio.current_time()):
-                                request = await self._requests.receive()
-                        else:  # nothing lingers: no deadline, and no cancel scope to enter
-                            request = await self._requests.receive()
+                        request = await self._requests.receive()  # nothing lingers: no deadline
                     except anyio.EndOfStream:
-                        closed = True
-                    if request is not None:
-                        if not batch:
-                            deadline = anyio.current_time() + linger_s
-                        batch.append(request)
-                        batch_bytes += len(request.data)
-                        # Take what is already queued without yielding: a `receive()` per
-                        # request would take one request per event-loop round.
-                        while batch_bytes < self.config.batch_bytes_max:
-                            try:
-                                request = self._requests.receive_nowait()
-                            except anyio.WouldBlock:
+                        break
+                    batch.append(request)
+                    batch_bytes = len(request.data)
+                    deadline = anyio.current_time() + linger_s
+                    closed = False
+                    # The batch lingers: one deadline for every request it waits for (a cancel
+                    # scope and a timer a batch, not one a request).
+                    with anyio.move_on_after(linger_s):
+                        while True:
+                            # Take what is already queued without yielding: a `receive()` per
+                            # request would take one request per event-loop round.
+                            while batch_bytes < batch_bytes_max:
+                                try:
+                                    request = self._requests.receive_nowait()
+                                except anyio.WouldBlock:
+                                    break
+                                except anyio.EndOfStream:
+                                    closed = True
+                                    break
+                                batch.append(request)
+                                batch_bytes += len(request.data)
+                            if closed or batch_bytes >= batch_bytes_max or anyio.current_time() >= deadline:
                                 break
+                            try:
+                                request = await self._requests.receive()
                             except anyio.EndOfStream:
                                 closed = True
                                 break
                             batch.append(request)
                             batch_bytes += len(request.data)
-                    if batch and (
-                        closed
-                        or batch_bytes >= self.config.batch_bytes_max
-                        or anyio.current_time() >= deadline
-                    ):
-                        await self._staged.acquire()
-                        tg.start_soon(self._upload_and_fence, batch)
-                        batch, batch_bytes = [], 0
+                    await self._staged.acquire()
+                    tg.start_soon(self._upload_and_fence, batch)
+                    batch = []
                     if closed:
                         break
             finally:
