@@ -291,32 +291,44 @@ class Batcher:
         async with anyio.create_task_group() as tg:
             task_status.started()
             batch: list[_Request] = []
-            batch_bytes = 0
-            deadline = float("inf")
+            batch_bytes_max = self.config.batch_bytes_max
             try:
                 while True:
-                    timeout = deadline - anyio.current_time() if batch else None
-                    request = None
+                    try:
+                        request = await self._requests.receive()  # nothing lingers: no deadline
+                    except anyio.EndOfStream:
+                        break
+                    batch.append(request)
+                    batch_bytes = len(request.data)
+                    deadline = anyio.current_time() + linger_s
+                    if request.linger_s is not None:
+                        deadline = min(deadline, anyio.current_time() + request.linger_s)
                     closed = False
-                    with anyio.move_on_after(timeout):
-                        try:
-                            request = await self._requests.receive()
-                        except anyio.EndOfStream:
-                            closed = True
-                    if request is not None:
-                        if not batch:
-                            deadline = anyio.current_time() + linger_s
-                        if request.linger_s is not None:
-                            deadline = min(deadline, anyio.current_time() + request.linger_s)
-                        batch.append(request)
-                        batch_bytes += len(request.data)
-                        # Take what is already queued without yielding: a `receive()` per
-                        # request would take one request per event-loop round.
-                        while batch_bytes < self.config.batch_bytes_max:
-                            try:
-                                request = self._requests.receive_nowait()
-                            except anyio.WouldBlock:
+                    # The batch lingers: one deadline for every request it waits for (a cancel
+                    # scope and a timer a batch, not one a request). A request with a linger of
+                    # its own (a transaction's marker) brings the deadline closer.
+                    with anyio.CancelScope() as lingering:  # its deadline set before a wait
+                        while True:
+                            # Take what is already queued without yielding: a `receive()` per
+                            # request would take one request per event-loop round.
+                            while batch_bytes < batch_bytes_max:
+                                try:
+                                    request = self._requests.receive_nowait()
+                                except anyio.WouldBlock:
+                                    break
+                                except anyio.EndOfStream:
+                                    closed = True
+                                    break
+                                if request.linger_s is not None:
+                                    deadline = min(deadline, anyio.current_time() + request.linger_s)
+                                batch.append(request)
+                                batch_bytes += len(request.data)
+                            if closed or batch_bytes >= batch_bytes_max or anyio.current_time() >= deadline:
                                 break
+                            if deadline < lingering.deadline:
+                                lingering.deadline = deadline  # still ahead: a timer, not a cancel
+                            try:
+                                request = await self._requests.receive()
                             except anyio.EndOfStream:
                                 closed = True
                                 break
@@ -324,14 +336,9 @@ class Batcher:
                                 deadline = min(deadline, anyio.current_time() + request.linger_s)
                             batch.append(request)
                             batch_bytes += len(request.data)
-                    if batch and (
-                        closed
-                        or batch_bytes >= self.config.batch_bytes_max
-                        or anyio.current_time() >= deadline
-                    ):
-                        await self._staged.acquire()
-                        tg.start_soon(self._upload_and_fence, batch)
-                        batch, batch_bytes = [], 0
+                    await self._staged.acquire()
+                    tg.start_soon(self._upload_and_fence, batch)
+                    batch = []
                     if closed:
                         break
             finally:
@@ -418,6 +425,9 @@ class Batcher:
                 await self._unrecorded_wakeup.wait()
                 self._unrecorded_wakeup.clear()
             rows, self._unrecorded = self._unrecorded, []
+            if len(rows) == 1:  # the common case: no task group and task for one write
+                await self._record_object(rows[0])
+                continue
             async with anyio.create_task_group() as tg:
                 for row in rows:
                     tg.start_soon(self._record_object, row)

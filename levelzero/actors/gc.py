@@ -377,6 +377,7 @@ class GcActor:
         self._reading: WatermarkReading | None = None  # the newest `read_watermark`
         self._paused = not config.enabled
         self._wake = anyio.Event()
+        self._waiting: anyio.CancelScope | None = None  # the loop's wait for its next round
         self._round_done = anyio.Event()
         self._rounds_finished = 0  # successful or not: what wait_round_finished counts
         self._next_round_in_s: float | None = None
@@ -392,11 +393,11 @@ class GcActor:
     def resume(self) -> None:
         """Rounds run again, the first one now."""
         self._paused = False
-        self._wake.set()
+        self._wake_up()
 
     def run_now(self) -> None:
         """Wake the loop for a round now (ignored while paused)."""
-        self._wake.set()
+        self._wake_up()
 
     @property
     def paused(self) -> bool:
@@ -480,19 +481,20 @@ class GcActor:
             await self._sleep_or_wake(math.inf)
 
     async def _sleep_or_wake(self, delay_s: float) -> None:
+        """Sleep `delay_s`, or less if woken (`_wake_up`: the wait's scope is cancelled). One
+        cancel scope a wait, not a task group and a sleeper task racing the wake event."""
         if not self._wake.is_set():
-            async with anyio.create_task_group() as tg:
-
-                async def sleeper() -> None:
-                    if delay_s == math.inf:
-                        await anyio.sleep_forever()
-                    await self._sleep(delay_s)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(sleeper)
-                await self._wake.wait()
-                tg.cancel_scope.cancel()
+            with anyio.CancelScope() as self._waiting:
+                if delay_s == math.inf:
+                    await anyio.sleep_forever()
+                await self._sleep(delay_s)
+            self._waiting = None
         self._wake = anyio.Event()
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     # ------------------------------------------------------------------ one round
 

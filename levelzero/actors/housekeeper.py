@@ -33,6 +33,7 @@ from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
+from .fan_out import for_each
 from .l1 import L1Catalog
 from .partition import PartitionActor
 
@@ -147,15 +148,9 @@ class Housekeeper:
         """One pass over every partition. `force` treats every partition as idle."""
         async with self._round_lock:
             self.stats.rounds += 1
-            due = iter(self._due(force))
-
-            async def worker() -> None:  # a few workers take the partitions in turn
-                for actor in due:
-                    await self._tend_one(actor, force)
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(TEND_PARTITIONS_IN_FLIGHT_MAX):
-                    tg.start_soon(worker)
+            await for_each(
+                self._due(force), lambda actor: self._tend_one(actor, force), TEND_PARTITIONS_IN_FLIGHT_MAX
+            )
             await self.sample_states()
 
     async def _tend_one(self, actor: PartitionActor, force: bool) -> None:
