@@ -105,7 +105,10 @@ SINGLE_NODE_ONLY: frozenset[str] = frozenset(
 CLUSTER_SEEDS_TO_CATCH_MAX = {
     name: max(bound, 100) for name, bound in SEEDS_TO_CATCH_MAX.items() if name not in SINGLE_NODE_ONLY
 } | {
-    "reader_pins_ignored": 100,  # three-node seeds 5, 12, 47 (154 before the check at every delete)
+    # three-node seeds 173, 188, 222 (before the actors' rounds by workers and the GC's paged
+    # marks moved the schedules: 4, 69, 101; earlier 5, 12, 47; 154 before the check at every
+    # delete): a rare catch on a cluster, where a reader of L0 near a delete is drawn seldom
+    "reader_pins_ignored": 250,
     "reader_l1_below_lro_only": 150,  # first caught at three-node seed 100
 }
 
