@@ -285,7 +285,7 @@ class NodeSection(_Section):
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
     drain_timeout_s: float = 20.0  # in-flight produces get this long at shutdown
-    l0_cache_bytes_max: int = 64 * MiB  # L0 objects held for readers (0: a GET per extent)
+    l0_cache_bytes_max: int = 128 * MiB  # L0 objects held for readers (0: a GET per extent)
 
     def __post_init__(self) -> None:
         if not 0 <= self.epoch_cache_ttl_s <= 3600:
@@ -304,6 +304,7 @@ class NodeSection(_Section):
 
 class BatcherSection(_Section):
     linger_ms: float = 250.0
+    transaction_linger_ms: float = 0.0
     batch_bytes_max: int = 4 * MiB
     inflight_bytes_max: int = 64 * MiB
     uploads_max: int = 8

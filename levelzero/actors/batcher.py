@@ -59,6 +59,11 @@ ENCODE_OFF_LOOP_BYTES_MIN = 256 * 1024
 @dataclass(frozen=True, slots=True)
 class BatcherConfig:
     linger_ms: float = 250.0
+    # A record set carrying a Kafka transaction's marker (and its producer's next transaction's
+    # records, which waited for it in the lane) cuts the window this long after it arrives, if
+    # sooner than `linger_ms`: the transaction's producer waits on it, one transaction at a
+    # time. 0: at once (at most one object a transaction; what else the window holds goes too).
+    transaction_linger_ms: float = 0.0
     batch_bytes_max: int = 4 * 1024 * 1024
     inflight_bytes_max: int = 64 * 1024 * 1024
     uploads_max: int = 8  # objects being uploaded at once
@@ -66,8 +71,8 @@ class BatcherConfig:
     mailbox_size: int = 1024
 
     def __post_init__(self) -> None:
-        if self.linger_ms < 0:
-            raise InvalidInput("linger_ms must be >= 0")
+        if self.linger_ms < 0 or self.transaction_linger_ms < 0:
+            raise InvalidInput("linger_ms and transaction_linger_ms must be >= 0")
         if not 1024 <= self.batch_bytes_max <= self.inflight_bytes_max:
             raise InvalidInput("need 1024 <= batch_bytes_max <= inflight_bytes_max")
         if not 1 <= self.uploads_max <= 1024 or not 0 <= self.stale_retries_max <= 100:
@@ -96,6 +101,7 @@ class _Request(msgspec.Struct):
     attempts: int = 0
     producers: tuple[ProducerSpan, ...] = ()  # first_record relative to its records
     max_timestamp_ms: int = NO_TIMESTAMP  # its records' largest (the placeholder keeps it)
+    linger_s: float | None = None  # the window cut this long after it arrives, if sooner
 
     def set(self, result: ProduceResult) -> None:
         if not self.waiter.done():
@@ -221,9 +227,12 @@ class Batcher:
         actor: PartitionActor,
         records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
+        linger_s: float | None = None,
     ) -> ProduceResult:
         """`records` stored contiguously in one extent; `producers` (idempotent Kafka batches
-        among them, `first_record` relative to `records`) ride in its placeholder."""
+        among them, `first_record` relative to `records`) ride in its placeholder. `linger_s`:
+        the object that takes them is cut this long after they arrive, if sooner than the
+        window's `linger_ms`."""
         if not records:
             raise InvalidInput("a produce request needs at least one record")
         for span in producers:
@@ -246,7 +255,9 @@ class Batcher:
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             waiter: asyncio.Future[ProduceResult] = self._loop.create_future()
-            request = _Request(actor, data, len(records), waiter, 0, tuple(producers), max_timestamp(records))
+            request = _Request(
+                actor, data, len(records), waiter, 0, tuple(producers), max_timestamp(records), linger_s
+            )
             try:
                 try:  # no checkpoint when there is room: the caller waits for the reply next
                     self._requests.send_nowait(request)
@@ -280,43 +291,54 @@ class Batcher:
         async with anyio.create_task_group() as tg:
             task_status.started()
             batch: list[_Request] = []
-            batch_bytes = 0
-            deadline = float("inf")
+            batch_bytes_max = self.config.batch_bytes_max
             try:
                 while True:
-                    timeout = deadline - anyio.current_time() if batch else None
-                    request = None
+                    try:
+                        request = await self._requests.receive()  # nothing lingers: no deadline
+                    except anyio.EndOfStream:
+                        break
+                    batch.append(request)
+                    batch_bytes = len(request.data)
+                    deadline = anyio.current_time() + linger_s
+                    if request.linger_s is not None:
+                        deadline = min(deadline, anyio.current_time() + request.linger_s)
                     closed = False
-                    with anyio.move_on_after(timeout):
-                        try:
-                            request = await self._requests.receive()
-                        except anyio.EndOfStream:
-                            closed = True
-                    if request is not None:
-                        if not batch:
-                            deadline = anyio.current_time() + linger_s
-                        batch.append(request)
-                        batch_bytes += len(request.data)
-                        # Take what is already queued without yielding: a `receive()` per
-                        # request would take one request per event-loop round.
-                        while batch_bytes < self.config.batch_bytes_max:
-                            try:
-                                request = self._requests.receive_nowait()
-                            except anyio.WouldBlock:
+                    # The batch lingers: one deadline for every request it waits for (a cancel
+                    # scope and a timer a batch, not one a request). A request with a linger of
+                    # its own (a transaction's marker) brings the deadline closer.
+                    with anyio.CancelScope() as lingering:  # its deadline set before a wait
+                        while True:
+                            # Take what is already queued without yielding: a `receive()` per
+                            # request would take one request per event-loop round.
+                            while batch_bytes < batch_bytes_max:
+                                try:
+                                    request = self._requests.receive_nowait()
+                                except anyio.WouldBlock:
+                                    break
+                                except anyio.EndOfStream:
+                                    closed = True
+                                    break
+                                if request.linger_s is not None:
+                                    deadline = min(deadline, anyio.current_time() + request.linger_s)
+                                batch.append(request)
+                                batch_bytes += len(request.data)
+                            if closed or batch_bytes >= batch_bytes_max or anyio.current_time() >= deadline:
                                 break
+                            if deadline < lingering.deadline:
+                                lingering.deadline = deadline  # still ahead: a timer, not a cancel
+                            try:
+                                request = await self._requests.receive()
                             except anyio.EndOfStream:
                                 closed = True
                                 break
+                            if request.linger_s is not None:
+                                deadline = min(deadline, anyio.current_time() + request.linger_s)
                             batch.append(request)
                             batch_bytes += len(request.data)
-                    if batch and (
-                        closed
-                        or batch_bytes >= self.config.batch_bytes_max
-                        or anyio.current_time() >= deadline
-                    ):
-                        await self._staged.acquire()
-                        tg.start_soon(self._upload_and_fence, batch)
-                        batch, batch_bytes = [], 0
+                    await self._staged.acquire()
+                    tg.start_soon(self._upload_and_fence, batch)
+                    batch = []
                     if closed:
                         break
             finally:
@@ -403,6 +425,9 @@ class Batcher:
                 await self._unrecorded_wakeup.wait()
                 self._unrecorded_wakeup.clear()
             rows, self._unrecorded = self._unrecorded, []
+            if len(rows) == 1:  # the common case: no task group and task for one write
+                await self._record_object(rows[0])
+                continue
             async with anyio.create_task_group() as tg:
                 for row in rows:
                     tg.start_soon(self._record_object, row)

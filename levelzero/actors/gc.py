@@ -23,8 +23,9 @@ next round.
 Pipeline of one round: `list_concurrency_max` scanners, one per contiguous range of this
 worker's prefixes (or one reader of the catalog), cut eligible keys into batches of <=
 `delete_batch_keys_max` and hand them over a stream of `deletes_in_flight_max` batches to as
-many deleters, which hand the keys they deleted to as many marking tasks; memory stays bounded
-by `(scanners + 3 * deleters) * batch` keys (plus a catalog page) whatever the backlog.
+many deleters, which hand the keys they deleted to one marking task (a mark stamps every key
+gathered since the last, in one statement); memory stays bounded by `(scanners + 3 * deleters)
+* batch` keys (plus a catalog page and a mark of at most `MARK_KEYS_MAX`) whatever the backlog.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ log = logging.getLogger("levelzero.gc")
 
 THROTTLE_RETRIES_MAX = 3  # per request; then the keys wait for the next round
 DELETES_IN_FLIGHT_LIMIT = 64
+# Keys one catalog mark stamps (one statement): four DeleteObjects' worth; within what one call
+# of the SQLite log store may carry (`GROUP_COMMIT_MAX_RECORDS`, 4,096 rows).
+MARK_KEYS_MAX = 4 * DELETE_BATCH_KEYS_MAX
 LIST_CONCURRENCY_LIMIT = 64
 DRY_RUN_KEYS_LIMIT = 1_000_000
 BLOCKED_BY_SHOWN_MAX = 20
@@ -373,6 +377,7 @@ class GcActor:
         self._reading: WatermarkReading | None = None  # the newest `read_watermark`
         self._paused = not config.enabled
         self._wake = anyio.Event()
+        self._waiting: anyio.CancelScope | None = None  # the loop's wait for its next round
         self._round_done = anyio.Event()
         self._rounds_finished = 0  # successful or not: what wait_round_finished counts
         self._next_round_in_s: float | None = None
@@ -388,11 +393,11 @@ class GcActor:
     def resume(self) -> None:
         """Rounds run again, the first one now."""
         self._paused = False
-        self._wake.set()
+        self._wake_up()
 
     def run_now(self) -> None:
         """Wake the loop for a round now (ignored while paused)."""
-        self._wake.set()
+        self._wake_up()
 
     @property
     def paused(self) -> bool:
@@ -476,19 +481,20 @@ class GcActor:
             await self._sleep_or_wake(math.inf)
 
     async def _sleep_or_wake(self, delay_s: float) -> None:
+        """Sleep `delay_s`, or less if woken (`_wake_up`: the wait's scope is cancelled). One
+        cancel scope a wait, not a task group and a sleeper task racing the wake event."""
         if not self._wake.is_set():
-            async with anyio.create_task_group() as tg:
-
-                async def sleeper() -> None:
-                    if delay_s == math.inf:
-                        await anyio.sleep_forever()
-                    await self._sleep(delay_s)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(sleeper)
-                await self._wake.wait()
-                tg.cancel_scope.cancel()
+            with anyio.CancelScope() as self._waiting:
+                if delay_s == math.inf:
+                    await anyio.sleep_forever()
+                await self._sleep(delay_s)
+            self._waiting = None
         self._wake = anyio.Event()
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+        if self._waiting is not None:
+            self._waiting.cancel()
 
     # ------------------------------------------------------------------ one round
 
@@ -760,41 +766,64 @@ class GcActor:
         """Run `feed`, which sends batches of eligible keys, beside `deletes_in_flight_max`
         deleters taking them over a stream that holds as many batches (so that a deleter
         finds the next batch ready while the feed reads a page; memory stays bounded by the
-        batches waiting, being sent and being deleted). A deleter hands the keys it deleted
-        to a task that marks them in the catalog and takes the next batch at once: a mark is
-        a commit, and deletes no longer wait for it. At most `deletes_in_flight_max` marks
-        are pending; the round ends when every one has committed. A mark lost to a failed or
-        cancelled round costs nothing but a repeated delete: its row stays live, and the next
-        round deletes the (missing) key again, which succeeds, and marks it."""
+        batches waiting, being sent and being deleted). A deleter adds the keys it deleted to
+        the round's unmarked keys and takes the next batch at once; one marking task stamps
+        them in the catalog, every key unmarked so far (up to `MARK_KEYS_MAX`) in one call, so
+        that while a commit is on its way the next keys gather for one more: a round of 20
+        deletes commits a handful of marks, not 20 (each mark is a statement and a commit of
+        the log store's writer, whose CPU the deletes share). Deleters wait only while
+        `deletes_in_flight_max` batches' worth of keys are unmarked. The round ends when every
+        deleted key is marked. A mark lost to a failed or cancelled round costs nothing but a
+        repeated delete: its row stays live, and the next round deletes the (missing) key
+        again, which succeeds, and marks it."""
         in_flight = self.config.deletes_in_flight_max
         send, receive = anyio.create_memory_object_stream[list[Eligible]](in_flight)
-        marks_pending = anyio.Semaphore(in_flight)
+        unmarked_max = in_flight * self.config.delete_batch_keys_max
+        unmarked: list[str] = []
+        gathered = anyio.Event()  # keys were added to `unmarked`, or the deletes are over
+        taken = anyio.Event()  # the marker took keys: room for more
+        deletes_over = False
 
-        async def mark(keys: list[str]) -> None:
-            try:
+        async def marker() -> None:
+            nonlocal gathered, taken
+            while True:
+                if not unmarked:
+                    if deletes_over:
+                        return
+                    await gathered.wait()
+                    gathered = anyio.Event()
+                    continue
+                keys = unmarked[:MARK_KEYS_MAX]
+                del unmarked[:MARK_KEYS_MAX]
+                taken.set()
+                taken = anyio.Event()
                 await self._log.mark_l0_deleted(keys, self._clock(), m)
-            finally:
-                marks_pending.release()
 
-        async def delete_batches(
-            batches: anyio.abc.ObjectReceiveStream[list[Eligible]], markers: anyio.abc.TaskGroup
-        ) -> None:
+        async def delete_batches(batches: anyio.abc.ObjectReceiveStream[list[Eligible]]) -> None:
             async with batches:
                 async for batch in batches:
                     deleted, throttled = await self._delete_batch(batch, m, tally)
                     if deleted:
-                        await marks_pending.acquire()
-                        markers.start_soon(mark, deleted)
+                        while len(unmarked) >= unmarked_max:
+                            await taken.wait()
+                        unmarked.extend(deleted)
+                        gathered.set()
                     if throttled:  # "slow down" for some keys: the next request waits
                         await self._sleep(self.config.throttle_backoff_s)
 
         try:
-            async with anyio.create_task_group() as markers, anyio.create_task_group() as tg:
-                async with receive:
-                    for _ in range(in_flight):
-                        tg.start_soon(delete_batches, receive.clone(), markers)
-                async with send:
-                    await feed(send)
+            async with anyio.create_task_group() as markers:
+                markers.start_soon(marker)
+                try:
+                    async with anyio.create_task_group() as tg:
+                        async with receive:
+                            for _ in range(in_flight):
+                                tg.start_soon(delete_batches, receive.clone())
+                        async with send:
+                            await feed(send)
+                finally:  # the marker marks what is left, then ends
+                    deletes_over = True
+                    gathered.set()
         except BaseExceptionGroup as group:
             raise _root_cause(group) from None
 

@@ -11,8 +11,9 @@ Retention (by age and bytes of reconciled data, per topic: its `retention.ms` an
 over whole L1 objects as Kafka's log start offset moves over whole segments
 (`core.topic_configs.retention_start_offset`), `SetStartOffset`, then two-phase deletion of the
 L1 objects entirely below the new start offset. Never past the first offset of a Kafka
-transaction still open in the partition (`open_transactions`): its records, and the marker a
-restart looks for before writing one, stay until it completes.
+transaction still open in the partition (`open_transactions`; DeleteRecords is held there
+too, `start_offset_held`): its records, and the marker a restart looks for before writing one,
+stay until it completes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from levelzero.core.topic_configs import RetainedObject, retention_start_offset
 from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
+from .fan_out import for_each
 from .l1 import L1Catalog
 from .partition import PartitionActor
 
@@ -146,15 +148,9 @@ class Housekeeper:
         """One pass over every partition. `force` treats every partition as idle."""
         async with self._round_lock:
             self.stats.rounds += 1
-            due = iter(self._due(force))
-
-            async def worker() -> None:  # a few workers take the partitions in turn
-                for actor in due:
-                    await self._tend_one(actor, force)
-
-            async with anyio.create_task_group() as tg:
-                for _ in range(TEND_PARTITIONS_IN_FLIGHT_MAX):
-                    tg.start_soon(worker)
+            await for_each(
+                self._due(force), lambda actor: self._tend_one(actor, force), TEND_PARTITIONS_IN_FLIGHT_MAX
+            )
             await self.sample_states()
 
     async def _tend_one(self, actor: PartitionActor, force: bool) -> None:
@@ -259,6 +255,15 @@ class Housekeeper:
             await actor.catch_up(lro, lrlo, actor.term)
             self.stats.catch_ups += 1
 
+    async def start_offset_held(self, actor: PartitionActor, offset: int) -> int:
+        """`offset`, or the first offset of the oldest Kafka transaction open in the partition
+        if lower (and above the start offset): where retention and DeleteRecords may move the
+        start offset to."""
+        if offset <= actor.state.start_offset or self.open_transactions is None:
+            return offset
+        oldest = await self.open_transactions(actor.row.topic, actor.row.partition)
+        return offset if oldest is None else min(offset, oldest)
+
     async def _retain(
         self, actor: PartitionActor, retention_s: float | None, retention_bytes: int | None
     ) -> None:
@@ -272,10 +277,7 @@ class Housekeeper:
             retention_s,
             retention_bytes,
         )
-        if new_start > actor.state.start_offset and self.open_transactions is not None:
-            oldest = await self.open_transactions(actor.row.topic, actor.row.partition)
-            if oldest is not None:
-                new_start = min(new_start, oldest)
+        new_start = await self.start_offset_held(actor, new_start)
         if new_start > actor.state.start_offset:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1

@@ -107,6 +107,9 @@ class Pending:
     # transaction's marker: the producer's next transaction's records), from `queued_at`.
     gather_s: float = 0.0
     queued_at: float = 0.0
+    # The batch window that takes it is cut this long after, if sooner (a transaction's marker:
+    # its producer's next transaction waits on its round).
+    linger_s: float | None = None
 
 
 class ProduceIntake:
@@ -247,13 +250,15 @@ class ProduceIntake:
         identity: Identity | None,
         after: Pending | None = None,
         gather_s: float = 0.0,
+        linger_s: float | None = None,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
         offset; one being stored answers that attempt. `after`: a record set of this lane
         submitted before; if it fails, this one fails with its error instead of being stored
         after it. `gather_s`: how long this record set may wait for others while it is all the
-        lane holds (then it is stored in their round, not in one before it). Raises
+        lane holds (then it is stored in their round, not in one before it). `linger_s`: the
+        batch window that takes its round is cut this long after, if sooner. Raises
         LevelZeroError (InvalidInput, TooLarge, the partition's) for a record set that is not
         taken."""
         self.check_led(topic, partition)
@@ -276,7 +281,15 @@ class ProduceIntake:
         assert after is None or (after.topic, after.partition) == (topic, partition), after
         now = anyio.current_time()
         pending = Pending(
-            topic, partition, records, size, identity, after=after, gather_s=gather_s, queued_at=now
+            topic,
+            partition,
+            records,
+            size,
+            identity,
+            after=after,
+            gather_s=gather_s,
+            queued_at=now,
+            linger_s=linger_s,
         )
         if identity is not None:
             self._producing[identity] = pending
@@ -379,6 +392,7 @@ class ProduceIntake:
                     if not taken:
                         continue
                 spans, first = [], 0
+                linger_s = min((p.linger_s for p in taken if p.linger_s is not None), default=None)
                 for p in taken:
                     if p.identity is not None:
                         spans.append(
@@ -387,7 +401,7 @@ class ProduceIntake:
                     first += len(p.records)
                 try:
                     result = await self.node.produce(
-                        topic, partition, [r for p in taken for r in p.records], spans, term
+                        topic, partition, [r for p in taken for r in p.records], spans, term, linger_s
                     )
                 except LevelZeroError as exc:
                     for p in taken:

@@ -98,8 +98,10 @@ class NodeConfig:
     epoch_bump_interval_s: float | None = 60.0
     snapshot_every_records: int = 1_000
     log_keep_records: int = 10_000
-    # L0 objects held for readers (l0_cache.py): one GET per object for all its partitions' reads
-    l0_cache_bytes_max: int = 64 * 1024 * 1024
+    # L0 objects held for readers (l0_cache.py): one GET per object for all its partitions' reads.
+    # 128 MiB: a catch-up of 64 partitions at 1 MiB a fetch thrashed 64 MiB (BENCHMARKS.md, "The
+    # L0 cache's size"); a tailing reader holds only the few newest objects whatever the bound.
+    l0_cache_bytes_max: int = 128 * 1024 * 1024
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     reconciler: ReconcilerConfig = field(default_factory=ReconcilerConfig)
     housekeeper: HousekeeperConfig = field(default_factory=HousekeeperConfig)
@@ -549,7 +551,14 @@ class Node:
         """Kafka's DeleteRecords: move the partition's start offset up to `offset` (-1: the
         high watermark), as retention does (`SetStartOffset`), then collect the L1 objects
         wholly below it. Returns the start offset (Kafka's low watermark). An offset above
-        the high watermark is offset_out_of_range; one at or below the start changes nothing."""
+        the high watermark is offset_out_of_range; one at or below the start changes nothing.
+
+        Held, as retention is, at the first offset of a Kafka transaction still open in the
+        partition (`Housekeeper.start_offset_held`): a restart completing a prepared
+        transaction looks for its marker from there, and with the marker removed it could
+        not tell the next transaction's records from its own. Kafka's broker moves its log
+        start offset past an open transaction (its producer state, not the log, says where
+        the transaction is); the low watermark answered says where the log starts."""
         self._check_accepting()
         actor = await self.led_partition(topic, partition)
         high_watermark = actor.state.high_watermark
@@ -557,6 +566,12 @@ class Node:
             offset = high_watermark
         if not 0 <= offset <= high_watermark:  # (the high watermark itself is allowed)
             raise OffsetOutOfRange(offset, actor.state.start_offset, high_watermark + 1)
+        requested, offset = offset, await self.housekeeper.start_offset_held(actor, offset)
+        if offset < requested:
+            log.info(
+                "records deleted up to an open transaction's first offset",
+                extra={"partition": actor.name, "start_offset": offset, "requested": requested},
+            )
         if offset > actor.state.start_offset:
             await actor.set_start_offset(offset, actor.term)
             log.info("records deleted", extra={"partition": actor.name, "start_offset": offset})
@@ -639,9 +654,11 @@ class Node:
         records: Sequence[Record],
         producers: Sequence[ProducerSpan] = (),
         term: int | None = None,
+        linger_s: float | None = None,
     ) -> ProduceResult:
         """`term`: the partition's term here the caller checked the records against (the
-        intake's idempotent batches): under another term they are refused (NotLeader)."""
+        intake's idempotent batches): under another term they are refused (NotLeader).
+        `linger_s`: the batch window cut this long after the records arrive, if sooner."""
         self._check_accepting()
         actor = self._partitions.get((topic, partition))  # led here: no coroutine to look it up
         if actor is None or (self.member is not None and not self.member.leads(actor.row.pid)):
@@ -653,7 +670,7 @@ class Node:
             raise InvalidInput(
                 f"topic {topic!r} takes no new records: its name {problem} (levelzero status says what to do)"
             )
-        return await self.batcher.produce(actor, records, producers)
+        return await self.batcher.produce(actor, records, producers, linger_s)
 
     async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
         read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes)

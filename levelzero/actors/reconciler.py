@@ -29,6 +29,7 @@ from levelzero.core.reconcile_health import ReconcileHealth
 from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent, max_timestamp
 from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
+from .fan_out import for_each
 from .l1 import L1Catalog
 from .partition import PartitionActor
 from .round_reads import RoundReads
@@ -225,16 +226,9 @@ class Reconciler:
         self, actors: list[PartitionActor], work: Callable[[PartitionActor], Awaitable[None]]
     ) -> None:
         """`work` on each of `actors`: `partitions_in_flight_max` workers take them in turn (a
-        task per partition waiting for its turn was 1.2 KiB each, 10,000 in a start-up round)."""
-        queue = iter(actors)
-
-        async def worker() -> None:
-            for actor in queue:
-                await work(actor)
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(self.config.partitions_in_flight_max, len(actors))):
-                tg.start_soon(worker)
+        task per partition waiting for its turn was 1.2 KiB each, 10,000 in a start-up round);
+        a round of one partition runs it on the round's task."""
+        await for_each(actors, work, self.config.partitions_in_flight_max)
 
     async def _plan(self, reads: RoundReads, actor: PartitionActor) -> None:
         """The placeholders `actor` will copy first this round, when it is due: read now, so the

@@ -22,9 +22,12 @@ children's peak RSS.
 A second figure: the records themselves. A daemon (local object store) takes `records`
 records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; the same Spark session
 then counts them and sums their value lengths through the "levelzero" data source and through
-the Parquet file `levelzero export --records` wrote of the same records (ABBA rounds after a
-warm-up of both); target >= 50%. MB/s = value bytes / wall time; ratio = data source over
-Parquet. A note gives the ceiling of any Python data source of this schema (arrow_source.py).
+the Parquet file `levelzero export --records` wrote of the same records (two scans of each side
+before the clock; then rounds of two scans a side, interleaved A B B A); target >= 50%. MB/s =
+value bytes / wall time; ratio = data source over Parquet. Notes: the ceiling of any Python
+data source of this schema (arrow_source.py), each side's tasks, the CPU seconds per scan of
+the JVM and of the Python workers, the load. `python -m levelzero.bench.analysis records` runs
+this figure alone.
 
 A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches, a
 fresh checkpoint, the noop sink), records/s against Spark's own file stream source doing the
@@ -249,29 +252,71 @@ def _scan(frame: DataFrame) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
+SCANS_PER_SIDE = 2  # a round's scans of each side, interleaved (A B B A): ~2 s each alone
+
+
+def _descendants_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of process `pid` and of its live descendants together (the JVM and
+    the Python workers it forked: Spark keeps them for the next task)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    below = 0.0
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        stack += children.get(child, [])
+        try:
+            below += _cpu_s(child)
+        except OSError:
+            continue
+    return _cpu_s(pid), below
+
+
 async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> list[Figure]:
+    records = settings.pick(400_000, 8_000)
+    data_dir = root / "records-data"
+    await fill_records(data_dir, records)
+    batch = batch_records_figure(spark, root, data_dir, records, settings)
+    streaming = stream_figure(spark, root, data_dir, records, settings)
+    return [batch, *streaming]
+
+
+def batch_records_figure(
+    spark: SparkSession, root: Path, data_dir: Path, records: int, settings: Settings
+) -> Figure:
+    """The records of `data_dir`'s topic through `format("levelzero")` against their Parquet
+    export (and, in the notes, the Python data source ceiling), one session.
+
+    Stable without flattering either side: both are scanned twice before the clock (the
+    Python workers started, the JIT and page cache warm for both); each round scans each side
+    `SCANS_PER_SIDE` times, interleaved A B B A (and B A A B the next round), a side's MB/s the
+    round's bytes over its scans' summed seconds (one scan is 1-2 s, where a scheduler's hiccup
+    on the shared machine moved a round by a factor of two); both sides run in the session's
+    default parallelism of tasks (the notes give each side's count), and every scan includes
+    its `load()` (Parquet's reads the file's footer, the data source's plans the read)."""
     from levelzero.export.records import export_records
     from levelzero.export.spark_datasource import register
     from levelzero.export.spark_source import TASK_BYTES_DEFAULT
 
     from .arrow_source import FORMAT_NAME, ArrowFileSource
 
-    records = settings.pick(400_000, 8_000)
-    rounds = settings.pick(5, 1)
-    data_dir = root / "records-data"
-    await fill_records(data_dir, records)
+    rounds = settings.pick(settings.rounds, 1)
     exported = export_records(str(data_dir), str(root / "records-out"), RECORDS_TOPIC)
     assert exported.records == records
     register(spark)
     spark.dataSource.register(ArrowFileSource)
     expected = (records, records * RECORD_VALUE_BYTES)
     mb = records * RECORD_VALUE_BYTES / BYTES_PER_MB
-    tasks = spark.sparkContext.defaultParallelism
-
-    def timed(load: Callable[[], DataFrame]) -> float:
-        started = time.monotonic()
-        assert _scan(load()) == expected
-        return mb / (time.monotonic() - started)
+    parallelism = spark.sparkContext.defaultParallelism
+    jvm = _jvm_pid(spark)
+    cpu: dict[str, list[tuple[float, float]]] = {"levelzero": [], "parquet": [], "ceiling": []}
 
     def source() -> DataFrame:
         return spark.read.format("levelzero").option("data_dir", str(data_dir)).load(RECORDS_TOPIC)
@@ -280,44 +325,94 @@ async def records_figure(spark: SparkSession, root: Path, settings: Settings) ->
         return spark.read.parquet(f"file://{exported.path}")
 
     def ceiling() -> DataFrame:
-        return spark.read.format(FORMAT_NAME).option("path", exported.path).option("tasks", str(tasks)).load()
+        return (
+            spark.read.format(FORMAT_NAME)
+            .option("path", exported.path)
+            .option("tasks", str(parallelism))
+            .load()
+        )
 
-    timed(source)  # the Python workers started and warm, as Parquet's JVM side is
-    timed(parquet)
-    pairs = []
-    ceilings = []
+    loads = {"levelzero": source, "parquet": parquet, "ceiling": ceiling}
+
+    def scan(side: str) -> float:
+        """One timed scan of `side`: its seconds; its CPU seconds (JVM, Python workers) noted."""
+        jvm_before, workers_before = _descendants_cpu_s(jvm)
+        started = time.monotonic()
+        assert _scan(loads[side]()) == expected, side
+        seconds = time.monotonic() - started
+        jvm_after, workers_after = _descendants_cpu_s(jvm)
+        cpu[side].append((jvm_after - jvm_before, workers_after - workers_before))
+        return seconds
+
+    tasks = {side: load().rdd.getNumPartitions() for side, load in loads.items()}
+    for _ in range(2):  # warm-up
+        for side in loads:
+            scan(side)
+    for side in cpu:
+        cpu[side].clear()
+    pairs: list[tuple[float, float]] = []
+    ceilings: list[float] = []
+    round_loads: list[float] = []
     for i in range(rounds):
-        if i % 2 == 0:
-            a = timed(source)
-            b = timed(parquet)
-        else:
-            b = timed(parquet)
-            a = timed(source)
-        pairs.append((a, b))
-        ceilings.append(timed(ceiling))
-    streaming = stream_figure(spark, root, data_dir, records, settings)
-    return [
-        figure(
-            ITEM,
-            f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
-            "MB/s",
-            pairs,
-            target=Target(DATA_SOURCE_RATIO_MIN, higher_is_better=True),
-            sut_label='format("levelzero")',
-            floor_label="export --records Parquet",
-            notes={
-                "records": records,
-                "object_ranges": exported.ranges,
-                "value_mb": mb,
-                "task_bytes": TASK_BYTES_DEFAULT,
-                "python_source_ceiling_mb_s": [round(c, 1) for c in ceilings],
-                "python_source_ceiling_ratio": statistics.median(
-                    c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
-                ),
+        round_loads.append(round(os.getloadavg()[0], 1))
+        order = ("levelzero", "parquet") if i % 2 == 0 else ("parquet", "levelzero")
+        spent = {"levelzero": 0.0, "parquet": 0.0}
+        for j in range(SCANS_PER_SIDE):
+            for side in order if j % 2 == 0 else order[::-1]:
+                spent[side] += scan(side)
+        pairs.append((SCANS_PER_SIDE * mb / spent["levelzero"], SCANS_PER_SIDE * mb / spent["parquet"]))
+        ceilings.append(SCANS_PER_SIDE * mb / sum(scan("ceiling") for _ in range(SCANS_PER_SIDE)))
+    round_loads.append(round(os.getloadavg()[0], 1))
+    return figure(
+        ITEM,
+        f"records read, {records:,} x {RECORD_VALUE_BYTES} B values (local[2])",
+        "MB/s",
+        pairs,
+        target=Target(DATA_SOURCE_RATIO_MIN, higher_is_better=True),
+        sut_label='format("levelzero")',
+        floor_label="export --records Parquet",
+        notes={
+            "records": records,
+            "object_ranges": exported.ranges,
+            "value_mb": mb,
+            "task_bytes": TASK_BYTES_DEFAULT,
+            "scans_per_side_per_round": SCANS_PER_SIDE,
+            "tasks": tasks,  # Spark partitions each side's read is planned in
+            "python_source_ceiling_mb_s": [round(c, 1) for c in ceilings],
+            "python_source_ceiling_ratio": statistics.median(
+                c / b for c, (_, b) in zip(ceilings, pairs, strict=True)
+            ),
+            # CPU seconds per measured scan, median: the JVM (driver and local executors) and
+            # the Python workers (the data source's reads, planning excluded: its process ends).
+            # The load moves wall times; these it moves much less.
+            "cpu_s_per_scan": {
+                side: {
+                    "jvm": round(statistics.median(j for j, _ in spent), 3),
+                    "python_workers": round(statistics.median(w for _, w in spent), 3),
+                }
+                for side, spent in cpu.items()
             },
-        ),
-        *streaming,
-    ]
+            # Parquet's CPU per scan over the data source's (JVM and workers, medians): the
+            # ratio the figure would show if the session had the cores to itself.
+            "cpu_ratio": statistics.median(sum(c) for c in cpu["parquet"])
+            / statistics.median(sum(c) for c in cpu["levelzero"]),
+            "load": round_loads,
+        },
+    )
+
+
+async def records_only(settings: Settings) -> list[Figure]:
+    """The batch records figure alone (the records filled as the item fills them), without the
+    3 M-row analysis before it and the streaming figures after it."""
+    spark = _session("levelzero-bench-analysis-records")
+    try:
+        with work_dir(settings, ITEM) as root:
+            records = settings.pick(400_000, 8_000)
+            data_dir = root / "records-data"
+            await fill_records(data_dir, records)
+            return [batch_records_figure(spark, root, data_dir, records, settings)]
+    finally:
+        spark.stop()
 
 
 def stream_parquet_files(data_dir: Path, out_dir: Path, per_trigger: int) -> list[int]:
@@ -686,10 +781,13 @@ async def run(settings: Settings) -> list[Figure]:
 def main(argv: list[str] | None = None) -> int:
     """One analysis run in this fresh process: `python -m levelzero.bench.analysis SIDE EXPORT
     OUT RESULT` writes the run's figures (JSON) to RESULT. Or the streaming figures alone:
-    `python -m levelzero.bench.analysis stream [--quick] [--rounds N] [--out FILE]`."""
+    `python -m levelzero.bench.analysis stream [--quick] [--rounds N] [--out FILE]`; or the
+    batch records figure alone: `python -m levelzero.bench.analysis records [...]`."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["stream"]:
-        return _stream_main(argv[1:])
+        return _figures_main("stream", stream_only, argv[1:])
+    if argv[:1] == ["records"]:
+        return _figures_main("records", records_only, argv[1:])
     parser = argparse.ArgumentParser(prog="python -m levelzero.bench.analysis")
     parser.add_argument("side", choices=("sut", "floor"))
     parser.add_argument("export_dir")
@@ -701,10 +799,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stream_main(argv: list[str]) -> int:
+def _figures_main(name: str, runner: Callable[[Settings], Any], argv: list[str]) -> int:
     from .cli import format_row
 
-    parser = argparse.ArgumentParser(prog="python -m levelzero.bench.analysis stream")
+    parser = argparse.ArgumentParser(prog=f"python -m levelzero.bench.analysis {name}")
     parser.add_argument("--quick", action="store_true", help="8,000 records, one round")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the figures as JSON to FILE")
@@ -714,9 +812,10 @@ def _stream_main(argv: list[str]) -> int:
     settings = Settings(quick=args.quick)
     if args.rounds is not None:
         settings = replace(settings, rounds=args.rounds)
-    figures = anyio.run(stream_only, settings)
+    figures = anyio.run(runner, settings)
     for f in figures:
         print(format_row(f), flush=True)
+        print(f"    notes: {json.dumps(f.notes)}", flush=True)
     if args.out is not None:
         Path(args.out).write_text(json.dumps([f.to_json() for f in figures], indent=2))
     return 0

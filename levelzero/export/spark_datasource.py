@@ -18,6 +18,7 @@ from .spark_source import (
     SCHEMA_DDL,
     LevelZeroPushdownReader,
     LevelZeroReader,
+    _min_tasks,
     _task_bytes,
     secrets_of,
     selection_of,
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
 
 
 class LevelZeroDataSource(DataSource):
+    # A batch read's tasks when option min_tasks is not given: `register` sets the session's
+    # default parallelism (a reader in a Python worker cannot ask the session for it).
+    min_tasks_default = 1
+
     @classmethod
     def name(cls) -> str:
         return FORMAT_NAME
@@ -44,7 +49,8 @@ class LevelZeroDataSource(DataSource):
         config, topic = self._store()
         options = self.options
         reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
-        return reader(config, topic, selection_of(options), _task_bytes(options))
+        min_tasks = _min_tasks(options, self.min_tasks_default)
+        return reader(config, topic, selection_of(options), _task_bytes(options), min_tasks)
 
     def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
         config, topic = self._store()
@@ -75,10 +81,24 @@ def _append_only(overwrite: bool) -> None:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `spark.read.format("levelzero")` available in this session. Where Spark plans each
+    """Make `spark.read.format("levelzero")` available in this session, its batch reads cut
+    into at least the session's default parallelism of tasks (option min_tasks). Where Spark plans each
     scan from its own pushed filters, Python data-source filter pushdown is turned on too (the
     reader then takes filters on topic, partition and offset; Spark refuses a reader that takes
     filters while the setting is off, so elsewhere the reader has no `pushFilters`)."""
     if PLAN_SCOPED_TO_SCAN:
         spark.conf.set(PUSHDOWN_CONF, "true")
-    spark.dataSource.register(LevelZeroDataSource)
+    spark.dataSource.register(_with_parallelism(spark))
+
+
+def _with_parallelism(spark: SparkSession) -> type[LevelZeroDataSource]:
+    """The data source with the session's default parallelism as its tasks' minimum (as Spark
+    splits a file read into at least that many tasks): a subclass made here, which Spark
+    pickles by value (it is no module's attribute), so the number reaches the Python workers
+    that plan the read. A session without a SparkContext (Spark Connect) keeps the minimum 1."""
+    try:
+        parallelism = spark.sparkContext.defaultParallelism
+    except Exception:  # noqa: BLE001 - Spark Connect raises its own error for sparkContext
+        return LevelZeroDataSource
+    assert parallelism >= 1, parallelism
+    return type("LevelZeroDataSource", (LevelZeroDataSource,), {"min_tasks_default": parallelism})

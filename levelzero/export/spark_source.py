@@ -30,8 +30,9 @@ Planning (driver) reads the control plane in one read-only snapshot (SQLite read
 PostgreSQL REPEATABLE READ) and replays each partition's snapshot plus log with the pure state
 machine: that gives the readable range (start offset to high watermark), the LRO and the term
 lineage. Offsets up to the LRO come from valid L1 objects (the L1 metastore), the unreconciled
-tail from the L0 extents the placeholders point at. Each object range becomes one Spark
-partition; executors read the objects themselves, through the daemon's own object-store code.
+tail from the L0 extents the placeholders point at. The object ranges are grouped into Spark
+partitions (tasks) of about equal bytes (`tasks`); executors read the objects themselves, through
+the daemon's own object-store code, an Arrow batch per range.
 """
 
 from __future__ import annotations
@@ -466,8 +467,8 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
     count = len(records)
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([r.topic] * count, pa.string()),
-            pa.array([r.partition] * count, pa.int32()),
+            pa.repeat(pa.scalar(r.topic, pa.string()), count),
+            pa.repeat(pa.scalar(r.partition, pa.int32()), count),
             offsets,
             _timestamps([rec.timestamp_ms for rec in records], SCHEMA.field("timestamp").type),
             pa.array([rec.key for rec in records], pa.binary()),
@@ -582,23 +583,30 @@ class _Partition(InputPartition):
         self.ranges = tuple(ranges)
 
 
-def tasks(ranges: Sequence[ObjectRange], task_bytes: int) -> list[list[ObjectRange]]:
-    """`ranges` in order, cut into tasks of about `task_bytes` (a range is never split; one
-    larger than that is a task of its own). A task costs Spark a scheduling round trip and a
+def tasks(ranges: Sequence[ObjectRange], task_bytes: int, min_tasks: int = 1) -> list[list[ObjectRange]]:
+    """`ranges` in order, cut into tasks of about equal bytes: as many as `task_bytes` asks for
+    (a range is never split; one larger than that is a task of its own), and at least
+    `min_tasks` when there are as many ranges. A task costs Spark a scheduling round trip and a
     Python worker's call: object ranges of a few MB each, one task apiece, spent more time on
     that than on reading (as Spark groups the files of a Parquet read into tasks of
-    spark.sql.files.maxPartitionBytes)."""
-    assert task_bytes > 0, task_bytes
-    out: list[list[ObjectRange]] = []
-    size = 0
-    for r in ranges:
-        if out and size + r.size_bytes <= task_bytes:
-            out[-1].append(r)
-            size += r.size_bytes
-        else:
-            out.append([r])
-            size = r.size_bytes
-    return out
+    spark.sql.files.maxPartitionBytes, and into at least as many as the session's default
+    parallelism). Equal shares, not tasks filled up to `task_bytes` one after the other: the
+    item's 208 MB read was a task of 128 MiB and one of 74 MB, one core idle for a third of it.
+    A range goes to the share its middle byte falls in (as Parquet assigns row groups to
+    splits)."""
+    assert task_bytes > 0 and min_tasks > 0, (task_bytes, min_tasks)
+    if not ranges:
+        return []
+    weights = [max(r.size_bytes, 1) for r in ranges]
+    total = sum(weights)
+    count = max(-(-total // task_bytes), min(min_tasks, len(ranges)))
+    share = total / count
+    out: list[list[ObjectRange]] = [[] for _ in range(count)]
+    before = 0
+    for r, weight in zip(ranges, weights, strict=True):
+        out[min(count - 1, int((before + weight / 2) / share))].append(r)
+        before += weight
+    return [task for task in out if task]
 
 
 # Whether Spark keeps the read planned with pushed filters to the one scan that pushed them.
@@ -613,13 +621,15 @@ PLAN_SCOPED_TO_SCAN = hasattr(DataSourceReader, "pushLimit")
 class LevelZeroReader(DataSourceReader):
     """Reads the object ranges its selection (the options) plans."""
 
-    def __init__(self, config: Config, topic: str, selection: Selection, task_bytes: int) -> None:
+    def __init__(
+        self, config: Config, topic: str, selection: Selection, task_bytes: int, min_tasks: int = 1
+    ) -> None:
         self.config, self.topic, self.selection = config, topic, selection
-        self.task_bytes = task_bytes
+        self.task_bytes, self.min_tasks = task_bytes, min_tasks
 
     def partitions(self) -> Sequence[InputPartition]:
         ranges = plan(self.config, self.topic, self.selection)
-        return [_Partition(task) for task in tasks(ranges, self.task_bytes)]
+        return [_Partition(task) for task in tasks(ranges, self.task_bytes, self.min_tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.config, partition)
@@ -666,6 +676,14 @@ def selection_of(options: Mapping[str, str]) -> Selection:
 
 def _task_bytes(options: Mapping[str, str]) -> int:
     return _int_option(options, "task_bytes") or TASK_BYTES_DEFAULT
+
+
+def _min_tasks(options: Mapping[str, str], default: int) -> int:
+    """Option `min_tasks` (at least 1), else `default` (the session's default parallelism)."""
+    value = _int_option(options, "min_tasks")
+    if value == 0:
+        raise ExportError("option min_tasks='0': must be >= 1")
+    return default if value is None else value
 
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"

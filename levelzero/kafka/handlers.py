@@ -13,6 +13,8 @@ is stored as an empty one.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 import anyio
@@ -32,6 +34,13 @@ from levelzero.kafka.produce import ProduceApi
 from levelzero.kafka.protocol import Request, api_versions_response
 from levelzero.kafka.transactions import TransactionCoordinator
 
+log = logging.getLogger(__name__)
+
+# Test use only: with this set to 1 retention and DeleteRecords move a start offset past open
+# transactions' first offsets (as before they were held there), leaving partitions as a restart
+# may find them in a store written then.
+UNHELD_START_OFFSET_ENV = "LEVELZERO_TEST_UNHELD_START_OFFSET"
+
 
 class Handlers:
     def __init__(self, node: Node, settings: KafkaSettings, intake: ProduceIntake | None = None) -> None:
@@ -45,8 +54,13 @@ class Handlers:
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
         self.transactions = TransactionCoordinator(self.intake, self.groups, cluster)
-        # retention never passes an open transaction's first offset
-        node.housekeeper.open_transactions = self.transactions.index.oldest_open
+        # retention and DeleteRecords never pass an open transaction's first offset
+        if os.environ.get(UNHELD_START_OFFSET_ENV) == "1":
+            log.warning(
+                "%s is set: start offsets pass open transactions (test use only)", UNHELD_START_OFFSET_ENV
+            )
+        else:
+            node.housekeeper.open_transactions = self.transactions.index.oldest_open
         self.producing = ProduceApi(self.intake, auto_create, self.transactions)
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)

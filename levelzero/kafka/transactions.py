@@ -870,6 +870,7 @@ class TransactionCoordinator:
                     [marker_record(txn.producer_id, prepared.producer_epoch, prepared.commit, self.clock())],
                     None,
                     gather_s=MARKER_GATHER_S,
+                    linger_s=self.intake.node.batcher.config.transaction_linger_ms / 1000,
                 )
             except LevelZeroError as exc:
                 if exc.code in ("unknown_topic", "unknown_partition"):

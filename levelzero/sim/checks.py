@@ -110,6 +110,9 @@ class Truth:
         self.deletes_under_pins = 0  # L0 deletes while a live reader held a pin (each checked)
         self.dropped = 0  # acknowledged records below the start offset at the last read-back
         self._published: dict[str, int] = {}
+        # pid -> the highest offset a DeleteRecords asked to delete below (sent, perhaps not
+        # answered): a start offset may move that far whatever retention allows
+        self.delete_records_below: dict[int, int] = {}
 
     def fail(self, invariant: str, message: str) -> None:
         self.world.fail(invariant, message)
@@ -145,7 +148,7 @@ class Truth:
     def _check_retention(self, pid: int, state: PartitionState, start: int) -> None:
         """A start offset moves no further than retention allows (the housekeeper's rule,
         `core.topic_configs.retention_start_offset`, over the partition's valid L1 objects now:
-        a bound that only grows with time)."""
+        a bound that only grows with time), or a DeleteRecords asked."""
         world = self.world
         valid = sorted(
             (
@@ -164,6 +167,7 @@ class Truth:
             world.retention_s,
             world.retention_bytes,
         )
+        allowed = max(allowed, self.delete_records_below.get(pid, 0))
         if start > allowed:
             self.fail(
                 "retention",

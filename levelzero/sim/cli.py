@@ -211,6 +211,7 @@ def _print_summary(s: Summary, first: int, count: int, args: argparse.Namespace,
         "read_committed records read / aborted skipped",
         f"{s.txn_records_read} / {s.txn_records_skipped}",
     )
+    _row(out, "DeleteRecords answered / held at a transaction", f"{s.txn_deletes} / {s.txn_deletes_held}")
     _row(out, "acknowledged records read back at the end", s.records_checked)
     _row(out, "acknowledged records dropped by retention", s.records_dropped)
     _row(out, "wall time (s) / seeds per s", f"{s.wall_s:.2f} / {s.seeds_per_s:.1f}")

@@ -555,6 +555,17 @@ def _txn_aborted_list_misses_a_range() -> contextlib.AbstractContextManager[None
     return _patched(PartitionTxns, "aborted_between", aborted_between)
 
 
+def _txn_start_offset_past_open_transaction() -> contextlib.AbstractContextManager[None]:
+    async def start_offset_held(
+        self: housekeeper_module.Housekeeper,  # noqa: ARG001
+        actor: PartitionActor,  # noqa: ARG001
+        offset: int,
+    ) -> int:
+        return offset  # should stop at the oldest open transaction's first offset
+
+    return _patched(housekeeper_module.Housekeeper, "start_offset_held", start_offset_held)
+
+
 def _control_plane_ignores_incarnation() -> contextlib.AbstractContextManager[None]:
     def ours(self: MemoryClusterControl, node_id: str, incarnation: int) -> Any:  # noqa: ARG001
         return self.nodes.get(node_id)  # whichever run of the node sent it
@@ -699,6 +710,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "txn_aborted_list_misses_a_range": (
         "a read_committed fetch's aborted-transactions list leaves out the oldest range",
         _txn_aborted_list_misses_a_range,
+    ),
+    "txn_start_offset_past_open_transaction": (
+        "DeleteRecords and retention move a start offset past an open transaction's first offset",
+        _txn_start_offset_past_open_transaction,
     ),
 }
 

@@ -87,6 +87,8 @@ class SimResult:
     txn_given_up: int
     txn_records_read: int
     txn_records_skipped: int
+    txn_deletes: int  # DeleteRecords answered
+    txn_deletes_held: int  # ... with the start offset held below the offset asked
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -255,6 +257,8 @@ def _result(
         txn_given_up=t.transactions - t.committed - t.aborted,
         txn_records_read=t.records_read,
         txn_records_skipped=t.aborted_skipped,
+        txn_deletes=t.deletes,
+        txn_deletes_held=t.deletes_held,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -341,6 +345,8 @@ class Summary:
     txn_given_up: int
     txn_records_read: int
     txn_records_skipped: int
+    txn_deletes: int
+    txn_deletes_held: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -390,6 +396,8 @@ _SUMMED = (
     "txn_given_up",
     "txn_records_read",
     "txn_records_skipped",
+    "txn_deletes",
+    "txn_deletes_held",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 

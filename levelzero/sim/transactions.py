@@ -15,7 +15,8 @@ again: the epoch bumps, the previous incarnation is fenced and its open transact
 produce requests given up while still queued (the restart races them), a producer stalled past its
 transaction timeout (the coordinator aborts), crashes of the node right before EndTxn and right
 after PREPARE_COMMIT/PREPARE_ABORT is durable (before the markers), on top of the world's
-crashes and faults.
+crashes and faults. In half of these seeds (a stream of their own) a client sends DeleteRecords,
+often just past an unfinished transaction's first record or a recent marker.
 
 The truth is the partitions' durable logs: every placeholder of a partition a transaction touched
 is decoded from its object as it becomes durable, so each transactional record is known with the
@@ -31,7 +32,10 @@ abort, or none yet). Checked:
   delivers every record of every committed transaction and none of an aborted one; a
   transaction whose EndTxn was answered commit (abort) is committed (aborted);
 - **4** — nothing is left open: no open range in the store, no transaction prepared, no
-  record without its marker.
+  record without its marker;
+- **DeleteRecords** — the start offset it answers never passes the first record of a
+  transaction whose marker is not durable (a restart completing it reads its range for the
+  marker).
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ CRASH_AFTER_PREPARE_P = 0.15  # ... or right after PREPARE_* is durable (before 
 BACKOFF_S = 0.1  # Kafka's retry.backoff.ms
 END_ATTEMPTS_MAX = 6
 READ_INTERVAL_S = 0.1
+DELETE_RECORDS_SHARE = 0.5  # of transactional seeds (a stream of their own): a DeleteRecords client
+DELETE_RECORDS_INTERVAL_S = 0.5  # mean, exponential: between its requests
 READ_BYTES = 4096
 PRODUCER_ID_SPACING = 1_000_000  # a node incarnation's producer ids begin at number * this
 VALUE = "t{seed}.{producer}.{txn}.{k}"
@@ -189,6 +195,8 @@ class TxnStats:
     reads: int = 0
     records_read: int = 0
     aborted_skipped: int = 0  # records a read_committed consumer skipped (aborted list)
+    deletes: int = 0  # DeleteRecords answered
+    deletes_held: int = 0  # ... with the start offset held below the offset asked
 
 
 class TransactionSim:
@@ -196,6 +204,10 @@ class TransactionSim:
         self.world = world
         self.enabled = enabled
         self.rng = random.Random(f"transactions-workload-{world.seed}")
+        # DeleteRecords requests: a stream of their own, so the rest of the workload draws as
+        # it did without them
+        self.delete_rng = random.Random(f"transactions-delete-records-{world.seed}")
+        self.deleting = enabled and self.delete_rng.random() < DELETE_RECORDS_SHARE
         self.stats = TxnStats()
         self.truth: dict[int, PartitionTruth] = {}  # pid -> what its durable log holds
         self.txns: list[Txn] = []
@@ -334,6 +346,8 @@ class TransactionSim:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             tg.start_soon(self._reader)
+            if self.deleting:
+                tg.start_soon(self._deleter)
             for i in range(self.rng.randint(*PRODUCERS)):
                 self._producing += 1
                 tg.start_soon(self._producer, i, partitions)
@@ -667,6 +681,74 @@ class TransactionSim:
                 else self.rng.randint(state.start_offset, max(state.high_watermark - 1, state.start_offset))
             )
             await self._read(pid, max(offset, 0))
+
+    async def _deleter(self) -> None:
+        """DeleteRecords, often just past the first record of an unfinished transaction or
+        just past a marker (a prepared transaction's, its completion perhaps not stored): the
+        start offset never passes the first offset of a transaction open in the partition, so
+        a restart completing it finds its records and marker (read_committed and the outcome
+        checks speak of the rest)."""
+        world, rng = self.world, self.delete_rng
+        while world.phase != "quiet":
+            await anyio.sleep(rng.expovariate(1.0 / DELETE_RECORDS_INTERVAL_S))
+            if not self.truth:
+                continue
+            pid = rng.choice(sorted(self.truth))
+            truth = self.truth[pid]
+            state = world.truth.shadow.get(pid)
+            if state is None or state.high_watermark <= state.start_offset:
+                continue
+            choices = [r.offsets[0] + 1 for r in truth.current.values()]
+            choices += [r.marker + 1 for r in truth.runs[-3:] if r.marker >= 0]
+            if choices and rng.random() < 0.8:
+                offset = rng.choice(choices)
+            else:
+                offset = rng.randint(state.start_offset, state.high_watermark)
+            await self._delete(pid, min(offset, state.high_watermark))
+
+    async def _delete(self, pid: int, offset: int) -> None:
+        """One DeleteRecords, checked: the start offset it answers is never past the first
+        record of a transaction whose marker is not durable (retention may have moved it past
+        the offset asked; the world's retention check bounds it by the offsets asked)."""
+        world = self.world
+        row = world.log_store.partitions[pid]
+        _, module = _schema(21, 2)
+        first_unfinished = self.truth[pid].first_unfinished()
+        below = world.truth.delete_records_below
+        below[pid] = max(below.get(pid, 0), offset)
+        answer = await self._call(
+            21,
+            2,
+            5.0,
+            timeout=5000,
+            topics=(
+                make(
+                    module.DeleteRecordsTopic,
+                    name=row.topic,
+                    partitions=(
+                        make(module.DeleteRecordsPartition, partition_index=row.partition, offset=offset),
+                    ),
+                ),
+            ),
+        )
+        if answer is None:
+            return
+        (result,) = answer.topics[0].partitions
+        if result.error_code != ErrorCode.none:
+            return
+        self.stats.deletes += 1
+        low = int(result.low_watermark)
+        name = world.partition_name(pid)
+        world.note(f"DeleteRecords {name} below {offset}: the start offset {low}")
+        if low < offset:
+            self.stats.deletes_held += 1
+        unfinished = self.truth[pid].first_unfinished()
+        if first_unfinished is not None and unfinished == first_unfinished and low > first_unfinished:
+            world.fail(
+                "txn",
+                f"{name}: DeleteRecords moved the start offset to {low}, past {first_unfinished}, "
+                "a record of a transaction whose marker is not durable",
+            )
 
     async def _read(self, pid: int, offset: int) -> tuple[int, int, list[bytes]] | None:
         """One read_committed Fetch at `offset`, checked: (next offset, last stable offset,

@@ -6,7 +6,7 @@ refused and its object collected, reads in flight never failing."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -20,7 +20,7 @@ from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.protocols import L1State, ObjectStore
+from levelzero.storage.protocols import DeleteResult, L1State, ObjectStore
 from levelzero.testing.faulty_store import FaultSpec, FaultyObjectStore
 from levelzero.testing.nodes import hand_run_config, running_node
 
@@ -291,6 +291,62 @@ async def test_a_failed_delete_of_a_superseded_object_is_retried_alone() -> None
         assert await t.node.l1.retry_deletes() == 1
         assert {r.key: r.state for r in await t.log_store.l1_list()}[first] == L1State.DELETE_FINISHED
         assert await t.read_all() == [(1, b"a", b"2")]
+
+
+class GatedDeletes(MemoryObjectStore):
+    """The first delete of `key` waits for `gate`, then fails; later ones go through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.key = ""
+        self.gate = anyio.Event()
+        self.waiting = anyio.Event()
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        if self.key in keys:
+            self.key = ""
+            self.waiting.set()
+            await self.gate.wait()
+            raise StorageError("injected: the delete timed out")
+        return await super().delete_many(keys)
+
+
+async def test_a_retry_failing_while_another_path_finished_the_same_delete_notes_it_afresh() -> None:
+    """A retried delete on its way while another path (a collection, a compaction's clean-up)
+    finishes the same key, then failing, leaves a fresh entry, not a broken count (found by the
+    simulation's seed 473: the retry asserted its entry had one failure more)."""
+    objects = FaultyObjectStore(GatedDeletes(), FaultSpec())
+    gated = objects.inner
+    assert isinstance(gated, GatedDeletes)
+    async with compacted_topic(objects) as t:
+        for value in (b"1", b"2"):
+            await t.reconciled([(b"a", value)])
+        first, _ = await t.l1_keys_by_offset()
+        objects.fail_deletes(first, times=1)
+        assert await t.node.compactor.run_round() == 1
+        before = t.node.l1.pending_deletes.get(first)
+        assert before is not None and before.failures == 1
+        t.wall.now += 3600
+        gated.key = first
+        async with anyio.create_task_group() as tg:
+            retried: list[int] = []
+
+            async def retry() -> None:
+                retried.append(await t.node.l1.retry_deletes())
+
+            tg.start_soon(retry)
+            await gated.waiting.wait()
+            await t.node.l1.finish_superseded([first], "c/0")  # the other path: it goes
+            assert t.node.l1.pending_deletes.get(first) is None
+            t.wall.now += 1
+            gated.gate.set()
+        assert retried == [0]
+        again = t.node.l1.pending_deletes.get(first)
+        assert again is not None and again.failures == 1 and again.since == t.wall.now
+        assert first not in gated._objects  # the other path's delete went
+        t.wall.now += 3600
+        assert await t.node.l1.retry_deletes() == 1
+        assert t.node.l1.pending_deletes.get(first) is None
 
 
 class FailingGets(MemoryObjectStore):

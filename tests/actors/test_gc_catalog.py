@@ -255,25 +255,28 @@ async def test_a_file_made_before_the_catalog_index_gets_it_on_open(tmp_path) ->
 
 
 class SlowMarks(MemoryLogStore):
-    """A catalog whose marks wait until `release` is set; counts the marks waiting."""
+    """A catalog whose marks wait until `release` is set; counts the marks waiting and records
+    each mark's keys."""
 
     def __init__(self) -> None:
         super().__init__()
         self.release = anyio.Event()
         self.waiting = 0
         self.most_waiting = 0
+        self.marks: list[int] = []  # keys per mark call
 
     async def mark_l0_deleted(self, keys, at, m) -> None:
         self.waiting += 1
         self.most_waiting = max(self.most_waiting, self.waiting)
         try:
             await self.release.wait()
+            self.marks.append(len(keys))
             await super().mark_l0_deleted(keys, at, m)
         finally:
             self.waiting -= 1
 
 
-async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_mark() -> None:
+async def test_deletes_go_on_while_a_mark_commits_and_the_next_mark_takes_every_key_gathered() -> None:
     wall = WallClock()
     inner, log_store = MemoryObjectStore(clock=wall), SlowMarks()
     store = HookedStore(inner)
@@ -286,7 +289,7 @@ async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_ma
         deletes_in_flight_max=2,
     )
     await gc.run_round()
-    keys = [l0_key(i % 1000, 1 + i % 3, i) for i in range(4500)]  # five batches
+    keys = [l0_key(i % 1000, 1 + i % 3, i) for i in range(7500)]  # eight batches
     await put_l0(inner, log_store, keys)
 
     reports = []
@@ -297,17 +300,27 @@ async def test_deletes_go_on_while_marks_commit_and_the_round_waits_for_every_ma
     async with anyio.create_task_group() as tg:
         tg.start_soon(round_)
         with anyio.fail_after(5):
-            # more batches than deleters, while both marks wait: no delete waited for a mark
-            while len(store.delete_batches) < 3 or log_store.waiting < 2:
+            # The first mark (batch 1) waits; deletes go on: batches 2 and 3 fill the unmarked
+            # keys' bound (2 x 1,000), batches 4 and 5 are deleted and wait for room.
+            while len(store.delete_batches) < 5 or log_store.waiting < 1:
                 await anyio.sleep(0.001)
-        assert log_store.waiting == 2  # bounded by deletes_in_flight_max
+        for _ in range(100):  # and no further
+            await anyio.sleep(0)
+        assert len(store.delete_batches) == 5
+        assert log_store.waiting == 1  # one mark at a time
         assert not reports  # the round waits for its marks
         log_store.release.set()
     (report,) = reports
-    assert (report.deleted, report.delete_requests) == (4500, 5)
+    assert (report.deleted, report.delete_requests) == (7500, 8)
     assert l0_keys(inner) == []
     assert await log_store.l0_live_objects(3) == []  # every deleted key is marked
-    assert log_store.most_waiting == 2
+    assert log_store.most_waiting == 1
+    # The first batch alone, then every key gathered meanwhile in one mark: fewer marks than
+    # deletes, each within the bound plus a batch.
+    assert log_store.marks[:2] == [1000, 2000]
+    assert sum(log_store.marks) == 7500
+    assert len(log_store.marks) < 8
+    assert max(log_store.marks) < 3000
 
 
 async def test_a_mark_staged_before_a_record_in_one_batch_still_finds_its_row(tmp_path) -> None:
@@ -331,18 +344,15 @@ async def test_a_mark_staged_before_a_record_in_one_batch_still_finds_its_row(tm
     assert marked == [(old, 200.0, 1), (new, 200.0, 1)]
 
 
-class FailingMarks(SlowMarks):
-    """Marks wait together, then all fail at once (as every job of a failed commit does)."""
+class FailingMarks(MemoryLogStore):
+    """Every mark fails (a failed commit of the log store)."""
 
     async def mark_l0_deleted(self, keys, at, m) -> None:
-        self.waiting += 1
-        if self.waiting == 2:
-            self.release.set()
-        await self.release.wait()
+        await anyio.sleep(0)
         raise StorageError("log store: disk I/O error (test)")
 
 
-async def test_marks_failing_together_fail_the_round_with_the_storage_error() -> None:
+async def test_a_failing_mark_fails_the_round_with_the_storage_error() -> None:
     wall = WallClock()
     inner, log_store = MemoryObjectStore(clock=wall), FailingMarks()
     gc = make_gc(

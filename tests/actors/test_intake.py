@@ -319,3 +319,37 @@ async def test_a_gathering_record_set_waits_for_the_next_and_shares_its_round() 
             assert (marker.base_offset, data.base_offset) == (0, 1)
             assert rounds == [3]  # one write for both
             tg.cancel_scope.cancel()
+
+
+async def test_a_record_set_with_a_linger_cuts_the_batch_window_for_its_round() -> None:
+    """`linger_s` (a transaction's marker: its producer's next transaction waits on the round):
+    the batch window that takes the round is cut then, not at the batcher's `linger_ms`; what
+    the window already held goes in the same object."""
+    config = NodeConfig(
+        epoch_bump_interval_s=None,
+        batcher=BatcherConfig(linger_ms=WAIT_FOREVER_S * 1000),
+        reconciler=ReconcilerConfig(enabled=False),
+        housekeeper=HousekeeperConfig(enabled=False),
+    )
+    async with running_node(config, MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 2)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            plain = intake.submit(TOPIC, 1, [Record(None, b"p")], None)
+            assert isinstance(plain, Pending)
+            await anyio.wait_all_tasks_blocked()  # in the window, which lingers
+            assert not plain.done.is_set() and node.batcher.stats.objects_uploaded == 0
+            marker = intake.submit(TOPIC, 0, [Record(None, b"m")], None, linger_s=0.0)
+            data = intake.submit(TOPIC, 0, [Record(None, b"d")], None)
+            assert isinstance(marker, Pending) and isinstance(data, Pending)
+            await anyio.wait_all_tasks_blocked()
+            assert marker.done.is_set() and data.done.is_set() and plain.done.is_set()
+            assert (marker.error, data.error, plain.error) == (None, None, None)
+            assert (marker.base_offset, data.base_offset, plain.base_offset) == (0, 1, 0)
+            assert node.batcher.stats.objects_uploaded == 1  # the plain record went with them
+            later = intake.submit(TOPIC, 1, [Record(None, b"q")], None)
+            assert isinstance(later, Pending)
+            await anyio.wait_all_tasks_blocked()
+            assert not later.done.is_set()  # the next window lingers again
+            tg.cancel_scope.cancel()

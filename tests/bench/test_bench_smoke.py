@@ -277,6 +277,27 @@ def test_quick_analysis_times_the_report_against_a_hand_written_job(tmp_path: Pa
         assert len(notes[f"{side}_load"][0]) == 2 and min(notes[f"{side}_load"][0]) >= 0
 
 
+def test_quick_records_figure_alone_scans_both_sides_in_as_many_tasks(tmp_path: Path) -> None:
+    """`python -m levelzero.bench.analysis records`: the batch records figure without the
+    analysis runs, with each side's tasks, CPU seconds per scan and the load in its notes."""
+    results_path = tmp_path / "records.json"
+    assert analysis_main(["records", "--quick", "--out", str(results_path)]) == 0
+    (records,) = json.loads(results_path.read_text())
+    assert (records["unit"], records["sut_label"]) == ("MB/s", 'format("levelzero")')
+    assert records["target"] == {"bound": 0.5, "higher_is_better": True}
+    assert records["sut"] > 0 and records["floor"] > 0 and records["ratio"] > 0
+    notes = records["notes"]
+    assert notes["records"] == 8_000 and notes["scans_per_side_per_round"] == 2
+    # The data source and the ceiling run in local[2]'s parallelism of tasks (the 4 MB Parquet
+    # file is one split: below Spark's 4 MiB open cost per split).
+    assert notes["tasks"] == {"levelzero": 2, "parquet": 1, "ceiling": 2}
+    cpu = notes["cpu_s_per_scan"]
+    assert all(cpu[side]["jvm"] > 0 for side in ("levelzero", "parquet", "ceiling"))
+    assert cpu["levelzero"]["python_workers"] > 0 and cpu["ceiling"]["python_workers"] > 0
+    assert notes["cpu_ratio"] > 0
+    assert len(notes["load"]) == 2 and min(notes["load"]) >= 0  # before the round, after the last
+
+
 def test_quick_stream_figure_streams_both_sides_in_the_same_micro_batches(tmp_path: Path) -> None:
     """The streaming figure's floor does the stream's work: Spark's Parquet stream over the same
     records, one file per micro-batch, read in as many micro-batches of as many records as the

@@ -324,6 +324,42 @@ def test_object_ranges_are_grouped_into_tasks_of_about_task_bytes() -> None:
     assert shape(tasks(sized(300, 10, 10), 100)) == [[300], [10, 10]]  # never split
     assert shape(tasks(sized(5, 5), 1)) == [[5], [5]]
     assert tasks([], 100) == []
+    # Equal shares, not the first task filled up to task_bytes (that gave [100] and [40]): a
+    # range goes where its middle byte falls.
+    assert shape(tasks(sized(60, 10, 10, 10, 10, 10, 10, 10, 10), 100)) == [[60, 10], [10] * 7]
+    # At least min_tasks (the session's parallelism) while there are ranges for them.
+    assert shape(tasks(sized(10, 10, 10, 10), 100, min_tasks=2)) == [[10, 10], [10, 10]]
+    assert shape(tasks(sized(10, 10, 10), 100, min_tasks=8)) == [[10], [10], [10]]
+    assert shape(tasks(sized(10, 10, 10, 10), 100)) == [[10, 10, 10, 10]]
+
+
+def test_a_read_is_cut_into_the_sessions_parallelism_of_tasks_unless_min_tasks_says(
+    tmp_path: Path, spark
+) -> None:
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("m", 1)
+            for _ in range(4):
+                await client.produce("m", 0, [b"z" * 100] * 10)
+
+    anyio.run(scenario)
+    from pyspark.sql import functions as F
+
+    def load(**options: str):
+        reader = spark.read.format("levelzero").option("data_dir", str(tmp_path))
+        return reader.options(**options).load("m")
+
+    # Four extents of a few KB, far below task_bytes: one task once, one core idle on local[2].
+    df = load()
+    assert df.rdd.getNumPartitions() == spark.sparkContext.defaultParallelism == 2
+    per_task = df.groupBy(F.spark_partition_id().alias("task")).count().collect()
+    assert sorted(r["count"] for r in per_task) == [20, 20]
+    assert load(min_tasks="1").rdd.getNumPartitions() == 1
+    assert load(min_tasks="3").rdd.getNumPartitions() == 3
+    assert load(min_tasks="9").count() == 40  # never more tasks than ranges, every record once
+    assert load(min_tasks="9").rdd.getNumPartitions() == 4
+    with pytest.raises(Exception, match="option min_tasks='0': must be >= 1"):
+        load(min_tasks="0").count()
 
 
 def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path, spark) -> None:

@@ -1,17 +1,23 @@
-"""A prepared transaction left by a SIGKILL whose range's first offset retention (here
-DeleteRecords) has removed before the restart completes it. The restart reads the partition from
-its log start offset for a marker that may be stored: reading from the range's first offset is
-refused (outside the readable range), which held the last stable offset and InitProducerId of
-the transactional id for ever.
+"""A prepared transaction left by a SIGKILL, and DeleteRecords past its range's first offset
+before the restart completes it.
 
-- Markers never written (`LEVELZERO_TEST_HOLD_TXN_MARKERS`): none is found, and no record of a
-  next transaction can be there, so the marker is written; the last stable offset reaches the
-  high watermark and the id's InitProducerId succeeds.
-- Markers written, the completion not stored (`LEVELZERO_TEST_HOLD_TXN_COMPLETION`), the next
-  transaction's records behind the abort marker, retention past the marker: a marker written
-  now would take the next transaction's records into the aborted range. The range is closed
-  below the start offset without one, and the next transaction (which could hold records of the
-  aborted one) is fenced and aborted: read_committed returns none of its records."""
+- DeleteRecords is held at the first offset of a transaction open in the partition (as retention
+  is): the restart finds the transaction's records and its marker where they were written, and
+  completes it exactly (a commit reads whole; an abort's records, and those of the producer's
+  next transaction behind its marker, are never read_committed).
+- With the start offset moved past the range anyway (`LEVELZERO_TEST_UNHELD_START_OFFSET`, as a
+  store written before the hold may have it), the restart reads the partition from its log
+  start offset for a marker that may be stored: reading from the range's first offset is
+  refused (outside the readable range), which held the last stable offset and InitProducerId
+  of the transactional id for ever.
+  - Markers never written (`LEVELZERO_TEST_HOLD_TXN_MARKERS`): none is found, and no record of a
+    next transaction can be there, so the marker is written; the last stable offset reaches
+    the high watermark and the id's InitProducerId succeeds.
+  - Markers written, the completion not stored (`LEVELZERO_TEST_HOLD_TXN_COMPLETION`), the next
+    transaction's records behind the abort marker, the start past the marker: a marker written
+    now would take the next transaction's records into the aborted range. The range is closed
+    below the start offset without one, and the next transaction (which could hold records of
+    the aborted one) is fenced and aborted: read_committed returns none of its records."""
 
 from __future__ import annotations
 
@@ -84,11 +90,15 @@ def stable(port: int) -> tuple[int, int]:
     return found
 
 
-def start(tmp_path: Path, hold: str) -> tuple[DaemonProcess, int]:
+UNHELD = "LEVELZERO_TEST_UNHELD_START_OFFSET"
+
+
+def start(tmp_path: Path, hold: str, *, unheld: bool = False) -> tuple[DaemonProcess, int]:
     port = free_port()
-    daemon = DaemonProcess(
-        tmp_path / "data", tmp_path, env={"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{port}", hold: "1"}
-    )
+    env = {"LEVELZERO_KAFKA_LISTEN": f"127.0.0.1:{port}", hold: "1"}
+    if unheld:
+        env[UNHELD] = "1"
+    daemon = DaemonProcess(tmp_path / "data", tmp_path, env=env)
     daemon.start()
     with daemon.http() as http:
         created = http.post("/v1/topics", json={"name": TOPIC, "partitions": 1})
@@ -111,22 +121,88 @@ def init_succeeds(port: int, tid: str) -> None:
     producer.commit_transaction(30)
 
 
-def test_prepared_transaction_whose_first_offset_retention_removed_completes_after_restart(
+def prepared_commit(port: int) -> None:
+    """b"before" at 0, a transaction of three records at 1-3 committed (its markers held)."""
+    plain = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True})
+    plain.produce(TOPIC, value=b"before", partition=0)
+    assert plain.flush(30) == 0
+    txn = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "kept"})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    for i in range(3):
+        txn.produce(TOPIC, value=b"txn-%d" % i, partition=0)
+    txn.commit_transaction(30)  # PREPARE_COMMIT durable; no marker written
+    assert ends(port) == (1, 4)  # the range (offset 1 on) holds the last stable offset
+
+
+def aborted_beside_next(port: int) -> Producer:
+    """A transaction of two records at 0-1 aborted (its marker at 2, its completion held), the
+    producer's next transaction's two records at 3-4 behind it; the producer."""
+    txn = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "next"})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    for i in range(2):
+        txn.produce(TOPIC, value=b"aborted-%d" % i, partition=0)
+    assert txn.flush(30) == 0
+    txn.abort_transaction(30)  # abort marker at 2, the completion never stored
+    txn.begin_transaction()
+    for i in range(2):
+        txn.produce(TOPIC, value=b"next-%d" % i, partition=0)
+    assert txn.flush(30) == 0  # at 3 and 4, behind the abort marker
+    assert ends(port) == (0, 5)
+    return txn
+
+
+def test_delete_records_is_held_at_a_prepared_commits_first_offset_and_the_restart_commits_it_whole(
     tmp_path: Path,
 ) -> None:
     hold = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
     daemon, port = start(tmp_path, hold)
     try:
-        plain = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "enable.idempotence": True})
-        plain.produce(TOPIC, value=b"before", partition=0)
-        assert plain.flush(30) == 0
-        txn = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "kept"})
-        txn.init_transactions(30)
-        txn.begin_transaction()
-        for i in range(3):
-            txn.produce(TOPIC, value=b"txn-%d" % i, partition=0)
-        txn.commit_transaction(30)  # PREPARE_COMMIT durable; no marker written
-        assert ends(port) == (1, 4)  # the range (offset 1 on) holds the last stable offset
+        prepared_commit(port)
+        assert delete_below(port, 3) == 1  # held at the open range's first offset
+        assert delete_below(port, -1) == 1  # the high watermark too
+        assert ends(port) == (1, 4)
+
+        restart_without(daemon, hold)
+        # The marker is written at 4: the transaction completes whole.
+        assert stable(port) == (5, 5)
+        assert read_committed(port) == [b"txn-0", b"txn-1", b"txn-2"]
+        assert delete_below(port, 3) == 3  # complete: nothing holds the start offset
+        init_succeeds(port, "kept")
+        assert read_committed(port) == [b"txn-2", b"later"]
+    finally:
+        daemon.cleanup()
+
+
+def test_delete_records_is_held_at_a_prepared_aborts_first_offset_and_the_restart_aborts_it(
+    tmp_path: Path,
+) -> None:
+    hold = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
+    daemon, port = start(tmp_path, hold)
+    try:
+        aborted_beside_next(port)
+        # The aborted range stays open until its completion is stored: its marker is kept.
+        assert delete_below(port, 3) == 0
+
+        restart_without(daemon, hold)
+        # The restart finds the abort marker at 2 (none written again), and the next
+        # transaction is aborted: read_committed reads none of either.
+        assert stable(port) == (6, 6)
+        assert read_committed(port) == []
+        init_succeeds(port, "next")
+        assert read_committed(port) == [b"later"]
+    finally:
+        daemon.cleanup()
+
+
+def test_prepared_transaction_whose_first_offset_retention_removed_completes_after_restart(
+    tmp_path: Path,
+) -> None:
+    hold = "LEVELZERO_TEST_HOLD_TXN_MARKERS"
+    daemon, port = start(tmp_path, hold, unheld=True)
+    try:
+        prepared_commit(port)
         assert delete_below(port, 3) == 3  # past the range's first offset
 
         restart_without(daemon, hold)
@@ -143,20 +219,9 @@ def test_an_aborted_prepared_transaction_whose_marker_retention_removed_fences_t
     tmp_path: Path,
 ) -> None:
     hold = "LEVELZERO_TEST_HOLD_TXN_COMPLETION"
-    daemon, port = start(tmp_path, hold)
+    daemon, port = start(tmp_path, hold, unheld=True)
     try:
-        txn = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "next"})
-        txn.init_transactions(30)
-        txn.begin_transaction()
-        for i in range(2):
-            txn.produce(TOPIC, value=b"aborted-%d" % i, partition=0)
-        assert txn.flush(30) == 0
-        txn.abort_transaction(30)  # abort marker at 2, the completion never stored
-        txn.begin_transaction()
-        for i in range(2):
-            txn.produce(TOPIC, value=b"next-%d" % i, partition=0)
-        assert txn.flush(30) == 0  # at 3 and 4, behind the abort marker
-        assert ends(port) == (0, 5)
+        txn = aborted_beside_next(port)
         assert delete_below(port, 3) == 3  # the abort marker gone, the next one's records kept
 
         restart_without(daemon, hold)

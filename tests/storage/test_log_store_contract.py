@@ -160,6 +160,27 @@ async def test_l0_catalog_records_once_marks_and_lists_live_objects_in_order(
         ]
 
 
+async def test_l0_catalog_marks_a_page_of_a_thousand_keys_in_one_call(backend: Backend) -> None:
+    """The GC marks a DeleteObjects page (1,000 keys) at a time; two pages marked together
+    (one group commit) and keys JSON would have to escape are marked exactly."""
+    async with await backend.open() as store:
+        keys = [f"level_zero/data/{i % 1000:03}/{1 + i % 3:018}/k{i:05}" for i in range(2_400)]
+        keys[7] = 'odd "quoted" \\ key'
+        rows = [L0ObjectRow(key, 1 + i % 3, 1, 1.0, 1) for i, key in enumerate(keys)]
+        for start in range(0, len(rows), 400):
+            async with anyio.create_task_group() as tg:
+                for row in rows[start : start + 400]:
+                    tg.start_soon(store.record_l0_object, row)
+        first, second = keys[:1000], keys[1000:2000]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.mark_l0_deleted, first, 5.0, 2)
+            tg.start_soon(store.mark_l0_deleted, second + ["no/such/key"], 6.0, 3)
+        live = await store.l0_live_objects(max_epoch=10, limit=10_000)
+        assert sorted(r.key for r in live) == sorted(keys[2000:])
+        await store.mark_l0_deleted(keys[2000:], 7.0, 3)
+        assert await store.l0_live_objects(max_epoch=10) == []
+
+
 async def test_store_satisfies_the_log_store_protocol(backend: Backend) -> None:
     async with await backend.open() as store:
         assert isinstance(store, LogStore)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import urllib.parse
+from typing import Any
 from pathlib import Path
 
 import anyio
@@ -493,41 +494,67 @@ async def test_the_log_table_holds_the_rows_the_append_statement_sends(postgres_
     assert expected[1][4:9] == ("advance_reconciled_offset", None, 0, 0, None)
 
 
-async def test_a_batch_is_answered_before_its_connection_goes_back_to_the_pool(
+async def test_a_writer_keeps_its_connection_from_batch_to_batch(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The callers of a batch of appends are told at the statement's answer, and its partition
-    and writer slot are free again, while the connection's release (asyncpg: a shielded task)
-    is still under way: here held until both appends of the partition returned."""
-    release = asyncpg.pool.Pool.release
-    gate = anyio.Event()
-    held: list[int] = []
+    """Appends one after another run on one writer's connection, taken from the pool once and
+    given back at the close: no acquire, no release (asyncpg: a shielded task) per batch."""
+    acquire, release = asyncpg.pool.Pool.acquire, asyncpg.pool.Pool.release
+    calls: list[str] = []
 
-    async def held_release(self: asyncpg.pool.Pool, connection: object, **kw: object) -> None:
-        if not held:
-            held.append(1)
-            await gate.wait()
+    def counted_acquire(self: asyncpg.pool.Pool, **kw: Any) -> Any:
+        calls.append("acquire")
+        return acquire(self, **kw)
+
+    async def counted_release(self: asyncpg.pool.Pool, connection: object, **kw: Any) -> None:
+        calls.append("release")
         await release(self, connection, **kw)
 
     async with await PostgresLogStore.open(postgres_dsn) as store:
         (p,) = await store.create_topic("t", 1, 1, 0.0)
         await store.begin_term(p.pid, 0, 0)
-        monkeypatch.setattr(asyncpg.pool.Pool, "release", held_release)
+        monkeypatch.setattr(asyncpg.pool.Pool, "acquire", counted_acquire)
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", counted_release)
+        for offset in range(1, 9):
+            await store.append(p.pid, 1, [placeholder_record(offset, 1, offset - 1)])
+        during = list(calls)
+        monkeypatch.setattr(asyncpg.pool.Pool, "acquire", acquire)  # the read: uncounted
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", release)
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == list(range(9))
+        monkeypatch.setattr(asyncpg.pool.Pool, "release", counted_release)
+    assert during == ["acquire"]
+    assert calls == ["acquire", "release"]  # given back at the close
+
+
+async def test_a_writer_whose_connection_the_server_ended_takes_another(postgres_dsn: str) -> None:
+    """A writer's held connection ended by the server between batches (a restart, an
+    administrator): the next batch fails on it, is resolved and runs on a new connection;
+    nothing is lost or written twice."""
+    async with await PostgresLogStore.open(postgres_dsn) as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        await store.append(p.pid, 1, [placeholder_record(1, 1, 0)])
+        admin = await asyncpg.connect(postgres_dsn)
         try:
-            with anyio.fail_after(30):  # a bound on a hang, not a timing: answered after the release, never
-                await store.append(p.pid, 1, [placeholder_record(1, 1, 0)])
-                assert held == [1] and not gate.is_set()
-                await store.append(p.pid, 1, [placeholder_record(2, 1, 1)])
+            ended = await admin.fetchval(
+                "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND application_name = 'levelzero') AS t"
+            )
         finally:
-            gate.set()
-        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0, 1, 2]
+            await admin.close()
+        assert ended >= 1
+        await store.append(p.pid, 1, [placeholder_record(2, 1, 1)])
+        await store.append(p.pid, 1, [placeholder_record(3, 1, 2)])
+        assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0, 1, 2, 3]
 
 
 async def test_a_release_that_fails_after_the_answer_runs_nothing_again(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch answered at its statement's answer is decided: a failure of the connection's
-    release afterwards is not a lost answer (no resolution, no second answer)."""
+    release afterwards (a writer gives its connection back at the close) is not a lost answer
+    (no resolution, no second answer) and does not fail the close."""
     release = asyncpg.pool.Pool.release
     failed: list[int] = []
 

