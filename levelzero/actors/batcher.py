@@ -298,32 +298,32 @@ class Batcher:
                         request = await self._requests.receive()  # nothing lingers: no deadline
                     except anyio.EndOfStream:
                         break
-                    batch.append(request)
-                    batch_bytes = len(request.data)
+                    batch_bytes = 0
                     deadline = anyio.current_time() + linger_s
-                    if request.linger_s is not None:
-                        deadline = min(deadline, anyio.current_time() + request.linger_s)
                     closed = False
                     # The batch lingers: one deadline for every request it waits for (a cancel
                     # scope and a timer a batch, not one a request). A request with a linger of
                     # its own (a transaction's marker) brings the deadline closer.
                     with anyio.CancelScope() as lingering:  # its deadline set before a wait
                         while True:
-                            # Take what is already queued without yielding: a `receive()` per
-                            # request would take one request per event-loop round.
-                            while batch_bytes < batch_bytes_max:
-                                try:
-                                    request = self._requests.receive_nowait()
-                                except anyio.WouldBlock:
-                                    break
-                                except anyio.EndOfStream:
-                                    closed = True
-                                    break
-                                if request.linger_s is not None:
-                                    deadline = min(deadline, anyio.current_time() + request.linger_s)
-                                batch.append(request)
-                                batch_bytes += len(request.data)
-                            if closed or batch_bytes >= batch_bytes_max or anyio.current_time() >= deadline:
+                            if request.linger_s is not None:
+                                deadline = min(deadline, anyio.current_time() + request.linger_s)
+                            batch.append(request)
+                            batch_bytes += len(request.data)
+                            if batch_bytes >= batch_bytes_max:
+                                break
+                            # Take what is already queued without yielding (a `receive()` per
+                            # request would take one request per event-loop round); wait for
+                            # more only when the queue is empty and the deadline ahead.
+                            try:
+                                request = self._requests.receive_nowait()
+                                continue
+                            except anyio.WouldBlock:
+                                pass
+                            except anyio.EndOfStream:
+                                closed = True
+                                break
+                            if anyio.current_time() >= deadline:
                                 break
                             if deadline < lingering.deadline:
                                 lingering.deadline = deadline  # still ahead: a timer, not a cancel
@@ -332,10 +332,6 @@ class Batcher:
                             except anyio.EndOfStream:
                                 closed = True
                                 break
-                            if request.linger_s is not None:
-                                deadline = min(deadline, anyio.current_time() + request.linger_s)
-                            batch.append(request)
-                            batch_bytes += len(request.data)
                     await self._staged.acquire()
                     tg.start_soon(self._upload_and_fence, batch)
                     batch = []
