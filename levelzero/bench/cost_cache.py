@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import resource
 import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -24,15 +25,9 @@ from typing import Any
 
 from levelzero.actors.node import Node, NodeConfig
 
+from .common import rss_bytes
 from .cost import MIB, Workload, measure
 from .loop import resolve_loop, run_async
-
-
-def _status_kib(name: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(name + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 def _one(workload: Workload, cache_mib: int, warm_up_s: float, window_s: float) -> dict[str, Any]:
@@ -64,8 +59,9 @@ def _one(workload: Workload, cache_mib: int, warm_up_s: float, window_s: float) 
         "reader_gets_uncached": m.readers_uncached.gets,
         "reader_get_mib": round((m.readers.l0_get_bytes + m.readers.l1_get_bytes) / MIB, 1),
         "cache": {k: v for k, v in cache_stats.items() if k != "bytes_max"},
-        "vm_hwm_mib": round(_status_kib("VmHWM") / 1024, 1),
-        "vm_rss_mib": round(_status_kib("VmRSS") / 1024, 1),
+        # the peak (VmHWM: ru_maxrss, KiB on Linux) and the resident set now
+        "vm_hwm_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "vm_rss_mib": round(rss_bytes() / MIB, 1),
     }
 
 
