@@ -275,14 +275,21 @@ async def test_a_pass_deletes_its_superseded_objects_in_one_request_and_keeps_it
         assert await t.read_all() == [(4, b"a", b"3"), (5, b"b", b"3")]
 
 
+async def superseded_delete_failed(t: CompactedTopic, objects: FaultyObjectStore) -> tuple[str, str]:
+    """Two values of one key in two L1 objects, then a compaction whose delete of the first
+    (superseded) object fails once: (the first, the second)."""
+    for value in (b"1", b"2"):
+        await t.reconciled([(b"a", value)])
+    first, second = await t.l1_keys_by_offset()
+    objects.fail_deletes(first, times=1)
+    assert await t.node.compactor.run_round() == 1
+    return first, second
+
+
 async def test_a_failed_delete_of_a_superseded_object_is_retried_alone() -> None:
     objects = FaultyObjectStore(MemoryObjectStore(), FaultSpec())
     async with compacted_topic(objects) as t:
-        for value in (b"1", b"2"):
-            await t.reconciled([(b"a", value)])
-        first, second = await t.l1_keys_by_offset()
-        objects.fail_deletes(first, times=1)
-        assert await t.node.compactor.run_round() == 1
+        first, second = await superseded_delete_failed(t, objects)
         states = {r.key: r.state for r in await t.log_store.l1_list()}
         assert (states[first], states[second]) == (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
         pending = t.node.l1.pending_deletes.get(first)
@@ -319,11 +326,7 @@ async def test_a_retry_failing_while_another_path_finished_the_same_delete_notes
     gated = objects.inner
     assert isinstance(gated, GatedDeletes)
     async with compacted_topic(objects) as t:
-        for value in (b"1", b"2"):
-            await t.reconciled([(b"a", value)])
-        first, _ = await t.l1_keys_by_offset()
-        objects.fail_deletes(first, times=1)
-        assert await t.node.compactor.run_round() == 1
+        first, _ = await superseded_delete_failed(t, objects)
         before = t.node.l1.pending_deletes.get(first)
         assert before is not None and before.failures == 1
         t.wall.now += 3600
