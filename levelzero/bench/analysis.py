@@ -20,22 +20,22 @@ each run (the machine is shared: compare wall times at like loads, CPU seconds a
 children's peak RSS.
 
 A second figure: the records themselves. A daemon (local object store) takes `records`
-records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; the same Spark session
-then counts them and sums their value lengths through the "levelzero" data source and through
-the Parquet file `levelzero export --records` wrote of the same records (two scans of each side
-before the clock; then rounds of two scans a side, interleaved A B B A); target >= 50%. MB/s =
-value bytes / wall time; ratio = data source over Parquet. Notes: the ceiling of any Python
-data source of this schema (arrow_source.py), each side's tasks, the CPU seconds per scan of
-the JVM and of the Python workers, the load. `python -m levelzero.bench.analysis records` runs
-this figure alone.
+records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; a Spark session of its own
+(not the one that generated the export) then counts them and sums their value lengths through
+the "levelzero" data source and through the Parquet file `levelzero export --records` wrote of
+the same records (two scans of each side before the clock; then rounds of two scans a side,
+interleaved A B B A); target >= 50%. MB/s = value bytes / wall time; ratio = data source over
+Parquet. Notes: the ceiling of any Python data source of this schema (arrow_source.py), each
+side's tasks, the CPU seconds per scan of the JVM and of the Python workers, the load.
+`python -m levelzero.bench.analysis records` runs this figure alone.
 
-A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches, a
-fresh checkpoint, the noop sink), records/s against Spark's own file stream source doing the
-same work: the same records as Parquet, one file per micro-batch, `maxFilesPerTrigger` 1,
-AvailableNow, a fresh checkpoint, the noop sink (both sides must count the records in four
-micro-batches); target >= 50%. Beside it, for information, the stream against one batch read of
-the records (no micro-batches, checkpoint or query start). `python -m levelzero.bench.analysis
-stream` runs these two alone.
+A third, in another session of its own: the same records streamed (`readStream`,
+Trigger.AvailableNow, four micro-batches, a fresh checkpoint, the noop sink), records/s against
+Spark's own file stream source doing the same work: the same records as Parquet, one file per
+micro-batch, `maxFilesPerTrigger` 1, AvailableNow, a fresh checkpoint, the noop sink (both sides
+must count the records in four micro-batches); target >= 50%. Beside it, for information, the
+stream against one batch read of the records (no micro-batches, checkpoint or query start).
+`python -m levelzero.bench.analysis stream` runs these two alone.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ import statistics
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,12 +280,20 @@ def _descendants_cpu_s(pid: int) -> tuple[float, float]:
     return _cpu_s(pid), below
 
 
-async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> list[Figure]:
+async def records_figure(root: Path, settings: Settings) -> list[Figure]:
+    """The batch read and the streaming figures of the same records, each in a session of its
+    own (as `records_only` and `stream_only` run them alone). Neither inherits the JVM that
+    generated the 3 M-row export, nor the other's: in that session (a heap and compiled code
+    shaped by its writes) Parquet's scans took 0.385-0.41 s of JVM CPU against 0.465-0.47 s in a
+    fresh one, the data source's 0.42 against 0.37-0.41, and the batch figure's worst quartile
+    was 41-42% against 52-55% (two runs each way, alternating, load 6-9)."""
     records = settings.pick(400_000, 8_000)
     data_dir = root / "records-data"
     await fill_records(data_dir, records)
-    batch = batch_records_figure(spark, root, data_dir, records, settings)
-    streaming = stream_figure(spark, root, data_dir, records, settings)
+    with _spark("levelzero-bench-analysis-records") as spark:
+        batch = batch_records_figure(spark, root, data_dir, records, settings)
+    with _spark("levelzero-bench-analysis-stream") as spark:
+        streaming = stream_figure(spark, root, data_dir, records, settings)
     return [batch, *streaming]
 
 
@@ -404,15 +413,12 @@ def batch_records_figure(
 async def records_only(settings: Settings) -> list[Figure]:
     """The batch records figure alone (the records filled as the item fills them), without the
     3 M-row analysis before it and the streaming figures after it."""
-    spark = _session("levelzero-bench-analysis-records")
-    try:
-        with work_dir(settings, ITEM) as root:
-            records = settings.pick(400_000, 8_000)
-            data_dir = root / "records-data"
-            await fill_records(data_dir, records)
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-records") as spark:
             return [batch_records_figure(spark, root, data_dir, records, settings)]
-    finally:
-        spark.stop()
 
 
 def stream_parquet_files(data_dir: Path, out_dir: Path, per_trigger: int) -> list[int]:
@@ -465,9 +471,14 @@ def stream_figure(
     up to the records, in STREAM_BATCHES_PER_READ micro-batches. An information row beside it:
     the stream against one batch read of the records (`read.format("levelzero")`) into the same
     sink, which has no micro-batches, checkpoint or query start to pay for."""
+    from levelzero.export.spark_datasource import register
+
     from .arrow_source import FORMAT_NAME as ARROW_FORMAT
+    from .arrow_source import ArrowFileSource
 
     rounds = settings.pick(settings.rounds, 1)
+    register(spark)
+    spark.dataSource.register(ArrowFileSource)
     per_trigger = max(1, records // STREAM_BATCHES_PER_READ)
     files = root / "stream-parquet"
     file_records = stream_parquet_files(data_dir, files, per_trigger)
@@ -605,20 +616,21 @@ def stream_figure(
 
 async def stream_only(settings: Settings) -> list[Figure]:
     """The streaming figures alone (the records filled as the item fills them), without the
-    analysis runs and the batch read that come first in the item."""
-    from levelzero.export.spark_datasource import register
-
-    from .arrow_source import ArrowFileSource
-
-    spark = _session("levelzero-bench-analysis-stream")
-    try:
-        with work_dir(settings, ITEM) as root:
-            records = settings.pick(400_000, 8_000)
-            data_dir = root / "records-data"
-            await fill_records(data_dir, records)
-            register(spark)
-            spark.dataSource.register(ArrowFileSource)
+    analysis runs and the batch read that come before them in the item."""
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-stream") as spark:
             return stream_figure(spark, root, data_dir, records, settings)
+
+
+@contextmanager
+def _spark(app_name: str) -> Iterator[SparkSession]:
+    """The item's local session (`_session`), stopped on the way out."""
+    spark = _session(app_name)
+    try:
+        yield spark
     finally:
         spark.stop()
 
@@ -766,15 +778,12 @@ async def analysis_figure(root: Path, export_dir: str, rows: int, rounds: int) -
 async def run(settings: Settings) -> list[Figure]:
     rows = settings.pick(LOG_ROWS, 50_000)
     rounds = settings.pick(settings.rounds, 1)
-    spark = _session("levelzero-bench-analysis")
-    try:
-        with work_dir(settings, ITEM) as root:
-            out = str(root / "export")
+    with work_dir(settings, ITEM) as root:
+        out = str(root / "export")
+        with _spark("levelzero-bench-analysis") as spark:
             generate_export(spark, out, rows)
-            analysis = await analysis_figure(root, out, rows, rounds)
-            records = await records_figure(spark, root, settings)
-    finally:
-        spark.stop()
+        analysis = await analysis_figure(root, out, rows, rounds)
+        records = await records_figure(root, settings)
     return [analysis, *records]
 
 
