@@ -20,16 +20,16 @@ each run (the machine is shared: compare wall times at like loads, CPU seconds a
 children's peak RSS.
 
 A second figure: the records themselves. A daemon (local object store) takes `records`
-records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; a Spark session of its own
-(not the one that generated the export) then counts them and sums their value lengths through
-the "levelzero" data source and through the Parquet file `levelzero export --records` wrote of
-the same records (two scans of each side before the clock; then rounds of two scans a side,
-interleaved A B B A); target >= 50%. MB/s = value bytes / wall time; ratio = data source over
-Parquet. Notes: the ceiling of any Python data source of this schema (arrow_source.py), each
-side's tasks, the CPU seconds per scan of the JVM and of the Python workers, the load.
-`python -m levelzero.bench.analysis records` runs this figure alone.
+records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; in a fresh process (not
+the JVM that generated the export), a session of its own then counts them and sums their value
+lengths through the "levelzero" data source and through the Parquet file `levelzero export
+--records` wrote of the same records (two scans of each side before the clock; then rounds of
+two scans a side, interleaved A B B A); target >= 50%. MB/s = value bytes / wall time; ratio =
+data source over Parquet. Notes: the ceiling of any Python data source of this schema
+(arrow_source.py), each side's tasks, the CPU seconds per scan of the JVM and of the Python
+workers, the load. `python -m levelzero.bench.analysis records` runs this figure alone.
 
-A third, in another session of its own: the same records streamed (`readStream`,
+A third, after it in another session of that process: the same records streamed (`readStream`,
 Trigger.AvailableNow, four micro-batches, a fresh checkpoint, the noop sink), records/s against
 Spark's own file stream source doing the same work: the same records as Parquet, one file per
 micro-batch, `maxFilesPerTrigger` 1, AvailableNow, a fresh checkpoint, the noop sink (both sides
@@ -281,20 +281,54 @@ def _descendants_cpu_s(pid: int) -> tuple[float, float]:
 
 
 async def records_figure(root: Path, settings: Settings) -> list[Figure]:
-    """The batch read and the streaming figures of the same records, each in a session of its
-    own (as `records_only` and `stream_only` run them alone). Neither inherits the JVM that
-    generated the 3 M-row export, nor the other's: in that session (a heap and compiled code
-    shaped by its writes) Parquet's scans took 0.385-0.41 s of JVM CPU against 0.465-0.47 s in a
-    fresh one, the data source's 0.42 against 0.37-0.41, and the batch figure's worst quartile
-    was 41-42% against 52-55% (two runs each way, alternating, load 6-9)."""
-    records = settings.pick(400_000, 8_000)
-    data_dir = root / "records-data"
-    await fill_records(data_dir, records)
-    with _spark("levelzero-bench-analysis-records") as spark:
-        batch = batch_records_figure(spark, root, data_dir, records, settings)
-    with _spark("levelzero-bench-analysis-stream") as spark:
-        streaming = stream_figure(spark, root, data_dir, records, settings)
-    return [batch, *streaming]
+    """The batch read and the streaming figures of the same records (`records_figures`), run
+    in a fresh process as `python -m levelzero.bench.analysis records` and `stream` run them
+    alone. Not in the item's own process: its JVM generated the 3 M-row export, and a Python
+    process keeps its JVM (heap and compiled code) across `spark.stop()` and a new session. In
+    it Parquet's scans took 0.385-0.41 s of JVM CPU against 0.465-0.47 s in a fresh process, the
+    data source's 0.42 against 0.37-0.41, and the batch figure's worst quartile was 41-42%
+    against 52-55% (two runs each way, alternating, load 6-9): the inherited JVM favoured the
+    floor."""
+    result_path = root / "records-figures.json"
+    command = [sys.executable, "-m", "levelzero.bench.analysis", "figures", "--out", str(result_path)]
+    command += ["--rounds", str(settings.rounds), *(["--quick"] if settings.quick else [])]
+    if settings.work_dir is not None:
+        command += ["--work-dir", settings.work_dir]
+    with anyio.fail_after(CHILD_TIMEOUT_S):
+        completed = await anyio.run_process(command, check=False)
+    if completed.returncode != 0 or not result_path.exists():
+        tail = (completed.stdout + completed.stderr).decode(errors="replace")[-3000:]
+        raise RuntimeError(f"the records figures failed ({completed.returncode}):\n{tail}")
+    return [_figure_of(f) for f in json.loads(result_path.read_text())]
+
+
+async def records_figures(settings: Settings) -> list[Figure]:
+    """The records filled as the item fills them, then the batch read and the streaming
+    figures, each in a session of its own (the stream's in the same JVM, after the batch's)."""
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-records") as spark:
+            batch = batch_records_figure(spark, root, data_dir, records, settings)
+        with _spark("levelzero-bench-analysis-stream") as spark:
+            streaming = stream_figure(spark, root, data_dir, records, settings)
+        return [batch, *streaming]
+
+
+def _figure_of(data: dict[str, Any]) -> Figure:
+    """A figure back from its `to_json` (a child process's)."""
+    target = data["target"]
+    return figure(
+        data["item"],
+        data["name"],
+        data["unit"],
+        [(sut, floor) for sut, floor in data["rounds"]],
+        target=None if target is None else Target(target["bound"], target["higher_is_better"]),
+        sut_label=data["sut_label"],
+        floor_label=data["floor_label"],
+        notes=data["notes"],
+    )
 
 
 def batch_records_figure(
@@ -791,8 +825,11 @@ def main(argv: list[str] | None = None) -> int:
     """One analysis run in this fresh process: `python -m levelzero.bench.analysis SIDE EXPORT
     OUT RESULT` writes the run's figures (JSON) to RESULT. Or the streaming figures alone:
     `python -m levelzero.bench.analysis stream [--quick] [--rounds N] [--out FILE]`; or the
-    batch records figure alone: `python -m levelzero.bench.analysis records [...]`."""
+    batch records figure alone: `python -m levelzero.bench.analysis records [...]`; or both, as
+    the item runs them: `figures [...]`."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["figures"]:
+        return _figures_main("figures", records_figures, argv[1:])
     if argv[:1] == ["stream"]:
         return _figures_main("stream", stream_only, argv[1:])
     if argv[:1] == ["records"]:
@@ -815,10 +852,13 @@ def _figures_main(name: str, runner: Callable[[Settings], Any], argv: list[str])
     parser.add_argument("--quick", action="store_true", help="8,000 records, one round")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the figures as JSON to FILE")
+    parser.add_argument(
+        "--work-dir", default=None, metavar="DIR", help="where the stores go (default: a temporary directory)"
+    )
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    settings = Settings(quick=args.quick)
+    settings = Settings(quick=args.quick, work_dir=args.work_dir)
     if args.rounds is not None:
         settings = replace(settings, rounds=args.rounds)
     figures = anyio.run(runner, settings)

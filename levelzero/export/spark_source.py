@@ -512,6 +512,8 @@ def _column_piece(extent: _Extent, columns: ExtentColumns | None) -> _ColumnPiec
     else:
         firsts, indices, counts = (np.array(column, np.int64) for column in zip(*extent.runs, strict=True))
         every = np.arange(extent.count, dtype=np.int64) + np.repeat(firsts - indices, counts)
+        if not (np.diff(every) > 0).all():
+            return None  # runs out of offset order: cut record by record, in their order
         lo, hi = int(np.searchsorted(every, r.first)), int(np.searchsorted(every, r.last, "right"))
         offsets = every[lo:hi]
     return _ColumnPiece(extent.data, columns, offsets, lo, max(lo, hi))
