@@ -77,7 +77,7 @@ def is_stored_value(data: object) -> bool:
     return data is None or type(data) is bytes
 
 
-def checksum(data: bytes) -> int:
+def checksum(data: bytes | memoryview) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
@@ -89,11 +89,23 @@ def encode_extent(records: Sequence[Record]) -> bytes:
     return _records_encoder.encode(records)
 
 
-def decode_extent(data: bytes, expected_checksum: int, expected_count: int, where: str) -> list[Record]:
+def decode_extent(
+    data: bytes | memoryview, expected_checksum: int, expected_count: int, where: str
+) -> list[Record]:
     """Verify and decode one extent read back from an L0 or L1 object."""
+    verify_extent(data, expected_checksum, where)
+    return decode_verified_extent(data, expected_count, where)
+
+
+def verify_extent(data: bytes | memoryview, expected_checksum: int, where: str) -> None:
+    """An extent's bytes against the checksum its object header or placeholder holds."""
     actual = checksum(data)
     if actual != expected_checksum:
         raise CorruptData(f"{where}: checksum mismatch (expected {expected_checksum:08x}, got {actual:08x})")
+
+
+def decode_verified_extent(data: bytes | memoryview, expected_count: int, where: str) -> list[Record]:
+    """The records of an extent `verify_extent` passed."""
     try:
         records = _records_decoder.decode(data)
     except msgspec.DecodeError as exc:
