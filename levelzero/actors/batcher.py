@@ -31,7 +31,7 @@ from levelzero.core.l0format import (
     ExtentHeader,
     NO_TIMESTAMP,
     Record,
-    encode_extent,
+    encoded_length,
     finish_object,
     max_timestamp,
 )
@@ -54,6 +54,9 @@ OBJECTS_ENCODED_AHEAD_MAX = 2
 # extents' CRC-32s) on a worker thread: ~7 ms of a 4 MiB object off the event loop, for a hop
 # of ~50-100 us. The simulation's and most tests' objects are far smaller: on the loop.
 ENCODE_OFF_LOOP_BYTES_MIN = 256 * 1024
+# A request's records are measured by encoding them into one scratch buffer the batcher keeps
+# (`l0format.encoded_length`); after a request larger than this the buffer is let go.
+SCRATCH_KEPT_BYTES_MAX = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,10 @@ class _Request(msgspec.Struct):
     after the producer gave up (cancelled) is dropped."""
 
     actor: PartitionActor
-    data: bytes  # its records, encoded (`l0format.encode_extent`): its extent or part of one
+    # Its records as they came (frozen records in a tuple), encoded once, into the object's
+    # buffer (`l0format.EncodedExtents`): its extent or part of one.
+    records: tuple[Record, ...]
+    size: int  # their encoded length (`l0format.encode_extent`)
     count: int  # records
     waiter: asyncio.Future[ProduceResult]
     attempts: int = 0
@@ -206,6 +212,7 @@ class Batcher:
         self._rng = rng or random.Random()
         self._wall = wall_clock or time.time
         self._budget = _ByteBudget(config.inflight_bytes_max)
+        self._scratch = bytearray()  # the requests' encoding, measured (`produce`)
         self._requests: Mailbox[_Request] = Mailbox(config.mailbox_size)
         self._uploads = anyio.Semaphore(config.uploads_max)  # PUTs at once
         # Objects between "batch cut" and "PUT done": being encoded, waiting, or uploading.
@@ -237,12 +244,17 @@ class Batcher:
             raise InvalidInput("a produce request needs at least one record")
         for span in producers:
             assert span.first_record >= 0 and span.first_record + span.record_count <= len(records), span
-        # Encoded now, once: the object is made by copying, and the budget counts these bytes.
+        # Kept as they are (a tuple: the caller's list may change after it returns) and encoded
+        # once, into the object's buffer, when the object is made; their encoded length now,
+        # from an encoding into the batcher's scratch buffer (no fresh memory: see
+        # `encoded_length`), for the budget, the size rule and the cut of the batch.
+        kept = records if type(records) is tuple else tuple(records)
         try:
-            data = encode_extent(records)
+            size = encoded_length(kept, self._scratch)
         except (TypeError, msgspec.EncodeError) as exc:
             raise InvalidInput(f"records that cannot be stored: {exc}") from None
-        size = len(data)
+        if size > SCRATCH_KEPT_BYTES_MAX:
+            self._scratch = bytearray()  # a large request's room is not kept for the next
         # The one size rule (TooLarge: 413 / MESSAGE_TOO_LARGE); the encoded length settles a
         # request well inside the limit without adding up its records (7% of the loop).
         check_produce_size(records, self.config.batch_bytes_max, encoded_bytes=size)
@@ -256,7 +268,7 @@ class Batcher:
                 self._loop = asyncio.get_running_loop()
             waiter: asyncio.Future[ProduceResult] = self._loop.create_future()
             request = _Request(
-                actor, data, len(records), waiter, 0, tuple(producers), max_timestamp(records), linger_s
+                actor, kept, size, len(kept), waiter, 0, tuple(producers), max_timestamp(kept), linger_s
             )
             try:
                 try:  # no checkpoint when there is room: the caller waits for the reply next
@@ -309,7 +321,7 @@ class Batcher:
                             if request.linger_s is not None:
                                 deadline = min(deadline, anyio.current_time() + request.linger_s)
                             batch.append(request)
-                            batch_bytes += len(request.data)
+                            batch_bytes += request.size
                             if batch_bytes >= batch_bytes_max:
                                 break
                             # Take what is already queued without yielding (a `receive()` per
@@ -366,16 +378,14 @@ class Batcher:
         batch_bytes = 0
         for request in batch:
             request.attempts += 1
-            batch_bytes += len(request.data)
+            batch_bytes += request.size
             by_partition.setdefault(request.actor.row.pid, []).append(request)
         # The heavy part first, before an upload slot: encode and checksum every extent, into
-        # the buffer that becomes the object. A large object's copy and CRC-32s run on a
-        # worker thread (the producers' bytes are immutable; the loop meanwhile answers fences
-        # and commits), a small one's on the loop (a thread hop costs more than they do).
+        # the buffer that becomes the object. A large object's encoding and CRC-32s run on a
+        # worker thread (the producers' records are immutable; the loop meanwhile answers
+        # fences and commits), a small one's on the loop (a thread hop costs more than they do).
         extents = [
-            (pid, [req.data for req in reqs], sum(req.count for req in reqs))
-            if len(reqs) > 1
-            else (pid, [reqs[0].data], reqs[0].count)
+            (pid, [req.records for req in reqs]) if len(reqs) > 1 else (pid, [reqs[0].records])
             for pid, reqs in by_partition.items()
         ]
         if batch_bytes >= ENCODE_OFF_LOOP_BYTES_MIN:

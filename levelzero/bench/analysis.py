@@ -20,22 +20,22 @@ each run (the machine is shared: compare wall times at like loads, CPU seconds a
 children's peak RSS.
 
 A second figure: the records themselves. A daemon (local object store) takes `records`
-records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; the same Spark session
-then counts them and sums their value lengths through the "levelzero" data source and through
-the Parquet file `levelzero export --records` wrote of the same records (two scans of each side
-before the clock; then rounds of two scans a side, interleaved A B B A); target >= 50%. MB/s =
-value bytes / wall time; ratio = data source over Parquet. Notes: the ceiling of any Python
-data source of this schema (arrow_source.py), each side's tasks, the CPU seconds per scan of
-the JVM and of the Python workers, the load. `python -m levelzero.bench.analysis records` runs
-this figure alone.
+records of `RECORD_VALUE_BYTES` over `RECORD_PARTITIONS` partitions; in a fresh process (not
+the JVM that generated the export), a session of its own then counts them and sums their value
+lengths through the "levelzero" data source and through the Parquet file `levelzero export
+--records` wrote of the same records (two scans of each side before the clock; then rounds of
+two scans a side, interleaved A B B A); target >= 50%. MB/s = value bytes / wall time; ratio =
+data source over Parquet. Notes: the ceiling of any Python data source of this schema
+(arrow_source.py), each side's tasks, the CPU seconds per scan of the JVM and of the Python
+workers, the load. `python -m levelzero.bench.analysis records` runs this figure alone.
 
-A third: the same records streamed (`readStream`, Trigger.AvailableNow, four micro-batches, a
-fresh checkpoint, the noop sink), records/s against Spark's own file stream source doing the
-same work: the same records as Parquet, one file per micro-batch, `maxFilesPerTrigger` 1,
-AvailableNow, a fresh checkpoint, the noop sink (both sides must count the records in four
-micro-batches); target >= 50%. Beside it, for information, the stream against one batch read of
-the records (no micro-batches, checkpoint or query start). `python -m levelzero.bench.analysis
-stream` runs these two alone.
+A third, after it in another session of that process: the same records streamed (`readStream`,
+Trigger.AvailableNow, four micro-batches, a fresh checkpoint, the noop sink), records/s against
+Spark's own file stream source doing the same work: the same records as Parquet, one file per
+micro-batch, `maxFilesPerTrigger` 1, AvailableNow, a fresh checkpoint, the noop sink (both sides
+must count the records in four micro-batches); target >= 50%. Beside it, for information, the
+stream against one batch read of the records (no micro-batches, checkpoint or query start).
+`python -m levelzero.bench.analysis stream` runs these two alone.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ import statistics
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,13 +280,55 @@ def _descendants_cpu_s(pid: int) -> tuple[float, float]:
     return _cpu_s(pid), below
 
 
-async def records_figure(spark: SparkSession, root: Path, settings: Settings) -> list[Figure]:
-    records = settings.pick(400_000, 8_000)
-    data_dir = root / "records-data"
-    await fill_records(data_dir, records)
-    batch = batch_records_figure(spark, root, data_dir, records, settings)
-    streaming = stream_figure(spark, root, data_dir, records, settings)
-    return [batch, *streaming]
+async def records_figure(root: Path, settings: Settings) -> list[Figure]:
+    """The batch read and the streaming figures of the same records (`records_figures`), run
+    in a fresh process as `python -m levelzero.bench.analysis records` and `stream` run them
+    alone. Not in the item's own process: its JVM generated the 3 M-row export, and a Python
+    process keeps its JVM (heap and compiled code) across `spark.stop()` and a new session. In
+    it Parquet's scans took 0.385-0.41 s of JVM CPU against 0.465-0.47 s in a fresh process, the
+    data source's 0.42 against 0.37-0.41, and the batch figure's worst quartile was 41-42%
+    against 52-55% (two runs each way, alternating, load 6-9): the inherited JVM favoured the
+    floor."""
+    result_path = root / "records-figures.json"
+    command = [sys.executable, "-m", "levelzero.bench.analysis", "figures", "--out", str(result_path)]
+    command += ["--rounds", str(settings.rounds), *(["--quick"] if settings.quick else [])]
+    if settings.work_dir is not None:
+        command += ["--work-dir", settings.work_dir]
+    with anyio.fail_after(CHILD_TIMEOUT_S):
+        completed = await anyio.run_process(command, check=False)
+    if completed.returncode != 0 or not result_path.exists():
+        tail = (completed.stdout + completed.stderr).decode(errors="replace")[-3000:]
+        raise RuntimeError(f"the records figures failed ({completed.returncode}):\n{tail}")
+    return [_figure_of(f) for f in json.loads(result_path.read_text())]
+
+
+async def records_figures(settings: Settings) -> list[Figure]:
+    """The records filled as the item fills them, then the batch read and the streaming
+    figures, each in a session of its own (the stream's in the same JVM, after the batch's)."""
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-records") as spark:
+            batch = batch_records_figure(spark, root, data_dir, records, settings)
+        with _spark("levelzero-bench-analysis-stream") as spark:
+            streaming = stream_figure(spark, root, data_dir, records, settings)
+        return [batch, *streaming]
+
+
+def _figure_of(data: dict[str, Any]) -> Figure:
+    """A figure back from its `to_json` (a child process's)."""
+    target = data["target"]
+    return figure(
+        data["item"],
+        data["name"],
+        data["unit"],
+        [(sut, floor) for sut, floor in data["rounds"]],
+        target=None if target is None else Target(target["bound"], target["higher_is_better"]),
+        sut_label=data["sut_label"],
+        floor_label=data["floor_label"],
+        notes=data["notes"],
+    )
 
 
 def batch_records_figure(
@@ -404,15 +447,12 @@ def batch_records_figure(
 async def records_only(settings: Settings) -> list[Figure]:
     """The batch records figure alone (the records filled as the item fills them), without the
     3 M-row analysis before it and the streaming figures after it."""
-    spark = _session("levelzero-bench-analysis-records")
-    try:
-        with work_dir(settings, ITEM) as root:
-            records = settings.pick(400_000, 8_000)
-            data_dir = root / "records-data"
-            await fill_records(data_dir, records)
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-records") as spark:
             return [batch_records_figure(spark, root, data_dir, records, settings)]
-    finally:
-        spark.stop()
 
 
 def stream_parquet_files(data_dir: Path, out_dir: Path, per_trigger: int) -> list[int]:
@@ -465,9 +505,14 @@ def stream_figure(
     up to the records, in STREAM_BATCHES_PER_READ micro-batches. An information row beside it:
     the stream against one batch read of the records (`read.format("levelzero")`) into the same
     sink, which has no micro-batches, checkpoint or query start to pay for."""
+    from levelzero.export.spark_datasource import register
+
     from .arrow_source import FORMAT_NAME as ARROW_FORMAT
+    from .arrow_source import ArrowFileSource
 
     rounds = settings.pick(settings.rounds, 1)
+    register(spark)
+    spark.dataSource.register(ArrowFileSource)
     per_trigger = max(1, records // STREAM_BATCHES_PER_READ)
     files = root / "stream-parquet"
     file_records = stream_parquet_files(data_dir, files, per_trigger)
@@ -605,20 +650,21 @@ def stream_figure(
 
 async def stream_only(settings: Settings) -> list[Figure]:
     """The streaming figures alone (the records filled as the item fills them), without the
-    analysis runs and the batch read that come first in the item."""
-    from levelzero.export.spark_datasource import register
-
-    from .arrow_source import ArrowFileSource
-
-    spark = _session("levelzero-bench-analysis-stream")
-    try:
-        with work_dir(settings, ITEM) as root:
-            records = settings.pick(400_000, 8_000)
-            data_dir = root / "records-data"
-            await fill_records(data_dir, records)
-            register(spark)
-            spark.dataSource.register(ArrowFileSource)
+    analysis runs and the batch read that come before them in the item."""
+    with work_dir(settings, ITEM) as root:
+        records = settings.pick(400_000, 8_000)
+        data_dir = root / "records-data"
+        await fill_records(data_dir, records)
+        with _spark("levelzero-bench-analysis-stream") as spark:
             return stream_figure(spark, root, data_dir, records, settings)
+
+
+@contextmanager
+def _spark(app_name: str) -> Iterator[SparkSession]:
+    """The item's local session (`_session`), stopped on the way out."""
+    spark = _session(app_name)
+    try:
+        yield spark
     finally:
         spark.stop()
 
@@ -766,15 +812,12 @@ async def analysis_figure(root: Path, export_dir: str, rows: int, rounds: int) -
 async def run(settings: Settings) -> list[Figure]:
     rows = settings.pick(LOG_ROWS, 50_000)
     rounds = settings.pick(settings.rounds, 1)
-    spark = _session("levelzero-bench-analysis")
-    try:
-        with work_dir(settings, ITEM) as root:
-            out = str(root / "export")
+    with work_dir(settings, ITEM) as root:
+        out = str(root / "export")
+        with _spark("levelzero-bench-analysis") as spark:
             generate_export(spark, out, rows)
-            analysis = await analysis_figure(root, out, rows, rounds)
-            records = await records_figure(spark, root, settings)
-    finally:
-        spark.stop()
+        analysis = await analysis_figure(root, out, rows, rounds)
+        records = await records_figure(root, settings)
     return [analysis, *records]
 
 
@@ -782,8 +825,11 @@ def main(argv: list[str] | None = None) -> int:
     """One analysis run in this fresh process: `python -m levelzero.bench.analysis SIDE EXPORT
     OUT RESULT` writes the run's figures (JSON) to RESULT. Or the streaming figures alone:
     `python -m levelzero.bench.analysis stream [--quick] [--rounds N] [--out FILE]`; or the
-    batch records figure alone: `python -m levelzero.bench.analysis records [...]`."""
+    batch records figure alone: `python -m levelzero.bench.analysis records [...]`; or both, as
+    the item runs them: `figures [...]`."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["figures"]:
+        return _figures_main("figures", records_figures, argv[1:])
     if argv[:1] == ["stream"]:
         return _figures_main("stream", stream_only, argv[1:])
     if argv[:1] == ["records"]:
@@ -806,10 +852,13 @@ def _figures_main(name: str, runner: Callable[[Settings], Any], argv: list[str])
     parser.add_argument("--quick", action="store_true", help="8,000 records, one round")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5)")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the figures as JSON to FILE")
+    parser.add_argument(
+        "--work-dir", default=None, metavar="DIR", help="where the stores go (default: a temporary directory)"
+    )
     args = parser.parse_args(argv)
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    settings = Settings(quick=args.quick)
+    settings = Settings(quick=args.quick, work_dir=args.work_dir)
     if args.rounds is not None:
         settings = replace(settings, rounds=args.rounds)
     figures = anyio.run(runner, settings)

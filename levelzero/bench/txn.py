@@ -17,18 +17,30 @@ librdkafka's default batch size, acks=all (implied by both); the idempotent side
 sized to hold its share. Records are generated before the clock starts; wall clock from the
 first produce to the last commit (or flush). Target: transactions at least 70% of idempotent
 produce's records/s.
+
+Before the clock both sides' producers are ready to send (`ready`): a producer id each (the
+transactional side's InitProducerId; the idempotent side's, which librdkafka requests on its
+own and retries on a 500 ms timer when no broker connection is up yet, taken by one record each
+in a warm-up topic, flushed), and the round's topic's metadata. Without that the idempotent
+round's clock held librdkafka's start: 0, 0.5 or 1 s of a round that takes 0.2-0.3 s, and the
+ratio swung with it. The parent starts the clock once the warm-up records are reconciled.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import random
 import sys
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .common import (
     Figure,
@@ -47,6 +59,8 @@ TXN_RECORDS = 100
 KEY_BYTES = 16
 VALUE_BYTES = 100
 TARGET = Target(0.7)
+WARM_TOPIC = "warm"  # the idempotent side's warm-up records (one a producer a round)
+CHILD_TIMEOUT_S = 300.0
 
 
 def make_records(count: int, seed: int) -> list[tuple[bytes, bytes]]:
@@ -60,10 +74,8 @@ def _producer(port: int, **extra: object):  # noqa: ANN202 - confluent_kafka imp
     return Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 5, **extra})
 
 
-def side_rate(side: str, port: int, topic: str, count: int, seed: int) -> float:
-    """records/s of PRODUCERS producers of `side` writing `count` records in all."""
-    share = count // PRODUCERS
-    records = [make_records(share, seed * 100 + k) for k in range(PRODUCERS)]
+def ready(side: str, port: int, topic: str, warm_topic: str, share: int) -> list[Any]:
+    """PRODUCERS producers of `side`, each with its producer id and `topic`'s metadata."""
     producers = []
     for k in range(PRODUCERS):
         if side == "txn":
@@ -71,7 +83,19 @@ def side_rate(side: str, port: int, topic: str, count: int, seed: int) -> float:
             p.init_transactions(30)
         else:
             p = _producer(port, **{"enable.idempotence": True, "queue.buffering.max.messages": share + 1})
+            p.produce(warm_topic, value=b"warm", partition=k)
         producers.append(p)
+    for p in producers:
+        left = p.flush(60)  # the idempotent side's warm-up record: sent with its producer id
+        assert left == 0, f"{left} warm-up records not delivered"
+        p.list_topics(topic, timeout=30)
+    return producers
+
+
+def side_rate(producers: list[Any], side: str, topic: str, count: int, seed: int) -> float:
+    """records/s of `producers` (PRODUCERS of `side`) writing `count` records in all."""
+    share = count // PRODUCERS
+    records = [make_records(share, seed * 100 + k) for k in range(PRODUCERS)]
     errors: list[str] = []
 
     def work(k: int) -> None:
@@ -103,9 +127,25 @@ def side_rate(side: str, port: int, topic: str, count: int, seed: int) -> float:
     return share * PRODUCERS / elapsed
 
 
-async def in_child(*args: str) -> float:
-    result = await anyio.run_process([sys.executable, "-m", "levelzero.bench.txn", *args])
-    return float(json.loads(result.stdout.decode().strip().splitlines()[-1])["rate"])
+async def in_child(settle: Callable[[], Awaitable[None]], *args: str) -> float:
+    """The child's rate: it says when its producers are ready, and starts once `settle` has
+    returned."""
+    command = [sys.executable, "-m", "levelzero.bench.txn", *args]
+    with anyio.fail_after(CHILD_TIMEOUT_S):
+        async with await anyio.open_process(command, stderr=None) as process:
+            assert process.stdin is not None and process.stdout is not None
+            lines = BufferedByteReceiveStream(process.stdout)
+            said = await lines.receive_until(b"\n", 1 << 20)
+            assert json.loads(said) == {"ready": True}, said
+            await settle()
+            await process.stdin.send(b"go\n")
+            out = bytearray()
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    out += await lines.receive()
+            code = await process.wait()
+    assert code == 0, f"{command} exited with {code}"
+    return float(json.loads(out.decode().strip().splitlines()[-1])["rate"])
 
 
 async def run(settings: Settings) -> list[Figure]:
@@ -115,11 +155,14 @@ async def run(settings: Settings) -> list[Figure]:
             assert daemon.kafka_port is not None and daemon.node is not None
             port, node = str(daemon.kafka_port), daemon.node
 
+            await client.create_topic(WARM_TOPIC, PRODUCERS)
+            settle = functools.partial(wait_reconciled, node)
+
             async def side(name: str, i: int) -> float:
                 await wait_reconciled(node)
                 topic = f"{name}-{i}"
                 await client.create_topic(topic, PRODUCERS)
-                return await in_child(name, port, topic, str(count), str(i))
+                return await in_child(settle, name, port, topic, str(count), str(i))
 
             async def txn_round(i: int) -> float:
                 return await side("txn", i)
@@ -150,9 +193,13 @@ async def run(settings: Settings) -> list[Figure]:
 
 
 def child_main(argv: list[str]) -> None:
-    """`python -m levelzero.bench.txn txn|idempotent PORT TOPIC COUNT SEED`: prints {"rate": r}."""
+    """`python -m levelzero.bench.txn txn|idempotent PORT TOPIC COUNT SEED`: prints {"ready":
+    true} once its producers are ready, waits for a line on stdin, then prints {"rate": r}."""
     side, port, topic, count, seed = argv
-    print(json.dumps({"rate": side_rate(side, int(port), topic, int(count), int(seed))}))
+    producers = ready(side, int(port), topic, WARM_TOPIC, int(count) // PRODUCERS)
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.readline()
+    print(json.dumps({"rate": side_rate(producers, side, topic, int(count), int(seed))}))
 
 
 if __name__ == "__main__":

@@ -397,9 +397,19 @@ def _split(runs: list[tuple[int, int]] | None, base_offset: int, count: int) -> 
 
 def l1_object_runs(data: bytes, base_offset: int, where: str) -> list[tuple[int, list[Record]]]:
     """(first offset, records at consecutive offsets) of each run of an L1 object, verified."""
+    raw, crc, count, runs = l1_object_extent(data, base_offset, where)
+    records = decode_extent(raw, crc, count, where)
+    return [(start, records[i : i + n]) for start, i, n in runs]
+
+
+def l1_object_extent(
+    data: bytes, base_offset: int, where: str
+) -> tuple[memoryview, int, int, list[tuple[int, int, int]]]:
+    """An L1 object's record extent (a view, not yet checked against its checksum), that
+    checksum, its record count, and its runs as (first offset, first index, count); the runs
+    verified. For a reader that decodes the extent its own way (the data source's columns)."""
     raw, crc, count, runs = _l1_layout(data, where)
-    records = decode_extent(raw, crc, count, where)  # type: ignore[arg-type]  # a view decodes as bytes
-    return [(start, records[i : i + n]) for start, i, n in _split(runs, base_offset, count)]
+    return raw, crc, count, _split(runs, base_offset, count)
 
 
 @dataclass(slots=True)
@@ -431,7 +441,7 @@ class PassInput:
         """Add an L1 object's records (verified against its checksum); its offsets come after
         the ones added before."""
         raw, crc, count, runs = _l1_layout(data, where)
-        actual = checksum(raw)  # type: ignore[arg-type]  # a view is a buffer
+        actual = checksum(raw)
         if actual != crc:
             raise CorruptData(f"{where}: checksum mismatch (expected {crc:08x}, got {actual:08x})")
         try:

@@ -47,8 +47,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from levelzero.core.entries import LogRecord, Placeholder, decode_entry
-from levelzero.core.compaction import l1_object_runs
-from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_extent
+from levelzero.core.compaction import l1_object_extent
+from levelzero.core.l0format import NO_TIMESTAMP, Record, decode_verified_extent, verify_extent
 from levelzero.core.state import PartitionState
 from levelzero.core.txn_marks import TXN_HEADER, client_headers, delivered
 
@@ -58,6 +58,8 @@ from .errors import ExportError
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
+
+    from .extent_columns import ExtentColumns, Field
 
     from levelzero.config import Config
 
@@ -388,7 +390,25 @@ def range_records(config: Config, r: ObjectRange) -> list[tuple[int, Record]]:
 
 def range_runs(config: Config, r: ObjectRange) -> list[tuple[int, list[Record]]]:
     """The records `r.first..r.last` of `r`'s partition as runs: (first offset, records at
-    consecutive offsets) — one run for an extent, one per stretch between compaction's gaps.
+    consecutive offsets) — one run for an extent, one per stretch between compaction's gaps."""
+    return [run for extent in _range_extents(config, r) for run in _record_runs(extent)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Extent:
+    """The extent a planned range reads, its checksum verified: its records' bytes, and its
+    runs as (first offset, first index, count) — one for an L0 extent, one per stretch between
+    compaction's gaps in an L1 object. `planned` is the range (or a part of it) it is read for."""
+
+    planned: ObjectRange
+    data: bytes | memoryview
+    count: int
+    runs: list[tuple[int, int, int]]
+    where: str
+
+
+def _range_extents(config: Config, r: ObjectRange) -> list[_Extent]:
+    """The extents holding `r.first..r.last` of `r`'s partition.
 
     A read is a snapshot of the records as of planning, even while the daemon moves on: the
     GC deletes an L0 object once the records of its extents are in L1 (M passed its epoch, the
@@ -397,39 +417,47 @@ def range_runs(config: Config, r: ObjectRange) -> list[tuple[int, list[Record]]]
     are now: the same records, from L1. Only if they are not in the store any more (deleted by
     retention since) does the read fail, saying so."""
     try:
-        return _object_runs(config, r)
+        return [_read_extent(config, r)]
     except ObjectGone as gone:
         missing = gone
     again = plan(config, r.topic, Selection(r.first, r.last + 1, partitions=frozenset({r.partition})))
-    runs: list[tuple[int, list[Record]]] = []
+    extents: list[_Extent] = []
     expected = r.first
     for a in again:
         if a.first != expected or a.object_key == r.object_key:
             break  # a gap, or the same object still planned: the records are not there
-        runs += _object_runs(config, a)
+        extents.append(_read_extent(config, a))
         expected = a.last + 1
     if expected != r.last + 1:
         raise ExportError(
             f"{r.topic}/{r.partition} offsets {r.first}..{r.last}: {missing}, and the offsets are"
             " no longer in the store (deleted since planning?)"
         )
-    return runs
+    return extents
 
 
-def _object_runs(config: Config, r: ObjectRange) -> list[tuple[int, list[Record]]]:
-    """The runs of `r`'s object cut to `r.first..r.last` (slices, no test per record)."""
+def _read_extent(config: Config, r: ObjectRange) -> _Extent:
+    """`r`'s extent read from its object and checked against its checksum."""
     where = f"{r.tier.upper()} object {r.object_key}"
     if r.tier == "l0":
-        raw = _get(config, r.object_key, r.byte_offset, r.byte_length)
-        runs = [(r.base_offset, decode_extent(raw, r.checksum, r.record_count, where))]
+        data: bytes | memoryview = _get(config, r.object_key, r.byte_offset, r.byte_length)
+        crc, count, runs = r.checksum, r.record_count, [(r.base_offset, 0, r.record_count)]
     else:
-        runs = l1_object_runs(_get(config, r.object_key), r.base_offset, where)
+        data, crc, count, runs = l1_object_extent(_get(config, r.object_key), r.base_offset, where)
+    verify_extent(data, crc, where)
+    return _Extent(r, data, count, runs, where)
+
+
+def _record_runs(extent: _Extent) -> list[tuple[int, list[Record]]]:
+    """The extent's records cut to its planned offsets, as runs (slices, no test per record)."""
+    records = decode_verified_extent(extent.data, extent.count, extent.where)
+    r = extent.planned
     cut: list[tuple[int, list[Record]]] = []
-    for base, records in runs:
-        start, stop = max(base, r.first), min(base + len(records), r.last + 1)
+    for base, i, n in extent.runs:
+        start, stop = max(base, r.first), min(base + n, r.last + 1)
         if start < stop:
-            whole = start == base and stop == base + len(records)
-            cut.append((start, records if whole else records[start - base : stop - base]))
+            whole = i == 0 and n == len(records) and start == base and stop == base + n
+            cut.append((start, records if whole else records[i + start - base : i + stop - base]))
     return cut
 
 
@@ -444,13 +472,123 @@ def read_range(source: str | Config, r: ObjectRange) -> Iterator[Row]:
 
 def read_batch(source: str | Config, r: ObjectRange) -> Any:
     """The records of one object range as one Arrow record batch of the data source's schema
-    (Spark takes it without converting row by row)."""
+    (Spark takes it without converting row by row). Extents whose records carry no headers are
+    read column by column from their bytes (`extent_columns`); others record by record."""
+    from .extent_columns import extent_columns
+
+    config = store_config(source) if isinstance(source, str) else source
+    extents = _range_extents(config, r)
+    pieces = [
+        _column_piece(extent, extent_columns(extent.data, extent.count, extent.where)) for extent in extents
+    ]
+    if all(piece is not None for piece in pieces):
+        return _columns_batch(r, [piece for piece in pieces if piece is not None])
+    return _records_batch(r, [run for extent in extents for run in _record_runs(extent)])
+
+
+@dataclass(frozen=True, slots=True)
+class _ColumnPiece:
+    """The records `lo:hi` of an extent's columns, at `offsets`."""
+
+    data: bytes | memoryview
+    columns: ExtentColumns
+    offsets: Any  # numpy int64, one per record lo:hi
+    lo: int
+    hi: int
+
+
+def _column_piece(extent: _Extent, columns: ExtentColumns | None) -> _ColumnPiece | None:
+    """The extent's planned records of its `columns`; None without them (an extent not of the
+    layout `extent_columns` takes: it is then read record by record)."""
+    import numpy as np
+
+    if columns is None:
+        return None
+    r = extent.planned
+    if len(extent.runs) == 1:
+        ((base, _, n),) = extent.runs
+        lo, hi = max(r.first - base, 0), max(min(r.last + 1 - base, n), 0)
+        offsets = np.arange(base + lo, base + max(lo, hi), dtype=np.int64)
+    else:
+        firsts, indices, counts = (np.array(column, np.int64) for column in zip(*extent.runs, strict=True))
+        every = np.arange(extent.count, dtype=np.int64) + np.repeat(firsts - indices, counts)
+        if not (np.diff(every) > 0).all():
+            return None  # runs out of offset order: cut record by record, in their order
+        lo, hi = int(np.searchsorted(every, r.first)), int(np.searchsorted(every, r.last, "right"))
+        offsets = every[lo:hi]
+    return _ColumnPiece(extent.data, columns, offsets, lo, max(lo, hi))
+
+
+def _columns_batch(r: ObjectRange, pieces: list[_ColumnPiece]) -> Any:
+    """The batch of `pieces` (one per extent the range reads, in offset order)."""
+    import numpy as np
     import pyarrow as pa
 
     from .schemas import RECORDS_SCHEMA as SCHEMA
 
-    config = store_config(source) if isinstance(source, str) else source
-    runs = range_runs(config, r)
+    def joined(arrays: list[Any]) -> Any:
+        return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
+
+    count = sum(piece.hi - piece.lo for piece in pieces)
+    timestamps = np.concatenate([piece.columns.timestamp_ms[piece.lo : piece.hi] for piece in pieces])
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(r.topic, pa.string()), count),
+            pa.repeat(pa.scalar(r.partition, pa.int32()), count),
+            pa.array(np.concatenate([piece.offsets for piece in pieces]), pa.int64()),
+            _timestamps(timestamps, SCHEMA.field("timestamp").type),
+            joined([_binary(p.data, p.columns.key, p.lo, p.hi) for p in pieces]),
+            joined([_binary(p.data, p.columns.value, p.lo, p.hi) for p in pieces]),
+            _no_headers(count, SCHEMA.field("headers").type),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def _no_headers(count: int, arrow_type: Any) -> Any:
+    """The headers column of `count` records without headers: empty lists."""
+    import numpy as np
+    import pyarrow as pa
+
+    offsets = pa.array(np.zeros(count + 1, np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array([], arrow_type.value_type), type=arrow_type)
+
+
+def _binary(data: bytes | memoryview, field: Field, lo: int, hi: int) -> Any:
+    """The binary column of `field`'s records `lo:hi`, its bytes gathered from `data` in one
+    Arrow `take`: over `data` seen (without a copy) as alternating fields and the bytes between
+    them, the fields' elements taken (a null's index null)."""
+    import numpy as np
+    import pyarrow as pa
+
+    count = hi - lo
+    null = field.null[lo:hi]
+    if count == 0 or null.all():
+        return pa.nulls(count, pa.binary())
+    start = field.start[lo:hi]
+    bounds = np.empty(2 * count, np.int64)
+    bounds[0::2] = start
+    bounds[1::2] = start + field.length[lo:hi]
+    # element 2i: record i's field; 2i + 1: the bytes from its end to the next record's field
+    wide = int(bounds[-1]) >= 2**31
+    if not wide:
+        bounds = bounds.astype(np.int32)
+    pieces = pa.Array.from_buffers(
+        pa.large_binary() if wide else pa.binary(),
+        2 * count - 1,
+        [None, pa.py_buffer(bounds), pa.py_buffer(data)],
+    )
+    indices = pa.array(np.arange(0, 2 * count, 2, dtype=np.int64), mask=null if null.any() else None)
+    taken = pieces.take(indices)
+    return taken.cast(pa.binary()) if wide else taken
+
+
+def _records_batch(r: ObjectRange, runs: list[tuple[int, list[Record]]]) -> Any:
+    """The batch of records decoded one by one (extents with headers)."""
+    import pyarrow as pa
+
+    from .schemas import RECORDS_SCHEMA as SCHEMA
+
     records = runs[0][1] if len(runs) == 1 else [rec for _, rs in runs for rec in rs]
     headers = [rec.headers for rec in records]
     offsets: Any
@@ -496,8 +634,8 @@ def _headers(headers: list[tuple[tuple[str, bytes | None], ...]], arrow_type: An
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=arrow_type)
 
 
-def _timestamps(millis: list[int], arrow_type: Any) -> Any:
-    """Milliseconds (NO_TIMESTAMP: none) as the TIMESTAMP column."""
+def _timestamps(millis: Any, arrow_type: Any) -> Any:
+    """Milliseconds (a list or a numpy array; NO_TIMESTAMP: none) as the TIMESTAMP column."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -27,6 +27,7 @@ The rules, one each:
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -233,7 +234,7 @@ class CompactionSim:
                 else:
                     self.topic_created = True
                     break
-            await anyio.sleep(0.2)
+            await asyncio.sleep(0.2)
         if not self.topic_created:
             return
         for pid, row in world.log_store.partitions.items():
@@ -292,7 +293,7 @@ class CompactionSim:
             for _ in range(10):  # the leader may still be moving in: a few tries
                 if await self._scan_partition(pid, final=True):
                     break
-                await anyio.sleep(0.5)
+                await asyncio.sleep(0.5)
             else:
                 self.world.fail("latest", f"{self.world.partition_name(pid)}: no scan completed at the end")
 
@@ -426,7 +427,7 @@ class CompactionSim:
     async def _producer(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         world = self.world
         while True:
-            await anyio.sleep(self.rng.expovariate(1.0 / self.draw.produce_interval_s))
+            await asyncio.sleep(self.rng.expovariate(1.0 / self.draw.produce_interval_s))
             if world.phase == "quiet":
                 return
             inc = world.entry()
@@ -472,7 +473,7 @@ class CompactionSim:
     async def _scanner(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         world = self.world
         while True:
-            await anyio.sleep(self.rng.expovariate(1.0 / self.draw.scan_interval_s))
+            await asyncio.sleep(self.rng.expovariate(1.0 / self.draw.scan_interval_s))
             if world.phase == "quiet":
                 return
             pid = self.rng.choice(sorted(self.pids))
@@ -558,7 +559,7 @@ class CompactionSim:
         """The real compactor, with the previous term, against the new leader's stores: its
         result must be refused (a zombie leader's pending compaction, seed 004)."""
         for _ in range(self.draw.late_compactor_tries):
-            await anyio.sleep(self.rng.uniform(0.1, 1.5))
+            await asyncio.sleep(self.rng.uniform(0.1, 1.5))
             actors = [
                 a for a in inc.node.partitions() if a.ready.is_set() and a.term > 1 and a.row.topic == TOPIC
             ]

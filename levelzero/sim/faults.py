@@ -17,6 +17,7 @@ and a gate per node incarnation that models a crash.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from collections.abc import Awaitable, Callable, Sequence
@@ -132,9 +133,9 @@ class SimLogStore(MemoryLogStore):
     async def latency(self) -> None:
         cfg = self._cfg
         if self.slow_enabled and self._rng.random() < cfg.slow_log_p:
-            await anyio.sleep(self._rng.uniform(*cfg.slow_log_s))
+            await asyncio.sleep(self._rng.uniform(*cfg.slow_log_s))
         else:
-            await anyio.sleep(self._rng.uniform(*cfg.log_op_s))
+            await asyncio.sleep(self._rng.uniform(*cfg.log_op_s))
 
     # -- idempotent producers' last batches (the `ProducerBatchStore` role SQLite and
     # PostgreSQL have, in memory in insertion order: the daemon's intake keeps them durably, and

@@ -27,6 +27,7 @@ Checked:
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -169,7 +170,7 @@ class IdempotentProducers:
         sequence = 0
         async with anyio.create_task_group() as tg:
             while True:
-                await anyio.sleep(self.rng.expovariate(1.0 / SEND_INTERVAL_S))
+                await asyncio.sleep(self.rng.expovariate(1.0 / SEND_INTERVAL_S))
                 if world.phase == "quiet":
                     return  # (the batches on the wire are retried until acknowledged)
                 index = await window.open()
@@ -219,7 +220,7 @@ class IdempotentProducers:
                         self._acked(batch, offset)
                         return
                 self.stats.retries += 1
-                await anyio.sleep(RETRY_BACKOFF_S)
+                await asyncio.sleep(RETRY_BACKOFF_S)
         finally:
             world.produces_in_flight -= 1
             window.close(index)

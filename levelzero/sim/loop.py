@@ -37,7 +37,10 @@ from contextvars import Context
 from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from anyio._backends import _asyncio as anyio_asyncio
+import anyio.lowlevel as anyio_lowlevel
 from anyio._core import _eventloop as anyio_eventloop
+from anyio._core import _synchronization as anyio_synchronization
+from anyio._core import _tasks as anyio_tasks
 
 T = TypeVar("T")
 _Ts = TypeVarTuple("_Ts")
@@ -156,7 +159,15 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         if self._closed:
             raise RuntimeError("Event loop is closed")
         handle = _Handle(callback, args, self, context)
-        self._make_runnable(callback, handle)
+        # `_make_runnable`, written out: the commonest call of a run
+        owner = getattr(callback, "__self__", None)
+        rank = owner.sim_rank if type(owner) is SimTask else NO_TASK
+        item = (rank, next(self._ready_seq), handle)
+        runnable = self._runnable
+        if not runnable or rank >= runnable[-1][0]:
+            runnable.append(item)
+        else:
+            bisect.insort(runnable, item)
         return handle
 
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
@@ -290,17 +301,34 @@ def _asyncio_known() -> Iterator[None]:
     is told asyncio at once."""
     module = anyio_eventloop
     original = module.current_async_library
+    original_backend = module.get_async_backend
     running_loop = asyncio.events._get_running_loop
+    backend = anyio_asyncio.backend_class
 
     def asyncio_library() -> str | None:
         # (another thread's answer stays its own: asyncio's, or none without a loop)
         return "asyncio" if running_loop() is not None else original()
 
+    def asyncio_backend(asynclib_name: str | None = None) -> Any:
+        # (the backend every anyio call asks for first: the same class, without asking the
+        # library's name and looking it up)
+        if asynclib_name is None and running_loop() is not None:
+            return backend
+        return original_backend(asynclib_name)
+
+    # (the modules a simulation's anyio calls go through that took `get_async_backend` in at
+    # their import)
+    backend_users = [module, anyio_tasks, anyio_synchronization, anyio_lowlevel]
+    assert all(m.get_async_backend is original_backend for m in backend_users)
     setattr(module, "current_async_library", asyncio_library)  # noqa: B010 - see above
+    for user in backend_users:
+        setattr(user, "get_async_backend", asyncio_backend)  # noqa: B010 - see above
     try:
         yield
     finally:
         setattr(module, "current_async_library", original)  # noqa: B010 - see above
+        for user in backend_users:
+            setattr(user, "get_async_backend", original_backend)  # noqa: B010 - see above
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ abort, or none yet). Checked:
 
 from __future__ import annotations
 
+import asyncio
 import random
 import struct
 import sys
@@ -368,7 +369,7 @@ class TransactionSim:
         ready = False
         number = 0
         while world.phase != "quiet":
-            await anyio.sleep(rng.expovariate(1.0 / TXN_INTERVAL_S))
+            await asyncio.sleep(rng.expovariate(1.0 / TXN_INTERVAL_S))
             if not ready:
                 got = await self._init(tid, timeout_ms, request_s, ident)
                 if got is None:
@@ -438,7 +439,7 @@ class TransactionSim:
             if world.phase == "faults" and rng.random() < STALL_P:
                 self.stats.stalls += 1
                 world.note(f"{tid} stalls past its transaction timeout")
-                await anyio.sleep(timeout_ms / 1000 + 1.5)
+                await asyncio.sleep(timeout_ms / 1000 + 1.5)
             if rng.random() < CRASH_BEFORE_END_P:
                 self._crash(f"{tid} about to end transaction {number}")
             ready = await self._end(txn, commit, request_s)
@@ -448,7 +449,7 @@ class TransactionSim:
         for _ in range(3 if number and not ready else 0):
             if await self._init(tid, timeout_ms, request_s, ident) is not None:
                 break
-            await anyio.sleep(BACKOFF_S)
+            await asyncio.sleep(BACKOFF_S)
 
     async def _init(
         self, tid: str, timeout_ms: int, request_s: float, ident: tuple[int, int]
@@ -506,7 +507,7 @@ class TransactionSim:
             }
             code = next(iter(codes)) if len(codes) == 1 else ErrorCode.unknown_server_error
             if code in (ErrorCode.concurrent_transactions, ErrorCode.coordinator_not_available):
-                await anyio.sleep(BACKOFF_S)
+                await asyncio.sleep(BACKOFF_S)
                 if self.world.phase == "quiet":
                     return code
                 continue
@@ -625,7 +626,7 @@ class TransactionSim:
                 ErrorCode.coordinator_not_available,
                 ErrorCode.concurrent_transactions,
             ):
-                await anyio.sleep(BACKOFF_S)
+                await asyncio.sleep(BACKOFF_S)
                 continue
             if answer.error_code == ErrorCode.none:
                 txn.answered = commit
@@ -664,7 +665,7 @@ class TransactionSim:
     async def _reader(self) -> None:
         world = self.world
         while world.phase != "quiet":
-            await anyio.sleep(self.rng.expovariate(1.0 / READ_INTERVAL_S))
+            await asyncio.sleep(self.rng.expovariate(1.0 / READ_INTERVAL_S))
             if not self.truth:
                 continue
             pid = self.rng.choice(sorted(self.truth))
@@ -690,7 +691,7 @@ class TransactionSim:
         checks speak of the rest)."""
         world, rng = self.world, self.delete_rng
         while world.phase != "quiet":
-            await anyio.sleep(rng.expovariate(1.0 / DELETE_RECORDS_INTERVAL_S))
+            await asyncio.sleep(rng.expovariate(1.0 / DELETE_RECORDS_INTERVAL_S))
             if not self.truth:
                 continue
             pid = rng.choice(sorted(self.truth))

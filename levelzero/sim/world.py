@@ -21,6 +21,7 @@ they decided before reaches the database after another node took their partition
 
 from __future__ import annotations
 
+import asyncio
 import random
 import zlib
 from collections import deque
@@ -229,7 +230,7 @@ class World:
         else:
             self.log_store = SimLogStore(rng, cfg, self._on_durable, self.truth.on_l1_delete_started)
         self.faults = SeededFaults(rng, cfg, self.fault_scale, self.truth.on_delete, self.truth.on_stored)
-        self.objects = MemoryObjectStore(clock=self.wall, sleep=anyio.sleep, faults=self.faults)
+        self.objects = MemoryObjectStore(clock=self.wall, sleep=asyncio.sleep, faults=self.faults)
         self.control: MemoryClusterControl | None = None
         self.node_ids: list[str | None] = [None]
         self.lease_ttl_s = 0.0
@@ -392,7 +393,7 @@ class World:
             # move, and the first topic comes, often while a GC round is open.
             first_after = self.rng.uniform(*cfg.first_topic_after_s)
             self._tg.start_soon(self._bumper, self.now() + first_after)
-            await anyio.sleep(first_after)
+            await asyncio.sleep(first_after)
             await self._during_gc_round()
             first = self.entry()
             assert first is not None
@@ -412,7 +413,7 @@ class World:
                 tg.start_soon(loop, end)
             await anyio.sleep_until(end)
             await self.heal()
-            await anyio.sleep(cfg.healed_s)
+            await asyncio.sleep(cfg.healed_s)
             await self.quiet()
             await self.compaction.final_scan()
             await self.transactions.final_scan()
@@ -431,7 +432,7 @@ class World:
         while not self.whole():
             if self.now() - started > self.cfg.heal_s_max:
                 self.fail("6", f"the world is not whole {self.cfg.heal_s_max}s after the faults stopped")
-            await anyio.sleep(self.cfg.check_interval_s / 5)
+            await asyncio.sleep(self.cfg.check_interval_s / 5)
         self.phase = "healed"
         self.healed_at = self.now()
         # A reconciler pass under way at the heal may still wait on faults injected before it
@@ -459,7 +460,7 @@ class World:
         while not self.settled():  # looked at often: the period ends as soon as it holds
             if self.now() - started > self.cfg.quiet_s_max:
                 self.fail("4", self.explain_leftovers())
-            await anyio.sleep(self.cfg.check_interval_s / 5)
+            await asyncio.sleep(self.cfg.check_interval_s / 5)
             ticks += 1
             if ticks % 5 == 0:
                 self.check()
@@ -722,11 +723,11 @@ class World:
         if self.faults.enabled:
             if call in _ROUND_CALLS and self.rng.random() < cfg.control_error_p * self.fault_scale:
                 self.faults.injected += 1
-                await anyio.sleep(self.rng.uniform(*cfg.log_op_s))
+                await asyncio.sleep(self.rng.uniform(*cfg.log_op_s))
                 raise StorageError("injected control-plane failure")
             if self.rng.random() < cfg.control_slow_p * self.fault_scale:
                 self.faults.injected += 1
-                await anyio.sleep(self.lease_ttl_s * self.rng.uniform(*cfg.control_slow_ttls))
+                await asyncio.sleep(self.lease_ttl_s * self.rng.uniform(*cfg.control_slow_ttls))
                 return
         await self.log_store.latency()
 
@@ -775,7 +776,7 @@ class World:
         assert self._tg is not None
         self._tg.start_soon(self._reap, inc, zombie_s)
         restart = self.cfg.cluster_restart_s if self.cluster else self.cfg.restart_s
-        await anyio.sleep(self.rng.uniform(*restart))
+        await asyncio.sleep(self.rng.uniform(*restart))
         await self.start_incarnation(inc.node_id)
 
     async def stop_gracefully(self, inc: Incarnation) -> None:
@@ -790,7 +791,7 @@ class World:
         await inc.node.shutdown()
         with anyio.move_on_after(self.cfg.drain_s_max):
             while not inc.ended:
-                await anyio.sleep(0.05)
+                await asyncio.sleep(0.05)
         if not inc.ended:
             self.fail("drain", f"{inc} did not stop within {self.cfg.drain_s_max}s of its shutdown")
         if self.lives.get(inc.node_id) is not inc:
@@ -798,7 +799,7 @@ class World:
         del self.lives[inc.node_id]
         inc.alive = False
         self._absorb(inc)
-        await anyio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
+        await asyncio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
         await self.start_incarnation(inc.node_id)
 
     async def _held(self, node_id: str | None) -> None:
@@ -807,9 +808,9 @@ class World:
         leases by then: the late request lands on them); the others up to a restart's length."""
         if self.rng.random() < 0.5:
             await self._next_run(node_id).wait()
-            await anyio.sleep(self.rng.uniform(0.0, 2 * self.lease_ttl_s))
+            await asyncio.sleep(self.rng.uniform(0.0, 2 * self.lease_ttl_s))
         else:
-            await anyio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
+            await asyncio.sleep(self.rng.uniform(*self.cfg.cluster_restart_s))
 
     def _next_run(self, node_id: str | None) -> anyio.Event:
         """Set when the node's next incarnation is up."""
@@ -842,7 +843,7 @@ class World:
         self.stats.pauses += 1
         self.note(f"{inc} paused for {pause_s:.3f}s")
         inc.gate.pause()
-        await anyio.sleep(pause_s)
+        await asyncio.sleep(pause_s)
         inc.gate.resume()
         self.note(f"{inc} resumes")
 
@@ -854,7 +855,7 @@ class World:
         self.stats.cuts += 1
         self.note(f"{inc} cut off the control plane for {cut_s:.3f}s")
         inc.control_gate.pause()
-        await anyio.sleep(cut_s)
+        await asyncio.sleep(cut_s)
         inc.control_gate.resume()
         self.note(f"{inc} reaches the control plane again")
 
@@ -862,7 +863,7 @@ class World:
         """A reconciler that read its placeholders under the previous term finishes late: the
         real reconciler code, with the old term, against the new leader (whose conditional
         catch-up must refuse it; the L1 object it wrote is then outside the lineage)."""
-        await anyio.sleep(after_s)
+        await asyncio.sleep(after_s)
         actors = [a for a in inc.node.partitions() if a.ready.is_set() and a.term > 1]
         actors = [a for a in actors if a.state.has_unreconciled_data]
         if not actors:
@@ -877,7 +878,7 @@ class World:
         self.note(f"{inc} late reconciler of {actor.name} term {term}: {'accepted' if done else 'refused'}")
 
     async def _reap(self, inc: Incarnation, after_s: float) -> None:
-        await anyio.sleep(after_s)
+        await asyncio.sleep(after_s)
         inc.scope.cancel()
 
     def _absorb(self, inc: Incarnation) -> None:
@@ -905,7 +906,7 @@ class World:
     async def _producer(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         cfg = self.cfg
         while True:
-            await anyio.sleep(self.expo(cfg.produce_interval_s))
+            await asyncio.sleep(self.expo(cfg.produce_interval_s))
             if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
@@ -1032,12 +1033,12 @@ class World:
                     raise
                 retries += 1
                 hops = 0
-                await anyio.sleep(self.cfg.not_leader_retry_s)
+                await asyncio.sleep(self.cfg.not_leader_retry_s)
                 inc = self.entry() or inc
 
     async def _reader(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         while True:
-            await anyio.sleep(self.expo(self.cfg.read_interval_s))
+            await asyncio.sleep(self.expo(self.cfg.read_interval_s))
             if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
@@ -1153,7 +1154,7 @@ class World:
         cfg = self.cfg
         created = 0
         while created < cfg.topics_created_max:
-            await anyio.sleep(self.expo(cfg.create_interval_s))
+            await asyncio.sleep(self.expo(cfg.create_interval_s))
             if self.phase == "quiet":  # (on through the healed phase)
                 return
             inc = self.entry()
@@ -1178,7 +1179,7 @@ class World:
                 if any(inc.node.gc._round_lock.locked() for inc in self.lives.values()):
                     return
                 await self._gc_round_began.wait()
-                await anyio.sleep(self.rng.uniform(0.0, GC_ROUND_STEP_S))
+                await asyncio.sleep(self.rng.uniform(0.0, GC_ROUND_STEP_S))
 
     def _watch_gc_rounds(self, node: Node) -> None:
         """Wake `_during_gc_round` as a round of this node's GC begins."""
@@ -1210,7 +1211,7 @@ class World:
     async def _crasher(self, end: float) -> None:
         cfg = self.cfg
         while True:
-            await anyio.sleep(self.expo(cfg.crash_interval_s))
+            await asyncio.sleep(self.expo(cfg.crash_interval_s))
             if self.now() >= end:
                 return
             if not self.cluster:
@@ -1234,7 +1235,7 @@ class World:
 
     async def _bumper(self, end: float) -> None:
         while True:
-            await anyio.sleep(self.expo(self.cfg.bump_interval_s))
+            await asyncio.sleep(self.expo(self.cfg.bump_interval_s))
             if self.now() >= end:
                 return
             bursts = 2 if self.rng.random() < self.cfg.bump_burst_p else 1
@@ -1252,7 +1253,7 @@ class World:
     async def _checker(self, end: float) -> None:  # noqa: ARG002 - the loops' one signature
         ticks = 0
         while True:
-            await anyio.sleep(self.cfg.check_interval_s)
+            await asyncio.sleep(self.cfg.check_interval_s)
             self.check()
             ticks += 1
             if ticks % 4 == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
@@ -12,8 +13,11 @@ import pytest
 
 from levelzero.bench import main
 from levelzero.bench.common import moto_server, s3_config
-from levelzero.bench.gc import create_objects, make_keys
+from levelzero.bench.gc import catalog_order, create_objects, gc_round_s, make_keys, ready_gc, record_objects
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import DeleteResult
 from levelzero.storage.s3_store import S3ObjectStore
+from levelzero.storage.sqlite import SqliteLogStore
 from levelzero.testing.moto import FILL_PATH
 
 pytestmark = pytest.mark.s3
@@ -68,3 +72,31 @@ def test_quick_gc_item_reports_catalog_sweep_and_lag_figures(tmp_path: Path) -> 
     assert catalog["sut"] > 0 and catalog["floor"] > 0 and catalog["target"]["bound"] == 0.8
     assert catalog["notes"]["objects"] == 1000 and catalog["notes"]["gc_delete_requests"] == 1
     assert sum("GC lag" in name for name in names) == 1
+
+
+class BatchesSeen(MemoryObjectStore):
+    """A memory store that keeps the keys of every delete request, as asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[list[str]] = []
+
+    async def delete_many(self, keys: Sequence[str]) -> DeleteResult:
+        self.requests.append(list(keys))
+        return await super().delete_many(keys)
+
+
+async def test_the_raw_floor_sends_the_delete_requests_of_a_catalog_round(tmp_path: Path) -> None:
+    """The floor deletes the same keys in the same requests as the GC's catalog round (moto's
+    CPU depends on the order keys are deleted in): the keys in catalog order, 1,000 a request."""
+    keys = make_keys(2500, random.Random(3))
+    store = BatchesSeen()
+    async with await SqliteLogStore.open(tmp_path / "catalog.db") as catalog:
+        gc = await ready_gc(store, catalog, sweep=False)
+        for key in keys:
+            await store.put(key, b"x")
+        await record_objects(catalog, keys)
+        await gc_round_s(gc, len(keys))
+    floor = catalog_order(keys)
+    assert sorted(floor) == sorted(keys) and floor != keys
+    assert sorted(store.requests) == [floor[i : i + 1000] for i in range(0, len(floor), 1000)]

@@ -23,6 +23,7 @@ from levelzero.core.l0format import (
     checksum,
     decode_extent,
     encode_extent,
+    encoded_length,
     finish_object,
     read_header,
     records_match_extent,
@@ -36,12 +37,9 @@ records_strategy = st.lists(
 extents_strategy = st.lists(st.tuples(st.integers(0, 2**62), records_strategy), min_size=1, max_size=40)
 
 
-def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[bytes], int]]:
-    """Each extent's records encoded in parts of up to three records (as requests would be)."""
-    return [
-        (pid, [encode_extent(records[i : i + 3]) for i in range(0, len(records), 3)], len(records))
-        for pid, records in extents
-    ]
+def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[tuple[Record, ...]]]]:
+    """Each extent's records in parts of up to three records (as requests would be)."""
+    return [(pid, [tuple(records[i : i + 3]) for i in range(0, len(records), 3)]) for pid, records in extents]
 
 
 @pytest.mark.parametrize(
@@ -50,16 +48,37 @@ def _as_parts(extents: list[tuple[int, list[Record]]]) -> list[tuple[int, list[b
 def test_an_extent_joined_from_parts_is_the_encoding_of_all_their_records(
     counts: list[int],
 ) -> None:
-    """Requests are encoded as they come; an extent of several is one msgpack array of all
-    their records, whose header changes form at 16 and 65,536 items."""
+    """Requests are kept as they come; an extent of several is one msgpack array of all their
+    records, whose header changes form at 16 and 65,536 items."""
     parts = [[Record(None, bytes([n % 251])) for _ in range(count)] for n, count in enumerate(counts)]
     records = [record for part in parts for record in part]
-    encoded = EncodedExtents([(7, [encode_extent(part) for part in parts], len(records))])
+    encoded = EncodedExtents([(7, parts)])
     data, headers = finish_object(3, encoded)
     [extent] = headers
     raw = bytes(data[extent.byte_offset : extent.byte_offset + extent.byte_length])
     assert raw == encode_extent(records)
     assert decode_extent(raw, extent.checksum, len(records), "test") == records
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests=st.lists(records_strategy, min_size=1, max_size=10))
+def test_the_encoded_length_measured_in_a_reused_scratch_buffer_is_the_encodings(requests) -> None:
+    """The batcher measures each request in one scratch buffer, larger and smaller ones in
+    turn: every length is that of the request's own encoding."""
+    scratch = bytearray()
+    for records in requests:
+        assert encoded_length(tuple(records), scratch) == len(encode_extent(records))
+    big = (Record(None, b"x" * 100_000),)
+    assert encoded_length(big, scratch) == len(encode_extent(big))
+    assert encoded_length((Record(None, b""),), scratch) == len(encode_extent([Record(None, b"")]))
+
+
+def test_records_that_cannot_be_encoded_fail_their_measure_as_their_encoding() -> None:
+    bad = (Record(None, object()),)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        encode_extent(bad)
+    with pytest.raises(TypeError):
+        encoded_length(bad, bytearray())
 
 
 @settings(max_examples=150, deadline=None)

@@ -12,8 +12,11 @@ from typing import Any
 
 import anyio
 import pytest
+import anyio.lowlevel as anyio_lowlevel
 from anyio._backends import _asyncio as anyio_asyncio
 from anyio._core import _eventloop as anyio_eventloop
+from anyio._core import _synchronization as anyio_synchronization
+from anyio._core import _tasks as anyio_tasks
 
 from levelzero.sim import loop as loop_module
 from levelzero.sim.loop import Deadlock, DeterministicLoop, run_deterministic
@@ -217,13 +220,20 @@ def test_the_lean_scheduling_paths_make_the_picks_asyncio_s_own_paths_make() -> 
 
 def test_anyio_and_asyncio_answer_as_before_once_a_run_ends() -> None:
     library, current_task = anyio_eventloop.current_async_library, anyio_asyncio.current_task
+    backend_users = (anyio_eventloop, anyio_tasks, anyio_synchronization, anyio_lowlevel)
+    backend = anyio_eventloop.get_async_backend
 
-    async def main() -> tuple[str | None, bool]:
-        return anyio_eventloop.current_async_library(), anyio_asyncio.current_task() is asyncio.current_task()
+    async def main() -> tuple[str | None, bool, bool]:
+        return (
+            anyio_eventloop.current_async_library(),
+            anyio_asyncio.current_task() is asyncio.current_task(),
+            all(m.get_async_backend() is anyio_asyncio.backend_class for m in backend_users),
+        )
 
-    assert run_deterministic(main(), random.Random(1)) == ("asyncio", True)
+    assert run_deterministic(main(), random.Random(1)) == ("asyncio", True, True)
     assert anyio_eventloop.current_async_library is library
     assert anyio_asyncio.current_task is current_task
+    assert all(m.get_async_backend is backend for m in backend_users)
     assert anyio_eventloop.current_async_library() is None  # no loop runs here
 
 
@@ -237,6 +247,10 @@ def test_another_thread_is_answered_for_its_own_loop_while_a_simulation_runs() -
 
         asyncio.run(own_loop())
         answers["no loop"] = anyio_eventloop.current_async_library()
+        try:
+            anyio_eventloop.get_async_backend()
+        except anyio.NoEventLoopError:
+            answers["no backend"] = True
 
     async def main() -> None:
         thread = threading.Thread(target=in_a_thread)
@@ -244,4 +258,4 @@ def test_another_thread_is_answered_for_its_own_loop_while_a_simulation_runs() -
         thread.join()  # (the simulated world waits: nothing else runs meanwhile)
 
     run_deterministic(main(), random.Random(1))
-    assert answers == {"own task": True, "own library": "asyncio", "no loop": None}
+    assert answers == {"own task": True, "own library": "asyncio", "no loop": None, "no backend": True}
