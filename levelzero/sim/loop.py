@@ -159,15 +159,7 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         if self._closed:
             raise RuntimeError("Event loop is closed")
         handle = _Handle(callback, args, self, context)
-        # `_make_runnable`, written out: the commonest call of a run
-        owner = getattr(callback, "__self__", None)
-        rank = owner.sim_rank if type(owner) is SimTask else NO_TASK
-        item = (rank, next(self._ready_seq), handle)
-        runnable = self._runnable
-        if not runnable or rank >= runnable[-1][0]:
-            runnable.append(item)
-        else:
-            bisect.insort(runnable, item)
+        self._make_runnable(callback, handle)
         return handle
 
     def _call_soon(self, callback: Callable[..., Any], args: Any, context: Any) -> asyncio.Handle:
