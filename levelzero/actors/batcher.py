@@ -102,7 +102,6 @@ class _Request(msgspec.Struct):
     # buffer (`l0format.EncodedExtents`): its extent or part of one.
     records: tuple[Record, ...]
     size: int  # their encoded length (`l0format.encode_extent`)
-    count: int  # records
     waiter: asyncio.Future[ProduceResult]
     attempts: int = 0
     producers: tuple[ProducerSpan, ...] = ()  # first_record relative to its records
@@ -267,9 +266,7 @@ class Batcher:
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             waiter: asyncio.Future[ProduceResult] = self._loop.create_future()
-            request = _Request(
-                actor, kept, size, len(kept), waiter, 0, tuple(producers), max_timestamp(kept), linger_s
-            )
+            request = _Request(actor, kept, size, waiter, 0, tuple(producers), max_timestamp(kept), linger_s)
             try:
                 try:  # no checkpoint when there is room: the caller waits for the reply next
                     self._requests.send_nowait(request)
@@ -538,7 +535,7 @@ class _Extent(msgspec.Struct):
             offset = record.base_offset
             key = fencing.key
             for request in self.requests:
-                last = offset + request.count - 1
+                last = offset + len(request.records) - 1
                 request.set(ProduceResult(offset, last, request.attempts, key))
                 offset = last + 1
             assert offset == record.base_offset + self.header.record_count
@@ -575,7 +572,7 @@ def _spans(requests: list[_Request]) -> tuple[ProducerSpan, ...]:
     for request in requests:
         for span in request.producers:
             spans.append(msgspec.structs.replace(span, first_record=first + span.first_record))
-        first += request.count
+        first += len(request.records)
     return tuple(spans)
 
 

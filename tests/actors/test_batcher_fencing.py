@@ -32,7 +32,7 @@ def extent(fencing: _Fencing, pid: int, records: int) -> tuple[_Extent, asyncio.
     """An extent of one request, and the future its producer waits on."""
     waiter: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
     kept = (Record(None, b"v"),) * records
-    request = _Request(None, kept, len(encode_extent(kept)), records, waiter, 1)  # type: ignore[arg-type]
+    request = _Request(None, kept, len(encode_extent(kept)), waiter, 1)  # type: ignore[arg-type]
     fencing.left += 1
     return _Extent(fencing, ExtentHeader(pid, 0, 10, records, 0), [request]), waiter
 
