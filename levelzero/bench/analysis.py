@@ -299,7 +299,7 @@ async def records_figure(root: Path, settings: Settings) -> list[Figure]:
     if completed.returncode != 0 or not result_path.exists():
         tail = (completed.stdout + completed.stderr).decode(errors="replace")[-3000:]
         raise RuntimeError(f"the records figures failed ({completed.returncode}):\n{tail}")
-    return [_figure_of(f) for f in json.loads(result_path.read_text())]
+    return [Figure.from_json(f) for f in json.loads(result_path.read_text())]
 
 
 async def records_figures(settings: Settings) -> list[Figure]:
@@ -314,21 +314,6 @@ async def records_figures(settings: Settings) -> list[Figure]:
         with _spark("levelzero-bench-analysis-stream") as spark:
             streaming = stream_figure(spark, root, data_dir, records, settings)
         return [batch, *streaming]
-
-
-def _figure_of(data: dict[str, Any]) -> Figure:
-    """A figure back from its `to_json` (a child process's)."""
-    target = data["target"]
-    return figure(
-        data["item"],
-        data["name"],
-        data["unit"],
-        [(sut, floor) for sut, floor in data["rounds"]],
-        target=None if target is None else Target(target["bound"], target["higher_is_better"]),
-        sut_label=data["sut_label"],
-        floor_label=data["floor_label"],
-        notes=data["notes"],
-    )
 
 
 def batch_records_figure(

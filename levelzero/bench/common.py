@@ -139,6 +139,21 @@ class Figure:
             "notes": self.notes,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Figure:
+        """A figure back from its `to_json` (a child process's): its rounds give the rest."""
+        target = data["target"]
+        return figure(
+            data["item"],
+            data["name"],
+            data["unit"],
+            [(sut, floor) for sut, floor in data["rounds"]],
+            target=None if target is None else Target(target["bound"], target["higher_is_better"]),
+            sut_label=data["sut_label"],
+            floor_label=data["floor_label"],
+            notes=data["notes"],
+        )
+
 
 def safe_ratio(a: float, b: float) -> float | None:
     return a / b if b else None

@@ -16,7 +16,7 @@ from levelzero.bench.analysis import main as analysis_main
 from levelzero.bench.cli import MARK_BEGIN, MARK_END, update_markdown
 from levelzero.cli import commands
 from levelzero.cli import main as cli
-from levelzero.bench.common import Target, figure
+from levelzero.bench.common import Figure, Target, figure
 from levelzero.bench.cli import _with_spread_cell
 from levelzero.bench.durable import raw_rows_per_s
 from levelzero.bench.fence import DroppingLogStore, fenced_writes
@@ -166,6 +166,15 @@ def test_a_target_is_judged_on_the_worst_quartile_of_rounds_and_the_spread_is_sh
     assert (steady.judged_ratio, steady.verdict) == (pytest.approx(1.01), "pass")
     single = figure("x", "f", "u", [(90, 100)], target=Target(1.0))
     assert (single.judged_ratio, single.spread) == (pytest.approx(0.9), "-")
+
+
+def test_a_figure_comes_back_whole_from_its_json() -> None:
+    # (a child process's figures reach the item as JSON: the analysis item's records figures)
+    rounds = [(10, 10), (11, 10), (30, 10)]
+    before = figure("x", "f", "u", rounds, target=Target(1.25, False), sut_label="a", notes={"n": 1})
+    again = Figure.from_json(json.loads(json.dumps(before.to_json())))
+    assert again == before and again.verdict == before.verdict == "miss"
+    assert Figure.from_json(figure("x", "f", "u", [(1, 2)]).to_json()).target is None
 
 
 def test_rows_kept_from_before_the_rounds_column_get_a_dash_there() -> None:
