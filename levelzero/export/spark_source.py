@@ -478,12 +478,14 @@ def read_batch(source: str | Config, r: ObjectRange) -> Any:
 
     config = store_config(source) if isinstance(source, str) else source
     extents = _range_extents(config, r)
-    pieces = [
-        _column_piece(extent, extent_columns(extent.data, extent.count, extent.where)) for extent in extents
-    ]
-    if all(piece is not None for piece in pieces):
-        return _columns_batch(r, [piece for piece in pieces if piece is not None])
-    return _records_batch(r, [run for extent in extents for run in _record_runs(extent)])
+    pieces: list[_ColumnPiece] = []
+    for extent in extents:
+        piece = _column_piece(extent, extent_columns(extent.data, extent.count, extent.where))
+        if piece is None:  # an extent the columns cannot take: the whole range record by record,
+            # without finding the other extents' columns first
+            return _records_batch(r, [run for e in extents for run in _record_runs(e)])
+        pieces.append(piece)
+    return _columns_batch(r, pieces)
 
 
 @dataclass(frozen=True, slots=True)
