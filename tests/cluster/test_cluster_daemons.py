@@ -348,13 +348,39 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
         paused_partitions = [p for p, n in leaders.items() if n == "n3"]
         other_partitions = sorted(p for p, n in leaders.items() if n != "n3")
 
+        outcomes: dict[str, int] = {}  # what n3's load was answered, for a failure's message
+
         async def load_on_n3() -> None:  # n3 keeps writing L0 objects
             i = 0
             while not stop_load.is_set():
                 async with Client(nodes["n3"].url, timeout_s=2.0) as client:
-                    with contextlib.suppress(ApiError):
+                    try:
                         await client.produce(TOPIC, paused_partitions[i % len(paused_partitions)], [b"x"])
+                        outcome = "acknowledged"
+                    except ApiError as exc:
+                        outcome = exc.code
+                outcomes[outcome] = outcomes.get(outcome, 0) + 1
                 i += 1
+
+        async def n3_is_waiting_on(query: str, what: str) -> None:
+            """Until n3's sessions match `query`; failing with what they and n3 were doing.
+            Each look is a session of its own: inside the locker's transaction PostgreSQL
+            would show every look the sessions' activity as at the first one (a transaction
+            keeps one snapshot of it), so a wait that began after it was never seen."""
+            deadline = time.monotonic() + WAIT_S
+            while not (await _sql(postgres_dsn, query))[0][0]:
+                if time.monotonic() > deadline:
+                    sessions = await _sql(
+                        postgres_dsn,
+                        "SELECT state, wait_event_type, wait_event, left(query, 80) AS query"
+                        " FROM pg_stat_activity WHERE application_name = 'levelzero n3'",
+                    )
+                    pytest.fail(
+                        f"n3 not {what} within {WAIT_S} s; its load: {outcomes}; n3 running:"
+                        f" {nodes['n3'].proc.poll() is None}; its sessions: {[dict(r) for r in sessions]};"
+                        f" leaders: {leaders}; its log's end:\n{nodes['n3'].log()[-3000:]}"
+                    )
+                await anyio.sleep(0.05)
 
         locker = await asyncpg.connect(postgres_dsn)
         waits: list[float] = []
@@ -363,12 +389,12 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
             transaction = locker.transaction()
             await transaction.start()
             await locker.execute("LOCK TABLE l0_objects IN SHARE MODE")
-            with anyio.fail_after(WAIT_S):  # n3's batch inserts its L0 row: it waits on the lock
-                while not await locker.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'levelzero n3'"
-                    " AND wait_event_type = 'Lock' AND wait_event = 'relation'"
-                ):
-                    await anyio.sleep(0.05)
+            # n3's batch inserts its L0 row: it waits on the lock.
+            await n3_is_waiting_on(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'levelzero n3'"
+                " AND wait_event_type = 'Lock' AND wait_event = 'relation'",
+                "waiting on the L0 catalog's lock",
+            )
             nodes["n3"].signal(signal.SIGSTOP)
             await transaction.commit()
             await locker.close()
@@ -380,9 +406,7 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
                 " AND l.relation = 'l0_objects'::regclass AND l.mode = 'RowExclusiveLock'"
                 " AND l.granted"
             )
-            with anyio.fail_after(WAIT_S):
-                while not (await _sql(postgres_dsn, open_batch))[0][0]:
-                    await anyio.sleep(0.05)
+            await n3_is_waiting_on(open_batch, "stopped inside its batch")
             # n3 is stopped inside its batch. The other nodes' partitions:
             started = time.monotonic()
             i = 0

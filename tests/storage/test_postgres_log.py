@@ -451,7 +451,11 @@ async def test_a_lost_append_batch_still_running_is_waited_out(
 
 
 async def wait_for_lock_waiters(connection: asyncpg.Connection, count: int) -> None:
+    """Until `count` sessions of this database wait for a lock. `connection` may be inside a
+    transaction: PostgreSQL shows a transaction the sessions' activity as it was at its first
+    look, until the snapshot is cleared."""
     for _ in range(2_000):  # bounded
+        await connection.execute("SELECT pg_stat_clear_snapshot()")
         waiting = await connection.fetchval(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE wait_event_type = 'Lock' AND datname = current_database()"
