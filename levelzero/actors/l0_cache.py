@@ -15,11 +15,22 @@ used objects go first. A GET in flight is counted at the largest of the objects 
 until it answers (`object_bytes_max` before any), then at its size; an object that does not fit
 then is handed to the reads waiting for it and not kept.
 A read that finds no room, an extent past the bytes loaded, or a GET that failed for another
-read: the extent is read alone with its own ranged GET, as without the cache. So is a miss
-while the cache thrashes (readers spread over more objects than fit, so that objects are
-evicted before a second read: a whole-object GET would then cost as many GETs as ranged ones
-and many times the bytes), but for one in SAMPLE_EVERY, which loads to find out whether
-objects are shared again.
+read: the extent is read alone with its own ranged GET, as without the cache. So are most
+misses while the cache thrashes.
+
+Thrashing: readers spread over more objects than fit (a catch-up scan of many partitions,
+each read through every object in turn), so that objects are evicted before most of their
+extents are read: whole-object GETs then save few GETs and read many times the bytes. It is
+judged by bytes: each EVICTIONS_WATCHED evictions, whether the objects evicted served reads of
+at least 1/BYTES_SERVED_MIN_INVERSE of their bytes. If not, misses load their objects half as
+often as before (one in `_every`: 1, 2, 4 … up to EVERY_MAX; the others are read alone); if
+so, twice as often. Fewer loads evict less, so the objects held live longer and serve more of
+their extents: the rate settles where loads pay for their bytes, and a scan wider than the
+cache keeps most of what it holds instead of evicting each object before the next partition
+reads it (a plain LRU misses every time on a cyclic scan one object wider than it). An on/off
+guard that sampled one miss in eight swung between the two: its sampled objects, evicted
+rarely, served plenty; loading every miss again thrashed (a catch-up of 1,024 partitions read
+160 times the bytes asked for, BENCHMARKS.md).
 
 Why serving cached bytes is safe: L0 objects are written once and never rewritten, so a slice
 is the bytes a ranged GET would return. The cache decides nothing about which objects may be
@@ -39,10 +50,12 @@ from levelzero.storage.protocols import ObjectStore
 
 
 SIZES_KEPT = 16  # a load is counted at the largest of the last this many objects loaded
-# Thrashing: fewer than a quarter of the last EVICTIONS_WATCHED objects evicted served a read
-# besides the one that loaded them; then one miss in SAMPLE_EVERY loads its object.
+# Each EVICTIONS_WATCHED evictions: if the objects evicted served reads of less than
+# 1/BYTES_SERVED_MIN_INVERSE of their bytes in all (their loads read more than that many times
+# the bytes asked for), misses load half as often (at most one in EVERY_MAX loads), else twice.
 EVICTIONS_WATCHED = 32
-SAMPLE_EVERY = 8
+BYTES_SERVED_MIN_INVERSE = 8
+EVERY_MAX = 64
 
 
 def l0_object_bytes_bound(batch_bytes_max: int) -> int:
@@ -65,6 +78,7 @@ class L0CacheStatistics:
     loads: int  # GETs of an object
     uncached_gets: int  # extents read alone (off, no room, thrashing, past the bytes loaded, failed)
     evictions: int  # objects dropped for room
+    load_every: int  # one miss in this many loads its object (1; more while the cache thrashes)
 
     @property
     def hit_ratio(self) -> float:
@@ -92,9 +106,12 @@ class L0ObjectCache:
         self._loading: dict[str, _Load] = {}
         self._inflight_bytes = 0
         self._sizes_lately: deque[int] = deque(maxlen=SIZES_KEPT)  # of the objects loaded
-        self._used: set[str] = set()  # objects (held or loading) that served another read
-        self._evicted_useful: deque[bool] = deque(maxlen=EVICTIONS_WATCHED)  # per eviction
-        self._declined = 0  # misses not loaded while thrashing
+        # Bytes of extents each object (held or loading) served, the loading read's included.
+        self._served: dict[str, int] = {}
+        # (bytes served, bytes held) of each object evicted lately.
+        self._watched = [0, 0, 0]  # evictions since the last judgement, bytes they served, held
+        self._every = 1  # one miss in this many loads its object
+        self._misses = 0  # misses that could load (room or not)
         self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
 
     async def get(self, key: str, offset: int, length: int) -> bytes:
@@ -107,32 +124,50 @@ class L0ObjectCache:
             self._held.move_to_end(key)
             if end <= len(data):
                 self._hits += 1
-                self._used.add(key)
+                self._count_served(key, length)
                 return data[offset:end]
         elif (load := self._loading.get(key)) is not None:
-            self._used.add(key)
             await load.done.wait()
             if load.data is not None and end <= len(load.data):
                 self._shared += 1
+                self._count_served(key, length)
                 return load.data[offset:end]
         elif self._load_bytes and self._admits() and self._make_room(reserve := self._reservation(end)):
             data = await self._load(key, reserve)
             if end <= len(data):
+                self._count_served(key, length)
                 return data[offset:end]
         self._uncached += 1
         return await self._objects.get(key, offset, length)
 
+    def _count_served(self, key: str, length: int) -> None:
+        """An extent of `length` bytes served from the object `key` (held, or just loaded and
+        kept: one that was not kept is no longer watched)."""
+        if key in self._served:
+            self._served[key] += length
+
     def _admits(self) -> bool:
-        """Whether a miss loads its whole object. Not while the cache thrashes — most objects
-        evicted lately served no read but the one that loaded them (readers spread over more
-        objects than fit: a whole-object GET then costs as many GETs as ranged ones, and far
-        more bytes) — but for one miss in SAMPLE_EVERY, so the cache takes up again once
-        objects are shared."""
-        useful = self._evicted_useful
-        if len(useful) < EVICTIONS_WATCHED or sum(useful) * 4 >= EVICTIONS_WATCHED:
-            return True
-        self._declined += 1
-        return self._declined % SAMPLE_EVERY == 0
+        """Whether a miss loads its whole object: one miss in `_every` (1 unless the cache
+        thrashes: `_judge`)."""
+        self._misses += 1
+        return self._misses % self._every == 0
+
+    def _evicted(self, served: int, size: int) -> None:
+        """An object evicted, having served reads of `served` of its `size` bytes; each
+        EVICTIONS_WATCHED evictions, the rate of loads judged by what those served: half as
+        many loads if they were read for less than 1/BYTES_SERVED_MIN_INVERSE of their bytes
+        (thrashing), else twice as many (up to every miss)."""
+        watched = self._watched
+        watched[0] += 1
+        watched[1] += served
+        watched[2] += size
+        if watched[0] < EVICTIONS_WATCHED:
+            return
+        if watched[1] * BYTES_SERVED_MIN_INVERSE < watched[2]:
+            self._every = min(EVERY_MAX, 2 * self._every)
+        else:
+            self._every = max(1, self._every // 2)
+        self._watched = [0, 0, 0]
 
     def _reservation(self, end: int) -> int:
         """What a load is counted at until it answers: the largest of the objects loaded
@@ -163,8 +198,7 @@ class L0ObjectCache:
                 if self._make_room(size):
                     self._held[key] = load.data
                     self._held_bytes += size
-                else:
-                    self._used.discard(key)
+                    self._served[key] = 0
             load.done.set()
             self._check_bound()
         return data
@@ -176,8 +210,7 @@ class L0ObjectCache:
             dropped_key, dropped = self._held.popitem(last=False)
             self._held_bytes -= len(dropped)
             self._evictions += 1
-            self._evicted_useful.append(dropped_key in self._used)
-            self._used.discard(dropped_key)
+            self._evicted(self._served.pop(dropped_key), len(dropped))
         return self._held_bytes + self._inflight_bytes + size <= self.bytes_max
 
     def _check_bound(self) -> None:
@@ -199,4 +232,5 @@ class L0ObjectCache:
             loads=self._loads,
             uncached_gets=self._uncached,
             evictions=self._evictions,
+            load_every=self._every,
         )

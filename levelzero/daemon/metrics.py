@@ -186,7 +186,7 @@ def l0_cache_metrics(node: Node) -> Iterable[Metric]:
         "hits": "L0 extents read from an object the readers' cache held.",
         "shared": "L0 extents read from an object GET another read had in flight.",
         "loads": "GETs of whole L0 objects by the readers' cache.",
-        "uncached_gets": "L0 extents read with a ranged GET of their own (cache off or full).",
+        "uncached_gets": "L0 extents read with a ranged GET of their own (cache off, full or thrashing).",
         "evictions": "L0 objects dropped from the readers' cache for room.",
     }
     for name, doc in counters.items():
@@ -195,6 +195,7 @@ def l0_cache_metrics(node: Node) -> Iterable[Metric]:
         "held_bytes": "Bytes of L0 objects the readers' cache holds.",
         "objects": "L0 objects the readers' cache holds.",
         "bytes_max": "The readers' cache bound (node.l0_cache_bytes_max).",
+        "load_every": "One miss in this many loads its whole L0 object (above 1: the cache thrashes).",
     }
     for name, doc in gauges.items():
         yield _gauge(f"levelzero_l0_cache_{name}", doc, getattr(stats, name))

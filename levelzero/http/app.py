@@ -838,6 +838,7 @@ def l0_cache_status(node: Node) -> L0CacheStatus:
         uncached_gets=stats.uncached_gets,
         evictions=stats.evictions,
         hit_ratio=round(stats.hit_ratio, 4),
+        load_every=stats.load_every,
     )
 
 

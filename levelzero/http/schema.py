@@ -193,6 +193,7 @@ class L0CacheStatus(_Response):
     uncached_gets: int  # extents read with a GET of their own (off, no room, failed load)
     evictions: int  # objects dropped for room
     hit_ratio: float  # (hits + shared) / extents read
+    load_every: int = 1  # one miss in this many loads its object (more than 1: thrashing)
 
 
 class ReconcilerStatus(_Response):

@@ -7,6 +7,7 @@ share the GETs of the objects they have in common)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import anyio
 import pytest
@@ -238,24 +239,84 @@ async def test_a_load_is_counted_at_the_objects_loaded_lately_and_a_larger_one_m
     assert cache.statistics().hits == 1
 
 
+async def _scan(cache: L0ObjectCache, objects: range, extents: int, length: int) -> None:
+    """A catch-up scan: each object in turn read for `extents` extents of `length` bytes
+    (partitions reading one after another), never read again."""
+    for i in objects:
+        for e in range(extents):
+            offset = e * length
+            assert await cache.get(key(i), offset, length) == body(i)[offset : offset + length]
+
+
+async def _scan_watching(
+    cache: L0ObjectCache, objects: range, extents: int, length: int
+) -> list[tuple[int, int]]:
+    """`_scan`, and each change of the cache's load rate: (evictions then, one miss in N)."""
+    changes = []
+    for i in objects:
+        await _scan(cache, range(i, i + 1), extents, length)
+        stats = cache.statistics()
+        if not changes or changes[-1][1] != stats.load_every:
+            changes.append((stats.evictions, stats.load_every))
+    return changes
+
+
 @in_virtual_time
-async def test_while_the_cache_thrashes_a_miss_reads_its_extent_alone_but_one_in_eight():
-    """Readers cycling over three objects with room for two: each load is evicted before a
-    second read. Once 32 evictions served nothing, a miss reads its extent alone (a ranged GET,
-    not the whole object) but for one in eight, which loads to find out whether objects are
-    shared again. Objects held still answer."""
-    store = await store_with(3)
+async def test_while_objects_are_evicted_with_a_few_small_extents_read_misses_load_ever_less_often():
+    """A catch-up scan with room for two objects, each read for three extents of 30 bytes
+    before it is evicted: every object served reads besides the one that loaded it, but 90
+    of its 1,000 bytes (under an eighth): a whole-object GET read 11 times the bytes asked for
+    to save two GETs. That is thrashing: at each 32 evictions, misses load their objects half
+    as often (the others read their extent alone), up to one in 64."""
+    store = await store_with(1200)
     cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
-    for i in range(34):
-        assert await cache.get(key(i % 3), 0, 10) == body(i % 3)[:10]
+    changes = await _scan_watching(cache, range(1200), 3, 30)
+    assert changes == [(0, 1), (32, 2), (64, 4), (96, 8), (128, 16), (160, 32), (192, 64)]
     stats = cache.statistics()
-    assert (stats.loads, stats.evictions, stats.hits, stats.uncached_gets) == (34, 32, 0, 0)
-    assert all(r == (key(i % 3), 0, SIZE) for i, r in enumerate(store.ranges))
-    del store.ranges[:]
-    for k in range(8):  # object 1 is not held (objects 2 and 0 are)
-        assert await cache.get(key(1), 10 * k, 10) == body(1)[10 * k : 10 * k + 10]
-    assert store.ranges == [(key(1), 10 * k, 10) for k in range(7)] + [(key(1), 0, SIZE)]
-    assert await cache.get(key(0), 500, 10) == body(0)[500:510]  # held: a hit
+    alone = [r for r in store.ranges if r[1:] != (0, SIZE)]
+    assert all(r[2] == 30 for r in alone) and len(alone) == stats.uncached_gets
+    assert stats.loads + stats.hits + stats.uncached_gets == 3 * 1200
+    # Every miss loading: 1,200 GETs of 1,000 bytes. Here a quarter of the bytes (2.7 times
+    # the GETs: those of the extents read alone, as without the cache).
+    get_bytes = stats.loads * SIZE + 30 * stats.uncached_gets
+    assert (stats.loads, stats.uncached_gets, get_bytes) == (214, 3056, 305_680), stats
+
+
+@in_virtual_time
+async def test_a_cyclic_scan_one_object_wider_than_the_cache_keeps_most_of_what_it_holds():
+    """Five objects read in turn, pass after pass, three extents of 30 bytes each, with room
+    for four: least-recently-used eviction alone evicts every object just before it is read
+    again (in 48 passes, 240 loads of 1,000 bytes, two hits each). Loading one miss in four
+    (the rate the judgements settle at), the objects held stay and serve their extents pass
+    after pass: 96 loads, 505 hits, 119 extents read alone."""
+    store = await store_with(5)
+    cache = L0ObjectCache(store, bytes_max=4 * SIZE, object_bytes_max=SIZE)
+    for _ in range(48):
+        await _scan(cache, range(5), 3, 30)
     stats = cache.statistics()
-    assert (stats.loads, stats.uncached_gets, stats.evictions, stats.hits) == (35, 7, 33, 1)
-    assert held(cache) == 2 * SIZE
+    assert (stats.loads, stats.hits, stats.uncached_gets, stats.load_every) == (96, 505, 119, 4), stats
+
+
+@in_virtual_time
+async def test_once_objects_are_read_for_more_of_their_bytes_again_misses_load_more_often():
+    """After a thrashing scan brought loads down to one miss in 16, objects read whole (25
+    extents of 40 bytes): each 32 evictions, loads twice as often, back to every miss."""
+    store = await store_with(600)
+    cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
+    assert (await _scan_watching(cache, range(300), 3, 30))[-1][1] == 16
+    changes = await _scan_watching(cache, range(300, 600), 25, 40)
+    assert [every for _, every in changes] == [16, 8, 4, 2, 1], changes
+    assert all(later - earlier == 32 for (earlier, _), (later, _) in pairwise(changes[1:]))
+
+
+@in_virtual_time
+async def test_objects_read_for_an_eighth_of_their_bytes_before_eviction_are_loaded_whole():
+    """The scan with four extents of 40 bytes: 160 bytes of an object of 1,000 served
+    before its eviction, 16%, over an eighth: a whole-object GET per object (instead of four
+    ranged ones) stays worth its bytes, and every miss loads its object."""
+    store = await store_with(34 + 40)
+    cache = L0ObjectCache(store, bytes_max=2 * SIZE, object_bytes_max=SIZE)
+    assert await _scan_watching(cache, range(34 + 40), 4, 40) == [(0, 1)]
+    stats = cache.statistics()
+    assert (stats.loads, stats.hits, stats.uncached_gets, stats.evictions) == (74, 3 * 74, 0, 72)
+    assert all(r[1:] == (0, SIZE) for r in store.ranges)

@@ -182,6 +182,10 @@ def test_status_table_is_readable() -> None:
         "L0 cache: 12 objects (3.0 MiB of 64.0 MiB), extents without a GET of their own 90 (90%), "
         "object GETs 8, extent GETs 2, evictions 1"
     )
+    assert with_components.l0_cache is not None
+    thrashing = msgspec.structs.replace(with_components.l0_cache, load_every=4)
+    line = format_status(msgspec.structs.replace(with_components, l0_cache=thrashing)).splitlines()[3]
+    assert line.endswith("evictions 1, thrashing: one miss in 4 loads its object"), line
     assert (
         lines[4] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
     )

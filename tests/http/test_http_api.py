@@ -511,6 +511,7 @@ async def test_the_l0_caches_loads_hits_and_evictions_are_in_status_and_metrics(
         counts = (cache.loads, cache.hits, cache.shared, cache.uncached_gets, cache.evictions)
         assert counts == (3, 1, 0, 0, 2)
         assert (cache.objects, cache.bytes_max, cache.inflight_bytes, cache.hit_ratio) == (1, 1024, 0, 0.25)
+        assert cache.load_every == 1  # every miss loads: not thrashing
         assert 600 < cache.held_bytes <= 1024
         text = await client.metrics()
         for line in (
@@ -518,6 +519,7 @@ async def test_the_l0_caches_loads_hits_and_evictions_are_in_status_and_metrics(
             "levelzero_l0_cache_hits_total 1.0",
             "levelzero_l0_cache_evictions_total 2.0",
             "levelzero_l0_cache_bytes_max 1024.0",
+            "levelzero_l0_cache_load_every 1.0",
             "levelzero_l0_cache_objects 1.0",
         ):
             assert line in text.splitlines(), line
