@@ -108,8 +108,9 @@ class L0ObjectCache:
         self._sizes_lately: deque[int] = deque(maxlen=SIZES_KEPT)  # of the objects loaded
         # Bytes of extents each object (held or loading) served, the loading read's included.
         self._served: dict[str, int] = {}
-        # (bytes served, bytes held) of each object evicted lately.
-        self._watched = [0, 0, 0]  # evictions since the last judgement, bytes they served, held
+        # The evictions since the rate was last judged (`_evicted`), the bytes those objects
+        # served and the bytes they held.
+        self._watched_evictions = self._watched_served = self._watched_bytes = 0
         self._every = 1  # one miss in this many loads its object
         self._misses = 0  # misses that could load (room or not)
         self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
@@ -148,7 +149,7 @@ class L0ObjectCache:
 
     def _admits(self) -> bool:
         """Whether a miss loads its whole object: one miss in `_every` (1 unless the cache
-        thrashes: `_judge`)."""
+        thrashes: `_evicted`)."""
         self._misses += 1
         return self._misses % self._every == 0
 
@@ -157,17 +158,16 @@ class L0ObjectCache:
         EVICTIONS_WATCHED evictions, the rate of loads judged by what those served: half as
         many loads if they were read for less than 1/BYTES_SERVED_MIN_INVERSE of their bytes
         (thrashing), else twice as many (up to every miss)."""
-        watched = self._watched
-        watched[0] += 1
-        watched[1] += served
-        watched[2] += size
-        if watched[0] < EVICTIONS_WATCHED:
+        self._watched_evictions += 1
+        self._watched_served += served
+        self._watched_bytes += size
+        if self._watched_evictions < EVICTIONS_WATCHED:
             return
-        if watched[1] * BYTES_SERVED_MIN_INVERSE < watched[2]:
+        if self._watched_served * BYTES_SERVED_MIN_INVERSE < self._watched_bytes:
             self._every = min(EVERY_MAX, 2 * self._every)
         else:
             self._every = max(1, self._every // 2)
-        self._watched = [0, 0, 0]
+        self._watched_evictions = self._watched_served = self._watched_bytes = 0
 
     def _reservation(self, end: int) -> int:
         """What a load is counted at until it answers: the largest of the objects loaded

@@ -509,16 +509,18 @@ def _column_piece(extent: _Extent, columns: ExtentColumns | None) -> _ColumnPiec
     r = extent.planned
     if len(extent.runs) == 1:
         ((base, _, n),) = extent.runs
-        lo, hi = max(r.first - base, 0), max(min(r.last + 1 - base, n), 0)
-        offsets = np.arange(base + lo, base + max(lo, hi), dtype=np.int64)
+        lo = max(r.first - base, 0)
+        hi = max(lo, min(r.last + 1 - base, n))
+        offsets = np.arange(base + lo, base + hi, dtype=np.int64)
     else:
         firsts, indices, counts = (np.array(column, np.int64) for column in zip(*extent.runs, strict=True))
         every = np.arange(extent.count, dtype=np.int64) + np.repeat(firsts - indices, counts)
         if not (np.diff(every) > 0).all():
             return None  # runs out of offset order: cut record by record, in their order
-        lo, hi = int(np.searchsorted(every, r.first)), int(np.searchsorted(every, r.last, "right"))
+        lo = int(np.searchsorted(every, r.first))
+        hi = max(lo, int(np.searchsorted(every, r.last, "right")))
         offsets = every[lo:hi]
-    return _ColumnPiece(extent.data, columns, offsets, lo, max(lo, hi))
+    return _ColumnPiece(extent.data, columns, offsets, lo, hi)
 
 
 def _columns_batch(r: ObjectRange, pieces: list[_ColumnPiece]) -> Any:

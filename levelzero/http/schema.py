@@ -190,7 +190,7 @@ class L0CacheStatus(_Response):
     hits: int  # extents sliced from a held object
     shared: int  # extents sliced from a GET another read had in flight
     loads: int  # GETs of an object
-    uncached_gets: int  # extents read with a GET of their own (off, no room, failed load)
+    uncached_gets: int  # extents read with a GET of their own (off, no room, thrashing, failed load)
     evictions: int  # objects dropped for room
     hit_ratio: float  # (hits + shared) / extents read
     load_every: int = 1  # one miss in this many loads its object (more than 1: thrashing)
