@@ -187,12 +187,16 @@ class Reconciler:
                 if not self._due_for_object(actor):
                     self._note_lag(actor)
                     return  # growing: its L0 data stays until it is reconciled
-                while actor.state.has_unreconciled_data:
+                # What was due when the round began (several objects if it is more than one
+                # holds); records that arrived since wait for their own object, counted from
+                # the next pass that sees them. (Copying them too made a second, small object
+                # whenever a copy waited: for a partition of a later wave, nearly always.)
+                due_end = due_ends.get(actor.name, actor.state.high_watermark)
+                while actor.state.has_unreconciled_data and actor.state.lro + 1 < due_end:
                     if not await self.reconcile_partition(actor, reads=reads):
                         break
                     written += 1
-                if not actor.state.has_unreconciled_data:
-                    self._waiting.pop(actor.name, None)
+                self._waiting.pop(actor.name, None)
             except (NotLeader, anyio.ClosedResourceError):
                 pass  # the partition moved on; its new leader reconciles
             except LevelZeroError as exc:
@@ -217,6 +221,7 @@ class Reconciler:
         # extents fit the read buffer (and at least as many as copy at once, whatever their
         # size: a round copies every partition due, however small the buffer), the next plans
         # those left over.
+        due_ends = {actor.name: actor.state.high_watermark for actor in ready}
         wave = ready
         while wave:
             reads = RoundReads(

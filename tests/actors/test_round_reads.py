@@ -323,3 +323,29 @@ async def test_a_read_buffer_smaller_than_any_partitions_extents_still_copies_ev
         assert node.reconciler.config.partitions_in_flight_max == 4
         assert (stats.l0_span_gets, stats.partitions_deferred) == (0, 4)
         assert all(node.partition("t", p).state.lro == WINDOWS * 3 - 1 for p in range(PARTITIONS))
+
+
+@in_virtual_time
+async def test_records_that_arrive_while_a_round_copies_wait_for_an_object_of_their_own():
+    """A partition's copy waits on its GET while more records arrive: the round writes one L1
+    object, of what was due when it began; the newer records stay unreconciled, waiting for
+    their own object (before, the copy went on to write a second, small one for them)."""
+    objects = GatedStore()
+    async with running_node(config(64 * 1024 * 1024), MemoryLogStore(), objects) as node:
+        await produce_in_windows(node, 1)
+        actor = node.partition("t", 0)
+        due = actor.state.high_watermark
+        objects.gate = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            written: list[int] = []
+
+            async def round_() -> None:
+                written.append(await node.reconciler.run_round())
+
+            tg.start_soon(round_)
+            await wait_until(lambda: len(objects.ranges) > 0, "the copy's first GET")
+            await node.produce("t", 0, [Record(None, b"late")])
+            objects.gate.set()
+        objects.gate = None
+        assert written == [1] and node.reconciler.stats.objects_written == 1
+        assert actor.state.lro == due - 1 and actor.state.high_watermark == due + 1
