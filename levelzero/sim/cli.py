@@ -224,7 +224,11 @@ def _print_summary(
         f"{s.objects_uploaded} / {s.objects_deleted} / {s.l0_left}",
     )
     _row(out, "orphan objects (rejected everywhere)", s.orphans)
-    _row(out, "L1 objects written", s.l1_written)
+    _row(
+        out,
+        "L1 objects written / copies in a later wave",
+        f"{s.l1_written} / {s.l1_rounds_deferred}",
+    )
     _row(out, "L0 cache: extents served / object loads", f"{s.l0_cache_served} / {s.l0_cache_loads}")
     _row(out, "L0 deletes checked against readers' pins", s.deletes_under_pins)
     _row(out, "crashes / epoch bumps / GC rounds", f"{s.crashes} / {s.epoch_bumps} / {s.gc_rounds}")
