@@ -248,12 +248,12 @@ class Reconciler:
         await for_each(actors, work, self.config.partitions_in_flight_max)
 
     async def _plan(self, reads: RoundReads, ready: list[PartitionActor]) -> set[str]:
-        """The placeholders each partition due will copy first this round: read now, so the
-        round knows which extents each L0 object gives (`RoundReads`), and handed to the copy.
+        """The placeholders each partition due in this wave will copy first: read now, so the
+        wave knows which extents each L0 object gives (`RoundReads`), and handed to the copy.
         Planned in `ready`'s order while their spans fit the read buffer (a few partitions'
         placeholders read at once, then planned in turn); the partitions due from the first
-        that does not fit on are returned, to be left to the next round: copied now, each of
-        their extents would be a GET of its own."""
+        that does not fit on are returned, for the round's next wave: copied in this one, each
+        of their extents would be a GET of its own."""
         if not reads.sharing:
             return set()
         due = [
