@@ -381,9 +381,12 @@ class Batcher:
         # the buffer that becomes the object. A large object's encoding and CRC-32s run on a
         # worker thread (the producers' records are immutable; the loop meanwhile answers
         # fences and commits), a small one's on the loop (a thread hop costs more than they do).
+        # Extents in partition order: a reconciler round copies partitions in blocks of
+        # neighbouring ones (`round_reads.py`), whose extents then lie together in every object,
+        # one short span to GET instead of a span over the whole object.
         extents = [
             (pid, [req.records for req in reqs]) if len(reqs) > 1 else (pid, [reqs[0].records])
-            for pid, reqs in by_partition.items()
+            for pid, reqs in sorted(by_partition.items())
         ]
         if batch_bytes >= ENCODE_OFF_LOOP_BYTES_MIN:
             encoded = await anyio.to_thread.run_sync(EncodedExtents, extents)

@@ -94,6 +94,7 @@ class ReconcilerStatistics:
     l0_span_gets: int = 0  # GETs of an L0 object's span shared by several partitions' extents
     l0_extent_gets: int = 0  # GETs of one extent
     l0_extents_from_spans: int = 0  # extents sliced from a shared span
+    partitions_deferred: int = 0  # copied in a later wave of their round: the read buffer was full
     lag_offsets: dict[str, int] = field(default_factory=dict)
     lag_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -160,17 +161,17 @@ class Reconciler:
         # their objects would stay in the bucket until a restart otherwise.
         await self.catalog.retry_deletes()
 
-        async def one(actor: PartitionActor) -> None:
+        async def one(reads: RoundReads, actor: PartitionActor) -> None:
             self.stats.partitions_visited += 1
             try:
-                await visit(actor)
+                await visit(actor, reads)
             finally:
                 if actor.state.has_unreconciled_data or self.health.get(actor.name) is not None:
                     self._unfinished.add(actor.name)
                 else:
                     self._unfinished.discard(actor.name)
 
-        async def visit(actor: PartitionActor) -> None:
+        async def visit(actor: PartitionActor, reads: RoundReads) -> None:
             nonlocal written
             try:
                 if actor.row.pid not in self._recovered:
@@ -186,12 +187,16 @@ class Reconciler:
                 if not self._due_for_object(actor):
                     self._note_lag(actor)
                     return  # growing: its L0 data stays until it is reconciled
-                while actor.state.has_unreconciled_data:
+                # What was due when the round began (several objects if it is more than one
+                # holds); records that arrived since wait for their own object, counted from
+                # the next pass that sees them. (Copying them too made a second, small object
+                # whenever a copy waited: for a partition of a later wave, nearly always.)
+                due_end = due_ends.get(actor.name, actor.state.high_watermark)
+                while actor.state.has_unreconciled_data and actor.state.lro + 1 < due_end:
                     if not await self.reconcile_partition(actor, reads=reads):
                         break
                     written += 1
-                if not actor.state.has_unreconciled_data:
-                    self._waiting.pop(actor.name, None)
+                self._waiting.pop(actor.name, None)
             except (NotLeader, anyio.ClosedResourceError):
                 pass  # the partition moved on; its new leader reconciles
             except LevelZeroError as exc:
@@ -212,15 +217,27 @@ class Reconciler:
                 ready.append(actor)
             else:
                 self._unfinished.add(actor.name)
-        # The round's plan and shared reads: a batch a partition did not copy after all goes
-        # with the round.
-        reads = RoundReads(self._objects, self.config.read_buffer_bytes_max)
-        await self._for_each(ready, functools.partial(self._plan, reads))
-        await self._for_each(ready, one)
+        # The round's plan and shared reads, in waves: each copies the partitions due whose
+        # extents fit the read buffer (and at least as many as copy at once, whatever their
+        # size: a round copies every partition due, however small the buffer), the next plans
+        # those left over.
+        due_ends = {actor.name: actor.state.high_watermark for actor in ready}
+        wave = ready
+        while wave:
+            reads = RoundReads(
+                self._objects, self.config.read_buffer_bytes_max, self.config.partitions_in_flight_max
+            )
+            later = await self._plan(reads, wave)
+            await self._for_each([a for a in wave if a.name not in later], functools.partial(one, reads))
+            self.stats.partitions_deferred += len(later)
+            self._add_read_stats(reads)
+            wave = [a for a in wave if a.name in later]
+        return written
+
+    def _add_read_stats(self, reads: RoundReads) -> None:
         self.stats.l0_span_gets += reads.stats.span_gets
         self.stats.l0_extent_gets += reads.stats.extent_gets
         self.stats.l0_extents_from_spans += reads.stats.extents_from_spans
-        return written
 
     async def _for_each(
         self, actors: list[PartitionActor], work: Callable[[PartitionActor], Awaitable[None]]
@@ -230,26 +247,50 @@ class Reconciler:
         a round of one partition runs it on the round's task."""
         await for_each(actors, work, self.config.partitions_in_flight_max)
 
-    async def _plan(self, reads: RoundReads, actor: PartitionActor) -> None:
-        """The placeholders `actor` will copy first this round, when it is due: read now, so the
-        round knows which extents each L0 object gives (`RoundReads`), and handed to the copy."""
+    async def _plan(self, reads: RoundReads, ready: list[PartitionActor]) -> set[str]:
+        """The placeholders each partition due in this wave will copy first: read now, so the
+        wave knows which extents each L0 object gives (`RoundReads`), and handed to the copy.
+        Planned in `ready`'s order while their spans fit the read buffer (a few partitions'
+        placeholders read at once, then planned in turn); the partitions due from the first
+        that does not fit on are returned, for the round's next wave: copied in this one, each
+        of their extents would be a GET of its own."""
+        if not reads.sharing:
+            return set()
+        due = [
+            actor
+            for actor in ready
+            if actor.state.has_unreconciled_data
+            and self.health.retry_due(actor.name, self._wall())
+            and self._due_for_object(actor)
+            and topic_name_problem(actor.row.topic) is None
+        ]
+        step = self.config.partitions_in_flight_max
+        for first in range(0, len(due), step):
+            if reads.full:
+                return {actor.name for actor in due[first:]}
+            chunk = due[first : first + step]
+            batches: dict[str, tuple[int, list[LogRecord]]] = {}
+            await self._for_each(chunk, functools.partial(self._first_batch, batches))
+            for i, actor in enumerate(chunk):
+                planned = batches.get(actor.name)
+                if planned is not None and not reads.plan_batch(actor.row.pid, *planned):
+                    return {actor.name for actor in due[first + i :]}
+        return set()
+
+    async def _first_batch(
+        self, batches: dict[str, tuple[int, list[LogRecord]]], actor: PartitionActor
+    ) -> None:
+        """The placeholders `actor` would copy first (from its LRO + 1, below its HWM) into
+        `batches`; nothing when the read fails (the copy reads them again, and says what fails)."""
         state = actor.state
-        if (
-            reads.full  # the round plans no more than its spans could hold: the rest read alone
-            or not state.has_unreconciled_data
-            or not self.health.retry_due(actor.name, self._wall())
-            or not self._due_for_object(actor)
-            or topic_name_problem(actor.row.topic) is not None
-        ):
-            return
         start, hwm = state.lro + 1, state.high_watermark
         try:
             placeholders = await self._log.read_placeholders(
                 actor.row.pid, start, self.config.placeholders_per_object_max
             )
         except LevelZeroError:
-            return  # the copy reads them again, and says what fails
-        reads.plan_batch(actor.row.pid, start, self._batch_of(placeholders, hwm))
+            return
+        batches[actor.name] = (start, self._batch_of(placeholders, hwm))
 
     def _due_for_object(self, actor: PartitionActor) -> bool:
         """Whether `actor`'s unreconciled data is to be written now: it reached

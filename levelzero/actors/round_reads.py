@@ -8,11 +8,20 @@ of placeholders each due partition will copy first (read from the log store once
 handed on to that partition's copy: the plan belongs to the round, so a copy made outside it
 reads its own). Then the first copy needing an extent of an object planned for two or more
 fetches the span holding every planned extent of it, one GET; the others slice it. A span is
-dropped once its last planned extent is taken, and spans held at once stay within `budget_bytes`
-(a span that would not fit, an extent that was not planned, or a span whose GET failed for
-another copy: read with its own ranged GET, as before). L0 objects are immutable, so a slice is
-the bytes a ranged GET would return; the partitions reading them have unreconciled data in the
-object, so `M(p)` keeps the object from the GC while they do (as for their own reads)."""
+dropped once its last planned extent is taken. L0 objects are immutable, so a slice is the bytes
+a ranged GET would return; the partitions reading them have unreconciled data in the object, so
+`M(p)` keeps the object from the GC while they do (as for their own reads).
+
+The memory bound: the spans a round plans add up to at most `budget_bytes` (each object's from
+its first planned extent to its last), so every span fits when its GET comes. A partition
+whose batch would take the spans past it is not planned: `plan_batch` says so, and the
+reconciler leaves it to the next round, first in line (copied now, its extents would be read
+one GET each: at 1,024 partitions and 10 MiB/s that was ~900 GETs per L0 object, nine dollars
+in ten of the request bill). The batcher writes an object's extents in partition order, so a
+round planning neighbouring partitions plans short spans: all of a round's extents in an
+object lie together. (An extent that was not planned, a span whose GET failed for another copy,
+or a span that does not fit after all — the first partition of a round may be larger than the
+budget alone — is read with its own ranged GET, as before.)"""
 
 from __future__ import annotations
 
@@ -44,30 +53,70 @@ class RoundReadStatistics:
 
 
 class RoundReads:
-    def __init__(self, objects: ObjectStore, budget_bytes: int) -> None:
-        assert budget_bytes >= 0, budget_bytes
+    def __init__(self, objects: ObjectStore, budget_bytes: int, partitions_min: int = 1) -> None:
+        assert budget_bytes >= 0 and partitions_min >= 1, (budget_bytes, partitions_min)
         self._objects = objects
         self._budget = budget_bytes
+        # Batches planned whatever their spans (a span that then does not fit is read alone):
+        # a wave copies at least this many partitions, as many as copy at once.
+        self._partitions_min = partitions_min
         self._planned: dict[str, set[_Extent]] = {}
+        # Each planned object's span: (its first planned byte, the end of its last extent);
+        # `_span_bytes` their sizes added up, what the spans would hold at once.
+        self._bounds: dict[str, _Extent] = {}
+        self._span_bytes = 0
         self._spans: dict[str, _Span] = {}
         self._held = 0  # bytes of the spans in `_spans`
-        self._planned_bytes = 0
         # The batch each partition planned copies first: pid -> (its first data offset, the
         # batch's placeholders). One batch per partition: bounded with the plan (`full`).
         self._batches: dict[int, tuple[int, list[LogRecord]]] = {}
         self.stats = RoundReadStatistics()
 
+    @property
+    def sharing(self) -> bool:
+        """Whether the round shares reads at all (a budget of 0: a GET per extent)."""
+        return self._budget > 0
+
     def plan(self, placeholders: Iterable[Placeholder]) -> None:
         """Extents a partition of this round will read."""
         for p in placeholders:
-            self._planned.setdefault(p.object_key, set()).add((p.byte_offset, p.byte_length))
-            self._planned_bytes += p.byte_length
+            key, first, end = p.object_key, p.byte_offset, p.byte_offset + p.byte_length
+            self._planned.setdefault(key, set()).add((p.byte_offset, p.byte_length))
+            bounds = self._bounds.get(key)
+            if bounds is not None:
+                self._span_bytes -= bounds[1] - bounds[0]
+                first, end = min(first, bounds[0]), max(end, bounds[1])
+            self._bounds[key] = (first, end)
+            self._span_bytes += end - first
 
-    def plan_batch(self, pid: int, start: int, batch: list[LogRecord]) -> None:
+    def _growth(self, placeholders: list[Placeholder]) -> int:
+        """How many bytes planning `placeholders` would add to the spans."""
+        grown: dict[str, _Extent] = {}
+        for p in placeholders:
+            key = p.object_key
+            first, end = grown.get(key) or self._bounds.get(key) or (p.byte_offset, p.byte_offset)
+            grown[key] = (min(first, p.byte_offset), max(end, p.byte_offset + p.byte_length))
+        growth = 0
+        for key, (first, end) in grown.items():
+            before = self._bounds.get(key)
+            growth += end - first - (before[1] - before[0] if before is not None else 0)
+        return growth
+
+    def plan_batch(self, pid: int, start: int, batch: list[LogRecord]) -> bool:
         """The placeholders partition `pid` will copy first, from data offset `start`: their
-        extents planned, the batch kept for the copy (`take_batch`)."""
-        self.plan(record.entry for record in batch if isinstance(record.entry, Placeholder))
+        extents planned, the batch kept for the copy (`take_batch`). False, and nothing
+        planned, when they would take the round's spans past the budget and `partitions_min`
+        partitions are planned already (those are planned whatever their size: a wave makes
+        progress, as many partitions as copy at once)."""
+        placeholders = [record.entry for record in batch if isinstance(record.entry, Placeholder)]
+        if (
+            len(self._batches) >= self._partitions_min
+            and self._span_bytes + self._growth(placeholders) > self._budget
+        ):
+            return False
+        self.plan(placeholders)
         self._batches[pid] = (start, batch)
+        return True
 
     def take_batch(self, pid: int, start: int) -> list[LogRecord] | None:
         """The batch planned for `pid` if it starts at `start` (the log below the HWM is fixed,
@@ -77,11 +126,10 @@ class RoundReads:
 
     @property
     def full(self) -> bool:
-        """The extents planned add up to the budget: planning more could not share more GETs
-        (the spans held at once stay within it), and would only hold more placeholders in
-        memory. (Checked before each partition's plan: the partitions planned concurrently may
-        pass it by a batch each.)"""
-        return self._planned_bytes >= self._budget
+        """The planned spans add up to the budget and `partitions_min` partitions are planned:
+        no other partition's batch fits. (Checked before a partition's placeholders are read;
+        `plan_batch` decides for a batch.)"""
+        return self._span_bytes >= self._budget and len(self._batches) >= self._partitions_min
 
     @property
     def held_bytes(self) -> int:

@@ -84,6 +84,10 @@ class SimConfig:
     # L1 objects grow to a size or an age (0: one every pass), one age drawn per seed
     reconciler_object_bytes_min: int = 512
     reconciler_object_age_max_s: tuple[float, ...] = (0.0, 1.0, 4.0)
+    # The reconciler round's read buffer, one drawn per seed: room for everything, for a few
+    # partitions' extents (rounds leave partitions to the next), for less than one, or none
+    # (a GET per extent).
+    reconciler_read_buffer_bytes: tuple[int, ...] = (64 * 1024 * 1024, 64 * 1024 * 1024, 1024, 128, 0)
     copy_deadline_s: float = 30.0
     housekeeper_interval_s: tuple[float, ...] = (0.4, 0.4, 2.5)  # one drawn per seed
     idle_after_s: float = 0.8

@@ -42,6 +42,7 @@ class SimResult:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l1_rounds_deferred: int
     l0_cache_served: int  # extents the readers' L0 cache served without a GET of their own
     l0_cache_loads: int
     deletes_under_pins: int  # L0 deletes while a live reader held a pin (checked against it)
@@ -216,6 +217,7 @@ def _result(
         objects_deleted=s.objects_deleted,
         orphans=s.orphans,
         l1_written=s.l1_written,
+        l1_rounds_deferred=s.l1_rounds_deferred,
         l0_cache_served=s.l0_cache_served,
         l0_cache_loads=s.l0_cache_loads,
         deletes_under_pins=world.truth.deletes_under_pins,
@@ -312,6 +314,7 @@ class Summary:
     objects_deleted: int
     orphans: int
     l1_written: int
+    l1_rounds_deferred: int
     l0_cache_served: int
     l0_cache_loads: int
     deletes_under_pins: int
@@ -365,6 +368,7 @@ _SUMMED = (
     "objects_deleted",
     "orphans",
     "l1_written",
+    "l1_rounds_deferred",
     "l0_cache_served",
     "l0_cache_loads",
     "deletes_under_pins",

@@ -165,6 +165,7 @@ class Stats:
     orphans: int = 0
     objects_uploaded: int = 0
     l1_written: int = 0
+    l1_rounds_deferred: int = 0  # partitions a reconciler round copied in a later wave (buffer full)
     gc_rounds: int = 0
     objects_deleted: int = 0
     l0_cache_served: int = 0  # extents the readers' L0 cache sliced from an object it held or loaded
@@ -205,6 +206,7 @@ class World:
         # Drawn from a stream of its own: the world's stream (and every seed's draws) unchanged.
         self.reconciler_age_max_s = random.Random(seed + 0x1A6E).choice(cfg.reconciler_object_age_max_s)
         self.l0_cache_bytes_max = random.Random(seed + 0xCAC4E).choice(cfg.l0_cache_bytes_max)
+        self.read_buffer_bytes = random.Random(seed + 0x5EAD).choice(cfg.reconciler_read_buffer_bytes)
         # Swarm testing: each fault's rate and the workload's mix drawn apart, some off.
         swarm = {name: getattr(cfg, name) * rng.choice(cfg.swarm_scales) for name in _SWARMED_RATES}
         swarm |= {name: getattr(cfg, name) * rng.choice(cfg.swarm_mix) for name in _SWARMED_INTERVALS}
@@ -353,6 +355,7 @@ class World:
                 object_bytes_max=1024,
                 object_bytes_min=cfg.reconciler_object_bytes_min,
                 object_age_max_s=self.reconciler_age_max_s,
+                read_buffer_bytes_max=self.read_buffer_bytes,
                 copy_deadline_s=cfg.copy_deadline_s,
             ),
             housekeeper=HousekeeperConfig(
@@ -888,6 +891,7 @@ class World:
         self.stats.orphans += b.orphan_objects
         self.stats.objects_uploaded += b.objects_uploaded
         self.stats.l1_written += inc.node.reconciler.stats.objects_written
+        self.stats.l1_rounds_deferred += inc.node.reconciler.stats.partitions_deferred
         gc = inc.node.gc.statistics()
         self.stats.gc_rounds += gc.rounds
         self.stats.objects_deleted += gc.totals.deleted

@@ -72,13 +72,23 @@ async def test_a_span_beyond_the_budget_an_unplanned_extent_and_a_lone_one_are_r
 
 
 def test_planning_stops_at_the_budget():
+    def batch(*extents: Placeholder) -> list[LogRecord]:
+        return [LogRecord(log_offset=i, term=1, base_offset=i, entry=e) for i, e in enumerate(extents)]
+
     reads = RoundReads(MemoryObjectStore(), budget_bytes=100)
+    assert not reads.full and reads.sharing
+    assert reads.plan_batch(1, 0, batch(extent(0, 60), extent(60, 30)))
     assert not reads.full
-    reads.plan([extent(0, 60), extent(60, 30)])
-    assert not reads.full
-    reads.plan([extent(90, 10)])
+    assert reads.plan_batch(2, 0, batch(extent(90, 10)))
     assert reads.full
-    assert RoundReads(MemoryObjectStore(), budget_bytes=0).full  # shared reads off: no plan
+    assert not RoundReads(MemoryObjectStore(), budget_bytes=0).sharing  # shared reads off: no plan
+    # At least `partitions_min` batches are planned whatever their spans (a wave copies as
+    # many as copy at once; a span that does not fit is read alone), then the budget rules.
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=10, partitions_min=2)
+    assert reads.plan_batch(1, 0, batch(extent(0, 60)))
+    assert not reads.full
+    assert reads.plan_batch(2, 0, batch(extent(60, 60)))
+    assert reads.full and not reads.plan_batch(3, 0, batch(extent(120, 1)))
 
 
 @in_virtual_time
@@ -238,3 +248,104 @@ def test_a_planned_batch_is_taken_once_and_only_from_its_start():
 def test_the_read_buffer_bound_is_checked():
     with pytest.raises(Exception, match="read_buffer_bytes_max"):
         replace(ReconcilerConfig(), read_buffer_bytes_max=-1)
+
+
+def test_a_batch_that_would_take_the_spans_past_the_budget_is_not_planned_unless_it_is_the_first():
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=100)
+
+    def batch(*extents: Placeholder) -> list[LogRecord]:
+        return [LogRecord(log_offset=i, term=1, base_offset=i, entry=e) for i, e in enumerate(extents)]
+
+    # The first batch is planned whatever its size: a round makes progress.
+    assert reads.plan_batch(1, 0, batch(extent(0, 30), extent(0, 80, key="other")))
+    assert reads.full  # spans of 30 and 80 bytes: past the budget, with the first batch alone
+    assert not reads.plan_batch(2, 0, batch(extent(30, 1)))
+    # A span grows from its first planned byte to the end of its last extent: a neighbour's
+    # extent adds its own length, one far away the gap too.
+    reads = RoundReads(MemoryObjectStore(), budget_bytes=100)
+    assert reads.plan_batch(1, 0, batch(extent(0, 30)))
+    assert reads.plan_batch(2, 0, batch(extent(30, 30)))  # 60
+    assert not reads.plan_batch(3, 0, batch(extent(200, 10)))  # would be 210: not planned
+    assert reads.take_batch(3, 0) is None
+    assert reads.plan_batch(4, 0, batch(extent(60, 40)))  # 100: exactly the budget
+    assert reads.full
+    assert [reads.take_batch(pid, 0) is not None for pid in (1, 2, 4)] == [True, True, True]
+
+
+def config_with(read_buffer_bytes_max: int, partitions_in_flight_max: int = 4) -> NodeConfig:
+    node_config = config(read_buffer_bytes_max)
+    return replace(
+        node_config,
+        reconciler=replace(node_config.reconciler, partitions_in_flight_max=partitions_in_flight_max),
+    )
+
+
+@in_virtual_time
+async def test_partitions_whose_extents_do_not_fit_are_copied_in_later_waves_of_the_round():
+    """8 partitions in the same 5 windows, a read buffer for two partitions' extents: the
+    round copies them in four waves of two neighbours, each with one GET per L0 object (their
+    extents lie together: the batcher writes an object's extents in partition order). 20 GETs,
+    where copying the partitions that did not fit with a GET per extent took 5 + 30; memory
+    stays within the buffer."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(config_with(0, partitions_in_flight_max=1), MemoryLogStore(), objects) as node:
+        await produce_in_windows(node, PARTITIONS)
+        extents = await node.log_store.read_placeholders(node.partition("t", 0).row.pid, 0, 100)
+        lengths = {record.entry.byte_length for record in extents if isinstance(record.entry, Placeholder)}
+        assert len(lengths) == 1  # every partition's extent the same size: "w/p/i" values
+        # (two partitions: two neighbouring extents in each of the 5 objects)
+        budget = 2 * WINDOWS * lengths.pop()
+        node.reconciler.config = replace(node.reconciler.config, read_buffer_bytes_max=budget)
+        before = objects.snapshot()
+        assert await node.reconciler.run_round() == PARTITIONS
+        assert (objects.snapshot() - before).l0_gets == 4 * WINDOWS
+        stats = node.reconciler.stats
+        assert (stats.l0_span_gets, stats.l0_extent_gets, stats.partitions_deferred) == (20, 0, 6 + 4 + 2)
+        for p in range(PARTITIONS):
+            assert node.partition("t", p).state.lro == WINDOWS * 3 - 1
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            values = [r.value for r in fetched.records]
+            assert values == [b"%d/%d/%d" % (w, p, i) for w in range(WINDOWS) for i in range(3)]
+
+
+@in_virtual_time
+async def test_a_read_buffer_smaller_than_any_partitions_extents_still_copies_every_partition():
+    """Each wave copies as many partitions as copy at once (4), planned whatever their size:
+    a wave makes progress at the copies' concurrency; their spans do not fit, so each extent
+    is read alone. The round copies all of them, in two waves."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    async with running_node(config(1), MemoryLogStore(), objects) as node:
+        await produce_in_windows(node, PARTITIONS)
+        before = objects.snapshot()
+        assert await node.reconciler.run_round() == PARTITIONS
+        assert (objects.snapshot() - before).l0_gets == WINDOWS * PARTITIONS
+        stats = node.reconciler.stats
+        assert node.reconciler.config.partitions_in_flight_max == 4
+        assert (stats.l0_span_gets, stats.partitions_deferred) == (0, 4)
+        assert all(node.partition("t", p).state.lro == WINDOWS * 3 - 1 for p in range(PARTITIONS))
+
+
+@in_virtual_time
+async def test_records_that_arrive_while_a_round_copies_wait_for_an_object_of_their_own():
+    """A partition's copy waits on its GET while more records arrive: the round writes one L1
+    object, of what was due when it began; the newer records stay unreconciled, waiting for
+    their own object (before, the copy went on to write a second, small one for them)."""
+    objects = GatedStore()
+    async with running_node(config(64 * 1024 * 1024), MemoryLogStore(), objects) as node:
+        await produce_in_windows(node, 1)
+        actor = node.partition("t", 0)
+        due = actor.state.high_watermark
+        objects.gate = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            written: list[int] = []
+
+            async def round_() -> None:
+                written.append(await node.reconciler.run_round())
+
+            tg.start_soon(round_)
+            await wait_until(lambda: len(objects.ranges) > 0, "the copy's first GET")
+            await node.produce("t", 0, [Record(None, b"late")])
+            objects.gate.set()
+        objects.gate = None
+        assert written == [1] and node.reconciler.stats.objects_written == 1
+        assert actor.state.lro == due - 1 and actor.state.high_watermark == due + 1

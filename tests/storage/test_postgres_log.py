@@ -428,7 +428,7 @@ async def test_a_lost_append_batch_still_running_is_waited_out(
             ):  # type: ignore[no-untyped-def]
                 if not resolve:
                     tg.start_soon(run_batch, lost, jobs)  # on its way, behind the blocker's lock
-                    await wait_for_lock_waiters(blocker, 1)
+                    await wait_for_lock_waiters(postgres_dsn, 1)
                     raise asyncpg.exceptions.ConnectionDoesNotExistError("the answer is lost (test)")
                 return await run_batch(connection, jobs, resolve=resolve)
 
@@ -440,7 +440,7 @@ async def test_a_lost_append_batch_still_running_is_waited_out(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(append)
-                await wait_for_lock_waiters(blocker, 2)  # the lost statement, then the second run
+                await wait_for_lock_waiters(postgres_dsn, 2)  # the lost statement, then the second run
                 assert not answered
                 await transaction.rollback()
             assert answered == [None]
@@ -450,19 +450,24 @@ async def test_a_lost_append_batch_still_running_is_waited_out(
         assert [(r.log_offset, r.term) for r in await store.read_log(p.pid, 0)] == [(0, 1), (1, 1)]
 
 
-async def wait_for_lock_waiters(connection: asyncpg.Connection, count: int) -> None:
-    """Until `count` sessions of this database wait for a lock. `connection` may be inside a
-    transaction: PostgreSQL shows a transaction the sessions' activity as it was at its first
-    look, until the snapshot is cleared."""
-    for _ in range(2_000):  # bounded
-        await connection.execute("SELECT pg_stat_clear_snapshot()")
-        waiting = await connection.fetchval(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        if waiting >= count:
-            return
-        await anyio.sleep(0.01)
+async def wait_for_lock_waiters(dsn: str, count: int) -> None:
+    """Until `count` sessions of this database wait for a lock. Looked at from a session of its
+    own: the test's two waits run at once, and an asyncpg connection takes one statement at a
+    time (sharing the blocker's, they met: "another operation is in progress"); and each look
+    is a transaction of its own, since PostgreSQL shows a transaction the sessions' activity as
+    it was at its first look."""
+    connection = await asyncpg.connect(dsn)
+    try:
+        for _ in range(2_000):  # bounded
+            waiting = await connection.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if waiting >= count:
+                return
+            await anyio.sleep(0.01)
+    finally:
+        await connection.close()
     raise AssertionError(f"fewer than {count} sessions wait for a lock")
 
 
