@@ -15,13 +15,13 @@ a ranged GET would return; the partitions reading them have unreconciled data in
 The memory bound: the spans a round plans add up to at most `budget_bytes` (each object's from
 its first planned extent to its last), so every span fits when its GET comes. A partition
 whose batch would take the spans past it is not planned: `plan_batch` says so, and the
-reconciler leaves it to the next round, first in line (copied now, its extents would be read
-one GET each: at 1,024 partitions and 10 MiB/s that was ~900 GETs per L0 object, nine dollars
-in ten of the request bill). The batcher writes an object's extents in partition order, so a
-round planning neighbouring partitions plans short spans: all of a round's extents in an
+reconciler copies it in the round's next wave, with a plan of its own (copied now, its extents
+would be read one GET each: at 1,024 partitions and 10 MiB/s that was ~900 GETs per L0 object,
+nine dollars in ten of the request bill). The batcher writes an object's extents in partition
+order, so a wave planning neighbouring partitions plans short spans: all of its extents in an
 object lie together. (An extent that was not planned, a span whose GET failed for another copy,
-or a span that does not fit after all — the first partition of a round may be larger than the
-budget alone — is read with its own ranged GET, as before.)"""
+or a span that does not fit after all — the `partitions_min` batches a wave plans whatever
+their size may pass the budget — is read with its own ranged GET, as before.)"""
 
 from __future__ import annotations
 
@@ -79,28 +79,23 @@ class RoundReads:
 
     def plan(self, placeholders: Iterable[Placeholder]) -> None:
         """Extents a partition of this round will read."""
+        placeholders = list(placeholders)
+        for p in placeholders:
+            self._planned.setdefault(p.object_key, set()).add((p.byte_offset, p.byte_length))
+        grown = self._grown_spans(placeholders)
+        self._span_bytes += _added(grown)
+        self._bounds.update((key, after) for key, (_, after) in grown.items())
+
+    def _grown_spans(self, placeholders: list[Placeholder]) -> dict[str, tuple[_Extent | None, _Extent]]:
+        """Each object's span (first planned byte, end of the last extent) before and after
+        planning `placeholders` too: the one rule `plan` applies and `plan_batch` weighs."""
+        grown: dict[str, tuple[_Extent | None, _Extent]] = {}
         for p in placeholders:
             key, first, end = p.object_key, p.byte_offset, p.byte_offset + p.byte_length
-            self._planned.setdefault(key, set()).add((p.byte_offset, p.byte_length))
-            bounds = self._bounds.get(key)
-            if bounds is not None:
-                self._span_bytes -= bounds[1] - bounds[0]
-                first, end = min(first, bounds[0]), max(end, bounds[1])
-            self._bounds[key] = (first, end)
-            self._span_bytes += end - first
-
-    def _growth(self, placeholders: list[Placeholder]) -> int:
-        """How many bytes planning `placeholders` would add to the spans."""
-        grown: dict[str, _Extent] = {}
-        for p in placeholders:
-            key = p.object_key
-            first, end = grown.get(key) or self._bounds.get(key) or (p.byte_offset, p.byte_offset)
-            grown[key] = (min(first, p.byte_offset), max(end, p.byte_offset + p.byte_length))
-        growth = 0
-        for key, (first, end) in grown.items():
             before = self._bounds.get(key)
-            growth += end - first - (before[1] - before[0] if before is not None else 0)
-        return growth
+            _, now = grown.get(key) or (before, before or (first, end))
+            grown[key] = (before, (min(first, now[0]), max(end, now[1])))
+        return grown
 
     def plan_batch(self, pid: int, start: int, batch: list[LogRecord]) -> bool:
         """The placeholders partition `pid` will copy first, from data offset `start`: their
@@ -111,7 +106,7 @@ class RoundReads:
         placeholders = [record.entry for record in batch if isinstance(record.entry, Placeholder)]
         if (
             len(self._batches) >= self._partitions_min
-            and self._span_bytes + self._growth(placeholders) > self._budget
+            and self._span_bytes + _added(self._grown_spans(placeholders)) > self._budget
         ):
             return False
         self.plan(placeholders)
@@ -180,3 +175,10 @@ class RoundReads:
             del self._spans[key]
             self._held -= span.size
             assert self._held >= 0, self._held
+
+
+def _added(grown: dict[str, tuple[_Extent | None, _Extent]]) -> int:
+    """The bytes spans grow by, from `_grown_spans`' before and after."""
+    return sum(
+        after[1] - after[0] - (before[1] - before[0] if before else 0) for before, after in grown.values()
+    )
