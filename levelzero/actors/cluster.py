@@ -18,7 +18,9 @@ node cut off from the control plane stops serving by its own deadline). Every co
 of a round gives up after `call_timeout_s` (half the TTL): a round stuck on a dead connection
 (client timeouts of 30-60 s) would otherwise never reach the resign step, which runs after a
 failed round. The database fences what matters anyway (appends and term starts are
-term-checked).
+term-checked). A call given up on may still land later (its request was sent): a release landing
+after the node led the partition again would leave it leading with no lease. So the round after
+one registers again first: the control plane ignores every call naming the previous incarnation.
 
 Each registration gets an incarnation from the control plane, which every later call about the
 node's row and leases names: a request of a previous run of the same node id (sent before that
@@ -96,6 +98,9 @@ class ClusterMember:
         self._view_read_at = 0.0
         self._serving: set[anyio.CancelScope] = set()  # requests the lease deadline ends
         self._renewed = anyio.Event()  # set (and replaced) at each successful renewal
+        # A call that changes the control plane was given up on: it may still land. The next
+        # round registers again first (a new incarnation), which voids it.
+        self._in_doubt = False
 
     # ------------------------------------------------------------------ answers
 
@@ -202,11 +207,15 @@ class ClusterMember:
         assert self.incarnation is not None, "a call about the node before its registration"
         return self.incarnation
 
-    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]], *, changes: bool = True) -> T:
         """One control-plane call of a round, given up after `call_timeout_s` (a retriable
-        StorageError: the round fails, the lease runs out locally, `_self_fence` resigns)."""
+        StorageError: the round fails, the lease runs out locally, `_self_fence` resigns). A
+        call that `changes` the control plane, given up on, is in doubt until the next round
+        registers again."""
         with anyio.move_on_after(self.call_timeout_s):
             return await call()
+        if changes:
+            self._in_doubt = True
         raise StorageError(f"the control plane did not answer {what} within {self.call_timeout_s:g} s")
 
     def _next_round_in_s(self) -> float:
@@ -230,8 +239,16 @@ class ClusterMember:
 
     async def _round(self) -> None:
         self.rounds += 1
-        sent_at = self._clock()
         c = self.control
+        if self._in_doubt:
+            # A call of an earlier round was given up on and may still land (three-node
+            # simulation seed 1832: a release sent before a hand-over, answered after the
+            # timeout, landed after the next round had adopted the lease again). Calls naming
+            # the previous incarnation change nothing once this registration is in.
+            log.info("node %s: a control-plane call timed out: registering again to void it", self.node_id)
+            await self._call("registering the node", self.register)
+            self._in_doubt = False
+        sent_at = self._clock()
         if not await self._call(
             "renewing the node", lambda: c.renew_node(self.node_id, self._life, self.ttl_s)
         ):
@@ -262,7 +279,7 @@ class ClusterMember:
             )
             self.leading.update(adopted)
             await self._lead(adopted)
-        view = self.view = await self._call("reading the cluster view", c.cluster_view)
+        view = self.view = await self._call("reading the cluster view", c.cluster_view, changes=False)
         self._view_read_at = self._clock()
         active, _draining = live_nodes(
             ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
@@ -318,7 +335,7 @@ class ClusterMember:
 
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
-        self.view = await self._call("reading the cluster view", self.control.cluster_view)
+        self.view = await self._call("reading the cluster view", self.control.cluster_view, changes=False)
         self._view_read_at = self._clock()
 
     async def fresh_view(self, age_max_s: float) -> ClusterView | None:

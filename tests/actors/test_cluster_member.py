@@ -11,6 +11,7 @@ from collections import Counter
 import anyio
 
 from levelzero.actors.cluster import ClusterMember
+from levelzero.core.errors import StorageError
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.testing.virtual_time import in_virtual_time
@@ -362,3 +363,72 @@ async def test_late_requests_of_a_nodes_previous_run_change_nothing_for_its_next
     assert again.led == had  # nothing handed over, nothing lost
     assert [e for e in again.events if e[0] == "resign"] == []
     exactly_one_leader(nodes)
+
+
+@in_virtual_time
+async def test_a_release_given_up_on_that_lands_later_never_takes_a_lease_the_member_leads() -> None:
+    """A hand-over's `release_leases` times out (answered after `call_timeout_s`) but its
+    request still lands, after the member's next round adopted those leases again (the other
+    node left meanwhile). Before: the late release deleted the leases of two partitions the
+    member went on leading (three-node simulation seed 1832). Now the round after a call given
+    up on registers again first, and the late release, naming the old incarnation, is void."""
+    ttl_s = 0.4
+    late_s = 0.3  # past the call timeout (half the TTL), well within the lease
+    log = MemoryLogStore()
+    await log.create_topic("t", 4, 1, 0.0)
+    control = MemoryClusterControl(log, anyio.current_time)
+    landed: list[tuple[object, ...]] = []
+
+    async with anyio.create_task_group() as wire:
+
+        class LateRelease:
+            """The control plane, whose first `release_leases` lands `late_s` after it is sent."""
+
+            late = 1
+
+            def __getattr__(self, name: str):
+                return getattr(control, name)
+
+            async def release_leases(self, *args: object) -> None:
+                if self.late == 0:
+                    return await control.release_leases(*args)
+                self.late -= 1
+                done = anyio.Event()
+
+                async def land() -> None:
+                    await anyio.sleep(late_s)
+                    await control.release_leases(*args)
+                    landed.append(args)
+                    done.set()
+
+                wire.start_soon(land)
+                await done.wait()
+
+        nodes = {name: Node() for name in "ab"}
+        a, b = (
+            ClusterMember(
+                LateRelease(), n, f"http://{n}", ttl_s=ttl_s, lead=nodes[n].lead, resign=nodes[n].resign
+            )
+            for n in "ab"
+        )
+        await a.register()
+        await a.round()
+        assert nodes["a"].led == {1, 2, 3, 4}
+        await b.register()
+        try:
+            await a.round()  # hands b its share over; the release is given up on
+        except StorageError:
+            pass
+        else:
+            raise AssertionError("the release should have timed out")
+        handed = {1, 2, 3, 4} - nodes["a"].led
+        assert handed and not landed
+        await b.leave()
+        await a.round()  # a alone again: leads what it still holds, the handed-over ones too
+        assert nodes["a"].led == {1, 2, 3, 4} and not landed
+        await anyio.sleep(late_s)  # the late release lands
+        assert landed
+        for pid in range(1, 5):
+            assert a.leads(pid)
+            assert control.leases.get(pid, (None, 0.0))[0] == "a", f"a leads {pid}, whose lease is gone"
+        wire.cancel_scope.cancel()
