@@ -267,9 +267,15 @@ class Housekeeper:
     async def _retain(
         self, actor: PartitionActor, retention_s: float | None, retention_bytes: int | None
     ) -> None:
-        valid = await self._catalog.refresh(actor)
-        if not valid:
+        # One read of the partition's rows serves the start offset and the collection (six
+        # control-plane reads a partition a round before: a refresh, a listing, a refresh again).
+        # With no object in the lineage there may still be ones to collect: three-node seed
+        # 8852's only valid object went below the start offset, and an earlier term's copy of
+        # the same range, outside the lineage, stayed until a restart.
+        rows = await self._catalog.listing(actor)
+        if not rows:
             return
+        valid = self._catalog.valid_rows(actor)
         new_start = retention_start_offset(
             [RetainedObject(row.last_offset, row.size, row.created_at) for row in valid],
             actor.state.start_offset,
@@ -282,7 +288,7 @@ class Housekeeper:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1
             log.info("retention moved %s start offset to %d", actor.name, new_start)
-        self.stats.l1_deleted += await self._catalog.collect(actor, self.config.copy_deadline_s)
+        self.stats.l1_deleted += await self._catalog.collect(actor, self.config.copy_deadline_s, rows)
 
 
 def _in_order(index: Mapping[str, PartitionActor], names: Iterable[str]) -> list[PartitionActor]:

@@ -83,10 +83,28 @@ class L1Catalog:
         return state.l1_range_valid(row.term, row.base_offset, row.last_offset)
 
     async def refresh(self, actor: PartitionActor) -> list[L1Row]:
+        """The partition's lineage (its valid objects, in offset order), read again."""
+        return self._lineage_of(actor, await self._listed(actor, [L1State.COPY_FINISHED]))
+
+    async def listing(self, actor: PartitionActor) -> list[L1Row]:
+        """Every L1 row of the partition, whatever its state, with the lineage read again from
+        them: what retention and `collect` need, in one read of the rows."""
+        rows = await self._listed(actor, None)
+        self._lineage_of(actor, rows)
+        return rows
+
+    def valid_rows(self, actor: PartitionActor) -> list[L1Row]:
+        """The lineage as last read (offset order)."""
+        return self._valid.get(actor.row.pid, [])
+
+    async def _listed(self, actor: PartitionActor, states: Sequence[str] | None) -> list[L1Row]:
         # The rows first, the compacted keys after: a compaction committed in between shows its
         # superseded objects (still stored until their delete), never its new ones unmarked.
-        rows = await self._log.l1_list(actor.row.pid, [L1State.COPY_FINISHED])
+        rows = await self._log.l1_list(actor.row.pid, states)
         await self.refresh_compacted(actor)
+        return rows
+
+    def _lineage_of(self, actor: PartitionActor, rows: Sequence[L1Row]) -> list[L1Row]:
         valid = sorted((r for r in rows if self.is_valid(actor, r)), key=lambda r: r.base_offset)
         self._valid[actor.row.pid] = valid
         return valid
@@ -205,14 +223,20 @@ class L1Catalog:
         if rows:
             self._valid[pid] = [r for r in rows if r.key != key]
 
-    async def collect(self, actor: PartitionActor, copy_deadline_s: float) -> int:
+    async def collect(
+        self, actor: PartitionActor, copy_deadline_s: float, rows: Sequence[L1Row] | None = None
+    ) -> int:
         """Resume unfinished deletes, collect stale COPY_STARTED and out-of-lineage objects,
-        and objects entirely below the start offset (retention)."""
+        and objects entirely below the start offset (retention). `rows`: the partition's rows
+        as `listing` just read them (else read here). Each delete is a conditional transition
+        from the state listed, so a row that moved since is left alone; `delete` drops what it
+        deletes from the lineage, and the reconciler and the compactor read it again after
+        their commits (no read again here)."""
         now = self._wall()
         deleted = 0
         state = actor.state
-        rows = await self._log.l1_list(actor.row.pid)
-        await self.refresh_compacted(actor)
+        if rows is None:
+            rows = await self.listing(actor)
         for row in rows:
             reason = l1_collect_reason(
                 state,
@@ -231,7 +255,6 @@ class L1Catalog:
                     deleted += 1
             except LevelZeroError as exc:
                 log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
-        await self.refresh(actor)
         return deleted
 
     @staticmethod

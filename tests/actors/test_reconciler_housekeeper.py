@@ -263,6 +263,48 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
 
 
 @in_virtual_time
+async def test_retention_collects_a_late_copy_below_the_start_offset_with_no_object_left_in_the_lineage():
+    """Three-node simulation seed 8852: retention deleted the partition's only valid object; a
+    copy of the same range finished later (a reconciler of an earlier term, late). The
+    housekeeper skipped a partition with no valid object, so that copy stayed until a restart.
+    Now it is collected at the next round, and a round reads the partition's rows once (a
+    listing and the compacted keys: six reads before)."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = hand_run_config(retention_s=100.0)
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)  # term 1, which reconciles nothing
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await produce_values(node, "t", 0, [b"old0", b"old1"])
+        await node.reconciler.run_round()  # term 2's object of 0..1
+        wall.now += 500
+        await node.housekeeper.run_round()
+        actor = node.partition("t", 0)
+        assert actor.term == 2 and actor.state.start_offset == 2 and l1_keys(objects) == set()
+        # Term 1's copy of 0..1, finished late: outside the lineage, and below the start.
+        late = "level_one/t/0/00000000000000000000-00000000000000000001/1-" + "c" * 32
+        await objects.put(late, b"late")
+        pid = actor.row.pid
+        await log_store.l1_insert(L1Row(late, pid, 0, 1, 4, 1, 2, L1State.COPY_FINISHED, wall.now, wall.now))
+        reads = []
+        listed, compacted = log_store.l1_list, log_store.l1_compaction_state
+
+        async def l1_list(*args, **kwargs):
+            reads.append("l1_list")
+            return await listed(*args, **kwargs)
+
+        async def l1_compaction_state(*args, **kwargs):
+            reads.append("l1_compaction_state")
+            return await compacted(*args, **kwargs)
+
+        log_store.l1_list, log_store.l1_compaction_state = l1_list, l1_compaction_state
+        await node.housekeeper.run_round()
+        assert reads == ["l1_list", "l1_compaction_state"]
+        assert {r.key: r.state for r in await listed(pid)}[late] == L1State.DELETE_FINISHED
+        assert late not in objects._objects
+
+
+@in_virtual_time
 async def test_retention_is_per_topic_and_a_topic_can_turn_the_nodes_off():
     """A topic's retention.ms applies to it alone; with the node's retention set, a topic with
     retention.ms = -1 keeps everything (Kafka: the topic config overrides log.retention.ms)."""
