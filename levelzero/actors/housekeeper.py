@@ -272,10 +272,9 @@ class Housekeeper:
         # With no object in the lineage there may still be ones to collect: three-node seed
         # 8852's only valid object went below the start offset, and an earlier term's copy of
         # the same range, outside the lineage, stayed until a restart.
-        rows = await self._catalog.listing(actor)
+        rows, valid = await self._catalog.listing(actor)
         if not rows:
             return
-        valid = self._catalog.valid_rows(actor)
         new_start = retention_start_offset(
             [RetainedObject(row.last_offset, row.size, row.created_at) for row in valid],
             actor.state.start_offset,

@@ -86,16 +86,11 @@ class L1Catalog:
         """The partition's lineage (its valid objects, in offset order), read again."""
         return self._lineage_of(actor, await self._listed(actor, [L1State.COPY_FINISHED]))
 
-    async def listing(self, actor: PartitionActor) -> list[L1Row]:
-        """Every L1 row of the partition, whatever its state, with the lineage read again from
-        them: what retention and `collect` need, in one read of the rows."""
+    async def listing(self, actor: PartitionActor) -> tuple[list[L1Row], list[L1Row]]:
+        """Every L1 row of the partition, whatever its state, and the lineage read again from
+        them (as `refresh` returns it): what retention and `collect` need, in one read."""
         rows = await self._listed(actor, None)
-        self._lineage_of(actor, rows)
-        return rows
-
-    def valid_rows(self, actor: PartitionActor) -> list[L1Row]:
-        """The lineage as last read (offset order)."""
-        return self._valid.get(actor.row.pid, [])
+        return rows, self._lineage_of(actor, rows)
 
     async def _listed(self, actor: PartitionActor, states: Sequence[str] | None) -> list[L1Row]:
         # The rows first, the compacted keys after: a compaction committed in between shows its
@@ -236,7 +231,7 @@ class L1Catalog:
         deleted = 0
         state = actor.state
         if rows is None:
-            rows = await self.listing(actor)
+            rows, _ = await self.listing(actor)
         for row in rows:
             reason = l1_collect_reason(
                 state,

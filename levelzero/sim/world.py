@@ -425,9 +425,10 @@ class World:
 
     async def heal(self) -> None:
         """Faults stop (as in TigerBeetle's VOPR: a fault phase, then a healed one); the
-        workload goes on. Once every node is up again (none stopping), unpaused, and every dropped
-        incarnation gone, the world is healed: from then on every write must succeed at once or after one
-        stale-epoch retry, within `healed_write_s_max` (invariant 6 as a check, not a figure)."""
+        workload goes on. Once every node is up again (none stopping), unpaused, and every
+        dropped incarnation gone, the world is healed: from then on every write must succeed at
+        once or after one stale-epoch retry, within `healed_write_s_max` (invariant 6 as a check,
+        not a figure)."""
         self.phase = "healing"
         self.faults.enabled = False
         self.log_store.slow_enabled = False
