@@ -74,7 +74,8 @@ class FetchApi:
         m = request.response_module
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition, offset, _, _), (code, hwm, start, data) in zip(wanted, results, strict=True):
-            stable, aborted = self._stable(topic, partition, hwm, offset, committed)
+            # (from the start offset the answer holds, if retention moved it past `offset`)
+            stable, aborted = self._stable(topic, partition, hwm, max(offset, start), committed)
             by_topic.setdefault(topic, []).append(
                 make(
                     m.PartitionData,
@@ -102,7 +103,8 @@ class FetchApi:
         self, topic: str, partition: int, hwm: int, offset: int, committed: bool
     ) -> tuple[int, list[tuple[int, int]] | None]:
         """The last stable offset, and for read_committed the aborted transactions overlapping
-        what the fetch could return ([offset, LSO))."""
+        what the fetch could return ([offset, LSO)): none whose abort marker lies below
+        `offset`, since a consumer applies a listed range until it reads the range's marker."""
         txns = None if self.txns is None or hwm < 0 else self.txns.known(topic, partition)
         if txns is None:
             return hwm, [] if committed else None
@@ -216,6 +218,10 @@ class FetchApi:
             # start offset as it is now: retention may have moved it while the read was under
             # way, and the aborted ranges below it are forgotten (`PartitionIndex.prune`), so
             # the answer would list none of theirs (the client is told out of range next).
+            # Nor may it list a range whose marker lies below the new start, not yet forgotten:
+            # the consumer, never reading that marker, would skip the producer's later
+            # committed records as aborted. The answer says the new start, and `_stable`
+            # lists the ranges from there.
             floor = self._start_offset(topic, partition, state.start_offset)
             runs = [
                 run._replace(
@@ -224,5 +230,7 @@ class FetchApi:
                 for run in runs
                 if run.base_offset + run.start < limit and run.base_offset + run.stop > floor
             ]
+            data = encode_with_epochs(runs, state) if runs else b""
+            return ErrorCode.none, result.high_watermark, max(result.start_offset, floor), data
         data = encode_with_epochs(runs, state) if runs else b""
         return ErrorCode.none, result.high_watermark, result.start_offset, data
