@@ -12,7 +12,7 @@ from functools import partial
 from typing import NamedTuple, Protocol
 
 from levelzero.core.entries import LogRecord, Placeholder
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, OffsetsAbandoned
+from levelzero.core.errors import InvalidInput, ObjectNotFound, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.core.l0format import Record, decode_extent
 from levelzero.core.time_lookup import NOT_FOUND, first_at_or_after, may_hold
 from levelzero.storage.protocols import L1Row, PartitionLog
@@ -203,7 +203,15 @@ class Reader:
             self.l1_reads += 1
             tiers.append("l1")
             window = FetchWindow(offset, lro, max_bytes)
-            await self.l1.fill(actor, window)
+            try:
+                await self.l1.fill(actor, window)
+            except ObjectNotFound:
+                # Retention (or DeleteRecords) moved the start past `offset` during the read
+                # and deleted its object: out of range, as Kafka answers below the start.
+                now = actor.state.start_offset
+                if offset < now:
+                    raise OffsetOutOfRange(offset, now, actor.state.high_watermark) from None
+                raise
             window.extend_to(hwm - 1)
         else:
             window = FetchWindow(offset, hwm - 1, max_bytes)

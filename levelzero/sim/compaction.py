@@ -97,7 +97,7 @@ class World(Protocol):
     ) -> tuple[Any, Any]: ...
 
     def _read_failure_explained(
-        self, exc: LevelZeroError, actor: PartitionActor, offset: int, kept: bool, start_before: int
+        self, exc: LevelZeroError, offset: int, kept: bool, start_before: int
     ) -> str | None: ...
 
 
@@ -548,7 +548,7 @@ class CompactionSim:
             except LevelZeroError as exc:
                 kept = inc.alive and inc.gate.pauses == pauses and world.leading(actor)
                 world.note(f"{inc} scan of {actor.name}@{offset} failed: {type(exc).__name__}")
-                if world._read_failure_explained(exc, actor, offset, kept, start_before) is not None:
+                if world._read_failure_explained(exc, offset, kept, start_before) is not None:
                     return False
                 world.fail(
                     "read",

@@ -263,6 +263,41 @@ async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refuse
 
 
 @in_virtual_time
+async def test_a_fetch_retention_overtakes_is_out_of_range_not_a_missing_object():
+    """Retention moves the start offset and deletes the L1 object a fetch is reading: the fetch
+    answers OffsetOutOfRange with the new start (as Kafka answers below the start offset; a
+    Kafka client then resets its position), not the object's absence (KAFKA_STORAGE_ERROR).
+    Found by the simulation's read_committed scans (single-node seeds 3312, 16966)."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    config = hand_run_config(retention_s=100.0)
+    async with running_node(config, log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        await produce_values(node, "t", 0, [b"old0", b"old1"])
+        await node.reconciler.run_round()
+        (old,) = l1_keys(objects)
+        wall.now += 500
+        await produce_values(node, "t", 0, [b"new2", b"new3"])
+        await node.reconciler.run_round()
+        get = objects.get
+        overtaken = []
+
+        async def get_after_retention(key, *args, **kwargs):
+            if key == old and not overtaken:
+                overtaken.append(key)
+                await node.housekeeper.run_round()  # retention, while the GET is on its way
+            return await get(key, *args, **kwargs)
+
+        objects.get = get_after_retention  # type: ignore[method-assign]
+        with pytest.raises(OffsetOutOfRange) as err:
+            await node.fetch("t", 0, 0, 1 << 20)
+        assert overtaken == [old] and old not in l1_keys(objects)
+        assert (err.value.offset, err.value.start_offset, err.value.high_watermark) == (0, 2, 4)
+        values, _ = await read_all(node, "t", 0, start=2)
+        assert values == [b"new2", b"new3"]
+
+
+@in_virtual_time
 async def test_retention_collects_a_late_copy_below_the_start_offset_with_no_object_left_in_the_lineage():
     """Three-node simulation seed 8852: retention deleted the partition's only valid object; a
     copy of the same range finished later (a reconciler of an earlier term, late). The
