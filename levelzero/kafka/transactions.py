@@ -130,6 +130,9 @@ HOLD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_REGISTRATION"
 # Test use only: with this set to 1 an AddPartitionsToTxn whose records do not wait for its
 # commit (`Registration.held`) is answered but its commit never completes.
 HOLD_HELD_REGISTRATION_ENV = "LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION"
+# Test use only: with this set to 1 the coordinator's pass neither completes the transactions
+# a restart left prepared nor aborts expired ones (the requests that touch them still do).
+HOLD_EXPIRY_ENV = "LEVELZERO_TEST_HOLD_TXN_EXPIRY"
 EPOCH_MAX = 32767
 
 EMPTY, ONGOING = "empty", "ongoing"
@@ -477,6 +480,9 @@ class TransactionCoordinator:
         self.hold_completion = os.environ.get(HOLD_COMPLETION_ENV) == "1"
         if self.hold_completion:
             log.warning("%s is set: completions wait for the next EndTxn; test use only", HOLD_COMPLETION_ENV)
+        self.hold_expiry = os.environ.get(HOLD_EXPIRY_ENV) == "1"
+        if self.hold_expiry:
+            log.warning("%s is set: no pass completes or expires a transaction (test use)", HOLD_EXPIRY_ENV)
 
     async def run(self) -> None:
         """Aborts expired transactions (and completes those a restart left prepared), and
@@ -487,7 +493,8 @@ class TransactionCoordinator:
             try:
                 while True:
                     try:
-                        await self.expire()
+                        if not self.hold_expiry:
+                            await self.expire()
                         await self.index.prune_all()
                     except LevelZeroError as exc:
                         log.warning("transaction coordinator: expiry pass failed: %s", exc)
@@ -1077,7 +1084,8 @@ class TransactionCoordinator:
     @staticmethod
     def _fenced(txn: TxnState, epoch: int) -> ErrorCode | None:
         """PRODUCER_FENCED if the epoch was bumped since `_checked` (the transaction's last
-        AddPartitionsToTxn commit failed), else None."""
+        AddPartitionsToTxn commit failed, or a completion found records of a transaction never
+        registered after its markers), else None."""
         return ErrorCode.producer_fenced if txn.producer_epoch != epoch else None
 
     async def _begin(self, txn: TxnState) -> ErrorCode:
@@ -1262,20 +1270,25 @@ class TransactionCoordinator:
             if txn is not None:
                 async with self._locked(txn):
                     code = self._fenced(txn, body.producer_epoch) or await self._end_checked(
-                        txn, body.committed
+                        txn, body.committed, body.producer_epoch
                     )
         except LevelZeroError as exc:
             log.warning("EndTxn for %r failed: %s", body.transactional_id, exc)
             code = ErrorCode.coordinator_not_available
         return make(request.response_module.EndTxnResponse, throttle_time=0, error_code=code)
 
-    async def _end_checked(self, txn: TxnState, commit: bool) -> ErrorCode:
+    async def _end_checked(self, txn: TxnState, commit: bool, epoch: int) -> ErrorCode:
         # Kafka's handleEndTransaction: a retry of an ending that completed is answered as done
         if txn.state == (COMPLETE_COMMIT if commit else COMPLETE_ABORT):
             return ErrorCode.none
         if txn.state == (PREPARE_COMMIT if commit else PREPARE_ABORT):
+            # A retry of the prepared transaction's EndTxn, or (after a restart) the next
+            # transaction's, its AddPartitionsToTxn never durable: the completion then finds its
+            # records after the markers and fences it (`_store_completion`), and this EndTxn
+            # is answered so, never as the prepared one's (single-node seed 33361: a commit
+            # answered, its records then aborted).
             await self._complete(txn)
-            return ErrorCode.none
+            return self._fenced(txn, epoch) or ErrorCode.none
         if txn.state != ONGOING:
             return ErrorCode.invalid_txn_state
         if not await self._end(txn, commit, wait=False):

@@ -263,3 +263,36 @@ def test_sigkill_after_held_records_before_their_registration(tmp_path: Path) ->
         assert committed == [value(n, i) for n in (0, 2) for i in range(RECORDS)]
     finally:
         daemon.cleanup()
+
+
+def test_the_next_transactions_end_after_a_restart_is_fenced_not_taken_for_the_previous_ones(
+    tmp_path: Path,
+) -> None:
+    """As above, and the same producer, still running, then commits its next transaction: the
+    restarted coordinator still holds the previous one prepared (no pass has completed it
+    yet, `LEVELZERO_TEST_HOLD_TXN_EXPIRY`), and EndTxn is not a retry of that one's ending:
+    completing it finds the next one's records after its marker, never registered, and the
+    commit is refused (the producer fenced), never answered as done while its records are then
+    aborted (single-node simulation seed 33361)."""
+    held = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
+    daemon, kafka_port = started(tmp_path, held)
+    try:
+        producer = transactional(kafka_port, "retry-tx", 0)
+        producer.commit_transaction(WAIT_S)
+        begin_next(producer, 1)  # acknowledged: stored, their registration held
+
+        daemon.proc.kill()
+        daemon.proc.wait()
+        for name in held:
+            daemon.env.pop(name)
+        daemon.env["LEVELZERO_TEST_HOLD_TXN_EXPIRY"] = "1"
+        daemon.start()
+        with pytest.raises(KafkaException) as refused:
+            producer.commit_transaction(WAIT_S)
+        assert "fenced" in str(refused.value).lower(), refused.value
+        transaction(kafka_port, "retry-tx", 2)  # the next incarnation aborts the fenced one
+        settled(kafka_port)
+        committed = [v for _, v in read(kafka_port, "read_committed")]
+        assert committed == [value(n, i) for n in (0, 2) for i in range(RECORDS)]
+    finally:
+        daemon.cleanup()
