@@ -238,18 +238,26 @@ async def test_an_idle_partition_does_not_hold_m_back():
         assert idle.state.high_watermark == 0 and idle.state.mp == ms[-1]
 
 
+async def two_objects_a_retention_apart(node, wall, objects) -> str:
+    """t/0 (created): offsets 0-1 reconciled into one L1 object, then, 500 s of wall clock
+    later (past a 100 s retention), 2-3 into another; the first object's key."""
+    await node.create_topic("t", 1)
+    await produce_values(node, "t", 0, [b"old0", b"old1"])
+    await node.reconciler.run_round()
+    (old,) = l1_keys(objects)
+    wall.now += 500
+    await produce_values(node, "t", 0, [b"new2", b"new3"])
+    await node.reconciler.run_round()
+    return old
+
+
 @in_virtual_time
 async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused():
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = hand_run_config(retention_s=100.0)
     async with running_node(config, log_store, objects, wall_clock=wall) as node:
-        await node.create_topic("t", 1)
-        await produce_values(node, "t", 0, [b"old0", b"old1"])
-        await node.reconciler.run_round()
-        wall.now += 500
-        await produce_values(node, "t", 0, [b"new2", b"new3"])
-        await node.reconciler.run_round()
+        await two_objects_a_retention_apart(node, wall, objects)
         assert len(l1_keys(objects)) == 2
         await node.housekeeper.run_round()
         actor = node.partition("t", 0)
@@ -272,13 +280,7 @@ async def test_a_fetch_retention_overtakes_is_out_of_range_not_a_missing_object(
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = hand_run_config(retention_s=100.0)
     async with running_node(config, log_store, objects, wall_clock=wall) as node:
-        await node.create_topic("t", 1)
-        await produce_values(node, "t", 0, [b"old0", b"old1"])
-        await node.reconciler.run_round()
-        (old,) = l1_keys(objects)
-        wall.now += 500
-        await produce_values(node, "t", 0, [b"new2", b"new3"])
-        await node.reconciler.run_round()
+        old = await two_objects_a_retention_apart(node, wall, objects)
         get = objects.get
         overtaken = []
 

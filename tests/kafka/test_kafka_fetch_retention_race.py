@@ -68,6 +68,21 @@ class _Intake:
         pass
 
 
+async def _served(records: list[Record], prune: bool) -> tuple[FetchApi, PartitionIndex]:
+    """`records` served as t/0 (retention moving its start to 5 during a read, and forgetting
+    the aborted ranges below it if `prune`), the producer's transaction over 0-3 aborted by the
+    marker at 4 in the store; the fetch API over it and its transaction index, loaded."""
+    store = MemoryTransactionStore()
+    await store.open_txn_range(TxnRangeRow("t", 0, PRODUCER, 0, -1, False))
+    await store.close_txn_range("t", 0, PRODUCER, 0, 4, True)
+    node: Any = None
+    index = PartitionIndex(store, lambda topic, partition: node.actor.state.start_offset)
+    node = _Node(records, index, prune)
+    api = FetchApi(node, _Intake(node), index)  # type: ignore[arg-type]
+    await index.get("t", 0)
+    return api, index
+
+
 async def test_a_read_committed_answer_holds_nothing_below_a_start_offset_moved_during_the_read() -> None:
     # Offsets 0-3: an aborted transaction (its marker at 4); 5-7: records of no transaction.
     data = [Record(None, b"aborted-%d" % i, 0, (txn_header(PRODUCER, 0, -1),)) for i in range(4)]
@@ -76,14 +91,7 @@ async def test_a_read_committed_answer_holds_nothing_below_a_start_offset_moved_
         marker_record(PRODUCER, 0, False, 0.0),
         *(Record(None, b"plain-%d" % i) for i in range(3)),
     ]
-    store = MemoryTransactionStore()
-    await store.open_txn_range(TxnRangeRow("t", 0, PRODUCER, 0, -1, False))
-    await store.close_txn_range("t", 0, PRODUCER, 0, 4, True)
-    node: Any = None
-    index = PartitionIndex(store, lambda topic, partition: node.actor.state.start_offset)
-    node = _Node(records, index)
-    api = FetchApi(node, _Intake(node), index)  # type: ignore[arg-type]
-    await index.get("t", 0)
+    api, index = await _served(records, prune=True)
     assert index.known("t", 0).aborted == [(PRODUCER, 0, 4)]  # type: ignore[union-attr]
 
     code, _, _, encoded = await api._fetch_partition("t", 0, 0, 1 << 20, -1, committed=True)
@@ -132,14 +140,7 @@ async def test_a_read_committed_answer_lists_no_aborted_range_its_start_moved_pa
         *(Record(None, b"committed-%d" % i, 0, (txn_header(PRODUCER, 0, -1),)) for i in range(3)),
         marker_record(PRODUCER, 0, True, 0.0),
     ]
-    store = MemoryTransactionStore()
-    await store.open_txn_range(TxnRangeRow("t", 0, PRODUCER, 0, -1, False))
-    await store.close_txn_range("t", 0, PRODUCER, 0, 4, True)
-    node: Any = None
-    index = PartitionIndex(store, lambda topic, partition: node.actor.state.start_offset)
-    node = _Node(records, index, prune=False)
-    api = FetchApi(node, _Intake(node), index)  # type: ignore[arg-type]
-    await index.get("t", 0)
+    api, index = await _served(records, prune=False)
 
     answer = await api.fetch(_fetch_request(offset=0))
 

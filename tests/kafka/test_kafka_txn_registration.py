@@ -71,6 +71,16 @@ def started(tmp_path: Path, held: dict[str, str]) -> tuple[DaemonProcess, int]:
     return daemon, kafka_port
 
 
+def restarted(daemon: DaemonProcess, held: dict[str, str], **env: str) -> None:
+    """The daemon SIGKILLed and started again without the `held` switches, with `env`."""
+    daemon.proc.kill()
+    daemon.proc.wait()
+    for name in held:
+        daemon.env.pop(name)
+    daemon.env.update(env)
+    daemon.start()
+
+
 def read(port: int, isolation: str) -> list[tuple[int, bytes]]:
     return kafka_txn_reads.read(port, TOPIC, isolation, 0, WAIT_S)
 
@@ -165,16 +175,14 @@ async def test_a_failed_add_partitions_commit_fences_the_producer_and_stores_not
 
 
 def test_sigkill_between_add_partitions_answer_and_its_commit(tmp_path: Path) -> None:
-    daemon, kafka_port = started(tmp_path, {"LEVELZERO_TEST_HOLD_TXN_REGISTRATION": "1"})
+    held = {"LEVELZERO_TEST_HOLD_TXN_REGISTRATION": "1"}
+    daemon, kafka_port = started(tmp_path, held)
     try:
         producer = transactional(kafka_port, "kill-tx", 0)
         assert producer.flush(3) == RECORDS  # answered AddPartitionsToTxn; records held
         assert end(kafka_port, "read_uncommitted") == 0
 
-        daemon.proc.kill()
-        daemon.proc.wait()
-        daemon.env.pop("LEVELZERO_TEST_HOLD_TXN_REGISTRATION")
-        daemon.start()
+        restarted(daemon, held)
         transaction(kafka_port, "kill-tx", 1)  # fences the first incarnation
         settled(kafka_port)
         stored = read(kafka_port, "read_uncommitted")
@@ -250,11 +258,7 @@ def test_sigkill_after_held_records_before_their_registration(tmp_path: Path) ->
         assert end(kafka_port, "read_uncommitted") == 2 * RECORDS + 1
         assert end(kafka_port, "read_committed") == 0  # the first one's completion is held
 
-        daemon.proc.kill()
-        daemon.proc.wait()
-        for name in held:
-            daemon.env.pop(name)
-        daemon.start()
+        restarted(daemon, held)
         transaction(kafka_port, "kill-tx", 2)  # fences the first incarnation
         settled(kafka_port)
         stored = [v for _, v in read(kafka_port, "read_uncommitted")]
@@ -281,12 +285,7 @@ def test_the_next_transactions_end_after_a_restart_is_fenced_not_taken_for_the_p
         producer.commit_transaction(WAIT_S)
         begin_next(producer, 1)  # acknowledged: stored, their registration held
 
-        daemon.proc.kill()
-        daemon.proc.wait()
-        for name in held:
-            daemon.env.pop(name)
-        daemon.env["LEVELZERO_TEST_HOLD_TXN_EXPIRY"] = "1"
-        daemon.start()
+        restarted(daemon, held, LEVELZERO_TEST_HOLD_TXN_EXPIRY="1")
         with pytest.raises(KafkaException) as refused:
             producer.commit_transaction(WAIT_S)
         assert "fenced" in str(refused.value).lower(), refused.value
