@@ -211,7 +211,7 @@ class FetchApi:
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, b""
-        runs = result.runs
+        runs, start = result.runs, result.start_offset
         limit = self._limit(topic, partition, committed)
         if limit is not None:
             # read_committed: nothing at or past the last stable offset, nor below the log
@@ -230,7 +230,6 @@ class FetchApi:
                 for run in runs
                 if run.base_offset + run.start < limit and run.base_offset + run.stop > floor
             ]
-            data = encode_with_epochs(runs, state) if runs else b""
-            return ErrorCode.none, result.high_watermark, max(result.start_offset, floor), data
+            start = max(start, floor)
         data = encode_with_epochs(runs, state) if runs else b""
-        return ErrorCode.none, result.high_watermark, result.start_offset, data
+        return ErrorCode.none, result.high_watermark, start, data

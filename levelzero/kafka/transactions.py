@@ -78,7 +78,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ from levelzero.kafka.epochs import NO_EPOCH
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.protocol import Request, make
-from levelzero.kafka.records import TXN_HEADER
+from levelzero.kafka.records import TXN_HEADER, KafkaBatch
 from levelzero.storage.protocols import MemoryTransactionStore, TransactionRow, TransactionStore, TxnRangeRow
 
 log = logging.getLogger("levelzero.kafka")
@@ -165,6 +165,28 @@ def marker_record(producer_id: int, producer_epoch: int, commit: bool, now: floa
         int((time.time() if now is None else now) * 1000),
         (txn_header(producer_id, producer_epoch, kind),),
     )
+
+
+def read_committed_batches(
+    batches: Iterable[KafkaBatch], aborted: Iterable[tuple[int, int]]
+) -> Iterator[tuple[KafkaBatch, bool]]:
+    """A read_committed Fetch answer's batches as Kafka's consumers apply its aborted list of
+    (producer id, first offset): each batch, and whether the consumer skips it as aborted (a
+    listed producer's batches from the range's first offset until that producer's abort
+    marker; a control batch is never skipped, and never delivered)."""
+    pending = sorted((first, producer_id) for producer_id, first in aborted)
+    skipping: set[int] = set()
+    for batch in batches:
+        last = batch.base_offset + batch.last_offset_delta
+        while pending and pending[0][0] <= last:
+            skipping.add(pending.pop(0)[1])
+        if batch.is_control:
+            key = batch.records[0].key or b""
+            if len(key) == 4 and struct.unpack(">hh", key)[1] == KIND_ABORT:
+                skipping.discard(batch.producer_id)
+            yield batch, False
+        else:
+            yield batch, batch.producer_id in skipping
 
 
 def has_reserved_header(records: Sequence[Record]) -> bool:

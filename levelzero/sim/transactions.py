@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import struct
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -63,7 +62,14 @@ from levelzero.kafka import records as kr
 from levelzero.kafka.handlers import Handlers
 from levelzero.kafka.metadata import KafkaSettings
 from levelzero.kafka.protocol import Request, make
-from levelzero.kafka.transactions import KIND_ABORT, KIND_COMMIT, KIND_DATA, PREPARE_ABORT, PREPARE_COMMIT
+from levelzero.kafka.transactions import (
+    KIND_ABORT,
+    KIND_COMMIT,
+    KIND_DATA,
+    PREPARE_ABORT,
+    PREPARE_COMMIT,
+    read_committed_batches,
+)
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import TransactionRow
 
@@ -92,6 +98,39 @@ PRODUCER_ID_SPACING = 1_000_000  # a node incarnation's producer ids begin at nu
 VALUE = "t{seed}.{producer}.{txn}.{k}"
 
 _REQUESTS: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
+def read_committed_fetch(topic: str, partition: int, offset: int, max_bytes: int) -> dict[str, Any]:
+    """The fields of a read_committed Fetch v11 of one partition at `offset`, answered at once
+    (`make` them into `_schema(1, 11)`'s request class)."""
+    _, module = _schema(1, 11)
+    return dict(
+        replica_id=-1,
+        max_wait=0,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=1,
+        session_id=0,
+        session_epoch=-1,
+        rack_id="",
+        topics=(
+            make(
+                module.FetchTopic,
+                topic=topic,
+                partitions=(
+                    make(
+                        module.FetchPartition,
+                        partition=partition,
+                        current_leader_epoch=-1,
+                        fetch_offset=offset,
+                        log_start_offset=-1,
+                        partition_max_bytes=max_bytes,
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
 
 
 def _schema(api_key: int, version: int) -> tuple[Any, Any]:
@@ -756,37 +795,8 @@ class TransactionSim:
         the transactional values delivered), the error it answered, or None (no answer)."""
         world = self.world
         row = world.log_store.partitions[pid]
-        _, module = _schema(1, 11)
-        answer = await self._call(
-            1,
-            11,
-            5.0,
-            replica_id=-1,
-            max_wait=0,
-            min_bytes=1,
-            max_bytes=READ_BYTES,
-            isolation_level=1,
-            session_id=0,
-            session_epoch=-1,
-            rack_id="",
-            topics=(
-                make(
-                    module.FetchTopic,
-                    topic=row.topic,
-                    partitions=(
-                        make(
-                            module.FetchPartition,
-                            partition=row.partition,
-                            current_leader_epoch=-1,
-                            fetch_offset=offset,
-                            log_start_offset=-1,
-                            partition_max_bytes=READ_BYTES,
-                        ),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-        )
+        fields = read_committed_fetch(row.topic, row.partition, offset, READ_BYTES)
+        answer = await self._call(1, 11, 5.0, **fields)
         if answer is None:
             return None
         (data,) = answer.responses[0].partitions
@@ -806,24 +816,15 @@ class TransactionSim:
                 f"{name}: last stable offset {lso} passes {unfinished}, a record of a transaction "
                 "whose marker is not durable",
             )
-        aborted = sorted((int(a.first_offset), int(a.producer_id)) for a in data.aborted_transactions or ())
-        listed = list(aborted)
+        listed = sorted((int(a.first_offset), int(a.producer_id)) for a in data.aborted_transactions or ())
         delivered: list[bytes] = []
         next_offset = offset
-        skipping: set[int] = set()
-        for batch in kr.decode_batches(data.records or b""):
-            last = batch.base_offset + batch.last_offset_delta
-            next_offset = max(next_offset, last + 1)
-            while aborted and aborted[0][0] <= last:  # as a Kafka consumer applies the list
-                skipping.add(aborted.pop(0)[1])
-            if batch.is_control:
-                key = batch.records[0].key or b""
-                if len(key) == 4 and struct.unpack(">hh", key)[1] == KIND_ABORT:
-                    skipping.discard(batch.producer_id)
+        batches = kr.decode_batches(data.records or b"")
+        for batch, skipped in read_committed_batches(batches, ((p, f) for f, p in listed)):
+            next_offset = max(next_offset, batch.base_offset + batch.last_offset_delta + 1)
+            if batch.is_control or not batch.is_transactional:
                 continue
-            if not batch.is_transactional:
-                continue
-            if batch.producer_id in skipping:
+            if skipped:
                 self.stats.aborted_skipped += len(batch.records)
                 continue
             for r in batch.records:

@@ -10,7 +10,6 @@ the race opens.)"""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from levelzero.actors.reader import FetchResult, Run
@@ -21,7 +20,8 @@ from levelzero.kafka.fetch import FetchApi
 from kio.index import load_request_schema
 
 from levelzero.kafka.protocol import Request, make
-from levelzero.kafka.transactions import PartitionIndex, marker_record, txn_header
+from levelzero.kafka.transactions import PartitionIndex, marker_record, read_committed_batches, txn_header
+from levelzero.sim.transactions import read_committed_fetch
 from levelzero.storage.protocols import MemoryTransactionStore, TxnRangeRow
 
 PRODUCER = 42
@@ -111,19 +111,10 @@ async def test_a_read_committed_answer_holds_nothing_below_a_start_offset_moved_
 
 def _consumed(encoded: bytes, aborted: list[tuple[int, int]]) -> list[tuple[int, bytes | None]]:
     """What a read_committed consumer takes from an answer, applying its aborted list as Kafka's
-    clients do: a listed producer's batches are skipped from the range's first offset until
-    that producer's abort marker."""
-    pending = sorted((first, producer) for producer, first in aborted)
-    skipping: set[int] = set()
+    clients do (`read_committed_batches`)."""
     taken: list[tuple[int, bytes | None]] = []
-    for batch in kr.decode_batches(encoded):
-        last = batch.base_offset + batch.last_offset_delta
-        while pending and pending[0][0] <= last:
-            skipping.add(pending.pop(0)[1])
-        if batch.is_control:
-            skipping.discard(batch.producer_id)  # (every marker here is an abort's)
-            continue
-        if batch.producer_id in skipping:
+    for batch, skipped in read_committed_batches(kr.decode_batches(encoded), aborted):
+        if batch.is_control or skipped:
             continue
         records = [r for r in batch.records if isinstance(r, kr.KafkaRecord)]
         taken += [(batch.base_offset + r.offset_delta, r.value) for r in records]
@@ -154,34 +145,5 @@ async def test_a_read_committed_answer_lists_no_aborted_range_its_start_moved_pa
 
 def _fetch_request(offset: int) -> Request:
     """A read_committed Fetch v11 of t/0 at `offset`, answered at once."""
-    cls = load_request_schema(1, 11)
-    module = sys.modules[cls.__module__]
-    body = make(
-        cls,
-        replica_id=-1,
-        max_wait=0,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=1,
-        session_id=0,
-        session_epoch=-1,
-        rack_id="",
-        topics=(
-            make(
-                module.FetchTopic,
-                topic="t",
-                partitions=(
-                    make(
-                        module.FetchPartition,
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=offset,
-                        log_start_offset=-1,
-                        partition_max_bytes=1 << 20,
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-    )
-    return Request(1, 11, 1, "test", body)
+    fields = read_committed_fetch("t", 0, offset, 1 << 20)
+    return Request(1, 11, 1, "test", make(load_request_schema(1, 11), **fields))

@@ -244,21 +244,37 @@ async def test_a_failed_commit_of_a_held_partition_aborts_the_records_stored(
         assert committed == [value(n, i) for n in (0, 2) for i in range(RECORDS)]
 
 
+# The previous transaction's completion held, and the next one's registration where its records
+# do not wait for it
+HELD_NEXT = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
+
+
+def next_transaction_held(tmp_path: Path, tid: str) -> tuple[DaemonProcess, int, Producer]:
+    """A daemon started with HELD_NEXT, its Kafka port, and `tid`'s producer: transaction 0
+    committed (its completion held), transaction 1's records acknowledged (stored, their
+    registration held)."""
+    daemon, kafka_port = started(tmp_path, HELD_NEXT)
+    try:
+        producer = transactional(kafka_port, tid, 0)
+        producer.commit_transaction(WAIT_S)
+        begin_next(producer, 1)
+    except BaseException:
+        daemon.cleanup()
+        raise
+    return daemon, kafka_port, producer
+
+
 def test_sigkill_after_held_records_before_their_registration(tmp_path: Path) -> None:
     """The next transaction's records in a partition the previous one holds are stored (and
     acknowledged) before AddPartitionsToTxn's commit, which never happens: SIGKILLed then, the
     restart finds them after the previous transaction's marker, takes their transaction up
     from the data and aborts it; the previous transaction is committed whole."""
-    held = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
-    daemon, kafka_port = started(tmp_path, held)
+    daemon, kafka_port, _ = next_transaction_held(tmp_path, "kill-tx")
     try:
-        producer = transactional(kafka_port, "kill-tx", 0)
-        producer.commit_transaction(WAIT_S)
-        begin_next(producer, 1)  # acknowledged: stored, their registration held
         assert end(kafka_port, "read_uncommitted") == 2 * RECORDS + 1
         assert end(kafka_port, "read_committed") == 0  # the first one's completion is held
 
-        restarted(daemon, held)
+        restarted(daemon, HELD_NEXT)
         transaction(kafka_port, "kill-tx", 2)  # fences the first incarnation
         settled(kafka_port)
         stored = [v for _, v in read(kafka_port, "read_uncommitted")]
@@ -278,14 +294,9 @@ def test_the_next_transactions_end_after_a_restart_is_fenced_not_taken_for_the_p
     completing it finds the next one's records after its marker, never registered, and the
     commit is refused (the producer fenced), never answered as done while its records are then
     aborted (single-node simulation seed 33361)."""
-    held = {"LEVELZERO_TEST_HOLD_TXN_HELD_REGISTRATION": "1", "LEVELZERO_TEST_HOLD_TXN_COMPLETION": "1"}
-    daemon, kafka_port = started(tmp_path, held)
+    daemon, kafka_port, producer = next_transaction_held(tmp_path, "retry-tx")
     try:
-        producer = transactional(kafka_port, "retry-tx", 0)
-        producer.commit_transaction(WAIT_S)
-        begin_next(producer, 1)  # acknowledged: stored, their registration held
-
-        restarted(daemon, held, LEVELZERO_TEST_HOLD_TXN_EXPIRY="1")
+        restarted(daemon, HELD_NEXT, LEVELZERO_TEST_HOLD_TXN_EXPIRY="1")
         with pytest.raises(KafkaException) as refused:
             producer.commit_transaction(WAIT_S)
         assert "fenced" in str(refused.value).lower(), refused.value
