@@ -12,8 +12,10 @@ accepts it only if the map lies within the term lineage (a zombie leader's resul
 whatever the arrival order), and then, in the same transaction, the new object goes
 COPY_FINISHED and the superseded ones DELETE_STARTED: a reader sees one set or the other.
 Only then are the superseded objects deleted, in one batched request (DELETE_FINISHED after
-each); a crash before resumes from DELETE_STARTED (`L1Catalog.collect`), a refused result's own
-object is collected.
+each); failed ones are retried by the node (`L1Catalog.retry_deletes`); a crash or a stop
+before they go leaves them DELETE_STARTED, resumed by the partition's next term as it begins
+(`L1Catalog.collect`) or, past the copy deadline, by its leader's running check
+(`L1Catalog.collect_abandoned`); a refused result's own object is collected.
 
 A pass is due when the partition's dirty ratio (bytes above the cleaner offset over all its L1
 bytes) reaches `min.cleanable.dirty.ratio`. L0 data is never touched: the L0 rules (M(p), the

@@ -256,17 +256,28 @@ class L1Catalog:
     def _is_stale_copy(row: L1Row, now: float, copy_deadline_s: float) -> bool:
         return row.state == L1State.COPY_STARTED and now - row.updated_at > copy_deadline_s
 
-    async def collect_stale_copies(self, actor: PartitionActor, copy_deadline_s: float) -> int:
-        """Collect the partition's COPY_STARTED objects older than the deadline: copies a crash
-        (or a stuck upload) abandoned. `collect` does this too, but it reads every row of the
-        partition; this reads only unfinished copies, cheap enough to run while the daemon runs."""
+    async def collect_abandoned(self, actor: PartitionActor, deadline_s: float) -> int:
+        """Collect the partition's copies and deletes left unfinished for longer than the
+        deadline: COPY_STARTED objects a crash (or a stuck upload) abandoned, and DELETE_STARTED
+        ones whose deleter stopped before finishing (a compaction's superseded objects whose
+        delete failed just before its node stopped: the retries were in that node's memory).
+        `collect` does this too, but it reads every row of the partition; this reads only the
+        unfinished ones, cheap enough to run while the daemon runs. A delete retried here
+        already (`pending_deletes`) keeps its own schedule."""
         now = self._wall()
         deleted = 0
-        for row in await self._log.l1_list(actor.row.pid, [L1State.COPY_STARTED]):
-            if not self._is_stale_copy(row, now, copy_deadline_s):
+        rows = await self._log.l1_list(actor.row.pid, [L1State.COPY_STARTED, L1State.DELETE_STARTED])
+        for row in rows:
+            if now - row.updated_at <= deadline_s:
+                continue
+            if row.state == L1State.COPY_STARTED:
+                reason = "stale COPY_STARTED"
+            elif self.pending_deletes.get(row.key) is None:
+                reason = "resuming an abandoned delete"
+            else:
                 continue
             try:
-                if await self.delete(actor, row, reason="stale COPY_STARTED"):
+                if await self.delete(actor, row, reason=reason):
                     deleted += 1
             except LevelZeroError as exc:
                 log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)

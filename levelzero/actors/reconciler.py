@@ -37,7 +37,7 @@ from .wake_loop import WakeLoop
 
 log = logging.getLogger("levelzero.reconciler")
 
-# While running, each partition's unfinished copies are checked this many times per
+# While running, each partition's unfinished copies and deletes are checked this many times per
 # `copy_deadline_s`, so one abandoned by a crash goes at most a quarter deadline late.
 STALE_COPY_CHECKS_PER_DEADLINE = 4
 
@@ -57,7 +57,9 @@ class ReconcilerConfig:
     # A round reads each L0 object once for all the partitions it copies (`round_reads.py`),
     # holding at most this many bytes of such spans at once; 0: one GET per extent.
     read_buffer_bytes_max: int = 64 * 1024 * 1024
-    copy_deadline_s: float = 600.0  # COPY_STARTED older than this is collected
+    # COPY_STARTED older than this is collected; DELETE_STARTED older than this and not being
+    # retried here is finished (its deleter stopped before finishing it)
+    copy_deadline_s: float = 600.0
     # A failed L1 delete is tried again after this, doubling up to delete_retry_max_s.
     delete_retry_first_s: float = 1.0
     delete_retry_max_s: float = 300.0
@@ -124,12 +126,15 @@ class Reconciler:
         self.stats = ReconcilerStatistics()
         self.health = ReconcileHealth()  # which partitions keep failing (status, explain, metrics)
         self._loop = WakeLoop()
-        self._recovered: set[int] = set()
+        # pid -> the term whose start-up collection ran here: each term of leadership here
+        # resumes the deletes left unfinished before it (a previous leader's, or this node's
+        # own from an earlier term: its in-memory retries do not outlive a stop)
+        self._recovered: dict[int, int] = {}
         self._stale_copies_checked_at: float | None = None
         # Proportional to active partitions (core.activity): a round visits the partitions that
         # moved since the last round and those a round left with work (unreconciled data, a
         # failure, not ready); all of them in the first round (start-up collection) and when the
-        # stale-copy check is due.
+        # check of unfinished copies and deletes is due.
         self._activity = activity
         self._index = index
         self._unfinished: set[str] = set()
@@ -174,13 +179,15 @@ class Reconciler:
         async def visit(actor: PartitionActor, reads: RoundReads) -> None:
             nonlocal written
             try:
-                if actor.row.pid not in self._recovered:
-                    # Start-up: resume unfinished deletes, collect stale copies.
+                term = actor.term
+                if self._recovered.get(actor.row.pid) != term:
+                    # A term's start here: resume unfinished deletes, collect stale copies.
                     await self.catalog.collect(actor, self.config.copy_deadline_s)
-                    self._recovered.add(actor.row.pid)
+                    self._recovered[actor.row.pid] = term
                 elif check_stale_copies:
-                    # A copy a crash left COPY_STARTED; a restart is not needed to go.
-                    await self.catalog.collect_stale_copies(actor, self.config.copy_deadline_s)
+                    # A copy a crash left COPY_STARTED, a delete a stopped deleter left
+                    # DELETE_STARTED; neither needs a restart or a new term to go.
+                    await self.catalog.collect_abandoned(actor, self.config.copy_deadline_s)
                 if not self.health.retry_due(actor.name, self._wall()):
                     self._note_lag(actor)
                     return  # failing: tried again every RECONCILE_FAILING_RETRY_S

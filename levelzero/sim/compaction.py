@@ -22,7 +22,10 @@ The rules, one each:
   the moment the store accepts it (checked at each accepted `l1_compaction_commit`).
 - **4** (the leak check) — after the quiet period, no object a compaction superseded, nor a
   refused result's object, is left in the store (rows DELETE_STARTED or DELETE_FINISHED), and
-  no stored L1 object of a compacted partition lacks a row.
+  no stored L1 object of a compacted partition lacks a row. Once healed, the objects a result
+  accepted since superseded are gone within `superseded_delete_s` of its commit: the
+  compactor deletes them itself, not the leader's later check of abandoned deletes (which
+  finishes, past the copy deadline, what a stopped node left).
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ class World(Protocol):
     """What the compaction workload uses of the world (`world.World`)."""
 
     seed: int
-    cfg: Any  # runner.SimConfig: `compaction_share`
+    cfg: Any  # runner.SimConfig: `compaction_share`, `superseded_delete_s`
     phase: str
+    healed_at: float | None
     produces_in_flight: int
     log_store: SimLogStore
     objects: MemoryObjectStore
@@ -87,6 +91,9 @@ class World(Protocol):
     def partition_name(self, pid: int) -> str: ...
 
     def wall(self) -> float: ...
+
+    @staticmethod
+    def now() -> float: ...
 
     def note(self, text: str) -> None: ...
 
@@ -193,6 +200,8 @@ class CompactionSim:
         self._passes_under_way: Counter[int] = Counter()  # incarnation number -> passes running
         self.pids: set[int] = set()
         self.accepted: Counter[int] = Counter()  # pid -> compaction results accepted
+        # key -> when the result that superseded it was accepted (while still stored)
+        self.superseded_at: dict[str, float] = {}
         self.topic_created = False
         self._values = 0
         if self.enabled:
@@ -324,9 +333,31 @@ class CompactionSim:
                 )
             self.accepted[c.pid] += 1
             self.stats.superseded += len(c.superseded_keys)
+            now = self.world.now()
+            for key in c.superseded_keys:
+                self.superseded_at.setdefault(key, now)
             return refusal
 
         setattr(store, "l1_compaction_commit", commit)  # noqa: B010 - the instance's, watched
+
+    def check_superseded_deleted(self) -> None:
+        """Once healed: the objects a result accepted since superseded are gone within
+        `superseded_delete_s` of its commit."""
+        healed_at = self.world.healed_at
+        if not self.superseded_at or healed_at is None:
+            return
+        now = self.world.now()
+        bound = self.world.cfg.superseded_delete_s
+        stored = self.world.objects._objects  # (the store's own map: a lookup, not a listing)
+        for key, at in list(self.superseded_at.items()):
+            if key not in stored:
+                del self.superseded_at[key]
+            elif at >= healed_at and now - at > bound:
+                self.world.fail(
+                    "4",
+                    f"{key}: superseded by a compaction result accepted at {at:.4f} (healed), still "
+                    f"stored {now - at:.2f}s later (bound {bound}s)",
+                )
 
     def _leftovers(self) -> list[str]:
         """Stored L1 objects of compacted partitions that no live row keeps."""

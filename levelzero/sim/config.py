@@ -132,6 +132,9 @@ class SimConfig:
     # Once healed, an L0 object at or below M goes within this much more than a sweep's interval
     # plus the longest idle pause between GC rounds (with its jitter): a round's time.
     collect_round_s: float = 1.0
+    # Once healed, the objects an accepted compaction result superseded are deleted within this
+    # of the commit (its compactor deletes them right after it: no round to wait for)
+    superseded_delete_s: float = 1.0
     reconcile_copy_s: float = 3.0  # plus two reconciler intervals: a durable record reaches LRO
     reconcile_records_per_s: float = 50.0  # ... plus its backlog at this floor of throughput
     # every L0 object collected within this of the workload's end (it covers a partition whose

@@ -498,6 +498,7 @@ class World:
             self._check_reconciled()
             self._check_collection()
             self._check_retention_collected()
+            self.compaction.check_superseded_deleted()
 
     def _check_retention_collected(self) -> None:
         """Once healed, an L1 object entirely below its partition's start offset (retention:

@@ -29,6 +29,7 @@ from levelzero.core.topic_configs import AlterOp
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import L1Row, L1State
 from levelzero.testing.virtual_time import in_virtual_time
 
 TTL_S = 0.6
@@ -293,4 +294,38 @@ async def test_an_idempotent_producer_is_known_again_when_its_partition_comes_ba
         assert await send(at_a, p, 5) == (5, True)  # b's last batch, retried: its offset
         assert await send(at_a, p, 6) == (6, False)  # the next one follows it
         assert await read_all(a, p) == [f"{p}-{s}".encode() for s in range(7)]
+        tg.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_a_node_leading_a_partition_again_resumes_the_deletes_left_unfinished_meanwhile() -> None:
+    """a leads a partition (its reconciler's start-up collection runs), b takes it, starts a
+    delete and stops before finishing it (the row DELETE_STARTED, the object stored: the retry
+    was in b's memory), and the partition comes back to a under a new term: a's next round
+    resumes the delete (three-node seed 8695 kept such an object until a restart)."""
+    c = Cluster()
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        await a.create_topic(TOPIC, PARTITIONS)
+        await wait_for(lambda: all(v == ["a"] for v in c.leaders().values()), "a leads all")
+        await a.reconciler.run_round()  # the start-up collection of every partition
+
+        b = await c.start(tg, "b")
+        await wait_for(lambda: any(v == ["b"] for v in c.leaders().values()), "b takes some")
+        p = next(p for p, names in c.leaders().items() if names == ["b"])
+        actor = b.partition(TOPIC, p)
+        key = f"level_one/{TOPIC}/{p}/{0:020d}-{1:020d}/{actor.term}-" + "d" * 32
+        await c.objects.put(key, b"superseded")
+        now = a.l1._wall()
+        await c.log.l1_insert(
+            L1Row(key, actor.row.pid, 0, 1, 1, actor.term, 10, L1State.DELETE_STARTED, now, now)
+        )
+        await b.shutdown()
+        await wait_for(lambda: c.leaders()[p] == ["a"], "a leads the partition again")
+        assert a.partition(TOPIC, p).term > actor.term
+
+        await a.reconciler.run_round()
+        (row,) = await c.log.l1_list(actor.row.pid)
+        assert row.state == L1State.DELETE_FINISHED
+        assert key not in c.objects._objects
         tg.cancel_scope.cancel()

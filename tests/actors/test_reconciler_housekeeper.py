@@ -219,6 +219,52 @@ async def test_restart_resumes_an_unfinished_delete_and_collects_a_stale_copy():
 
 
 @in_virtual_time
+async def test_a_delete_abandoned_while_the_node_runs_is_finished_once_past_the_copy_deadline():
+    """DELETE_STARTED rows that appear after the term's start-up collection, their deleter gone
+    (three-node seed 8695: a compaction's superseded object whose delete failed as its node
+    stopped; its retry lived in that node's memory): the running reconciler's check of
+    unfinished work finishes them once older than the copy deadline, not before; one this node
+    is retrying keeps its own schedule."""
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(hand_run_config(), log_store, objects, wall_clock=wall) as node:
+        await node.create_topic("t", 1)
+        actor = node.partition("t", 0)
+        pid = actor.row.pid
+        await node.reconciler.run_round()  # the term's start-up collection: nothing yet
+
+        async def delete_started(base: int, fill: str) -> str:
+            key = f"level_one/t/0/{base:020d}-{base + 1:020d}/1-" + fill * 32
+            await objects.put(key, b"old")
+            await log_store.l1_insert(
+                L1Row(key, pid, base, base + 1, 5, 1, 3, L1State.DELETE_STARTED, wall.now, wall.now)
+            )
+            return key
+
+        async def states() -> dict[str, str]:
+            return {r.key: r.state for r in await log_store.l1_list(pid)}
+
+        abandoned = await delete_started(0, "a")
+        retried = await delete_started(2, "b")
+        node.l1.pending_deletes.note_failure(retried, actor.name, "InternalError: injected", wall.now)
+        wall.now += 30  # within the 60 s deadline: its deleter may still be on its way
+        assert await node.l1.collect_abandoned(actor, 60.0) == 0
+        wall.now += 60
+        assert await node.l1.collect_abandoned(actor, 60.0) == 1
+        assert await states() == {abandoned: L1State.DELETE_FINISHED, retried: L1State.DELETE_STARTED}
+        assert abandoned not in objects._objects and retried in objects._objects
+
+        # The round runs the check (a quarter deadline after the last) and the due retries.
+        later = await delete_started(4, "c")
+        await node.reconciler.run_round()
+        assert (await states())[later] == L1State.DELETE_STARTED  # not yet past the deadline
+        wall.now += 90
+        await node.reconciler.run_round()
+        assert set((await states()).values()) == {L1State.DELETE_FINISHED}
+        assert not l1_keys(objects)
+
+
+@in_virtual_time
 async def test_an_idle_partition_does_not_hold_m_back():
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(hand_run_config(), log_store, objects) as node:

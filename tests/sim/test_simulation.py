@@ -58,8 +58,11 @@ CLUSTER_SEEDS = range(200)  # (300 until the healed phase made a cluster seed lo
 # tombstone after the key's later value; the check had not counted that tombstone in doubt);
 # 1832 (a lease release given up on landed after the member had adopted the lease again: it led
 # a partition with no lease), 838 and 2465 (declared healed while a node was stopping, and while
-# a fault slowed a control-plane call: a write of the healed phase found no leader).
-CLUSTER_REGRESSION_SEEDS = (391, 722, 755, 838, 1832, 2465)
+# a fault slowed a control-plane call: a write of the healed phase found no leader); 8695 (a
+# compaction's superseded object whose delete failed as its node stopped stayed DELETE_STARTED:
+# the retry had lived in that node's memory, and the next leader had led the partition before,
+# so its reconciler's start-up collection had run already).
+CLUSTER_REGRESSION_SEEDS = (391, 722, 755, 838, 1832, 2465, 8695)
 
 
 def every_invariant_kept(results: list[SimResult]) -> Summary:
@@ -129,6 +132,9 @@ class NoCompaction:
 
     def leftovers(self) -> list[str]:
         return []
+
+    def check_superseded_deleted(self) -> None:
+        pass
 
     async def final_scan(self) -> None:
         pass
