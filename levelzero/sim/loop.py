@@ -52,8 +52,19 @@ CANCELLED_TIMERS_REBUILD_AT = 100
 NO_TASK = 1 << 62
 
 
+# Callbacks run at one virtual instant before the loop calls it a livelock: tasks that keep one
+# another ready forever (a busy-wait) never let the clock reach the next timer, and a seed would
+# spin without end. A seed's busiest instant takes a few thousand (`instant_callbacks_max`).
+LIVELOCK_CALLBACKS = 200_000
+
+
 class Deadlock(RuntimeError):
     """Nothing is ready, no timer is scheduled, and the loop was not stopped."""
+
+
+class Livelock(Deadlock):
+    """Callbacks keep running at one virtual instant (`LIVELOCK_CALLBACKS` of them): the clock
+    cannot move on, so nothing waiting for a timer ever runs again."""
 
 
 class SimTask(asyncio.Task):
@@ -131,6 +142,8 @@ class DeterministicLoop(asyncio.BaseEventLoop):
         # (owner task's rank, readiness sequence, handle); `_ready` stays empty.
         self._runnable: list[tuple[int, int, asyncio.Handle]] = []
         self.callbacks_run = 0
+        self._instant_began = 0  # `callbacks_run` when the clock last moved
+        self.instant_callbacks_max = 0  # the most callbacks run at one virtual instant
         self.set_task_factory(self._new_task)
 
     def _new_task(self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> SimTask:
@@ -247,6 +260,10 @@ class DeterministicLoop(asyncio.BaseEventLoop):
                 when = scheduled[0]._when
                 if when > self._virtual_now:
                     self._virtual_now = when  # the clock jumps to the next timer
+                    at_instant = self.callbacks_run - self._instant_began
+                    if at_instant > self.instant_callbacks_max:
+                        self.instant_callbacks_max = at_instant
+                    self._instant_began = self.callbacks_run
             now = self._virtual_now
             while scheduled and scheduled[0]._when <= now:
                 timer = heappop(scheduled)
@@ -262,6 +279,11 @@ class DeterministicLoop(asyncio.BaseEventLoop):
                 handle = runnable.pop()[2] if count == 1 else runnable.pop(randbelow(count))[2]
                 if not handle._cancelled:
                     self.callbacks_run += 1
+                    if self.callbacks_run - self._instant_began > LIVELOCK_CALLBACKS:
+                        raise Livelock(
+                            f"{LIVELOCK_CALLBACKS} callbacks at virtual time {self._virtual_now:.6f}s "
+                            f"without the clock moving on (the last: {handle!r})"
+                        )
                     handle._run()
             if self._stopping:
                 return

@@ -14,7 +14,7 @@ from typing import Any
 from levelzero.core.fence import FenceMode
 
 from .config import SimConfig
-from .loop import Deadlock, DeterministicLoop, run_deterministic
+from .loop import Deadlock, DeterministicLoop, Livelock, run_deterministic
 from .mutations import MUTATIONS, applied
 from .violation import Violation
 from .world import World
@@ -167,7 +167,7 @@ def _violation_of(world: World, exc: BaseException, now: float) -> Violation | N
         return _violation(world, world.violation.invariant, world.violation.message, now)
     for leaf in _leaves(exc):
         if isinstance(leaf, Deadlock):
-            return _violation(world, "deadlock", str(leaf), now)
+            return _violation(world, "livelock" if isinstance(leaf, Livelock) else "deadlock", str(leaf), now)
     for leaf in _leaves(exc):
         if isinstance(leaf, AssertionError):  # the core's or the actors' own assertions
             where = traceback.extract_tb(leaf.__traceback__)[-1]

@@ -126,6 +126,22 @@ class Incarnation:
     def __repr__(self) -> str:
         return f"n{self.number}" if self.node_id is None else f"{self.node_id}{self.number}"
 
+    @property
+    def takes_requests(self) -> bool:
+        """A client's request may start here: the node runs, no graceful stop began, and its
+        task group is not being cancelled (a node whose task failed, as a violation makes it).
+        A task started in a task group whose cancellation anyio already delivered to every
+        task is never cancelled: its first checkpoint waits for a delivery that does not come,
+        and yields at once, forever (on a real loop a CPU spin until the group's last shielded
+        task ends; here a livelock: the clock never moves on to end that task)."""
+        return (
+            self.tg is not None
+            and not self.ended
+            and not self.stopping
+            and not self.scope.cancel_called
+            and not self.tg.cancel_scope.cancel_called
+        )
+
 
 @dataclass(eq=False, slots=True)
 class Change:
@@ -307,9 +323,7 @@ class World:
 
     def entry(self) -> Incarnation | None:
         """A live node to send a request to (the only one, or one drawn)."""
-        lives = [
-            inc for inc in self.lives.values() if inc.tg is not None and not inc.ended and not inc.stopping
-        ]
+        lives = [inc for inc in self.lives.values() if inc.takes_requests]
         if len(lives) <= 1:  # no draw: a one-node world's random stream is unchanged
             return lives[0] if lives else None
         return self.rng.choice(lives)

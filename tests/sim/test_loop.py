@@ -19,7 +19,7 @@ from anyio._core import _synchronization as anyio_synchronization
 from anyio._core import _tasks as anyio_tasks
 
 from levelzero.sim import loop as loop_module
-from levelzero.sim.loop import Deadlock, DeterministicLoop, run_deterministic
+from levelzero.sim.loop import LIVELOCK_CALLBACKS, Deadlock, DeterministicLoop, Livelock, run_deterministic
 
 # An anyio program with timers, events, a memory stream and a task group cancelled while eight
 # tasks sleep (anyio cancels them in the order of a set of tasks). It prints its trace digest.
@@ -122,6 +122,49 @@ def test_waiting_for_what_never_comes_is_a_deadlock() -> None:
 
     with pytest.raises(Deadlock, match="nothing ready and no timer"):
         run_deterministic(main(), random.Random(1))
+
+
+def test_a_task_started_in_a_group_whose_cancellation_was_delivered_is_a_livelock_not_a_hang() -> None:
+    """anyio (4.16) cancels a task started in a cancelled task group only if the group's
+    delivery is still under way. Here it ended (the group's one task is shielded), so the late
+    task's first checkpoint yields at once, forever: time cannot move on to end the shielded
+    task. The loop says so after LIVELOCK_CALLBACKS callbacks at one instant instead of
+    spinning without end (a seed under a mutation did: `levelzero sim --mutate` never ended)."""
+    ran_past: list[bool] = []
+
+    async def main() -> None:
+        groups: list[anyio.abc.TaskGroup] = []
+
+        async def shielded() -> None:
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(1)
+
+        async def late() -> None:
+            await anyio_lowlevel.checkpoint_if_cancelled()
+            ran_past.append(True)
+
+        async def outsider() -> None:  # a client starting a request on a node going down
+            await anyio.sleep(0.2)
+            groups[0].start_soon(late)
+
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(outsider)
+            async with anyio.create_task_group() as tg:  # the node's, ended by its host
+                groups.append(tg)
+                tg.start_soon(shielded)
+                await anyio.sleep(0.1)
+                tg.cancel_scope.cancel()
+
+    loop = DeterministicLoop(random.Random(1))
+    try:
+        with pytest.raises(Livelock, match="without the clock moving on") as raised:
+            loop.run_until_complete(main())
+        assert isinstance(raised.value, Deadlock)
+        assert loop.time() == pytest.approx(0.2)  # the shielded sleep never ended
+        assert loop.callbacks_run > LIVELOCK_CALLBACKS
+        assert not ran_past
+    finally:
+        loop.close()
 
 
 def test_the_loop_counts_what_it_ran() -> None:

@@ -5,6 +5,7 @@ what the seeds took when the table was measured (BENCHMARKS.md, "Simulation").""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 import levelzero.actors.batcher as batcher_module
@@ -27,7 +28,10 @@ from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.kafka.transactions import PartitionTxns, TransactionCoordinator
 from levelzero.sim import MUTATIONS, run_many, run_seed
 from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.sim.faults import Gate
+from levelzero.sim.loop import LIVELOCK_CALLBACKS
 from levelzero.sim.mutations import CLUSTER_MUTATIONS, CLUSTER_NODES, applied
+from levelzero.sim.world import Incarnation
 
 # seeds (from 0) within which each mutation must be caught
 SEEDS_TO_CATCH_MAX = {
@@ -210,3 +214,38 @@ def test_mutations_are_undone_after_the_seed() -> None:
     after = _patch_targets()
     assert before == after
     assert run_seed(0).violation is None
+
+
+def test_a_caught_seed_ends_even_when_a_client_starts_a_request_on_the_failing_node() -> None:
+    """Seed 9 under `lower_bound_follows_max`: invariant 5 is caught at 10.05 s, the node's
+    task group is cancelled, and a transactional client then started its EndTxn on that node:
+    anyio never cancelled the late task, which spun at one virtual instant for ever
+    (`levelzero sim --mutate --catches 3` never ended). Clients now enter only nodes whose
+    task group takes requests (`Incarnation.takes_requests`), and the loop ends a livelock."""
+    result = run_seed(9, mutation="lower_bound_follows_max")
+    assert result.violation is not None
+    assert result.violation.invariant == "5"
+    assert result.violation.time_s == pytest.approx(10.0515, abs=1e-3)
+    assert result.callbacks < LIVELOCK_CALLBACKS // 10  # ended with the catch, not a spin
+
+
+def test_a_node_whose_task_group_is_cancelled_takes_no_requests() -> None:
+    async def main() -> None:
+        inc = Incarnation(number=1, node=None, gate=Gate())  # type: ignore[arg-type]
+        assert not inc.takes_requests  # not running yet
+        async with anyio.create_task_group() as tg:
+            inc.tg = tg
+            assert inc.takes_requests
+            inc.stopping = True
+            assert not inc.takes_requests
+            inc.stopping = False
+            tg.cancel_scope.cancel()
+            assert not inc.takes_requests
+        inc.tg = None
+        with inc.scope:
+            async with anyio.create_task_group() as tg:
+                inc.tg = tg
+                inc.scope.cancel()
+                assert not inc.takes_requests
+
+    anyio.run(main)
