@@ -208,6 +208,121 @@ async def test_append_many_tells_each_partition_at_its_own_batchs_commit(postgre
             assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1]
 
 
+def test_the_second_half_of_a_crowd_goes_half_a_statement_later_and_never_long() -> None:
+    assert store_module.stagger_s(0.0) == 0.0  # no statement yet: at once
+    assert store_module.stagger_s(0.002) == pytest.approx(0.001)
+    assert store_module.stagger_s(5.0) == store_module.STAGGER_MAX_S  # a slow statement or two
+
+
+async def _crowd_store(dsn: str, monkeypatch: pytest.MonkeyPatch, stagger: float) -> Any:
+    """An open store whose writers believe a statement takes 2 * `stagger` s (the bound
+    lifted to match), and that records when each batch's statement starts."""
+    monkeypatch.setattr(store_module, "STAGGER_MAX_S", stagger)
+    store = await PostgresLogStore.open(dsn)
+    store._statement_s = 2 * stagger
+    starts: list[tuple[float, int]] = []
+    run_batch = store._run_batch
+
+    async def timed(connection: Any, jobs: Any, **kwargs: Any) -> Any:
+        starts.append((anyio.current_time(), len(jobs)))
+        result = await run_batch(connection, jobs, **kwargs)
+        store._statement_s = 2 * stagger  # the running mean stays put
+        return result
+
+    monkeypatch.setattr(store, "_run_batch", timed)
+    store.batch_starts = starts
+    return store
+
+
+async def test_a_crowd_with_nothing_on_its_way_goes_as_two_batches_half_a_statement_apart(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent together, the halves are answered together and their callers come back together,
+    for ever in lock-step with both connections idle through every turnaround: the second
+    half goes on the other connection half a statement after the first (here 0.3 s, while the
+    first waits on a row lock another session holds: a lower bound, which load cannot make
+    pass wrongly), and every append is answered once."""
+    stagger = 0.3
+    store = await _crowd_store(postgres_dsn, monkeypatch, stagger)
+    async with store:
+        count = 2 * store_module.SPLIT_JOBS_MIN
+        rows = await store.create_topic("t", count, 1, 0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+        store.batch_starts.clear()
+        blocker = await asyncpg.connect(postgres_dsn)
+        try:
+            transaction = blocker.transaction()
+            await transaction.start()
+            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", rows[0].pid)
+            answered: list[list[NotLeader | None]] = []
+
+            async def call() -> None:
+                appends = [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in rows]
+                answered.append(await store.append_many(appends))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                for _ in range(2_000):  # bounded: until both halves are on their way
+                    if len(store.batch_starts) == 2:
+                        break
+                    await anyio.sleep(0.01)
+                (first, first_jobs), (second, second_jobs) = store.batch_starts
+                assert (first_jobs, second_jobs) == (count // 2, count // 2)
+                assert second - first >= stagger * 0.99
+                assert not answered  # the first half still waits for the lock
+                await transaction.rollback()
+        finally:
+            await blocker.close()
+        assert answered == [[None] * count]
+        assert len(store.batch_starts) == 2
+        for row in rows:
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1]
+
+
+async def test_a_call_queued_during_the_stagger_is_taken_at_once(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stagger holds back only the crowd's second half, and only while nothing else comes:
+    a call queued meanwhile wakes the idle writer, which takes it with the rest (the stagger
+    is an hour here, and the first half waits on a row lock: the call returning shows it)."""
+    store = await _crowd_store(postgres_dsn, monkeypatch, 3600.0)
+    async with store:
+        count = 2 * store_module.SPLIT_JOBS_MIN
+        rows = await store.create_topic("t", count + 1, 1, 0.0)
+        for row in rows:
+            await store.begin_term(row.pid, 0, 0)
+        crowd, late = rows[:count], rows[count]
+        store.batch_starts.clear()
+        blocker = await asyncpg.connect(postgres_dsn)
+        try:
+            transaction = blocker.transaction()
+            await transaction.start()
+            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", crowd[0].pid)
+            answered: list[list[NotLeader | None]] = []
+
+            async def call() -> None:
+                appends = [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in crowd]
+                answered.append(await store.append_many(appends))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                for _ in range(2_000):  # bounded: until the first half is on its way
+                    if store.batch_starts:
+                        break
+                    await anyio.sleep(0.01)
+                with anyio.fail_after(60):  # a bound only: without the wake-up, the hour
+                    await store.append(late.pid, 1, [placeholder_record(1, 1, 0)])
+                assert [jobs for _, jobs in store.batch_starts] == [count // 2, count // 2 + 1]
+                assert not answered  # the first half still waits for the lock
+                await transaction.rollback()
+        finally:
+            await blocker.close()
+        assert answered == [[None] * count]
+        for row in rows:
+            assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1]
+
+
 async def test_nodes_starting_together_migrate_once(postgres_dsn: str) -> None:
     async def open_and_close() -> None:
         async with await PostgresLogStore.open(postgres_dsn):

@@ -50,6 +50,11 @@ COMMAND_TIMEOUT_S = 60.0
 # A healthy node never idles in a transaction longer than a stall of its event loop.
 IDLE_IN_TRANSACTION_TIMEOUT_S = 10.0
 SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
+# ... the second that long after the first: half a statement (the writers' recent mean), up to
+# STAGGER_MAX_S (a slow statement or two must not hold the second half back for long).
+STAGGER_FRACTION = 0.5
+STAGGER_MAX_S = 0.010
+STATEMENT_MEAN_WEIGHT = 0.2  # of each new batch's statement time in the writers' running mean
 RECONNECT_TIMEOUT_S = 30.0  # how long one call retries connection trouble before StorageError
 RETRY_DELAY_MIN_S = 0.05
 RETRY_DELAY_MAX_S = 1.0
@@ -176,6 +181,12 @@ ORDER BY base_offset, log_offset
 LIMIT $3"""
 
 
+def stagger_s(statement_s: float) -> float:
+    """How long after the first half of a crowd the second goes (`PostgresBase._pick`): half a
+    statement by the writers' running mean, at most `STAGGER_MAX_S`; 0 before any statement."""
+    return min(STAGGER_FRACTION * max(0.0, statement_s), STAGGER_MAX_S)
+
+
 def redacted(dsn: str) -> str:
     """The DSN without its password, for messages and logs."""
     try:
@@ -282,6 +293,10 @@ class PostgresBase(StoreLifecycle):
         self._connections: list[asyncpg.Connection | None] = [None] * writers
         self._busy_pids: set[int] = set()
         self._in_flight = 0  # batches on their way
+        # The append statement's recent time (a running mean) and the timer that wakes a
+        # writer for the second half of a split crowd (see `_writer`).
+        self._statement_s = 0.0
+        self._staggered: asyncio.TimerHandle | None = None
         self._writer_done = anyio.Event()
         self._writer_started = False
         self._owned_task_group: anyio.abc.TaskGroup | None = None
@@ -548,6 +563,9 @@ class PostgresBase(StoreLifecycle):
                     tg.start_soon(self._writer, k)
                 task_status.started()
         finally:
+            if self._staggered is not None:
+                self._staggered.cancel()
+                self._staggered = None
             for job in self._waiting:
                 job.error = self._write_refused()
                 job.done.set()
@@ -571,11 +589,14 @@ class PostgresBase(StoreLifecycle):
         try:
             while True:
                 self._take_queued()
-                batch = self._pick(self._waiting) if self._waiting else None
+                batch, halved = self._pick(self._waiting) if self._waiting else ([], False)
                 if batch:
                     self._in_flight += 1
-                    if self._waiting:
-                        self._wake_idle()  # what is left (half of a crowd, past the bound)
+                    if self._waiting:  # what is left: half of a crowd, or past the bound
+                        if halved:
+                            self._wake_idle_later(stagger_s(self._statement_s))
+                        else:
+                            self._wake_idle()
                     await self._execute_batch(batch, k)
                     continue
                 if not self._open and not self._waiting:
@@ -615,6 +636,28 @@ class PostgresBase(StoreLifecycle):
                 self._open = False
                 self._wake_idle(everyone=True)  # to finish and end
 
+    def _wake_idle_later(self, delay_s: float) -> None:
+        """A waiting writer looks for work `delay_s` from now (at once if 0): the second half
+        of a crowd split with nothing on its way.
+
+        Why later: a closed loop's callers (a node's producers, the benchmark's callers) write
+        again as soon as their batch is answered. Two halves sent together are answered
+        together, their callers turn around together on the event loop, while both
+        connections sit idle, and come back as one crowd: the halves stay in lock-step, every
+        cycle a statement *plus* a turnaround long (`levelzero bench --only control`: each
+        connection busy two thirds of the time). Half a statement apart, one half's callers
+        turn around while the other half's statement runs. A call queued meanwhile wakes a
+        writer at once (`_send_all`), and a writer answered meanwhile takes what waits itself."""
+        if delay_s <= 0:
+            self._wake_idle()
+            return
+        if self._staggered is None:
+            self._staggered = asyncio.get_running_loop().call_later(delay_s, self._staggered_wake)
+
+    def _staggered_wake(self) -> None:
+        self._staggered = None
+        self._wake_idle()
+
     def _wake_idle(self, *, everyone: bool = False) -> None:
         """One waiting writer (`everyone`: all) looks for work: the last to wait, so that calls
         one at a time keep to one writer's connection."""
@@ -625,17 +668,20 @@ class PostgresBase(StoreLifecycle):
                 if not everyone:
                     return
 
-    def _pick(self, waiting: deque[_Job]) -> list[_Job]:
+    def _pick(self, waiting: deque[_Job]) -> tuple[list[_Job], bool]:
         """The next batch: calls in arrival order, skipping appends of partitions with an
-        append in flight (or skipped already: their order holds), up to the record bound."""
+        append in flight (or skipped already: their order holds), up to the record bound; and
+        whether it is the first half of a crowd (the rest go half a statement later)."""
         batch: list[_Job] = []
         skipped: deque[_Job] = deque()
         blocked: set[int] = set()
         weight = 0
         jobs_max = len(waiting)
-        if self._in_flight == 0 and jobs_max >= SPLIT_JOBS_MIN and self._writers > 1:
-            # Half now, the rest right behind it: callers that wait for their commit before
-            # they write again would otherwise keep meeting in one batch, one commit at a time.
+        halved = self._in_flight == 0 and jobs_max >= SPLIT_JOBS_MIN and self._writers > 1
+        if halved:
+            # Half now, the rest half a statement behind it (`_wake_idle_later`): callers that
+            # wait for their commit before they write again would otherwise keep meeting in
+            # one batch, one commit at a time.
             jobs_max = (jobs_max + 1) // 2
         while waiting and len(batch) < jobs_max:
             job = waiting.popleft()
@@ -651,7 +697,7 @@ class PostgresBase(StoreLifecycle):
             if job.pid is not None:
                 self._busy_pids.add(job.pid)
         waiting.extendleft(reversed(skipped))
-        return batch
+        return batch, halved
 
     async def _execute_batch(self, jobs: list[_Job], writer: int) -> None:
         freed = False
@@ -762,7 +808,9 @@ class PostgresBase(StoreLifecycle):
                 connection = self._connections[writer] = await self._pool.acquire()
             lost = True  # from here, a failure may come after the COMMIT
             try:
+                started = time.perf_counter()
                 outcomes, _ = await self._run_batch(connection, jobs)
+                self._note_statement(time.perf_counter() - started)
             except BaseException:
                 self._connections[writer] = None
                 await self._give_back(connection)
@@ -772,6 +820,13 @@ class PostgresBase(StoreLifecycle):
 
         result: list[tuple[Any, BaseException | None]] | None = await self._retrying(attempt, "a write batch")
         return result
+
+    def _note_statement(self, took_s: float) -> None:
+        """An append statement's round trip, into the writers' running mean (the stagger)."""
+        if self._statement_s == 0.0:
+            self._statement_s = took_s
+        else:
+            self._statement_s += STATEMENT_MEAN_WEIGHT * (took_s - self._statement_s)
 
     async def _run_batch(
         self, connection: asyncpg.Connection, jobs: list[_Job], *, resolve: bool = False
@@ -874,6 +929,7 @@ class PostgresBase(StoreLifecycle):
         """Hand jobs to the writers in order (the caller then waits for each one's `done`)."""
         for job in jobs:
             check_call_records(job.weight, self._group_commit_max_records)
+        woken = False
         for job in jobs:
             if self._closed:
                 raise self._write_refused()
@@ -884,5 +940,8 @@ class PostgresBase(StoreLifecycle):
                     await self._job_send.send(job)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                 raise self._write_refused() from None
-            if self._idle:
-                self._wake_idle()  # (a busy writer takes it when its batch is answered)
+            if self._idle and (self._in_flight or not woken):
+                # (A busy writer takes it when its batch is answered. With nothing on its way,
+                # one writer for the call: it splits a crowd and staggers the halves, `_pick`.)
+                self._wake_idle()
+                woken = True
