@@ -234,6 +234,46 @@ async def _crowd_store(dsn: str, monkeypatch: pytest.MonkeyPatch, stagger: float
     return store
 
 
+async def _crowd_topic(store: Any, partitions: int) -> list[Any]:
+    """`partitions` partitions in their first term, and no batch start kept from setting up."""
+    rows = await store.create_topic("t", partitions, 1, 0.0)
+    for row in rows:
+        await store.begin_term(row.pid, 0, 0)
+    store.batch_starts.clear()
+    return rows
+
+
+async def _crowd_call_started(
+    tg: anyio.abc.TaskGroup, store: Any, rows: list[Any], answered: list[Any], batches: int
+) -> None:
+    """An `append_many` of one record to each of `rows` started in `tg` (its answer into
+    `answered`); returns once `batches` of its batches are on their way (bounded)."""
+
+    async def call() -> None:
+        appends = [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in rows]
+        answered.append(await store.append_many(appends))
+
+    tg.start_soon(call)
+    for _ in range(2_000):
+        if len(store.batch_starts) >= batches:
+            return
+        await anyio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def _row_locked(dsn: str, pid: int) -> Any:
+    """Another session holds partition `pid`'s row lock; yields its transaction (roll it back
+    to let the batch holding that partition commit)."""
+    blocker = await asyncpg.connect(dsn)
+    try:
+        transaction = blocker.transaction()
+        await transaction.start()
+        await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", pid)
+        yield transaction
+    finally:
+        await blocker.close()
+
+
 async def test_a_crowd_with_nothing_on_its_way_goes_as_two_batches_half_a_statement_apart(
     postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -246,34 +286,16 @@ async def test_a_crowd_with_nothing_on_its_way_goes_as_two_batches_half_a_statem
     store = await _crowd_store(postgres_dsn, monkeypatch, stagger)
     async with store:
         count = 2 * store_module.SPLIT_JOBS_MIN
-        rows = await store.create_topic("t", count, 1, 0.0)
-        for row in rows:
-            await store.begin_term(row.pid, 0, 0)
-        store.batch_starts.clear()
-        blocker = await asyncpg.connect(postgres_dsn)
-        try:
-            transaction = blocker.transaction()
-            await transaction.start()
-            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", rows[0].pid)
+        rows = await _crowd_topic(store, count)
+        async with _row_locked(postgres_dsn, rows[0].pid) as transaction:
             answered: list[list[NotLeader | None]] = []
-
-            async def call() -> None:
-                appends = [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in rows]
-                answered.append(await store.append_many(appends))
-
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)
-                for _ in range(2_000):  # bounded: until both halves are on their way
-                    if len(store.batch_starts) == 2:
-                        break
-                    await anyio.sleep(0.01)
+                await _crowd_call_started(tg, store, rows, answered, 2)  # both halves
                 (first, first_jobs), (second, second_jobs) = store.batch_starts
                 assert (first_jobs, second_jobs) == (count // 2, count // 2)
                 assert second - first >= stagger * 0.99
                 assert not answered  # the first half still waits for the lock
                 await transaction.rollback()
-        finally:
-            await blocker.close()
         assert answered == [[None] * count]
         assert len(store.batch_starts) == 2
         for row in rows:
@@ -289,35 +311,17 @@ async def test_a_call_queued_during_the_stagger_is_taken_at_once(
     store = await _crowd_store(postgres_dsn, monkeypatch, 3600.0)
     async with store:
         count = 2 * store_module.SPLIT_JOBS_MIN
-        rows = await store.create_topic("t", count + 1, 1, 0.0)
-        for row in rows:
-            await store.begin_term(row.pid, 0, 0)
+        rows = await _crowd_topic(store, count + 1)
         crowd, late = rows[:count], rows[count]
-        store.batch_starts.clear()
-        blocker = await asyncpg.connect(postgres_dsn)
-        try:
-            transaction = blocker.transaction()
-            await transaction.start()
-            await blocker.execute("SELECT 1 FROM partitions WHERE pid = $1 FOR UPDATE", crowd[0].pid)
+        async with _row_locked(postgres_dsn, crowd[0].pid) as transaction:
             answered: list[list[NotLeader | None]] = []
-
-            async def call() -> None:
-                appends = [Append(row.pid, 1, [placeholder_record(1, 1, 0)]) for row in crowd]
-                answered.append(await store.append_many(appends))
-
             async with anyio.create_task_group() as tg:
-                tg.start_soon(call)
-                for _ in range(2_000):  # bounded: until the first half is on its way
-                    if store.batch_starts:
-                        break
-                    await anyio.sleep(0.01)
+                await _crowd_call_started(tg, store, crowd, answered, 1)  # the first half
                 with anyio.fail_after(60):  # a bound only: without the wake-up, the hour
                     await store.append(late.pid, 1, [placeholder_record(1, 1, 0)])
                 assert [jobs for _, jobs in store.batch_starts] == [count // 2, count // 2 + 1]
                 assert not answered  # the first half still waits for the lock
                 await transaction.rollback()
-        finally:
-            await blocker.close()
         assert answered == [[None] * count]
         for row in rows:
             assert [r.log_offset for r in await store.read_log(row.pid, 0)] == [0, 1]
