@@ -214,9 +214,11 @@ class Client:
         """The cluster's members and who leads how many partitions (a single node: enabled False)."""
         return await self._call("GET", "/v1/cluster", ClusterInfo)
 
-    async def status(self) -> StatusResponse:
-        """The summary: M, the outlier partitions and the first page of partitions."""
-        return await self._call("GET", "/v1/status", StatusResponse)
+    async def status(self, topic: str | None = None) -> StatusResponse:
+        """The summary: M, the outlier partitions and the first page of partitions (of
+        `topic` only, when given)."""
+        params = {} if topic is None else {"topic": topic}
+        return await self._call("GET", "/v1/status", StatusResponse, params=params)
 
     async def status_partitions(
         self, after: str | None = None, limit: int | None = None, topic: str | None = None
@@ -231,12 +233,15 @@ class Client:
             params["topic"] = topic
         return await self._call("GET", "/v1/status/partitions", PartitionPage, params=params)
 
-    async def all_partitions(self, page_limit: int | None = None) -> list[PartitionStatus]:
-        """Every partition's status, page by page (each partition once, in order)."""
+    async def all_partitions(
+        self, page_limit: int | None = None, topic: str | None = None
+    ) -> list[PartitionStatus]:
+        """Every partition's status (of `topic` only, when given), page by page (each
+        partition once, in order)."""
         partitions: list[PartitionStatus] = []
         after = None
         while True:
-            page = await self.status_partitions(after, page_limit)
+            page = await self.status_partitions(after, page_limit, topic)
             partitions += page.partitions
             if page.next_after is None:
                 return partitions

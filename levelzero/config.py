@@ -28,6 +28,7 @@ import urllib.parse
 import ssl
 import tomllib
 from collections.abc import Mapping
+import typing
 from typing import Any, Literal
 
 import msgspec
@@ -629,7 +630,20 @@ def _describe_validation_error(message: str) -> str:
         key = f"{path}.{unknown.group(1)}" if path else unknown.group(1)
         return f"{key}: unknown key"
     what = what.replace("`", "")
+    section, dot, key = path.partition(".")
+    if dot and "." not in key:
+        what += _choices(section, key, what)
     return f"{path}: {what}" if path else what
+
+
+def _choices(section: str, key: str, what: str) -> str:
+    """' (one of 'a', 'b')' after msgspec's 'Invalid enum value' for a Literal setting."""
+    if not what.startswith("Invalid enum value") or section not in sections():
+        return ""
+    if key not in sections()[section].__struct_fields__:
+        return ""
+    choices = typing.get_args(_field_type(section, key))
+    return f" (one of {', '.join(repr(c) for c in choices)})" if choices else ""
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -664,7 +678,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str
             shown = "***" if target in SECRET_KEYS else repr(raw)
             raise ConfigError(
                 f"environment variable {name} ({'.'.join(target)}) = {shown}: "
-                f"{_describe_validation_error(str(exc))}"
+                f"{_describe_validation_error(str(exc))}{_choices(*target, str(exc))}"
             ) from None
         out[target] = (name, value)
     return out

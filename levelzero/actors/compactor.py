@@ -298,7 +298,10 @@ class Compactor:
         else:
             for key, why in failed.items():
                 log.warning("deleting superseded %s failed, retried: %s", key, why)
-        reclaimed = sum(r.size for r in inputs) - len(data)
+        # Merging objects in which nothing was removed can come out a few bytes larger (one
+        # object's framing for several): reclaimed is what shrank, never negative (a counter).
+        bytes_in = sum(r.size for r in inputs)
+        reclaimed = max(0, bytes_in - len(data))
         self.stats.passes += 1
         status.passes += 1
         status.last_compaction_at = self._wall()
@@ -309,12 +312,16 @@ class Compactor:
         status.dirty_ratio = 0.0 if limit >= rows[-1].last_offset else status.dirty_ratio
         status.not_compacted = None
         log.info(
-            "compacted %s [%d, %d] under term %d: %d records removed, %d bytes reclaimed",
+            "compacted %s [%d, %d] under term %d: %d records removed, %d objects of %d bytes "
+            "into one of %d (%d bytes reclaimed)",
             actor.name,
             base,
             last,
             term,
             kept.removed,
+            len(inputs),
+            bytes_in,
+            len(data),
             reclaimed,
         )
         return True

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
+import httpx
 import msgspec
 
 from levelzero.core.errors import LevelZeroError, StoreRefused
@@ -278,10 +279,19 @@ def cmd_install_files(args: argparse.Namespace) -> int:
 
 
 def url_problem(url: str) -> str | None:
-    """A daemon URL must name its scheme: `127.0.0.1:8420` would be taken for a scheme."""
-    if url.startswith(("http://", "https://")):
-        return None
-    return f"daemon URL {url!r} has no http:// or https:// scheme (e.g. http://{url.split('://')[-1]})"
+    """What is wrong with a daemon URL, before any request: a missing scheme (`127.0.0.1:8420`
+    would be taken for one), no host, a port out of range, a malformed address."""
+    if not url.startswith(("http://", "https://")):
+        return f"daemon URL {url!r} has no http:// or https:// scheme (e.g. http://{url.split('://')[-1]})"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return f"daemon URL {url!r} is malformed: {exc}"
+    if not parsed.host:
+        return f"daemon URL {url!r} names no host"
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        return f"daemon URL {url!r}: port {parsed.port} is not in 1..65535"
+    return None
 
 
 def _client(args: argparse.Namespace) -> Client:
@@ -298,7 +308,9 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
             return EXIT_USAGE
         problem = url_problem(args.url or default_url())
         if problem is not None:
-            _fail(problem)
+            _fail(
+                problem if args.url or not os.environ.get("LEVELZERO_URL") else f"$LEVELZERO_URL: {problem}"
+            )
             return EXIT_USAGE
 
         async def main() -> int:
@@ -388,8 +400,10 @@ class _Input:
         self._empty_as_null = args.empty_as_null
         self.skipped = 0
         self.malformed: MalformedLine | None = None  # the line that stopped the input
+        self._what = "input line"  # how a malformed line is named
         if lines is None:
             if args.values:
+                self._what = "VALUE argument"
                 lines = (value.encode() for value in args.values)
             else:
                 lines = (line.rstrip(b"\r\n") if line.endswith(b"\n") else line for line in sys.stdin.buffer)
@@ -402,7 +416,7 @@ class _Input:
                 continue
             if self._separator not in line:
                 problem = MalformedLine(
-                    f"input line {number}: no key separator {self._shown_separator!r} in {line[:80]!r}"
+                    f"{self._what} {number}: no key separator {self._shown_separator!r} in {line[:80]!r}"
                 )
                 if not self._skip:
                     self.malformed = problem
@@ -592,9 +606,9 @@ async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
 
 
 async def _status(args: argparse.Namespace, client: Client) -> None:
-    status = await client.status()
+    status = await client.status(args.topic)
     if args.all:
-        partitions = await client.all_partitions()
+        partitions = await client.all_partitions(topic=args.topic)
         status = msgspec.structs.replace(
             status, partitions=partitions, partitions_total=len(partitions), partitions_next_after=None
         )

@@ -38,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `produce TOPIC -p 1 a b` the values come back unrecognised; they are values all the same.
     if extra and getattr(args, "values", None) == [] and not any(e.startswith("-") for e in extra):
         args.values = extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # with the usage of the command they were given to
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.handler(args)
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 
 from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.client import default_url
+from levelzero.client import DEFAULT_URL
 from levelzero.daemon.buildinfo import version
+from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.cli.commands import (
     CLUSTER_DEMO_NODES_MAX,
     DRY_RUN_KEYS_SHOWN_DEFAULT,
@@ -60,13 +62,15 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     if "--json" not in parser._option_string_actions:  # every client command takes --json
         parser.add_argument("--json", action="store_true", help="print the answer as JSON")
-    parser.add_argument("--url", default=None, help=f"daemon URL (default $LEVELZERO_URL or {default_url()})")
+    parser.add_argument(
+        "--url", default=None, help=f"daemon URL (default $LEVELZERO_URL, else {DEFAULT_URL})"
+    )
     parser.add_argument(
         "--token",
         default=os.environ.get("LEVELZERO_TOKEN") or None,
         help="bearer token (default $LEVELZERO_TOKEN)",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, metavar="S", help="request timeout")
+    parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S", help="request timeout")
 
 
 def _positive(text: str) -> int:
@@ -76,6 +80,8 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    if value > UNSIGNED_MAX:
+        raise argparse.ArgumentTypeError(f"{text} is above {UNSIGNED_MAX}")
     return value
 
 
@@ -95,10 +101,33 @@ def _in_flight(text: str) -> int:
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text} is negative")
+    if value > UNSIGNED_MAX:  # the HTTP API's bound on offsets and partitions
+        raise argparse.ArgumentTypeError(f"{text} is above {UNSIGNED_MAX}")
     return value
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (0 would mean no wait at all: a timeout that
+    always fires, a poll loop that never pauses)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
+def _separator(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("the key separator must not be empty")
+    return text
 
 
 def add_run(sub: argparse._SubParsersAction) -> None:
@@ -209,7 +238,13 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("values", nargs="*", metavar="VALUE")
     p.add_argument("-p", "--partition", type=_non_negative, default=0)
     p.add_argument("--key", default=None, help="key of every record")
-    p.add_argument("--key-separator", default=None, metavar="SEP", help="split each line into KEY SEP VALUE")
+    p.add_argument(
+        "--key-separator",
+        default=None,
+        metavar="SEP",
+        type=_separator,
+        help="split each line (or VALUE) into KEY SEP VALUE",
+    )
     p.add_argument(
         "--batch-records",
         type=_positive,
@@ -246,10 +281,10 @@ def add_consume(sub: argparse._SubParsersAction) -> None:
     p.add_argument("topic")
     p.add_argument("-p", "--partition", type=_non_negative, default=0)
     p.add_argument("--offset", type=_non_negative, default=None, help="first offset (default: the start)")
-    p.add_argument("--max-records", type=_non_negative, default=None)
-    p.add_argument("--max-bytes", type=int, default=None, help="bytes per fetch")
+    p.add_argument("--max-records", type=_positive, default=None, help="stop after N records")
+    p.add_argument("--max-bytes", type=_positive, default=None, help="bytes per fetch")
     p.add_argument("--follow", action="store_true", help="wait for new records (Ctrl-C ends)")
-    p.add_argument("--poll-max-s", type=float, default=1.0, help="longest pause between polls")
+    p.add_argument("--poll-max-s", type=_seconds, default=1.0, help="longest pause between polls")
     p.add_argument(
         "--format",
         choices=("text", "offsets", "json"),
@@ -275,6 +310,7 @@ def add_status(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every partition, paged from the daemon (default: the first page and the outliers)",
     )
+    p.add_argument("--topic", type=_topic_name, default=None, help="this topic's partitions only")
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_status))
 
@@ -406,4 +442,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)
+    _name_parsers(parser)
     return parser
+
+
+def _name_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser as `args.command_parser`, the innermost one chosen winning:
+    `main` reports a stray argument with that command's usage, not the top level's."""
+    parser.set_defaults(command_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _name_parsers(child)

@@ -124,10 +124,12 @@ class TooLarge(LevelZeroError):
 
     code = "too_large"
 
-    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max") -> None:
+    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max", records: int = 0) -> None:
+        # One record over the limit cannot be split: say so rather than "split the request".
+        advice = "one record cannot be larger than the limit" if records == 1 else "split the request"
         super().__init__(
             f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
-            f"and values + 8 per record); split the request"
+            f"and values + 8 per record); {advice}"
         )
         self.size, self.limit = size, limit
 

@@ -65,5 +65,5 @@ def check_produce_size(
             return None
     size = produce_size(records)
     if size > limit:
-        raise TooLarge(size, limit, limit_name)
+        raise TooLarge(size, limit, limit_name, len(records))
     return size

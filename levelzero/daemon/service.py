@@ -32,7 +32,7 @@ from starlette.applications import Starlette
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node
-from levelzero.core.errors import LevelZeroError, StorageError
+from levelzero.core.errors import LevelZeroError, StorageError, StoreRefused
 from levelzero.storage import opening
 from levelzero.storage.opening import ControlStore
 from levelzero.storage.protocols import ObjectStore
@@ -279,6 +279,12 @@ class Daemon:
         self.notifier.status("opening storage")
         try:
             os.makedirs(config.storage.data_dir, exist_ok=True)
+        except FileExistsError:  # makedirs' answer when a file (not a directory) has the name:
+            # only an operator can fix it (exit 2, not restarted by systemd)
+            raise StoreRefused(
+                f"data_dir {config.storage.data_dir} is a file, not a directory: "
+                f"move it away or set another storage.data_dir"
+            ) from None
         except OSError as exc:
             raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
         async with anyio.create_task_group() as tg:

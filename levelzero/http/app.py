@@ -57,6 +57,7 @@ from levelzero.core.txn_marks import TXN_HEADER, client_headers, has_reserved_he
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.http.schema import (
     RETRY_AFTER_S,
+    UNSIGNED_MAX,
     AbandonRequest,
     BatcherStatus,
     ClusterInfo,
@@ -129,7 +130,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "corrupt_data": 500,
     "object_not_found": 500,
 }
-_UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")
+_UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")  # at most UNSIGNED_MAX
 JSON_MEDIA_TYPE = "application/json"
 # Counted for a request whose client went away before its body arrived (nginx's number): the
 # client's doing, not a server error, so never a "500" in levelzero_http_requests_total.
@@ -255,7 +256,12 @@ def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryP
 
 def _unsigned(name: str, text: str) -> int:
     if not _UNSIGNED.match(text):
-        raise ApiError(400, "malformed_request", f"{name} must be a non-negative integer, not {text!r}")
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        if text.isascii() and text.isdigit():  # digits, but more than 18 of them
+            raise ApiError(
+                400, "malformed_request", f"{name} {shown} is out of range (at most {UNSIGNED_MAX})"
+            )
+        raise ApiError(400, "malformed_request", f"{name} must be a non-negative integer, not {shown!r}")
     return int(text)
 
 

@@ -12,6 +12,10 @@ import msgspec
 from levelzero.core.reconcile_health import Abandoned
 
 
+# The largest number a query or path parameter (offset, partition, max_bytes, limit, epoch) may
+# hold: 18 digits, below 2**63 (Kafka's int64 offsets) whatever the digits.
+UNSIGNED_MAX = 10**18 - 1
+
 # The answer to an abandon-unreconciled: the node's record of it, as is.
 AbandonResponse = Abandoned
 

@@ -1,0 +1,182 @@
+"""Bad input to the command line and the daemon is an error that says what is wrong, in one
+line, with exit 2 for bad usage: never a traceback, never a wrong answer. Each case here was
+found by trying the commands as a new user would (a traceback, a record printed for
+`--max-records 0`, "split the request" for one record that cannot be split, ...)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon_support import DaemonProcess, clean_environ
+from levelzero.cli.main import main
+from levelzero.http.schema import UNSIGNED_MAX
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one error line of a command refused as bad usage (exit 2), before any request."""
+    with pytest.raises(SystemExit) as raised:
+        main(list(argv))
+    assert raised.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            ["produce", "t", "--key-separator", "", "x"],
+            "--key-separator: the key separator must not be empty",
+        ),
+        (["consume", "t", "--max-records", "0"], "--max-records: 0 is not >= 1"),
+        (["consume", "t", "--max-bytes", "-5"], "--max-bytes: -5 is not >= 1"),
+        (["consume", "t", "--follow", "--poll-max-s", "0"], "--poll-max-s: 0 is not a positive number"),
+        (["produce", "t", "--timeout", "0", "x"], "--timeout: 0 is not a positive number of seconds"),
+        (["produce", "t", "--timeout", "nan", "x"], "--timeout: nan is not a positive number of seconds"),
+        (["consume", "t", "--offset", "abc"], "--offset: 'abc' is not an integer"),
+        (["consume", "t", "--offset", "123456789012345678901"], f"is above {UNSIGNED_MAX}"),
+        (["consume", "t", "--offset", "-1"], "--offset: -1 is negative"),
+    ],
+)
+def test_bad_flag_values_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    line = usage_error(capsys, *argv)
+    assert line.startswith(f"levelzero {argv[0]}: error: argument ") and expected in line, line
+
+
+def test_a_stray_flag_is_reported_with_its_own_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert usage_error(capsys, "produce", "t", "x", "--bogus") == (
+        "levelzero produce: error: unrecognized arguments: --bogus"
+    )
+    assert (
+        usage_error(capsys, "gc", "run", "--bogus")
+        == "levelzero gc run: error: unrecognized arguments: --bogus"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://127.0.0.1:99999", "port 99999 is not in 1..65535"),
+        ("http://127.0.0.1:0", "port 0 is not in 1..65535"),
+        ("http://[::1", "is malformed"),
+        ("http://", "names no host"),
+        ("127.0.0.1:8420", "has no http:// or https:// scheme"),
+    ],
+)
+def test_a_bad_daemon_url_is_a_usage_error_before_any_request(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str, expected: str
+) -> None:
+    assert main(["status", "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"levelzero: daemon URL {url!r}") and expected in err and "Traceback" not in err
+    monkeypatch.setenv("LEVELZERO_URL", url)  # the same from the environment, which it names
+    assert main(["status"]) == 2
+    assert capsys.readouterr().err.startswith(f"levelzero: $LEVELZERO_URL: daemon URL {url!r}")
+
+
+def test_help_names_the_url_default_not_this_shells_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LEVELZERO_URL", "http://secret-host.example:1")
+    with pytest.raises(SystemExit):
+        main(["status", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default $LEVELZERO_URL, else http://127.0.0.1:8420" in out and "secret-host" not in out
+
+
+def test_an_invalid_choice_in_the_configuration_lists_the_valid_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "levelzero.toml"
+    path.write_text('[logging]\nlevel = "loud"\n')
+    assert main(["config", "show", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == (
+        f"levelzero: invalid configuration ({path}): logging.level: Invalid enum value 'loud' "
+        "(one of 'debug', 'info', 'warning', 'error')\n"
+    )
+    monkeypatch.setenv("LEVELZERO_STORAGE_KIND", "disk")
+    assert main(["config", "show"]) == 2
+    assert capsys.readouterr().err == (
+        "levelzero: environment variable LEVELZERO_STORAGE_KIND (storage.kind) = 'disk': "
+        "Invalid enum value 'disk' (one of 'local', 's3')\n"
+    )
+
+
+def test_a_data_dir_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+    in_the_way = tmp_path / "data"
+    in_the_way.write_text("not a directory")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "levelzero.cli",
+            "run",
+            "--data-dir",
+            str(in_the_way),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        capture_output=True,
+        timeout=120,
+        env=clean_environ(),
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.decode().endswith(
+        f"levelzero: data_dir {in_the_way} is a file, not a directory: "
+        "move it away or set another storage.data_dir\n"
+    )
+
+
+def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Path) -> None:
+    assert daemon_process.cli("topics", "create", "b", "--partitions", "2").returncode == 0
+    assert daemon_process.cli("topics", "create", "other").returncode == 0
+    assert daemon_process.cli("produce", "b", "v0", "v1", "v2").returncode == 0
+    # --max-records 1 prints one record (0 is refused above, it printed one).
+    result = daemon_process.cli("consume", "b", "--max-records", "1", "--format", "offsets")
+    assert result.stdout == b"0\tv0\n"
+    # A malformed VALUE argument is named as an argument, not as an input line.
+    result = daemon_process.cli("produce", "b", "--key-separator", ":", "k:v", "novalue")
+    assert result.returncode == 1
+    assert result.stderr.startswith(b"levelzero: VALUE argument 2: no key separator ':' in b'novalue'")
+    # One record over the limit cannot be split: the answer does not say "split the request".
+    big = tmp_path / "big"
+    big.write_bytes(b"a" * (5 << 20) + b"\n")
+    result = daemon_process.cli("produce", "b", input=big.read_bytes())
+    assert result.returncode == 1
+    message = result.stderr.decode()
+    assert "5242888 record bytes exceed batch_bytes_max 4194304" in message
+    assert "one record cannot be larger than the limit (too_large, HTTP 413)" in message
+    assert "split the request" not in message
+    # The command splits its input by size itself (two such records: two requests)...
+    two = tmp_path / "two"
+    two.write_bytes(b"a" * (3 << 20) + b"\n" + b"b" * (3 << 20) + b"\n")
+    result = daemon_process.cli("produce", "b", "--batch-records", "2", input=two.read_bytes())
+    assert result.returncode == 0 and b"produced 2 records to b/0" in result.stdout
+    with daemon_process.http() as http:
+        # ...a request of two records over the limit can be split: that answer says so.
+        value = base64.b64encode(b"a" * (9 << 18)).decode()  # 2.25 MiB, 3 MiB in base64
+        response = http.post("/v1/topics/b/partitions/0/records", json={"records": [{"value": value}] * 2})
+        assert response.status_code == 413
+        assert response.json()["message"].endswith("8 per record); split the request")
+        # An offset too large for the API is out of range, not "not a non-negative integer".
+        response = http.get("/v1/topics/b/partitions/0/records", params={"offset": "123456789012345678901"})
+    assert response.status_code == 400
+    assert response.json()["message"] == (
+        f"offset 123456789012345678901 is out of range (at most {UNSIGNED_MAX})"
+    )
+    # `status --topic` as the HTTP API's ?topic=: that topic's partitions only.
+    shown = json.loads(daemon_process.cli("status", "--topic", "b", "--all", "--json").stdout)
+    assert [(p["topic"], p["partition"]) for p in shown["partitions"]] == [("b", 0), ("b", 1)]
+    shown = json.loads(daemon_process.cli("status", "--topic", "b", "--json").stdout)
+    assert shown["partitions_total"] == 2
+    result = daemon_process.cli("status", "--topic", "nope")
+    assert result.returncode == 1 and b"unknown topic 'nope'" in result.stderr
