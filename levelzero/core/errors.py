@@ -257,3 +257,13 @@ class ObjectNotFound(LevelZeroError):
     def __init__(self, key: str, where: str = "") -> None:
         super().__init__(f"object {key!r} not found" + (f" in {where}" if where else ""))
         self.key = key
+
+
+def directory_problem(path: object, exc: OSError) -> str:
+    """Why a directory at `path` could not be made (`os.makedirs`), for an operator: a file in
+    the way says so, where the OS's own words are "File exists" or "Not a directory"."""
+    if isinstance(exc, FileExistsError):
+        return f"{path} is a file, not a directory"
+    if isinstance(exc, NotADirectoryError):
+        return f"{path}: a part of the path is a file, not a directory"
+    return f"cannot create directory {path}: {exc.strerror or exc}"
