@@ -134,6 +134,23 @@ class TooLarge(LevelZeroError):
         self.size, self.limit = size, limit
 
 
+class IdempotencyKeyReused(LevelZeroError):
+    """An HTTP produce whose idempotency key was first used with other records on the
+    partition: not a repeat, so not answered as one, and not stored (a key names one request)."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, first: tuple[int, int] | None = None) -> None:
+        # (base offset, record count) of the request the key was first used with, when known
+        # (not for two requests of one key taken together, the first one not stored yet)
+        at = "" if first is None else f" (stored at offsets {first[0]}..{first[0] + first[1] - 1})"
+        super().__init__(
+            f"idempotency_key was first used with a different request (other records) on this "
+            f"partition{at}; a new request needs a new key"
+        )
+        self.first = first
+
+
 class KeylessRecord(LevelZeroError):
     """A record without a key produced to a compacted topic (Kafka's INVALID_RECORD)."""
 
