@@ -30,6 +30,7 @@ from levelzero.http.schema import (
     CreateTopicRequest,
     EpochResponse,
     ErrorBody,
+    KeyReusedBody,
     FetchResponse,
     GcRunRequest,
     GcStatus,
@@ -56,11 +57,15 @@ _encoder = msgspec.json.Encoder()
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, first_offsets: tuple[int, int] | None = None
+    ) -> None:
         super().__init__(f"{message} ({code}{f', HTTP {status}' if status else ''})")
         self.status = status
         self.code = code
         self.message = message
+        # idempotency_key_reused: (base offset, last offset) of the key's first request
+        self.first_offsets = first_offsets
 
 
 def default_url() -> str:
@@ -139,6 +144,14 @@ class Client:
         except (msgspec.ValidationError, msgspec.DecodeError):
             text = response.text.strip()[:200] or response.reason_phrase
             return ApiError(response.status_code, "http_error", text)
+        if body.error == "idempotency_key_reused":
+            try:
+                reused = msgspec.json.decode(response.content, type=KeyReusedBody)
+            except msgspec.ValidationError:  # offsets not known (two requests at once)
+                pass
+            else:
+                first = (reused.base_offset, reused.last_offset)
+                return ApiError(response.status_code, body.error, body.message, first)
         return ApiError(response.status_code, body.error, body.message)
 
     async def _call(self, method: str, path: str, result: type, **kwargs: Any):  # noqa: ANN202

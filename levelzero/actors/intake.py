@@ -39,9 +39,11 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
+import msgspec
 
 from levelzero.core.entries import ProducerSpan
 from levelzero.core.errors import (
+    IdempotencyKeyReused,
     InvalidInput,
     KeylessRecord,
     LevelZeroError,
@@ -52,11 +54,14 @@ from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
 from levelzero.core.producers import (
     BATCHES_REMEMBERED,
+    KEY_EPOCH_UNCHECKED,
     PRODUCERS_MAX_DEFAULT,
     PartitionProducers,
     ProducerSequences,
     StoredBatch,
     following_sequence,
+    key_reused,
+    request_epoch,
 )
 from levelzero.storage.protocols import ProducerBatchExpiry, ProducerBatchRow, ProducerBatchStore
 
@@ -314,11 +319,21 @@ class ProduceIntake:
         (producer, partition) pair is among the PRODUCERS_MAX_DEFAULT remembered and for at
         least `key_retention_s` in the store (then `expire_keys` forgets it there). Returns
         (base offset, record count, duplicate): a repeat answers the first produce's offsets
-        and count and stores nothing, whatever records it holds."""
+        and count and stores nothing. The batch's producer epoch is a digest of its records
+        (`request_epoch`): the key repeated with other records is refused
+        (IdempotencyKeyReused), here or in the lane, and nothing is stored."""
         producer_id = idempotency_producer_id(key)
-        identity = (producer_id, 0, topic, partition, 0)
+        epoch = request_epoch(msgspec.msgpack.encode(records))
         self.check_led(topic, partition)
         await self.prepare_producer(producer_id, [(topic, partition)])
+        stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)
+        if key_reused(stored_epoch, epoch):
+            assert stored_epoch is not None
+            first = self.sequences.duplicate_of(producer_id, stored_epoch, topic, partition, 0)
+            raise IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
+        if stored_epoch == KEY_EPOCH_UNCHECKED:
+            epoch = stored_epoch  # stored before its records' digest was kept: a repeat
+        identity = (producer_id, epoch, topic, partition, 0)
         mine = list(records)
         outcome = self.submit(topic, partition, mine, identity)
         if isinstance(outcome, int):
@@ -461,18 +476,52 @@ class ProduceIntake:
         answered with the offset they were stored at. The partition's state knows every recent
         producer's last batches; the intake's memory, older producers' too."""
         kept = []
+        keys: dict[int, int] = {}  # idempotency keys' producers taken in this round: epoch
         for p in taken:
             stored = None
             if p.identity is not None:
                 producer_id, epoch, _, _, base_sequence = p.identity
+                reused = None
+                if producer_id >= IDEMPOTENCY_ID_BASE:
+                    reused = self._key_reused(p.identity, producers, keys)
+                if reused is not None:
+                    self._finish(p, error=reused)
+                    continue
                 stored = producers.duplicate_of(producer_id, epoch, base_sequence)
                 if stored is None:
                     stored = self.sequences.duplicate_of(*p.identity)
+                if stored is None and producers.epoch_of(producer_id) == KEY_EPOCH_UNCHECKED:
+                    stored = producers.duplicate_of(producer_id, KEY_EPOCH_UNCHECKED, base_sequence)
             if stored is None:
                 kept.append(p)
             else:
                 self._finish(p, base_offset=stored.base_offset, stored=stored)
         return kept
+
+    def _key_reused(
+        self, identity: Identity, producers: PartitionProducers, keys: dict[int, int]
+    ) -> IdempotencyKeyReused | None:
+        """The refusal of an idempotency key's batch that repeats the key with other records
+        than those it was stored with (the partition's state, this process's memory) or than
+        another batch of the key taken in this round (`keys`, which this one joins); None if
+        it does not."""
+        producer_id, epoch, topic, partition, _ = identity
+        if epoch == KEY_EPOCH_UNCHECKED:
+            return None  # a repeat of a key stored before the digest was kept (produce_once)
+        stored_epoch = producers.epoch_of(producer_id)
+        if key_reused(stored_epoch, epoch):
+            assert stored_epoch is not None
+            first = producers.duplicate_of(producer_id, stored_epoch, 0)
+            return IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
+        stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)
+        if key_reused(stored_epoch, epoch):
+            assert stored_epoch is not None
+            first = self.sequences.duplicate_of(producer_id, stored_epoch, topic, partition, 0)
+            return IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
+        if key_reused(keys.get(producer_id), epoch):
+            return IdempotencyKeyReused()  # the first of the two is not stored yet
+        keys[producer_id] = epoch
+        return None
 
     def _in_sequence(self, taken: list[Pending], producers: PartitionProducers) -> list[Pending]:
         """The record sets to store, less the idempotent batches that do not follow their

@@ -134,6 +134,23 @@ class TooLarge(LevelZeroError):
         self.size, self.limit = size, limit
 
 
+class IdempotencyKeyReused(LevelZeroError):
+    """An HTTP produce whose idempotency key was first used with other records on the
+    partition: not a repeat, so not answered as one, and not stored (a key names one request)."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, first: tuple[int, int] | None = None) -> None:
+        # (base offset, record count) of the request the key was first used with, when known
+        # (not for two requests of one key taken together, the first one not stored yet)
+        at = "" if first is None else f" (stored at offsets {first[0]}..{first[0] + first[1] - 1})"
+        super().__init__(
+            f"idempotency_key was first used with a different request (other records) on this "
+            f"partition{at}; a new request needs a new key"
+        )
+        self.first = first
+
+
 class KeylessRecord(LevelZeroError):
     """A record without a key produced to a compacted topic (Kafka's INVALID_RECORD)."""
 
@@ -257,3 +274,13 @@ class ObjectNotFound(LevelZeroError):
     def __init__(self, key: str, where: str = "") -> None:
         super().__init__(f"object {key!r} not found" + (f" in {where}" if where else ""))
         self.key = key
+
+
+def directory_problem(path: object, exc: OSError) -> str:
+    """Why a directory at `path` could not be made (`os.makedirs`), for an operator: a file in
+    the way says so, where the OS's own words are "File exists" or "Not a directory"."""
+    if isinstance(exc, FileExistsError):
+        return f"{path} is a file, not a directory"
+    if isinstance(exc, NotADirectoryError):
+        return f"{path}: a part of the path is a file, not a directory"
+    return f"cannot create directory {path}: {exc.strerror or exc}"

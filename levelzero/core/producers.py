@@ -18,11 +18,16 @@ below the newest batch known, changes nothing.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 BATCHES_REMEMBERED = 5
+# An HTTP idempotency key's producer epoch (see `request_epoch`): keys stored before the epoch
+# carried the request's digest have this one, and are repeats by their key alone.
+KEY_EPOCH_UNCHECKED = 0
+KEY_EPOCH_MAX = 2**15 - 1  # a producer epoch is an int16, as Kafka's
 SEQUENCE_MAX = 2**31 - 1  # a sequence is an int32; past the largest it wraps to 0 (Kafka's rule)
 PRODUCERS_MAX_DEFAULT = 100_000
 
@@ -41,6 +46,24 @@ def batch_with_sequence(batches: Sequence[StoredBatch], base_sequence: int) -> S
         if batch.base_sequence == base_sequence:
             return batch
     return None
+
+
+def request_epoch(encoded_records: bytes) -> int:
+    """The producer epoch an HTTP idempotency key's batch is stored under: 15 bits of the
+    SHA-256 of its request's records (encoded as given: key, value, timestamp or none, headers),
+    1..KEY_EPOCH_MAX. A repeat of the key with other records finds the key's producer stored
+    at another epoch (`key_reused`); with the same ones, at the same epoch, a repeat. Two
+    different requests share an epoch once in 32,767: the guard is against a mistake (a key
+    reused by a bug), not an adversary."""
+    digest = hashlib.sha256(encoded_records).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % KEY_EPOCH_MAX
+
+
+def key_reused(stored_epoch: int | None, epoch: int) -> bool:
+    """Whether an idempotency key whose producer is stored at `stored_epoch` (None: not
+    stored) was first used with other records than a request whose epoch is `epoch`."""
+    assert 1 <= epoch <= KEY_EPOCH_MAX, epoch
+    return stored_epoch is not None and stored_epoch not in (epoch, KEY_EPOCH_UNCHECKED)
 
 
 class ProducerSequences:
@@ -63,6 +86,12 @@ class ProducerSequences:
         if state is None or state[0] != producer_epoch:
             return None
         return batch_with_sequence(state[1], base_sequence)
+
+    def epoch_of(self, producer_id: int, topic: str, partition: int) -> int | None:
+        """The epoch the producer's batches in the partition were stored under; None if none is
+        remembered."""
+        state = self._states.get((producer_id, topic, partition))
+        return None if state is None else state[0]
 
     def next_sequence(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> int | None:
         """The base sequence the producer's next new batch must have, or None when any will do
@@ -172,6 +201,11 @@ class PartitionProducers:
         if state is None or state[0] != producer_epoch:
             return None
         return batch_with_sequence(state[1], base_sequence)
+
+    def epoch_of(self, producer_id: int) -> int | None:
+        """The epoch the producer's remembered batches were stored under; None if it has none."""
+        state = self._states.get(producer_id)
+        return None if state is None else state[0]
 
     def next_sequence(self, producer_id: int, producer_epoch: int) -> int | None:
         """The base sequence the producer's next new batch must have, or None when any will do

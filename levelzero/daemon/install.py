@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from levelzero.core.errors import directory_problem
+
 DEPLOY_PACKAGE = "levelzero.deploy"
 
 # file name -> mode. The unit and the example are public; the environment file holds secrets.
@@ -55,6 +57,9 @@ def install_files(directory: str | os.PathLike[str], *, force: bool = False) -> 
         )
     try:
         target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InstallError(directory_problem(target, exc)) from None
+    try:
         written = []
         for name, mode in DEPLOY_FILES.items():
             path = target / name

@@ -32,7 +32,7 @@ from starlette.applications import Starlette
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import ClusterSettings, Node
-from levelzero.core.errors import LevelZeroError, StorageError, StoreRefused
+from levelzero.core.errors import LevelZeroError, StorageError, StoreRefused, directory_problem
 from levelzero.storage import opening
 from levelzero.storage.opening import ControlStore
 from levelzero.storage.protocols import ObjectStore
@@ -279,14 +279,14 @@ class Daemon:
         self.notifier.status("opening storage")
         try:
             os.makedirs(config.storage.data_dir, exist_ok=True)
-        except FileExistsError:  # makedirs' answer when a file (not a directory) has the name:
-            # only an operator can fix it (exit 2, not restarted by systemd)
+        except (FileExistsError, NotADirectoryError) as exc:  # a file in the way: only an
+            # operator can fix it (exit 2, not restarted by systemd)
             raise StoreRefused(
-                f"data_dir {config.storage.data_dir} is a file, not a directory: "
+                f"data_dir: {directory_problem(config.storage.data_dir, exc)}: "
                 f"move it away or set another storage.data_dir"
             ) from None
         except OSError as exc:
-            raise StartupError(f"cannot create data_dir {config.storage.data_dir}: {exc.strerror}") from None
+            raise StartupError(f"data_dir: {directory_problem(config.storage.data_dir, exc)}") from None
         async with anyio.create_task_group() as tg:
             log_store = await opening.open_control_store(
                 tg, config, application_name=f"levelzero {node_id_of(config)}"

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from levelzero.core.errors import directory_problem
 from levelzero.storage.sqlite.schema import (
     OLDEST_SCHEMA_VERSION,
     SCHEMA_TABLES,
@@ -132,7 +133,7 @@ def export(
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as error:
-        raise ExportError(f"cannot create output directory {out_dir}: {error.strerror}") from None
+        raise ExportError(f"output directory: {directory_problem(out_dir, error)}") from None
     with _locked(out_dir):
         manifest = manifest_file.load(out_dir) or Manifest()
         _remove_uncommitted(out_dir, manifest.last_seq)

@@ -16,11 +16,13 @@ Once per task attempt: a task sends its records to each topic partition in produ
 Spark partition, the topic partition and the produce's number (`<write>/<task>/<partition>/<n>`).
 A task retried after a failure (Spark's spark.task.maxFailures) sends the same produces again,
 and the daemon answers those already stored with their offsets instead of storing them twice
-(`ProduceRequest.idempotency_key`). The task then reads the records stored under the key and
-compares them with its own: a failed attempt may have stored only the first records of a
-produce (PySpark ends a writer's input without an error when the rows' upstream fails, so the
-writer sends what it holds before the task fails); the rest are sent under a key of their own
-(`<key>+<count>`). Records that differ fail the task with a message saying so.
+(`ProduceRequest.idempotency_key`; a key sent again with other records is refused, 422
+`idempotency_key_reused`, with the offsets of the records stored under it). The task then reads
+the records stored under the key and compares them with its own: a failed attempt may have
+stored only the first records of a produce (PySpark ends a writer's input without an error when
+the rows' upstream fails, so the writer sends what it holds before the task fails); the rest are
+sent under a key of their own (`<key>+<count>`). Records that differ fail the task with a message
+saying so.
 
 `<write>` is one id per `df.write` (made on the driver); for
 a stream it is the query's id and micro-batch id, so a micro-batch Spark runs again after a
@@ -123,14 +125,22 @@ async def produce_rows(target: SinkTarget, write: str, task: int, rows: Iterator
         async def send(partition: int, records: list[RecordIn], key: str) -> None:
             nonlocal stored, duplicates
             try:
-                answer = await client.produce(target.topic, partition, records, idempotency_key=key)
-                count = answer.last_offset - answer.base_offset + 1
-                if not answer.duplicate:
-                    stored += count
-                    return
-                # Stored by an earlier attempt of this task: the same records, or (an attempt
-                # whose input ended early, then failed) the first `count` of them.
-                before = await _stored(client, target.topic, partition, answer.base_offset, count)
+                try:
+                    answer = await client.produce(target.topic, partition, records, idempotency_key=key)
+                except ApiError as error:
+                    if error.code != "idempotency_key_reused" or error.first_offsets is None:
+                        raise
+                    # Stored by an earlier attempt of this task with other records: (an attempt
+                    # whose input ended early, then failed) the first `count` of these, or not.
+                    base, last = error.first_offsets
+                else:
+                    base, last = answer.base_offset, answer.last_offset
+                    if not answer.duplicate:
+                        stored += last - base + 1
+                        return
+                    # Stored by an earlier attempt of this task: the same records.
+                count = last - base + 1
+                before = await _stored(client, target.topic, partition, base, count)
             except ApiError as error:
                 raise ExportError(f"levelzero sink: produce to {target.topic}/{partition}: {error}") from None
             if before != [_identity(r) for r in records[:count]]:

@@ -46,7 +46,7 @@ from levelzero.actors.gc import WatermarkReading
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.actors.reader import FETCH_BYTES_MAX
-from levelzero.core.errors import InvalidInput, LedElsewhere, LevelZeroError
+from levelzero.core.errors import IdempotencyKeyReused, InvalidInput, LedElsewhere, LevelZeroError
 from levelzero.core.keys import parse_l0_key
 from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
@@ -59,6 +59,7 @@ from levelzero.http.schema import (
     RETRY_AFTER_S,
     UNSIGNED_MAX,
     AbandonRequest,
+    KeyReusedBody,
     BatcherStatus,
     ClusterInfo,
     ClusterNodeInfo,
@@ -124,6 +125,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "too_large": 413,
     "stale_cluster_epoch": 409,
     "topic_exists": 409,
+    "idempotency_key_reused": 422,
     "not_leader": 503,
     "shutting_down": 503,
     "storage_error": 503,
@@ -360,6 +362,9 @@ class Api:
                 location += "?" + request.url.query
             return error_response(307, exc.code, str(exc), {"Location": location})
         status = STATUS_BY_CODE.get(exc.code, 500)
+        if isinstance(exc, IdempotencyKeyReused) and exc.first is not None:
+            base, count = exc.first
+            return _json(KeyReusedBody(exc.code, str(exc), base, base + count - 1), status)
         if status >= 500:
             level = logging.WARNING if exc.retriable else logging.ERROR
             log.log(level, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)

@@ -93,6 +93,14 @@ class ErrorBody(_Response):
     message: str
 
 
+class KeyReusedBody(ErrorBody):
+    """422 `idempotency_key_reused`, with the offsets the key's first request was stored at
+    (when known), so that a client can tell what of it was stored (the Spark sink does)."""
+
+    base_offset: int
+    last_offset: int
+
+
 class TopicInfo(_Response):
     name: str
     partitions: int

@@ -17,7 +17,14 @@ from levelzero.actors.intake import Pending, ProduceIntake, idempotency_producer
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.entries import Placeholder
-from levelzero.core.errors import InvalidInput, OutOfOrderSequence, StorageError, TooLarge, UnknownTopic
+from levelzero.core.errors import (
+    IdempotencyKeyReused,
+    InvalidInput,
+    OutOfOrderSequence,
+    StorageError,
+    TooLarge,
+    UnknownTopic,
+)
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
@@ -352,4 +359,109 @@ async def test_a_record_set_with_a_linger_cuts_the_batch_window_for_its_round() 
             assert isinstance(later, Pending)
             await anyio.wait_all_tasks_blocked()
             assert not later.done.is_set()  # the next window lingers again
+            tg.cancel_scope.cancel()
+
+
+async def _keyed(intake: ProduceIntake, values: list[bytes], key: str = "k") -> tuple[int, int, bool]:
+    return await intake.produce_once(TOPIC, 0, [Record(None, v) for v in values], key)
+
+
+async def test_an_idempotency_key_repeated_with_other_records_is_refused_and_stores_nothing(
+    tmp_path: Path,
+) -> None:
+    """The same key and records: a repeat (the first offsets, nothing stored). The same key and
+    other records (another value, another count, a key, a header, a timestamp): refused, in
+    memory and, after a restart, from the store's sequence table; nothing stored."""
+    objects = MemoryObjectStore()
+    async with await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store:
+        async with running_node(node_config(), store, objects) as node:
+            await node.create_topic(TOPIC, 1)
+            intake = ProduceIntake(node)
+            async with anyio.create_task_group() as tg:
+                await tg.start(intake.run)
+                assert await _keyed(intake, [b"a", b"b"]) == (0, 2, False)
+                assert await _keyed(intake, [b"a", b"b"]) == (0, 2, True)
+                for other in (
+                    [Record(None, b"a"), Record(None, b"X")],
+                    [Record(None, b"a")],
+                    [Record(b"key", b"a"), Record(None, b"b")],
+                    [Record(None, b"a", headers=(("h", b"1"),)), Record(None, b"b")],
+                    [Record(None, b"a", timestamp_ms=5), Record(None, b"b")],
+                ):
+                    with pytest.raises(IdempotencyKeyReused) as refused:
+                        await intake.produce_once(TOPIC, 0, other, "k")
+                    assert refused.value.first == (0, 2)  # where the key's records are
+                assert await _keyed(intake, [b"c"], key="k2") == (2, 1, False)  # another key
+                assert intake.offsets(TOPIC, 0) == (0, 3)
+                tg.cancel_scope.cancel()
+        async with running_node(node_config(), store, objects) as node:  # a restart
+            intake = ProduceIntake(node)
+            async with anyio.create_task_group() as tg:
+                await tg.start(intake.run)
+                with pytest.raises(IdempotencyKeyReused) as refused:
+                    await _keyed(intake, [b"a", b"X"])
+                assert refused.value.first == (0, 2)
+                assert await _keyed(intake, [b"a", b"b"]) == (0, 2, True)
+                assert intake.offsets(TOPIC, 0) == (0, 3)
+                tg.cancel_scope.cancel()
+
+
+async def test_a_reused_key_is_refused_from_the_partitions_own_state_and_within_one_round() -> None:
+    """Without a sequence table (the memory store) a new intake knows the key only from the
+    partition's placeholders: the lane refuses it. Two requests of one key with other records
+    queued together: one is stored, the other refused."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(node_config(), log_store, objects) as node:
+        await node.create_topic(TOPIC, 1)
+        first = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(first.run)
+            assert await _keyed(first, [b"a"]) == (0, 1, False)
+            tg.cancel_scope.cancel()
+        intake = ProduceIntake(node)  # as after a crash: nothing in its memory
+        outcomes: dict[bytes, object] = {}
+
+        async def produce(value: bytes) -> None:
+            try:
+                outcomes[value] = await _keyed(intake, [value], key="together")
+            except IdempotencyKeyReused as exc:
+                outcomes[value] = exc
+
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            with pytest.raises(IdempotencyKeyReused) as refused:
+                await _keyed(intake, [b"other"])
+            assert refused.value.first == (0, 1)
+            assert await _keyed(intake, [b"a"]) == (0, 1, True)
+            async with anyio.create_task_group() as both:
+                both.start_soon(produce, b"x")
+                both.start_soon(produce, b"y")
+            tg.cancel_scope.cancel()
+        refused = [v for v, outcome in outcomes.items() if isinstance(outcome, IdempotencyKeyReused)]
+        assert len(refused) == 1 and sorted(outcomes) == [b"x", b"y"]
+        # the first of the two was not stored when the second was refused: no offsets known
+        assert isinstance(outcomes[refused[0]], IdempotencyKeyReused) and outcomes[refused[0]].first is None
+        stored = [v for v in outcomes if v not in refused]
+        assert outcomes[stored[0]] == (1, 1, False)
+        assert intake.offsets(TOPIC, 0) == (0, 2)
+
+
+async def test_a_key_stored_before_its_records_digest_was_kept_is_a_repeat_by_key_alone(
+    tmp_path: Path,
+) -> None:
+    """Rows of keys stored by an earlier release (producer epoch 0) are answered as repeats,
+    whatever records the retry holds, as that release did: not refused after an upgrade."""
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        key = idempotency_producer_id("legacy")
+        await store.record_producer_batches(
+            [ProducerBatchRow(key, 0, TOPIC, 0, 0, 3, 40, time.time())], keep=1
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            assert await _keyed(intake, [b"anything"], key="legacy") == (40, 3, True)
             tg.cancel_scope.cancel()

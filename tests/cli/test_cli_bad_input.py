@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from daemon_support import DaemonProcess, clean_environ
 from levelzero.cli.main import main
 from levelzero.http.schema import UNSIGNED_MAX
+from levelzero.storage.sqlite import SqliteLogStore
 
 
 def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -111,7 +113,9 @@ def test_an_invalid_choice_in_the_configuration_lists_the_valid_ones(
     )
 
 
-def test_a_data_dir_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
+def test_a_data_dir_that_is_a_file_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     in_the_way = tmp_path / "data"
     in_the_way.write_text("not a directory")
     result = subprocess.run(
@@ -131,9 +135,26 @@ def test_a_data_dir_that_is_a_file_is_named_as_such(tmp_path: Path) -> None:
     )
     assert result.returncode == 2, result.stderr
     assert result.stderr.decode().endswith(
-        f"levelzero: data_dir {in_the_way} is a file, not a directory: "
+        f"levelzero: data_dir: {in_the_way} is a file, not a directory: "
         "move it away or set another storage.data_dir\n"
     )
+    # The other commands that make a directory say the same of a file in the way.
+    assert main(["install-files", str(in_the_way)]) == 1
+    assert main(["install-files", str(in_the_way / "sub")]) == 1
+    store = tmp_path / "store"
+
+    async def create_store() -> None:
+        async with await SqliteLogStore.open(str(store / "levelzero.db")):
+            pass
+
+    store.mkdir()
+    anyio.run(create_store)
+    assert main(["export", "--data-dir", str(store), "--out", str(in_the_way)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"levelzero: {in_the_way} is a file, not a directory",
+        f"levelzero: {in_the_way / 'sub'}: a part of the path is a file, not a directory",
+        f"levelzero export: output directory: {in_the_way} is a file, not a directory",
+    ]
 
 
 def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Path) -> None:

@@ -487,9 +487,31 @@ async def test_a_produce_with_an_idempotency_key_is_stored_once_across_a_restart
             "malformed_request",
             "idempotency_key",
         )
+        # The key with other records is not a repeat: refused, with where the key's records are.
+        with pytest.raises(ApiError) as refused:
+            await client.produce("t", 0, [b"a", b"b"], idempotency_key="job-1/task-3/0")
+        assert (refused.value.status, refused.value.code) == (422, "idempotency_key_reused")
+        assert refused.value.first_offsets == (1, 3)
+        answer = await raw(
+            client,
+            "POST",
+            RECORDS,
+            json={"records": [{"value": b64(b"z")}], "idempotency_key": "job-1/task-3/0"},
+        )
+        assert answer.status_code == 422
+        assert answer.json() == {
+            "error": "idempotency_key_reused",
+            "message": "idempotency_key was first used with a different request (other records) on "
+            "this partition (stored at offsets 1..3); a new request needs a new key",
+            "base_offset": 1,
+            "last_offset": 3,
+        }
     async with daemon_and_client(tmp_path) as (_, client):
         repeat = await client.produce("t", 0, [b"a", b"b", b"c"], idempotency_key="job-1/task-3/0")
         assert (repeat.base_offset, repeat.last_offset, repeat.duplicate) == (1, 3, True)
+        with pytest.raises(ApiError) as refused:  # after the restart too
+            await client.produce("t", 0, [b"a", b"b", b"X"], idempotency_key="job-1/task-3/0")
+        assert (refused.value.code, refused.value.first_offsets) == ("idempotency_key_reused", (1, 3))
         fetched = await client.fetch("t", 0, 0)
         assert [r.value for r in fetched.records] == [b"before", b"a", b"b", b"c", b"d", b"a"]
 
