@@ -53,9 +53,30 @@ class AdminApi:
         return errors
 
     async def create_topics(self, request: Request) -> Any:
+        """Each topic made (or refused) on its own. A name given more than once is made under
+        none of its entries and answered once, INVALID_REQUEST (as Kafka's controller does: a
+        client such as librdkafka fails the whole response that names a topic twice)."""
         m = request.response_module
         results = []
+        names = [topic.name for topic in request.body.topics]
+        duplicates = {name for name in names if names.count(name) > 1}
+        for name in sorted(duplicates):
+            results.append(
+                make(
+                    m.CreatableTopicResult,
+                    name=name,
+                    topic_id=None,
+                    error_code=ErrorCode.invalid_request,
+                    error_message="Duplicate topic name.",
+                    topic_config_error_code=0,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    configs=None,
+                )
+            )
         for topic in request.body.topics:
+            if topic.name in duplicates:
+                continue
             partitions = topic.num_partitions
             if partitions == -1:
                 partitions = self.settings.default_partitions
