@@ -490,7 +490,11 @@ class ProduceIntake:
                 stored = producers.duplicate_of(producer_id, epoch, base_sequence)
                 if stored is None:
                     stored = self.sequences.duplicate_of(*p.identity)
-                if stored is None and producers.epoch_of(producer_id) == KEY_EPOCH_UNCHECKED:
+                if (
+                    stored is None
+                    and producer_id >= IDEMPOTENCY_ID_BASE  # a key stored before its digest was kept
+                    and producers.epoch_of(producer_id) == KEY_EPOCH_UNCHECKED
+                ):
                     stored = producers.duplicate_of(producer_id, KEY_EPOCH_UNCHECKED, base_sequence)
             if stored is None:
                 kept.append(p)

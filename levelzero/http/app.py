@@ -532,13 +532,14 @@ class Api:
         unknown = sorted(set(params) - {"offset", "max_bytes"})
         if unknown:
             raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
-        if "offset" in params:
-            offset = _unsigned("offset", params["offset"])
+        offset_text, max_bytes_text = _single(params, "offset"), _single(params, "max_bytes")
+        if offset_text is not None:
+            offset = _unsigned("offset", offset_text)
         else:
             offset = self.node.partition(topic, partition).state.start_offset
         max_bytes = self.settings.fetch_bytes_default
-        if "max_bytes" in params:
-            max_bytes = _unsigned("max_bytes", params["max_bytes"])
+        if max_bytes_text is not None:
+            max_bytes = _unsigned("max_bytes", max_bytes_text)
             if not 1 <= max_bytes <= FETCH_BYTES_MAX:
                 raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
         result = await self.node.fetch(topic, partition, offset, max_bytes)

@@ -53,9 +53,30 @@ class AdminApi:
         return errors
 
     async def create_topics(self, request: Request) -> Any:
+        """Each topic made (or refused) on its own. A name given more than once is made under
+        none of its entries and answered once, INVALID_REQUEST (as Kafka's controller does: a
+        client such as librdkafka fails the whole response that names a topic twice)."""
         m = request.response_module
         results = []
+        names = [topic.name for topic in request.body.topics]
+        duplicates = {name for name in names if names.count(name) > 1}
+        for name in sorted(duplicates):
+            results.append(
+                make(
+                    m.CreatableTopicResult,
+                    name=name,
+                    topic_id=None,
+                    error_code=ErrorCode.invalid_request,
+                    error_message="Duplicate topic name.",
+                    topic_config_error_code=0,
+                    num_partitions=-1,
+                    replication_factor=-1,
+                    configs=None,
+                )
+            )
         for topic in request.body.topics:
+            if topic.name in duplicates:
+                continue
             partitions = topic.num_partitions
             if partitions == -1:
                 partitions = self.settings.default_partitions
@@ -100,7 +121,8 @@ class AdminApi:
 class TopicLifecycleApi:
     """DeleteTopics, CreatePartitions and DeleteRecords, through the node as HTTP's
     DELETE /v1/topics/{topic} does: each topic (or partition) answered on its own, with the
-    error code Kafka's broker gives."""
+    error code Kafka's broker gives; a topic named twice is acted on under neither entry and
+    answered once (a client such as librdkafka fails a response naming a topic twice)."""
 
     def __init__(self, node: Node, cluster: Cluster) -> None:
         self.node = node
@@ -131,13 +153,17 @@ class TopicLifecycleApi:
         else:
             wanted = [(t.name, t.topic_id) for t in body.topics]
         names = [name for name, _ in wanted]
+        answered: set[str] = set()
         results = []
         for name, topic_id in wanted:
             error, message = ErrorCode.none, None
             if name is None:  # by id: levelzero topics have none (Metadata says so)
                 error, message = ErrorCode.unknown_topic_id, "topics have no ids here: name the topic"
-            elif names.count(name) > 1:
-                error, message = ErrorCode.invalid_request, f"topic {name!r} is named more than once"
+            elif names.count(name) > 1:  # deleted under no entry, answered once (as Kafka)
+                if name in answered:
+                    continue
+                answered.add(name)
+                error, message = ErrorCode.invalid_request, "Duplicate topic name."
             else:
                 try:
                     await self.node.delete_topic(name)
@@ -158,11 +184,15 @@ class TopicLifecycleApi:
         m = request.response_module
         body = request.body
         names = [t.name for t in body.topics]
+        answered: set[str] = set()
         results = []
         for topic in body.topics:
             error, message = ErrorCode.none, None
-            if names.count(topic.name) > 1:
-                error, message = ErrorCode.invalid_request, f"topic {topic.name!r} is named more than once"
+            if names.count(topic.name) > 1:  # grown under no entry, answered once (as Kafka)
+                if topic.name in answered:
+                    continue
+                answered.add(topic.name)
+                error, message = ErrorCode.invalid_request, "Duplicate topic in request."
             elif topic.assignments and (
                 problem := self._assignment_problem(topic.assignments, topic.count, topic.name)
             ):

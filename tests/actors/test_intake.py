@@ -465,3 +465,20 @@ async def test_a_key_stored_before_its_records_digest_was_kept_is_a_repeat_by_ke
             await tg.start(intake.run)
             assert await _keyed(intake, [b"anything"], key="legacy") == (40, 3, True)
             tg.cancel_scope.cancel()
+
+
+async def test_a_kafka_producers_new_epoch_starting_over_at_sequence_0_is_stored_not_a_repeat() -> None:
+    """Producer epoch 0 is also a Kafka producer's first: its next epoch's batch at sequence 0
+    is new (only an idempotency key stored at epoch 0 repeats by key alone)."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+            for epoch, value, offset in ((0, b"a", 0), (1, b"b", 1)):
+                pending = intake.submit(TOPIC, 0, [Record(None, value)], (7, epoch, TOPIC, 0, 0))
+                assert isinstance(pending, Pending)
+                await pending.done.wait()
+                assert (pending.error, pending.stored, pending.base_offset) == (None, None, offset)
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 2)

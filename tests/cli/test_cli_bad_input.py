@@ -194,6 +194,13 @@ def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Pat
     assert response.json()["message"] == (
         f"offset 123456789012345678901 is out of range (at most {UNSIGNED_MAX})"
     )
+    # A parameter given twice is refused, not read as its last value.
+    with daemon_process.http() as http:
+        for query in ("offset=0&offset=1", "max_bytes=10&max_bytes=20"):
+            response = http.get(f"/v1/topics/b/partitions/0/records?{query}")
+            assert response.status_code == 400
+            name = query.split("=")[0]
+            assert response.json()["message"] == f"query parameter {name!r} given more than once"
     # `status --topic` as the HTTP API's ?topic=: that topic's partitions only.
     shown = json.loads(daemon_process.cli("status", "--topic", "b", "--all", "--json").stdout)
     assert [(p["topic"], p["partition"]) for p in shown["partitions"]] == [("b", 0), ("b", 1)]

@@ -91,6 +91,26 @@ async def test_create_topics_stores_configs_and_refuses_what_is_not_enforced(tmp
         assert (configs["retention.bytes"].value, configs["retention.bytes"].source) == ("-1", "default")
 
 
+def confluent_create_twice(port: int) -> dict[str, str | None]:
+    from confluent_kafka.admin import NewTopic
+
+    a = admin(port)  # kept until the answers are in (a client destroyed fails them)
+    futures = a.create_topics(
+        [NewTopic("twice", 1), NewTopic("once", 2), NewTopic("twice", 3)], request_timeout=20
+    )
+    return {name: error_of(f) for name, f in futures.items()}
+
+
+async def test_a_topic_named_twice_in_one_create_topics_is_made_under_neither_entry(tmp_path: Path) -> None:
+    """Kafka's controller answers a duplicate name once, INVALID_REQUEST, and makes neither
+    entry; the other topics are made. (Answered once per entry, librdkafka failed the whole
+    request: "Broker returned topic twice multiple times".)"""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        results = await anyio.to_thread.run_sync(confluent_create_twice, daemon.kafka_port)
+        assert results == {"twice": "INVALID_REQUEST", "once": None}
+        assert {t.name: t.partitions for t in await client.list_topics()} == {"once": 2}
+
+
 def confluent_alter(port: int) -> dict[str, Any]:
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 

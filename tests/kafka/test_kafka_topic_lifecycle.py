@@ -122,6 +122,33 @@ async def test_confluent_admin_grows_a_topic_deletes_records_and_deletes_the_top
         assert "ck" not in {t.name for t in (await client.list_topics())}
 
 
+def confluent_twice(port: int) -> dict[str, object]:
+    from confluent_kafka.admin import NewPartitions, NewTopic
+
+    admin = confluent_admin(port)
+    seen: dict[str, object] = {}
+    confluent_errors(admin.create_topics([NewTopic("d1", 1), NewTopic("d2", 1)]))
+    seen["grow"] = confluent_errors(
+        admin.create_partitions([NewPartitions("d1", 3), NewPartitions("d2", 2), NewPartitions("d1", 4)])
+    )
+    seen["delete"] = confluent_errors(admin.delete_topics(["d1", "d2", "d1"], operation_timeout=TIMEOUT_S))
+    return seen
+
+
+async def test_a_topic_named_twice_in_delete_topics_or_create_partitions_is_answered_once(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's controller: the name answered once, INVALID_REQUEST, and nothing done under
+    either entry; the others done (answered once per entry, librdkafka failed the response)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", **QUIET) as (daemon, client):
+        seen = await anyio.to_thread.run_sync(confluent_twice, daemon.kafka_port)
+        assert seen == {
+            "grow": {"d1": "INVALID_REQUEST", "d2": None},
+            "delete": {"d1": "INVALID_REQUEST", "d2": None},
+        }
+        assert {t.name: t.partitions for t in await client.list_topics()} == {"d1": 1}
+
+
 def kafka_python_lifecycle(port: int) -> dict[str, object]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
     from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic
