@@ -41,7 +41,7 @@ from levelzero.actors.partition import PartitionActor, _Control
 from levelzero.core.fence import Admitted, Fence
 from levelzero.core.leader import l1_collect_reason
 from levelzero.core.topic_configs import RetainedObject, retention_start_offset
-from levelzero.core.producers import PartitionProducers, ProducerSequences
+from levelzero.core.producers import PartitionProducers, ProducerSequences, batch_with_sequence
 from levelzero.core.gc import GcPacer, Pace, PaceReason, WatermarkDecision, compute_cluster_watermark
 from levelzero.core.state import PartitionState, ReaderPins
 from levelzero.kafka.transactions import (
@@ -479,6 +479,21 @@ def _idempotent_duplicates_unchecked() -> contextlib.AbstractContextManager[None
     )
 
 
+def _idempotent_epoch_ignored() -> contextlib.AbstractContextManager[None]:
+    """A partition's producer state finds a batch by its sequence in whatever epoch the
+    producer was stored under: a new epoch starting over at sequence 0 (a transactional
+    producer's next InitProducerId) is answered as a repeat of the old epoch's first batch."""
+
+    def duplicate_of(
+        self: PartitionProducers, producer_id: int, producer_epoch: int, base_sequence: int
+    ) -> Any:
+        del producer_epoch  # the slip: not compared with the stored one
+        state = self._states.get(producer_id)
+        return None if state is None else batch_with_sequence(state[1], base_sequence)
+
+    return _patched(PartitionProducers, "duplicate_of", duplicate_of)
+
+
 def _idempotent_out_of_order_taken() -> contextlib.AbstractContextManager[None]:
     return _patched(ProduceIntake, "_in_sequence", lambda self, taken, producers: taken)
 
@@ -687,6 +702,10 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "idempotent_duplicates_unchecked": (
         "the produce intake does not recognise an idempotent batch already stored",
         _idempotent_duplicates_unchecked,
+    ),
+    "idempotent_epoch_ignored": (
+        "a partition's producer state matches a batch by its sequence whatever its producer epoch",
+        _idempotent_epoch_ignored,
     ),
     "idempotent_out_of_order_taken": (
         "the produce intake stores an idempotent batch that does not follow the last one stored",
