@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
-import msgspec
 
 from levelzero.core.entries import ProducerSpan
 from levelzero.core.errors import (
@@ -60,6 +59,7 @@ from levelzero.core.producers import (
     ProducerSequences,
     StoredBatch,
     following_sequence,
+    key_repeat_differs,
     key_reused,
     request_epoch,
 )
@@ -321,9 +321,20 @@ class ProduceIntake:
         (base offset, record count, duplicate): a repeat answers the first produce's offsets
         and count and stores nothing. The batch's producer epoch is a digest of its records
         (`request_epoch`): the key repeated with other records is refused
-        (IdempotencyKeyReused), here or in the lane, and nothing is stored."""
+        (IdempotencyKeyReused), here or in the lane, and nothing is stored; so is a "repeat"
+        whose first produce held another number of records (`key_repeat_differs`: a digest
+        shared by chance, or a key stored before the digest was kept)."""
+        base_offset, record_count, duplicate = await self._store_once(topic, partition, records, key)
+        if duplicate and key_repeat_differs(record_count, len(records)):
+            raise IdempotencyKeyReused((base_offset, record_count))
+        return base_offset, record_count, duplicate
+
+    async def _store_once(
+        self, topic: str, partition: int, records: Sequence[Record], key: str
+    ) -> tuple[int, int, bool]:
+        """`produce_once` but for comparing a repeat's record count with the first produce's."""
         producer_id = idempotency_producer_id(key)
-        epoch = request_epoch(msgspec.msgpack.encode(records))
+        epoch = request_epoch(records)
         self.check_led(topic, partition)
         await self.prepare_producer(producer_id, [(topic, partition)])
         stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)
@@ -332,7 +343,7 @@ class ProduceIntake:
             first = self.sequences.duplicate_of(producer_id, stored_epoch, topic, partition, 0)
             raise IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
         if stored_epoch == KEY_EPOCH_UNCHECKED:
-            epoch = stored_epoch  # stored before its records' digest was kept: a repeat
+            epoch = stored_epoch  # stored before its records' digest was kept: compared by count
         identity = (producer_id, epoch, topic, partition, 0)
         mine = list(records)
         outcome = self.submit(topic, partition, mine, identity)
@@ -345,6 +356,7 @@ class ProduceIntake:
             raise outcome.error
         if outcome.stored is not None:  # the lane found it stored (another node, a crash)
             return outcome.base_offset, outcome.stored.record_count, True
+        # Another request's attempt of the same identity joined (being stored): a repeat.
         return outcome.base_offset, len(outcome.records), outcome.records is not mine
 
     async def _load_producer(self, producer_id: int) -> None:

@@ -23,6 +23,10 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
+
+from .l0format import Record
+
 BATCHES_REMEMBERED = 5
 # An HTTP idempotency key's producer epoch (see `request_epoch`): keys stored before the epoch
 # carried the request's digest have this one, and are repeats by their key alone.
@@ -48,14 +52,20 @@ def batch_with_sequence(batches: Sequence[StoredBatch], base_sequence: int) -> S
     return None
 
 
-def request_epoch(encoded_records: bytes) -> int:
+_request_encoder = msgspec.msgpack.Encoder()
+
+
+def request_epoch(records: Sequence[Record]) -> int:
     """The producer epoch an HTTP idempotency key's batch is stored under: 15 bits of the
-    SHA-256 of its request's records (encoded as given: key, value, timestamp or none, headers),
-    1..KEY_EPOCH_MAX. A repeat of the key with other records finds the key's producer stored
-    at another epoch (`key_reused`); with the same ones, at the same epoch, a repeat. Two
-    different requests share an epoch once in 32,767: the guard is against a mistake (a key
-    reused by a bug), not an adversary."""
-    digest = hashlib.sha256(encoded_records).digest()
+    SHA-256 of its request's records (as given: per record its key, value, timestamp or none
+    and headers, msgpack-encoded as the `Record` structs they are), 1..KEY_EPOCH_MAX. A repeat
+    of the key with other records finds the key's producer stored at another epoch
+    (`key_reused`); with the same ones, at the same epoch, a repeat. Two different requests
+    share an epoch once in 32,767 (`key_repeat_differs` still tells them apart when their
+    record counts differ): the guard is against a mistake (a key reused by a bug), not an
+    adversary. The digest of given records must never change (a repeat stored under the old
+    one would be refused): a test pins it."""
+    digest = hashlib.sha256(_request_encoder.encode(records)).digest()
     return 1 + int.from_bytes(digest[:8], "big") % KEY_EPOCH_MAX
 
 
@@ -64,6 +74,15 @@ def key_reused(stored_epoch: int | None, epoch: int) -> bool:
     stored) was first used with other records than a request whose epoch is `epoch`."""
     assert 1 <= epoch <= KEY_EPOCH_MAX, epoch
     return stored_epoch is not None and stored_epoch not in (epoch, KEY_EPOCH_UNCHECKED)
+
+
+def key_repeat_differs(stored_record_count: int, record_count: int) -> bool:
+    """Whether a request of `record_count` records, found to repeat a key's batch stored with
+    `stored_record_count` (the same epoch, or a key stored before the digest was kept), holds
+    other records all the same: a digest shared by chance, or a key without a digest (then
+    the record count is all that is compared)."""
+    assert stored_record_count >= 1 and record_count >= 1, (stored_record_count, record_count)
+    return stored_record_count != record_count
 
 
 class ProducerSequences:

@@ -57,8 +57,9 @@ class RecordIn(_Request):
 
 class ProduceRequest(_Request):
     records: list[RecordIn]
-    # A produce with a key is stored once: the same key again (a retry) answers the offsets the
-    # first one was stored at, duplicate true, and stores nothing (see intake.produce_once).
+    # A produce with a key is stored once: the same key again with the same records (a retry)
+    # answers the offsets the first one was stored at, duplicate true, and stores nothing; with
+    # other records it is refused, 422 idempotency_key_reused (see intake.produce_once).
     idempotency_key: str | None = None
 
 
