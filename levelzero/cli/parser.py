@@ -100,6 +100,12 @@ def _in_flight(text: str) -> int:
     return value
 
 
+def _partition_name(text: str) -> str:
+    """`TOPIC/P`, checked (a usage error otherwise) and written as status writes it."""
+    topic, partition = _topic_partition(text)
+    return f"{topic}/{partition}"
+
+
 def _non_negative(text: str) -> int:
     try:
         value = int(text)
@@ -378,7 +384,9 @@ def add_compaction(sub: argparse._SubParsersAction) -> None:
         help="per compacted partition led here: dirty ratio, last compaction, bytes reclaimed,"
         " the cleaner-offset map, why it was not compacted",
     )
-    explain.add_argument("partition", nargs="?", metavar="TOPIC/P", help="this partition only")
+    explain.add_argument(
+        "partition", nargs="?", type=_partition_name, metavar="TOPIC/P", help="this partition only"
+    )
     explain.add_argument("--json", action="store_true")
     _add_client_options(explain)
     explain.set_defaults(handler=_client_command(_compaction_explain))

@@ -59,29 +59,18 @@ class AdminApi:
         m = request.response_module
         results = []
         names = [topic.name for topic in request.body.topics]
-        duplicates = {name for name in names if names.count(name) > 1}
-        for name in sorted(duplicates):
-            results.append(
-                make(
-                    m.CreatableTopicResult,
-                    name=name,
-                    topic_id=None,
-                    error_code=ErrorCode.invalid_request,
-                    error_message="Duplicate topic name.",
-                    topic_config_error_code=0,
-                    num_partitions=-1,
-                    replication_factor=-1,
-                    configs=None,
-                )
-            )
+        answered: set[str] = set()
         for topic in request.body.topics:
-            if topic.name in duplicates:
-                continue
             partitions = topic.num_partitions
             if partitions == -1:
                 partitions = self.settings.default_partitions
             error, message, configs = ErrorCode.none, None, None
-            if topic.assignments:
+            if names.count(topic.name) > 1:
+                if topic.name in answered:
+                    continue
+                answered.add(topic.name)
+                error, message = ErrorCode.invalid_request, "Duplicate topic name."
+            elif topic.assignments:
                 error, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
             elif topic.name in self.node.topics():
                 error, message = ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"

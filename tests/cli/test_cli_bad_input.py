@@ -45,13 +45,15 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["consume", "t", "--offset", "abc"], "--offset: 'abc' is not an integer"),
         (["consume", "t", "--offset", "123456789012345678901"], f"is above {UNSIGNED_MAX}"),
         (["consume", "t", "--offset", "-1"], "--offset: -1 is negative"),
+        (["compaction", "explain", "garbage"], "TOPIC/P: 'garbage' is not TOPIC/PARTITION (e.g. orders/3)"),
     ],
 )
 def test_bad_flag_values_are_refused_by_name(
     capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
 ) -> None:
     line = usage_error(capsys, *argv)
-    assert line.startswith(f"levelzero {argv[0]}: error: argument ") and expected in line, line
+    command = " ".join(argv[:2] if argv[0] == "compaction" else argv[:1])
+    assert line.startswith(f"levelzero {command}: error: argument ") and expected in line, line
 
 
 def test_a_stray_flag_is_reported_with_its_own_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
