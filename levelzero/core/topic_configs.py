@@ -26,6 +26,9 @@ reports where each value comes from (Kafka's config sources and synonyms).
 
 from __future__ import annotations
 
+import math
+import re
+
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ COMPACTION_ENABLED = True
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+_JAVA_INTEGER = re.compile(r"[+-]?[0-9]+")  # what Long.parseLong takes
 INT64_MIN = -(2**63)
 CONFIG_VALUE_CHARS_MAX = 4096  # a stored value (Kafka bounds none; a control-plane row should be)
 CONFIGS_PER_REQUEST_MAX = 1000
@@ -257,7 +261,13 @@ def _parse(d: TopicConfigDef, value: str) -> str:
     problem = f"Invalid value {value} for configuration {d.name}"
     if d.type in (ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE):
         try:
+            # As Java's parsers: ASCII digits only (Python's int() takes "5_0" and other
+            # scripts' digits), and a finite double (NaN passes every range check)
+            if d.type is not ConfigType.DOUBLE and not _JAVA_INTEGER.fullmatch(text):
+                raise ValueError(text)
             number: float = float(text) if d.type is ConfigType.DOUBLE else int(text)
+            if not math.isfinite(number):
+                raise ValueError(text)
         except ValueError:
             kind = {ConfigType.INT: "int", ConfigType.LONG: "long", ConfigType.DOUBLE: "double"}[d.type]
             raise InvalidConfig(f"{problem}: Not a number of type {kind.upper()}") from None

@@ -51,7 +51,7 @@ from levelzero.core.keys import parse_l0_key
 from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
-from levelzero.core.topic_configs import AlterOp, ConfigSource, describe_topic
+from levelzero.core.topic_configs import INT64_MAX, AlterOp, ConfigSource, describe_topic
 from levelzero.core.txn_marks import TXN_HEADER, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
@@ -487,8 +487,10 @@ class Api:
         topic, partition = await self._partition_path(request)
         body: ProduceRequest = _decode(ProduceRequest, await self._read_body(request))
         count = len(body.records)
-        if any(r.timestamp_ms is not None and r.timestamp_ms < 0 for r in body.records):
-            raise ApiError(400, "malformed_request", "timestamp_ms must be >= 0 (ms since the epoch)")
+        if any(r.timestamp_ms is not None and not 0 <= r.timestamp_ms <= INT64_MAX for r in body.records):
+            raise ApiError(
+                400, "malformed_request", f"timestamp_ms must be in 0..{INT64_MAX} (ms since the epoch)"
+            )
         if count == 0:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
         if any(has_reserved_header(r.headers) for r in body.records):

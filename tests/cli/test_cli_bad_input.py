@@ -196,6 +196,21 @@ def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Pat
     assert response.json()["message"] == (
         f"offset 123456789012345678901 is out of range (at most {UNSIGNED_MAX})"
     )
+    # A timestamp outside Kafka's int64 is refused (2**63 was stored, then crashed the
+    # reconciler and Kafka fetches); a topic config of NaN too (it crashed the compactor).
+    with daemon_process.http() as http:
+        for ts in (2**63, 2**64, 10**20, -1):
+            body = {"records": [{"value": "aGk=", "timestamp_ms": ts}]}
+            response = http.post("/v1/topics/b/partitions/0/records", json=body)
+            assert response.status_code == 400, (ts, response.text)
+            assert "timestamp_ms must be in 0..9223372036854775807" in response.json()["message"]
+        for ratio in ("NaN", "nan", "inf"):
+            configs = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": ratio}
+            response = http.post("/v1/topics", json={"name": "c", "partitions": 1, "configs": configs})
+            assert response.status_code == 400 and "Not a number of type DOUBLE" in response.text, ratio
+        for ms in ("5_0", "\u0665"):
+            response = http.patch("/v1/topics/b/configs", json={"configs": {"retention.ms": ms}})
+            assert response.status_code == 400 and "Not a number of type LONG" in response.text, ms
     # A parameter given twice is refused, not read as its last value.
     with daemon_process.http() as http:
         for query in ("offset=0&offset=1", "max_bytes=10&max_bytes=20"):
