@@ -34,7 +34,7 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -90,6 +90,19 @@ KEY_EXPIRY_ROWS_MAX = 10_000
 def idempotency_producer_id(key: str) -> int:
     digest = hashlib.sha256(key.encode()).digest()
     return IDEMPOTENCY_ID_BASE | int.from_bytes(digest[:8], "big") & (IDEMPOTENCY_ID_BASE - 1)
+
+
+def _reuse_refusal(
+    stored_epoch: int | None, epoch: int, first_batch: Callable[[int], StoredBatch | None]
+) -> IdempotencyKeyReused | None:
+    """The refusal of an idempotency key's batch at `epoch` whose producer is stored at
+    `stored_epoch` with other records (`key_reused`), naming the offsets of the key's first
+    batch (`first_batch` of the stored epoch) while they are known; None if it is no reuse."""
+    if not key_reused(stored_epoch, epoch):
+        return None
+    assert stored_epoch is not None
+    first = first_batch(stored_epoch)
+    return IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
 
 
 @dataclass(eq=False, slots=True)
@@ -338,10 +351,11 @@ class ProduceIntake:
         self.check_led(topic, partition)
         await self.prepare_producer(producer_id, [(topic, partition)])
         stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)
-        if key_reused(stored_epoch, epoch):
-            assert stored_epoch is not None
-            first = self.sequences.duplicate_of(producer_id, stored_epoch, topic, partition, 0)
-            raise IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
+        refusal = _reuse_refusal(
+            stored_epoch, epoch, lambda e: self.sequences.duplicate_of(producer_id, e, topic, partition, 0)
+        )
+        if refusal is not None:
+            raise refusal
         if stored_epoch == KEY_EPOCH_UNCHECKED:
             epoch = stored_epoch  # stored before its records' digest was kept: compared by count
         identity = (producer_id, epoch, topic, partition, 0)
@@ -524,16 +538,17 @@ class ProduceIntake:
         producer_id, epoch, topic, partition, _ = identity
         if epoch == KEY_EPOCH_UNCHECKED:
             return None  # a repeat of a key stored before the digest was kept (produce_once)
-        stored_epoch = producers.epoch_of(producer_id)
-        if key_reused(stored_epoch, epoch):
-            assert stored_epoch is not None
-            first = producers.duplicate_of(producer_id, stored_epoch, 0)
-            return IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
-        stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)
-        if key_reused(stored_epoch, epoch):
-            assert stored_epoch is not None
-            first = self.sequences.duplicate_of(producer_id, stored_epoch, topic, partition, 0)
-            return IdempotencyKeyReused(None if first is None else (first.base_offset, first.record_count))
+        refusal = _reuse_refusal(
+            producers.epoch_of(producer_id), epoch, lambda e: producers.duplicate_of(producer_id, e, 0)
+        )
+        if refusal is None:
+            refusal = _reuse_refusal(
+                self.sequences.epoch_of(producer_id, topic, partition),
+                epoch,
+                lambda e: self.sequences.duplicate_of(producer_id, e, topic, partition, 0),
+            )
+        if refusal is not None:
+            return refusal
         if key_reused(keys.get(producer_id), epoch):
             return IdempotencyKeyReused()  # the first of the two is not stored yet
         keys[producer_id] = epoch

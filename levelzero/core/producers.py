@@ -29,7 +29,8 @@ from .l0format import Record
 
 BATCHES_REMEMBERED = 5
 # An HTTP idempotency key's producer epoch (see `request_epoch`): keys stored before the epoch
-# carried the request's digest have this one, and are repeats by their key alone.
+# carried the request's digest have this one; a repeat of such a key is compared with its first
+# request by record count alone (`key_repeat_differs`).
 KEY_EPOCH_UNCHECKED = 0
 KEY_EPOCH_MAX = 2**15 - 1  # a producer epoch is an int16, as Kafka's
 SEQUENCE_MAX = 2**31 - 1  # a sequence is an int32; past the largest it wraps to 0 (Kafka's rule)
