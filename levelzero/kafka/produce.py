@@ -20,6 +20,8 @@ from levelzero.kafka.transactions import TransactionCoordinator, has_reserved_he
 
 log = logging.getLogger("levelzero.kafka")
 
+VALID_ACKS = (-1, 0, 1)  # all, none, the leader (Kafka's ReplicaManager.isValidRequiredAcks)
+
 
 class ProduceApi:
     def __init__(
@@ -41,6 +43,9 @@ class ProduceApi:
         m = request.response_module
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        if body.acks not in VALID_ACKS:  # as Kafka: every partition refused, nothing stored or made
+            refusal = (ErrorCode.invalid_required_acks, -1, f"acks must be -1, 0 or 1, not {body.acks}")
+            return self._response(m, jobs, [refusal] * len(jobs))
         if self.auto_create is not None:
             known = self.intake.node.topics()
             unknown = [t.name for t in body.topic_data if t.name not in known]
@@ -74,6 +79,12 @@ class ProduceApi:
                 results.append(outcome)
         if body.acks == 0:
             return None
+        return self._response(m, jobs, results)
+
+    @staticmethod
+    def _response(
+        m: Any, jobs: list[tuple[str, int, bytes | None]], results: list[tuple[ErrorCode, int, str | None]]
+    ) -> Any:
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition, _), (code, base_offset, message) in zip(jobs, results, strict=True):
             by_topic.setdefault(topic, []).append(

@@ -1,0 +1,49 @@
+"""What a Kafka broker refuses, refused here with Kafka's error, seen through real clients
+(confluent-kafka's Producer and AdminClient, kafka-python) against an in-process daemon's Kafka
+listener: a produce with acks other than -1, 0 or 1, and what nothing is stored for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from daemon_support import daemon_and_client
+
+KAFKA = {"kafka__listen": "127.0.0.1:0"}
+TIMEOUT_S = 30
+
+
+def produce_with_acks(port: int, topic: str, acks: int) -> list[str | None]:
+    """Each record's delivery error code name (None: delivered), produced with `acks`."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": f"127.0.0.1:{port}", "acks": acks, "retries": 0, "linger.ms": 5}
+    )
+    seen: list[str | None] = []
+    for i in range(3):
+        producer.produce(
+            topic,
+            value=b"v%d" % i,
+            partition=i % 2,
+            on_delivery=lambda err, _msg: seen.append(None if err is None else err.name()),
+        )
+    assert producer.flush(TIMEOUT_S) == 0
+    return seen
+
+
+async def test_a_produce_with_acks_2_is_refused_for_every_partition_and_nothing_is_stored(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's ReplicaManager: acks other than -1, 0 or 1 is INVALID_REQUIRED_ACKS (21) for
+    every partition of the request, and nothing is stored; acks=1 still stores."""
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic("acks", 2)
+        refused = await anyio.to_thread.run_sync(produce_with_acks, daemon.kafka_port, "acks", 2)
+        assert refused == ["INVALID_REQUIRED_ACKS"] * 3
+        for partition in (0, 1):
+            assert (await client.fetch("acks", partition, 0)).high_watermark == 0
+        stored = await anyio.to_thread.run_sync(produce_with_acks, daemon.kafka_port, "acks", 1)
+        assert stored == [None] * 3
+        assert (await client.fetch("acks", 0, 0)).high_watermark == 2
