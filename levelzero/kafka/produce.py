@@ -16,7 +16,8 @@ from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.metadata import AutoCreate
 from levelzero.kafka.protocol import Request, make
-from levelzero.kafka.transactions import TransactionCoordinator, has_reserved_header, txn_header
+from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, has_reserved_header
+from levelzero.kafka.transactions import TransactionCoordinator, txn_header
 
 log = logging.getLogger("levelzero.kafka")
 
@@ -155,8 +156,8 @@ class ProduceApi:
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
-        if has_reserved_header(records):
-            return ErrorCode.invalid_record, -1, "a record header key holds a NUL character"
+        if any(has_reserved_header(r.headers) for r in records):
+            return ErrorCode.invalid_record, -1, RESERVED_HEADER_REFUSAL
         first = batches[0]
         if first.is_transactional and self.transactions is not None:
             # Checked again with no await before the submit: a record set submitted while its

@@ -189,10 +189,6 @@ def read_committed_batches(
             yield batch, batch.producer_id in skipping
 
 
-def has_reserved_header(records: Sequence[Record]) -> bool:
-    return any(r.headers and any(name == TXN_HEADER for name, _ in r.headers) for r in records)
-
-
 @dataclass(slots=True)
 class PartitionTxns:
     """One partition's transactions: open ranges (producer id -> first offset) and aborted ranges

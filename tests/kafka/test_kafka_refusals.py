@@ -1,6 +1,6 @@
 """What a Kafka broker refuses, refused here with Kafka's error, seen through real clients
 (confluent-kafka's Producer and AdminClient, kafka-python) against an in-process daemon's Kafka
-listener: a produce with acks other than -1, 0 or 1, and what nothing is stored for."""
+listener: a produce with acks other than -1, 0 or 1; levelzero's one reserved record header."""
 
 from __future__ import annotations
 
@@ -47,3 +47,41 @@ async def test_a_produce_with_acks_2_is_refused_for_every_partition_and_nothing_
         stored = await anyio.to_thread.run_sync(produce_with_acks, daemon.kafka_port, "acks", 1)
         assert stored == [None] * 3
         assert (await client.fetch("acks", 0, 0)).high_watermark == 2
+
+
+def produce_headers(port: int, topic: str, names: list[str]) -> list[int | str]:
+    """Each record's offset, or the error's message, produced by kafka-python with one header
+    (librdkafka cuts a header name at its first NUL)."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    producer = KafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", retries=0, enable_idempotence=False)
+    out: list[int | str] = []
+    try:
+        for name in names:
+            try:
+                out.append(producer.send(topic, value=b"v", headers=[(name, b"h")]).get(TIMEOUT_S).offset)
+            except KafkaError as exc:
+                out.append(str(exc))
+    finally:
+        producer.close()
+    return out
+
+
+async def test_only_the_reserved_header_name_is_refused_and_the_refusal_says_so(tmp_path: Path) -> None:
+    """Kafka takes any header name: one holding a NUL character is stored as sent. The one name
+    refused is levelzero's transaction header, INVALID_RECORD, and the message names it (it
+    said "a NUL character" while "a\\x00b" was stored)."""
+    from levelzero.core.txn_marks import TXN_HEADER
+
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        await client.create_topic("headers", 1)
+        seen = await anyio.to_thread.run_sync(
+            produce_headers, daemon.kafka_port, "headers", ["a\x00b", TXN_HEADER]
+        )
+        assert seen[0] == 0
+        assert isinstance(seen[1], str)
+        assert "InvalidRecordError" in seen[1] and f"{TXN_HEADER!r} is reserved" in seen[1]
+        assert "NUL" not in seen[1]
+        stored = (await client.fetch("headers", 0, 0)).records
+        assert [r.headers for r in stored] == [[("a\x00b", b"h")]]
