@@ -23,6 +23,10 @@ from levelzero.kafka.protocol import Request, make
 
 log = logging.getLogger("levelzero.kafka")
 
+# Replicas are the object store's business: a topic's replication factor is not kept, but one
+# Kafka would refuse is refused (its controller's message).
+REPLICATION_FACTOR_REFUSAL = "Replication factor must be larger than 0, or -1 to use the default value."
+
 
 class AdminApi:
     def __init__(self, node: Node, settings: KafkaSettings, cluster: Cluster) -> None:
@@ -74,6 +78,9 @@ class AdminApi:
                 error, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
             elif topic.name in self.node.topics():
                 error, message = ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
+            elif topic.replication_factor == 0 or topic.replication_factor < -1:
+                # Kafka's controller's refusal; any positive factor is accepted, and ignored
+                error, message = ErrorCode.invalid_replication_factor, REPLICATION_FACTOR_REFUSAL
             else:
                 try:
                     pairs = [(c.name, c.value) for c in topic.configs]

@@ -1,6 +1,7 @@
 """What a Kafka broker refuses, refused here with Kafka's error, seen through real clients
-(confluent-kafka's Producer and AdminClient, kafka-python) against an in-process daemon's Kafka
-listener: a produce with acks other than -1, 0 or 1; levelzero's one reserved record header."""
+(confluent-kafka's Producer, kafka-python's producer and admin client) against an in-process daemon's Kafka
+listener: a produce with acks other than -1, 0 or 1; levelzero's one reserved record header;
+CreateTopics' replication factor."""
 
 from __future__ import annotations
 
@@ -85,3 +86,36 @@ async def test_only_the_reserved_header_name_is_refused_and_the_refusal_says_so(
         assert "NUL" not in seen[1]
         stored = (await client.fetch("headers", 0, 0)).records
         assert [r.headers for r in stored] == [[("a\x00b", b"h")]]
+
+
+def create_with_replication_factors(port: int, factors: dict[str, int]) -> dict[str, tuple[int, str | None]]:
+    """topic -> (error code, message) of kafka-python's CreateTopics (librdkafka refuses a
+    factor below -1 before sending it)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    try:
+        topics = {name: {"num_partitions": 1, "replication_factor": f} for name, f in factors.items()}
+        result = admin.create_topics(topics, raise_errors=False)
+    finally:
+        admin.close()
+    return {t["name"]: (t["error_code"], t["error_message"]) for t in result["topics"]}
+
+
+async def test_a_replication_factor_of_0_or_below_minus_1_is_refused_as_kafka_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """Kafka's controller: INVALID_REPLICATION_FACTOR, with its message, and no topic; -1 (the
+    default) and any positive factor make the topic (replicas are the object store's)."""
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        factors = {"rf-zero": 0, "rf-minus-two": -2, "rf-default": -1, "rf-one": 1, "rf-three": 3}
+        seen = await anyio.to_thread.run_sync(create_with_replication_factors, daemon.kafka_port, factors)
+        message = "Replication factor must be larger than 0, or -1 to use the default value."
+        assert seen == {
+            "rf-zero": (38, message),  # INVALID_REPLICATION_FACTOR
+            "rf-minus-two": (38, message),
+            "rf-default": (0, None),
+            "rf-one": (0, None),
+            "rf-three": (0, None),
+        }
+        assert sorted(t.name for t in await client.list_topics()) == ["rf-default", "rf-one", "rf-three"]
