@@ -125,6 +125,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "too_large": 413,
     "stale_cluster_epoch": 409,
     "topic_exists": 409,
+    "topic_collides": 409,
     "idempotency_key_reused": 422,
     "not_leader": 503,
     "shutting_down": 503,

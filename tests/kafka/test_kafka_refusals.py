@@ -1,7 +1,8 @@
 """What a Kafka broker refuses, refused here with Kafka's error, seen through real clients
 (confluent-kafka's Producer, kafka-python's producer and admin client) against an in-process daemon's Kafka
 listener: a produce with acks other than -1, 0 or 1; levelzero's one reserved record header;
-CreateTopics' replication factor."""
+CreateTopics' replication factor; topic names that collide ('.' against '_'), refused by the
+one rule over Kafka and HTTP alike."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import anyio
 
-from daemon_support import daemon_and_client
+from daemon_support import assert_error, daemon_and_client, raw
 
 KAFKA = {"kafka__listen": "127.0.0.1:0"}
 TIMEOUT_S = 30
@@ -119,3 +120,52 @@ async def test_a_replication_factor_of_0_or_below_minus_1_is_refused_as_kafka_re
             "rf-three": (0, None),
         }
         assert sorted(t.name for t in await client.list_topics()) == ["rf-default", "rf-one", "rf-three"]
+
+
+def confluent_create(
+    port: int, names: list[str], validate_only: bool = False
+) -> dict[str, tuple[str, str] | None]:
+    """topic -> (error name, message) of confluent-kafka's CreateTopics, or None if it was made."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    futures = admin.create_topics([NewTopic(name, 1) for name in names], validate_only=validate_only)
+    out: dict[str, tuple[str, str] | None] = {}
+    for name, future in futures.items():
+        try:
+            future.result(TIMEOUT_S)
+            out[name] = None
+        except KafkaException as exc:
+            out[name] = (exc.args[0].name(), exc.args[0].str())
+    return out
+
+
+async def test_a_topic_colliding_with_an_existing_one_by_dot_and_underscore_is_refused(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's controller: a new topic that differs from an existing one only in '.' against
+    '_' (one character in metric names) is INVALID_TOPIC_EXCEPTION (librdkafka's
+    TOPIC_EXCEPTION), the existing topic named in the message, both ways round and with
+    validate_only; over HTTP, 409 topic_collides. The same name again is still
+    TOPIC_ALREADY_EXISTS, and a name colliding with nothing is made."""
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(confluent_create, port, ["col_x", "dot.y"]) == {
+            "col_x": None,
+            "dot.y": None,
+        }
+        seen = await anyio.to_thread.run_sync(confluent_create, port, ["col.x", "dot_y", "col_x", "col-x"])
+        assert seen["col.x"] is not None and seen["dot_y"] is not None
+        assert seen["col.x"][0] == seen["dot_y"][0] == "TOPIC_EXCEPTION"
+        assert "'col.x' collides with existing topic 'col_x'" in seen["col.x"][1]
+        assert "'dot_y' collides with existing topic 'dot.y'" in seen["dot_y"][1]
+        assert seen["col_x"] == ("TOPIC_ALREADY_EXISTS", "topic 'col_x' exists")
+        assert seen["col-x"] is None
+        checked = await anyio.to_thread.run_sync(
+            lambda: confluent_create(port, ["col.x"], validate_only=True)
+        )
+        assert checked["col.x"] is not None and checked["col.x"][0] == "TOPIC_EXCEPTION"
+        refused = await raw(client, "POST", "/v1/topics", json={"name": "col.x", "partitions": 1})
+        assert_error(refused, 409, "topic_collides", "collides with existing topic 'col_x'")
+        assert sorted(t.name for t in await client.list_topics()) == ["col-x", "col_x", "dot.y"]
