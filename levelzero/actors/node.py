@@ -23,6 +23,7 @@ from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
 from levelzero.core.reconcile_health import Abandoned
 from levelzero.core.errors import (
+    InternalTopicName,
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
@@ -37,7 +38,7 @@ from levelzero.core.errors import (
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import NO_LIVE_LEADER
 from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
-from levelzero.core.names import colliding_topic, topic_name_problem, unstorable_topic_advice
+from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
 from levelzero.core.topic_configs import BrokerConfigs
@@ -429,6 +430,8 @@ class Node:
         if problem is not None:
             shown = repr(name[:64]) + ("..." if len(name) > 64 else "") if isinstance(name, str) else "given"
             raise InvalidInput(f"topic name {shown} {problem}")
+        if name in INTERNAL_TOPICS:
+            raise InternalTopicName(name)
         self._check_no_collision(name)
         if not isinstance(partitions, int) or not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")

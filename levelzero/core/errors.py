@@ -202,6 +202,21 @@ class TopicNameCollides(LevelZeroError):
         self.topic, self.existing = topic, existing
 
 
+class InternalTopicName(LevelZeroError):
+    """A new topic named as one of Kafka's internal topics (`names.INTERNAL_TOPICS`): refused
+    as Kafka's controller refuses creating its own metadata topic (INVALID_REQUEST)."""
+
+    code = "internal_topic"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"Creation of internal topic {topic} is prohibited: it is Kafka's internal topic, and "
+            "levelzero keeps consumer group offsets and transactions in its control plane, not in "
+            "topics"
+        )
+        self.topic = topic
+
+
 class InvalidConfig(LevelZeroError, ValueError):
     """A topic config that is unknown, malformed, or not enforced by levelzero (Kafka's
     INVALID_CONFIG): refused, never stored and ignored."""

@@ -9,10 +9,11 @@ The API, the CLI, the key builders (`keys.py`) and the object stores' key check
 A name accepted by an older levelzero may fail today's rule (`.`, `..`, `.lz-tmp-x`): such a
 topic still opens, read-only, and says what to do (see `unstorable_topic_advice`).
 
-One more rule of Kafka's decides whether a *new* topic may take a storable name (the node's
-`check_new_topic` asks it for every front end): a name that differs from an existing topic's
-only in '.' against '_' collides with it (`colliding_topic`). Topics an older levelzero made
-under such names stay, as Kafka keeps colliding topics made before it checked.
+Two more rules of Kafka's decide whether a *new* topic may take a storable name (the node's
+`check_new_topic` asks them for every front end): Kafka's internal topic names are never
+ordinary topics (`INTERNAL_TOPICS`), and a name that differs from an existing topic's only in
+'.' against '_' collides with it (`colliding_topic`). Topics an older levelzero made under such
+names stay, as Kafka keeps colliding topics made before it checked.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def topic_name_problem(name: object) -> str | None:
     if name.strip(".") == "":
         return "must not be made of dots only (it would be a '.' or '..' path in a key)"
     return segment_problem(name)
+
+
+# Kafka's internal topics (its `Topic`): the groups' committed offsets, the transaction
+# coordinator's state, the share groups' state, and the controllers' metadata log. levelzero
+# keeps offsets and transactions in its control plane, not in topics: a topic of one of these
+# names would be an ordinary log that clients and tools read as Kafka's internal one.
+INTERNAL_TOPICS = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
+)
 
 
 def collision_key(name: str) -> str:

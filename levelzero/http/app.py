@@ -118,6 +118,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
     "invalid_record": 400,
+    "internal_topic": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,

@@ -12,7 +12,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
-from levelzero.core.errors import LevelZeroError, TopicExists
+from levelzero.core.errors import InternalTopicName, LevelZeroError, TopicExists
 from levelzero.core.names import topic_name_problem
 from levelzero.core.topic_configs import describe_topic
 from levelzero.kafka.configs import broker_configs, config_results
@@ -49,6 +49,8 @@ class AdminApi:
                 await self.node.create_topic(name, self.settings.default_partitions)
             except TopicExists:
                 continue  # made meanwhile (another request, another node)
+            except InternalTopicName:
+                continue  # never a topic here: answered as unknown (tools ask for Kafka's)
             except LevelZeroError as exc:
                 log.warning("kafka: auto-creating topic %r failed: %s: %s", name, exc.code, exc)
                 errors[name] = error_code_for(exc)

@@ -1,8 +1,8 @@
 """What a Kafka broker refuses, refused here with Kafka's error, seen through real clients
-(confluent-kafka's Producer, kafka-python's producer and admin client) against an in-process daemon's Kafka
-listener: a produce with acks other than -1, 0 or 1; levelzero's one reserved record header;
-CreateTopics' replication factor; topic names that collide ('.' against '_'), refused by the
-one rule over Kafka and HTTP alike."""
+(confluent-kafka's Producer and AdminClient, kafka-python's producer and admin client) against an
+in-process daemon's Kafka listener: a produce with acks other than -1, 0 or 1; levelzero's one
+reserved record header; CreateTopics' replication factor; topic names that collide ('.' against
+'_') and Kafka's internal topic names, refused by the one rule over Kafka and HTTP alike."""
 
 from __future__ import annotations
 
@@ -169,3 +169,44 @@ async def test_a_topic_colliding_with_an_existing_one_by_dot_and_underscore_is_r
         refused = await raw(client, "POST", "/v1/topics", json={"name": "col.x", "partitions": 1})
         assert_error(refused, 409, "topic_collides", "collides with existing topic 'col_x'")
         assert sorted(t.name for t in await client.list_topics()) == ["col-x", "col_x", "dot.y"]
+
+
+async def test_kafkas_internal_topic_names_are_never_ordinary_topics(tmp_path: Path) -> None:
+    """levelzero keeps group offsets and transactions in its control plane: a topic named as
+    one of Kafka's internal topics would be an ordinary log clients read as Kafka's. Refused as
+    Kafka's controller refuses creating its own metadata topic: INVALID_REQUEST, "Creation of
+    internal topic ... is prohibited"; over HTTP, 400 internal_topic. A name merely starting
+    with "__" is an ordinary topic, as in Kafka."""
+    internal = ["__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"]
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        seen = await anyio.to_thread.run_sync(confluent_create, daemon.kafka_port, [*internal, "__mine"])
+        for name in internal:
+            assert seen[name] is not None, name
+            assert seen[name][0] == "INVALID_REQUEST"
+            assert f"Creation of internal topic {name} is prohibited" in seen[name][1]
+        assert seen["__mine"] is None
+        for name in internal[:2]:
+            refused = await raw(client, "POST", "/v1/topics", json={"name": name, "partitions": 1})
+            assert_error(refused, 400, "internal_topic", f"Creation of internal topic {name} is prohibited")
+        assert [t.name for t in await client.list_topics()] == ["__mine"]
+
+
+def producer_metadata_error(port: int, topic: str) -> str | None:
+    """The error confluent-kafka's producer (which lets Metadata create topics) is given for
+    `topic`, None if it exists."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}"})
+    error = producer.list_topics(topic, timeout=TIMEOUT_S).topics[topic].error
+    return None if error is None else error.name()
+
+
+async def test_auto_creation_never_makes_an_internal_topic(tmp_path: Path) -> None:
+    """With kafka.auto_create_topics, Metadata for Kafka's internal topic (which tools ask for)
+    answers it unknown and makes nothing; another topic is still made."""
+    async with daemon_and_client(tmp_path, kafka__auto_create_topics=True, **KAFKA) as (daemon, client):
+        port = daemon.kafka_port
+        seen = await anyio.to_thread.run_sync(producer_metadata_error, port, "__consumer_offsets")
+        assert seen == "UNKNOWN_TOPIC_OR_PART"
+        assert await anyio.to_thread.run_sync(producer_metadata_error, port, "made") is None
+        assert [t.name for t in await client.list_topics()] == ["made"]
