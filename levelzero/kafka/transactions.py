@@ -50,7 +50,7 @@ until then OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for th
 (`pending_offsets`, KIP-447, as Kafka), and one without completes a committed transaction
 holding the group's offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is
 fenced by the consumer's group metadata as an offset commit is
-(`GroupCoordinator.check_txn_commit`).
+(`GroupCoordinator.check_commit`).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
 PREPARE_ABORT, or prepared beside the next one, is completed: a marker that may have been stored
@@ -1238,11 +1238,12 @@ class TransactionCoordinator:
             if txn is not None:
                 # v3+ (KIP-447): the consumer's group metadata, fenced as Kafka's group
                 # coordinator fences a transactional offset commit (defaults: not checked)
-                code = self.groups.check_txn_commit(
+                code = self.groups.check_commit(
                     body.group_id,
                     getattr(body, "member_id", ""),
                     getattr(body, "generation_id", -1),
                     getattr(body, "group_instance_id", None),
+                    transactional=True,
                 )
             if txn is not None and code == ErrorCode.none:
                 async with self._locked(txn):
