@@ -23,6 +23,7 @@ from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
 from levelzero.core.reconcile_health import Abandoned
 from levelzero.core.errors import (
+    InternalTopicName,
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
@@ -30,13 +31,14 @@ from levelzero.core.errors import (
     OffsetOutOfRange,
     ShuttingDown,
     TopicExists,
+    TopicNameCollides,
     UnknownPartition,
     UnknownTopic,
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import NO_LIVE_LEADER
 from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
-from levelzero.core.names import topic_name_problem, unstorable_topic_advice
+from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
 from levelzero.core.topic_configs import BrokerConfigs
@@ -428,6 +430,9 @@ class Node:
         if problem is not None:
             shown = repr(name[:64]) + ("..." if len(name) > 64 else "") if isinstance(name, str) else "given"
             raise InvalidInput(f"topic name {shown} {problem}")
+        if name in INTERNAL_TOPICS:
+            raise InternalTopicName(name)
+        self._check_no_collision(name)
         if not isinstance(partitions, int) or not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidInput(f"partitions must be an integer in 1..{PARTITIONS_PER_TOPIC_MAX}")
         if len(self._partitions) + partitions > PARTITIONS_MAX:
@@ -435,6 +440,11 @@ class Node:
         if configs is None:
             configs = ()
         return self.topic_configs.check_new(configs.items() if isinstance(configs, Mapping) else configs)
+
+    def _check_no_collision(self, name: str) -> None:
+        existing = colliding_topic(name, self.topics())
+        if existing is not None:
+            raise TopicNameCollides(name, existing)
 
     async def create_topic(
         self, name: str, partitions: int, configs: TopicConfigsGiven = None
@@ -448,6 +458,7 @@ class Node:
                 await self.member.refresh()  # a topic of this name deleted elsewhere is gone
             if name in self.topics():  # (the store refuses one another node made meanwhile)
                 raise TopicExists(f"topic {name!r} exists")
+            self._check_no_collision(name)  # again: one may have been made meanwhile
             # Register on the watermark board *before* choosing the creation epoch: a GC round
             # that snapshots the partition set from now on sees the new partitions (without an
             # M(p) they block it), and one that snapshotted earlier has E <= creation epoch, so

@@ -187,6 +187,36 @@ class TopicExists(LevelZeroError):
     code = "topic_exists"
 
 
+class TopicNameCollides(LevelZeroError):
+    """A new topic's name is an existing topic's but for '.' against '_' (`names.colliding_topic`):
+    refused as Kafka refuses it (INVALID_TOPIC_EXCEPTION), the two being one in metric names."""
+
+    code = "topic_collides"
+
+    def __init__(self, topic: str, existing: str) -> None:
+        super().__init__(
+            f"topic {topic!r} collides with existing topic {existing!r}: '.' and '_' are the same "
+            "character in Kafka's metric names, so Kafka refuses a topic that differs from another "
+            "only there"
+        )
+        self.topic, self.existing = topic, existing
+
+
+class InternalTopicName(LevelZeroError):
+    """A new topic named as one of Kafka's internal topics (`names.INTERNAL_TOPICS`): refused
+    as Kafka's controller refuses creating its own metadata topic (INVALID_REQUEST)."""
+
+    code = "internal_topic"
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(
+            f"Creation of internal topic {topic} is prohibited: it is Kafka's internal topic, and "
+            "levelzero keeps consumer group offsets and transactions in its control plane, not in "
+            "topics"
+        )
+        self.topic = topic
+
+
 class InvalidConfig(LevelZeroError, ValueError):
     """A topic config that is unknown, malformed, or not enforced by levelzero (Kafka's
     INVALID_CONFIG): refused, never stored and ignored."""

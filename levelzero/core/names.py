@@ -8,11 +8,18 @@ The API, the CLI, the key builders (`keys.py`) and the object stores' key check
 
 A name accepted by an older levelzero may fail today's rule (`.`, `..`, `.lz-tmp-x`): such a
 topic still opens, read-only, and says what to do (see `unstorable_topic_advice`).
+
+Two more rules of Kafka's decide whether a *new* topic may take a storable name (the node's
+`check_new_topic` asks them for every front end): Kafka's internal topic names are never
+ordinary topics (`INTERNAL_TOPICS`), and a name that differs from an existing topic's only in
+'.' against '_' collides with it (`colliding_topic`). Topics an older levelzero made under such
+names stay, as Kafka keeps colliding topics made before it checked.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 TOPIC_NAME_CHARS_MAX = 200
 # The local store writes `<dir>/<TEMP_SEGMENT_PREFIX>...` temp files next to their target and
@@ -45,6 +52,28 @@ def topic_name_problem(name: object) -> str | None:
     if name.strip(".") == "":
         return "must not be made of dots only (it would be a '.' or '..' path in a key)"
     return segment_problem(name)
+
+
+# Kafka's internal topics (its `Topic`): the groups' committed offsets, the transaction
+# coordinator's state, the share groups' state, and the controllers' metadata log. levelzero
+# keeps offsets and transactions in its control plane, not in topics: a topic of one of these
+# names would be an ordinary log that clients and tools read as Kafka's internal one.
+INTERNAL_TOPICS = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state", "__cluster_metadata"}
+)
+
+
+def collision_key(name: str) -> str:
+    """The name with '.' and '_' made one character, as they are in Kafka's metric names
+    (Kafka's `Topic.unifyCollisionChars`)."""
+    return name.replace(".", "_")
+
+
+def colliding_topic(name: str, existing: Iterable[str]) -> str | None:
+    """A topic of `existing`, other than `name` itself, that `name` collides with (the same
+    but for '.' against '_'), or None: Kafka refuses to create a topic that collides."""
+    key = collision_key(name)
+    return min((t for t in existing if t != name and collision_key(t) == key), default=None)
 
 
 def is_topic_name(name: object) -> bool:

@@ -26,6 +26,11 @@ class HasHeaders(Protocol):
     def headers(self) -> tuple[tuple[str, bytes | None], ...]: ...
 
 
+# Why a produced record holding the reserved header is refused (Kafka and HTTP alike): only that
+# one name is; any other header name, with or without NUL characters, is a client's to use.
+RESERVED_HEADER_REFUSAL = f"the header name {TXN_HEADER!r} is reserved for levelzero's transactions"
+
+
 def has_reserved_header(headers: Iterable[tuple[str, Any]] | None) -> bool:
     return bool(headers) and any(name == TXN_HEADER for name, _ in headers or ())
 

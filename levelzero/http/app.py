@@ -52,7 +52,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import INT64_MAX, AlterOp, ConfigSource, describe_topic
-from levelzero.core.txn_marks import TXN_HEADER, client_headers, has_reserved_header, is_marker
+from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
 from levelzero.http.schema import (
@@ -118,6 +118,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
     "invalid_record": 400,
+    "internal_topic": 400,
     "malformed_key": 400,
     "unknown_topic": 404,
     "unknown_partition": 404,
@@ -125,6 +126,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "too_large": 413,
     "stale_cluster_epoch": 409,
     "topic_exists": 409,
+    "topic_collides": 409,
     "idempotency_key_reused": 422,
     "not_leader": 503,
     "shutting_down": 503,
@@ -494,7 +496,7 @@ class Api:
         if count == 0:
             raise ApiError(400, "malformed_request", "records must hold at least one record")
         if any(has_reserved_header(r.headers) for r in body.records):
-            raise ApiError(400, "malformed_request", f"the header name {TXN_HEADER!r} is reserved")
+            raise ApiError(400, "malformed_request", RESERVED_HEADER_REFUSAL)
         if count > self.settings.records_per_request_max:
             raise ApiError(
                 413,

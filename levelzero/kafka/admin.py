@@ -12,7 +12,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
-from levelzero.core.errors import LevelZeroError, TopicExists
+from levelzero.core.errors import InternalTopicName, LevelZeroError, TopicExists
 from levelzero.core.names import topic_name_problem
 from levelzero.core.topic_configs import describe_topic
 from levelzero.kafka.configs import broker_configs, config_results
@@ -22,6 +22,10 @@ from levelzero.kafka.protocol import Request, make
 
 
 log = logging.getLogger("levelzero.kafka")
+
+# Replicas are the object store's business: a topic's replication factor is not kept, but one
+# Kafka would refuse is refused (its controller's message).
+REPLICATION_FACTOR_REFUSAL = "Replication factor must be larger than 0, or -1 to use the default value."
 
 
 class AdminApi:
@@ -45,6 +49,8 @@ class AdminApi:
                 await self.node.create_topic(name, self.settings.default_partitions)
             except TopicExists:
                 continue  # made meanwhile (another request, another node)
+            except InternalTopicName:
+                continue  # never a topic here: answered as unknown (tools ask for Kafka's)
             except LevelZeroError as exc:
                 log.warning("kafka: auto-creating topic %r failed: %s: %s", name, exc.code, exc)
                 errors[name] = error_code_for(exc)
@@ -74,6 +80,9 @@ class AdminApi:
                 error, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
             elif topic.name in self.node.topics():
                 error, message = ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
+            elif topic.replication_factor == 0 or topic.replication_factor < -1:
+                # Kafka's controller's refusal; any positive factor is accepted, and ignored
+                error, message = ErrorCode.invalid_replication_factor, REPLICATION_FACTOR_REFUSAL
             else:
                 try:
                     pairs = [(c.name, c.value) for c in topic.configs]

@@ -18,6 +18,8 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "storage_error": ErrorCode.kafka_storage_error,
     "store_refused": ErrorCode.kafka_storage_error,
     "topic_exists": ErrorCode.topic_already_exists,
+    "topic_collides": ErrorCode.invalid_topic_exception,
+    "internal_topic": ErrorCode.invalid_request,  # as Kafka's controller answers for its own
     "invalid_config": ErrorCode.invalid_config,
     "invalid_input": ErrorCode.invalid_request,
     "too_large": ErrorCode.message_too_large,

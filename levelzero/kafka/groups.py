@@ -401,36 +401,33 @@ class GroupCoordinator:
                 del self._offsets[next(iter(self._offsets))]
         return cached
 
-    def check_commit(self, group_id: str, member_id: str, generation: int) -> ErrorCode:
-        """May this member commit? A commit with generation -1 is a standalone consumer's."""
-        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
-            return ErrorCode.invalid_group_id
-        if generation < 0:
-            return ErrorCode.none
-        try:
-            group, _ = self._member(group_id, member_id, generation)
-        except GroupError as exc:
-            return exc.code
-        # As Kafka's coordinator: a member of the current generation may commit while the group
-        # prepares a rebalance (a consumer commits what it processed when its partitions are
-        # revoked); between JoinGroup's answer and SyncGroup it has no assignment to commit for.
-        if group.state == "completing":
-            return ErrorCode.rebalance_in_progress
-        return ErrorCode.none
-
-    def check_txn_commit(
-        self, group_id: str, member_id: str, generation: int, instance_id: str | None
+    def check_commit(
+        self,
+        group_id: str,
+        member_id: str,
+        generation: int,
+        instance_id: str | None = None,
+        *,
+        transactional: bool = False,
     ) -> ErrorCode:
-        """May a transaction commit offsets for this member (TxnOffsetCommit v3+, KIP-447)? As
-        Kafka's coordinator validates a transactional offset commit: generation -1 with an empty
-        member id and no instance id is not checked (a producer naming only the group, or an
-        older request); generation -1 to an empty group is not either; otherwise the member
-        must be in the group (UNKNOWN_MEMBER_ID: a member dropped at its session timeout, or a
-        group this node knows no members of, as after a restart) at the group's generation
-        (ILLEGAL_GENERATION: a zombie of an older generation). A member whose group.instance.id
-        a newer member joined with is FENCED_INSTANCE_ID (static members are otherwise served
-        as dynamic ones). Unlike OffsetCommit, a group completing a rebalance does not refuse
-        it."""
+        """May offsets be committed for this member (OffsetCommit; with `transactional`,
+        TxnOffsetCommit v3+, KIP-447)? As Kafka's coordinator validates an offset commit:
+
+        - generation -1 to an empty group, or one that does not exist, is not checked (a
+          standalone consumer's, or an admin client's `alter_consumer_group_offsets`);
+        - generation -1 with no member id and no instance id to a group with members (preparing
+          or completing a rebalance, or stable) is UNKNOWN_MEMBER_ID: only its members commit
+          there. A transaction's is not checked (a producer naming only the group, v0-2);
+        - otherwise the member must be in the group (UNKNOWN_MEMBER_ID: a member dropped at its
+          session timeout, or a group this node knows no members of, as after a restart) at the
+          group's generation (ILLEGAL_GENERATION: a zombie of an older generation). A member
+          whose group.instance.id a newer member joined with is FENCED_INSTANCE_ID (static
+          members are otherwise served as dynamic ones);
+        - a member of the current generation may commit while the group prepares a rebalance (a
+          consumer commits what it processed when its partitions are revoked), but not between
+          JoinGroup's answer and SyncGroup, when it has no assignment to commit for
+          (REBALANCE_IN_PROGRESS); a transaction's commit is not refused then.
+        """
         if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
             return ErrorCode.invalid_group_id
         group = self.groups.get(group_id)
@@ -439,16 +436,21 @@ class GroupCoordinator:
         if generation < 0 and (group is None or group.state == "empty"):
             return ErrorCode.none
         if generation < 0 and not member_id and instance_id is None:
-            return ErrorCode.none
+            return ErrorCode.none if transactional else ErrorCode.unknown_member_id
         members = {} if group is None else group.members
         if instance_id is not None:
             holders = [m.member_id for m in members.values() if m.instance_id == instance_id]
             if holders and holders[-1] != member_id:  # the latest to join with it holds it
                 return ErrorCode.fenced_instance_id
-        if group is None or member_id not in members:
+        member = members.get(member_id)
+        if group is None or member is None:
             return ErrorCode.unknown_member_id
+        if not transactional:
+            member.last_seen = self._clock()  # a member's commit keeps its session, as a heartbeat
         if generation != group.generation:
             return ErrorCode.illegal_generation
+        if not transactional and group.state == "completing":
+            return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
     async def commit(self, group_id: str, offsets: Sequence[tuple[str, int, int, str, int]]) -> None:

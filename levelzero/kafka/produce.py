@@ -16,9 +16,12 @@ from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.metadata import AutoCreate
 from levelzero.kafka.protocol import Request, make
-from levelzero.kafka.transactions import TransactionCoordinator, has_reserved_header, txn_header
+from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, has_reserved_header
+from levelzero.kafka.transactions import TransactionCoordinator, txn_header
 
 log = logging.getLogger("levelzero.kafka")
+
+VALID_ACKS = (-1, 0, 1)  # all, none, the leader (Kafka's ReplicaManager.isValidRequiredAcks)
 
 
 class ProduceApi:
@@ -41,6 +44,9 @@ class ProduceApi:
         m = request.response_module
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        if body.acks not in VALID_ACKS:  # as Kafka: every partition refused, nothing stored or made
+            refusal = (ErrorCode.invalid_required_acks, -1, f"acks must be -1, 0 or 1, not {body.acks}")
+            return self._response(m, jobs, [refusal] * len(jobs))
         if self.auto_create is not None:
             known = self.intake.node.topics()
             unknown = [t.name for t in body.topic_data if t.name not in known]
@@ -74,6 +80,12 @@ class ProduceApi:
                 results.append(outcome)
         if body.acks == 0:
             return None
+        return self._response(m, jobs, results)
+
+    @staticmethod
+    def _response(
+        m: Any, jobs: list[tuple[str, int, bytes | None]], results: list[tuple[ErrorCode, int, str | None]]
+    ) -> Any:
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition, _), (code, base_offset, message) in zip(jobs, results, strict=True):
             by_topic.setdefault(topic, []).append(
@@ -144,8 +156,8 @@ class ProduceApi:
         ]
         if not records:
             return ErrorCode.corrupt_message, -1, "the produce request holds no records"
-        if has_reserved_header(records):
-            return ErrorCode.invalid_record, -1, "a record header key holds a NUL character"
+        if any(has_reserved_header(r.headers) for r in records):
+            return ErrorCode.invalid_record, -1, RESERVED_HEADER_REFUSAL
         first = batches[0]
         if first.is_transactional and self.transactions is not None:
             # Checked again with no await before the submit: a record set submitted while its

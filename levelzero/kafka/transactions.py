@@ -50,7 +50,7 @@ until then OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for th
 (`pending_offsets`, KIP-447, as Kafka), and one without completes a committed transaction
 holding the group's offsets before it answers (`wait_offsets_stable`). TxnOffsetCommit v3+ is
 fenced by the consumer's group metadata as an offset commit is
-(`GroupCoordinator.check_txn_commit`).
+(`GroupCoordinator.check_commit`).
 
 Restart (Kafka's TransactionStateManager load): a transaction found in PREPARE_COMMIT or
 PREPARE_ABORT, or prepared beside the next one, is completed: a marker that may have been stored
@@ -187,10 +187,6 @@ def read_committed_batches(
             yield batch, False
         else:
             yield batch, batch.producer_id in skipping
-
-
-def has_reserved_header(records: Sequence[Record]) -> bool:
-    return any(r.headers and any(name == TXN_HEADER for name, _ in r.headers) for r in records)
 
 
 @dataclass(slots=True)
@@ -1242,11 +1238,12 @@ class TransactionCoordinator:
             if txn is not None:
                 # v3+ (KIP-447): the consumer's group metadata, fenced as Kafka's group
                 # coordinator fences a transactional offset commit (defaults: not checked)
-                code = self.groups.check_txn_commit(
+                code = self.groups.check_commit(
                     body.group_id,
                     getattr(body, "member_id", ""),
                     getattr(body, "generation_id", -1),
                     getattr(body, "group_instance_id", None),
+                    transactional=True,
                 )
             if txn is not None and code == ErrorCode.none:
                 async with self._locked(txn):

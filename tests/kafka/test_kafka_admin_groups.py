@@ -237,3 +237,51 @@ async def test_offset_delete_keeps_a_subscribed_topics_offsets_as_kafka_does(tmp
     assert sorted((tp.topic, tp.partition) for tp in out["after_second"]) == [(TOPIC, 1), (TOPIC, 2)]
     group = out["described"]["lagging"]
     assert (group["group_state"], group["protocol_type"], group["members"]) == ("Empty", "consumer", [])
+
+
+def alter_offsets(bootstrap: str, group: str, offsets: dict[int, int]) -> dict[int, str | None]:
+    """confluent-kafka's AdminClient.alter_consumer_group_offsets (an OffsetCommit with
+    generation -1 and no member id) of TOPIC's partitions: partition -> error name, or None."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    asked = ConsumerGroupTopicPartitions(group, [TopicPartition(TOPIC, p, o) for p, o in offsets.items()])
+    try:
+        result = admin.alter_consumer_group_offsets([asked])[group].result(30)
+    except KafkaException as exc:  # the whole group refused: its error for each partition
+        return dict.fromkeys(offsets, exc.args[0].name())
+    return {tp.partition: None if tp.error is None else tp.error.name() for tp in result.topic_partitions}
+
+
+def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(30)
+    return {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == TOPIC}
+
+
+async def test_altering_a_groups_offsets_is_refused_while_it_has_members(tmp_path: Path) -> None:
+    """As Kafka's group coordinator: an OffsetCommit with generation -1 and no member id (what
+    an admin client sends to reset a group's offsets) to a group with members is
+    UNKNOWN_MEMBER_ID (only its members commit there) and changes nothing; once the group is
+    empty, or for a group that does not exist, it is taken."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        bootstrap = f"127.0.0.1:{daemon.kafka_port}"
+        member = await anyio.to_thread.run_sync(produce_and_join, bootstrap)
+        try:
+            refused = await anyio.to_thread.run_sync(alter_offsets, bootstrap, "lagging", {0: 9, 1: 9})
+            kept = await anyio.to_thread.run_sync(committed_offsets, bootstrap, "lagging")
+            fresh = await anyio.to_thread.run_sync(alter_offsets, bootstrap, "fresh", {0: 3})
+        finally:
+            await anyio.to_thread.run_sync(member.close)  # LeaveGroup: the group is empty
+        emptied = await anyio.to_thread.run_sync(alter_offsets, bootstrap, "lagging", {0: 9, 1: 9})
+        altered = await anyio.to_thread.run_sync(committed_offsets, bootstrap, "lagging")
+        fresh_offsets = await anyio.to_thread.run_sync(committed_offsets, bootstrap, "fresh")
+    assert refused == {0: "UNKNOWN_MEMBER_ID", 1: "UNKNOWN_MEMBER_ID"}
+    assert kept == COMMITTED
+    assert fresh == {0: None} and fresh_offsets == {0: 3}
+    assert emptied == {0: None, 1: None}
+    assert altered == {0: 9, 1: 9, 2: COMMITTED[2]}

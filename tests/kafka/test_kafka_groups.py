@@ -207,11 +207,14 @@ async def test_members_generations_and_session_expiry() -> None:
     assert (error, assignment) == (ErrorCode.none, b"parts")
     assert coordinator.check_commit("g", me, 1) == ErrorCode.none
     assert coordinator.check_commit("g", me, 0) == ErrorCode.illegal_generation
-    assert coordinator.check_commit("g", "", -1) == ErrorCode.none  # a standalone consumer
+    # generation -1, no member id (a standalone consumer, an admin client): only to an empty group
+    assert coordinator.check_commit("g", "", -1) == ErrorCode.unknown_member_id
+    assert coordinator.check_commit("other", "", -1) == ErrorCode.none  # a group that does not exist
     # The member stops heartbeating: past its session timeout it is gone.
     clock.now += 11
     assert coordinator.heartbeat("g", me, 1) == ErrorCode.unknown_member_id
     assert coordinator.groups["g"].state == "empty"
+    assert coordinator.check_commit("g", "", -1) == ErrorCode.none
     assert coordinator.leave("g", [me]) == {me: ErrorCode.unknown_member_id}
     await coordinator.commit("g", [("t", 0, 5, "m", 2)])
     assert (await coordinator.committed("g"))[("t", 0)].committed_offset == 5
@@ -220,7 +223,9 @@ async def test_members_generations_and_session_expiry() -> None:
 
 async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
     """Kafka accepts a commit of the current generation while the group prepares a rebalance
-    (a consumer commits in its revoke callback) and refuses one between JoinGroup and SyncGroup."""
+    (a consumer commits in its revoke callback) and refuses one between JoinGroup and SyncGroup.
+    In both states a commit with generation -1 and no member id is UNKNOWN_MEMBER_ID (the group
+    is not empty); one naming a member with generation -1 is ILLEGAL_GENERATION."""
     clock = FakeClock()
     coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
     protocols = [("range", b"meta")]
@@ -241,11 +246,16 @@ async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
         await anyio.sleep(0)
         assert coordinator.groups["g"].state == "preparing"
         assert coordinator.check_commit("g", me, 1) == ErrorCode.none
+        assert coordinator.check_commit("g", "", -1) == ErrorCode.unknown_member_id  # not a member
         assert coordinator.check_commit("g", me, 0) == ErrorCode.illegal_generation
         assert coordinator.heartbeat("g", me, 1) == ErrorCode.rebalance_in_progress
         tg.start_soon(join, me)  # both have joined: the round completes
     assert coordinator.groups["g"].state == "completing"
     assert coordinator.check_commit("g", me, 2) == ErrorCode.rebalance_in_progress
+    assert coordinator.check_commit("g", "", -1) == ErrorCode.unknown_member_id
+    assert coordinator.check_commit("g", me, -1) == ErrorCode.illegal_generation
+    # a transaction's commit naming only the group (TxnOffsetCommit v0-2) is not checked
+    assert coordinator.check_commit("g", "", -1, transactional=True) == ErrorCode.none
 
 
 async def test_a_killed_member_is_dropped_at_its_session_timeout_not_the_rebalance_timeout() -> None:
