@@ -64,6 +64,7 @@ from levelzero.http.schema import (
     ClusterInfo,
     ClusterNodeInfo,
     CreateTopicRequest,
+    EmptyRequest,
     EpochResponse,
     ErrorBody,
     FetchResponse,
@@ -208,6 +209,7 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     GcRunRequest: msgspec.json.Decoder(GcRunRequest),
     HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
     AbandonRequest: msgspec.json.Decoder(AbandonRequest),
+    EmptyRequest: msgspec.json.Decoder(EmptyRequest),
 }
 
 
@@ -690,6 +692,7 @@ class Api:
         return _json(PartitionPage(page, len(views), next_after))
 
     async def advance_epoch(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self._check_serving()
         return _json(EpochResponse(await self.node.epochs.advance()))
 
@@ -702,11 +705,13 @@ class Api:
         return _json(await self.node.gc.run_round(dry_run=body.dry_run))
 
     async def gc_pause(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self.node.gc.pause()
         log.info("gc paused over the API")
         return _json(gc_status(self.node))
 
     async def gc_resume(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self.node.gc.resume()
         log.info("gc resumed over the API")
         return _json(gc_status(self.node))

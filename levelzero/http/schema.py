@@ -63,6 +63,11 @@ class ProduceRequest(_Request):
     idempotency_key: str | None = None
 
 
+class EmptyRequest(_Request):
+    """The body of a POST that takes no parameters (epoch advance, GC pause and resume): none,
+    or `{}`; any field is unknown, as on every other route."""
+
+
 class GcRunRequest(_Request):
     dry_run: bool = False  # list what would be deleted, delete nothing
 

@@ -14,6 +14,8 @@ import pytest
 
 from levelzero.client import ApiError
 from levelzero.cli.demo import UploadGate
+from levelzero.daemon.service import Daemon
+from levelzero.http.app import build_app
 
 from daemon_support import TOKEN, assert_error, daemon_and_client, raw
 
@@ -173,6 +175,34 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
         # Still serving, nothing was created.
         assert [t.name for t in await client.list_topics()] == ["t"]
         assert (await client.produce("t", 0, [b"fine"])).base_offset == 0
+
+
+def body_routes(daemon: Daemon) -> list[tuple[str, str]]:
+    """Every (method, path) of the API that takes a body, its path naming partition t/0."""
+    assert daemon.node is not None and daemon.metrics is not None
+    return [
+        (method, route.path.format(topic="t", partition=0))
+        for route in build_app(daemon.node, daemon.metrics).routes
+        for method in sorted(route.methods & {"POST", "PUT", "PATCH"})
+    ]
+
+
+async def test_every_route_with_a_body_refuses_unknown_fields(tmp_path: Path) -> None:
+    """A misspelt field is a 400 on every route, those that take no fields included (none, or
+    `{}`): epoch advance ran whatever its body said."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        epoch = (await client.status()).cluster_epoch
+        routes = body_routes(daemon)
+        assert ("POST", "/v1/epoch/advance") in routes and ("PATCH", "/v1/topics/t/configs") in routes
+        for method, path in routes:
+            response = await raw(client, method, path, json={"no_such_field": True})
+            assert_error(response, 400, "malformed_request", "unknown field `no_such_field`")
+        status = await client.status()
+        assert status.cluster_epoch == epoch and status.gc.paused is False  # none of them ran
+        for path in ("/v1/epoch/advance", "/v1/gc/pause", "/v1/gc/resume"):
+            assert (await raw(client, "POST", path, json={})).status_code == 200, path
+        assert await client.advance_epoch() == epoch + 2  # and without a body
 
 
 async def test_size_limits_are_413(tmp_path: Path) -> None:
