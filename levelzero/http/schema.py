@@ -33,7 +33,7 @@ class _Response(msgspec.Struct, frozen=True):
 
 class CreateTopicRequest(_Request):
     name: str
-    partitions: int = 1
+    partitions: int  # required: no default count is guessed for the caller
     # Kafka's topic configs (docs/kafka.md): one that is unknown, malformed or not enforced is a
     # 400 invalid_config and the topic is not made.
     configs: dict[str, str] = msgspec.field(default_factory=dict)

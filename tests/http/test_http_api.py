@@ -168,6 +168,7 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
             (b'{"name": "..", "partitions": 1}', "must not be made of dots only"),
             (b'{"name": ".lz-tmp-x", "partitions": 1}', "reserved temp-file prefix"),
             (b'{"name": "x", "partitions": 0}', "partitions must be an integer"),
+            (b'{"name": "x"}', "missing required field `partitions`"),
         ]:
             response = await raw(client, "POST", "/v1/topics", content=body)
             assert response.status_code == 400, response.text
@@ -425,7 +426,8 @@ async def test_stopping_drains_in_flight_produces_and_refuses_new_ones(tmp_path:
             refused = await raw(client, "POST", RECORDS, json={"records": [{"value": "aGk="}]})
             assert_error(refused, 503, "shutting_down")
             assert refused.headers["retry-after"] == "1"
-            assert_error(await raw(client, "POST", "/v1/topics", json={"name": "u"}), 503, "shutting_down")
+            create = await raw(client, "POST", "/v1/topics", json={"name": "u", "partitions": 1})
+            assert_error(create, 503, "shutting_down")
             assert (await raw(client, "GET", "/healthz")).status_code == 200
             gates[0].release()
         assert acks[0].base_offset == 0
