@@ -230,6 +230,10 @@ def _decode(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cl
         raise ApiError(400, "malformed_request", f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "malformed_request", f"request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:  # msgspec's own error for a string (or field name) not in UTF-8
+        raise ApiError(
+            400, "malformed_request", "request body is not valid JSON: a string is not UTF-8"
+        ) from None
 
 
 def _decode_optional(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls

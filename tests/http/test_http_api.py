@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 import anyio
@@ -17,7 +18,7 @@ from levelzero.cli.demo import UploadGate
 from levelzero.daemon.service import Daemon
 from levelzero.http.app import build_app
 
-from daemon_support import TOKEN, assert_error, daemon_and_client, raw
+from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 
@@ -204,6 +205,28 @@ async def test_every_route_with_a_body_refuses_unknown_fields(tmp_path: Path) ->
         for path in ("/v1/epoch/advance", "/v1/gc/pause", "/v1/gc/resume"):
             assert (await raw(client, "POST", path, json={})).status_code == 200, path
         assert await client.advance_epoch() == epoch + 2  # and without a body
+
+
+async def test_a_body_not_in_utf8_is_a_400_on_every_route(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes that are not UTF-8 in a string or a field name were a 500 with a traceback logged."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        for method, path in body_routes(daemon):
+            for body in (b'{"\xff": 1}', b"\xff\xfe"):
+                response = await raw(client, method, path, content=body, headers=JSON)
+                assert_error(response, 400, "malformed_request", "not valid JSON")
+        for method, path, body in [
+            ("POST", "/v1/topics", b'{"name": "\xff", "partitions": 1}'),
+            ("PATCH", "/v1/topics/t/configs", b'{"configs": {"retention.ms": "\xc3"}}'),
+            ("POST", RECORDS, b'{"records": [{"value": "aGk="}], "idempotency_key": "\xed\xa0\x80"}'),
+            ("POST", RECORDS, b'{"records": [{"value": "\xff"}]}'),  # base64: not base64 either
+        ]:
+            response = await raw(client, method, path, content=body, headers=JSON)
+            assert_error(response, 400, "malformed_request")
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert (await client.produce("t", 0, [b"still serving"])).base_offset == 0
 
 
 async def test_size_limits_are_413(tmp_path: Path) -> None:
