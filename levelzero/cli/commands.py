@@ -46,6 +46,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# Standard output's reader went away (`levelzero consume t | head -1`): what the shell reports
+# for `cat` there, killed by SIGPIPE (128 + 13), so a `set -o pipefail` script treats both
+# alike; and neither 1 (a failed operation) nor 2 (bad usage).
+EXIT_BROKEN_PIPE = 141
 
 # One request waits out the batcher's linger (250 ms by default) whatever its size, so a request
 # carries as much as the server takes by default (server.records_per_request_max = 10000) and

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -225,3 +226,39 @@ def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Pat
     assert shown["partitions_total"] == 2
     result = daemon_process.cli("status", "--topic", "nope")
     assert result.returncode == 1 and b"unknown topic 'nope'" in result.stderr
+
+
+PIPE_RECORDS = 50_000  # 350 KB of output: more than a pipe and `head`'s read together hold
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "levelzero.cli", *args]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(daemon_process: DaemonProcess) -> None:
+    """`levelzero consume t | head -1` printed a BrokenPipeError traceback; it exits 141, as the
+    shell reports for `cat` there, and says nothing."""
+    values = b"".join(b"v%05d\n" % i for i in range(PIPE_RECORDS))
+    assert daemon_process.cli("topics", "create", "pipe").returncode == 0
+    assert daemon_process.cli("produce", "pipe", input=values).returncode == 0
+    env = clean_environ(LEVELZERO_URL=daemon_process.url)
+    consume = subprocess.Popen(
+        cli_argv("consume", "pipe"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert consume.stdout is not None and consume.stderr is not None
+    head = subprocess.Popen(["head", "-1"], stdin=consume.stdout, stdout=subprocess.PIPE)
+    consume.stdout.close()  # head is its only reader
+    first, _ = head.communicate(timeout=60)
+    err = consume.stderr.read()
+    assert (first, consume.wait(timeout=60), err) == (b"v00000\n", 141, b"")
+    # A reader gone before the first write (`topics list | true`): the same.
+    for args in (("topics", "list"), ("status",)):
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            result = subprocess.run(
+                cli_argv(*args), stdout=writer, stderr=subprocess.PIPE, env=env, timeout=60
+            )
+        finally:
+            os.close(writer)
+        assert (result.returncode, result.stderr) == (141, b""), args
