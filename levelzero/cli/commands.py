@@ -22,7 +22,7 @@ import anyio
 import httpx
 import msgspec
 
-from levelzero.core.errors import LevelZeroError, StoreRefused
+from levelzero.core.errors import LevelZeroError, StoreRefused, UnknownPartition
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
@@ -602,7 +602,14 @@ async def _consume(args: argparse.Namespace, client: Client) -> None:
 
 
 async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
-    compactor = (await client.status()).compactor
+    if args.partition is None:
+        compactor = (await client.status()).compactor
+    else:  # a partition the daemon does not have is an error (exit 1), as a fetch of it is
+        topic, partition = _topic_partition(args.partition)
+        compactor = (await client.status(topic)).compactor  # an unknown topic: the server's 404
+        counts = {t.name: t.partitions for t in await client.list_topics()}
+        if partition >= counts.get(topic, 0):
+            raise CommandFailed(str(UnknownPartition(topic, partition)))
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(compactor)).decode())
     else:

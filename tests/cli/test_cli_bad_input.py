@@ -226,6 +226,16 @@ def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Pat
     assert shown["partitions_total"] == 2
     result = daemon_process.cli("status", "--topic", "nope")
     assert result.returncode == 1 and b"unknown topic 'nope'" in result.stderr
+    # `compaction explain` of a partition the daemon does not have fails as a fetch of it does
+    # (it exited 0, saying the compactor had not seen it).
+    for args in (("nope/0",), ("nope/0", "--json")):
+        result = daemon_process.cli("compaction", "explain", *args)
+        assert (result.returncode, result.stdout) == (1, b"")
+        assert result.stderr == b"levelzero: unknown topic 'nope' (unknown_topic, HTTP 404)\n"
+    result = daemon_process.cli("compaction", "explain", "b/2")
+    assert (result.returncode, result.stderr) == (1, b"levelzero: unknown partition b/2\n")
+    result = daemon_process.cli("compaction", "explain", "b/1")  # not compacted, but there
+    assert result.returncode == 0 and result.stdout.startswith(b"b/1: not seen by this node's compactor")
 
 
 PIPE_RECORDS = 50_000  # 350 KB of output: more than a pipe and `head`'s read together hold
