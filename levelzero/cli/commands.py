@@ -91,7 +91,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
     overrides: dict[tuple[str, str], Any] = {}
     if args.data_dir is not None:
         overrides[("storage", "data_dir")] = args.data_dir
-    if args.listen is not None:
+    if getattr(args, "listen", None) is not None:  # only the commands that take --listen
         overrides[("server", "listen")] = args.listen
     path = args.config or os.environ.get("LEVELZERO_CONFIG") or None
     return load_config(path, environ=os.environ, overrides=overrides)

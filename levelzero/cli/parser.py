@@ -53,10 +53,13 @@ def _config_pair(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, *, listen: bool = False) -> None:
+    """--config and --data-dir; --listen only for `run` and `config show` (which prints what
+    `run` would use): the commands that never listen refuse it as bad usage."""
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file (or $LEVELZERO_CONFIG)")
     parser.add_argument("--data-dir", metavar="DIR", help="overrides storage.data_dir")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
+    if listen:
+        parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
 
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +141,7 @@ def _separator(text: str) -> str:
 
 def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the daemon (foreground; systemd Type=notify)")
-    _add_config_options(p)
+    _add_config_options(p, listen=True)
     p.set_defaults(handler=cmd_run)
 
 
@@ -168,7 +171,7 @@ def add_config(sub: argparse._SubParsersAction) -> None:
     show = config_sub.add_parser(
         "show", help="validate and print the effective configuration (secrets masked)"
     )
-    _add_config_options(show)
+    _add_config_options(show, listen=True)
     show.set_defaults(handler=cmd_config_show)
 
 

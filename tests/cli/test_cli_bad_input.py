@@ -67,6 +67,17 @@ def test_a_stray_flag_is_reported_with_its_own_commands_usage(capsys: pytest.Cap
     )
 
 
+@pytest.mark.parametrize("argv", [["backup", "DEST"], ["restore", "BACKUP"], ["recover", "--from-bucket"]])
+def test_listen_is_bad_usage_where_nothing_listens(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Only `run` (and `config show`, which prints what `run` would use) take --listen; the
+    others accepted it and ignored it."""
+    assert usage_error(capsys, *argv, "--listen", "127.0.0.1:9") == (
+        f"levelzero {argv[0]}: error: unrecognized arguments: --listen 127.0.0.1:9"
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
