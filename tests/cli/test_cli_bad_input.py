@@ -5,6 +5,7 @@ found by trying the commands as a new user would (a traceback, a record printed 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 
 from daemon_support import DaemonProcess, clean_environ
 from levelzero.cli.main import main
+from levelzero.cli.parser import build_parser
 from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -76,6 +78,26 @@ def test_listen_is_bad_usage_where_nothing_listens(
     assert usage_error(capsys, *argv, "--listen", "127.0.0.1:9") == (
         f"levelzero {argv[0]}: error: unrecognized arguments: --listen 127.0.0.1:9"
     )
+
+
+def test_every_command_argument_and_option_has_a_one_line_help() -> None:
+    """A walk of the parser behind `levelzero --help` and every `levelzero CMD --help`: each
+    subcommand, positional argument and option says what it is (several said nothing)."""
+    unexplained = []
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help for choice in action._choices_actions}
+                for name, child in action.choices.items():
+                    if not helps.get(name, "").strip() or "\n" in helps[name]:
+                        unexplained.append(f"{command} {name}")
+                    walk(child, f"{command} {name}")
+            elif not (action.help or "").strip() or action.help == argparse.SUPPRESS or "\n" in action.help:
+                unexplained.append(f"{command} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "levelzero")
+    assert unexplained == []
 
 
 @pytest.mark.parametrize(
