@@ -22,7 +22,7 @@ import anyio
 import httpx
 import msgspec
 
-from levelzero.core.errors import LevelZeroError, StoreRefused
+from levelzero.core.errors import LevelZeroError, StoreRefused, UnknownPartition
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.client import ApiError, Client, default_url
 from levelzero.config import ConfigError, describe, load_config, token_problem
@@ -46,6 +46,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+# Standard output's reader went away (`levelzero consume t | head -1`): what the shell reports
+# for `cat` there, killed by SIGPIPE (128 + 13), so a `set -o pipefail` script treats both
+# alike; and neither 1 (a failed operation) nor 2 (bad usage).
+EXIT_BROKEN_PIPE = 141
 
 # One request waits out the batcher's linger (250 ms by default) whatever its size, so a request
 # carries as much as the server takes by default (server.records_per_request_max = 10000) and
@@ -87,7 +91,7 @@ def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
     overrides: dict[tuple[str, str], Any] = {}
     if args.data_dir is not None:
         overrides[("storage", "data_dir")] = args.data_dir
-    if args.listen is not None:
+    if getattr(args, "listen", None) is not None:  # only the commands that take --listen
         overrides[("server", "listen")] = args.listen
     path = args.config or os.environ.get("LEVELZERO_CONFIG") or None
     return load_config(path, environ=os.environ, overrides=overrides)
@@ -598,7 +602,14 @@ async def _consume(args: argparse.Namespace, client: Client) -> None:
 
 
 async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
-    compactor = (await client.status()).compactor
+    if args.partition is None:
+        compactor = (await client.status()).compactor
+    else:  # a partition the daemon does not have is an error (exit 1), as a fetch of it is
+        topic, partition = _topic_partition(args.partition)
+        compactor = (await client.status(topic)).compactor  # an unknown topic: the server's 404
+        counts = {t.name: t.partitions for t in await client.list_topics()}
+        if partition >= counts.get(topic, 0):
+            raise CommandFailed(str(UnknownPartition(topic, partition)))
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(compactor)).decode())
     else:

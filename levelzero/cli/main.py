@@ -16,19 +16,38 @@
 
 Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
 one line on stderr and a non-zero exit: 1 for a failed operation, 2 for bad usage or
-configuration (systemd does not restart on 2), 130 when interrupted.
+configuration (systemd does not restart on 2), 130 when interrupted, 141 (quietly) when the
+reader of standard output went away.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
-from levelzero.cli.commands import TOOLS
+from levelzero.cli.commands import EXIT_BROKEN_PIPE, TOOLS, leaf_errors
 from levelzero.cli.parser import build_parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Python ignores SIGPIPE, so a write to a pipe whose reader is gone raises BrokenPipeError:
+    handled here as Python's documentation advises (its note on SIGPIPE), with no traceback.
+    Standard output is flushed here rather than at exit, where the error could not be caught;
+    once broken it points at /dev/null, so that the flush at exit has nothing to fail on."""
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()
+    except (BrokenPipeError, BaseExceptionGroup) as error:
+        if not all(isinstance(leaf, BrokenPipeError) for leaf in leaf_errors(error)):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]][0](argv[1:])  # the tool owns every argument after its name

@@ -53,10 +53,13 @@ def _config_pair(text: str) -> tuple[str, str]:
     return name.strip(), value
 
 
-def _add_config_options(parser: argparse.ArgumentParser) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, *, listen: bool = False) -> None:
+    """--config and --data-dir; --listen only for `run` and `config show` (which prints what
+    `run` would use): the commands that never listen refuse it as bad usage."""
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file (or $LEVELZERO_CONFIG)")
     parser.add_argument("--data-dir", metavar="DIR", help="overrides storage.data_dir")
-    parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
+    if listen:
+        parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
 
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
@@ -138,7 +141,7 @@ def _separator(text: str) -> str:
 
 def add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the daemon (foreground; systemd Type=notify)")
-    _add_config_options(p)
+    _add_config_options(p, listen=True)
     p.set_defaults(handler=cmd_run)
 
 
@@ -168,7 +171,7 @@ def add_config(sub: argparse._SubParsersAction) -> None:
     show = config_sub.add_parser(
         "show", help="validate and print the effective configuration (secrets masked)"
     )
-    _add_config_options(show)
+    _add_config_options(show, listen=True)
     show.set_defaults(handler=cmd_config_show)
 
 
@@ -196,7 +199,7 @@ def add_install_files(sub: argparse._SubParsersAction) -> None:
         "install-files",
         help="write the systemd unit, the example configuration and the env-file template into DIR",
     )
-    p.add_argument("directory", metavar="DIR")
+    p.add_argument("directory", metavar="DIR", help="where to write them")
     p.add_argument("--force", action="store_true", help="overwrite files that exist")
     p.set_defaults(handler=cmd_install_files)
 
@@ -205,8 +208,8 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("topics", help="create, list and delete topics")
     topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     create = topics_sub.add_parser("create", help="create a topic")
-    create.add_argument("name", type=_topic_name)
-    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("name", type=_topic_name, help="the topic to create")
+    create.add_argument("--partitions", type=int, default=1, help="how many partitions (default 1)")
     create.add_argument(
         "--config",
         type=_config_pair,
@@ -221,9 +224,13 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
         "config",
         help="show a topic's configs; NAME=VALUE sets, --delete NAME deletes (back to the default)",
     )
-    config.add_argument("topic", type=_topic_name)
-    config.add_argument("set", nargs="*", type=_config_pair, metavar="NAME=VALUE")
-    config.add_argument("--delete", action="append", default=[], metavar="NAME")
+    config.add_argument("topic", type=_topic_name, help="the topic")
+    config.add_argument(
+        "set", nargs="*", type=_config_pair, metavar="NAME=VALUE", help="configs to set (none: show them)"
+    )
+    config.add_argument(
+        "--delete", action="append", default=[], metavar="NAME", help="a config to reset (repeatable)"
+    )
     config.add_argument("--replace", action="store_true", help="NAME=VALUE are the whole set")
     config.add_argument("--all", action="store_true", help="every config, not only those set on the topic")
     _add_client_options(config)
@@ -232,7 +239,7 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     _add_client_options(listing)
     listing.set_defaults(handler=_client_command(_topics_list))
     delete = topics_sub.add_parser("delete", help="delete a topic and every record in it")
-    delete.add_argument("name")
+    delete.add_argument("name", help="the topic")
     delete.add_argument("--confirm", action="store_true", help="yes, delete its records for good")
     _add_client_options(delete)
     delete.set_defaults(handler=_topics_delete)
@@ -240,9 +247,9 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
 
 def add_produce(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("produce", help="produce records: the VALUE arguments, or one per stdin line")
-    p.add_argument("topic")
-    p.add_argument("values", nargs="*", metavar="VALUE")
-    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("topic", help="the topic to write to")
+    p.add_argument("values", nargs="*", metavar="VALUE", help="record values (none: one per stdin line)")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0, help="partition (default 0)")
     p.add_argument("--key", default=None, help="key of every record")
     p.add_argument(
         "--key-separator",
@@ -284,8 +291,8 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
 
 def add_consume(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("consume", help="print records from an offset (--follow: keep polling)")
-    p.add_argument("topic")
-    p.add_argument("-p", "--partition", type=_non_negative, default=0)
+    p.add_argument("topic", help="the topic to read")
+    p.add_argument("-p", "--partition", type=_non_negative, default=0, help="partition (default 0)")
     p.add_argument("--offset", type=_non_negative, default=None, help="first offset (default: the start)")
     p.add_argument("--max-records", type=_positive, default=None, help="stop after N records")
     p.add_argument("--max-bytes", type=_positive, default=None, help="bytes per fetch")
@@ -303,14 +310,12 @@ def add_consume(sub: argparse._SubParsersAction) -> None:
 
 def add_cluster(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cluster", help="the cluster's nodes, their health and how many partitions each leads")
-    p.add_argument("--json", action="store_true")
     _add_client_options(p)
     p.set_defaults(handler=_client_command(_cluster))
 
 
 def add_status(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="cluster epoch, M, outlier partitions, per-partition fence and state")
-    p.add_argument("--json", action="store_true")
     p.add_argument(
         "--all",
         action="store_true",
@@ -371,7 +376,6 @@ def add_gc(sub: argparse._SubParsersAction) -> None:
     which = explain.add_mutually_exclusive_group(required=True)
     which.add_argument("--key", help="an L0 object key (level_zero/data/PPP/EPOCH/UUID)")
     which.add_argument("--epoch", type=_positive, help="an epoch: what keeps its objects")
-    explain.add_argument("--json", action="store_true")
     _add_client_options(explain)
     explain.set_defaults(handler=_client_command(_gc_explain))
 
@@ -387,7 +391,6 @@ def add_compaction(sub: argparse._SubParsersAction) -> None:
     explain.add_argument(
         "partition", nargs="?", type=_partition_name, metavar="TOPIC/P", help="this partition only"
     )
-    explain.add_argument("--json", action="store_true")
     _add_client_options(explain)
     explain.set_defaults(handler=_client_command(_compaction_explain))
 
@@ -401,13 +404,12 @@ def add_partition(sub: argparse._SubParsersAction) -> None:
         description="Only for a partition whose reconciliation keeps failing (see status). "
         f"It {ABANDON_GIVES_UP}.",
     )
-    abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P")
+    abandon.add_argument("partition", type=_topic_partition, metavar="TOPIC/P", help="the partition")
     abandon.add_argument("--confirm", action="store_true", help="yes, give those records up")
     abandon.add_argument("--reason", required=True, help="why (recorded in the log: the incident)")
     abandon.add_argument(
         "--by", default=_default_operator(), help="who asks (recorded in the log; default USER@HOST)"
     )
-    abandon.add_argument("--json", action="store_true")
     _add_client_options(abandon)
     abandon.set_defaults(handler=_partition_abandon)
 
@@ -416,7 +418,9 @@ def add_tools(sub: argparse._SubParsersAction) -> None:
     """Listed in the help; `main` hands their arguments over before argparse sees them."""
     for name, (hook, text) in TOOLS.items():
         p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("tool_args", nargs=argparse.REMAINDER)
+        p.add_argument(
+            "tool_args", nargs=argparse.REMAINDER, help=f"its own arguments (levelzero {name} --help)"
+        )
         p.set_defaults(handler=lambda args, hook=hook: hook(args.tool_args))
 
 

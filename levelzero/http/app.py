@@ -64,6 +64,7 @@ from levelzero.http.schema import (
     ClusterInfo,
     ClusterNodeInfo,
     CreateTopicRequest,
+    EmptyRequest,
     EpochResponse,
     ErrorBody,
     FetchResponse,
@@ -210,6 +211,7 @@ _decoders: dict[type, msgspec.json.Decoder[Any]] = {
     GcRunRequest: msgspec.json.Decoder(GcRunRequest),
     HousekeeperRunRequest: msgspec.json.Decoder(HousekeeperRunRequest),
     AbandonRequest: msgspec.json.Decoder(AbandonRequest),
+    EmptyRequest: msgspec.json.Decoder(EmptyRequest),
 }
 
 
@@ -230,6 +232,10 @@ def _decode(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cl
         raise ApiError(400, "malformed_request", f"invalid request body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "malformed_request", f"request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:  # msgspec's own error for a string (or field name) not in UTF-8
+        raise ApiError(
+            400, "malformed_request", "request body is not valid JSON: a string is not UTF-8"
+        ) from None
 
 
 def _decode_optional(cls: type, body: bytes):  # noqa: ANN202 - returns an instance of cls
@@ -692,6 +698,7 @@ class Api:
         return _json(PartitionPage(page, len(views), next_after))
 
     async def advance_epoch(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self._check_serving()
         return _json(EpochResponse(await self.node.epochs.advance()))
 
@@ -704,11 +711,13 @@ class Api:
         return _json(await self.node.gc.run_round(dry_run=body.dry_run))
 
     async def gc_pause(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self.node.gc.pause()
         log.info("gc paused over the API")
         return _json(gc_status(self.node))
 
     async def gc_resume(self, request: Request) -> Response:
+        _decode_optional(EmptyRequest, await self._read_body(request))
         self.node.gc.resume()
         log.info("gc resumed over the API")
         return _json(gc_status(self.node))

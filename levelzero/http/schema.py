@@ -33,7 +33,7 @@ class _Response(msgspec.Struct, frozen=True):
 
 class CreateTopicRequest(_Request):
     name: str
-    partitions: int = 1
+    partitions: int  # required: no default count is guessed for the caller
     # Kafka's topic configs (docs/kafka.md): one that is unknown, malformed or not enforced is a
     # 400 invalid_config and the topic is not made.
     configs: dict[str, str] = msgspec.field(default_factory=dict)
@@ -61,6 +61,11 @@ class ProduceRequest(_Request):
     # answers the offsets the first one was stored at, duplicate true, and stores nothing; with
     # other records it is refused, 422 idempotency_key_reused (see intake.produce_once).
     idempotency_key: str | None = None
+
+
+class EmptyRequest(_Request):
+    """The body of a POST that takes no parameters (epoch advance, GC pause and resume): none,
+    or `{}`; any field is unknown, as on every other route."""
 
 
 class GcRunRequest(_Request):

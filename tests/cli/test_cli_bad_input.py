@@ -5,8 +5,10 @@ found by trying the commands as a new user would (a traceback, a record printed 
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from daemon_support import DaemonProcess, clean_environ
 from levelzero.cli.main import main
+from levelzero.cli.parser import build_parser
 from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -64,6 +67,37 @@ def test_a_stray_flag_is_reported_with_its_own_commands_usage(capsys: pytest.Cap
         usage_error(capsys, "gc", "run", "--bogus")
         == "levelzero gc run: error: unrecognized arguments: --bogus"
     )
+
+
+@pytest.mark.parametrize("argv", [["backup", "DEST"], ["restore", "BACKUP"], ["recover", "--from-bucket"]])
+def test_listen_is_bad_usage_where_nothing_listens(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """Only `run` (and `config show`, which prints what `run` would use) take --listen; the
+    others accepted it and ignored it."""
+    assert usage_error(capsys, *argv, "--listen", "127.0.0.1:9") == (
+        f"levelzero {argv[0]}: error: unrecognized arguments: --listen 127.0.0.1:9"
+    )
+
+
+def test_every_command_argument_and_option_has_a_one_line_help() -> None:
+    """A walk of the parser behind `levelzero --help` and every `levelzero CMD --help`: each
+    subcommand, positional argument and option says what it is (several said nothing)."""
+    unexplained = []
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                helps = {choice.dest: choice.help for choice in action._choices_actions}
+                for name, child in action.choices.items():
+                    if not helps.get(name, "").strip() or "\n" in helps[name]:
+                        unexplained.append(f"{command} {name}")
+                    walk(child, f"{command} {name}")
+            elif not (action.help or "").strip() or action.help == argparse.SUPPRESS or "\n" in action.help:
+                unexplained.append(f"{command} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "levelzero")
+    assert unexplained == []
 
 
 @pytest.mark.parametrize(
@@ -225,3 +259,49 @@ def test_bad_input_against_a_daemon(daemon_process: DaemonProcess, tmp_path: Pat
     assert shown["partitions_total"] == 2
     result = daemon_process.cli("status", "--topic", "nope")
     assert result.returncode == 1 and b"unknown topic 'nope'" in result.stderr
+    # `compaction explain` of a partition the daemon does not have fails as a fetch of it does
+    # (it exited 0, saying the compactor had not seen it).
+    for args in (("nope/0",), ("nope/0", "--json")):
+        result = daemon_process.cli("compaction", "explain", *args)
+        assert (result.returncode, result.stdout) == (1, b"")
+        assert result.stderr == b"levelzero: unknown topic 'nope' (unknown_topic, HTTP 404)\n"
+    result = daemon_process.cli("compaction", "explain", "b/2")
+    assert (result.returncode, result.stderr) == (1, b"levelzero: unknown partition b/2\n")
+    result = daemon_process.cli("compaction", "explain", "b/1")  # not compacted, but there
+    assert result.returncode == 0 and result.stdout.startswith(b"b/1: not seen by this node's compactor")
+
+
+PIPE_RECORDS = 50_000  # 350 KB of output: more than a pipe and `head`'s read together hold
+
+
+def cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "levelzero.cli", *args]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(daemon_process: DaemonProcess) -> None:
+    """`levelzero consume t | head -1` printed a BrokenPipeError traceback; it exits 141, as the
+    shell reports for `cat` there, and says nothing."""
+    values = b"".join(b"v%05d\n" % i for i in range(PIPE_RECORDS))
+    assert daemon_process.cli("topics", "create", "pipe").returncode == 0
+    assert daemon_process.cli("produce", "pipe", input=values).returncode == 0
+    env = clean_environ(LEVELZERO_URL=daemon_process.url)
+    consume = subprocess.Popen(
+        cli_argv("consume", "pipe"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    assert consume.stdout is not None and consume.stderr is not None
+    head = subprocess.Popen(["head", "-1"], stdin=consume.stdout, stdout=subprocess.PIPE)
+    consume.stdout.close()  # head is its only reader
+    first, _ = head.communicate(timeout=60)
+    err = consume.stderr.read()
+    assert (first, consume.wait(timeout=60), err) == (b"v00000\n", 141, b"")
+    # A reader gone before the first write (`topics list | true`): the same.
+    for args in (("topics", "list"), ("status",)):
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            result = subprocess.run(
+                cli_argv(*args), stdout=writer, stderr=subprocess.PIPE, env=env, timeout=60
+            )
+        finally:
+            os.close(writer)
+        assert (result.returncode, result.stderr) == (141, b""), args

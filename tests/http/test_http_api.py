@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from pathlib import Path
 
 import anyio
@@ -14,8 +15,10 @@ import pytest
 
 from levelzero.client import ApiError
 from levelzero.cli.demo import UploadGate
+from levelzero.daemon.service import Daemon
+from levelzero.http.app import build_app
 
-from daemon_support import TOKEN, assert_error, daemon_and_client, raw
+from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
 
 RECORDS = "/v1/topics/t/partitions/0/records"
 
@@ -166,6 +169,7 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
             (b'{"name": "..", "partitions": 1}', "must not be made of dots only"),
             (b'{"name": ".lz-tmp-x", "partitions": 1}', "reserved temp-file prefix"),
             (b'{"name": "x", "partitions": 0}', "partitions must be an integer"),
+            (b'{"name": "x"}', "missing required field `partitions`"),
         ]:
             response = await raw(client, "POST", "/v1/topics", content=body)
             assert response.status_code == 400, response.text
@@ -173,6 +177,56 @@ async def test_malformed_bodies_are_400_with_the_field_named(tmp_path: Path) -> 
         # Still serving, nothing was created.
         assert [t.name for t in await client.list_topics()] == ["t"]
         assert (await client.produce("t", 0, [b"fine"])).base_offset == 0
+
+
+def body_routes(daemon: Daemon) -> list[tuple[str, str]]:
+    """Every (method, path) of the API that takes a body, its path naming partition t/0."""
+    assert daemon.node is not None and daemon.metrics is not None
+    return [
+        (method, route.path.format(topic="t", partition=0))
+        for route in build_app(daemon.node, daemon.metrics).routes
+        for method in sorted(route.methods & {"POST", "PUT", "PATCH"})
+    ]
+
+
+async def test_every_route_with_a_body_refuses_unknown_fields(tmp_path: Path) -> None:
+    """A misspelt field is a 400 on every route, those that take no fields included (none, or
+    `{}`): epoch advance ran whatever its body said."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        epoch = (await client.status()).cluster_epoch
+        routes = body_routes(daemon)
+        assert ("POST", "/v1/epoch/advance") in routes and ("PATCH", "/v1/topics/t/configs") in routes
+        for method, path in routes:
+            response = await raw(client, method, path, json={"no_such_field": True})
+            assert_error(response, 400, "malformed_request", "unknown field `no_such_field`")
+        status = await client.status()
+        assert status.cluster_epoch == epoch and status.gc.paused is False  # none of them ran
+        for path in ("/v1/epoch/advance", "/v1/gc/pause", "/v1/gc/resume"):
+            assert (await raw(client, "POST", path, json={})).status_code == 200, path
+        assert await client.advance_epoch() == epoch + 2  # and without a body
+
+
+async def test_a_body_not_in_utf8_is_a_400_on_every_route(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes that are not UTF-8 in a string or a field name were a 500 with a traceback logged."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        for method, path in body_routes(daemon):
+            for body in (b'{"\xff": 1}', b"\xff\xfe"):
+                response = await raw(client, method, path, content=body, headers=JSON)
+                assert_error(response, 400, "malformed_request", "not valid JSON")
+        for method, path, body in [
+            ("POST", "/v1/topics", b'{"name": "\xff", "partitions": 1}'),
+            ("PATCH", "/v1/topics/t/configs", b'{"configs": {"retention.ms": "\xc3"}}'),
+            ("POST", RECORDS, b'{"records": [{"value": "aGk="}], "idempotency_key": "\xed\xa0\x80"}'),
+            ("POST", RECORDS, b'{"records": [{"value": "\xff"}]}'),  # base64: not base64 either
+        ]:
+            response = await raw(client, method, path, content=body, headers=JSON)
+            assert_error(response, 400, "malformed_request")
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert (await client.produce("t", 0, [b"still serving"])).base_offset == 0
 
 
 async def test_size_limits_are_413(tmp_path: Path) -> None:
@@ -395,7 +449,8 @@ async def test_stopping_drains_in_flight_produces_and_refuses_new_ones(tmp_path:
             refused = await raw(client, "POST", RECORDS, json={"records": [{"value": "aGk="}]})
             assert_error(refused, 503, "shutting_down")
             assert refused.headers["retry-after"] == "1"
-            assert_error(await raw(client, "POST", "/v1/topics", json={"name": "u"}), 503, "shutting_down")
+            create = await raw(client, "POST", "/v1/topics", json={"name": "u", "partitions": 1})
+            assert_error(create, 503, "shutting_down")
             assert (await raw(client, "GET", "/healthz")).status_code == 200
             gates[0].release()
         assert acks[0].base_offset == 0
