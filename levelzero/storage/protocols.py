@@ -317,7 +317,7 @@ class LogStoreStatistics(msgspec.Struct, frozen=True):
     largest_batch_records: int
     queued: int  # write jobs waiting for the writer right now
     queue_max: int
-    failed: bool  # the store refuses writes (SQLite failed mid-batch; until reopened)
+    failed: bool  # the store refuses writes (SQLite failed mid-batch; until the daemon restarts)
 
 
 class ProducerBatchRow(msgspec.Struct, frozen=True):

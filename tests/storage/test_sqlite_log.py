@@ -605,7 +605,7 @@ async def test_sqlite_failure_mid_batch_fails_the_batch_and_refuses_writes(db: P
             tg.start_soon(storage_error_into, errors, lambda: store.record_fence_events([fence]))
         assert len(errors) == 2 and all("refuses writes" in str(e) for e in errors)
         assert store.statistics().failed
-        with pytest.raises(StorageError, match="until it is reopened"):
+        with pytest.raises(StorageError, match="until the daemon restarts"):
             await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]  # reads still work
     with pytest.raises(StorageError, match="lacks tables fence_events"):

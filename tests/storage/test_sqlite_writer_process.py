@@ -76,7 +76,7 @@ async def test_writer_process_death_refuses_writes_with_a_clear_error(db: Path) 
         with pytest.raises(StorageError, match="writer process ended"):
             await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert store.statistics().failed
-        with pytest.raises(StorageError, match="until it is reopened"):
+        with pytest.raises(StorageError, match="until the daemon restarts"):
             await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]  # reads still work
     async with await SqliteLogStore.open(db) as store:  # reopening recovers

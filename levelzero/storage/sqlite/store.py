@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import sqlite3
 import time
 from collections import deque
@@ -177,7 +178,7 @@ class SqliteLogStore(StoreLifecycle):
         self._writer = writer
         self._reader = reader
         # Owned by the writer task: committed state plus the batches sent to the writer
-        # process (if one of those fails, the store refuses every write until reopened).
+        # process (if one of those fails, the store refuses every write until the daemon restarts).
         self._cursors = cursors
         self._process = process
         self._sent: deque[_Sent] = deque()  # in the order the process answers them
@@ -577,10 +578,7 @@ class SqliteLogStore(StoreLifecycle):
         """SQLite failed mid-batch: nothing of it committed, and the in-memory cursors can no
         longer be trusted to match the file, so refuse every write until the store is reopened."""
         if self._failure is None:
-            self._failure = StorageError(
-                f"{self._path}: a write batch failed and was rolled back ({error!r}); "
-                "the log store refuses writes until it is reopened"
-            )
+            self._failure = StorageError(failed_batch_message(self._path, error))
             self._failure.__cause__ = error
         self._refuse(jobs)
 
@@ -1300,6 +1298,34 @@ async def _insert_partitions(
     for row in created:
         batch.cursors[row.pid] = Cursor(f"{topic}/{row.partition}", 0, 0)
     return created
+
+
+# SQLite's words for SQLITE_FULL, in its own errors and in the writer process's answers.
+_DISK_FULL = "database or disk is full"
+
+
+def failed_batch_message(path: str, error: BaseException) -> str:
+    """What the store says once a write batch failed (it refuses writes from then on, and the
+    daemon stops at the next write a partition cannot make: a restart replays the log). On a
+    full disk it says what to do about it: nothing acknowledged is lost, the daemon starts
+    again once there is room (systemd restarts it; the unit never gives up)."""
+    message = (
+        f"{path}: a write batch failed and was rolled back ({error!r}); "
+        "the log store refuses writes until the daemon restarts"
+    )
+    if _DISK_FULL not in str(error):
+        return message
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        free = f"{shutil.disk_usage(directory).free:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"{message}. The file system of {directory} is full ({free}): free space there (the "
+        "log store needs room for its write-ahead log), then start the daemon again (systemd "
+        "restarts it every few seconds by itself); it replays its log: nothing acknowledged "
+        "is lost"
+    )
 
 
 # ---------------------------------------------------------------------- start-up helpers
