@@ -2,8 +2,8 @@
 
 Every source is merged into one plain dict first and validated once, by msgspec, against the
 `Config` Struct tree below (`forbid_unknown_fields=True`), so a misspelt key, a wrong type or an
-out-of-range value stops the start-up with a message naming the key (`server.listen: ...`) or
-the environment variable it came from.
+out-of-range value stops the start-up with a message naming the key (`server.listen: ...`) and
+where the value came from: the file, a `LEVELZERO_*` variable or a flag (`--listen`).
 
 Environment variables: `LEVELZERO_<SECTION>_<KEY>` for every key (`LEVELZERO_S3_BUCKET`,
 `LEVELZERO_BATCHER_LINGER_MS`), plus the short aliases in `ENV_ALIASES` (`LEVELZERO_LISTEN`,
@@ -689,36 +689,65 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[tuple[str, str], Any] | None = None,
+    override_names: Mapping[tuple[str, str], str] | None = None,
 ) -> Config:
-    """Merge defaults, the TOML file at `path`, `environ` and `overrides`; validate once."""
-    raw: dict[str, Any] = read_toml(path) if path else {}
-    source = f"invalid configuration ({path})" if path else "invalid configuration"
-    for section, value in raw.items():
+    """Merge defaults, the TOML file at `path`, `environ` and `overrides`; validate once.
+
+    `override_names` names where an override came from (`--listen`); an error is blamed on the
+    sources of the values it depends on (see `_blame`): the file, a variable, a flag."""
+    file: dict[str, Any] = read_toml(path) if path else {}
+    file_source = f"invalid configuration ({path})" if path else "invalid configuration"
+    for section, value in file.items():
         if section in sections() and not isinstance(value, dict):
-            raise ConfigError(f"{source}: [{section}] must be a table")
+            raise ConfigError(f"{file_source}: [{section}] must be a table")
     for section, key in sorted(ENV_ONLY_KEYS):
-        if key in raw.get(section, {}):
+        if key in file.get(section, {}):
             raise ConfigError(
-                f"{source}: {section}.{key} may only come from the environment "
+                f"{file_source}: {section}.{key} may only come from the environment "
                 f"({ENV_PREFIX}{section.upper()}_{key.upper()}) or {section}.{key}_file"
             )
+    # Every value over the file, lowest precedence first, with its origin.
+    layers: list[tuple[str, tuple[str, str], Any]] = []
     env = env_overrides(os.environ if environ is None else environ)
-    for (section, key), (_, value) in env.items():
-        raw.setdefault(section, {})[key] = value
-    for (section, key), value in (overrides or {}).items():
-        assert section in sections(), section
+    for target, (name, value) in env.items():
+        layers.append((f"environment variable {name}", target, value))
+    for target, value in (overrides or {}).items():
+        assert target[0] in sections(), target
+        flag = (override_names or {}).get(target)
+        layers.append((f"flag {flag}" if flag else f"override of {'.'.join(target)}", target, value))
+    result = _validate(file, layers)
+    if isinstance(result, Config):
+        return result
+    error = result
+    origins = _blame(file, layers, error)
+    source = f"invalid configuration ({', '.join(origins)})" if origins else file_source
+    raise ConfigError(f"{source}: {error}")
+
+
+def _validate(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]]) -> Config | str:
+    """The Config from the file with `layers` over it, or the message saying why there is none."""
+    raw = {section: dict(value) if isinstance(value, dict) else value for section, value in file.items()}
+    for _, (section, key), value in layers:
         raw.setdefault(section, {})[key] = value
     try:
         return msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
-        described = _describe_validation_error(str(exc))
-        from_env = [
-            name for (section, key), (name, _) in env.items() if described.startswith(f"{section}.{key}:")
-        ]
-        where = f" (from {', '.join(from_env)})" if from_env else ""
-        raise ConfigError(f"{source}: {described}{where}") from None
+        return _describe_validation_error(str(exc))
     except InvalidInput as exc:  # pragma: no cover - msgspec wraps __post_init__ errors
-        raise ConfigError(f"{source}: {exc}") from None
+        return str(exc)
+
+
+def _blame(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]], error: str) -> list[str]:
+    """The origins (variables, flags) of the values `error` depends on: each value over the file
+    that, taken away (its key then falls back to the file or a lower source), changes or clears
+    the error. None of them: the error is the file's (or the defaults')."""
+    final = {target: index for index, (_, target, _) in enumerate(layers)}  # the last wins
+    blamed = []
+    for index in sorted(final.values()):
+        rest = [layer for other, layer in enumerate(layers) if other != index]
+        if _validate(file, rest) != error:
+            blamed.append(layers[index][0])
+    return blamed
 
 
 def describe(config: Config) -> dict[str, dict[str, Any]]:

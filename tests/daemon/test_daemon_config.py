@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +180,58 @@ def test_flags_override_environment_and_file(tmp_path: Path) -> None:
     )
     assert config.server.listen == "127.0.0.1:3"
     assert config.storage.data_dir == "/flag"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("LEVELZERO_LISTEN", "foo", r"server: listen must be HOST:PORT .*not 'foo'"),
+        ("LEVELZERO_BATCHER_LINGER_MS", "-5", r"batcher: linger_ms .*must be >= 0"),
+        ("LEVELZERO_S3_ENDPOINT", "127.0.0.1:5055", r"s3: endpoint must be an http:// or https:// URL"),
+    ],
+)
+def test_an_invalid_value_is_blamed_on_the_variable_it_came_from_not_the_file(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={variable: value})
+    assert str(caught.value).startswith(f"invalid configuration (environment variable {variable}): ")
+    assert path not in str(caught.value)
+    assert re.search(message, str(caught.value))
+
+
+def test_an_invalid_value_is_blamed_on_the_flag_it_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            path,
+            environ={"LEVELZERO_LISTEN": "127.0.0.1:2"},
+            overrides={("server", "listen"): "bar"},
+            override_names={("server", "listen"): "--listen"},
+        )
+    assert str(caught.value) == (
+        "invalid configuration (flag --listen): server: listen must be HOST:PORT "
+        "(e.g. 127.0.0.1:8420), not 'bar'"
+    )
+    # A value whose check fails only with another source's: the one that, taken away, clears it.
+    with pytest.raises(ConfigError, match=r"^invalid configuration \(flag --listen\): server: token is"):
+        load_config(
+            None,
+            environ={"LEVELZERO_DATA_DIR": "/env"},
+            overrides={("server", "listen"): "0.0.0.0:1"},
+            override_names={("server", "listen"): "--listen"},
+        )
+    # An override without a flag's name is named by its key.
+    with pytest.raises(ConfigError, match=r"^invalid configuration \(override of server\.listen\): "):
+        load_config(None, environ={}, overrides={("server", "listen"): "0.0.0.0:1"})
+
+
+def test_an_invalid_value_in_the_file_is_still_blamed_on_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = 'bar'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={"LEVELZERO_TOKEN": "t" * 20, "LEVELZERO_BATCHER_LINGER_MS": "5"})
+    assert str(caught.value).startswith(f"invalid configuration ({path}): server: listen must be")
 
 
 def test_bad_environment_value_names_the_variable() -> None:
