@@ -444,3 +444,16 @@ def test_the_gc_section_defaults_are_the_gc_actors() -> None:
 
     assert msgspec.structs.asdict(GcSection()) == dataclasses.asdict(GcConfig())
     assert load_config(None, environ={}).gc.to_gc_config() == GcConfig()
+
+
+def test_the_configuration_reference_documents_every_key() -> None:
+    """Every key `levelzero config show` prints has a row in docs/configuration.md, so the
+    reference cannot fall behind the configuration structs."""
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    missing = [
+        f"{section}.{key}"
+        for section, keys in describe(Config()).items()
+        for key in keys
+        if f"`{section}.{key}`" not in reference
+    ]
+    assert not missing, f"docs/configuration.md does not document {missing}"
