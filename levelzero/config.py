@@ -102,6 +102,19 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, port
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - names of the wildcard, not a bind
+
+
+def listens_overlap(a: str, b: str) -> bool:
+    """Whether two `HOST:PORT` listen addresses would take the same socket: the same port (not
+    0, which picks a free one) on the same host, or on a wildcard address and any host."""
+    (host_a, port_a), (host_b, port_b) = parse_listen(a), parse_listen(b)
+    if port_a != port_b or port_a == 0:
+        return False
+    host_a, host_b = host_a.lower(), host_b.lower()
+    return host_a == host_b or host_a in WILDCARD_HOSTS or host_b in WILDCARD_HOSTS
+
+
 def token_problem(token: str) -> str | None:
     """The one token rule, shared by the daemon's configuration and the client: printable ASCII
     without spaces, so it travels unchanged in `Authorization: Bearer ...` (HTTP header values
@@ -574,6 +587,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
                 "can drain and still finish in time"
             )
+        self._check_listeners_apart()
         kafka_host = parse_listen(self.kafka.listen)[0] if self.kafka.enabled else ""
         if self.kafka.enabled and not self.server.token and not is_loopback(kafka_host):
             raise ValueError(
@@ -581,6 +595,19 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "address: Kafka clients then authenticate with SASL (PLAIN or SCRAM-SHA-256/512), "
                 "the token as password"
             )
+
+    def _check_listeners_apart(self) -> None:
+        """Two listeners on one address: the second could never bind; say so now, not at start-up."""
+        listeners = [("server.listen", self.server.listen)]
+        listeners += [(f"{name}.listen", getattr(self, name).listen) for name in ("kafka", "metrics")]
+        listeners = [(key, listen) for key, listen in listeners if listen]
+        for index, (key_a, listen_a) in enumerate(listeners):
+            for key_b, listen_b in listeners[index + 1 :]:
+                if listens_overlap(listen_a, listen_b):
+                    raise ValueError(
+                        f"{key_b} ({listen_b}) and {key_a} ({listen_a}) take the same address: "
+                        f"give {key_b} another port"
+                    )
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(

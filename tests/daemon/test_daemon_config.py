@@ -457,3 +457,45 @@ def test_the_configuration_reference_documents_every_key() -> None:
         if f"`{section}.{key}`" not in reference
     ]
     assert not missing, f"docs/configuration.md does not document {missing}"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"LEVELZERO_METRICS_LISTEN": "127.0.0.1:8420"},
+            "metrics.listen (127.0.0.1:8420) and server.listen (127.0.0.1:8420) take the same address",
+        ),
+        (
+            {"LEVELZERO_KAFKA_LISTEN": "127.0.0.1:9092", "LEVELZERO_METRICS_LISTEN": "127.0.0.1:9092"},
+            "metrics.listen (127.0.0.1:9092) and kafka.listen (127.0.0.1:9092) take the same address",
+        ),
+        (  # the wildcard address takes the port on every address
+            {"LEVELZERO_KAFKA_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "x" * 20},
+            "kafka.listen (0.0.0.0:8420) and server.listen (127.0.0.1:8420) take the same address",
+        ),
+    ],
+)
+def test_two_listeners_on_one_address_are_refused_when_the_configuration_is_checked(
+    environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, environ=environ)
+
+
+def test_listeners_on_other_ports_or_on_free_ports_are_apart() -> None:
+    load_config(None, environ={"LEVELZERO_METRICS_LISTEN": "127.0.0.1:9100"})
+    load_config(None, environ={"LEVELZERO_METRICS_LISTEN": "127.0.0.2:8420"})
+    both_free = {"LEVELZERO_LISTEN": "127.0.0.1:0", "LEVELZERO_KAFKA_LISTEN": "127.0.0.1:0"}
+    load_config(None, environ={**both_free, "LEVELZERO_METRICS_LISTEN": "127.0.0.1:0"})
+
+
+def test_metrics_listen_equal_to_the_listen_flag_exits_2_naming_both_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEVELZERO_CONFIG", raising=False)
+    path = write(tmp_path, "[metrics]\nlisten = '127.0.0.1:5055'\n")
+    assert main(["config", "show", "--config", path, "--listen", "127.0.0.1:5055"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.listen (127.0.0.1:5055) and server.listen (127.0.0.1:5055)" in err
+    assert "give metrics.listen another port" in err
