@@ -2,8 +2,8 @@
 
 Every source is merged into one plain dict first and validated once, by msgspec, against the
 `Config` Struct tree below (`forbid_unknown_fields=True`), so a misspelt key, a wrong type or an
-out-of-range value stops the start-up with a message naming the key (`server.listen: ...`) or
-the environment variable it came from.
+out-of-range value stops the start-up with a message naming the key (`server.listen: ...`) and
+where the value came from: the file, a `LEVELZERO_*` variable or a flag (`--listen`).
 
 Environment variables: `LEVELZERO_<SECTION>_<KEY>` for every key (`LEVELZERO_S3_BUCKET`,
 `LEVELZERO_BATCHER_LINGER_MS`), plus the short aliases in `ENV_ALIASES` (`LEVELZERO_LISTEN`,
@@ -15,7 +15,8 @@ Adding a section (say `[gc]`): write a `GcSection` Struct like the ones below an
 mirrors an actor's config (`[batcher]`, `[reconciler]`, `[housekeeper]`, `[gc]`) uses the same
 key names and lets the actor's config check the values (`to_<actor>_config()`). The environment
 mapping, error messages, `describe()` and `levelzero config show` follow from the Struct;
-document the keys in `levelzero/deploy/levelzero.toml` and the README.
+document the keys in `levelzero/deploy/levelzero.toml` and docs/configuration.md (a test checks
+the reference names every key).
 """
 
 from __future__ import annotations
@@ -99,6 +100,19 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not 0 <= port <= 65535:
         raise ValueError(f"listen port {port} is outside 0..65535")
     return host, port
+
+
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # noqa: S104 - names of the wildcard, not a bind
+
+
+def listens_overlap(a: str, b: str) -> bool:
+    """Whether two `HOST:PORT` listen addresses would take the same socket: the same port (not
+    0, which picks a free one) on the same host, or on a wildcard address and any host."""
+    (host_a, port_a), (host_b, port_b) = parse_listen(a), parse_listen(b)
+    if port_a != port_b or port_a == 0:
+        return False
+    host_a, host_b = host_a.lower(), host_b.lower()
+    return host_a == host_b or host_a in WILDCARD_HOSTS or host_b in WILDCARD_HOSTS
 
 
 def token_problem(token: str) -> str | None:
@@ -573,6 +587,7 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "node.drain_timeout_s must be below server.shutdown_timeout_s, so a shutdown "
                 "can drain and still finish in time"
             )
+        self._check_listeners_apart()
         kafka_host = parse_listen(self.kafka.listen)[0] if self.kafka.enabled else ""
         if self.kafka.enabled and not self.server.token and not is_loopback(kafka_host):
             raise ValueError(
@@ -580,6 +595,19 @@ class Config(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=Tr
                 "address: Kafka clients then authenticate with SASL (PLAIN or SCRAM-SHA-256/512), "
                 "the token as password"
             )
+
+    def _check_listeners_apart(self) -> None:
+        """Two listeners on one address: the second could never bind; say so now, not at start-up."""
+        listeners = [("server.listen", self.server.listen)]
+        listeners += [(f"{name}.listen", getattr(self, name).listen) for name in ("kafka", "metrics")]
+        listeners = [(key, listen) for key, listen in listeners if listen]
+        for index, (key_a, listen_a) in enumerate(listeners):
+            for key_b, listen_b in listeners[index + 1 :]:
+                if listens_overlap(listen_a, listen_b):
+                    raise ValueError(
+                        f"{key_b} ({listen_b}) and {key_a} ({listen_a}) take the same address: "
+                        f"give {key_b} another port"
+                    )
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(
@@ -689,36 +717,65 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[tuple[str, str], Any] | None = None,
+    override_names: Mapping[tuple[str, str], str] | None = None,
 ) -> Config:
-    """Merge defaults, the TOML file at `path`, `environ` and `overrides`; validate once."""
-    raw: dict[str, Any] = read_toml(path) if path else {}
-    source = f"invalid configuration ({path})" if path else "invalid configuration"
-    for section, value in raw.items():
+    """Merge defaults, the TOML file at `path`, `environ` and `overrides`; validate once.
+
+    `override_names` names where an override came from (`--listen`); an error is blamed on the
+    sources of the values it depends on (see `_blame`): the file, a variable, a flag."""
+    file: dict[str, Any] = read_toml(path) if path else {}
+    file_source = f"invalid configuration ({path})" if path else "invalid configuration"
+    for section, value in file.items():
         if section in sections() and not isinstance(value, dict):
-            raise ConfigError(f"{source}: [{section}] must be a table")
+            raise ConfigError(f"{file_source}: [{section}] must be a table")
     for section, key in sorted(ENV_ONLY_KEYS):
-        if key in raw.get(section, {}):
+        if key in file.get(section, {}):
             raise ConfigError(
-                f"{source}: {section}.{key} may only come from the environment "
+                f"{file_source}: {section}.{key} may only come from the environment "
                 f"({ENV_PREFIX}{section.upper()}_{key.upper()}) or {section}.{key}_file"
             )
+    # Every value over the file, lowest precedence first, with its origin.
+    layers: list[tuple[str, tuple[str, str], Any]] = []
     env = env_overrides(os.environ if environ is None else environ)
-    for (section, key), (_, value) in env.items():
-        raw.setdefault(section, {})[key] = value
-    for (section, key), value in (overrides or {}).items():
-        assert section in sections(), section
+    for target, (name, value) in env.items():
+        layers.append((f"environment variable {name}", target, value))
+    for target, value in (overrides or {}).items():
+        assert target[0] in sections(), target
+        flag = (override_names or {}).get(target)
+        layers.append((f"flag {flag}" if flag else f"override of {'.'.join(target)}", target, value))
+    result = _validate(file, layers)
+    if isinstance(result, Config):
+        return result
+    error = result
+    origins = _blame(file, layers, error)
+    source = f"invalid configuration ({', '.join(origins)})" if origins else file_source
+    raise ConfigError(f"{source}: {error}")
+
+
+def _validate(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]]) -> Config | str:
+    """The Config from the file with `layers` over it, or the message saying why there is none."""
+    raw = {section: dict(value) if isinstance(value, dict) else value for section, value in file.items()}
+    for _, (section, key), value in layers:
         raw.setdefault(section, {})[key] = value
     try:
         return msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
-        described = _describe_validation_error(str(exc))
-        from_env = [
-            name for (section, key), (name, _) in env.items() if described.startswith(f"{section}.{key}:")
-        ]
-        where = f" (from {', '.join(from_env)})" if from_env else ""
-        raise ConfigError(f"{source}: {described}{where}") from None
+        return _describe_validation_error(str(exc))
     except InvalidInput as exc:  # pragma: no cover - msgspec wraps __post_init__ errors
-        raise ConfigError(f"{source}: {exc}") from None
+        return str(exc)
+
+
+def _blame(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]], error: str) -> list[str]:
+    """The origins (variables, flags) of the values `error` depends on: each value over the file
+    that, taken away (its key then falls back to the file or a lower source), changes or clears
+    the error. None of them: the error is the file's (or the defaults')."""
+    final = {target: index for index, (_, target, _) in enumerate(layers)}  # the last wins
+    blamed = []
+    for index in sorted(final.values()):
+        rest = [layer for other, layer in enumerate(layers) if other != index]
+        if _validate(file, rest) != error:
+            blamed.append(layers[index][0])
+    return blamed
 
 
 def describe(config: Config) -> dict[str, dict[str, Any]]:

@@ -94,7 +94,8 @@ def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
     if getattr(args, "listen", None) is not None:  # only the commands that take --listen
         overrides[("server", "listen")] = args.listen
     path = args.config or os.environ.get("LEVELZERO_CONFIG") or None
-    return load_config(path, environ=os.environ, overrides=overrides)
+    names = {("storage", "data_dir"): "--data-dir", ("server", "listen"): "--listen"}
+    return load_config(path, environ=os.environ, overrides=overrides, override_names=names)
 
 
 def leaf_errors(error: BaseException) -> list[BaseException]:

@@ -96,14 +96,15 @@ class _UvicornServer(uvicorn.Server):
             self.finished.set()
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
+def bind_listener(host: str, port: int, listener: str) -> socket.socket:
+    """A listening socket on host:port; a failure names `listener` (which one, and its key)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         sock = socket.socket(family, kind, proto)
     except OSError as exc:
-        raise StartupError(f"cannot listen on {host}:{port}: {exc}") from None
+        raise StartupError(f"cannot listen on {host}:{port} for {listener}: {exc}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -111,7 +112,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.setblocking(False)
     except OSError as exc:
         sock.close()
-        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        raise StartupError(f"cannot listen on {host}:{port} for {listener}: {exc.strerror}") from None
     return sock
 
 
@@ -409,7 +410,7 @@ class Daemon:
         assert self.intake is not None
         await tg.start(self.intake.run)  # idempotent produces' lanes (HTTP's keyed, Kafka's)
 
-        sock = bind_listener(config.server.host, config.server.port)
+        sock = bind_listener(config.server.host, config.server.port, "the HTTP API (server.listen)")
         self.port = sock.getsockname()[1]
         self.url = f"http://{_url_host(config.server.host)}:{self.port}"
         tg.start_soon(server.serve_until_exit, sock)
@@ -454,7 +455,9 @@ class Daemon:
                 local_host=host, local_port=port, reuse_port=False, backlog=LISTEN_BACKLOG
             )
         except OSError as exc:
-            raise StartupError(f"cannot listen for Kafka clients on {settings.listen}: {exc}") from None
+            raise StartupError(
+                f"cannot listen for Kafka clients (kafka.listen) on {settings.listen}: {exc}"
+            ) from None
         self.kafka_port = listener.extra(anyio.abc.SocketAttribute.local_port)
         advertised_host = settings.advertised_host or ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host)
         return _KafkaBound(listener, host, advertised_host, settings.advertised_port or self.kafka_port)
@@ -558,7 +561,7 @@ class Daemon:
 
     async def _serve_metrics(self, tg: anyio.abc.TaskGroup, server: _UvicornServer) -> None:
         host, port = parse_listen(self.config.metrics.listen)
-        sock = bind_listener(host, port)
+        sock = bind_listener(host, port, "the metrics listener (metrics.listen)")
         self.metrics_url = f"http://{_url_host(host)}:{sock.getsockname()[1]}"
         self._metrics_server = server
         tg.start_soon(server.serve_until_exit, sock)

@@ -130,6 +130,14 @@ class S3Config:
         return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+# The settings an operator fixes these with (levelzero/config.py), named in the messages.
+CREDENTIAL_VARIABLES = "LEVELZERO_S3_ACCESS_KEY and LEVELZERO_S3_SECRET_KEY"
+CREATE_BUCKET_HINT = (
+    "create it, or set s3.create_bucket = true (LEVELZERO_S3_CREATE_BUCKET=true) to have it "
+    "created at start-up"
+)
+
+
 def map_s3_error(
     exc: BaseException, *, op: str, bucket: str, where: str, key: str | None = None
 ) -> LevelZeroError:
@@ -141,14 +149,18 @@ def map_s3_error(
         # A HEAD response has no body, so its "code" is just the HTTP status.
         label = code if code and not code.isdigit() else f"HTTP {status}"
         if code == "NoSuchBucket" or (op == "head_bucket" and status == 404):
-            return _permanent(StorageError(f"bucket {bucket} does not exist at {where}"))
+            missing = f"bucket {bucket} does not exist at {where}"
+            if op == "head_bucket":  # opening: say how to have it made (later it went away)
+                missing += f": {CREATE_BUCKET_HINT}"
+            return _permanent(StorageError(missing))
         if key is not None and (code in _NOT_FOUND_CODES or status == 404):
             return ObjectNotFound(key, f"bucket {bucket} at {where}")
         if code in CREDENTIAL_ERROR_CODES or (op == "head_bucket" and status == 403):
             return _permanent(
                 StorageError(
                     f"credentials rejected by {where} ({label} on bucket "
-                    f"{bucket}): check the access key and secret, and that they may use the bucket"
+                    f"{bucket}): check s3.access_key and s3.secret_key ({CREDENTIAL_VARIABLES}), "
+                    "and that they may use the bucket"
                 )
             )
         if code == "AccessDenied" or status == 403:
@@ -165,8 +177,8 @@ def map_s3_error(
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return _permanent(
             StorageError(
-                f"no S3 credentials for {where}: give an access key and secret, or set "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
+                f"no S3 credentials for {where}: set {CREDENTIAL_VARIABLES} (s3.access_key and "
+                "s3.secret_key), or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or an AWS profile)"
             )
         )
     if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):

@@ -149,6 +149,23 @@ def test_an_invalid_choice_in_the_configuration_lists_the_valid_ones(
     )
 
 
+def test_a_bad_flag_or_variable_is_blamed_on_it_not_on_the_configuration_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "ok.toml"
+    path.write_text('[server]\nlisten = "127.0.0.1:8421"\n')
+    assert main(["config", "show", "--config", str(path), "--listen", "bar"]) == 2
+    assert capsys.readouterr().err == (
+        "levelzero: invalid configuration (flag --listen): server: listen must be HOST:PORT "
+        "(e.g. 127.0.0.1:8420), not 'bar'\n"
+    )
+    monkeypatch.setenv("LEVELZERO_LISTEN", "foo")
+    assert main(["config", "show", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(
+        "levelzero: invalid configuration (environment variable LEVELZERO_LISTEN): server: listen"
+    )
+
+
 def test_a_data_dir_that_is_a_file_is_named_as_such(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

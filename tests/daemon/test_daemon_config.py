@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import logging
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -179,6 +180,58 @@ def test_flags_override_environment_and_file(tmp_path: Path) -> None:
     )
     assert config.server.listen == "127.0.0.1:3"
     assert config.storage.data_dir == "/flag"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("LEVELZERO_LISTEN", "foo", r"server: listen must be HOST:PORT .*not 'foo'"),
+        ("LEVELZERO_BATCHER_LINGER_MS", "-5", r"batcher: linger_ms .*must be >= 0"),
+        ("LEVELZERO_S3_ENDPOINT", "127.0.0.1:5055", r"s3: endpoint must be an http:// or https:// URL"),
+    ],
+)
+def test_an_invalid_value_is_blamed_on_the_variable_it_came_from_not_the_file(
+    tmp_path: Path, variable: str, value: str, message: str
+) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={variable: value})
+    assert str(caught.value).startswith(f"invalid configuration (environment variable {variable}): ")
+    assert path not in str(caught.value)
+    assert re.search(message, str(caught.value))
+
+
+def test_an_invalid_value_is_blamed_on_the_flag_it_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = '127.0.0.1:1'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            path,
+            environ={"LEVELZERO_LISTEN": "127.0.0.1:2"},
+            overrides={("server", "listen"): "bar"},
+            override_names={("server", "listen"): "--listen"},
+        )
+    assert str(caught.value) == (
+        "invalid configuration (flag --listen): server: listen must be HOST:PORT "
+        "(e.g. 127.0.0.1:8420), not 'bar'"
+    )
+    # A value whose check fails only with another source's: the one that, taken away, clears it.
+    with pytest.raises(ConfigError, match=r"^invalid configuration \(flag --listen\): server: token is"):
+        load_config(
+            None,
+            environ={"LEVELZERO_DATA_DIR": "/env"},
+            overrides={("server", "listen"): "0.0.0.0:1"},
+            override_names={("server", "listen"): "--listen"},
+        )
+    # An override without a flag's name is named by its key.
+    with pytest.raises(ConfigError, match=r"^invalid configuration \(override of server\.listen\): "):
+        load_config(None, environ={}, overrides={("server", "listen"): "0.0.0.0:1"})
+
+
+def test_an_invalid_value_in_the_file_is_still_blamed_on_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nlisten = 'bar'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={"LEVELZERO_TOKEN": "t" * 20, "LEVELZERO_BATCHER_LINGER_MS": "5"})
+    assert str(caught.value).startswith(f"invalid configuration ({path}): server: listen must be")
 
 
 def test_bad_environment_value_names_the_variable() -> None:
@@ -391,3 +444,58 @@ def test_the_gc_section_defaults_are_the_gc_actors() -> None:
 
     assert msgspec.structs.asdict(GcSection()) == dataclasses.asdict(GcConfig())
     assert load_config(None, environ={}).gc.to_gc_config() == GcConfig()
+
+
+def test_the_configuration_reference_documents_every_key() -> None:
+    """Every key `levelzero config show` prints has a row in docs/configuration.md, so the
+    reference cannot fall behind the configuration structs."""
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    missing = [
+        f"{section}.{key}"
+        for section, keys in describe(Config()).items()
+        for key in keys
+        if f"`{section}.{key}`" not in reference
+    ]
+    assert not missing, f"docs/configuration.md does not document {missing}"
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        (
+            {"LEVELZERO_METRICS_LISTEN": "127.0.0.1:8420"},
+            "metrics.listen (127.0.0.1:8420) and server.listen (127.0.0.1:8420) take the same address",
+        ),
+        (
+            {"LEVELZERO_KAFKA_LISTEN": "127.0.0.1:9092", "LEVELZERO_METRICS_LISTEN": "127.0.0.1:9092"},
+            "metrics.listen (127.0.0.1:9092) and kafka.listen (127.0.0.1:9092) take the same address",
+        ),
+        (  # the wildcard address takes the port on every address
+            {"LEVELZERO_KAFKA_LISTEN": "0.0.0.0:8420", "LEVELZERO_TOKEN": "x" * 20},
+            "kafka.listen (0.0.0.0:8420) and server.listen (127.0.0.1:8420) take the same address",
+        ),
+    ],
+)
+def test_two_listeners_on_one_address_are_refused_when_the_configuration_is_checked(
+    environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, environ=environ)
+
+
+def test_listeners_on_other_ports_or_on_free_ports_are_apart() -> None:
+    load_config(None, environ={"LEVELZERO_METRICS_LISTEN": "127.0.0.1:9100"})
+    load_config(None, environ={"LEVELZERO_METRICS_LISTEN": "127.0.0.2:8420"})
+    both_free = {"LEVELZERO_LISTEN": "127.0.0.1:0", "LEVELZERO_KAFKA_LISTEN": "127.0.0.1:0"}
+    load_config(None, environ={**both_free, "LEVELZERO_METRICS_LISTEN": "127.0.0.1:0"})
+
+
+def test_metrics_listen_equal_to_the_listen_flag_exits_2_naming_both_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEVELZERO_CONFIG", raising=False)
+    path = write(tmp_path, "[metrics]\nlisten = '127.0.0.1:5055'\n")
+    assert main(["config", "show", "--config", path, "--listen", "127.0.0.1:5055"]) == 2
+    err = capsys.readouterr().err
+    assert "metrics.listen (127.0.0.1:5055) and server.listen (127.0.0.1:5055)" in err
+    assert "give metrics.listen another port" in err

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from pathlib import Path
 
 import httpx
@@ -15,9 +16,11 @@ from daemon_support import TOKEN, daemon_and_client
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from levelzero.cli.commands import leaf_errors
 from levelzero.core.errors import NotLeader, ObjectNotFound, StorageError
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.logs import JsonFormatter
+from levelzero.daemon.service import StartupError
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.storage.memory_store import MemoryObjectStore
 
@@ -151,6 +154,21 @@ async def test_metrics_listener_serves_metrics_alone_without_the_token(tmp_path:
             assert (await scraper.post("/metrics")).status_code == 405
         async with httpx.AsyncClient(base_url=daemon.url) as anonymous:
             assert (await anonymous.get("/metrics")).status_code == 401  # the API keeps its token
+
+
+async def test_a_busy_metrics_port_is_named_as_the_metrics_listener(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(BaseException) as caught:  # noqa: PT011 - the group's leaf is checked
+            async with daemon_and_client(tmp_path, metrics__listen=f"127.0.0.1:{port}"):
+                pass
+    [error] = leaf_errors(caught.value)
+    assert isinstance(error, StartupError)
+    assert str(error) == (
+        f"cannot listen on 127.0.0.1:{port} for the metrics listener (metrics.listen): Address already in use"
+    )
 
 
 async def test_access_log_and_gc_round_are_structured_events(

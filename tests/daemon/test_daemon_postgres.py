@@ -94,6 +94,9 @@ def test_wrong_password_exits_2_without_logging_it(tmp_path: Path, postgres_dsn:
     )
     assert done.returncode == 2, done.stderr
     assert "authentication failed" in done.stderr
+    # ... saying how levelzero takes the password
+    assert "give the password as LEVELZERO_CONTROL_PASSWORD in the environment" in done.stderr
+    assert "control.password_file" in done.stderr
     assert "not-the-password-42" not in done.stderr + done.stdout
 
 

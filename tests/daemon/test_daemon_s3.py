@@ -59,6 +59,41 @@ async def test_a_missing_bucket_stops_the_start_up_with_its_name(tmp_path: Path,
     assert any(
         isinstance(e, StorageError) and "levelzero-no-such-bucket does not exist" in str(e) for e in errors
     )
+    [error] = [e for e in errors if isinstance(e, StorageError)]
+    assert "set s3.create_bucket = true (LEVELZERO_S3_CREATE_BUCKET=true)" in str(error)
+
+
+async def test_no_credentials_stop_the_start_up_naming_the_variables_to_set(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Neither the configuration nor botocore's chain has a key: the message names the
+    LEVELZERO_S3_* variables (the daemon's own), not only AWS_*."""
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    environ = s3_environ(s3_endpoint, s3_bucket)
+    del environ["LEVELZERO_S3_ACCESS_KEY"], environ["LEVELZERO_S3_SECRET_KEY"]
+    config = load_config(
+        None,
+        environ=environ,
+        overrides={("storage", "data_dir"): str(tmp_path / "d"), ("server", "listen"): "127.0.0.1:0"},
+    )
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may arrive in an exception group
+        async with running_daemon(config):
+            pass
+    [error] = [e for e in leaf_errors(caught.value) if isinstance(e, StorageError)]
+    assert str(error).startswith(f"no S3 credentials for {s3_endpoint.endpoint_url}: ")
+    assert "set LEVELZERO_S3_ACCESS_KEY and LEVELZERO_S3_SECRET_KEY" in str(error)
 
 
 def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_process, s3_endpoint) -> None:
@@ -67,6 +102,7 @@ def test_a_missing_bucket_exits_2_which_systemd_does_not_restart(make_daemon_pro
     process.start(wait=False)
     assert process.wait_exit() == 2
     assert "bucket levelzero-no-such-bucket does not exist" in process.log()
+    assert "LEVELZERO_S3_CREATE_BUCKET=true" in process.log()
     assert "Traceback" not in process.log()
 
 

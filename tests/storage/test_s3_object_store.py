@@ -66,7 +66,10 @@ def test_missing_bucket_is_named_with_the_endpoint() -> None:
     assert str(error) == "bucket bkt does not exist at http://minio:9000"
     assert error.retriable is False
     head_error = mapped(client_error("404", 404, "HeadBucket"), op="head_bucket", key=None)
-    assert str(head_error) == "bucket bkt does not exist at http://minio:9000"
+    assert str(head_error) == (  # at opening: how to have it made
+        "bucket bkt does not exist at http://minio:9000: create it, or set s3.create_bucket = true "
+        "(LEVELZERO_S3_CREATE_BUCKET=true) to have it created at start-up"
+    )
 
 
 def test_missing_key_maps_to_object_not_found() -> None:
@@ -93,6 +96,7 @@ def test_unreachable_endpoint_and_missing_credentials_are_explained() -> None:
     no_credentials = mapped(NoCredentialsError(), op="head_bucket")
     assert "no S3 credentials for http://minio:9000" in str(no_credentials)
     assert "AWS_ACCESS_KEY_ID" in str(no_credentials)
+    assert "set LEVELZERO_S3_ACCESS_KEY and LEVELZERO_S3_SECRET_KEY" in str(no_credentials)
 
 
 def test_config_keeps_secrets_out_of_repr_and_messages() -> None:
@@ -191,7 +195,10 @@ async def test_open_reports_a_missing_bucket(s3_endpoint: S3TestEndpoint) -> Non
     bucket = f"lz-missing-{uuid.uuid4().hex[:16]}"
     with pytest.raises(StorageError) as caught:
         await S3ObjectStore.open(s3_endpoint.config(bucket))
-    assert str(caught.value) == f"bucket {bucket} does not exist at {s3_endpoint.endpoint_url}"
+    assert str(caught.value) == (
+        f"bucket {bucket} does not exist at {s3_endpoint.endpoint_url}: create it, or set "
+        "s3.create_bucket = true (LEVELZERO_S3_CREATE_BUCKET=true) to have it created at start-up"
+    )
     assert caught.value.retriable is False
     assert isinstance(caught.value, StoreRefused)  # the daemon exits 2: a restart cannot fix it
 

@@ -49,6 +49,11 @@ COMMAND_TIMEOUT_S = 60.0
 # transaction is rolled back, so nothing of it was acknowledged; it fails when the node wakes.
 # A healthy node never idles in a transaction longer than a stall of its event loop.
 IDLE_IN_TRANSACTION_TIMEOUT_S = 10.0
+# How the daemon takes the password (levelzero/config.py), named when the server refuses it.
+REFUSED_LOGIN_HINT = (
+    "give the password as LEVELZERO_CONTROL_PASSWORD in the environment, or in the file "
+    "control.password_file names (a password in control.dsn is refused)"
+)
 SPLIT_JOBS_MIN = 32  # this many waiting calls, with no batch on its way, go out as two batches
 # ... the second that long after the first: half a statement (the writers' recent mean), up to
 # STAGGER_MAX_S (a slow statement or two must not hold the second half back for long).
@@ -389,8 +394,13 @@ class PostgresBase(StoreLifecycle):
                     "application_name": application_name,
                 },
             )
-        except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as error:
-            raise StoreRefused(f"{where}: authentication failed: {error}") from None
+        except asyncpg.InvalidPasswordError as error:
+            raise StoreRefused(f"{where}: authentication failed: {error}: {REFUSED_LOGIN_HINT}") from None
+        except asyncpg.InvalidAuthorizationSpecificationError as error:
+            raise StoreRefused(
+                f"{where}: authentication failed: {error}: check the user in control.dsn, and that "
+                "the server's pg_hba.conf lets it connect"
+            ) from None
         except asyncpg.InvalidCatalogNameError as error:
             raise StoreRefused(f"{where}: {error}") from None
         except CONNECTION_ERRORS as error:
