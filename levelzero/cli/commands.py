@@ -200,7 +200,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from levelzero.daemon.backup import BackupError, backup, restore
+    from levelzero.daemon.backup import BackupError, BackupRefused, backup, restore
 
     try:
         config = _load(args)
@@ -215,7 +215,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
             summary = restore(args.backup, data_dir)
     except BackupError as exc:
         _fail(str(exc))
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, BackupRefused) else EXIT_FAILED
     m = summary.manifest
     facts = (
         f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from levelzero.core.errors import directory_problem
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.ownership import CLUSTER_ID_FILE
 
@@ -39,6 +40,10 @@ SQLITE_SIDE_FILES = ("-wal", "-shm")
 
 class BackupError(Exception):
     """One line for the operator."""
+
+
+class BackupRefused(BackupError):
+    """What only the operator can change (a path, the configuration): exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,18 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
     if not source.is_file():
         raise BackupError(f"no log store at {source} (storage.data_dir = {data_dir!r})")
     target = Path(destination)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise BackupError(f"{target} exists and is not an empty directory")
+    try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise BackupError(f"{target} exists and is not an empty directory")
+    except OSError as exc:
+        raise BackupRefused(f"backup destination {target}: {exc.strerror or exc}") from None
     cluster_id_path = Path(data_dir) / CLUSTER_ID_FILE
     if not cluster_id_path.is_file():
         raise BackupError(f"{cluster_id_path} is missing: not a data directory a daemon has run on")
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackupRefused(f"backup destination: {directory_problem(target, exc)}") from None
     started = time.time()
     try:
         src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
@@ -90,6 +101,15 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
             src.close()
     except sqlite3.Error as exc:
         raise BackupError(f"cannot back up {source}: {exc}") from None
+    try:
+        return _finish_backup(target, source, cluster_id_path, started, facts)
+    except OSError as exc:
+        raise BackupError(f"cannot write the backup to {target}: {exc.strerror or exc}") from None
+
+
+def _finish_backup(
+    target: Path, source: Path, cluster_id_path: Path, started: float, facts: dict[str, object]
+) -> BackupSummary:
     shutil.copyfile(cluster_id_path, target / CLUSTER_ID_FILE)
     manifest: dict[str, object] = {
         "format": BACKUP_FORMAT,
@@ -138,7 +158,10 @@ def restore(backup_dir: str, data_dir: str) -> BackupSummary:
     if ok != "ok":
         raise BackupError(f"{source / DB_FILE} failed SQLite's integrity check: {ok}")
     target = Path(data_dir)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackupRefused(f"storage.data_dir: {directory_problem(target, exc)}") from None
     db_path = target / DB_FILE
     lock_fd = _refuse_if_open(db_path)
     try:

@@ -79,3 +79,24 @@ async def test_recover_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) 
         err = capsys.readouterr().err
         assert "is already open by another log store" in err and err.count("\n") == 1, err
         assert (await client.fetch("t", 0, 0, None)).high_watermark == 0  # untouched, still serving
+
+
+async def test_backup_to_a_destination_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+    (tmp_path / "somefile").write_text("x")
+    for destination, why in (
+        (tmp_path / "somefile" / "x", "a part of the path is a file, not a directory"),
+        (Path("/proc/levelzero-backup"), "cannot create directory /proc/levelzero-backup"),
+    ):
+        assert main(["backup", str(destination), "--data-dir", str(data)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("levelzero: backup destination: ") and why in err, err
+        assert err.count("\n") == 1, err
+    assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    assert main(["restore", str(tmp_path / "b"), "--data-dir", str(tmp_path / "somefile" / "d")]) == 2
+    err = capsys.readouterr().err
+    why = "a part of the path is a file, not a directory"
+    assert err == f"levelzero: storage.data_dir: {tmp_path}/somefile/d: {why}\n"
