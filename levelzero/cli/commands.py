@@ -199,6 +199,22 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# `levelzero backup` and `restore` are for the SQLite file; on PostgreSQL the data directory holds
+# no log store, and restoring one there would replace its cluster-id (docs/backup-restore.md,
+# "PostgreSQL"; docs/postgresql.md).
+POSTGRES_BACKUP = (
+    'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero backup` copies the '
+    "SQLite log store only; back the database up with PostgreSQL's tools (pg_dump, base backups "
+    "and WAL archiving), see docs/postgresql.md"
+)
+POSTGRES_RESTORE = (
+    'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero restore` puts back a '
+    "SQLite log store only, and nothing was changed. Restore the database with PostgreSQL's tools "
+    "(pg_restore of a pg_dump, a base backup), then, every daemon stopped, run "
+    "`levelzero recover --from-bucket --config …` (docs/backup-restore.md, 'PostgreSQL')"
+)
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     from levelzero.daemon.backup import BackupError, BackupRefused, backup, restore
 
@@ -206,6 +222,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
         config = _load(args)
     except ConfigError as exc:
         _fail(str(exc))
+        return EXIT_USAGE
+    if config.control.kind == "postgres":
+        _fail(POSTGRES_BACKUP if args.backup_command == "backup" else POSTGRES_RESTORE)
         return EXIT_USAGE
     data_dir = config.storage.data_dir
     try:

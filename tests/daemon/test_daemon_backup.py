@@ -100,3 +100,26 @@ async def test_backup_to_a_destination_that_cannot_be_made_is_one_line_exit_2(tm
     err = capsys.readouterr().err
     why = "a part of the path is a file, not a directory"
     assert err == f"levelzero: storage.data_dir: {tmp_path}/somefile/d: {why}\n"
+
+
+async def test_backup_and_restore_on_a_postgres_control_plane_are_refused(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+    assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    monkeypatch.setenv("LEVELZERO_CONTROL_KIND", "postgres")
+    monkeypatch.setenv("LEVELZERO_CONTROL_DSN", "postgresql://u@127.0.0.1:1/db")
+    argv = ["restore", str(tmp_path / "b"), "--data-dir", str(data)]
+    assert await anyio.to_thread.run_sync(main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the control plane is PostgreSQL" in err, err
+    assert "pg_restore" in err and "levelzero recover --from-bucket" in err and "nothing was changed" in err
+    assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before  # cluster-id too
+    assert main(["backup", str(tmp_path / "c"), "--data-dir", str(data)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the control plane is PostgreSQL" in err and "pg_dump" in err, err
+    assert "no log store" not in err and not (tmp_path / "c").exists()
