@@ -231,7 +231,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         if args.backup_command == "backup":
             summary = backup(data_dir, args.destination)
         else:
-            summary = restore(args.backup, data_dir)
+            summary = restore(args.backup, data_dir, check_cluster=_backup_cluster_check(config, args.backup))
     except BackupError as exc:
         _fail(str(exc))
         return EXIT_USAGE if isinstance(exc, BackupRefused) else EXIT_FAILED
@@ -251,6 +251,26 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if code == EXIT_OK:
         print("start the daemon; see the README (Backup and restore) for what an older backup means")
     return code
+
+
+def _backup_cluster_check(config: Any, backup: str) -> Callable[[str], None]:
+    """Refuse, before `restore` writes anything, a backup of a cluster that does not own the
+    bucket: the daemon would refuse to start on it."""
+    from levelzero.daemon.backup import BackupError, BackupRefused
+    from levelzero.daemon.ownership import StoreOwnedByAnotherCluster
+    from levelzero.daemon.recover import refuse_another_clusters_backup
+
+    def check(cluster_id: str) -> None:
+        try:
+            anyio.run(refuse_another_clusters_backup, config, cluster_id, backup)
+        except StoreOwnedByAnotherCluster as exc:
+            raise BackupRefused(f"refusing to restore, nothing was changed: {exc}") from None
+        except (LevelZeroError, OSError) as exc:
+            raise BackupError(
+                f"cannot read the object store's ownership marker, nothing was restored: {exc}"
+            ) from None
+
+    return check
 
 
 def _recover(config: Any, *, after_restore: bool) -> int:

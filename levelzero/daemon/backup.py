@@ -23,6 +23,7 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,8 +142,12 @@ def _refuse_if_open(db_path: Path) -> int:
     return fd
 
 
-def restore(backup_dir: str, data_dir: str) -> BackupSummary:
-    """Put the backup in `backup_dir` in place as the log store of `data_dir` (daemon stopped)."""
+def restore(
+    backup_dir: str, data_dir: str, *, check_cluster: Callable[[str], None] | None = None
+) -> BackupSummary:
+    """Put the backup in `backup_dir` in place as the log store of `data_dir` (daemon stopped).
+    `check_cluster(cluster_id)` runs on the backup's cluster id once the backup is checked and
+    the data directory exists, before anything is written in it (it raises BackupError to refuse)."""
     source = Path(backup_dir)
     try:
         manifest = json.loads((source / MANIFEST_FILE).read_text(encoding="utf-8"))
@@ -157,11 +162,17 @@ def restore(backup_dir: str, data_dir: str) -> BackupSummary:
         raise BackupError(f"{source / DB_FILE}: {exc}") from None
     if ok != "ok":
         raise BackupError(f"{source / DB_FILE} failed SQLite's integrity check: {ok}")
+    try:
+        cluster_id = (source / CLUSTER_ID_FILE).read_text(encoding="ascii").strip()
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{source} is not a levelzero backup ({CLUSTER_ID_FILE}: {exc})") from None
     target = Path(data_dir)
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise BackupRefused(f"storage.data_dir: {directory_problem(target, exc)}") from None
+    if check_cluster is not None:  # the data directory may be new: nothing in it yet
+        check_cluster(cluster_id)
     db_path = target / DB_FILE
     lock_fd = _refuse_if_open(db_path)
     try:

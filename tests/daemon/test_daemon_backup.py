@@ -51,7 +51,8 @@ async def test_restore_is_refused_while_the_daemon_runs(tmp_path: Path, capsys) 
     async with daemon_and_client(data) as (daemon, client):
         await client.create_topic("t", 1)
         assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
-        assert main(["restore", str(tmp_path / "b"), "--data-dir", str(data)]) == 1
+        argv = ["restore", str(tmp_path / "b"), "--data-dir", str(data)]  # on a loop of its own
+        assert await anyio.to_thread.run_sync(main, argv) == 1
         assert "is open by a running daemon: stop it first" in capsys.readouterr().err
         assert (await client.fetch("t", 0, 0, None)).high_watermark == 0  # untouched, still serving
 
@@ -96,7 +97,8 @@ async def test_backup_to_a_destination_that_cannot_be_made_is_one_line_exit_2(tm
         assert err.count("\n") == 1, err
     assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
     capsys.readouterr()
-    assert main(["restore", str(tmp_path / "b"), "--data-dir", str(tmp_path / "somefile" / "d")]) == 2
+    argv = ["restore", str(tmp_path / "b"), "--data-dir", str(tmp_path / "somefile" / "d")]
+    assert await anyio.to_thread.run_sync(main, argv) == 2
     err = capsys.readouterr().err
     why = "a part of the path is a file, not a directory"
     assert err == f"levelzero: storage.data_dir: {tmp_path}/somefile/d: {why}\n"
@@ -123,3 +125,27 @@ async def test_backup_and_restore_on_a_postgres_control_plane_are_refused(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "the control plane is PostgreSQL" in err and "pg_dump" in err, err
     assert "no log store" not in err and not (tmp_path / "c").exists()
+
+
+async def test_restore_of_another_clusters_backup_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for data in (ours, theirs):  # two clusters, each with its own objects (data_dir/objects)
+        async with daemon_and_client(data) as (daemon, client):
+            await client.create_topic("t", 1)
+    assert main(["backup", str(tmp_path / "b"), "--data-dir", str(theirs)]) == 0
+    capsys.readouterr()
+    before = sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in ours.rglob("*"))
+    argv = ["restore", str(tmp_path / "b"), "--data-dir", str(ours)]
+    assert await anyio.to_thread.run_sync(main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("levelzero: refusing to restore, nothing was changed:"), (
+        err
+    )
+    their_id = (theirs / "cluster-id").read_text().strip()
+    assert f"belongs to levelzero cluster {(ours / 'cluster-id').read_text().strip()}" in err
+    assert f"but the backup {tmp_path / 'b'} is cluster {their_id}" in err
+    assert sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in ours.rglob("*")) == before
+    async with daemon_and_client(ours) as (daemon, client):  # still starts, as it was
+        assert (await client.fetch("t", 0, 0, None)).high_watermark == 0
