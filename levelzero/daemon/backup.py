@@ -30,6 +30,7 @@ from pathlib import Path
 from levelzero.core.errors import directory_problem
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.ownership import CLUSTER_ID_FILE
+from levelzero.storage.sqlite.readonly import ReadOnlyOpenError, connect_read_only
 
 BACKUP_FORMAT = 1
 DB_FILE = "levelzero.db"
@@ -88,8 +89,12 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
         raise BackupRefused(f"backup destination: {directory_problem(target, exc)}") from None
     started = time.time()
     try:
-        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-        dst = sqlite3.connect(target / DB_FILE)
+        src = connect_read_only(source, timeout=30)  # read-only directories too
+        try:
+            dst = sqlite3.connect(target / DB_FILE)
+        except BaseException:
+            src.close()
+            raise
         try:
             src.backup(dst)  # every page in one step: one read transaction, one snapshot
             dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
@@ -100,6 +105,8 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
         finally:
             dst.close()
             src.close()
+    except ReadOnlyOpenError as exc:
+        raise BackupError(str(exc)) from None
     except sqlite3.Error as exc:
         raise BackupError(f"cannot back up {source}: {exc}") from None
     try:
