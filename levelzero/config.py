@@ -15,7 +15,7 @@ Adding a section (say `[gc]`): write a `GcSection` Struct like the ones below an
 mirrors an actor's config (`[batcher]`, `[reconciler]`, `[housekeeper]`, `[gc]`) uses the same
 key names and lets the actor's config check the values (`to_<actor>_config()`). The environment
 mapping, error messages, `describe()` and `levelzero config show` follow from the Struct;
-document the keys in `levelzero/deploy/levelzero.toml` and the README.
+document the keys in `levelzero/deploy/levelzero.toml` and docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -205,13 +205,13 @@ def cmd_config_show(args: argparse.Namespace) -> int:
 POSTGRES_BACKUP = (
     'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero backup` copies the '
     "SQLite log store only; back the database up with PostgreSQL's tools (pg_dump, base backups "
-    "and WAL archiving), see docs/postgresql.md"
+    "and WAL archiving), see docs/postgresql.md, 'PostgreSQL control plane'"
 )
 POSTGRES_RESTORE = (
     'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero restore` puts back a '
     "SQLite log store only, and nothing was changed. Restore the database with PostgreSQL's tools "
     "(pg_restore of a pg_dump, a base backup), then, every daemon stopped, run "
-    "`levelzero recover --from-bucket --config …` (docs/backup-restore.md, 'PostgreSQL')"
+    "`levelzero recover --from-bucket --config …` (see docs/backup-restore.md, 'PostgreSQL')"
 )
 
 
@@ -249,7 +249,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     # records the backup acknowledged fail once the live GC deleted their L0 objects.
     code = _recover(config, after_restore=True)
     if code == EXIT_OK:
-        print("start the daemon; see the README (Backup and restore) for what an older backup means")
+        print("start the daemon; see docs/backup-restore.md, 'What an older backup means'")
     return code
 
 

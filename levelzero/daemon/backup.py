@@ -10,8 +10,8 @@ objects: L0 and L1 objects live in the bucket (or `data_dir/objects` for `storag
 
 Restoring refuses while a daemon holds the store's lock, keeps the replaced database beside
 it (`levelzero.db.replaced-<time>`), and removes the old write-ahead log so SQLite cannot
-replay it over the restored file. The README's "Backup and restore" says what an older backup
-means for the GC and for records written since.
+replay it over the restored file. docs/backup-restore.md ("What an older backup
+means") says what an older backup means for the GC and for records written since.
 """
 
 from __future__ import annotations

@@ -490,7 +490,7 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
         lines.append(
             "not recovered: records that were not reconciled yet, consumer offsets "
-            "(see the README, 'Recovering from the bucket alone')"
+            "(see docs/backup-restore.md, 'Recovering from the bucket alone')"
         )
     else:
         lines.append(
