@@ -291,7 +291,7 @@ class Client:
     async def abandon_unreconciled(
         self, topic: str, partition: int, *, operator: str, reason: str, confirm: bool
     ) -> AbandonResponse:
-        """The escape hatch for a partition whose L0 data is gone for good (see the README)."""
+        """The escape hatch for a partition whose L0 data is gone for good (docs/operating.md)."""
         body = AbandonRequest(topic, partition, operator, reason, confirm)
         return await self._call("POST", "/v1/partitions/abandon-unreconciled", AbandonResponse, body=body)
 

@@ -345,7 +345,7 @@ class Reconciler:
             log.error(
                 "reconciliation of %s keeps failing: %s. Its M(p) stays at %s and holds M (and the "
                 "GC) back for the whole cluster; `levelzero status` names it. If its L0 data is "
-                "gone for good, see README 'A partition that cannot be reconciled'",
+                "gone for good, see docs/operating.md, 'A partition that cannot be reconciled'",
                 actor.name,
                 exc,
                 actor.state.mp,

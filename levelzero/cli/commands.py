@@ -200,23 +200,42 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# `levelzero backup` and `restore` are for the SQLite file; on PostgreSQL the data directory holds
+# no log store, and restoring one there would replace its cluster-id (docs/backup-restore.md,
+# "PostgreSQL"; docs/postgresql.md).
+POSTGRES_BACKUP = (
+    'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero backup` copies the '
+    "SQLite log store only; back the database up with PostgreSQL's tools (pg_dump, base backups "
+    "and WAL archiving), see docs/postgresql.md, 'PostgreSQL control plane'"
+)
+POSTGRES_RESTORE = (
+    'the control plane is PostgreSQL (control.kind = "postgres"): `levelzero restore` puts back a '
+    "SQLite log store only, and nothing was changed. Restore the database with PostgreSQL's tools "
+    "(pg_restore of a pg_dump, a base backup), then, every daemon stopped, run "
+    "`levelzero recover --from-bucket --config …` (see docs/backup-restore.md, 'PostgreSQL')"
+)
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
-    from levelzero.daemon.backup import BackupError, backup, restore
+    from levelzero.daemon.backup import BackupError, BackupRefused, backup, restore
 
     try:
         config = _load(args)
     except ConfigError as exc:
         _fail(str(exc))
         return EXIT_USAGE
+    if config.control.kind == "postgres":
+        _fail(POSTGRES_BACKUP if args.backup_command == "backup" else POSTGRES_RESTORE)
+        return EXIT_USAGE
     data_dir = config.storage.data_dir
     try:
         if args.backup_command == "backup":
             summary = backup(data_dir, args.destination)
         else:
-            summary = restore(args.backup, data_dir)
+            summary = restore(args.backup, data_dir, check_cluster=_backup_cluster_check(config, args.backup))
     except BackupError as exc:
         _fail(str(exc))
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, BackupRefused) else EXIT_FAILED
     m = summary.manifest
     facts = (
         f"cluster epoch {m['cluster_epoch']}, {m['partitions']} partitions, "
@@ -231,8 +250,28 @@ def cmd_backup(args: argparse.Namespace) -> int:
     # records the backup acknowledged fail once the live GC deleted their L0 objects.
     code = _recover(config, after_restore=True)
     if code == EXIT_OK:
-        print("start the daemon; see the README (Backup and restore) for what an older backup means")
+        print("start the daemon; see docs/backup-restore.md, 'What an older backup means'")
     return code
+
+
+def _backup_cluster_check(config: Any, backup: str) -> Callable[[str], None]:
+    """Refuse, before `restore` writes anything, a backup of a cluster that does not own the
+    bucket: the daemon would refuse to start on it."""
+    from levelzero.daemon.backup import BackupError, BackupRefused
+    from levelzero.daemon.ownership import StoreOwnedByAnotherCluster
+    from levelzero.daemon.recover import refuse_another_clusters_backup
+
+    def check(cluster_id: str) -> None:
+        try:
+            anyio.run(refuse_another_clusters_backup, config, cluster_id, backup)
+        except StoreOwnedByAnotherCluster as exc:
+            raise BackupRefused(f"refusing to restore, nothing was changed: {exc}") from None
+        except (LevelZeroError, OSError) as exc:
+            raise BackupError(
+                f"cannot read the object store's ownership marker, nothing was restored: {exc}"
+            ) from None
+
+    return check
 
 
 def _recover(config: Any, *, after_restore: bool) -> int:

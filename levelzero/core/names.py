@@ -87,5 +87,5 @@ def unstorable_topic_advice(topic: str, problem: str) -> str:
         "new records, and its unreconciled data can never move to L1, which holds M (and so "
         "the GC) back for the whole cluster. Read what you need from it, then release each "
         f"partition with `levelzero partition abandon-unreconciled {topic}/P --confirm` "
-        "(README: Operating it)"
+        "(see docs/operating.md, 'A partition that cannot be reconciled')"
     )

@@ -10,8 +10,8 @@ objects: L0 and L1 objects live in the bucket (or `data_dir/objects` for `storag
 
 Restoring refuses while a daemon holds the store's lock, keeps the replaced database beside
 it (`levelzero.db.replaced-<time>`), and removes the old write-ahead log so SQLite cannot
-replay it over the restored file. The README's "Backup and restore" says what an older backup
-means for the GC and for records written since.
+replay it over the restored file. docs/backup-restore.md ("What an older backup
+means") says what an older backup means for the GC and for records written since.
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ import os
 import shutil
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from levelzero.core.errors import directory_problem
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.ownership import CLUSTER_ID_FILE
+from levelzero.storage.sqlite.readonly import ReadOnlyOpenError, connect_read_only
 
 BACKUP_FORMAT = 1
 DB_FILE = "levelzero.db"
@@ -39,6 +42,10 @@ SQLITE_SIDE_FILES = ("-wal", "-shm")
 
 class BackupError(Exception):
     """One line for the operator."""
+
+
+class BackupRefused(BackupError):
+    """What only the operator can change (a path, the configuration): exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -68,16 +75,26 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
     if not source.is_file():
         raise BackupError(f"no log store at {source} (storage.data_dir = {data_dir!r})")
     target = Path(destination)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise BackupError(f"{target} exists and is not an empty directory")
+    try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())):
+            raise BackupError(f"{target} exists and is not an empty directory")
+    except OSError as exc:
+        raise BackupRefused(f"backup destination {target}: {exc.strerror or exc}") from None
     cluster_id_path = Path(data_dir) / CLUSTER_ID_FILE
     if not cluster_id_path.is_file():
         raise BackupError(f"{cluster_id_path} is missing: not a data directory a daemon has run on")
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackupRefused(f"backup destination: {directory_problem(target, exc)}") from None
     started = time.time()
     try:
-        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-        dst = sqlite3.connect(target / DB_FILE)
+        src = connect_read_only(source, timeout=30)  # read-only directories too
+        try:
+            dst = sqlite3.connect(target / DB_FILE)
+        except BaseException:
+            src.close()
+            raise
         try:
             src.backup(dst)  # every page in one step: one read transaction, one snapshot
             dst.execute("PRAGMA journal_mode = DELETE")  # a single self-contained file
@@ -88,8 +105,19 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
         finally:
             dst.close()
             src.close()
+    except ReadOnlyOpenError as exc:
+        raise BackupError(str(exc)) from None
     except sqlite3.Error as exc:
         raise BackupError(f"cannot back up {source}: {exc}") from None
+    try:
+        return _finish_backup(target, source, cluster_id_path, started, facts)
+    except OSError as exc:
+        raise BackupError(f"cannot write the backup to {target}: {exc.strerror or exc}") from None
+
+
+def _finish_backup(
+    target: Path, source: Path, cluster_id_path: Path, started: float, facts: dict[str, object]
+) -> BackupSummary:
     shutil.copyfile(cluster_id_path, target / CLUSTER_ID_FILE)
     manifest: dict[str, object] = {
         "format": BACKUP_FORMAT,
@@ -121,8 +149,12 @@ def _refuse_if_open(db_path: Path) -> int:
     return fd
 
 
-def restore(backup_dir: str, data_dir: str) -> BackupSummary:
-    """Put the backup in `backup_dir` in place as the log store of `data_dir` (daemon stopped)."""
+def restore(
+    backup_dir: str, data_dir: str, *, check_cluster: Callable[[str], None] | None = None
+) -> BackupSummary:
+    """Put the backup in `backup_dir` in place as the log store of `data_dir` (daemon stopped).
+    `check_cluster(cluster_id)` runs on the backup's cluster id once the backup is checked and
+    the data directory exists, before anything is written in it (it raises BackupError to refuse)."""
     source = Path(backup_dir)
     try:
         manifest = json.loads((source / MANIFEST_FILE).read_text(encoding="utf-8"))
@@ -137,8 +169,17 @@ def restore(backup_dir: str, data_dir: str) -> BackupSummary:
         raise BackupError(f"{source / DB_FILE}: {exc}") from None
     if ok != "ok":
         raise BackupError(f"{source / DB_FILE} failed SQLite's integrity check: {ok}")
+    try:
+        cluster_id = (source / CLUSTER_ID_FILE).read_text(encoding="ascii").strip()
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{source} is not a levelzero backup ({CLUSTER_ID_FILE}: {exc})") from None
     target = Path(data_dir)
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BackupRefused(f"storage.data_dir: {directory_problem(target, exc)}") from None
+    if check_cluster is not None:  # the data directory may be new: nothing in it yet
+        check_cluster(cluster_id)
     db_path = target / DB_FILE
     lock_fd = _refuse_if_open(db_path)
     try:

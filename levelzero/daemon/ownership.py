@@ -43,18 +43,32 @@ def local_cluster_id(data_dir: str) -> str:
     return cluster_id
 
 
-async def claim_store(store: ObjectStore, cluster_id: str, where: str) -> None:
-    """Write the marker if the store has none; refuse a store owned by another cluster."""
+async def store_owner(store: ObjectStore) -> str | None:
+    """The cluster id the store's marker names, or None if no cluster has claimed it."""
     try:
-        owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()
+        return (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()
     except ObjectNotFound:
-        await store.put(MARKER_KEY, (cluster_id + "\n").encode())
-        owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()  # a racing claim
-        log.info("claimed object store %s for cluster %s", where, cluster_id)
+        return None
+
+
+def refuse_another_owner(
+    owner: str, cluster_id: str, where: str, *, ours: str = "this data directory"
+) -> None:
+    """The one check of a cluster id against the store's owner (`ours` says what names it)."""
     if owner != cluster_id:
         raise StoreOwnedByAnotherCluster(
-            f"object store {where} belongs to levelzero cluster {owner}, but this data directory "
+            f"object store {where} belongs to levelzero cluster {owner}, but {ours} "
             f"is cluster {cluster_id}: its GC would delete the other cluster's objects. Give each "
             "daemon its own bucket or its own s3.key_prefix (or restore the data directory that "
             "owns the store)"
         )
+
+
+async def claim_store(store: ObjectStore, cluster_id: str, where: str) -> None:
+    """Write the marker if the store has none; refuse a store owned by another cluster."""
+    owner = await store_owner(store)
+    if owner is None:
+        await store.put(MARKER_KEY, (cluster_id + "\n").encode())
+        owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()  # a racing claim
+        log.info("claimed object store %s for cluster %s", where, cluster_id)
+    refuse_another_owner(owner, cluster_id, where)

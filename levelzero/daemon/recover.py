@@ -84,7 +84,13 @@ from levelzero.storage.protocols import (
 from levelzero.storage.postgres.store import PostgresLogStore
 
 from levelzero.config import Config
-from levelzero.daemon.ownership import CLUSTER_ID_FILE, MARKER_KEY, claim_store, local_cluster_id
+from levelzero.daemon.ownership import (
+    CLUSTER_ID_FILE,
+    claim_store,
+    local_cluster_id,
+    refuse_another_owner,
+    store_owner,
+)
 from levelzero.daemon.service import open_object_store, store_where
 from levelzero.storage.opening import ControlStore, open_control_store
 
@@ -484,7 +490,7 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
         lines.append(
             "not recovered: records that were not reconciled yet, consumer offsets "
-            "(see the README, 'Recovering from the bucket alone')"
+            "(see docs/backup-restore.md, 'Recovering from the bucket alone')"
         )
     else:
         lines.append(
@@ -513,6 +519,18 @@ async def recover_configured(config: Config) -> RecoverySummary:  # type: ignore
             await store.aclose()
 
 
+async def refuse_another_clusters_backup(config: Config, cluster_id: str, backup: str) -> None:
+    """Before `levelzero restore` writes anything: the backup must be of the cluster that owns
+    the bucket (a daemon on it would be refused, as `run` refuses: the same check)."""
+    objects = await open_object_store(config)
+    try:
+        owner = await store_owner(objects)
+    finally:
+        await objects.aclose()
+    if owner is not None:
+        refuse_another_owner(owner, cluster_id, store_where(config), ours=f"the backup {backup}")
+
+
 async def _refuse_live_nodes(store: ControlStore) -> None:
     if not isinstance(store, PostgresLogStore):
         return  # SQLite: opening the store took its lock, so no daemon runs on it
@@ -528,10 +546,7 @@ async def _claim(store: ControlStore, objects: ObjectStore, config: Config) -> N
     """The data directory (and on PostgreSQL the database) must name the cluster that owns the
     bucket. A lost one gets the bucket's id back, so its daemon is not refused by its own
     bucket; one naming another cluster is refused, as the daemon would refuse it."""
-    try:
-        owner: str | None = (await objects.get(MARKER_KEY)).decode("ascii", "replace").strip()
-    except ObjectNotFound:
-        owner = None
+    owner = await store_owner(objects)
     id_path = Path(config.storage.data_dir) / CLUSTER_ID_FILE
     if owner is not None and not id_path.exists():
         id_path.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -37,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from levelzero.core.errors import directory_problem
+from levelzero.storage.sqlite.readonly import ReadOnlyOpenError, connect_read_only
 from levelzero.storage.sqlite.schema import (
     OLDEST_SCHEMA_VERSION,
     SCHEMA_TABLES,
@@ -216,9 +216,10 @@ class Snapshot(Protocol):
 @contextmanager
 def _snapshot(db_path: str) -> Iterator[sqlite3.Connection]:
     """A read-only connection inside one read transaction, after checking the schema."""
-    uri = Path(db_path).as_uri() + "?mode=ro"
     try:
-        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        connection = connect_read_only(db_path, isolation_level=None, check_same_thread=False)
+    except ReadOnlyOpenError as error:
+        raise ExportError(str(error)) from None
     except sqlite3.Error as error:
         raise ExportError(f"{db_path}: cannot open read-only: {error}") from None
     try:

@@ -70,7 +70,7 @@ async def open_control_store(
             connect_timeout_s=control.connect_timeout_s,
             reconnect_timeout_s=control.reconnect_timeout_s,
             # A paused node's open transaction holds its partitions' rows no longer than its
-            # leases on them last (the README's cluster section).
+            # leases on them last (docs/cluster.md).
             idle_in_transaction_timeout_s=config.cluster.lease_ttl_s,
             application_name=application_name,
         )
