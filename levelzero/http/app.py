@@ -652,6 +652,7 @@ class Api:
                 m_blocked_count=0 if decision is None else len(decision.blocked_by),
                 m_read_at=None if reading is None else reading.read_at,
                 m_led_by={name: leaders[name] for name in holders + blocked_by if name in leaders},
+                m_holders_count=0 if decision is None else len(decision.holders),
                 accepting=not_accepting is None,
                 not_accepting_reason=not_accepting,
                 partitions=partitions,
