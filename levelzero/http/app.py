@@ -546,7 +546,7 @@ class Api:
         if offset_text is not None:
             offset = _unsigned("offset", offset_text)
         else:
-            offset = self.node.partition(topic, partition).state.start_offset
+            offset = self.node.partition(topic, partition).state.first_readable_offset
         max_bytes = self.settings.fetch_bytes_default
         if max_bytes_text is not None:
             max_bytes = _unsigned("max_bytes", max_bytes_text)
@@ -610,7 +610,7 @@ class Api:
             lro=v.state.lro,
             lrlo=v.state.lrlo,
             high_watermark=v.state.high_watermark,
-            start_offset=v.state.start_offset,
+            start_offset=v.state.first_readable_offset,
             size_bytes=v.state.size_bytes,
             readers=v.readers,
             pending_records=v.pending_records,
