@@ -61,6 +61,7 @@ from levelzero.core.gc import (
     worker_prefixes,
 )
 from levelzero.core.keys import PREFIX_COUNT, l0_key_epoch, parse_l0_key
+from levelzero.core.reconcile_health import ReconcileFailing
 from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.protocols import (
     DeleteResult,
@@ -325,7 +326,7 @@ class GcActor:
         cluster_epoch: Callable[[], int],
         board: WatermarkBoard,
         views: Callable[[], list[PartitionView]],
-        reconcile_failing: Callable[[str], str | None] = lambda _partition: None,
+        reconcile_failing: Callable[[str], ReconcileFailing | None] = lambda _partition: None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
         sleep: Callable[[float], Awaitable[object]] = anyio.sleep,
@@ -971,7 +972,7 @@ def _parses(key: str) -> bool:
     return True
 
 
-def _facts(view: PartitionView, reconcile_failing: str | None) -> PartitionFacts:
+def _facts(view: PartitionView, reconcile_failing: ReconcileFailing | None) -> PartitionFacts:
     return PartitionFacts(
         name=view.name,
         state_mp=view.mp,
@@ -979,7 +980,8 @@ def _facts(view: PartitionView, reconcile_failing: str | None) -> PartitionFacts
         lro=view.state.lro,
         high_watermark=view.state.high_watermark,
         max_applied_epoch=view.state.max_applied_epoch,
-        reconcile_failing=reconcile_failing,
+        reconcile_failing=None if reconcile_failing is None else reconcile_failing.describe(),
+        reconcile_failing_since=None if reconcile_failing is None else reconcile_failing.since,
     )
 
 

@@ -21,7 +21,7 @@ import anyio
 from levelzero.core.activity import ActivityBoard
 from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AbandonUnreconciled, ProducerSpan
-from levelzero.core.reconcile_health import Abandoned
+from levelzero.core.reconcile_health import Abandoned, ReconcileFailing
 from levelzero.core.errors import (
     InternalTopicName,
     InvalidInput,
@@ -806,9 +806,8 @@ class Node:
         )
         return abandoned
 
-    def _reconcile_failing(self, partition: str) -> str | None:
-        failing = self.reconciler.health.get(partition)
-        return None if failing is None else failing.describe()
+    def _reconcile_failing(self, partition: str) -> ReconcileFailing | None:
+        return self.reconciler.health.get(partition)
 
     def views(self) -> list[PartitionView]:
         return [actor.view() for actor in self._partitions.values()]

@@ -190,14 +190,15 @@ class Reader:
         if not 1 <= max_bytes <= FETCH_BYTES_MAX:
             raise InvalidInput(f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
         state = actor.state
-        hwm, start, lro = state.high_watermark, state.start_offset, state.lro
+        # The start as readers are told it: past abandoned ranges at the start offset.
+        hwm, start, lro = state.high_watermark, state.first_readable_offset, state.lro
+        abandoned = state.abandoned_range(offset) if state.start_offset <= offset < hwm else None
+        if abandoned is not None:
+            raise OffsetsAbandoned(offset, *abandoned, start, hwm)
         if offset < start or offset > hwm:
             raise OffsetOutOfRange(offset, start, hwm)
         if offset == hwm:
             return FetchResult([], offset, hwm, start, "none")
-        abandoned = state.abandoned_range(offset)
-        if abandoned is not None:
-            raise OffsetsAbandoned(offset, *abandoned, start, hwm)
         tiers = []
         if offset <= lro and self.l1 is not None:
             self.l1_reads += 1

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from levelzero.actors.gc import RoundReport
+from levelzero.core.reconcile_health import utc_time
 
 MiB = 1024 * 1024
 
@@ -67,6 +68,14 @@ def _mib(size: int) -> str:
 
 def _ago(at: float) -> str:
     return f"{max(0.0, time.time() - at):.1f} s ago"
+
+
+def _holder_reason(holder) -> str:  # noqa: ANN001 - gc.Holder
+    """Its reason, with the time its reconciliation started failing shown as in status."""
+    since = holder.reconcile_failing_since
+    if since is None:
+        return holder.reason
+    return holder.reason.replace(f"failing since {utc_time(since)}", f"failing since {_ago(since)}")
 
 
 def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
@@ -139,7 +148,8 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         m += f" ({status.m_blocked_count} partitions without M(p), e.g. {blocked})"
     elif status.m_holders:
         held = ", ".join(_led_by(name, status.m_led_by) for name in status.m_holders[:3])
-        m += f" (held by {held})"
+        more = max(status.m_holders_count, len(status.m_holders)) - min(3, len(status.m_holders))
+        m += f" (held by {held}{f' and {more} more' if more > 0 else ''})"
     elif status.m is None and status.m_read_at is None:
         m = "not read from the control plane yet"
     b = status.batcher
@@ -282,7 +292,7 @@ def format_explanation(explanation) -> str:  # noqa: ANN001 - Explanation
     lines.append(title)
     header = ("PARTITION", "M(p)", "M(p)-M", "BEHIND", "WHY")
     rows = [header] + [
-        (h.partition, _cell(h.mp), _cell(h.mp_minus_m), _cell(h.behind), h.reason) for h in e.holders
+        (h.partition, _cell(h.mp), _cell(h.mp_minus_m), _cell(h.behind), _holder_reason(h)) for h in e.holders
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += [

@@ -363,6 +363,7 @@ class PartitionFacts:
     high_watermark: int
     max_applied_epoch: int | None
     reconcile_failing: str | None = None  # `ReconcileFailing.describe()` while it is failing
+    reconcile_failing_since: float | None = None  # and its `since` (wall time)
 
 
 NO_LIVE_LEADER = ""  # in `leaders`: the partition has no live leader (it is moving)
@@ -403,6 +404,8 @@ class Holder(msgspec.Struct, frozen=True):
     reason: str
     mp_minus_m: int | None  # M(p) - M: how far above M it is (0 for a holder of M)
     behind: int | None  # asked epoch - M(p): how far M(p) must rise for the epoch to go
+    # While its reconciliation fails: since when (wall time), also in `reason` as a UTC time.
+    reconcile_failing_since: float | None = None
 
 
 class Explanation(msgspec.Struct, frozen=True):
@@ -505,6 +508,13 @@ def _verdict(
     return ExplainVerdict.DELETABLE, f"epoch {epoch} <= M = {m}: the next round deletes it"
 
 
+def _failing_since(mp: int | None, facts: PartitionFacts | None) -> float | None:
+    """`reconcile_failing_since` when `hold_reason` names the failing reconciliation."""
+    if mp is None or facts is None or facts.reconcile_failing is None:
+        return None
+    return facts.reconcile_failing_since if facts.reconcile_failing in hold_reason(mp, facts) else None
+
+
 def _holders(
     decision: WatermarkDecision,
     mps: Mapping[str, int | None],
@@ -527,6 +537,7 @@ def _holders(
             hold_reason(mp, facts.get(name), leaders.get(name)),
             None if mp is None or m is None else mp - m,
             None if mp is None or epoch is None else epoch - mp,
+            _failing_since(mp, facts.get(name)),
         )
         for name, mp in mps.items()
         if holds(mp)

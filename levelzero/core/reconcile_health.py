@@ -11,6 +11,7 @@ reconciler feeds it outcomes with the wall clock, readers ask it.
 from __future__ import annotations
 
 from collections.abc import Set
+from datetime import datetime, timezone
 from dataclasses import dataclass
 
 import msgspec
@@ -42,7 +43,13 @@ class ReconcileFailing:
     failing: bool  # named: `failures` reached the threshold, or the cause is permanent
 
     def describe(self) -> str:
-        return f"reconciliation failing since {self.since:.0f} ({self.failures} passes): {self.last_error}"
+        since = utc_time(self.since)
+        return f"reconciliation failing since {since} ({self.failures} passes): {self.last_error}"
+
+
+def utc_time(at: float) -> str:
+    """A wall time as shown in explanations and logs (the CLI shows it as "N s ago")."""
+    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ReconcileHealth:

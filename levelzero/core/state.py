@@ -55,6 +55,22 @@ class PartitionSnapshot(msgspec.Struct, frozen=True):
     # (`core.producers.PartitionProducers.rows`). Empty in snapshots written before it existed.
     producers: tuple[ProducerRow, ...] = ()
 
+    @property
+    def first_readable_offset(self) -> int:
+        return first_readable_offset(self.start_offset, self.abandoned)
+
+
+def first_readable_offset(start_offset: int, abandoned: tuple[tuple[int, int], ...]) -> int:
+    """The first offset a fetch can serve (or the high watermark when none): the start offset,
+    past the ranges an operator abandoned that begin there. It is the partition's start as
+    readers are told it (Kafka's ListOffsets EARLIEST, the HTTP fetch without an offset, status),
+    so a consumer starting from the earliest offset does not land in a range it can never read."""
+    offset = start_offset
+    for first, last in sorted(abandoned):
+        if first <= offset <= last:
+            offset = last + 1
+    return offset
+
 
 # The oldest term starts beyond this many are forgotten (their records read with no epoch).
 TERM_STARTS_MAX = 1_000
@@ -145,6 +161,10 @@ class PartitionState:
             return False
         earlier = [e for t, e in self.reconciled_by_term.items() if t < term]
         return base_offset > max(earlier, default=-1)
+
+    @property
+    def first_readable_offset(self) -> int:
+        return first_readable_offset(self.start_offset, self.abandoned)
 
     def abandoned_range(self, offset: int) -> tuple[int, int] | None:
         """The range an operator gave up that holds `offset`, if any."""

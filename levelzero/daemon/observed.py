@@ -150,18 +150,27 @@ class ObservedObjectStore:
         self._delete_key_errors = metrics.object_delete_key_errors
 
     async def _timed(self, operation: str, call: Awaitable[Any]) -> Any:
+        health = self._health
+        token = None if health is None else health.started(health.object_store, operation)
+        answered = False
         started = time.perf_counter()
         try:
             result = await call
         except Exception as error:  # a cancelled operation is neither a latency nor an error
             self._errors.labels(operation, error_code(error)).inc()
             self._latency[operation].observe(time.perf_counter() - started)
-            if self._health is not None and is_store_failure(error):
-                self._health.failed(self._health.object_store, operation, error)
+            answered = not is_store_failure(error)
+            if health is not None and not answered:
+                health.failed(health.object_store, operation, error)
             raise
+        else:
+            answered = True
+        finally:  # outstanding until here, whatever the outcome (`storage_health`: stalls)
+            if health is not None and token is not None:
+                health.finished(health.object_store, token, answered)
         self._latency[operation].observe(time.perf_counter() - started)
-        if self._health is not None and operation == "put":  # only a write proves writes work
-            self._health.wrote(self._health.object_store)
+        if health is not None and operation == "put":  # only a write proves writes work
+            health.wrote(health.object_store)
         return result
 
     async def put(self, key: str, data: bytes | bytearray) -> None:

@@ -19,11 +19,22 @@ GC rounds, the housekeeper, produces). A refusal (unknown topic, not leader, an 
 found, corrupt data) is the store's answer, not its failure, and does not count
 (`observed.is_store_failure` decides).
 
+A hung store fails nothing for a long time: the S3 client gives up on a request only after its
+retries (5 attempts of up to 30 s each), and until then every produce waits. So the observed
+object store also tells the health which requests are outstanding, and a store is also
+unhealthy (*stalled*) while a request has been outstanding longer than
+`STORAGE_STALL_UNHEALTHY_S` and the store has answered nothing in that time (one hung
+connection among answered requests is not a stalled store). It is healthy again as soon as it
+answers anything (the stalled request, the probe, any other); a stall and failures are
+independent, the store is healthy only when neither holds. `check_stalled` turns a stall into
+unhealthy (called every `STORAGE_PROBE_INTERVAL_S` by `probe_object_store` and by `problem`).
+
 No I/O here besides the probe: the rule is `StoreHealth`, driven synchronously in tests.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -38,6 +49,9 @@ log = logging.getLogger("levelzero.storage_health")
 STORAGE_FAILURES_TO_UNHEALTHY = 3
 STORAGE_SUCCESSES_TO_HEALTHY = 3
 STORAGE_PROBE_INTERVAL_S = 1.0
+# A third of the S3 client's read timeout (30 s): well before its retries run out (150 s), well
+# above a healthy request's latency (a large PUT takes a few seconds at most).
+STORAGE_STALL_UNHEALTHY_S = 10.0
 ERROR_SHOWN_CHARS_MAX = 300
 PROBE_KEY = "levelzero/health-probe"  # outside level_zero/ and level_one/: no GC, no reader
 PROBE_BODY = b"levelzero storage health probe\n"
@@ -50,57 +64,122 @@ class StoreCondition:
     unhealthy_since: float | None  # wall clock (time.time) of the first failure of the run
     failures_in_a_row: int
     last_error: str
+    stalled_operation: str | None = None  # the oldest outstanding request, while stalled
+    stalled_for_s: float = 0.0  # how long it had been outstanding when last checked
+    stalled_since: float | None = None  # wall clock when that request started
 
     def describe(self) -> str:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.unhealthy_since or 0))
-        return f"{self.store} failing since {when}: {self.last_error}"
+        parts = []
+        if self.stalled_operation is not None:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.stalled_since or 0))
+            parts.append(
+                f"{self.store} stalled: a {self.stalled_operation} request outstanding for "
+                f"{self.stalled_for_s:.1f} s (since {when}) with no answer from the store"
+            )
+        if self.unhealthy_since is not None:
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.unhealthy_since))
+            parts.append(f"{self.store} failing since {when}: {self.last_error}")
+        return "; ".join(parts)
 
 
 class StoreHealth:
-    """One store's health with hysteresis (module docstring)."""
+    """One store's health with hysteresis, and its stalls (module docstring)."""
 
     def __init__(self, store: str) -> None:
         self.store = store
-        self.healthy = True
+        self._failing = False
         self._failures = 0
         self._successes = 0
         self._first_failure_at: float | None = None
         self._since: float | None = None
         self.last_error = ""
         self.transitions = 0
+        self._outstanding: dict[int, tuple[float, str]] = {}  # token -> (started, operation)
+        self._tokens = itertools.count()
+        self._last_answer: float | None = None
+        self._stall: tuple[str, float, float] | None = None  # (operation, started, age)
+
+    @property
+    def healthy(self) -> bool:
+        return not self._failing and self._stall is None
+
+    def _flipped(self, was_healthy: bool) -> bool:
+        if was_healthy != self.healthy:
+            self.transitions += 1
+            return True
+        return False
 
     def failed(self, now: float, operation: str, error: BaseException) -> bool:
         """Note a failed operation; True when this made the store unhealthy."""
+        was = self.healthy
         self._successes = 0
         self._failures += 1
         if self._first_failure_at is None:
             self._first_failure_at = now
         text = f"{operation}: {error}" if str(error) else f"{operation}: {type(error).__name__}"
         self.last_error = text[:ERROR_SHOWN_CHARS_MAX]
-        if self.healthy and self._failures >= STORAGE_FAILURES_TO_UNHEALTHY:
-            self.healthy = False
+        if not self._failing and self._failures >= STORAGE_FAILURES_TO_UNHEALTHY:
+            self._failing = True
             self._since = self._first_failure_at
-            self.transitions += 1
-            return True
-        return False
+        return self._flipped(was)
 
     def wrote(self, now: float) -> bool:
         """Note a successful write; True when this made the store healthy again."""
+        was = self.healthy
         self._failures = 0
         self._first_failure_at = None
-        if self.healthy:
-            return False
-        self._successes += 1
-        if self._successes >= STORAGE_SUCCESSES_TO_HEALTHY:
-            self.healthy = True
-            self._successes = 0
-            self._since = None
-            self.transitions += 1
-            return True
-        return False
+        if self._failing:
+            self._successes += 1
+            if self._successes >= STORAGE_SUCCESSES_TO_HEALTHY:
+                self._failing = False
+                self._successes = 0
+                self._since = None
+        return self._flipped(was)
+
+    def started(self, now: float, operation: str) -> int:
+        """A request to the store begins; returns its token for `finished`."""
+        token = next(self._tokens)
+        self._outstanding[token] = (now, operation)
+        return token
+
+    def finished(self, now: float, token: int, answered: bool) -> bool:
+        """The request `token` ended; `answered`: the store answered it (a success or a
+        refusal, not a store failure nor a cancellation). True when this ended a stall."""
+        was = self.healthy
+        self._outstanding.pop(token, None)
+        if answered:
+            self._last_answer = now
+        self._update_stall(now)
+        return self._flipped(was)
+
+    def check_stalled(self, now: float) -> bool:
+        """Re-evaluate the stall; True when the store's health flipped."""
+        was = self.healthy
+        self._update_stall(now)
+        return self._flipped(was)
+
+    def _update_stall(self, now: float) -> None:
+        self._stall = None
+        if not self._outstanding:
+            return
+        if self._last_answer is not None and now - self._last_answer <= STORAGE_STALL_UNHEALTHY_S:
+            return
+        started, operation = min(self._outstanding.values())
+        if now - started > STORAGE_STALL_UNHEALTHY_S:
+            self._stall = (operation, started, now - started)
 
     def condition(self) -> StoreCondition:
-        return StoreCondition(self.store, self.healthy, self._since, self._failures, self.last_error)
+        stalled_op, stalled_since, stalled_for = self._stall or (None, None, 0.0)
+        return StoreCondition(
+            self.store,
+            self.healthy,
+            self._since,
+            self._failures,
+            self.last_error,
+            stalled_op,
+            stalled_for,
+            stalled_since,
+        )
 
 
 class StorageHealth:
@@ -122,19 +201,43 @@ class StorageHealth:
 
     def problem(self) -> str | None:
         """What is wrong, in one line, or None when both stores take writes."""
+        self.check_stalled()
         failing = [s.condition().describe() for s in (self.object_store, self.log_store) if not s.healthy]
         return "; ".join(failing) or None
 
     def failed(self, store: StoreHealth, operation: str, error: BaseException) -> None:
         """`error` is a store failure (`observed.is_store_failure`), not a refusal."""
         if store.failed(self.clock(), operation, error):
-            log.warning("storage unhealthy: not ready until it recovers: %s", store.condition().describe())
-            self._changed()
+            self._turned_unhealthy(store)
 
     def wrote(self, store: StoreHealth) -> None:
         if store.wrote(self.clock()):
-            log.info("storage healthy again: the %s takes writes", store.store)
-            self._changed()
+            self._turned_healthy(store)
+
+    def started(self, store: StoreHealth, operation: str) -> int:
+        return store.started(self.clock(), operation)
+
+    def finished(self, store: StoreHealth, token: int, answered: bool) -> None:
+        if store.finished(self.clock(), token, answered):
+            self._turned_healthy(store)
+
+    def check_stalled(self) -> None:
+        """Turn a store with a stalled request unhealthy (and back); cheap, no I/O."""
+        now = self.clock()
+        for store in (self.object_store, self.log_store):
+            if store.check_stalled(now):
+                if store.healthy:
+                    self._turned_healthy(store)
+                else:
+                    self._turned_unhealthy(store)
+
+    def _turned_unhealthy(self, store: StoreHealth) -> None:
+        log.warning("storage unhealthy: not ready until it recovers: %s", store.condition().describe())
+        self._changed()
+
+    def _turned_healthy(self, store: StoreHealth) -> None:
+        log.info("storage healthy again: the %s takes writes", store.store)
+        self._changed()
 
     def _changed(self) -> None:
         if self.on_change is not None:
@@ -144,12 +247,22 @@ class StorageHealth:
 async def probe_object_store(store: ObjectStore, health: StorageHealth) -> None:
     """Forever: while the object store is unhealthy, PUT a small probe object every
     `STORAGE_PROBE_INTERVAL_S` through `store` (the observed store: the outcome feeds
-    `health`). Cancelled with the daemon's task group."""
-    while True:
-        await anyio.sleep(STORAGE_PROBE_INTERVAL_S)
-        if health.object_store.healthy:
-            continue
-        try:
-            await store.put(PROBE_KEY, PROBE_BODY)
-        except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
-            log.debug("storage probe failed: %s", exc)
+    `health`). Meanwhile, every `STORAGE_PROBE_INTERVAL_S`, turn a stalled store unhealthy
+    (`StorageHealth.check_stalled`), also while a probe hangs. Cancelled with the daemon's task
+    group."""
+
+    async def watch_stalls() -> None:
+        while True:
+            await anyio.sleep(STORAGE_PROBE_INTERVAL_S)
+            health.check_stalled()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_stalls)
+        while True:
+            await anyio.sleep(STORAGE_PROBE_INTERVAL_S)
+            if health.object_store.healthy:
+                continue
+            try:
+                await store.put(PROBE_KEY, PROBE_BODY)
+            except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
+                log.debug("storage probe failed: %s", exc)

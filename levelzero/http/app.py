@@ -546,7 +546,7 @@ class Api:
         if offset_text is not None:
             offset = _unsigned("offset", offset_text)
         else:
-            offset = self.node.partition(topic, partition).state.start_offset
+            offset = self.node.partition(topic, partition).state.first_readable_offset
         max_bytes = self.settings.fetch_bytes_default
         if max_bytes_text is not None:
             max_bytes = _unsigned("max_bytes", max_bytes_text)
@@ -610,7 +610,7 @@ class Api:
             lro=v.state.lro,
             lrlo=v.state.lrlo,
             high_watermark=v.state.high_watermark,
-            start_offset=v.state.start_offset,
+            start_offset=v.state.first_readable_offset,
             size_bytes=v.state.size_bytes,
             readers=v.readers,
             pending_records=v.pending_records,
@@ -652,6 +652,7 @@ class Api:
                 m_blocked_count=0 if decision is None else len(decision.blocked_by),
                 m_read_at=None if reading is None else reading.read_at,
                 m_led_by={name: leaders[name] for name in holders + blocked_by if name in leaders},
+                m_holders_count=0 if decision is None else len(decision.holders),
                 accepting=not_accepting is None,
                 not_accepting_reason=not_accepting,
                 partitions=partitions,

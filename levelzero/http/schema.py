@@ -380,6 +380,8 @@ class StatusResponse(_Response):
     # In a cluster: each holder and blocker (as listed above) -> the node leading it by this
     # node's last cluster view ("" while it has no live leader).
     m_led_by: dict[str, str] = {}
+    # How many partitions hold M in all (`m_holders` lists the first few).
+    m_holders_count: int = 0
 
 
 class EpochResponse(_Response):

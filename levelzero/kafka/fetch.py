@@ -200,7 +200,7 @@ class FetchApi:
             refused = epoch_error(state.term, epoch)
             if refused != ErrorCode.none:
                 return refused, -1, -1, b""
-            start, high_watermark = state.start_offset, state.high_watermark
+            start, high_watermark = state.first_readable_offset, state.high_watermark
             if offset == high_watermark:
                 return ErrorCode.none, high_watermark, start, b""
             if not start <= offset < high_watermark:

@@ -59,7 +59,7 @@ class OffsetsApi:
                 try:
                     state = self.node.partition(topic.name, p.partition_index).state
                     error = epoch_error(state.term, getattr(p, "current_leader_epoch", NO_EPOCH))
-                    start, high_watermark = state.start_offset, state.high_watermark
+                    start, high_watermark = state.first_readable_offset, state.high_watermark
                     if error != ErrorCode.none:
                         pass
                     elif p.timestamp == LIST_OFFSETS_EARLIEST:
@@ -245,8 +245,9 @@ class OffsetsApi:
         if api_version < SPECIAL_TIMESTAMP_VERSIONS[timestamp_ms]:
             return ErrorCode.unsupported_version, -1, -1, -1
         state = self.node.partition(topic, partition).state
-        if timestamp_ms == LIST_OFFSETS_EARLIEST_LOCAL:  # the local log starts at the start offset
-            return ErrorCode.none, state.start_offset, -1, state.term_at(state.start_offset)
+        if timestamp_ms == LIST_OFFSETS_EARLIEST_LOCAL:  # the local log starts where EARLIEST does
+            start = state.first_readable_offset
+            return ErrorCode.none, start, -1, state.term_at(start)
         if timestamp_ms == LIST_OFFSETS_MAX_TIMESTAMP:
             offset, timestamp = await self.node.max_timestamp(topic, partition)
             return ErrorCode.none, offset, timestamp, state.term_at(offset) if offset >= 0 else -1

@@ -220,3 +220,37 @@ async def test_stopping_the_epoch_bumper_waits_out_an_advance_in_flight() -> Non
         await bumper.stop()
         assert client.started == client.finished == bumper.advances == 1
     assert client.started == client.finished  # nothing started after stop()
+
+
+def _status_held_by(holders: list[str], count: int) -> StatusResponse:
+    return StatusResponse(
+        cluster_epoch=6,
+        cached_epoch=5,
+        m=2,
+        m_holders=holders,
+        m_blocked_by=[],
+        m_blocked_count=0,
+        accepting=True,
+        partitions=[],
+        batcher=BatcherStatus(
+            objects_uploaded=0,
+            bytes_uploaded=0,
+            records_appended=0,
+            stale_rejections=0,
+            stale_retries=0,
+            stale_failures=0,
+            orphan_objects=0,
+            inflight_bytes=0,
+        ),
+        m_holders_count=count,
+    )
+
+
+def test_status_says_how_many_holders_of_m_it_left_out() -> None:
+    four = ["audit/0", "orders/0", "orders/1", "orders/2"]
+    line = format_status(_status_held_by(four, 4)).splitlines()[0]
+    assert "M 2 (held by audit/0, orders/0, orders/1 and 1 more)   accepting yes" in line
+    line = format_status(_status_held_by(four, 25)).splitlines()[0]  # the server lists the first 20
+    assert "(held by audit/0, orders/0, orders/1 and 22 more)" in line
+    line = format_status(_status_held_by(four[:3], 3)).splitlines()[0]
+    assert "(held by audit/0, orders/0, orders/1)   accepting" in line

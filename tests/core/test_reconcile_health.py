@@ -22,7 +22,7 @@ def test_a_partition_is_named_failing_after_the_threshold_with_since_and_last_er
         "error 4",
         104.0,
     )
-    assert failing.describe() == "reconciliation failing since 100 (5 passes): error 4"
+    assert failing.describe() == "reconciliation failing since 1970-01-01T00:01:40Z (5 passes): error 4"
     assert [f.partition for f in health.failing()] == ["t/0"]
 
 

@@ -691,3 +691,15 @@ def test_the_state_forgets_the_least_recently_appended_producer_past_its_bound()
     producers.append(1, 0, 1, 1, 2)  # producer 1 appended again: 2 is the least recent
     producers.append(3, 0, 0, 1, 3)
     assert [row[0] for row in producers.rows()] == [1, 3]
+
+
+def test_the_first_readable_offset_skips_abandoned_ranges_at_the_start_only() -> None:
+    snapshot = PartitionSnapshot(creation_epoch=1, start_offset=0, abandoned=((0, 49), (50, 99), (120, 129)))
+    assert snapshot.first_readable_offset == 100  # back-to-back ranges; not the one after a gap
+    assert (
+        PartitionSnapshot(creation_epoch=1, start_offset=10, abandoned=((0, 49),)).first_readable_offset == 50
+    )
+    assert (
+        PartitionSnapshot(creation_epoch=1, start_offset=50, abandoned=((0, 49),)).first_readable_offset == 50
+    )
+    assert PartitionSnapshot(creation_epoch=1).first_readable_offset == 0

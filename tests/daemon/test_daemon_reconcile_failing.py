@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 from pathlib import Path
 
@@ -56,6 +57,10 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         explained = await client.gc_explain(epoch=status.cluster_epoch)
         (holder,) = [h for h in explained.holders if h.partition == "t/0"]
         assert "reconciliation failing since" in holder.reason and key in holder.reason
+        assert holder.reconcile_failing_since == failing.since
+        explained_text = formats.format_explanation(explained)
+        assert re.search(r"t/0 .*reconciliation failing since \d+\.\d s ago \(3 passes\)", explained_text)
+        assert f"since {failing.since:.0f}" not in explained_text  # not a raw Unix time
 
         with pytest.raises(ApiError) as refused:
             await client.abandon_unreconciled("t", 0, operator="ops", reason="lost", confirm=False)

@@ -4,6 +4,7 @@ traffic) turns it all back. The hysteresis rule itself is driven synchronously."
 
 from __future__ import annotations
 
+import logging
 import socket
 import uuid
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from levelzero.daemon.observed import ObservedObjectStore, StoreMetrics
 from levelzero.daemon.service import Daemon
 from levelzero.daemon.storage_health import (
     STORAGE_FAILURES_TO_UNHEALTHY,
+    STORAGE_STALL_UNHEALTHY_S,
     STORAGE_SUCCESSES_TO_HEALTHY,
     StorageHealth,
     StoreHealth,
@@ -193,3 +195,136 @@ async def test_a_missing_object_is_not_a_storage_failure() -> None:
         with pytest.raises(ObjectNotFound):
             await store.get("level_zero/data/000/000000000000000001/missing")
     assert health.healthy
+
+
+class Hang:
+    """An object store whose PUTs hang while `hung` is set, until `release` is set (a
+    SIGSTOPped S3 endpoint: nothing fails, nothing answers)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.hung = False
+        self.release = anyio.Event()
+        self.waiting = 0
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        if self.hung:
+            self.waiting += 1
+            await self.release.wait()
+        await self.inner.put(key, data)
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        return await self.inner.get(key, offset, length)
+
+    async def head(self, key: str):
+        return await self.inner.head(key)
+
+    async def list_page(self, prefix: str, start_after: str | None = None, limit: int = 1000):
+        return await self.inner.list_page(prefix, start_after, limit)
+
+    async def delete_many(self, keys: Sequence[str]):
+        return await self.inner.delete_many(keys)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_request_outstanding_too_long_makes_the_store_unhealthy_until_answered(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [1000.0]
+    changes: list[bool] = []
+    health = StorageHealth(on_change=lambda h: changes.append(h.healthy), clock=lambda: now[0])
+    hang = Hang(MemoryObjectStore())
+    store = ObservedObjectStore(hang, StoreMetrics(), health)
+    await store.put("a", b"before")  # answered at 1000
+    hang.hung = True
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.put, "b", b"hangs")
+        with anyio.fail_after(1):
+            while hang.waiting == 0:
+                await anyio.sleep(0.001)
+        now[0] += STORAGE_STALL_UNHEALTHY_S  # at the bound: not yet
+        assert health.problem() is None and health.object_store.healthy
+        now[0] += 2.5
+        with caplog.at_level(logging.WARNING, logger="levelzero.storage_health"):
+            problem = health.problem()
+        assert problem is not None
+        assert problem.startswith("object store stalled: a put request outstanding for 12.5 s")
+        assert not health.healthy and not health.object_store.healthy and changes == [False]
+        [record] = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert "object store stalled" in record.getMessage() and "12.5 s" in record.getMessage()
+        health.check_stalled()  # still stalled: said once
+        assert changes == [False]
+        hang.release.set()  # the store answers
+    assert health.healthy and health.problem() is None and changes == [False, True]
+
+
+async def test_one_hung_request_among_answered_ones_is_not_a_stalled_store() -> None:
+    now = [0.0]
+    health = StorageHealth(clock=lambda: now[0])
+    hang = Hang(MemoryObjectStore())
+    store = ObservedObjectStore(hang, StoreMetrics(), health)
+    hang.hung = True
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.put, "b", b"hangs")
+        with anyio.fail_after(1):
+            while hang.waiting == 0:
+                await anyio.sleep(0.001)
+        now[0] = STORAGE_STALL_UNHEALTHY_S + 5
+        assert await store.head("x") is None  # the store answers a HEAD
+        now[0] += STORAGE_STALL_UNHEALTHY_S - 1
+        assert health.problem() is None
+        now[0] += 2  # nothing answered for longer than the bound: stalled
+        assert health.problem() is not None
+        tg.cancel_scope.cancel()  # a cancelled request is no longer outstanding
+    assert health.problem() is None
+
+
+async def test_a_hung_object_store_turns_readiness_off_before_its_retries_run_out(tmp_path: Path) -> None:
+    hangs: list[Hang] = []
+
+    def wrap(store: ObjectStore) -> Hang:
+        hangs.append(Hang(store))
+        return hangs[-1]
+
+    now = [0.0]
+    daemon = Daemon(daemon_config(tmp_path, gc__enabled=False), wrap_object_store=wrap)
+    daemon.storage_health.clock = lambda: now[0]
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        assert daemon.url is not None
+        async with (
+            Client(daemon.url) as client,
+            httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http,
+        ):
+            await client.create_topic("t", 1)
+            assert (await client.produce("t", 0, [b"first"])).base_offset == 0
+            hangs[0].hung = True
+            produced: list[int] = []
+
+            async def produce() -> None:
+                produced.append((await client.produce("t", 0, [b"waits"])).base_offset)
+
+            tg.start_soon(produce)
+            with anyio.fail_after(WAIT_S):
+                while hangs[0].waiting == 0:
+                    await anyio.sleep(0.01)
+            assert (await http.get("/readyz")).status_code == 200
+            now[0] += STORAGE_STALL_UNHEALTHY_S + 1
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503 and "object store stalled" in ready.json()["message"]
+            status = await client.status()
+            assert status.accepting is False and "stalled" in (status.not_accepting_reason or "")
+            text = await client.metrics()
+            assert "levelzero_ready 0.0" in text
+            assert 'levelzero_storage_healthy{store="object_store"} 0.0' in text
+            hangs[0].release.set()
+            with anyio.fail_after(WAIT_S):
+                while not produced:
+                    await anyio.sleep(0.01)
+            assert produced == [1]
+            assert (await http.get("/readyz")).status_code == 200
+            assert 'levelzero_storage_healthy{store="object_store"} 1.0' in await client.metrics()
+        daemon.request_stop("test")
+    assert daemon.stopped_cleanly
