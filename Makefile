@@ -3,8 +3,8 @@
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
-# Applications the Kafka acceptance tests run on top of levelzero (Quix Streams), in a virtual
-# environment of their own: their pins clash with the suite's (tests/apps/requirements.txt).
+# Applications the Kafka acceptance tests run on top of levelzero (Quix Streams, Faust), in a
+# virtual environment of their own: their pins clash with the suite's (tests/apps/requirements.txt).
 APPS_VENV := .venv-apps
 APPS_STAMP := $(APPS_VENV)/.installed
 # Benchmark results are output, not source: written outside the tree unless told otherwise.
