@@ -66,6 +66,18 @@ async def daemon_and_client(
 free_port = free_local_port  # below the ephemeral range: see levelzero/testing/loopback.py
 
 
+def apps_python_for(module: str, application: str) -> str:
+    """The interpreter of the Kafka acceptance applications (`.venv-apps`, which `make test`
+    builds from tests/apps/requirements.txt; LEVELZERO_TEST_APPS_PYTHON names another) that can
+    import `module`; a one-line instruction where there is none."""
+    repo = Path(__file__).resolve().parents[1]
+    python = os.environ.get("LEVELZERO_TEST_APPS_PYTHON") or str(repo / ".venv-apps" / "bin" / "python")
+    probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.fail(f"{application} is not installed for {python}: run `make .venv-apps/.installed`")
+    return python
+
+
 def clean_environ(**extra: str) -> dict[str, str]:
     """This environment without LEVELZERO_* settings or systemd variables, plus `extra`."""
     env = {

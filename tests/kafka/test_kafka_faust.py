@@ -24,7 +24,6 @@ Faust)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -32,10 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import anyio
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from daemon_support import clean_environ, daemon_and_client
+from daemon_support import apps_python_for, clean_environ, daemon_and_client
 
 REPO = Path(__file__).resolve().parents[2]
 APP = Path(__file__).with_name("faust_app.py")
@@ -52,11 +50,7 @@ DAEMON = {"kafka__listen": "127.0.0.1:0", "compactor__interval_s": 1.0}
 
 def apps_python() -> str:
     """The interpreter that has Faust; a one-line instruction where there is none."""
-    python = os.environ.get("LEVELZERO_TEST_APPS_PYTHON") or str(REPO / ".venv-apps" / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import faust"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.fail(f"Faust is not installed for {python}: run `make .venv-apps/.installed`")
-    return python
+    return apps_python_for("faust", "Faust")
 
 
 def value_of(i: int) -> int:

@@ -15,27 +15,21 @@ one the suite uses. LEVELZERO_TEST_APPS_PYTHON names another interpreter that ha
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
 
 import anyio
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from daemon_support import daemon_and_client
+from daemon_support import apps_python_for, daemon_and_client
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def apps_python() -> str:
     """The interpreter that has Quix Streams; a one-line instruction where there is none."""
-    python = os.environ.get("LEVELZERO_TEST_APPS_PYTHON") or str(REPO / ".venv-apps" / "bin" / "python")
-    probe = subprocess.run([python, "-c", "import quixstreams"], capture_output=True, check=False)
-    if probe.returncode != 0:
-        pytest.fail(f"Quix Streams is not installed for {python}: run `make .venv-apps/.installed`")
-    return python
+    return apps_python_for("quixstreams", "Quix Streams")
 
 
 RECORDS = 30
