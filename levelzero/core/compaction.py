@@ -38,7 +38,10 @@ stable offset: a record of an open transaction may still be aborted, so it never
 earlier record of its key. A record of an aborted transaction is dropped and supersedes nothing
 (`PassInput.apply_transactions`): the record of its key that read_committed sees stays. A commit marker
 is dropped (a read_committed consumer needs only the aborted list and the abort markers); an
-abort marker stays, as a consumer stops skipping its producer's records at it. Only
+abort marker stays, as a consumer stops skipping its producer's records at it. The cleaned
+range's last record stays whatever it is (Kafka's cleaner retains its round's last batch): the
+range ends below the last stable offset, and a read_committed consumer whose position is below
+it must find a record there to reach it (`retain`). Only
 the objects whose bytes hold the reserved header's name are decoded for it (one substring
 search each; the usual object holds none).
 """
@@ -234,9 +237,15 @@ def retain(
     """Keep, of the records at or below `clean_upto`, the latest per key (tombstones until
     `delete.retention.ms`), and every record above it. The range's last record always stays
     (as Kafka never cleans its active segment): a compacted object ends on a record, so a
-    fetch inside it always finds one. `encoded_of`: the records' msgpack bytes, asked only for
-    the ones that may stay; offsets rise (`PassInput` asserts it as it grows). `latest`:
-    `last_index_per_key(keys)`, if the caller has it."""
+    fetch inside it always finds one. So does the last record at or below `clean_upto`, the
+    cleaned range's (as Kafka's cleaner retains its cleaning round's last batch): a pass
+    cleans below the last stable offset, and a read_committed fetch at an offset below it
+    must find a record below it, since the records above it (an open transaction's) are
+    not returned; without it a commit marker cleaned away just below an open transaction
+    leaves a consumer short of the last stable offset until the transaction ends.
+    `encoded_of`: the records' msgpack bytes, asked only for the ones that may stay; offsets
+    rise (`PassInput` asserts it as it grows). `latest`: `last_index_per_key(keys)`, if the
+    caller has it."""
     assert len(offsets) == len(keys) == len(written_at_ms)
     assert offsets, "a pass cleans at least one record"
     assert offsets[-1] - offsets[0] >= len(offsets) - 1, "offsets must rise"
@@ -250,9 +259,10 @@ def retain(
     if None in latest:
         del candidates[bisect.bisect_left(candidates, latest[None])]
     keyed = len(candidates)
-    last = len(offsets) - 1
-    if cut and last < cut and (not candidates or candidates[-1] != last):
-        candidates.append(last)  # the range's last record always stays
+    # The cleaned range's last record always stays (and so the range's last, when all of it
+    # is cleaned; those above the cleaned range stay in any case).
+    if cut and (not candidates or candidates[-1] != cut - 1):
+        candidates.append(cut - 1)
     candidates.extend(range(cut, len(offsets)))
     # Only the candidates are decoded whole: the tombstone rule needs their values and times.
     encoded = encoded_of(candidates)
@@ -267,14 +277,14 @@ def retain(
     kept: list[Record] = []
     tombstones_dropped = 0
     for j, (i, record) in enumerate(zip(candidates, records, strict=True)):
-        expired = record.value is None and i < cut and i != last
+        expired = record.value is None and i < cut - 1
         if expired and now_ms - _record_time(record, written_at_ms[i]) >= delete_retention_ms:
             tombstones_dropped += 1
             continue  # a tombstone past delete.retention.ms
         keep.append(j)
         kept.append(record)
     extent = candidate_extent if not tombstones_dropped else extent_of_encoded([encoded[j] for j in keep])
-    assert len(kept) <= keyed + (len(offsets) - cut) + 1  # + the last
+    assert len(kept) <= keyed + (len(offsets) - cut) + 1  # + the cleaned range's last
     assert keep, "the range's last record always stays"
     kept_offsets = [offsets[candidates[j]] for j in keep]
     return Retained(kept_offsets, kept, extent, clean_upto, len(offsets) - len(keep), tombstones_dropped)

@@ -172,9 +172,10 @@ def _reference_retain(offsets, records, written, clean_upto, now_ms, delete_rete
     """The rule spelled out record by record: what the pass's faster code must equal."""
     pairs = zip(offsets, records, strict=True)
     latest = {r.key: o for o, r in pairs if o <= clean_upto and r.key is not None}
+    cleaned_last = max((o for o in offsets if o <= clean_upto), default=None)
     kept = []
     for o, r, w in zip(offsets, records, written, strict=True):
-        if o <= clean_upto and o != offsets[-1]:
+        if o <= clean_upto and o not in (offsets[-1], cleaned_last):
             if r.key is None or latest[r.key] != o:
                 continue
             time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
@@ -339,3 +340,32 @@ def test_aborted_records_supersede_nothing_commit_markers_go_abort_markers_stay(
     plain.add_object(plain_data, 0, 0, None, "test")
     plain.apply_transactions([(7, 0, 0)])
     assert plain.keys == [b"a"]
+
+
+def test_the_cleaned_ranges_last_record_stays_whatever_it_is() -> None:
+    """a=0 (0); producer 7 commits a=1 (1, marker 2); producer 8's transaction is open from 3
+    (b=2), so the pass cleans to 2. a=0 goes; the commit marker stays, being the cleaned range's
+    last record: a read_committed fetch at 2 must find a record below the last stable offset (3).
+    Cleaned to 3 (the transaction ended), the marker goes; a tombstone that is the cleaned
+    range's last record stays past delete.retention.ms too."""
+    records = [
+        Record(b"a", b"0", 1_000, ()),
+        _txn(b"a", b"1", 7, -1),
+        _txn(b"\x00\x00\x00\x01", b"", 7, 1),
+        _txn(b"b", b"2", 8, -1),
+        _txn(b"\x00\x00\x00\x01", b"", 8, 1),
+        Record(b"c", None, 1_000, ()),
+        Record(b"d", b"1", 1_000, ()),
+    ]
+    data, _ = build_object(2, [(7, encode_extent(records), len(records))])
+    scanned = PassInput()
+    scanned.add_object(data, 0, 0, None, "test")
+    scanned.apply_transactions([])
+
+    def kept(clean_upto: int) -> list[int]:
+        return retain(scanned.offsets, scanned.keys, [0] * 7, clean_upto, 2_000, 0, scanned.encoded).offsets
+
+    assert kept(2) == [1, 2, 3, 4, 5, 6]
+    assert kept(3) == [1, 3, 4, 5, 6]
+    assert kept(5) == [1, 3, 5, 6]  # the tombstone (retention 0) stays as the range's last
+    assert kept(6) == [1, 3, 6]

@@ -122,8 +122,9 @@ def transactions_on_a_compacted_topic(port: int) -> None:
     assert left_open.flush(30) == 0
 
 
-def read_committed_to(port: int, end: int) -> list[tuple[int, bytes | None, bytes | None]]:
-    """Partition 0 read with read_committed from the beginning until the position reaches `end`."""
+def read_committed_to(port: int, end: int) -> tuple[list[tuple[int, bytes | None, bytes | None]], int]:
+    """Partition 0 read with read_committed from the beginning until the position reaches `end`
+    (at most POLLS_MAX * 5 polls): the records, and the position reached."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     consumer = Consumer(
@@ -147,7 +148,7 @@ def read_committed_to(port: int, end: int) -> list[tuple[int, bytes | None, byte
                 break
     finally:
         consumer.close()
-    return got
+    return got, position.offset
 
 
 async def test_compaction_keeps_what_read_committed_sees_under_aborted_and_open_transactions(
@@ -171,5 +172,54 @@ async def test_compaction_keeps_what_read_committed_sees_under_aborted_and_open_
         (status,) = (await client.status()).compactor.partitions  # type: ignore[union-attr]
         # cleaned to 4 (below the LSO, 5): the commit marker (2) and the aborted a=2 (3) removed
         assert status.records_removed == 2
-        got = await anyio.to_thread.run_sync(read_committed_to, port, 5)
-        assert got == [(0, b"a", b"1"), (1, b"b", b"1")]
+        got, position = await anyio.to_thread.run_sync(read_committed_to, port, 5)
+        assert got == [(0, b"a", b"1"), (1, b"b", b"1")] and position == 5
+
+
+def a_commit_then_an_open_transaction(port: int) -> None:
+    """a=0 outside any transaction (offset 0); a=1 b=1 committed (1, 2, commit marker 3); b=2 in
+    a transaction left open (4): the last stable offset is 4."""
+    from confluent_kafka import Producer
+
+    assert produce(port, [(b"a", b"0")]) == []
+
+    def producer(tid: str) -> Producer:
+        return Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": tid, "linger.ms": 0})
+
+    committing = producer("t-1")
+    committing.init_transactions(30)
+    committing.begin_transaction()
+    committing.produce(TOPIC, key=b"a", value=b"1", partition=0)
+    committing.produce(TOPIC, key=b"b", value=b"1", partition=0)
+    committing.commit_transaction(30)
+    left_open = producer("t-2")
+    left_open.init_transactions(30)
+    left_open.begin_transaction()
+    left_open.produce(TOPIC, key=b"b", value=b"2", partition=0)
+    assert left_open.flush(30) == 0
+
+
+async def test_a_read_committed_consumer_reaches_the_last_stable_offset_after_compaction(
+    tmp_path: Path,
+) -> None:
+    """The pass cleans below the last stable offset (4), to the commit marker (3): had it removed
+    the marker, a read_committed consumer past the committed records (position 3) would find no
+    record below the last stable offset (the open transaction's b=2 is not returned) and stay
+    short of it until that transaction ends, as a killed exactly-once worker's may for its whole
+    timeout. The cleaned range's last record stays, as Kafka's cleaner retains its round's last
+    batch."""
+    async with daemon_and_client(
+        tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
+    ) as (daemon, client):
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(create_compacted, port) is None
+        await anyio.to_thread.run_sync(a_commit_then_an_open_transaction, port)
+        node = daemon.node
+        await node.reconciler.run_round()
+        assert node.partition(TOPIC, 0).state.lro == 4
+        assert await node.compactor.run_round() == 1
+        (status,) = (await client.status()).compactor.partitions  # type: ignore[union-attr]
+        got, position = await anyio.to_thread.run_sync(read_committed_to, port, 4)
+    assert position == 4
+    assert got == [(1, b"a", b"1"), (2, b"b", b"1")]
+    assert list(status.cleaner_offsets.values()) == [3] and status.records_removed == 1  # a=0 only
