@@ -243,6 +243,8 @@ class Housekeeper:
         retention_s, retention_bytes = self._retention.retention(actor.row.topic)
         if retention_s is not None or retention_bytes is not None:
             await self._retain(actor, retention_s, retention_bytes)
+        elif self._catalog.holds_below_start(actor):  # DeleteRecords, without retention
+            self.stats.l1_deleted += await self._catalog.collect(actor, self.config.copy_deadline_s)
 
     async def _advance(self, actor: PartitionActor) -> None:
         epoch = advance_epoch_needed(actor.state, self._epochs.current)

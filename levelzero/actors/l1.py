@@ -114,6 +114,13 @@ class L1Catalog:
             for r in self._valid.get(actor.row.pid, [])
         ]
 
+    def holds_below_start(self, actor: PartitionActor) -> bool:
+        """Whether the cached lineage begins with an object wholly below the start offset (no
+        read): `collect` has work there, without retention (DeleteRecords moved the start
+        offset, and its own collection failed or the reconciler copied records below it)."""
+        rows = self._valid.get(actor.row.pid)
+        return rows is not None and bool(rows) and rows[0].last_offset < actor.state.start_offset
+
     # ------------------------------------------------------------------ deletion
 
     async def delete(self, actor: PartitionActor, row: L1Row, *, reason: str) -> bool:

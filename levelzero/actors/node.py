@@ -29,6 +29,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     NotLeader,
     OffsetOutOfRange,
+    PolicyViolation,
     ShuttingDown,
     TopicExists,
     TopicNameCollides,
@@ -572,6 +573,11 @@ class Node:
         the transaction is); the low watermark answered says where the log starts."""
         self._check_accepting()
         actor = await self.led_partition(topic, partition)
+        if not self.topic_configs.policy(topic).deletes:
+            raise PolicyViolation(
+                f"records of partition {topic}/{partition} can not be deleted: its cleanup.policy "
+                "has no 'delete'"
+            )
         high_watermark = actor.state.high_watermark
         if offset == -1:
             offset = high_watermark

@@ -434,6 +434,9 @@ class Reconciler:
         self.stats.bytes_written += len(data)
         self.stats.records_reconciled += len(records)
         await self.catalog.refresh(actor)
+        if last < actor.state.start_offset:
+            # Records DeleteRecords removed while they waited in L0: the object serves nothing.
+            await self.catalog.collect(actor, self.config.copy_deadline_s)
         return True
 
     async def _collect_quietly(self, actor: PartitionActor, row: L1Row) -> None:

@@ -224,6 +224,13 @@ class InvalidConfig(LevelZeroError, ValueError):
     code = "invalid_config"
 
 
+class PolicyViolation(LevelZeroError):
+    """A request a topic's configured policy forbids (Kafka's POLICY_VIOLATION): DeleteRecords
+    on a topic whose cleanup.policy lacks `delete`."""
+
+    code = "policy_violation"
+
+
 class OffsetOutOfRange(LevelZeroError):
     """A fetch offset is below the start offset or above the high watermark."""
 

@@ -390,6 +390,9 @@ class TopicPolicy:
     # cleanup.policy has `compact`: the compactor keeps the latest record per key, and a
     # record without a key is refused (Kafka's INVALID_RECORD)
     compacted: bool = False
+    # cleanup.policy has `delete`: retention applies, and DeleteRecords may move the start
+    # offset (Kafka refuses it otherwise: POLICY_VIOLATION)
+    deletes: bool = True
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000
     min_cleanable_dirty_ratio: float = 0.5
@@ -409,6 +412,7 @@ def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolic
         retention_bytes if deletes and retention_bytes >= 0 else None,
         min(int(stored.get("max.message.bytes", broker.message_max_bytes)), broker.message_max_bytes),
         compacted="compact" in policy,
+        deletes=deletes,
         min_compaction_lag_ms=int(stored.get("min.compaction.lag.ms", "0")),
         delete_retention_ms=int(stored.get("delete.retention.ms", "86400000")),
         min_cleanable_dirty_ratio=float(stored.get("min.cleanable.dirty.ratio", "0.5")),

@@ -118,6 +118,7 @@ OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejecti
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_input": 400,
     "invalid_config": 400,
+    "policy_violation": 400,
     "invalid_record": 400,
     "internal_topic": 400,
     "malformed_key": 400,

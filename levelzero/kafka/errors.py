@@ -21,6 +21,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "topic_collides": ErrorCode.invalid_topic_exception,
     "internal_topic": ErrorCode.invalid_request,  # as Kafka's controller answers for its own
     "invalid_config": ErrorCode.invalid_config,
+    "policy_violation": ErrorCode.policy_violation,
     "invalid_input": ErrorCode.invalid_request,
     "too_large": ErrorCode.message_too_large,
     "invalid_record": ErrorCode.invalid_record,

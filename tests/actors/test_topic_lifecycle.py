@@ -11,7 +11,7 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, UnknownTopic
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
 from levelzero.core.keys import L0_ROOT, L1_ROOT, parse_l0_key, topic_record_key
 from levelzero.core.l0format import Record, read_header
 from levelzero.storage.memory_log import MemoryLogStore
@@ -172,3 +172,71 @@ async def test_deleting_records_moves_the_start_offset_and_collects_l1_below_it(
         with pytest.raises(OffsetOutOfRange):
             await node.delete_records("t", 0, 7)
         assert await node.delete_records("t", 0, -1) == 6  # -1: the high watermark
+
+
+async def test_records_deleted_while_in_l0_leave_no_l1_object_once_reconciled() -> None:
+    """DeleteRecords past records the reconciler has not copied yet: their L1 object, wholly
+    below the start offset when it is written, goes at once (it stayed until the partition's
+    next term where the topic had no retention: nothing else collected it)."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        await produce(node, "t", 0, 4)
+        assert await node.delete_records("t", 0, 4) == 4
+        assert keys(objects, L1_ROOT) == []
+        await node.reconciler.run_round()
+        state = node.partition("t", 0).state
+        assert (state.lro, state.start_offset) == (3, 4)
+        assert keys(objects, L1_ROOT) == []
+        pid = node.partition("t", 0).row.pid
+        assert [r.state for r in await log_store.l1_list(pid)] == [L1State.DELETE_FINISHED]
+        await produce(node, "t", 0, 2)
+        await node.reconciler.run_round()
+        assert [r.offset for r in (await node.fetch("t", 0, 4, 1 << 20)).records] == [4, 5]
+        assert len(keys(objects, L1_ROOT)) == 1
+
+
+async def test_the_housekeeper_collects_l1_below_the_start_offset_without_retention() -> None:
+    """An L1 object below the start offset that DeleteRecords' own collection left (a failed
+    delete) is collected by the housekeeper's visit, retention or not."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        for _ in range(2):  # offsets 0-1, 2-3
+            await produce(node, "t", 0, 2)
+            await node.reconciler.run_round()
+        actor = node.partition("t", 0)
+        collect, node.l1.collect = node.l1.collect, _nothing  # its collection fails to happen
+        try:
+            assert await node.delete_records("t", 0, 2) == 2
+        finally:
+            node.l1.collect = collect
+        assert len(keys(objects, L1_ROOT)) == 2 and node.l1.holds_below_start(actor)
+        await node.housekeeper.run_round()
+        assert len(keys(objects, L1_ROOT)) == 1 and not node.l1.holds_below_start(actor)
+        assert [r.offset for r in (await node.fetch("t", 0, 2, 1 << 20)).records] == [2, 3]
+
+
+async def _nothing(*_args: object, **_kwargs: object) -> int:
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "refused"), [("compact", True), ("compact,delete", False), ("delete", False)]
+)
+async def test_delete_records_is_refused_where_the_cleanup_policy_has_no_delete(
+    policy: str, refused: bool
+) -> None:
+    """As Kafka's Partition.deleteRecordsOnLeader: POLICY_VIOLATION on a topic whose
+    cleanup.policy lacks `delete` (a changelog's records are the table's), nothing changed."""
+    async with running_node(make_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic("t", 1, {"cleanup.policy": policy})
+        await node.produce("t", 0, [Record(b"k", b"v0"), Record(b"k", b"v1")])
+        if refused:
+            with pytest.raises(
+                PolicyViolation, match="t/0 can not be deleted: its cleanup.policy has no 'delete'"
+            ):
+                await node.delete_records("t", 0, 1)
+            assert node.partition("t", 0).state.start_offset == 0
+        else:
+            assert await node.delete_records("t", 0, 1) == 1

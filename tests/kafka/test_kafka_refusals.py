@@ -210,3 +210,30 @@ async def test_auto_creation_never_makes_an_internal_topic(tmp_path: Path) -> No
         assert seen == "UNKNOWN_TOPIC_OR_PART"
         assert await anyio.to_thread.run_sync(producer_metadata_error, port, "made") is None
         assert [t.name for t in await client.list_topics()] == ["made"]
+
+
+def delete_records_of(port: int, topic: str, offset: int) -> str | int:
+    """confluent-kafka's AdminClient.delete_records of `topic`/0 up to `offset`: the low
+    watermark, or the error's name."""
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    (future,) = admin.delete_records([TopicPartition(topic, 0, offset)], request_timeout=TIMEOUT_S).values()
+    try:
+        return future.result().low_watermark
+    except KafkaException as exc:
+        return str(exc.args[0].name())
+
+
+async def test_delete_records_on_a_compacted_topic_is_a_policy_violation(tmp_path: Path) -> None:
+    """As Kafka's broker: the records of a topic whose cleanup.policy lacks `delete` cannot be
+    deleted (POLICY_VIOLATION); with `compact,delete` they can."""
+    async with daemon_and_client(tmp_path, **KAFKA) as (daemon, client):
+        for name, policy in (("table", "compact"), ("both", "compact,delete")):
+            await client.create_topic(name, 1, configs={"cleanup.policy": policy})
+            await client.produce(name, 0, [(b"k", b"v0"), (b"k", b"v1")])
+        port = daemon.kafka_port
+        assert await anyio.to_thread.run_sync(delete_records_of, port, "table", 1) == "POLICY_VIOLATION"
+        assert (await client.status("table")).partitions[0].start_offset == 0
+        assert await anyio.to_thread.run_sync(delete_records_of, port, "both", 1) == 1
