@@ -170,6 +170,11 @@ def drawn(seed: int, nodes: int) -> bool:
     return nodes == 1 and random.Random(f"transactions-{seed}").random() < SHARE
 
 
+def compacted(seed: int) -> bool:
+    """Whether a transactional seed's topic is compacted (a stream of its own)."""
+    return random.Random(f"transactions-compacted-{seed}").random() < COMPACTED_SHARE
+
+
 class Incarnation(Protocol):
     """What the workload uses of a node's incarnation (`world.Incarnation`): named here so that
     this module does not import the world that imports it."""
@@ -277,7 +282,7 @@ class TransactionSim:
         self.deleting = enabled and self.delete_rng.random() < DELETE_RECORDS_SHARE
         # A compacted topic: a stream of its own too (its keys drawn from it as well)
         self.compacted_rng = crng = random.Random(f"transactions-compacted-{world.seed}")
-        self.compacted = enabled and crng.random() < COMPACTED_SHARE
+        self.compacted = enabled and crng.random() < COMPACTED_SHARE  # as `compacted(seed)`
         # No DeleteRecords on the compacted topic: Kafka refuses them on a topic whose
         # cleanup.policy lacks `delete` (levelzero takes them, and collects the L1 objects below
         # the start offset they set only at the partition's next term: no retention round runs)

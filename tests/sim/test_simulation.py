@@ -17,6 +17,7 @@ from levelzero.sim import cli
 from levelzero.sim.cli import main
 from levelzero.sim.compaction import CompactionStats, draw
 from levelzero.sim.transactions import TxnStats
+from levelzero.sim.transactions import compacted as transactions_compacted
 from levelzero.sim.transactions import drawn as transactions_drawn
 import levelzero.sim.world as world_module
 from levelzero.sim.world import World
@@ -160,6 +161,15 @@ class NoTransactions:
         self.enabled = False
         self.stats = TxnStats()
 
+    def owns(self, topic: str) -> bool:
+        return False
+
+    def node_config(self, config: object) -> object:
+        return config
+
+    def absorb(self, inc: object) -> None:
+        pass
+
     def on_incarnation(self, inc: object) -> None:
         pass
 
@@ -190,6 +200,16 @@ def test_a_seed_without_transactions_runs_as_if_they_did_not_exist(monkeypatch: 
     monkeypatch.setattr(world_module, "TransactionSim", NoTransactions)
     without = run_seed(seed)
     assert with_hooks == without and with_hooks.writes_acked > 0
+
+
+def test_a_seed_with_transactions_on_a_compacted_topic_compacts_under_them() -> None:
+    # In their share of the transactional seeds (a stream of their own) the producers write to
+    # a compacted topic: the shipping compactor's passes run under the open transactions, and
+    # the progress and per-key outcome rules hold.
+    seed = next(s for s in range(100) if transactions_drawn(s, 1) and transactions_compacted(s))
+    result = run_seed(seed)
+    assert result.violation is None
+    assert result.txn_compacted == 1 and result.txn_compactions > 0 and result.txn_committed > 0
 
 
 def test_a_seed_with_transactions_replays_exactly_in_a_fresh_process() -> None:
