@@ -733,10 +733,10 @@ class TransactionSim:
                 "not durable",
             )
         assert placeholder is not None and isinstance(placeholder.entry, Placeholder)
+        world.stats.writes_acked += 1  # (the world's totals count these writes too)
         if not self.compacted:  # (a compacted topic's records go: its rules are the outcome's)
             world.truth.ack(pid, offset, [Record(None, v) for v in values], placeholder.entry.object_key)
-        world.stats.writes_acked += 1  # (the world's totals count these writes too)
-        world.stats.records_acked += len(values)
+            world.stats.records_acked += len(values)  # (each read back at the end)
         txn.values.extend(values)
         return True
 
