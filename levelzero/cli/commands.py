@@ -651,6 +651,9 @@ async def _compaction_explain(args: argparse.Namespace, client: Client) -> None:
         if partition >= counts.get(topic, 0):
             raise CommandFailed(str(UnknownPartition(topic, partition)))
     if args.json:
+        if compactor is not None and args.partition is not None:  # that partition's only, as the text
+            shown = [p for p in compactor.partitions if p.partition == args.partition]
+            compactor = msgspec.structs.replace(compactor, partitions=shown)
         print(msgspec.json.format(msgspec.json.encode(compactor)).decode())
     else:
         print(format_compaction(compactor, args.partition))

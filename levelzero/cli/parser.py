@@ -209,7 +209,7 @@ def add_topics(sub: argparse._SubParsersAction) -> None:
     topics_sub = p.add_subparsers(dest="topics_command", required=True, metavar="COMMAND")
     create = topics_sub.add_parser("create", help="create a topic")
     create.add_argument("name", type=_topic_name, help="the topic to create")
-    create.add_argument("--partitions", type=int, default=1, help="how many partitions (default 1)")
+    create.add_argument("--partitions", type=_positive, default=1, help="how many partitions (default 1)")
     create.add_argument(
         "--config",
         type=_config_pair,

@@ -198,8 +198,9 @@ class ObservedObjectStore:
 
 
 class ObservedLogStore:
-    """A `LogStore` whose writes are timed; everything else is the inner store's, untouched
-    (reads, `statistics()`, what a concrete store offers beyond the protocol)."""
+    """A `LogStore` whose writes are timed and watched for stalls; everything else is the inner
+    store's, untouched (reads, `statistics()`, what a concrete store offers beyond the
+    protocol)."""
 
     def __init__(self, inner: LogStore, metrics: StoreMetrics, health: StorageHealth | None = None) -> None:
         self.inner = inner
@@ -220,15 +221,25 @@ class ObservedLogStore:
         errors = metrics.log_errors
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
+            # Outstanding until answered, as the object store's requests (`storage_health`:
+            # a hung database, a blackholed connection, is a stall before it is a failure).
+            token = None if health is None else health.started(health.log_store, operation)
+            answered = False
             started = time.perf_counter()
             try:
                 result = await method(*args, **kwargs)
             except Exception as error:
-                if is_store_failure(error):
+                answered = not is_store_failure(error)
+                if not answered:
                     errors.labels(operation, error_code(error)).inc()
                     if health is not None:
                         health.failed(health.log_store, operation, error)
                 raise
+            else:
+                answered = True
+            finally:
+                if health is not None and token is not None:
+                    health.finished(health.log_store, token, answered)
             latency.observe(time.perf_counter() - started)
             if health is not None:
                 health.wrote(health.log_store)

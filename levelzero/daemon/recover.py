@@ -92,7 +92,7 @@ from levelzero.daemon.ownership import (
     store_owner,
 )
 from levelzero.daemon.service import open_object_store, store_where
-from levelzero.storage.opening import ControlStore, open_control_store
+from levelzero.storage.opening import ControlStore, control_plane_presence, open_control_store
 
 log = logging.getLogger("levelzero.recover")
 
@@ -508,13 +508,16 @@ async def recover_configured(config: Config) -> RecoverySummary:  # type: ignore
     async with anyio.create_task_group() as tg:
         store = await open_control_store(tg, config)
         try:
-            await _refuse_live_nodes(store)
-            objects = await open_object_store(config)
-            try:
-                await _claim(store, objects, config)
-                return await recover_from_bucket(store, objects)
-            finally:
-                await objects.aclose()
+            # On PostgreSQL: refused while any daemon runs there, and keeps them from starting.
+            name = "levelzero recover"
+            async with control_plane_presence(tg, config, application_name=name, exclusive=True):
+                await _refuse_live_nodes(store)
+                objects = await open_object_store(config)
+                try:
+                    await _claim(store, objects, config)
+                    return await recover_from_bucket(store, objects)
+                finally:
+                    await objects.aclose()
         finally:
             await store.aclose()
 

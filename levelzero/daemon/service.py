@@ -289,19 +289,20 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"data_dir: {directory_problem(config.storage.data_dir, exc)}") from None
         async with anyio.create_task_group() as tg:
-            log_store = await opening.open_control_store(
-                tg, config, application_name=f"levelzero {node_id_of(config)}"
-            )
+            name = f"levelzero {node_id_of(config)}"
+            log_store = await opening.open_control_store(tg, config, application_name=name)
             try:
-                object_store = await open_object_store(config)
-                try:
-                    if self._wrap_object_store is not None:
-                        object_store = self._wrap_object_store(object_store)
-                    await _claim_store_with_retries(object_store, config, log_store)
-                    await self._serve(tg, log_store, object_store, task_status)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await object_store.aclose()
+                # On PostgreSQL: no `levelzero recover` runs there while this daemon does.
+                async with opening.control_plane_presence(tg, config, application_name=name, exclusive=False):
+                    object_store = await open_object_store(config)
+                    try:
+                        if self._wrap_object_store is not None:
+                            object_store = self._wrap_object_store(object_store)
+                        await _claim_store_with_retries(object_store, config, log_store)
+                        await self._serve(tg, log_store, object_store, task_status)
+                    finally:
+                        with anyio.CancelScope(shield=True):
+                            await object_store.aclose()
             finally:
                 with anyio.CancelScope(shield=True):
                     await log_store.aclose()

@@ -20,8 +20,10 @@ found, corrupt data) is the store's answer, not its failure, and does not count
 (`observed.is_store_failure` decides).
 
 A hung store fails nothing for a long time: the S3 client gives up on a request only after its
-retries (5 attempts of up to 30 s each), and until then every produce waits. So the observed
-object store also tells the health which requests are outstanding, and a store is also
+retries (5 attempts of up to 30 s each), a PostgreSQL statement on a blackholed connection after
+its command timeout (60 s), and until then every produce waits. So the observed stores (the
+object store's requests, the log store's writes) also tell the health which operations are
+outstanding, and a store is also
 unhealthy (*stalled*) while a request has been outstanding longer than
 `STORAGE_STALL_UNHEALTHY_S` and the store has answered nothing in that time (one hung
 connection among answered requests is not a stalled store). It is healthy again as soon as it
@@ -72,8 +74,9 @@ class StoreCondition:
         parts = []
         if self.stalled_operation is not None:
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.stalled_since or 0))
+            article = "an" if self.stalled_operation[:1] in ("a", "e", "i", "o", "u") else "a"
             parts.append(
-                f"{self.store} stalled: a {self.stalled_operation} request outstanding for "
+                f"{self.store} stalled: {article} {self.stalled_operation} request outstanding for "
                 f"{self.stalled_for_s:.1f} s (since {when}) with no answer from the store"
             )
         if self.unhealthy_since is not None:

@@ -184,7 +184,10 @@ class PartitionStatus(_Response):
     same_epoch_fences: int
     reconciler_lag: int = 0  # offsets not yet reconciled: high watermark - 1 - LRO
     l1_objects: int = 0  # valid L1 objects (COPY_FINISHED, within the term lineage)
-    l1_lineage: list[L1ObjectStatus] = []  # the newest of them (at most L1_LINEAGE_SHOWN_MAX)
+    # The newest of them (at most L1_LINEAGE_SHOWN_MAX), as the node's L1 catalog last read them:
+    # read again right after each of its copies, so for a moment after a catch-up the LRO is
+    # ahead of the lineage shown.
+    l1_lineage: list[L1ObjectStatus] = []
 
 
 class BatcherStatus(_Response):

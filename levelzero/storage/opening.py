@@ -5,11 +5,14 @@ both open their stores here, so neither reaches into the other.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio.abc
 
 from levelzero.storage.local_store import LocalObjectStore
+from levelzero.storage.postgres.presence import presence
 from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore
 from levelzero.storage.protocols import ObjectStore
@@ -77,3 +80,25 @@ async def open_control_store(
     return await SqliteLogStore.open_in(
         tg, config.storage.db_path, synchronous=config.storage.sqlite_synchronous
     )
+
+
+@contextlib.asynccontextmanager
+async def control_plane_presence(
+    tg: anyio.abc.TaskGroup, config: Config, *, application_name: str, exclusive: bool
+) -> AsyncIterator[None]:
+    """On PostgreSQL, the presence lock within the block: shared for a daemon (its keeper in
+    `tg`), exclusive for `levelzero recover` (storage/postgres/presence.py). SQLite: nothing to
+    take, the store's file lock keeps a second process out."""
+    control = config.control
+    if control.kind != "postgres":
+        yield
+        return
+    async with presence(
+        tg,
+        control.dsn,
+        password=control.read_password(),
+        connect_timeout_s=control.connect_timeout_s,
+        application_name=application_name,
+        exclusive=exclusive,
+    ):
+        yield

@@ -49,13 +49,15 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["consume", "t", "--offset", "123456789012345678901"], f"is above {UNSIGNED_MAX}"),
         (["consume", "t", "--offset", "-1"], "--offset: -1 is negative"),
         (["compaction", "explain", "garbage"], "TOPIC/P: 'garbage' is not TOPIC/PARTITION (e.g. orders/3)"),
+        (["topics", "create", "t", "--partitions", "0"], "--partitions: 0 is not >= 1"),
+        (["topics", "create", "t", "--partitions", "two"], "--partitions: 'two' is not an integer"),
     ],
 )
 def test_bad_flag_values_are_refused_by_name(
     capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
 ) -> None:
     line = usage_error(capsys, *argv)
-    command = " ".join(argv[:2] if argv[0] == "compaction" else argv[:1])
+    command = " ".join(argv[:2] if argv[0] in ("compaction", "topics") else argv[:1])
     assert line.startswith(f"levelzero {command}: error: argument ") and expected in line, line
 
 

@@ -217,6 +217,10 @@ def test_compaction_explain_shows_the_passes_the_cleaner_map_and_why_not(make_da
     assert "reclaimed " in text and "last compaction never" not in text
     other = daemon.cli("compaction", "explain", "d/0").stdout.decode()
     assert other.startswith("d/0: not seen by this node's compactor")
+    # --json shows the partition asked for only, as the text does (it showed them all)
+    only = json.loads(daemon.cli("compaction", "explain", "c/0", "--json").stdout)
+    assert [p["partition"] for p in only["partitions"]] == ["c/0"] and only["rounds"] >= 1
+    assert json.loads(daemon.cli("compaction", "explain", "d/0", "--json").stdout)["partitions"] == []
     assert [json.loads(r)["value"] for r in daemon.cli("consume", "c", "--json").stdout.splitlines()] == [
         "v6",
         "v7",

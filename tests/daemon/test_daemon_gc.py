@@ -136,8 +136,15 @@ async def test_status_shows_l1_lineage_and_reconciler_lag(tmp_path: Path) -> Non
         for i in range(4):
             await client.produce("t", 0, [f"r{i}".encode(), b"x"])
         await wait_reconciled(client)
-        status = await client.status()
-        t0 = next(p for p in status.partitions if p.topic == "t")
+        # The lineage is the node's catalog as it last read it: the reconciler reads it again
+        # right after its catch-up, which the LRO shows first (the partition actor applies it).
+        with anyio.fail_after(WAIT_S):
+            while True:
+                status = await client.status()
+                t0 = next(p for p in status.partitions if p.topic == "t")
+                if t0.l1_lineage and t0.l1_lineage[-1].last_offset == t0.lro:
+                    break
+                await anyio.sleep(0.02)
         assert (t0.high_watermark, t0.lro, t0.reconciler_lag) == (8, 7, 0)
         lineage = t0.l1_lineage
         assert t0.l1_objects == len(lineage) >= 1

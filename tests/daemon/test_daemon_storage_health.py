@@ -17,7 +17,7 @@ from daemon_support import daemon_config
 
 from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.client import ApiError, Client
-from levelzero.daemon.observed import ObservedObjectStore, StoreMetrics
+from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.daemon.service import Daemon
 from levelzero.daemon.storage_health import (
     STORAGE_FAILURES_TO_UNHEALTHY,
@@ -27,6 +27,7 @@ from levelzero.daemon.storage_health import (
     StoreHealth,
 )
 from levelzero.daemon.systemd import Notifier
+from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import ObjectStore
 
@@ -279,6 +280,54 @@ async def test_one_hung_request_among_answered_ones_is_not_a_stalled_store() -> 
         assert health.problem() is not None
         tg.cancel_scope.cancel()  # a cancelled request is no longer outstanding
     assert health.problem() is None
+
+
+class HungLog:
+    """A log store whose appends hang until `release` is set (a database on a blackholed
+    connection: nothing fails before the command timeout, nothing answers)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryLogStore()
+        self.release = anyio.Event()
+        self.waiting = 0
+
+    async def append(self, *args, **kwargs):
+        self.waiting += 1
+        await self.release.wait()
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_a_hung_log_store_write_is_a_stall_until_the_store_answers() -> None:
+    """As the object store's: a log store write outstanding longer than the bound, with nothing
+    answered meanwhile, turns the storage unhealthy before the database client's own timeout
+    would fail it; any answer turns it healthy again."""
+    now = [0.0]
+    health = StorageHealth(clock=lambda: now[0])
+    log = HungLog()
+    store = ObservedLogStore(log, StoreMetrics(), health)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.append, 1, 0, [])
+        with anyio.fail_after(1):
+            while log.waiting == 0:
+                await anyio.sleep(0.001)
+        now[0] = STORAGE_STALL_UNHEALTHY_S - 1
+        health.check_stalled()
+        assert health.healthy
+        now[0] = STORAGE_STALL_UNHEALTHY_S + 1.5
+        health.check_stalled()
+        assert not health.healthy
+        problem = health.problem() or ""
+        assert problem.startswith("log store stalled: an append request outstanding for 11.5 s"), problem
+        assert await store.record_fence_events([]) is None  # the store answers another write
+        health.check_stalled()
+        assert health.healthy and health.problem() is None
+        now[0] += STORAGE_STALL_UNHEALTHY_S + 1  # nothing answered since: stalled again
+        health.check_stalled()
+        assert not health.healthy
+        log.release.set()  # the append is answered
+    assert health.healthy and health.problem() is None
 
 
 async def test_a_hung_object_store_turns_readiness_off_before_its_retries_run_out(tmp_path: Path) -> None:
