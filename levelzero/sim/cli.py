@@ -258,6 +258,12 @@ def _print_summary(
         f"{s.txn_records_read} / {s.txn_records_skipped}",
     )
     _row(out, "DeleteRecords answered / held at a transaction", f"{s.txn_deletes} / {s.txn_deletes_held}")
+    _row(
+        out,
+        "compacted transactional topics / their compactions",
+        f"{s.txn_compacted} / {s.txn_compactions}",
+    )
+    _row(out, "read_committed empty below the LSO, fetched again", s.txn_refetched)
     _row(out, "acknowledged records read back at the end", s.records_checked)
     _row(out, "acknowledged records dropped by retention", s.records_dropped)
     _row(out, "wall time (s) / seeds per s", f"{elapsed_s:.2f} / {s.seeds / max(elapsed_s, 1e-9):.1f}")

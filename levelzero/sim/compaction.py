@@ -110,6 +110,7 @@ class World(Protocol):
 
 TOPIC = "compacted"
 FETCH_BYTES = 4096
+CREATE_WAIT_S = 5.0  # a creation served in a node's task group, waited for at most
 SCAN_FETCHES_MAX = 500  # a scan gives up (unchecked) after this many fetches
 EMPTY_FETCHES_MAX = 5  # ... or after this many empty answers in a row (an overtaken L0 read)
 
@@ -157,6 +158,96 @@ def draw(seed: int, share: float) -> CompactionDraw:
         configs=configs,
         late_compactor_p=0.7,
     )
+
+
+def with_compactor(config: NodeConfig, interval_s: float, object_bytes_max: int) -> NodeConfig:
+    """`config` with the compactor's task on (every `interval_s`, reading up to
+    `object_bytes_max` a pass), as a seed with a compacted topic runs it."""
+    return replace(
+        config,
+        compactor=CompactorConfig(interval_s=interval_s, object_bytes_max=object_bytes_max),
+        # a superseded object whose delete failed is retried within the quiet period
+        reconciler=replace(config.reconciler, delete_retry_first_s=0.2, delete_retry_max_s=4.0),
+    )
+
+
+class Topics(Protocol):
+    """What creating a compacted topic and its leak check use of the world (`world.World`)."""
+
+    log_store: SimLogStore
+    objects: MemoryObjectStore
+
+    def entry(self) -> Any: ...
+
+    def note(self, text: str) -> None: ...
+
+
+async def create_topic(
+    world: Topics, topic: str, partitions: int, configs: dict[str, str], *, in_node: bool = False
+) -> bool:
+    """Create a topic with `configs` through a live node, a few tries (a node may be down a
+    while); True once created. `in_node`: each try runs in the node's task group, as a request
+    it serves (a crash ends it with the process, the caller waits a bounded while); else the
+    caller awaits the node's call itself."""
+    for _ in range(20):
+        inc = world.entry()
+        if inc is not None and inc.tg is not None:
+            try:
+                if in_node:
+                    if await _create_in(inc, topic, partitions, configs):
+                        break
+                else:
+                    await inc.node.create_topic(topic, partitions, configs)
+                    break
+            except TopicExists:  # an earlier try failed after its effect
+                break
+            except LevelZeroError as exc:
+                world.note(f"{inc} creating {topic} failed: {type(exc).__name__}")
+        await asyncio.sleep(0.2)
+    else:
+        return False
+    world.note(f"created {topic} with {partitions} partitions, {configs}")
+    return True
+
+
+async def _create_in(inc: Any, topic: str, partitions: int, configs: dict[str, str]) -> bool:
+    """One creation, served in the node's task group; True if it returned, raised as it raised,
+    False if it did not end within a few seconds or ended with the node."""
+    outcome: list[LevelZeroError | None] = []
+    done = anyio.Event()
+
+    async def create() -> None:
+        try:
+            await inc.node.create_topic(topic, partitions, configs)
+            outcome.append(None)
+        except LevelZeroError as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    inc.tg.start_soon(create)
+    with anyio.move_on_after(CREATE_WAIT_S):
+        await done.wait()
+    if not outcome:
+        return False
+    if outcome[0] is not None:
+        raise outcome[0]
+    return True
+
+
+def leaked_l1(world: Topics, topic: str, partitions: int) -> list[str]:
+    """Stored L1 objects of a compacted topic's partitions that no live row keeps (superseded
+    by a compaction, or a refused result's, and not deleted)."""
+    rows = world.log_store.l1
+    prefixes = tuple(l1_partition_prefix(topic, p) for p in range(partitions))
+    left = []
+    for key in world.objects.keys():  # noqa: SIM118 - the store's own listing
+        if not key.startswith(prefixes):
+            continue
+        row = rows.get(key)
+        if row is None or row.state in (L1State.DELETE_STARTED, L1State.DELETE_FINISHED):
+            left.append(f"{key} ({'no row' if row is None else row.state})")
+    return left
 
 
 @dataclass(slots=True)
@@ -217,39 +308,19 @@ class CompactionSim:
     def node_config(self, config: NodeConfig) -> NodeConfig:
         if not self.enabled:
             return config  # no compactor task: every other seed's schedule unchanged
-        d = self.draw
-        return replace(
-            config,
-            compactor=CompactorConfig(interval_s=d.compactor_interval_s, object_bytes_max=d.object_bytes_max),
-            # a superseded object whose delete failed is retried within the quiet period
-            reconciler=replace(config.reconciler, delete_retry_first_s=0.2, delete_retry_max_s=4.0),
-        )
+        return with_compactor(config, self.draw.compactor_interval_s, self.draw.object_bytes_max)
 
     async def start(self, tg: anyio.abc.TaskGroup, end: float) -> None:
         """Create the compacted topic and start its producer and scanner."""
         if not self.enabled:
             return
         world = self.world
-        for _ in range(20):  # bounded: a node may be down a while
-            inc = world.entry()
-            if inc is not None and inc.tg is not None:
-                try:
-                    await inc.node.create_topic(TOPIC, self.draw.partitions, self.draw.configs)
-                except TopicExists:  # an earlier try failed after its effect
-                    self.topic_created = True
-                    break
-                except LevelZeroError as exc:
-                    world.note(f"{inc} creating {TOPIC} failed: {type(exc).__name__}")
-                else:
-                    self.topic_created = True
-                    break
-            await asyncio.sleep(0.2)
+        self.topic_created = await create_topic(world, TOPIC, self.draw.partitions, self.draw.configs)
         if not self.topic_created:
             return
         for pid, row in world.log_store.partitions.items():
             if row.topic == TOPIC:
                 self.pids.add(pid)
-        world.note(f"created {TOPIC} with {self.draw.partitions} partitions, {self.draw.configs}")
         tg.start_soon(self._producer, end)
         tg.start_soon(self._scanner, end)
 
@@ -361,17 +432,7 @@ class CompactionSim:
 
     def _leftovers(self) -> list[str]:
         """Stored L1 objects of compacted partitions that no live row keeps."""
-        world = self.world
-        rows = world.log_store.l1
-        prefixes = tuple(l1_partition_prefix(TOPIC, p) for p in range(self.draw.partitions))
-        left = []
-        for key in world.objects.keys():  # noqa: SIM118 - the store's own listing
-            if not key.startswith(prefixes):
-                continue
-            row = rows.get(key)
-            if row is None or row.state in (L1State.DELETE_STARTED, L1State.DELETE_FINISHED):
-                left.append(f"{key} ({'no row' if row is None else row.state})")
-        return left
+        return leaked_l1(self.world, TOPIC, self.draw.partitions)
 
     def _check_record(
         self, pid: int, offset: int, key: bytes | None, value: bytes | None, where: str

@@ -35,6 +35,7 @@ from levelzero.actors.partition import PartitionActor as _Actor
 from levelzero.actors.reader import FetchResult, FetchWindow, Reader
 from levelzero.core.cluster import LeaseClock
 from levelzero.core.compaction import EncodedOf, Retained, retain
+from levelzero.core.l0format import extent_of_encoded
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, OffsetOutOfRange, OffsetsAbandoned
 from levelzero.actors.partition import PartitionActor, _Control
@@ -430,6 +431,43 @@ def _compaction_keeps_first_per_key() -> contextlib.AbstractContextManager[None]
     return _patched(compactor_module, "retain", first)
 
 
+def _compaction_drops_cleaned_last() -> contextlib.AbstractContextManager[None]:
+    # The rule before the cleaned range's last record was kept: a pass keeps it only if it is
+    # its key's latest (or the range's last), so a commit marker (no key) at the end of the
+    # cleaned range goes, and a read_committed consumer below an open transaction just above
+    # it finds nothing below the last stable offset.
+    def drops(
+        offsets: list[int],
+        keys: list[bytes | None],
+        written_at_ms: list[int],
+        clean_upto: int,
+        now_ms: int,
+        delete_retention_ms: int,
+        encoded_of: EncodedOf,
+        latest: Mapping[bytes | None, int] | None = None,
+    ) -> Retained:
+        kept = retain(
+            offsets, keys, written_at_ms, clean_upto, now_ms, delete_retention_ms, encoded_of, latest
+        )
+        cut = bisect.bisect_right(offsets, clean_upto)
+        if not 0 < cut < len(offsets) or keys[cut - 1] is not None:
+            return kept
+        j = bisect.bisect_left(kept.offsets, offsets[cut - 1])
+        if j == len(kept.offsets) or kept.offsets[j] != offsets[cut - 1]:
+            return kept
+        indices = [bisect.bisect_left(offsets, o) for o in kept.offsets]
+        del indices[j]
+        return replace(
+            kept,
+            offsets=kept.offsets[:j] + kept.offsets[j + 1 :],
+            records=kept.records[:j] + kept.records[j + 1 :],
+            extent=extent_of_encoded(encoded_of(indices)),
+            removed=kept.removed + 1,
+        )
+
+    return _patched(compactor_module, "retain", drops)
+
+
 def _compaction_deletes_before_commit() -> contextlib.AbstractContextManager[None]:
     # The compactor deletes the objects it supersedes before its result is recorded (accepted
     # or not): a refused result, a crash or a reader in between loses them.
@@ -690,6 +728,11 @@ _MUTANTS: dict[str, tuple[str, Callable[[], contextlib.AbstractContextManager[No
     "compaction_keeps_first_per_key": (
         "a compaction keeps the first record per key instead of the last",
         _compaction_keeps_first_per_key,
+    ),
+    "compaction_drops_cleaned_last": (
+        "a compaction drops the cleaned range's last record unless it is its key's latest (a "
+        "commit marker just below an open transaction)",
+        _compaction_drops_cleaned_last,
     ),
     "compaction_deletes_before_commit": (
         "the compactor deletes superseded objects before its result is recorded",

@@ -90,6 +90,9 @@ class SimResult:
     txn_records_skipped: int
     txn_deletes: int  # DeleteRecords answered
     txn_deletes_held: int  # ... with the start offset held below the offset asked
+    txn_compacted: int  # 1: the transactional topic is compacted
+    txn_compactions: int  # ... its compaction passes accepted
+    txn_refetched: int  # empty read_committed answers below their LSO, fetched again
     violation: Violation | None
     trace_digest: int
     wall_s: float = field(default=0.0, compare=False)
@@ -261,6 +264,9 @@ def _result(
         txn_records_skipped=t.aborted_skipped,
         txn_deletes=t.deletes,
         txn_deletes_held=t.deletes_held,
+        txn_compacted=t.compacted,
+        txn_compactions=t.compactions,
+        txn_refetched=t.refetched,
         violation=violation,
         trace_digest=world.digest,
         wall_s=wall_s,
@@ -350,6 +356,9 @@ class Summary:
     txn_records_skipped: int
     txn_deletes: int
     txn_deletes_held: int
+    txn_compacted: int
+    txn_compactions: int
+    txn_refetched: int
 
     @property
     def seeds_per_s(self) -> float:
@@ -402,6 +411,9 @@ _SUMMED = (
     "txn_records_skipped",
     "txn_deletes",
     "txn_deletes_held",
+    "txn_compacted",
+    "txn_compactions",
+    "txn_refetched",
 )
 _MAXED = ("max_stall_s", "stale_cache_max_stall_s")
 

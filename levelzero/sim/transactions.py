@@ -16,7 +16,12 @@ produce requests given up while still queued (the restart races them), a produce
 transaction timeout (the coordinator aborts), crashes of the node right before EndTxn and right
 after PREPARE_COMMIT/PREPARE_ABORT is durable (before the markers), on top of the world's
 crashes and faults. In half of these seeds (a stream of their own) a client sends DeleteRecords,
-often just past an unfinished transaction's first record or a recent marker.
+often just past an unfinished transaction's first record or a recent marker. In half of them (a
+stream of their own too) the producers write to a compacted topic of their own instead
+(`cleanup.policy=compact`, a short `min.compaction.lag.ms`, a low `min.cleanable.dirty.ratio`),
+keyed from a small key space, made and compacted as `compaction.py`'s topic is: the shipping
+compactor's passes run under the transactions, aborts, crashes and faults, cleaning below the
+last stable offset (no DeleteRecords there: Kafka refuses them on a compacted topic).
 
 The truth is the partitions' durable logs: every placeholder of a partition a transaction touched
 is decoded from its object as it becomes durable, so each transactional record is known with the
@@ -27,10 +32,16 @@ abort, or none yet). Checked:
   aborted-transactions list applied as a Kafka consumer applies it, never delivers a record of
   an aborted transaction nor of one whose marker is not durable yet; the last stable offset it
   reports never passes the first record of an unfinished transaction, and never moves back;
+- **progress** — a read_committed Fetch from an offset below the last stable offset it reports
+  returns at least one batch (a record or a control batch) below it, so a consumer always
+  advances to the last stable offset (an empty answer is fetched again at once, a few times:
+  a read racing the reconciler or a transaction's end may answer nothing once). A compaction
+  that cleaned away the commit marker just below an open transaction broke it;
 - **outcome** — after the quiet period (every transaction ended: its producer's EndTxn, a
   restart or its timeout), a read_committed scan of each partition from its start offset
-  delivers every record of every committed transaction and none of an aborted one; a
-  transaction whose EndTxn was answered commit (abort) is committed (aborted);
+  delivers every record of every committed transaction and none of an aborted one (on a
+  compacted topic, every key's latest committed record, and none of an aborted transaction);
+  a transaction whose EndTxn was answered commit (abort) is committed (aborted);
 - **4** — nothing is left open: no open range in the store, no transaction prepared, no
   record without its marker;
 - **DeleteRecords** — the start offset it answers never passes the first record of a
@@ -53,7 +64,7 @@ from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import ProduceIntake
-from levelzero.actors.node import Node
+from levelzero.actors.node import Node, NodeConfig
 from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record, decode_extent
@@ -72,6 +83,8 @@ from levelzero.kafka.transactions import (
 )
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import TransactionRow
+
+from .compaction import create_topic, leaked_l1, with_compactor
 
 SHARE = 0.2  # of single-node seeds (a transactional seed costs ~40% more CPU)
 TOPIC = "sim"
@@ -96,6 +109,16 @@ DELETE_RECORDS_INTERVAL_S = 0.5  # mean, exponential: between its requests
 READ_BYTES = 4096
 PRODUCER_ID_SPACING = 1_000_000  # a node incarnation's producer ids begin at number * this
 VALUE = "t{seed}.{producer}.{txn}.{k}"
+# In a share of transactional seeds (a stream of their own) the producers write to a compacted
+# topic of their own instead, keyed from a small key space.
+COMPACTED_SHARE = 0.5
+COMPACTED_TOPIC = "txc"
+COMPACTED_KEY = "x{}"
+# mean, exponential, one drawn per seed: a transaction kept open before EndTxn (a stream
+# processor's commit interval), long enough that the reconciler and the compactor's passes
+# reach just below it
+COMPACTED_OPEN_S = (0.5, 2.0, 4.0)
+PROGRESS_TRIES = 3  # an empty read_committed answer below its LSO is fetched again, at most so often
 
 _REQUESTS: dict[tuple[int, int], tuple[Any, Any]] = {}
 
@@ -147,6 +170,11 @@ def drawn(seed: int, nodes: int) -> bool:
     return nodes == 1 and random.Random(f"transactions-{seed}").random() < SHARE
 
 
+def compacted(seed: int) -> bool:
+    """Whether a transactional seed's topic is compacted (a stream of its own)."""
+    return random.Random(f"transactions-compacted-{seed}").random() < COMPACTED_SHARE
+
+
 class Incarnation(Protocol):
     """What the workload uses of a node's incarnation (`world.Incarnation`): named here so that
     this module does not import the world that imports it."""
@@ -194,6 +222,7 @@ class Run:
     producer_id: int
     offsets: list[int] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
     outcome: int | None = None  # KIND_COMMIT or KIND_ABORT once its marker is durable
     marker: int = -1
 
@@ -237,6 +266,9 @@ class TxnStats:
     aborted_skipped: int = 0  # records a read_committed consumer skipped (aborted list)
     deletes: int = 0  # DeleteRecords answered
     deletes_held: int = 0  # ... with the start offset held below the offset asked
+    compacted: int = 0  # seeds whose transactional topic is compacted
+    compactions: int = 0  # compaction passes accepted (of every topic) in those seeds
+    refetched: int = 0  # empty read_committed answers below their LSO, fetched again
 
 
 class TransactionSim:
@@ -248,13 +280,50 @@ class TransactionSim:
         # it did without them
         self.delete_rng = random.Random(f"transactions-delete-records-{world.seed}")
         self.deleting = enabled and self.delete_rng.random() < DELETE_RECORDS_SHARE
-        self.stats = TxnStats()
+        # A compacted topic: a stream of its own too (its keys drawn from it as well)
+        self.compacted_rng = crng = random.Random(f"transactions-compacted-{world.seed}")
+        self.compacted = enabled and crng.random() < COMPACTED_SHARE  # as `compacted(seed)`
+        # No DeleteRecords on the compacted topic: Kafka refuses them on a topic whose
+        # cleanup.policy lacks `delete` (levelzero takes them, and collects the L1 objects below
+        # the start offset they set only at the partition's next term: no retention round runs)
+        self.deleting = self.deleting and not self.compacted
+        self.topic = COMPACTED_TOPIC if self.compacted else TOPIC
+        self.stats = TxnStats(compacted=int(self.compacted))
+        if self.compacted:
+            self.keys = crng.choice((1, 2, 4, 8))
+            self.partitions = crng.choice((1, 2, 3))
+            self.topic_configs = {
+                "cleanup.policy": "compact",
+                "min.compaction.lag.ms": str(crng.choice((0, 0, 100))),
+                "min.cleanable.dirty.ratio": str(crng.choice((0.01, 0.05, 0.2))),
+            }
+            self.compactor_interval_s = crng.choice((0.1, 0.2, 0.5))
+            self.object_bytes_max = crng.choice((1024, 4096, 64 * 1024 * 1024))
+            self.open_s = crng.choice(COMPACTED_OPEN_S)
         self.truth: dict[int, PartitionTruth] = {}  # pid -> what its durable log holds
         self.txns: list[Txn] = []
         self._producing = 0  # producers still running
         self._tg: anyio.abc.TaskGroup | None = None  # the workload's: requests on the wire
 
     # ------------------------------------------------------------------ the world's hooks
+
+    def owns(self, topic: str) -> bool:
+        """The compacted transactional topic: the world's own producers and readers leave it
+        alone (its reads have gaps)."""
+        return self.compacted and topic == COMPACTED_TOPIC
+
+    def node_config(self, config: NodeConfig) -> NodeConfig:
+        """The compactor's task on, for the compacted topic (as the compaction seeds' is: kept
+        if the seed has one)."""
+        if not self.compacted or config.compactor.enabled:
+            return config
+        return with_compactor(config, self.compactor_interval_s, self.object_bytes_max)
+
+    def absorb(self, inc: Incarnation) -> None:
+        if self.compacted:
+            prefix = f"{COMPACTED_TOPIC}/"
+            statuses = inc.node.compactor.partitions.items()
+            self.stats.compactions += sum(c.passes for name, c in statuses if name.startswith(prefix))
 
     def on_incarnation(self, inc: Incarnation) -> None:
         """The shipping Kafka API on the incarnation (its producer ids its own, as a real
@@ -300,6 +369,7 @@ class TransactionSim:
                         truth.runs.append(run)
                     run.offsets.append(offset)
                     run.values.append(r.value or b"")
+                    run.keys.append(r.key)
                     truth.by_offset[offset] = run
                 else:
                     run = truth.current.pop(producer_id, None)
@@ -316,14 +386,21 @@ class TransactionSim:
         store = self.world.log_store
         return (
             self._producing == 0
+            and not self._leaked()
             and not any(t.current for t in self.truth.values())
             and not any(not r.aborted for r in store._ranges.values())
             and not any(r.state in (PREPARE_COMMIT, PREPARE_ABORT) for r in store._transactions.values())
         )
 
+    def _leaked(self) -> list[str]:
+        return leaked_l1(self.world, COMPACTED_TOPIC, self.partitions) if self.compacted else []
+
     def leftovers(self) -> list[str]:
         if not self.enabled or self.settled():
             return []
+        leaked = self._leaked()
+        if leaked:
+            return [f"{len(leaked)} L1 objects of {COMPACTED_TOPIC} leaked: {leaked[:5]}"]
         store = self.world.log_store
         open_ranges = [r for r in store._ranges.values() if not r.aborted]
         unfinished = {
@@ -378,8 +455,13 @@ class TransactionSim:
         if not self.enabled:
             return
         world = self.world
+        if self.compacted and not await create_topic(
+            world, self.topic, self.partitions, self.topic_configs, in_node=True
+        ):
+            return
         partitions = max(
-            (n for inc in world.lives.values() for t, n in inc.node.topics().items() if t == TOPIC), default=0
+            (n for inc in world.lives.values() for t, n in inc.node.topics().items() if t == self.topic),
+            default=0,
         )
         if partitions == 0:
             return
@@ -421,12 +503,12 @@ class TransactionSim:
                 number,
                 ident[0],
                 ident[1],
-                sorted(rng.sample(range(partitions), rng.randint(*PARTITIONS_PER_TXN))),
+                sorted(rng.sample(range(partitions), min(rng.randint(*PARTITIONS_PER_TXN), partitions))),
             )
             self.txns.append(txn)
             self.stats.transactions += 1
             for p in txn.partitions:
-                self.truth.setdefault(world.pid(TOPIC, p), PartitionTruth())
+                self.truth.setdefault(world.pid(self.topic, p), PartitionTruth())
             code = await self._add_partitions(txn, request_s)
             if code != ErrorCode.none:
                 ready = code not in (
@@ -479,6 +561,8 @@ class TransactionSim:
                 self.stats.stalls += 1
                 world.note(f"{tid} stalls past its transaction timeout")
                 await asyncio.sleep(timeout_ms / 1000 + 1.5)
+            if self.compacted:  # open a while (a stream processor's commit interval): passes run under it
+                await asyncio.sleep(self.compacted_rng.expovariate(1.0 / self.open_s))
             if rng.random() < CRASH_BEFORE_END_P:
                 self._crash(f"{tid} about to end transaction {number}")
             ready = await self._end(txn, commit, request_s)
@@ -534,7 +618,7 @@ class TransactionSim:
                 v3_and_below_producer_id=txn.producer_id,
                 v3_and_below_producer_epoch=txn.epoch,
                 v3_and_below_topics=(
-                    make(module.AddPartitionsToTxnTopic, name=TOPIC, partitions=tuple(txn.partitions)),
+                    make(module.AddPartitionsToTxnTopic, name=self.topic, partitions=tuple(txn.partitions)),
                 ),
             )
             if answer is None:
@@ -593,10 +677,16 @@ class TransactionSim:
             ).encode()
             for k in range(count)
         ]
+        keys: list[bytes | None] = [None] * count
+        if self.compacted:
+            keys = [COMPACTED_KEY.format(self.compacted_rng.randrange(self.keys)).encode() for _ in values]
         sequence = sequences.get(partition, 0)
         data = kr.encode_batch(
             0,
-            [kr.KafkaRecord(k, int(world.wall() * 1000), None, v) for k, v in enumerate(values)],
+            [
+                kr.KafkaRecord(k, int(world.wall() * 1000), key, v)
+                for k, (key, v) in enumerate(zip(keys, values, strict=True))
+            ],
             producer_id=txn.producer_id,
             producer_epoch=txn.epoch,
             base_sequence=sequence,
@@ -617,7 +707,7 @@ class TransactionSim:
                 topic_data=(
                     make(
                         module.TopicProduceData,
-                        name=TOPIC,
+                        name=self.topic,
                         partition_data=(make(module.PartitionProduceData, index=partition, records=data),),
                     ),
                 ),
@@ -626,25 +716,27 @@ class TransactionSim:
             world.produces_in_flight -= 1
         if answer is None:
             world.stats.writes_failed += 1
-            world.note(f"{txn.tid} produce to {TOPIC}/{partition} unanswered")
+            world.note(f"{txn.tid} produce to {self.topic}/{partition} unanswered")
             return False
         (result,) = answer.responses[0].partition_responses
         if result.error_code != ErrorCode.none:
             world.stats.writes_failed += 1
-            world.note(f"{txn.tid} produce to {TOPIC}/{partition}: {result.error_code.name}")
+            world.note(f"{txn.tid} produce to {self.topic}/{partition}: {result.error_code.name}")
             return False
-        pid = world.pid(TOPIC, partition)
+        pid = world.pid(self.topic, partition)
         offset = int(result.base_offset)
         placeholder = world.truth.placeholder_at(pid, offset)
         if placeholder is None:
             world.fail(
                 "3",
-                f"{txn.tid}: transactional records acknowledged at {TOPIC}/{partition}@{offset}, not durable",
+                f"{txn.tid}: transactional records acknowledged at {self.topic}/{partition}@{offset}, "
+                "not durable",
             )
         assert placeholder is not None and isinstance(placeholder.entry, Placeholder)
-        world.truth.ack(pid, offset, [Record(None, v) for v in values], placeholder.entry.object_key)
         world.stats.writes_acked += 1  # (the world's totals count these writes too)
-        world.stats.records_acked += len(values)
+        if not self.compacted:  # (a compacted topic's records go: its rules are the outcome's)
+            world.truth.ack(pid, offset, [Record(None, v) for v in values], placeholder.entry.object_key)
+            world.stats.records_acked += len(values)  # (each read back at the end)
         txn.values.extend(values)
         return True
 
@@ -715,6 +807,9 @@ class TransactionSim:
             choices = [state.start_offset, state.high_watermark - 1, max(truth.lso, state.start_offset)]
             for run in truth.current.values():
                 choices.append(run.offsets[0])
+            if self.compacted:  # just below the LSO and the open transactions, where a pass cleans to
+                choices.append(max(truth.lso - 1, state.start_offset))
+                choices += [max(r.offsets[0] - 1, state.start_offset) for r in truth.current.values()]
             offset = (
                 self.rng.choice(choices)
                 if self.rng.random() < 0.6
@@ -792,7 +887,32 @@ class TransactionSim:
 
     async def _read(self, pid: int, offset: int) -> tuple[int, int, list[bytes]] | ErrorCode | None:
         """One read_committed Fetch at `offset`, checked: (next offset, last stable offset,
-        the transactional values delivered), the error it answered, or None (no answer)."""
+        the transactional values delivered), the error it answered, or None (no answer).
+        The progress rule: an answer from below the last stable offset it reports holds a batch
+        below it. An empty one is fetched again at once, a few times (a read of L0 the
+        reconciler overtook, or a transaction ending during the fetch, answers nothing once)."""
+        for _ in range(PROGRESS_TRIES):
+            got = await self._read_once(pid, offset)
+            if not isinstance(got, tuple):
+                return got
+            next_offset, lso, start, delivered = got
+            if next_offset > offset or offset >= lso or offset < start:
+                return next_offset, lso, delivered
+            self.stats.refetched += 1
+            self.world.note(
+                f"read_committed {self.world.partition_name(pid)}@{offset}: nothing below LSO {lso}"
+            )
+        self.world.fail(
+            "txn",
+            f"progress: {self.world.partition_name(pid)}: a read_committed fetch at {offset} answers "
+            f"no record below the last stable offset {lso} it reports ({PROGRESS_TRIES} tries): a "
+            "consumer there never reaches it",
+        )
+        raise AssertionError  # (fail raised)
+
+    async def _read_once(self, pid: int, offset: int) -> tuple[int, int, int, list[bytes]] | ErrorCode | None:
+        """One read_committed Fetch at `offset`, checked: (next offset, last stable offset, log
+        start offset, the transactional values delivered), the error it answered, or None."""
         world = self.world
         row = world.log_store.partitions[pid]
         fields = read_committed_fetch(row.topic, row.partition, offset, READ_BYTES)
@@ -853,7 +973,7 @@ class TransactionSim:
                     )
                 delivered.append(r.value or b"")
         self.stats.records_read += len(delivered)
-        return next_offset, lso, delivered
+        return next_offset, lso, int(data.log_start_offset), delivered
 
     async def final_scan(self) -> None:
         """After the quiet period: each partition read with read_committed from its start
@@ -888,8 +1008,21 @@ class TransactionSim:
                         "txn", f"{name}: the final read_committed scan is stuck at {offset} (LSO {lso})"
                     )
                 offset = next_offset
+            # A compacted topic keeps, per key, the latest record read_committed sees: its latest
+            # committed one (an aborted record supersedes nothing).
+            latest: dict[bytes | None, tuple[int, bytes]] = {}
             for run in self.truth[pid].runs:
-                kept = [v for o, v in zip(run.offsets, run.values, strict=True) if o >= state.start_offset]
+                if self.compacted and run.outcome == KIND_COMMIT:
+                    for o, k, v in zip(run.offsets, run.keys, run.values, strict=True):
+                        if o >= state.start_offset and (k not in latest or latest[k][0] < o):
+                            latest[k] = (o, v)
+            for run in self.truth[pid].runs:
+                kept = [
+                    v
+                    for o, k, v in zip(run.offsets, run.keys, run.values, strict=True)
+                    if o >= state.start_offset
+                    and (not self.compacted or run.outcome != KIND_COMMIT or latest[k][0] == o)
+                ]
                 if run.outcome == KIND_COMMIT:
                     committed_values.update(run.values)
                     missing = [v for v in kept if v not in delivered]

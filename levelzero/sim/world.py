@@ -328,6 +328,11 @@ class World:
             return lives[0] if lives else None
         return self.rng.choice(lives)
 
+    def owns(self, topic: str) -> bool:
+        """A topic a workload of its own writes and checks (a compacted one): the world's
+        producers and readers leave it alone."""
+        return self.compaction.owns(topic) or self.transactions.owns(topic)
+
     def leading(self, actor: PartitionActor) -> bool:
         """The actor's term is the partition's durable term: nobody took over since it began.
         Only such a leader's appends can still land (a zombie's are refused by the store)."""
@@ -393,7 +398,7 @@ class World:
             # change to the schedule of every other seed.
             compactor=CompactorConfig(enabled=False),
         )
-        return self.compaction.node_config(config)
+        return self.transactions.node_config(self.compaction.node_config(config))
 
     # ------------------------------------------------------------------ the run
 
@@ -931,6 +936,7 @@ class World:
         self.stats.l0_cache_served += cache.hits + cache.shared
         self.stats.l0_cache_loads += cache.loads
         self.compaction.absorb(inc)
+        self.transactions.absorb(inc)
 
     def finish(self) -> None:
         for inc in self.lives.values():
@@ -949,10 +955,7 @@ class World:
             if inc is None or inc.tg is None:
                 continue
             targets = [
-                (t, p)
-                for t, n in sorted(inc.node.topics().items())
-                if not self.compaction.owns(t)
-                for p in range(n)
+                (t, p) for t, n in sorted(inc.node.topics().items()) if not self.owns(t) for p in range(n)
             ]
             if not targets:
                 continue
@@ -1080,9 +1083,7 @@ class World:
             inc = self.entry()
             if inc is None or inc.tg is None:
                 continue
-            actors = [
-                a for a in inc.node.partitions() if a.ready.is_set() and not self.compaction.owns(a.row.topic)
-            ]
+            actors = [a for a in inc.node.partitions() if a.ready.is_set() and not self.owns(a.row.topic)]
             if not actors:
                 continue
             actor = self.rng.choice(actors)

@@ -17,6 +17,7 @@ from levelzero.sim import cli
 from levelzero.sim.cli import main
 from levelzero.sim.compaction import CompactionStats, draw
 from levelzero.sim.transactions import TxnStats
+from levelzero.sim.transactions import compacted as transactions_compacted
 from levelzero.sim.transactions import drawn as transactions_drawn
 import levelzero.sim.world as world_module
 from levelzero.sim.world import World
@@ -160,6 +161,15 @@ class NoTransactions:
         self.enabled = False
         self.stats = TxnStats()
 
+    def owns(self, topic: str) -> bool:
+        return False
+
+    def node_config(self, config: object) -> object:
+        return config
+
+    def absorb(self, inc: object) -> None:
+        pass
+
     def on_incarnation(self, inc: object) -> None:
         pass
 
@@ -190,6 +200,16 @@ def test_a_seed_without_transactions_runs_as_if_they_did_not_exist(monkeypatch: 
     monkeypatch.setattr(world_module, "TransactionSim", NoTransactions)
     without = run_seed(seed)
     assert with_hooks == without and with_hooks.writes_acked > 0
+
+
+def test_a_seed_with_transactions_on_a_compacted_topic_compacts_under_them() -> None:
+    # In their share of the transactional seeds (a stream of their own) the producers write to
+    # a compacted topic: the shipping compactor's passes run under the open transactions, and
+    # the progress and per-key outcome rules hold.
+    seed = next(s for s in range(100) if transactions_drawn(s, 1) and transactions_compacted(s))
+    result = run_seed(seed)
+    assert result.violation is None
+    assert result.txn_compacted == 1 and result.txn_compactions > 0 and result.txn_committed > 0
 
 
 def test_a_seed_with_transactions_replays_exactly_in_a_fresh_process() -> None:
@@ -228,7 +248,7 @@ def test_each_seed_draws_the_readers_l0_cache_off_tiny_or_large() -> None:
 
 
 def test_a_gc_ignoring_reader_pins_is_caught_at_the_delete_though_the_cache_serves_reads() -> None:
-    """With the mutation `reader_pins_ignored`, seed 106 (a cache of 1 MiB) deletes an object
+    """With the mutation `reader_pins_ignored`, seed 233 (a cache of 1 MiB) deletes an object
     above a live reader's pin: caught as the delete lands, whatever the reader then reads (its
     cache may still hold the object's bytes). Without the check at the delete such a seed
     passed. (Seeds 35, 14, 98, 44, 150 and 44 again were the ones until changes to the actors
@@ -236,13 +256,14 @@ def test_a_gc_ignoring_reader_pins_is_caught_at_the_delete_though_the_cache_serv
     tending partitions 64 at a time, then as many workers as partitions due, the GC marking its
     deletes in pages, the batcher writing an object's extents in partition order, the
     reconciler copying in waves what was due when its round began, then 172 until retention read
-    a partition's L1 rows once a round; so were clean seeds 0's 42 deletes under pins, 7's one,
+    a partition's L1 rows once a round, then 106 until its transactions went to a compacted
+    topic; so were clean seeds 0's 42 deletes under pins, 7's one,
     4's four and 4's one, now seed 5's one.)"""
-    assert World(106, SimConfig()).l0_cache_bytes_max == 1024 * 1024
-    result = run_seed(106, mutation="reader_pins_ignored")
+    assert World(233, SimConfig()).l0_cache_bytes_max == 1024 * 1024
+    result = run_seed(233, mutation="reader_pins_ignored")
     assert result.violation is not None and result.violation.invariant == "1"
     assert "reader(s) of" in result.violation.message and "held M(p) =" in result.violation.message
-    assert run_seed(106).violation is None
+    assert run_seed(233).violation is None
     clean = run_seed(5)  # deletes land while readers hold pins, below them: kept
     assert clean.violation is None and clean.deletes_under_pins == 1
 
