@@ -283,9 +283,8 @@ class TransactionSim:
         # A compacted topic: a stream of its own too (its keys drawn from it as well)
         self.compacted_rng = crng = random.Random(f"transactions-compacted-{world.seed}")
         self.compacted = enabled and crng.random() < COMPACTED_SHARE  # as `compacted(seed)`
-        # No DeleteRecords on the compacted topic: Kafka refuses them on a topic whose
-        # cleanup.policy lacks `delete` (levelzero takes them, and collects the L1 objects below
-        # the start offset they set only at the partition's next term: no retention round runs)
+        # No DeleteRecords on the compacted topic: levelzero refuses them there, as Kafka does
+        # (POLICY_VIOLATION: its cleanup.policy lacks `delete`)
         self.deleting = self.deleting and not self.compacted
         self.topic = COMPACTED_TOPIC if self.compacted else TOPIC
         self.stats = TxnStats(compacted=int(self.compacted))
