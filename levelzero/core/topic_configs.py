@@ -390,15 +390,15 @@ class TopicPolicy:
     # cleanup.policy has `compact`: the compactor keeps the latest record per key, and a
     # record without a key is refused (Kafka's INVALID_RECORD)
     compacted: bool = False
-    # cleanup.policy has `delete`: retention applies, and DeleteRecords may move the start
-    # offset (Kafka refuses it otherwise: POLICY_VIOLATION)
-    deletes: bool = True
     min_compaction_lag_ms: int = 0
     delete_retention_ms: int = 86_400_000
     min_cleanable_dirty_ratio: float = 0.5
     # dirty data older than this is compacted whatever the dirty ratio (None: Kafka's default,
     # Long.MAX_VALUE, no bound)
     max_compaction_lag_ms: int | None = None
+    # cleanup.policy has `delete`: retention applies, and DeleteRecords may move the start
+    # offset (Kafka refuses it otherwise: POLICY_VIOLATION)
+    deletes: bool = True
 
 
 def topic_policy(stored: Mapping[str, str], broker: BrokerConfigs) -> TopicPolicy:

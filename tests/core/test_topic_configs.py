@@ -86,7 +86,7 @@ def test_a_compacted_topics_policy_carries_its_compaction_settings() -> None:
         "max.compaction.lag.ms": "11",
     }
     policy = topic_policy(stored, node)
-    assert policy == TopicPolicy(None, None, 4096, True, 7, 9, 0.25, 11)
+    assert policy == TopicPolicy(None, None, 4096, True, 7, 9, 0.25, 11, deletes=False)
     assert not topic_policy({}, node).compacted
     assert topic_policy({"cleanup.policy": "compact"}, node).max_compaction_lag_ms is None  # Long.MAX
 
@@ -118,7 +118,7 @@ def test_a_topics_policy_falls_back_to_the_node_and_delete_policy_alone_retains(
     node = BrokerConfigs(broker_id=0, retention_ms=5000, retention_bytes=-1, message_max_bytes=4096)
     assert topic_policy({}, node) == TopicPolicy(5000, None, 4096)
     assert topic_policy({"retention.ms": "-1", "retention.bytes": "10"}, node) == TopicPolicy(None, 10, 4096)
-    assert topic_policy({"cleanup.policy": ""}, node) == TopicPolicy(None, None, 4096)
+    assert topic_policy({"cleanup.policy": ""}, node) == TopicPolicy(None, None, 4096, deletes=False)
     assert topic_policy({"max.message.bytes": "100"}, node).max_message_bytes == 100
 
 
