@@ -140,8 +140,6 @@ class GroupCoordinator:
         self._clock = clock
         self._wall = wall_clock
         self.groups: dict[str, Group] = {}
-        self._offsets: dict[str, dict[tuple[str, int], OffsetRow]] = {}
-        self._deletes = 0  # offset deletions begun: a commit overlapping one re-reads the store
 
     # ------------------------------------------------------------------ membership
 
@@ -190,8 +188,11 @@ class GroupCoordinator:
     def _members_changed(self, group: Group) -> None:
         if group.state == "preparing":
             # The round in progress takes the change into account: it ends now if every member
-            # left has joined it (the initial round waits out its delay all the same).
-            if group.members and not group.initial_round and group.joining >= set(group.members):
+            # left has joined it (the initial round waits out its delay all the same), or if
+            # none is left (the group is empty: its offsets may be reset or it deleted, as
+            # Kafka's coordinator completes the join when the last member leaves; nothing would
+            # end the round otherwise, no JoinGroup waiting on it).
+            if not group.members or (not group.initial_round and group.joining >= set(group.members)):
                 self._complete_round(group)
             return
         if not group.members:
@@ -392,15 +393,6 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ offsets
 
-    async def _cached(self, group_id: str) -> dict[tuple[str, int], OffsetRow]:
-        cached = self._offsets.get(group_id)
-        if cached is None:
-            rows = await self.store.committed_offsets(group_id)
-            cached = self._offsets.setdefault(group_id, {(r.topic, r.partition): r for r in rows})
-            if len(self._offsets) > GROUPS_MAX:  # forget the oldest cached group (it is stored)
-                del self._offsets[next(iter(self._offsets))]
-        return cached
-
     def check_commit(
         self,
         group_id: str,
@@ -453,26 +445,26 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
+    # Committed offsets are read from the store each time, never kept here: the store is where
+    # they change (a topic deleted with its groups' offsets, on this node or another; another
+    # node coordinating the group while this one was not; `levelzero restore`), and a copy
+    # kept here served a deleted topic's offsets to the consumers of a topic made again with
+    # its name, which then skipped its first records. OffsetFetch is a consumer's start, not
+    # its loop: one indexed read of the group's rows.
+
     async def commit(self, group_id: str, offsets: Sequence[tuple[str, int, int, str, int]]) -> None:
         """Durable on return: (topic, partition, offset, metadata, leader epoch) for `group_id`."""
         now = self._wall()
         rows = [OffsetRow(group_id, t, p, o, m, now, e) for t, p, o, m, e in offsets]
-        deletes = self._deletes
         await self.store.commit_offsets(rows)
-        if self._deletes != deletes:  # which came first in the store, the store knows
-            self._offsets.pop(group_id, None)
-            return
-        cached = await self._cached(group_id)
-        for row in rows:
-            cached[(row.topic, row.partition)] = row
 
     async def committed(self, group_id: str) -> dict[tuple[str, int], OffsetRow]:
-        return dict(await self._cached(group_id))
+        return {(r.topic, r.partition): r for r in await self.store.committed_offsets(group_id)}
 
     # ------------------------------------------------------------------ admin
 
     async def has_offsets(self, group_id: str) -> bool:
-        return bool(await self._cached(group_id))
+        return bool(await self.store.committed_offsets(group_id))
 
     async def summaries(self) -> list[GroupSummary]:
         """Every group this coordinator knows (ListGroups): those in memory, and those known only
@@ -571,11 +563,7 @@ class GroupCoordinator:
         return ErrorCode.none, codes
 
     async def _delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
-        self._deletes += 1
-        try:
-            await self.store.delete_offsets(group_id, partitions)
-        finally:
-            self._offsets.pop(group_id, None)  # read again from the store when next asked
+        await self.store.delete_offsets(group_id, partitions)
 
 
 def subscribed_topics(metadata: bytes) -> list[str] | None:

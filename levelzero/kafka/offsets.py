@@ -80,6 +80,19 @@ class OffsetsApi:
                         )
                     else:
                         error = ErrorCode.invalid_request
+                    if (
+                        offset >= 0
+                        and p.timestamp
+                        not in (LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST_LOCAL)
+                        and getattr(request.body, "isolation_level", 0) == 1
+                        and self.txns is not None
+                    ):
+                        # A lookup by time (or the largest timestamp) finds no record a
+                        # read_committed consumer cannot fetch yet: none at or past the last
+                        # stable offset (Kafka's ReplicaManager: -1, -1).
+                        txns = await self.txns.get(topic.name, p.partition_index)
+                        if offset >= txns.last_stable_offset(high_watermark):
+                            offset, timestamp, epoch = -1, -1, -1
                 except LevelZeroError as exc:
                     error = error_code_for(exc)
                 parts.append(

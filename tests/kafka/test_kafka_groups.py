@@ -300,6 +300,40 @@ async def test_a_killed_member_is_dropped_at_its_session_timeout_not_the_rebalan
     assert (error, assignment) == (ErrorCode.none, b"all")
 
 
+async def test_the_last_members_leaving_during_a_rebalance_leave_the_group_empty() -> None:
+    """Two consumers closing together: the first LeaveGroup opens a round, the second leaves
+    the round with no member, and no JoinGroup is left to end it. As Kafka's coordinator
+    completes the join when the last member leaves, the group is empty at once (it stayed
+    PreparingRebalance with no members, so its offsets could not be reset nor it deleted)."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    protocols = [("range", b"meta")]
+    results = []
+
+    async def join(member: str) -> None:
+        results.append(await coordinator.join("g", member, "c", 10_000, 300_000, "consumer", protocols))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "")
+        tg.start_soon(join, "")
+        await anyio.sleep(0)
+        clock.now += 1  # the initial round's delay
+    a, b = (r.member_id for r in results)
+    await coordinator.sync("g", a, 1, [(a, b"p0"), (b, b"p1")])
+    await coordinator.sync("g", b, 1, [])
+    assert coordinator.groups["g"].state == "stable"
+    await coordinator.commit("g", [("t", 0, 5, "", -1)])
+    assert coordinator.leave("g", [a]) == {a: ErrorCode.none}
+    assert coordinator.groups["g"].state == "preparing"  # b is asked to rejoin
+    assert coordinator.leave("g", [b]) == {b: ErrorCode.none}
+    group = coordinator.groups["g"]
+    assert (group.state, group.members, group.generation) == ("empty", {}, 2)
+    assert coordinator.check_commit("g", "", -1) == ErrorCode.none  # an admin's offset reset
+    assert (await coordinator.summary("g")).state == "Empty"  # type: ignore[union-attr]
+    assert await coordinator.delete_group("g") == ErrorCode.none
+    assert await coordinator.committed("g") == {}
+
+
 def commit_on_revoke(port: int) -> tuple[list[str], dict[int, int], int]:
     """Consumer A reads everything, then B joins; A commits its position in on_revoke.
     Returns the errors A's commits raised, the offsets committed, and records A read."""

@@ -117,3 +117,63 @@ async def test_versions_and_refusals_on_the_wire(tmp_path: Path) -> None:
             assert (await list_offsets(wire, 11, "empty", -7)).error_code == ErrorCode.invalid_request
         finally:
             await wire.aclose()
+
+
+def lookups_beside_an_open_transaction(port: int) -> dict[str, tuple[int, int]]:
+    """Two plain records (timestamps 1000, 2000), then three in a transaction left open (5000,
+    9000, 7000): each lookup by time, read_committed and read_uncommitted, as (offset, timestamp)."""
+    from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    bootstrap = f"127.0.0.1:{port}"
+    plain = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    for i, ts in enumerate((1000, 2000)):
+        plain.produce("open", value=b"p%d" % i, partition=0, timestamp=ts)
+    assert plain.flush(30) == 0
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": "lookups", "linger.ms": 0})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    for i, ts in enumerate((5000, 9000, 7000)):
+        txn.produce("open", value=b"t%d" % i, partition=0, timestamp=ts)
+    assert txn.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    tp = TopicPartition("open", 0)
+    out: dict[str, tuple[int, int]] = {}
+    for level in (IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED):
+        for name, spec in (
+            ("max", OffsetSpec.max_timestamp()),
+            ("at 1500", OffsetSpec.for_timestamp(1500)),
+            ("at 3000", OffsetSpec.for_timestamp(3000)),
+            ("latest", OffsetSpec.latest()),
+        ):
+            result = admin.list_offsets({tp: spec}, isolation_level=level)[tp].result(30)
+            out[f"{name} {level.name}"] = (result.offset, result.timestamp)
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "x", "isolation.level": "read_committed"}
+    )
+    try:
+        (found,) = consumer.offsets_for_times([TopicPartition("open", 0, 3000)], timeout=30)
+        out["offsets_for_times read_committed"] = (found.offset, -1)
+    finally:
+        consumer.close()
+    return out
+
+
+async def test_a_lookup_by_time_finds_nothing_a_read_committed_consumer_cannot_fetch(tmp_path: Path) -> None:
+    """As Kafka's ReplicaManager: a ListOffsets by time, or for the largest timestamp, finds no
+    record at or past the last fetchable offset (the last stable offset for read_committed):
+    -1, -1. It pointed a read_committed consumer's seek into a transaction still open."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("open", 1)
+        out = await anyio.to_thread.run_sync(lookups_beside_an_open_transaction, daemon.kafka_port)
+    assert out == {
+        "max READ_COMMITTED": (-1, -1),  # 9000 is at 3, in the open transaction
+        "at 1500 READ_COMMITTED": (1, 2000),
+        "at 3000 READ_COMMITTED": (-1, -1),  # the first at or after 3000 is at 2, open
+        "latest READ_COMMITTED": (2, -1),  # the last stable offset
+        "max READ_UNCOMMITTED": (3, 9000),
+        "at 1500 READ_UNCOMMITTED": (1, 2000),
+        "at 3000 READ_UNCOMMITTED": (2, 5000),
+        "latest READ_UNCOMMITTED": (5, -1),
+        "offsets_for_times read_committed": (-1, -1),
+    }
