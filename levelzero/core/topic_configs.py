@@ -114,6 +114,11 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
             _D,
             choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         ),
+        # KIP-390 (Kafka 3.8): a producer's or broker's recompression level; levelzero stores
+        # records as the producer sent them (compression.type=producer), so these are stored only
+        TopicConfigDef("compression.gzip.level", _T.INT, "-1", "compression.gzip.level", _N),
+        TopicConfigDef("compression.lz4.level", _T.INT, "9", "compression.lz4.level", _N, 1, 17),
+        TopicConfigDef("compression.zstd.level", _T.INT, "3", "compression.zstd.level", _N, -131072, 22),
         TopicConfigDef("delete.retention.ms", _T.LONG, "86400000", "log.cleaner.delete.retention.ms", _C, 0),
         TopicConfigDef("file.delete.delay.ms", _T.LONG, "60000", "log.segment.delete.delay.ms", _N, 0),
         TopicConfigDef("flush.messages", _T.LONG, _LONG_MAX, "log.flush.interval.messages", _N, 1),
@@ -172,6 +177,9 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
         TopicConfigDef("min.compaction.lag.ms", _T.LONG, "0", "log.cleaner.min.compaction.lag.ms", _C, 0),
         TopicConfigDef("min.insync.replicas", _T.INT, "1", "min.insync.replicas", _N, 1),
         TopicConfigDef("preallocate", _T.BOOLEAN, "false", "log.preallocate", _N),
+        # KIP-950 (Kafka 3.9): topic-level only, no broker synonym
+        TopicConfigDef("remote.log.copy.disable", _T.BOOLEAN, "false", "", _N),
+        TopicConfigDef("remote.log.delete.on.disable", _T.BOOLEAN, "false", "", _N),
         TopicConfigDef("remote.storage.enable", _T.BOOLEAN, "false", "remote.log.storage.system.enable", _N),
         TopicConfigDef("retention.bytes", _T.LONG, "-1", "log.retention.bytes", _E),
         TopicConfigDef("retention.ms", _T.LONG, "604800000", "log.retention.ms", _E, -1),
@@ -297,6 +305,42 @@ def _parse(d: TopicConfigDef, value: str) -> str:
     return text
 
 
+# Kafka's ThrottledReplicaListValidator: "*" or partition:broker pairs
+_THROTTLED = re.compile(r"\*|[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
+# Kafka 3.x's MetadataVersionValidator, by form: 0.8.0 ... 3.9-IV0
+_MESSAGE_FORMAT = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
+
+
+def _check_value(name: str, value: str, parsed: str) -> None:
+    """What Kafka's per-config validators refuse beyond type and range."""
+    problem = f"Invalid value {value} for configuration {name}"
+    if name.endswith(".replication.throttled.replicas") and parsed and not _THROTTLED.fullmatch(parsed):
+        raise InvalidConfig(
+            f"{problem}: must be the literal '*' or a list of replicas in the following format: "
+            "[partitionId]:[brokerId],[partitionId]:[brokerId],..."
+        )
+    if name == "message.format.version" and not _MESSAGE_FORMAT.fullmatch(parsed):
+        raise InvalidConfig(f"{problem}: Version `{parsed}` is not a valid version")
+    if name == "compression.gzip.level" and not (parsed == "-1" or 1 <= int(parsed) <= 9):
+        raise InvalidConfig(f"{problem}: Value must be between 1 and 9, or -1")
+    if name == "remote.storage.enable" and parsed == "true":
+        raise InvalidConfig(
+            "Tiered Storage functionality is disabled in the broker. Topic cannot be configured "
+            "with remote log storage (levelzero's log is in object storage already)"
+        )
+
+
+def check_set(configs: Mapping[str, str]) -> None:
+    """What Kafka's LogConfig.validateValues refuses of a topic's whole set (the values given
+    and the defaults of those not given): a minimum compaction lag above the maximum."""
+    low = int(configs.get("min.compaction.lag.ms", TOPIC_CONFIGS["min.compaction.lag.ms"].default))
+    high = int(configs.get("max.compaction.lag.ms", TOPIC_CONFIGS["max.compaction.lag.ms"].default))
+    if low > high:
+        raise InvalidConfig(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > max.compaction.lag.ms ({high})"
+        )
+
+
 def _shown(number: float) -> str:
     return str(int(number)) if float(number).is_integer() else str(number)
 
@@ -311,6 +355,7 @@ def check_config(name: str, value: str | None, broker: BrokerConfigs) -> str:
     if len(value) > CONFIG_VALUE_CHARS_MAX:
         raise InvalidConfig(f"the value of {name} is over {CONFIG_VALUE_CHARS_MAX} characters")
     parsed = _parse(d, value)
+    _check_value(name, value, parsed)
     if d.kind is Kind.DEFAULT_ONLY and parsed != d.default:
         raise InvalidConfig(
             f"{name}={value} is not supported by levelzero (it does not enforce it): only {d.default!r}"
@@ -338,6 +383,7 @@ def check_configs(configs: Iterable[tuple[str, str | None]], broker: BrokerConfi
         if name in out:
             raise InvalidConfig(f"topic config {name} is given twice")
         out[name] = check_config(name, value, broker)
+    check_set(out)
     return out
 
 
@@ -374,6 +420,7 @@ def altered(
         else:
             items = [i for i in items if i not in given]
         out[name] = check_config(name, ",".join(items), broker)
+    check_set(out)
     return out
 
 
@@ -460,7 +507,8 @@ def describe_topic(
     out = []
     for name in wanted:
         d = TOPIC_CONFIGS[name]
-        synonyms = [_broker_value(d.broker_name, broker, d.default)]
+        # (a topic-level-only config: its default, under its own name)
+        synonyms = [_broker_value(d.broker_name or name, broker, d.default)]
         if name in stored:
             synonyms.insert(0, Synonym(name, stored[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
         top = synonyms[0]

@@ -171,3 +171,52 @@ def test_retention_by_size_keeps_at_least_the_limit_as_kafka_does() -> None:
     assert retention_start_offset(objs, 0, 0.0, None, 501) == 0  # deleting one leaves 500 < 501
     assert retention_start_offset(objs, 0, 0.0, None, 1) == 20  # the newest object always stays
     assert retention_start_offset(objs, 15, 0.0, None, 300) == 20  # what is below start is gone
+
+
+@pytest.mark.parametrize(
+    ("configs", "message"),
+    [
+        (
+            {"leader.replication.throttled.replicas": "garbage"},
+            "must be the literal '*' or a list of replicas in the following format",
+        ),
+        ({"follower.replication.throttled.replicas": "1:x"}, "must be the literal '*'"),
+        ({"message.format.version": "bogus"}, "Version `bogus` is not a valid version"),
+        ({"compression.gzip.level": "10"}, "Value must be between 1 and 9, or -1"),
+        ({"compression.lz4.level": "0"}, "Value must be at least 1"),
+        ({"remote.storage.enable": "true"}, "Tiered Storage functionality is disabled in the broker"),
+        (
+            {"min.compaction.lag.ms": "5000", "max.compaction.lag.ms": "1000"},
+            "conflict topic config setting min.compaction.lag.ms (5000) > max.compaction.lag.ms (1000)",
+        ),
+    ],
+)
+def test_what_kafkas_validators_refuse_is_refused(configs: dict[str, str], message: str) -> None:
+    """Beyond type and range, as Kafka's validators: throttled replica lists, message format
+    versions, compression levels, tiered storage (disabled), and the set's compaction lags."""
+    with pytest.raises(InvalidConfig) as refused:
+        check_configs(configs.items(), BROKER)
+    assert message in str(refused.value)
+
+
+def test_what_kafkas_validators_take_is_taken() -> None:
+    taken = {
+        "leader.replication.throttled.replicas": "*",
+        "follower.replication.throttled.replicas": "0:1,1:2",
+        "message.format.version": "3.0-IV1",
+        "compression.gzip.level": "-1",
+        "compression.zstd.level": "-5",
+        "remote.log.copy.disable": "true",  # Kafka 3.9 (KIP-950)
+        "remote.log.delete.on.disable": "false",
+        "remote.storage.enable": "false",
+        "min.compaction.lag.ms": "1000",
+        "max.compaction.lag.ms": "1000",
+    }
+    assert check_configs(taken.items(), BROKER) == taken
+    # one lag altered past the other already set: refused, on the set as it would be
+    with pytest.raises(
+        InvalidConfig, match=r"min.compaction.lag.ms \(2000\) > max.compaction.lag.ms \(1000\)"
+    ):
+        altered(taken, [(AlterOp.SET, "min.compaction.lag.ms", "2000")], BROKER)
+    (entry,) = [e for e in describe_topic({}, BROKER, ["remote.log.copy.disable"])]
+    assert (entry.value, entry.source) == ("false", ConfigSource.DEFAULT_CONFIG)

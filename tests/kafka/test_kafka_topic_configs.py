@@ -366,3 +366,35 @@ async def test_auto_creation_is_an_option_and_honours_the_clients_wish(tmp_path:
         assert await metadata_v12(daemon.kafka_port, "bad/name", allow=True) == 17  # INVALID_TOPIC_EXCEPTION
         assert await anyio.to_thread.run_sync(confluent_auto_create, daemon.kafka_port) == [None]
         assert {t.name: t.partitions for t in await client.list_topics()} == {"made-on-demand": 2}
+
+
+def confluent_incremental(port: int, entries: list[tuple[str, str]]) -> str | None:
+    """One IncrementalAlterConfigs SET of topic "v"'s `entries`: its error's name, or None."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    a = admin(port)  # (kept until the answer: a client destroyed first fails it, _DESTROY)
+    ops = [ConfigEntry(n, v, incremental_operation=AlterConfigOpType.SET) for n, v in entries]
+    (future,) = a.incremental_alter_configs(
+        [topic_resource("v", incremental_configs=ops)], request_timeout=20
+    ).values()
+    return error_of(future)
+
+
+async def test_kafka_3_9_topic_configs_are_known_and_kafkas_validators_apply(tmp_path: Path) -> None:
+    """Configs of Kafka 3.8 and 3.9 (compression levels, KIP-390; remote log copy/delete,
+    KIP-950) are taken; what Kafka's validators refuse is INVALID_CONFIG (a minimum compaction
+    lag above the maximum, a malformed throttled replica list, tiered storage)."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("v", 1)
+        port = daemon.kafka_port
+        taken = [("compression.gzip.level", "5"), ("remote.log.copy.disable", "true")]
+        assert await anyio.to_thread.run_sync(confluent_incremental, port, taken) is None
+        for refused in (
+            [("min.compaction.lag.ms", "5000"), ("max.compaction.lag.ms", "1000")],
+            [("leader.replication.throttled.replicas", "garbage")],
+            [("remote.storage.enable", "true")],
+        ):
+            assert await anyio.to_thread.run_sync(confluent_incremental, port, refused) == "INVALID_CONFIG"
+        configs = {c.name: c.value for c in (await client.topic_configs("v")).configs}
+    assert configs["compression.gzip.level"] == "5" and configs["remote.log.copy.disable"] == "true"
+    assert configs["min.compaction.lag.ms"] == "0" and configs["remote.storage.enable"] == "false"
