@@ -469,10 +469,12 @@ class GroupCoordinator:
     async def summaries(self) -> list[GroupSummary]:
         """Every group this coordinator knows (ListGroups): those in memory, and those known only
         by committed offsets (Empty, as Kafka lists them), in group id order."""
-        with_offsets = await self.store.offset_groups()
+        with_offsets = set(await self.store.offset_groups())
         out = {}
         for group in list(self.groups.values()):
             self._expire(group)
+            if self._dead(group, group.group_id in with_offsets):
+                continue
             out[group.group_id] = self._summary(group)
         for group_id in with_offsets:
             if group_id not in out:
@@ -485,10 +487,22 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         if group is not None:
             self._expire(group)
-            return self._summary(group)
+            if group.state != "empty" or not self._dead(group, await self.has_offsets(group_id)):
+                return self._summary(group)
+            return None
         if group_id and len(group_id) <= GROUP_ID_CHARS_MAX and await self.has_offsets(group_id):
             return GroupSummary(group_id, "Empty", "", "", ())
         return None
+
+    def _dead(self, group: Group, has_offsets: bool) -> bool:
+        """An empty group without committed offsets is dead, as Kafka's coordinator makes it
+        once its offsets are gone (their topic deleted, or never committed): forgotten here,
+        neither listed nor described."""
+        if group.state != "empty" or group.members or group.joining or has_offsets:
+            return False
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+        return True
 
     @staticmethod
     def _summary(group: Group) -> GroupSummary:

@@ -337,6 +337,8 @@ def recreate_under_a_group(bootstrap: str) -> dict[str, Any]:
             seen["committed"] = [
                 (tp.topic, tp.partition, tp.offset) for tp in listed["billing"].result(30).topic_partitions
             ]
+    groups = admin.list_consumer_groups(request_timeout=30).result()
+    seen["listed"] = sorted(g.group_id for g in groups.valid)
     listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions("billing")])
     seen["after"] = [
         (tp.topic, tp.partition, tp.offset) for tp in listed["billing"].result(30).topic_partitions
@@ -348,7 +350,7 @@ def recreate_under_a_group(bootstrap: str) -> dict[str, Any]:
 
 async def test_a_deleted_topics_offsets_are_gone_for_a_topic_made_again_with_its_name(tmp_path: Path) -> None:
     """As Kafka's coordinator removes a deleted partition's offsets: the group's offsets of the
-    deleted topic are not listed nor served, and its consumers read the new topic from the
+    deleted topic are not listed nor served (the group, empty and without offsets, is dead), and its consumers read the new topic from the
     start. (They were served from the coordinator's memory until a restart, the store having
     deleted them: the group skipped the new topic's first three records.)"""
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
@@ -356,4 +358,5 @@ async def test_a_deleted_topics_offsets_are_gone_for_a_topic_made_again_with_its
     assert seen["first"] == [(0, b"r0-0"), (1, b"r0-1"), (2, b"r0-2")]
     assert seen["committed"] == [("orders", 0, 3)]
     assert seen["after"] == []
+    assert "billing" not in seen["listed"]  # empty, without offsets: dead, as Kafka makes it
     assert seen["again"] == [(i, b"r1-%d" % i) for i in range(5)]
