@@ -350,9 +350,10 @@ def recreate_under_a_group(bootstrap: str) -> dict[str, Any]:
 
 async def test_a_deleted_topics_offsets_are_gone_for_a_topic_made_again_with_its_name(tmp_path: Path) -> None:
     """As Kafka's coordinator removes a deleted partition's offsets: the group's offsets of the
-    deleted topic are not listed nor served (the group, empty and without offsets, is dead), and its consumers read the new topic from the
-    start. (They were served from the coordinator's memory until a restart, the store having
-    deleted them: the group skipped the new topic's first three records.)"""
+    deleted topic are not listed nor served (the group, empty and without offsets, is dead),
+    and its consumers read the new topic from the start. (They were served from the
+    coordinator's memory until a restart, the store having deleted them: the group skipped the
+    new topic's first three records.)"""
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
         seen = await anyio.to_thread.run_sync(recreate_under_a_group, f"127.0.0.1:{daemon.kafka_port}")
     assert seen["first"] == [(0, b"r0-0"), (1, b"r0-1"), (2, b"r0-2")]
