@@ -12,9 +12,9 @@ from kio.schema.errors import ErrorCode
 
 from levelzero.kafka.groups import GROUP_ID_CHARS_MAX, GroupCoordinator, GroupSummary
 from levelzero.kafka.metadata import Cluster
+from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
 
-AUTHORIZED_OPERATIONS_NONE = -2147483648  # Kafka's "not asked for"
 CLASSIC_GROUP_TYPE = "classic"  # the only group type served (KIP-848's "consumer" is not)
 
 
@@ -209,7 +209,11 @@ class GroupApi:
                     protocol_type=summary.protocol_type,
                     protocol_data=summary.protocol_name,
                     members=members,
-                    authorized_operations=AUTHORIZED_OPERATIONS_NONE,
+                    authorized_operations=authorized_operations(
+                        "group",
+                        request.api_version >= 3
+                        and getattr(request.body, "include_authorized_operations", False),
+                    ),
                 )
             )
         return make(m.DescribeGroupsResponse, throttle_time=0, groups=tuple(described))

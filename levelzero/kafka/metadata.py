@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.node import Node
 from levelzero.core.cluster import preferred_leader
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
 
 log = logging.getLogger("levelzero.kafka")
@@ -178,7 +179,15 @@ class MetadataApi:
             error = ErrorCode.none
             if count is None:
                 error = refused.get(name, ErrorCode.unknown_topic_or_partition)
-            out.append(topic_row(m.MetadataResponseTopic, name, error, partitions))
+            out.append(
+                topic_row(
+                    m.MetadataResponseTopic,
+                    name,
+                    error,
+                    partitions,
+                    getattr(request.body, "include_topic_authorized_operations", False),
+                )
+            )
         shown = tuple(
             make(m.MetadataResponseBroker, node_id=b.node_id, host=b.host, port=b.port, rack=None)
             for b in sorted(brokers.values(), key=lambda b: b.node_id)
@@ -190,7 +199,12 @@ class MetadataApi:
             cluster_id=CLUSTER_ID,
             controller_id=min(b.node_id for b in brokers.values()),
             topics=tuple(out),
-            cluster_authorized_operations=-2147483648,
+            # (v8-10 only: later versions ask DescribeCluster)
+            cluster_authorized_operations=authorized_operations(
+                "cluster",
+                request.api_version <= 10
+                and getattr(request.body, "include_cluster_authorized_operations", False),
+            ),
         )
 
     def describe_cluster(self, request: Request) -> Any:
@@ -222,7 +236,9 @@ class MetadataApi:
                 )
                 for b in brokers
             ),
-            cluster_authorized_operations=-2147483648,
+            cluster_authorized_operations=authorized_operations(
+                "cluster", request.body.include_cluster_authorized_operations
+            ),
         )
 
 
@@ -251,8 +267,11 @@ def partition_row(
     )
 
 
-def topic_row(cls: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...]) -> Any:
-    """A topic of a Metadata or DescribeTopicPartitions answer (no topic ids, no ACLs)."""
+def topic_row(
+    cls: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...], operations: bool = True
+) -> Any:
+    """A topic of a Metadata or DescribeTopicPartitions answer (no topic ids), with its
+    authorized operations if `operations` (asked for: DescribeTopicPartitions always is)."""
     return make(
         cls,
         error_code=error,
@@ -260,5 +279,5 @@ def topic_row(cls: Any, name: str, error: ErrorCode, partitions: tuple[Any, ...]
         topic_id=None,
         is_internal=False,
         partitions=partitions,
-        topic_authorized_operations=-2147483648,
+        topic_authorized_operations=authorized_operations("topic", operations),
     )
