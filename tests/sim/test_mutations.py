@@ -45,8 +45,10 @@ SEEDS_TO_CATCH_MAX = {
     "slide_without_drain": 20,
     "catch_up_without_term_check": 20,
     # caught at seeds 35, 58, 67 by the check of pins at every delete (before it, with the L0
-    # cache off: 130, 182, 295)
-    "reader_pins_ignored": 80,
+    # cache off: 130, 182, 295); 107, 141, 208 once DeleteRecords' collection of the L1 objects
+    # below the start offset (at the reconciler's copy, at the housekeeper's visit) moved the
+    # schedules of the seeds that delete records
+    "reader_pins_ignored": 150,
     # the read path: a fetch starts at its offset, and every failure is explained (issue 35)
     "l1_lookup_bisect_left": 20,
     "l1_lineage_never_reread": 20,
