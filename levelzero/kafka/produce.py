@@ -22,6 +22,11 @@ from levelzero.kafka.transactions import TransactionCoordinator, txn_header
 log = logging.getLogger("levelzero.kafka")
 
 VALID_ACKS = (-1, 0, 1)  # all, none, the leader (Kafka's ReplicaManager.isValidRequiredAcks)
+# What a refused transactional record set is told (the error's meaning here)
+TXN_REFUSALS = {
+    ErrorCode.invalid_producer_id_mapping: "no transaction here has this producer id and transactional id",
+    ErrorCode.invalid_txn_state: "the partition is not in the producer's ongoing transaction",
+}
 
 
 class ProduceApi:
@@ -47,6 +52,17 @@ class ProduceApi:
         if body.acks not in VALID_ACKS:  # as Kafka: every partition refused, nothing stored or made
             refusal = (ErrorCode.invalid_required_acks, -1, f"acks must be -1, 0 or 1, not {body.acks}")
             return self._response(m, jobs, [refusal] * len(jobs))
+        transactional_id = getattr(body, "transactional_id", None)
+        if transactional_id is None and any(kr.transactional_head(data or b"") for _, _, data in jobs):
+            # As Kafka's handler: transactional records need the producer's transactional id;
+            # stored, their range would hold the last stable offset for good (no transaction
+            # here would ever end it), every read_committed consumer of the partition stuck.
+            refusal = (
+                ErrorCode.transactional_id_authorization_failed,
+                -1,
+                "transactional records need the request's transactional_id",
+            )
+            return self._response(m, jobs, [refusal] * len(jobs))
         if self.auto_create is not None:
             known = self.intake.node.topics()
             unknown = [t.name for t in body.topic_data if t.name not in known]
@@ -59,7 +75,7 @@ class ProduceApi:
                 targets.setdefault(producer_id, []).append((topic, partition))
         for producer_id, partitions in targets.items():
             await self.intake.prepare_producer(producer_id, partitions)
-        refused = await self._open_transactions(jobs)
+        refused = await self._open_transactions(jobs, transactional_id)
         if after is not None:
             await after.wait()
         outcomes = [
@@ -107,7 +123,7 @@ class ProduceApi:
         return make(m.ProduceResponse, responses=responses, throttle_time=0)
 
     async def _open_transactions(
-        self, jobs: list[tuple[str, int, bytes | None]]
+        self, jobs: list[tuple[str, int, bytes | None]], transactional_id: str | None
     ) -> dict[int, tuple[ErrorCode, int, str | None]]:
         """A transactional record set's partition gets its open range (durable) before the
         records are submitted; a fenced epoch is refused. The refused jobs by index."""
@@ -120,13 +136,18 @@ class ProduceApi:
             if self.transactions is None:
                 refused[i] = (ErrorCode.invalid_txn_state, -1, "transactions are not served here")
                 continue
-            code = self.transactions.produce_error(producer_id, epoch, topic, partition)
+            await self.transactions.load()  # (after a restart: every transaction known first)
+            code = self.transactions.produce_error(producer_id, epoch, topic, partition, transactional_id)
             if code == ErrorCode.not_enough_replicas:
                 # the AddPartitionsToTxn that added it, answered, not yet durable: waited for
                 await self.transactions.registered(producer_id, topic, partition)
-                code = self.transactions.produce_error(producer_id, epoch, topic, partition)
+                code = self.transactions.produce_error(producer_id, epoch, topic, partition, transactional_id)
             if code != ErrorCode.none:
-                refused[i] = (code, -1, "the producer's epoch is fenced by a newer one")
+                refused[i] = (
+                    code,
+                    -1,
+                    TXN_REFUSALS.get(code, "the producer's epoch is fenced by a newer one"),
+                )
                 continue
             try:
                 # Loaded first: the high watermark read next is the one the range opens at (one
@@ -162,7 +183,9 @@ class ProduceApi:
         if first.is_transactional and self.transactions is not None:
             # Checked again with no await before the submit: a record set submitted while its
             # transaction is ongoing is ahead of the transaction's markers in the lane.
-            code = self.transactions.produce_error(first.producer_id, first.producer_epoch, topic, partition)
+            code = self.transactions.produce_error(
+                first.producer_id, first.producer_epoch, topic, partition, None
+            )
             if code != ErrorCode.none:
                 return code, -1, "the producer's transaction is fenced, not ongoing, or behind a marker"
         if first.is_transactional:  # stored with the transaction's header (see transactions)

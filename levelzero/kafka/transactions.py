@@ -575,19 +575,41 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ what produce asks
 
-    def produce_error(self, producer_id: int, producer_epoch: int, topic: str, partition: int) -> ErrorCode:
-        """A transactional record set of an epoch older than the producer id's: fenced. One of
-        a producer whose transaction is not ongoing here (ended: its markers may still be on
+    async def load(self) -> None:
+        """Every stored transaction known (after a restart, before the first request's check)."""
+        await self._load()
+
+    def produce_error(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+        transactional_id: str | None = None,
+    ) -> ErrorCode:
+        """A transactional record set of an epoch older than the producer id's: fenced. One
+        whose producer id no transaction here has, or another transactional id's than the
+        request names (`transactional_id`, when given): INVALID_PRODUCER_ID_MAPPING. One of a
+        producer whose transaction is not ongoing here (ended: its markers may still be on
         their way, and records after them must open a range of their own, which only
-        AddPartitionsToTxn of the next transaction does): INVALID_TXN_STATE. One in a partition
-        where the previous transaction's marker is not queued (after a restart, or it failed):
-        NOT_ENOUGH_REPLICAS, which clients retry (the records must follow the marker)."""
+        AddPartitionsToTxn of the next transaction does), or in a partition the transaction
+        did not add: INVALID_TXN_STATE, as Kafka's verification of a transactional produce
+        answers (KIP-890). Either, stored, would open a range no EndTxn ever closes: the last
+        stable offset held for good. One in a partition where the previous transaction's marker
+        is not queued (after a restart, or it failed): NOT_ENOUGH_REPLICAS, which clients retry
+        (the records must follow the marker)."""
         current = self._epochs.get(producer_id)
         if current is not None and producer_epoch < current:
             return ErrorCode.invalid_producer_epoch
         txn = self._producers.get(producer_id)
+        if txn is None or txn.producer_id != producer_id:
+            return ErrorCode.invalid_producer_id_mapping
+        if transactional_id is not None and txn.transactional_id != transactional_id:
+            return ErrorCode.invalid_producer_id_mapping
         if txn is not None and txn.producer_id == producer_id:
             if txn.state != ONGOING:
+                return ErrorCode.invalid_txn_state
+            if (topic, partition) not in txn.partitions:
                 return ErrorCode.invalid_txn_state
             prepared, tp = txn.prepared, (topic, partition)
             if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:

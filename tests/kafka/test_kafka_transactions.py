@@ -371,7 +371,9 @@ async def test_an_open_transaction_is_aborted_when_a_new_incarnation_exhausts_th
         # The id has been initialised EPOCH_MAX - 2 times: the next incarnation gets the last
         # epoch a producer uses, the one after it a new producer id.
         old_id = coordinator.intake.new_producer_id()
+        # (as the coordinator's load of a stored transaction registers it)
         coordinator._txns["tx-old"] = TxnState("tx-old", old_id, EPOCH_MAX - 2, EMPTY, 60_000)
+        coordinator._producers[old_id] = coordinator._txns["tx-old"]
         coordinator._epochs[old_id] = EPOCH_MAX - 2
         lso, high = await anyio.to_thread.run_sync(open_transaction, port, "tx-old")
         assert (lso, high) == (0, 3)

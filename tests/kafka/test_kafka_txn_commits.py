@@ -174,3 +174,61 @@ async def test_offset_fetch_after_the_commit_answer_gets_the_transactions_offset
         (txn,) = coordinator._txns.values()
         assert txn.state == "complete_commit"
         assert await daemon.node.log_store.txn_ranges(TOPIC, 0) == []  # its marker written, range closed
+
+
+async def stable_and_high(wire: Wire, partition: int) -> tuple[int, int]:
+    """(last stable offset, high watermark) of TOPIC/`partition`: ListOffsets latest with
+    read_committed, then read_uncommitted."""
+    marks = []
+    for isolation in (1, 0):
+        m = module_of(2, 7)
+        asked = make(m.ListOffsetsPartition, partition_index=partition, timestamp=-1, current_leader_epoch=-1)
+        response = await wire.request(
+            2,
+            7,
+            replica_id=-1,
+            isolation_level=isolation,
+            topics=(make(m.ListOffsetsTopic, name=TOPIC, partitions=(asked,)),),
+        )
+        marks.append(response.topics[0].partitions[0].offset)
+    return marks[0], marks[1]
+
+
+async def test_transactional_records_outside_a_transaction_here_are_refused(tmp_path: Path) -> None:
+    """Transactional records no transaction here would ever end are refused, as Kafka refuses
+    them (its produce handler; KIP-890's verification): without the request's transactional
+    id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED), of a producer id no transaction has or another
+    transactional id's (INVALID_PRODUCER_ID_MAPPING), in a partition the transaction did not add
+    (INVALID_TXN_STATE). Stored, each opened a range that held the last stable offset for good:
+    every read_committed consumer of the partition stuck, across restarts."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic(TOPIC, 2)
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            bare = await produce(wire, 0, batch(b"no-tid", 424242, 0, 0), None)
+            assert bare.error_code == ErrorCode.transactional_id_authorization_failed
+            unknown = await produce(wire, 0, batch(b"unknown-pid", 424242, 0, 0), TID)
+            assert unknown.error_code == ErrorCode.invalid_producer_id_mapping
+            init = await wire.request(
+                22,
+                4,
+                transactional_id=TID,
+                transaction_timeout=60_000 * MS,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+            pid, epoch = init.producer_id, init.producer_epoch
+            other = await produce(wire, 0, batch(b"other-tid", pid, epoch, 0), "another-tx")
+            assert other.error_code == ErrorCode.invalid_producer_id_mapping
+            assert await add_partitions(wire, pid, epoch, (0,)) == [ErrorCode.none]
+            outside = await produce(wire, 1, batch(b"not-added", pid, epoch, 0), TID)
+            assert outside.error_code == ErrorCode.invalid_txn_state
+            inside = await produce(wire, 0, batch(b"added", pid, epoch, 0), TID)
+            assert (inside.error_code, inside.base_offset) == (ErrorCode.none, 0)
+            plain = await produce(wire, 1, batch(b"plain"))
+            assert (plain.error_code, plain.base_offset) == (ErrorCode.none, 0)
+            # Partition 1 holds no transactional record: its last stable offset is its end.
+            assert await stable_and_high(wire, 1) == (1, 1)
+            assert await stable_and_high(wire, 0) == (0, 1)  # the ongoing transaction's
+        finally:
+            await wire.aclose()
