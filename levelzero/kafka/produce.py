@@ -15,7 +15,7 @@ from levelzero.core.l0format import Record
 from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.metadata import AutoCreate
-from levelzero.kafka.protocol import Request, make
+from levelzero.kafka.protocol import Request, UnansweredFailure, make
 from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, has_reserved_header
 from levelzero.kafka.transactions import TransactionCoordinator, txn_header
 
@@ -95,6 +95,13 @@ class ProduceApi:
             else:
                 results.append(outcome)
         if body.acks == 0:
+            failed = [
+                f"{topic}/{partition}: {code.name}"
+                for (topic, partition, _), (code, _, _) in zip(jobs, results, strict=True)
+                if code != ErrorCode.none
+            ]
+            if failed:
+                raise UnansweredFailure(f"a produce with acks=0 failed ({', '.join(failed[:5])})")
             return None
         return self._response(m, jobs, results)
 

@@ -74,6 +74,13 @@ class BadRequest(Exception):
     """A frame that cannot be read as the request it names: the connection is closed."""
 
 
+class UnansweredFailure(Exception):
+    """A request that gets no answer (a produce with acks=0) failed: the connection is closed,
+    as a Kafka broker closes it, so the client sees it, refreshes its metadata and reconnects
+    (an acks=0 producer writing to a partition that went would otherwise lose every record
+    without a sign)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
     api_key: int

@@ -47,6 +47,7 @@ from levelzero.kafka.protocol import (
     API_VERSIONS_KEY,
     SIZE_PREFIX,
     BadRequest,
+    UnansweredFailure,
     Request,
     api_versions_response,
     encode_response,
@@ -137,6 +138,7 @@ class ListenerStats:
     connections_open: int = 0
     requests: int = 0
     closed_bad_frames: int = 0
+    closed_unanswered_failures: int = 0  # a produce with acks=0 failed (as Kafka closes it)
     closed_idle: int = 0  # silent past idle_timeout_s, or past header_timeout_s before speaking
     closed_slow_frames: int = 0  # a frame's body not in within frame_timeout_s
     errors: int = 0
@@ -327,6 +329,10 @@ class KafkaListener:
         except BadRequest as exc:
             self.stats.closed_bad_frames += 1
             log.warning("kafka: closing a connection: %s", exc)
+            slot.close = True
+        except UnansweredFailure as exc:
+            self.stats.closed_unanswered_failures += 1
+            log.info("kafka: closing a connection: %s", exc)
             slot.close = True
         except AssertionError:
             self.stats.errors += 1

@@ -47,6 +47,11 @@ class Wire:
         await self.stream.send(data)
 
     async def request(self, api_key: int, version: int, **fields: Any) -> Any:
+        await self.send(api_key, version, **fields)
+        return await self.response(api_key, version)
+
+    async def send(self, api_key: int, version: int, **fields: Any) -> None:
+        """The request, without waiting for an answer (a produce with acks=0 gets none)."""
         cls = load_request_schema(api_key, version)
         self.correlation += 1
         out = io.BytesIO()
@@ -64,7 +69,6 @@ class Wire:
         entity_writer(cls)(out, make(cls, **fields))
         payload = out.getvalue()
         await self.stream.send(struct.pack(">i", len(payload)) + payload)
-        return await self.response(api_key, version)
 
     async def response(self, api_key: int, version: int) -> Any:
         frame = await self.frame()

@@ -232,3 +232,29 @@ async def test_transactional_records_outside_a_transaction_here_are_refused(tmp_
             assert await stable_and_high(wire, 0) == (0, 1)  # the ongoing transaction's
         finally:
             await wire.aclose()
+
+
+async def test_a_failed_produce_with_acks_0_closes_the_connection(tmp_path: Path) -> None:
+    """A produce with acks=0 gets no answer; when it fails (here a partition the topic does not
+    have) the connection is closed, as a Kafka broker closes it, so the producer notices,
+    refreshes its metadata and reconnects instead of losing every record without a sign. One
+    that succeeds leaves the connection open."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic(TOPIC, 1)
+        m = module_of(0, 9)
+
+        def topic_data(partition: int) -> tuple[Any, ...]:
+            records = make(m.PartitionProduceData, index=partition, records=batch(b"fire-and-forget"))
+            return (make(m.TopicProduceData, name=TOPIC, partition_data=(records,)),)
+
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await wire.send(0, 9, transactional_id=None, acks=0, timeout=5000 * MS, topic_data=topic_data(0))
+            versions = await wire.request(18, 3, client_software_name="t", client_software_version="1")
+            assert versions.error_code == ErrorCode.none  # still open
+            await wire.send(0, 9, transactional_id=None, acks=0, timeout=5000 * MS, topic_data=topic_data(9))
+            assert await wire.frame() is None  # closed, with no answer
+        finally:
+            await wire.aclose()
+        assert (await client.fetch(TOPIC, 0, 0)).high_watermark == 1
+        assert daemon.kafka.stats.closed_unanswered_failures == 1  # type: ignore[union-attr]
