@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import inspect
 
 import anyio
 import types
@@ -436,19 +437,11 @@ def _compaction_drops_cleaned_last() -> contextlib.AbstractContextManager[None]:
     # its key's latest (or the range's last), so a commit marker (no key) at the end of the
     # cleaned range goes, and a read_committed consumer below an open transaction just above
     # it finds nothing below the last stable offset.
-    def drops(
-        offsets: list[int],
-        keys: list[bytes | None],
-        written_at_ms: list[int],
-        clean_upto: int,
-        now_ms: int,
-        delete_retention_ms: int,
-        encoded_of: EncodedOf,
-        latest: Mapping[bytes | None, int] | None = None,
-    ) -> Retained:
-        kept = retain(
-            offsets, keys, written_at_ms, clean_upto, now_ms, delete_retention_ms, encoded_of, latest
-        )
+    def drops(*args: Any, **kwargs: Any) -> Retained:
+        kept = retain(*args, **kwargs)
+        given = inspect.signature(retain).bind(*args, **kwargs).arguments
+        offsets, keys, clean_upto = given["offsets"], given["keys"], given["clean_upto"]
+        encoded_of = given["encoded_of"]
         cut = bisect.bisect_right(offsets, clean_upto)
         if not 0 < cut < len(offsets) or keys[cut - 1] is not None:
             return kept

@@ -7,7 +7,9 @@ a key is refused as Kafka refuses it (INVALID_RECORD)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -159,21 +161,31 @@ async def test_compaction_keeps_what_read_committed_sees_under_aborted_and_open_
     still be aborted). Otherwise a changelog (Quix Streams, Kafka Streams under exactly-once)
     read with read_committed loses keys: their committed record was removed for one that never
     becomes visible."""
+    status, got, position = await compacted_then_read(tmp_path, transactions_on_a_compacted_topic, 5)
+    # cleaned to 4 (below the LSO, 5): the commit marker (2) and the aborted a=2 (3) removed
+    assert status.records_removed == 2
+    assert got == [(0, b"a", b"1"), (1, b"b", b"1")] and position == 5
+
+
+async def compacted_then_read(
+    tmp_path: Path, write: Callable[[int], None], lso: int
+) -> tuple[Any, list[tuple[int, bytes | None, bytes | None]], int]:
+    """A compacted topic written by `write` (a thread, given the Kafka port), reconciled up to
+    `lso` - 1 and compacted once: the pass's status, and what read_committed reads to `lso`
+    (the records, the position reached)."""
     async with daemon_and_client(
         tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
     ) as (daemon, client):
         port = daemon.kafka_port
         assert await anyio.to_thread.run_sync(create_compacted, port) is None
-        await anyio.to_thread.run_sync(transactions_on_a_compacted_topic, port)
+        await anyio.to_thread.run_sync(write, port)
         node = daemon.node
         await node.reconciler.run_round()
-        assert node.partition(TOPIC, 0).state.lro == 5
+        assert node.partition(TOPIC, 0).state.lro == lso
         assert await node.compactor.run_round() == 1
         (status,) = (await client.status()).compactor.partitions  # type: ignore[union-attr]
-        # cleaned to 4 (below the LSO, 5): the commit marker (2) and the aborted a=2 (3) removed
-        assert status.records_removed == 2
-        got, position = await anyio.to_thread.run_sync(read_committed_to, port, 5)
-        assert got == [(0, b"a", b"1"), (1, b"b", b"1")] and position == 5
+        got, position = await anyio.to_thread.run_sync(read_committed_to, port, lso)
+    return status, got, position
 
 
 def a_commit_then_an_open_transaction(port: int) -> None:
@@ -208,18 +220,7 @@ async def test_a_read_committed_consumer_reaches_the_last_stable_offset_after_co
     short of it until that transaction ends, as a killed exactly-once worker's may for its whole
     timeout. The cleaned range's last record stays, as Kafka's cleaner retains its round's last
     batch."""
-    async with daemon_and_client(
-        tmp_path, **KAFKA, reconciler__object_bytes_min=0, reconciler__object_age_max_s=0
-    ) as (daemon, client):
-        port = daemon.kafka_port
-        assert await anyio.to_thread.run_sync(create_compacted, port) is None
-        await anyio.to_thread.run_sync(a_commit_then_an_open_transaction, port)
-        node = daemon.node
-        await node.reconciler.run_round()
-        assert node.partition(TOPIC, 0).state.lro == 4
-        assert await node.compactor.run_round() == 1
-        (status,) = (await client.status()).compactor.partitions  # type: ignore[union-attr]
-        got, position = await anyio.to_thread.run_sync(read_committed_to, port, 4)
+    status, got, position = await compacted_then_read(tmp_path, a_commit_then_an_open_transaction, 4)
     assert position == 4
     assert got == [(1, b"a", b"1"), (2, b"b", b"1")]
     assert list(status.cleaner_offsets.values()) == [3] and status.records_removed == 1  # a=0 only

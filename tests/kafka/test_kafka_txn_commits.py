@@ -52,6 +52,15 @@ async def produce(wire: Wire, partition: int, data: bytes, tid: str | None = Non
     return response.responses[0].partition_responses[0]
 
 
+async def init_producer(wire: Wire) -> tuple[int, int]:
+    """InitProducerId for TID: (producer id, epoch)."""
+    init = await wire.request(
+        22, 4, transactional_id=TID, transaction_timeout=60_000 * MS, producer_id=-1, producer_epoch=-1
+    )
+    assert init.error_code == ErrorCode.none
+    return init.producer_id, init.producer_epoch
+
+
 async def add_partitions(
     wire: Wire, producer_id: int, epoch: int, partitions: tuple[int, ...]
 ) -> list[ErrorCode]:
@@ -98,16 +107,7 @@ async def test_a_transaction_stores_its_ranges_with_its_state_and_refuses_record
         try:
             plain = await produce(wire, 0, batch(b"plain"))
             assert (plain.error_code, plain.base_offset) == (ErrorCode.none, 0)
-            init = await wire.request(
-                22,
-                4,
-                transactional_id=TID,
-                transaction_timeout=60_000 * MS,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-            assert init.error_code == ErrorCode.none
-            pid, epoch = init.producer_id, init.producer_epoch
+            pid, epoch = await init_producer(wire)
             assert await add_partitions(wire, pid, epoch, (0, 1)) == [ErrorCode.none] * 2
             assert await add_partitions(wire, pid, epoch, (1,)) == [ErrorCode.none]  # already in it
             for partition in (0, 1):
@@ -209,15 +209,7 @@ async def test_transactional_records_outside_a_transaction_here_are_refused(tmp_
             assert bare.error_code == ErrorCode.transactional_id_authorization_failed
             unknown = await produce(wire, 0, batch(b"unknown-pid", 424242, 0, 0), TID)
             assert unknown.error_code == ErrorCode.invalid_producer_id_mapping
-            init = await wire.request(
-                22,
-                4,
-                transactional_id=TID,
-                transaction_timeout=60_000 * MS,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-            pid, epoch = init.producer_id, init.producer_epoch
+            pid, epoch = await init_producer(wire)
             other = await produce(wire, 0, batch(b"other-tid", pid, epoch, 0), "another-tx")
             assert other.error_code == ErrorCode.invalid_producer_id_mapping
             assert await add_partitions(wire, pid, epoch, (0,)) == [ErrorCode.none]
