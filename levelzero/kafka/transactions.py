@@ -606,16 +606,14 @@ class TransactionCoordinator:
             return ErrorCode.invalid_producer_id_mapping
         if transactional_id is not None and txn.transactional_id != transactional_id:
             return ErrorCode.invalid_producer_id_mapping
-        if txn is not None and txn.producer_id == producer_id:
-            if txn.state != ONGOING:
-                return ErrorCode.invalid_txn_state
-            if (topic, partition) not in txn.partitions:
-                return ErrorCode.invalid_txn_state
-            prepared, tp = txn.prepared, (topic, partition)
-            if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
-                return ErrorCode.not_enough_replicas
-            if txn.registering is not None and txn.registering.holds(tp):
-                return ErrorCode.not_enough_replicas  # (`registered` is awaited first)
+        tp = (topic, partition)
+        if txn.state != ONGOING or tp not in txn.partitions:
+            return ErrorCode.invalid_txn_state
+        prepared = txn.prepared
+        if prepared is not None and tp in prepared.firsts and prepared.queued(tp) is None:
+            return ErrorCode.not_enough_replicas
+        if txn.registering is not None and txn.registering.holds(tp):
+            return ErrorCode.not_enough_replicas  # (`registered` is awaited first)
         return ErrorCode.none
 
     async def registered(self, producer_id: int, topic: str, partition: int) -> None:
