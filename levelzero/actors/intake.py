@@ -58,6 +58,7 @@ from levelzero.core.producers import (
     PartitionProducers,
     ProducerSequences,
     StoredBatch,
+    epoch_refusal,
     following_sequence,
     key_repeat_differs,
     key_reused,
@@ -559,12 +560,26 @@ class ProduceIntake:
         producer's last stored one in the partition's state (Kafka's rule; answered
         OutOfOrderSequence, which a client retries once the earlier batch is stored). Stored in
         sequence order, a producer's five batches remembered cover its window of five
-        unacknowledged ones. A producer the state does not know may start anywhere."""
+        unacknowledged ones. A producer the state does not know may start anywhere. A batch of
+        an epoch older than the producer's known one is a zombie's (StaleProducerEpoch); a newer
+        epoch starts at sequence 0 (`core.producers.epoch_refusal`)."""
         kept = []
         expected: dict[tuple[int, int], int | None] = {}
+        epochs: dict[int, int] = {}  # producers' epochs taken in this round
         for p in taken:
             if p.identity is not None:
-                producer_id, epoch, _, _, base_sequence = p.identity
+                producer_id, epoch, topic, partition, base_sequence = p.identity
+                if producer_id < IDEMPOTENCY_ID_BASE:  # a key's epoch is a digest, not an order
+                    known = epochs.get(producer_id)
+                    if known is None:
+                        known = producers.epoch_of(producer_id)
+                    if known is None:
+                        known = self.sequences.epoch_of(producer_id, topic, partition)
+                    refusal = epoch_refusal(producer_id, known, epoch, base_sequence)
+                    if refusal is not None:
+                        self._finish(p, error=refusal)
+                        continue
+                    epochs[producer_id] = epoch
                 key = (producer_id, epoch)
                 want = expected[key] if key in expected else producers.next_sequence(producer_id, epoch)
                 if want is not None and base_sequence != want:

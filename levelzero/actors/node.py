@@ -54,7 +54,7 @@ from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
 from .l0_cache import L0ObjectCache, l0_object_bytes_bound
-from .reader import FetchResult, Reader
+from .reader import UNFRAMED, FetchResult, Framing, Reader
 from .compactor import Compactor, CompactorConfig
 from .reconciler import Reconciler, ReconcilerConfig
 from .topic_configs import TopicConfigs
@@ -689,8 +689,10 @@ class Node:
             )
         return await self.batcher.produce(actor, records, producers, linger_s)
 
-    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes)
+    async def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, framing: Framing = UNFRAMED
+    ) -> FetchResult:
+        read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes, framing=framing)
         return await self._led_read(topic, partition, read)
 
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:

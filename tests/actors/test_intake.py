@@ -21,6 +21,7 @@ from levelzero.core.errors import (
     IdempotencyKeyReused,
     InvalidInput,
     OutOfOrderSequence,
+    StaleProducerEpoch,
     StorageError,
     TooLarge,
     UnknownTopic,
@@ -120,6 +121,42 @@ async def test_an_idempotent_batch_out_of_sequence_order_is_refused_until_the_ea
             assert intake.submit(TOPIC, 0, [Record(None, b"3")], (7, 0, TOPIC, 0, 3)) == 3
             tg.cancel_scope.cancel()
         assert intake.offsets(TOPIC, 0) == (0, 4)
+
+
+async def test_a_producers_older_epoch_is_refused_and_a_newer_one_starts_at_sequence_0() -> None:
+    """Kafka's ProducerAppendInfo: once a partition stored a producer id's batches under epoch
+    1, a batch of epoch 0 is a zombie's (INVALID_PRODUCER_EPOCH, not retriable, not stored); a
+    batch of epoch 2 must start its sequences at 0 (OUT_OF_ORDER_SEQUENCE_NUMBER otherwise),
+    within one round too (two batches of the new epoch taken together)."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+
+            def submit(epoch: int, sequence: int, value: bytes) -> Pending:
+                pending = intake.submit(TOPIC, 0, [Record(None, value)], (7, epoch, TOPIC, 0, sequence))
+                assert isinstance(pending, Pending)
+                return pending
+
+            first = submit(1, 0, b"a")
+            await first.done.wait()
+            assert (first.error, first.base_offset) == (None, 0)
+            zombie = submit(0, 1, b"zombie")
+            await zombie.done.wait()
+            assert isinstance(zombie.error, StaleProducerEpoch) and not zombie.error.retriable
+            assert (zombie.error.producer_epoch, zombie.error.current) == (0, 1)
+            skipped = submit(2, 5, b"skipped")
+            await skipped.done.wait()
+            assert isinstance(skipped.error, OutOfOrderSequence) and skipped.error.expected == 0
+            together = [submit(2, 0, b"b"), submit(2, 1, b"c"), submit(1, 1, b"late")]
+            for pending in together:
+                await pending.done.wait()
+            assert [p.error for p in together[:2]] == [None, None]
+            assert [p.base_offset for p in together[:2]] == [1, 2]
+            assert isinstance(together[2].error, StaleProducerEpoch)  # epoch 2 taken before it
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 3)
 
 
 async def test_record_sets_the_batcher_would_refuse_are_refused_at_the_door() -> None:
