@@ -545,6 +545,9 @@ class _ProcessMemory:
     def next_sequence(self, producer_id: int, epoch: int) -> int | None:
         return self.sequences.next_sequence(producer_id, epoch, self.topic, self.partition)
 
+    def epoch_of(self, producer_id: int) -> int | None:
+        return self.sequences.epoch_of(producer_id, self.topic, self.partition)
+
 
 def _idempotent_state_per_process() -> contextlib.AbstractContextManager[None]:
     """The intake checks a producer's batches against what its own process learnt (its answers,
