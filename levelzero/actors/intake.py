@@ -146,6 +146,8 @@ class ProduceIntake:
         # out more than 65,536 ids a millisecond).
         self._next_producer_id = int(time.time() * 1000) << 16
         self.sequences = ProducerSequences()
+        # The partition (its pid) each (topic, partition) remembered in `sequences` is of.
+        self._pids: dict[tuple[str, int], int] = {}
         # Where producers' last batches are kept durably (the SQLite store; elsewhere: memory
         # only), and the producers whose stored batches are already in `sequences`.
         store = node.log_store
@@ -204,7 +206,19 @@ class ProduceIntake:
 
     def check_led(self, topic: str, partition: int) -> None:
         """Raise LevelZeroError (unknown topic or partition, led elsewhere) unless led here."""
-        self.node.partition(topic, partition)
+        pid = self.node.partition(topic, partition).row.pid
+        if self._pids.get((topic, partition)) != pid:
+            self._new_partition(topic, partition, pid)
+
+    def _new_partition(self, topic: str, partition: int, pid: int) -> None:
+        """The partition is another log than the one this intake remembered producers of: its
+        topic was deleted and made again with its name (here, or on another node of a cluster).
+        Its producers and idempotency keys start unknown, as the new log's own state has them:
+        a key used on the old partition, remembered here, was answered as a repeat of a record
+        the new partition never stored."""
+        if (topic, partition) in self._pids:
+            self.sequences.forget_partition(topic, partition)
+        self._pids[(topic, partition)] = pid
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(start offset, high watermark) of a partition led here (LevelZeroError otherwise)."""
