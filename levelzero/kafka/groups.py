@@ -128,6 +128,18 @@ class JoinResult:
     members: list[tuple[str, bytes]]  # for the leader only
 
 
+def _supports(group: Group, protocol_type: str, protocols: Sequence[tuple[str, bytes]]) -> bool:
+    """Whether a member joining `group` (which has members) with `protocol_type` and
+    `protocols` may: the group's protocol type, and one of its protocols every member supports
+    (the members as they joined last, a rejoining one included, as Kafka counts them)."""
+    if group.protocol_type not in (None, protocol_type):
+        return False
+    names = {name for name, _ in protocols}
+    for member in group.members.values():
+        names &= {name for name, _ in member.protocols}
+    return bool(names)
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -281,7 +293,11 @@ class GroupCoordinator:
             group = self._group(group_id, create=True)
         except GroupError as exc:
             return refused(exc.code)
-        if group.members and group.protocol_type not in (None, protocol_type):
+        if group.members and not _supports(group, protocol_type, protocols):
+            # Refused to the joiner alone, as Kafka's coordinator checks a join
+            # (`GroupMetadata.supportsProtocols`): a member whose assignors the group's members
+            # do not all share would otherwise fail the whole round, every member left without
+            # partitions for as long as it kept joining.
             return refused(ErrorCode.inconsistent_group_protocol)
         now = self._clock()
         if not member_id:

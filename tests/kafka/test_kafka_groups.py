@@ -258,6 +258,43 @@ async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
     assert coordinator.check_commit("g", "", -1, transactional=True) == ErrorCode.none
 
 
+async def test_a_joiner_sharing_no_assignor_is_refused_alone_and_the_group_goes_on() -> None:
+    """As Kafka's coordinator checks a join (`supportsProtocols`): a member whose assignors the
+    group's members do not all share is INCONSISTENT_GROUP_PROTOCOL at once, and nothing else
+    changes: no rebalance, the members keep their generation and assignment (the round failed
+    for every member, all of them left without partitions while the joiner retried: a
+    confluent-kafka consumer with `range` joining an aiokafka group with `roundrobin`). One
+    sharing an assignor joins."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    results = []
+
+    async def join(member: str, protocols: list[tuple[str, bytes]]) -> None:
+        results.append(await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "", [("roundrobin", b"m"), ("range", b"m")])
+        await anyio.sleep(0)
+        clock.now += 1
+    me = results[0].member_id
+    await coordinator.sync("g", me, 1, [(me, b"parts")])
+    with anyio.fail_after(5):  # refused at once (the fake clock never ends a round by itself)
+        await join("", [("cooperative-sticky", b"x")])
+    assert results[1].error == ErrorCode.inconsistent_group_protocol
+    group = coordinator.groups["g"]
+    assert (group.state, group.generation, list(group.members)) == ("stable", 1, [me])
+    assert coordinator.heartbeat("g", me, 1) == ErrorCode.none
+    await join("", [("consumer-other-type", b"x")])  # (same protocol type, no shared name)
+    assert results[2].error == ErrorCode.inconsistent_group_protocol
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "", [("range", b"y")])  # shares `range`: a rebalance begins
+        await anyio.sleep(0)
+        assert group.state == "preparing"
+        tg.start_soon(join, me, [("roundrobin", b"m"), ("range", b"m")])
+    assert results[3].error == results[4].error == ErrorCode.none
+    assert results[4].protocol_name == "range"
+
+
 async def test_a_killed_member_is_dropped_at_its_session_timeout_not_the_rebalance_timeout() -> None:
     """A consumer SIGKILLed sends no LeaveGroup. Its successor's JoinGroup opens a round that
     waits for the dead member; Kafka's heartbeat expiry drops it at its session timeout and the
