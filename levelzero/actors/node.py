@@ -687,7 +687,15 @@ class Node:
             raise InvalidInput(
                 f"topic {topic!r} takes no new records: its name {problem} (levelzero status says what to do)"
             )
-        return await self.batcher.produce(actor, records, producers, linger_s)
+        try:
+            return await self.batcher.produce(actor, records, producers, linger_s)
+        except ShuttingDown:
+            if self.accepting and self._partitions.get((topic, partition)) is not actor:
+                # The partition stopped under the request while this node goes on: its topic
+                # was deleted (or its leadership moved). Said as such (unknown topic, led
+                # elsewhere), not as a node shutting down, which clients retry here.
+                self.partition(topic, partition)
+            raise
 
     async def fetch(
         self, topic: str, partition: int, offset: int, max_bytes: int, framing: Framing = UNFRAMED

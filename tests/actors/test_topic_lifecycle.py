@@ -4,6 +4,9 @@ here, never waited for), and what reads and writes see."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig
@@ -240,3 +243,30 @@ async def test_delete_records_is_refused_where_the_cleanup_policy_has_no_delete(
             assert node.partition("t", 0).state.start_offset == 0
         else:
             assert await node.delete_records("t", 0, 1) == 1
+
+
+async def test_a_produce_waiting_in_the_batch_window_when_its_topic_is_deleted_is_unknown_topic() -> None:
+    """Produces in flight while their topic is deleted were answered ShuttingDown ("partition
+    ... is stopped": HTTP 503, which says retry, and Kafka's NOT_LEADER) although the node goes
+    on: they are told the topic is gone (HTTP 404, UNKNOWN_TOPIC_OR_PARTITION), and nothing of
+    them is stored."""
+    config = dataclasses.replace(make_config(), batcher=BatcherConfig(linger_ms=500))
+    async with running_node(config, MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic("racy", 1)
+        outcomes: list[BaseException | int] = []
+
+        async def one(i: int) -> None:
+            try:
+                outcomes.append((await node.produce("racy", 0, [Record(None, b"%d" % i)])).base_offset)
+            except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.05)  # in the batch window
+            await node.delete_topic("racy")
+        assert len(outcomes) == 8
+        assert all(isinstance(o, UnknownTopic) for o in outcomes), outcomes
+        await node.create_topic("racy", 1)
+        assert node.partition("racy", 0).state.high_watermark == 0
