@@ -34,9 +34,11 @@ GROUPS_MAX = 10_000
 MEMBERS_PER_GROUP_MAX = 1_000
 GROUP_ID_CHARS_MAX = 255
 METADATA_CHARS_MAX = 4_096  # offset commit metadata (Kafka's offset.metadata.max.bytes)
-REBALANCE_TIMEOUT_S_MAX = 300.0
-SESSION_TIMEOUT_S_MIN = 0.1
-SESSION_TIMEOUT_S_MAX = 300.0
+# Kafka's default group.max.session.timeout.ms (30 min) bounds sessions, and rebalances here too
+# (a member that never rejoins holds a rebalance for its rebalance timeout, `max.poll.interval.ms`).
+REBALANCE_TIMEOUT_S_MAX = 1_800.0
+SESSION_TIMEOUT_S_MIN = 0.1  # Kafka's default minimum is 6 s: shorter sessions are taken here
+SESSION_TIMEOUT_S_MAX = 1_800.0
 
 
 class GroupError(Exception):
