@@ -183,6 +183,7 @@ class Node:
             self.topics,
             self._wall,
         )
+        self.topic_configs.on_change = self._configs_changed
         self.housekeeper = Housekeeper(
             config.housekeeper,
             self.epochs,
@@ -598,6 +599,12 @@ class Node:
                 log.warning("collecting L1 objects below %s's new start offset failed: %s", actor.name, exc)
         return actor.state.start_offset
 
+    async def _configs_changed(self, name: str) -> None:
+        """The topic's configs changed through this node: its bucket record says so too."""
+        partitions = self.topics().get(name)
+        if partitions is not None:
+            await self._record_topic(name, partitions)
+
     async def _forget_topic_record(self, name: str) -> None:
         """Remove the topic's record from the bucket before the topic goes (a topic of the same
         name made after the deletion writes its own). Best effort, as `_record_topic`."""
@@ -607,10 +614,11 @@ class Node:
             log.warning("could not remove topic %s's record from the object store: %s", name, exc)
 
     async def _record_topic(self, name: str, partitions: int) -> None:
-        """Keep the topic's partition count in the bucket too: `levelzero recover --from-bucket`
-        rebuilds a lost control plane from it (a topic without a record is derived from its L1
-        keys). Best effort: the control plane, which has the topic, is the truth."""
-        record = TopicRecord(name, partitions, self._wall())
+        """Keep the topic's partition count and configs in the bucket too: `levelzero recover
+        --from-bucket` rebuilds a lost control plane from it (a topic without a record is
+        derived from its L1 keys, without configs). Best effort: the control plane, which has
+        the topic, is the truth."""
+        record = TopicRecord(name, partitions, self._wall(), self.topic_configs.configs_of(name))
         try:
             await self.object_store.put(topic_record_key(name), encode_topic_record(record))
         except LevelZeroError as exc:

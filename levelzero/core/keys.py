@@ -134,11 +134,14 @@ def parse_l1_key(key: str) -> L1Key:
 
 
 class TopicRecord(msgspec.Struct, frozen=True):
-    """What the bucket keeps of a topic (JSON at `topic_record_key`)."""
+    """What the bucket keeps of a topic (JSON at `topic_record_key`): its partition count and
+    its topic configs as set (rewritten when they change; none in a record of an earlier
+    release)."""
 
     topic: str
     partitions: int
     created_at: float
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 _topic_record_decoder = msgspec.json.Decoder(TopicRecord)

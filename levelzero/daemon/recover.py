@@ -50,7 +50,7 @@ import anyio
 
 from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
-from levelzero.core.errors import CorruptData, LevelZeroError, MalformedKey, ObjectNotFound
+from levelzero.core.errors import CorruptData, InvalidConfig, LevelZeroError, MalformedKey, ObjectNotFound
 from levelzero.core.keys import (
     L0_ROOT,
     L1_ROOT,
@@ -72,6 +72,7 @@ from levelzero.core.l0format import (
 )
 from levelzero.core.names import topic_name_problem
 from levelzero.core.state import PartitionSnapshot, PartitionState
+from levelzero.core.topic_configs import BrokerConfigs, check_configs
 from levelzero.storage.protocols import (
     L1Row,
     L1State,
@@ -145,6 +146,8 @@ class RecoverySummary:
     topics: dict[str, int] = field(default_factory=dict)  # rebuilt topics: name -> partitions
     cluster_epoch: int | None = None
     skipped_keys: int = 0  # keys under level_one/ that are not L1 keys
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)  # rebuilt topics' configs
+    configs_dropped: dict[str, str] = field(default_factory=dict)  # topic -> why they were not
 
     @property
     def objects(self) -> int:
@@ -369,6 +372,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: not an L1 key", info.key)
             continue
         keys.setdefault((key.topic, key.partition), []).append(key)
+    configs: dict[str, dict[str, str]] = {}  # the topic records' configs, checked
     top_epoch = 0
     async for info in iter_objects(objects, L0_ROOT):
         with contextlib.suppress(MalformedKey):
@@ -384,10 +388,17 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         summary.topics[record.topic] = record.partitions
+        if record.configs:
+            try:
+                configs[record.topic] = check_configs(record.configs.items(), BrokerConfigs(broker_id=0))
+            except InvalidConfig as exc:  # (a record of another release, whose rules differ)
+                summary.configs_dropped[record.topic] = str(exc)
+                log.warning("topic %s comes back without its configs: %s", record.topic, exc)
     for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
+    summary.configs = configs
     for topic, count in sorted(summary.topics.items()):
-        for row in await store.create_topic(topic, count, epoch, now):
+        for row in await store.create_topic(topic, count, epoch, now, configs.get(topic)):
             found = keys.get((row.topic, row.partition))
             if found:
                 summary.partitions.append(await _rebuild_partition(store, objects, row, found, epoch, now))
@@ -486,6 +497,12 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             f"({', '.join(f'{t}: {n} partitions' for t, n in sorted(summary.topics.items())) or 'none'}), "
             f"cluster epoch {summary.cluster_epoch}, {summary.objects} L1 objects"
         )
+        if summary.configs:
+            lines.append(
+                f"topic configs: {', '.join(f'{t} ({len(c)})' for t, c in sorted(summary.configs.items()))}"
+            )
+        for topic, why in sorted(summary.configs_dropped.items()):
+            lines.append(f"topic {topic} comes back without its configs: {why}")
         if summary.skipped_keys:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
         lines.append(
