@@ -7,6 +7,7 @@ and hands them in; tests hand in memory or SQLite stores directly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -27,7 +28,9 @@ from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
+    MalformedKey,
     NotLeader,
+    ObjectNotFound,
     OffsetOutOfRange,
     PolicyViolation,
     ShuttingDown,
@@ -38,7 +41,13 @@ from levelzero.core.errors import (
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import NO_LIVE_LEADER
-from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
+from levelzero.core.keys import (
+    PREFIX_COUNT,
+    TopicRecord,
+    decode_topic_record,
+    encode_topic_record,
+    topic_record_key,
+)
 from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
@@ -195,6 +204,7 @@ class Node:
             index=self.partitions_by_name,
             retention=self.topic_configs,
         )
+        self.housekeeper.start_moved = self.partition_emptied
         self.compactor = Compactor(
             config.compactor,
             object_store,
@@ -481,7 +491,7 @@ class Node:
                 await self._start_partitions(rows)
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
-        await self._record_topic(name, partitions)
+        await self._record_topic(name, partitions, fresh=True)
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
@@ -593,6 +603,7 @@ class Node:
         if offset > actor.state.start_offset:
             await actor.set_start_offset(offset, actor.term)
             log.info("records deleted", extra={"partition": actor.name, "start_offset": offset})
+            await self.partition_emptied(actor)
             try:
                 await self.l1.collect(actor, self.config.reconciler.copy_deadline_s)
             except LevelZeroError as exc:  # the housekeeper's and the reconciler's rounds retry
@@ -613,14 +624,40 @@ class Node:
         except LevelZeroError as exc:
             log.warning("could not remove topic %s's record from the object store: %s", name, exc)
 
-    async def _record_topic(self, name: str, partitions: int) -> None:
+    async def partition_emptied(self, actor: PartitionActor) -> None:
+        """Retention or DeleteRecords moved the partition's start offset to its high watermark:
+        no record is left, and its L1 objects, which say where its log ended, go. The topic's
+        bucket record keeps the end, so a recovery from the bucket goes on from there rather
+        than hand out its offsets again."""
+        state = actor.state
+        if state.start_offset >= state.high_watermark > 0:
+            partitions = self.topics().get(actor.row.topic)
+            if partitions is not None:
+                await self._record_topic(
+                    actor.row.topic, partitions, ends={actor.row.partition: state.high_watermark}
+                )
+
+    async def _record_topic(
+        self, name: str, partitions: int, *, fresh: bool = False, ends: Mapping[int, int] | None = None
+    ) -> None:
         """Keep the topic's partition count and configs in the bucket too: `levelzero recover
         --from-bucket` rebuilds a lost control plane from it (a topic without a record is
-        derived from its L1 keys, without configs). Best effort: the control plane, which has
-        the topic, is the truth."""
-        record = TopicRecord(name, partitions, self._wall(), self.topic_configs.configs_of(name))
+        derived from its L1 keys, without configs). The partitions' ends kept in the record
+        (`partition_emptied`) stay, with `ends` over them; `fresh`: a new topic's record.
+        Best effort: the control plane, which has the topic, is the truth."""
+        key = topic_record_key(name)
+        created_at, kept = self._wall(), {}
         try:
-            await self.object_store.put(topic_record_key(name), encode_topic_record(record))
+            if not fresh:
+                with contextlib.suppress(ObjectNotFound, MalformedKey):  # none, or not ours: rewritten
+                    old = decode_topic_record(key, await self.object_store.get(key))
+                    created_at, kept = old.created_at, dict(old.ends)
+            kept.update(ends or {})
+            configs = self.topic_configs.configs_of(name)
+            record = TopicRecord(
+                name, partitions, created_at, configs, {p: e for p, e in kept.items() if p < partitions}
+            )
+            await self.object_store.put(key, encode_topic_record(record))
         except LevelZeroError as exc:
             log.warning(
                 "could not record topic %s in the object store (recovery from the bucket "

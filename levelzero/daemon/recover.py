@@ -373,6 +373,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             continue
         keys.setdefault((key.topic, key.partition), []).append(key)
     configs: dict[str, dict[str, str]] = {}  # the topic records' configs, checked
+    ends: dict[tuple[str, int], int] = {}  # where emptied partitions ended (the topic records)
     top_epoch = 0
     async for info in iter_objects(objects, L0_ROOT):
         with contextlib.suppress(MalformedKey):
@@ -388,6 +389,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         summary.topics[record.topic] = record.partitions
+        ends.update({(record.topic, p): end for p, end in record.ends.items()})
         if record.configs:
             try:
                 configs[record.topic] = check_configs(record.configs.items(), BrokerConfigs(broker_id=0))
@@ -399,15 +401,26 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
     summary.configs = configs
     for topic, count in sorted(summary.topics.items()):
         for row in await store.create_topic(topic, count, epoch, now, configs.get(topic)):
-            found = keys.get((row.topic, row.partition))
-            if found:
-                summary.partitions.append(await _rebuild_partition(store, objects, row, found, epoch, now))
+            found = keys.get((row.topic, row.partition), [])
+            end = ends.get((row.topic, row.partition))
+            if found or end:
+                summary.partitions.append(
+                    await _rebuild_partition(store, objects, row, found, epoch, now, end)
+                )
     return summary
 
 
 async def _rebuild_partition(
-    store: LogStore, objects: ObjectStore, row: PartitionRow, keys: list[L1Key], epoch: int, now: float
+    store: LogStore,
+    objects: ObjectStore,
+    row: PartitionRow,
+    keys: list[L1Key],
+    epoch: int,
+    now: float,
+    end: int | None = None,
 ) -> PartitionRecovery:
+    """One partition's log from its L1 objects; `end`: where it ended when retention or
+    DeleteRecords emptied it (its topic record), which an empty partition starts at."""
     kept = lineage(keys)
     chosen: list[tuple[L1Key, int, int]] = []  # key, size, largest timestamp
     gaps: list[tuple[int, int]] = []
@@ -427,6 +440,8 @@ async def _rebuild_partition(
     name = f"{row.topic}/{row.partition}"
     result = PartitionRecovery(name, -1, -1, 0, gaps=gaps)
     if not chosen:
+        if end:
+            return await _rebuild_emptied(store, row, end, epoch, keys, result)
         return result
     term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
     term = result.term = term_start.term
@@ -473,6 +488,39 @@ async def _rebuild_partition(
     assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _, _ in chosen)
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
     result.lro_after, result.high_watermark = last, last + 1
+    return result
+
+
+async def _rebuild_emptied(
+    store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
+) -> PartitionRecovery:
+    """A partition with no record left (retention or DeleteRecords emptied it) whose end its
+    topic record kept: empty, its start offset and high watermark at `end`, so its next
+    record takes `end` as it would have, not an offset consumers read before."""
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    term = result.term = term_start.term
+    state = PartitionState.from_snapshot(
+        PartitionSnapshot(
+            creation_epoch=row.creation_epoch,
+            last_applied_log_offset=term_start.log_offset,
+            term=term,
+            max_applied_epoch=epoch,
+            previous_applied_epoch=epoch,
+            min_epoch_lower_bound=epoch,
+            epoch_window_offset=term_start.log_offset,
+            lro=end - 1,
+            lrlo=term_start.log_offset,
+            start_offset=end,
+            high_watermark=end,
+            term_starts=((term, end),),
+            size_bytes=0,
+            reconciled_by_term={term: end - 1},
+            abandoned=(),
+        )
+    )
+    assert row.creation_epoch <= epoch and not state.has_unreconciled_data
+    await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
+    result.lro_after, result.high_watermark = end - 1, end
     return result
 
 
