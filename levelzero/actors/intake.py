@@ -248,7 +248,7 @@ class ProduceIntake:
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None
-        return check_produce_size(records, limit, limit_name=f"the max.message.bytes of topic {topic!r}")
+        return check_produce_size(records, limit, limit_name=f"topic {topic}'s max.message.bytes")
 
     async def produce(self, topic: str, partition: int, records: Sequence[Record]) -> ProduceResult:
         """Store `records` contiguously (HTTP's produce): the node's batcher checks the size
