@@ -537,12 +537,17 @@ async def recover_from_bucket(
     return await rebuild_from_bucket(store, objects, now)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def describe(summary: RecoverySummary) -> Sequence[str]:
     lines = []
     if summary.rebuilt:
+        topics = ", ".join(f"{t}: {_count(n, 'partition')}" for t, n in sorted(summary.topics.items()))
         lines.append(
             f"rebuilt the control plane from the bucket: {len(summary.topics)} topics "
-            f"({', '.join(f'{t}: {n} partitions' for t, n in sorted(summary.topics.items())) or 'none'}), "
+            f"({topics or 'none'}), "
             f"cluster epoch {summary.cluster_epoch}, {summary.objects} L1 objects"
         )
         if summary.configs:

@@ -289,7 +289,7 @@ async def recover_scenario(
     assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
     out = _print_lines(capsys)
     assert (
-        "rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
+        "rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partition, "
         "v: 2 partitions)"
     ) in out, out
     assert "topic configs: u (1), v (2)" in out, out
