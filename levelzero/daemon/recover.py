@@ -463,42 +463,27 @@ async def _rebuild_partition(
         )
     result.adopted = len(chosen)
     last = chosen[-1][0].last_offset
-    # The state the bucket proves, at the log's first entry (the TermStart): everything up to
-    # `last` reconciled by `term`; the window at the new cluster epoch, already caught up.
-    state = PartitionState.from_snapshot(
-        PartitionSnapshot(
-            creation_epoch=row.creation_epoch,
-            last_applied_log_offset=term_start.log_offset,
-            term=term,
-            max_applied_epoch=epoch,
-            previous_applied_epoch=epoch,
-            min_epoch_lower_bound=epoch,
-            epoch_window_offset=term_start.log_offset,
-            lro=last,
-            lrlo=term_start.log_offset,
-            start_offset=chosen[0][0].base_offset,
-            high_watermark=last + 1,
-            term_starts=((term, last + 1),),
-            size_bytes=sum(size for _, size, _ in chosen),
-            reconciled_by_term={term: last},
-            abandoned=tuple(gaps),
-        )
-    )
-    assert row.creation_epoch <= epoch and not state.has_unreconciled_data
+    size = sum(size for _, size, _ in chosen)
+    state = _proven_state(row, term_start, epoch, chosen[0][0].base_offset, last + 1, size, gaps)
     assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _, _ in chosen)
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
     result.lro_after, result.high_watermark = last, last + 1
     return result
 
 
-async def _rebuild_emptied(
-    store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
-) -> PartitionRecovery:
-    """A partition with no record left (retention or DeleteRecords emptied it) whose end its
-    topic record kept: empty, its start offset and high watermark at `end`, so its next
-    record takes `end` as it would have, not an offset consumers read before."""
-    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
-    term = result.term = term_start.term
+def _proven_state(
+    row: PartitionRow,
+    term_start: LogRecord,
+    epoch: int,
+    start: int,
+    end: int,
+    size: int,
+    gaps: list[tuple[int, int]],
+) -> PartitionState:
+    """The state the bucket proves, at the log's first entry (the TermStart): the records
+    `start` up to `end` (excluded) reconciled by the term; the window at the new cluster epoch,
+    already caught up."""
+    term = term_start.term
     state = PartitionState.from_snapshot(
         PartitionSnapshot(
             creation_epoch=row.creation_epoch,
@@ -510,15 +495,27 @@ async def _rebuild_emptied(
             epoch_window_offset=term_start.log_offset,
             lro=end - 1,
             lrlo=term_start.log_offset,
-            start_offset=end,
+            start_offset=start,
             high_watermark=end,
             term_starts=((term, end),),
-            size_bytes=0,
+            size_bytes=size,
             reconciled_by_term={term: end - 1},
-            abandoned=(),
+            abandoned=tuple(gaps),
         )
     )
     assert row.creation_epoch <= epoch and not state.has_unreconciled_data
+    return state
+
+
+async def _rebuild_emptied(
+    store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
+) -> PartitionRecovery:
+    """A partition with no record left (retention or DeleteRecords emptied it) whose end its
+    topic record kept: empty, its start offset and high watermark at `end`, so its next
+    record takes `end` as it would have, not an offset consumers read before."""
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    result.term = term_start.term
+    state = _proven_state(row, term_start, epoch, end, end, 0, [])
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
     result.lro_after, result.high_watermark = end - 1, end
     return result

@@ -312,6 +312,20 @@ class GroupCoordinator:
         if member_id and holder is not None and holder != member_id:
             return refused(ErrorCode.fenced_instance_id)  # an older holder of the instance id
         rebalance_s = min(max(rebalance_timeout_ms / 1000, session_s), REBALANCE_TIMEOUT_S_MAX)
+
+        def joined(member_id: str, assignment: bytes = b"") -> Member:
+            return Member(
+                member_id,
+                client_id,
+                session_s,
+                rebalance_s,
+                list(protocols),
+                now,
+                assignment=assignment,
+                client_host=client_host,
+                instance_id=instance_id,
+            )
+
         if not member_id and holder is not None:
             # A static member back (restarted, its session not over): it takes the place of the
             # instance id's holder, under a new member id (the old one is fenced from now on),
@@ -322,17 +336,7 @@ class GroupCoordinator:
             old = group.members.pop(holder)
             group.joining.discard(holder)
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
-            group.members[member_id] = Member(
-                member_id,
-                client_id,
-                session_s,
-                rebalance_s,
-                list(protocols),
-                now,
-                assignment=old.assignment,
-                client_host=client_host,
-                instance_id=instance_id,
-            )
+            group.members[member_id] = joined(member_id, old.assignment)
             if group.leader == holder:
                 group.leader = member_id
             if group.state == "stable" and group.protocol_name in {name for name, _ in protocols}:
@@ -354,16 +358,7 @@ class GroupCoordinator:
         elif member_id not in group.members:
             return refused(ErrorCode.unknown_member_id)
         group.protocol_type = protocol_type
-        group.members[member_id] = Member(
-            member_id,
-            client_id,
-            session_s,
-            rebalance_s,
-            list(protocols),
-            now,
-            client_host=client_host,
-            instance_id=instance_id,
-        )
+        group.members[member_id] = joined(member_id)
         if group.state != "preparing":
             self._start_round(group, initial=group.state == "empty")
         group.joining.add(member_id)
