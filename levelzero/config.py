@@ -22,6 +22,7 @@ the reference names every key).
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -293,6 +294,9 @@ class S3Section(_Section):
             raise ValueError("connect_timeout_s and read_timeout_s must be positive")
 
 
+EPOCH_BUMP_INTERVAL_S_MIN = 0.1  # seconds: at most ten cluster-epoch bumps a second
+
+
 class NodeSection(_Section):
     fencing_mode: Literal["windowed", "strict"] = "windowed"
     epoch_cache_ttl_s: float = 5.0
@@ -305,8 +309,13 @@ class NodeSection(_Section):
     def __post_init__(self) -> None:
         if not 0 <= self.epoch_cache_ttl_s <= 3600:
             raise ValueError("epoch_cache_ttl_s must be in 0..3600")
-        if not 0 <= self.epoch_bump_interval_s <= 86_400:
-            raise ValueError("epoch_bump_interval_s must be in 0..86400 (0 turns the timer off)")
+        interval = self.epoch_bump_interval_s
+        if not (interval == 0 or EPOCH_BUMP_INTERVAL_S_MIN <= interval <= 86_400):
+            # (every bump is a control-plane write and a log line: a microsecond timer wrote
+            # thousands a second)
+            raise ValueError(
+                f"epoch_bump_interval_s must be 0 (the timer off) or in {EPOCH_BUMP_INTERVAL_S_MIN}..86400"
+            )
         if not 1 <= self.snapshot_every_records <= 10_000_000:
             raise ValueError("snapshot_every_records must be in 1..10000000")
         if not 0 <= self.log_keep_records <= 100_000_000:
@@ -758,11 +767,26 @@ def _validate(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], 
     for _, (section, key), value in layers:
         raw.setdefault(section, {})[key] = value
     try:
-        return msgspec.convert(raw, Config)
+        config = msgspec.convert(raw, Config)
     except msgspec.ValidationError as exc:
         return _describe_validation_error(str(exc))
     except InvalidInput as exc:  # pragma: no cover - msgspec wraps __post_init__ errors
         return str(exc)
+    return _not_finite(config) or config
+
+
+def _not_finite(config: Config) -> str | None:
+    """Why a number of `config` is not one: NaN or an infinity (TOML and the environment's
+    `float()` read `nan` and `inf`). NaN passes a range check (every comparison with it is
+    false): the daemon then crashed at start-up, or took produces it never answered. None if
+    every number is finite."""
+    for section in config.__struct_fields__:
+        values = getattr(config, section)
+        for key in getattr(values, "__struct_fields__", ()):
+            value = getattr(values, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                return f"{section}.{key}: must be a finite number, not {value}"
+    return None
 
 
 def _blame(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]], error: str) -> list[str]:

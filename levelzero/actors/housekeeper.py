@@ -119,6 +119,8 @@ class Housekeeper:
         # The first offset of the oldest Kafka transaction open in a partition, or None (set by
         # the Kafka front end): retention keeps the start offset at or below it.
         self.open_transactions: Callable[[str, int], Awaitable[int | None]] | None = None
+        # Told when retention moved a partition's start offset (`Node.partition_emptied`).
+        self.start_moved: Callable[[PartitionActor], Awaitable[None]] | None = None
         self._retention = NodeRetention(config) if retention is None else retention
         self._epochs = epochs
         self._catalog = catalog
@@ -289,6 +291,8 @@ class Housekeeper:
             await actor.set_start_offset(new_start, actor.term)
             self.stats.start_offsets_set += 1
             log.info("retention moved %s start offset to %d", actor.name, new_start)
+            if self.start_moved is not None:
+                await self.start_moved(actor)
         self.stats.l1_deleted += await self._catalog.collect(actor, self.config.copy_deadline_s, rows)
 
 

@@ -58,6 +58,7 @@ from levelzero.core.producers import (
     PartitionProducers,
     ProducerSequences,
     StoredBatch,
+    epoch_refusal,
     following_sequence,
     key_repeat_differs,
     key_reused,
@@ -145,6 +146,8 @@ class ProduceIntake:
         # out more than 65,536 ids a millisecond).
         self._next_producer_id = int(time.time() * 1000) << 16
         self.sequences = ProducerSequences()
+        # The partition (its pid) each (topic, partition) remembered in `sequences` is of.
+        self._pids: dict[tuple[str, int], int] = {}
         # Where producers' last batches are kept durably (the SQLite store; elsewhere: memory
         # only), and the producers whose stored batches are already in `sequences`.
         store = node.log_store
@@ -203,7 +206,19 @@ class ProduceIntake:
 
     def check_led(self, topic: str, partition: int) -> None:
         """Raise LevelZeroError (unknown topic or partition, led elsewhere) unless led here."""
-        self.node.partition(topic, partition)
+        pid = self.node.partition(topic, partition).row.pid
+        if self._pids.get((topic, partition)) != pid:
+            self._new_partition(topic, partition, pid)
+
+    def _new_partition(self, topic: str, partition: int, pid: int) -> None:
+        """The partition is another log than the one this intake remembered producers of: its
+        topic was deleted and made again with its name (here, or on another node of a cluster).
+        Its producers and idempotency keys start unknown, as the new log's own state has them:
+        a key used on the old partition, remembered here, was answered as a repeat of a record
+        the new partition never stored."""
+        if (topic, partition) in self._pids:
+            self.sequences.forget_partition(topic, partition)
+        self._pids[(topic, partition)] = pid
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(start offset, high watermark) of a partition led here (LevelZeroError otherwise)."""
@@ -233,7 +248,7 @@ class ProduceIntake:
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None
-        return check_produce_size(records, limit, limit_name=f"topic {topic!r}'s max.message.bytes")
+        return check_produce_size(records, limit, limit_name=f"topic {topic}'s max.message.bytes")
 
     async def produce(self, topic: str, partition: int, records: Sequence[Record]) -> ProduceResult:
         """Store `records` contiguously (HTTP's produce): the node's batcher checks the size
@@ -559,12 +574,26 @@ class ProduceIntake:
         producer's last stored one in the partition's state (Kafka's rule; answered
         OutOfOrderSequence, which a client retries once the earlier batch is stored). Stored in
         sequence order, a producer's five batches remembered cover its window of five
-        unacknowledged ones. A producer the state does not know may start anywhere."""
+        unacknowledged ones. A producer the state does not know may start anywhere. A batch of
+        an epoch older than the producer's known one is a zombie's (StaleProducerEpoch); a newer
+        epoch starts at sequence 0 (`core.producers.epoch_refusal`)."""
         kept = []
         expected: dict[tuple[int, int], int | None] = {}
+        epochs: dict[int, int] = {}  # producers' epochs taken in this round
         for p in taken:
             if p.identity is not None:
-                producer_id, epoch, _, _, base_sequence = p.identity
+                producer_id, epoch, topic, partition, base_sequence = p.identity
+                if producer_id < IDEMPOTENCY_ID_BASE:  # a key's epoch is a digest, not an order
+                    known = epochs.get(producer_id)
+                    if known is None:
+                        known = producers.epoch_of(producer_id)
+                    if known is None:
+                        known = self.sequences.epoch_of(producer_id, topic, partition)
+                    refusal = epoch_refusal(producer_id, known, epoch, base_sequence)
+                    if refusal is not None:
+                        self._finish(p, error=refusal)
+                        continue
+                    epochs[producer_id] = epoch
                 key = (producer_id, epoch)
                 want = expected[key] if key in expected else producers.next_sequence(producer_id, epoch)
                 if want is not None and base_sequence != want:

@@ -7,6 +7,7 @@ and hands them in; tests hand in memory or SQLite stores directly.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -27,7 +28,9 @@ from levelzero.core.errors import (
     InvalidInput,
     LedElsewhere,
     LevelZeroError,
+    MalformedKey,
     NotLeader,
+    ObjectNotFound,
     OffsetOutOfRange,
     PolicyViolation,
     ShuttingDown,
@@ -38,7 +41,13 @@ from levelzero.core.errors import (
 )
 from levelzero.core.fence import FenceMode
 from levelzero.core.gc import NO_LIVE_LEADER
-from levelzero.core.keys import PREFIX_COUNT, TopicRecord, encode_topic_record, topic_record_key
+from levelzero.core.keys import (
+    PREFIX_COUNT,
+    TopicRecord,
+    decode_topic_record,
+    encode_topic_record,
+    topic_record_key,
+)
 from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
@@ -54,7 +63,7 @@ from .housekeeper import Housekeeper, HousekeeperConfig
 from .l1 import L1Catalog
 from .partition import PartitionActor, PartitionView
 from .l0_cache import L0ObjectCache, l0_object_bytes_bound
-from .reader import FetchResult, Reader
+from .reader import UNFRAMED, FetchResult, Framing, Reader
 from .compactor import Compactor, CompactorConfig
 from .reconciler import Reconciler, ReconcilerConfig
 from .topic_configs import TopicConfigs
@@ -183,6 +192,7 @@ class Node:
             self.topics,
             self._wall,
         )
+        self.topic_configs.on_change = self._configs_changed
         self.housekeeper = Housekeeper(
             config.housekeeper,
             self.epochs,
@@ -194,6 +204,7 @@ class Node:
             index=self.partitions_by_name,
             retention=self.topic_configs,
         )
+        self.housekeeper.start_moved = self.partition_emptied
         self.compactor = Compactor(
             config.compactor,
             object_store,
@@ -480,7 +491,7 @@ class Node:
                 await self._start_partitions(rows)
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
-        await self._record_topic(name, partitions)
+        await self._record_topic(name, partitions, fresh=True)
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
@@ -592,11 +603,18 @@ class Node:
         if offset > actor.state.start_offset:
             await actor.set_start_offset(offset, actor.term)
             log.info("records deleted", extra={"partition": actor.name, "start_offset": offset})
+            await self.partition_emptied(actor)
             try:
                 await self.l1.collect(actor, self.config.reconciler.copy_deadline_s)
             except LevelZeroError as exc:  # the housekeeper's and the reconciler's rounds retry
                 log.warning("collecting L1 objects below %s's new start offset failed: %s", actor.name, exc)
         return actor.state.start_offset
+
+    async def _configs_changed(self, name: str) -> None:
+        """The topic's configs changed through this node: its bucket record says so too."""
+        partitions = self.topics().get(name)
+        if partitions is not None:
+            await self._record_topic(name, partitions)
 
     async def _forget_topic_record(self, name: str) -> None:
         """Remove the topic's record from the bucket before the topic goes (a topic of the same
@@ -606,13 +624,40 @@ class Node:
         except LevelZeroError as exc:
             log.warning("could not remove topic %s's record from the object store: %s", name, exc)
 
-    async def _record_topic(self, name: str, partitions: int) -> None:
-        """Keep the topic's partition count in the bucket too: `levelzero recover --from-bucket`
-        rebuilds a lost control plane from it (a topic without a record is derived from its L1
-        keys). Best effort: the control plane, which has the topic, is the truth."""
-        record = TopicRecord(name, partitions, self._wall())
+    async def partition_emptied(self, actor: PartitionActor) -> None:
+        """Retention or DeleteRecords moved the partition's start offset to its high watermark:
+        no record is left, and its L1 objects, which say where its log ended, go. The topic's
+        bucket record keeps the end, so a recovery from the bucket goes on from there rather
+        than hand out its offsets again."""
+        state = actor.state
+        if state.start_offset >= state.high_watermark > 0:
+            partitions = self.topics().get(actor.row.topic)
+            if partitions is not None:
+                await self._record_topic(
+                    actor.row.topic, partitions, ends={actor.row.partition: state.high_watermark}
+                )
+
+    async def _record_topic(
+        self, name: str, partitions: int, *, fresh: bool = False, ends: Mapping[int, int] | None = None
+    ) -> None:
+        """Keep the topic's partition count and configs in the bucket too: `levelzero recover
+        --from-bucket` rebuilds a lost control plane from it (a topic without a record is
+        derived from its L1 keys, without configs). The partitions' ends kept in the record
+        (`partition_emptied`) stay, with `ends` over them; `fresh`: a new topic's record.
+        Best effort: the control plane, which has the topic, is the truth."""
+        key = topic_record_key(name)
+        created_at, kept = self._wall(), {}
         try:
-            await self.object_store.put(topic_record_key(name), encode_topic_record(record))
+            if not fresh:
+                with contextlib.suppress(ObjectNotFound, MalformedKey):  # none, or not ours: rewritten
+                    old = decode_topic_record(key, await self.object_store.get(key))
+                    created_at, kept = old.created_at, dict(old.ends)
+            kept.update(ends or {})
+            configs = self.topic_configs.configs_of(name)
+            record = TopicRecord(
+                name, partitions, created_at, configs, {p: e for p, e in kept.items() if p < partitions}
+            )
+            await self.object_store.put(key, encode_topic_record(record))
         except LevelZeroError as exc:
             log.warning(
                 "could not record topic %s in the object store (recovery from the bucket "
@@ -687,10 +732,20 @@ class Node:
             raise InvalidInput(
                 f"topic {topic!r} takes no new records: its name {problem} (levelzero status says what to do)"
             )
-        return await self.batcher.produce(actor, records, producers, linger_s)
+        try:
+            return await self.batcher.produce(actor, records, producers, linger_s)
+        except ShuttingDown:
+            if self.accepting and self._partitions.get((topic, partition)) is not actor:
+                # The partition stopped under the request while this node goes on: its topic
+                # was deleted (or its leadership moved). Said as such (unknown topic, led
+                # elsewhere), not as a node shutting down, which clients retry here.
+                self.partition(topic, partition)
+            raise
 
-    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
-        read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes)
+    async def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, framing: Framing = UNFRAMED
+    ) -> FetchResult:
+        read = functools.partial(self.reader.fetch, offset=offset, max_bytes=max_bytes, framing=framing)
         return await self._led_read(topic, partition, read)
 
     async def offset_for_time(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:

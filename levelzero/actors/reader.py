@@ -75,10 +75,24 @@ class FetchResult:
         return sum(stop - start for _, _, start, stop in self.runs)
 
 
+class Framing(NamedTuple):
+    """What a fetch's encoding adds to the bytes of the records it returns, counted against its
+    `max_bytes` (`FetchWindow`): per record (a Kafka record's lengths, attributes, timestamp
+    and offset deltas) and per run (a Kafka record batch's header)."""
+
+    record: int
+    run: int
+
+
+UNFRAMED = Framing(0, 0)  # HTTP's rule: keys, values and headers only
+HEADER_FRAMING = 2  # a header's bytes besides its key and value (Kafka: their two lengths)
+
+
 class FetchWindow:
     """Collects the records of one fetch, extent by extent and object by object, L1 then L0:
-    contiguous offsets from `offset` up to `upto`, until `max_bytes` (a record's key and value
-    count) or FETCH_RECORDS_MAX (always at least one record). One rule for L0 and L1.
+    contiguous offsets from `offset` up to `upto`, until `max_bytes` (a record's key, value and
+    headers count, plus the `framing` its encoding adds) or FETCH_RECORDS_MAX (always at least
+    one record). One rule for L0 and L1.
 
     `stopped` says why it takes no more: "full", "upto" (past `upto`; `extend_to` goes on),
     or "gap" (an extent does not follow on from the records taken: the offsets between are
@@ -86,13 +100,15 @@ class FetchWindow:
     leaves inside a compacted L1 object (`gaps=True`), which a fetch steps over as Kafka's does
     (a fetch at a removed offset returns the next record present)."""
 
-    __slots__ = ("offset", "upto", "max_bytes", "runs", "count", "size", "stopped", "_next")
+    __slots__ = ("offset", "upto", "max_bytes", "framing", "runs", "count", "size", "stopped", "_next")
 
-    def __init__(self, offset: int, upto: int, max_bytes: int) -> None:
+    def __init__(self, offset: int, upto: int, max_bytes: int, framing: Framing = UNFRAMED) -> None:
         assert 0 <= offset <= upto and max_bytes >= 1, (offset, upto, max_bytes)
+        assert framing.record >= 0 and framing.run >= 0, framing
         self.offset = offset
         self.upto = upto
         self.max_bytes = max_bytes
+        self.framing = framing
         self.runs: list[Run] = []
         self.count = 0  # records taken
         self.size = 0
@@ -134,11 +150,17 @@ class FetchWindow:
         stop = min(len(records), self.upto - base_offset + 1)
         if stop < len(records):
             self.stopped = "upto"
-        count, size, max_bytes = self.count, self.size, self.max_bytes
+        count, max_bytes = self.count, self.max_bytes
+        per_record, per_run = self.framing
+        size = self.size + per_run  # the run's own bytes, if it takes a record
         taken_before = count
         for r in records[start:stop]:
-            value, key = r.value, r.key
-            grown = size + (0 if value is None else len(value)) + (0 if key is None else len(key))
+            value, key, headers = r.value, r.key, r.headers
+            grown = size + per_record + (0 if value is None else len(value))
+            if key is not None:
+                grown += len(key)
+            if headers:
+                grown += sum(HEADER_FRAMING + len(k) + (0 if v is None else len(v)) for k, v in headers)
             if count and (grown > max_bytes or count >= FETCH_RECORDS_MAX):
                 self.stopped = "full"
                 break
@@ -147,7 +169,8 @@ class FetchWindow:
         if count > taken_before:
             self.runs.append(Run(base_offset, records, start, start + count - taken_before))
             self._next = base_offset + start + count - taken_before
-        self.count, self.size = count, size
+            self.size = size
+        self.count = count
         if self.stopped is None and self._next > self.upto:
             self.stopped = "upto"
         last = self.runs[-1] if self.runs else None
@@ -183,10 +206,13 @@ class Reader:
         self.l0_reads = 0
         self.l1_reads = 0
 
-    async def fetch(self, actor: PartitionActor, offset: int, max_bytes: int) -> FetchResult:
-        """Records from `offset` up to `max_bytes`, across objects and tiers: the L1 objects
-        up to the LRO, then (budget left) the L0 extents above it, as a Kafka fetch fills its
-        budget across segments. `tier` says which served it: `l1`, `l0`, or `l1+l0`."""
+    async def fetch(
+        self, actor: PartitionActor, offset: int, max_bytes: int, framing: Framing = UNFRAMED
+    ) -> FetchResult:
+        """Records from `offset` up to `max_bytes` (`framing`: what the caller's encoding adds,
+        counted too), across objects and tiers: the L1 objects up to the LRO, then (budget
+        left) the L0 extents above it, as a Kafka fetch fills its budget across segments.
+        `tier` says which served it: `l1`, `l0`, or `l1+l0`."""
         if not 1 <= max_bytes <= FETCH_BYTES_MAX:
             raise InvalidInput(f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
         state = actor.state
@@ -203,7 +229,7 @@ class Reader:
         if offset <= lro and self.l1 is not None:
             self.l1_reads += 1
             tiers.append("l1")
-            window = FetchWindow(offset, lro, max_bytes)
+            window = FetchWindow(offset, lro, max_bytes, framing)
             try:
                 await self.l1.fill(actor, window)
             except ObjectNotFound:
@@ -215,7 +241,7 @@ class Reader:
                 raise
             window.extend_to(hwm - 1)
         else:
-            window = FetchWindow(offset, hwm - 1, max_bytes)
+            window = FetchWindow(offset, hwm - 1, max_bytes, framing)
         taken = window.count
         if window.stopped is None:
             await self._fill_l0(actor, window, hwm)

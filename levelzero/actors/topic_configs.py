@@ -9,7 +9,7 @@ HTTP API go to the control plane, so every node reports the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 import anyio
 
@@ -43,6 +43,9 @@ class TopicConfigs:
         self._view: Callable[[], ClusterView | None] | None = None
         self._view_seen: ClusterView | None = None
         self._write_lock = anyio.Lock()  # one read-modify-write of a topic's set at a time
+        # Told each set written through this node (the node keeps it in the bucket's topic
+        # record too, for `levelzero recover --from-bucket`).
+        self.on_change: Callable[[str], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ what the node enforces
 
@@ -95,6 +98,11 @@ class TopicConfigs:
             self._stored.pop(topic, None)
             self._policies.pop(topic, None)
 
+    def configs_of(self, topic: str) -> dict[str, str]:
+        """The topic's set as this node enforces it (its own changes, the last cluster view's)."""
+        self._sync()
+        return dict(self._stored.get(topic, {}))
+
     def check_new(self, configs: Iterable[tuple[str, str | None]]) -> dict[str, str]:
         """A new topic's configs, checked (InvalidConfig)."""
         return check_configs(configs, self.broker)
@@ -122,6 +130,7 @@ class TopicConfigs:
             async with self._write_lock:
                 await self._store.set_topic_configs(topic, checked, self._wall())
                 self._set(topic, checked)
+            await self._changed(topic)
         return checked
 
     async def alter(
@@ -137,7 +146,13 @@ class TopicConfigs:
             if not validate_only:
                 await self._store.set_topic_configs(topic, new, self._wall())
                 self._set(topic, new)
+        if not validate_only:
+            await self._changed(topic)
         return new
+
+    async def _changed(self, topic: str) -> None:
+        if self.on_change is not None:
+            await self.on_change(topic)
 
     def _check_known(self, topic: str) -> None:
         if topic not in self._topics():

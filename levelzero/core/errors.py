@@ -303,6 +303,23 @@ class OutOfOrderSequence(LevelZeroError):
         self.expected = expected
 
 
+class StaleProducerEpoch(LevelZeroError):
+    """An idempotent producer's batch of an epoch older than one the partition has stored for
+    the producer id (Kafka's INVALID_PRODUCER_EPOCH): a zombie of the producer, which has moved
+    on to a newer epoch since. Not stored, not retriable."""
+
+    code = "invalid_producer_epoch"
+
+    def __init__(self, producer_id: int, producer_epoch: int, current: int) -> None:
+        super().__init__(
+            f"producer {producer_id}'s batch has epoch {producer_epoch}, older than the epoch "
+            f"{current} stored for it in this partition"
+        )
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.current = current
+
+
 class ObjectNotFound(LevelZeroError):
     """An object store has no object under the key."""
 

@@ -497,8 +497,19 @@ def _verdict(
         state = "at or below" if epoch <= m else "above"
         why = f"no such object (already deleted?); epoch {epoch} is {state} M = {m}"
         return ExplainVerdict.NOT_FOUND, why
+    if epoch > decision.cluster_epoch:
+        # (no object can have it: every write's epoch is at most the cluster epoch)
+        return ExplainVerdict.ABOVE_M, (
+            f"epoch {epoch} is above the cluster epoch {decision.cluster_epoch}: no object has it "
+            f"yet (M = {m})"
+        )
     if epoch > m:
         return ExplainVerdict.ABOVE_M, f"epoch {epoch} is above M = {m}"
+    if key is None:  # (the objects of the epoch are not listed: some may be gone already)
+        return ExplainVerdict.DELETABLE, (
+            f"epoch {epoch} <= M = {m}: every object of it is deletable, and a GC round deletes "
+            f"those still in the bucket (past the grace of {grace_s:g} s)"
+        )
     if age_s is not None and age_s < grace_s:
         return (
             ExplainVerdict.TOO_YOUNG,
@@ -524,8 +535,11 @@ def _holders(
 ) -> list[Holder]:
     """With an epoch: what keeps M below it. Without: what M equals (and the blockers)."""
     m, capped = decision.m, decision.cluster_epoch - 1
+    future = epoch is not None and epoch > decision.cluster_epoch  # no object has it yet
 
     def holds(mp: int | None) -> bool:
+        if future:
+            return False  # the cap alone is what the epoch waits for, not every partition
         if mp is None:
             return True
         return mp < epoch if epoch is not None else mp == m

@@ -134,11 +134,17 @@ def parse_l1_key(key: str) -> L1Key:
 
 
 class TopicRecord(msgspec.Struct, frozen=True):
-    """What the bucket keeps of a topic (JSON at `topic_record_key`)."""
+    """What the bucket keeps of a topic (JSON at `topic_record_key`): its partition count and
+    its topic configs as set (rewritten when they change; none in a record of an earlier
+    release)."""
 
     topic: str
     partitions: int
     created_at: float
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+    # partition -> the offset its next record takes, kept when retention or DeleteRecords left
+    # it without records (its L1 objects then all go, and with them what says where it ended)
+    ends: dict[int, int] = msgspec.field(default_factory=dict)
 
 
 _topic_record_decoder = msgspec.json.Decoder(TopicRecord)
@@ -162,7 +168,12 @@ def decode_topic_record(key: str, data: bytes) -> TopicRecord:
         record = _topic_record_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise MalformedKey(f"{key}: not a topic record ({exc})") from None
-    if key != f"{TOPICS_ROOT}{record.topic}" or record.partitions < 1 or topic_name_problem(record.topic):
+    if (
+        key != f"{TOPICS_ROOT}{record.topic}"
+        or record.partitions < 1
+        or topic_name_problem(record.topic)
+        or any(not 0 <= p < record.partitions or end < 0 for p, end in record.ends.items())
+    ):
         raise MalformedKey(
             f"{key}: not a topic record (topic {record.topic!r}, {record.partitions} partitions)"
         )

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from .errors import LevelZeroError, OutOfOrderSequence, StaleProducerEpoch
 from .l0format import Record
 
 BATCHES_REMEMBERED = 5
@@ -84,6 +85,24 @@ def key_repeat_differs(stored_record_count: int, record_count: int) -> bool:
     the record count is all that is compared)."""
     assert stored_record_count >= 1 and record_count >= 1, (stored_record_count, record_count)
     return stored_record_count != record_count
+
+
+def epoch_refusal(
+    producer_id: int, known_epoch: int | None, producer_epoch: int, base_sequence: int
+) -> LevelZeroError | None:
+    """Why a Kafka idempotent producer's batch must not be stored given the epoch the partition
+    knows for the producer id (`known_epoch`; None: the producer is not known, any epoch and
+    sequence will do), as Kafka's ProducerAppendInfo checks it: an older epoch is a zombie's
+    (INVALID_PRODUCER_EPOCH); a newer one starts its sequences over, so its first batch has
+    sequence 0 (OUT_OF_ORDER_SEQUENCE_NUMBER otherwise). None if it may be stored (the
+    sequence within an epoch is `next_sequence`'s rule)."""
+    if known_epoch is None or producer_epoch == known_epoch:
+        return None
+    if producer_epoch < known_epoch:
+        return StaleProducerEpoch(producer_id, producer_epoch, known_epoch)
+    if base_sequence != 0:
+        return OutOfOrderSequence(producer_id, base_sequence, 0)
+    return None
 
 
 class ProducerSequences:

@@ -50,7 +50,7 @@ import anyio
 
 from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
-from levelzero.core.errors import CorruptData, LevelZeroError, MalformedKey, ObjectNotFound
+from levelzero.core.errors import CorruptData, InvalidConfig, LevelZeroError, MalformedKey, ObjectNotFound
 from levelzero.core.keys import (
     L0_ROOT,
     L1_ROOT,
@@ -72,6 +72,7 @@ from levelzero.core.l0format import (
 )
 from levelzero.core.names import topic_name_problem
 from levelzero.core.state import PartitionSnapshot, PartitionState
+from levelzero.core.topic_configs import BrokerConfigs, check_configs
 from levelzero.storage.protocols import (
     L1Row,
     L1State,
@@ -145,6 +146,8 @@ class RecoverySummary:
     topics: dict[str, int] = field(default_factory=dict)  # rebuilt topics: name -> partitions
     cluster_epoch: int | None = None
     skipped_keys: int = 0  # keys under level_one/ that are not L1 keys
+    configs: dict[str, dict[str, str]] = field(default_factory=dict)  # rebuilt topics' configs
+    configs_dropped: dict[str, str] = field(default_factory=dict)  # topic -> why they were not
 
     @property
     def objects(self) -> int:
@@ -369,6 +372,8 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: not an L1 key", info.key)
             continue
         keys.setdefault((key.topic, key.partition), []).append(key)
+    configs: dict[str, dict[str, str]] = {}  # the topic records' configs, checked
+    ends: dict[tuple[str, int], int] = {}  # where emptied partitions ended (the topic records)
     top_epoch = 0
     async for info in iter_objects(objects, L0_ROOT):
         with contextlib.suppress(MalformedKey):
@@ -384,19 +389,38 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         summary.topics[record.topic] = record.partitions
+        ends.update({(record.topic, p): end for p, end in record.ends.items()})
+        if record.configs:
+            try:
+                configs[record.topic] = check_configs(record.configs.items(), BrokerConfigs(broker_id=0))
+            except InvalidConfig as exc:  # (a record of another release, whose rules differ)
+                summary.configs_dropped[record.topic] = str(exc)
+                log.warning("topic %s comes back without its configs: %s", record.topic, exc)
     for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
+    summary.configs = configs
     for topic, count in sorted(summary.topics.items()):
-        for row in await store.create_topic(topic, count, epoch, now):
-            found = keys.get((row.topic, row.partition))
-            if found:
-                summary.partitions.append(await _rebuild_partition(store, objects, row, found, epoch, now))
+        for row in await store.create_topic(topic, count, epoch, now, configs.get(topic)):
+            found = keys.get((row.topic, row.partition), [])
+            end = ends.get((row.topic, row.partition))
+            if found or end:
+                summary.partitions.append(
+                    await _rebuild_partition(store, objects, row, found, epoch, now, end)
+                )
     return summary
 
 
 async def _rebuild_partition(
-    store: LogStore, objects: ObjectStore, row: PartitionRow, keys: list[L1Key], epoch: int, now: float
+    store: LogStore,
+    objects: ObjectStore,
+    row: PartitionRow,
+    keys: list[L1Key],
+    epoch: int,
+    now: float,
+    end: int | None = None,
 ) -> PartitionRecovery:
+    """One partition's log from its L1 objects; `end`: where it ended when retention or
+    DeleteRecords emptied it (its topic record), which an empty partition starts at."""
     kept = lineage(keys)
     chosen: list[tuple[L1Key, int, int]] = []  # key, size, largest timestamp
     gaps: list[tuple[int, int]] = []
@@ -416,6 +440,8 @@ async def _rebuild_partition(
     name = f"{row.topic}/{row.partition}"
     result = PartitionRecovery(name, -1, -1, 0, gaps=gaps)
     if not chosen:
+        if end:
+            return await _rebuild_emptied(store, row, end, epoch, keys, result)
         return result
     term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
     term = result.term = term_start.term
@@ -437,8 +463,27 @@ async def _rebuild_partition(
         )
     result.adopted = len(chosen)
     last = chosen[-1][0].last_offset
-    # The state the bucket proves, at the log's first entry (the TermStart): everything up to
-    # `last` reconciled by `term`; the window at the new cluster epoch, already caught up.
+    size = sum(size for _, size, _ in chosen)
+    state = _proven_state(row, term_start, epoch, chosen[0][0].base_offset, last + 1, size, gaps)
+    assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _, _ in chosen)
+    await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
+    result.lro_after, result.high_watermark = last, last + 1
+    return result
+
+
+def _proven_state(
+    row: PartitionRow,
+    term_start: LogRecord,
+    epoch: int,
+    start: int,
+    end: int,
+    size: int,
+    gaps: list[tuple[int, int]],
+) -> PartitionState:
+    """The state the bucket proves, at the log's first entry (the TermStart): the records
+    `start` up to `end` (excluded) reconciled by the term; the window at the new cluster epoch,
+    already caught up."""
+    term = term_start.term
     state = PartitionState.from_snapshot(
         PartitionSnapshot(
             creation_epoch=row.creation_epoch,
@@ -448,20 +493,31 @@ async def _rebuild_partition(
             previous_applied_epoch=epoch,
             min_epoch_lower_bound=epoch,
             epoch_window_offset=term_start.log_offset,
-            lro=last,
+            lro=end - 1,
             lrlo=term_start.log_offset,
-            start_offset=chosen[0][0].base_offset,
-            high_watermark=last + 1,
-            term_starts=((term, last + 1),),
-            size_bytes=sum(size for _, size, _ in chosen),
-            reconciled_by_term={term: last},
+            start_offset=start,
+            high_watermark=end,
+            term_starts=((term, end),),
+            size_bytes=size,
+            reconciled_by_term={term: end - 1},
             abandoned=tuple(gaps),
         )
     )
     assert row.creation_epoch <= epoch and not state.has_unreconciled_data
-    assert all(state.l1_range_valid(term, k.base_offset, k.last_offset) for k, _, _ in chosen)
+    return state
+
+
+async def _rebuild_emptied(
+    store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
+) -> PartitionRecovery:
+    """A partition with no record left (retention or DeleteRecords emptied it) whose end its
+    topic record kept: empty, its start offset and high watermark at `end`, so its next
+    record takes `end` as it would have, not an offset consumers read before."""
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    result.term = term_start.term
+    state = _proven_state(row, term_start, epoch, end, end, 0, [])
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))
-    result.lro_after, result.high_watermark = last, last + 1
+    result.lro_after, result.high_watermark = end - 1, end
     return result
 
 
@@ -478,14 +534,25 @@ async def recover_from_bucket(
     return await rebuild_from_bucket(store, objects, now)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def describe(summary: RecoverySummary) -> Sequence[str]:
     lines = []
     if summary.rebuilt:
+        topics = ", ".join(f"{t}: {_count(n, 'partition')}" for t, n in sorted(summary.topics.items()))
         lines.append(
             f"rebuilt the control plane from the bucket: {len(summary.topics)} topics "
-            f"({', '.join(f'{t}: {n} partitions' for t, n in sorted(summary.topics.items())) or 'none'}), "
+            f"({topics or 'none'}), "
             f"cluster epoch {summary.cluster_epoch}, {summary.objects} L1 objects"
         )
+        if summary.configs:
+            lines.append(
+                f"topic configs: {', '.join(f'{t} ({len(c)})' for t, c in sorted(summary.configs.items()))}"
+            )
+        for topic, why in sorted(summary.configs_dropped.items()):
+            lines.append(f"topic {topic} comes back without its configs: {why}")
         if summary.skipped_keys:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
         lines.append(

@@ -265,15 +265,17 @@ def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryP
     return values[0] if values else None
 
 
-def _unsigned(name: str, text: str) -> int:
-    if not _UNSIGNED.match(text):
-        shown = text if len(text) <= 40 else f"{text[:40]}..."
-        if text.isascii() and text.isdigit():  # digits, but more than 18 of them
-            raise ApiError(
-                400, "malformed_request", f"{name} {shown} is out of range (at most {UNSIGNED_MAX})"
-            )
-        raise ApiError(400, "malformed_request", f"{name} must be a non-negative integer, not {shown!r}")
-    return int(text)
+def _unsigned(name: str, text: str, low: int = 0, high: int = UNSIGNED_MAX) -> int:
+    """A query or path parameter that is an integer in low..high; one message for each way it
+    is not, naming the same range."""
+    if _UNSIGNED.match(text) and low <= int(text) <= high:
+        return int(text)
+    shown = text if len(text) <= 40 else f"{text[:40]}..."
+    if text.isascii() and text.isdigit():  # digits, out of the range (or more than 18 of them)
+        bound = f"at most {high}" if low == 0 else f"{low}..{high}"
+        raise ApiError(400, "malformed_request", f"{name} {shown} is out of range ({bound})")
+    kind = "a non-negative integer" if low == 0 else f"an integer in {low}..{high}"
+    raise ApiError(400, "malformed_request", f"{name} must be {kind}, not {shown!r}")
 
 
 class Api:
@@ -550,9 +552,7 @@ class Api:
             offset = self.node.partition(topic, partition).state.first_readable_offset
         max_bytes = self.settings.fetch_bytes_default
         if max_bytes_text is not None:
-            max_bytes = _unsigned("max_bytes", max_bytes_text)
-            if not 1 <= max_bytes <= FETCH_BYTES_MAX:
-                raise ApiError(400, "malformed_request", f"max_bytes must be in 1..{FETCH_BYTES_MAX}")
+            max_bytes = _unsigned("max_bytes", max_bytes_text, 1, FETCH_BYTES_MAX)
         result = await self.node.fetch(topic, partition, offset, max_bytes)
         # As a Kafka consumer reads: no transaction markers (their offsets are gaps), and a
         # transaction's records without the reserved header (core.txn_marks).

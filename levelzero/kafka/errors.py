@@ -28,6 +28,7 @@ ERROR_BY_CODE: dict[str, ErrorCode] = {
     "corrupt_data": ErrorCode.kafka_storage_error,
     "object_not_found": ErrorCode.kafka_storage_error,
     "out_of_order_sequence": ErrorCode.out_of_order_sequence_number,
+    "invalid_producer_epoch": ErrorCode.invalid_producer_epoch,
 }
 
 

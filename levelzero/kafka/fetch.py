@@ -13,8 +13,9 @@ from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
-from levelzero.actors.reader import FETCH_BYTES_MAX
+from levelzero.actors.reader import FETCH_BYTES_MAX, Framing
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka import records as kr
 from levelzero.kafka.epochs import NO_EPOCH, encode_with_epochs, epoch_error
 from levelzero.kafka.errors import error_code_for
 from levelzero.kafka.protocol import Request, make
@@ -25,6 +26,12 @@ log = logging.getLogger("levelzero.kafka")
 FETCH_WAIT_MAX_MS = 30_000  # a client asking to wait longer waits this long
 FETCH_RESPONSE_BYTES_MAX = 64 * 1024 * 1024  # whatever max_bytes a fetch asks for
 FETCH_POLL_S = 0.1  # long polls re-check partitions this often when nothing wakes them
+# What a fetch's encoding adds to its records' keys, values and headers, counted against the
+# partition's max_bytes as Kafka counts the batches it returns: a record batch's header per run,
+# and per record its length, attributes, timestamp and offset deltas, key and value lengths and
+# header count (varints: 11 bytes for a record of a few KiB, 10,000 records into its batch and
+# seconds after its first). Small records were returned at three to four times max_bytes.
+KAFKA_FRAMING = Framing(record=12, run=kr.BATCH_HEADER_BYTES)
 
 
 class FetchApi:
@@ -205,7 +212,7 @@ class FetchApi:
                 return ErrorCode.none, high_watermark, start, b""
             if not start <= offset < high_watermark:
                 return ErrorCode.offset_out_of_range, high_watermark, start, b""
-            result = await self.node.fetch(topic, partition, offset, max_bytes)
+            result = await self.node.fetch(topic, partition, offset, max_bytes, KAFKA_FRAMING)
         except LevelZeroError as exc:
             code = error_code_for(exc)
             if code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.offset_out_of_range):

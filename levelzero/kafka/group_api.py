@@ -76,8 +76,11 @@ class GroupApi:
             request.client_host,
             getattr(body, "group_instance_id", None),  # v5+
         )
+        instances = self.groups.instance_ids(body.group_id) if result.members else {}
         members = tuple(
-            make(m.JoinGroupResponseMember, member_id=mid, group_instance_id=None, metadata=meta)
+            make(
+                m.JoinGroupResponseMember, member_id=mid, group_instance_id=instances.get(mid), metadata=meta
+            )
             for mid, meta in result.members
         )
         return make(
@@ -110,6 +113,7 @@ class GroupApi:
             body.member_id,
             body.generation_id,
             [(a.member_id, bytes(a.assignment)) for a in body.assignments],
+            getattr(body, "group_instance_id", None),  # v3+
         )
         return make(
             m.SyncGroupResponse,
@@ -125,20 +129,27 @@ class GroupApi:
         if not self.cluster.coordinates(body.group_id):
             error = ErrorCode.not_coordinator
         else:
-            error = self.groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+            error = self.groups.heartbeat(
+                body.group_id, body.member_id, body.generation_id, getattr(body, "group_instance_id", None)
+            )
         return make(request.response_module.HeartbeatResponse, throttle_time=0, error_code=error)
 
     def leave_group(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
-        ids = [member.member_id for member in body.members] if request.api_version >= 3 else [body.member_id]
-        results = self.groups.leave(body.group_id, ids)
+        if request.api_version >= 3:
+            ids = [member.member_id for member in body.members]
+            instances = [member.group_instance_id for member in body.members]
+        else:
+            ids, instances = [body.member_id], [None]
+        results = self.groups.leave(body.group_id, ids, instances)
+        given = dict(zip(ids, instances, strict=True))
         top = ErrorCode.none
         if request.api_version < 3:
             top = results[body.member_id]
         members = (
             tuple(
-                make(m.MemberResponse, member_id=mid, group_instance_id=None, error_code=code)
+                make(m.MemberResponse, member_id=mid, group_instance_id=given.get(mid), error_code=code)
                 for mid, code in results.items()
             )
             if request.api_version >= 3
@@ -188,7 +199,7 @@ class GroupApi:
                     make(
                         m.DescribedGroupMember,
                         member_id=member.member_id,
-                        group_instance_id=None,
+                        group_instance_id=member.instance_id,
                         client_id=member.client_id,
                         client_host=member.client_host,
                         member_metadata=member.metadata,

@@ -34,9 +34,11 @@ GROUPS_MAX = 10_000
 MEMBERS_PER_GROUP_MAX = 1_000
 GROUP_ID_CHARS_MAX = 255
 METADATA_CHARS_MAX = 4_096  # offset commit metadata (Kafka's offset.metadata.max.bytes)
-REBALANCE_TIMEOUT_S_MAX = 300.0
-SESSION_TIMEOUT_S_MIN = 0.1
-SESSION_TIMEOUT_S_MAX = 300.0
+# Kafka's default group.max.session.timeout.ms (30 min) bounds sessions, and rebalances here too
+# (a member that never rejoins holds a rebalance for its rebalance timeout, `max.poll.interval.ms`).
+REBALANCE_TIMEOUT_S_MAX = 1_800.0
+SESSION_TIMEOUT_S_MIN = 0.1  # Kafka's default minimum is 6 s: shorter sessions are taken here
+SESSION_TIMEOUT_S_MAX = 1_800.0
 
 
 class GroupError(Exception):
@@ -103,6 +105,7 @@ class MemberSummary:
     client_host: str
     metadata: bytes  # the chosen protocol's metadata, while the group is stable (else empty)
     assignment: bytes  # likewise
+    instance_id: str | None = None  # group.instance.id of a static member
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +129,23 @@ class JoinResult:
     leader: str
     member_id: str
     members: list[tuple[str, bytes]]  # for the leader only
+
+
+def _holder(group: Group, instance_id: str) -> str | None:
+    """The member id holding `instance_id` (a static member, KIP-345), or None."""
+    return next((m.member_id for m in group.members.values() if m.instance_id == instance_id), None)
+
+
+def _supports(group: Group, protocol_type: str, protocols: Sequence[tuple[str, bytes]]) -> bool:
+    """Whether a member joining `group` (which has members) with `protocol_type` and
+    `protocols` may: the group's protocol type, and one of its protocols every member supports
+    (the members as they joined last, a rejoining one included, as Kafka counts them)."""
+    if group.protocol_type not in (None, protocol_type):
+        return False
+    names = {name for name, _ in protocols}
+    for member in group.members.values():
+        names &= {name for name, _ in member.protocols}
+    return bool(names)
 
 
 class GroupCoordinator:
@@ -281,26 +301,64 @@ class GroupCoordinator:
             group = self._group(group_id, create=True)
         except GroupError as exc:
             return refused(exc.code)
-        if group.members and group.protocol_type not in (None, protocol_type):
+        if group.members and not _supports(group, protocol_type, protocols):
+            # Refused to the joiner alone, as Kafka's coordinator checks a join
+            # (`GroupMetadata.supportsProtocols`): a member whose assignors the group's members
+            # do not all share would otherwise fail the whole round, every member left without
+            # partitions for as long as it kept joining.
             return refused(ErrorCode.inconsistent_group_protocol)
         now = self._clock()
-        if not member_id:
+        holder = None if instance_id is None else _holder(group, instance_id)
+        if member_id and holder is not None and holder != member_id:
+            return refused(ErrorCode.fenced_instance_id)  # an older holder of the instance id
+        rebalance_s = min(max(rebalance_timeout_ms / 1000, session_s), REBALANCE_TIMEOUT_S_MAX)
+
+        def joined(member_id: str, assignment: bytes = b"") -> Member:
+            return Member(
+                member_id,
+                client_id,
+                session_s,
+                rebalance_s,
+                list(protocols),
+                now,
+                assignment=assignment,
+                client_host=client_host,
+                instance_id=instance_id,
+            )
+
+        if not member_id and holder is not None:
+            # A static member back (restarted, its session not over): it takes the place of the
+            # instance id's holder, under a new member id (the old one is fenced from now on),
+            # with its assignment. A stable group whose protocol it still speaks goes on with
+            # no rebalance, as Kafka's coordinator does it (KIP-345); otherwise it joins the
+            # rebalance this starts or that is under way.
+            leader = group.leader
+            old = group.members.pop(holder)
+            group.joining.discard(holder)
+            member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
+            group.members[member_id] = joined(member_id, old.assignment)
+            if group.leader == holder:
+                group.leader = member_id
+            if group.state == "stable" and group.protocol_name in {name for name, _ in protocols}:
+                # The old leader id: the member does not take itself for the leader and
+                # assign partitions a stable group would not hand out.
+                return JoinResult(
+                    ErrorCode.none,
+                    group.generation,
+                    group.protocol_type,
+                    group.protocol_name,
+                    leader or "",
+                    member_id,
+                    [],
+                )
+        elif not member_id:
             if len(group.members) >= MEMBERS_PER_GROUP_MAX:
                 return refused(ErrorCode.group_max_size_reached)
             member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
         elif member_id not in group.members:
             return refused(ErrorCode.unknown_member_id)
         group.protocol_type = protocol_type
-        group.members[member_id] = Member(
-            member_id,
-            client_id,
-            session_s,
-            min(max(rebalance_timeout_ms / 1000, session_s), REBALANCE_TIMEOUT_S_MAX),
-            list(protocols),
-            now,
-            client_host=client_host,
-            instance_id=instance_id,
-        )
+        group.members[member_id] = joined(member_id)
         if group.state != "preparing":
             self._start_round(group, initial=group.state == "empty")
         group.joining.add(member_id)
@@ -331,8 +389,19 @@ class GroupCoordinator:
             sorted(current.members.items()) if member_id == current.leader else [],
         )
 
-    def _member(self, group_id: str, member_id: str, generation: int) -> tuple[Group, Member]:
+    def instance_ids(self, group_id: str) -> dict[str, str | None]:
+        """Member id -> group.instance.id of the group's members (JoinGroup's answer to a leader)."""
+        group = self.groups.get(group_id)
+        return {} if group is None else {m.member_id: m.instance_id for m in group.members.values()}
+
+    def _member(
+        self, group_id: str, member_id: str, generation: int, instance_id: str | None = None
+    ) -> tuple[Group, Member]:
         group = self._group(group_id, create=False)
+        if instance_id is not None:
+            holder = _holder(group, instance_id)
+            if holder is not None and holder != member_id:
+                raise GroupError(ErrorCode.fenced_instance_id)  # replaced by a newer member
         member = group.members.get(member_id)
         if member is None:
             raise GroupError(ErrorCode.unknown_member_id)
@@ -342,10 +411,15 @@ class GroupCoordinator:
         return group, member
 
     async def sync(
-        self, group_id: str, member_id: str, generation: int, assignments: Sequence[tuple[str, bytes]]
+        self,
+        group_id: str,
+        member_id: str,
+        generation: int,
+        assignments: Sequence[tuple[str, bytes]],
+        instance_id: str | None = None,
     ) -> tuple[ErrorCode, bytes, str | None, str | None]:
         try:
-            group, member = self._member(group_id, member_id, generation)
+            group, member = self._member(group_id, member_id, generation, instance_id)
         except GroupError as exc:
             return exc.code, b"", None, None
         if group.state == "preparing":
@@ -363,9 +437,11 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress, b"", None, None
         return ErrorCode.none, member.assignment, group.protocol_type, group.protocol_name
 
-    def heartbeat(self, group_id: str, member_id: str, generation: int) -> ErrorCode:
+    def heartbeat(
+        self, group_id: str, member_id: str, generation: int, instance_id: str | None = None
+    ) -> ErrorCode:
         try:
-            group, _ = self._member(group_id, member_id, generation)
+            group, _ = self._member(group_id, member_id, generation, instance_id)
         except GroupError as exc:
             known = self.groups.get(group_id)
             if exc.code == ErrorCode.illegal_generation and known is not None and known.state == "preparing":
@@ -375,17 +451,31 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
-    def leave(self, group_id: str, member_ids: Sequence[str]) -> dict[str, ErrorCode]:
+    def leave(
+        self, group_id: str, member_ids: Sequence[str], instance_ids: Sequence[str | None] | None = None
+    ) -> dict[str, ErrorCode]:
+        """LeaveGroup: each member by its id, or (v3+) by its instance id alone (an admin
+        client's removal of a static member); a member id another member's instance id now
+        holds is FENCED_INSTANCE_ID."""
+        if instance_ids is None:
+            instance_ids = [None] * len(member_ids)
         try:
             group = self._group(group_id, create=False)
         except GroupError as exc:
             return {m: exc.code for m in member_ids}
         out = {}
-        for member_id in member_ids:
-            if group.members.pop(member_id, None) is None:
+        for member_id, instance_id in zip(member_ids, instance_ids, strict=True):
+            leaving = member_id
+            if instance_id is not None:
+                holder = _holder(group, instance_id)
+                if holder is not None and member_id and member_id != holder:
+                    out[member_id] = ErrorCode.fenced_instance_id
+                    continue
+                leaving = holder or member_id
+            if not leaving or group.members.pop(leaving, None) is None:
                 out[member_id] = ErrorCode.unknown_member_id
             else:
-                group.joining.discard(member_id)
+                group.joining.discard(leaving)
                 out[member_id] = ErrorCode.none
         if any(code == ErrorCode.none for code in out.values()):
             self._members_changed(group)
@@ -516,7 +606,12 @@ class GroupCoordinator:
                 metadata = next((meta for name, meta in m.protocols if name == group.protocol_name), b"")
             members.append(
                 MemberSummary(
-                    m.member_id, m.client_id, m.client_host, metadata, m.assignment if stable else b""
+                    m.member_id,
+                    m.client_id,
+                    m.client_host,
+                    metadata,
+                    m.assignment if stable else b"",
+                    m.instance_id,
                 )
             )
         return GroupSummary(

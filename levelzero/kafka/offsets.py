@@ -4,6 +4,7 @@ OffsetFetch: kept by the group coordinator, `groups.py`)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -51,50 +52,19 @@ class OffsetsApi:
 
     async def list_offsets(self, request: Request) -> Any:
         m = request.response_module
+        named = collections.Counter(
+            (topic.name, p.partition_index) for topic in request.body.topics for p in topic.partitions
+        )
         topics = []
         for topic in request.body.topics:
             parts = []
             for p in topic.partitions:
-                error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
-                try:
-                    state = self.node.partition(topic.name, p.partition_index).state
-                    error = epoch_error(state.term, getattr(p, "current_leader_epoch", NO_EPOCH))
-                    start, high_watermark = state.first_readable_offset, state.high_watermark
-                    if error != ErrorCode.none:
-                        pass
-                    elif p.timestamp == LIST_OFFSETS_EARLIEST:
-                        offset, epoch = start, state.term_at(start)
-                    elif p.timestamp == LIST_OFFSETS_LATEST:
-                        offset, epoch = high_watermark, state.term
-                        if getattr(request.body, "isolation_level", 0) == 1 and self.txns is not None:
-                            txns = await self.txns.get(topic.name, p.partition_index)
-                            offset = txns.last_stable_offset(high_watermark)
-                    elif p.timestamp >= 0:
-                        offset, timestamp = await self.node.offset_for_time(
-                            topic.name, p.partition_index, p.timestamp
-                        )
-                        epoch = state.term_at(offset) if timestamp >= 0 else -1
-                    elif p.timestamp in SPECIAL_TIMESTAMP_VERSIONS:
-                        error, offset, timestamp, epoch = await self._special_offset(
-                            request.api_version, topic.name, p.partition_index, p.timestamp
-                        )
-                    else:
-                        error = ErrorCode.invalid_request
-                    if (
-                        offset >= 0
-                        and p.timestamp
-                        not in (LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST_LOCAL)
-                        and getattr(request.body, "isolation_level", 0) == 1
-                        and self.txns is not None
-                    ):
-                        # A lookup by time (or the largest timestamp) finds no record a
-                        # read_committed consumer cannot fetch yet: none at or past the last
-                        # stable offset (Kafka's ReplicaManager: -1, -1).
-                        txns = await self.txns.get(topic.name, p.partition_index)
-                        if offset >= txns.last_stable_offset(high_watermark):
-                            offset, timestamp, epoch = -1, -1, -1
-                except LevelZeroError as exc:
-                    error = error_code_for(exc)
+                if named[(topic.name, p.partition_index)] > 1:
+                    # A partition named twice (which lookup is the client's answer?): every entry
+                    # of it INVALID_REQUEST, as Kafka (`ListOffsetsRequest.duplicatePartitions`).
+                    error, offset, timestamp, epoch = ErrorCode.invalid_request, -1, -1, -1
+                else:
+                    error, offset, timestamp, epoch = await self._list_offset(request, topic.name, p)
                 parts.append(
                     make(
                         m.ListOffsetsPartitionResponse,
@@ -107,6 +77,52 @@ class OffsetsApi:
                 )
             topics.append(make(m.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts)))
         return make(m.ListOffsetsResponse, throttle_time=0, topics=tuple(topics))
+
+    async def _list_offset(
+        self, request: Request, topic_name: str, p: Any
+    ) -> tuple[ErrorCode, int, int, int]:
+        """One partition's ListOffsets answer: (error, offset, timestamp, leader epoch)."""
+        error, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
+        try:
+            state = self.node.partition(topic_name, p.partition_index).state
+            error = epoch_error(state.term, getattr(p, "current_leader_epoch", NO_EPOCH))
+            start, high_watermark = state.first_readable_offset, state.high_watermark
+            if error != ErrorCode.none:
+                pass
+            elif p.timestamp == LIST_OFFSETS_EARLIEST:
+                offset, epoch = start, state.term_at(start)
+            elif p.timestamp == LIST_OFFSETS_LATEST:
+                offset, epoch = high_watermark, state.term
+                if getattr(request.body, "isolation_level", 0) == 1 and self.txns is not None:
+                    txns = await self.txns.get(topic_name, p.partition_index)
+                    offset = txns.last_stable_offset(high_watermark)
+            elif p.timestamp >= 0:
+                offset, timestamp = await self.node.offset_for_time(
+                    topic_name, p.partition_index, p.timestamp
+                )
+                epoch = state.term_at(offset) if timestamp >= 0 else -1
+            elif p.timestamp in SPECIAL_TIMESTAMP_VERSIONS:
+                error, offset, timestamp, epoch = await self._special_offset(
+                    request.api_version, topic_name, p.partition_index, p.timestamp
+                )
+            else:
+                error = ErrorCode.invalid_request
+            if (
+                offset >= 0
+                and p.timestamp
+                not in (LIST_OFFSETS_EARLIEST, LIST_OFFSETS_LATEST, LIST_OFFSETS_EARLIEST_LOCAL)
+                and getattr(request.body, "isolation_level", 0) == 1
+                and self.txns is not None
+            ):
+                # A lookup by time (or the largest timestamp) finds no record a
+                # read_committed consumer cannot fetch yet: none at or past the last
+                # stable offset (Kafka's ReplicaManager: -1, -1).
+                txns = await self.txns.get(topic_name, p.partition_index)
+                if offset >= txns.last_stable_offset(high_watermark):
+                    offset, timestamp, epoch = -1, -1, -1
+        except LevelZeroError as exc:
+            error = error_code_for(exc)
+        return error, offset, timestamp, epoch
 
     def offset_for_leader_epoch(self, request: Request) -> Any:
         """OffsetForLeaderEpoch (KIP-320), as Kafka's leader answers a consumer: for the term it

@@ -176,14 +176,10 @@ class ProduceApi:
             batches = kr.decode_batches(data or b"", stored=True)
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
-        records: list[Record] = [
-            r  # type: ignore[misc]
-            for batch in batches
-            if not batch.is_control
-            for r in batch.records
-        ]
-        if not records:
-            return ErrorCode.corrupt_message, -1, "the produce request holds no records"
+        problem = kr.client_record_set_problem(batches)
+        if problem is not None:
+            return ErrorCode.invalid_record, -1, problem
+        records: list[Record] = batches[0].records  # type: ignore[assignment]
         if any(has_reserved_header(r.headers) for r in records):
             return ErrorCode.invalid_record, -1, RESERVED_HEADER_REFUSAL
         first = batches[0]

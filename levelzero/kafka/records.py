@@ -495,6 +495,34 @@ def decode_batches(data: bytes, *, stored: bool = False) -> list[KafkaBatch]:
     return batches
 
 
+def client_record_set_problem(batches: Sequence[KafkaBatch]) -> str | None:
+    """Why one partition's record set in a produce request is not one a client may send, as
+    Kafka's broker checks it (ProduceRequest.validateRecords, then LogValidator.validateBatch
+    for a client's append): answered INVALID_RECORD, nothing stored. None if it may be."""
+    if not batches:
+        return "a produce request must hold one record batch per partition; this one holds none"
+    if len(batches) > 1:
+        return f"a produce request may hold exactly one record batch per partition, not {len(batches)}"
+    batch = batches[0]
+    if batch.base_offset != 0:
+        return f"a produced record batch's base offset must be 0, not {batch.base_offset}"
+    count = len(batch.records)  # the header's count: `decode_batches` holds them to it
+    if batch.last_offset_delta < 0:
+        return f"the record batch has an invalid offset range: [0, {batch.last_offset_delta}]"
+    if count == 0:
+        return "the record batch holds no records"
+    if batch.last_offset_delta + 1 != count:
+        return (
+            f"the record batch's offset range [0, {batch.last_offset_delta}] does not match its "
+            f"{count} records"
+        )
+    if batch.is_control:
+        return "clients may not write control records"
+    if batch.producer_id >= 0 and batch.base_sequence < 0:
+        return f"invalid sequence number {batch.base_sequence} in a batch of producer id {batch.producer_id}"
+    return None
+
+
 # ------------------------------------------------------------------------------ encoding
 
 

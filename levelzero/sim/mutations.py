@@ -33,7 +33,7 @@ from levelzero.actors.compactor import Compactor
 from levelzero.actors.epochs import EpochCache
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.partition import PartitionActor as _Actor
-from levelzero.actors.reader import FetchResult, FetchWindow, Reader
+from levelzero.actors.reader import UNFRAMED, FetchResult, FetchWindow, Framing, Reader
 from levelzero.core.cluster import LeaseClock
 from levelzero.core.compaction import EncodedOf, Retained, retain
 from levelzero.core.l0format import extent_of_encoded
@@ -180,7 +180,9 @@ def _reader_refuses_the_start_offset() -> contextlib.AbstractContextManager[None
 def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False, start_refused: bool = False) -> Any:
     """`Reader.fetch` with one of three slips."""
 
-    async def fetch(self: Reader, actor: _Actor, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(
+        self: Reader, actor: _Actor, offset: int, max_bytes: int, framing: Framing = UNFRAMED
+    ) -> FetchResult:
         if max_bytes < 1:
             raise InvalidInput("max_bytes")
         state = actor.state
@@ -195,11 +197,11 @@ def _fetch_with(*, l1_at_lro: bool = True, below_start: bool = False, start_refu
         tiers = []
         if (offset <= lro if l1_at_lro else offset < lro) and self.l1 is not None:
             tiers.append("l1")
-            window = FetchWindow(offset, lro, max_bytes)
+            window = FetchWindow(offset, lro, max_bytes, framing)
             await self.l1.fill(actor, window)
             window.extend_to(hwm - 1)
         else:
-            window = FetchWindow(offset, hwm - 1, max_bytes)
+            window = FetchWindow(offset, hwm - 1, max_bytes, framing)
         taken = window.count
         if window.stopped is None:
             await self._fill_l0(actor, window, hwm)
@@ -542,6 +544,9 @@ class _ProcessMemory:
 
     def next_sequence(self, producer_id: int, epoch: int) -> int | None:
         return self.sequences.next_sequence(producer_id, epoch, self.topic, self.partition)
+
+    def epoch_of(self, producer_id: int) -> int | None:
+        return self.sequences.epoch_of(producer_id, self.topic, self.partition)
 
 
 def _idempotent_state_per_process() -> contextlib.AbstractContextManager[None]:

@@ -4,6 +4,7 @@ batch is stored once; a record set is refused as the batcher would refuse it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from levelzero.core.errors import (
     IdempotencyKeyReused,
     InvalidInput,
     OutOfOrderSequence,
+    StaleProducerEpoch,
     StorageError,
     TooLarge,
     UnknownTopic,
@@ -120,6 +122,82 @@ async def test_an_idempotent_batch_out_of_sequence_order_is_refused_until_the_ea
             assert intake.submit(TOPIC, 0, [Record(None, b"3")], (7, 0, TOPIC, 0, 3)) == 3
             tg.cancel_scope.cancel()
         assert intake.offsets(TOPIC, 0) == (0, 4)
+
+
+async def test_a_producers_older_epoch_is_refused_and_a_newer_one_starts_at_sequence_0() -> None:
+    """Kafka's ProducerAppendInfo: once a partition stored a producer id's batches under epoch
+    1, a batch of epoch 0 is a zombie's (INVALID_PRODUCER_EPOCH, not retriable, not stored); a
+    batch of epoch 2 must start its sequences at 0 (OUT_OF_ORDER_SEQUENCE_NUMBER otherwise),
+    within one round too (two batches of the new epoch taken together)."""
+    async with running_node(node_config(), MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node)
+        async with anyio.create_task_group() as tg:
+            await tg.start(intake.run)
+
+            def submit(epoch: int, sequence: int, value: bytes) -> Pending:
+                pending = intake.submit(TOPIC, 0, [Record(None, value)], (7, epoch, TOPIC, 0, sequence))
+                assert isinstance(pending, Pending)
+                return pending
+
+            first = submit(1, 0, b"a")
+            await first.done.wait()
+            assert (first.error, first.base_offset) == (None, 0)
+            zombie = submit(0, 1, b"zombie")
+            await zombie.done.wait()
+            assert isinstance(zombie.error, StaleProducerEpoch) and not zombie.error.retriable
+            assert (zombie.error.producer_epoch, zombie.error.current) == (0, 1)
+            skipped = submit(2, 5, b"skipped")
+            await skipped.done.wait()
+            assert isinstance(skipped.error, OutOfOrderSequence) and skipped.error.expected == 0
+            together = [submit(2, 0, b"b"), submit(2, 1, b"c"), submit(1, 1, b"late")]
+            for pending in together:
+                await pending.done.wait()
+            assert [p.error for p in together[:2]] == [None, None]
+            assert [p.base_offset for p in together[:2]] == [1, 2]
+            assert isinstance(together[2].error, StaleProducerEpoch)  # epoch 2 taken before it
+            tg.cancel_scope.cancel()
+        assert intake.offsets(TOPIC, 0) == (0, 3)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_a_topic_made_again_with_its_name_knows_no_key_or_producer_of_the_old_one(
+    tmp_path: Path, store: str
+) -> None:
+    """An idempotency key (and a Kafka producer's batch) stored on a partition of a topic since
+    deleted and made again with its name is new to the new partition: stored, not answered as
+    a repeat of a record the new log never held (the intake's memory of producers answered
+    `duplicate: true` with offset 0, which held another record, until a restart)."""
+    async with contextlib.AsyncExitStack() as stack:
+        log_store: Any = MemoryLogStore()
+        if store == "sqlite":
+            log_store = await stack.enter_async_context(await SqliteLogStore.open(tmp_path / "log.db"))
+        await _made_again(
+            await stack.enter_async_context(running_node(node_config(), log_store, MemoryObjectStore()))
+        )
+
+
+async def _made_again(node: Any) -> None:
+    """The produces of the test above on `node`."""
+    await node.create_topic(TOPIC, 1)
+    intake = ProduceIntake(node)
+    async with anyio.create_task_group() as tg:
+        await tg.start(intake.run)
+        assert await intake.produce_once(TOPIC, 0, [Record(None, b"old")], "z") == (0, 1, False)
+        kafka = intake.submit(TOPIC, 0, [Record(None, b"k-old")], (7, 0, TOPIC, 0, 0))
+        assert isinstance(kafka, Pending)
+        await kafka.done.wait()
+        await node.delete_topic(TOPIC)
+        await node.create_topic(TOPIC, 1)
+        others = [Record(None, b"other%d" % i) for i in range(3)]
+        assert (await intake.produce(TOPIC, 0, others)).base_offset == 0
+        assert await intake.produce_once(TOPIC, 0, [Record(None, b"old")], "z") == (3, 1, False)
+        again = intake.submit(TOPIC, 0, [Record(None, b"k-old")], (7, 0, TOPIC, 0, 0))
+        assert isinstance(again, Pending)  # not an offset: not stored here before
+        await again.done.wait()
+        assert (again.error, again.base_offset) == (None, 4)
+        tg.cancel_scope.cancel()
+    assert intake.offsets(TOPIC, 0) == (0, 5)
 
 
 async def test_record_sets_the_batcher_would_refuse_are_refused_at_the_door() -> None:

@@ -4,6 +4,9 @@ here, never waited for), and what reads and writes see."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import anyio
 import pytest
 
 from levelzero.actors.batcher import BatcherConfig
@@ -12,8 +15,9 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
-from levelzero.core.keys import L0_ROOT, L1_ROOT, parse_l0_key, topic_record_key
+from levelzero.core.keys import L0_ROOT, L1_ROOT, decode_topic_record, parse_l0_key, topic_record_key
 from levelzero.core.l0format import Record, read_header
+from levelzero.daemon.recover import rebuild_from_bucket
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
@@ -240,3 +244,64 @@ async def test_delete_records_is_refused_where_the_cleanup_policy_has_no_delete(
             assert node.partition("t", 0).state.start_offset == 0
         else:
             assert await node.delete_records("t", 0, 1) == 1
+
+
+async def test_a_produce_waiting_in_the_batch_window_when_its_topic_is_deleted_is_unknown_topic() -> None:
+    """Produces in flight while their topic is deleted were answered ShuttingDown ("partition
+    ... is stopped": HTTP 503, which says retry, and Kafka's NOT_LEADER) although the node goes
+    on: they are told the topic is gone (HTTP 404, UNKNOWN_TOPIC_OR_PARTITION), and nothing of
+    them is stored."""
+    config = dataclasses.replace(make_config(), batcher=BatcherConfig(linger_ms=500))
+    async with running_node(config, MemoryLogStore(), MemoryObjectStore()) as node:
+        await node.create_topic("racy", 1)
+        outcomes: list[BaseException | int] = []
+
+        async def one(i: int) -> None:
+            try:
+                outcomes.append((await node.produce("racy", 0, [Record(None, b"%d" % i)])).base_offset)
+            except Exception as exc:  # noqa: BLE001 - the outcome is what is checked
+                outcomes.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.05)  # in the batch window
+            await node.delete_topic("racy")
+        assert len(outcomes) == 8
+        assert all(isinstance(o, UnknownTopic) for o in outcomes), outcomes
+        await node.create_topic("racy", 1)
+        assert node.partition("racy", 0).state.high_watermark == 0
+
+
+async def test_a_partition_emptied_by_deleterecords_comes_back_from_the_bucket_at_its_end() -> None:
+    """A partition whose every record DeleteRecords (or retention) removed has no L1 object
+    left to say where its log ended: its topic record keeps the end, and a recovery from the
+    bucket starts it there. It came back at offset 0, handing out offsets its consumers had
+    read; a partition with records left comes back from its L1 objects as before."""
+    objects = MemoryObjectStore()
+    async with running_node(make_config(), MemoryLogStore(), objects) as node:
+        await node.create_topic("e", 2)
+        await node.topic_configs.replace("e", [("retention.ms", "-1")])  # the record is rewritten
+        await produce(node, "e", 0, 5)
+        await produce(node, "e", 1, 3)
+        await settle(node)
+        assert await node.delete_records("e", 0, -1) == 5
+        assert keys(objects, f"{L1_ROOT}e/0/") == []  # collected: nothing says where it ended
+        # retention's way: every record of r/0 past retention.ms
+        await node.create_topic("r", 1, {"retention.ms": "1"})
+        await produce(node, "r", 0, 4)
+        await settle(node)
+        await anyio.sleep(0.01)
+        await node.housekeeper.run_round(force=True)
+        assert node.partition("r", 0).state.start_offset == 4
+    record = decode_topic_record(topic_record_key("e"), objects._objects[topic_record_key("e")][0])
+    assert (record.ends, record.configs) == ({0: 5}, {"retention.ms": "-1"})
+    rebuilt = MemoryLogStore()
+    summary = await rebuild_from_bucket(rebuilt, objects, 100.0)
+    assert [(p.name, p.high_watermark) for p in summary.partitions] == [("e/0", 5), ("e/1", 3), ("r/0", 4)]
+    async with running_node(make_config(), rebuilt, objects) as node:
+        state = node.partition("e", 0).state
+        assert (state.start_offset, state.high_watermark) == (5, 5)
+        assert (await node.produce("e", 0, [Record(None, b"next")])).base_offset == 5
+        assert (await node.produce("e", 1, [Record(None, b"next")])).base_offset == 3
+        assert (await node.produce("r", 0, [Record(None, b"next")])).base_offset == 4

@@ -141,6 +141,35 @@ def test_out_of_range_value_names_section_and_key(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[batcher]\nbatch_bytes_max = 10\n"), environ={})
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("LEVELZERO_BATCHER_LINGER_MS", "nan"),
+        ("LEVELZERO_HOUSEKEEPER_RETENTION_S", "nan"),
+        ("LEVELZERO_RECONCILER_INTERVAL_S", "inf"),
+        ("LEVELZERO_S3_READ_TIMEOUT_S", "inf"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_naming_the_key(variable: str, value: str) -> None:
+    """NaN passes a range check (every comparison with it is false): `housekeeper.retention_s =
+    nan` crashed the daemon at start-up with a traceback, `batcher.linger_ms = nan` left every
+    produce unanswered. Refused as every bad value is, naming the key."""
+    section, key = variable.removeprefix("LEVELZERO_").lower().split("_", 1)
+    with pytest.raises(ConfigError, match=rf"{section}\.{key}: must be a finite number, not {value}"):
+        load_config(None, environ={variable: value})
+
+
+def test_the_epoch_timer_is_off_or_at_least_a_tenth_of_a_second() -> None:
+    """A microsecond timer was accepted: 1,500 cluster-epoch bumps a second, each a control-plane
+    write and a log line."""
+    for value in ("0.0000001", "0.05", "86401"):
+        with pytest.raises(ConfigError, match=r"epoch_bump_interval_s must be 0 \(the timer off\) or in 0.1"):
+            load_config(None, environ={"LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": value})
+    for value, expected in (("0", None), ("0.1", 0.1), ("60", 60.0)):
+        config = load_config(None, environ={"LEVELZERO_NODE_EPOCH_BUMP_INTERVAL_S": value})
+        assert config.node_config().epoch_bump_interval_s == expected
+
+
 def test_invalid_toml_and_missing_file_are_reported(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is not valid TOML"):
         load_config(write(tmp_path, "[server\n"), environ={})

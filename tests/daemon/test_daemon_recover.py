@@ -275,7 +275,9 @@ async def recover_scenario(
     async with daemon_and_client(data, **settings, **QUIET) as (_, client):
         await client.create_topic("t", 3)
         await client.create_topic("u", 1)
-        await client.create_topic("v", 2)  # never written: only its topic record knows it
+        # never written: only its topic record knows it, and its configs
+        await client.create_topic("v", 2, {"cleanup.policy": "compact", "retention.ms": "-1"})
+        await client.replace_topic_configs("u", {"retention.ms": "604800000"})  # rewrites u's record
         await produce_all(client, "t", 0, t0[:2])
         await produce_all(client, "u", 0, u0)
         await wait_reconciled(client)
@@ -287,11 +289,19 @@ async def recover_scenario(
     assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
     out = _print_lines(capsys)
     assert (
-        "rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partitions, "
+        "rebuilt the control plane from the bucket: 3 topics (t: 3 partitions, u: 1 partition, "
         "v: 2 partitions)"
     ) in out, out
+    assert "topic configs: u (1), v (2)" in out, out
     async with daemon_and_client(data, **settings, **QUIET) as (_, client):
         assert {(t.name, t.partitions) for t in await client.list_topics()} == {("t", 3), ("u", 1), ("v", 2)}
+        for topic, expected in (
+            ("t", {}),
+            ("u", {"retention.ms": "604800000"}),
+            ("v", {"cleanup.policy": "compact", "retention.ms": "-1"}),
+        ):
+            configs = (await client.topic_configs(topic)).configs
+            assert {c.name: c.value for c in configs if c.source == "topic"} == expected, topic
         assert await read_all(client, "v", 1) == []
         assert await read_all(client, "t", 0) == [r for batch in t0 for r in batch]
         assert await read_all(client, "t", 1) == []

@@ -341,12 +341,17 @@ async def test_unknown_topics_partitions_offsets_and_routes(tmp_path: Path) -> N
         assert_error(
             await raw(client, "GET", RECORDS, params={"offset": "3"}), 404, "offset_out_of_range", "[0, 2)"
         )
-        assert_error(
-            await raw(client, "GET", RECORDS, params={"max_bytes": "0"}),
-            400,
-            "malformed_request",
-            "max_bytes",
-        )
+        # max_bytes out of its range, however: one message naming the range (-5 was "must be a
+        # non-negative integer", 0 "must be in 1..16777216", a long one "at most 999...")
+        for given, said in (
+            ("0", "max_bytes 0 is out of range (1..16777216)"),
+            ("16777217", "max_bytes 16777217 is out of range (1..16777216)"),
+            ("9" * 30, "is out of range (1..16777216)"),
+            ("-5", "max_bytes must be an integer in 1..16777216, not '-5'"),
+        ):
+            assert_error(
+                await raw(client, "GET", RECORDS, params={"max_bytes": given}), 400, "malformed_request", said
+            )
         assert_error(
             await raw(client, "GET", RECORDS, params={"ofset": "0"}), 400, "malformed_request", "'ofset'"
         )

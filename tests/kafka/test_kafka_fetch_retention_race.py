@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from levelzero.actors.reader import FetchResult, Run
+from levelzero.actors.reader import UNFRAMED, FetchResult, Framing, Run
 from levelzero.core.l0format import Record
 from levelzero.core.state import PartitionState
 from levelzero.kafka import records as kr
@@ -46,7 +46,9 @@ class _Node:
     def partition(self, topic: str, partition: int) -> _Actor:
         return self.actor
 
-    async def fetch(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchResult:
+    async def fetch(
+        self, topic: str, partition: int, offset: int, max_bytes: int, framing: Framing = UNFRAMED
+    ) -> FetchResult:
         result = FetchResult(
             [Run(0, self.records, offset, len(self.records))], len(self.records), len(self.records), 0, "l0"
         )

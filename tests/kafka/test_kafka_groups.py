@@ -4,6 +4,8 @@ member leaves, and resume from offsets committed before a daemon restart; the co
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 
 import anyio
@@ -258,6 +260,96 @@ async def test_a_member_commits_while_the_group_prepares_a_rebalance() -> None:
     assert coordinator.check_commit("g", "", -1, transactional=True) == ErrorCode.none
 
 
+async def test_a_joiner_sharing_no_assignor_is_refused_alone_and_the_group_goes_on() -> None:
+    """As Kafka's coordinator checks a join (`supportsProtocols`): a member whose assignors the
+    group's members do not all share is INCONSISTENT_GROUP_PROTOCOL at once, and nothing else
+    changes: no rebalance, the members keep their generation and assignment (the round failed
+    for every member, all of them left without partitions while the joiner retried: a
+    confluent-kafka consumer with `range` joining an aiokafka group with `roundrobin`). One
+    sharing an assignor joins."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    results = []
+
+    async def join(member: str, protocols: list[tuple[str, bytes]]) -> None:
+        results.append(await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "", [("roundrobin", b"m"), ("range", b"m")])
+        await anyio.sleep(0)
+        clock.now += 1
+    me = results[0].member_id
+    await coordinator.sync("g", me, 1, [(me, b"parts")])
+    with anyio.fail_after(5):  # refused at once (the fake clock never ends a round by itself)
+        await join("", [("cooperative-sticky", b"x")])
+    assert results[1].error == ErrorCode.inconsistent_group_protocol
+    group = coordinator.groups["g"]
+    assert (group.state, group.generation, list(group.members)) == ("stable", 1, [me])
+    assert coordinator.heartbeat("g", me, 1) == ErrorCode.none
+    await join("", [("consumer-other-type", b"x")])  # (same protocol type, no shared name)
+    assert results[2].error == ErrorCode.inconsistent_group_protocol
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "", [("range", b"y")])  # shares `range`: a rebalance begins
+        await anyio.sleep(0)
+        assert group.state == "preparing"
+        tg.start_soon(join, me, [("roundrobin", b"m"), ("range", b"m")])
+    assert results[3].error == results[4].error == ErrorCode.none
+    assert results[4].protocol_name == "range"
+
+
+async def test_a_static_member_back_takes_its_place_without_a_rebalance_and_fences_the_old_one() -> None:
+    """KIP-345 as Kafka's coordinator serves it: a static member (group.instance.id) joining
+    again with no member id (restarted) replaces the instance id's holder under a new member
+    id, in a stable group at once and with no rebalance (same generation; the old leader id,
+    so it assigns nothing), and its SyncGroup gets the old assignment; the old member id is
+    FENCED_INSTANCE_ID from then on (heartbeat, sync, join, leave). DescribeGroups shows the
+    instance id; LeaveGroup by instance id alone removes it (an admin client's removal). It
+    used to join as a second member beside the first, and come back only through a rebalance
+    after the first's session timeout."""
+    clock = FakeClock()
+    coordinator = GroupCoordinator(MemoryLogStore(), clock=clock, wall_clock=clock)
+    protocols = [("range", b"meta")]
+    results = []
+
+    async def join(member: str, instance: str | None) -> None:
+        results.append(
+            await coordinator.join("g", member, "c", 10_000, 10_000, "consumer", protocols, "", instance)
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join, "", "i1")
+        await anyio.sleep(0)
+        clock.now += 1
+    old = results[0].member_id
+    assert (results[0].error, results[0].generation) == (ErrorCode.none, 1)
+    await coordinator.sync("g", old, 1, [(old, b"parts-1")], "i1")
+    with anyio.fail_after(5):  # at once: no round
+        await join("", "i1")
+    back = results[1]
+    assert (back.error, back.generation, back.leader, back.members) == (ErrorCode.none, 1, old, [])
+    assert back.member_id != old
+    group = coordinator.groups["g"]
+    assert (group.state, group.generation, list(group.members)) == ("stable", 1, [back.member_id])
+    with anyio.fail_after(5):
+        assert await coordinator.sync("g", back.member_id, 1, [], "i1") == (
+            ErrorCode.none,
+            b"parts-1",
+            "consumer",
+            "range",
+        )
+    assert coordinator.heartbeat("g", back.member_id, 1, "i1") == ErrorCode.none
+    assert coordinator.heartbeat("g", old, 1, "i1") == ErrorCode.fenced_instance_id
+    assert (await coordinator.sync("g", old, 1, [], "i1"))[0] == ErrorCode.fenced_instance_id
+    assert coordinator.check_commit("g", old, 1, "i1") == ErrorCode.fenced_instance_id
+    await join(old, "i1")
+    assert results[2].error == ErrorCode.fenced_instance_id
+    assert coordinator.leave("g", [old], ["i1"]) == {old: ErrorCode.fenced_instance_id}
+    summary = await coordinator.summary("g")
+    assert summary is not None and [m.instance_id for m in summary.members] == ["i1"]
+    assert coordinator.leave("g", [""], ["i1"]) == {"": ErrorCode.none}  # by instance id alone
+    assert coordinator.groups["g"].members == {}
+
+
 async def test_a_killed_member_is_dropped_at_its_session_timeout_not_the_rebalance_timeout() -> None:
     """A consumer SIGKILLed sends no LeaveGroup. Its successor's JoinGroup opens a round that
     waits for the dead member; Kafka's heartbeat expiry drops it at its session timeout and the
@@ -381,3 +473,75 @@ async def test_a_commit_in_the_revoke_callback_is_accepted(tmp_path: Path) -> No
     assert read == PARTITIONS * PER_PARTITION
     assert errors == []
     assert offsets == {p: PER_PARTITION for p in range(PARTITIONS)}
+
+
+def static_member_restarts(port: int) -> dict[str, object]:
+    """A static consumer (group.instance.id) closes (librdkafka sends no LeaveGroup for one) and
+    starts again with the same instance id, its session (30 s) not over; then a second consumer
+    with that id starts beside it. What each saw."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    bootstrap = f"127.0.0.1:{port}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic("static", 6, 1)])["static"].result(10)
+
+    def static() -> Consumer:
+        c = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "g-static",
+                "group.instance.id": "inst-1",
+                "session.timeout.ms": 30_000,
+                "heartbeat.interval.ms": 200,
+                "enable.auto.commit": False,
+            }
+        )
+        c.subscribe(["static"])
+        return c
+
+    def assigned(c: Consumer, seconds: float) -> int:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not c.assignment():
+            c.poll(0.1)
+        return len(c.assignment())
+
+    first = static()
+    out: dict[str, object] = {"first": assigned(first, 20)}
+    first.close()
+    again = static()
+    out["again"] = assigned(again, 20)  # well inside the first's 30 s session
+    described = admin.describe_consumer_groups(["g-static"])["g-static"].result(10)
+    out["instances"] = [m.group_instance_id for m in described.members]
+    second = static()
+    errors: list[str] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not errors:
+        for c in (again, second):
+            try:
+                message = c.poll(0.1)
+            except KafkaException as exc:
+                errors.append(f"{exc.args[0].name()}: {exc.args[0].str()}")
+                break
+            if message is not None and message.error() is not None:
+                errors.append(f"{message.error().name()}: {message.error().str()}")
+    out["errors"] = errors
+    for c in (again, second):
+        with contextlib.suppress(KafkaException):  # (the fenced one's close fails)
+            c.close()
+    return out
+
+
+async def test_a_restarted_static_consumer_gets_its_partitions_at_once_and_a_duplicate_fences(
+    tmp_path: Path,
+) -> None:
+    """confluent-kafka with group.instance.id: a restarted static consumer gets its partitions
+    back at once, not after the old session times out; a second consumer with the same instance
+    id fences the first (FENCED_INSTANCE_ID, librdkafka's fatal error), as against Kafka."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        seen = await anyio.to_thread.run_sync(static_member_restarts, daemon.kafka_port)
+    assert seen["first"] == 6 and seen["again"] == 6, seen
+    assert seen["instances"] == ["inst-1"], seen
+    errors = seen["errors"]
+    assert isinstance(errors, list) and len(errors) == 1, seen
+    assert errors[0].startswith("_FATAL") and "fenced" in errors[0].lower(), seen

@@ -115,6 +115,17 @@ async def test_versions_and_refusals_on_the_wire(tmp_path: Path) -> None:
             assert (pending.offset, pending.timestamp, pending.leader_epoch) == (-1, -1, -1)
             assert (await list_offsets(wire, 10, "empty", -1)).offset == 0
             assert (await list_offsets(wire, 11, "empty", -7)).error_code == ErrorCode.invalid_request
+            # one partition named twice: every entry of it INVALID_REQUEST, as Kafka answers (a
+            # client reading one of two answers took -1 for records that exist); others as usual
+            await client.create_topic("other", 1)
+            m = module_of(2, 7)
+            twice = make(
+                m.ListOffsetsTopic, name="empty", partitions=(make_partition(m, -2), make_partition(m, -1))
+            )
+            once = make(m.ListOffsetsTopic, name="other", partitions=(make_partition(m, -1),))
+            response = await wire.request(2, 7, replica_id=-1, isolation_level=0, topics=(twice, once))
+            answers = [(p.error_code, p.offset) for t in response.topics for p in t.partitions]
+            assert answers == [(ErrorCode.invalid_request, -1)] * 2 + [(ErrorCode.none, 0)]
         finally:
             await wire.aclose()
 

@@ -127,7 +127,14 @@ async def produce(wire: Wire, topic: str, partition: int, records: bytes, acks: 
 
 
 async def fetch(
-    wire: Wire, topic: str, partition: int, offset: int, *, max_wait_ms: int = 0, min_bytes: int = 1
+    wire: Wire,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 1,
+    partition_max_bytes: int = 1 << 20,
 ) -> Any:
     m = module_of(1, 12)
     part = make(
@@ -137,7 +144,7 @@ async def fetch(
         fetch_offset=offset,
         last_fetched_epoch=-1,
         log_start_offset=-1,
-        partition_max_bytes=1 << 20,
+        partition_max_bytes=partition_max_bytes,
     )
     return await wire.request(
         1,
@@ -296,6 +303,123 @@ async def test_a_retried_idempotent_batch_is_stored_once(tmp_path: Path) -> None
         finally:
             await first.aclose()
             await retry.aclose()
+
+
+async def test_an_idempotent_producers_zombie_epoch_is_fenced_and_a_new_epoch_starts_at_0(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's broker: once a producer id's epoch 1 is stored in a partition, its epoch 0 is
+    INVALID_PRODUCER_EPOCH and epoch 2 must begin at sequence 0 (OUT_OF_ORDER_SEQUENCE_NUMBER
+    otherwise); nothing refused is stored, and a restart (the producers rebuilt from the log)
+    keeps the rule."""
+
+    def batch(epoch: int, sequence: int, value: bytes) -> bytes:
+        record = kr.KafkaRecord(0, 1_700_000_000_000, None, value)
+        return kr.encode_batch(0, [record], producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
+
+    async def answer(wire: Wire, epoch: int, sequence: int, value: bytes) -> tuple[ErrorCode, int]:
+        response = await produce(wire, "epochs", 0, batch(epoch, sequence, value))
+        part = response.responses[0].partition_responses[0]
+        return part.error_code, part.base_offset
+
+    pid = 4242
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(wire, "epochs", 1)
+            assert await answer(wire, 1, 0, b"a") == (ErrorCode.none, 0)
+            assert (await answer(wire, 0, 1, b"zombie"))[0] == ErrorCode.invalid_producer_epoch
+            assert (await answer(wire, 2, 3, b"skips"))[0] == ErrorCode.out_of_order_sequence_number
+            assert await answer(wire, 2, 0, b"b") == (ErrorCode.none, 1)
+        finally:
+            await wire.aclose()
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            assert (await answer(wire, 1, 2, b"late zombie"))[0] == ErrorCode.invalid_producer_epoch
+            assert await answer(wire, 2, 1, b"c") == (ErrorCode.none, 2)
+            fetched = await client.fetch("epochs", 0, offset=0)
+            assert [r.value for r in fetched.records] == [b"a", b"b", b"c"]
+        finally:
+            await wire.aclose()
+
+
+def _patched(batch: bytes, offset: int, fmt: str, value: int) -> bytes:
+    """`batch` with one header field changed (at byte `offset`, struct format `fmt`) and its CRC
+    made right again, so only the field is wrong."""
+    data = bytearray(batch)
+    struct.pack_into(fmt, data, offset, value)
+    struct.pack_into(">I", data, 17, kr.crc32c(bytes(data[kr.CRC_START :])))
+    return bytes(data)
+
+
+async def test_record_sets_kafka_refuses_from_a_client_are_invalid_records(tmp_path: Path) -> None:
+    """As Kafka's broker (ProduceRequest.validateRecords, LogValidator.validateBatch): a
+    partition's record set of no batch, of two batches, with a base offset other than 0, whose
+    last offset delta disagrees with its record count, of a control batch, or of a producer id
+    without a sequence is INVALID_RECORD, and nothing of it is stored (two batches were stored
+    as one record set; a control batch from a client was dropped and the rest stored)."""
+    one = kr.encode_batch(0, [kr.KafkaRecord(0, 1_700_000_000_000, b"k", b"v")])
+    two = kr.encode_batch(0, [kr.KafkaRecord(i, 1_700_000_000_000, b"k", b"v") for i in range(2)])
+    control = kr.encode_batch(
+        0, [kr.KafkaRecord(0, 1_700_000_000_000, b"\x00\x00\x00\x01", b"")], attributes=kr.ATTR_CONTROL
+    )
+    refused = {
+        "none": b"",
+        "two batches": one + one,
+        "base offset 5": _patched(one, 0, ">q", 5),
+        "delta 0 for 2 records": _patched(two, 23, ">i", 0),
+        "delta 3 for 2 records": _patched(two, 23, ">i", 3),
+        "control": control,
+        "control then data": control + one,
+        "producer id, no sequence": kr.encode_batch(
+            0, [kr.KafkaRecord(0, 1_700_000_000_000, b"k", b"v")], producer_id=7, producer_epoch=0
+        ),
+    }
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(wire, "strict", 1)
+            codes = {}
+            for name, data in refused.items():
+                response = await produce(wire, "strict", 0, data)
+                codes[name] = response.responses[0].partition_responses[0].error_code
+            assert codes == dict.fromkeys(refused, ErrorCode.invalid_record)
+            assert (await list_offsets(wire, "strict", 0, -1)).offset == 0  # nothing stored
+            stored = await produce(wire, "strict", 0, two)
+            assert stored.responses[0].partition_responses[0].error_code == ErrorCode.none
+            assert (await list_offsets(wire, "strict", 0, -1)).offset == 2
+        finally:
+            await wire.aclose()
+
+
+async def test_a_fetch_of_small_records_stays_within_the_partitions_max_bytes(tmp_path: Path) -> None:
+    """Kafka counts the batches a fetch returns against max_bytes (only the first may exceed
+    it). Records of 10-byte values came back at about twice max_bytes, records of one byte
+    with 60 bytes of headers at seven times (a record's key and value alone were counted); now
+    the encoding's bytes count, so the answer holds within max_bytes and still fills most of it."""
+    plain = [kr.KafkaRecord(i, 1_700_000_000_000 + i, None, b"%010d" % i) for i in range(400)]
+    headers = (("trace-id", b"t" * 24), ("span-id", b"s" * 12), ("origin", b"o" * 4))
+    headed = [kr.KafkaRecord(i, 1_700_000_000_000 + i, None, b"x", headers) for i in range(200)]
+    max_bytes = 2_000
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(wire, "small", 1)
+            for records in (plain, headed):
+                response = await produce(wire, "small", 0, kr.encode_batch(0, records))
+                assert response.responses[0].partition_responses[0].error_code == ErrorCode.none
+            sizes = {}
+            for offset in (0, 150, 400, 500):
+                answer = await fetch(wire, "small", 0, offset, partition_max_bytes=max_bytes)
+                data = answer.responses[0].partitions[0].records
+                batches = kr.decode_batches(data)
+                assert batches[0].base_offset == offset
+                sizes[offset] = (len(data), sum(len(b.records) for b in batches))
+            assert all(max_bytes // 2 < size <= max_bytes for size, _ in sizes.values()), sizes
+            assert all(count >= 10 for _, count in sizes.values()), sizes
+        finally:
+            await wire.aclose()
 
 
 async def test_a_long_poll_returns_records_produced_while_it_waits(tmp_path: Path) -> None:

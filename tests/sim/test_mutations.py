@@ -227,15 +227,17 @@ def test_mutations_are_undone_after_the_seed() -> None:
 
 
 def test_a_caught_seed_ends_even_when_a_client_starts_a_request_on_the_failing_node() -> None:
-    """Seed 9 under `lower_bound_follows_max`: invariant 5 is caught at 10.05 s, the node's
-    task group is cancelled, and a transactional client then started its EndTxn on that node:
-    anyio never cancelled the late task, which spun at one virtual instant for ever
-    (`levelzero sim --mutate --catches 3` never ended). Clients now enter only nodes whose
-    task group takes requests (`Incarnation.takes_requests`), and the loop ends a livelock."""
-    result = run_seed(9, mutation="lower_bound_follows_max")
+    """Seed 113 under `admit_below_window`: invariant 5 is caught at 3.47 s, the node's task
+    group is cancelled, and a transactional client then restarts its transaction on that node
+    (the trace's last line): anyio never cancelled the late task, which spun at one virtual
+    instant for ever (`levelzero sim --mutate --catches 3` never ended; this seed reaches the
+    loop's livelock bound without the guard). Clients now enter only nodes whose task group
+    takes requests (`Incarnation.takes_requests`), and the loop ends a livelock. (Seed 9 under
+    `lower_bound_follows_max` showed it first; a Kafka fetch's size rule moved its schedule.)"""
+    result = run_seed(113, mutation="admit_below_window")
     assert result.violation is not None
     assert result.violation.invariant == "5"
-    assert result.violation.time_s == pytest.approx(10.0515, abs=1e-3)
+    assert result.violation.time_s == pytest.approx(3.4666, abs=1e-3)
     assert result.callbacks < LIVELOCK_CALLBACKS // 10  # ended with the catch, not a spin
 
 
