@@ -535,11 +535,8 @@ def _holders(
 ) -> list[Holder]:
     """With an epoch: what keeps M below it. Without: what M equals (and the blockers)."""
     m, capped = decision.m, decision.cluster_epoch - 1
-    future = epoch is not None and epoch > decision.cluster_epoch  # no object has it yet
 
     def holds(mp: int | None) -> bool:
-        if future:
-            return False  # the cap alone is what the epoch waits for, not every partition
         if mp is None:
             return True
         return mp < epoch if epoch is not None else mp == m

@@ -296,13 +296,13 @@ def test_explain_when_blocked_and_when_capped() -> None:
     assert [(h.partition, h.reason) for h in blocked.holders] == [("a", "no epoch yet")]
     capped = explain(compute_cluster_watermark(10, {"b": 50}), {"b": 50}, {}, epoch=11)
     assert [(h.partition, h.mp, h.behind) for h in capped.holders] == [(CAP_HOLDER, 9, 2)]
-    # an epoch above the cluster epoch: no object has it yet, and no partition is listed as
-    # holding it back (each showed "behind" by the distance to an epoch that does not exist)
+    # an epoch above the cluster epoch: said to have no object yet (the partitions and the cap
+    # are listed by how far they are from it, as for any epoch above M)
     mps = {"a": 3, "b": 4}
     future = explain(compute_cluster_watermark(11, mps), mps, {}, epoch=999)
     assert future.verdict == ExplainVerdict.ABOVE_M
     assert future.detail == "epoch 999 is above the cluster epoch 11: no object has it yet (M = 3)"
-    assert [h.partition for h in future.holders] == [CAP_HOLDER]
+    assert [h.partition for h in future.holders] == ["a", "b", CAP_HOLDER]
     # an epoch at or below M, asked by epoch: its objects are not listed, so the answer does
     # not claim any is left ("the next round deletes it" for an epoch whose objects were gone)
     done = explain(compute_cluster_watermark(11, mps), mps, {}, epoch=1, grace_s=GRACE_S)
