@@ -46,13 +46,23 @@ from levelzero.core.keys import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    format_end_key,
+    partition_ends_prefix,
+    topic_ends_prefix,
     topic_record_key,
 )
 from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
 from levelzero.core.topic_configs import BrokerConfigs
-from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
+from levelzero.storage.protocols import (
+    DELETE_BATCH_KEYS_MAX,
+    ClusterControl,
+    LogStore,
+    ObjectStore,
+    PartitionRow,
+    iter_objects,
+)
 
 from .appender import Appender
 from .batcher import Batcher, BatcherConfig, ProduceResult
@@ -623,36 +633,62 @@ class Node:
             await self.object_store.delete_many([topic_record_key(name)])
         except LevelZeroError as exc:
             log.warning("could not remove topic %s's record from the object store: %s", name, exc)
+        await self._forget_ends(name)
 
     async def partition_emptied(self, actor: PartitionActor) -> None:
         """Retention or DeleteRecords moved the partition's start offset to its high watermark:
-        no record is left, and its L1 objects, which say where its log ended, go. The topic's
-        bucket record keeps the end, so a recovery from the bucket goes on from there rather
-        than hand out its offsets again."""
+        no record is left, and its L1 objects, which say where its log ended, go. A key in the
+        bucket keeps the end (`format_end_key`; the lower ones it replaces are deleted after),
+        so a recovery from the bucket goes on from there rather than hand out its offsets
+        again. Best effort, as `_record_topic`."""
         state = actor.state
-        if state.start_offset >= state.high_watermark > 0:
-            partitions = self.topics().get(actor.row.topic)
-            if partitions is not None:
-                await self._record_topic(
-                    actor.row.topic, partitions, ends={actor.row.partition: state.high_watermark}
-                )
+        if not state.start_offset >= state.high_watermark > 0:
+            return
+        topic, partition = actor.row.topic, actor.row.partition
+        key = format_end_key(topic, partition, state.high_watermark)
+        try:
+            await self.object_store.put(key, b"")
+            lower = [
+                info.key
+                async for info in iter_objects(self.object_store, partition_ends_prefix(topic, partition))
+                if info.key < key
+            ]
+            if lower:
+                await self.object_store.delete_many(lower)
+        except LevelZeroError as exc:
+            log.warning(
+                "could not record where partition %s ended in the object store (a recovery from "
+                "the bucket would start it at offset 0): %s",
+                actor.name,
+                exc,
+            )
 
-    async def _record_topic(
-        self, name: str, partitions: int, *, fresh: bool = False, ends: Mapping[int, int] | None = None
-    ) -> None:
+    async def _forget_ends(self, topic: str) -> None:
+        """Delete the partition ends kept for `topic` (one deleted, or one made again with its
+        name: an end of the old one would place the new one's offsets). Best effort."""
+        try:
+            keys = [info.key async for info in iter_objects(self.object_store, topic_ends_prefix(topic))]
+            for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
+                await self.object_store.delete_many(keys[start : start + DELETE_BATCH_KEYS_MAX])
+        except LevelZeroError as exc:
+            log.warning("could not remove topic %s's partition ends from the object store: %s", topic, exc)
+
+    async def _record_topic(self, name: str, partitions: int, *, fresh: bool = False) -> None:
         """Keep the topic's partition count and configs in the bucket too: `levelzero recover
         --from-bucket` rebuilds a lost control plane from it (a topic without a record is
         derived from its L1 keys, without configs). The partitions' ends kept in the record
-        (`partition_emptied`) stay, with `ends` over them; `fresh`: a new topic's record.
+        (one release wrote them there) stay; `fresh`: a new topic's record (the partition ends of
+        an earlier topic of its name, if any are left, go).
         Best effort: the control plane, which has the topic, is the truth."""
         key = topic_record_key(name)
         created_at, kept = self._wall(), {}
+        if fresh:
+            await self._forget_ends(name)
         try:
             if not fresh:
                 with contextlib.suppress(ObjectNotFound, MalformedKey):  # none, or not ours: rewritten
                     old = decode_topic_record(key, await self.object_store.get(key))
                     created_at, kept = old.created_at, dict(old.ends)
-            kept.update(ends or {})
             configs = self.topic_configs.configs_of(name)
             record = TopicRecord(
                 name, partitions, created_at, configs, {p: e for p, e in kept.items() if p < partitions}
