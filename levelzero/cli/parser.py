@@ -11,6 +11,7 @@ from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.client import DEFAULT_URL
 from levelzero.daemon.buildinfo import version
+from levelzero.config import RECORDS_PER_REQUEST_LIMIT
 from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.cli.commands import (
     CLUSTER_DEMO_NODES_MAX,
@@ -100,6 +101,15 @@ def _in_flight(text: str) -> int:
     value = _positive(text)
     if value > PRODUCE_IN_FLIGHT_MAX:
         raise argparse.ArgumentTypeError(f"{text} is above {PRODUCE_IN_FLIGHT_MAX}")
+    return value
+
+
+def _batch_records(text: str) -> int:
+    value = _positive(text)
+    if value > RECORDS_PER_REQUEST_LIMIT:  # no server takes more (server.records_per_request_max)
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {RECORDS_PER_REQUEST_LIMIT:,}, the most any server takes"
+        )
     return value
 
 
@@ -260,7 +270,7 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--batch-records",
-        type=_positive,
+        type=_batch_records,
         default=PRODUCE_BATCH_RECORDS,
         help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
         "server.records_per_request_max)",

@@ -51,6 +51,10 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["compaction", "explain", "garbage"], "TOPIC/P: 'garbage' is not TOPIC/PARTITION (e.g. orders/3)"),
         (["topics", "create", "t", "--partitions", "0"], "--partitions: 0 is not >= 1"),
         (["topics", "create", "t", "--partitions", "two"], "--partitions: 'two' is not an integer"),
+        (
+            ["produce", "t", "--batch-records", "1000001", "x"],
+            "--batch-records: 1000001 is above 1,000,000, the most any server takes",
+        ),
     ],
 )
 def test_bad_flag_values_are_refused_by_name(
