@@ -528,9 +528,7 @@ class ProduceIntake:
                 if reused is not None:
                     self._finish(p, error=reused)
                     continue
-                stored = producers.duplicate_of(producer_id, epoch, base_sequence)
-                if stored is None:
-                    stored = self.sequences.duplicate_of(*p.identity)
+                stored = self._stored(p.identity, producers)
                 if (
                     stored is None
                     and producer_id >= IDEMPOTENCY_ID_BASE  # a key stored before its digest was kept
@@ -542,6 +540,19 @@ class ProduceIntake:
             else:
                 self._finish(p, base_offset=stored.base_offset, stored=stored)
         return kept
+
+    def _stored(self, identity: Identity, producers: PartitionProducers) -> StoredBatch | None:
+        """The batch stored with `identity` (a repeat), as the partition's state knows it, else
+        as this intake remembers it (a producer the state forgot)."""
+        producer_id, epoch, _, _, base_sequence = identity
+        stored = producers.duplicate_of(producer_id, epoch, base_sequence)
+        return stored if stored is not None else self.sequences.duplicate_of(*identity)
+
+    def _known_epoch(self, identity: Identity, producers: PartitionProducers) -> int | None:
+        """The producer's epoch in the partition, known the same way as `_stored`."""
+        producer_id, _, topic, partition, _ = identity
+        known = producers.epoch_of(producer_id)
+        return known if known is not None else self.sequences.epoch_of(producer_id, topic, partition)
 
     def _key_reused(
         self, identity: Identity, producers: PartitionProducers, keys: dict[int, int]
@@ -586,9 +597,7 @@ class ProduceIntake:
                 if producer_id < IDEMPOTENCY_ID_BASE:  # a key's epoch is a digest, not an order
                     known = epochs.get(producer_id)
                     if known is None:
-                        known = producers.epoch_of(producer_id)
-                    if known is None:
-                        known = self.sequences.epoch_of(producer_id, topic, partition)
+                        known = self._known_epoch(p.identity, producers)
                     refusal = epoch_refusal(producer_id, known, epoch, base_sequence)
                     if refusal is not None:
                         self._finish(p, error=refusal)
