@@ -664,8 +664,10 @@ class Node:
             )
 
     async def _forget_ends(self, topic: str) -> None:
-        """Delete the partition ends kept for `topic` (one deleted, or one made again with its
-        name: an end of the old one would place the new one's offsets). Best effort."""
+        """Delete the partition ends kept for `topic`, which is being deleted (a topic made again
+        with its name starts from nothing). Best effort, as the record's removal: one left by a
+        failed delete could only start a partition of the new topic that has no L1 object
+        further on in a recovery, never at an offset handed out before."""
         try:
             keys = [info.key async for info in iter_objects(self.object_store, topic_ends_prefix(topic))]
             for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
@@ -677,13 +679,10 @@ class Node:
         """Keep the topic's partition count and configs in the bucket too: `levelzero recover
         --from-bucket` rebuilds a lost control plane from it (a topic without a record is
         derived from its L1 keys, without configs). The partitions' ends kept in the record
-        (one release wrote them there) stay; `fresh`: a new topic's record (the partition ends of
-        an earlier topic of its name, if any are left, go).
+        (one release wrote them there) stay; `fresh`: a new topic's record.
         Best effort: the control plane, which has the topic, is the truth."""
         key = topic_record_key(name)
         created_at, kept = self._wall(), {}
-        if fresh:
-            await self._forget_ends(name)
         try:
             if not fresh:
                 with contextlib.suppress(ObjectNotFound, MalformedKey):  # none, or not ours: rewritten
