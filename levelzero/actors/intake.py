@@ -48,6 +48,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     OutOfOrderSequence,
     ShuttingDown,
+    TooLarge,
 )
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
@@ -236,15 +237,24 @@ class ProduceIntake:
 
     # ------------------------------------------------------------------ plain produce
 
-    def check_size(self, topic: str, records: Sequence[Record]) -> int | None:
+    def check_size(self, topic: str, records: Sequence[Record], wire_bytes: int | None = None) -> int | None:
         """A compacted topic's records have keys (KeylessRecord, Kafka's INVALID_RECORD).
         The one size rule for one request's records: at most the topic's
         `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
-        size by the rule, or None when the batcher's own check is all there is to do."""
+        size by the rule, or None when the batcher's own check is all there is to do.
+        `wire_bytes`: a Kafka producer's record batch as sent (compressed), which Kafka's
+        broker holds to `max.message.bytes` instead (a gzip batch of 10 KiB of text passes a
+        limit of 2,000 bytes there); the batcher's limit is still the rule's."""
         policy = self.node.topic_configs.policy(topic)
         if policy.compacted and any(r.key is None for r in records):
             raise KeylessRecord(topic)
         limit = policy.max_message_bytes
+        if wire_bytes is not None:
+            if wire_bytes > limit:
+                raise TooLarge(
+                    wire_bytes, limit, f"topic {topic}'s max.message.bytes", len(records), as_sent=True
+                )
+            return None
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None
@@ -284,6 +294,7 @@ class ProduceIntake:
         after: Pending | None = None,
         gather_s: float = 0.0,
         linger_s: float | None = None,
+        wire_bytes: int | None = None,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
@@ -291,7 +302,8 @@ class ProduceIntake:
         submitted before; if it fails, this one fails with its error instead of being stored
         after it. `gather_s`: how long this record set may wait for others while it is all the
         lane holds (then it is stored in their round, not in one before it). `linger_s`: the
-        batch window that takes its round is cut this long after, if sooner. Raises
+        batch window that takes its round is cut this long after, if sooner. `wire_bytes`: the
+        Kafka record batch's size as sent (`check_size`). Raises
         LevelZeroError (InvalidInput, TooLarge, the partition's) for a record set that is not
         taken."""
         self.check_led(topic, partition)
@@ -299,7 +311,7 @@ class ProduceIntake:
             raise InvalidInput("the produce request holds no records")
         # The one size rule (the topic's max.message.bytes, else the batcher's limit): sets are
         # packed into one request by the lane.
-        size = self.check_size(topic, records)
+        size = self.check_size(topic, records, wire_bytes)
         if size is None:
             size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
         assert size is not None

@@ -124,13 +124,27 @@ class TooLarge(LevelZeroError):
 
     code = "too_large"
 
-    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max", records: int = 0) -> None:
+    def __init__(
+        self,
+        size: int,
+        limit: int,
+        limit_name: str = "batch_bytes_max",
+        records: int = 0,
+        *,
+        as_sent: bool = False,
+    ) -> None:
         # One record over the limit cannot be split: say so rather than "split the request".
         advice = "one record cannot be larger than the limit" if records == 1 else "split the request"
-        super().__init__(
-            f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
-            f"and values + 8 per record); {advice}"
-        )
+        # `as_sent`: a Kafka record batch's size on the wire (compressed), as Kafka's broker
+        # holds a topic's max.message.bytes to it
+        if as_sent:
+            text = f"a record batch of {size} bytes as sent exceeds {limit_name} {limit}"
+        else:
+            text = (
+                f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
+                "and values + 8 per record)"
+            )
+        super().__init__(f"{text}; {advice}")
         self.size, self.limit = size, limit
 
 
