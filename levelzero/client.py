@@ -77,6 +77,10 @@ def default_url() -> str:
 
 REDIRECTS_MAX = 3  # a leader moving twice while a request follows it
 RETRY_PAUSE_FIRST_S = 0.05  # doubling up to the API's Retry-After (Client.request)
+# Transport failures of a redirect target: no connection taken (nothing sent), or the
+# connection dropped before an answer (the request may have been carried out).
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 class Client:
@@ -162,7 +166,7 @@ class Client:
                     timeout=max(left, RETRY_PAUSE_FIRST_S),
                 )
             except httpx.HTTPError as exc:
-                failure = self._unreachable(exc)
+                failure = self._unreachable(exc, replayable)
                 if not self._redirect_target_lost(exc, replayable):
                     raise failure from None
             else:
@@ -181,27 +185,36 @@ class Client:
             await anyio.sleep(min(pause, left))
             pause = min(2 * pause, RETRY_AFTER_S)
 
-    def _unreachable(self, exc: httpx.HTTPError) -> ApiError:
+    def _unreachable(self, exc: httpx.HTTPError, replayable: bool) -> ApiError:
         """The failure named by the URL that failed: the one asked, or the one a redirect from
-        it led to (a dead leader's, not the healthy node's the caller gave)."""
-        url = self.url
-        target = _request_url(exc)
-        if target is not None and not _same_origin(target, self._http.base_url):
+        it led to (a dead leader's, not the healthy node's the caller gave); a request that
+        node dropped and that is not sent again says why (it may have been carried out)."""
+        url, note = self.url, ""
+        target = self._redirect_target(exc)
+        if target is not None:
             url = f"{_origin(target)} (redirected there by {self.url})"
+            if isinstance(exc, _DROPPED) and not replayable:
+                note = "; it may have been carried out there, so it was not sent again"
         if isinstance(exc, httpx.TimeoutException):
             return ApiError(0, "timeout", f"levelzero at {url} did not answer in time")
-        return ApiError(0, "unreachable", f"cannot reach levelzero at {url}: {exc}")
+        return ApiError(0, "unreachable", f"cannot reach levelzero at {url}: {exc}{note}")
 
     def _redirect_target_lost(self, exc: httpx.HTTPError, replayable: bool) -> bool:
         """Whether a transport failure was a redirect target's that a retry may pass by: one
         that took no connection (sent nothing), or — for a replayable request — one that
         dropped it before answering."""
-        target = _request_url(exc)
-        if target is None or _same_origin(target, self._http.base_url):
+        if self._redirect_target(exc) is None:
             return False
-        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
-            return True
-        return replayable and isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError))
+        return isinstance(exc, _NOT_SENT) or (replayable and isinstance(exc, _DROPPED))
+
+    def _redirect_target(self, exc: httpx.HTTPError) -> httpx.URL | None:
+        """The URL of the failed request when a redirect led there, not the URL asked."""
+        try:
+            url = exc.request.url
+        except RuntimeError:  # raised before any request was made
+            return None
+        base = self._http.base_url
+        return None if (url.scheme, url.host, url.port) == (base.scheme, base.host, base.port) else url
 
     def _error(self, response: httpx.Response) -> ApiError:
         try:
@@ -385,19 +398,8 @@ def _records_path(topic: str, partition: int) -> str:
     return f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records"
 
 
-def _request_url(exc: httpx.HTTPError) -> httpx.URL | None:
-    try:
-        return exc.request.url
-    except RuntimeError:  # raised before any request was made
-        return None
-
-
 def _origin(url: httpx.URL) -> str:
     return str(url.copy_with(path="", query=None, fragment=None)).rstrip("/")
-
-
-def _same_origin(a: httpx.URL, b: httpx.URL) -> bool:
-    return (a.scheme, a.host, a.port) == (b.scheme, b.host, b.port)
 
 
 def _tries(n: int) -> str:

@@ -142,9 +142,11 @@ async def test_a_produce_the_dead_leader_may_have_received_is_sent_again_only_wi
             await c.produce("h", 0, [b"a"])  # perhaps stored: not sent again
         assert node.requests == 1
         assert failed.value.code == "unreachable"
-        assert failed.value.message.startswith(
+        message = failed.value.message
+        assert message.startswith(
             f"cannot reach levelzero at {dropping} (redirected there by {ASKED}): Server disconnected"
         )
+        assert message.endswith("; it may have been carried out there, so it was not sent again")
         node.bodies.clear()
         ack = await c.produce("h", 0, [b"a"], idempotency_key="job/1")  # stored once however sent
         assert (ack.base_offset, node.requests) == (7, 2)
