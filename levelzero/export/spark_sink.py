@@ -58,6 +58,10 @@ RECORDS_PER_REQUEST_DEFAULT = 1000
 STREAM_QUERY_ID = "sql.streaming.queryId"  # Spark's task-local properties of a micro-batch
 STREAM_BATCH_ID = "streaming.sql.batchId"
 _SINK_COLUMNS = ("key", "value", "partition", "timestamp", "headers")
+# The sink's options (`path`: Spark passes `save("topic")` as it); a stream's also those Spark
+# passes for writeStream's checkpoint and query name.
+SINK_OPTIONS = ("path", "topic", "url", "token", "records_per_request")
+STREAM_SINK_OPTIONS = (*SINK_OPTIONS, "checkpointLocation", "queryName")
 
 
 @dataclass(frozen=True, slots=True)

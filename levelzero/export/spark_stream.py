@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ExportError
 from .spark_source import (
+    STORE_OPTIONS,
     _catalog,
     _int_option,
     Selection,
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
     from levelzero.config import Config
 
 EARLIEST, LATEST = -2, -1  # Kafka's markers in a per-partition startingOffsets
+# The stream reader's options.
+STREAM_OPTIONS = (*STORE_OPTIONS, "startingOffsets", "maxRecordsPerTrigger", "task_bytes")
 
 
 def partition_bounds(config: Config, topic: str) -> dict[int, tuple[int, int]]:
