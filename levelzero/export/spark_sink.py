@@ -33,7 +33,8 @@ A job that fails leaves the records its finished produces stored (there is no co
 tasks): what its tasks stored is logged by the driver, as is what retries found stored.
 
 `url` (or LEVELZERO_URL in the executors' environment) names the daemon; `token` its bearer token
-(carried to the executors inside the task, never logged).
+(carried to the executors inside the task, never logged). Any other option is refused
+(SINK_OPTIONS, STREAM_SINK_OPTIONS).
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ executors need no environment of their own. Executors run the data source in Pyt
 `PYSPARK_PYTHON` must be a Python with levelzero installed (the venv's).
 
 What is read: the options `start_offset` (inclusive), `end_offset` (exclusive) and `partitions`
-("1,7,300") narrow the planned object ranges. Filters on `topic`, `partition` (`=`, `IN`) and
-`offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a set, `BETWEEN`) narrow them too where Spark plans
+("1,7,300") narrow the planned object ranges (BATCH_OPTIONS: any other option is refused).
+Filters on `topic`, `partition` (`=`, `IN`) and `offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a
+set, `BETWEEN`) narrow them too where Spark plans
 each scan from its own pushed filters (see PLAN_SCOPED_TO_SCAN: not up to Spark 4.3, where
 Spark evaluates those filters itself and every query of a DataFrame reads its whole range).
 

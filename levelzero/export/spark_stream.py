@@ -20,6 +20,7 @@ Options (besides the batch source's `data_dir`/`config` and credentials):
   in proportion to what each has pending). `Trigger.AvailableNow` reads what is there when the
   query starts, in micro-batches of that size, and stops.
 - `task_bytes`: as the batch source's (object ranges per Spark task).
+Any other option is refused (STREAM_OPTIONS).
 
 A partition created after the query started is read from its earliest offset. Offsets a
 partition no longer holds (deleted by retention before they were read) are skipped.
