@@ -223,7 +223,7 @@ class ClusterMember:
             self.node_id, self.advertise_url, self.kafka_url, self.ttl_s
         )
 
-    async def _register_again(self, why: str) -> bool:
+    async def _register_again(self, why: str, level: int = logging.WARNING) -> bool:
         """Register again within a round; False (the round ends) while another live process
         holds the node id: this one resigns everything and stands by, not taking the row back."""
         try:
@@ -248,7 +248,7 @@ class ClusterMember:
             )
             self.conflict = None
         else:
-            log.warning("node %s: %s; registered again", self.node_id, why)
+            log.log(level, "node %s: %s; registered again", self.node_id, why)
         return True
 
     @property
@@ -294,7 +294,7 @@ class ClusterMember:
             # simulation seed 1832: a release sent before a hand-over, answered after the
             # timeout, landed after the next round had adopted the lease again). Calls naming
             # the previous incarnation change nothing once this registration is in.
-            if not await self._register_again("a control-plane call timed out: voiding it"):
+            if not await self._register_again("a control-plane call timed out: voiding it", logging.INFO):
                 return
             self._in_doubt = False
         sent_at = self._clock()
