@@ -546,10 +546,15 @@ class ClusterSection(_Section):
     node_id: str = ""  # empty: this host's name and the HTTP port (stable across restarts)
     advertise_url: str = ""  # where other nodes and clients reach this node's HTTP API
     lease_ttl_s: float = 10.0
+    # A node whose lease has been out this long (crashed, never restarted) is removed from the
+    # cluster by the live nodes; at least a minute, so a crash shows as "expired" meanwhile.
+    forget_expired_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.lease_ttl_s <= 300.0:
             raise ValueError("lease_ttl_s must be in 1..300")
+        if not 60.0 <= self.forget_expired_after_s <= 31_536_000.0:
+            raise ValueError("forget_expired_after_s must be in 60..31536000 (a year)")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9._:-]{1,100}", self.node_id):
             raise ValueError("node_id must be 1-100 of A-Z a-z 0-9 . _ : -")
         if self.advertise_url:

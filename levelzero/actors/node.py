@@ -66,7 +66,7 @@ from levelzero.storage.protocols import (
 
 from .appender import Appender
 from .batcher import Batcher, BatcherConfig, ProduceResult
-from .cluster import ClusterMember
+from .cluster import FORGET_EXPIRED_AFTER_S, ClusterMember
 from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
@@ -109,6 +109,7 @@ class ClusterSettings:
     advertise_url: str
     lease_ttl_s: float = 10.0
     kafka_url: str | None = None
+    forget_expired_after_s: float = FORGET_EXPIRED_AFTER_S  # a crashed node's row is deleted then
     # The member's monotonic clock (None: the event loop's); the simulation drifts it.
     clock: Callable[[], float] | None = None
 
@@ -285,6 +286,7 @@ class Node:
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
                     clock=c.clock or anyio.current_time,
+                    forget_expired_after_s=c.forget_expired_after_s,
                 )
                 member = self.member
                 self.topic_configs.follow_views(lambda: member.view)

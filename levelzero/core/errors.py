@@ -295,6 +295,24 @@ class StoreRefused(StorageError):
     retriable = False
 
 
+class NodeIdTaken(StoreRefused):
+    """A node registering under a `cluster.node_id` that another live node holds with another
+    advertise URL: two processes under one id would take the row from each other every round
+    (leases lost, terms restarted, redirects flapping). A restart under the same advertise URL
+    is never refused, whether or not its previous run's registration is still live."""
+
+    code = "node_id_taken"
+
+    def __init__(self, node_id: str, other_url: str, lease_left_s: float) -> None:
+        super().__init__(
+            f"cluster.node_id {node_id!r} is taken: another live node registered it with advertise_url "
+            f"{other_url} (its lease runs {max(lease_left_s, 0.0):.1f} s more); give this node its own "
+            "cluster.node_id, or stop that node first (a crashed one's registration lapses with its lease)"
+        )
+        self.node_id = node_id
+        self.other_url = other_url
+
+
 class ShuttingDown(LevelZeroError):
     code = "shutting_down"
     retriable = True

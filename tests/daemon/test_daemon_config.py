@@ -473,6 +473,11 @@ def test_cluster_settings_are_checked() -> None:
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_LEASE_TTL_S": "0.1"})
     with pytest.raises(ConfigError, match="node_id must be"):
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_NODE_ID": "has space"})
+    assert config.cluster.forget_expired_after_s == 3600.0
+    kept = load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_FORGET_EXPIRED_AFTER_S": "600"})
+    assert kept.cluster.forget_expired_after_s == 600.0
+    with pytest.raises(ConfigError, match="forget_expired_after_s must be in 60..31536000"):
+        load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_FORGET_EXPIRED_AFTER_S": "5"})
 
 
 def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeouts(tmp_path: Path) -> None:
