@@ -243,19 +243,20 @@ class ProduceIntake:
         `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
         size by the rule, or None when the batcher's own check is all there is to do.
         `wire_bytes`: a Kafka producer's record batch as sent (compressed), which Kafka's
-        broker holds to `max.message.bytes` instead (a gzip batch of 10 KiB of text passes a
-        limit of 2,000 bytes there); the batcher's limit is still the rule's."""
+        broker holds to a topic's `max.message.bytes` instead (a gzip batch of 10 KiB of text
+        passes a limit of 2,000 bytes there); the batcher's limit, the node's (and a topic's
+        that is not below it), is still the rule's: what is stored, uncompressed."""
         policy = self.node.topic_configs.policy(topic)
         if policy.compacted and any(r.key is None for r in records):
             raise KeylessRecord(topic)
         limit = policy.max_message_bytes
-        if wire_bytes is not None:
+        batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        if wire_bytes is not None and limit < batch_bytes_max:  # (else the batcher's is the limit)
             if wire_bytes > limit:
                 raise TooLarge(
                     wire_bytes, limit, f"topic {topic}'s max.message.bytes", len(records), as_sent=True
                 )
             return None
-        batch_bytes_max = self.node.batcher.config.batch_bytes_max
         if limit >= batch_bytes_max:
             return None
         return check_produce_size(records, limit, limit_name=f"topic {topic}'s max.message.bytes")
