@@ -9,11 +9,13 @@ Every failure surfaces as `ApiError`, carrying the server's error code and messa
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
+import anyio
 import httpx
 import msgspec
 
@@ -22,6 +24,7 @@ from levelzero.core.gc import Explanation
 
 from levelzero.config import token_problem
 from levelzero.http.schema import (
+    RETRY_AFTER_S,
     TopicConfigs,
     TopicConfigsRequest,
     AbandonRequest,
@@ -73,6 +76,11 @@ def default_url() -> str:
 
 
 REDIRECTS_MAX = 3  # a leader moving twice while a request follows it
+RETRY_PAUSE_FIRST_S = 0.05  # doubling up to the API's Retry-After (Client.request)
+# Transport failures of a redirect target: no connection taken (nothing sent), or the
+# connection dropped before an answer (the request may have been carried out).
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 class Client:
@@ -94,6 +102,7 @@ class Client:
         # trust_env=False: a levelzero daemon is reached directly, never through $HTTP_PROXY.
         # In a cluster, a node answers a request for a partition it does not lead with a 307 to
         # the leader (method and body kept): followed, a few hops at most.
+        self._timeout_s = timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
@@ -124,19 +133,88 @@ class Client:
         *,
         body: msgspec.Struct | None = None,
         params: dict[str, int | str] | None = None,
+        replayable: bool | None = None,
     ) -> httpx.Response:
+        """One API call, retried at `self.url` while its partition has no reachable leader, with
+        a pause growing to the API's Retry-After, until the client's timeout has passed since the
+        first try: after a 503 `not_leader` (nothing was done), and after a redirect to a node
+        that cannot be reached — a leader that crashed is still redirected to by the others
+        until its lease expires (docs/cluster.md). A redirect target that refused the
+        connection was sent nothing, so any request is tried again; one that dropped it may have
+        done the work, so only a `replayable` request is (by default a GET; a produce with an
+        idempotency key is stored once however often it is sent). The URL given is asked each
+        time, never the dead node, and is not retried itself when unreachable: nothing else can
+        answer for it."""
         content = None if body is None else _encoder.encode(body)
         # The daemon refuses a POST (PUT, PATCH) that does not say it is JSON (415), body or not.
         headers = {"Content-Type": "application/json"} if method in ("POST", "PUT", "PATCH") else None
+        if replayable is None:
+            replayable = method in ("GET", "HEAD")
+        started = time.monotonic()
+        pause = RETRY_PAUSE_FIRST_S
+        tries = 0
+        while True:
+            tries += 1
+            left = self._timeout_s - (time.monotonic() - started)
+            try:
+                response = await self._http.request(
+                    method,
+                    path,
+                    content=content,
+                    params=params,
+                    headers=headers,
+                    timeout=max(left, RETRY_PAUSE_FIRST_S),
+                )
+            except httpx.HTTPError as exc:
+                failure = self._unreachable(exc, replayable)
+                if not self._redirect_target_lost(exc, replayable):
+                    raise failure from None
+            else:
+                if response.status_code < 400:
+                    return response
+                failure = self._error(response)
+                if failure.code != "not_leader":
+                    raise failure
+            left = self._timeout_s - (time.monotonic() - started)
+            if left <= 0:
+                raise ApiError(
+                    failure.status,
+                    failure.code,
+                    f"{failure.message}; still so after {_tries(tries)} in {self._timeout_s:g} s",
+                ) from None
+            await anyio.sleep(min(pause, left))
+            pause = min(2 * pause, RETRY_AFTER_S)
+
+    def _unreachable(self, exc: httpx.HTTPError, replayable: bool) -> ApiError:
+        """The failure named by the URL that failed: the one asked, or the one a redirect from
+        it led to (a dead leader's, not the healthy node's the caller gave); a request that
+        node dropped and that is not sent again says why (it may have been carried out)."""
+        url, note = self.url, ""
+        target = self._redirect_target(exc)
+        if target is not None:
+            url = f"{_origin(target)} (redirected there by {self.url})"
+            if isinstance(exc, _DROPPED) and not replayable:
+                note = "; it may have been carried out there, so it was not sent again"
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiError(0, "timeout", f"levelzero at {url} did not answer in time")
+        return ApiError(0, "unreachable", f"cannot reach levelzero at {url}: {exc}{note}")
+
+    def _redirect_target_lost(self, exc: httpx.HTTPError, replayable: bool) -> bool:
+        """Whether a transport failure was a redirect target's that a retry may pass by: one
+        that took no connection (sent nothing), or — for a replayable request — one that
+        dropped it before answering."""
+        if self._redirect_target(exc) is None:
+            return False
+        return isinstance(exc, _NOT_SENT) or (replayable and isinstance(exc, _DROPPED))
+
+    def _redirect_target(self, exc: httpx.HTTPError) -> httpx.URL | None:
+        """The URL of the failed request when a redirect led there, not the URL asked."""
         try:
-            response = await self._http.request(method, path, content=content, params=params, headers=headers)
-        except httpx.TimeoutException:
-            raise ApiError(0, "timeout", f"levelzero at {self.url} did not answer in time") from None
-        except httpx.HTTPError as exc:
-            raise ApiError(0, "unreachable", f"cannot reach levelzero at {self.url}: {exc}") from None
-        if response.status_code >= 400:
-            raise self._error(response)
-        return response
+            url = exc.request.url
+        except RuntimeError:  # raised before any request was made
+            return None
+        base = self._http.base_url
+        return None if (url.scheme, url.host, url.port) == (base.scheme, base.host, base.port) else url
 
     def _error(self, response: httpx.Response) -> ApiError:
         try:
@@ -211,7 +289,13 @@ class Client:
             ],
             idempotency_key,
         )
-        return await self._call("POST", _records_path(topic, partition), ProduceResponse, body=body)
+        return await self._call(
+            "POST",
+            _records_path(topic, partition),
+            ProduceResponse,
+            body=body,
+            replayable=idempotency_key is not None,
+        )
 
     async def fetch(
         self, topic: str, partition: int, offset: int | None = None, max_bytes: int | None = None
@@ -312,3 +396,11 @@ def _configs_path(topic: str) -> str:
 
 def _records_path(topic: str, partition: int) -> str:
     return f"/v1/topics/{quote(topic, safe='')}/partitions/{partition}/records"
+
+
+def _origin(url: httpx.URL) -> str:
+    return str(url.copy_with(path="", query=None, fragment=None)).rstrip("/")
+
+
+def _tries(n: int) -> str:
+    return f"{n} {'try' if n == 1 else 'tries'}"

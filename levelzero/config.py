@@ -546,10 +546,15 @@ class ClusterSection(_Section):
     node_id: str = ""  # empty: this host's name and the HTTP port (stable across restarts)
     advertise_url: str = ""  # where other nodes and clients reach this node's HTTP API
     lease_ttl_s: float = 10.0
+    # A node whose lease has been out this long (crashed, never restarted) is removed from the
+    # cluster by the live nodes; at least a minute, so a crash shows as "expired" meanwhile.
+    forget_expired_after_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.lease_ttl_s <= 300.0:
             raise ValueError("lease_ttl_s must be in 1..300")
+        if not 60.0 <= self.forget_expired_after_s <= 31_536_000.0:
+            raise ValueError("forget_expired_after_s must be in 60..31536000 (a year)")
         if self.node_id and not re.fullmatch(r"[A-Za-z0-9._:-]{1,100}", self.node_id):
             raise ValueError("node_id must be 1-100 of A-Z a-z 0-9 . _ : -")
         if self.advertise_url:
@@ -791,15 +796,20 @@ def _not_finite(config: Config) -> str | None:
 
 def _blame(file: Mapping[str, Any], layers: list[tuple[str, tuple[str, str], Any]], error: str) -> list[str]:
     """The origins (variables, flags) of the values `error` depends on: each value over the file
-    that, taken away (its key then falls back to the file or a lower source), changes or clears
-    the error. None of them: the error is the file's (or the defaults')."""
+    that, taken away (its key then falls back to the file or a lower source), clears the error.
+    If none does and the file alone (over the defaults) has the same error, it is the file's
+    (none). Else each value whose removal changes the error (a bad value over another bad one).
+    A value whose removal only makes an error of its own (one of a pair of S3 credentials) is
+    not blamed for an error the file has without it."""
     final = {target: index for index, (_, target, _) in enumerate(layers)}  # the last wins
-    blamed = []
-    for index in sorted(final.values()):
-        rest = [layer for other, layer in enumerate(layers) if other != index]
-        if _validate(file, rest) != error:
-            blamed.append(layers[index][0])
-    return blamed
+    without = {
+        index: _validate(file, [layer for other, layer in enumerate(layers) if other != index])
+        for index in sorted(final.values())
+    }
+    cleared = [layers[index][0] for index, result in without.items() if not isinstance(result, str)]
+    if cleared or _validate(file, []) == error:
+        return cleared
+    return [layers[index][0] for index, result in without.items() if result != error]
 
 
 def describe(config: Config) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,17 @@ Each registration gets an incarnation from the control plane, which every later 
 node's row and leases names: a request of a previous run of the same node id (sent before that
 process died, arriving after this one registered) changes nothing.
 
+A node id is one process's: the control plane refuses a registration while the id's row is live
+under another advertise URL (`NodeIdTaken`). At start the refusal ends the process (exit 2: an
+operator must give one of them another id); a running member that finds its row taken that way
+(the other started while this one was paused past its TTL) logs it once as an error and leads
+nothing, trying each round, until that registration lapses: two processes taking the row from
+each other every round would each keep losing their leases and restarting their terms.
+
+A crashed node's row (never removed by a graceful `leave`) is deleted by the live members'
+rounds once its lease has been out for `forget_expired_after_s`; nothing reads an expired row
+(every use of the view takes live nodes only), and a node coming back registers again.
+
 What `lead` and `resign` do is the node's business (start or stop partition actors); this actor
 only decides, so it runs the same over PostgreSQL and over the simulation's memory control plane.
 """
@@ -41,7 +52,7 @@ import anyio
 import anyio.abc
 
 from levelzero.core.cluster import MOVES_PER_ROUND_MAX, LeaseClock, live_nodes, moves
-from levelzero.core.errors import LevelZeroError, StorageError
+from levelzero.core.errors import LevelZeroError, NodeIdTaken, StorageError
 from levelzero.storage.protocols import ClusterControl, ClusterView
 
 log = logging.getLogger("levelzero.cluster")
@@ -54,6 +65,9 @@ ROUND_GAP_MIN_S = 0.05  # rounds never run back to back
 # blackholed connection) must not keep the round from resigning.
 CALL_TIMEOUT_FRACTION = 0.5
 DEADLINE_WATCH_STEP_MIN_S = 0.001
+# A crashed node's row is deleted once its lease has been out this long: `levelzero cluster`
+# shows it "expired" meanwhile, long enough for an operator to notice the crash.
+FORGET_EXPIRED_AFTER_S = 3600.0
 
 T = TypeVar("T")
 
@@ -74,14 +88,17 @@ class ClusterMember:
         term_of: Callable[[int], int | None] = lambda _pid: None,
         moves_max: int = MOVES_PER_ROUND_MAX,
         clock: Callable[[], float] = anyio.current_time,
+        forget_expired_after_s: float = FORGET_EXPIRED_AFTER_S,
     ) -> None:
         assert ttl_s > 0, ttl_s
+        assert forget_expired_after_s > 0, forget_expired_after_s
         self.control = control
         self.node_id = node_id
         self.advertise_url = advertise_url
         self.kafka_url = kafka_url
         self.ttl_s = ttl_s
         self.moves_max = moves_max
+        self.forget_expired_after_s = forget_expired_after_s
         self._lead = lead
         self._resign = resign
         self._term_of = term_of
@@ -101,6 +118,9 @@ class ClusterMember:
         # A call that changes the control plane was given up on: it may still land. The next
         # round registers again first (a new incarnation), which voids it.
         self._in_doubt = False
+        # The advertise URL of another live process under this node id, once logged (an error
+        # once per conflict, not every round); None when this process holds the registration.
+        self.conflict: str | None = None
 
     # ------------------------------------------------------------------ answers
 
@@ -197,10 +217,39 @@ class ClusterMember:
 
     async def register(self) -> None:
         """Register (again): a new incarnation, which the calls about this node's row and its
-        leases name from then on (the control plane ignores those naming an older one)."""
+        leases name from then on (the control plane ignores those naming an older one).
+        `NodeIdTaken` when another live process holds the node id: at start the daemon exits."""
         self.incarnation = await self.control.register_node(
             self.node_id, self.advertise_url, self.kafka_url, self.ttl_s
         )
+
+    async def _register_again(self, why: str, level: int = logging.WARNING) -> bool:
+        """Register again within a round; False (the round ends) while another live process
+        holds the node id: this one resigns everything and stands by, not taking the row back."""
+        try:
+            await self._call("registering the node", self.register)
+        except NodeIdTaken as exc:
+            if self.conflict != exc.other_url:
+                self.conflict = exc.other_url
+                log.error(
+                    "node %s: %s; this process leads nothing until that registration lapses",
+                    self.node_id,
+                    exc,
+                )
+            await self._give_up(sorted(self.leading))
+            self.lease.lost()
+            await self.refresh()  # redirects go to the process holding the id
+            return False
+        if self.conflict is not None:
+            log.warning(
+                "node %s: registered again: the other process under this id (%s) is gone",
+                self.node_id,
+                self.conflict,
+            )
+            self.conflict = None
+        else:
+            log.log(level, "node %s: %s; registered again", self.node_id, why)
+        return True
 
     @property
     def _life(self) -> int:
@@ -245,15 +294,14 @@ class ClusterMember:
             # simulation seed 1832: a release sent before a hand-over, answered after the
             # timeout, landed after the next round had adopted the lease again). Calls naming
             # the previous incarnation change nothing once this registration is in.
-            log.info("node %s: a control-plane call timed out: registering again to void it", self.node_id)
-            await self._call("registering the node", self.register)
+            if not await self._register_again("a control-plane call timed out: voiding it", logging.INFO):
+                return
             self._in_doubt = False
         sent_at = self._clock()
         if not await self._call(
             "renewing the node", lambda: c.renew_node(self.node_id, self._life, self.ttl_s)
-        ):
-            log.warning("node %s: the control plane forgot this node; registering again", self.node_id)
-            await self._call("registering the node", self.register)
+        ) and not await self._register_again("the control plane forgot this node"):
+            return
         held = set(
             await self._call("renewing leases", lambda: c.renew_leases(self.node_id, self._life, self.ttl_s))
         )
@@ -286,6 +334,7 @@ class ClusterMember:
         )
         if self.draining and self.node_id in active:
             active.remove(self.node_id)
+        await self._forget_expired(view)
         by_name = {f"{lease.topic}/{lease.partition}": lease for lease in view.leases}
         leaders = lease_holders(view)
         await self._restart_superseded(view)
@@ -312,6 +361,26 @@ class ClusterMember:
             elif taken:
                 self.leading.update(taken)
                 await self._lead(sorted(taken))
+
+    async def _forget_expired(self, view: ClusterView) -> None:
+        """Delete the rows of nodes expired for `forget_expired_after_s` (crashed, never
+        restarted), only when the view shows one: no extra call in an ordinary round. Every
+        live member may do it; the control plane checks the bound again as it deletes, so a
+        node registering again meanwhile keeps its row. (A call given up on and landing late
+        deletes only rows still past the bound by the control plane's clock: not in doubt.)"""
+        bound = self.forget_expired_after_s
+        if not any(n.lease_expires_at <= view.now - bound for n in view.nodes if n.node_id != self.node_id):
+            return
+        forgotten = await self._call(
+            "forgetting expired nodes", lambda: self.control.forget_expired_nodes(bound), changes=False
+        )
+        if forgotten:
+            log.info(
+                "node %s: removed nodes %s from the cluster: their leases ran out over %g s ago",
+                self.node_id,
+                ", ".join(forgotten),
+                bound,
+            )
 
     async def _restart_superseded(self, view: ClusterView) -> None:
         """Partitions this node leads whose log has a newer term than its actor's: another node

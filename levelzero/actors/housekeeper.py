@@ -150,6 +150,15 @@ class Housekeeper:
         """One pass over every partition. `force` treats every partition as idle."""
         async with self._round_lock:
             self.stats.rounds += 1
+            # The cluster epoch as the store has it now. In a cluster other nodes raise it, and
+            # this node's copy moves only when its epoch cache is refreshed (on a write): an
+            # idle node advanced its partitions to an epoch seconds old, M lagging, and one a
+            # node created at a newer epoch refused every round (stale_cluster_epoch) until a
+            # write came. (One node: no read.)
+            try:
+                await self._epochs.get()
+            except LevelZeroError as exc:  # the store's: this round goes on with the copy
+                log.warning("housekeeping: reading the cluster epoch failed: %s", exc)
             await for_each(
                 self._due(force), lambda actor: self._tend_one(actor, force), TEND_PARTITIONS_IN_FLIGHT_MAX
             )

@@ -48,6 +48,7 @@ from levelzero.core.errors import (
     LevelZeroError,
     OutOfOrderSequence,
     ShuttingDown,
+    TooLarge,
 )
 from levelzero.core.l0format import Record
 from levelzero.core.produce_size import check_produce_size
@@ -236,16 +237,26 @@ class ProduceIntake:
 
     # ------------------------------------------------------------------ plain produce
 
-    def check_size(self, topic: str, records: Sequence[Record]) -> int | None:
+    def check_size(self, topic: str, records: Sequence[Record], wire_bytes: int | None = None) -> int | None:
         """A compacted topic's records have keys (KeylessRecord, Kafka's INVALID_RECORD).
         The one size rule for one request's records: at most the topic's
         `max.message.bytes`, which is at most the batcher's `batch_bytes_max` (TooLarge). Their
-        size by the rule, or None when the batcher's own check is all there is to do."""
+        size by the rule, or None when the batcher's own check is all there is to do.
+        `wire_bytes`: a Kafka producer's record batch as sent (compressed), which Kafka's
+        broker holds to a topic's `max.message.bytes` instead (a gzip batch of 10 KiB of text
+        passes a limit of 2,000 bytes there); the batcher's limit, the node's (and a topic's
+        that is not below it), is still the rule's: what is stored, uncompressed."""
         policy = self.node.topic_configs.policy(topic)
         if policy.compacted and any(r.key is None for r in records):
             raise KeylessRecord(topic)
         limit = policy.max_message_bytes
         batch_bytes_max = self.node.batcher.config.batch_bytes_max
+        if wire_bytes is not None and limit < batch_bytes_max:  # (else the batcher's is the limit)
+            if wire_bytes > limit:
+                raise TooLarge(
+                    wire_bytes, limit, f"topic {topic}'s max.message.bytes", len(records), as_sent=True
+                )
+            return None
         if limit >= batch_bytes_max:
             return None
         return check_produce_size(records, limit, limit_name=f"topic {topic}'s max.message.bytes")
@@ -284,6 +295,7 @@ class ProduceIntake:
         after: Pending | None = None,
         gather_s: float = 0.0,
         linger_s: float | None = None,
+        wire_bytes: int | None = None,
     ) -> Pending | int:
         """Queue one record set on the partition's lane (no await: record sets are stored in
         the order they are submitted). An idempotent batch already stored answers its base
@@ -291,7 +303,8 @@ class ProduceIntake:
         submitted before; if it fails, this one fails with its error instead of being stored
         after it. `gather_s`: how long this record set may wait for others while it is all the
         lane holds (then it is stored in their round, not in one before it). `linger_s`: the
-        batch window that takes its round is cut this long after, if sooner. Raises
+        batch window that takes its round is cut this long after, if sooner. `wire_bytes`: the
+        Kafka record batch's size as sent (`check_size`). Raises
         LevelZeroError (InvalidInput, TooLarge, the partition's) for a record set that is not
         taken."""
         self.check_led(topic, partition)
@@ -299,7 +312,7 @@ class ProduceIntake:
             raise InvalidInput("the produce request holds no records")
         # The one size rule (the topic's max.message.bytes, else the batcher's limit): sets are
         # packed into one request by the lane.
-        size = self.check_size(topic, records)
+        size = self.check_size(topic, records, wire_bytes)
         if size is None:
             size = check_produce_size(records, self.node.batcher.config.batch_bytes_max)
         assert size is not None
@@ -528,9 +541,7 @@ class ProduceIntake:
                 if reused is not None:
                     self._finish(p, error=reused)
                     continue
-                stored = producers.duplicate_of(producer_id, epoch, base_sequence)
-                if stored is None:
-                    stored = self.sequences.duplicate_of(*p.identity)
+                stored = self._stored(p.identity, producers)
                 if (
                     stored is None
                     and producer_id >= IDEMPOTENCY_ID_BASE  # a key stored before its digest was kept
@@ -542,6 +553,19 @@ class ProduceIntake:
             else:
                 self._finish(p, base_offset=stored.base_offset, stored=stored)
         return kept
+
+    def _stored(self, identity: Identity, producers: PartitionProducers) -> StoredBatch | None:
+        """The batch stored with `identity` (a repeat), as the partition's state knows it, else
+        as this intake remembers it (a producer the state forgot)."""
+        producer_id, epoch, _, _, base_sequence = identity
+        stored = producers.duplicate_of(producer_id, epoch, base_sequence)
+        return stored if stored is not None else self.sequences.duplicate_of(*identity)
+
+    def _known_epoch(self, identity: Identity, producers: PartitionProducers) -> int | None:
+        """The producer's epoch in the partition, known the same way as `_stored`."""
+        producer_id, _, topic, partition, _ = identity
+        known = producers.epoch_of(producer_id)
+        return known if known is not None else self.sequences.epoch_of(producer_id, topic, partition)
 
     def _key_reused(
         self, identity: Identity, producers: PartitionProducers, keys: dict[int, int]
@@ -586,9 +610,7 @@ class ProduceIntake:
                 if producer_id < IDEMPOTENCY_ID_BASE:  # a key's epoch is a digest, not an order
                     known = epochs.get(producer_id)
                     if known is None:
-                        known = producers.epoch_of(producer_id)
-                    if known is None:
-                        known = self.sequences.epoch_of(producer_id, topic, partition)
+                        known = self._known_epoch(p.identity, producers)
                     refusal = epoch_refusal(producer_id, known, epoch, base_sequence)
                     if refusal is not None:
                         self._finish(p, error=refusal)

@@ -46,17 +46,27 @@ from levelzero.core.keys import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    format_end_key,
+    partition_ends_prefix,
+    topic_ends_prefix,
     topic_record_key,
 )
 from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
 from levelzero.core.l0format import Record
 from levelzero.core.leader import WatermarkBoard
 from levelzero.core.topic_configs import BrokerConfigs
-from levelzero.storage.protocols import ClusterControl, LogStore, ObjectStore, PartitionRow
+from levelzero.storage.protocols import (
+    DELETE_BATCH_KEYS_MAX,
+    ClusterControl,
+    LogStore,
+    ObjectStore,
+    PartitionRow,
+    iter_objects,
+)
 
 from .appender import Appender
 from .batcher import Batcher, BatcherConfig, ProduceResult
-from .cluster import ClusterMember
+from .cluster import FORGET_EXPIRED_AFTER_S, ClusterMember
 from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
@@ -99,6 +109,7 @@ class ClusterSettings:
     advertise_url: str
     lease_ttl_s: float = 10.0
     kafka_url: str | None = None
+    forget_expired_after_s: float = FORGET_EXPIRED_AFTER_S  # a crashed node's row is deleted then
     # The member's monotonic clock (None: the event loop's); the simulation drifts it.
     clock: Callable[[], float] | None = None
 
@@ -275,6 +286,7 @@ class Node:
                     kafka_url=c.kafka_url,
                     term_of=self._term_of,
                     clock=c.clock or anyio.current_time,
+                    forget_expired_after_s=c.forget_expired_after_s,
                 )
                 member = self.member
                 self.topic_configs.follow_views(lambda: member.view)
@@ -623,27 +635,53 @@ class Node:
             await self.object_store.delete_many([topic_record_key(name)])
         except LevelZeroError as exc:
             log.warning("could not remove topic %s's record from the object store: %s", name, exc)
+        await self._forget_ends(name)
 
     async def partition_emptied(self, actor: PartitionActor) -> None:
         """Retention or DeleteRecords moved the partition's start offset to its high watermark:
-        no record is left, and its L1 objects, which say where its log ended, go. The topic's
-        bucket record keeps the end, so a recovery from the bucket goes on from there rather
-        than hand out its offsets again."""
+        no record is left, and its L1 objects, which say where its log ended, go. A key in the
+        bucket keeps the end (`format_end_key`; the lower ones it replaces are deleted after),
+        so a recovery from the bucket goes on from there rather than hand out its offsets
+        again. Best effort, as `_record_topic`."""
         state = actor.state
-        if state.start_offset >= state.high_watermark > 0:
-            partitions = self.topics().get(actor.row.topic)
-            if partitions is not None:
-                await self._record_topic(
-                    actor.row.topic, partitions, ends={actor.row.partition: state.high_watermark}
-                )
+        if not state.start_offset >= state.high_watermark > 0:
+            return
+        topic, partition = actor.row.topic, actor.row.partition
+        key = format_end_key(topic, partition, state.high_watermark)
+        try:
+            await self.object_store.put(key, b"")
+            lower = [
+                info.key
+                async for info in iter_objects(self.object_store, partition_ends_prefix(topic, partition))
+                if info.key < key
+            ]
+            if lower:
+                await self.object_store.delete_many(lower)
+        except LevelZeroError as exc:
+            log.warning(
+                "could not record where partition %s ended in the object store (a recovery from "
+                "the bucket would start it at offset 0): %s",
+                actor.name,
+                exc,
+            )
 
-    async def _record_topic(
-        self, name: str, partitions: int, *, fresh: bool = False, ends: Mapping[int, int] | None = None
-    ) -> None:
+    async def _forget_ends(self, topic: str) -> None:
+        """Delete the partition ends kept for `topic`, which is being deleted (a topic made again
+        with its name starts from nothing). Best effort, as the record's removal: one left by a
+        failed delete could only start a partition of the new topic that has no L1 object
+        further on in a recovery, never at an offset handed out before."""
+        try:
+            keys = [info.key async for info in iter_objects(self.object_store, topic_ends_prefix(topic))]
+            for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
+                await self.object_store.delete_many(keys[start : start + DELETE_BATCH_KEYS_MAX])
+        except LevelZeroError as exc:
+            log.warning("could not remove topic %s's partition ends from the object store: %s", topic, exc)
+
+    async def _record_topic(self, name: str, partitions: int, *, fresh: bool = False) -> None:
         """Keep the topic's partition count and configs in the bucket too: `levelzero recover
         --from-bucket` rebuilds a lost control plane from it (a topic without a record is
         derived from its L1 keys, without configs). The partitions' ends kept in the record
-        (`partition_emptied`) stay, with `ends` over them; `fresh`: a new topic's record.
+        (one release wrote them there) stay; `fresh`: a new topic's record.
         Best effort: the control plane, which has the topic, is the truth."""
         key = topic_record_key(name)
         created_at, kept = self._wall(), {}
@@ -652,7 +690,6 @@ class Node:
                 with contextlib.suppress(ObjectNotFound, MalformedKey):  # none, or not ours: rewritten
                     old = decode_topic_record(key, await self.object_store.get(key))
                     created_at, kept = old.created_at, dict(old.ends)
-            kept.update(ends or {})
             configs = self.topic_configs.configs_of(name)
             record = TopicRecord(
                 name, partitions, created_at, configs, {p: e for p, e in kept.items() if p < partitions}

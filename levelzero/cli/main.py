@@ -14,7 +14,8 @@
     levelzero partition abandon-unreconciled TOPIC/P --confirm --reason TEXT [--by NAME]
     levelzero sim ... | export ... | analyze ... | bench ...   (tools with flags of their own)
 
-Client commands take `--url` (or $LEVELZERO_URL) and `--token` (or $LEVELZERO_TOKEN). Errors are
+Client commands take `--url` (or $LEVELZERO_URL), `--token` (or $LEVELZERO_TOKEN) and `--timeout`,
+before or after the command (after it wins). Errors are
 one line on stderr and a non-zero exit: 1 for a failed operation, 2 for bad usage or
 configuration (systemd does not restart on 2), 130 when interrupted, 141 (quietly) when the
 reader of standard output went away.
@@ -27,7 +28,7 @@ import sys
 from collections.abc import Sequence
 
 from levelzero.cli.commands import EXIT_BROKEN_PIPE, TOOLS, leaf_errors
-from levelzero.cli.parser import build_parser
+from levelzero.cli.parser import build_parser, settle_client_options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -59,6 +60,7 @@ def _main(argv: Sequence[str] | None) -> int:
         args.values = extra
     elif extra:  # with the usage of the command they were given to
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    settle_client_options(args)
     return args.handler(args)
 
 

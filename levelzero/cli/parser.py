@@ -9,8 +9,9 @@ from collections.abc import Callable
 
 from levelzero.core.names import topic_name_problem
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
-from levelzero.client import DEFAULT_URL
+from levelzero.client import DEFAULT_TIMEOUT_S, DEFAULT_URL
 from levelzero.daemon.buildinfo import version
+from levelzero.config import RECORDS_PER_REQUEST_LIMIT
 from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.cli.commands import (
     CLUSTER_DEMO_NODES_MAX,
@@ -62,18 +63,49 @@ def _add_config_options(parser: argparse.ArgumentParser, *, listen: bool = False
         parser.add_argument("--listen", metavar="HOST:PORT", help="overrides server.listen")
 
 
-def _add_client_options(parser: argparse.ArgumentParser) -> None:
-    if "--json" not in parser._option_string_actions:  # every client command takes --json
-        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+CLIENT_OPTIONS = ("url", "token", "timeout")  # accepted before the command too (build_parser)
+
+
+def _add_client_options(parser: argparse.ArgumentParser, *, top_level: bool = False) -> None:
+    """--url, --token and --timeout (and --json, after the command only). Every one's default is
+    SUPPRESS, here and at the top level: a subcommand's parser writes each default it has over
+    what the top level parsed (`levelzero --url U cluster` would lose U), so the defaults are
+    filled in after parsing, by `settle_client_options`."""
+    where = " (also accepted after a client command, where it wins)" if top_level else ""
+    if not top_level:
+        parser.set_defaults(client_command=True)
+        if "--json" not in parser._option_string_actions:  # every client command takes --json
+            parser.add_argument("--json", action="store_true", help="print the answer as JSON")
     parser.add_argument(
-        "--url", default=None, help=f"daemon URL (default $LEVELZERO_URL, else {DEFAULT_URL})"
+        "--url",
+        default=argparse.SUPPRESS,
+        help=f"daemon URL (default $LEVELZERO_URL, else {DEFAULT_URL}){where}",
     )
     parser.add_argument(
-        "--token",
-        default=os.environ.get("LEVELZERO_TOKEN") or None,
-        help="bearer token (default $LEVELZERO_TOKEN)",
+        "--token", default=argparse.SUPPRESS, help=f"bearer token (default $LEVELZERO_TOKEN){where}"
     )
-    parser.add_argument("--timeout", type=_seconds, default=60.0, metavar="S", help="request timeout")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=argparse.SUPPRESS,
+        metavar="S",
+        help=f"request timeout, retries included (default {DEFAULT_TIMEOUT_S:g}){where}",
+    )
+
+
+def settle_client_options(args: argparse.Namespace) -> None:
+    """The client options' defaults, for a client command (the value given after the command
+    has already replaced one given before it); before a command that takes none they are a
+    usage error rather than silently ignored."""
+    if getattr(args, "client_command", False):
+        args.url = getattr(args, "url", None)
+        if not hasattr(args, "token"):
+            args.token = os.environ.get("LEVELZERO_TOKEN") or None
+        args.timeout = getattr(args, "timeout", DEFAULT_TIMEOUT_S)
+        return
+    given = [f"--{name}" for name in CLIENT_OPTIONS if hasattr(args, name)]
+    if given:
+        args.command_parser.error(f"{given[0]} is an option of the commands that talk to a daemon only")
 
 
 def _positive(text: str) -> int:
@@ -100,6 +132,15 @@ def _in_flight(text: str) -> int:
     value = _positive(text)
     if value > PRODUCE_IN_FLIGHT_MAX:
         raise argparse.ArgumentTypeError(f"{text} is above {PRODUCE_IN_FLIGHT_MAX}")
+    return value
+
+
+def _batch_records(text: str) -> int:
+    value = _positive(text)
+    if value > RECORDS_PER_REQUEST_LIMIT:  # no server takes more (server.records_per_request_max)
+        raise argparse.ArgumentTypeError(
+            f"{text} is above {RECORDS_PER_REQUEST_LIMIT:,}, the most any server takes"
+        )
     return value
 
 
@@ -260,7 +301,7 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--batch-records",
-        type=_positive,
+        type=_batch_records,
         default=PRODUCE_BATCH_RECORDS,
         help=f"records per request (default {PRODUCE_BATCH_RECORDS}; at most the server's "
         "server.records_per_request_max)",
@@ -451,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Partitioned record logs on object storage with windowed epoch fencing.",
     )
     parser.add_argument("--version", action="version", version=f"levelzero {version()}")
+    _add_client_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

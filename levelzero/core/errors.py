@@ -124,13 +124,27 @@ class TooLarge(LevelZeroError):
 
     code = "too_large"
 
-    def __init__(self, size: int, limit: int, limit_name: str = "batch_bytes_max", records: int = 0) -> None:
+    def __init__(
+        self,
+        size: int,
+        limit: int,
+        limit_name: str = "batch_bytes_max",
+        records: int = 0,
+        *,
+        as_sent: bool = False,
+    ) -> None:
         # One record over the limit cannot be split: say so rather than "split the request".
         advice = "one record cannot be larger than the limit" if records == 1 else "split the request"
-        super().__init__(
-            f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
-            f"and values + 8 per record); {advice}"
-        )
+        # `as_sent`: a Kafka record batch's size on the wire (compressed), as Kafka's broker
+        # holds a topic's max.message.bytes to it
+        if as_sent:
+            text = f"a record batch of {size} bytes as sent exceeds {limit_name} {limit}"
+        else:
+            text = (
+                f"{size} record bytes exceed {limit_name} {limit} (value + key + header names "
+                "and values + 8 per record)"
+            )
+        super().__init__(f"{text}; {advice}")
         self.size, self.limit = size, limit
 
 
@@ -279,6 +293,24 @@ class StoreRefused(StorageError):
 
     code = "store_refused"
     retriable = False
+
+
+class NodeIdTaken(StoreRefused):
+    """A node registering under a `cluster.node_id` that another live node holds with another
+    advertise URL: two processes under one id would take the row from each other every round
+    (leases lost, terms restarted, redirects flapping). A restart under the same advertise URL
+    is never refused, whether or not its previous run's registration is still live."""
+
+    code = "node_id_taken"
+
+    def __init__(self, node_id: str, other_url: str, lease_left_s: float) -> None:
+        super().__init__(
+            f"cluster.node_id {node_id!r} is taken: another live node registered it with advertise_url "
+            f"{other_url} (its lease runs {max(lease_left_s, 0.0):.1f} s more); give this node its own "
+            "cluster.node_id, or stop that node first (a crashed one's registration lapses with its lease)"
+        )
+        self.node_id = node_id
+        self.other_url = other_url
 
 
 class ShuttingDown(LevelZeroError):

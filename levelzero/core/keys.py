@@ -6,6 +6,11 @@ L1: `level_one/{topic}/{partition}/{base:020}-{last:020}/{term}-{uuid}`.
 Topic records: `levelzero/topics/{topic}` — a topic's partition count, written when it is
 created, so a control plane lost entirely can be rebuilt from the bucket (`daemon/recover.py`);
 outside `level_zero/` and `level_one/`, never the GC's.
+Partition ends: `levelzero/ends/{topic}/{partition}/{end:020}` — empty objects, where a partition
+that retention or DeleteRecords emptied ended (its L1 objects, which said so, are gone). Only
+ever added by the partition's leader, the lower ones deleted after: no read-modify-write, so
+no two writers (partitions of one topic emptied at once, a deposed leader) lose an end; a
+recovery takes the highest.
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from .names import TOPIC_NAME_CHARS_MAX, topic_name_problem
 L0_ROOT = "level_zero/data/"
 L1_ROOT = "level_one/"
 TOPICS_ROOT = "levelzero/topics/"
+ENDS_ROOT = "levelzero/ends/"
 PREFIX_COUNT = 1000
 EPOCH_DIGITS = 18
 EPOCH_MAX = 10**EPOCH_DIGITS - 1
 
 # `\Z`, not `$` (which also matches before a trailing newline); ASCII, so `\d` is only 0-9.
 _L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})\Z", re.ASCII)
+_END_RE = re.compile(
+    r"^levelzero/ends/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})\Z" % TOPIC_NAME_CHARS_MAX, re.ASCII
+)
 _L1_RE = re.compile(
     r"^level_one/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z"
     % TOPIC_NAME_CHARS_MAX,
@@ -133,6 +142,33 @@ def parse_l1_key(key: str) -> L1Key:
     return L1Key(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)), m.group(6))
 
 
+def topic_ends_prefix(topic: str) -> str:
+    """The key prefix of every partition end of `topic` (and of no other topic's)."""
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise MalformedKey(f"topic name {topic!r} cannot be part of a key: it {problem}")
+    return f"{ENDS_ROOT}{topic}/"
+
+
+def partition_ends_prefix(topic: str, partition: int) -> str:
+    assert partition >= 0, partition
+    return f"{topic_ends_prefix(topic)}{partition}/"
+
+
+def format_end_key(topic: str, partition: int, end: int) -> str:
+    """The key saying partition `topic`/`partition` was emptied at `end` (its keys sort by end)."""
+    assert 0 < end < 10**20, end
+    return f"{partition_ends_prefix(topic, partition)}{end:020d}"
+
+
+def parse_end_key(key: str) -> tuple[str, int, int]:
+    """(topic, partition, end) of a partition end's key; MalformedKey if it is not one."""
+    m = _END_RE.match(key)
+    if m is None or topic_name_problem(m.group(1)) is not None:
+        raise MalformedKey(f"not a partition end's key: {key!r}")
+    return m.group(1), int(m.group(2)), int(m.group(3))
+
+
 class TopicRecord(msgspec.Struct, frozen=True):
     """What the bucket keeps of a topic (JSON at `topic_record_key`): its partition count and
     its topic configs as set (rewritten when they change; none in a record of an earlier
@@ -142,8 +178,9 @@ class TopicRecord(msgspec.Struct, frozen=True):
     partitions: int
     created_at: float
     configs: dict[str, str] = msgspec.field(default_factory=dict)
-    # partition -> the offset its next record takes, kept when retention or DeleteRecords left
-    # it without records (its L1 objects then all go, and with them what says where it ended)
+    # partition -> the offset its next record takes, when retention or DeleteRecords left it
+    # without records: written by one release only (two partitions emptied at once could lose
+    # one's end); read still, kept when the record is written again. Now `format_end_key`.
     ends: dict[int, int] = msgspec.field(default_factory=dict)
 
 

@@ -6,7 +6,7 @@ Only what the node does not count is observed directly: HTTP requests and produc
 the API), and L0 object sizes (drained from `node.batcher.stats.object_sizes` at each scrape).
 
 Each component has a source, a function `(node) -> Iterable[Metric]` in `DEFAULT_SOURCES`
-(epochs, batcher, reconciler, housekeeper, GC); another one is passed in `sources` or added with
+(epochs, cluster, batcher, reconciler, housekeeper, GC); another one is passed in `sources` or added with
 `collector.add_source`. Sources run at scrape time on the event loop.
 """
 
@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
+from levelzero.core.cluster import live_nodes
 
 from levelzero.daemon.buildinfo import build_labels
 
@@ -383,8 +384,39 @@ def compactor_metrics(node: Node) -> Iterable[Metric]:
     yield from per_partition.values()
 
 
+def cluster_metrics(node: Node) -> Iterable[Metric]:
+    """A cluster node's view of the membership and the leases, as its last cluster round read
+    them (`/v1/cluster` says the same): nothing on a node alone or before its first view. A
+    node gone without a graceful stop is `expired` (its row stays until forgotten), and its
+    partitions have no leader until their leases expire and others take them."""
+    member = node.member
+    view = None if member is None else member.view
+    if member is None or view is None:
+        return
+    active, draining = live_nodes(((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now)
+    nodes = GaugeMetricFamily(
+        "levelzero_cluster_nodes",
+        "Nodes of the cluster by state, in this node's last view.",
+        labels=["state"],
+    )
+    nodes.add_metric(["live"], len(active))
+    nodes.add_metric(["draining"], len(draining))
+    nodes.add_metric(["expired"], len(view.nodes) - len(active) - len(draining))
+    yield nodes
+    holders = member.lease_holders()
+    yield _gauge(
+        "levelzero_cluster_partitions_without_leader",
+        "Partitions whose lease no live node holds, in this node's last view.",
+        sum(1 for holder in holders.values() if holder is None),
+    )
+    yield _gauge(
+        "levelzero_cluster_partitions_led", "Partitions this node holds the lease of.", len(member.leading)
+    )
+
+
 DEFAULT_SOURCES: tuple[Source, ...] = (
     epoch_metrics,
+    cluster_metrics,
     batcher_metrics,
     reconciler_metrics,
     compactor_metrics,

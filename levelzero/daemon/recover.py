@@ -19,7 +19,8 @@ Two cases, told apart by the control plane itself:
 - **It has none** (the SQLite file or the PostgreSQL database was lost and the daemon made an
   empty one, or nothing was made yet). Topics and partitions come from the topic records
   (`levelzero/topics/{topic}`, written at creation) and the L1 keys; each
-  partition's reconciled records come back from its L1 objects (verified: checksum and record
+  partition's reconciled records come back (an emptied one at its end, from its end key,
+  `levelzero/ends/…`) from its L1 objects (verified: checksum and record
   count), from the lowest offset the bucket holds to the highest, a gap between objects (a
   range abandoned by an operator) becoming an abandoned range; the cluster epoch is set above
   every L0 object's epoch. The partition's log starts with a `TermStart` (a term above every
@@ -52,6 +53,7 @@ from levelzero.core.adoption import lineage, next_start_after, starting_at, term
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import CorruptData, InvalidConfig, LevelZeroError, MalformedKey, ObjectNotFound
 from levelzero.core.keys import (
+    ENDS_ROOT,
     L0_ROOT,
     L1_ROOT,
     TOPICS_ROOT,
@@ -59,6 +61,7 @@ from levelzero.core.keys import (
     decode_topic_record,
     format_l1_key,
     new_uuid,
+    parse_end_key,
     parse_l0_key,
     parse_l1_key,
 )
@@ -373,7 +376,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             continue
         keys.setdefault((key.topic, key.partition), []).append(key)
     configs: dict[str, dict[str, str]] = {}  # the topic records' configs, checked
-    ends: dict[tuple[str, int], int] = {}  # where emptied partitions ended (the topic records)
+    ends: dict[tuple[str, int], int] = {}  # where emptied partitions ended (their end keys)
     top_epoch = 0
     async for info in iter_objects(objects, L0_ROOT):
         with contextlib.suppress(MalformedKey):
@@ -389,13 +392,22 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         summary.topics[record.topic] = record.partitions
-        ends.update({(record.topic, p): end for p, end in record.ends.items()})
+        for p, kept in record.ends.items():  # (one release kept them in the record)
+            ends[record.topic, p] = max(kept, ends.get((record.topic, p), 0))
         if record.configs:
             try:
                 configs[record.topic] = check_configs(record.configs.items(), BrokerConfigs(broker_id=0))
             except InvalidConfig as exc:  # (a record of another release, whose rules differ)
                 summary.configs_dropped[record.topic] = str(exc)
                 log.warning("topic %s comes back without its configs: %s", record.topic, exc)
+    async for info in iter_objects(objects, ENDS_ROOT):
+        try:
+            topic, partition, ended_at = parse_end_key(info.key)
+        except MalformedKey as exc:
+            summary.skipped_keys += 1
+            log.warning("ignoring %s: %s", info.key, exc)
+            continue
+        ends[topic, partition] = max(ended_at, ends.get((topic, partition), 0))
     for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
     summary.configs = configs
@@ -420,7 +432,7 @@ async def _rebuild_partition(
     end: int | None = None,
 ) -> PartitionRecovery:
     """One partition's log from its L1 objects; `end`: where it ended when retention or
-    DeleteRecords emptied it (its topic record), which an empty partition starts at."""
+    DeleteRecords emptied it (its end key), which an empty partition starts at."""
     kept = lineage(keys)
     chosen: list[tuple[L1Key, int, int]] = []  # key, size, largest timestamp
     gaps: list[tuple[int, int]] = []
@@ -510,8 +522,8 @@ def _proven_state(
 async def _rebuild_emptied(
     store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
 ) -> PartitionRecovery:
-    """A partition with no record left (retention or DeleteRecords emptied it) whose end its
-    topic record kept: empty, its start offset and high watermark at `end`, so its next
+    """A partition with no record left (retention or DeleteRecords emptied it) whose end a key
+    in the bucket kept: empty, its start offset and high watermark at `end`, so its next
     record takes `end` as it would have, not an offset consumers read before."""
     term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
     result.term = term_start.term

@@ -336,6 +336,7 @@ class Daemon:
                 node_id_of(config),
                 config.cluster.advertise_url.rstrip("/"),
                 lease_ttl_s=config.cluster.lease_ttl_s,
+                forget_expired_after_s=config.cluster.forget_expired_after_s,
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
             )
         # ObservedLogStore wraps the LogStore's writes at run time (mypy sees (*Any) -> Awaitable)

@@ -10,8 +10,15 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from .errors import ExportError
-from .spark_sink import LevelZeroStreamWriter, LevelZeroWriter, sink_target
+from .spark_sink import (
+    SINK_OPTIONS,
+    STREAM_SINK_OPTIONS,
+    LevelZeroStreamWriter,
+    LevelZeroWriter,
+    sink_target,
+)
 from .spark_source import (
+    BATCH_OPTIONS,
     FORMAT_NAME,
     PLAN_SCOPED_TO_SCAN,
     PUSHDOWN_CONF,
@@ -20,11 +27,12 @@ from .spark_source import (
     LevelZeroReader,
     _min_tasks,
     _task_bytes,
+    check_options,
     secrets_of,
     selection_of,
     store_config,
 )
-from .spark_stream import LevelZeroStreamReader
+from .spark_stream import STREAM_OPTIONS, LevelZeroStreamReader
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,6 +54,7 @@ class LevelZeroDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: StructType) -> DataSourceReader:  # noqa: ARG002 - Spark's signature
+        check_options(self.options, BATCH_OPTIONS, "batch read")
         config, topic = self._store()
         options = self.options
         reader = LevelZeroPushdownReader if PLAN_SCOPED_TO_SCAN else LevelZeroReader
@@ -53,14 +62,17 @@ class LevelZeroDataSource(DataSource):
         return reader(config, topic, selection_of(options), _task_bytes(options), min_tasks)
 
     def streamReader(self, schema: StructType) -> Any:  # noqa: ARG002, N802 - Spark's signature
+        check_options(self.options, STREAM_OPTIONS, "stream read")
         config, topic = self._store()
         return LevelZeroStreamReader(config, topic, self.options, _task_bytes(self.options))
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
+        check_options(self.options, SINK_OPTIONS, "sink")
         _append_only(overwrite)
         return LevelZeroWriter(sink_target(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:  # noqa: N802 - Spark's name
+        check_options(self.options, STREAM_SINK_OPTIONS, "stream sink")
         _append_only(overwrite)
         return LevelZeroStreamWriter(sink_target(self.options, schema))
 

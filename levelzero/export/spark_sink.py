@@ -33,7 +33,8 @@ A job that fails leaves the records its finished produces stored (there is no co
 tasks): what its tasks stored is logged by the driver, as is what retries found stored.
 
 `url` (or LEVELZERO_URL in the executors' environment) names the daemon; `token` its bearer token
-(carried to the executors inside the task, never logged).
+(carried to the executors inside the task, never logged). Any other option is refused
+(SINK_OPTIONS, STREAM_SINK_OPTIONS).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ RECORDS_PER_REQUEST_DEFAULT = 1000
 STREAM_QUERY_ID = "sql.streaming.queryId"  # Spark's task-local properties of a micro-batch
 STREAM_BATCH_ID = "streaming.sql.batchId"
 _SINK_COLUMNS = ("key", "value", "partition", "timestamp", "headers")
+# The sink's options (`path`: Spark passes `save("topic")` as it); a stream's also those Spark
+# passes for writeStream's checkpoint and query name.
+SINK_OPTIONS = ("path", "topic", "url", "token", "records_per_request")
+STREAM_SINK_OPTIONS = (*SINK_OPTIONS, "checkpointLocation", "queryName")
 
 
 @dataclass(frozen=True, slots=True)

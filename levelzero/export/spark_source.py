@@ -21,8 +21,9 @@ executors need no environment of their own. Executors run the data source in Pyt
 `PYSPARK_PYTHON` must be a Python with levelzero installed (the venv's).
 
 What is read: the options `start_offset` (inclusive), `end_offset` (exclusive) and `partitions`
-("1,7,300") narrow the planned object ranges. Filters on `topic`, `partition` (`=`, `IN`) and
-`offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a set, `BETWEEN`) narrow them too where Spark plans
+("1,7,300") narrow the planned object ranges (BATCH_OPTIONS: any other option is refused).
+Filters on `topic`, `partition` (`=`, `IN`) and `offset` (`=`, `<`, `<=`, `>`, `>=`, `IN` as a
+set, `BETWEEN`) narrow them too where Spark plans
 each scan from its own pushed filters (see PLAN_SCOPED_TO_SCAN: not up to Spark 4.3, where
 Spark evaluates those filters itself and every query of a DataFrame reads its whole range).
 
@@ -138,6 +139,26 @@ def store_config(
         raise ExportError(str(error)) from None
 
 
+# The options every reader takes: the topic (`path`: Spark passes `load("topic")` as it), where
+# the store is, and the credentials.
+STORE_OPTIONS = ("path", "data_dir", "config", *SECRET_OPTIONS)
+# The batch read's options.
+BATCH_OPTIONS = (*STORE_OPTIONS, "start_offset", "end_offset", "partitions", "task_bytes", "min_tasks")
+
+
+def check_options(options: Mapping[str, str], valid: Sequence[str], what: str) -> None:
+    """Refuse an option `valid` does not name. Spark hands a data source whatever options it is
+    given: a misspelt one (`partitons`) was ignored, and the read widened to the whole topic.
+    Spark passes the names lowercased (it matches them case-insensitively); `valid` names them
+    as documented."""
+    known = {name.lower() for name in valid}
+    unknown = sorted(name for name in options if name.lower() not in known)
+    if unknown:
+        raise ExportError(
+            f"the levelzero {what} has no option {unknown[0]!r}; its options: {', '.join(valid)}"
+        )
+
+
 def secrets_of(options: Mapping[str, str]) -> dict[tuple[str, str], str]:
     """The credentials given as options (SECRET_OPTIONS), by configuration key."""
     return {key: options[name] for name, key in SECRET_OPTIONS.items() if options.get(name)}
@@ -177,6 +198,9 @@ class Selection:
     partitions: frozenset[int] | None = None
     offsets: frozenset[int] | None = None
     topics: frozenset[str] | None = None
+    # The partitions an option names: the topic must have each (a misnumbered one is an error,
+    # not an empty read), while a filter naming one it lacks just matches nothing, as in SQL.
+    required: frozenset[int] = frozenset()
 
     def below(self, end: int) -> None:
         self.end = end if self.end is None else min(self.end, end)
@@ -254,6 +278,7 @@ def plan(source: str | Config, topic: str, selection: Selection | None = None) -
     selection = Selection() if selection is None else selection
     with _catalog(config) as db:
         parts = topic_partitions(db, config, topic)
+        _check_required(selection.required, parts, topic, config)
         if selection.empty(topic):
             return []
         ranges: list[ObjectRange] = []
@@ -278,6 +303,20 @@ def topic_partitions(db: Any, config: Config, topic: str) -> list[tuple[int, int
     if not parts:
         raise ExportError(f"topic {topic!r} not found in {_where(config)}")
     return [tuple(part) for part in parts]
+
+
+def _check_required(
+    required: frozenset[int], parts: Sequence[tuple[int, int, int]], topic: str, config: Config
+) -> None:
+    """ExportError naming the first of the `required` partitions (option partitions) that
+    `topic` (its `parts`, from `topic_partitions`) does not have."""
+    numbers = [partition for _, partition, _ in parts]
+    missing = sorted(required.difference(numbers))
+    if missing:
+        raise ExportError(
+            f"option partitions: partition {missing[0]} of topic {topic!r} not found in"
+            f" {_where(config)} (its partitions: {numbers[0]}..{numbers[-1]})"
+        )
 
 
 def _partition_ranges(
@@ -770,8 +809,12 @@ class LevelZeroReader(DataSourceReader):
         self.task_bytes, self.min_tasks = task_bytes, min_tasks
 
     def partitions(self) -> Sequence[InputPartition]:
+        """The tasks of the planned ranges; one task of none when nothing is planned (an empty
+        topic, partition or range): Spark turns an empty list into one task of
+        `InputPartition(None)`, which is not a read of ranges."""
         ranges = plan(self.config, self.topic, self.selection)
-        return [_Partition(task) for task in tasks(ranges, self.task_bytes, self.min_tasks)]
+        planned = [_Partition(task) for task in tasks(ranges, self.task_bytes, self.min_tasks)]
+        return planned or [_Partition(())]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.config, partition)
@@ -808,12 +851,18 @@ def _set_option(options: Mapping[str, str], name: str) -> frozenset[int] | None:
 
 
 def selection_of(options: Mapping[str, str]) -> Selection:
-    """The read the options ask for: `start_offset`, `end_offset`, `partitions` ("1,7,300")."""
-    return Selection(
-        start=_int_option(options, "start_offset") or 0,
-        end=_int_option(options, "end_offset"),
-        partitions=_set_option(options, "partitions"),
-    )
+    """The read the options ask for: `start_offset`, `end_offset`, `partitions` ("1,7,300").
+    An equal start and end ask for no offsets; a start past the end is refused (offsets
+    `[start, end)`: the two swapped, or one of them mistyped, would read nothing, silently)."""
+    start = _int_option(options, "start_offset") or 0
+    end = _int_option(options, "end_offset")
+    if end is not None and start > end:
+        raise ExportError(
+            f"option start_offset='{start}': past end_offset='{end}'"
+            " (the offsets read are [start_offset, end_offset))"
+        )
+    partitions = _set_option(options, "partitions")
+    return Selection(start, end, partitions, required=partitions or frozenset())
 
 
 def _task_bytes(options: Mapping[str, str]) -> int:

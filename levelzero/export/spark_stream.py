@@ -20,6 +20,7 @@ Options (besides the batch source's `data_dir`/`config` and credentials):
   in proportion to what each has pending). `Trigger.AvailableNow` reads what is there when the
   query starts, in micro-batches of that size, and stops.
 - `task_bytes`: as the batch source's (object ranges per Spark task).
+Any other option is refused (STREAM_OPTIONS).
 
 A partition created after the query started is read from its earliest offset. Offsets a
 partition no longer holds (deleted by retention before they were read) are skipped.
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ExportError
 from .spark_source import (
+    STORE_OPTIONS,
     _catalog,
     _int_option,
     Selection,
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from levelzero.config import Config
 
 EARLIEST, LATEST = -2, -1  # Kafka's markers in a per-partition startingOffsets
+# The stream reader's options.
+STREAM_OPTIONS = (*STORE_OPTIONS, "startingOffsets", "maxRecordsPerTrigger", "task_bytes")
 
 
 def partition_bounds(config: Config, topic: str) -> dict[int, tuple[int, int]]:

@@ -301,8 +301,12 @@ class Api:
         path: str,
         handlers: dict[str, Callable[[Request], Awaitable[Response]]],
         *,
+        params: frozenset[str] = frozenset(),
         public: bool = False,
     ) -> Route:
+        """The route at `path`: its handler by method, answering an error in JSON whatever
+        happens; `params`: the query parameters its handlers read (any other is refused)."""
+
         async def endpoint(request: Request) -> Response:
             # Starlette answers HEAD on GET routes; HEAD runs the GET handler.
             handler = handlers.get(request.method) or handlers["GET"]
@@ -311,6 +315,9 @@ class Api:
             try:
                 if not public:
                     self._authenticate(request)
+                unknown = sorted(set(request.query_params) - params)
+                if unknown:
+                    raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
                 if request.method in ("POST", "PUT", "PATCH"):
                     _require_json(request)
                 response = await handler(request)
@@ -542,9 +549,6 @@ class Api:
     async def fetch(self, request: Request) -> Response:
         topic, partition = await self._partition_path(request)
         params = request.query_params
-        unknown = sorted(set(params) - {"offset", "max_bytes"})
-        if unknown:
-            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
         offset_text, max_bytes_text = _single(params, "offset"), _single(params, "max_bytes")
         if offset_text is not None:
             offset = _unsigned("offset", offset_text)
@@ -686,9 +690,6 @@ class Api:
     async def status_partitions(self, request: Request) -> Response:
         """A page of partition statuses: ?after=topic/p (exclusive), ?limit=N, ?topic=."""
         params = request.query_params
-        unknown = sorted(set(params) - {"after", "limit", "topic"})
-        if unknown:
-            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
         limit_text = _single(params, "limit")
         limit = STATUS_PAGE_LIMIT_DEFAULT if limit_text is None else _unsigned("limit", limit_text)
         if not 1 <= limit <= STATUS_PAGE_LIMIT_MAX:
@@ -726,9 +727,6 @@ class Api:
 
     async def gc_explain(self, request: Request) -> Response:
         params = request.query_params
-        unknown = sorted(set(params) - {"key", "epoch"})
-        if unknown:
-            raise ApiError(400, "malformed_request", f"unknown query parameter {unknown[0]!r}")
         key, epoch_text = _single(params, "key"), _single(params, "epoch")
         if (key is None) == (epoch_text is None):
             raise ApiError(400, "malformed_request", "give exactly one of key=L0_KEY or epoch=N")
@@ -753,6 +751,7 @@ class Api:
         body: AbandonRequest = _decode(AbandonRequest, await self._read_body(request))
         if body.confirm is not True:
             raise InvalidInput(f"abandon-unreconciled needs confirm=true: it {ABANDON_GIVES_UP}")
+        _unsigned("partition", str(body.partition))  # as in a path: -1 is refused, not unknown
         self._check_serving()
         done = await self.node.abandon_unreconciled(
             body.topic, body.partition, operator=body.operator, reason=body.reason
@@ -979,19 +978,25 @@ def build_app(
     routes = [
         api.route("/v1/topics", {"POST": api.create_topic, "GET": api.list_topics}),
         api.route("/v1/topics/{topic}", {"DELETE": api.delete_topic}),
-        api.route(records, {"POST": api.produce, "GET": api.fetch}),
+        api.route(
+            records, {"POST": api.produce, "GET": api.fetch}, params=frozenset({"offset", "max_bytes"})
+        ),
         api.route(
             "/v1/topics/{topic}/configs",
             {"GET": api.topic_configs, "PUT": api.topic_configs, "PATCH": api.topic_configs},
         ),
-        api.route("/v1/status", {"GET": api.status}),
+        api.route("/v1/status", {"GET": api.status}, params=frozenset({"topic"})),
         api.route("/v1/cluster", {"GET": api.cluster}),
-        api.route("/v1/status/partitions", {"GET": api.status_partitions}),
+        api.route(
+            "/v1/status/partitions",
+            {"GET": api.status_partitions},
+            params=frozenset({"after", "limit", "topic"}),
+        ),
         api.route("/v1/epoch/advance", {"POST": api.advance_epoch}),
         api.route("/v1/gc/run", {"POST": api.gc_run}),
         api.route("/v1/gc/pause", {"POST": api.gc_pause}),
         api.route("/v1/gc/resume", {"POST": api.gc_resume}),
-        api.route("/v1/gc/explain", {"GET": api.gc_explain}),
+        api.route("/v1/gc/explain", {"GET": api.gc_explain}, params=frozenset({"key", "epoch"})),
         api.route("/v1/housekeeper/run", {"POST": api.housekeeper_run}),
         api.route("/v1/partitions/abandon-unreconciled", {"POST": api.abandon_unreconciled}),
         api.route("/metrics", {"GET": api.metrics_text}),

@@ -28,6 +28,37 @@ log = logging.getLogger("levelzero.kafka")
 REPLICATION_FACTOR_REFUSAL = "Replication factor must be larger than 0, or -1 to use the default value."
 
 
+def assignment_problem(cluster: Cluster, replicas: list[list[int]]) -> str | None:
+    """Why a manual replica assignment (CreateTopics, CreatePartitions; one list of broker ids a
+    partition) cannot be followed, in the words of Kafka's controller (None: it can). Each list
+    is checked as Kafka checks it: not empty, brokers that exist, none twice, one replica count
+    for all. A node alone leads every partition, so an assignment naming only it is what it
+    does anyway (tools and admin suites send one); in a cluster, leases place partitions, so an
+    assignment is refused rather than ignored."""
+    brokers = {broker.node_id for broker in cluster.brokers().values()}
+    count: int | None = None
+    for ids in replicas:
+        if not ids:
+            return "The manual partition assignment includes an empty replica list."
+        for broker in sorted(ids):
+            if broker not in brokers:
+                return (
+                    f"The manual partition assignment includes broker {broker}, but no such broker "
+                    "is registered."
+                )
+        if len(set(ids)) != len(ids):
+            return f"The manual partition assignment includes a broker more than once: {ids}."
+        if count is not None and len(ids) != count:
+            return (
+                f"The manual partition assignment includes a partition with {len(ids)} replica(s), "
+                f"but this is not consistent with previous partitions, which have {count} replica(s)."
+            )
+        count = len(ids)
+    if replicas and len(brokers) != 1:
+        return "manual replica assignment is not supported in a cluster (leases place partitions)"
+    return None
+
+
 class AdminApi:
     def __init__(self, node: Node, settings: KafkaSettings, cluster: Cluster) -> None:
         self.node = node
@@ -69,15 +100,15 @@ class AdminApi:
         for topic in request.body.topics:
             partitions = topic.num_partitions
             if partitions == -1:
-                partitions = self.settings.default_partitions
+                partitions = len(topic.assignments) or self.settings.default_partitions
             error, message, configs = ErrorCode.none, None, None
             if names.count(topic.name) > 1:
                 if topic.name in answered:
                     continue
                 answered.add(topic.name)
                 error, message = ErrorCode.invalid_request, "Duplicate topic name."
-            elif topic.assignments:
-                error, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
+            elif topic.assignments and (refusal := self._assignment_refusal(topic)):
+                error, message = refusal
             elif topic.name in self.node.topics():
                 error, message = ErrorCode.topic_already_exists, f"topic {topic.name!r} exists"
             elif topic.replication_factor == 0 or topic.replication_factor < -1:
@@ -115,6 +146,30 @@ class AdminApi:
             )
         return make(m.CreateTopicsResponse, throttle_time=0, topics=tuple(results))
 
+    def _assignment_refusal(self, topic: Any) -> tuple[ErrorCode, str] | None:
+        """CreateTopics with a manual assignment, as Kafka's controller checks it: the partition
+        count and replication factor then -1, the partitions 0..n-1, once each."""
+        if topic.replication_factor != -1:
+            return ErrorCode.invalid_request, (
+                "A manual partition assignment was specified, but replication factor was not set to -1."
+            )
+        if topic.num_partitions != -1:
+            return ErrorCode.invalid_request, (
+                "A manual partition assignment was specified, but numPartitions was not set to -1."
+            )
+        indexes = [a.partition_index for a in topic.assignments]
+        if len(set(indexes)) != len(indexes):
+            return ErrorCode.invalid_replica_assignment, (
+                "Found multiple manual partition assignments for a partition."
+            )
+        if sorted(indexes) != list(range(len(indexes))):
+            return (
+                ErrorCode.invalid_replica_assignment,
+                "partitions should be a consecutive 0-based integer sequence",
+            )
+        problem = assignment_problem(self.cluster, [list(a.broker_ids) for a in topic.assignments])
+        return None if problem is None else (ErrorCode.invalid_replica_assignment, problem)
+
 
 class TopicLifecycleApi:
     """DeleteTopics, CreatePartitions and DeleteRecords, through the node as HTTP's
@@ -127,21 +182,12 @@ class TopicLifecycleApi:
         self.cluster = cluster
 
     def _assignment_problem(self, assignments: Any, count: int, name: str) -> str | None:
-        """Why CreatePartitions' manual assignment cannot be followed (None: it can). A node
-        alone leads every partition, so an assignment naming only it, one replica each, is
-        what it does anyway (kafka-python's admin tests send one); in a cluster, leases place
-        partitions, so an assignment is refused rather than ignored."""
-        brokers = self.cluster.brokers()
-        me = self.cluster.me().node_id
-        if len(brokers) != 1:
-            return "manual replica assignment is not supported in a cluster (leases place partitions)"
+        """Why CreatePartitions' manual assignment cannot be followed (None: it can): one
+        assignment per new partition, each as `assignment_problem` checks it."""
         current = self.node.topics().get(name)
         if current is not None and len(assignments) != count - current:
             return f"{len(assignments)} assignments for {count - current} new partitions"
-        for a in assignments:
-            if list(a.broker_ids) != [me]:
-                return f"assignment {list(a.broker_ids)}: the one broker is {me} and the replication factor 1"
-        return None
+        return assignment_problem(self.cluster, [list(a.broker_ids) for a in assignments])
 
     async def delete_topics(self, request: Request) -> Any:
         m = request.response_module

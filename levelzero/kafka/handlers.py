@@ -33,6 +33,7 @@ from levelzero.kafka.offsets import OffsetsApi
 from levelzero.kafka.produce import ProduceApi
 from levelzero.kafka.protocol import Request, api_versions_response
 from levelzero.kafka.transactions import TransactionCoordinator
+from levelzero.kafka.txn_admin import TransactionAdminApi
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Handlers:
             self.transactions.pending_offsets,
         )
         self.group_api = GroupApi(self.groups, cluster)
+        self.txn_admin = TransactionAdminApi(node, self.transactions)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED) -> None:
         """The intake's lanes (their drain tasks) and the transaction coordinator's timeouts;
@@ -141,6 +143,12 @@ class Handlers:
                 return await self.group_api.offset_delete(request, self.node.topics())
             case 60:
                 return self.metadata.describe_cluster(request)
+            case 61:
+                return await self.txn_admin.describe_producers(request)
+            case 65:
+                return await self.txn_admin.describe_transactions(request)
+            case 66:
+                return await self.txn_admin.list_transactions(request)
             case 32:
                 return await self.configs.describe_configs(request)
             case 33:

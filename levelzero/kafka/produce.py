@@ -202,7 +202,9 @@ class ProduceApi:
             # the previous transaction's marker, ahead in the lane: not stored without it
             after = self.transactions.marker_ahead(first.producer_id, topic, partition)
         try:
-            outcome = self.intake.submit(topic, partition, records, identity, after)
+            outcome = self.intake.submit(
+                topic, partition, records, identity, after, wire_bytes=len(data or b"")
+            )
         except LevelZeroError as exc:
             return self._produce_failed(topic, partition, exc)
         if isinstance(outcome, int):  # an idempotent batch already stored: its offset

@@ -64,6 +64,9 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     46: ("ListPartitionReassignments", 0, 0),
     74: ("ListConfigResources", 0, 1),
     75: ("DescribeTopicPartitions", 0, 0),
+    61: ("DescribeProducers", 0, 0),
+    65: ("DescribeTransactions", 0, 0),
+    66: ("ListTransactions", 0, 1),
 }
 API_VERSIONS_KEY = 18
 REQUEST_PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id

@@ -10,8 +10,15 @@ derives from the token at start (a random salt per mechanism, Kafka's 4,096 iter
 SCRAM exchange never handles the password itself.
 
 A failed exchange (a wrong password, a malformed message, a SCRAM message out of turn) is
-answered SASL_AUTHENTICATION_FAILED (ILLEGAL_SASL_STATE without a handshake) with one warning
-line, and the listener then closes the connection, as Kafka does.
+answered SASL_AUTHENTICATION_FAILED (ILLEGAL_SASL_STATE without a handshake) and the listener
+then closes the connection, as Kafka does; a warning says so, at most one every
+`WARNING_INTERVAL_S` (a misconfigured client reconnects every few tens of milliseconds), with
+the count of those held back.
+
+Without a token the listener is what Kafka calls PLAINTEXT: it does not speak SASL. As Kafka's
+broker answers there, SaslHandshake and SaslAuthenticate are ILLEGAL_SASL_STATE, whatever the
+mechanism (no password is taken, nor refused as a wrong one: the client's setting is what is
+wrong).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +41,11 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
 # Kafka's minimum (and its tools' default) iteration count for both SCRAM mechanisms.
 SCRAM_ITERATIONS = 4096
+WARNING_INTERVAL_S = 10.0
+NO_SASL = (
+    "this Kafka listener does not use SASL (the daemon has no server.token): connect with "
+    "security.protocol=PLAINTEXT (or SSL with kafka.tls_cert_file)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,38 +70,70 @@ class SaslState:
         self.scram: Any = None  # scramp's ScramServer between client-first and client-final
 
 
+class ThrottledWarning:
+    """A warning logged at most once every `interval_s`; the next one says how many were held
+    back in between."""
+
+    def __init__(
+        self, interval_s: float = WARNING_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last: float | None = None
+        self.held = 0
+
+    def warn(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if self._last is not None and now - self._last < self._interval_s:
+            self.held += 1
+            return
+        if self.held:
+            message += " (and %d more like it since the last such warning)"
+            args = (*args, self.held)
+        log.warning(message, *args)
+        self._last, self.held = now, 0
+
+
 class SaslAuthenticator:
-    """The listener's mechanisms, checking the token. With no token the listener does not ask
-    for SASL; an exchange a client starts anyway takes any password with PLAIN and none with
-    SCRAM (whose server must prove it knows the password)."""
+    """The listener's mechanisms, checking the token; with no token, none (see the module)."""
 
     def __init__(self, token: str) -> None:
         self._token = token.encode()
         self._scram = {name: ScramMechanism(name) for name in SCRAM_MECHANISMS}
-        # (salt, stored key, server key, iterations) per mechanism; with no token, of a random
-        # password no client knows.
-        password = token or secrets.token_hex(32)
+        # (salt, stored key, server key, iterations) per mechanism
+        password = token or secrets.token_hex(32)  # (unused without a token)
         self._credentials = {
             name: mechanism.make_auth_info(password, iteration_count=SCRAM_ITERATIONS)
             for name, mechanism in self._scram.items()
         }
+        self._failures = ThrottledWarning()
 
-    def handshake(self, state: SaslState, mechanism: str) -> bool:
-        """SaslHandshake: whether the mechanism is served (then the next SaslAuthenticate
-        speaks it)."""
+    @property
+    def served(self) -> bool:
+        """Whether the listener speaks SASL (it has a token)."""
+        return bool(self._token)
+
+    def handshake(self, state: SaslState, mechanism: str) -> ErrorCode:
+        """SaslHandshake's answer: none when the mechanism is served (then the next
+        SaslAuthenticate speaks it)."""
+        if not self.served:
+            self._failures.warn("kafka: a client asked for SASL/%s; %s", mechanism, NO_SASL)
+            return ErrorCode.illegal_sasl_state
         if mechanism not in MECHANISMS:
-            return False
+            return ErrorCode.unsupported_sasl_mechanism
         state.mechanism, state.scram = mechanism, None
-        return True
+        return ErrorCode.none
 
     def authenticate(self, state: SaslState, auth_bytes: bytes) -> Step:
         mechanism = state.mechanism
+        if not self.served:
+            return Step(ErrorCode.illegal_sasl_state, NO_SASL)
         if mechanism is None:
             return Step(ErrorCode.illegal_sasl_state, "SaslHandshake comes first")
         if mechanism == PLAIN:
             parts = auth_bytes.split(b"\0")
             password = parts[2] if len(parts) == 3 else b""
-            if self._token and not hmac.compare_digest(password, self._token):
+            if not hmac.compare_digest(password, self._token):
                 return self._failed(mechanism, "a wrong password")
             return Step(ErrorCode.none, done=True)
         try:
@@ -106,9 +152,10 @@ class SaslAuthenticator:
             state.scram = None
             return self._failed(mechanism, str(exc) or type(exc).__name__)
 
-    @staticmethod
-    def _failed(mechanism: str, why: str) -> Step:
-        log.warning("kafka: SASL/%s authentication failed (%s); closing the connection", mechanism, why)
+    def _failed(self, mechanism: str, why: str) -> Step:
+        self._failures.warn(
+            "kafka: SASL/%s authentication failed (%s); closing the connection", mechanism, why
+        )
         return Step(
             ErrorCode.sasl_authentication_failed,
             f"Authentication failed: invalid credentials with SASL mechanism {mechanism} "

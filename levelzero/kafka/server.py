@@ -375,14 +375,13 @@ class KafkaListener:
         m = request.response_module
         body = request.body
         if request.api_key == SASL_HANDSHAKE_KEY:
-            ok = self.sasl.handshake(session.sasl, body.mechanism)
             return make(
                 m.SaslHandshakeResponse,
-                mechanisms=MECHANISMS,
-                error_code=ErrorCode.none if ok else ErrorCode.unsupported_sasl_mechanism,
+                mechanisms=MECHANISMS if self.sasl.served else (),
+                error_code=self.sasl.handshake(session.sasl, body.mechanism),
             )
         step = self.sasl.authenticate(session.sasl, bytes(body.auth_bytes))
-        if step.error != ErrorCode.none:
+        if step.error != ErrorCode.none and self.sasl.served:  # (without SASL: answered, as Kafka)
             if step.error == ErrorCode.sasl_authentication_failed:
                 self.stats.authentications_failed += 1
             slot.close_after_response = True

@@ -539,6 +539,21 @@ class TransactionCoordinator:
                 self._epochs[txn.producer_id] = max(self._epochs.get(txn.producer_id, -1), txn.producer_epoch)
             self._loaded = True
 
+    async def coordinated(self) -> list[TxnState]:
+        """The transactions of the transactional ids this node coordinates now, by id
+        (ListTransactions)."""
+        await self._load()
+        return [txn for tid, txn in sorted(self._txns.items()) if self.cluster.coordinates(tid)]
+
+    async def described(self, tid: str) -> tuple[ErrorCode, TxnState | None]:
+        """The transaction of `tid` (DescribeTransactions): NOT_COORDINATOR where another node
+        coordinates it, TRANSACTIONAL_ID_NOT_FOUND where no producer initialised it."""
+        if not self.cluster.coordinates(tid):
+            return ErrorCode.not_coordinator, None
+        await self._load()
+        txn = self._txns.get(tid)
+        return (ErrorCode.none, txn) if txn is not None else (ErrorCode.transactional_id_not_found, None)
+
     async def expire(self) -> None:
         await self._load()
         now = self.clock()

@@ -1,5 +1,7 @@
 """An in-memory `ClusterControl` over a `MemoryLogStore`, with the PostgreSQL one's rules:
-leases timed by one injected clock (the control plane's, not a node's), taken only when free,
+leases timed by one injected clock (the control plane's, not a node's), a node id's live row
+never taken by a registration with another advertise URL, rows expired past a bound forgotten,
+partition leases taken only when free,
 expired or already held, released at once on a hand-over; a node's calls fenced by the
 incarnation its last registration got; published `M(p)` only rising; a
 watermark snapshot of every partition and the cluster epoch read at one instant. For tests and
@@ -12,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from msgspec.structs import replace
 
+from levelzero.core.errors import NodeIdTaken
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.protocols import ClusterView, LeaseRow, NodeRow
 
@@ -44,6 +47,8 @@ class MemoryClusterControl:
         assert ttl_s > 0, ttl_s
         now = self._clock()
         old = self.nodes.get(node_id)
+        if old is not None and old.advertise_url != advertise_url and old.lease_expires_at > now:
+            raise NodeIdTaken(node_id, old.advertise_url, old.lease_expires_at - now)
         self._incarnations += 1
         self.nodes[node_id] = NodeRow(
             node_id,
@@ -81,6 +86,17 @@ class MemoryClusterControl:
             node_id, incarnation, [pid for pid, (n, _) in self.leases.items() if n == node_id]
         )
         self.nodes.pop(node_id, None)
+
+    async def forget_expired_nodes(self, expired_for_s: float) -> list[str]:
+        assert expired_for_s > 0, expired_for_s
+        now = self._clock()
+        forgotten = sorted(n for n, row in self.nodes.items() if row.lease_expires_at <= now - expired_for_s)
+        for node_id in forgotten:
+            del self.nodes[node_id]
+        for pid, (holder, expires) in list(self.leases.items()):
+            if holder in forgotten and expires <= now:
+                del self.leases[pid]
+        return forgotten
 
     async def cluster_view(self) -> ClusterView:
         now = self._clock()

@@ -695,7 +695,11 @@ class ClusterControl(Protocol):
         incarnation, returned: larger than any the control plane gave before, to any node.
         Every later call about the node's row or its leases names it, and one naming an older
         incarnation changes nothing (a request of the node's previous life, or of this life
-        before it registered again, that arrives late)."""
+        before it registered again, that arrives late).
+
+        Raises `NodeIdTaken` (nothing changed) when the row is live under another advertise
+        URL: another process runs under this node id. The same URL (a restart, within its
+        previous run's lease or after) or an expired row is taken."""
         ...
 
     async def renew_node(self, node_id: str, incarnation: int, ttl_s: float) -> bool:
@@ -707,6 +711,12 @@ class ClusterControl(Protocol):
 
     async def leave_node(self, node_id: str, incarnation: int) -> None:
         """A graceful exit: its partition leases released now, its row removed."""
+        ...
+
+    async def forget_expired_nodes(self, expired_for_s: float) -> list[str]:
+        """Remove the rows of nodes whose lease ran out at least `expired_for_s` ago (crashed
+        and never restarted: no graceful leave removed them), and clear their expired partition
+        leases; the node ids removed. A node coming back later registers again."""
         ...
 
     async def cluster_view(self) -> ClusterView: ...

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 
+import logging
+
 import anyio
+import pytest
 
 from levelzero.actors.cluster import ClusterMember
-from levelzero.core.errors import StorageError
+from levelzero.core.errors import NodeIdTaken, StorageError
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.testing.virtual_time import in_virtual_time
@@ -46,7 +49,7 @@ class Node:
         self.events.append(("resign", tuple(pids)))
 
 
-async def cluster(names: list[str], moves_max: int = 100):
+async def cluster(names: list[str], moves_max: int = 100, forget_expired_after_s: float = 3600.0):
     log = MemoryLogStore()
     await log.create_topic("t", PARTITIONS, 1, 0.0)
     clock = Clock()
@@ -62,6 +65,7 @@ async def cluster(names: list[str], moves_max: int = 100):
             resign=nodes[name].resign,
             moves_max=moves_max,
             clock=clock,
+            forget_expired_after_s=forget_expired_after_s,
         )
         for name in names
     }
@@ -158,6 +162,91 @@ async def test_the_next_round_comes_just_after_another_nodes_lease_runs_out() ->
     clock.now += 1.05
     await a.round()
     assert nodes["a"].led == set(range(1, PARTITIONS + 1))  # b's partitions, taken at once
+
+
+@in_virtual_time
+async def test_a_second_process_under_a_live_node_id_is_refused_and_a_running_one_stands_by(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Another process starting under a live node id (another advertise URL) is refused. One
+    that slipped in while the first was paused past its TTL keeps the id: the first, waking,
+    logs the conflict once as an error (not every round), leads nothing and does not take the
+    row back (before: each took it from the other every round, terms restarting both ways);
+    once the other leaves, it registers again and leads its share."""
+    caplog.set_level(logging.INFO, logger="levelzero.cluster")
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock)
+    duplicate = ClusterMember(
+        control, "a", "http://a-copy", ttl_s=TTL_S, lead=Node().lead, resign=Node().resign
+    )
+    with pytest.raises(NodeIdTaken, match="http://a"):
+        await duplicate.register()
+    assert duplicate.incarnation is None and control.nodes["a"].advertise_url == "http://a"
+
+    a = members["a"]
+    await rounds([members["b"]], clock, count=4)  # a paused: its lease runs out
+    intruder_node = Node()
+    intruder = ClusterMember(
+        control,
+        "a",
+        "http://a-copy",
+        ttl_s=TTL_S,
+        lead=intruder_node.lead,
+        resign=intruder_node.resign,
+        clock=clock,
+    )
+    await intruder.register()
+    await rounds([members["b"], intruder], clock)
+    assert intruder_node.led
+    caplog.clear()
+    await rounds([a, members["b"], intruder], clock, count=4)  # a wakes
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "'a' is taken" in errors[0] and "http://a-copy" in errors[0], errors
+    assert a.conflict == "http://a-copy" and nodes["a"].led == set()
+    assert not any(a.leads(pid) for pid in range(1, PARTITIONS + 1))
+    row = control.nodes["a"]
+    assert (row.advertise_url, row.incarnation) == ("http://a-copy", intruder.incarnation)
+    assert [e for e in intruder_node.events if e[0] == "resign"] == []  # never lost a partition
+    exactly_one_leader({"a": intruder_node, "b": nodes["b"]})
+    assert a.leader_url("t", next(iter(intruder_node.led)) - 1) == "http://a-copy"
+
+    await intruder.leave()
+    caplog.clear()
+    await rounds([a, members["b"]], clock, count=3)
+    assert a.conflict is None and control.nodes["a"].advertise_url == "http://a"
+    assert not [r for r in caplog.records if r.levelno == logging.ERROR]
+    exactly_one_leader(nodes)
+
+
+@in_virtual_time
+async def test_a_crashed_nodes_row_is_forgotten_by_the_live_members_after_the_bound() -> None:
+    """Node c is killed and never restarted: its row stays (shown expired) until its lease has
+    been out for `forget_expired_after_s`, then a live member's round deletes it (before: it
+    stayed forever; only a graceful leave removed a row). Its partitions move at the TTL as
+    before; c coming back later registers again and takes its share."""
+    bound_s = 30.0
+    _, clock, control, nodes, members = await cluster(["a", "b", "c"], forget_expired_after_s=bound_s)
+    await rounds(members.values(), clock)
+    expires = control.nodes["c"].lease_expires_at
+    live = [members["a"], members["b"]]
+    while clock.now < expires + bound_s - TTL_S / 3:  # c crashed: a and b go on
+        await rounds(live, clock, count=1)
+        assert "c" in control.nodes
+    exactly_one_leader({"a": nodes["a"], "b": nodes["b"]})
+    await rounds(live, clock, count=2)
+    assert sorted(control.nodes) == ["a", "b"]
+    assert all(holder != "c" for holder, _ in control.leases.values())
+    assert members["a"].live_nodes() == ["a", "b"]
+
+    back = Node()
+    nodes["c"] = back
+    members["c"] = ClusterMember(
+        control, "c", "http://c", ttl_s=TTL_S, lead=back.lead, resign=back.resign, clock=clock
+    )
+    await members["c"].register()
+    await rounds(members.values(), clock, count=6)
+    assert sorted(control.nodes) == ["a", "b", "c"] and back.led
+    exactly_one_leader(nodes)
 
 
 # ---------------------------------------------------------------- found by the cluster simulation
@@ -340,8 +429,15 @@ async def test_late_requests_of_a_nodes_previous_run_change_nothing_for_its_next
     assert had and old.incarnation is not None
     dead_life = old.incarnation
     again = Node()
-    restarted = ClusterMember(
-        control, "b", "http://b2", ttl_s=TTL_S, lead=again.lead, resign=again.resign, clock=clock
+    restarted = ClusterMember(  # a restart: same advertise URL (another one would be refused)
+        control,
+        "b",
+        "http://b",
+        ttl_s=TTL_S,
+        lead=again.lead,
+        resign=again.resign,
+        kafka_url="b:9092",
+        clock=clock,
     )
     clock.now += 1.0
     await restarted.register()
@@ -357,7 +453,7 @@ async def test_late_requests_of_a_nodes_previous_run_change_nothing_for_its_next
     assert not await control.renew_node("b", dead_life, TTL_S)
 
     row = control.nodes["b"]
-    assert (row.advertise_url, row.draining, row.incarnation) == ("http://b2", False, restarted.incarnation)
+    assert (row.kafka_url, row.draining, row.incarnation) == ("b:9092", False, restarted.incarnation)
     assert {pid for pid, (holder, _) in control.leases.items() if holder == "b"} == had
     await rounds(members.values(), clock, count=3)
     assert again.led == had  # nothing handed over, nothing lost

@@ -329,3 +329,29 @@ async def test_a_node_leading_a_partition_again_resumes_the_deletes_left_unfinis
         assert row.state == L1State.DELETE_FINISHED
         assert key not in c.objects._objects
         tg.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_an_idle_node_tends_its_partitions_at_the_cluster_epoch_another_node_raised() -> None:
+    """Node a raises the cluster epoch and creates a topic there; b, idle, leads some of its
+    partitions. b's housekeeper advanced them to b's copy of the epoch, refreshed only when b
+    writes: below a new partition's window, refused (stale_cluster_epoch) every round, and M
+    lagging behind for the others. Each round now reads the epoch first."""
+    c = Cluster()
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        b = await c.start(tg, "b")
+        for _ in range(3):
+            await a.epochs.advance()
+        epoch = a.epochs.current
+        assert b.epochs.current < epoch  # b's copy, as b last read it
+        await a.create_topic(TOPIC, PARTITIONS)
+        await wait_for(
+            lambda: len(b.partitions()) > 0 and all(p.ready.is_set() for p in b.partitions()), "b leads"
+        )
+        errors = b.housekeeper.stats.errors
+        await b.housekeeper.run_round(force=True)
+        assert b.housekeeper.stats.errors == errors
+        assert b.epochs.current == epoch
+        assert {p.state.max_applied_epoch for p in b.partitions()} == {epoch}
+        tg.cancel_scope.cancel()

@@ -15,12 +15,21 @@ from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
-from levelzero.core.keys import L0_ROOT, L1_ROOT, decode_topic_record, parse_l0_key, topic_record_key
+from levelzero.core.keys import (
+    ENDS_ROOT,
+    L0_ROOT,
+    L1_ROOT,
+    decode_topic_record,
+    format_end_key,
+    parse_l0_key,
+    topic_record_key,
+)
 from levelzero.core.l0format import Record, read_header
 from levelzero.daemon.recover import rebuild_from_bucket
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
+from levelzero.testing.latency_store import Latency, LatencyObjectStore
 from levelzero.testing.nodes import running_node
 
 
@@ -295,7 +304,8 @@ async def test_a_partition_emptied_by_deleterecords_comes_back_from_the_bucket_a
         await node.housekeeper.run_round(force=True)
         assert node.partition("r", 0).state.start_offset == 4
     record = decode_topic_record(topic_record_key("e"), objects._objects[topic_record_key("e")][0])
-    assert (record.ends, record.configs) == ({0: 5}, {"retention.ms": "-1"})
+    assert record.configs == {"retention.ms": "-1"}
+    assert keys(objects, ENDS_ROOT) == [format_end_key("e", 0, 5), format_end_key("r", 0, 4)]
     rebuilt = MemoryLogStore()
     summary = await rebuild_from_bucket(rebuilt, objects, 100.0)
     assert [(p.name, p.high_watermark) for p in summary.partitions] == [("e/0", 5), ("e/1", 3), ("r/0", 4)]
@@ -305,3 +315,35 @@ async def test_a_partition_emptied_by_deleterecords_comes_back_from_the_bucket_a
         assert (await node.produce("e", 0, [Record(None, b"next")])).base_offset == 5
         assert (await node.produce("e", 1, [Record(None, b"next")])).base_offset == 3
         assert (await node.produce("r", 0, [Record(None, b"next")])).base_offset == 4
+
+
+async def test_partitions_emptied_at_once_each_keep_their_end_and_a_deleted_topic_none() -> None:
+    """Retention empties every partition of an idle topic in one housekeeper round, several at
+    once. Each partition's end was kept by rewriting the topic's record (read, change, write):
+    with object store requests taking a few milliseconds, one end in four survived, and a
+    recovery started the other partitions at offset 0 again. Each end is now a key of its own,
+    the lower ones deleted after; a deleted topic's go with it, and a topic made again with its
+    name starts from nothing."""
+    objects = MemoryObjectStore()
+    slow = LatencyObjectStore(objects, Latency("a few ms", put_ms=(1.0, 3.0), get_ms=(1.0, 3.0)))
+    async with running_node(make_config(), MemoryLogStore(), slow) as node:
+        await node.create_topic("r", 4, {"retention.ms": "1"})
+        for partition in range(4):
+            await produce(node, "r", partition, 3)
+        await settle(node)
+        assert [node.partition("r", p).state.start_offset for p in range(4)] == [3, 3, 3, 3]
+        for partition in range(4):  # emptied again, further on: the lower end goes
+            await produce(node, "r", partition, 2 + partition)
+        await settle(node)
+        assert [node.partition("r", p).state.start_offset for p in range(4)] == [5, 6, 7, 8]
+        assert keys(objects, ENDS_ROOT) == [format_end_key("r", p, 5 + p) for p in range(4)]
+        await node.create_topic("gone", 2, {"retention.ms": "1"})
+        await produce(node, "gone", 1, 2)
+        await settle(node)
+        assert keys(objects, f"{ENDS_ROOT}gone/") == [format_end_key("gone", 1, 2)]
+        await node.delete_topic("gone")
+        assert keys(objects, f"{ENDS_ROOT}gone/") == []
+        await node.create_topic("gone", 2)
+    rebuilt = MemoryLogStore()
+    summary = await rebuild_from_bucket(rebuilt, objects, 100.0)
+    assert [(p.name, p.high_watermark) for p in summary.partitions] == [(f"r/{p}", 5 + p) for p in range(4)]

@@ -18,7 +18,7 @@ import pytest
 
 from daemon_support import DaemonProcess, clean_environ
 from levelzero.cli.main import main
-from levelzero.cli.parser import build_parser
+from levelzero.cli.parser import build_parser, settle_client_options
 from levelzero.http.schema import UNSIGNED_MAX
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -51,6 +51,10 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
         (["compaction", "explain", "garbage"], "TOPIC/P: 'garbage' is not TOPIC/PARTITION (e.g. orders/3)"),
         (["topics", "create", "t", "--partitions", "0"], "--partitions: 0 is not >= 1"),
         (["topics", "create", "t", "--partitions", "two"], "--partitions: 'two' is not an integer"),
+        (
+            ["produce", "t", "--batch-records", "1000001", "x"],
+            "--batch-records: 1000001 is above 1,000,000, the most any server takes",
+        ),
     ],
 )
 def test_bad_flag_values_are_refused_by_name(
@@ -121,6 +125,36 @@ def test_a_bad_daemon_url_is_a_usage_error_before_any_request(
     monkeypatch.setenv("LEVELZERO_URL", url)  # the same from the environment, which it names
     assert main(["status"]) == 2
     assert capsys.readouterr().err.startswith(f"levelzero: $LEVELZERO_URL: daemon URL {url!r}")
+
+
+def test_client_options_are_taken_before_the_command_too_and_after_it_wins(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`levelzero --url URL cluster` was refused (the options were the subcommands' only)."""
+    monkeypatch.setenv("LEVELZERO_TOKEN", "from-the-environment")
+
+    def parsed(*argv: str) -> tuple[str | None, str | None, float]:
+        args = build_parser().parse_args(argv)
+        settle_client_options(args)
+        return args.url, args.token, args.timeout
+
+    before = ("--url", "http://a.example:1", "--token", "t-before", "--timeout", "5")
+    assert parsed(*before, "cluster") == ("http://a.example:1", "t-before", 5.0)
+    assert parsed(*before, "topics", "list", "--url", "http://b.example:2", "--timeout", "7") == (
+        "http://b.example:2",
+        "t-before",
+        7.0,
+    )
+    assert parsed("gc", "pause") == (None, "from-the-environment", 60.0)  # the defaults
+    # The one given before reaches the request; the one after replaces it.
+    assert main(["--url", "http://127.0.0.1:99999", "cluster"]) == 2
+    assert "daemon URL 'http://127.0.0.1:99999'" in capsys.readouterr().err
+    assert main(["--url", "http://127.0.0.1:99999", "status", "--url", "127.0.0.1:8"]) == 2
+    assert "daemon URL '127.0.0.1:8' has no http://" in capsys.readouterr().err
+    # Before a command that talks to no daemon, it is bad usage rather than ignored.
+    assert "--url is an option of the commands that talk to a daemon only" in usage_error(
+        capsys, "--url", "http://a.example:1", "config", "show"
+    )
 
 
 def test_help_names_the_url_default_not_this_shells_value(

@@ -430,3 +430,45 @@ async def test_a_node_paused_inside_a_write_transaction_stalls_no_other_nodes_pa
             if process.proc is not None and process.proc.poll() is None:
                 process.signal(signal.SIGCONT)
             process.cleanup()
+
+
+async def test_a_second_daemon_under_a_running_nodes_id_exits_2_and_a_crashed_one_restarts(
+    tmp_path: Path,
+    postgres_dsn: str,
+    s3_endpoint,
+    s3_bucket: str,
+) -> None:
+    """A copy of n1's configuration with only its ports changed, started while n1 runs, is
+    refused at start (exit 2, not restarted by systemd) with one line naming the node id, the
+    running node's advertise URL and what to do; n1 keeps its registration (before: both ran,
+    taking the row from each other every round). n1 SIGKILLed and started again at once (its
+    registration still live, the same advertise URL) starts as before."""
+    nodes = start_nodes(tmp_path, postgres_dsn, s3_endpoint, s3_bucket, ["n1"])
+    n1 = nodes["n1"]
+    copy = DaemonProcess(
+        tmp_path / "n1-copy",
+        tmp_path / "n1-copy-logs",
+        env=cluster_env("n1", postgres_dsn, s3_endpoint, s3_bucket),
+    )
+    (tmp_path / "n1-copy-logs").mkdir()
+    copy.env["LEVELZERO_CLUSTER_ADVERTISE_URL"] = copy.url
+    try:
+        copy.start(wait=False)
+        assert copy.wait_exit(timeout_s=WAIT_S) == 2, copy.log()[-4000:]
+        refusals = [line for line in copy.log().splitlines() if "is taken" in line]
+        assert len(refusals) == 1, copy.log()[-4000:]
+        assert "cluster.node_id 'n1'" in refusals[0] and n1.url in refusals[0], refusals
+        assert "give this node its own cluster.node_id" in refusals[0], refusals
+        rows = await _sql(postgres_dsn, "SELECT advertise_url FROM cluster_nodes WHERE node_id = 'n1'")
+        assert [row["advertise_url"] for row in rows] == [n1.url]
+
+        async with Client(n1.url) as client:
+            await client.create_topic(TOPIC, 1)
+        n1.signal(signal.SIGKILL)
+        n1.wait_exit()
+        n1.start()  # within its lease: the same URL takes its row back
+        await produce_until_acknowledged([n1.url], 0, b"after the restart")
+        assert "is taken" not in n1.log()
+    finally:
+        for process in (n1, copy):
+            process.cleanup()

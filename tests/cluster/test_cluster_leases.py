@@ -189,6 +189,11 @@ async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
                 text = (await http.get("/metrics")).text
             assert metric(text, "levelzero_gc_watermark_blocked") == 0
             assert metric(text, "levelzero_gc_watermark") == gc.m
+            # the membership and the leases, as the shipped cluster alerts read them
+            assert metric(text, 'levelzero_cluster_nodes{state="live"}') == 2
+            assert metric(text, 'levelzero_cluster_nodes{state="expired"}') == 0
+            assert metric(text, "levelzero_cluster_partitions_without_leader") == 0
+            assert metric(text, "levelzero_cluster_partitions_led") == len(led(daemon))
 
         # A node past its lease deadline (here: one whose renewals never count) still answers
         # status, with the partitions it has not resigned yet, and serves none of them.

@@ -28,13 +28,16 @@ from levelzero.core.keys import (
     TopicRecord,
     decode_topic_record,
     encode_topic_record,
+    format_end_key,
     format_l0_key,
     format_l1_key,
     l0_prefix_root,
     new_uuid,
     l0_key_epoch,
+    parse_end_key,
     parse_l0_key,
     parse_l1_key,
+    topic_ends_prefix,
     topic_record_key,
 )
 
@@ -310,3 +313,20 @@ def test_topic_records_round_trip_and_refuse_what_is_not_one() -> None:
             decode_topic_record(bad_key, body)
     with pytest.raises(MalformedKey):
         topic_record_key("..")
+
+
+def test_partition_end_keys_sort_by_end_and_refuse_what_is_not_one() -> None:
+    key = format_end_key("a.b", 7, 12)
+    assert key == "levelzero/ends/a.b/7/00000000000000000012"
+    assert parse_end_key(key) == ("a.b", 7, 12)
+    assert format_end_key("a", 7, 9) < format_end_key("a", 7, 10) < format_end_key("a", 8, 1)
+    assert not format_end_key("a.b", 0, 1).startswith(topic_ends_prefix("a"))
+    for bad in [
+        "levelzero/ends/../0/00000000000000000001",
+        "levelzero/ends/a/0/12",
+        "levelzero/ends/a/x/" + "0" * 20,
+    ]:
+        with pytest.raises(MalformedKey):
+            parse_end_key(bad)
+    with pytest.raises(MalformedKey):
+        format_end_key("..", 0, 1)

@@ -263,6 +263,22 @@ def test_an_invalid_value_in_the_file_is_still_blamed_on_the_file(tmp_path: Path
     assert str(caught.value).startswith(f"invalid configuration ({path}): server: listen must be")
 
 
+def test_an_error_of_the_file_is_not_blamed_on_a_pair_of_variables_not_in_it(tmp_path: Path) -> None:
+    """The documented S3 credentials in the environment, a typo in the file: the error was
+    blamed on both variables (taking one away makes an error of its own, the pair's)."""
+    path = write(tmp_path, "[storage]\nkind = 's3'\n[s3]\nbucket = 'b'\n[cluster]\nlease_ttl = 10\n")
+    environ = {"LEVELZERO_S3_ACCESS_KEY": "key", "LEVELZERO_S3_SECRET_KEY": "secret"}
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ=environ)
+    assert str(caught.value).startswith(f"invalid configuration ({path}): ")
+    assert "LEVELZERO_S3" not in str(caught.value)
+    # A bad variable over a bad file value is still the variable's.
+    path = write(tmp_path, "[server]\nlisten = 'bar'\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path, environ={**environ, "LEVELZERO_LISTEN": "foo"})
+    assert str(caught.value).startswith("invalid configuration (environment variable LEVELZERO_LISTEN): ")
+
+
 def test_bad_environment_value_names_the_variable() -> None:
     with pytest.raises(
         ConfigError, match=r"LEVELZERO_SERVER_BODY_BYTES_MAX \(server\.body_bytes_max\) = 'lots'"
@@ -457,6 +473,11 @@ def test_cluster_settings_are_checked() -> None:
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_LEASE_TTL_S": "0.1"})
     with pytest.raises(ConfigError, match="node_id must be"):
         load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_NODE_ID": "has space"})
+    assert config.cluster.forget_expired_after_s == 3600.0
+    kept = load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_FORGET_EXPIRED_AFTER_S": "600"})
+    assert kept.cluster.forget_expired_after_s == 600.0
+    with pytest.raises(ConfigError, match="forget_expired_after_s must be in 60..31536000"):
+        load_config(None, environ={**pg, **on, "LEVELZERO_CLUSTER_FORGET_EXPIRED_AFTER_S": "5"})
 
 
 def test_the_keepalive_timeout_takes_a_fraction_of_a_second_like_the_other_timeouts(tmp_path: Path) -> None:

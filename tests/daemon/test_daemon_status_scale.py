@@ -127,6 +127,39 @@ async def test_status_partitions_bad_params_are_400(tmp_path: Path) -> None:
         assert [p.partition for p in page.partitions] == [0] and page.next_after == "t/0"
 
 
+async def test_every_route_refuses_a_query_parameter_it_does_not_read(tmp_path: Path) -> None:
+    """`/v1/status?topc=t` answered the whole node's status as if nothing was asked, where the
+    records route refused such a parameter: every route now refuses one it does not read
+    (a typo is not silently a different question)."""
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 1)
+        for method, path in (
+            ("GET", "/v1/status?topc=t"),
+            ("GET", "/v1/topics?x=1"),
+            ("GET", "/v1/cluster?x=1"),
+            ("GET", "/metrics?x=1"),
+            ("GET", "/healthz?x=1"),
+            ("GET", "/v1/topics/t/configs?x=1"),
+            ("GET", "/v1/topics/t/partitions/0/records?offset=0&x=1"),
+            ("POST", "/v1/gc/run?x=1"),
+        ):
+            assert_error(
+                await raw(client, method, path), 400, "malformed_request", "unknown query parameter '"
+            )
+        assert (await raw(client, "GET", "/v1/status?topic=t")).status_code == 200
+        assert (
+            await raw(client, "GET", "/v1/topics/t/partitions/0/records?offset=0&max_bytes=9")
+        ).status_code == 200
+
+
+async def test_abandoning_partition_minus_one_is_a_bad_request_as_in_a_path(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path) as (_, client):
+        await client.create_topic("t", 1)
+        body = {"topic": "t", "partition": -1, "operator": "me", "reason": "test", "confirm": True}
+        response = await raw(client, "POST", "/v1/partitions/abandon-unreconciled", json=body)
+        assert_error(response, 400, "malformed_request", "partition must be a non-negative integer, not '-1'")
+
+
 async def test_cli_status_all_pages_through_every_partition(tmp_path: Path, capsys) -> None:
     partitions = STATUS_PARTITIONS_SHOWN_MAX + 150
     async with daemon_and_client(tmp_path, reconciler__enabled=False) as (daemon, client):

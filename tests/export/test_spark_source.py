@@ -390,6 +390,81 @@ def test_the_partitions_option_plans_only_those_partitions_tasks(tmp_path: Path,
         ).count()
 
 
+def test_an_empty_topic_partition_or_range_reads_no_rows_and_a_missing_partition_is_refused(
+    tmp_path: Path, spark
+) -> None:
+    """A read that plans no object ranges is a DataFrame of no rows (Spark read a task of
+    `InputPartition(None)` for it, and failed); a partition the `partitions` option names
+    that the topic lacks, and a start_offset past end_offset, are errors saying so."""
+
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("empty", 2)
+            await client.create_topic("o", 3)
+            for partition in (0, 1):  # partition 2 holds no records
+                await client.produce("o", partition, [b"y"] * 10)
+
+    anyio.run(scenario)
+
+    def load(topic: str, **options: str):
+        reader = spark.read.format("levelzero").option("data_dir", str(tmp_path))
+        return reader.options(**options).load(topic)
+
+    empty = load("empty")
+    assert empty.columns == ["topic", "partition", "offset", "timestamp", "key", "value", "headers"]
+    assert empty.collect() == []
+    assert empty.count() == 0
+    assert load("o", partitions="2").count() == 0  # a partition without records
+    assert load("o", start_offset="7", end_offset="7").count() == 0  # [7, 7): no offsets
+    assert load("o", start_offset="500").count() == 0  # past every partition's end
+    assert load("o", partitions="1,2", start_offset="4").count() == 6
+    assert load("o").where("partition = 7").count() == 0  # a filter: no rows, not an error
+    assert load("o").count() == 20
+    with pytest.raises(
+        Exception,
+        match=r"option partitions: partition 99 of topic 'o' not found in \S*levelzero\.db"
+        r" \(its partitions: 0\.\.2\)",
+    ):
+        load("o", partitions="1,99").count()
+    with pytest.raises(Exception, match=r"option start_offset='50': past end_offset='10'"):
+        load("o", start_offset="50", end_offset="10").count()
+
+
+def test_an_unknown_option_is_refused_by_the_reader_and_the_sink(tmp_path: Path, spark) -> None:
+    """A misspelt option (`partitons`) read the whole topic: each side of the data source
+    refuses an option it does not take, listing those it does; names are case-insensitive,
+    as Spark matches them."""
+
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("u", 2)
+            for partition in range(2):
+                await client.produce("u", partition, [b"x"] * 10)
+
+    anyio.run(scenario)
+
+    def load(**options: str):
+        reader = spark.read.format("levelzero").option("data_dir", str(tmp_path))
+        return reader.options(**options).load("u")
+
+    with pytest.raises(
+        Exception,
+        match=r"the levelzero batch read has no option 'partitons'; its options: path, data_dir,"
+        r" config, s3_access_key, s3_secret_key, s3_session_token, control_password, start_offset,"
+        r" end_offset, partitions, task_bytes, min_tasks",
+    ):
+        load(partitons="1").count()
+    assert load(Partitions="1", START_OFFSET="4").count() == 6
+    rows = spark.createDataFrame([("k", "v")], "key string, value string")
+    writer = rows.write.format("levelzero").option("url", "http://127.0.0.1:9").mode("append")
+    with pytest.raises(
+        Exception,
+        match=r"the levelzero sink has no option 'records_per_requst'; its options: path, topic, url,"
+        r" token, records_per_request",
+    ):
+        writer.option("records_per_requst", "5").save("u")
+
+
 @pytest.mark.s3
 def test_credentials_as_options_and_export_records_from_an_s3_daemon(
     tmp_path: Path, spark, s3_endpoint, s3_bucket: str, capsys, monkeypatch

@@ -127,6 +127,64 @@ def test_stream_offsets_starting_offsets_and_the_per_trigger_limit(tmp_path: Pat
     assert limited({"0": 30, "1": 30}, {"0": 30, "1": 30}, 5) == {"0": 30, "1": 30}
 
 
+def test_a_stream_of_an_empty_topic_reads_nothing_and_unknown_options_are_refused(
+    tmp_path: Path,
+    spark,  # noqa: F811
+) -> None:
+    """`Trigger.AvailableNow` on a topic without records ends with no rows; the stream reader
+    and the stream sink each refuse an option they do not take, listing those they do (a
+    misspelt one was ignored), and take Spark's own (the checkpoint's, a name in any case)."""
+
+    async def scenario() -> None:
+        async with daemon_and_client(tmp_path, **SLOW) as (_, client):
+            await client.create_topic("e", 2)
+
+    anyio.run(scenario)
+
+    def stream(**options: str):
+        reader = spark.readStream.format("levelzero").option("data_dir", str(tmp_path))
+        return reader.options(**options).load("e")
+
+    query = (
+        stream(maxrecordspertrigger="10", STARTINGOFFSETS="earliest")
+        .writeStream.format("memory")
+        .queryName("empty_e")
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    assert spark.table("empty_e").count() == 0
+
+    def run(query) -> None:
+        try:
+            query.awaitTermination(120)
+        finally:
+            query.stop()
+
+    with pytest.raises(
+        Exception,
+        match=r"the levelzero stream read has no option 'startingoffset'; its options: path,"
+        r" data_dir, config, s3_access_key, s3_secret_key, s3_session_token, control_password,"
+        r" startingOffsets, maxRecordsPerTrigger, task_bytes",
+    ):
+        run(stream(startingOffset="earliest").writeStream.format("memory").queryName("bad_e").start())
+    writer = (
+        stream()
+        .writeStream.format("levelzero")
+        .option("url", "http://127.0.0.1:9")
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .option("tokn", "secret")
+        .trigger(availableNow=True)
+    )
+    with pytest.raises(
+        Exception,
+        match=r"the levelzero stream sink has no option 'tokn'; its options: path, topic, url,"
+        r" token, records_per_request, checkpointLocation, queryName",
+    ):
+        run(writer.start("e-copy"))
+
+
 IMPORTS = """
 import sys
 before = set(sys.modules)

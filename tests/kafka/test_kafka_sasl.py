@@ -4,14 +4,18 @@ nowhere."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
 import anyio
+import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
+
+from levelzero.kafka.sasl import ThrottledWarning
 
 from daemon_support import TOKEN, daemon_and_client
 from test_kafka_listener import Wire
@@ -164,3 +168,40 @@ async def test_a_large_frame_before_authentication_closes_the_connection(tmp_pat
             assert big.error_code != ErrorCode.none or big.api_keys  # answered, not closed
         finally:
             await wire.aclose()
+
+
+async def test_a_listener_without_a_token_speaks_no_sasl_as_kafkas_plaintext_listener(tmp_path: Path) -> None:
+    """Without `server.token` the listener is Kafka's PLAINTEXT: SASL/PLAIN took any password
+    (a setting that fails in production worked here) and SCRAM failed as if a token existed.
+    Now both are ILLEGAL_SASL_STATE, as Kafka's broker answers them there, and the connection
+    stays usable; librdkafka reports the error."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            for mechanism in ("PLAIN", "SCRAM-SHA-256", "GSSAPI"):
+                handshake = await wire.request(17, 1, mechanism=mechanism)
+                assert (handshake.error_code, handshake.mechanisms) == (ErrorCode.illegal_sasl_state, ())
+            refused = await wire.request(36, 2, auth_bytes=b"\0app\0anything")
+            assert refused.error_code == ErrorCode.illegal_sasl_state
+            assert "security.protocol=PLAINTEXT" in refused.error_message
+            metadata = await wire.request(3, 1, topics=None)  # still open, no SASL needed
+            assert metadata.brokers[0].port == daemon.kafka_port
+        finally:
+            await wire.aclose()
+        errors = await anyio.to_thread.run_sync(wrong_password_fails, daemon.kafka_port)
+        assert "SASL" in errors, errors
+        assert daemon.kafka.stats.authentications_failed == 0
+
+
+def test_a_throttled_warning_says_how_many_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    warning = ThrottledWarning(10.0, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING, logger="levelzero.kafka"):
+        for t in (0.0, 1.0, 2.0, 9.9, 10.5, 30.0):
+            now[0] = t
+            warning.warn("failed (%s)", "why")
+    assert [r.getMessage() for r in caplog.records] == [
+        "failed (why)",
+        "failed (why) (and 3 more like it since the last such warning)",
+        "failed (why)",
+    ]

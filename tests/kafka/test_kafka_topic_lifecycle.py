@@ -155,6 +155,7 @@ def kafka_python_lifecycle(port: int) -> dict[str, object]:
     from kafka.errors import (
         InvalidPartitionsError,
         InvalidReplicationAssignmentError,
+        InvalidRequestError,
         OffsetOutOfRangeError,
         UnknownTopicOrPartitionError,
     )
@@ -190,6 +191,27 @@ def kafka_python_lifecycle(port: int) -> dict[str, object]:
             except InvalidReplicationAssignmentError:
                 refused.append("INVALID_REPLICA_ASSIGNMENT")
         seen["bad_assignments"] = refused
+        # CreateTopics with an assignment (`kafka-topics --replica-assignment`): refused
+        # outright before; taken as Kafka's controller takes it, or refused with its errors
+        admin.create_topics([NewTopic("ka", -1, -1, replica_assignments={0: [0], 1: [0], 2: [0]})])
+        seen["created_assigned"] = len(admin.describe_topics(["ka"])[0]["partitions"])
+        refused = []
+        for topic in (
+            NewTopic("kb", -1, -1, replica_assignments={0: [5]}),  # no such broker
+            NewTopic("kb", -1, -1, replica_assignments={0: [0], 2: [0]}),  # not 0..n-1
+            NewTopic("kb", -1, -1, replica_assignments={0: [0, 0]}),  # the broker twice
+            NewTopic("kb", 2, -1, replica_assignments={0: [0], 1: [0]}),  # a count too
+            NewTopic("kb", -1, 1, replica_assignments={0: [0]}),  # a factor too
+        ):
+            try:
+                admin.create_topics([topic])
+                refused.append(None)
+            except InvalidReplicationAssignmentError:
+                refused.append("INVALID_REPLICA_ASSIGNMENT")
+            except InvalidRequestError:
+                refused.append("INVALID_REQUEST")
+        seen["bad_topic_assignments"] = refused
+        seen["kb_listed"] = "kb" in admin.list_topics()
         deleted = admin.delete_records({TopicPartition("kp", 0): 3})
         seen["low_watermark"] = deleted[TopicPartition("kp", 0)]["low_watermark"]
 
@@ -238,6 +260,9 @@ async def test_kafka_python_admin_grows_deletes_records_and_recreates_a_topic_em
         "shrink": "INVALID_PARTITIONS",
         "assigned": 5,
         "bad_assignments": ["INVALID_REPLICA_ASSIGNMENT"] * 3,
+        "created_assigned": 3,
+        "bad_topic_assignments": ["INVALID_REPLICA_ASSIGNMENT"] * 3 + ["INVALID_REQUEST"] * 2,
+        "kb_listed": False,
         "low_watermark": 3,
         "beginning": 3,
         "fetch_below_start": "OFFSET_OUT_OF_RANGE",

@@ -1,5 +1,6 @@
 """The cluster control plane's contract, on PostgreSQL and in memory alike: node leases by the
-control plane's clock, partition leases taken only when free, expired or already held and
+control plane's clock, a live node id refused to another advertise URL, rows expired past a
+bound forgotten, partition leases taken only when free, expired or already held and
 released at once on a hand-over, published M(p) only rising, and a watermark snapshot of every
 partition (never-published ones as None) with the cluster epoch."""
 
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
+from levelzero.core.errors import NodeIdTaken, StoreRefused
 from levelzero.storage.memory_cluster import MemoryClusterControl
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.postgres.store import PostgresLogStore
@@ -138,7 +140,7 @@ async def test_a_late_request_of_a_nodes_previous_incarnation_changes_nothing(
         p0, p1, p2 = (row.pid for row in rows)
         old = await c.register_node("a", "http://a:7070", None, 60.0)
         assert await c.acquire_leases("a", old, [p0, p1], 60.0) == [p0, p1]
-        new = await c.register_node("a", "http://a:7071", None, 60.0)  # the restart
+        new = await c.register_node("a", "http://a:7070", "a:9092", 60.0)  # the restart (same URL)
         assert new > old
         assert await c.renew_leases("a", new, 60.0) == [p0, p1]  # its previous run's: adopted
         held = {lease.pid: lease.lease_expires_at for lease in (await c.cluster_view()).leases}
@@ -151,14 +153,79 @@ async def test_a_late_request_of_a_nodes_previous_incarnation_changes_nothing(
         await c.leave_node("a", old)
 
         view = await c.cluster_view()
-        assert [(n.node_id, n.advertise_url, n.draining, n.incarnation) for n in view.nodes] == [
-            ("a", "http://a:7071", False, new)
+        assert [(n.node_id, n.kafka_url, n.draining, n.incarnation) for n in view.nodes] == [
+            ("a", "a:9092", False, new)
         ]
         assert [(lease.pid, lease.node_id) for lease in view.leases] == [(p0, "a"), (p1, "a"), (p2, None)]
         assert {lease.pid: lease.lease_expires_at for lease in view.leases} == held  # none renewed
         assert await c.renew_node("a", new, 60.0)
         await c.leave_node("a", new)  # the new run's own requests still act
         assert (await c.cluster_view()).nodes == []
+
+
+async def test_a_node_id_live_under_another_advertise_url_is_refused_and_a_restart_is_not(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A second process under a live node id (another advertise URL) is refused and changes
+    nothing (before: it took the row, and the two took it from each other every round); a
+    restart under the same URL is not, within its previous run's lease; an expired row is
+    taken whatever the URL."""
+    async with backend(kind, request) as b:
+        c = b.control
+        first = await c.register_node("a", "http://a:7070", None, SHORT_TTL_S)
+        with pytest.raises(NodeIdTaken) as refused:
+            await c.register_node("a", "http://a:7071", "a:9093", 60.0)
+        assert refused.value.node_id == "a"
+        assert refused.value.other_url == "http://a:7070"
+        assert refused.value.code == "node_id_taken" and isinstance(refused.value, StoreRefused)
+        message = str(refused.value)
+        assert "'a'" in message and "http://a:7070" in message and "\n" not in message
+        view = await c.cluster_view()
+        assert [(n.node_id, n.advertise_url, n.kafka_url, n.incarnation) for n in view.nodes] == [
+            ("a", "http://a:7070", None, first)
+        ]
+        assert await c.renew_node("a", first, SHORT_TTL_S)  # the running node keeps its row
+
+        restarted = await c.register_node("a", "http://a:7070", "a:9092", SHORT_TTL_S)  # same URL
+        assert restarted > first
+        await b.pass_time(SHORT_TTL_S + 0.2)  # the row expires: another URL may take it now
+        moved = await c.register_node("a", "http://a:7071", None, 60.0)
+        assert moved > restarted
+        view = await c.cluster_view()
+        assert [(n.node_id, n.advertise_url, n.incarnation) for n in view.nodes] == [
+            ("a", "http://a:7071", moved)
+        ]
+
+
+async def test_nodes_expired_longer_than_the_bound_are_forgotten(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A crashed node's row (no graceful leave removed it) goes once its lease has been out for
+    the bound, with its expired partition leases; live rows and rows expired for less stay; the
+    node registers again if it comes back."""
+    bound_s = 1.0
+    async with backend(kind, request) as b:
+        c = b.control
+        rows = await b.log.create_topic("t", 2, 1, 0.0)
+        p0, p1 = (row.pid for row in rows)
+        a = await c.register_node("a", "http://a", None, SHORT_TTL_S)
+        b_ = await c.register_node("b", "http://b", None, 60.0)
+        assert await c.acquire_leases("a", a, [p0], SHORT_TTL_S) == [p0]
+        assert await c.acquire_leases("b", b_, [p1], 60.0) == [p1]
+        assert await c.forget_expired_nodes(bound_s) == []  # a is live
+        await b.pass_time(SHORT_TTL_S + 0.2)  # a crashed: expired, but not for the bound yet
+        assert await c.forget_expired_nodes(bound_s) == []
+        assert [n.node_id for n in (await c.cluster_view()).nodes] == ["a", "b"]
+        await b.pass_time(bound_s)
+        assert await c.forget_expired_nodes(bound_s) == ["a"]
+        view = await c.cluster_view()
+        assert [n.node_id for n in view.nodes] == ["b"]
+        assert [(lease.pid, lease.node_id) for lease in view.leases] == [(p0, None), (p1, "b")]
+        assert await c.forget_expired_nodes(bound_s) == []
+        assert await c.renew_node("a", a, 60.0) is False  # the crashed run, were it to wake
+        back = await c.register_node("a", "http://a", None, 60.0)  # it comes back: registers again
+        assert await c.acquire_leases("a", back, [p0], 60.0) == [p0]
+        assert [n.node_id for n in (await c.cluster_view()).nodes] == ["a", "b"]
 
 
 async def test_watermarks_only_rise_and_the_snapshot_names_every_partition(

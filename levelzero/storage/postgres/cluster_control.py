@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import asyncpg
 
+from levelzero.core.errors import NodeIdTaken
 from levelzero.storage.protocols import ClusterView, LeaseRow, NodeRow
 from .base import PostgresBase, _NOW
 
@@ -34,20 +35,30 @@ class ClusterRole(PostgresBase):
         assert ttl_s > 0, ttl_s
 
         async def work(connection: asyncpg.Connection) -> int:
-            return int(
-                await connection.fetchval(
-                    "INSERT INTO cluster_nodes (node_id, advertise_url, kafka_url, registered_at,"
-                    f" lease_expires_at, draining, incarnation) VALUES ($1, $2, $3, {_NOW}, {_NOW} + $4,"
-                    " false, nextval('cluster_node_incarnations'))"
-                    " ON CONFLICT (node_id) DO UPDATE SET advertise_url = excluded.advertise_url,"
-                    " kafka_url = excluded.kafka_url, lease_expires_at = excluded.lease_expires_at,"
-                    " draining = false, incarnation = excluded.incarnation RETURNING incarnation",
-                    node_id,
-                    advertise_url,
-                    kafka_url,
-                    ttl_s,
-                )
+            # One statement: the row is taken only if it is this node's (same advertise URL: a
+            # restart) or its lease ran out; two nodes registering at once are ordered by it.
+            incarnation = await connection.fetchval(
+                "INSERT INTO cluster_nodes (node_id, advertise_url, kafka_url, registered_at,"
+                f" lease_expires_at, draining, incarnation) VALUES ($1, $2, $3, {_NOW}, {_NOW} + $4,"
+                " false, nextval('cluster_node_incarnations'))"
+                " ON CONFLICT (node_id) DO UPDATE SET advertise_url = excluded.advertise_url,"
+                " kafka_url = excluded.kafka_url, lease_expires_at = excluded.lease_expires_at,"
+                " draining = false, incarnation = excluded.incarnation"
+                " WHERE cluster_nodes.advertise_url = excluded.advertise_url"
+                f" OR cluster_nodes.lease_expires_at <= {_NOW} RETURNING incarnation",
+                node_id,
+                advertise_url,
+                kafka_url,
+                ttl_s,
             )
+            if incarnation is None:
+                other = await connection.fetchrow(
+                    f"SELECT advertise_url, lease_expires_at - {_NOW} AS left_s FROM cluster_nodes"
+                    " WHERE node_id = $1",
+                    node_id,
+                )
+                raise NodeIdTaken(node_id, other["advertise_url"], float(other["left_s"]))
+            return int(incarnation)
 
         async def resolve(connection: asyncpg.Connection) -> int:
             return int(
@@ -114,6 +125,26 @@ class ClusterRole(PostgresBase):
             )
 
         await self._transact(f"node {node_id} leaving", work)
+
+    async def forget_expired_nodes(self, expired_for_s: float) -> list[str]:
+        async def work(connection: asyncpg.Connection) -> list[str]:
+            # The bound is checked in the DELETE itself: a node registering again meanwhile
+            # (its lease renewed) keeps its row.
+            rows = await connection.fetch(
+                f"DELETE FROM cluster_nodes WHERE lease_expires_at <= {_NOW} - $1 RETURNING node_id",
+                expired_for_s,
+            )
+            forgotten = sorted(row["node_id"] for row in rows)
+            if forgotten:
+                await connection.execute(
+                    "UPDATE partition_leases SET node_id = NULL, lease_expires_at = 0"
+                    f" WHERE node_id = ANY($1::text[]) AND lease_expires_at <= {_NOW}",
+                    forgotten,
+                )
+            return forgotten
+
+        assert expired_for_s > 0, expired_for_s
+        return list(await self._transact("forgetting expired nodes", work))
 
     async def cluster_view(self) -> ClusterView:
         async def attempt() -> ClusterView:
