@@ -57,6 +57,8 @@ class ClusterRole(PostgresBase):
                     " WHERE node_id = $1",
                     node_id,
                 )
+                if other is None:  # gone meanwhile (the other process left): the id is free
+                    return await work(connection)
                 raise NodeIdTaken(node_id, other["advertise_url"], float(other["left_s"]))
             return int(incarnation)
 
