@@ -606,7 +606,7 @@ class ProduceIntake:
         epochs: dict[int, int] = {}  # producers' epochs taken in this round
         for p in taken:
             if p.identity is not None:
-                producer_id, epoch, topic, partition, base_sequence = p.identity
+                producer_id, epoch, _, _, base_sequence = p.identity
                 if producer_id < IDEMPOTENCY_ID_BASE:  # a key's epoch is a digest, not an order
                     known = epochs.get(producer_id)
                     if known is None:

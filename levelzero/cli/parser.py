@@ -128,20 +128,21 @@ def _topic_name(text: str) -> str:
     return text
 
 
-def _in_flight(text: str) -> int:
-    value = _positive(text)
-    if value > PRODUCE_IN_FLIGHT_MAX:
-        raise argparse.ArgumentTypeError(f"{text} is above {PRODUCE_IN_FLIGHT_MAX}")
-    return value
+def _positive_at_most(limit: int, why: str = "") -> Callable[[str], int]:
+    """`_positive`, and at most `limit` (`why`: what the bound is, after the number)."""
+
+    def parse(text: str) -> int:
+        value = _positive(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"{text} is above {limit:,}{why}")
+        return value
+
+    return parse
 
 
-def _batch_records(text: str) -> int:
-    value = _positive(text)
-    if value > RECORDS_PER_REQUEST_LIMIT:  # no server takes more (server.records_per_request_max)
-        raise argparse.ArgumentTypeError(
-            f"{text} is above {RECORDS_PER_REQUEST_LIMIT:,}, the most any server takes"
-        )
-    return value
+_in_flight = _positive_at_most(PRODUCE_IN_FLIGHT_MAX)
+# No server takes more records a request (server.records_per_request_max is at most it).
+_batch_records = _positive_at_most(RECORDS_PER_REQUEST_LIMIT, ", the most any server takes")
 
 
 def _partition_name(text: str) -> str:
