@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,11 +99,12 @@ class SaslAuthenticator:
     def __init__(self, token: str) -> None:
         self._token = token.encode()
         self._scram = {name: ScramMechanism(name) for name in SCRAM_MECHANISMS}
-        # (salt, stored key, server key, iterations) per mechanism
-        password = token or secrets.token_hex(32)  # (unused without a token)
+        # (salt, stored key, server key, iterations) per mechanism; none without a token (no
+        # SASL is spoken then)
         self._credentials = {
-            name: mechanism.make_auth_info(password, iteration_count=SCRAM_ITERATIONS)
+            name: mechanism.make_auth_info(token, iteration_count=SCRAM_ITERATIONS)
             for name, mechanism in self._scram.items()
+            if token
         }
         self._failures = ThrottledWarning()
 
