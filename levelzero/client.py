@@ -93,7 +93,11 @@ class Client:
         token: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
+        wait_for_restart: bool = False,
     ) -> None:
+        """`wait_for_restart`: the URL given, once it has answered this client, is waited for
+        when it stops answering (a daemon restarting) as a crashed leader is (see `request`):
+        for a long run of requests that must all go through, such as the CLI's `produce`."""
         problem = token_problem(token) if token else None
         if problem:
             raise ValueError(problem)
@@ -103,6 +107,8 @@ class Client:
         # In a cluster, a node answers a request for a partition it does not lead with a 307 to
         # the leader (method and body kept): followed, a few hops at most.
         self._timeout_s = timeout_s
+        self._wait_for_restart = wait_for_restart
+        self._answered = False  # whether the URL given has answered a request of this client
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
@@ -143,8 +149,11 @@ class Client:
         connection was sent nothing, so any request is tried again; one that dropped it may have
         done the work, so only a `replayable` request is (by default a GET; a produce with an
         idempotency key is stored once however often it is sent). The URL given is asked each
-        time, never the dead node, and is not retried itself when unreachable: nothing else can
-        answer for it."""
+        time, never the dead node, and is not retried itself when unreachable (nothing else can
+        answer for it) unless the client waits for restarts: then, once it has answered, it is
+        treated as such a redirect target, and a `replayable` request is sent again after any
+        503 (each says "try again later"; one starting or stopping answers `not_ready` or
+        `shutting_down`). A URL that never answered is not waited for: it is likely mistyped."""
         content = None if body is None else _encoder.encode(body)
         # The daemon refuses a POST (PUT, PATCH) that does not say it is JSON (415), body or not.
         headers = {"Content-Type": "application/json"} if method in ("POST", "PUT", "PATCH") else None
@@ -167,13 +176,14 @@ class Client:
                 )
             except httpx.HTTPError as exc:
                 failure = self._unreachable(exc, replayable)
-                if not self._redirect_target_lost(exc, replayable):
+                if not self._lost_for_now(exc, replayable):
                     raise failure from None
             else:
+                self._answered = True
                 if response.status_code < 400:
                     return response
                 failure = self._error(response)
-                if failure.code != "not_leader":
+                if not self._unavailable_for_now(failure, replayable):
                     raise failure
             left = self._timeout_s - (time.monotonic() - started)
             if left <= 0:
@@ -193,19 +203,33 @@ class Client:
         target = self._redirect_target(exc)
         if target is not None:
             url = f"{_origin(target)} (redirected there by {self.url})"
-            if isinstance(exc, _DROPPED) and not replayable:
-                note = "; it may have been carried out there, so it was not sent again"
+        if isinstance(exc, _DROPPED) and not replayable and self._waited_for(exc):
+            where = "" if target is None else " there"
+            note = f"; it may have been carried out{where}, so it was not sent again"
         if isinstance(exc, httpx.TimeoutException):
             return ApiError(0, "timeout", f"levelzero at {url} did not answer in time")
         return ApiError(0, "unreachable", f"cannot reach levelzero at {url}: {exc}{note}")
 
-    def _redirect_target_lost(self, exc: httpx.HTTPError, replayable: bool) -> bool:
-        """Whether a transport failure was a redirect target's that a retry may pass by: one
-        that took no connection (sent nothing), or — for a replayable request — one that
-        dropped it before answering."""
-        if self._redirect_target(exc) is None:
+    def _lost_for_now(self, exc: httpx.HTTPError, replayable: bool) -> bool:
+        """Whether a transport failure is one a retry may pass by: of a node waited for (a
+        redirect target, or the URL given while restarting), one that took no connection (sent
+        nothing), or — for a replayable request — one that dropped it before answering."""
+        if not self._waited_for(exc):
             return False
         return isinstance(exc, _NOT_SENT) or (replayable and isinstance(exc, _DROPPED))
+
+    def _waited_for(self, exc: httpx.HTTPError) -> bool:
+        """Whether the node that failed is waited for: a redirect target (a crashed leader,
+        until the partition's lease moves), or the URL given, when this client waits for its
+        restart and it has answered before."""
+        return self._redirect_target(exc) is not None or (self._wait_for_restart and self._answered)
+
+    def _unavailable_for_now(self, failure: ApiError, replayable: bool) -> bool:
+        """Whether an error answer is one to try again after a pause: `not_leader` (nothing was
+        done), or any 503 of a replayable request when this client waits for restarts."""
+        if failure.code == "not_leader":
+            return True
+        return self._wait_for_restart and replayable and failure.status == 503
 
     def _redirect_target(self, exc: httpx.HTTPError) -> httpx.URL | None:
         """The URL of the failed request when a redirect led there, not the URL asked."""

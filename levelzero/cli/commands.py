@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import time
@@ -59,6 +60,10 @@ PRODUCE_BATCH_RECORDS = 10_000
 PRODUCE_BATCH_BYTES = 3 * 1024 * 1024
 PRODUCE_IN_FLIGHT_DEFAULT = 1
 PRODUCE_IN_FLIGHT_MAX = 64
+# A produce request's idempotency key: "levelzero-produce/<run>/<request number>", the run a
+# random 64-bit id (hex), so no two runs share a key: 1-256 characters (docs/http-api.md).
+PRODUCE_KEY_PREFIX = "levelzero-produce"
+PRODUCE_RUN_ID_BYTES = 8
 PROGRESS_AFTER_RECORDS = 10_000
 PROGRESS_INTERVAL_S = 1.0
 FOLLOW_POLL_MIN_S = 0.1
@@ -338,12 +343,15 @@ def url_problem(url: str) -> str | None:
     return None
 
 
-def _client(args: argparse.Namespace) -> Client:
-    return Client(args.url, token=args.token, timeout_s=args.timeout)
+def _client(args: argparse.Namespace, *, wait_for_restart: bool = False) -> Client:
+    return Client(args.url, token=args.token, timeout_s=args.timeout, wait_for_restart=wait_for_restart)
 
 
-def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handler:
-    """Run an async client command; ApiError -> one line and exit 1; Ctrl-C -> 130."""
+def _client_command(
+    body: Callable[[argparse.Namespace, Client], Any], *, wait_for_restart: bool = False
+) -> Handler:
+    """Run an async client command; ApiError -> one line and exit 1; Ctrl-C -> 130.
+    `wait_for_restart`: a daemon that stops answering mid-command is waited for (Client)."""
 
     def handler(args: argparse.Namespace) -> int:
         problem = token_problem(args.token) if args.token else None
@@ -358,7 +366,7 @@ def _client_command(body: Callable[[argparse.Namespace, Client], Any]) -> Handle
             return EXIT_USAGE
 
         async def main() -> int:
-            async with _client(args) as client:
+            async with _client(args, wait_for_restart=wait_for_restart) as client:
                 return await body(args, client) or EXIT_OK
 
         try:
@@ -519,14 +527,21 @@ class _Produced:
 
     def __init__(self) -> None:
         self.records = self.size = self.requests = 0
+        self.duplicates = 0  # requests a resend found stored already (sent before a crash)
         self.first: int | None = None
         self.last: int | None = None
         self.overtaken = 0  # requests answered with offsets below an earlier-sent request's
         self._highest_base_by_sequence: list[tuple[int, int]] = []
 
     def add(
-        self, sequence: int, batch: list[tuple[bytes | None, bytes | None]], base: int, last: int
+        self,
+        sequence: int,
+        batch: list[tuple[bytes | None, bytes | None]],
+        base: int,
+        last: int,
+        duplicate: bool = False,
     ) -> None:
+        self.duplicates += duplicate
         self.records += len(batch)
         self.size += sum(len(v or b"") + len(k or b"") for k, v in batch)
         self.requests += 1
@@ -539,21 +554,31 @@ class _Produced:
         self._highest_base_by_sequence.append((sequence, base))
 
 
+def produce_key(run: str, sequence: int) -> str:
+    """The idempotency key of a run's request `sequence`: a resend of it (after a lost
+    connection or a 503, by the client) carries the same key, so the daemon stores it once."""
+    return f"{PRODUCE_KEY_PREFIX}/{run}/{sequence}"
+
+
 async def _produce(args: argparse.Namespace, client: Client) -> None:
     """Requests of `--batch-records` records; up to `--in-flight` of them at once. Reading the
-    next batch from stdin happens in a worker thread while requests are on their way."""
+    next batch from stdin happens in a worker thread while requests are on their way. Each
+    request carries an idempotency key of its own (the run's random id and its number), so
+    the client sends it again when the daemon dies or restarts with it in hand."""
     records = _Input(args)
     batches = iter(_batches(records, args.batch_records, PRODUCE_BATCH_BYTES))
     done = _Produced()
     progress = _Progress()
     slots = anyio.Semaphore(args.in_flight)
+    run = secrets.token_hex(PRODUCE_RUN_ID_BYTES)
 
     async def send(sequence: int, batch: list[tuple[bytes | None, bytes | None]]) -> None:
+        key = produce_key(run, sequence) if args.idempotency_keys else None
         try:
-            ack = await client.produce(args.topic, args.partition, batch)
+            ack = await client.produce(args.topic, args.partition, batch, idempotency_key=key)
         finally:
             slots.release()
-        done.add(sequence, batch, ack.base_offset, ack.last_offset)
+        done.add(sequence, batch, ack.base_offset, ack.last_offset, ack.duplicate)
         progress.update(done.records, done.size)
 
     try:
@@ -603,6 +628,7 @@ def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input)
         "last_offset": done.last,
         "skipped_lines": records.skipped,
         "overtaken_requests": done.overtaken,
+        "duplicate_requests": done.duplicates,
     }
 
 

@@ -327,8 +327,16 @@ def add_produce(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="send an empty value as a null value (a tombstone), as kcat -Z does",
     )
+    p.add_argument(
+        "--no-idempotency-key",
+        dest="idempotency_keys",
+        action="store_false",
+        help="send requests without an idempotency key: a request the daemon dropped (it "
+        "crashed or restarted with it in hand) then stops the run, as it may have been stored; "
+        "by default each request has a key of its own and is sent again until --timeout",
+    )
     _add_client_options(p)
-    p.set_defaults(handler=_client_command(_produce))
+    p.set_defaults(handler=_client_command(_produce, wait_for_restart=True))
 
 
 def add_consume(sub: argparse._SubParsersAction) -> None:
