@@ -86,7 +86,9 @@ class TopicConfigDef:
     name: str
     type: ConfigType
     default: str  # Kafka's default, spelled as DescribeConfigs shows it
-    broker_name: str  # the broker config an unset topic config falls back to
+    # the broker configs an unset topic config falls back to, the first set one winning (Kafka's
+    # ServerTopicConfigSynonyms, in its order; none for a topic-level-only config)
+    broker_names: tuple[str, ...]
     kind: Kind
     at_least: float | None = None  # numbers: the smallest valid value
     at_most: float | None = None
@@ -104,54 +106,66 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
     d.name: d
     for d in (
         TopicConfigDef(
-            "cleanup.policy", _T.LIST, "delete", "log.cleanup.policy", _E, choices=("compact", "delete")
+            "cleanup.policy", _T.LIST, "delete", ("log.cleanup.policy",), _E, choices=("compact", "delete")
         ),
         TopicConfigDef(
             "compression.type",
             _T.STRING,
             "producer",
-            "compression.type",
+            ("compression.type",),
             _D,
             choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
         ),
         # KIP-390 (Kafka 3.8): a producer's or broker's recompression level; levelzero stores
         # records as the producer sent them (compression.type=producer), so these are stored only
-        TopicConfigDef("compression.gzip.level", _T.INT, "-1", "compression.gzip.level", _N),
-        TopicConfigDef("compression.lz4.level", _T.INT, "9", "compression.lz4.level", _N, 1, 17),
-        TopicConfigDef("compression.zstd.level", _T.INT, "3", "compression.zstd.level", _N, -131072, 22),
-        TopicConfigDef("delete.retention.ms", _T.LONG, "86400000", "log.cleaner.delete.retention.ms", _C, 0),
-        TopicConfigDef("file.delete.delay.ms", _T.LONG, "60000", "log.segment.delete.delay.ms", _N, 0),
-        TopicConfigDef("flush.messages", _T.LONG, _LONG_MAX, "log.flush.interval.messages", _N, 1),
-        TopicConfigDef("flush.ms", _T.LONG, _LONG_MAX, "log.flush.interval.ms", _N, 0),
+        TopicConfigDef("compression.gzip.level", _T.INT, "-1", ("compression.gzip.level",), _N),
+        TopicConfigDef("compression.lz4.level", _T.INT, "9", ("compression.lz4.level",), _N, 1, 17),
+        TopicConfigDef("compression.zstd.level", _T.INT, "3", ("compression.zstd.level",), _N, -131072, 22),
+        TopicConfigDef(
+            "delete.retention.ms", _T.LONG, "86400000", ("log.cleaner.delete.retention.ms",), _C, 0
+        ),
+        TopicConfigDef("file.delete.delay.ms", _T.LONG, "60000", ("log.segment.delete.delay.ms",), _N, 0),
+        TopicConfigDef("flush.messages", _T.LONG, _LONG_MAX, ("log.flush.interval.messages",), _N, 1),
+        TopicConfigDef(
+            "flush.ms",
+            _T.LONG,
+            _LONG_MAX,
+            ("log.flush.interval.ms", "log.flush.scheduler.interval.ms"),
+            _N,
+            0,
+        ),
         TopicConfigDef(
             "follower.replication.throttled.replicas",
             _T.LIST,
             "",
-            "follower.replication.throttled.replicas",
+            (),
             _N,
         ),
-        TopicConfigDef("index.interval.bytes", _T.INT, "4096", "log.index.interval.bytes", _N, 0),
+        TopicConfigDef("index.interval.bytes", _T.INT, "4096", ("log.index.interval.bytes",), _N, 0),
+        TopicConfigDef("leader.replication.throttled.replicas", _T.LIST, "", (), _N),
+        TopicConfigDef("local.retention.bytes", _T.LONG, "-2", ("log.local.retention.bytes",), _N, -2),
+        TopicConfigDef("local.retention.ms", _T.LONG, "-2", ("log.local.retention.ms",), _N, -2),
         TopicConfigDef(
-            "leader.replication.throttled.replicas", _T.LIST, "", "leader.replication.throttled.replicas", _N
+            "max.compaction.lag.ms", _T.LONG, _LONG_MAX, ("log.cleaner.max.compaction.lag.ms",), _C, 1
         ),
-        TopicConfigDef("local.retention.bytes", _T.LONG, "-2", "log.local.retention.bytes", _N, -2),
-        TopicConfigDef("local.retention.ms", _T.LONG, "-2", "log.local.retention.ms", _N, -2),
+        TopicConfigDef("max.message.bytes", _T.INT, "1048588", ("message.max.bytes",), _E, 0),
         TopicConfigDef(
-            "max.compaction.lag.ms", _T.LONG, _LONG_MAX, "log.cleaner.max.compaction.lag.ms", _C, 1
+            "message.downconversion.enable", _T.BOOLEAN, "true", ("log.message.downconversion.enable",), _N
         ),
-        TopicConfigDef("max.message.bytes", _T.INT, "1048588", "message.max.bytes", _E, 0),
+        TopicConfigDef("message.format.version", _T.STRING, "3.0-IV1", ("log.message.format.version",), _N),
         TopicConfigDef(
-            "message.downconversion.enable", _T.BOOLEAN, "true", "log.message.downconversion.enable", _N
-        ),
-        TopicConfigDef("message.format.version", _T.STRING, "3.0-IV1", "log.message.format.version", _N),
-        TopicConfigDef(
-            "message.timestamp.after.max.ms", _T.LONG, _LONG_MAX, "log.message.timestamp.after.max.ms", _D, 0
+            "message.timestamp.after.max.ms",
+            _T.LONG,
+            _LONG_MAX,
+            ("log.message.timestamp.after.max.ms",),
+            _D,
+            0,
         ),
         TopicConfigDef(
             "message.timestamp.before.max.ms",
             _T.LONG,
             _LONG_MAX,
-            "log.message.timestamp.before.max.ms",
+            ("log.message.timestamp.before.max.ms",),
             _D,
             0,
         ),
@@ -159,7 +173,7 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
             "message.timestamp.difference.max.ms",
             _T.LONG,
             _LONG_MAX,
-            "log.message.timestamp.difference.max.ms",
+            ("log.message.timestamp.difference.max.ms",),
             _D,
             0,
         ),
@@ -167,28 +181,38 @@ TOPIC_CONFIGS: dict[str, TopicConfigDef] = {
             "message.timestamp.type",
             _T.STRING,
             "CreateTime",
-            "log.message.timestamp.type",
+            ("log.message.timestamp.type",),
             _D,
             choices=("CreateTime", "LogAppendTime"),
         ),
         TopicConfigDef(
-            "min.cleanable.dirty.ratio", _T.DOUBLE, "0.5", "log.cleaner.min.cleanable.ratio", _C, 0, 1
+            "min.cleanable.dirty.ratio", _T.DOUBLE, "0.5", ("log.cleaner.min.cleanable.ratio",), _C, 0, 1
         ),
-        TopicConfigDef("min.compaction.lag.ms", _T.LONG, "0", "log.cleaner.min.compaction.lag.ms", _C, 0),
-        TopicConfigDef("min.insync.replicas", _T.INT, "1", "min.insync.replicas", _N, 1),
-        TopicConfigDef("preallocate", _T.BOOLEAN, "false", "log.preallocate", _N),
-        # KIP-950 (Kafka 3.9): topic-level only, no broker synonym
-        TopicConfigDef("remote.log.copy.disable", _T.BOOLEAN, "false", "", _N),
-        TopicConfigDef("remote.log.delete.on.disable", _T.BOOLEAN, "false", "", _N),
-        TopicConfigDef("remote.storage.enable", _T.BOOLEAN, "false", "remote.log.storage.system.enable", _N),
-        TopicConfigDef("retention.bytes", _T.LONG, "-1", "log.retention.bytes", _E),
-        TopicConfigDef("retention.ms", _T.LONG, "604800000", "log.retention.ms", _E, -1),
-        TopicConfigDef("segment.bytes", _T.INT, "1073741824", "log.segment.bytes", _N, 14),
-        TopicConfigDef("segment.index.bytes", _T.INT, "10485760", "log.index.size.max.bytes", _N, 4),
-        TopicConfigDef("segment.jitter.ms", _T.LONG, "0", "log.roll.jitter.ms", _N, 0),
-        TopicConfigDef("segment.ms", _T.LONG, "604800000", "log.roll.ms", _N, 1),
+        TopicConfigDef("min.compaction.lag.ms", _T.LONG, "0", ("log.cleaner.min.compaction.lag.ms",), _C, 0),
+        TopicConfigDef("min.insync.replicas", _T.INT, "1", ("min.insync.replicas",), _N, 1),
+        TopicConfigDef("preallocate", _T.BOOLEAN, "false", ("log.preallocate",), _N),
+        # topic-level only, no broker synonym (Kafka's LogConfig.CONFIGS_WITH_NO_SERVER_DEFAULTS;
+        # the remote.log.* pair is KIP-950, Kafka 3.9)
+        TopicConfigDef("remote.log.copy.disable", _T.BOOLEAN, "false", (), _N),
+        TopicConfigDef("remote.log.delete.on.disable", _T.BOOLEAN, "false", (), _N),
+        TopicConfigDef("remote.storage.enable", _T.BOOLEAN, "false", (), _N),
+        TopicConfigDef("retention.bytes", _T.LONG, "-1", ("log.retention.bytes",), _E),
         TopicConfigDef(
-            "unclean.leader.election.enable", _T.BOOLEAN, "false", "unclean.leader.election.enable", _N
+            "retention.ms",
+            _T.LONG,
+            "604800000",
+            ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+            _E,
+            -1,
+        ),
+        TopicConfigDef("segment.bytes", _T.INT, "1073741824", ("log.segment.bytes",), _N, 14),
+        TopicConfigDef("segment.index.bytes", _T.INT, "10485760", ("log.index.size.max.bytes",), _N, 4),
+        TopicConfigDef(
+            "segment.jitter.ms", _T.LONG, "0", ("log.roll.jitter.ms", "log.roll.jitter.hours"), _N, 0
+        ),
+        TopicConfigDef("segment.ms", _T.LONG, "604800000", ("log.roll.ms", "log.roll.hours"), _N, 1),
+        TopicConfigDef(
+            "unclean.leader.election.enable", _T.BOOLEAN, "false", ("unclean.leader.election.enable",), _N
         ),
     )
 }
@@ -226,18 +250,31 @@ class BrokerConfigs:
         }
 
 
-# Kafka's own defaults of the broker configs above: one levelzero leaves at such a value is
+# Kafka's own defaults of the broker configs that are topic configs' synonyms but not the topic
+# config's default spelled alike: time in other units, and configs without a default (None:
+# Kafka's broker has no value for them unless set, so DescribeConfigs lists no such synonym).
+_SYNONYM_DEFAULTS: dict[str, str | None] = {
+    "log.flush.interval.ms": None,
+    "log.flush.scheduler.interval.ms": _LONG_MAX,
+    "log.retention.ms": None,
+    "log.retention.minutes": None,
+    "log.retention.hours": "168",
+    "log.roll.ms": None,
+    "log.roll.hours": "168",
+    "log.roll.jitter.ms": None,
+    "log.roll.jitter.hours": "0",
+}
+
+# Kafka's own defaults of its broker configs (those with one): the topic configs' synonyms, and
+# the broker configs levelzero sets. A broker config levelzero leaves at such a value is
 # reported as DEFAULT_CONFIG (as a Kafka broker whose server.properties does not set it), any
 # other as STATIC_BROKER_CONFIG.
 KAFKA_BROKER_DEFAULTS: dict[str, str] = {
+    **{d.broker_names[0]: d.default for d in TOPIC_CONFIGS.values() if len(d.broker_names) == 1},
+    **{name: value for name, value in _SYNONYM_DEFAULTS.items() if value is not None},
     "auto.create.topics.enable": "true",
-    "compression.type": "producer",
+    "broker.id": "-1",
     "default.replication.factor": "1",
-    "log.cleanup.policy": "delete",
-    "log.message.timestamp.type": "CreateTime",
-    "log.retention.bytes": "-1",
-    "message.max.bytes": "1048588",
-    "min.insync.replicas": "1",
     "num.partitions": "1",
 }
 
@@ -491,11 +528,35 @@ class ConfigEntry:
         return self.source is ConfigSource.DEFAULT_CONFIG
 
 
-def _broker_value(name: str, broker: BrokerConfigs, fallback: str) -> Synonym:
+def _broker_synonyms(names: Sequence[str], broker: BrokerConfigs) -> list[Synonym]:
+    """What Kafka's ConfigHelper lists for the broker configs `names` (synonyms of one config,
+    highest precedence first): those the node sets, then Kafka's defaults, each in `names`'
+    order; leading ones other than the first-named are dropped, as Kafka does (a broker that sets
+    only `log.retention.hours` lists no synonym for `retention.ms`)."""
     values = broker.values()
-    if name in values:
-        return Synonym(name, values[name], broker_source(name, values[name]))
-    return Synonym(name, fallback, ConfigSource.DEFAULT_CONFIG)
+    static = [
+        Synonym(n, values[n], ConfigSource.STATIC_BROKER_CONFIG)
+        for n in names
+        if n in values and broker_source(n, values[n]) is ConfigSource.STATIC_BROKER_CONFIG
+    ]
+    defaults = [
+        Synonym(n, KAFKA_BROKER_DEFAULTS[n], ConfigSource.DEFAULT_CONFIG)
+        for n in names
+        if n in KAFKA_BROKER_DEFAULTS
+    ]
+    out = static + defaults
+    while out and out[0].name != names[0]:
+        out.pop(0)
+    return out
+
+
+def _broker_group(name: str) -> tuple[str, ...]:
+    """The broker configs `name` is the first of (Kafka's DynamicBrokerConfig.brokerConfigSynonyms:
+    `log.retention.ms`, `.minutes`, `.hours`), else `name` alone."""
+    for d in TOPIC_CONFIGS.values():
+        if d.broker_names[:1] == (name,):
+            return d.broker_names
+    return (name,)
 
 
 def describe_topic(
@@ -507,11 +568,13 @@ def describe_topic(
     out = []
     for name in wanted:
         d = TOPIC_CONFIGS[name]
-        # (a topic-level-only config: its default, under its own name)
-        synonyms = [_broker_value(d.broker_name or name, broker, d.default)]
+        synonyms = _broker_synonyms(d.broker_names, broker) if d.broker_names else []
         if name in stored:
             synonyms.insert(0, Synonym(name, stored[name], ConfigSource.DYNAMIC_TOPIC_CONFIG))
-        top = synonyms[0]
+        # the first synonym is the topic's or a first-named broker config, in the topic config's
+        # unit; with none (`segment.ms`, whose Kafka default is `log.roll.hours`, dropped) the
+        # value is Kafka's default
+        top = synonyms[0] if synonyms else Synonym(name, d.default, ConfigSource.DEFAULT_CONFIG)
         out.append(ConfigEntry(name, top.value, top.source, False, d.type, tuple(synonyms)))
     return out
 
@@ -522,13 +585,14 @@ def describe_broker(broker: BrokerConfigs, names: Iterable[str] | None = None) -
     wanted = sorted(values) if names is None else sorted(set(names) & set(values))
     out = []
     for name in wanted:
-        synonym = Synonym(name, values[name], broker_source(name, values[name]))
+        synonyms = _broker_synonyms(_broker_group(name), broker)
+        source = synonyms[0].source if synonyms else ConfigSource.DEFAULT_CONFIG
         kind = _BROKER_TYPES.get(
             name, ConfigType.LONG if name.startswith("log.retention") else ConfigType.STRING
         )
         if name == "log.cleanup.policy":
             kind = ConfigType.LIST
-        out.append(ConfigEntry(name, synonym.value, synonym.source, True, kind, (synonym,)))
+        out.append(ConfigEntry(name, values[name], source, True, kind, tuple(synonyms)))
     return out
 
 

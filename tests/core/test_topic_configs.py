@@ -138,6 +138,7 @@ def test_describe_reports_the_topic_value_then_the_broker_synonym() -> None:
     assert [(s.name, s.value, s.source) for s in set_here.synonyms] == [
         ("retention.ms", "60000", ConfigSource.DYNAMIC_TOPIC_CONFIG),
         ("log.retention.ms", "5000", ConfigSource.STATIC_BROKER_CONFIG),
+        ("log.retention.hours", "168", ConfigSource.DEFAULT_CONFIG),  # Kafka's default, in hours
     ]
     assert (from_node.value, from_node.source) == ("100", ConfigSource.STATIC_BROKER_CONFIG)
     # a node setting left at Kafka's own default reads as Kafka's default, as a broker's would

@@ -195,6 +195,7 @@ async def test_confluent_describes_and_alters_topic_configs(tmp_path: Path) -> N
     assert seen["synonyms"] == [
         ("retention.ms", "60000", TOPIC_CONFIG),
         ("log.retention.ms", "3600000", STATIC_BROKER),
+        ("log.retention.hours", "168", DEFAULT),
     ]
     assert (seen["set"], seen["validate_only"]) == (None, None)
     assert (seen["append_to_a_number"], seen["append_compact"]) == ("INVALID_CONFIG", None)
@@ -215,6 +216,49 @@ async def test_confluent_describes_and_alters_topic_configs(tmp_path: Path) -> N
     }
     assert seen["broker_alter"] == "INVALID_REQUEST"
     assert seen["missing"] == "UNKNOWN_TOPIC_OR_PART"  # librdkafka's name of the code
+
+
+def confluent_synonyms(port: int) -> dict[str, Any]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    def shown(entries: dict[str, Any], name: str) -> tuple[str, int, list[tuple[str, str, int]]]:
+        e = entries[name]
+        return e.value, e.source, [(s.name, s.value, s.source) for s in e.synonyms.values()]
+
+    topic = describe(port, "t")
+    broker = ConfigResource(ResourceType.BROKER, "0")
+    a = admin(port)  # kept until the answer is in (a client destroyed fails it)
+    node = a.describe_configs([broker], request_timeout=20)[broker].result()
+    names = ("retention.ms", "segment.ms", "segment.jitter.ms", "flush.ms", "remote.storage.enable")
+    return {
+        "topic": {name: shown(topic, name) for name in names},
+        "broker": shown(node, "log.retention.ms"),
+    }
+
+
+async def test_describe_configs_lists_kafkas_broker_synonyms_in_kafkas_order(tmp_path: Path) -> None:
+    """As Kafka's ConfigHelper: a topic config's broker synonyms (ServerTopicConfigSynonyms) that
+    the node sets, then those with a Kafka default, leading ones other than the first-named
+    dropped. The node keeps records forever unless configured: `log.retention.ms=-1`, set, over
+    Kafka's default `log.retention.hours=168`; `log.roll.ms` has no default, so `segment.ms` has
+    no synonym (Kafka drops the leading `log.roll.hours`); `remote.storage.enable` has no broker
+    config at all."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("t", 1)
+        seen = await anyio.to_thread.run_sync(confluent_synonyms, daemon.kafka_port)
+    retention = (
+        "-1",
+        STATIC_BROKER,
+        [("log.retention.ms", "-1", STATIC_BROKER), ("log.retention.hours", "168", DEFAULT)],
+    )
+    assert seen["topic"] == {
+        "retention.ms": retention,
+        "segment.ms": ("604800000", DEFAULT, []),
+        "segment.jitter.ms": ("0", DEFAULT, []),
+        "flush.ms": ("9223372036854775807", DEFAULT, []),
+        "remote.storage.enable": ("false", DEFAULT, []),
+    }
+    assert seen["broker"] == retention
 
 
 def kafka_python_describe(port: int) -> Any:
