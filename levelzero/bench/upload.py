@@ -164,7 +164,10 @@ async def empty_bucket(store: ObjectStore) -> None:
 
 
 async def run(settings: Settings) -> list[Figure]:
-    produce_mib = settings.pick(128, 4)
+    # 512 MiB a round: about 2 s a side on a quiet host (128 MiB rounds were half a second,
+    # where the first object's encoding and the last one's commit, a fixed few tens of ms a
+    # round, and whatever else ran in that half second moved a round by 10-20 points).
+    produce_mib = settings.pick(512, 4)
     rounds = settings.pick(settings.rounds, 1)
     uploads_max = BatcherConfig().uploads_max
     nodes: list[ProduceFigures] = []

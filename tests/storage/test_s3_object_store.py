@@ -7,6 +7,7 @@ Against moto, credentials are only checked while IAM authentication is switched 
 from __future__ import annotations
 
 import base64
+import io
 import hashlib
 import random
 import socket
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import aiohttp.payload
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
@@ -355,3 +357,48 @@ async def test_a_small_put_is_hashed_by_botocore_on_the_loop(
         assert await store.get("small") == data
     assert calls == []
     assert headers.sent == [true_checksums(data)]  # botocore's own, the same values
+
+
+def test_a_body_reader_reads_views_of_the_buffer_and_rewinds_for_a_retry() -> None:
+    data = bytearray(random.Random(5).randbytes(1000))
+    body = s3_store.BodyReader(data)
+    assert len(body) == 1000 and body.tell() == 0
+    chunks = [body.read(300) for _ in range(4)]
+    # Each chunk is a view of the caller's buffer (nothing copied), the last one short.
+    assert all(chunk.obj is data for chunk in chunks)
+    assert [len(chunk) for chunk in chunks] == [300, 300, 300, 100]
+    assert b"".join(chunks) == data and body.read(10) == b"" and body.tell() == 1000
+    # botocore measures the body with seek/tell, and rewinds it before a retry.
+    assert body.seek(0, io.SEEK_END) == 1000 and body.seek(-10, io.SEEK_CUR) == 990
+    assert body.read() == data[990:]
+    assert body.seek(0) == 0 and bytes(body.read()) == data
+    assert body.getvalue() == data and bytes(body.getbuffer()) == data
+    buffer = bytearray(64)
+    body.seek(980)
+    assert body.readinto(buffer) == 20 and buffer[:20] == data[980:]
+    # What would read the empty BytesIO underneath refuses instead.
+    for refused in (body.readline, lambda: iter(body), lambda: body.write(b"x")):
+        with pytest.raises(io.UnsupportedOperation):
+            refused()
+
+
+@pytest.mark.s3
+async def test_a_large_put_is_streamed_from_the_callers_buffer_in_chunks(
+    s3_config: S3Config,
+) -> None:
+    """aiohttp sends a BytesIO body chunk by chunk as the socket drains; a bytearray body it
+    joins with the headers into one copy written at once (the event loop's time a MB of an
+    upload, `levelzero bench --only upload`). The batcher's objects are bytearrays."""
+    data = bytearray(random.Random(39).randbytes(3 * 1024 * 1024 + 7))
+    sent: list[Any] = []
+    async with S3ObjectStore(s3_config) as store:
+        store._client.meta.events.register(
+            "before-send.s3.PutObject", lambda request, **_: sent.append(request.body)
+        )
+        await store.put("streamed", data)
+        assert await store.get("streamed") == data
+    [body] = sent
+    assert isinstance(body, io.BytesIO) and len(body) == len(data)
+    assert aiohttp.payload.PAYLOAD_REGISTRY.get(body).__class__ is aiohttp.payload.BytesIOPayload
+    body.seek(0)
+    assert body.read(10).obj is data  # read in place, not a copy of it
