@@ -203,7 +203,7 @@ class Client:
         target = self._redirect_target(exc)
         if target is not None:
             url = f"{_origin(target)} (redirected there by {self.url})"
-        if isinstance(exc, _DROPPED) and not replayable and self._waited_for(exc):
+        if isinstance(exc, _DROPPED) and not replayable:
             where = "" if target is None else " there"
             note = f"; it may have been carried out{where}, so it was not sent again"
         if isinstance(exc, httpx.TimeoutException):
@@ -221,8 +221,11 @@ class Client:
     def _waited_for(self, exc: httpx.HTTPError) -> bool:
         """Whether the node that failed is waited for: a redirect target (a crashed leader,
         until the partition's lease moves), or the URL given, when this client waits for its
-        restart and it has answered before."""
-        return self._redirect_target(exc) is not None or (self._wait_for_restart and self._answered)
+        restart and it has answered before or took this request's connection (a drop: a server
+        is there, the URL is not mistyped)."""
+        if self._redirect_target(exc) is not None:
+            return True
+        return self._wait_for_restart and (self._answered or isinstance(exc, _DROPPED))
 
     def _unavailable_for_now(self, failure: ApiError, replayable: bool) -> bool:
         """Whether an error answer is one to try again after a pause: `not_leader` (nothing was

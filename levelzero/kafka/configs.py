@@ -5,7 +5,9 @@ configs, which are read-only (levelzero takes them from its configuration file).
 Per resource, as Kafka answers: a topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION, a
 config that is unknown, malformed or not enforced INVALID_CONFIG, a change to a broker config
 INVALID_REQUEST; DescribeConfigs reports each config's source, read-only flag and (when asked)
-synonyms, the topic's own value first, then the broker config it falls back to.
+synonyms as Kafka's broker lists them: the topic's own value first, then the broker configs it
+falls back to, set ones before Kafka's defaults (`core.topic_configs.synonyms`; none for a
+topic-level-only config).
 """
 
 from __future__ import annotations
