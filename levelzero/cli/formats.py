@@ -315,20 +315,23 @@ def format_compaction(compactor, partition: str | None = None) -> str:  # noqa: 
             f"{partition}: not seen by this node's compactor (not a compacted topic, not led "
             "here, or not visited yet)"
         )
+    # The counts and the last compaction are the node's since it started (kept in memory); the
+    # cleaner-offset map is stored, so a partition compacted before a restart shows it there.
     lines = [
-        f"compactor: {plural(compactor.rounds, 'round')}, {compactor.passes} accepted passes,"
+        f"compactor, since this node started: {plural(compactor.rounds, 'round')},"
+        f" {compactor.passes} accepted passes,"
         f" {compactor.refused} refused, {compactor.errors} failed;"
         f" {compactor.bytes_read} bytes read, {compactor.bytes_written} written"
     ]
     for p in shown:
         last = (
-            "never"
+            "none since this node started"
             if p.last_compaction_at is None
             else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(p.last_compaction_at))
         )
         cleaner = ", ".join(f"term {t} -> {end}" for t, end in p.cleaner_offsets.items()) or "empty"
         lines.append(f"{p.partition}")
-        lines.append(f"  dirty ratio {p.dirty_ratio:.4f}; last compaction {last}; passes {p.passes}")
+        lines.append(f"  dirty ratio {p.dirty_ratio:.4f}; last compaction {last}; passes here {p.passes}")
         lines.append(
             f"  reclaimed {p.bytes_reclaimed} bytes, {p.records_removed} records removed,"
             f" {p.tombstones_dropped} tombstones dropped; {p.refused} results refused"
