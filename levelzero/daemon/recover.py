@@ -282,10 +282,13 @@ async def adopt_partition(
     None when the partition has nothing unreconciled."""
     state = await replay_state(store, row)
     name = f"{row.topic}/{row.partition}"
-    if not state.has_unreconciled_data or topic_name_problem(row.topic) is not None:
+    if topic_name_problem(row.topic) is not None:
+        return None
+    keys = await partition_keys(objects, row.topic, row.partition)
+    if not state.has_unreconciled_data:
+        await _outrank(store, row, state, keys)
         return None
     result = PartitionRecovery(name, state.lro, state.lro, state.high_watermark)
-    keys = await partition_keys(objects, row.topic, row.partition)
     rows = {r.key: r for r in await store.l1_list(row.pid)}
     deleting = (L1State.DELETE_STARTED, L1State.DELETE_FINISHED)
     # The newest term's objects win where terms overlap (a zombie's late upload loses); what
@@ -305,6 +308,7 @@ async def adopt_partition(
         else:
             break
     if not plan:
+        await _outrank(store, row, state, keys)
         return result
     term_start = await store.begin_term(
         row.pid, state.next_log_offset, state.high_watermark, at_least=term_above(keys, state.term)
@@ -348,6 +352,24 @@ async def adopt_partition(
     assert all(state.l1_range_valid(term, item.key.base_offset, item.upto) for item in plan)
     result.lro_after = state.lro
     return result
+
+
+async def _outrank(store: LogStore, row: PartitionRow, state: PartitionState, keys: list[L1Key]) -> None:
+    """A partition that adopts nothing still starts a term above every term its L1 objects in
+    the bucket name, when an object the restored log does not know names a later one (the lost
+    history's leaders, restarted after the backup): what the restored daemon writes must
+    outrank what the lost history wrote, should the bucket be read again (`recover --from-bucket` keeps the newest term's object at each offset). Left at
+    its own term, the restored partition's next term could equal or trail the lost history's,
+    and a later recovery served the lost history's records at offsets it acknowledged anew."""
+    known = {r.key for r in await store.l1_list(row.pid)}
+    # (the partition's next term, at its start-up, is its term + 1: an object of the lost
+    # history at the partition's term is outranked by it already)
+    if any(key.term > state.term for key in keys if str(key) not in known):
+        state.apply(
+            await store.begin_term(
+                row.pid, state.next_log_offset, state.high_watermark, at_least=term_above(keys, state.term)
+            )
+        )
 
 
 async def adopt_all(store: LogStore, objects: ObjectStore, now: float) -> RecoverySummary:

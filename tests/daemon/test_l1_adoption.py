@@ -6,7 +6,7 @@ append (LRO, LRLO and so M(p) move as they would)."""
 
 from __future__ import annotations
 
-from levelzero.core.entries import LogRecord, Placeholder
+from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import StorageError
 from levelzero.core.keys import (
     TopicRecord,
@@ -19,7 +19,7 @@ from levelzero.core.l0format import Record, build_object, checksum, decode_singl
 from levelzero.daemon.recover import adopt_partition, rebuild_from_bucket, replay_state
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.protocols import L1State
+from levelzero.storage.protocols import L1Row, L1State
 
 L0_KEY = format_l0_key(1, 1, "a" * 32)  # gone: the live GC deleted it
 
@@ -99,6 +99,36 @@ async def test_only_what_the_restored_log_acknowledged_is_adopted_under_a_term_a
     assert (state.lro, state.term, state.reconciled_by_term) == (14, 6, {5: 9, 6: 14})
     assert not state.has_unreconciled_data
     assert await adopt_partition(store, objects, row, 30.0) is None  # nothing left to adopt
+
+
+async def test_a_partition_with_nothing_to_adopt_still_outranks_the_lost_historys_terms() -> None:
+    """A restored partition reconciled up to its high watermark adopts nothing, but the bucket
+    holds what the lost history wrote after the backup under later terms (its leader restarted):
+    the restore starts a term above them, so what the restored daemon acknowledges at those
+    offsets outranks them if the bucket is ever read again (`recover --from-bucket` keeps the
+    newest term's object). Before, it kept its own term, and a recovery later served the lost
+    history's records at offsets the restored daemon had acknowledged anew."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    [row] = await store.create_topic("t", 1, 1, 0.0)
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    acked = records(5, "a")
+    encoded = encode_extent(acked)
+    await store.append(
+        row.pid, term, [LogRecord(1, term, 0, Placeholder(1, L0_KEY, 0, len(encoded), 5, checksum(encoded)))]
+    )
+    mine = await put_l1(objects, 0, term, acked, "1")
+    await store.l1_insert(L1Row(mine, row.pid, 0, 4, 1, term, 1, L1State.COPY_FINISHED, 0.0, 0.0, 0))
+    await store.append(row.pid, term, [LogRecord(2, term, 5, AdvanceReconciledOffset(4, 1))])
+    assert not (await replay_state(store, row)).has_unreconciled_data
+    unchanged = (await replay_state(store, row)).term
+    # Its own objects alone: no new term.
+    assert await adopt_partition(store, objects, row, 1.0) is None
+    assert (await replay_state(store, row)).term == unchanged
+    # The lost history: restarted twice after the backup, it reconciled 5-9 under term 3.
+    await put_l1(objects, 5, term + 2, records(5, "lost"), "2")
+    assert await adopt_partition(store, objects, row, 2.0) is None
+    state = await replay_state(store, row)
+    assert state.term == term + 3 and state.lro == 4 and state.high_watermark == 5
 
 
 async def put_key(
