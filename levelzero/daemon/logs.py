@@ -64,6 +64,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record, self), default=str)
 
 
+class ErrorWithoutTraceback(logging.Filter):
+    """A library's warning about a failure it retries by itself keeps the error's one line (an
+    `error` field), not its traceback: asyncpg's pool re-connecting while PostgreSQL is down
+    logged ~1.8 KB of its own call stack a line, which says nothing the error does not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno < logging.ERROR:
+            error = record.exc_info[1]
+            record.error = f"{type(error).__name__}: {error}"
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+# Loggers whose retried failures are logged without a traceback (a logger's filters are not
+# inherited by its children: each is named).
+RETRYING_LIBRARY_LOGGERS = ("asyncpg.pool",)
+
+
 FORMATTERS: dict[str, type[logging.Formatter]] = {"kv": KeyValueFormatter, "json": JsonFormatter}
 
 
@@ -85,4 +104,8 @@ def configure_logging(
     root.setLevel(level.upper())
     for noisy in ("botocore", "aiobotocore", "aiosqlite", "asyncio", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    for name in RETRYING_LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, ErrorWithoutTraceback) for f in logger.filters):
+            logger.addFilter(ErrorWithoutTraceback())
     return handler

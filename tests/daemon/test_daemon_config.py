@@ -458,6 +458,34 @@ def test_configure_logging_replaces_handlers() -> None:
         root.setLevel(saved_level)
 
 
+def test_a_library_warning_about_a_failure_it_retries_is_one_line_without_its_traceback() -> None:
+    # asyncpg's pool, re-connecting while PostgreSQL is down: its warning carried ~1.8 KB of
+    # traceback a line; the error's one line says what it did.
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    try:
+        out = io.StringIO()
+        configure_logging("info", "kv", stream=out)
+        configure_logging("info", "kv", stream=out)  # again (SIGHUP): one filter still
+        pool = logging.getLogger("asyncpg.pool")
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        except ConnectionRefusedError:
+            pool.warning("Failed to restore the pool connection floor; retrying", exc_info=True)
+            logging.getLogger("levelzero.test").warning("ours keeps it", exc_info=True)
+        first, second = out.getvalue().splitlines()
+        assert "Traceback" not in first and "exc=" not in first
+        assert 'error="ConnectionRefusedError: [Errno 111] Connect call failed"' in first
+        assert "exc=" in second  # levelzero's own loggers are not touched
+        assert len(pool.filters) == 1
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved_handlers:
+            root.addHandler(handler)
+        root.setLevel(saved_level)
+
+
 def test_cluster_settings_are_checked() -> None:
     pg = {"LEVELZERO_CONTROL_KIND": "postgres", "LEVELZERO_CONTROL_DSN": "postgresql://u@127.0.0.1/db"}
     on = {"LEVELZERO_CLUSTER_ENABLED": "true", "LEVELZERO_CLUSTER_ADVERTISE_URL": "http://10.0.0.5:7070"}
