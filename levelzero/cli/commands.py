@@ -222,7 +222,7 @@ POSTGRES_RESTORE = (
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from levelzero.daemon.backup import BackupError, BackupRefused, backup, restore
+    from levelzero.daemon.backup import BackupError, BackupRefused, backup, finish_restore, restore
 
     try:
         config = _load(args)
@@ -253,8 +253,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     print(f"restored {args.backup} into {data_dir}: {facts}")
     # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
     # records the backup acknowledged fail once the live GC deleted their L0 objects.
-    code = _recover(config, after_restore=True)
+    code = _recover(config, after_restore=True, backup=args.backup)
     if code == EXIT_OK:
+        finish_restore(data_dir)  # only now may the daemon start on it
         print("start the daemon; see docs/backup-restore.md, 'What an older backup means'")
     return code
 
@@ -279,7 +280,7 @@ def _backup_cluster_check(config: Any, backup: str) -> Callable[[str], None]:
     return check
 
 
-def _recover(config: Any, *, after_restore: bool) -> int:
+def _recover(config: Any, *, after_restore: bool, backup: str | None = None) -> int:
     from levelzero.daemon.recover import describe as describe_recovery
     from levelzero.daemon.recover import recover_configured
 
@@ -293,7 +294,8 @@ def _recover(config: Any, *, after_restore: bool) -> int:
             if after_restore:
                 message = (
                     f"the log store is restored, but adopting the bucket's L1 objects failed: "
-                    f"{message}; run `levelzero recover --from-bucket` before starting the daemon"
+                    f"{message}; fix the cause and run `levelzero restore {backup} --config …` "
+                    "again (the daemon refuses to start until it has finished)"
                 )
             _fail(message)
         return EXIT_FAILED

@@ -358,9 +358,10 @@ async def _outrank(store: LogStore, row: PartitionRow, state: PartitionState, ke
     """A partition that adopts nothing still starts a term above every term its L1 objects in
     the bucket name, when an object the restored log does not know names a later one (the lost
     history's leaders, restarted after the backup): what the restored daemon writes must
-    outrank what the lost history wrote, should the bucket be read again (`recover --from-bucket` keeps the newest term's object at each offset). Left at
-    its own term, the restored partition's next term could equal or trail the lost history's,
-    and a later recovery served the lost history's records at offsets it acknowledged anew."""
+    outrank what the lost history wrote, should the bucket be read again (`recover
+    --from-bucket` keeps the newest term's object at each offset). Left at its own term, the
+    restored partition's next term could equal or trail the lost history's, and a later
+    recovery served the lost history's records at offsets it acknowledged anew."""
     known = {r.key for r in await store.l1_list(row.pid)}
     # (the partition's next term, at its start-up, is its term + 1: an object of the lost
     # history at the partition's term is outranked by it already)

@@ -21,11 +21,12 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
-from daemon_support import daemon_and_client, postgres_control, postgres_overrides, s3_environ
+from daemon_support import DaemonProcess, daemon_and_client, postgres_control, postgres_overrides, s3_environ
 
 from levelzero.core.keys import L0_ROOT
 from levelzero.cli.main import main
 from levelzero.client import Client
+from levelzero.daemon import backup as backup_module
 
 pytestmark = pytest.mark.s3
 
@@ -183,6 +184,54 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
     async def restore() -> None:
         assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0
         assert_adopted(_print_lines(capsys))
+
+    def placeholder_keys() -> set[str]:
+        with sqlite3.connect(backup_dir / "levelzero.db") as db:
+            return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
+
+    await restore_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        s3_overrides(s3_endpoint, s3_bucket),
+        take_backup,
+        restore,
+        placeholder_keys,
+    )
+
+
+async def test_an_interrupted_restore_keeps_the_daemon_from_starting_until_run_again(
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    monkeypatch,
+    capsys,
+) -> None:
+    data, backup_dir = tmp_path / "data", tmp_path / "backup"
+    environ = s3_environ(s3_endpoint, s3_bucket)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+    def take_backup() -> None:
+        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+
+    async def restore() -> None:
+        # What a SIGKILL between the database's replacement and the end of the adoption leaves.
+        backup_module.restore(str(backup_dir), str(data))
+        assert (data / "levelzero.restoring").exists()
+        daemon = DaemonProcess(data, tmp_path, env=environ).start(wait=False)
+        assert daemon.proc is not None
+        assert daemon.proc.wait(timeout=30) == 2  # refused, as a store it must not use
+        refusal = [line for line in daemon.log().splitlines() if line.startswith("levelzero: ")]
+        assert refusal == [
+            f"levelzero: a restore into {data} did not finish ({data / 'levelzero.restoring'} is "
+            f"there): run `levelzero restore {backup_dir} --config …` again (the same command, this "
+            "daemon's configuration) before starting the daemon"
+        ], daemon.log()
+        capsys.readouterr()
+        assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0  # completes it
+        assert_adopted(_print_lines(capsys))
+        assert not (data / "levelzero.restoring").exists()
 
     def placeholder_keys() -> set[str]:
         with sqlite3.connect(backup_dir / "levelzero.db") as db:
