@@ -131,6 +131,7 @@ def _finish_backup(
         "format": BACKUP_FORMAT,
         "levelzero_version": version(),
         "taken_at": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "taken_at_s": started,
         "source": str(source.resolve()),
         "cluster_id": cluster_id_path.read_text(encoding="ascii").strip(),
         **facts,
@@ -244,3 +245,15 @@ def refuse_unfinished_restore(data_dir: str) -> None:
         f"`levelzero restore {backup_dir} --config …` again (the same command, this daemon's "
         "configuration) before starting the daemon"
     )
+
+
+def backup_taken_at(manifest: dict[str, object]) -> float | None:
+    """When the backup was taken, at the latest (a backup of an earlier release kept whole
+    seconds only: the next second is an upper bound)."""
+    exact = manifest.get("taken_at_s")
+    if isinstance(exact, (int, float)):
+        return float(exact)
+    try:
+        return datetime.datetime.fromisoformat(str(manifest.get("taken_at"))).timestamp() + 1.0
+    except ValueError:
+        return None
