@@ -153,6 +153,9 @@ class RecoverySummary:
     configs: dict[str, dict[str, str]] = field(default_factory=dict)  # rebuilt topics' configs
     configs_dropped: dict[str, str] = field(default_factory=dict)  # topic -> why they were not
     topics_dropped: dict[str, str] = field(default_factory=dict)  # restored topics deleted since
+    # partition -> offset ranges of restored L1 rows whose objects are gone from the bucket, and
+    # whether objects the metastore does not know (a compaction's, since) cover each
+    missing: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
 
     @property
     def objects(self) -> int:
@@ -396,7 +399,10 @@ async def _deleted_since(
     named = 0
     for row in rows:
         known = [r.key for r in await store.l1_list(row.pid, [L1State.COPY_FINISHED])]
-        if known and {str(k) for k in await partition_keys(objects, topic, row.partition)} & set(known):
+        present = {str(k) for k in await partition_keys(objects, topic, row.partition)}
+        # With no record, any object under its keys (a compaction's since, say) keeps the topic:
+        # a deletion collects them all.
+        if present & set(known) or (record is None and present):
             return None
         named += len(known)
     if not named:
@@ -440,6 +446,30 @@ async def drop_deleted_topics(
     return dropped
 
 
+async def missing_objects(
+    store: LogStore, objects: ObjectStore, row: PartitionRow
+) -> list[tuple[int, int, bool]]:
+    """The offset ranges of `row`'s restored COPY_FINISHED L1 rows whose objects are gone from
+    the bucket (a compaction after the backup replaced them, or retention deleted them), each
+    with whether objects the metastore does not know cover it (a compacted object's range)."""
+    if topic_name_problem(row.topic) is not None:
+        return []
+    rows = await store.l1_list(row.pid, [L1State.COPY_FINISHED])
+    if not rows:
+        return []
+    keys = await partition_keys(objects, row.topic, row.partition)
+    present = {str(k) for k in keys}
+    known = {r.key for r in await store.l1_list(row.pid)}
+    unknown = [k for k in keys if str(k) not in known]
+    gone = []
+    for l1 in sorted(rows, key=lambda r: r.base_offset):
+        if l1.key in present:
+            continue
+        covered = any(k.base_offset <= l1.base_offset and l1.last_offset <= k.last_offset for k in unknown)
+        gone.append((l1.base_offset, l1.last_offset, covered))
+    return gone
+
+
 async def _collect_dropped(store: LogStore, objects: ObjectStore, row: PartitionRow, now: float) -> None:
     """Collect a dropped partition's L1 rows here, so that the GC does not: its sweep of a
     deleted partition's key prefix (`L1Catalog.collect_deleted`) would delete the objects a
@@ -468,6 +498,9 @@ async def adopt_all(
     summary = RecoverySummary(rebuilt=False, partitions=[])
     summary.topics_dropped = await drop_deleted_topics(store, objects, now, taken_at)
     for row in await store.list_partitions():
+        gone = await missing_objects(store, objects, row)
+        if gone:
+            summary.missing[f"{row.topic}/{row.partition}"] = gone
         found = await adopt_partition(store, objects, row, now)
         if found is not None:
             summary.partitions.append(found)
@@ -698,8 +731,25 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
         )
         for topic, why in sorted(summary.topics_dropped.items()):
             lines.append(f"dropped topic {topic}: {why}")
+        for name, ranges in sorted(summary.missing.items()):
+            lines.append(_describe_missing(name, ranges))
     lines.extend(p.describe() for p in summary.partitions if p.term is not None or p.gaps)
     return lines
+
+
+def _describe_missing(name: str, ranges: list[tuple[int, int, bool]]) -> str:
+    offsets = ", ".join(f"{a}-{b}" for a, b, _ in ranges)
+    covered = all(c for _, _, c in ranges)
+    cause = (
+        "a compaction after the backup replaced them; its objects are in the bucket but not adopted"
+        if covered
+        else "nothing in the bucket holds their records (retention or a compaction since)"
+    )
+    return (
+        f"{name}: the L1 objects of offsets {offsets} that the restored control plane names are gone "
+        f"from the bucket ({cause}): reads of these offsets answer 500 object_not_found; see "
+        "docs/backup-restore.md, 'L1 objects gone since the backup'"
+    )
 
 
 # mypy does not count on the task group re-raising what ends it: "missing return".
