@@ -222,7 +222,14 @@ POSTGRES_RESTORE = (
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    from levelzero.daemon.backup import BackupError, BackupRefused, backup, restore
+    from levelzero.daemon.backup import (
+        BackupError,
+        BackupRefused,
+        backup,
+        backup_taken_at,
+        finish_restore,
+        restore,
+    )
 
     try:
         config = _load(args)
@@ -253,8 +260,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
     print(f"restored {args.backup} into {data_dir}: {facts}")
     # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
     # records the backup acknowledged fail once the live GC deleted their L0 objects.
-    code = _recover(config, after_restore=True)
+    code = _recover(config, after_restore=True, backup=args.backup, taken_at=backup_taken_at(m))
     if code == EXIT_OK:
+        finish_restore(data_dir)  # only now may the daemon start on it
         print("start the daemon; see docs/backup-restore.md, 'What an older backup means'")
     return code
 
@@ -279,12 +287,14 @@ def _backup_cluster_check(config: Any, backup: str) -> Callable[[str], None]:
     return check
 
 
-def _recover(config: Any, *, after_restore: bool) -> int:
+def _recover(
+    config: Any, *, after_restore: bool, backup: str | None = None, taken_at: float | None = None
+) -> int:
     from levelzero.daemon.recover import describe as describe_recovery
     from levelzero.daemon.recover import recover_configured
 
     try:
-        summary = anyio.run(recover_configured, config)
+        summary = anyio.run(recover_configured, config, taken_at)
     except BaseException as error:  # the process boundary: report, exit non-zero
         leaves = leaf_errors(error)
         if not all(isinstance(leaf, (LevelZeroError, OSError)) for leaf in leaves):
@@ -293,7 +303,8 @@ def _recover(config: Any, *, after_restore: bool) -> int:
             if after_restore:
                 message = (
                     f"the log store is restored, but adopting the bucket's L1 objects failed: "
-                    f"{message}; run `levelzero recover --from-bucket` before starting the daemon"
+                    f"{message}; fix the cause and run `levelzero restore {backup} --config …` "
+                    "again (the daemon refuses to start until it has finished)"
                 )
             _fail(message)
         return EXIT_FAILED

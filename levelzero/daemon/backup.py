@@ -12,6 +12,12 @@ Restoring refuses while a daemon holds the store's lock, keeps the replaced data
 it (`levelzero.db.replaced-<time>`), and removes the old write-ahead log so SQLite cannot
 replay it over the restored file. docs/backup-restore.md ("What an older backup
 means") says what an older backup means for the GC and for records written since.
+
+A restore is not over when the file is in place: `levelzero restore` then adopts the bucket's
+L1 objects (`daemon/recover.py`). Until it has, the data directory holds `levelzero.restoring`
+(written before the database is replaced, removed once the adoption is done), and the daemon
+refuses to start on it (`refuse_unfinished_restore`): a restored store without its adoption
+serves 500s where the bucket holds the data. Running the same restore again completes it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from levelzero.core.errors import directory_problem
+from levelzero.core.errors import StoreRefused, directory_problem
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.ownership import CLUSTER_ID_FILE
 from levelzero.storage.sqlite.readonly import ReadOnlyOpenError, connect_read_only
@@ -38,6 +44,8 @@ MANIFEST_FILE = "backup.json"
 # The log store holds `flock` on this file while it is open (storage/sqlite/lockfile.py).
 LOCK_SUFFIX = ".lock"
 SQLITE_SIDE_FILES = ("-wal", "-shm")
+# In the data directory while a restore has not finished (its adoption included).
+RESTORE_MARKER = "levelzero.restoring"
 
 
 class BackupError(Exception):
@@ -123,6 +131,7 @@ def _finish_backup(
         "format": BACKUP_FORMAT,
         "levelzero_version": version(),
         "taken_at": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+        "taken_at_s": started,
         "source": str(source.resolve()),
         "cluster_id": cluster_id_path.read_text(encoding="ascii").strip(),
         **facts,
@@ -183,6 +192,10 @@ def restore(
     db_path = target / DB_FILE
     lock_fd = _refuse_if_open(db_path)
     try:
+        marker = target / RESTORE_MARKER
+        if marker.exists():  # an interrupted restore's store: the store it replaced was kept then
+            db_path.unlink(missing_ok=True)
+        _write_marker(marker, source, manifest)
         if db_path.exists():
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
             db_path.rename(target / f"{DB_FILE}.replaced-{stamp}")
@@ -198,3 +211,49 @@ def restore(
     finally:
         os.close(lock_fd)
     return BackupSummary(target, manifest)
+
+
+def _write_marker(marker: Path, source: Path, manifest: dict[str, object]) -> None:
+    """Say, durably and before the database is replaced, which restore is under way."""
+    body = {"backup": str(source.resolve()), "taken_at": manifest.get("taken_at"), "started_at": time.time()}
+    staged = marker.with_name(RESTORE_MARKER + ".new")
+    staged.write_text(json.dumps(body) + "\n", encoding="utf-8")
+    _fsync_file(staged)
+    staged.replace(marker)
+    _fsync_file(marker.parent)
+
+
+def finish_restore(data_dir: str) -> None:
+    """The restore, adoption included, is done: the daemon may start on the data directory."""
+    target = Path(data_dir)
+    (target / RESTORE_MARKER).unlink(missing_ok=True)
+    _fsync_file(target)
+
+
+def refuse_unfinished_restore(data_dir: str) -> None:
+    """At start-up: refuse a data directory whose restore did not finish (killed, or its
+    adoption failed), naming the command that completes it."""
+    marker = Path(data_dir) / RESTORE_MARKER
+    if not marker.exists():
+        return
+    try:
+        backup_dir = json.loads(marker.read_text(encoding="utf-8"))["backup"]
+    except (OSError, ValueError, KeyError, TypeError):
+        backup_dir = "BACKUP"
+    raise StoreRefused(
+        f"a restore into {data_dir} did not finish ({marker} is there): run "
+        f"`levelzero restore {backup_dir} --config …` again (the same command, this daemon's "
+        "configuration) before starting the daemon"
+    )
+
+
+def backup_taken_at(manifest: dict[str, object]) -> float | None:
+    """When the backup was taken, at the latest (a backup of an earlier release kept whole
+    seconds only: the next second is an upper bound)."""
+    exact = manifest.get("taken_at_s")
+    if isinstance(exact, (int, float)):
+        return float(exact)
+    try:
+        return datetime.datetime.fromisoformat(str(manifest.get("taken_at"))).timestamp() + 1.0
+    except ValueError:
+        return None

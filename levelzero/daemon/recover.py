@@ -64,6 +64,7 @@ from levelzero.core.keys import (
     parse_end_key,
     parse_l0_key,
     parse_l1_key,
+    topic_record_key,
 )
 from levelzero.core.l0format import (
     Record,
@@ -151,6 +152,10 @@ class RecoverySummary:
     skipped_keys: int = 0  # keys under level_one/ that are not L1 keys
     configs: dict[str, dict[str, str]] = field(default_factory=dict)  # rebuilt topics' configs
     configs_dropped: dict[str, str] = field(default_factory=dict)  # topic -> why they were not
+    topics_dropped: dict[str, str] = field(default_factory=dict)  # restored topics deleted since
+    # partition -> offset ranges of restored L1 rows whose objects are gone from the bucket, and
+    # whether objects the metastore does not know (a compaction's, since) cover each
+    missing: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
 
     @property
     def objects(self) -> int:
@@ -373,9 +378,129 @@ async def _outrank(store: LogStore, row: PartitionRow, state: PartitionState, ke
         )
 
 
-async def adopt_all(store: LogStore, objects: ObjectStore, now: float) -> RecoverySummary:
-    summary = RecoverySummary(rebuilt=False, partitions=[])
+async def _deleted_since(
+    store: LogStore, objects: ObjectStore, topic: str, rows: list[PartitionRow], taken_at: float | None
+) -> str | None:
+    """Why the restored topic `topic` was deleted after the control plane's copy was taken, or
+    None. A deletion removes the topic's bucket record first and its L1 objects after (the GC's
+    `collect_deleted`); a topic made again with the name writes a record of its own, created
+    after `taken_at` (the backup's time, when known). So: the record gone or newer than the
+    backup, and not one of the L1 objects the restored metastore names for the topic left. A
+    topic whose record was never written (an earlier release; a failed best-effort write) still
+    has its L1 objects, or has none recorded: it is kept."""
+    try:
+        record = decode_topic_record(topic_record_key(topic), await objects.get(topic_record_key(topic)))
+    except ObjectNotFound:
+        record = None
+    except MalformedKey:
+        return None  # not ours to judge: kept
+    if record is not None and (taken_at is None or record.created_at <= taken_at):
+        return None
+    named = 0
+    for row in rows:
+        known = [r.key for r in await store.l1_list(row.pid, [L1State.COPY_FINISHED])]
+        present = {str(k) for k in await partition_keys(objects, topic, row.partition)}
+        # With no record, any object under its keys (a compaction's since, say) keeps the topic:
+        # a deletion collects them all.
+        if present & set(known) or (record is None and present):
+            return None
+        named += len(known)
+    if not named:
+        return None
+    gone = (
+        f"none of the {_count(named, 'L1 object')} the restored control plane names for it is in the bucket"
+    )
+    if record is None:
+        return f"its topic record {topic_record_key(topic)} is gone and {gone}: deleted after the backup"
+    return (
+        f"its topic record {topic_record_key(topic)} was written at {_when(record.created_at)}, after "
+        f"the backup (taken at {_when(taken_at)}), and {gone}: deleted and made again after the backup"
+    )
+
+
+def _when(at: float | None) -> str:
+    return "an unknown time" if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+async def drop_deleted_topics(
+    store: LogStore, objects: ObjectStore, now: float, taken_at: float | None
+) -> dict[str, str]:
+    """Delete from the restored control plane, as `levelzero topics delete` would, each topic
+    deleted after the backup (`_deleted_since`): its records are gone from the bucket, and
+    kept it would be listed and answer 500 `object_not_found`. The bucket is not touched: what
+    is left there under the name is a topic made again since. Topic -> why it was dropped."""
+    by_topic: dict[str, list[PartitionRow]] = {}
     for row in await store.list_partitions():
+        by_topic.setdefault(row.topic, []).append(row)
+    dropped = {}
+    for topic, rows in sorted(by_topic.items()):
+        if topic_name_problem(topic) is not None:
+            continue
+        why = await _deleted_since(store, objects, topic, rows, taken_at)
+        if why is not None:
+            await store.delete_topic(topic, now)
+            for row in rows:
+                await _collect_dropped(store, objects, row, now)
+            log.warning("dropped topic %s from the restored control plane: %s", topic, why)
+            dropped[topic] = why
+    return dropped
+
+
+async def missing_objects(
+    store: LogStore, objects: ObjectStore, row: PartitionRow
+) -> list[tuple[int, int, bool]]:
+    """The offset ranges of `row`'s restored COPY_FINISHED L1 rows whose objects are gone from
+    the bucket (a compaction after the backup replaced them, or retention deleted them), each
+    with whether objects the metastore does not know cover it (a compacted object's range)."""
+    if topic_name_problem(row.topic) is not None:
+        return []
+    rows = await store.l1_list(row.pid, [L1State.COPY_FINISHED])
+    if not rows:
+        return []
+    keys = await partition_keys(objects, row.topic, row.partition)
+    present = {str(k) for k in keys}
+    known = {r.key for r in await store.l1_list(row.pid)}
+    unknown = [k for k in keys if str(k) not in known]
+    gone = []
+    for l1 in sorted(rows, key=lambda r: r.base_offset):
+        if l1.key in present:
+            continue
+        covered = any(k.base_offset <= l1.base_offset and l1.last_offset <= k.last_offset for k in unknown)
+        gone.append((l1.base_offset, l1.last_offset, covered))
+    return gone
+
+
+async def _collect_dropped(store: LogStore, objects: ObjectStore, row: PartitionRow, now: float) -> None:
+    """Collect a dropped partition's L1 rows here, so that the GC does not: its sweep of a
+    deleted partition's key prefix (`L1Catalog.collect_deleted`) would delete the objects a
+    topic made again with the name wrote after the backup, which no restored partition holds
+    but which a recovery from the bucket can still bring back. Only the rows' own keys go."""
+    for l1 in await store.l1_list(row.pid):
+        if l1.state == L1State.DELETE_FINISHED:
+            continue
+        # Every daemon is stopped: nothing else moves these rows.
+        if l1.state != L1State.DELETE_STARTED:
+            moved = await store.l1_transition(l1.key, l1.state, L1State.DELETE_STARTED, now)
+            assert moved, l1
+        errors = (await objects.delete_many([l1.key])).errors
+        if errors:
+            raise RecoveryError(f"cannot delete {l1.key} of dropped topic {row.topic}: {errors[l1.key]}")
+        moved = await store.l1_transition(l1.key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, now)
+        assert moved, l1
+    forgotten = await store.forget_deleted_partition(row.pid)
+    assert forgotten, row
+
+
+async def adopt_all(
+    store: LogStore, objects: ObjectStore, now: float, taken_at: float | None = None
+) -> RecoverySummary:
+    """`taken_at`: when the restored control plane was copied (a backup's time), if known."""
+    summary = RecoverySummary(rebuilt=False, partitions=[])
+    summary.topics_dropped = await drop_deleted_topics(store, objects, now, taken_at)
+    for row in await store.list_partitions():
+        gone = await missing_objects(store, objects, row)
+        if gone:
+            summary.missing[f"{row.topic}/{row.partition}"] = gone
         found = await adopt_partition(store, objects, row, now)
         if found is not None:
             summary.partitions.append(found)
@@ -560,12 +685,17 @@ async def _rebuild_emptied(
 
 
 async def recover_from_bucket(
-    store: LogStore, objects: ObjectStore, *, wall_clock: Callable[[], float] = time.time
+    store: LogStore,
+    objects: ObjectStore,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+    taken_at: float | None = None,
 ) -> RecoverySummary:
-    """Rebuild an empty control plane, or adopt L1 objects into one that has partitions."""
+    """Rebuild an empty control plane, or adopt L1 objects into one that has partitions
+    (`taken_at`: when that one was copied, a backup's time, if known)."""
     now = wall_clock()
     if await store.list_partitions():
-        return await adopt_all(store, objects, now)
+        return await adopt_all(store, objects, now, taken_at)
     return await rebuild_from_bucket(store, objects, now)
 
 
@@ -599,13 +729,35 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             f"adopted {summary.objects} L1 objects found in the bucket into "
             f"{sum(1 for p in summary.partitions if p.term is not None)} partitions"
         )
+        for topic, why in sorted(summary.topics_dropped.items()):
+            lines.append(f"dropped topic {topic}: {why}")
+        for name, ranges in sorted(summary.missing.items()):
+            lines.append(_describe_missing(name, ranges))
     lines.extend(p.describe() for p in summary.partitions if p.term is not None or p.gaps)
     return lines
 
 
+def _describe_missing(name: str, ranges: list[tuple[int, int, bool]]) -> str:
+    offsets = ", ".join(f"{a}-{b}" for a, b, _ in ranges)
+    covered = all(c for _, _, c in ranges)
+    cause = (
+        "a compaction after the backup replaced them; its objects are in the bucket but not adopted"
+        if covered
+        else "nothing in the bucket holds their records (retention or a compaction since)"
+    )
+    return (
+        f"{name}: the L1 objects of offsets {offsets} that the restored control plane names are gone "
+        f"from the bucket ({cause}): reads of these offsets answer 500 object_not_found; see "
+        "docs/backup-restore.md, 'L1 objects gone since the backup'"
+    )
+
+
 # mypy does not count on the task group re-raising what ends it: "missing return".
-async def recover_configured(config: Config) -> RecoverySummary:  # type: ignore[return]
-    """`recover_from_bucket` on the stores `config` names (every daemon on them stopped)."""
+async def recover_configured(  # type: ignore[return]
+    config: Config, taken_at: float | None = None
+) -> RecoverySummary:
+    """`recover_from_bucket` on the stores `config` names (every daemon on them stopped);
+    `taken_at`: the restored backup's time, when a restore runs it."""
     Path(config.storage.data_dir).mkdir(parents=True, exist_ok=True)  # lost with the SQLite file
     async with anyio.create_task_group() as tg:
         store = await open_control_store(tg, config)
@@ -617,7 +769,7 @@ async def recover_configured(config: Config) -> RecoverySummary:  # type: ignore
                 objects = await open_object_store(config)
                 try:
                     await _claim(store, objects, config)
-                    return await recover_from_bucket(store, objects)
+                    return await recover_from_bucket(store, objects, taken_at=taken_at)
                 finally:
                     await objects.aclose()
         finally:

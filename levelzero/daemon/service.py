@@ -46,6 +46,7 @@ from levelzero.daemon.logs import configure_logging
 from levelzero.daemon.metrics import DaemonMetrics
 from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
+from levelzero.daemon.backup import refuse_unfinished_restore
 from levelzero.daemon.ownership import claim_store, local_cluster_id
 from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
@@ -288,6 +289,7 @@ class Daemon:
             ) from None
         except OSError as exc:
             raise StartupError(f"data_dir: {directory_problem(config.storage.data_dir, exc)}") from None
+        refuse_unfinished_restore(config.storage.data_dir)  # before the store is opened
         async with anyio.create_task_group() as tg:
             name = f"levelzero {node_id_of(config)}"
             log_store = await opening.open_control_store(tg, config, application_name=name)

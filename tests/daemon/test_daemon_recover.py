@@ -21,11 +21,12 @@ from pathlib import Path
 import anyio
 import asyncpg
 import pytest
-from daemon_support import daemon_and_client, postgres_control, postgres_overrides, s3_environ
+from daemon_support import DaemonProcess, daemon_and_client, postgres_control, postgres_overrides, s3_environ
 
 from levelzero.core.keys import L0_ROOT
 from levelzero.cli.main import main
 from levelzero.client import Client
+from levelzero.daemon import backup as backup_module
 
 pytestmark = pytest.mark.s3
 
@@ -197,6 +198,114 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
         restore,
         placeholder_keys,
     )
+
+
+async def test_an_interrupted_restore_keeps_the_daemon_from_starting_until_run_again(
+    tmp_path: Path,
+    s3_endpoint,
+    s3_bucket: str,
+    monkeypatch,
+    capsys,
+) -> None:
+    data, backup_dir = tmp_path / "data", tmp_path / "backup"
+    environ = s3_environ(s3_endpoint, s3_bucket)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+    def take_backup() -> None:
+        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+
+    async def restore() -> None:
+        # What a SIGKILL between the database's replacement and the end of the adoption leaves.
+        backup_module.restore(str(backup_dir), str(data))
+        assert (data / "levelzero.restoring").exists()
+        daemon = DaemonProcess(data, tmp_path, env=environ).start(wait=False)
+        assert daemon.proc is not None
+        assert daemon.proc.wait(timeout=30) == 2  # refused, as a store it must not use
+        refusal = [line for line in daemon.log().splitlines() if line.startswith("levelzero: ")]
+        assert refusal == [
+            f"levelzero: a restore into {data} did not finish ({data / 'levelzero.restoring'} is "
+            f"there): run `levelzero restore {backup_dir} --config …` again (the same command, this "
+            "daemon's configuration) before starting the daemon"
+        ], daemon.log()
+        capsys.readouterr()
+        assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0  # completes it
+        assert_adopted(_print_lines(capsys))
+        assert not (data / "levelzero.restoring").exists()
+
+    def placeholder_keys() -> set[str]:
+        with sqlite3.connect(backup_dir / "levelzero.db") as db:
+            return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
+
+    await restore_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        s3_overrides(s3_endpoint, s3_bucket),
+        take_backup,
+        restore,
+        placeholder_keys,
+    )
+
+
+def l1_keys(endpoint, bucket: str, topic: str) -> set[str]:
+    s3 = endpoint.boto3_client()
+    keys = set()
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"level_one/{topic}/"):
+        keys.update(item["Key"] for item in page.get("Contents", []))
+    return keys
+
+
+async def test_restore_drops_the_topics_deleted_after_the_backup(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys
+) -> None:
+    data, backup_dir = tmp_path / "data", tmp_path / "backup"
+    for name, value in s3_environ(s3_endpoint, s3_bucket).items():
+        monkeypatch.setenv(name, value)
+    settings = {**s3_overrides(s3_endpoint, s3_bucket), **QUIET}
+    kept, gone, again = records(30, "kept"), records(100, "gone"), records(20, "again")
+    async with daemon_and_client(data, **settings) as (_, client):
+        for topic in ("keep", "tdel", "tre"):
+            await client.create_topic(topic, 1)
+        await client.produce("keep", 0, kept)
+        await client.produce("tdel", 0, gone)
+        await client.produce("tre", 0, gone)
+        await wait_reconciled(client)
+        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+        old_tre = l1_keys(s3_endpoint, s3_bucket, "tre")
+        await client.delete_topic("tdel")
+        await client.delete_topic("tre")
+        await client.create_topic("tre", 1)  # made again: a record and L1 objects of its own
+        await client.produce("tre", 0, again)
+        await wait_reconciled(client)
+        new_tre = l1_keys(s3_endpoint, s3_bucket, "tre") - old_tre
+        assert old_tre and new_tre
+        await collect_until(
+            client,
+            lambda: (
+                not l1_keys(s3_endpoint, s3_bucket, "tdel")
+                | (l1_keys(s3_endpoint, s3_bucket, "tre") & old_tre)
+            ),
+        )
+        assert l1_keys(s3_endpoint, s3_bucket, "tre") == new_tre  # only the deleted one's went
+    capsys.readouterr()
+    assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0
+    out = _print_lines(capsys)
+    assert (
+        "dropped topic tdel: its topic record levelzero/topics/tdel is gone and none of the 1 L1 "
+        "object the restored control plane names for it is in the bucket: deleted after the backup\n"
+    ) in out, out
+    assert "dropped topic tre: its topic record levelzero/topics/tre was written at " in out, out
+    assert "deleted and made again after the backup\n" in out, out
+    async with daemon_and_client(data, **settings) as (_, client):
+        assert sorted(t.name for t in await client.list_topics()) == ["keep"]
+        assert await read_all(client, "keep", 0) == kept
+        status = await client.status()
+        assert status.reconciler.failing == [] and status.m is not None
+        await client.create_topic("tdel", 1)  # the name is free again, and starts empty
+        assert await read_all(client, "tdel", 0) == []
+        await client.gc_run()  # the dropped partitions' rows are collected; nothing else goes
+        assert l1_keys(s3_endpoint, s3_bucket, "tre") == new_tre
 
 
 async def _admin(dsn: str, statement: str) -> None:

@@ -16,7 +16,7 @@ from levelzero.core.keys import (
     topic_record_key,
 )
 from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
-from levelzero.daemon.recover import adopt_partition, rebuild_from_bucket, replay_state
+from levelzero.daemon.recover import adopt_all, adopt_partition, describe, rebuild_from_bucket, replay_state
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
@@ -216,3 +216,33 @@ async def test_an_interrupted_adoption_is_resumed_by_running_it_again() -> None:
     ]
     [copy] = valid
     assert copy.key != original and decode_single_extent(await objects.get(copy.key), copy.key) == acked
+
+
+async def test_restored_l1_rows_whose_objects_are_gone_are_named_with_what_covers_them() -> None:
+    """After the backup a compaction replaced t/0's object 0-9 by one for 0-10 (the old one
+    deleted), and retention deleted t/1's: the restored metastore names objects that are gone,
+    and every read of their offsets answers 500 object_not_found. The restore names them."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    rows = await store.create_topic("t", 2, 1, 0.0)
+    for row in rows:
+        term = (await store.begin_term(row.pid, 0, 0)).term
+        acked = records(10, f"p{row.partition}")
+        encoded = encode_extent(acked)
+        placeholder = Placeholder(1, L0_KEY, 0, len(encoded), 10, checksum(encoded))
+        await store.append(row.pid, term, [LogRecord(1, term, 0, placeholder)])
+        gone = format_l1_key("t", row.partition, 0, 9, term, "1" * 32)  # never in the bucket
+        await store.l1_insert(L1Row(gone, row.pid, 0, 9, 1, term, 1, L1State.COPY_FINISHED, 0.0, 0.0, 0))
+        await store.append(row.pid, term, [LogRecord(2, term, 10, AdvanceReconciledOffset(9, 1))])
+    await put_key(objects, "t", 0, 0, 1, records(11, "compacted"), "2")  # the compaction's 0-10
+    topic = TopicRecord("t", 2, 0.0)
+    await objects.put(topic_record_key("t"), encode_topic_record(topic))  # not deleted since
+    summary = await adopt_all(store, objects, 1.0)
+    assert summary.missing == {"t/0": [(0, 9, True)], "t/1": [(0, 9, False)]}
+    lines = describe(summary)
+    assert lines[1] == (
+        "t/0: the L1 objects of offsets 0-9 that the restored control plane names are gone from the "
+        "bucket (a compaction after the backup replaced them; its objects are in the bucket but not "
+        "adopted): reads of these offsets answer 500 object_not_found; see docs/backup-restore.md, "
+        "'L1 objects gone since the backup'"
+    )
+    assert "t/1: the L1 objects of offsets 0-9" in lines[2] and "nothing in the bucket holds" in lines[2]
