@@ -193,12 +193,14 @@ def restore(
     lock_fd = _refuse_if_open(db_path)
     try:
         marker = target / RESTORE_MARKER
-        if marker.exists():  # an interrupted restore's store: the store it replaced was kept then
-            db_path.unlink(missing_ok=True)
         _write_marker(marker, source, manifest)
         if db_path.exists():
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-            db_path.rename(target / f"{DB_FILE}.replaced-{stamp}")
+            # Kept, never deleted, whatever it is: the store the restore replaces, or (a restore
+            # run again after a kill) what that one left, which may still be the store it was
+            # about to replace if it was killed before this rename. A name of its own each.
+            db_path.rename(
+                _unused(target, f"{DB_FILE}.replaced-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+            )
         for suffix in SQLITE_SIDE_FILES:  # the old WAL must never be replayed over the backup
             Path(str(db_path) + suffix).unlink(missing_ok=True)
         staged = target / f"{DB_FILE}.restoring"
@@ -211,6 +213,16 @@ def restore(
     finally:
         os.close(lock_fd)
     return BackupSummary(target, manifest)
+
+
+def _unused(directory: Path, name: str) -> Path:
+    """`directory / name`, or with `.2`, `.3`, ... added if that is taken (a rename would
+    replace it)."""
+    path, n = directory / name, 1
+    while path.exists():
+        n += 1
+        path = directory / f"{name}.{n}"
+    return path
 
 
 def _write_marker(marker: Path, source: Path, manifest: dict[str, object]) -> None:

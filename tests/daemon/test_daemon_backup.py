@@ -17,6 +17,7 @@ import pytest
 from daemon_support import daemon_and_client
 
 from levelzero.cli.main import main
+from levelzero.daemon import backup as backup_module
 from levelzero.storage.sqlite import readonly
 
 
@@ -218,3 +219,22 @@ async def test_a_store_sqlite_cannot_open_read_only_says_why(tmp_path: Path, cap
     assert main(["backup", str(tmp_path / "b3"), "--data-dir", str(data)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "read-only file system and has a write-ahead log" in err, err
+
+
+async def test_a_restore_run_again_after_a_kill_before_the_swap_keeps_the_store_it_replaces(
+    tmp_path: Path,
+) -> None:
+    # Killed after writing its marker, before renaming the store it replaces: the store in the
+    # data directory is still the original. The restore run again keeps it (renamed, never
+    # deleted), each replaced store under a name of its own.
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+    assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
+    original = (data / "levelzero.db").read_bytes()
+    (data / backup_module.RESTORE_MARKER).write_text("{}\n")  # what the kill left
+    backup_module.restore(str(tmp_path / "b"), str(data))
+    backup_module.restore(str(tmp_path / "b"), str(data))  # again, within the same second
+    kept = sorted(data.glob("levelzero.db.replaced-*"))
+    assert len(kept) == 2 and kept[0].read_bytes() == original
+    assert (data / backup_module.RESTORE_MARKER).exists()  # the adoption is still to run
