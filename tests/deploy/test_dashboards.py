@@ -44,6 +44,7 @@ def test_files_cover_what_an_operator_must_watch() -> None:
         "LevelZeroGcEpochLagHigh",
         "LevelZeroPartitionHoldingM",
         "LevelZeroReconcilerLagHigh",
+        "LevelZeroReconcileFailing",
         "LevelZeroGcRoundsFailing",
         "LevelZeroObjectStoreErrors",
         "LevelZeroLogStoreErrors",
