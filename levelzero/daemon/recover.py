@@ -708,9 +708,9 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
     if summary.rebuilt:
         topics = ", ".join(f"{t}: {_count(n, 'partition')}" for t, n in sorted(summary.topics.items()))
         lines.append(
-            f"rebuilt the control plane from the bucket: {len(summary.topics)} topics "
+            f"rebuilt the control plane from the bucket: {_count(len(summary.topics), 'topic')} "
             f"({topics or 'none'}), "
-            f"cluster epoch {summary.cluster_epoch}, {summary.objects} L1 objects"
+            f"cluster epoch {summary.cluster_epoch}, {_count(summary.objects, 'L1 object')}"
         )
         if summary.configs:
             lines.append(
@@ -722,12 +722,14 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
         lines.append(
             "not recovered: records that were not reconciled yet, consumer offsets "
-            "(see docs/backup-restore.md, 'Recovering from the bucket alone')"
+            "(see docs/backup-restore.md, 'Recovering from the bucket alone'); the L0 objects "
+            "that hold such records are deleted by the GC once the daemon runs: to look at them "
+            "first, start it with gc.enabled = false"
         )
     else:
         lines.append(
-            f"adopted {summary.objects} L1 objects found in the bucket into "
-            f"{sum(1 for p in summary.partitions if p.term is not None)} partitions"
+            f"adopted {_count(summary.objects, 'L1 object')} found in the bucket into "
+            f"{_count(sum(1 for p in summary.partitions if p.term is not None), 'partition')}"
         )
         for topic, why in sorted(summary.topics_dropped.items()):
             lines.append(f"dropped topic {topic}: {why}")
