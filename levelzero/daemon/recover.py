@@ -132,7 +132,7 @@ class PartitionRecovery:
     def describe(self) -> str:
         line = (
             f"{self.name}: LRO {self.lro_before} -> {self.lro_after}, high watermark "
-            f"{self.high_watermark}, {self.adopted + self.copied} L1 objects adopted"
+            f"{self.high_watermark}, {_count(self.adopted + self.copied, 'L1 object')} adopted"
         )
         if self.copied:
             line += f" ({self.copied} copied)"

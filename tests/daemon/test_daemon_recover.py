@@ -163,8 +163,8 @@ def assert_adopted(out: str) -> None:
     """t/0's one object also holds the records written after the backup: its first 100 are
     copied into a new object; t/1's is adopted as it is."""
     assert "adopted 2 L1 objects found in the bucket into 2 partitions" in out, out
-    assert "t/0: LRO -1 -> 99, high watermark 100, 1 L1 objects adopted (1 copied)" in out, out
-    assert "t/1: LRO -1 -> 59, high watermark 60, 1 L1 objects adopted\n" in out, out
+    assert "t/0: LRO -1 -> 99, high watermark 100, 1 L1 object adopted (1 copied)" in out, out
+    assert "t/1: LRO -1 -> 59, high watermark 60, 1 L1 object adopted\n" in out, out
 
 
 async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
