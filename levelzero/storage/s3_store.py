@@ -316,6 +316,12 @@ _PAYLOAD_SHA256_CONTEXT = "levelzero_payload_sha256"
 _PRECOMPUTED_SIGNER = "levelzero-s3v4"
 
 
+def send_puts_without_continue(client: Any) -> None:
+    """Register `_no_continue_for_put` on an aiobotocore S3 client (the adapter's, and the
+    benchmarks' raw clients', so that a floor waits no more than the adapter does)."""
+    client.meta.events.register_last("before-call.s3", _no_continue_for_put)
+
+
 def _no_continue_for_put(model: Any, params: dict[str, Any], **_: Any) -> None:
     """`before-call.s3`, after botocore's own handler: a PutObject goes without the `Expect:
     100-continue` botocore adds to every body it can `read` (a `BodyReader`), which makes
@@ -432,7 +438,7 @@ class S3ObjectStore:
                 raise StoreRefused(f"S3 endpoint {cfg.where!r} is not usable: {exc}") from exc
             client.meta.events.register("provide-client-params.s3.PutObject", _take_payload_sha256)
             client.meta.events.register("choose-signer.s3.PutObject", _choose_precomputed_signer)
-            client.meta.events.register_last("before-call.s3", _no_continue_for_put)
+            send_puts_without_continue(client)
             await self._check_bucket(client)
         except StorageError as exc:
             await stack.aclose()
