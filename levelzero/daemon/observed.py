@@ -73,6 +73,7 @@ LOG_STORE_WRITES = (
     "record_state_samples",
     "commit_offsets",
     "delete_offsets",
+    "store_group_metadata",
 )
 
 

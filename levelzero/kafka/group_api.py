@@ -65,6 +65,20 @@ class GroupApi:
                 member_id=body.member_id,
                 members=(),
             )
+        loaded = await self.groups.load(body.group_id)
+        if loaded != ErrorCode.none:
+            return make(
+                m.JoinGroupResponse,
+                throttle_time=0,
+                error_code=loaded,
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name=None if request.api_version >= 7 else "",
+                leader="",
+                skip_assignment=False,
+                member_id=body.member_id,
+                members=(),
+            )
         result = await self.groups.join(
             body.group_id,
             body.member_id,
@@ -108,6 +122,16 @@ class GroupApi:
                 protocol_name=None,
                 assignment=b"",
             )
+        loaded = await self.groups.load(body.group_id)
+        if loaded != ErrorCode.none:
+            return make(
+                m.SyncGroupResponse,
+                throttle_time=0,
+                error_code=loaded,
+                protocol_type=None,
+                protocol_name=None,
+                assignment=b"",
+            )
         error, assignment, protocol_type, protocol_name = await self.groups.sync(
             body.group_id,
             body.member_id,
@@ -124,17 +148,17 @@ class GroupApi:
             assignment=assignment,
         )
 
-    def heartbeat(self, request: Request) -> Any:
+    async def heartbeat(self, request: Request) -> Any:
         body = request.body
         if not self.cluster.coordinates(body.group_id):
             error = ErrorCode.not_coordinator
-        else:
+        elif (error := await self.groups.load(body.group_id)) == ErrorCode.none:
             error = self.groups.heartbeat(
                 body.group_id, body.member_id, body.generation_id, getattr(body, "group_instance_id", None)
             )
         return make(request.response_module.HeartbeatResponse, throttle_time=0, error_code=error)
 
-    def leave_group(self, request: Request) -> Any:
+    async def leave_group(self, request: Request) -> Any:
         m = request.response_module
         body = request.body
         if request.api_version >= 3:
@@ -142,7 +166,10 @@ class GroupApi:
             instances = [member.group_instance_id for member in body.members]
         else:
             ids, instances = [body.member_id], [None]
-        results = self.groups.leave(body.group_id, ids, instances)
+        loaded = await self.groups.load(body.group_id)
+        results: dict[str, ErrorCode] = dict.fromkeys(ids, loaded)
+        if loaded == ErrorCode.none:
+            results = self.groups.leave(body.group_id, ids, instances)
         given = dict(zip(ids, instances, strict=True))
         top = ErrorCode.none
         if request.api_version < 3:
@@ -189,7 +216,7 @@ class GroupApi:
                 error = ErrorCode.not_coordinator
             elif not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
                 error = ErrorCode.invalid_group_id
-            else:
+            elif (error := await self.groups.load(group_id)) == ErrorCode.none:
                 summary = await self.groups.summary(group_id)
                 if summary is None and request.api_version >= 6:  # KIP-1043; before: Dead, no error
                     error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
@@ -235,7 +262,7 @@ class GroupApi:
         for group_id in request.body.groups_names:
             if not self.cluster.coordinates(group_id):
                 error = ErrorCode.not_coordinator
-            else:
+            elif (error := await self.groups.load(group_id)) == ErrorCode.none:
                 error = await self.groups.delete_group(group_id)
             results.append(make(m.DeletableGroupResult, group_id=group_id, error_code=error))
         return make(m.DeleteGroupsResponse, throttle_time=0, results=tuple(results))
@@ -251,7 +278,10 @@ class GroupApi:
                 m.OffsetDeleteResponse, error_code=ErrorCode.not_coordinator, throttle_time=0, topics=()
             )
         valid = [(t, p) for t, p in asked if 0 <= p < known.get(t, 0)]
-        error, codes = await self.groups.delete_offsets(body.group_id, valid)
+        error = await self.groups.load(body.group_id)
+        codes: dict[tuple[str, int], ErrorCode] = {}
+        if error == ErrorCode.none:
+            error, codes = await self.groups.delete_offsets(body.group_id, valid)
         if error != ErrorCode.none:
             return make(m.OffsetDeleteResponse, error_code=error, throttle_time=0, topics=())
         by_topic: dict[str, list[Any]] = {}

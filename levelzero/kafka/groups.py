@@ -12,22 +12,36 @@ JoinGroup waiting in a round wakes at the next session expiry of a member that h
 a member killed without a LeaveGroup is dropped at its session timeout and the round ends then,
 not at the rebalance timeout (Kafka's heartbeat expiry completes the pending join the same way).
 
-Group membership lives in memory (members rejoin after a restart, as they do when a Kafka
-coordinator moves); committed offsets are durable in the log store's consumer-offsets role
-before OffsetCommit is answered.
+Group membership lives in memory and is stored as Kafka's coordinator stores it
+(`GroupMetadataManager.storeGroup`): each group's metadata (its generation, protocol, leader and
+members with their subscriptions and assignments) is written to the log store when a rebalance
+completes, before the leader's SyncGroup is answered (a failed write fails the SyncGroup and the
+members rejoin), and when the group goes empty or is deleted. A coordinator that does not hold a
+group loads it from the store the first time the group is spoken to (after a restart, or when
+the group's coordination comes to this node): a group with members comes back Stable, each
+member's session timer started afresh, so its members go on with their member ids and
+generation without rejoining; one that never comes back is dropped at its session timeout.
+Committed offsets are durable in the log store's consumer-offsets role before OffsetCommit is
+answered.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
+import msgspec
 from kio.schema.errors import ErrorCode
 
+from levelzero.core.errors import LevelZeroError
 from levelzero.storage.protocols import ConsumerOffsetStore, OffsetRow
+
+log = logging.getLogger(__name__)
 
 INITIAL_REBALANCE_DELAY_S = 0.5  # Kafka's group.initial.rebalance.delay.ms is 3 s
 GROUPS_MAX = 10_000
@@ -39,6 +53,36 @@ METADATA_CHARS_MAX = 4_096  # offset commit metadata (Kafka's offset.metadata.ma
 REBALANCE_TIMEOUT_S_MAX = 1_800.0
 SESSION_TIMEOUT_S_MIN = 0.1  # Kafka's default minimum is 6 s: shorter sessions are taken here
 SESSION_TIMEOUT_S_MAX = 1_800.0
+
+
+class StoredMember(msgspec.Struct, frozen=True):
+    """A member as its group's metadata record keeps it (Kafka's MemberMetadata value)."""
+
+    member_id: str
+    instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_s: float
+    session_timeout_s: float
+    subscription: bytes  # its metadata for the group's protocol
+    assignment: bytes
+
+
+class StoredGroup(msgspec.Struct, frozen=True):
+    """A group's metadata record (Kafka's GroupMetadataValue): its last completed rebalance, or
+    an empty group's generation and protocol type. `version` says how to read the rest."""
+
+    version: int
+    protocol_type: str | None
+    generation: int
+    protocol_name: str | None
+    leader: str | None
+    members: list[StoredMember]
+
+
+STORED_GROUP_VERSION = 1
+_stored_encoder = msgspec.msgpack.Encoder()
+_stored_decoder = msgspec.msgpack.Decoder(StoredGroup)
 
 
 class GroupError(Exception):
@@ -155,11 +199,143 @@ class GroupCoordinator:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        placement: Callable[[], Hashable] = lambda: None,
     ) -> None:
         self.store = store
         self._clock = clock
         self._wall = wall_clock
+        # What decides which node coordinates a group (the live nodes, in a cluster): when it
+        # changes, groups this node held may have been coordinated, and stored, elsewhere.
+        self._placement = placement
+        self._placed = placement()
         self.groups: dict[str, Group] = {}
+        self._absent: set[str] = set()  # groups the store was asked for and had no record of
+        # Records to store that no request waits for (a group gone empty): group -> record, or
+        # None to forget the group. Written in order with the others under `_writing`.
+        self._unstored: dict[str, bytes | None] = {}
+        self._writing = anyio.Lock()
+        # Where those are written from: the daemon's task group (`Handlers.run` sets it); a
+        # task runs only while there is something to write. Unset, `flush` writes them.
+        self.spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], object] | None = None
+        self._flushing = False
+
+    # ------------------------------------------------------------------ stored metadata
+
+    async def load(self, group_id: str) -> ErrorCode:
+        """Bring the group's stored metadata into memory if this coordinator does not hold the
+        group (as Kafka's coordinator loads its groups when it takes over): members come back
+        Stable with their sessions started afresh. Call before any request about the group;
+        COORDINATOR_NOT_AVAILABLE if the store could not be read (the client retries)."""
+        try:
+            await self._load(group_id)
+        except LevelZeroError as exc:
+            log.warning("loading group %s's metadata failed: %s: %s", group_id, exc.code, exc)
+            return ErrorCode.coordinator_not_available
+        return ErrorCode.none
+
+    async def _load(self, group_id: str) -> None:
+        placed = self._placement()
+        if placed != self._placed:
+            await self._forget_settled_groups()
+            self._placed = placed
+        if not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+            return
+        if group_id in self.groups or group_id in self._absent:
+            return
+        if group_id in self._unstored:  # on its way to the store
+            stored = self._unstored[group_id]
+        else:
+            stored = await self.store.group_metadata(group_id)
+        if group_id in self.groups:  # joined meanwhile: what is in memory is newer
+            return
+        if stored is None:
+            if len(self._absent) >= GROUPS_MAX:
+                self._absent.clear()
+            self._absent.add(group_id)
+            return
+        record = _stored_decoder.decode(stored)
+        assert record.version == STORED_GROUP_VERSION, record.version
+        if len(self.groups) >= GROUPS_MAX:
+            self._forget_empty_groups()
+            if len(self.groups) >= GROUPS_MAX:
+                return  # as a group this node cannot take: its members find out at their next call
+        self.groups[group_id] = _restored(group_id, record, self._clock())
+
+    async def _forget_settled_groups(self) -> None:
+        """Forget every group not in a rebalance (its stored record says all of it): another
+        node may have coordinated it, and stored it anew, since this one last did."""
+        await self.flush()
+        for group in list(self.groups.values()):
+            if group.state in ("stable", "empty") and not group.joining:
+                del self.groups[group.group_id]
+        self._absent.clear()
+
+    def _record(self, group: Group) -> bytes:
+        members = [
+            StoredMember(
+                m.member_id,
+                m.instance_id,
+                m.client_id,
+                m.client_host,
+                m.rebalance_timeout_s,
+                m.session_timeout_s,
+                next((meta for name, meta in m.protocols if name == group.protocol_name), b""),
+                m.assignment,
+            )
+            for m in group.members.values()
+        ]
+        record = StoredGroup(
+            STORED_GROUP_VERSION,
+            group.protocol_type,
+            group.generation,
+            group.protocol_name if members else None,
+            group.leader if members else None,
+            members,
+        )
+        return _stored_encoder.encode(record)
+
+    async def _store(self, group_id: str, record: bytes | None) -> None:
+        """Durable on return (raises LevelZeroError if not); supersedes a record not yet stored."""
+        async with self._writing:
+            self._unstored.pop(group_id, None)
+            await self.store.store_group_metadata(group_id, record, self._wall())
+        if record is None:
+            self._absent.add(group_id)
+        else:
+            self._absent.discard(group_id)
+
+    def _store_later(self, group_id: str, record: bytes | None) -> None:
+        self._absent.discard(group_id)  # `load` reads it from `_unstored` until it is stored
+        self._unstored[group_id] = record
+        if self.spawn is not None and not self._flushing:
+            self._flushing = True
+            self.spawn(self._flush_unstored)
+
+    async def _flush_unstored(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            self._flushing = False
+        if self._unstored and self.spawn is not None:  # added as the flush ended
+            self._flushing = True
+            self.spawn(self._flush_unstored)
+
+    async def flush(self) -> None:
+        """Store the records no request waited for (a failure is logged: the group is stored
+        again at its next rebalance, as Kafka's coordinator only logs a failed write then)."""
+        async with self._writing:
+            while self._unstored:
+                group_id, record = next(iter(self._unstored.items()))
+                del self._unstored[group_id]
+                try:
+                    await self.store.store_group_metadata(group_id, record, self._wall())
+                except LevelZeroError as exc:
+                    log.warning("storing group %s's metadata failed: %s: %s", group_id, exc.code, exc)
+                    continue
+                if record is None:
+                    self._absent.add(group_id)
+                else:
+                    self._absent.discard(group_id)
 
     # ------------------------------------------------------------------ membership
 
@@ -218,6 +394,7 @@ class GroupCoordinator:
         if not group.members:
             group.state = "empty"
             group.synced.set()  # SyncGroup waiters of the old generation: rebalance
+            self._store_later(group.group_id, self._record(group))
             return
         self._start_round(group, initial=False)
 
@@ -247,6 +424,7 @@ class GroupCoordinator:
             group.state = "empty"
             current.generation = group.generation
             current.done.set()
+            self._store_later(group.group_id, self._record(group))
             return
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
@@ -428,8 +606,18 @@ class GroupCoordinator:
             given = dict(assignments)
             for other in group.members.values():
                 other.assignment = given.get(other.member_id, b"")
-            group.state = "stable"
-            group.synced.set()
+            # Stored before any member is answered, as Kafka's coordinator does: a member told
+            # its assignment can count on its member id and generation outliving a restart.
+            try:
+                await self._store(group_id, self._record(group))
+            except LevelZeroError as exc:
+                log.warning("storing group %s's metadata failed: %s: %s", group_id, exc.code, exc)
+                if group.generation == generation and group.state == "completing":
+                    self._start_round(group, initial=False)  # every member rejoins
+                return ErrorCode.coordinator_not_available, b"", None, None
+            if group.generation == generation and group.state == "completing":
+                group.state = "stable"
+                group.synced.set()
         synced = group.synced
         with anyio.move_on_after(member.rebalance_timeout_s):
             await synced.wait()
@@ -592,6 +780,7 @@ class GroupCoordinator:
             return False
         if self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
+            self._store_later(group.group_id, None)  # as Kafka's tombstone for a dead group
         return True
 
     @staticmethod
@@ -636,6 +825,7 @@ class GroupCoordinator:
         await self._delete_offsets(group_id, None)
         if self.groups.get(group_id) is group and group is not None and group.state == "empty":
             del self.groups[group_id]
+            await self._store(group_id, None)
         return ErrorCode.none
 
     async def delete_offsets(
@@ -673,6 +863,36 @@ class GroupCoordinator:
 
     async def _delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
         await self.store.delete_offsets(group_id, partitions)
+
+
+def _restored(group_id: str, record: StoredGroup, now: float) -> Group:
+    """A group as its record left it: Stable with its members (each session from `now`), or
+    Empty at its generation."""
+    members = {
+        m.member_id: Member(
+            m.member_id,
+            m.client_id,
+            m.session_timeout_s,
+            m.rebalance_timeout_s,
+            [(record.protocol_name or "", m.subscription)],
+            now,
+            assignment=m.assignment,
+            client_host=m.client_host,
+            instance_id=m.instance_id,
+        )
+        for m in record.members[:MEMBERS_PER_GROUP_MAX]
+    }
+    group = Group(
+        group_id,
+        state="stable" if members else "empty",
+        generation=record.generation,
+        protocol_type=record.protocol_type,
+        protocol_name=record.protocol_name if members else None,
+        leader=record.leader if members else None,
+        members=members,
+    )
+    group.synced.set()
+    return group
 
 
 def subscribed_topics(metadata: bytes) -> list[str] | None:

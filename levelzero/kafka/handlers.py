@@ -48,8 +48,8 @@ class Handlers:
         self.node = node
         self.settings = settings
         self.intake = ProduceIntake(node) if intake is None else intake
-        self.groups = GroupCoordinator(node.log_store)
         cluster = Cluster(node, settings)
+        self.groups = GroupCoordinator(node.log_store, placement=cluster.placement)
         self.admin = AdminApi(node, settings, cluster)
         auto_create = self.admin.auto_create if settings.auto_create_topics else None
         self.metadata = MetadataApi(node, cluster, auto_create)
@@ -85,6 +85,7 @@ class Handlers:
             if not self.intake.running:  # the daemon runs the intake both front ends share
                 await tg.start(self.intake.run)
             tg.start_soon(self.transactions.run)
+            self.groups.spawn = tg.start_soon  # stores a group gone empty
             task_status.started()
 
     async def handle(
@@ -124,9 +125,9 @@ class Handlers:
             case 14:
                 return await self.group_api.sync_group(request)
             case 12:
-                return self.group_api.heartbeat(request)
+                return await self.group_api.heartbeat(request)
             case 13:
-                return self.group_api.leave_group(request)
+                return await self.group_api.leave_group(request)
             case 8:
                 return await self.offsets.offset_commit(request)
             case 9:

@@ -118,6 +118,11 @@ class Cluster:
         chosen = preferred_leader(f"group:{group_id}", sorted(brokers))
         return brokers[chosen] if chosen is not None else self.me()
 
+    def placement(self) -> frozenset[str] | None:
+        """What `coordinator` picks from (the live Kafka nodes; alone, None): a group may have
+        been coordinated elsewhere since this changed."""
+        return None if self.node.member is None else frozenset(self.brokers())
+
     def coordinates(self, group_id: str) -> bool:
         return self.node.member is None or self.coordinator(group_id) == self.me()
 

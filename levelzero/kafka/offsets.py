@@ -159,14 +159,15 @@ class OffsetsApi:
         generation = getattr(body, "generation_id_or_member_epoch", None)
         if generation is None:
             generation = body.generation_id
-        allowed = self.groups.check_commit(
-            body.group_id,
-            body.member_id,
-            generation,
-            getattr(body, "group_instance_id", None),  # v7+
-        )
         if not self.cluster.coordinates(body.group_id):
             allowed = ErrorCode.not_coordinator
+        elif (allowed := await self.groups.load(body.group_id)) == ErrorCode.none:
+            allowed = self.groups.check_commit(
+                body.group_id,
+                body.member_id,
+                generation,
+                getattr(body, "group_instance_id", None),  # v7+
+            )
         known = self.node.topics()
         codes: dict[tuple[str, int], ErrorCode] = {}
         to_store: list[tuple[str, int, int, str, int]] = []

@@ -1273,6 +1273,8 @@ class TransactionCoordinator:
             if txn is not None:
                 # v3+ (KIP-447): the consumer's group metadata, fenced as Kafka's group
                 # coordinator fences a transactional offset commit (defaults: not checked)
+                code = await self.groups.load(body.group_id)
+            if txn is not None and code == ErrorCode.none:
                 code = self.groups.check_commit(
                     body.group_id,
                     getattr(body, "member_id", ""),

@@ -59,6 +59,7 @@ class MemoryLogStore:
         self.fence_events: list[FenceEventRow] = []
         self.state_samples: list[StateSampleRow] = []
         self.consumer_offsets: dict[tuple[str, str, int], OffsetRow] = {}
+        self.group_metadata_rows: dict[str, bytes] = {}
         self.configs: dict[str, dict[str, str]] = {}
         # Deleted partitions whose L1 objects are not all collected yet; and every pid ever given
         # (a deleted partition's id is never given again).
@@ -389,6 +390,17 @@ class MemoryLogStore:
         for key in list(self.consumer_offsets):
             if key[0] == group_id and (partitions is None or key[1:] in partitions):
                 del self.consumer_offsets[key]
+
+    async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:  # noqa: ARG002 - no times kept here
+        await anyio.lowlevel.checkpoint()
+        if metadata is None:
+            self.group_metadata_rows.pop(group_id, None)
+        else:
+            self.group_metadata_rows[group_id] = metadata
+
+    async def group_metadata(self, group_id: str) -> bytes | None:
+        await anyio.lowlevel.checkpoint()
+        return self.group_metadata_rows.get(group_id)
 
     # -- topic configs
     async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:

@@ -289,6 +289,15 @@ class ConsumerOffsetStore(Protocol):
         partition), or all of them when None (DeleteGroups, OffsetDelete)."""
         ...
 
+    async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
+        """Durable on return: the group's metadata (the group coordinator's encoding, opaque
+        here), replacing what was stored; None forgets the group (DeleteGroups)."""
+        ...
+
+    async def group_metadata(self, group_id: str) -> bytes | None:
+        """The group's metadata as last stored, or None."""
+        ...
+
 
 @runtime_checkable
 class TopicConfigStore(Protocol):

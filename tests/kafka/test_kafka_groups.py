@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import anyio
+import pytest
 from confluent_kafka import Consumer, Producer
 from kio.schema.errors import ErrorCode
 
+from levelzero.core.errors import StorageError
 from levelzero.kafka.groups import GroupCoordinator
 from levelzero.storage.memory_log import MemoryLogStore
 
@@ -545,3 +547,106 @@ async def test_a_restarted_static_consumer_gets_its_partitions_at_once_and_a_dup
     errors = seen["errors"]
     assert isinstance(errors, list) and len(errors) == 1, seen
     assert errors[0].startswith("_FATAL") and "fenced" in errors[0].lower(), seen
+
+
+class FailingGroupStore(MemoryLogStore):
+    async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
+        raise StorageError("the control plane is away")
+
+
+async def stable_group(coordinator: GroupCoordinator, clock: FakeClock, generation: int = 1) -> str:
+    """One member joins group "g" (session 10 s) and syncs at `generation`; its member id."""
+    session_ms = 10_000
+    results = []
+    async with anyio.create_task_group() as tg:
+
+        async def join() -> None:
+            results.append(
+                await coordinator.join("g", "", "c", session_ms, session_ms, "consumer", [("range", b"sub")])
+            )
+
+        tg.start_soon(join)
+        await anyio.sleep(0)
+        clock.now += 1
+    me = results[0].member_id
+    assert results[0].generation == generation
+    assert await coordinator.sync("g", me, generation, [(me, b"parts")]) == (
+        ErrorCode.none,
+        b"parts",
+        "consumer",
+        "range",
+    )
+    return me
+
+
+async def test_a_restarted_coordinator_restores_its_members_until_their_sessions_end() -> None:
+    """As Kafka's coordinator loads a group: the members of the last completed rebalance come
+    back Stable with their member ids, generation and assignments, each session started afresh;
+    a member that never comes back is dropped at its session timeout, and the group, empty,
+    keeps its generation."""
+    clock, store = FakeClock(), MemoryLogStore()
+    before = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    me = await stable_group(before, clock)
+    clock.now += 8  # most of the session gone before the restart
+    after = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    assert await after.load("g") == ErrorCode.none
+    assert after.heartbeat("g", me, 1) == ErrorCode.none
+    assert after.check_commit("g", me, 1) == ErrorCode.none
+    assert after.check_commit("g", me, 1, transactional=True) == ErrorCode.none
+    assert after.check_commit("g", me, 0, transactional=True) == ErrorCode.illegal_generation
+    assert after.check_commit("g", "stranger", 1, transactional=True) == ErrorCode.unknown_member_id
+    summary = await after.summary("g")
+    assert summary is not None and (summary.state, summary.protocol_name) == ("Stable", "range")
+    assert [(m.member_id, m.metadata, m.assignment) for m in summary.members] == [(me, b"sub", b"parts")]
+
+    # A third coordinator, and the member never comes back: its session, started afresh at the
+    # load, ends 10 s later.
+    again = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    assert await again.load("g") == ErrorCode.none
+    clock.now += 9
+    assert again.check_commit("g", me, 1, transactional=True) == ErrorCode.none
+    clock.now += 1
+    assert again.check_commit("g", me, 1, transactional=True) == ErrorCode.unknown_member_id
+    assert again.groups["g"].state == "empty"
+    await again.flush()  # the empty group is stored as it is, at its generation
+    last = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    assert await last.load("g") == ErrorCode.none
+    assert (last.groups["g"].state, last.groups["g"].generation) == ("empty", 1)
+    assert last.heartbeat("g", me, 1) == ErrorCode.unknown_member_id
+    assert await stable_group(last, clock, generation=2) != me  # the generation goes on
+
+
+async def test_a_deleted_group_is_not_restored() -> None:
+    clock, store = FakeClock(), MemoryLogStore()
+    coordinator = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    me = await stable_group(coordinator, clock)
+    assert coordinator.leave("g", [me]) == {me: ErrorCode.none}
+    await coordinator.commit("g", [("t", 0, 5, "", -1)])
+    assert await coordinator.delete_group("g") == ErrorCode.none
+    assert await store.group_metadata("g") is None
+    restarted = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    assert await restarted.load("g") == ErrorCode.none
+    assert "g" not in restarted.groups
+
+
+async def test_a_sync_group_whose_metadata_cannot_be_stored_fails_and_the_members_rejoin() -> None:
+    clock = FakeClock()
+    coordinator = GroupCoordinator(FailingGroupStore(), clock=clock, wall_clock=clock)
+    with pytest.raises(AssertionError):
+        await stable_group(coordinator, clock)
+    assert coordinator.groups["g"].state == "preparing"
+    (me,) = coordinator.groups["g"].members
+    assert coordinator.heartbeat("g", me, 1) == ErrorCode.rebalance_in_progress
+
+
+async def test_a_group_gone_empty_is_stored_with_its_generation() -> None:
+    clock, store = FakeClock(), MemoryLogStore()
+    coordinator = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    async with anyio.create_task_group() as tg:
+        coordinator.spawn = tg.start_soon  # as the daemon runs it: a write no request waits for
+        me = await stable_group(coordinator, clock)
+        assert coordinator.leave("g", [me]) == {me: ErrorCode.none}
+    restarted = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    assert await restarted.load("g") == ErrorCode.none
+    assert (restarted.groups["g"].state, restarted.groups["g"].generation) == ("empty", 1)
+    assert not restarted.groups["g"].members

@@ -80,6 +80,30 @@ async def test_a_file_made_before_consumer_offsets_gets_the_table(tmp_path: Path
         assert len(await store.list_partitions()) == 1
 
 
+async def test_a_file_of_schema_10_gets_the_group_metadata_table(tmp_path: Path) -> None:
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        await store.commit_offsets([OffsetRow("g", "t", 0, 3, "m", 1.0, 4)])
+    with sqlite3.connect(db) as connection:  # what schema 10 wrote
+        connection.execute("DROP TABLE group_metadata")
+        connection.execute("PRAGMA user_version = 10")
+    async with await SqliteLogStore.open(str(db)) as store:
+        assert await store.group_metadata("g") is None
+        await store.store_group_metadata("g", b"members", 2.0)
+        assert await store.group_metadata("g") == b"members"
+        assert [r.committed_offset for r in await store.committed_offsets("g")] == [3]
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone() == (11,)
+
+
+async def test_memory_store_keeps_group_metadata() -> None:
+    store = MemoryLogStore()
+    await store.store_group_metadata("g", b"members", 1.0)
+    assert await store.group_metadata("g") == b"members"
+    await store.store_group_metadata("g", None, 2.0)
+    assert await store.group_metadata("g") is None
+
+
 async def record_producer_batches(store: ProducerBatchStore) -> None:
     assert isinstance(store, ProducerBatchStore)
     for seq in range(7):

@@ -112,6 +112,19 @@ async def test_committed_offsets_last_write_wins_and_survive_reopening(backend: 
         ]  # exercise deleted ("t", 0)
 
 
+async def test_group_metadata_last_write_wins_is_forgotten_and_survives_reopening(backend: Backend) -> None:
+    async with await backend.open() as store:
+        assert await store.group_metadata("g") is None
+        await store.store_group_metadata("g", b"generation 1", 1.0)
+        await store.store_group_metadata("g", b"generation 2", 2.0)
+        await store.store_group_metadata("gone", b"x", 2.0)
+        await store.store_group_metadata("gone", None, 3.0)
+        await store.store_group_metadata("never", None, 3.0)  # forgetting nothing is no error
+    async with await backend.open() as store:
+        assert await store.group_metadata("g") == b"generation 2"
+        assert await store.group_metadata("gone") is None
+
+
 async def test_topic_configs_are_stored_with_the_topic_replaced_whole_and_survive_reopening(
     backend: Backend,
 ) -> None:

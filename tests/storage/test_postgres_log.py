@@ -366,6 +366,7 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
             "txn_ranges",
             "cleaner_offsets",
             "l1_compacted",
+            "group_metadata",
         ):
             await connection.execute(f"DROP TABLE {table}")
         for table in ("l0_objects", "l1_objects", "fence_events", "state_samples"):
@@ -384,6 +385,8 @@ async def test_a_database_of_an_older_version_is_migrated_forward(postgres_dsn: 
     async with await PostgresLogStore.open(postgres_dsn) as store:
         await store.commit_offsets([OffsetRow("g", "t", 0, 7, "", 1.0, 3)])
         assert await store.committed_offsets("g") == [OffsetRow("g", "t", 0, 7, "", 1.0, 3)]
+        await store.store_group_metadata("g", b"members", 1.0)  # migration 15's table
+        assert await store.group_metadata("g") == b"members"
         assert len(await store.list_partitions()) == 2
         # An L1 row from before migration 11 has no largest timestamp: a lookup by time reads it.
         (old_l1,) = await store.l1_list(pid=1)

@@ -337,11 +337,12 @@ async def test_a_file_of_schema_1_is_migrated_to_the_current_version_once(db: Pa
         connection.execute("DROP TABLE txn_ranges")
         connection.execute("DROP TABLE cleaner_offsets")
         connection.execute("DROP TABLE l1_compacted")
+        connection.execute("DROP TABLE group_metadata")
         connection.execute("DROP INDEX l0_objects_live")
         connection.execute("ALTER TABLE fence_events DROP COLUMN decisions")
         connection.execute("ALTER TABLE l1_objects DROP COLUMN max_timestamp_ms")
         connection.execute("PRAGMA user_version = 1")
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
     for _ in range(2):  # the second open finds nothing to migrate
         async with await SqliteLogStore.open(db) as store:
             assert [r.log_offset for r in await store.read_log(p.pid, 0)] == [0]

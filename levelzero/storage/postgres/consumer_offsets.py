@@ -43,3 +43,29 @@ class ConsumerOffsetRole(PostgresBase):
                 )
 
         await self._transact("deleting committed offsets", work)
+
+    # ------------------------------------------------------------------ group metadata
+
+    async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            if metadata is None:
+                await connection.execute("DELETE FROM group_metadata WHERE group_id = $1", group_id)
+            else:
+                await connection.execute(
+                    "INSERT INTO group_metadata (group_id, metadata, stored_at) VALUES ($1, $2, $3)"
+                    " ON CONFLICT (group_id) DO UPDATE SET metadata = excluded.metadata,"
+                    " stored_at = excluded.stored_at",
+                    group_id,
+                    metadata,
+                    now,
+                )
+
+        await self._transact("storing a group's metadata", work)
+
+    async def group_metadata(self, group_id: str) -> bytes | None:
+        rows = await self._read(
+            "reading a group's metadata",
+            "SELECT metadata FROM group_metadata WHERE group_id = $1",
+            group_id,
+        )
+        return bytes(rows[0][0]) if rows else None

@@ -53,6 +53,7 @@ SCHEMA_TABLES = frozenset(
         "deleted_partitions",
         "cleaner_offsets",
         "l1_compacted",
+        "group_metadata",
     }
 )
 
@@ -303,6 +304,15 @@ ALTER TABLE transactions ADD COLUMN prepared TEXT NOT NULL DEFAULT '';
     """
 CREATE SEQUENCE IF NOT EXISTS cluster_node_incarnations;
 ALTER TABLE cluster_nodes ADD COLUMN IF NOT EXISTS incarnation BIGINT NOT NULL DEFAULT 0;
+""",
+    # 15: each consumer group's metadata as its coordinator last stored it (the members of its
+    # last completed rebalance; the coordinator's encoding), restored by the next coordinator
+    """
+CREATE TABLE group_metadata (
+    group_id TEXT PRIMARY KEY,
+    metadata BYTEA NOT NULL,
+    stored_at DOUBLE PRECISION NOT NULL
+);
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

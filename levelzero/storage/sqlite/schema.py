@@ -32,11 +32,12 @@ from levelzero.storage.protocols import (
 # (ListOffsets by time reads only the object holding its answer; rows of older files keep
 # NULL, and a lookup reads such an object to find out). Version 9:
 # consumer_offsets.leader_epoch (the committed leader epoch, KIP-320). Version 10:
-# transactions.prepared (a prepared transaction completing beside its successor).
+# transactions.prepared (a prepared transaction completing beside its successor). Version 11:
+# group_metadata (each consumer group's last completed rebalance, restored at start-up).
 # MIGRATIONS[v - 1] brings a file of version v to v + 1; a new file gets SCHEMA at once.
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 OLDEST_SCHEMA_VERSION = 1
 
 L0_LIVE_INDEX = (
@@ -145,6 +146,20 @@ SELECT_TXN_RANGES = (
     "SELECT topic, partition, producer_id, first_offset, last_offset, aborted FROM txn_ranges"
     " WHERE topic = ? AND partition = ? ORDER BY first_offset, producer_id"
 )
+# Each consumer group's metadata as its coordinator last stored it (schema 11): the members of
+# its last completed rebalance, or none once it went empty (Kafka's group metadata records in
+# __consumer_offsets). The coordinator's encoding, opaque here.
+GROUP_METADATA = """CREATE TABLE IF NOT EXISTS group_metadata (
+    group_id TEXT PRIMARY KEY,
+    metadata BLOB NOT NULL,
+    stored_at REAL NOT NULL
+) WITHOUT ROWID"""
+UPSERT_GROUP_METADATA = (
+    "INSERT INTO group_metadata (group_id, metadata, stored_at) VALUES (?, ?, ?)"
+    " ON CONFLICT (group_id) DO UPDATE SET metadata = excluded.metadata, stored_at = excluded.stored_at"
+)
+DELETE_GROUP_METADATA = "DELETE FROM group_metadata WHERE group_id = ?"
+SELECT_GROUP_METADATA = "SELECT metadata FROM group_metadata WHERE group_id = ?"
 SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY group_id"
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
 DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
@@ -321,6 +336,8 @@ CREATE TABLE state_samples (
     + ";\n"
     + L1_COMPACTED
     + ";\n"
+    + GROUP_METADATA
+    + ";\n"
 )
 # one definition each: the migration to version 2 adds the index and the Kafka tables to older files
 # The tables every version has (what the export reads); SCHEMA_TABLES_OF_VERSION adds the rest.
@@ -354,6 +371,7 @@ SCHEMA_TABLES_OF_VERSION = {
 SCHEMA_TABLES_OF_VERSION[8] = SCHEMA_TABLES_OF_VERSION[7]
 SCHEMA_TABLES_OF_VERSION[9] = SCHEMA_TABLES_OF_VERSION[8]
 SCHEMA_TABLES_OF_VERSION[10] = SCHEMA_TABLES_OF_VERSION[9]
+SCHEMA_TABLES_OF_VERSION[11] = SCHEMA_TABLES_OF_VERSION[10] | {"group_metadata"}
 assert set(SCHEMA_TABLES_OF_VERSION) == set(range(OLDEST_SCHEMA_VERSION, SCHEMA_VERSION + 1))
 
 
@@ -480,6 +498,10 @@ async def _migrate_9_to_10(connection: aiosqlite.Connection) -> None:
         await connection.execute(ADD_TRANSACTION_PREPARED)
 
 
+async def _migrate_10_to_11(connection: aiosqlite.Connection) -> None:
+    await connection.execute(GROUP_METADATA)
+
+
 MIGRATIONS = (
     _migrate_1_to_2,
     _migrate_2_to_3,
@@ -490,6 +512,7 @@ MIGRATIONS = (
     _migrate_7_to_8,
     _migrate_8_to_9,
     _migrate_9_to_10,
+    _migrate_10_to_11,
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION - OLDEST_SCHEMA_VERSION
 

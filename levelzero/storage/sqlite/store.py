@@ -123,6 +123,9 @@ from .schema import (
     SELECT_OFFSET_GROUPS,
     DELETE_GROUP_OFFSETS,
     DELETE_OFFSET,
+    DELETE_GROUP_METADATA,
+    SELECT_GROUP_METADATA,
+    UPSERT_GROUP_METADATA,
     SELECT_PRODUCER_BATCHES,
     UPSERT_OFFSET,
     MARK_L0_DELETED,
@@ -1133,6 +1136,17 @@ class SqliteLogStore(StoreLifecycle):
             await self._stage_rows(DELETE_GROUP_OFFSETS, [(group_id,)])
         else:
             await self._stage_rows(DELETE_OFFSET, [(group_id, t, p) for t, p in partitions])
+
+    async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
+        if metadata is None:
+            await self._stage_rows(DELETE_GROUP_METADATA, [(group_id,)])
+        else:
+            await self._stage_rows(UPSERT_GROUP_METADATA, [(group_id, metadata, now)])
+
+    async def group_metadata(self, group_id: str) -> bytes | None:
+        self._check_readable()
+        rows = list(await self._reader.execute_fetchall(SELECT_GROUP_METADATA, (group_id,)))
+        return bytes(rows[0][0]) if rows else None
 
     # ------------------------------------------------------------------ idempotent producers
 
