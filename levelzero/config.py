@@ -367,6 +367,8 @@ class ReconcilerSection(_Section):
     copy_deadline_s: float = 600.0  # an unfinished copy older than this is collected
     delete_retry_first_s: float = 1.0  # a failed L1 delete is tried again after this, doubling
     delete_retry_max_s: float = 300.0  # ... up to this
+    l1_stray_grace_s: float = 3600.0  # an L1 object no row names is deleted once this old ...
+    l1_stray_sweep_interval_s: float = 86_400.0  # ... by a sweep of its partition this often (0: never)
     enabled: bool = True
 
     def __post_init__(self) -> None:

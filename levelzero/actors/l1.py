@@ -64,6 +64,7 @@ class L1Catalog:
         self.pending_deletes = PendingDeletes(delete_retry_first_s, delete_retry_max_s)
         self.delete_failures = 0
         self.delete_retries = 0
+        self.strays_deleted = 0  # objects of live partitions no row named (`sweep_strays`)
 
     # ------------------------------------------------------------------ validity
 
@@ -289,6 +290,66 @@ class L1Catalog:
             except LevelZeroError as exc:
                 log.warning("L1 delete of %s failed, retried later: %s", row.key, exc)
         return deleted
+
+    # ------------------------------------------------------------------ strays of live partitions
+
+    async def sweep_strays(self, actor: PartitionActor, grace_s: float) -> int:
+        """Delete the objects under the partition's key prefix that no row of it names, in any
+        state, and that the store last modified more than `grace_s` ago; returns how many went.
+
+        Such an object can never become referenced again: a running writer (the reconciler, the
+        compactor) records its row before the upload and no row of a live partition is ever
+        removed, so listed first and rows read after, a listed key of a running writer has its
+        row by then. What it leaves: a restore's lost history, an interrupted adoption's copies
+        (adoption uploads first, but only while no daemon runs), an upload that landed after its
+        copy was collected and its writer stopped (its row is DELETE_FINISHED: kept, it names
+        the key). The grace is a margin on top (the store's clock against this node's). Only
+        keys that parse as this partition's L1 keys are deleted. A failed delete raises; the
+        caller tries the sweep again later."""
+        try:
+            prefix = l1_partition_prefix(actor.row.topic, actor.row.partition)
+        except MalformedKey:
+            return 0  # a name no store can hold: no object was ever stored under it
+        assert prefix.endswith("/"), prefix  # partition 1's prefix is not partition 10's
+        now = self._wall()
+        old = [
+            obj.key
+            async for obj in iter_objects(self._objects, prefix)
+            if now - obj.last_modified > grace_s and self._is_own_key(actor, obj.key)
+        ]
+        if not old:
+            return 0
+        named = {row.key for row in await self._log.l1_list(actor.row.pid)}
+        strays = [key for key in old if key not in named]
+        deleted = 0
+        try:
+            for start in range(0, len(strays), DELETE_BATCH_KEYS_MAX):
+                batch = strays[start : start + DELETE_BATCH_KEYS_MAX]
+                result = await self._objects.delete_many(batch)
+                gone = len(batch) - len(result.errors)
+                deleted += gone
+                self.strays_deleted += gone
+                if result.errors:
+                    key, error = next(iter(result.errors.items()))
+                    raise StorageError(f"deleting {key} failed: {error}")
+        finally:
+            if deleted:
+                log.info(
+                    "deleted %d L1 objects of %s that no row named (older than %.0f s)",
+                    deleted,
+                    actor.name,
+                    grace_s,
+                    extra={"partition": actor.name},
+                )
+        return deleted
+
+    @staticmethod
+    def _is_own_key(actor: PartitionActor, key: str) -> bool:
+        try:
+            parsed = parse_l1_key(key)
+        except MalformedKey:
+            return False  # not one levelzero writes: left alone
+        return (parsed.topic, parsed.partition) == (actor.row.topic, actor.row.partition)
 
     # ------------------------------------------------------------------ deleted topics
 

@@ -188,6 +188,7 @@ class Node:
             rng=rng,
             activity=self.activity,
             index=self.partitions_by_name,
+            strays_held=lambda: self.gc.paused,  # a paused GC deletes nothing (docs/backup-restore.md)
         )
         self._topics: dict[str, int] = {}
         # Each topic's configs (Kafka's topic configs): retention, max.message.bytes.

@@ -40,6 +40,13 @@ log = logging.getLogger("levelzero.reconciler")
 # While running, each partition's unfinished copies and deletes are checked this many times per
 # `copy_deadline_s`, so one abandoned by a crash goes at most a quarter deadline late.
 STALE_COPY_CHECKS_PER_DEADLINE = 4
+# Partitions whose key prefix one round sweeps for stray L1 objects, at most (a LIST each, and
+# their deletes): the others stay due and are swept in the rounds after.
+STRAY_SWEEPS_PER_ROUND_MAX = 16
+# A sweep that failed is tried again after this (or the interval, if shorter).
+STRAY_SWEEP_RETRY_S = 300.0
+STRAY_GRACE_S_MIN = 60.0
+STRAY_TIMES_S_MAX = 30 * 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +70,26 @@ class ReconcilerConfig:
     # A failed L1 delete is tried again after this, doubling up to delete_retry_max_s.
     delete_retry_first_s: float = 1.0
     delete_retry_max_s: float = 300.0
+    # An L1 object of a partition led here that no row of it names is deleted once older than
+    # l1_stray_grace_s (`L1Catalog.sweep_strays`): each partition's prefix is swept soon after
+    # this node starts leading it, then every l1_stray_sweep_interval_s (a LIST each; 0: never).
+    l1_stray_grace_s: float = 3600.0
+    l1_stray_sweep_interval_s: float = 86_400.0
     enabled: bool = True
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.copy_deadline_s <= 0:
             raise InvalidInput("reconciler interval_s and copy_deadline_s must be > 0")
+        if not STRAY_GRACE_S_MIN <= self.l1_stray_grace_s <= STRAY_TIMES_S_MAX:
+            raise InvalidInput(
+                f"reconciler l1_stray_grace_s must be in {STRAY_GRACE_S_MIN:.0f}..{STRAY_TIMES_S_MAX:.0f}"
+            )
+        interval = self.l1_stray_sweep_interval_s
+        if interval != 0 and not STRAY_GRACE_S_MIN <= interval <= STRAY_TIMES_S_MAX:
+            raise InvalidInput(
+                "reconciler l1_stray_sweep_interval_s must be 0 (never) or in "
+                f"{STRAY_GRACE_S_MIN:.0f}..{STRAY_TIMES_S_MAX:.0f}"
+            )
         if not 0 < self.delete_retry_first_s <= self.delete_retry_max_s <= 86_400:
             raise InvalidInput("reconciler needs 0 < delete_retry_first_s <= delete_retry_max_s <= 86400")
         if not 1024 <= self.object_bytes_max <= 256 * 1024 * 1024:
@@ -97,6 +119,8 @@ class ReconcilerStatistics:
     l0_extent_gets: int = 0  # GETs of one extent
     l0_extents_from_spans: int = 0  # extents sliced from a shared span
     partitions_deferred: int = 0  # copied in a later wave of their round: the read buffer was full
+    stray_sweeps: int = 0  # partitions' key prefixes swept for L1 objects no row names
+    stray_sweep_errors: int = 0
     lag_offsets: dict[str, int] = field(default_factory=dict)
     lag_bytes: dict[str, int] = field(default_factory=dict)
 
@@ -114,9 +138,13 @@ class Reconciler:
         rng: random.Random | None = None,
         activity: ActivityBoard | None = None,
         index: Callable[[], Mapping[str, PartitionActor]] | None = None,
+        strays_held: Callable[[], bool] | None = None,
     ) -> None:
         assert (activity is None) == (index is None), "activity needs the index to find names"
         self.config = config
+        # Whether stray L1 objects are to stay for now (the node's GC is paused: an operator
+        # looking at a restore before anything is deleted); the sweeps wait until it resumes.
+        self._strays_held = strays_held or (lambda: False)
         self._objects = object_store
         self._log = log_store
         self.catalog = catalog
@@ -131,6 +159,13 @@ class Reconciler:
         # own from an earlier term: its in-memory retries do not outlive a stop)
         self._recovered: dict[int, int] = {}
         self._stale_copies_checked_at: float | None = None
+        # pid -> (the term it was last swept under here, when it is due again): swept at each
+        # term's start here, then every `l1_stray_sweep_interval_s`
+        self._strays_due: dict[int, tuple[int, float]] = {}
+        # Partitions seen due for a sweep and not swept yet: a round sweeps the first
+        # STRAY_SWEEPS_PER_ROUND_MAX of them (in partition order), later rounds the rest
+        # (without visiting them again).
+        self._sweeps_waiting: set[str] = set()
         # Proportional to active partitions (core.activity): a round visits the partitions that
         # moved since the last round and those a round left with work (unreconciled data, a
         # failure, not ready); all of them in the first round (start-up collection) and when the
@@ -188,6 +223,8 @@ class Reconciler:
                     # A copy a crash left COPY_STARTED, a delete a stopped deleter left
                     # DELETE_STARTED; neither needs a restart or a new term to go.
                     await self.catalog.collect_abandoned(actor, self.config.copy_deadline_s)
+                if self._sweep_due(actor):
+                    self._sweeps_waiting.add(actor.name)  # swept after the copies
                 if not self.health.retry_due(actor.name, self._wall()):
                     self._note_lag(actor)
                     return  # failing: tried again every RECONCILE_FAILING_RETRY_S
@@ -239,6 +276,7 @@ class Reconciler:
             self.stats.partitions_deferred += len(later)
             self._add_read_stats(reads)
             wave = [a for a in wave if a.name in later]
+        await self._sweep_waiting()
         return written
 
     def _add_read_stats(self, reads: RoundReads) -> None:
@@ -337,6 +375,41 @@ class Reconciler:
         actors.sort(key=lambda actor: actor.row.pid)  # a set's order is not reproducible
         self._unfinished.intersection_update(index.keys())
         return actors
+
+    def _sweep_due(self, actor: PartitionActor) -> bool:
+        """Whether `actor`'s key prefix is to be swept for stray L1 objects: not yet in this
+        term of its leadership here, or its interval passed; never while strays are held."""
+        if self.config.l1_stray_sweep_interval_s == 0 or self._strays_held():
+            return False
+        due = self._strays_due.get(actor.row.pid)
+        return due is None or due[0] != actor.term or self._wall() >= due[1]
+
+    async def _sweep_waiting(self) -> None:
+        """Sweep the first STRAY_SWEEPS_PER_ROUND_MAX partitions waiting (still led here and
+        still due); the others wait for the next rounds."""
+        if not self._sweeps_waiting:
+            return
+        index = self._index() if self._index is not None else {a.name: a for a in self._partitions()}
+        waiting = [actor for name in self._sweeps_waiting if (actor := index.get(name)) is not None]
+        waiting = sorted((a for a in waiting if self._sweep_due(a)), key=lambda actor: actor.row.pid)
+        this_round, later = waiting[:STRAY_SWEEPS_PER_ROUND_MAX], waiting[STRAY_SWEEPS_PER_ROUND_MAX:]
+        self._sweeps_waiting = {actor.name for actor in later}
+        await self._for_each(this_round, self._sweep_strays)
+
+    async def _sweep_strays(self, actor: PartitionActor) -> None:
+        """Sweep `actor`'s key prefix. A failure is a warning and the sweep is tried again
+        later, never a failing reconciliation."""
+        term = actor.term
+        self.stats.stray_sweeps += 1
+        try:
+            await self.catalog.sweep_strays(actor, self.config.l1_stray_grace_s)
+        except LevelZeroError as exc:
+            self.stats.stray_sweep_errors += 1
+            retry_s = min(STRAY_SWEEP_RETRY_S, self.config.l1_stray_sweep_interval_s)
+            self._strays_due[actor.row.pid] = (term, self._wall() + retry_s)
+            log.warning("sweeping %s for stray L1 objects failed, tried again later: %s", actor.name, exc)
+        else:
+            self._strays_due[actor.row.pid] = (term, self._wall() + self.config.l1_stray_sweep_interval_s)
 
     def _note_failure(self, actor: PartitionActor, exc: LevelZeroError) -> None:
         self.stats.errors += 1

@@ -86,6 +86,7 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
             f"reconciler: {r.objects_written} L1 objects ({_mib(r.bytes_written)}), "
             f"{r.records_reconciled} records, lag {r.lag_offsets} offsets, "
             f"rejected catch-ups {r.catch_ups_rejected}, errors {r.errors}"
+            + (f", stray L1 objects deleted {r.l1_strays_deleted}" if r.l1_strays_deleted else "")
         )
         for f in r.failing:
             lines.append(

@@ -260,6 +260,11 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
         node.l1.delete_failures,
     )
     yield _counter("levelzero_l1_delete_retries", "Retries of failed L1 deletes.", node.l1.delete_retries)
+    yield _counter(
+        "levelzero_l1_strays_deleted",
+        "L1 objects of partitions led here that no row named, deleted by the sweeps of their prefixes.",
+        node.l1.strays_deleted,
+    )
 
 
 def housekeeper_metrics(node: Node) -> Iterable[Metric]:

@@ -888,6 +888,7 @@ def reconciler_status(node: Node) -> ReconcilerStatus:
             L1DeletePendingStatus(e.key, e.partition, e.since, e.failures, e.last_error, e.next_retry_at)
             for e in pending.pending()[:L1_DELETES_PENDING_SHOWN_MAX]
         ],
+        l1_strays_deleted=node.l1.strays_deleted,
     )
 
 

@@ -229,6 +229,8 @@ class ReconcilerStatus(_Response):
     # L1 objects whose delete failed (DELETE_STARTED, still in the bucket), retried with backoff
     l1_deletes_pending: int = 0
     l1_deletes_pending_shown: list[L1DeletePendingStatus] = []  # the oldest 20
+    # L1 objects no row named (a restore's lost history), deleted by the prefix sweeps
+    l1_strays_deleted: int = 0
 
 
 class PartitionCompactionStatus(_Response):

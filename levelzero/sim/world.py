@@ -377,6 +377,9 @@ class World:
                 object_age_max_s=self.reconciler_age_max_s,
                 read_buffer_bytes_max=self.read_buffer_bytes,
                 copy_deadline_s=cfg.copy_deadline_s,
+                # No sweep for stray L1 objects: its LISTs would move every pinned seed
+                # (tests/sim/test_mutations.py); tests/actors/test_l1_strays.py covers it.
+                l1_stray_sweep_interval_s=0.0,
             ),
             housekeeper=HousekeeperConfig(
                 interval_s=self.housekeeper_interval_s,
