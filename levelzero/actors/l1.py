@@ -294,18 +294,19 @@ class L1Catalog:
     # ------------------------------------------------------------------ strays of live partitions
 
     async def sweep_strays(self, actor: PartitionActor, grace_s: float) -> int:
-        """Delete the objects under the partition's key prefix that no row of it names, in any
-        state, and that the store last modified more than `grace_s` ago; returns how many went.
+        """Delete the objects under the partition's key prefix that no row of it names (a
+        DELETE_FINISHED row names none) and that the store last modified more than `grace_s`
+        ago; returns how many went.
 
         Such an object can never become referenced again: a running writer (the reconciler, the
         compactor) records its row before the upload and no row of a live partition is ever
         removed, so listed first and rows read after, a listed key of a running writer has its
         row by then. What it leaves: a restore's lost history, an interrupted adoption's copies
         (adoption uploads first, but only while no daemon runs), an upload that landed after its
-        copy was collected and its writer stopped (its row is DELETE_FINISHED: kept, it names
-        the key). The grace is a margin on top (the store's clock against this node's). Only
-        keys that parse as this partition's L1 keys are deleted. A failed delete raises; the
-        caller tries the sweep again later."""
+        copy was collected and its writer stopped (its row is DELETE_FINISHED). The grace is a
+        margin on top (the store's clock against this node's). Only keys that parse as this
+        partition's L1 keys are deleted. A failed delete raises; the caller tries the sweep
+        again later."""
         try:
             prefix = l1_partition_prefix(actor.row.topic, actor.row.partition)
         except MalformedKey:
@@ -319,7 +320,12 @@ class L1Catalog:
         ]
         if not old:
             return 0
-        named = {row.key for row in await self._log.l1_list(actor.row.pid)}
+        # A DELETE_FINISHED row names a key whose delete is over: an object there is an upload
+        # that landed after its copy was collected (the writer stopped before deleting it), and
+        # nothing reads or adopts a key in that state.
+        named = {
+            row.key for row in await self._log.l1_list(actor.row.pid) if row.state != L1State.DELETE_FINISHED
+        }
         strays = [key for key in old if key not in named]
         deleted = 0
         try:
