@@ -7,7 +7,8 @@ in flight) and times the process from start to exit: interpreter start-up, readi
 requests, the summary. The floor is the rate the issue set as the target (30,000 records/s):
 the ratio says how far above it the command stays (target >= 100%). An information row sets it
 beside the bundled client producing the same lines from a child process (`Client.produce` with
-the same batch size, one request at a time: what the command adds to the HTTP client).
+the same batch size and an idempotency key a request, as the command sends them, one request at
+a time: what the command adds to the HTTP client).
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ async def client_round(url: str, topic: str, lines: Path) -> float:
 
 
 async def _client_side(url: str, topic: str, lines: Path) -> int:
+    import secrets
+
+    from levelzero.cli.commands import PRODUCE_RUN_ID_BYTES, produce_key
     from levelzero.client import Client
 
     values = lines.read_bytes().splitlines()
+    run = secrets.token_hex(PRODUCE_RUN_ID_BYTES)  # each request keyed, as the command's are
     async with Client(url) as client:
-        for i in range(0, len(values), BATCH_RECORDS):
-            await client.produce(topic, 0, [(None, v) for v in values[i : i + BATCH_RECORDS]])
+        for n, i in enumerate(range(0, len(values), BATCH_RECORDS)):
+            batch = [(None, v) for v in values[i : i + BATCH_RECORDS]]
+            await client.produce(topic, 0, batch, idempotency_key=produce_key(run, n))
     return len(values)
 
 
