@@ -239,6 +239,7 @@ class RoundReport(RoundCounts, frozen=True, kw_only=True):  # type: ignore[misc]
     would_delete_truncated: bool = False
     error_samples: list[str] = []
     swept: bool = False  # this round listed the prefixes (else: it read the catalog)
+    failed: bool = False  # it got nothing done that it set out to (`_Tally.failed`)
 
     @property
     def blocked(self) -> bool:
@@ -286,6 +287,16 @@ class _Tally(RoundCounts, kw_only=True):
     would_delete_truncated: bool = False
     error_samples: list[str] = []
     swept: bool = False
+    lists_answered: int = 0  # list requests that returned a page
+
+    @property
+    def failed(self) -> bool:
+        """The round's rule of failure: every list request it sent failed, or it had keys to
+        delete and deleted none of them (an outage of the store fails every round, although
+        each request's failure is caught and counted)."""
+        every_list_failed = self.list_errors > 0 and self.lists_answered == 0
+        deleted_none = self.delete_errors > 0 and self.deleted == 0
+        return every_list_failed or deleted_none
 
     def note_error(self, text: str) -> None:
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
@@ -511,6 +522,7 @@ class GcActor:
                 raise
             else:
                 self._totals.rounds += 1
+                self._totals.failed_rounds += report.failed
                 return report
             finally:
                 self._rounds_finished += 1
@@ -556,6 +568,7 @@ class GcActor:
             would_delete_truncated=tally.would_delete_truncated,
             error_samples=tally.error_samples,
             swept=tally.swept,
+            failed=tally.failed,
         )
         assert report.backlog >= 0, report
         self._last = report
@@ -579,6 +592,7 @@ class GcActor:
                 "errors": report.errors,
                 "throttled": report.throttled,
                 "backlog": report.backlog,
+                "failed": report.failed,
                 "blocked_by": _shown(report.blocked_by) if report.blocked else None,
                 "duration_s": round(finished_at - started_at, 3),
             },
@@ -727,6 +741,7 @@ class GcActor:
                         )
                         if page is None:
                             return  # this range waits for the next round
+                        tally.lists_answered += 1
                         eligible = scan.feed(page.objects, page.next_start_after is None)
                         tally.note_eligible(eligible)
                         if dry_run:

@@ -482,6 +482,51 @@ async def test_a_failed_delete_request_loses_nothing_and_the_next_round_deletes(
     assert second.deleted == 5 and l0_keys(store) == []
 
 
+async def test_a_round_whose_every_list_fails_counts_as_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, 1)])
+    faults.fail_next("list", StorageError("connection refused"), count=1_000)
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), list_concurrency_max=8)
+
+    report = await gc.run_round()
+    assert (report.failed, report.list_errors, report.listed) == (True, 8, 0)
+    assert (gc.statistics().rounds, gc.statistics().failed_rounds) == (1, 1)
+
+
+async def test_a_round_that_deletes_none_of_its_keys_counts_as_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, i) for i in range(5)])
+    faults.fail_next("delete_many", StorageError("connection reset"))
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), sweep_interval_s=60.0)
+
+    first = await gc.run_round()  # the first round lists
+    assert (first.failed, first.deleted, first.delete_errors) == (True, 0, 5)
+    await put_l0(store, log_store, [l0_key(1, 1, 10)])
+    faults.fail_next("delete_many", StorageError("connection reset"))
+    second = await gc.run_round()  # from the catalog
+    assert (second.swept, second.failed, second.deleted) == (False, True, 0)
+    assert gc.statistics().failed_rounds == 2
+    third = await gc.run_round()
+    assert (third.failed, third.deleted) == (False, 6)
+    assert gc.statistics().failed_rounds == 2
+
+
+async def test_a_round_that_got_part_of_its_work_done_has_not_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    keys = [l0_key(999, 1, i) for i in range(5)]  # the last range's; the first's list fails
+    await put_l0(store, log_store, keys)
+    faults.fail_next("list", StorageError("connection refused"), count=1)
+    faults.fail_deletes(keys[:2], count=1)
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), list_concurrency_max=8)
+
+    report = await gc.run_round()
+    assert report.list_errors == 1 and report.delete_errors == 2 and report.deleted > 0
+    assert (report.failed, gc.statistics().failed_rounds) == (False, 0)
+
+
 async def test_a_crash_mid_round_loses_nothing_a_new_instance_finishes() -> None:
     faults = FaultPlan()
     store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
