@@ -432,7 +432,9 @@ class Daemon:
 
         async def probe() -> None:
             with probing:
-                await probe_object_store(observed_objects, health)
+                # One attempt's bound of the S3 client: a probe never waits out its retries.
+                probe_timeout_s = config.s3.connect_timeout_s + config.s3.read_timeout_s
+                await probe_object_store(observed_objects, health, probe_timeout_s=probe_timeout_s)
 
         tg.start_soon(probe)
         await tg.start(self.notifier.run_watchdog)
