@@ -47,6 +47,8 @@ import msgspec
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, StorageError
 from levelzero.core.gc import (
     DELETE_BATCH_KEYS_MAX,
+    BlockedChange,
+    BlockedWatch,
     Eligible,
     Explanation,
     GcPacer,
@@ -395,6 +397,7 @@ class GcActor:
         self._next_round_in_s: float | None = None
         self._pace_reason: str | None = None
         self._last_sweep_at: float | None = None  # None: the next round lists
+        self._blocked = BlockedWatch()
 
     # ------------------------------------------------------------------ controls
 
@@ -539,6 +542,7 @@ class GcActor:
         decision = (await self.read_watermark()).decision
         self._watermark.observe(decision.m)
         self._last_decision = decision
+        self._say_if_blocked(decision, started_at)
         tally = _Tally()
         try:
             if decision.m is not None:
@@ -598,6 +602,30 @@ class GcActor:
             },
         )
         return report
+
+    def _say_if_blocked(self, decision: WatermarkDecision, now: float) -> None:
+        """Every blocked round's line is INFO; a GC blocked for long (`BlockedWatch`) is a
+        WARNING once, naming the partitions without an `M(p)`; its end is said once (INFO)."""
+        rounds, blocked_for_s = self._blocked.rounds, self._blocked.blocked_for_s(now)
+        match self._blocked.observe(decision.blocked, now):
+            case BlockedChange.STAYS_BLOCKED:
+                log.warning(
+                    "gc blocked for %d rounds (%.0f s): no L0 object is deleted while partitions "
+                    "have no M(p): %s (levelzero gc explain says why)",
+                    self._blocked.rounds,
+                    self._blocked.blocked_for_s(now),
+                    _shown(decision.blocked_by),
+                    extra={"blocked_by": list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])},
+                )
+            case BlockedChange.UNBLOCKED:
+                log.info(
+                    "gc unblocked after %d rounds (%.0f s): M is %s, L0 objects are deleted again",
+                    rounds,
+                    blocked_for_s,
+                    decision.m,
+                )
+            case None:
+                pass
 
     async def read_watermark(self) -> WatermarkReading:
         """`M` now, as a round computes it: one snapshot (`_snapshot`) through
