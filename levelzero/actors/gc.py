@@ -47,6 +47,8 @@ import msgspec
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, StorageError
 from levelzero.core.gc import (
     DELETE_BATCH_KEYS_MAX,
+    BlockedChange,
+    BlockedWatch,
     Eligible,
     Explanation,
     GcPacer,
@@ -239,6 +241,7 @@ class RoundReport(RoundCounts, frozen=True, kw_only=True):  # type: ignore[misc]
     would_delete_truncated: bool = False
     error_samples: list[str] = []
     swept: bool = False  # this round listed the prefixes (else: it read the catalog)
+    failed: bool = False  # it got nothing done that it set out to (`_Tally.failed`)
 
     @property
     def blocked(self) -> bool:
@@ -286,6 +289,16 @@ class _Tally(RoundCounts, kw_only=True):
     would_delete_truncated: bool = False
     error_samples: list[str] = []
     swept: bool = False
+    lists_answered: int = 0  # list requests that returned a page
+
+    @property
+    def failed(self) -> bool:
+        """The round's rule of failure: every list request it sent failed, or it had keys to
+        delete and deleted none of them (an outage of the store fails every round, although
+        each request's failure is caught and counted)."""
+        every_list_failed = self.list_errors > 0 and self.lists_answered == 0
+        deleted_none = self.delete_errors > 0 and self.deleted == 0
+        return every_list_failed or deleted_none
 
     def note_error(self, text: str) -> None:
         if len(self.error_samples) < ERROR_SAMPLES_MAX:
@@ -384,6 +397,7 @@ class GcActor:
         self._next_round_in_s: float | None = None
         self._pace_reason: str | None = None
         self._last_sweep_at: float | None = None  # None: the next round lists
+        self._blocked = BlockedWatch()
 
     # ------------------------------------------------------------------ controls
 
@@ -511,6 +525,7 @@ class GcActor:
                 raise
             else:
                 self._totals.rounds += 1
+                self._totals.failed_rounds += report.failed
                 return report
             finally:
                 self._rounds_finished += 1
@@ -527,6 +542,7 @@ class GcActor:
         decision = (await self.read_watermark()).decision
         self._watermark.observe(decision.m)
         self._last_decision = decision
+        self._say_if_blocked(decision, started_at)
         tally = _Tally()
         try:
             if decision.m is not None:
@@ -556,6 +572,7 @@ class GcActor:
             would_delete_truncated=tally.would_delete_truncated,
             error_samples=tally.error_samples,
             swept=tally.swept,
+            failed=tally.failed,
         )
         assert report.backlog >= 0, report
         self._last = report
@@ -579,11 +596,36 @@ class GcActor:
                 "errors": report.errors,
                 "throttled": report.throttled,
                 "backlog": report.backlog,
+                "failed": report.failed,
                 "blocked_by": _shown(report.blocked_by) if report.blocked else None,
                 "duration_s": round(finished_at - started_at, 3),
             },
         )
         return report
+
+    def _say_if_blocked(self, decision: WatermarkDecision, now: float) -> None:
+        """Every blocked round's line is INFO; a GC blocked for long (`BlockedWatch`) is a
+        WARNING once, naming the partitions without an `M(p)`; its end is said once (INFO)."""
+        rounds, blocked_for_s = self._blocked.rounds, self._blocked.blocked_for_s(now)
+        match self._blocked.observe(decision.blocked, now):
+            case BlockedChange.STAYS_BLOCKED:
+                log.warning(
+                    "gc blocked for %d rounds (%.0f s): no L0 object is deleted while partitions "
+                    "have no M(p): %s (levelzero gc explain says why)",
+                    self._blocked.rounds,
+                    self._blocked.blocked_for_s(now),
+                    _shown(decision.blocked_by),
+                    extra={"blocked_by": list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])},
+                )
+            case BlockedChange.UNBLOCKED:
+                log.info(
+                    "gc unblocked after %d rounds (%.0f s): M is %s, L0 objects are deleted again",
+                    rounds,
+                    blocked_for_s,
+                    decision.m,
+                )
+            case None:
+                pass
 
     async def read_watermark(self) -> WatermarkReading:
         """`M` now, as a round computes it: one snapshot (`_snapshot`) through
@@ -727,6 +769,7 @@ class GcActor:
                         )
                         if page is None:
                             return  # this range waits for the next round
+                        tally.lists_answered += 1
                         eligible = scan.feed(page.objects, page.next_start_after is None)
                         tally.note_eligible(eligible)
                         if dry_run:

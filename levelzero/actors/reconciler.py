@@ -25,7 +25,7 @@ from levelzero.core.entries import LogRecord, Placeholder
 from levelzero.core.errors import InvalidInput, LevelZeroError, MalformedKey, NotLeader
 from levelzero.core.keys import format_l1_key, new_uuid
 from levelzero.core.names import topic_name_problem, unstorable_topic_advice
-from levelzero.core.reconcile_health import ReconcileHealth
+from levelzero.core.reconcile_health import ReconcileHealth, utc_time
 from levelzero.core.l0format import Record, build_object, decode_extent, encode_extent, max_timestamp
 from levelzero.storage.protocols import L1Row, L1State, LogStore, ObjectStore
 
@@ -247,11 +247,13 @@ class Reconciler:
                 self._note_failure(actor, exc)
             else:
                 recovered = self.health.note_success(actor.name)
-                if recovered is not None:
-                    log.warning(
-                        "reconciliation of %s works again (it had failed since %.0f)",
+                if recovered is not None:  # a recovery is news, not a problem: INFO
+                    log.info(
+                        "reconciliation of %s works again: it had failed since %s (for %.0f s, %d passes)",
                         actor.name,
-                        recovered.since,
+                        utc_time(recovered.since),
+                        max(self._wall() - recovered.since, 0.0),
+                        recovered.failures,
                     )
             self._note_lag(actor)
 

@@ -232,6 +232,7 @@ def _json_out(value: msgspec.Struct) -> None:
 
 def format_round(report: RoundReport) -> str:
     kind = "gc dry run" if report.dry_run else "gc round"
+    kind += " (failed)" if report.failed else ""
     head = f"{kind} #{report.round_id}: cluster epoch {report.cluster_epoch}"
     took = f"{report.finished_at - report.started_at:.3f} s"
     if report.m is None:

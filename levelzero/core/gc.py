@@ -336,6 +336,46 @@ class GcPacer:
         return delay_s * (1 + self.jitter_fraction * jitter_unit)
 
 
+BLOCKED_WARNING_ROUNDS = 10  # a GC blocked this many rounds in a row is worth a warning,
+BLOCKED_WARNING_S = 300.0  # ... or blocked this long, whichever comes first
+
+
+class BlockedChange(enum.StrEnum):
+    STAYS_BLOCKED = "stays_blocked"  # blocked long enough to say so (said once a spell)
+    UNBLOCKED = "unblocked"  # a spell that was said is over
+
+
+class BlockedWatch:
+    """When the GC's being blocked (no `M`: a partition has no `M(p)`) is worth a warning
+    (sans-IO; the actor logs). A round or two without `M` is normal (a partition just created,
+    a node starting); a spell of `BLOCKED_WARNING_ROUNDS` rounds or `BLOCKED_WARNING_S` seconds
+    is said once, and its end once."""
+
+    __slots__ = ("rounds", "since", "said")
+
+    def __init__(self) -> None:
+        self.rounds = 0  # rounds blocked in a row
+        self.since: float | None = None  # when the first of them ran
+        self.said = False
+
+    def observe(self, blocked: bool, now: float) -> BlockedChange | None:
+        if not blocked:
+            said = self.said
+            self.rounds, self.since, self.said = 0, None, False
+            return BlockedChange.UNBLOCKED if said else None
+        self.rounds += 1
+        if self.since is None:
+            self.since = now
+        long_enough = self.rounds >= BLOCKED_WARNING_ROUNDS or now - self.since >= BLOCKED_WARNING_S
+        if long_enough and not self.said:
+            self.said = True
+            return BlockedChange.STAYS_BLOCKED
+        return None
+
+    def blocked_for_s(self, now: float) -> float:
+        return 0.0 if self.since is None else max(now - self.since, 0.0)
+
+
 # ---------------------------------------------------------------- explain
 
 

@@ -287,7 +287,10 @@ def gc_metrics(node: Node) -> Iterable[Metric]:
     counters = {
         "rounds": ("GC rounds finished (dry runs included).", stats.rounds),
         "dry_runs": ("GC dry runs.", stats.dry_runs),
-        "failed_rounds": ("GC rounds that failed (retried by the next round).", stats.failed_rounds),
+        "failed_rounds": (
+            "GC rounds that failed: an error, every list failed, or none of its keys deleted.",
+            stats.failed_rounds,
+        ),
         "safety_blocked_rounds": (
             "GC rounds that deleted nothing: a partition had no M(p).",
             stats.safety_blocked_rounds,

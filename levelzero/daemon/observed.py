@@ -8,6 +8,11 @@ counted per key. `ObservedLogStore` wraps the log store the same way for its wri
 returns once the group commit that holds it is durable, so its latency is the commit latency a
 producer waits for (`append`) or a component waits for (the others).
 
+A slow object store fails nothing and may not stall either (every request is answered, each
+after seconds): an object store request that took longer than `SLOW_REQUEST_WARNING_S` is
+logged at WARNING, naming the operation and its duration, at most once every 10 s per
+operation with the count of the others (`core.throttled_warning`).
+
 Both also tell the daemon's `StorageHealth` (when given one) what failed and which writes
 succeeded: readiness follows the stores' health (`storage_health.py`).
 
@@ -17,6 +22,7 @@ objects are unregistered and exported by `StoreMetrics.collect`, one registry pe
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -26,6 +32,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from levelzero.core.errors import LevelZeroError, StorageError
+from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.storage.protocols import (
     LIST_PAGE_KEYS_MAX,
     DeleteResult,
@@ -36,6 +43,12 @@ from levelzero.storage.protocols import (
 )
 
 from levelzero.daemon.storage_health import StorageHealth
+
+log = logging.getLogger("levelzero.storage")
+
+# A request slower than this is worth a line in the log: a healthy one takes well under a second
+# (a large PUT a few), the S3 client's read timeout is 30 s; the stall bound is the same.
+SLOW_REQUEST_WARNING_S = 10.0
 
 # 0.5 ms (a local fsync) .. 30 s (an S3 request with its retries).
 STORE_LATENCY_BUCKETS_S = (
@@ -142,24 +155,33 @@ class ObservedObjectStore:
     """An `ObjectStore` whose every operation is timed and whose failures are counted."""
 
     def __init__(
-        self, inner: ObjectStore, metrics: StoreMetrics, health: StorageHealth | None = None
+        self,
+        inner: ObjectStore,
+        metrics: StoreMetrics,
+        health: StorageHealth | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        slow_request_s: float = SLOW_REQUEST_WARNING_S,
     ) -> None:
         self.inner = inner
         self._health = health
         self._latency = {op: metrics.object_latency.labels(op) for op in OBJECT_STORE_OPERATIONS}
         self._errors = metrics.object_errors
         self._delete_key_errors = metrics.object_delete_key_errors
+        self._clock = clock
+        self._slow_request_s = slow_request_s
+        self._slow = ThrottledWarnings(log, clock)
 
     async def _timed(self, operation: str, call: Awaitable[Any]) -> Any:
         health = self._health
         token = None if health is None else health.started(health.object_store, operation)
         answered = False
-        started = time.perf_counter()
+        started = self._clock()
         try:
             result = await call
         except Exception as error:  # a cancelled operation is neither a latency nor an error
             self._errors.labels(operation, error_code(error)).inc()
-            self._latency[operation].observe(time.perf_counter() - started)
+            self._took(operation, self._clock() - started, "failed")
             answered = not is_store_failure(error)
             if health is not None and not answered:
                 health.failed(health.object_store, operation, error)
@@ -169,10 +191,23 @@ class ObservedObjectStore:
         finally:  # outstanding until here, whatever the outcome (`storage_health`: stalls)
             if health is not None and token is not None:
                 health.finished(health.object_store, token, answered)
-        self._latency[operation].observe(time.perf_counter() - started)
+        self._took(operation, self._clock() - started, "succeeded")
         if health is not None and operation == "put":  # only a write proves writes work
             health.wrote(health.object_store)
         return result
+
+    def _took(self, operation: str, elapsed_s: float, outcome: str) -> None:
+        self._latency[operation].observe(elapsed_s)
+        if elapsed_s > self._slow_request_s:
+            self._slow.warn(
+                operation,
+                "object store slow: a %s request took %.1f s (%s; more than %g s)",
+                operation,
+                elapsed_s,
+                outcome,
+                self._slow_request_s,
+                extra={"operation": operation, "duration_s": round(elapsed_s, 3)},
+            )
 
     async def put(self, key: str, data: bytes | bytearray) -> None:
         await self._timed("put", self.inner.put(key, data))

@@ -232,6 +232,25 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def disabled_by_configuration(config: Config) -> list[str]:
+    """What the configuration turns off that L0 storage needs: without the reconciler the
+    partitions' M(p) stop rising, without the housekeeper an idle partition's never does; either
+    way the GC's M stays held and L0 objects accumulate. Said at every start."""
+    consequence = "the GC's M stays held and L0 objects accumulate in the object store"
+    warnings = []
+    if not config.reconciler.enabled:
+        warnings.append(
+            "the reconciler is disabled by configuration (reconciler.enabled = false): no partition's "
+            f"M(p) rises, so {consequence}"
+        )
+    if not config.housekeeper.enabled:
+        warnings.append(
+            "the housekeeper is disabled by configuration (housekeeper.enabled = false): an idle "
+            f"partition's M(p) is never advanced, so {consequence}"
+        )
+    return warnings
+
+
 class Daemon:
     """Create, then `await tg.start(daemon.run)`; `request_stop()` ends it gracefully."""
 
@@ -278,6 +297,8 @@ class Daemon:
     async def run(self, *, task_status: anyio.abc.TaskStatus[Daemon] = anyio.TASK_STATUS_IGNORED) -> None:
         config = self.config
         log.info("starting levelzero", extra={"config": describe(config)})
+        for warning in disabled_by_configuration(config):
+            log.warning(warning)
         self.notifier.status("opening storage")
         try:
             os.makedirs(config.storage.data_dir, exist_ok=True)
@@ -432,7 +453,9 @@ class Daemon:
 
         async def probe() -> None:
             with probing:
-                await probe_object_store(observed_objects, health)
+                # One attempt's bound of the S3 client: a probe never waits out its retries.
+                probe_timeout_s = config.s3.connect_timeout_s + config.s3.read_timeout_s
+                await probe_object_store(observed_objects, health, probe_timeout_s=probe_timeout_s)
 
         tg.start_soon(probe)
         await tg.start(self.notifier.run_watchdog)

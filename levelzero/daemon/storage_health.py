@@ -13,8 +13,8 @@ of the daemon's own storage operations (`observed.py` reports them):
   ever count as failures.
 
 While the object store is unhealthy the daemon probes it with a small PUT every
-`STORAGE_PROBE_INTERVAL_S` (`probe_object_store`), so it recovers without traffic, which an
-unready daemon may not get; the log store recovers with its next writes (the epoch timer,
+`STORAGE_PROBE_INTERVAL_S` (`probe_object_store`), each with a deadline, so it recovers without
+traffic, which an unready daemon may not get; the log store recovers with its next writes (the epoch timer,
 GC rounds, the housekeeper, produces). A refusal (unknown topic, not leader, an object not
 found, corrupt data) is the store's answer, not its failure, and does not count
 (`observed.is_store_failure` decides).
@@ -247,25 +247,41 @@ class StorageHealth:
             self.on_change(self)
 
 
-async def probe_object_store(store: ObjectStore, health: StorageHealth) -> None:
+async def probe_object_store(
+    store: ObjectStore,
+    health: StorageHealth,
+    *,
+    probe_timeout_s: float,
+    interval_s: float = STORAGE_PROBE_INTERVAL_S,
+) -> None:
     """Forever: while the object store is unhealthy, PUT a small probe object every
-    `STORAGE_PROBE_INTERVAL_S` through `store` (the observed store: the outcome feeds
-    `health`). Meanwhile, every `STORAGE_PROBE_INTERVAL_S`, turn a stalled store unhealthy
-    (`StorageHealth.check_stalled`), also while a probe hangs. Cancelled with the daemon's task
-    group."""
+    `interval_s` through `store` (the observed store: the outcome feeds `health`). Meanwhile,
+    every `interval_s`, turn a stalled store unhealthy (`StorageHealth.check_stalled`), also
+    while a probe hangs. Cancelled with the daemon's task group.
+
+    Each probe has a deadline of its own, `probe_timeout_s` (the daemon gives one attempt's
+    bound of the S3 client, its connect and read timeouts): a PUT that is never answered (a
+    proxy that accepted the connection and went silent) would otherwise hold up the next probe
+    for the client's whole retry budget or longer, and the node would stay unready long after
+    the store recovered. A probe past its deadline is cancelled and counts as a failed write."""
+    assert probe_timeout_s > 0 and interval_s > 0, (probe_timeout_s, interval_s)
 
     async def watch_stalls() -> None:
         while True:
-            await anyio.sleep(STORAGE_PROBE_INTERVAL_S)
+            await anyio.sleep(interval_s)
             health.check_stalled()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch_stalls)
         while True:
-            await anyio.sleep(STORAGE_PROBE_INTERVAL_S)
+            await anyio.sleep(interval_s)
             if health.object_store.healthy:
                 continue
-            try:
-                await store.put(PROBE_KEY, PROBE_BODY)
-            except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
-                log.debug("storage probe failed: %s", exc)
+            with anyio.move_on_after(probe_timeout_s) as deadline:
+                try:
+                    await store.put(PROBE_KEY, PROBE_BODY)
+                except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
+                    log.debug("storage probe failed: %s", exc)
+            if deadline.cancelled_caught:  # the observed store notes no failure for a cancel
+                unanswered = TimeoutError(f"health probe unanswered after {probe_timeout_s:g} s")
+                health.failed(health.object_store, "put", unanswered)

@@ -52,6 +52,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import INT64_MAX, AlterOp, ConfigSource, describe_topic
+from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
@@ -293,6 +294,9 @@ class Api:
         self.metrics = metrics
         self.lifecycle = lifecycle
         self._token = settings.token.encode()
+        # A retriable failure (a store outage) meets every request: one line per error code
+        # every 10 s, with the count of those held back, not one line per request.
+        self._retriable_failures = ThrottledWarnings(log, time.monotonic)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -383,9 +387,12 @@ class Api:
         if isinstance(exc, IdempotencyKeyReused) and exc.first is not None:
             base, count = exc.first
             return _json(KeyReusedBody(exc.code, str(exc), base, base + count - 1), status)
-        if status >= 500:
-            level = logging.WARNING if exc.retriable else logging.ERROR
-            log.log(level, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
+        if status >= 500 and exc.retriable:
+            self._retriable_failures.warn(
+                exc.code, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc
+            )
+        elif status >= 500:
+            log.error("%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
         return error_response(status, exc.code, str(exc), headers)
 

@@ -11,9 +11,9 @@ SCRAM exchange never handles the password itself.
 
 A failed exchange (a wrong password, a malformed message, a SCRAM message out of turn) is
 answered SASL_AUTHENTICATION_FAILED (ILLEGAL_SASL_STATE without a handshake) and the listener
-then closes the connection, as Kafka does; a warning says so, at most one every
-`WARNING_INTERVAL_S` (a misconfigured client reconnects every few tens of milliseconds), with
-the count of those held back.
+then closes the connection, as Kafka does; a warning says so, at most one every 10 s (a
+misconfigured client reconnects every few tens of milliseconds), with the count of those held
+back (`core.throttled_warning`).
 
 Without a token the listener is what Kafka calls PLAINTEXT: it does not speak SASL. As Kafka's
 broker answers there, SaslHandshake and SaslAuthenticate are ILLEGAL_SASL_STATE, whatever the
@@ -26,12 +26,13 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 from scramp import ScramException, ScramMechanism
+
+from levelzero.core.throttled_warning import ThrottledWarning
 
 log = logging.getLogger("levelzero.kafka")
 
@@ -40,7 +41,6 @@ SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 MECHANISMS = (PLAIN, *SCRAM_MECHANISMS)
 # Kafka's minimum (and its tools' default) iteration count for both SCRAM mechanisms.
 SCRAM_ITERATIONS = 4096
-WARNING_INTERVAL_S = 10.0
 NO_SASL = (
     "this Kafka listener does not use SASL (the daemon has no server.token): connect with "
     "security.protocol=PLAINTEXT (or SSL with kafka.tls_cert_file)"
@@ -69,30 +69,6 @@ class SaslState:
         self.scram: Any = None  # scramp's ScramServer between client-first and client-final
 
 
-class ThrottledWarning:
-    """A warning logged at most once every `interval_s`; the next one says how many were held
-    back in between."""
-
-    def __init__(
-        self, interval_s: float = WARNING_INTERVAL_S, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last: float | None = None
-        self.held = 0
-
-    def warn(self, message: str, *args: object) -> None:
-        now = self._clock()
-        if self._last is not None and now - self._last < self._interval_s:
-            self.held += 1
-            return
-        if self.held:
-            message += " (and %d more like it since the last such warning)"
-            args = (*args, self.held)
-        log.warning(message, *args)
-        self._last, self.held = now, 0
-
-
 class SaslAuthenticator:
     """The listener's mechanisms, checking the token; with no token, none (see the module)."""
 
@@ -106,7 +82,7 @@ class SaslAuthenticator:
             for name, mechanism in self._scram.items()
             if token
         }
-        self._failures = ThrottledWarning()
+        self._failures = ThrottledWarning(log, time.monotonic)
 
     @property
     def served(self) -> bool:

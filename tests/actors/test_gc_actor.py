@@ -9,6 +9,7 @@ Reconciliation is done by hand: `catch_up(hwm - 1, last applied log offset)`.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +28,7 @@ from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.cluster import prefix_share
 from levelzero.core.entries import AdvanceEpoch, Placeholder
 from levelzero.core.errors import InvalidInput, InvariantViolation, StorageError
-from levelzero.core.gc import CAP_HOLDER, ExplainVerdict
+from levelzero.core.gc import BLOCKED_WARNING_ROUNDS, BLOCKED_WARNING_S, CAP_HOLDER, ExplainVerdict
 from levelzero.core.keys import L0_ROOT, format_l0_key, new_uuid, parse_l0_key
 from levelzero.core.l0format import Record
 from levelzero.storage.memory_cluster import MemoryClusterControl
@@ -480,6 +481,101 @@ async def test_a_failed_delete_request_loses_nothing_and_the_next_round_deletes(
     assert (first.deleted, first.delete_errors, first.backlog, first.throttled) == (0, 5, 5, 0)
     second = await gc.run_round()
     assert second.deleted == 5 and l0_keys(store) == []
+
+
+async def test_a_round_whose_every_list_fails_counts_as_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, 1)])
+    faults.fail_next("list", StorageError("connection refused"), count=1_000)
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), list_concurrency_max=8)
+
+    report = await gc.run_round()
+    assert (report.failed, report.list_errors, report.listed) == (True, 8, 0)
+    assert (gc.statistics().rounds, gc.statistics().failed_rounds) == (1, 1)
+
+
+async def test_a_round_that_deletes_none_of_its_keys_counts_as_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, i) for i in range(5)])
+    faults.fail_next("delete_many", StorageError("connection reset"))
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), sweep_interval_s=60.0)
+
+    first = await gc.run_round()  # the first round lists
+    assert (first.failed, first.deleted, first.delete_errors) == (True, 0, 5)
+    await put_l0(store, log_store, [l0_key(1, 1, 10)])
+    faults.fail_next("delete_many", StorageError("connection reset"))
+    second = await gc.run_round()  # from the catalog
+    assert (second.swept, second.failed, second.deleted) == (False, True, 0)
+    assert gc.statistics().failed_rounds == 2
+    third = await gc.run_round()
+    assert (third.failed, third.deleted) == (False, 6)
+    assert gc.statistics().failed_rounds == 2
+
+
+async def test_a_round_that_got_part_of_its_work_done_has_not_failed() -> None:
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    keys = [l0_key(999, 1, i) for i in range(5)]  # the last range's; the first's list fails
+    await put_l0(store, log_store, keys)
+    faults.fail_next("list", StorageError("connection refused"), count=1)
+    faults.fail_deletes(keys[:2], count=1)
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), list_concurrency_max=8)
+
+    report = await gc.run_round()
+    assert report.list_errors == 1 and report.delete_errors == 2 and report.deleted > 0
+    assert (report.failed, gc.statistics().failed_rounds) == (False, 0)
+
+
+async def test_a_gc_blocked_for_ten_rounds_warns_once_naming_the_partitions_and_once_unblocked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, log_store = MemoryObjectStore(), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, 1)])
+    board = board_of({"t/0": 1, "t/1": None})
+    clock = WallClock()
+    clock.now = store.clock() + HOUR_S  # the object is old enough
+    gc = make_gc(store, log_store, board, clock=clock)
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    with caplog.at_level(logging.INFO, logger="levelzero.gc"):
+        for _ in range(BLOCKED_WARNING_ROUNDS - 1):
+            assert (await gc.run_round()).blocked
+            clock.now += 5.0
+        assert warnings() == []
+        for _ in range(3):
+            await gc.run_round()
+            clock.now += 5.0
+        assert warnings() == [
+            "gc blocked for 10 rounds (45 s): no L0 object is deleted while partitions have no "
+            "M(p): t/1 (levelzero gc explain says why)"
+        ]
+        board.publish("t/1", 1)
+        assert (await gc.run_round()).deleted == 1
+        await gc.run_round()
+    [unblocked] = [r.getMessage() for r in caplog.records if "unblocked" in r.getMessage()]
+    assert unblocked == "gc unblocked after 12 rounds (60 s): M is 1, L0 objects are deleted again"
+    assert len(warnings()) == 1
+
+
+async def test_a_gc_blocked_for_five_minutes_warns_although_its_rounds_are_few(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, log_store = MemoryObjectStore(), MemoryLogStore()
+    clock = WallClock()
+    gc = make_gc(store, log_store, board_of({"t/0": None}), clock=clock)
+    with caplog.at_level(logging.WARNING, logger="levelzero.gc"):
+        await gc.run_round()
+        clock.now += BLOCKED_WARNING_S - 1
+        await gc.run_round()
+        assert caplog.records == []
+        clock.now += 1
+        await gc.run_round()
+    [record] = caplog.records
+    assert record.getMessage().startswith("gc blocked for 3 rounds (300 s)") and record.blocked_by == ["t/0"]
 
 
 async def test_a_crash_mid_round_loses_nothing_a_new_instance_finishes() -> None:

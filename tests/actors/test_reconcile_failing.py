@@ -151,3 +151,30 @@ async def test_a_topic_no_store_can_hold_is_named_failing_at_once_without_readin
         assert (abandoned.first_offset, abandoned.last_offset) == (0, 0)
         await node.reconciler.run_round()
         assert node.reconciler.health.failing() == []
+
+
+async def test_a_partition_that_reconciles_again_says_so_at_info_with_when_and_how_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    wall = WallClock()
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(CONFIG, log_store, objects, wall_clock=wall, seed=5) as node:
+        await node.create_topic("t", 1)
+        produced = await node.produce("t", 0, [Record(None, b"back soon")])
+        body = objects._objects.pop(produced.object_key)  # away for a while (a bucket incident)
+        for _ in range(RECONCILE_FAILURES_BEFORE_FAILING):
+            await settle(node)
+            wall.now += 1.0
+        assert [f.partition for f in node.reconciler.health.failing()] == ["t/0"]
+        objects._objects[produced.object_key] = body
+        wall.now += RECONCILE_FAILING_RETRY_S
+        with caplog.at_level(logging.INFO, logger="levelzero.reconciler"):
+            await node.reconciler.run_round()
+        assert node.reconciler.health.failing() == []
+    [record] = [r for r in caplog.records if "works again" in r.getMessage()]
+    assert record.levelno == logging.INFO
+    assert record.getMessage() == (
+        "reconciliation of t/0 works again: it had failed since 1970-01-12T13:46:40Z "
+        f"(for {RECONCILE_FAILURES_BEFORE_FAILING + RECONCILE_FAILING_RETRY_S:.0f} s, "
+        f"{RECONCILE_FAILURES_BEFORE_FAILING} passes)"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import logging
 import sys
 import time
 import types
@@ -437,3 +438,24 @@ def test_help_lists_every_command(capsys) -> None:
     out = capsys.readouterr().out
     for command in ("gc", "sim", "export", "analyze", "bench", "status", "demo"):
         assert f"    {command} " in out
+
+
+@pytest.mark.parametrize("component", ["reconciler", "housekeeper"])
+async def test_a_daemon_started_without_the_reconciler_or_housekeeper_warns_that_l0_accumulates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, component: str
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="levelzero.daemon"):
+        async with daemon_and_client(tmp_path, **{f"{component}__enabled": False}):
+            pass
+    [warning] = [r.getMessage() for r in caplog.records if "disabled by configuration" in r.getMessage()]
+    assert warning.startswith(f"the {component} is disabled by configuration ({component}.enabled = false)")
+    assert warning.endswith("so the GC's M stays held and L0 objects accumulate in the object store")
+
+
+async def test_a_daemon_with_every_component_enabled_does_not_warn_about_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="levelzero.daemon"):
+        async with daemon_and_client(tmp_path):
+            pass
+    assert not [r for r in caplog.records if "disabled by configuration" in r.getMessage()]

@@ -64,6 +64,51 @@ async def test_object_store_operations_are_timed_and_failures_counted() -> None:
     )
 
 
+class _Slow:
+    """An object store whose requests take `took_s` each, on the test's clock."""
+
+    def __init__(self, now: list[float]) -> None:
+        self.inner = MemoryObjectStore()
+        self.now = now
+        self.took_s = 0.0
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        self.now[0] += self.took_s
+        await self.inner.put(key, data)
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.now[0] += self.took_s
+        return await self.inner.get(key, offset, length)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_a_slow_object_store_request_is_a_throttled_warning_naming_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    slow = _Slow(now)
+    store = ObservedObjectStore(slow, StoreMetrics(), clock=lambda: now[0])  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="levelzero.storage"):
+        slow.took_s = 3.0
+        await store.put("a/1", b"x")  # slow, not that slow
+        slow.took_s = 12.5
+        for _ in range(3):  # within 10 s of the first line: held back but one
+            await store.put("a/2", b"y")
+            now[0] -= 12.0
+        assert await store.get("a/1") == b"x"  # another operation: a line of its own
+        now[0] += 30.0
+        await store.put("a/3", b"z")
+    assert [r.getMessage() for r in caplog.records] == [
+        "object store slow: a put request took 12.5 s (succeeded; more than 10 s)",
+        "object store slow: a get request took 12.5 s (succeeded; more than 10 s)",
+        "object store slow: a put request took 12.5 s (succeeded; more than 10 s)"
+        " (and 2 more like it since the last such warning)",
+    ]
+    assert (caplog.records[0].operation, caplog.records[0].duration_s) == ("put", 12.5)
+
+
 class _Refusing:
     """The two ways a log-store write fails: the store broke, or it refused (a stale term)."""
 

@@ -25,6 +25,7 @@ from levelzero.daemon.storage_health import (
     STORAGE_SUCCESSES_TO_HEALTHY,
     StorageHealth,
     StoreHealth,
+    probe_object_store,
 )
 from levelzero.daemon.systemd import Notifier
 from levelzero.storage.memory_log import MemoryLogStore
@@ -228,6 +229,34 @@ class Hang:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+class HangFirstPut(Hang):
+    """A store whose first PUT hangs until `release` (a proxy that accepted the request and
+    went silent) while every later one is answered: the store itself has recovered."""
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        self.waiting += 1
+        if self.waiting == 1:
+            await self.release.wait()
+        await self.inner.put(key, data)
+
+
+async def test_a_hung_probe_is_given_up_at_its_deadline_and_the_next_probes_find_the_recovery() -> None:
+    health = StorageHealth()
+    hang = HangFirstPut(MemoryObjectStore())
+    store = ObservedObjectStore(hang, StoreMetrics(), health)
+    for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+        health.failed(health.object_store, "put", StorageError("S3 put failed: simulated outage"))
+    assert not health.healthy
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: probe_object_store(store, health, probe_timeout_s=0.2, interval_s=0.01))
+        with anyio.fail_after(WAIT_S):  # never, without the probe's own deadline
+            while not health.healthy:
+                await anyio.sleep(0.01)
+        assert not hang.release.is_set()  # the first probe was given up, not answered
+        assert hang.waiting == 1 + STORAGE_SUCCESSES_TO_HEALTHY
+        tg.cancel_scope.cancel()
 
 
 async def test_a_request_outstanding_too_long_makes_the_store_unhealthy_until_answered(

@@ -14,9 +14,11 @@ import httpx
 import pytest
 
 from levelzero.client import ApiError
+from levelzero.core.errors import StorageError
 from levelzero.cli.demo import UploadGate
 from levelzero.daemon.service import Daemon
 from levelzero.http.app import build_app
+from levelzero.storage.protocols import ObjectStore
 
 from daemon_support import JSON, TOKEN, assert_error, daemon_and_client, raw
 
@@ -469,6 +471,44 @@ async def test_two_daemons_in_one_process_have_their_own_metrics(tmp_path: Path)
         assert "levelzero_produce_latency_seconds_count 1.0" in await a.metrics()
         assert "levelzero_produce_latency_seconds_count 0.0" in await b.metrics()
         assert "levelzero_partitions 0.0" in await b.metrics()
+
+
+class FailingPuts:
+    """An object store whose PUTs fail while `down` (an S3 outage, as the batcher meets it)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.down = False
+
+    async def put(self, key: str, data: bytes | bytearray) -> None:
+        if self.down:
+            raise StorageError("S3 put failed: simulated outage")
+        await self.inner.put(key, data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_failed_produces_log_one_warning_per_error_code_not_one_per_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    stores: list[FailingPuts] = []
+
+    def wrap(store: ObjectStore) -> FailingPuts:
+        stores.append(FailingPuts(store))
+        return stores[-1]
+
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, gc__enabled=False) as (_, client):
+        await client.create_topic("t", 1)
+        stores[0].down = True
+        with caplog.at_level(logging.WARNING, logger="levelzero.api"):
+            for _ in range(5):
+                with pytest.raises(ApiError) as caught:
+                    await client.produce("t", 0, [b"lost to the outage"])
+                assert (caught.value.status, caught.value.code) == (503, "storage_error")
+        failed = [r.getMessage() for r in caplog.records if "failed: storage_error" in r.getMessage()]
+        assert len(failed) == 1, failed
+        assert failed[0].startswith("POST /v1/topics/t/partitions/0/records failed: storage_error:"), failed
 
 
 async def test_unexpected_errors_are_500_json_and_the_daemon_keeps_serving(

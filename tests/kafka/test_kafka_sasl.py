@@ -4,18 +4,15 @@ nowhere."""
 
 from __future__ import annotations
 
-import logging
 import struct
 from pathlib import Path
 
 import anyio
-import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.errors import ErrorCode
 
-from levelzero.kafka.sasl import ThrottledWarning
 
 from daemon_support import TOKEN, daemon_and_client
 from test_kafka_listener import Wire
@@ -191,17 +188,3 @@ async def test_a_listener_without_a_token_speaks_no_sasl_as_kafkas_plaintext_lis
         errors = await anyio.to_thread.run_sync(wrong_password_fails, daemon.kafka_port)
         assert "SASL" in errors, errors
         assert daemon.kafka.stats.authentications_failed == 0
-
-
-def test_a_throttled_warning_says_how_many_it_held_back(caplog: pytest.LogCaptureFixture) -> None:
-    now = [0.0]
-    warning = ThrottledWarning(10.0, clock=lambda: now[0])
-    with caplog.at_level(logging.WARNING, logger="levelzero.kafka"):
-        for t in (0.0, 1.0, 2.0, 9.9, 10.5, 30.0):
-            now[0] = t
-            warning.warn("failed (%s)", "why")
-    assert [r.getMessage() for r in caplog.records] == [
-        "failed (why)",
-        "failed (why) (and 3 more like it since the last such warning)",
-        "failed (why)",
-    ]
