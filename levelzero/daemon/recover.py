@@ -16,6 +16,16 @@ Two cases, told apart by the control plane itself:
   reaches past the restored high watermark (it also holds records written after the backup),
   or one the metastore already knows in another state, is not adopted as it is: the records
   the log acknowledged are copied into a new object and that one is adopted.
+  Before that, restored COPY_FINISHED rows whose objects a compaction after the backup
+  replaced (and deleted) are repaired where the bucket allows (`repair_compacted`): for each
+  run of such rows that objects the metastore does not know cover whole (their term lineage,
+  each of a term at or above the rows'), the records those hold at the rows' offsets (all at
+  or below the restored LRO) go into a new compacted object, under a term above every term the
+  bucket names, recorded as a compactor's result is (`l1_compaction_commit`: the gone rows
+  superseded, the cleaner-offset map carried forward with the new term's entry). A record the
+  compaction removed because its key was written again after the backup is gone with that
+  record; a run not covered, or whose last record was removed (a compacted object ends on a
+  record), is left as it is and named (`missing_objects`).
 - **It has none** (the SQLite file or the PostgreSQL database was lost and the daemon made an
   empty one, or nothing was made yet). Topics and partitions come from the topic records
   (`levelzero/topics/{topic}`, written at creation) and the L1 keys; each
@@ -33,7 +43,9 @@ Why the GC stays safe: adopting is a catch-up. LRO and LRLO move exactly as a re
 `AdvanceReconciledOffset` would move them, so `min_epoch_lower_bound` moves to the window's
 lower edge only once LRLO reaches the entry that opened the window; every placeholder above
 the new LRO keeps an epoch `>= previous_applied > M(p)`, and nothing in L0 is needed below LRO
-(its records are in the adopted objects). A rebuilt partition has no placeholders at all: its
+(its records are in the adopted objects). The repair of gone rows changes L1 alone (a new
+object, rows moved in one compaction result) at offsets at or below the LRO: LRO, LRLO, the
+placeholders and so `M(p)` are as restored. A rebuilt partition has no placeholders at all: its
 `M(p)` is the new cluster epoch - 1, and every L0 object in the bucket is an orphan of the lost
 log (the GC collects them; start with `gc.enabled = false` to keep them while you look).
 """
@@ -50,6 +62,7 @@ from pathlib import Path
 import anyio
 
 from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
+from levelzero.core.compaction import build_compacted_object, cleaned_to, extend_cleaner_map, l1_object_runs
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import CorruptData, InvalidConfig, LevelZeroError, MalformedKey, ObjectNotFound
 from levelzero.core.keys import (
@@ -78,6 +91,7 @@ from levelzero.core.names import topic_name_problem
 from levelzero.core.state import PartitionSnapshot, PartitionState
 from levelzero.core.topic_configs import BrokerConfigs, check_configs
 from levelzero.storage.protocols import (
+    CompactionCommit,
     L1Row,
     L1State,
     LogStore,
@@ -156,6 +170,8 @@ class RecoverySummary:
     # partition -> offset ranges of restored L1 rows whose objects are gone from the bucket, and
     # whether objects the metastore does not know (a compaction's, since) cover each
     missing: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
+    # partition -> offset ranges such rows held that a compaction's objects gave back
+    repaired: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def objects(self) -> int:
@@ -470,6 +486,168 @@ async def missing_objects(
     return gone
 
 
+@dataclass(frozen=True)
+class _Repair:
+    """One range of gone rows, and what the new object holding it is made of."""
+
+    base: int
+    last: int  # the new object's last offset: a record is there
+    superseded: list[L1Row]  # the gone rows
+    offsets: list[int]
+    records: list[Record]
+
+
+async def repair_compacted(
+    store: LogStore, objects: ObjectStore, row: PartitionRow, now: float
+) -> list[tuple[int, int]]:
+    """Replace `row`'s restored L1 rows whose objects a compaction after the backup deleted by
+    a new compacted object holding what that compaction kept there (see the module
+    docstring); the offset ranges repaired. A range not wholly covered by objects the
+    metastore does not know is left as it is (`missing_objects` names it)."""
+    if topic_name_problem(row.topic) is not None:
+        return []
+    state = await replay_state(store, row)
+    finished = await store.l1_list(row.pid, [L1State.COPY_FINISHED])
+    if not finished:
+        return []
+    keys = await partition_keys(objects, row.topic, row.partition)
+    present = {str(k) for k in keys}
+    known = {r.key for r in await store.l1_list(row.pid)}
+    compaction = await store.l1_compaction_state(row.pid)
+
+    def valid(l1: L1Row) -> bool:  # as `L1Catalog.is_valid` says of a COPY_FINISHED row
+        if l1.key in compaction.compacted_keys:
+            return l1.term <= state.term and l1.last_offset <= state.lro
+        return state.l1_range_valid(l1.term, l1.base_offset, l1.last_offset)
+
+    lineage_rows = sorted((r for r in finished if valid(r)), key=lambda r: r.base_offset)
+    # The newest term's wins where the unknown objects overlap (a zombie's late upload loses).
+    unknown = lineage(k for k in keys if str(k) not in known)
+    ranges: list[list[L1Row]] = []  # contiguous gone rows
+    for l1 in lineage_rows:
+        if l1.key in present or l1.last_offset > state.lro:
+            continue
+        if ranges and ranges[-1][-1].last_offset + 1 == l1.base_offset:
+            ranges[-1].append(l1)
+        else:
+            ranges.append([l1])
+    plan: list[_Repair] = []
+    for gone in ranges:
+        repair = await _covered(objects, gone, unknown)
+        if repair is not None:
+            plan.append(repair)
+    if not plan:
+        return []
+    term_start = await store.begin_term(
+        row.pid, state.next_log_offset, state.high_watermark, at_least=term_above(keys, state.term)
+    )
+    state.apply(term_start)
+    term = term_start.term
+    new_keys = []
+    for repair in plan:
+        key = format_l1_key(row.topic, row.partition, repair.base, repair.last, term, new_uuid())
+        extent = encode_extent(repair.records)
+        data = build_compacted_object(term, row.pid, repair.offsets, extent, len(repair.records))
+        lrlo = max(r.last_log_offset for r in repair.superseded)
+        await store.l1_insert(
+            L1Row.copy_started(
+                key,
+                row.pid,
+                repair.base,
+                repair.last,
+                lrlo,
+                term,
+                len(data),
+                now,
+                max_timestamp(repair.records),
+            )
+        )
+        await objects.put(key, data)
+        new_keys.append(key)
+    accepted = compaction.cleaner_offsets
+    # The cleaning reached no further than the restored map says (the lost history's map is
+    # gone): the compactor may clean these offsets again, never skip one.
+    claim = extend_cleaner_map(accepted, term, cleaned_to(accepted))
+    superseded = tuple(r.key for repair in plan for r in repair.superseded)
+    refusal = await store.l1_compaction_commit(
+        CompactionCommit(row.pid, term, claim, tuple(new_keys), superseded), now
+    )
+    if refusal is not None:  # every daemon is stopped: nothing else moves these rows
+        raise RecoveryError(
+            f"{row.topic}/{row.partition}: the repair's compaction result was refused: {refusal}"
+        )
+    for repair in plan:
+        log.warning(
+            "%s/%d: offsets %d-%d come back from a compaction's object of the lost history "
+            "(what it kept there), under term %d",
+            row.topic,
+            row.partition,
+            repair.base,
+            repair.last,
+            term,
+        )
+    return [(repair.base, repair.last) for repair in plan]
+
+
+async def _covered(objects: ObjectStore, gone: list[L1Row], unknown: list[L1Key]) -> _Repair | None:
+    """The records that objects of `unknown` (the lineage of the objects the metastore does not
+    know) hold at the offsets of the contiguous gone rows `gone` (at or below the LRO); None
+    when they do not cover every offset, or an object cannot be read."""
+    base, last = gone[0].base_offset, gone[-1].last_offset
+    floor = max(r.term for r in gone)  # written after them: a compaction of their records
+    covering = sorted(
+        (k for k in unknown if k.base_offset <= last and k.last_offset >= base and k.term >= floor),
+        key=lambda k: k.base_offset,
+    )
+    reach = base - 1
+    chain = []
+    for key in covering:
+        if key.base_offset > reach + 1:
+            break
+        if key.last_offset > reach:
+            chain.append(key)
+            reach = key.last_offset
+        if reach >= last:
+            break
+    if reach < last:
+        return None
+    offsets: list[int] = []
+    records: list[Record] = []
+    for key in chain:
+        runs = await _runs(objects, str(key), key.base_offset)
+        if runs is None:
+            return None
+        for start, run in runs:
+            for i, record in enumerate(run):
+                at = start + i
+                if base <= at <= last and (not offsets or at > offsets[-1]):
+                    offsets.append(at)
+                    records.append(record)
+    if not offsets or offsets[-1] != last:
+        # The compaction removed the range's last record (its key was written again after the
+        # backup; the range then ends at the LRO, as an object after it would have been the
+        # compaction's input too, and gone). A compacted object ends on a record, as a fetch
+        # relies on: one ending in a gap at the LRO would leave readers short of it. Left named.
+        log.warning(
+            "not repairing offsets %d-%d of %s: the compaction removed the record at %d",
+            base,
+            last,
+            gone[0].key,
+            last,
+        )
+        return None
+    return _Repair(base, last, gone, offsets, records)
+
+
+async def _runs(objects: ObjectStore, key: str, base: int) -> list[tuple[int, list[Record]]] | None:
+    """An L1 object's runs of records (verified), None if it is gone or damaged."""
+    try:
+        return l1_object_runs(await objects.get(key), base, f"L1 object {key}")
+    except (ObjectNotFound, CorruptData) as exc:
+        log.warning("not repairing from %s: %s", key, exc)
+        return None
+
+
 async def _collect_dropped(store: LogStore, objects: ObjectStore, row: PartitionRow, now: float) -> None:
     """Collect a dropped partition's L1 rows here, so that the GC does not: its sweep of a
     deleted partition's key prefix (`L1Catalog.collect_deleted`) would delete the objects a
@@ -498,6 +676,9 @@ async def adopt_all(
     summary = RecoverySummary(rebuilt=False, partitions=[])
     summary.topics_dropped = await drop_deleted_topics(store, objects, now, taken_at)
     for row in await store.list_partitions():
+        repaired = await repair_compacted(store, objects, row, now)
+        if repaired:
+            summary.repaired[f"{row.topic}/{row.partition}"] = repaired
         gone = await missing_objects(store, objects, row)
         if gone:
             summary.missing[f"{row.topic}/{row.partition}"] = gone
@@ -733,17 +914,30 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
         )
         for topic, why in sorted(summary.topics_dropped.items()):
             lines.append(f"dropped topic {topic}: {why}")
+        for name, spans in sorted(summary.repaired.items()):
+            lines.append(_describe_repaired(name, spans))
         for name, ranges in sorted(summary.missing.items()):
             lines.append(_describe_missing(name, ranges))
     lines.extend(p.describe() for p in summary.partitions if p.term is not None or p.gaps)
     return lines
 
 
+def _describe_repaired(name: str, spans: list[tuple[int, int]]) -> str:
+    offsets = ", ".join(f"{a}-{b}" for a, b in spans)
+    return (
+        f"{name}: the L1 objects of offsets {offsets} that the restored control plane names were "
+        "replaced by a compaction after the backup: its records there were copied into a new "
+        "compacted object (a record it removed because its key was written again after the "
+        "backup is gone); see docs/backup-restore.md, 'L1 objects gone since the backup'"
+    )
+
+
 def _describe_missing(name: str, ranges: list[tuple[int, int, bool]]) -> str:
     offsets = ", ".join(f"{a}-{b}" for a, b, _ in ranges)
     covered = all(c for _, _, c in ranges)
     cause = (
-        "a compaction after the backup replaced them; its objects are in the bucket but not adopted"
+        "a compaction after the backup replaced them; its objects are in the bucket, but it removed "
+        "the range's last record, or they could not be read"
         if covered
         else "nothing in the bucket holds their records (retention or a compaction since)"
     )

@@ -469,3 +469,48 @@ async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
 def test_recover_needs_a_source(tmp_path: Path, capsys) -> None:
     assert main(["recover", "--data-dir", str(tmp_path)]) == 2
     assert "--from-bucket" in capsys.readouterr().err
+
+
+async def test_restore_gives_back_what_a_compaction_after_the_backup_kept(
+    tmp_path: Path, s3_endpoint, s3_bucket: str, monkeypatch, capsys
+) -> None:
+    """A compacted topic's 10 keyed records reconciled, a backup, one more record of k3, and a
+    compaction pass: it replaced the objects of 0-10 by one keeping the latest record per key
+    (offset 3 removed) and deleted them. The restored metastore names the deleted objects;
+    the restore copies what the compaction kept at 0-9 into a new compacted object, so reads
+    of 0-9 answer what it kept (k3's value at the backup is gone with the record of k3 written
+    after it, which the restored history does not have)."""
+    data, backup_dir = tmp_path / "data", tmp_path / "backup"
+    for name, value in s3_environ(s3_endpoint, s3_bucket).items():
+        monkeypatch.setenv(name, value)
+    settings = {**s3_overrides(s3_endpoint, s3_bucket), **QUIET, "compactor__interval_s": 0.05}
+    history: Records = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(10)]
+    configs = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "retention.ms": "-1"}
+    async with daemon_and_client(data, **settings, compactor__enabled=False) as (_, client):
+        await client.create_topic("c", 1, configs)
+        await client.produce("c", 0, history)
+        await wait_reconciled(client)
+        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+        before = l1_keys(s3_endpoint, s3_bucket, "c")
+        await client.produce("c", 0, [(b"k3", b"after-backup")])
+        await wait_reconciled(client)
+    async with daemon_and_client(data, **settings) as (_, client):
+        with anyio.fail_after(WAIT_S):
+            while not before.isdisjoint(l1_keys(s3_endpoint, s3_bucket, "c")):
+                await anyio.sleep(0.05)
+        compacted = await read_all(client, "c", 0)
+        assert compacted == [*history[:3], *history[4:], (b"k3", b"after-backup")]
+    capsys.readouterr()
+    assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0
+    out = _print_lines(capsys)
+    assert "c/0: the L1 objects of offsets 0-9 that the restored control plane names were replaced" in out, (
+        out
+    )
+    async with daemon_and_client(data, **settings) as (_, client):
+        fetched = await client.fetch("c", 0, 0)
+        assert [r.offset for r in fetched.records] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+        assert await read_all(client, "c", 0) == [*history[:3], *history[4:]]
+        fetched = await client.fetch("c", 0, 3)  # a removed offset: the next record present
+        assert fetched.records[0].offset == 4
+        status = await client.status()
+        assert status.reconciler.failing == [] and status.m is not None

@@ -6,20 +6,28 @@ append (LRO, LRLO and so M(p) move as they would)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
+
+from levelzero.actors.l1 import L1Catalog
+from levelzero.core.compaction import build_compacted_object
+
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
-from levelzero.core.errors import StorageError
+from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.core.keys import (
     TopicRecord,
     encode_topic_record,
     format_l0_key,
     format_l1_key,
+    parse_l1_key,
     topic_record_key,
 )
 from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
 from levelzero.daemon.recover import adopt_all, adopt_partition, describe, rebuild_from_bucket, replay_state
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.protocols import L1Row, L1State
+from levelzero.storage.protocols import L1Row, L1State, PartitionRow
 
 L0_KEY = format_l0_key(1, 1, "a" * 32)  # gone: the live GC deleted it
 
@@ -237,12 +245,138 @@ async def test_restored_l1_rows_whose_objects_are_gone_are_named_with_what_cover
     topic = TopicRecord("t", 2, 0.0)
     await objects.put(topic_record_key("t"), encode_topic_record(topic))  # not deleted since
     summary = await adopt_all(store, objects, 1.0)
-    assert summary.missing == {"t/0": [(0, 9, True)], "t/1": [(0, 9, False)]}
+    # t/0's compacted object covers the range: its records there come back (the tests below).
+    assert summary.repaired == {"t/0": [(0, 9)]}
+    assert summary.missing == {"t/1": [(0, 9, False)]}
     lines = describe(summary)
     assert lines[1] == (
-        "t/0: the L1 objects of offsets 0-9 that the restored control plane names are gone from the "
-        "bucket (a compaction after the backup replaced them; its objects are in the bucket but not "
-        "adopted): reads of these offsets answer 500 object_not_found; see docs/backup-restore.md, "
-        "'L1 objects gone since the backup'"
+        "t/0: the L1 objects of offsets 0-9 that the restored control plane names were replaced by "
+        "a compaction after the backup: its records there were copied into a new compacted object "
+        "(a record it removed because its key was written again after the backup is gone); see "
+        "docs/backup-restore.md, 'L1 objects gone since the backup'"
     )
     assert "t/1: the L1 objects of offsets 0-9" in lines[2] and "nothing in the bucket holds" in lines[2]
+
+
+def keyed(*pairs: tuple[str, str]) -> list[Record]:
+    return [Record(key.encode(), value.encode()) for key, value in pairs]
+
+
+async def put_compacted(
+    objects: MemoryObjectStore, base: int, last: int, term: int, kept: dict[int, Record], uuid: str
+) -> str:
+    """A compaction's object of the lost history: `kept` at their own offsets."""
+    key = format_l1_key("t", 0, base, last, term, uuid * 32)
+    offsets = sorted(kept)
+    recs = [kept[o] for o in offsets]
+    await objects.put(key, build_compacted_object(term, 1, offsets, encode_extent(recs), len(recs)))
+    return key
+
+
+async def restored_compacted_partition(
+    store: MemoryLogStore, objects: MemoryObjectStore, history: list[Record], reconciled: list[int]
+) -> tuple[PartitionRow, int, list[str]]:
+    """A restored partition of `history` (one placeholder a record), its L1 rows for the
+    objects ending at each of `reconciled` (none of them in the bucket: a compaction after the
+    backup deleted them), its LRO at the last of them. Its row, its term and the rows' keys."""
+    [row] = await store.create_topic("t", 1, 1, 0.0, {"cleanup.policy": "compact"})
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    await store.append(
+        row.pid,
+        term,
+        [
+            LogRecord(
+                1 + i,
+                term,
+                i,
+                Placeholder(1, L0_KEY, 0, len(encode_extent([r])), 1, checksum(encode_extent([r]))),
+            )
+            for i, r in enumerate(history)
+        ],
+    )
+    keys, base = [], 0
+    for n, last in enumerate(reconciled):
+        key = format_l1_key("t", 0, base, last, term, str(n) * 32)
+        await store.l1_insert(
+            L1Row(key, row.pid, base, last, 1 + last, term, 1, L1State.COPY_FINISHED, 0.0, 0.0, 0)
+        )
+        keys.append(key)
+        base = last + 1
+    await store.append(
+        row.pid,
+        term,
+        [LogRecord(1 + len(history), term, len(history), AdvanceReconciledOffset(base - 1, base))],
+    )
+    await objects.put(topic_record_key("t"), encode_topic_record(TopicRecord("t", 1, 0.0)))
+    return row, term, keys
+
+
+async def l1_reads(store: MemoryLogStore, objects: MemoryObjectStore, row: PartitionRow) -> dict[int, Record]:
+    """Every record the partition's valid L1 objects hold, by offset, as the daemon reads them."""
+    actor = SimpleNamespace(row=row, state=await replay_state(store, row))
+    catalog = L1Catalog(objects, store, lambda: 0.0)
+    found: dict[int, Record] = {}
+    for l1 in await catalog.refresh(actor):  # type: ignore[arg-type]
+        for start, run in await catalog.read_runs(l1):
+            found.update((start + i, r) for i, r in enumerate(run))
+    return found
+
+
+async def test_a_compaction_after_the_backup_gives_back_what_it_kept_of_the_restored_range() -> None:
+    """Restored: 12 records of a compacted topic, 0-4 and 5-9 reconciled into objects that a
+    compaction after the backup replaced by one for 0-12 (it holds offset 12, written after the
+    backup, which supersedes offset 8's key, and the unreconciled 10-11) and deleted. The
+    restore copies what that object holds at 0-9 into a new compacted object under a term
+    above the bucket's, committed as a compaction superseding the gone rows: every record
+    the object kept there reads back; 10-11 are not taken from it (above the LRO), and 8
+    is gone with the record that superseded it."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    history = keyed(*[(f"k{i}", "v1") for i in range(5)], *[(f"k{i}", "v2") for i in range(5)])
+    history += keyed(("k5", "v1"), ("k6", "v1"))
+    row, term, gone = await restored_compacted_partition(store, objects, history, [4, 9])
+    after_backup = Record(b"k3", b"v3")  # offset 12, lost with the restore
+    kept = {o: history[o] for o in (5, 6, 7, 9, 10, 11)} | {12: after_backup}
+    lost = await put_compacted(objects, 0, 12, term + 1, kept, "a")
+    await put_l1(objects, 13, term + 2, records(2, "later"), "b")  # the lost history goes on
+    with pytest.raises(ObjectNotFound):  # the defect: the restored rows name gone objects
+        await l1_reads(store, objects, row)
+
+    summary = await adopt_all(store, objects, 5.0)
+    assert (summary.repaired, summary.missing) == ({"t/0": [(0, 9)]}, {})
+    reads = await l1_reads(store, objects, row)
+    assert reads == {o: history[o] for o in (5, 6, 7, 9)}  # each key's latest value before the backup
+    state = await replay_state(store, row)
+    [new] = [r for r in await store.l1_list(row.pid, [L1State.COPY_FINISHED])]
+    assert (new.base_offset, new.last_offset, new.term) == (0, 9, term + 3) == (0, state.lro, state.term)
+    assert new.term > max(
+        parse_l1_key(k).term for k in objects.keys() if k.startswith("level_one/") and k != new.key
+    )
+    compaction = await store.l1_compaction_state(row.pid)
+    assert new.key in compaction.compacted_keys and compaction.cleaner_offsets == {term + 3: -1}
+    assert {r.key: r.state for r in await store.l1_list(row.pid) if r.key in gone} == dict.fromkeys(
+        gone, L1State.DELETE_STARTED
+    )
+    assert await objects.get(lost)  # left for the daemon's stray sweep
+    # The unreconciled 10-11 stay the log's (L0's) to reconcile: not in L1 yet.
+    assert (state.lro, state.high_watermark) == (9, 12)
+
+    # A second run changes nothing.
+    rows_before, log_before = await store.l1_list(row.pid), state.next_log_offset
+    again = await adopt_all(store, objects, 6.0)
+    assert (again.repaired, again.missing) == ({}, {})
+    assert await store.l1_list(row.pid) == rows_before
+    assert (await replay_state(store, row)).next_log_offset == log_before
+
+
+async def test_a_range_whose_last_record_compaction_removed_stays_named() -> None:
+    """A compacted object ends on a record (a fetch inside it relies on it). When the compaction
+    after the backup removed the gone range's last record (its key written again since, at
+    offset 6), no object ending there can be made: the range stays named, not repaired."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    history = keyed(*[(f"k{i}", "v1") for i in range(6)])
+    row, term, [gone] = await restored_compacted_partition(store, objects, history, [5])
+    kept = {o: history[o] for o in range(5)} | {6: Record(b"k5", b"v2")}
+    await put_compacted(objects, 0, 6, term + 1, kept, "a")
+    summary = await adopt_all(store, objects, 5.0)
+    assert (summary.repaired, summary.missing) == ({}, {"t/0": [(0, 5, True)]})
+    assert [r.key for r in await store.l1_list(row.pid)] == [gone]  # no object written
