@@ -242,6 +242,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
     data_dir = config.storage.data_dir
     try:
         if args.backup_command == "backup":
+            unfinished = _unfinished_restore(data_dir)
+            if unfinished is not None:  # a backup of a store the daemon refuses to start on
+                _fail(f"refusing to back up: {unfinished}")
+                return EXIT_FAILED
             summary = backup(data_dir, args.destination)
         else:
             summary = restore(args.backup, data_dir, check_cluster=_backup_cluster_check(config, args.backup))
@@ -257,14 +261,29 @@ def cmd_backup(args: argparse.Namespace) -> int:
         print(f"backed up {data_dir} to {summary.directory}: {facts}")
         print("objects are not in a backup: they stay in the object store")
         return EXIT_OK
-    print(f"restored {args.backup} into {data_dir}: {facts}")
+    print(
+        f"copied the log store of {args.backup} into {data_dir} ({facts}); adopting the bucket's L1 objects"
+    )
     # The bucket holds what the live daemon reconciled since the backup: adopt it, or reads of
     # records the backup acknowledged fail once the live GC deleted their L0 objects.
     code = _recover(config, after_restore=True, backup=args.backup, taken_at=backup_taken_at(m))
     if code == EXIT_OK:
         finish_restore(data_dir)  # only now may the daemon start on it
+        print(f"restored {args.backup} into {data_dir}")
         print("start the daemon; see docs/backup-restore.md, 'What an older backup means'")
     return code
+
+
+def _unfinished_restore(data_dir: str) -> str | None:
+    """Why `data_dir` holds a restore that did not finish (the daemon refuses to start on it),
+    or None."""
+    from levelzero.daemon.backup import refuse_unfinished_restore
+
+    try:
+        refuse_unfinished_restore(data_dir)
+    except LevelZeroError as exc:
+        return str(exc)
+    return None
 
 
 def _backup_cluster_check(config: Any, backup: str) -> Callable[[str], None]:
@@ -322,6 +341,10 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if not args.from_bucket:
         _fail("say where to recover from: --from-bucket")
         return EXIT_USAGE
+    unfinished = _unfinished_restore(config.storage.data_dir) if config.control.kind != "postgres" else None
+    if unfinished is not None:  # the restore's own adoption finishes it; this would leave the marker
+        _fail(f"refusing to recover, nothing was changed: {unfinished}")
+        return EXIT_FAILED
     return _recover(config, after_restore=False)
 
 

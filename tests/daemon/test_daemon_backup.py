@@ -238,3 +238,31 @@ async def test_a_restore_run_again_after_a_kill_before_the_swap_keeps_the_store_
     kept = sorted(data.glob("levelzero.db.replaced-*"))
     assert len(kept) == 2 and kept[0].read_bytes() == original
     assert (data / backup_module.RESTORE_MARKER).exists()  # the adoption is still to run
+
+
+async def test_a_half_restored_data_directory_is_neither_backed_up_nor_recovered(
+    tmp_path: Path, capsys
+) -> None:
+    # A restore killed before its adoption: a backup of it would hold a store the daemon refuses
+    # to start on, and a recover would write to it and leave the marker (only the restore run
+    # again finishes it).
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (daemon, client):
+        await client.create_topic("t", 1)
+    assert main(["backup", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
+    backup_module.restore(str(tmp_path / "b"), str(data))  # the copy, not the adoption
+    capsys.readouterr()
+    assert main(["backup", str(tmp_path / "c"), "--data-dir", str(data)]) == 1
+    assert "refusing to back up: a restore into" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+    before = (data / "levelzero.db").read_bytes()
+    argv = ["recover", "--from-bucket", "--data-dir", str(data)]
+    assert await anyio.to_thread.run_sync(main, argv) == 1
+    assert "refusing to recover, nothing was changed: a restore into" in capsys.readouterr().err
+    assert (data / "levelzero.db").read_bytes() == before
+    assert (
+        await anyio.to_thread.run_sync(main, ["restore", str(tmp_path / "b"), "--data-dir", str(data)]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out.splitlines()[-2] == f"restored {tmp_path / 'b'} into {data}"
+    assert not (data / backup_module.RESTORE_MARKER).exists()
