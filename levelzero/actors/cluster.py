@@ -108,6 +108,12 @@ class ClusterMember:
         self.call_timeout_s = ttl_s * CALL_TIMEOUT_FRACTION
         self.leading: set[int] = set()
         self.view: ClusterView | None = None
+        # How many times the set of live nodes changed between two views read here (a join, a
+        # lease that ran out, a leave): what a node's Kafka coordinators compare to tell that a
+        # group they held may have been coordinated, and stored anew, elsewhere meanwhile, even
+        # when the set came back to what it was (`Cluster.placement`).
+        self.membership_changes = 0
+        self._live: frozenset[str] | None = None
         self.draining = False
         self.left = False
         self.rounds = 0
@@ -327,8 +333,7 @@ class ClusterMember:
             )
             self.leading.update(adopted)
             await self._lead(adopted)
-        view = self.view = await self._call("reading the cluster view", c.cluster_view, changes=False)
-        self._view_read_at = self._clock()
+        view = self._viewed(await self._call("reading the cluster view", c.cluster_view, changes=False))
         active, _draining = live_nodes(
             ((n.node_id, n.lease_expires_at, n.draining) for n in view.nodes), view.now
         )
@@ -404,8 +409,17 @@ class ClusterMember:
 
     async def refresh(self) -> None:
         """Read the cluster view now (a topic another node just created, a leader just moved)."""
-        self.view = await self._call("reading the cluster view", self.control.cluster_view, changes=False)
+        self._viewed(await self._call("reading the cluster view", self.control.cluster_view, changes=False))
+
+    def _viewed(self, view: ClusterView) -> ClusterView:
+        """Take `view` as the latest, counting a change of the live nodes."""
+        self.view = view
         self._view_read_at = self._clock()
+        live = frozenset(n.node_id for n in view.nodes if n.lease_expires_at > view.now)
+        if self._live is not None and live != self._live:
+            self.membership_changes += 1
+        self._live = live
+        return view
 
     async def fresh_view(self, age_max_s: float) -> ClusterView | None:
         """The cluster view, read again first if it is older than `age_max_s`."""

@@ -118,10 +118,14 @@ class Cluster:
         chosen = preferred_leader(f"group:{group_id}", sorted(brokers))
         return brokers[chosen] if chosen is not None else self.me()
 
-    def placement(self) -> frozenset[str] | None:
-        """What `coordinator` picks from (the live Kafka nodes; alone, None): a group may have
-        been coordinated elsewhere since this changed."""
-        return None if self.node.member is None else frozenset(self.brokers())
+    def placement(self) -> int | None:
+        """A count that moves whenever what `coordinator` picks from (the live nodes) changed
+        (alone, None): a group may have been coordinated elsewhere since it moved. A count of
+        the cluster member's views, not the set itself: a node that joined and died between two
+        requests about a group moved the group there and back, and the set alone, the same
+        again, hid that (the group, stored anew there, was served from a stale copy here)."""
+        member = self.node.member
+        return None if member is None else member.membership_changes
 
     def coordinates(self, group_id: str) -> bool:
         return self.node.member is None or self.coordinator(group_id) == self.me()

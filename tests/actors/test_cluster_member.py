@@ -528,3 +528,22 @@ async def test_a_release_given_up_on_that_lands_later_never_takes_a_lease_the_me
             assert a.leads(pid)
             assert control.leases.get(pid, (None, 0.0))[0] == "a", f"a leads {pid}, whose lease is gone"
         wire.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_a_node_that_joins_and_dies_counts_as_two_membership_changes() -> None:
+    # The Kafka coordinators compare this count to tell that a group may have been coordinated
+    # (and stored anew) elsewhere meanwhile: the live set alone came back to what it was when a
+    # node joined and died between two requests, and a stale copy of the group was served.
+    _, clock, control, nodes, members = await cluster(["a", "b"])
+    await rounds(members.values(), clock)
+    a = members["a"]
+    assert a.membership_changes == 0
+    d = Node()
+    joining = ClusterMember(control, "d", "http://d", ttl_s=TTL_S, lead=d.lead, resign=d.resign, clock=clock)
+    await joining.register()
+    await rounds([a, members["b"], joining], clock, count=1)
+    assert a.membership_changes == 1 and "d" in (a.live_nodes() or [])
+    await rounds([a, members["b"]], clock, count=5)  # d died: its lease runs out meanwhile
+    assert sorted(a.live_nodes() or []) == ["a", "b"]  # the same live set as before it joined
+    assert a.membership_changes == 2
