@@ -49,6 +49,7 @@ from levelzero.core.keys import (
     format_end_key,
     partition_ends_prefix,
     topic_ends_prefix,
+    topic_restores_prefix,
     topic_record_key,
 )
 from levelzero.core.names import INTERNAL_TOPICS, colliding_topic, topic_name_problem, unstorable_topic_advice
@@ -667,16 +668,22 @@ class Node:
             )
 
     async def _forget_ends(self, topic: str) -> None:
-        """Delete the partition ends kept for `topic`, which is being deleted (a topic made again
-        with its name starts from nothing). Best effort, as the record's removal: one left by a
-        failed delete could only start a partition of the new topic that has no L1 object
-        further on in a recovery, never at an offset handed out before."""
-        try:
-            keys = [info.key async for info in iter_objects(self.object_store, topic_ends_prefix(topic))]
-            for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
-                await self.object_store.delete_many(keys[start : start + DELETE_BATCH_KEYS_MAX])
-        except LevelZeroError as exc:
-            log.warning("could not remove topic %s's partition ends from the object store: %s", topic, exc)
+        """Delete the partition ends and the restore marks kept for `topic`, which is being
+        deleted (a topic made again with its name starts from nothing). Best effort, as the
+        record's removal: an end left by a failed delete could only start a partition of the new
+        topic that has no L1 object further on in a recovery, never at an offset handed out
+        before; a restore mark left could make a recovery from the bucket alone drop the new
+        topic's L1 objects of low terms at its offsets (lose them, never serve others)."""
+        for what, prefix in (
+            ("partition ends", topic_ends_prefix(topic)),
+            ("restore marks", topic_restores_prefix(topic)),
+        ):
+            try:
+                keys = [info.key async for info in iter_objects(self.object_store, prefix)]
+                for start in range(0, len(keys), DELETE_BATCH_KEYS_MAX):
+                    await self.object_store.delete_many(keys[start : start + DELETE_BATCH_KEYS_MAX])
+            except LevelZeroError as exc:
+                log.warning("could not remove topic %s's %s from the object store: %s", topic, what, exc)
 
     async def _record_topic(self, name: str, partitions: int, *, fresh: bool = False) -> None:
         """Keep the topic's partition count and configs in the bucket too: `levelzero recover

@@ -11,6 +11,11 @@ that retention or DeleteRecords emptied ended (its L1 objects, which said so, ar
 ever added by the partition's leader, the lower ones deleted after: no read-modify-write, so
 no two writers (partitions of one topic emptied at once, a deposed leader) lose an end; a
 recovery takes the highest.
+Restore marks: `levelzero/restores/{topic}/{partition}/{term:020}-{high_watermark:020}` — empty
+objects a restore of an older backup writes for a partition whose bucket holds L1 objects of the
+discarded history reaching its restored high watermark: from that term on, the partition's
+history is the restored one (`core/adoption.py`, `restored_history`). Only ever added (several
+restores, several marks, each applying); removed with the topic.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ L0_ROOT = "level_zero/data/"
 L1_ROOT = "level_one/"
 TOPICS_ROOT = "levelzero/topics/"
 ENDS_ROOT = "levelzero/ends/"
+RESTORES_ROOT = "levelzero/restores/"
 PREFIX_COUNT = 1000
 EPOCH_DIGITS = 18
 EPOCH_MAX = 10**EPOCH_DIGITS - 1
@@ -36,6 +42,10 @@ EPOCH_MAX = 10**EPOCH_DIGITS - 1
 _L0_RE = re.compile(r"^level_zero/data/(\d{3})/(\d{18})/([0-9a-f]{32})\Z", re.ASCII)
 _END_RE = re.compile(
     r"^levelzero/ends/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})\Z" % TOPIC_NAME_CHARS_MAX, re.ASCII
+)
+_RESTORE_RE = re.compile(
+    r"^levelzero/restores/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})\Z" % TOPIC_NAME_CHARS_MAX,
+    re.ASCII,
 )
 _L1_RE = re.compile(
     r"^level_one/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})/(\d+)-([0-9a-f]{32})\Z"
@@ -167,6 +177,30 @@ def parse_end_key(key: str) -> tuple[str, int, int]:
     if m is None or topic_name_problem(m.group(1)) is not None:
         raise MalformedKey(f"not a partition end's key: {key!r}")
     return m.group(1), int(m.group(2)), int(m.group(3))
+
+
+def topic_restores_prefix(topic: str) -> str:
+    """The key prefix of every restore mark of `topic` (and of no other topic's)."""
+    problem = topic_name_problem(topic)
+    if problem is not None:
+        raise MalformedKey(f"topic name {topic!r} cannot be part of a key: it {problem}")
+    return f"{RESTORES_ROOT}{topic}/"
+
+
+def format_restore_key(topic: str, partition: int, term: int, high_watermark: int) -> str:
+    """The key saying partition `topic`/`partition` was restored to `high_watermark`, its
+    restored history writing from `term` on (its keys sort by term)."""
+    assert partition >= 0 and 0 < term < 10**20 and 0 <= high_watermark < 10**20, (term, high_watermark)
+    return f"{topic_restores_prefix(topic)}{partition}/{term:020d}-{high_watermark:020d}"
+
+
+def parse_restore_key(key: str) -> tuple[str, int, int, int]:
+    """(topic, partition, term, high watermark) of a restore mark's key; MalformedKey if it is
+    not one."""
+    m = _RESTORE_RE.match(key)
+    if m is None or topic_name_problem(m.group(1)) is not None or int(m.group(3)) < 1:
+        raise MalformedKey(f"not a restore mark's key: {key!r}")
+    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
 
 
 class TopicRecord(msgspec.Struct, frozen=True):

@@ -16,6 +16,11 @@ Two cases, told apart by the control plane itself:
   reaches past the restored high watermark (it also holds records written after the backup),
   or one the metastore already knows in another state, is not adopted as it is: the records
   the log acknowledged are copied into a new object and that one is adopted.
+  Where objects the metastore does not know reach the restored high watermark H (the
+  discarded history's), a restore mark goes into the bucket (`levelzero/restores/…`: the term
+  T the restored history writes from, and H), so that a later rebuild from the bucket alone,
+  before the restored daemon reconciled what it acknowledged at H and on, does not serve the
+  discarded history's records there (`core/adoption.py`, `restored_history`).
   Before that, restored COPY_FINISHED rows whose objects a compaction after the backup
   replaced (and deleted) are repaired where the bucket allows (`repair_compacted`): for each
   run of such rows that objects the metastore does not know cover whole (their term lineage,
@@ -31,11 +36,13 @@ Two cases, told apart by the control plane itself:
   (`levelzero/topics/{topic}`, written at creation) and the L1 keys; each
   partition's reconciled records come back (an emptied one at its end, from its end key,
   `levelzero/ends/…`) from its L1 objects (verified: checksum and record
-  count), from the lowest offset the bucket holds to the highest, a gap between objects (a
+  count; not those its restore marks discard, `levelzero/restores/…`), from the lowest offset
+  the bucket holds to the highest, a gap between objects (a
   range abandoned by an operator) becoming an abandoned range; the cluster epoch is set above
   every L0 object's epoch. The partition's log starts with a `TermStart` (a term above every
-  term its objects name) and a snapshot saying what the bucket proves (LRO = high watermark - 1,
-  the L1 objects in the lineage of that term). Records that were not reconciled do not come
+  term its objects name, and at or above every term its restore marks name) and a snapshot
+  saying what the bucket proves (LRO = high watermark - 1, the L1 objects in the lineage of
+  that term). Records that were not reconciled do not come
   back: an L0 object does not hold the offsets of its records (the log assigns them after the
   upload) nor the names of its partitions, and it may hold extents the fence refused.
 
@@ -61,7 +68,7 @@ from pathlib import Path
 
 import anyio
 
-from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
+from levelzero.core.adoption import lineage, next_start_after, restored_history, starting_at, term_above
 from levelzero.core.compaction import build_compacted_object, cleaned_to, extend_cleaner_map, l1_object_runs
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import CorruptData, InvalidConfig, LevelZeroError, MalformedKey, ObjectNotFound
@@ -69,14 +76,17 @@ from levelzero.core.keys import (
     ENDS_ROOT,
     L0_ROOT,
     L1_ROOT,
+    RESTORES_ROOT,
     TOPICS_ROOT,
     L1Key,
     decode_topic_record,
     format_l1_key,
+    format_restore_key,
     new_uuid,
     parse_end_key,
     parse_l0_key,
     parse_l1_key,
+    parse_restore_key,
     topic_record_key,
 )
 from levelzero.core.l0format import (
@@ -299,13 +309,56 @@ async def _verify_against_log(
 async def adopt_partition(
     store: LogStore, objects: ObjectStore, row: PartitionRow, now: float
 ) -> PartitionRecovery | None:
-    """Adopt the L1 objects that continue `row`'s reconciled data (see the module docstring).
-    None when the partition has nothing unreconciled."""
-    state = await replay_state(store, row)
-    name = f"{row.topic}/{row.partition}"
+    """Adopt the L1 objects that continue `row`'s reconciled data (see the module docstring),
+    and mark the restore in the bucket where the discarded history reaches past it
+    (`_mark_restore`). None when the partition has nothing unreconciled."""
     if topic_name_problem(row.topic) is not None:
         return None
+    state = await replay_state(store, row)
     keys = await partition_keys(objects, row.topic, row.partition)
+    known = {r.key for r in await store.l1_list(row.pid)}
+    restored_term = state.term
+    result = await _adopt(store, objects, row, now, state, keys)
+    await _mark_restore(objects, row, keys, known, state, restored_term)
+    return result
+
+
+async def _mark_restore(
+    objects: ObjectStore,
+    row: PartitionRow,
+    keys: list[L1Key],
+    known: set[str],
+    state: PartitionState,
+    restored_term: int,
+) -> None:
+    """When the bucket holds L1 objects the restored control plane does not know reaching the
+    restored high watermark H (the discarded history's, written after the backup), write the
+    partition's restore mark: the term T the restored history writes from (the term this
+    adoption began, else the one the daemon begins, the partition's term + 1) and H. Until the
+    restored daemon reconciles the records it acknowledges at H and beyond, nothing else in the
+    bucket says they are not the discarded history's; a rebuild from the bucket alone drops
+    what the mark discards (`core/adoption.py`, `restored_history`). Written before the restore
+    is done (the daemon refuses to start before), so none of those records is acknowledged
+    without it; running the restore again writes another mark, which applies as well."""
+    high_watermark = state.high_watermark
+    if not any(k.last_offset >= high_watermark for k in keys if str(k) not in known):
+        return
+    term = state.term if state.term > restored_term else state.term + 1
+    key = format_restore_key(row.topic, row.partition, term, high_watermark)
+    await objects.put(key, b"")
+    log.info("%s/%d: restore marked (%s)", row.topic, row.partition, key)
+
+
+async def _adopt(
+    store: LogStore,
+    objects: ObjectStore,
+    row: PartitionRow,
+    now: float,
+    state: PartitionState,
+    keys: list[L1Key],
+) -> PartitionRecovery | None:
+    """`adopt_partition`'s adoption, on `state` (its terms and catch-up applied to it)."""
+    name = f"{row.topic}/{row.partition}"
     if not state.has_unreconciled_data:
         await _outrank(store, row, state, keys)
         return None
@@ -737,6 +790,15 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         ends[topic, partition] = max(ended_at, ends.get((topic, partition), 0))
+    restores: dict[tuple[str, int], list[tuple[int, int]]] = {}  # the restore marks' (term, H)
+    async for info in iter_objects(objects, RESTORES_ROOT):
+        try:
+            topic, partition, term, high_watermark = parse_restore_key(info.key)
+        except MalformedKey as exc:
+            summary.skipped_keys += 1
+            log.warning("ignoring %s: %s", info.key, exc)
+            continue
+        restores.setdefault((topic, partition), []).append((term, high_watermark))
     for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
     summary.configs = configs
@@ -744,9 +806,10 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
         for row in await store.create_topic(topic, count, epoch, now, configs.get(topic)):
             found = keys.get((row.topic, row.partition), [])
             end = ends.get((row.topic, row.partition))
-            if found or end:
+            marks = restores.get((row.topic, row.partition), [])
+            if found or end or marks:
                 summary.partitions.append(
-                    await _rebuild_partition(store, objects, row, found, epoch, now, end)
+                    await _rebuild_partition(store, objects, row, found, epoch, now, end, marks)
                 )
     return summary
 
@@ -759,10 +822,15 @@ async def _rebuild_partition(
     epoch: int,
     now: float,
     end: int | None = None,
+    restores: Sequence[tuple[int, int]] = (),
 ) -> PartitionRecovery:
     """One partition's log from its L1 objects; `end`: where it ended when retention or
-    DeleteRecords emptied it (its end key), which an empty partition starts at."""
-    kept = lineage(keys)
+    DeleteRecords emptied it (its end key), which an empty partition starts at; `restores`:
+    its restore marks' (term, high watermark), whose discarded history is not adopted. The new
+    term is above every term `keys` name, discarded objects' included, and at or above every
+    mark's: what the partition writes from then on is never a discarded history's."""
+    kept = lineage(restored_history(keys, restores))
+    at_least = term_above(keys, max((term for term, _ in restores), default=1) - 1)
     chosen: list[tuple[L1Key, int, int]] = []  # key, size, largest timestamp
     gaps: list[tuple[int, int]] = []
     offset: int | None = kept[0].base_offset if kept else None
@@ -782,9 +850,11 @@ async def _rebuild_partition(
     result = PartitionRecovery(name, -1, -1, 0, gaps=gaps)
     if not chosen:
         if end:
-            return await _rebuild_emptied(store, row, end, epoch, keys, result)
+            return await _rebuild_emptied(store, row, end, epoch, at_least, result)
+        if restores:  # empty at offset 0, but its terms above the marks'
+            result.term = (await store.begin_term(row.pid, 0, 0, at_least=at_least)).term
         return result
-    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=at_least)
     term = result.term = term_start.term
     for key, size, max_timestamp_ms in chosen:
         await store.l1_insert(
@@ -849,12 +919,12 @@ def _proven_state(
 
 
 async def _rebuild_emptied(
-    store: LogStore, row: PartitionRow, end: int, epoch: int, keys: list[L1Key], result: PartitionRecovery
+    store: LogStore, row: PartitionRow, end: int, epoch: int, at_least: int, result: PartitionRecovery
 ) -> PartitionRecovery:
     """A partition with no record left (retention or DeleteRecords emptied it) whose end a key
     in the bucket kept: empty, its start offset and high watermark at `end`, so its next
     record takes `end` as it would have, not an offset consumers read before."""
-    term_start = await store.begin_term(row.pid, 0, 0, at_least=term_above(keys, 0))
+    term_start = await store.begin_term(row.pid, 0, 0, at_least=at_least)
     result.term = term_start.term
     state = _proven_state(row, term_start, epoch, end, end, 0, [])
     await store.save_snapshot(Snapshot(row.pid, term_start.log_offset, state.encode_snapshot()))

@@ -17,10 +17,12 @@ from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
 from levelzero.core.keys import (
     ENDS_ROOT,
+    RESTORES_ROOT,
     L0_ROOT,
     L1_ROOT,
     decode_topic_record,
     format_end_key,
+    format_restore_key,
     parse_l0_key,
     topic_record_key,
 )
@@ -341,8 +343,12 @@ async def test_partitions_emptied_at_once_each_keep_their_end_and_a_deleted_topi
         await produce(node, "gone", 1, 2)
         await settle(node)
         assert keys(objects, f"{ENDS_ROOT}gone/") == [format_end_key("gone", 1, 2)]
+        marks = [format_restore_key("gone", 1, 3, 0), format_restore_key("r", 0, 3, 0)]  # restores'
+        for mark in marks:
+            await objects.put(mark, b"")
         await node.delete_topic("gone")
         assert keys(objects, f"{ENDS_ROOT}gone/") == []
+        assert keys(objects, RESTORES_ROOT) == marks[1:]  # the deleted topic's only
         await node.create_topic("gone", 2)
     rebuilt = MemoryLogStore()
     summary = await rebuild_from_bucket(rebuilt, objects, 100.0)

@@ -7,7 +7,7 @@ import itertools
 
 import msgspec
 
-from levelzero.core.adoption import lineage, next_start_after, starting_at, term_above
+from levelzero.core.adoption import lineage, next_start_after, restored_history, starting_at, term_above
 from levelzero.core.keys import L1Key
 from levelzero.core.l0format import Record, checksum, encode_extent, records_match_extent
 
@@ -37,6 +37,29 @@ def test_candidates_at_an_offset_newest_term_first_then_longest() -> None:
     assert starting_at(kept, 10) == [key(10, 19, 2, "b" * 32), key(10, 14, 2, "a" * 32)]
     assert starting_at(kept, 20) == []
     assert next_start_after(kept, 20) == 30 and next_start_after(kept, 30) is None
+
+
+def test_a_restore_mark_drops_the_discarded_historys_objects_reaching_its_high_watermark() -> None:
+    """Restored to high watermark 20, the restored history writing from term 5: the discarded
+    history's objects (terms below 5) reaching offset 20 go, wholly (10-24 too); below 20 both
+    histories hold the same records and everything stays; term 5 and above stay everywhere."""
+    below = [key(0, 9, 2), key(10, 19, 4), key(12, 19, 3)]
+    discarded = [key(10, 24, 3), key(20, 29, 4), key(20, 20, 1), key(30, 39, 2)]
+    restored = [key(20, 29, 5), key(15, 34, 6)]
+    assert restored_history([*below, *discarded, *restored], [(5, 20)]) == [*below, *restored]
+    assert restored_history(discarded, []) == discarded  # no mark: nothing dropped
+    # Restored to an empty partition: every object of an older term is the discarded history's.
+    assert restored_history([*below, *restored], [(5, 0)]) == restored
+
+
+def test_several_restore_marks_each_apply() -> None:
+    """Restored to 20 (from term 5), then again to 12 (from term 8): each mark drops its own
+    discarded history; the second drops the first restored history's objects past 12 too."""
+    keys = [key(0, 9, 1), key(10, 19, 3), key(20, 29, 4), key(20, 29, 6), key(10, 11, 7), key(12, 14, 7)]
+    assert restored_history(keys, [(5, 20)]) == [key(0, 9, 1), key(10, 19, 3), key(20, 29, 6), *keys[4:]]
+    assert restored_history(keys, [(8, 12)]) == [key(0, 9, 1), key(10, 11, 7)]
+    assert restored_history(keys, [(5, 20), (8, 12)]) == [key(0, 9, 1), key(10, 11, 7)]
+    assert restored_history([*keys, key(12, 19, 8)], [(8, 12), (5, 20)])[-1] == key(12, 19, 8)
 
 
 def test_an_adopting_term_is_above_every_term_in_the_bucket() -> None:

@@ -29,15 +29,18 @@ from levelzero.core.keys import (
     decode_topic_record,
     encode_topic_record,
     format_end_key,
+    format_restore_key,
     format_l0_key,
     format_l1_key,
     l0_prefix_root,
     new_uuid,
     l0_key_epoch,
     parse_end_key,
+    parse_restore_key,
     parse_l0_key,
     parse_l1_key,
     topic_ends_prefix,
+    topic_restores_prefix,
     topic_record_key,
 )
 
@@ -313,6 +316,24 @@ def test_topic_records_round_trip_and_refuse_what_is_not_one() -> None:
             decode_topic_record(bad_key, body)
     with pytest.raises(MalformedKey):
         topic_record_key("..")
+
+
+def test_restore_mark_keys_sort_by_term_and_refuse_what_is_not_one() -> None:
+    key = format_restore_key("a.b", 7, 12, 340)
+    assert key == "levelzero/restores/a.b/7/00000000000000000012-00000000000000000340"
+    assert parse_restore_key(key) == ("a.b", 7, 12, 340)
+    assert format_restore_key("a", 7, 9, 99) < format_restore_key("a", 7, 10, 1)
+    assert not format_restore_key("a.b", 0, 1, 0).startswith(topic_restores_prefix("a"))
+    for bad in [
+        "levelzero/restores/../0/" + "0" * 19 + "1-" + "0" * 20,
+        "levelzero/restores/a/0/" + "0" * 20 + "-" + "0" * 20,  # term 0
+        "levelzero/restores/a/0/" + "0" * 19 + "1",
+        "levelzero/ends/a/0/" + "0" * 19 + "1-" + "0" * 20,
+    ]:
+        with pytest.raises(MalformedKey):
+            parse_restore_key(bad)
+    with pytest.raises(MalformedKey):
+        format_restore_key("..", 0, 1, 0)
 
 
 def test_partition_end_keys_sort_by_end_and_refuse_what_is_not_one() -> None:

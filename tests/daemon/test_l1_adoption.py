@@ -16,11 +16,14 @@ from levelzero.core.compaction import build_compacted_object
 from levelzero.core.entries import AdvanceReconciledOffset, LogRecord, Placeholder
 from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.core.keys import (
+    RESTORES_ROOT,
     TopicRecord,
     encode_topic_record,
     format_l0_key,
     format_l1_key,
+    format_restore_key,
     parse_l1_key,
+    parse_restore_key,
     topic_record_key,
 )
 from levelzero.core.l0format import Record, build_object, checksum, decode_single_extent, encode_extent
@@ -380,3 +383,123 @@ async def test_a_range_whose_last_record_compaction_removed_stays_named() -> Non
     summary = await adopt_all(store, objects, 5.0)
     assert (summary.repaired, summary.missing) == ({}, {"t/0": [(0, 5, True)]})
     assert [r.key for r in await store.l1_list(row.pid)] == [gone]  # no object written
+
+
+async def restored_partition(
+    store: MemoryLogStore, objects: MemoryObjectStore, acked: list[list[Record]], reconciled: int
+) -> PartitionRow:
+    """A restored partition of t/0: one placeholder per batch of `acked`, the first `reconciled`
+    batches in L1 objects of its term (in the bucket, its metastore naming them), its LRO at
+    their end; its topic record in the bucket."""
+    [row] = await store.create_topic("t", 1, 1, 0.0)
+    term = (await store.begin_term(row.pid, 0, 0)).term
+    base, at = 0, 1
+    for i, batch in enumerate(acked):
+        extent = encode_extent(batch)
+        placeholder = Placeholder(1, L0_KEY, 0, len(extent), len(batch), checksum(extent))
+        await store.append(row.pid, term, [LogRecord(at, term, base, placeholder)])
+        last = base + len(batch) - 1
+        if i < reconciled:
+            key = await put_l1(objects, base, term, batch, str(i))
+            await store.l1_insert(
+                L1Row(key, row.pid, base, last, at, term, 1, L1State.COPY_FINISHED, 0.0, 0.0, 0)
+            )
+            await store.append(
+                row.pid, term, [LogRecord(at + 1, term, last + 1, AdvanceReconciledOffset(last, at))]
+            )
+            at += 1
+        base, at = last + 1, at + 1
+    await objects.put(topic_record_key("t"), encode_topic_record(TopicRecord("t", 1, 0.0)))
+    return row
+
+
+async def rebuilt_reads(objects: MemoryObjectStore) -> tuple[int, int, dict[int, Record]]:
+    """t/0 as a rebuild from the bucket alone, on an empty control plane, brings it back: its
+    high watermark, its term and the records its L1 objects serve."""
+    store = MemoryLogStore()
+    await rebuild_from_bucket(store, objects, 100.0)
+    [row] = await store.list_partitions()
+    state = await replay_state(store, row)
+    return state.high_watermark, state.term, await l1_reads(store, objects, row)
+
+
+def restore_marks(objects: MemoryObjectStore) -> list[tuple[str, int, int, int]]:
+    return [parse_restore_key(k) for k in sorted(objects.keys()) if k.startswith(RESTORES_ROOT)]
+
+
+async def test_a_rebuild_after_a_restore_does_not_serve_the_discarded_history_past_it() -> None:
+    """The double disaster: a restore to a backup at high watermark 10 (0-4 reconciled, 5-9 not);
+    the discarded history had gone on after the backup, under the same term (5-9 and 10-14) and
+    under a later one (15-19). The restored daemon acknowledges new records at 10 and on, in L0
+    only, and the control plane is lost: a rebuild from the bucket alone brought back the
+    discarded history's 10-19 at offsets the restored daemon had acknowledged anew, wrong data
+    served silently. The restore's mark keeps them out: the partition comes back at 0-9 (the
+    unreconciled records are lost, as documented), and what the restored history reconciles
+    after the restore, under a later term, comes back as it is."""
+    store, objects = MemoryLogStore(), MemoryObjectStore()
+    acked = [records(5, "a"), records(5, "b")]
+    await restored_partition(store, objects, acked, reconciled=1)
+    await put_l1(objects, 5, 1, acked[1], "5")  # reconciled after the backup: adopted as it is
+    await put_l1(objects, 10, 1, records(5, "lost"), "6")
+    await put_l1(objects, 15, 2, records(5, "later"), "7")
+
+    summary = await adopt_all(store, objects, 10.0)
+    [adopted] = summary.partitions
+    assert (adopted.lro_after, adopted.adopted, adopted.copied, adopted.term) == (9, 1, 0, 3)
+    assert restore_marks(objects) == [("t", 0, 3, 10)]
+
+    restored = dict(enumerate(acked[0] + acked[1]))
+    assert await rebuilt_reads(objects) == (10, 3, restored)
+    # The restored daemon (term 4) reconciles its own 10-12 and the control plane is lost again.
+    mine = records(3, "mine")
+    await put_l1(objects, 10, 4, mine, "8")
+    assert await rebuilt_reads(objects) == (13, 5, restored | {10 + i: r for i, r in enumerate(mine)})
+
+
+async def test_each_restores_mark_applies_to_a_rebuild() -> None:
+    """Restored to a backup at 10 (mark: term 3, 10) while the discarded history had reconciled
+    10-11 and 12-19; the restored daemon (term 4) acknowledged 10-14, in L0 only, and a backup
+    of it is restored in turn (its mark: term 5, 15, for 12-19). The restored history's 10-14
+    are in L0 only again when the control plane is lost: the first restore's mark still keeps
+    the first discarded history's 10-11 out, which the second's alone does not (they end below
+    15)."""
+    objects = MemoryObjectStore()
+    acked = [records(10, "a")]
+    first = MemoryLogStore()
+    await restored_partition(first, objects, acked, reconciled=1)
+    await put_l1(objects, 10, 2, records(2, "lost"), "5")
+    await put_l1(objects, 12, 2, records(8, "lost-later"), "6")
+    assert (await adopt_all(first, objects, 10.0)).partitions == []
+    assert restore_marks(objects) == [("t", 0, 3, 10)]
+    # The second backup: the restored daemon's log (term 4) with 10-14 acknowledged.
+    second = MemoryLogStore()
+    row = await restored_partition(second, objects, acked, reconciled=1)
+    term = (await second.begin_term(row.pid, 3, 10, at_least=4)).term
+    extent = encode_extent(records(5, "again"))
+    await second.append(
+        row.pid, term, [LogRecord(4, term, 10, Placeholder(1, L0_KEY, 0, len(extent), 5, checksum(extent)))]
+    )
+    await adopt_all(second, objects, 20.0)
+    assert restore_marks(objects) == [("t", 0, 3, 10), ("t", 0, 5, 15)]
+
+    # The rebuilt term is at or above every mark's (above every object's alone it would be 3): what
+    # the rebuilt daemon reconciles at 15 and on is not taken for the second discarded history.
+    assert await rebuilt_reads(objects) == (10, 5, dict(enumerate(acked[0])))
+    await objects.delete_many([format_restore_key("t", 0, 3, 10)])  # the first mark alone gone
+    high_watermark, _, reads = await rebuilt_reads(objects)
+    assert (high_watermark, reads[10]) == (12, records(2, "lost")[0])  # the defect it prevents
+
+
+async def test_a_partition_with_a_restore_mark_and_no_object_left_comes_back_under_its_term() -> None:
+    """The restored daemon's stray sweep deleted the discarded history's objects, and nothing
+    was reconciled since: the partition comes back empty, but under the mark's term, so that
+    what the rebuilt daemon reconciles at the marked offsets is not left out by the mark in a
+    later rebuild."""
+    objects = MemoryObjectStore()
+    await objects.put(topic_record_key("t"), encode_topic_record(TopicRecord("t", 1, 0.0)))
+    await objects.put(format_restore_key("t", 0, 7, 0), b"")
+    store = MemoryLogStore()
+    summary = await rebuild_from_bucket(store, objects, 100.0)
+    [row] = await store.list_partitions()
+    state = await replay_state(store, row)
+    assert (state.term, state.high_watermark, [p.term for p in summary.partitions]) == (7, 0, [7])
