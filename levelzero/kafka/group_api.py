@@ -52,11 +52,12 @@ class GroupApi:
         session_ms = int(body.session_timeout.total_seconds() * 1000)
         rebalance = getattr(body, "rebalance_timeout", None)
         rebalance_ms = session_ms if rebalance is None else int(rebalance.total_seconds() * 1000)
-        if not self.cluster.coordinates(body.group_id):  # the client asks FindCoordinator again
+
+        def refused(code: ErrorCode) -> Any:
             return make(
                 m.JoinGroupResponse,
                 throttle_time=0,
-                error_code=ErrorCode.not_coordinator,
+                error_code=code,
                 generation_id=-1,
                 protocol_type=None,
                 protocol_name=None if request.api_version >= 7 else "",
@@ -65,20 +66,12 @@ class GroupApi:
                 member_id=body.member_id,
                 members=(),
             )
+
+        if not self.cluster.coordinates(body.group_id):  # the client asks FindCoordinator again
+            return refused(ErrorCode.not_coordinator)
         loaded = await self.groups.load(body.group_id)
         if loaded != ErrorCode.none:
-            return make(
-                m.JoinGroupResponse,
-                throttle_time=0,
-                error_code=loaded,
-                generation_id=-1,
-                protocol_type=None,
-                protocol_name=None if request.api_version >= 7 else "",
-                leader="",
-                skip_assignment=False,
-                member_id=body.member_id,
-                members=(),
-            )
+            return refused(loaded)
         result = await self.groups.join(
             body.group_id,
             body.member_id,
