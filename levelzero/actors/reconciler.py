@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping, Set
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import anyio
@@ -355,20 +355,26 @@ class Reconciler:
             now - since >= config.object_age_max_s or state.size_bytes - size_then >= config.object_bytes_min
         )
 
-    def _forget_gone(self, names: Set[str]) -> None:
-        """A partition gone is neither failing nor waiting."""
+    def _forget_gone(self, actors: Collection[PartitionActor]) -> None:
+        """A partition gone is neither failing nor waiting, nor due for a sweep (what is kept
+        per partition stays bounded by the partitions led, however many come and go)."""
+        names = {actor.name for actor in actors}
+        pids = {actor.row.pid for actor in actors} if self._strays_due else set()
         self.health.retain(names)
         for name in [n for n in self._waiting if n not in names]:
             del self._waiting[name]
+        self._sweeps_waiting &= names
+        for pid in [p for p in self._strays_due if p not in pids]:
+            del self._strays_due[pid]
 
     def _due(self, everyone: bool) -> list[PartitionActor]:
         """The partitions this round visits (in partition order)."""
         if self._activity is None or self._index is None:
             actors = self._partitions()
-            self._forget_gone({actor.name for actor in actors})
+            self._forget_gone(actors)
             return actors
         index = self._index()
-        self._forget_gone(index.keys())
+        self._forget_gone(index.values())
         moved = self._activity.take("reconciler")
         if everyone:
             return self._partitions()

@@ -224,3 +224,18 @@ async def test_a_zero_interval_sweeps_nothing():
         await node.reconciler.run_round()
         assert w.stored(stray)
         assert w.objects.statistics().lists == lists
+
+
+@in_virtual_time
+async def test_a_deleted_partition_is_no_longer_kept_due_for_a_sweep():
+    # What the reconciler keeps per partition for the sweeps is bounded by the partitions it
+    # leads: topics that come and go leave nothing behind.
+    w = World()
+    async with running_node(sweeping_config(), w.log_store, w.objects, wall_clock=w.wall) as node:
+        await node.create_topic("t", 1)
+        await node.create_topic("u", 2)
+        await node.reconciler.run_round()  # each partition's first sweep
+        assert len(node.reconciler._strays_due) == 3
+        await node.delete_topic("u")
+        await node.reconciler.run_round()
+        assert set(node.reconciler._strays_due) == {node.partition("t", 0).row.pid}
