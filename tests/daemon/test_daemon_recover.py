@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -159,6 +160,16 @@ def _print_lines(capsys) -> str:
     return captured.out
 
 
+def sqlite_backup(data: Path, backup_dir: Path) -> None:
+    assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
+
+
+def backup_placeholder_keys(backup_dir: Path) -> set[str]:
+    """The L0 keys a SQLite backup's placeholders name."""
+    with sqlite3.connect(backup_dir / "levelzero.db") as db:
+        return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
+
+
 def assert_adopted(out: str) -> None:
     """t/0's one object also holds the records written after the backup: its first 100 are
     copied into a new object; t/1's is adopted as it is."""
@@ -178,25 +189,18 @@ async def test_restore_readopts_what_the_live_gc_moved_to_l1_sqlite(
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
         monkeypatch.setenv(name, value)  # what `levelzero restore` reads its object store from
 
-    def take_backup() -> None:
-        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
-
     async def restore() -> None:
         assert await cli("restore", str(backup_dir), "--data-dir", str(data)) == 0
         assert_adopted(_print_lines(capsys))
-
-    def placeholder_keys() -> set[str]:
-        with sqlite3.connect(backup_dir / "levelzero.db") as db:
-            return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
 
     await restore_scenario(
         data,
         s3_endpoint,
         s3_bucket,
         s3_overrides(s3_endpoint, s3_bucket),
-        take_backup,
+        partial(sqlite_backup, data, backup_dir),
         restore,
-        placeholder_keys,
+        partial(backup_placeholder_keys, backup_dir),
     )
 
 
@@ -211,9 +215,6 @@ async def test_an_interrupted_restore_keeps_the_daemon_from_starting_until_run_a
     environ = s3_environ(s3_endpoint, s3_bucket)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-
-    def take_backup() -> None:
-        assert main(["backup", str(backup_dir), "--data-dir", str(data)]) == 0
 
     async def restore() -> None:
         # What a SIGKILL between the database's replacement and the end of the adoption leaves.
@@ -233,18 +234,14 @@ async def test_an_interrupted_restore_keeps_the_daemon_from_starting_until_run_a
         assert_adopted(_print_lines(capsys))
         assert not (data / "levelzero.restoring").exists()
 
-    def placeholder_keys() -> set[str]:
-        with sqlite3.connect(backup_dir / "levelzero.db") as db:
-            return {key for (key,) in db.execute("SELECT object_key FROM log WHERE kind = 'placeholder'")}
-
     await restore_scenario(
         data,
         s3_endpoint,
         s3_bucket,
         s3_overrides(s3_endpoint, s3_bucket),
-        take_backup,
+        partial(sqlite_backup, data, backup_dir),
         restore,
-        placeholder_keys,
+        partial(backup_placeholder_keys, backup_dir),
     )
 
 
