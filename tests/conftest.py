@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -26,6 +27,7 @@ from typing import Any
 import asyncpg
 import boto3
 import botocore.config
+import botocore.exceptions
 import pytest
 from daemon_support import DaemonProcess
 
@@ -112,15 +114,42 @@ def s3_bucket(s3_endpoint: S3TestEndpoint) -> Iterator[str]:
         yield bucket
     finally:
         try:
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-                keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-                if keys:
-                    client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-            client.delete_bucket(Bucket=bucket)
-        except client.exceptions.NoSuchBucket:
-            pass
+            remove_bucket(client, bucket)
         finally:
             client.close()
+
+
+BUCKET_REMOVAL_ATTEMPTS = 50
+BUCKET_REMOVAL_PAUSE_S = 0.2
+
+
+def remove_bucket(client: Any, bucket: str) -> None:
+    """Empties `bucket` and removes it (gone already is fine). A daemon killed with a PUT on
+    the wire does not take the PUT back: the server finishes it after the kill, so an object
+    can land after the bucket was listed empty (seen on a busy host after a cluster test: the
+    removal failed with BucketNotEmpty). The emptying is repeated until the removal takes, a
+    bounded number of times; what is still there after them is named."""
+    for _ in range(BUCKET_REMOVAL_ATTEMPTS):
+        keys: list[str] = []
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+                keys = [item["Key"] for item in page.get("Contents", [])]
+                if keys:
+                    client.delete_objects(
+                        Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True}
+                    )
+            client.delete_bucket(Bucket=bucket)
+            return
+        except client.exceptions.NoSuchBucket:
+            return
+        except botocore.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "BucketNotEmpty":
+                raise
+        time.sleep(BUCKET_REMOVAL_PAUSE_S)
+    left = [item["Key"] for item in client.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    raise AssertionError(
+        f"bucket {bucket} still not empty after {BUCKET_REMOVAL_ATTEMPTS} emptyings: {left[:10]}"
+    )
 
 
 @pytest.fixture
