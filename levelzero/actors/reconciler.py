@@ -359,13 +359,16 @@ class Reconciler:
         """A partition gone is neither failing nor waiting, nor due for a sweep (what is kept
         per partition stays bounded by the partitions led, however many come and go)."""
         names = {actor.name for actor in actors}
-        pids = {actor.row.pid for actor in actors} if self._strays_due else set()
+        pids = {actor.row.pid for actor in actors}
         self.health.retain(names)
         for name in [n for n in self._waiting if n not in names]:
             del self._waiting[name]
         self._sweeps_waiting &= names
         for pid in [p for p in self._strays_due if p not in pids]:
             del self._strays_due[pid]
+        # A partition led here again starts a new term, whose start-up collection runs anyway.
+        for pid in [p for p in self._recovered if p not in pids]:
+            del self._recovered[pid]
 
     def _due(self, everyone: bool) -> list[PartitionActor]:
         """The partitions this round visits (in partition order)."""

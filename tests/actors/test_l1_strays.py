@@ -236,6 +236,8 @@ async def test_a_deleted_partition_is_no_longer_kept_due_for_a_sweep():
         await node.create_topic("u", 2)
         await node.reconciler.run_round()  # each partition's first sweep
         assert len(node.reconciler._strays_due) == 3
+        assert len(node.reconciler._recovered) == 3  # each partition's term collected
         await node.delete_topic("u")
         await node.reconciler.run_round()
         assert set(node.reconciler._strays_due) == {node.partition("t", 0).row.pid}
+        assert set(node.reconciler._recovered) == {node.partition("t", 0).row.pid}
