@@ -672,8 +672,10 @@ class Node:
         deleted (a topic made again with its name starts from nothing). Best effort, as the
         record's removal: an end left by a failed delete could only start a partition of the new
         topic that has no L1 object further on in a recovery, never at an offset handed out
-        before; a restore mark left could make a recovery from the bucket alone drop the new
-        topic's L1 objects of low terms at its offsets (lose them, never serve others)."""
+        before; a restore mark left names the deleted topic's record (`keys.RestoreMark`), and a
+        recovery from the bucket alone ignores it for a topic made again (one of an earlier
+        release, or of a topic that had no record, could make it drop the new topic's L1
+        objects of low terms at its offsets: lose them, never serve others)."""
         for what, prefix in (
             ("partition ends", topic_ends_prefix(topic)),
             ("restore marks", topic_restores_prefix(topic)),

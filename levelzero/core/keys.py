@@ -11,11 +11,15 @@ that retention or DeleteRecords emptied ended (its L1 objects, which said so, ar
 ever added by the partition's leader, the lower ones deleted after: no read-modify-write, so
 no two writers (partitions of one topic emptied at once, a deposed leader) lose an end; a
 recovery takes the highest.
-Restore marks: `levelzero/restores/{topic}/{partition}/{term:020}-{high_watermark:020}` — empty
-objects a restore of an older backup writes for a partition whose bucket holds L1 objects of the
-discarded history reaching its restored high watermark: from that term on, the partition's
+Restore marks: `levelzero/restores/{topic}/{partition}/{term:020}-{high_watermark:020}[-{created:020}]`
+— empty objects a restore of an older backup writes for a partition whose bucket holds L1 objects
+of the discarded history reaching its restored high watermark: from that term on, the partition's
 history is the restored one (`core/adoption.py`, `restored_history`). Only ever added (several
-restores, several marks, each applying); removed with the topic.
+restores, several marks, each applying); removed with the topic. `created`: the topic record's
+`created_at` (microseconds) when the mark was written, which names the topic's incarnation: a
+mark its topic's deletion failed to remove applies neither to a topic made again with the name
+nor where the record is gone (marks without it, an earlier release's or of a topic that had no
+record, apply to whatever topic has the name).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import re
 import uuid as uuid_mod
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -44,7 +49,8 @@ _END_RE = re.compile(
     r"^levelzero/ends/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})\Z" % TOPIC_NAME_CHARS_MAX, re.ASCII
 )
 _RESTORE_RE = re.compile(
-    r"^levelzero/restores/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})\Z" % TOPIC_NAME_CHARS_MAX,
+    r"^levelzero/restores/([A-Za-z0-9._-]{1,%d})/(\d+)/(\d{20})-(\d{20})(?:-(\d{20}))?\Z"
+    % TOPIC_NAME_CHARS_MAX,
     re.ASCII,
 )
 _L1_RE = re.compile(
@@ -187,20 +193,44 @@ def topic_restores_prefix(topic: str) -> str:
     return f"{RESTORES_ROOT}{topic}/"
 
 
-def format_restore_key(topic: str, partition: int, term: int, high_watermark: int) -> str:
+class RestoreMark(NamedTuple):
+    """What a restore mark's key says (`format_restore_key`)."""
+
+    topic: str
+    partition: int
+    term: int
+    high_watermark: int
+    # The topic record's `created_at` in microseconds (`topic_incarnation`) when the mark was
+    # written; None: no record then (or an earlier release's mark).
+    topic_created: int | None
+
+
+def topic_incarnation(created_at: float) -> int:
+    """A topic record's `created_at` as a restore mark names it (microseconds)."""
+    stamp = round(created_at * 1_000_000)
+    assert 0 <= stamp < 10**20, created_at
+    return stamp
+
+
+def format_restore_key(
+    topic: str, partition: int, term: int, high_watermark: int, topic_created: int | None = None
+) -> str:
     """The key saying partition `topic`/`partition` was restored to `high_watermark`, its
-    restored history writing from `term` on (its keys sort by term)."""
+    restored history writing from `term` on (its keys sort by term), for the topic whose
+    record was created at `topic_created` (`topic_incarnation`; None: any)."""
     assert partition >= 0 and 0 < term < 10**20 and 0 <= high_watermark < 10**20, (term, high_watermark)
-    return f"{topic_restores_prefix(topic)}{partition}/{term:020d}-{high_watermark:020d}"
+    assert topic_created is None or 0 <= topic_created < 10**20, topic_created
+    created = "" if topic_created is None else f"-{topic_created:020d}"
+    return f"{topic_restores_prefix(topic)}{partition}/{term:020d}-{high_watermark:020d}{created}"
 
 
-def parse_restore_key(key: str) -> tuple[str, int, int, int]:
-    """(topic, partition, term, high watermark) of a restore mark's key; MalformedKey if it is
-    not one."""
+def parse_restore_key(key: str) -> RestoreMark:
+    """What a restore mark's key says; MalformedKey if it is not one."""
     m = _RESTORE_RE.match(key)
     if m is None or topic_name_problem(m.group(1)) is not None or int(m.group(3)) < 1:
         raise MalformedKey(f"not a restore mark's key: {key!r}")
-    return m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+    created = None if m.group(5) is None else int(m.group(5))
+    return RestoreMark(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), created)
 
 
 class TopicRecord(msgspec.Struct, frozen=True):

@@ -18,7 +18,8 @@ Two cases, told apart by the control plane itself:
   the log acknowledged are copied into a new object and that one is adopted.
   Where objects the metastore does not know reach the restored high watermark H (the
   discarded history's), a restore mark goes into the bucket (`levelzero/restores/…`: the term
-  T the restored history writes from, and H), so that a later rebuild from the bucket alone,
+  T the restored history writes from, H, and the topic record's creation, which a mark of a
+  topic deleted since does not match), so that a later rebuild from the bucket alone,
   before the restored daemon reconciled what it acknowledged at H and on, does not serve the
   discarded history's records there (`core/adoption.py`, `restored_history`).
   Before that, restored COPY_FINISHED rows whose objects a compaction after the backup
@@ -87,6 +88,7 @@ from levelzero.core.keys import (
     parse_l0_key,
     parse_l1_key,
     parse_restore_key,
+    topic_incarnation,
     topic_record_key,
 )
 from levelzero.core.l0format import (
@@ -174,6 +176,7 @@ class RecoverySummary:
     topics: dict[str, int] = field(default_factory=dict)  # rebuilt topics: name -> partitions
     cluster_epoch: int | None = None
     skipped_keys: int = 0  # keys under level_one/ that are not L1 keys
+    marks_ignored: int = 0  # restore marks of a topic deleted and made again since
     configs: dict[str, dict[str, str]] = field(default_factory=dict)  # rebuilt topics' configs
     configs_dropped: dict[str, str] = field(default_factory=dict)  # topic -> why they were not
     topics_dropped: dict[str, str] = field(default_factory=dict)  # restored topics deleted since
@@ -344,9 +347,24 @@ async def _mark_restore(
     if not any(k.last_offset >= high_watermark for k in keys if str(k) not in known):
         return
     term = state.term if state.term > restored_term else state.term + 1
-    key = format_restore_key(row.topic, row.partition, term, high_watermark)
+    key = format_restore_key(
+        row.topic, row.partition, term, high_watermark, await _topic_incarnation(objects, row.topic)
+    )
     await objects.put(key, b"")
     log.info("%s/%d: restore marked (%s)", row.topic, row.partition, key)
+
+
+async def _topic_incarnation(objects: ObjectStore, topic: str) -> int | None:
+    """The restored topic's record's creation (`keys.topic_incarnation`), which its restore
+    marks name: a mark left behind by a failed deletion of the topic does not apply to a topic
+    made again with the name (whose record is created anew), nor to one without a record (the
+    deleted topic's went). None: no record to name (a failed best-effort write, an earlier
+    release): the mark applies to whatever topic has the name."""
+    try:
+        record = decode_topic_record(topic_record_key(topic), await objects.get(topic_record_key(topic)))
+    except (ObjectNotFound, MalformedKey):
+        return None
+    return topic_incarnation(record.created_at)
 
 
 async def _adopt(
@@ -767,6 +785,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
     epoch = max(await store.get_cluster_epoch(), top_epoch + 1)
     await store.set_cluster_epoch(epoch)
     summary.cluster_epoch = epoch
+    incarnations: dict[str, int] = {}  # topic -> its record's creation (`topic_incarnation`)
     async for info in iter_objects(objects, TOPICS_ROOT):
         try:
             record = decode_topic_record(info.key, await objects.get(info.key))
@@ -774,6 +793,7 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
             log.warning("ignoring %s: %s", info.key, exc)
             continue
         summary.topics[record.topic] = record.partitions
+        incarnations[record.topic] = topic_incarnation(record.created_at)
         for p, kept in record.ends.items():  # (one release kept them in the record)
             ends[record.topic, p] = max(kept, ends.get((record.topic, p), 0))
         if record.configs:
@@ -793,12 +813,28 @@ async def rebuild_from_bucket(store: LogStore, objects: ObjectStore, now: float)
     restores: dict[tuple[str, int], list[tuple[int, int]]] = {}  # the restore marks' (term, H)
     async for info in iter_objects(objects, RESTORES_ROOT):
         try:
-            topic, partition, term, high_watermark = parse_restore_key(info.key)
+            mark = parse_restore_key(info.key)
         except MalformedKey as exc:
             summary.skipped_keys += 1
             log.warning("ignoring %s: %s", info.key, exc)
             continue
-        restores.setdefault((topic, partition), []).append((term, high_watermark))
+        then, now_created = mark.topic_created, incarnations.get(mark.topic)
+        if then is not None and then != now_created:
+            # The mark of a topic deleted since (its removal with the topic failed; the record
+            # it names went, or was replaced by the record of a topic made again with the
+            # name): none of the history of a topic of that name now is the mark's.
+            summary.marks_ignored += 1
+            log.warning(
+                "ignoring %s: it marks a restore of a topic %s created at %s, deleted since (%s)",
+                info.key,
+                mark.topic,
+                _when(then / 1e6),
+                "no record of it left"
+                if now_created is None
+                else f"the topic of that name now was created at {_when(now_created / 1e6)}",
+            )
+            continue
+        restores.setdefault((mark.topic, mark.partition), []).append((mark.term, mark.high_watermark))
     for topic, partition in keys:  # a topic created before topics were recorded, or a record lost
         summary.topics[topic] = max(summary.topics.get(topic, 0), partition + 1)
     summary.configs = configs
@@ -971,6 +1007,11 @@ def describe(summary: RecoverySummary) -> Sequence[str]:
             lines.append(f"topic {topic} comes back without its configs: {why}")
         if summary.skipped_keys:
             lines.append(f"{summary.skipped_keys} keys under {L1_ROOT} are not L1 keys (ignored)")
+        if summary.marks_ignored:
+            lines.append(
+                f"{_count(summary.marks_ignored, 'restore mark')} of topics deleted since "
+                f"(ignored; under {RESTORES_ROOT})"
+            )
         lines.append(
             "not recovered: records that were not reconciled yet, consumer offsets "
             "(see docs/backup-restore.md, 'Recovering from the bucket alone'); the L0 objects "

@@ -30,6 +30,7 @@ from levelzero.core.keys import (
     encode_topic_record,
     format_end_key,
     format_restore_key,
+    RestoreMark,
     format_l0_key,
     format_l1_key,
     l0_prefix_root,
@@ -37,6 +38,7 @@ from levelzero.core.keys import (
     l0_key_epoch,
     parse_end_key,
     parse_restore_key,
+    topic_incarnation,
     parse_l0_key,
     parse_l1_key,
     topic_ends_prefix,
@@ -321,13 +323,19 @@ def test_topic_records_round_trip_and_refuse_what_is_not_one() -> None:
 def test_restore_mark_keys_sort_by_term_and_refuse_what_is_not_one() -> None:
     key = format_restore_key("a.b", 7, 12, 340)
     assert key == "levelzero/restores/a.b/7/00000000000000000012-00000000000000000340"
-    assert parse_restore_key(key) == ("a.b", 7, 12, 340)
+    assert parse_restore_key(key) == ("a.b", 7, 12, 340, None)  # an earlier release's
+    created = topic_incarnation(1_764_000_000.123456)
+    assert created == 1_764_000_000_123_456
+    stamped = format_restore_key("a.b", 7, 12, 340, created)
+    assert stamped == key + "-00001764000000123456"
+    assert parse_restore_key(stamped) == RestoreMark("a.b", 7, 12, 340, created)
     assert format_restore_key("a", 7, 9, 99) < format_restore_key("a", 7, 10, 1)
     assert not format_restore_key("a.b", 0, 1, 0).startswith(topic_restores_prefix("a"))
     for bad in [
         "levelzero/restores/../0/" + "0" * 19 + "1-" + "0" * 20,
         "levelzero/restores/a/0/" + "0" * 20 + "-" + "0" * 20,  # term 0
         "levelzero/restores/a/0/" + "0" * 19 + "1",
+        "levelzero/restores/a/0/" + "0" * 19 + "1-" + "0" * 20 + "-12",  # a short creation
         "levelzero/ends/a/0/" + "0" * 19 + "1-" + "0" * 20,
     ]:
         with pytest.raises(MalformedKey):

@@ -446,7 +446,7 @@ async def test_a_rebuild_after_a_restore_does_not_serve_the_discarded_history_pa
     summary = await adopt_all(store, objects, 10.0)
     [adopted] = summary.partitions
     assert (adopted.lro_after, adopted.adopted, adopted.copied, adopted.term) == (9, 1, 0, 3)
-    assert restore_marks(objects) == [("t", 0, 3, 10)]
+    assert restore_marks(objects) == [("t", 0, 3, 10, 0)]  # t's record: created at 0
 
     restored = dict(enumerate(acked[0] + acked[1]))
     assert await rebuilt_reads(objects) == (10, 3, restored)
@@ -470,7 +470,7 @@ async def test_each_restores_mark_applies_to_a_rebuild() -> None:
     await put_l1(objects, 10, 2, records(2, "lost"), "5")
     await put_l1(objects, 12, 2, records(8, "lost-later"), "6")
     assert (await adopt_all(first, objects, 10.0)).partitions == []
-    assert restore_marks(objects) == [("t", 0, 3, 10)]
+    assert restore_marks(objects) == [("t", 0, 3, 10, 0)]  # t's record: created at 0
     # The second backup: the restored daemon's log (term 4) with 10-14 acknowledged.
     second = MemoryLogStore()
     row = await restored_partition(second, objects, acked, reconciled=1)
@@ -480,14 +480,46 @@ async def test_each_restores_mark_applies_to_a_rebuild() -> None:
         row.pid, term, [LogRecord(4, term, 10, Placeholder(1, L0_KEY, 0, len(extent), 5, checksum(extent)))]
     )
     await adopt_all(second, objects, 20.0)
-    assert restore_marks(objects) == [("t", 0, 3, 10), ("t", 0, 5, 15)]
+    assert restore_marks(objects) == [("t", 0, 3, 10, 0), ("t", 0, 5, 15, 0)]
 
     # The rebuilt term is at or above every mark's (above every object's alone it would be 3): what
     # the rebuilt daemon reconciles at 15 and on is not taken for the second discarded history.
     assert await rebuilt_reads(objects) == (10, 5, dict(enumerate(acked[0])))
-    await objects.delete_many([format_restore_key("t", 0, 3, 10)])  # the first mark alone gone
+    await objects.delete_many([format_restore_key("t", 0, 3, 10, 0)])  # the first mark alone gone
     high_watermark, _, reads = await rebuilt_reads(objects)
     assert (high_watermark, reads[10]) == (12, records(2, "lost")[0])  # the defect it prevents
+
+
+async def test_a_restore_mark_of_a_deleted_topic_drops_nothing_of_a_topic_made_again() -> None:
+    """t was restored (its mark names its record's creation), then deleted, and the mark's
+    removal with it failed; a topic made again with the name reconciled 0-9 under its first
+    terms. A rebuild from the bucket alone dropped them (the mark's term is above theirs and its
+    high watermark below): acknowledged records lost. The mark names the deleted topic, and the
+    rebuild ignores it, for the new topic's record (created later) as for no record at all."""
+    objects = MemoryObjectStore()
+    store = MemoryLogStore()
+    acked = [records(5, "a")]
+    await restored_partition(store, objects, acked, reconciled=1)
+    await put_l1(objects, 5, 1, records(5, "lost"), "5")  # the discarded history's
+    await adopt_all(store, objects, 10.0)
+    [mark] = restore_marks(objects)
+    assert (mark.term, mark.high_watermark, mark.topic_created) == (2, 5, 0)
+    # t deleted: its L1 objects and record go, its mark stays (the failed removal).
+    await objects.delete_many([k for k in objects.keys() if not k.startswith(RESTORES_ROOT)])
+    # t made again (its record created at 50), its 0-9 reconciled under term 1.
+    again = records(10, "again")
+    await put_l1(objects, 0, 1, again, "6")
+    await objects.put(topic_record_key("t"), encode_topic_record(TopicRecord("t", 1, 50.0)))
+    assert await rebuilt_reads(objects) == (10, 2, dict(enumerate(again)))
+    summary = await rebuild_from_bucket(MemoryLogStore(), objects, 100.0)
+    assert summary.marks_ignored == 1
+    assert "1 restore mark of topics deleted since (ignored" in "\n".join(describe(summary))
+    # Its record's write failed (none in the bucket): the mark names the deleted record still.
+    await objects.delete_many([topic_record_key("t")])
+    assert await rebuilt_reads(objects) == (10, 2, dict(enumerate(again)))
+    # A mark naming no record (an earlier release's) applies to the name, as it did.
+    await objects.put(format_restore_key("t", 0, 2, 5), b"")
+    assert await rebuilt_reads(objects) == (0, 2, {})
 
 
 async def test_a_partition_with_a_restore_mark_and_no_object_left_comes_back_under_its_term() -> None:
