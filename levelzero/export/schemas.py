@@ -334,7 +334,10 @@ RECORDS_SCHEMA = pa.schema(
         ("topic", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),  # the record's milliseconds; null: none
+        (
+            "timestamp",
+            pa.timestamp("us", tz="UTC"),
+        ),  # the record's milliseconds; null: none or beyond year 294247
         ("key", pa.binary()),
         ("value", pa.binary()),
         ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),

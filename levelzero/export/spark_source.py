@@ -8,7 +8,8 @@ Also a stream (`spark.readStream.format("levelzero")`: `spark_stream`) and a sin
 (`df.write.format("levelzero")`, `writeStream`: `spark_sink`).
 
 Columns: topic, partition, offset, timestamp (TIMESTAMP, as the export's tables: the record's
-milliseconds, null when the record has none), key, value, headers (array of (key, value) structs).
+milliseconds, null when the record has none or one beyond year 294247, which no TIMESTAMP holds:
+a warning says so), key, value, headers (array of (key, value) structs).
 
 Where the store is: `data_dir` (a daemon's data directory on embedded defaults: `levelzero.db`
 and the local object store under `objects/`), or `config` (the daemon's TOML file, read as the
@@ -39,6 +40,7 @@ the daemon's own object-store code, an Arrow batch per range.
 from __future__ import annotations
 
 import itertools
+import logging
 import msgspec
 import os
 import sqlite3
@@ -63,6 +65,8 @@ if TYPE_CHECKING:
     from .extent_columns import ExtentColumns, Field
 
     from levelzero.config import Config
+
+log = logging.getLogger("levelzero.export")
 
 FORMAT_NAME = "levelzero"
 DB_FILE_NAME = "levelzero.db"
@@ -677,14 +681,31 @@ def _headers(headers: list[tuple[tuple[str, bytes | None], ...]], arrow_type: An
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), flat, type=arrow_type)
 
 
+# The milliseconds a TIMESTAMP column (microseconds in an int64, as Spark's) holds either side of
+# 1970: to 294247-01-10. A record may carry any int64 (the API and Kafka take them all).
+TIMESTAMP_MS_MAX = (2**63 - 1) // 1000
+
+
 def _timestamps(millis: Any, arrow_type: Any) -> Any:
-    """Milliseconds (a list or a numpy array; NO_TIMESTAMP: none) as the TIMESTAMP column."""
+    """Milliseconds (a list or a numpy array; NO_TIMESTAMP: none) as the TIMESTAMP column. One
+    no TIMESTAMP can hold is null, and said so in a warning (it was multiplied into the
+    microseconds regardless, wrapping around to a wrong time, often before 1970)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     ms = pa.array(millis, pa.int64())
-    micros = pc.multiply(ms, 1000)
-    return pc.if_else(pc.equal(ms, NO_TIMESTAMP), None, micros).cast(arrow_type)
+    beyond = pc.or_(pc.greater(ms, TIMESTAMP_MS_MAX), pc.less(ms, -TIMESTAMP_MS_MAX))
+    lost = pc.sum(beyond).as_py() or 0
+    if lost:
+        log.warning(
+            "%d records' timestamps are beyond what a TIMESTAMP holds (%d ms either side of "
+            "1970): read with a null timestamp",
+            lost,
+            TIMESTAMP_MS_MAX,
+        )
+    none = pc.or_(pc.equal(ms, NO_TIMESTAMP), beyond)
+    micros = pc.multiply_checked(pc.if_else(none, 0, ms), 1000)
+    return pc.if_else(none, None, micros).cast(arrow_type)
 
 
 def _get(config: Config, key: str, offset: int = 0, length: int | None = None) -> bytes:

@@ -5,12 +5,14 @@ byte to what the API serves; offset-range options narrow the object ranges plann
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import anyio
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from daemon_support import daemon_and_client, postgres_control, postgres_overrides
@@ -641,6 +643,41 @@ def test_a_batch_carries_timestamps_headers_and_null_keys_column_by_column(tmp_p
     )
     assert first.to_pylist()[0]["headers"] == [{"key": "h", "value": b"1"}, {"key": "n", "value": None}]
     assert first.to_pylist()[0]["timestamp"] == utc(1_700_000_000_123)
+
+
+def test_a_timestamp_no_timestamp_column_holds_is_null_and_said_so(tmp_path: Path, caplog) -> None:
+    """A record may carry any int64 milliseconds (the API takes up to 2**63-1, as Kafka does);
+    a TIMESTAMP (microseconds in an int64) holds those within 294247 years of 1970. Beyond, the
+    milliseconds were multiplied into microseconds anyway, wrapping around: 2**63-1 read as
+    1969-12-31T23:59:59.999, 10**16 as a date in year -292277. Now null, with a warning; the
+    edges of the range, and times before 1970, read as they are."""
+    from levelzero.core.l0format import Record, checksum, encode_extent
+    from levelzero.export.spark_source import TIMESTAMP_MS_MAX
+
+    stamps = [2**63 - 1, 10**16, TIMESTAMP_MS_MAX, -TIMESTAMP_MS_MAX, -(10**16), -5, 1_700_000_000_123]
+    for i, headers in enumerate([(), (("h", b"1"),)]):  # column by column, and record by record
+        records = [Record(b"k", b"v", ms, headers) for ms in stamps]
+        extent = encode_extent(records)
+        (tmp_path / "objects").mkdir(exist_ok=True)
+        (tmp_path / "objects" / f"x{i}").write_bytes(extent)
+        r = ObjectRange("t", 0, "l0", f"x{i}", 0, 0, 6, 0, len(extent), 7, checksum(extent))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "levelzero.export"):
+            batch = read_batch(str(tmp_path), r)
+        micros = batch.column("timestamp").cast(pa.int64()).to_pylist()
+        assert micros == [
+            None,
+            None,
+            TIMESTAMP_MS_MAX * 1000,
+            -TIMESTAMP_MS_MAX * 1000,
+            None,
+            -5000,
+            1_700_000_000_123_000,
+        ]
+        assert [rec.getMessage() for rec in caplog.records] == [
+            f"3 records' timestamps are beyond what a TIMESTAMP holds ({TIMESTAMP_MS_MAX} ms either "
+            "side of 1970): read with a null timestamp"
+        ]
 
 
 def test_a_compacted_partition_is_planned_and_read_with_its_gaps(tmp_path: Path) -> None:
