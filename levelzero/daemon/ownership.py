@@ -8,8 +8,10 @@ it, and a daemon whose id does not match refuses to start with a message saying 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import uuid
 
 from levelzero.core.errors import ObjectNotFound, StoreRefused
@@ -25,14 +27,28 @@ class StoreOwnedByAnotherCluster(StoreRefused):
     code = "store_owned_by_another_cluster"
 
 
+# What `local_cluster_id` writes (a random UUID's hex digits), and so what it reads back.
+_CLUSTER_ID_RE = re.compile(r"[0-9a-f]{32}\Z", re.ASCII)
+
+
 def local_cluster_id(data_dir: str) -> str:
-    """This data directory's cluster id, created (atomically) on first start."""
+    """This data directory's cluster id, created (atomically) on first start. A file holding
+    anything else than an id is refused, not taken for one (the store's marker would then
+    name "another cluster", and the advice for that is not the right one)."""
     path = os.path.join(data_dir, CLUSTER_ID_FILE)
     try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
+        with open(path, "rb") as f:
+            text = f.read(4096).decode("ascii", "replace").strip()
     except FileNotFoundError:
         pass
+    else:
+        if _CLUSTER_ID_RE.match(text) is None:
+            raise StoreRefused(
+                f"{path} holds {text[:80]!r}, not a cluster id (32 hex digits, as levelzero "
+                f"writes it): write the id of the cluster that owns this directory's object "
+                f"store there (its marker, {MARKER_KEY} in the store, names it)"
+            )
+        return text
     cluster_id = uuid.uuid4().hex
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="ascii") as f:
@@ -41,6 +57,39 @@ def local_cluster_id(data_dir: str) -> str:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     return cluster_id
+
+
+def refuse_lost_cluster_id(
+    data_dir: str, database: str, store_where: str, local_objects_dir: str | None
+) -> None:
+    """At start-up, before the control plane is opened: a data directory whose SQLite control
+    plane (`levelzero.db`) is there but whose `cluster-id` is not lost its id (a removal, a
+    partial copy). Refused, naming the id the object store's marker holds where it can be read
+    here (a local store), with nothing changed: a new id, made as on a first start, would be
+    refused by the store's marker as "another cluster's" only after the database had been
+    migrated and the new id written."""
+    path = os.path.join(data_dir, CLUSTER_ID_FILE)
+    if os.path.exists(path) or not os.path.exists(database):
+        return
+    owner = None
+    if local_objects_dir is not None:
+        marker = os.path.join(local_objects_dir, MARKER_KEY)
+        with contextlib.suppress(OSError, UnicodeDecodeError), open(marker, encoding="ascii") as f:
+            owner = f.read(4096).strip() or None
+    if owner is not None and _CLUSTER_ID_RE.match(owner):
+        advice = (
+            f"the object store's marker ({MARKER_KEY} in {store_where}) names cluster {owner}: "
+            f"if this directory is that cluster's, `echo {owner} > {path}` and start again"
+        )
+    else:
+        advice = (
+            f"the object store's marker ({MARKER_KEY} in {store_where}) names the cluster that "
+            f"owns it: if this directory is that cluster's, write its id to {path} and start again"
+        )
+    raise StoreRefused(
+        f"data directory {data_dir} holds a control plane ({os.path.basename(database)}) but no "
+        f"{CLUSTER_ID_FILE} file (removed, or not copied with it); nothing was changed. {advice}"
+    )
 
 
 async def store_owner(store: ObjectStore) -> str | None:

@@ -47,7 +47,7 @@ from levelzero.daemon.metrics import DaemonMetrics
 from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.daemon.backup import refuse_unfinished_restore
-from levelzero.daemon.ownership import claim_store, local_cluster_id
+from levelzero.daemon.ownership import claim_store, local_cluster_id, refuse_lost_cluster_id
 from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
 
@@ -311,6 +311,13 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"data_dir: {directory_problem(config.storage.data_dir, exc)}") from None
         refuse_unfinished_restore(config.storage.data_dir)  # before the store is opened
+        if config.control.kind == "sqlite":
+            refuse_lost_cluster_id(
+                config.storage.data_dir,
+                config.storage.db_path,
+                store_where(config),
+                config.storage.objects_dir if config.storage.kind == "local" else None,
+            )
         async with anyio.create_task_group() as tg:
             name = f"levelzero {node_id_of(config)}"
             log_store = await opening.open_control_store(tg, config, application_name=name)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon_support import daemon_config
-from levelzero.core.errors import InvalidInput
+from levelzero.core.errors import InvalidInput, StoreRefused
 from levelzero.cli.commands import leaf_errors
 from levelzero.client import Client
 from levelzero.config import ConfigError, load_config
@@ -124,3 +124,37 @@ async def test_two_clusters_share_a_bucket_only_under_distinct_key_prefixes(
     assert any(isinstance(e, StoreOwnedByAnotherCluster) for e in leaf_errors(caught.value))
     keys = [o["Key"] for o in s3_endpoint.boto3_client().list_objects_v2(Bucket=s3_bucket)["Contents"]]
     assert {k.split("/")[0] for k in keys} == {"east", "west"}
+
+
+async def test_a_data_directory_that_lost_its_cluster_id_is_refused_with_nothing_changed(
+    tmp_path: Path,
+) -> None:
+    """A data directory with its control plane but without its `cluster-id`: the start made a
+    new id (and migrated the database) and then was refused by the store's marker as "another
+    cluster's", advising a bucket of its own. Now refused first, naming the marker's id, with
+    the directory as it was; writing that id back starts it with its records."""
+    config = daemon_config(tmp_path)
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"kept"])
+    data = Path(config.storage.data_dir)
+    owner = (data / "cluster-id").read_text().strip()
+    (data / "cluster-id").unlink()
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
+        async with running_daemon(config):
+            pass
+    [refused] = [e for e in leaf_errors(caught.value) if isinstance(e, StoreRefused)]
+    assert not isinstance(refused, StoreOwnedByAnotherCluster)
+    assert "holds a control plane (levelzero.db) but no cluster-id file" in str(refused)
+    assert f"names cluster {owner}: if this directory is that cluster's, `echo {owner} >" in str(refused)
+    assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
+    (data / "cluster-id").write_text(owner + "\n")
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        assert [r.value for r in (await client.fetch("t", 0, 0)).records] == [b"kept"]
+
+
+def test_a_cluster_id_file_holding_no_id_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "cluster-id").write_text("garbage\n")
+    with pytest.raises(StoreRefused, match="holds 'garbage', not a cluster id"):
+        local_cluster_id(str(tmp_path))
