@@ -145,7 +145,9 @@ class FetchWindow:
                 self._next = self.upto + 1
                 self.stopped = "upto"
                 return False
-            self._next = wanted = base_offset
+            # Over the gap once a record of this run is taken: a run that does not fit leaves
+            # the window where its last taken run ends (the next fetch steps over the gap).
+            wanted = base_offset
         start = wanted - base_offset
         stop = min(len(records), self.upto - base_offset + 1)
         if stop < len(records):

@@ -46,6 +46,25 @@ def test_a_window_stops_at_its_budget_upto_and_a_gap() -> None:
     assert (gap.stopped, gap.next_offset) == ("gap", 2)
 
 
+def test_a_window_steps_over_compactions_gaps_only_with_a_record_past_them() -> None:
+    """A compacted object's runs (gaps=True) are stepped over; when the budget ends at a gap,
+    the window ends where its last run does (the run past the gap was not taken). Before, it
+    had stepped over the gap first: an assertion failed (a 500 over HTTP, a closed connection
+    over Kafka) whenever a fetch's budget ended at a gap."""
+    window = FetchWindow(0, 99, 12)  # 5 bytes a record: two fit
+    assert window.add_extent(0, extent(0, 1), gaps=True)
+    assert window.add_extent(2, extent(2, 1), gaps=True)  # 1 removed
+    assert not window.add_extent(5, extent(5, 2), gaps=True)  # 3, 4 removed; full before 5
+    assert (window.stopped, window.count, window.next_offset) == ("full", 2, 3)
+    assert [r.offset for r in window.records] == [0, 2]
+    again = FetchWindow(window.next_offset, 99, 12)  # the next fetch, at a removed offset
+    assert again.add_extent(5, extent(5, 2), gaps=True)
+    assert [r.offset for r in again.records] == [5, 6] and again.next_offset == 7
+    beyond = FetchWindow(3, 4, 1_000)  # a gap past `upto`: on from upto + 1
+    assert not beyond.add_extent(5, extent(5, 2), gaps=True)
+    assert (beyond.stopped, beyond.count, beyond.next_offset) == ("upto", 0, 5)
+
+
 def test_a_window_takes_at_most_the_record_cap() -> None:
     window = FetchWindow(0, 10 * FETCH_RECORDS_MAX, 10**9)
     assert not window.add_extent(0, extent(0, FETCH_RECORDS_MAX + 5))
