@@ -24,17 +24,29 @@ class ThrottledWarning:
     many were held back in between."""
 
     def __init__(
-        self, logger: logging.Logger, clock: Callable[[], float], interval_s: float = WARNING_INTERVAL_S
+        self,
+        logger: logging.Logger,
+        clock: Callable[[], float],
+        interval_s: float = WARNING_INTERVAL_S,
+        level: int = logging.WARNING,
     ) -> None:
         assert interval_s > 0, interval_s
         self._logger = logger
         self._clock = clock
         self._interval_s = interval_s
+        self._level = level
         self._last: float | None = None
         self.held = 0
 
-    def warn(self, message: str, *args: object, extra: dict[str, object] | None = None) -> bool:
-        """Log `message % args` now, or hold it back; True when it was logged."""
+    def warn(
+        self,
+        message: str,
+        *args: object,
+        extra: dict[str, object] | None = None,
+        exc_info: bool = False,
+    ) -> bool:
+        """Log `message % args` now (`exc_info`: with the exception being handled), or hold
+        it back; True when it was logged."""
         now = self._clock()
         if self._last is not None and now - self._last < self._interval_s:
             self.held += 1
@@ -42,7 +54,7 @@ class ThrottledWarning:
         if self.held:
             message += HELD_BACK_SUFFIX
             args = (*args, self.held)
-        self._logger.warning(message, *args, extra=extra)
+        self._logger.log(self._level, message, *args, extra=extra, exc_info=exc_info)
         self._last, self.held = now, 0
         return True
 
@@ -57,18 +69,26 @@ class ThrottledWarnings:
         clock: Callable[[], float],
         interval_s: float = WARNING_INTERVAL_S,
         keys_max: int = 256,
+        level: int = logging.WARNING,
     ) -> None:
         self._logger = logger
         self._clock = clock
         self._interval_s = interval_s
         self._keys_max = keys_max
+        self._level = level
         self._by_key: dict[Hashable, ThrottledWarning] = {}
 
     def warn(
-        self, key: Hashable, message: str, *args: object, extra: dict[str, object] | None = None
+        self,
+        key: Hashable,
+        message: str,
+        *args: object,
+        extra: dict[str, object] | None = None,
+        exc_info: bool = False,
     ) -> bool:
         warning = self._by_key.get(key)
         if warning is None:
             assert len(self._by_key) < self._keys_max, (key, len(self._by_key))
-            warning = self._by_key[key] = ThrottledWarning(self._logger, self._clock, self._interval_s)
-        return warning.warn(message, *args, extra=extra)
+            warning = ThrottledWarning(self._logger, self._clock, self._interval_s, self._level)
+            self._by_key[key] = warning
+        return warning.warn(message, *args, extra=extra, exc_info=exc_info)

@@ -297,6 +297,10 @@ class Api:
         # A retriable failure (a store outage) meets every request: one line per error code
         # every 10 s, with the count of those held back, not one line per request.
         self._retriable_failures = ThrottledWarnings(log, time.monotonic)
+        # A bug meets every retry of the request that found it: its traceback at most once an
+        # interval per route and kind of error, with the count of those held back.
+        self._bugs = ThrottledWarnings(log, time.monotonic, level=logging.CRITICAL)
+        self._unexpected = ThrottledWarnings(log, time.monotonic, level=logging.ERROR)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -344,15 +348,22 @@ class Api:
             except LevelZeroError as exc:
                 response = self._operating_error(request, exc)
             except AssertionError:
-                log.critical(
+                self._bugs.warn(
+                    (path, request.method),
                     "BUG: invariant violated while serving %s %s",
                     request.method,
                     request.url.path,
                     exc_info=True,
                 )
                 response = error_response(500, "internal_error", "internal error (a bug; logged)")
-            except Exception:
-                log.exception("unexpected error serving %s %s", request.method, request.url.path)
+            except Exception as exc:  # noqa: BLE001 - logged (throttled), answered 500
+                self._unexpected.warn(
+                    (path, request.method, type(exc).__name__),
+                    "unexpected error serving %s %s",
+                    request.method,
+                    request.url.path,
+                    exc_info=True,
+                )
                 response = error_response(500, "internal_error", "internal error (logged)")
             self.metrics.requests.labels(path, str(response.status_code)).inc()
             return response

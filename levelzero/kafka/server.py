@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ from anyio.streams.tls import TLSListener
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
+from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.kafka.handlers import Handlers
 from levelzero.kafka.protocol import (
     API_VERSIONS_KEY,
@@ -150,6 +152,9 @@ class KafkaListener:
         self.handlers = handlers
         self.settings = settings
         self.stats = ListenerStats()
+        # A request failing on a bug is sent again at once by the client, for ever: its
+        # traceback at most once an interval per kind of error (`stats.errors` counts them all).
+        self._bugs = ThrottledWarnings(log, time.monotonic, keys_max=64, level=logging.ERROR)
         self.budget = ByteBudget(settings.inflight_bytes_max)
         self.sasl = SaslAuthenticator(settings.token)
 
@@ -336,11 +341,15 @@ class KafkaListener:
             slot.close = True
         except AssertionError:
             self.stats.errors += 1
-            log.critical("BUG: invariant violated while serving a kafka request", exc_info=True)
+            self._bugs.warn("assert", "BUG: invariant violated while serving a kafka request", exc_info=True)
             slot.close = True
-        except Exception:
+        except Exception as exc:  # noqa: BLE001 - logged (throttled), the connection closed
             self.stats.errors += 1
-            log.exception("kafka: unexpected error serving a request; closing the connection")
+            self._bugs.warn(
+                type(exc).__name__,
+                "kafka: unexpected error serving a request; closing the connection",
+                exc_info=True,
+            )
             slot.close = True
         finally:
             slot.submitted.set()  # whatever happened, the next produce may go

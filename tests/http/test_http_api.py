@@ -533,6 +533,18 @@ async def test_unexpected_errors_are_500_json_and_the_daemon_keeps_serving(
         api.views = violated  # type: ignore[method-assign]
         assert_error(await raw(client, "GET", "/v1/status"), 500, "internal_error", "a bug")
         assert any(r.levelname == "CRITICAL" and "BUG" in r.getMessage() for r in caplog.records)
+        # A client retrying at once: every retry answered, the traceback logged once an interval
+        # (each retry logged its own before).
+        caplog.clear()
+        for _ in range(5):
+            assert_error(await raw(client, "GET", "/v1/status"), 500, "internal_error", "a bug")
+            api.views = broken  # type: ignore[method-assign]
+            assert_error(await raw(client, "GET", "/v1/status"), 500, "internal_error")
+            api.views = violated  # type: ignore[method-assign]
+        logged = [
+            (r.levelname, r.exc_info is not None) for r in caplog.records if "serving" in r.getMessage()
+        ]
+        assert logged == [], logged  # both logged within the last 10 s already
         api.views = original  # type: ignore[method-assign]
         assert (await client.status()).partitions[0].topic == "t"
 
