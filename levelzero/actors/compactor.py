@@ -236,7 +236,9 @@ class Compactor:
                 [(r.producer_id, r.first_offset, r.last_offset) for r in ranges if r.aborted]
             )
         # The rows' newest timestamps usually show every record past the lag: no timestamp read.
-        timestamps = None if known_old(scanned.objects, now_ms - lag_ms) else scanned.timestamps_ms()
+        # Without a lag none is read at all (`clean_limit` looks at none then).
+        known = lag_ms == 0 or known_old(scanned.objects, now_ms - lag_ms)
+        timestamps = None if known else scanned.timestamps_ms()
         latest = last_index_per_key(scanned.keys)  # once, for both steps
         limit = clean_limit(
             scanned.offsets,

@@ -166,10 +166,16 @@ def clean_limit(
     record younger than `min.compaction.lag.ms`, and below the first key the key map cannot
     hold. -1 (or below the range) when nothing may be cleaned. `timestamps_ms`: each record's
     own (NO_TIMESTAMP: none, its object's write time counts); None when the caller knows every
-    record is older than the lag already (`known_old`). `latest`: `last_index_per_key(keys)`,
-    if the caller has it."""
+    record is older than the lag already (`known_old`), and not looked at with no lag.
+    `latest`: `last_index_per_key(keys)`, if the caller has it."""
     assert len(offsets) == len(keys) == len(written_at_ms), (len(offsets), len(keys), len(written_at_ms))
     assert timestamps_ms is None or len(timestamps_ms) == len(offsets)
+    assert min_lag_ms >= 0, min_lag_ms
+    if min_lag_ms == 0:
+        # No lag, no look at the records' times, as Kafka's cleaner (`cleanableOffsets` checks
+        # timestamps only for a positive lag): a record stamped in the future (a producer's
+        # clock ahead, event time) is cleanable like any other.
+        timestamps_ms = None
     # The common case at a list's speed: nothing young below the reconciled offset and every
     # key fits the map; otherwise the walk below finds where the pass must stop.
     n = bisect.bisect_right(offsets, reconciled_upto)

@@ -152,6 +152,27 @@ async def test_a_compacted_object_reads_whole_at_every_fetch_size() -> None:
             assert read == kept, max_bytes
 
 
+async def test_records_stamped_in_the_future_are_cleanable_without_a_lag() -> None:
+    """min.compaction.lag.ms 0 (the default): no record's time holds a pass back, as Kafka's
+    cleaner looks at timestamps only for a positive lag. Records stamped an hour ahead (a
+    producer's clock, event time) waited for that hour, the pass re-copying them meanwhile.
+    With a lag they wait, as in Kafka."""
+    hour_ahead = lambda t: round((t.wall.now + 3600) * 1000)  # noqa: E731
+    async with compacted_topic() as t:
+        for value in (b"1", b"2", b"3"):
+            await t.node.produce("c", 0, [Record(b"a", value, timestamp_ms=hour_ahead(t))])
+        assert await t.node.reconciler.run_round() == 1
+        assert await t.node.compactor.run_round() == 1
+        assert await t.read_all() == [(2, b"a", b"3")]
+    async with compacted_topic(topic_config=COMPACT | {"min.compaction.lag.ms": "1000"}) as t:
+        for value in (b"1", b"2"):
+            await t.node.produce("c", 0, [Record(b"a", value, timestamp_ms=hour_ahead(t))])
+        assert await t.node.reconciler.run_round() == 1
+        t.wall.now += 2
+        assert await t.node.compactor.run_round() == 0
+        assert t.node.compactor.partitions["c/0"].not_compacted.startswith("nothing cleanable yet")
+
+
 async def test_tombstones_stay_until_delete_retention_then_go() -> None:
     async with compacted_topic() as t:
         await t.reconciled([(b"a", b"1"), (b"a", None), (b"b", b"1")])

@@ -189,7 +189,8 @@ def _reference_limit(offsets, records, written, reconciled_upto, now_ms, min_lag
     limit, seen = -1, set()
     for o, r, w in zip(offsets, records, written, strict=True):
         time_ms = w if r.timestamp_ms == -1 else r.timestamp_ms
-        if o > reconciled_upto or time_ms > now_ms - min_lag_ms:
+        # (no lag: no time looked at, a record stamped in the future included, as Kafka's)
+        if o > reconciled_upto or (min_lag_ms > 0 and time_ms > now_ms - min_lag_ms):
             break
         if r.key is not None:
             if r.key not in seen and len(seen) >= key_map_max:
