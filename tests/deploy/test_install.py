@@ -12,6 +12,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from levelzero.cli.main import main
 from levelzero.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
+WHEEL_VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 SHIPPED = (
     "levelzero.service",
     "levelzero.toml",
@@ -167,7 +169,7 @@ def test_install_script_installs_into_a_scratch_root(dists: tuple[Path, Path], t
 
     first = install()
     assert first.returncode == 0, first.stdout + first.stderr
-    assert f"installed levelzero 0.1.0 in {venv}" in first.stdout
+    assert f"installed levelzero {WHEEL_VERSION} in {venv}" in first.stdout
     assert "Overall exposure level for levelzero.service: 1." in first.stdout  # security --offline
     program = venv / "bin" / "levelzero"
     assert (venv / "lib").is_dir() and program.exists()
