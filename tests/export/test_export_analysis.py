@@ -681,6 +681,37 @@ def test_parquet_of_the_wrong_schema_is_rejected_before_spark(scenario: Scenario
     assert rc == 1
 
 
+def test_files_the_manifest_counts_on_and_that_are_gone_are_an_error(
+    scenario: Scenario, tmp_path: Path, capsys
+) -> None:
+    """A deleted gc_rounds/ folder was analysed as an export without GC rounds (gc_rounds 0,
+    every deletion unexplained), no word said; as a damaged file, it is one line naming it."""
+    out = tmp_path / "out"
+    shutil.copytree(scenario.out, out)
+    shutil.rmtree(out / "gc_rounds")
+    rounds = scenario.db_rows["gc_rounds"]
+    assert rounds == len(scenario.rounds) == 6
+    expected = (
+        f"{out / 'gc_rounds'} holds 0 rows, but the export manifest (_levelzero_export.json) lists "
+        f"{rounds} exported: files of it are missing (deleted, or left out of a copy); put them "
+        "back, or export the store again into a new directory (levelzero export --out NEW_DIR) "
+        "and analyse that one"
+    )
+    with pytest.raises(AnalysisError) as failed:
+        load_inputs([str(out)])
+    assert str(failed.value) == expected
+    assert analyze_main(["--in", str(out), "--out", str(tmp_path / "report")]) == 1
+    assert capsys.readouterr().err == f"levelzero analyze: {expected}\n"
+    shutil.copytree(scenario.out_full, tmp_path / "full")  # one file of a table of several gone
+    (victim, *others) = sorted((tmp_path / "full" / "l0_objects").glob("date=*/part-*.parquet"))
+    assert others, "the scenario spans two dates"
+    gone = pq.ParquetFile(victim).metadata.num_rows
+    victim.unlink()
+    with pytest.raises(AnalysisError, match=f"holds {17 - gone} rows, but .* lists 17 exported"):
+        load_inputs([str(tmp_path / "full")])
+    assert load_inputs([scenario.out, scenario.out_full])[0].rows["gc_rounds"] == rounds
+
+
 # ------------------------------------------------------------------------ Java
 
 
