@@ -61,7 +61,13 @@ _encoder = msgspec.json.Encoder()
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, code: str, message: str, first_offsets: tuple[int, int] | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        first_offsets: tuple[int, int] | None = None,
+        *,
+        outcome_unknown: bool = False,
     ) -> None:
         super().__init__(f"{message} ({code}{f', HTTP {status}' if status else ''})")
         self.status = status
@@ -69,6 +75,10 @@ class ApiError(Exception):
         self.message = message
         # idempotency_key_reused: (base offset, last offset) of the key's first request
         self.first_offsets = first_offsets
+        # A request that changes something (not a GET) reached the daemon and got no answer (a
+        # timeout waiting for it, a dropped connection) on one of its tries: it may have been
+        # carried out, or not.
+        self.outcome_unknown = outcome_unknown
 
 
 def default_url() -> str:
@@ -81,6 +91,8 @@ RETRY_PAUSE_FIRST_S = 0.05  # doubling up to the API's Retry-After (Client.reque
 # connection dropped before an answer (the request may have been carried out).
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 _DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+# Transport failures after the request went out, or while it did: it may have been carried out.
+_MAYBE_DONE = (httpx.ReadTimeout, httpx.WriteTimeout, *_DROPPED)
 
 
 class Client:
@@ -157,8 +169,10 @@ class Client:
         content = None if body is None else _encoder.encode(body)
         # The daemon refuses a POST (PUT, PATCH) that does not say it is JSON (415), body or not.
         headers = {"Content-Type": "application/json"} if method in ("POST", "PUT", "PATCH") else None
+        reads = method in ("GET", "HEAD")
         if replayable is None:
-            replayable = method in ("GET", "HEAD")
+            replayable = reads
+        maybe_done = False  # a try reached the daemon and got no answer (ApiError.outcome_unknown)
         started = time.monotonic()
         pause = RETRY_PAUSE_FIRST_S
         tries = 0
@@ -175,7 +189,8 @@ class Client:
                     timeout=max(left, RETRY_PAUSE_FIRST_S),
                 )
             except httpx.HTTPError as exc:
-                failure = self._unreachable(exc, replayable)
+                maybe_done = maybe_done or (not reads and isinstance(exc, _MAYBE_DONE))
+                failure = self._unreachable(exc, replayable, maybe_done)
                 if not self._lost_for_now(exc, replayable):
                     raise failure from None
             else:
@@ -183,6 +198,7 @@ class Client:
                 if response.status_code < 400:
                     return response
                 failure = self._error(response)
+                failure.outcome_unknown = maybe_done  # an earlier try's (this one was answered)
                 if not self._unavailable_for_now(failure, replayable):
                     raise failure
             left = self._timeout_s - (time.monotonic() - started)
@@ -191,14 +207,17 @@ class Client:
                     failure.status,
                     failure.code,
                     f"{failure.message}; still so after {_tries(tries)} in {self._timeout_s:g} s",
+                    outcome_unknown=maybe_done,
                 ) from None
             await anyio.sleep(min(pause, left))
             pause = min(2 * pause, RETRY_AFTER_S)
 
-    def _unreachable(self, exc: httpx.HTTPError, replayable: bool) -> ApiError:
+    def _unreachable(self, exc: httpx.HTTPError, replayable: bool, maybe_done: bool) -> ApiError:
         """The failure named by the URL that failed: the one asked, or the one a redirect from
         it led to (a dead leader's, not the healthy node's the caller gave); a request that
-        node dropped and that is not sent again says why (it may have been carried out)."""
+        node dropped and that is not sent again says why (it may have been carried out), as
+        does one it took and did not answer in time. `maybe_done`: this or an earlier try of
+        a request that changes something may have been carried out (outcome_unknown)."""
         url, note = self.url, ""
         target = self._redirect_target(exc)
         if target is not None:
@@ -207,8 +226,12 @@ class Client:
             where = "" if target is None else " there"
             note = f"; it may have been carried out{where}, so it was not sent again"
         if isinstance(exc, httpx.TimeoutException):
-            return ApiError(0, "timeout", f"levelzero at {url} did not answer in time")
-        return ApiError(0, "unreachable", f"cannot reach levelzero at {url}: {exc}{note}")
+            if maybe_done and isinstance(exc, _MAYBE_DONE):
+                note = f"; it may have been carried out{'' if target is None else ' there'}"
+            message = f"levelzero at {url} did not answer in time{note}"
+            return ApiError(0, "timeout", message, outcome_unknown=maybe_done)
+        message = f"cannot reach levelzero at {url}: {exc}{note}"
+        return ApiError(0, "unreachable", message, outcome_unknown=maybe_done)
 
     def _lost_for_now(self, exc: httpx.HTTPError, replayable: bool) -> bool:
         """Whether a transport failure is one a retry may pass by: of a node waited for (a

@@ -610,6 +610,10 @@ async def _produce(args: argparse.Namespace, client: Client) -> None:
         key = produce_key(run, sequence) if args.idempotency_keys else None
         try:
             ack = await client.produce(args.topic, args.partition, batch, idempotency_key=key)
+        except ApiError as error:
+            if not error.outcome_unknown:
+                raise
+            raise CommandFailed(f"{error}; {_outcome_unknown(args, len(batch), key)}") from None
         finally:
             slots.release()
         done.add(sequence, batch, ack.base_offset, ack.last_offset, ack.duplicate)
@@ -650,6 +654,25 @@ async def _produce(args: argparse.Namespace, client: Client) -> None:
         raise CommandFailed(f"{records.malformed}; stopped there (--skip-malformed skips such lines)")
     if done.records == 0 and not records.skipped:
         raise CommandFailed("nothing to produce (no values and empty stdin)")
+
+
+def _outcome_unknown(args: argparse.Namespace, records: int, key: str | None) -> str:
+    """What to do about a request the daemon may have stored without saying so: its records,
+    sent again blindly, may be stored twice. The run's keys are its own (a random run id): a
+    new run sends the records under new keys, which the daemon cannot recognise."""
+    where = f"{args.topic}/{args.partition}"
+    check = f"check {where}'s high watermark (levelzero status) or consume it before sending them again"
+    if key is None:
+        return (
+            f"the outcome is unknown: its {plural(records, 'record')} may have been stored, and "
+            f"the request carried no idempotency key (--no-idempotency-key); {check}"
+        )
+    return (
+        f"the outcome is unknown: its {plural(records, 'record')} may have been stored; {check}: "
+        f"a new levelzero produce run sends them with new idempotency keys, so they would be "
+        f"stored twice (a client sending them again with this request's key, {key}, has them "
+        "stored once)"
+    )
 
 
 def _produce_summary(args: argparse.Namespace, done: _Produced, records: _Input) -> dict[str, Any]:

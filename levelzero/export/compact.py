@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import manifest as manifest_file
+from .errors import ExportError
+from .filesystems import readable_parquet
 from .schemas import SCHEMAS
 
 SMALL_FILE_BYTES = 32 * 1024 * 1024  # a data file below this is folded into its partition's next
@@ -79,9 +81,7 @@ def _compact_partition(
             total += size
     if len(group) < 2:
         return
-    data = pa.concat_tables(
-        pq.ParquetFile(os.path.join(out_dir, relative)).read() for relative in group
-    ).cast(SCHEMAS[table])
+    data = pa.concat_tables(_read(out_dir, relative) for relative in group).cast(SCHEMAS[table])
     name = f"part-{export_id}-{suffix}.parquet"
     final = os.path.join(directory, name)
     temp = os.path.join(directory, f".{name}.tmp")
@@ -97,6 +97,18 @@ def _compact_partition(
             done.superseded.append(relative)
     manifest_file.fsync_dir(directory)
     done.written.append(os.path.join(partition, name))
+
+
+def _read(out_dir: str, relative: str) -> pa.Table:
+    """A committed data file, whole; a damaged one (overwritten, truncated) is an ExportError
+    naming it: every later export would fold it again, so only the user can settle it."""
+    path = os.path.join(out_dir, relative)
+    what_to_do = (
+        f"; {out_dir} holds a damaged export: export into a new directory (levelzero export "
+        "--out NEW_DIR), or delete the file to go on without its rows"
+    )
+    with readable_parquet(path, ExportError, what_to_do):
+        return pq.ParquetFile(path).read()
 
 
 def _suffix(name: str) -> int:

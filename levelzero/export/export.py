@@ -36,15 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from levelzero.core.errors import directory_problem
-from levelzero.storage.sqlite.readonly import ReadOnlyOpenError, connect_read_only
-from levelzero.storage.sqlite.schema import (
-    OLDEST_SCHEMA_VERSION,
-    SCHEMA_TABLES,
-    SCHEMA_VERSION,
-    SELECT_CLUSTER_EPOCH,
-    SELECT_LOG_ENDS,
-    read_version,
-)
+from levelzero.storage.sqlite.schema import SELECT_CLUSTER_EPOCH, SELECT_LOG_ENDS
 
 from levelzero.storage.postgres.schema import SELECT_LOG_ENDS as PG_SELECT_LOG_ENDS
 from levelzero.storage.postgres.store import redacted
@@ -53,12 +45,12 @@ from . import manifest as manifest_file
 from .compact import SMALL_FILE_BYTES, compact, remove_superseded
 from .errors import ExportError
 from .postgres_source import NEW_ROWS, is_dsn, postgres_snapshot
+from .sqlite_source import sqlite_snapshot
 from .manifest import EXPORT_HISTORY_MAX, ExportRecord, Manifest, RowRuns, Watermarks
 from .schemas import L1_STATE_RANK, L1_TERMINAL_RANK, TABLES
 
 CHUNK_ROWS = 50_000  # rows fetched, converted and written at a time (one row group)
 WRITERS_OPEN_MAX = 32  # date partitions of one table written at once
-BUSY_TIMEOUT_MS = 10_000
 DB_FILE_NAME = "levelzero.db"  # inside a daemon's data_dir
 LOCK_NAME = "_levelzero_export.lock"
 SECONDS_PER_DAY = 86_400
@@ -143,7 +135,7 @@ def export(
         export_id = f"{seq:06d}-{datetime.fromtimestamp(started_wall, UTC):%Y%m%dT%H%M%SZ}"
         files = _FileSet(out_dir)
         try:
-            opened = postgres_snapshot(dsn, password) if dsn else _snapshot(db_path)
+            opened = postgres_snapshot(dsn, password) if dsn else sqlite_snapshot(db_path)
             with opened as connection:
                 fingerprint = _fingerprint(connection)
                 _check_same_source(out_dir, manifest, fingerprint, db_path)
@@ -211,43 +203,6 @@ class Snapshot(Protocol):
     read transaction, or a PostgresSnapshot (which answers `execute` the same way)."""
 
     def execute(self, sql: str, params: Sequence[Any] = (), /) -> Any: ...
-
-
-@contextmanager
-def _snapshot(db_path: str) -> Iterator[sqlite3.Connection]:
-    """A read-only connection inside one read transaction, after checking the schema."""
-    try:
-        connection = connect_read_only(db_path, isolation_level=None, check_same_thread=False)
-    except ReadOnlyOpenError as error:
-        raise ExportError(str(error)) from None
-    except sqlite3.Error as error:
-        raise ExportError(f"{db_path}: cannot open read-only: {error}") from None
-    try:
-        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        connection.execute("BEGIN")  # deferred: the snapshot starts at the first read below
-        _check_schema(connection, db_path)
-        yield connection
-        connection.execute("COMMIT")
-    except sqlite3.DatabaseError as error:
-        raise ExportError(f"{db_path}: cannot read the store: {error}") from None
-    finally:
-        connection.close()
-
-
-def _check_schema(connection: sqlite3.Connection, db_path: str) -> None:
-    try:
-        version, tables = read_version(connection)
-    except sqlite3.DatabaseError as error:
-        raise ExportError(f"{db_path} is not a levelzero store: {error}") from None
-    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION or not tables >= SCHEMA_TABLES:
-        missing = sorted(SCHEMA_TABLES - tables)
-        raise ExportError(
-            f"{db_path} is not a levelzero store of schema version {OLDEST_SCHEMA_VERSION} to "
-            f"{SCHEMA_VERSION} (it has "
-            f"schema version {version}"
-            + (f" and lacks tables {', '.join(missing)}" if missing else "")
-            + "); export it with the levelzero version that wrote it"
-        )
 
 
 def _fingerprint(connection: Snapshot) -> str | None:

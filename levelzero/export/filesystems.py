@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from levelzero.core.errors import LevelZeroError
 
 from .errors import AnalysisError
 
@@ -85,12 +89,22 @@ def _ranges(parquet: pq.ParquetFile) -> dict[str, tuple[int, int] | None]:
     return ranges
 
 
-def _footer(source: Any, path: str) -> ParquetFooter:
+@contextmanager
+def readable_parquet(path: str, error: type[LevelZeroError], what_to_do: str = "") -> Iterator[None]:
+    """Reads of the Parquet file `path` inside: a file that is not Parquet (damaged, truncated,
+    overwritten) is one line of `error` naming it, and `what_to_do` after it, not pyarrow's
+    traceback. The analysis's input checks and the export's compaction both read through it."""
     try:
+        yield
+    except (pa.ArrowException, OSError) as problem:
+        why = (str(problem).strip().splitlines() or [type(problem).__name__])[0].rstrip(".")
+        raise error(f"{path} is not a readable Parquet file: {why}{what_to_do}") from None
+
+
+def _footer(source: Any, path: str) -> ParquetFooter:
+    with readable_parquet(path, AnalysisError):
         parquet = pq.ParquetFile(source)
         return ParquetFooter(parquet.schema_arrow, parquet.metadata.num_rows, _ranges(parquet))
-    except (pa.ArrowException, OSError) as error:
-        raise AnalysisError(f"{path} is not a readable Parquet file: {error}") from None
 
 
 def is_local(location: str) -> bool:

@@ -3,7 +3,9 @@
 Every check here is cheap (directory listings, manifests, Parquet footers), so a wrong path or a
 foreign file fails in a second with a message naming it, instead of minutes into a Spark job.
 Only files of committed exports (sequence number <= the manifest's `last_seq`, not listed as
-superseded by compaction) are inputs: a crashed export's leftovers are ignored.
+superseded by compaction) are inputs: a crashed export's leftovers are ignored. Files the
+manifest counts on and that are gone (a table's folder deleted, a copy that left some out) are
+an error, as a damaged file is: their rows would be missing from every figure, silently.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def _load_one(path: str, files: Files) -> ExportInput:
         raise AnalysisError(str(error)) from None
     skip = set(manifest.superseded)
     found = {table: _table_files(files, path, table, manifest.last_seq, skip) for table in TABLES}
+    rows = {table: sum(footer.rows for footer in footers.values()) for table, footers in found.items()}
+    _check_none_missing(path, manifest, rows)
     ranges: dict[str, dict[str, tuple[int, int] | None]] = {}
     for table, footers in found.items():
         columns: dict[str, tuple[int, int] | None] = {}
@@ -118,9 +122,24 @@ def _load_one(path: str, files: Files) -> ExportInput:
         path,
         manifest,
         {table: list(paths) for table, paths in found.items()},
-        {table: sum(footer.rows for footer in footers.values()) for table, footers in found.items()},
+        rows,
         ranges,
     )
+
+
+def _check_none_missing(path: str, manifest: Manifest, rows: dict[str, int]) -> None:
+    """The manifest counts the rows each export added to each table (the last
+    EXPORT_HISTORY_MAX exports: a lower bound beyond them); fewer rows in the table's committed
+    files means files of it are gone. Compaction moves rows between files, never drops them."""
+    for table, found in rows.items():
+        exported = sum(record.rows.get(table, 0) for record in manifest.exports)
+        if found < exported:
+            raise AnalysisError(
+                f"{join(path, table)} holds {found:,} rows, but the export manifest "
+                f"({MANIFEST_NAME}) lists {exported:,} exported: files of it are missing (deleted, "
+                "or left out of a copy); put them back, or export the store again into a new "
+                "directory (levelzero export --out NEW_DIR) and analyse that one"
+            )
 
 
 def _table_files(

@@ -182,12 +182,10 @@ def _catalog(config: Config) -> Iterator[Any]:
         raise ExportError(
             f"data_dir {config.storage.data_dir}: no {DB_FILE_NAME} (not a levelzero data directory)"
         )
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
-    try:
-        db.execute("BEGIN")  # one read transaction: a consistent snapshot in WAL mode
+    from .sqlite_source import sqlite_snapshot  # checked as the table export checks it
+
+    with sqlite_snapshot(db_path) as db:
         yield db
-    finally:
-        db.close()
 
 
 @dataclass(slots=True)

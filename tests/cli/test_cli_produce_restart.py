@@ -49,6 +49,14 @@ def refused(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
 
 
+def too_late(request: httpx.Request) -> httpx.Response:
+    raise httpx.ReadTimeout("timed out", request=request)  # sent; the answer did not come in time
+
+
+def not_taken(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectTimeout("timed out", request=request)  # nothing sent
+
+
 def starting(request: httpx.Request) -> httpx.Response:
     body = {"error": "shutting_down", "message": "the daemon is shutting down or not ready"}
     return httpx.Response(503, json=body, headers={"Retry-After": "1"})
@@ -105,6 +113,61 @@ async def test_without_keys_a_dropped_request_stops_the_run_and_is_not_sent_agai
     assert [s.idempotency_key for s in daemon.sent] == [None, None]
     assert "it may have been carried out, so it was not sent again" in str(failed.value)
     assert "1 record acknowledged before it" in str(failed.value)
+
+
+async def test_a_request_answered_too_late_says_its_records_may_be_stored_and_what_to_do() -> None:
+    # The daemon stored the records but answered after --timeout: the run used to say only
+    # "did not answer in time", as if nothing had been stored.
+    daemon = Scripted([ok, too_late])
+    async with Client(URL, timeout_s=10.0, transport=daemon, wait_for_restart=True) as client:
+        with pytest.raises(CommandFailed) as failed:
+            await _produce(produce_args("a", "b", "c", "--batch-records", "2", "-p", "3"), client)
+    key = daemon.sent[1].idempotency_key
+    assert KEY.fullmatch(key or "") and len(daemon.sent) == 2
+    assert str(failed.value) == (
+        f"levelzero at {URL} did not answer in time; it may have been carried out (timeout); "
+        "the outcome is unknown: its 1 record may have been stored; check t/3's high watermark "
+        "(levelzero status) or consume it before sending them again: a new levelzero produce "
+        "run sends them with new idempotency keys, so they would be stored twice (a client "
+        f"sending them again with this request's key, {key}, has them stored once); "
+        "2 records acknowledged before it"
+    )
+    daemon = Scripted([too_late])
+    async with Client(URL, timeout_s=10.0, transport=daemon, wait_for_restart=True) as client:
+        with pytest.raises(CommandFailed) as failed:
+            await _produce(produce_args("a", "b", "--no-idempotency-key"), client)
+    assert str(failed.value) == (
+        f"levelzero at {URL} did not answer in time; it may have been carried out (timeout); "
+        "the outcome is unknown: its 2 records may have been stored, and the request carried no "
+        "idempotency key (--no-idempotency-key); check t/0's high watermark (levelzero status) "
+        "or consume it before sending them again"
+    )
+
+
+async def test_a_keyed_request_dropped_then_refused_until_the_timeout_may_be_stored() -> None:
+    # The first try reached the daemon (dropped: maybe stored); the tries after it were refused.
+    daemon = Scripted([ok, dropped, refused])
+    async with Client(URL, timeout_s=0.3, transport=daemon, wait_for_restart=True) as client:
+        with pytest.raises(CommandFailed) as failed:
+            await _produce(produce_args("a", "b", "--batch-records", "1"), client)
+    assert len(daemon.sent) > 3
+    assert "the outcome is unknown: its 1 record may have been stored" in str(failed.value)
+
+
+async def test_a_connection_not_taken_in_time_stored_nothing_and_says_no_more() -> None:
+    daemon = Scripted([not_taken])
+    async with Client(URL, timeout_s=10.0, transport=daemon) as client:
+        with pytest.raises(CommandFailed) as failed:
+            await _produce(produce_args("a"), client)
+        assert str(failed.value) == f"levelzero at {URL} did not answer in time (timeout)"
+        with pytest.raises(ApiError) as unknown:
+            await client.produce("t", 0, [b"a"])
+        assert not unknown.value.outcome_unknown
+    async with Client(URL, timeout_s=10.0, transport=httpx.MockTransport(too_late)) as client:
+        with pytest.raises(ApiError) as unknown:  # a read changes nothing: no outcome to doubt
+            await client.fetch("t", 0)
+    assert str(unknown.value) == f"levelzero at {URL} did not answer in time (timeout)"
+    assert not unknown.value.outcome_unknown
 
 
 async def test_a_url_given_that_never_answered_is_not_waited_for() -> None:

@@ -536,6 +536,36 @@ def test_a_crashed_export_leaves_nothing_the_next_export_or_the_analysis_uses(
     assert not stray.exists() and not list(date_dir.glob(".part-*"))
 
 
+async def test_a_damaged_data_file_of_an_earlier_export_is_named_in_one_line(tmp_path: Path, capsys) -> None:
+    """An export folds the earlier files of the dates it writes into (compaction): one
+    overwritten with text used to end it in pyarrow's traceback, on every retry."""
+    db, out = str(tmp_path / "levelzero.db"), tmp_path / "out"
+    async with await SqliteLogStore.open(db, clock=lambda: 5_000.0) as store:
+        await store.create_topic("t", 1, creation_epoch=1, now=1_000.0)
+        for i in range(2):
+            await store.record_l0_object(L0ObjectRow(f"k{i}", 1, 10, 1_000.0 + i, 1))
+        assert await anyio.to_thread.run_sync(export_main, ["--db", db, "--out", str(out), "--quiet"]) == 0
+        (damaged,) = out.glob("l0_objects/date=*/part-*.parquet")
+        damaged.write_text("not Parquet, but long enough to have a footer's place\n")
+        await store.record_l0_object(L0ObjectRow("k2", 1, 10, 1_002.0, 1))
+        capsys.readouterr()
+        for _ in range(2):  # the same on a retry, and nothing of the failed export is left
+            rc = await anyio.to_thread.run_sync(export_main, ["--db", db, "--out", str(out), "--quiet"])
+            err = capsys.readouterr().err
+            assert rc == 1
+            assert err == (
+                f"levelzero export: {damaged} is not a readable Parquet file: Parquet magic bytes "
+                "not found in footer. Either the file is corrupted or this is not a parquet file; "
+                f"{out} holds a damaged export: export into a new directory (levelzero export "
+                "--out NEW_DIR), or delete the file to go on without its rows\n"
+            )
+            assert json.loads((out / MANIFEST_NAME).read_text())["last_seq"] == 1
+        damaged.unlink()  # what the message offers: the export goes on without its rows
+        report = await anyio.to_thread.run_sync(export, db, out)
+    assert report.rows["l0_objects"] == 1
+    assert [r["key"] for r in read_table(str(out), "l0_objects").to_pylist()] == ["k2"]
+
+
 def test_export_errors_are_clear(scenario: Scenario, tmp_path: Path) -> None:
     out = str(tmp_path / "out")
     with pytest.raises(ExportError, match="no such database file"):
@@ -649,6 +679,37 @@ def test_parquet_of_the_wrong_schema_is_rejected_before_spark(scenario: Scenario
         load_inputs([str(out)])
     rc = analyze_main(["--in", str(out), "--out", str(tmp_path / "report")])
     assert rc == 1
+
+
+def test_files_the_manifest_counts_on_and_that_are_gone_are_an_error(
+    scenario: Scenario, tmp_path: Path, capsys
+) -> None:
+    """A deleted gc_rounds/ folder was analysed as an export without GC rounds (gc_rounds 0,
+    every deletion unexplained), no word said; as a damaged file, it is one line naming it."""
+    out = tmp_path / "out"
+    shutil.copytree(scenario.out, out)
+    shutil.rmtree(out / "gc_rounds")
+    rounds = scenario.db_rows["gc_rounds"]
+    assert rounds == len(scenario.rounds) == 6
+    expected = (
+        f"{out / 'gc_rounds'} holds 0 rows, but the export manifest (_levelzero_export.json) lists "
+        f"{rounds} exported: files of it are missing (deleted, or left out of a copy); put them "
+        "back, or export the store again into a new directory (levelzero export --out NEW_DIR) "
+        "and analyse that one"
+    )
+    with pytest.raises(AnalysisError) as failed:
+        load_inputs([str(out)])
+    assert str(failed.value) == expected
+    assert analyze_main(["--in", str(out), "--out", str(tmp_path / "report")]) == 1
+    assert capsys.readouterr().err == f"levelzero analyze: {expected}\n"
+    shutil.copytree(scenario.out_full, tmp_path / "full")  # one file of a table of several gone
+    (victim, *others) = sorted((tmp_path / "full" / "l0_objects").glob("date=*/part-*.parquet"))
+    assert others, "the scenario spans two dates"
+    gone = pq.ParquetFile(victim).metadata.num_rows
+    victim.unlink()
+    with pytest.raises(AnalysisError, match=f"holds {17 - gone} rows, but .* lists 17 exported"):
+        load_inputs([str(tmp_path / "full")])
+    assert load_inputs([scenario.out, scenario.out_full])[0].rows["gc_rounds"] == rounds
 
 
 # ------------------------------------------------------------------------ Java

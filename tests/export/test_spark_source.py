@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ from levelzero.export.spark_source import (
     store_config,
     tasks,
 )
+from levelzero.storage.sqlite import SqliteLogStore
 
 WAIT_S = 15.0
 FAST = {"gc__enabled": False, "reconciler__interval_s": 0.05, "housekeeper__enabled": False}
@@ -190,6 +192,33 @@ def test_unknown_topic_and_missing_data_dir_are_clear_errors(tmp_path: Path, cap
     code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path), "--records", "t"])
     assert code == 1
     assert "not a levelzero data directory" in capsys.readouterr().err
+
+
+def test_a_damaged_or_foreign_store_is_one_line_for_records_as_for_the_tables(tmp_path: Path, capsys) -> None:
+    """`--records` read the store through a connection of its own, unchecked: a damaged
+    levelzero.db ended it in sqlite3's traceback where the table export said what is wrong."""
+    db = tmp_path / "levelzero.db"
+
+    async def create() -> None:
+        async with await SqliteLogStore.open(db) as store:
+            for i in range(30):
+                await store.create_topic(f"t{i}", 4, creation_epoch=1, now=0.0)
+
+    anyio.run(create)
+    os.truncate(db, 5000)
+    expected = f"levelzero export: {db} is not a levelzero store: database disk image is malformed\n"
+    for records in (["--records", "t1"], []):
+        code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path / "out"), *records])
+        assert (code, capsys.readouterr().err) == (1, expected), records
+    with pytest.raises(ExportError, match="is not a levelzero store: database disk image is malformed"):
+        plan(str(tmp_path), "t1")  # the Spark data source plans through the same snapshot
+    db.unlink()
+    with sqlite3.connect(db) as foreign:
+        foreign.execute("CREATE TABLE notes (x)")
+    foreign.close()
+    code = export_main(["--data-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--records", "t1"])
+    assert code == 1
+    assert "is not a levelzero store of schema version" in capsys.readouterr().err
 
 
 @pytest.mark.s3
