@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 
 from levelzero.core.errors import ObjectNotFound, StoreRefused
 from levelzero.storage.protocols import ObjectStore
@@ -113,10 +114,30 @@ def refuse_another_owner(
         )
 
 
-async def claim_store(store: ObjectStore, cluster_id: str, where: str) -> None:
-    """Write the marker if the store has none; refuse a store owned by another cluster."""
+async def claim_store(
+    store: ObjectStore,
+    cluster_id: str,
+    where: str,
+    named_object: Callable[[], Awaitable[str | None]] | None = None,
+) -> None:
+    """Write the marker if the store has none; refuse a store owned by another cluster.
+    `named_object`: an L1 object the control plane names (None: it names none), looked for
+    when the store is empty and unclaimed: such a store is not this data directory's (a wrong
+    mount, bucket or key prefix), and claiming it would serve every read of those objects with
+    an error, reported healthy."""
     owner = await store_owner(store)
     if owner is None:
+        if named_object is not None and not (await store.list_page("", limit=1)).objects:
+            key = await named_object()
+            if key is not None:
+                raise StoreRefused(
+                    f"object store {where} is empty and no cluster's, but this data "
+                    f"directory's control plane names objects in it ({key}, ...): is the "
+                    "storage configured as it was (storage.objects_path, s3.bucket, "
+                    "s3.key_prefix, s3.endpoint)? Nothing was written. If its objects are lost "
+                    f"for good, and their records with them, start anyway by writing the marker "
+                    f"first: {cluster_id} into {MARKER_KEY} in the store"
+                )
         await store.put(MARKER_KEY, (cluster_id + "\n").encode())
         owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()  # a racing claim
         log.info("claimed object store %s for cluster %s", where, cluster_id)

@@ -35,7 +35,7 @@ from levelzero.actors.node import ClusterSettings, Node
 from levelzero.core.errors import LevelZeroError, StorageError, StoreRefused, directory_problem
 from levelzero.storage import opening
 from levelzero.storage.opening import ControlStore
-from levelzero.storage.protocols import ObjectStore
+from levelzero.storage.protocols import L1State, ObjectStore
 from levelzero.storage.postgres.store import PostgresLogStore
 
 from levelzero.http.access_log import AccessLogMiddleware
@@ -143,9 +143,18 @@ async def _claim_store_with_retries(store: ObjectStore, config: Config, log_stor
     if config.cluster.enabled:
         assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
         cluster_id = await log_store.cluster_id(cluster_id)
+
+    async def named_object() -> str | None:
+        """An L1 object the control plane names (a partition's first), if any."""
+        for row in await log_store.list_partitions():
+            names = await log_store.l1_list(row.pid, [L1State.COPY_FINISHED])
+            if names:
+                return names[0].key
+        return None
+
     for attempt in range(1, CLAIM_ATTEMPTS_MAX + 1):
         try:
-            await claim_store(store, cluster_id, store_where(config))
+            await claim_store(store, cluster_id, store_where(config), named_object)
             return
         except StorageError as exc:
             if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:

@@ -3,6 +3,7 @@ first one's objects, so a daemon refuses a store claimed by another data directo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,34 @@ def test_a_cluster_id_file_holding_no_id_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cluster-id").write_text("garbage\n")
     with pytest.raises(StoreRefused, match="holds 'garbage', not a cluster id"):
         local_cluster_id(str(tmp_path))
+
+
+async def test_an_empty_unclaimed_store_under_a_control_plane_naming_objects_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A data directory whose control plane names L1 objects, started on an empty store no
+    cluster claimed (its objects directory gone: a wrong mount, bucket or key prefix) claimed
+    it and reported ready, every read of those objects a 500. Now refused, nothing written to
+    the store; the marker written by hand (the objects lost for good) lets it start."""
+    config = daemon_config(tmp_path)
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"reconciled"])
+        await daemon.node.reconciler.run_round()
+        assert daemon.node.partition("t", 0).state.lro == 0
+    objects = Path(config.storage.objects_dir)
+    cluster_id = (Path(config.storage.data_dir) / "cluster-id").read_text().strip()
+    shutil.rmtree(objects)
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
+        async with running_daemon(config):
+            pass
+    [refused] = [e for e in leaf_errors(caught.value) if isinstance(e, StoreRefused)]
+    message = str(refused)
+    assert f"object store {objects} is empty and no cluster's" in message
+    assert "names objects in it (level_one/t/0/" in message, message
+    assert f"{cluster_id} into {MARKER_KEY} in the store" in message
+    assert not objects.exists() or not any(objects.rglob("*"))  # nothing written
+    (objects / "levelzero").mkdir(parents=True)
+    (objects / MARKER_KEY).write_text(cluster_id + "\n")
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        assert (await client.status()).partitions[0].high_watermark == 1
