@@ -60,37 +60,50 @@ def local_cluster_id(data_dir: str) -> str:
     return cluster_id
 
 
-def refuse_lost_cluster_id(
-    data_dir: str, database: str, store_where: str, local_objects_dir: str | None
-) -> None:
-    """At start-up, before the control plane is opened: a data directory whose SQLite control
-    plane (`levelzero.db`) is there but whose `cluster-id` is not lost its id (a removal, a
-    partial copy). Refused, naming the id the object store's marker holds where it can be read
-    here (a local store), with nothing changed: a new id, made as on a first start, would be
-    refused by the store's marker as "another cluster's" only after the database had been
-    migrated and the new id written."""
+def prepare_cluster_id(data_dir: str, database: str, store_where: str, local_objects_dir: str | None) -> bool:
+    """At start-up, before the SQLite control plane (`database`) is opened: this data
+    directory's cluster id, made now on a first start (so that a first start failing later, a
+    store unreachable, leaves the id beside the database it made). A directory whose database
+    is there but whose `cluster-id` is not lost its id (a removal, a partial copy): refused when
+    the store's marker can be read here (a local store) and names a cluster, with its id and
+    nothing changed; with no marker the store was never claimed (a first start that failed
+    before its claim, by an earlier release): a new id. True: the id is lost and the store (S3)
+    is not read yet: `claim_for` decides, before it writes anything."""
     path = os.path.join(data_dir, CLUSTER_ID_FILE)
     if os.path.exists(path) or not os.path.exists(database):
-        return
+        local_cluster_id(data_dir)  # read (checked), or made on a first start
+        return False
+    if local_objects_dir is None:
+        return True
     owner = None
-    if local_objects_dir is not None:
-        marker = os.path.join(local_objects_dir, MARKER_KEY)
-        with contextlib.suppress(OSError, UnicodeDecodeError), open(marker, encoding="ascii") as f:
-            owner = f.read(4096).strip() or None
-    if owner is not None and _CLUSTER_ID_RE.match(owner):
-        advice = (
-            f"the object store's marker ({MARKER_KEY} in {store_where}) names cluster {owner}: "
-            f"if this directory is that cluster's, `echo {owner} > {path}` and start again"
-        )
+    marker = os.path.join(local_objects_dir, MARKER_KEY)
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(marker, encoding="ascii") as f:
+        owner = f.read(4096).strip() or None
+    if owner is not None:
+        raise _lost_id(data_dir, database, owner, store_where)
+    local_cluster_id(data_dir)
+    return False
+
+
+def _lost_id(data_dir: str, database: str, owner: str, store_where: str) -> StoreRefused:
+    path = os.path.join(data_dir, CLUSTER_ID_FILE)
+    if _CLUSTER_ID_RE.match(owner):
+        advice = f"if this directory is that cluster's, `echo {owner} > {path}` and start again"
     else:
-        advice = (
-            f"the object store's marker ({MARKER_KEY} in {store_where}) names the cluster that "
-            f"owns it: if this directory is that cluster's, write its id to {path} and start again"
-        )
-    raise StoreRefused(
+        advice = f"if this directory is that cluster's, write its id to {path} and start again"
+    return StoreRefused(
         f"data directory {data_dir} holds a control plane ({os.path.basename(database)}) but no "
-        f"{CLUSTER_ID_FILE} file (removed, or not copied with it); nothing was changed. {advice}"
+        f"{CLUSTER_ID_FILE} file (removed, or not copied with it), and the object store's marker "
+        f"({MARKER_KEY} in {store_where}) names cluster {owner[:80]}: {advice}. Nothing was "
+        "changed in the data directory"
     )
+
+
+async def refuse_lost_id(store: ObjectStore, data_dir: str, database: str, store_where: str) -> None:
+    """`prepare_cluster_id`'s refusal for a store read only now (S3): before any id is made."""
+    owner = await store_owner(store)
+    if owner is not None:
+        raise _lost_id(data_dir, database, owner, store_where)
 
 
 async def store_owner(store: ObjectStore) -> str | None:

@@ -47,7 +47,7 @@ from levelzero.daemon.metrics import DaemonMetrics
 from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.daemon.backup import refuse_unfinished_restore
-from levelzero.daemon.ownership import claim_store, local_cluster_id, refuse_lost_cluster_id
+from levelzero.daemon.ownership import claim_store, local_cluster_id, prepare_cluster_id, refuse_lost_id
 from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
 
@@ -136,13 +136,14 @@ async def open_object_store(config: Config) -> ObjectStore:
 CLAIM_ATTEMPTS_MAX = 5
 
 
-async def _claim_store_with_retries(store: ObjectStore, config: Config, log_store: ControlStore) -> None:
+async def _claim_store_with_retries(
+    store: ObjectStore, config: Config, log_store: ControlStore, id_lost: bool = False
+) -> None:
     """Claim the store for this data directory, or in a cluster for the cluster the control
-    plane names (every node shares its id); transient store errors are retried (bounded)."""
-    cluster_id = local_cluster_id(config.storage.data_dir)
-    if config.cluster.enabled:
-        assert isinstance(log_store, PostgresLogStore), "config allows a cluster only on PostgreSQL"
-        cluster_id = await log_store.cluster_id(cluster_id)
+    plane names (every node shares its id); transient store errors are retried (bounded).
+    `id_lost`: the data directory's database is there and its id is not (`prepare_cluster_id`):
+    a store some cluster claimed is refused before a new id is made."""
+    where = store_where(config)
 
     async def named_object() -> str | None:
         """An L1 object the control plane names (a partition's first), if any."""
@@ -152,9 +153,17 @@ async def _claim_store_with_retries(store: ObjectStore, config: Config, log_stor
                 return names[0].key
         return None
 
+    cluster_id: str | None = None
     for attempt in range(1, CLAIM_ATTEMPTS_MAX + 1):
         try:
-            await claim_store(store, cluster_id, store_where(config), named_object)
+            if cluster_id is None:
+                if id_lost:
+                    await refuse_lost_id(store, config.storage.data_dir, config.storage.db_path, where)
+                cluster_id = local_cluster_id(config.storage.data_dir)
+                if config.cluster.enabled:
+                    assert isinstance(log_store, PostgresLogStore), "a cluster runs only on PostgreSQL"
+                    cluster_id = await log_store.cluster_id(cluster_id)
+            await claim_store(store, cluster_id, where, named_object)
             return
         except StorageError as exc:
             if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:
@@ -320,13 +329,12 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"data_dir: {directory_problem(config.storage.data_dir, exc)}") from None
         refuse_unfinished_restore(config.storage.data_dir)  # before the store is opened
-        if config.control.kind == "sqlite":
-            refuse_lost_cluster_id(
-                config.storage.data_dir,
-                config.storage.db_path,
-                store_where(config),
-                config.storage.objects_dir if config.storage.kind == "local" else None,
-            )
+        id_lost = config.control.kind == "sqlite" and prepare_cluster_id(
+            config.storage.data_dir,
+            config.storage.db_path,
+            store_where(config),
+            config.storage.objects_dir if config.storage.kind == "local" else None,
+        )
         async with anyio.create_task_group() as tg:
             name = f"levelzero {node_id_of(config)}"
             log_store = await opening.open_control_store(tg, config, application_name=name)
@@ -337,7 +345,7 @@ class Daemon:
                     try:
                         if self._wrap_object_store is not None:
                             object_store = self._wrap_object_store(object_store)
-                        await _claim_store_with_retries(object_store, config, log_store)
+                        await _claim_store_with_retries(object_store, config, log_store, id_lost)
                         await self._serve(tg, log_store, object_store, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_support import daemon_config
+from daemon_support import daemon_config, s3_environ
 from levelzero.core.errors import InvalidInput, StoreRefused
 from levelzero.cli.commands import leaf_errors
 from levelzero.client import Client
@@ -149,6 +149,7 @@ async def test_a_data_directory_that_lost_its_cluster_id_is_refused_with_nothing
     assert not isinstance(refused, StoreOwnedByAnotherCluster)
     assert "holds a control plane (levelzero.db) but no cluster-id file" in str(refused)
     assert f"names cluster {owner}: if this directory is that cluster's, `echo {owner} >" in str(refused)
+    assert "Nothing was changed in the data directory" in str(refused)
     assert {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()} == before
     (data / "cluster-id").write_text(owner + "\n")
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
@@ -190,3 +191,47 @@ async def test_an_empty_unclaimed_store_under_a_control_plane_naming_objects_is_
     (objects / MARKER_KEY).write_text(cluster_id + "\n")
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
         assert (await client.status()).partitions[0].high_watermark == 1
+
+
+async def test_a_first_start_that_fails_before_its_claim_starts_the_next_time(tmp_path: Path) -> None:
+    """A first start whose object store cannot be opened (here a file where its directory
+    goes; an unreachable endpoint alike) made the database and no cluster-id: every later
+    start was refused as a directory that lost its id. The id is made first now, and a
+    directory left so by an earlier release (no id, the store never claimed) starts too."""
+    config = daemon_config(tmp_path)
+    objects = Path(config.storage.objects_dir)
+    objects.parent.mkdir(parents=True, exist_ok=True)
+    objects.write_text("in the way")
+    with pytest.raises(BaseException):  # noqa: B017, PT011 - the store cannot be opened
+        async with running_daemon(config):
+            pass
+    data = Path(config.storage.data_dir)
+    assert (data / "levelzero.db").exists() and (data / "cluster-id").exists()
+    objects.unlink()
+    (data / "cluster-id").unlink()  # as an earlier release left it
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+    assert (objects / MARKER_KEY).read_text().strip() == (data / "cluster-id").read_text().strip()
+
+
+@pytest.mark.s3
+async def test_a_data_directory_on_s3_that_lost_its_cluster_id_is_refused_before_any_id_is_made(
+    tmp_path: Path, s3_endpoint, s3_bucket: str
+) -> None:
+    config = load_config(
+        None,
+        environ=s3_environ(s3_endpoint, s3_bucket),
+        overrides={("storage", "data_dir"): str(tmp_path), ("server", "listen"): "127.0.0.1:0"},
+    )
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+    data = Path(config.storage.data_dir)
+    owner = (data / "cluster-id").read_text().strip()
+    (data / "cluster-id").unlink()
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
+        async with running_daemon(config):
+            pass
+    [refused] = [e for e in leaf_errors(caught.value) if isinstance(e, StoreRefused)]
+    assert not isinstance(refused, StoreOwnedByAnotherCluster)
+    assert f"names cluster {owner}: if this directory is that cluster's" in str(refused)
+    assert not (data / "cluster-id").exists()
