@@ -206,14 +206,18 @@ def test_a_seed_with_transactions_on_a_compacted_topic_compacts_under_them() -> 
     # In their share of the transactional seeds (a stream of their own) the producers write to
     # a compacted topic: the shipping compactor's passes run under the open transactions, and
     # the progress and per-key outcome rules hold.
-    seed = next(s for s in range(100) if transactions_drawn(s, 1) and transactions_compacted(s))
-    result = run_seed(seed)
-    assert result.violation is None
+    # The first such seed that commits (2 commits none since the compacted scans' fetch sizes
+    # are drawn: its schedule moved); each tried keeps every invariant.
+    for seed in [s for s in range(100) if transactions_drawn(s, 1) and transactions_compacted(s)][:4]:
+        result = run_seed(seed)
+        assert result.violation is None, seed
+        if result.txn_committed > 0:
+            break
     assert result.txn_compacted == 1 and result.txn_compactions > 0 and result.txn_committed > 0
 
 
 def test_a_seed_with_transactions_replays_exactly_in_a_fresh_process() -> None:
-    seed = next(s for s in range(100) if transactions_drawn(s, 1))
+    seed = [s for s in range(100) if transactions_drawn(s, 1)][1]  # (the first, 2, commits none)
     script = (
         "import sys; from levelzero.sim import run_seed; r = run_seed(int(sys.argv[1])); "
         "print(r.trace_digest, r.txn_committed, r.txn_aborted, r.txn_records_read, r.txn_records_skipped)"
@@ -258,14 +262,15 @@ def test_a_gc_ignoring_reader_pins_is_caught_at_the_delete_though_the_cache_serv
     reconciler copying in waves what was due when its round began, then 172 until retention read
     a partition's L1 rows once a round, then 106 until its transactions went to a compacted
     topic; so were clean seeds 0's 42 deletes under pins, 7's one,
-    4's four and 4's one, now seed 5's one.)"""
+    4's four and 4's one, then seed 5's one; now seed 5's 103, its readers' small fetches
+    holding their pins longer.)"""
     assert World(233, SimConfig()).l0_cache_bytes_max == 1024 * 1024
     result = run_seed(233, mutation="reader_pins_ignored")
     assert result.violation is not None and result.violation.invariant == "1"
     assert "reader(s) of" in result.violation.message and "held M(p) =" in result.violation.message
     assert run_seed(233).violation is None
     clean = run_seed(5)  # deletes land while readers hold pins, below them: kept
-    assert clean.violation is None and clean.deletes_under_pins == 1
+    assert clean.violation is None and clean.deletes_under_pins > 0
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
