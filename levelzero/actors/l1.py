@@ -76,10 +76,14 @@ class L1Catalog:
         reconciled ranges; a compacted one because its result was accepted against the
         lineage (it is COPY_FINISHED only then), of a term the partition has reached, and
         below the reconciled offset."""
+        return self._is_valid(actor, row, self._compacted.get(row.pid, frozenset()))
+
+    @staticmethod
+    def _is_valid(actor: PartitionActor, row: L1Row, compacted: frozenset[str]) -> bool:
         if row.state != L1State.COPY_FINISHED:
             return False
         state = actor.state
-        if self.is_compacted(row):
+        if row.key in compacted:
             return row.term <= state.term and row.last_offset <= state.lro
         return state.l1_range_valid(row.term, row.base_offset, row.last_offset)
 
@@ -110,10 +114,27 @@ class L1Catalog:
         self._compacted[actor.row.pid] = state.compacted_keys
 
     def lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
-        return [
-            {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
-            for r in self._valid.get(actor.row.pid, [])
-        ]
+        """The cached lineage (none before the partition's first read, catch-up, compaction or
+        retention visit since the start)."""
+        return _shown(self._valid.get(actor.row.pid, []))
+
+    async def status_lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
+        """The partition's lineage as status shows it: the cached one, or, where none is cached
+        yet, the one the metastore holds now, read without caching it (`read_lineage`)."""
+        rows = self._valid.get(actor.row.pid)
+        if rows is None:
+            rows = await self.read_lineage(actor)
+        return _shown(rows)
+
+    async def read_lineage(self, actor: PartitionActor) -> list[L1Row]:
+        """The partition's lineage read from the metastore (its rows, then the compacted keys,
+        as `_listed` reads them), leaving the cache alone: a read finishing after a concurrent
+        delete dropped an object from the cache, or a refresh cached a newer lineage, must not
+        put back the older one for the reads the cache serves."""
+        pid = actor.row.pid
+        rows = await self._log.l1_list(pid, [L1State.COPY_FINISHED])
+        compacted = (await self._log.l1_compaction_state(pid)).compacted_keys
+        return sorted((r for r in rows if self._is_valid(actor, r, compacted)), key=lambda r: r.base_offset)
 
     def holds_below_start(self, actor: PartitionActor) -> bool:
         """Whether the cached lineage begins with an object wholly below the start offset (no
@@ -488,6 +509,13 @@ class L1Catalog:
         or several where compaction left gaps. Raises ObjectNotFound."""
         data = await self._objects.get(row.key)
         return l1_object_runs(data, row.base_offset, f"L1 object {row.key}")
+
+
+def _shown(rows: Sequence[L1Row]) -> list[dict[str, int | str]]:
+    return [
+        {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
+        for r in rows
+    ]
 
 
 def _storable(key: str) -> bool:

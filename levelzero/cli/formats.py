@@ -191,7 +191,7 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
             _cell(p.lro),
             _cell(p.high_watermark),
             _cell(p.reconciler_lag),
-            _cell(p.l1_objects),
+            "?" if p.l1_objects is None else str(p.l1_objects),  # unknown: not read
             _cell(p.start_offset),
             _cell(p.window_slides),
             _cell(p.stale_rejections),

@@ -130,6 +130,10 @@ def test_status_table_is_readable() -> None:
         "2",
         "1",
     ]
+    # L1 objects the node could not read (none cached, the metastore failing): unknown, not 0
+    unknown = msgspec.structs.replace(partition, l1_objects=None, l1_lineage=None)
+    line = format_status(msgspec.structs.replace(status, partitions=[unknown])).splitlines()[4]
+    assert line.split()[8:11] == ["0", "?", "0"]
 
     with_components = msgspec.structs.replace(
         status,
