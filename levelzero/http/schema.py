@@ -194,6 +194,8 @@ class PartitionStatus(_Response):
 
 
 class BatcherStatus(_Response):
+    """The node's batcher counters since it started (not the L0 objects the store holds)."""
+
     objects_uploaded: int
     bytes_uploaded: int
     records_appended: int
