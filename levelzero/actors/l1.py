@@ -38,6 +38,11 @@ log = logging.getLogger("levelzero.l1")
 DELETE_RETRIES_PER_ROUND_MAX = 100
 # Times one read follows the lineage after its object went (each a compaction committed meanwhile).
 LINEAGE_MOVES_MAX = 4
+# Moves of a partition's start offset remembered for the reasons of L1 deletes (`note_start_moved`).
+START_MOVES_KEPT = 8
+# What moves a start offset, as the reason of an L1 object's delete names it.
+START_MOVED_BY_RETENTION = "retention"
+START_MOVED_BY_DELETE_RECORDS = "DeleteRecords"
 
 
 class L1Catalog:
@@ -65,6 +70,9 @@ class L1Catalog:
         self.delete_failures = 0
         self.delete_retries = 0
         self.strays_deleted = 0  # objects of live partitions no row named (`sweep_strays`)
+        # pid -> (term, [(from, to, what moved it)]): the start offset's moves this process made
+        # in the partition's term, oldest first, consecutive ones of one cause merged.
+        self._start_moves: dict[int, tuple[int, list[tuple[int, int, str]]]] = {}
 
     # ------------------------------------------------------------------ validity
 
@@ -144,6 +152,30 @@ class L1Catalog:
         return rows is not None and bool(rows) and rows[0].last_offset < actor.state.start_offset
 
     # ------------------------------------------------------------------ deletion
+
+    def note_start_moved(self, actor: PartitionActor, before: int, after: int, by: str) -> None:
+        """The start offset moved from `before` to `after`, by `by` (retention, DeleteRecords):
+        `collect` names it as the reason of deleting the objects it moved past."""
+        pid = actor.row.pid
+        term, moves = self._start_moves.get(pid, (actor.term, []))
+        if term != actor.term:
+            moves = []
+        if moves and moves[-1][2] == by and moves[-1][1] == before:
+            moves[-1] = (moves[-1][0], after, by)
+        else:
+            moves.append((before, after, by))
+            del moves[:-START_MOVES_KEPT]
+        self._start_moves[pid] = (actor.term, moves)
+
+    def _start_moved_by(self, actor: PartitionActor, last_offset: int) -> str | None:
+        """What moved the start offset past `last_offset` in this term, if this process did."""
+        term, moves = self._start_moves.get(actor.row.pid, (None, []))
+        if term != actor.term:
+            return None
+        for before, after, by in moves:
+            if before <= last_offset < after:
+                return by
+        return None
 
     async def delete(self, actor: PartitionActor, row: L1Row, *, reason: str) -> bool:
         """Two-phase delete. Refuses an object the current lineage still serves."""
@@ -251,7 +283,8 @@ class L1Catalog:
         self, actor: PartitionActor, copy_deadline_s: float, rows: Sequence[L1Row] | None = None
     ) -> int:
         """Resume unfinished deletes, collect stale COPY_STARTED and out-of-lineage objects,
-        and objects entirely below the start offset (retention). `rows`: the partition's rows
+        and objects entirely below the start offset (retention or DeleteRecords moved it: the
+        reason logged says which, `note_start_moved`). `rows`: the partition's rows
         as `listing` just read them (else read here). Each delete is a conditional transition
         from the state listed, so a row that moved since is left alone; `delete` drops what it
         deletes from the lineage, and the reconciler and the compactor read it again after
@@ -271,6 +304,7 @@ class L1Catalog:
                 copy_finished=row.state == L1State.COPY_FINISHED,
                 delete_started=row.state == L1State.DELETE_STARTED,
                 stale_copy=self._is_stale_copy(row, now, copy_deadline_s),
+                start_moved_by=self._start_moved_by(actor, row.last_offset),
             )
             if reason is None:
                 continue
