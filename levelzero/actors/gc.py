@@ -382,8 +382,10 @@ class GcActor:
             config.interval_s, config.idle_backoff_max_s, config.grace_s, config.jitter_fraction
         )
         self._round_lock = anyio.Lock()
-        # Round ids stay unique across restarts (the events table is keyed by them): start
-        # from the wall clock in milliseconds, then count.
+        # Round ids stay unique across restarts (the log store's gc_rounds table is keyed by
+        # them, a row of an earlier process's round would be overwritten): start from the wall
+        # clock in milliseconds, then count (rounds come far less often than one a millisecond,
+        # so a later start begins above the ids before it). Status, logs and exports show it.
         self._next_round_id = max(1, int(clock() * 1000))
         self._totals = _Totals()
         self._last: RoundReport | None = None

@@ -34,7 +34,7 @@ from levelzero.storage.protocols import EventLog, StateSampleRow
 
 from .epochs import EpochService
 from .fan_out import for_each
-from .l1 import L1Catalog
+from .l1 import START_MOVED_BY_RETENTION, L1Catalog
 from .partition import PartitionActor
 
 log = logging.getLogger("levelzero.housekeeper")
@@ -296,8 +296,10 @@ class Housekeeper:
             retention_bytes,
         )
         new_start = await self.start_offset_held(actor, new_start)
-        if new_start > actor.state.start_offset:
+        before = actor.state.start_offset
+        if new_start > before:
             await actor.set_start_offset(new_start, actor.term)
+            self._catalog.note_start_moved(actor, before, new_start, START_MOVED_BY_RETENTION)
             self.stats.start_offsets_set += 1
             log.info("retention moved %s start offset to %d", actor.name, new_start)
             if self.start_moved is not None:

@@ -38,6 +38,11 @@ log = logging.getLogger("levelzero.l1")
 DELETE_RETRIES_PER_ROUND_MAX = 100
 # Times one read follows the lineage after its object went (each a compaction committed meanwhile).
 LINEAGE_MOVES_MAX = 4
+# Moves of a partition's start offset remembered for the reasons of L1 deletes (`note_start_moved`).
+START_MOVES_KEPT = 8
+# What moves a start offset, as the reason of an L1 object's delete names it.
+START_MOVED_BY_RETENTION = "retention"
+START_MOVED_BY_DELETE_RECORDS = "DeleteRecords"
 
 
 class L1Catalog:
@@ -65,6 +70,9 @@ class L1Catalog:
         self.delete_failures = 0
         self.delete_retries = 0
         self.strays_deleted = 0  # objects of live partitions no row named (`sweep_strays`)
+        # pid -> (term, [(from, to, what moved it)]): the start offset's moves this process made
+        # in the partition's term, oldest first, consecutive ones of one cause merged.
+        self._start_moves: dict[int, tuple[int, list[tuple[int, int, str]]]] = {}
 
     # ------------------------------------------------------------------ validity
 
@@ -76,10 +84,14 @@ class L1Catalog:
         reconciled ranges; a compacted one because its result was accepted against the
         lineage (it is COPY_FINISHED only then), of a term the partition has reached, and
         below the reconciled offset."""
+        return self._is_valid(actor, row, self._compacted.get(row.pid, frozenset()))
+
+    @staticmethod
+    def _is_valid(actor: PartitionActor, row: L1Row, compacted: frozenset[str]) -> bool:
         if row.state != L1State.COPY_FINISHED:
             return False
         state = actor.state
-        if self.is_compacted(row):
+        if row.key in compacted:
             return row.term <= state.term and row.last_offset <= state.lro
         return state.l1_range_valid(row.term, row.base_offset, row.last_offset)
 
@@ -110,10 +122,27 @@ class L1Catalog:
         self._compacted[actor.row.pid] = state.compacted_keys
 
     def lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
-        return [
-            {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
-            for r in self._valid.get(actor.row.pid, [])
-        ]
+        """The cached lineage (none before the partition's first read, catch-up, compaction or
+        retention visit since the start)."""
+        return _shown(self._valid.get(actor.row.pid, []))
+
+    async def status_lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
+        """The partition's lineage as status shows it: the cached one, or, where none is cached
+        yet, the one the metastore holds now, read without caching it (`read_lineage`)."""
+        rows = self._valid.get(actor.row.pid)
+        if rows is None:
+            rows = await self.read_lineage(actor)
+        return _shown(rows)
+
+    async def read_lineage(self, actor: PartitionActor) -> list[L1Row]:
+        """The partition's lineage read from the metastore (its rows, then the compacted keys,
+        as `_listed` reads them), leaving the cache alone: a read finishing after a concurrent
+        delete dropped an object from the cache, or a refresh cached a newer lineage, must not
+        put back the older one for the reads the cache serves."""
+        pid = actor.row.pid
+        rows = await self._log.l1_list(pid, [L1State.COPY_FINISHED])
+        compacted = (await self._log.l1_compaction_state(pid)).compacted_keys
+        return sorted((r for r in rows if self._is_valid(actor, r, compacted)), key=lambda r: r.base_offset)
 
     def holds_below_start(self, actor: PartitionActor) -> bool:
         """Whether the cached lineage begins with an object wholly below the start offset (no
@@ -123,6 +152,30 @@ class L1Catalog:
         return rows is not None and bool(rows) and rows[0].last_offset < actor.state.start_offset
 
     # ------------------------------------------------------------------ deletion
+
+    def note_start_moved(self, actor: PartitionActor, before: int, after: int, by: str) -> None:
+        """The start offset moved from `before` to `after`, by `by` (retention, DeleteRecords):
+        `collect` names it as the reason of deleting the objects it moved past."""
+        pid = actor.row.pid
+        term, moves = self._start_moves.get(pid, (actor.term, []))
+        if term != actor.term:
+            moves = []
+        if moves and moves[-1][2] == by and moves[-1][1] == before:
+            moves[-1] = (moves[-1][0], after, by)
+        else:
+            moves.append((before, after, by))
+            del moves[:-START_MOVES_KEPT]
+        self._start_moves[pid] = (actor.term, moves)
+
+    def _start_moved_by(self, actor: PartitionActor, last_offset: int) -> str | None:
+        """What moved the start offset past `last_offset` in this term, if this process did."""
+        term, moves = self._start_moves.get(actor.row.pid, (None, []))
+        if term != actor.term:
+            return None
+        for before, after, by in moves:
+            if before <= last_offset < after:
+                return by
+        return None
 
     async def delete(self, actor: PartitionActor, row: L1Row, *, reason: str) -> bool:
         """Two-phase delete. Refuses an object the current lineage still serves."""
@@ -230,7 +283,8 @@ class L1Catalog:
         self, actor: PartitionActor, copy_deadline_s: float, rows: Sequence[L1Row] | None = None
     ) -> int:
         """Resume unfinished deletes, collect stale COPY_STARTED and out-of-lineage objects,
-        and objects entirely below the start offset (retention). `rows`: the partition's rows
+        and objects entirely below the start offset (retention or DeleteRecords moved it: the
+        reason logged says which, `note_start_moved`). `rows`: the partition's rows
         as `listing` just read them (else read here). Each delete is a conditional transition
         from the state listed, so a row that moved since is left alone; `delete` drops what it
         deletes from the lineage, and the reconciler and the compactor read it again after
@@ -250,6 +304,7 @@ class L1Catalog:
                 copy_finished=row.state == L1State.COPY_FINISHED,
                 delete_started=row.state == L1State.DELETE_STARTED,
                 stale_copy=self._is_stale_copy(row, now, copy_deadline_s),
+                start_moved_by=self._start_moved_by(actor, row.last_offset),
             )
             if reason is None:
                 continue
@@ -488,6 +543,13 @@ class L1Catalog:
         or several where compaction left gaps. Raises ObjectNotFound."""
         data = await self._objects.get(row.key)
         return l1_object_runs(data, row.base_offset, f"L1 object {row.key}")
+
+
+def _shown(rows: Sequence[L1Row]) -> list[dict[str, int | str]]:
+    return [
+        {"base_offset": r.base_offset, "last_offset": r.last_offset, "term": r.term, "key": r.key}
+        for r in rows
+    ]
 
 
 def _storable(key: str) -> bool:

@@ -71,7 +71,7 @@ from .cluster import FORGET_EXPIRED_AFTER_S, ClusterMember
 from .epochs import EpochCache, EpochService, SharedEpoch
 from .gc import GcActor, GcConfig
 from .housekeeper import Housekeeper, HousekeeperConfig
-from .l1 import L1Catalog
+from .l1 import START_MOVED_BY_DELETE_RECORDS, L1Catalog
 from .partition import PartitionActor, PartitionView
 from .l0_cache import L0ObjectCache, l0_object_bytes_bound
 from .reader import UNFRAMED, FetchResult, Framing, Reader
@@ -614,8 +614,10 @@ class Node:
                 "records deleted up to an open transaction's first offset",
                 extra={"partition": actor.name, "start_offset": offset, "requested": requested},
             )
-        if offset > actor.state.start_offset:
+        before = actor.state.start_offset
+        if offset > before:
             await actor.set_start_offset(offset, actor.term)
+            self.l1.note_start_moved(actor, before, offset, START_MOVED_BY_DELETE_RECORDS)
             log.info("records deleted", extra={"partition": actor.name, "start_offset": offset})
             await self.partition_emptied(actor)
             try:

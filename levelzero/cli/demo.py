@@ -353,7 +353,7 @@ async def _progress(client: Client, workload: _Workload, started: float, out: Te
         status = await client.status()
         print(
             f"  {anyio.current_time() - started:4.0f} s: {workload.produced} records acknowledged, "
-            f"epoch {status.cluster_epoch}, {status.batcher.objects_uploaded} L0 objects",
+            f"epoch {status.cluster_epoch}, {status.batcher.objects_uploaded} L0 objects uploaded",
             file=out,
             flush=True,
         )

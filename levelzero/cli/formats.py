@@ -158,7 +158,9 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
         f"cluster epoch {status.cluster_epoch} (cached {_cell(status.cached_epoch)})   "
         f"M {m}   accepting {'yes' if status.accepting else 'no'}"
         + (f" ({status.not_accepting_reason})" if status.not_accepting_reason else ""),
-        f"L0 objects {b.objects_uploaded} ({b.bytes_uploaded} bytes), orphans {b.orphan_objects}, "
+        # Counters of this daemon's uploads since it started, not the L0 objects in the store.
+        f"since start: L0 objects uploaded {b.objects_uploaded} ({b.bytes_uploaded} bytes), "
+        f"orphans {b.orphan_objects}, "
         f"stale rejections {b.stale_rejections}, retries {b.stale_retries}, failures {b.stale_failures}",
         *_component_lines(status),
         *(f"UNSTORABLE TOPIC: {t.advice}" for t in status.unstorable_topics),
@@ -191,7 +193,7 @@ def format_status(status) -> str:  # noqa: ANN001 - StatusResponse
             _cell(p.lro),
             _cell(p.high_watermark),
             _cell(p.reconciler_lag),
-            _cell(p.l1_objects),
+            "?" if p.l1_objects is None else str(p.l1_objects),  # unknown: not read
             _cell(p.start_offset),
             _cell(p.window_slides),
             _cell(p.stale_rejections),

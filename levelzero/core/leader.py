@@ -239,6 +239,7 @@ def l1_collect_reason(
     copy_finished: bool,
     delete_started: bool,
     stale_copy: bool,
+    start_moved_by: str | None = None,
 ) -> str | None:
     """Why the leader of `term` collects an L1 object of its partition, or None to keep it.
 
@@ -246,14 +247,21 @@ def l1_collect_reason(
     `stale_copy`: COPY_STARTED for longer than the copy deadline (a crash or a stuck upload
     abandoned it). An out-of-lineage object is collected only when an earlier term wrote it:
     never by age in the current term, whose catch-up may still be on the way (deleting first
-    would let LRO advance over a deleted object)."""
+    would let LRO advance over a deleted object). `start_moved_by`: what moved the start offset
+    past the object (retention, DeleteRecords), None where the leader does not know (it moved
+    before this node took the lead in this term: a restart, a move)."""
     if delete_started:
         return "resuming an unfinished delete"
     if stale_copy:
         return "stale COPY_STARTED"
     if copy_finished:
         if last_offset < state.start_offset:
-            return "below the start offset (retention)"
+            if start_moved_by is None:
+                return (
+                    "below the start offset (moved by retention or DeleteRecords before this node "
+                    "took the lead)"
+                )
+            return f"below the start offset (moved by {start_moved_by})"
         if not lineage_valid and row_term < term:
             return f"outside the term lineage (term {row_term})"
     return None

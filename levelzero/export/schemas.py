@@ -209,7 +209,9 @@ TABLES: dict[str, TableSpec] = {
                     _column(
                         "round_id",
                         pa.int64(),
-                        "round number of the GC process (restarts at 1 with the process)",
+                        "the round's id: the Unix time in milliseconds its node's GC started at, "
+                        "plus the rounds it ran before (unique across restarts: the log store keys "
+                        "its rounds by it)",
                     ),
                     _column("started_at", TIME_TYPE, "round start: when M was computed"),
                     _column("finished_at", TIME_TYPE, "round end"),

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import anyio
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.applications import Starlette
@@ -112,6 +113,8 @@ STATUS_PARTITIONS_SHOWN_MAX = 100
 STATUS_OUTLIERS_MAX = 50
 STATUS_PAGE_LIMIT_DEFAULT = 100
 STATUS_PAGE_LIMIT_MAX = 1000
+# Metastore reads of uncached L1 lineages one status page makes at once (right after a start).
+STATUS_LINEAGE_READS_MAX = 16
 IDEMPOTENCY_KEY_MAX = 256  # characters of a produce's idempotency_key
 # Why a partition is an outlier, the most pressing first (the order outliers are shown in).
 OUTLIER_REASONS = ("m_holder", "reconcile_failing", "unstorable", "stale_rejections", "reconciler_lag")
@@ -605,22 +608,48 @@ class Api:
             self.node.partition(topic, 0)  # raises UnknownTopic
         return [v for v in self.node.views() if topic is None or v.topic == topic]
 
-    def _page(
+    async def _page(
         self, views: list[PartitionView], after: tuple[str, int] | None, limit: int
     ) -> tuple[list[PartitionStatus], str | None]:
         """The first `limit` partitions after `after` in (topic, partition) order: a heap
-        selection (n log limit), then the page's own statuses, L1 lineage only for the page."""
+        selection (n log limit), then the page's own statuses, L1 lineage only for the page:
+        the catalog's cached one, or for a partition nothing cached yet (right after a start)
+        the metastore's, read for the page's partitions only, `STATUS_LINEAGE_READS_MAX` at once."""
         assert limit >= 1, limit
         later = (v for v in views if after is None or (v.topic, v.partition) > after)
         chosen = heapq.nsmallest(limit + 1, later, key=lambda v: (v.topic, v.partition))
         more = len(chosen) > limit
-        page = [self._partition_status(v) for v in chosen[:limit]]
+        shown = chosen[:limit]
+        # The actors themselves, not `Node.partition`: status shows a partition whose lease ran
+        # out here (a node cut off from the control plane) rather than redirecting the request.
+        by_name = self.node.partitions_by_name()
+        actors = [by_name[v.name] for v in shown]
+        lineages: list[list[dict[str, int | str]] | None] = [None] * len(shown)
+        failures: list[str] = []
+        limiter = anyio.CapacityLimiter(STATUS_LINEAGE_READS_MAX)
+
+        async def read(i: int) -> None:
+            async with limiter:
+                try:
+                    lineages[i] = await self.node.l1.status_lineage(actors[i])
+                except LevelZeroError as exc:  # shown as unknown: status answers without it
+                    failures.append(f"{actors[i].name}: {exc}")
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(shown)):
+                tg.start_soon(read, i)
+        if failures:
+            log.warning(
+                "status: the L1 lineage of %d partitions could not be read, shown as unknown (%s)",
+                len(failures),
+                failures[0],
+            )
+        page = [self._partition_status(v, lineage) for v, lineage in zip(shown, lineages, strict=True)]
         return page, (f"{page[-1].topic}/{page[-1].partition}" if more else None)
 
-    def _partition_status(self, v: PartitionView) -> PartitionStatus:
-        # The actor itself, not `Node.partition`: status shows a partition whose lease ran out
-        # here (a node cut off from the control plane) rather than redirecting the request.
-        lineage = self.node.l1.lineage(self.node.partitions_by_name()[v.name])
+    def _partition_status(
+        self, v: PartitionView, lineage: list[dict[str, int | str]] | None
+    ) -> PartitionStatus:
         return PartitionStatus(
             topic=v.topic,
             partition=v.partition,
@@ -644,8 +673,10 @@ class Api:
             new_epoch_fences=v.fence.new_epoch_fences,
             same_epoch_fences=v.fence.same_epoch_fences,
             reconciler_lag=v.reconciler_lag,
-            l1_objects=len(lineage),
-            l1_lineage=[
+            l1_objects=None if lineage is None else len(lineage),
+            l1_lineage=None
+            if lineage is None
+            else [
                 # the lineage rows carry exactly L1ObjectStatus's fields, typed int | str
                 L1ObjectStatus(**row)  # type: ignore[arg-type]
                 for row in lineage[-L1_LINEAGE_SHOWN_MAX:]
@@ -663,7 +694,7 @@ class Api:
         blocked_by = [] if decision is None else list(decision.blocked_by[:BLOCKED_BY_SHOWN_MAX])
         leaders = self.node.partition_leaders()
         stats = self.node.batcher.stats
-        partitions, next_after = self._page(views, None, STATUS_PARTITIONS_SHOWN_MAX)
+        partitions, next_after = await self._page(views, None, STATUS_PARTITIONS_SHOWN_MAX)
         outliers, outliers_count = status_outliers(self.node, views, reading)
         return _json(
             StatusResponse(
@@ -715,7 +746,7 @@ class Api:
         after_text = _single(params, "after")
         after = None if after_text is None else _partition_cursor(after_text)
         views = self._status_views(_single(params, "topic"))
-        page, next_after = self._page(views, after, limit)
+        page, next_after = await self._page(views, after, limit)
         return _json(PartitionPage(page, len(views), next_after))
 
     async def advance_epoch(self, request: Request) -> Response:

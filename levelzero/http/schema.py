@@ -183,14 +183,19 @@ class PartitionStatus(_Response):
     new_epoch_fences: int
     same_epoch_fences: int
     reconciler_lag: int = 0  # offsets not yet reconciled: high watermark - 1 - LRO
-    l1_objects: int = 0  # valid L1 objects (COPY_FINISHED, within the term lineage)
-    # The newest of them (at most L1_LINEAGE_SHOWN_MAX), as the node's L1 catalog last read them:
+    # Valid L1 objects (COPY_FINISHED, within the term lineage); null when unknown: the node had
+    # not cached them and reading them from the metastore failed.
+    l1_objects: int | None = 0
+    # The newest of them (at most L1_LINEAGE_SHOWN_MAX), as the node's L1 catalog last read them
+    # (read from the metastore for a partition it has not cached yet, right after a start):
     # read again right after each of its copies, so for a moment after a catch-up the LRO is
-    # ahead of the lineage shown.
-    l1_lineage: list[L1ObjectStatus] = []
+    # ahead of the lineage shown. Null when unknown, as `l1_objects`.
+    l1_lineage: list[L1ObjectStatus] | None = []
 
 
 class BatcherStatus(_Response):
+    """The node's batcher counters since it started (not the L0 objects the store holds)."""
+
     objects_uploaded: int
     bytes_uploaded: int
     records_appended: int

@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import pytest
@@ -1083,3 +1084,37 @@ async def test_in_a_cluster_each_node_deletes_its_share_and_together_every_eligi
     deleted = [key for batch in hooked.delete_batches for key in batch]
     assert sorted(deleted) == sorted(k for k in keys if epoch_of(k) <= 5)  # each once
     assert [r.deleted for r in reports] == [10, 10]  # prefixes 0 and 7 | 500 and 999
+
+
+async def test_a_round_id_is_the_gc_start_in_milliseconds_plus_its_rounds_since_in_status_logs_and_rows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Round ids look like timestamps on purpose: the log store keys its rounds by id, and a
+    restarted GC counting from 1 again would overwrite the earlier process's rows. The log line,
+    the report (status, `gc run`) and the stored row show the same id, and the export's schema
+    says what it is (it said the id restarts at 1 with the process)."""
+    store, log_store = MemoryObjectStore(), MemoryLogStore()
+    board, wall = board_of({"t/0": 5}), WallClock()
+    wall.now = 1_795_974_347.848
+    with caplog.at_level(logging.INFO, logger="levelzero.gc"):
+        gc = make_gc(store, log_store, board, clock=wall)
+        first, second = await gc.run_round(), await gc.run_round()
+        wall.now += 60.0  # restarted a minute later
+        again = await make_gc(store, log_store, board, clock=wall).run_round()
+    ids = [first.round_id, second.round_id, again.round_id]
+    assert ids == [1_795_974_347_848, 1_795_974_347_849, 1_795_974_407_848]
+    assert [row.round_id for row in log_store.gc_rounds] == ids  # none overwritten
+    logged = [r.__dict__["round"] for r in caplog.records if r.getMessage() == "gc round"]
+    assert logged == ids
+    assert gc.last_round is not None and gc.last_round.round_id == ids[1]
+    # The docs say so (the export's schema said the id restarts at 1 with the process; the
+    # logging docs showed `round=12`).
+    repo = Path(__file__).resolve().parents[2]
+    (schema_row,) = [
+        line
+        for line in (repo / "levelzero" / "export" / "SCHEMAS.md").read_text().splitlines()
+        if line.startswith("| round_id |")
+    ]
+    assert "milliseconds" in schema_row and "unique across restarts" in schema_row
+    operating = (repo / "docs" / "operating.md").read_text()
+    assert 'msg="gc round" round=1795974489834 ' in operating and "round=12" not in operating

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import anyio
@@ -298,14 +299,18 @@ async def two_objects_a_retention_apart(node, wall, objects) -> str:
 
 
 @in_virtual_time
-async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused():
+async def test_retention_deletes_old_l1_objects_and_reads_below_start_are_refused(caplog):
     wall = WallClock()
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     config = hand_run_config(retention_s=100.0)
     async with running_node(config, log_store, objects, wall_clock=wall) as node:
-        await two_objects_a_retention_apart(node, wall, objects)
+        old = await two_objects_a_retention_apart(node, wall, objects)
         assert len(l1_keys(objects)) == 2
-        await node.housekeeper.run_round()
+        with caplog.at_level(logging.INFO, logger="levelzero.l1"):
+            await node.housekeeper.run_round()
+        assert f"deleted L1 object {old} (below the start offset (moved by retention))" in [
+            r.getMessage() for r in caplog.records
+        ]
         actor = node.partition("t", 0)
         assert actor.state.start_offset == 2
         assert len(l1_keys(objects)) == 1

@@ -5,6 +5,9 @@ here, never waited for), and what reads and writes see."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import types
+from typing import cast
 
 import anyio
 import pytest
@@ -12,7 +15,9 @@ import pytest
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.node import NodeConfig
+from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
 from levelzero.core.keys import (
@@ -211,9 +216,47 @@ async def test_records_deleted_while_in_l0_leave_no_l1_object_once_reconciled() 
         assert len(keys(objects, L1_ROOT)) == 1
 
 
-async def test_the_housekeeper_collects_l1_below_the_start_offset_without_retention() -> None:
+async def test_l1_objects_below_a_start_offset_delete_records_moved_are_logged_as_its_deletes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The reason logged for an L1 object DeleteRecords moved the start offset past names
+    DeleteRecords (it said "retention", on a topic without any)."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        await node.create_topic("t", 1)
+        for _ in range(2):  # offsets 0-1, 2-3
+            await produce(node, "t", 0, 2)
+            await node.reconciler.run_round()
+        first = min(keys(objects, L1_ROOT))
+        with caplog.at_level(logging.INFO, logger="levelzero.l1"):
+            assert await node.delete_records("t", 0, 2) == 2
+        assert keys(objects, L1_ROOT) != [] and first not in keys(objects, L1_ROOT)
+    deletes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("deleted L1 object")]
+    assert deletes == [f"deleted L1 object {first} (below the start offset (moved by DeleteRecords))"]
+
+
+def test_an_l1_deletes_reason_names_the_move_of_the_start_offset_past_the_object() -> None:
+    """DeleteRecords to 10, retention to 20 and 30, DeleteRecords to 40: each object is named
+    with the move that went past it; a move before this term, or never made here, is unknown."""
+    catalog = L1Catalog(MemoryObjectStore(), MemoryLogStore(), lambda: 0.0)
+    actor = types.SimpleNamespace(row=types.SimpleNamespace(pid=7), term=3)
+    leader = cast("PartitionActor", actor)
+    catalog.note_start_moved(leader, 0, 10, "DeleteRecords")
+    catalog.note_start_moved(leader, 10, 20, "retention")
+    catalog.note_start_moved(leader, 20, 30, "retention")  # merged with the move before
+    catalog.note_start_moved(leader, 30, 40, "DeleteRecords")
+    by = [catalog._start_moved_by(leader, last) for last in (9, 10, 29, 30, 39, 40)]
+    assert by == ["DeleteRecords", "retention", "retention", "DeleteRecords", "DeleteRecords", None]
+    actor.term = 4  # led again: the moves were another leadership's
+    assert catalog._start_moved_by(leader, 9) is None
+
+
+async def test_the_housekeeper_collects_l1_below_the_start_offset_without_retention(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """An L1 object below the start offset that DeleteRecords' own collection left (a failed
-    delete) is collected by the housekeeper's visit, retention or not."""
+    delete) is collected by the housekeeper's visit, retention or not, and logged as
+    DeleteRecords' delete."""
     log_store, objects = MemoryLogStore(), MemoryObjectStore()
     async with running_node(make_config(), log_store, objects) as node:
         await node.create_topic("t", 1)
@@ -227,8 +270,13 @@ async def test_the_housekeeper_collects_l1_below_the_start_offset_without_retent
         finally:
             node.l1.collect = collect
         assert len(keys(objects, L1_ROOT)) == 2 and node.l1.holds_below_start(actor)
-        await node.housekeeper.run_round()
+        first = min(keys(objects, L1_ROOT))
+        with caplog.at_level(logging.INFO, logger="levelzero.l1"):
+            await node.housekeeper.run_round()
         assert len(keys(objects, L1_ROOT)) == 1 and not node.l1.holds_below_start(actor)
+        assert f"deleted L1 object {first} (below the start offset (moved by DeleteRecords))" in [
+            r.getMessage() for r in caplog.records
+        ]
         assert [r.offset for r in (await node.fetch("t", 0, 2, 1 << 20)).records] == [2, 3]
 
 

@@ -100,6 +100,11 @@ def test_status_table_is_readable() -> None:
     )
     lines = format_status(status).splitlines()
     assert lines[0] == "cluster epoch 6 (cached 5)   M 3 (held by orders/3)   accepting yes"
+    # the batcher's counters since the daemon started, not the L0 objects in the store
+    assert lines[1] == (
+        "since start: L0 objects uploaded 4 (1000 bytes), orphans 1, stale rejections 1, retries 1, "
+        "failures 0"
+    )
     assert lines[3].split() == [
         "PARTITION",
         "TERM",
@@ -130,6 +135,10 @@ def test_status_table_is_readable() -> None:
         "2",
         "1",
     ]
+    # L1 objects the node could not read (none cached, the metastore failing): unknown, not 0
+    unknown = msgspec.structs.replace(partition, l1_objects=None, l1_lineage=None)
+    line = format_status(msgspec.structs.replace(status, partitions=[unknown])).splitlines()[4]
+    assert line.split()[8:11] == ["0", "?", "0"]
 
     with_components = msgspec.structs.replace(
         status,

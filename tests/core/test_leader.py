@@ -203,6 +203,14 @@ def test_l1_collect_reasons() -> None:
     assert reason(delete_started=True, copy_finished=False) == "resuming an unfinished delete"
     assert reason(stale_copy=True, copy_finished=False) == "stale COPY_STARTED"
     assert reason(lineage_valid=False) == "outside the term lineage (term 1)"
+    state.start_offset = 4  # every offset of the object below it
+    assert reason(start_moved_by="DeleteRecords") == "below the start offset (moved by DeleteRecords)"
+    assert reason(start_moved_by="retention") == "below the start offset (moved by retention)"
+    assert (
+        reason()
+        == "below the start offset (moved by retention or DeleteRecords before this node took the lead)"
+    )
+    state.start_offset = 0
     # the current term's own out-of-lineage object: its catch-up may still come
     assert reason(lineage_valid=False, row_term=2) is None
     assert reason(copy_finished=False) is None  # a copy in progress, not stale

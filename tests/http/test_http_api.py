@@ -657,3 +657,48 @@ async def test_the_l0_caches_loads_hits_and_evictions_are_in_status_and_metrics(
             "levelzero_l0_cache_objects 1.0",
         ):
             assert line in text.splitlines(), line
+
+
+async def test_a_restarted_daemon_shows_its_l1_objects_in_its_first_status(tmp_path: Path) -> None:
+    """Right after a start no read, catch-up or retention visit has cached a partition's L1
+    lineage yet: status reads it from the metastore for its page (it showed 0 objects and an
+    empty lineage until the reconciler's first pass, for an idle partition until its first read)."""
+    async with daemon_and_client(
+        tmp_path, reconciler__placeholders_per_object_max=2, reconciler__interval_s=0.05
+    ) as (_, client):
+        await client.create_topic("t", 2)
+        for i in range(6):
+            await client.produce("t", 0, [b"value-%d" % i])
+        with anyio.fail_after(20):
+            while (await client.status()).partitions[0].lro != 5:
+                await anyio.sleep(0.05)
+        before = (await client.status()).partitions[0]
+        assert before.l1_objects is not None and before.l1_objects >= 3  # at most 2 records each
+    # Restarted with nothing that reads the lineage on its own: what status shows, it read.
+    async with daemon_and_client(
+        tmp_path,
+        reconciler__enabled=False,
+        housekeeper__enabled=False,
+        compactor__enabled=False,
+    ) as (daemon, client):
+        status = await client.status()
+        p0, p1 = status.partitions
+        assert (p0.lro, p0.l1_objects, p0.l1_lineage) == (5, before.l1_objects, before.l1_lineage)
+        assert p0.l1_lineage is not None and p0.l1_lineage[0].base_offset == 0
+        assert [o.base_offset for o in p0.l1_lineage[1:]] == [o.last_offset + 1 for o in p0.l1_lineage[:-1]]
+        assert p0.l1_lineage[-1].last_offset == 5
+        assert (p1.l1_objects, p1.l1_lineage) == (0, [])
+        page = await client.status_partitions(limit=1)
+        assert [(p.topic, p.partition, p.l1_objects) for p in page.partitions] == [
+            ("t", 0, before.l1_objects)
+        ]
+        # status read the lineage without caching it: the reads' cache is theirs to fill
+        assert daemon.node is not None
+        assert daemon.node.l1.lineage(daemon.node.partition("t", 0)) == []
+
+        async def failing(*_args: object) -> None:
+            raise StorageError("the metastore is away")
+
+        daemon.node.l1.read_lineage = failing  # type: ignore[method-assign]
+        unknown = (await client.status()).partitions
+        assert [(p.l1_objects, p.l1_lineage) for p in unknown] == [(None, None), (None, None)]
