@@ -238,7 +238,11 @@ class ControlSection(_Section):
             if not self.dsn.startswith(("postgresql://", "postgres://")):
                 raise ValueError("dsn must start with postgresql://")
             netloc = self.dsn.split("://", 1)[1].split("/", 1)[0]
-            if "@" in netloc and ":" in netloc.rsplit("@", 1)[0]:
+            # In the user part or as a parameter (`?password=`, libpq's `sslpassword` for a
+            # client key): either would be shown wherever the DSN is (config show, logs).
+            query = urllib.parse.urlsplit(self.dsn).query
+            named = {k.lower() for k, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)}
+            if ("@" in netloc and ":" in netloc.rsplit("@", 1)[0]) or named & {"password", "sslpassword"}:
                 raise ValueError(
                     "dsn must not hold a password: set LEVELZERO_CONTROL_PASSWORD or control.password_file"
                 )

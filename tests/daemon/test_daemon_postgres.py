@@ -49,9 +49,18 @@ def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_pa
     )
     with pytest.raises(ConfigError, match="control.password may only come from the environment"):
         load_config(str(toml), environ={})
-    toml.write_text('[control]\nkind = "postgres"\ndsn = "postgresql://u:s3cret@127.0.0.1/db"\n')
-    with pytest.raises(ConfigError, match="dsn must not hold a password"):
-        load_config(str(toml), environ={})
+    for dsn in [
+        "postgresql://u:s3cret@127.0.0.1/db",
+        # as a parameter too (it was taken, then shown by `config show` and the start-up log)
+        "postgresql://u@127.0.0.1/db?password=s3cret",
+        "postgresql://u@127.0.0.1/db?sslmode=require&PASSWORD=s3cret",
+        "postgresql://u@127.0.0.1/db?sslpassword=s3cret",
+    ]:
+        toml.write_text(f'[control]\nkind = "postgres"\ndsn = "{dsn}"\n')
+        with pytest.raises(ConfigError, match="dsn must not hold a password"):
+            load_config(str(toml), environ={})
+    toml.write_text('[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db?sslmode=require"\n')
+    assert load_config(str(toml), environ={}).control.dsn.endswith("?sslmode=require")
     secret_file = tmp_path / "pw"
     secret_file.write_text("from-file\n")
     toml.write_text(
