@@ -311,7 +311,9 @@ def _parse(d: TopicConfigDef, value: str) -> str:
             if d.type is not ConfigType.DOUBLE and not _JAVA_INTEGER.fullmatch(text):
                 raise ValueError(text)
             number: float = float(text) if d.type is ConfigType.DOUBLE else int(text)
-            if not math.isfinite(number):
+            # (an int is finite; isfinite would convert it to a float, which overflows past
+            # ~1e308: a 400-digit value was a 500)
+            if d.type is ConfigType.DOUBLE and not math.isfinite(number):
                 raise ValueError(text)
         except ValueError:
             kind = {ConfigType.INT: "int", ConfigType.LONG: "long", ConfigType.DOUBLE: "double"}[d.type]

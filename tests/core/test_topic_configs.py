@@ -54,6 +54,9 @@ def test_enforced_and_stored_configs_are_taken_and_normalised() -> None:
         ("cleanup.policy", "shred", "String must be one of: compact, delete"),
         ("retention.ms", "-2", "Value must be at least -1"),
         ("retention.ms", "soon", "Not a number of type LONG"),
+        ("retention.ms", "9" * 400, "Not a number of type LONG"),  # (was OverflowError: a 500)
+        ("max.message.bytes", "9" * 400, "Not a number of type INT"),
+        ("min.cleanable.dirty.ratio", "9" * 400, "Not a number of type DOUBLE"),  # inf
         ("max.message.bytes", "2147483648", "Not a number of type INT"),
         ("max.message.bytes", "1000001", "above the node's limit message.max.bytes 1000000"),
         ("compression.type", "gzip", "compression.type=gzip is not supported by levelzero"),
