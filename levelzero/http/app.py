@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import hmac
+import ipaddress
 import logging
 import re
 import time
@@ -262,6 +263,23 @@ def _require_json(request: Request) -> None:
         )
 
 
+def _host_name(header: str) -> str:
+    """A Host header's name without its port (an IPv6 literal keeps its brackets)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header.partition("]")[0] + "]"
+    return header.rpartition(":")[0] if ":" in header else header
+
+
+def _is_loopback_name(host: str) -> bool:
+    if host in ("localhost", "[::1]") or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _single(params, name: str) -> str | None:  # noqa: ANN001 - starlette QueryParams
     values = params.getlist(name)
     if len(values) > 1:
@@ -381,6 +399,19 @@ class Api:
 
     def _authenticate(self, request: Request) -> None:
         if not self._token:
+            # No token: a loopback listener only (the configuration refuses any other), so
+            # every client names a loopback address. A page whose own name its DNS turned to
+            # 127.0.0.1 (DNS rebinding) is same-origin to the browser, and its requests name
+            # the page's host: refused, as the JSON content type alone could not.
+            host = _host_name(request.headers.get("host", ""))
+            if not _is_loopback_name(host):
+                raise ApiError(
+                    403,
+                    "forbidden_host",
+                    f"Host {host[:80]!r} is not a loopback name: without server.token the daemon "
+                    "answers only requests to localhost, 127.0.0.1 or [::1] (set a token to serve "
+                    "others)",
+                )
             return
         header = request.headers.get("authorization", "")
         scheme, _, credentials = header.partition(" ")

@@ -53,7 +53,7 @@ async def test_a_client_gone_mid_body_is_499_not_a_logged_500(
         assert daemon.url is not None
         stream = await anyio.connect_tcp("127.0.0.1", port_of(daemon.url))
         await stream.send(
-            f"POST {RECORDS} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"POST {RECORDS} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             'Content-Length: 1000\r\n\r\n{"records": ['.encode()
         )
         await stream.aclose()
@@ -358,7 +358,7 @@ async def test_every_close_the_server_makes_is_counted_once_by_reason(tmp_path: 
 
 
 MALFORMED_CHUNK = b"zz\r\nhello\r\n0\r\n\r\n"
-CHUNKED_POST = b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+CHUNKED_POST = b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
 
 
 def app_took_the_body_so_far(protocol: GuardedH11Protocol) -> bool:
@@ -464,3 +464,21 @@ async def test_a_close_after_an_app_failure_is_counted_as_app_error(tmp_path: Pa
         assert answers == [b"HTTP/1.1 500 Internal Server Error", b"HTTP/1.1 200 OK"]
         closed = daemon.connection_guard.table.statistics().closed
         assert {reason: count for reason, count in closed.items() if count} == {"app_error": 2}
+
+
+async def test_without_a_token_only_requests_to_a_loopback_name_are_served(tmp_path: Path) -> None:
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 is same-origin to the browser,
+    and sends JSON with its own name as Host. Without a token the daemon served it (a 201
+    topic, a 200 delete): now a 403 naming the host; loopback names are served, and with a
+    token (which a page does not have) any name is."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        http = client._http
+        rebound = {"Host": "attacker.example:8420", "Origin": "http://attacker.example:8420"}
+        response = await http.post("/v1/topics", json={"name": "rebound", "partitions": 1}, headers=rebound)
+        assert_error(response, 403, "forbidden_host", "Host 'attacker.example' is not a loopback name")
+        assert_error(await http.get("/v1/topics", headers=rebound), 403, "forbidden_host")
+        for host in ("127.0.0.1:1", "localhost", "[::1]:8420", "127.1.2.3", "a.localhost:9"):
+            response = await http.get("/v1/topics", headers={"Host": host})
+            assert response.status_code == 200, (host, response.text)
+        assert (await http.get("/healthz", headers=rebound)).status_code == 200
+        assert [t.name for t in await client.list_topics()] == []
