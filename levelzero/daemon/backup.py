@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,8 +92,15 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
     cluster_id_path = Path(data_dir) / CLUSTER_ID_FILE
     if not cluster_id_path.is_file():
         raise BackupError(f"{cluster_id_path} is missing: not a data directory a daemon has run on")
+    # The copy is as private as what it copies (the store holds topic and group names,
+    # offsets, object keys): its files take the store's mode, a new directory the data
+    # directory's (with the umask's 022 they were 0644 beside a 0600 store).
+    file_mode = stat.S_IMODE(source.stat().st_mode) & 0o666
     try:
-        target.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            target.mkdir(parents=True, mode=stat.S_IMODE(Path(data_dir).stat().st_mode))
+        os.close(os.open(target / DB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode))
+        os.chmod(target / DB_FILE, file_mode)  # (the umask applies to os.open's mode)
     except OSError as exc:
         raise BackupRefused(f"backup destination: {directory_problem(target, exc)}") from None
     started = time.time()
@@ -118,13 +126,18 @@ def backup(data_dir: str, destination: str) -> BackupSummary:
     except sqlite3.Error as exc:
         raise BackupError(f"cannot back up {source}: {exc}") from None
     try:
-        return _finish_backup(target, source, cluster_id_path, started, facts)
+        return _finish_backup(target, source, cluster_id_path, started, facts, file_mode)
     except OSError as exc:
         raise BackupError(f"cannot write the backup to {target}: {exc.strerror or exc}") from None
 
 
 def _finish_backup(
-    target: Path, source: Path, cluster_id_path: Path, started: float, facts: dict[str, object]
+    target: Path,
+    source: Path,
+    cluster_id_path: Path,
+    started: float,
+    facts: dict[str, object],
+    file_mode: int,
 ) -> BackupSummary:
     shutil.copyfile(cluster_id_path, target / CLUSTER_ID_FILE)
     manifest: dict[str, object] = {
@@ -140,6 +153,7 @@ def _finish_backup(
     }
     (target / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     for name in (DB_FILE, CLUSTER_ID_FILE, MANIFEST_FILE):
+        os.chmod(target / name, file_mode)
         _fsync_file(target / name)
     _fsync_file(target)
     return BackupSummary(target, manifest)

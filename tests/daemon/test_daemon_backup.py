@@ -5,8 +5,10 @@ held, byte for byte, and goes on from there."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +268,22 @@ async def test_a_half_restored_data_directory_is_neither_backed_up_nor_recovered
     out = capsys.readouterr().out
     assert out.splitlines()[-2] == f"restored {tmp_path / 'b'} into {data}"
     assert not (data / backup_module.RESTORE_MARKER).exists()
+
+
+async def test_a_backup_is_as_private_as_the_store_it_copies(tmp_path: Path) -> None:
+    """A store at 0600 in a 0700 directory was backed up as 0644 files (the umask's): the
+    copy's files take the store's mode, a new backup directory the data directory's."""
+    data = tmp_path / "data"
+    async with daemon_and_client(data) as (_, client):
+        await client.create_topic("t", 1)
+    data.chmod(0o700)
+    (data / "levelzero.db").chmod(0o600)
+    previous = os.umask(0o022)
+    try:
+        assert main(["backup", str(tmp_path / "backup"), "--data-dir", str(data)]) == 0
+    finally:
+        os.umask(previous)
+    dest = tmp_path / "backup"
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o700
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in dest.iterdir()}
+    assert modes == {"backup.json": 0o600, "cluster-id": 0o600, "levelzero.db": 0o600}
