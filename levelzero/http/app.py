@@ -341,6 +341,17 @@ class Api:
             handler = handlers.get(request.method) or handlers["GET"]
             if (answered := request.scope.get(PROTOCOL_ANSWER_KEY)) is not None:
                 return self._answered_by_protocol(path, answered)
+            if "transfer-encoding" in request.headers and "content-length" in request.headers:
+                # RFC 9112 6.3: a server may refuse it and must close the connection after:
+                # behind a proxy that reads the other header, what follows the body could be
+                # a request the proxy never saw (request smuggling).
+                self.metrics.requests.labels(path, "400").inc()
+                return error_response(
+                    400,
+                    "malformed_request",
+                    "a request with both Content-Length and Transfer-Encoding is refused",
+                    {"Connection": "close"},
+                )
             try:
                 if not public:
                     self._authenticate(request)

@@ -482,3 +482,27 @@ async def test_without_a_token_only_requests_to_a_loopback_name_are_served(tmp_p
             assert response.status_code == 200, (host, response.text)
         assert (await http.get("/healthz", headers=rebound)).status_code == 200
         assert [t.name for t in await client.list_topics()] == []
+
+
+async def test_a_request_with_both_content_length_and_transfer_encoding_is_refused_and_closed(
+    tmp_path: Path,
+) -> None:
+    """Content-Length and Transfer-Encoding together (RFC 9112 6.3: refuse, or read it chunked
+    and close after): it was read chunked and the request pipelined after it served, which a
+    proxy reading Content-Length would never have seen (request smuggling). Now a 400 and the
+    connection closed: the request after it is not served."""
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        assert daemon.url is not None
+        smuggled = b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        body = b'{"name": "smuggled", "partitions": 1}'
+        smuggled += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        first = (
+            b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+        )
+        with anyio.fail_after(WAIT_S):
+            stream = await connect(port_of(daemon.url), first + smuggled)
+            answer = await read_until_closed(stream)
+        assert answer.startswith(b"HTTP/1.1 400 ") and b"both Content-Length and Transfer-Encoding" in answer
+        assert answer.count(b"HTTP/1.1 ") == 1, answer
+        assert [t.name for t in await client.list_topics()] == []
