@@ -49,7 +49,9 @@ def install_files(directory: str | os.PathLike[str], *, force: bool = False) -> 
     """Write every deployment file into `directory` (created if missing). Nothing is written
     when any target exists and `force` is false: the operator gets one error naming them."""
     target = Path(directory)
-    existing = [name for name in DEPLOY_FILES if (target / name).exists()]
+    # A symbolic link is a file there too, a dangling one included: never written through
+    # (it could point anywhere, the secret env file's mode then set on its target).
+    existing = [name for name in DEPLOY_FILES if os.path.lexists(target / name)]
     if existing and not force:
         raise InstallError(
             f"{target}: {', '.join(existing)} already exist{'s' if len(existing) == 1 else ''} "
@@ -63,8 +65,10 @@ def install_files(directory: str | os.PathLike[str], *, force: bool = False) -> 
         written = []
         for name, mode in DEPLOY_FILES.items():
             path = target / name
+            if path.is_symlink():  # (--force) the link is replaced, its target untouched
+                path.unlink()
             # Created with its final mode, so a secret file is never readable by others.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
             with os.fdopen(fd, "w", encoding="utf-8") as out:
                 out.write(deploy_text(name))
             os.chmod(path, mode)

@@ -139,6 +139,26 @@ def test_install_files_never_overwrites_without_force(tmp_path: Path, capsys) ->
     assert "[storage]" in (tmp_path / "levelzero.toml").read_text()
 
 
+def test_install_files_never_writes_through_a_symbolic_link(tmp_path: Path, capsys) -> None:
+    """A dangling link at the env file's path was followed without --force (a file made where
+    it pointed), and with --force an existing link's target was overwritten and made 0600. A
+    link counts as a file there; --force replaces the link, not its target."""
+    target, elsewhere = tmp_path / "etc", tmp_path / "elsewhere"
+    target.mkdir()
+    elsewhere.mkdir()
+    (target / "levelzero.env").symlink_to(elsewhere / "planted.env")  # dangling
+    assert main(["install-files", str(target)]) == 1
+    assert "levelzero.env already exists (--force overwrites)" in capsys.readouterr().err
+    assert not (elsewhere / "planted.env").exists()
+    (elsewhere / "planted.env").write_text("someone else's\n")
+    (elsewhere / "planted.env").chmod(0o644)
+    assert main(["install-files", "--force", str(target)]) == 0
+    assert (elsewhere / "planted.env").read_text() == "someone else's\n"
+    assert stat.S_IMODE((elsewhere / "planted.env").stat().st_mode) == 0o644
+    env = target / "levelzero.env"
+    assert not env.is_symlink() and stat.S_IMODE(env.stat().st_mode) == 0o600
+
+
 def _scratch_venv(root: Path) -> Path:
     """opt/levelzero as the script would make it, except that the dependencies come from this
     environment (a .pth line) instead of the package index: the test stays offline."""
