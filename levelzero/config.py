@@ -26,6 +26,7 @@ import math
 import os
 import re
 import socket
+import stat
 import urllib.parse
 import ssl
 import tomllib
@@ -704,6 +705,30 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def secrets_readable_by_others(path: str) -> str | None:
+    """A warning when the TOML file at `path` holds a secret (SECRET_KEYS) and its mode lets
+    users other than its owner read it (the example installs as 0644, for the settings); None
+    otherwise, or when the file cannot be read (loading it says so)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        file = read_toml(path)
+    except (OSError, ConfigError):
+        return None
+    held = [
+        f"{section}.{key}"
+        for section, key in sorted(SECRET_KEYS - ENV_ONLY_KEYS)
+        if file.get(section, {}).get(key)
+    ]
+    if not held or not mode & 0o044:
+        return None
+    variables = ", ".join(f"{ENV_PREFIX}{name.replace('.', '_').upper()}" for name in held)
+    return (
+        f"{path} holds {' and '.join(held)} and other users may read it (mode {mode:04o}): "
+        f"give {'them' if len(held) > 1 else 'it'} in the environment instead ({variables}, "
+        f"e.g. in the unit's environment file, mode 0600), or chmod 600 {path}"
+    )
 
 
 def env_overrides(environ: Mapping[str, str]) -> dict[tuple[str, str], tuple[str, Any]]:

@@ -26,7 +26,7 @@ import msgspec
 from levelzero.core.errors import LevelZeroError, StoreRefused, UnknownPartition
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.client import ApiError, Client, default_url
-from levelzero.config import ConfigError, describe, load_config, token_problem
+from levelzero.config import ConfigError, describe, load_config, secrets_readable_by_others, token_problem
 from levelzero.daemon.logs import configure_logging
 from levelzero.cli.formats import (
     _cell,
@@ -126,6 +126,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         _fail(f"cannot open the log file logging.file = {config.logging.file!r}: {exc.strerror}")
         return EXIT_USAGE
+    path = args.config or os.environ.get("LEVELZERO_CONFIG")
+    exposed = secrets_readable_by_others(path) if path else None
+    if exposed is not None:
+        log.warning(exposed)
     tune_gc()  # fewer, cheaper collections with many partitions (daemon/gc_tuning.py)
     try:
         # uvloop when installed (an optional dependency): +15-30% on actor-bound paths.

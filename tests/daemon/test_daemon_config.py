@@ -19,7 +19,15 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
 from levelzero.actors.reconciler import ReconcilerConfig
 from levelzero.cli.main import main
-from levelzero.config import Config, ConfigError, GcSection, describe, load_config, parse_listen
+from levelzero.config import (
+    Config,
+    ConfigError,
+    GcSection,
+    describe,
+    load_config,
+    parse_listen,
+    secrets_readable_by_others,
+)
 from levelzero.core.fence import FenceMode
 from levelzero.daemon.logs import JsonFormatter, KeyValueFormatter, configure_logging
 
@@ -577,3 +585,22 @@ def test_metrics_listen_equal_to_the_listen_flag_exits_2_naming_both_keys(
     err = capsys.readouterr().err
     assert "metrics.listen (127.0.0.1:5055) and server.listen (127.0.0.1:5055)" in err
     assert "give metrics.listen another port" in err
+
+
+def test_secrets_in_a_file_others_may_read_are_warned_of(tmp_path: Path) -> None:
+    """server.token and S3 keys are taken from the TOML file (control.password is refused
+    there), which the install writes as 0644: said at start, with where they belong."""
+    toml = tmp_path / "levelzero.toml"
+    toml.write_text('[server]\ntoken = "t0ken-long-enough-for-the-rules"\n[s3]\nsecret_key = "k"\n')
+    toml.chmod(0o644)
+    warning = secrets_readable_by_others(str(toml))
+    assert warning == (
+        f"{toml} holds s3.secret_key and server.token and other users may read it (mode 0644): give "
+        "them in the environment instead (LEVELZERO_S3_SECRET_KEY, LEVELZERO_SERVER_TOKEN, e.g. in "
+        f"the unit's environment file, mode 0600), or chmod 600 {toml}"
+    )
+    toml.chmod(0o600)
+    assert secrets_readable_by_others(str(toml)) is None
+    toml.write_text('[storage]\ndata_dir = "/var/lib/levelzero"\n')
+    toml.chmod(0o644)
+    assert secrets_readable_by_others(str(toml)) is None
