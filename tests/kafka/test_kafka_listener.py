@@ -709,3 +709,36 @@ async def test_closes_a_client_can_cause_are_logged_once_an_interval_each_naming
             *idle,
             f"kafka: closing a connection from {malformed_peer}: api key 999 version 0 is not supported",
         ]
+
+
+async def test_a_request_with_a_null_array_its_schema_does_not_allow_is_malformed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Produce v3 whose body is 0xff bytes reads its topic array as null (length -1): the
+    handler iterated it and the listener logged a server error with a traceback. Now it is a
+    malformed request: a warning, and the connection closed."""
+    caplog.set_level(logging.INFO, "levelzero.kafka")
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        peer = local_peer(wire)
+        try:
+            header = struct.pack(">hhih", 0, 3, 1, 4) + b"test"  # Produce v3, client "test"
+            await wire.send_raw(struct.pack(">i", len(header) + 50) + header + b"\xff" * 50)
+            assert await wire.frame() is None  # closed, with no response
+        finally:
+            await wire.aclose()
+        assert daemon.kafka.stats.closed_bad_frames == 1
+        assert daemon.kafka.stats.errors == 0
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == []
+        assert [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "levelzero.kafka"
+        ] == [f"kafka: closing a connection from {peer}: api key 0 v3: malformed request: topic_data is null"]
+        healthy = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(healthy, "still", 1)
+            assert (await list_offsets(healthy, "still", 0, -2)).error_code == ErrorCode.none
+        finally:
+            await healthy.aclose()
