@@ -47,16 +47,25 @@ class ThrottledWarning:
     ) -> bool:
         """Log `message % args` now (`exc_info`: with the exception being handled), or hold
         it back; True when it was logged."""
+        held = self.admit()
+        if held is None:
+            return False
+        if held:
+            message += HELD_BACK_SUFFIX
+            args = (*args, held)
+        # (None rather than False without one: a record says "no exception" as logging does)
+        self._logger.log(self._level, message, *args, extra=extra, exc_info=exc_info or None)
+        return True
+
+    def admit(self) -> int | None:
+        """Whether a line may be logged now: None when it is to be held back (counted), else
+        how many were held back since the last one (the caller says so on its line)."""
         now = self._clock()
         if self._last is not None and now - self._last < self._interval_s:
             self.held += 1
-            return False
-        if self.held:
-            message += HELD_BACK_SUFFIX
-            args = (*args, self.held)
-        self._logger.log(self._level, message, *args, extra=extra, exc_info=exc_info)
-        self._last, self.held = now, 0
-        return True
+            return None
+        held, self._last, self.held = self.held, now, 0
+        return held
 
 
 class ThrottledWarnings:
@@ -92,3 +101,33 @@ class ThrottledWarnings:
             warning = ThrottledWarning(self._logger, self._clock, self._interval_s, self._level)
             self._by_key[key] = warning
         return warning.warn(message, *args, extra=extra, exc_info=exc_info)
+
+
+class ThrottledRecords(logging.Filter):
+    """A library's log records whose message is one of `messages` (its own repeating warning,
+    logged by code we do not call), let through at most once every `interval_s`; the next one
+    let through says how many were held back. Other records pass untouched."""
+
+    def __init__(
+        self,
+        messages: frozenset[str],
+        clock: Callable[[], float],
+        interval_s: float = WARNING_INTERVAL_S,
+    ) -> None:
+        super().__init__()
+        # the counting of a ThrottledWarning; it logs nothing itself (the record is the line)
+        self._by_message = {
+            message: ThrottledWarning(logging.getLogger(__name__), clock, interval_s) for message in messages
+        }
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        throttle = self._by_message.get(record.msg) if isinstance(record.msg, str) else None
+        if throttle is None:
+            return True
+        held = throttle.admit()
+        if held is None:
+            return False
+        if held:
+            record.msg = record.getMessage() + HELD_BACK_SUFFIX % held
+            record.args = ()
+        return True

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from levelzero.core.throttled_warning import ThrottledRecords
+
 _STANDARD_ATTRS = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
     | {"message", "asctime", "color_message", "taskName"}
@@ -83,6 +85,12 @@ class ErrorWithoutTraceback(logging.Filter):
 RETRYING_LIBRARY_LOGGERS = ("asyncpg.pool",)
 
 
+# A library's warning logged once per request a client sends (uvicorn's for each request that is
+# not HTTP: anyone who can connect could grow the log at will), per logger: let through at most
+# once an interval, with the count held back (`ThrottledRecords`).
+THROTTLED_LIBRARY_WARNINGS = {"uvicorn.error": frozenset({"Invalid HTTP request received."})}
+
+
 FORMATTERS: dict[str, type[logging.Formatter]] = {"kv": KeyValueFormatter, "json": JsonFormatter}
 
 
@@ -108,4 +116,9 @@ def configure_logging(
         logger = logging.getLogger(name)
         if not any(isinstance(f, ErrorWithoutTraceback) for f in logger.filters):
             logger.addFilter(ErrorWithoutTraceback())
+    for name, messages in THROTTLED_LIBRARY_WARNINGS.items():
+        logger = logging.getLogger(name)
+        for old_filter in [f for f in logger.filters if isinstance(f, ThrottledRecords)]:
+            logger.removeFilter(old_filter)
+        logger.addFilter(ThrottledRecords(messages, time.monotonic))
     return handler

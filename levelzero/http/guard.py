@@ -52,6 +52,7 @@ from uvicorn.config import Config as UvicornConfig
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.http.schema import RETRY_AFTER_S, ErrorBody
 
 log = logging.getLogger("levelzero.http")
@@ -297,6 +298,9 @@ class ConnectionGuard:
         self.protocols: dict[int, GuardedH11Protocol] = {}
         self.refused_open = 0  # refused connections still answering; bounded by connections_max
         self._next_id = 0
+        # A line per close the guard makes, at most once an interval per reason (a client
+        # opening connections without end would otherwise write a line for each).
+        self.close_lines = ThrottledWarnings(log, clock, keys_max=len(CloseReason), level=logging.INFO)
 
     def new_id(self) -> int:
         self._next_id += 1
@@ -438,7 +442,9 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         peer = f"{self.client[0]}:{self.client[1]}" if self.client else "?"
-        log.info("closing HTTP connection from %s: %s (phase %s)", peer, reason.value, self._phase.value)
+        self.guard.close_lines.warn(
+            reason, "closing HTTP connection from %s: %s (phase %s)", peer, reason.value, self._phase.value
+        )
         self._close_reason = reason
         self.transport.close()
 

@@ -16,8 +16,8 @@ import io
 import struct
 import sys
 from functools import cache
-from types import ModuleType
-from typing import Any
+from types import ModuleType, NoneType, UnionType
+from typing import Any, Union, get_args, get_origin
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
@@ -116,6 +116,43 @@ def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
     return entity_reader(cls.__header_schema__), entity_reader(cls)
 
 
+def _allows_null(tp: Any) -> bool:
+    return get_origin(tp) in (Union, UnionType) and NoneType in get_args(tp)
+
+
+def _entity_inside(tp: Any) -> Any:
+    """The entity class a field of type `tp` holds (itself, or an array of it), else None."""
+    args = [a for a in get_args(tp) if a is not NoneType] if _allows_null(tp) else [tp]
+    inner = args[0] if len(args) == 1 else None
+    if get_origin(inner) is tuple:
+        inner = get_args(inner)[0]
+    return inner if dataclasses.is_dataclass(inner) else None
+
+
+@cache
+def _null_checks(cls: Any) -> tuple[tuple[str, bool, Any], ...]:
+    """Per field of entity `cls`: its name, whether the schema lets it be null, and the entity
+    class inside it to check in turn (None: a primitive)."""
+    return tuple((f.name, _allows_null(f.type), _entity_inside(f.type)) for f in dataclasses.fields(cls))
+
+
+def _null_where_not_nullable(entity: Any, path: str) -> str | None:
+    """The path of a field of `entity` that is null where its schema says it cannot be (kio
+    reads an array's length -1 as null whatever the schema says), or None."""
+    # a class is hashable; mypy does not count type[Any] as Hashable for functools.cache
+    for name, nullable, inner in _null_checks(type(entity)):  # type: ignore[arg-type]
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                return f"{path}{name}"
+        elif inner is not None:
+            for i, item in enumerate(value if isinstance(value, tuple) else (value,)):
+                found = _null_where_not_nullable(item, f"{path}{name}[{i}].")
+                if found is not None:
+                    return found
+    return None
+
+
 def parse_request(frame: bytes) -> Request:
     """A whole frame (without its size prefix) as a typed request. Raises BadRequest."""
     api_key, api_version, correlation_id = parse_prefix(frame)
@@ -134,6 +171,11 @@ def parse_request(frame: bytes) -> Request:
     trailing = len(frame) - used - body_used
     if trailing < 0:  # a field ran past the end of the frame (slicing bytes does not raise)
         raise BadRequest(f"api key {api_key} v{api_version}: the request is {-trailing} bytes short")
+    # A handler iterates the arrays its schema says are never null: a null one is a malformed
+    # request, not a handler's failure.
+    null_field = _null_where_not_nullable(body, "")
+    if null_field is not None:
+        raise BadRequest(f"api key {api_key} v{api_version}: malformed request: {null_field} is null")
     return Request(api_key, api_version, correlation_id, header.client_id, body, trailing)
 
 

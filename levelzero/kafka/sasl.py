@@ -62,9 +62,10 @@ class SaslState:
     """One connection's exchange: the mechanism its handshake named, and a SCRAM exchange
     under way."""
 
-    __slots__ = ("mechanism", "scram")
+    __slots__ = ("mechanism", "peer", "scram")
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "?") -> None:
+        self.peer = peer  # "host:port", as log lines name the connection
         self.mechanism: str | None = None
         self.scram: Any = None  # scramp's ScramServer between client-first and client-final
 
@@ -93,7 +94,7 @@ class SaslAuthenticator:
         """SaslHandshake's answer: none when the mechanism is served (then the next
         SaslAuthenticate speaks it)."""
         if not self.served:
-            self._failures.warn("kafka: a client asked for SASL/%s; %s", mechanism, NO_SASL)
+            self._failures.warn("kafka: a client at %s asked for SASL/%s; %s", state.peer, mechanism, NO_SASL)
             return ErrorCode.illegal_sasl_state
         if mechanism not in MECHANISMS:
             return ErrorCode.unsupported_sasl_mechanism
@@ -110,7 +111,7 @@ class SaslAuthenticator:
             parts = auth_bytes.split(b"\0")
             password = parts[2] if len(parts) == 3 else b""
             if not hmac.compare_digest(password, self._token):
-                return self._failed(mechanism, "a wrong password")
+                return self._failed(state, mechanism, "a wrong password")
             return Step(ErrorCode.none, done=True)
         try:
             text = auth_bytes.decode()
@@ -126,11 +127,14 @@ class SaslAuthenticator:
             # scramp's errors, and what malformed input raises in parsing (not UTF-8, a
             # message without the attributes it needs)
             state.scram = None
-            return self._failed(mechanism, str(exc) or type(exc).__name__)
+            return self._failed(state, mechanism, str(exc) or type(exc).__name__)
 
-    def _failed(self, mechanism: str, why: str) -> Step:
+    def _failed(self, state: SaslState, mechanism: str, why: str) -> Step:
         self._failures.warn(
-            "kafka: SASL/%s authentication failed (%s); closing the connection", mechanism, why
+            "kafka: SASL/%s authentication failed (%s); closing the connection from %s",
+            mechanism,
+            why,
+            state.peer,
         )
         return Step(
             ErrorCode.sasl_authentication_failed,

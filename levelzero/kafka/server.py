@@ -23,8 +23,11 @@ lane stores its queue in order, so records a client sends in order are stored in
 
 A frame that does not parse, an unknown API key or version, or a handler failing with anything
 but an operating error closes the connection (what a Kafka broker does), with a log line; it never
-reaches the rest of the daemon. ApiVersions at a version above ours is answered with
-UNSUPPORTED_VERSION and our versions (v0 layout), as Kafka clients expect.
+reaches the rest of the daemon. The lines of closes a client can cause at will (bad frames, silence,
+failed TLS handshakes, requests before authentication) name the peer and are throttled per
+reason (`ThrottledWarnings`): anyone who can connect could otherwise grow the log without end.
+ApiVersions at a version above ours is answered with UNSUPPORTED_VERSION and our versions (v0
+layout), as Kafka clients expect.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import anyio
@@ -107,6 +111,28 @@ _GONE = (
 )
 
 
+class Close(Enum):
+    """Why the listener closed a connection a client could make it close at will: each reason's
+    line is logged at most once an interval (`ThrottledWarnings`), with the count held back."""
+
+    CONNECTIONS_MAX = "connections_max"
+    IDLE = "idle"
+    FRAME_SIZE = "frame_size"
+    SLOW_FRAME = "slow_frame"
+    MALFORMED = "malformed"
+    BEFORE_AUTHENTICATION = "before_authentication"
+    UNANSWERED = "unanswered"
+    TLS_HANDSHAKE = "tls_handshake"
+
+
+def close_lines(level: int = logging.WARNING) -> ThrottledWarnings:
+    return ThrottledWarnings(log, time.monotonic, keys_max=len(Close), level=level)
+
+
+class _BeforeAuthentication(BadRequest):
+    """A request other than ApiVersions or SASL's before the connection authenticated."""
+
+
 @dataclass(slots=True)
 class _Slot:
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -132,6 +158,7 @@ class _Session:
     authenticated: bool = False
     requests: int = 0  # frames read so far
     client_host: str = ""  # "/address", as Kafka names a member's host
+    peer: str = "?"  # "host:port", as log lines name the connection
 
 
 @dataclass(slots=True)
@@ -155,6 +182,8 @@ class KafkaListener:
         # A request failing on a bug is sent again at once by the client, for ever: its
         # traceback at most once an interval per kind of error (`stats.errors` counts them all).
         self._bugs = ThrottledWarnings(log, time.monotonic, keys_max=64, level=logging.ERROR)
+        self._closes = close_lines()
+        self._quiet_closes = close_lines(logging.INFO)
         self.budget = ByteBudget(settings.inflight_bytes_max)
         self.sasl = SaslAuthenticator(settings.token)
 
@@ -169,8 +198,11 @@ class KafkaListener:
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
         self.stats.connections += 1
         if self.stats.connections_open >= self.settings.connections_max:
-            log.warning(
-                "kafka: connections_max %d reached; closing a new connection", self.settings.connections_max
+            self._closes.warn(
+                Close.CONNECTIONS_MAX,
+                "kafka: connections_max %d reached; closing a new connection from %s",
+                self.settings.connections_max,
+                _peer(stream),
             )
             await stream.aclose()
             return
@@ -187,7 +219,13 @@ class KafkaListener:
         reader = BufferedByteReceiveStream(stream)
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
         holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
-        session = _Session(authenticated=not self.settings.token, client_host=_client_host(stream))
+        peer = _peer(stream)
+        session = _Session(
+            sasl=SaslState(peer),
+            authenticated=not self.settings.token,
+            client_host=_client_host(stream),
+            peer=peer,
+        )
         budget = ByteBudget(self.settings.frame_bytes_max)
         try:
             await self._connection_tasks(stream, reader, send, receive, holding, session, budget)
@@ -237,7 +275,9 @@ class KafkaListener:
                 return None
         if head is None:
             self.stats.closed_idle += 1
-            log.info("kafka: closing a connection silent for %.0f s", wait_s)
+            self._quiet_closes.warn(
+                Close.IDLE, "kafka: closing a connection from %s silent for %.0f s", session.peer, wait_s
+            )
             return None
         (size,) = SIZE_PREFIX.unpack(head)
         limit = (
@@ -247,8 +287,10 @@ class KafkaListener:
         )
         if not 0 < size <= limit:
             self.stats.closed_bad_frames += 1
-            log.warning(
-                "kafka: closing a connection that sent a frame of %d bytes (at most %d%s)",
+            self._closes.warn(
+                Close.FRAME_SIZE,
+                "kafka: closing a connection from %s that sent a frame of %d bytes (at most %d%s)",
+                session.peer,
                 size,
                 limit,
                 "" if session.authenticated else " before authentication",
@@ -266,8 +308,10 @@ class KafkaListener:
                 raise
         self._release(slot)
         self.stats.closed_slow_frames += 1
-        log.warning(
-            "kafka: closing a connection whose %d-byte frame did not arrive within %.0f s",
+        self._closes.warn(
+            Close.SLOW_FRAME,
+            "kafka: closing a connection from %s whose %d-byte frame did not arrive within %.0f s",
+            session.peer,
             size,
             settings.frame_timeout_s,
         )
@@ -333,11 +377,16 @@ class KafkaListener:
             slot.response = await self._respond(frame, before, slot.submitted, session, slot)
         except BadRequest as exc:
             self.stats.closed_bad_frames += 1
-            log.warning("kafka: closing a connection: %s", exc)
+            reason = (
+                Close.BEFORE_AUTHENTICATION if isinstance(exc, _BeforeAuthentication) else Close.MALFORMED
+            )
+            self._closes.warn(reason, "kafka: closing a connection from %s: %s", session.peer, exc)
             slot.close = True
         except UnansweredFailure as exc:
             self.stats.closed_unanswered_failures += 1
-            log.info("kafka: closing a connection: %s", exc)
+            self._quiet_closes.warn(
+                Close.UNANSWERED, "kafka: closing a connection from %s: %s", session.peer, exc
+            )
             slot.close = True
         except AssertionError:
             self.stats.errors += 1
@@ -369,7 +418,9 @@ class KafkaListener:
             return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
         if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
             self.stats.authentications_failed += 1
-            raise BadRequest(f"api key {api_key} before SASL authentication (the listener requires SASL)")
+            raise _BeforeAuthentication(
+                f"api key {api_key} before SASL authentication (the listener requires SASL)"
+            )
         request = dataclasses.replace(parse_request(frame), client_host=session.client_host)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
             return encode_response(request.correlation_id, self._sasl(request, session, slot))
@@ -406,22 +457,41 @@ class KafkaListener:
         )
 
 
-def _client_host(stream: anyio.abc.ByteStream) -> str:
+def _remote_address(stream: anyio.abc.AnyByteStream) -> tuple[Any, ...] | None:
     try:
         address = stream.extra(anyio.abc.SocketAttribute.remote_address)  # noqa: S610 - anyio's, not Django's
     except anyio.TypedAttributeLookupError:
-        return ""
-    return f"/{address[0]}" if isinstance(address, tuple) else ""
+        return None
+    return address if isinstance(address, tuple) else None
 
 
+def _client_host(stream: anyio.abc.ByteStream) -> str:
+    address = _remote_address(stream)
+    return "" if address is None else f"/{address[0]}"
+
+
+def _peer(stream: anyio.abc.AnyByteStream) -> str:
+    """The connection's peer as log lines name it: "host:port" ("?" when unknown)."""
+    address = _remote_address(stream)
+    return "?" if address is None else f"{address[0]}:{address[1]}"
+
+
+@dataclass(eq=False)
 class KafkaTLSListener(TLSListener):
     """anyio's TLS listener, a failed handshake (a plaintext client, an unknown CA, no client
-    certificate) logged as one warning line rather than an error with a traceback."""
+    certificate) logged as one warning line naming the peer rather than an error with a
+    traceback, at most once an interval (with the count held back)."""
 
-    @staticmethod
-    async def handle_handshake_error(exc: BaseException, stream: anyio.abc.AnyByteStream) -> None:
+    handshake_failures: ThrottledWarnings = field(default_factory=close_lines)
+
+    async def handle_handshake_error(  # type: ignore[override]  # anyio's is static; called on self
+        self, exc: BaseException, stream: anyio.abc.AnyByteStream
+    ) -> None:
         if not isinstance(exc, Exception) or isinstance(exc, anyio.get_cancelled_exc_class()):
             await TLSListener.handle_handshake_error(exc, stream)
             return
+        peer = _peer(stream)
         await aclose_forcefully(stream)
-        log.warning("kafka: TLS handshake failed; closing the connection: %s", exc)
+        self.handshake_failures.warn(
+            Close.TLS_HANDSHAKE, "kafka: TLS handshake failed; closing the connection from %s: %s", peer, exc
+        )

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from levelzero.core.throttled_warning import ThrottledWarning, ThrottledWarnings
+from levelzero.core.throttled_warning import ThrottledRecords, ThrottledWarning, ThrottledWarnings
 
 log = logging.getLogger("levelzero.test")
 
@@ -42,3 +42,29 @@ def test_throttled_warnings_hold_back_each_key_apart(caplog: pytest.LogCaptureFi
         "failed: storage_error (and 2 more like it since the last such warning)",
     ]
     assert caplog.records[-1].code == "storage_error"
+
+
+def test_throttled_records_let_a_librarys_repeating_warning_through_once_an_interval(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """uvicorn logs its "Invalid HTTP request received." once per request that is not HTTP;
+    the filter lets one through an interval, saying on the next how many it held back, and
+    every other record of that logger through untouched."""
+    now = [0.0]
+    library = logging.getLogger("levelzero.test.library")
+    throttle = ThrottledRecords(frozenset({"Invalid HTTP request received."}), lambda: now[0], 10.0)
+    library.addFilter(throttle)
+    try:
+        with caplog.at_level(logging.WARNING, logger="levelzero.test.library"):
+            for t in (0.0, 1.0, 2.0, 9.9, 10.5):
+                now[0] = t
+                library.warning("Invalid HTTP request received.")
+                library.warning("something else: %s", t)
+    finally:
+        library.removeFilter(throttle)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Invalid HTTP request received.",
+        *(f"something else: {t}" for t in (0.0, 1.0, 2.0, 9.9)),
+        "Invalid HTTP request received. (and 3 more like it since the last such warning)",
+        "something else: 10.5",
+    ]

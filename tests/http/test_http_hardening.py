@@ -6,10 +6,12 @@ loopback port, raw sockets where a well-behaved client library would not misbeha
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import pytest
 from starlette.routing import Route
 
 from levelzero.cli.demo import UploadGate
+from levelzero.daemon.logs import configure_logging
 from levelzero.daemon.service import Daemon
 from levelzero.http.app import build_app
 from levelzero.http.guard import CloseReason, GuardedH11Protocol
@@ -506,3 +509,67 @@ async def test_a_request_with_both_content_length_and_transfer_encoding_is_refus
         assert answer.startswith(b"HTTP/1.1 400 ") and b"both Content-Length and Transfer-Encoding" in answer
         assert answer.count(b"HTTP/1.1 ") == 1, answer
         assert [t.name for t in await client.list_topics()] == []
+
+
+@pytest.fixture
+def daemon_logging(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    """The daemon's logging (`configure_logging`, to a buffer), caplog still capturing; the
+    root logger's handlers and level put back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    configure_logging("info", stream=io.StringIO())
+    root.addHandler(caplog.handler)
+    try:
+        yield caplog
+    finally:
+        for handler in root.handlers[:]:
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+
+
+def peer_of(stream: anyio.abc.SocketStream) -> str:
+    return f"127.0.0.1:{stream.extra(anyio.abc.SocketAttribute.local_port)}"  # noqa: S610 - anyio's
+
+
+async def test_garbage_requests_and_evictions_are_logged_once_an_interval(
+    tmp_path: Path, daemon_logging: pytest.LogCaptureFixture
+) -> None:
+    """50 requests that are not HTTP wrote 50 lines of uvicorn's own warning, and 50
+    connections evicting each other 48 lines: now one each an interval, the eviction naming
+    its peer, and a close for another reason (a head's deadline) still gets its own line."""
+    caplog = daemon_logging
+    async with daemon_and_client(
+        tmp_path, server__connections_per_peer_max=2, server__header_timeout_s=0.5
+    ) as (daemon, client):
+        assert daemon.url is not None
+        port = port_of(daemon.url)
+        for _ in range(50):
+            stream = await connect(port, b"NOT HTTP AT ALL\r\n\r\n")
+            with anyio.fail_after(WAIT_S):
+                assert (await read_until_closed(stream)).startswith(b"HTTP/1.1 400 ")
+            await stream.aclose()
+        invalid = [r for r in caplog.records if r.getMessage().startswith("Invalid HTTP request received.")]
+        assert 1 <= len(invalid) <= 2, [r.getMessage() for r in invalid]
+        assert invalid[0].name == "uvicorn.error"
+
+        held = []
+        for _ in range(50):  # each new idle connection evicts the oldest of this peer's
+            held.append(await connect(port))
+            await anyio.sleep(0.005)
+        peers = [peer_of(stream) for stream in held]
+        with anyio.fail_after(WAIT_S):
+            for stream in held:
+                assert await read_until_closed(stream) == b""
+                await stream.aclose()
+        text = await client.metrics()
+        assert metric(text, 'levelzero_http_connections_closed_total{reason="evicted"}') >= 40
+        evicted = [r.getMessage() for r in caplog.records if ": evicted (phase" in r.getMessage()]
+        assert 1 <= len(evicted) <= 2, evicted
+        assert evicted[0] == f"closing HTTP connection from {peers[0]}: evicted (phase head)"
+        timed_out = [r.getMessage() for r in caplog.records if ": header_timeout (phase" in r.getMessage()]
+        assert len(timed_out) == 1, timed_out
+        assert timed_out[0] in [
+            f"closing HTTP connection from {p}: header_timeout (phase head)" for p in peers
+        ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import logging
 import random
 import struct
 import sys
@@ -646,3 +647,98 @@ async def test_the_listener_is_off_unless_configured(tmp_path: Path) -> None:
         daemon_config(tmp_path, kafka__listen="0.0.0.0:9092")
     with pytest.raises(ConfigError, match="frame_bytes_max"):
         daemon_config(tmp_path, kafka__listen="127.0.0.1:0", kafka__frame_bytes_max=10)
+
+
+def lines_with(caplog: pytest.LogCaptureFixture, fragment: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if fragment in r.getMessage()]
+
+
+def local_peer(wire: Wire) -> str:
+    """The connection's address as the listener's log lines name its peer."""
+    return f"127.0.0.1:{wire.stream.extra(anyio.abc.SocketAttribute.local_port)}"  # noqa: S610 - anyio's
+
+
+async def test_closes_a_client_can_cause_are_logged_once_an_interval_each_naming_the_peer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """50 connections announcing a 2 GiB frame wrote 50 warning lines that named no one: now
+    the first names its peer and the rest are held back (counted), and a close for another
+    reason (silence, a malformed request) still gets its own line."""
+    caplog.set_level(logging.INFO, "levelzero.kafka")
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__header_timeout_s=0.5) as (
+        daemon,
+        _,
+    ):
+        peers = []
+        for _ in range(50):
+            wire = await Wire.connect(daemon.kafka_port)
+            try:
+                peers.append(local_peer(wire))
+                await wire.send_raw(b"\x7f\xff\xff\xff")
+                assert await wire.frame() is None
+            finally:
+                await wire.aclose()
+        assert daemon.kafka.stats.closed_bad_frames == 50
+        oversized = lines_with(caplog, "that sent a frame of 2147483647 bytes")
+        assert 1 <= len(oversized) <= 2, oversized
+        assert oversized[0] == (
+            f"kafka: closing a connection from {peers[0]} that sent a frame of 2147483647 bytes"
+            " (at most 104857600)"
+        )
+        silent = [await Wire.connect(daemon.kafka_port) for _ in range(3)]
+        silent_peers = [local_peer(wire) for wire in silent]
+        try:
+            for wire in silent:
+                assert await wire.frame() is None
+        finally:
+            for wire in silent:
+                await wire.aclose()
+        assert daemon.kafka.stats.closed_idle == 3
+        idle = lines_with(caplog, "silent for")
+        assert len(idle) == 1, idle
+        assert idle[0] in [f"kafka: closing a connection from {peer} silent for 0 s" for peer in silent_peers]
+        malformed = await Wire.connect(daemon.kafka_port)
+        malformed_peer = local_peer(malformed)
+        try:
+            await malformed.send_raw(BAD_FRAMES["unknown api key"])
+            assert await malformed.frame() is None
+        finally:
+            await malformed.aclose()
+        assert lines_with(caplog, "kafka: closing a connection from ") == [
+            *oversized,
+            *idle,
+            f"kafka: closing a connection from {malformed_peer}: api key 999 version 0 is not supported",
+        ]
+
+
+async def test_a_request_with_a_null_array_its_schema_does_not_allow_is_malformed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Produce v3 whose body is 0xff bytes reads its topic array as null (length -1): the
+    handler iterated it and the listener logged a server error with a traceback. Now it is a
+    malformed request: a warning, and the connection closed."""
+    caplog.set_level(logging.INFO, "levelzero.kafka")
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        peer = local_peer(wire)
+        try:
+            header = struct.pack(">hhih", 0, 3, 1, 4) + b"test"  # Produce v3, client "test"
+            await wire.send_raw(struct.pack(">i", len(header) + 50) + header + b"\xff" * 50)
+            assert await wire.frame() is None  # closed, with no response
+        finally:
+            await wire.aclose()
+        assert daemon.kafka.stats.closed_bad_frames == 1
+        assert daemon.kafka.stats.errors == 0
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert errors == []
+        assert [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "levelzero.kafka"
+        ] == [f"kafka: closing a connection from {peer}: api key 0 v3: malformed request: topic_data is null"]
+        healthy = await Wire.connect(daemon.kafka_port)
+        try:
+            await create_topic(healthy, "still", 1)
+            assert (await list_offsets(healthy, "still", 0, -2)).error_code == ErrorCode.none
+        finally:
+            await healthy.aclose()

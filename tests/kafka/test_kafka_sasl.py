@@ -4,10 +4,12 @@ nowhere."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
 import anyio
+import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -15,7 +17,7 @@ from kio.schema.errors import ErrorCode
 
 
 from daemon_support import TOKEN, daemon_and_client
-from test_kafka_listener import Wire
+from test_kafka_listener import Wire, lines_with, local_peer
 
 
 def sasl_round_trip(port: int, password: str, mechanism: str = "PLAIN") -> list[tuple[int, bytes]]:
@@ -188,3 +190,43 @@ async def test_a_listener_without_a_token_speaks_no_sasl_as_kafkas_plaintext_lis
         errors = await anyio.to_thread.run_sync(wrong_password_fails, daemon.kafka_port)
         assert "SASL" in errors, errors
         assert daemon.kafka.stats.authentications_failed == 0
+
+
+async def test_requests_before_authentication_are_logged_once_an_interval_naming_the_peer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """50 connections sending Metadata without SASL wrote 50 warning lines naming no one: now
+    one names its peer, and a failed login (another reason) still gets its own line."""
+    caplog.set_level(logging.INFO, "levelzero.kafka")
+    async with daemon_and_client(tmp_path, token=TOKEN, server__token=TOKEN, kafka__listen="127.0.0.1:0") as (
+        daemon,
+        _,
+    ):
+        peers = []
+        for _ in range(50):
+            wire = await Wire.connect(daemon.kafka_port)
+            try:
+                peers.append(local_peer(wire))
+                await wire.send_raw(struct.pack(">ihhih", 10, 3, 1, 99, -1))  # Metadata v1, no SASL
+                assert await wire.frame() is None
+            finally:
+                await wire.aclose()
+        assert daemon.kafka.stats.authentications_failed == 50
+        before = lines_with(caplog, "before SASL authentication")
+        assert 1 <= len(before) <= 2, before
+        assert before[0] == (
+            f"kafka: closing a connection from {peers[0]}: api key 3 before SASL authentication"
+            " (the listener requires SASL)"
+        )
+        wire = await Wire.connect(daemon.kafka_port)
+        peer = local_peer(wire)
+        try:
+            assert (await wire.request(17, 1, mechanism="PLAIN")).error_code == ErrorCode.none
+            refused = await wire.request(36, 2, auth_bytes=b"\0app\0not-the-token")
+            assert refused.error_code == ErrorCode.sasl_authentication_failed
+            assert await wire.frame() is None
+        finally:
+            await wire.aclose()
+        assert lines_with(caplog, "authentication failed") == [
+            f"kafka: SASL/PLAIN authentication failed (a wrong password); closing the connection from {peer}"
+        ]

@@ -281,3 +281,43 @@ async def test_mutual_tls_admits_only_clients_with_a_certificate_the_ca_signed(
             produce_one, daemon.kafka_port, files["ca.pem"], client_cert
         ) == [None]
         assert [r.value for r in (await client.fetch("mtls", 0, offset=0)).records] == [b"signed"]
+
+
+def plaintext_is_dropped_from(port: int) -> str:
+    """`plaintext_is_dropped`, from a socket whose address is known: it, as log lines name it."""
+    frame = b"\x00\x12\x00\x03\x00\x00\x00\x01\x00\x04test\x00\x04kcat\x010\x00"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        host, local_port = sock.getsockname()[:2]
+        sock.sendall(len(frame).to_bytes(4, "big") + frame)
+        try:
+            for _ in range(100):  # bounded: a TLS alert at most, then end of stream
+                if not sock.recv(4096):
+                    break
+        except ConnectionResetError:
+            pass
+    return f"{host}:{local_port}"
+
+
+async def test_failed_tls_handshakes_are_logged_once_an_interval_naming_the_peer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """50 plaintext clients on the TLS port wrote 50 warning lines naming no one: now one
+    names its peer (the others are counted on the next line an interval later)."""
+    files = make_certificates(tmp_path)
+    async with daemon_and_client(
+        tmp_path / "data",
+        kafka__listen="127.0.0.1:0",
+        kafka__tls_cert_file=str(files["server.pem"]),
+        kafka__tls_key_file=str(files["server.key"]),
+    ) as (daemon, _):
+        peers = [
+            await anyio.to_thread.run_sync(plaintext_is_dropped_from, daemon.kafka_port) for _ in range(50)
+        ]
+        with anyio.fail_after(10):  # the listener closes the last one as the client does
+            while sum("TLS handshake failed" in r.getMessage() for r in caplog.records) == 0:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)
+        failed = [r.getMessage() for r in caplog.records if "TLS handshake failed" in r.getMessage()]
+        assert 1 <= len(failed) <= 2, failed
+        assert failed[0].startswith(f"kafka: TLS handshake failed; closing the connection from {peers[0]}: ")
+        assert daemon.kafka.stats.requests == 0
