@@ -103,6 +103,21 @@ class ThrottledWarnings:
         return warning.warn(message, *args, extra=extra, exc_info=exc_info)
 
 
+class ThrottledBugs:
+    """Tracebacks of requests that failed on a bug, which a client sends again at once, for
+    ever: each at most once an interval per key and kind of error, with the count held back.
+    A violated invariant (AssertionError) at CRITICAL, anything else at ERROR. Called inside
+    the `except` that caught `exc` (the traceback is the one being handled)."""
+
+    def __init__(self, logger: logging.Logger, clock: Callable[[], float], keys_max: int = 256) -> None:
+        self._invariants = ThrottledWarnings(logger, clock, keys_max=keys_max, level=logging.CRITICAL)
+        self._others = ThrottledWarnings(logger, clock, keys_max=keys_max, level=logging.ERROR)
+
+    def failed(self, exc: BaseException, key: Hashable, message: str, *args: object) -> bool:
+        lines = self._invariants if isinstance(exc, AssertionError) else self._others
+        return lines.warn((key, type(exc).__name__), message, *args, exc_info=True)
+
+
 class ThrottledRecords(logging.Filter):
     """A library's log records whose message is one of `messages` (its own repeating warning,
     logged by code we do not call), let through at most once every `interval_s`; the next one

@@ -54,7 +54,7 @@ from levelzero.core.names import unstorable_topic_advice
 from levelzero.core.reconcile_health import ABANDON_GIVES_UP
 from levelzero.core.l0format import NO_TIMESTAMP, Record
 from levelzero.core.topic_configs import INT64_MAX, AlterOp, ConfigSource, describe_topic
-from levelzero.core.throttled_warning import ThrottledWarnings
+from levelzero.core.throttled_warning import ThrottledBugs, ThrottledWarnings
 from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, client_headers, has_reserved_header, is_marker
 
 from levelzero.http.guard import PROTOCOL_ANSWER_KEY
@@ -320,8 +320,7 @@ class Api:
         self._retriable_failures = ThrottledWarnings(log, time.monotonic)
         # A bug meets every retry of the request that found it: its traceback at most once an
         # interval per route and kind of error, with the count of those held back.
-        self._bugs = ThrottledWarnings(log, time.monotonic, level=logging.CRITICAL)
-        self._unexpected = ThrottledWarnings(log, time.monotonic, level=logging.ERROR)
+        self._bugs = ThrottledBugs(log, time.monotonic)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -379,22 +378,22 @@ class Api:
                 response = error_response(exc.status, exc.code, exc.message, headers)
             except LevelZeroError as exc:
                 response = self._operating_error(request, exc)
-            except AssertionError:
-                self._bugs.warn(
+            except AssertionError as exc:
+                self._bugs.failed(
+                    exc,
                     (path, request.method),
                     "BUG: invariant violated while serving %s %s",
                     request.method,
                     request.url.path,
-                    exc_info=True,
                 )
                 response = error_response(500, "internal_error", "internal error (a bug; logged)")
             except Exception as exc:  # noqa: BLE001 - logged (throttled), answered 500
-                self._unexpected.warn(
-                    (path, request.method, type(exc).__name__),
+                self._bugs.failed(
+                    exc,
+                    (path, request.method),
                     "unexpected error serving %s %s",
                     request.method,
                     request.url.path,
-                    exc_info=True,
                 )
                 response = error_response(500, "internal_error", "internal error (logged)")
             self.metrics.requests.labels(path, str(response.status_code)).inc()

@@ -15,7 +15,7 @@ from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FETCH_BYTES_MAX, Framing
 from levelzero.core.errors import LevelZeroError
-from levelzero.core.throttled_warning import ThrottledWarnings
+from levelzero.core.throttled_warning import ThrottledBugs
 from levelzero.kafka import records as kr
 from levelzero.kafka.epochs import NO_EPOCH, encode_with_epochs, epoch_error
 from levelzero.kafka.errors import error_code_for
@@ -43,7 +43,7 @@ class FetchApi:
         # A partition's read failing unexpectedly (a bug): the partition answers
         # UNKNOWN_SERVER_ERROR, as Kafka's broker does, and the traceback is logged at most
         # once an interval per kind of error (a client retries such a fetch at once, for ever).
-        self._failures = ThrottledWarnings(log, time.monotonic, keys_max=64, level=logging.ERROR)
+        self._bugs = ThrottledBugs(log, time.monotonic, keys_max=64)
 
     async def fetch(self, request: Request) -> Any:
         body = request.body
@@ -224,14 +224,14 @@ class FetchApi:
                 log.warning("kafka fetch %s/%d@%d failed: %s: %s", topic, partition, offset, exc.code, exc)
             return code, -1, -1, b""
         except Exception as exc:  # noqa: BLE001 - a bug: logged, answered (cancelling is not an Exception)
-            self._failures.warn(
-                type(exc).__name__,
+            self._bugs.failed(
+                exc,
+                None,
                 "BUG: kafka fetch %s/%d@%d failed unexpectedly (%s); answered UNKNOWN_SERVER_ERROR",
                 topic,
                 partition,
                 offset,
                 type(exc).__name__,
-                exc_info=True,
             )
             return ErrorCode.unknown_server_error, -1, -1, b""
         runs, start = result.runs, result.start_offset

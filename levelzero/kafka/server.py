@@ -47,7 +47,7 @@ from anyio.streams.tls import TLSListener
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
-from levelzero.core.throttled_warning import ThrottledWarnings
+from levelzero.core.throttled_warning import ThrottledBugs, ThrottledWarnings
 from levelzero.kafka.handlers import Handlers
 from levelzero.kafka.protocol import (
     API_VERSIONS_KEY,
@@ -181,7 +181,7 @@ class KafkaListener:
         self.stats = ListenerStats()
         # A request failing on a bug is sent again at once by the client, for ever: its
         # traceback at most once an interval per kind of error (`stats.errors` counts them all).
-        self._bugs = ThrottledWarnings(log, time.monotonic, keys_max=64, level=logging.ERROR)
+        self._bugs = ThrottledBugs(log, time.monotonic, keys_max=64)
         self._closes = close_lines()
         self._quiet_closes = close_lines(logging.INFO)
         self.budget = ByteBudget(settings.inflight_bytes_max)
@@ -388,17 +388,13 @@ class KafkaListener:
                 Close.UNANSWERED, "kafka: closing a connection from %s: %s", session.peer, exc
             )
             slot.close = True
-        except AssertionError:
+        except AssertionError as exc:
             self.stats.errors += 1
-            self._bugs.warn("assert", "BUG: invariant violated while serving a kafka request", exc_info=True)
+            self._bugs.failed(exc, None, "BUG: invariant violated while serving a kafka request")
             slot.close = True
         except Exception as exc:  # noqa: BLE001 - logged (throttled), the connection closed
             self.stats.errors += 1
-            self._bugs.warn(
-                type(exc).__name__,
-                "kafka: unexpected error serving a request; closing the connection",
-                exc_info=True,
-            )
+            self._bugs.failed(exc, None, "kafka: unexpected error serving a request; closing the connection")
             slot.close = True
         finally:
             slot.submitted.set()  # whatever happened, the next produce may go

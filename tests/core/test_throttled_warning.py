@@ -7,7 +7,12 @@ import logging
 
 import pytest
 
-from levelzero.core.throttled_warning import ThrottledRecords, ThrottledWarning, ThrottledWarnings
+from levelzero.core.throttled_warning import (
+    ThrottledBugs,
+    ThrottledRecords,
+    ThrottledWarning,
+    ThrottledWarnings,
+)
 
 log = logging.getLogger("levelzero.test")
 
@@ -67,4 +72,28 @@ def test_throttled_records_let_a_librarys_repeating_warning_through_once_an_inte
         *(f"something else: {t}" for t in (0.0, 1.0, 2.0, 9.9)),
         "Invalid HTTP request received. (and 3 more like it since the last such warning)",
         "something else: 10.5",
+    ]
+
+
+def test_bugs_are_logged_with_their_traceback_once_an_interval_a_violated_invariant_critical(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    bugs = ThrottledBugs(log, lambda: now[0])
+    with caplog.at_level(logging.ERROR, logger="levelzero.test"):
+        for t, exc in [(0.0, AssertionError("x")), (1.0, AssertionError("x")), (2.0, TypeError("y"))]:
+            now[0] = t
+            try:
+                raise exc
+            except Exception as caught:  # noqa: BLE001 - the handler under test
+                bugs.failed(caught, "route", "failed serving %s", "route")
+        now[0] = 11.0
+        try:
+            raise AssertionError("x")
+        except AssertionError as caught:
+            bugs.failed(caught, "route", "failed serving %s", "route")
+    assert [(r.levelname, r.getMessage(), r.exc_info[0]) for r in caplog.records] == [
+        ("CRITICAL", "failed serving route", AssertionError),
+        ("ERROR", "failed serving route", TypeError),  # another kind: not held back by the first
+        ("CRITICAL", "failed serving route (and 1 more like it since the last such warning)", AssertionError),
     ]
