@@ -68,7 +68,7 @@ def prepare_cluster_id(data_dir: str, database: str, store_where: str, local_obj
     the store's marker can be read here (a local store) and names a cluster, with its id and
     nothing changed; with no marker the store was never claimed (a first start that failed
     before its claim, by an earlier release): a new id. True: the id is lost and the store (S3)
-    is not read yet: `claim_for` decides, before it writes anything."""
+    is not read yet: `refuse_lost_id` decides once it is, before any id is made."""
     path = os.path.join(data_dir, CLUSTER_ID_FILE)
     if os.path.exists(path) or not os.path.exists(database):
         local_cluster_id(data_dir)  # read (checked), or made on a first start
@@ -80,12 +80,12 @@ def prepare_cluster_id(data_dir: str, database: str, store_where: str, local_obj
     with contextlib.suppress(OSError, UnicodeDecodeError), open(marker, encoding="ascii") as f:
         owner = f.read(4096).strip() or None
     if owner is not None:
-        raise _lost_id(data_dir, database, owner, store_where)
+        raise _lost_id(data_dir, database, owner, store_where, "Nothing was changed in the data directory")
     local_cluster_id(data_dir)
     return False
 
 
-def _lost_id(data_dir: str, database: str, owner: str, store_where: str) -> StoreRefused:
+def _lost_id(data_dir: str, database: str, owner: str, store_where: str, changed: str) -> StoreRefused:
     path = os.path.join(data_dir, CLUSTER_ID_FILE)
     if _CLUSTER_ID_RE.match(owner):
         advice = f"if this directory is that cluster's, `echo {owner} > {path}` and start again"
@@ -94,16 +94,17 @@ def _lost_id(data_dir: str, database: str, owner: str, store_where: str) -> Stor
     return StoreRefused(
         f"data directory {data_dir} holds a control plane ({os.path.basename(database)}) but no "
         f"{CLUSTER_ID_FILE} file (removed, or not copied with it), and the object store's marker "
-        f"({MARKER_KEY} in {store_where}) names cluster {owner[:80]}: {advice}. Nothing was "
-        "changed in the data directory"
+        f"({MARKER_KEY} in {store_where}) names cluster {owner[:80]}: {advice}. {changed}"
     )
 
 
 async def refuse_lost_id(store: ObjectStore, data_dir: str, database: str, store_where: str) -> None:
-    """`prepare_cluster_id`'s refusal for a store read only now (S3): before any id is made."""
+    """`prepare_cluster_id`'s refusal for a store read only now (S3): before any id is made,
+    but after the control plane was opened (and its schema brought up to this release's)."""
     owner = await store_owner(store)
     if owner is not None:
-        raise _lost_id(data_dir, database, owner, store_where)
+        changed = "No cluster id was made (the database may have been brought to this release's schema)"
+        raise _lost_id(data_dir, database, owner, store_where, changed)
 
 
 async def store_owner(store: ObjectStore) -> str | None:
