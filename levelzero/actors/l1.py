@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from levelzero.core.errors import LevelZeroError, MalformedKey, ObjectNotFound, StorageError
 from levelzero.core.keys import l1_partition_prefix, parse_l1_key
@@ -150,6 +150,16 @@ class L1Catalog:
         offset, and its own collection failed or the reconciler copied records below it)."""
         rows = self._valid.get(actor.row.pid)
         return rows is not None and bool(rows) and rows[0].last_offset < actor.state.start_offset
+
+    def forget_gone(self, pids: Collection[int]) -> None:
+        """Drop what is cached for partitions no longer led here (`pids`: those that are): what
+        the catalog keeps per partition stays bounded by the partitions led, however many
+        topics come and go, and a partition led here again starts from the metastore, not
+        from a lineage cached in an earlier leadership (another node may have reconciled,
+        compacted or collected it meanwhile)."""
+        for cache in (self._valid, self._compacted, self._start_moves):
+            for pid in [p for p in cache if p not in pids]:
+                del cache[pid]
 
     # ------------------------------------------------------------------ deletion
 

@@ -369,6 +369,7 @@ class Reconciler:
         # A partition led here again starts a new term, whose start-up collection runs anyway.
         for pid in [p for p in self._recovered if p not in pids]:
             del self._recovered[pid]
+        self.catalog.forget_gone(pids)
 
     def _due(self, everyone: bool) -> list[PartitionActor]:
         """The partitions this round visits (in partition order)."""

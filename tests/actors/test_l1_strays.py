@@ -241,3 +241,24 @@ async def test_a_deleted_partition_is_no_longer_kept_due_for_a_sweep():
         await node.reconciler.run_round()
         assert set(node.reconciler._strays_due) == {node.partition("t", 0).row.pid}
         assert set(node.reconciler._recovered) == {node.partition("t", 0).row.pid}
+
+
+@in_virtual_time
+async def test_a_deleted_partition_leaves_nothing_cached_in_the_l1_catalog():
+    # The lineage, the compacted keys and the start offset's moves are cached per partition:
+    # a partition no longer led here (its topic deleted) is dropped from each.
+    w = World()
+    async with running_node(sweeping_config(), w.log_store, w.objects, wall_clock=w.wall) as node:
+        await node.create_topic("t", 1)
+        await node.create_topic("u", 2)
+        catalog = node.reconciler.catalog
+        for topic, partition in (("t", 0), ("u", 0), ("u", 1)):
+            actor = node.partition(topic, partition)
+            await catalog.refresh(actor)
+            catalog.note_start_moved(actor, 0, 1, "retention")
+        kept = {node.partition("t", 0).row.pid}
+        caches = (catalog._valid, catalog._compacted, catalog._start_moves)
+        assert all(len(cache) == 3 for cache in caches)
+        await node.delete_topic("u")
+        await node.reconciler.run_round()
+        assert [set(cache) for cache in caches] == [kept, kept, kept]
