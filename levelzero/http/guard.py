@@ -39,6 +39,7 @@ import asyncio
 import enum
 import fcntl
 import logging
+import re
 import struct
 import termios
 import time
@@ -57,8 +58,21 @@ from levelzero.http.schema import RETRY_AFTER_S, ErrorBody
 
 log = logging.getLogger("levelzero.http")
 
-REQUEST_HEAD_BYTES_MAX = 16 * 1024  # h11 answers a longer request head with a 400
+# A longer request head is answered 400 (`head_too_long`): h11's own bound applies only to a
+# head still incomplete after a read, so a longer one arriving whole in one read got through.
+REQUEST_HEAD_BYTES_MAX = 16 * 1024
+_HEAD_END = re.compile(b"\n\r?\n")  # the blank line ending a head, as h11 finds it
 ALWAYS_SERVED_PATHS = frozenset({"/healthz", "/readyz"})  # answered even when refusing
+
+
+def head_too_long(buffered: bytes, data: bytes) -> bool:
+    """Whether the request head that `buffered` (what the parser holds) and then `data` begin
+    is over REQUEST_HEAD_BYTES_MAX, its blank line included: its end is not within the bound
+    and the bytes in reach the bound (otherwise the rest of the head may still come)."""
+    head = buffered + data if buffered else data
+    if len(head) < REQUEST_HEAD_BYTES_MAX:
+        return False
+    return _HEAD_END.search(head, 0, REQUEST_HEAD_BYTES_MAX) is None
 
 
 class Phase(enum.Enum):
@@ -370,9 +384,13 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._phase is Phase.HEAD and self._deadline is None:
-            # The first byte of a head on a kept-alive connection: the head has this long.
-            self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
+        if self._phase is Phase.HEAD:
+            if self._deadline is None:
+                # The first byte of a head on a kept-alive connection: the head has this long.
+                self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
+            if head_too_long(self.conn.trailing_data[0], data):
+                self.send_400_response(f"the request head is over {REQUEST_HEAD_BYTES_MAX} bytes")
+                return
         phase = self._phase
         super().data_received(data)
         if self._shutting_down and self.cycle is not None:

@@ -24,7 +24,7 @@ from levelzero.cli.demo import UploadGate
 from levelzero.daemon.logs import configure_logging
 from levelzero.daemon.service import Daemon
 from levelzero.http.app import build_app
-from levelzero.http.guard import CloseReason, GuardedH11Protocol
+from levelzero.http.guard import REQUEST_HEAD_BYTES_MAX, CloseReason, GuardedH11Protocol
 
 from daemon_support import TOKEN, daemon_and_client
 
@@ -227,6 +227,43 @@ async def test_requests_h11_cannot_parse_get_the_json_400(tmp_path: Path) -> Non
             assert head.startswith(b"HTTP/1.1 400 "), answer
             assert b"content-type: application/json" in head.lower()
             assert msgspec_json(body)["error"] == "malformed_request"
+        assert await client.list_topics() == []  # still serving
+
+
+async def test_a_request_head_over_its_bound_is_a_400_however_it_arrives(tmp_path: Path) -> None:
+    # h11's own bound applies only to a head still incomplete after a read: a longer head
+    # arriving whole in one read was served. The bound is the head's, its blank line included,
+    # whatever the reads that bring it.
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        assert daemon.url is not None
+        port = port_of(daemon.url)
+
+        def head_of(length: int) -> bytes:
+            start = f"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}Connection: close\r\nX-Pad: "
+            padding = length - len(start) - len("\r\n\r\n")
+            head = start.encode() + b"a" * padding + b"\r\n\r\n"
+            assert len(head) == length
+            return head
+
+        bound = REQUEST_HEAD_BYTES_MAX
+        for length, status in ((bound, 200), (bound + 1, 400), (60_000, 400)):
+            for whole in (True, False):
+                stream = await connect(port)
+                head = head_of(length)
+                if whole:
+                    await stream.send(head)
+                else:  # in two reads: the parser holds the first part when the rest comes
+                    await stream.send(head[: length // 2])
+                    await anyio.sleep(0.05)
+                    await stream.send(head[length // 2 :])
+                with anyio.fail_after(WAIT_S):
+                    answer = await read_until_closed(stream)
+                await stream.aclose()
+                top, _, body = answer.partition(b"\r\n\r\n")
+                assert top.startswith(f"HTTP/1.1 {status} ".encode()), (length, whole, answer[:200])
+                if status == 400:
+                    assert msgspec_json(body)["error"] == "malformed_request"
+                    assert f"over {REQUEST_HEAD_BYTES_MAX} bytes" in msgspec_json(body)["message"]
         assert await client.list_topics() == []  # still serving
 
 
