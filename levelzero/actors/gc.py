@@ -329,6 +329,20 @@ class _Totals:
     counts: RoundCounts = field(default_factory=RoundCounts)
 
 
+# The round ids of a node in a cluster: a range of ROUND_IDS_PER_INCARNATION per registration,
+# above every id the wall clock in milliseconds makes (before the year 2500) and, for the first
+# two million registrations of a control plane, below 2**53 (JSON numbers stay exact).
+CLUSTER_ROUND_IDS_FROM = 2**44
+ROUND_IDS_PER_INCARNATION = 2**32
+
+
+def cluster_round_id(incarnation: int, n: int) -> int:
+    """The id of round `n` of the node whose first registration got `incarnation`: incarnations
+    come from one sequence of the control plane, so no two nodes (or runs) share a range."""
+    assert incarnation >= 0 and 0 <= n < ROUND_IDS_PER_INCARNATION, (incarnation, n)
+    return CLUSTER_ROUND_IDS_FROM + incarnation * ROUND_IDS_PER_INCARNATION + n
+
+
 class GcActor:
     def __init__(
         self,
@@ -347,6 +361,7 @@ class GcActor:
         share: Callable[[], range] | None = None,
         leaders: Callable[[], Mapping[str, str]] | None = None,
         collect_deleted: Callable[[], Awaitable[int]] | None = None,
+        incarnation: Callable[[], int | None] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
@@ -359,7 +374,9 @@ class GcActor:
         `core.gc.NO_LIVE_LEADER` (explain says where a partition led elsewhere is).
         `collect_deleted`: collects deleted topics' L1 objects at the start of every round
         that is not a dry run (`L1Catalog.collect_deleted`); their L0 data needs nothing: a
-        deleted partition has left the partition set, so it no longer holds `M` back."""
+        deleted partition has left the partition set, so it no longer holds `M` back.
+        `incarnation`: in a cluster, the node's incarnation from its first registration (None
+        before it), which makes the round ids of every node unique (`cluster_round_id`)."""
         self.config = config
         self._objects = object_store
         self._log = log_store
@@ -386,7 +403,12 @@ class GcActor:
         # them, a row of an earlier process's round would be overwritten): start from the wall
         # clock in milliseconds, then count (rounds come far less often than one a millisecond,
         # so a later start begins above the ids before it). Status, logs and exports show it.
+        # In a cluster every node's rounds go to one table, and each node counting from its own
+        # start met the ids of a node started later: from the node's first registration, its
+        # ids count in a range of their own (`cluster_round_id`).
         self._next_round_id = max(1, int(clock() * 1000))
+        self._incarnation = incarnation
+        self._round_ids_own = incarnation is None  # the range is taken (or none is needed)
         self._totals = _Totals()
         self._last: RoundReport | None = None
         self._last_decision: WatermarkDecision | None = None
@@ -518,6 +540,12 @@ class GcActor:
     async def run_round(self, dry_run: bool = False) -> RoundReport:
         """One round now (serialized with the loop's). A dry run lists what it would delete."""
         async with self._round_lock:
+            if not self._round_ids_own:
+                assert self._incarnation is not None
+                incarnation = self._incarnation()
+                if incarnation is not None:
+                    self._next_round_id = cluster_round_id(incarnation, 0)
+                    self._round_ids_own = True
             round_id = self._next_round_id
             self._next_round_id += 1
             try:

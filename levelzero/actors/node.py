@@ -242,6 +242,7 @@ class Node:
             share=self._gc_share if cluster is not None else None,
             leaders=self.partition_leaders if cluster is not None else None,
             collect_deleted=functools.partial(self.l1.collect_deleted, log_store),
+            incarnation=self._first_incarnation if cluster is not None else None,
         )
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
         # They open read-only (no produce) so the daemon starts and says what to do.
@@ -347,6 +348,11 @@ class Node:
             self._register(actor)
 
     # ------------------------------------------------------------------ the cluster
+
+    def _first_incarnation(self) -> int | None:
+        """The incarnation of this node's registration (None before the first): the GC's round
+        ids count in its range (`actors/gc.py cluster_round_id`)."""
+        return self.member.incarnation if self.member is not None else None
 
     async def _lead(self, pids: list[int]) -> None:
         """Leases were taken: replay these partitions and begin a term in each (the term start

@@ -211,7 +211,8 @@ TABLES: dict[str, TableSpec] = {
                         pa.int64(),
                         "the round's id: the Unix time in milliseconds its node's GC started at, "
                         "plus the rounds it ran before (unique across restarts: the log store keys "
-                        "its rounds by it)",
+                        "its rounds by it); in a cluster, from the node's registration, "
+                        "2**44 + incarnation * 2**32 + the rounds since (unique across nodes)",
                     ),
                     _column("started_at", TIME_TYPE, "round start: when M was computed"),
                     _column("finished_at", TIME_TYPE, "round end"),

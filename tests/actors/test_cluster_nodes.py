@@ -27,6 +27,7 @@ from levelzero.core.gc import compute_cluster_watermark
 from levelzero.core.l0format import Record
 from levelzero.core.topic_configs import AlterOp
 from levelzero.storage.memory_cluster import MemoryClusterControl
+from levelzero.actors.gc import cluster_round_id
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.protocols import L1Row, L1State
@@ -354,4 +355,30 @@ async def test_an_idle_node_tends_its_partitions_at_the_cluster_epoch_another_no
         assert b.housekeeper.stats.errors == errors
         assert b.epochs.current == epoch
         assert {p.state.max_applied_epoch for p in b.partitions()} == {epoch}
+        tg.cancel_scope.cancel()
+
+
+@in_virtual_time
+async def test_the_gc_round_ids_of_every_node_are_unique() -> None:
+    # Every node's rounds go to one gc_rounds table, keyed by round id. Counting from each
+    # node's start in milliseconds, two nodes started together made the same ids (a row of one
+    # overwrote the other's); from its registration a node counts in its incarnation's range.
+    c = Cluster()
+    async with anyio.create_task_group() as tg:
+        a = await c.start(tg, "a")
+        b = await c.start(tg, "b")
+        await a.create_topic(TOPIC, PARTITIONS)
+        await wait_for(lambda: all(len(v) == 1 for v in c.leaders().values()), "one leader each")
+        reports = []
+        for _ in range(3):
+            for node in (a, b):
+                reports.append(await node.gc.run_round(dry_run=True))
+        ids = [report.round_id for report in reports]
+        assert len(set(ids)) == len(ids), ids
+        assert [row.round_id for row in c.log.gc_rounds] == ids
+        assert a.member is not None and b.member is not None
+        for node, first in ((a, ids[0]), (b, ids[1])):
+            assert node.member is not None and node.member.incarnation is not None
+            assert first == cluster_round_id(node.member.incarnation, 0)
+        assert ids[2] == ids[0] + 1 and ids[3] == ids[1] + 1  # each counts in its own range
         tg.cancel_scope.cancel()
