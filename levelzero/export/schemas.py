@@ -88,7 +88,10 @@ TABLES: dict[str, TableSpec] = {
                 ]
             ),
             time_column="appended_at",
-            key=("topic", "partition", "log_offset"),
+            # With the time: a topic deleted and made again numbers its log from the start
+            # again, and its entries are not copies of the first life's (which another
+            # directory may hold).
+            key=("topic", "partition", "log_offset", "appended_at"),
             incremental="per partition: log offsets above the last exported one (entries "
             "truncated away before an export are reported as a warning, not exported)",
         ),
