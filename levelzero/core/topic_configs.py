@@ -346,8 +346,27 @@ def _parse(d: TopicConfigDef, value: str) -> str:
 
 # Kafka's ThrottledReplicaListValidator: "*" or partition:broker pairs
 _THROTTLED = re.compile(r"\*|[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
-# Kafka 3.x's MetadataVersionValidator, by form: 0.8.0 ... 3.9-IV0
-_MESSAGE_FORMAT = re.compile(r"[0-9]+\.[0-9]+(\.[0-9]+)?(-IV[0-9]+)?")
+# Kafka 3.9's MetadataVersion: each release and its inter-broker versions ("IV"s); a version is
+# named by its release ("2.8") or release and IV ("2.8-IV1").
+_RELEASE_IVS = {
+    "0.8.0": 0, "0.8.1": 0, "0.8.2": 0, "0.9.0": 0, "0.10.0": 2, "0.10.1": 3, "0.10.2": 1,
+    "0.11.0": 3, "1.0": 1, "1.1": 1, "2.0": 2, "2.1": 3, "2.2": 2, "2.3": 2, "2.4": 2, "2.5": 1,
+    "2.6": 1, "2.7": 3, "2.8": 2, "3.0": 2, "3.1": 1, "3.2": 1, "3.3": 4, "3.4": 1, "3.5": 3,
+    "3.6": 3, "3.7": 5, "3.8": 1, "3.9": 1,
+}  # fmt: skip
+METADATA_VERSIONS = frozenset(_RELEASE_IVS) | {
+    f"{release}-IV{n}" for release, ivs in _RELEASE_IVS.items() for n in range(ivs)
+}
+
+
+def metadata_version_known(text: str) -> bool:
+    """Kafka's `MetadataVersion.fromVersionString`, which message.format.version's validator
+    calls: the first three dot-separated parts of a version beginning "0." and the first two of
+    any other name it (anything after them is ignored: "1.0.1" is 1.0), else the whole text."""
+    parts = text.split(".")
+    kept = 3 if text.startswith("0.") else 2
+    key = text if len(parts) <= kept else ".".join(parts[:kept])
+    return key in METADATA_VERSIONS
 
 
 def _check_value(name: str, value: str, parsed: str) -> None:
@@ -358,7 +377,7 @@ def _check_value(name: str, value: str, parsed: str) -> None:
             f"{problem}: must be the literal '*' or a list of replicas in the following format: "
             "[partitionId]:[brokerId],[partitionId]:[brokerId],..."
         )
-    if name == "message.format.version" and not _MESSAGE_FORMAT.fullmatch(parsed):
+    if name == "message.format.version" and not metadata_version_known(parsed):
         raise InvalidConfig(f"{problem}: Version `{parsed}` is not a valid version")
     if name == "compression.gzip.level" and not (parsed == "-1" or 1 <= int(parsed) <= 9):
         raise InvalidConfig(f"{problem}: Value must be between 1 and 9, or -1")

@@ -20,7 +20,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
-from levelzero.kafka.metadata import Cluster, partition_row, topic_row
+from levelzero.kafka.metadata import Cluster, missing_topic_error, partition_row, topic_row
 from levelzero.kafka.protocol import Request, make
 
 TOPIC = 2  # Kafka's ConfigResource.Type
@@ -53,7 +53,7 @@ class ClusterAdminApi:
         for name in names:
             count = topics.get(name)
             if count is None:
-                out.append(topic_row(topic_cls, name, ErrorCode.unknown_topic_or_partition, ()))
+                out.append(topic_row(topic_cls, name, missing_topic_error(name), ()))
                 continue
             first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
             partitions = []

@@ -180,6 +180,7 @@ class ConfigsApi:
                     raise ResourceError(
                         ErrorCode.invalid_request, f"Duplicate resource {resource.resource_name!r}"
                     )
+                _check_shape(resource)
                 if resource.resource_type == TOPIC:
                     self._check_topic_name(resource.resource_name)
                     await alter(resource, body.validate_only)
@@ -208,3 +209,20 @@ class ConfigsApi:
             )
         response_cls = getattr(m, "AlterConfigsResponse", None) or m.IncrementalAlterConfigsResponse
         return make(response_cls, throttle_time=0, responses=tuple(results))
+
+
+def _check_shape(resource: Any) -> None:
+    """What Kafka refuses in any resource of AlterConfigs or IncrementalAlterConfigs before it
+    looks at the resource or the configs (`ConfigAdminManager.preprocess`): a config named twice,
+    and a null value but for a DELETE (AlterConfigs has no operations: any null) are
+    INVALID_REQUEST."""
+    names = [c.name for c in resource.configs]
+    if len(set(names)) < len(names):
+        raise ResourceError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    nulls = [
+        c.name
+        for c in resource.configs
+        if c.value is None and getattr(c, "config_operation", None) != AlterOp.DELETE.value
+    ]
+    if nulls:
+        raise ResourceError(ErrorCode.invalid_request, f"Null value not supported for : {', '.join(nulls)}")

@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.node import Node
 from levelzero.core.cluster import preferred_leader
 from levelzero.core.errors import LevelZeroError
+from levelzero.core.names import topic_name_problem
 from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
 
@@ -187,7 +188,7 @@ class MetadataApi:
             )
             error = ErrorCode.none
             if count is None:
-                error = refused.get(name, ErrorCode.unknown_topic_or_partition)
+                error = refused.get(name, missing_topic_error(name))
             out.append(
                 topic_row(
                     m.MetadataResponseTopic,
@@ -274,6 +275,15 @@ def partition_row(
         offline_replicas=(),
         **extra,
     )
+
+
+def missing_topic_error(name: str) -> ErrorCode:
+    """The error of a topic asked for that does not exist, as Kafka's Metadata and
+    DescribeTopicPartitions answer it: INVALID_TOPIC_EXCEPTION for a name no topic can have
+    (a client gives up at once), else UNKNOWN_TOPIC_OR_PARTITION (a client asks again)."""
+    if topic_name_problem(name) is not None:
+        return ErrorCode.invalid_topic_exception
+    return ErrorCode.unknown_topic_or_partition
 
 
 def topic_row(

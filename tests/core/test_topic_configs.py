@@ -186,6 +186,9 @@ def test_retention_by_size_keeps_at_least_the_limit_as_kafka_does() -> None:
         ),
         ({"follower.replication.throttled.replicas": "1:x"}, "must be the literal '*'"),
         ({"message.format.version": "bogus"}, "Version `bogus` is not a valid version"),
+        ({"message.format.version": "9.9"}, "Version `9.9` is not a valid version"),  # no such release
+        ({"message.format.version": "3.8-IV1"}, "Version `3.8-IV1` is not a valid version"),
+        ({"message.format.version": "0.10"}, "Version `0.10` is not a valid version"),
         ({"compression.gzip.level": "10"}, "Value must be between 1 and 9, or -1"),
         ({"compression.lz4.level": "0"}, "Value must be at least 1"),
         ({"remote.storage.enable": "true"}, "Tiered Storage functionality is disabled in the broker"),
@@ -224,3 +227,12 @@ def test_what_kafkas_validators_take_is_taken() -> None:
         altered(taken, [(AlterOp.SET, "min.compaction.lag.ms", "2000")], BROKER)
     (entry,) = [e for e in describe_topic({}, BROKER, ["remote.log.copy.disable"])]
     assert (entry.value, entry.source) == ("false", ConfigSource.DEFAULT_CONFIG)
+
+
+@pytest.mark.parametrize(
+    "version", ["0.8.0", "0.10.0-IV1", "0.10.2", "0.10.0.1", "1.0.1", "2.8-IV1", "3.0-IV1", "3.7-IV4", "3.9"]
+)
+def test_a_message_format_version_kafka_knows_is_taken(version: str) -> None:
+    """Kafka's MetadataVersion names: a release or a release and its IV; past a release's parts
+    anything is ignored ("1.0.1" is 1.0, "0.10.0.1" is 0.10.0)."""
+    assert check_configs([("message.format.version", version)], BROKER) == {"message.format.version": version}

@@ -22,7 +22,7 @@ def placement_admin(port: int) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     try:
         admin.create_topics([NewTopic("a", 3, 1), NewTopic("b", 2, 1)])
-        whole = admin.describe_topic_partitions(["b", "a", "missing"])
+        whole = admin.describe_topic_partitions(["b", "a", "missing", "bad name!"])
         seen["whole"] = [
             (
                 t["name"],
@@ -69,6 +69,7 @@ async def test_kafka_python_reads_partition_placement_and_config_resources(tmp_p
     assert seen["whole"] == [
         ("a", 0, [(0, 0, [0]), (1, 0, [0]), (2, 0, [0])]),
         ("b", 0, [(0, 0, [0]), (1, 0, [0])]),
+        ("bad name!", 17, []),  # INVALID_TOPIC_EXCEPTION: no topic can have the name
         ("missing", 3, []),  # UNKNOWN_TOPIC_OR_PARTITION
     ]
     assert seen["whole_cursor"] is None

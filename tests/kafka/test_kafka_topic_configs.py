@@ -17,6 +17,7 @@ import pytest
 
 from daemon_support import daemon_and_client
 from levelzero.client import ApiError
+from levelzero.kafka.protocol import make
 from test_kafka_listener import Wire, module_of
 
 TOPIC_CONFIG = 1  # Kafka's ConfigSource values as confluent-kafka reports them
@@ -459,3 +460,67 @@ async def test_kafka_3_9_topic_configs_are_known_and_kafkas_validators_apply(tmp
         configs = {c.name: c.value for c in (await client.topic_configs("v")).configs}
     assert configs["compression.gzip.level"] == "5" and configs["remote.log.copy.disable"] == "true"
     assert configs["min.compaction.lag.ms"] == "0" and configs["remote.storage.enable"] == "false"
+
+
+async def alter_raw(port: int, api_key: int, version: int, configs: list[tuple[Any, ...]]) -> tuple[int, str]:
+    """AlterConfigs (33: (name, value) pairs) or IncrementalAlterConfigs (44: (name, op,
+    value)) of topic "v" as raw requests (the clients refuse some of these before sending):
+    the resource's error code and message."""
+    wire = await Wire.connect(port)
+    try:
+        m = module_of(api_key, version)
+        if api_key == 44:
+            entries = tuple(
+                make(m.AlterableConfig, name=n, config_operation=op, value=v) for n, op, v in configs
+            )
+        else:
+            entries = tuple(make(m.AlterableConfig, name=n, value=v) for n, v in configs)
+        resource = make(m.AlterConfigsResource, resource_type=2, resource_name="v", configs=entries)
+        response = await wire.request(api_key, version, resources=(resource,), validate_only=False)
+        (answer,) = response.responses
+        return int(answer.error_code.value), str(answer.error_message)
+    finally:
+        await wire.aclose()
+
+
+async def test_a_config_named_twice_or_a_null_value_in_an_alter_is_an_invalid_request(tmp_path: Path) -> None:
+    """Kafka refuses these in any resource before it looks at the configs
+    (`ConfigAdminManager.preprocess`): INVALID_REQUEST (42), not INVALID_CONFIG (40); a null
+    value is allowed for a DELETE only."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("v", 1)
+        port = daemon.kafka_port
+        set_, delete, append = 0, 1, 2
+        cases: list[tuple[int, int, list[tuple[Any, ...]], tuple[int, str]]] = [
+            (
+                44,
+                1,
+                [("retention.ms", set_, "1"), ("retention.ms", delete, None)],
+                (42, "Error due to duplicate config keys"),
+            ),
+            (
+                33,
+                2,
+                [("retention.ms", "1"), ("retention.ms", "2")],
+                (42, "Error due to duplicate config keys"),
+            ),
+            (
+                44,
+                1,
+                [
+                    ("retention.ms", set_, None),
+                    ("cleanup.policy", delete, None),
+                    ("cleanup.policy2", append, None),
+                ],
+                (42, "Null value not supported for : retention.ms, cleanup.policy2"),
+            ),
+            (33, 2, [("retention.ms", None)], (42, "Null value not supported for : retention.ms")),
+            (44, 1, [("retention.ms", delete, None)], (0, "None")),  # a DELETE's null is its value
+        ]
+        before = {c.name: c.value for c in (await client.topic_configs("v")).configs}
+        for api_key, version, configs, expected in cases:
+            assert await alter_raw(port, api_key, version, configs) == expected, (api_key, configs)
+        assert await metadata_v12(port, "bad name!", allow=True) == 17  # INVALID_TOPIC_EXCEPTION
+        assert await metadata_v12(port, "nope", allow=True) == 3  # UNKNOWN_TOPIC_OR_PARTITION
+        after = {c.name: c.value for c in (await client.topic_configs("v")).configs}
+    assert after == before  # nothing refused was applied
