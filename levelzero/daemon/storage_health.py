@@ -27,7 +27,8 @@ outstanding, and a store is also
 unhealthy (*stalled*) while a request has been outstanding longer than
 `STORAGE_STALL_UNHEALTHY_S` and the store has answered nothing in that time (one hung
 connection among answered requests is not a stalled store). It is healthy again as soon as it
-answers anything (the stalled request, the probe, any other); a stall and failures are
+answers anything (the stalled request, the probe, any other), and only then: a stalled request
+given up (a client gone, the drain at shutdown) is no answer; a stall and failures are
 independent, the store is healthy only when neither holds. `check_stalled` turns a stall into
 unhealthy (called every `STORAGE_PROBE_INTERVAL_S` by `probe_object_store` and by `problem`).
 
@@ -101,6 +102,9 @@ class StoreHealth:
         self._tokens = itertools.count()
         self._last_answer: float | None = None
         self._stall: tuple[str, float, float] | None = None  # (operation, started, age)
+        # A stalled request that ended without an answer (cancelled: a client gone, a drain at
+        # shutdown): the store has still answered nothing, so the stall holds until it does.
+        self._unanswered: tuple[str, float] | None = None  # (operation, started)
 
     @property
     def healthy(self) -> bool:
@@ -149,9 +153,14 @@ class StoreHealth:
         """The request `token` ended; `answered`: the store answered it (a success or a
         refusal, not a store failure nor a cancellation). True when this ended a stall."""
         was = self.healthy
+        if not answered:  # the request ending unanswered may be the one stalled
+            self._update_stall(now)
+            if self._stall is not None and self._unanswered is None:
+                self._unanswered = self._stall[:2]
         self._outstanding.pop(token, None)
         if answered:
             self._last_answer = now
+            self._unanswered = None
         self._update_stall(now)
         return self._flipped(was)
 
@@ -163,6 +172,10 @@ class StoreHealth:
 
     def _update_stall(self, now: float) -> None:
         self._stall = None
+        if self._unanswered is not None:  # nothing answered since a stalled request ended
+            operation, started = self._unanswered
+            self._stall = (operation, started, now - started)
+            return
         if not self._outstanding:
             return
         if self._last_answer is not None and now - self._last_answer <= STORAGE_STALL_UNHEALTHY_S:
@@ -221,8 +234,13 @@ class StorageHealth:
         return store.started(self.clock(), operation)
 
     def finished(self, store: StoreHealth, token: int, answered: bool) -> None:
+        """A request ended: an answer may end a stall, and the end of one request may show
+        another outstanding for too long (a stall found here, not by `check_stalled`)."""
         if store.finished(self.clock(), token, answered):
-            self._turned_healthy(store)
+            if store.healthy:
+                self._turned_healthy(store)
+            else:
+                self._turned_unhealthy(store)
 
     def check_stalled(self) -> None:
         """Turn a store with a stalled request unhealthy (and back); cheap, no I/O."""

@@ -307,8 +307,38 @@ async def test_one_hung_request_among_answered_ones_is_not_a_stalled_store() -> 
         assert health.problem() is None
         now[0] += 2  # nothing answered for longer than the bound: stalled
         assert health.problem() is not None
-        tg.cancel_scope.cancel()  # a cancelled request is no longer outstanding
+        tg.cancel_scope.cancel()  # given up: no longer outstanding, but still no answer
+    assert health.problem() is not None  # stalled until the store answers something
+    assert await store.head("x") is None
     assert health.problem() is None
+
+
+async def test_a_stalled_request_given_up_is_not_a_recovery(caplog: pytest.LogCaptureFixture) -> None:
+    """At shutdown the drain cancels requests a hung store never answered. Each end was taken
+    for the end of the stall: "storage healthy again" was logged (twice, once where the store
+    had just turned unhealthy) while the store still answered nothing."""
+    now = [0.0]
+    changes: list[bool] = []
+    health = StorageHealth(on_change=lambda h: changes.append(h.healthy), clock=lambda: now[0])
+    hang = Hang(MemoryObjectStore())
+    store = ObservedObjectStore(hang, StoreMetrics(), health)
+    hang.hung = True
+    with caplog.at_level(logging.INFO, logger="levelzero.storage_health"):
+        async with anyio.create_task_group() as tg:
+            for key in ("a", "b"):
+                tg.start_soon(store.put, key, b"hangs")
+            with anyio.fail_after(1):
+                while hang.waiting < 2:
+                    await anyio.sleep(0.001)
+            now[0] = STORAGE_STALL_UNHEALTHY_S + 5  # no check ran meanwhile
+            tg.cancel_scope.cancel()  # the drain gives both up
+        assert changes == [False] and not health.object_store.healthy
+        assert "object store stalled: a put request" in (health.problem() or "")
+        hang.hung = False
+        await store.put("c", b"answered")  # the store answers: the stall is over
+    assert changes == [False, True] and health.healthy
+    said = [r.getMessage() for r in caplog.records]
+    assert [m.split(":")[0] for m in said] == ["storage unhealthy", "storage healthy again"], said
 
 
 class HungLog:
