@@ -198,7 +198,9 @@ class Client:
                 if response.status_code < 400:
                     return response
                 failure = self._error(response)
-                failure.outcome_unknown = maybe_done  # an earlier try's (this one was answered)
+                # `interrupted`: the daemon stopped while carrying it out (a forced stop)
+                maybe_done = maybe_done or (not reads and failure.code == "interrupted")
+                failure.outcome_unknown = maybe_done  # this try's, or an earlier try's
                 if not self._unavailable_for_now(failure, replayable):
                     raise failure
             left = self._timeout_s - (time.monotonic() - started)

@@ -39,7 +39,7 @@ from levelzero.storage.protocols import L1State, ObjectStore
 from levelzero.storage.postgres.store import PostgresLogStore
 
 from levelzero.http.access_log import AccessLogMiddleware
-from levelzero.http.app import ApiSettings, Lifecycle, build_app
+from levelzero.http.app import AnsweredWhenForced, ApiSettings, Lifecycle, build_app
 from levelzero.config import Config, describe, node_id_of, parse_listen
 from levelzero.http.guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
 from levelzero.daemon.logs import configure_logging
@@ -55,6 +55,7 @@ log = logging.getLogger("levelzero.daemon")
 
 LISTEN_BACKLOG = 2048
 KAFKA_TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes its TLS handshake is dropped
+FORCED_ANSWERS_WAIT_S = 1.0  # a forced stop waits this long for its 503 answers to be written
 
 
 class StartupError(LevelZeroError):
@@ -412,6 +413,7 @@ class Daemon:
         app: Starlette | AccessLogMiddleware = build_app(node, metrics, settings, self.lifecycle, self.intake)
         if config.server.access_log:
             app = AccessLogMiddleware(app)
+        outermost = AnsweredWhenForced(app, self.lifecycle)
 
         # Everything serving needs is built (and so imported) before the node runs: in a cluster
         # the node registers and takes leases as it starts, and must renew them within the TTL;
@@ -430,7 +432,7 @@ class Daemon:
         metrics.collector.add_source(connection_metrics(guard))
         server = _UvicornServer(
             uvicorn.Config(
-                app,
+                outermost,
                 lifespan="off",
                 log_config=None,
                 access_log=False,  # ours is structured (AccessLogMiddleware)
@@ -638,8 +640,25 @@ class Daemon:
                 if stuck is not None:
                     stuck.force_exit = True
                     stuck.should_exit = True
+            await self._interrupt_requests(server)
         else:
             self.stopped_cleanly = True
+
+    async def _interrupt_requests(self, server: _UvicornServer) -> None:
+        """A forced stop: the requests still in the app are cancelled now and answered 503
+        `interrupted` (`AnsweredWhenForced`), rather than cancelled as the event loop closes
+        (uvicorn's bare 500, an ERROR traceback each), and given a moment to be written."""
+        self.lifecycle.forced = True
+        tasks = list(server.server_state.tasks)
+        for task in tasks:
+            task.cancel()
+        with anyio.move_on_after(FORCED_ANSWERS_WAIT_S):
+            while any(not task.done() for task in tasks):
+                await anyio.sleep(0.01)
+        if tasks:
+            log.warning(
+                "%d request(s) in progress when the stop was forced answered 503 interrupted", len(tasks)
+            )
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ the daemon down.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import hmac
 import ipaddress
@@ -137,6 +138,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "idempotency_key_reused": 422,
     "not_leader": 503,
     "shutting_down": 503,
+    "interrupted": 503,
     "storage_error": 503,
     "corrupt_data": 500,
     "object_not_found": 500,
@@ -189,6 +191,7 @@ class Lifecycle:
     def __init__(self, storage: StorageProblem | None = None) -> None:
         self.ready = False
         self.stopping = False
+        self.forced = False  # the stop ran past its time: requests still in the app are cancelled
         self.storage: StorageProblem = storage or _NoStorageProblem()
 
     def not_ready_reason(self) -> str | None:
@@ -1048,6 +1051,54 @@ async def _escaped_exception(request: Request, exc: Exception) -> Response:
     Starlette's outermost middleware, which then re-raises it for uvicorn to log with its
     traceback): the documented JSON 500, never Starlette's plain text."""
     return error_response(500, "internal_error", "internal error (logged)")
+
+
+FORCED_STOP_MESSAGE = (
+    "the daemon stopped while this request was in progress (its stop ran past "
+    "server.shutdown_timeout_s): it may or may not have been carried out; retry it against a "
+    "running node (a produce with the same Idempotency-Key is stored once)"
+)
+
+
+class AnsweredWhenForced:
+    """The outermost ASGI app. When a stop runs past `server.shutdown_timeout_s` (a hung store),
+    the daemon cancels the requests still in the app (`Lifecycle.forced`); uvicorn logged each
+    as an ERROR traceback and answered a bare 500, which a client cannot tell from a failure
+    of the request itself. Here such a request is answered 503 `interrupted` (retriable; unlike
+    `shutting_down` it may have been carried out), unless its answer had begun, and its
+    cancellation ends here (its task is being given up)."""
+
+    def __init__(self, app: Any, lifecycle: Lifecycle) -> None:
+        self.app = app
+        self._lifecycle = lifecycle
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except asyncio.CancelledError:
+            if not self._lifecycle.forced:
+                raise
+            if started:
+                return  # half an answer: the connection's close says the rest
+            body = _encoder.encode(ErrorBody("interrupted", FORCED_STOP_MESSAGE))
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(RETRY_AFTER_S).encode()),
+                (b"connection", b"close"),
+            ]
+            await send({"type": "http.response.start", "status": 503, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
 
 def build_app(

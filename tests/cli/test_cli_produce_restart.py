@@ -260,3 +260,23 @@ def test_produce_survives_a_daemon_killed_and_restarted_mid_run(
     assert consumed.returncode == 0, consumed.stderr
     stored = [json.loads(line)["value"] for line in consumed.stdout.splitlines()]
     assert stored == values  # every record once, in the input's order
+
+
+async def test_a_request_interrupted_by_a_forced_stop_is_an_outcome_unknown() -> None:
+    # A daemon whose stop ran past its time answers the requests it was carrying out 503
+    # `interrupted`: a produce may have been stored (a read changes nothing).
+    def interrupted(request: httpx.Request) -> httpx.Response:
+        body = {"error": "interrupted", "message": "the daemon stopped while this request was in progress"}
+        return httpx.Response(503, json=body, headers={"Retry-After": "1"})
+
+    async with Client(URL, timeout_s=10.0, transport=httpx.MockTransport(interrupted)) as client:
+        with pytest.raises(ApiError) as produced:
+            await client.produce("t", 0, [b"a"])
+        with pytest.raises(ApiError) as fetched:
+            await client.fetch("t", 0)
+    assert (produced.value.status, produced.value.code, produced.value.outcome_unknown) == (
+        503,
+        "interrupted",
+        True,
+    )
+    assert (fetched.value.code, fetched.value.outcome_unknown) == ("interrupted", False)

@@ -436,3 +436,51 @@ async def test_a_hung_object_store_turns_readiness_off_before_its_retries_run_ou
             assert 'levelzero_storage_healthy{store="object_store"} 1.0' in await client.metrics()
         daemon.request_stop("test")
     assert daemon.stopped_cleanly
+
+
+async def test_a_stop_forced_by_a_hung_store_answers_the_produce_in_progress_503_interrupted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The drain waits for in-flight produces; a hung store keeps one past
+    server.shutdown_timeout_s and the stop is forced. The produce was cancelled as the event
+    loop closed: uvicorn answered a bare 500 and logged a CancelledError traceback at ERROR.
+    It is answered 503 `interrupted` (it may have been carried out), with no traceback."""
+    hangs: list[Hang] = []
+
+    def wrap(store: ObjectStore) -> Hang:
+        hangs.append(Hang(store))
+        return hangs[-1]
+
+    config = daemon_config(
+        tmp_path, gc__enabled=False, server__shutdown_timeout_s=2.0, node__drain_timeout_s=1.0
+    )
+    daemon = Daemon(config, wrap_object_store=wrap)
+    answers: list[httpx.Response] = []
+    with caplog.at_level(logging.INFO):
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            assert daemon.url is not None
+            async with httpx.AsyncClient(base_url=daemon.url, trust_env=False, timeout=WAIT_S) as http:
+                assert (await http.post("/v1/topics", json={"name": "t", "partitions": 1})).status_code == 201
+                hangs[0].hung = True
+
+                async def produce() -> None:
+                    body = {"records": [{"value": "d2FpdHM="}]}
+                    answers.append(await http.post("/v1/topics/t/partitions/0/records", json=body))
+
+                tg.start_soon(produce)
+                with anyio.fail_after(WAIT_S):
+                    while hangs[0].waiting == 0:
+                        await anyio.sleep(0.01)
+                daemon.request_stop("the test")
+                with anyio.fail_after(WAIT_S):
+                    while not answers:
+                        await anyio.sleep(0.01)
+    (answer,) = answers
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"] == "interrupted" and "may or may not have been" in answer.json()["message"]
+    assert answer.headers["retry-after"] == "1"
+    assert not daemon.stopped_cleanly
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "Exception in ASGI application" in m], said
+    assert any("answered 503 interrupted" in m for m in said), said
