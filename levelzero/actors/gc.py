@@ -64,6 +64,7 @@ from levelzero.core.gc import (
 )
 from levelzero.core.keys import PREFIX_COUNT, l0_key_epoch, parse_l0_key
 from levelzero.core.reconcile_health import ReconcileFailing
+from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.core.leader import WatermarkBoard
 from levelzero.storage.protocols import (
     DeleteResult,
@@ -399,6 +400,7 @@ class GcActor:
             config.interval_s, config.idle_backoff_max_s, config.grace_s, config.jitter_fraction
         )
         self._round_lock = anyio.Lock()
+        self._request_failures = ThrottledWarnings(log, clock)
         # Round ids stay unique across restarts (the log store's gc_rounds table is keyed by
         # them, a row of an earlier process's round would be overwritten): start from the wall
         # clock in milliseconds, then count (rounds come far less often than one a millisecond,
@@ -972,7 +974,15 @@ class GcActor:
                 if op == "list":
                     tally.list_errors += 1
                 tally.note_error(f"{op}: {exc}")
-                log.warning("gc request failed, retried next round", extra={"op": op, "detail": str(exc)})
+                # Once an interval per operation (a round lists its prefixes in up to
+                # list_concurrency_max ranges: an outage failed each, every round)
+                self._request_failures.warn(
+                    op,
+                    "gc request failed, retried next round: %s: %s",
+                    op,
+                    exc,
+                    extra={"op": op, "detail": str(exc)},
+                )
                 return None
         raise AssertionError("unreachable")
 

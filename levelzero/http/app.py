@@ -143,6 +143,17 @@ STATUS_BY_CODE: dict[str, int] = {
     "corrupt_data": 500,
     "object_not_found": 500,
 }
+FAILURE_ADVICE = {
+    "object_not_found": (
+        " (an object the log store names is missing from the object store: deleted by hand, "
+        "a bucket emptied or restored from an older backup, a lifecycle rule, another cluster "
+        "in the same keyspace; see docs/operating.md, 'A partition that cannot be reconciled')"
+    ),
+    "corrupt_data": (
+        " (stored data does not decode or verify: see docs/operating.md, 'A partition that "
+        "cannot be reconciled')"
+    ),
+}
 _UNSIGNED = re.compile(r"^[0-9]{1,18}\Z")  # at most UNSIGNED_MAX
 JSON_MEDIA_TYPE = "application/json"
 # Counted for a request whose client went away before its body arrived (nginx's number): the
@@ -321,6 +332,7 @@ class Api:
         # A retriable failure (a store outage) meets every request: one line per error code
         # every 10 s, with the count of those held back, not one line per request.
         self._retriable_failures = ThrottledWarnings(log, time.monotonic)
+        self._failures = ThrottledWarnings(log, time.monotonic, level=logging.ERROR)
         # A bug meets every retry of the request that found it: its traceback at most once an
         # interval per route and kind of error, with the count of those held back.
         self._bugs = ThrottledBugs(log, time.monotonic)
@@ -450,7 +462,17 @@ class Api:
                 exc.code, "%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc
             )
         elif status >= 500:
-            log.error("%s %s failed: %s: %s", request.method, request.url.path, exc.code, exc)
+            # Every read of a lost object fails alike: once an interval per code, with the rest
+            # counted ("N more like it"), and what it means.
+            self._failures.warn(
+                exc.code,
+                "%s %s failed: %s: %s%s",
+                request.method,
+                request.url.path,
+                exc.code,
+                exc,
+                FAILURE_ADVICE.get(exc.code, ""),
+            )
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
         return error_response(status, exc.code, str(exc), headers)
 

@@ -496,6 +496,24 @@ async def test_a_round_whose_every_list_fails_counts_as_failed() -> None:
     assert (gc.statistics().rounds, gc.statistics().failed_rounds) == (1, 1)
 
 
+async def test_failed_gc_requests_are_logged_once_an_interval_per_operation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # During an outage each of a round's 8 list ranges failed, every round: 8 warnings a round.
+    faults = FaultPlan()
+    store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, 1)])
+    faults.fail_next("list", StorageError("connection refused"), count=1_000)
+    wall = WallClock()
+    gc = make_gc(store, log_store, board_of({"t/0": 1}), clock=wall, list_concurrency_max=8)
+    with caplog.at_level(logging.WARNING, logger="levelzero.gc"):
+        for _ in range(3):
+            assert (await gc.run_round()).list_errors == 8
+            wall.now += 1.0
+    said = [r.getMessage() for r in caplog.records if "gc request failed" in r.getMessage()]
+    assert said == ["gc request failed, retried next round: list: connection refused"], said
+
+
 async def test_a_round_that_deletes_none_of_its_keys_counts_as_failed() -> None:
     faults = FaultPlan()
     store, log_store = MemoryObjectStore(faults=faults), MemoryLogStore()

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from levelzero.client import ApiError
-from levelzero.core.errors import StorageError
+from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.cli.demo import UploadGate
 from levelzero.daemon.service import Daemon
 from levelzero.http.app import build_app
@@ -702,3 +702,44 @@ async def test_a_restarted_daemon_shows_its_l1_objects_in_its_first_status(tmp_p
         daemon.node.l1.read_lineage = failing  # type: ignore[method-assign]
         unknown = (await client.status()).partitions
         assert [(p.l1_objects, p.l1_lineage) for p in unknown] == [(None, None), (None, None)]
+
+
+class LosingGets:
+    """An object store whose GETs find nothing once `lost` is set (a bucket emptied)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.lost = False
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        if self.lost:
+            raise ObjectNotFound(f"object {key} not found")
+        return await self.inner.get(key, offset, length)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+async def test_reads_of_a_lost_object_are_logged_once_an_interval_with_what_it_means(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every read of the lost data failed alike, each an ERROR line of its own.
+    stores: list[LosingGets] = []
+
+    def wrap(store: ObjectStore) -> LosingGets:
+        stores.append(LosingGets(store))
+        return stores[-1]
+
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, node__l0_cache_bytes_max=0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"lost"])
+        stores[0].lost = True
+        with caplog.at_level(logging.ERROR, logger="levelzero.api"):
+            for _ in range(3):
+                assert_error(await raw(client, "GET", RECORDS + "?offset=0"), 500, "object_not_found")
+    said = [r.getMessage() for r in caplog.records if r.name == "levelzero.api"]
+    assert len(said) == 1, said
+    assert "failed: object_not_found" in said[0] and "A partition that cannot be reconciled" in said[0]
