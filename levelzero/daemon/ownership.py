@@ -136,23 +136,35 @@ async def claim_store(
 ) -> None:
     """Write the marker if the store has none; refuse a store owned by another cluster.
     `named_object`: an L1 object the control plane names (None: it names none), looked for
-    when the store is empty and unclaimed: such a store is not this data directory's (a wrong
-    mount, bucket or key prefix), and claiming it would serve every read of those objects with
-    an error, reported healthy."""
+    when the store is unclaimed. Missing, the store is not this data directory's (a wrong
+    mount, bucket or key prefix) or it lost its objects (a bucket emptied), and claiming it
+    would serve every read of those objects with an error, reported healthy. Whether the
+    store is empty does not say: a store emptied while a daemon ran holds what it wrote
+    since (its health probe, new L0 objects). Present, the marker alone was lost (or an
+    earlier release never wrote one): the claim is made again, with a warning."""
     owner = await store_owner(store)
     if owner is None:
-        if named_object is not None and not (await store.list_page("", limit=1)).objects:
-            key = await named_object()
-            if key is not None:
-                raise StoreRefused(
-                    f"object store {where} is empty and no cluster's, but this data "
-                    f"directory's control plane names objects in it ({key}, ...): is the "
-                    "storage configured as it was (storage.objects_path, s3.bucket, "
-                    "s3.key_prefix, s3.endpoint)? Nothing was written. If its objects are lost "
-                    f"for good, and their records with them, start anyway by writing the marker "
-                    f"first: {cluster_id} into {MARKER_KEY} in the store"
-                )
+        key = None if named_object is None else await named_object()
+        if key is not None and await store.head(key) is None:
+            raise StoreRefused(
+                f"object store {where} is no cluster's and does not hold {key}, an object this "
+                "data directory's control plane names: is the storage configured as it was "
+                "(storage.objects_path, s3.bucket, s3.key_prefix, s3.endpoint), or were its "
+                "objects deleted? Nothing was written. If its objects are lost for good, and "
+                f"their records with them, start anyway by writing the marker first: "
+                f"{cluster_id} into {MARKER_KEY} in the store"
+            )
         await store.put(MARKER_KEY, (cluster_id + "\n").encode())
         owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()  # a racing claim
-        log.info("claimed object store %s for cluster %s", where, cluster_id)
+        if key is None:
+            log.info("claimed object store %s for cluster %s", where, cluster_id)
+        else:
+            log.warning(
+                "claimed object store %s for cluster %s again: it had no marker (%s), though it "
+                "holds the objects this data directory's control plane names (the marker "
+                "deleted, or a store an earlier release never marked)",
+                where,
+                cluster_id,
+                MARKER_KEY,
+            )
     refuse_another_owner(owner, cluster_id, where)

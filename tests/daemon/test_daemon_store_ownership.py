@@ -3,6 +3,8 @@ first one's objects, so a daemon refuses a store claimed by another data directo
 
 from __future__ import annotations
 
+import logging
+
 import shutil
 from pathlib import Path
 
@@ -183,14 +185,51 @@ async def test_an_empty_unclaimed_store_under_a_control_plane_naming_objects_is_
             pass
     [refused] = [e for e in leaf_errors(caught.value) if isinstance(e, StoreRefused)]
     message = str(refused)
-    assert f"object store {objects} is empty and no cluster's" in message
-    assert "names objects in it (level_one/t/0/" in message, message
+    assert f"object store {objects} is no cluster's and does not hold level_one/t/0/" in message, message
     assert f"{cluster_id} into {MARKER_KEY} in the store" in message
     assert not objects.exists() or not any(objects.rglob("*"))  # nothing written
     (objects / "levelzero").mkdir(parents=True)
     (objects / MARKER_KEY).write_text(cluster_id + "\n")
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
         assert (await client.status()).partitions[0].high_watermark == 1
+
+
+async def test_a_store_emptied_while_running_is_refused_at_the_next_start_though_no_longer_empty(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The bucket emptied under a running daemon: what it wrote since (new L0 objects, its
+    health probe) left it non-empty, and the next start claimed it, ready, every read of the
+    lost objects a 500. An object the control plane names is looked for, whatever else the
+    store holds. A store that lost its marker alone is claimed again, with a warning."""
+    config = daemon_config(tmp_path)
+    objects = Path(config.storage.objects_dir)
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"reconciled"])
+        await daemon.node.reconciler.run_round()
+        assert daemon.node.partition("t", 0).state.lro == 0
+        for child in objects.iterdir():  # emptied while running
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        await client.produce("t", 0, [b"after"])  # the store holds this one's L0 object
+    assert any(p.is_file() for p in objects.rglob("*"))
+    with pytest.raises(BaseException) as caught:  # noqa: PT011 - may come in an exception group
+        async with running_daemon(config):
+            pass
+    [refused] = [e for e in leaf_errors(caught.value) if isinstance(e, StoreRefused)]
+    assert "does not hold level_one/t/0/" in str(refused), refused
+    assert not (objects / MARKER_KEY).exists()  # nothing written
+
+    config = daemon_config(tmp_path / "kept")
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"reconciled"])
+        await daemon.node.reconciler.run_round()
+    (Path(config.storage.objects_dir) / MARKER_KEY).unlink()  # the marker alone lost
+    with caplog.at_level(logging.INFO, logger="levelzero.daemon"):
+        async with running_daemon(config) as daemon, Client(daemon.url) as client:
+            assert [r.value for r in (await client.fetch("t", 0, 0)).records] == [b"reconciled"]
+    [claimed] = [r for r in caplog.records if "claimed object store" in r.getMessage()]
+    assert claimed.levelno == logging.WARNING and "again: it had no marker" in claimed.getMessage()
 
 
 async def test_a_first_start_that_fails_before_its_claim_starts_the_next_time(tmp_path: Path) -> None:
