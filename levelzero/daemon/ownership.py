@@ -15,7 +15,9 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 
-from levelzero.core.errors import ObjectNotFound, StoreRefused
+import anyio
+
+from levelzero.core.errors import LevelZeroError, ObjectNotFound, StoreRefused
 from levelzero.storage.protocols import ObjectStore
 
 log = logging.getLogger("levelzero.daemon")
@@ -168,3 +170,80 @@ async def claim_store(
                 MARKER_KEY,
             )
     refuse_another_owner(owner, cluster_id, where)
+
+
+MARKER_CHECK_INTERVAL_S = 60.0
+
+
+class MarkerWatch:
+    """The store's marker read again while the daemon runs (every MARKER_CHECK_INTERVAL_S):
+    a marker gone means the store lost what it held (a bucket emptied, the keyspace deleted),
+    one naming another cluster means another cluster's daemon claimed it meanwhile — this
+    node's GC would delete that cluster's objects, so it is paused until the marker is this
+    cluster's again (and resumed then, unless an operator had paused it). Each change is said
+    once (an ERROR while not ours); `owned` is the metric's value. A failed read changes
+    nothing (the storage's health reports the store)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        cluster_id: str,
+        where: str,
+        *,
+        pause_gc: Callable[[], None],
+        resume_gc: Callable[[], None],
+        gc_paused: Callable[[], bool],
+    ) -> None:
+        self._store = store
+        self._cluster_id = cluster_id
+        self._where = where
+        self._pause_gc = pause_gc
+        self._resume_gc = resume_gc
+        self._gc_paused = gc_paused
+        self.owner: str | None = cluster_id  # the marker's cluster as last read (None: none)
+        self._paused_gc = False  # this watch paused the GC (and resumes it)
+
+    @property
+    def owned(self) -> bool:
+        return self.owner == self._cluster_id
+
+    async def check(self) -> None:
+        try:
+            owner = await store_owner(self._store)
+        except LevelZeroError:
+            return
+        if owner == self.owner:
+            return
+        self.owner = owner
+        if owner is None:
+            log.error(
+                "the object store %s lost its marker %s: it was emptied or its keyspace deleted "
+                "(records acknowledged before may be lost; reads of them fail object_not_found). "
+                "Find out what deleted it; write %s into %s to say the store is this cluster's",
+                self._where,
+                MARKER_KEY,
+                self._cluster_id,
+                MARKER_KEY,
+            )
+        elif owner != self._cluster_id:
+            if not self._gc_paused():
+                self._pause_gc()
+                self._paused_gc = True
+            log.error(
+                "the object store %s is now claimed by levelzero cluster %s, not this cluster %s: "
+                "two clusters share its keyspace; the GC is paused (it would delete the other's "
+                "objects). Give each cluster its own bucket or s3.key_prefix",
+                self._where,
+                owner,
+                self._cluster_id,
+            )
+        else:
+            if self._paused_gc:
+                self._paused_gc = False
+                self._resume_gc()
+            log.info("the object store %s is this cluster's again (marker %s)", self._where, MARKER_KEY)
+
+    async def run(self, interval_s: float = MARKER_CHECK_INTERVAL_S) -> None:
+        while True:
+            await anyio.sleep(interval_s)
+            await self.check()

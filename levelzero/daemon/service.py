@@ -47,7 +47,14 @@ from levelzero.daemon.metrics import DaemonMetrics
 from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_app
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.daemon.backup import refuse_unfinished_restore
-from levelzero.daemon.ownership import claim_store, local_cluster_id, prepare_cluster_id, refuse_lost_id
+from levelzero.daemon.ownership import (
+    MARKER_CHECK_INTERVAL_S,
+    MarkerWatch,
+    claim_store,
+    local_cluster_id,
+    prepare_cluster_id,
+    refuse_lost_id,
+)
 from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
 
@@ -139,7 +146,7 @@ CLAIM_ATTEMPTS_MAX = 5
 
 async def _claim_store_with_retries(
     store: ObjectStore, config: Config, log_store: ControlStore, id_lost: bool = False
-) -> None:
+) -> str:
     """Claim the store for this data directory, or in a cluster for the cluster the control
     plane names (every node shares its id); transient store errors are retried (bounded).
     `id_lost`: the data directory's database is there and its id is not (`prepare_cluster_id`):
@@ -165,12 +172,13 @@ async def _claim_store_with_retries(
                     assert isinstance(log_store, PostgresLogStore), "a cluster runs only on PostgreSQL"
                     cluster_id = await log_store.cluster_id(cluster_id)
             await claim_store(store, cluster_id, where, named_object)
-            return
+            return cluster_id
         except StorageError as exc:
             if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:
                 raise
             log.warning("claiming the object store failed (attempt %d): %s", attempt, exc)
             await anyio.sleep(0.1 * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def store_where(config: Config) -> str:
@@ -191,6 +199,18 @@ def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]
             )
         yield GaugeMetricFamily(
             "levelzero_log_store_queued", "Write jobs queued for the log store writer.", value=stats.queued
+        )
+
+    return source
+
+
+def _ownership_metric(marker: MarkerWatch) -> Callable[[Node], Iterable[Metric]]:
+    def source(_node: Node) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            "levelzero_object_store_owned",
+            "1 while the object store's marker names this cluster (read again every minute); 0 "
+            "once it is gone (the store emptied) or names another cluster (the GC paused).",
+            value=1 if marker.owned else 0,
         )
 
     return source
@@ -289,6 +309,8 @@ class Daemon:
         self._wrap_object_store = wrap_object_store
         self._freeze_heap_at_start = freeze_heap_at_start
         self.storage_health = StorageHealth()
+        self.marker: MarkerWatch | None = None  # the store's marker, read again while serving
+        self.marker_check_interval_s = MARKER_CHECK_INTERVAL_S
         self.lifecycle = Lifecycle(self.storage_health)
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
@@ -346,8 +368,8 @@ class Daemon:
                     try:
                         if self._wrap_object_store is not None:
                             object_store = self._wrap_object_store(object_store)
-                        await _claim_store_with_retries(object_store, config, log_store, id_lost)
-                        await self._serve(tg, log_store, object_store, task_status)
+                        cluster_id = await _claim_store_with_retries(object_store, config, log_store, id_lost)
+                        await self._serve(tg, log_store, object_store, cluster_id, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):
                             await object_store.aclose()
@@ -362,6 +384,7 @@ class Daemon:
         tg: anyio.abc.TaskGroup,
         log_store: ControlStore,
         object_store: ObjectStore,
+        cluster_id: str,
         task_status: anyio.abc.TaskStatus[Daemon],
     ) -> None:
         config = self.config
@@ -404,6 +427,15 @@ class Daemon:
         metrics.registry.register(stores)
         metrics.collector.add_source(_log_store_metrics(log_store))
         metrics.collector.add_source(_readiness_metric(self.lifecycle, self.storage_health))
+        self.marker = marker = MarkerWatch(
+            observed_objects,
+            cluster_id,
+            store_where(config),
+            pause_gc=node.gc.pause,
+            resume_gc=node.gc.resume,
+            gc_paused=lambda: node.gc.paused,
+        )
+        metrics.collector.add_source(_ownership_metric(marker))
         settings = ApiSettings(
             token=config.server.token,
             body_bytes_max=config.server.body_bytes_max,
@@ -483,7 +515,14 @@ class Daemon:
                 probe_timeout_s = config.s3.connect_timeout_s + config.s3.read_timeout_s
                 await probe_object_store(observed_objects, health, probe_timeout_s=probe_timeout_s)
 
+        watching = anyio.CancelScope()  # as `probing`
+
+        async def watch_marker() -> None:
+            with watching:
+                await marker.run(self.marker_check_interval_s)
+
         tg.start_soon(probe)
+        tg.start_soon(watch_marker)
         await tg.start(self.notifier.run_watchdog)
         partitions = len(node.partitions())
         log.info(
@@ -494,6 +533,7 @@ class Daemon:
 
         await self._stop_requested.wait()
         probing.cancel()
+        watching.cancel()
         await self._stop(node, server)
         kafka_scope.cancel()
 

@@ -8,6 +8,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
 from daemon_support import daemon_config, s3_environ
@@ -21,7 +22,7 @@ from levelzero.daemon.ownership import (
     claim_store,
     local_cluster_id,
 )
-from levelzero.daemon.service import running_daemon
+from levelzero.daemon.service import Daemon, running_daemon
 from levelzero.storage.memory_store import MemoryObjectStore
 from levelzero.storage.prefixed_store import PrefixedObjectStore, check_key_prefix
 from levelzero.storage.protocols import iter_objects
@@ -274,3 +275,48 @@ async def test_a_data_directory_on_s3_that_lost_its_cluster_id_is_refused_before
     assert not isinstance(refused, StoreOwnedByAnotherCluster)
     assert f"names cluster {owner}: if this directory is that cluster's" in str(refused)
     assert not (data / "cluster-id").exists()
+
+
+async def test_a_running_daemon_notices_its_store_lost_its_marker_or_was_claimed_by_another_cluster(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The marker is read again while the daemon runs: gone (the store emptied), it is an ERROR
+    and `levelzero_object_store_owned` 0; naming another cluster, the GC is paused too (it would
+    delete the other's objects), and resumed once the marker is this cluster's again."""
+    config = daemon_config(tmp_path)
+    marker_path = Path(config.storage.objects_dir) / MARKER_KEY
+    async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        watch = daemon.marker
+        assert watch is not None and watch.owned
+        ours = marker_path.read_text()
+        with caplog.at_level(logging.INFO, logger="levelzero.daemon"):
+            marker_path.unlink()
+            await watch.check()
+            assert "levelzero_object_store_owned 0.0" in await client.metrics()
+            assert not daemon.node.gc.paused  # its own objects: nothing to protect
+            marker_path.write_text("0" * 32 + "\n")
+            await watch.check()
+            assert daemon.node.gc.paused and not watch.owned
+            marker_path.write_text(ours)
+            await watch.check()
+            assert not daemon.node.gc.paused and watch.owned
+            assert "levelzero_object_store_owned 1.0" in await client.metrics()
+            await watch.check()  # no change: nothing said
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "object store" in r.getMessage()]
+    assert [level for level, _ in said] == ["ERROR", "ERROR", "INFO"], said
+    assert "lost its marker" in said[0][1] and f"claimed by levelzero cluster {'0' * 32}" in said[1][1]
+    assert "the GC is paused" in said[1][1] and "this cluster's again" in said[2][1]
+
+
+async def test_the_marker_is_read_again_on_its_interval(tmp_path: Path) -> None:
+    config = daemon_config(tmp_path)
+    daemon = Daemon(config)
+    daemon.marker_check_interval_s = 0.05
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        assert daemon.marker is not None and daemon.marker.owned
+        (Path(config.storage.objects_dir) / MARKER_KEY).unlink()
+        with anyio.fail_after(10):
+            while daemon.marker.owned:
+                await anyio.sleep(0.01)
+        daemon.request_stop("the test")
