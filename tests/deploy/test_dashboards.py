@@ -11,6 +11,9 @@ import yaml
 from daemon_support import daemon_and_client
 from prometheus_client.parser import text_string_to_metric_families
 
+from levelzero.config import load_config
+from levelzero.daemon.metrics import LATENCY_BUCKETS_S
+
 DEPLOY = Path(__file__).resolve().parents[2] / "levelzero" / "deploy"
 # Series Prometheus makes itself (not exported by the daemon).
 PROMETHEUS_OWN = {"up"}
@@ -84,3 +87,18 @@ async def test_every_metric_they_reference_is_in_a_running_daemons_metrics(tmp_p
     assert len(wanted) >= 30
     missing = sorted(wanted - exported - PROMETHEUS_OWN - CLUSTER_ONLY)
     assert missing == [], missing
+
+
+def test_produce_latency_buckets_resolve_the_linger_window_and_the_alert_threshold() -> None:
+    """A quantile is interpolated inside its bucket: the alert's threshold must be a boundary
+    (or a p99 of 1.3 s in a 1-2.5 s bucket can read as above 2 s), and the batcher's linger,
+    which every produce waits, needs boundaries just above it."""
+    (rule,) = [r for r in alert_rules() if r["alert"] == "LevelZeroProduceLatencyHigh"]
+    threshold = re.fullmatch(r"histogram_quantile\(.*\)\s*>\s*([0-9.]+)", rule["expr"].strip())
+    assert threshold is not None, rule["expr"]
+    assert float(threshold.group(1)) in LATENCY_BUCKETS_S
+    linger_s = load_config(None, environ={}).batcher.linger_ms / 1000
+    assert linger_s in LATENCY_BUCKETS_S
+    above_linger = [b for b in LATENCY_BUCKETS_S if linger_s < b <= 1.0]
+    assert len(above_linger) >= 4, above_linger
+    assert list(LATENCY_BUCKETS_S) == sorted(set(LATENCY_BUCKETS_S))
