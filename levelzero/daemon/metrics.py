@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -526,6 +533,10 @@ class DaemonMetrics:
         sources: Sequence[Source] = DEFAULT_SOURCES,
         data_dir: str | None = None,
     ) -> None:
+        # No `*_created` series: prometheus_client exports one per counter and histogram
+        # (per label set), which doubles their series for a value Prometheus does not use.
+        # The switch is the library's own and process-wide, read at each scrape.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         # process_* (RSS, CPU seconds, open fds, start time) and python_info, as every
         # Prometheus client exports them by default, in this daemon's own registry.
