@@ -255,7 +255,7 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
         len(failing),
     )
     since = GaugeMetricFamily(
-        "levelzero_partition_reconcile_failing_since_seconds",
+        "levelzero_partition_reconcile_failing_since_timestamp_seconds",
         "Unix time a failing partition's reconciliation started failing (absent when healthy).",
         labels=["topic", "partition"],
     )
@@ -277,7 +277,7 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
     )
     oldest = pending.oldest_since()
     since = GaugeMetricFamily(
-        "levelzero_l1_deletes_pending_since_seconds",
+        "levelzero_l1_deletes_pending_since_timestamp_seconds",
         "Unix time of the oldest failed L1 delete still pending (absent when none).",
     )
     if oldest is not None:
@@ -407,7 +407,7 @@ def compactor_metrics(node: Node) -> Iterable[Metric]:
             labels=["topic", "partition"],
         ),
         "last_compaction_at": GaugeMetricFamily(
-            "levelzero_partition_compaction_last_seconds",
+            "levelzero_partition_compaction_last_timestamp_seconds",
             "Unix time of a compacted partition's last accepted compaction (absent: none yet).",
             labels=["topic", "partition"],
         ),
