@@ -64,6 +64,15 @@ async def test_object_store_operations_are_timed_and_failures_counted() -> None:
     )
 
 
+def test_missing_object_series_exist_before_the_first_missing_object() -> None:
+    """LevelZeroObjectsMissing is an increase(): a series born at 1 with the first missing
+    object would show no increase, and the first loss would not page."""
+    registry = registry_of(StoreMetrics())
+    for operation in ("get", "head"):
+        labels = {"operation": operation, "error": "object_not_found"}
+        assert registry.get_sample_value("levelzero_object_store_errors_total", labels) == 0
+
+
 class _Slow:
     """An object store whose requests take `took_s` each, on the test's clock."""
 
