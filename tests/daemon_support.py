@@ -60,6 +60,24 @@ async def daemon_and_client(
             yield daemon, client
 
 
+async def scrape_of_a_working_daemon(data_dir: Path) -> str:
+    """/metrics of a daemon that has done a little of everything a node alone does (created
+    topics, one compacted, produced, fetched, advanced the epoch, housekept, run a GC round),
+    so that the series that appear only once something happened are there."""
+    async with daemon_and_client(data_dir, gc__grace_s=0.0) as (daemon, client):
+        await client.create_topic("t", 2)
+        await client.create_topic("c", 1, {"cleanup.policy": "compact"})
+        await client.produce("t", 0, [(None, b"a"), (b"k", b"b")])
+        await client.produce("c", 0, [(b"k", b"1"), (b"k", b"2")])
+        await client.fetch("t", 0, 0, None)
+        await client.advance_epoch()
+        assert (await client._http.post("/v1/housekeeper/run", json={"force": True})).status_code == 200
+        await client.gc_run(dry_run=False)  # the GC's per-round gauges appear after a round
+        response = await client._http.get("/metrics")
+    assert response.status_code == 200
+    return response.text
+
+
 # ------------------------------------------------------------------------------ subprocess
 
 

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -28,7 +35,29 @@ from levelzero.daemon.buildinfo import build_labels
 
 Source = Callable[[Node], Iterable[Metric]]
 
-LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Produce latency: a produce waits for the batcher's linger (250 ms by default), then the L0
+# upload and the log commit, so most fall between 0.25 and 1 s; 2 s is the p99 the shipped
+# alert (LevelZeroProduceLatencyHigh) fires at, a boundary here so its quantile is not a guess
+# interpolated across a wide bucket.
+LATENCY_BUCKETS_S = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 OBJECT_SIZE_BUCKETS = tuple(float(1 << n) for n in range(10, 27, 2))  # 1 KiB .. 64 MiB
 OBJECT_SIZES_DRAIN_MAX = 100_000
 
@@ -226,7 +255,7 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
         len(failing),
     )
     since = GaugeMetricFamily(
-        "levelzero_partition_reconcile_failing_since_seconds",
+        "levelzero_partition_reconcile_failing_since_timestamp_seconds",
         "Unix time a failing partition's reconciliation started failing (absent when healthy).",
         labels=["topic", "partition"],
     )
@@ -248,7 +277,7 @@ def reconciler_metrics(node: Node) -> Iterable[Metric]:
     )
     oldest = pending.oldest_since()
     since = GaugeMetricFamily(
-        "levelzero_l1_deletes_pending_since_seconds",
+        "levelzero_l1_deletes_pending_since_timestamp_seconds",
         "Unix time of the oldest failed L1 delete still pending (absent when none).",
     )
     if oldest is not None:
@@ -378,7 +407,7 @@ def compactor_metrics(node: Node) -> Iterable[Metric]:
             labels=["topic", "partition"],
         ),
         "last_compaction_at": GaugeMetricFamily(
-            "levelzero_partition_compaction_last_seconds",
+            "levelzero_partition_compaction_last_timestamp_seconds",
             "Unix time of a compacted partition's last accepted compaction (absent: none yet).",
             labels=["topic", "partition"],
         ),
@@ -504,6 +533,10 @@ class DaemonMetrics:
         sources: Sequence[Source] = DEFAULT_SOURCES,
         data_dir: str | None = None,
     ) -> None:
+        # No `*_created` series: prometheus_client exports one per counter and histogram
+        # (per label set), which doubles their series for a value Prometheus does not use.
+        # The switch is the library's own and process-wide, read at each scrape.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         # process_* (RSS, CPU seconds, open fds, start time) and python_info, as every
         # Prometheus client exports them by default, in this daemon's own registry.

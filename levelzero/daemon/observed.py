@@ -31,7 +31,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from levelzero.core.errors import LevelZeroError, StorageError
+from levelzero.core.errors import LevelZeroError, ObjectNotFound, StorageError
 from levelzero.core.throttled_warning import ThrottledWarnings
 from levelzero.storage.protocols import (
     LIST_PAGE_KEYS_MAX,
@@ -69,6 +69,7 @@ STORE_LATENCY_BUCKETS_S = (
     30.0,
 )
 OBJECT_STORE_OPERATIONS = ("put", "get", "head", "list", "delete")
+OBJECT_READS = ("get", "head")  # the operations that answer ObjectNotFound
 # The log store's writes: each returns when its group commit is durable.
 LOG_STORE_WRITES = (
     "append",
@@ -136,6 +137,10 @@ class StoreMetrics(Collector):
         for operation in OBJECT_STORE_OPERATIONS:
             self.object_latency.labels(operation)
             self.object_errors.labels(operation, "storage_error")
+        # A missing object (acknowledged data unreadable) pages at its first increase: a series
+        # born at 1 would show none.
+        for operation in OBJECT_READS:
+            self.object_errors.labels(operation, ObjectNotFound.code)
         for operation in LOG_STORE_WRITES:
             self.log_latency.labels(operation)
             self.log_errors.labels(operation, "storage_error")

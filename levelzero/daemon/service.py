@@ -188,15 +188,21 @@ def store_where(config: Config) -> str:
     return f"s3://{config.s3.bucket}/{config.s3.key_prefix} at {endpoint}"
 
 
+# The log store writer's counters (`LogStoreStatistics`), each with its HELP text.
+LOG_STORE_COUNTERS = {
+    "batches": "Write batches the log store's writer executed (several writes share one transaction).",
+    "commits": "Write batches of the log store that committed (durable).",
+    "appends": "Partition log appends the log store committed.",
+    "records": "Partition log records the log store committed (appends and term starts).",
+    "rejected_appends": "Appends the log store refused (a partition led elsewhere, or a broken invariant).",
+}
+
+
 def _log_store_metrics(store: ControlStore) -> Callable[[Node], Iterable[Metric]]:
     def source(node: Node) -> Iterable[Metric]:
         stats = store.statistics()
-        for field in ("commits", "batches", "appends", "records", "rejected_appends"):
-            yield CounterMetricFamily(
-                f"levelzero_log_store_{field}",
-                f"Log store (control plane) {field}.",
-                value=getattr(stats, field),
-            )
+        for field, doc in LOG_STORE_COUNTERS.items():
+            yield CounterMetricFamily(f"levelzero_log_store_{field}", doc, value=getattr(stats, field))
         yield GaugeMetricFamily(
             "levelzero_log_store_queued", "Write jobs queued for the log store writer.", value=stats.queued
         )

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from daemon_support import TOKEN, daemon_and_client
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, enable_created_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from levelzero.cli.commands import leaf_errors
@@ -62,6 +62,15 @@ async def test_object_store_operations_are_timed_and_failures_counted() -> None:
         )
         == 0
     )
+
+
+def test_missing_object_series_exist_before_the_first_missing_object() -> None:
+    """LevelZeroObjectsMissing is an increase(): a series born at 1 with the first missing
+    object would show no increase, and the first loss would not page."""
+    registry = registry_of(StoreMetrics())
+    for operation in ("get", "head"):
+        labels = {"operation": operation, "error": "object_not_found"}
+        assert registry.get_sample_value("levelzero_object_store_errors_total", labels) == 0
 
 
 class _Slow:
@@ -183,6 +192,21 @@ async def test_a_running_daemon_exports_process_build_disk_readiness_and_store_m
     assert value("levelzero_object_store_request_duration_seconds_count", operation="put") >= 1
     assert value("levelzero_log_store_commit_duration_seconds_count", operation="append") >= 1
     assert value("levelzero_log_store_commit_duration_seconds_count", operation="create_topic") == 1
+
+
+async def test_a_scrape_has_no_created_series(tmp_path: Path) -> None:
+    """prometheus_client would add a `*_created` series to every counter and histogram (per
+    label set), doubling them; the daemon turns that off as it sets up its registry."""
+    enable_created_metrics()  # the library's default, whatever an earlier test did
+    async with daemon_and_client(tmp_path) as (daemon, client):
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [(None, b"record")])
+        text = (await client._http.get("/metrics")).text
+    names = {s.name for family in text_string_to_metric_families(text) for s in family.samples}
+    assert "levelzero_http_requests_total" in names
+    assert "levelzero_produce_latency_seconds_count" in names
+    assert "levelzero_object_store_errors_total" in names
+    assert sorted(name for name in names if name.endswith("_created")) == []
 
 
 async def test_metrics_listener_serves_metrics_alone_without_the_token(tmp_path: Path) -> None:

@@ -53,7 +53,8 @@ async def test_a_failing_partition_is_named_everywhere_and_can_be_abandoned_with
         assert "RECONCILE FAILING t/0 since" in text and "holding M back" in text
         metrics = await client.metrics()
         assert "levelzero_reconciler_failing_partitions 1.0" in metrics
-        assert 'levelzero_partition_reconcile_failing_since_seconds{partition="0",topic="t"}' in metrics
+        since = 'levelzero_partition_reconcile_failing_since_timestamp_seconds{partition="0",topic="t"}'
+        assert since in metrics
         explained = await client.gc_explain(epoch=status.cluster_epoch)
         (holder,) = [h for h in explained.holders if h.partition == "t/0"]
         assert "reconciliation failing since" in holder.reason and key in holder.reason
@@ -165,7 +166,7 @@ async def test_a_failing_l1_delete_is_retried_while_running_and_shown_in_status_
         assert "L1 DELETES PENDING 1" in formats.format_status(status)
         metrics = await client.metrics()
         assert "levelzero_l1_deletes_pending 1.0" in metrics
-        assert "levelzero_l1_deletes_pending_since_seconds " in metrics
+        assert "levelzero_l1_deletes_pending_since_timestamp_seconds " in metrics
         assert os.path.exists(path)
         assert {r.key: r.state for r in await node.log_store.l1_list(pid)} == {key: L1State.DELETE_STARTED}
 
