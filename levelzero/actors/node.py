@@ -251,6 +251,7 @@ class Node:
         self._create_lock = anyio.Lock()
         self.accepting = False
         self.drain_timeout_s = 30.0
+        self.reads_objects_missing = 0  # reads that failed: an object they need is not stored
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -820,12 +821,18 @@ class Node:
     ) -> _T:
         """`read` of the partition's actor, served only while this node leads it."""
         actor = await self.led_partition(topic, partition)
-        if self.member is None:
-            return await read(actor)
-        with self.member.serving():
-            result = await read(actor)
-            if self.member.leads(actor.row.pid):
-                return result
+        try:
+            if self.member is None:
+                return await read(actor)
+            with self.member.serving():
+                result = await read(actor)
+                if self.member.leads(actor.row.pid):
+                    return result
+        except ObjectNotFound:
+            # Not a race the reader rides out (it reads the lineage again): records it must
+            # serve are gone from the store (`levelzero_reads_objects_missing_total`).
+            self.reads_objects_missing += 1
+            raise
         # The lease's deadline passed while reading (the read may be waiting on a dead
         # connection to the control plane): a successor may have newer records.
         self.partition(topic, partition)  # raises LedElsewhere, naming the leader if known

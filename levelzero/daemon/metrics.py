@@ -207,6 +207,12 @@ def batcher_metrics(node: Node) -> Iterable[Metric]:
     )
     yield _counter("levelzero_reader_l0_reads", "Fetches served from L0.", node.reader.l0_reads)
     yield _counter("levelzero_reader_l1_reads", "Fetches served from L1.", node.reader.l1_reads)
+    yield _counter(
+        "levelzero_reads_objects_missing",
+        "Reads (HTTP fetches, Kafka fetches and ListOffsets) that failed because an object they "
+        "need is not in the object store: acknowledged records that cannot be read.",
+        node.reads_objects_missing,
+    )
     yield from l0_cache_metrics(node)
 
 

@@ -740,6 +740,7 @@ async def test_reads_of_a_lost_object_are_logged_once_an_interval_with_what_it_m
         with caplog.at_level(logging.ERROR, logger="levelzero.api"):
             for _ in range(3):
                 assert_error(await raw(client, "GET", RECORDS + "?offset=0"), 500, "object_not_found")
+        assert "levelzero_reads_objects_missing_total 3.0" in await client.metrics()  # the alert's
     said = [r.getMessage() for r in caplog.records if r.name == "levelzero.api"]
     assert len(said) == 1, said
     assert "failed: object_not_found" in said[0] and "A partition that cannot be reconciled" in said[0]
