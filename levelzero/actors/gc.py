@@ -610,7 +610,11 @@ class GcActor:
         self._last = report
         await self._log.record_gc_round(self._round_row(report))
         # The round's figures are fields of the event (JSON logs: JSON fields), not message text.
-        log.info(
+        # A round that did nothing, found nothing wrong and was not asked for is DEBUG: an idle
+        # daemon's log is not a line per round.
+        idle = not (dry_run or report.deleted or report.errors or report.failed or report.blocked)
+        log.log(
+            logging.DEBUG if idle else logging.INFO,
             "gc dry run" if dry_run else "gc round",
             extra={
                 "round": round_id,

@@ -1114,7 +1114,7 @@ async def test_a_round_id_is_the_gc_start_in_milliseconds_plus_its_rounds_since_
     store, log_store = MemoryObjectStore(), MemoryLogStore()
     board, wall = board_of({"t/0": 5}), WallClock()
     wall.now = 1_795_974_347.848
-    with caplog.at_level(logging.INFO, logger="levelzero.gc"):
+    with caplog.at_level(logging.DEBUG, logger="levelzero.gc"):  # rounds with nothing to do
         gc = make_gc(store, log_store, board, clock=wall)
         first, second = await gc.run_round(), await gc.run_round()
         wall.now += 60.0  # restarted a minute later
@@ -1136,3 +1136,17 @@ async def test_a_round_id_is_the_gc_start_in_milliseconds_plus_its_rounds_since_
     assert "milliseconds" in schema_row and "unique across restarts" in schema_row
     operating = (repo / "docs" / "operating.md").read_text()
     assert 'msg="gc round" round=1795974489834 ' in operating and "round=12" not in operating
+
+
+async def test_a_round_that_did_nothing_is_logged_at_debug_one_that_deleted_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An idle daemon logged a "gc round" line at INFO every round.
+    store, log_store = MemoryObjectStore(), MemoryLogStore()
+    await put_l0(store, log_store, [l0_key(1, 1, 1)])
+    gc = make_gc(store, log_store, board_of({"t/0": 5}))
+    with caplog.at_level(logging.DEBUG, logger="levelzero.gc"):
+        assert (await gc.run_round()).deleted == 1
+        assert (await gc.run_round()).deleted == 0
+    levels = [r.levelno for r in caplog.records if r.getMessage() == "gc round"]
+    assert levels == [logging.INFO, logging.DEBUG]
