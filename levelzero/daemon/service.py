@@ -19,10 +19,10 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -59,9 +59,13 @@ from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
 
 log = logging.getLogger("levelzero.daemon")
+_T = TypeVar("_T")
 
 LISTEN_BACKLOG = 2048
 KAFKA_TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a client that never finishes its TLS handshake is dropped
+# Opening, then claiming, the object store at start: each within this (both together below
+# the unit's TimeoutStartSec=90, so the daemon says why, not systemd).
+OBJECT_STORE_START_TIMEOUT_S = 40.0
 FORCED_ANSWERS_WAIT_S = 1.0  # a forced stop waits this long for its 503 answers to be written
 
 
@@ -317,6 +321,7 @@ class Daemon:
         self.storage_health = StorageHealth()
         self.marker: MarkerWatch | None = None  # the store's marker, read again while serving
         self.marker_check_interval_s = MARKER_CHECK_INTERVAL_S
+        self.object_store_start_timeout_s = OBJECT_STORE_START_TIMEOUT_S
         self.lifecycle = Lifecycle(self.storage_health)
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
@@ -370,11 +375,13 @@ class Daemon:
             try:
                 # On PostgreSQL: no `levelzero recover` runs there while this daemon does.
                 async with opening.control_plane_presence(tg, config, application_name=name, exclusive=False):
-                    object_store = await open_object_store(config)
+                    object_store = await self._in_start_time("opening", open_object_store(config))
                     try:
                         if self._wrap_object_store is not None:
                             object_store = self._wrap_object_store(object_store)
-                        cluster_id = await _claim_store_with_retries(object_store, config, log_store, id_lost)
+                        cluster_id = await self._in_start_time(
+                            "claiming", _claim_store_with_retries(object_store, config, log_store, id_lost)
+                        )
                         await self._serve(tg, log_store, object_store, cluster_id, task_status)
                     finally:
                         with anyio.CancelScope(shield=True):
@@ -384,6 +391,20 @@ class Daemon:
                     await log_store.aclose()
             tg.cancel_scope.cancel()  # the watchdog; everything else has ended
         log.info("levelzero stopped", extra={"clean": self.stopped_cleanly})
+
+    async def _in_start_time(self, what: str, call: Awaitable[_T]) -> _T:
+        """`call` (opening or claiming the object store at start), within
+        `object_store_start_timeout_s`: a hung endpoint answers nothing for the S3 client's
+        retries (up to 5 x 35 s), past systemd's TimeoutStartSec=90, which killed the daemon
+        with its own message and none of ours."""
+        timeout_s = self.object_store_start_timeout_s
+        with anyio.move_on_after(timeout_s):
+            return await call
+        raise StartupError(
+            f"the object store {store_where(self.config)} did not answer within {timeout_s:g} s "
+            f"while {what} it at start-up (a hung endpoint, or a network path that drops "
+            "packets?); levelzero exits and is restarted"
+        )
 
     async def _serve(
         self,

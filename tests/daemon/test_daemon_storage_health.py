@@ -18,7 +18,8 @@ from daemon_support import daemon_config
 from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.client import ApiError, Client
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
-from levelzero.daemon.service import Daemon
+from levelzero.cli.commands import leaf_errors
+from levelzero.daemon.service import Daemon, StartupError
 from levelzero.daemon.storage_health import (
     STORAGE_FAILURES_TO_UNHEALTHY,
     STORAGE_STALL_UNHEALTHY_S,
@@ -484,3 +485,28 @@ async def test_a_stop_forced_by_a_hung_store_answers_the_produce_in_progress_503
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "Exception in ASGI application" in m], said
     assert any("answered 503 interrupted" in m for m in said), said
+
+
+class HangGets(Hang):
+    """A store whose GETs hang (an endpoint that took the connection and went silent)."""
+
+    async def get(self, key: str, offset: int = 0, length: int | None = None) -> bytes:
+        self.waiting += 1
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+
+async def test_a_store_hung_at_start_up_is_a_clear_start_up_error_before_systemd_gives_up(
+    tmp_path: Path,
+) -> None:
+    """Claiming the store reads its marker; an endpoint that answers nothing kept the start
+    waiting through the S3 client's retries (up to 175 s), past the unit's TimeoutStartSec=90:
+    systemd killed it, and the log said nothing of why."""
+    daemon = Daemon(daemon_config(tmp_path), wrap_object_store=HangGets)
+    daemon.object_store_start_timeout_s = 0.2
+    with anyio.fail_after(WAIT_S), pytest.raises(BaseException) as caught:  # noqa: PT011 - a group
+        await daemon.run()
+    [error] = [e for e in leaf_errors(caught.value) if isinstance(e, StartupError)]
+    assert str(error).startswith(
+        f"the object store {tmp_path / 'objects'} did not answer within 0.2 s while claiming it"
+    )
