@@ -7,7 +7,10 @@ import json
 import re
 from pathlib import Path
 
+import anyio
 import yaml
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 from daemon_support import daemon_and_client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,16 +64,29 @@ def test_files_cover_what_an_operator_must_watch() -> None:
         "levelzero_partition_mp",
         "levelzero_gc_failed_rounds_total",
         "levelzero_produce_latency_seconds_bucket",
+        "levelzero_kafka_requests_total",
+        "levelzero_kafka_request_errors_total",
         "levelzero_object_store_request_duration_seconds_bucket",
         "levelzero_ready",
     ):
         assert metric in referenced(exprs), metric
 
 
+def kafka_produce_and_refused_create(port: int, topic: str) -> None:
+    """A Kafka produce, and a CreateTopics answered TOPIC_ALREADY_EXISTS (an error code)."""
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}"})
+    producer.produce(topic, b"over kafka", partition=1)
+    assert producer.flush(20) == 0
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    refused = admin.create_topics([NewTopic(topic, 1, 1)])[topic].exception(20)
+    assert refused is not None and "TOPIC_ALREADY_EXISTS" in str(refused), refused
+
+
 async def test_every_metric_they_reference_is_in_a_running_daemons_metrics(tmp_path: Path) -> None:
-    async with daemon_and_client(tmp_path, gc__grace_s=0.0) as (daemon, client):
+    async with daemon_and_client(tmp_path, gc__grace_s=0.0, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("t", 2)
         await client.produce("t", 0, [(None, b"a"), (b"k", b"b")])
+        await anyio.to_thread.run_sync(kafka_produce_and_refused_create, daemon.kafka_port, "t")
         await client.fetch("t", 0, 0, None)
         await client.advance_epoch()
         assert (await client._http.post("/v1/housekeeper/run", json={"force": True})).status_code == 200
