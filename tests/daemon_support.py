@@ -16,8 +16,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from levelzero.client import Client
 from levelzero.config import Config, load_config
@@ -60,14 +63,27 @@ async def daemon_and_client(
             yield daemon, client
 
 
+def _kafka_produce_and_refused_create(port: int, topic: str) -> None:
+    """A Kafka produce, and a CreateTopics answered TOPIC_ALREADY_EXISTS (an error code): the
+    Kafka listener's series."""
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}"})
+    producer.produce(topic, b"over kafka", partition=1)
+    assert producer.flush(20) == 0
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+    refused = admin.create_topics([NewTopic(topic, 1, 1)])[topic].exception(20)
+    assert refused is not None and "TOPIC_ALREADY_EXISTS" in str(refused), refused
+
+
 async def scrape_of_a_working_daemon(data_dir: Path) -> str:
     """/metrics of a daemon that has done a little of everything a node alone does (created
-    topics, one compacted, produced, fetched, advanced the epoch, housekept, run a GC round),
+    topics, one compacted, produced over HTTP and Kafka, fetched, advanced the epoch,
+    housekept, run a GC round),
     so that the series that appear only once something happened are there."""
-    async with daemon_and_client(data_dir, gc__grace_s=0.0) as (daemon, client):
+    async with daemon_and_client(data_dir, gc__grace_s=0.0, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("t", 2)
         await client.create_topic("c", 1, {"cleanup.policy": "compact"})
         await client.produce("t", 0, [(None, b"a"), (b"k", b"b")])
+        await anyio.to_thread.run_sync(_kafka_produce_and_refused_create, daemon.kafka_port, "t")
         await client.produce("c", 0, [(b"k", b"1"), (b"k", b"2")])
         await client.fetch("t", 0, 0, None)
         await client.advance_epoch()

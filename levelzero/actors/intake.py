@@ -75,6 +75,14 @@ log = logging.getLogger("levelzero.intake")
 # (producer id, producer epoch, topic, partition, base sequence) of an idempotent record set.
 Identity = tuple[int, int, str, int, int]
 
+# Told each produce a front end served: its seconds, from the decoded request to the answer, and
+# whether it was acknowledged (every partition stored); the daemon's produce latency histogram.
+ProduceObserver = Callable[[float, bool], None]
+
+
+def unobserved(seconds: float, acknowledged: bool) -> None:
+    """The observer of a front end run without metrics (tests, benchmarks)."""
+
 
 # Producer ids of HTTP idempotency keys: 62 bits of the key's SHA-256 above 2**62, where ids
 # handed to Kafka producers (milliseconds << 16, counted up) do not reach.

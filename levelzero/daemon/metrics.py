@@ -2,8 +2,10 @@
 
 Most values already live in the node (fence statistics, batcher counters, the epoch), so they are
 read at scrape time by `NodeCollector` rather than mirrored into metric objects on every change.
-Only what the node does not count is observed directly: HTTP requests and produce latency (in
-the API), and L0 object sizes (drained from `node.batcher.stats.object_sizes` at each scrape).
+Only what the node does not count is observed directly: HTTP requests (in the API), produce
+latency (by both front ends, through `produce_observer`), and L0 object sizes (drained from
+`node.batcher.stats.object_sizes` at each scrape). The Kafka listener keeps its own counters
+(`kafka.metrics`), added as a source when it runs.
 
 Each component has a source, a function `(node) -> Iterable[Metric]` in `DEFAULT_SOURCES`
 (epochs, cluster, batcher, reconciler, housekeeper, GC); another one is passed in `sources` or added with
@@ -27,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from levelzero.actors.intake import ProduceObserver
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
 from levelzero.core.cluster import live_nodes
@@ -551,7 +554,9 @@ class DaemonMetrics:
         self.registry.register(BuildAndDiskCollector(data_dir))
         self.produce_latency = Histogram(
             "levelzero_produce_latency_seconds",
-            "Produce request latency, from decoded body to acknowledgement.",
+            "Produce request latency, from the decoded request to its answer, by front end "
+            "(http, kafka) and outcome (acknowledged: every record stored; failed).",
+            ["protocol", "outcome"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
@@ -569,3 +574,13 @@ class DaemonMetrics:
         )
         self.collector = NodeCollector(node, sources, per_partition_max, object_sizes)
         self.registry.register(self.collector)
+
+    def produce_observer(self, protocol: str) -> ProduceObserver:
+        """What front end `protocol` tells of each produce; its series exist, at 0, from here."""
+        acknowledged = self.produce_latency.labels(protocol, "acknowledged")
+        failed = self.produce_latency.labels(protocol, "failed")
+
+        def observe(seconds: float, ok: bool) -> None:
+            (acknowledged if ok else failed).observe(seconds)
+
+        return observe

@@ -508,7 +508,7 @@ class Daemon:
         )
         server.config.load()  # its protocol and lifespan modules, now rather than when it serves
         metrics_server = self._metrics_server_for(metrics) if config.metrics.listen else None
-        kafka_listener = self._kafka_listener_for(node, kafka)
+        kafka_listener = self._kafka_listener_for(node, metrics, kafka)
 
         if self._freeze_heap_at_start:
             freeze_heap()  # before anything runs: nothing short-lived is alive to be frozen
@@ -582,12 +582,14 @@ class Daemon:
         advertised_host = settings.advertised_host or ("127.0.0.1" if host in ("0.0.0.0", "", "::") else host)
         return _KafkaBound(listener, host, advertised_host, settings.advertised_port or self.kafka_port)
 
-    def _kafka_listener_for(self, node: Node, bound: _KafkaBound | None) -> Any:
-        """The Kafka listener over `node` (built before the node runs: see `_serve`), or None."""
+    def _kafka_listener_for(self, node: Node, metrics: DaemonMetrics, bound: _KafkaBound | None) -> Any:
+        """The Kafka listener over `node` (built before the node runs: see `_serve`), or None;
+        its metrics in `metrics`."""
         if bound is None:
             return None
         from levelzero.kafka.handlers import Handlers  # only with [kafka] listen
         from levelzero.kafka.metadata import KafkaSettings
+        from levelzero.kafka.metrics import kafka_metrics
         from levelzero.kafka.server import KafkaListener, KafkaTLSListener, ListenerSettings
 
         settings = self.config.kafka
@@ -604,6 +606,7 @@ class Daemon:
                 + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
             ),
             self.intake,
+            metrics.produce_observer("kafka"),
         )
         self.kafka = KafkaListener(
             handlers,
@@ -617,6 +620,7 @@ class Daemon:
                 frame_timeout_s=settings.frame_timeout_s,
             ),
         )
+        metrics.collector.add_source(kafka_metrics(self.kafka))
         tls_context = settings.tls_context()
         if tls_context is not None:
             listener = KafkaTLSListener(
@@ -624,6 +628,7 @@ class Daemon:
                 tls_context,
                 standard_compatible=False,
                 handshake_timeout=KAFKA_TLS_HANDSHAKE_TIMEOUT_S,
+                stats=self.kafka.stats,
             )
         return listener
 

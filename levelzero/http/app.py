@@ -37,14 +37,14 @@ from typing import Any, Protocol
 
 import anyio
 import msgspec
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.intake import ProduceIntake, ProduceObserver
 from levelzero.actors.gc import WatermarkReading
 from levelzero.actors.node import Node
 from levelzero.actors.partition import PartitionView
@@ -179,8 +179,7 @@ class ApiMetrics(Protocol):
     @property
     def requests(self) -> Counter: ...  # by route and status code
 
-    @property
-    def produce_latency(self) -> Histogram: ...
+    def produce_observer(self, protocol: str) -> ProduceObserver: ...
 
 
 class StorageProblem(Protocol):
@@ -327,6 +326,7 @@ class Api:
         self.intake = intake
         self.settings = settings
         self.metrics = metrics
+        self._observe_produce = metrics.produce_observer("http")
         self.lifecycle = lifecycle
         self._token = settings.token.encode()
         # A retriable failure (a store outage) meets every request: one line per error code
@@ -624,13 +624,21 @@ class Api:
                 raise ApiError(
                     400, "malformed_request", f"idempotency_key must hold 1..{IDEMPOTENCY_KEY_MAX} characters"
                 )
-            base, count, duplicate = await self.intake.produce_once(
-                topic, partition, records, body.idempotency_key
-            )
-            self.metrics.produce_latency.observe(time.perf_counter() - started)
+            try:
+                base, count, duplicate = await self.intake.produce_once(
+                    topic, partition, records, body.idempotency_key
+                )
+            except Exception:
+                self._observe_produce(time.perf_counter() - started, False)
+                raise
+            self._observe_produce(time.perf_counter() - started, True)
             return _json(ProduceResponse(base, base + count - 1, 1, duplicate))
-        result = await self.intake.produce(topic, partition, records)
-        self.metrics.produce_latency.observe(time.perf_counter() - started)
+        try:
+            result = await self.intake.produce(topic, partition, records)
+        except Exception:
+            self._observe_produce(time.perf_counter() - started, False)
+            raise
+        self._observe_produce(time.perf_counter() - started, True)
         return _json(ProduceResponse(result.base_offset, result.last_offset, result.attempts))
 
     async def fetch(self, request: Request) -> Response:

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from levelzero.actors.intake import ProduceIntake
+from levelzero.actors.intake import ProduceIntake, ProduceObserver, unobserved
 from levelzero.actors.node import Node
 from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
 from levelzero.kafka.cluster_admin import ClusterAdminApi
@@ -44,7 +44,13 @@ UNHELD_START_OFFSET_ENV = "LEVELZERO_TEST_UNHELD_START_OFFSET"
 
 
 class Handlers:
-    def __init__(self, node: Node, settings: KafkaSettings, intake: ProduceIntake | None = None) -> None:
+    def __init__(
+        self,
+        node: Node,
+        settings: KafkaSettings,
+        intake: ProduceIntake | None = None,
+        produce_observer: ProduceObserver = unobserved,
+    ) -> None:
         self.node = node
         self.settings = settings
         self.intake = ProduceIntake(node) if intake is None else intake
@@ -62,7 +68,7 @@ class Handlers:
             )
         else:
             node.housekeeper.open_transactions = self.transactions.index.oldest_open
-        self.producing = ProduceApi(self.intake, auto_create, self.transactions)
+        self.producing = ProduceApi(self.intake, auto_create, self.transactions, produce_observer)
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)
         self.fetching = FetchApi(node, self.intake, self.transactions.index)

@@ -4,12 +4,13 @@ size rule, idempotence, the partitions' lanes, the hand-off to the node: `actors
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import anyio
 from kio.schema.errors import ErrorCode
 
-from levelzero.actors.intake import Pending, ProduceIntake
+from levelzero.actors.intake import Pending, ProduceIntake, ProduceObserver, unobserved
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.l0format import Record
 from levelzero.kafka import records as kr
@@ -35,23 +36,52 @@ class ProduceApi:
         intake: ProduceIntake,
         auto_create: AutoCreate | None = None,
         transactions: TransactionCoordinator | None = None,
+        observe: ProduceObserver = unobserved,
     ) -> None:
         self.intake = intake
         self.auto_create = auto_create  # kafka.auto_create_topics: unknown topics are made
         self.transactions = transactions
+        self.observe = observe  # each request: acknowledged when every partition was stored
 
     async def produce(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None
     ) -> Any | None:
         """Records reach each partition's lane in the intake in the order the connection sent them: this
         request submits once the connection's previous produce has (`after`), then lets the next
-        one submit (`submitted`); it does not wait for the previous one to be stored."""
-        m = request.response_module
+        one submit (`submitted`); it does not wait for the previous one to be stored. Observed
+        (`observe`) from here to the partitions' outcomes, a request failing or refused on any
+        partition as not acknowledged."""
+        started = time.perf_counter()
         body = request.body
         jobs = [(t.name, p.index, p.records) for t in body.topic_data for p in t.partition_data]
+        try:
+            results = await self._results(body, jobs, after, submitted)
+        except Exception:
+            self.observe(time.perf_counter() - started, False)
+            raise
+        self.observe(time.perf_counter() - started, all(code == ErrorCode.none for code, _, _ in results))
+        if body.acks == 0:
+            failed = [
+                f"{topic}/{partition}: {code.name}"
+                for (topic, partition, _), (code, _, _) in zip(jobs, results, strict=True)
+                if code != ErrorCode.none
+            ]
+            if failed:
+                raise UnansweredFailure(f"a produce with acks=0 failed ({', '.join(failed[:5])})")
+            return None
+        return self._response(request.response_module, jobs, results)
+
+    async def _results(
+        self,
+        body: Any,
+        jobs: list[tuple[str, int, bytes | None]],
+        after: anyio.Event | None,
+        submitted: anyio.Event | None,
+    ) -> list[tuple[ErrorCode, int, str | None]]:
+        """Per job, its error code, base offset and error message."""
         if body.acks not in VALID_ACKS:  # as Kafka: every partition refused, nothing stored or made
             refusal = (ErrorCode.invalid_required_acks, -1, f"acks must be -1, 0 or 1, not {body.acks}")
-            return self._response(m, jobs, [refusal] * len(jobs))
+            return [refusal] * len(jobs)
         transactional_id = getattr(body, "transactional_id", None)
         if transactional_id is None and any(kr.transactional_head(data or b"") for _, _, data in jobs):
             # As Kafka's handler: transactional records need the producer's transactional id;
@@ -62,7 +92,7 @@ class ProduceApi:
                 -1,
                 "transactional records need the request's transactional_id",
             )
-            return self._response(m, jobs, [refusal] * len(jobs))
+            return [refusal] * len(jobs)
         if self.auto_create is not None:
             known = self.intake.node.topics()
             unknown = [t.name for t in body.topic_data if t.name not in known]
@@ -94,16 +124,7 @@ class ProduceApi:
                     results.append((ErrorCode.none, outcome.base_offset, None))
             else:
                 results.append(outcome)
-        if body.acks == 0:
-            failed = [
-                f"{topic}/{partition}: {code.name}"
-                for (topic, partition, _), (code, _, _) in zip(jobs, results, strict=True)
-                if code != ErrorCode.none
-            ]
-            if failed:
-                raise UnansweredFailure(f"a produce with acks=0 failed ({', '.join(failed[:5])})")
-            return None
-        return self._response(m, jobs, results)
+        return results
 
     @staticmethod
     def _response(

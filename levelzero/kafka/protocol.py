@@ -120,7 +120,7 @@ def _allows_null(tp: Any) -> bool:
     return get_origin(tp) in (Union, UnionType) and NoneType in get_args(tp)
 
 
-def _entity_inside(tp: Any) -> Any:
+def entity_inside(tp: Any) -> Any:
     """The entity class a field of type `tp` holds (itself, or an array of it), else None."""
     args = [a for a in get_args(tp) if a is not NoneType] if _allows_null(tp) else [tp]
     inner = args[0] if len(args) == 1 else None
@@ -133,7 +133,7 @@ def _entity_inside(tp: Any) -> Any:
 def _null_checks(cls: Any) -> tuple[tuple[str, bool, Any], ...]:
     """Per field of entity `cls`: its name, whether the schema lets it be null, and the entity
     class inside it to check in turn (None: a primitive)."""
-    return tuple((f.name, _allows_null(f.type), _entity_inside(f.type)) for f in dataclasses.fields(cls))
+    return tuple((f.name, _allows_null(f.type), entity_inside(f.type)) for f in dataclasses.fields(cls))
 
 
 def _null_where_not_nullable(entity: Any, path: str) -> str | None:

@@ -49,6 +49,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.batcher import _ByteBudget as ByteBudget  # the one byte budget we have
 from levelzero.core.throttled_warning import ThrottledBugs, ThrottledWarnings
 from levelzero.kafka.handlers import Handlers
+from levelzero.kafka.metrics import ApiStats, RequestStats
 from levelzero.kafka.protocol import (
     API_VERSIONS_KEY,
     SIZE_PREFIX,
@@ -112,8 +113,9 @@ _GONE = (
 
 
 class Close(Enum):
-    """Why the listener closed a connection a client could make it close at will: each reason's
-    line is logged at most once an interval (`ThrottledWarnings`), with the count held back."""
+    """Why the listener closed a connection (a client's own close is not one), each counted in
+    `ListenerStats.closed`. The lines of those a client could cause at will are logged at most
+    once an interval per reason (`ThrottledWarnings`), with the count held back."""
 
     CONNECTIONS_MAX = "connections_max"
     IDLE = "idle"
@@ -123,6 +125,8 @@ class Close(Enum):
     BEFORE_AUTHENTICATION = "before_authentication"
     UNANSWERED = "unanswered"
     TLS_HANDSHAKE = "tls_handshake"
+    AUTHENTICATION_FAILED = "authentication_failed"  # answered, then closed
+    ERROR = "error"  # a handler failed on a bug (its traceback is logged)
 
 
 def close_lines(level: int = logging.WARNING) -> ThrottledWarnings:
@@ -143,6 +147,8 @@ class _Slot:
     budget_bytes: int = 0  # taken from both the connection's and the listener's budget
     connection_budget: ByteBudget | None = None
     submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
+    read_at: float = 0.0  # time.perf_counter() once the frame was in
+    api: ApiStats | None = None  # its API's counters, once the request is known to be one
 
 
 SASL_HANDSHAKE_KEY = 17
@@ -172,6 +178,10 @@ class ListenerStats:
     closed_slow_frames: int = 0  # a frame's body not in within frame_timeout_s
     errors: int = 0
     authentications_failed: int = 0
+    closed: dict[Close, int] = field(default_factory=lambda: dict.fromkeys(Close, 0))
+
+    def close(self, reason: Close) -> None:
+        self.closed[reason] += 1
 
 
 class KafkaListener:
@@ -179,6 +189,7 @@ class KafkaListener:
         self.handlers = handlers
         self.settings = settings
         self.stats = ListenerStats()
+        self.requests = RequestStats()
         # A request failing on a bug is sent again at once by the client, for ever: its
         # traceback at most once an interval per kind of error (`stats.errors` counts them all).
         self._bugs = ThrottledBugs(log, time.monotonic, keys_max=64)
@@ -198,6 +209,7 @@ class KafkaListener:
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
         self.stats.connections += 1
         if self.stats.connections_open >= self.settings.connections_max:
+            self.stats.close(Close.CONNECTIONS_MAX)
             self._closes.warn(
                 Close.CONNECTIONS_MAX,
                 "kafka: connections_max %d reached; closing a new connection from %s",
@@ -254,6 +266,7 @@ class KafkaListener:
                     frame = await self._read_frame(reader, slot, session)
                     if frame is None:
                         break
+                    slot.read_at = time.perf_counter()
                     await send.send(slot)
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
@@ -275,6 +288,7 @@ class KafkaListener:
                 return None
         if head is None:
             self.stats.closed_idle += 1
+            self.stats.close(Close.IDLE)
             self._quiet_closes.warn(
                 Close.IDLE, "kafka: closing a connection from %s silent for %.0f s", session.peer, wait_s
             )
@@ -287,6 +301,7 @@ class KafkaListener:
         )
         if not 0 < size <= limit:
             self.stats.closed_bad_frames += 1
+            self.stats.close(Close.FRAME_SIZE)
             self._closes.warn(
                 Close.FRAME_SIZE,
                 "kafka: closing a connection from %s that sent a frame of %d bytes (at most %d%s)",
@@ -308,6 +323,7 @@ class KafkaListener:
                 raise
         self._release(slot)
         self.stats.closed_slow_frames += 1
+        self.stats.close(Close.SLOW_FRAME)
         self._closes.warn(
             Close.SLOW_FRAME,
             "kafka: closing a connection from %s whose %d-byte frame did not arrive within %.0f s",
@@ -357,6 +373,8 @@ class KafkaListener:
                         await slot.done.wait()
                         if slot.close:
                             break
+                        if slot.api is not None:  # its turn to be written: answered
+                            slot.api.observe(time.perf_counter() - slot.read_at)
                         if slot.response is not None:
                             try:
                                 await stream.send(slot.response)
@@ -380,20 +398,24 @@ class KafkaListener:
             reason = (
                 Close.BEFORE_AUTHENTICATION if isinstance(exc, _BeforeAuthentication) else Close.MALFORMED
             )
+            self.stats.close(reason)
             self._closes.warn(reason, "kafka: closing a connection from %s: %s", session.peer, exc)
             slot.close = True
         except UnansweredFailure as exc:
             self.stats.closed_unanswered_failures += 1
+            self.stats.close(Close.UNANSWERED)
             self._quiet_closes.warn(
                 Close.UNANSWERED, "kafka: closing a connection from %s: %s", session.peer, exc
             )
             slot.close = True
         except AssertionError as exc:
             self.stats.errors += 1
+            self.stats.close(Close.ERROR)
             self._bugs.failed(exc, None, "BUG: invariant violated while serving a kafka request")
             slot.close = True
         except Exception as exc:  # noqa: BLE001 - logged (throttled), the connection closed
             self.stats.errors += 1
+            self.stats.close(Close.ERROR)
             self._bugs.failed(exc, None, "kafka: unexpected error serving a request; closing the connection")
             slot.close = True
         finally:
@@ -410,8 +432,12 @@ class KafkaListener:
     ) -> bytes | None:
         self.stats.requests += 1
         api_key, api_version, correlation_id = parse_prefix(frame)
+        slot.api = api = self.requests.api(api_key)
+        api.requests += 1
         if api_key == API_VERSIONS_KEY and not is_supported(api_key, api_version):
-            return encode_response(correlation_id, api_versions_response(0, ErrorCode.unsupported_version))
+            refusal = api_versions_response(0, ErrorCode.unsupported_version)
+            api.count_errors(refusal)
+            return encode_response(correlation_id, refusal)
         if not session.authenticated and api_key not in BEFORE_AUTHENTICATION:
             self.stats.authentications_failed += 1
             raise _BeforeAuthentication(
@@ -419,10 +445,12 @@ class KafkaListener:
             )
         request = dataclasses.replace(parse_request(frame), client_host=session.client_host)
         if api_key in (SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY):
-            return encode_response(request.correlation_id, self._sasl(request, session, slot))
-        response = await self.handlers.handle(request, after, submitted)
+            response = self._sasl(request, session, slot)
+        else:
+            response = await self.handlers.handle(request, after, submitted)
         if response is None:
             return None
+        api.count_errors(response)
         return encode_response(request.correlation_id, response)
 
     def _sasl(self, request: Request, session: _Session, slot: _Slot) -> Any:
@@ -440,6 +468,7 @@ class KafkaListener:
         if step.error != ErrorCode.none and self.sasl.served:  # (without SASL: answered, as Kafka)
             if step.error == ErrorCode.sasl_authentication_failed:
                 self.stats.authentications_failed += 1
+            self.stats.close(Close.AUTHENTICATION_FAILED)
             slot.close_after_response = True
             slot.close_delay_s = FAILED_AUTHENTICATION_CLOSE_DELAY_S
         elif step.done:
@@ -479,6 +508,7 @@ class KafkaTLSListener(TLSListener):
     traceback, at most once an interval (with the count held back)."""
 
     handshake_failures: ThrottledWarnings = field(default_factory=close_lines)
+    stats: ListenerStats = field(default_factory=ListenerStats)  # the listener's, to count closes
 
     async def handle_handshake_error(  # type: ignore[override]  # anyio's is static; called on self
         self, exc: BaseException, stream: anyio.abc.AnyByteStream
@@ -488,6 +518,7 @@ class KafkaTLSListener(TLSListener):
             return
         peer = _peer(stream)
         await aclose_forcefully(stream)
+        self.stats.close(Close.TLS_HANDSHAKE)
         self.handshake_failures.warn(
             Close.TLS_HANDSHAKE, "kafka: TLS handshake failed; closing the connection from %s: %s", peer, exc
         )

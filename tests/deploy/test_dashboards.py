@@ -162,6 +162,8 @@ def test_files_cover_what_an_operator_must_watch() -> None:
         "levelzero_storage_healthy",
         "levelzero_object_store_errors_total",
         "levelzero_produce_latency_seconds_bucket",
+        "levelzero_kafka_requests_total",
+        "levelzero_kafka_request_errors_total",
         "levelzero_object_store_request_duration_seconds_bucket",
         "levelzero_ready",
     ):

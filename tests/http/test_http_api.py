@@ -76,7 +76,7 @@ async def test_topics_produce_fetch_status_epoch_and_metrics(tmp_path: Path) -> 
 
         text = await client.metrics()
         assert f"levelzero_cluster_epoch {float(epoch + 1)}" in text
-        assert "levelzero_produce_latency_seconds_count 2.0" in text
+        assert 'levelzero_produce_latency_seconds_count{outcome="acknowledged",protocol="http"} 2.0' in text
         assert "levelzero_batcher_object_size_bytes_count 2.0" in text
         assert "levelzero_fence_window_slides_total" in text
         metric = {
@@ -468,8 +468,14 @@ async def test_two_daemons_in_one_process_have_their_own_metrics(tmp_path: Path)
     async with daemon_and_client(tmp_path / "a") as (_, a), daemon_and_client(tmp_path / "b") as (_, b):
         await a.create_topic("t", 1)
         await a.produce("t", 0, [b"x"])
-        assert "levelzero_produce_latency_seconds_count 1.0" in await a.metrics()
-        assert "levelzero_produce_latency_seconds_count 0.0" in await b.metrics()
+        assert (
+            'levelzero_produce_latency_seconds_count{outcome="acknowledged",protocol="http"} 1.0'
+            in await a.metrics()
+        )
+        assert (
+            'levelzero_produce_latency_seconds_count{outcome="acknowledged",protocol="http"} 0.0'
+            in await b.metrics()
+        )
         assert "levelzero_partitions 0.0" in await b.metrics()
 
 
@@ -509,6 +515,27 @@ async def test_failed_produces_log_one_warning_per_error_code_not_one_per_reques
         failed = [r.getMessage() for r in caplog.records if "failed: storage_error" in r.getMessage()]
         assert len(failed) == 1, failed
         assert failed[0].startswith("POST /v1/topics/t/partitions/0/records failed: storage_error:"), failed
+
+
+async def test_failed_produces_are_observed_apart_from_acknowledged_ones(tmp_path: Path) -> None:
+    """The produce latency histogram's `outcome="acknowledged"` series (the alert's) holds only
+    stored produces; a produce the store failed is observed too, as `failed`."""
+    stores: list[FailingPuts] = []
+
+    def wrap(store: ObjectStore) -> FailingPuts:
+        stores.append(FailingPuts(store))
+        return stores[-1]
+
+    async with daemon_and_client(tmp_path, wrap_object_store=wrap, gc__enabled=False) as (_, client):
+        await client.create_topic("t", 1)
+        await client.produce("t", 0, [b"stored"])
+        stores[0].down = True
+        for _ in range(3):
+            with pytest.raises(ApiError):
+                await client.produce("t", 0, [b"lost to the outage"])
+        text = await client.metrics()
+    assert 'levelzero_produce_latency_seconds_count{outcome="acknowledged",protocol="http"} 1.0' in text
+    assert 'levelzero_produce_latency_seconds_count{outcome="failed",protocol="http"} 3.0' in text
 
 
 async def test_unexpected_errors_are_500_json_and_the_daemon_keeps_serving(
