@@ -233,8 +233,13 @@ class ControlSection(_Section):
     writers: int = 2
     connect_timeout_s: float = 10.0
     reconnect_timeout_s: float = 30.0
+    # History rows (fence events, state samples, GC rounds, deleted L0 objects' rows: what
+    # `levelzero export` reads) older than this are pruned, hourly (0: kept forever)
+    history_retention_s: float = 7 * 86_400.0
 
     def __post_init__(self) -> None:
+        if self.history_retention_s != 0 and not 3600 <= self.history_retention_s <= 3650 * 86_400:
+            raise ValueError("history_retention_s must be 0 (keep forever) or in 3600..315360000 (10 years)")
         if self.dsn:
             if not self.dsn.startswith(("postgresql://", "postgres://")):
                 raise ValueError("dsn must start with postgresql://")

@@ -55,6 +55,7 @@ from levelzero.daemon.ownership import (
     prepare_cluster_id,
     refuse_lost_id,
 )
+from levelzero.daemon.history_pruning import HISTORY_PRUNE_INTERVAL_S, run_history_pruning
 from levelzero.daemon.storage_health import StorageHealth, probe_object_store
 from levelzero.daemon.systemd import Notifier
 
@@ -322,6 +323,7 @@ class Daemon:
         self.marker: MarkerWatch | None = None  # the store's marker, read again while serving
         self.marker_check_interval_s = MARKER_CHECK_INTERVAL_S
         self.object_store_start_timeout_s = OBJECT_STORE_START_TIMEOUT_S
+        self.history_prune_interval_s = HISTORY_PRUNE_INTERVAL_S
         self.lifecycle = Lifecycle(self.storage_health)
         self._stop_requested = anyio.Event()
         self.stop_reason = ""
@@ -548,8 +550,17 @@ class Daemon:
             with watching:
                 await marker.run(self.marker_check_interval_s)
 
+        pruning = anyio.CancelScope()  # as `probing`
+
+        async def prune_history() -> None:
+            with pruning:
+                await run_history_pruning(
+                    log_store, config.control.history_retention_s, interval_s=self.history_prune_interval_s
+                )
+
         tg.start_soon(probe)
         tg.start_soon(watch_marker)
+        tg.start_soon(prune_history)
         await tg.start(self.notifier.run_watchdog)
         partitions = len(node.partitions())
         log.info(
@@ -561,6 +572,7 @@ class Daemon:
         await self._stop_requested.wait()
         probing.cancel()
         watching.cancel()
+        pruning.cancel()
         await self._stop(node, server)
         kafka_scope.cancel()
 

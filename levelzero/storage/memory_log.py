@@ -370,6 +370,28 @@ class MemoryLogStore:
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
         self.state_samples.extend(rows)
 
+    async def prune_history(self, before: float, limit: int) -> int:
+        """As the SQL stores do (`storage/history.py`): the oldest rows first, the newest kept."""
+        gone = 0
+        for rows, at in (
+            (self.fence_events, lambda r: r.at),
+            (self.state_samples, lambda r: r.at),
+            (self.gc_rounds, lambda r: r.finished_at),
+        ):
+            doomed = [i for i, row in enumerate(rows[:-1]) if at(row) < before][:limit]
+            for i in reversed(doomed):
+                del rows[i]
+            gone += len(doomed)
+        keys = list(self.l0_objects)
+        doomed_keys = [
+            k
+            for k in keys[:-1]
+            if (deleted := self.l0_objects[k].deleted_at) is not None and deleted < before
+        ][:limit]
+        for key in doomed_keys:
+            del self.l0_objects[key]
+        return gone + len(doomed_keys)
+
     # -- consumer offsets
     async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None:
         await anyio.lowlevel.checkpoint()

@@ -631,6 +631,13 @@ class EventLog(Protocol):
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None: ...
 
+    async def prune_history(self, before: float, limit: int) -> int:
+        """Delete up to `limit` rows of each history table older than `before` (fence events
+        and state samples by their time, GC rounds by their end, the rows of L0 objects the GC
+        deleted by the deletion), never a table's newest row; how many went
+        (`storage/history.py`)."""
+        ...
+
 
 @runtime_checkable
 class LogStore(

@@ -43,12 +43,15 @@ from levelzero.storage.postgres.store import PostgresLogStore
 from levelzero.storage.protocols import (
     Append,
     CompactionCommit,
+    FenceEventRow,
+    GcRoundRow,
     L0ObjectRow,
     L1Row,
     L1State,
     LogStore,
     OffsetRow,
     Snapshot,
+    StateSampleRow,
 )
 from levelzero.storage.sqlite import SqliteLogStore
 
@@ -63,6 +66,7 @@ class Backend:
     open: Callable[[], Awaitable[Any]]
     open_in: Callable[[anyio.abc.TaskGroup], Awaitable[Any]]
     make_newer: Callable[[int], Awaitable[None]]  # stamp the store's schema version
+    times: Callable[[str, str], Awaitable[list[float | None]]] | None = None  # a column, in row order
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -75,8 +79,18 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
                 connection.execute(f"PRAGMA user_version = {version}")
             connection.close()
 
+        async def sqlite_times(table: str, column: str) -> list[float | None]:
+            with sqlite3.connect(db) as connection:
+                rows = connection.execute(f"SELECT {column} FROM {table} ORDER BY rowid").fetchall()  # noqa: S608
+            connection.close()
+            return [row[0] for row in rows]
+
         return Backend(
-            "sqlite", lambda: SqliteLogStore.open(db), lambda tg: SqliteLogStore.open_in(tg, db), newer_sqlite
+            "sqlite",
+            lambda: SqliteLogStore.open(db),
+            lambda tg: SqliteLogStore.open_in(tg, db),
+            newer_sqlite,
+            sqlite_times,
         )
     dsn = request.getfixturevalue("postgres_dsn")
 
@@ -87,11 +101,21 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         finally:
             await connection.close()
 
+    async def postgres_times(table: str, column: str) -> list[float | None]:
+        order = "round_id" if table == "gc_rounds" else "seq"
+        connection = await asyncpg.connect(dsn)
+        try:
+            query = f"SELECT {column} FROM {table} ORDER BY {order}"  # noqa: S608 (the test's names)
+            return [row[0] for row in await connection.fetch(query)]
+        finally:
+            await connection.close()
+
     return Backend(
         "postgres",
         lambda: PostgresLogStore.open(dsn),
         lambda tg: PostgresLogStore.open_in(tg, dsn),
         newer_postgres,
+        postgres_times,
     )
 
 
@@ -794,3 +818,43 @@ async def test_a_compaction_result_whose_objects_moved_is_refused_whole(backend:
         assert refusal is not None and "r0" in refusal
         assert (await store.l1_compaction_state(p.pid)).cleaner_offsets == {}
         assert {r.key: r.state for r in await store.l1_list(pid=p.pid)}["c0"] == L1State.COPY_STARTED
+
+
+async def test_history_rows_older_than_the_bound_are_pruned_in_batches_keeping_each_tables_newest(
+    backend: Backend,
+) -> None:
+    """Fence events, state samples, GC rounds and deleted L0 objects' rows grew without end
+    (a soak: ~85 KB a minute). Pruned by age, at most `limit` rows a table per call, never a
+    table's newest row (an export's watermark refers to it), never a live L0 object's row."""
+    assert backend.times is not None
+    async with await backend.open() as store:
+        await store.create_topic("t", 1, 1, 0.0)
+        (row,) = await store.list_partitions()
+        old, new = [1.0, 2.0, 3.0, 4.0], [100.0, 101.0]
+        await store.record_fence_events(
+            [FenceEventRow(at, row.pid, 1, 1, "admitted", 1, 1, 1) for at in old + new]
+        )
+        await store.record_state_samples(
+            [StateSampleRow(at, row.pid, 1, 0, 1, 0, 0, -1, 1, 0) for at in old + new]
+        )
+        for n, at in enumerate(old + [100.0]):
+            await store.record_gc_round(GcRoundRow(n + 1, at - 1, at, 2, 1, False, 0, 0, 0, 0, 0, 0, None))
+        for key, deleted in (("a", 1.0), ("b", None), ("c", 2.0), ("d", 100.0)):
+            await store.record_l0_object(L0ObjectRow(f"level_zero/{key}", 1, 10, 0.5, 1))
+            if deleted is not None:
+                await store.mark_l0_deleted([f"level_zero/{key}"], deleted, 1)
+        # every table: 3 at most a call
+        assert await store.prune_history(50.0, 3) == 3 + 3 + 3 + 2
+        assert await backend.times("fence_events", "at") == [4.0, 100.0, 101.0]
+        assert await store.prune_history(50.0, 3) == 1 + 1 + 1 + 0
+        assert await store.prune_history(50.0, 3) == 0
+        assert await backend.times("fence_events", "at") == new
+        assert await backend.times("state_samples", "at") == new
+        assert await backend.times("gc_rounds", "finished_at") == [100.0]
+        assert await backend.times("l0_objects", "deleted_at") == [None, 100.0]  # b lives
+        # the newest row stays, however old
+        assert await store.prune_history(1000.0, 10) == 1 + 1 + 0 + 0
+        assert await backend.times("fence_events", "at") == [101.0]
+        assert await backend.times("gc_rounds", "finished_at") == [100.0]
+        assert await backend.times("l0_objects", "deleted_at") == [None, 100.0]
+        assert [r.key for r in await store.l0_live_objects(10)] == ["level_zero/b"]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import asyncpg
 import msgspec
 
+from levelzero.storage.history import HISTORY_TABLES, prune_statement
 from levelzero.storage.protocols import FenceEventRow, GcRoundRow, L0ObjectRow, StateSampleRow
 
 from .base import PostgresBase
@@ -63,3 +64,19 @@ class CatalogRole(PostgresBase):
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
         await self._stage("state_samples", [msgspec.structs.astuple(r) for r in rows])
+
+    async def prune_history(self, before: float, limit: int) -> int:
+        assert limit >= 1, limit
+
+        async def work(connection: asyncpg.Connection) -> int:
+            gone = 0
+            for table in HISTORY_TABLES:
+                status = await connection.execute(prune_statement(table, "postgres"), before, limit)
+                gone += int(status.split()[-1])
+            return gone
+
+        async def resolve(_connection: asyncpg.Connection) -> int:
+            return 0  # done before the answer was lost; how many went is not kept
+
+        result: int = await self._transact("pruning the history tables", work, resolve)
+        return result

@@ -88,6 +88,7 @@ from levelzero.storage.protocols import (
     Snapshot,
     StateSampleRow,
 )
+from levelzero.storage.history import HISTORY_TABLES, prune_statement
 from levelzero.storage.lifecycle import StoreLifecycle
 from levelzero.storage.sqlite import writer_process
 
@@ -1114,6 +1115,19 @@ class SqliteLogStore(StoreLifecycle):
 
     async def record_state_samples(self, rows: Sequence[StateSampleRow]) -> None:
         await self._stage_rows(INSERT_STATE_SAMPLE, [msgspec.structs.astuple(r) for r in rows])
+
+    async def prune_history(self, before: float, limit: int) -> int:
+        assert limit >= 1, limit
+
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> int:
+            gone = 0
+            for table in HISTORY_TABLES:
+                cursor = await connection.execute(prune_statement(table, "sqlite"), (before, limit))
+                gone += cursor.rowcount
+            return gone
+
+        result: int = await self._submit(Job(run=run))
+        return result
 
     # ------------------------------------------------------------------ consumer offsets
 
