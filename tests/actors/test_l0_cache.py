@@ -17,6 +17,7 @@ from levelzero.actors.gc import GcConfig
 from levelzero.actors.l0_cache import L0ObjectCache, l0_object_bytes_bound
 from levelzero.actors.node import Node
 from levelzero.actors.reader import FetchResult
+from levelzero.core.entries import Placeholder
 from levelzero.core.errors import ObjectNotFound, StorageError
 from levelzero.core.keys import L0_ROOT, format_l0_key
 from levelzero.core.l0format import Record
@@ -446,3 +447,44 @@ async def _produce_windows(node: Node, windows: Iterable[int]) -> dict[int, list
 
 def _values(fetched: FetchResult) -> list[bytes | None]:
     return [r.value for r in fetched.records]
+
+
+@in_virtual_time
+async def test_an_object_a_registered_reader_may_still_read_is_neither_collected_nor_released():
+    """A reader registered before the reconciler passed the objects (as a fetch racing it:
+    it read the placeholders above the old LRO) pins M(p): the rounds' M stays below the
+    objects, so the GC keeps them and the cache keeps serving them; once the reader is done,
+    the next rounds collect and release them."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    config = replace(hand_run_config(), gc=GcConfig(enabled=False, grace_s=0.0))
+    async with running_node(config, MemoryLogStore(), objects) as node:
+        await node.create_topic("t", PARTITIONS)
+        expected = await _produce_windows(node, range(WINDOWS))
+        actor = node.partition("t", 0)
+        reader_id, _ = actor.register_reader()
+        assert _values(await node.fetch("t", 0, 0, 1 << 20)) == expected[0]  # loads the objects
+        assert await node.reconciler.run_round() == PARTITIONS
+
+        async def rounds() -> None:
+            for _ in range(3):
+                await node.epochs.advance()
+                await node.housekeeper.run_round(force=True)
+                await node.reconciler.run_round()
+                await node.gc.run_round()
+
+        await rounds()
+        assert len([info async for info in iter_objects(objects, L0_ROOT)]) == WINDOWS
+        stats = node.l0_cache.statistics()
+        assert (stats.objects, stats.released) == (WINDOWS, 0)
+        loads = stats.loads
+        for p in range(PARTITIONS):  # the pinned objects still serve reads of their extents
+            for record in await node.log_store.read_placeholders(node.partition("t", p).row.pid, 0, 64):
+                extent = record.entry
+                assert isinstance(extent, Placeholder)
+                await node.l0_cache.get(extent.object_key, extent.byte_offset, extent.byte_length)
+        assert node.l0_cache.statistics().loads == loads
+        actor.release_reader(reader_id)
+        await rounds()
+        assert not [info async for info in iter_objects(objects, L0_ROOT)]
+        stats = node.l0_cache.statistics()
+        assert (stats.objects, stats.held_bytes, stats.released) == (0, 0, WINDOWS)
