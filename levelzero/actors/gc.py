@@ -363,6 +363,7 @@ class GcActor:
         leaders: Callable[[], Mapping[str, str]] | None = None,
         collect_deleted: Callable[[], Awaitable[int]] | None = None,
         incarnation: Callable[[], int | None] | None = None,
+        released: Callable[[int], object] | None = None,
     ) -> None:
         """`clock` is the wall clock object ages are measured with (object stores stamp
         `last_modified` in unix seconds); `sleep` is what the loop and throttle backoffs wait
@@ -377,7 +378,10 @@ class GcActor:
         that is not a dry run (`L1Catalog.collect_deleted`); their L0 data needs nothing: a
         deleted partition has left the partition set, so it no longer holds `M` back.
         `incarnation`: in a cluster, the node's incarnation from its first registration (None
-        before it), which makes the round ids of every node unique (`cluster_round_id`)."""
+        before it), which makes the round ids of every node unique (`cluster_round_id`).
+        `released`: told `M` each time a round takes one (dry runs too: `M` says what is
+        garbage, whether or not it is deleted yet); the node's readers' cache drops the
+        objects at or below it (`L0ObjectCache.release_through`)."""
         self.config = config
         self._objects = object_store
         self._log = log_store
@@ -410,6 +414,7 @@ class GcActor:
         # ids count in a range of their own (`cluster_round_id`).
         self._next_round_id = max(1, int(clock() * 1000))
         self._incarnation = incarnation
+        self._released = released
         self._round_ids_own = incarnation is None  # the range is taken (or none is needed)
         self._totals = _Totals()
         self._last: RoundReport | None = None
@@ -574,6 +579,8 @@ class GcActor:
         decision = (await self.read_watermark()).decision
         self._watermark.observe(decision.m)
         self._last_decision = decision
+        if decision.m is not None and self._released is not None:
+            self._released(decision.m)
         self._say_if_blocked(decision, started_at)
         tally = _Tally()
         try:

@@ -37,15 +37,29 @@ is the bytes a ranged GET would return. The cache decides nothing about which ob
 read: a reader asks for an extent only through a placeholder it read while registered with its
 partition (`Reader`), whose pin keeps the object from the GC as long as it reads, exactly as
 for its own GET; an object the GC deleted is named by no placeholder a reader can still read
-(it is below the LRO), so its bytes, if still held, are never asked for and age out."""
+(it is below the LRO), so its bytes, if still held, are never asked for.
+
+Releasing collected objects (`release_through`): once a GC round of the node has taken the
+cluster's watermark `M`, every object of epoch <= `M` is dropped at once, not left to age out
+(an idle daemon held its last `bytes_max` of deleted objects, 128 MiB, for good). Those are the
+objects the GC deletes, this node's or any other's (every node's GC takes the same `M` from the
+control plane), and no reader asks for them again: a reader registered with its partition holds
+`M(p)`, so `M`, below the epoch of every object it can still read (the GC's own safety
+argument, DESIGN.md); a read at offsets the reconciler has passed goes to L1. Objects are
+indexed by epoch, so a release costs the objects it drops (and one step per epoch passed),
+never a scan of what is held; a GET in flight for such an object hands its bytes to its reads
+and keeps nothing."""
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import anyio
 
+from levelzero.core.errors import MalformedKey
+from levelzero.core.keys import l0_key_epoch
 from levelzero.storage.protocols import ObjectStore
 
 
@@ -78,6 +92,7 @@ class L0CacheStatistics:
     loads: int  # GETs of an object
     uncached_gets: int  # extents read alone (off, no room, thrashing, past the bytes loaded, failed)
     evictions: int  # objects dropped for room
+    released: int  # objects dropped because the GC's watermark passed their epoch
     load_every: int  # one miss in this many loads its object (1; more while the cache thrashes)
 
     @property
@@ -114,6 +129,12 @@ class L0ObjectCache:
         self._every = 1  # one miss in this many loads its object
         self._misses = 0  # misses that could load (room or not)
         self._hits = self._shared = self._loads = self._uncached = self._evictions = 0
+        # The keys held by epoch, for `release_through`; an epoch stays (its set maybe empty,
+        # its objects evicted) until released, so each epoch is once in `_epochs`, a min-heap.
+        self._by_epoch: dict[int, set[str]] = {}
+        self._epochs: list[int] = []
+        self._released_through = 0  # the highest `M` released: no object at or below it is kept
+        self._released = 0
 
     async def get(self, key: str, offset: int, length: int) -> bytes:
         """`length` bytes of the L0 object `key` from `offset` (an extent), unverified (the
@@ -195,10 +216,12 @@ class L0ObjectCache:
                 size = len(load.data)
                 assert size <= self._load_bytes, (key, size)
                 self._sizes_lately.append(size)
-                if self._make_room(size):
+                epoch = _epoch(key)
+                if not 0 < epoch <= self._released_through and self._make_room(size):
                     self._held[key] = load.data
                     self._held_bytes += size
                     self._served[key] = 0
+                    self._index(key, epoch)
             load.done.set()
             self._check_bound()
         return data
@@ -211,7 +234,42 @@ class L0ObjectCache:
             self._held_bytes -= len(dropped)
             self._evictions += 1
             self._evicted(self._served.pop(dropped_key), len(dropped))
+            self._unindex(dropped_key)
         return self._held_bytes + self._inflight_bytes + size <= self.bytes_max
+
+    def release_through(self, m: int) -> int:
+        """Drop every object held whose epoch is <= `m`, the cluster's watermark a GC round
+        took (the objects the GC deletes: no reader asks for them again, see the module's
+        docstring); no later load of such an object is kept. Returns the objects dropped.
+        Costs the objects dropped plus one step per epoch passed (the index by epoch)."""
+        if m <= self._released_through:
+            return 0
+        self._released_through = m
+        dropped = 0
+        while self._epochs and self._epochs[0] <= m:
+            for key in self._by_epoch.pop(heapq.heappop(self._epochs)):
+                data = self._held.pop(key)
+                self._held_bytes -= len(data)
+                del self._served[key]
+                dropped += 1
+        self._released += dropped
+        assert len(self._epochs) == len(self._by_epoch), (len(self._epochs), len(self._by_epoch))
+        self._check_bound()
+        return dropped
+
+    def _index(self, key: str, epoch: int) -> None:
+        if epoch < 1:
+            return  # not an L0 key (a test's): held until evicted
+        keys = self._by_epoch.get(epoch)
+        if keys is None:
+            keys = self._by_epoch[epoch] = set()
+            heapq.heappush(self._epochs, epoch)
+        keys.add(key)
+
+    def _unindex(self, key: str) -> None:
+        keys = self._by_epoch.get(_epoch(key))
+        if keys is not None:
+            keys.discard(key)
 
     def _check_bound(self) -> None:
         assert self._held_bytes >= 0 and self._inflight_bytes >= 0, (self._held_bytes, self._inflight_bytes)
@@ -232,5 +290,14 @@ class L0ObjectCache:
             loads=self._loads,
             uncached_gets=self._uncached,
             evictions=self._evictions,
+            released=self._released,
             load_every=self._every,
         )
+
+
+def _epoch(key: str) -> int:
+    """The epoch in an L0 key; 0 for a key that is not one (never released by epoch)."""
+    try:
+        return l0_key_epoch(key)
+    except MalformedKey:
+        return 0

@@ -243,6 +243,7 @@ class Node:
             leaders=self.partition_leaders if cluster is not None else None,
             collect_deleted=functools.partial(self.l1.collect_deleted, log_store),
             incarnation=self._first_incarnation if cluster is not None else None,
+            released=self.l0_cache.release_through,  # collected objects leave the readers' cache
         )
         # Topics an older levelzero accepted and today's name rule refuses: topic -> the problem.
         # They open read-only (no produce) so the daemon starts and says what to do.

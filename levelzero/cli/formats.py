@@ -105,7 +105,8 @@ def _component_lines(status) -> list[str]:  # noqa: ANN001 - StatusResponse
         lines.append(
             f"L0 cache: {c.objects} objects ({_mib(c.held_bytes)} of {_mib(c.bytes_max)}), "
             f"extents without a GET of their own {c.hits + c.shared} ({c.hit_ratio:.0%}), "
-            f"object GETs {c.loads}, extent GETs {c.uncached_gets}, evictions {c.evictions}"
+            f"object GETs {c.loads}, extent GETs {c.uncached_gets}, evictions {c.evictions}, "
+            f"released (collected) {c.released}"
             + (f", thrashing: one miss in {c.load_every} loads its object" if c.load_every > 1 else "")
         )
     h = status.housekeeper

@@ -227,6 +227,7 @@ def l0_cache_metrics(node: Node) -> Iterable[Metric]:
         "loads": "GETs of whole L0 objects by the readers' cache.",
         "uncached_gets": "L0 extents read with a ranged GET of their own (cache off, full or thrashing).",
         "evictions": "L0 objects dropped from the readers' cache for room.",
+        "released": "L0 objects dropped from the readers' cache once the GC's watermark passed their epoch.",
     }
     for name, doc in counters.items():
         yield _counter(f"levelzero_l0_cache_{name}", doc, getattr(stats, name))

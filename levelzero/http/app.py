@@ -988,6 +988,7 @@ def l0_cache_status(node: Node) -> L0CacheStatus:
         evictions=stats.evictions,
         hit_ratio=round(stats.hit_ratio, 4),
         load_every=stats.load_every,
+        released=stats.released,
     )
 
 

@@ -220,6 +220,7 @@ class L0CacheStatus(_Response):
     evictions: int  # objects dropped for room
     hit_ratio: float  # (hits + shared) / extents read
     load_every: int = 1  # one miss in this many loads its object (more than 1: thrashing)
+    released: int = 0  # objects dropped once the GC's watermark passed their epoch (collected)
 
 
 class ReconcilerStatus(_Response):

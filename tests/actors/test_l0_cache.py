@@ -6,18 +6,25 @@ share the GETs of the objects they have in common)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from itertools import pairwise
 
 import anyio
 import pytest
 
+from levelzero.actors.gc import GcConfig
 from levelzero.actors.l0_cache import L0ObjectCache, l0_object_bytes_bound
+from levelzero.actors.node import Node
+from levelzero.actors.reader import FetchResult
+from levelzero.core.entries import Placeholder
 from levelzero.core.errors import ObjectNotFound, StorageError
+from levelzero.core.keys import L0_ROOT, format_l0_key
 from levelzero.core.l0format import Record
 from levelzero.storage.counting_store import CountingObjectStore
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import iter_objects
 from levelzero.testing.gated_store import GatedStore
 from levelzero.testing.nodes import hand_run_config, running_node
 from levelzero.testing.virtual_time import in_virtual_time
@@ -320,3 +327,164 @@ async def test_objects_read_for_an_eighth_of_their_bytes_before_eviction_are_loa
     stats = cache.statistics()
     assert (stats.loads, stats.hits, stats.uncached_gets, stats.evictions) == (74, 3 * 74, 0, 72)
     assert all(r[1:] == (0, SIZE) for r in store.ranges)
+
+
+def l0_key(epoch: int, i: int) -> str:
+    return format_l0_key(i % 1000, epoch, f"{i:032x}")
+
+
+@in_virtual_time
+async def test_a_release_drops_the_objects_at_or_below_the_watermark_and_only_those():
+    """Objects of epochs 1, 2 and 3 held: releasing through 2 drops the four of epochs 1 and 2
+    (counted as released, not evicted: the rate of loads is not judged by them) and their
+    bytes; epoch 3's stay and are served without a GET; a lower watermark after changes
+    nothing."""
+    store = GatedStore()
+    keys = {epoch: [l0_key(epoch, 10 * epoch + i) for i in range(2)] for epoch in (1, 2, 3)}
+    for i, k in enumerate(k for ks in keys.values() for k in ks):
+        await store.put(k, body(i))
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=SIZE)
+    for ks in keys.values():
+        for k in ks:
+            await cache.get(k, 0, 10)
+    assert held(cache) == 6 * SIZE
+    assert cache.release_through(2) == 4
+    stats = cache.statistics()
+    assert (stats.objects, stats.released, stats.evictions) == (2, 4, 0) and held(cache) == 2 * SIZE
+    gets = len(store.ranges)
+    for k in keys[3]:
+        await cache.get(k, 20, 10)
+    assert len(store.ranges) == gets and cache.statistics().hits == 2
+    assert cache.release_through(1) == 0 and cache.statistics().objects == 2
+    await cache.get(keys[1][0], 0, 10)  # asked again (no reader does): read, and not kept
+    assert cache.statistics().objects == 2 and held(cache) == 2 * SIZE
+
+
+@in_virtual_time
+async def test_an_object_loading_when_it_is_released_serves_its_reads_and_is_not_kept():
+    store = GatedStore()
+    k = l0_key(1, 0)
+    await store.put(k, body(0))
+    store.gate = anyio.Event()
+    cache = L0ObjectCache(store, bytes_max=10 * SIZE, object_bytes_max=SIZE)
+    got: list[bytes] = []
+
+    async def read() -> None:
+        got.append(await cache.get(k, 5, 10))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        tg.start_soon(read)
+        await anyio.wait_all_tasks_blocked()
+        assert cache.release_through(1) == 0  # nothing held yet
+        store.gate.set()
+    assert got == [body(0)[5:15]] * 2 and len(store.ranges) == 1
+    stats = cache.statistics()
+    assert (stats.objects, stats.inflight_bytes, stats.loads, stats.shared) == (0, 0, 1, 1)
+    assert held(cache) == 0
+
+
+@in_virtual_time
+async def test_a_gc_round_releases_the_objects_it_collects_from_the_readers_cache():
+    """Records read from L0 leave their objects in the cache; once reconciled and collected by
+    the GC, the cache holds none of them and its bytes fall to the objects still in L0 (a
+    later window's, above `M`); the same offsets read again come from L1, record for record,
+    without loading a collected object again."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    config = replace(hand_run_config(), gc=GcConfig(enabled=False, grace_s=0.0))
+    async with running_node(config, MemoryLogStore(), objects) as node:
+        await node.create_topic("t", PARTITIONS)
+        expected = await _produce_windows(node, range(WINDOWS))
+        for p in range(PARTITIONS):
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            assert fetched.tier == "l0" and _values(fetched) == expected[p]
+        collected = {info.key: info.size async for info in iter_objects(objects, L0_ROOT)}
+        assert len(collected) == WINDOWS
+        cache = node.l0_cache
+        assert (cache.statistics().objects, cache.statistics().held_bytes) == (
+            WINDOWS,
+            sum(collected.values()),
+        )
+        assert await node.reconciler.run_round() == PARTITIONS
+        for _ in range(3):  # M passes the objects once the reconciled log passes their window
+            await node.epochs.advance()
+            await node.housekeeper.run_round(force=True)
+            await node.reconciler.run_round()
+            await node.gc.run_round()
+        assert not [info async for info in iter_objects(objects, L0_ROOT)]  # all collected
+        stats = cache.statistics()
+        assert (stats.objects, stats.held_bytes, stats.released) == (0, 0, WINDOWS)
+
+        later = await _produce_windows(node, [WINDOWS])  # a window above M, read from L0
+        assert _values(await node.fetch("t", 0, len(expected[0]), 1 << 20)) == later[0]
+        [kept] = [info async for info in iter_objects(objects, L0_ROOT)]
+        await node.gc.run_round()
+        stats = cache.statistics()
+        assert (stats.objects, stats.held_bytes, stats.released) == (1, kept.size, WINDOWS)
+
+        loads = stats.loads
+        for p in range(PARTITIONS):
+            fetched = await node.fetch("t", p, 0, 1 << 20)
+            assert fetched.tier == "l1+l0"  # the collected windows from L1, the later from L0
+            assert _values(fetched) == expected[p] + later[p]
+        assert cache.statistics().loads == loads
+        for key in collected:  # not held: asked for, the cache GETs it, and it is gone
+            with pytest.raises(ObjectNotFound):
+                await cache.get(key, 0, 1)
+
+
+async def _produce_windows(node: Node, windows: Iterable[int]) -> dict[int, list[bytes]]:
+    """One L0 object per window, three records of every partition in each."""
+    values: dict[int, list[bytes]] = {p: [] for p in range(PARTITIONS)}
+    for w in windows:
+        async with anyio.create_task_group() as tg:
+            for p in range(PARTITIONS):
+                batch = [b"%d/%d/%d" % (w, p, i) for i in range(3)]
+                values[p] += batch
+                tg.start_soon(node.produce, "t", p, [Record(b"k", v) for v in batch])
+    return values
+
+
+def _values(fetched: FetchResult) -> list[bytes | None]:
+    return [r.value for r in fetched.records]
+
+
+@in_virtual_time
+async def test_an_object_a_registered_reader_may_still_read_is_neither_collected_nor_released():
+    """A reader registered before the reconciler passed the objects (as a fetch racing it:
+    it read the placeholders above the old LRO) pins M(p): the rounds' M stays below the
+    objects, so the GC keeps them and the cache keeps serving them; once the reader is done,
+    the next rounds collect and release them."""
+    objects = CountingObjectStore(MemoryObjectStore())
+    config = replace(hand_run_config(), gc=GcConfig(enabled=False, grace_s=0.0))
+    async with running_node(config, MemoryLogStore(), objects) as node:
+        await node.create_topic("t", PARTITIONS)
+        expected = await _produce_windows(node, range(WINDOWS))
+        actor = node.partition("t", 0)
+        reader_id, _ = actor.register_reader()
+        assert _values(await node.fetch("t", 0, 0, 1 << 20)) == expected[0]  # loads the objects
+        assert await node.reconciler.run_round() == PARTITIONS
+
+        async def rounds() -> None:
+            for _ in range(3):
+                await node.epochs.advance()
+                await node.housekeeper.run_round(force=True)
+                await node.reconciler.run_round()
+                await node.gc.run_round()
+
+        await rounds()
+        assert len([info async for info in iter_objects(objects, L0_ROOT)]) == WINDOWS
+        stats = node.l0_cache.statistics()
+        assert (stats.objects, stats.released) == (WINDOWS, 0)
+        loads = stats.loads
+        for p in range(PARTITIONS):  # the pinned objects still serve reads of their extents
+            for record in await node.log_store.read_placeholders(node.partition("t", p).row.pid, 0, 64):
+                extent = record.entry
+                assert isinstance(extent, Placeholder)
+                await node.l0_cache.get(extent.object_key, extent.byte_offset, extent.byte_length)
+        assert node.l0_cache.statistics().loads == loads
+        actor.release_reader(reader_id)
+        await rounds()
+        assert not [info async for info in iter_objects(objects, L0_ROOT)]
+        stats = node.l0_cache.statistics()
+        assert (stats.objects, stats.held_bytes, stats.released) == (0, 0, WINDOWS)

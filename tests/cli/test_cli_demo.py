@@ -161,6 +161,7 @@ def test_status_table_is_readable() -> None:
             loads=8,
             uncached_gets=2,
             evictions=1,
+            released=30,
             hit_ratio=0.9,
         ),
         housekeeper=HousekeeperStatus(
@@ -189,12 +190,12 @@ def test_status_table_is_readable() -> None:
     )
     assert lines[3] == (
         "L0 cache: 12 objects (3.0 MiB of 64.0 MiB), extents without a GET of their own 90 (90%), "
-        "object GETs 8, extent GETs 2, evictions 1"
+        "object GETs 8, extent GETs 2, evictions 1, released (collected) 30"
     )
     assert with_components.l0_cache is not None
     thrashing = msgspec.structs.replace(with_components.l0_cache, load_every=4)
     line = format_status(msgspec.structs.replace(with_components, l0_cache=thrashing)).splitlines()[3]
-    assert line.endswith("evictions 1, thrashing: one miss in 4 loads its object"), line
+    assert line.endswith("released (collected) 30, thrashing: one miss in 4 loads its object"), line
     assert (
         lines[4] == "housekeeper: epochs advanced 4, catch-ups 2, start offsets set 0, L1 deleted 0, errors 0"
     )
