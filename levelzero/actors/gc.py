@@ -330,6 +330,8 @@ class _Totals:
     counts: RoundCounts = field(default_factory=RoundCounts)
 
 
+OPERATOR = "operator"  # a pause by `levelzero gc pause` (or `gc.enabled = false`)
+
 # The round ids of a node in a cluster: a range of ROUND_IDS_PER_INCARNATION per registration,
 # above every id the wall clock in milliseconds makes (before the year 2500) and, for the first
 # two million registrations of a control plane, below 2**53 (JSON numbers stay exact).
@@ -420,7 +422,10 @@ class GcActor:
         self._last: RoundReport | None = None
         self._last_decision: WatermarkDecision | None = None
         self._reading: WatermarkReading | None = None  # the newest `read_watermark`
-        self._paused = not config.enabled
+        # Why rounds are paused: "operator" (`levelzero gc pause`, or the GC disabled in the
+        # configuration), "foreign_marker" (the store names another cluster: `MarkerWatch`).
+        # Each is lifted by its own resume; rounds run while none holds.
+        self._paused_by: set[str] = set() if config.enabled else {OPERATOR}
         self._wake = anyio.Event()
         self._waiting: anyio.CancelScope | None = None  # the loop's wait for its next round
         self._round_done = anyio.Event()
@@ -432,14 +437,16 @@ class GcActor:
 
     # ------------------------------------------------------------------ controls
 
-    def pause(self) -> None:
-        """No new rounds until `resume()` (a round in progress finishes)."""
-        self._paused = True
+    def pause(self, by: str = OPERATOR) -> None:
+        """No new rounds until `resume(by)` and every other pause is lifted (a round in
+        progress finishes)."""
+        self._paused_by.add(by)
 
-    def resume(self) -> None:
-        """Rounds run again, the first one now."""
-        self._paused = False
-        self._wake_up()
+    def resume(self, by: str = OPERATOR) -> None:
+        """Lift the pause `by` set; with none left, rounds run again, the first one now."""
+        self._paused_by.discard(by)
+        if not self._paused_by:
+            self._wake_up()
 
     def run_now(self) -> None:
         """Wake the loop for a round now (ignored while paused)."""
@@ -447,7 +454,11 @@ class GcActor:
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return bool(self._paused_by)
+
+    @property
+    def paused_by(self) -> frozenset[str]:
+        return frozenset(self._paused_by)
 
     async def wait_round_finished(self, after: int) -> None:
         """Wait until more than `after` rounds (dry runs included) have finished."""
@@ -479,7 +490,7 @@ class GcActor:
             epoch_lag=None if epoch is None or m is None else epoch - m,
             backlog=0 if last is None or last.dry_run else last.backlog,
             blocked_by=() if decision is None else decision.blocked_by,
-            paused=self._paused,
+            paused=self.paused,
             last_round_at=None if last is None else last.finished_at,
             next_round_in_s=self._next_round_in_s,
             pace_reason=self._pace_reason,
@@ -523,7 +534,7 @@ class GcActor:
 
     async def _wait_turn(self, delay_s: float) -> None:
         await self._sleep_or_wake(delay_s)
-        while self._paused:
+        while self._paused_by:
             await self._sleep_or_wake(math.inf)
 
     async def _sleep_or_wake(self, delay_s: float) -> None:

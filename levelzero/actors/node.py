@@ -34,6 +34,7 @@ from levelzero.core.errors import (
     OffsetOutOfRange,
     PolicyViolation,
     ShuttingDown,
+    StorageError,
     TopicExists,
     TopicNameCollides,
     UnknownPartition,
@@ -253,6 +254,9 @@ class Node:
         self.accepting = False
         self.drain_timeout_s = 30.0
         self.reads_objects_missing = 0  # reads that failed: an object they need is not stored
+        # Why writes (produces, topic changes) are refused while the node otherwise serves
+        # (the object store claimed by another cluster: `daemon/ownership.py MarkerWatch`)
+        self.writes_refused: str | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -765,6 +769,8 @@ class Node:
     def _check_accepting(self) -> None:
         if not self.accepting:
             raise ShuttingDown("the node is not accepting requests")
+        if self.writes_refused is not None:
+            raise StorageError(self.writes_refused)
 
     async def produce(
         self,

@@ -24,7 +24,7 @@ from levelzero.storage.protocols import EventLog
 log = logging.getLogger("levelzero.daemon")
 
 HISTORY_PRUNE_INTERVAL_S = 3600.0
-PRUNE_BATCHES_MAX = 100  # per pass: a million rows a table at most
+PRUNE_BATCHES_MAX = 200  # per pass: 400,000 rows a table at most (the rest the next hour)
 PRUNE_PAUSE_S = 0.05  # between batches
 
 

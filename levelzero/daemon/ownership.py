@@ -173,16 +173,22 @@ async def claim_store(
 
 
 MARKER_CHECK_INTERVAL_S = 60.0
+FOREIGN_MARKER = "foreign_marker"  # the reason of the GC's pause while another cluster's marker holds
 
 
 class MarkerWatch:
-    """The store's marker read again while the daemon runs (every MARKER_CHECK_INTERVAL_S):
-    a marker gone means the store lost what it held (a bucket emptied, the keyspace deleted),
-    one naming another cluster means another cluster's daemon claimed it meanwhile — this
-    node's GC would delete that cluster's objects, so it is paused until the marker is this
-    cluster's again (and resumed then, unless an operator had paused it). Each change is said
-    once (an ERROR while not ours); `owned` is the metric's value. A failed read changes
-    nothing (the storage's health reports the store)."""
+    """The store's marker read again while the daemon runs (every MARKER_CHECK_INTERVAL_S).
+
+    - Gone (a bucket emptied, the keyspace deleted): said once at ERROR (records acknowledged
+      before may be lost), and written again at once: this node writes into the keyspace, so it
+      is this cluster's, and another cluster started on it meanwhile would claim it and have
+      its objects deleted by this GC (or this cluster's by its GC).
+    - Another cluster's: two clusters share the keyspace. This node's GC is paused (it would
+      delete the other's objects) and its writes refused (the other's GC would delete them),
+      until the marker is this cluster's again; said once at ERROR.
+
+    `lost` counts the markers found gone, `owned` is whether the marker is this cluster's. A
+    failed read changes nothing (the storage's health reports the store)."""
 
     def __init__(
         self,
@@ -192,16 +198,16 @@ class MarkerWatch:
         *,
         pause_gc: Callable[[], None],
         resume_gc: Callable[[], None],
-        gc_paused: Callable[[], bool],
+        refuse_writes: Callable[[str | None], None],
     ) -> None:
         self._store = store
         self._cluster_id = cluster_id
         self._where = where
         self._pause_gc = pause_gc
         self._resume_gc = resume_gc
-        self._gc_paused = gc_paused
+        self._refuse_writes = refuse_writes
         self.owner: str | None = cluster_id  # the marker's cluster as last read (None: none)
-        self._paused_gc = False  # this watch paused the GC (and resumes it)
+        self.lost = 0
 
     @property
     def owned(self) -> bool:
@@ -210,37 +216,41 @@ class MarkerWatch:
     async def check(self) -> None:
         try:
             owner = await store_owner(self._store)
+            if owner is None:
+                self.lost += 1
+                log.error(
+                    "the object store %s lost its marker %s: it was emptied or its keyspace "
+                    "deleted (records acknowledged before may be lost; reads of them fail "
+                    "object_not_found): find out what deleted it. The marker is written again",
+                    self._where,
+                    MARKER_KEY,
+                )
+                await self._store.put(MARKER_KEY, (self._cluster_id + "\n").encode())
+                owner = await store_owner(self._store)  # a racing claim
         except LevelZeroError:
             return
         if owner == self.owner:
             return
-        self.owner = owner
-        if owner is None:
-            log.error(
-                "the object store %s lost its marker %s: it was emptied or its keyspace deleted "
-                "(records acknowledged before may be lost; reads of them fail object_not_found). "
-                "Find out what deleted it; write %s into %s to say the store is this cluster's",
-                self._where,
-                MARKER_KEY,
-                self._cluster_id,
-                MARKER_KEY,
+        was_ours, self.owner = self.owned, owner
+        if was_ours:
+            self._pause_gc()
+            self._refuse_writes(
+                f"the object store {self._where} is claimed by levelzero cluster {owner}, not this "
+                f"cluster {self._cluster_id}: writes are refused and the GC paused until its "
+                f"marker {MARKER_KEY} names this cluster again"
             )
-        elif owner != self._cluster_id:
-            if not self._gc_paused():
-                self._pause_gc()
-                self._paused_gc = True
             log.error(
                 "the object store %s is now claimed by levelzero cluster %s, not this cluster %s: "
-                "two clusters share its keyspace; the GC is paused (it would delete the other's "
-                "objects). Give each cluster its own bucket or s3.key_prefix",
+                "two clusters share its keyspace; this node's GC is paused and its writes refused "
+                "(each cluster's GC would delete the other's objects). Give each cluster its own "
+                "bucket or s3.key_prefix",
                 self._where,
                 owner,
                 self._cluster_id,
             )
-        else:
-            if self._paused_gc:
-                self._paused_gc = False
-                self._resume_gc()
+        elif self.owned:
+            self._refuse_writes(None)
+            self._resume_gc()
             log.info("the object store %s is this cluster's again (marker %s)", self._where, MARKER_KEY)
 
     async def run(self, interval_s: float = MARKER_CHECK_INTERVAL_S) -> None:

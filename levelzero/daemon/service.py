@@ -14,6 +14,7 @@ SIGHUP (re-open logs).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -48,6 +49,7 @@ from levelzero.daemon.metrics_listener import METRICS_CONNECTIONS_MAX, metrics_a
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.daemon.backup import refuse_unfinished_restore
 from levelzero.daemon.ownership import (
+    FOREIGN_MARKER,
     MARKER_CHECK_INTERVAL_S,
     MarkerWatch,
     claim_store,
@@ -220,8 +222,14 @@ def _ownership_metric(marker: MarkerWatch) -> Callable[[Node], Iterable[Metric]]
         yield GaugeMetricFamily(
             "levelzero_object_store_owned",
             "1 while the object store's marker names this cluster (read again every minute); 0 "
-            "once it is gone (the store emptied) or names another cluster (the GC paused).",
+            "while it names another cluster (this node's GC paused, its writes refused).",
             value=1 if marker.owned else 0,
+        )
+        yield CounterMetricFamily(
+            "levelzero_object_store_marker_lost",
+            "Times the object store's marker was found gone while running (the store emptied or "
+            "its keyspace deleted); written again each time.",
+            value=marker.lost,
         )
 
     return source
@@ -405,7 +413,8 @@ class Daemon:
         raise StartupError(
             f"the object store {store_where(self.config)} did not answer within {timeout_s:g} s "
             f"while {what} it at start-up (a hung endpoint, or a network path that drops "
-            "packets?); levelzero exits and is restarted"
+            "packets? claiming also lists, in the control plane, an L1 object to look for); "
+            "levelzero exits and is restarted"
         )
 
     async def _serve(
@@ -460,11 +469,12 @@ class Daemon:
             observed_objects,
             cluster_id,
             store_where(config),
-            pause_gc=node.gc.pause,
-            resume_gc=node.gc.resume,
-            gc_paused=lambda: node.gc.paused,
+            pause_gc=functools.partial(node.gc.pause, FOREIGN_MARKER),
+            resume_gc=functools.partial(node.gc.resume, FOREIGN_MARKER),
+            refuse_writes=functools.partial(setattr, node, "writes_refused"),
         )
         metrics.collector.add_source(_ownership_metric(marker))
+        self.lifecycle.writes_refused = lambda: node.writes_refused
         settings = ApiSettings(
             token=config.server.token,
             body_bytes_max=config.server.body_bytes_max,
@@ -741,7 +751,9 @@ class Daemon:
                 await anyio.sleep(0.01)
         if tasks:
             log.warning(
-                "%d request(s) in progress when the stop was forced answered 503 interrupted", len(tasks)
+                "%d request(s) in progress when the stop was forced were interrupted (answered 503 "
+                "interrupted where their answer had not begun)",
+                len(tasks),
             )
 
 

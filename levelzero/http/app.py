@@ -203,6 +203,7 @@ class Lifecycle:
         self.stopping = False
         self.forced = False  # the stop ran past its time: requests still in the app are cancelled
         self.storage: StorageProblem = storage or _NoStorageProblem()
+        self.writes_refused: Callable[[], str | None] = lambda: None  # the node's, once serving
 
     def not_ready_reason(self) -> str | None:
         """Why `/readyz` is 503 now, or None when it is 200."""
@@ -211,7 +212,9 @@ class Lifecycle:
         if self.stopping:
             return "the daemon is shutting down"
         problem = self.storage.problem()
-        return f"storage unhealthy: {problem}" if problem else None
+        if problem:
+            return f"storage unhealthy: {problem}"
+        return self.writes_refused()
 
 
 class ApiError(Exception):
@@ -1111,8 +1114,8 @@ class AnsweredWhenForced:
 
         async def sending(message: dict[str, Any]) -> None:
             nonlocal started
+            await send(message)  # (may wait for the client to read: not begun until written)
             started = started or message["type"] == "http.response.start"
-            await send(message)
 
         try:
             await self.app(scope, receive, sending)

@@ -384,13 +384,9 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._phase is Phase.HEAD:
-            if self._deadline is None:
-                # The first byte of a head on a kept-alive connection: the head has this long.
-                self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
-            if head_too_long(self.conn.trailing_data[0], data):
-                self.send_400_response(f"the request head is over {REQUEST_HEAD_BYTES_MAX} bytes")
-                return
+        if self._phase is Phase.HEAD and self._deadline is None:
+            # The first byte of a head on a kept-alive connection: the head has this long.
+            self._arm(self.guard.limits.header_timeout_s, CloseReason.HEADER_TIMEOUT)
         phase = self._phase
         super().data_received(data)
         if self._shutting_down and self.cycle is not None:
@@ -398,6 +394,16 @@ class GuardedH11Protocol(H11Protocol):
         self._sync_phase()
         if self._overdue is not None and self._phase is phase:
             self.close_for(self._overdue)  # what came in late did not finish the head or body
+
+    def handle_events(self) -> None:
+        """uvicorn's parsing of what the connection holds, after what came in (`data_received`)
+        or after an answer (`on_response_complete`: a pipelined request's head may be whole in
+        the buffer already): a request head longer than REQUEST_HEAD_BYTES_MAX is answered 400
+        before it is parsed, however the reads brought it."""
+        if self.conn.their_state is h11.IDLE and head_too_long(self.conn.trailing_data[0], b""):
+            self.send_400_response(f"the request head is over {REQUEST_HEAD_BYTES_MAX} bytes")
+            return
+        super().handle_events()
 
     def timeout_keep_alive_handler(self) -> None:
         """uvicorn's keep-alive expiry, unless a request has come in that the loop has not read

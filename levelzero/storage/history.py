@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-HISTORY_PRUNE_BATCH = 10_000  # rows per table and statement: a write transaction stays short
+HISTORY_PRUNE_BATCH = 2_000  # rows per table and statement: the group commit it joins stays short
 
 Dialect = Literal["sqlite", "postgres"]
 

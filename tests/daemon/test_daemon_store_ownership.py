@@ -14,7 +14,7 @@ import pytest
 from daemon_support import daemon_config, s3_environ
 from levelzero.core.errors import InvalidInput, StoreRefused
 from levelzero.cli.commands import leaf_errors
-from levelzero.client import Client
+from levelzero.client import ApiError, Client
 from levelzero.config import ConfigError, load_config
 from levelzero.daemon.ownership import (
     MARKER_KEY,
@@ -280,32 +280,51 @@ async def test_a_data_directory_on_s3_that_lost_its_cluster_id_is_refused_before
 async def test_a_running_daemon_notices_its_store_lost_its_marker_or_was_claimed_by_another_cluster(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The marker is read again while the daemon runs: gone (the store emptied), it is an ERROR
-    and `levelzero_object_store_owned` 0; naming another cluster, the GC is paused too (it would
-    delete the other's objects), and resumed once the marker is this cluster's again."""
+    """The marker is read again while the daemon runs. Gone (the store emptied): an ERROR, and
+    written again at once (another cluster started meanwhile would claim the keyspace). Naming
+    another cluster: this node's GC paused and its writes refused (each GC would delete the
+    other's objects), not ready, until the marker is this cluster's again; an operator's own
+    pause outlasts it."""
     config = daemon_config(tmp_path)
     marker_path = Path(config.storage.objects_dir) / MARKER_KEY
     async with running_daemon(config) as daemon, Client(daemon.url) as client:
+        await client.create_topic("t", 1)
         watch = daemon.marker
         assert watch is not None and watch.owned
         ours = marker_path.read_text()
         with caplog.at_level(logging.INFO, logger="levelzero.daemon"):
             marker_path.unlink()
             await watch.check()
-            assert "levelzero_object_store_owned 0.0" in await client.metrics()
-            assert not daemon.node.gc.paused  # its own objects: nothing to protect
+            assert marker_path.read_text() == ours and watch.owned  # written again
+            metrics = await client.metrics()
+            assert "levelzero_object_store_marker_lost_total 1.0" in metrics
+            assert "levelzero_object_store_owned 1.0" in metrics
+
             marker_path.write_text("0" * 32 + "\n")
             await watch.check()
             assert daemon.node.gc.paused and not watch.owned
+            with pytest.raises(ApiError) as refused:
+                await client.produce("t", 0, [b"x"])
+            assert (refused.value.status, refused.value.code) == (503, "storage_error")
+            assert f"claimed by levelzero cluster {'0' * 32}" in refused.value.message
+            assert "levelzero_object_store_owned 0.0" in await client.metrics()
+            await client.gc_pause()  # an operator's pause meanwhile
             marker_path.write_text(ours)
             await watch.check()
-            assert not daemon.node.gc.paused and watch.owned
-            assert "levelzero_object_store_owned 1.0" in await client.metrics()
+            assert watch.owned and daemon.node.gc.paused_by == {"operator"}  # the operator's holds
+            await client.gc_resume()
+            assert not daemon.node.gc.paused
+            assert (await client.produce("t", 0, [b"y"])).base_offset == 0
             await watch.check()  # no change: nothing said
-    said = [(r.levelname, r.getMessage()) for r in caplog.records if "object store" in r.getMessage()]
+    said = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.name == "levelzero.daemon" and "object store" in r.getMessage()
+    ]
     assert [level for level, _ in said] == ["ERROR", "ERROR", "INFO"], said
-    assert "lost its marker" in said[0][1] and f"claimed by levelzero cluster {'0' * 32}" in said[1][1]
-    assert "the GC is paused" in said[1][1] and "this cluster's again" in said[2][1]
+    assert "lost its marker" in said[0][1] and "written again" in said[0][1]
+    assert f"claimed by levelzero cluster {'0' * 32}" in said[1][1] and "writes refused" in said[1][1]
+    assert "this cluster's again" in said[2][1]
 
 
 async def test_the_marker_is_read_again_on_its_interval(tmp_path: Path) -> None:
@@ -317,6 +336,6 @@ async def test_the_marker_is_read_again_on_its_interval(tmp_path: Path) -> None:
         assert daemon.marker is not None and daemon.marker.owned
         (Path(config.storage.objects_dir) / MARKER_KEY).unlink()
         with anyio.fail_after(10):
-            while daemon.marker.owned:
+            while not daemon.marker.lost:
                 await anyio.sleep(0.01)
         daemon.request_stop("the test")

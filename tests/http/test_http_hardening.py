@@ -264,6 +264,16 @@ async def test_a_request_head_over_its_bound_is_a_400_however_it_arrives(tmp_pat
                 if status == 400:
                     assert msgspec_json(body)["error"] == "malformed_request"
                     assert f"over {REQUEST_HEAD_BYTES_MAX} bytes" in msgspec_json(body)["message"]
+        # Pipelined behind a request answered first: the second head is whole in the parser's
+        # buffer when the first answer completes, and no read brings it.
+        small = f"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n".encode()
+        stream = await connect(port, small + head_of(bound + 1))
+        with anyio.fail_after(WAIT_S):
+            answer = await read_until_closed(stream)
+        await stream.aclose()
+        first, _, rest = answer.partition(b"HTTP/1.1 400 ")
+        assert first.startswith(b"HTTP/1.1 200 ") and rest, answer[:400]
+        assert f"over {bound} bytes".encode() in rest
         assert await client.list_topics() == []  # still serving
 
 
