@@ -23,17 +23,39 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from levelzero.kafka.protocol import API_VERSIONS, entity_inside
 
-if TYPE_CHECKING:
-    from levelzero.kafka.server import KafkaListener
+
+class _ListenerCounts(Protocol):
+    """The listener's connection counts (`server.ListenerStats`)."""
+
+    @property
+    def connections_open(self) -> int: ...
+
+    @property
+    def connections(self) -> int: ...
+
+    @property
+    def closed(self) -> Mapping[Any, int]: ...  # a close reason (an enum) -> its count
+
+
+class CountedListener(Protocol):
+    """What the metrics read of the Kafka listener (`server.KafkaListener`): named here so
+    that this module, which the server imports, does not import the server."""
+
+    @property
+    def stats(self) -> _ListenerCounts: ...
+
+    @property
+    def requests(self) -> RequestStats: ...
+
 
 # From an ApiVersions (well under a millisecond) to a Fetch that waited its max_wait_ms out
 # (librdkafka's fetch.wait.max.ms: 500 ms) or a produce behind a slow object store.
@@ -109,7 +131,7 @@ def _error_name(code: int) -> str:
     return ErrorCode(code).name.upper()  # as Kafka names them: UNKNOWN_TOPIC_OR_PARTITION
 
 
-def kafka_metrics(listener: KafkaListener) -> Callable[[object], Iterable[Metric]]:
+def kafka_metrics(listener: CountedListener) -> Callable[[object], Iterable[Metric]]:
     """A source of the daemon's collector (called with its node, which it does not read): the
     listener's families, an API's series once it has had a request."""
 
@@ -119,7 +141,7 @@ def kafka_metrics(listener: KafkaListener) -> Callable[[object], Iterable[Metric
     return source
 
 
-def _families(listener: KafkaListener) -> Iterable[Metric]:
+def _families(listener: CountedListener) -> Iterable[Metric]:
     stats = listener.stats
     yield GaugeMetricFamily(
         "levelzero_kafka_connections", "Open Kafka connections.", value=stats.connections_open
