@@ -117,6 +117,13 @@ async def store_owner(store: ObjectStore) -> str | None:
         return None
 
 
+async def _write_marker(store: ObjectStore, cluster_id: str) -> str:
+    """Write the marker naming `cluster_id`, then read it back: the owner it names then (another
+    cluster's where a claim raced this one). ObjectNotFound if it is gone again already."""
+    await store.put(MARKER_KEY, (cluster_id + "\n").encode())
+    return (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()
+
+
 def refuse_another_owner(
     owner: str, cluster_id: str, where: str, *, ours: str = "this data directory"
 ) -> None:
@@ -156,8 +163,7 @@ async def claim_store(
                 f"their records with them, start anyway by writing the marker first: "
                 f"{cluster_id} into {MARKER_KEY} in the store"
             )
-        await store.put(MARKER_KEY, (cluster_id + "\n").encode())
-        owner = (await store.get(MARKER_KEY)).decode("ascii", "replace").strip()  # a racing claim
+        owner = await _write_marker(store, cluster_id)
         if key is None:
             log.info("claimed object store %s for cluster %s", where, cluster_id)
         else:
@@ -225,8 +231,7 @@ class MarkerWatch:
                     self._where,
                     MARKER_KEY,
                 )
-                await self._store.put(MARKER_KEY, (self._cluster_id + "\n").encode())
-                owner = await store_owner(self._store)  # a racing claim
+                owner = await _write_marker(self._store, self._cluster_id)
         except LevelZeroError:
             return
         if owner == self.owner:

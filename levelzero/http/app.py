@@ -58,7 +58,7 @@ from levelzero.core.topic_configs import INT64_MAX, AlterOp, ConfigSource, descr
 from levelzero.core.throttled_warning import ThrottledBugs, ThrottledWarnings
 from levelzero.core.txn_marks import RESERVED_HEADER_REFUSAL, client_headers, has_reserved_header, is_marker
 
-from levelzero.http.guard import PROTOCOL_ANSWER_KEY
+from levelzero.http.guard import PROTOCOL_ANSWER_KEY, send_unavailable
 from levelzero.http.schema import (
     RETRY_AFTER_S,
     UNSIGNED_MAX,
@@ -1124,15 +1124,7 @@ class AnsweredWhenForced:
                 raise
             if started:
                 return  # half an answer: the connection's close says the rest
-            body = _encoder.encode(ErrorBody("interrupted", FORCED_STOP_MESSAGE))
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", str(RETRY_AFTER_S).encode()),
-                (b"connection", b"close"),
-            ]
-            await send({"type": "http.response.start", "status": 503, "headers": headers})
-            await send({"type": "http.response.body", "body": body})
+            await send_unavailable(send, "interrupted", FORCED_STOP_MESSAGE)
 
 
 def build_app(

@@ -282,24 +282,27 @@ def refusing_app(app: Any) -> Any:
         if scope["path"] in ALWAYS_SERVED_PATHS:
             await app(scope, receive, send_and_close)
             return
-        body = error_bytes(
+        await send_unavailable(
+            send,
             "too_many_connections",
             "the server is at its connection limit with every connection busy; retry shortly",
         )
-        await send_and_close(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"retry-after", str(RETRY_AFTER_S).encode()),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
     return refused
+
+
+async def send_unavailable(send: Any, code: str, message: str) -> None:
+    """The documented JSON 503 with `Retry-After`, as raw ASGI messages, the connection closed
+    after it: the answer of a refused connection, and of a request a forced stop interrupted."""
+    body = error_bytes(code, message)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"retry-after", str(RETRY_AFTER_S).encode()),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class ConnectionGuard:
