@@ -127,10 +127,13 @@ class L1Catalog:
         return _shown(self._valid.get(actor.row.pid, []))
 
     async def status_lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
-        """The partition's lineage as status shows it: the cached one, or, where none is cached
-        yet, the one the metastore holds now, read without caching it (`read_lineage`)."""
+        """The partition's lineage as status shows it: the cached one where it reaches the
+        LRO, else the one the metastore holds now, read without caching it (`read_lineage`):
+        none is cached yet right after a start, and the reconciler reads the lineage again
+        only after its catch-up moved the LRO (a status in between showed the LRO past the
+        lineage's last object)."""
         rows = self._valid.get(actor.row.pid)
-        if rows is None:
+        if rows is None or (rows[-1].last_offset if rows else -1) < actor.state.lro:
             rows = await self.read_lineage(actor)
         return _shown(rows)
 

@@ -731,6 +731,39 @@ async def test_a_restarted_daemon_shows_its_l1_objects_in_its_first_status(tmp_p
         assert [(p.l1_objects, p.l1_lineage) for p in unknown] == [(None, None), (None, None)]
 
 
+async def test_status_shows_the_objects_reconciled_after_the_lineage_was_cached(tmp_path: Path) -> None:
+    """The reconciler's catch-up moves the LRO, and only then is the cached L1 lineage read
+    again: a status between the two showed the LRO past the lineage's last object (4 objects of
+    5, CI under load). It reads the metastore's lineage where the cache ends below the LRO."""
+    async with daemon_and_client(
+        tmp_path,
+        reconciler__placeholders_per_object_max=2,
+        reconciler__interval_s=0.05,
+        housekeeper__enabled=False,
+    ) as (daemon, client):
+        await client.create_topic("t", 1)
+
+        async def produce_and_reconcile(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                await client.produce("t", 0, [b"value-%d" % i])
+            with anyio.fail_after(20):
+                while (await client.status()).partitions[0].lro != first + count - 1:
+                    await anyio.sleep(0.05)
+
+        await produce_and_reconcile(0, 2)
+        assert daemon.node is not None
+        actor = daemon.node.partition("t", 0)
+        cached = await daemon.node.l1.refresh(actor)
+        assert cached[-1].last_offset == 1
+        await produce_and_reconcile(2, 2)
+        # The cache as it stands between the last catch-up and the refresh after it.
+        daemon.node.l1._valid[actor.row.pid] = cached
+        (p,) = (await client.status()).partitions
+        assert p.l1_lineage is not None and p.l1_objects == len(p.l1_lineage) > len(cached)
+        assert p.l1_lineage[0].base_offset == 0 and p.l1_lineage[-1].last_offset == p.lro == 3
+        assert [o.base_offset for o in p.l1_lineage[1:]] == [o.last_offset + 1 for o in p.l1_lineage[:-1]]
+
+
 class LosingGets:
     """An object store whose GETs find nothing once `lost` is set (a bucket emptied)."""
 
