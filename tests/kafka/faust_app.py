@@ -12,7 +12,8 @@ before each record's processing, so that the test can kill the worker mid-stream
 the table (its changelog record sent) and before the agent goes on to the next record, so the
 record is never acknowledged and its offset never committed: the window at-least-once leaves,
 held open for the test to SIGKILL the worker in. The worker runs until SIGTERM (a graceful stop:
-it commits) or SIGKILL."""
+it commits) or SIGKILL. The agent prints each record it takes (its offset, key, value, the sum
+before it, and the table's recovery state) into the worker's log, beside the test's tmp_path."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 
 import faust
 from faust.tables.recovery import Recovery
+from faust.transport.consumer import ThreadDelegateConsumer
 
 SESSION_S = 3.0  # a killed member leaves the group at its session timeout: the rerun waits for it
 COMMIT_S = 0.5
@@ -57,8 +59,30 @@ def seek_before_resuming_streams() -> None:
     Recovery.on_recovery_completed = on_recovery_completed
 
 
+def fetch_only_the_partitions_active_when_asked() -> None:
+    """aiokafka's `Fetcher.fetched_records(partitions)` drains every partition when `partitions`
+    is empty, and Faust 0.15.3 hands it its live set of active partitions, which recovery
+    empties while the fetch waits (the changelog paused once read, the stream partitions not yet
+    resumed). The fetch then drains the records aiokafka prefetched for the stream partition
+    from its committed offset; Faust drops them, the partition not being active, with aiokafka's
+    position already past them: the rerun hung at the committed offset, or, the drain falling
+    inside the seek to it, skipped the hung record (one failure in about twenty runs on a busy
+    machine). Here the fetch takes a copy of the set as it is when asked, and nothing when that
+    is empty (None, a client-only app's "every partition", is passed on)."""
+    get_many = ThreadDelegateConsumer._getmany
+
+    async def _getmany(self: ThreadDelegateConsumer, active_partitions, timeout: float):
+        if active_partitions is None:
+            return await get_many(self, None, timeout)
+        asked = frozenset(active_partitions)
+        return await get_many(self, asked, timeout) if asked else {}
+
+    ThreadDelegateConsumer._getmany = _getmany
+
+
 def main(bootstrap: str, guarantee: str, datadir: str, delay_s: float, hang_at: int) -> None:
     seek_before_resuming_streams()
+    fetch_only_the_partitions_active_when_asked()
     app = faust.App(
         "summing",
         broker=f"kafka://{bootstrap}",
@@ -84,6 +108,12 @@ def main(bootstrap: str, guarantee: str, datadir: str, delay_s: float, hang_at: 
             if delay_s:
                 await asyncio.sleep(delay_s)
             key, n = event.key, event.value["n"]
+            recovery = app.tables.recovery
+            print(
+                f"record {event.message.offset} {key} +{n} on {totals[key]}"
+                f" in_recovery={recovery.in_recovery} completed={recovery.completed.is_set()}",
+                flush=True,
+            )
             totals[key] += n
             await sums.send(key=key, value={"n": n, "total": totals[key]})
             if event.message.offset == hang_at:
