@@ -78,6 +78,7 @@ LOG_STORE_WRITES = (
     "save_snapshot",
     "truncate_below",
     "set_cluster_epoch",
+    "probe_write",
     "l1_insert",
     "l1_transition",
     "record_l0_object",

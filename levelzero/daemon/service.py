@@ -58,7 +58,7 @@ from levelzero.daemon.ownership import (
     refuse_lost_id,
 )
 from levelzero.daemon.history_pruning import HISTORY_PRUNE_INTERVAL_S, run_history_pruning
-from levelzero.daemon.storage_health import StorageHealth, probe_object_store
+from levelzero.daemon.storage_health import StorageHealth, probe_stores
 from levelzero.daemon.systemd import Notifier
 
 log = logging.getLogger("levelzero.daemon")
@@ -448,10 +448,11 @@ class Daemon:
                 forget_expired_after_s=config.cluster.forget_expired_after_s,
                 kafka_url=None if kafka is None else f"{kafka.advertised_host}:{kafka.advertised_port}",
             )
+        observed_log = ObservedLogStore(log_store, stores, health)
         # ObservedLogStore wraps the LogStore's writes at run time (mypy sees (*Any) -> Awaitable)
         node = Node(
             config.node_config(),
-            ObservedLogStore(log_store, stores, health),  # type: ignore[arg-type]
+            observed_log,  # type: ignore[arg-type]
             observed_objects,
             cluster=cluster,
         )
@@ -552,7 +553,12 @@ class Daemon:
             with probing:
                 # One attempt's bound of the S3 client: a probe never waits out its retries.
                 probe_timeout_s = config.s3.connect_timeout_s + config.s3.read_timeout_s
-                await probe_object_store(observed_objects, health, probe_timeout_s=probe_timeout_s)
+                await probe_stores(
+                    observed_objects,
+                    observed_log,
+                    health,
+                    probe_timeout_s=probe_timeout_s,
+                )
 
         watching = anyio.CancelScope()  # as `probing`
 

@@ -12,10 +12,10 @@ of the daemon's own storage operations (`observed.py` reports them):
   that succeeds proves nothing about writes (a full disk still serves reads), so reads only
   ever count as failures.
 
-While the object store is unhealthy the daemon probes it with a small PUT every
-`STORAGE_PROBE_INTERVAL_S` (`probe_object_store`), each with a deadline, so it recovers without
-traffic, which an unready daemon may not get; the log store recovers with its next writes (the epoch timer,
-GC rounds, the housekeeper, produces). A refusal (unknown topic, not leader, an object not
+While a store is unhealthy the daemon probes it with a write every `STORAGE_PROBE_INTERVAL_S`
+(`probe_stores`: the object store with a small PUT, the log store with a write that changes
+nothing), each with a deadline, so it recovers without traffic, which an unready daemon may not
+get. A refusal (unknown topic, not leader, an object not
 found, corrupt data) is the store's answer, not its failure, and does not count
 (`observed.is_store_failure` decides).
 
@@ -30,7 +30,7 @@ connection among answered requests is not a stalled store). It is healthy again 
 answers anything (the stalled request, the probe, any other), and only then: a stalled request
 given up (a client gone, the drain at shutdown) is no answer; a stall and failures are
 independent, the store is healthy only when neither holds. `check_stalled` turns a stall into
-unhealthy (called every `STORAGE_PROBE_INTERVAL_S` by `probe_object_store` and by `problem`).
+unhealthy (called every `STORAGE_PROBE_INTERVAL_S` by `probe_stores` and by `problem`).
 
 No I/O here besides the probe: the rule is `StoreHealth`, driven synchronously in tests.
 """
@@ -40,12 +40,12 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import anyio
 
-from levelzero.storage.protocols import ObjectStore
+from levelzero.storage.protocols import EpochStore, ObjectStore
 
 log = logging.getLogger("levelzero.storage_health")
 
@@ -56,6 +56,9 @@ STORAGE_PROBE_INTERVAL_S = 1.0
 # above a healthy request's latency (a large PUT takes a few seconds at most).
 STORAGE_STALL_UNHEALTHY_S = 10.0
 ERROR_SHOWN_CHARS_MAX = 300
+# A log store's probe write (a one-row upsert) waits behind at most one group commit: a few
+# seconds on a slow disk; PostgreSQL's statements are bounded by its command timeout (60 s).
+LOG_STORE_PROBE_TIMEOUT_S = 10.0
 PROBE_KEY = "levelzero/health-probe"  # outside level_zero/ and level_one/: no GC, no reader
 PROBE_BODY = b"levelzero storage health probe\n"
 
@@ -265,41 +268,61 @@ class StorageHealth:
             self.on_change(self)
 
 
-async def probe_object_store(
-    store: ObjectStore,
+async def probe_stores(
+    objects: ObjectStore,
+    log_store: EpochStore,
     health: StorageHealth,
     *,
     probe_timeout_s: float,
+    log_probe_timeout_s: float = LOG_STORE_PROBE_TIMEOUT_S,
     interval_s: float = STORAGE_PROBE_INTERVAL_S,
 ) -> None:
-    """Forever: while the object store is unhealthy, PUT a small probe object every
-    `interval_s` through `store` (the observed store: the outcome feeds `health`). Meanwhile,
-    every `interval_s`, turn a stalled store unhealthy (`StorageHealth.check_stalled`), also
-    while a probe hangs. Cancelled with the daemon's task group.
+    """Forever: while a store is unhealthy, probe it with a write every `interval_s` through
+    the observed store (the outcome feeds `health`): the object store with a PUT of a small
+    object, the log store with a write that changes nothing (`EpochStore.probe_write`). So a
+    store recovers without traffic, which an unready daemon may not get: the log store had only
+    the daemon's own writes to recover by (the epoch timer, GC rounds, the housekeeper), and in
+    a cluster a node the epoch timer does not bump on, with idle partitions, stayed unready
+    after a stalled write given up. Meanwhile, every `interval_s`, turn a stalled store
+    unhealthy (`StorageHealth.check_stalled`), also while a probe hangs. Cancelled with the
+    daemon's task group.
 
-    Each probe has a deadline of its own, `probe_timeout_s` (the daemon gives one attempt's
-    bound of the S3 client, its connect and read timeouts): a PUT that is never answered (a
-    proxy that accepted the connection and went silent) would otherwise hold up the next probe
-    for the client's whole retry budget or longer, and the node would stay unready long after
-    the store recovered. A probe past its deadline is cancelled and counts as a failed write."""
-    assert probe_timeout_s > 0 and interval_s > 0, (probe_timeout_s, interval_s)
+    Each probe has a deadline of its own (`probe_timeout_s` for the object store: the daemon
+    gives one attempt's bound of the S3 client; `log_probe_timeout_s` for the log store): a
+    write that is never answered (a proxy that accepted the connection and went silent, a
+    blackholed database connection) would otherwise hold up the next probe for the client's
+    whole retry budget or longer, and the node would stay unready long after the store
+    recovered. A probe past its deadline is cancelled and counts as a failed write."""
+    assert probe_timeout_s > 0 and log_probe_timeout_s > 0 and interval_s > 0, (
+        probe_timeout_s,
+        log_probe_timeout_s,
+        interval_s,
+    )
 
     async def watch_stalls() -> None:
         while True:
             await anyio.sleep(interval_s)
             health.check_stalled()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch_stalls)
+    async def probe(
+        store: StoreHealth, operation: str, write: Callable[[], Awaitable[None]], timeout_s: float
+    ) -> None:
         while True:
             await anyio.sleep(interval_s)
-            if health.object_store.healthy:
+            if store.healthy:
                 continue
-            with anyio.move_on_after(probe_timeout_s) as deadline:
+            with anyio.move_on_after(timeout_s) as deadline:
                 try:
-                    await store.put(PROBE_KEY, PROBE_BODY)
+                    await write()
                 except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
-                    log.debug("storage probe failed: %s", exc)
+                    log.debug("%s probe failed: %s", store.store, exc)
             if deadline.cancelled_caught:  # the observed store notes no failure for a cancel
-                unanswered = TimeoutError(f"health probe unanswered after {probe_timeout_s:g} s")
-                health.failed(health.object_store, "put", unanswered)
+                unanswered = TimeoutError(f"health probe unanswered after {timeout_s:g} s")
+                health.failed(store, operation, unanswered)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch_stalls)
+        tg.start_soon(
+            probe, health.object_store, "put", lambda: objects.put(PROBE_KEY, PROBE_BODY), probe_timeout_s
+        )
+        tg.start_soon(probe, health.log_store, "probe_write", log_store.probe_write, log_probe_timeout_s)

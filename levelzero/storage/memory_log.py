@@ -286,6 +286,9 @@ class MemoryLogStore:
         self.cluster_epoch = epoch
         await anyio.lowlevel.checkpoint()
 
+    async def probe_write(self) -> None:
+        await anyio.lowlevel.checkpoint()
+
     # -- L1 metastore
     async def l1_insert(self, row: L1Row) -> None:
         gone = self.deleted.get(row.pid)

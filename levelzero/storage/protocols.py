@@ -576,6 +576,12 @@ class EpochStore(Protocol):
         """Raises InvariantViolation if `epoch` is below the stored one."""
         ...
 
+    async def probe_write(self) -> None:
+        """A durable write that changes nothing: the cluster epoch's row written again with
+        the value it holds (made with 1 where none was set yet, the value read without it).
+        The daemon's health probe of an unhealthy log store (`daemon/storage_health.py`)."""
+        ...
+
 
 @runtime_checkable
 class L1Metastore(Protocol):

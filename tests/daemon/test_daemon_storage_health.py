@@ -26,7 +26,7 @@ from levelzero.daemon.storage_health import (
     STORAGE_SUCCESSES_TO_HEALTHY,
     StorageHealth,
     StoreHealth,
-    probe_object_store,
+    probe_stores,
 )
 from levelzero.daemon.systemd import Notifier
 from levelzero.storage.memory_log import MemoryLogStore
@@ -190,6 +190,37 @@ async def test_an_outage_turns_readiness_and_status_off_and_recovery_back_on(tmp
     assert daemon.stopped_cleanly
 
 
+async def test_an_idle_daemon_finds_its_log_store_recovered_by_the_probe(tmp_path: Path) -> None:
+    """Nothing of its own writes to the log store (no epoch timer, no GC, no housekeeper): after
+    a log-store outage the daemon stayed unready until traffic it no longer got. Its probe
+    writes, and the third answered write turns it ready."""
+    daemon = Daemon(
+        daemon_config(
+            tmp_path,
+            gc__enabled=False,
+            housekeeper__enabled=False,
+            reconciler__enabled=False,
+            node__epoch_bump_interval_s=0,
+        )
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        assert daemon.url is not None
+        async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http:
+            assert (await http.get("/readyz")).status_code == 200
+            health = daemon.storage_health
+            for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):  # an outage, over by now
+                health.failed(health.log_store, "append", StorageError("SQLite write failed: disk I/O error"))
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503 and "log store failing since" in ready.json()["message"]
+            with anyio.fail_after(WAIT_S):
+                while (await http.get("/readyz")).status_code != 200:
+                    await anyio.sleep(0.05)
+            assert health.healthy
+        daemon.request_stop("test")
+    assert daemon.stopped_cleanly
+
+
 async def test_a_missing_object_is_not_a_storage_failure() -> None:
     """ObjectNotFound is the store's answer (a data problem, 500), never an unhealthy store."""
     health = StorageHealth()
@@ -251,7 +282,9 @@ async def test_a_hung_probe_is_given_up_at_its_deadline_and_the_next_probes_find
         health.failed(health.object_store, "put", StorageError("S3 put failed: simulated outage"))
     assert not health.healthy
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: probe_object_store(store, health, probe_timeout_s=0.2, interval_s=0.01))
+        tg.start_soon(
+            lambda: probe_stores(store, MemoryLogStore(), health, probe_timeout_s=0.2, interval_s=0.01)
+        )
         with anyio.fail_after(WAIT_S):  # never, without the probe's own deadline
             while not health.healthy:
                 await anyio.sleep(0.01)
@@ -357,6 +390,92 @@ class HungLog:
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
+
+
+class ProbedLog(HungLog):
+    """`HungLog` whose probe writes are counted, the first `hang_probes` of them hanging until
+    `release`; while `failing`, each probe write fails as a database refusing writes would."""
+
+    def __init__(self, hang_probes: int = 0) -> None:
+        super().__init__()
+        self.hang_probes = hang_probes
+        self.probes = 0
+        self.failing = False
+
+    async def probe_write(self) -> None:
+        self.probes += 1
+        if self.probes <= self.hang_probes:
+            await self.release.wait()
+        if self.failing:
+            raise StorageError("SQLite write failed: database or disk is full")
+        await self.inner.probe_write()
+
+
+async def test_a_stalled_log_store_write_given_up_is_found_answering_by_the_probe() -> None:
+    """A log store write stalled, then given up (the client gone): the store stayed "stalled"
+    until the daemon's next answered write, and an idle node (in a cluster, one the epoch timer
+    does not bump on) made none: it stayed unready. The probe's write is that answer."""
+    now = [0.0]
+    health = StorageHealth(clock=lambda: now[0])
+    log = ProbedLog()
+    store = ObservedLogStore(log, StoreMetrics(), health)  # type: ignore[arg-type]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.append, 1, 0, [])
+        with anyio.fail_after(1):
+            while log.waiting == 0:
+                await anyio.sleep(0.001)
+        now[0] = STORAGE_STALL_UNHEALTHY_S + 1
+        health.check_stalled()
+        assert not health.healthy and log.probes == 0  # no probe while healthy
+        tg.cancel_scope.cancel()  # the append given up, never answered
+    assert not health.log_store.healthy
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: probe_stores(MemoryObjectStore(), store, health, probe_timeout_s=1, interval_s=0.01)
+        )
+        with anyio.fail_after(WAIT_S):
+            while not health.healthy:
+                await anyio.sleep(0.01)
+        probes = log.probes
+        assert probes >= 1
+        await anyio.sleep(0.1)  # healthy: no more probes
+        assert log.probes == probes
+        tg.cancel_scope.cancel()
+
+
+async def test_a_failing_log_store_is_probed_until_writes_succeed_and_a_hung_probe_is_given_up() -> None:
+    health = StorageHealth()
+    log = ProbedLog(hang_probes=1)
+    log.failing = True
+    store = ObservedLogStore(log, StoreMetrics(), health)  # type: ignore[arg-type]
+    for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+        health.failed(health.log_store, "append", StorageError("SQLite write failed: disk I/O error"))
+    assert not health.healthy
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: probe_stores(
+                MemoryObjectStore(),
+                store,
+                health,
+                probe_timeout_s=1,
+                log_probe_timeout_s=0.2,
+                interval_s=0.01,
+            )
+        )
+        with anyio.fail_after(WAIT_S):
+            while log.probes < 4:  # the first hung and given up, the next ones failing
+                await anyio.sleep(0.01)
+        assert not health.healthy and not log.release.is_set()
+        condition = health.log_store.condition()
+        assert condition.last_error is not None and "disk is full" in condition.last_error
+        log.failing = False  # the disk has room again
+        probes = log.probes
+        with anyio.fail_after(WAIT_S):
+            while not health.healthy:
+                await anyio.sleep(0.01)
+        assert log.probes - probes >= STORAGE_SUCCESSES_TO_HEALTHY
+        assert health.object_store.healthy
+        tg.cancel_scope.cancel()
 
 
 async def test_a_hung_log_store_write_is_a_stall_until_the_store_answers() -> None:

@@ -102,7 +102,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
             await connection.close()
 
     async def postgres_times(table: str, column: str) -> list[float | None]:
-        order = "round_id" if table == "gc_rounds" else "seq"
+        order = {"gc_rounds": "round_id", "cluster_epoch": "id"}.get(table, "seq")
         connection = await asyncpg.connect(dsn)
         try:
             query = f"SELECT {column} FROM {table} ORDER BY {order}"  # noqa: S608 (the test's names)
@@ -592,6 +592,25 @@ async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> N
             await store.set_cluster_epoch(3)
         await store.set_cluster_epoch(9)
         assert await store.get_cluster_epoch() == 9
+
+
+async def test_the_probe_write_writes_and_changes_no_epoch(backend: Backend) -> None:
+    """The health probe's write (`probe_write`): a real write (the epoch's row, absent before the
+    first set, is there after it) that leaves the epoch as it was."""
+    assert backend.times is not None
+    async with await backend.open() as store:
+        assert await backend.times("cluster_epoch", "epoch") == []
+        await store.probe_write()
+        assert await backend.times("cluster_epoch", "epoch") == [1]
+        assert await store.get_cluster_epoch() == 1
+        await store.set_cluster_epoch(5)
+        await store.probe_write()
+        await store.probe_write()
+        assert await store.get_cluster_epoch() == 5
+        await store.set_cluster_epoch(6)  # raised past it as before
+    async with await backend.open() as store:
+        assert await store.get_cluster_epoch() == 6
+        assert await backend.times("cluster_epoch", "epoch") == [6]
 
 
 async def test_create_topic_assigns_pids_and_refuses_duplicates(backend: Backend) -> None:

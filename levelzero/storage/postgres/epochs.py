@@ -32,6 +32,15 @@ class EpochRole(PostgresBase):
 
         await self._transact("setting the cluster epoch", work)
 
+    async def probe_write(self) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "INSERT INTO cluster_epoch (id, epoch) VALUES (1, 1)"
+                " ON CONFLICT (id) DO UPDATE SET epoch = cluster_epoch.epoch"
+            )
+
+        await self._transact("probing the log store with a write", work)
+
     async def advance_cluster_epoch(self) -> int:
         """The stored epoch plus one, atomically (several nodes advance it: none goes back)."""
 

@@ -973,6 +973,15 @@ class SqliteLogStore(StoreLifecycle):
         check_cluster_epoch(epoch)
         await self._submit(Job(run=run))
 
+    async def probe_write(self) -> None:
+        async def run(connection: aiosqlite.Connection, _batch: Batch) -> None:
+            await connection.execute(
+                "INSERT INTO cluster_epoch (id, epoch) VALUES (1, 1)"
+                " ON CONFLICT (id) DO UPDATE SET epoch = cluster_epoch.epoch"
+            )
+
+        await self._submit(Job(run=run))
+
     # ------------------------------------------------------------------ L1 metastore
 
     async def l1_insert(self, row: L1Row) -> None:
