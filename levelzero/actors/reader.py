@@ -294,9 +294,8 @@ class Reader:
         its records' largest timestamp, so only the first that may hold the answer is read
         (`core/time_lookup.py`): one GET, whatever the log's length. A row or placeholder
         written before that was kept says None and is read (a GET each until one holds the
-        answer)."""
-        if timestamp_ms < 0:
-            raise InvalidInput("a timestamp to look up is >= 0 (ms since the epoch)")
+        answer). A target below 0 (a Kafka ListOffsets timestamp that names no special value)
+        finds the first record at or above the start offset, as Kafka's log search does."""
         # Registered first: M(p) is pinned before the LRO is read, so the L0 extents above it
         # stay until the lookup is done (as a fetch's).
         reader_id, _ = actor.register_reader()

@@ -39,7 +39,9 @@ def first_at_or_after(
     `max_timestamp_ms`: what the extent's placeholder or row says its largest is (None:
     unknown), which must be the records' own: a lookup trusting a wrong one would skip
     answers."""
-    assert timestamp_ms >= 0, timestamp_ms  # a record without a timestamp (-1) never matches
+    # Any target, as Kafka's log search takes one: below 0 (a ListOffsets timestamp no special
+    # value names) every record matches, one without a timestamp (-1) too, so the first record
+    # at or above `from_offset` is the answer.
     assert from_offset >= base_offset, (from_offset, base_offset)
     assert max_timestamp_ms is None or max_timestamp_ms == max_timestamp(records), (
         base_offset,

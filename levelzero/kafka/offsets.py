@@ -96,17 +96,18 @@ class OffsetsApi:
                 if getattr(request.body, "isolation_level", 0) == 1 and self.txns is not None:
                     txns = await self.txns.get(topic_name, p.partition_index)
                     offset = txns.last_stable_offset(high_watermark)
-            elif p.timestamp >= 0:
-                offset, timestamp = await self.node.offset_for_time(
-                    topic_name, p.partition_index, p.timestamp
-                )
-                epoch = state.term_at(offset) if timestamp >= 0 else -1
             elif p.timestamp in SPECIAL_TIMESTAMP_VERSIONS:
                 error, offset, timestamp, epoch = await self._special_offset(
                     request.api_version, topic_name, p.partition_index, p.timestamp
                 )
             else:
-                error = ErrorCode.invalid_request
+                # A lookup by time; a negative timestamp no special value names too, as Kafka
+                # (`UnifiedLog.fetchOffsetByTimestamp` searches the log for any other target):
+                # every record is at or after it, so the first from the start offset answers.
+                offset, timestamp = await self.node.offset_for_time(
+                    topic_name, p.partition_index, p.timestamp
+                )
+                epoch = state.term_at(offset) if offset >= 0 else -1
             if (
                 offset >= 0
                 and p.timestamp

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from levelzero.http.schema import RecordIn
 from levelzero.kafka.protocol import make
 
 from daemon_support import daemon_and_client
@@ -114,7 +115,24 @@ async def test_versions_and_refusals_on_the_wire(tmp_path: Path) -> None:
             pending = await list_offsets(wire, 11, "empty", -6)
             assert (pending.offset, pending.timestamp, pending.leader_epoch) == (-1, -1, -1)
             assert (await list_offsets(wire, 10, "empty", -1)).offset == 0
-            assert (await list_offsets(wire, 11, "empty", -7)).error_code == ErrorCode.invalid_request
+            # A negative timestamp no special value names is a lookup by time, as Kafka's log
+            # search takes it (it was INVALID_REQUEST): every record is at or after it, so the
+            # first from the start offset answers, with its timestamp; none in an empty partition.
+            for version, timestamp in ((11, -7), (1, -7), (1, -100)):
+                none = await list_offsets(wire, version, "empty", timestamp)
+                assert (none.error_code, none.offset, none.timestamp) == (ErrorCode.none, -1, -1)
+            await client.create_topic("stamped", 1)
+            await client.produce(
+                "stamped", 0, [RecordIn(b"a", timestamp_ms=5000), RecordIn(b"b", timestamp_ms=3000)]
+            )
+            await client.produce("stamped", 0, [RecordIn(b"c", timestamp_ms=7000)])
+            first = await list_offsets(wire, 11, "stamped", -7)
+            assert (first.error_code, first.offset, first.timestamp) == (ErrorCode.none, 0, 5000)
+            assert daemon.node is not None
+            await daemon.node.delete_records("stamped", 0, 1)
+            moved = await list_offsets(wire, 11, "stamped", -100)
+            assert (moved.error_code, moved.offset, moved.timestamp) == (ErrorCode.none, 1, 3000)
+            assert (await list_offsets(wire, 11, "stamped", 4000)).offset == 2  # by time, as before
             # one partition named twice: every entry of it INVALID_REQUEST, as Kafka answers (a
             # client reading one of two answers took -1 for records that exist); others as usual
             await client.create_topic("other", 1)
