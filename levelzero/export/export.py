@@ -443,6 +443,7 @@ class _ExportRun:
 
     def run(self) -> tuple[Watermarks, dict[str, int], list[str]]:
         self._check_not_behind()
+        self._check_pruned()
         new = Watermarks(xid_horizon=self._horizon)
         with self._sinks("log_entries") as (log_entries,):
             new.log_offsets = self._log_entries(log_entries)
@@ -495,6 +496,41 @@ class _ExportRun:
                 f"the store's transactions are at {self._horizon}, but those up to "
                 f"{self._old.xid_horizon} were exported already: this output directory belongs "
                 "to another (or a newer copy of this) store; export into a new directory"
+            )
+
+    def _check_pruned(self) -> None:
+        """A warning naming the rows the store pruned (`control.history_retention_s`, 7 days by
+        default) before this directory exported them: rows numbered above the last export's
+        watermark and gone. SQLite numbers a table's rows without gaps (pruning never deletes
+        the newest row), so there the count is exact. PostgreSQL's sequences leave gaps (a
+        transaction rolled back, or still open while this export reads), so there only the
+        rows below the oldest row kept are counted, and as "up to": a deleted L0 object's row
+        pruned while older live objects' rows are kept is not seen there."""
+        old = self._old
+        exact = _dialect(self._db) != "postgres"
+        missing: dict[str, int] = {}
+        for table, after in (
+            ("state_samples", old.state_samples_rowid),
+            ("fence_events", old.fence_events_rowid),
+            ("l0_objects", old.l0_rowid),
+        ):
+            if exact:
+                ((top, kept),) = self._db.execute(
+                    f"SELECT COALESCE(MAX(rowid), 0), COUNT(*) FROM {table} WHERE rowid > ?",
+                    (after,),
+                )
+                gone = max(0, top - after - kept)
+            else:
+                ((oldest,),) = self._db.execute(f"SELECT MIN(rowid) FROM {table}")
+                gone = 0 if oldest is None else max(0, oldest - after - 1)
+            if gone:
+                missing[table] = gone
+        if missing:
+            counted = ", ".join(f"{n} of {table}" for table, n in missing.items())
+            self._warnings.append(
+                f"{'' if exact else 'up to '}{sum(missing.values())} history rows ({counted}) were "
+                "pruned from the store (older than its control.history_retention_s) before this "
+                "directory exported them: export more often than that to keep every row"
             )
 
     def _log_entries(self, sink: _TableSink) -> dict[int, int]:

@@ -15,7 +15,7 @@ from levelzero.export.export import export
 from levelzero.storage.postgres.store import PostgresLogStore
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_export_analysis import read_table
+from test_export_analysis import prune_between_two_exports, read_table
 
 
 async def _log_keys(dsn: str) -> set[tuple[str, int, int]]:
@@ -119,3 +119,22 @@ def test_rows_restored_from_another_servers_dump_are_exported(tmp_path: Path, po
     out = str(tmp_path / "out")
     assert export(postgres_dsn, out).rows["l0_objects"] == 1
     assert [row["key"] for row in read_table(out, "l0_objects").to_pylist()] == ["restored"]
+
+
+def test_rows_pruned_before_an_export_read_them_are_named_up_to_a_count(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    """As on SQLite, but "up to": a sequence leaves gaps (a transaction rolled back or still
+    open), so only the rows below the oldest row kept are counted."""
+    first, second = asyncio.run(
+        prune_between_two_exports(
+            lambda: PostgresLogStore.open(postgres_dsn), postgres_dsn, str(tmp_path / "out")
+        )
+    )
+    assert first.warnings == [] and first.rows["fence_events"] == 2
+    assert (second.rows["fence_events"], second.rows["l0_objects"]) == (2, 1)
+    assert second.warnings == [
+        "up to 3 history rows (2 of fence_events, 1 of l0_objects) were pruned from the store "
+        "(older than its control.history_retention_s) before this directory exported them: export "
+        "more often than that to keep every row"
+    ]
