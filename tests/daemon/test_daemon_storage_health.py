@@ -392,6 +392,14 @@ class HungLog:
         return getattr(self.inner, name)
 
 
+async def start_a_hung_append(tg: anyio.abc.TaskGroup, log: HungLog, store: ObservedLogStore) -> None:
+    """An append through `store` that `log` never answers, started in `tg`; back once it waits."""
+    tg.start_soon(store.append, 1, 0, [])
+    with anyio.fail_after(1):
+        while log.waiting == 0:
+            await anyio.sleep(0.001)
+
+
 class ProbedLog(HungLog):
     """`HungLog` whose probe writes are counted, the first `hang_probes` of them hanging until
     `release`; while `failing`, each probe write fails as a database refusing writes would."""
@@ -420,10 +428,7 @@ async def test_a_stalled_log_store_write_given_up_is_found_answering_by_the_prob
     log = ProbedLog()
     store = ObservedLogStore(log, StoreMetrics(), health)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(store.append, 1, 0, [])
-        with anyio.fail_after(1):
-            while log.waiting == 0:
-                await anyio.sleep(0.001)
+        await start_a_hung_append(tg, log, store)
         now[0] = STORAGE_STALL_UNHEALTHY_S + 1
         health.check_stalled()
         assert not health.healthy and log.probes == 0  # no probe while healthy
@@ -487,10 +492,7 @@ async def test_a_hung_log_store_write_is_a_stall_until_the_store_answers() -> No
     log = HungLog()
     store = ObservedLogStore(log, StoreMetrics(), health)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(store.append, 1, 0, [])
-        with anyio.fail_after(1):
-            while log.waiting == 0:
-                await anyio.sleep(0.001)
+        await start_a_hung_append(tg, log, store)
         now[0] = STORAGE_STALL_UNHEALTHY_S - 1
         health.check_stalled()
         assert health.healthy
