@@ -60,6 +60,8 @@ class L1Catalog:
         self._wall = wall_clock
         # pid -> valid objects sorted by base offset (a cache; the metastore is the truth)
         self._valid: dict[int, list[L1Row]] = {}
+        # pid -> the partition's LRO when its lineage was last read into `_valid`
+        self._valid_at_lro: dict[int, int] = {}
         # pid -> the keys of the objects compaction wrote (valid once COPY_FINISHED: only an
         # accepted compaction result moves them there, `l1_compaction_commit`)
         self._compacted: dict[int, frozenset[str]] = {}
@@ -115,6 +117,7 @@ class L1Catalog:
     def _lineage_of(self, actor: PartitionActor, rows: Sequence[L1Row]) -> list[L1Row]:
         valid = sorted((r for r in rows if self.is_valid(actor, r)), key=lambda r: r.base_offset)
         self._valid[actor.row.pid] = valid
+        self._valid_at_lro[actor.row.pid] = actor.state.lro
         return valid
 
     async def refresh_compacted(self, actor: PartitionActor) -> None:
@@ -127,13 +130,19 @@ class L1Catalog:
         return _shown(self._valid.get(actor.row.pid, []))
 
     async def status_lineage(self, actor: PartitionActor) -> list[dict[str, int | str]]:
-        """The partition's lineage as status shows it: the cached one where it reaches the
-        LRO, else the one the metastore holds now, read without caching it (`read_lineage`):
-        none is cached yet right after a start, and the reconciler reads the lineage again
-        only after its catch-up moved the LRO (a status in between showed the LRO past the
-        lineage's last object)."""
-        rows = self._valid.get(actor.row.pid)
-        if rows is None or (rows[-1].last_offset if rows else -1) < actor.state.lro:
+        """The partition's lineage as status shows it: the cached one, unless none is cached
+        (right after a start) or the LRO moved since it was read and it does not reach the
+        LRO (the reconciler reads the lineage again only after its catch-up moved the LRO: a
+        status in between showed the LRO past the lineage's last object); then the one the
+        metastore holds now, read without caching it (`read_lineage`). A lineage that ends
+        below the LRO for good (its objects collected, an abandoned tail) is not read again
+        once cached at that LRO."""
+        pid = actor.row.pid
+        rows = self._valid.get(pid)
+        lro = actor.state.lro
+        if rows is None or (
+            self._valid_at_lro.get(pid, -1) < lro and (rows[-1].last_offset if rows else -1) < lro
+        ):
             rows = await self.read_lineage(actor)
         return _shown(rows)
 
@@ -160,7 +169,7 @@ class L1Catalog:
         topics come and go, and a partition led here again starts from the metastore, not
         from a lineage cached in an earlier leadership (another node may have reconciled,
         compacted or collected it meanwhile)."""
-        for cache in (self._valid, self._compacted, self._start_moves):
+        for cache in (self._valid, self._valid_at_lro, self._compacted, self._start_moves):
             for pid in [p for p in cache if p not in pids]:
                 del cache[pid]
 

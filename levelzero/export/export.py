@@ -443,7 +443,7 @@ class _ExportRun:
 
     def run(self) -> tuple[Watermarks, dict[str, int], list[str]]:
         self._check_not_behind()
-        self._check_pruned()
+        pruned = self._pruned_above_watermarks()
         new = Watermarks(xid_horizon=self._horizon)
         with self._sinks("log_entries") as (log_entries,):
             new.log_offsets = self._log_entries(log_entries)
@@ -456,12 +456,15 @@ class _ExportRun:
                 events, _select_fence_events(self._db), "f.", self._old.fence_events_rowid
             )
         with self._sinks("l0_objects", "l0_deletions") as (created, deleted):
-            new.l0_rowid, new.l0_open = self._l0_objects(created, deleted)
+            new.l0_rowid, new.l0_open, pruned_deletions = self._l0_objects(created, deleted)
+        if pruned_deletions:
+            pruned["l0_deletions"] = pruned_deletions
         with self._sinks("gc_rounds") as (rounds,):
             new.gc_finished_at, new.gc_at_finished = self._gc_rounds(rounds)
         with self._sinks("l1_objects") as (l1,):
             new.l1_rowid, new.l1_open = self._l1_objects(l1)
         rows = {name: self._rows[name] for name in TABLES}
+        self._warn_pruned(pruned)
         return new, rows, self._warnings
 
     @contextmanager
@@ -498,40 +501,41 @@ class _ExportRun:
                 "to another (or a newer copy of this) store; export into a new directory"
             )
 
-    def _check_pruned(self) -> None:
-        """A warning naming the rows the store pruned (`control.history_retention_s`, 7 days by
-        default) before this directory exported them: rows numbered above the last export's
+    def _pruned_above_watermarks(self) -> dict[str, int]:
+        """Per history table, the rows the store pruned (`control.history_retention_s`, 7 days
+        by default) before this directory exported them: numbered above the last export's
         watermark and gone. SQLite numbers a table's rows without gaps (pruning never deletes
-        the newest row), so there the count is exact. PostgreSQL's sequences leave gaps (a
-        transaction rolled back, or still open while this export reads), so there only the
-        rows below the oldest row kept are counted, and as "up to": a deleted L0 object's row
-        pruned while older live objects' rows are kept is not seen there."""
+        the newest row), so the count is exact there. PostgreSQL's sequences leave gaps (a
+        group commit retried, a transaction still open while this export reads): a count
+        there would name rows that never were, so it is not made (the L0 deletions are counted
+        on both, `_l0_objects`)."""
+        if _dialect(self._db) == "postgres":
+            return {}
         old = self._old
-        exact = _dialect(self._db) != "postgres"
-        missing: dict[str, int] = {}
+        pruned: dict[str, int] = {}
         for table, after in (
             ("state_samples", old.state_samples_rowid),
             ("fence_events", old.fence_events_rowid),
             ("l0_objects", old.l0_rowid),
         ):
-            if exact:
-                ((top, kept),) = self._db.execute(
-                    f"SELECT COALESCE(MAX(rowid), 0), COUNT(*) FROM {table} WHERE rowid > ?",
-                    (after,),
-                )
-                gone = max(0, top - after - kept)
-            else:
-                ((oldest,),) = self._db.execute(f"SELECT MIN(rowid) FROM {table}")
-                gone = 0 if oldest is None else max(0, oldest - after - 1)
-            if gone:
-                missing[table] = gone
-        if missing:
-            counted = ", ".join(f"{n} of {table}" for table, n in missing.items())
-            self._warnings.append(
-                f"{'' if exact else 'up to '}{sum(missing.values())} history rows ({counted}) were "
-                "pruned from the store (older than its control.history_retention_s) before this "
-                "directory exported them: export more often than that to keep every row"
+            ((top, kept),) = self._db.execute(
+                f"SELECT COALESCE(MAX(rowid), 0), COUNT(*) FROM {table} WHERE rowid > ?", (after,)
             )
+            if gone := max(0, top - after - kept):
+                pruned[table] = gone
+        return pruned
+
+    def _warn_pruned(self, pruned: dict[str, int]) -> None:
+        if not pruned:
+            return
+        total = sum(pruned.values())
+        counted = ", ".join(f"{n} of {table}" for table, n in pruned.items())
+        self._warnings.append(
+            f"{total} history {'row' if total == 1 else 'rows'} ({counted}) "
+            f"{'was' if total == 1 else 'were'} pruned from the store (older than its "
+            "control.history_retention_s) before this directory exported "
+            f"{'it' if total == 1 else 'them'}: export more often than that to keep every row"
+        )
 
     def _log_entries(self, sink: _TableSink) -> dict[int, int]:
         """Per partition, entries above the last exported log offset. The end of a log is its
@@ -579,13 +583,20 @@ class _ExportRun:
             last = max(last, rows[-1][0])
         return last
 
-    def _l0_objects(self, created: _TableSink, deleted: _TableSink) -> tuple[int, list[tuple[int, int, int]]]:
+    def _l0_objects(
+        self, created: _TableSink, deleted: _TableSink
+    ) -> tuple[int, list[tuple[int, int, int]], int]:
         """Creations by rowid; deletions of the objects that were live at the last export and
-        of the new ones. The rows live now become the next export's open runs."""
+        of the new ones. The rows live now become the next export's open runs. Also how many
+        rows of the objects live at the last export are gone (deleted, then pruned before
+        their deletion was exported): a run names consecutive rows that were all there."""
         still_live: list[tuple[int, int]] = []
+        expected = found = 0
         for first, last, _ in self._old.l0_open:
+            expected += last - first + 1
             cursor = self._db.execute(_SELECT_L0_OPEN, (first, last))
             for rows in _fetch(cursor, self._chunk_rows):
+                found += len(rows)
                 for rowid, key, deleted_at, deleted_at_m in rows:
                     if deleted_at is None:
                         still_live.append((rowid, 0))
@@ -602,7 +613,7 @@ class _ExportRun:
                 else:
                     deleted.add((key, deleted_at, deleted_at_m))
             last_rowid = max(last_rowid, rows[-1][0])
-        return last_rowid, _runs(still_live)
+        return last_rowid, _runs(still_live), max(0, expected - found)
 
     def _l1_objects(self, sink: _TableSink) -> tuple[int, list[tuple[int, int, int]]]:
         """New objects by rowid, and every object not yet DELETE_FINISHED again: a row is

@@ -577,9 +577,10 @@ class EpochStore(Protocol):
         ...
 
     async def probe_write(self) -> None:
-        """A durable write that changes nothing: the cluster epoch's row written again with
-        the value it holds (made with 1 where none was set yet, the value read without it).
-        The daemon's health probe of an unhealthy log store (`daemon/storage_health.py`)."""
+        """A durable write that changes nothing the store holds: on SQLite the cluster epoch's
+        row written again with the value it holds (made with 1 where none was set yet, the
+        value read without it), on PostgreSQL a transaction given an id and committed. The
+        daemon's health probe of an unhealthy log store (`daemon/storage_health.py`)."""
         ...
 
 

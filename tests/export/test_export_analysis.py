@@ -383,15 +383,16 @@ def rows_of(report: ExportReport, *tables: str) -> tuple[int, ...]:
 async def prune_between_two_exports(
     open_store: Any, source: str, out: str
 ) -> tuple[ExportReport, ExportReport]:
-    """Two fence events and an L0 object exported; then four more events (at 300..600), a
-    deleted L0 object (created 300, deleted 350) and a live one (600), and a pruning of what is
-    older than 450 before the second export: two events and the deleted object's row were never
-    exported."""
+    """Two fence events and a live L0 object (created 50) exported; then four more events (at
+    300..600), an L0 object created (300) and deleted (350), a live one (600), the first one
+    deleted (350), and a pruning of what is older than 450 before the second export: two
+    events, the second object's row and the first one's deletion were never exported."""
     async with await open_store() as store:
         (row,) = await store.create_topic("t", 1, 1, 0.0)
         await store.record_fence_events(
             [FenceEventRow(at, row.pid, 1, 1, "admitted", 1, 1) for at in (100.0, 200.0)]
         )
+        await store.record_l0_object(L0ObjectRow("old", 1, 10, 50.0, 1))
     first = await anyio.to_thread.run_sync(export, source, out)
     async with await open_store() as store:
         await store.record_fence_events(
@@ -399,9 +400,9 @@ async def prune_between_two_exports(
         )
         await store.record_l0_object(L0ObjectRow("gone", 1, 10, 300.0, 1))
         await store.record_l0_object(L0ObjectRow("live", 1, 10, 600.0, 1))
-        await store.mark_l0_deleted(["gone"], at=350.0, m=1)
+        await store.mark_l0_deleted(["gone", "old"], at=350.0, m=1)
     async with await open_store() as store:
-        assert await store.prune_history(450.0, 100) == 4 + 1  # events 100..400, the deleted row
+        assert await store.prune_history(450.0, 100) == 4 + 2  # events 100..400, the deleted rows
     second = await anyio.to_thread.run_sync(export, source, out)
     return first, second
 
@@ -409,15 +410,15 @@ async def prune_between_two_exports(
 async def test_rows_pruned_before_an_export_read_them_are_named_in_a_warning(tmp_path: Path, capsys) -> None:
     """History rows pruned (`control.history_retention_s`) before an export read them were
     simply missing from it. On SQLite the export counts them exactly (rows are numbered without
-    gaps); the CLI prints the warning."""
+    gaps), and the deletions of the objects live at the last export; the CLI prints it."""
     db, out = str(tmp_path / "levelzero.db"), str(tmp_path / "out")
     first, second = await prune_between_two_exports(lambda: SqliteLogStore.open(db), db, out)
-    assert first.warnings == [] and rows_of(first, "fence_events") == (2,)
-    assert rows_of(second, "fence_events", "l0_objects") == (2, 1)
+    assert first.warnings == [] and rows_of(first, "fence_events", "l0_objects") == (2, 1)
+    assert rows_of(second, "fence_events", "l0_objects", "l0_deletions") == (2, 1, 0)
     assert second.warnings == [
-        "3 history rows (2 of fence_events, 1 of l0_objects) were pruned from the store (older "
-        "than its control.history_retention_s) before this directory exported them: export more "
-        "often than that to keep every row"
+        "4 history rows (2 of fence_events, 1 of l0_objects, 1 of l0_deletions) were pruned from "
+        "the store (older than its control.history_retention_s) before this directory exported "
+        "them: export more often than that to keep every row"
     ]
     async with await SqliteLogStore.open(db) as store:
         await store.record_fence_events([FenceEventRow(700.0, 1, 1, 1, "admitted", 1, 1)])
@@ -426,7 +427,7 @@ async def test_rows_pruned_before_an_export_read_them_are_named_in_a_warning(tmp
     fresh = str(tmp_path / "fresh")  # a first export after the pruning: the rows it cannot have
     assert export_main(["--db", db, "--out", fresh, "--quiet"]) == 0
     said = capsys.readouterr().err
-    assert "levelzero export: warning: 5 history rows (4 of fence_events, 1 of l0_objects)" in said
+    assert "levelzero export: warning: 6 history rows (4 of fence_events, 2 of l0_objects) were" in said
 
 
 async def test_rows_updated_in_place_are_exported_once_per_change(tmp_path: Path, capsys) -> None:

@@ -121,20 +121,22 @@ def test_rows_restored_from_another_servers_dump_are_exported(tmp_path: Path, po
     assert [row["key"] for row in read_table(out, "l0_objects").to_pylist()] == ["restored"]
 
 
-def test_rows_pruned_before_an_export_read_them_are_named_up_to_a_count(
+def test_the_pruned_deletions_of_objects_live_at_the_last_export_are_named(
     tmp_path: Path, postgres_dsn: str
 ) -> None:
-    """As on SQLite, but "up to": a sequence leaves gaps (a transaction rolled back or still
-    open), so only the rows below the oldest row kept are counted."""
+    """As on SQLite, but only the deletions of the L0 objects live at the last export are
+    counted (its runs name rows that were all there): a sequence leaves gaps (a group commit
+    retried, a transaction still open), so a count of the rows missing above a watermark would
+    name rows that never were."""
     first, second = asyncio.run(
         prune_between_two_exports(
             lambda: PostgresLogStore.open(postgres_dsn), postgres_dsn, str(tmp_path / "out")
         )
     )
-    assert first.warnings == [] and first.rows["fence_events"] == 2
-    assert (second.rows["fence_events"], second.rows["l0_objects"]) == (2, 1)
+    assert first.warnings == [] and (first.rows["fence_events"], first.rows["l0_objects"]) == (2, 1)
+    assert (second.rows["fence_events"], second.rows["l0_objects"], second.rows["l0_deletions"]) == (2, 1, 0)
     assert second.warnings == [
-        "up to 3 history rows (2 of fence_events, 1 of l0_objects) were pruned from the store "
-        "(older than its control.history_retention_s) before this directory exported them: export "
-        "more often than that to keep every row"
+        "1 history row (1 of l0_deletions) was pruned from the store (older than its "
+        "control.history_retention_s) before this directory exported it: export more often than "
+        "that to keep every row"
     ]

@@ -758,10 +758,24 @@ async def test_status_shows_the_objects_reconciled_after_the_lineage_was_cached(
         await produce_and_reconcile(2, 2)
         # The cache as it stands between the last catch-up and the refresh after it.
         daemon.node.l1._valid[actor.row.pid] = cached
+        daemon.node.l1._valid_at_lro[actor.row.pid] = 1
         (p,) = (await client.status()).partitions
         assert p.l1_lineage is not None and p.l1_objects == len(p.l1_lineage) > len(cached)
         assert p.l1_lineage[0].base_offset == 0 and p.l1_lineage[-1].last_offset == p.lro == 3
         assert [o.base_offset for o in p.l1_lineage[1:]] == [o.last_offset + 1 for o in p.l1_lineage[:-1]]
+        # A lineage cached at the LRO that ends below it for good (its objects collected, an
+        # abandoned tail) is shown as cached: the metastore is not read on every status.
+        daemon.node.l1._valid_at_lro[actor.row.pid] = 3
+
+        async def failing(*_args: object) -> None:
+            raise StorageError("read the metastore")
+
+        daemon.node.l1.read_lineage = failing  # type: ignore[method-assign]
+        (p,) = (await client.status()).partitions
+        assert p.l1_lineage is not None
+        assert [(o.base_offset, o.last_offset) for o in p.l1_lineage] == [
+            (r.base_offset, r.last_offset) for r in cached
+        ]
 
 
 class LosingGets:

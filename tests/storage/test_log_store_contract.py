@@ -595,13 +595,14 @@ async def test_cluster_epoch_persists_and_never_decreases(backend: Backend) -> N
 
 
 async def test_the_probe_write_writes_and_changes_no_epoch(backend: Backend) -> None:
-    """The health probe's write (`probe_write`): a real write (the epoch's row, absent before the
-    first set, is there after it) that leaves the epoch as it was."""
+    """The health probe's write (`probe_write`) leaves the epoch as it was. On SQLite it is the
+    epoch's row written again (absent before the first set, there after it); on PostgreSQL a
+    transaction given an id, which locks no row and leaves the tables as they were."""
     assert backend.times is not None
     async with await backend.open() as store:
         assert await backend.times("cluster_epoch", "epoch") == []
         await store.probe_write()
-        assert await backend.times("cluster_epoch", "epoch") == [1]
+        assert await backend.times("cluster_epoch", "epoch") == ([1] if backend.name == "sqlite" else [])
         assert await store.get_cluster_epoch() == 1
         await store.set_cluster_epoch(5)
         await store.probe_write()
