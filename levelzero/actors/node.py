@@ -818,6 +818,11 @@ class Node:
         read = functools.partial(self.reader.offset_for_time, timestamp_ms=timestamp_ms)
         return await self._led_read(topic, partition, read)
 
+    async def retained_bytes(self, topic: str, partition: int) -> int:
+        """The partition's size in the object store (`Reader.retained_bytes`: Kafka's log size,
+        DescribeLogDirs), served by the leader."""
+        return await self._led_read(topic, partition, self.reader.retained_bytes)
+
     async def max_timestamp(self, topic: str, partition: int) -> tuple[int, int]:
         """Kafka's ListOffsets for the largest timestamp (`Reader.max_timestamp`), served by
         the leader as a fetch is: (offset, timestamp), or (-1, -1)."""

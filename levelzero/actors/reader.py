@@ -192,12 +192,14 @@ class L1Source(Protocol):
 class _Extent(NamedTuple):
     """One L1 object or L0 extent as the lookups by time see it: where it begins, the lowest
     offset a lookup may answer in it (the start offset, or above the LRO for L0), its records'
-    kept largest timestamp (None: not kept), and how to read its runs (one GET)."""
+    kept largest timestamp (None: not kept), how to read its runs (one GET), and its bytes
+    (the L1 object's, or the L0 extent's in its shared object)."""
 
     base_offset: int
     first_offset: int
     max_timestamp_ms: int | None
     read: Callable[[], Awaitable[list[tuple[int, list[Record]]]]]
+    size_bytes: int
 
 
 class Reader:
@@ -309,6 +311,16 @@ class Reader:
         finally:
             actor.release_reader(reader_id)
 
+    async def retained_bytes(self, actor: PartitionActor) -> int:
+        """The bytes the partition's readable records take in the object store, as Kafka's log
+        size counts its segments: its L1 objects holding offsets at or above the start offset,
+        whole, and its L0 extents above the LRO (metastore reads only, no GET)."""
+        reader_id, _ = actor.register_reader()
+        try:
+            return sum([extent.size_bytes async for extent in self._extents(actor)])
+        finally:
+            actor.release_reader(reader_id)
+
     async def max_timestamp(self, actor: PartitionActor) -> tuple[int, int]:
         """Kafka's ListOffsets for the largest timestamp (KIP-734): the offset and timestamp of
         the first record at or above the start offset carrying the partition's largest
@@ -362,7 +374,8 @@ class Reader:
                 if row.base_offset > lro:
                     break
                 if row.last_offset >= start:
-                    yield _Extent(row.base_offset, start, row.max_timestamp_ms, partial(l1.read_runs, row))
+                    read = partial(l1.read_runs, row)
+                    yield _Extent(row.base_offset, start, row.max_timestamp_ms, read, row.size)
         offset = from_l0
         while offset < hwm:
             placeholders = await self._log.read_placeholders(actor.row.pid, offset, PLACEHOLDERS_PER_READ)
@@ -373,7 +386,7 @@ class Reader:
                     return  # durable but not applied yet: not readable
                 offset = record.base_offset + p.record_count
                 read = partial(self._run, actor, record)
-                yield _Extent(record.base_offset, from_l0, p.max_timestamp_ms, read)
+                yield _Extent(record.base_offset, from_l0, p.max_timestamp_ms, read, p.byte_length)
             if len(placeholders) < PLACEHOLDERS_PER_READ:
                 return
 

@@ -188,6 +188,13 @@ async def _claim_store_with_retries(
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
+def kafka_log_dir(config: Config) -> str:
+    """DescribeLogDirs' one log directory: where the partitions' objects are."""
+    if config.storage.kind == "local":
+        return os.path.abspath(config.storage.objects_dir)
+    return f"s3://{config.s3.bucket}/{config.s3.key_prefix}"
+
+
 def store_where(config: Config) -> str:
     if config.storage.kind == "local":
         return config.storage.objects_dir
@@ -632,6 +639,7 @@ class Daemon:
                 # PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL
                 ("SASL_" if self.config.server.token else "")
                 + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
+                log_dir=kafka_log_dir(self.config),
             ),
             self.intake,
             metrics.produce_observer("kafka"),

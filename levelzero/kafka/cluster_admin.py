@@ -11,20 +11,31 @@ elect.
   NO_REASSIGNMENT_IN_PROGRESS; any other target INVALID_REPLICA_ASSIGNMENT (leases place
   partitions).
 - ListConfigResources (KIP-1142): the topics and this broker.
+- DescribeLogDirs: one directory, the object store this node's partitions live in
+  (`KafkaSettings.log_dir`), with the partitions it leads and their sizes.
+  AlterReplicaLogDirs: a move into that directory is a no-op, as Kafka answers one; another
+  directory LOG_DIR_NOT_FOUND; a partition not led here REPLICA_NOT_AVAILABLE.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import anyio
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
+from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.metadata import Cluster, missing_topic_error, partition_row, topic_row
 from levelzero.kafka.protocol import Request, make
 
+log = logging.getLogger(__name__)
+
 TOPIC = 2  # Kafka's ConfigResource.Type
 BROKER = 4
+# Partitions' sizes read at once for DescribeLogDirs (each a metastore read or two).
+LOG_DIR_SIZE_READS_MAX = 16
 
 
 class ClusterAdminApi:
@@ -177,5 +188,91 @@ class ClusterAdminApi:
             error_code=ErrorCode.none,
             config_resources=tuple(
                 make(m.ConfigResource, resource_name=name, resource_type=kind) for name, kind in resources
+            ),
+        )
+
+    async def describe_log_dirs(self, request: Request) -> Any:
+        """This broker's one log directory with the partitions it leads (the named ones; null:
+        all), as a Kafka broker lists the replicas it hosts: each one's size in the object
+        store (`Node.retained_bytes`: its L1 objects from the start offset on and its L0
+        extents, as Kafka counts its segments whole) and offset lag 0 (an acknowledged record
+        is durable: the log end is the high watermark). A partition whose size cannot be read
+        now (its lease moved meanwhile, the metastore away) is left out, as a replica the
+        broker does not host; unknown topics and partitions too, as Kafka leaves them out. The
+        directory's total and usable bytes are -1 (unknown: the object store is no volume)."""
+        m = request.response_module
+        led = sorted((a.row.topic, a.row.partition) for a in self.node.partitions())
+        if request.body.topics is not None:
+            wanted = {(t.topic, p) for t in request.body.topics for p in t.partitions}
+            led = [tp for tp in led if tp in wanted]
+        sizes: dict[tuple[str, int], int] = {}
+        limiter = anyio.CapacityLimiter(LOG_DIR_SIZE_READS_MAX)
+
+        async def size(topic: str, partition: int) -> None:
+            async with limiter:
+                try:
+                    sizes[(topic, partition)] = await self.node.retained_bytes(topic, partition)
+                except LevelZeroError as exc:
+                    log.info("DescribeLogDirs leaves %s/%d out: %s", topic, partition, exc)
+
+        async with anyio.create_task_group() as tg:
+            for topic, partition in led:
+                tg.start_soon(size, topic, partition)
+        by_topic: dict[str, list[Any]] = {}
+        for (topic, partition), size_bytes in sorted(sizes.items()):
+            by_topic.setdefault(topic, []).append(
+                make(
+                    m.DescribeLogDirsPartition,
+                    partition_index=partition,
+                    partition_size=size_bytes,
+                    offset_lag=0,
+                    is_future_key=False,
+                )
+            )
+        topics = tuple(
+            make(m.DescribeLogDirsTopic, name=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        )
+        result = make(
+            m.DescribeLogDirsResult,
+            error_code=ErrorCode.none,
+            log_dir=self.cluster.settings.log_dir,
+            topics=topics,
+            total_bytes=-1,
+            usable_bytes=-1,
+        )
+        return make(m.DescribeLogDirsResponse, throttle_time=0, error_code=ErrorCode.none, results=(result,))
+
+    def alter_replica_log_dirs(self, request: Request) -> Any:
+        """Kafka's answers (`ReplicaManager.alterReplicaLogDirs`) for a broker with one log
+        directory: into it, a partition led here is where it is asked to be (NONE: a no-op);
+        one not led here (unknown, or led by another node) REPLICA_NOT_AVAILABLE; into any
+        other directory LOG_DIR_NOT_FOUND."""
+        m = request.response_module
+        led = {(a.row.topic, a.row.partition) for a in self.node.partitions()}
+        results: dict[str, dict[int, ErrorCode]] = {}
+        for directory in request.body.dirs:
+            for topic in directory.topics:
+                for partition in topic.partitions:
+                    if directory.path != self.cluster.settings.log_dir:
+                        error = ErrorCode.log_dir_not_found
+                    elif (topic.name, partition) not in led:
+                        error = ErrorCode.replica_not_available
+                    else:
+                        error = ErrorCode.none
+                    results.setdefault(topic.name, {})[partition] = error
+        return make(
+            m.AlterReplicaLogDirsResponse,
+            throttle_time=0,
+            results=tuple(
+                make(
+                    m.AlterReplicaLogDirTopicResult,
+                    topic_name=name,
+                    partitions=tuple(
+                        make(m.AlterReplicaLogDirPartitionResult, partition_index=p, error_code=e)
+                        for p, e in sorted(parts.items())
+                    ),
+                )
+                for name, parts in results.items()
             ),
         )

@@ -183,4 +183,8 @@ class Handlers:
                 return self.cluster_admin.list_config_resources(request)
             case 75:
                 return self.cluster_admin.describe_topic_partitions(request)
+            case 34:
+                return self.cluster_admin.alter_replica_log_dirs(request)
+            case 35:
+                return await self.cluster_admin.describe_log_dirs(request)
         raise AssertionError(f"no handler for api key {request.api_key}")  # protocol checked it

@@ -49,6 +49,9 @@ class KafkaSettings:
     auto_create_topics: bool = False
     # Kafka's name of what the listener speaks: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL.
     security_protocol: str = "PLAINTEXT"
+    # DescribeLogDirs' one log directory: where the partitions' objects are (the daemon: the
+    # local objects directory, or s3://bucket/prefix).
+    log_dir: str = "levelzero"
 
 
 class Cluster:

@@ -65,6 +65,10 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     74: ("ListConfigResources", 0, 1),
     75: ("DescribeTopicPartitions", 0, 0),
     61: ("DescribeProducers", 0, 0),
+    34: ("AlterReplicaLogDirs", 1, 2),
+    # Not v5 (KIP-1066's cordoned log dirs): clients take a broker answering it for Kafka 4.3
+    # and send that release's versions of other APIs unasked (kafka-python: Metadata v13).
+    35: ("DescribeLogDirs", 1, 4),
     65: ("DescribeTransactions", 0, 0),
     66: ("ListTransactions", 0, 1),
 }

@@ -95,3 +95,14 @@ async def test_unknown_keys_and_versions_are_refused_as_kafka_refuses_them(tmp_p
             await wire.send_raw(struct.pack(">i", len(frame)) + frame)
             assert await wire.frame() is None
             await wire.aclose()
+
+
+def test_clients_infer_the_kafka_release_levelzero_is_taken_for() -> None:
+    """Clients guess the broker's Kafka release from the highest versions it advertises, and
+    act on the guess: advertising DescribeLogDirs v5 (KIP-1066, the version that marks Kafka
+    4.3) made kafka-python (its integration suite, pinned to 4.2) send Metadata v13, which is
+    not served, on every connection: nothing connected. The guess stays at 4.2."""
+    from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
+
+    advertised = {key: (low, high) for key, (_, low, high) in API_VERSIONS.items()}
+    assert infer_broker_version_from_api_versions(advertised) == (4, 2)

@@ -1,0 +1,138 @@
+"""DescribeLogDirs and AlterReplicaLogDirs: a broker with one log directory, the object store
+its partitions live in, listing the partitions it leads with their sizes (Kafka UIs show topic
+sizes from it; kafka-python's integration suite asks for it), and answering a move into that
+directory as Kafka answers a move to where a replica already is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+from kio.schema.errors import ErrorCode
+
+from levelzero.kafka.protocol import make
+
+from daemon_support import daemon_and_client
+from test_kafka_listener import Wire, module_of
+
+
+def admin_calls(port: int) -> dict[str, Any]:
+    from kafka import KafkaAdminClient, TopicPartitionReplica
+
+    admin = KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}")
+    try:
+        everything = admin.describe_log_dirs()
+        only_a = admin.describe_log_dirs(topic_partitions={"a": [1]})
+        here = everything[0]["log_dirs"][0]["log_dir"]
+        moves = admin.alter_replica_log_dirs(
+            {
+                TopicPartitionReplica("a", 0, everything[0]["broker"]): here,
+                TopicPartitionReplica("a", 9, everything[0]["broker"]): here,
+            }
+        )
+        elsewhere = admin.alter_replica_log_dirs(
+            {TopicPartitionReplica("b", 0, everything[0]["broker"]): "/x"}
+        )
+    finally:
+        admin.close()
+    return {
+        "everything": everything,
+        "only_a": only_a,
+        "moves": {(r.topic, r.partition): e.__name__ for r, e in moves.items()},
+        "elsewhere": {(r.topic, r.partition): e.__name__ for r, e in elsewhere.items()},
+    }
+
+
+def sizes(result: dict[str, Any]) -> dict[tuple[str, int], int]:
+    (log_dir,) = result["log_dirs"]
+    return {
+        (t["name"], p["partition_index"]): p["partition_size"]
+        for t in log_dir["topics"]
+        for p in t["partitions"]
+    }
+
+
+async def test_the_object_store_is_the_one_log_dir_and_partitions_have_their_sizes(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("a", 2)
+        await client.create_topic("b", 1)
+        await client.produce("a", 0, [b"x" * 100, b"y" * 200])
+        await client.produce("a", 1, [b"z" * 50])
+        seen = await anyio.to_thread.run_sync(admin_calls, daemon.kafka_port)
+        objects_dir = os.path.abspath(daemon.config.storage.objects_dir)
+        # The sizes are the bytes the records take in the object store (their L0 extents, not
+        # reconciled yet): each partition's own, an empty one 0.
+        assert daemon.node is not None
+        expected = {(t, p): await daemon.node.retained_bytes(t, p) for t, p in (("a", 0), ("a", 1), ("b", 0))}
+    assert (
+        expected[("a", 0)] > 300 and 50 < expected[("a", 1)] < expected[("a", 0)] and expected[("b", 0)] == 0
+    )
+    (result,) = seen["everything"]
+    assert result["broker"] == 0
+    (log_dir,) = result["log_dirs"]
+    assert (log_dir["log_dir"], log_dir["error_code"]) == (objects_dir, 0)
+    assert sizes(result) == expected
+    (only_a,) = seen["only_a"]
+    assert sizes(only_a) == {("a", 1): expected[("a", 1)]}
+    assert seen["moves"] == {("a", 0): "NoError", ("a", 9): "ReplicaNotAvailableError"}
+    assert seen["elsewhere"] == {("b", 0): "LogDirNotFoundError"}
+
+
+async def test_versions_sizes_after_reconciliation_and_offset_lag_on_the_wire(tmp_path: Path) -> None:
+    async with daemon_and_client(
+        tmp_path, kafka__listen="127.0.0.1:0", reconciler__interval_s=0.05, reconciler__object_age_max_s=0.05
+    ) as (daemon, client):
+        await client.create_topic("t", 1)
+        for i in range(3):
+            await client.produce("t", 0, [b"v%d" % i * 40])
+        with anyio.fail_after(20):  # reconciled: the size is the L1 objects' now
+            while (await client.status()).partitions[0].lro != 2:
+                await anyio.sleep(0.05)
+        (status,) = (await client.status()).partitions
+        assert status.l1_lineage is not None
+        stored = 0
+        assert daemon.node is not None
+        for o in status.l1_lineage:
+            info = await daemon.node.object_store.head(o.key)
+            assert info is not None
+            stored += info.size
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            for version in (1, 2, 3, 4):
+                m = module_of(35, version)
+                response = await wire.request(35, version, topics=None)
+                (result,) = response.results
+                assert result.log_dir == os.path.abspath(daemon.config.storage.objects_dir)
+                ((topic, partitions),) = [(t.name, t.partitions) for t in result.topics]
+                assert topic == "t"
+                assert [
+                    (p.partition_index, p.partition_size, p.offset_lag, p.is_future_key) for p in partitions
+                ] == [(0, stored, 0, False)]
+                if version >= 4:
+                    assert (result.total_bytes, result.usable_bytes) == (-1, -1)
+                named = await wire.request(
+                    35, version, topics=(make(m.DescribableLogDirTopic, topic="nope", partitions=(0,)),)
+                )
+                assert [r.topics for r in named.results] == [()]
+            m = module_of(34, 2)
+            moved = await wire.request(
+                34,
+                2,
+                dirs=(
+                    make(
+                        m.AlterReplicaLogDir,
+                        path=os.path.abspath(daemon.config.storage.objects_dir),
+                        topics=(make(m.AlterReplicaLogDirTopic, name="t", partitions=(0, 1)),),
+                    ),
+                ),
+            )
+            ((name, parts),) = [(r.topic_name, r.partitions) for r in moved.results]
+            assert name == "t"
+            assert [(p.partition_index, p.error_code) for p in parts] == [
+                (0, ErrorCode.none),
+                (1, ErrorCode.replica_not_available),
+            ]
+        finally:
+            await wire.aclose()
