@@ -316,10 +316,13 @@ class Reader:
         size counts its segments: its L1 objects holding offsets at or above the start offset,
         whole, and its L0 extents above the LRO (metastore reads only, no GET)."""
         reader_id, _ = actor.register_reader()
+        total = 0
         try:
-            return sum([extent.size_bytes async for extent in self._extents(actor)])
+            async for extent in self._extents(actor):
+                total += extent.size_bytes
         finally:
             actor.release_reader(reader_id)
+        return total
 
     async def max_timestamp(self, actor: PartitionActor) -> tuple[int, int]:
         """Kafka's ListOffsets for the largest timestamp (KIP-734): the offset and timestamp of

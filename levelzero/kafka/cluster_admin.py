@@ -26,7 +26,14 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.node import Node
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import (
+    LedElsewhere,
+    LevelZeroError,
+    NotLeader,
+    ShuttingDown,
+    UnknownPartition,
+    UnknownTopic,
+)
 from levelzero.kafka.metadata import Cluster, missing_topic_error, partition_row, topic_row
 from levelzero.kafka.protocol import Request, make
 
@@ -36,6 +43,8 @@ TOPIC = 2  # Kafka's ConfigResource.Type
 BROKER = 4
 # Partitions' sizes read at once for DescribeLogDirs (each a metastore read or two).
 LOG_DIR_SIZE_READS_MAX = 16
+# What a partition's size read raises when this node does not (or no longer) lead it.
+NOT_HOSTED_HERE = (NotLeader, LedElsewhere, UnknownTopic, UnknownPartition, ShuttingDown)
 
 
 class ClusterAdminApi:
@@ -196,28 +205,52 @@ class ClusterAdminApi:
         all), as a Kafka broker lists the replicas it hosts: each one's size in the object
         store (`Node.retained_bytes`: its L1 objects from the start offset on and its L0
         extents, as Kafka counts its segments whole) and offset lag 0 (an acknowledged record
-        is durable: the log end is the high watermark). A partition whose size cannot be read
-        now (its lease moved meanwhile, the metastore away) is left out, as a replica the
-        broker does not host; unknown topics and partitions too, as Kafka leaves them out. The
-        directory's total and usable bytes are -1 (unknown: the object store is no volume)."""
+        is durable: the log end is the high watermark). A partition this node stopped leading
+        meanwhile (its lease moved, the topic deleted, a drain) is left out, as a replica the
+        broker does not host; unknown topics and partitions too, as Kafka leaves them out. A
+        size that cannot be read (the metastore away, corrupt data) fails the directory:
+        KAFKA_STORAGE_ERROR and no topics, as Kafka answers for a directory offline (an empty
+        directory would tell a UI the topics are gone). Its total and usable bytes are -1
+        (unknown: the object store is no volume). `LOG_DIR_SIZE_READS_MAX` workers read the
+        sizes."""
         m = request.response_module
         led = sorted((a.row.topic, a.row.partition) for a in self.node.partitions())
         if request.body.topics is not None:
             wanted = {(t.topic, p) for t in request.body.topics for p in t.partitions}
             led = [tp for tp in led if tp in wanted]
         sizes: dict[tuple[str, int], int] = {}
-        limiter = anyio.CapacityLimiter(LOG_DIR_SIZE_READS_MAX)
+        failures: list[str] = []
+        pending = iter(led)
 
-        async def size(topic: str, partition: int) -> None:
-            async with limiter:
+        async def worker() -> None:
+            for topic, partition in pending:
+                if failures:
+                    return
                 try:
                     sizes[(topic, partition)] = await self.node.retained_bytes(topic, partition)
-                except LevelZeroError as exc:
+                except NOT_HOSTED_HERE as exc:
                     log.info("DescribeLogDirs leaves %s/%d out: %s", topic, partition, exc)
+                except LevelZeroError as exc:
+                    failures.append(f"{topic}/{partition}: {exc}")
 
         async with anyio.create_task_group() as tg:
-            for topic, partition in led:
-                tg.start_soon(size, topic, partition)
+            for _ in range(min(LOG_DIR_SIZE_READS_MAX, len(led))):
+                tg.start_soon(worker)
+        if failures:
+            log.warning(
+                "DescribeLogDirs answers KAFKA_STORAGE_ERROR: a size could not be read (%s)", failures[0]
+            )
+            failed = make(
+                m.DescribeLogDirsResult,
+                error_code=ErrorCode.kafka_storage_error,
+                log_dir=self.cluster.settings.log_dir,
+                topics=(),
+                total_bytes=-1,
+                usable_bytes=-1,
+            )
+            return make(
+                m.DescribeLogDirsResponse, throttle_time=0, error_code=ErrorCode.none, results=(failed,)
+            )
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), size_bytes in sorted(sizes.items()):
             by_topic.setdefault(topic, []).append(
@@ -246,16 +279,20 @@ class ClusterAdminApi:
     def alter_replica_log_dirs(self, request: Request) -> Any:
         """Kafka's answers (`ReplicaManager.alterReplicaLogDirs`) for a broker with one log
         directory: into it, a partition led here is where it is asked to be (NONE: a no-op);
-        one not led here (unknown, or led by another node) REPLICA_NOT_AVAILABLE; into any
-        other directory LOG_DIR_NOT_FOUND."""
+        one led by another node (or by none, its lease moving) REPLICA_NOT_AVAILABLE; an
+        unknown topic or partition UNKNOWN_TOPIC_OR_PARTITION; into any other directory
+        LOG_DIR_NOT_FOUND (checked first, as Kafka does)."""
         m = request.response_module
         led = {(a.row.topic, a.row.partition) for a in self.node.partitions()}
+        topics = self.node.topics()
         results: dict[str, dict[int, ErrorCode]] = {}
         for directory in request.body.dirs:
             for topic in directory.topics:
                 for partition in topic.partitions:
                     if directory.path != self.cluster.settings.log_dir:
                         error = ErrorCode.log_dir_not_found
+                    elif not 0 <= partition < topics.get(topic.name, 0):
+                        error = ErrorCode.unknown_topic_or_partition
                     elif (topic.name, partition) not in led:
                         error = ErrorCode.replica_not_available
                     else:

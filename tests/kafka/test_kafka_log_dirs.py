@@ -12,6 +12,8 @@ from typing import Any
 import anyio
 from kio.schema.errors import ErrorCode
 
+from levelzero.core.errors import LedElsewhere, StorageError
+from levelzero.daemon.service import Daemon
 from levelzero.kafka.protocol import make
 
 from daemon_support import daemon_and_client
@@ -45,6 +47,14 @@ def admin_calls(port: int) -> dict[str, Any]:
     }
 
 
+async def l0_bytes(daemon: Daemon, topic: str, partition: int, offset: int) -> int:
+    """The bytes of the partition's L0 extents from data offset `offset`, read from its log."""
+    assert daemon.node is not None
+    pid = daemon.node.partition(topic, partition).row.pid
+    placeholders = await daemon.node.log_store.read_placeholders(pid, offset, 1000)
+    return sum(record.entry.byte_length for record in placeholders)
+
+
 def sizes(result: dict[str, Any]) -> dict[tuple[str, int], int]:
     (log_dir,) = result["log_dirs"]
     return {
@@ -63,9 +73,9 @@ async def test_the_object_store_is_the_one_log_dir_and_partitions_have_their_siz
         seen = await anyio.to_thread.run_sync(admin_calls, daemon.kafka_port)
         objects_dir = os.path.abspath(daemon.config.storage.objects_dir)
         # The sizes are the bytes the records take in the object store (their L0 extents, not
-        # reconciled yet): each partition's own, an empty one 0.
+        # reconciled yet, as the log's placeholders say): each partition's own, an empty one 0.
         assert daemon.node is not None
-        expected = {(t, p): await daemon.node.retained_bytes(t, p) for t, p in (("a", 0), ("a", 1), ("b", 0))}
+        expected = {(t, p): await l0_bytes(daemon, t, p, 0) for t, p in (("a", 0), ("a", 1), ("b", 0))}
     assert (
         expected[("a", 0)] > 300 and 50 < expected[("a", 1)] < expected[("a", 0)] and expected[("b", 0)] == 0
     )
@@ -76,7 +86,7 @@ async def test_the_object_store_is_the_one_log_dir_and_partitions_have_their_siz
     assert sizes(result) == expected
     (only_a,) = seen["only_a"]
     assert sizes(only_a) == {("a", 1): expected[("a", 1)]}
-    assert seen["moves"] == {("a", 0): "NoError", ("a", 9): "ReplicaNotAvailableError"}
+    assert seen["moves"] == {("a", 0): "NoError", ("a", 9): "UnknownTopicOrPartitionError"}
     assert seen["elsewhere"] == {("b", 0): "LogDirNotFoundError"}
 
 
@@ -132,7 +142,94 @@ async def test_versions_sizes_after_reconciliation_and_offset_lag_on_the_wire(tm
             assert name == "t"
             assert [(p.partition_index, p.error_code) for p in parts] == [
                 (0, ErrorCode.none),
+                (1, ErrorCode.unknown_topic_or_partition),
+            ]
+        finally:
+            await wire.aclose()
+
+
+async def describe(wire: Wire) -> Any:
+    (result,) = (await wire.request(35, 4, topics=None)).results
+    return result
+
+
+async def test_part_reconciled_a_start_offset_moved_and_partitions_not_led_here(tmp_path: Path) -> None:
+    """A partition part in L1, part in L0 counts each byte once; an L1 object wholly below the
+    start offset no more; a partition led by another node (here: left out of what this node
+    leads) is left out, and a move of it is REPLICA_NOT_AVAILABLE; a size that cannot be read
+    (the metastore away) fails the directory (KAFKA_STORAGE_ERROR, no topics), where an empty
+    directory would tell a UI the topics are gone."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", reconciler__enabled=False) as (
+        daemon,
+        client,
+    ):
+        node = daemon.node
+        assert node is not None
+        await client.create_topic("t", 2)
+        await client.produce("t", 0, [b"a" * 300])
+        await client.produce("t", 0, [b"b" * 300])
+        actor = node.partition("t", 0)
+        assert await node.reconciler.reconcile_partition(actor)  # offsets 0-1: one L1 object
+        await client.produce("t", 0, [b"c" * 300])  # offset 2: in L0
+        (row,) = await node.l1.refresh(actor)
+        assert (row.base_offset, row.last_offset, actor.state.lro) == (0, 1, 1)
+        in_l0 = await l0_bytes(daemon, "t", 0, 2)
+        assert in_l0 > 300
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            sized = {
+                (t.name, p.partition_index): p.partition_size
+                for t in (await describe(wire)).topics
+                for p in t.partitions
+            }
+            assert sized == {("t", 0): row.size + in_l0, ("t", 1): 0}
+            assert await node.delete_records("t", 0, 1) == 1  # inside the object: counted whole
+            assert [p.partition_size for t in (await describe(wire)).topics for p in t.partitions][
+                0
+            ] == row.size + in_l0
+            assert await node.delete_records("t", 0, 2) == 2  # past it
+            assert [p.partition_size for t in (await describe(wire)).topics for p in t.partitions][0] == in_l0
+
+            led = node.partitions
+            node.partitions = lambda: [a for a in led() if a.row.partition != 1]  # type: ignore[method-assign]
+            assert [
+                (t.name, [p.partition_index for p in t.partitions]) for t in (await describe(wire)).topics
+            ] == [("t", [0])]
+            m = module_of(34, 2)
+            moved = await wire.request(
+                34,
+                2,
+                dirs=(
+                    make(
+                        m.AlterReplicaLogDir,
+                        path=os.path.abspath(daemon.config.storage.objects_dir),
+                        topics=(make(m.AlterReplicaLogDirTopic, name="t", partitions=(0, 1)),),
+                    ),
+                ),
+            )
+            assert [(p.partition_index, p.error_code) for r in moved.results for p in r.partitions] == [
+                (0, ErrorCode.none),
                 (1, ErrorCode.replica_not_available),
             ]
+            node.partitions = led  # type: ignore[method-assign]
+
+            sizing = node.retained_bytes
+
+            async def moving(topic: str, partition: int) -> int:
+                if partition == 1:
+                    raise LedElsewhere(topic, partition, None)  # its lease moved meanwhile
+                return await sizing(topic, partition)
+
+            node.retained_bytes = moving  # type: ignore[method-assign]
+            assert [
+                (t.name, [p.partition_index for p in t.partitions]) for t in (await describe(wire)).topics
+            ] == [("t", [0])]
+
+            async def away(topic: str, partition: int) -> int:
+                raise StorageError("the metastore is away")
+
+            node.retained_bytes = away  # type: ignore[method-assign]
+            failed = await describe(wire)
+            assert (failed.error_code, failed.topics) == (ErrorCode.kafka_storage_error, ())
         finally:
             await wire.aclose()
