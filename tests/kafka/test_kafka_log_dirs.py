@@ -126,18 +126,7 @@ async def test_versions_sizes_after_reconciliation_and_offset_lag_on_the_wire(tm
                     35, version, topics=(make(m.DescribableLogDirTopic, topic="nope", partitions=(0,)),)
                 )
                 assert [r.topics for r in named.results] == [()]
-            m = module_of(34, 2)
-            moved = await wire.request(
-                34,
-                2,
-                dirs=(
-                    make(
-                        m.AlterReplicaLogDir,
-                        path=os.path.abspath(daemon.config.storage.objects_dir),
-                        topics=(make(m.AlterReplicaLogDirTopic, name="t", partitions=(0, 1)),),
-                    ),
-                ),
-            )
+            moved = await move_into(wire, os.path.abspath(daemon.config.storage.objects_dir), "t", (0, 1))
             ((name, parts),) = [(r.topic_name, r.partitions) for r in moved.results]
             assert name == "t"
             assert [(p.partition_index, p.error_code) for p in parts] == [
@@ -146,6 +135,13 @@ async def test_versions_sizes_after_reconciliation_and_offset_lag_on_the_wire(tm
             ]
         finally:
             await wire.aclose()
+
+
+async def move_into(wire: Wire, path: str, topic: str, partitions: tuple[int, ...]) -> Any:
+    """AlterReplicaLogDirs v2: `topic`'s `partitions` into the directory `path`."""
+    m = module_of(34, 2)
+    topics = (make(m.AlterReplicaLogDirTopic, name=topic, partitions=partitions),)
+    return await wire.request(34, 2, dirs=(make(m.AlterReplicaLogDir, path=path, topics=topics),))
 
 
 async def describe(wire: Wire) -> Any:
@@ -195,18 +191,7 @@ async def test_part_reconciled_a_start_offset_moved_and_partitions_not_led_here(
             assert [
                 (t.name, [p.partition_index for p in t.partitions]) for t in (await describe(wire)).topics
             ] == [("t", [0])]
-            m = module_of(34, 2)
-            moved = await wire.request(
-                34,
-                2,
-                dirs=(
-                    make(
-                        m.AlterReplicaLogDir,
-                        path=os.path.abspath(daemon.config.storage.objects_dir),
-                        topics=(make(m.AlterReplicaLogDirTopic, name="t", partitions=(0, 1)),),
-                    ),
-                ),
-            )
+            moved = await move_into(wire, os.path.abspath(daemon.config.storage.objects_dir), "t", (0, 1))
             assert [(p.partition_index, p.error_code) for r in moved.results for p in r.partitions] == [
                 (0, ErrorCode.none),
                 (1, ErrorCode.replica_not_available),
