@@ -742,18 +742,26 @@ async def test_status_shows_the_objects_reconciled_after_the_lineage_was_cached(
         housekeeper__enabled=False,
     ) as (daemon, client):
         await client.create_topic("t", 1)
+        assert daemon.node is not None
+        catalog = daemon.node.l1
+        actor = daemon.node.partition("t", 0)
 
         async def produce_and_reconcile(first: int, count: int) -> None:
+            """... and wait for the reconciler's refresh after its last catch-up too: one still
+            under way would overwrite the cache this test sets."""
+            last = first + count - 1
             for i in range(first, first + count):
                 await client.produce("t", 0, [b"value-%d" % i])
             with anyio.fail_after(20):
-                while (await client.status()).partitions[0].lro != first + count - 1:
+                while (
+                    actor.state.lro != last
+                    or not catalog.lineage(actor)
+                    or catalog.lineage(actor)[-1]["last_offset"] != last
+                ):
                     await anyio.sleep(0.05)
 
         await produce_and_reconcile(0, 2)
-        assert daemon.node is not None
-        actor = daemon.node.partition("t", 0)
-        cached = await daemon.node.l1.refresh(actor)
+        cached = await catalog.refresh(actor)
         assert cached[-1].last_offset == 1
         await produce_and_reconcile(2, 2)
         # The cache as it stands between the last catch-up and the refresh after it.
