@@ -208,6 +208,9 @@ class MetadataApi:
         return make(
             m.MetadataResponse,
             throttle_time=0,
+            # v13 (KIP-1102): a top-level error (REBOOTSTRAP_REQUIRED, for a client whose
+            # brokers all went); this broker is always one a client can go on with
+            error_code=ErrorCode.none,
             brokers=shown,
             cluster_id=CLUSTER_ID,
             controller_id=min(b.node_id for b in brokers.values()),

@@ -30,7 +30,7 @@ API_VERSIONS: dict[int, tuple[str, int, int]] = {
     0: ("Produce", 3, 9),
     1: ("Fetch", 4, 12),
     2: ("ListOffsets", 1, 11),
-    3: ("Metadata", 1, 12),
+    3: ("Metadata", 1, 13),
     8: ("OffsetCommit", 2, 8),
     9: ("OffsetFetch", 1, 7),
     10: ("FindCoordinator", 0, 4),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import anyio
 from aiokafka.admin import AIOKafkaAdminClient
+from kio.schema.errors import ErrorCode
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, KafkaConsumer
 
@@ -84,3 +85,21 @@ async def test_bytes_after_a_whole_request_are_ignored(tmp_path: Path) -> None:
         finally:
             await wire.aclose()
         assert daemon.kafka.stats.closed_bad_frames == 0
+
+
+async def test_metadata_v13_answers_its_top_level_error_code(tmp_path: Path) -> None:
+    """Metadata v13 (Kafka 4.0, KIP-1102) adds a top-level error code (REBOOTSTRAP_REQUIRED for a
+    client whose brokers all went): none here, and the topics as v12 has them."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("alpha", 3)
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            response = await wire.request(
+                3, 13, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False
+            )
+        finally:
+            await wire.aclose()
+    assert response.error_code == ErrorCode.none
+    assert [(t.name, t.error_code, len(t.partitions)) for t in response.topics] == [
+        ("alpha", ErrorCode.none, 3)
+    ]
