@@ -196,10 +196,10 @@ def kafka_log_dir(config: Config) -> str:
 
 
 def store_where(config: Config) -> str:
+    """The object store as the log names it: its location, and an S3 bucket's endpoint."""
     if config.storage.kind == "local":
         return config.storage.objects_dir
-    endpoint = config.s3.endpoint or "AWS S3"
-    return f"s3://{config.s3.bucket}/{config.s3.key_prefix} at {endpoint}"
+    return f"{kafka_log_dir(config)} at {config.s3.endpoint or 'AWS S3'}"
 
 
 # The log store writer's counters (`LogStoreStatistics`), each with its HELP text.

@@ -56,8 +56,8 @@ STORAGE_PROBE_INTERVAL_S = 1.0
 # above a healthy request's latency (a large PUT takes a few seconds at most).
 STORAGE_STALL_UNHEALTHY_S = 10.0
 ERROR_SHOWN_CHARS_MAX = 300
-# A log store's probe write (a one-row upsert) waits behind at most one group commit: a few
-# seconds on a slow disk; PostgreSQL's statements are bounded by its command timeout (60 s).
+# A log store's probe write (SQLite: a one-row upsert; PostgreSQL: a commit of a transaction
+# given an id) waits behind at most one group commit: a few seconds on a slow disk.
 LOG_STORE_PROBE_TIMEOUT_S = 10.0
 PROBE_KEY = "levelzero/health-probe"  # outside level_zero/ and level_one/: no GC, no reader
 PROBE_BODY = b"levelzero storage health probe\n"

@@ -14,7 +14,8 @@ elect.
 - DescribeLogDirs: one directory, the object store this node's partitions live in
   (`KafkaSettings.log_dir`), with the partitions it leads and their sizes.
   AlterReplicaLogDirs: a move into that directory is a no-op, as Kafka answers one; another
-  directory LOG_DIR_NOT_FOUND; a partition not led here REPLICA_NOT_AVAILABLE.
+  directory LOG_DIR_NOT_FOUND; a partition led elsewhere REPLICA_NOT_AVAILABLE, an unknown one
+  UNKNOWN_TOPIC_OR_PARTITION.
 """
 
 from __future__ import annotations
@@ -236,21 +237,6 @@ class ClusterAdminApi:
         async with anyio.create_task_group() as tg:
             for _ in range(min(LOG_DIR_SIZE_READS_MAX, len(led))):
                 tg.start_soon(worker)
-        if failures:
-            log.warning(
-                "DescribeLogDirs answers KAFKA_STORAGE_ERROR: a size could not be read (%s)", failures[0]
-            )
-            failed = make(
-                m.DescribeLogDirsResult,
-                error_code=ErrorCode.kafka_storage_error,
-                log_dir=self.cluster.settings.log_dir,
-                topics=(),
-                total_bytes=-1,
-                usable_bytes=-1,
-            )
-            return make(
-                m.DescribeLogDirsResponse, throttle_time=0, error_code=ErrorCode.none, results=(failed,)
-            )
         by_topic: dict[str, list[Any]] = {}
         for (topic, partition), size_bytes in sorted(sizes.items()):
             by_topic.setdefault(topic, []).append(
@@ -266,9 +252,15 @@ class ClusterAdminApi:
             make(m.DescribeLogDirsTopic, name=name, partitions=tuple(parts))
             for name, parts in by_topic.items()
         )
+        error = ErrorCode.none
+        if failures:
+            log.warning(
+                "DescribeLogDirs answers KAFKA_STORAGE_ERROR: a size could not be read (%s)", failures[0]
+            )
+            error, topics = ErrorCode.kafka_storage_error, ()
         result = make(
             m.DescribeLogDirsResult,
-            error_code=ErrorCode.none,
+            error_code=error,
             log_dir=self.cluster.settings.log_dir,
             topics=topics,
             total_bytes=-1,
