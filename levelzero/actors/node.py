@@ -347,9 +347,15 @@ class Node:
             async with limiter:
                 await tg.start(actor.run)
 
-        async with anyio.create_task_group() as starting:
-            for actor in actors:
-                starting.start_soon(start, actor)
+        try:
+            async with anyio.create_task_group() as starting:
+                for actor in actors:
+                    starting.start_soon(start, actor)
+        except BaseExceptionGroup as group:
+            # A partition that could not start (its log store failing as it began its term):
+            # the store's error, as every other call raises it (a group was an HTTP 500 and a
+            # traceback, where a failing store is a 503). A bug stays a group.
+            raise _one_error(group) from None
         for actor in actors:
             self._register(actor)
 
@@ -946,3 +952,15 @@ class Node:
 
     def views(self) -> list[PartitionView]:
         return [actor.view() for actor in self._partitions.values()]
+
+
+def _one_error(group: BaseExceptionGroup) -> BaseException:
+    """A task group's failure as one error when every error in it is levelzero's (the first),
+    else the group itself."""
+    levelzero, others = group.split(LevelZeroError)
+    if levelzero is None or others is not None:
+        return group
+    first: BaseException = levelzero
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    return first

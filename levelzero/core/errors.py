@@ -295,6 +295,14 @@ class StoreRefused(StorageError):
     retriable = False
 
 
+class StoreNeedsRestart(StorageError):
+    """A store that refuses every write until it is opened again: the SQLite log store once a
+    write batch failed mid-way (a full disk, an I/O error, its writer process gone), whose view
+    of the file can no longer be trusted. A restart fixes it (the log is replayed: nothing
+    acknowledged is lost), so the daemon exits with status 1 and systemd restarts it; waiting
+    does not."""
+
+
 class NodeIdTaken(StoreRefused):
     """A node registering under a `cluster.node_id` that another live node holds with another
     advertise URL: two processes under one id would take the row from each other every round

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from levelzero.core.errors import StoreNeedsRestart
 from levelzero.storage.protocols import EpochStore, ObjectStore
 
 log = logging.getLogger("levelzero.storage_health")
@@ -292,7 +293,12 @@ async def probe_stores(
     write that is never answered (a proxy that accepted the connection and went silent, a
     blackholed database connection) would otherwise hold up the next probe for the client's
     whole retry budget or longer, and the node would stay unready long after the store
-    recovered. A probe past its deadline is cancelled and counts as a failed write."""
+    recovered. A probe past its deadline is cancelled and counts as a failed write.
+
+    A store that refuses every write until it is opened again (`StoreNeedsRestart`: the SQLite
+    log store once a write batch failed) is raised out of here: probing it would find it
+    failing forever, and an unready node gets no produce whose failed append would stop it.
+    The daemon then exits with status 1 and systemd restarts it."""
     assert probe_timeout_s > 0 and log_probe_timeout_s > 0 and interval_s > 0, (
         probe_timeout_s,
         log_probe_timeout_s,
@@ -314,6 +320,11 @@ async def probe_stores(
             with anyio.move_on_after(timeout_s) as deadline:
                 try:
                     await write()
+                except StoreNeedsRestart as exc:
+                    # Waiting cannot fix it, a restart does: out of the daemon (status 1), and
+                    # systemd starts it again.
+                    log.error("the %s refuses writes until a restart: stopping: %s", store.store, exc)
+                    raise
                 except Exception as exc:  # noqa: BLE001 - noted by the observed store; keep probing
                     log.debug("%s probe failed: %s", store.store, exc)
             if deadline.cancelled_caught:  # the observed store notes no failure for a cancel

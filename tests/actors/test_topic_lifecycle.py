@@ -19,7 +19,8 @@ from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, UnknownTopic
+from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, StorageError, UnknownTopic
+from levelzero.core.entries import LogRecord
 from levelzero.core.keys import (
     ENDS_ROOT,
     RESTORES_ROOT,
@@ -401,3 +402,29 @@ async def test_partitions_emptied_at_once_each_keep_their_end_and_a_deleted_topi
     rebuilt = MemoryLogStore()
     summary = await rebuild_from_bucket(rebuilt, objects, 100.0)
     assert [(p.name, p.high_watermark) for p in summary.partitions] == [(f"r/{p}", 5 + p) for p in range(4)]
+
+
+class _TermsFailing(MemoryLogStore):
+    """A log store failing as a topic's partitions begin their terms (a database gone then)."""
+
+    failing = False
+
+    async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
+        if self.failing:
+            raise StorageError("the log store is failing")
+        return await super().begin_term(pid, log_offset, base_offset, at_least)
+
+
+async def test_a_topic_whose_partitions_cannot_start_raises_the_stores_error_not_a_group() -> None:
+    """Its partitions start together in a task group: a failing store was a group of errors,
+    which the HTTP API answered as a 500 with a traceback logged and Kafka's CreateTopics took
+    for a bug; the store's own error is a 503 (storage_error) to retry, KAFKA_STORAGE_ERROR."""
+    log_store = _TermsFailing()
+    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+        log_store.failing = True
+        with pytest.raises(StorageError, match="the log store is failing"):
+            await node.create_topic("t", 3)
+        log_store.failing = False
+        await node.create_topic("u", 2)  # the node carries on
+        await produce(node, "u", 1, 1)
+        assert node.partition("u", 1).state.high_watermark == 1

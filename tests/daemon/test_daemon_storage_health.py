@@ -5,6 +5,8 @@ traffic) turns it all back. The hysteresis rule itself is driven synchronously."
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import uuid
 from collections.abc import Sequence
@@ -15,7 +17,7 @@ import httpx
 import pytest
 from daemon_support import daemon_config
 
-from levelzero.core.errors import ObjectNotFound, StorageError
+from levelzero.core.errors import ObjectNotFound, StorageError, StoreNeedsRestart
 from levelzero.client import ApiError, Client
 from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
 from levelzero.cli.commands import leaf_errors
@@ -217,6 +219,54 @@ async def test_an_idle_daemon_finds_its_log_store_recovered_by_the_probe(tmp_pat
                 while (await http.get("/readyz")).status_code != 200:
                     await anyio.sleep(0.05)
             assert health.healthy
+        daemon.request_stop("test")
+    assert daemon.stopped_cleanly
+
+
+async def test_a_log_store_that_refuses_writes_until_a_restart_stops_an_idle_daemon(tmp_path: Path) -> None:
+    """The SQLite log store refuses every write once a batch failed (here: its writer process
+    killed), until it is opened again. The daemon was to stop at a partition's next failed
+    append, but an unready daemon gets no produce: it stayed up and unready, its probe failing
+    every second, until someone restarted it. The probe's refusal stops it (status 1: systemd
+    restarts it, and the restart replays the log)."""
+    daemon = Daemon(
+        daemon_config(
+            tmp_path,
+            gc__enabled=False,
+            housekeeper__enabled=False,
+            reconciler__enabled=False,
+            node__epoch_bump_interval_s=0,
+        )
+    )
+
+    async def until_it_stops() -> None:
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            assert daemon.url is not None and daemon.node is not None
+            async with Client(daemon.url) as client:
+                await client.create_topic("t", 1)  # (no produce: its fence events, written a
+                # second later, would stop the daemon as a failed append does)
+                store = daemon.node.log_store.inner  # type: ignore[attr-defined]
+                os.kill(store.writer_pid, signal.SIGKILL)
+                for name in ("u", "v", "w"):  # writes that are no partition's append
+                    with pytest.raises(ApiError) as refused:
+                        await client.create_topic(name, 1)
+                    assert refused.value.status == 503
+                with anyio.fail_after(WAIT_S):
+                    await anyio.sleep_forever()  # the daemon's group fails: it stops itself
+
+    with pytest.raises(BaseExceptionGroup) as stopped:
+        await until_it_stops()
+    leaves = leaf_errors(stopped.value)
+    assert leaves and all(isinstance(leaf, StoreNeedsRestart) for leaf in leaves), leaves
+    assert "refuses writes until the daemon restarts" in str(leaves[0])
+    # Its restart opens the store again: writes work.
+    daemon = Daemon(daemon_config(tmp_path))
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        assert daemon.url is not None
+        async with Client(daemon.url) as client:
+            assert (await client.produce("t", 0, [b"after"])).base_offset == 0
         daemon.request_stop("test")
     assert daemon.stopped_cleanly
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from test_sqlite_log import drop_fence_events, placeholder_record, storage_error_into
 
-from levelzero.core.errors import ShuttingDown, StorageError
+from levelzero.core.errors import ShuttingDown, StorageError, StoreNeedsRestart
 from levelzero.storage.protocols import FenceEventRow
 from levelzero.storage.sqlite import SqliteLogStore, lockfile
 from levelzero.storage.sqlite import store as sqlite_store
@@ -76,8 +76,10 @@ async def test_writer_process_death_refuses_writes_with_a_clear_error(db: Path) 
         with pytest.raises(StorageError, match="writer process ended"):
             await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
         assert store.statistics().failed
-        with pytest.raises(StorageError, match="until the daemon restarts"):
+        with pytest.raises(StoreNeedsRestart, match="until the daemon restarts"):
             await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])
+        with pytest.raises(StoreNeedsRestart):  # a write that changes nothing too: waiting fixes nothing
+            await store.probe_write()
         assert await store.read_log(p.pid, 0) == [placeholder_record(0, 0, 0)]  # reads still work
     async with await SqliteLogStore.open(db) as store:  # reopening recovers
         await store.append(p.pid, 0, [placeholder_record(1, 0, 1)])

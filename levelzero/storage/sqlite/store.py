@@ -66,6 +66,7 @@ from levelzero.core.errors import (
     SnapshotSuperseded,
     ShuttingDown,
     StorageError,
+    StoreNeedsRestart,
     TopicExists,
     UnknownTopic,
 )
@@ -589,7 +590,7 @@ class SqliteLogStore(StoreLifecycle):
     def _write_refused(self) -> LevelZeroError:
         """The error for a write the store will not execute (a fresh instance per caller)."""
         if self._failure is not None:
-            refused = StorageError(str(self._failure))
+            refused = StoreNeedsRestart(str(self._failure))
             refused.__cause__ = self._failure.__cause__
             return refused
         return ShuttingDown(f"{self._path}: log store is closing")
