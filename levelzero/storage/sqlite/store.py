@@ -46,7 +46,7 @@ import shutil
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 import aiosqlite
@@ -181,7 +181,7 @@ class SqliteLogStore(StoreLifecycle):
         self._path = path
         self._lock_fd: int | None = lock_fd
         self._writer = writer
-        self._reader = reader
+        self._reader = _Reads(reader, path)
         # Owned by the writer task: committed state plus the batches sent to the writer
         # process (if one of those fails, the store refuses every write until the daemon restarts).
         self._cursors = cursors
@@ -1336,6 +1336,41 @@ async def _insert_partitions(
     for row in created:
         batch.cursors[row.pid] = Cursor(f"{topic}/{row.partition}", 0, 0)
     return created
+
+
+# SQLite's result codes for a file that is no database, or a damaged one.
+_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+
+
+class _Reads:
+    """The store's read connection, its failures made the store's errors: a read that SQLite
+    fails (an I/O error, a full disk for a temporary sort, a damaged file, a lock past the busy
+    timeout) came out as `sqlite3`'s own exception, which every caller takes for a bug (an HTTP
+    500 with a traceback, a Kafka request failed and its connection closed). Now StorageError
+    (a 503 to retry), or CorruptData for a damaged file."""
+
+    __slots__ = ("_connection", "_path")
+
+    def __init__(self, connection: aiosqlite.Connection, path: str) -> None:
+        self._connection = connection
+        self._path = path
+
+    async def execute_fetchall(self, sql: str, parameters: Any = ()) -> Iterable[sqlite3.Row]:
+        try:
+            return await self._connection.execute_fetchall(sql, parameters)
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise  # the statement's fault, not the file's: a bug
+        except sqlite3.Error as error:
+            if getattr(error, "sqlite_errorcode", None) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+                raise CorruptData(f"{self._path}: a read found the log store damaged: {error}") from error
+            raise StorageError(f"{self._path}: a read failed: {error}") from error
+        except ValueError as error:
+            if str(error) not in ("Connection closed", "no active connection"):  # aiosqlite's words
+                raise
+            raise ShuttingDown(f"{self._path}: log store is closed") from error
+
+    async def close(self) -> None:
+        await self._connection.close()
 
 
 # SQLite's words for SQLITE_FULL, in its own errors and in the writer process's answers.
