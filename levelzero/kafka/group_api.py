@@ -6,14 +6,18 @@ broker)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.groups import GROUP_ID_CHARS_MAX, GroupCoordinator, GroupSummary
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
+
+log = logging.getLogger("levelzero.kafka")
 
 CLASSIC_GROUP_TYPE = "classic"  # the only group type served (KIP-848's "consumer" is not)
 
@@ -183,7 +187,17 @@ class GroupApi:
         types = {t.lower() for t in getattr(request.body, "types_filter", ())}
         listed = []
         if not types or CLASSIC_GROUP_TYPE in types:
-            for group in await self.groups.summaries():
+            try:
+                summaries = await self.groups.summaries()
+            except LevelZeroError as exc:  # the store failing: the client retries
+                log.warning("ListGroups: %s: %s", exc.code, exc)
+                return make(
+                    m.ListGroupsResponse,
+                    throttle_time=0,
+                    error_code=ErrorCode.coordinator_not_available,
+                    groups=(),
+                )
+            for group in summaries:
                 if states and group.state.lower() not in states:
                     continue
                 if not self.cluster.coordinates(group.group_id):
@@ -210,8 +224,13 @@ class GroupApi:
             elif not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
                 error = ErrorCode.invalid_group_id
             elif (error := await self.groups.load(group_id)) == ErrorCode.none:
-                summary = await self.groups.summary(group_id)
-                if summary is None and request.api_version >= 6:  # KIP-1043; before: Dead, no error
+                try:
+                    summary = await self.groups.summary(group_id)
+                except LevelZeroError as exc:  # the store failing: the client retries
+                    log.warning("DescribeGroups of %s: %s: %s", group_id, exc.code, exc)
+                    error = ErrorCode.coordinator_not_available
+                # KIP-1043 (v6): a group not found is an error; before, Dead with none
+                if summary is None and error == ErrorCode.none and request.api_version >= 6:
                     error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
             members = ()
             if summary is not None:
@@ -256,7 +275,11 @@ class GroupApi:
             if not self.cluster.coordinates(group_id):
                 error = ErrorCode.not_coordinator
             elif (error := await self.groups.load(group_id)) == ErrorCode.none:
-                error = await self.groups.delete_group(group_id)
+                try:
+                    error = await self.groups.delete_group(group_id)
+                except LevelZeroError as exc:  # the store failing: the client retries
+                    log.warning("DeleteGroups of %s: %s: %s", group_id, exc.code, exc)
+                    error = ErrorCode.coordinator_not_available
             results.append(make(m.DeletableGroupResult, group_id=group_id, error_code=error))
         return make(m.DeleteGroupsResponse, throttle_time=0, results=tuple(results))
 
@@ -274,7 +297,11 @@ class GroupApi:
         error = await self.groups.load(body.group_id)
         codes: dict[tuple[str, int], ErrorCode] = {}
         if error == ErrorCode.none:
-            error, codes = await self.groups.delete_offsets(body.group_id, valid)
+            try:
+                error, codes = await self.groups.delete_offsets(body.group_id, valid)
+            except LevelZeroError as exc:  # the store failing: the client retries
+                log.warning("OffsetDelete for group %s: %s: %s", body.group_id, exc.code, exc)
+                error = ErrorCode.coordinator_not_available
         if error != ErrorCode.none:
             return make(m.OffsetDeleteResponse, error_code=error, throttle_time=0, topics=())
         by_topic: dict[str, list[Any]] = {}

@@ -224,21 +224,26 @@ class OffsetsApi:
         m = request.response_module
         body = request.body
         pending: set[tuple[str, int]] = set()
-        if getattr(body, "require_stable", False):
-            if self.pending_offsets is not None:
-                try:
+        failed = ErrorCode.none
+        try:
+            if getattr(body, "require_stable", False):
+                if self.pending_offsets is not None:
                     pending = await self.pending_offsets(body.group_id)
-                except LevelZeroError as exc:
-                    log.warning("OffsetFetch for group %s: %s: %s", body.group_id, exc.code, exc)
-                    return make(
-                        m.OffsetFetchResponse,
-                        throttle_time=0,
-                        topics=(),
-                        error_code=ErrorCode.coordinator_not_available,
-                    )
-        elif self.offsets_stable is not None:
-            await self.offsets_stable(body.group_id)
-        committed = await self.groups.committed(body.group_id)
+            elif self.offsets_stable is not None:
+                await self.offsets_stable(body.group_id)
+            committed = await self.groups.committed(body.group_id)
+        except LevelZeroError as exc:  # the store failing: the client retries
+            log.warning("OffsetFetch for group %s: %s: %s", body.group_id, exc.code, exc)
+            if request.api_version >= 2:  # the top-level error code (KIP-88)
+                return make(
+                    m.OffsetFetchResponse,
+                    throttle_time=0,
+                    topics=(),
+                    error_code=ErrorCode.coordinator_not_available,
+                )
+            # v0-1 have none: each partition asked carries it, as Kafka's error response does (an
+            # answer without them reads as "nothing committed": the consumer would reset)
+            committed, failed = {}, ErrorCode.coordinator_not_available
         if body.topics is None:
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(committed):
@@ -250,7 +255,7 @@ class OffsetsApi:
             parts = []
             for partition in partitions:
                 row = committed.get((name, partition))
-                code = ErrorCode.none
+                code = failed
                 if (name, partition) in pending:
                     row, code = None, ErrorCode.unstable_offset_commit
                 parts.append(

@@ -164,7 +164,11 @@ class ProduceApi:
             if self.transactions is None:
                 refused[i] = (ErrorCode.invalid_txn_state, -1, "transactions are not served here")
                 continue
-            await self.transactions.load()  # (after a restart: every transaction known first)
+            try:
+                await self.transactions.load()  # (after a restart: every transaction known first)
+            except LevelZeroError as exc:  # the store failing: the producer retries
+                refused[i] = (error_code_for(exc), -1, str(exc))
+                continue
             code = self.transactions.produce_error(producer_id, epoch, topic, partition, transactional_id)
             if code == ErrorCode.not_enough_replicas:
                 # the AddPartitionsToTxn that added it, answered, not yet durable: waited for

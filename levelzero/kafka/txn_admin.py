@@ -17,6 +17,7 @@ They read what the transaction coordinator and the partitions hold, and change n
 from __future__ import annotations
 
 import datetime
+import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -37,6 +38,8 @@ from levelzero.kafka.transactions import (
     TransactionCoordinator,
     TxnState,
 )
+
+log = logging.getLogger("levelzero.kafka")
 
 # The coordinator's states by Kafka's names (TransactionState.name).
 KAFKA_STATE_NAMES = {
@@ -67,7 +70,18 @@ class TransactionAdminApi:
         duration_ms = getattr(body, "duration_filter", -1)  # v1: running at least this long
         now = self.transactions.clock()
         listed = []
-        for txn in await self.transactions.coordinated():
+        try:
+            coordinated = await self.transactions.coordinated()
+        except LevelZeroError as exc:  # the store failing: the client retries
+            log.warning("ListTransactions: %s: %s", exc.code, exc)
+            return make(
+                m.ListTransactionsResponse,
+                throttle_time=0,
+                error_code=ErrorCode.coordinator_not_available,
+                unknown_state_filters=(),
+                transaction_states=(),
+            )
+        for txn in coordinated:
             name = KAFKA_STATE_NAMES[txn.state]
             if states and name not in states or producers and txn.producer_id not in producers:
                 continue
@@ -95,7 +109,11 @@ class TransactionAdminApi:
         m = request.response_module
         answers = []
         for tid in request.body.transactional_ids:
-            code, txn = await self.transactions.described(tid)
+            try:
+                code, txn = await self.transactions.described(tid)
+            except LevelZeroError as exc:  # the store failing: the client retries
+                log.warning("DescribeTransactions of %s: %s: %s", tid, exc.code, exc)
+                code, txn = ErrorCode.coordinator_not_available, None
             answers.append(_described(m, tid, code, txn))
         return make(m.DescribeTransactionsResponse, throttle_time=0, transaction_states=tuple(answers))
 
