@@ -91,6 +91,7 @@ PARTITIONS_MAX = 65_536
 # Start-up replays this many partitions at once: their reads and `TermStart` appends share the
 # log store's group commits instead of paying a commit each, one after another.
 STARTUP_PARTITIONS_IN_FLIGHT_MAX = 256
+PARTITION_STOP_TIMEOUT_S = 10.0  # a partition actor stopping: its appends in flight finish first
 # The periodic tasks that look only at partitions whose state moved (core.activity).
 ACTIVITY_CONSUMERS = ("housekeeper", "samples", "reconciler")
 
@@ -320,7 +321,7 @@ class Node:
         with anyio.move_on_after(self.drain_timeout_s):
             await self.batcher.finished.wait()
         for actor in list(self._partitions.values()):
-            with anyio.move_on_after(10):
+            with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
                 await actor.stop()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
@@ -343,21 +344,41 @@ class Node:
         limiter = anyio.CapacityLimiter(STARTUP_PARTITIONS_IN_FLIGHT_MAX)
         tg = self._tg
 
+        started: list[PartitionActor] = []
+
         async def start(actor: PartitionActor) -> None:
             async with limiter:
                 await tg.start(actor.run)
+                started.append(actor)
 
         try:
             async with anyio.create_task_group() as starting:
                 for actor in actors:
                     starting.start_soon(start, actor)
-        except BaseExceptionGroup as group:
+        except BaseExceptionGroup:
             # A partition that could not start (its log store failing as it began its term):
-            # the store's error, as every other call raises it (a group was an HTTP 500 and a
-            # traceback, where a failing store is a 503). A bug stays a group.
-            raise _one_error(group) from None
+            # none is served, and those that started stop. Left running unregistered, nothing
+            # reached them, and the partition's next start ran a second actor beside them.
+            for actor in started:
+                with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
+                    await actor.stop()
+            raise
         for actor in actors:
             self._register(actor)
+
+    async def _start_created(self, rows: Sequence[PartitionRow]) -> None:
+        """`_start_partitions` for partitions a request just created (a single node). One that
+        cannot start (the log store failing as it begins its term) raises the store's error,
+        as every other call does: a task group's was an HTTP 500 and a traceback, where a
+        failing store is a 503 (a bug stays a group). The partitions are in the store but not
+        served until the daemon restarts, as after any failed log-store write: a SQLite store
+        that failed a write stops the daemon (`StoreNeedsRestart`). (Partitions a lease brings
+        are started by `_lead`, whose group still ends the node: a restart takes the leases
+        again, where a round that failed would keep leases it serves no partition of.)"""
+        try:
+            await self._start_partitions(rows)
+        except BaseExceptionGroup as group:
+            raise _one_error(group) from None
 
     # ------------------------------------------------------------------ the cluster
 
@@ -387,7 +408,7 @@ class Node:
             del self._by_name[actor.name]
             del self._by_pid[actor.row.pid]
         for actor in actors:
-            with anyio.move_on_after(10):
+            with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
                 await actor.stop()
             self.board.forget(actor.name)  # its successor publishes its M(p)
         if actors:
@@ -520,7 +541,7 @@ class Node:
             else:
                 # As start-up does, many at once: their `TermStart`s share group commits (one
                 # after another, 4,096 partitions took 4,096 commits).
-                await self._start_partitions(rows)
+                await self._start_created(rows)
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
         await self._record_topic(name, partitions, fresh=True)
@@ -547,7 +568,7 @@ class Node:
                 del self._by_name[actor.name]
                 del self._by_pid[actor.row.pid]
             for actor in actors:
-                with anyio.move_on_after(10):
+                with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
                     await actor.stop()
             try:
                 rows = await self.log_store.delete_topic(name, self._wall())
@@ -595,7 +616,7 @@ class Node:
             if self.member is not None:
                 self._topics[name] = count
             else:
-                await self._start_partitions(rows)
+                await self._start_created(rows)
         if self.member is not None:
             await self.member.round()
         await self._record_topic(name, count)

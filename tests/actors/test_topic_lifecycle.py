@@ -19,7 +19,14 @@ from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.partition import PartitionActor
 from levelzero.actors.reconciler import ReconcilerConfig
-from levelzero.core.errors import InvalidInput, OffsetOutOfRange, PolicyViolation, StorageError, UnknownTopic
+from levelzero.core.errors import (
+    InvalidInput,
+    OffsetOutOfRange,
+    PolicyViolation,
+    ShuttingDown,
+    StorageError,
+    UnknownTopic,
+)
 from levelzero.core.entries import LogRecord
 from levelzero.core.keys import (
     ENDS_ROOT,
@@ -36,7 +43,8 @@ from levelzero.core.l0format import Record, read_header
 from levelzero.daemon.recover import rebuild_from_bucket
 from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
-from levelzero.storage.protocols import L1Row, L1State
+from levelzero.storage.protocols import L1Row, L1State, PartitionRow
+from levelzero.testing.entries import placeholder
 from levelzero.testing.latency_store import Latency, LatencyObjectStore
 from levelzero.testing.nodes import running_node
 
@@ -405,26 +413,42 @@ async def test_partitions_emptied_at_once_each_keep_their_end_and_a_deleted_topi
 
 
 class _TermsFailing(MemoryLogStore):
-    """A log store failing as a topic's partitions begin their terms (a database gone then)."""
+    """A log store failing as the partition `failing_pid` begins its term (a database gone)."""
 
-    failing = False
+    failing_pid: int | None = None
 
     async def begin_term(self, pid: int, log_offset: int, base_offset: int, at_least: int = 0) -> LogRecord:
-        if self.failing:
+        if pid == self.failing_pid:
             raise StorageError("the log store is failing")
         return await super().begin_term(pid, log_offset, base_offset, at_least)
 
 
-async def test_a_topic_whose_partitions_cannot_start_raises_the_stores_error_not_a_group() -> None:
+async def test_a_topic_whose_partitions_cannot_start_raises_the_stores_error_and_serves_none() -> None:
     """Its partitions start together in a task group: a failing store was a group of errors,
     which the HTTP API answered as a 500 with a traceback logged and Kafka's CreateTopics took
-    for a bug; the store's own error is a 503 (storage_error) to retry, KAFKA_STORAGE_ERROR."""
+    for a bug; the store's own error is a 503 (storage_error) to retry, KAFKA_STORAGE_ERROR.
+    The partitions that did start are stopped: left running unregistered, nothing reached
+    them, and the partition's next start ran a second actor beside them."""
     log_store = _TermsFailing()
     async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
-        log_store.failing = True
+        made: list[PartitionActor] = []
+        new_partition = node._new_partition
+
+        def recorded(row: PartitionRow) -> PartitionActor:
+            made.append(new_partition(row))
+            return made[-1]
+
+        (first,) = await node.create_topic("first", 1)
+        node._new_partition = recorded  # type: ignore[method-assign]
+        log_store.failing_pid = first.pid + 3  # t/2's (pids are handed out in turn)
         with pytest.raises(StorageError, match="the log store is failing"):
             await node.create_topic("t", 3)
-        log_store.failing = False
+        assert "t" not in node.topics()
+        assert sorted(a.row.partition for a in made) == [0, 1, 2]
+        for actor in made[:2]:  # began their terms, then stopped
+            with pytest.raises(ShuttingDown, match="stopped"):
+                await actor.write(placeholder(0))
+        log_store.failing_pid = None
         await node.create_topic("u", 2)  # the node carries on
         await produce(node, "u", 1, 1)
         assert node.partition("u", 1).state.high_watermark == 1
