@@ -359,7 +359,13 @@ class ProduceIntake:
         return pending
 
     async def produce_once(
-        self, topic: str, partition: int, records: Sequence[Record], key: str
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record],
+        key: str,
+        *,
+        as_sent: Sequence[Record] | None = None,
     ) -> tuple[int, int, bool]:
         """HTTP's produce with an idempotency key: stored once. The key names an idempotent
         producer of its own (`idempotency_producer_id`) whose one batch is sequence 0, so a
@@ -372,18 +378,23 @@ class ProduceIntake:
         (`request_epoch`): the key repeated with other records is refused
         (IdempotencyKeyReused), here or in the lane, and nothing is stored; so is a "repeat"
         whose first produce held another number of records (`key_repeat_differs`: a digest
-        shared by chance, or a key stored before the digest was kept)."""
-        base_offset, record_count, duplicate = await self._store_once(topic, partition, records, key)
+        shared by chance, or a key stored before the digest was kept). `as_sent`: the records
+        as the client sent them, for the digest, where `records` differ by what the daemon
+        added (a timestamp where the client gave none: each attempt stamps its own)."""
+        base_offset, record_count, duplicate = await self._store_once(
+            topic, partition, records, key, as_sent if as_sent is not None else records
+        )
         if duplicate and key_repeat_differs(record_count, len(records)):
             raise IdempotencyKeyReused((base_offset, record_count))
         return base_offset, record_count, duplicate
 
     async def _store_once(
-        self, topic: str, partition: int, records: Sequence[Record], key: str
+        self, topic: str, partition: int, records: Sequence[Record], key: str, as_sent: Sequence[Record]
     ) -> tuple[int, int, bool]:
         """`produce_once` but for comparing a repeat's record count with the first produce's."""
+        assert len(as_sent) == len(records), (len(as_sent), len(records))
         producer_id = idempotency_producer_id(key)
-        epoch = request_epoch(records)
+        epoch = request_epoch(as_sent)
         self.check_led(topic, partition)
         await self.prepare_producer(producer_id, [(topic, partition)])
         stored_epoch = self.sequences.epoch_of(producer_id, topic, partition)

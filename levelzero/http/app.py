@@ -613,7 +613,7 @@ class Api:
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
-        records = [
+        sent = [
             Record(
                 r.key,
                 r.value,
@@ -622,6 +622,15 @@ class Api:
             )
             for r in body.records
         ]
+        # A record sent without a timestamp gets the time the daemon received it, as a Kafka
+        # producer stamps every record it sends (or as a topic of LogAppendTime would): stored
+        # without one, Kafka consumers read -1 (Kafka Streams' default extractor refuses it) and
+        # lookups by time passed it over. The idempotency key's digest is of the records as sent.
+        now_ms = int(time.time() * 1000)
+        records = [
+            r if r.timestamp_ms != NO_TIMESTAMP else msgspec.structs.replace(r, timestamp_ms=now_ms)
+            for r in sent
+        ]
         if body.idempotency_key is not None:
             if not 1 <= len(body.idempotency_key) <= IDEMPOTENCY_KEY_MAX:
                 raise ApiError(
@@ -629,7 +638,7 @@ class Api:
                 )
             try:
                 base, count, duplicate = await self.intake.produce_once(
-                    topic, partition, records, body.idempotency_key
+                    topic, partition, records, body.idempotency_key, as_sent=sent
                 )
             except Exception:
                 self._observe_produce(time.perf_counter() - started, False)

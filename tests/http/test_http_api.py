@@ -7,11 +7,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from levelzero.client import ApiError
 from levelzero.core.errors import ObjectNotFound, StorageError
@@ -126,6 +128,51 @@ async def test_a_json_null_value_round_trips_distinct_from_an_empty_one(tmp_path
         ]
         response = await raw(client, "POST", RECORDS, json={"records": [{"key": None}]})
         assert_error(response, 400, "malformed_request", "missing required field `value`")
+
+
+async def test_a_record_sent_without_a_timestamp_gets_the_time_it_was_received(tmp_path: Path) -> None:
+    """As a Kafka producer stamps every record: stored without one, a Kafka consumer read -1
+    (Kafka Streams' default timestamp extractor refuses it) and a lookup by time passed the
+    record over. A timestamp given is kept; an idempotency key's repeat (stamped again) is
+    still the same produce."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("t", 1)
+        before = int(time.time() * 1000)
+        body = {"records": [{"value": b64(b"a")}, {"value": b64(b"b"), "timestamp_ms": 5}]}
+        assert (await raw(client, "POST", RECORDS, json=body)).status_code == 200
+        keyed = {"records": [{"value": b64(b"c")}], "idempotency_key": "k"}
+        first = (await raw(client, "POST", RECORDS, json=keyed)).json()
+        await anyio.sleep(0.01)  # the repeat's own stamp differs
+        again = (await raw(client, "POST", RECORDS, json=keyed)).json()
+        after = int(time.time() * 1000)
+        assert (first["base_offset"], again["base_offset"], again["duplicate"]) == (2, 2, True)
+        fetched = (await raw(client, "GET", RECORDS)).json()["records"]
+        assert [r["offset"] for r in fetched] == [0, 1, 2]
+        stamped = fetched[0]["timestamp_ms"]
+        assert before <= stamped <= after and fetched[1]["timestamp_ms"] == 5
+        assert before <= fetched[2]["timestamp_ms"] <= after
+        # A Kafka consumer's view: CreateTime, the stamp; and a lookup by time finds the record.
+        bootstrap = f"127.0.0.1:{daemon.kafka_port}"
+        seen = await anyio.to_thread.run_sync(_kafka_timestamps, bootstrap, stamped)
+        assert seen == ([(1, stamped), (1, 5), (1, fetched[2]["timestamp_ms"])], 0)
+
+
+def _kafka_timestamps(bootstrap: str, stamped: int) -> tuple[list[tuple[int, int]], int]:
+    """(type, timestamp) of t/0's records, and the offset a lookup by `stamped` finds."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ts", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("t", 0, 0)])
+        out: list[tuple[int, int]] = []
+        for _ in range(100):  # bounded: polls of 0.1 s
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                out.append(message.timestamp())
+            if len(out) == 3:
+                break
+        (found,) = consumer.offsets_for_times([TopicPartition("t", 0, stamped)], 10)
+        return out, found.offset
+    finally:
+        consumer.close()
 
 
 async def test_status_m_is_capped_and_names_what_blocks_it(tmp_path: Path) -> None:
