@@ -1101,6 +1101,12 @@ FORCED_STOP_MESSAGE = (
     "server.shutdown_timeout_s): it may or may not have been carried out; retry it against a "
     "running node (a produce with the same Idempotency-Key is stored once)"
 )
+GRACEFUL_STOP_MESSAGE = (
+    "the daemon stopped while this request was in progress (it was still running when the "
+    "HTTP server's wait for requests at a stop ran out, a third of server.shutdown_timeout_s: "
+    "a request body still arriving, a slow client): it may or may not have been carried out; "
+    "retry it against a running node (a produce with the same Idempotency-Key is stored once)"
+)
 
 
 class AnsweredWhenForced:
@@ -1109,7 +1115,10 @@ class AnsweredWhenForced:
     as an ERROR traceback and answered a bare 500, which a client cannot tell from a failure
     of the request itself. Here such a request is answered 503 `interrupted` (retriable; unlike
     `shutting_down` it may have been carried out), unless its answer had begun, and its
-    cancellation ends here (its task is being given up)."""
+    cancellation ends here (its task is being given up). So is a request uvicorn itself cancels
+    at a graceful stop, once its wait for the requests in progress ran out (a request whose
+    body was still arriving from a slow client: a bare 500 and a traceback too, found by a new
+    user's trial): while the daemon stops, nothing else cancels a request's task."""
 
     def __init__(self, app: Any, lifecycle: Lifecycle) -> None:
         self.app = app
@@ -1129,11 +1138,12 @@ class AnsweredWhenForced:
         try:
             await self.app(scope, receive, sending)
         except asyncio.CancelledError:
-            if not self._lifecycle.forced:
+            if not self._lifecycle.stopping:
                 raise
             if started:
                 return  # half an answer: the connection's close says the rest
-            await send_unavailable(send, "interrupted", FORCED_STOP_MESSAGE)
+            message = FORCED_STOP_MESSAGE if self._lifecycle.forced else GRACEFUL_STOP_MESSAGE
+            await send_unavailable(send, "interrupted", message)
 
 
 def build_app(

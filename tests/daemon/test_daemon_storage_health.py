@@ -4,6 +4,7 @@ traffic) turns it all back. The hysteresis rule itself is driven synchronously."
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -656,6 +657,48 @@ async def test_a_stop_forced_by_a_hung_store_answers_the_produce_in_progress_503
     said = [r.getMessage() for r in caplog.records]
     assert not [m for m in said if "Exception in ASGI application" in m], said
     assert any("were interrupted (answered 503 interrupted" in m for m in said), said
+
+
+async def test_a_request_whose_body_is_still_arriving_at_a_stop_is_answered_503_interrupted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn's graceful stop waits a third of server.shutdown_timeout_s for the requests in
+    progress, then cancels them: a request whose body a slow client was still sending got a
+    bare 500 in plain text and an ERROR traceback (found by a new user's trial). It is
+    answered 503 `interrupted` in JSON, with no traceback."""
+    config = daemon_config(
+        tmp_path, gc__enabled=False, server__shutdown_timeout_s=3.0, node__drain_timeout_s=1.0
+    )
+    daemon = Daemon(config)
+    with caplog.at_level(logging.INFO):
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.run)
+            assert daemon.url is not None and daemon.port is not None
+            async with httpx.AsyncClient(base_url=daemon.url, trust_env=False) as http:
+                assert (await http.post("/v1/topics", json={"name": "t", "partitions": 1})).status_code == 201
+            stream = await anyio.connect_tcp("127.0.0.1", daemon.port)
+            async with stream:
+                head = (
+                    "POST /v1/topics/t/partitions/0/records HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+                )
+                await stream.send(head.encode() + b'{"records":[')  # and the rest never comes
+                await anyio.sleep(0.2)  # the request is in the app, reading its body
+                daemon.request_stop("the test")
+                answer = b""
+                with anyio.fail_after(WAIT_S):
+                    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                        try:
+                            answer += await stream.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 503 Service Unavailable", answer
+    headers, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in headers.lower(), answer
+    assert json.loads(body)["error"] == "interrupted"
+    said = [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "Exception in ASGI application" in m], said
 
 
 class HangGets(Hang):
