@@ -188,7 +188,7 @@ class GroupApi:
         listed = []
         if not types or CLASSIC_GROUP_TYPE in types:
             try:
-                summaries = await self.groups.summaries()
+                summaries = await self.groups.summaries(self.cluster.coordinates)
             except LevelZeroError as exc:  # the store failing: the client retries
                 log.warning("ListGroups: %s: %s", exc.code, exc)
                 return make(

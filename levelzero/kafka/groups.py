@@ -744,10 +744,16 @@ class GroupCoordinator:
     async def has_offsets(self, group_id: str) -> bool:
         return bool(await self.store.committed_offsets(group_id))
 
-    async def summaries(self) -> list[GroupSummary]:
+    async def summaries(self, coordinates: Callable[[str], bool] = lambda _: True) -> list[GroupSummary]:
         """Every group this coordinator knows (ListGroups): those in memory, and those known only
-        by committed offsets (Empty, as Kafka lists them), in group id order."""
+        by committed offsets (Empty, as Kafka lists them), in group id order. A group stored
+        but not in memory (after a restart) that this node `coordinates` is loaded first, as a
+        Kafka coordinator loads its groups when it takes over: listed before as Empty with no
+        protocol type until a request about it loaded it, and a listing by state missed it."""
         with_offsets = set(await self.store.offset_groups())
+        for group_id in sorted(set(await self.store.metadata_groups()) | with_offsets):
+            if group_id not in self.groups and coordinates(group_id):
+                await self._load(group_id)
         out = {}
         for group in list(self.groups.values()):
             self._expire(group)

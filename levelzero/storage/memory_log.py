@@ -427,6 +427,10 @@ class MemoryLogStore:
         await anyio.lowlevel.checkpoint()
         return self.group_metadata_rows.get(group_id)
 
+    async def metadata_groups(self) -> list[str]:
+        await anyio.lowlevel.checkpoint()
+        return sorted(self.group_metadata_rows)
+
     # -- topic configs
     async def topic_configs(self, topic: str | None = None) -> dict[str, dict[str, str]]:
         await anyio.lowlevel.checkpoint()

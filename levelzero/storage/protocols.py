@@ -298,6 +298,11 @@ class ConsumerOffsetStore(Protocol):
         """The group's metadata as last stored, or None."""
         ...
 
+    async def metadata_groups(self) -> list[str]:
+        """The groups with metadata stored, in order (ListGroups loads them after a restart,
+        as a Kafka coordinator loads its groups when it takes over)."""
+        ...
+
 
 @runtime_checkable
 class TopicConfigStore(Protocol):

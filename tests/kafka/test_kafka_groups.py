@@ -616,6 +616,27 @@ async def test_a_restarted_coordinator_restores_its_members_until_their_sessions
     assert await stable_group(last, clock, generation=2) != me  # the generation goes on
 
 
+async def test_a_restarted_coordinator_lists_its_stored_groups_as_they_were() -> None:
+    """ListGroups after a restart: a stored group this node coordinates is loaded first, as a
+    Kafka coordinator loads its groups when it takes over. It was listed Empty with no protocol
+    type until a request about it loaded it (a listing by state missed live groups); a group
+    another node coordinates is listed by its offsets alone and not loaded here."""
+    clock, store = FakeClock(), MemoryLogStore()
+    before = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    me = await stable_group(before, clock)
+    await before.commit("g", [("t", 0, 5, "", -1)])
+    await before.commit("elsewhere", [("t", 0, 1, "", -1)])
+    await store.store_group_metadata("elsewhere", b"not read here", 0.0)
+    after = GroupCoordinator(store, clock=clock, wall_clock=clock)
+    listed = await after.summaries(lambda group_id: group_id != "elsewhere")
+    assert [(g.group_id, g.state, g.protocol_type) for g in listed] == [
+        ("elsewhere", "Empty", ""),
+        ("g", "Stable", "consumer"),
+    ]
+    assert [m.member_id for m in listed[1].members] == [me]
+    assert "elsewhere" not in after.groups
+
+
 async def test_a_deleted_group_is_not_restored() -> None:
     clock, store = FakeClock(), MemoryLogStore()
     coordinator = GroupCoordinator(store, clock=clock, wall_clock=clock)

@@ -39,6 +39,13 @@ async def exercise(store: ConsumerOffsetStore) -> None:
     await store.delete_offsets("h", None)
     assert await store.committed_offsets("h") == []
     assert await store.offset_groups() == ["g"]
+    # The groups with metadata (ListGroups loads them after a restart).
+    assert await store.metadata_groups() == []
+    await store.store_group_metadata("m2", b"two", 1.0)
+    await store.store_group_metadata("m1", b"one", 1.0)
+    assert await store.metadata_groups() == ["m1", "m2"]
+    await store.store_group_metadata("m2", None, 2.0)
+    assert await store.metadata_groups() == ["m1"]
 
 
 async def test_memory_store_keeps_committed_offsets() -> None:

@@ -69,3 +69,10 @@ class ConsumerOffsetRole(PostgresBase):
             group_id,
         )
         return bytes(rows[0][0]) if rows else None
+
+    async def metadata_groups(self) -> list[str]:
+        rows = await self._read(
+            "reading the groups with stored metadata",
+            "SELECT group_id FROM group_metadata ORDER BY group_id",
+        )
+        return [row[0] for row in rows]

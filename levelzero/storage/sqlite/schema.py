@@ -161,6 +161,7 @@ UPSERT_GROUP_METADATA = (
 DELETE_GROUP_METADATA = "DELETE FROM group_metadata WHERE group_id = ?"
 SELECT_GROUP_METADATA = "SELECT metadata FROM group_metadata WHERE group_id = ?"
 SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY group_id"
+SELECT_METADATA_GROUPS = "SELECT group_id FROM group_metadata ORDER BY group_id"
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
 DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
 SELECT_OFFSETS = (

@@ -122,6 +122,7 @@ from .schema import (
     PRUNE_PRODUCER_BATCHES,
     EXPIRE_PRODUCER_BATCHES,
     SELECT_OFFSETS,
+    SELECT_METADATA_GROUPS,
     SELECT_OFFSET_GROUPS,
     DELETE_GROUP_OFFSETS,
     DELETE_OFFSET,
@@ -1171,6 +1172,10 @@ class SqliteLogStore(StoreLifecycle):
         self._check_readable()
         rows = list(await self._reader.execute_fetchall(SELECT_GROUP_METADATA, (group_id,)))
         return bytes(rows[0][0]) if rows else None
+
+    async def metadata_groups(self) -> list[str]:
+        self._check_readable()
+        return [row[0] for row in await self._reader.execute_fetchall(SELECT_METADATA_GROUPS)]
 
     # ------------------------------------------------------------------ idempotent producers
 
