@@ -336,6 +336,9 @@ class NodeSection(_Section):
             raise ValueError("l0_cache_bytes_max must be in 0..64 GiB")
 
 
+LINGER_MS_MAX = 10_000.0
+
+
 class BatcherSection(_Section):
     linger_ms: float = 250.0
     transaction_linger_ms: float = 0.0
@@ -348,6 +351,15 @@ class BatcherSection(_Section):
     def __post_init__(self) -> None:
         if not 1 <= self.mailbox_size <= 100_000:
             raise ValueError("mailbox_size must be in 1..100000")
+        # A produce waits for its window: past a client's request timeout (Kafka's default
+        # request.timeout.ms is 30 s) every produce would time out and be sent again.
+        lingers = {"linger_ms": self.linger_ms, "transaction_linger_ms": self.transaction_linger_ms}
+        for name, value in lingers.items():
+            if value > LINGER_MS_MAX:
+                raise ValueError(
+                    f"{name} must be at most {LINGER_MS_MAX:g} (a produce waits up to this for its "
+                    "batch window, and clients give up on a request after 30 s by default)"
+                )
         self.to_batcher_config()  # the batcher's own checks, with its messages
 
     def to_batcher_config(self) -> BatcherConfig:

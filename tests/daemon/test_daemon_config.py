@@ -147,6 +147,12 @@ def test_out_of_range_value_names_section_and_key(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[server]\nrecords_per_request_max = 0\n"), environ={})
     with pytest.raises(ConfigError, match=r"batcher: need 1024 <= batch_bytes_max"):
         load_config(write(tmp_path, "[batcher]\nbatch_bytes_max = 10\n"), environ={})
+    # A window no produce outlasts a client's request timeout in (every produce waited for it).
+    for key in ("linger_ms", "transaction_linger_ms"):
+        with pytest.raises(ConfigError, match=rf"batcher: {key} must be at most 10000 \(a produce waits"):
+            load_config(write(tmp_path, f"[batcher]\n{key} = 1e9\n"), environ={})
+        at_most = load_config(write(tmp_path, f"[batcher]\n{key} = 10000\n"), environ={})
+        assert getattr(at_most.batcher, key) == 10000
 
 
 @pytest.mark.parametrize(
