@@ -613,29 +613,30 @@ class Api:
         # Over batch_bytes_max by the one size rule (core.produce_size), which the batcher
         # applies to every request: TooLarge, a 413.
         started = time.perf_counter()
-        sent = [
-            Record(
-                r.key,
-                r.value,
-                NO_TIMESTAMP if r.timestamp_ms is None else r.timestamp_ms,
-                tuple(r.headers) if r.headers else (),
-            )
-            for r in body.records
-        ]
         # A record sent without a timestamp gets the time the daemon received it, as a Kafka
         # producer stamps every record it sends (or as a topic of LogAppendTime would): stored
         # without one, Kafka consumers read -1 (Kafka Streams' default extractor refuses it) and
         # lookups by time passed it over. The idempotency key's digest is of the records as sent.
         now_ms = int(time.time() * 1000)
         records = [
-            r if r.timestamp_ms != NO_TIMESTAMP else msgspec.structs.replace(r, timestamp_ms=now_ms)
-            for r in sent
+            Record(
+                r.key,
+                r.value,
+                now_ms if r.timestamp_ms is None else r.timestamp_ms,
+                tuple(r.headers) if r.headers else (),
+            )
+            for r in body.records
         ]
         if body.idempotency_key is not None:
             if not 1 <= len(body.idempotency_key) <= IDEMPOTENCY_KEY_MAX:
                 raise ApiError(
                     400, "malformed_request", f"idempotency_key must hold 1..{IDEMPOTENCY_KEY_MAX} characters"
                 )
+            unstamped = {"timestamp_ms": NO_TIMESTAMP}
+            sent = [
+                r if given.timestamp_ms is not None else msgspec.structs.replace(r, **unstamped)
+                for r, given in zip(records, body.records, strict=True)
+            ]
             try:
                 base, count, duplicate = await self.intake.produce_once(
                     topic, partition, records, body.idempotency_key, as_sent=sent
