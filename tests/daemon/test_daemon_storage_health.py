@@ -193,11 +193,10 @@ async def test_an_outage_turns_readiness_and_status_off_and_recovery_back_on(tmp
     assert daemon.stopped_cleanly
 
 
-async def test_an_idle_daemon_finds_its_log_store_recovered_by_the_probe(tmp_path: Path) -> None:
-    """Nothing of its own writes to the log store (no epoch timer, no GC, no housekeeper): after
-    a log-store outage the daemon stayed unready until traffic it no longer got. Its probe
-    writes, and the third answered write turns it ready."""
-    daemon = Daemon(
+def _idle_daemon(tmp_path: Path) -> Daemon:
+    """A daemon none of whose own tasks writes to the log store (no epoch timer, GC,
+    housekeeper or reconciler): only requests and the health probe do."""
+    return Daemon(
         daemon_config(
             tmp_path,
             gc__enabled=False,
@@ -206,6 +205,13 @@ async def test_an_idle_daemon_finds_its_log_store_recovered_by_the_probe(tmp_pat
             node__epoch_bump_interval_s=0,
         )
     )
+
+
+async def test_an_idle_daemon_finds_its_log_store_recovered_by_the_probe(tmp_path: Path) -> None:
+    """Nothing of its own writes to the log store (no epoch timer, no GC, no housekeeper): after
+    a log-store outage the daemon stayed unready until traffic it no longer got. Its probe
+    writes, and the third answered write turns it ready."""
+    daemon = _idle_daemon(tmp_path)
     async with anyio.create_task_group() as tg:
         await tg.start(daemon.run)
         assert daemon.url is not None
@@ -230,15 +236,7 @@ async def test_a_log_store_that_refuses_writes_until_a_restart_stops_an_idle_dae
     append, but an unready daemon gets no produce: it stayed up and unready, its probe failing
     every second, until someone restarted it. The probe's refusal stops it (status 1: systemd
     restarts it, and the restart replays the log)."""
-    daemon = Daemon(
-        daemon_config(
-            tmp_path,
-            gc__enabled=False,
-            housekeeper__enabled=False,
-            reconciler__enabled=False,
-            node__epoch_bump_interval_s=0,
-        )
-    )
+    daemon = _idle_daemon(tmp_path)
 
     async def until_it_stops() -> None:
         async with anyio.create_task_group() as tg:
