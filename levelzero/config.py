@@ -507,6 +507,9 @@ class KafkaSection(_Section):
     idle_timeout_s: float = 600.0  # a silent connection is closed (Kafka's connections.max.idle.ms)
     header_timeout_s: float = 10.0  # a new or unauthenticated connection's next frame, within this
     frame_timeout_s: float = 60.0  # a frame's body, within this of its length prefix
+    # A transactional id with no transaction for this long is forgotten, in memory and in the
+    # log store (Kafka's transactional.id.expiration.ms: 7 days).
+    transactional_id_expiration_s: float = 7 * 24 * 3600.0
     # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
     # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
     tls_cert_file: str = ""
@@ -527,6 +530,8 @@ class KafkaSection(_Section):
             raise ValueError(f"frame_bytes_max must be in 1024..{KAFKA_FRAME_BYTES_LIMIT}")
         if not 1 <= self.connections_max <= 100_000:
             raise ValueError("connections_max must be in 1..100000")
+        if not 1 <= self.transactional_id_expiration_s <= 365 * 24 * 3600:
+            raise ValueError("transactional_id_expiration_s must be in 1..31536000 (a year)")
         if not self.frame_bytes_max <= self.inflight_bytes_max <= 16 * KAFKA_FRAME_BYTES_LIMIT:
             raise ValueError("inflight_bytes_max must be at least frame_bytes_max (and at most 16 GiB)")
         if not 1 <= self.default_partitions <= 4096:

@@ -640,6 +640,7 @@ class Daemon:
                 ("SASL_" if self.config.server.token else "")
                 + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
                 log_dir=kafka_log_dir(self.config),
+                transactional_id_expiration_s=settings.transactional_id_expiration_s,
             ),
             self.intake,
             metrics.produce_observer("kafka"),

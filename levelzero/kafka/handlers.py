@@ -60,7 +60,9 @@ class Handlers:
         auto_create = self.admin.auto_create if settings.auto_create_topics else None
         self.metadata = MetadataApi(node, cluster, auto_create)
         self.configs = ConfigsApi(node, cluster, settings)
-        self.transactions = TransactionCoordinator(self.intake, self.groups, cluster)
+        self.transactions = TransactionCoordinator(
+            self.intake, self.groups, cluster, id_expiration_s=settings.transactional_id_expiration_s
+        )
         # retention and DeleteRecords never pass an open transaction's first offset
         if os.environ.get(UNHELD_START_OFFSET_ENV) == "1":
             log.warning(

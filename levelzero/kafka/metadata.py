@@ -52,6 +52,9 @@ class KafkaSettings:
     # DescribeLogDirs' one log directory: where the partitions' objects are (the daemon: the
     # local objects directory, or s3://bucket/prefix).
     log_dir: str = "levelzero"
+    # A transactional id with no transaction for this long is forgotten (Kafka's
+    # transactional.id.expiration.ms).
+    transactional_id_expiration_s: float = 7 * 24 * 3600.0
 
 
 class Cluster:

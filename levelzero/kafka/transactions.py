@@ -105,6 +105,10 @@ KIND_ABORT = 0  # Kafka's control record types
 KIND_COMMIT = 1
 TRANSACTION_TIMEOUT_MAX_MS = 900_000  # Kafka's transaction.max.timeout.ms default
 EXPIRY_CHECK_S = 1.0
+# A transactional id whose transaction ended (or never began) this long ago is forgotten, in
+# memory and in the store, as Kafka's transactional.id.expiration.ms (7 days) has it: a client
+# that takes a new id at every start (Quix Streams does) made both grow for ever.
+TRANSACTIONAL_ID_EXPIRATION_S = 7 * 24 * 3600.0
 # OffsetFetch waits at most this long for a committed transaction holding the group's offsets
 # to complete (EndTxn answers before its markers are written).
 COMPLETION_WAIT_S = 10.0
@@ -418,8 +422,15 @@ class TxnState:
     prepared_here: bool = False
     # The last AddPartitionsToTxn's commit, answered before it is durable (`Registration`).
     registering: Registration | None = None
+    # When its state was last stored (`row`): a transactional id idle this long is forgotten
+    # (`TransactionCoordinator.id_expiration_s`, Kafka's transactional.id.expiration.ms).
+    updated_at: float = 0.0
+    # Forgotten by the expiry while a request waited for its lock: that request is refused
+    # (retriable), and its retry finds the id gone, as after any expiry.
+    expired: bool = False
 
     def row(self, now: float) -> TransactionRow:
+        self.updated_at = now  # (a row is made to be stored)
         return TransactionRow(
             self.transactional_id,
             self.producer_id,
@@ -448,6 +459,7 @@ class TxnState:
             [(t, p) for t, p in json.loads(row.partitions)],
             {g: [_pending_offset(entry) for entry in offsets] for g, offsets in groups.items()},
             prepared=Prepared.of_json(row.prepared) if row.prepared else None,
+            updated_at=row.updated_at,
         )
 
 
@@ -456,6 +468,13 @@ def _pending_offset(entry: list[Any]) -> tuple[str, int, int, str, int]:
     kept have four fields."""
     topic, partition, offset, metadata, *epoch = entry
     return topic, partition, offset, metadata, epoch[0] if epoch else NO_EPOCH
+
+
+class TransactionalIdExpired(LevelZeroError):
+    """A request about a transactional id the expiry forgot while the request waited for it
+    (answered as the coordinator's other failures are: retriable)."""
+
+    code = "transactional_id_expired"
 
 
 class TransactionCoordinator:
@@ -467,11 +486,14 @@ class TransactionCoordinator:
         groups: GroupCoordinator,
         cluster: Cluster,
         clock: Callable[[], float] = time.time,
+        id_expiration_s: float = TRANSACTIONAL_ID_EXPIRATION_S,
     ) -> None:
+        assert id_expiration_s > 0, id_expiration_s
         self.intake = intake
         self.groups = groups
         self.cluster = cluster
         self.clock = clock
+        self.id_expiration_s = id_expiration_s
         store = intake.node.log_store
         self.store: TransactionStore = (
             store if isinstance(store, TransactionStore) else MemoryTransactionStore()
@@ -568,7 +590,15 @@ class TransactionCoordinator:
                 log.warning("transaction %r: completing or expiring it failed: %s", txn.transactional_id, exc)
 
     async def _expire_one(self, txn: TxnState, now: float) -> None:
-        if self._completing(txn):
+        if self._idle(txn, now):
+            async with txn.lock:  # (not `_locked`: an idle one has no registration on its way)
+                if self._idle(txn, self.clock()) and self._txns.get(txn.transactional_id) is txn:
+                    await self.store.expire_transaction(txn.transactional_id, txn.updated_at)
+                    self._forget(txn)
+                    log.info(
+                        "transactional id %r expired (idle since its last transaction)", txn.transactional_id
+                    )
+        elif self._completing(txn):
             async with self._locked(txn):
                 if self._completing(txn):
                     await self._complete(txn)
@@ -579,6 +609,23 @@ class TransactionCoordinator:
                     txn.producer_epoch += 1  # fences the producer (KIP-360 lets it re-init)
                     self._epochs[txn.producer_id] = txn.producer_epoch
                     await self._end(txn, commit=False)
+
+    def _idle(self, txn: TxnState, now: float) -> bool:
+        """No transaction open or being completed, and none for `id_expiration_s`."""
+        return (
+            txn.state in (EMPTY, COMPLETE_COMMIT, COMPLETE_ABORT)
+            and txn.prepared is None
+            and txn.registering is None
+            and now - txn.updated_at >= self.id_expiration_s
+        )
+
+    def _forget(self, txn: TxnState) -> None:
+        """An expired transactional id out of memory (its row deleted): its producer id with it."""
+        txn.expired = True
+        del self._txns[txn.transactional_id]
+        if self._producers.get(txn.producer_id) is txn:
+            del self._producers[txn.producer_id]
+            self._epochs.pop(txn.producer_id, None)
 
     @staticmethod
     def _completing(txn: TxnState) -> bool:
@@ -718,6 +765,8 @@ class TransactionCoordinator:
         """The transaction's lock, once its last AddPartitionsToTxn commit is done: every write
         of its state follows that one's (whose row was taken when it was answered)."""
         async with txn.lock:
+            if txn.expired:  # forgotten while this request waited: its retry finds the id gone
+                raise TransactionalIdExpired(f"transactional id {txn.transactional_id!r} expired meanwhile")
             registration = txn.registering
             if registration is not None:
                 await registration.done.wait()

@@ -421,6 +421,12 @@ class TransactionStore(Protocol):
 
     async def transactions(self) -> list[TransactionRow]: ...
 
+    async def expire_transaction(self, transactional_id: str, updated_at: float) -> None:
+        """Forget a transactional id (Kafka's transactional.id.expiration.ms) if its row is the
+        one stored at `updated_at` (a row stored since, by another node that coordinates it
+        now, stays); durable on return."""
+        ...
+
     async def open_txn_range(self, row: TxnRangeRow) -> None:
         """Insert an open range (a range already there is kept)."""
         ...
@@ -461,6 +467,11 @@ class MemoryTransactionStore:
 
     async def transactions(self) -> list[TransactionRow]:
         return [self._transactions[k] for k in sorted(self._transactions)]
+
+    async def expire_transaction(self, transactional_id: str, updated_at: float) -> None:
+        row = self._transactions.get(transactional_id)
+        if row is not None and row.updated_at == updated_at:
+            del self._transactions[transactional_id]
 
     async def open_txn_range(self, row: TxnRangeRow) -> None:
         self._ranges.setdefault((row.topic, row.partition, row.producer_id, row.first_offset), row)

@@ -90,8 +90,23 @@ async def exercise(store: TransactionStore) -> None:
     assert await store.txn_ranges("t", 5) == [TxnRangeRow("t", 5, 12, 41, -1, False)]
 
 
+async def exercise_expiry(store: TransactionStore) -> None:
+    """A transactional id is forgotten (Kafka's transactional.id.expiration.ms) only if its row
+    is still the one stored at the time given: a row stored since stays."""
+    await store.put_transaction(
+        TransactionRow("idle", 20, 0, "complete_commit", 60_000, 0.0, "[]", "{}", 8.0)
+    )
+    await store.put_transaction(TransactionRow("moved", 21, 0, "empty", 60_000, 0.0, "[]", "{}", 9.0))
+    await store.expire_transaction("moved", 8.5)  # stored anew since (by the id's next coordinator)
+    await store.expire_transaction("idle", 8.0)
+    await store.expire_transaction("never", 1.0)
+    ids = [r.transactional_id for r in await store.transactions()]
+    assert "idle" not in ids and "moved" in ids
+
+
 async def test_memory_transactions() -> None:
     await exercise(MemoryTransactionStore())
+    await exercise_expiry(MemoryTransactionStore())
 
 
 async def test_sqlite_keeps_transactions_across_reopening(tmp_path: Path) -> None:
@@ -100,11 +115,16 @@ async def test_sqlite_keeps_transactions_across_reopening(tmp_path: Path) -> Non
         await exercise(store)
     async with await SqliteLogStore.open(db) as store:
         assert [r.producer_epoch for r in await store.transactions()] == [1, 3, 0, 0]
+        await exercise_expiry(store)
+    async with await SqliteLogStore.open(db) as store:
+        ids = [r.transactional_id for r in await store.transactions()]
+        assert "moved" in ids and "idle" not in ids  # durable
         assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]
 
 
 async def test_postgres_keeps_transactions(postgres_dsn: str) -> None:
     async with await PostgresLogStore.open(postgres_dsn) as store:
         await exercise(store)
+        await exercise_expiry(store)
     async with await PostgresLogStore.open(postgres_dsn) as store:
         assert await store.txn_ranges("t", 0) == [TxnRangeRow("t", 0, 7, 10, 14, True)]

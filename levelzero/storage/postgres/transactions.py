@@ -55,6 +55,16 @@ class TransactionRole(PostgresBase):
 
         await self._transact(f"storing transaction {row.transactional_id!r}", work)
 
+    async def expire_transaction(self, transactional_id: str, updated_at: float) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "DELETE FROM transactions WHERE transactional_id = $1 AND updated_at = $2",
+                transactional_id,
+                updated_at,
+            )
+
+        await self._transact(f"expiring transactional id {transactional_id!r}", work)
+
     async def transactions(self) -> list[TransactionRow]:
         rows = await self._read(
             "reading transactions",

@@ -119,6 +119,7 @@ TXN_RANGES = """CREATE TABLE IF NOT EXISTS txn_ranges (
     aborted INTEGER NOT NULL,
     PRIMARY KEY (topic, partition, first_offset, producer_id)
 ) WITHOUT ROWID"""
+EXPIRE_TRANSACTION = "DELETE FROM transactions WHERE transactional_id = ? AND updated_at = ?"
 UPSERT_TRANSACTION = (
     "INSERT OR REPLACE INTO transactions (transactional_id, producer_id, producer_epoch, state,"
     " timeout_ms, started_at, partitions, groups, updated_at, prepared)"

@@ -116,6 +116,7 @@ from .schema import (
     DELETE_TXN_RANGE,
     INSERT_TXN_RANGE,
     SELECT_TRANSACTIONS,
+    EXPIRE_TRANSACTION,
     SELECT_TXN_RANGES,
     PRUNE_TXN_RANGES,
     UPSERT_TRANSACTION,
@@ -1227,6 +1228,9 @@ class SqliteLogStore(StoreLifecycle):
     async def transactions(self) -> list[TransactionRow]:
         self._check_readable()
         return [TransactionRow(*row) for row in await self._reader.execute_fetchall(SELECT_TRANSACTIONS)]
+
+    async def expire_transaction(self, transactional_id: str, updated_at: float) -> None:
+        await self._stage_rows(EXPIRE_TRANSACTION, [(transactional_id, updated_at)])
 
     async def open_txn_range(self, row: TxnRangeRow) -> None:
         await self._stage_rows(INSERT_TXN_RANGE, [(*msgspec.structs.astuple(row)[:5], int(row.aborted))])
