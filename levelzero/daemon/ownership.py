@@ -125,16 +125,26 @@ async def _write_marker(store: ObjectStore, cluster_id: str) -> str:
 
 
 def refuse_another_owner(
-    owner: str, cluster_id: str, where: str, *, ours: str = "this data directory"
+    owner: str, cluster_id: str, where: str, *, ours: str = "this data directory", empty: bool = False
 ) -> None:
-    """The one check of a cluster id against the store's owner (`ours` says what names it)."""
-    if owner != cluster_id:
+    """The one check of a cluster id against the store's owner (`ours` says what names it;
+    `empty`: its control plane holds no partition, as one made anew in place of a lost one)."""
+    if owner == cluster_id:
+        return
+    if empty:
         raise StoreOwnedByAnotherCluster(
-            f"object store {where} belongs to levelzero cluster {owner}, but {ours} "
-            f"is cluster {cluster_id}: its GC would delete the other cluster's objects. Give each "
-            "daemon its own bucket or its own s3.key_prefix (or restore the data directory that "
-            "owns the store)"
+            f"object store {where} belongs to levelzero cluster {owner}, but {ours} is cluster "
+            f"{cluster_id} and its control plane holds no topic: if it replaces a control plane "
+            "that was lost, rebuild it from the bucket with `levelzero recover --from-bucket` "
+            "(this configuration, every daemon stopped), which takes the bucket's cluster id; "
+            "if the store is another cluster's, give this daemon its own bucket or s3.key_prefix"
         )
+    raise StoreOwnedByAnotherCluster(
+        f"object store {where} belongs to levelzero cluster {owner}, but {ours} "
+        f"is cluster {cluster_id}: its GC would delete the other cluster's objects. Give each "
+        "daemon its own bucket or its own s3.key_prefix (or restore the data directory that "
+        "owns the store)"
+    )
 
 
 async def claim_store(
@@ -142,6 +152,9 @@ async def claim_store(
     cluster_id: str,
     where: str,
     named_object: Callable[[], Awaitable[str | None]] | None = None,
+    *,
+    ours: str = "this data directory",
+    control_plane_empty: Callable[[], Awaitable[bool]] | None = None,
 ) -> None:
     """Write the marker if the store has none; refuse a store owned by another cluster.
     `named_object`: an L1 object the control plane names (None: it names none), looked for
@@ -150,7 +163,9 @@ async def claim_store(
     would serve every read of those objects with an error, reported healthy. Whether the
     store is empty does not say: a store emptied while a daemon ran holds what it wrote
     since (its health probe, new L0 objects). Present, the marker alone was lost (or an
-    earlier release never wrote one): the claim is made again, with a warning."""
+    earlier release never wrote one): the claim is made again, with a warning. `ours` names
+    what holds `cluster_id` in a refusal; `control_plane_empty` says whether the control plane
+    holds no partition (its advice is then the rebuild from the bucket)."""
     owner = await store_owner(store)
     if owner is None:
         key = None if named_object is None else await named_object()
@@ -175,7 +190,9 @@ async def claim_store(
                 cluster_id,
                 MARKER_KEY,
             )
-    refuse_another_owner(owner, cluster_id, where)
+    if owner != cluster_id:  # (`control_plane_empty`: the refusal's advice, asked only then)
+        empty = control_plane_empty is not None and await control_plane_empty()
+        refuse_another_owner(owner, cluster_id, where, ours=ours, empty=empty)
 
 
 MARKER_CHECK_INTERVAL_S = 60.0

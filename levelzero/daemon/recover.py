@@ -1109,10 +1109,16 @@ async def _refuse_live_nodes(store: ControlStore) -> None:
 async def _claim(store: ControlStore, objects: ObjectStore, config: Config) -> None:
     """The data directory (and on PostgreSQL the database) must name the cluster that owns the
     bucket. A lost one gets the bucket's id back, so its daemon is not refused by its own
-    bucket; one naming another cluster is refused, as the daemon would refuse it."""
+    bucket; so does one a control plane holding no partition names (a daemon started on the
+    new, empty control plane before this, and refused by the bucket, had made an id there,
+    and this rebuild was refused as that start had been); one naming another cluster beside
+    partitions of its own is refused, as the daemon would refuse it."""
     owner = await store_owner(objects)
+    empty = not await store.list_partitions()
     id_path = Path(config.storage.data_dir) / CLUSTER_ID_FILE
-    if owner is not None and not id_path.exists():
+    if owner is not None and (
+        not id_path.exists() or (empty and local_cluster_id(config.storage.data_dir) != owner)
+    ):
         id_path.parent.mkdir(parents=True, exist_ok=True)
         staged = id_path.with_name(CLUSTER_ID_FILE + ".recovering")
         staged.write_text(owner + "\n", encoding="ascii")
@@ -1121,4 +1127,12 @@ async def _claim(store: ControlStore, objects: ObjectStore, config: Config) -> N
     cluster_id = local_cluster_id(config.storage.data_dir)
     if isinstance(store, PostgresLogStore):
         cluster_id = await store.cluster_id(cluster_id)
+        if owner is not None and cluster_id != owner and empty:
+            log.warning(
+                "the database named cluster %s and holds no partition: it takes the bucket's id %s",
+                cluster_id,
+                owner,
+            )
+            await store.replace_cluster_id(owner)
+            cluster_id = owner
     await claim_store(objects, cluster_id, store_where(config))

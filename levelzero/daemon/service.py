@@ -178,7 +178,14 @@ async def _claim_store_with_retries(
                 if config.cluster.enabled:
                     assert isinstance(log_store, PostgresLogStore), "a cluster runs only on PostgreSQL"
                     cluster_id = await log_store.cluster_id(cluster_id)
-            await claim_store(store, cluster_id, where, named_object)
+            await claim_store(
+                store,
+                cluster_id,
+                where,
+                named_object,
+                ours="this cluster's database" if config.cluster.enabled else "this data directory",
+                control_plane_empty=lambda: _no_partitions(log_store),
+            )
             return cluster_id
         except StorageError as exc:
             if not exc.retriable or attempt == CLAIM_ATTEMPTS_MAX:
@@ -186,6 +193,10 @@ async def _claim_store_with_retries(
             log.warning("claiming the object store failed (attempt %d): %s", attempt, exc)
             await anyio.sleep(0.1 * attempt)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def _no_partitions(log_store: ControlStore) -> bool:
+    return not await log_store.list_partitions()
 
 
 def kafka_log_dir(config: Config) -> str:

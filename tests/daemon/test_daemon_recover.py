@@ -25,6 +25,8 @@ import pytest
 from daemon_support import DaemonProcess, daemon_and_client, postgres_control, postgres_overrides, s3_environ
 
 from levelzero.core.keys import L0_ROOT
+from levelzero.daemon.ownership import StoreOwnedByAnotherCluster
+from levelzero.cli.commands import leaf_errors
 from levelzero.cli.main import main
 from levelzero.client import Client
 from levelzero.daemon import backup as backup_module
@@ -374,7 +376,13 @@ async def recover_scenario(
     settings: dict[str, object],
     lose_control_plane: Callable[[], Awaitable[None]],
     capsys,
+    *,
+    refused_start_first: bool = False,
 ) -> None:
+    """`refused_start_first`: an operator's slip, a daemon started on the new, empty control
+    plane before the rebuild. The bucket refuses it (it is the lost control plane's cluster's),
+    and it made an id there: the rebuild was then refused too, with advice that pointed away
+    from it. The refusal says to rebuild now, and the rebuild takes the bucket's id."""
     t0 = [records(30, f"t0-{i}") for i in range(3)]
     t2 = [records(12, "t2")]
     u0 = [records(40, "u0")]
@@ -392,6 +400,13 @@ async def recover_scenario(
         await produce_all(client, "t", 2, t2)
         await wait_reconciled(client)
     await lose_control_plane()
+    if refused_start_first:
+        with pytest.raises(BaseException) as refused:  # noqa: PT011 - its leaves, checked below
+            async with daemon_and_client(data, **settings, **QUIET):
+                raise AssertionError("a daemon started on a store another cluster id owns")
+        (leaf,) = leaf_errors(refused.value)
+        assert isinstance(leaf, StoreOwnedByAnotherCluster), leaf
+        assert "holds no topic" in str(leaf) and "`levelzero recover --from-bucket`" in str(leaf), leaf
     assert await cli("recover", "--from-bucket", "--data-dir", str(data)) == 0
     out = _print_lines(capsys)
     assert (
@@ -421,12 +436,14 @@ async def recover_scenario(
         assert status.reconciler.failing == [] and status.m is not None
 
 
+@pytest.mark.parametrize("refused_start_first", [False, True], ids=["recovered", "started-first"])
 async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
     tmp_path: Path,
     s3_endpoint,
     s3_bucket: str,
     monkeypatch,
     capsys,
+    refused_start_first: bool,
 ) -> None:
     data = tmp_path / "data"
     for name, value in s3_environ(s3_endpoint, s3_bucket).items():
@@ -435,7 +452,15 @@ async def test_recover_from_the_bucket_after_the_data_directory_is_lost_sqlite(
     async def lose() -> None:
         shutil.rmtree(data)  # the SQLite file, its WAL and the cluster id: all gone
 
-    await recover_scenario(data, s3_endpoint, s3_bucket, s3_overrides(s3_endpoint, s3_bucket), lose, capsys)
+    await recover_scenario(
+        data,
+        s3_endpoint,
+        s3_bucket,
+        s3_overrides(s3_endpoint, s3_bucket),
+        lose,
+        capsys,
+        refused_start_first=refused_start_first,
+    )
 
 
 async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
@@ -460,6 +485,7 @@ async def test_recover_from_the_bucket_after_the_database_is_dropped_postgres(
         {**s3_overrides(s3_endpoint, s3_bucket), **postgres_overrides(postgres_dsn)},
         lose,
         capsys,
+        refused_start_first=True,  # (the plain rebuild: the SQLite test's first case)
     )
 
 

@@ -29,6 +29,19 @@ class ClusterRole(PostgresBase):
 
         return str(await self._transact("reading the cluster id", work, resolve))
 
+    async def replace_cluster_id(self, cluster_id: str) -> None:
+        """`levelzero recover --from-bucket` on a database that holds no partition: the id a
+        refused start made there gives way to the bucket's owner."""
+
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "INSERT INTO cluster_identity (id, cluster_id) VALUES (1, $1)"
+                " ON CONFLICT (id) DO UPDATE SET cluster_id = excluded.cluster_id",
+                cluster_id,
+            )
+
+        await self._transact("replacing the cluster id", work)
+
     async def register_node(
         self, node_id: str, advertise_url: str, kafka_url: str | None, ttl_s: float
     ) -> int:
