@@ -755,8 +755,15 @@ async def _status(args: argparse.Namespace, client: Client) -> None:
         )
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(status)).decode())
-    else:
-        print(format_status(status))
+        return
+    print(format_status(status))
+    cluster = await client.cluster()
+    if cluster.enabled:  # a node's status is of the partitions it leads: say so, and how to see the rest
+        print(
+            f"(node {cluster.node_id} leads the partitions above; the cluster has "
+            f"{cluster.partitions_total}: `levelzero --url URL status` against each node shows its own, "
+            "`levelzero cluster` lists the nodes)"
+        )
 
 
 async def _epoch_advance(args: argparse.Namespace, client: Client) -> None:

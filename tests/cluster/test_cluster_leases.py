@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import httpx
 
 from daemon_support import BlackholeProxy, daemon_config, free_port, postgres_overrides
 from levelzero.core.cluster import LeaseClock
+from levelzero.cli.main import main as cli_main
 from levelzero.client import Client
 from levelzero.cli.cluster_demo import read_partition
 from levelzero.daemon.service import Daemon, running_daemon
@@ -127,7 +129,7 @@ def metric(text: str, name: str) -> float | None:
 
 
 async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
-    tmp_path: Path, postgres_dsn: str
+    tmp_path: Path, postgres_dsn: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The node that created the topic once showed M = null in status and metrics, blocked by
     the partitions the other node leads (its own board listed every partition it created and
@@ -194,6 +196,13 @@ async def test_status_metrics_and_explain_of_every_node_show_the_m_the_gc_uses(
             assert metric(text, 'levelzero_cluster_nodes{state="expired"}') == 0
             assert metric(text, "levelzero_cluster_partitions_without_leader") == 0
             assert metric(text, "levelzero_cluster_partitions_led") == len(led(daemon))
+            # `levelzero status` lists the partitions the node leads, and says so (an operator
+            # took it, `--all` too, for every partition of the cluster).
+            capsys.readouterr()
+            assert await anyio.to_thread.run_sync(cli_main, ["status", "--url", daemon.url]) == 0
+            node = daemon.config.cluster.node_id
+            said = capsys.readouterr().out
+            assert f"(node {node} leads the partitions above; the cluster has {PARTITIONS}:" in said, said
 
         # A node past its lease deadline (here: one whose renewals never count) still answers
         # status, with the partitions it has not resigned yet, and serves none of them.
