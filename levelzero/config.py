@@ -252,6 +252,15 @@ class ControlSection(_Section):
                 raise ValueError(
                     "dsn must not hold a password: set LEVELZERO_CONTROL_PASSWORD or control.password_file"
                 )
+            # libpq takes `?host=` and `?port=` beside a host in the URL; the driver (asyncpg)
+            # does not: it connected to the URL's host at port 5432, and its refusal named no
+            # address, so the port in the DSN seemed to refuse.
+            if netloc.rsplit("@", 1)[-1] and named & {"host", "port"}:
+                raise ValueError(
+                    "dsn names a host and also ?host= or ?port=, which the PostgreSQL driver "
+                    "ignores beside a host: write postgresql://USER@HOST:PORT/DATABASE (or leave the "
+                    "host out of the URL to give it as ?host=, e.g. a Unix socket directory)"
+                )
         if self.password and self.password_file:
             raise ValueError("set the password or password_file, not both")
         if not (1 <= self.writers < self.pool_max <= 1000):

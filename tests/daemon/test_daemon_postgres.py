@@ -61,6 +61,16 @@ def test_the_password_comes_from_the_environment_or_a_file_never_the_toml(tmp_pa
             load_config(str(toml), environ={})
     toml.write_text('[control]\nkind = "postgres"\ndsn = "postgresql://u@127.0.0.1/db?sslmode=require"\n')
     assert load_config(str(toml), environ={}).control.dsn.endswith("?sslmode=require")
+    # ?port= (or ?host=) beside a host in the URL: the driver connected to port 5432, and its
+    # refusal named no address (an operator's trial); a socket directory as ?host= stays valid.
+    for dsn in ["postgresql://u@127.0.0.1/db?port=25432", "postgresql://u@db.example/db?host=10.0.0.1"]:
+        toml.write_text(f'[control]\nkind = "postgres"\ndsn = "{dsn}"\n')
+        with pytest.raises(ConfigError, match="which the PostgreSQL driver ignores beside a host"):
+            load_config(str(toml), environ={})
+    toml.write_text(
+        '[control]\nkind = "postgres"\ndsn = "postgresql://u@/db?host=/run/postgresql&port=5433"\n'
+    )
+    assert load_config(str(toml), environ={}).control.dsn.endswith("port=5433")
     secret_file = tmp_path / "pw"
     secret_file.write_text("from-file\n")
     toml.write_text(
