@@ -355,19 +355,22 @@ class Node:
             async with anyio.create_task_group() as starting:
                 for actor in actors:
                     starting.start_soon(start, actor)
-        except BaseExceptionGroup:
-            # A partition that could not start (its log store failing as it began its term):
-            # none is served, and those that started stop. Left running unregistered, nothing
-            # reached them, and the partition's next start ran a second actor beside them.
-            for actor in started:
-                with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
-                    await actor.stop()
+        except BaseException:
+            # A partition that could not start (its log store failing as it began its term), or
+            # the caller cancelled: none is served, and those that started stop. Left running
+            # unregistered, nothing reached them, and the partition's next start ran a second
+            # actor beside them.
+            with anyio.CancelScope(shield=True):
+                for actor in started:
+                    with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
+                        await actor.stop()
             raise
         for actor in actors:
             self._register(actor)
 
     async def _start_created(self, rows: Sequence[PartitionRow]) -> None:
-        """`_start_partitions` for partitions a request just created (a single node). One that
+        """`_start_partitions` for partitions a request just created, or must serve again (a
+        single node). One that
         cannot start (the log store failing as it begins its term) raises the store's error,
         as every other call does: a task group's was an HTTP 500 and a traceback, where a
         failing store is a 503 (a bug stays a group). The partitions are in the store but not
@@ -574,7 +577,7 @@ class Node:
                 rows = await self.log_store.delete_topic(name, self._wall())
             except LevelZeroError:
                 if self.member is None:  # still there: serve it again
-                    await self._start_partitions([a.row for a in actors])
+                    await self._start_created([a.row for a in actors])
                 raise
             # Off the board only now: until the store forgot them, their last M(p) held M.
             for actor in actors:

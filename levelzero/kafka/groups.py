@@ -751,7 +751,7 @@ class GroupCoordinator:
         Kafka coordinator loads its groups when it takes over: listed before as Empty with no
         protocol type until a request about it loaded it, and a listing by state missed it."""
         with_offsets = set(await self.store.offset_groups())
-        for group_id in sorted(set(await self.store.metadata_groups()) | with_offsets):
+        for group_id in await self.store.metadata_groups():  # (offsets alone: listed Empty below)
             if group_id not in self.groups and coordinates(group_id):
                 await self._load(group_id)
         out = {}

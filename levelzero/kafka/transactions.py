@@ -109,6 +109,9 @@ EXPIRY_CHECK_S = 1.0
 # memory and in the store, as Kafka's transactional.id.expiration.ms (7 days) has it: a client
 # that takes a new id at every start (Quix Streams does) made both grow for ever.
 TRANSACTIONAL_ID_EXPIRATION_S = 7 * 24 * 3600.0
+# ... at most this many a pass (a commit each): the pass's timeouts and completions, the LSO's
+# progress, do not wait behind a backlog of ids (the first pass after an upgrade).
+ID_EXPIRIES_PER_PASS_MAX = 100
 # OffsetFetch waits at most this long for a committed transaction holding the group's offsets
 # to complete (EndTxn answers before its markers are written).
 COMPLETION_WAIT_S = 10.0
@@ -422,15 +425,15 @@ class TxnState:
     prepared_here: bool = False
     # The last AddPartitionsToTxn's commit, answered before it is durable (`Registration`).
     registering: Registration | None = None
-    # When its state was last stored (`row`): a transactional id idle this long is forgotten
-    # (`TransactionCoordinator.id_expiration_s`, Kafka's transactional.id.expiration.ms).
+    # When its state was last stored (the row's time, once the store took it): a transactional
+    # id idle this long is forgotten (`TransactionCoordinator.id_expiration_s`, Kafka's
+    # transactional.id.expiration.ms), its row deleted only if still the one of this time.
     updated_at: float = 0.0
     # Forgotten by the expiry while a request waited for its lock: that request is refused
     # (retriable), and its retry finds the id gone, as after any expiry.
     expired: bool = False
 
     def row(self, now: float) -> TransactionRow:
-        self.updated_at = now  # (a row is made to be stored)
         return TransactionRow(
             self.transactional_id,
             self.producer_id,
@@ -494,6 +497,7 @@ class TransactionCoordinator:
         self.cluster = cluster
         self.clock = clock
         self.id_expiration_s = id_expiration_s
+        self._expiring = 0
         store = intake.node.log_store
         self.store: TransactionStore = (
             store if isinstance(store, TransactionStore) else MemoryTransactionStore()
@@ -579,6 +583,7 @@ class TransactionCoordinator:
     async def expire(self) -> None:
         await self._load()
         now = self.clock()
+        self._expiring = 0  # ids forgotten this pass (each a commit: the rest wait for the next)
         for txn in list(self._txns.values()):
             if not self.cluster.coordinates(txn.transactional_id):
                 continue
@@ -590,7 +595,8 @@ class TransactionCoordinator:
                 log.warning("transaction %r: completing or expiring it failed: %s", txn.transactional_id, exc)
 
     async def _expire_one(self, txn: TxnState, now: float) -> None:
-        if self._idle(txn, now):
+        if self._idle(txn, now) and self._expiring < ID_EXPIRIES_PER_PASS_MAX:
+            self._expiring += 1
             async with txn.lock:  # (not `_locked`: an idle one has no registration on its way)
                 if self._idle(txn, self.clock()) and self._txns.get(txn.transactional_id) is txn:
                     await self.store.expire_transaction(txn.transactional_id, txn.updated_at)
@@ -758,7 +764,9 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ the state machine
 
     async def _put(self, txn: TxnState) -> None:
-        await self.store.put_transaction(txn.row(self.clock()))
+        row = txn.row(self.clock())
+        await self.store.put_transaction(row)
+        txn.updated_at = row.updated_at
 
     @contextlib.asynccontextmanager
     async def _locked(self, txn: TxnState) -> AsyncIterator[None]:
@@ -791,6 +799,7 @@ class TransactionCoordinator:
             if self.hold_registration or (self.hold_held_registration and registration.held):
                 await anyio.sleep_forever()
             await self.store.put_transaction(row, opened=opened)
+            txn.updated_at = row.updated_at
         except BaseException as exc:
             self.index.release(opened)
             if registration.held:
@@ -1082,7 +1091,9 @@ class TransactionCoordinator:
                 opened.append(TxnRangeRow(topic, partition, txn.producer_id, at + 1, -1, False))
         txn.prepared = None
         try:
-            await self.store.put_transaction(txn.row(self.clock()), opened=opened, closed=closed)
+            row = txn.row(self.clock())
+            await self.store.put_transaction(row, opened=opened, closed=closed)
+            txn.updated_at = row.updated_at
         except BaseException:
             txn.prepared = prepared
             txn.state, txn.started_at, txn.partitions, txn.groups, txn.producer_epoch = before
@@ -1272,7 +1283,9 @@ class TransactionCoordinator:
             # (Not running, or a partition led elsewhere, whose records do not wait here:
             # stored before the answer.)
             try:
-                await self.store.put_transaction(txn.row(self.clock()), opened=opened)
+                row = txn.row(self.clock())
+                await self.store.put_transaction(row, opened=opened)
+                txn.updated_at = row.updated_at
             except BaseException:
                 self.index.release(opened)
                 txn.state, txn.started_at, txn.partitions, txn.groups = before

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import anyio
+import anyio.lowlevel
+
 from kio.schema.errors import ErrorCode
 
 from daemon_support import daemon_and_client
 from levelzero.kafka.protocol import make
 from levelzero.kafka.transactions import TRANSACTIONAL_ID_EXPIRATION_S, TransactionalIdExpired
 from test_kafka_listener import MS, Wire, module_of
-
-import pytest
 
 
 async def _init(wire: Wire, tid: str) -> tuple[int, int]:
@@ -74,8 +75,24 @@ async def test_a_request_that_waited_on_an_id_expired_meanwhile_is_refused(tmp_p
             await wire.aclose()
         txn = coordinator._txns["gone"]
         now[0] += TRANSACTIONAL_ID_EXPIRATION_S
-        await coordinator.expire()
+        outcome: list[str] = []
+
+        async def request() -> None:  # as every request about the id takes it
+            try:
+                async with coordinator._locked(txn):
+                    outcome.append("worked on")
+            except TransactionalIdExpired:
+                outcome.append("refused")
+
+        async with anyio.create_task_group() as tg:
+            await txn.lock.acquire()  # (held, so that the expiry and the request both wait)
+            tg.start_soon(coordinator.expire)
+            for _ in range(20):  # the expiry waits for the lock first
+                await anyio.lowlevel.checkpoint()
+            tg.start_soon(request)
+            for _ in range(20):
+                await anyio.lowlevel.checkpoint()
+            assert outcome == []
+            txn.lock.release()
+        assert outcome == ["refused"]
         assert "gone" not in coordinator._txns and txn.expired
-        with pytest.raises(TransactionalIdExpired):
-            async with coordinator._locked(txn):
-                raise AssertionError("a forgotten id is not worked on")

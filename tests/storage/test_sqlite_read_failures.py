@@ -29,10 +29,16 @@ def _failing_reads(store: SqliteLogStore, error: Callable[[], BaseException]) ->
     store._reader._connection.execute_fetchall = execute_fetchall  # type: ignore[method-assign]
 
 
-def _corrupt() -> sqlite3.DatabaseError:
-    error = sqlite3.DatabaseError("database disk image is malformed")
-    error.sqlite_errorcode = 11  # type: ignore[attr-defined]  # SQLITE_CORRUPT, as SQLite sets it
-    return error
+def _sqlite_error(kind: type[sqlite3.Error], message: str, code: int) -> Callable[[], sqlite3.Error]:
+    def make() -> sqlite3.Error:
+        error = kind(message)
+        error.sqlite_errorcode = code  # type: ignore[attr-defined]  # as SQLite sets it (extended)
+        return error
+
+    return make
+
+
+_corrupt = _sqlite_error(sqlite3.DatabaseError, "database disk image is malformed", 11)  # SQLITE_CORRUPT
 
 
 async def test_a_failed_read_is_a_storage_error_naming_the_file(tmp_path: Path) -> None:
@@ -53,6 +59,14 @@ async def test_a_failed_read_is_a_storage_error_naming_the_file(tmp_path: Path) 
                 await read()
         _failing_reads(store, _corrupt)
         with pytest.raises(CorruptData, match="a read found the log store damaged: database disk image"):
+            await store.read_placeholders(p.pid, 0, 10)
+        # An extended code: SQLITE_CORRUPT_INDEX (779) is corruption as well.
+        _failing_reads(store, _sqlite_error(sqlite3.DatabaseError, "database disk image is malformed", 779))
+        with pytest.raises(CorruptData):
+            await store.read_placeholders(p.pid, 0, 10)
+        # SQLITE_ERROR: the statement's own (no such table): a bug, not a 503 to retry for ever.
+        _failing_reads(store, _sqlite_error(sqlite3.OperationalError, "no such table: nowhere", 1))
+        with pytest.raises(sqlite3.OperationalError, match="no such table"):
             await store.read_placeholders(p.pid, 0, 10)
         _failing_reads(store, lambda: sqlite3.ProgrammingError("Incorrect number of bindings supplied"))
         with pytest.raises(sqlite3.ProgrammingError):  # the statement's fault: a bug, loudly

@@ -1347,8 +1347,9 @@ async def _insert_partitions(
     return created
 
 
-# SQLite's result codes for a file that is no database, or a damaged one.
-_SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26
+# SQLite's primary result codes (an exception's `sqlite_errorcode` is the extended one: its low
+# byte): a statement's own error (no such table or column: a bug), a damaged file, no database.
+_SQLITE_ERROR, _SQLITE_CORRUPT, _SQLITE_NOTADB = 1, 11, 26
 
 
 class _Reads:
@@ -1370,7 +1371,11 @@ class _Reads:
         except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
             raise  # the statement's fault, not the file's: a bug
         except sqlite3.Error as error:
-            if getattr(error, "sqlite_errorcode", None) in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            code = getattr(error, "sqlite_errorcode", None)
+            primary = None if code is None else code & 0xFF
+            if primary == _SQLITE_ERROR:
+                raise  # the statement's fault too (a retry would meet it for ever): a bug
+            if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
                 raise CorruptData(f"{self._path}: a read found the log store damaged: {error}") from error
             raise StorageError(f"{self._path}: a read failed: {error}") from error
         except ValueError as error:
