@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+import time
 from pathlib import Path
 
 import anyio
@@ -340,6 +341,7 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
     async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
         await client.create_topic("http-stamped", 1)
         async with httpx.AsyncClient(base_url=daemon.url) as http:
+            before = int(time.time() * 1000)
             answer = await http.post(
                 "/v1/topics/http-stamped/partitions/0/records",
                 json={
@@ -354,7 +356,11 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
                 },
             )
             assert answer.status_code == 200, answer.text
+            after = int(time.time() * 1000)
             body = (await http.get("/v1/topics/http-stamped/partitions/0/records")).json()
+        # A record sent without a timestamp has the time the daemon received it.
+        received = body["records"][1].pop("timestamp_ms")
+        assert before <= received <= after
         assert body["records"] == [
             {
                 "offset": 0,
@@ -380,7 +386,7 @@ async def test_the_http_api_carries_timestamps_and_headers_both_ways(tmp_path: P
                 consumer.close()
 
         got = await anyio.to_thread.run_sync(read)
-    assert got == [(1_700_000_000_001, b"a", [("h", b"x"), ("n", None)]), (-1, b"b", [])]
+    assert got == [(1_700_000_000_001, b"a", [("h", b"x"), ("n", None)]), (received, b"b", [])]
 
 
 async def test_a_record_set_at_batch_bytes_max_by_the_size_rule_is_stored_and_one_byte_over_is_too_large(
