@@ -370,8 +370,8 @@ class Node:
 
     async def _start_created(self, rows: Sequence[PartitionRow]) -> None:
         """`_start_partitions` for partitions a request just created, or must serve again (a
-        single node). One that
-        cannot start (the log store failing as it begins its term) raises the store's error,
+        single node). One that cannot start (the log store failing as it begins its term) raises
+        the store's error,
         as every other call does: a task group's was an HTTP 500 and a traceback, where a
         failing store is a 503 (a bug stays a group). The partitions are in the store but not
         served until the daemon restarts, as after any failed log-store write: a SQLite store

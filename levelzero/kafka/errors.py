@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from kio.schema.errors import ErrorCode
 
 from levelzero.core.errors import LevelZeroError
@@ -36,3 +38,11 @@ def error_code_for(exc: BaseException) -> ErrorCode:
     if isinstance(exc, LevelZeroError):
         return ERROR_BY_CODE.get(exc.code, ErrorCode.unknown_server_error)
     return ErrorCode.unknown_server_error
+
+
+def coordinator_unavailable(what: str, exc: LevelZeroError) -> ErrorCode:
+    """A group or transaction coordinator's store failed `what` (a request, its group or id):
+    said once in the log, answered COORDINATOR_NOT_AVAILABLE (the client finds the coordinator
+    again and retries)."""
+    logging.getLogger("levelzero.kafka").warning("%s: %s: %s", what, exc.code, exc)
+    return ErrorCode.coordinator_not_available

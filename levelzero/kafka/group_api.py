@@ -6,18 +6,16 @@ broker)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.errors import coordinator_unavailable
 from levelzero.kafka.groups import GROUP_ID_CHARS_MAX, GroupCoordinator, GroupSummary
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
-
-log = logging.getLogger("levelzero.kafka")
 
 CLASSIC_GROUP_TYPE = "classic"  # the only group type served (KIP-848's "consumer" is not)
 
@@ -189,14 +187,9 @@ class GroupApi:
         if not types or CLASSIC_GROUP_TYPE in types:
             try:
                 summaries = await self.groups.summaries(self.cluster.coordinates)
-            except LevelZeroError as exc:  # the store failing: the client retries
-                log.warning("ListGroups: %s: %s", exc.code, exc)
-                return make(
-                    m.ListGroupsResponse,
-                    throttle_time=0,
-                    error_code=ErrorCode.coordinator_not_available,
-                    groups=(),
-                )
+            except LevelZeroError as exc:
+                code = coordinator_unavailable("ListGroups", exc)
+                return make(m.ListGroupsResponse, throttle_time=0, error_code=code, groups=())
             for group in summaries:
                 if states and group.state.lower() not in states:
                     continue
@@ -226,9 +219,8 @@ class GroupApi:
             elif (error := await self.groups.load(group_id)) == ErrorCode.none:
                 try:
                     summary = await self.groups.summary(group_id)
-                except LevelZeroError as exc:  # the store failing: the client retries
-                    log.warning("DescribeGroups of %s: %s: %s", group_id, exc.code, exc)
-                    error = ErrorCode.coordinator_not_available
+                except LevelZeroError as exc:
+                    error = coordinator_unavailable(f"DescribeGroups of {group_id}", exc)
                 # KIP-1043 (v6): a group not found is an error; before, Dead with none
                 if summary is None and error == ErrorCode.none and request.api_version >= 6:
                     error, message = ErrorCode.group_id_not_found, f"Group {group_id} not found."
@@ -277,9 +269,8 @@ class GroupApi:
             elif (error := await self.groups.load(group_id)) == ErrorCode.none:
                 try:
                     error = await self.groups.delete_group(group_id)
-                except LevelZeroError as exc:  # the store failing: the client retries
-                    log.warning("DeleteGroups of %s: %s: %s", group_id, exc.code, exc)
-                    error = ErrorCode.coordinator_not_available
+                except LevelZeroError as exc:
+                    error = coordinator_unavailable(f"DeleteGroups of {group_id}", exc)
             results.append(make(m.DeletableGroupResult, group_id=group_id, error_code=error))
         return make(m.DeleteGroupsResponse, throttle_time=0, results=tuple(results))
 
@@ -299,9 +290,8 @@ class GroupApi:
         if error == ErrorCode.none:
             try:
                 error, codes = await self.groups.delete_offsets(body.group_id, valid)
-            except LevelZeroError as exc:  # the store failing: the client retries
-                log.warning("OffsetDelete for group %s: %s: %s", body.group_id, exc.code, exc)
-                error = ErrorCode.coordinator_not_available
+            except LevelZeroError as exc:
+                error = coordinator_unavailable(f"OffsetDelete for group {body.group_id}", exc)
         if error != ErrorCode.none:
             return make(m.OffsetDeleteResponse, error_code=error, throttle_time=0, topics=())
         by_topic: dict[str, list[Any]] = {}

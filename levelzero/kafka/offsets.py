@@ -16,7 +16,7 @@ from levelzero.actors.node import Node
 from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.transactions import PartitionIndex
 from levelzero.kafka.epochs import NO_EPOCH, epoch_error
-from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.errors import coordinator_unavailable, error_code_for
 from levelzero.kafka.groups import METADATA_CHARS_MAX, GroupCoordinator
 from levelzero.kafka.metadata import Cluster
 from levelzero.kafka.protocol import Request, make
@@ -232,18 +232,13 @@ class OffsetsApi:
             elif self.offsets_stable is not None:
                 await self.offsets_stable(body.group_id)
             committed = await self.groups.committed(body.group_id)
-        except LevelZeroError as exc:  # the store failing: the client retries
-            log.warning("OffsetFetch for group %s: %s: %s", body.group_id, exc.code, exc)
+        except LevelZeroError as exc:
+            failed = coordinator_unavailable(f"OffsetFetch for group {body.group_id}", exc)
             if request.api_version >= 2:  # the top-level error code (KIP-88)
-                return make(
-                    m.OffsetFetchResponse,
-                    throttle_time=0,
-                    topics=(),
-                    error_code=ErrorCode.coordinator_not_available,
-                )
+                return make(m.OffsetFetchResponse, throttle_time=0, topics=(), error_code=failed)
             # v0-1 have none: each partition asked carries it, as Kafka's error response does (an
             # answer without them reads as "nothing committed": the consumer would reset)
-            committed, failed = {}, ErrorCode.coordinator_not_available
+            committed = {}
         if body.topics is None:
             wanted: dict[str, list[int]] = {}
             for topic, partition in sorted(committed):

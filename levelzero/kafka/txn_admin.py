@@ -17,7 +17,6 @@ They read what the transaction coordinator and the partitions hold, and change n
 from __future__ import annotations
 
 import datetime
-import logging
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -26,7 +25,7 @@ from levelzero.actors.intake import IDEMPOTENCY_ID_BASE
 from levelzero.actors.node import Node
 from levelzero.core.errors import LevelZeroError
 from levelzero.core.producers import SEQUENCE_MAX
-from levelzero.kafka.errors import error_code_for
+from levelzero.kafka.errors import coordinator_unavailable, error_code_for
 from levelzero.kafka.protocol import Request, make
 from levelzero.kafka.transactions import (
     COMPLETE_ABORT,
@@ -38,8 +37,6 @@ from levelzero.kafka.transactions import (
     TransactionCoordinator,
     TxnState,
 )
-
-log = logging.getLogger("levelzero.kafka")
 
 # The coordinator's states by Kafka's names (TransactionState.name).
 KAFKA_STATE_NAMES = {
@@ -72,12 +69,11 @@ class TransactionAdminApi:
         listed = []
         try:
             coordinated = await self.transactions.coordinated()
-        except LevelZeroError as exc:  # the store failing: the client retries
-            log.warning("ListTransactions: %s: %s", exc.code, exc)
+        except LevelZeroError as exc:
             return make(
                 m.ListTransactionsResponse,
                 throttle_time=0,
-                error_code=ErrorCode.coordinator_not_available,
+                error_code=coordinator_unavailable("ListTransactions", exc),
                 unknown_state_filters=(),
                 transaction_states=(),
             )
@@ -111,9 +107,8 @@ class TransactionAdminApi:
         for tid in request.body.transactional_ids:
             try:
                 code, txn = await self.transactions.described(tid)
-            except LevelZeroError as exc:  # the store failing: the client retries
-                log.warning("DescribeTransactions of %s: %s: %s", tid, exc.code, exc)
-                code, txn = ErrorCode.coordinator_not_available, None
+            except LevelZeroError as exc:
+                code, txn = coordinator_unavailable(f"DescribeTransactions of {tid}", exc), None
             answers.append(_described(m, tid, code, txn))
         return make(m.DescribeTransactionsResponse, throttle_time=0, transaction_states=tuple(answers))
 
