@@ -4,6 +4,7 @@ operation and log-store commit."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -21,8 +22,19 @@ from levelzero.core.errors import NotLeader, ObjectNotFound, StorageError
 from levelzero.daemon.buildinfo import version
 from levelzero.daemon.logs import JsonFormatter
 from levelzero.daemon.service import StartupError
-from levelzero.daemon.observed import ObservedLogStore, ObservedObjectStore, StoreMetrics
+from levelzero.daemon.observed import (
+    LOG_STORE_READS,
+    LOG_STORE_WRITES,
+    OPTIONAL_LOG_STORE_WRITES,
+    ObservedLogStore,
+    ObservedObjectStore,
+    StoreMetrics,
+)
+from levelzero.daemon.storage_health import STORAGE_FAILURES_TO_UNHEALTHY, StorageHealth
+from levelzero.storage import protocols
+from levelzero.storage.memory_log import MemoryLogStore
 from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.sqlite import SqliteLogStore
 
 
 def registry_of(metrics: StoreMetrics) -> CollectorRegistry:
@@ -259,3 +271,83 @@ async def test_access_log_and_gc_round_are_structured_events(
     assert event["cluster_epoch"] == 2 and event["deleted"] == 0 and event["dry_run"] is False
     assert event["m"] is None and event["blocked_by"] == "t/0"  # t/0 has no M(p) yet
     assert event["duration_s"] >= 0
+
+
+_STORE_ROLES = (
+    protocols.LogStore,
+    protocols.ProducerBatchStore,
+    protocols.ProducerBatchExpiry,
+    protocols.TransactionStore,
+)
+
+
+def _store_coroutines() -> set[str]:
+    """Every coroutine the log store's protocols declare (its lifecycle's `aclose` aside)."""
+    names = set()
+    for role in _STORE_ROLES:
+        for cls in role.__mro__:
+            if cls.__module__ != protocols.__name__:
+                continue
+            names |= {name for name, value in vars(cls).items() if inspect.iscoroutinefunction(value)}
+    return names - {"aclose"}
+
+
+def test_every_log_store_coroutine_is_classified_as_a_write_or_a_read() -> None:
+    """A write left out of LOG_STORE_WRITES (a transaction's state, a topic's deletion, its
+    configs, a producer's batches) was neither timed nor watched for stalls, and a store failing
+    only those writes never turned the storage unhealthy."""
+    declared = _store_coroutines() - {"append_many"}  # observed as "append" (the same commit)
+    writes, reads = set(LOG_STORE_WRITES), set(LOG_STORE_READS)
+    assert not writes & reads
+    assert declared - writes - reads == set(), "classify these in daemon/observed.py"
+    assert (writes | reads) - declared == set(), "names no protocol declares"
+    assert set(OPTIONAL_LOG_STORE_WRITES) <= writes
+
+
+async def test_every_write_of_the_sqlite_store_is_observed(tmp_path: Path) -> None:
+    metrics = StoreMetrics()
+    registry = registry_of(metrics)
+    health = StorageHealth()
+    async with await SqliteLogStore.open(tmp_path / "log.db") as inner:
+        store = ObservedLogStore(inner, metrics, health)
+        for operation in (*LOG_STORE_WRITES, "append_many"):  # the daemon's store plays every role
+            assert getattr(store, operation) != getattr(inner, operation), operation
+        for operation in LOG_STORE_READS:
+            assert getattr(store, operation) == getattr(inner, operation), operation
+        assert isinstance(store, protocols.TransactionStore)
+        await store.create_topic("t", 1, creation_epoch=1, now=1.0)
+        await store.set_topic_configs("t", {"retention.ms": "1000"}, now=1.0)
+        assert await store.topic_configs("t") == {"t": {"retention.ms": "1000"}}
+
+        async def broken(*args: object, **kwargs: object) -> None:
+            raise StorageError("SQLite write failed: disk I/O error")
+
+        inner.put_transaction = broken  # type: ignore[method-assign]
+        store = ObservedLogStore(inner, metrics, health)
+        for _ in range(STORAGE_FAILURES_TO_UNHEALTHY):
+            with pytest.raises(StorageError):
+                await store.put_transaction(None)  # type: ignore[arg-type]
+    assert not health.log_store.healthy
+    assert (
+        registry.get_sample_value(
+            "levelzero_log_store_errors_total",
+            {"operation": "put_transaction", "error": "storage_error"},
+        )
+        == STORAGE_FAILURES_TO_UNHEALTHY
+    )
+    assert (
+        registry.get_sample_value(
+            "levelzero_log_store_commit_duration_seconds_count", {"operation": "set_topic_configs"}
+        )
+        == 1
+    )
+
+
+async def test_a_store_without_a_role_is_observed_without_it() -> None:
+    """The in-memory log store keeps no transactions: the observed store has none either (the
+    coordinator looks for the role with `isinstance`)."""
+    inner = MemoryLogStore()
+    store = ObservedLogStore(inner, StoreMetrics())  # type: ignore[arg-type]
+    for operation in OPTIONAL_LOG_STORE_WRITES:
+        assert hasattr(store, operation) == hasattr(inner, operation), operation
+    assert isinstance(store, protocols.TransactionStore) == isinstance(inner, protocols.TransactionStore)
