@@ -519,6 +519,12 @@ class KafkaSection(_Section):
     # A transactional id with no transaction for this long is forgotten, in memory and in the
     # log store (Kafka's transactional.id.expiration.ms: 7 days).
     transactional_id_expiration_s: float = 7 * 24 * 3600.0
+    # A consumer group without members loses each committed offset this long after its commit,
+    # and none sooner than this long after it went empty; one left with neither is deleted
+    # (Kafka's offsets.retention.minutes: 7 days), checked every offsets_retention_check_s
+    # (offsets.retention.check.interval.ms: 10 min).
+    offsets_retention_s: float = 7 * 24 * 3600.0
+    offsets_retention_check_s: float = 600.0
     # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
     # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
     tls_cert_file: str = ""
@@ -541,6 +547,10 @@ class KafkaSection(_Section):
             raise ValueError("connections_max must be in 1..100000")
         if not 1 <= self.transactional_id_expiration_s <= 365 * 24 * 3600:
             raise ValueError("transactional_id_expiration_s must be in 1..31536000 (a year)")
+        if not 1 <= self.offsets_retention_s <= 10 * 365 * 24 * 3600:
+            raise ValueError("offsets_retention_s must be in 1..315360000 (ten years)")
+        if not 0.1 <= self.offsets_retention_check_s <= 86_400:
+            raise ValueError("offsets_retention_check_s must be in 0.1..86400")
         if not self.frame_bytes_max <= self.inflight_bytes_max <= 16 * KAFKA_FRAME_BYTES_LIMIT:
             raise ValueError("inflight_bytes_max must be at least frame_bytes_max (and at most 16 GiB)")
         if not 1 <= self.default_partitions <= 4096:

@@ -96,6 +96,7 @@ LOG_STORE_WRITES = (
     "prune_history",
     "commit_offsets",
     "delete_offsets",
+    "expire_offsets",
     "store_group_metadata",
     "set_topic_configs",
     "record_producer_batches",

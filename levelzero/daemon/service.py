@@ -652,6 +652,8 @@ class Daemon:
                 + ("SSL" if settings.tls_cert_file else "PLAINTEXT"),
                 log_dir=kafka_log_dir(self.config),
                 transactional_id_expiration_s=settings.transactional_id_expiration_s,
+                offsets_retention_s=settings.offsets_retention_s,
+                offsets_retention_check_s=settings.offsets_retention_check_s,
             ),
             self.intake,
             metrics.produce_observer("kafka"),

@@ -53,6 +53,11 @@ METADATA_CHARS_MAX = 4_096  # offset commit metadata (Kafka's offset.metadata.ma
 REBALANCE_TIMEOUT_S_MAX = 1_800.0
 SESSION_TIMEOUT_S_MIN = 0.1  # Kafka's default minimum is 6 s: shorter sessions are taken here
 SESSION_TIMEOUT_S_MAX = 1_800.0
+# Offsets retention (Kafka's offsets.retention.minutes, 7 days, checked every
+# offsets.retention.check.interval.ms, 10 min): `GroupCoordinator.expire_offsets`.
+OFFSETS_RETENTION_S_DEFAULT = 7 * 24 * 3600.0
+OFFSETS_RETENTION_CHECK_S_DEFAULT = 600.0
+GROUPS_EXPIRED_PER_PASS_MAX = 1_000  # the rest in the next pass
 
 
 class StoredMember(msgspec.Struct, frozen=True):
@@ -78,6 +83,9 @@ class StoredGroup(msgspec.Struct, frozen=True):
     protocol_name: str | None
     leader: str | None
     members: list[StoredMember]
+    # When the group last went empty (wall clock; None: it has members, or a record stored
+    # before this field, whose emptiness is dated from the first expiry pass that sees it).
+    empty_since: float | None = None
 
 
 STORED_GROUP_VERSION = 1
@@ -140,6 +148,7 @@ class Group:
     round_deadline: float = 0.0
     initial_round: bool = False
     synced: anyio.Event = field(default_factory=anyio.Event)
+    empty_since: float | None = None  # wall clock: when it last went empty (offsets retention)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +300,7 @@ class GroupCoordinator:
             group.protocol_name if members else None,
             group.leader if members else None,
             members,
+            None if members else group.empty_since,
         )
         return _stored_encoder.encode(record)
 
@@ -393,6 +403,7 @@ class GroupCoordinator:
             return
         if not group.members:
             group.state = "empty"
+            group.empty_since = self._wall()
             group.synced.set()  # SyncGroup waiters of the old generation: rebalance
             self._store_later(group.group_id, self._record(group))
             return
@@ -422,6 +433,7 @@ class GroupCoordinator:
             member.last_seen = now  # a session runs from the round's end (a round can outlast it)
         if not group.members:
             group.state = "empty"
+            group.empty_since = self._wall()
             current.generation = group.generation
             current.done.set()
             self._store_later(group.group_id, self._record(group))
@@ -870,6 +882,70 @@ class GroupCoordinator:
     async def _delete_offsets(self, group_id: str, partitions: Sequence[tuple[str, int]] | None) -> None:
         await self.store.delete_offsets(group_id, partitions)
 
+    # ------------------------------------------------------------------ offsets retention
+
+    async def expire_offsets(
+        self, retention_s: float, coordinates: Callable[[str], bool] = lambda _: True
+    ) -> tuple[int, int]:
+        """One pass of offsets retention, as Kafka's coordinator runs it (KIP-211): a group
+        without members loses each committed offset `retention_s` after its commit, and none
+        before `retention_s` after the group went empty; a group left with neither members nor
+        offsets is deleted, its metadata too (Kafka's Dead). A group with members keeps every
+        offset (Kafka also expires a stable consumer group's offsets of topics no member
+        subscribes to: not done here). Only the groups this node `coordinates`; at most
+        GROUPS_EXPIRED_PER_PASS_MAX groups, the rest in the next pass. (groups that lost
+        offsets, offsets gone)"""
+        now = self._wall()
+        cutoff = now - retention_s
+        known = set(await self.store.offset_groups()) | set(await self.store.metadata_groups())
+        groups = offsets = 0
+        for group_id in sorted(known):
+            if groups >= GROUPS_EXPIRED_PER_PASS_MAX:
+                break
+            if not coordinates(group_id) or not group_id or len(group_id) > GROUP_ID_CHARS_MAX:
+                continue
+            held = group_id in self.groups
+            await self._load(group_id)
+            group = self.groups.get(group_id)
+            if group is not None:
+                self._expire(group)
+                if group.members or group.joining or group.state != "empty":
+                    continue
+                if group.empty_since is None:  # stored before its emptiness was dated
+                    group.empty_since = now
+                    self._store_later(group_id, self._record(group))
+                if group.empty_since > cutoff:
+                    if not held:
+                        self._forget_loaded(group)
+                    continue
+            rows = await self.store.committed_offsets(group_id)
+            old = sum(1 for r in rows if r.committed_at < cutoff)
+            if old:
+                await self.store.expire_offsets(group_id, cutoff)
+                groups += 1
+                offsets += old
+                log.info(
+                    "consumer group %s: %d committed offset(s) expired (offsets retention %g s)",
+                    group_id,
+                    old,
+                    retention_s,
+                    extra={"group": group_id, "offsets": old},
+                )
+            if group is None or self.groups.get(group_id) is not group:
+                continue
+            if old == len(rows) and not await self.store.committed_offsets(group_id):  # none since
+                if self.groups.get(group_id) is group and not group.members and not group.joining:
+                    del self.groups[group_id]  # Dead: neither members nor offsets
+                    await self._store(group_id, None)
+            elif not held:
+                self._forget_loaded(group)
+        return groups, offsets
+
+    def _forget_loaded(self, group: Group) -> None:
+        """A group loaded only to be looked at, still empty: its stored record says all of it."""
+        if self.groups.get(group.group_id) is group and not group.members and not group.joining:
+            del self.groups[group.group_id]
+
 
 def _restored(group_id: str, record: StoredGroup, now: float) -> Group:
     """A group as its record left it: Stable with its members (each session from `now`), or
@@ -896,6 +972,7 @@ def _restored(group_id: str, record: StoredGroup, now: float) -> Group:
         protocol_name=record.protocol_name if members else None,
         leader=record.leader if members else None,
         members=members,
+        empty_since=None if members else record.empty_since,
     )
     group.synced.set()
     return group

@@ -22,6 +22,7 @@ import anyio.abc
 
 from levelzero.actors.intake import ProduceIntake, ProduceObserver, unobserved
 from levelzero.actors.node import Node
+from levelzero.core.errors import LevelZeroError
 from levelzero.kafka.admin import AdminApi, TopicLifecycleApi
 from levelzero.kafka.cluster_admin import ClusterAdminApi
 from levelzero.kafka.configs import ConfigsApi
@@ -54,7 +55,7 @@ class Handlers:
         self.node = node
         self.settings = settings
         self.intake = ProduceIntake(node) if intake is None else intake
-        cluster = Cluster(node, settings)
+        cluster = self.cluster = Cluster(node, settings)
         self.groups = GroupCoordinator(node.log_store, placement=cluster.placement)
         self.admin = AdminApi(node, settings, cluster)
         auto_create = self.admin.auto_create if settings.auto_create_topics else None
@@ -93,8 +94,19 @@ class Handlers:
             if not self.intake.running:  # the daemon runs the intake both front ends share
                 await tg.start(self.intake.run)
             tg.start_soon(self.transactions.run)
+            tg.start_soon(self._offsets_retention)
             self.groups.spawn = tg.start_soon  # stores a group gone empty
             task_status.started()
+
+    async def _offsets_retention(self) -> None:
+        """A pass of offsets retention (`GroupCoordinator.expire_offsets`) every check interval;
+        a pass the store fails is logged and tried again at the next."""
+        while True:
+            await anyio.sleep(self.settings.offsets_retention_check_s)
+            try:
+                await self.groups.expire_offsets(self.settings.offsets_retention_s, self.cluster.coordinates)
+            except LevelZeroError as exc:
+                log.warning("offsets retention: the pass failed: %s: %s", exc.code, exc)
 
     async def handle(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None

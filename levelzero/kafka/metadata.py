@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 from levelzero.actors.node import Node
 from levelzero.core.cluster import preferred_leader
 from levelzero.core.errors import LevelZeroError
+from levelzero.kafka.groups import OFFSETS_RETENTION_CHECK_S_DEFAULT, OFFSETS_RETENTION_S_DEFAULT
 from levelzero.core.names import topic_name_problem
 from levelzero.kafka.operations import authorized_operations
 from levelzero.kafka.protocol import Request, make
@@ -55,6 +56,10 @@ class KafkaSettings:
     # A transactional id with no transaction for this long is forgotten (Kafka's
     # transactional.id.expiration.ms).
     transactional_id_expiration_s: float = 7 * 24 * 3600.0
+    # Offsets retention (Kafka's offsets.retention.minutes and its check interval):
+    # `GroupCoordinator.expire_offsets`.
+    offsets_retention_s: float = OFFSETS_RETENTION_S_DEFAULT
+    offsets_retention_check_s: float = OFFSETS_RETENTION_CHECK_S_DEFAULT
 
 
 class Cluster:

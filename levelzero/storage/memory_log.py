@@ -416,6 +416,16 @@ class MemoryLogStore:
             if key[0] == group_id and (partitions is None or key[1:] in partitions):
                 del self.consumer_offsets[key]
 
+    async def expire_offsets(self, group_id: str, committed_before: float) -> None:
+        await anyio.lowlevel.checkpoint()
+        gone = [
+            key
+            for key, row in self.consumer_offsets.items()
+            if key[0] == group_id and row.committed_at < committed_before
+        ]
+        for key in gone:
+            del self.consumer_offsets[key]
+
     async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:  # noqa: ARG002 - no times kept here
         await anyio.lowlevel.checkpoint()
         if metadata is None:

@@ -289,6 +289,12 @@ class ConsumerOffsetStore(Protocol):
         partition), or all of them when None (DeleteGroups, OffsetDelete)."""
         ...
 
+    async def expire_offsets(self, group_id: str, committed_before: float) -> None:
+        """Durable on return: the committed offsets of `group_id` committed before
+        `committed_before` (wall clock) deleted, those committed since kept (a commit racing the
+        expiry survives it): Kafka's offsets.retention.minutes."""
+        ...
+
     async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
         """Durable on return: the group's metadata (the group coordinator's encoding, opaque
         here), replacing what was stored; None forgets the group (DeleteGroups)."""

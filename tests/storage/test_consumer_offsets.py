@@ -46,6 +46,20 @@ async def exercise(store: ConsumerOffsetStore) -> None:
     assert await store.metadata_groups() == ["m1", "m2"]
     await store.store_group_metadata("m2", None, 2.0)
     assert await store.metadata_groups() == ["m1"]
+    # Offsets retention: those committed before the bound go, those committed since stay.
+    await store.commit_offsets(
+        [
+            OffsetRow("x", "t", 0, 1, "", 10.0),
+            OffsetRow("x", "t", 1, 2, "", 20.0),
+            OffsetRow("y", "t", 0, 3, "", 5.0),
+        ]
+    )
+    await store.expire_offsets("x", 20.0)
+    assert await store.committed_offsets("x") == [OffsetRow("x", "t", 1, 2, "", 20.0)]
+    assert await store.committed_offsets("y") == [OffsetRow("y", "t", 0, 3, "", 5.0)]  # another group's
+    await store.expire_offsets("x", 20.5)
+    assert await store.committed_offsets("x") == []
+    assert "x" not in await store.offset_groups()
 
 
 async def test_memory_store_keeps_committed_offsets() -> None:

@@ -44,6 +44,16 @@ class ConsumerOffsetRole(PostgresBase):
 
         await self._transact("deleting committed offsets", work)
 
+    async def expire_offsets(self, group_id: str, committed_before: float) -> None:
+        async def work(connection: asyncpg.Connection) -> None:
+            await connection.execute(
+                "DELETE FROM consumer_offsets WHERE group_id = $1 AND committed_at < $2",
+                group_id,
+                committed_before,
+            )
+
+        await self._transact("expiring committed offsets", work)
+
     # ------------------------------------------------------------------ group metadata
 
     async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:

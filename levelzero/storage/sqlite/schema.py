@@ -165,6 +165,7 @@ SELECT_OFFSET_GROUPS = "SELECT DISTINCT group_id FROM consumer_offsets ORDER BY 
 SELECT_METADATA_GROUPS = "SELECT group_id FROM group_metadata ORDER BY group_id"
 DELETE_GROUP_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ?"
 DELETE_OFFSET = "DELETE FROM consumer_offsets WHERE group_id = ? AND topic = ? AND partition = ?"
+EXPIRE_OFFSETS = "DELETE FROM consumer_offsets WHERE group_id = ? AND committed_at < ?"
 SELECT_OFFSETS = (
     "SELECT group_id, topic, partition, committed_offset, metadata, committed_at, leader_epoch"
     " FROM consumer_offsets WHERE group_id = ? ORDER BY topic, partition"

@@ -127,6 +127,7 @@ from .schema import (
     SELECT_OFFSET_GROUPS,
     DELETE_GROUP_OFFSETS,
     DELETE_OFFSET,
+    EXPIRE_OFFSETS,
     DELETE_GROUP_METADATA,
     SELECT_GROUP_METADATA,
     UPSERT_GROUP_METADATA,
@@ -1162,6 +1163,9 @@ class SqliteLogStore(StoreLifecycle):
             await self._stage_rows(DELETE_GROUP_OFFSETS, [(group_id,)])
         else:
             await self._stage_rows(DELETE_OFFSET, [(group_id, t, p) for t, p in partitions])
+
+    async def expire_offsets(self, group_id: str, committed_before: float) -> None:
+        await self._stage_rows(EXPIRE_OFFSETS, [(group_id, committed_before)])
 
     async def store_group_metadata(self, group_id: str, metadata: bytes | None, now: float) -> None:
         if metadata is None:
