@@ -532,12 +532,16 @@ class Node:
             # M(p) they block it), and one that snapshotted earlier has E <= creation epoch, so
             # its cap E - 1 keeps every object of the new partitions. In a cluster the GC reads
             # the control plane's partition set, and the board holds what this node leads.
-            if self.member is None:
-                for p in range(partitions):
-                    self.board.register(f"{name}/{p}")
-            rows = await self.log_store.create_topic(
-                name, partitions, self.epochs.current, self._wall(), checked
-            )
+            names = [f"{name}/{p}" for p in range(partitions)] if self.member is None else []
+            for registered in names:
+                self.board.register(registered)
+            try:
+                rows = await self.log_store.create_topic(
+                    name, partitions, self.epochs.current, self._wall(), checked
+                )
+            except LevelZeroError:
+                self._unregister(names)
+                raise
             self.topic_configs.created(name, checked)
             if self.member is not None:  # the leases decide who leads them
                 self._topics[name] = partitions
@@ -550,6 +554,13 @@ class Node:
         await self._record_topic(name, partitions, fresh=True)
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
+
+    def _unregister(self, names: Sequence[str]) -> None:
+        """Partitions registered on the board for a creation the store refused or failed (it
+        made none of them): without an M(p) they blocked every GC round until a restart."""
+        for registered in names:
+            if registered not in self._by_name:  # (never one served: its M(p) holds M)
+                self.board.forget(registered)
 
     async def delete_topic(self, name: str) -> list[PartitionRow]:
         """Delete a topic: it leaves the partition set at once (reads and writes get
@@ -612,10 +623,14 @@ class Node:
                 raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
             if validate_only:
                 return current
-            if self.member is None:
-                for p in range(current, count):
-                    self.board.register(f"{name}/{p}")
-            rows = await self.log_store.add_partitions(name, count, self.epochs.current, self._wall())
+            names = [f"{name}/{p}" for p in range(current, count)] if self.member is None else []
+            for registered in names:
+                self.board.register(registered)
+            try:
+                rows = await self.log_store.add_partitions(name, count, self.epochs.current, self._wall())
+            except LevelZeroError:
+                self._unregister(names)
+                raise
             if self.member is not None:
                 self._topics[name] = count
             else:

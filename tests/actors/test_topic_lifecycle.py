@@ -452,3 +452,41 @@ async def test_a_topic_whose_partitions_cannot_start_raises_the_stores_error_and
         await node.create_topic("u", 2)  # the node carries on
         await produce(node, "u", 1, 1)
         assert node.partition("u", 1).state.high_watermark == 1
+
+
+class _CreationsFailing(MemoryLogStore):
+    """A log store failing the writes that create partitions (a database gone for a moment)."""
+
+    failing = True
+
+    async def create_topic(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.failing:
+            raise StorageError("the log store is failing")
+        return await super().create_topic(*args, **kwargs)
+
+    async def add_partitions(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.failing:
+            raise StorageError("the log store is failing")
+        return await super().add_partitions(*args, **kwargs)
+
+
+async def test_a_creation_the_store_failed_leaves_nothing_on_the_watermark_board() -> None:
+    """The new partitions go on the board before the store makes them (a GC round from then on
+    waits for their M(p)); a store that failed to make them left them there with no M(p), and
+    every GC round was blocked by them until the daemon restarted, L0 objects piling up."""
+    log_store = _CreationsFailing()
+    log_store.failing = False
+    async with running_node(make_config(), log_store, MemoryObjectStore()) as node:
+        await node.create_topic("kept", 2)
+        await produce(node, "kept", 0, 1)
+        log_store.failing = True
+        with pytest.raises(StorageError):
+            await node.create_topic("x", 2)
+        with pytest.raises(StorageError):
+            await node.create_partitions("kept", 4)
+        assert sorted(node.board.snapshot()) == ["kept/0", "kept/1"]
+        assert "x" not in node.topics() and node.topics()["kept"] == 2
+        log_store.failing = False
+        await node.create_partitions("kept", 3)
+        await node.create_topic("x", 1)
+        assert sorted(node.board.snapshot()) == ["kept/0", "kept/1", "kept/2", "x/0"]
