@@ -43,6 +43,8 @@ START_MOVES_KEPT = 8
 # What moves a start offset, as the reason of an L1 object's delete names it.
 START_MOVED_BY_RETENTION = "retention"
 START_MOVED_BY_DELETE_RECORDS = "DeleteRecords"
+# The states `listing` reads (every one but DELETE_FINISHED).
+UNFINISHED_STATES = (L1State.COPY_STARTED, L1State.COPY_FINISHED, L1State.DELETE_STARTED)
 
 
 class L1Catalog:
@@ -102,9 +104,12 @@ class L1Catalog:
         return self._lineage_of(actor, await self._listed(actor, [L1State.COPY_FINISHED]))
 
     async def listing(self, actor: PartitionActor) -> tuple[list[L1Row], list[L1Row]]:
-        """Every L1 row of the partition, whatever its state, and the lineage read again from
-        them (as `refresh` returns it): what retention and `collect` need, in one read."""
-        rows = await self._listed(actor, None)
+        """Every L1 row of the partition whose delete is not over, and the lineage read again
+        from them (as `refresh` returns it): what retention and `collect` need, in one read.
+        (A DELETE_FINISHED row asks nothing of them; a partition keeps one for every object
+        retention, DeleteRecords or compaction removed, until history pruning: read every
+        second by the housekeeper, they were most of what it read.)"""
+        rows = await self._listed(actor, UNFINISHED_STATES)
         return rows, self._lineage_of(actor, rows)
 
     async def _listed(self, actor: PartitionActor, states: Sequence[str] | None) -> list[L1Row]:
@@ -316,7 +321,7 @@ class L1Catalog:
         state = actor.state
         if rows is None:
             rows, _ = await self.listing(actor)
-        for row in rows:
+        for row in rows:  # (a DELETE_FINISHED row has no reason: `l1_collect_reason`)
             reason = l1_collect_reason(
                 state,
                 actor.term,

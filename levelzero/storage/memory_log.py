@@ -393,7 +393,19 @@ class MemoryLogStore:
         ][:limit]
         for key in doomed_keys:
             del self.l0_objects[key]
-        return gone + len(doomed_keys)
+        gone += len(doomed_keys)
+        l1_keys = list(self.l1)
+        finished = [
+            k
+            for k in l1_keys[:-1]
+            if self.l1[k].state == L1State.DELETE_FINISHED and self.l1[k].updated_at < before
+        ][:limit]
+        for key in finished:
+            del self.l1[key]
+        marks = [k for k in sorted(self.l1_compacted)[:-1] if k not in self.l1][:limit]
+        for key in marks:
+            del self.l1_compacted[key]
+        return gone + len(finished) + len(marks)
 
     # -- consumer offsets
     async def commit_offsets(self, rows: Sequence[OffsetRow]) -> None:

@@ -195,6 +195,13 @@ async def test_deleting_records_moves_the_start_offset_and_collects_l1_below_it(
         assert node.partition("t", 0).state.start_offset == 4
         assert len(keys(objects, L1_ROOT)) == 1  # the two wholly below 4 went
         assert [r.offset for r in (await node.fetch("t", 0, 4, 1 << 20)).records] == [4, 5]
+        # Their rows stay DELETE_FINISHED (history, pruned by age); the housekeeper's listing,
+        # read every second, leaves them out.
+        actor = node.partition("t", 0)
+        states = sorted(r.state for r in await log_store.l1_list(actor.row.pid))
+        assert states == [L1State.COPY_FINISHED, L1State.DELETE_FINISHED, L1State.DELETE_FINISHED]
+        rows, lineage = await node.l1.listing(actor)
+        assert [r.state for r in rows] == [L1State.COPY_FINISHED] and lineage == rows
         with pytest.raises(OffsetOutOfRange):
             await node.fetch("t", 0, 3, 1 << 20)
         assert await node.delete_records("t", 0, 2) == 4  # below the start: nothing changes

@@ -878,3 +878,37 @@ async def test_history_rows_older_than_the_bound_are_pruned_in_batches_keeping_e
         assert await backend.times("gc_rounds", "finished_at") == [100.0]
         assert await backend.times("l0_objects", "deleted_at") == [None, 100.0]
         assert [r.key for r in await store.l0_live_objects(10)] == ["level_zero/b"]
+
+
+async def test_rows_of_l1_objects_whose_delete_is_over_are_pruned_as_history(backend: Backend) -> None:
+    """Retention, DeleteRecords and compaction leave a DELETE_FINISHED row for every L1 object
+    they remove, and a compaction a mark for each object it made: kept for ever (~1 MB a day for
+    a partition under retention), and the housekeeper read every one of them each second. They
+    are history: pruned by age as the GC's deleted L0 rows are, a live object's row never, a
+    compacted object's mark once its row is gone."""
+    async with await backend.open() as store:
+        (p,) = await store.create_topic("t", 1, 1, 0.0)
+        await store.begin_term(p.pid, 0, 0)
+        for n, key in enumerate(("gone-old", "gone-new", "live", "started")):
+            await store.l1_insert(
+                L1Row(key, p.pid, 10 * n, 10 * n + 9, 1, 1, 100, L1State.COPY_FINISHED, 1.0, 1.0)
+            )
+        await _compacted_object(store, p.pid, "compacted-gone", 40, 49, 1)
+        await _compacted_object(store, p.pid, "compacted-live", 50, 59, 1)
+        commit = CompactionCommit(p.pid, 1, {1: 59}, ("compacted-gone", "compacted-live"), ())
+        assert await store.l1_compaction_commit(commit, 2.0) is None
+        done = {"gone-old": 3.0, "compacted-gone": 4.0, "gone-new": 100.0}
+        for key, at in done.items():
+            assert await store.l1_transition(key, L1State.COPY_FINISHED, L1State.DELETE_STARTED, at)
+            assert await store.l1_transition(key, L1State.DELETE_STARTED, L1State.DELETE_FINISHED, at)
+        assert await store.l1_transition("started", L1State.COPY_FINISHED, L1State.DELETE_STARTED, 5.0)
+        assert await store.prune_history(50.0, 10) == 2 + 1  # two rows, then the gone one's mark
+        left = {r.key: r.state for r in await store.l1_list(pid=p.pid)}
+        assert left == {
+            "gone-new": L1State.DELETE_FINISHED,  # finished after the bound
+            "live": L1State.COPY_FINISHED,
+            "started": L1State.DELETE_STARTED,  # not over: resumed by `collect`
+            "compacted-live": L1State.COPY_FINISHED,
+        }
+        assert (await store.l1_compaction_state(p.pid)).compacted_keys == frozenset({"compacted-live"})
+        assert await store.prune_history(50.0, 10) == 0
