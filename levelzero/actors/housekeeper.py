@@ -191,15 +191,25 @@ class Housekeeper:
     def _due(self, force: bool) -> list[PartitionActor]:
         """The partitions this round tends (in partition order)."""
         if self._activity is None or self._index is None:
-            return self._partitions()
+            return self._forget_gone(self._partitions())
         epoch = self._epochs.current
         if force or self._retention.any_retention() or epoch != self._full_round_epoch:
             self._activity.take("housekeeper")  # every partition is visited anyway
             self._full_round_epoch = epoch
-            return self._partitions()
+            return self._forget_gone(self._partitions())
         names = self._activity.take("housekeeper")
         names |= self._unsettled
         return _in_order(self._index(), names)
+
+    def _forget_gone(self, actors: list[PartitionActor]) -> list[PartitionActor]:
+        """`actors`, every partition led here, after forgetting what was kept of the others
+        (deleted, led elsewhere): their unsettled names and last samples stayed for ever, one
+        sample per partition ever created (a topic made and deleted in a loop grew them)."""
+        self._unsettled &= {actor.name for actor in actors}
+        live = {actor.row.pid for actor in actors}
+        for pid in [pid for pid in self._last_sampled if pid not in live]:
+            del self._last_sampled[pid]
+        return actors
 
     def _settled(self, actor: PartitionActor) -> bool:
         """Nothing to do for `actor` until its state moves or the cluster epoch changes (both

@@ -157,6 +157,7 @@ class ProduceIntake:
         self.sequences = ProducerSequences()
         # The partition (its pid) each (topic, partition) remembered in `sequences` is of.
         self._pids: dict[tuple[str, int], int] = {}
+        node.topic_deleted.append(self.forget_topic)
         # Where producers' last batches are kept durably (the SQLite store; elsewhere: memory
         # only), and the producers whose stored batches are already in `sequences`.
         store = node.log_store
@@ -228,6 +229,13 @@ class ProduceIntake:
         if (topic, partition) in self._pids:
             self.sequences.forget_partition(topic, partition)
         self._pids[(topic, partition)] = pid
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic was deleted here: its partitions' producers go (a topic deleted elsewhere in
+        a cluster is found out by `check_led`, at its name's next use)."""
+        for key in [k for k in self._pids if k[0] == topic]:
+            del self._pids[key]
+        self.sequences.forget_topic(topic)
 
     def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         """(start offset, high watermark) of a partition led here (LevelZeroError otherwise)."""

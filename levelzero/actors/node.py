@@ -194,6 +194,9 @@ class Node:
             strays_held=lambda: self.gc.paused,  # a paused GC deletes nothing (docs/backup-restore.md)
         )
         self._topics: dict[str, int] = {}
+        # Called with a topic's name once this node deleted it (the store forgot it): what the
+        # front ends keep per partition name goes with it.
+        self.topic_deleted: list[Callable[[str], None]] = []
         # Each topic's configs (Kafka's topic configs): retention, max.message.bytes.
         keeper = config.housekeeper
         self.topic_configs = TopicConfigs(
@@ -596,6 +599,8 @@ class Node:
                 self.reconciler.health.forget(actor.name)
             self._topics.pop(name, None)
             self.topic_configs.deleted(name)
+            for forget in self.topic_deleted:
+                forget(name)
         if self.member is not None:
             await self.member.round()  # resign the leases gone with the topic, if any were ours
         log.info("deleted topic", extra={"topic": name, "partitions": len(rows)})

@@ -181,6 +181,11 @@ class ProducerSequences:
         for key in [k for k in self._states if k[1] == topic and k[2] == partition]:
             del self._states[key]
 
+    def forget_topic(self, topic: str) -> None:
+        """Forget every producer's batches in the topic's partitions (it was deleted)."""
+        for key in [k for k in self._states if k[1] == topic]:
+            del self._states[key]
+
 
 def _offset(batch: StoredBatch) -> int:
     return batch.base_offset

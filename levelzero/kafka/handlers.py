@@ -71,6 +71,9 @@ class Handlers:
             )
         else:
             node.housekeeper.open_transactions = self.transactions.index.oldest_open
+        # A deleted topic's transaction ranges go (however it was deleted: HTTP or Kafka); a
+        # topic made again under its name loads its own (`PartitionIndex`: by incarnation).
+        node.topic_deleted.append(self.transactions.index.forget)
         self.producing = ProduceApi(self.intake, auto_create, self.transactions, produce_observer)
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)
@@ -177,11 +180,6 @@ class Handlers:
             case 44:
                 return await self.configs.incremental_alter_configs(request)
             case 20:
-                body = request.body
-                names = getattr(body, "topic_names", None) or [t.name for t in getattr(body, "topics", ())]
-                for topic in names:
-                    if topic is not None:
-                        self.transactions.index.forget(topic)
                 return await self.topic_lifecycle.delete_topics(request)
             case 21:
                 return await self.topic_lifecycle.delete_records(request)

@@ -203,6 +203,8 @@ class PartitionTxns:
 
     open: dict[int, int] = field(default_factory=dict)
     aborted: list[tuple[int, int, int]] = field(default_factory=list)
+    # The partition's (pid, term) when loaded from the store, None if not served here then.
+    incarnation: tuple[int, int] | None = None
 
     def last_stable_offset(self, high_watermark: int) -> int:
         return min(min(self.open.values(), default=high_watermark), high_watermark)
@@ -216,25 +218,39 @@ class PartitionIndex:
     """Each partition's `PartitionTxns`, loaded from the store on first use. An aborted range
     is forgotten (in memory and in the store) once the partition's log start offset passes its
     abort marker (retention, DeleteRecords): no fetch can reach it any more. `start_offset`
-    says a partition's log start offset, None where this node does not serve it."""
+    says a partition's log start offset, None where this node does not serve it.
 
-    def __init__(self, store: TransactionStore, start_offset: Callable[[str, int], int | None]) -> None:
+    What is loaded holds for the partition's incarnation here (`incarnation`: its pid and the
+    term this node leads it in, None where not served): a topic deleted and made again under
+    its name (new pids), or a partition led elsewhere meanwhile (its ranges opened, closed and
+    aborted there, in the store), is loaded again. A recreated topic's partitions kept the old
+    topic's ranges: an open one held their last stable offset and their retention, an aborted
+    one hid a producer's committed records at those offsets from read_committed readers."""
+
+    def __init__(
+        self,
+        store: TransactionStore,
+        start_offset: Callable[[str, int], int | None],
+        incarnation: Callable[[str, int], tuple[int, int] | None] = lambda _t, _p: None,
+    ) -> None:
         self.store = store
         self.start_offset = start_offset
+        self.incarnation = incarnation
         self._partitions: dict[tuple[str, int], PartitionTxns] = {}
 
     def known(self, topic: str, partition: int) -> PartitionTxns | None:
         return self._partitions.get((topic, partition))
 
     async def get(self, topic: str, partition: int) -> PartitionTxns:
-        found = self._partitions.get((topic, partition))
+        incarnation = self.incarnation(topic, partition)
+        found = self._current(topic, partition, incarnation)
         if found is not None:
             return found
         rows = await self.store.txn_ranges(topic, partition)
-        found = self._partitions.get((topic, partition))
+        found = self._current(topic, partition, incarnation)
         if found is not None:  # loaded meanwhile
             return found
-        txns = PartitionTxns()
+        txns = PartitionTxns(incarnation=incarnation)
         for row in rows:
             if row.aborted:
                 txns.aborted.append((row.producer_id, row.first_offset, row.last_offset))
@@ -243,6 +259,17 @@ class PartitionIndex:
         self._partitions[(topic, partition)] = txns
         await self.prune(topic, partition)
         return txns
+
+    def _current(
+        self, topic: str, partition: int, incarnation: tuple[int, int] | None
+    ) -> PartitionTxns | None:
+        """What is loaded for the partition, unless it was loaded for another incarnation of it
+        (then forgotten: `get` loads it again)."""
+        found = self._partitions.get((topic, partition))
+        if found is None or incarnation is None or found.incarnation == incarnation:
+            return found
+        del self._partitions[(topic, partition)]
+        return None
 
     async def oldest_open(self, topic: str, partition: int) -> int | None:
         """The first offset of the oldest transaction open in the partition, or None: retention
@@ -502,7 +529,7 @@ class TransactionCoordinator:
         self.store: TransactionStore = (
             store if isinstance(store, TransactionStore) else MemoryTransactionStore()
         )
-        self.index = PartitionIndex(self.store, self._start_offset)
+        self.index = PartitionIndex(self.store, self._start_offset, self._incarnation)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
         self._producers: dict[int, TxnState] = {}  # producer id -> its transactional id's state
@@ -545,6 +572,13 @@ class TransactionCoordinator:
                     await anyio.sleep(EXPIRY_CHECK_S)
             finally:
                 self._tg = None
+
+    def _incarnation(self, topic: str, partition: int) -> tuple[int, int] | None:
+        try:
+            actor = self.intake.node.partition(topic, partition)
+        except LevelZeroError:
+            return None  # not served here
+        return actor.row.pid, actor.term
 
     def _start_offset(self, topic: str, partition: int) -> int | None:
         try:

@@ -15,6 +15,7 @@ import pytest
 from levelzero.actors.batcher import BatcherConfig
 from levelzero.actors.gc import GcConfig
 from levelzero.actors.housekeeper import HousekeeperConfig
+from levelzero.actors.intake import ProduceIntake
 from levelzero.actors.l1 import L1Catalog
 from levelzero.actors.node import NodeConfig
 from levelzero.actors.partition import PartitionActor
@@ -497,3 +498,26 @@ async def test_a_creation_the_store_failed_leaves_nothing_on_the_watermark_board
         await node.create_partitions("kept", 3)
         await node.create_topic("x", 1)
         assert sorted(node.board.snapshot()) == ["kept/0", "kept/1", "kept/2", "x/0"]
+
+
+async def test_a_topic_made_and_deleted_in_a_loop_leaves_nothing_kept_per_partition() -> None:
+    """The housekeeper kept each partition's last state sample, and its unsettled names, for
+    every partition ever created; the produce intake each partition name it had checked (and
+    its producers' batches until evicted): a daemon whose clients make and delete topics (a
+    test suite's per-test topics) grew them for ever."""
+    log_store, objects = MemoryLogStore(), MemoryObjectStore()
+    async with running_node(make_config(), log_store, objects) as node:
+        intake = ProduceIntake(node)
+        await node.create_topic("kept", 1)
+        for _ in range(5):
+            await node.create_topic("t", 2)
+            for partition in range(2):
+                await produce(node, "t", partition, 1)
+                intake.check_led("t", partition)
+            await node.housekeeper.run_round(force=True)
+            assert len(node.housekeeper._last_sampled) == 3
+            await node.delete_topic("t")
+            assert intake._pids == {}
+        await node.housekeeper.run_round(force=True)
+        assert list(node.housekeeper._last_sampled) == [node.partition("kept", 0).row.pid]
+        assert node.housekeeper._unsettled <= {"kept/0"}

@@ -1,0 +1,48 @@
+"""A topic deleted and made again under its name starts with no transactions: the coordinator's
+index of each partition's open and aborted ranges was kept by name, and only a Kafka
+DeleteTopics forgot it (before the delete, so a fetch meanwhile could load it again). After an
+HTTP delete the new topic's partition inherited the old one's ranges: an aborted range of a
+transactional id hid the committed records its next producer wrote at the same offsets from
+read_committed readers; an open range would have held the partition's last stable offset and
+its retention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from confluent_kafka import Producer
+
+from daemon_support import daemon_and_client
+from kafka_txn_reads import read, settled
+
+TOPIC = "again"
+
+
+def _transaction(port: int, values: list[bytes], commit: bool) -> None:
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "transactional.id": "app"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(TOPIC, value, partition=0)
+    assert producer.flush(30) == 0
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.abort_transaction(30)
+
+
+async def test_a_recreated_topic_inherits_no_aborted_range_of_the_deleted_one(tmp_path: Path) -> None:
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        port = daemon.kafka_port
+        await client.create_topic(TOPIC, 1)
+        await anyio.to_thread.run_sync(_transaction, port, [b"old"], False)  # 0: aborted, 1: marker
+        await anyio.to_thread.run_sync(settled, port, TOPIC, 1, 30.0)
+        assert await anyio.to_thread.run_sync(read, port, TOPIC, "read_committed", 0, 30.0) == []
+        await client.delete_topic(TOPIC)  # over HTTP
+        await client.create_topic(TOPIC, 1)
+        # The same transactional id (the same producer id, its epoch bumped), committed this time.
+        await anyio.to_thread.run_sync(_transaction, port, [b"new0", b"new1", b"new2"], True)
+        await anyio.to_thread.run_sync(settled, port, TOPIC, 1, 30.0)
+        got = await anyio.to_thread.run_sync(read, port, TOPIC, "read_committed", 0, 30.0)
+        assert got == [(0, b"new0"), (1, b"new1"), (2, b"new2")]
