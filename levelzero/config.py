@@ -525,6 +525,9 @@ class KafkaSection(_Section):
     # (offsets.retention.check.interval.ms: 10 min).
     offsets_retention_s: float = 7 * 24 * 3600.0
     offsets_retention_check_s: float = 600.0
+    # An idempotent producer's last batches are kept this long after they were stored (Kafka's
+    # producer.id.expiration.ms: 1 day); a retry after that is taken as new.
+    producer_id_expiration_s: float = 86_400.0
     # Optional TLS (1.2 or later): a PEM certificate chain and its key, both or neither; with
     # tls_client_ca_file too, clients must present a certificate that CA signed (mutual TLS).
     tls_cert_file: str = ""
@@ -549,6 +552,8 @@ class KafkaSection(_Section):
             raise ValueError("transactional_id_expiration_s must be in 1..31536000 (a year)")
         if not 1 <= self.offsets_retention_s <= 10 * 365 * 24 * 3600:
             raise ValueError("offsets_retention_s must be in 1..315360000 (ten years)")
+        if not 60 <= self.producer_id_expiration_s <= 365 * 24 * 3600:
+            raise ValueError("producer_id_expiration_s must be in 60..31536000 (a year)")
         if not 0.1 <= self.offsets_retention_check_s <= 86_400:
             raise ValueError("offsets_retention_check_s must be in 0.1..86400")
         if not self.frame_bytes_max <= self.inflight_bytes_max <= 16 * KAFKA_FRAME_BYTES_LIMIT:

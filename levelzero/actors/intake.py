@@ -95,6 +95,10 @@ IDEMPOTENCY_ID_BASE = 1 << 62
 IDEMPOTENCY_KEY_RETENTION_S_DEFAULT = 7 * 86_400.0  # as Kafka's transactional.id.expiration.ms
 KEY_EXPIRY_INTERVAL_S = 60.0
 KEY_EXPIRY_ROWS_MAX = 10_000
+# Kafka producers' stored batches (one producer id per producer instance: a restarted client,
+# a cron job, each gets a new one) are forgotten this long after they were stored, as Kafka's
+# broker forgets a producer's state (producer.id.expiration.ms: 1 day), by the same pass.
+PRODUCER_ID_EXPIRATION_S_DEFAULT = 86_400.0
 
 
 def idempotency_producer_id(key: str) -> int:
@@ -142,11 +146,17 @@ class Pending:
 
 class ProduceIntake:
     def __init__(
-        self, node: Node, *, key_retention_s: float | None = IDEMPOTENCY_KEY_RETENTION_S_DEFAULT
+        self,
+        node: Node,
+        *,
+        key_retention_s: float | None = IDEMPOTENCY_KEY_RETENTION_S_DEFAULT,
+        producer_id_expiration_s: float = PRODUCER_ID_EXPIRATION_S_DEFAULT,
     ) -> None:
         assert key_retention_s is None or key_retention_s > 0, key_retention_s
+        assert producer_id_expiration_s > 0, producer_id_expiration_s
         self.node = node
         self.key_retention_s = key_retention_s  # None: idempotency keys are kept forever
+        self.producer_id_expiration_s = producer_id_expiration_s
         # Set (and replaced) whenever a produce through here is acknowledged, so long polls
         # wake at once.
         self._appended = anyio.Event()
@@ -183,7 +193,7 @@ class ProduceIntake:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                if self._key_expiry is not None and self.key_retention_s is not None:
+                if self._key_expiry is not None:
                     await tg.start(self._expire_keys_periodically)
                 task_status.started()
                 await anyio.sleep_forever()
@@ -191,12 +201,17 @@ class ProduceIntake:
             self._tg = None
 
     async def expire_keys(self, now: float) -> None:
-        """Forget idempotency keys' batches stored more than `key_retention_s` before `now`
-        (at most KEY_EXPIRY_ROWS_MAX of them, the oldest first)."""
-        if self._key_expiry is None or self.key_retention_s is None:
+        """Forget idempotency keys' batches stored more than `key_retention_s` before `now`,
+        and Kafka producers' stored more than `producer_id_expiration_s` before it (at most
+        KEY_EXPIRY_ROWS_MAX of each, the oldest first)."""
+        if self._key_expiry is None:
             return
+        if self.key_retention_s is not None:
+            await self._key_expiry.expire_producer_batches(
+                IDEMPOTENCY_ID_BASE, now - self.key_retention_s, KEY_EXPIRY_ROWS_MAX
+            )
         await self._key_expiry.expire_producer_batches(
-            IDEMPOTENCY_ID_BASE, now - self.key_retention_s, KEY_EXPIRY_ROWS_MAX
+            0, now - self.producer_id_expiration_s, KEY_EXPIRY_ROWS_MAX, IDEMPOTENCY_ID_BASE
         )
 
     async def _expire_keys_periodically(
@@ -207,7 +222,7 @@ class ProduceIntake:
             try:
                 await self.expire_keys(time.time())
             except LevelZeroError as exc:  # the store is down: the next pass tries again
-                log.warning("intake: cannot expire idempotency keys' batches: %s", exc)
+                log.warning("intake: cannot expire producers' and idempotency keys' batches: %s", exc)
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
             await anyio.sleep(KEY_EXPIRY_INTERVAL_S)

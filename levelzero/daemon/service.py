@@ -477,7 +477,11 @@ class Daemon:
         node.drain_timeout_s = config.node.drain_timeout_s
         self.node = node
         # One produce intake for both front ends.
-        self.intake = ProduceIntake(node, key_retention_s=config.server.idempotency_key_retention_s or None)
+        self.intake = ProduceIntake(
+            node,
+            key_retention_s=config.server.idempotency_key_retention_s or None,
+            producer_id_expiration_s=config.kafka.producer_id_expiration_s,
+        )
         self.metrics = metrics = DaemonMetrics(
             node, per_partition_max=config.metrics.per_partition_max, data_dir=config.storage.data_dir
         )

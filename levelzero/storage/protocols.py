@@ -368,14 +368,16 @@ class ProducerBatchStore(Protocol):
 @runtime_checkable
 class ProducerBatchExpiry(Protocol):
     """An optional role beside ProducerBatchStore (the SQLite and PostgreSQL stores have it):
-    batches of producers whose ids start at a bound (HTTP idempotency keys' producers, one per
-    key) forgotten once old, so the table does not grow with every key ever used."""
+    batches of producers in a range of ids (HTTP idempotency keys' producers, one per key;
+    Kafka producers, one per producer instance) forgotten once old, so the table does not grow
+    with every key and producer ever used."""
 
     async def expire_producer_batches(
-        self, producer_id_min: int, stored_before: float, rows_max: int
+        self, producer_id_min: int, stored_before: float, rows_max: int, producer_id_below: int = 2**63 - 1
     ) -> None:
-        """Durable on return: batches of producers `producer_id_min` and up stored before
-        `stored_before` are gone, the oldest first, at most `rows_max` of them."""
+        """Durable on return: batches of producers `producer_id_min` and up (below
+        `producer_id_below`) stored before `stored_before` are gone, the oldest first, at most
+        `rows_max` of them."""
         ...
 
 

@@ -337,6 +337,34 @@ async def test_a_kafka_batch_is_answered_before_its_sequence_row_a_keyed_one_aft
             tg.cancel_scope.cancel()
 
 
+async def test_a_kafka_producers_stored_batches_expire_at_the_producer_id_expiration(tmp_path: Path) -> None:
+    """Every Kafka producer instance gets a new producer id, and up to five rows per partition
+    it wrote to were kept until the topic was deleted: a daemon whose clients restart (cron
+    jobs, deploys) grew them for ever. Forgotten `producer_id_expiration_s` after they were
+    stored (Kafka's producer.id.expiration.ms), by the keys' pass, which keeps its own bound."""
+    expiration_s = 600.0
+    async with (
+        await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,
+        running_node(node_config(), store, MemoryObjectStore()) as node,
+    ):
+        await node.create_topic(TOPIC, 1)
+        intake = ProduceIntake(node, key_retention_s=3_600.0, producer_id_expiration_s=expiration_s)
+        key = idempotency_producer_id("a-key")
+        now = time.time()
+        await store.record_producer_batches(
+            [
+                ProducerBatchRow(7, 0, TOPIC, 0, 0, 1, 0, now - expiration_s - 60),  # a gone producer's
+                ProducerBatchRow(8, 0, TOPIC, 0, 0, 1, 1, now - expiration_s + 60),
+                ProducerBatchRow(key, 0, TOPIC, 0, 0, 1, 2, now - expiration_s - 60),  # a key: 1 h
+            ],
+            keep=5,
+        )
+        await intake.expire_keys(now)
+        assert await store.producer_batches(7) == []
+        assert [r.base_offset for r in await store.producer_batches(8)] == [1]
+        assert [r.base_offset for r in await store.producer_batches(key)] == [2]
+
+
 async def test_without_a_retention_idempotency_keys_are_kept(tmp_path: Path) -> None:
     async with (
         await SqliteLogStore.open(str(tmp_path / "levelzero.db")) as store,

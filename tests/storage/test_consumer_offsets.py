@@ -186,6 +186,13 @@ async def expire_keyed_batches(store: ProducerBatchStore) -> None:
     await store.expire_producer_batches(KEYED, 103.0, rows_max=10)
     assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [3, 4]
     assert [r.base_offset for r in await store.producer_batches(9)] == [50]
+    # Kafka producers' (ids below the keys'): their own bound, the keys' untouched whatever
+    # their age (producer.id.expiration.ms).
+    await store.record_producer_batches([ProducerBatchRow(10, 0, "t", 0, 0, 1, 60, 200.0)], keep=5)
+    await store.expire_producer_batches(0, 150.0, 10, producer_id_below=KEYED)
+    assert await store.producer_batches(9) == []
+    assert [r.base_offset for r in await store.producer_batches(10)] == [60]
+    assert [key for key in range(5) if await store.producer_batches(KEYED + key)] == [3, 4]
 
 
 async def test_sqlite_expires_idempotency_keys_batches(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ class ProducerBatchRole(PostgresBase):
         await self._stage("producer_batches", [(*msgspec.structs.astuple(r), keep) for r in rows])
 
     async def expire_producer_batches(
-        self, producer_id_min: int, stored_before: float, rows_max: int
+        self, producer_id_min: int, stored_before: float, rows_max: int, producer_id_below: int = 2**63 - 1
     ) -> None:
         assert rows_max >= 1, rows_max
 
@@ -29,13 +29,15 @@ class ProducerBatchRole(PostgresBase):
             await connection.execute(
                 "DELETE FROM producer_batches WHERE (producer_id, topic, partition, base_sequence) IN"
                 " (SELECT producer_id, topic, partition, base_sequence FROM producer_batches"
-                " WHERE producer_id >= $1 AND stored_at < $2 ORDER BY stored_at LIMIT $3)",
+                " WHERE producer_id >= $1 AND producer_id < $4 AND stored_at < $2"
+                " ORDER BY stored_at LIMIT $3)",
                 producer_id_min,
                 stored_before,
                 rows_max,
+                producer_id_below,
             )
 
-        await self._transact("expiring idempotency keys' batches", work)
+        await self._transact("expiring producers' batches", work)
 
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
         rows = await self._read(

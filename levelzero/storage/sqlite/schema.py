@@ -86,11 +86,11 @@ PRUNE_PRODUCER_BATCHES = (
     " AND base_sequence NOT IN (SELECT base_sequence FROM producer_batches WHERE producer_id = ?"
     " AND topic = ? AND partition = ? ORDER BY stored_at DESC, base_sequence DESC LIMIT ?)"
 )
-# Batches of producers from an id up (?1) stored before a time (?2), the oldest ?3 of them.
+# Batches of producers from an id up (?1, below ?4) stored before a time (?2), the oldest ?3.
 EXPIRE_PRODUCER_BATCHES = (
     "DELETE FROM producer_batches WHERE (producer_id, topic, partition, base_sequence) IN"
     " (SELECT producer_id, topic, partition, base_sequence FROM producer_batches"
-    " WHERE producer_id >= ?1 AND stored_at < ?2 ORDER BY stored_at LIMIT ?3)"
+    " WHERE producer_id >= ?1 AND producer_id < ?4 AND stored_at < ?2 ORDER BY stored_at LIMIT ?3)"
 )
 SELECT_PRODUCER_BATCHES = (
     "SELECT producer_id, producer_epoch, topic, partition, base_sequence, record_count,"

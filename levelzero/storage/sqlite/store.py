@@ -1199,10 +1199,11 @@ class SqliteLogStore(StoreLifecycle):
         await self._submit(Job(weight=len(rows), stage=stage))
 
     async def expire_producer_batches(
-        self, producer_id_min: int, stored_before: float, rows_max: int
+        self, producer_id_min: int, stored_before: float, rows_max: int, producer_id_below: int = 2**63 - 1
     ) -> None:
         assert rows_max >= 1, rows_max
-        await self._stage_rows(EXPIRE_PRODUCER_BATCHES, [(producer_id_min, stored_before, rows_max)])
+        rows = [(producer_id_min, stored_before, rows_max, producer_id_below)]
+        await self._stage_rows(EXPIRE_PRODUCER_BATCHES, rows)
 
     async def producer_batches(self, producer_id: int) -> list[ProducerBatchRow]:
         self._check_readable()
