@@ -10,6 +10,8 @@ every admitted epoch `e` satisfies `e >= previous_applied >= min_epoch_lower_bou
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from .entries import (
@@ -218,7 +220,12 @@ class PartitionState:
                 self._advance_applied_epoch(epoch, offset)
             case AdvanceReconciledOffset(lro=lro, lrlo=lrlo):
                 self._advance_reconciled(lro, lrlo, offset)
-                if lro > self.reconciled_by_term.get(record.term, -1):
+                if lro > self.reconciled_by_term.get(record.term, -1) and lro > _end_before(
+                    self.reconciled_by_term, record.term
+                ):
+                    # (An end at or below an earlier term's validates no object of this term,
+                    # whose objects must start above it, and bounds no later term: a term that
+                    # reconciled nothing new, each restart's or move's, grew the map for ever.)
                     self.reconciled_by_term = {**self.reconciled_by_term, record.term: lro}
             case SetStartOffset(offset=start):
                 assert start <= self.high_watermark, (start, self.high_watermark)
@@ -434,3 +441,8 @@ def _truncated_from_start(
         return term_starts
     i = below[-1]
     return ((term_starts[i][0], start_offset), *term_starts[i + 1 :])
+
+
+def _end_before(reconciled_by_term: Mapping[int, int], term: int) -> int:
+    """The largest end an earlier term than `term` reconciled to (-1: none)."""
+    return max((end for t, end in reconciled_by_term.items() if t < term), default=-1)

@@ -703,3 +703,33 @@ def test_the_first_readable_offset_skips_abandoned_ranges_at_the_start_only() ->
         PartitionSnapshot(creation_epoch=1, start_offset=50, abandoned=((0, 49),)).first_readable_offset == 50
     )
     assert PartitionSnapshot(creation_epoch=1).first_readable_offset == 0
+
+
+def test_terms_that_reconcile_nothing_new_leave_the_term_lineage_as_it_was() -> None:
+    """Each term's first catch-up recorded its end, even one at an earlier term's end (a restart
+    or a lease move with nothing new to reconcile): a partition's map grew by one entry per term
+    for ever (in memory and in every snapshot). Such an entry validates no object of its term and
+    bounds no later one; every object's validity is what it was with them."""
+    state = new_state(term=1)
+    apply(state, placeholder(1, records=10))  # data 0..9
+    apply(state, AdvanceReconciledOffset(lro=9, lrlo=1))
+    with_every_term = dict(state.reconciled_by_term)
+    for term in range(2, 50):  # restarts: each term catches up to where the last one was
+        apply(state, TermStart(term), term=term)
+        apply(state, AdvanceReconciledOffset(lro=9, lrlo=state.next_log_offset - 1), term=term)
+        with_every_term[term] = 9
+    assert state.reconciled_by_term == {1: 9}
+    apply(state, placeholder(1, records=5), term=49)  # data 10..14, reconciled in term 49
+    apply(state, AdvanceReconciledOffset(lro=14, lrlo=state.next_log_offset - 1), term=49)
+    with_every_term[49] = 14
+    assert state.reconciled_by_term == {1: 9, 49: 14}
+    before = PartitionState(1)
+    before.reconciled_by_term = with_every_term  # as the map was kept before
+    for term in (1, 2, 30, 48, 49, 50):
+        for base in range(0, 16):
+            for last in range(base, 16):
+                assert state.l1_range_valid(term, base, last) == before.l1_range_valid(term, base, last), (
+                    term,
+                    base,
+                    last,
+                )
