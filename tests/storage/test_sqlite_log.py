@@ -29,6 +29,7 @@ from levelzero.core.errors import (
     CorruptData,
     InvalidInput,
     NotLeader,
+    PartitionDeleted,
     ShuttingDown,
     StorageError,
 )
@@ -630,3 +631,23 @@ async def test_fence_event_decisions_are_added_to_old_files(tmp_path: Path) -> N
         columns = [c[1] for c in connection.execute("PRAGMA table_info(fence_events)")]
     assert rows == [(1.0, 1), (2.0, 41)]
     assert tuple(columns) == FenceEventRow.__struct_fields__
+
+
+async def test_a_collected_deleted_partition_holds_no_tombstone_after_a_restart(tmp_path: Path) -> None:
+    """Every partition ever deleted had its writer's tombstone reloaded at each start (170 B
+    each, for ever: a client making and deleting topics grew it). Once collected, none is kept;
+    an uncollected one still refuses its writes, and new ids stay above every id ever given."""
+    db = tmp_path / "levelzero.db"
+    async with await SqliteLogStore.open(str(db)) as store:
+        gone = await store.create_topic("gone", 2, 1, 0.0)
+        waiting = await store.create_topic("waiting", 1, 1, 0.0)
+        await store.delete_topic("gone", 1.0)
+        await store.delete_topic("waiting", 1.0)
+        for row in gone:
+            assert await store.forget_deleted_partition(row.pid)
+    async with await SqliteLogStore.open(str(db)) as store:
+        assert sorted(store._cursors) == [waiting[0].pid]
+        with pytest.raises(PartitionDeleted):
+            await store.append(waiting[0].pid, 0, [])
+        (new,) = await store.create_topic("new", 1, 1, 0.0)
+        assert new.pid > waiting[0].pid > max(r.pid for r in gone)

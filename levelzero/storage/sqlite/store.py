@@ -1431,8 +1431,12 @@ async def _load_cursors(connection: aiosqlite.Connection) -> dict[int, Cursor]:
         pid: Cursor(f"{topic}/{partition}", term, last_log_offset + 1)
         for pid, topic, partition, term, last_log_offset in rows
     }
-    # Deleted partitions: a write naming one is refused as PartitionDeleted, not a bug.
-    deleted = await connection.execute_fetchall("SELECT pid, topic, partition, term FROM deleted_partitions")
+    # Deleted partitions not yet collected: a write naming one is refused as PartitionDeleted,
+    # not a bug. (A collected one's writers are long gone, none after a restart: every deleted
+    # partition's tombstone, reloaded at each start, held 170 B a partition ever deleted.)
+    deleted = await connection.execute_fetchall(
+        "SELECT pid, topic, partition, term FROM deleted_partitions WHERE collected_at IS NULL"
+    )
     for pid, topic, partition, term in deleted:
         cursors[pid] = Cursor(f"{topic}/{partition}", term, 0, deleted=True)
     return cursors
