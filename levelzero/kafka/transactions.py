@@ -526,9 +526,12 @@ class TransactionCoordinator:
         self.id_expiration_s = id_expiration_s
         self._expiring = 0
         store = intake.node.log_store
-        self.store: TransactionStore = (
-            store if isinstance(store, TransactionStore) else MemoryTransactionStore()
-        )
+        self.store: TransactionStore
+        if isinstance(store, TransactionStore):
+            self.store = store
+        else:  # (a deleted topic's ranges go with it, as a store with the role deletes them)
+            self.store = memory = MemoryTransactionStore()
+            intake.node.topic_deleted.append(memory.forget_topic_ranges)
         self.index = PartitionIndex(self.store, self._start_offset, self._incarnation)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)

@@ -37,6 +37,7 @@ from levelzero.storage.protocols import (
     L1State,
     MemoryTransactionStore,
     OnDurable,
+    PartitionRow,
     ProducerBatchRow,
     TransactionRow,
     TxnRangeRow,
@@ -208,6 +209,11 @@ class SimTxnLogStore(SimLogStore, MemoryTransactionStore):
     ) -> None:
         await MemoryTransactionStore.put_transaction(self, row, opened, closed)
         self._stored(row)
+
+    async def delete_topic(self, topic: str, now: float) -> list[PartitionRow]:
+        rows = await SimLogStore.delete_topic(self, topic, now)
+        self.forget_topic_ranges(topic)  # as the SQL stores' delete does, in its transaction
+        return rows
 
 
 # The methods that take no time in a simulation (event tables, reads of the catalog are still

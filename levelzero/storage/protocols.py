@@ -493,6 +493,12 @@ class MemoryTransactionStore:
         else:
             self._ranges.pop(key, None)
 
+    def forget_topic_ranges(self, topic: str) -> None:
+        """The topic was deleted: its partitions' ranges go, as the SQL stores' `delete_topic`
+        deletes them."""
+        for key in [k for k in self._ranges if k[0] == topic]:
+            del self._ranges[key]
+
     async def txn_ranges(self, topic: str, partition: int) -> list[TxnRangeRow]:
         rows = [r for (t, p, _, _), r in self._ranges.items() if (t, p) == (topic, partition)]
         return sorted(rows, key=lambda r: (r.first_offset, r.producer_id))

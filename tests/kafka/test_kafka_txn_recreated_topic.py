@@ -15,6 +15,12 @@ from confluent_kafka import Producer
 
 from daemon_support import daemon_and_client
 from kafka_txn_reads import read, settled
+from levelzero.kafka.handlers import Handlers
+from levelzero.kafka.metadata import KafkaSettings
+from levelzero.storage.memory_log import MemoryLogStore
+from levelzero.storage.memory_store import MemoryObjectStore
+from levelzero.storage.protocols import TransactionStore, TxnRangeRow
+from levelzero.testing.nodes import hand_run_config, running_node
 
 TOPIC = "again"
 
@@ -46,3 +52,21 @@ async def test_a_recreated_topic_inherits_no_aborted_range_of_the_deleted_one(tm
         await anyio.to_thread.run_sync(settled, port, TOPIC, 1, 30.0)
         got = await anyio.to_thread.run_sync(read, port, TOPIC, "read_committed", 0, 30.0)
         assert got == [(0, b"new0"), (1, b"new1"), (2, b"new2")]
+
+
+async def test_without_a_store_of_transactions_a_deleted_topics_ranges_go_with_it() -> None:
+    """A log store without the transaction role (the memory store) gets the coordinator's memory
+    one: it kept a deleted topic's ranges, which a topic made again under its name loaded."""
+    log_store = MemoryLogStore()
+    assert not isinstance(log_store, TransactionStore)
+    async with running_node(hand_run_config(), log_store, MemoryObjectStore()) as node:
+        handlers = Handlers(node, KafkaSettings("127.0.0.1", 9092))
+        index = handlers.transactions.index
+        await node.create_topic(TOPIC, 1)
+        await index.store.open_txn_range(TxnRangeRow(TOPIC, 0, 7, 0, -1, False))
+        await index.store.close_txn_range(TOPIC, 0, 7, 0, 1, True)
+        assert (await index.get(TOPIC, 0)).aborted == [(7, 0, 1)]
+        await node.delete_topic(TOPIC)
+        assert await index.store.txn_ranges(TOPIC, 0) == []
+        await node.create_topic(TOPIC, 1)
+        assert (await index.get(TOPIC, 0)).aborted == []
