@@ -5,7 +5,12 @@ Each connection is a task group of its own: a reader takes size-prefixed frames 
 bigger one closes the connection before its body is read), a task per request runs its handler,
 and a writer sends the responses in request order, as Kafka clients require. At most
 `IN_FLIGHT_MAX` requests of a connection are under way; the reader waits for the writer beyond
-that.
+that. A produce is answered once its records are durable, a batch window and an upload later
+(~0.5 s): a connection serves at most IN_FLIGHT_MAX such requests a window, and a client that
+pipelines more (librdkafka without idempotence has no bound of its own, and with a small
+`linger.ms` sends a request per few messages) had its requests wait in the socket, its latency
+growing without end (128 served ~256 requests/s; its retries after `request.timeout.ms` stored
+records twice).
 
 Request bytes are bounded as they arrive, never as they are announced: a frame's body is read
 in chunks of at most FRAME_CHUNK_BYTES, each taken, once it is in, first from the connection's own budget
@@ -67,7 +72,11 @@ from levelzero.kafka.sasl import MECHANISMS, SaslAuthenticator, SaslState
 
 log = logging.getLogger("levelzero.kafka")
 
-IN_FLIGHT_MAX = 128
+IN_FLIGHT_MAX = 4096
+# Each request under way counts at least this many bytes in the budgets below, however small its
+# frame: the listener-wide budget bounds the requests under way on every connection together
+# (`inflight_bytes_max` / this: 65,536 at the default), each holding a task and its answer.
+REQUEST_BYTES_MIN = 4096
 PRODUCE_KEY = 0
 # A frame's body is read, and its bytes taken from the budgets, this much at a time.
 FRAME_CHUNK_BYTES = 64 * 1024
@@ -351,6 +360,15 @@ class KafkaListener:
             slot.budget_bytes += n
             chunks.append(chunk)
             read += n
+        weight = min(REQUEST_BYTES_MIN, slot.connection_budget.limit, self.budget.limit)
+        if (short := weight - slot.budget_bytes) > 0:  # a small request's weight
+            await slot.connection_budget.acquire(short)
+            try:
+                await self.budget.acquire(short)
+            except BaseException:
+                slot.connection_budget.release(short)
+                raise
+            slot.budget_bytes += short
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _release(self, slot: _Slot) -> None:

@@ -742,3 +742,52 @@ async def test_a_request_with_a_null_array_its_schema_does_not_allow_is_malforme
             assert (await list_offsets(healthy, "still", 0, -2)).error_code == ErrorCode.none
         finally:
             await healthy.aclose()
+
+
+PIPELINED = 600
+
+
+async def test_requests_a_client_pipelines_are_read_while_earlier_ones_wait_for_their_window(
+    tmp_path: Path,
+) -> None:
+    """A produce is answered a batch window and an upload after it is read: a connection read at
+    most 128 requests ahead of its answers, so a client pipelining more (librdkafka without
+    idempotence, a small linger.ms) was served 128 a window, the rest waiting in the socket
+    while its latency grew without end (and its retries stored records twice). The requests
+    sent during a window are read within it, and stored in the order sent."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", batcher__linger_ms=3000.0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("piped", 1)
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            stats = daemon.node.batcher.stats
+            before = stats.objects_uploaded
+            m = module_of(0, 9)
+            for n in range(PIPELINED):
+                records = client_batch([(0, None, b"%d" % n, [])])
+                data = make(
+                    m.TopicProduceData,
+                    name="piped",
+                    partition_data=(make(m.PartitionProduceData, index=0, records=records),),
+                )
+                await wire.send(0, 9, transactional_id=None, acks=-1, timeout=30_000 * MS, topic_data=(data,))
+            offsets = []
+            cls = load_response_schema(0, 9)
+            for n in range(PIPELINED):
+                frame = await wire.frame()
+                assert frame is not None, "the listener closed the connection"
+                header, used = entity_reader(cls.__header_schema__)(frame, 0)
+                assert header.correlation_id == n + 1  # answered in the order sent
+                response, _ = entity_reader(cls)(frame, used)
+                (part,) = response.responses[0].partition_responses
+                assert part.error_code == ErrorCode.none
+                offsets.append(part.base_offset)
+            assert offsets == list(range(PIPELINED))
+            # A partition's lane stores its record sets in order, one upload at a time: the first
+            # request's window, then one holding every request read meanwhile (128 at a time:
+            # 600 took ten).
+            assert stats.objects_uploaded - before <= 2
+        finally:
+            await wire.aclose()
