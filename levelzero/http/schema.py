@@ -173,7 +173,7 @@ class PartitionStatus(_Response):
     lrlo: int
     high_watermark: int
     start_offset: int
-    size_bytes: int
+    size_bytes: int  # record bytes ever appended (retention, DeleteRecords subtract nothing)
     readers: int
     pending_records: int
     read_units: int

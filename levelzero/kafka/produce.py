@@ -11,7 +11,7 @@ import anyio
 from kio.schema.errors import ErrorCode
 
 from levelzero.actors.intake import Pending, ProduceIntake, ProduceObserver, unobserved
-from levelzero.core.errors import LevelZeroError
+from levelzero.core.errors import LevelZeroError, ShuttingDown
 from levelzero.core.l0format import Record
 from levelzero.kafka import records as kr
 from levelzero.kafka.errors import error_code_for
@@ -239,7 +239,9 @@ class ProduceApi:
     def _produce_failed(
         self, topic: str, partition: int, exc: LevelZeroError
     ) -> tuple[ErrorCode, int, str | None]:
-        if exc.retriable or exc.code in ("storage_error", "store_refused"):
+        if isinstance(exc, ShuttingDown):  # a graceful stop's refusals: the client retries
+            log.info("kafka produce to %s/%d refused: %s: %s", topic, partition, exc.code, exc)
+        elif exc.retriable or exc.code in ("storage_error", "store_refused"):
             log.warning("kafka produce to %s/%d failed: %s: %s", topic, partition, exc.code, exc)
         return error_code_for(exc), -1, str(exc)
 

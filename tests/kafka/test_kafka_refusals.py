@@ -6,11 +6,16 @@ reserved record header; CreateTopics' replication factor; topic names that colli
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import anyio
+import pytest
+from kio.schema.errors import ErrorCode
 
 from daemon_support import assert_error, daemon_and_client, raw
+from levelzero.core.errors import ShuttingDown, StorageError
+from levelzero.kafka.produce import ProduceApi
 
 KAFKA = {"kafka__listen": "127.0.0.1:0"}
 TIMEOUT_S = 30
@@ -237,3 +242,20 @@ async def test_delete_records_on_a_compacted_topic_is_a_policy_violation(tmp_pat
         assert await anyio.to_thread.run_sync(delete_records_of, port, "table", 1) == "POLICY_VIOLATION"
         assert (await client.status("table")).partitions[0].start_offset == 0
         assert await anyio.to_thread.run_sync(delete_records_of, port, "both", 1) == 1
+
+
+def test_a_graceful_stops_refused_produces_are_not_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGTERM with producers running refused each produce in flight as shutting_down (the
+    client retries, nothing lost) and logged each as a WARNING: at real partition counts a wall
+    of lines that read as a fault. An operating failure stays a warning."""
+    caplog.set_level(logging.INFO, logger="levelzero.kafka")
+    stopping = ShuttingDown("the node is not accepting requests")
+    refused = ProduceApi._produce_failed(None, "t", 0, stopping)  # type: ignore[arg-type]
+    failed = ProduceApi._produce_failed(None, "t", 1, StorageError("disk I/O error"))  # type: ignore[arg-type]
+    assert (refused[1], failed[1]) == (-1, -1)
+    assert ErrorCode.none not in (refused[0], failed[0])
+    levels = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records]
+    assert levels == [
+        (logging.INFO, "kafka produce to t/0 refused"),
+        (logging.WARNING, "kafka produce to t/1 failed"),
+    ]
