@@ -23,6 +23,8 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from levelzero.kafka import skim
+
 # api key -> (name, min version, max version) this listener speaks. Min versions are the first
 # kio has a schema for that carries RecordBatch v2 (Produce >= 3, Fetch >= 4); max versions stop
 # before a version changes semantics we do not implement (Fetch 13 names topics by id).
@@ -163,6 +165,10 @@ def parse_request(frame: bytes) -> Request:
     if not is_supported(api_key, api_version):
         raise BadRequest(f"api key {api_key} version {api_version} is not supported")
     read_header, read_body = _readers(api_key, api_version)
+    try:  # every announced length checked first: kio's reader would reserve it (`skim`)
+        frame = skim.skim(frame, load_request_schema(api_key, api_version))
+    except skim.BadRequest as exc:
+        raise BadRequest(f"api key {api_key} v{api_version}: {exc}") from None
     try:
         header, used = read_header(frame, 0)
         body, body_used = read_body(frame, used)

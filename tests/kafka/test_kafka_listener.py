@@ -791,3 +791,65 @@ async def test_requests_a_client_pipelines_are_read_while_earlier_ones_wait_for_
             assert stats.objects_uploaded - before <= 2
         finally:
             await wire.aclose()
+
+
+def _metadata_v12(header_tags: bytes = b"\x00", topics: bytes = b"\x00", body_tags: bytes = b"\x00") -> bytes:
+    """Metadata v12 by hand: the header (client id "x"), then topics, two booleans, tags."""
+    return struct.pack(">hhih", 3, 12, 1, 1) + b"x" + header_tags + topics + b"\x00\x00" + body_tags
+
+
+async def _answered(port: int, payload: bytes) -> bytes | None:
+    """The answer to one request sent as `payload` on a new connection, None if closed."""
+    wire = await Wire.connect(port)
+    try:
+        await wire.send_raw(struct.pack(">i", len(payload)) + payload)
+        return await wire.frame()
+    finally:
+        await wire.aclose()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _metadata_v12(topics=b"\xff\xff\xff\xff\x0f"),  # 2**32 - 2 topics, in 14 bytes
+        _metadata_v12(topics=b"\x80\x80\x80\x80\x10"),  # 2**32 - 1 topics
+        struct.pack(">hhih", 3, 1, 1, 1) + b"x" + struct.pack(">i", 2**31 - 1),  # legacy, v1
+        _metadata_v12(body_tags=b"\xff\xff\xff\xff\x0f"),  # as many tagged fields
+        _metadata_v12(topics=b"\x02" + b"\x00" * 16 + b"\xff\xff\xff\xff\x0f"),  # a name that long
+    ],
+    ids=["compact-array", "compact-array-max", "legacy-array", "tag-count", "string"],
+)
+async def test_a_request_announcing_more_than_its_frame_holds_closes_only_its_connection(
+    tmp_path: Path, payload: bytes
+) -> None:
+    """kio's native reader reserves an array's announced length before reading it: one request
+    announcing 2**32 topics (14 bytes) made it ask for 32 GiB, and the failed allocation aborted
+    the whole daemon (no exception to catch). Each announced length is checked against the bytes
+    left first: the request is malformed, its connection closed, the daemon serves on."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        assert await _answered(daemon.kafka_port, payload) is None
+        assert await _answered(daemon.kafka_port, _metadata_v12()) is not None
+        assert daemon.kafka.stats.closed_bad_frames == 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _metadata_v12(body_tags=b"\x01\x07\x01\x00"),
+        _metadata_v12(header_tags=b"\x01\x07\x02\xab\xcd"),
+        _metadata_v12(header_tags=b"\x02\x05\x00\x09\x01\x00", body_tags=b"\x01\x63\x00"),
+    ],
+    ids=["body", "header", "both"],
+)
+async def test_tagged_fields_a_request_schema_does_not_know_are_skipped(
+    tmp_path: Path, payload: bytes
+) -> None:
+    """KIP-482: a receiver skips the tagged fields it does not know (a newer client may send
+    tags an older schema lacks). kio's reader refused them and the connection was closed."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        answer = await _answered(daemon.kafka_port, payload)
+        assert answer is not None
+        cls = load_response_schema(3, 12)
+        header, used = entity_reader(cls.__header_schema__)(answer, 0)
+        response, _ = entity_reader(cls)(answer, used)
+        assert header.correlation_id == 1 and len(response.brokers) == 1
