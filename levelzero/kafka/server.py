@@ -10,7 +10,11 @@ that. A produce is answered once its records are durable, a batch window and an 
 pipelines more (librdkafka without idempotence has no bound of its own, and with a small
 `linger.ms` sends a request per few messages) had its requests wait in the socket, its latency
 growing without end (128 served ~256 requests/s; its retries after `request.timeout.ms` stored
-records twice).
+records twice). Any other request waits until the answer before it is written, as a Kafka
+broker serves a connection one request at a time: a fetch's answer (up to
+FETCH_RESPONSE_BYTES_MAX) is built only once the client has taken the one before, so a client
+that pipelines fetches and never reads holds one answer, not thousands (128 of 64 MiB each held
+gigabytes). An answer the client does not take within `idle_timeout_s` closes the connection.
 
 Request bytes are bounded as they arrive, never as they are announced: a frame's body is read
 in chunks of at most FRAME_CHUNK_BYTES, each taken, once it is in, first from the connection's own budget
@@ -156,6 +160,7 @@ class _Slot:
     budget_bytes: int = 0  # taken from both the connection's and the listener's budget
     connection_budget: ByteBudget | None = None
     submitted: anyio.Event = field(default_factory=anyio.Event)  # produce: records queued
+    written: anyio.Event = field(default_factory=anyio.Event)  # its answer sent (or none due)
     read_at: float = 0.0  # time.perf_counter() once the frame was in
     api: ApiStats | None = None  # its API's counters, once the request is known to be one
 
@@ -267,6 +272,7 @@ class KafkaListener:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
             last_produce: anyio.Event | None = None
+            last: _Slot | None = None
             async with send:
                 while True:
                     slot = _Slot(connection_budget=budget)
@@ -280,7 +286,11 @@ class KafkaListener:
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
                         before, last_produce = last_produce, slot.submitted
-                    tg.start_soon(self._serve_request, frame, slot, before, session)
+                        turn = None
+                    else:  # one at a time, as a Kafka broker serves them
+                        turn = None if last is None else last.written
+                    last = slot
+                    tg.start_soon(self._serve_request, frame, slot, before, session, turn)
 
     async def _read_frame(
         self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session
@@ -393,23 +403,47 @@ class KafkaListener:
                             break
                         if slot.api is not None:  # its turn to be written: answered
                             slot.api.observe(time.perf_counter() - slot.read_at)
-                        if slot.response is not None:
-                            try:
-                                await stream.send(slot.response)
-                            except _GONE:
-                                break
+                        if slot.response is not None and not await self._send(stream, slot.response):
+                            break
                         if slot.close_after_response:
                             await anyio.sleep(slot.close_delay_s)
                             break
                     finally:
                         self._release(slot)
+                        slot.written.set()
             finally:
                 scope.cancel()  # the reader may be waiting for a frame that is not coming
 
+    async def _send(self, stream: anyio.abc.ByteStream, response: bytes) -> bool:
+        """Send an answer; False if the connection is to be closed (gone, or the client took
+        none of it within `idle_timeout_s`)."""
+        with anyio.move_on_after(self.settings.idle_timeout_s):
+            try:
+                await stream.send(response)
+            except _GONE:
+                return False
+            return True
+        self.stats.closed_idle += 1
+        self.stats.close(Close.IDLE)
+        self._quiet_closes.warn(
+            Close.IDLE,
+            "kafka: closing a connection that took no answer of %d bytes within %.0f s",
+            len(response),
+            self.settings.idle_timeout_s,
+        )
+        return False
+
     async def _serve_request(
-        self, frame: bytes, slot: _Slot, before: anyio.Event | None, session: _Session
+        self,
+        frame: bytes,
+        slot: _Slot,
+        before: anyio.Event | None,
+        session: _Session,
+        turn: anyio.Event | None = None,
     ) -> None:
         try:
+            if turn is not None:
+                await turn.wait()
             slot.response = await self._respond(frame, before, slot.submitted, session, slot)
         except BadRequest as exc:
             self.stats.closed_bad_frames += 1

@@ -853,3 +853,66 @@ async def test_tagged_fields_a_request_schema_does_not_know_are_skipped(
         header, used = entity_reader(cls.__header_schema__)(answer, 0)
         response, _ = entity_reader(cls)(answer, used)
         assert header.correlation_id == 1 and len(response.brokers) == 1
+
+
+async def test_a_client_that_pipelines_fetches_and_never_reads_holds_one_answer_then_is_closed(
+    tmp_path: Path,
+) -> None:
+    """The answers of a connection's requests were all built and held until the writer could
+    send them: a client pipelining fetches of a large partition without reading held every
+    answer (3 connections of 128 fetches: 6 GB), and no timeout closed it (the idle timeout
+    watched the reader only). Requests other than produce are served one at a time, as Kafka's
+    broker serves them; an answer not taken within the idle timeout closes the connection."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__idle_timeout_s=2.0) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("big", 1)
+        for _ in range(8):  # 8 MiB: an answer larger than the socket's buffers
+            await client.produce("big", 0, [(None, b"v" * 1024 * 1024)])
+        started = 0
+        fetching = daemon.kafka.handlers.fetching
+        inner = fetching.fetch
+
+        async def counted(request: Any) -> Any:
+            nonlocal started
+            started += 1
+            return await inner(request)
+
+        fetching.fetch = counted
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            m = module_of(1, 12)
+            part = make(
+                m.FetchPartition,
+                partition=0,
+                current_leader_epoch=-1,
+                fetch_offset=0,
+                last_fetched_epoch=-1,
+                log_start_offset=-1,
+                partition_max_bytes=1 << 24,
+            )
+            for _ in range(20):
+                await wire.send(
+                    1,
+                    12,
+                    replica_id=-1,
+                    max_wait=0,
+                    min_bytes=1,
+                    max_bytes=1 << 24,
+                    isolation_level=0,
+                    session_id=0,
+                    session_epoch=-1,
+                    topics=(make(m.FetchTopic, topic="big", partitions=(part,)),),
+                    forgotten_topics_data=(),
+                    rack_id="",
+                )
+            with anyio.move_on_after(3):  # bounded: never more than two, however long
+                while started < 3:
+                    await anyio.sleep(0.05)
+            assert started <= 2  # the one being sent, and the next one's, at most
+            with anyio.fail_after(30):
+                while daemon.kafka.stats.closed_idle < 1:  # the client takes nothing: closed
+                    await anyio.sleep(0.1)
+        finally:
+            await wire.aclose()
