@@ -542,16 +542,16 @@ class Node:
                 rows = await self.log_store.create_topic(
                     name, partitions, self.epochs.current, self._wall(), checked
                 )
-            except LevelZeroError:
+                self.topic_configs.created(name, checked)
+                if self.member is not None:  # the leases decide who leads them
+                    self._topics[name] = partitions
+                else:
+                    # As start-up does, many at once: their `TermStart`s share group commits (one
+                    # after another, 4,096 partitions took 4,096 commits).
+                    await self._start_created(rows)
+            except BaseException:
                 self._unregister(names)
                 raise
-            self.topic_configs.created(name, checked)
-            if self.member is not None:  # the leases decide who leads them
-                self._topics[name] = partitions
-            else:
-                # As start-up does, many at once: their `TermStart`s share group commits (one
-                # after another, 4,096 partitions took 4,096 commits).
-                await self._start_created(rows)
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
         await self._record_topic(name, partitions, fresh=True)
@@ -559,8 +559,9 @@ class Node:
         return rows
 
     def _unregister(self, names: Sequence[str]) -> None:
-        """Partitions registered on the board for a creation the store refused or failed (it
-        made none of them): without an M(p) they blocked every GC round until a restart."""
+        """Partitions registered on the board for a creation that failed: the store made none
+        of them, or they did not start (not served until a restart, they hold no object): with
+        no M(p) they blocked every GC round until a restart."""
         for registered in names:
             if registered not in self._by_name:  # (never one served: its M(p) holds M)
                 self.board.forget(registered)
@@ -633,13 +634,13 @@ class Node:
                 self.board.register(registered)
             try:
                 rows = await self.log_store.add_partitions(name, count, self.epochs.current, self._wall())
-            except LevelZeroError:
+                if self.member is not None:
+                    self._topics[name] = count
+                else:
+                    await self._start_created(rows)
+            except BaseException:
                 self._unregister(names)
                 raise
-            if self.member is not None:
-                self._topics[name] = count
-            else:
-                await self._start_created(rows)
         if self.member is not None:
             await self.member.round()
         await self._record_topic(name, count)

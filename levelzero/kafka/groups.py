@@ -920,7 +920,9 @@ class GroupCoordinator:
                     continue
             rows = await self.store.committed_offsets(group_id)
             old = sum(1 for r in rows if r.committed_at < cutoff)
-            if old:
+            if group is not None and (group.members or group.joining):
+                continue  # joined while the rows were read
+            if old and coordinates(group_id):  # (coordinated here still)
                 await self.store.expire_offsets(group_id, cutoff)
                 groups += 1
                 offsets += old
@@ -934,7 +936,12 @@ class GroupCoordinator:
             if group is None or self.groups.get(group_id) is not group:
                 continue
             if old == len(rows) and not await self.store.committed_offsets(group_id):  # none since
-                if self.groups.get(group_id) is group and not group.members and not group.joining:
+                if (
+                    self.groups.get(group_id) is group
+                    and not group.members
+                    and not group.joining
+                    and coordinates(group_id)
+                ):
                     del self.groups[group_id]  # Dead: neither members nor offsets
                     await self._store(group_id, None)
             elif not held:

@@ -110,6 +110,8 @@ class Handlers:
                 await self.groups.expire_offsets(self.settings.offsets_retention_s, self.cluster.coordinates)
             except LevelZeroError as exc:
                 log.warning("offsets retention: the pass failed: %s: %s", exc.code, exc)
+            except Exception:  # a bug (a record that does not decode): logged, the daemon serves on
+                log.exception("BUG: offsets retention: the pass failed")
 
     async def handle(
         self, request: Request, after: anyio.Event | None = None, submitted: anyio.Event | None = None

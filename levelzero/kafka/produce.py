@@ -239,7 +239,7 @@ class ProduceApi:
     def _produce_failed(
         self, topic: str, partition: int, exc: LevelZeroError
     ) -> tuple[ErrorCode, int, str | None]:
-        if isinstance(exc, ShuttingDown):  # a graceful stop's refusals: the client retries
+        if isinstance(exc, ShuttingDown) and not self.intake.node.accepting:  # a graceful stop's
             log.info("kafka produce to %s/%d refused: %s: %s", topic, partition, exc.code, exc)
         elif exc.retriable or exc.code in ("storage_error", "store_refused"):
             log.warning("kafka produce to %s/%d failed: %s: %s", topic, partition, exc.code, exc)

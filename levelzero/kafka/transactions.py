@@ -203,8 +203,6 @@ class PartitionTxns:
 
     open: dict[int, int] = field(default_factory=dict)
     aborted: list[tuple[int, int, int]] = field(default_factory=list)
-    # The partition's (pid, term) when loaded from the store, None if not served here then.
-    incarnation: tuple[int, int] | None = None
 
     def last_stable_offset(self, high_watermark: int) -> int:
         return min(min(self.open.values(), default=high_watermark), high_watermark)
@@ -220,37 +218,28 @@ class PartitionIndex:
     abort marker (retention, DeleteRecords): no fetch can reach it any more. `start_offset`
     says a partition's log start offset, None where this node does not serve it.
 
-    What is loaded holds for the partition's incarnation here (`incarnation`: its pid and the
-    term this node leads it in, None where not served): a topic deleted and made again under
-    its name (new pids), or a partition led elsewhere meanwhile (its ranges opened, closed and
-    aborted there, in the store), is loaded again. A recreated topic's partitions kept the old
-    topic's ranges: an open one held their last stable offset and their retention, an aborted
-    one hid a producer's committed records at those offsets from read_committed readers."""
+    A topic this node deletes is forgotten (`forget`, a `Node.topic_deleted` hook, however it
+    was deleted): a recreated topic's partitions kept the old topic's ranges, an open one held
+    their last stable offset and their retention, an aborted one hid a producer's committed
+    records at those offsets from read_committed readers."""
 
-    def __init__(
-        self,
-        store: TransactionStore,
-        start_offset: Callable[[str, int], int | None],
-        incarnation: Callable[[str, int], tuple[int, int] | None] = lambda _t, _p: None,
-    ) -> None:
+    def __init__(self, store: TransactionStore, start_offset: Callable[[str, int], int | None]) -> None:
         self.store = store
         self.start_offset = start_offset
-        self.incarnation = incarnation
         self._partitions: dict[tuple[str, int], PartitionTxns] = {}
 
     def known(self, topic: str, partition: int) -> PartitionTxns | None:
         return self._partitions.get((topic, partition))
 
     async def get(self, topic: str, partition: int) -> PartitionTxns:
-        incarnation = self.incarnation(topic, partition)
-        found = self._current(topic, partition, incarnation)
+        found = self._partitions.get((topic, partition))
         if found is not None:
             return found
         rows = await self.store.txn_ranges(topic, partition)
-        found = self._current(topic, partition, incarnation)
+        found = self._partitions.get((topic, partition))
         if found is not None:  # loaded meanwhile
             return found
-        txns = PartitionTxns(incarnation=incarnation)
+        txns = PartitionTxns()
         for row in rows:
             if row.aborted:
                 txns.aborted.append((row.producer_id, row.first_offset, row.last_offset))
@@ -259,17 +248,6 @@ class PartitionIndex:
         self._partitions[(topic, partition)] = txns
         await self.prune(topic, partition)
         return txns
-
-    def _current(
-        self, topic: str, partition: int, incarnation: tuple[int, int] | None
-    ) -> PartitionTxns | None:
-        """What is loaded for the partition, unless it was loaded for another incarnation of it
-        (then forgotten: `get` loads it again)."""
-        found = self._partitions.get((topic, partition))
-        if found is None or incarnation is None or found.incarnation == incarnation:
-            return found
-        del self._partitions[(topic, partition)]
-        return None
 
     async def oldest_open(self, topic: str, partition: int) -> int | None:
         """The first offset of the oldest transaction open in the partition, or None: retention
@@ -532,7 +510,7 @@ class TransactionCoordinator:
         else:  # (a deleted topic's ranges go with it, as a store with the role deletes them)
             self.store = memory = MemoryTransactionStore()
             intake.node.topic_deleted.append(memory.forget_topic_ranges)
-        self.index = PartitionIndex(self.store, self._start_offset, self._incarnation)
+        self.index = PartitionIndex(self.store, self._start_offset)
         self._txns: dict[str, TxnState] = {}
         self._epochs: dict[int, int] = {}  # producer id -> its current epoch (fencing produce)
         self._producers: dict[int, TxnState] = {}  # producer id -> its transactional id's state
@@ -575,13 +553,6 @@ class TransactionCoordinator:
                     await anyio.sleep(EXPIRY_CHECK_S)
             finally:
                 self._tg = None
-
-    def _incarnation(self, topic: str, partition: int) -> tuple[int, int] | None:
-        try:
-            actor = self.intake.node.partition(topic, partition)
-        except LevelZeroError:
-            return None  # not served here
-        return actor.row.pid, actor.term
 
     def _start_offset(self, topic: str, partition: int) -> int | None:
         try:

@@ -456,6 +456,7 @@ async def test_a_topic_whose_partitions_cannot_start_raises_the_stores_error_and
         for actor in made[:2]:  # began their terms, then stopped
             with pytest.raises(ShuttingDown, match="stopped"):
                 await actor.write(placeholder(0))
+        assert not [name for name in node.board.snapshot() if name.startswith("t/")]  # GC not held
         log_store.failing_pid = None
         await node.create_topic("u", 2)  # the node carries on
         await produce(node, "u", 1, 1)

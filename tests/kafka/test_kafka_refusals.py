@@ -7,6 +7,7 @@ reserved record header; CreateTopics' replication factor; topic names that colli
 from __future__ import annotations
 
 import logging
+import types
 from pathlib import Path
 
 import anyio
@@ -249,13 +250,18 @@ def test_a_graceful_stops_refused_produces_are_not_warnings(caplog: pytest.LogCa
     client retries, nothing lost) and logged each as a WARNING: at real partition counts a wall
     of lines that read as a fault. An operating failure stays a warning."""
     caplog.set_level(logging.INFO, logger="levelzero.kafka")
+    node = types.SimpleNamespace(accepting=False)  # stopping
+    api = types.SimpleNamespace(intake=types.SimpleNamespace(node=node))
     stopping = ShuttingDown("the node is not accepting requests")
-    refused = ProduceApi._produce_failed(None, "t", 0, stopping)  # type: ignore[arg-type]
-    failed = ProduceApi._produce_failed(None, "t", 1, StorageError("disk I/O error"))  # type: ignore[arg-type]
-    assert (refused[1], failed[1]) == (-1, -1)
-    assert ErrorCode.none not in (refused[0], failed[0])
+    refused = ProduceApi._produce_failed(api, "t", 0, stopping)  # type: ignore[arg-type]
+    failed = ProduceApi._produce_failed(api, "t", 1, StorageError("disk I/O error"))  # type: ignore[arg-type]
+    node.accepting = True  # a partition that failed refuses as shutting down too: a fault
+    crashed = ProduceApi._produce_failed(api, "t", 2, ShuttingDown("partition t/2 failed"))  # type: ignore[arg-type]
+    assert (refused[1], failed[1], crashed[1]) == (-1, -1, -1)
+    assert ErrorCode.none not in (refused[0], failed[0], crashed[0])
     levels = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records]
     assert levels == [
         (logging.INFO, "kafka produce to t/0 refused"),
         (logging.WARNING, "kafka produce to t/1 failed"),
+        (logging.WARNING, "kafka produce to t/2 failed"),
     ]
