@@ -916,3 +916,41 @@ async def test_a_client_that_pipelines_fetches_and_never_reads_holds_one_answer_
                     await anyio.sleep(0.1)
         finally:
             await wire.aclose()
+
+
+async def test_each_request_under_way_weighs_at_least_4_kib_of_the_listeners_budget(tmp_path: Path) -> None:
+    """With thousands of requests a connection may have under way, the listener-wide byte
+    budget bounds them on every connection together: each counts at least REQUEST_BYTES_MIN
+    however small its frame. A budget of 8 KiB holds two small produces: the third is read
+    only once an answer gave its bytes back."""
+    async with daemon_and_client(
+        tmp_path,
+        kafka__listen="127.0.0.1:0",
+        kafka__frame_bytes_max=8192,
+        kafka__inflight_bytes_max=8192,
+        batcher__linger_ms=1500.0,
+    ) as (daemon, client):
+        await client.create_topic("weighed", 1)
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            before = daemon.kafka.stats.requests
+            m = module_of(0, 9)
+            for n in range(5):
+                data = make(
+                    m.TopicProduceData,
+                    name="weighed",
+                    partition_data=(
+                        make(
+                            m.PartitionProduceData, index=0, records=client_batch([(0, None, b"%d" % n, [])])
+                        ),
+                    ),
+                )
+                await wire.send(0, 9, transactional_id=None, acks=-1, timeout=30_000 * MS, topic_data=(data,))
+            with anyio.move_on_after(1):  # within the 1.5 s window: bounded however long
+                while daemon.kafka.stats.requests - before < 3:
+                    await anyio.sleep(0.05)
+            assert daemon.kafka.stats.requests - before == 2
+            for _ in range(5):  # all answered in the end, in order
+                assert await wire.frame() is not None
+        finally:
+            await wire.aclose()
