@@ -39,6 +39,7 @@ MAGIC = 2
 BATCH_HEADER_BYTES = 61  # baseOffset .. recordCount
 _BATCH_HEAD = struct.Struct(">qiibI")  # baseOffset, batchLength, leaderEpoch, magic, crc
 _BATCH_REST = struct.Struct(">hiqqqhii")  # attributes .. recordCount
+_RECORD_COUNT = struct.Struct(">i")  # a batch header's last field
 CRC_START = 21  # the CRC covers the bytes from attributes on
 RECORDS_PER_BATCH_MAX = 1_000_000
 DECOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
@@ -268,6 +269,15 @@ def producer_id_of(data: bytes) -> int:
         return -1
     producer_id: int = _PRODUCER_ID.unpack_from(data, PRODUCER_ID_AT)[0]
     return producer_id
+
+
+def records_claimed(data: bytes) -> int:
+    """The record count the first batch's header claims (0 if there is none): read before the
+    record set is decoded, to decode a large one off the event loop."""
+    if len(data) < BATCH_HEADER_BYTES:
+        return 0
+    count: int = _RECORD_COUNT.unpack_from(data, BATCH_HEADER_BYTES - 4)[0]
+    return count
 
 
 def transactional_head(data: bytes) -> tuple[int, int] | None:

@@ -954,3 +954,52 @@ async def test_each_request_under_way_weighs_at_least_4_kib_of_the_listeners_bud
                 assert await wire.frame() is not None
         finally:
             await wire.aclose()
+
+
+def _zstd_batch(count: int) -> bytes:
+    """A zstd record batch of `count` records with key b"k" and no value (tiny on the wire)."""
+    import cramjam
+    from crc32c import crc32c
+
+    def varint(n: int) -> bytes:
+        n = (n << 1) ^ (n >> 63)
+        out = b""
+        while True:
+            low, n = n & 0x7F, n >> 7
+            if not n:
+                return out + bytes([low])
+            out += bytes([low | 0x80])
+
+    record = b"\x00" + varint(0) + varint(0) + varint(1) + b"k" + varint(-1) + varint(0)
+    body = bytes(cramjam.zstd.compress((varint(len(record)) + record) * count))
+    rest = struct.pack(">hiqqqhii", 4, count - 1, 0, 0, -1, -1, -1, count) + body
+    return struct.pack(">qi", 0, len(rest) + 9) + struct.pack(">ibI", 0, 2, crc32c(rest)) + rest
+
+
+async def test_a_record_set_of_very_many_records_is_decoded_off_the_event_loop(tmp_path: Path) -> None:
+    """A batch of a million empty records is 821 bytes of zstd; decoding it took 0.36 s of the
+    event loop, and four clients sending 30 such requests each stalled every request of the
+    daemon for 46 s. A record set claiming many records is decoded in a worker thread; a small
+    one still on the loop (a thread hop per produce would cost more than it saves)."""
+    import threading
+
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, client):
+        await client.create_topic("many", 1)
+        decoding_threads: list[bool] = []
+        inner = kr.decode_batches
+
+        def watched(data: bytes, *, stored: bool = False) -> Any:
+            decoding_threads.append(threading.current_thread() is threading.main_thread())
+            return inner(data, stored=stored)
+
+        kr.decode_batches = watched  # type: ignore[assignment]
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            big = await produce(wire, "many", 0, _zstd_batch(200_000))
+            small = await produce(wire, "many", 0, client_batch([(0, b"k", b"v", [])]))
+        finally:
+            kr.decode_batches = inner  # type: ignore[assignment]
+            await wire.aclose()
+        assert big.responses[0].partition_responses[0].error_code == ErrorCode.none
+        assert small.responses[0].partition_responses[0].base_offset == 200_000
+        assert decoding_threads == [False, True]  # the big one in a worker thread
