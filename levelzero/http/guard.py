@@ -97,6 +97,9 @@ class CloseReason(enum.Enum):
     CLOSE_REQUESTED = "close_requested"  # the request said Connection: close (or was HTTP/1.0)
     APP_ERROR = "app_error"  # the app failed: uvicorn's 500, or an answer cut short
     SHUTDOWN = "shutdown"  # the daemon is stopping
+    # The client took none of an answer for body_timeout_s (its writes paused, the transport's
+    # buffer full): an answer a client never reads held its bytes for good.
+    WRITE_TIMEOUT = "write_timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +359,7 @@ class GuardedH11Protocol(H11Protocol):
         self._close_noted = False
         self._shutting_down = False
         self._lost = False
+        self._write_deadline: asyncio.TimerHandle | None = None
         super().connection_made(_CountedTransport(transport, self._server_closes))  # type: ignore[arg-type]
         guard = self.guard
         peer = self.client[0] if self.client else ""
@@ -379,6 +383,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True  # uvicorn closes the transport here too: that close is not ours
         self._disarm()
+        self._disarm_write()
         if self._refused:
             self._refused = False
             self.guard.refused_open -= 1
@@ -540,3 +545,26 @@ class GuardedH11Protocol(H11Protocol):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+
+    # ------------------------------------------------------------------ answers not taken
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full (the client is not reading): the client has
+        `body_timeout_s` to take some of it, or the connection is closed."""
+        super().pause_writing()
+        self._disarm_write()
+        self._write_deadline = self.loop.call_later(self.guard.limits.body_timeout_s, self._write_timed_out)
+
+    def resume_writing(self) -> None:
+        self._disarm_write()
+        super().resume_writing()
+
+    def _write_timed_out(self) -> None:
+        self._write_deadline = None
+        self.close_for(CloseReason.WRITE_TIMEOUT)
+        self.transport.abort()  # what is buffered goes: a close would wait to send it
+
+    def _disarm_write(self) -> None:
+        if self._write_deadline is not None:
+            self._write_deadline.cancel()
+            self._write_deadline = None

@@ -620,3 +620,26 @@ async def test_garbage_requests_and_evictions_are_logged_once_an_interval(
         assert timed_out[0] in [
             f"closing HTTP connection from {p}: header_timeout (phase head)" for p in peers
         ]
+
+
+async def test_an_answer_the_client_never_reads_is_dropped_after_the_body_timeout(tmp_path: Path) -> None:
+    """A client that asks for a large fetch and never reads held its answer for good (100
+    connections: 2.3 GB, still held after 75 s): no deadline watched a request being answered.
+    A client that takes none of the answer for `server.body_timeout_s` is closed and its buffered
+    bytes dropped (`write_timeout`)."""
+    async with daemon_and_client(tmp_path, server__body_timeout_s=1.0) as (daemon, client):
+        assert daemon.url is not None and daemon.connection_guard is not None
+        await client.create_topic("big", 1)
+        for _ in range(8):
+            await client.produce("big", 0, [(None, b"v" * 1024 * 1024)])
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            await anyio.to_thread.run_sync(sock.connect, ("127.0.0.1", port_of(daemon.url)))
+            path = "/v1/topics/big/partitions/0/records?offset=0&max_bytes=16777216"
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            with anyio.fail_after(30):
+                while not daemon.connection_guard.table.closed[CloseReason.WRITE_TIMEOUT]:
+                    await anyio.sleep(0.1)
+        finally:
+            sock.close()
