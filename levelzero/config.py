@@ -140,6 +140,9 @@ class ServerSection(_Section):
     listen: str = DEFAULT_LISTEN
     token: str = ""  # bearer token; required unless listen is a loopback address
     body_bytes_max: int = 8 * MiB
+    # Request bodies all HTTP requests together hold (each counted at its Content-Length, at
+    # most body_bytes_max; a chunked one at body_bytes_max); a request waits for room.
+    inflight_body_bytes_max: int = 256 * MiB
     records_per_request_max: int = 10_000
     fetch_bytes_default: int = 1 * MiB
     connections_max: int = 1024
@@ -172,6 +175,8 @@ class ServerSection(_Section):
             raise ValueError("idempotency_key_retention_s must be 0 (keep every key) or in 60..315360000 s")
         if not 1024 <= self.body_bytes_max <= BODY_BYTES_MAX_LIMIT:
             raise ValueError(f"body_bytes_max must be in 1024..{BODY_BYTES_MAX_LIMIT}")
+        if not self.body_bytes_max <= self.inflight_body_bytes_max <= 16 * 1024 * MiB:
+            raise ValueError("inflight_body_bytes_max must be at least body_bytes_max (and at most 16 GiB)")
         if not 1 <= self.records_per_request_max <= RECORDS_PER_REQUEST_LIMIT:
             raise ValueError(f"records_per_request_max must be in 1..{RECORDS_PER_REQUEST_LIMIT}")
         if not 1 <= self.fetch_bytes_default <= 16 * MiB:

@@ -40,7 +40,7 @@ from levelzero.storage.protocols import L1State, ObjectStore
 from levelzero.storage.postgres.store import PostgresLogStore
 
 from levelzero.http.access_log import AccessLogMiddleware
-from levelzero.http.app import AnsweredWhenForced, ApiSettings, Lifecycle, build_app
+from levelzero.http.app import AnsweredWhenForced, ApiSettings, BodyBudget, Lifecycle, build_app
 from levelzero.config import Config, describe, node_id_of, parse_listen
 from levelzero.http.guard import REQUEST_HEAD_BYTES_MAX, ConnectionGuard, ConnectionLimits
 from levelzero.daemon.logs import configure_logging
@@ -507,7 +507,9 @@ class Daemon:
         app: Starlette | AccessLogMiddleware = build_app(node, metrics, settings, self.lifecycle, self.intake)
         if config.server.access_log:
             app = AccessLogMiddleware(app)
-        outermost = AnsweredWhenForced(app, self.lifecycle)
+        bodies = BodyBudget(app, config.server.body_bytes_max, config.server.inflight_body_bytes_max)
+        self.body_budget = bodies.budget
+        outermost = AnsweredWhenForced(bodies, self.lifecycle)
 
         # Everything serving needs is built (and so imported) before the node runs: in a cluster
         # the node registers and takes leases as it starts, and must renew them within the TTL;

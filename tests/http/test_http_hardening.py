@@ -643,3 +643,37 @@ async def test_an_answer_the_client_never_reads_is_dropped_after_the_body_timeou
                     await anyio.sleep(0.1)
         finally:
             sock.close()
+
+
+async def test_request_bodies_are_bounded_across_requests(tmp_path: Path) -> None:
+    """Each request's body was bounded (body_bytes_max), not their sum: 500 connections sending
+    8 MiB bodies slowly held 4.7 GB. Every request with a body reserves it (its Content-Length)
+    before it is read, within server.inflight_body_bytes_max; the next waits for room."""
+    mib = 1024 * 1024
+    async with daemon_and_client(
+        tmp_path, server__body_bytes_max=mib, server__inflight_body_bytes_max=2 * mib
+    ) as (daemon, _):
+        assert daemon.url is not None
+        port = port_of(daemon.url)
+        head = (
+            b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % mib
+        )
+        streams = [await connect(port, head + b"{") for _ in range(3)]
+        try:
+            budget = daemon.body_budget
+            with anyio.fail_after(WAIT_S):
+                while budget.used < 2 * mib or not budget._waiters:
+                    await anyio.sleep(0.05)
+            assert budget.used == 2 * mib and len(budget._waiters) == 1  # the third waits
+            await streams[0].send(b" " * (mib - 2) + b"}")  # the first body, whole: answered
+            with anyio.fail_after(WAIT_S):
+                answer = await streams[0].receive()
+            assert answer.startswith(b"HTTP/1.1 400 "), answer  # (no topic name)
+            with anyio.fail_after(WAIT_S):
+                while budget._waiters:  # its room went to the third
+                    await anyio.sleep(0.05)
+            assert budget.used == 2 * mib
+        finally:
+            for stream in streams:
+                await stream.aclose()
