@@ -131,6 +131,7 @@ class Close(Enum):
     once an interval per reason (`ThrottledWarnings`), with the count held back."""
 
     CONNECTIONS_MAX = "connections_max"
+    EVICTED = "evicted"  # an idle one, closed at connections_max for a new connection
     IDLE = "idle"
     FRAME_SIZE = "frame_size"
     SLOW_FRAME = "slow_frame"
@@ -168,6 +169,27 @@ class _Slot:
 SASL_HANDSHAKE_KEY = 17
 SASL_AUTHENTICATE_KEY = 36
 BEFORE_AUTHENTICATION = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE_KEY, SASL_AUTHENTICATE_KEY})
+
+
+@dataclass(eq=False, slots=True)
+class _Open:
+    """An open connection as admission sees it: whose, and whether it is idle (waiting for
+    its next frame with no request under way, since when)."""
+
+    host: str
+    scope: anyio.CancelScope
+    in_flight: int = 0  # requests read, their answers not yet written
+    reading_head: bool = False  # the reader waits for the next frame's length prefix
+    waiting_since: float | None = None  # idle since (reading_head with nothing in flight)
+
+    def waiting(self, reading_head: bool) -> None:
+        self.reading_head = reading_head
+        self.waiting_since = time.monotonic() if reading_head and not self.in_flight else None
+
+    def answered(self) -> None:
+        self.in_flight -= 1
+        if not self.in_flight and self.reading_head:
+            self.waiting_since = time.monotonic()
 
 
 @dataclass(slots=True)
@@ -211,6 +233,7 @@ class KafkaListener:
         self._quiet_closes = close_lines(logging.INFO)
         self.budget = ByteBudget(settings.inflight_bytes_max)
         self.sasl = SaslAuthenticator(settings.token)
+        self._open: set[_Open] = set()
 
     async def serve(
         self, listener: anyio.abc.Listener, *, task_status: anyio.abc.TaskStatus = anyio.TASK_STATUS_IGNORED
@@ -222,26 +245,53 @@ class KafkaListener:
 
     async def _connection(self, stream: anyio.abc.ByteStream) -> None:
         self.stats.connections += 1
-        if self.stats.connections_open >= self.settings.connections_max:
+        if self.stats.connections_open >= self.settings.connections_max and not self._evict_one():
             self.stats.close(Close.CONNECTIONS_MAX)
             self._closes.warn(
                 Close.CONNECTIONS_MAX,
-                "kafka: connections_max %d reached; closing a new connection from %s",
+                "kafka: connections_max %d reached, none of them idle; closing a new connection from %s",
                 self.settings.connections_max,
                 _peer(stream),
             )
             await stream.aclose()
             return
         self.stats.connections_open += 1
+        opened = _Open(_client_host(stream), anyio.CancelScope())
+        self._open.add(opened)
         try:
-            async with stream:
-                await self._run_connection(stream)
+            with opened.scope:
+                async with stream:
+                    await self._run_connection(stream, opened)
         except _GONE:
             pass
         finally:
+            self._open.discard(opened)
             self.stats.connections_open -= 1
 
-    async def _run_connection(self, stream: anyio.abc.ByteStream) -> None:
+    def _evict_one(self) -> bool:
+        """At connections_max, close an idle connection (waiting for its next frame with no
+        request under way) for a new one: of the client address holding the most, the one idle
+        longest. One client holding every connection idle (a request each, then silence: the
+        idle timeout is 10 minutes) shut every other client out. False if none is idle."""
+        idle = [o for o in self._open if o.waiting_since is not None and not o.scope.cancel_called]
+        if not idle:
+            return False
+        held: dict[str, int] = {}
+        for o in self._open:
+            held[o.host] = held.get(o.host, 0) + 1
+        victim = min(idle, key=lambda o: (-held[o.host], o.waiting_since))
+        victim.scope.cancel()
+        self._open.discard(victim)
+        self.stats.close(Close.EVICTED)
+        self._quiet_closes.warn(
+            Close.EVICTED,
+            "kafka: connections_max %d reached; closing an idle connection of %s for a new one",
+            self.settings.connections_max,
+            victim.host or "?",
+        )
+        return True
+
+    async def _run_connection(self, stream: anyio.abc.ByteStream, opened: _Open) -> None:
         reader = BufferedByteReceiveStream(stream)
         send, receive = anyio.create_memory_object_stream[_Slot](IN_FLIGHT_MAX)
         holding: list[_Slot] = []  # slots whose bytes may still be held: released at the end
@@ -254,7 +304,7 @@ class KafkaListener:
         )
         budget = ByteBudget(self.settings.frame_bytes_max)
         try:
-            await self._connection_tasks(stream, reader, send, receive, holding, session, budget)
+            await self._connection_tasks(stream, reader, send, receive, holding, session, budget, opened)
         finally:
             for slot in holding:
                 self._release(slot)
@@ -268,9 +318,10 @@ class KafkaListener:
         holding: list[_Slot],
         session: _Session,
         budget: ByteBudget,
+        opened: _Open,
     ) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._writer, stream, receive, tg.cancel_scope)
+            tg.start_soon(self._writer, stream, receive, tg.cancel_scope, opened)
             last_produce: anyio.Event | None = None
             last: _Slot | None = None
             async with send:
@@ -278,10 +329,11 @@ class KafkaListener:
                     slot = _Slot(connection_budget=budget)
                     holding[:] = [s for s in holding if s.budget_bytes]
                     holding.append(slot)
-                    frame = await self._read_frame(reader, slot, session)
+                    frame = await self._read_frame(reader, slot, session, opened)
                     if frame is None:
                         break
                     slot.read_at = time.perf_counter()
+                    opened.in_flight += 1
                     await send.send(slot)
                     before = None
                     if len(frame) >= 2 and int.from_bytes(frame[:2], "big", signed=True) == PRODUCE_KEY:
@@ -293,18 +345,23 @@ class KafkaListener:
                     tg.start_soon(self._serve_request, frame, slot, before, session, turn)
 
     async def _read_frame(
-        self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session
+        self, reader: BufferedByteReceiveStream, slot: _Slot, session: _Session, opened: _Open | None = None
     ) -> bytes | None:
         """The next frame, or None when the connection is to be closed (gone, too big, too slow)."""
         settings = self.settings
         speaking = session.authenticated and session.requests > 0
         wait_s = settings.idle_timeout_s if speaking else settings.header_timeout_s
         head = None
+        if opened is not None:
+            opened.waiting(True)
         with anyio.move_on_after(wait_s):
             try:
                 head = await reader.receive_exactly(SIZE_PREFIX.size)
             except _GONE:
                 return None
+            finally:
+                if opened is not None:
+                    opened.waiting(False)
         if head is None:
             self.stats.closed_idle += 1
             self.stats.close(Close.IDLE)
@@ -393,6 +450,7 @@ class KafkaListener:
         stream: anyio.abc.ByteStream,
         receive: anyio.abc.ObjectReceiveStream[_Slot],
         scope: anyio.CancelScope,
+        opened: _Open | None = None,
     ) -> None:
         async with receive:
             try:
@@ -411,6 +469,8 @@ class KafkaListener:
                     finally:
                         self._release(slot)
                         slot.written.set()
+                        if opened is not None:
+                            opened.answered()
             finally:
                 scope.cancel()  # the reader may be waiting for a frame that is not coming
 

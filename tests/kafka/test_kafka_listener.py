@@ -24,7 +24,7 @@ from kio.serial import entity_reader, entity_writer
 from levelzero.config import ConfigError
 from levelzero.kafka import records as kr
 from levelzero.kafka.protocol import API_VERSIONS, make
-from levelzero.kafka.server import FRAME_CHUNK_BYTES
+from levelzero.kafka.server import FRAME_CHUNK_BYTES, Close
 
 from daemon_support import daemon_and_client, daemon_config
 from test_kafka_records import client_batch
@@ -1003,3 +1003,67 @@ async def test_a_record_set_of_very_many_records_is_decoded_off_the_event_loop(t
         assert big.responses[0].partition_responses[0].error_code == ErrorCode.none
         assert small.responses[0].partition_responses[0].base_offset == 200_000
         assert decoding_threads == [False, True]  # the big one in a worker thread
+
+
+async def _api_versions(wire: Wire) -> Any:
+    return await wire.request(18, 3, client_software_name="t", client_software_version="1")
+
+
+async def test_at_connections_max_an_idle_connection_makes_room_a_busy_one_does_not(tmp_path: Path) -> None:
+    """One client holding every connection idle (a request each, then silence, for the 10-minute
+    idle timeout) shut every other client out of the Kafka listener: new connections were closed
+    unanswered. At connections_max an idle connection (waiting for its next request, none under
+    way) is closed for the newcomer, the longest idle first; a connection with a request under
+    way is never, and with none idle the newcomer is refused as before."""
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0", kafka__connections_max=3) as (
+        daemon,
+        client,
+    ):
+        await client.create_topic("quiet", 1)
+        port, stats = daemon.kafka_port, daemon.kafka.stats
+        wires = [await Wire.connect(port) for _ in range(3)]
+        try:
+            for wire in wires:
+                assert (await _api_versions(wire)).error_code == ErrorCode.none
+                await anyio.sleep(0.01)  # idle since, in order
+            newcomer = await Wire.connect(port)
+            assert (await _api_versions(newcomer)).error_code == ErrorCode.none
+            assert stats.closed[Close.EVICTED] == 1
+            assert await wires[0].frame() is None  # the longest idle went
+            # Every connection busy: each long-polls an empty partition.
+            busy = [wires[1], wires[2], newcomer]
+            for wire in busy:
+                m = module_of(1, 12)
+                part = make(
+                    m.FetchPartition,
+                    partition=0,
+                    current_leader_epoch=-1,
+                    fetch_offset=0,
+                    last_fetched_epoch=-1,
+                    log_start_offset=-1,
+                    partition_max_bytes=1 << 20,
+                )
+                await wire.send(
+                    1,
+                    12,
+                    replica_id=-1,
+                    max_wait=5000 * MS,
+                    min_bytes=1,
+                    max_bytes=1 << 20,
+                    isolation_level=0,
+                    session_id=0,
+                    session_epoch=-1,
+                    topics=(make(m.FetchTopic, topic="quiet", partitions=(part,)),),
+                    forgotten_topics_data=(),
+                    rack_id="",
+                )
+            with anyio.fail_after(30):  # each fetch read, waiting for records
+                while sum(1 for o in daemon.kafka._open if o.in_flight) < 3:
+                    await anyio.sleep(0.01)
+            refused = await Wire.connect(port)
+            assert await refused.frame() is None  # closed unanswered: nothing idle to close
+            await refused.aclose()
+            assert stats.closed[Close.CONNECTIONS_MAX] == 1 and stats.closed[Close.EVICTED] == 1
+        finally:
+            for wire in [*wires, newcomer]:
+                await wire.aclose()
