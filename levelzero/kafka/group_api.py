@@ -33,6 +33,19 @@ class GroupApi:
             broker = self.cluster.coordinator(key)
             return dict(node_id=broker.node_id, host=broker.host, port=broker.port)
 
+        key_type = getattr(body, "key_type", 0)
+        if key_type not in (0, 1):  # a group or a transactional id (Kafka: CoordinatorType.forId)
+            refusal = dict(
+                error_code=ErrorCode.invalid_request,
+                error_message=f"unknown coordinator key type {key_type}",
+                node_id=-1,
+                host="",
+                port=-1,
+            )
+            if request.api_version >= 4:
+                refused = tuple(make(m.Coordinator, key=key, **refusal) for key in body.coordinator_keys)
+                return make(m.FindCoordinatorResponse, throttle_time=0, coordinators=refused)
+            return make(m.FindCoordinatorResponse, throttle_time=0, **refusal)
         if request.api_version >= 4:
             coordinators = tuple(
                 make(m.Coordinator, key=key, error_code=ErrorCode.none, error_message=None, **where(key))

@@ -1126,6 +1126,8 @@ class TransactionCoordinator:
             )
 
         tid = body.transactional_id
+        if not tid:  # (Kafka's coordinator: an empty transactional id is INVALID_REQUEST)
+            return answer(ErrorCode.invalid_request)
         timeout_ms = int(body.transaction_timeout.total_seconds() * 1000)
         if not 0 < timeout_ms <= TRANSACTION_TIMEOUT_MAX_MS:
             return answer(ErrorCode.invalid_transaction_timeout)

@@ -265,3 +265,32 @@ def test_a_graceful_stops_refused_produces_are_not_warnings(caplog: pytest.LogCa
         (logging.WARNING, "kafka produce to t/1 failed"),
         (logging.WARNING, "kafka produce to t/2 failed"),
     ]
+
+
+async def test_an_empty_transactional_id_and_an_unknown_coordinator_type_are_invalid_requests(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's broker answers them: InitProducerId naming the transactional id "" got a
+    producer id (and "" was stored, listed by ListTransactions); FindCoordinator with a key type
+    neither a group (0) nor a transaction (1) got a coordinator."""
+    from test_kafka_listener import MS, Wire
+
+    async with daemon_and_client(tmp_path, kafka__listen="127.0.0.1:0") as (daemon, _):
+        wire = await Wire.connect(daemon.kafka_port)
+        try:
+            init = await wire.request(
+                22, 4, transactional_id="", transaction_timeout=60_000 * MS, producer_id=-1, producer_epoch=-1
+            )
+            assert (init.error_code, init.producer_id) == (ErrorCode.invalid_request, -1)
+            assert await daemon.node.log_store.transactions() == []
+            for version, fields in (
+                (3, dict(key="g", key_type=5)),
+                (4, dict(key_type=-1, coordinator_keys=("a", "b"))),
+            ):
+                found = await wire.request(10, version, **fields)
+                codes = [c.error_code for c in found.coordinators] if version >= 4 else [found.error_code]
+                assert set(codes) == {ErrorCode.invalid_request}, found
+            ok = await wire.request(10, 4, key_type=1, coordinator_keys=("tid",))
+            assert ok.coordinators[0].error_code == ErrorCode.none
+        finally:
+            await wire.aclose()
