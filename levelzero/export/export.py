@@ -462,7 +462,9 @@ class _ExportRun:
         with self._sinks("gc_rounds") as (rounds,):
             new.gc_finished_at, new.gc_at_finished = self._gc_rounds(rounds)
         with self._sinks("l1_objects") as (l1,):
-            new.l1_rowid, new.l1_open = self._l1_objects(l1)
+            new.l1_rowid, new.l1_open, pruned_l1 = self._l1_objects(l1)
+        if pruned_l1:
+            pruned["l1_deletions"] = pruned_l1
         rows = {name: self._rows[name] for name in TABLES}
         self._warn_pruned(pruned)
         return new, rows, self._warnings
@@ -517,6 +519,7 @@ class _ExportRun:
             ("state_samples", old.state_samples_rowid),
             ("fence_events", old.fence_events_rowid),
             ("l0_objects", old.l0_rowid),
+            ("l1_objects", old.l1_rowid),
         ):
             ((top, kept),) = self._db.execute(
                 f"SELECT COALESCE(MAX(rowid), 0), COUNT(*) FROM {table} WHERE rowid > ?", (after,)
@@ -615,10 +618,13 @@ class _ExportRun:
             last_rowid = max(last_rowid, rows[-1][0])
         return last_rowid, _runs(still_live), max(0, expected - found)
 
-    def _l1_objects(self, sink: _TableSink) -> tuple[int, list[tuple[int, int, int]]]:
+    def _l1_objects(self, sink: _TableSink) -> tuple[int, list[tuple[int, int, int]], int]:
         """New objects by rowid, and every object not yet DELETE_FINISHED again: a row is
-        exported whenever its state differs from the one exported last."""
+        exported whenever its state differs from the one exported last. Also how many rows of
+        the objects open at the last export are gone (their delete finished, then pruned as
+        history before it was exported), as `_l0_objects` counts its own."""
         still_open: list[tuple[int, int]] = []
+        expected = found = 0
 
         def observe(row: tuple[Any, ...], exported_rank: int | None) -> None:
             rowid, *values = row
@@ -632,10 +638,12 @@ class _ExportRun:
                 still_open.append((rowid, rank))
 
         for first, last, rank in self._old.l1_open:
+            expected += last - first + 1
             cursor = self._db.execute(
                 _SELECT_L1 + " WHERE l.rowid BETWEEN ? AND ? ORDER BY l.rowid", (first, last)
             )
             for rows in _fetch(cursor, self._chunk_rows):
+                found += len(rows)
                 for row in rows:
                     observe(row, rank)
         last_rowid = self._old.l1_rowid
@@ -645,7 +653,7 @@ class _ExportRun:
             for row in rows:
                 observe(row, None)
             last_rowid = max(last_rowid, rows[-1][0])
-        return last_rowid, _runs(still_open)
+        return last_rowid, _runs(still_open), max(0, expected - found)
 
     def _gc_rounds(self, sink: _TableSink) -> tuple[float | None, list[tuple[int, float]]]:
         """Rounds are written once, when they end, and in the order they end: export those

@@ -999,3 +999,27 @@ def test_a_topic_deleted_and_made_again_keeps_both_lives_rows_across_directories
     report = analyze([str(first), str(second)], out, master="local[2]", bucket_s=BUCKET_S)
     throughput = pq.read_table(report.tables["throughput_by_partition"]).to_pylist()
     assert sum(r["records"] for r in throughput) == 3 + 5, throughput
+
+
+async def test_an_l1_objects_finished_delete_pruned_before_an_export_read_it_is_named(tmp_path: Path) -> None:
+    """The rows of L1 objects whose delete is over are pruned as history: an object open at the
+    last export whose delete finished and was pruned before the next one read it kept showing
+    as live in the exported table, with no word of it. Counted and named, as the L0 deletions."""
+    db, out = str(tmp_path / "levelzero.db"), str(tmp_path / "out")
+    async with await SqliteLogStore.open(db, clock=lambda: 5_000.0) as store:
+        (row,) = await store.create_topic("t", 1, creation_epoch=1, now=100.0)
+        await store.l1_insert(L1Row("a", row.pid, 0, 9, 3, 1, 99, L1State.COPY_FINISHED, 100.0, 100.0))
+    first = await anyio.to_thread.run_sync(export, db, out)
+    assert first.warnings == [] and rows_of(first, "l1_objects") == (1,)
+    async with await SqliteLogStore.open(db, clock=lambda: 5_000.0) as store:
+        await store.l1_insert(L1Row("b", row.pid, 10, 19, 3, 1, 99, L1State.COPY_FINISHED, 600.0, 600.0))
+        await store.l1_transition("a", L1State.COPY_FINISHED, L1State.DELETE_STARTED, 300.0)
+        await store.l1_transition("a", L1State.DELETE_STARTED, L1State.DELETE_FINISHED, 350.0)
+        assert await store.prune_history(450.0, 100) == 1
+    second = await anyio.to_thread.run_sync(export, db, out)
+    assert rows_of(second, "l1_objects") == (1,)  # "b"
+    assert second.warnings == [
+        "1 history row (1 of l1_deletions) was pruned from the store (older than its "
+        "control.history_retention_s) before this directory exported it: export more often than "
+        "that to keep every row"
+    ]
