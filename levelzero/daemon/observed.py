@@ -70,6 +70,17 @@ STORE_LATENCY_BUCKETS_S = (
 )
 OBJECT_STORE_OPERATIONS = ("put", "get", "head", "list", "delete")
 OBJECT_READS = ("get", "head")  # the operations that answer ObjectNotFound
+# Writes of the roles a store may lack (`ProducerBatchStore`, `TransactionStore`, ...): wrapped
+# where the inner store has them.
+OPTIONAL_LOG_STORE_WRITES = (
+    "record_producer_batches",
+    "expire_producer_batches",
+    "put_transaction",
+    "expire_transaction",
+    "open_txn_range",
+    "close_txn_range",
+    "prune_txn_ranges",
+)
 # The log store's writes: each returns when its group commit is durable. Every coroutine of the
 # store's protocols is either here or in LOG_STORE_READS (`test_daemon_observability` checks
 # it): a write left out was neither timed nor watched for stalls, and its failures did not count
@@ -99,13 +110,7 @@ LOG_STORE_WRITES = (
     "expire_offsets",
     "store_group_metadata",
     "set_topic_configs",
-    "record_producer_batches",
-    "expire_producer_batches",
-    "put_transaction",
-    "expire_transaction",
-    "open_txn_range",
-    "close_txn_range",
-    "prune_txn_ranges",
+    *OPTIONAL_LOG_STORE_WRITES,
 )
 # Reads go to the inner store untouched (their failures reach their callers as errors).
 LOG_STORE_READS = (
@@ -126,17 +131,6 @@ LOG_STORE_READS = (
     "producer_batches",
     "transactions",
     "txn_ranges",
-)
-# Writes of the roles a store may lack (`ProducerBatchStore`, `TransactionStore`, ...): wrapped
-# where the inner store has them.
-OPTIONAL_LOG_STORE_WRITES = (
-    "record_producer_batches",
-    "expire_producer_batches",
-    "put_transaction",
-    "expire_transaction",
-    "open_txn_range",
-    "close_txn_range",
-    "prune_txn_ranges",
 )
 
 

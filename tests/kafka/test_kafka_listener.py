@@ -163,6 +163,34 @@ async def fetch(
     )
 
 
+async def send_fetch(wire: Wire, topic: str, *, max_wait_ms: int, max_bytes: int) -> None:
+    """A Fetch v12 of partition 0 from offset 0, sent without waiting for its answer."""
+    m = module_of(1, 12)
+    part = make(
+        m.FetchPartition,
+        partition=0,
+        current_leader_epoch=-1,
+        fetch_offset=0,
+        last_fetched_epoch=-1,
+        log_start_offset=-1,
+        partition_max_bytes=max_bytes,
+    )
+    await wire.send(
+        1,
+        12,
+        replica_id=-1,
+        max_wait=max_wait_ms * MS,
+        min_bytes=1,
+        max_bytes=max_bytes,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+
+
 async def list_offsets(wire: Wire, topic: str, partition: int, timestamp: int) -> Any:
     m = module_of(2, 7)
     part = make(
@@ -882,31 +910,8 @@ async def test_a_client_that_pipelines_fetches_and_never_reads_holds_one_answer_
         fetching.fetch = counted
         wire = await Wire.connect(daemon.kafka_port)
         try:
-            m = module_of(1, 12)
-            part = make(
-                m.FetchPartition,
-                partition=0,
-                current_leader_epoch=-1,
-                fetch_offset=0,
-                last_fetched_epoch=-1,
-                log_start_offset=-1,
-                partition_max_bytes=1 << 24,
-            )
             for _ in range(20):
-                await wire.send(
-                    1,
-                    12,
-                    replica_id=-1,
-                    max_wait=0,
-                    min_bytes=1,
-                    max_bytes=1 << 24,
-                    isolation_level=0,
-                    session_id=0,
-                    session_epoch=-1,
-                    topics=(make(m.FetchTopic, topic="big", partitions=(part,)),),
-                    forgotten_topics_data=(),
-                    rack_id="",
-                )
+                await send_fetch(wire, "big", max_wait_ms=0, max_bytes=1 << 24)
             with anyio.move_on_after(3):  # bounded: never more than two, however long
                 while started < 3:
                     await anyio.sleep(0.05)
@@ -1033,30 +1038,7 @@ async def test_at_connections_max_an_idle_connection_makes_room_a_busy_one_does_
             # Every connection busy: each long-polls an empty partition.
             busy = [wires[1], wires[2], newcomer]
             for wire in busy:
-                m = module_of(1, 12)
-                part = make(
-                    m.FetchPartition,
-                    partition=0,
-                    current_leader_epoch=-1,
-                    fetch_offset=0,
-                    last_fetched_epoch=-1,
-                    log_start_offset=-1,
-                    partition_max_bytes=1 << 20,
-                )
-                await wire.send(
-                    1,
-                    12,
-                    replica_id=-1,
-                    max_wait=5000 * MS,
-                    min_bytes=1,
-                    max_bytes=1 << 20,
-                    isolation_level=0,
-                    session_id=0,
-                    session_epoch=-1,
-                    topics=(make(m.FetchTopic, topic="quiet", partitions=(part,)),),
-                    forgotten_topics_data=(),
-                    rack_id="",
-                )
+                await send_fetch(wire, "quiet", max_wait_ms=5000, max_bytes=1 << 20)
             with anyio.fail_after(30):  # each fetch read, waiting for records
                 while sum(1 for o in daemon.kafka._open if o.in_flight) < 3:
                     await anyio.sleep(0.01)
