@@ -197,6 +197,9 @@ class Node:
         # Called with a topic's name once this node deleted it (the store forgot it): what the
         # front ends keep per partition name goes with it.
         self.topic_deleted: list[Callable[[str], None]] = []
+        # Called with a partition's (topic, partition) once this node handed it over (a cluster):
+        # what the front ends keep of it may change elsewhere until it comes back.
+        self.partition_left: list[Callable[[str, int], None]] = []
         # Each topic's configs (Kafka's topic configs): retention, max.message.bytes.
         keeper = config.housekeeper
         self.topic_configs = TopicConfigs(
@@ -417,6 +420,8 @@ class Node:
             with anyio.move_on_after(PARTITION_STOP_TIMEOUT_S):
                 await actor.stop()
             self.board.forget(actor.name)  # its successor publishes its M(p)
+            for forget in self.partition_left:
+                forget(actor.row.topic, actor.row.partition)
         if actors:
             log.info("handed over %d partitions", len(actors), extra={"partitions": len(self._partitions)})
 

@@ -71,9 +71,11 @@ class Handlers:
             )
         else:
             node.housekeeper.open_transactions = self.transactions.index.oldest_open
-        # A deleted topic's transaction ranges go (however it was deleted: HTTP or Kafka); a
-        # topic made again under its name loads its own (`PartitionIndex`: by incarnation).
+        # A deleted topic's transaction ranges go (however it was deleted: HTTP or Kafka), and
+        # a partition's once handed over: a topic made again under its name, a partition back
+        # from another leader, load theirs from the store.
         node.topic_deleted.append(self.transactions.index.forget)
+        node.partition_left.append(self.transactions.index.forget_partition)
         self.producing = ProduceApi(self.intake, auto_create, self.transactions, produce_observer)
         self.topic_lifecycle = TopicLifecycleApi(node, cluster)
         self.cluster_admin = ClusterAdminApi(node, cluster)

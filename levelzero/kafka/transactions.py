@@ -323,6 +323,13 @@ class PartitionIndex:
         for key in [k for k in self._partitions if k[0] == topic]:
             del self._partitions[key]
 
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """The partition was handed over: its ranges change on its next leader (opened, closed,
+        aborted there, in the store), so what is loaded here goes, and is loaded again if it
+        comes back. Kept, it listed none of the aborted ranges made meanwhile: read_committed
+        readers here got those records."""
+        self._partitions.pop((topic, partition), None)
+
 
 Partition = tuple[str, int]
 PendingOffset = tuple[str, int, int, str, int]  # topic, partition, offset, metadata, leader epoch

@@ -70,3 +70,22 @@ async def test_without_a_store_of_transactions_a_deleted_topics_ranges_go_with_i
         assert await index.store.txn_ranges(TOPIC, 0) == []
         await node.create_topic(TOPIC, 1)
         assert (await index.get(TOPIC, 0)).aborted == []
+
+
+async def test_a_partition_handed_over_loads_its_ranges_again_when_it_comes_back() -> None:
+    """In a cluster a partition's transaction ranges change on the node leading it meanwhile (a
+    range opened, closed, aborted there, in the store). What this node had loaded stayed: back
+    here, an abort made elsewhere was not listed and read_committed readers got its records.
+    A partition handed over is forgotten, and loaded again from the store when it returns."""
+    log_store = MemoryLogStore()
+    async with running_node(hand_run_config(), log_store, MemoryObjectStore()) as node:
+        handlers = Handlers(node, KafkaSettings("127.0.0.1", 9092))
+        index = handlers.transactions.index
+        (row,) = await node.create_topic(TOPIC, 1)
+        assert (await index.get(TOPIC, 0)).aborted == []
+        await node._resign([row.pid])  # led elsewhere now (a cluster's lease moved)
+        assert index.known(TOPIC, 0) is None
+        # Its next leader aborts a transaction there.
+        await index.store.open_txn_range(TxnRangeRow(TOPIC, 0, 7, 0, -1, False))
+        await index.store.close_txn_range(TOPIC, 0, 7, 0, 1, True)
+        assert (await index.get(TOPIC, 0)).aborted == [(7, 0, 1)]  # back: read again
