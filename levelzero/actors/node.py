@@ -13,7 +13,7 @@ import logging
 import time
 import random
 from typing import TypeVar
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from dataclasses import dataclass, field
 
@@ -540,10 +540,7 @@ class Node:
             # M(p) they block it), and one that snapshotted earlier has E <= creation epoch, so
             # its cap E - 1 keeps every object of the new partitions. In a cluster the GC reads
             # the control plane's partition set, and the board holds what this node leads.
-            names = [f"{name}/{p}" for p in range(partitions)] if self.member is None else []
-            for registered in names:
-                self.board.register(registered)
-            try:
+            with self._on_board(name, range(partitions)):
                 rows = await self.log_store.create_topic(
                     name, partitions, self.epochs.current, self._wall(), checked
                 )
@@ -554,22 +551,29 @@ class Node:
                     # As start-up does, many at once: their `TermStart`s share group commits (one
                     # after another, 4,096 partitions took 4,096 commits).
                     await self._start_created(rows)
-            except BaseException:
-                self._unregister(names)
-                raise
         if self.member is not None:
             await self.member.round()  # take the new partitions this node is preferred for
         await self._record_topic(name, partitions, fresh=True)
         log.info("created topic", extra={"topic": name, "partitions": partitions})
         return rows
 
-    def _unregister(self, names: Sequence[str]) -> None:
-        """Partitions registered on the board for a creation that failed: the store made none
-        of them, or they did not start (not served until a restart, they hold no object): with
-        no M(p) they blocked every GC round until a restart."""
+    @contextlib.contextmanager
+    def _on_board(self, topic: str, partitions: range) -> Iterator[None]:
+        """New partitions of `topic` on the watermark board while they are created (a single
+        node; in a cluster the GC reads the control plane's partition set). A creation that
+        fails takes them off again: the store made none of them, or they did not start (not
+        served until a restart, they hold no object); with no M(p) they blocked every GC round
+        until a restart."""
+        names = [f"{topic}/{p}" for p in partitions] if self.member is None else []
         for registered in names:
-            if registered not in self._by_name:  # (never one served: its M(p) holds M)
-                self.board.forget(registered)
+            self.board.register(registered)
+        try:
+            yield
+        except BaseException:
+            for registered in names:
+                if registered not in self._by_name:  # (never one served: its M(p) holds M)
+                    self.board.forget(registered)
+            raise
 
     async def delete_topic(self, name: str) -> list[PartitionRow]:
         """Delete a topic: it leaves the partition set at once (reads and writes get
@@ -634,18 +638,12 @@ class Node:
                 raise InvalidInput(f"a node holds at most {PARTITIONS_MAX} partitions")
             if validate_only:
                 return current
-            names = [f"{name}/{p}" for p in range(current, count)] if self.member is None else []
-            for registered in names:
-                self.board.register(registered)
-            try:
+            with self._on_board(name, range(current, count)):
                 rows = await self.log_store.add_partitions(name, count, self.epochs.current, self._wall())
                 if self.member is not None:
                     self._topics[name] = count
                 else:
                     await self._start_created(rows)
-            except BaseException:
-                self._unregister(names)
-                raise
         if self.member is not None:
             await self.member.round()
         await self._record_topic(name, count)

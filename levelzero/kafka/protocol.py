@@ -117,9 +117,9 @@ def is_supported(api_key: int, api_version: int) -> bool:
 
 
 @cache
-def _readers(api_key: int, api_version: int) -> tuple[Any, Any]:
+def _readers(api_key: int, api_version: int) -> tuple[Any, Any, Any]:
     cls = load_request_schema(api_key, api_version)
-    return entity_reader(cls.__header_schema__), entity_reader(cls)
+    return cls, entity_reader(cls.__header_schema__), entity_reader(cls)
 
 
 def _allows_null(tp: Any) -> bool:
@@ -164,9 +164,9 @@ def parse_request(frame: bytes) -> Request:
     api_key, api_version, correlation_id = parse_prefix(frame)
     if not is_supported(api_key, api_version):
         raise BadRequest(f"api key {api_key} version {api_version} is not supported")
-    read_header, read_body = _readers(api_key, api_version)
+    cls, read_header, read_body = _readers(api_key, api_version)
     try:  # every announced length checked first: kio's reader would reserve it (`skim`)
-        frame = skim.skim(frame, load_request_schema(api_key, api_version))
+        frame = skim.skim(frame, cls)
     except skim.BadRequest as exc:
         raise BadRequest(f"api key {api_key} v{api_version}: {exc}") from None
     try:

@@ -417,26 +417,24 @@ class KafkaListener:
         read = 0
         while read < size:
             chunk = await reader.receive(min(FRAME_CHUNK_BYTES, size - read))
-            n = len(chunk)
-            await slot.connection_budget.acquire(n)
-            try:
-                await self.budget.acquire(n)
-            except BaseException:
-                slot.connection_budget.release(n)
-                raise
-            slot.budget_bytes += n
+            await self._take(slot, len(chunk))
             chunks.append(chunk)
-            read += n
+            read += len(chunk)
         weight = min(REQUEST_BYTES_MIN, slot.connection_budget.limit, self.budget.limit)
         if (short := weight - slot.budget_bytes) > 0:  # a small request's weight
-            await slot.connection_budget.acquire(short)
-            try:
-                await self.budget.acquire(short)
-            except BaseException:
-                slot.connection_budget.release(short)
-                raise
-            slot.budget_bytes += short
+            await self._take(slot, short)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def _take(self, slot: _Slot, n: int) -> None:
+        """`n` more bytes for `slot`, from its connection's budget, then the listener's."""
+        assert slot.connection_budget is not None
+        await slot.connection_budget.acquire(n)
+        try:
+            await self.budget.acquire(n)
+        except BaseException:
+            slot.connection_budget.release(n)
+            raise
+        slot.budget_bytes += n
 
     def _release(self, slot: _Slot) -> None:
         if slot.budget_bytes:

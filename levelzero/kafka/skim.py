@@ -33,12 +33,14 @@ from kio.serial._introspect import (
     is_optional,
 )
 
+from levelzero.kafka.records import CorruptBatch
+from levelzero.kafka.records import _uvarint  # a 32-bit unsigned varint, at most 5 bytes
+
 
 class BadRequest(ValueError):
     """A length the frame cannot hold (`protocol.parse_request` closes the connection on it)."""
 
 
-UVARINT_BYTES_MAX = 5  # a 32-bit unsigned varint (Kafka's ByteUtils.readUnsignedVarint)
 # An element whose encoding can be empty (a struct of nothing but tags it does not send, in a
 # version without tags: none in today's schemas) bounds its array by this count instead.
 EMPTY_ELEMENTS_MAX = 65_536
@@ -69,19 +71,6 @@ Skimmer = Callable[[bytes, int, int, Edits], int]
 
 def _short(what: str, need: int, pos: int, end: int) -> BadRequest:
     return BadRequest(f"malformed request: {what} of {need} bytes at byte {pos}, {max(0, end - pos)} left")
-
-
-def _uvarint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    for i in range(UVARINT_BYTES_MAX):
-        if pos + i >= end:
-            raise _short("a varint", i + 1, pos, end)
-        byte = buf[pos + i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos + i + 1
-        shift += 7
-    raise BadRequest(f"malformed request: a varint at byte {pos} longer than {UVARINT_BYTES_MAX} bytes")
 
 
 def _int(buf: bytes, pos: int, end: int, size: int) -> tuple[int, int]:
@@ -273,6 +262,9 @@ def skim(frame: bytes, request_cls: Any) -> bytes:
     edits: Edits = []
     header, _ = _entity(request_cls.__header_schema__)
     body, _ = _entity(request_cls)
-    pos = header(frame, 0, len(frame), edits)
-    body(frame, pos, len(frame), edits)
+    try:
+        pos = header(frame, 0, len(frame), edits)
+        body(frame, pos, len(frame), edits)
+    except CorruptBatch as exc:  # a varint that runs out or runs on (`records._uvarint`)
+        raise BadRequest(f"malformed request: {exc}") from None
     return _apply(frame, edits) if edits else frame
