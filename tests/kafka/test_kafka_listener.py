@@ -137,6 +137,30 @@ async def fetch(
     min_bytes: int = 1,
     partition_max_bytes: int = 1 << 20,
 ) -> Any:
+    await send_fetch(
+        wire,
+        topic,
+        partition,
+        offset,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        partition_max_bytes=partition_max_bytes,
+    )
+    return await wire.response(1, 12)
+
+
+async def send_fetch(
+    wire: Wire,
+    topic: str,
+    partition: int = 0,
+    offset: int = 0,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 1,
+    partition_max_bytes: int = 1 << 20,
+    max_bytes: int = 1 << 24,
+) -> None:
+    """A Fetch v12 of one partition, sent without waiting for its answer."""
     m = module_of(1, 12)
     part = make(
         m.FetchPartition,
@@ -147,40 +171,12 @@ async def fetch(
         log_start_offset=-1,
         partition_max_bytes=partition_max_bytes,
     )
-    return await wire.request(
-        1,
-        12,
-        replica_id=-1,
-        max_wait=max_wait_ms * MS,
-        min_bytes=min_bytes,
-        max_bytes=1 << 24,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(make(m.FetchTopic, topic=topic, partitions=(part,)),),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
-
-
-async def send_fetch(wire: Wire, topic: str, *, max_wait_ms: int, max_bytes: int) -> None:
-    """A Fetch v12 of partition 0 from offset 0, sent without waiting for its answer."""
-    m = module_of(1, 12)
-    part = make(
-        m.FetchPartition,
-        partition=0,
-        current_leader_epoch=-1,
-        fetch_offset=0,
-        last_fetched_epoch=-1,
-        log_start_offset=-1,
-        partition_max_bytes=max_bytes,
-    )
     await wire.send(
         1,
         12,
         replica_id=-1,
         max_wait=max_wait_ms * MS,
-        min_bytes=1,
+        min_bytes=min_bytes,
         max_bytes=max_bytes,
         isolation_level=0,
         session_id=0,
@@ -911,7 +907,7 @@ async def test_a_client_that_pipelines_fetches_and_never_reads_holds_one_answer_
         wire = await Wire.connect(daemon.kafka_port)
         try:
             for _ in range(20):
-                await send_fetch(wire, "big", max_wait_ms=0, max_bytes=1 << 24)
+                await send_fetch(wire, "big", partition_max_bytes=1 << 24)
             with anyio.move_on_after(3):  # bounded: never more than two, however long
                 while started < 3:
                     await anyio.sleep(0.05)
