@@ -15,18 +15,11 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from daemon_support import daemon_and_client
+from test_kafka_groups import FakeClock
 from levelzero.kafka.groups import GroupCoordinator, StoredGroup, _stored_decoder, _stored_encoder
 from levelzero.storage.memory_log import MemoryLogStore
 
 RETENTION_S = 100.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _member(coordinator: GroupCoordinator, clock: FakeClock, group: str) -> str:
